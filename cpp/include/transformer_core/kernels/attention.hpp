@@ -1,0 +1,134 @@
+// Scaled dot-product attention kernels (Vaswani et al. 2017, eq. 1):
+//
+//   Attention(Q, K, V) = softmax(Q Kᵀ · scale + mask) V
+//
+//   q: [N, H, L, D]   k: [N, H_kv, S, D]   v: [N, H_kv, S, D_v]   out: [N, H, L, D_v]
+//
+// Grouped-query attention: query head h reads key/value head h / (H / H_kv); H_kv = H is ordinary
+// multi-head attention, H_kv = 1 is multi-query attention. K/V are never repeated in memory.
+//
+// Every tensor is addressed through strides (in elements, the last dim contiguous), so a layer can
+// hand over its projected [N, L, H·D] buffer as [N, H, L, D] without a transpose.
+//
+// Masks (each optional) combine: a key s is visible to query l only if every given mask allows it.
+//   bool_mask (n, h, l, s):   nonzero = may attend          (stride 0 on a dim = broadcast)
+//   key_mask  (n, s):         nonzero = a real key (padding mask)
+//   float_mask (n, h, l, s):  added to the scores
+//   is_causal:                s <= l + causal_offset (top-left alignment: offset 0;
+//                             bottom-right, as for a KV cache: offset S - L)
+// A query row that can see no key gives zeros (output and weights), never NaN.
+#pragma once
+
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "transformer_core/kernels/elementwise.hpp"
+#include "transformer_core/kernels/gemm.hpp"
+#include "transformer_core/kernels/parallel.hpp"
+
+namespace transformer_core::kernels {
+
+template <class T>
+struct AttentionArgs {
+  const T* q = nullptr;
+  int64_t q_stride_n = 0, q_stride_h = 0, q_stride_l = 0;
+  const T* k = nullptr;
+  int64_t k_stride_n = 0, k_stride_h = 0, k_stride_s = 0;
+  const T* v = nullptr;
+  int64_t v_stride_n = 0, v_stride_h = 0, v_stride_s = 0;
+  T* out = nullptr;
+  int64_t o_stride_n = 0, o_stride_h = 0, o_stride_l = 0;
+
+  int64_t batch = 0, num_heads = 0, num_kv_heads = 0;
+  int64_t q_len = 0, kv_len = 0, head_dim = 0, v_head_dim = 0;
+  T scale = T(1);
+
+  const uint8_t* bool_mask = nullptr;
+  int64_t bool_mask_strides[4] = {0, 0, 0, 0};
+  const T* float_mask = nullptr;
+  int64_t float_mask_strides[4] = {0, 0, 0, 0};
+  const uint8_t* key_mask = nullptr;
+  int64_t key_mask_stride_n = 0, key_mask_stride_s = 0;
+  bool is_causal = false;
+  int64_t causal_offset = 0;
+
+  T* weights = nullptr;  // optional output [N, H, L, S], contiguous
+
+  bool has_any_mask() const {
+    return bool_mask != nullptr || float_mask != nullptr || key_mask != nullptr || is_causal;
+  }
+};
+
+// Applies every mask of `a` to the scores of query row l, keys [s0, s0 + len), in place.
+template <class T>
+inline void apply_masks_row(const AttentionArgs<T>& a, int64_t n, int64_t h, int64_t l, int64_t s0,
+                            int64_t len, T* row) {
+  constexpr T neg_inf = -std::numeric_limits<T>::infinity();
+  if (a.float_mask != nullptr) {
+    const T* fm = a.float_mask + n * a.float_mask_strides[0] + h * a.float_mask_strides[1] +
+                  l * a.float_mask_strides[2] + s0 * a.float_mask_strides[3];
+    const int64_t st = a.float_mask_strides[3];
+    for (int64_t j = 0; j < len; ++j) row[j] += fm[j * st];
+  }
+  if (a.bool_mask != nullptr) {
+    const uint8_t* bm = a.bool_mask + n * a.bool_mask_strides[0] + h * a.bool_mask_strides[1] +
+                        l * a.bool_mask_strides[2] + s0 * a.bool_mask_strides[3];
+    const int64_t st = a.bool_mask_strides[3];
+    for (int64_t j = 0; j < len; ++j)
+      if (!bm[j * st]) row[j] = neg_inf;
+  }
+  if (a.key_mask != nullptr) {
+    const uint8_t* km = a.key_mask + n * a.key_mask_stride_n + s0 * a.key_mask_stride_s;
+    for (int64_t j = 0; j < len; ++j)
+      if (!km[j * a.key_mask_stride_s]) row[j] = neg_inf;
+  }
+  if (a.is_causal) {
+    const int64_t last = l + a.causal_offset;  // last visible key
+    for (int64_t j = std::max<int64_t>(0, last + 1 - s0); j < len; ++j) row[j] = neg_inf;
+  }
+}
+
+// The reference path: the whole [L, S] score matrix of one (n, h) at a time, two GEMMs and a
+// row softmax between them. Simple and exact; the oracle the tiled kernel is tested against.
+template <class T>
+void attention_reference(const AttentionArgs<T>& a) {
+  const int64_t L = a.q_len, S = a.kv_len, D = a.head_dim, Dv = a.v_head_dim;
+  const int64_t group = a.num_heads / a.num_kv_heads;
+  const int64_t tasks = a.batch * a.num_heads;
+  const int num_threads = get_num_threads();
+  std::vector<std::vector<T>> scratch(static_cast<size_t>(num_threads));
+  parallel_tasks(tasks, [&](int64_t task, int tid) {
+    const int64_t n = task / a.num_heads, h = task % a.num_heads, hk = h / group;
+    const T* q = a.q + n * a.q_stride_n + h * a.q_stride_h;
+    const T* k = a.k + n * a.k_stride_n + hk * a.k_stride_h;
+    const T* v = a.v + n * a.v_stride_n + hk * a.v_stride_h;
+    T* out = a.out + n * a.o_stride_n + h * a.o_stride_h;
+    if (S == 0) {  // nothing to attend to
+      for (int64_t l = 0; l < L; ++l)
+        for (int64_t j = 0; j < Dv; ++j) out[l * a.o_stride_l + j] = T(0);
+      return;
+    }
+    std::vector<T>& scores = scratch[static_cast<size_t>(tid)];
+    scores.resize(static_cast<size_t>(L * S));
+    // scores[L, S] = scale · q[L, D] · k[S, D]ᵀ
+    if (D > 0) {
+      gemm(false, true, L, S, D, a.scale, q, a.q_stride_l, k, a.k_stride_s, T(0), scores.data(), S);
+    } else {
+      std::fill(scores.begin(), scores.end(), T(0));
+    }
+    for (int64_t l = 0; l < L; ++l) {
+      T* row = scores.data() + l * S;
+      if (a.has_any_mask()) apply_masks_row(a, n, h, l, 0, S, row);
+      softmax_row(row, S);
+    }
+    // out[L, Dv] = p[L, S] · v[S, Dv]
+    if (Dv > 0) gemm(false, false, L, Dv, S, T(1), scores.data(), S, v, a.v_stride_s, T(0), out, a.o_stride_l);
+    if (a.weights != nullptr) {
+      T* w = a.weights + task * L * S;
+      std::copy(scores.begin(), scores.end(), w);
+    }
+  });
+}
+
+}  // namespace transformer_core::kernels

@@ -1,0 +1,43 @@
+#include "transformer_core/ops/attention.hpp"
+
+#include <stdexcept>
+#include <string>
+
+#include "transformer_core/kernels/flash_attention.hpp"
+
+namespace transformer_core::ops {
+
+namespace {
+std::string str(int64_t v) { return std::to_string(v); }
+}  // namespace
+
+template <class T>
+void scaled_dot_product_attention(const AttentionArgs<T>& a, AttentionPath path) {
+  if (a.batch < 0 || a.num_heads < 1 || a.num_kv_heads < 1 || a.q_len < 0 || a.kv_len < 0 ||
+      a.head_dim < 0 || a.v_head_dim < 0)
+    throw std::invalid_argument("scaled_dot_product_attention: invalid sizes N=" + str(a.batch) +
+                                " H=" + str(a.num_heads) + " H_kv=" + str(a.num_kv_heads) +
+                                " L=" + str(a.q_len) + " S=" + str(a.kv_len) + " D=" + str(a.head_dim) +
+                                " Dv=" + str(a.v_head_dim));
+  if (a.num_heads % a.num_kv_heads != 0)
+    throw std::invalid_argument("scaled_dot_product_attention: num_heads (" + str(a.num_heads) +
+                                ") must be a multiple of num_kv_heads (" + str(a.num_kv_heads) + ")");
+  if (a.batch == 0 || a.q_len == 0) return;
+  if (path == AttentionPath::kReference || a.weights != nullptr) {
+    kernels::attention_reference(a);
+  } else {
+    kernels::attention_flash(a);
+  }
+}
+
+AttentionPath parse_attention_path(const std::string& name) {
+  if (name == "auto") return AttentionPath::kAuto;
+  if (name == "reference" || name == "math") return AttentionPath::kReference;
+  if (name == "flash") return AttentionPath::kFlash;
+  throw std::invalid_argument("attention path: expected 'auto', 'flash' or 'reference', got '" + name + "'");
+}
+
+template void scaled_dot_product_attention<float>(const AttentionArgs<float>&, AttentionPath);
+template void scaled_dot_product_attention<double>(const AttentionArgs<double>&, AttentionPath);
+
+}  // namespace transformer_core::ops

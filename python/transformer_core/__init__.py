@@ -1,0 +1,53 @@
+"""transformer_core: a numpy-first Transformer engine.
+
+The core is C++ (OpenMP-parallel, xtensor containers, OpenBLAS for matrix products) behind
+pybind11; this package is its Python face: numpy arrays in, numpy arrays out.
+
+Layers of the package, from the bottom:
+    functional   linear, softmax, layer_norm, gelu, relu, scaled_dot_product_attention
+    nn           MultiheadAttention, FeedForward, TransformerEncoderLayer (torch.nn's names)
+    bert         BertEmbeddings, BertModel (Hugging Face checkpoints, no torch)
+    sentence_encoder  SentenceEncoder (all-MiniLM-L6-v2 embeddings)
+"""
+
+from . import _core
+from . import functional, nn
+from .bert import BertConfig, BertEmbeddings, BertModel, BertOutput
+from .sentence_encoder import SentenceEncoder, cosine_similarity, mean_pool
+from .tokenizer import Tokenizer
+
+__version__ = _core.__version__
+
+__all__ = [
+    "__version__",
+    "functional",
+    "nn",
+    "BertConfig",
+    "BertEmbeddings",
+    "BertModel",
+    "BertOutput",
+    "SentenceEncoder",
+    "Tokenizer",
+    "cosine_similarity",
+    "mean_pool",
+    "get_num_threads",
+    "set_num_threads",
+]
+
+
+def get_num_threads() -> int:
+    """Threads the C++ core uses (OpenMP's; ``OMP_NUM_THREADS`` sets the default)."""
+    return _core.get_num_threads()
+
+
+def set_num_threads(n: int) -> None:
+    """Sets the threads the C++ core (and OpenBLAS, which shares its OpenMP runtime) uses.
+
+    Raises:
+        TypeError: ``n`` not an int. ValueError: ``n`` < 1.
+    """
+    if isinstance(n, bool) or not isinstance(n, int):
+        raise TypeError(f"n: expected an int, got {type(n).__name__}")
+    if n < 1:
+        raise ValueError(f"n: expected an int >= 1, got {n}")
+    _core.set_num_threads(n)

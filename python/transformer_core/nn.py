@@ -1,0 +1,276 @@
+"""Layers that mirror ``torch.nn``, batch-first, computed by the C++ core.
+
+Each layer owns its weights in C++ and runs in one C++ call; weights load from torch's own
+``state_dict`` names. Inference only: there is no dropout (it is the identity in eval mode).
+
+Masks follow the library's one convention: boolean True = may attend, float masks are added,
+``key_mask``/``src_key_mask`` True = a real (non-padding) token. torch's ``nn.MultiheadAttention``
+uses the opposite boolean meaning (True = blocked) and ``key_padding_mask`` (True = padding):
+convert with ``~mask`` or :mod:`transformer_core.masks`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import _core
+from ._validation import as_bool, as_float, broadcast_mask, check_positive_int
+from .module import Module
+
+__all__ = ["MultiheadAttention", "FeedForward", "TransformerEncoderLayer"]
+
+_ACTIVATIONS = ("relu", "gelu")
+
+
+def _check_activation(activation) -> str:
+    if activation not in _ACTIVATIONS:
+        raise ValueError(f"activation: expected 'relu' or 'gelu', got {activation!r}")
+    return activation
+
+
+def _layer_masks(attn_mask, key_mask, N: int, H: int, L: int, S: int, dtype, *, mask_name="attn_mask",
+                 key_mask_name="key_mask"):
+    """(bool_mask (N, H, L, S) | None, float_mask (N, H, L, S) | None, key_mask (N, S) | None).
+
+    ``attn_mask`` may be ``(L, S)``, ``(N·H, L, S)`` (torch's shapes) or broadcastable to
+    ``(N, H, L, S)``; bool True = may attend, float added.
+    """
+    bool_mask = float_mask = None
+    if attn_mask is not None:
+        m = np.asarray(attn_mask)
+        if m.dtype != np.bool_ and m.dtype.kind != "f":
+            raise TypeError(f"{mask_name}: expected bool (True = may attend) or float (added), got dtype {m.dtype}")
+        if m.ndim == 2:
+            if m.shape != (L, S):
+                raise ValueError(f"{mask_name}: expected shape ({L}, {S}) (L, S), got {m.shape}")
+            m = m[None, None]
+        elif m.ndim == 3:
+            if m.shape != (N * H, L, S):
+                raise ValueError(f"{mask_name}: expected a 3-D mask of shape ({N * H}, {L}, {S}) (N·num_heads, L, S), "
+                                 f"got {m.shape}")
+            m = m.reshape(N, H, L, S)
+        elif m.ndim != 4:
+            raise ValueError(f"{mask_name}: expected shape (L, S), (N·num_heads, L, S) or (N, num_heads, L, S), "
+                             f"got {m.shape}")
+        m = broadcast_mask(m if m.dtype == np.bool_ else m.astype(dtype, copy=False), (N, H, L, S), mask_name)
+        if m.dtype == np.bool_:
+            bool_mask = m
+        else:
+            float_mask = m
+    km = None
+    if key_mask is not None:
+        km = as_bool(key_mask, key_mask_name)
+        if km.shape != (N, S):
+            raise ValueError(f"{key_mask_name}: expected shape ({N}, {S}) (batch, key length), got {km.shape}")
+    return bool_mask, float_mask, km
+
+
+class MultiheadAttention(Module):
+    """Multi-head attention (Vaswani et al. 2017, §3.2.2; seeds 000, 001, 003), batch-first,
+    mirroring ``torch.nn.MultiheadAttention(batch_first=True)``::
+
+        MultiHead(Q, K, V) = Concat(head_1..head_H) W_O,  head_i = Attention(Q W_Qi, K W_Ki, V W_Vi)
+
+    Args:
+        embed_dim: E, the model width; must be divisible by ``num_heads``.
+        num_heads: H; ``head_dim = E // H``.
+        bias: projection biases (``in_proj_bias``, ``out_proj.bias``).
+        num_kv_heads: key/value heads for grouped-query attention (seed 000 "GQA/MQA"); 1 = MQA,
+            None = ``num_heads`` (ordinary multi-head attention).
+        kdim, vdim: feature sizes of key and value (default E).
+        dtype: ``np.float32`` (default) or ``np.float64``; inputs are cast to it.
+
+    Weights (torch's names): ``in_proj_weight (E + 2·E_kv, E)`` when kdim = vdim = E, else
+    ``q_proj_weight (E, E)``, ``k_proj_weight (E_kv, kdim)``, ``v_proj_weight (E_kv, vdim)``;
+    ``in_proj_bias (E + 2·E_kv)``, ``out_proj.weight (E, E)``, ``out_proj.bias (E)``, where
+    ``E_kv = num_kv_heads · head_dim``. A packed checkpoint loads into separate weights and back.
+
+    Raises:
+        ValueError: E not divisible by H, H not divisible by num_kv_heads, non-positive sizes.
+    """
+
+    def __init__(self, embed_dim: int, num_heads: int, bias: bool = True, *, num_kv_heads: int | None = None,
+                 kdim: int | None = None, vdim: int | None = None, dtype=np.float32):
+        sfx = self._init_dtype(dtype)
+        self.embed_dim = check_positive_int(embed_dim, "embed_dim")
+        self.num_heads = check_positive_int(num_heads, "num_heads")
+        if embed_dim % num_heads != 0:
+            raise ValueError(f"embed_dim: expected a multiple of num_heads ({num_heads}), got {embed_dim}")
+        self.num_kv_heads = num_heads if num_kv_heads is None else check_positive_int(num_kv_heads, "num_kv_heads")
+        if num_heads % self.num_kv_heads != 0:
+            raise ValueError(f"num_kv_heads: expected a divisor of num_heads ({num_heads}), got {self.num_kv_heads}")
+        self.kdim = embed_dim if kdim is None else check_positive_int(kdim, "kdim")
+        self.vdim = embed_dim if vdim is None else check_positive_int(vdim, "vdim")
+        self.head_dim = embed_dim // num_heads
+        self.bias = bool(bias)
+        self._impl = getattr(_core, "MultiheadAttention" + sfx)(
+            self.embed_dim, self.num_heads, self.bias, self.kdim, self.vdim, self.num_kv_heads)
+        self._init_weights()
+
+    def _rename_state_dict(self, state: dict) -> dict:
+        # Accept both of torch's layouts: packed in_proj_weight or separate q/k/v_proj_weight.
+        packed = self._impl.packed
+        if packed and "in_proj_weight" not in state and all(f"{x}_proj_weight" in state for x in "qkv"):
+            parts = [np.asarray(state.pop(f"{x}_proj_weight")) for x in "qkv"]
+            state["in_proj_weight"] = np.concatenate(parts, axis=0)
+        elif not packed and "in_proj_weight" in state and not any(f"{x}_proj_weight" in state for x in "qkv"):
+            w = np.asarray(state.pop("in_proj_weight"))
+            e, ekv = self.embed_dim, self.num_kv_heads * self.head_dim
+            state.update(q_proj_weight=w[:e], k_proj_weight=w[e:e + ekv], v_proj_weight=w[e + ekv:])
+        return state
+
+    def forward(self, query, key=None, value=None, *, attn_mask=None, key_mask=None, is_causal: bool = False,
+                need_weights: bool = False, average_attn_weights: bool = True, path: str = "auto"):
+        """Attention of ``query`` over ``key``/``value`` (self-attention when both are None).
+
+        Args:
+            query: ``(N, L, E)``.
+            key: ``(N, S, kdim)``; default ``query``.
+            value: ``(N, S, vdim)``; default ``key``.
+            attn_mask: ``(L, S)``, ``(N·H, L, S)`` or broadcastable to ``(N, H, L, S)``; bool
+                True = may attend (the opposite of torch's MHA, the same as torch's SDPA), or
+                float, added to the scores.
+            key_mask: ``(N, S)`` bool/0-1, True = a real key (``~key_padding_mask`` in torch).
+            is_causal: apply the causal mask (key s visible to query l iff s <= l).
+            need_weights: also return the attention weights.
+            average_attn_weights: average the weights over heads ``(N, L, S)``; else
+                ``(N, H, L, S)``.
+            path: attention kernel, ``"auto"``, ``"flash"`` or ``"reference"``.
+
+        Returns:
+            ``(output (N, L, E), weights or None)`` in ``self.dtype``. Fully masked query rows give
+            zeros before the output projection (so the output row is ``out_proj.bias``).
+
+        Raises:
+            ValueError: wrong ranks, mismatched batch/length/feature sizes, empty arrays, masks
+                of the wrong shape. TypeError: non-numeric input or a mask of the wrong dtype.
+        """
+        q = as_float(query, "query", self.dtype, ndim=3)
+        k = q if key is None else as_float(key, "key", self.dtype, ndim=3)
+        v = k if value is None else as_float(value, "value", self.dtype, ndim=3)
+        N, L, E = q.shape
+        if E != self.embed_dim:
+            raise ValueError(f"query: expected last dim {self.embed_dim} (embed_dim), got shape {q.shape}")
+        if k.shape[0] != N or v.shape[0] != N:
+            raise ValueError(f"key, value: expected batch size {N} (query's), got {k.shape[0]} and {v.shape[0]}")
+        if k.shape[-1] != self.kdim:
+            raise ValueError(f"key: expected last dim {self.kdim} (kdim), got shape {k.shape}")
+        if v.shape[-1] != self.vdim:
+            raise ValueError(f"value: expected last dim {self.vdim} (vdim), got shape {v.shape}")
+        S = k.shape[1]
+        if v.shape[1] != S:
+            raise ValueError(f"value: expected length {S} (key's length), got shape {v.shape}")
+        masks = _layer_masks(attn_mask, key_mask, N, self.num_heads, L, S, self.dtype)
+        result = self._impl.forward(q, k, v, *masks, bool(is_causal), 0, bool(need_weights), path)
+        if not need_weights:
+            return result, None
+        out, weights = result
+        return out, (weights.mean(axis=1) if average_attn_weights else weights)
+
+
+class FeedForward(Module):
+    """Position-wise feed-forward network (Vaswani et al. 2017, eq. 2; seed 001
+    "The Feed-Forward Layer")::
+
+        FFN(x) = linear2(act(linear1(x)))
+
+    Args:
+        d_model: E, input and output width.
+        dim_feedforward: F, hidden width (4·E is usual).
+        activation: ``"relu"`` (the paper, seeds 002/004) or ``"gelu"`` (BERT, seed 001).
+        bias: biases of both linears.
+        dtype: ``np.float32`` or ``np.float64``.
+
+    Weights: ``linear1.weight (F, E)``, ``linear1.bias (F)``, ``linear2.weight (E, F)``,
+    ``linear2.bias (E)``.
+    """
+
+    def __init__(self, d_model: int, dim_feedforward: int, activation: str = "relu", bias: bool = True,
+                 dtype=np.float32):
+        sfx = self._init_dtype(dtype)
+        self.d_model = check_positive_int(d_model, "d_model")
+        self.dim_feedforward = check_positive_int(dim_feedforward, "dim_feedforward")
+        self.activation = _check_activation(activation)
+        self._impl = getattr(_core, "FeedForward" + sfx)(self.d_model, self.dim_feedforward, activation, bool(bias))
+        self._init_weights()
+
+    def forward(self, x) -> np.ndarray:
+        """``x (..., d_model) -> (..., d_model)`` in ``self.dtype``.
+
+        Raises:
+            ValueError: empty ``x`` or last dim not ``d_model``.
+        """
+        x = as_float(x, "x", self.dtype, min_ndim=1)
+        if x.shape[-1] != self.d_model:
+            raise ValueError(f"x: expected last dim {self.d_model} (d_model), got shape {x.shape}")
+        return self._impl.forward(x.reshape(-1, self.d_model)).reshape(x.shape)
+
+
+class TransformerEncoderLayer(Module):
+    """One Transformer encoder layer (Vaswani et al. 2017, §3.1; seeds 001, 002), batch-first,
+    mirroring ``torch.nn.TransformerEncoderLayer(batch_first=True)`` in eval mode::
+
+        norm_first=False (post-LN):  x = norm1(x + SA(x));   x = norm2(x + FFN(x))
+        norm_first=True  (pre-LN):   x = x + SA(norm1(x));   x = x + FFN(norm2(x))
+
+    Args:
+        d_model, nhead, dim_feedforward, activation ("relu" | "gelu"), layer_norm_eps,
+        norm_first, bias: as torch (defaults 2048, "relu", 1e-5, False, True).
+        dtype: ``np.float32`` or ``np.float64``.
+
+    Weights (torch's names): ``self_attn.in_proj_weight``, ``self_attn.in_proj_bias``,
+    ``self_attn.out_proj.weight``, ``self_attn.out_proj.bias``, ``linear1.*``, ``linear2.*``,
+    ``norm1.*``, ``norm2.*``.
+    """
+
+    def __init__(self, d_model: int, nhead: int, dim_feedforward: int = 2048, activation: str = "relu",
+                 layer_norm_eps: float = 1e-5, norm_first: bool = False, bias: bool = True, dtype=np.float32):
+        sfx = self._init_dtype(dtype)
+        self.d_model = check_positive_int(d_model, "d_model")
+        self.nhead = check_positive_int(nhead, "nhead")
+        if d_model % nhead != 0:
+            raise ValueError(f"d_model: expected a multiple of nhead ({nhead}), got {d_model}")
+        self.dim_feedforward = check_positive_int(dim_feedforward, "dim_feedforward")
+        self.activation = _check_activation(activation)
+        if not layer_norm_eps >= 0:
+            raise ValueError(f"layer_norm_eps: expected a value >= 0, got {layer_norm_eps}")
+        self.layer_norm_eps = float(layer_norm_eps)
+        self.norm_first = bool(norm_first)
+        self._impl = getattr(_core, "TransformerEncoderLayer" + sfx)(
+            self.d_model, self.nhead, self.dim_feedforward, activation, self.layer_norm_eps, self.norm_first,
+            bool(bias))
+        self._init_weights()
+
+    def forward(self, src, src_mask=None, src_key_mask=None, is_causal: bool = False,
+                path: str = "auto") -> np.ndarray:
+        """Runs the layer.
+
+        Args:
+            src: ``(N, L, E)`` (or ``(L, E)``, unbatched).
+            src_mask: ``(L, S)`` / ``(N·nhead, L, L)`` / broadcastable to ``(N, nhead, L, L)``;
+                bool True = may attend, or float added.
+            src_key_mask: ``(N, L)``, True = a real token (``~src_key_padding_mask`` in torch).
+            is_causal: apply the causal mask.
+
+        Returns:
+            ``(N, L, E)`` (or ``(L, E)``) in ``self.dtype``.
+
+        Raises:
+            ValueError: wrong rank, wrong last dim, empty input, masks of the wrong shape.
+            TypeError: non-numeric input or a mask of the wrong dtype.
+        """
+        x = as_float(src, "src", self.dtype, min_ndim=2)
+        unbatched = x.ndim == 2
+        if unbatched:
+            x = x[None]
+            if src_key_mask is not None:
+                src_key_mask = np.asarray(src_key_mask)[None]
+        if x.ndim != 3:
+            raise ValueError(f"src: expected (N, L, E) or (L, E), got shape {x.shape}")
+        N, L, E = x.shape
+        if E != self.d_model:
+            raise ValueError(f"src: expected last dim {self.d_model} (d_model), got shape {x.shape}")
+        masks = _layer_masks(src_mask, src_key_mask, N, self.nhead, L, L, self.dtype, mask_name="src_mask",
+                             key_mask_name="src_key_mask")
+        out = self._impl.forward(x, *masks, bool(is_causal), path)
+        return out[0] if unbatched else out

@@ -1,0 +1,104 @@
+"""Sentence embeddings from a BERT encoder, as sentence-transformers computes them
+(all-MiniLM-L6-v2: mean pooling over the attention mask, then L2 normalisation)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .bert import BertModel
+from .tokenizer import Tokenizer
+
+__all__ = ["SentenceEncoder", "mean_pool", "cosine_similarity"]
+
+
+def mean_pool(last_hidden_state: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
+    """Mean of the token vectors over real tokens: ``Σ_l mask[n, l] h[n, l] / Σ_l mask[n, l]``.
+
+    Args:
+        last_hidden_state: ``(N, L, H)``.
+        attention_mask: ``(N, L)``, 1 = real token.
+
+    Returns:
+        ``(N, H)``, dtype of ``last_hidden_state``.
+    """
+    m = np.asarray(attention_mask, dtype=last_hidden_state.dtype)[..., None]  # (N, L, 1)
+    summed = (last_hidden_state * m).sum(axis=1)                                # (N, H)
+    counts = np.maximum(m.sum(axis=1), 1e-9)                                     # (N, 1)
+    return summed / counts
+
+
+def cosine_similarity(a: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:
+    """Cosine similarity matrix ``(N, M)`` between rows of ``a (N, H)`` and ``b (M, H)`` (``b = a``
+    by default)."""
+    b = a if b is None else b
+    an = a / np.maximum(np.linalg.norm(a, axis=1, keepdims=True), 1e-12)
+    bn = b / np.maximum(np.linalg.norm(b, axis=1, keepdims=True), 1e-12)
+    return an @ bn.T
+
+
+class SentenceEncoder:
+    """Sentence embeddings: tokenizer -> :class:`BertModel` -> mean pooling -> L2 normalisation.
+
+    Args:
+        model: a loaded :class:`BertModel`.
+        tokenizer: its :class:`Tokenizer`.
+    """
+
+    def __init__(self, model: BertModel, tokenizer: Tokenizer):
+        self.model = model
+        self.tokenizer = tokenizer
+
+    @classmethod
+    def from_pretrained(cls, name_or_path="all-MiniLM-L6-v2", dtype=np.float32) -> "SentenceEncoder":
+        """Loads model and tokenizer from a Hugging Face directory or an embedded model name.
+
+        Raises:
+            FileNotFoundError, ValueError: as :meth:`BertModel.from_pretrained`.
+        """
+        return cls(BertModel.from_pretrained(name_or_path, dtype=dtype), Tokenizer.from_pretrained(name_or_path))
+
+    @property
+    def dim(self) -> int:
+        """Embedding width H (384 for all-MiniLM-L6-v2)."""
+        return self.model.config.hidden_size
+
+    def encode(self, sentences, batch_size: int = 32, normalize: bool = True, progress: bool | None = None) -> np.ndarray:
+        """Embeds sentences.
+
+        Args:
+            sentences: a list of str (or one str).
+            batch_size: sentences per forward pass; each batch is padded to its longest member.
+            normalize: L2-normalise each embedding (cosine similarity = dot product).
+            progress: show a tqdm bar; None = only for more than 4 batches.
+
+        Returns:
+            ``(N, H)`` float32 (``(384,)`` rows for all-MiniLM-L6-v2), in the order given.
+
+        Raises:
+            TypeError: not str. ValueError: ``batch_size`` < 1.
+        """
+        if isinstance(sentences, str):
+            sentences = [sentences]
+        sentences = list(sentences)
+        if not all(isinstance(s, str) for s in sentences):
+            raise TypeError("sentences: expected a list of str")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size: expected an int >= 1, got {batch_size!r}")
+        out = np.zeros((len(sentences), self.dim), dtype=self.model.dtype)
+        if not sentences:
+            return out
+        starts = range(0, len(sentences), batch_size)
+        if progress is None:
+            progress = len(starts) > 4
+        if progress:
+            from tqdm.auto import tqdm
+
+            starts = tqdm(starts, desc="encode", unit="batch")
+        for start in starts:
+            batch = sentences[start:start + batch_size]
+            enc = self.tokenizer.encode_batch(batch)
+            hidden = self.model(enc["input_ids"], enc["attention_mask"], enc["token_type_ids"]).last_hidden_state
+            out[start:start + len(batch)] = mean_pool(hidden, enc["attention_mask"])
+        if normalize:
+            out /= np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-12)
+        return out

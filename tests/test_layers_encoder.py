@@ -1,0 +1,223 @@
+"""tc.nn.FeedForward and tc.nn.TransformerEncoderLayer vs torch.
+
+The torch reference is torch.nn.TransformerEncoderLayer(batch_first=True, dropout=0.0).eval() under
+no_grad with the MHA fast path disabled (conftest); a separate test checks against the fast path.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as TF
+
+import transformer_core as tc
+from conftest import (DTYPE_IDS, FLOAT_DTYPES, TORCH_DTYPE, assert_close, module_state_to_numpy,
+                      randn, states_equal, to_torch)
+
+
+# ----------------------------------------------------------------------------------- FeedForward
+class TorchFF(torch.nn.Module):
+    def __init__(self, d, f, activation):
+        super().__init__()
+        self.linear1 = torch.nn.Linear(d, f)
+        self.linear2 = torch.nn.Linear(f, d)
+        self.act = TF.relu if activation == "relu" else TF.gelu
+
+    def forward(self, x):
+        return self.linear2(self.act(self.linear1(x)))
+
+
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+@pytest.mark.parametrize("d,f", [(1, 1), (9, 17), (16, 65), (7, 7)])
+@pytest.mark.parametrize("lead", [(1,), (7,), (2, 9), (9, 9)], ids=lambda s: "x".join(map(str, s)))
+def test_feed_forward_matches_torch(rng, lead, d, f, activation):
+    ref = TorchFF(d, f, activation).eval()
+    ours = tc.nn.FeedForward(d, f, activation=activation)
+    sd = module_state_to_numpy(ref)
+    assert set(sd) == {"linear1.weight", "linear1.bias", "linear2.weight", "linear2.bias"}
+    ours.load_state_dict(sd)
+    x = randn(rng, lead + (d,))
+    with torch.no_grad():
+        r = ref(to_torch(x))
+    assert_close(ours(x), r, np.float32, what=f"ffn {activation}")
+    assert states_equal(ours.state_dict(), sd)
+
+
+def test_feed_forward_load_errors(rng):
+    ref = TorchFF(9, 17, "gelu")
+    ours = tc.nn.FeedForward(9, 17, activation="gelu")
+    ours.load_state_dict(module_state_to_numpy(ref))
+    before = {k: np.array(v, copy=True) for k, v in ours.state_dict().items()}
+    bad = module_state_to_numpy(TorchFF(9, 17, "gelu"))
+    bad["linear1.weight"] = np.zeros((17, 8), np.float32)
+    with pytest.raises(ValueError, match="linear1.weight"):
+        ours.load_state_dict(bad)
+    bad = module_state_to_numpy(TorchFF(9, 17, "gelu"))
+    del bad["linear2.bias"]
+    with pytest.raises(ValueError, match="linear2.bias"):
+        ours.load_state_dict(bad)
+    assert states_equal(ours.state_dict(), before)
+
+
+# ------------------------------------------------------------------------ TransformerEncoderLayer
+def make_torch_layer(d, h, f, activation, norm_first, dtype, bias=True, eps=1e-5):
+    m = torch.nn.TransformerEncoderLayer(d, h, dim_feedforward=f, dropout=0.0,
+                                         activation=activation, layer_norm_eps=eps,
+                                         batch_first=True, norm_first=norm_first, bias=bias)
+    m = m.to(TORCH_DTYPE[np.dtype(dtype)]).eval()
+    with torch.no_grad():  # randomise everything (biases start at 0, norms at 1/0)
+        for name, p in m.named_parameters():
+            if "norm" in name and name.endswith("weight"):
+                p.copy_(1.0 + 0.3 * torch.randn_like(p))
+            else:
+                p.copy_(torch.randn_like(p) * 0.3)
+    return m
+
+
+def make_pair(d, h, f, activation, norm_first, dtype, bias=True, eps=1e-5):
+    ref = make_torch_layer(d, h, f, activation, norm_first, dtype, bias, eps)
+    ours = tc.nn.TransformerEncoderLayer(d, h, dim_feedforward=f, activation=activation,
+                                         layer_norm_eps=eps, norm_first=norm_first, bias=bias,
+                                         dtype=dtype)
+    ours.load_state_dict(module_state_to_numpy(ref))
+    return ours, ref
+
+
+def torch_layer(ref, x, src_mask=None, key_mask=None):
+    am = None
+    if src_mask is not None:
+        am = ~to_torch(src_mask) if src_mask.dtype == bool else to_torch(src_mask)
+    kpm = None if key_mask is None else ~to_torch(key_mask)
+    with torch.no_grad():
+        return ref(to_torch(x), src_mask=am, src_key_padding_mask=kpm).numpy()
+
+
+def _padding(rng, N, S):
+    lengths = rng.integers(1, S + 1, size=N)
+    lengths[0] = max(1, S - 2) if S > 1 else 1  # at least one padded element where possible
+    return np.arange(S) < lengths[:, None]
+
+
+CONFIGS = [(16, 4, 37), (9, 3, 17), (8, 1, 8)]
+CONFIG_IDS = [f"d{d}h{h}f{f}" for d, h, f in CONFIGS]
+NL = [(1, 1), (2, 7), (7, 7), (3, 17)]
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("padding", [False, True], ids=["nopad", "pad"])
+@pytest.mark.parametrize("norm_first", [False, True], ids=["post_norm", "pre_norm"])
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+@pytest.mark.parametrize("N,L", NL, ids=[f"N{n}L{l}" for n, l in NL])
+@pytest.mark.parametrize("d,h,f", CONFIGS, ids=CONFIG_IDS)
+def test_encoder_layer_matches_torch(rng, d, h, f, N, L, activation, norm_first, padding, dtype):
+    ours, ref = make_pair(d, h, f, activation, norm_first, dtype)
+    x = randn(rng, (N, L, d), dtype)
+    km = _padding(rng, N, L) if padding else None
+    out = ours(x, src_key_mask=km) if padding else ours(x)
+    ref_out = torch_layer(ref, x, key_mask=km)
+    assert out.dtype == np.dtype(dtype) and out.shape == (N, L, d)
+    real = km if padding else np.ones((N, L), bool)
+    assert_close(out[real], ref_out[real], dtype, what="encoder layer (real tokens)")
+    assert np.all(np.isfinite(out))
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("kind", ["bool", "float", "causal", "bool+pad"])
+@pytest.mark.parametrize("norm_first", [False, True], ids=["post_norm", "pre_norm"])
+def test_encoder_layer_src_mask(rng, kind, norm_first, dtype):
+    d, h, f, N, L = 12, 3, 29, 3, 9
+    ours, ref = make_pair(d, h, f, "gelu", norm_first, dtype)
+    x = randn(rng, (N, L, d), dtype)
+    km = _padding(rng, N, L) if "pad" in kind else None
+    if kind.startswith("bool"):
+        m = rng.random((L, L)) < 0.6
+        m[:, 0] = True
+        out = ours(x, src_mask=m, src_key_mask=km)
+        ref_out = torch_layer(ref, x, src_mask=m, key_mask=km)
+    elif kind == "float":
+        m = randn(rng, (L, L), dtype)
+        out = ours(x, src_mask=m)
+        ref_out = torch_layer(ref, x, src_mask=m)
+    else:
+        out = ours(x, is_causal=True)
+        ref_out = torch_layer(ref, x, src_mask=np.tril(np.ones((L, L), bool)))
+    real = km if km is not None else np.ones((N, L), bool)
+    assert_close(out[real], ref_out[real], dtype, what=f"encoder layer {kind}")
+
+
+@pytest.mark.parametrize("eps", [1e-5, 1e-12, 1e-2])
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
+def test_encoder_layer_eps_and_bias(rng, eps, bias):
+    ours, ref = make_pair(9, 3, 17, "relu", False, np.float32, bias=bias, eps=eps)
+    x = randn(rng, (2, 7, 9))
+    assert_close(ours(x), torch_layer(ref, x), np.float32)
+
+
+@pytest.mark.parametrize("norm_first", [False, True], ids=["post_norm", "pre_norm"])
+def test_encoder_layer_vs_torch_fast_path(rng, norm_first):
+    """Against torch's fused eval fast path (when torch takes it), still at fp32 atol 1e-5."""
+    ours, ref = make_pair(16, 4, 37, "relu", norm_first, np.float32)
+    x = randn(rng, (3, 9, 16))
+    km = _padding(rng, 3, 9)
+    prev = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(True)
+    try:
+        with torch.inference_mode():
+            r = ref(to_torch(x), src_key_padding_mask=~to_torch(km))
+            r_nopad = ref(to_torch(x))
+        if r.is_nested:
+            r = r.to_padded_tensor(0.0)
+        r = r.numpy()
+    finally:
+        torch.backends.mha.set_fastpath_enabled(prev)
+    assert_close(ours(x, src_key_mask=km)[km], r[km], np.float32, what="vs fast path (pad)")
+    assert_close(ours(x), r_nopad.numpy(), np.float32, what="vs fast path")
+
+
+def test_encoder_layer_noncontiguous(rng):
+    ours, ref = make_pair(9, 3, 17, "gelu", True, np.float64)
+    x = randn(rng, (2, 7, 9), np.float64)
+    ref_out = torch_layer(ref, x)
+    assert_close(ours(np.asfortranarray(x)), ref_out, np.float64)
+    assert_close(ours(np.ascontiguousarray(x.transpose(1, 0, 2)).transpose(1, 0, 2)), ref_out,
+                 np.float64)
+
+
+# ------------------------------------------------------------------------------------ state dict
+def test_encoder_layer_state_dict_names_and_roundtrip(rng):
+    ours, ref = make_pair(9, 3, 17, "relu", False, np.float32)
+    ref_sd = module_state_to_numpy(ref)
+    sd = ours.state_dict()
+    assert set(sd) == set(ref_sd)
+    for name in ["self_attn.in_proj_weight", "self_attn.in_proj_bias", "self_attn.out_proj.weight",
+                 "self_attn.out_proj.bias", "linear1.weight", "linear1.bias", "linear2.weight",
+                 "linear2.bias", "norm1.weight", "norm1.bias", "norm2.weight", "norm2.bias"]:
+        assert name in sd
+        np.testing.assert_array_equal(np.asarray(sd[name]), ref_sd[name])
+    fresh = tc.nn.TransformerEncoderLayer(9, 3, dim_feedforward=17)
+    fresh.load_state_dict({k: np.array(v) for k, v in sd.items()})
+    assert states_equal(fresh.state_dict(), sd)
+    x = randn(rng, (2, 5, 9))
+    np.testing.assert_array_equal(fresh(x), ours(x))
+
+
+@pytest.mark.parametrize("case", ["missing", "unknown", "misshaped"])
+def test_encoder_layer_load_state_dict_errors(rng, case):
+    ours, ref = make_pair(9, 3, 17, "relu", False, np.float32)
+    before = {k: np.array(v, copy=True) for k, v in ours.state_dict().items()}
+    bad = module_state_to_numpy(make_torch_layer(9, 3, 17, "relu", False, np.float32))
+    if case == "missing":
+        del bad["norm2.bias"]
+        name = "norm2.bias"
+    elif case == "unknown":
+        bad["norm3.weight"] = np.ones(9, np.float32)
+        name = "norm3.weight"
+    else:
+        bad["linear1.weight"] = np.zeros((17, 10), np.float32)
+        name = "linear1.weight"
+    with pytest.raises(ValueError) as ei:
+        ours.load_state_dict(bad)
+    assert name in str(ei.value)
+    assert states_equal(ours.state_dict(), before)
+    x = randn(rng, (2, 5, 9))
+    assert_close(ours(x), torch_layer(ref, x), np.float32)

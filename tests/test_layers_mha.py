@@ -1,0 +1,234 @@
+"""tc.nn.MultiheadAttention vs torch.nn.MultiheadAttention(batch_first=True).
+
+Conventions that differ from torch (and are translated in the tests):
+  * key_mask (N, S): True = real key   -> torch key_padding_mask = ~key_mask
+  * bool attn_mask: True = may attend  -> torch attn_mask = ~attn_mask (torch: True = blocked)
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import transformer_core as tc
+from conftest import (DTYPE_IDS, FLOAT_DTYPES, TORCH_DTYPE, assert_close, module_state_to_numpy,
+                      randn, states_equal, to_torch)
+
+EH = [(8, 2), (9, 3), (16, 1), (12, 4)]
+EH_IDS = [f"E{e}H{h}" for e, h in EH]
+
+
+def make_torch_mha(E, H, dtype, bias=True):
+    m = torch.nn.MultiheadAttention(E, H, bias=bias, batch_first=True)
+    m = m.to(TORCH_DTYPE[np.dtype(dtype)]).eval()
+    with torch.no_grad():  # torch initialises the biases to zero: randomise everything
+        for p in m.parameters():
+            p.copy_(torch.randn_like(p) * 0.4)
+    return m
+
+
+def make_pair(E, H, dtype, bias=True):
+    ref = make_torch_mha(E, H, dtype, bias)
+    ours = tc.nn.MultiheadAttention(E, H, bias=bias, dtype=dtype)
+    ours.load_state_dict(module_state_to_numpy(ref))
+    return ours, ref
+
+
+def torch_mha(ref, q, k=None, v=None, *, key_mask=None, attn_mask=None, need_weights=False,
+              average=True):
+    qt = to_torch(q)
+    kt = qt if k is None else to_torch(k)
+    vt = kt if v is None else to_torch(v)
+    kpm = None if key_mask is None else ~to_torch(np.asarray(key_mask, bool))
+    am = None
+    if attn_mask is not None:
+        am = ~to_torch(attn_mask) if attn_mask.dtype == bool else to_torch(attn_mask)
+    with torch.no_grad():
+        out, w = ref(qt, kt, vt, key_padding_mask=kpm, attn_mask=am, need_weights=need_weights,
+                     average_attn_weights=average)
+    return out.numpy(), (None if w is None else w.numpy())
+
+
+def _padding(rng, N, S, min_real=1):
+    lengths = rng.integers(min_real, S + 1, size=N)
+    return np.arange(S) < lengths[:, None]
+
+
+# --------------------------------------------------------------------------------- self attention
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
+@pytest.mark.parametrize("N,L", [(1, 1), (2, 7), (7, 7), (3, 17), (1, 65)])
+@pytest.mark.parametrize("E,H", EH, ids=EH_IDS)
+def test_mha_self_attention(rng, E, H, N, L, bias, dtype):
+    ours, ref = make_pair(E, H, dtype, bias)
+    x = randn(rng, (N, L, E), dtype)
+    out, w = ours(x)
+    assert w is None
+    ref_out, _ = torch_mha(ref, x)
+    assert_close(out, ref_out, dtype, what="mha self-attention")
+    # explicit key=value=query gives the same
+    out2, _ = ours(x, x, x)
+    np.testing.assert_allclose(out2, out, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("N,L,S", [(2, 7, 9), (3, 1, 17), (7, 7, 7), (1, 9, 1), (2, 65, 17)])
+@pytest.mark.parametrize("E,H", [(9, 3), (16, 4)], ids=["E9H3", "E16H4"])
+def test_mha_cross_attention(rng, E, H, N, L, S, dtype):
+    ours, ref = make_pair(E, H, dtype)
+    q = randn(rng, (N, L, E), dtype)
+    k = randn(rng, (N, S, E), dtype)
+    v = randn(rng, (N, S, E), dtype)
+    out, w = ours(q, k, v, need_weights=True)
+    ref_out, ref_w = torch_mha(ref, q, k, v, need_weights=True)
+    assert_close(out, ref_out, dtype, what="mha cross-attention")
+    assert_close(w, ref_w, dtype, what="mha weights")
+    assert w.shape == (N, L, S)
+
+
+# --------------------------------------------------------------------------------------- weights
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("average", [True, False], ids=["avg", "per_head"])
+@pytest.mark.parametrize("N,L,S", [(2, 7, 9), (7, 7, 7), (1, 1, 1)])
+def test_mha_need_weights(rng, N, L, S, average, dtype):
+    E, H = 12, 3
+    ours, ref = make_pair(E, H, dtype)
+    q = randn(rng, (N, L, E), dtype)
+    kv = randn(rng, (N, S, E), dtype)
+    km = _padding(rng, N, S)
+    out, w = ours(q, kv, kv, key_mask=km, need_weights=True, average_attn_weights=average)
+    ref_out, ref_w = torch_mha(ref, q, kv, kv, key_mask=km, need_weights=True, average=average)
+    assert_close(out, ref_out, dtype)
+    assert w.shape == ((N, L, S) if average else (N, H, L, S))
+    assert_close(w, ref_w, dtype, what="mha weights")
+    # weights of padded keys are exactly zero
+    pad = ~km[:, None, :] if average else ~km[:, None, None, :]
+    assert np.all(np.broadcast_to(pad, w.shape) <= (w == 0))
+
+
+# ----------------------------------------------------------------------------------------- masks
+MASK_KINDS = ["key_mask", "bool_LS", "bool_NHLS", "float_LS", "float_NHLS", "bool_LS+key_mask",
+              "float_LS+key_mask", "causal", "causal+key_mask"]
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("N,L,S", [(2, 7, 9), (7, 7, 7), (3, 9, 5), (1, 1, 1)])
+@pytest.mark.parametrize("kind", MASK_KINDS)
+def test_mha_masks(rng, kind, N, L, S, dtype):
+    E, H = 9, 3
+    ours, ref = make_pair(E, H, dtype)
+    q = randn(rng, (N, L, E), dtype)
+    kv = randn(rng, (N, S, E), dtype)
+    km = _padding(rng, N, S) if "key_mask" in kind else None
+    if km is not None and kind.startswith("causal"):
+        km[:, 0] = True  # row 0 of a causal mask sees only key 0
+    ours_kw, ref_am = {}, None
+    if kind.startswith("bool"):
+        shape = (L, S) if "_LS" in kind else (N * H, L, S)
+        am = rng.random(shape) < 0.7
+        am[..., 0] = True  # keep every row attendable (fully-masked rows tested separately)
+        ours_kw["attn_mask"], ref_am = am, am
+    elif kind.startswith("float"):
+        shape = (L, S) if "_LS" in kind else (N * H, L, S)
+        am = randn(rng, shape, dtype)
+        ours_kw["attn_mask"], ref_am = am, am
+    elif kind.startswith("causal"):
+        ours_kw["is_causal"] = True
+        ref_am = np.tril(np.ones((L, S), bool))
+    if km is not None:
+        ours_kw["key_mask"] = km
+    out, w = ours(q, kv, kv, need_weights=True, average_attn_weights=False, **ours_kw)
+    ref_out, ref_w = torch_mha(ref, q, kv, kv, key_mask=km, attn_mask=ref_am, need_weights=True,
+                               average=False)
+    assert_close(out, ref_out, dtype, what=f"mha {kind}")
+    assert_close(w, ref_w, dtype, what=f"mha weights {kind}")
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+def test_mha_fully_masked_batch_element(rng, dtype):
+    """A batch element with no real key: torch gives NaN there; ours gives finite values and the
+    other batch elements match torch.  Zero attention output -> out_proj(0) = out_proj.bias."""
+    E, H, N, L, S = 8, 2, 3, 7, 9
+    ours, ref = make_pair(E, H, dtype)
+    q = randn(rng, (N, L, E), dtype)
+    kv = randn(rng, (N, S, E), dtype)
+    km = _padding(rng, N, S)
+    km[1] = False
+    out, w = ours(q, kv, kv, key_mask=km, need_weights=True)
+    ref_out, ref_w = torch_mha(ref, q, kv, kv, key_mask=km, need_weights=True)
+    keep = [0, 2]
+    assert_close(out[keep], ref_out[keep], dtype)
+    assert_close(w[keep], ref_w[keep], dtype)
+    assert np.all(np.isfinite(out)) and np.all(np.isfinite(w))
+    assert np.array_equal(w[1], np.zeros((L, S), dtype))
+    bias = ours.state_dict()["out_proj.bias"]
+    assert_close(out[1], np.broadcast_to(bias, (L, E)), dtype)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+def test_mha_noncontiguous_inputs(rng, dtype):
+    ours, ref = make_pair(9, 3, dtype)
+    x = randn(rng, (2, 7, 9), dtype)
+    ref_out, _ = torch_mha(ref, x)
+    for xl in (np.asfortranarray(x), np.ascontiguousarray(x.transpose(1, 0, 2)).transpose(1, 0, 2)):
+        out, _ = ours(xl)
+        assert_close(out, ref_out, dtype)
+
+
+def test_mha_float64_stays_float64(rng):
+    ours, ref = make_pair(8, 2, np.float64)
+    out, w = ours(randn(rng, (2, 3, 8), np.float64), need_weights=True)
+    assert out.dtype == np.float64 and w.dtype == np.float64
+    assert all(v.dtype == np.float64 for v in ours.state_dict().values())
+
+
+# ------------------------------------------------------------------------------------ state dict
+EXPECTED_KEYS = {"in_proj_weight", "in_proj_bias", "out_proj.weight", "out_proj.bias"}
+
+
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
+def test_mha_state_dict_names_and_roundtrip(rng, bias):
+    ours, ref = make_pair(9, 3, np.float32, bias)
+    ref_sd = module_state_to_numpy(ref)
+    sd = ours.state_dict()
+    assert set(sd) == set(ref_sd)
+    if bias:
+        assert set(sd) == EXPECTED_KEYS
+    for k in ref_sd:
+        np.testing.assert_array_equal(np.asarray(sd[k]), ref_sd[k])
+        assert np.asarray(sd[k]).dtype == np.float32
+    # round-trip into a fresh module gives the same outputs
+    fresh = tc.nn.MultiheadAttention(9, 3, bias=bias)
+    fresh.load_state_dict({k: np.array(v) for k, v in sd.items()})
+    assert states_equal(fresh.state_dict(), sd)
+    x = randn(rng, (2, 7, 9))
+    np.testing.assert_array_equal(fresh(x)[0], ours(x)[0])
+
+
+def _snapshot(mod):
+    return {k: np.array(v, copy=True) for k, v in mod.state_dict().items()}
+
+
+@pytest.mark.parametrize("case", ["missing", "unknown", "misshaped", "missing+unknown"])
+def test_mha_load_state_dict_errors(rng, case):
+    ours, ref = make_pair(9, 3, np.float32)
+    before = _snapshot(ours)
+    other = module_state_to_numpy(make_torch_mha(9, 3, np.float32))
+    bad = dict(other)
+    names = []
+    if "missing" in case:
+        del bad["out_proj.bias"]
+        names.append("out_proj.bias")
+    if "unknown" in case:
+        bad["out_proj.gamma"] = np.zeros(9, np.float32)
+        names.append("out_proj.gamma")
+    if case == "misshaped":
+        bad["in_proj_weight"] = np.zeros((27, 8), np.float32)
+        names.append("in_proj_weight")
+    with pytest.raises(ValueError) as ei:
+        ours.load_state_dict(bad)
+    for n in names:
+        assert n in str(ei.value), (n, str(ei.value))
+    assert states_equal(ours.state_dict(), before), "module changed by a failed load_state_dict"
+    x = randn(rng, (2, 5, 9))
+    assert_close(ours(x)[0], torch_mha(ref, x)[0], np.float32)

@@ -1,0 +1,305 @@
+"""tc.BertModel vs transformers.BertModel (eager attention, eval, no_grad)."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from safetensors.numpy import load_file, save_file
+
+import transformer_core as tc
+from conftest import MODEL_NAME, SENTENCES, hf_encode
+
+BERT_ATOL = 1e-4
+
+
+def hf_forward(model, ids, am=None, tt=None):
+    with torch.no_grad():
+        out = model(input_ids=torch.from_numpy(ids),
+                    attention_mask=None if am is None else torch.from_numpy(am),
+                    token_type_ids=None if tt is None else torch.from_numpy(tt))
+    pooled = None if getattr(out, "pooler_output", None) is None else out.pooler_output.numpy()
+    return out.last_hidden_state.numpy(), pooled
+
+
+def check_outputs(ours, ref_h, ref_p, am, atol=BERT_ATOL):
+    h = np.asarray(ours.last_hidden_state)
+    assert h.dtype == np.float32
+    assert h.shape == ref_h.shape, (h.shape, ref_h.shape)
+    real = am.astype(bool)
+    err = np.abs(h[real] - ref_h[real]).max()
+    assert err <= atol, f"last_hidden_state max abs diff on real tokens {err:.3e} > {atol}"
+    if ref_p is None:
+        assert ours.pooler_output is None
+    else:
+        p = np.asarray(ours.pooler_output)
+        assert p.dtype == np.float32 and p.shape == ref_p.shape
+        perr = np.abs(p - ref_p).max()
+        assert perr <= atol, f"pooler_output max abs diff {perr:.3e} > {atol}"
+    return err
+
+
+# ------------------------------------------------------------------------ default embedded model
+def test_default_model_attributes(tc_bert):
+    assert hasattr(tc, "BertEmbeddings")
+    assert callable(tc.BertEmbeddings)
+
+
+@pytest.mark.parametrize("batch_start", [0, 8, 16])
+def test_minilm_matches_hf_padded_batches(tc_bert, hf_bert, hf_tokenizer, batch_start):
+    batch = SENTENCES[batch_start:batch_start + 8]
+    ids, am, tt = hf_encode(hf_tokenizer, batch)
+    assert (am == 0).any()  # mixed lengths -> padding present
+    ref_h, ref_p = hf_forward(hf_bert, ids, am, tt)
+    out = tc_bert(ids, attention_mask=am, token_type_ids=tt)
+    check_outputs(out, ref_h, ref_p, am)
+
+
+def test_minilm_all_sentences_one_batch(tc_bert, hf_bert, hf_tokenizer):
+    assert len(SENTENCES) >= 20
+    ids, am, tt = hf_encode(hf_tokenizer, SENTENCES)
+    ref_h, ref_p = hf_forward(hf_bert, ids, am, tt)
+    check_outputs(tc_bert(ids, attention_mask=am, token_type_ids=tt), ref_h, ref_p, am)
+
+
+def test_minilm_load_by_path_equals_by_name(tc_bert, model_dir, hf_tokenizer):
+    by_path = tc.BertModel.from_pretrained(str(model_dir))
+    ids, am, tt = hf_encode(hf_tokenizer, SENTENCES[:4])
+    a = by_path(ids, attention_mask=am, token_type_ids=tt)
+    b = tc_bert(ids, attention_mask=am, token_type_ids=tt)
+    np.testing.assert_array_equal(a.last_hidden_state, b.last_hidden_state)
+    np.testing.assert_array_equal(a.pooler_output, b.pooler_output)
+
+
+@pytest.mark.parametrize("idx", [0, 7, 13])
+def test_minilm_defaults_for_masks(tc_bert, hf_bert, hf_tokenizer, idx):
+    """attention_mask=None -> all ones, token_type_ids=None -> zeros (single unpadded sentence)."""
+    ids, am, tt = hf_encode(hf_tokenizer, [SENTENCES[idx]])
+    ref_h, ref_p = hf_forward(hf_bert, ids)
+    check_outputs(tc_bert(ids), ref_h, ref_p, am)
+
+
+def test_minilm_sentence_pairs_token_types(tc_bert, hf_bert, hf_tokenizer):
+    ids, am, tt = hf_encode(hf_tokenizer, SENTENCES[:6], SENTENCES[6:12])
+    assert tt.any()
+    ref_h, ref_p = hf_forward(hf_bert, ids, am, tt)
+    check_outputs(tc_bert(ids, attention_mask=am, token_type_ids=tt), ref_h, ref_p, am)
+
+
+def test_minilm_batch_equals_single(tc_bert, hf_tokenizer):
+    """Padding must not change the real tokens' states (vs each sentence alone)."""
+    ids, am, tt = hf_encode(hf_tokenizer, SENTENCES[:5])
+    batch = tc_bert(ids, attention_mask=am, token_type_ids=tt).last_hidden_state
+    for i in range(5):
+        n = int(am[i].sum())
+        single = tc_bert(ids[i:i + 1, :n]).last_hidden_state
+        np.testing.assert_allclose(batch[i, :n], single[0], atol=BERT_ATOL)
+
+
+def test_minilm_identical_with_1_and_2_threads(tc_bert, hf_tokenizer):
+    ids, am, tt = hf_encode(hf_tokenizer, SENTENCES[:8])
+    old = tc.get_num_threads()
+    try:
+        tc.set_num_threads(1)
+        a = tc_bert(ids, attention_mask=am, token_type_ids=tt)
+        tc.set_num_threads(2)
+        b = tc_bert(ids, attention_mask=am, token_type_ids=tt)
+    finally:
+        tc.set_num_threads(old)
+    np.testing.assert_array_equal(a.last_hidden_state, b.last_hidden_state)
+    np.testing.assert_array_equal(a.pooler_output, b.pooler_output)
+
+
+# -------------------------------------------------------------------------- small random config
+SMALL = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+             intermediate_size=37, max_position_embeddings=64)
+
+
+def _save_hf(model, path):
+    model.save_pretrained(str(path), safe_serialization=True)
+    assert (path / "model.safetensors").is_file() and (path / "config.json").is_file()
+    return path
+
+
+@pytest.fixture(scope="module")
+def small_hf(tmp_path_factory):
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(0)
+    cfg = BertConfig(**SMALL)
+    m = BertModel(cfg).eval()
+    with torch.no_grad():  # make biases / LayerNorm params non-trivial
+        for name, p in m.named_parameters():
+            if "LayerNorm" in name or name.endswith("bias"):
+                p.add_(0.1 * torch.randn_like(p))
+    path = _save_hf(m, tmp_path_factory.mktemp("small_bert"))
+    ref = BertModel.from_pretrained(str(path), attn_implementation="eager").eval()
+    return path, ref
+
+
+@pytest.fixture(scope="module")
+def small_inputs():
+    rng = np.random.default_rng(7)
+    N, L = 5, 17
+    ids = rng.integers(0, 99, size=(N, L)).astype(np.int64)
+    lengths = np.array([17, 1, 9, 5, 16])
+    am = (np.arange(L) < lengths[:, None]).astype(np.int64)
+    tt = rng.integers(0, 2, size=(N, L)).astype(np.int64)
+    return ids, am, tt
+
+
+def test_small_random_bert(small_hf, small_inputs):
+    path, ref = small_hf
+    ids, am, tt = small_inputs
+    ours = tc.BertModel.from_pretrained(str(path))
+    ref_h, ref_p = hf_forward(ref, ids, am, tt)
+    assert ref_p is not None
+    check_outputs(ours(ids, attention_mask=am, token_type_ids=tt), ref_h, ref_p, am, atol=1e-5)
+    # defaults
+    ref_h, ref_p = hf_forward(ref, ids)
+    check_outputs(ours(ids), ref_h, ref_p, np.ones_like(am), atol=1e-5)
+
+
+@pytest.mark.parametrize("N,L", [(1, 1), (7, 7), (2, 64), (3, 9)])
+def test_small_random_bert_shapes(small_hf, N, L):
+    path, ref = small_hf
+    rng = np.random.default_rng(N * 100 + L)
+    ids = rng.integers(0, 99, size=(N, L)).astype(np.int64)
+    tt = rng.integers(0, 2, size=(N, L)).astype(np.int64)
+    am = np.ones((N, L), np.int64)
+    am[0, L // 2 + 1:] = 0
+    ours = tc.BertModel.from_pretrained(str(path))
+    ref_h, ref_p = hf_forward(ref, ids, am, tt)
+    check_outputs(ours(ids, attention_mask=am, token_type_ids=tt), ref_h, ref_p, am, atol=1e-5)
+
+
+def test_small_bert_input_id_dtypes(small_hf, small_inputs):
+    """int32 ids and python lists give the same result as int64."""
+    path, _ = small_hf
+    ids, am, tt = small_inputs
+    ours = tc.BertModel.from_pretrained(str(path))
+    a = ours(ids, attention_mask=am, token_type_ids=tt).last_hidden_state
+    b = ours(ids.astype(np.int32), attention_mask=am.astype(np.int32),
+             token_type_ids=tt.astype(np.int32)).last_hidden_state
+    c = ours(ids.tolist(), attention_mask=am.tolist(), token_type_ids=tt.tolist()).last_hidden_state
+    d = ours(ids, attention_mask=am.astype(bool), token_type_ids=tt).last_hidden_state
+    np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(a, c)
+    np.testing.assert_array_equal(a, d)
+
+
+def test_small_bert_without_pooler(tmp_path, small_inputs):
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(1)
+    m = BertModel(BertConfig(**SMALL), add_pooling_layer=False).eval()
+    _save_hf(m, tmp_path)
+    assert not any(k.startswith("pooler") for k in load_file(str(tmp_path / "model.safetensors")))
+    ids, am, tt = small_inputs
+    ref_h, _ = hf_forward(m, ids, am, tt)
+    out = tc.BertModel.from_pretrained(str(tmp_path))(ids, attention_mask=am, token_type_ids=tt)
+    check_outputs(out, ref_h, None, am, atol=1e-5)
+
+
+# ------------------------------------------------------------------- checkpoint name variants
+def _rewrite_checkpoint(src, dst, fn):
+    """Copy config.json and write model.safetensors with keys/tensors transformed by fn(dict)."""
+    dst.mkdir(parents=True, exist_ok=True)
+    shutil.copy(src / "config.json", dst / "config.json")
+    tensors = load_file(str(src / "model.safetensors"))
+    save_file(fn(dict(tensors)), str(dst / "model.safetensors"))
+    return dst
+
+
+def _prefixed(t):
+    return {"bert." + k: v for k, v in t.items()}
+
+
+def _gamma_beta(t):
+    out = {}
+    for k, v in t.items():
+        if "LayerNorm" in k:
+            k = k.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias",
+                                                                         "LayerNorm.beta")
+        out[k] = v
+    return out
+
+
+@pytest.mark.parametrize("variant", ["bert_prefix", "gamma_beta", "both", "with_position_ids"])
+def test_checkpoint_name_variants_load(small_hf, small_inputs, tmp_path, variant):
+    path, ref = small_hf
+    fn = {
+        "bert_prefix": _prefixed,
+        "gamma_beta": _gamma_beta,
+        "both": lambda t: _prefixed(_gamma_beta(t)),
+        "with_position_ids": lambda t: {**t, "embeddings.position_ids":
+                                        np.arange(64, dtype=np.int64)[None]},
+    }[variant]
+    d = _rewrite_checkpoint(path, tmp_path / variant, fn)
+    keys = load_file(str(d / "model.safetensors")).keys()
+    if variant in ("bert_prefix", "both"):
+        assert all(k.startswith("bert.") for k in keys)
+    if variant in ("gamma_beta", "both"):
+        assert any(k.endswith("LayerNorm.gamma") for k in keys)
+    ids, am, tt = small_inputs
+    ref_h, ref_p = hf_forward(ref, ids, am, tt)
+    out = tc.BertModel.from_pretrained(str(d))(ids, attention_mask=am, token_type_ids=tt)
+    check_outputs(out, ref_h, ref_p, am, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["encoder.layer.1.attention.self.key.weight",
+                                  "embeddings.word_embeddings.weight",
+                                  "encoder.layer.0.output.LayerNorm.bias"])
+def test_checkpoint_missing_tensor_raises(small_hf, tmp_path, name):
+    path, _ = small_hf
+
+    def drop(t):
+        del t[name]
+        return t
+
+    d = _rewrite_checkpoint(path, tmp_path / "missing", drop)
+    with pytest.raises(ValueError, match=name.replace(".", r"\.")):
+        tc.BertModel.from_pretrained(str(d))
+
+
+@pytest.mark.parametrize("name,shape", [("encoder.layer.0.intermediate.dense.weight", (36, 32)),
+                                        ("embeddings.position_embeddings.weight", (64, 31)),
+                                        ("pooler.dense.bias", (33,))])
+def test_checkpoint_misshaped_tensor_raises(small_hf, tmp_path, name, shape):
+    path, _ = small_hf
+
+    def reshape(t):
+        t[name] = np.zeros(shape, np.float32)
+        return t
+
+    d = _rewrite_checkpoint(path, tmp_path / "misshaped", reshape)
+    with pytest.raises(ValueError, match=name.replace(".", r"\.")):
+        tc.BertModel.from_pretrained(str(d))
+
+
+def test_checkpoint_without_config_raises(small_hf, tmp_path):
+    path, _ = small_hf
+    shutil.copy(path / "model.safetensors", tmp_path / "model.safetensors")
+    with pytest.raises((ValueError, FileNotFoundError), match="config.json"):
+        tc.BertModel.from_pretrained(str(tmp_path))
+
+
+@pytest.mark.parametrize("eps", [1e-3, 1e-12])
+def test_config_layer_norm_eps_is_respected(small_inputs, tmp_path, eps):
+    """layer_norm_eps from config.json is used (small hidden size makes eps matter)."""
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(3)
+    m = BertModel(BertConfig(**SMALL, layer_norm_eps=eps)).eval()
+    with torch.no_grad():  # shrink the embeddings so that the variance is comparable to eps
+        m.embeddings.word_embeddings.weight.mul_(0.05)
+        m.embeddings.position_embeddings.weight.mul_(0.05)
+        m.embeddings.token_type_embeddings.weight.mul_(0.05)
+    _save_hf(m, tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["layer_norm_eps"] == eps
+    ids, am, tt = small_inputs
+    ref_h, ref_p = hf_forward(m, ids, am, tt)
+    out = tc.BertModel.from_pretrained(str(tmp_path))(ids, attention_mask=am, token_type_ids=tt)
+    check_outputs(out, ref_h, ref_p, am, atol=1e-5)

@@ -1,0 +1,413 @@
+"""transformer_core.functional.scaled_dot_product_attention vs torch.
+
+Outputs are compared with torch.nn.functional.scaled_dot_product_attention, attention weights with
+softmax(Q K^T * scale + mask) computed in torch.  Query rows that can see no key are excluded from
+the torch comparison (torch gives NaN there) and must be exact zeros in ours (output and weights).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as TF
+
+import transformer_core as tc
+from conftest import DTYPE_IDS, FLOAT_DTYPES, assert_close, atol, randn, rtol, to_torch
+
+F = tc.functional
+
+# (lead dims, L, S, E, Ev)
+SHAPES = [
+    ((2,), 7, 9, 8, 5),       # 3-D, L != S, Ev != E
+    ((1,), 1, 1, 4, 4),       # seq 1
+    ((7,), 7, 7, 9, 9),       # batch == seq length
+    ((3,), 1, 17, 16, 3),     # single query
+    ((2,), 65, 17, 8, 8),     # L > S
+    ((2, 3), 7, 9, 8, 6),     # 4-D
+    ((1, 1), 1, 1, 1, 1),     # 4-D, all ones
+    ((3, 2), 9, 9, 17, 7),    # 4-D, odd E
+    ((), 5, 9, 4, 4),         # 2-D (no leading dims)
+]
+SHAPE_IDS = ["x".join(map(str, lead)) + f"-L{L}S{S}E{E}Ev{Ev}" for lead, L, S, E, Ev in SHAPES]
+
+
+def make_qkv(rng, lead, L, S, E, Ev, dtype):
+    q = randn(rng, lead + (L, E), dtype)
+    k = randn(rng, lead + (S, E), dtype)
+    v = randn(rng, lead + (S, Ev), dtype)
+    return q, k, v
+
+
+def torch_reference(q, k, v, *, bool_mask=None, float_mask=None, is_causal=False, scale=None):
+    """Returns (out, weights, valid_rows) computed in torch in the input dtype.
+
+    bool_mask: True = may attend (broadcastable to (..., L, S)); float_mask: added to the scores.
+    valid_rows: (..., L) bool, False where a query row can see no key.
+    """
+    qt, kt, vt = to_torch(q), to_torch(k), to_torch(v)
+    L, S, E = q.shape[-2], k.shape[-2], q.shape[-1]
+    sc = 1.0 / math.sqrt(E) if scale is None else scale
+    scores = (qt @ kt.transpose(-2, -1)) * sc
+    if float_mask is not None:
+        scores = scores + to_torch(float_mask)
+    allowed = torch.ones(L, S, dtype=torch.bool)
+    if is_causal:
+        allowed = torch.ones(L, S, dtype=torch.bool).tril()
+    if bool_mask is not None:
+        allowed = allowed & to_torch(bool_mask)
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    weights = torch.softmax(scores, dim=-1)
+    valid = torch.isfinite(scores).any(-1)
+
+    # The output itself from torch's SDPA (one combined mask).
+    if float_mask is None and not is_causal and bool_mask is None:
+        out = TF.scaled_dot_product_attention(qt, kt, vt, scale=scale)
+    elif float_mask is None and bool_mask is None and is_causal:
+        out = TF.scaled_dot_product_attention(qt, kt, vt, is_causal=True, scale=scale)
+    elif float_mask is None:
+        out = TF.scaled_dot_product_attention(qt, kt, vt, attn_mask=allowed, scale=scale)
+    else:
+        fm = to_torch(float_mask).masked_fill(~allowed, float("-inf"))
+        out = TF.scaled_dot_product_attention(qt, kt, vt, attn_mask=fm, scale=scale)
+    out_manual = weights @ vt
+    # both references must agree on the valid rows
+    vnp = valid.numpy()
+    np.testing.assert_allclose(out.numpy()[vnp], out_manual.numpy()[vnp], atol=1e-4)
+    return out.numpy(), weights.numpy(), vnp
+
+
+def sdpa_w(*args, **kwargs):
+    """Calls ours twice: without weights (the fused path) and with weights; both outputs must
+    agree to the dtype's tolerance (exact zeros in the same places).  Returns (output, weights)."""
+    out = F.scaled_dot_product_attention(*args, **kwargs)
+    out_w, w = F.scaled_dot_product_attention(*args, return_weights=True, **kwargs)
+    assert isinstance(out, np.ndarray) and out.dtype == out_w.dtype and out.shape == out_w.shape
+    np.testing.assert_allclose(out, out_w, atol=atol(out.dtype), rtol=rtol(out.dtype),
+                               equal_nan=True, err_msg="output with / without return_weights")
+    assert np.array_equal(np.all(out == 0, axis=-1), np.all(out_w == 0, axis=-1))
+    return out, w
+
+
+def check_against_reference(ours_out, ours_w, ref_out, ref_w, valid, dtype):
+    assert ours_out.dtype == np.dtype(dtype)
+    assert ours_out.shape == ref_out.shape, (ours_out.shape, ref_out.shape)
+    valid_b = np.broadcast_to(valid, ref_out.shape[:-1])
+    assert_close(ours_out[valid_b], ref_out[valid_b], dtype, what="sdpa output (valid rows)")
+    assert np.array_equal(ours_out[~valid_b], np.zeros_like(ours_out[~valid_b])), \
+        "fully masked query rows must give exact zeros"
+    if ours_w is not None:
+        assert ours_w.dtype == np.dtype(dtype)
+        assert ours_w.shape == ref_w.shape, (ours_w.shape, ref_w.shape)
+        assert_close(ours_w[valid_b], ref_w[valid_b], dtype, what="sdpa weights (valid rows)")
+        assert np.array_equal(ours_w[~valid_b], np.zeros_like(ours_w[~valid_b]))
+        np.testing.assert_allclose(ours_w[valid_b].sum(-1), 1.0, atol=1e-5)
+
+
+# ------------------------------------------------------------------------------- plain attention
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("scale", [None, 0.3])
+@pytest.mark.parametrize("lead,L,S,E,Ev", SHAPES, ids=SHAPE_IDS)
+def test_sdpa_unmasked(rng, lead, L, S, E, Ev, scale, dtype):
+    q, k, v = make_qkv(rng, lead, L, S, E, Ev, dtype)
+    ref_out, ref_w, valid = torch_reference(q, k, v, scale=scale)
+    assert valid.all()
+    out = F.scaled_dot_product_attention(q, k, v, scale=scale)
+    assert isinstance(out, np.ndarray)
+    out2, w = F.scaled_dot_product_attention(q, k, v, scale=scale, return_weights=True)
+    check_against_reference(out, None, ref_out, ref_w, valid, dtype)
+    check_against_reference(out2, w, ref_out, ref_w, valid, dtype)
+    np.testing.assert_array_equal(out, out2)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("lead,L,S,E,Ev", SHAPES, ids=SHAPE_IDS)
+def test_sdpa_is_causal_top_left(rng, lead, L, S, E, Ev, dtype):
+    q, k, v = make_qkv(rng, lead, L, S, E, Ev, dtype)
+    ref_out, ref_w, valid = torch_reference(q, k, v, is_causal=True)
+    assert valid.all()  # top-left: row l sees keys 0..l, key 0 always visible
+    out, w = sdpa_w(q, k, v, is_causal=True)
+    check_against_reference(out, w, ref_out, ref_w, valid, dtype)
+    # strictly upper triangle of the weights is exactly zero
+    upper = ~np.tril(np.ones((L, S), bool))
+    assert np.all(w[..., upper] == 0)
+
+
+# ------------------------------------------------------------------------------------ attn_mask
+def _bool_mask(rng, shape, p_true=0.7):
+    return rng.random(shape) < p_true
+
+
+# mask shapes, written relative to (lead, L, S)
+MASK_SHAPES_3D = ["LS", "NLS", "1LS"]
+MASK_SHAPES_4D = ["LS", "N1LS", "1HLS", "NHLS", "HLS", "11LS"]
+
+
+def _mask_shape(code, lead, L, S):
+    dims = {"L": L, "S": S, "1": 1}
+    if len(lead) == 1:
+        dims["N"] = lead[0]
+    else:
+        dims["N"], dims["H"] = lead
+    return tuple(dims[c] for c in code)
+
+
+MASK_CASES = ([((2,), 7, 9, 8, 5, m) for m in MASK_SHAPES_3D]
+              + [((7,), 7, 7, 9, 9, m) for m in MASK_SHAPES_3D]
+              + [((2, 3), 7, 9, 8, 6, m) for m in MASK_SHAPES_4D]
+              + [((1,), 1, 1, 4, 4, "LS"), ((3,), 1, 17, 16, 3, "NLS")])
+MASK_IDS = ["x".join(map(str, c[0])) + f"-L{c[1]}S{c[2]}-{c[5]}" for c in MASK_CASES]
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("lead,L,S,E,Ev,mshape", MASK_CASES, ids=MASK_IDS)
+def test_sdpa_bool_attn_mask(rng, lead, L, S, E, Ev, mshape, dtype):
+    q, k, v = make_qkv(rng, lead, L, S, E, Ev, dtype)
+    mask = _bool_mask(rng, _mask_shape(mshape, lead, L, S))
+    mask[..., 0] = True  # at least one visible key per row (fully masked rows tested separately)
+    ref_out, ref_w, valid = torch_reference(q, k, v, bool_mask=mask)
+    out, w = sdpa_w(q, k, v, mask)
+    check_against_reference(out, w, ref_out, ref_w, valid, dtype)
+    assert np.all(np.broadcast_to(~mask, w.shape) <= (w == 0))  # blocked keys get weight 0
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("lead,L,S,E,Ev,mshape", MASK_CASES, ids=MASK_IDS)
+def test_sdpa_float_attn_mask(rng, lead, L, S, E, Ev, mshape, dtype):
+    q, k, v = make_qkv(rng, lead, L, S, E, Ev, dtype)
+    fmask = randn(rng, _mask_shape(mshape, lead, L, S), dtype, scale=2.0)
+    ref_out, ref_w, valid = torch_reference(q, k, v, float_mask=fmask)
+    out, w = sdpa_w(q, k, v, attn_mask=fmask)
+    check_against_reference(out, w, ref_out, ref_w, valid, dtype)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+def test_sdpa_float_mask_with_neg_inf_rows(rng, dtype):
+    q, k, v = make_qkv(rng, (2,), 7, 9, 8, 5, dtype)
+    fmask = randn(rng, (2, 7, 9), dtype)
+    fmask[:, :, 3] = -np.inf
+    fmask[0, 2, :] = -np.inf  # a fully masked row
+    fmask[1, 6, :] = -np.inf
+    ref_out, ref_w, valid = torch_reference(q, k, v, float_mask=fmask)
+    assert not valid[0, 2] and not valid[1, 6] and valid.sum() == 12
+    out, w = sdpa_w(q, k, v, attn_mask=fmask)
+    check_against_reference(out, w, ref_out, ref_w, valid, dtype)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+def test_sdpa_bool_mask_fully_masked_rows_are_zero(rng, dtype):
+    q, k, v = make_qkv(rng, (2, 3), 7, 9, 8, 6, dtype)
+    mask = _bool_mask(rng, (2, 3, 7, 9))
+    mask[..., 0] = True
+    mask[0, 1, 4, :] = False
+    mask[1, :, 0, :] = False
+    ref_out, ref_w, valid = torch_reference(q, k, v, bool_mask=mask)
+    assert (~valid).sum() == 4
+    out, w = sdpa_w(q, k, v, attn_mask=mask)
+    check_against_reference(out, w, ref_out, ref_w, valid, dtype)
+    assert np.all(np.isfinite(out)) and np.all(np.isfinite(w))
+
+
+# --------------------------------------------------------------------- query_mask / key_mask
+PAD_CASES = [
+    # lead, L, S, E, Ev, query_mask shape, key_mask shape
+    ((2,), 7, 9, 8, 5, (2, 7), (2, 9)),
+    ((2,), 7, 9, 8, 5, None, (2, 9)),
+    ((2,), 7, 9, 8, 5, (2, 7), None),
+    ((2,), 7, 9, 8, 5, None, (9,)),
+    ((7,), 7, 7, 9, 9, (7, 7), (7, 7)),
+    ((1,), 1, 1, 4, 4, (1, 1), (1, 1)),
+    ((3,), 17, 65, 8, 8, (3, 17), (3, 65)),
+    ((2, 3), 7, 9, 8, 6, (2, 1, 7), (2, 1, 9)),
+    ((2, 3), 7, 9, 8, 6, None, (2, 1, 9)),
+    ((2, 3), 7, 9, 8, 6, (2, 3, 7), (2, 3, 9)),
+    ((2, 3), 7, 9, 8, 6, None, (9,)),
+]
+PAD_IDS = [f"{'x'.join(map(str, c[0]))}-L{c[1]}S{c[2]}-q{c[5]}-k{c[6]}" for c in PAD_CASES]
+
+
+def _padding_mask(rng, shape, min_real=1):
+    """1/0 padding mask: real tokens first, then padding (like a padded batch)."""
+    n = shape[-1]
+    lengths = rng.integers(min_real, n + 1, size=shape[:-1])
+    return (np.arange(n) < lengths[..., None])
+
+
+@pytest.mark.parametrize("as_int", [False, True], ids=["bool", "int"])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("lead,L,S,E,Ev,qshape,kshape", PAD_CASES, ids=PAD_IDS)
+def test_sdpa_query_and_key_masks(rng, lead, L, S, E, Ev, qshape, kshape, dtype, as_int):
+    q, k, v = make_qkv(rng, lead, L, S, E, Ev, dtype)
+    qm = None if qshape is None else _padding_mask(rng, qshape)
+    km = None if kshape is None else _padding_mask(rng, kshape)
+    if qm is not None and qm.size > 1:
+        qm.reshape(-1, qm.shape[-1])[0, -1] = False  # make sure some query padding exists
+    ones_q = np.ones(L, bool)
+    ones_k = np.ones(S, bool)
+    full = (qm if qm is not None else ones_q)[..., :, None] & (km if km is not None else ones_k)[..., None, :]
+    ref_out, ref_w, valid = torch_reference(q, k, v, bool_mask=full)
+    kwargs = {}
+    if qm is not None:
+        kwargs["query_mask"] = qm.astype(np.int64) if as_int else qm
+    if km is not None:
+        kwargs["key_mask"] = km.astype(np.int64) if as_int else km
+    out, w = sdpa_w(q, k, v, **kwargs)
+    check_against_reference(out, w, ref_out, ref_w, valid, dtype)
+    if qm is not None and qm.size > 1:
+        assert not valid.all()  # padded query rows exist and are zeros
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+def test_sdpa_fully_padded_batch_element(rng, dtype):
+    q, k, v = make_qkv(rng, (3,), 7, 9, 8, 5, dtype)
+    km = _padding_mask(rng, (3, 9))
+    km[1] = False  # batch element 1 has no real key at all
+    ref_out, ref_w, valid = torch_reference(q, k, v, bool_mask=km[:, None, :])
+    out, w = sdpa_w(q, k, v, key_mask=km)
+    check_against_reference(out, w, ref_out, ref_w, valid, dtype)
+    assert np.array_equal(out[1], np.zeros((7, 5), dtype))
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("lead,L,S", [((2,), 7, 9), ((2, 3), 9, 7), ((7,), 7, 7), ((1,), 1, 1)])
+def test_sdpa_masks_combine(rng, lead, L, S, dtype):
+    """attn_mask (bool and float) AND key_mask AND query_mask: a key is visible only if all allow."""
+    q, k, v = make_qkv(rng, lead, L, S, 8, 8, dtype)
+    N = lead[0]
+    klead = (N, 1, S) if len(lead) == 2 else (N, S)
+    qlead = (N, 1, L) if len(lead) == 2 else (N, L)
+    km = _padding_mask(rng, klead)
+    qm = _padding_mask(rng, qlead)
+    bm = _bool_mask(rng, (L, S))
+    full = bm & km[..., None, :] & qm[..., :, None]
+    ref_out, ref_w, valid = torch_reference(q, k, v, bool_mask=full)
+    out, w = sdpa_w(q, k, v, bm, query_mask=qm, key_mask=km)
+    check_against_reference(out, w, ref_out, ref_w, valid, dtype)
+
+    fm = randn(rng, (L, S), dtype)
+    full2 = km[..., None, :] & qm[..., :, None]
+    ref_out, ref_w, valid = torch_reference(q, k, v, bool_mask=full2, float_mask=fm)
+    out, w = sdpa_w(q, k, v, fm, query_mask=qm, key_mask=km)
+    check_against_reference(out, w, ref_out, ref_w, valid, dtype)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("lead,L,S", [((2,), 7, 9), ((3,), 9, 7), ((7,), 7, 7), ((2, 3), 7, 9)])
+def test_sdpa_causal_with_key_mask(rng, lead, L, S, dtype):
+    q, k, v = make_qkv(rng, lead, L, S, 8, 5, dtype)
+    km = np.ones(lead[:1] + (1,) * (len(lead) - 1) + (S,), bool)
+    km[0, ..., 0] = False  # batch 0: key 0 padded -> causal row 0 sees nothing
+    km[-1, ..., S - 2:] = False
+    ref_out, ref_w, valid = torch_reference(q, k, v, bool_mask=km[..., None, :], is_causal=True)
+    out, w = sdpa_w(q, k, v, key_mask=km, is_causal=True)
+    check_against_reference(out, w, ref_out, ref_w, valid, dtype)
+    assert not valid[0, ..., 0].any()
+
+
+# ------------------------------------------------------------------------------ misc properties
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+def test_sdpa_nan_input_gives_nan(rng, dtype):
+    q, k, v = make_qkv(rng, (3,), 7, 9, 8, 5, dtype)
+    qn = q.copy()
+    qn[0, 2, 1] = np.nan
+    out = F.scaled_dot_product_attention(qn, k, v)
+    assert np.all(np.isnan(out[0, 2]))
+    assert np.all(np.isfinite(np.delete(out[0], 2, axis=0))) and np.all(np.isfinite(out[1:]))
+
+    kn = k.copy()
+    kn[1, 4, 0] = np.nan
+    out = F.scaled_dot_product_attention(q, kn, v)
+    assert np.all(np.isnan(out[1]))
+    assert np.all(np.isfinite(out[[0, 2]]))
+
+    vn = v.copy()
+    vn[2, 0, 3] = np.nan
+    out = F.scaled_dot_product_attention(q, k, vn)
+    assert np.all(np.isnan(out[2, :, 3]))
+    assert np.all(np.isfinite(np.delete(out[2], 3, axis=-1)))
+    assert np.all(np.isfinite(out[:2]))
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("layout", ["fortran", "strided", "transposed_view"])
+def test_sdpa_noncontiguous_inputs(rng, layout, dtype):
+    q, k, v = make_qkv(rng, (2, 3), 7, 9, 8, 6, dtype)
+    mask = _bool_mask(rng, (2, 1, 7, 9))
+    mask[..., 0] = True
+
+    def re(a):
+        if layout == "fortran":
+            return np.asfortranarray(a)
+        if layout == "strided":
+            big = np.zeros(a.shape[:-1] + (2 * a.shape[-1],), a.dtype)
+            big[..., ::2] = a
+            return big[..., ::2]
+        # (N, L, H, E) buffer viewed as (N, H, L, E), as a layer's projection would be
+        return np.ascontiguousarray(np.swapaxes(a, 1, 2)).swapaxes(1, 2)
+
+    ql, kl, vl, ml = re(q), re(k), re(v), re(mask)
+    assert not ql.flags.c_contiguous
+    ref_out, ref_w, valid = torch_reference(q, k, v, bool_mask=mask)
+    out, w = sdpa_w(ql, kl, vl, ml)
+    check_against_reference(out, w, ref_out, ref_w, valid, dtype)
+    out_c = F.scaled_dot_product_attention(q, k, v, mask)
+    np.testing.assert_allclose(out, out_c, atol=0 if dtype == np.float64 else 1e-6, rtol=1e-6)
+
+
+def test_sdpa_int_and_list_inputs_become_float32(rng):
+    q = rng.integers(-3, 4, size=(2, 5, 4))
+    k = rng.integers(-3, 4, size=(2, 6, 4))
+    v = rng.integers(-3, 4, size=(2, 6, 3))
+    ref_out, ref_w, valid = torch_reference(q.astype(np.float32), k.astype(np.float32),
+                                            v.astype(np.float32))
+    out = F.scaled_dot_product_attention(q, k, v)
+    check_against_reference(out, None, ref_out, ref_w, valid, np.float32)
+    out_l = F.scaled_dot_product_attention(q.tolist(), k.tolist(), v.tolist())
+    check_against_reference(out_l, None, ref_out, ref_w, valid, np.float32)
+
+
+def test_sdpa_inputs_not_modified(rng):
+    q, k, v = make_qkv(rng, (2,), 7, 9, 8, 5, np.float32)
+    m = _bool_mask(rng, (7, 9))
+    copies = [a.copy() for a in (q, k, v, m)]
+    F.scaled_dot_product_attention(q, k, v, m, return_weights=True)
+    for a, c in zip((q, k, v, m), copies):
+        np.testing.assert_array_equal(a, c)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+def test_sdpa_identical_with_1_and_2_threads(rng, dtype):
+    q, k, v = make_qkv(rng, (4, 3), 33, 65, 16, 16, dtype)
+    km = _padding_mask(rng, (4, 1, 65))
+    old = tc.get_num_threads()
+    try:
+        tc.set_num_threads(1)
+        assert tc.get_num_threads() == 1
+        o1, w1 = F.scaled_dot_product_attention(q, k, v, key_mask=km, return_weights=True)
+        f1 = F.scaled_dot_product_attention(q, k, v, key_mask=km, is_causal=True)
+        tc.set_num_threads(2)
+        assert tc.get_num_threads() == 2
+        o2, w2 = F.scaled_dot_product_attention(q, k, v, key_mask=km, return_weights=True)
+        f2 = F.scaled_dot_product_attention(q, k, v, key_mask=km, is_causal=True)
+    finally:
+        tc.set_num_threads(old)
+    assert tc.get_num_threads() == old
+    np.testing.assert_array_equal(o1, o2)
+    np.testing.assert_array_equal(w1, w2)
+    np.testing.assert_array_equal(f1, f2)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+def test_sdpa_large_scores_stable(rng, dtype):
+    """Scores of magnitude ~1e2-1e3 must not overflow (max-subtraction in the softmax)."""
+    q, k, v = make_qkv(rng, (2,), 7, 9, 8, 5, dtype)
+    q = (q * 10).astype(dtype)
+    k = (k * 10).astype(dtype)
+    ref_out, ref_w, valid = torch_reference(q, k, v)
+    out, w = sdpa_w(q, k, v)
+    assert np.all(np.isfinite(out))
+    # weights are nearly one-hot; compare with a slightly looser absolute tolerance for fp32
+    tol = 1e-4 if dtype == np.float32 else 1e-9
+    assert_close(out, ref_out, dtype, atol_=tol)
+    assert_close(w, ref_w, dtype, atol_=tol)

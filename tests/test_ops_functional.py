@@ -1,0 +1,251 @@
+"""transformer_core.functional element-wise / row ops vs torch.nn.functional."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as TF
+
+import transformer_core as tc
+from conftest import DTYPE_IDS, FLOAT_DTYPES, assert_close, randn, to_torch
+
+F = tc.functional
+
+LEAD_SHAPES = [(), (1,), (7,), (2, 9), (9, 9), (3, 1, 5)]
+LEAD_IDS = ["lead()", "lead1", "lead7", "lead2x9", "lead9x9", "lead3x1x5"]
+
+
+# ------------------------------------------------------------------------------------------ linear
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
+@pytest.mark.parametrize("in_f,out_f", [(1, 1), (17, 7), (9, 65), (65, 17)])
+@pytest.mark.parametrize("lead", LEAD_SHAPES, ids=LEAD_IDS)
+def test_linear_matches_torch(rng, lead, in_f, out_f, bias, dtype):
+    x = randn(rng, lead + (in_f,), dtype)
+    w = randn(rng, (out_f, in_f), dtype, scale=1.0 / np.sqrt(in_f))
+    b = randn(rng, (out_f,), dtype) if bias else None
+    ours = F.linear(x, w, b) if bias else F.linear(x, w)
+    ref = TF.linear(to_torch(x), to_torch(w), None if b is None else to_torch(b))
+    assert_close(ours, ref, dtype, what="linear")
+
+
+def test_linear_bias_keyword(rng):
+    x = randn(rng, (3, 9))
+    w = randn(rng, (5, 9))
+    b = randn(rng, (5,))
+    ref = TF.linear(to_torch(x), to_torch(w), to_torch(b))
+    assert_close(F.linear(x, w, bias=b), ref, np.float32)
+    assert_close(F.linear(x, w, bias=None), TF.linear(to_torch(x), to_torch(w)), np.float32)
+
+
+# ----------------------------------------------------------------------------------------- softmax
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("shape,axis", [
+    ((1,), -1), ((7,), 0), ((9, 17), -1), ((9, 17), 0), ((2, 7, 65), -1), ((2, 7, 65), 1),
+    ((2, 7, 65), -3), ((1, 1), -1), ((4, 3, 2, 5), 2),
+])
+def test_softmax_matches_torch(rng, shape, axis, dtype):
+    x = randn(rng, shape, dtype, scale=3.0)
+    ours = F.softmax(x, axis=axis)
+    assert_close(ours, torch.softmax(to_torch(x), dim=axis), dtype, what="softmax")
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+def test_softmax_default_axis_is_last(rng, dtype):
+    x = randn(rng, (3, 5, 7), dtype)
+    assert_close(F.softmax(x), torch.softmax(to_torch(x), dim=-1), dtype)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("offset", [0.0, 1000.0, -1000.0, 1e4])
+def test_softmax_is_shift_stable(rng, offset, dtype):
+    x = randn(rng, (5, 9), dtype)
+    xs = (x + dtype(offset)).astype(dtype)
+    ours = F.softmax(xs, axis=-1)
+    ref = torch.softmax(to_torch(xs), dim=-1)
+    assert np.all(np.isfinite(ours))
+    assert_close(ours, ref, dtype)
+    np.testing.assert_allclose(ours.sum(-1), 1.0, atol=10 * np.finfo(dtype).eps * 9)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+def test_softmax_neg_inf(rng, dtype):
+    x = randn(rng, (4, 7), dtype)
+    x[0, :] = -np.inf           # fully -inf row -> zeros in ours (torch: NaN)
+    x[1, [0, 3, 6]] = -np.inf   # partially masked row
+    x[2, 1:] = -np.inf          # a single finite entry -> one-hot
+    ours = F.softmax(x, axis=-1)
+    ref = torch.softmax(to_torch(x), dim=-1).numpy()
+    assert ours.dtype == np.dtype(dtype)
+    assert np.array_equal(ours[0], np.zeros(7, dtype)), ours[0]
+    assert_close(ours[1:], ref[1:], dtype)
+    assert np.array_equal(ours[2], np.eye(7, dtype=dtype)[0])
+    assert np.all(ours[1, [0, 3, 6]] == 0)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+def test_softmax_nan_propagates(rng, dtype):
+    x = randn(rng, (3, 5), dtype)
+    x[1, 2] = np.nan
+    ours = F.softmax(x, axis=-1)
+    assert np.all(np.isnan(ours[1]))
+    ref = torch.softmax(to_torch(x), dim=-1).numpy()
+    assert_close(ours[[0, 2]], ref[[0, 2]], dtype)
+
+
+# -------------------------------------------------------------------------------------- layer_norm
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("eps", [1e-5, 1e-12, 0.1])
+@pytest.mark.parametrize("shape", [(1,), (7,), (1, 17), (9, 65), (2, 7, 9), (9, 9, 1)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_layer_norm_matches_torch(rng, shape, eps, dtype):
+    E = shape[-1]
+    x = randn(rng, shape, dtype, scale=2.0) + dtype(0.5)
+    w = randn(rng, (E,), dtype)
+    b = randn(rng, (E,), dtype)
+    ours = F.layer_norm(x, w, b, eps=eps)
+    ref = TF.layer_norm(to_torch(x), (E,), to_torch(w), to_torch(b), eps)
+    assert_close(ours, ref, dtype, what="layer_norm")
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+def test_layer_norm_default_eps(rng, dtype):
+    x = randn(rng, (5, 17), dtype, scale=1e-3)  # small variance: eps matters
+    w = randn(rng, (17,), dtype)
+    b = randn(rng, (17,), dtype)
+    ref = TF.layer_norm(to_torch(x), (17,), to_torch(w), to_torch(b), 1e-5)
+    assert_close(F.layer_norm(x, w, b), ref, dtype)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+def test_layer_norm_large_mean(rng, dtype):
+    """Catastrophic cancellation check: a large offset must not destroy the variance."""
+    x = randn(rng, (4, 65), dtype) + dtype(1000.0)
+    w = np.ones(65, dtype)
+    b = np.zeros(65, dtype)
+    ref = TF.layer_norm(to_torch(x).double(), (65,), eps=1e-5).numpy()
+    tol = 2e-3 if dtype == np.float32 else 1e-9  # fp32 input itself only has ~6e-5 resolution at 1000
+    assert_close(F.layer_norm(x, w, b), ref, dtype, atol_=tol)
+
+
+# ------------------------------------------------------------------------------------ activations
+ACT_SHAPES = [(1,), (7,), (9, 17), (2, 7, 65)]
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+@pytest.mark.parametrize("shape", ACT_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_gelu_matches_torch(rng, shape, approximate, dtype):
+    x = randn(rng, shape, dtype, scale=4.0)
+    x.flat[0] = -30.0
+    if x.size > 1:
+        x.flat[1] = 30.0
+    ours = F.gelu(x, approximate=approximate)
+    assert_close(ours, TF.gelu(to_torch(x), approximate=approximate), dtype, what="gelu")
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+def test_gelu_default_is_exact(rng, dtype):
+    x = randn(rng, (9, 17), dtype, scale=3.0)
+    assert_close(F.gelu(x), TF.gelu(to_torch(x)), dtype)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("shape", ACT_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_relu_matches_torch(rng, shape, dtype):
+    x = randn(rng, shape, dtype)
+    x.flat[0] = 0.0
+    ours = F.relu(x)
+    assert_close(ours, TF.relu(to_torch(x)), dtype, atol_=0.0, rtol_=0.0)
+
+
+# ----------------------------------------------------------------------------------- dtype rules
+def test_float64_stays_float64(rng):
+    x = randn(rng, (3, 9), np.float64)
+    w = randn(rng, (4, 9), np.float64)
+    assert F.linear(x, w).dtype == np.float64
+    assert F.softmax(x).dtype == np.float64
+    assert F.gelu(x).dtype == np.float64
+    assert F.relu(x).dtype == np.float64
+    assert F.layer_norm(x, np.ones(9), np.zeros(9)).dtype == np.float64
+
+
+def test_float32_stays_float32(rng):
+    x = randn(rng, (3, 9), np.float32)
+    w = randn(rng, (4, 9), np.float32)
+    assert F.linear(x, w).dtype == np.float32
+    assert F.softmax(x).dtype == np.float32
+    assert F.gelu(x).dtype == np.float32
+    assert F.relu(x).dtype == np.float32
+    assert F.layer_norm(x, np.ones(9, np.float32), np.zeros(9, np.float32)).dtype == np.float32
+
+
+def test_ints_and_lists_become_float32():
+    x = [[1, -2, 3], [0, 5, -1]]
+    w = [[1, 0, 2], [0, 1, 0]]
+    ours = F.linear(x, w)
+    assert ours.dtype == np.float32
+    ref = TF.linear(torch.tensor(x, dtype=torch.float32), torch.tensor(w, dtype=torch.float32))
+    assert_close(ours, ref, np.float32)
+
+    xi = np.array(x, dtype=np.int64)
+    for fn, tfn in [(F.relu, TF.relu), (F.gelu, TF.gelu),
+                    (F.softmax, lambda t: torch.softmax(t, -1))]:
+        for inp in (x, xi):
+            out = fn(inp)
+            assert out.dtype == np.float32, fn
+            assert_close(out, tfn(torch.tensor(x, dtype=torch.float32)), np.float32)
+
+    ln = F.layer_norm(xi, [1, 1, 1], [0, 0, 0])
+    assert ln.dtype == np.float32
+    assert_close(ln, TF.layer_norm(torch.tensor(x, dtype=torch.float32), (3,)), np.float32)
+
+
+def _layouts(a: np.ndarray):
+    """Same values, other memory layouts: Fortran order and a strided (non-contiguous) view."""
+    f = np.asfortranarray(a)
+    big = np.zeros(tuple(2 * s for s in a.shape), a.dtype)
+    big[tuple(slice(None, None, 2) for _ in a.shape)] = a
+    strided = big[tuple(slice(None, None, 2) for _ in a.shape)]
+    assert not strided.flags.c_contiguous
+    rev = np.ascontiguousarray(a[..., ::-1])[..., ::-1]  # negative last stride
+    return {"fortran": f, "strided": strided, "neg_stride": rev}
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("layout", ["fortran", "strided", "neg_stride", "transposed"])
+def test_noncontiguous_inputs(rng, layout, dtype):
+    x = randn(rng, (7, 9), dtype)
+    w = randn(rng, (5, 9), dtype)
+    b = randn(rng, (5,), dtype)
+    g = randn(rng, (9,), dtype)
+    if layout == "transposed":
+        xl = np.ascontiguousarray(x.T).T
+        wl = np.ascontiguousarray(w.T).T
+        gl, bl = g, b
+    else:
+        xl, wl = _layouts(x)[layout], _layouts(w)[layout]
+        gl, bl = _layouts(g)[layout], _layouts(b)[layout]
+    np.testing.assert_array_equal(xl, x)
+    assert_close(F.linear(xl, wl, bl), TF.linear(to_torch(x), to_torch(w), to_torch(b)), dtype)
+    assert_close(F.softmax(xl), torch.softmax(to_torch(x), -1), dtype)
+    assert_close(F.softmax(xl, axis=0), torch.softmax(to_torch(x), 0), dtype)
+    assert_close(F.gelu(xl), TF.gelu(to_torch(x)), dtype)
+    assert_close(F.relu(xl), TF.relu(to_torch(x)), dtype)
+    c = randn(rng, (9,), dtype)
+    cl = c if layout == "transposed" else _layouts(c)[layout]
+    assert_close(F.layer_norm(xl, gl, cl, eps=1e-5),
+                 TF.layer_norm(to_torch(x), (9,), to_torch(g), to_torch(c), 1e-5), dtype)
+
+
+def test_inputs_not_modified(rng):
+    x = randn(rng, (4, 9))
+    w = randn(rng, (3, 9))
+    x0, w0 = x.copy(), w.copy()
+    F.linear(x, w)
+    F.softmax(x)
+    F.gelu(x)
+    F.relu(x)
+    F.layer_norm(x, np.ones(9, np.float32), np.zeros(9, np.float32))
+    np.testing.assert_array_equal(x, x0)
+    np.testing.assert_array_equal(w, w0)

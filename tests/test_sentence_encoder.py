@@ -1,0 +1,113 @@
+"""tc.Tokenizer and tc.SentenceEncoder vs the tokenizers package and transformers' BertModel with
+sentence-transformers pooling (mean over the attention mask, then L2 normalisation)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import transformer_core as tc
+from conftest import MODEL_NAME, SENTENCES, hf_encode, hf_mean_pool
+
+
+@pytest.fixture(scope="module")
+def tc_tokenizer():
+    return tc.Tokenizer.from_pretrained(MODEL_NAME)
+
+
+@pytest.fixture(scope="module")
+def encoder():
+    return tc.SentenceEncoder.from_pretrained(MODEL_NAME)
+
+
+@pytest.fixture(scope="module")
+def reference_embeddings(hf_bert, hf_tokenizer):
+    """(N, 384) float64 normalised and unnormalised reference embeddings of SENTENCES."""
+    ids, am, tt = hf_encode(hf_tokenizer, SENTENCES)
+    return (hf_mean_pool(hf_bert, ids, am, tt, normalize=True),
+            hf_mean_pool(hf_bert, ids, am, tt, normalize=False))
+
+
+# ---------------------------------------------------------------------------------------- tokenizer
+def test_tokenizer_known_ids(tc_tokenizer):
+    enc = tc_tokenizer.encode_batch(["time flies like an arrow"])
+    ids = np.asarray(enc["input_ids"])
+    am = np.asarray(enc["attention_mask"])
+    assert ids.dtype == np.int64 and am.dtype == np.int64
+    n = int(am[0].sum())
+    assert ids[0, :n].tolist() == [101, 2051, 10029, 2066, 2019, 8612, 102]
+    assert np.all(am[0, :n] == 1)
+
+
+def test_tokenizer_matches_tokenizers_package(tc_tokenizer, hf_tokenizer):
+    enc = tc_tokenizer.encode_batch(SENTENCES)
+    ids, am, tt = (np.asarray(enc[k]) for k in ("input_ids", "attention_mask", "token_type_ids"))
+    ref_ids, ref_am, ref_tt = hf_encode(hf_tokenizer, SENTENCES)
+    for a in (ids, am, tt):
+        assert a.dtype == np.int64
+        assert a.ndim == 2 and a.shape[0] == len(SENTENCES)
+        assert a.shape == ids.shape
+    assert ids.shape[1] >= ref_ids.shape[1]
+    np.testing.assert_array_equal(am.sum(1), ref_am.sum(1))
+    for i in range(len(SENTENCES)):
+        n = int(ref_am[i].sum())
+        np.testing.assert_array_equal(ids[i, :n], ref_ids[i, :n])
+        assert np.all(am[i, :n] == 1) and np.all(am[i, n:] == 0)
+        assert np.all(ids[i, n:] == 0)  # [PAD] = 0
+    assert np.all(tt == 0)
+
+
+def test_tokenizer_pads_to_common_length(tc_tokenizer):
+    enc = tc_tokenizer.encode_batch(["Hi.", "A much longer sentence than the first one, by far."])
+    am = np.asarray(enc["attention_mask"])
+    assert am.shape[0] == 2
+    assert am[0].sum() < am[1].sum()
+
+
+# ---------------------------------------------------------------------------------- sentence encoder
+def test_encode_matches_hf_mean_pooling(encoder, reference_embeddings):
+    ref, _ = reference_embeddings
+    emb = encoder.encode(SENTENCES)
+    assert isinstance(emb, np.ndarray)
+    assert emb.dtype == np.float32 and emb.shape == (len(SENTENCES), 384)
+    cos = (emb.astype(np.float64) * ref).sum(1) / np.linalg.norm(emb, axis=1)
+    assert cos.min() >= 0.99999, f"min cosine {cos.min():.8f} (per sentence {np.round(cos, 7)})"
+    np.testing.assert_allclose(np.linalg.norm(emb, axis=1), 1.0, atol=1e-5)
+    np.testing.assert_allclose(emb, ref, atol=1e-4)
+
+
+@pytest.mark.parametrize("batch_size", [1, 7, 32])
+def test_encode_batch_size_preserves_order(encoder, reference_embeddings, batch_size):
+    ref, _ = reference_embeddings
+    emb = encoder.encode(SENTENCES, batch_size=batch_size)
+    assert emb.shape == (len(SENTENCES), 384)
+    np.testing.assert_allclose(emb, ref, atol=1e-4)
+    cos = (emb.astype(np.float64) * ref).sum(1)
+    assert cos.min() >= 0.99999
+
+
+def test_encode_unnormalized(encoder, reference_embeddings):
+    ref_norm, ref_raw = reference_embeddings
+    emb = encoder.encode(SENTENCES, normalize=False)
+    assert emb.dtype == np.float32 and emb.shape == (len(SENTENCES), 384)
+    norms = np.linalg.norm(emb, axis=1)
+    assert not np.allclose(norms, 1.0, atol=1e-3)  # really unnormalised
+    np.testing.assert_allclose(emb, ref_raw, atol=1e-4)
+    np.testing.assert_allclose(emb / norms[:, None], ref_norm, atol=1e-4)
+
+
+def test_encode_progress_none_and_single(encoder, reference_embeddings):
+    ref, _ = reference_embeddings
+    emb = encoder.encode(SENTENCES[:3], batch_size=2, normalize=True, progress=None)
+    np.testing.assert_allclose(emb, ref[:3], atol=1e-4)
+    one = encoder.encode([SENTENCES[5]])
+    assert one.shape == (1, 384)
+    np.testing.assert_allclose(one[0], ref[5], atol=1e-4)
+
+
+def test_encode_semantics_sanity(encoder):
+    """Paraphrases are closer than unrelated sentences (values, not just shapes)."""
+    e = encoder.encode(["A man is playing a guitar.", "Someone plays the guitar.",
+                        "The stock market crashed today."])
+    sim = e @ e.T
+    assert sim[0, 1] > sim[0, 2] + 0.2
+    np.testing.assert_allclose(np.diag(sim), 1.0, atol=1e-5)
