@@ -111,5 +111,6 @@ void def_state(Class& cls) {
 void register_functional(py::module_& m);
 void register_layers(py::module_& m);
 void register_models(py::module_& m);
+void register_positional(py::module_& m);
 
 }  // namespace transformer_core::bindings
