@@ -221,3 +221,29 @@ def test_encoder_layer_load_state_dict_errors(rng, case):
     assert states_equal(ours.state_dict(), before)
     x = randn(rng, (2, 5, 9))
     assert_close(ours(x), torch_layer(ref, x), np.float32)
+
+
+@pytest.mark.parametrize("which", ["mha", "encoder_layer"])
+def test_layers_identical_with_1_and_2_threads(rng, which):
+    if which == "mha":
+        layer = tc.nn.MultiheadAttention(64, 4)
+        layer.load_state_dict(module_state_to_numpy(torch.nn.MultiheadAttention(64, 4,
+                                                                                batch_first=True)))
+    else:
+        layer, _ = make_pair(64, 4, 256, "gelu", False, np.float32)
+    x = randn(rng, (8, 33, 64))
+    km = np.arange(33) < rng.integers(1, 34, size=8)[:, None]
+
+    def run():
+        r = layer(x, key_mask=km) if which == "mha" else layer(x, src_key_mask=km)
+        return r[0] if which == "mha" else r
+
+    old = tc.get_num_threads()
+    try:
+        tc.set_num_threads(1)
+        a = run()
+        tc.set_num_threads(2)
+        b = run()
+    finally:
+        tc.set_num_threads(old)
+    assert np.array_equal(a, b), f"{which}: max |1 thread - 2 threads| = {np.abs(a - b).max():.3e}"

@@ -43,6 +43,9 @@ def torch_mha(ref, q, k=None, v=None, *, key_mask=None, attn_mask=None, need_wei
     am = None
     if attn_mask is not None:
         am = ~to_torch(attn_mask) if attn_mask.dtype == bool else to_torch(attn_mask)
+    if kpm is not None and am is not None and am.is_floating_point():
+        # same mask type for both (torch deprecates mixing): padding as -inf added to the scores
+        kpm = torch.zeros(kpm.shape, dtype=am.dtype).masked_fill(kpm, float("-inf"))
     with torch.no_grad():
         out, w = ref(qt, kt, vt, key_padding_mask=kpm, attn_mask=am, need_weights=need_weights,
                      average_attn_weights=average)

@@ -10,7 +10,7 @@ import torch
 from safetensors.numpy import load_file, save_file
 
 import transformer_core as tc
-from conftest import MODEL_NAME, SENTENCES, hf_encode
+from conftest import SENTENCES, hf_encode
 
 BERT_ATOL = 1e-4
 

@@ -118,7 +118,8 @@ def test_sdpa_unmasked(rng, lead, L, S, E, Ev, scale, dtype):
     out2, w = F.scaled_dot_product_attention(q, k, v, scale=scale, return_weights=True)
     check_against_reference(out, None, ref_out, ref_w, valid, dtype)
     check_against_reference(out2, w, ref_out, ref_w, valid, dtype)
-    np.testing.assert_array_equal(out, out2)
+    # the fused path (no weights) and the weights path may round differently: dtype tolerance
+    assert_close(out, out2, dtype, what="with / without return_weights")
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)

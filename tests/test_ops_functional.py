@@ -249,3 +249,31 @@ def test_inputs_not_modified(rng):
     F.layer_norm(x, np.ones(9, np.float32), np.zeros(9, np.float32))
     np.testing.assert_array_equal(x, x0)
     np.testing.assert_array_equal(w, w0)
+
+
+# ------------------------------------------------------------------------------------- threads
+@pytest.mark.parametrize("op", ["linear", "linear_bias", "softmax", "layer_norm", "gelu", "relu"])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+def test_identical_with_1_and_2_threads(rng, op, dtype):
+    """Results must be bitwise identical with 1 and 2 threads (BERT-sized shapes)."""
+    x = randn(rng, (256, 384), dtype)
+    w = randn(rng, (1536, 384), dtype, scale=0.05)
+    b = randn(rng, (1536,), dtype)
+    g, c = randn(rng, (384,), dtype), randn(rng, (384,), dtype)
+    fn = {
+        "linear": lambda: F.linear(x, w),
+        "linear_bias": lambda: F.linear(x, w, b),
+        "softmax": lambda: F.softmax(x),
+        "layer_norm": lambda: F.layer_norm(x, g, c),
+        "gelu": lambda: F.gelu(x),
+        "relu": lambda: F.relu(x),
+    }[op]
+    old = tc.get_num_threads()
+    try:
+        tc.set_num_threads(1)
+        a = fn()
+        tc.set_num_threads(2)
+        b2 = fn()
+    finally:
+        tc.set_num_threads(old)
+    assert np.array_equal(a, b2), f"{op}: max |1 thread - 2 threads| = {np.abs(a - b2).max():.3e}"

@@ -10,6 +10,8 @@ namespace {
 using layers::FeedForward;
 using layers::Module;
 using layers::MultiheadAttention;
+using layers::LayerNorm;
+using layers::TransformerDecoderLayer;
 using layers::TransformerEncoderLayer;
 
 template <class T>
@@ -82,6 +84,46 @@ void register_dtype(py::module_& m) {
         {
           py::gil_scoped_release release;
           self.forward(src.data(), N, L, op, masks, p);
+        }
+        return out;
+      });
+
+  auto dec = py::class_<TransformerDecoderLayer<T>, Module<T>>(m, ("TransformerDecoderLayer" + sfx).c_str());
+  dec.def(py::init([](int64_t d_model, int64_t nhead, int64_t dff, const std::string& act, double eps,
+                      bool norm_first, bool bias) {
+            return std::make_unique<TransformerDecoderLayer<T>>(d_model, nhead, dff, ops::parse_activation(act),
+                                                                static_cast<T>(eps), norm_first, bias);
+          }),
+          py::arg("d_model"), py::arg("nhead"), py::arg("dim_feedforward"), py::arg("activation"),
+          py::arg("layer_norm_eps"), py::arg("norm_first"), py::arg("bias"))
+      // tgt [N, T, E], memory [N, S, E] -> [N, T, E]; self_masks and cross_masks are
+      // (bool_mask, float_mask, key_mask) triples as in MultiheadAttention.forward
+      .def("forward", [](const TransformerDecoderLayer<T>& self, const CArray<T>& tgt, const CArray<T>& memory,
+                         const py::object& sb, const py::object& sf, const py::object& sk, bool tgt_is_causal,
+                         const py::object& cb, const py::object& cf, const py::object& ck, const std::string& path) {
+        const int64_t N = tgt.shape(0), Tq = tgt.shape(1), S = memory.shape(1);
+        const auto self_masks = make_masks<T>(sb, sf, sk, tgt_is_causal, 0);
+        const auto cross_masks = make_masks<T>(cb, cf, ck, false, 0);
+        const auto p = ops::parse_attention_path(path);
+        py::array_t<T> out({N, Tq, self.d_model()});
+        T* op = out.mutable_data();
+        {
+          py::gil_scoped_release release;
+          self.forward(tgt.data(), N, Tq, memory.data(), S, op, self_masks, cross_masks, p);
+        }
+        return out;
+      });
+
+  auto ln = py::class_<LayerNorm<T>, Module<T>>(m, ("LayerNorm" + sfx).c_str());
+  ln.def(py::init([](int64_t n, double eps, bool bias) { return std::make_unique<LayerNorm<T>>(n, static_cast<T>(eps), bias); }),
+         py::arg("normalized_size"), py::arg("eps"), py::arg("bias"))
+      .def("forward", [](const LayerNorm<T>& self, const CArray<T>& x) {
+        // x [rows, E] -> [rows, E]
+        py::array_t<T> out({x.shape(0), x.shape(1)});
+        T* op = out.mutable_data();
+        {
+          py::gil_scoped_release release;
+          self.forward(x.data(), x.shape(0), op);
         }
         return out;
       });

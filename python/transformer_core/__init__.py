@@ -13,6 +13,7 @@ Layers of the package, from the bottom:
 from . import _core
 from . import functional, nn
 from .bert import BertConfig, BertEmbeddings, BertModel, BertOutput
+from .gpt2 import CausalLMOutput, GPT2Config, GPT2LMHeadModel, GPT2Model, KVCache
 from .sentence_encoder import SentenceEncoder, cosine_similarity, mean_pool
 from .tokenizer import Tokenizer
 
@@ -26,6 +27,11 @@ __all__ = [
     "BertEmbeddings",
     "BertModel",
     "BertOutput",
+    "GPT2Config",
+    "GPT2Model",
+    "GPT2LMHeadModel",
+    "KVCache",
+    "CausalLMOutput",
     "SentenceEncoder",
     "Tokenizer",
     "cosine_similarity",

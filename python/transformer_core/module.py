@@ -31,13 +31,28 @@ class Module:
         """Runs the module; see the subclass."""
         raise NotImplementedError
 
+    def _children(self) -> list[tuple[str, "Module"]]:
+        """Hook for composite modules: ``[(prefix, child)]``; a leaf module has none."""
+        return []
+
+    def _slots(self) -> dict[str, tuple[object, str, tuple[int, ...]]]:
+        """``{full name: (C++ object, its own name, shape)}`` over this module and its children."""
+        slots = {}
+        if self._impl is not None:
+            for name, shape in self._impl.parameter_shapes():
+                slots[name] = (self._impl, name, tuple(shape))
+        for prefix, child in self._children():
+            for name, slot in child._slots().items():
+                slots[f"{prefix}.{name}"] = slot
+        return slots
+
     def parameter_shapes(self) -> dict[str, tuple[int, ...]]:
         """``{name: shape}`` of every weight, in registration order (torch's state_dict names)."""
-        return {name: tuple(shape) for name, shape in self._impl.parameter_shapes()}
+        return {name: slot[2] for name, slot in self._slots().items()}
 
     def state_dict(self) -> dict[str, np.ndarray]:
         """A copy of every weight as a numpy array of ``self.dtype``, keyed by torch's names."""
-        return {name: self._impl.get_parameter(name) for name, _ in self._impl.parameter_shapes()}
+        return {name: impl.get_parameter(own) for name, (impl, own, _) in self._slots().items()}
 
     def _rename_state_dict(self, state: dict) -> dict:
         """Hook: maps alternative names of a checkpoint onto ours (default: none)."""
@@ -55,7 +70,8 @@ class Module:
         if not isinstance(state_dict, Mapping):
             raise TypeError(f"state_dict: expected a mapping of name -> array, got {type(state_dict).__name__}")
         state = self._rename_state_dict(dict(state_dict))
-        expected = self.parameter_shapes()
+        slots = self._slots()
+        expected = {name: slot[2] for name, slot in slots.items()}
         arrays, problems = {}, []
         missing = [k for k in expected if k not in state]
         unknown = [k for k in state if k not in expected]
@@ -82,7 +98,8 @@ class Module:
         if problems:
             raise ValueError(f"{type(self).__name__}.load_state_dict refused (module unchanged): " + "; ".join(problems))
         for name, arr in arrays.items():
-            self._impl.set_parameter(name, arr)
+            impl, own, _ = slots[name]
+            impl.set_parameter(own, arr)
 
     def _init_dtype(self, dtype) -> str:
         self.dtype = resolve_dtype(dtype)

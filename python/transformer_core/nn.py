@@ -17,7 +17,16 @@ from . import _core
 from ._validation import as_bool, as_float, broadcast_mask, check_positive_int
 from .module import Module
 
-__all__ = ["MultiheadAttention", "FeedForward", "TransformerEncoderLayer"]
+__all__ = [
+    "MultiheadAttention",
+    "FeedForward",
+    "LayerNorm",
+    "TransformerEncoderLayer",
+    "TransformerDecoderLayer",
+    "TransformerEncoder",
+    "TransformerDecoder",
+    "Transformer",
+]
 
 _ACTIVATIONS = ("relu", "gelu")
 
@@ -226,19 +235,10 @@ class TransformerEncoderLayer(Module):
     def __init__(self, d_model: int, nhead: int, dim_feedforward: int = 2048, activation: str = "relu",
                  layer_norm_eps: float = 1e-5, norm_first: bool = False, bias: bool = True, dtype=np.float32):
         sfx = self._init_dtype(dtype)
-        self.d_model = check_positive_int(d_model, "d_model")
-        self.nhead = check_positive_int(nhead, "nhead")
-        if d_model % nhead != 0:
-            raise ValueError(f"d_model: expected a multiple of nhead ({nhead}), got {d_model}")
-        self.dim_feedforward = check_positive_int(dim_feedforward, "dim_feedforward")
-        self.activation = _check_activation(activation)
-        if not layer_norm_eps >= 0:
-            raise ValueError(f"layer_norm_eps: expected a value >= 0, got {layer_norm_eps}")
-        self.layer_norm_eps = float(layer_norm_eps)
-        self.norm_first = bool(norm_first)
+        _check_layer_args(self, d_model, nhead, dim_feedforward, activation, layer_norm_eps, norm_first, bias)
         self._impl = getattr(_core, "TransformerEncoderLayer" + sfx)(
             self.d_model, self.nhead, self.dim_feedforward, activation, self.layer_norm_eps, self.norm_first,
-            bool(bias))
+            self.bias)
         self._init_weights()
 
     def forward(self, src, src_mask=None, src_key_mask=None, is_causal: bool = False,
@@ -274,3 +274,249 @@ class TransformerEncoderLayer(Module):
                              key_mask_name="src_key_mask")
         out = self._impl.forward(x, *masks, bool(is_causal), path)
         return out[0] if unbatched else out
+
+
+def _check_layer_args(self, d_model, nhead, dim_feedforward, activation, layer_norm_eps, norm_first, bias) -> None:
+    self.d_model = check_positive_int(d_model, "d_model")
+    self.nhead = check_positive_int(nhead, "nhead")
+    if d_model % nhead != 0:
+        raise ValueError(f"d_model: expected a multiple of nhead ({nhead}), got {d_model}")
+    self.dim_feedforward = check_positive_int(dim_feedforward, "dim_feedforward")
+    self.activation = _check_activation(activation)
+    if not layer_norm_eps >= 0:
+        raise ValueError(f"layer_norm_eps: expected a value >= 0, got {layer_norm_eps}")
+    self.layer_norm_eps = float(layer_norm_eps)
+    self.norm_first = bool(norm_first)
+    self.bias = bool(bias)
+
+
+def _layer_args(layer) -> tuple:
+    return (layer.d_model, layer.nhead, layer.dim_feedforward, layer.activation, layer.layer_norm_eps,
+            layer.norm_first, layer.bias, layer.dtype)
+
+
+class LayerNorm(Module):
+    """Layer normalisation over the last dim (Ba et al. 2016), as ``torch.nn.LayerNorm(E)``::
+
+        y = (x - mean) / sqrt(var + eps) * weight + bias
+
+    Args:
+        normalized_shape: E (an int, or a 1-tuple).
+        eps: added to the variance (torch's default 1e-5).
+        bias: learn a bias (``bias=False`` as torch).
+        dtype: ``np.float32`` or ``np.float64``.
+
+    Weights: ``weight (E,)`` (ones), ``bias (E,)`` (zeros).
+    """
+
+    def __init__(self, normalized_shape, eps: float = 1e-5, bias: bool = True, dtype=np.float32):
+        sfx = self._init_dtype(dtype)
+        if isinstance(normalized_shape, (tuple, list)):
+            if len(normalized_shape) != 1:
+                raise ValueError(f"normalized_shape: only the last dim is supported, got {normalized_shape}")
+            normalized_shape = normalized_shape[0]
+        self.normalized_size = check_positive_int(normalized_shape, "normalized_shape")
+        if not eps >= 0:
+            raise ValueError(f"eps: expected a value >= 0, got {eps}")
+        self.eps = float(eps)
+        self._impl = getattr(_core, "LayerNorm" + sfx)(self.normalized_size, self.eps, bool(bias))
+
+    def forward(self, x) -> np.ndarray:
+        """``x (..., E) -> (..., E)`` in ``self.dtype``.
+
+        Raises:
+            ValueError: empty ``x`` or last dim not E.
+        """
+        x = as_float(x, "x", self.dtype, min_ndim=1)
+        if x.shape[-1] != self.normalized_size:
+            raise ValueError(f"x: expected last dim {self.normalized_size}, got shape {x.shape}")
+        return self._impl.forward(x.reshape(-1, self.normalized_size)).reshape(x.shape)
+
+
+class TransformerDecoderLayer(Module):
+    """One Transformer decoder layer (Vaswani et al. 2017, §3.1; seed 002's decoder steps),
+    batch-first, mirroring ``torch.nn.TransformerDecoderLayer(batch_first=True)`` in eval mode::
+
+        norm_first=False:  x = norm1(x + SA(x));  x = norm2(x + CA(x, memory));  x = norm3(x + FFN(x))
+        norm_first=True:   x = x + SA(norm1(x));  x = x + CA(norm2(x), memory);  x = x + FFN(norm3(x))
+
+    SA is masked self-attention, CA cross-attention whose keys and values are the encoder output.
+
+    Args: as :class:`TransformerEncoderLayer`.
+
+    Weights (torch's names): ``self_attn.*``, ``multihead_attn.*``, ``linear1.*``, ``linear2.*``,
+    ``norm1.*``, ``norm2.*``, ``norm3.*``.
+    """
+
+    def __init__(self, d_model: int, nhead: int, dim_feedforward: int = 2048, activation: str = "relu",
+                 layer_norm_eps: float = 1e-5, norm_first: bool = False, bias: bool = True, dtype=np.float32):
+        sfx = self._init_dtype(dtype)
+        _check_layer_args(self, d_model, nhead, dim_feedforward, activation, layer_norm_eps, norm_first, bias)
+        self._impl = getattr(_core, "TransformerDecoderLayer" + sfx)(
+            self.d_model, self.nhead, self.dim_feedforward, activation, self.layer_norm_eps, self.norm_first,
+            self.bias)
+        self._init_weights()
+
+    def forward(self, tgt, memory, tgt_mask=None, memory_mask=None, tgt_key_mask=None, memory_key_mask=None,
+                tgt_is_causal: bool = False, memory_is_causal: bool = False, path: str = "auto") -> np.ndarray:
+        """Runs the layer.
+
+        Args:
+            tgt: ``(N, T, E)``, the decoder input.
+            memory: ``(N, S, E)``, the encoder output.
+            tgt_mask: self-attention mask, ``(T, T)`` / ``(N·nhead, T, T)`` / 4-D; bool True =
+                may attend, float added.
+            memory_mask: cross-attention mask, ``(T, S)`` / ``(N·nhead, T, S)`` / 4-D.
+            tgt_key_mask: ``(N, T)``, True = real token. memory_key_mask: ``(N, S)``.
+            tgt_is_causal: apply the causal mask to the self-attention.
+            memory_is_causal: apply a (top-left) causal mask to the cross-attention.
+
+        Returns:
+            ``(N, T, E)`` in ``self.dtype``.
+
+        Raises:
+            ValueError: shapes that disagree, empty input, masks of the wrong shape.
+            TypeError: non-numeric input or a mask of the wrong dtype.
+        """
+        x = as_float(tgt, "tgt", self.dtype, ndim=3)
+        mem = as_float(memory, "memory", self.dtype, ndim=3)
+        N, T, E = x.shape
+        if E != self.d_model:
+            raise ValueError(f"tgt: expected last dim {self.d_model} (d_model), got shape {x.shape}")
+        if mem.shape[0] != N or mem.shape[2] != E:
+            raise ValueError(f"memory: expected shape ({N}, S, {E}), got {mem.shape}")
+        S = mem.shape[1]
+        self_masks = _layer_masks(tgt_mask, tgt_key_mask, N, self.nhead, T, T, self.dtype, mask_name="tgt_mask",
+                                  key_mask_name="tgt_key_mask")
+        cross_masks = _layer_masks(memory_mask, memory_key_mask, N, self.nhead, T, S, self.dtype,
+                                   mask_name="memory_mask", key_mask_name="memory_key_mask")
+        if memory_is_causal:
+            from .masks import causal_mask
+
+            cm = causal_mask(T, S)
+            b = cross_masks[0]
+            cross_masks = (cm[None, None] if b is None else np.logical_and(b, cm),) + cross_masks[1:]
+            cross_masks = (np.broadcast_to(cross_masks[0], (N, self.nhead, T, S)),) + cross_masks[1:]
+        return self._impl.forward(x, mem, *self_masks, bool(tgt_is_causal), *cross_masks, path)
+
+
+class _Stack(Module):
+    """A stack of identical layers (copies of one, as torch deep-copies it) and an optional norm."""
+
+    def __init__(self, layer, num_layers: int, norm: LayerNorm | None):
+        self.num_layers = check_positive_int(num_layers, "num_layers")
+        if norm is not None and not isinstance(norm, LayerNorm):
+            raise TypeError(f"norm: expected a transformer_core.nn.LayerNorm or None, got {type(norm).__name__}")
+        self.dtype = layer.dtype
+        state = layer.state_dict()
+        self.layers = []
+        for _ in range(self.num_layers):
+            copy = type(layer)(*_layer_args(layer))
+            copy.load_state_dict(state)
+            self.layers.append(copy)
+        self.norm = norm
+
+    def _children(self):
+        children = [(f"layers.{i}", layer) for i, layer in enumerate(self.layers)]
+        if self.norm is not None:
+            children.append(("norm", self.norm))
+        return children
+
+
+class TransformerEncoder(_Stack):
+    """A stack of ``num_layers`` copies of ``encoder_layer`` and an optional final norm, as
+    ``torch.nn.TransformerEncoder`` (seed 001 "TransformerEncoder", without the embeddings).
+
+    Args:
+        encoder_layer: a :class:`TransformerEncoderLayer` (copied, weights included).
+        num_layers: how many copies.
+        norm: a :class:`LayerNorm` applied at the end, or None.
+
+    Weights: ``layers.{i}.*`` and ``norm.*`` (torch's names).
+    """
+
+    def __init__(self, encoder_layer: TransformerEncoderLayer, num_layers: int, norm: LayerNorm | None = None):
+        if not isinstance(encoder_layer, TransformerEncoderLayer):
+            raise TypeError(f"encoder_layer: expected a TransformerEncoderLayer, got {type(encoder_layer).__name__}")
+        super().__init__(encoder_layer, num_layers, norm)
+
+    def forward(self, src, mask=None, src_key_mask=None, is_causal: bool = False, path: str = "auto") -> np.ndarray:
+        """``src (N, L, E) -> (N, L, E)``; ``mask``, ``src_key_mask``, ``is_causal`` as in
+        :meth:`TransformerEncoderLayer.forward`, applied in every layer."""
+        x = src
+        for layer in self.layers:
+            x = layer(x, mask, src_key_mask, is_causal, path)
+        return x if self.norm is None else self.norm(x)
+
+
+class TransformerDecoder(_Stack):
+    """A stack of ``num_layers`` copies of ``decoder_layer`` and an optional final norm, as
+    ``torch.nn.TransformerDecoder``.
+
+    Weights: ``layers.{i}.*`` and ``norm.*`` (torch's names).
+    """
+
+    def __init__(self, decoder_layer: TransformerDecoderLayer, num_layers: int, norm: LayerNorm | None = None):
+        if not isinstance(decoder_layer, TransformerDecoderLayer):
+            raise TypeError(f"decoder_layer: expected a TransformerDecoderLayer, got {type(decoder_layer).__name__}")
+        super().__init__(decoder_layer, num_layers, norm)
+
+    def forward(self, tgt, memory, tgt_mask=None, memory_mask=None, tgt_key_mask=None, memory_key_mask=None,
+                tgt_is_causal: bool = False, memory_is_causal: bool = False, path: str = "auto") -> np.ndarray:
+        """``tgt (N, T, E)``, ``memory (N, S, E)`` -> ``(N, T, E)``; masks as in
+        :meth:`TransformerDecoderLayer.forward`, applied in every layer."""
+        x = tgt
+        for layer in self.layers:
+            x = layer(x, memory, tgt_mask, memory_mask, tgt_key_mask, memory_key_mask, tgt_is_causal,
+                      memory_is_causal, path)
+        return x if self.norm is None else self.norm(x)
+
+
+class Transformer(Module):
+    """The encoder-decoder Transformer (Vaswani et al. 2017, Figure 1; seed 002), as
+    ``torch.nn.Transformer(batch_first=True)`` in eval mode: an encoder stack and a decoder stack,
+    each ending in a LayerNorm.
+
+    Args: ``d_model=512, nhead=8, num_encoder_layers=6, num_decoder_layers=6,
+    dim_feedforward=2048, activation="relu", layer_norm_eps=1e-5, norm_first=False, bias=True``
+    as torch (no dropout: inference), ``dtype``.
+
+    Weights (torch's names): ``encoder.layers.{i}.*``, ``encoder.norm.*``,
+    ``decoder.layers.{i}.*``, ``decoder.norm.*``.
+    """
+
+    def __init__(self, d_model: int = 512, nhead: int = 8, num_encoder_layers: int = 6, num_decoder_layers: int = 6,
+                 dim_feedforward: int = 2048, activation: str = "relu", layer_norm_eps: float = 1e-5,
+                 norm_first: bool = False, bias: bool = True, dtype=np.float32):
+        self._init_dtype(dtype)
+        args = (d_model, nhead, dim_feedforward, activation, layer_norm_eps, norm_first, bias, self.dtype)
+        self.d_model, self.nhead = d_model, nhead
+        self.encoder = TransformerEncoder(TransformerEncoderLayer(*args), num_encoder_layers,
+                                          LayerNorm(d_model, layer_norm_eps, bias, self.dtype))
+        self.decoder = TransformerDecoder(TransformerDecoderLayer(*args), num_decoder_layers,
+                                          LayerNorm(d_model, layer_norm_eps, bias, self.dtype))
+
+    def _children(self):
+        return [("encoder", self.encoder), ("decoder", self.decoder)]
+
+    def forward(self, src, tgt, src_mask=None, tgt_mask=None, memory_mask=None, src_key_mask=None,
+                tgt_key_mask=None, memory_key_mask=None, src_is_causal: bool = False, tgt_is_causal: bool = False,
+                memory_is_causal: bool = False, path: str = "auto") -> np.ndarray:
+        """Encodes ``src (N, S, E)`` and decodes ``tgt (N, T, E)`` over it -> ``(N, T, E)``.
+
+        Masks as in the layers (bool True = may attend; ``*_key_mask`` True = real token):
+        ``src_mask (S, S)``, ``tgt_mask (T, T)`` (or ``tgt_is_causal=True``), ``memory_mask (T, S)``,
+        ``src_key_mask (N, S)``, ``tgt_key_mask (N, T)``, ``memory_key_mask (N, S)``.
+
+        Raises:
+            ValueError: batch or feature sizes that disagree; masks of the wrong shape.
+        """
+        src_arr = as_float(src, "src", self.dtype, ndim=3)
+        tgt_arr = as_float(tgt, "tgt", self.dtype, ndim=3)
+        if src_arr.shape[0] != tgt_arr.shape[0]:
+            raise ValueError(f"tgt: expected batch size {src_arr.shape[0]} (src's), got shape {tgt_arr.shape}")
+        if src_arr.shape[2] != self.d_model or tgt_arr.shape[2] != self.d_model:
+            raise ValueError(f"src, tgt: expected last dim {self.d_model} (d_model), got {src_arr.shape}, {tgt_arr.shape}")
+        memory = self.encoder(src_arr, src_mask, src_key_mask, src_is_causal, path)
+        return self.decoder(tgt_arr, memory, tgt_mask, memory_mask, tgt_key_mask, memory_key_mask, tgt_is_causal,
+                            memory_is_causal, path)

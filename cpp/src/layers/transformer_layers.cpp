@@ -7,22 +7,47 @@
 namespace transformer_core::layers {
 
 namespace {
-// y[r] = LayerNorm(a[r] + b[r]) for every row: the residual add and the norm in one pass over memory.
+int64_t row_grain(int64_t n) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(n, 1)); }
+
+}  // namespace
+
 template <class T>
-void add_layer_norm(const T* a, const T* b, int64_t rows, int64_t n, const T* w, const T* bias, T eps, T* y) {
-  kernels::parallel_for(0, rows, std::max<int64_t>(1, 16384 / n), [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-      T* yr = y + r * n;
-      for (int64_t j = 0; j < n; ++j) yr[j] = a[r * n + j] + b[r * n + j];
-      kernels::layer_norm_row(yr, n, w, bias, eps, yr);
-    }
+LayerNorm<T>::LayerNorm(int64_t n, T eps, bool bias) : size_(n), eps_(eps), bias_(bias) {
+  weight_ = xt::ones<T>({static_cast<size_t>(n)});
+  this->register_parameter("weight", {n}, weight_.data());
+  if (bias) {
+    bias_values_ = xt::zeros<T>({static_cast<size_t>(n)});
+    this->register_parameter("bias", {n}, bias_values_.data());
+  }
+}
+
+template <class T>
+void LayerNorm<T>::forward(const T* x, int64_t rows, T* y) const {
+  const T* b = bias_ ? bias_values_.data() : nullptr;
+  kernels::parallel_for(0, rows, row_grain(size_), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) kernels::layer_norm_row(x + r * size_, size_, weight_.data(), b, eps_, y + r * size_);
   });
 }
 
 template <class T>
-void layer_norm(const T* x, int64_t rows, int64_t n, const T* w, const T* bias, T eps, T* y) {
-  kernels::parallel_for(0, rows, std::max<int64_t>(1, 16384 / n), [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) kernels::layer_norm_row(x + r * n, n, w, bias, eps, y + r * n);
+void LayerNorm<T>::forward_add(const T* a, const T* b, int64_t rows, T* y) const {
+  const T* bias = bias_ ? bias_values_.data() : nullptr;
+  const int64_t n = size_;
+  kernels::parallel_for(0, rows, row_grain(n), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      T* yr = y + r * n;
+      for (int64_t j = 0; j < n; ++j) yr[j] = a[r * n + j] + b[r * n + j];
+      kernels::layer_norm_row(yr, n, weight_.data(), bias, eps_, yr);
+    }
+  });
+}
+
+namespace {
+// y = a + b element-wise over n values (y may alias a or b).
+template <class T>
+void add(const T* a, const T* b, int64_t n, T* y) {
+  kernels::parallel_for(0, n, 65536, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) y[i] = a[i] + b[i];
   });
 }
 }  // namespace
@@ -32,53 +57,90 @@ TransformerEncoderLayer<T>::TransformerEncoderLayer(int64_t d_model, int64_t nhe
                                                     Activation activation, T layer_norm_eps, bool norm_first,
                                                     bool bias)
     : d_model_(d_model),
-      eps_(layer_norm_eps),
       norm_first_(norm_first),
-      bias_(bias),
       self_attn_(d_model, nhead, bias),
-      ff_(d_model, dim_feedforward, activation, bias) {
-  const size_t E = static_cast<size_t>(d_model);
-  norm1_weight_ = xt::ones<T>({E});
-  norm2_weight_ = xt::ones<T>({E});
-  norm1_bias_ = xt::zeros<T>({E});
-  norm2_bias_ = xt::zeros<T>({E});
+      ff_(d_model, dim_feedforward, activation, bias),
+      norm1_(d_model, layer_norm_eps, bias),
+      norm2_(d_model, layer_norm_eps, bias) {
   this->register_module("self_attn", self_attn_);
   // FeedForward registers linear1.* / linear2.*, torch's names at the top level of the layer.
   for (const auto& p : ff_.parameters()) this->register_parameter(p.name, p.shape, p.data);
-  this->register_parameter("norm1.weight", {d_model}, norm1_weight_.data());
-  if (bias) this->register_parameter("norm1.bias", {d_model}, norm1_bias_.data());
-  this->register_parameter("norm2.weight", {d_model}, norm2_weight_.data());
-  if (bias) this->register_parameter("norm2.bias", {d_model}, norm2_bias_.data());
+  this->register_module("norm1", norm1_);
+  this->register_module("norm2", norm2_);
 }
 
 template <class T>
 void TransformerEncoderLayer<T>::forward(const T* src, int64_t N, int64_t L, T* out, const MaskArgs<T>& masks,
                                          AttentionPath path) const {
   const int64_t rows = N * L, E = d_model_;
-  const T* n1b = bias_ ? norm1_bias_.data() : nullptr;
-  const T* n2b = bias_ ? norm2_bias_.data() : nullptr;
   std::vector<T> a(static_cast<size_t>(rows * E)), b(static_cast<size_t>(rows * E));
   if (norm_first_) {
-    // x = src + SA(LN1(src))
-    layer_norm(src, rows, E, norm1_weight_.data(), n1b, eps_, a.data());
-    self_attn_.forward(a.data(), a.data(), a.data(), N, L, L, b.data(), masks, nullptr, path);
     std::vector<T> x(static_cast<size_t>(rows * E));
-    for (int64_t i = 0; i < rows * E; ++i) x[i] = src[i] + b[i];
-    // out = x + FFN(LN2(x))
-    layer_norm(x.data(), rows, E, norm2_weight_.data(), n2b, eps_, a.data());
+    norm1_.forward(src, rows, a.data());                                           // a = LN1(src)
+    self_attn_.forward(a.data(), a.data(), a.data(), N, L, L, b.data(), masks, nullptr, path);
+    add(src, b.data(), rows * E, x.data());                                         // x = src + SA(a)
+    norm2_.forward(x.data(), rows, a.data());                                       // a = LN2(x)
     ff_.forward(a.data(), rows, b.data());
-    for (int64_t i = 0; i < rows * E; ++i) out[i] = x[i] + b[i];
+    add(x.data(), b.data(), rows * E, out);                                         // out = x + FFN(a)
   } else {
-    // x = LN1(src + SA(src))
     self_attn_.forward(src, src, src, N, L, L, a.data(), masks, nullptr, path);
-    add_layer_norm(src, a.data(), rows, E, norm1_weight_.data(), n1b, eps_, a.data());
-    // out = LN2(x + FFN(x))
+    norm1_.forward_add(src, a.data(), rows, a.data());                              // a = LN1(src + SA(src))
     ff_.forward(a.data(), rows, b.data());
-    add_layer_norm(a.data(), b.data(), rows, E, norm2_weight_.data(), n2b, eps_, out);
+    norm2_.forward_add(a.data(), b.data(), rows, out);                              // out = LN2(a + FFN(a))
   }
 }
 
+template <class T>
+TransformerDecoderLayer<T>::TransformerDecoderLayer(int64_t d_model, int64_t nhead, int64_t dim_feedforward,
+                                                    Activation activation, T layer_norm_eps, bool norm_first,
+                                                    bool bias)
+    : d_model_(d_model),
+      norm_first_(norm_first),
+      self_attn_(d_model, nhead, bias),
+      cross_attn_(d_model, nhead, bias),
+      ff_(d_model, dim_feedforward, activation, bias),
+      norm1_(d_model, layer_norm_eps, bias),
+      norm2_(d_model, layer_norm_eps, bias),
+      norm3_(d_model, layer_norm_eps, bias) {
+  this->register_module("self_attn", self_attn_);
+  this->register_module("multihead_attn", cross_attn_);
+  for (const auto& p : ff_.parameters()) this->register_parameter(p.name, p.shape, p.data);
+  this->register_module("norm1", norm1_);
+  this->register_module("norm2", norm2_);
+  this->register_module("norm3", norm3_);
+}
+
+template <class T>
+void TransformerDecoderLayer<T>::forward(const T* tgt, int64_t N, int64_t Tq, const T* memory, int64_t S, T* out,
+                                         const MaskArgs<T>& self_masks, const MaskArgs<T>& cross_masks,
+                                         AttentionPath path) const {
+  const int64_t rows = N * Tq, E = d_model_;
+  std::vector<T> x(static_cast<size_t>(rows * E)), a(static_cast<size_t>(rows * E)), b(static_cast<size_t>(rows * E));
+  if (norm_first_) {
+    norm1_.forward(tgt, rows, a.data());                                            // a = LN1(tgt)
+    self_attn_.forward(a.data(), a.data(), a.data(), N, Tq, Tq, b.data(), self_masks, nullptr, path);
+    add(tgt, b.data(), rows * E, x.data());                                         // x = tgt + SA(a)
+    norm2_.forward(x.data(), rows, a.data());                                       // a = LN2(x)
+    cross_attn_.forward(a.data(), memory, memory, N, Tq, S, b.data(), cross_masks, nullptr, path);
+    add(x.data(), b.data(), rows * E, x.data());                                    // x = x + CA(a, memory)
+    norm3_.forward(x.data(), rows, a.data());                                       // a = LN3(x)
+    ff_.forward(a.data(), rows, b.data());
+    add(x.data(), b.data(), rows * E, out);                                         // out = x + FFN(a)
+  } else {
+    self_attn_.forward(tgt, tgt, tgt, N, Tq, Tq, a.data(), self_masks, nullptr, path);
+    norm1_.forward_add(tgt, a.data(), rows, x.data());                              // x = LN1(tgt + SA(tgt))
+    cross_attn_.forward(x.data(), memory, memory, N, Tq, S, a.data(), cross_masks, nullptr, path);
+    norm2_.forward_add(x.data(), a.data(), rows, x.data());                         // x = LN2(x + CA(x, memory))
+    ff_.forward(x.data(), rows, b.data());
+    norm3_.forward_add(x.data(), b.data(), rows, out);                              // out = LN3(x + FFN(x))
+  }
+}
+
+template class LayerNorm<float>;
+template class LayerNorm<double>;
 template class TransformerEncoderLayer<float>;
 template class TransformerEncoderLayer<double>;
+template class TransformerDecoderLayer<float>;
+template class TransformerDecoderLayer<double>;
 
 }  // namespace transformer_core::layers

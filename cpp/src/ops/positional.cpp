@@ -1,2 +1,96 @@
-// Positional encodings (placeholder; filled in by the positional-encoding work).
-#include "transformer_core/ops/functional.hpp"
+#include "transformer_core/ops/positional.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "transformer_core/kernels/parallel.hpp"
+#include "transformer_core/kernels/positional.hpp"
+
+namespace transformer_core::ops {
+
+namespace {
+void check_nonnegative(int64_t v, const char* what) {
+  if (v < 0) throw std::invalid_argument(std::string(what) + " must be >= 0, got " + std::to_string(v));
+}
+void check_base(double base, const char* op) {
+  if (!(base > 0.0) || !std::isfinite(base))
+    throw std::invalid_argument(std::string(op) + ": base must be a finite value > 0, got " + std::to_string(base));
+}
+// Rows per task so that a task holds ~16K elements: small tables stay serial.
+int64_t row_grain(int64_t n) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(n, 1)); }
+}  // namespace
+
+template <class T>
+void sinusoidal_positional_encoding(T* out, int64_t max_len, int64_t d_model, double base) {
+  check_nonnegative(max_len, "sinusoidal_positional_encoding: max_len");
+  if (d_model < 1)
+    throw std::invalid_argument("sinusoidal_positional_encoding: d_model must be >= 1, got " + std::to_string(d_model));
+  check_base(base, "sinusoidal_positional_encoding");
+  // inv_freq: [ceil(d_model / 2)], one frequency per (sin, cos) pair; the last pair of an odd
+  // d_model has only its sin column.
+  std::vector<double> inv_freq(static_cast<size_t>((d_model + 1) / 2));
+  kernels::inverse_frequencies(base, d_model, static_cast<int64_t>(inv_freq.size()), inv_freq.data());
+  kernels::parallel_for(0, max_len, row_grain(d_model), [&](int64_t b, int64_t e) {
+    for (int64_t pos = b; pos < e; ++pos)
+      kernels::sinusoidal_row(static_cast<double>(pos), inv_freq.data(), d_model, out + pos * d_model);
+  });
+}
+
+template <class T>
+void rotary_cos_sin(T* cos, T* sin, int64_t seq_len, int64_t head_dim, double base, int64_t offset) {
+  check_nonnegative(seq_len, "rotary_cos_sin: seq_len");
+  check_nonnegative(offset, "rotary_cos_sin: offset");
+  if (head_dim < 2 || head_dim % 2 != 0)
+    throw std::invalid_argument("rotary_cos_sin: head_dim must be even and >= 2, got " + std::to_string(head_dim));
+  check_base(base, "rotary_cos_sin");
+  const int64_t half = head_dim / 2;
+  std::vector<double> inv_freq(static_cast<size_t>(half));  // [head_dim / 2]
+  kernels::inverse_frequencies(base, head_dim, half, inv_freq.data());
+  kernels::parallel_for(0, seq_len, row_grain(2 * head_dim), [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; ++r)
+      kernels::rotary_row(static_cast<double>(offset + r), inv_freq.data(), half, cos + r * head_dim,
+                          sin + r * head_dim);
+  });
+}
+
+template <class T>
+void apply_rotary(T* x, int64_t rows, int64_t head_dim, const T* cos, const T* sin, int64_t table_rows,
+                  RotaryLayout layout) {
+  check_nonnegative(rows, "apply_rotary: rows");
+  if (head_dim < 2 || head_dim % 2 != 0)
+    throw std::invalid_argument("apply_rotary: head_dim must be even and >= 2, got " + std::to_string(head_dim));
+  if (rows == 0) return;
+  if (table_rows < 1 || rows % table_rows != 0)
+    throw std::invalid_argument("apply_rotary: rows (" + std::to_string(rows) + ") must be a multiple of the " +
+                                "cos/sin table's rows (" + std::to_string(table_rows) + ")");
+  const int64_t half = head_dim / 2;
+  const int64_t width = layout == RotaryLayout::kHalf ? head_dim : half;  // table row width
+  kernels::parallel_for(0, rows, row_grain(head_dim), [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; ++r) {
+      const int64_t t = r % table_rows;
+      if (layout == RotaryLayout::kHalf)
+        kernels::rotary_half_row(x + r * head_dim, half, cos + t * width, sin + t * width);
+      else
+        kernels::rotary_interleaved_row(x + r * head_dim, half, cos + t * width, sin + t * width);
+    }
+  });
+}
+
+RotaryLayout parse_rotary_layout(const std::string& name) {
+  if (name == "half") return RotaryLayout::kHalf;
+  if (name == "interleaved") return RotaryLayout::kInterleaved;
+  throw std::invalid_argument("layout: expected 'half' or 'interleaved', got '" + name + "'");
+}
+
+#define TC_INSTANTIATE(T)                                                                         \
+  template void sinusoidal_positional_encoding<T>(T*, int64_t, int64_t, double);                  \
+  template void rotary_cos_sin<T>(T*, T*, int64_t, int64_t, double, int64_t);                     \
+  template void apply_rotary<T>(T*, int64_t, int64_t, const T*, const T*, int64_t, RotaryLayout);
+TC_INSTANTIATE(float)
+TC_INSTANTIATE(double)
+#undef TC_INSTANTIATE
+
+}  // namespace transformer_core::ops

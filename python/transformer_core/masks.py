@@ -1,0 +1,247 @@
+"""Attention masks, one convention: a boolean mask is **True where attention is allowed**.
+
+This is the convention of the whole library (``functional.scaled_dot_product_attention``,
+``nn.MultiheadAttention``'s ``attn_mask``/``key_mask``), of torch's
+``F.scaled_dot_product_attention`` and of seed 001 (``masked_fill(mask == 0, -inf)``).
+Elsewhere the meanings differ, hence the converters:
+
+==================================  ====================================  ==========================
+source                              its meaning                           ours
+==================================  ====================================  ==========================
+torch ``nn.MultiheadAttention``     bool True = blocked / padding         :func:`from_torch_mha`
+additive float masks                0 = allowed, -inf (or -1e4..) blocked  :func:`from_additive`
+Hugging Face ``attention_mask``     1 = real token, 0 = padding           :func:`from_hf`
+==================================  ====================================  ==========================
+
+and :func:`to_additive` goes back to a 0 / -inf float mask.
+
+Every function returns new numpy arrays and validates its input (``TypeError`` / ``ValueError``
+naming the argument).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ._validation import as_ids, check_positive_int, resolve_dtype
+
+__all__ = [
+    "causal_mask",
+    "padding_mask",
+    "padding_mask_from_ids",
+    "from_torch_mha",
+    "from_additive",
+    "from_hf",
+    "to_additive",
+]
+
+#: Default cut of :func:`from_additive`: entries <= this value are "blocked". -1e4 catches
+#: -inf, ``torch.finfo(dtype).min`` (Hugging Face), -1e9 / -1e20 (tutorials, seed 004) and the
+#: ``(1 - mask) * -10000.0`` of the original BERT, while leaving ordinary additive biases
+#: (ALiBi, T5 relative positions, which stay well above -1e4) allowed.
+ADDITIVE_BLOCKED_AT = -1e4
+
+
+def _to_numpy(mask, name: str) -> np.ndarray:
+    """numpy view of an array-like or a torch tensor (without importing torch)."""
+    if mask is None:
+        raise TypeError(f"{name}: expected an array, got None")
+    if hasattr(mask, "detach") and hasattr(mask, "cpu"):
+        mask = mask.detach().cpu().numpy()
+    return np.asarray(mask)
+
+
+def causal_mask(L: int, S: int | None = None, alignment: str = "top_left") -> np.ndarray:
+    """The causal (autoregressive) mask: query ``i`` may attend to key ``j`` only if ``j`` is not
+    in its future (seed 000 ``create_causal_mask``, GPT's decoder; Vaswani et al. 2017, §3.2.3).
+
+    ``alignment="top_left"`` (torch's ``is_causal``, ``causal_upper_left``)::
+
+        mask[i, j] = j <= i                   (L = S: torch.tril(torch.ones(L, L)) == 1)
+
+    ``alignment="bottom_right"`` (``causal_lower_right``; decoding with a KV cache, where the L new
+    queries are the last L of the S keys)::
+
+        mask[i, j] = j <= i + S - L
+
+    With ``bottom_right`` and ``L > S``, the first ``L - S`` rows are all False (nothing to attend;
+    the library's attention gives zeros there).
+
+    Args:
+        L: query length, >= 1.
+        S: key length, >= 1; default ``L``.
+        alignment: ``"top_left"`` or ``"bottom_right"``.
+
+    Returns:
+        ``(L, S)`` bool, True = may attend. For L = S = 4 (the seed's printout)::
+
+            [[ True, False, False, False],
+             [ True,  True, False, False],
+             [ True,  True,  True, False],
+             [ True,  True,  True,  True]]
+
+    Raises:
+        TypeError: non-int ``L``/``S``. ValueError: ``L``/``S`` < 1 or unknown ``alignment``.
+    """
+    L = check_positive_int(L, "L")
+    S = L if S is None else check_positive_int(S, "S")
+    if alignment not in ("top_left", "bottom_right"):
+        raise ValueError(f"alignment: expected 'top_left' or 'bottom_right', got {alignment!r}")
+    diagonal = 0 if alignment == "top_left" else S - L
+    return np.arange(S)[None, :] <= np.arange(L)[:, None] + diagonal
+
+
+def padding_mask(lengths, max_len: int | None = None) -> np.ndarray:
+    """Key-padding mask from sequence lengths: ``mask[n, j] = j < lengths[n]`` (True = a real
+    token; right padding, as Hugging Face tokenizers pad by default).
+
+    Args:
+        lengths: ``(N,)`` non-negative integers.
+        max_len: columns of the mask, >= ``max(lengths)``; default ``max(lengths)`` (at least 1).
+
+    Returns:
+        ``(N, max_len)`` bool.
+
+    Raises:
+        TypeError: non-integer ``lengths`` or ``max_len``.
+        ValueError: ``lengths`` not 1-D or empty, a negative length, a length > ``max_len``,
+            ``max_len`` < 1.
+    """
+    arr = _to_numpy(lengths, "lengths")
+    if arr.dtype.kind not in "iu":
+        raise TypeError(f"lengths: expected integer lengths, got dtype {arr.dtype}")
+    if arr.ndim != 1 or arr.size == 0:
+        raise ValueError(f"lengths: expected a non-empty 1-D array (N,), got shape {arr.shape}")
+    if arr.min() < 0:
+        raise ValueError(f"lengths: expected lengths >= 0, got {int(arr.min())}")
+    longest = int(arr.max())
+    if max_len is None:
+        max_len = max(longest, 1)
+    else:
+        max_len = check_positive_int(max_len, "max_len")
+        if longest > max_len:
+            raise ValueError(f"max_len: expected >= the longest length {longest}, got {max_len}")
+    return np.arange(max_len)[None, :] < arr.astype(np.int64)[:, None]
+
+
+def padding_mask_from_ids(input_ids, pad_token_id: int) -> np.ndarray:
+    """Key-padding mask from token ids: ``input_ids != pad_token_id`` (True = a real token).
+
+    Args:
+        input_ids: ``(N, L)`` integer ids (a 1-D ``(L,)`` gains N = 1).
+        pad_token_id: the padding id (BERT: 0).
+
+    Returns:
+        ``(N, L)`` bool.
+
+    Raises:
+        TypeError: non-integer ids or ``pad_token_id``. ValueError: wrong rank or empty ids.
+    """
+    if isinstance(pad_token_id, bool) or not isinstance(pad_token_id, (int, np.integer)):
+        raise TypeError(f"pad_token_id: expected an int, got {type(pad_token_id).__name__}")
+    ids = as_ids(_to_numpy(input_ids, "input_ids"), "input_ids")
+    return ids != int(pad_token_id)
+
+
+def from_torch_mha(mask) -> np.ndarray:
+    """A torch ``nn.MultiheadAttention`` / ``nn.Transformer*`` mask in our convention.
+
+    * bool (``attn_mask`` or ``key_padding_mask``; True = **not** allowed / padding) ->
+      ``~mask`` (True = may attend / real token).
+    * float (additive, added to the scores; the same meaning in torch and here) -> returned as is
+      (a numpy copy, dtype kept).
+
+    Args:
+        mask: torch tensor or array-like, any shape (``(L, S)``, ``(N·H, L, S)``, ``(N, S)``).
+
+    Returns:
+        bool array (from a bool mask) or float array (from a float mask), same shape.
+
+    Raises:
+        TypeError: None, or a dtype other than bool/float (torch deprecated byte masks: say which
+            meaning you want by converting to bool first).
+    """
+    m = _to_numpy(mask, "mask")
+    if m.dtype == np.bool_:
+        return ~m
+    if m.dtype.kind == "f":
+        return m.copy()
+    raise TypeError(f"mask: expected a bool (True = blocked) or float (additive) mask, got dtype {m.dtype}")
+
+
+def from_additive(mask, blocked_at: float = ADDITIVE_BLOCKED_AT) -> np.ndarray:
+    """An additive float mask (0 = allowed, a very negative value = blocked) as a bool mask::
+
+        ours = mask > blocked_at          (default blocked_at = -1e4)
+
+    so -inf, ``torch.finfo(dtype).min``, -1e9, -1e20 and BERT's -10000.0 all mean blocked, and 0
+    means allowed. The conversion is lossy: a finite bias above ``blocked_at`` (ALiBi, T5 relative
+    positions) becomes plain True; keep the float mask to keep the bias.
+
+    Args:
+        mask: float array-like or torch tensor, any shape.
+        blocked_at: entries ``<= blocked_at`` are blocked; a finite number.
+
+    Returns:
+        bool array of the same shape, True = may attend.
+
+    Raises:
+        TypeError: not a float mask (a bool mask is already a mask: use it, or :func:`from_torch_mha`).
+        ValueError: NaN or +inf entries, or a non-finite ``blocked_at``.
+    """
+    m = _to_numpy(mask, "mask")
+    if m.dtype.kind != "f":
+        raise TypeError(f"mask: expected a float (additive) mask, got dtype {m.dtype}")
+    if not np.isfinite(blocked_at):
+        raise ValueError(f"blocked_at: expected a finite number, got {blocked_at}")
+    if np.isnan(m).any() or np.isposinf(m).any():
+        raise ValueError("mask: expected 0 (allowed) or very negative (blocked) values, got NaN or +inf entries")
+    return m > blocked_at
+
+
+def from_hf(mask) -> np.ndarray:
+    """A Hugging Face ``attention_mask`` (1 = real token, 0 = padding; int, float or bool) as a
+    bool mask: ``mask == 1``. The meaning is already ours; only the dtype changes.
+
+    Args:
+        mask: ``(N, S)`` (or any shape) of 0/1 values, array-like or torch tensor.
+
+    Returns:
+        bool array of the same shape.
+
+    Raises:
+        TypeError: a non-numeric dtype. ValueError: values other than 0 and 1 (e.g. an additive
+            mask: use :func:`from_additive`).
+    """
+    m = _to_numpy(mask, "mask")
+    if m.dtype == np.bool_:
+        return m.copy()
+    if m.dtype.kind not in "iuf":
+        raise TypeError(f"mask: expected a 0/1 attention_mask, got dtype {m.dtype}")
+    ones = m == 1
+    if not np.all(ones | (m == 0)):
+        bad = np.unique(m[~(ones | (m == 0))])[:5]
+        raise ValueError(f"mask: expected only 0 (padding) and 1 (real token), got values such as {bad.tolist()}")
+    return ones
+
+
+def to_additive(mask, dtype=np.float32) -> np.ndarray:
+    """A bool mask (True = may attend) as an additive float mask: 0 where True, -inf where False.
+
+    Args:
+        mask: bool array-like or torch tensor, any shape.
+        dtype: ``np.float32`` (default) or ``np.float64``.
+
+    Returns:
+        float array of ``dtype``, same shape. (A fully False row softmaxes to NaN in torch; the
+        library's attention gives zeros.)
+
+    Raises:
+        TypeError: a non-bool mask (0/1 integers are ambiguous between conventions: convert with
+            :func:`from_hf` or ``mask.astype(bool)`` first), or a dtype other than float32/float64.
+    """
+    m = _to_numpy(mask, "mask")
+    if m.dtype != np.bool_:
+        raise TypeError(f"mask: expected a bool mask (True = may attend), got dtype {m.dtype}")
+    dtype = resolve_dtype(dtype)
+    return np.where(m, dtype(0), dtype(-np.inf)).astype(dtype, copy=False)

@@ -1,0 +1,434 @@
+"""Positional information: sinusoidal encodings, learned position embeddings and rotary embeddings.
+
+Sinusoidal encoding (Vaswani et al. 2017, §3.5; seeds 000, 002, 003, 004)::
+
+    PE(pos, 2i)   = sin(pos / base^(2i / d_model))
+    PE(pos, 2i+1) = cos(pos / base^(2i / d_model))          base = 10000
+
+Learned position embeddings (BERT; seed 001 "Positional Embeddings", class ``Embeddings``)::
+
+    Embeddings(ids) = LayerNorm(token_embeddings[ids] + position_embeddings[0 .. L-1])
+
+Rotary position embedding, RoPE (Su et al. 2021, RoFormer; seed 000 "RoPE")::
+
+    θ_i = base^(-2i / head_dim),  i = 0 .. head_dim/2 - 1
+    RoPE(x, m) = x · cos(m θ) + rotate_half(x) · sin(m θ)      (half-split layout, HF Llama)
+
+so that ``<RoPE(q, m), RoPE(k, n)>`` depends on the positions only through ``m - n``.
+
+The tables are computed by the C++ core in double precision and rounded once to the output
+dtype; the rotation runs in C++ over rows in parallel.
+"""
+
+from __future__ import annotations
+
+import math
+from numbers import Real
+
+import numpy as np
+
+from . import _core
+from ._validation import as_float, as_ids, check_positive_int, compute_dtype, resolve_dtype
+from .functional import layer_norm
+from .module import Module
+
+__all__ = [
+    "sinusoidal_positional_encoding",
+    "PositionalEncoding",
+    "Embeddings",
+    "rotary_cos_sin",
+    "rotate_half",
+    "apply_rotary",
+    "apply_rotary_pos_emb",
+]
+
+_LAYOUTS = ("half", "interleaved")
+
+
+def _fn(name: str, dtype) -> callable:
+    return getattr(_core, name + ("_f64" if dtype == np.float64 else "_f32"))
+
+
+def _check_base(base) -> float:
+    if isinstance(base, bool) or not isinstance(base, Real):
+        raise TypeError(f"base: expected a real number, got {type(base).__name__}")
+    base = float(base)
+    if not (math.isfinite(base) and base > 0):
+        raise ValueError(f"base: expected a finite number > 0, got {base}")
+    return base
+
+
+def _check_nonnegative_int(value, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name}: expected an int, got {type(value).__name__}")
+    if value < 0:
+        raise ValueError(f"{name}: expected an int >= 0, got {value}")
+    return int(value)
+
+
+def _check_layout(layout) -> str:
+    if layout not in _LAYOUTS:
+        raise ValueError(f"layout: expected 'half' or 'interleaved', got {layout!r}")
+    return layout
+
+
+# --------------------------------------------------------------------------------------------------
+# Sinusoidal positional encoding
+# --------------------------------------------------------------------------------------------------
+
+
+def sinusoidal_positional_encoding(max_len: int, d_model: int, base: float = 10000.0,
+                                   dtype=np.float32) -> np.ndarray:
+    """The sinusoidal position table of "Attention Is All You Need" (Vaswani et al. 2017, §3.5;
+    seed 000 ``PositionalEncoding``, seeds 002/003, seed 004's MATLAB loop)::
+
+        PE(pos, 2i)   = sin(pos / base^(2i / d_model))
+        PE(pos, 2i+1) = cos(pos / base^(2i / d_model))
+
+    Even columns are sines, odd columns cosines; column pair ``(2i, 2i+1)`` shares the frequency
+    ``base^(-2i/d_model)``. **Odd d_model**: the formula is applied as written, so the last column
+    (index ``d_model - 1 = 2i`` with ``i = (d_model - 1) / 2``) is ``sin(pos / base^((d_model-1)/d_model))``
+    and has no cosine partner. (The seeds' torch code fails for odd sizes: its ``pe[:, 1::2]``
+    has one column fewer than ``div_term``.)
+
+    Computed in C++ in double precision, then rounded once to ``dtype``.
+
+    Args:
+        max_len: number of positions (rows), >= 1; positions are ``0 .. max_len - 1``.
+        d_model: model width (columns), >= 1.
+        base: the wavelength base (10000 in the paper), a finite number > 0.
+        dtype: ``np.float32`` (default) or ``np.float64``.
+
+    Returns:
+        ``(max_len, d_model)`` array of ``dtype``, values in [-1, 1].
+
+    Raises:
+        TypeError: non-int sizes, non-real ``base``, or a dtype other than float32/float64.
+        ValueError: ``max_len`` or ``d_model`` < 1; ``base`` <= 0 or not finite.
+    """
+    max_len = check_positive_int(max_len, "max_len")
+    d_model = check_positive_int(d_model, "d_model")
+    base = _check_base(base)
+    dtype = resolve_dtype(dtype)
+    return _fn("sinusoidal_positional_encoding", dtype)(max_len, d_model, base)
+
+
+class PositionalEncoding:
+    """Adds the sinusoidal table to its input (seed 000 ``PositionalEncoding``; Vaswani et al.
+    2017, §3.5)::
+
+        y = x + PE[offset : offset + L]
+
+    The seed's dropout is omitted (the identity at inference).
+
+    Args:
+        d_model: E, the model width (odd allowed: see :func:`sinusoidal_positional_encoding`).
+        max_len: rows of the table (positions it can encode), default 5000.
+        base: wavelength base, default 10000.
+        dtype: ``np.float32`` (default) or ``np.float64``; inputs are cast to it.
+
+    Attributes:
+        pe: the table, ``(max_len, d_model)`` of ``dtype`` (e.g. to plot, as the tutorials do).
+
+    Raises:
+        TypeError / ValueError: as :func:`sinusoidal_positional_encoding`.
+    """
+
+    def __init__(self, d_model: int, max_len: int = 5000, base: float = 10000.0, dtype=np.float32):
+        self.dtype = resolve_dtype(dtype)
+        self.d_model = check_positive_int(d_model, "d_model")
+        self.max_len = check_positive_int(max_len, "max_len")
+        self.base = _check_base(base)
+        self.pe = sinusoidal_positional_encoding(self.max_len, self.d_model, self.base, self.dtype)
+
+    def __call__(self, x, offset: int = 0) -> np.ndarray:
+        return self.forward(x, offset)
+
+    def forward(self, x, offset: int = 0) -> np.ndarray:
+        """``x + PE[offset : offset + L]``.
+
+        Args:
+            x: ``(N, L, E)`` or ``(L, E)`` with ``E = d_model``.
+            offset: position of the first row of ``x`` (>= 0; e.g. the cache length when decoding).
+
+        Returns:
+            Same shape as ``x``, dtype ``self.dtype``.
+
+        Raises:
+            ValueError: ``x`` not 2-D/3-D or empty, last dim != d_model, or
+                ``offset + L > max_len``. TypeError: non-numeric ``x`` or non-int ``offset``.
+        """
+        x = as_float(x, "x", self.dtype)
+        if x.ndim not in (2, 3):
+            raise ValueError(f"x: expected (N, L, E) or (L, E), got {x.ndim}-D with shape {x.shape}")
+        if x.shape[-1] != self.d_model:
+            raise ValueError(f"x: expected last dim {self.d_model} (d_model), got shape {x.shape}")
+        offset = _check_nonnegative_int(offset, "offset")
+        L = x.shape[-2]
+        if offset + L > self.max_len:
+            raise ValueError(f"x: sequence length {L} (+ offset {offset}) exceeds max_len {self.max_len}")
+        return x + self.pe[offset:offset + L]
+
+    def __repr__(self) -> str:
+        return f"PositionalEncoding(d_model={self.d_model}, max_len={self.max_len}, base={self.base})"
+
+
+# --------------------------------------------------------------------------------------------------
+# Learned position embeddings (seed 001's Embeddings)
+# --------------------------------------------------------------------------------------------------
+
+
+class _ArrayParams:
+    """A Python stand-in for a C++ module's weight store: numpy arrays by name."""
+
+    def __init__(self, shapes: dict, dtype):
+        self._arrays = {name: np.zeros(shape, dtype) for name, shape in shapes.items()}
+
+    def parameter_shapes(self):
+        return [(name, a.shape) for name, a in self._arrays.items()]
+
+    def get_parameter(self, name: str) -> np.ndarray:
+        return self._arrays[name].copy()
+
+    def set_parameter(self, name: str, value: np.ndarray) -> None:
+        self._arrays[name][...] = value
+
+    def view(self, name: str) -> np.ndarray:
+        return self._arrays[name]
+
+
+class Embeddings(Module):
+    """Token + learned position embeddings, then LayerNorm (seed 001 ``Embeddings``; BERT without
+    token types)::
+
+        y = LayerNorm(token_embeddings[input_ids] + position_embeddings[0 .. L-1])
+
+    The seed's dropout is the identity at inference and is omitted.
+
+    Args:
+        vocab_size: rows of the token table.
+        hidden_size: H, the embedding width.
+        max_position_embeddings: rows of the position table (the longest input).
+        layer_norm_eps: LayerNorm epsilon, 1e-12 as in the seed (and BERT).
+        dtype: ``np.float32`` (default) or ``np.float64``.
+
+    Weights (seed 001's names): ``token_embeddings.weight (vocab_size, H)``,
+    ``position_embeddings.weight (max_position_embeddings, H)``, ``layer_norm.weight (H)``,
+    ``layer_norm.bias (H)``; a torch state_dict of the seed's module loads as is.
+
+    Raises:
+        TypeError / ValueError: non-int or non-positive sizes, negative ``layer_norm_eps``.
+    """
+
+    def __init__(self, vocab_size: int, hidden_size: int, max_position_embeddings: int,
+                 layer_norm_eps: float = 1e-12, dtype=np.float32):
+        self._init_dtype(dtype)
+        self.vocab_size = check_positive_int(vocab_size, "vocab_size")
+        self.hidden_size = check_positive_int(hidden_size, "hidden_size")
+        self.max_position_embeddings = check_positive_int(max_position_embeddings, "max_position_embeddings")
+        if isinstance(layer_norm_eps, bool) or not isinstance(layer_norm_eps, Real) or not layer_norm_eps >= 0:
+            raise ValueError(f"layer_norm_eps: expected a number >= 0, got {layer_norm_eps!r}")
+        self.layer_norm_eps = float(layer_norm_eps)
+        self._impl = _ArrayParams({
+            "token_embeddings.weight": (self.vocab_size, self.hidden_size),
+            "position_embeddings.weight": (self.max_position_embeddings, self.hidden_size),
+            "layer_norm.weight": (self.hidden_size,),
+            "layer_norm.bias": (self.hidden_size,),
+        }, self.dtype)
+        self._init_weights()
+
+    def forward(self, input_ids) -> np.ndarray:
+        """Embeds token ids.
+
+        Args:
+            input_ids: ``(N, L)`` integer ids in ``[0, vocab_size)`` (a 1-D ``(L,)`` gains N = 1).
+
+        Returns:
+            ``(N, L, hidden_size)`` of ``self.dtype``.
+
+        Raises:
+            TypeError: non-integer ids. ValueError: wrong rank, empty, ids out of range, or
+            ``L > max_position_embeddings``.
+        """
+        ids = as_ids(input_ids, "input_ids")
+        L = ids.shape[1]
+        if L > self.max_position_embeddings:
+            raise ValueError(f"input_ids: sequence length {L} exceeds max_position_embeddings "
+                             f"{self.max_position_embeddings}")
+        lo, hi = int(ids.min()), int(ids.max())
+        if lo < 0 or hi >= self.vocab_size:
+            raise ValueError(f"input_ids: expected ids in [0, {self.vocab_size}) (vocab_size), got range [{lo}, {hi}]")
+        p = self._impl.view
+        x = p("token_embeddings.weight")[ids] + p("position_embeddings.weight")[:L]  # (N, L, H)
+        return layer_norm(x, p("layer_norm.weight"), p("layer_norm.bias"), self.layer_norm_eps)
+
+    def __repr__(self) -> str:
+        return (f"Embeddings(vocab_size={self.vocab_size}, hidden_size={self.hidden_size}, "
+                f"max_position_embeddings={self.max_position_embeddings}, layer_norm_eps={self.layer_norm_eps})")
+
+
+# --------------------------------------------------------------------------------------------------
+# Rotary position embedding (RoPE)
+# --------------------------------------------------------------------------------------------------
+
+
+def rotary_cos_sin(seq_len: int, head_dim: int, base: float = 10000.0, offset: int = 0,
+                   dtype=np.float32) -> tuple[np.ndarray, np.ndarray]:
+    """The cos/sin tables of RoPE (Su et al. 2021) in the half-split layout of Hugging Face's
+    Llama (seed 000 "RoPE")::
+
+        inv_freq = 1 / base^(arange(0, head_dim, 2) / head_dim)          (head_dim/2,)
+        freqs    = positions ⊗ inv_freq,  positions = offset .. offset + seq_len - 1
+        emb      = concat(freqs, freqs)                                   (seq_len, head_dim)
+        cos, sin = cos(emb), sin(emb)
+
+    ``offset`` > 0 gives the rows for incremental decoding with a KV cache (the new tokens sit at
+    positions ``offset ..``). Angles are computed in double, then rounded to ``dtype`` (HF computes
+    them in float32, which loses ~``position · 6e-8`` radians).
+
+    Args:
+        seq_len: rows, >= 1.
+        head_dim: D, even, >= 2.
+        base: rotary base θ (10000 in RoFormer / Llama 1-2; 500000 in Llama 3), finite > 0.
+        offset: the first position, >= 0.
+        dtype: ``np.float32`` (default) or ``np.float64``.
+
+    Returns:
+        ``(cos, sin)``, each ``(seq_len, head_dim)`` of ``dtype``, with
+        ``cos[:, i] == cos[:, i + head_dim/2]`` (likewise sin).
+
+    Raises:
+        ValueError: ``head_dim`` odd or < 2, ``seq_len`` < 1, ``offset`` < 0, bad ``base``.
+        TypeError: non-int sizes, non-real base, dtype not float32/float64.
+    """
+    seq_len = check_positive_int(seq_len, "seq_len")
+    head_dim = check_positive_int(head_dim, "head_dim")
+    if head_dim % 2 != 0:
+        raise ValueError(f"head_dim: expected an even number (RoPE rotates pairs), got {head_dim}")
+    offset = _check_nonnegative_int(offset, "offset")
+    base = _check_base(base)
+    dtype = resolve_dtype(dtype)
+    return _fn("rotary_cos_sin", dtype)(seq_len, head_dim, base, offset)
+
+
+def rotate_half(x) -> np.ndarray:
+    """``concat(-x2, x1)`` of the two halves ``x1 = x[..., :D/2]``, ``x2 = x[..., D/2:]``
+    (seed 000 ``rotate_half``; HF Llama): multiplying a pair ``(x1_i, x2_i)`` by ``i`` in the
+    complex plane.
+
+    Args:
+        x: ``(..., D)`` float array, D even.
+
+    Returns:
+        ``(..., D)``, dtype of ``x`` (float32 unless float64).
+
+    Raises:
+        ValueError: empty ``x``, rank 0, or odd D. TypeError: non-numeric ``x``.
+    """
+    x = as_float(x, "x", min_ndim=1)
+    D = x.shape[-1]
+    if D % 2 != 0:
+        raise ValueError(f"x: expected an even last dim, got shape {x.shape}")
+    return np.concatenate([-x[..., D // 2:], x[..., :D // 2]], axis=-1)
+
+
+def _rotary_table(t, name: str, x_shape: tuple, D: int, layout: str, dtype) -> np.ndarray:
+    """cos or sin as the kernel's 2-D table ``(table_rows, W)`` for ``x`` of ``x_shape``:
+    ``W = D`` (half) or ``D/2`` (interleaved); row r of x reads table row ``r % table_rows``."""
+    t = as_float(t, name, dtype, min_ndim=2)
+    W = t.shape[-1]
+    if W not in (D, D // 2):
+        raise ValueError(f"{name}: expected last dim {D} (head_dim) or {D // 2} (head_dim/2), got shape {t.shape}")
+    lead, x_lead = t.shape[:-1], x_shape[:-1]
+    try:
+        ok = np.broadcast_shapes(lead, x_lead) == x_lead
+    except ValueError:
+        ok = False
+    if not ok:
+        raise ValueError(f"{name}: shape {t.shape} does not broadcast to the input's {x_lead + (W,)} (..., L, {W})")
+    if layout == "half" and W == D // 2:
+        t = np.concatenate([t, t], axis=-1)  # one value per frequency -> the half-split row
+    elif layout == "interleaved" and W == D:
+        t = np.ascontiguousarray(t[..., :D // 2])  # the half-split row's first half
+    W = t.shape[-1]
+    L = x_shape[-2]
+    if all(s == 1 for s in t.shape[:-2]) and t.shape[-2] == L:
+        return t.reshape(L, W)  # one (L, W) table shared by every leading index
+    return np.ascontiguousarray(np.broadcast_to(t, x_lead + (W,))).reshape(-1, W)
+
+
+def apply_rotary(x, cos, sin, layout: str = "half") -> np.ndarray:
+    """Rotates one tensor by RoPE (Su et al. 2021; seed 000 ``apply_rotary_pos_emb``, one input).
+
+    ``layout="half"`` (GPT-NeoX, Hugging Face Llama, the seed), pairs ``(x_i, x_{i+D/2})``::
+
+        y = x · cos + rotate_half(x) · sin
+
+    computed exactly as written, with every column of ``cos``/``sin`` (for the tables of
+    :func:`rotary_cos_sin` the two halves are equal).
+
+    ``layout="interleaved"`` (GPT-J, Meta's Llama ``view_as_complex``), pairs ``(x_2i, x_2i+1)``::
+
+        y_2i   = x_2i · c_i - x_2i+1 · s_i
+        y_2i+1 = x_2i+1 · c_i + x_2i · s_i          c_i = cos[..., i], s_i = sin[..., i], i < D/2
+
+    i.e. it takes **the same half-split tables** and reads only their first half
+    ``cos[..., :D/2]`` (one value per frequency; the second half is ignored).
+
+    In both layouts ``cos``/``sin`` may also be given with last dim ``D/2`` (one value per
+    frequency: ``cos(freqs)``), which is used for both halves in the half layout.
+
+    Args:
+        x: ``(..., L, D)``, D even (e.g. ``(N, H, L, D)`` or ``(L, D)``).
+        cos, sin: ``(..., L, D)`` or ``(..., L, D/2)``, broadcastable to x's shape (e.g.
+            ``(L, D)`` or HF's ``(N, 1, L, D)``); the same shape for both.
+        layout: ``"half"`` or ``"interleaved"``.
+
+    Returns:
+        The rotated copy of ``x``, same shape, dtype of ``x`` (float32 unless float64); the
+        tables are cast to it. Computed in C++ in parallel over rows.
+
+    Raises:
+        ValueError: ``x`` of rank < 2, empty, or with odd D; tables of another width or not
+            broadcastable; ``sin`` shaped unlike ``cos``; unknown ``layout``.
+        TypeError: non-numeric arrays.
+    """
+    return _apply_rotary(x, cos, sin, layout, "x", None)
+
+
+def _apply_rotary(x, cos, sin, layout: str, name: str, dtype) -> np.ndarray:
+    layout = _check_layout(layout)
+    x = as_float(x, name, dtype, min_ndim=2)
+    D = x.shape[-1]
+    if D % 2 != 0:
+        raise ValueError(f"{name}: expected an even head_dim (last dim), got shape {x.shape}")
+    dtype = x.dtype.type
+    if np.shape(sin) != np.shape(cos):
+        raise ValueError(f"sin: expected the shape of cos {np.shape(cos)}, got {np.shape(sin)}")
+    c = _rotary_table(cos, "cos", x.shape, D, layout, dtype)
+    s = _rotary_table(sin, "sin", x.shape, D, layout, dtype)
+    return _fn("apply_rotary", dtype)(x, c, s, layout)
+
+
+def apply_rotary_pos_emb(q, k, cos, sin, layout: str = "half") -> tuple[np.ndarray, np.ndarray]:
+    """RoPE on queries and keys (seed 000 ``apply_rotary_pos_emb``; Su et al. 2021)::
+
+        q_embed = q · cos + rotate_half(q) · sin,   k_embed = k · cos + rotate_half(k) · sin
+
+    See :func:`apply_rotary` for the two layouts and the table shapes. ``q`` and ``k`` may have
+    different leading dims (e.g. fewer key heads, GQA) as long as ``cos``/``sin`` broadcast to
+    both; ``k`` is computed in ``q``'s dtype.
+
+    Args:
+        q: ``(..., L, D)``.  k: ``(..., L, D)``.
+        cos, sin: ``(..., L, D)`` or ``(..., L, D/2)``, e.g. from :func:`rotary_cos_sin`.
+        layout: ``"half"`` (default) or ``"interleaved"``.
+
+    Returns:
+        ``(q_rot, k_rot)``, shapes of ``q`` and ``k``.
+
+    Raises:
+        ValueError / TypeError: as :func:`apply_rotary` (the message names ``q`` or ``k``).
+    """
+    dtype = compute_dtype(q, "q")
+    return _apply_rotary(q, cos, sin, layout, "q", dtype), _apply_rotary(k, cos, sin, layout, "k", dtype)

@@ -1,0 +1,230 @@
+"""transformer_core.masks against torch: the seed's create_causal_mask, torch.tril, torch's
+CausalBias (upper-left / lower-right), nn.MultiheadAttention's key_padding_mask / attn_mask and
+F.scaled_dot_product_attention with the converted masks."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import DTYPE_IDS, FLOAT_DTYPES, assert_close, module_state_to_numpy, randn, to_torch
+from torch.nn.attention.bias import causal_lower_right, causal_upper_left
+
+import transformer_core.functional as tcf
+import transformer_core.nn as tcnn
+from transformer_core import masks as M
+
+
+def seed_create_causal_mask(seq_len):
+    """Seed 000."""
+    mask = torch.triu(torch.ones(seq_len, seq_len), diagonal=1)
+    return mask == 0
+
+
+SEED_PRINTED_4x4 = np.array([[True, False, False, False],
+                             [True, True, False, False],
+                             [True, True, True, False],
+                             [True, True, True, True]])
+
+
+# --------------------------------------------------------------------------------------------------
+# causal_mask
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("L", [1, 2, 4, 7, 64, 65])
+def test_causal_mask_square_matches_seed_and_tril(L):
+    m = M.causal_mask(L)
+    assert m.dtype == np.bool_ and m.shape == (L, L)
+    assert np.array_equal(m, seed_create_causal_mask(L).numpy())
+    assert np.array_equal(m, (torch.tril(torch.ones(L, L)) == 1).numpy())
+    assert np.array_equal(m, M.causal_mask(L, L, alignment="bottom_right"))
+
+
+def test_causal_mask_seed_printout():
+    assert np.array_equal(M.causal_mask(4), SEED_PRINTED_4x4)
+
+
+@pytest.mark.parametrize("L, S", [(1, 1), (1, 5), (3, 5), (5, 3), (7, 9), (9, 7), (4, 4)])
+def test_causal_mask_alignments_match_torch_causal_bias(L, S):
+    top_left = M.causal_mask(L, S, alignment="top_left")
+    bottom_right = M.causal_mask(L, S, alignment="bottom_right")
+    assert top_left.shape == bottom_right.shape == (L, S)
+    assert np.array_equal(top_left, causal_upper_left(L, S)._materialize().numpy())
+    assert np.array_equal(bottom_right, causal_lower_right(L, S)._materialize().numpy())
+    ones = torch.ones(L, S)
+    assert np.array_equal(top_left, (torch.tril(ones) == 1).numpy())
+    assert np.array_equal(bottom_right, (torch.tril(ones, diagonal=S - L) == 1).numpy())
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("alignment, bias", [("top_left", causal_upper_left), ("bottom_right", causal_lower_right)])
+@pytest.mark.parametrize("L, S", [(1, 6), (3, 7), (5, 5)])
+def test_causal_mask_in_attention_equals_torch_sdpa(L, S, alignment, bias, dtype, rng):
+    q, k, v = randn(rng, (2, 3, L, 8), dtype), randn(rng, (2, 3, S, 8), dtype), randn(rng, (2, 3, S, 5), dtype)
+    ours = tcf.scaled_dot_product_attention(q, k, v, attn_mask=M.causal_mask(L, S, alignment))
+    ref = F.scaled_dot_product_attention(to_torch(q), to_torch(k), to_torch(v), attn_mask=bias(L, S))
+    assert_close(ours, ref, dtype)
+    # the float form gives the same
+    additive = M.to_additive(M.causal_mask(L, S, alignment), dtype)
+    assert_close(tcf.scaled_dot_product_attention(q, k, v, attn_mask=additive), ref, dtype)
+
+
+@pytest.mark.parametrize("args, kwargs, exc, match", [
+    ((0,), {}, ValueError, "L"),
+    ((3, 0), {}, ValueError, "S"),
+    ((3.0,), {}, TypeError, "L"),
+    ((3,), {"alignment": "lower_right"}, ValueError, "alignment"),
+])
+def test_causal_mask_bad_input(args, kwargs, exc, match):
+    with pytest.raises(exc, match=match):
+        M.causal_mask(*args, **kwargs)
+
+
+# --------------------------------------------------------------------------------------------------
+# padding masks
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("lengths, max_len", [([3, 1, 5], None), ([1], None), ([0, 2], 7), ([4, 4], 4)])
+def test_padding_mask(lengths, max_len):
+    m = M.padding_mask(np.array(lengths), max_len)
+    width = max(lengths) if max_len is None else max_len
+    ref = torch.arange(width)[None, :] < torch.tensor(lengths)[:, None]
+    assert m.dtype == np.bool_ and np.array_equal(m, ref.numpy())
+    assert np.array_equal(M.padding_mask(torch.tensor(lengths), max_len), m)
+
+
+def test_padding_mask_all_empty_has_one_column():
+    assert np.array_equal(M.padding_mask([0, 0]), np.zeros((2, 1), bool))
+
+
+@pytest.mark.parametrize("lengths, max_len, exc, match", [
+    ([1.5, 2.0], None, TypeError, "lengths"),
+    ([[1, 2]], None, ValueError, "lengths"),
+    ([], None, ValueError, "lengths"),
+    ([-1, 2], None, ValueError, "lengths"),
+    ([3, 5], 4, ValueError, "max_len"),
+    ([3], 0, ValueError, "max_len"),
+    (None, None, TypeError, "lengths"),
+])
+def test_padding_mask_bad_input(lengths, max_len, exc, match):
+    with pytest.raises(exc, match=match):
+        M.padding_mask(lengths, max_len)
+
+
+def test_padding_mask_from_ids():
+    ids = np.array([[101, 7, 102, 0, 0], [101, 8, 9, 10, 102]])
+    m = M.padding_mask_from_ids(ids, 0)
+    assert np.array_equal(m, (torch.from_numpy(ids) != 0).numpy())
+    assert np.array_equal(M.padding_mask_from_ids([5, 5, 1], 1), np.array([[True, True, False]]))
+    with pytest.raises(TypeError, match="pad_token_id"):
+        M.padding_mask_from_ids(ids, 0.0)
+    with pytest.raises(TypeError, match="input_ids"):
+        M.padding_mask_from_ids(np.array([[0.5]]), 0)
+    with pytest.raises(ValueError, match="input_ids"):
+        M.padding_mask_from_ids(np.zeros((1, 2, 3), int), 0)
+
+
+# --------------------------------------------------------------------------------------------------
+# converters
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+def test_from_torch_mha_key_padding_and_attn_mask(dtype, rng):
+    """torch MHA (True = blocked) -> ours (True = may attend): the same outputs."""
+    E, H, N, L, S = 12, 3, 2, 5, 7
+    tmha = torch.nn.MultiheadAttention(E, H, batch_first=True).to(torch.float64 if dtype == np.float64 else
+                                                                   torch.float32).eval()
+    ours = tcnn.MultiheadAttention(E, H, dtype=dtype)
+    ours.load_state_dict(module_state_to_numpy(tmha))
+    q, kv = randn(rng, (N, L, E), dtype), randn(rng, (N, S, E), dtype)
+    key_padding_mask = torch.tensor([[False] * 5 + [True] * 2, [False] * 7])
+    attn_mask = torch.from_numpy(~M.causal_mask(L, S, "bottom_right"))  # torch: True = blocked
+    with torch.no_grad():
+        ref, _ = tmha(to_torch(q), to_torch(kv), to_torch(kv), key_padding_mask=key_padding_mask,
+                      attn_mask=attn_mask, need_weights=False)
+    out, _ = ours(q, kv, kv, key_mask=M.from_torch_mha(key_padding_mask), attn_mask=M.from_torch_mha(attn_mask))
+    assert_close(out, ref, dtype)
+
+
+def test_from_torch_mha_float_is_passed_through():
+    m = torch.tensor([[0.0, float("-inf")], [-0.5, 0.0]])
+    out = M.from_torch_mha(m)
+    assert out.dtype == np.float32 and np.array_equal(out, m.numpy())
+    assert np.array_equal(M.from_torch_mha(np.array([True, False])), [False, True])
+    with pytest.raises(TypeError, match="mask"):
+        M.from_torch_mha(np.array([1, 0], np.uint8))
+    with pytest.raises(TypeError, match="mask"):
+        M.from_torch_mha(None)
+
+
+@pytest.mark.parametrize("blocked", [float("-inf"), -1e4, -1e9, -1e20, float(np.finfo(np.float32).min)])
+def test_from_additive_blocked_values(blocked):
+    m = np.array([[0.0, blocked], [-3.5, 0.0]], np.float32)
+    assert np.array_equal(M.from_additive(m), [[True, False], [True, True]])
+
+
+def test_from_additive_hf_extended_mask_and_threshold():
+    am = torch.tensor([[1, 1, 0], [1, 0, 0]])
+    extended = (1.0 - am[:, None, None, :].float()) * torch.finfo(torch.float32).min  # HF's
+    assert np.array_equal(M.from_additive(extended)[:, 0, 0], am.numpy() == 1)
+    bert_old = (1.0 - am.double()) * -10000.0  # the original BERT's
+    assert np.array_equal(M.from_additive(bert_old), am.numpy() == 1)
+    assert np.array_equal(M.from_additive(np.array([-50.0, -200.0]), blocked_at=-100.0), [True, False])
+    with pytest.raises(ValueError, match="mask"):
+        M.from_additive(np.array([0.0, np.nan]))
+    with pytest.raises(ValueError, match="mask"):
+        M.from_additive(np.array([0.0, np.inf]))
+    with pytest.raises(TypeError, match="mask"):
+        M.from_additive(np.array([True]))
+    with pytest.raises(ValueError, match="blocked_at"):
+        M.from_additive(np.array([0.0]), blocked_at=float("-inf"))
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+def test_to_additive_and_back(dtype, rng):
+    m = rng.random((3, 4, 5)) > 0.4
+    add = M.to_additive(m, dtype)
+    assert add.dtype == np.dtype(dtype)
+    assert np.array_equal(add == 0, m) and np.all(np.isneginf(add[~m]))
+    assert np.array_equal(M.from_additive(add), m)
+    # used in torch SDPA, the float mask equals the bool one
+    q, k, v = (to_torch(randn(rng, (3, 4, n, 6), dtype)) for n in (5, 5, 5))
+    m[..., 0] = True  # no fully masked rows (torch would give NaN)
+    ref_bool = F.scaled_dot_product_attention(q, k, v, attn_mask=torch.from_numpy(m))
+    ref_add = F.scaled_dot_product_attention(q, k, v, attn_mask=torch.from_numpy(M.to_additive(m, dtype)))
+    assert_close(ref_add.numpy(), ref_bool, dtype)
+    with pytest.raises(TypeError, match="mask"):
+        M.to_additive(np.array([1, 0]))
+    with pytest.raises(TypeError, match="dtype"):
+        M.to_additive(np.array([True]), np.int32)
+
+
+def test_from_hf():
+    am = np.array([[1, 1, 0], [1, 0, 0]])
+    assert np.array_equal(M.from_hf(am), am == 1)
+    assert np.array_equal(M.from_hf(torch.from_numpy(am).float()), am == 1)
+    assert np.array_equal(M.from_hf(am.astype(bool)), am == 1)
+    with pytest.raises(ValueError, match="mask: expected only 0"):
+        M.from_hf(np.array([[0.0, -1e9]]))
+    with pytest.raises(TypeError, match="mask"):
+        M.from_hf(np.array(["1"]))
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+def test_hf_mask_in_our_mha_equals_torch(dtype, rng):
+    """A Hugging Face attention_mask -> key_mask in our MHA == torch MHA with ~mask as padding."""
+    E, H = 8, 2
+    tmha = torch.nn.MultiheadAttention(E, H, batch_first=True).to(torch.float64 if dtype == np.float64 else
+                                                                   torch.float32).eval()
+    ours = tcnn.MultiheadAttention(E, H, dtype=dtype)
+    ours.load_state_dict(module_state_to_numpy(tmha))
+    x = randn(rng, (3, 6, E), dtype)
+    am = M.padding_mask([6, 1, 4]).astype(np.int64)
+    with torch.no_grad():
+        ref, _ = tmha(to_torch(x), to_torch(x), to_torch(x), key_padding_mask=torch.from_numpy(am == 0),
+                      need_weights=False)
+    out, _ = ours(x, key_mask=M.from_hf(am))
+    assert_close(out, ref, dtype)

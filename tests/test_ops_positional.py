@@ -1,0 +1,452 @@
+"""Positional encodings against the seeds' torch code, computed here.
+
+* sinusoidal table (seed 000 ``PositionalEncoding``, seeds 002/003, seed 004's MATLAB loop),
+* seed 001's ``Embeddings`` (token + learned positions + LayerNorm),
+* RoPE (seed 000 ``rotate_half`` / ``apply_rotary_pos_emb``; Hugging Face Llama's table; the
+  interleaved GPT-J / Meta layout via ``torch.view_as_complex``), incl. the relative-position
+  property ``<RoPE(q, m), RoPE(k, n)> = f(m - n)``.
+"""
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from conftest import DTYPE_IDS, FLOAT_DTYPES, TORCH_DTYPE, assert_close, module_state_to_numpy, randn, to_torch
+from torch import nn
+
+from transformer_core import positional as P
+
+# --------------------------------------------------------------------------------------------------
+# The seeds' torch code (dtype made a parameter so the reference can run in float64)
+# --------------------------------------------------------------------------------------------------
+
+
+class SeedPositionalEncoding(nn.Module):
+    """Seed 000's PositionalEncoding (also seed 003's), computed in ``dtype``."""
+
+    def __init__(self, embed_size, max_len=5000, dtype=torch.float64):
+        super().__init__()
+        pe = torch.zeros(max_len, embed_size, dtype=dtype)
+        position = torch.arange(0, max_len).unsqueeze(1).to(dtype)
+        div_term = torch.exp(torch.arange(0, embed_size, 2).to(dtype) * (-math.log(10000.0) / embed_size))
+        pe[:, 0::2] = torch.sin(position * div_term)
+        pe[:, 1::2] = torch.cos(position * div_term)
+        pe = pe.unsqueeze(0)
+        self.register_buffer("pe", pe)
+
+    def forward(self, x):
+        return x + self.pe[:, :x.size(1)]
+
+
+def torch_sinusoidal_any(max_len, d_model, base=10000.0):
+    """The seeds' formula for any d_model (odd too): the cos columns use the first d_model // 2
+    frequencies, float64."""
+    position = torch.arange(max_len, dtype=torch.float64)[:, None]
+    div_term = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float64) * (-math.log(base) / d_model))
+    pe = torch.zeros(max_len, d_model, dtype=torch.float64)
+    pe[:, 0::2] = torch.sin(position * div_term)
+    pe[:, 1::2] = torch.cos(position * div_term[: d_model // 2])
+    return pe
+
+
+def matlab_seed004(seq_len, d_model):
+    """Seed 004's MATLAB loop, transcribed (1-based columns -> 0-based)."""
+    PE = np.zeros((seq_len, d_model))
+    pos = np.arange(seq_len)
+    for i in range(1, d_model // 2 + 1):
+        denom = 10000 ** (2 * (i - 1) / d_model)
+        PE[:, 2 * i - 2] = np.sin(pos / denom)
+        PE[:, 2 * i - 1] = np.cos(pos / denom)
+    return PE
+
+
+class SeedEmbeddings(nn.Module):
+    """Seed 001's Embeddings (token + position embeddings, LayerNorm eps 1e-12, dropout)."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.token_embeddings = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+        self.layer_norm = nn.LayerNorm(config.hidden_size, eps=1e-12)
+        self.dropout = nn.Dropout()
+
+    def forward(self, input_ids):
+        seq_length = input_ids.size(1)
+        position_ids = torch.arange(seq_length, dtype=torch.long).unsqueeze(0)
+        token_embeddings = self.token_embeddings(input_ids)
+        position_embeddings = self.position_embeddings(position_ids)
+        embeddings = token_embeddings + position_embeddings
+        embeddings = self.layer_norm(embeddings)
+        embeddings = self.dropout(embeddings)
+        return embeddings
+
+
+def seed_rotate_half(x):
+    """Seed 000."""
+    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
+    return torch.cat([-x2, x1], dim=-1)
+
+
+def seed_apply_rotary_pos_emb(q, k, cos, sin):
+    """Seed 000."""
+    q_embed = (q * cos) + (seed_rotate_half(q) * sin)
+    k_embed = (k * cos) + (seed_rotate_half(k) * sin)
+    return q_embed, k_embed
+
+
+def torch_rope_table(positions, head_dim, base=10000.0):
+    """Hugging Face Llama's cos/sin, in float64: positions (..., L) -> (..., L, head_dim) each."""
+    inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+    freqs = positions.to(torch.float64)[..., None] * inv_freq
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos(), emb.sin()
+
+
+def torch_rope_interleaved(x, positions, base=10000.0):
+    """GPT-J / Meta Llama: pairs (x_2i, x_2i+1) as complex numbers times e^{i m θ_i}."""
+    D = x.shape[-1]
+    inv_freq = 1.0 / (base ** (torch.arange(0, D, 2, dtype=torch.float64) / D))
+    freqs = positions.to(torch.float64)[:, None] * inv_freq  # (L, D/2)
+    freqs_cis = torch.polar(torch.ones_like(freqs), freqs)  # complex128
+    xc = torch.view_as_complex(x.to(torch.float64).reshape(*x.shape[:-1], D // 2, 2).contiguous())
+    return torch.view_as_real(xc * freqs_cis).flatten(-2)
+
+
+def torch_rope_pairs(x, cos_half, sin_half):
+    """Interleaved layout written out pair by pair."""
+    out = x.clone()
+    for i in range(x.shape[-1] // 2):
+        a, b = x[..., 2 * i], x[..., 2 * i + 1]
+        out[..., 2 * i] = a * cos_half[..., i] - b * sin_half[..., i]
+        out[..., 2 * i + 1] = b * cos_half[..., i] + a * sin_half[..., i]
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# Sinusoidal table
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("max_len", [1, 7, 64, 65])
+@pytest.mark.parametrize("d_model", [2, 8, 64, 512])
+def test_sinusoidal_matches_seed_000(max_len, d_model, dtype):
+    ref = SeedPositionalEncoding(d_model, max_len).pe[0]
+    pe = P.sinusoidal_positional_encoding(max_len, d_model, dtype=dtype)
+    assert_close(pe, ref, dtype, what="PE")
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("d_model", [1, 3, 7, 65])
+def test_sinusoidal_odd_d_model_last_column_is_sin(d_model, dtype):
+    pe = P.sinusoidal_positional_encoding(33, d_model, dtype=dtype)
+    assert_close(pe, torch_sinusoidal_any(33, d_model), dtype, what="PE odd")
+    pos = np.arange(33)
+    last = np.sin(pos / 10000.0 ** ((d_model - 1) / d_model))
+    assert_close(pe[:, -1], last, dtype, what="last column")
+
+
+def test_sinusoidal_matches_seed_004_matlab():
+    assert_close(P.sinusoidal_positional_encoding(100, 512, dtype=np.float64), matlab_seed004(100, 512), np.float64)
+
+
+@pytest.mark.parametrize("base", [100.0, 10000.0, 1e6])
+def test_sinusoidal_base_and_long_table(base):
+    pe = P.sinusoidal_positional_encoding(5000, 96, base=base, dtype=np.float64)  # parallel path
+    assert_close(pe, torch_sinusoidal_any(5000, 96, base), np.float64)
+    pe32 = P.sinusoidal_positional_encoding(5000, 96, base=base, dtype=np.float32)
+    assert_close(pe32, torch_sinusoidal_any(5000, 96, base), np.float32)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("shape", [(2, 7, 16), (1, 1, 16), (3, 50, 16), (7, 16)])
+def test_positional_encoding_layer_matches_seed(shape, dtype, rng):
+    x = randn(rng, shape, dtype)
+    layer = P.PositionalEncoding(16, max_len=50, dtype=dtype)
+    ref_mod = SeedPositionalEncoding(16, 50, dtype=TORCH_DTYPE[np.dtype(dtype)])
+    xt = to_torch(x if x.ndim == 3 else x[None])
+    ref = ref_mod(xt).numpy()
+    out = layer(x)
+    assert_close(out, ref if x.ndim == 3 else ref[0], dtype)
+    assert layer.pe.shape == (50, 16) and layer.pe.dtype == np.dtype(dtype)
+    assert_close(layer.pe, ref_mod.pe[0], dtype)
+
+
+def test_positional_encoding_offset(rng):
+    x = randn(rng, (2, 3, 10), np.float64)
+    layer = P.PositionalEncoding(10, max_len=20, dtype=np.float64)
+    assert_close(layer(x, offset=5), x + layer.pe[5:8], np.float64)
+    with pytest.raises(ValueError, match="max_len"):
+        layer(x, offset=18)
+
+
+def test_positional_encoding_too_long_and_bad_input(rng):
+    layer = P.PositionalEncoding(8, max_len=5)
+    with pytest.raises(ValueError, match="x: sequence length 6"):
+        layer(np.zeros((1, 6, 8)))
+    with pytest.raises(ValueError, match="x: expected last dim 8"):
+        layer(np.zeros((1, 3, 7)))
+    with pytest.raises(ValueError, match="x: expected"):
+        layer(np.zeros((2, 1, 3, 8)))
+    with pytest.raises(TypeError, match="x:"):
+        layer(np.array([["a"]]))
+    with pytest.raises(ValueError, match="offset"):
+        layer(np.zeros((1, 3, 8)), offset=-1)
+    with pytest.raises(ValueError, match="d_model"):
+        P.PositionalEncoding(0)
+
+
+@pytest.mark.parametrize("kwargs, exc, match", [
+    (dict(max_len=0, d_model=4), ValueError, "max_len"),
+    (dict(max_len=4, d_model=0), ValueError, "d_model"),
+    (dict(max_len=4.5, d_model=4), TypeError, "max_len"),
+    (dict(max_len=4, d_model=4, base=0.0), ValueError, "base"),
+    (dict(max_len=4, d_model=4, base=float("inf")), ValueError, "base"),
+    (dict(max_len=4, d_model=4, base="x"), TypeError, "base"),
+    (dict(max_len=4, d_model=4, dtype=np.int32), TypeError, "dtype"),
+])
+def test_sinusoidal_bad_input(kwargs, exc, match):
+    with pytest.raises(exc, match=match):
+        P.sinusoidal_positional_encoding(**kwargs)
+
+
+# --------------------------------------------------------------------------------------------------
+# Seed 001's Embeddings
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("shape", [(2, 7), (1, 1), (3, 16), (5,)])
+def test_embeddings_match_seed_001(shape, dtype, rng):
+    config = SimpleNamespace(vocab_size=37, hidden_size=24, max_position_embeddings=16)
+    ref = SeedEmbeddings(config).to(TORCH_DTYPE[np.dtype(dtype)]).eval()
+    with torch.no_grad():  # non-trivial LayerNorm affine
+        ref.layer_norm.weight.normal_()
+        ref.layer_norm.bias.normal_()
+    ours = P.Embeddings(37, 24, 16, dtype=dtype)
+    ours.load_state_dict(module_state_to_numpy(ref))
+    ids = rng.integers(0, 37, size=shape)
+    with torch.no_grad():
+        expected = ref(torch.from_numpy(np.atleast_2d(ids)))
+    out = ours(ids)
+    assert_close(out, expected, dtype)
+    assert set(ours.state_dict()) == set(ref.state_dict())
+
+
+def test_embeddings_bad_input():
+    emb = P.Embeddings(10, 8, 4)
+    with pytest.raises(ValueError, match="input_ids: expected ids in \\[0, 10\\)"):
+        emb([[1, 10]])
+    with pytest.raises(ValueError, match="input_ids: expected ids"):
+        emb([[-1, 2]])
+    with pytest.raises(ValueError, match="input_ids: sequence length 5 exceeds max_position_embeddings 4"):
+        emb([[1, 2, 3, 4, 5]])
+    with pytest.raises(TypeError, match="input_ids"):
+        emb([[0.5, 1.0]])
+    with pytest.raises(ValueError, match="token_embeddings.weight"):
+        emb.load_state_dict({**emb.state_dict(), "token_embeddings.weight": np.zeros((9, 8))})
+    with pytest.raises(ValueError, match="layer_norm_eps"):
+        P.Embeddings(10, 8, 4, layer_norm_eps=-1.0)
+    with pytest.raises(ValueError, match="vocab_size"):
+        P.Embeddings(0, 8, 4)
+
+
+# --------------------------------------------------------------------------------------------------
+# RoPE tables
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("seq_len", [1, 7, 64, 65])
+@pytest.mark.parametrize("head_dim", [2, 8, 64, 126])
+@pytest.mark.parametrize("offset", [0, 13])
+def test_rotary_cos_sin_matches_hf_llama_formula(seq_len, head_dim, offset, dtype):
+    cos, sin = P.rotary_cos_sin(seq_len, head_dim, offset=offset, dtype=dtype)
+    rc, rs = torch_rope_table(torch.arange(offset, offset + seq_len), head_dim)
+    assert_close(cos, rc, dtype, what="cos")
+    assert_close(sin, rs, dtype, what="sin")
+    half = head_dim // 2
+    assert np.array_equal(cos[:, :half], cos[:, half:]) and np.array_equal(sin[:, :half], sin[:, half:])
+
+
+@pytest.mark.parametrize("base", [10000.0, 500000.0])
+def test_rotary_cos_sin_base_and_offset_slices_full_table(base):
+    full_c, full_s = P.rotary_cos_sin(300, 64, base=base, dtype=np.float64)
+    rc, rs = torch_rope_table(torch.arange(300), 64, base)
+    assert_close(full_c, rc, np.float64)
+    assert_close(full_s, rs, np.float64)
+    c, s = P.rotary_cos_sin(5, 64, base=base, offset=295, dtype=np.float64)
+    assert np.array_equal(c, full_c[295:]) and np.array_equal(s, full_s[295:])
+
+
+def test_rotary_cos_sin_hf_transformers():
+    """Against transformers' own LlamaRotaryEmbedding (float32 angles there: 1e-5 on short seqs)."""
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    cfg = LlamaConfig(hidden_size=64, num_attention_heads=4, max_position_embeddings=64, rope_theta=10000.0)
+    rope = LlamaRotaryEmbedding(cfg)
+    x = torch.zeros(1, 20, 64)
+    hc, hs = rope(x, torch.arange(20)[None])
+    cos, sin = P.rotary_cos_sin(20, 16)
+    assert_close(cos, hc[0], np.float32)
+    assert_close(sin, hs[0], np.float32)
+
+
+@pytest.mark.parametrize("kwargs, exc, match", [
+    (dict(seq_len=4, head_dim=7), ValueError, "head_dim: expected an even"),
+    (dict(seq_len=4, head_dim=0), ValueError, "head_dim"),
+    (dict(seq_len=0, head_dim=8), ValueError, "seq_len"),
+    (dict(seq_len=4, head_dim=8, offset=-1), ValueError, "offset"),
+    (dict(seq_len=4, head_dim=8, offset=1.0), TypeError, "offset"),
+    (dict(seq_len=4, head_dim=8, base=-2.0), ValueError, "base"),
+    (dict(seq_len=4, head_dim=8, dtype="int64"), TypeError, "dtype"),
+])
+def test_rotary_cos_sin_bad_input(kwargs, exc, match):
+    with pytest.raises(exc, match=match):
+        P.rotary_cos_sin(**kwargs)
+
+
+# --------------------------------------------------------------------------------------------------
+# RoPE rotation
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("shape", [(4, 8), (7, 2), (1, 6), (2, 3, 7, 8), (3, 5, 64), (1, 1, 1, 126)])
+def test_rotate_half_matches_seed(shape, dtype, rng):
+    x = randn(rng, shape, dtype)
+    assert_close(P.rotate_half(x), seed_rotate_half(to_torch(x)), dtype)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("q_shape, k_shape", [
+    ((2, 3, 7, 8), (2, 3, 7, 8)),   # (N, H, L, D), odd L
+    ((7, 16), (7, 16)),             # (L, D)
+    ((1, 1, 1, 2), (1, 1, 1, 2)),   # one token, one pair
+    ((3, 5, 64), (3, 5, 64)),       # (N, L, D)
+    ((2, 4, 9, 32), (2, 2, 9, 32)),  # fewer key heads (GQA)
+    ((4, 8, 257, 64), (4, 8, 257, 64)),  # large: the parallel path
+])
+@pytest.mark.parametrize("offset", [0, 5])
+def test_apply_rotary_half_matches_seed(q_shape, k_shape, offset, dtype, rng):
+    L, D = q_shape[-2:]
+    q, k = randn(rng, q_shape, dtype), randn(rng, k_shape, dtype)
+    q0, k0 = q.copy(), k.copy()
+    cos, sin = P.rotary_cos_sin(L, D, offset=offset, dtype=dtype)
+    q_rot, k_rot = P.apply_rotary_pos_emb(q, k, cos, sin)
+    rq, rk = seed_apply_rotary_pos_emb(to_torch(q), to_torch(k), to_torch(cos), to_torch(sin))
+    assert_close(q_rot, rq, dtype, what="q")
+    assert_close(k_rot, rk, dtype, what="k")
+    assert np.array_equal(q, q0) and np.array_equal(k, k0)  # inputs untouched
+    # and against the float64 table computed by torch (HF Llama's formula)
+    tc, ts = torch_rope_table(torch.arange(offset, offset + L), D)
+    rq64, _ = seed_apply_rotary_pos_emb(to_torch(q).double(), to_torch(k).double(), tc, ts)
+    assert_close(q_rot, rq64, dtype, what="q vs f64 table", rtol_=1e-5 if dtype == np.float32 else None)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+def test_apply_rotary_hf_position_ids_broadcast(dtype, rng):
+    """HF passes cos/sin as (N, L, D) per batch (position_ids), unsqueezed to (N, 1, L, D)."""
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb as hf_apply
+
+    N, H, L, D = 3, 4, 6, 16
+    positions = torch.from_numpy(rng.integers(0, 100, size=(N, L)))
+    tc, ts = torch_rope_table(positions, D)
+    tdt = TORCH_DTYPE[np.dtype(dtype)]
+    tc, ts = tc.to(tdt), ts.to(tdt)
+    q, k = randn(rng, (N, H, L, D), dtype), randn(rng, (N, 2, L, D), dtype)
+    q_rot, k_rot = P.apply_rotary_pos_emb(q, k, tc[:, None].numpy(), ts[:, None].numpy())
+    rq, rk = hf_apply(to_torch(q), to_torch(k), tc, ts, unsqueeze_dim=1)
+    assert_close(q_rot, rq, dtype)
+    assert_close(k_rot, rk, dtype)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("shape", [(2, 3, 7, 8), (7, 16), (1, 1, 1, 2), (3, 5, 64), (4, 8, 257, 64)])
+@pytest.mark.parametrize("offset", [0, 11])
+def test_apply_rotary_interleaved_matches_view_as_complex(shape, offset, dtype, rng):
+    L, D = shape[-2:]
+    x = randn(rng, shape, dtype)
+    cos, sin = P.rotary_cos_sin(L, D, offset=offset, dtype=dtype)
+    out = P.apply_rotary(x, cos, sin, layout="interleaved")
+    ref = torch_rope_interleaved(to_torch(x), torch.arange(offset, offset + L))
+    assert_close(out, ref, dtype, rtol_=1e-5 if dtype == np.float32 else None)
+    # explicit pairs with our (rounded) tables: same arithmetic as the kernel
+    half = D // 2
+    pairs = torch_rope_pairs(to_torch(x), to_torch(cos[:, :half]), to_torch(sin[:, :half]))
+    assert_close(out, pairs, dtype)
+    # the (L, D/2) tables give the same
+    out_half_tables = P.apply_rotary(x, cos[:, :half], sin[:, :half], layout="interleaved")
+    assert np.array_equal(out, out_half_tables)
+    q_rot, k_rot = P.apply_rotary_pos_emb(x, x, cos, sin, layout="interleaved")
+    assert np.array_equal(q_rot, out) and np.array_equal(k_rot, out)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+def test_apply_rotary_half_accepts_frequency_tables(dtype, rng):
+    x = randn(rng, (2, 5, 12), dtype)
+    cos, sin = P.rotary_cos_sin(5, 12, dtype=dtype)
+    assert np.array_equal(P.apply_rotary(x, cos, sin), P.apply_rotary(x, cos[:, :6], sin[:, :6]))
+
+
+def test_apply_rotary_non_contiguous_input(rng):
+    x = randn(rng, (2, 16, 5), np.float64).transpose(0, 2, 1)  # (2, 5, 16), not contiguous
+    cos, sin = P.rotary_cos_sin(5, 16, dtype=np.float64)
+    ref = seed_rotate_half(to_torch(x)) * to_torch(sin) + to_torch(x) * to_torch(cos)
+    assert_close(P.apply_rotary(x, cos, sin), ref, np.float64)
+
+
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+def test_rope_relative_position_property(layout, rng):
+    """<RoPE(q, m), RoPE(k, n)> depends only on m - n (Su et al. 2021, §3.4.2)."""
+    D, L = 16, 41
+    q, k = rng.standard_normal(D), rng.standard_normal(D)
+    cos, sin = P.rotary_cos_sin(L, D, dtype=np.float64)
+    qs = P.apply_rotary(np.tile(q, (L, 1)), cos, sin, layout)  # row m = RoPE(q, m)
+    ks = P.apply_rotary(np.tile(k, (L, 1)), cos, sin, layout)
+    G = qs @ ks.T  # G[m, n] = <RoPE(q, m), RoPE(k, n)>
+    for delta in range(-(L - 1), L):
+        diag = np.diagonal(G, offset=-delta)  # entries with m - n = delta
+        np.testing.assert_allclose(diag, diag[0], atol=1e-10, rtol=0)
+    assert not np.allclose(np.diagonal(G, 0)[0], np.diagonal(G, 1)[0])  # and it does depend on it
+    np.testing.assert_allclose(np.diagonal(G)[0], q @ k, atol=1e-10)  # m = n: the plain dot product
+
+
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+def test_rope_incremental_decoding_matches_full(layout, rng):
+    """A KV cache: rotating only the new tokens with offset = cache length equals the full pass."""
+    N, H, L, D, new = 2, 3, 9, 8, 2
+    x = randn(rng, (N, H, L, D), np.float64)
+    cos, sin = P.rotary_cos_sin(L, D, dtype=np.float64)
+    full = P.apply_rotary(x, cos, sin, layout)
+    c2, s2 = P.rotary_cos_sin(new, D, offset=L - new, dtype=np.float64)
+    assert_close(P.apply_rotary(x[:, :, -new:], c2, s2, layout), full[:, :, -new:], np.float64)
+
+
+def test_apply_rotary_bad_input(rng):
+    cos, sin = P.rotary_cos_sin(5, 8)
+    x = randn(rng, (2, 5, 8), np.float32)
+    with pytest.raises(ValueError, match="layout"):
+        P.apply_rotary(x, cos, sin, layout="neox")
+    with pytest.raises(ValueError, match="x: expected an even head_dim"):
+        P.apply_rotary(randn(rng, (5, 7), np.float32), cos, sin)
+    with pytest.raises(ValueError, match="x: expected at least 2 dims"):
+        P.apply_rotary(randn(rng, (8,), np.float32), cos, sin)
+    with pytest.raises(ValueError, match="cos: expected last dim 8"):
+        P.apply_rotary(x, cos[:, :3], sin[:, :3])
+    with pytest.raises(ValueError, match="cos: shape \\(4, 8\\) does not broadcast"):
+        P.apply_rotary(x, cos[:4], sin[:4])
+    with pytest.raises(ValueError, match="sin: expected the shape of cos"):
+        P.apply_rotary(x, cos, sin[:, :4])
+    with pytest.raises(TypeError, match="x:"):
+        P.apply_rotary(np.array([["a", "b"]]), cos, sin)
+    with pytest.raises(ValueError, match="k: expected an even head_dim"):
+        P.apply_rotary_pos_emb(x, randn(rng, (2, 5, 7), np.float32), cos, sin)
+    with pytest.raises(ValueError, match="cos: shape"):
+        P.apply_rotary_pos_emb(x, randn(rng, (2, 6, 8), np.float32), cos, sin)
+    with pytest.raises(ValueError, match="x: expected an even"):
+        P.rotate_half(randn(rng, (3, 5), np.float32))
