@@ -83,6 +83,7 @@ class Row:
     mem_mib: float | None = None        # peak extra memory of ours
     notes: list[str] = dataclasses.field(default_factory=list)
     na: str | None = None               # reason the case could not run
+    repeats: int | None = None          # timed repeats behind the medians
 
     @property
     def ratio(self) -> float | None:
@@ -112,9 +113,10 @@ def clock_ms(fn: Callable[[], object]) -> float:
 
 
 def time_pair(ours: Callable[[], object], theirs: Callable[[], object], *, repeats: int,
-              warmup: int = 1) -> tuple[float, float]:
+              warmup: int = 1, budget_s: float = float("inf")) -> tuple[float, float, int]:
     """Median milliseconds of ``ours()`` and ``theirs()``, timed interleaved after ``warmup``
-    untimed calls of each."""
+    untimed calls of each, and the number of repeats done: ``repeats``, or fewer (at least one)
+    when the next pair would end past ``budget_s`` seconds of timed calls."""
     for _ in range(warmup):
         ours()
         theirs()
@@ -122,7 +124,10 @@ def time_pair(ours: Callable[[], object], theirs: Callable[[], object], *, repea
     for _ in range(max(1, repeats)):
         t_ours.append(clock_ms(ours))
         t_theirs.append(clock_ms(theirs))
-    return statistics.median(t_ours), statistics.median(t_theirs)
+        spent_s = (sum(t_ours) + sum(t_theirs)) / 1e3
+        if spent_s * (len(t_ours) + 1) / len(t_ours) > budget_s:
+            break
+    return statistics.median(t_ours), statistics.median(t_theirs), len(t_ours)
 
 
 def max_abs_diff(a, b) -> float:
@@ -135,12 +140,14 @@ def max_abs_diff(a, b) -> float:
 
 @dataclasses.dataclass
 class Plan:
-    """Repeats and warm-up calls of one case, full and quick."""
+    """Repeats and warm-up calls of one case, full and quick; the timed repeats stop early (after
+    at least one) rather than run past ``budget_s`` seconds: a busy machine's run stays short."""
 
     repeats: int
     warmup: int
     quick_repeats: int = 1
     quick_warmup: int = 1
+    budget_s: float = 30.0
 
 
 PLANS = {
@@ -150,10 +157,10 @@ PLANS = {
     "encoder128": Plan(7, 2, 2, 1),
     "sdpa512": Plan(7, 2, 2, 1),
     "sdpa4096": Plan(3, 1, 1, 1),
-    "sdpa16384": Plan(2, 0, 1, 0),
+    "sdpa16384": Plan(2, 0, 1, 0, budget_s=60),
     "decode": Plan(100, 10, 20, 3),
     "gpt2": Plan(20, 3, 5, 2),
-    "minilm": Plan(3, 0, 1, 0),
+    "minilm": Plan(3, 0, 1, 0, budget_s=60),
     "threads": Plan(5, 1, 2, 1),
 }
 
@@ -170,6 +177,7 @@ class Bench:
         self.quick = args.quick
         self.repeats_override = args.repeats
         self.sgemm_gflops: float | None = None
+        self.last_repeats = 0
 
     def plan(self, name: str) -> tuple[int, int]:
         """(repeats, warmup) of a case."""
@@ -183,9 +191,17 @@ class Bench:
         self.tc.set_num_threads(n)
         self.torch.set_num_threads(n)
 
-    def time(self, name: str, ours, theirs, *, warmup: int | None = None) -> tuple[float, float]:
-        repeats, plan_warmup = self.plan(name)
-        return time_pair(ours, theirs, repeats=repeats, warmup=plan_warmup if warmup is None else warmup)
+    def time(self, name: str, ours, theirs) -> tuple[float, float]:
+        """Times a pair with the plan of case ``name``; the repeats done are kept in
+        ``self.last_repeats`` (the rows' notes show them)."""
+        repeats, warmup = self.plan(name)
+        ours_ms, torch_ms, self.last_repeats = time_pair(
+            ours, theirs, repeats=repeats, warmup=warmup, budget_s=PLANS[name].budget_s)
+        return ours_ms, torch_ms
+
+    def row(self, case: str, ours_ms: float | None, torch_ms: float | None, **fields) -> Row:
+        """A row for the latest :meth:`time` call."""
+        return Row(case, ours_ms, torch_ms, repeats=self.last_repeats, **fields)
 
     def sgemm_fraction_check(self, row: Row, percent: float) -> Check:
         value = None
@@ -230,13 +246,14 @@ def case_sgemm(b: Bench) -> list[Row]:
         torch.mm(tx, tw)
     mm_ms = statistics.median(clock_ms(lambda: torch.mm(tx, tw)) for _ in range(repeats))
     b.sgemm_gflops = gflop / (mm_ms / 1e3)
-    sgemm = Row(f"sgemm reference: torch.mm {n}x{n}x{n}", torch_ms=mm_ms,
+    sgemm = Row(f"sgemm reference: torch.mm {n}x{n}x{n}", torch_ms=mm_ms, repeats=repeats,
                 notes=[f"{b.sgemm_gflops:.1f} GFLOP/s = 100% in the % sgemm column"])
 
-    ours_ms, torch_ms = b.time("gemm", lambda: b.tc.functional.linear(x, w),
-                               lambda: torch.nn.functional.linear(tx, tw))
-    gemm = Row(f"GEMM {n}³: linear vs F.linear", ours_ms, torch_ms, gflop=gflop)
-    gemm.notes.append(f"max err {max_abs_diff(b.tc.functional.linear(x, w), torch.nn.functional.linear(tx, tw)):.1e}")
+    linear, tlinear = b.tc.functional.linear, torch.nn.functional.linear
+    ours, theirs = (lambda: linear(x, w)), (lambda: tlinear(tx, tw))
+    ours_ms, torch_ms = b.time("gemm", ours, theirs)
+    gemm = b.row(f"GEMM {n}³: linear vs F.linear", ours_ms, torch_ms, gflop=gflop)
+    gemm.notes.append(f"max err {max_abs_diff(ours(), theirs()):.1e}")
     return [sgemm, gemm]
 
 
@@ -251,7 +268,7 @@ def _encoder_row(b: Bench, plan: str, batch: int, seq: int, target: float,
     tx = torch.from_numpy(x)
 
     ours_ms, torch_ms = b.time(plan, lambda: ours(x), lambda: theirs(tx))
-    row = Row(f"encoder layer {E}/{heads}h/FFN {F}, batch {batch}, seq {seq}", ours_ms, torch_ms,
+    row = b.row(f"encoder layer {E}/{heads}h/FFN {F}, batch {batch}, seq {seq}", ours_ms, torch_ms,
               gflop=encoder_layer_gflop(batch, seq, E, F))
     row.checks.append(Check("torch/ours", row.ratio, target))
     row.notes.append(f"max err {max_abs_diff(ours(x), theirs(tx)):.1e}")
@@ -290,7 +307,7 @@ def _sdpa_row(b: Bench, plan: str, q_shape: tuple, kv_shape: tuple | None = None
     ours_ms, torch_ms = b.time(plan, ours, theirs)
     N, H, L, D = q_shape
     shape = f"q {q_shape}, kv {kv_shape}" if kv_shape != q_shape else f"{q_shape}"
-    row = Row(f"{label} {shape}{', causal' if causal else ''}", ours_ms, torch_ms,
+    row = b.row(f"{label} {shape}{', causal' if causal else ''}", ours_ms, torch_ms,
               gflop=sdpa_gflop(N, H, L, kv_shape[2], D, causal))
     if check_diff:
         row.notes.append(f"max err {max_abs_diff(ours(), theirs()):.1e}")
@@ -358,8 +375,9 @@ def case_gpt2(b: Bench) -> list[Row]:
     labels = [f"GPT-2 decode step (768/12h, 2 layers), KV cache {c}" for c in contexts]
     if not hasattr(b.tc, "GPT2LMHeadModel"):
         return [na_row(label, "tc.GPT2LMHeadModel not in this build") for label in labels]
-    try:
-        hf, ours = _gpt2_models(b, n_positions=max(contexts) + 64)
+    repeats, warmup = b.plan("gpt2")
+    try:  # room for the prompt and every decode step
+        hf, ours = _gpt2_models(b, n_positions=max(contexts) + warmup + repeats + 8)
     except Exception as e:  # an API still being written: report, do not crash the suite
         return [na_row(label, f"loading failed: {type(e).__name__}: {e}") for label in labels]
     rows = []
@@ -385,29 +403,26 @@ def _gpt2_models(b: Bench, n_positions: int):
 
 
 def _gpt2_decode_row(b: Bench, hf, ours, ctx: int, label: str) -> Row:
-    """Times one decode step (1 new token) on a cache of ``ctx`` positions. After each step the
-    cache is cropped back to ``ctx`` when it can be (else the context grows one per step)."""
+    """Times decode steps (one new token each) after a prompt of ``ctx`` tokens: every step is a
+    real next-token step, so the cache grows by one per call (ctx -> ctx + warm-up + repeats; both
+    sides take the same steps)."""
     torch = b.torch
     ids = np.random.default_rng(ctx).integers(0, hf.config.vocab_size, (1, ctx + 1), dtype=np.int64)
     prompt, step = ids[:, :ctx], ids[:, ctx:]
     t_prompt, t_step = torch.from_numpy(prompt), torch.from_numpy(step)
     state = {"ours": _field(ours(prompt, use_cache=True), "past_key_values", 1),
              "hf": _field(hf(t_prompt, use_cache=True), "past_key_values", 1)}
-    cropped = all(hasattr(state[k], "crop") for k in state)
 
     def decode(side: str, model, token):
         out = model(token, past_key_values=state[side], use_cache=True)
         state[side] = _field(out, "past_key_values", 1)
-        if cropped:
-            state[side].crop(ctx)
         return _field(out, "logits", 0)
 
-    ours_ms, torch_ms = b.time("gpt2", lambda: decode("ours", ours, step), lambda: decode("hf", hf, t_step))
-    row = Row(label, ours_ms, torch_ms)
-    if cropped:
-        row.notes.append(f"max err logits {max_abs_diff(_to_numpy(decode('ours', ours, step)), _to_numpy(decode('hf', hf, t_step))):.1e}")
-    else:
-        row.notes.append("context grows by one per step (no crop)")
+    ours_ms, torch_ms = b.time("gpt2", lambda: decode("ours", ours, step),
+                               lambda: decode("hf", hf, t_step))
+    row = b.row(label, ours_ms, torch_ms)
+    err = max_abs_diff(_to_numpy(decode("ours", ours, step)), _to_numpy(decode("hf", hf, t_step)))
+    row.notes.append(f"max err logits {err:.1e}")
     row.notes.append(f"hf attention: {getattr(hf.config, '_attn_implementation', '?')}")
     return row
 
@@ -439,8 +454,8 @@ def case_minilm(b: Bench) -> list[Row]:
     def theirs(texts: list[str]) -> np.ndarray:
         out = []
         for start in range(0, len(texts), batch):
-            enc = tokenizer(texts[start:start + batch], padding=True, truncation=True, max_length=max_length,
-                            return_tensors="pt")
+            enc = tokenizer(texts[start:start + batch], padding=True, truncation=True,
+                            max_length=max_length, return_tensors="pt")
             hidden = model(**enc).last_hidden_state
             mask = enc["attention_mask"].unsqueeze(-1).to(hidden.dtype)
             pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
@@ -453,7 +468,8 @@ def case_minilm(b: Bench) -> list[Row]:
     warm = sentences[:2 * batch]  # warm-up (and correctness) on two batches, not the whole set
     diff = max_abs_diff(encode_ours(warm), theirs(warm))
     ours_ms, torch_ms = b.time("minilm", lambda: encode_ours(sentences), lambda: theirs(sentences))
-    row = Row(f"MiniLM-L6 embeddings, {n} sentences, batch {batch}, incl. tokenization", ours_ms, torch_ms)
+    row = b.row(f"MiniLM-L6 embeddings, {n} sentences, batch {batch}, incl. tokenization",
+              ours_ms, torch_ms)
     row.checks.append(Check("torch/ours", row.ratio, 1.5))
     row.notes.append(f"sentences/s ours {n / ours_ms * 1e3:.0f}, torch {n / torch_ms * 1e3:.0f}")
     row.notes.append(f"max err {diff:.1e} (first {len(warm)})")
@@ -473,11 +489,11 @@ def case_threads(b: Bench) -> list[Row]:
 
     one_ms, n_ms = b.time("threads", at(1), at(n))
     b.set_threads()
-    row = Row(f"thread scaling 1 -> {n}, ours, SDPA (8, 12, 512, 64)", n_ms, None,
+    row = b.row(f"thread scaling 1 -> {n}, ours, SDPA (8, 12, 512, 64)", n_ms, None,
               gflop=sdpa_gflop(8, 12, 512, 512, 64))
     speedup = one_ms / n_ms
     row.checks.append(Check(f"speed-up 1->{n}", speedup, round(0.9 * n, 2), unit="×"))
-    row.notes.append(f"ours: 1 thread {one_ms:.1f} ms, {n} threads {n_ms:.1f} ms, speed-up {speedup:.2f}×")
+    row.notes.append(f"ours: 1 thread {one_ms:.1f} ms, {n} threads {n_ms:.1f} ms")
     return [row]
 
 
@@ -546,7 +562,10 @@ def run_memory_probe(side: str, shape: tuple, threads: int) -> None:
     except OSError:  # no reset: the peak so far is the baseline (the delta may be understated)
         baseline, method = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, "ru_maxrss delta"
     out = call()
-    peak = _status_kib("VmHWM") if method.startswith("VmHWM") else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    if method.startswith("VmHWM"):
+        peak = _status_kib("VmHWM")
+    else:
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     del out
     print(json.dumps({"extra_mib": (peak - baseline) / 1024, "method": method}))
 
@@ -578,18 +597,18 @@ def met_cell(row: Row) -> str:
 
 
 def table_lines(rows: list[Row], sgemm_gflops: float | None) -> list[str]:
-    header = ["case", "ours ms", "torch ms", "torch/ours", "target", "met?", "GFLOP/s ours", "% sgemm",
-              "extra MiB ours", "notes"]
+    header = ["case", "ours ms", "torch ms", "torch/ours", "target", "met?", "GFLOP/s ours",
+              "% sgemm", "extra MiB ours", "n", "notes"]
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     for r in rows:
         if r.na:
-            cells = [r.case, "—", "—", "—", "—", "n/a", "—", "—", "—", f"n/a: {r.na}"]
+            cells = [r.case] + ["—"] * 4 + ["n/a"] + ["—"] * 4 + [f"n/a: {r.na}"]
         else:
             frac = 100 * r.gflops / sgemm_gflops if (r.gflops and sgemm_gflops) else None
             cells = [r.case, fmt(r.ours_ms), fmt(r.torch_ms), fmt(r.ratio, 3),
                      "; ".join(c.target for c in r.checks) or "report", met_cell(r),
                      fmt(r.gflops), fmt(frac, 2) + ("%" if frac is not None else ""),
-                     fmt(r.mem_mib), "; ".join(r.notes)]
+                     fmt(r.mem_mib), str(r.repeats or "—"), "; ".join(r.notes)]
         lines.append("| " + " | ".join(c.replace("|", "/") for c in cells) + " |")
     return lines
 
@@ -603,19 +622,24 @@ def load_average() -> str:
 
 def machine_lines(b: Bench, elapsed_s: float, load_before: str, load_after: str) -> list[str]:
     busy = max(_as_float(load_before), _as_float(load_after)) > (os.cpu_count() or 1) + 0.5
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor())
+    cpuinfo = Path("/proc/cpuinfo")
+    cpuinfo = cpuinfo.read_text().splitlines() if cpuinfo.exists() else []
+    cpu = next((line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")),
+               platform.processor())
+    title = f"transformer_core benchmarks ({datetime.now():%Y-%m-%d %H:%M}"
+    title += ", --quick)" if b.quick else ")"
     return [
-        f"# transformer_core benchmarks ({datetime.now():%Y-%m-%d %H:%M}{', --quick' if b.quick else ''})",
+        f"# {title}",
         "",
         f"- machine: {cpu}, {os.cpu_count()} CPUs; threads used: {b.threads} (ours and torch)",
-        f"- transformer_core {b.tc.__version__}, torch {b.torch.__version__}, numpy {np.__version__}, "
-        f"Python {platform.python_version()}",
+        f"- transformer_core {b.tc.__version__}, torch {b.torch.__version__}, "
+        f"numpy {np.__version__}, Python {platform.python_version()}",
         f"- sgemm (torch.mm 2048³, {b.threads} threads): {fmt(b.sgemm_gflops)} GFLOP/s",
-        f"- load average (1, 5, 15 min) at start: {load_before}, at end: {load_after}; run time {elapsed_s:.0f} s",
+        f"- load average (1, 5, 15 min) at start: {load_before}, at end: {load_after}; "
+        f"run time {elapsed_s:.0f} s",
         "- times: median of interleaved repeats after warm-up; torch/ours > 1 means ours is faster",
-    ] + ([f"- WARNING: the machine was busy (load above {os.cpu_count()} CPUs): times are unreliable"]
-         if busy else []) + [""]
+    ] + ([f"- WARNING: the machine was busy (load above {os.cpu_count()} CPUs): "
+          "times are unreliable"] if busy else []) + [""]
 
 
 def _as_float(load: str) -> float:
@@ -636,7 +660,8 @@ def parse_args(argv=None):
     p.add_argument("--only", default=None,
                    help=f"comma-separated cases to run (sgemm always runs): {', '.join(CASES)}")
     p.add_argument("--threads", type=int, default=2, help="threads for ours and torch (default 2)")
-    p.add_argument("--repeats", type=int, default=None, help="timed repeats of every case (default: per case)")
+    p.add_argument("--repeats", type=int, default=None,
+                   help="timed repeats of every case (default: per case)")
     p.add_argument("--mem-probe", choices=("ours", "torch"), help=argparse.SUPPRESS)
     p.add_argument("--mem-shape", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -657,7 +682,8 @@ def parse_args(argv=None):
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.mem_probe:
-        run_memory_probe(args.mem_probe, tuple(int(s) for s in args.mem_shape.split(",")), args.threads)
+        shape = tuple(int(s) for s in args.mem_shape.split(","))
+        run_memory_probe(args.mem_probe, shape, args.threads)
         return 0
 
     start = time.perf_counter()
@@ -675,7 +701,9 @@ def main(argv=None) -> int:
                 rows.append(na_row(name, f"{type(e).__name__}: {e}"))
             print(f"{time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
 
-    lines = machine_lines(b, time.perf_counter() - start, load_before, load_average()) + table_lines(rows, b.sgemm_gflops)
+    elapsed = time.perf_counter() - start
+    lines = machine_lines(b, elapsed, load_before, load_average())
+    lines += table_lines(rows, b.sgemm_gflops)
     text = "\n".join(lines) + "\n"
     print(text)
     RESULTS_FILE.parent.mkdir(parents=True, exist_ok=True)

@@ -45,6 +45,7 @@ def test_causal_mask_seed_printout():
     assert np.array_equal(M.causal_mask(4), SEED_PRINTED_4x4)
 
 
+@pytest.mark.filterwarnings("ignore:Lower right causal bias")
 @pytest.mark.parametrize("L, S", [(1, 1), (1, 5), (3, 5), (5, 3), (7, 9), (9, 7), (4, 4)])
 def test_causal_mask_alignments_match_torch_causal_bias(L, S):
     top_left = M.causal_mask(L, S, alignment="top_left")
@@ -191,7 +192,7 @@ def test_to_additive_and_back(dtype, rng):
     assert np.array_equal(add == 0, m) and np.all(np.isneginf(add[~m]))
     assert np.array_equal(M.from_additive(add), m)
     # used in torch SDPA, the float mask equals the bool one
-    q, k, v = (to_torch(randn(rng, (3, 4, n, 6), dtype)) for n in (5, 5, 5))
+    q, k, v = (to_torch(randn(rng, (3, n, 6), dtype)) for n in (4, 5, 5))  # mask (N, L, S)
     m[..., 0] = True  # no fully masked rows (torch would give NaN)
     ref_bool = F.scaled_dot_product_attention(q, k, v, attn_mask=torch.from_numpy(m))
     ref_add = F.scaled_dot_product_attention(q, k, v, attn_mask=torch.from_numpy(M.to_additive(m, dtype)))

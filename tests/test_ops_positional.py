@@ -165,7 +165,7 @@ def test_sinusoidal_base_and_long_table(base):
 @pytest.mark.parametrize("shape", [(2, 7, 16), (1, 1, 16), (3, 50, 16), (7, 16)])
 def test_positional_encoding_layer_matches_seed(shape, dtype, rng):
     x = randn(rng, shape, dtype)
-    layer = P.PositionalEncoding(16, max_len=50, dtype=dtype)
+    layer = P.PositionalEncoding(16, 50, dtype)
     ref_mod = SeedPositionalEncoding(16, 50, dtype=TORCH_DTYPE[np.dtype(dtype)])
     xt = to_torch(x if x.ndim == 3 else x[None])
     ref = ref_mod(xt).numpy()
@@ -450,3 +450,20 @@ def test_apply_rotary_bad_input(rng):
         P.apply_rotary_pos_emb(x, randn(rng, (2, 6, 8), np.float32), cos, sin)
     with pytest.raises(ValueError, match="x: expected an even"):
         P.rotate_half(randn(rng, (3, 5), np.float32))
+
+
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+def test_rope_and_tables_identical_with_1_and_4_threads(layout, rng):
+    import transformer_core as tc
+
+    x = randn(rng, (4, 8, 257, 64), np.float32)
+    before = tc.get_num_threads()
+    results = []
+    try:
+        for n in (1, 4):
+            tc.set_num_threads(n)
+            cos, sin = P.rotary_cos_sin(257, 64, offset=3)
+            results.append((P.apply_rotary(x, cos, sin, layout), P.sinusoidal_positional_encoding(3000, 64)))
+    finally:
+        tc.set_num_threads(before)
+    assert np.array_equal(results[0][0], results[1][0]) and np.array_equal(results[0][1], results[1][1])

@@ -1,5 +1,6 @@
 // The library's thread count. Defaults to OpenMP's (OMP_NUM_THREADS, else the core count), so that
-// threadpoolctl, which limits OpenMP through omp_set_num_threads, limits us too.
+// threadpoolctl, which limits OpenMP through omp_set_num_threads, limits us too. OpenBLAS itself is
+// kept single-threaded (module.cpp): every parallel loop is ours.
 #include "transformer_core/kernels/parallel.hpp"
 
 #include <stdexcept>

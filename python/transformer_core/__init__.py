@@ -5,14 +5,20 @@ pybind11; this package is its Python face: numpy arrays in, numpy arrays out.
 
 Layers of the package, from the bottom:
     functional   linear, softmax, layer_norm, gelu, relu, scaled_dot_product_attention
-    nn           MultiheadAttention, FeedForward, TransformerEncoderLayer (torch.nn's names)
+    positional   sinusoidal / learned positional encodings, RoPE
+    masks        causal and padding masks, converters from other conventions
+    nn           MultiheadAttention (GQA/MQA), FeedForward, LayerNorm, Transformer{Encoder,Decoder}[Layer],
+                 Transformer (torch.nn's names)
+    multihead_forms  weight conversions between the tutorials' multi-head forms and ours
     bert         BertEmbeddings, BertModel (Hugging Face checkpoints, no torch)
+    gpt2         GPT2Model, GPT2LMHeadModel, KVCache (decoding with a KV cache, generate)
     sentence_encoder  SentenceEncoder (all-MiniLM-L6-v2 embeddings)
 """
 
 from . import _core
-from . import functional, nn
+from . import functional, masks, multihead_forms, nn, positional
 from .bert import BertConfig, BertEmbeddings, BertModel, BertOutput
+from .positional import Embeddings, PositionalEncoding
 from .gpt2 import CausalLMOutput, GPT2Config, GPT2LMHeadModel, GPT2Model, KVCache
 from .sentence_encoder import SentenceEncoder, cosine_similarity, mean_pool
 from .tokenizer import Tokenizer
@@ -23,6 +29,11 @@ __all__ = [
     "__version__",
     "functional",
     "nn",
+    "masks",
+    "positional",
+    "multihead_forms",
+    "PositionalEncoding",
+    "Embeddings",
     "BertConfig",
     "BertEmbeddings",
     "BertModel",

@@ -31,12 +31,20 @@ def main(argv=None) -> int:
 
     sentences = list(args.sentences)
     if args.file:
-        with open(args.file, encoding="utf-8") as f:
-            sentences += [line.strip() for line in f if line.strip()]
+        try:
+            with open(args.file, encoding="utf-8") as f:
+                sentences += [line.strip() for line in f if line.strip()]
+        except OSError as e:
+            print(f"embed: --file: cannot read {args.file!r}: {e.strerror}", file=sys.stderr)
+            return 2
     if not sentences:
         print("embed: give sentences as arguments or with --file", file=sys.stderr)
         return 2
-    encoder = SentenceEncoder.from_pretrained(args.model)
+    try:
+        encoder = SentenceEncoder.from_pretrained(args.model)
+    except (FileNotFoundError, ValueError) as e:
+        print(f"embed: --model: {e}", file=sys.stderr)
+        return 2
     emb = encoder.encode(sentences, batch_size=args.batch_size)
     sim = cosine_similarity(emb)
     if args.json:

@@ -103,6 +103,7 @@ class BertModel(Module):
         sfx = self._init_dtype(dtype)
         self.config = config if isinstance(config, BertConfig) else BertConfig.from_dict(config)
         self._impl = getattr(_core, "BertModel" + sfx)(self.config._core_dict())
+        self._init_weights()
 
     def _rename_state_dict(self, state: dict) -> dict:
         # Drop classification heads of BertFor* checkpoints (cls.*) only when loading from a file.

@@ -26,6 +26,11 @@ __all__ = [
     "gelu",
     "relu",
     "scaled_dot_product_attention",
+    "sinusoidal_positional_encoding",
+    "rotary_cos_sin",
+    "rotate_half",
+    "apply_rotary",
+    "apply_rotary_pos_emb",
 ]
 
 
@@ -262,3 +267,14 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, *, query_mas
         out, weights = result
         return out.reshape(lead + (L, v.shape[-1])), weights.reshape(lead + (L, S))
     return result.reshape(lead + (L, v.shape[-1]))
+
+
+# Positional encodings live in positional.py (they import this module); re-exported here so that
+# every functional op is one import away.
+from .positional import (  # noqa: E402
+    apply_rotary,
+    apply_rotary_pos_emb,
+    rotary_cos_sin,
+    rotate_half,
+    sinusoidal_positional_encoding,
+)

@@ -181,6 +181,7 @@ class GPT2Model(Module):
         sfx = self._init_dtype(dtype)
         self.config = config if isinstance(config, GPT2Config) else GPT2Config.from_dict(config)
         self._impl = getattr(_core, "GPT2Model" + sfx)(self.config._core_dict())
+        self._init_weights()
 
     def _rename_state_dict(self, state: dict) -> dict:
         state = _rename_hf(state)

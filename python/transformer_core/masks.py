@@ -5,13 +5,10 @@ This is the convention of the whole library (``functional.scaled_dot_product_att
 ``F.scaled_dot_product_attention`` and of seed 001 (``masked_fill(mask == 0, -inf)``).
 Elsewhere the meanings differ, hence the converters:
 
-==================================  ====================================  ==========================
-source                              its meaning                           ours
-==================================  ====================================  ==========================
-torch ``nn.MultiheadAttention``     bool True = blocked / padding         :func:`from_torch_mha`
-additive float masks                0 = allowed, -inf (or -1e4..) blocked  :func:`from_additive`
-Hugging Face ``attention_mask``     1 = real token, 0 = padding           :func:`from_hf`
-==================================  ====================================  ==========================
+* torch ``nn.MultiheadAttention`` / ``nn.Transformer*`` bool masks: True = blocked (padding in
+  ``key_padding_mask``) -> :func:`from_torch_mha` (``~mask``);
+* additive float masks: 0 = allowed, -inf (or any value <= -1e4) = blocked -> :func:`from_additive`;
+* Hugging Face ``attention_mask``: 1 = real token, 0 = padding -> :func:`from_hf`;
 
 and :func:`to_additive` goes back to a 0 / -inf float mask.
 
@@ -108,10 +105,10 @@ def padding_mask(lengths, max_len: int | None = None) -> np.ndarray:
             ``max_len`` < 1.
     """
     arr = _to_numpy(lengths, "lengths")
-    if arr.dtype.kind not in "iu":
-        raise TypeError(f"lengths: expected integer lengths, got dtype {arr.dtype}")
     if arr.ndim != 1 or arr.size == 0:
         raise ValueError(f"lengths: expected a non-empty 1-D array (N,), got shape {arr.shape}")
+    if arr.dtype.kind not in "iu":
+        raise TypeError(f"lengths: expected integer lengths, got dtype {arr.dtype}")
     if arr.min() < 0:
         raise ValueError(f"lengths: expected lengths >= 0, got {int(arr.min())}")
     longest = int(arr.max())

@@ -114,7 +114,7 @@ class Module:
             if len(shape) >= 2:
                 bound = 1.0 / np.sqrt(shape[-1])
                 state[name] = rng.uniform(-bound, bound, size=shape)
-            elif "norm" in name.lower() and name.endswith("weight"):
+            elif name.endswith("weight") and ("norm" in name.lower() or name.split(".")[-2].startswith("ln_")):
                 state[name] = np.ones(shape)
             else:
                 state[name] = np.zeros(shape)

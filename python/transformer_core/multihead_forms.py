@@ -34,8 +34,13 @@ The forms (``E = embed_dim``, ``H = num_heads``, ``d = E / H``):
      ``self.values / self.keys / self.queries``, so Q, K, V are the inputs themselves: identity
      projections, only ``fc_out`` applied: :func:`from_einsum_as_written`.
 
-   Note also the seed's argument order, ``forward(values, keys, query, mask)``, and that it
-   masks with ``-1e20`` instead of ``-inf`` (the same softmax unless a whole row is masked).
+   Two more things to know when comparing with the listing: (a) its second einsum,
+   ``einsum("nhqk,nvhd->nqhd", [attention, values])``, gives the key and value positions separate
+   indices, so it sums the weights (to 1) and the values independently and returns
+   ``Σ_v values`` for every query, ignoring the attention; the conversions here are for the
+   corrected ``"nhqk,nkhd->nqhd"`` (the attention-weighted sum). (b) Its argument order is
+   ``forward(values, keys, query, mask)``, and it masks with ``-1e20`` instead of ``-inf`` (the
+   same softmax unless a whole row is masked).
 
 Every function takes a mapping of name -> array-like (numpy arrays, or torch tensors from
 ``module.state_dict()``), checks every name and shape, and returns a new dict of numpy arrays

@@ -124,8 +124,8 @@ class PositionalEncoding:
     Args:
         d_model: E, the model width (odd allowed: see :func:`sinusoidal_positional_encoding`).
         max_len: rows of the table (positions it can encode), default 5000.
-        base: wavelength base, default 10000.
         dtype: ``np.float32`` (default) or ``np.float64``; inputs are cast to it.
+        base: wavelength base (keyword only), default 10000.
 
     Attributes:
         pe: the table, ``(max_len, d_model)`` of ``dtype`` (e.g. to plot, as the tutorials do).
@@ -134,7 +134,7 @@ class PositionalEncoding:
         TypeError / ValueError: as :func:`sinusoidal_positional_encoding`.
     """
 
-    def __init__(self, d_model: int, max_len: int = 5000, base: float = 10000.0, dtype=np.float32):
+    def __init__(self, d_model: int, max_len: int = 5000, dtype=np.float32, *, base: float = 10000.0):
         self.dtype = resolve_dtype(dtype)
         self.d_model = check_positive_int(d_model, "d_model")
         self.max_len = check_positive_int(max_len, "max_len")

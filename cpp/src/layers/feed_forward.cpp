@@ -5,6 +5,8 @@
 #include <vector>
 
 #include "transformer_core/kernels/gemm.hpp"
+#include "transformer_core/kernels/parallel.hpp"
+#include "transformer_core/kernels/workspace.hpp"
 #include "transformer_core/ops/functional.hpp"
 
 namespace transformer_core::layers {
@@ -32,12 +34,15 @@ FeedForward<T>::FeedForward(int64_t d_model, int64_t dim_feedforward, Activation
 
 template <class T>
 void FeedForward<T>::forward(const T* x, int64_t rows, T* out) const {
-  std::vector<T> hidden(static_cast<size_t>(rows * dim_feedforward_));  // [rows, F]
-  kernels::linear(x, rows, d_model_, linear1_weight_.data(), bias_ ? linear1_bias_.data() : nullptr,
-                  dim_feedforward_, hidden.data());
-  ops::activation(hidden.data(), rows * dim_feedforward_, activation_);
-  kernels::linear(hidden.data(), rows, dim_feedforward_, linear2_weight_.data(),
-                  bias_ ? linear2_bias_.data() : nullptr, d_model_, out);
+  const int64_t F = dim_feedforward_;
+  T* hidden = kernels::workspace<T, 0>(static_cast<size_t>(rows * F));  // [rows, F]
+  // hidden = x · linear1ᵀ (one GEMM), then bias + activation fused in one pass
+  kernels::linear(x, rows, d_model_, linear1_weight_.data(), static_cast<const T*>(nullptr), F, hidden);
+  const T* b1 = bias_ ? linear1_bias_.data() : nullptr;
+  kernels::parallel_for(0, rows, std::max<int64_t>(1, 16384 / F), [&](int64_t r0, int64_t r1) {
+    kernels::bias_activation_rows(hidden + r0 * F, r1 - r0, F, b1, activation_);
+  });
+  kernels::linear(hidden, rows, F, linear2_weight_.data(), bias_ ? linear2_bias_.data() : nullptr, d_model_, out);
 }
 
 template class FeedForward<float>;

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "transformer_core/kernels/gemm.hpp"
+#include "transformer_core/kernels/workspace.hpp"
 
 namespace transformer_core::layers {
 
@@ -65,31 +66,30 @@ void MultiheadAttention<T>::forward(const T* query, const T* key, const T* value
   const T* bv = bias_ ? in_proj_bias_.data() + E + Ekv : nullptr;
 
   kernels::AttentionArgs<T> a;
-  std::vector<T> qkv, q_buf, k_buf, v_buf;
   const bool self_attention = packed_ && query == key && key == value && L == S;
   if (self_attention) {
     // qkv [N·L, E + 2·E_kv] = query [N·L, E] · in_proj_weightᵀ + in_proj_bias   (one GEMM)
     const int64_t width = E + 2 * Ekv;
-    qkv.resize(static_cast<size_t>(N * L * width));
-    kernels::linear(query, N * L, E, in_proj_weight_.data(), bq, width, qkv.data());
-    a.q = qkv.data();
-    a.k = qkv.data() + E;
-    a.v = qkv.data() + E + Ekv;
+    T* qkv = kernels::workspace<T, 10>(static_cast<size_t>(N * L * width));
+    kernels::linear(query, N * L, E, in_proj_weight_.data(), bq, width, qkv);
+    a.q = qkv;
+    a.k = qkv + E;
+    a.v = qkv + E + Ekv;
     a.q_stride_n = a.k_stride_n = a.v_stride_n = L * width;
     a.q_stride_l = a.k_stride_s = a.v_stride_s = width;
   } else {
     const T* wq = packed_ ? in_proj_weight_.data() : q_proj_weight_.data();
     const T* wk = packed_ ? in_proj_weight_.data() + E * E : k_proj_weight_.data();
     const T* wv = packed_ ? in_proj_weight_.data() + (E + Ekv) * E : v_proj_weight_.data();
-    q_buf.resize(static_cast<size_t>(N * L * E));
-    k_buf.resize(static_cast<size_t>(N * S * Ekv));
-    v_buf.resize(static_cast<size_t>(N * S * Ekv));
-    kernels::linear(query, N * L, E, wq, bq, E, q_buf.data());     // q [N·L, E]
-    kernels::linear(key, N * S, kdim_, wk, bk, Ekv, k_buf.data());   // k [N·S, E_kv]
-    kernels::linear(value, N * S, vdim_, wv, bv, Ekv, v_buf.data()); // v [N·S, E_kv]
-    a.q = q_buf.data();
-    a.k = k_buf.data();
-    a.v = v_buf.data();
+    T* q_buf = kernels::workspace<T, 11>(static_cast<size_t>(N * L * E));
+    T* k_buf = kernels::workspace<T, 12>(static_cast<size_t>(N * S * Ekv));
+    T* v_buf = kernels::workspace<T, 13>(static_cast<size_t>(N * S * Ekv));
+    kernels::linear(query, N * L, E, wq, bq, E, q_buf);       // q [N·L, E]
+    kernels::linear(key, N * S, kdim_, wk, bk, Ekv, k_buf);   // k [N·S, E_kv]
+    kernels::linear(value, N * S, vdim_, wv, bv, Ekv, v_buf); // v [N·S, E_kv]
+    a.q = q_buf;
+    a.k = k_buf;
+    a.v = v_buf;
     a.q_stride_n = L * E;
     a.q_stride_l = E;
     a.k_stride_n = a.v_stride_n = S * Ekv;
@@ -98,8 +98,8 @@ void MultiheadAttention<T>::forward(const T* query, const T* key, const T* value
   // Heads are column blocks of width D: [N, L, H·D] read as [N, H, L, D].
   a.q_stride_h = a.k_stride_h = a.v_stride_h = D;
 
-  std::vector<T> context(static_cast<size_t>(N * L * E));  // [N, L, H·D]
-  a.out = context.data();
+  T* context = kernels::workspace<T, 14>(static_cast<size_t>(N * L * E));  // [N, L, H·D]
+  a.out = context;
   a.o_stride_n = L * E;
   a.o_stride_h = D;
   a.o_stride_l = E;
@@ -116,7 +116,7 @@ void MultiheadAttention<T>::forward(const T* query, const T* key, const T* value
   ops::scaled_dot_product_attention(a, path);
 
   // out [N·L, E] = context · out_proj.weightᵀ + out_proj.bias
-  kernels::linear(context.data(), N * L, E, out_proj_weight_.data(), bias_ ? out_proj_bias_.data() : nullptr, E,
+  kernels::linear(context, N * L, E, out_proj_weight_.data(), bias_ ? out_proj_bias_.data() : nullptr, E,
                   out);
 }
 

@@ -3,10 +3,18 @@
 #include <vector>
 
 #include "transformer_core/kernels/parallel.hpp"
+#include "transformer_core/kernels/workspace.hpp"
 
 namespace transformer_core::layers {
 
 namespace {
+// A workspace pointer with .data(), so the layer code reads like vector code.
+template <class T>
+struct BufferT {
+  T* ptr;
+  T* data() const { return ptr; }
+};
+
 int64_t row_grain(int64_t n) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(n, 1)); }
 
 }  // namespace
@@ -72,10 +80,12 @@ TransformerEncoderLayer<T>::TransformerEncoderLayer(int64_t d_model, int64_t nhe
 template <class T>
 void TransformerEncoderLayer<T>::forward(const T* src, int64_t N, int64_t L, T* out, const MaskArgs<T>& masks,
                                          AttentionPath path) const {
+  using Buffer = BufferT<T>;
   const int64_t rows = N * L, E = d_model_;
-  std::vector<T> a(static_cast<size_t>(rows * E)), b(static_cast<size_t>(rows * E));
+  const size_t size = static_cast<size_t>(rows * E);
+  Buffer a{kernels::workspace<T, 20>(size)}, b{kernels::workspace<T, 21>(size)};
   if (norm_first_) {
-    std::vector<T> x(static_cast<size_t>(rows * E));
+    Buffer x{kernels::workspace<T, 22>(size)};
     norm1_.forward(src, rows, a.data());                                           // a = LN1(src)
     self_attn_.forward(a.data(), a.data(), a.data(), N, L, L, b.data(), masks, nullptr, path);
     add(src, b.data(), rows * E, x.data());                                         // x = src + SA(a)
@@ -114,8 +124,10 @@ template <class T>
 void TransformerDecoderLayer<T>::forward(const T* tgt, int64_t N, int64_t Tq, const T* memory, int64_t S, T* out,
                                          const MaskArgs<T>& self_masks, const MaskArgs<T>& cross_masks,
                                          AttentionPath path) const {
+  using Buffer = BufferT<T>;
   const int64_t rows = N * Tq, E = d_model_;
-  std::vector<T> x(static_cast<size_t>(rows * E)), a(static_cast<size_t>(rows * E)), b(static_cast<size_t>(rows * E));
+  const size_t size = static_cast<size_t>(rows * E);
+  Buffer x{kernels::workspace<T, 30>(size)}, a{kernels::workspace<T, 31>(size)}, b{kernels::workspace<T, 32>(size)};
   if (norm_first_) {
     norm1_.forward(tgt, rows, a.data());                                            // a = LN1(tgt)
     self_attn_.forward(a.data(), a.data(), a.data(), N, Tq, Tq, b.data(), self_masks, nullptr, path);

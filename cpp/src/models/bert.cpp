@@ -127,9 +127,10 @@ void BertModel<T>::forward(const int64_t* input_ids, const uint8_t* attention_ma
   for (const auto& layer : layers_) layer->forward(hidden, N, L, hidden, masks);
   if (pooled != nullptr && config_.add_pooling_layer) {
     // pooler_output [N, H] = tanh(hidden[:, 0] · Wᵀ + b)
-    kernels::gemm(false, true, N, H, H, T(1), hidden, L * H, pooler_weight_.data(), H, T(0), pooled, H);
-    for (int64_t n = 0; n < N; ++n)
-      for (int64_t j = 0; j < H; ++j) pooled[n * H + j] = std::tanh(pooled[n * H + j] + pooler_bias_[j]);
+    std::vector<T> cls(static_cast<size_t>(N * H));  // hidden[:, 0]
+    for (int64_t n = 0; n < N; ++n) std::copy(hidden + n * L * H, hidden + n * L * H + H, cls.data() + n * H);
+    kernels::linear(cls.data(), N, H, pooler_weight_.data(), pooler_bias_.data(), H, pooled);
+    for (int64_t i = 0; i < N * H; ++i) pooled[i] = std::tanh(pooled[i]);
   }
 }
 

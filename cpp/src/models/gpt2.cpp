@@ -18,8 +18,7 @@ std::string str(int64_t v) { return std::to_string(v); }
 // y[rows, out] = x[rows, in] · w[in, out] + b[out]     (Hugging Face's Conv1D)
 template <class T>
 void conv1d(const T* x, int64_t rows, int64_t in, const T* w, const T* b, int64_t out, T* y) {
-  for (int64_t r = 0; r < rows; ++r) std::copy(b, b + out, y + r * out);
-  kernels::gemm(false, false, rows, out, in, T(1), x, in, w, out, T(1), y, out);
+  kernels::linear(x, rows, in, w, b, out, y, /*w_in_out=*/true);
 }
 }  // namespace
 
@@ -182,8 +181,8 @@ void GPT2Model<T>::forward(const int64_t* ids, int64_t N, int64_t L, const uint8
 
 template <class T>
 void GPT2Model<T>::lm_head(const T* hidden, int64_t rows, T* logits) const {
-  kernels::gemm(false, true, rows, config_.vocab_size, config_.n_embd, T(1), hidden, config_.n_embd, wte_.data(),
-                config_.n_embd, T(0), logits, config_.vocab_size);
+  kernels::linear(hidden, rows, config_.n_embd, wte_.data(), static_cast<const T*>(nullptr), config_.vocab_size,
+                  logits);
 }
 
 template class KVCache<float>;

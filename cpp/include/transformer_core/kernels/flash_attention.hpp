@@ -41,8 +41,12 @@ namespace flash_detail {
 //   * Bc = 256 keys: the score tile [64, 256] (64 KiB) and the k, v blocks [256, D] (64 KiB each)
 //     stay in L2 between the two GEMMs and the softmax pass; smaller Bc pays the per-GEMM packing
 //     overhead more often, larger Bc spills L2 for bigger D.
-constexpr int64_t kBlockRows = 64;   // Br
+constexpr int64_t kBlockRows = 128;  // Br
 constexpr int64_t kBlockKeys = 256;  // Bc
+// One query row (decoding): the tile is [1, Bc], so a long key block costs nothing and saves calls.
+constexpr int64_t kBlockKeysOneRow = 2048;
+// Rows per GEMM on a block that straddles the causal diagonal (see flash_block).
+constexpr int64_t kDiagRows = 32;
 // Below this many flops (≈ 20 µs of work) the whole call runs on the calling thread, from a stack
 // buffer of kStackElems elements when one tile fits in it: no heap, no parallel region.
 constexpr double kSerialFlops = double(1 << 19);
@@ -195,6 +199,19 @@ inline int64_t ld_for(int64_t ld, int64_t rows, int64_t cols) {
   return rows <= 1 ? std::max<int64_t>({ld, cols, 1}) : ld;
 }
 
+// Matrix-vector products for the one-query-row case (decoding), where a GEMM with m = 1 pays
+// for packing k and v:   y[m] = alpha · a[m, n] · x[n] + beta · y   (trans: y[n] = alpha · aᵀ x)
+inline void gemv(bool trans, int64_t m, int64_t n, float alpha, const float* a, int64_t lda,
+                 const float* x, float beta, float* y) {
+  cblas_sgemv(CblasRowMajor, trans ? CblasTrans : CblasNoTrans, static_cast<int>(m),
+              static_cast<int>(n), alpha, a, static_cast<int>(lda), x, 1, beta, y, 1);
+}
+inline void gemv(bool trans, int64_t m, int64_t n, double alpha, const double* a, int64_t lda,
+                 const double* x, double beta, double* y) {
+  cblas_dgemv(CblasRowMajor, trans ? CblasTrans : CblasNoTrans, static_cast<int>(m),
+              static_cast<int>(n), alpha, a, static_cast<int>(lda), x, 1, beta, y, 1);
+}
+
 // One thread's tile buffers.
 template <class T>
 struct Tile {
@@ -227,65 +244,90 @@ void flash_block(const AttentionArgs<T>& a, int64_t n, int64_t h, int64_t l0, in
     l[i] = T(0);
   }
   bool first = true;  // o not yet written: the first P·V product overwrites it (beta = 0)
-  T* s_tile = tile.s;
   for (int64_t s0 = s_begin; s0 < s_end; s0 += bc) {
     // Keys [s0, s0 + cols) of this block; with a causal mask, row i sees the first vis_i of them,
     // the last row the most (cols), so columns beyond cols are masked for every row.
-    int64_t cols = std::min(bc, s_end - s0);
+    const int64_t cols = std::min(bc, s_end - s0);
     // A block is fully visible when even the first row sees its last key: no causal work.
     const bool causal_here = a.is_causal && s0 + cols - 1 > l0 + a.causal_offset;
-
-    // x[br, cols] = scale · q[br, D] · k[s0 : s0+cols, D]ᵀ
-    if (D > 0) {
-      gemm(false, true, br, cols, D, a.scale, q, ld_for(a.q_stride_l, br, D), k + s0 * a.k_stride_s,
-           ld_for(a.k_stride_s, cols, D), T(0), s_tile, bc);
-    } else {
-      for (int64_t i = 0; i < br; ++i) std::fill(s_tile + i * bc, s_tile + i * bc + cols, T(0));
-    }
     if (key_mask_only) {
       const uint8_t* km = a.key_mask + n * a.key_mask_stride_n + s0 * a.key_mask_stride_s;
       for (int64_t j = 0; j < cols; ++j) tile.valid[j] = km[j * a.key_mask_stride_s] != 0;
     }
-
-    for (int64_t i = 0; i < br; ++i) {
-      T* x = s_tile + i * bc;  // x_i[cols]
-      const int64_t vis = causal_here ? std::clamp<int64_t>(l0 + i + a.causal_offset + 1 - s0, 0, cols)
-                                      : cols;
-      // Masks, then the block's row max  m̃ = max_j x_ij  (fused for the key-padding mask)
-      T m_blk;
-      if (generic_masks) {
-        apply_masks_row(a, n, h, l0 + i, s0, vis, x);
-        m_blk = row_max(x, vis);
-      } else if (key_mask_only) {
-        m_blk = mask_row_max(x, tile.valid, vis);
-      } else {
-        m_blk = row_max(x, vis);
+    // A block on the causal diagonal is done in groups of kDiagRows rows, each group's products
+    // cut at its own last visible key: about half the diagonal tile's work instead of all of it.
+    const int64_t group_rows = causal_here ? kDiagRows : br;
+    for (int64_t i0 = 0; i0 < br; i0 += group_rows) {
+      const int64_t rows = std::min(group_rows, br - i0);
+      const int64_t g_cols =
+          causal_here ? std::clamp<int64_t>(l0 + i0 + rows + a.causal_offset - s0, 0, cols) : cols;
+      T* o_g = o + i0 * Dv;  // [rows, Dv]
+      if (g_cols == 0) {     // the group sees no key of this block: it keeps its m, l, o
+        if (first) std::fill(o_g, o_g + rows * Dv, T(0));
+        continue;
       }
-      // m_new = max(m_old, m̃); all -inf so far (nothing visible yet): exponents relative to 0, so
-      // every -inf gives exp = 0 and a NaN still gives NaN.
-      const T m_old = m[i];
-      const T m_new = m_blk > m_old ? m_blk : m_old;
-      const T m_use = m_new == neg_inf ? T(0) : m_new;
-      // p_ij = exp(x_ij - m_new)  (masked columns past vis: 0),   l̃ = Σ_j p_ij
-      const T l_blk = exp_row_sum(x, vis, m_use);
-      std::fill(x + vis, x + cols, T(0));
-      // α = exp(m_old - m_new):   l_i ← α l_i + l̃,   o_i ← α o_i   (o_i gets + p_i · v next)
-      if (!first) {
-        const T alpha = m_old == m_use ? T(1) : std::exp(m_old - m_use);
-        if (alpha != T(1)) {
-          T* oi = o + i * Dv;
-          for (int64_t j = 0; j < Dv; ++j) oi[j] *= alpha;
+      T* x_g = tile.s + i0 * bc;  // [rows, g_cols] of the score tile (row stride Bc)
+      const T* q_g = q + i0 * a.q_stride_l;
+      const T* k_b = k + s0 * a.k_stride_s;  // [g_cols, D]
+      const T* v_b = v + s0 * a.v_stride_s;  // [g_cols, Dv]
+
+      // x[rows, g_cols] = scale · q[rows, D] · k[s0 : s0+g_cols, D]ᵀ    (one row: x = scale · k q;
+      // gemv's y is zeroed and beta = 1, as some BLAS versions scale y by beta = 0, keeping NaN)
+      if (D == 0) {
+        for (int64_t i = 0; i < rows; ++i) std::fill(x_g + i * bc, x_g + i * bc + g_cols, T(0));
+      } else if (rows == 1) {
+        std::fill(x_g, x_g + g_cols, T(0));
+        gemv(false, g_cols, D, a.scale, k_b, ld_for(a.k_stride_s, g_cols, D), q_g, T(1), x_g);
+      } else {
+        gemm(false, true, rows, g_cols, D, a.scale, q_g, a.q_stride_l, k_b,
+             ld_for(a.k_stride_s, g_cols, D), T(0), x_g, bc);
+      }
+
+      for (int64_t i = i0; i < i0 + rows; ++i) {
+        T* x = tile.s + i * bc;  // x_i[g_cols]
+        const int64_t vis =
+            causal_here ? std::clamp<int64_t>(l0 + i + a.causal_offset + 1 - s0, 0, g_cols) : g_cols;
+        // Masks, then the block's row max  m̃ = max_j x_ij  (fused for the key-padding mask)
+        T m_blk;
+        if (generic_masks) {
+          apply_masks_row(a, n, h, l0 + i, s0, vis, x);
+          m_blk = row_max(x, vis);
+        } else if (key_mask_only) {
+          m_blk = mask_row_max(x, tile.valid, vis);
+        } else {
+          m_blk = row_max(x, vis);
         }
-        l[i] = alpha * l[i] + l_blk;
-      } else {
-        l[i] = l_blk;
+        // m_new = max(m_old, m̃); all -inf so far (nothing visible yet): exponents relative to 0,
+        // so every -inf gives exp = 0 and a NaN still gives NaN.
+        const T m_old = m[i];
+        const T m_new = m_blk > m_old ? m_blk : m_old;
+        const T m_use = m_new == neg_inf ? T(0) : m_new;
+        // p_ij = exp(x_ij - m_new)  (causally masked columns past vis: 0),   l̃ = Σ_j p_ij
+        const T l_blk = exp_row_sum(x, vis, m_use);
+        std::fill(x + vis, x + g_cols, T(0));
+        // α = exp(m_old - m_new):   l_i ← α l_i + l̃,   o_i ← α o_i   (o_i gets + p_i · v next)
+        if (!first) {
+          const T alpha = m_old == m_use ? T(1) : std::exp(m_old - m_use);
+          if (alpha != T(1)) {
+            T* oi = o + i * Dv;
+            for (int64_t j = 0; j < Dv; ++j) oi[j] *= alpha;
+          }
+          l[i] = alpha * l[i] + l_blk;
+        } else {
+          l[i] = l_blk;
+        }
+        m[i] = m_new;
       }
-      m[i] = m_new;
-    }
 
-    // o[br, Dv] (+)= p[br, cols] · v[s0 : s0+cols, Dv]
-    gemm(false, false, br, Dv, cols, T(1), s_tile, ld_for(bc, br, cols), v + s0 * a.v_stride_s,
-         ld_for(a.v_stride_s, cols, Dv), first ? T(0) : T(1), o, Dv);
+      // o[rows, Dv] (+)= p[rows, g_cols] · v[s0 : s0+g_cols, Dv]      (one row: o (+)= vᵀ p)
+      if (rows == 1) {
+        if (first) std::fill(o_g, o_g + Dv, T(0));
+        gemv(true, g_cols, Dv, T(1), v_b, ld_for(a.v_stride_s, g_cols, Dv), x_g, T(1), o_g);
+      } else {
+        gemm(false, false, rows, Dv, g_cols, T(1), x_g, bc, v_b, ld_for(a.v_stride_s, g_cols, Dv),
+             first ? T(0) : T(1), o_g, Dv);
+      }
+    }
     first = false;
   }
   if (first)  // no key in range
@@ -350,13 +392,13 @@ void attention_flash(const AttentionArgs<T>& a) {
   }
 
   const int64_t br_max = std::min(kBlockRows, L);
-  const int64_t bc = std::min(kBlockKeys, S);
+  const int64_t bc = std::min(L == 1 ? kBlockKeysOneRow : kBlockKeys, S);
   const double flops = 2.0 * double(N * H) * double(L) * double(S) * double(D + Dv);
 
   // Tiny problems: one thread, the tile on the stack.
-  if (flops < kSerialFlops && br_max * bc + br_max * Dv + 2 * br_max <= kStackElems && bc <= kBlockKeys) {
+  if (flops < kSerialFlops && br_max * bc + br_max * Dv + 2 * br_max <= kStackElems) {
     alignas(64) T buf[kStackElems];
-    alignas(64) uint8_t valid[kBlockKeys];
+    alignas(64) uint8_t valid[kStackElems];
     flash_serial(a, br_max, bc, buf, valid);
     return;
   }
@@ -365,13 +407,13 @@ void attention_flash(const AttentionArgs<T>& a) {
   const int64_t q_blocks = (L + br_max - 1) / br_max;
   const int64_t base_tasks = N * H * q_blocks;  // (n, h, query block)
 
-  // Split the keys when there are too few tasks: chunks of whole key blocks, ≥ kMinChunk keys.
+  // Split the keys when there are too few tasks: chunks of ≥ kMinChunk keys (a multiple of 64).
   const int64_t min_tasks = std::max<int64_t>(kMinTasks, 2 * int64_t(num_threads));
   int64_t chunks = 1, chunk_len = S;
   if (base_tasks < min_tasks && S >= 2 * kMinChunk) {
     const int64_t want = (min_tasks + base_tasks - 1) / base_tasks;
     chunks = std::min(want, S / kMinChunk);
-    chunk_len = ((S + chunks - 1) / chunks + bc - 1) / bc * bc;
+    chunk_len = ((S + chunks - 1) / chunks + 63) / 64 * 64;
     chunks = (S + chunk_len - 1) / chunk_len;
   }
 

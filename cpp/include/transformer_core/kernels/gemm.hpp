@@ -4,13 +4,36 @@
 
 #include <cblas.h>
 
+#include <algorithm>
 #include <cstdint>
 
+#include "transformer_core/kernels/parallel.hpp"
+
 namespace transformer_core::kernels {
+
+// OpenBLAS (OpenMP build) sizes its team from omp_get_max_threads() unless it is called inside a
+// parallel region. Every GEMM of ours runs single-threaded — our parallel_for splits the work — so
+// outside a region the guard sets this thread's OpenMP count to 1 for the call. That keeps one
+// threading runtime, no oversubscription, and results that do not depend on the thread count.
+class SingleThreadedBlas {
+ public:
+  SingleThreadedBlas() : saved_(omp_in_parallel() ? 0 : omp_get_max_threads()) {
+    if (saved_ > 1) omp_set_num_threads(1);
+  }
+  ~SingleThreadedBlas() {
+    if (saved_ > 1) omp_set_num_threads(saved_);
+  }
+  SingleThreadedBlas(const SingleThreadedBlas&) = delete;
+  SingleThreadedBlas& operator=(const SingleThreadedBlas&) = delete;
+
+ private:
+  int saved_;
+};
 
 inline void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                  const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
                  int64_t ldc) {
+  SingleThreadedBlas single;
   cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
               static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), alpha, a,
               static_cast<int>(lda), b, static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
@@ -19,27 +42,40 @@ inline void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, fl
 inline void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha,
                  const double* a, int64_t lda, const double* b, int64_t ldb, double beta, double* c,
                  int64_t ldc) {
+  SingleThreadedBlas single;
   cblas_dgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
               static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), alpha, a,
               static_cast<int>(lda), b, static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
 }
 
 // y[m, n] = x[m, k] · wᵀ + bias      w: [n, k] (torch's nn.Linear layout)   bias: [n] or nullptr
+// With w_in_out, w is [k, n] and y = x · w + bias (Hugging Face's Conv1D layout, GPT-2).
+//
+// Parallel over fixed tiles of y (kLinearTileRows × kLinearTileCols), each one single-threaded
+// GEMM inside our parallel region. The tiles do not depend on the thread count, and every element
+// is accumulated over k in the same order, so the result is bitwise the same for 1 or 2 threads.
+constexpr int64_t kLinearTileRows = 64;
+constexpr int64_t kLinearTileCols = 512;
+
 template <class T>
-inline void linear(const T* x, int64_t m, int64_t k, const T* w, const T* bias, int64_t n, T* y) {
+inline void linear(const T* x, int64_t m, int64_t k, const T* w, const T* bias, int64_t n, T* y,
+                   bool w_in_out = false) {
   if (m == 0 || n == 0) return;
-  T beta = T(0);
-  if (bias != nullptr) {
-    for (int64_t i = 0; i < m; ++i)
-      for (int64_t j = 0; j < n; ++j) y[i * n + j] = bias[j];
-    beta = T(1);
-  }
-  if (k == 0) {
-    if (bias == nullptr)
-      for (int64_t i = 0; i < m * n; ++i) y[i] = T(0);
-    return;
-  }
-  gemm(false, true, m, n, k, T(1), x, k, w, k, beta, y, n);
+  const int64_t row_tiles = (m + kLinearTileRows - 1) / kLinearTileRows;
+  const int64_t col_tiles = (n + kLinearTileCols - 1) / kLinearTileCols;
+  parallel_tasks(row_tiles * col_tiles, [&](int64_t task, int) {
+    const int64_t r0 = (task / col_tiles) * kLinearTileRows, c0 = (task % col_tiles) * kLinearTileCols;
+    const int64_t rows = std::min(kLinearTileRows, m - r0), cols = std::min(kLinearTileCols, n - c0);
+    T* yt = y + r0 * n + c0;
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t j = 0; j < cols; ++j) yt[i * n + j] = bias != nullptr ? bias[c0 + j] : T(0);
+    if (k == 0) return;
+    if (w_in_out) {
+      gemm(false, false, rows, cols, k, T(1), x + r0 * k, k, w + c0, n, T(1), yt, n);
+    } else {
+      gemm(false, true, rows, cols, k, T(1), x + r0 * k, k, w + c0 * k, k, T(1), yt, n);
+    }
+  });
 }
 
 }  // namespace transformer_core::kernels

@@ -1,0 +1,453 @@
+"""tc.nn.TransformerDecoderLayer, TransformerEncoder / TransformerDecoder stacks, LayerNorm and the
+encoder-decoder tc.nn.Transformer vs torch.
+
+The torch references are torch.nn.TransformerDecoderLayer / TransformerEncoder / TransformerDecoder /
+Transformer(batch_first=True, dropout=0.0).eval() under no_grad with the MHA fast path disabled
+(conftest), loaded with the same (randomised) weights. Our bool masks are True = may attend (torch's
+nn layers: True = blocked, so torch gets ~mask); our *_key_mask True = real token (torch:
+key_padding_mask = ~key_mask). torch's ``*_is_causal`` are only hints, so torch always gets the
+explicit causal mask.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import transformer_core as tc
+from conftest import (DTYPE_IDS, FLOAT_DTYPES, TORCH_DTYPE, assert_close, module_state_to_numpy,
+                      randn, states_equal, to_torch)
+
+
+def _randomise(m: torch.nn.Module) -> torch.nn.Module:
+    with torch.no_grad():  # biases start at 0 and norms at 1/0: randomise everything
+        for name, p in m.named_parameters():
+            if "norm" in name and name.endswith("weight"):
+                p.copy_(1.0 + 0.3 * torch.randn_like(p))
+            else:
+                p.copy_(torch.randn_like(p) * 0.3)
+    return m
+
+
+def make_pair(d, h, f, activation, norm_first, dtype, bias=True, eps=1e-5):
+    ref = torch.nn.TransformerDecoderLayer(d, h, dim_feedforward=f, dropout=0.0, activation=activation,
+                                          layer_norm_eps=eps, batch_first=True, norm_first=norm_first,
+                                          bias=bias)
+    ref = _randomise(ref.to(TORCH_DTYPE[np.dtype(dtype)]).eval())
+    ours = tc.nn.TransformerDecoderLayer(d, h, dim_feedforward=f, activation=activation, layer_norm_eps=eps,
+                                         norm_first=norm_first, bias=bias, dtype=dtype)
+    ours.load_state_dict(module_state_to_numpy(ref))
+    return ours, ref
+
+
+def _tmask(m):
+    if m is None:
+        return None
+    return ~to_torch(m) if m.dtype == np.bool_ else to_torch(m)
+
+
+def _kpm(km):
+    return None if km is None else ~to_torch(km)
+
+
+def torch_decoder(ref, tgt, mem, tgt_mask=None, memory_mask=None, tgt_key_mask=None, memory_key_mask=None):
+    with torch.no_grad():
+        return ref(to_torch(tgt), to_torch(mem), tgt_mask=_tmask(tgt_mask), memory_mask=_tmask(memory_mask),
+                   tgt_key_padding_mask=_kpm(tgt_key_mask),
+                   memory_key_padding_mask=_kpm(memory_key_mask)).numpy()
+
+
+def _padding(rng, N, S):
+    lengths = rng.integers(1, S + 1, size=N)
+    lengths[0] = max(1, S - 2) if S > 1 else 1
+    return np.arange(S) < lengths[:, None]
+
+
+def _causal(T, S=None):
+    S = T if S is None else S
+    return np.arange(S)[None, :] <= np.arange(T)[:, None]
+
+
+CONFIGS = [(9, 3, 17), (8, 1, 8), (16, 8, 24)]
+CONFIG_IDS = [f"d{d}h{h}f{f}" for d, h, f in CONFIGS]
+NTS = [(1, 1, 1), (2, 7, 5), (7, 7, 7), (3, 5, 11)]  # (N, T, S): batch == seq, T != S
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("norm_first", [False, True], ids=["post_norm", "pre_norm"])
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+@pytest.mark.parametrize("N,T,S", NTS, ids=[f"N{n}T{t}S{s}" for n, t, s in NTS])
+@pytest.mark.parametrize("d,h,f", CONFIGS, ids=CONFIG_IDS)
+def test_decoder_layer_matches_torch(rng, d, h, f, N, T, S, activation, norm_first, dtype):
+    ours, ref = make_pair(d, h, f, activation, norm_first, dtype)
+    tgt = randn(rng, (N, T, d), dtype)
+    mem = randn(rng, (N, S, d), dtype)
+    out = ours(tgt, mem)
+    assert out.dtype == np.dtype(dtype) and out.shape == (N, T, d)
+    assert_close(out, torch_decoder(ref, tgt, mem), dtype, what="decoder layer")
+    # causal self-attention, padded target and memory
+    tkm, mkm = _padding(rng, N, T), _padding(rng, N, S)
+    out = ours(tgt, mem, tgt_key_mask=tkm, memory_key_mask=mkm, tgt_is_causal=True)
+    r = torch_decoder(ref, tgt, mem, tgt_mask=_causal(T), tgt_key_mask=tkm, memory_key_mask=mkm)
+    assert_close(out[tkm], r[tkm], dtype, what="decoder layer causal + padding (real rows)")
+    assert np.all(np.isfinite(out))
+
+
+MASK_KINDS = ["tgt_bool", "tgt_float", "tgt_causal_flag", "tgt_3d", "mem_bool", "mem_float", "mem_4d",
+              "mem_causal_flag", "tgt_key", "mem_key", "all", "tgt_fully_masked_row",
+              "mem_fully_masked_row", "mem_key_all_padded"]
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("kind", MASK_KINDS)
+@pytest.mark.parametrize("norm_first", [False, True], ids=["post_norm", "pre_norm"])
+def test_decoder_layer_masks(rng, kind, norm_first, dtype):
+    d, h, f, N, T, S = 12, 3, 29, 3, 7, 9
+    ours, ref = make_pair(d, h, f, "gelu", norm_first, dtype)
+    tgt = randn(rng, (N, T, d), dtype)
+    mem = randn(rng, (N, S, d), dtype)
+    kw, tkw = {}, {}
+    if kind == "tgt_bool" or kind == "all" or kind == "tgt_fully_masked_row":
+        m = rng.random((T, T)) < 0.6
+        m[:, 0] = True
+        if kind == "tgt_fully_masked_row":
+            m[3] = False
+        kw["tgt_mask"] = tkw["tgt_mask"] = m
+    if kind == "tgt_float":
+        kw["tgt_mask"] = tkw["tgt_mask"] = randn(rng, (T, T), dtype)
+    if kind == "tgt_causal_flag":
+        kw["tgt_is_causal"] = True
+        tkw["tgt_mask"] = _causal(T)
+    if kind == "tgt_3d":
+        m = rng.random((N * h, T, T)) < 0.6
+        m[..., 0] = True
+        kw["tgt_mask"] = tkw["tgt_mask"] = m
+    if kind in ("mem_bool", "all", "mem_fully_masked_row"):
+        m = rng.random((T, S)) < 0.6
+        m[:, 1] = True
+        if kind == "mem_fully_masked_row":
+            m[2] = False
+        kw["memory_mask"] = tkw["memory_mask"] = m
+    if kind == "mem_float":
+        kw["memory_mask"] = tkw["memory_mask"] = randn(rng, (T, S), dtype)
+    if kind == "mem_4d":
+        m = rng.random((N, h, T, S)) < 0.6
+        m[..., 1] = True
+        kw["memory_mask"] = m
+        tkw["memory_mask"] = m.reshape(N * h, T, S)  # torch takes (N·nhead, T, S)
+    if kind == "mem_causal_flag":
+        kw["memory_is_causal"] = True
+        tkw["memory_mask"] = _causal(T, S)
+    tkm = None
+    if kind in ("tgt_key", "all"):
+        tkm = _padding(rng, N, T)
+        kw["tgt_key_mask"] = tkw["tgt_key_mask"] = tkm
+    if kind in ("mem_key", "all"):
+        kw["memory_key_mask"] = tkw["memory_key_mask"] = _padding(rng, N, S)
+    if kind == "mem_key_all_padded":
+        mkm = np.ones((N, S), bool)
+        mkm[1] = False  # every memory position of sample 1 is padding
+        kw["memory_key_mask"] = tkw["memory_key_mask"] = mkm
+    out = ours(tgt, mem, **kw)
+    r = torch_decoder(ref, tgt, mem, **tkw)
+    assert out.shape == (N, T, d)
+    assert np.all(np.isfinite(out)), "our layer must not produce NaN"
+    rows = np.ones((N, T), bool) if tkm is None else tkm.copy()
+    rows &= np.isfinite(r).all(-1)  # torch may give NaN on fully masked rows
+    if kind == "mem_key_all_padded":
+        rows[1] = False
+    if kind.endswith("fully_masked_row") or kind == "mem_key_all_padded":
+        # Our fully masked attention rows contribute zeros before out_proj: check against a torch
+        # run where the masked attention output is replaced by exactly that (out_proj.bias).
+        r2 = _torch_decoder_zero_rows(ref, tgt, mem, kind, tkw)
+        assert_close(out, r2, dtype, what=f"decoder {kind} (fully masked rows as zero attention)")
+    assert rows.any()
+    assert_close(out[rows], r[rows], dtype, what=f"decoder layer mask {kind}")
+
+
+def _torch_decoder_zero_rows(ref, tgt, mem, kind, tkw):
+    """torch's decoder layer, written out, with fully masked attention rows giving 0 (pre out_proj)."""
+    import torch.nn.functional as TF
+
+    def mha(attn, x, kv, allow):  # allow: (N or 1, 1, T, S) bool True = attend
+        E = x.shape[-1]
+        H = attn.num_heads
+        W, b = attn.in_proj_weight, attn.in_proj_bias
+        q, k, v = TF.linear(x, W[:E], b[:E]), TF.linear(kv, W[E:2 * E], b[E:2 * E]), TF.linear(kv, W[2 * E:], b[2 * E:])
+        N, T, S = x.shape[0], x.shape[1], kv.shape[1]
+        q, k, v = (t.view(N, -1, H, E // H).transpose(1, 2) for t in (q, k, v))
+        s = (q @ k.transpose(-1, -2)) / np.sqrt(E // H)
+        s = s.masked_fill(~allow, float("-inf"))
+        p = torch.nan_to_num(torch.softmax(s, -1), nan=0.0)
+        o = (p @ v).transpose(1, 2).reshape(N, T, E)
+        return attn.out_proj(o)
+
+    with torch.no_grad():
+        x, m = to_torch(tgt), to_torch(mem)
+        N, T, S = x.shape[0], x.shape[1], m.shape[1]
+        sa = torch.ones(1, 1, T, T, dtype=torch.bool)
+        if "tgt_mask" in tkw:
+            sa = sa & to_torch(tkw["tgt_mask"])
+        ca = torch.ones(1, 1, T, S, dtype=torch.bool)
+        if "memory_mask" in tkw:
+            ca = ca & to_torch(tkw["memory_mask"])
+        if "memory_key_mask" in tkw:
+            ca = ca & to_torch(tkw["memory_key_mask"])[:, None, None, :]
+        act = TF.gelu
+        ff = lambda y: ref.linear2(act(ref.linear1(y)))  # noqa: E731
+        if ref.norm_first:
+            x = x + mha(ref.self_attn, ref.norm1(x), ref.norm1(x), sa)
+            x = x + mha(ref.multihead_attn, ref.norm2(x), m, ca)
+            x = x + ff(ref.norm3(x))
+        else:
+            x = ref.norm1(x + mha(ref.self_attn, x, x, sa))
+            x = ref.norm2(x + mha(ref.multihead_attn, x, m, ca))
+            x = ref.norm3(x + ff(x))
+    return x.numpy()
+
+
+@pytest.mark.parametrize("eps", [1e-5, 1e-12, 1e-2])
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
+def test_decoder_layer_eps_and_bias(rng, eps, bias):
+    ours, ref = make_pair(9, 3, 17, "relu", True, np.float32, bias=bias, eps=eps)
+    tgt, mem = randn(rng, (2, 7, 9)), randn(rng, (2, 4, 9))
+    assert_close(ours(tgt, mem), torch_decoder(ref, tgt, mem), np.float32)
+    assert set(ours.state_dict()) == set(module_state_to_numpy(ref))
+
+
+@pytest.mark.parametrize("path", ["flash", "reference"])
+def test_decoder_layer_paths(rng, path):
+    ours, ref = make_pair(16, 4, 32, "relu", False, np.float32)
+    tgt, mem = randn(rng, (2, 65, 16)), randn(rng, (2, 70, 16))
+    out = ours(tgt, mem, tgt_is_causal=True, path=path)
+    assert_close(out, torch_decoder(ref, tgt, mem, tgt_mask=_causal(65)), np.float32)
+
+
+def test_decoder_layer_state_dict(rng):
+    ours, ref = make_pair(9, 3, 17, "relu", False, np.float32)
+    ref_sd = module_state_to_numpy(ref)
+    sd = ours.state_dict()
+    assert set(sd) == set(ref_sd)
+    for k in ref_sd:
+        np.testing.assert_array_equal(np.asarray(sd[k]), ref_sd[k])
+    before = {k: np.array(v, copy=True) for k, v in sd.items()}
+    bad = dict(ref_sd)
+    bad["multihead_attn.in_proj_weight"] = np.zeros((27, 8), np.float32)
+    with pytest.raises(ValueError, match="multihead_attn.in_proj_weight"):
+        ours.load_state_dict(bad)
+    bad = dict(ref_sd)
+    del bad["norm3.bias"]
+    with pytest.raises(ValueError, match="norm3.bias"):
+        ours.load_state_dict(bad)
+    bad = dict(ref_sd)
+    bad["extra.weight"] = np.zeros(3, np.float32)
+    with pytest.raises(ValueError, match="extra.weight"):
+        ours.load_state_dict(bad)
+    assert states_equal(ours.state_dict(), before)
+
+
+def test_decoder_layer_bad_input(rng):
+    layer = tc.nn.TransformerDecoderLayer(12, 3, dim_feedforward=16)
+    tgt, mem = randn(rng, (2, 5, 12)), randn(rng, (2, 7, 12))
+    with pytest.raises(ValueError, match="tgt"):
+        layer(randn(rng, (2, 5, 8)), mem)
+    with pytest.raises(ValueError, match="tgt"):
+        layer(randn(rng, (5, 12)), mem)
+    with pytest.raises(ValueError, match="memory"):
+        layer(tgt, randn(rng, (3, 7, 12)))
+    with pytest.raises(ValueError, match="memory"):
+        layer(tgt, randn(rng, (2, 7, 10)))
+    with pytest.raises(ValueError, match="tgt_mask"):
+        layer(tgt, mem, tgt_mask=np.ones((5, 7), bool))
+    with pytest.raises(ValueError, match="memory_mask"):
+        layer(tgt, mem, memory_mask=np.ones((5, 5), bool))
+    with pytest.raises(TypeError, match="memory_mask"):
+        layer(tgt, mem, memory_mask=np.ones((5, 7), np.int64))
+    with pytest.raises(ValueError, match="tgt_key_mask"):
+        layer(tgt, mem, tgt_key_mask=np.ones((2, 7), bool))
+    with pytest.raises(ValueError, match="memory_key_mask"):
+        layer(tgt, mem, memory_key_mask=np.ones((2, 5), bool))
+    with pytest.raises(ValueError, match="d_model"):
+        tc.nn.TransformerDecoderLayer(10, 3)
+    with pytest.raises(ValueError, match="activation"):
+        tc.nn.TransformerDecoderLayer(12, 3, activation="tanh")
+    with pytest.raises(ValueError, match="layer_norm_eps"):
+        tc.nn.TransformerDecoderLayer(12, 3, layer_norm_eps=-1.0)
+    with pytest.raises(ValueError, match="nhead"):
+        tc.nn.TransformerDecoderLayer(12, 0)
+
+
+# -------------------------------------------------------------------------------------- LayerNorm
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
+@pytest.mark.parametrize("eps", [1e-5, 1e-2])
+@pytest.mark.parametrize("shape", [(1,), (7, 5), (2, 3, 9)], ids=["1", "7x5", "2x3x9"])
+def test_layer_norm_matches_torch(rng, shape, eps, bias, dtype):
+    E = shape[-1]
+    ref = _randomise(torch.nn.LayerNorm(E, eps=eps, bias=bias).to(TORCH_DTYPE[np.dtype(dtype)]))
+    ours = tc.nn.LayerNorm(E, eps, bias, dtype)
+    sd = module_state_to_numpy(ref)
+    assert set(ours.state_dict()) == set(sd)
+    ours.load_state_dict(sd)
+    x = randn(rng, shape, dtype, scale=3.0) + 2.0
+    with torch.no_grad():
+        r = ref(to_torch(x))
+    assert_close(ours(x), r, dtype, what="layer norm")
+
+
+def test_layer_norm_bad_input(rng):
+    with pytest.raises(ValueError, match="eps"):
+        tc.nn.LayerNorm(4, eps=-1.0)
+    with pytest.raises(ValueError, match="normalized_shape"):
+        tc.nn.LayerNorm((4, 4))
+    with pytest.raises(ValueError, match="x"):
+        tc.nn.LayerNorm(4)(randn(rng, (2, 5)))
+
+
+# ------------------------------------------------------------------------------- stacks
+def _stack_pair(kind, d, h, f, activation, norm_first, num_layers, with_norm, dtype):
+    tdt = TORCH_DTYPE[np.dtype(dtype)]
+    tnorm = torch.nn.LayerNorm(d) if with_norm else None
+    onorm = tc.nn.LayerNorm(d, dtype=dtype) if with_norm else None
+    if kind == "encoder":
+        tl = torch.nn.TransformerEncoderLayer(d, h, f, 0.0, activation, batch_first=True, norm_first=norm_first)
+        ref = torch.nn.TransformerEncoder(tl, num_layers, norm=tnorm, enable_nested_tensor=False)
+        ours = tc.nn.TransformerEncoder(tc.nn.TransformerEncoderLayer(d, h, f, activation, norm_first=norm_first,
+                                                                       dtype=dtype), num_layers, norm=onorm)
+    else:
+        tl = torch.nn.TransformerDecoderLayer(d, h, f, 0.0, activation, batch_first=True, norm_first=norm_first)
+        ref = torch.nn.TransformerDecoder(tl, num_layers, norm=tnorm)
+        ours = tc.nn.TransformerDecoder(tc.nn.TransformerDecoderLayer(d, h, f, activation, norm_first=norm_first,
+                                                                       dtype=dtype), num_layers, norm=onorm)
+    ref = _randomise(ref.to(tdt).eval())  # every layer gets different weights
+    sd = module_state_to_numpy(ref)
+    assert set(ours.state_dict()) == set(sd)
+    ours.load_state_dict(sd)
+    return ours, ref
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("with_norm", [False, True], ids=["nonorm", "norm"])
+@pytest.mark.parametrize("norm_first", [False, True], ids=["post_norm", "pre_norm"])
+def test_encoder_stack_matches_torch(rng, norm_first, with_norm, dtype):
+    N, L, d, activation = 3, 7, 12, "gelu"
+    ours, ref = _stack_pair("encoder", d, 4, 20, activation, norm_first, 3, with_norm, dtype)
+    x = randn(rng, (N, L, d), dtype)
+    km = _padding(rng, N, L)
+    with torch.no_grad():
+        r = ref(to_torch(x), mask=~to_torch(_causal(L)), src_key_padding_mask=~to_torch(km)).numpy()
+    out = ours(x, src_key_mask=km, is_causal=True)
+    assert_close(out[km], r[km], dtype, what="encoder stack")
+    with torch.no_grad():
+        r = ref(to_torch(x)).numpy()
+    assert_close(ours(x), r, dtype, what="encoder stack no mask")
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("with_norm", [False, True], ids=["nonorm", "norm"])
+@pytest.mark.parametrize("norm_first", [False, True], ids=["post_norm", "pre_norm"])
+def test_decoder_stack_matches_torch(rng, norm_first, with_norm, dtype):
+    N, T, S, d, activation = 2, 5, 8, 12, "relu"
+    ours, ref = _stack_pair("decoder", d, 2, 20, activation, norm_first, 3, with_norm, dtype)
+    tgt, mem = randn(rng, (N, T, d), dtype), randn(rng, (N, S, d), dtype)
+    tkm, mkm = _padding(rng, N, T), _padding(rng, N, S)
+    with torch.no_grad():
+        r = ref(to_torch(tgt), to_torch(mem), tgt_mask=~to_torch(_causal(T)), tgt_key_padding_mask=~to_torch(tkm),
+                memory_key_padding_mask=~to_torch(mkm)).numpy()
+    out = ours(tgt, mem, tgt_key_mask=tkm, memory_key_mask=mkm, tgt_is_causal=True)
+    assert_close(out[tkm], r[tkm], dtype, what="decoder stack")
+
+
+def test_stack_copies_layer_and_bad_input(rng):
+    layer = tc.nn.TransformerDecoderLayer(8, 2, 16)
+    stack = tc.nn.TransformerDecoder(layer, 2)
+    sd = stack.state_dict()
+    assert {k.split(".", 2)[2] for k in sd} == set(layer.state_dict())
+    for k, v in layer.state_dict().items():  # copies of the given layer
+        np.testing.assert_array_equal(sd[f"layers.0.{k}"], v)
+        np.testing.assert_array_equal(sd[f"layers.1.{k}"], v)
+    with pytest.raises(TypeError, match="decoder_layer"):
+        tc.nn.TransformerDecoder(tc.nn.TransformerEncoderLayer(8, 2, 16), 2)
+    with pytest.raises(TypeError, match="encoder_layer"):
+        tc.nn.TransformerEncoder(layer, 2)
+    with pytest.raises(TypeError, match="norm"):
+        tc.nn.TransformerDecoder(layer, 2, norm="layernorm")
+    with pytest.raises(ValueError, match="num_layers"):
+        tc.nn.TransformerDecoder(layer, 0)
+
+
+# -------------------------------------------------------------------------- full Transformer
+TRANSFORMER_CFGS = [(16, 4, 2, 2, 32, "relu"), (12, 3, 1, 3, 20, "gelu"), (8, 1, 2, 1, 8, "gelu")]
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("norm_first", [False, True], ids=["post_norm", "pre_norm"])
+@pytest.mark.parametrize("d,h,ne,nd,f,activation", TRANSFORMER_CFGS,
+                         ids=[f"d{c[0]}h{c[1]}e{c[2]}d{c[3]}{c[5]}" for c in TRANSFORMER_CFGS])
+@pytest.mark.filterwarnings("ignore:enable_nested_tensor")
+def test_transformer_matches_torch(rng, d, h, ne, nd, f, activation, norm_first, dtype):
+    ref = torch.nn.Transformer(d, h, ne, nd, f, dropout=0.0, activation=activation, batch_first=True,
+                               norm_first=norm_first)
+    ref = _randomise(ref.to(TORCH_DTYPE[np.dtype(dtype)]).eval())
+    ours = tc.nn.Transformer(d, h, ne, nd, f, activation, 1e-5, norm_first, True, dtype)
+    sd = module_state_to_numpy(ref)
+    assert set(ours.state_dict()) == set(sd)
+    ours.load_state_dict(sd)
+    assert states_equal(ours.state_dict(), sd)
+    N, S, T = 3, 9, 6
+    src, tgt = randn(rng, (N, S, d), dtype), randn(rng, (N, T, d), dtype)
+    # no masks
+    with torch.no_grad():
+        r = ref(to_torch(src), to_torch(tgt)).numpy()
+    out = ours(src, tgt)
+    assert out.shape == (N, T, d) and out.dtype == np.dtype(dtype)
+    assert_close(out, r, dtype, what="transformer")
+    # causal target + padding; padded memory hidden from the decoder (torch's nested-tensor encoder
+    # may zero padded memory rows, so those must not be visible for the results to agree)
+    skm, tkm = _padding(rng, N, S), _padding(rng, N, T)
+    with torch.no_grad():
+        r = ref(to_torch(src), to_torch(tgt), tgt_mask=~to_torch(_causal(T)), src_key_padding_mask=~to_torch(skm),
+                tgt_key_padding_mask=~to_torch(tkm), memory_key_padding_mask=~to_torch(skm)).numpy()
+    out = ours(src, tgt, src_key_mask=skm, tgt_key_mask=tkm, memory_key_mask=skm, tgt_is_causal=True)
+    assert np.all(np.isfinite(out))
+    assert_close(out[tkm], r[tkm], dtype, what="transformer causal + padding")
+    # explicit masks: src_mask, tgt_mask (float), memory_mask
+    sm = rng.random((S, S)) < 0.7
+    sm[:, 0] = True
+    tm = np.where(_causal(T), 0.0, -np.inf).astype(dtype) + randn(rng, (T, T), dtype, 0.1)
+    mm = rng.random((T, S)) < 0.7
+    mm[:, 0] = True
+    with torch.no_grad():
+        r = ref(to_torch(src), to_torch(tgt), src_mask=~to_torch(sm), tgt_mask=to_torch(tm),
+                memory_mask=~to_torch(mm)).numpy()
+    assert_close(ours(src, tgt, src_mask=sm, tgt_mask=tm, memory_mask=mm), r, dtype,
+                 what="transformer explicit masks")
+
+
+def test_transformer_state_dict_and_bad_input(rng):
+    ref = torch.nn.Transformer(8, 2, 1, 1, 16, dropout=0.0, batch_first=True).eval()
+    ours = tc.nn.Transformer(8, 2, 1, 1, 16)
+    sd = module_state_to_numpy(ref)
+    assert set(ours.state_dict()) == set(sd)
+    ours.load_state_dict(sd)
+    before = {k: np.array(v, copy=True) for k, v in ours.state_dict().items()}
+    bad = dict(sd)
+    del bad["decoder.norm.weight"]
+    with pytest.raises(ValueError, match="decoder.norm.weight"):
+        ours.load_state_dict(bad)
+    bad = dict(sd)
+    bad["encoder.layers.0.linear1.weight"] = np.zeros((16, 9), np.float32)
+    with pytest.raises(ValueError, match="encoder.layers.0.linear1.weight"):
+        ours.load_state_dict(bad)
+    with pytest.raises(TypeError, match="state_dict"):
+        ours.load_state_dict([1, 2])
+    assert states_equal(ours.state_dict(), before)
+    src, tgt = randn(rng, (2, 5, 8)), randn(rng, (2, 4, 8))
+    with pytest.raises(ValueError, match="tgt"):
+        ours(src, randn(rng, (3, 4, 8)))
+    with pytest.raises(ValueError, match="d_model"):
+        ours(src, randn(rng, (2, 4, 6)))
+    with pytest.raises(ValueError, match="src_key_mask"):
+        ours(src, tgt, src_key_mask=np.ones((2, 4), bool))
+    with pytest.raises(ValueError, match="memory_mask"):
+        ours(src, tgt, memory_mask=np.ones((4, 4), bool))

@@ -1,0 +1,342 @@
+"""tc.GPT2LMHeadModel / tc.GPT2Model vs Hugging Face transformers' GPT-2.
+
+Tiny random GPT-2 checkpoints are built in the test with transformers (``initializer_range=0.2`` so
+the logits are far from uniform), saved with ``save_pretrained(safe_serialization=True)`` and loaded
+with ``tc.GPT2LMHeadModel.from_pretrained``. ``eos_token_id``/``bos_token_id`` are None so neither
+side stops generating early.
+
+Padding note (checked against transformers 5.x): with a left-padded batch and an ``attention_mask``,
+a plain forward of HF's GPT2 does NOT derive position ids from the mask (positions are 0..L-1 for
+every row), and neither does ours, so padded-batch logits are compared with HF's under the same
+``attention_mask`` (not with unpadded single-sequence runs, which differ by design).
+"""
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+import transformer_core as tc
+from conftest import assert_close
+
+transformers = pytest.importorskip("transformers")
+
+LOGITS_ATOL = 1e-4
+VOCAB = 101
+
+CFGS = {
+    "h4": dict(vocab_size=VOCAB, n_positions=64, n_embd=32, n_layer=2, n_head=4),
+    "h1_inner": dict(vocab_size=VOCAB, n_positions=64, n_embd=24, n_layer=3, n_head=1, n_inner=40),
+}
+
+
+def _build(tmp_path_factory, name):
+    cfg = transformers.GPT2Config(**CFGS[name], initializer_range=0.2, eos_token_id=None, bos_token_id=None)
+    torch.manual_seed({"h4": 7, "h1_inner": 11}[name])
+    hf = transformers.GPT2LMHeadModel(cfg).eval()
+    path = tmp_path_factory.mktemp(f"gpt2_{name}")
+    hf.save_pretrained(path, safe_serialization=True)
+    return hf, path
+
+
+@pytest.fixture(scope="module", params=list(CFGS))
+def gpt2(request, tmp_path_factory):
+    """(hf model, checkpoint dir, our model) for each config."""
+    hf, path = _build(tmp_path_factory, request.param)
+    return hf, path, tc.GPT2LMHeadModel.from_pretrained(path)
+
+
+@pytest.fixture(scope="module")
+def gpt2_h4(tmp_path_factory):
+    hf, path = _build(tmp_path_factory, "h4")
+    return hf, path, tc.GPT2LMHeadModel.from_pretrained(path)
+
+
+def _ids(seed, shape):
+    return np.random.default_rng(seed).integers(0, VOCAB, size=shape).astype(np.int64)
+
+
+def _hf(hf, ids, **kw):
+    with torch.no_grad():
+        return hf(torch.from_numpy(ids), **kw)
+
+
+# ------------------------------------------------------------------------------------- forward
+@pytest.mark.parametrize("N,L", [(1, 1), (2, 7), (3, 13), (5, 5), (1, 64)], ids=["N1L1", "N2L7", "N3L13", "N5L5", "N1L64"])
+def test_logits_match_hf(gpt2, N, L):
+    hf, _, m = gpt2
+    ids = _ids(N * 100 + L, (N, L))
+    out = m(ids)
+    ref = _hf(hf, ids).logits.numpy()
+    assert out.logits.shape == (N, L, VOCAB) and out.logits.dtype == np.float32
+    assert_close(out.logits, ref, atol_=LOGITS_ATOL, what="gpt2 logits")
+    assert out.past_key_values is None
+    assert out.last_hidden_state.shape == (N, L, hf.config.n_embd)
+    assert np.abs(ref).max() > 0.5  # the comparison is not trivially small numbers
+    # logits_to_keep
+    last = m(ids, logits_to_keep=1).logits
+    assert last.shape == (N, 1, VOCAB)
+    assert_close(last[:, 0], ref[:, -1], atol_=LOGITS_ATOL)
+
+
+def test_gpt2_model_hidden_states_match_hf(gpt2):
+    hf_lm, path, _ = gpt2
+    hf = transformers.GPT2Model.from_pretrained(path).eval()
+    ours = tc.GPT2Model.from_pretrained(path)
+    ids = _ids(3, (3, 11))
+    hidden, cache = ours(ids)
+    assert cache is None
+    with torch.no_grad():
+        ref = hf(torch.from_numpy(ids)).last_hidden_state.numpy()
+    assert_close(hidden, ref, np.float32, what="GPT2Model hidden states")
+    # the base model's names are HF GPT2Model's (no transformer. prefix, no lm_head)
+    assert set(ours.state_dict()) == {k for k in hf.state_dict() if not k.endswith((".attn.bias", ".attn.masked_bias"))}
+
+
+def test_fp64_path(gpt2):
+    hf, path, _ = gpt2
+    m = tc.GPT2LMHeadModel.from_pretrained(path, dtype=np.float64)
+    hf64 = transformers.GPT2LMHeadModel.from_pretrained(path).double().eval()
+    ids = _ids(5, (2, 9))
+    out = m(ids)
+    assert out.logits.dtype == np.float64
+    with torch.no_grad():
+        ref = hf64(torch.from_numpy(ids)).logits.numpy()
+    assert_close(out.logits, ref, np.float64, atol_=1e-10, rtol_=1e-12, what="fp64 logits")
+    # fp64 cache decoding
+    cache = m.new_cache(2)
+    assert cache.dtype == np.float64
+    step = m(ids[:, :4], past_key_values=cache, use_cache=True)
+    step = m(ids[:, 4:], past_key_values=step.past_key_values, use_cache=True)
+    assert_close(step.logits, ref[:, 4:], np.float64, atol_=1e-10, rtol_=1e-12)
+
+
+# ------------------------------------------------------------------------------------ generation
+@pytest.mark.parametrize("N,L", [(1, 1), (1, 5), (3, 4)], ids=["N1L1", "N1L5", "N3L4"])
+def test_greedy_generate_matches_hf(gpt2, N, L):
+    hf, _, m = gpt2
+    ids = _ids(17 + N + L, (N, L))
+    ours = m.generate(ids, max_new_tokens=12)
+    with torch.no_grad():
+        ref = hf.generate(torch.from_numpy(ids), max_new_tokens=12, do_sample=False, pad_token_id=0).numpy()
+    assert ours.dtype == np.int64 and ours.shape == (N, L + 12)
+    np.testing.assert_array_equal(ours, ref)
+    np.testing.assert_array_equal(ours[:, :L], ids)
+
+
+def test_kv_cache_decoding_equals_recomputation(gpt2):
+    hf, _, m = gpt2
+    N, P, steps = 2, 5, 14
+    full_ids = _ids(99, (N, P + steps))
+    cache = m.new_cache(N)
+    assert cache.length == 0 and len(cache) == hf.config.n_layer
+    cap = cache.capacity
+    out = m(full_ids[:, :P], past_key_values=cache, use_cache=True)
+    assert out.past_key_values is cache
+    assert cache.length == P and cache.capacity >= P
+    cap = cache.capacity
+    for t in range(P, P + steps):
+        out = m(full_ids[:, t:t + 1], past_key_values=cache, use_cache=True)
+        assert cache.length == t + 1
+        if t + 1 > cap:  # grew: doubles (at least to what is needed)
+            assert cache.capacity == max(2 * cap, t + 1), (cap, cache.capacity)
+        else:
+            assert cache.capacity == cap
+        cap = cache.capacity
+        full = m(full_ids[:, :t + 1]).logits[:, -1]
+        assert_close(out.logits[:, 0], full, np.float32, what=f"cache step {t}")
+    assert cache.capacity >= cache.length
+    # and against HF's logits for the whole sequence
+    ref = _hf(hf, full_ids).logits.numpy()
+    assert_close(out.logits[:, 0], ref[:, -1], atol_=LOGITS_ATOL)
+
+
+def test_cache_capacity_doubles_from_one(gpt2_h4):
+    _, _, m = gpt2_h4
+    cache = m.new_cache(1)
+    ids = _ids(1, (1, 20))
+    caps = []
+    for t in range(20):
+        m(ids[:, t:t + 1], past_key_values=cache, use_cache=True)
+        caps.append(cache.capacity)
+    assert caps[0] >= 1
+    for a, b in zip(caps, caps[1:]):
+        assert b == a or b == 2 * a
+    assert caps[-1] >= 20 and caps[-1] < 40
+    cache2 = m.new_cache(1, capacity=32)
+    for t in range(20):
+        m(ids[:, t:t + 1], past_key_values=cache2, use_cache=True)
+    assert cache2.capacity == 32 and cache2.length == 20
+
+
+def _hf_layer_kv(past, i):
+    if hasattr(past, "layers"):  # transformers 5.x DynamicCache
+        return past.layers[i].keys, past.layers[i].values
+    return past[i]  # pragma: no cover - legacy tuple
+
+
+def test_cache_to_legacy_matches_hf(gpt2):
+    hf, _, m = gpt2
+    ids = _ids(4, (2, 9))
+    out = m(ids, use_cache=True)
+    legacy = out.past_key_values.to_legacy()
+    ref = _hf(hf, ids, use_cache=True).past_key_values
+    H, D = hf.config.n_head, hf.config.n_embd // hf.config.n_head
+    assert len(legacy) == hf.config.n_layer
+    for i, (k, v) in enumerate(legacy):
+        hk, hv = _hf_layer_kv(ref, i)
+        assert k.shape == v.shape == (2, H, 9, D)
+        assert_close(k, hk, np.float32, what=f"layer {i} keys")
+        assert_close(v, hv, np.float32, what=f"layer {i} values")
+        k2, v2 = out.past_key_values[i]
+        np.testing.assert_array_equal(k2, k)
+        np.testing.assert_array_equal(v2, v)
+
+
+def test_hf_legacy_tuples_as_past(gpt2):
+    hf, _, m = gpt2
+    ids = _ids(8, (2, 10))
+    hf_past = _hf(hf, ids[:, :6], use_cache=True).past_key_values
+    legacy = tuple((k.numpy(), v.numpy()) for k, v in (_hf_layer_kv(hf_past, i) for i in range(hf.config.n_layer)))
+    out = m(ids[:, 6:], past_key_values=legacy, use_cache=True)
+    ref = _hf(hf, ids).logits.numpy()[:, 6:]
+    assert_close(out.logits, ref, atol_=LOGITS_ATOL, what="legacy past")
+    assert out.past_key_values.length == 10
+    # torch tensors directly
+    legacy_t = tuple(_hf_layer_kv(hf_past, i) for i in range(hf.config.n_layer))
+    out2 = m(ids[:, 6:], past_key_values=legacy_t)
+    assert_close(out2.logits, ref, atol_=LOGITS_ATOL, what="legacy past (torch tensors)")
+    # the legacy tuple is not modified
+    assert legacy[0][0].shape[2] == 6
+
+
+def test_left_padded_batch_matches_hf(gpt2):
+    hf, _, m = gpt2
+    N, L = 3, 8
+    ids = _ids(21, (N, L))
+    am = np.ones((N, L), np.int64)
+    am[1, :3] = 0
+    am[2, :7] = 0
+    ids[am == 0] = 0
+    out = m(ids, attention_mask=am)
+    ref = _hf(hf, ids, attention_mask=torch.from_numpy(am)).logits.numpy()
+    real = am.astype(bool)
+    assert np.all(np.isfinite(out.logits))
+    assert_close(out.logits[real], ref[real], atol_=LOGITS_ATOL, what="left-padded logits (real rows)")
+    # an all-ones mask equals no mask
+    assert_close(m(ids, attention_mask=np.ones((N, L), np.int64)).logits, m(ids).logits, np.float32)
+    # incremental with the mask: past + new
+    cache = m.new_cache(N)
+    m(ids[:, :5], attention_mask=am[:, :5], past_key_values=cache, use_cache=True)
+    step = m(ids[:, 5:], attention_mask=am, past_key_values=cache, use_cache=True)
+    assert_close(step.logits[real[:, 5:]], ref[:, 5:][real[:, 5:]], atol_=LOGITS_ATOL, what="padded + cache")
+
+
+def test_sampling_reproducible(gpt2_h4):
+    _, _, m = gpt2_h4
+    ids = _ids(2, (2, 4))
+    a = m.generate(ids, max_new_tokens=12, do_sample=True, seed=123, temperature=1.5)
+    b = m.generate(ids, max_new_tokens=12, do_sample=True, seed=123, temperature=1.5)
+    np.testing.assert_array_equal(a, b)
+    assert a.shape == (2, 16) and a.min() >= 0 and a.max() < VOCAB
+    np.testing.assert_array_equal(a[:, :4], ids)
+    seeds = [m.generate(ids, max_new_tokens=12, do_sample=True, seed=s, temperature=2.0) for s in range(4)]
+    assert any(not np.array_equal(seeds[0], s) for s in seeds[1:]), "different seeds should differ"
+    greedy = m.generate(ids, max_new_tokens=12)
+    np.testing.assert_array_equal(m.generate(ids, max_new_tokens=12, do_sample=True, top_k=1, seed=5), greedy)
+    np.testing.assert_array_equal(m.generate(ids, max_new_tokens=12, do_sample=True, top_p=1e-9, seed=5), greedy)
+    c = m.generate(ids, max_new_tokens=12, do_sample=True, seed=9, top_k=5, top_p=0.9)
+    np.testing.assert_array_equal(c, m.generate(ids, max_new_tokens=12, do_sample=True, seed=9, top_k=5, top_p=0.9))
+
+
+def test_generate_eos_stops(gpt2_h4):
+    _, _, m = gpt2_h4
+    ids = _ids(2, (1, 4))
+    greedy = m.generate(ids, max_new_tokens=12)
+    eos = int(greedy[0, 6])  # the third generated token
+    out = m.generate(ids, max_new_tokens=12, eos_token_id=eos)
+    first = 4 + int(np.argmax(greedy[0, 4:] == eos))
+    np.testing.assert_array_equal(out[0], greedy[0, :first + 1])
+
+
+# --------------------------------------------------------------------------------------- bad input
+def test_bad_input(gpt2_h4):
+    hf, path, m = gpt2_h4
+    with pytest.raises(ValueError, match="input_ids"):
+        m(np.array([[1, VOCAB]]))
+    with pytest.raises(ValueError, match="input_ids"):
+        m(np.array([[-1, 2]]))
+    with pytest.raises(TypeError, match="input_ids"):
+        m(np.array([[1.5, 2.0]]))
+    with pytest.raises(ValueError, match="n_positions"):
+        m(_ids(0, (1, 65)))  # longer than n_positions
+    cache = m.new_cache(1)
+    m(_ids(0, (1, 60)), past_key_values=cache, use_cache=True)
+    length_before = cache.length
+    with pytest.raises(ValueError, match="n_positions"):
+        m(_ids(1, (1, 5)), past_key_values=cache, use_cache=True)  # 60 + 5 > 64
+    assert cache.length == length_before
+    with pytest.raises(ValueError, match="attention_mask"):
+        m(_ids(0, (2, 5)), attention_mask=np.ones((2, 4), np.int64))
+    with pytest.raises(ValueError, match="attention_mask"):
+        m(_ids(0, (2, 5)), attention_mask=np.ones((3, 5), np.int64))
+    with pytest.raises(ValueError, match="past_key_values"):
+        m(_ids(0, (2, 5)), past_key_values=m.new_cache(3))
+    with pytest.raises(ValueError, match="past_key_values"):
+        m(_ids(0, (1, 2)), past_key_values=((np.zeros((1, 3, 2, 8)), np.zeros((1, 3, 2, 8))),) * 2)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        m.generate(_ids(0, (1, 60)), max_new_tokens=5)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        m.generate(_ids(0, (1, 3)), max_new_tokens=0)
+    with pytest.raises(ValueError, match="temperature"):
+        m.generate(_ids(0, (1, 3)), max_new_tokens=2, do_sample=True, temperature=0.0)
+    with pytest.raises(ValueError, match="top_k"):
+        m.generate(_ids(0, (1, 3)), max_new_tokens=2, do_sample=True, top_k=0)
+    with pytest.raises(ValueError, match="top_p"):
+        m.generate(_ids(0, (1, 3)), max_new_tokens=2, do_sample=True, top_p=1.5)
+
+
+def test_checkpoint_missing_tensor(gpt2_h4, tmp_path):
+    from safetensors.numpy import load_file, save_file
+
+    _, path, _ = gpt2_h4
+    tensors = load_file(str(path / "model.safetensors"))
+    name = next(k for k in tensors if k.endswith("h.1.mlp.c_fc.weight"))
+    del tensors[name]
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    save_file(tensors, str(bad / "model.safetensors"), metadata={"format": "pt"})
+    shutil.copy(path / "config.json", bad / "config.json")
+    with pytest.raises(ValueError, match="h.1.mlp.c_fc.weight"):
+        tc.GPT2LMHeadModel.from_pretrained(bad)
+    # a mis-shaped tensor is named too
+    tensors = load_file(str(path / "model.safetensors"))
+    name = next(k for k in tensors if k.endswith("h.0.ln_1.weight"))
+    tensors[name] = np.ones(3, np.float32)
+    save_file(tensors, str(bad / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(ValueError, match="h.0.ln_1.weight"):
+        tc.GPT2LMHeadModel.from_pretrained(bad)
+    # unsupported config
+    cfg = json.loads((path / "config.json").read_text())
+    cfg["activation_function"] = "swish"
+    (bad / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="activation_function"):
+        tc.GPT2LMHeadModel.from_pretrained(bad)
+    with pytest.raises(FileNotFoundError):
+        tc.GPT2LMHeadModel.from_pretrained(tmp_path / "nowhere")
+
+
+def test_load_state_dict_failure_leaves_state(gpt2_h4):
+    hf, path, _ = gpt2_h4
+    m = tc.GPT2LMHeadModel.from_pretrained(path)
+    before = {k: np.array(v, copy=True) for k, v in m.state_dict().items()}
+    sd = {k: v.detach().numpy().copy() for k, v in hf.state_dict().items()}
+    sd["transformer.wte.weight"] = np.zeros((VOCAB + 1, 32), np.float32)
+    with pytest.raises(ValueError, match="wte.weight"):
+        m.load_state_dict(sd)
+    after = m.state_dict()
+    assert set(after) == set(before)
+    assert all(np.array_equal(after[k], before[k]) for k in before)
