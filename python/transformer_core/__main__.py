@@ -54,7 +54,6 @@ def main(argv=None) -> int:
     print(f"model: {args.model}")
     print(f"embeddings: shape {emb.shape}, dtype {emb.dtype}")
     print("cosine similarity:")
-    width = max(len(s) for s in sentences)
     short = [s if len(s) <= 40 else s[:37] + "..." for s in sentences]
     width = max(len(s) for s in short)
     for i, s in enumerate(short):

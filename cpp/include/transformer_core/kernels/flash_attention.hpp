@@ -212,6 +212,33 @@ inline void gemv(bool trans, int64_t m, int64_t n, double alpha, const double* a
               static_cast<int>(n), alpha, a, static_cast<int>(lda), x, 1, beta, y, 1);
 }
 
+// The same two products as plain loops, for tiny problems: no BLAS call (which, outside a
+// parallel region, may start threads of its own for a few hundred flops).
+//   x[rows, cols] (row stride ldx) = scale · q[rows, D] (ldq) · k[cols, D]ᵀ (ldk)
+template <class T>
+void small_qk(int64_t rows, int64_t cols, int64_t D, T scale, const T* q, int64_t ldq, const T* k,
+              int64_t ldk, T* x, int64_t ldx) {
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < cols; ++j) {
+      T dot = 0;
+      for (int64_t d = 0; d < D; ++d) dot += q[i * ldq + d] * k[j * ldk + d];
+      x[i * ldx + j] = scale * dot;
+    }
+}
+//   o[rows, Dv] = beta · o + p[rows, cols] (ldp) · v[cols, Dv] (ldv)      (beta 0 or 1)
+template <class T>
+void small_pv(int64_t rows, int64_t cols, int64_t Dv, const T* p, int64_t ldp, const T* v, int64_t ldv,
+              bool accumulate, T* o) {
+  for (int64_t i = 0; i < rows; ++i) {
+    T* oi = o + i * Dv;
+    if (!accumulate) std::fill(oi, oi + Dv, T(0));
+    for (int64_t j = 0; j < cols; ++j) {
+      const T pij = p[i * ldp + j];
+      for (int64_t d = 0; d < Dv; ++d) oi[d] += pij * v[j * ldv + d];
+    }
+  }
+}
+
 // One thread's tile buffers.
 template <class T>
 struct Tile {
@@ -226,7 +253,8 @@ struct Tile {
 //   (m_i = -inf, l_i = 0, o_i = 0 when row i sees no key of the range)
 template <class T>
 void flash_block(const AttentionArgs<T>& a, int64_t n, int64_t h, int64_t l0, int64_t br,
-                 int64_t s_begin, int64_t s_end, int64_t bc, const Tile<T>& tile, T* o, T* m, T* l) {
+                 int64_t s_begin, int64_t s_end, int64_t bc, const Tile<T>& tile, T* o, T* m, T* l,
+                 bool use_blas = true) {
   constexpr T neg_inf = -std::numeric_limits<T>::infinity();
   const int64_t D = a.head_dim, Dv = a.v_head_dim;
   const int64_t hk = h / (a.num_heads / a.num_kv_heads);  // GQA: the key/value head of query head h
@@ -275,6 +303,8 @@ void flash_block(const AttentionArgs<T>& a, int64_t n, int64_t h, int64_t l0, in
       // gemv's y is zeroed and beta = 1, as some BLAS versions scale y by beta = 0, keeping NaN)
       if (D == 0) {
         for (int64_t i = 0; i < rows; ++i) std::fill(x_g + i * bc, x_g + i * bc + g_cols, T(0));
+      } else if (!use_blas) {
+        small_qk(rows, g_cols, D, a.scale, q_g, a.q_stride_l, k_b, a.k_stride_s, x_g, bc);
       } else if (rows == 1) {
         std::fill(x_g, x_g + g_cols, T(0));
         gemv(false, g_cols, D, a.scale, k_b, ld_for(a.k_stride_s, g_cols, D), q_g, T(1), x_g);
@@ -320,7 +350,9 @@ void flash_block(const AttentionArgs<T>& a, int64_t n, int64_t h, int64_t l0, in
       }
 
       // o[rows, Dv] (+)= p[rows, g_cols] · v[s0 : s0+g_cols, Dv]      (one row: o (+)= vᵀ p)
-      if (rows == 1) {
+      if (!use_blas) {
+        small_pv(rows, g_cols, Dv, x_g, bc, v_b, a.v_stride_s, !first, o_g);
+      } else if (rows == 1) {
         if (first) std::fill(o_g, o_g + Dv, T(0));
         gemv(true, g_cols, Dv, T(1), v_b, ld_for(a.v_stride_s, g_cols, Dv), x_g, T(1), o_g);
       } else {
@@ -353,7 +385,8 @@ void flash_store(const AttentionArgs<T>& a, int64_t n, int64_t h, int64_t l0, in
   }
 }
 
-// Runs every (n, h, query block) on the calling thread, with the tile in `buf` (stack).
+// Runs every (n, h, query block) on the calling thread, with the tile in `buf` (stack), and the
+// products as plain loops.
 template <class T>
 void flash_serial(const AttentionArgs<T>& a, int64_t br_max, int64_t bc, T* buf, uint8_t* valid) {
   const int64_t L = a.q_len, S = a.kv_len, Dv = a.v_head_dim;
@@ -366,7 +399,7 @@ void flash_serial(const AttentionArgs<T>& a, int64_t br_max, int64_t bc, T* buf,
     const int64_t nh = task / q_blocks, qb = task % q_blocks;
     const int64_t n = nh / a.num_heads, h = nh % a.num_heads, l0 = qb * br_max;
     const int64_t br = std::min(br_max, L - l0);
-    flash_block(a, n, h, l0, br, 0, S, bc, tile, o, m, l);
+    flash_block(a, n, h, l0, br, 0, S, bc, tile, o, m, l, /*use_blas=*/false);
     flash_store(a, n, h, l0, br, o, l);
   }
 }
