@@ -19,6 +19,7 @@
 // A query row that can see no key gives zeros (output and weights), never NaN.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <vector>
@@ -117,13 +118,20 @@ void attention_reference(const AttentionArgs<T>& a) {
     } else {
       std::fill(scores.begin(), scores.end(), T(0));
     }
+    bool any_empty_row = false;  // a row that can see no key: its output is zeros, whatever v holds
     for (int64_t l = 0; l < L; ++l) {
       T* row = scores.data() + l * S;
       if (a.has_any_mask()) apply_masks_row(a, n, h, l, 0, S, row);
       softmax_row(row, S);
+      any_empty_row = any_empty_row || std::all_of(row, row + S, [](T p) { return p == T(0); });
     }
     // out[L, Dv] = p[L, S] · v[S, Dv]
     if (Dv > 0) gemm(false, false, L, Dv, S, T(1), scores.data(), S, v, a.v_stride_s, T(0), out, a.o_stride_l);
+    for (int64_t l = 0; any_empty_row && l < L; ++l) {
+      const T* row = scores.data() + l * S;
+      if (std::all_of(row, row + S, [](T p) { return p == T(0); }))
+        std::fill(out + l * a.o_stride_l, out + l * a.o_stride_l + Dv, T(0));
+    }
     if (a.weights != nullptr) {
       T* w = a.weights + task * L * S;
       std::copy(scores.begin(), scores.end(), w);

@@ -34,22 +34,32 @@ namespace transformer_core::kernels {
 
 namespace flash_detail {
 
-// Tile sizes, measured on AMD EPYC (Zen 5: L1d 48 KiB, L2 1 MiB per core, OpenBLAS Haswell kernels)
-// with D = Dv = 64, fp32, over Br ∈ {32, 64, 128, 256} × Bc ∈ {64, 128, 256, 512}:
-//   * Br = 64 query rows: the q block [64, D] (16 KiB at D = 64) is reused against every key block;
-//     larger Br gives fewer, coarser tasks (worse balance on causal) with no GEMM gain.
-//   * Bc = 256 keys: the score tile [64, 256] (64 KiB) and the k, v blocks [256, D] (64 KiB each)
-//     stay in L2 between the two GEMMs and the softmax pass; smaller Bc pays the per-GEMM packing
-//     overhead more often, larger Bc spills L2 for bigger D.
+// Tile sizes. This machine: AMD EPYC (Zen 5), L1d 48 KiB and L2 1 MiB per core, L3 32 MiB shared;
+// OpenBLAS 0.3.21 runs its Haswell (AVX2) kernels. Measured single-threaded (thread CPU time, best
+// of 3; fp32, D = Dv = 64) over Br ∈ {32, 64, 128, 256} × Bc ∈ {128, 256, 512}, in ms:
+//                      (1,12,512) (1,2,4096) causal (1,1,16384)
+//     Br  64, Bc 256      9.8          52.7            961
+//     Br  64, Bc 512      9.1          55.2            956
+//     Br 128, Bc 128      9.2          51.5            865
+//     Br 128, Bc 256      8.5          46.7            779     <- chosen
+//     Br 128, Bc 512      8.8          52.3            843
+//     Br 256, Bc 256      9.4          50.9            782
+//   * Br = 128 query rows: k and v are streamed once per query block, so long S wants a tall block
+//     (64 rows: -20% at S = 16384); the q block [128, D] (32 KiB) is packed once per key block.
+//   * Bc = 256 keys: the score tile [128, 256] (128 KiB) and the k, v blocks [256, D] (64 KiB each
+//     at D = 64) stay in L2 between the two GEMMs and the softmax pass; smaller Bc pays OpenBLAS's
+//     per-call packing more often, larger Bc spills L2.
+//   * Blocks on the causal diagonal are cut into kDiagRows-row GEMMs (see flash_block), so a tall
+//     Br costs little extra work on causal masks.
 constexpr int64_t kBlockRows = 128;  // Br
 constexpr int64_t kBlockKeys = 256;  // Bc
 // One query row (decoding): the tile is [1, Bc], so a long key block costs nothing and saves calls.
 constexpr int64_t kBlockKeysOneRow = 2048;
 // Rows per GEMM on a block that straddles the causal diagonal (see flash_block).
 constexpr int64_t kDiagRows = 32;
-// Below this many flops (≈ 20 µs of work) the whole call runs on the calling thread, from a stack
-// buffer of kStackElems elements when one tile fits in it: no heap, no parallel region.
-constexpr double kSerialFlops = double(1 << 19);
+// Below this many flops (≈ 10 µs of work) the whole call runs on the calling thread, from a stack
+// buffer of kStackElems elements when one tile fits in it: no heap, no parallel region, no BLAS.
+constexpr double kSerialFlops = double(1 << 18);
 constexpr int64_t kStackElems = 4096;
 // Key splitting (decoding): aim for at least max(kMinTasks, 2 · threads) tasks, each chunk of keys
 // at least kMinChunk long. Up to 8 threads the split depends on the shape only, so the result is
@@ -218,10 +228,18 @@ inline void gemv(bool trans, int64_t m, int64_t n, double alpha, const double* a
 template <class T>
 void small_qk(int64_t rows, int64_t cols, int64_t D, T scale, const T* q, int64_t ldq, const T* k,
               int64_t ldk, T* x, int64_t ldx) {
+  constexpr int64_t W = 8;  // partial sums, so that the dot product vectorises
   for (int64_t i = 0; i < rows; ++i)
     for (int64_t j = 0; j < cols; ++j) {
+      const T* qi = q + i * ldq;
+      const T* kj = k + j * ldk;
+      T lane[W] = {};
+      int64_t d = 0;
+      for (; d + W <= D; d += W)
+        for (int64_t t = 0; t < W; ++t) lane[t] += qi[d + t] * kj[d + t];
       T dot = 0;
-      for (int64_t d = 0; d < D; ++d) dot += q[i * ldq + d] * k[j * ldk + d];
+      for (; d < D; ++d) dot += qi[d] * kj[d];
+      for (int64_t t = 0; t < W; ++t) dot += lane[t];
       x[i * ldx + j] = scale * dot;
     }
 }

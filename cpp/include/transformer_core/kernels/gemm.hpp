@@ -34,6 +34,15 @@ inline void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, fl
                  const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
                  int64_t ldc) {
   SingleThreadedBlas single;
+  if (m == 1 && !trans_a) {  // one row (decoding): a matrix-vector product, no packing of b
+    if (trans_b)              // c[0, :] = alpha · b[n, k] · a[0, :] + beta · c
+      cblas_sgemv(CblasRowMajor, CblasNoTrans, static_cast<int>(n), static_cast<int>(k), alpha, b,
+                  static_cast<int>(ldb), a, 1, beta, c, 1);
+    else                      // c[0, :] = alpha · b[k, n]ᵀ · a[0, :] + beta · c
+      cblas_sgemv(CblasRowMajor, CblasTrans, static_cast<int>(k), static_cast<int>(n), alpha, b,
+                  static_cast<int>(ldb), a, 1, beta, c, 1);
+    return;
+  }
   cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
               static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), alpha, a,
               static_cast<int>(lda), b, static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
@@ -43,6 +52,15 @@ inline void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, do
                  const double* a, int64_t lda, const double* b, int64_t ldb, double beta, double* c,
                  int64_t ldc) {
   SingleThreadedBlas single;
+  if (m == 1 && !trans_a) {  // one row (decoding): a matrix-vector product, no packing of b
+    if (trans_b)              // c[0, :] = alpha · b[n, k] · a[0, :] + beta · c
+      cblas_dgemv(CblasRowMajor, CblasNoTrans, static_cast<int>(n), static_cast<int>(k), alpha, b,
+                  static_cast<int>(ldb), a, 1, beta, c, 1);
+    else                      // c[0, :] = alpha · b[k, n]ᵀ · a[0, :] + beta · c
+      cblas_dgemv(CblasRowMajor, CblasTrans, static_cast<int>(k), static_cast<int>(n), alpha, b,
+                  static_cast<int>(ldb), a, 1, beta, c, 1);
+    return;
+  }
   cblas_dgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
               static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), alpha, a,
               static_cast<int>(lda), b, static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
@@ -56,6 +74,8 @@ inline void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, do
 // is accumulated over k in the same order, so the result is bitwise the same for 1 or 2 threads.
 constexpr int64_t kLinearTileRows = 64;
 constexpr int64_t kLinearTileCols = 512;
+// Below this many multiply-adds (≈ 10 µs of work) a parallel region costs more than it saves.
+constexpr int64_t kLinearSerialMacs = 1 << 18;
 
 template <class T>
 inline void linear(const T* x, int64_t m, int64_t k, const T* w, const T* bias, int64_t n, T* y,
@@ -63,7 +83,7 @@ inline void linear(const T* x, int64_t m, int64_t k, const T* w, const T* bias, 
   if (m == 0 || n == 0) return;
   const int64_t row_tiles = (m + kLinearTileRows - 1) / kLinearTileRows;
   const int64_t col_tiles = (n + kLinearTileCols - 1) / kLinearTileCols;
-  parallel_tasks(row_tiles * col_tiles, [&](int64_t task, int) {
+  auto tile = [&](int64_t task, int) {
     const int64_t r0 = (task / col_tiles) * kLinearTileRows, c0 = (task % col_tiles) * kLinearTileCols;
     const int64_t rows = std::min(kLinearTileRows, m - r0), cols = std::min(kLinearTileCols, n - c0);
     T* yt = y + r0 * n + c0;
@@ -75,7 +95,12 @@ inline void linear(const T* x, int64_t m, int64_t k, const T* w, const T* bias, 
     } else {
       gemm(false, true, rows, cols, k, T(1), x + r0 * k, k, w + c0 * k, k, T(1), yt, n);
     }
-  });
+  };
+  if (m * n * k < kLinearSerialMacs) {
+    for (int64_t t = 0; t < row_tiles * col_tiles; ++t) tile(t, 0);  // same tiles, same result
+  } else {
+    parallel_tasks(row_tiles * col_tiles, tile);
+  }
 }
 
 }  // namespace transformer_core::kernels
