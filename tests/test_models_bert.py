@@ -303,3 +303,13 @@ def test_config_layer_norm_eps_is_respected(small_inputs, tmp_path, eps):
     ref_h, ref_p = hf_forward(m, ids, am, tt)
     out = tc.BertModel.from_pretrained(str(tmp_path))(ids, attention_mask=am, token_type_ids=tt)
     check_outputs(out, ref_h, ref_p, am, atol=1e-5)
+
+
+def test_padding_positions_are_zero_and_real_tokens_unaffected(tc_bert, hf_tokenizer):
+    """With padding, the layers run on the real tokens only (packed rows); padding rows are zeros."""
+    ids, am, tt = hf_encode(hf_tokenizer, SENTENCES[:6])
+    assert (am == 0).any()
+    out = tc_bert(ids, attention_mask=am, token_type_ids=tt).last_hidden_state
+    np.testing.assert_array_equal(out[am == 0], 0.0)
+    full = tc_bert(ids, attention_mask=np.ones_like(am), token_type_ids=tt).last_hidden_state
+    assert np.abs(full[am == 0]).max() > 0  # without a mask every position is computed

@@ -145,7 +145,9 @@ class BertModel(Module):
 
         Returns:
             :class:`BertOutput` with ``last_hidden_state (N, L, H)`` and ``pooler_output (N, H)``
-            (None without a pooler), in ``self.dtype``.
+            (None without a pooler), in ``self.dtype``. With padding, the layers run on the real
+            tokens only and the hidden states of padding positions are zeros (as torch's
+            nested-tensor encoder returns them); real tokens match Hugging Face's.
 
         Raises:
             ValueError: ids out of range, L > max_position_embeddings, shapes that disagree,

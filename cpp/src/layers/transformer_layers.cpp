@@ -78,26 +78,38 @@ TransformerEncoderLayer<T>::TransformerEncoderLayer(int64_t d_model, int64_t nhe
 }
 
 template <class T>
-void TransformerEncoderLayer<T>::forward(const T* src, int64_t N, int64_t L, T* out, const MaskArgs<T>& masks,
-                                         AttentionPath path) const {
+template <class Attend>
+void TransformerEncoderLayer<T>::run(const T* src, int64_t rows, T* out, const Attend& attend) const {
   using Buffer = BufferT<T>;
-  const int64_t rows = N * L, E = d_model_;
+  const int64_t E = d_model_;
   const size_t size = static_cast<size_t>(rows * E);
   Buffer a{kernels::workspace<T, 20>(size)}, b{kernels::workspace<T, 21>(size)};
   if (norm_first_) {
     Buffer x{kernels::workspace<T, 22>(size)};
     norm1_.forward(src, rows, a.data());                                           // a = LN1(src)
-    self_attn_.forward(a.data(), a.data(), a.data(), N, L, L, b.data(), masks, nullptr, path);
+    attend(a.data(), b.data());
     add(src, b.data(), rows * E, x.data());                                         // x = src + SA(a)
     norm2_.forward(x.data(), rows, a.data());                                       // a = LN2(x)
     ff_.forward(a.data(), rows, b.data());
     add(x.data(), b.data(), rows * E, out);                                         // out = x + FFN(a)
   } else {
-    self_attn_.forward(src, src, src, N, L, L, a.data(), masks, nullptr, path);
+    attend(src, a.data());
     norm1_.forward_add(src, a.data(), rows, a.data());                              // a = LN1(src + SA(src))
     ff_.forward(a.data(), rows, b.data());
     norm2_.forward_add(a.data(), b.data(), rows, out);                              // out = LN2(a + FFN(a))
   }
+}
+
+template <class T>
+void TransformerEncoderLayer<T>::forward(const T* src, int64_t N, int64_t L, T* out, const MaskArgs<T>& masks,
+                                         AttentionPath path) const {
+  run(src, N * L, out, [&](const T* in, T* sa) { self_attn_.forward(in, in, in, N, L, L, sa, masks, nullptr, path); });
+}
+
+template <class T>
+void TransformerEncoderLayer<T>::forward_packed(const T* x, const PackedTokens& tokens, T* out,
+                                                const MaskArgs<T>& masks, AttentionPath path) const {
+  run(x, tokens.count, out, [&](const T* in, T* sa) { self_attn_.forward_packed(in, tokens, sa, masks, path); });
 }
 
 template <class T>

@@ -45,16 +45,18 @@ void BertEmbeddings<T>::check_inputs(const int64_t* ids, const int64_t* tt, int6
 }
 
 template <class T>
-void BertEmbeddings<T>::forward(const int64_t* ids, const int64_t* tt, int64_t N, int64_t L, T* out) const {
+void BertEmbeddings<T>::forward(const int64_t* ids, const int64_t* tt, int64_t L, const int64_t* index, int64_t rows,
+                                T* out) const {
   const int64_t H = config_.hidden_size;
   const T eps = static_cast<T>(config_.layer_norm_eps);
-  kernels::parallel_for(0, N * L, std::max<int64_t>(1, 16384 / H), [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
+  kernels::parallel_for(0, rows, std::max<int64_t>(1, 16384 / H), [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t r = index != nullptr ? index[i] : i;  // flat position n · L + l
       const int64_t pos = r % L;
       const T* w = word_.data() + ids[r] * H;
       const T* p = position_.data() + pos * H;
       const T* t = token_type_.data() + (tt != nullptr ? tt[r] : 0) * H;
-      T* y = out + r * H;
+      T* y = out + i * H;
       for (int64_t j = 0; j < H; ++j) y[j] = w[j] + p[j] + t[j];
       kernels::layer_norm_row(y, H, norm_weight_.data(), norm_bias_.data(), eps, y);
     }
@@ -116,15 +118,29 @@ void BertModel<T>::forward(const int64_t* input_ids, const uint8_t* attention_ma
                            int64_t N, int64_t L, T* hidden, T* pooled) const {
   embeddings_.check_inputs(input_ids, token_type_ids, N, L);
   const int64_t H = config_.hidden_size;
-  embeddings_.forward(input_ids, token_type_ids, N, L, hidden);
   // attention_mask [N, L] (1 = real token) masks keys: padded positions are never attended to.
   layers::MaskArgs<T> masks;
+  std::vector<int64_t> index;  // flat positions of the real tokens
   if (attention_mask != nullptr) {
     masks.key_mask = attention_mask;
     masks.key_mask_stride_n = L;
     masks.key_mask_stride_s = 1;
+    for (int64_t r = 0; r < N * L; ++r)
+      if (attention_mask[r]) index.push_back(r);
   }
-  for (const auto& layer : layers_) layer->forward(hidden, N, L, hidden, masks);
+  if (attention_mask == nullptr || static_cast<int64_t>(index.size()) == N * L) {
+    embeddings_.forward(input_ids, token_type_ids, L, nullptr, N * L, hidden);
+    for (const auto& layer : layers_) layer->forward(hidden, N, L, hidden, masks);
+  } else {
+    // Packed: the layers see only the real tokens [count, H]; padding rows come back as zeros.
+    const layers::PackedTokens tokens{N, L, static_cast<int64_t>(index.size()), index.data()};
+    std::vector<T> packed(static_cast<size_t>(tokens.count * H));
+    embeddings_.forward(input_ids, token_type_ids, L, index.data(), tokens.count, packed.data());
+    for (const auto& layer : layers_) layer->forward_packed(packed.data(), tokens, packed.data(), masks);
+    std::fill(hidden, hidden + N * L * H, T(0));
+    for (int64_t t = 0; t < tokens.count; ++t)
+      std::copy(packed.data() + t * H, packed.data() + (t + 1) * H, hidden + index[static_cast<size_t>(t)] * H);
+  }
   if (pooled != nullptr && config_.add_pooling_layer) {
     // pooler_output [N, H] = tanh(hidden[:, 0] · Wᵀ + b)
     std::vector<T> cls(static_cast<size_t>(N * H));  // hidden[:, 0]

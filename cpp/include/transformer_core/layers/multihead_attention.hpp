@@ -48,6 +48,14 @@ struct MaskArgs {
   }
 };
 
+// The real (non-padding) tokens of a padded batch [N, L]: index[t] = n · L + l for t in [0, count),
+// ascending. Layers run their GEMMs, norms and activations on the count real rows only ("packed"),
+// and go back to the padded layout for attention alone.
+struct PackedTokens {
+  int64_t N = 0, L = 0, count = 0;
+  const int64_t* index = nullptr;
+};
+
 template <class T>
 class MultiheadAttention : public Module<T> {
  public:
@@ -66,6 +74,12 @@ class MultiheadAttention : public Module<T> {
   void forward(const T* query, const T* key, const T* value, int64_t N, int64_t L, int64_t S, T* out,
                const MaskArgs<T>& masks, T* weights = nullptr, AttentionPath path = AttentionPath::kAuto) const;
 
+  // Self-attention over the real tokens of a padded batch: x [count, E] -> out [count, E] (packed
+  // rows, see PackedTokens). The masks are those of the padded [N, L] batch; they must hide the
+  // padding keys (key_mask). Needs the packed layout (kdim = vdim = embed_dim).
+  void forward_packed(const T* x, const PackedTokens& tokens, T* out, const MaskArgs<T>& masks,
+                      AttentionPath path = AttentionPath::kAuto) const;
+
   int64_t embed_dim() const { return embed_dim_; }
   int64_t num_heads() const { return num_heads_; }
   int64_t num_kv_heads() const { return num_kv_heads_; }
@@ -76,6 +90,11 @@ class MultiheadAttention : public Module<T> {
   bool has_bias() const { return bias_; }
 
  private:
+  // context [N, L, E] = attention over projected q [N, L, ·] and k, v [N, S, ·] given with their
+  // row strides (ld*) in elements.
+  void attend(const T* q, int64_t q_ld, const T* k, const T* v, int64_t kv_ld, int64_t N, int64_t L, int64_t S,
+              T* context, const MaskArgs<T>& masks, T* weights, AttentionPath path) const;
+
   int64_t embed_dim_, num_heads_, num_kv_heads_, head_dim_, kv_dim_, kdim_, vdim_;
   bool bias_, packed_;
   xt::xtensor<T, 2> in_proj_weight_;                                 // packed [E + 2·E_kv, E]

@@ -50,12 +50,21 @@ class TransformerEncoderLayer : public Module<T> {
   void forward(const T* src, int64_t N, int64_t L, T* out, const MaskArgs<T>& masks,
                AttentionPath path = AttentionPath::kAuto) const;
 
+  // The same layer on the real tokens of a padded batch: x [count, E] -> out [count, E] (packed
+  // rows; see PackedTokens). The masks must hide the padding keys (key_mask).
+  void forward_packed(const T* x, const PackedTokens& tokens, T* out, const MaskArgs<T>& masks,
+                      AttentionPath path = AttentionPath::kAuto) const;
+
   const MultiheadAttention<T>& self_attn() const { return self_attn_; }
   const FeedForward<T>& feed_forward() const { return ff_; }
   int64_t d_model() const { return d_model_; }
   bool norm_first() const { return norm_first_; }
 
  private:
+  // The layer over `rows` rows, with self-attention given as attend(in [rows, E], out [rows, E]).
+  template <class Attend>
+  void run(const T* src, int64_t rows, T* out, const Attend& attend) const;
+
   int64_t d_model_;
   bool norm_first_;
   MultiheadAttention<T> self_attn_;

@@ -44,8 +44,10 @@ class BertEmbeddings : public layers::Module<T> {
   // Throws std::invalid_argument for ids outside [0, vocab_size) / [0, type_vocab_size) or
   // L > max_position_embeddings. token_type_ids may be nullptr (all zeros).
   void check_inputs(const int64_t* input_ids, const int64_t* token_type_ids, int64_t N, int64_t L) const;
-  // out [N, L, H]
-  void forward(const int64_t* input_ids, const int64_t* token_type_ids, int64_t N, int64_t L, T* out) const;
+  // out [rows, H] for the tokens at flat positions index[0..rows) of the [N, L] batch (position
+  // index[r] % L); index == nullptr: every position, rows = N · L.
+  void forward(const int64_t* input_ids, const int64_t* token_type_ids, int64_t L, const int64_t* index,
+               int64_t rows, T* out) const;
 
  private:
   BertConfig config_;
@@ -59,7 +61,9 @@ class BertModel : public layers::Module<T> {
   explicit BertModel(const BertConfig& config);
 
   // last_hidden_state [N, L, H]; pooler_output [N, H] or nullptr (ignored without a pooler).
-  // attention_mask may be nullptr (every token real).
+  // attention_mask may be nullptr (every token real). With padding, every GEMM, norm and activation
+  // runs on the real tokens only (packed rows), attention on the padded batch with the padding keys
+  // masked; the hidden states of padding positions are returned as zeros.
   void forward(const int64_t* input_ids, const uint8_t* attention_mask, const int64_t* token_type_ids, int64_t N,
                int64_t L, T* last_hidden_state, T* pooler_output) const;
 
