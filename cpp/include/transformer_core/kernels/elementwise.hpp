@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <limits>
 
+#include "transformer_core/kernels/fast_math.hpp"
+
 namespace transformer_core::kernels {
 
 // Numerically stable softmax of one row, in place:  p_j = exp(x_j - max x) / Σ_k exp(x_k - max x)
@@ -69,6 +71,11 @@ inline T gelu(T x) {
 }
 
 // GELU, tanh approximation (GPT-2):  0.5 · x · (1 + tanh(√(2/π) · (x + 0.044715 x³)))
+// float: erf by a vectorisable polynomial (|error| <= 1.5e-7, see fast_math.hpp)
+inline float gelu(float x) {
+  return 0.5f * x * (1.0f + fast_math::erf_approx(x * 0.70710678118654752440f));
+}
+
 template <class T>
 inline T gelu_tanh(T x) {
   const T inner = T(0.79788456080286535588) * (x + T(0.044715) * x * x * x);

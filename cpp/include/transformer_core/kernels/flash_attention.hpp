@@ -27,12 +27,15 @@
 #include <vector>
 
 #include "transformer_core/kernels/attention.hpp"
+#include "transformer_core/kernels/fast_math.hpp"
 #include "transformer_core/kernels/gemm.hpp"
 #include "transformer_core/kernels/parallel.hpp"
 
 namespace transformer_core::kernels {
 
 namespace flash_detail {
+
+using fast_math::exp_nonpos;
 
 // Tile sizes. This machine: AMD EPYC (Zen 5), L1d 48 KiB and L2 1 MiB per core, L3 32 MiB shared;
 // OpenBLAS 0.3.21 runs its Haswell (AVX2) kernels. Measured single-threaded (thread CPU time, best
@@ -67,68 +70,7 @@ constexpr int64_t kStackElems = 4096;
 constexpr int64_t kMinTasks = 16;
 constexpr int64_t kMinChunk = 512;
 
-// ---- exp(x) for x ≤ 0, vectorisable ------------------------------------------------------------
-// exp(x) = 2ⁿ · exp(r),  n = round(x / ln 2),  r = x - n ln 2 ∈ [-ln2/2, ln2/2]  (Cody–Waite, ln 2
-// split in a part exact in n·hi and a correction). exp(r) by a polynomial (Cephes: degree 5 for
-// float, ≤ 1 ulp; Taylor to degree 13 for double, < 1e-16 relative). 2ⁿ is built in the exponent
-// bits. Below the smallest normal result we return exactly 0, so exp(-inf) = 0; NaN stays NaN.
-// Written with plain arithmetic, selects and memcpy so that GCC -O3 vectorises the loops that call it.
-inline float exp_nonpos(float x) {
-  const float lo = -87.0f;
-  const bool under = x < lo;
-  const float xc = under ? lo : x;
-  const float shifter = 12582912.0f;                       // 1.5 · 2²³: adding it rounds to an integer
-  const float kd = xc * 1.44269504088896341f + shifter;    // n + shifter (n in the low mantissa bits)
-  const float n = kd - shifter;
-  float r = xc - n * 0.693359375f;                         // ln 2, high part (exact in n · hi)
-  r = r - n * -2.12194440e-4f;                             // ln 2, low part
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;                                // exp(r) = 1 + r + r² P(r)
-  uint32_t kb;
-  std::memcpy(&kb, &kd, sizeof kb);
-  const uint32_t sb = (kb << 23) + (127u << 23);           // bits of 2ⁿ
-  float s;
-  std::memcpy(&s, &sb, sizeof s);
-  const float y = p * s;
-  return under ? 0.0f : y;
-}
-
-inline double exp_nonpos(double x) {
-  const double lo = -708.0;
-  const bool under = x < lo;
-  const double xc = under ? lo : x;
-  const double shifter = 6755399441055744.0;               // 1.5 · 2⁵²
-  const double kd = xc * 1.4426950408889634074 + shifter;
-  const double n = kd - shifter;
-  double r = xc - n * 6.93147180369123816490e-01;          // ln 2, high part
-  r = r - n * 1.90821492927058770002e-10;                  // ln 2, low part
-  // exp(r) = Σ_{k ≤ 13} rᵏ / k!  (|r| ≤ 0.347: the remainder is < 1e-17 relative)
-  double p = 1.0 / 6227020800.0;
-  p = p * r + 1.0 / 479001600.0;
-  p = p * r + 1.0 / 39916800.0;
-  p = p * r + 1.0 / 3628800.0;
-  p = p * r + 1.0 / 362880.0;
-  p = p * r + 1.0 / 40320.0;
-  p = p * r + 1.0 / 5040.0;
-  p = p * r + 1.0 / 720.0;
-  p = p * r + 1.0 / 120.0;
-  p = p * r + 1.0 / 24.0;
-  p = p * r + 1.0 / 6.0;
-  p = p * r + 0.5;
-  p = p * r * r + r + 1.0;
-  uint64_t kb;
-  std::memcpy(&kb, &kd, sizeof kb);
-  const uint64_t sb = (kb << 52) + (uint64_t(1023) << 52);
-  double s;
-  std::memcpy(&s, &sb, sizeof s);
-  const double y = p * s;
-  return under ? 0.0 : y;
-}
+// exp_nonpos: kernels/fast_math.hpp
 
 // ---- row max, vectorisable -------------------------------------------------------------------
 // A float compare-select reduction does not vectorise without -ffast-math (NaN), an integer max
