@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "transformer_core/kernels/linear_small.hpp"
 #include "transformer_core/kernels/parallel.hpp"
 
 namespace transformer_core::kernels {
@@ -81,6 +82,16 @@ template <class T>
 inline void linear(const T* x, int64_t m, int64_t k, const T* w, const T* bias, int64_t n, T* y,
                    bool w_in_out = false) {
   if (m == 0 || n == 0) return;
+  if (m <= kSmallRows && !w_in_out && k > 0) {  // a few rows: stream w once (linear_small.hpp)
+    const int64_t chunks = (n + 63) / 64;           // 64 output features per task, fixed
+    auto chunk = [&](int64_t c, int) { linear_small_rows(x, m, k, w, bias, c * 64, std::min(n, c * 64 + 64), n, y); };
+    if (m * n * k < kLinearSerialMacs) {
+      for (int64_t c = 0; c < chunks; ++c) chunk(c, 0);
+    } else {
+      parallel_tasks(chunks, chunk);
+    }
+    return;
+  }
   const int64_t row_tiles = (m + kLinearTileRows - 1) / kLinearTileRows;
   const int64_t col_tiles = (n + kLinearTileCols - 1) / kLinearTileCols;
   auto tile = [&](int64_t task, int) {
