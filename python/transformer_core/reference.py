@@ -1,0 +1,140 @@
+"""A small numpy reference of the Transformer, readable in one sitting (in the spirit of nanoGPT's
+model.py): the oracle the tests use beside PyTorch. Slow and simple on purpose; no C++ here.
+
+Shapes: batch-first ``(N, L, E)``; heads ``(N, H, L, D)``. Masks: the library's convention (bool True
+= may attend, float added; key masks True = real token). Weight names: torch's / Hugging Face's.
+Source: Vaswani et al. 2017 (eq. 1, eq. 2, §3.2.2), seed tutorials 000–004.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+__all__ = ["softmax", "layer_norm", "gelu", "linear", "scaled_dot_product_attention", "multi_head_attention",
+           "encoder_layer", "bert"]
+
+
+def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
+    """``exp(x - max) / Σ exp(x - max)``; an all ``-inf`` slice gives zeros."""
+    m = np.max(x, axis=axis, keepdims=True)
+    m = np.where(np.isneginf(m), 0.0, m)
+    e = np.exp(x - m)
+    s = np.sum(e, axis=axis, keepdims=True)
+    return np.divide(e, s, out=np.zeros_like(e), where=s != 0)
+
+
+def layer_norm(x: np.ndarray, weight=None, bias=None, eps: float = 1e-5) -> np.ndarray:
+    """``(x - mean) / sqrt(var + eps) · weight + bias`` over the last dim (Ba et al. 2016)."""
+    mean = x.mean(axis=-1, keepdims=True)
+    var = ((x - mean) ** 2).mean(axis=-1, keepdims=True)
+    y = (x - mean) / np.sqrt(var + eps)
+    return y * (1 if weight is None else weight) + (0 if bias is None else bias)
+
+
+def gelu(x: np.ndarray, approximate: str = "none") -> np.ndarray:
+    """GELU: ``0.5 x (1 + erf(x / √2))``, or its tanh form (GPT-2)."""
+    if approximate == "tanh":
+        return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
+    erf = np.vectorize(math.erf, otypes=[x.dtype])
+    return 0.5 * x * (1 + erf(x / math.sqrt(2)))
+
+
+def linear(x: np.ndarray, weight: np.ndarray, bias=None) -> np.ndarray:
+    """``x Wᵀ + b`` with ``weight (out, in)`` (torch's layout)."""
+    y = x @ weight.T
+    return y if bias is None else y + bias
+
+
+def scaled_dot_product_attention(q, k, v, attn_mask=None, key_mask=None, is_causal=False, scale=None):
+    """``softmax(q kᵀ · scale + mask) v`` (Vaswani et al. 2017, eq. 1).
+
+    q ``(..., L, D)``, k ``(..., S, D)``, v ``(..., S, Dv)`` -> ``((..., L, Dv), weights (..., L, S))``.
+    """
+    L, S = q.shape[-2], k.shape[-2]
+    scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+    scores = q @ np.swapaxes(k, -1, -2) * scale                       # (..., L, S)
+    if attn_mask is not None:
+        attn_mask = np.asarray(attn_mask)
+        scores = np.where(attn_mask, scores, -np.inf) if attn_mask.dtype == bool else scores + attn_mask
+    if key_mask is not None:                                            # (N, S) -> (N, 1, 1, S)
+        km = np.asarray(key_mask, dtype=bool).reshape(key_mask.shape[0], *([1] * (scores.ndim - 2)), S)
+        scores = np.where(km, scores, -np.inf)
+    if is_causal:
+        scores = np.where(np.tril(np.ones((L, S), dtype=bool)), scores, -np.inf)
+    weights = softmax(scores, axis=-1)
+    return weights @ v, weights
+
+
+def multi_head_attention(x, state: dict, num_heads: int, *, prefix: str = "", attn_mask=None, key_mask=None,
+                         is_causal=False):
+    """Self-attention with torch's ``nn.MultiheadAttention`` weights (``in_proj_weight`` packed
+    [q; k; v], ``out_proj.*``): x ``(N, L, E)`` -> ``(N, L, E)``."""
+    N, L, E = x.shape
+    D = E // num_heads
+    w, b = state[prefix + "in_proj_weight"], state.get(prefix + "in_proj_bias")
+    qkv = linear(x, w, b)                                               # (N, L, 3E)
+    q, k, v = np.split(qkv, 3, axis=-1)                                 # 3 × (N, L, E)
+    heads = lambda t: t.reshape(N, L, num_heads, D).transpose(0, 2, 1, 3)  # noqa: E731  (N, H, L, D)
+    out, _ = scaled_dot_product_attention(heads(q), heads(k), heads(v), attn_mask, key_mask, is_causal)
+    out = out.transpose(0, 2, 1, 3).reshape(N, L, E)                    # concat heads
+    return linear(out, state[prefix + "out_proj.weight"], state.get(prefix + "out_proj.bias"))
+
+
+def encoder_layer(x, state: dict, num_heads: int, *, activation="relu", norm_first=False, eps=1e-5,
+                  key_mask=None, prefix: str = ""):
+    """``torch.nn.TransformerEncoderLayer`` (eval), batch-first, from its state dict."""
+    act = (lambda t: np.maximum(t, 0)) if activation == "relu" else gelu
+    p = prefix
+
+    def sa(t):
+        return multi_head_attention(t, state, num_heads, prefix=p + "self_attn.", key_mask=key_mask)
+
+    def ff(t):
+        return linear(act(linear(t, state[p + "linear1.weight"], state.get(p + "linear1.bias"))),
+                      state[p + "linear2.weight"], state.get(p + "linear2.bias"))
+
+    def norm(i, t):
+        return layer_norm(t, state[f"{p}norm{i}.weight"], state.get(f"{p}norm{i}.bias"), eps)
+
+    if norm_first:
+        x = x + sa(norm(1, x))
+        return x + ff(norm(2, x))
+    x = norm(1, x + sa(x))
+    return norm(2, x + ff(x))
+
+
+def bert(input_ids, state: dict, config: dict, attention_mask=None, token_type_ids=None):
+    """Hugging Face ``BertModel`` (eval) from its state dict: ``(last_hidden_state (N, L, H),
+    pooler_output (N, H) or None)``. Seed 001's Embeddings + post-LN GELU encoder layers."""
+    ids = np.asarray(input_ids)
+    N, L = ids.shape
+    tt = np.zeros_like(ids) if token_type_ids is None else np.asarray(token_type_ids)
+    eps = config.get("layer_norm_eps", 1e-12)
+    x = (state["embeddings.word_embeddings.weight"][ids] + state["embeddings.position_embeddings.weight"][:L]
+         + state["embeddings.token_type_embeddings.weight"][tt])
+    x = layer_norm(x, state["embeddings.LayerNorm.weight"], state["embeddings.LayerNorm.bias"], eps)
+    for i in range(config["num_hidden_layers"]):
+        p = f"encoder.layer.{i}."
+        s = {  # Hugging Face's names -> torch's encoder layer
+            "self_attn.in_proj_weight": np.concatenate([state[p + f"attention.self.{n}.weight"]
+                                                        for n in ("query", "key", "value")]),
+            "self_attn.in_proj_bias": np.concatenate([state[p + f"attention.self.{n}.bias"]
+                                                      for n in ("query", "key", "value")]),
+            "self_attn.out_proj.weight": state[p + "attention.output.dense.weight"],
+            "self_attn.out_proj.bias": state[p + "attention.output.dense.bias"],
+            "norm1.weight": state[p + "attention.output.LayerNorm.weight"],
+            "norm1.bias": state[p + "attention.output.LayerNorm.bias"],
+            "linear1.weight": state[p + "intermediate.dense.weight"],
+            "linear1.bias": state[p + "intermediate.dense.bias"],
+            "linear2.weight": state[p + "output.dense.weight"],
+            "linear2.bias": state[p + "output.dense.bias"],
+            "norm2.weight": state[p + "output.LayerNorm.weight"],
+            "norm2.bias": state[p + "output.LayerNorm.bias"],
+        }
+        x = encoder_layer(x, s, config["num_attention_heads"], activation="gelu", eps=eps, key_mask=attention_mask)
+    pooled = None
+    if "pooler.dense.weight" in state:
+        pooled = np.tanh(linear(x[:, 0], state["pooler.dense.weight"], state["pooler.dense.bias"]))
+    return x, pooled
