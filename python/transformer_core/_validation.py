@@ -70,12 +70,8 @@ def as_ids(x, name: str, *, ndim: int = 2) -> np.ndarray:
     return np.ascontiguousarray(arr, dtype=np.int64)
 
 
-def check_last_dim(arr: np.ndarray, name: str, expected: int, what: str) -> None:
-    if arr.shape[-1] != expected:
-        raise ValueError(f"{name}: expected last dim {expected} ({what}), got shape {arr.shape}")
-
-
 def check_positive_int(value, name: str) -> int:
+    """``value`` as an int >= 1; TypeError for a non-int (bools included), ValueError for < 1."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"{name}: expected an int, got {type(value).__name__}")
     if value < 1:

@@ -185,15 +185,19 @@ class _ArrayParams:
         self._arrays = {name: np.zeros(shape, dtype) for name, shape in shapes.items()}
 
     def parameter_shapes(self):
+        """``[(name, shape)]`` of every array, as the C++ modules report them."""
         return [(name, a.shape) for name, a in self._arrays.items()]
 
     def get_parameter(self, name: str) -> np.ndarray:
+        """A copy of the array ``name``."""
         return self._arrays[name].copy()
 
     def set_parameter(self, name: str, value: np.ndarray) -> None:
+        """Copies ``value`` (already checked: same shape and dtype) into the array ``name``."""
         self._arrays[name][...] = value
 
     def view(self, name: str) -> np.ndarray:
+        """The array ``name`` itself (no copy), for the forward pass."""
         return self._arrays[name]
 
 

@@ -88,21 +88,21 @@ def encoder_layer(x, state: dict, num_heads: int, *, activation="relu", norm_fir
     act = (lambda t: np.maximum(t, 0)) if activation == "relu" else gelu
     p = prefix
 
-    def sa(t):
+    def _sa(t):
         return multi_head_attention(t, state, num_heads, prefix=p + "self_attn.", key_mask=key_mask)
 
-    def ff(t):
+    def _ff(t):
         return linear(act(linear(t, state[p + "linear1.weight"], state.get(p + "linear1.bias"))),
                       state[p + "linear2.weight"], state.get(p + "linear2.bias"))
 
-    def norm(i, t):
+    def _norm(i, t):
         return layer_norm(t, state[f"{p}norm{i}.weight"], state.get(f"{p}norm{i}.bias"), eps)
 
     if norm_first:
-        x = x + sa(norm(1, x))
-        return x + ff(norm(2, x))
-    x = norm(1, x + sa(x))
-    return norm(2, x + ff(x))
+        x = x + _sa(_norm(1, x))
+        return x + _ff(_norm(2, x))
+    x = _norm(1, x + _sa(x))
+    return _norm(2, x + _ff(x))
 
 
 def bert(input_ids, state: dict, config: dict, attention_mask=None, token_type_ids=None):
