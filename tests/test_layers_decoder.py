@@ -13,10 +13,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
 import transformer_core as tc
-from conftest import (DTYPE_IDS, FLOAT_DTYPES, TORCH_DTYPE, assert_close, module_state_to_numpy,
-                      randn, states_equal, to_torch)
+from conftest import (
+    DTYPE_IDS,
+    FLOAT_DTYPES,
+    TORCH_DTYPE,
+    assert_close,
+    module_state_to_numpy,
+    randn,
+    states_equal,
+    to_torch,
+)
 
 
 def _randomise(m: torch.nn.Module) -> torch.nn.Module:
@@ -174,7 +181,7 @@ def _torch_decoder_zero_rows(ref, tgt, mem, kind, tkw):
         H = attn.num_heads
         W, b = attn.in_proj_weight, attn.in_proj_bias
         q, k, v = TF.linear(x, W[:E], b[:E]), TF.linear(kv, W[E:2 * E], b[E:2 * E]), TF.linear(kv, W[2 * E:], b[2 * E:])
-        N, T, S = x.shape[0], x.shape[1], kv.shape[1]
+        N, T = x.shape[0], x.shape[1]
         q, k, v = (t.view(N, -1, H, E // H).transpose(1, 2) for t in (q, k, v))
         s = (q @ k.transpose(-1, -2)) / np.sqrt(E // H)
         s = s.masked_fill(~allow, float("-inf"))
@@ -184,7 +191,7 @@ def _torch_decoder_zero_rows(ref, tgt, mem, kind, tkw):
 
     with torch.no_grad():
         x, m = to_torch(tgt), to_torch(mem)
-        N, T, S = x.shape[0], x.shape[1], m.shape[1]
+        T, S = x.shape[1], m.shape[1]
         sa = torch.ones(1, 1, T, T, dtype=torch.bool)
         if "tgt_mask" in tkw:
             sa = sa & to_torch(tkw["tgt_mask"])

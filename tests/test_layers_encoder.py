@@ -9,10 +9,17 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as TF
-
 import transformer_core as tc
-from conftest import (DTYPE_IDS, FLOAT_DTYPES, TORCH_DTYPE, assert_close, module_state_to_numpy,
-                      randn, states_equal, to_torch)
+from conftest import (
+    DTYPE_IDS,
+    FLOAT_DTYPES,
+    TORCH_DTYPE,
+    assert_close,
+    module_state_to_numpy,
+    randn,
+    states_equal,
+    to_torch,
+)
 
 
 # ----------------------------------------------------------------------------------- FeedForward
@@ -107,7 +114,7 @@ NL = [(1, 1), (2, 7), (7, 7), (3, 17)]
 @pytest.mark.parametrize("padding", [False, True], ids=["nopad", "pad"])
 @pytest.mark.parametrize("norm_first", [False, True], ids=["post_norm", "pre_norm"])
 @pytest.mark.parametrize("activation", ["relu", "gelu"])
-@pytest.mark.parametrize("N,L", NL, ids=[f"N{n}L{l}" for n, l in NL])
+@pytest.mark.parametrize("N,L", NL, ids=[f"N{n}L{length}" for n, length in NL])
 @pytest.mark.parametrize("d,h,f", CONFIGS, ids=CONFIG_IDS)
 def test_encoder_layer_matches_torch(rng, d, h, f, N, L, activation, norm_first, padding, dtype):
     ours, ref = make_pair(d, h, f, activation, norm_first, dtype)

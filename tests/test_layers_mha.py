@@ -9,10 +9,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
 import transformer_core as tc
-from conftest import (DTYPE_IDS, FLOAT_DTYPES, TORCH_DTYPE, assert_close, module_state_to_numpy,
-                      randn, states_equal, to_torch)
+from conftest import (
+    DTYPE_IDS,
+    FLOAT_DTYPES,
+    TORCH_DTYPE,
+    assert_close,
+    module_state_to_numpy,
+    randn,
+    states_equal,
+    to_torch,
+)
 
 EH = [(8, 2), (9, 3), (16, 1), (12, 4)]
 EH_IDS = [f"E{e}H{h}" for e, h in EH]

@@ -7,11 +7,10 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import DTYPE_IDS, FLOAT_DTYPES, assert_close, module_state_to_numpy, randn, to_torch
-from torch.nn.attention.bias import causal_lower_right, causal_upper_left
-
 import transformer_core.functional as tcf
 import transformer_core.nn as tcnn
+from conftest import DTYPE_IDS, FLOAT_DTYPES, assert_close, module_state_to_numpy, randn, to_torch
+from torch.nn.attention.bias import causal_lower_right, causal_upper_left
 from transformer_core import masks as M
 
 

@@ -7,10 +7,9 @@ import shutil
 import numpy as np
 import pytest
 import torch
-from safetensors.numpy import load_file, save_file
-
 import transformer_core as tc
 from conftest import SENTENCES, hf_encode
+from safetensors.numpy import load_file, save_file
 
 BERT_ATOL = 1e-4
 

@@ -18,7 +18,6 @@ import shutil
 import numpy as np
 import pytest
 import torch
-
 import transformer_core as tc
 from conftest import assert_close
 

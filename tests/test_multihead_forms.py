@@ -16,10 +16,9 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+import transformer_core.nn as tcnn
 from conftest import DTYPE_IDS, FLOAT_DTYPES, TORCH_DTYPE, assert_close, module_state_to_numpy, randn, to_torch
 from torch import nn
-
-import transformer_core.nn as tcnn
 from transformer_core import multihead_forms as MF
 
 # --------------------------------------------------------------------------------------------------

@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as TF
-
 import transformer_core as tc
 from conftest import DTYPE_IDS, FLOAT_DTYPES, assert_close, atol, randn, rtol, to_torch
 

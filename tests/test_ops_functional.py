@@ -5,7 +5,6 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as TF
-
 import transformer_core as tc
 from conftest import DTYPE_IDS, FLOAT_DTYPES, assert_close, randn, to_torch
 

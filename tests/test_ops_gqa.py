@@ -16,10 +16,8 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as TF
-
 import transformer_core as tc
-from conftest import (DTYPE_IDS, FLOAT_DTYPES, TORCH_DTYPE, assert_close, randn, states_equal,
-                      to_numpy, to_torch)
+from conftest import DTYPE_IDS, FLOAT_DTYPES, TORCH_DTYPE, assert_close, randn, states_equal, to_numpy, to_torch
 
 try:  # torch >= 2.3
     from torch.nn.attention.bias import causal_lower_right
@@ -79,7 +77,7 @@ LS = [(1, 1), (7, 7), (5, 13), (13, 5)]
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
 @pytest.mark.parametrize("causal", ["none", "top_left", "bottom_right"])
-@pytest.mark.parametrize("L,S", LS, ids=[f"L{l}S{s}" for l, s in LS])
+@pytest.mark.parametrize("L,S", LS, ids=[f"L{q}S{s}" for q, s in LS])
 @pytest.mark.parametrize("H,Hkv", HEADS, ids=[f"H{h}kv{k}" for h, k in HEADS])
 def test_sdpa_gqa_matches_torch(rng, H, Hkv, L, S, causal, dtype):
     N, E, Ev = 2, 8, 5
@@ -152,7 +150,7 @@ SIZES = [1, 7, 63, 64, 65, 129]
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
 @pytest.mark.parametrize("S", SIZES, ids=[f"S{s}" for s in SIZES])
-@pytest.mark.parametrize("L", SIZES, ids=[f"L{l}" for l in SIZES])
+@pytest.mark.parametrize("L", SIZES, ids=[f"L{q}" for q in SIZES])
 def test_flash_equals_reference_tile_edges(rng, L, S, dtype):
     N, H, Hkv, E = 1, 4, 2, 16
     q = randn(rng, (N, H, L, E), dtype)

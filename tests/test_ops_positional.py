@@ -16,7 +16,6 @@ import pytest
 import torch
 from conftest import DTYPE_IDS, FLOAT_DTYPES, TORCH_DTYPE, assert_close, module_state_to_numpy, randn, to_torch
 from torch import nn
-
 from transformer_core import positional as P
 
 # --------------------------------------------------------------------------------------------------

@@ -5,9 +5,8 @@ import numpy as np
 import pytest
 import torch
 import transformer_core as tc
-from transformer_core import reference as ref
-
 from conftest import module_state_to_numpy
+from transformer_core import reference as ref
 
 
 @pytest.mark.parametrize("norm_first", [False, True])

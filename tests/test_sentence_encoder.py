@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 import transformer_core as tc
 from conftest import MODEL_NAME, SENTENCES, hf_encode, hf_mean_pool
 

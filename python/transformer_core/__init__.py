@@ -36,11 +36,11 @@ def _choose_openblas_kernels() -> None:
 
 _choose_openblas_kernels()  # before _core (and with it libopenblas) is loaded
 
-from . import _core  # noqa: E402
-from . import functional, masks, multihead_forms, nn, positional
+# ruff: noqa: E402 (the imports below must follow the OpenBLAS choice above)
+from . import _core, functional, masks, multihead_forms, nn, positional
 from .bert import BertConfig, BertEmbeddings, BertModel, BertOutput
-from .positional import Embeddings, PositionalEncoding
 from .gpt2 import CausalLMOutput, GPT2Config, GPT2LMHeadModel, GPT2Model, KVCache
+from .positional import Embeddings, PositionalEncoding
 from .sentence_encoder import SentenceEncoder, cosine_similarity, mean_pool
 from .tokenizer import Tokenizer
 
