@@ -36,12 +36,9 @@ template <class T>
 void FeedForward<T>::forward(const T* x, int64_t rows, T* out) const {
   const int64_t F = dim_feedforward_;
   T* hidden = kernels::workspace<T, 0>(static_cast<size_t>(rows * F));  // [rows, F]
-  // hidden = x · linear1ᵀ (one GEMM), then bias + activation fused in one pass
-  kernels::linear(x, rows, d_model_, linear1_weight_.data(), static_cast<const T*>(nullptr), F, hidden);
-  const T* b1 = bias_ ? linear1_bias_.data() : nullptr;
-  kernels::parallel_for(0, rows, std::max<int64_t>(1, 16384 / F), [&](int64_t r0, int64_t r1) {
-    kernels::bias_activation_rows(hidden + r0 * F, r1 - r0, F, b1, activation_);
-  });
+  // hidden = act(x · linear1ᵀ + b1): the bias and the activation applied per tile, in cache
+  kernels::linear(x, rows, d_model_, linear1_weight_.data(), bias_ ? linear1_bias_.data() : nullptr, F, hidden,
+                  /*w_in_out=*/false, activation_);
   kernels::linear(hidden, rows, F, linear2_weight_.data(), bias_ ? linear2_bias_.data() : nullptr, d_model_, out);
 }
 

@@ -128,8 +128,7 @@ void GPT2Block<T>::forward(T* h, int64_t N, int64_t L, KVCache<T>& cache, int64_
   // h = h + mlp.c_proj(act(mlp.c_fc(ln_2(h))))
   ln_2_.forward(h, rows, a.data());
   std::vector<T> f(static_cast<size_t>(rows * F_));
-  conv1d(a.data(), rows, E, c_fc_w_.data(), c_fc_b_.data(), F_, f.data());
-  ops::activation(f.data(), rows * F_, act_);
+  kernels::linear(a.data(), rows, E, c_fc_w_.data(), c_fc_b_.data(), F_, f.data(), /*w_in_out=*/true, act_);
   conv1d(f.data(), rows, F_, mlp_proj_w_.data(), mlp_proj_b_.data(), E, a.data());
   for (int64_t i = 0; i < rows * E; ++i) h[i] += a[i];
 }

@@ -103,16 +103,4 @@ inline void activate(T* x, int64_t n, Activation act) {
   }
 }
 
-// y[r, :] = act(y[r, :] + bias) for rows [0, rows) of width n: the bias add of a linear layer and
-// its activation in one pass over memory. bias: [n] or nullptr.
-template <class T>
-inline void bias_activation_rows(T* y, int64_t rows, int64_t n, const T* bias, Activation act) {
-  for (int64_t r = 0; r < rows; ++r) {
-    T* row = y + r * n;
-    if (bias != nullptr)
-      for (int64_t j = 0; j < n; ++j) row[j] += bias[j];
-    activate(row, n, act);
-  }
-}
-
 }  // namespace transformer_core::kernels
