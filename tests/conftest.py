@@ -192,3 +192,15 @@ def hf_mean_pool(hf_model, ids, am, tt=None, normalize=True):
     if normalize:
         mean = mean / np.linalg.norm(mean, axis=1, keepdims=True)
     return mean
+
+
+def randomise_(module: torch.nn.Module) -> torch.nn.Module:
+    """Gives every parameter of a torch module random values, in place (biases start at 0 and norms
+    at 1/0, which would hide mistakes): norm weights around 1, everything else N(0, 0.3²)."""
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            if "norm" in name and name.endswith("weight"):
+                p.copy_(1.0 + 0.3 * torch.randn_like(p))
+            else:
+                p.copy_(torch.randn_like(p) * 0.3)
+    return module

@@ -21,26 +21,17 @@ from conftest import (
     assert_close,
     module_state_to_numpy,
     randn,
+    randomise_,
     states_equal,
     to_torch,
 )
-
-
-def _randomise(m: torch.nn.Module) -> torch.nn.Module:
-    with torch.no_grad():  # biases start at 0 and norms at 1/0: randomise everything
-        for name, p in m.named_parameters():
-            if "norm" in name and name.endswith("weight"):
-                p.copy_(1.0 + 0.3 * torch.randn_like(p))
-            else:
-                p.copy_(torch.randn_like(p) * 0.3)
-    return m
 
 
 def make_pair(d, h, f, activation, norm_first, dtype, bias=True, eps=1e-5):
     ref = torch.nn.TransformerDecoderLayer(d, h, dim_feedforward=f, dropout=0.0, activation=activation,
                                           layer_norm_eps=eps, batch_first=True, norm_first=norm_first,
                                           bias=bias)
-    ref = _randomise(ref.to(TORCH_DTYPE[np.dtype(dtype)]).eval())
+    ref = randomise_(ref.to(TORCH_DTYPE[np.dtype(dtype)]).eval())
     ours = tc.nn.TransformerDecoderLayer(d, h, dim_feedforward=f, activation=activation, layer_norm_eps=eps,
                                          norm_first=norm_first, bias=bias, dtype=dtype)
     ours.load_state_dict(module_state_to_numpy(ref))
@@ -291,7 +282,7 @@ def test_decoder_layer_bad_input(rng):
 @pytest.mark.parametrize("shape", [(1,), (7, 5), (2, 3, 9)], ids=["1", "7x5", "2x3x9"])
 def test_layer_norm_matches_torch(rng, shape, eps, bias, dtype):
     E = shape[-1]
-    ref = _randomise(torch.nn.LayerNorm(E, eps=eps, bias=bias).to(TORCH_DTYPE[np.dtype(dtype)]))
+    ref = randomise_(torch.nn.LayerNorm(E, eps=eps, bias=bias).to(TORCH_DTYPE[np.dtype(dtype)]))
     ours = tc.nn.LayerNorm(E, eps, bias, dtype)
     sd = module_state_to_numpy(ref)
     assert set(ours.state_dict()) == set(sd)
@@ -326,7 +317,7 @@ def _stack_pair(kind, d, h, f, activation, norm_first, num_layers, with_norm, dt
         ref = torch.nn.TransformerDecoder(tl, num_layers, norm=tnorm)
         ours = tc.nn.TransformerDecoder(tc.nn.TransformerDecoderLayer(d, h, f, activation, norm_first=norm_first,
                                                                        dtype=dtype), num_layers, norm=onorm)
-    ref = _randomise(ref.to(tdt).eval())  # every layer gets different weights
+    ref = randomise_(ref.to(tdt).eval())  # every layer gets different weights
     sd = module_state_to_numpy(ref)
     assert set(ours.state_dict()) == set(sd)
     ours.load_state_dict(sd)
@@ -395,7 +386,7 @@ TRANSFORMER_CFGS = [(16, 4, 2, 2, 32, "relu"), (12, 3, 1, 3, 20, "gelu"), (8, 1,
 def test_transformer_matches_torch(rng, d, h, ne, nd, f, activation, norm_first, dtype):
     ref = torch.nn.Transformer(d, h, ne, nd, f, dropout=0.0, activation=activation, batch_first=True,
                                norm_first=norm_first)
-    ref = _randomise(ref.to(TORCH_DTYPE[np.dtype(dtype)]).eval())
+    ref = randomise_(ref.to(TORCH_DTYPE[np.dtype(dtype)]).eval())
     ours = tc.nn.Transformer(d, h, ne, nd, f, activation, 1e-5, norm_first, True, dtype)
     sd = module_state_to_numpy(ref)
     assert set(ours.state_dict()) == set(sd)

@@ -17,6 +17,7 @@ from conftest import (
     assert_close,
     module_state_to_numpy,
     randn,
+    randomise_,
     states_equal,
     to_torch,
 )
@@ -71,14 +72,7 @@ def make_torch_layer(d, h, f, activation, norm_first, dtype, bias=True, eps=1e-5
     m = torch.nn.TransformerEncoderLayer(d, h, dim_feedforward=f, dropout=0.0,
                                          activation=activation, layer_norm_eps=eps,
                                          batch_first=True, norm_first=norm_first, bias=bias)
-    m = m.to(TORCH_DTYPE[np.dtype(dtype)]).eval()
-    with torch.no_grad():  # randomise everything (biases start at 0, norms at 1/0)
-        for name, p in m.named_parameters():
-            if "norm" in name and name.endswith("weight"):
-                p.copy_(1.0 + 0.3 * torch.randn_like(p))
-            else:
-                p.copy_(torch.randn_like(p) * 0.3)
-    return m
+    return randomise_(m.to(TORCH_DTYPE[np.dtype(dtype)]).eval())
 
 
 def make_pair(d, h, f, activation, norm_first, dtype, bias=True, eps=1e-5):

@@ -70,13 +70,19 @@ def as_ids(x, name: str, *, ndim: int = 2) -> np.ndarray:
     return np.ascontiguousarray(arr, dtype=np.int64)
 
 
-def check_positive_int(value, name: str) -> int:
-    """``value`` as an int >= 1; TypeError for a non-int (bools included), ValueError for < 1."""
+def check_int(value, name: str, minimum: int = 1) -> int:
+    """``value`` as an int >= ``minimum``; TypeError for a non-int (bools included), ValueError below."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"{name}: expected an int, got {type(value).__name__}")
-    if value < 1:
-        raise ValueError(f"{name}: expected a positive int, got {value}")
+    if value < minimum:
+        what = "a positive int" if minimum == 1 else f"an int >= {minimum}"
+        raise ValueError(f"{name}: expected {what}, got {value}")
     return int(value)
+
+
+def check_positive_int(value, name: str) -> int:
+    """``value`` as an int >= 1 (see :func:`check_int`)."""
+    return check_int(value, name, 1)
 
 
 def broadcast_mask(mask: np.ndarray, shape: tuple, name: str) -> np.ndarray:

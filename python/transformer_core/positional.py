@@ -28,7 +28,7 @@ from numbers import Real
 import numpy as np
 
 from . import _core
-from ._validation import as_float, as_ids, check_positive_int, compute_dtype, resolve_dtype
+from ._validation import as_float, as_ids, check_int, check_positive_int, compute_dtype, resolve_dtype
 from .functional import layer_norm
 from .module import Module
 
@@ -56,14 +56,6 @@ def _check_base(base) -> float:
     if not (math.isfinite(base) and base > 0):
         raise ValueError(f"base: expected a finite number > 0, got {base}")
     return base
-
-
-def _check_nonnegative_int(value, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name}: expected an int, got {type(value).__name__}")
-    if value < 0:
-        raise ValueError(f"{name}: expected an int >= 0, got {value}")
-    return int(value)
 
 
 def _check_layout(layout) -> str:
@@ -163,7 +155,7 @@ class PositionalEncoding:
             raise ValueError(f"x: expected (N, L, E) or (L, E), got {x.ndim}-D with shape {x.shape}")
         if x.shape[-1] != self.d_model:
             raise ValueError(f"x: expected last dim {self.d_model} (d_model), got shape {x.shape}")
-        offset = _check_nonnegative_int(offset, "offset")
+        offset = check_int(offset, "offset", 0)
         L = x.shape[-2]
         if offset + L > self.max_len:
             raise ValueError(f"x: sequence length {L} (+ offset {offset}) exceeds max_len {self.max_len}")
@@ -309,7 +301,7 @@ def rotary_cos_sin(seq_len: int, head_dim: int, base: float = 10000.0, offset: i
     head_dim = check_positive_int(head_dim, "head_dim")
     if head_dim % 2 != 0:
         raise ValueError(f"head_dim: expected an even number (RoPE rotates pairs), got {head_dim}")
-    offset = _check_nonnegative_int(offset, "offset")
+    offset = check_int(offset, "offset", 0)
     base = _check_base(base)
     dtype = resolve_dtype(dtype)
     return _fn("rotary_cos_sin", dtype)(seq_len, head_dim, base, offset)

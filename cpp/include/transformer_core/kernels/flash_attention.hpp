@@ -151,19 +151,6 @@ inline int64_t ld_for(int64_t ld, int64_t rows, int64_t cols) {
   return rows <= 1 ? std::max<int64_t>({ld, cols, 1}) : ld;
 }
 
-// Matrix-vector products for the one-query-row case (decoding), where a GEMM with m = 1 pays
-// for packing k and v:   y[m] = alpha · a[m, n] · x[n] + beta · y   (trans: y[n] = alpha · aᵀ x)
-inline void gemv(bool trans, int64_t m, int64_t n, float alpha, const float* a, int64_t lda,
-                 const float* x, float beta, float* y) {
-  cblas_sgemv(CblasRowMajor, trans ? CblasTrans : CblasNoTrans, static_cast<int>(m),
-              static_cast<int>(n), alpha, a, static_cast<int>(lda), x, 1, beta, y, 1);
-}
-inline void gemv(bool trans, int64_t m, int64_t n, double alpha, const double* a, int64_t lda,
-                 const double* x, double beta, double* y) {
-  cblas_dgemv(CblasRowMajor, trans ? CblasTrans : CblasNoTrans, static_cast<int>(m),
-              static_cast<int>(n), alpha, a, static_cast<int>(lda), x, 1, beta, y, 1);
-}
-
 // The same two products as plain loops, for tiny problems: no BLAS call (which, outside a
 // parallel region, may start threads of its own for a few hundred flops).
 //   x[rows, cols] (row stride ldx) = scale · q[rows, D] (ldq) · k[cols, D]ᵀ (ldk)
@@ -259,15 +246,11 @@ void flash_block(const AttentionArgs<T>& a, int64_t n, int64_t h, int64_t l0, in
       const T* k_b = k + s0 * a.k_stride_s;  // [g_cols, D]
       const T* v_b = v + s0 * a.v_stride_s;  // [g_cols, Dv]
 
-      // x[rows, g_cols] = scale · q[rows, D] · k[s0 : s0+g_cols, D]ᵀ    (one row: x = scale · k q;
-      // gemv's y is zeroed and beta = 1, as some BLAS versions scale y by beta = 0, keeping NaN)
+      // x[rows, g_cols] = scale · q[rows, D] · k[s0 : s0+g_cols, D]ᵀ    (one row: gemm runs a gemv)
       if (D == 0) {
         for (int64_t i = 0; i < rows; ++i) std::fill(x_g + i * bc, x_g + i * bc + g_cols, T(0));
       } else if (!use_blas) {
         small_qk(rows, g_cols, D, a.scale, q_g, a.q_stride_l, k_b, a.k_stride_s, x_g, bc);
-      } else if (rows == 1) {
-        std::fill(x_g, x_g + g_cols, T(0));
-        gemv(false, g_cols, D, a.scale, k_b, ld_for(a.k_stride_s, g_cols, D), q_g, T(1), x_g);
       } else {
         gemm(false, true, rows, g_cols, D, a.scale, q_g, a.q_stride_l, k_b,
              ld_for(a.k_stride_s, g_cols, D), T(0), x_g, bc);
@@ -312,9 +295,6 @@ void flash_block(const AttentionArgs<T>& a, int64_t n, int64_t h, int64_t l0, in
       // o[rows, Dv] (+)= p[rows, g_cols] · v[s0 : s0+g_cols, Dv]      (one row: o (+)= vᵀ p)
       if (!use_blas) {
         small_pv(rows, g_cols, Dv, x_g, bc, v_b, a.v_stride_s, !first, o_g);
-      } else if (rows == 1) {
-        if (first) std::fill(o_g, o_g + Dv, T(0));
-        gemv(true, g_cols, Dv, T(1), v_b, ld_for(a.v_stride_s, g_cols, Dv), x_g, T(1), o_g);
       } else {
         gemm(false, false, rows, Dv, g_cols, T(1), x_g, bc, v_b, ld_for(a.v_stride_s, g_cols, Dv),
              first ? T(0) : T(1), o_g, Dv);

@@ -37,6 +37,11 @@ inline void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, fl
                  int64_t ldc) {
   SingleThreadedBlas single;
   if (m == 1 && !trans_a) {  // one row (decoding): a matrix-vector product, no packing of b
+    // beta = 0 as zero-fill + beta = 1: some OpenBLAS versions scale y by 0 and so keep a NaN in it
+    if (beta == 0) {
+      std::fill(c, c + n, 0);
+      beta = 1;
+    }
     if (trans_b)              // c[0, :] = alpha · b[n, k] · a[0, :] + beta · c
       cblas_sgemv(CblasRowMajor, CblasNoTrans, static_cast<int>(n), static_cast<int>(k), alpha, b,
                   static_cast<int>(ldb), a, 1, beta, c, 1);
@@ -55,6 +60,11 @@ inline void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, do
                  int64_t ldc) {
   SingleThreadedBlas single;
   if (m == 1 && !trans_a) {  // one row (decoding): a matrix-vector product, no packing of b
+    // beta = 0 as zero-fill + beta = 1: some OpenBLAS versions scale y by 0 and so keep a NaN in it
+    if (beta == 0) {
+      std::fill(c, c + n, 0);
+      beta = 1;
+    }
     if (trans_b)              // c[0, :] = alpha · b[n, k] · a[0, :] + beta · c
       cblas_dgemv(CblasRowMajor, CblasNoTrans, static_cast<int>(n), static_cast<int>(k), alpha, b,
                   static_cast<int>(ldb), a, 1, beta, c, 1);
