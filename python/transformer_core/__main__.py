@@ -11,6 +11,8 @@ import sys
 
 import numpy as np
 
+from .hub import DEFAULT_MODEL
+
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m transformer_core", description=__doc__.splitlines()[0])
@@ -18,7 +20,7 @@ def _parser() -> argparse.ArgumentParser:
     e = sub.add_parser("embed", help="sentence embeddings and their cosine similarities")
     e.add_argument("sentences", nargs="*", help="sentences to embed")
     e.add_argument("--file", help="a text file, one sentence per line (blank lines skipped)")
-    e.add_argument("--model", default="all-MiniLM-L6-v2", help="model directory or embedded name")
+    e.add_argument("--model", default=DEFAULT_MODEL, help="model directory or embedded name")
     e.add_argument("--batch-size", type=int, default=32)
     e.add_argument("--json", action="store_true", help="print JSON: shape, similarity, embeddings")
     return p

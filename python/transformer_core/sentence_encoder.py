@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from .bert import BertModel
+from .hub import DEFAULT_MODEL
 from .tokenizer import Tokenizer
 
 __all__ = ["SentenceEncoder", "mean_pool", "cosine_similarity"]
@@ -49,7 +50,7 @@ class SentenceEncoder:
         self.tokenizer = tokenizer
 
     @classmethod
-    def from_pretrained(cls, name_or_path="all-MiniLM-L6-v2", dtype=np.float32) -> "SentenceEncoder":
+    def from_pretrained(cls, name_or_path=DEFAULT_MODEL, dtype=np.float32) -> "SentenceEncoder":
         """Loads model and tokenizer from a Hugging Face directory or an embedded model name.
 
         Raises:
