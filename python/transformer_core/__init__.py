@@ -15,29 +15,8 @@ Layers of the package, from the bottom:
     sentence_encoder  SentenceEncoder (all-MiniLM-L6-v2 embeddings)
 """
 
-import os as _os
-
-
-def _choose_openblas_kernels() -> None:
-    """OpenBLAS 0.3.21 (Debian 12) predates AMD's AVX-512 cores (Zen 4/5) and gives them its AVX2
-    "Haswell" kernels; its SkylakeX kernels are ~1.6x faster there. For a DYNAMIC_ARCH build the
-    kernel set is chosen when the library loads, from ``OPENBLAS_CORETYPE``: set it to SkylakeX when
-    the CPU has the AVX-512 subsets those kernels use, unless the user already chose."""
-    if "OPENBLAS_CORETYPE" in _os.environ:
-        return
-    try:
-        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
-            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
-    except OSError:
-        return
-    if {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd"} <= set(flags):
-        _os.environ["OPENBLAS_CORETYPE"] = "SkylakeX"
-
-
-_choose_openblas_kernels()  # before _core (and with it libopenblas) is loaded
-
-# ruff: noqa: E402 (the imports below must follow the OpenBLAS choice above)
-from . import _core, functional, masks, multihead_forms, nn, positional
+from . import functional, masks, multihead_forms, nn, positional
+from ._runtime import core as _core
 from .bert import BertConfig, BertEmbeddings, BertModel, BertOutput
 from .gpt2 import CausalLMOutput, GPT2Config, GPT2LMHeadModel, GPT2Model, KVCache
 from .positional import Embeddings, PositionalEncoding

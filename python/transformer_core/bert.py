@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import _core
+from ._runtime import core as _core
 from ._validation import as_bool, as_ids, resolve_dtype
 from .hub import load_safetensors, read_config, resolve_model_dir
 from .module import Module

@@ -16,7 +16,7 @@ import math
 
 import numpy as np
 
-from . import _core
+from ._runtime import variant
 from ._validation import as_bool, as_float, broadcast_mask, compute_dtype
 
 __all__ = [
@@ -33,9 +33,6 @@ __all__ = [
     "apply_rotary_pos_emb",
 ]
 
-
-def _fn(name: str, dtype) -> callable:
-    return getattr(_core, name + ("_f64" if dtype == np.float64 else "_f32"))
 
 
 def linear(x, weight, bias=None) -> np.ndarray:
@@ -64,7 +61,7 @@ def linear(x, weight, bias=None) -> np.ndarray:
         bias = as_float(bias, "bias", dtype, ndim=1)
         if bias.shape[0] != weight.shape[0]:
             raise ValueError(f"bias: expected shape ({weight.shape[0]},), got {bias.shape}")
-    y = _fn("linear", dtype)(x.reshape(-1, x.shape[-1]), weight, bias)
+    y = variant("linear", dtype)(x.reshape(-1, x.shape[-1]), weight, bias)
     return y.reshape(x.shape[:-1] + (weight.shape[0],))
 
 
@@ -86,7 +83,7 @@ def softmax(x, axis: int = -1) -> np.ndarray:
     if not -x.ndim <= axis < x.ndim:
         raise ValueError(f"axis: expected an int in [{-x.ndim}, {x.ndim}), got {axis}")
     moved = np.ascontiguousarray(np.moveaxis(x, axis, -1))
-    y = _fn("softmax", x.dtype.type)(moved.reshape(-1, moved.shape[-1]))
+    y = variant("softmax", x.dtype.type)(moved.reshape(-1, moved.shape[-1]))
     return np.moveaxis(y.reshape(moved.shape), -1, axis)
 
 
@@ -119,7 +116,7 @@ def layer_norm(x, weight=None, bias=None, eps: float = 1e-5) -> np.ndarray:
         params.append(p)
     if not eps >= 0:
         raise ValueError(f"eps: expected a value >= 0, got {eps}")
-    y = _fn("layer_norm", dtype)(x.reshape(-1, e), params[0], params[1], float(eps))
+    y = variant("layer_norm", dtype)(x.reshape(-1, e), params[0], params[1], float(eps))
     return y.reshape(x.shape)
 
 
@@ -135,7 +132,7 @@ def gelu(x, approximate: str = "none") -> np.ndarray:
     if approximate not in ("none", "tanh"):
         raise ValueError(f"approximate: expected 'none' or 'tanh', got {approximate!r}")
     x = as_float(x, "x")
-    return _fn("activation", x.dtype.type)(x, "gelu" if approximate == "none" else "gelu_tanh")
+    return variant("activation", x.dtype.type)(x, "gelu" if approximate == "none" else "gelu_tanh")
 
 
 def relu(x) -> np.ndarray:
@@ -145,7 +142,7 @@ def relu(x) -> np.ndarray:
         ValueError: empty ``x``.
     """
     x = as_float(x, "x")
-    return _fn("activation", x.dtype.type)(x, "relu")
+    return variant("activation", x.dtype.type)(x, "relu")
 
 
 def _attention_masks(attn_mask, query_mask, key_mask, lead: tuple, L: int, S: int, dtype):
@@ -260,7 +257,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, *, query_mas
     bool_mask, float_mask = _attention_masks(attn_mask, query_mask, key_mask, lead, L, S, dtype)
     shape4 = (n, heads, L, S)
     offset = 0 if causal_alignment == "top_left" else S - L
-    result = _fn("scaled_dot_product_attention", dtype)(
+    result = variant("scaled_dot_product_attention", dtype)(
         q4, k4, v4, _as_4d(bool_mask, shape4), _as_4d(float_mask, shape4), None, bool(is_causal), offset,
         float(scale), bool(return_weights), path)
     if return_weights:

@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import _core
+from ._runtime import core as _core
+from ._runtime import variant
 from ._validation import as_bool, as_ids, check_positive_int, resolve_dtype
 from .hub import load_safetensors, read_config, resolve_model_dir
 from .module import Module
@@ -80,8 +81,7 @@ class KVCache:
     def __init__(self, num_layers: int, batch: int, num_kv_heads: int, head_dim: int, capacity: int = 0,
                  dtype=np.float32):
         self.dtype = resolve_dtype(dtype)
-        sfx = "_f64" if self.dtype == np.float64 else "_f32"
-        self._impl = getattr(_core, "KVCache" + sfx)(num_layers, batch, num_kv_heads, head_dim, max(int(capacity), 1))
+        self._impl = variant("KVCache", self.dtype)(num_layers, batch, num_kv_heads, head_dim, max(int(capacity), 1))
 
     @property
     def length(self) -> int:

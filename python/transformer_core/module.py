@@ -11,6 +11,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from ._runtime import dtype_suffix
 from ._validation import resolve_dtype
 
 
@@ -103,7 +104,7 @@ class Module:
 
     def _init_dtype(self, dtype) -> str:
         self.dtype = resolve_dtype(dtype)
-        return "_f64" if self.dtype == np.float64 else "_f32"
+        return dtype_suffix(self.dtype)
 
     def _init_weights(self, seed: int | None = 0) -> None:
         """Fills the weights as torch's default init would in spirit: uniform(±1/sqrt(fan_in)) for

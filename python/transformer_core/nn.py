@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import _core
+from ._runtime import core as _core
 from ._validation import as_bool, as_float, broadcast_mask, check_positive_int
 from .module import Module
 

@@ -27,7 +27,7 @@ from numbers import Real
 
 import numpy as np
 
-from . import _core
+from ._runtime import variant
 from ._validation import as_float, as_ids, check_int, check_positive_int, compute_dtype, resolve_dtype
 from .functional import layer_norm
 from .module import Module
@@ -44,9 +44,6 @@ __all__ = [
 
 _LAYOUTS = ("half", "interleaved")
 
-
-def _fn(name: str, dtype) -> callable:
-    return getattr(_core, name + ("_f64" if dtype == np.float64 else "_f32"))
 
 
 def _check_base(base) -> float:
@@ -102,7 +99,7 @@ def sinusoidal_positional_encoding(max_len: int, d_model: int, base: float = 100
     d_model = check_positive_int(d_model, "d_model")
     base = _check_base(base)
     dtype = resolve_dtype(dtype)
-    return _fn("sinusoidal_positional_encoding", dtype)(max_len, d_model, base)
+    return variant("sinusoidal_positional_encoding", dtype)(max_len, d_model, base)
 
 
 class PositionalEncoding:
@@ -304,7 +301,7 @@ def rotary_cos_sin(seq_len: int, head_dim: int, base: float = 10000.0, offset: i
     offset = check_int(offset, "offset", 0)
     base = _check_base(base)
     dtype = resolve_dtype(dtype)
-    return _fn("rotary_cos_sin", dtype)(seq_len, head_dim, base, offset)
+    return variant("rotary_cos_sin", dtype)(seq_len, head_dim, base, offset)
 
 
 def rotate_half(x) -> np.ndarray:
@@ -403,7 +400,7 @@ def _apply_rotary(x, cos, sin, layout: str, name: str, dtype) -> np.ndarray:
         raise ValueError(f"sin: expected the shape of cos {np.shape(cos)}, got {np.shape(sin)}")
     c = _rotary_table(cos, "cos", x.shape, D, layout, dtype)
     s = _rotary_table(sin, "sin", x.shape, D, layout, dtype)
-    return _fn("apply_rotary", dtype)(x, c, s, layout)
+    return variant("apply_rotary", dtype)(x, c, s, layout)
 
 
 def apply_rotary_pos_emb(q, k, cos, sin, layout: str = "half") -> tuple[np.ndarray, np.ndarray]:

@@ -1,0 +1,44 @@
+"""The compiled core's runtime, set up in one place: OpenBLAS's kernel choice (before the library
+loads), the ``_core`` extension module itself, and the float32/float64 variant of a bound op or
+class. Every other module imports ``_core`` through here, never directly."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+
+def _choose_openblas_kernels() -> None:
+    """OpenBLAS 0.3.21 (Debian 12) predates AMD's AVX-512 cores (Zen 4/5) and gives them its AVX2
+    "Haswell" kernels; its SkylakeX kernels are ~1.6x faster there. For a DYNAMIC_ARCH build the
+    kernel set is chosen when the library loads, from ``OPENBLAS_CORETYPE``: set it to SkylakeX when
+    the CPU has the AVX-512 subsets those kernels use, unless the user already chose."""
+    if "OPENBLAS_CORETYPE" in os.environ:
+        return
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        return
+    if {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd"} <= set(flags):
+        os.environ["OPENBLAS_CORETYPE"] = "SkylakeX"
+
+
+_choose_openblas_kernels()  # before _core (and with it libopenblas) is loaded
+
+from . import _core  # noqa: E402
+
+#: The compiled module (private): use the package's Python API.
+core = _core
+
+
+def dtype_suffix(dtype) -> str:
+    """``"_f64"`` for float64, ``"_f32"`` for float32: the suffix of a bound op's or class's variant."""
+    return "_f64" if np.dtype(dtype) == np.float64 else "_f32"
+
+
+def variant(name: str, dtype):
+    """The bound function or class ``name`` for ``dtype`` (float32 or float64), e.g.
+    ``variant("linear", np.float64)`` is ``_core.linear_f64``."""
+    return getattr(_core, name + dtype_suffix(dtype))
