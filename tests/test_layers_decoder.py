@@ -268,7 +268,7 @@ def test_decoder_layer_bad_input(rng):
     with pytest.raises(ValueError, match="d_model"):
         tc.nn.TransformerDecoderLayer(10, 3)
     with pytest.raises(ValueError, match="activation"):
-        tc.nn.TransformerDecoderLayer(12, 3, activation="tanh")
+        tc.nn.TransformerDecoderLayer(12, 3, activation="sigmoid")
     with pytest.raises(ValueError, match="layer_norm_eps"):
         tc.nn.TransformerDecoderLayer(12, 3, layer_norm_eps=-1.0)
     with pytest.raises(ValueError, match="nhead"):

@@ -213,6 +213,8 @@ def test_hf_legacy_tuples_as_past(gpt2):
 
 
 def test_left_padded_batch_matches_hf(gpt2):
+    """Left padding: positions count real tokens only (cumsum(mask) - 1, as HF's generate passes
+    them), so each padded row equals its prompt run alone and HF given the same position_ids."""
     hf, _, m = gpt2
     N, L = 3, 8
     ids = _ids(21, (N, L))
@@ -221,10 +223,14 @@ def test_left_padded_batch_matches_hf(gpt2):
     am[2, :7] = 0
     ids[am == 0] = 0
     out = m(ids, attention_mask=am)
-    ref = _hf(hf, ids, attention_mask=torch.from_numpy(am)).logits.numpy()
+    positions = np.maximum(np.cumsum(am, axis=1) - 1, 0)
+    ref = _hf(hf, ids, attention_mask=torch.from_numpy(am), position_ids=torch.from_numpy(positions)).logits.numpy()
     real = am.astype(bool)
     assert np.all(np.isfinite(out.logits))
     assert_close(out.logits[real], ref[real], atol_=LOGITS_ATOL, what="left-padded logits (real rows)")
+    for n in range(N):  # each row alone, unpadded
+        alone = m(ids[n:n + 1, real[n]]).logits[0]
+        assert_close(out.logits[n, real[n]], alone, np.float32, what=f"row {n} padded vs alone")
     # an all-ones mask equals no mask
     assert_close(m(ids, attention_mask=np.ones((N, L), np.int64)).logits, m(ids).logits, np.float32)
     # incremental with the mask: past + new
@@ -232,6 +238,25 @@ def test_left_padded_batch_matches_hf(gpt2):
     m(ids[:, :5], attention_mask=am[:, :5], past_key_values=cache, use_cache=True)
     step = m(ids[:, 5:], attention_mask=am, past_key_values=cache, use_cache=True)
     assert_close(step.logits[real[:, 5:]], ref[:, 5:][real[:, 5:]], atol_=LOGITS_ATOL, what="padded + cache")
+
+
+def test_left_padded_generate_equals_each_prompt_alone(gpt2):
+    hf, _, m = gpt2
+    prompts = [_ids(31, (1, 7))[0], _ids(32, (1, 3))[0], _ids(33, (1, 5))[0]]
+    L = max(len(p) for p in prompts)
+    ids = np.zeros((len(prompts), L), np.int64)
+    am = np.zeros((len(prompts), L), np.int64)
+    for n, p in enumerate(prompts):
+        ids[n, L - len(p):] = p
+        am[n, L - len(p):] = 1
+    batched = m.generate(ids, max_new_tokens=10, attention_mask=am)
+    for n, p in enumerate(prompts):
+        alone = m.generate(p[None], max_new_tokens=10)
+        np.testing.assert_array_equal(batched[n, L:], alone[0, len(p):])
+    with torch.no_grad():
+        ref = hf.generate(torch.from_numpy(ids), attention_mask=torch.from_numpy(am), max_new_tokens=10,
+                          do_sample=False, pad_token_id=0).numpy()
+    np.testing.assert_array_equal(batched, ref)
 
 
 def test_sampling_reproducible(gpt2_h4):
@@ -320,7 +345,7 @@ def test_checkpoint_missing_tensor(gpt2_h4, tmp_path):
         tc.GPT2LMHeadModel.from_pretrained(bad)
     # unsupported config
     cfg = json.loads((path / "config.json").read_text())
-    cfg["activation_function"] = "swish"
+    cfg["activation_function"] = "quick_gelu"
     (bad / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ValueError, match="activation_function"):
         tc.GPT2LMHeadModel.from_pretrained(bad)

@@ -237,9 +237,9 @@ def test_embeddings_match_seed_001(shape, dtype, rng):
 
 def test_embeddings_bad_input():
     emb = P.Embeddings(10, 8, 4)
-    with pytest.raises(ValueError, match="input_ids: expected ids in \\[0, 10\\)"):
+    with pytest.raises(ValueError, match="input_ids: id 10 at flat index 1 is outside \\[0, 10\\)"):
         emb([[1, 10]])
-    with pytest.raises(ValueError, match="input_ids: expected ids"):
+    with pytest.raises(ValueError, match="input_ids: id -1 at flat index 0 is outside"):
         emb([[-1, 2]])
     with pytest.raises(ValueError, match="input_ids: sequence length 5 exceeds max_position_embeddings 4"):
         emb([[1, 2, 3, 4, 5]])

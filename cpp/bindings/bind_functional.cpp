@@ -1,16 +1,14 @@
 // Bindings of the functional ops: numpy in, numpy out, the GIL released around compute.
 #include "common.hpp"
 #include "transformer_core/ops/attention.hpp"
-#include "transformer_core/ops/functional.hpp"
+#include "transformer_core/ops/activation.hpp"
+#include "transformer_core/ops/linear.hpp"
+#include "transformer_core/ops/norm.hpp"
+#include "transformer_core/ops/softmax.hpp"
 
 namespace transformer_core::bindings {
 
 namespace {
-
-template <class T>
-const T* optional_data(const py::object& o) {
-  return o.is_none() ? nullptr : o.cast<CArray<T>>().data();
-}
 
 // A 4-D view [d0, d1, d2, d3] with a contiguous last dim, as the attention kernel reads it.
 template <class T>
@@ -34,54 +32,87 @@ template <class T>
 void register_dtype(py::module_& m) {
   const std::string sfx = dtype_suffix<T>();
 
-  m.def(("linear" + sfx).c_str(), [](const CArray<T>& x, const CArray<T>& w, const py::object& b) {
-    // x [rows, in], w [out, in], b [out] -> [rows, out]
-    const int64_t rows = x.shape(0), in = x.shape(1), out = w.shape(0);
-    py::array_t<T> y({rows, out});
-    const T* bias = optional_data<T>(b);
-    T* yp = y.mutable_data();
-    {
-      py::gil_scoped_release release;
-      ops::linear(x.data(), rows, in, w.data(), bias, out, yp);
-    }
-    return y;
-  });
+  // x [rows, in], weight [out, in], bias [out] or None -> act(x · weightᵀ + bias) [rows, out]
+  m.def(
+      ("linear" + sfx).c_str(),
+      [](const CArray<T>& x, const CArray<T>& weight, const py::object& bias, const std::string& activation) {
+        const auto act = activation.empty() ? ops::Activation::kNone : ops::parse_activation(activation);
+        const int64_t rows = x.shape(0), in = x.shape(1), out = weight.shape(0);
+        py::array_t<T> y({rows, out});
+        const T* b = optional_data<T>(bias);
+        T* yp = y.mutable_data();
+        {
+          py::gil_scoped_release release;
+          ops::linear(x.data(), rows, in, weight.data(), b, out, yp, act);
+        }
+        return y;
+      },
+      py::arg("x"), py::arg("weight"), py::arg("bias"), py::arg("activation"));
 
-  m.def(("softmax" + sfx).c_str(), [](const CArray<T>& x) {
-    // x [rows, n]: softmax over the last dim, into a new array
-    py::array_t<T> y({x.shape(0), x.shape(1)});
-    std::copy(x.data(), x.data() + x.size(), y.mutable_data());
-    T* yp = y.mutable_data();
-    {
-      py::gil_scoped_release release;
-      ops::softmax(yp, x.shape(0), x.shape(1));
-    }
-    return y;
-  });
+  // x [rows, n] -> softmax over the last dim, into a new array
+  m.def(
+      ("softmax" + sfx).c_str(),
+      [](const CArray<T>& x) {
+        py::array_t<T> y({x.shape(0), x.shape(1)});
+        std::copy(x.data(), x.data() + x.size(), y.mutable_data());
+        T* yp = y.mutable_data();
+        {
+          py::gil_scoped_release release;
+          ops::softmax(yp, x.shape(0), x.shape(1));
+        }
+        return y;
+      },
+      py::arg("x"));
 
-  m.def(("layer_norm" + sfx).c_str(), [](const CArray<T>& x, const py::object& w, const py::object& b, double eps) {
-    py::array_t<T> y({x.shape(0), x.shape(1)});
-    const T* wp = optional_data<T>(w);
-    const T* bp = optional_data<T>(b);
-    T* yp = y.mutable_data();
-    {
-      py::gil_scoped_release release;
-      ops::layer_norm(x.data(), x.shape(0), x.shape(1), wp, bp, static_cast<T>(eps), yp);
-    }
-    return y;
-  });
+  // x [rows, n], weight/bias [n] or None -> LayerNorm ("layer_norm") or RMSNorm ("rms_norm") [rows, n]
+  m.def(
+      ("norm" + sfx).c_str(),
+      [](const CArray<T>& x, const std::string& kind, const py::object& weight, const py::object& bias, double eps) {
+        require(kind == "layer_norm" || kind == "rms_norm", "kind: expected 'layer_norm' or 'rms_norm', got '" + kind + "'");
+        ops::NormParams<T> p{kind == "layer_norm" ? ops::NormKind::kLayerNorm : ops::NormKind::kRMSNorm,
+                             optional_data<T>(weight), optional_data<T>(bias), static_cast<T>(eps)};
+        py::array_t<T> y({x.shape(0), x.shape(1)});
+        T* yp = y.mutable_data();
+        {
+          py::gil_scoped_release release;
+          ops::norm(x.data(), x.shape(0), x.shape(1), p, yp);
+        }
+        return y;
+      },
+      py::arg("x"), py::arg("kind"), py::arg("weight"), py::arg("bias"), py::arg("eps"));
 
-  m.def(("activation" + sfx).c_str(), [](const CArray<T>& x, const std::string& name) {
-    const auto act = ops::parse_activation(name);
-    py::array_t<T> y(x.request().shape);
-    std::copy(x.data(), x.data() + x.size(), y.mutable_data());
-    T* yp = y.mutable_data();
-    {
-      py::gil_scoped_release release;
-      ops::activation(yp, static_cast<int64_t>(x.size()), act);
-    }
-    return y;
-  });
+  // x (any shape) -> act(x), same shape
+  m.def(
+      ("activation" + sfx).c_str(),
+      [](const CArray<T>& x, const std::string& name) {
+        const auto act = ops::parse_activation(name);
+        py::array_t<T> y(x.request().shape);
+        std::copy(x.data(), x.data() + x.size(), y.mutable_data());
+        T* yp = y.mutable_data();
+        {
+          py::gil_scoped_release release;
+          ops::activation(yp, static_cast<int64_t>(x.size()), act);
+        }
+        return y;
+      },
+      py::arg("x"), py::arg("activation"));
+
+  // gate_up [rows, 2F] -> act(gate_up[:, :F]) · gate_up[:, F:]  [rows, F]
+  m.def(
+      ("gated_activation" + sfx).c_str(),
+      [](const CArray<T>& gate_up, const std::string& name) {
+        const auto act = ops::parse_activation(name);
+        const int64_t rows = gate_up.shape(0), F = gate_up.shape(1) / 2;
+        require(gate_up.shape(1) % 2 == 0, "gate_up: expected an even last dim");
+        py::array_t<T> y({rows, F});
+        T* yp = y.mutable_data();
+        {
+          py::gil_scoped_release release;
+          ops::gated_activation(gate_up.data(), rows, F, act, yp);
+        }
+        return y;
+      },
+      py::arg("gate_up"), py::arg("activation"));
 
   // query [N, H, L, D], key [N, H_kv, S, D], value [N, H_kv, S, Dv] (any strides, last dim contiguous)
   // -> out [N, H, L, Dv] (and weights [N, H, L, S] if return_weights)
@@ -109,7 +140,7 @@ void register_dtype(py::module_& m) {
           a.batch = N, a.num_heads = H, a.num_kv_heads = Hkv, a.q_len = L, a.kv_len = S;
           a.head_dim = D, a.v_head_dim = Dv;
           a.scale = static_cast<T>(scale);
-          masks.copy_to(a);
+          static_cast<kernels::AttentionMasks<T>&>(a) = masks;
           if (return_weights) {
             py::array_t<T> w({N, H, L, S});
             a.weights = w.mutable_data();
@@ -131,6 +162,16 @@ void register_dtype(py::module_& m) {
 }  // namespace
 
 void register_functional(py::module_& m) {
+  py::enum_<ops::Activation>(m, "Activation")
+      .value("none", ops::Activation::kNone)
+      .value("relu", ops::Activation::kRelu)
+      .value("gelu", ops::Activation::kGelu)
+      .value("gelu_tanh", ops::Activation::kGeluTanh)
+      .value("silu", ops::Activation::kSilu)
+      .value("tanh", ops::Activation::kTanh);
+  m.def("activation_names", &ops::activation_names, "Every activation name the library accepts (one table).");
+  m.def("parse_activation", &ops::parse_activation, py::arg("name"),
+        "The Activation a name stands for; ValueError naming the accepted ones otherwise.");
   register_dtype<float>(m);
   register_dtype<double>(m);
 }

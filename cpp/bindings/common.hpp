@@ -1,5 +1,6 @@
-// Shared helpers of the bindings: numpy views for the C++ core, masks from numpy arrays.
-// The Python layer has already validated shapes and dtypes; these only read buffers and strides.
+// Shared helpers of the bindings: numpy views for the C++ core, masks from numpy arrays, the
+// state_dict plumbing of every bound module. The Python layer has already validated shapes and
+// dtypes (see _validation.py); these only read buffers and strides, and the ops check sizes.
 #pragma once
 
 #include <pybind11/numpy.h>
@@ -11,8 +12,9 @@
 #include <string>
 #include <vector>
 
+#include "transformer_core/kernels/attention_masks.hpp"
 #include "transformer_core/layers/module.hpp"
-#include "transformer_core/layers/multihead_attention.hpp"
+#include "transformer_core/ops/checks.hpp"
 
 namespace py = pybind11;
 
@@ -32,13 +34,29 @@ inline void require(bool ok, const std::string& message) {
   if (!ok) throw std::invalid_argument(message);
 }
 
+// A new array of `shape` for an op's output, after checking (naming `name`) that its size is
+// representable and fits in this machine's memory: the code that allocates checks the size.
+template <class T>
+py::array_t<T> new_array(const std::vector<int64_t>& shape, const std::string& name) {
+  int64_t count = 1;
+  for (int64_t d : shape) count = ops::checked_product({count, d}, name);
+  ops::require_allocatable(count, static_cast<int64_t>(sizeof(T)), name);
+  return py::array_t<T>(std::vector<py::ssize_t>(shape.begin(), shape.end()));
+}
+
+// Pointer to the data of an optional array (None -> nullptr).
+template <class T>
+const T* optional_data(const py::object& o) {
+  return o.is_none() ? nullptr : o.cast<CArray<T>>().data();
+}
+
 // Masks given from Python, each None or an array already broadcast to its documented shape:
 //   bool_mask  (N, H, L, S) numpy bool, any strides      float_mask (N, H, L, S) of T, any strides
 //   key_mask   (N, S)       numpy bool, any strides
 template <class T>
-layers::MaskArgs<T> make_masks(const py::object& bool_mask, const py::object& float_mask, const py::object& key_mask,
-                               bool is_causal, int64_t causal_offset) {
-  layers::MaskArgs<T> m;
+kernels::AttentionMasks<T> make_masks(const py::object& bool_mask, const py::object& float_mask,
+                                      const py::object& key_mask, bool is_causal, int64_t causal_offset) {
+  kernels::AttentionMasks<T> m;
   if (!bool_mask.is_none()) {
     py::array a = bool_mask.cast<py::array>();
     require(a.ndim() == 4 && a.itemsize() == 1, "bool_mask: expected a 4-D bool array");
@@ -66,32 +84,6 @@ layers::MaskArgs<T> make_masks(const py::object& bool_mask, const py::object& fl
   return m;
 }
 
-// state_dict plumbing shared by every bound module.
-template <class T>
-py::list parameter_shapes(const layers::Module<T>& m) {
-  py::list out;
-  for (const auto& p : m.parameters()) out.append(py::make_tuple(p.name, py::tuple(py::cast(p.shape))));
-  return out;
-}
-
-template <class T>
-py::array_t<T> get_parameter(const layers::Module<T>& m, const std::string& name) {
-  const auto& p = m.parameter(name);
-  std::vector<py::ssize_t> shape(p.shape.begin(), p.shape.end());
-  py::array_t<T> out(shape);
-  std::copy(p.data, p.data + out.size(), out.mutable_data());
-  return out;
-}
-
-template <class T>
-void set_parameter(layers::Module<T>& m, const std::string& name, const CArray<T>& value) {
-  const auto& p = m.parameter(name);
-  require(static_cast<size_t>(value.ndim()) == p.shape.size(), name + ": wrong rank");
-  for (size_t i = 0; i < p.shape.size(); ++i)
-    require(value.shape(static_cast<py::ssize_t>(i)) == p.shape[i], name + ": wrong shape");
-  std::copy(value.data(), value.data() + value.size(), p.data);
-}
-
 template <class T>
 const char* dtype_suffix();
 template <>
@@ -99,18 +91,51 @@ inline const char* dtype_suffix<float>() { return "_f32"; }
 template <>
 inline const char* dtype_suffix<double>() { return "_f64"; }
 
-// Adds parameter_shapes / get_parameter / set_parameter to a bound Module subclass.
-template <class T, class Class>
-void def_state(Class& cls) {
-  cls.def("parameter_shapes", [](const layers::Module<T>& m) { return parameter_shapes<T>(m); })
-      .def("get_parameter", [](const layers::Module<T>& m, const std::string& n) { return get_parameter<T>(m, n); })
-      .def("set_parameter",
-           [](layers::Module<T>& m, const std::string& n, const CArray<T>& v) { set_parameter<T>(m, n, v); });
+// The state_dict plumbing of Module<T>, bound once as the base class of every layer and model:
+//   parameter_shapes() -> [(name, shape)]        get_parameter(name) -> copy
+//   set_parameter(name, value)                   parameter_view(name) -> zero-copy view (lives
+//                                                with the module)
+template <class T>
+void register_module_base(py::module_& m) {
+  using layers::Module;
+  py::class_<Module<T>>(m, (std::string("Module") + dtype_suffix<T>()).c_str())
+      .def("parameter_shapes",
+           [](const Module<T>& self) {
+             py::list out;
+             for (const auto& p : self.parameters()) out.append(py::make_tuple(p.name, py::tuple(py::cast(p.shape))));
+             return out;
+           })
+      .def(
+          "get_parameter",
+          [](const Module<T>& self, const std::string& name) {
+            const auto& p = self.parameter(name);
+            py::array_t<T> out(std::vector<py::ssize_t>(p.shape.begin(), p.shape.end()));
+            std::copy(p.data, p.data + out.size(), out.mutable_data());
+            return out;
+          },
+          py::arg("name"))
+      .def(
+          "set_parameter",
+          [](Module<T>& self, const std::string& name, const CArray<T>& value) {
+            const auto& p = self.parameter(name);
+            require(static_cast<size_t>(value.ndim()) == p.shape.size(), name + ": wrong rank");
+            for (size_t i = 0; i < p.shape.size(); ++i)
+              require(value.shape(static_cast<py::ssize_t>(i)) == p.shape[i], name + ": wrong shape");
+            std::copy(value.data(), value.data() + value.size(), p.data);
+          },
+          py::arg("name"), py::arg("value"))
+      .def(
+          "parameter_view",
+          [](py::object self, const std::string& name) {
+            const auto& p = self.cast<const Module<T>&>().parameter(name);
+            return py::array_t<T>(std::vector<py::ssize_t>(p.shape.begin(), p.shape.end()), p.data, self);
+          },
+          py::arg("name"));
 }
 
 void register_functional(py::module_& m);
+void register_positional(py::module_& m);
 void register_layers(py::module_& m);
 void register_models(py::module_& m);
-void register_positional(py::module_& m);
 
 }  // namespace transformer_core::bindings

@@ -18,7 +18,10 @@ Layers of the package, from the bottom:
 from . import functional, masks, multihead_forms, nn, positional
 from ._runtime import core as _core
 from .bert import BertConfig, BertEmbeddings, BertModel, BertOutput
-from .gpt2 import CausalLMOutput, GPT2Config, GPT2LMHeadModel, GPT2Model, KVCache
+from .decoder import CausalLMOutput
+from .gpt2 import GPT2Config, GPT2LMHeadModel, GPT2Model
+from .kv_cache import KVCache
+from .llama import LlamaConfig, LlamaForCausalLM, LlamaModel
 from .positional import Embeddings, PositionalEncoding
 from .sentence_encoder import SentenceEncoder, cosine_similarity, mean_pool
 from .tokenizer import Tokenizer
@@ -42,6 +45,9 @@ __all__ = [
     "GPT2Model",
     "GPT2LMHeadModel",
     "KVCache",
+    "LlamaConfig",
+    "LlamaModel",
+    "LlamaForCausalLM",
     "CausalLMOutput",
     "SentenceEncoder",
     "Tokenizer",

@@ -41,6 +41,28 @@ def as_float(x, name: str, dtype=None, *, min_ndim: int = 0, ndim: int | None = 
     return np.ascontiguousarray(arr, dtype=dtype)
 
 
+def as_weight(value, name: str, dtype) -> np.ndarray:
+    """A checkpoint value (numpy array, torch tensor of any float dtype, bfloat16 included, or a nested
+    list) as a C-contiguous array of ``dtype``.
+
+    Raises:
+        TypeError: the value is not a floating-point array (integer, bool, complex, object or string
+            data is refused: a weight of another kind means a wrong checkpoint).
+    """
+    if hasattr(value, "detach") and hasattr(value, "cpu"):  # a torch tensor, without importing torch
+        value = value.detach().cpu()
+        if not value.is_floating_point():
+            raise TypeError(f"{name}: expected a floating-point tensor, got {value.dtype}")
+        value = (value.double() if np.dtype(dtype) == np.float64 else value.float()).numpy()
+    try:
+        arr = np.asarray(value)
+    except (ValueError, TypeError) as e:
+        raise TypeError(f"{name}: expected a floating-point array, got {type(value).__name__} ({e})") from None
+    if arr.dtype.kind != "f":
+        raise TypeError(f"{name}: expected a floating-point array, got dtype {arr.dtype}")
+    return np.ascontiguousarray(arr, dtype=dtype)
+
+
 def as_bool(x, name: str) -> np.ndarray:
     """A 0/1 or boolean mask (1/True = keep) as a numpy bool array."""
     arr = np.asarray(x)
@@ -83,6 +105,41 @@ def check_int(value, name: str, minimum: int = 1) -> int:
 def check_positive_int(value, name: str) -> int:
     """``value`` as an int >= 1 (see :func:`check_int`)."""
     return check_int(value, name, 1)
+
+
+def check_config_ints(config, required: tuple, optional: tuple = ()) -> None:
+    """Each named field of ``config`` is an int (``optional`` ones may be None); TypeError naming the
+    field otherwise. The values' ranges are checked where the model is built."""
+    for name in required + optional:
+        value = getattr(config, name)
+        if value is None and name in optional:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+            raise TypeError(f"{name}: expected an int, got {type(value).__name__} {value!r}")
+
+
+def activation(value, name: str):
+    """The C++ ``Activation`` that ``value`` names in the library's one table of activations
+    (``_core.activation_names()``); TypeError for a non-str, ValueError naming ``name`` and listing
+    the accepted names otherwise."""
+    from ._runtime import core
+
+    if not isinstance(value, str):
+        raise TypeError(f"{name}: expected an activation name (str), got {type(value).__name__}")
+    try:
+        return core.parse_activation(value)
+    except ValueError as e:
+        raise ValueError(f"{name}: {str(e).removeprefix('activation: ')}") from None
+
+
+def check_eps(value, name: str) -> float:
+    """A norm's epsilon as a float >= 0 (finite); TypeError for a non-number, ValueError otherwise."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{name}: expected a number, got {type(value).__name__}")
+    value = float(value)
+    if not (np.isfinite(value) and value >= 0):
+        raise ValueError(f"{name}: expected a finite number >= 0, got {value}")
+    return value
 
 
 def broadcast_mask(mask: np.ndarray, shape: tuple, name: str) -> np.ndarray:

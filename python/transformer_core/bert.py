@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ._runtime import core as _core
-from ._validation import as_bool, as_ids, resolve_dtype
+from ._validation import activation, as_bool, as_ids
 from .hub import load_safetensors, read_config, resolve_model_dir
 from .module import Module
 
@@ -47,17 +47,21 @@ class BertConfig:
         Raises:
             ValueError: an unsupported ``hidden_act`` or ``position_embedding_type``.
         """
-        act = d.get("hidden_act", "gelu")
-        if act not in ("gelu", "relu", "gelu_new", "gelu_pytorch_tanh"):
-            raise ValueError(f"config.json: hidden_act {act!r} is not supported (gelu, relu, gelu_new)")
+        activation(d.get("hidden_act", "gelu"), "hidden_act")  # one table of names, in C++
         pe = d.get("position_embedding_type", "absolute")
         if pe != "absolute":
             raise ValueError(f"config.json: position_embedding_type {pe!r} is not supported (absolute)")
         fields = {k: d[k] for k in cls.__dataclass_fields__ if k in d}
         return cls(**fields)
 
-    def _core_dict(self) -> dict:
-        return dict(self.__dict__)
+    def _to_core(self):
+        """The C++ ``BertConfig`` (sizes and eps are checked there, naming the field)."""
+        c = _core.BertConfig()
+        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+                     "max_position_embeddings", "type_vocab_size", "layer_norm_eps", "add_pooling_layer"):
+            setattr(c, name, getattr(self, name))
+        c.hidden_act = activation(self.hidden_act, "hidden_act")
+        return c
 
 
 @dataclass
@@ -102,7 +106,7 @@ class BertModel(Module):
     def __init__(self, config, dtype=np.float32):
         sfx = self._init_dtype(dtype)
         self.config = config if isinstance(config, BertConfig) else BertConfig.from_dict(config)
-        self._impl = getattr(_core, "BertModel" + sfx)(self.config._core_dict())
+        self._impl = getattr(_core, "BertModel" + sfx)(self.config._to_core())
         self._init_weights()
 
     def _rename_state_dict(self, state: dict) -> dict:
@@ -170,58 +174,36 @@ class BertModel(Module):
         return BertOutput(last_hidden_state=hidden, pooler_output=pooled)
 
 
-class BertEmbeddings:
-    """BERT's input embeddings (seed 001 ``Embeddings``): word + learned position + token type,
-    then LayerNorm (eps from the config, 1e-12 for BERT). Dropout is the identity (inference).
-
-    Shares the weights of a :class:`BertModel` (``model.embeddings``) or standalone from a config.
+class BertEmbeddings(Module):
+    """BERT's input embeddings (the encoder tutorial's ``Embeddings`` with token types): word +
+    learned position + token type, then LayerNorm (eps from the config, 1e-12 for BERT). Dropout is
+    the identity (inference). The same C++ ``Embeddings`` layer as inside :class:`BertModel`.
 
     Args:
-        config: :class:`BertConfig` or dict.
+        config: :class:`BertConfig` or a ``config.json`` dict.
         dtype: ``np.float32`` or ``np.float64``.
+        weights: optional state dict to load (Hugging Face's names, with or without ``embeddings.``).
+
+    Weights (Hugging Face's names): ``word_embeddings.weight (V, H)``,
+    ``position_embeddings.weight (P, H)``, ``token_type_embeddings.weight (T, H)``,
+    ``LayerNorm.weight (H)``, ``LayerNorm.bias (H)``.
     """
 
     def __init__(self, config, dtype=np.float32, *, weights: dict | None = None):
+        sfx = self._init_dtype(dtype)
         self.config = config if isinstance(config, BertConfig) else BertConfig.from_dict(config)
-        self.dtype = resolve_dtype(dtype)
-        rng = np.random.default_rng(0)
         c = self.config
-        self.word_embeddings = rng.normal(0, 0.02, (c.vocab_size, c.hidden_size)).astype(self.dtype)
-        self.position_embeddings = rng.normal(0, 0.02, (c.max_position_embeddings, c.hidden_size)).astype(self.dtype)
-        self.token_type_embeddings = rng.normal(0, 0.02, (c.type_vocab_size, c.hidden_size)).astype(self.dtype)
-        self.layer_norm_weight = np.ones(c.hidden_size, self.dtype)
-        self.layer_norm_bias = np.zeros(c.hidden_size, self.dtype)
+        ec = _core.EmbeddingsConfig()
+        ec.vocab_size, ec.hidden_size = c.vocab_size, c.hidden_size
+        ec.max_position_embeddings, ec.type_vocab_size = c.max_position_embeddings, c.type_vocab_size
+        ec.layer_norm, ec.layer_norm_eps = True, c.layer_norm_eps
+        self._impl = getattr(_core, "Embeddings" + sfx)(ec)
+        self._init_weights()
         if weights is not None:
             self.load_state_dict(weights)
 
-    def state_dict(self) -> dict[str, np.ndarray]:
-        """Weights under Hugging Face's names (``word_embeddings.weight``, ``LayerNorm.weight``, ...)."""
-        return {
-            "word_embeddings.weight": self.word_embeddings,
-            "position_embeddings.weight": self.position_embeddings,
-            "token_type_embeddings.weight": self.token_type_embeddings,
-            "LayerNorm.weight": self.layer_norm_weight,
-            "LayerNorm.bias": self.layer_norm_bias,
-        }
-
-    def load_state_dict(self, state: dict) -> None:
-        """Loads Hugging Face's embedding names (optionally under ``embeddings.``).
-
-        Raises:
-            ValueError: listing missing or mis-shaped tensors; nothing is changed then.
-        """
-        state = {k.removeprefix("embeddings."): v for k, v in _rename_hf(dict(state)).items()}
-        current = self.state_dict()
-        problems = [k for k in current if k not in state]
-        problems += [f"{k}: expected {current[k].shape}, got {np.shape(state[k])}" for k in current
-                     if k in state and np.shape(state[k]) != current[k].shape]
-        if problems:
-            raise ValueError(f"BertEmbeddings.load_state_dict refused: {problems}")
-        self.word_embeddings = np.ascontiguousarray(state["word_embeddings.weight"], self.dtype)
-        self.position_embeddings = np.ascontiguousarray(state["position_embeddings.weight"], self.dtype)
-        self.token_type_embeddings = np.ascontiguousarray(state["token_type_embeddings.weight"], self.dtype)
-        self.layer_norm_weight = np.ascontiguousarray(state["LayerNorm.weight"], self.dtype)
-        self.layer_norm_bias = np.ascontiguousarray(state["LayerNorm.bias"], self.dtype)
+    def _rename_state_dict(self, state: dict) -> dict:
+        return {k.removeprefix("embeddings."): v for k, v in _rename_hf(state).items()}
 
     @classmethod
     def from_model(cls, model: BertModel) -> "BertEmbeddings":
@@ -229,26 +211,28 @@ class BertEmbeddings:
         sd = {k: v for k, v in model.state_dict().items() if k.startswith("embeddings.")}
         return cls(model.config, model.dtype, weights=sd)
 
-    def __call__(self, input_ids, token_type_ids=None) -> np.ndarray:
-        """``input_ids (N, L)`` -> ``(N, L, H)`` embeddings.
+    def forward(self, input_ids, token_type_ids=None) -> np.ndarray:
+        """``input_ids (N, L)`` -> ``(N, L, H)`` embeddings of ``self.dtype``.
+
+        Args:
+            input_ids: ``(N, L)`` (or ``(L,)``) ids in ``[0, vocab_size)``, ``L <= max_position_embeddings``.
+            token_type_ids: ``(N, L)`` segment ids in ``[0, type_vocab_size)``; None = zeros.
 
         Raises:
-            ValueError: ids outside the vocabulary, L > max_position_embeddings.
+            ValueError: ids outside their tables, L > max_position_embeddings, shapes that disagree.
+            TypeError: non-integer ids.
         """
-        from .functional import layer_norm
-
         ids = as_ids(input_ids, "input_ids")
+        N, L = ids.shape
         c = self.config
-        if ids.min() < 0 or ids.max() >= c.vocab_size:
-            raise ValueError(f"input_ids: expected ids in [0, {c.vocab_size}), got range [{ids.min()}, {ids.max()}]")
-        if ids.shape[1] > c.max_position_embeddings:
-            raise ValueError(f"input_ids: sequence length {ids.shape[1]} exceeds max_position_embeddings "
+        if L > c.max_position_embeddings:
+            raise ValueError(f"input_ids: sequence length {L} exceeds max_position_embeddings "
                              f"({c.max_position_embeddings})")
-        tt = np.zeros_like(ids) if token_type_ids is None else as_ids(token_type_ids, "token_type_ids")
-        if tt.shape != ids.shape:
-            raise ValueError(f"token_type_ids: expected shape {ids.shape}, got {tt.shape}")
-        if tt.min() < 0 or tt.max() >= c.type_vocab_size:
-            raise ValueError(f"token_type_ids: expected ids in [0, {c.type_vocab_size})")
-        # [N, L, H] = word[ids] + position[0..L) + token_type[tt]
-        x = self.word_embeddings[ids] + self.position_embeddings[: ids.shape[1]][None] + self.token_type_embeddings[tt]
-        return layer_norm(x, self.layer_norm_weight, self.layer_norm_bias, c.layer_norm_eps)
+        tt = None
+        if token_type_ids is not None:
+            tt = as_ids(token_type_ids, "token_type_ids")
+            if tt.shape != ids.shape:
+                raise ValueError(f"token_type_ids: expected shape {ids.shape}, got {tt.shape}")
+            tt = tt.ravel()
+        positions = np.ascontiguousarray(np.broadcast_to(np.arange(L, dtype=np.int64), (N, L)).ravel())
+        return self._impl.forward(ids.ravel(), positions, tt).reshape(N, L, c.hidden_size)

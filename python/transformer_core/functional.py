@@ -17,14 +17,16 @@ import math
 import numpy as np
 
 from ._runtime import variant
-from ._validation import as_bool, as_float, broadcast_mask, compute_dtype
+from ._validation import as_bool, as_float, broadcast_mask, check_eps, compute_dtype
 
 __all__ = [
     "linear",
     "softmax",
     "layer_norm",
+    "rms_norm",
     "gelu",
     "relu",
+    "silu",
     "scaled_dot_product_attention",
     "sinusoidal_positional_encoding",
     "rotary_cos_sin",
@@ -61,7 +63,7 @@ def linear(x, weight, bias=None) -> np.ndarray:
         bias = as_float(bias, "bias", dtype, ndim=1)
         if bias.shape[0] != weight.shape[0]:
             raise ValueError(f"bias: expected shape ({weight.shape[0]},), got {bias.shape}")
-    y = variant("linear", dtype)(x.reshape(-1, x.shape[-1]), weight, bias)
+    y = variant("linear", dtype)(x.reshape(-1, x.shape[-1]), weight, bias, "")
     return y.reshape(x.shape[:-1] + (weight.shape[0],))
 
 
@@ -114,9 +116,37 @@ def layer_norm(x, weight=None, bias=None, eps: float = 1e-5) -> np.ndarray:
             if p.shape != (e,):
                 raise ValueError(f"{name}: expected shape ({e},) to match x's last dim, got {p.shape}")
         params.append(p)
-    if not eps >= 0:
-        raise ValueError(f"eps: expected a value >= 0, got {eps}")
-    y = variant("layer_norm", dtype)(x.reshape(-1, e), params[0], params[1], float(eps))
+    y = variant("norm", dtype)(x.reshape(-1, e), "layer_norm", params[0], params[1], check_eps(eps, "eps"))
+    return y.reshape(x.shape)
+
+
+def rms_norm(x, weight=None, eps: float = 1e-6) -> np.ndarray:
+    """Root-mean-square normalisation over the last dim (Zhang & Sennrich 2019), as
+    ``torch.nn.functional.rms_norm`` with ``normalized_shape = (E,)`` and Hugging Face's
+    ``LlamaRMSNorm`` (computed in float32 for float32 input)::
+
+        y = x / sqrt(mean(x²) + eps) * weight          (mean(x²) accumulated in double)
+
+    Args:
+        x: ``(..., E)`` float array.
+        weight: ``(E,)`` or None (no scale).
+        eps: added to the mean square, >= 0 (Llama: 1e-5 or 1e-6).
+
+    Returns:
+        ``(..., E)``, dtype of ``x``.
+
+    Raises:
+        ValueError: empty ``x``; weight not of shape ``(E,)``; ``eps`` negative or NaN.
+        TypeError: non-numeric arrays.
+    """
+    x = as_float(x, "x", min_ndim=1)
+    dtype = x.dtype.type
+    e = x.shape[-1]
+    if weight is not None:
+        weight = as_float(weight, "weight", dtype, ndim=1)
+        if weight.shape != (e,):
+            raise ValueError(f"weight: expected shape ({e},) to match x's last dim, got {weight.shape}")
+    y = variant("norm", dtype)(x.reshape(-1, e), "rms_norm", weight, None, check_eps(eps, "eps"))
     return y.reshape(x.shape)
 
 
@@ -133,6 +163,17 @@ def gelu(x, approximate: str = "none") -> np.ndarray:
         raise ValueError(f"approximate: expected 'none' or 'tanh', got {approximate!r}")
     x = as_float(x, "x")
     return variant("activation", x.dtype.type)(x, "gelu" if approximate == "none" else "gelu_tanh")
+
+
+def silu(x) -> np.ndarray:
+    """SiLU / swish (Elfwing et al. 2018), as ``torch.nn.functional.silu``: ``x · σ(x) = x / (1 + e^-x)``,
+    the gate of Llama's SwiGLU feed-forward. Same shape and dtype as ``x``.
+
+    Raises:
+        ValueError: empty ``x``. TypeError: non-numeric ``x``.
+    """
+    x = as_float(x, "x")
+    return variant("activation", x.dtype.type)(x, "silu")
 
 
 def relu(x) -> np.ndarray:

@@ -3,16 +3,29 @@
 A module's weights live in C++ (``self._impl``) under the names torch and Hugging Face give them in
 a ``state_dict``. ``load_state_dict`` checks every name and shape first and only then copies, so a
 refused load leaves the module unchanged.
+
+A model whose checkpoint names or layouts differ from the C++ registry maps them with two hooks:
+``_public_name`` (C++ name -> checkpoint name) and ``_transposed`` (checkpoint names stored as the
+transpose of the C++ weight, e.g. GPT-2's Conv1D ``(in, out)`` weights over ``nn.Linear``'s
+``(out, in)``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import NamedTuple
 
 import numpy as np
 
 from ._runtime import dtype_suffix
-from ._validation import resolve_dtype
+from ._validation import as_weight, resolve_dtype
+
+
+class _Slot(NamedTuple):
+    impl: object          # the C++ module holding the weight
+    core_name: str        # its name there
+    shape: tuple          # the checkpoint's shape (transposed for a transposed slot)
+    transposed: bool
 
 
 class Module:
@@ -32,91 +45,113 @@ class Module:
         """Runs the module; see the subclass."""
         raise NotImplementedError
 
+    # ---- hooks ---------------------------------------------------------------------------------
     def _children(self) -> list[tuple[str, "Module"]]:
-        """Hook for composite modules: ``[(prefix, child)]``; a leaf module has none."""
+        """Composite modules: ``[(prefix, child)]``; a leaf module has none."""
         return []
 
-    def _slots(self) -> dict[str, tuple[object, str, tuple[int, ...]]]:
-        """``{full name: (C++ object, its own name, shape)}`` over this module and its children."""
+    def _public_name(self, core_name: str) -> str | None:
+        """The checkpoint's name of the C++ weight ``core_name`` (default: the same); None hides a
+        weight this module does not use (e.g. the LM head under a base model's hidden states)."""
+        return core_name
+
+    def _transposed(self, name: str) -> bool:
+        """Whether the checkpoint stores weight ``name`` as the transpose of the C++ one."""
+        return False
+
+    def _rename_state_dict(self, state: dict) -> dict:
+        """Maps alternative names of a checkpoint onto ours before loading (default: none)."""
+        return state
+
+    # ---- the registry --------------------------------------------------------------------------
+    def _slots(self) -> dict[str, _Slot]:
+        """``{name: _Slot}`` over this module and its children, in registration order."""
         slots = {}
         if self._impl is not None:
-            for name, shape in self._impl.parameter_shapes():
-                slots[name] = (self._impl, name, tuple(shape))
+            for core_name, shape in self._impl.parameter_shapes():
+                name = self._public_name(core_name)
+                if name is None:
+                    continue
+                transposed = self._transposed(name)
+                shape = tuple(shape)
+                slots[name] = _Slot(self._impl, core_name, shape[::-1] if transposed else shape, transposed)
         for prefix, child in self._children():
             for name, slot in child._slots().items():
                 slots[f"{prefix}.{name}"] = slot
         return slots
 
     def parameter_shapes(self) -> dict[str, tuple[int, ...]]:
-        """``{name: shape}`` of every weight, in registration order (torch's state_dict names)."""
-        return {name: slot[2] for name, slot in self._slots().items()}
+        """``{name: shape}`` of every weight, in registration order (the checkpoint's names)."""
+        return {name: slot.shape for name, slot in self._slots().items()}
 
     def state_dict(self) -> dict[str, np.ndarray]:
-        """A copy of every weight as a numpy array of ``self.dtype``, keyed by torch's names."""
-        return {name: impl.get_parameter(own) for name, (impl, own, _) in self._slots().items()}
-
-    def _rename_state_dict(self, state: dict) -> dict:
-        """Hook: maps alternative names of a checkpoint onto ours (default: none)."""
-        return state
+        """A copy of every weight as a numpy array of ``self.dtype``, keyed by the checkpoint's names
+        (torch's / Hugging Face's), in the checkpoint's layout."""
+        out = {}
+        for name, slot in self._slots().items():
+            value = slot.impl.get_parameter(slot.core_name)
+            out[name] = np.ascontiguousarray(value.T) if slot.transposed else value
+        return out
 
     def load_state_dict(self, state_dict: Mapping) -> None:
-        """Copies weights from ``state_dict`` (name -> array-like, e.g. torch's ``state_dict()``
-        converted with ``.numpy()``, or anything ``np.asarray`` takes).
+        """Copies weights from ``state_dict`` (name -> array-like: numpy arrays, torch tensors, or
+        anything ``np.asarray`` takes), converted to ``self.dtype``.
 
         Raises:
+            TypeError: ``state_dict`` is not a mapping, or a value is not a real floating-point or
+                integer-valued array (bool, complex, object and string arrays are refused).
             ValueError: listing every missing, unknown or mis-shaped name; the module is left
                 unchanged.
-            TypeError: ``state_dict`` is not a mapping, or a value is not a real numeric array.
         """
         if not isinstance(state_dict, Mapping):
             raise TypeError(f"state_dict: expected a mapping of name -> array, got {type(state_dict).__name__}")
         state = self._rename_state_dict(dict(state_dict))
         slots = self._slots()
-        expected = {name: slot[2] for name, slot in slots.items()}
-        arrays, problems = {}, []
-        missing = [k for k in expected if k not in state]
-        unknown = [k for k in state if k not in expected]
+        arrays, problems, misshaped = {}, [], []
+        missing = [k for k in slots if k not in state]
+        unknown = [k for k in state if k not in slots]
         if missing:
             problems.append(f"missing keys: {missing}")
         if unknown:
             problems.append(f"unknown keys: {unknown}")
-        misshaped = []
-        for name, shape in expected.items():
+        for name, slot in slots.items():
             if name not in state:
                 continue
-            value = state[name]
-            if hasattr(value, "detach"):  # a torch tensor
-                value = value.detach().cpu().numpy()
-            arr = np.asarray(value)
-            if arr.dtype.kind not in "biuf":
-                raise TypeError(f"state_dict[{name!r}]: expected a real numeric array, got dtype {arr.dtype}")
-            if arr.shape != shape:
-                misshaped.append(f"{name}: expected {shape}, got {arr.shape}")
+            arr = as_weight(state[name], f"state_dict[{name!r}]", self.dtype)
+            if arr.shape != slot.shape:
+                misshaped.append(f"{name}: expected {slot.shape}, got {arr.shape}")
                 continue
-            arrays[name] = np.ascontiguousarray(arr, dtype=self.dtype)
+            arrays[name] = np.ascontiguousarray(arr.T) if slot.transposed else arr
         if misshaped:
             problems.append(f"mis-shaped: {misshaped}")
         if problems:
             raise ValueError(f"{type(self).__name__}.load_state_dict refused (module unchanged): " + "; ".join(problems))
         for name, arr in arrays.items():
-            impl, own, _ = slots[name]
-            impl.set_parameter(own, arr)
+            slot = slots[name]
+            slot.impl.set_parameter(slot.core_name, arr)
 
+    # ---- construction helpers ------------------------------------------------------------------
     def _init_dtype(self, dtype) -> str:
         self.dtype = resolve_dtype(dtype)
         return dtype_suffix(self.dtype)
 
     def _init_weights(self, seed: int | None = 0) -> None:
         """Fills the weights as torch's default init would in spirit: uniform(±1/sqrt(fan_in)) for
-        matrices, ones for LayerNorm weights, zeros for biases. Deterministic for a given seed."""
+        matrices, ones for norm weights, zeros for biases. Deterministic for a given seed."""
         rng = np.random.default_rng(seed)
         state = {}
-        for name, shape in self.parameter_shapes().items():
+        for name, slot in self._slots().items():
+            shape = slot.shape
             if len(shape) >= 2:
-                bound = 1.0 / np.sqrt(shape[-1])
-                state[name] = rng.uniform(-bound, bound, size=shape)
-            elif name.endswith("weight") and ("norm" in name.lower() or name.split(".")[-2].startswith("ln_")):
+                fan_in = shape[0] if slot.transposed else shape[-1]
+                state[name] = rng.uniform(-1.0 / np.sqrt(fan_in), 1.0 / np.sqrt(fan_in), size=shape)
+            elif name.endswith("weight") and _is_norm_weight(name):
                 state[name] = np.ones(shape)
             else:
                 state[name] = np.zeros(shape)
         self.load_state_dict(state)
+
+
+def _is_norm_weight(name: str) -> bool:
+    parts = name.split(".")
+    return "norm" in name.lower() or (len(parts) >= 2 and parts[-2].startswith("ln_"))

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._runtime import core as _core
-from ._validation import as_bool, as_float, broadcast_mask, check_positive_int
+from ._validation import activation, as_bool, as_float, broadcast_mask, check_positive_int
 from .module import Module
 
 __all__ = [
@@ -28,13 +28,10 @@ __all__ = [
     "Transformer",
 ]
 
-_ACTIVATIONS = ("relu", "gelu")
-
-
-def _check_activation(activation) -> str:
-    if activation not in _ACTIVATIONS:
-        raise ValueError(f"activation: expected 'relu' or 'gelu', got {activation!r}")
-    return activation
+def _check_activation(name) -> str:
+    """An activation name of the library's one table (``_core.activation_names()``)."""
+    activation(name, "activation")
+    return name
 
 
 def _layer_masks(attn_mask, key_mask, N: int, H: int, L: int, S: int, dtype, *, mask_name="attn_mask",
@@ -113,7 +110,7 @@ class MultiheadAttention(Module):
         self.head_dim = embed_dim // num_heads
         self.bias = bool(bias)
         self._impl = getattr(_core, "MultiheadAttention" + sfx)(
-            self.embed_dim, self.num_heads, self.bias, self.kdim, self.vdim, self.num_kv_heads)
+            self.embed_dim, self.num_heads, self.bias, self.kdim, self.vdim, self.num_kv_heads, 0)
         self._init_weights()
 
     def _rename_state_dict(self, state: dict) -> dict:
@@ -170,7 +167,9 @@ class MultiheadAttention(Module):
         if v.shape[1] != S:
             raise ValueError(f"value: expected length {S} (key's length), got shape {v.shape}")
         masks = _layer_masks(attn_mask, key_mask, N, self.num_heads, L, S, self.dtype)
-        result = self._impl.forward(q, k, v, *masks, bool(is_causal), 0, bool(need_weights), path)
+        self_attention = k is q and v is q
+        result = self._impl.forward(q, None if self_attention else k, None if self_attention else v, *masks,
+                                    bool(is_causal), 0, bool(need_weights), path, None, 0, None, None)
         if not need_weights:
             return result, None
         out, weights = result

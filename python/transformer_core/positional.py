@@ -27,9 +27,8 @@ from numbers import Real
 
 import numpy as np
 
-from ._runtime import variant
-from ._validation import as_float, as_ids, check_int, check_positive_int, compute_dtype, resolve_dtype
-from .functional import layer_norm
+from ._runtime import core, variant
+from ._validation import as_float, as_ids, check_eps, check_int, check_positive_int, compute_dtype, resolve_dtype
 from .module import Module
 
 __all__ = [
@@ -167,68 +166,49 @@ class PositionalEncoding:
 # --------------------------------------------------------------------------------------------------
 
 
-class _ArrayParams:
-    """A Python stand-in for a C++ module's weight store: numpy arrays by name."""
-
-    def __init__(self, shapes: dict, dtype):
-        self._arrays = {name: np.zeros(shape, dtype) for name, shape in shapes.items()}
-
-    def parameter_shapes(self):
-        """``[(name, shape)]`` of every array, as the C++ modules report them."""
-        return [(name, a.shape) for name, a in self._arrays.items()]
-
-    def get_parameter(self, name: str) -> np.ndarray:
-        """A copy of the array ``name``."""
-        return self._arrays[name].copy()
-
-    def set_parameter(self, name: str, value: np.ndarray) -> None:
-        """Copies ``value`` (already checked: same shape and dtype) into the array ``name``."""
-        self._arrays[name][...] = value
-
-    def view(self, name: str) -> np.ndarray:
-        """The array ``name`` itself (no copy), for the forward pass."""
-        return self._arrays[name]
-
-
 class Embeddings(Module):
-    """Token + learned position embeddings, then LayerNorm (seed 001 ``Embeddings``; BERT without
-    token types)::
+    """Token + learned position embeddings, then LayerNorm (the encoder tutorial's ``Embeddings``; BERT
+    without token types)::
 
         y = LayerNorm(token_embeddings[input_ids] + position_embeddings[0 .. L-1])
 
-    The seed's dropout is the identity at inference and is omitted.
+    The tutorial's dropout is the identity at inference and is omitted. Computed by the same C++
+    ``Embeddings`` layer as :class:`transformer_core.BertModel`'s input embeddings.
 
     Args:
         vocab_size: rows of the token table.
         hidden_size: H, the embedding width.
         max_position_embeddings: rows of the position table (the longest input).
-        layer_norm_eps: LayerNorm epsilon, 1e-12 as in the seed (and BERT).
+        layer_norm_eps: LayerNorm epsilon, 1e-12 as in the tutorial (and BERT).
         dtype: ``np.float32`` (default) or ``np.float64``.
 
-    Weights (seed 001's names): ``token_embeddings.weight (vocab_size, H)``,
+    Weights (the tutorial's names): ``token_embeddings.weight (vocab_size, H)``,
     ``position_embeddings.weight (max_position_embeddings, H)``, ``layer_norm.weight (H)``,
-    ``layer_norm.bias (H)``; a torch state_dict of the seed's module loads as is.
+    ``layer_norm.bias (H)``; a torch state_dict of the tutorial's module loads as is.
 
     Raises:
         TypeError / ValueError: non-int or non-positive sizes, negative ``layer_norm_eps``.
     """
 
+    _CORE_NAMES = {"word_embeddings.weight": "token_embeddings.weight",
+                   "LayerNorm.weight": "layer_norm.weight", "LayerNorm.bias": "layer_norm.bias"}
+
     def __init__(self, vocab_size: int, hidden_size: int, max_position_embeddings: int,
                  layer_norm_eps: float = 1e-12, dtype=np.float32):
-        self._init_dtype(dtype)
+        sfx = self._init_dtype(dtype)
         self.vocab_size = check_positive_int(vocab_size, "vocab_size")
         self.hidden_size = check_positive_int(hidden_size, "hidden_size")
         self.max_position_embeddings = check_positive_int(max_position_embeddings, "max_position_embeddings")
-        if isinstance(layer_norm_eps, bool) or not isinstance(layer_norm_eps, Real) or not layer_norm_eps >= 0:
-            raise ValueError(f"layer_norm_eps: expected a number >= 0, got {layer_norm_eps!r}")
-        self.layer_norm_eps = float(layer_norm_eps)
-        self._impl = _ArrayParams({
-            "token_embeddings.weight": (self.vocab_size, self.hidden_size),
-            "position_embeddings.weight": (self.max_position_embeddings, self.hidden_size),
-            "layer_norm.weight": (self.hidden_size,),
-            "layer_norm.bias": (self.hidden_size,),
-        }, self.dtype)
+        self.layer_norm_eps = check_eps(layer_norm_eps, "layer_norm_eps")
+        config = core.EmbeddingsConfig()
+        config.vocab_size, config.hidden_size = self.vocab_size, self.hidden_size
+        config.max_position_embeddings, config.type_vocab_size = self.max_position_embeddings, 0
+        config.layer_norm, config.layer_norm_eps = True, self.layer_norm_eps
+        self._impl = getattr(core, "Embeddings" + sfx)(config)
         self._init_weights()
+
+    def _public_name(self, core_name: str) -> str:
+        return self._CORE_NAMES.get(core_name, core_name)
 
     def forward(self, input_ids) -> np.ndarray:
         """Embeds token ids.
@@ -244,16 +224,12 @@ class Embeddings(Module):
             ``L > max_position_embeddings``.
         """
         ids = as_ids(input_ids, "input_ids")
-        L = ids.shape[1]
+        N, L = ids.shape
         if L > self.max_position_embeddings:
             raise ValueError(f"input_ids: sequence length {L} exceeds max_position_embeddings "
                              f"{self.max_position_embeddings}")
-        lo, hi = int(ids.min()), int(ids.max())
-        if lo < 0 or hi >= self.vocab_size:
-            raise ValueError(f"input_ids: expected ids in [0, {self.vocab_size}) (vocab_size), got range [{lo}, {hi}]")
-        p = self._impl.view
-        x = p("token_embeddings.weight")[ids] + p("position_embeddings.weight")[:L]  # (N, L, H)
-        return layer_norm(x, p("layer_norm.weight"), p("layer_norm.bias"), self.layer_norm_eps)
+        positions = np.broadcast_to(np.arange(L, dtype=np.int64), (N, L)).ravel()
+        return self._impl.forward(ids.ravel(), np.ascontiguousarray(positions), None).reshape(N, L, self.hidden_size)
 
     def __repr__(self) -> str:
         return (f"Embeddings(vocab_size={self.vocab_size}, hidden_size={self.hidden_size}, "

@@ -1,48 +1,58 @@
 #include "transformer_core/layers/feed_forward.hpp"
 
-#include <stdexcept>
-#include <string>
-#include <vector>
-
-#include "transformer_core/kernels/gemm.hpp"
-#include "transformer_core/kernels/parallel.hpp"
 #include "transformer_core/kernels/workspace.hpp"
-#include "transformer_core/ops/functional.hpp"
+#include "transformer_core/ops/activation.hpp"
+#include "transformer_core/ops/checks.hpp"
 
 namespace transformer_core::layers {
 
+using kernels::Scratch;
+
 template <class T>
 FeedForward<T>::FeedForward(int64_t d_model, int64_t dim_feedforward, Activation activation, bool bias)
-    : d_model_(d_model), dim_feedforward_(dim_feedforward), activation_(activation), bias_(bias) {
-  if (d_model < 1) throw std::invalid_argument("d_model must be >= 1, got " + std::to_string(d_model));
-  if (dim_feedforward < 1)
-    throw std::invalid_argument("dim_feedforward must be >= 1, got " + std::to_string(dim_feedforward));
-  const size_t E = static_cast<size_t>(d_model), F = static_cast<size_t>(dim_feedforward);
-  linear1_weight_ = xt::zeros<T>({F, E});
-  linear2_weight_ = xt::zeros<T>({E, F});
-  this->register_parameter("linear1.weight", {dim_feedforward, d_model}, linear1_weight_.data());
-  if (bias) {
-    linear1_bias_ = xt::zeros<T>({F});
-    this->register_parameter("linear1.bias", {dim_feedforward}, linear1_bias_.data());
-  }
-  this->register_parameter("linear2.weight", {d_model, dim_feedforward}, linear2_weight_.data());
-  if (bias) {
-    linear2_bias_ = xt::zeros<T>({E});
-    this->register_parameter("linear2.bias", {d_model}, linear2_bias_.data());
-  }
+    : linear1_(d_model, dim_feedforward, bias), linear2_(dim_feedforward, d_model, bias), activation_(activation) {
+  this->register_module("linear1", linear1_);
+  this->register_module("linear2", linear2_);
 }
 
 template <class T>
 void FeedForward<T>::forward(const T* x, int64_t rows, T* out) const {
-  const int64_t F = dim_feedforward_;
-  T* hidden = kernels::workspace<T, 0>(static_cast<size_t>(rows * F));  // [rows, F]
-  // hidden = act(x · linear1ᵀ + b1): the bias and the activation applied per tile, in cache
-  kernels::linear(x, rows, d_model_, linear1_weight_.data(), bias_ ? linear1_bias_.data() : nullptr, F, hidden,
-                  /*w_in_out=*/false, activation_);
-  kernels::linear(hidden, rows, F, linear2_weight_.data(), bias_ ? linear2_bias_.data() : nullptr, d_model_, out);
+  const int64_t F = dim_feedforward();
+  const int64_t size = ops::checked_product({rows, F}, "FeedForward: rows × dim_feedforward");
+  T* hidden = kernels::workspace<T>(Scratch::kFfnHidden, static_cast<size_t>(size));  // [rows, F]
+  linear1_.forward(x, rows, hidden, activation_);  // hidden = act(x · linear1ᵀ + b1), act fused per tile
+  linear2_.forward(hidden, rows, out);
 }
 
+template <class T>
+GatedFeedForward<T>::GatedFeedForward(int64_t d_model, int64_t dim_feedforward, Activation activation, bool bias)
+    : gate_up_proj_(d_model, ops::checked_product({2, dim_feedforward}, "dim_feedforward"), bias),
+      down_proj_(dim_feedforward, d_model, bias),
+      activation_(activation) {
+  const int64_t F = dim_feedforward;
+  this->register_slice("gate_proj.weight", gate_up_proj_, "weight", 0, F);
+  if (bias) this->register_slice("gate_proj.bias", gate_up_proj_, "bias", 0, F);
+  this->register_slice("up_proj.weight", gate_up_proj_, "weight", F, F);
+  if (bias) this->register_slice("up_proj.bias", gate_up_proj_, "bias", F, F);
+  this->register_module("down_proj", down_proj_);
+}
+
+template <class T>
+void GatedFeedForward<T>::forward(const T* x, int64_t rows, T* out) const {
+  const int64_t F = dim_feedforward();
+  const int64_t size = ops::checked_product({rows, 3, F}, "GatedFeedForward: rows × dim_feedforward");
+  T* gate_up = kernels::workspace<T>(Scratch::kFfnHidden, static_cast<size_t>(size));  // [rows, 2F] | [rows, F]
+  T* hidden = gate_up + rows * 2 * F;
+  gate_up_proj_.forward(x, rows, gate_up);                        // [gate | up] = x · [Wg; Wu]ᵀ
+  ops::gated_activation(gate_up, rows, F, activation_, hidden);    // hidden = act(gate) · up
+  down_proj_.forward(hidden, rows, out);
+}
+
+template class Mlp<float>;
+template class Mlp<double>;
 template class FeedForward<float>;
 template class FeedForward<double>;
+template class GatedFeedForward<float>;
+template class GatedFeedForward<double>;
 
 }  // namespace transformer_core::layers

@@ -1,135 +1,195 @@
 #include "transformer_core/layers/multihead_attention.hpp"
 
+#include <algorithm>
+#include <cmath>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
-#include "transformer_core/kernels/gemm.hpp"
 #include "transformer_core/kernels/workspace.hpp"
+#include "transformer_core/ops/linear.hpp"
 
 namespace transformer_core::layers {
 
+using kernels::Scratch;
+using ops::to_string;
+
 namespace {
-std::string str(int64_t v) { return std::to_string(v); }
+int64_t resolve_head_dim(int64_t embed_dim, int64_t num_heads, int64_t head_dim) {
+  ops::require_positive(embed_dim, "embed_dim");
+  ops::require_positive(num_heads, "num_heads");
+  if (head_dim > 0) return head_dim;
+  if (embed_dim % num_heads != 0)
+    throw std::invalid_argument("embed_dim: expected a multiple of num_heads (" + to_string(num_heads) + "), got " +
+                                to_string(embed_dim));
+  return embed_dim / num_heads;
+}
 }  // namespace
 
 template <class T>
-MultiheadAttention<T>::MultiheadAttention(int64_t embed_dim, int64_t num_heads, bool bias, int64_t kdim,
-                                          int64_t vdim, int64_t num_kv_heads)
+MultiheadAttention<T>::MultiheadAttention(int64_t embed_dim, int64_t num_heads, bool bias, int64_t kdim, int64_t vdim,
+                                          int64_t num_kv_heads, int64_t head_dim)
     : embed_dim_(embed_dim),
       num_heads_(num_heads),
       num_kv_heads_(num_kv_heads > 0 ? num_kv_heads : num_heads),
+      head_dim_(resolve_head_dim(embed_dim, num_heads, head_dim)),
+      q_dim_(ops::checked_product({num_heads, head_dim_}, "num_heads × head_dim")),
+      kv_dim_(ops::checked_product({num_kv_heads_, head_dim_}, "num_kv_heads × head_dim")),
       kdim_(kdim > 0 ? kdim : embed_dim),
       vdim_(vdim > 0 ? vdim : embed_dim),
-      bias_(bias) {
-  if (embed_dim < 1) throw std::invalid_argument("embed_dim must be >= 1, got " + str(embed_dim));
-  if (num_heads < 1) throw std::invalid_argument("num_heads must be >= 1, got " + str(num_heads));
-  if (embed_dim % num_heads != 0)
-    throw std::invalid_argument("embed_dim (" + str(embed_dim) + ") must be divisible by num_heads (" +
-                                str(num_heads) + ")");
+      bias_(bias),
+      packed_(kdim_ == embed_dim && vdim_ == embed_dim),
+      out_proj_(q_dim_, embed_dim, bias) {
   if (num_heads % num_kv_heads_ != 0)
-    throw std::invalid_argument("num_heads (" + str(num_heads) + ") must be divisible by num_kv_heads (" +
-                                str(num_kv_heads_) + ")");
-  head_dim_ = embed_dim / num_heads;
-  kv_dim_ = num_kv_heads_ * head_dim_;
-  packed_ = kdim_ == embed_dim && vdim_ == embed_dim;
-  const size_t E = static_cast<size_t>(embed_dim), Ekv = static_cast<size_t>(kv_dim_);
+    throw std::invalid_argument("num_kv_heads: expected a divisor of num_heads (" + to_string(num_heads) + "), got " +
+                                to_string(num_kv_heads_));
+  const int64_t width = q_dim_ + 2 * kv_dim_;
   if (packed_) {
-    in_proj_weight_ = xt::zeros<T>({E + 2 * Ekv, E});
-    this->register_parameter("in_proj_weight", {embed_dim + 2 * kv_dim_, embed_dim}, in_proj_weight_.data());
+    in_proj_weight_ = allocate<T, 2>({width, embed_dim}, "in_proj_weight");
+    this->register_parameter("in_proj_weight", {width, embed_dim}, in_proj_weight_.data());
   } else {
-    q_proj_weight_ = xt::zeros<T>({E, E});
-    k_proj_weight_ = xt::zeros<T>({Ekv, static_cast<size_t>(kdim_)});
-    v_proj_weight_ = xt::zeros<T>({Ekv, static_cast<size_t>(vdim_)});
-    this->register_parameter("q_proj_weight", {embed_dim, embed_dim}, q_proj_weight_.data());
+    q_proj_weight_ = allocate<T, 2>({q_dim_, embed_dim}, "q_proj_weight");
+    k_proj_weight_ = allocate<T, 2>({kv_dim_, kdim_}, "k_proj_weight");
+    v_proj_weight_ = allocate<T, 2>({kv_dim_, vdim_}, "v_proj_weight");
+    this->register_parameter("q_proj_weight", {q_dim_, embed_dim}, q_proj_weight_.data());
     this->register_parameter("k_proj_weight", {kv_dim_, kdim_}, k_proj_weight_.data());
     this->register_parameter("v_proj_weight", {kv_dim_, vdim_}, v_proj_weight_.data());
   }
   if (bias) {
-    in_proj_bias_ = xt::zeros<T>({E + 2 * Ekv});
-    this->register_parameter("in_proj_bias", {embed_dim + 2 * kv_dim_}, in_proj_bias_.data());
+    in_proj_bias_ = allocate<T, 1>({width}, "in_proj_bias");
+    this->register_parameter("in_proj_bias", {width}, in_proj_bias_.data());
   }
-  out_proj_weight_ = xt::zeros<T>({E, E});
-  this->register_parameter("out_proj.weight", {embed_dim, embed_dim}, out_proj_weight_.data());
-  if (bias) {
-    out_proj_bias_ = xt::zeros<T>({E});
-    this->register_parameter("out_proj.bias", {embed_dim}, out_proj_bias_.data());
-  }
+  this->register_module("out_proj", out_proj_);
 }
 
 template <class T>
-void MultiheadAttention<T>::attend(const T* q, int64_t q_ld, const T* k, const T* v, int64_t kv_ld, int64_t N,
-                                   int64_t L, int64_t S, T* context, const MaskArgs<T>& masks, T* weights,
-                                   AttentionPath path) const {
+void MultiheadAttention<T>::attend(kernels::AttentionArgs<T>& a, const T* q, int64_t q_ld, int64_t N, int64_t L,
+                                   T* context, const AttentionInputs<T>& in) const {
   // Heads are column blocks of width D: [N, L, H·D] read as [N, H, L, D], a stride and no copy.
-  const int64_t E = embed_dim_, D = head_dim_;
-  kernels::AttentionArgs<T> a;
+  const int64_t D = head_dim_;
   a.q = q, a.q_stride_n = L * q_ld, a.q_stride_h = D, a.q_stride_l = q_ld;
-  a.k = k, a.k_stride_n = S * kv_ld, a.k_stride_h = D, a.k_stride_s = kv_ld;
-  a.v = v, a.v_stride_n = S * kv_ld, a.v_stride_h = D, a.v_stride_s = kv_ld;
-  a.out = context, a.o_stride_n = L * E, a.o_stride_h = D, a.o_stride_l = E;
+  a.out = context, a.o_stride_n = L * q_dim_, a.o_stride_h = D, a.o_stride_l = q_dim_;
   a.batch = N, a.num_heads = num_heads_, a.num_kv_heads = num_kv_heads_;
-  a.q_len = L, a.kv_len = S, a.head_dim = D, a.v_head_dim = D;
+  a.q_len = L, a.head_dim = D, a.v_head_dim = D;
   a.scale = T(1) / std::sqrt(static_cast<T>(D));
-  masks.copy_to(a);
-  a.weights = weights;
-  ops::scaled_dot_product_attention(a, path);
+  a.weights = in.weights;
+  ops::scaled_dot_product_attention(a, in.path);
+}
+
+template <class T>
+void MultiheadAttention<T>::attend_self(T* qkv, int64_t N, int64_t L, T* context, const AttentionInputs<T>& in) const {
+  const int64_t width = q_dim_ + 2 * kv_dim_, D = head_dim_;
+  KVCache<T>* cache = in.cache;
+  const int64_t past = cache != nullptr ? cache->length() : 0;
+  if (cache != nullptr) {
+    if (cache->batch() != N || cache->num_kv_heads() != num_kv_heads_ || cache->head_dim() != D ||
+        in.layer < 0 || in.layer >= cache->num_layers() || past + L > cache->capacity())
+      throw std::invalid_argument("past_key_values: a cache of batch " + to_string(cache->batch()) + ", " +
+                                  to_string(cache->num_kv_heads()) + " key/value heads of " +
+                                  to_string(cache->head_dim()) + " and " + to_string(cache->num_layers()) +
+                                  " layers does not fit layer " + to_string(in.layer) + " of batch " + to_string(N) +
+                                  " with " + to_string(num_kv_heads_) + " heads of " + to_string(D));
+  }
+  // Positions of the new tokens: given (left padding), else past + l.
+  std::vector<int64_t> default_positions;
+  const int64_t* positions = in.positions;
+  if (positions == nullptr) {
+    default_positions.resize(static_cast<size_t>(N * L));
+    for (int64_t r = 0; r < N * L; ++r) default_positions[static_cast<size_t>(r)] = past + r % L;
+    positions = default_positions.data();
+  }
+  // RoPE on the q heads (columns [0, Hq)) and the k heads (columns [Hq, Hq + Hkv)) of each token.
+  if (in.rotary != nullptr) {
+    in.rotary->apply(qkv, N * L, width, 0, num_heads_, positions);
+    in.rotary->apply(qkv, N * L, width, q_dim_, num_kv_heads_, positions);
+  }
+  kernels::AttentionArgs<T> a;
+  static_cast<AttentionMasks<T>&>(a) = in.masks;
+  if (cache != nullptr) {
+    // Append the new k, v at positions [past, past + L), then attend over all past + L keys:
+    // k, v [N, H_kv, capacity, D], causally aligned bottom-right (query l sees keys s <= past + l).
+    cache->append(in.layer, qkv + q_dim_, qkv + q_dim_ + kv_dim_, width, L);
+    const int64_t cap = cache->capacity();
+    a.k = cache->keys(in.layer), a.k_stride_n = num_kv_heads_ * cap * D, a.k_stride_h = cap * D, a.k_stride_s = D;
+    a.v = cache->values(in.layer), a.v_stride_n = a.k_stride_n, a.v_stride_h = a.k_stride_h, a.v_stride_s = D;
+    a.kv_len = past + L;
+    a.causal_offset += past;
+  } else {
+    a.k = qkv + q_dim_, a.k_stride_n = L * width, a.k_stride_h = D, a.k_stride_s = width;
+    a.v = qkv + q_dim_ + kv_dim_, a.v_stride_n = L * width, a.v_stride_h = D, a.v_stride_s = width;
+    a.kv_len = L;
+  }
+  attend(a, qkv, width, N, L, context, in);
 }
 
 template <class T>
 void MultiheadAttention<T>::forward(const T* query, const T* key, const T* value, int64_t N, int64_t L, int64_t S,
-                                    T* out, const MaskArgs<T>& masks, T* weights, AttentionPath path) const {
-  const int64_t E = embed_dim_, Ekv = kv_dim_;
+                                    T* out, const AttentionInputs<T>& in) const {
+  const int64_t E = embed_dim_, Hq = q_dim_, Hkv = kv_dim_, D = head_dim_;
   const T* bq = bias_ ? in_proj_bias_.data() : nullptr;
-  const T* bk = bias_ ? in_proj_bias_.data() + E : nullptr;
-  const T* bv = bias_ ? in_proj_bias_.data() + E + Ekv : nullptr;
-  T* context = kernels::workspace<T, 14>(static_cast<size_t>(N * L * E));  // [N, L, H·D]
-
-  if (packed_ && query == key && key == value && L == S) {
-    // Self-attention: qkv [N·L, E + 2·E_kv] = query · in_proj_weightᵀ + in_proj_bias   (one GEMM)
-    const int64_t width = E + 2 * Ekv;
-    T* qkv = kernels::workspace<T, 10>(static_cast<size_t>(N * L * width));
-    kernels::linear(query, N * L, E, in_proj_weight_.data(), bq, width, qkv);
-    attend(qkv, width, qkv + E, qkv + E + Ekv, width, N, L, S, context, masks, weights, path);
+  const T* bk = bias_ ? in_proj_bias_.data() + Hq : nullptr;
+  const T* bv = bias_ ? in_proj_bias_.data() + Hq + Hkv : nullptr;
+  T* context = kernels::workspace<T>(Scratch::kAttnContext,
+                                     static_cast<size_t>(ops::checked_product({N, L, Hq}, "query")));  // [N, L, Hq]
+  const bool self_attention = packed_ && query == key && key == value && L == S;
+  if ((in.cache != nullptr || in.rotary != nullptr) && !self_attention)
+    throw std::invalid_argument("MultiheadAttention: a KV cache or a rotary embedding needs self-attention "
+                                "(key and value the query itself) and packed weights");
+  if (self_attention) {
+    // qkv [N·L, Hq + 2·Hkv] = query · in_proj_weightᵀ + in_proj_bias   (one GEMM)
+    const int64_t width = Hq + 2 * Hkv;
+    T* qkv = kernels::workspace<T>(Scratch::kAttnQkv, static_cast<size_t>(ops::checked_product({N, L, width}, "query")));
+    ops::linear(query, N * L, E, in_proj_weight_.data(), bq, width, qkv);
+    attend_self(qkv, N, L, context, in);
   } else {
     const T* wq = packed_ ? in_proj_weight_.data() : q_proj_weight_.data();
-    const T* wk = packed_ ? in_proj_weight_.data() + E * E : k_proj_weight_.data();
-    const T* wv = packed_ ? in_proj_weight_.data() + (E + Ekv) * E : v_proj_weight_.data();
-    T* q = kernels::workspace<T, 11>(static_cast<size_t>(N * L * E));
-    T* k = kernels::workspace<T, 12>(static_cast<size_t>(N * S * Ekv));
-    T* v = kernels::workspace<T, 13>(static_cast<size_t>(N * S * Ekv));
-    kernels::linear(query, N * L, E, wq, bq, E, q);      // q [N·L, E]
-    kernels::linear(key, N * S, kdim_, wk, bk, Ekv, k);  // k [N·S, E_kv]
-    kernels::linear(value, N * S, vdim_, wv, bv, Ekv, v);  // v [N·S, E_kv]
-    attend(q, E, k, v, Ekv, N, L, S, context, masks, weights, path);
+    const T* wk = packed_ ? in_proj_weight_.data() + Hq * E : k_proj_weight_.data();
+    const T* wv = packed_ ? in_proj_weight_.data() + (Hq + Hkv) * E : v_proj_weight_.data();
+    T* q = kernels::workspace<T>(Scratch::kAttnQ, static_cast<size_t>(N * L * Hq));
+    T* k = kernels::workspace<T>(Scratch::kAttnK, static_cast<size_t>(ops::checked_product({N, S, Hkv}, "key")));
+    T* v = kernels::workspace<T>(Scratch::kAttnV, static_cast<size_t>(N * S * Hkv));
+    ops::linear(query, N * L, E, wq, bq, Hq, q);        // q [N·L, Hq]
+    ops::linear(key, N * S, kdim_, wk, bk, Hkv, k);     // k [N·S, Hkv]
+    ops::linear(value, N * S, vdim_, wv, bv, Hkv, v);   // v [N·S, Hkv]
+    kernels::AttentionArgs<T> a;
+    static_cast<AttentionMasks<T>&>(a) = in.masks;
+    a.k = k, a.k_stride_n = S * Hkv, a.k_stride_h = D, a.k_stride_s = Hkv;
+    a.v = v, a.v_stride_n = S * Hkv, a.v_stride_h = D, a.v_stride_s = Hkv;
+    a.kv_len = S;
+    attend(a, q, Hq, N, L, context, in);
   }
-  // out [N·L, E] = context · out_proj.weightᵀ + out_proj.bias
-  kernels::linear(context, N * L, E, out_proj_weight_.data(), bias_ ? out_proj_bias_.data() : nullptr, E, out);
+  out_proj_.forward(context, N * L, out);  // out [N·L, E] = context · out_proj.weightᵀ + out_proj.bias
 }
 
 template <class T>
-void MultiheadAttention<T>::forward_packed(const T* x, const PackedTokens& tokens, T* out, const MaskArgs<T>& masks,
-                                           AttentionPath path) const {
-  if (!packed_) throw std::invalid_argument("forward_packed needs kdim == vdim == embed_dim");
-  const int64_t E = embed_dim_, Ekv = kv_dim_, width = E + 2 * Ekv;
+void MultiheadAttention<T>::forward_packed(const T* x, const PackedTokens& tokens, T* out,
+                                           const AttentionMasks<T>& masks, AttentionPath path) const {
+  if (!packed_) throw std::invalid_argument("MultiheadAttention: forward_packed needs kdim == vdim == embed_dim");
+  const int64_t E = embed_dim_, Hq = q_dim_, Hkv = kv_dim_, D = head_dim_, width = Hq + 2 * Hkv;
   const int64_t N = tokens.N, L = tokens.L, count = tokens.count, rows = N * L;
   // qkv of the real tokens only [count, width] (one GEMM, padding rows skipped) ...
-  T* qkv_packed = kernels::workspace<T, 15>(static_cast<size_t>(count * width));
-  kernels::linear(x, count, E, in_proj_weight_.data(), bias_ ? in_proj_bias_.data() : nullptr, width, qkv_packed);
+  T* qkv_packed = kernels::workspace<T>(Scratch::kAttnQkvPacked, static_cast<size_t>(count * width));
+  ops::linear(x, count, E, in_proj_weight_.data(), bias_ ? in_proj_bias_.data() : nullptr, width, qkv_packed);
   // ... scattered to the padded layout [N·L, width] for attention; padding rows are zeros (their keys
   // are masked, their queries' outputs dropped).
-  T* qkv = kernels::workspace<T, 10>(static_cast<size_t>(rows * width));
-  T* context = kernels::workspace<T, 14>(static_cast<size_t>(rows * E));
+  T* qkv = kernels::workspace<T>(Scratch::kAttnQkv, static_cast<size_t>(rows * width));
+  T* context = kernels::workspace<T>(Scratch::kAttnContext, static_cast<size_t>(rows * Hq));
   std::fill(qkv, qkv + rows * width, T(0));
   for (int64_t t = 0; t < count; ++t)
     std::copy(qkv_packed + t * width, qkv_packed + (t + 1) * width, qkv + tokens.index[t] * width);
-  attend(qkv, width, qkv + E, qkv + E + Ekv, width, N, L, L, context, masks, nullptr, path);
-  // context rows of the real tokens [count, E], then the output projection on them alone
-  T* context_packed = kernels::workspace<T, 16>(static_cast<size_t>(count * E));
+  kernels::AttentionArgs<T> a;
+  static_cast<AttentionMasks<T>&>(a) = masks;
+  a.k = qkv + Hq, a.k_stride_n = L * width, a.k_stride_h = D, a.k_stride_s = width;
+  a.v = qkv + Hq + Hkv, a.v_stride_n = L * width, a.v_stride_h = D, a.v_stride_s = width;
+  a.kv_len = L;
+  AttentionInputs<T> in;
+  in.path = path;
+  attend(a, qkv, width, N, L, context, in);
+  // context rows of the real tokens [count, Hq], then the output projection on them alone
+  T* context_packed = kernels::workspace<T>(Scratch::kAttnContextPacked, static_cast<size_t>(count * Hq));
   for (int64_t t = 0; t < count; ++t)
-    std::copy(context + tokens.index[t] * E, context + (tokens.index[t] + 1) * E, context_packed + t * E);
-  kernels::linear(context_packed, count, E, out_proj_weight_.data(), bias_ ? out_proj_bias_.data() : nullptr, E,
-                  out);
+    std::copy(context + tokens.index[t] * Hq, context + (tokens.index[t] + 1) * Hq, context_packed + t * Hq);
+  out_proj_.forward(context_packed, count, out);
 }
 
 template class MultiheadAttention<float>;

@@ -32,9 +32,9 @@ void scaled_dot_product_attention(const AttentionArgs<T>& a, AttentionPath path)
 
 AttentionPath parse_attention_path(const std::string& name) {
   if (name == "auto") return AttentionPath::kAuto;
-  if (name == "reference" || name == "math") return AttentionPath::kReference;
+  if (name == "reference") return AttentionPath::kReference;
   if (name == "flash") return AttentionPath::kFlash;
-  throw std::invalid_argument("attention path: expected 'auto', 'flash' or 'reference', got '" + name + "'");
+  throw std::invalid_argument("path: expected 'auto', 'flash' or 'reference', got '" + name + "'");
 }
 
 template void scaled_dot_product_attention<float>(const AttentionArgs<float>&, AttentionPath);

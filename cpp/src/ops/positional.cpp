@@ -79,6 +79,35 @@ void apply_rotary(T* x, int64_t rows, int64_t head_dim, const T* cos, const T* s
   });
 }
 
+template <class T>
+void apply_rotary_heads(T* x, int64_t rows, int64_t ld, int64_t col0, int64_t heads, int64_t head_dim,
+                        const int64_t* positions, const T* cos, const T* sin, int64_t table_rows,
+                        RotaryLayout layout) {
+  check_nonnegative(rows, "apply_rotary_heads: rows");
+  if (head_dim < 2 || head_dim % 2 != 0)
+    throw std::invalid_argument("apply_rotary_heads: head_dim must be even and >= 2, got " + std::to_string(head_dim));
+  for (int64_t r = 0; r < rows; ++r)
+    if (positions[r] < 0 || positions[r] >= table_rows)
+      throw std::invalid_argument("position_ids: position " + std::to_string(positions[r]) + " at flat index " +
+                                  std::to_string(r) + " is outside the rotary table [0, " +
+                                  std::to_string(table_rows) + ")");
+  const int64_t half = head_dim / 2;
+  const int64_t width = layout == RotaryLayout::kHalf ? head_dim : half;
+  kernels::parallel_for(0, rows, row_grain(heads * head_dim), [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; ++r) {
+      const T* c = cos + positions[r] * width;
+      const T* s = sin + positions[r] * width;
+      for (int64_t h = 0; h < heads; ++h) {
+        T* xh = x + r * ld + col0 + h * head_dim;
+        if (layout == RotaryLayout::kHalf)
+          kernels::rotary_half_row(xh, half, c, s);
+        else
+          kernels::rotary_interleaved_row(xh, half, c, s);
+      }
+    }
+  });
+}
+
 RotaryLayout parse_rotary_layout(const std::string& name) {
   if (name == "half") return RotaryLayout::kHalf;
   if (name == "interleaved") return RotaryLayout::kInterleaved;
@@ -88,7 +117,9 @@ RotaryLayout parse_rotary_layout(const std::string& name) {
 #define TC_INSTANTIATE(T)                                                                         \
   template void sinusoidal_positional_encoding<T>(T*, int64_t, int64_t, double);                  \
   template void rotary_cos_sin<T>(T*, T*, int64_t, int64_t, double, int64_t);                     \
-  template void apply_rotary<T>(T*, int64_t, int64_t, const T*, const T*, int64_t, RotaryLayout);
+  template void apply_rotary<T>(T*, int64_t, int64_t, const T*, const T*, int64_t, RotaryLayout);         \
+  template void apply_rotary_heads<T>(T*, int64_t, int64_t, int64_t, int64_t, int64_t, const int64_t*,     \
+                                      const T*, const T*, int64_t, RotaryLayout);
 TC_INSTANTIATE(float)
 TC_INSTANTIATE(double)
 #undef TC_INSTANTIATE

@@ -24,6 +24,7 @@
 #include <limits>
 #include <vector>
 
+#include "transformer_core/kernels/attention_masks.hpp"
 #include "transformer_core/kernels/elementwise.hpp"
 #include "transformer_core/kernels/gemm.hpp"
 #include "transformer_core/kernels/parallel.hpp"
@@ -31,7 +32,7 @@
 namespace transformer_core::kernels {
 
 template <class T>
-struct AttentionArgs {
+struct AttentionArgs : AttentionMasks<T> {  // the masks: attention_masks.hpp
   const T* q = nullptr;
   int64_t q_stride_n = 0, q_stride_h = 0, q_stride_l = 0;
   const T* k = nullptr;
@@ -45,20 +46,7 @@ struct AttentionArgs {
   int64_t q_len = 0, kv_len = 0, head_dim = 0, v_head_dim = 0;
   T scale = T(1);
 
-  const uint8_t* bool_mask = nullptr;
-  int64_t bool_mask_strides[4] = {0, 0, 0, 0};
-  const T* float_mask = nullptr;
-  int64_t float_mask_strides[4] = {0, 0, 0, 0};
-  const uint8_t* key_mask = nullptr;
-  int64_t key_mask_stride_n = 0, key_mask_stride_s = 0;
-  bool is_causal = false;
-  int64_t causal_offset = 0;
-
   T* weights = nullptr;  // optional output [N, H, L, S], contiguous
-
-  bool has_any_mask() const {
-    return bool_mask != nullptr || float_mask != nullptr || key_mask != nullptr || is_causal;
-  }
 };
 
 // Applies every mask of `a` to the scores of query row l, keys [s0, s0 + len), in place.

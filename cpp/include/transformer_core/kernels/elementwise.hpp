@@ -1,7 +1,8 @@
-// Row-wise and element-wise kernels on raw pointers: softmax, LayerNorm, activations.
+// Row-wise and element-wise kernels on raw pointers: softmax, LayerNorm, RMSNorm, activations.
 // No checks here: the ops above validate shapes before calling.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -38,20 +39,78 @@ inline void softmax_row(T* x, int64_t n) {
   for (int64_t j = 0; j < n; ++j) x[j] *= inv;
 }
 
+// ---- sums of a row, in double, in a fixed order ---------------------------------------------------
+// kSumLanes partial sums so that the loops vectorise; the order depends on n only.
+constexpr int64_t kSumLanes = 8;
+
+// Σ_j x[j] for float input: every float is exact in double, so plain double lanes lose at most a
+// few double ulps of the sum.
+inline double row_sum(const float* x, int64_t n) {
+  double lane[kSumLanes] = {};
+  int64_t j = 0;
+  for (; j + kSumLanes <= n; j += kSumLanes)
+    for (int64_t t = 0; t < kSumLanes; ++t) lane[t] += static_cast<double>(x[j + t]);
+  double s = 0;
+  for (; j < n; ++j) s += static_cast<double>(x[j]);
+  for (int64_t t = 0; t < kSumLanes; ++t) s += lane[t];
+  return s;
+}
+
+// Σ_j x[j] for double input, compensated (Neumaier 1974): each lane carries the rounding error of
+// its additions, so rows like 1e8 + N(0, 0.1) keep their small part (a naive sum loses ~1e-6).
+inline double row_sum(const double* x, int64_t n) {
+  double lane[kSumLanes] = {}, comp[kSumLanes] = {};
+  auto add = [](double& s, double& c, double v) {
+    const double t = s + v;
+    c += std::fabs(s) >= std::fabs(v) ? (s - t) + v : (v - t) + s;
+    s = t;
+  };
+  int64_t j = 0;
+  for (; j + kSumLanes <= n; j += kSumLanes)
+    for (int64_t t = 0; t < kSumLanes; ++t) add(lane[t], comp[t], x[j + t]);
+  double s = 0, c = 0;
+  for (; j < n; ++j) add(s, c, x[j]);
+  for (int64_t t = 0; t < kSumLanes; ++t) {
+    add(s, c, lane[t]);
+    add(s, c, comp[t]);
+  }
+  return s + c;
+}
+
+// Σ_j (x[j] - mu) and Σ_j (x[j] - mu)², in double lanes.
+template <class T>
+inline void centered_sums(const T* x, int64_t n, double mu, double* sum, double* sum_sq) {
+  double s1[kSumLanes] = {}, s2[kSumLanes] = {};
+  int64_t j = 0;
+  for (; j + kSumLanes <= n; j += kSumLanes)
+    for (int64_t t = 0; t < kSumLanes; ++t) {
+      const double d = static_cast<double>(x[j + t]) - mu;
+      s1[t] += d;
+      s2[t] += d * d;
+    }
+  double a = 0, b = 0;
+  for (; j < n; ++j) {
+    const double d = static_cast<double>(x[j]) - mu;
+    a += d;
+    b += d * d;
+  }
+  for (int64_t t = 0; t < kSumLanes; ++t) a += s1[t], b += s2[t];
+  *sum = a;
+  *sum_sq = b;
+}
+
 // LayerNorm of one row (Ba et al. 2016):  y = (x - mean) / sqrt(var + eps) · weight + bias
-// Two-pass variance (mean first, then the mean of squared deviations), accumulated in double.
+// Corrected two-pass variance (Chan, Golub & LeVeque 1983): mean μ₀ from a compensated sum, then
+// d = x - μ₀,  mean = μ₀ + Σd / n,  var = (Σd² - (Σd)² / n) / n  — all accumulated in double.
 // weight, bias: [n] or nullptr (no affine).  x and y may alias.
 template <class T>
 inline void layer_norm_row(const T* x, int64_t n, const T* weight, const T* bias, T eps, T* y) {
-  double mean = 0;
-  for (int64_t j = 0; j < n; ++j) mean += x[j];
-  mean /= static_cast<double>(n);
-  double var = 0;
-  for (int64_t j = 0; j < n; ++j) {
-    const double d = x[j] - mean;
-    var += d * d;
-  }
-  var /= static_cast<double>(n);
+  const double inv_n = 1.0 / static_cast<double>(n);
+  const double mu0 = row_sum(x, n) * inv_n;
+  double sd = 0, sd2 = 0;
+  centered_sums(x, n, mu0, &sd, &sd2);
+  const double mean = mu0 + sd * inv_n;
+  const double var = std::max(0.0, (sd2 - sd * sd * inv_n) * inv_n);
   const T rstd = static_cast<T>(1.0 / std::sqrt(var + static_cast<double>(eps)));
   const T mu = static_cast<T>(mean);
   for (int64_t j = 0; j < n; ++j) {
@@ -62,20 +121,38 @@ inline void layer_norm_row(const T* x, int64_t n, const T* weight, const T* bias
   }
 }
 
-enum class Activation { kNone, kRelu, kGelu, kGeluTanh };
+// RMSNorm of one row (Zhang & Sennrich 2019; Llama):  y = x / sqrt(mean(x²) + eps) · weight
+// mean(x²) accumulated in double. weight: [n] or nullptr.  x and y may alias.
+template <class T>
+inline void rms_norm_row(const T* x, int64_t n, const T* weight, T eps, T* y) {
+  double lane[kSumLanes] = {};
+  int64_t j = 0;
+  for (; j + kSumLanes <= n; j += kSumLanes)
+    for (int64_t t = 0; t < kSumLanes; ++t) lane[t] += static_cast<double>(x[j + t]) * static_cast<double>(x[j + t]);
+  double ss = 0;
+  for (; j < n; ++j) ss += static_cast<double>(x[j]) * static_cast<double>(x[j]);
+  for (int64_t t = 0; t < kSumLanes; ++t) ss += lane[t];
+  const T rrms = static_cast<T>(1.0 / std::sqrt(ss / static_cast<double>(n) + static_cast<double>(eps)));
+  for (int64_t k = 0; k < n; ++k) {
+    const T v = x[k] * rrms;
+    y[k] = weight != nullptr ? v * weight[k] : v;
+  }
+}
+
+// The activations of the library; their names (one table) are in ops/activation.hpp.
+enum class Activation { kNone, kRelu, kGelu, kGeluTanh, kSilu, kTanh };
 
 // GELU (Hendrycks & Gimpel 2016), exact:  x · Φ(x) = 0.5 · x · (1 + erf(x / √2))
 template <class T>
 inline T gelu(T x) {
   return T(0.5) * x * (T(1) + std::erf(x * T(0.70710678118654752440)));
 }
-
-// GELU, tanh approximation (GPT-2):  0.5 · x · (1 + tanh(√(2/π) · (x + 0.044715 x³)))
 // float: erf by a vectorisable polynomial (|error| <= 1.5e-7, see fast_math.hpp)
 inline float gelu(float x) {
   return 0.5f * x * (1.0f + fast_math::erf_approx(x * 0.70710678118654752440f));
 }
 
+// GELU, tanh approximation (GPT-2):  0.5 · x · (1 + tanh(√(2/π) · (x + 0.044715 x³)))
 template <class T>
 inline T gelu_tanh(T x) {
   const T inner = T(0.79788456080286535588) * (x + T(0.044715) * x * x * x);
@@ -87,6 +164,32 @@ inline T relu(T x) {
   return x > T(0) ? x : (x != x ? x : T(0));  // keeps NaN, as torch does
 }
 
+// SiLU / swish (Elfwing et al. 2018; Llama's SwiGLU gate):  x · σ(x) = x / (1 + exp(-x))
+template <class T>
+inline T silu(T x) {
+  return x / (T(1) + std::exp(-x));
+}
+// float, vectorisable: σ(x) from e = exp(-|x|) ∈ (0, 1]: σ = 1 / (1 + e) for x ≥ 0, e / (1 + e) else.
+inline float silu(float x) {
+  const float e = fast_math::exp_nonpos(-std::fabs(x));
+  const float sig = (x >= 0.0f ? 1.0f : e) / (1.0f + e);
+  return x * sig;
+}
+
+template <class T>
+inline T activate_one(T x, Activation act) {
+  switch (act) {
+    case Activation::kRelu: return relu(x);
+    case Activation::kGelu: return gelu(x);
+    case Activation::kGeluTanh: return gelu_tanh(x);
+    case Activation::kSilu: return silu(x);
+    case Activation::kTanh: return std::tanh(x);
+    case Activation::kNone: break;
+  }
+  return x;
+}
+
+// x[i] = act(x[i]), i < n, in place. One loop per activation, so that each vectorises.
 template <class T>
 inline void activate(T* x, int64_t n, Activation act) {
   switch (act) {
@@ -99,6 +202,29 @@ inline void activate(T* x, int64_t n, Activation act) {
       return;
     case Activation::kGeluTanh:
       for (int64_t i = 0; i < n; ++i) x[i] = gelu_tanh(x[i]);
+      return;
+    case Activation::kSilu:
+      for (int64_t i = 0; i < n; ++i) x[i] = silu(x[i]);
+      return;
+    case Activation::kTanh:
+      for (int64_t i = 0; i < n; ++i) x[i] = std::tanh(x[i]);
+      return;
+  }
+}
+
+// Gated linear unit of one row (Shazeer 2020, "GLU variants"; SwiGLU with SiLU, GeGLU with GELU):
+//   out[j] = act(gate[j]) · up[j],   j < n        gate, up, out: [n]; out may alias gate or up.
+template <class T>
+inline void gated_row(const T* gate, const T* up, int64_t n, Activation act, T* out) {
+  switch (act) {
+    case Activation::kSilu:
+      for (int64_t j = 0; j < n; ++j) out[j] = silu(gate[j]) * up[j];
+      return;
+    case Activation::kGelu:
+      for (int64_t j = 0; j < n; ++j) out[j] = gelu(gate[j]) * up[j];
+      return;
+    default:
+      for (int64_t j = 0; j < n; ++j) out[j] = activate_one(gate[j], act) * up[j];
       return;
   }
 }

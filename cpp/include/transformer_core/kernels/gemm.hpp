@@ -7,8 +7,6 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "transformer_core/kernels/elementwise.hpp"
-#include "transformer_core/kernels/linear_small.hpp"
 #include "transformer_core/kernels/parallel.hpp"
 
 namespace transformer_core::kernels {
@@ -76,64 +74,6 @@ inline void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, do
   cblas_dgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
               static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), alpha, a,
               static_cast<int>(lda), b, static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
-}
-
-// y[m, n] = act(x[m, k] · wᵀ + bias)      w: [n, k] (torch's nn.Linear layout)   bias: [n] or nullptr
-// With w_in_out, w is [k, n] and y = x · w + bias (Hugging Face's Conv1D layout, GPT-2).
-//
-// Parallel over fixed tiles of y (kLinearTileRows × kLinearTileCols), each one single-threaded
-// GEMM inside our parallel region. The tiles do not depend on the thread count, and every element
-// is accumulated over k in the same order, so the result is bitwise the same for 1 or 2 threads.
-constexpr int64_t kLinearTileRows = 64;
-constexpr int64_t kLinearTileCols = 512;
-// Below this many multiply-adds (≈ 10 µs of work) a parallel region costs more than it saves.
-constexpr int64_t kLinearSerialMacs = 1 << 18;
-
-template <class T>
-inline void linear(const T* x, int64_t m, int64_t k, const T* w, const T* bias, int64_t n, T* y,
-                   bool w_in_out = false, Activation act = Activation::kNone) {
-  if (m == 0 || n == 0) return;
-  // y[r0:r0+rows, c0:c0+cols] = act(y ...), applied to each tile right after its product, while the
-  // tile is still in cache: the activation of a feed-forward layer costs no pass over memory.
-  auto activate_tile = [&](T* yt, int64_t rows, int64_t cols) {
-    if (act == Activation::kNone) return;
-    for (int64_t i = 0; i < rows; ++i) activate(yt + i * n, cols, act);
-  };
-  if (m <= kSmallRows && !w_in_out && k > 0) {  // a few rows: stream w once (linear_small.hpp)
-    const int64_t chunks = (n + 63) / 64;           // 64 output features per task, fixed
-    auto chunk = [&](int64_t c, int) {
-      const int64_t c0 = c * 64, c1 = std::min(n, c0 + 64);
-      linear_small_rows(x, m, k, w, bias, c0, c1, n, y);
-      activate_tile(y + c0, m, c1 - c0);
-    };
-    if (m * n * k < kLinearSerialMacs) {
-      for (int64_t c = 0; c < chunks; ++c) chunk(c, 0);
-    } else {
-      parallel_tasks(chunks, chunk);
-    }
-    return;
-  }
-  const int64_t row_tiles = (m + kLinearTileRows - 1) / kLinearTileRows;
-  const int64_t col_tiles = (n + kLinearTileCols - 1) / kLinearTileCols;
-  auto tile = [&](int64_t task, int) {
-    const int64_t r0 = (task / col_tiles) * kLinearTileRows, c0 = (task % col_tiles) * kLinearTileCols;
-    const int64_t rows = std::min(kLinearTileRows, m - r0), cols = std::min(kLinearTileCols, n - c0);
-    T* yt = y + r0 * n + c0;
-    for (int64_t i = 0; i < rows; ++i)
-      for (int64_t j = 0; j < cols; ++j) yt[i * n + j] = bias != nullptr ? bias[c0 + j] : T(0);
-    if (k == 0) return activate_tile(yt, rows, cols);
-    if (w_in_out) {
-      gemm(false, false, rows, cols, k, T(1), x + r0 * k, k, w + c0, n, T(1), yt, n);
-    } else {
-      gemm(false, true, rows, cols, k, T(1), x + r0 * k, k, w + c0 * k, k, T(1), yt, n);
-    }
-    activate_tile(yt, rows, cols);
-  };
-  if (m * n * k < kLinearSerialMacs) {
-    for (int64_t t = 0; t < row_tiles * col_tiles; ++t) tile(t, 0);  // same tiles, same result
-  } else {
-    parallel_tasks(row_tiles * col_tiles, tile);
-  }
 }
 
 }  // namespace transformer_core::kernels

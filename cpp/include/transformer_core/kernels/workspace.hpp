@@ -1,6 +1,9 @@
-// Scratch buffers reused across calls: each call site names its buffer with a distinct Tag, and
-// each thread gets its own (thread_local), so concurrent calls from several Python threads never
-// share one. A buffer grows to the largest size asked for and is never shrunk.
+// Scratch buffers reused across calls. Each call site names its buffer with a distinct Scratch tag,
+// and each thread gets its own set (thread_local), so concurrent calls from several Python threads
+// never share one. A buffer grows to the largest size asked for and is never shrunk.
+//
+// Two buffers that are alive at the same time must have different tags: a layer's tags are listed
+// here beside the layer that uses them, and a layer never calls itself.
 #pragma once
 
 #include <cstddef>
@@ -8,9 +11,29 @@
 
 namespace transformer_core::kernels {
 
-template <class T, int Tag>
-T* workspace(size_t n) {
-  thread_local std::vector<T> buffer;
+enum class Scratch : int {
+  // FeedForward / GatedFeedForward: the hidden activations [rows, F] (or [rows, 2F] gate|up)
+  kFfnHidden,
+  // MultiheadAttention: projected q|k|v, separate q, k, v, the context before out_proj, and the
+  // packed (padding-free) rows of qkv and context
+  kAttnQkv,
+  kAttnQ,
+  kAttnK,
+  kAttnV,
+  kAttnContext,
+  kAttnQkvPacked,
+  kAttnContextPacked,
+  // TransformerEncoderLayer / TransformerDecoderLayer / DecoderBlock: residual-stream temporaries
+  kLayerA,
+  kLayerB,
+  kLayerX,
+  kCount
+};
+
+template <class T>
+T* workspace(Scratch tag, size_t n) {
+  thread_local std::vector<T> buffers[static_cast<int>(Scratch::kCount)];
+  std::vector<T>& buffer = buffers[static_cast<int>(tag)];
   if (buffer.size() < n) buffer.resize(n);
   return buffer.data();
 }

@@ -1,39 +1,62 @@
-// Position-wise feed-forward network (Vaswani et al. 2017, eq. 2; seed 001 "The Feed-Forward Layer"):
+// Position-wise feed-forward networks, x [rows, d_model] -> [rows, d_model], hidden width F:
 //
-//   FFN(x) = linear2(act(linear1(x)))      act = ReLU (the paper) or GELU (BERT, GPT-2)
+//   FeedForward (Vaswani et al. 2017, eq. 2; the tutorials' FeedForward):
+//       FFN(x) = linear2(act(linear1(x)))            act = ReLU (the paper) or GELU (BERT, GPT-2)
+//   GatedFeedForward (Shazeer 2020, "GLU variants"; Llama's MLP):
+//       FFN(x) = down_proj(act(gate_proj(x)) · up_proj(x))    act = SiLU (SwiGLU) or GELU (GeGLU)
 //
-// x [rows, d_model] -> [rows, d_model], hidden [rows, dim_feedforward].
+// Both implement Mlp, so a decoder block holds either one.
 #pragma once
 
 #include <cstdint>
-#include <xtensor/xtensor.hpp>
 
-#include "transformer_core/kernels/elementwise.hpp"
+#include "transformer_core/layers/linear.hpp"
 #include "transformer_core/layers/module.hpp"
 
 namespace transformer_core::layers {
 
-using kernels::Activation;
+template <class T>
+class Mlp : public Module<T> {
+ public:
+  // x [rows, d_model] -> out [rows, d_model]; out must not alias x.
+  virtual void forward(const T* x, int64_t rows, T* out) const = 0;
+};
 
 template <class T>
-class FeedForward : public Module<T> {
+class FeedForward : public Mlp<T> {
  public:
-  // Parameters: linear1.weight [F, E], linear1.bias [F], linear2.weight [E, F], linear2.bias [E].
+  // Parameters (torch's names): linear1.weight [F, E], linear1.bias [F], linear2.weight [E, F],
+  // linear2.bias [E].
   FeedForward(int64_t d_model, int64_t dim_feedforward, Activation activation, bool bias = true);
 
-  // x [rows, d_model] -> out [rows, d_model]; out must not alias x.
-  void forward(const T* x, int64_t rows, T* out) const;
+  void forward(const T* x, int64_t rows, T* out) const override;
 
-  int64_t d_model() const { return d_model_; }
-  int64_t dim_feedforward() const { return dim_feedforward_; }
-  Activation activation() const { return activation_; }
+  const Linear<T>& linear1() const { return linear1_; }
+  const Linear<T>& linear2() const { return linear2_; }
+  int64_t d_model() const { return linear1_.in_features(); }
+  int64_t dim_feedforward() const { return linear1_.out_features(); }
 
  private:
-  int64_t d_model_, dim_feedforward_;
+  Linear<T> linear1_, linear2_;
   Activation activation_;
-  bool bias_;
-  xt::xtensor<T, 2> linear1_weight_, linear2_weight_;
-  xt::xtensor<T, 1> linear1_bias_, linear2_bias_;
+};
+
+template <class T>
+class GatedFeedForward : public Mlp<T> {
+ public:
+  // Parameters (Hugging Face's LlamaMLP names): gate_proj.weight [F, E], up_proj.weight [F, E],
+  // down_proj.weight [E, F] (+ .bias with bias). gate and up are stored as one [2F, E] matrix
+  // (gate rows first), so both projections are one product.
+  GatedFeedForward(int64_t d_model, int64_t dim_feedforward, Activation activation, bool bias = false);
+
+  void forward(const T* x, int64_t rows, T* out) const override;
+
+  int64_t d_model() const { return down_proj_.out_features(); }
+  int64_t dim_feedforward() const { return down_proj_.in_features(); }
+
+ private:
+  Linear<T> gate_up_proj_, down_proj_;
+  Activation activation_;
 };
 
 }  // namespace transformer_core::layers

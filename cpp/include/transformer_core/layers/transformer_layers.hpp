@@ -1,43 +1,24 @@
-// Transformer layers (Vaswani et al. 2017, §3.1; seed 001 "Layer Normalization", seed 002).
+// Transformer layers (Vaswani et al. 2017, §3.1; the tutorials' encoder and decoder layers).
 //
 // Encoder layer:
+//   post-LN (norm_first = false, the paper, BERT):   x = norm1(x + SA(x));      x = norm2(x + FFN(x))
+//   pre-LN  (norm_first = true, GPT-2):              x = x + SA(norm1(x));      x = x + FFN(norm2(x))
 //
-//   post-LN (norm_first = false, the paper, BERT):   x = LN1(x + SA(x));      x = LN2(x + FFN(x))
-//   pre-LN  (norm_first = true, GPT-2, seed 001):    x = x + SA(LN1(x));      x = x + FFN(LN2(x))
-//
-// Decoder layer (seed 002's eight decoder steps): masked self-attention, cross-attention over the
-// encoder memory, feed-forward:
-//   post-LN:  x = LN1(x + SA(x));  x = LN2(x + CA(x, mem));  x = LN3(x + FFN(x))
-//   pre-LN:   x = x + SA(LN1(x));  x = x + CA(LN2(x), mem);  x = x + FFN(LN3(x))
+// Decoder layer (the encoder–decoder tutorial's decoder steps): masked self-attention,
+// cross-attention over the encoder memory, feed-forward:
+//   post-LN:  x = norm1(x + SA(x));  x = norm2(x + CA(x, mem));  x = norm3(x + FFN(x))
+//   pre-LN:   x = x + SA(norm1(x));  x = x + CA(norm2(x), mem);  x = x + FFN(norm3(x))
 //
 // Batch-first: src/tgt [N, L, E], memory [N, S, E]. Inference only: dropout is the identity.
 #pragma once
 
 #include <cstdint>
-#include <xtensor/xtensor.hpp>
 
 #include "transformer_core/layers/feed_forward.hpp"
 #include "transformer_core/layers/multihead_attention.hpp"
+#include "transformer_core/layers/norm.hpp"
 
 namespace transformer_core::layers {
-
-// LayerNorm over the last dim as a module: weight [E] (ones), bias [E] (zeros, absent if !bias).
-template <class T>
-class LayerNorm : public Module<T> {
- public:
-  LayerNorm(int64_t normalized_size, T eps, bool bias = true);
-  // x [rows, E] -> y [rows, E]; y may alias x.
-  void forward(const T* x, int64_t rows, T* y) const;
-  // y = LN(a + b), the residual add fused into the norm; y may alias a or b.
-  void forward_add(const T* a, const T* b, int64_t rows, T* y) const;
-  int64_t size() const { return size_; }
-
- private:
-  int64_t size_;
-  T eps_;
-  bool bias_;
-  xt::xtensor<T, 1> weight_, bias_values_;
-};
 
 template <class T>
 class TransformerEncoderLayer : public Module<T> {
@@ -47,12 +28,12 @@ class TransformerEncoderLayer : public Module<T> {
                           T layer_norm_eps, bool norm_first, bool bias = true);
 
   // src [N, L, E] -> out [N, L, E]; out may alias src.
-  void forward(const T* src, int64_t N, int64_t L, T* out, const MaskArgs<T>& masks,
+  void forward(const T* src, int64_t N, int64_t L, T* out, const AttentionMasks<T>& masks,
                AttentionPath path = AttentionPath::kAuto) const;
 
   // The same layer on the real tokens of a padded batch: x [count, E] -> out [count, E] (packed
   // rows; see PackedTokens). The masks must hide the padding keys (key_mask).
-  void forward_packed(const T* x, const PackedTokens& tokens, T* out, const MaskArgs<T>& masks,
+  void forward_packed(const T* x, const PackedTokens& tokens, T* out, const AttentionMasks<T>& masks,
                       AttentionPath path = AttentionPath::kAuto) const;
 
   const MultiheadAttention<T>& self_attn() const { return self_attn_; }
@@ -84,7 +65,7 @@ class TransformerDecoderLayer : public Module<T> {
   // self_masks: masks of the self-attention (tgt_mask, tgt_key_mask, causal);
   // cross_masks: masks of the cross-attention (memory_mask, memory_key_mask).
   void forward(const T* tgt, int64_t N, int64_t Tq, const T* memory, int64_t S, T* out,
-               const MaskArgs<T>& self_masks, const MaskArgs<T>& cross_masks,
+               const AttentionMasks<T>& self_masks, const AttentionMasks<T>& cross_masks,
                AttentionPath path = AttentionPath::kAuto) const;
 
   int64_t d_model() const { return d_model_; }

@@ -1,5 +1,5 @@
-// BERT (Devlin et al. 2019), encoder-only; seed 001 "Positional Embeddings" and "Encoder", seed 000
-// "BERT vs GPT".
+// BERT (Devlin et al. 2019), encoder-only; the tutorials' encoder (token + learned position
+// embeddings, post-LN encoder layers) and their "BERT vs GPT" comparison.
 //
 //   embeddings = LayerNorm(word[input_ids] + position[0..L) + token_type[token_type_ids])
 //   hidden     = post-LN TransformerEncoderLayer (GELU) × num_hidden_layers
@@ -13,13 +13,14 @@
 #include <cstdint>
 #include <memory>
 #include <vector>
-#include <xtensor/xtensor.hpp>
 
+#include "transformer_core/layers/embedding.hpp"
+#include "transformer_core/layers/linear.hpp"
 #include "transformer_core/layers/transformer_layers.hpp"
 
 namespace transformer_core::models {
 
-using kernels::Activation;
+using ops::Activation;
 
 struct BertConfig {
   int64_t vocab_size = 30522;
@@ -35,35 +36,17 @@ struct BertConfig {
 };
 
 template <class T>
-class BertEmbeddings : public layers::Module<T> {
- public:
-  // word_embeddings.weight [V, H], position_embeddings.weight [P, H],
-  // token_type_embeddings.weight [T, H], LayerNorm.weight [H], LayerNorm.bias [H]
-  explicit BertEmbeddings(const BertConfig& config);
-
-  // Throws std::invalid_argument for ids outside [0, vocab_size) / [0, type_vocab_size) or
-  // L > max_position_embeddings. token_type_ids may be nullptr (all zeros).
-  void check_inputs(const int64_t* input_ids, const int64_t* token_type_ids, int64_t N, int64_t L) const;
-  // out [rows, H] for the tokens at flat positions index[0..rows) of the [N, L] batch (position
-  // index[r] % L); index == nullptr: every position, rows = N · L.
-  void forward(const int64_t* input_ids, const int64_t* token_type_ids, int64_t L, const int64_t* index,
-               int64_t rows, T* out) const;
-
- private:
-  BertConfig config_;
-  xt::xtensor<T, 2> word_, position_, token_type_;
-  xt::xtensor<T, 1> norm_weight_, norm_bias_;
-};
-
-template <class T>
 class BertModel : public layers::Module<T> {
  public:
+  // Throws std::invalid_argument naming the config field for sizes < 1 (num_hidden_layers < 0),
+  // hidden_size not a multiple of num_attention_heads, or a negative / NaN layer_norm_eps.
   explicit BertModel(const BertConfig& config);
 
   // last_hidden_state [N, L, H]; pooler_output [N, H] or nullptr (ignored without a pooler).
-  // attention_mask may be nullptr (every token real). With padding, every GEMM, norm and activation
-  // runs on the real tokens only (packed rows), attention on the padded batch with the padding keys
-  // masked; the hidden states of padding positions are returned as zeros.
+  // attention_mask may be nullptr (every token real), token_type_ids nullptr (all zeros). With
+  // padding, every GEMM, norm and activation runs on the real tokens only (packed rows), attention
+  // on the padded batch with the padding keys masked; padding positions are returned as zeros.
+  // Throws std::invalid_argument for ids outside their tables or L > max_position_embeddings.
   void forward(const int64_t* input_ids, const uint8_t* attention_mask, const int64_t* token_type_ids, int64_t N,
                int64_t L, T* last_hidden_state, T* pooler_output) const;
 
@@ -71,10 +54,9 @@ class BertModel : public layers::Module<T> {
 
  private:
   BertConfig config_;
-  BertEmbeddings<T> embeddings_;
+  layers::Embeddings<T> embeddings_;
   std::vector<std::unique_ptr<layers::TransformerEncoderLayer<T>>> layers_;
-  xt::xtensor<T, 2> pooler_weight_;
-  xt::xtensor<T, 1> pooler_bias_;
+  std::unique_ptr<layers::Linear<T>> pooler_;
 };
 
 }  // namespace transformer_core::models

@@ -34,6 +34,16 @@ template <class T>
 void apply_rotary(T* x, int64_t rows, int64_t head_dim, const T* cos, const T* sin, int64_t table_rows,
                   RotaryLayout layout);
 
+// Rotates, in every row r of x (viewed as [rows, ld]), the `heads` heads of head_dim values that
+// start at column col0, by the angles of position positions[r]:   cos, sin: [table_rows, W]
+// (W as for apply_rotary). How an attention layer rotates q and k inside its projected [N·L, ·]
+// buffer, each token at its own position (a KV cache's offset, left padding). Throws if a position
+// is outside [0, table_rows).
+template <class T>
+void apply_rotary_heads(T* x, int64_t rows, int64_t ld, int64_t col0, int64_t heads, int64_t head_dim,
+                        const int64_t* positions, const T* cos, const T* sin, int64_t table_rows,
+                        RotaryLayout layout);
+
 // Parses "half" or "interleaved"; throws otherwise.
 RotaryLayout parse_rotary_layout(const std::string& name);
 

@@ -1,0 +1,76 @@
+// Embedding layers.
+//
+//   Embedding (nn.Embedding):   out[r] = weight[ids[r]]                weight: [num_embeddings, H]
+//   Embeddings (BERT's and the tutorials' input embeddings; GPT-2's wte + wpe):
+//       out[r] = norm(word[ids[r]] + position[positions[r]] + token_type[token_type_ids[r]])
+//   each of position, token_type and the LayerNorm optional.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <xtensor/xtensor.hpp>
+
+#include "transformer_core/layers/module.hpp"
+#include "transformer_core/layers/norm.hpp"
+
+namespace transformer_core::layers {
+
+template <class T>
+class Embedding : public Module<T> {
+ public:
+  // Parameter: weight [num_embeddings, embedding_dim].
+  Embedding(int64_t num_embeddings, int64_t embedding_dim);
+
+  // Throws std::invalid_argument naming `name` for an id outside [0, num_embeddings).
+  void check(const int64_t* ids, int64_t count, const std::string& name) const;
+  // out[rows, H] = weight[ids]  (ids already checked)
+  void forward(const int64_t* ids, int64_t rows, T* out) const;
+  // out[rows, H] += weight[ids]
+  void forward_add(const int64_t* ids, int64_t rows, T* out) const;
+
+  int64_t num_embeddings() const { return num_; }
+  int64_t embedding_dim() const { return dim_; }
+  // weight [num_embeddings, H]: the output layer of a model whose LM head is tied to it.
+  const T* weight() const { return weight_.data(); }
+
+ private:
+  int64_t num_, dim_;
+  xt::xtensor<T, 2> weight_;
+};
+
+struct EmbeddingsConfig {
+  int64_t vocab_size = 0;
+  int64_t hidden_size = 0;
+  int64_t max_position_embeddings = 0;  // 0: no learned positions
+  int64_t type_vocab_size = 0;          // 0: no token types
+  bool layer_norm = true;
+  double layer_norm_eps = 1e-12;
+};
+
+template <class T>
+class Embeddings : public Module<T> {
+ public:
+  // Parameters (Hugging Face BertEmbeddings' names): word_embeddings.weight [V, H],
+  // position_embeddings.weight [P, H], token_type_embeddings.weight [T, H], LayerNorm.weight [H],
+  // LayerNorm.bias [H] — those the config asks for.
+  explicit Embeddings(const EmbeddingsConfig& config);
+
+  // Checks ids against the tables (std::invalid_argument naming input_ids / position_ids /
+  // token_type_ids). positions / token_type_ids may be nullptr (none, or all zeros).
+  void check(const int64_t* ids, const int64_t* positions, const int64_t* token_type_ids, int64_t rows) const;
+  // out [rows, H] for `rows` tokens given by flat arrays of length rows (already checked).
+  void forward(const int64_t* ids, const int64_t* positions, const int64_t* token_type_ids, int64_t rows,
+               T* out) const;
+
+  const Embedding<T>& word_embeddings() const { return word_; }
+  const EmbeddingsConfig& config() const { return config_; }
+
+ private:
+  EmbeddingsConfig config_;
+  Embedding<T> word_;
+  std::unique_ptr<Embedding<T>> position_, token_type_;
+  std::unique_ptr<LayerNorm<T>> norm_;
+};
+
+}  // namespace transformer_core::layers

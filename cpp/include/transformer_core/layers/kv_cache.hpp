@@ -1,0 +1,54 @@
+// The KV cache of a decoder (the KV-cache section of the tutorials): per layer, the keys and values
+// of every past position, so that decoding a token attends over the past without recomputing it.
+//
+//   keys, values of one layer: [N, H_kv, capacity, D];  `length` positions are filled.
+//
+// A step with L new tokens appends L positions to every layer; when full, the capacity doubles (at
+// least to what is needed) and the contents are copied once, so decoding T tokens copies O(T) in
+// all. Memory: 2 · layers · N · H_kv · capacity · D values — grouped-query attention (H_kv < H)
+// shrinks it by H / H_kv.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+#include <xtensor/xtensor.hpp>
+
+namespace transformer_core::layers {
+
+template <class T>
+class KVCache {
+ public:
+  // Throws std::invalid_argument (naming the size) for num_layers < 0, other sizes < 1, or a
+  // capacity whose storage exceeds this machine's memory.
+  KVCache(int64_t num_layers, int64_t batch, int64_t num_kv_heads, int64_t head_dim, int64_t capacity = 1);
+
+  int64_t num_layers() const { return static_cast<int64_t>(keys_.size()); }
+  int64_t batch() const { return batch_; }
+  int64_t num_kv_heads() const { return num_kv_heads_; }
+  int64_t head_dim() const { return head_dim_; }
+  int64_t length() const { return length_; }
+  int64_t capacity() const { return capacity_; }
+
+  // Makes room for `total` positions (capacity doubles, at least to `total`), keeping the contents.
+  void reserve(int64_t total);
+  // Forgets every position from `length` on (0 <= length <= this->length(), else invalid_argument).
+  void crop(int64_t length);
+  // Marks `length` positions filled (0 <= length <= capacity): after a step has appended them.
+  void set_length(int64_t length);
+
+  // [N, H_kv, capacity, D] of one layer.
+  T* keys(int64_t layer) { return keys_[static_cast<size_t>(layer)].data(); }
+  T* values(int64_t layer) { return values_[static_cast<size_t>(layer)].data(); }
+  const T* keys(int64_t layer) const { return keys_[static_cast<size_t>(layer)].data(); }
+  const T* values(int64_t layer) const { return values_[static_cast<size_t>(layer)].data(); }
+
+  // Copies positions [past, past + L) of one layer in from rows of a projection buffer:
+  // k of token (n, l), head h at k_src[(n·L + l)·ld + h·D], v likewise at v_src.
+  void append(int64_t layer, const T* k_src, const T* v_src, int64_t ld, int64_t L);
+
+ private:
+  int64_t batch_, num_kv_heads_, head_dim_, capacity_ = 0, length_ = 0;
+  std::vector<xt::xtensor<T, 4>> keys_, values_;
+};
+
+}  // namespace transformer_core::layers

@@ -1,0 +1,34 @@
+// nn.Linear:  y = act(x · weightᵀ + bias)      x: [rows, in]   weight: [out, in]   bias: [out]
+#pragma once
+
+#include <cstdint>
+#include <xtensor/xtensor.hpp>
+
+#include "transformer_core/layers/module.hpp"
+#include "transformer_core/ops/activation.hpp"
+
+namespace transformer_core::layers {
+
+using ops::Activation;
+
+template <class T>
+class Linear : public Module<T> {
+ public:
+  // Parameters: weight [out, in], bias [out] (if bias).
+  Linear(int64_t in_features, int64_t out_features, bool bias = true);
+
+  // x [rows, in] -> y [rows, out], act applied in the same pass; y must not alias x.
+  void forward(const T* x, int64_t rows, T* y, Activation act = Activation::kNone) const;
+
+  int64_t in_features() const { return in_; }
+  int64_t out_features() const { return out_; }
+  bool has_bias() const { return has_bias_; }
+
+ private:
+  int64_t in_, out_;
+  bool has_bias_;
+  xt::xtensor<T, 2> weight_;
+  xt::xtensor<T, 1> bias_;
+};
+
+}  // namespace transformer_core::layers

@@ -1,0 +1,17 @@
+// The affine map of nn.Linear, with an optional activation fused on the output tiles:
+//
+//   y[rows, out] = act(x[rows, in] · weightᵀ + bias)      weight: [out, in]   bias: [out] or nullptr
+#pragma once
+
+#include <cstdint>
+
+#include "transformer_core/ops/activation.hpp"
+
+namespace transformer_core::ops {
+
+// x, y must not alias. Throws std::invalid_argument for negative sizes.
+template <class T>
+void linear(const T* x, int64_t rows, int64_t in, const T* weight, const T* bias, int64_t out, T* y,
+            Activation act = Activation::kNone);
+
+}  // namespace transformer_core::ops

@@ -1,0 +1,213 @@
+"""Autoregressive generation, one module for every causal LM (as Hugging Face's ``GenerationMixin``):
+the prompt once through the model, then one token per step with the KV cache.
+
+Each step turns the last position's logits into the next token (Hugging Face's order of logits
+processors):
+
+    repetition_penalty   score / p for tokens already in the sequence (score · p if negative)
+    greedy               argmax, or, with do_sample:
+    temperature          scores / T
+    top_k                keep the k highest
+    top_p                keep the smallest set of highest-probability tokens whose mass reaches p
+    sample               from softmax(scores), numpy's generator seeded with ``seed``
+
+A sequence that emits an end token (``eos_token_id``, one id or several) is finished; it is padded
+with ``pad_token_id`` while the others go on, and generation stops when all are finished or after
+``max_new_tokens``. :meth:`GenerationMixin.stream` yields each step's tokens as they are produced.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import numpy as np
+
+from ._validation import as_bool, as_ids, check_int
+
+__all__ = ["GenerationMixin", "GenerationConfig"]
+
+
+class GenerationConfig:
+    """Checked generation options (see :meth:`GenerationMixin.generate` for their meaning).
+
+    Raises:
+        TypeError / ValueError: naming the option (``max_new_tokens`` < 1, ``temperature`` <= 0,
+        ``top_k`` < 1, ``top_p`` outside (0, 1], ``repetition_penalty`` <= 0, ids that are not ints).
+    """
+
+    def __init__(self, max_new_tokens: int, do_sample: bool = False, temperature: float = 1.0,
+                 top_k: int | None = None, top_p: float | None = None, repetition_penalty: float | None = None,
+                 seed: int | None = None, eos_token_id=None, pad_token_id: int | None = None):
+        self.max_new_tokens = check_int(max_new_tokens, "max_new_tokens", 1)
+        self.do_sample = bool(do_sample)
+        self.temperature = _check_float(temperature, "temperature", low_open=0.0)
+        self.top_k = None if top_k is None else check_int(top_k, "top_k", 1)
+        self.top_p = None if top_p is None else _check_float(top_p, "top_p", low_open=0.0, high=1.0)
+        self.repetition_penalty = (None if repetition_penalty is None
+                                   else _check_float(repetition_penalty, "repetition_penalty", low_open=0.0))
+        self.seed = None if seed is None else check_int(seed, "seed", 0)
+        if eos_token_id is None:
+            self.eos_ids = np.zeros(0, np.int64)
+        else:
+            ids = [eos_token_id] if isinstance(eos_token_id, (int, np.integer)) else list(eos_token_id)
+            self.eos_ids = np.array([check_int(i, "eos_token_id", 0) for i in ids], np.int64)
+        self.pad_token_id = None if pad_token_id is None else check_int(pad_token_id, "pad_token_id", 0)
+
+
+def _check_float(value, name: str, *, low_open: float | None = None, high: float | None = None) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{name}: expected a number, got {type(value).__name__}")
+    value = float(value)
+    if not np.isfinite(value) or (low_open is not None and value <= low_open) or (high is not None and value > high):
+        bounds = f"({low_open}, {high}]" if high is not None else f"> {low_open}"
+        raise ValueError(f"{name}: expected a value {bounds}, got {value}")
+    return value
+
+
+def _softmax(scores: np.ndarray) -> np.ndarray:
+    """Row softmax in float64; -inf entries get probability 0."""
+    m = scores.max(axis=-1, keepdims=True)
+    e = np.exp(scores - m)
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def next_tokens(scores: np.ndarray, sequences: np.ndarray, cfg: GenerationConfig,
+                rng: np.random.Generator) -> np.ndarray:
+    """The next token of each row from the last position's logits.
+
+    Args:
+        scores: ``(N, V)`` logits (float64, a copy: modified).
+        sequences: ``(N, T)`` the ids so far (prompt and generated), for the repetition penalty.
+        cfg: the options.
+        rng: numpy generator for sampling.
+
+    Returns:
+        ``(N,)`` int64 token ids.
+    """
+    if cfg.repetition_penalty is not None and cfg.repetition_penalty != 1.0:
+        rows = np.arange(scores.shape[0])[:, None]
+        seen = scores[rows, sequences]
+        scores[rows, sequences] = np.where(seen < 0, seen * cfg.repetition_penalty, seen / cfg.repetition_penalty)
+    if not cfg.do_sample:
+        return scores.argmax(axis=-1).astype(np.int64)
+    scores = scores / cfg.temperature
+    if cfg.top_k is not None:
+        k = min(cfg.top_k, scores.shape[-1])
+        kth = np.partition(scores, -k, axis=-1)[:, -k][:, None]
+        scores = np.where(scores < kth, -np.inf, scores)
+    if cfg.top_p is not None and cfg.top_p < 1.0:
+        order = np.argsort(-scores, axis=-1, kind="stable")
+        sorted_probs = np.take_along_axis(_softmax(scores), order, axis=-1)
+        before = np.cumsum(sorted_probs, axis=-1) - sorted_probs  # mass of the tokens ranked above
+        drop_sorted = before >= cfg.top_p                            # the first token is always kept
+        drop = np.zeros_like(drop_sorted)
+        np.put_along_axis(drop, order, drop_sorted, axis=-1)
+        scores = np.where(drop, -np.inf, scores)
+    probs = _softmax(scores)
+    return np.array([rng.choice(probs.shape[-1], p=p / p.sum()) for p in probs], dtype=np.int64)
+
+
+class GenerationMixin:
+    """``generate`` and ``stream`` for a causal LM whose ``forward(ids, attention_mask=...,
+    past_key_values=..., use_cache=True, logits_to_keep=1)`` returns logits, with ``new_cache``,
+    ``context_length`` and ``config.vocab_size`` / ``config.eos_token_id``."""
+
+    def stream(self, input_ids, max_new_tokens: int, *, do_sample: bool = False, temperature: float = 1.0,
+               top_k: int | None = None, top_p: float | None = None, repetition_penalty: float | None = None,
+               seed: int | None = None, attention_mask=None, eos_token_id=None, pad_token_id: int | None = None,
+               past_key_values=None) -> Iterator[np.ndarray]:
+        """Yields the next token of every sequence, ``(N,)`` int64, one step at a time (finished
+        sequences yield ``pad_token_id``); the arguments as :meth:`generate`.
+
+        With ``past_key_values`` (a :class:`KVCache` holding a prefix of ``input_ids``, e.g. the
+        earlier turns of a chat), only the uncached suffix is run; the cache is extended in place.
+        """
+        ids = as_ids(input_ids, "input_ids")
+        cfg = self._generation_config(max_new_tokens, do_sample, temperature, top_k, top_p, repetition_penalty,
+                                      seed, eos_token_id, pad_token_id)
+        N, L = ids.shape
+        if L + cfg.max_new_tokens > self.context_length:
+            raise ValueError(f"max_new_tokens: prompt length {L} + {cfg.max_new_tokens} exceeds the context "
+                             f"({self._context_field} = {self.context_length})")
+        mask = None
+        if attention_mask is not None:
+            mask = as_bool(attention_mask, "attention_mask")
+            mask = mask[None] if mask.ndim == 1 else mask
+            if mask.shape != ids.shape:
+                raise ValueError(f"attention_mask: expected shape {ids.shape} (input_ids'), got {mask.shape}")
+        cache = past_key_values if past_key_values is not None else self.new_cache(N, L + cfg.max_new_tokens)
+        past = cache.length
+        if past > L or (past == L and L > 0):
+            raise ValueError(f"past_key_values: the cache holds {past} positions, expected fewer than input_ids' {L}")
+        cache.reserve(L + cfg.max_new_tokens)
+        rng = np.random.default_rng(cfg.seed)
+        out = self(ids[:, past:], attention_mask=mask, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        sequences = ids
+        finished = np.zeros(N, dtype=bool)
+        for step in range(cfg.max_new_tokens):
+            nxt = next_tokens(out.logits[:, -1].astype(np.float64), sequences, cfg, rng)
+            if cfg.pad_token_id is not None:
+                nxt = np.where(finished, cfg.pad_token_id, nxt)
+            finished |= np.isin(nxt, cfg.eos_ids)
+            yield nxt
+            if finished.all() or step == cfg.max_new_tokens - 1:
+                return
+            sequences = np.concatenate([sequences, nxt[:, None]], axis=1)
+            if mask is not None:
+                mask = np.concatenate([mask, np.ones((N, 1), bool)], axis=1)
+            out = self(nxt[:, None], attention_mask=mask, past_key_values=cache, use_cache=True, logits_to_keep=1)
+
+    def generate(self, input_ids, max_new_tokens: int, do_sample: bool = False, temperature: float = 1.0,
+                 top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
+                 attention_mask=None, eos_token_id=None, *, repetition_penalty: float | None = None,
+                 pad_token_id: int | None = None, streamer: Callable[[np.ndarray], None] | None = None,
+                 past_key_values=None) -> np.ndarray:
+        """Autoregressive decoding with a KV cache: the prompt once, then one token per step.
+
+        Args:
+            input_ids: ``(N, L)`` prompt ids (left-padded, with ``attention_mask``, for a batch of
+                different lengths: the result then equals each prompt generated alone).
+            max_new_tokens: tokens to add (>= 1); ``L + max_new_tokens`` must fit the context.
+            do_sample: sample from ``softmax(logits / temperature)`` after top-k / top-p
+                filtering; else greedy (argmax).
+            temperature, top_k, top_p: sampling controls (temperature > 0, top_k >= 1,
+                0 < top_p <= 1).
+            seed: seeds numpy's generator for sampling (the same seed, the same tokens).
+            attention_mask: ``(N, L)``, 1 = a real prompt token.
+            eos_token_id: an id or a list of ids that end a sequence; default: the config's.
+            repetition_penalty: > 0; 1 = none (Keskar et al. 2019, as Hugging Face).
+            pad_token_id: fills finished sequences; default: the first end id.
+            streamer: called with each step's ``(N,)`` tokens as they are produced.
+            past_key_values: a :class:`KVCache` already holding a prefix of ``input_ids``.
+
+        Returns:
+            ``(N, L + new)`` int64 ids, prompt included (as Hugging Face returns them); fewer new
+            tokens if every sequence finished early.
+
+        Raises:
+            ValueError / TypeError: bad options (named), or a prompt + max_new_tokens longer than
+            the context.
+        """
+        ids = as_ids(input_ids, "input_ids")
+        steps = [ids]
+        for tokens in self.stream(ids, max_new_tokens, do_sample=do_sample, temperature=temperature, top_k=top_k,
+                                  top_p=top_p, repetition_penalty=repetition_penalty, seed=seed,
+                                  attention_mask=attention_mask, eos_token_id=eos_token_id,
+                                  pad_token_id=pad_token_id, past_key_values=past_key_values):
+            if streamer is not None:
+                streamer(tokens)
+            steps.append(tokens[:, None])
+        return np.concatenate(steps, axis=1)
+
+    def _generation_config(self, max_new_tokens, do_sample, temperature, top_k, top_p, repetition_penalty, seed,
+                           eos_token_id, pad_token_id) -> GenerationConfig:
+        vocab = self.config.vocab_size
+        if eos_token_id is None:
+            eos = getattr(self.config, "eos_token_id", None)
+            eos_list = [eos] if isinstance(eos, (int, np.integer)) else list(eos or [])
+            eos_token_id = [e for e in eos_list if 0 <= e < vocab]
+        cfg = GenerationConfig(max_new_tokens, do_sample, temperature, top_k, top_p, repetition_penalty, seed,
+                               eos_token_id, pad_token_id)
+        if cfg.pad_token_id is None and cfg.eos_ids.size:
+            cfg.pad_token_id = int(cfg.eos_ids[0])
+        return cfg

@@ -1,0 +1,127 @@
+"""The KV cache of a decoder (the KV-cache section of the tutorials), shared by every causal LM."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ._runtime import variant
+from ._validation import check_int, resolve_dtype
+
+__all__ = ["KVCache"]
+
+
+class KVCache:
+    """Keys and values of past positions, per layer, for incremental decoding.
+
+    Storage per layer (in C++): keys and values ``(N, H_kv, capacity, D)``; ``length`` positions are
+    filled. Each forward step appends its L new positions; when full, the capacity doubles (at least
+    to what is needed) and the contents are copied once, so decoding T tokens copies O(T) in all.
+    Memory: ``2 · num_layers · N · H_kv · capacity · D`` values of ``dtype`` — grouped-query attention
+    (H_kv < H) shrinks it by H / H_kv. The model updates the cache in place.
+
+    Args:
+        num_layers: layers of the model (>= 0).
+        batch: N, sequences decoded together (>= 1).
+        num_kv_heads: H_kv, key/value heads per layer (>= 1).
+        head_dim: D (>= 1).
+        capacity: positions to reserve up front (e.g. prompt + max_new_tokens); 0 = one.
+        dtype: ``np.float32`` or ``np.float64`` (the model's).
+
+    Raises:
+        TypeError: non-int sizes. ValueError: sizes out of range, or storage larger than this
+        machine's memory (checked before anything is allocated).
+    """
+
+    def __init__(self, num_layers: int, batch: int, num_kv_heads: int, head_dim: int, capacity: int = 0,
+                 dtype=np.float32):
+        self.dtype = resolve_dtype(dtype)
+        sizes = [check_int(num_layers, "num_layers", 0), check_int(batch, "batch", 1),
+                 check_int(num_kv_heads, "num_kv_heads", 1), check_int(head_dim, "head_dim", 1),
+                 max(check_int(capacity, "capacity", 0), 1)]
+        self._impl = variant("KVCache", self.dtype)(*sizes)
+
+    @property
+    def length(self) -> int:
+        """Positions cached (the past length)."""
+        return self._impl.length
+
+    @property
+    def capacity(self) -> int:
+        """Positions the storage holds before it grows."""
+        return self._impl.capacity
+
+    @property
+    def batch(self) -> int:
+        """N, the sequences the cache holds."""
+        return self._impl.batch
+
+    @property
+    def num_kv_heads(self) -> int:
+        """H_kv, key/value heads per layer."""
+        return self._impl.num_kv_heads
+
+    @property
+    def head_dim(self) -> int:
+        """D, the width of one head."""
+        return self._impl.head_dim
+
+    def __len__(self) -> int:
+        return self._impl.num_layers
+
+    def __getitem__(self, layer: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(keys, values)`` of one layer, copies of shape ``(N, H_kv, length, D)``."""
+        layer = check_int(layer, "layer", -len(self))
+        if layer >= len(self):
+            raise IndexError(f"layer: expected an index in [0, {len(self)}), got {layer}")
+        return self._impl.get(layer % len(self))
+
+    def to_legacy(self) -> tuple:
+        """Hugging Face's legacy format: a tuple of ``(keys, values)`` per layer."""
+        return tuple(self[i] for i in range(len(self)))
+
+    def crop(self, length: int) -> None:
+        """Forgets every position from ``length`` on (``0 <= length <= self.length``).
+
+        Raises:
+            TypeError: non-int length. ValueError: length out of range.
+        """
+        self._impl.crop(check_int(length, "length", 0))
+
+    def reserve(self, total: int) -> None:
+        """Grows the storage to hold ``total`` positions (no-op if it already does).
+
+        Raises:
+            TypeError: non-int. ValueError: more than this machine's memory.
+        """
+        self._impl.reserve(check_int(total, "total", 0))
+
+    @classmethod
+    def from_legacy(cls, past, num_kv_heads: int, head_dim: int, dtype=np.float32) -> "KVCache":
+        """A cache holding per-layer ``(keys, values)`` arrays ``(N, H_kv, S, D)``.
+
+        Raises:
+            ValueError: no pairs, or arrays of inconsistent shapes.
+        """
+        past = list(past)
+        if not past:
+            raise ValueError("past_key_values: expected one (keys, values) pair per layer, got none")
+        pairs, shape = [], None
+        for i, pair in enumerate(past):
+            if len(pair) != 2:
+                raise ValueError(f"past_key_values[{i}]: expected a (keys, values) pair")
+            k = np.ascontiguousarray(np.asarray(pair[0]), dtype=dtype)
+            v = np.ascontiguousarray(np.asarray(pair[1]), dtype=dtype)
+            if k.ndim != 4 or k.shape != v.shape or k.shape[1] != num_kv_heads or k.shape[3] != head_dim:
+                raise ValueError(f"past_key_values[{i}]: expected keys and values of shape (N, {num_kv_heads}, S, "
+                                 f"{head_dim}), got {k.shape} and {v.shape}")
+            if shape is not None and k.shape != shape:
+                raise ValueError(f"past_key_values[{i}]: shape {k.shape} differs from layer 0's {shape}")
+            shape = k.shape
+            pairs.append((k, v))
+        cache = cls(len(pairs), shape[0], num_kv_heads, head_dim, shape[2], dtype)
+        cache._impl.load(pairs)
+        return cache
+
+    def __repr__(self) -> str:
+        return (f"KVCache(num_layers={len(self)}, batch={self.batch}, num_kv_heads={self.num_kv_heads}, "
+                f"head_dim={self.head_dim}, length={self.length}, capacity={self.capacity})")

@@ -1,0 +1,164 @@
+"""Llama (Touvron et al. 2023) — SmolLM2 is one: decoder-only with RMSNorm, rotary positions (RoPE),
+grouped-query attention and a SwiGLU feed-forward; the tutorials' modern variants (RoPE, GQA/MQA,
+KV cache). The shared decoder stack (:mod:`.decoder`) with Llama's config and weight names;
+checkpoints load from a Hugging Face directory (safetensors) or a GGUF file, without torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ._runtime import core as _core
+from ._validation import activation, check_config_ints, check_eps
+from .decoder import CausalLM, DecoderModel
+
+__all__ = ["LlamaConfig", "LlamaModel", "LlamaForCausalLM"]
+
+
+@dataclass
+class LlamaConfig:
+    """The fields of a Hugging Face ``LlamaConfig`` that the forward pass needs (``config.json``).
+
+    Sizes are checked when the model is built (ValueError naming the field)."""
+
+    vocab_size: int = 32000
+    hidden_size: int = 4096
+    intermediate_size: int = 11008
+    num_hidden_layers: int = 32
+    num_attention_heads: int = 32
+    num_key_value_heads: int | None = None
+    head_dim: int | None = None
+    max_position_embeddings: int = 2048
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    attention_bias: bool = False
+    mlp_bias: bool = False
+    tie_word_embeddings: bool = False
+    hidden_act: str = "silu"
+    bos_token_id: int | None = 1
+    eos_token_id: int | list | None = 2
+    pad_token_id: int | None = None
+    extra: dict = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "LlamaConfig":
+        """Reads a ``config.json`` dict (Hugging Face 4.x ``rope_theta`` or 5.x ``rope_parameters``).
+
+        Raises:
+            TypeError: ``d`` not a dict. ValueError: a ``model_type`` other than llama, or RoPE
+            scaling (``rope_scaling`` / a ``rope_type`` other than "default"), which this
+            implementation does not compute.
+        """
+        if not isinstance(d, dict):
+            raise TypeError(f"config: expected a dict (config.json's object), got {type(d).__name__}")
+        model_type = d.get("model_type", "llama")
+        if model_type != "llama":
+            raise ValueError(f"config.json: model_type {model_type!r} is not supported here (expected 'llama')")
+        rope = d.get("rope_parameters") or d.get("rope_scaling") or {}
+        if not isinstance(rope, dict):
+            raise ValueError(f"config.json: rope_parameters: expected an object, got {rope!r}")
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        if rope_type != "default":
+            raise ValueError(f"config.json: rope_type {rope_type!r} (RoPE scaling) is not supported, only 'default'")
+        fields = {k: d[k] for k in cls.__dataclass_fields__ if k in d and k != "extra"}
+        if "rope_theta" in rope:
+            fields["rope_theta"] = rope["rope_theta"]
+        return cls(**fields)
+
+    @property
+    def num_layers(self) -> int:
+        """``num_hidden_layers`` (the decoder stack's common name)."""
+        return self.num_hidden_layers
+
+    @property
+    def num_kv_heads(self) -> int:
+        """``num_key_value_heads``, or ``num_attention_heads`` when unset (no GQA)."""
+        return self.num_key_value_heads or self.num_attention_heads
+
+    def _to_core(self):
+        check_config_ints(self, ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                                 "num_attention_heads", "max_position_embeddings"),
+                          ("num_key_value_heads", "head_dim"))
+        c = _core.LlamaConfig()
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                     "max_position_embeddings"):
+            setattr(c, name, getattr(self, name))
+        c.num_key_value_heads = self.num_key_value_heads or 0
+        c.head_dim = self.head_dim or 0
+        c.rms_norm_eps = check_eps(self.rms_norm_eps, "rms_norm_eps")
+        if isinstance(self.rope_theta, bool) or not isinstance(self.rope_theta, (int, float)) \
+                or not (np.isfinite(self.rope_theta) and self.rope_theta > 0):
+            raise ValueError(f"rope_theta: expected a finite number > 0, got {self.rope_theta!r}")
+        c.rope_theta = float(self.rope_theta)
+        c.attention_bias, c.mlp_bias = bool(self.attention_bias), bool(self.mlp_bias)
+        c.tie_word_embeddings = bool(self.tie_word_embeddings)
+        c.hidden_act = activation(self.hidden_act, "hidden_act")
+        return c
+
+
+class LlamaModel(DecoderModel):
+    """The Llama transformer: token embedding, RMSNorm pre-norm blocks (GQA attention with RoPE,
+    SwiGLU MLP), final norm.
+
+    Weights: Hugging Face's ``LlamaModel`` names — ``embed_tokens.weight (V, E)``,
+    ``layers.{i}.input_layernorm.weight``, ``layers.{i}.self_attn.{q,k,v,o}_proj.weight``,
+    ``layers.{i}.post_attention_layernorm.weight``, ``layers.{i}.mlp.{gate,up,down}_proj.weight``,
+    ``norm.weight``; a ``model.`` prefix is accepted when loading.
+
+    Args:
+        config: :class:`LlamaConfig` or a ``config.json`` dict.
+        dtype: ``np.float32`` or ``np.float64``.
+    """
+
+    config_class = LlamaConfig
+    _core_class = "LlamaModel"
+
+    def _public_name(self, core_name: str) -> str | None:
+        return None if core_name == "lm_head.weight" else core_name  # hidden states need no head
+
+    def _rename_state_dict(self, state: dict) -> dict:
+        return {k.removeprefix("model."): v for k, v in state.items()
+                if not k.endswith("rotary_emb.inv_freq") and k != "lm_head.weight"}
+
+    @classmethod
+    def from_pretrained(cls, name_or_path, dtype=np.float32):
+        """Loads a Hugging Face Llama directory (``config.json`` + ``model.safetensors`` or a
+        sharded ``model.safetensors.index.json``; float16/bfloat16 tensors converted to ``dtype``)
+        or a ``.gguf`` file (see :func:`transformer_core.gguf_file.read_gguf`), or the embedded
+        ``"SmolLM2-135M-Instruct"``.
+
+        Raises:
+            FileNotFoundError: nothing at ``name_or_path``.
+            ValueError: an unsupported or malformed checkpoint (named), a missing, unknown or
+                mis-shaped tensor (listed).
+        """
+        from .checkpoints import load_llama_checkpoint
+
+        config, state, extras = load_llama_checkpoint(name_or_path, dtype)
+        model = cls(config, dtype=dtype)
+        model.load_state_dict(state)
+        model.checkpoint = extras
+        return model
+
+
+class LlamaForCausalLM(LlamaModel, CausalLM):
+    """Llama with its language-model head (tied to ``embed_tokens`` or ``lm_head.weight``):
+    next-token logits, KV-cache decoding and ``generate``, as Hugging Face's ``LlamaForCausalLM``.
+
+    Weights: ``model.*`` (the :class:`LlamaModel` names) and, untied, ``lm_head.weight (V, E)``.
+    """
+
+    def _public_name(self, core_name: str) -> str:
+        return core_name if core_name == "lm_head.weight" else "model." + core_name
+
+    def _rename_state_dict(self, state: dict) -> dict:
+        out = {}
+        for name, value in state.items():
+            if name.endswith("rotary_emb.inv_freq"):
+                continue
+            if name == "lm_head.weight" and self.config.tie_word_embeddings:
+                continue  # tied to model.embed_tokens.weight
+            out[name if name.startswith("model.") or name == "lm_head.weight" else "model." + name] = value
+        return out

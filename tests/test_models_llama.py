@@ -1,0 +1,312 @@
+"""tc.LlamaForCausalLM / tc.LlamaModel vs Hugging Face transformers' Llama, on tiny random configs.
+
+Random checkpoints are built in the test with transformers (``initializer_range=0.2`` so logits are
+far from uniform), saved with ``save_pretrained`` and loaded with ``from_pretrained``: grouped-query
+ratios 1 (plain multi-head), 3 and MQA, tied and untied heads, a bias variant, head_dim != E / H.
+
+float64: Hugging Face's Llama computes RMSNorm, the RoPE angles and the eager softmax in float32
+even for a float64 model. The fp64 reference here is the same architecture computed in float64:
+those three are patched (``_true_fp64``) and attention runs through torch's SDPA in float64.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+import pytest
+import torch
+import transformer_core as tc
+from conftest import assert_close
+
+transformers = pytest.importorskip("transformers")
+from transformers.models.llama import modeling_llama  # noqa: E402
+
+VOCAB = 97
+
+CFGS = {
+    # name: (config kwargs, seed)
+    "gqa3_untied": (dict(hidden_size=48, intermediate_size=80, num_hidden_layers=2, num_attention_heads=6,
+                         num_key_value_heads=2, tie_word_embeddings=False), 1),
+    "mha_tied": (dict(hidden_size=32, intermediate_size=56, num_hidden_layers=3, num_attention_heads=4,
+                      num_key_value_heads=4, tie_word_embeddings=True), 2),
+    "mqa_tied": (dict(hidden_size=40, intermediate_size=64, num_hidden_layers=2, num_attention_heads=5,
+                      num_key_value_heads=1, tie_word_embeddings=True), 3),
+    "bias_headdim": (dict(hidden_size=36, intermediate_size=50, num_hidden_layers=2, num_attention_heads=3,
+                          num_key_value_heads=3, head_dim=16, attention_bias=True, mlp_bias=True,
+                          tie_word_embeddings=False, rope_theta=500.0), 4),
+}
+
+
+def _build(tmp_path_factory, name):
+    kwargs, seed = CFGS[name]
+    cfg = transformers.LlamaConfig(vocab_size=VOCAB, max_position_embeddings=64, rms_norm_eps=1e-5,
+                                   initializer_range=0.2, bos_token_id=None, eos_token_id=None, pad_token_id=None,
+                                   attn_implementation="sdpa", **kwargs)
+    torch.manual_seed(seed)
+    hf = transformers.LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():  # norms away from 1, so a mix-up of norm weights shows
+        for n, p in hf.named_parameters():
+            if "norm" in n:
+                p.copy_(1.0 + 0.2 * torch.randn_like(p))
+            elif n.endswith(".bias"):
+                p.copy_(0.2 * torch.randn_like(p))
+    path = tmp_path_factory.mktemp(f"llama_{name}")
+    hf.save_pretrained(path, safe_serialization=True)
+    return hf, path
+
+
+@pytest.fixture(scope="module", params=list(CFGS))
+def llama(request, tmp_path_factory):
+    """(hf model, checkpoint dir, our model) for each config."""
+    hf, path = _build(tmp_path_factory, request.param)
+    return hf, path, tc.LlamaForCausalLM.from_pretrained(path)
+
+
+@pytest.fixture(scope="module")
+def llama_gqa(tmp_path_factory):
+    hf, path = _build(tmp_path_factory, "gqa3_untied")
+    return hf, path, tc.LlamaForCausalLM.from_pretrained(path)
+
+
+def _ids(seed, shape):
+    return np.random.default_rng(seed).integers(0, VOCAB, size=shape).astype(np.int64)
+
+
+def _hf(hf, ids, **kw):
+    with torch.no_grad():
+        return hf(torch.from_numpy(ids), **kw)
+
+
+@contextlib.contextmanager
+def _true_fp64():
+    """HF's Llama with RMSNorm and the RoPE angles computed in the input's dtype (float64)."""
+    def rms_forward(self, h):
+        variance = h.pow(2).mean(-1, keepdim=True)
+        return self.weight * (h * torch.rsqrt(variance + self.variance_epsilon))
+
+    def rope_forward(self, x, position_ids):
+        base = self.config.rope_parameters["rope_theta"]
+        dim = self.inv_freq.shape[0] * 2
+        inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+        freqs = position_ids[..., None].double() * inv_freq
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+
+    saved = modeling_llama.LlamaRMSNorm.forward, modeling_llama.LlamaRotaryEmbedding.forward
+    modeling_llama.LlamaRMSNorm.forward, modeling_llama.LlamaRotaryEmbedding.forward = rms_forward, rope_forward
+    try:
+        yield
+    finally:
+        modeling_llama.LlamaRMSNorm.forward, modeling_llama.LlamaRotaryEmbedding.forward = saved
+
+
+# ------------------------------------------------------------------------------------- forward
+@pytest.mark.parametrize("N,L", [(1, 1), (2, 7), (3, 13), (5, 5), (1, 64)], ids=["N1L1", "N2L7", "N3L13", "N5L5", "N1L64"])
+def test_logits_match_hf(llama, N, L):
+    hf, _, m = llama
+    ids = _ids(N * 100 + L, (N, L))
+    out = m(ids)
+    ref = _hf(hf, ids).logits.numpy()
+    assert out.logits.shape == (N, L, VOCAB) and out.logits.dtype == np.float32
+    assert np.abs(ref).max() > 0.5  # not trivially small numbers
+    assert_close(out.logits, ref, np.float32, what="llama logits")
+    assert_close(m(ids, logits_to_keep=1).logits[:, 0], ref[:, -1], np.float32, what="logits_to_keep=1")
+
+
+def test_fp64_matches_hf_in_fp64(llama):
+    hf, path, _ = llama
+    m = tc.LlamaForCausalLM.from_pretrained(path, dtype=np.float64)
+    hf64 = transformers.LlamaForCausalLM.from_pretrained(path, dtype=torch.float64, attn_implementation="sdpa").eval()
+    ids = _ids(5, (3, 11))
+    with _true_fp64():
+        ref = _hf(hf64, ids).logits.numpy()
+        am = np.ones((3, 11), np.int64)
+        am[1, :4] = 0
+        am[2, 8:] = 0  # left and right padding
+        pos = np.maximum(np.cumsum(am, axis=1) - 1, 0)
+        ref_pad = _hf(hf64, ids, attention_mask=torch.from_numpy(am), position_ids=torch.from_numpy(pos)).logits.numpy()
+    out = m(ids)
+    assert out.logits.dtype == np.float64
+    assert_close(out.logits, ref, np.float64, what="fp64 logits")
+    real = am.astype(bool)
+    assert_close(m(ids, attention_mask=am).logits[real], ref_pad[real], np.float64, what="fp64 padded logits")
+    cache = m.new_cache(3)
+    m(ids[:, :6], past_key_values=cache, use_cache=True)
+    step = m(ids[:, 6:], past_key_values=cache, use_cache=True)
+    assert_close(step.logits, ref[:, 6:], np.float64, what="fp64 cached decoding")
+
+
+def test_base_model_hidden_states_and_names(llama):
+    hf_lm, path, ours_lm = llama
+    hf = transformers.LlamaModel.from_pretrained(path, attn_implementation="sdpa").eval()
+    ours = tc.LlamaModel.from_pretrained(path)
+    ids = _ids(3, (2, 10))
+    hidden, cache = ours(ids)
+    assert cache is None
+    with torch.no_grad():
+        ref = hf(torch.from_numpy(ids)).last_hidden_state.numpy()
+    assert_close(hidden, ref, np.float32, what="LlamaModel hidden states")
+    assert set(ours.state_dict()) == set(hf.state_dict())
+    assert set(ours_lm.state_dict()) == set(hf_lm.state_dict()) - (
+        {"lm_head.weight"} if hf_lm.config.tie_word_embeddings else set())
+    for name, value in ours_lm.state_dict().items():  # every weight equals the checkpoint's
+        np.testing.assert_array_equal(value, hf_lm.state_dict()[name].numpy(), err_msg=name)
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_padding_matches_unpadded(llama, side):
+    hf, _, m = llama
+    lengths = [9, 4, 6]
+    L = max(lengths)
+    ids = _ids(41, (3, L))
+    am = np.zeros((3, L), np.int64)
+    for n, k in enumerate(lengths):
+        if side == "left":
+            am[n, L - k:] = 1
+        else:
+            am[n, :k] = 1
+    out = m(ids, attention_mask=am)
+    real = am.astype(bool)
+    assert np.all(np.isfinite(out.logits))
+    for n in range(3):
+        alone = m(ids[n:n + 1, real[n]]).logits[0]
+        assert_close(out.logits[n, real[n]], alone, np.float32, what=f"{side}-padded row {n}")
+    pos = np.maximum(np.cumsum(am, axis=1) - 1, 0)
+    ref = _hf(hf, ids, attention_mask=torch.from_numpy(am), position_ids=torch.from_numpy(pos)).logits.numpy()
+    assert_close(out.logits[real], ref[real], np.float32, what=f"{side}-padded vs HF")
+
+
+# ------------------------------------------------------------------------------------ decoding
+def test_cache_decoding_equals_recomputation(llama):
+    hf, _, m = llama
+    N, P, steps = 2, 5, 12
+    ids = _ids(99, (N, P + steps))
+    cache = m.new_cache(N)
+    assert cache.length == 0 and len(cache) == hf.config.num_hidden_layers
+    assert cache.num_kv_heads == hf.config.num_key_value_heads
+    out = m(ids[:, :P], past_key_values=cache, use_cache=True)
+    assert out.past_key_values is cache and cache.length == P
+    cap = cache.capacity
+    for t in range(P, P + steps):
+        out = m(ids[:, t:t + 1], past_key_values=cache, use_cache=True)
+        assert cache.length == t + 1
+        assert cache.capacity == (cap if t + 1 <= cap else max(2 * cap, t + 1))
+        cap = cache.capacity
+        full = m(ids[:, :t + 1]).logits[:, -1]
+        assert_close(out.logits[:, 0], full, np.float32, what=f"cache step {t}")
+    assert_close(out.logits[:, 0], _hf(hf, ids).logits.numpy()[:, -1], np.float32, what="last step vs HF")
+
+
+def test_cache_crop_and_regrow(llama_gqa):
+    _, _, m = llama_gqa
+    ids = _ids(7, (1, 20))
+    cache = m.new_cache(1)
+    m(ids[:, :15], past_key_values=cache, use_cache=True)
+    cache.crop(8)
+    assert cache.length == 8
+    out = m(ids[:, 8:12], past_key_values=cache, use_cache=True)
+    assert cache.length == 12
+    assert_close(out.logits, m(ids[:, :12]).logits[:, 8:], np.float32, what="after crop")
+    with pytest.raises(ValueError, match="length"):
+        cache.crop(13)
+    with pytest.raises(TypeError, match="length"):
+        cache.crop(1.5)
+
+
+def test_cache_keys_match_hf(llama_gqa):
+    hf, _, m = llama_gqa
+    ids = _ids(4, (2, 9))
+    legacy = m(ids, use_cache=True).past_key_values.to_legacy()
+    ref = _hf(hf, ids, use_cache=True).past_key_values
+    for i, (k, v) in enumerate(legacy):
+        assert k.shape == (2, hf.config.num_key_value_heads, 9, hf.config.head_dim)
+        assert_close(k, ref.layers[i].keys.numpy(), np.float32, what=f"layer {i} keys (after RoPE)")
+        assert_close(v, ref.layers[i].values.numpy(), np.float32, what=f"layer {i} values")
+
+
+@pytest.mark.parametrize("N,L", [(1, 1), (1, 6), (3, 4)], ids=["N1L1", "N1L6", "N3L4"])
+def test_greedy_generate_matches_hf(llama, N, L):
+    hf, _, m = llama
+    ids = _ids(17 + N + L, (N, L))
+    ours = m.generate(ids, max_new_tokens=16)
+    with torch.no_grad():
+        ref = hf.generate(torch.from_numpy(ids), max_new_tokens=16, do_sample=False, pad_token_id=0).numpy()
+    np.testing.assert_array_equal(ours, ref)
+
+
+def test_generate_left_padded_batch_equals_each_prompt(llama_gqa):
+    _, _, m = llama_gqa
+    prompts = [_ids(51, (1, 8))[0], _ids(52, (1, 3))[0], _ids(53, (1, 5))[0]]
+    L = max(len(p) for p in prompts)
+    ids = np.zeros((3, L), np.int64)
+    am = np.zeros((3, L), np.int64)
+    for n, p in enumerate(prompts):
+        ids[n, L - len(p):], am[n, L - len(p):] = p, 1
+    batched = m.generate(ids, max_new_tokens=10, attention_mask=am)
+    for n, p in enumerate(prompts):
+        np.testing.assert_array_equal(batched[n, L:], m.generate(p[None], max_new_tokens=10)[0, len(p):])
+
+
+def test_generate_options(llama_gqa):
+    hf, _, m = llama_gqa
+    ids = _ids(2, (2, 4))
+    # repetition penalty: as HF's RepetitionPenaltyLogitsProcessor (greedy)
+    ours = m.generate(ids, max_new_tokens=12, repetition_penalty=1.7)
+    with torch.no_grad():
+        ref = hf.generate(torch.from_numpy(ids), max_new_tokens=12, do_sample=False, repetition_penalty=1.7,
+                          pad_token_id=0).numpy()
+    np.testing.assert_array_equal(ours, ref)
+    # stop ids (several), padding of finished rows, streaming
+    greedy = m.generate(ids, max_new_tokens=12)
+    stop = [int(greedy[0, 6]), int(greedy[1, 9])]
+    streamed = []
+    out = m.generate(ids, max_new_tokens=12, eos_token_id=stop, pad_token_id=0, streamer=streamed.append)
+    for n in range(2):
+        new = greedy[n, 4:]
+        end = int(np.argmax(np.isin(new, stop)))
+        np.testing.assert_array_equal(out[n, 4:4 + end + 1], new[:end + 1])
+        assert np.all(out[n, 4 + end + 1:] == 0)
+    np.testing.assert_array_equal(np.stack(streamed, axis=1), out[:, 4:])
+    assert list(m.stream(ids[:1], 3))[0].shape == (1,)
+    # sampling: reproducible with a seed, top_k=1 is greedy
+    a = m.generate(ids, max_new_tokens=8, do_sample=True, seed=3, temperature=1.3, top_p=0.9)
+    np.testing.assert_array_equal(a, m.generate(ids, max_new_tokens=8, do_sample=True, seed=3, temperature=1.3,
+                                                top_p=0.9))
+    np.testing.assert_array_equal(m.generate(ids, max_new_tokens=8, do_sample=True, top_k=1, seed=1),
+                                  greedy[:, :12])
+
+
+# --------------------------------------------------------------------------------------- bad input
+def test_bad_input(llama_gqa, tmp_path):
+    _, path, m = llama_gqa
+    with pytest.raises(ValueError, match="input_ids"):
+        m(np.array([[1, VOCAB]]))
+    with pytest.raises(ValueError, match="input_ids.*max_position_embeddings"):
+        m(_ids(0, (1, 65)))
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        m.generate(_ids(0, (1, 60)), max_new_tokens=5)
+    with pytest.raises(ValueError, match="position_ids"):
+        m(_ids(0, (1, 3)), position_ids=np.array([[0, 1, 64]]))
+    with pytest.raises(ValueError, match="attention_mask"):
+        m(_ids(0, (2, 5)), attention_mask=np.ones((2, 4), np.int64))
+    with pytest.raises(ValueError, match="past_key_values"):
+        m(_ids(0, (2, 5)), past_key_values=m.new_cache(3))
+    with pytest.raises(ValueError, match="logits_to_keep"):
+        m(_ids(0, (1, 3)), logits_to_keep=4)
+    with pytest.raises(ValueError, match="logits_to_keep"):
+        m(_ids(0, (1, 3)), logits_to_keep=-1)
+    with pytest.raises(TypeError, match="top_k"):
+        m.generate(_ids(0, (1, 3)), max_new_tokens=2, do_sample=True, top_k=2.7)
+    with pytest.raises(ValueError, match="repetition_penalty"):
+        m.generate(_ids(0, (1, 3)), max_new_tokens=2, repetition_penalty=0.0)
+    # configs
+    with pytest.raises(ValueError, match="rope_type"):
+        tc.LlamaConfig.from_dict({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}})
+    with pytest.raises(ValueError, match="num_attention_heads|num_kv_heads|num_key_value_heads"):
+        tc.LlamaForCausalLM(tc.LlamaConfig(vocab_size=10, hidden_size=12, intermediate_size=8, num_hidden_layers=1,
+                                           num_attention_heads=4, num_key_value_heads=3))
+    with pytest.raises(TypeError, match="hidden_size"):
+        tc.LlamaForCausalLM(tc.LlamaConfig(hidden_size="8"))
+    with pytest.raises(ValueError, match="rms_norm_eps"):
+        tc.LlamaForCausalLM(tc.LlamaConfig(vocab_size=10, hidden_size=8, intermediate_size=8, num_hidden_layers=1,
+                                           num_attention_heads=2, rms_norm_eps=-1.0))
