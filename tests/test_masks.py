@@ -1,4 +1,4 @@
-"""transformer_core.masks against torch: the seed's create_causal_mask, torch.tril, torch's
+"""transformer_core.masks against torch: the tutorial's create_causal_mask, torch.tril, torch's
 CausalBias (upper-left / lower-right), nn.MultiheadAttention's key_padding_mask / attn_mask and
 F.scaled_dot_product_attention with the converted masks."""
 from __future__ import annotations
@@ -15,7 +15,7 @@ from transformer_core import masks as M
 
 
 def seed_create_causal_mask(seq_len):
-    """Seed 000."""
+    """The overview tutorial's code."""
     mask = torch.triu(torch.ones(seq_len, seq_len), diagonal=1)
     return mask == 0
 

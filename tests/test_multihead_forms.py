@@ -1,10 +1,10 @@
-"""The tutorials' multi-head attention forms, written here in torch from the seeds' listings, equal
+"""The tutorials' multi-head attention forms, written here in torch from the tutorials' listings, equal
 our fused nn.MultiheadAttention loaded through transformer_core.multihead_forms:
 
-* seed 001: per-head AttentionHead modules, concatenated, then output_linear;
-* seed 000 (W_q/W_k/W_v/W_o) and seed 003 (q_linear/k_linear/v_linear/out_linear): one Linear
+* the encoder tutorial: per-head AttentionHead modules, concatenated, then output_linear;
+* the split-heads forms (W_q/W_k/W_v/W_o and q_linear/k_linear/v_linear/out_linear): one Linear
   per projection, split into heads with .view;
-* seed 004: einsum SelfAttention with Linear(head_dim, head_dim) layers shared across heads, both
+* the einsum tutorial: einsum SelfAttention with Linear(head_dim, head_dim) layers shared across heads, both
   as written (the Linears are never applied) and as intended (applied to each head's slice).
 """
 from __future__ import annotations
@@ -22,11 +22,11 @@ from torch import nn
 from transformer_core import multihead_forms as MF
 
 # --------------------------------------------------------------------------------------------------
-# Seed 001 (copied from the listing; runs as is)
+# The encoder tutorial's per-head attention (copied from the listing; runs as is)
 # --------------------------------------------------------------------------------------------------
 
 
-def seed001_scaled_dot_product_attention(query, key, value, query_mask=None, key_mask=None, mask=None):
+def tutorial_scaled_dot_product_attention(query, key, value, query_mask=None, key_mask=None, mask=None):
     dim_k = query.size(-1)
     scores = torch.bmm(query, key.transpose(1, 2)) / math.sqrt(dim_k)
     if query_mask is not None and key_mask is not None:
@@ -37,7 +37,7 @@ def seed001_scaled_dot_product_attention(query, key, value, query_mask=None, key
     return torch.bmm(weights, value)
 
 
-class Seed001AttentionHead(nn.Module):
+class TutorialAttentionHead(nn.Module):
     def __init__(self, embed_dim, head_dim):
         super().__init__()
         self.q = nn.Linear(embed_dim, head_dim)
@@ -45,17 +45,17 @@ class Seed001AttentionHead(nn.Module):
         self.v = nn.Linear(embed_dim, head_dim)
 
     def forward(self, query, key, value, query_mask=None, key_mask=None, mask=None):
-        return seed001_scaled_dot_product_attention(
+        return tutorial_scaled_dot_product_attention(
             self.q(query), self.k(key), self.v(value), query_mask, key_mask, mask)
 
 
-class Seed001MultiHeadAttention(nn.Module):
+class PerHeadMultiHeadAttention(nn.Module):
     def __init__(self, config):
         super().__init__()
         embed_dim = config.hidden_size
         num_heads = config.num_attention_heads
         head_dim = embed_dim // num_heads
-        self.heads = nn.ModuleList([Seed001AttentionHead(embed_dim, head_dim) for _ in range(num_heads)])
+        self.heads = nn.ModuleList([TutorialAttentionHead(embed_dim, head_dim) for _ in range(num_heads)])
         self.output_linear = nn.Linear(embed_dim, embed_dim)
 
     def forward(self, query, key, value, query_mask=None, key_mask=None, mask=None):
@@ -64,11 +64,11 @@ class Seed001MultiHeadAttention(nn.Module):
 
 
 # --------------------------------------------------------------------------------------------------
-# Seed 000 and seed 003 (one Linear per projection, heads by .view)
+# The split-heads forms (one Linear per projection, heads by .view)
 # --------------------------------------------------------------------------------------------------
 
 
-class Seed000SelfAttention(nn.Module):
+class SplitHeadsSelfAttention(nn.Module):
     def __init__(self, embed_size, heads):
         super().__init__()
         self.embed_size = embed_size
@@ -97,8 +97,8 @@ class Seed000SelfAttention(nn.Module):
         return self.W_o(out)
 
 
-class Seed003MultiHeadAttention(nn.Module):
-    """Seed 003's listing (flattened onto one line there), re-indented. Its scale is a float32
+class QLinearMultiHeadAttention(nn.Module):
+    """The training tutorial's listing (flattened onto one line there), re-indented. Its scale is a float32
     tensor ``sqrt(head_dim)``: exact for the head sizes used here (perfect squares)."""
 
     def __init__(self, embed_dim, num_heads):
@@ -124,11 +124,11 @@ class Seed003MultiHeadAttention(nn.Module):
 
 
 # --------------------------------------------------------------------------------------------------
-# Seed 004 (einsum; shared per-head Linears)
+# The einsum tutorial (einsum; shared per-head Linears)
 # --------------------------------------------------------------------------------------------------
 
 
-class Seed004SelfAttention(nn.Module):
+class EinsumSelfAttention(nn.Module):
     """As written in the listing (the three Linear(head_dim, head_dim) are defined, never used),
     with its second einsum fixed (see forward)."""
 
@@ -160,13 +160,13 @@ class Seed004SelfAttention(nn.Module):
         attention = torch.softmax(energy, dim=3)
         # The listing writes "nhqk,nvhd->nqhd": with k and v as separate indices the einsum sums
         # the weights (to 1) and the values independently, i.e. returns Σ_v values for every query
-        # (see test_seed004_literal_einsum_ignores_attention). Fixed: the key index is the value's.
+        # (see test_literal_einsum_ignores_attention). Fixed: the key index is the value's.
         out = torch.einsum("nhqk,nkhd->nqhd", [attention, values])
         out = out.reshape(N, query_len, self.heads * self.head_dim)
         return self.fc_out(out)
 
 
-class Seed004SelfAttentionIntended(Seed004SelfAttention):
+class EinsumSelfAttentionIntended(EinsumSelfAttention):
     """As intended: the shared Linears applied to each head's slice (after the head split)."""
 
     def project(self, values, keys, queries):
@@ -177,7 +177,7 @@ class Seed004SelfAttentionIntended(Seed004SelfAttention):
 # helpers
 # --------------------------------------------------------------------------------------------------
 
-# (embed_dim, num_heads): head_dim 4, 9, 1, 16 (odd sizes; perfect squares for seed 003's scale)
+# (embed_dim, num_heads): head_dim 4, 9, 1, 16 (odd sizes; perfect squares for the training tutorial's scale)
 CONFIGS = [(12, 3), (36, 4), (8, 8), (16, 1)]
 CONFIG_IDS = ["E12H3", "E36H4", "E8H8", "E16H1"]
 # (N, L, S): cross-attention with L != S, a single token, L > S
@@ -209,16 +209,16 @@ def _lengths_mask(rng, N, S):
 
 
 # --------------------------------------------------------------------------------------------------
-# seed 001: per-head
+# per-head modules
 # --------------------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
 @pytest.mark.parametrize("seq", SEQS, ids=SEQ_IDS)
 @pytest.mark.parametrize("E, H", CONFIGS, ids=CONFIG_IDS)
-def test_per_head_seed001(E, H, seq, dtype, rng):
+def test_per_head_attention_heads(E, H, seq, dtype, rng):
     N, L, S = seq
-    ref = _torch_module(Seed001MultiHeadAttention, dtype, SimpleNamespace(hidden_size=E, num_attention_heads=H))
+    ref = _torch_module(PerHeadMultiHeadAttention, dtype, SimpleNamespace(hidden_size=E, num_attention_heads=H))
     ours = _ours(MF.from_per_head(module_state_to_numpy(ref)), E, H, dtype)
     q, k, v = randn(rng, (N, L, E), dtype), randn(rng, (N, S, E), dtype), randn(rng, (N, S, E), dtype)
     with torch.no_grad():
@@ -226,7 +226,7 @@ def test_per_head_seed001(E, H, seq, dtype, rng):
     out, weights = ours(q, k, v)
     assert weights is None
     assert_close(out, expected, dtype)
-    # with a padding mask (the seed's `mask`, (N, L, S), 0 = blocked)
+    # with a padding mask (the tutorial's `mask`, (N, L, S), 0 = blocked)
     key_real = _lengths_mask(rng, N, S)
     mask = torch.from_numpy(np.broadcast_to(key_real[:, None, :], (N, L, S)).astype(np.int64))
     with torch.no_grad():
@@ -236,33 +236,33 @@ def test_per_head_seed001(E, H, seq, dtype, rng):
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
 @pytest.mark.parametrize("E, H", CONFIGS, ids=CONFIG_IDS)
-def test_to_per_head_loads_into_seed001(E, H, dtype, rng):
+def test_to_per_head_loads_into_attention_heads(E, H, dtype, rng):
     tmha = _torch_module(nn.MultiheadAttention, dtype, E, H, batch_first=True)
     state = module_state_to_numpy(tmha)
     per_head = MF.to_per_head(state, H)
-    ref = Seed001MultiHeadAttention(SimpleNamespace(hidden_size=E, num_attention_heads=H))
+    ref = PerHeadMultiHeadAttention(SimpleNamespace(hidden_size=E, num_attention_heads=H))
     ref = ref.to(TORCH_DTYPE[np.dtype(dtype)]).eval()
     ref.load_state_dict({k: torch.from_numpy(v) for k, v in per_head.items()})  # strict: names match
     x = randn(rng, (2, 7, E), dtype)
     with torch.no_grad():
         expected = ref(to_torch(x), to_torch(x), to_torch(x))
         torch_out, _ = tmha(to_torch(x), to_torch(x), to_torch(x), need_weights=False)
-    assert_close(expected.numpy(), torch_out, dtype)  # torch's MHA == seed 001 under the conversion
+    assert_close(expected.numpy(), torch_out, dtype)  # torch's MHA == the per-head form under the conversion
     assert_close(_ours(state, E, H, dtype)(x)[0], expected, dtype)
     back = MF.from_per_head(per_head)
     assert set(back) == set(state) and all(np.array_equal(back[k], state[k]) for k in state)
 
 
 # --------------------------------------------------------------------------------------------------
-# seeds 000 / 003: split heads
+# split heads (W_q and q_linear names): split heads
 # --------------------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
 @pytest.mark.parametrize("N, L", [(2, 5), (1, 1), (3, 8)])
 @pytest.mark.parametrize("E, H", CONFIGS, ids=CONFIG_IDS)
-def test_split_heads_seed000(E, H, N, L, dtype, rng):
-    ref = _torch_module(Seed000SelfAttention, dtype, E, H)
+def test_split_heads_w_q_names(E, H, N, L, dtype, rng):
+    ref = _torch_module(SplitHeadsSelfAttention, dtype, E, H)
     ours = _ours(MF.from_split_heads(module_state_to_numpy(ref)), E, H, dtype)
     x = randn(rng, (N, L, E), dtype)
     key_real = _lengths_mask(rng, N, L)
@@ -271,31 +271,31 @@ def test_split_heads_seed000(E, H, N, L, dtype, rng):
         expected_masked = ref(to_torch(x), mask=torch.from_numpy(key_real[:, None, None, :]))
     assert_close(ours(x)[0], expected, dtype)
     assert_close(ours(x, key_mask=key_real)[0], expected_masked, dtype)
-    back = MF.to_split_heads(MF.from_split_heads(module_state_to_numpy(ref)), naming="seed000")
+    back = MF.to_split_heads(MF.from_split_heads(module_state_to_numpy(ref)), naming="W_q")
     assert all(np.array_equal(back[k], v) for k, v in module_state_to_numpy(ref).items())
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
 @pytest.mark.parametrize("N, L", [(2, 5), (1, 1), (3, 8)])
 @pytest.mark.parametrize("E, H", CONFIGS, ids=CONFIG_IDS)
-def test_split_heads_seed003(E, H, N, L, dtype, rng):
-    ref = _torch_module(Seed003MultiHeadAttention, dtype, E, H)
+def test_split_heads_q_linear_names(E, H, N, L, dtype, rng):
+    ref = _torch_module(QLinearMultiHeadAttention, dtype, E, H)
     ours = _ours(MF.from_split_heads(module_state_to_numpy(ref)), E, H, dtype)
     x = randn(rng, (N, L, E), dtype)
     with torch.no_grad():
         expected = ref(to_torch(x))
     assert_close(ours(x)[0], expected, dtype)
-    # and our state -> seed 003's names -> the seed's module
+    # and our state -> the q_linear names -> the tutorial's module
     tmha = _torch_module(nn.MultiheadAttention, dtype, E, H, batch_first=True)
     ref.load_state_dict({k: torch.from_numpy(v) for k, v in
-                         MF.to_split_heads(module_state_to_numpy(tmha), naming="seed003").items()})
+                         MF.to_split_heads(module_state_to_numpy(tmha), naming="q_linear").items()})
     with torch.no_grad():
         expected = ref(to_torch(x))
     assert_close(_ours(module_state_to_numpy(tmha), E, H, dtype)(x)[0], expected, dtype)
 
 
 # --------------------------------------------------------------------------------------------------
-# seed 004: einsum, shared per-head Linears
+# einsum, shared per-head Linears
 # --------------------------------------------------------------------------------------------------
 
 
@@ -303,15 +303,15 @@ def test_split_heads_seed003(E, H, N, L, dtype, rng):
 @pytest.mark.parametrize("seq", SEQS, ids=SEQ_IDS)
 @pytest.mark.parametrize("E, H", CONFIGS, ids=CONFIG_IDS)
 @pytest.mark.parametrize("form", ["intended", "as_written"])
-def test_einsum_seed004(form, E, H, seq, dtype, rng):
+def test_einsum_shared_linears(form, E, H, seq, dtype, rng):
     N, L, S = seq
-    cls = Seed004SelfAttentionIntended if form == "intended" else Seed004SelfAttention
+    cls = EinsumSelfAttentionIntended if form == "intended" else EinsumSelfAttention
     ref = _torch_module(cls, dtype, E, H)
     convert = MF.from_einsum_shared if form == "intended" else MF.from_einsum_as_written
     ours = _ours(convert(module_state_to_numpy(ref), H), E, H, dtype)
     q, k, v = randn(rng, (N, L, E), dtype), randn(rng, (N, S, E), dtype), randn(rng, (N, S, E), dtype)
     with torch.no_grad():
-        expected = ref(to_torch(v), to_torch(k), to_torch(q))  # the seed's order: (values, keys, query)
+        expected = ref(to_torch(v), to_torch(k), to_torch(q))  # the tutorial's order: (values, keys, query)
     assert_close(ours(q, k, v)[0], expected, dtype)
     key_real = _lengths_mask(rng, N, S)
     with torch.no_grad():
@@ -319,7 +319,7 @@ def test_einsum_seed004(form, E, H, seq, dtype, rng):
     assert_close(ours(q, k, v, key_mask=key_real)[0], expected, dtype)
 
 
-def test_seed004_literal_einsum_ignores_attention(rng):
+def test_literal_einsum_ignores_attention(rng):
     """The listing's einsum("nhqk,nvhd->nqhd") is Σ_v values for any attention: why the test
     module fixes it to "nhqk,nkhd->nqhd" (the attention-weighted sum), which is what we convert to."""
     attention = torch.softmax(torch.from_numpy(randn(rng, (2, 3, 4, 5), np.float64)), dim=-1)
@@ -331,9 +331,9 @@ def test_seed004_literal_einsum_ignores_attention(rng):
 
 
 def test_einsum_forms_differ_and_block_structure(rng):
-    """The two readings of seed 004 are different functions; the intended one is block-diagonal."""
+    """The two readings of the einsum tutorial are different functions; the intended one is block-diagonal."""
     E, H = 12, 3
-    ref = _torch_module(Seed004SelfAttentionIntended, np.float64, E, H)
+    ref = _torch_module(EinsumSelfAttentionIntended, np.float64, E, H)
     state = module_state_to_numpy(ref)
     intended, written = MF.from_einsum_shared(state, H), MF.from_einsum_as_written(state, H)
     x = randn(rng, (2, 5, E), np.float64)
@@ -364,7 +364,7 @@ def test_to_einsum_shared_refuses_general_mha():
 
 
 def _per_head_state(E=12, H=3):
-    m = Seed001MultiHeadAttention(SimpleNamespace(hidden_size=E, num_attention_heads=H))
+    m = PerHeadMultiHeadAttention(SimpleNamespace(hidden_size=E, num_attention_heads=H))
     return module_state_to_numpy(m)
 
 
@@ -390,10 +390,10 @@ def test_bad_input():
     with pytest.raises(ValueError, match="in_proj_weight"):
         MF.to_per_head({**ours, "in_proj_weight": np.zeros((12, 12))}, 3)
     with pytest.raises(ValueError, match="naming"):
-        MF.to_split_heads(ours, naming="seed001")
+        MF.to_split_heads(ours, naming="per_head")
     with pytest.raises(ValueError, match="W_q/W_k/W_v/W_o"):
         MF.from_split_heads(s)
-    e = module_state_to_numpy(Seed004SelfAttention(12, 3))
+    e = module_state_to_numpy(EinsumSelfAttention(12, 3))
     with pytest.raises(ValueError, match="num_heads"):
         MF.from_einsum_shared(e, 5)
     with pytest.raises(ValueError, match="queries.weight.*expected shape \\(3, 3\\)"):

@@ -1,8 +1,8 @@
-"""Positional encodings against the seeds' torch code, computed here.
+"""Positional encodings against the tutorials' torch code, computed here.
 
-* sinusoidal table (seed 000 ``PositionalEncoding``, seeds 002/003, seed 004's MATLAB loop),
-* seed 001's ``Embeddings`` (token + learned positions + LayerNorm),
-* RoPE (seed 000 ``rotate_half`` / ``apply_rotary_pos_emb``; Hugging Face Llama's table; the
+* sinusoidal table (the tutorials' ``PositionalEncoding``, the encoder–decoder and training tutorials, the einsum tutorial's MATLAB loop),
+* the encoder tutorial's ``Embeddings`` (token + learned positions + LayerNorm),
+* RoPE (the tutorials' ``rotate_half`` / ``apply_rotary_pos_emb``; Hugging Face Llama's table; the
   interleaved GPT-J / Meta layout via ``torch.view_as_complex``), incl. the relative-position
   property ``<RoPE(q, m), RoPE(k, n)> = f(m - n)``.
 """
@@ -19,12 +19,12 @@ from torch import nn
 from transformer_core import positional as P
 
 # --------------------------------------------------------------------------------------------------
-# The seeds' torch code (dtype made a parameter so the reference can run in float64)
+# The tutorials' torch code (dtype made a parameter so the reference can run in float64)
 # --------------------------------------------------------------------------------------------------
 
 
 class SeedPositionalEncoding(nn.Module):
-    """Seed 000's PositionalEncoding (also seed 003's), computed in ``dtype``."""
+    """The tutorials' PositionalEncoding, computed in ``dtype``."""
 
     def __init__(self, embed_size, max_len=5000, dtype=torch.float64):
         super().__init__()
@@ -41,7 +41,7 @@ class SeedPositionalEncoding(nn.Module):
 
 
 def torch_sinusoidal_any(max_len, d_model, base=10000.0):
-    """The seeds' formula for any d_model (odd too): the cos columns use the first d_model // 2
+    """The tutorials' formula for any d_model (odd too): the cos columns use the first d_model // 2
     frequencies, float64."""
     position = torch.arange(max_len, dtype=torch.float64)[:, None]
     div_term = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float64) * (-math.log(base) / d_model))
@@ -51,8 +51,8 @@ def torch_sinusoidal_any(max_len, d_model, base=10000.0):
     return pe
 
 
-def matlab_seed004(seq_len, d_model):
-    """Seed 004's MATLAB loop, transcribed (1-based columns -> 0-based)."""
+def matlab_positional_encoding(seq_len, d_model):
+    """The einsum tutorial's MATLAB loop, transcribed (1-based columns -> 0-based)."""
     PE = np.zeros((seq_len, d_model))
     pos = np.arange(seq_len)
     for i in range(1, d_model // 2 + 1):
@@ -62,8 +62,8 @@ def matlab_seed004(seq_len, d_model):
     return PE
 
 
-class SeedEmbeddings(nn.Module):
-    """Seed 001's Embeddings (token + position embeddings, LayerNorm eps 1e-12, dropout)."""
+class TutorialEmbeddings(nn.Module):
+    """The encoder tutorial's Embeddings (token + position embeddings, LayerNorm eps 1e-12, dropout)."""
 
     def __init__(self, config):
         super().__init__()
@@ -84,13 +84,13 @@ class SeedEmbeddings(nn.Module):
 
 
 def seed_rotate_half(x):
-    """Seed 000."""
+    """The overview tutorial's code."""
     x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
     return torch.cat([-x2, x1], dim=-1)
 
 
 def seed_apply_rotary_pos_emb(q, k, cos, sin):
-    """Seed 000."""
+    """The overview tutorial's code."""
     q_embed = (q * cos) + (seed_rotate_half(q) * sin)
     k_embed = (k * cos) + (seed_rotate_half(k) * sin)
     return q_embed, k_embed
@@ -132,7 +132,7 @@ def torch_rope_pairs(x, cos_half, sin_half):
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
 @pytest.mark.parametrize("max_len", [1, 7, 64, 65])
 @pytest.mark.parametrize("d_model", [2, 8, 64, 512])
-def test_sinusoidal_matches_seed_000(max_len, d_model, dtype):
+def test_sinusoidal_matches_tutorial_positional_encoding(max_len, d_model, dtype):
     ref = SeedPositionalEncoding(d_model, max_len).pe[0]
     pe = P.sinusoidal_positional_encoding(max_len, d_model, dtype=dtype)
     assert_close(pe, ref, dtype, what="PE")
@@ -148,8 +148,8 @@ def test_sinusoidal_odd_d_model_last_column_is_sin(d_model, dtype):
     assert_close(pe[:, -1], last, dtype, what="last column")
 
 
-def test_sinusoidal_matches_seed_004_matlab():
-    assert_close(P.sinusoidal_positional_encoding(100, 512, dtype=np.float64), matlab_seed004(100, 512), np.float64)
+def test_sinusoidal_matches_matlab_loop():
+    assert_close(P.sinusoidal_positional_encoding(100, 512, dtype=np.float64), matlab_positional_encoding(100, 512), np.float64)
 
 
 @pytest.mark.parametrize("base", [100.0, 10000.0, 1e6])
@@ -213,15 +213,15 @@ def test_sinusoidal_bad_input(kwargs, exc, match):
 
 
 # --------------------------------------------------------------------------------------------------
-# Seed 001's Embeddings
+# The encoder tutorial's Embeddings
 # --------------------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
 @pytest.mark.parametrize("shape", [(2, 7), (1, 1), (3, 16), (5,)])
-def test_embeddings_match_seed_001(shape, dtype, rng):
+def test_embeddings_match_tutorial_embeddings(shape, dtype, rng):
     config = SimpleNamespace(vocab_size=37, hidden_size=24, max_position_embeddings=16)
-    ref = SeedEmbeddings(config).to(TORCH_DTYPE[np.dtype(dtype)]).eval()
+    ref = TutorialEmbeddings(config).to(TORCH_DTYPE[np.dtype(dtype)]).eval()
     with torch.no_grad():  # non-trivial LayerNorm affine
         ref.layer_norm.weight.normal_()
         ref.layer_norm.bias.normal_()

@@ -1,5 +1,5 @@
-"""BERT (Devlin et al. 2019): encoder-only; seed 001 ("Positional Embeddings", "Encoder") and
-seed 000 ("BERT vs GPT"). Weights load from a Hugging Face directory without torch.
+"""BERT (Devlin et al. 2019): encoder-only; the encoder tutorial ("Positional Embeddings", "Encoder") and
+the tutorials' "BERT vs GPT". Weights load from a Hugging Face directory without torch.
 
     embeddings = LayerNorm(word[input_ids] + position[0..L) + token_type[token_type_ids])
     hidden     = post-LN encoder layer (GELU) x num_hidden_layers

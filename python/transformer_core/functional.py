@@ -5,7 +5,7 @@ Every op takes array-likes, converts them once (float64 stays float64; any other
 becomes float32; non-contiguous inputs are copied), checks their shapes, and returns new numpy
 arrays. The GIL is released while the C++ core computes.
 
-Masks, one convention in the whole library (seed 001's ``mask == 0 -> -inf``, torch's
+Masks, one convention in the whole library (the encoder tutorial's ``mask == 0 -> -inf``, torch's
 ``F.scaled_dot_product_attention``): a boolean mask is True where attention is allowed; a float
 mask is added to the scores. A query row with nothing to attend gives zeros, never NaN.
 """
@@ -226,7 +226,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, *, query_mas
                                  is_causal: bool = False, scale: float | None = None,
                                  return_weights: bool = False, causal_alignment: str = "top_left",
                                  enable_gqa: bool = False, path: str = "auto"):
-    """Scaled dot-product attention (Vaswani et al. 2017, eq. 1; seed 001 "Scaled Dot-product
+    """Scaled dot-product attention (Vaswani et al. 2017, eq. 1; the encoder tutorial's "Scaled Dot-product
     Attention")::
 
         Attention(Q, K, V) = softmax(Q Kᵀ · scale + mask) V,      scale = 1 / sqrt(E) by default
@@ -238,7 +238,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, *, query_mas
         value: ``(..., S, Ev)``.
         attn_mask: bool (True = may attend) or float (added to the scores), broadcastable to
             ``(..., L, S)``. Integer masks are refused: say which you mean.
-        query_mask: ``(..., L)``, 1/True = a real query token (seed 001). A masked query row
+        query_mask: ``(..., L)``, 1/True = a real query token (the encoder tutorial). A masked query row
             attends to nothing and gives zeros.
         key_mask: ``(..., S)``, 1/True = a real key token (a padding mask). Note the opposite
             meaning of torch's ``key_padding_mask``.

@@ -2,7 +2,7 @@
 
 This is the convention of the whole library (``functional.scaled_dot_product_attention``,
 ``nn.MultiheadAttention``'s ``attn_mask``/``key_mask``), of torch's
-``F.scaled_dot_product_attention`` and of seed 001 (``masked_fill(mask == 0, -inf)``).
+``F.scaled_dot_product_attention`` and of the encoder tutorial (``masked_fill(mask == 0, -inf)``).
 Elsewhere the meanings differ, hence the converters:
 
 * torch ``nn.MultiheadAttention`` / ``nn.Transformer*`` bool masks: True = blocked (padding in
@@ -33,7 +33,7 @@ __all__ = [
 ]
 
 #: Default cut of :func:`from_additive`: entries <= this value are "blocked". -1e4 catches
-#: -inf, ``torch.finfo(dtype).min`` (Hugging Face), -1e9 / -1e20 (tutorials, seed 004) and the
+#: -inf, ``torch.finfo(dtype).min`` (Hugging Face), -1e9 / -1e20 (the tutorials) and the
 #: ``(1 - mask) * -10000.0`` of the original BERT, while leaving ordinary additive biases
 #: (ALiBi, T5 relative positions, which stay well above -1e4) allowed.
 ADDITIVE_BLOCKED_AT = -1e4
@@ -50,7 +50,7 @@ def _to_numpy(mask, name: str) -> np.ndarray:
 
 def causal_mask(L: int, S: int | None = None, alignment: str = "top_left") -> np.ndarray:
     """The causal (autoregressive) mask: query ``i`` may attend to key ``j`` only if ``j`` is not
-    in its future (seed 000 ``create_causal_mask``, GPT's decoder; Vaswani et al. 2017, §3.2.3).
+    in its future (the tutorials' ``create_causal_mask``, GPT's decoder; Vaswani et al. 2017, §3.2.3).
 
     ``alignment="top_left"`` (torch's ``is_causal``, ``causal_upper_left``)::
 
@@ -70,7 +70,7 @@ def causal_mask(L: int, S: int | None = None, alignment: str = "top_left") -> np
         alignment: ``"top_left"`` or ``"bottom_right"``.
 
     Returns:
-        ``(L, S)`` bool, True = may attend. For L = S = 4 (the seed's printout)::
+        ``(L, S)`` bool, True = may attend. For L = S = 4 (the tutorial's printout)::
 
             [[ True, False, False, False],
              [ True,  True, False, False],

@@ -15,22 +15,22 @@ and differ only in how they store ``W_Q, W_K, W_V`` (each ``(E, E)`` as torch st
 
 The forms (``E = embed_dim``, ``H = num_heads``, ``d = E / H``):
 
-1. **Per-head modules** (seed 001 ``MultiHeadAttention`` of ``AttentionHead`` s): head h owns
+1. **Per-head modules** (the encoder tutorial's ``MultiHeadAttention`` of ``AttentionHead`` s): head h owns
    ``q``, ``k``, ``v`` = ``nn.Linear(E, d)``; the outputs are concatenated in head order and fed
    to ``output_linear`` = ``nn.Linear(E, E)``. Stacking the heads' ``(d, E)`` weights in head order
    gives each ``(E, E)`` block: :func:`from_per_head`, :func:`to_per_head`.
-2. **Split heads of one projection** (seed 000 ``SelfAttention``: ``W_q, W_k, W_v, W_o``; seed 003
+2. **Split heads of one projection** (the overview tutorial's ``SelfAttention``: ``W_q, W_k, W_v, W_o``; the training tutorial's
    ``MultiHeadAttention``: ``q_linear, k_linear, v_linear, out_linear``): one ``nn.Linear(E, E)``
    each, then ``.view(N, L, H, d)``; the blocks are the Linears' weights as they are:
    :func:`from_split_heads`, :func:`to_split_heads`.
-3. **einsum with shared per-head Linears** (seed 004 ``SelfAttention``): ``queries``, ``keys``,
+3. **einsum with shared per-head Linears** (the einsum tutorial's ``SelfAttention``): ``queries``, ``keys``,
    ``values`` = ``nn.Linear(d, d, bias=False)``, **shared by all heads** and meant to act on each
    head's slice ``x[..., h·d:(h+1)·d]``; ``fc_out`` = ``nn.Linear(E, E)``.
 
    * *As intended* (the shared Linear applied to every head's slice): each projection is the
      block-diagonal ``(E, E)`` matrix ``diag(W, W, ..., W) = kron(I_H, W)``, no bias:
      :func:`from_einsum_shared`, :func:`to_einsum_shared`.
-   * *As written*: the seed's ``forward`` reshapes its inputs into heads but never calls
+   * *As written*: the tutorial's ``forward`` reshapes its inputs into heads but never calls
      ``self.values / self.keys / self.queries``, so Q, K, V are the inputs themselves: identity
      projections, only ``fc_out`` applied: :func:`from_einsum_as_written`.
 
@@ -69,8 +69,8 @@ __all__ = [
 
 _MHA_KEYS = ("in_proj_weight", "in_proj_bias", "out_proj.weight", "out_proj.bias")
 _SPLIT_NAMES = {
-    "seed000": ("W_q", "W_k", "W_v", "W_o"),
-    "seed003": ("q_linear", "k_linear", "v_linear", "out_linear"),
+    "W_q": ("W_q", "W_k", "W_v", "W_o"),
+    "q_linear": ("q_linear", "k_linear", "v_linear", "out_linear"),
 }
 
 
@@ -134,17 +134,17 @@ def _pack(wq, wk, wv, bq, bk, bv, wo, bo) -> dict[str, np.ndarray]:
 
 
 # --------------------------------------------------------------------------------------------------
-# 1. Per-head modules (seed 001)
+# 1. Per-head modules (the encoder tutorial)
 # --------------------------------------------------------------------------------------------------
 
 
 def from_per_head(state) -> dict[str, np.ndarray]:
-    """Seed 001's per-head ``MultiHeadAttention`` state_dict -> our MHA state_dict.
+    """The encoder tutorial's per-head ``MultiHeadAttention`` state_dict -> our MHA state_dict.
 
     Source names (H heads, ``d = E / H``): ``heads.{h}.q.weight (d, E)``, ``heads.{h}.q.bias (d)``
     and likewise ``k``, ``v``; ``output_linear.weight (E, E)``, ``output_linear.bias (E)``.
     ``W_Q = concat_h(heads.{h}.q.weight)`` along rows (head order = concatenation order of the
-    seed's ``torch.cat([...], dim=-1)``), likewise K, V and the biases.
+    tutorial's ``torch.cat([...], dim=-1)``), likewise K, V and the biases.
 
     Args:
         state: mapping with exactly those names; H is read from the ``heads.{h}`` indices, which
@@ -185,11 +185,11 @@ def from_per_head(state) -> dict[str, np.ndarray]:
 
 
 def to_per_head(state, num_heads: int) -> dict[str, np.ndarray]:
-    """Our MHA state_dict -> seed 001's per-head names (the reverse of :func:`from_per_head`).
+    """Our MHA state_dict -> The encoder tutorial's per-head names (the reverse of :func:`from_per_head`).
 
     Args:
         state: ``in_proj_weight (3E, E)``, ``in_proj_bias (3E)``, ``out_proj.weight (E, E)``,
-            ``out_proj.bias (E)`` (a bias-free state gives zero biases: the seed's Linears
+            ``out_proj.bias (E)`` (a bias-free state gives zero biases: the tutorial's Linears
             always have one).
         num_heads: H (not recoverable from the shapes); must divide E.
 
@@ -217,12 +217,12 @@ def to_per_head(state, num_heads: int) -> dict[str, np.ndarray]:
 
 
 # --------------------------------------------------------------------------------------------------
-# 2. Split heads of one projection (seeds 000, 003)
+# 2. Split heads of one projection
 # --------------------------------------------------------------------------------------------------
 
 
 def from_split_heads(state) -> dict[str, np.ndarray]:
-    """Seed 000's ``SelfAttention`` (``W_q, W_k, W_v, W_o``) or seed 003's ``MultiHeadAttention``
+    """The tutorials' split-heads ``SelfAttention`` (``W_q, W_k, W_v, W_o``) or ``MultiHeadAttention``
     (``q_linear, k_linear, v_linear, out_linear``) state_dict -> our MHA state_dict.
 
     Each is an ``nn.Linear(E, E)`` (``.weight (E, E)``, ``.bias (E)``) whose output is viewed as
@@ -238,7 +238,7 @@ def from_split_heads(state) -> dict[str, np.ndarray]:
         if f"{names[0]}.weight" in s:
             break
     else:
-        raise ValueError(f"state: expected seed 000's W_q/W_k/W_v/W_o or seed 003's "
+        raise ValueError(f"state: expected W_q/W_k/W_v/W_o or "
                          f"q_linear/k_linear/v_linear/out_linear keys, got {sorted(s)}")
     _check_keys(s, [f"{n}.{t}" for n in names for t in ("weight", "bias")])
     E = s[f"{names[0]}.weight"].shape[0]
@@ -250,16 +250,16 @@ def from_split_heads(state) -> dict[str, np.ndarray]:
                  s[f"{v}.bias"], s[f"{o}.weight"], s[f"{o}.bias"])
 
 
-def to_split_heads(state, naming: str = "seed000") -> dict[str, np.ndarray]:
-    """Our MHA state_dict -> seed 000's (``naming="seed000"``: ``W_q, W_k, W_v, W_o``) or seed
-    003's (``"seed003"``: ``q_linear, k_linear, v_linear, out_linear``) names; the reverse of
+def to_split_heads(state, naming: str = "W_q") -> dict[str, np.ndarray]:
+    """Our MHA state_dict -> the tutorials' split-heads names (``naming="W_q"``: ``W_q, W_k, W_v, W_o``)
+    or (``"q_linear"``: ``q_linear, k_linear, v_linear, out_linear``) names; the reverse of
     :func:`from_split_heads`. A bias-free state gives zero biases.
 
     Raises:
         TypeError: non-mapping ``state``. ValueError: unknown ``naming``, wrong names or shapes.
     """
     if naming not in _SPLIT_NAMES:
-        raise ValueError(f"naming: expected 'seed000' or 'seed003', got {naming!r}")
+        raise ValueError(f"naming: expected 'W_q' or 'q_linear', got {naming!r}")
     s, E = _mha(state)
     q, k, v, o = _SPLIT_NAMES[naming]
     w, b = s["in_proj_weight"], s["in_proj_bias"]
@@ -273,7 +273,7 @@ def to_split_heads(state, naming: str = "seed000") -> dict[str, np.ndarray]:
 
 
 # --------------------------------------------------------------------------------------------------
-# 3. einsum with shared per-head Linears (seed 004)
+# 3. einsum with shared per-head Linears (the einsum tutorial)
 # --------------------------------------------------------------------------------------------------
 
 
@@ -289,12 +289,12 @@ def _einsum_fc_out(s: dict, num_heads: int) -> int:
 
 
 def from_einsum_shared(state, num_heads: int) -> dict[str, np.ndarray]:
-    """Seed 004's einsum ``SelfAttention``, **as intended** (the shared per-head Linears applied
+    """The einsum tutorial's einsum ``SelfAttention``, **as intended** (the shared per-head Linears applied
     to every head's slice) -> our MHA state_dict::
 
         W_Q = kron(I_H, queries.weight) = diag(queries.weight, ..., queries.weight)   (E, E)
 
-    likewise ``W_K`` (``keys``), ``W_V`` (``values``); zero in-projection biases (the seed's
+    likewise ``W_K`` (``keys``), ``W_V`` (``values``); zero in-projection biases (the tutorial's
     Linears have ``bias=False``); ``out_proj = fc_out``.
 
     Args:
@@ -320,12 +320,12 @@ def from_einsum_shared(state, num_heads: int) -> dict[str, np.ndarray]:
 
 
 def from_einsum_as_written(state, num_heads: int) -> dict[str, np.ndarray]:
-    """Seed 004's einsum ``SelfAttention`` **as written** -> our MHA state_dict.
+    """The einsum tutorial's einsum ``SelfAttention`` **as written** -> our MHA state_dict.
 
     The listing's ``forward`` never applies ``self.values/keys/queries``, so its Q, K, V are the
     (head-split) inputs: ``in_proj_weight = [I_E; I_E; I_E]``, zero ``in_proj_bias``,
     ``out_proj = fc_out``. The three unused ``(d, d)`` weights are accepted (a full state_dict of
-    the seed's module loads) and ignored.
+    the tutorial's module loads) and ignored.
 
     Args:
         state: ``fc_out.weight (E, E)``, ``fc_out.bias (E)``, and optionally the unused
@@ -346,9 +346,9 @@ def from_einsum_as_written(state, num_heads: int) -> dict[str, np.ndarray]:
 
 
 def to_einsum_shared(state, num_heads: int) -> dict[str, np.ndarray]:
-    """Our MHA state_dict -> seed 004's names (the reverse of :func:`from_einsum_shared`).
+    """Our MHA state_dict -> the einsum tutorial's names (the reverse of :func:`from_einsum_shared`).
 
-    Only an MHA whose projections have the seed's structure converts: each of ``W_Q, W_K, W_V``
+    Only an MHA whose projections have the tutorial's structure converts: each of ``W_Q, W_K, W_V``
     block-diagonal with ``H`` equal ``(d, d)`` blocks, and zero in-projection biases (checked
     exactly).
 
@@ -365,7 +365,7 @@ def to_einsum_shared(state, num_heads: int) -> dict[str, np.ndarray]:
     d = E // num_heads
     w, b = s["in_proj_weight"], s["in_proj_bias"]
     if np.any(b != 0):
-        raise ValueError("state['in_proj_bias']: expected zeros (seed 004's Linears have no bias), got nonzero")
+        raise ValueError("state['in_proj_bias']: expected zeros (the einsum tutorial's Linears have no bias), got nonzero")
     out = {}
     eye = np.eye(num_heads, dtype=w.dtype)
     for j, n in enumerate(("queries", "keys", "values")):
@@ -373,7 +373,7 @@ def to_einsum_shared(state, num_heads: int) -> dict[str, np.ndarray]:
         first = block[:d, :d]
         if not np.array_equal(block, np.kron(eye, first)):
             raise ValueError(f"state['in_proj_weight']: the {'qkv'[j]} projection is not block-diagonal with "
-                             f"{num_heads} equal ({d}, {d}) blocks, so it has no seed 004 form")
+                             f"{num_heads} equal ({d}, {d}) blocks, so it has no einsum-tutorial form")
         out[f"{n}.weight"] = first.copy()
     out["fc_out.weight"] = s["out_proj.weight"].copy()
     out["fc_out.bias"] = s["out_proj.bias"].copy()

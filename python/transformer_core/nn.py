@@ -14,13 +14,17 @@ from __future__ import annotations
 import numpy as np
 
 from ._runtime import core as _core
-from ._validation import activation, as_bool, as_float, broadcast_mask, check_positive_int
+from ._validation import activation, as_bool, as_float, as_ids, broadcast_mask, check_eps, check_int, check_positive_int
 from .module import Module
 
 __all__ = [
     "MultiheadAttention",
+    "Linear",
+    "Embedding",
     "FeedForward",
+    "GatedFeedForward",
     "LayerNorm",
+    "RMSNorm",
     "TransformerEncoderLayer",
     "TransformerDecoderLayer",
     "TransformerEncoder",
@@ -72,7 +76,7 @@ def _layer_masks(attn_mask, key_mask, N: int, H: int, L: int, S: int, dtype, *, 
 
 
 class MultiheadAttention(Module):
-    """Multi-head attention (Vaswani et al. 2017, §3.2.2; seeds 000, 001, 003), batch-first,
+    """Multi-head attention (Vaswani et al. 2017, §3.2.2; the tutorials' MultiHeadAttention), batch-first,
     mirroring ``torch.nn.MultiheadAttention(batch_first=True)``::
 
         MultiHead(Q, K, V) = Concat(head_1..head_H) W_O,  head_i = Attention(Q W_Qi, K W_Ki, V W_Vi)
@@ -81,7 +85,7 @@ class MultiheadAttention(Module):
         embed_dim: E, the model width; must be divisible by ``num_heads``.
         num_heads: H; ``head_dim = E // H``.
         bias: projection biases (``in_proj_bias``, ``out_proj.bias``).
-        num_kv_heads: key/value heads for grouped-query attention (seed 000 "GQA/MQA"); 1 = MQA,
+        num_kv_heads: key/value heads for grouped-query attention (the GQA/MQA section of the tutorials); 1 = MQA,
             None = ``num_heads`` (ordinary multi-head attention).
         kdim, vdim: feature sizes of key and value (default E).
         dtype: ``np.float32`` (default) or ``np.float64``; inputs are cast to it.
@@ -126,7 +130,8 @@ class MultiheadAttention(Module):
         return state
 
     def forward(self, query, key=None, value=None, *, attn_mask=None, key_mask=None, is_causal: bool = False,
-                need_weights: bool = False, average_attn_weights: bool = True, path: str = "auto"):
+                need_weights: bool = False, average_attn_weights: bool = True, path: str = "auto",
+                past_key_values=None, layer: int = 0, rotary=None, position_ids=None):
         """Attention of ``query`` over ``key``/``value`` (self-attention when both are None).
 
         Args:
@@ -142,6 +147,15 @@ class MultiheadAttention(Module):
             average_attn_weights: average the weights over heads ``(N, L, S)``; else
                 ``(N, H, L, S)``.
             path: attention kernel, ``"auto"``, ``"flash"`` or ``"reference"``.
+            past_key_values: a :class:`transformer_core.KVCache` (self-attention only): the new keys
+                and values are appended to its layer ``layer`` and attention runs over past + new
+                (``is_causal`` is then bottom-right aligned); its length grows by L. Masks then
+                cover ``S = past + L`` keys.
+            layer: the cache's layer this call reads and writes.
+            rotary: a :class:`transformer_core.positional.RotaryEmbedding` (self-attention only): q
+                and k are rotated by each token's position inside the call (the RoPE section of the
+                tutorials).
+            position_ids: ``(N, L)`` positions for ``rotary``; default ``past .. past + L - 1``.
 
         Returns:
             ``(output (N, L, E), weights or None)`` in ``self.dtype``. Fully masked query rows give
@@ -166,18 +180,112 @@ class MultiheadAttention(Module):
         S = k.shape[1]
         if v.shape[1] != S:
             raise ValueError(f"value: expected length {S} (key's length), got shape {v.shape}")
-        masks = _layer_masks(attn_mask, key_mask, N, self.num_heads, L, S, self.dtype)
         self_attention = k is q and v is q
+        cache_impl, positions, rotary_impl = None, None, None
+        if past_key_values is not None or rotary is not None:
+            if not self_attention:
+                raise ValueError("key, value: a KV cache or a rotary embedding needs self-attention (key and value None)")
+            if not self._impl.packed:
+                raise ValueError("kdim, vdim: a KV cache or a rotary embedding needs kdim = vdim = embed_dim")
+        if past_key_values is not None:
+            from .kv_cache import KVCache
+
+            if not isinstance(past_key_values, KVCache) or past_key_values.dtype != self.dtype:
+                raise TypeError(f"past_key_values: expected a KVCache of {np.dtype(self.dtype).name}, "
+                                f"got {type(past_key_values).__name__}")
+            layer = check_int(layer, "layer", 0)
+            c = past_key_values
+            if (c.batch, c.num_kv_heads, c.head_dim) != (N, self.num_kv_heads, self.head_dim) or layer >= len(c):
+                raise ValueError(f"past_key_values: a cache of batch {c.batch}, {c.num_kv_heads} heads of {c.head_dim} "
+                                 f"and {len(c)} layers does not fit layer {layer} of batch {N} with "
+                                 f"{self.num_kv_heads} heads of {self.head_dim}")
+            c.reserve(c.length + L)
+            cache_impl, S = c._impl, c.length + L
+        if rotary is not None:
+            from .positional import RotaryEmbedding
+
+            if not isinstance(rotary, RotaryEmbedding) or rotary.dtype != self.dtype or rotary.head_dim != self.head_dim:
+                raise TypeError(f"rotary: expected a RotaryEmbedding of head_dim {self.head_dim} and dtype "
+                                f"{np.dtype(self.dtype).name}, got {rotary!r}")
+            rotary_impl = rotary._impl
+            if position_ids is not None:
+                positions = as_ids(position_ids, "position_ids")
+                if positions.shape != (N, L):
+                    raise ValueError(f"position_ids: expected shape {(N, L)}, got {positions.shape}")
+        masks = _layer_masks(attn_mask, key_mask, N, self.num_heads, L, S, self.dtype)
         result = self._impl.forward(q, None if self_attention else k, None if self_attention else v, *masks,
-                                    bool(is_causal), 0, bool(need_weights), path, None, 0, None, None)
+                                    bool(is_causal), 0, bool(need_weights), path, cache_impl, int(layer),
+                                    rotary_impl, positions)
         if not need_weights:
             return result, None
         out, weights = result
         return out, (weights.mean(axis=1) if average_attn_weights else weights)
 
 
+class Linear(Module):
+    """An affine map, as ``torch.nn.Linear``: ``y = x Wᵀ + b``.
+
+    Args:
+        in_features, out_features: sizes (>= 1).
+        bias: learn a bias.
+        dtype: ``np.float32`` or ``np.float64``.
+
+    Weights: ``weight (out_features, in_features)``, ``bias (out_features,)``.
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, dtype=np.float32):
+        sfx = self._init_dtype(dtype)
+        self.in_features = check_positive_int(in_features, "in_features")
+        self.out_features = check_positive_int(out_features, "out_features")
+        self._impl = getattr(_core, "Linear" + sfx)(self.in_features, self.out_features, bool(bias))
+        self._init_weights()
+
+    def forward(self, x) -> np.ndarray:
+        """``x (..., in_features) -> (..., out_features)`` in ``self.dtype``.
+
+        Raises:
+            ValueError: empty ``x`` or last dim not ``in_features``. TypeError: non-numeric ``x``.
+        """
+        x = as_float(x, "x", self.dtype, min_ndim=1)
+        if x.shape[-1] != self.in_features:
+            raise ValueError(f"x: expected last dim {self.in_features} (in_features), got shape {x.shape}")
+        return self._impl.forward(x.reshape(-1, self.in_features)).reshape(x.shape[:-1] + (self.out_features,))
+
+
+class Embedding(Module):
+    """A lookup table, as ``torch.nn.Embedding``: ``y = weight[ids]``.
+
+    Args:
+        num_embeddings: V, rows of the table (>= 1).
+        embedding_dim: H, the width of a row (>= 1).
+        dtype: ``np.float32`` or ``np.float64``.
+
+    Weights: ``weight (num_embeddings, embedding_dim)`` (initialised N(0, 1), as torch).
+    """
+
+    def __init__(self, num_embeddings: int, embedding_dim: int, dtype=np.float32):
+        sfx = self._init_dtype(dtype)
+        self.num_embeddings = check_positive_int(num_embeddings, "num_embeddings")
+        self.embedding_dim = check_positive_int(embedding_dim, "embedding_dim")
+        self._impl = getattr(_core, "Embedding" + sfx)(self.num_embeddings, self.embedding_dim)
+        self.load_state_dict({"weight": np.random.default_rng(0).standard_normal(
+            (self.num_embeddings, self.embedding_dim))})
+
+    def forward(self, input_ids) -> np.ndarray:
+        """``input_ids (...)`` integer ids in ``[0, num_embeddings)`` -> ``(..., embedding_dim)``.
+
+        Raises:
+            TypeError: non-integer ids. ValueError: an id out of range (named with its flat index),
+            or empty input.
+        """
+        ids = np.asarray(input_ids)
+        shape = ids.shape
+        ids = as_ids(ids.reshape(-1), "input_ids", ndim=1)
+        return self._impl.forward(ids).reshape(shape + (self.embedding_dim,))
+
+
 class FeedForward(Module):
-    """Position-wise feed-forward network (Vaswani et al. 2017, eq. 2; seed 001
+    """Position-wise feed-forward network (Vaswani et al. 2017, eq. 2; the encoder tutorial's
     "The Feed-Forward Layer")::
 
         FFN(x) = linear2(act(linear1(x)))
@@ -185,7 +293,7 @@ class FeedForward(Module):
     Args:
         d_model: E, input and output width.
         dim_feedforward: F, hidden width (4·E is usual).
-        activation: ``"relu"`` (the paper, seeds 002/004) or ``"gelu"`` (BERT, seed 001).
+        activation: ``"relu"`` (the paper, the encoder–decoder and einsum tutorials) or ``"gelu"`` (BERT, the encoder tutorial).
         bias: biases of both linears.
         dtype: ``np.float32`` or ``np.float64``.
 
@@ -214,8 +322,50 @@ class FeedForward(Module):
         return self._impl.forward(x.reshape(-1, self.d_model)).reshape(x.shape)
 
 
+class GatedFeedForward(Module):
+    """A gated feed-forward network (Shazeer 2020, "GLU Variants Improve Transformer"; Llama's MLP,
+    Hugging Face's ``LlamaMLP``)::
+
+        FFN(x) = down_proj(act(gate_proj(x)) · up_proj(x))       act = silu: SwiGLU; gelu: GeGLU
+
+    gate and up are one ``(2F, E)`` product in C++.
+
+    Args:
+        d_model: E, input and output width.
+        dim_feedforward: F, hidden width (Llama: about 8/3 · E).
+        activation: ``"silu"`` (SwiGLU, default) or any name of the library's table (``"gelu"``:
+            GeGLU).
+        bias: biases of the three projections (Llama: none).
+        dtype: ``np.float32`` or ``np.float64``.
+
+    Weights (Hugging Face's names): ``gate_proj.weight (F, E)``, ``up_proj.weight (F, E)``,
+    ``down_proj.weight (E, F)`` (+ ``.bias`` with ``bias``).
+    """
+
+    def __init__(self, d_model: int, dim_feedforward: int, activation: str = "silu", bias: bool = False,
+                 dtype=np.float32):
+        sfx = self._init_dtype(dtype)
+        self.d_model = check_positive_int(d_model, "d_model")
+        self.dim_feedforward = check_positive_int(dim_feedforward, "dim_feedforward")
+        self.activation = _check_activation(activation)
+        self._impl = getattr(_core, "GatedFeedForward" + sfx)(self.d_model, self.dim_feedforward, activation,
+                                                               bool(bias))
+        self._init_weights()
+
+    def forward(self, x) -> np.ndarray:
+        """``x (..., d_model) -> (..., d_model)`` in ``self.dtype``.
+
+        Raises:
+            ValueError: empty ``x`` or last dim not ``d_model``. TypeError: non-numeric ``x``.
+        """
+        x = as_float(x, "x", self.dtype, min_ndim=1)
+        if x.shape[-1] != self.d_model:
+            raise ValueError(f"x: expected last dim {self.d_model} (d_model), got shape {x.shape}")
+        return self._impl.forward(x.reshape(-1, self.d_model)).reshape(x.shape)
+
+
 class TransformerEncoderLayer(Module):
-    """One Transformer encoder layer (Vaswani et al. 2017, §3.1; seeds 001, 002), batch-first,
+    """One Transformer encoder layer (Vaswani et al. 2017, §3.1; the encoder and encoder–decoder tutorials), batch-first,
     mirroring ``torch.nn.TransformerEncoderLayer(batch_first=True)`` in eval mode::
 
         norm_first=False (post-LN):  x = norm1(x + SA(x));   x = norm2(x + FFN(x))
@@ -332,8 +482,46 @@ class LayerNorm(Module):
         return self._impl.forward(x.reshape(-1, self.normalized_size)).reshape(x.shape)
 
 
+class RMSNorm(Module):
+    """Root-mean-square normalisation over the last dim (Zhang & Sennrich 2019), as
+    ``torch.nn.RMSNorm(E)`` and Hugging Face's ``LlamaRMSNorm``::
+
+        y = x / sqrt(mean(x²) + eps) * weight
+
+    Args:
+        normalized_shape: E (an int, or a 1-tuple).
+        eps: added to the mean square (torch's default: the dtype's machine epsilon; Llama 1e-5 or
+            1e-6). None = ``np.finfo(dtype).eps``, as torch.
+        dtype: ``np.float32`` or ``np.float64``.
+
+    Weights: ``weight (E,)`` (ones).
+    """
+
+    def __init__(self, normalized_shape, eps: float | None = None, dtype=np.float32):
+        sfx = self._init_dtype(dtype)
+        if isinstance(normalized_shape, (tuple, list)):
+            if len(normalized_shape) != 1:
+                raise ValueError(f"normalized_shape: only the last dim is supported, got {normalized_shape}")
+            normalized_shape = normalized_shape[0]
+        self.normalized_size = check_positive_int(normalized_shape, "normalized_shape")
+        self.eps = float(np.finfo(self.dtype).eps) if eps is None else check_eps(eps, "eps")
+        self._impl = getattr(_core, "RMSNorm" + sfx)(self.normalized_size, self.eps)
+        self._init_weights()
+
+    def forward(self, x) -> np.ndarray:
+        """``x (..., E) -> (..., E)`` in ``self.dtype``.
+
+        Raises:
+            ValueError: empty ``x`` or last dim not E. TypeError: non-numeric ``x``.
+        """
+        x = as_float(x, "x", self.dtype, min_ndim=1)
+        if x.shape[-1] != self.normalized_size:
+            raise ValueError(f"x: expected last dim {self.normalized_size}, got shape {x.shape}")
+        return self._impl.forward(x.reshape(-1, self.normalized_size)).reshape(x.shape)
+
+
 class TransformerDecoderLayer(Module):
-    """One Transformer decoder layer (Vaswani et al. 2017, §3.1; seed 002's decoder steps),
+    """One Transformer decoder layer (Vaswani et al. 2017, §3.1; the encoder–decoder tutorial's decoder steps),
     batch-first, mirroring ``torch.nn.TransformerDecoderLayer(batch_first=True)`` in eval mode::
 
         norm_first=False:  x = norm1(x + SA(x));  x = norm2(x + CA(x, memory));  x = norm3(x + FFN(x))
@@ -424,7 +612,7 @@ class _Stack(Module):
 
 class TransformerEncoder(_Stack):
     """A stack of ``num_layers`` copies of ``encoder_layer`` and an optional final norm, as
-    ``torch.nn.TransformerEncoder`` (seed 001 "TransformerEncoder", without the embeddings).
+    ``torch.nn.TransformerEncoder`` (the encoder tutorial's ``TransformerEncoder``, without the embeddings).
 
     Args:
         encoder_layer: a :class:`TransformerEncoderLayer` (copied, weights included).
@@ -472,7 +660,7 @@ class TransformerDecoder(_Stack):
 
 
 class Transformer(Module):
-    """The encoder-decoder Transformer (Vaswani et al. 2017, Figure 1; seed 002), as
+    """The encoder-decoder Transformer (Vaswani et al. 2017, Figure 1; the encoder–decoder tutorial), as
     ``torch.nn.Transformer(batch_first=True)`` in eval mode: an encoder stack and a decoder stack,
     each ending in a LayerNorm.
 

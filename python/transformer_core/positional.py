@@ -1,15 +1,15 @@
 """Positional information: sinusoidal encodings, learned position embeddings and rotary embeddings.
 
-Sinusoidal encoding (Vaswani et al. 2017, §3.5; seeds 000, 002, 003, 004)::
+Sinusoidal encoding (Vaswani et al. 2017, §3.5; every tutorial)::
 
     PE(pos, 2i)   = sin(pos / base^(2i / d_model))
     PE(pos, 2i+1) = cos(pos / base^(2i / d_model))          base = 10000
 
-Learned position embeddings (BERT; seed 001 "Positional Embeddings", class ``Embeddings``)::
+Learned position embeddings (BERT; the encoder tutorial's ``Embeddings``)::
 
     Embeddings(ids) = LayerNorm(token_embeddings[ids] + position_embeddings[0 .. L-1])
 
-Rotary position embedding, RoPE (Su et al. 2021, RoFormer; seed 000 "RoPE")::
+Rotary position embedding, RoPE (Su et al. 2021, RoFormer; the RoPE section of the tutorials)::
 
     θ_i = base^(-2i / head_dim),  i = 0 .. head_dim/2 - 1
     RoPE(x, m) = x · cos(m θ) + rotate_half(x) · sin(m θ)      (half-split layout, HF Llama)
@@ -35,6 +35,7 @@ __all__ = [
     "sinusoidal_positional_encoding",
     "PositionalEncoding",
     "Embeddings",
+    "RotaryEmbedding",
     "rotary_cos_sin",
     "rotate_half",
     "apply_rotary",
@@ -68,7 +69,7 @@ def _check_layout(layout) -> str:
 def sinusoidal_positional_encoding(max_len: int, d_model: int, base: float = 10000.0,
                                    dtype=np.float32) -> np.ndarray:
     """The sinusoidal position table of "Attention Is All You Need" (Vaswani et al. 2017, §3.5;
-    seed 000 ``PositionalEncoding``, seeds 002/003, seed 004's MATLAB loop)::
+    the tutorials' ``PositionalEncoding``, the encoder–decoder and training tutorials, the einsum tutorial's MATLAB loop)::
 
         PE(pos, 2i)   = sin(pos / base^(2i / d_model))
         PE(pos, 2i+1) = cos(pos / base^(2i / d_model))
@@ -76,7 +77,7 @@ def sinusoidal_positional_encoding(max_len: int, d_model: int, base: float = 100
     Even columns are sines, odd columns cosines; column pair ``(2i, 2i+1)`` shares the frequency
     ``base^(-2i/d_model)``. **Odd d_model**: the formula is applied as written, so the last column
     (index ``d_model - 1 = 2i`` with ``i = (d_model - 1) / 2``) is ``sin(pos / base^((d_model-1)/d_model))``
-    and has no cosine partner. (The seeds' torch code fails for odd sizes: its ``pe[:, 1::2]``
+    and has no cosine partner. (The tutorials' torch code fails for odd sizes: its ``pe[:, 1::2]``
     has one column fewer than ``div_term``.)
 
     Computed in C++ in double precision, then rounded once to ``dtype``.
@@ -102,12 +103,12 @@ def sinusoidal_positional_encoding(max_len: int, d_model: int, base: float = 100
 
 
 class PositionalEncoding:
-    """Adds the sinusoidal table to its input (seed 000 ``PositionalEncoding``; Vaswani et al.
+    """Adds the sinusoidal table to its input (the tutorials' ``PositionalEncoding``; Vaswani et al.
     2017, §3.5)::
 
         y = x + PE[offset : offset + L]
 
-    The seed's dropout is omitted (the identity at inference).
+    The tutorial's dropout is omitted (the identity at inference).
 
     Args:
         d_model: E, the model width (odd allowed: see :func:`sinusoidal_positional_encoding`).
@@ -162,7 +163,7 @@ class PositionalEncoding:
 
 
 # --------------------------------------------------------------------------------------------------
-# Learned position embeddings (seed 001's Embeddings)
+# Learned position embeddings (the encoder tutorial's Embeddings)
 # --------------------------------------------------------------------------------------------------
 
 
@@ -241,10 +242,43 @@ class Embeddings(Module):
 # --------------------------------------------------------------------------------------------------
 
 
+class RotaryEmbedding:
+    """The RoPE tables of every position up to ``max_position_embeddings`` (Su et al. 2021; the RoPE
+    section of the tutorials), computed once in C++ (double precision, rounded to ``dtype``), for
+    :class:`transformer_core.nn.MultiheadAttention` to rotate q and k inside its call.
+
+    Args:
+        head_dim: D, even, >= 2.
+        max_position_embeddings: the positions the tables cover (>= 1).
+        base: rotary base θ (10000 in RoFormer / Llama 1-2; SmolLM2 100000), finite > 0.
+        layout: ``"half"`` (GPT-NeoX, Hugging Face Llama) or ``"interleaved"`` (GPT-J, Meta's Llama).
+        dtype: ``np.float32`` or ``np.float64``.
+
+    Raises:
+        TypeError / ValueError: as :func:`rotary_cos_sin`; tables larger than this machine's memory.
+    """
+
+    def __init__(self, head_dim: int, max_position_embeddings: int, base: float = 10000.0, layout: str = "half",
+                 dtype=np.float32):
+        self.dtype = resolve_dtype(dtype)
+        self.head_dim = check_positive_int(head_dim, "head_dim")
+        if self.head_dim % 2 != 0:
+            raise ValueError(f"head_dim: expected an even number (RoPE rotates pairs), got {head_dim}")
+        self.max_position_embeddings = check_positive_int(max_position_embeddings, "max_position_embeddings")
+        self.base = _check_base(base)
+        self.layout = _check_layout(layout)
+        self._impl = variant("RotaryEmbedding", self.dtype)(self.head_dim, self.max_position_embeddings, self.base,
+                                                           self.layout)
+
+    def __repr__(self) -> str:
+        return (f"RotaryEmbedding(head_dim={self.head_dim}, max_position_embeddings={self.max_position_embeddings}, "
+                f"base={self.base}, layout={self.layout!r}, dtype={np.dtype(self.dtype).name})")
+
+
 def rotary_cos_sin(seq_len: int, head_dim: int, base: float = 10000.0, offset: int = 0,
                    dtype=np.float32) -> tuple[np.ndarray, np.ndarray]:
     """The cos/sin tables of RoPE (Su et al. 2021) in the half-split layout of Hugging Face's
-    Llama (seed 000 "RoPE")::
+    Llama (the RoPE section of the tutorials)::
 
         inv_freq = 1 / base^(arange(0, head_dim, 2) / head_dim)          (head_dim/2,)
         freqs    = positions ⊗ inv_freq,  positions = offset .. offset + seq_len - 1
@@ -282,7 +316,7 @@ def rotary_cos_sin(seq_len: int, head_dim: int, base: float = 10000.0, offset: i
 
 def rotate_half(x) -> np.ndarray:
     """``concat(-x2, x1)`` of the two halves ``x1 = x[..., :D/2]``, ``x2 = x[..., D/2:]``
-    (seed 000 ``rotate_half``; HF Llama): multiplying a pair ``(x1_i, x2_i)`` by ``i`` in the
+    (the tutorials' ``rotate_half``; HF Llama): multiplying a pair ``(x1_i, x2_i)`` by ``i`` in the
     complex plane.
 
     Args:
@@ -327,7 +361,7 @@ def _rotary_table(t, name: str, x_shape: tuple, D: int, layout: str, dtype) -> n
 
 
 def apply_rotary(x, cos, sin, layout: str = "half") -> np.ndarray:
-    """Rotates one tensor by RoPE (Su et al. 2021; seed 000 ``apply_rotary_pos_emb``, one input).
+    """Rotates one tensor by RoPE (Su et al. 2021; the tutorials' ``apply_rotary_pos_emb``, one input).
 
     ``layout="half"`` (GPT-NeoX, Hugging Face Llama, the seed), pairs ``(x_i, x_{i+D/2})``::
 
@@ -380,7 +414,7 @@ def _apply_rotary(x, cos, sin, layout: str, name: str, dtype) -> np.ndarray:
 
 
 def apply_rotary_pos_emb(q, k, cos, sin, layout: str = "half") -> tuple[np.ndarray, np.ndarray]:
-    """RoPE on queries and keys (seed 000 ``apply_rotary_pos_emb``; Su et al. 2021)::
+    """RoPE on queries and keys (the tutorials' ``apply_rotary_pos_emb``; Su et al. 2021)::
 
         q_embed = q · cos + rotate_half(q) · sin,   k_embed = k · cos + rotate_half(k) · sin
 

@@ -3,7 +3,7 @@ model.py): the oracle the tests use beside PyTorch. Slow and simple on purpose; 
 
 Shapes: batch-first ``(N, L, E)``; heads ``(N, H, L, D)``. Masks: the library's convention (bool True
 = may attend, float added; key masks True = real token). Weight names: torch's / Hugging Face's.
-Source: Vaswani et al. 2017 (eq. 1, eq. 2, §3.2.2), seed tutorials 000–004.
+Source: Vaswani et al. 2017 (eq. 1, eq. 2, §3.2.2), the five tutorials.
 """
 
 from __future__ import annotations
@@ -107,7 +107,7 @@ def encoder_layer(x, state: dict, num_heads: int, *, activation="relu", norm_fir
 
 def bert(input_ids, state: dict, config: dict, attention_mask=None, token_type_ids=None):
     """Hugging Face ``BertModel`` (eval) from its state dict: ``(last_hidden_state (N, L, H),
-    pooler_output (N, H) or None)``. Seed 001's Embeddings + post-LN GELU encoder layers."""
+    pooler_output (N, H) or None)``. The encoder tutorial's Embeddings + post-LN GELU encoder layers."""
     ids = np.asarray(input_ids)
     N, L = ids.shape
     tt = np.zeros_like(ids) if token_type_ids is None else np.asarray(token_type_ids)

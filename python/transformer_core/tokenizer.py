@@ -1,5 +1,5 @@
 """Tokenization with the ``tokenizers`` package (Hugging Face's Rust tokenizers), from a model's
-``tokenizer.json``: WordPiece for BERT, byte-level BPE for GPT-2 (seed 001's first step:
+``tokenizer.json``: WordPiece for BERT, byte-level BPE for GPT-2 (the encoder tutorial's first step:
 "time flies like an arrow" -> [101, 2051, 10029, 2066, 2019, 8612, 102]).
 """
 

@@ -1,4 +1,4 @@
-// A linear layer for a handful of rows (decoding, seed 001's 7-token sentence):
+// A linear layer for a handful of rows (decoding, the encoder tutorial's 7-token sentence):
 //
 //   y[i, j] = Σ_k x[i, k] · w[j, k] + bias[j]        x: [m, k]   w: [n, k] (torch's layout)   y: [m, n]
 //

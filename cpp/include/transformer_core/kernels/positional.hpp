@@ -1,6 +1,6 @@
 // Positional-encoding kernels on raw pointers: the sinusoidal table (Vaswani et al. 2017, §3.5;
-// seeds 000, 002, 003, 004), the rotary cos/sin table and the rotary rotation itself (Su et al.
-// 2021, RoFormer; seed 000 "RoPE"). One row per call; the ops above check sizes and parallelise
+// every tutorial), the rotary cos/sin table and the rotary rotation itself (Su et al.
+// 2021, RoFormer; the RoPE section of the tutorials). One row per call; the ops above check sizes and parallelise
 // over rows. Angles are computed in double and rounded once to T.
 #pragma once
 
@@ -43,7 +43,7 @@ inline void rotary_row(double pos, const double* inv_freq, int64_t half, T* cos_
   }
 }
 
-// Rotary rotation of one row, half-split layout (GPT-NeoX / HF Llama; seed 000's
+// Rotary rotation of one row, half-split layout (GPT-NeoX / HF Llama; the tutorials'
 // apply_rotary_pos_emb):   y = x · cos + rotate_half(x) · sin,   rotate_half(x) = cat(-x2, x1)
 //   y[i]        = x[i]        · cos[i]        - x[i + half] · sin[i]
 //   y[i + half] = x[i + half] · cos[i + half] + x[i]        · sin[i + half]

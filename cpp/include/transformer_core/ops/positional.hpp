@@ -3,9 +3,9 @@
 // into Python's ValueError).
 //
 //   sinusoidal:  PE(pos, 2i) = sin(pos / base^(2i/d_model)),  PE(pos, 2i+1) = cos(pos / base^(2i/d_model))
-//                (Vaswani et al. 2017, §3.5; seeds 000, 002, 003, 004)
+//                (Vaswani et al. 2017, §3.5; every tutorial)
 //   rotary:      RoPE(x, m) = x · cos(m θ) + rotate_half(x) · sin(m θ),  θ_i = base^(-2i/head_dim)
-//                (Su et al. 2021, RoFormer; seed 000 "RoPE")
+//                (Su et al. 2021, RoFormer; the RoPE section of the tutorials)
 #pragma once
 
 #include <cstdint>

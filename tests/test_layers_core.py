@@ -1,0 +1,216 @@
+"""The basic layers vs torch: nn.Linear, nn.Embedding, nn.RMSNorm (and Hugging Face's LlamaRMSNorm),
+the gated feed-forward (Hugging Face's LlamaMLP: SwiGLU; GeGLU), functional rms_norm / silu, and
+MultiheadAttention with a KV cache and RoPE inside the call (against torch's SDPA with GQA on
+rotated q, k).
+
+Sizes cross the linear kernel's paths: rows 1..8 take the small-row kernel (kSmallRows = 8), more
+take 64-row GEMM tiles; output features cross the 64-wide small-row chunks and the 512-wide tiles.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+import transformer_core as tc
+from conftest import DTYPE_IDS, FLOAT_DTYPES, TORCH_DTYPE, assert_close, randn, to_torch
+from transformers.models.llama.configuration_llama import LlamaConfig as HFLlamaConfig
+from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, apply_rotary_pos_emb
+
+
+def _load(ours, theirs):
+    ours.load_state_dict({k: v.detach().numpy() for k, v in theirs.state_dict().items()})
+
+
+# ---------------------------------------------------------------------------------------- Linear
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("rows,fin,fout", [(1, 7, 5), (7, 33, 65), (8, 64, 64), (9, 17, 513), (65, 31, 129),
+                                           (130, 96, 1030)])
+@pytest.mark.parametrize("bias", [True, False])
+def test_linear_matches_torch(rng, dtype, rows, fin, fout, bias):
+    ref = torch.nn.Linear(fin, fout, bias=bias).to(TORCH_DTYPE[np.dtype(dtype)])
+    ours = tc.nn.Linear(fin, fout, bias=bias, dtype=dtype)
+    _load(ours, ref)
+    x = randn(rng, (rows, fin), dtype)
+    with torch.no_grad():
+        assert_close(ours(x), ref(to_torch(x)), dtype, what="linear")
+    x3 = randn(rng, (2, 3, fin), dtype)  # leading dims
+    with torch.no_grad():
+        assert_close(ours(x3), ref(to_torch(x3)), dtype, what="linear 3-D")
+
+
+def test_linear_bad_input():
+    lin = tc.nn.Linear(4, 3)
+    with pytest.raises(ValueError, match="in_features"):
+        lin(np.ones((2, 5)))
+    with pytest.raises(ValueError, match="in_features"):
+        tc.nn.Linear(0, 3)
+    with pytest.raises(TypeError, match="out_features"):
+        tc.nn.Linear(3, 2.5)
+
+
+# ------------------------------------------------------------------------------------- Embedding
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("shape", [(1,), (5,), (3, 7), (2, 3, 4)])
+def test_embedding_matches_torch(rng, dtype, shape):
+    ref = torch.nn.Embedding(23, 9).to(TORCH_DTYPE[np.dtype(dtype)])
+    ours = tc.nn.Embedding(23, 9, dtype=dtype)
+    _load(ours, ref)
+    ids = rng.integers(0, 23, size=shape)
+    with torch.no_grad():
+        expected = ref(torch.from_numpy(ids)).numpy()
+    np.testing.assert_array_equal(ours(ids), expected)
+
+
+def test_embedding_bad_input():
+    emb = tc.nn.Embedding(10, 4)
+    with pytest.raises(ValueError, match="input_ids: id 10 at flat index 2"):
+        emb([1, 2, 10])
+    with pytest.raises(ValueError, match="input_ids: id -1"):
+        emb([[-1]])
+    with pytest.raises(TypeError, match="input_ids"):
+        emb([0.5])
+
+
+# --------------------------------------------------------------------------------------- RMSNorm
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("shape", [(1, 1), (3, 7), (4, 64), (2, 5, 576), (9, 1001)])
+def test_rms_norm_matches_torch(rng, dtype, shape):
+    E = shape[-1]
+    ref = torch.nn.RMSNorm(E, eps=1e-5).to(TORCH_DTYPE[np.dtype(dtype)])
+    with torch.no_grad():
+        ref.weight.copy_(torch.randn(E, dtype=ref.weight.dtype) * 0.3 + 1)
+    ours = tc.nn.RMSNorm(E, eps=1e-5, dtype=dtype)
+    _load(ours, ref)
+    x = randn(rng, shape, dtype, scale=3.0)
+    with torch.no_grad():
+        assert_close(ours(x), ref(to_torch(x)), dtype, what="RMSNorm")
+    assert_close(tc.functional.rms_norm(x, ours.state_dict()["weight"], eps=1e-5), ours(x), dtype)
+    # torch's default eps is the dtype's machine epsilon
+    assert tc.nn.RMSNorm(E, dtype=dtype).eps == np.finfo(dtype).eps
+
+
+def test_rms_norm_matches_hf_llama_rmsnorm(rng):
+    ref = LlamaRMSNorm(576, eps=1e-5)
+    with torch.no_grad():
+        ref.weight.copy_(torch.rand(576) + 0.5)
+    ours = tc.nn.RMSNorm(576, eps=1e-5)
+    _load(ours, ref)
+    x = randn(rng, (3, 17, 576), np.float32, scale=5.0)
+    with torch.no_grad():
+        assert_close(ours(x), ref(to_torch(x)), np.float32, what="LlamaRMSNorm")
+
+
+def test_rms_norm_bad_input():
+    with pytest.raises(ValueError, match="eps"):
+        tc.nn.RMSNorm(4, eps=-1.0)
+    with pytest.raises(ValueError, match="eps"):
+        tc.functional.rms_norm(np.ones((2, 4)), eps=float("nan"))
+    with pytest.raises(ValueError, match="weight"):
+        tc.functional.rms_norm(np.ones((2, 4)), weight=np.ones(3))
+    with pytest.raises(ValueError, match="last dim"):
+        tc.nn.RMSNorm(4)(np.ones((2, 5)))
+
+
+# ------------------------------------------------------------------------------ activations
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+def test_silu_matches_torch(rng, dtype):
+    x = randn(rng, (7, 333), dtype, scale=6.0)
+    x[0, :4] = [0.0, -0.0, 90.0, -90.0]
+    assert_close(tc.functional.silu(x), F.silu(to_torch(x)), dtype, what="silu")
+
+
+# ------------------------------------------------------------------------------- gated FFN
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("rows,E,Fh", [(1, 8, 12), (7, 48, 80), (9, 64, 130), (70, 576, 1536)])
+def test_gated_feed_forward_matches_llama_mlp(rng, dtype, rows, E, Fh):
+    cfg = HFLlamaConfig(hidden_size=E, intermediate_size=Fh, num_attention_heads=1, num_key_value_heads=1,
+                        hidden_act="silu", mlp_bias=False)
+    ref = LlamaMLP(cfg).to(TORCH_DTYPE[np.dtype(dtype)])
+    ours = tc.nn.GatedFeedForward(E, Fh, dtype=dtype)
+    _load(ours, ref)
+    x = randn(rng, (rows, E), dtype)
+    with torch.no_grad():
+        assert_close(ours(x), ref(to_torch(x)), dtype, what="SwiGLU")
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+def test_geglu_with_bias_matches_torch(rng, dtype):
+    E, Fh = 24, 40
+    t = TORCH_DTYPE[np.dtype(dtype)]
+    gate, up, down = (torch.nn.Linear(E, Fh).to(t), torch.nn.Linear(E, Fh).to(t), torch.nn.Linear(Fh, E).to(t))
+    ours = tc.nn.GatedFeedForward(E, Fh, activation="gelu", bias=True, dtype=dtype)
+    ours.load_state_dict({f"{n}.{p}": getattr(m, p).detach().numpy() for n, m in
+                          (("gate_proj", gate), ("up_proj", up), ("down_proj", down)) for p in ("weight", "bias")})
+    x = randn(rng, (11, E), dtype)
+    with torch.no_grad():
+        xt = to_torch(x)
+        ref = down(F.gelu(gate(xt)) * up(xt))
+    assert_close(ours(x), ref, dtype, what="GeGLU")
+    assert list(ours.parameter_shapes()) == ["gate_proj.weight", "gate_proj.bias", "up_proj.weight", "up_proj.bias",
+                                             "down_proj.weight", "down_proj.bias"]
+
+
+# ------------------------------------------------- attention with a KV cache and RoPE inside
+def _torch_rope_gqa_attention(x, w_qkv, w_o, H, Hkv, D, cos, sin, past_k=None, past_v=None):
+    """Reference: q, k, v projections, HF's apply_rotary_pos_emb, bottom-right causal SDPA over
+    past + new with GQA, output projection. Returns (out, k_all, v_all)."""
+    N, L, E = x.shape
+    qkv = x @ w_qkv.T
+    q = qkv[..., :H * D].reshape(N, L, H, D).transpose(1, 2)
+    k = qkv[..., H * D:(H + Hkv) * D].reshape(N, L, Hkv, D).transpose(1, 2)
+    v = qkv[..., (H + Hkv) * D:].reshape(N, L, Hkv, D).transpose(1, 2)
+    q, k = apply_rotary_pos_emb(q, k, cos, sin)
+    if past_k is not None:
+        k, v = torch.cat([past_k, k], 2), torch.cat([past_v, v], 2)
+    S = k.shape[2]
+    mask = torch.ones(L, S, dtype=torch.bool).tril(diagonal=S - L)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+    return out.transpose(1, 2).reshape(N, L, H * D) @ w_o.T, k, v
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("H,Hkv", [(4, 4), (6, 2), (3, 1)], ids=["mha", "gqa3", "mqa"])
+def test_mha_with_cache_and_rope_matches_torch(rng, dtype, H, Hkv):
+    D, N, P, T = 8, 2, 5, 4
+    E = H * D
+    t = TORCH_DTYPE[np.dtype(dtype)]
+    mha = tc.nn.MultiheadAttention(E, H, bias=False, num_kv_heads=Hkv, dtype=dtype)
+    state = mha.state_dict()
+    w_qkv, w_o = to_torch(state["in_proj_weight"]), to_torch(state["out_proj.weight"])
+    rope = tc.positional.RotaryEmbedding(D, 64, base=500.0, dtype=dtype)
+    cos_all, sin_all = (to_torch(a)[None] for a in tc.positional.rotary_cos_sin(64, D, base=500.0, dtype=dtype))
+    x = randn(rng, (N, P + T, E), dtype)
+    cache = tc.KVCache(1, N, Hkv, D, dtype=dtype)
+    # the prompt, then T single-token steps
+    out0, _ = mha(x[:, :P], is_causal=True, past_key_values=cache, rotary=rope)
+    assert cache.length == P
+    ref0, k, v = _torch_rope_gqa_attention(to_torch(x[:, :P]), w_qkv, w_o, H, Hkv, D, cos_all[:, :P], sin_all[:, :P])
+    assert_close(out0, ref0, dtype, what="prompt")
+    for step in range(T):
+        p = P + step
+        out, _ = mha(x[:, p:p + 1], is_causal=True, past_key_values=cache, rotary=rope)
+        ref, k, v = _torch_rope_gqa_attention(to_torch(x[:, p:p + 1]), w_qkv, w_o, H, Hkv, D,
+                                              cos_all[:, p:p + 1], sin_all[:, p:p + 1], k, v)
+        assert_close(out, ref, dtype, what=f"step {step}")
+    keys, values = cache[0]
+    assert_close(keys, k.to(t), dtype, what="cached keys (rotated)")
+    assert_close(values, v.to(t), dtype, what="cached values")
+    # explicit position_ids give the same as the default past + l
+    cache2 = tc.KVCache(1, N, Hkv, D, dtype=dtype)
+    out2, _ = mha(x[:, :P], is_causal=True, past_key_values=cache2, rotary=rope,
+                  position_ids=np.broadcast_to(np.arange(P), (N, P)))
+    assert_close(out2, out0, dtype, atol_=0.0, what="explicit positions")
+
+
+def test_mha_cache_bad_input():
+    mha = tc.nn.MultiheadAttention(16, 4, num_kv_heads=2)
+    x = np.ones((2, 3, 16), np.float32)
+    with pytest.raises(ValueError, match="past_key_values"):
+        mha(x, past_key_values=tc.KVCache(1, 2, 4, 4))  # wrong number of kv heads
+    with pytest.raises(ValueError, match="self-attention"):
+        mha(x, x[:, :2], x[:, :2], past_key_values=tc.KVCache(1, 2, 2, 4))
+    with pytest.raises(TypeError, match="rotary"):
+        mha(x, rotary=tc.positional.RotaryEmbedding(8, 16))  # head_dim 8 != 4
+    with pytest.raises(ValueError, match="position_ids"):
+        mha(x, rotary=tc.positional.RotaryEmbedding(4, 16), position_ids=[[0, 1, 16], [0, 1, 2]])
