@@ -44,7 +44,8 @@ View4<T> view4(const py::array& a, const char* name) {
   require(a.ndim() == 4, std::string(name) + ": expected a 4-D array");
   require(a.dtype().is(py::dtype::of<T>()), std::string(name) + ": dtype differs from query's");
   auto s = element_strides(a);
-  require(a.shape(3) <= 1 || s[3] == 1, std::string(name) + ": the last dim must be contiguous");
+  // (numpy gives an empty array all-zero strides: nothing is read from it)
+  require(a.size() == 0 || a.shape(3) <= 1 || s[3] == 1, std::string(name) + ": the last dim must be contiguous");
   return View4<T>{static_cast<const T*>(a.data()), {a.shape(0), a.shape(1), a.shape(2), a.shape(3)}, {s[0], s[1], s[2]}};
 }
 
