@@ -2,7 +2,7 @@
 
 Every gradient of every op, for every input: fp64 to 1e-10 absolute, fp32 to 1e-4 relative (1e-5
 absolute on the scale of the values). Shapes include odd sizes, seq 1, L != S, batch == seq and the
-edges of the kernels' tiles (linear: 64 rows x 512 columns; attention backward: 64 x 64 blocks).
+edges of the kernels' tiles (linear backward: 256 rows x 512 columns; attention backward: 64 x 64 blocks).
 Bitwise equality of 1 and 2 threads for the linear, embedding and attention backward.
 """
 from __future__ import annotations
@@ -55,8 +55,8 @@ LINEAR_SHAPES = [  # (x shape, out_features)
     ((7, 9), 5),
     ((1, 3), 4),          # one row
     ((2, 5, 7), 6),       # 3-D input
-    ((65, 513), 65),      # tile edges: 64 rows + 1, 512 columns + 1, 64 weight rows + 1
-    ((64, 512), 64),      # exactly one tile
+    ((257, 513), 257),    # tile edges: 256 rows + 1, 512 columns + 1, 256 weight rows + 1
+    ((256, 512), 255),    # exactly one tile (and one weight row less)
     ((130, 17), 129),
     ((3, 1), 1),
 ]
@@ -82,7 +82,7 @@ def test_linear_backward(rng, dtype, xshape, out, bias):
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
-@pytest.mark.parametrize("xshape,out", [((7, 9), 5), ((65, 513), 65)], ids=["small", "tiles"])
+@pytest.mark.parametrize("xshape,out", [((7, 9), 5), ((257, 513), 257)], ids=["small", "tiles"])
 def test_linear_backward_conv1d_layout(rng, dtype, xshape, out):
     """weight_layout="in_out": Hugging Face's Conv1D (GPT-2), y = x W + b with W (in, out)."""
     x = randn(rng, xshape, dtype)
@@ -130,9 +130,9 @@ def test_linear_backward_no_grad_input_and_zero_rows(rng):
 
 
 def test_linear_backward_threads_bitwise(rng, threads):
-    x = randn(rng, (300, 200))
-    w = randn(rng, (150, 200))
-    gy = randn(rng, (300, 150))
+    x = randn(rng, (600, 700))
+    w = randn(rng, (300, 700))
+    gy = randn(rng, (600, 300))
     results = []
     for n in (1, 2):
         tc.set_num_threads(n)
@@ -677,6 +677,9 @@ ATTN_SHAPES = [
     (1, 1, 1, 128, 128, 5, 3),
     (2, 6, 2, 9, 11, 8, 8),       # GQA
     (2, 4, 1, 66, 70, 8, 4),      # MQA, across a tile edge
+    # N · H_kv >= 12: the one-pass schedule (the shapes above with N · H_kv < 12 take two passes)
+    (4, 6, 3, 65, 63, 8, 8),      # GQA, tile edges
+    (12, 1, 1, 64, 129, 4, 5),
 ]
 ATTN_IDS = ["x".join(map(str, s)) for s in ATTN_SHAPES]
 
@@ -688,16 +691,16 @@ def test_attention_backward_unmasked(rng, dtype, shape):
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
-@pytest.mark.parametrize("shape", [ATTN_SHAPES[i] for i in (0, 2, 4, 5, 7, 8, 10, 11)],
-                         ids=[ATTN_IDS[i] for i in (0, 2, 4, 5, 7, 8, 10, 11)])
+@pytest.mark.parametrize("shape", [ATTN_SHAPES[i] for i in (0, 2, 4, 5, 7, 8, 10, 11, 12, 13)],
+                         ids=[ATTN_IDS[i] for i in (0, 2, 4, 5, 7, 8, 10, 11, 12, 13)])
 @pytest.mark.parametrize("causal", ["top_left", "bottom_right"])
 def test_attention_backward_causal(rng, dtype, shape, causal):
     run_attention(rng, dtype, *shape, causal=causal)
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
-@pytest.mark.parametrize("shape", [ATTN_SHAPES[i] for i in (0, 4, 5, 10, 11)],
-                         ids=[ATTN_IDS[i] for i in (0, 4, 5, 10, 11)])
+@pytest.mark.parametrize("shape", [ATTN_SHAPES[i] for i in (0, 4, 5, 10, 11, 12)],
+                         ids=[ATTN_IDS[i] for i in (0, 4, 5, 10, 11, 12)])
 @pytest.mark.parametrize("mask", ["bool", "float", "key_mask"])
 def test_attention_backward_masks(rng, dtype, shape, mask):
     run_attention(rng, dtype, *shape, mask=mask)
@@ -749,11 +752,12 @@ def test_attention_backward_empty_lengths(rng):
     assert dq.shape == (2, 2, 0, 4) and np.array_equal(dk, np.zeros_like(k)) and np.array_equal(dv, np.zeros_like(k))
 
 
-def test_attention_backward_threads_bitwise(rng, threads):
-    q = randn(rng, (2, 6, 150, 32))
-    k = randn(rng, (2, 2, 140, 32))
-    v = randn(rng, (2, 2, 140, 32))
-    gout = randn(rng, (2, 6, 150, 32))
+@pytest.mark.parametrize("batch", [2, 6], ids=["two_passes", "one_pass"])
+def test_attention_backward_threads_bitwise(rng, threads, batch):
+    q = randn(rng, (batch, 6, 150, 32))
+    k = randn(rng, (batch, 2, 140, 32))
+    v = randn(rng, (batch, 2, 140, 32))
+    gout = randn(rng, (batch, 6, 150, 32))
     out, lse, *_ = torch_attention(q, k, v, gout, causal_offset=-10)
     results = []
     for n in (1, 2):
@@ -762,6 +766,21 @@ def test_attention_backward_threads_bitwise(rng, threads):
                                                                causal_alignment="bottom_right", enable_gqa=True))
     for a, b in zip(*results):
         assert np.array_equal(a, b)
+
+
+def test_attention_backward_schedules_agree_bitwise(rng):
+    """A batch of 12 (N · H_kv = 12: one pass) equals, bit for bit, its two halves of 6 (two passes)."""
+    shape_q, shape_kv = (12, 4, 70, 16), (12, 1, 75, 16)
+    q, gout = randn(rng, shape_q), randn(rng, shape_q)
+    k, v = randn(rng, shape_kv), randn(rng, shape_kv)
+    out, lse, *_ = torch_attention(q, k, v, gout, causal_offset=5)
+    kw = dict(is_causal=True, causal_alignment="bottom_right", enable_gqa=True)
+    whole = B.scaled_dot_product_attention_backward(q, k, v, out, gout, lse, **kw)
+    for part in (slice(0, 6), slice(6, 12)):
+        half = B.scaled_dot_product_attention_backward(q[part], k[part], v[part], out[part], gout[part], lse[part],
+                                                       **kw)
+        for a, b in zip(whole, half):
+            assert np.array_equal(a[part], b)
 
 
 def test_attention_backward_bad_input(rng):

@@ -117,8 +117,9 @@ class LRScheduler:
         return out
 
     def load_state_dict(self, state_dict: dict) -> None:
-        """Restores a :meth:`state_dict` (the optimizer's lr values are restored by the optimizer's
-        own ``load_state_dict``).
+        """Restores a :meth:`state_dict`, and writes its last learning rates into the optimizer's
+        groups (torch leaves them to the optimizer's ``load_state_dict``; writing them here makes the
+        order of the two loads, and of constructing this scheduler, not matter).
 
         Raises:
             ValueError: missing or unknown keys, another number of param groups.
@@ -140,6 +141,9 @@ class LRScheduler:
         for key in self._HYPER:
             value = float(state_dict[key])
             setattr(self, key, int(value) if isinstance(getattr(self, key), int) else value)
+        for g, lr, base in zip(self.optimizer.param_groups, self._last_lr, self.base_lrs):
+            g["lr"] = lr
+            g["initial_lr"] = base
 
 
 class LambdaLR(LRScheduler):

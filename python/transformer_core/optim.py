@@ -102,6 +102,8 @@ class Optimizer:
         self.param_groups: list[dict] = []
         self.state: dict[str, dict] = {}
         self._names: dict[int, str] = {}  # id(Parameter) -> name
+        if isinstance(params, Parameter):
+            raise TypeError("params: expected an iterable of Parameters, got a single Parameter (wrap it in a list)")
         params = list(params.items()) if isinstance(params, dict) else list(params)
         if not params:
             raise ValueError("params: expected at least one parameter, got an empty list")
