@@ -738,6 +738,24 @@ def test_attention_backward_3d_and_2d(rng, dtype):
         check(dv, gv, dtype, "grad_value")
 
 
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+def test_attention_backward_kernel_key_mask(rng, dtype):
+    """The kernel's own key_mask (N, S) input (the Python face folds key_mask into the bool mask, as
+    the forward does), with a causal mask on top and a fully padded sequence."""
+    N, H, L, S, D = 3, 2, 66, 70, 8
+    q, gout = randn(rng, (N, H, L, D), dtype), randn(rng, (N, H, L, D), dtype)
+    k, v = randn(rng, (N, H, S, D), dtype), randn(rng, (N, H, S, D), dtype)
+    key_mask = rng.random((N, S)) < 0.8
+    key_mask[1] = False
+    out, lse, gq, gk, gv, _ = torch_attention(q, k, v, gout, bool_mask=key_mask[:, None, None, :],
+                                              causal_offset=S - L)
+    dq, dk, dv = variant("scaled_dot_product_attention_backward", dtype)(
+        q, k, v, out.astype(dtype), gout, lse.astype(dtype), None, None, key_mask, True, S - L, 1 / math.sqrt(D))
+    check(dq, gq, dtype, "grad_query")
+    check(dk, gk, dtype, "grad_key")
+    check(dv, gv, dtype, "grad_value")
+
+
 def test_attention_backward_empty_lengths(rng):
     """S = 0: grad_query is zero. L = 0: grad_key and grad_value are zero (the C++ op; the Python face
     refuses empty arrays, as the forward does)."""
