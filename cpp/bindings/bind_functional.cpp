@@ -97,22 +97,21 @@ void register_dtype(py::module_& m) {
       },
       py::arg("x"), py::arg("activation"));
 
-  // gate_up [rows, 2F] -> act(gate_up[:, :F]) · gate_up[:, F:]  [rows, F]
+  // gate, up (same shape, [..., F]) -> act(gate) · up, same shape
   m.def(
-      ("gated_activation" + sfx).c_str(),
-      [](const CArray<T>& gate_up, const std::string& name) {
+      ("glu" + sfx).c_str(),
+      [](const CArray<T>& gate, const CArray<T>& up, const std::string& name) {
         const auto act = ops::parse_activation(name);
-        const int64_t rows = gate_up.shape(0), F = gate_up.shape(1) / 2;
-        require(gate_up.shape(1) % 2 == 0, "gate_up: expected an even last dim");
-        py::array_t<T> y({rows, F});
-        T* yp = y.mutable_data();
+        const int64_t F = gate.shape(gate.ndim() - 1), rows = static_cast<int64_t>(gate.size()) / F;
+        py::array_t<T> h(gate.request().shape);
+        T* hp = h.mutable_data();
         {
           py::gil_scoped_release release;
-          ops::gated_activation(gate_up.data(), rows, F, act, yp);
+          ops::gated_activation(gate.data(), up.data(), rows, F, F, act, hp);
         }
-        return y;
+        return h;
       },
-      py::arg("gate_up"), py::arg("activation"));
+      py::arg("gate"), py::arg("up"), py::arg("activation"));
 
   // query [N, H, L, D], key [N, H_kv, S, D], value [N, H_kv, S, Dv] (any strides, last dim contiguous)
   // -> out [N, H, L, Dv] (and weights [N, H, L, S] if return_weights)

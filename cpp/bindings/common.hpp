@@ -137,5 +137,7 @@ void register_functional(py::module_& m);
 void register_positional(py::module_& m);
 void register_layers(py::module_& m);
 void register_models(py::module_& m);
+void register_backward(py::module_& m);
+void register_optim(py::module_& m);
 
 }  // namespace transformer_core::bindings

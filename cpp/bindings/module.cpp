@@ -19,4 +19,6 @@ PYBIND11_MODULE(_core, m) {
   transformer_core::bindings::register_layers(m);
   transformer_core::bindings::register_models(m);
   transformer_core::bindings::register_positional(m);
+  transformer_core::bindings::register_backward(m);
+  transformer_core::bindings::register_optim(m);
 }

@@ -15,7 +15,7 @@ Layers of the package, from the bottom:
     sentence_encoder  SentenceEncoder (all-MiniLM-L6-v2 embeddings)
 """
 
-from . import functional, masks, multihead_forms, nn, positional
+from . import backward, functional, lr_scheduler, masks, multihead_forms, nn, optim, positional
 from ._runtime import core as _core
 from .bert import BertConfig, BertEmbeddings, BertModel, BertOutput
 from .decoder import CausalLMOutput
@@ -31,6 +31,9 @@ __version__ = _core.__version__
 __all__ = [
     "__version__",
     "functional",
+    "backward",
+    "optim",
+    "lr_scheduler",
     "nn",
     "masks",
     "positional",

@@ -63,6 +63,17 @@ def as_weight(value, name: str, dtype) -> np.ndarray:
     return np.ascontiguousarray(arr, dtype=dtype)
 
 
+def as_vector(value, name: str, n: int, dtype) -> np.ndarray | None:
+    """An optional per-feature parameter (a norm's weight or bias) as a C-contiguous ``(n,)`` array
+    of ``dtype``; None stays None. ValueError naming ``name`` for another shape."""
+    if value is None:
+        return None
+    arr = as_float(value, name, dtype, ndim=1)
+    if arr.shape != (n,):
+        raise ValueError(f"{name}: expected shape ({n},) to match x's last dim, got {arr.shape}")
+    return arr
+
+
 def as_bool(x, name: str) -> np.ndarray:
     """A 0/1 or boolean mask (1/True = keep) as a numpy bool array."""
     arr = np.asarray(x)

@@ -44,7 +44,7 @@ void GatedFeedForward<T>::forward(const T* x, int64_t rows, T* out) const {
   T* gate_up = kernels::workspace<T>(Scratch::kFfnHidden, static_cast<size_t>(size));  // [rows, 2F] | [rows, F]
   T* hidden = gate_up + rows * 2 * F;
   gate_up_proj_.forward(x, rows, gate_up);                        // [gate | up] = x · [Wg; Wu]ᵀ
-  ops::gated_activation(gate_up, rows, F, activation_, hidden);    // hidden = act(gate) · up
+  ops::gated_activation(gate_up, gate_up + F, rows, F, 2 * F, activation_, hidden);  // act(gate) · up
   down_proj_.forward(hidden, rows, out);
 }
 

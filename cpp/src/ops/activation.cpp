@@ -42,17 +42,17 @@ void activation(T* x, int64_t n, Activation act) {
 }
 
 template <class T>
-void gated_activation(const T* gate_up, int64_t rows, int64_t F, Activation act, T* out) {
+void gated_activation(const T* gate, const T* up, int64_t rows, int64_t F, int64_t ld, Activation act, T* out) {
   require_nonnegative(rows, "gated_activation: rows");
   require_nonnegative(F, "gated_activation: features");
   kernels::parallel_for(0, rows, std::max<int64_t>(1, 16384 / std::max<int64_t>(F, 1)), [&](int64_t b, int64_t e) {
-    for (int64_t r = b; r < e; ++r) kernels::gated_row(gate_up + r * 2 * F, gate_up + r * 2 * F + F, F, act, out + r * F);
+    for (int64_t r = b; r < e; ++r) kernels::gated_row(gate + r * ld, up + r * ld, F, act, out + r * F);
   });
 }
 
 #define TC_INSTANTIATE(T)                                       \
   template void activation<T>(T*, int64_t, Activation);         \
-  template void gated_activation<T>(const T*, int64_t, int64_t, Activation, T*);
+  template void gated_activation<T>(const T*, const T*, int64_t, int64_t, int64_t, Activation, T*);
 TC_INSTANTIATE(float)
 TC_INSTANTIATE(double)
 #undef TC_INSTANTIATE

@@ -99,19 +99,27 @@ inline void centered_sums(const T* x, int64_t n, double mu, double* sum, double*
   *sum_sq = b;
 }
 
-// LayerNorm of one row (Ba et al. 2016):  y = (x - mean) / sqrt(var + eps) · weight + bias
-// Corrected two-pass variance (Chan, Golub & LeVeque 1983): mean μ₀ from a compensated sum, then
-// d = x - μ₀,  mean = μ₀ + Σd / n,  var = (Σd² - (Σd)² / n) / n  — all accumulated in double.
-// weight, bias: [n] or nullptr (no affine).  x and y may alias.
+// mean and rstd = 1 / sqrt(var + eps) of one row, in double, by the corrected two-pass algorithm
+// (Chan, Golub & LeVeque 1983): μ₀ from a compensated sum, then d = x - μ₀,
+// mean = μ₀ + Σd / n,  var = (Σd² - (Σd)² / n) / n. LayerNorm's forward and backward share it.
 template <class T>
-inline void layer_norm_row(const T* x, int64_t n, const T* weight, const T* bias, T eps, T* y) {
+inline void layer_norm_stats(const T* x, int64_t n, double eps, double& mean, double& rstd) {
   const double inv_n = 1.0 / static_cast<double>(n);
   const double mu0 = row_sum(x, n) * inv_n;
   double sd = 0, sd2 = 0;
   centered_sums(x, n, mu0, &sd, &sd2);
-  const double mean = mu0 + sd * inv_n;
+  mean = mu0 + sd * inv_n;
   const double var = std::max(0.0, (sd2 - sd * sd * inv_n) * inv_n);
-  const T rstd = static_cast<T>(1.0 / std::sqrt(var + static_cast<double>(eps)));
+  rstd = 1.0 / std::sqrt(var + eps);
+}
+
+// LayerNorm of one row (Ba et al. 2016):  y = (x - mean) / sqrt(var + eps) · weight + bias
+// weight, bias: [n] or nullptr (no affine).  x and y may alias.
+template <class T>
+inline void layer_norm_row(const T* x, int64_t n, const T* weight, const T* bias, T eps, T* y) {
+  double mean = 0, rstd_d = 0;
+  layer_norm_stats(x, n, static_cast<double>(eps), mean, rstd_d);
+  const T rstd = static_cast<T>(rstd_d);
   const T mu = static_cast<T>(mean);
   for (int64_t j = 0; j < n; ++j) {
     T v = (x[j] - mu) * rstd;
@@ -121,10 +129,10 @@ inline void layer_norm_row(const T* x, int64_t n, const T* weight, const T* bias
   }
 }
 
-// RMSNorm of one row (Zhang & Sennrich 2019; Llama):  y = x / sqrt(mean(x²) + eps) · weight
-// mean(x²) accumulated in double. weight: [n] or nullptr.  x and y may alias.
+// 1 / sqrt(mean(x²) + eps) of one row, mean(x²) accumulated in double lanes. RMSNorm's forward and
+// backward share it.
 template <class T>
-inline void rms_norm_row(const T* x, int64_t n, const T* weight, T eps, T* y) {
+inline double rms_norm_rstd(const T* x, int64_t n, double eps) {
   double lane[kSumLanes] = {};
   int64_t j = 0;
   for (; j + kSumLanes <= n; j += kSumLanes)
@@ -132,7 +140,14 @@ inline void rms_norm_row(const T* x, int64_t n, const T* weight, T eps, T* y) {
   double ss = 0;
   for (; j < n; ++j) ss += static_cast<double>(x[j]) * static_cast<double>(x[j]);
   for (int64_t t = 0; t < kSumLanes; ++t) ss += lane[t];
-  const T rrms = static_cast<T>(1.0 / std::sqrt(ss / static_cast<double>(n) + static_cast<double>(eps)));
+  return 1.0 / std::sqrt(ss / static_cast<double>(n) + eps);
+}
+
+// RMSNorm of one row (Zhang & Sennrich 2019; Llama):  y = x / sqrt(mean(x²) + eps) · weight
+// weight: [n] or nullptr.  x and y may alias.
+template <class T>
+inline void rms_norm_row(const T* x, int64_t n, const T* weight, T eps, T* y) {
+  const T rrms = static_cast<T>(rms_norm_rstd(x, n, static_cast<double>(eps)));
   for (int64_t k = 0; k < n; ++k) {
     const T v = x[k] * rrms;
     y[k] = weight != nullptr ? v * weight[k] : v;

@@ -27,9 +27,10 @@ std::vector<std::string> activation_names();
 template <class T>
 void activation(T* x, int64_t n, Activation act);
 
-// out[r, j] = act(gate_up[r, j]) · gate_up[r, F + j]      gate_up: [rows, 2F]   out: [rows, F]
-// (the gate and up projections of a gated feed-forward, computed as one [rows, 2F] product).
+// out[r, j] = act(gate[r·ld + j]) · up[r·ld + j],   j < F      out: [rows, F]
+// gate and up rows have stride ld: ld = 2F reads the packed [gate | up] output of one [rows, 2F]
+// product (GatedFeedForward: up = gate + F), ld = F two separate [rows, F] arrays.
 template <class T>
-void gated_activation(const T* gate_up, int64_t rows, int64_t F, Activation act, T* out);
+void gated_activation(const T* gate, const T* up, int64_t rows, int64_t F, int64_t ld, Activation act, T* out);
 
 }  // namespace transformer_core::ops

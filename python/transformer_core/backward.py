@@ -1,0 +1,575 @@
+"""Backward passes of the functional ops: given an op's inputs and the gradient of a loss with
+respect to its output, the gradients with respect to its inputs and parameters (llm.c's layout: one
+explicit backward per layer). Every result equals ``torch.autograd``'s for the same forward (the
+tests compare them: fp64 to 1e-10, fp32 to 1e-4 relative).
+
+Conventions: array-likes are converted once (float64 stays float64, any other real dtype becomes
+float32; non-contiguous inputs are copied), arguments are checked first (``TypeError`` /
+``ValueError`` naming the argument, expected vs got), and the C++ core computes with the GIL
+released. Parameter gradients can be accumulated in place: pass ``grad_weight=`` / ``grad_bias=``
+arrays (C-contiguous, writeable, of the input's dtype and the parameter's shape) and the new
+gradient is ADDED to them (gradient accumulation over micro-batches, tied weights); otherwise new
+arrays are returned.
+
+Determinism: the sums over rows (weight and bias gradients, the embedding scatter-add, dK and dV of
+attention) are each owned by one task and summed in a fixed order: the results are bitwise the same
+for any thread count.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import numpy as np
+
+from ._runtime import variant
+from ._validation import activation as activation_of
+from ._validation import as_float, as_vector, check_eps
+from .functional import _as_4d, _attention_masks, _check_p, _check_seed, _cross_entropy_args, _gate_up
+from .positional import _check_layout, _rotary_table
+
+__all__ = [
+    "linear_backward",
+    "layer_norm_backward",
+    "rms_norm_backward",
+    "gelu_backward",
+    "silu_backward",
+    "relu_backward",
+    "glu_backward",
+    "softmax_backward",
+    "embedding_backward",
+    "rotary_backward",
+    "dropout_backward",
+    "cross_entropy_backward",
+    "cross_entropy_with_grad",
+    "scaled_dot_product_attention_backward",
+]
+
+
+def _grad_buffer(buf, name: str, shape: tuple, dtype):
+    """``buf`` if it can take an in-place accumulation of a gradient of ``shape`` and ``dtype``."""
+    if buf is None:
+        return None
+    if not isinstance(buf, np.ndarray):
+        raise TypeError(f"{name}: expected a numpy array to accumulate into, got {type(buf).__name__}")
+    if buf.dtype != np.dtype(dtype):
+        raise TypeError(f"{name}: expected dtype {np.dtype(dtype)} (the input's), got {buf.dtype}")
+    if buf.shape != tuple(shape):
+        raise ValueError(f"{name}: expected shape {tuple(shape)}, got {buf.shape}")
+    if not buf.flags.c_contiguous or not buf.flags.writeable:
+        raise ValueError(f"{name}: expected a C-contiguous, writeable array (it is updated in place)")
+    return buf
+
+
+def _grad_like(grad_output, name: str, shape: tuple, dtype, allow_empty: bool = False) -> np.ndarray:
+    g = as_float(grad_output, name, dtype, allow_empty=allow_empty)
+    if g.shape != tuple(shape):
+        raise ValueError(f"{name}: expected shape {tuple(shape)} (the op's output), got {g.shape}")
+    return g
+
+
+# --------------------------------------------------------------------------------------------------
+# Linear
+# --------------------------------------------------------------------------------------------------
+
+def linear_backward(x, weight, grad_output, bias: bool = True, *, grad_weight=None, grad_bias=None,
+                    need_grad_input: bool = True, weight_layout: str = "out_in"):
+    """Backward of ``y = x Wᵀ + b`` (``functional.linear``, torch's ``nn.Linear``)::
+
+        grad_x = grad_y · W,    grad_W (+)= grad_yᵀ · x,    grad_b (+)= Σ_rows grad_y
+
+    Fixed tiles of single-threaded GEMMs (OpenBLAS), each output tile owned by one task; the weight
+    gradient sums all rows in one GEMM per tile: bitwise the same for any thread count.
+
+    Args:
+        x: ``(..., in_features)``, the forward's input.
+        weight: ``(out_features, in_features)`` (torch), or ``(in_features, out_features)`` with
+            ``weight_layout="in_out"`` (Hugging Face's Conv1D, GPT-2: ``y = x W + b``).
+        grad_output: ``(..., out_features)``, the gradient of the loss w.r.t. ``y``.
+        bias: whether the layer has a bias (then ``grad_bias`` is computed).
+        grad_weight, grad_bias: arrays to ADD the gradients into, in place (see the module doc);
+            None: new arrays. Giving either accumulates into both (a missing one starts at zeros).
+        need_grad_input: False skips ``grad_x`` (returned as None), e.g. for a first layer.
+        weight_layout: ``"out_in"`` or ``"in_out"``.
+
+    Returns:
+        ``(grad_x (..., in_features) or None, grad_weight (weight's shape), grad_bias
+        (out_features,) or None)``, dtype of ``x`` (float32 unless float64).
+
+    Raises:
+        ValueError: shapes that do not match (``weight`` not 2-D, feature sizes, leading dims of
+            ``grad_output`` unlike ``x``'s), accumulation buffers of the wrong shape or not
+            writeable/contiguous, unknown ``weight_layout``.
+        TypeError: non-numeric arrays; buffers of another dtype.
+    """
+    if weight_layout not in ("out_in", "in_out"):
+        raise ValueError(f"weight_layout: expected 'out_in' or 'in_out', got {weight_layout!r}")
+    x = as_float(x, "x", min_ndim=1, allow_empty=True)
+    dtype = x.dtype.type
+    w = as_float(weight, "weight", dtype, ndim=2, allow_empty=True)
+    in_features = x.shape[-1]
+    w_in_out = weight_layout == "in_out"
+    w_in = w.shape[0] if w_in_out else w.shape[1]
+    if w_in != in_features:
+        expected = f"({in_features}, out_features)" if w_in_out else f"(out_features, {in_features})"
+        raise ValueError(f"weight: expected shape {expected} to match x's last dim, got {w.shape}")
+    out_features = w.shape[1] if w_in_out else w.shape[0]
+    g = _grad_like(grad_output, "grad_output", x.shape[:-1] + (out_features,), dtype, allow_empty=True)
+    gw = _grad_buffer(grad_weight, "grad_weight", w.shape, dtype)
+    gb = _grad_buffer(grad_bias, "grad_bias", (out_features,), dtype) if bias else None
+    if grad_bias is not None and not bias:
+        raise ValueError("grad_bias: given for a layer without bias (bias=False)")
+    rows = int(np.prod(x.shape[:-1], dtype=np.int64))
+    gx, gw, gb = variant("linear_backward", dtype)(
+        x.reshape(rows, in_features), w, g.reshape(rows, out_features), bool(need_grad_input), bool(bias), gw, gb,
+        w_in_out)
+    if gx is not None:
+        gx = gx.reshape(x.shape)
+    return gx, gw, gb
+
+
+# --------------------------------------------------------------------------------------------------
+# Normalisation
+# --------------------------------------------------------------------------------------------------
+
+def layer_norm_backward(x, weight, grad_output, eps: float = 1e-5, bias: bool = True, *, grad_weight=None,
+                        grad_bias=None):
+    """Backward of LayerNorm over the last dim (Ba et al. 2016; ``functional.layer_norm``)::
+
+        x̂ = (x - mean) · rstd,   g = grad_y · weight
+        grad_x = rstd · (g - mean(g) - x̂ · mean(g · x̂)),   grad_weight (+)= Σ_rows grad_y · x̂,
+        grad_bias (+)= Σ_rows grad_y
+
+    ``mean`` and ``rstd`` are recomputed from ``x`` (in double, as the forward computes them).
+
+    Args:
+        x: ``(..., E)``, the forward's input.
+        weight: ``(E,)`` or None (no affine: only ``grad_x`` is computed).
+        grad_output: ``(..., E)``.
+        eps: the forward's eps (>= 0).
+        bias: whether the LayerNorm has a bias (with ``weight``).
+        grad_weight, grad_bias: arrays to add the gradients into, in place; None: new arrays.
+
+    Returns:
+        ``(grad_x (..., E), grad_weight (E,) or None, grad_bias (E,) or None)``, dtype of ``x``.
+
+    Raises:
+        ValueError: shapes that do not match, ``eps`` < 0, empty ``x``, bad buffers.
+        TypeError: non-numeric arrays, buffers of another dtype.
+    """
+    x = as_float(x, "x", min_ndim=1)
+    dtype = x.dtype.type
+    e = x.shape[-1]
+    w = as_vector(weight, "weight", e, dtype)
+    g = _grad_like(grad_output, "grad_output", x.shape, dtype)
+    eps = check_eps(eps, "eps")
+    if w is None and (grad_weight is not None or grad_bias is not None):
+        raise ValueError("grad_weight, grad_bias: given for a LayerNorm without weight (weight=None)")
+    gw = _grad_buffer(grad_weight, "grad_weight", (e,), dtype)
+    gb = _grad_buffer(grad_bias, "grad_bias", (e,), dtype) if bias else None
+    if grad_bias is not None and not bias:
+        raise ValueError("grad_bias: given for a LayerNorm without bias (bias=False)")
+    if w is not None and (gw is None) != (gb is None) and bias:
+        # accumulate both or neither: the missing one starts at zeros
+        gw = np.zeros(e, dtype) if gw is None else gw
+        gb = np.zeros(e, dtype) if gb is None else gb
+    gx, gw, gb = variant("layer_norm_backward", dtype)(x.reshape(-1, e), w, g.reshape(-1, e), eps, bool(bias), gw,
+                                                       gb)
+    return gx.reshape(x.shape), gw, gb
+
+
+def rms_norm_backward(x, weight, grad_output, eps: float = 1e-6, *, grad_weight=None):
+    """Backward of RMSNorm (``functional.rms_norm``; Zhang & Sennrich 2019)::
+
+        r = 1 / sqrt(mean(x²) + eps),   g = grad_y · weight
+        grad_x = r · (g - x · r² · mean(g · x)),   grad_weight (+)= Σ_rows grad_y · x · r
+
+    Args:
+        x: ``(..., E)``, the forward's input.
+        weight: ``(E,)`` or None (no scale: only ``grad_x``).
+        grad_output: ``(..., E)``.
+        eps: the forward's eps (>= 0).
+        grad_weight: array to add the weight gradient into, in place; None: a new array.
+
+    Returns:
+        ``(grad_x (..., E), grad_weight (E,) or None)``, dtype of ``x``.
+
+    Raises:
+        ValueError: shapes that do not match, ``eps`` < 0, empty ``x``, bad buffer.
+        TypeError: non-numeric arrays, a buffer of another dtype.
+    """
+    x = as_float(x, "x", min_ndim=1)
+    dtype = x.dtype.type
+    e = x.shape[-1]
+    w = as_vector(weight, "weight", e, dtype)
+    g = _grad_like(grad_output, "grad_output", x.shape, dtype)
+    eps = check_eps(eps, "eps")
+    if w is None and grad_weight is not None:
+        raise ValueError("grad_weight: given for an RMSNorm without weight (weight=None)")
+    gw = _grad_buffer(grad_weight, "grad_weight", (e,), dtype)
+    gx, gw = variant("rms_norm_backward", dtype)(x.reshape(-1, e), w, g.reshape(-1, e), eps, gw)
+    return gx.reshape(x.shape), gw
+
+
+# --------------------------------------------------------------------------------------------------
+# Activations and gated units
+# --------------------------------------------------------------------------------------------------
+
+def _activation_backward(x, grad_output, name: str) -> np.ndarray:
+    x = as_float(x, "x")
+    g = _grad_like(grad_output, "grad_output", x.shape, x.dtype.type)
+    return variant("activation_backward", x.dtype.type)(x, g, name)
+
+
+def gelu_backward(x, grad_output, approximate: str = "none") -> np.ndarray:
+    """Backward of GELU (``functional.gelu``; Hendrycks & Gimpel 2016)::
+
+        "none":  grad_x = grad_y · (Φ(x) + x φ(x)),   Φ(x) = ½ (1 + erf(x/√2)),  φ(x) = e^(-x²/2)/√(2π)
+        "tanh":  grad_x = grad_y · (½ (1 + tanh u) + ½ x (1 - tanh² u) √(2/π) (1 + 3 · 0.044715 x²)),
+                 u = √(2/π) (x + 0.044715 x³)
+
+    Args:
+        x: the forward's input, any shape.  grad_output: same shape.
+        approximate: ``"none"`` or ``"tanh"``.
+
+    Returns:
+        ``grad_x``, same shape, dtype of ``x`` (float32 unless float64).
+
+    Raises:
+        ValueError: shapes differ, empty ``x``, unknown ``approximate``. TypeError: non-numeric arrays.
+    """
+    if approximate not in ("none", "tanh"):
+        raise ValueError(f"approximate: expected 'none' or 'tanh', got {approximate!r}")
+    return _activation_backward(x, grad_output, "gelu" if approximate == "none" else "gelu_tanh")
+
+
+def silu_backward(x, grad_output) -> np.ndarray:
+    """Backward of SiLU (``functional.silu``): ``grad_x = grad_y · σ(x) (1 + x (1 - σ(x)))``.
+
+    Args: ``x`` the forward's input, any shape; ``grad_output`` the same shape.
+    Returns: ``grad_x``, same shape, dtype of ``x``.
+    Raises: ValueError (shapes differ, empty), TypeError (non-numeric).
+    """
+    return _activation_backward(x, grad_output, "silu")
+
+
+def relu_backward(x, grad_output) -> np.ndarray:
+    """Backward of ReLU (``functional.relu``): ``grad_x = grad_y`` where ``x > 0``, else 0 (torch's
+    ``threshold_backward``: a NaN input passes the gradient through).
+
+    Args: ``x`` the forward's input, any shape; ``grad_output`` the same shape.
+    Returns: ``grad_x``, same shape, dtype of ``x``.
+    Raises: ValueError (shapes differ, empty), TypeError (non-numeric).
+    """
+    return _activation_backward(x, grad_output, "relu")
+
+
+def glu_backward(gate, up, grad_output, activation: str = "silu"):
+    """Backward of the gated unit ``h = act(gate) · up`` (``functional.glu``; SwiGLU,
+    GeGLU: Shazeer 2020)::
+
+        grad_up = grad_h · act(gate),    grad_gate = grad_h · up · act'(gate)
+
+    Args:
+        gate, up: the forward's inputs, the same shape.  grad_output: ``grad_h``, the same shape.
+        activation: ``"silu"``, ``"gelu"``, ``"gelu_tanh"`` or ``"relu"``.
+
+    Returns:
+        ``(grad_gate, grad_up)``, the shape of ``gate``, its dtype.
+
+    Raises:
+        ValueError: shapes differ, empty arrays, unknown ``activation``. TypeError: non-numeric arrays.
+    """
+    activation_of(activation, "activation")
+    g, u = _gate_up(gate, up)
+    dh = _grad_like(grad_output, "grad_output", g.shape, g.dtype.type)
+    return variant("glu_backward", g.dtype.type)(g, u, dh, activation)
+
+
+# --------------------------------------------------------------------------------------------------
+# Softmax, embedding, rotary, dropout
+# --------------------------------------------------------------------------------------------------
+
+def softmax_backward(output, grad_output, axis: int = -1) -> np.ndarray:
+    """Backward of softmax, from its OUTPUT ``p`` (``functional.softmax``)::
+
+        grad_x = p ∘ (grad_p - Σ_axis p ∘ grad_p)
+
+    A fully masked slice (``p = 0``) gives zeros.
+
+    Args:
+        output: the forward's output ``p``, any shape.  grad_output: the same shape.
+        axis: the axis the softmax normalised over.
+
+    Returns:
+        ``grad_x``, same shape, dtype of ``output`` (float32 unless float64).
+
+    Raises:
+        ValueError: shapes differ, empty arrays, ``axis`` out of range. TypeError: non-numeric arrays.
+    """
+    p = as_float(output, "output", min_ndim=1)
+    g = _grad_like(grad_output, "grad_output", p.shape, p.dtype.type)
+    if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)) or not -p.ndim <= axis < p.ndim:
+        raise ValueError(f"axis: expected an int in [{-p.ndim}, {p.ndim}), got {axis!r}")
+    pm = np.ascontiguousarray(np.moveaxis(p, axis, -1))
+    gm = np.ascontiguousarray(np.moveaxis(g, axis, -1))
+    n = pm.shape[-1]
+    dx = variant("softmax_backward", p.dtype.type)(pm.reshape(-1, n), gm.reshape(-1, n))
+    return np.moveaxis(dx.reshape(pm.shape), -1, axis)
+
+
+def embedding_backward(ids, grad_output, num_embeddings: int, padding_idx: int | None = None, *,
+                       grad_weight=None) -> np.ndarray:
+    """Backward of an embedding lookup ``y[..., :] = weight[ids[...], :]`` (``nn.Embedding``): a
+    scatter-add of the rows of ``grad_output`` into the rows of the weight gradient::
+
+        grad_weight[v] (+)= Σ_{positions p with ids[p] = v} grad_y[p]
+
+    Deterministic without atomics: parallel over blocks of columns, each summing the positions in
+    order. Rows with ``ids == padding_idx`` add nothing (torch's ``padding_idx``).
+
+    Args:
+        ids: integer array of any shape, values in ``[0, num_embeddings)``.
+        grad_output: ``ids.shape + (embedding_dim,)`` float array.
+        num_embeddings: V, the vocabulary size (rows of the weight).
+        padding_idx: None, or an index in ``[-V, V)`` (negative counts from the end, as torch).
+        grad_weight: ``(V, embedding_dim)`` array to add into, in place (e.g. tied input and output
+            embeddings); None: a new array.
+
+    Returns:
+        ``grad_weight``, ``(V, embedding_dim)``, dtype of ``grad_output`` (float32 unless float64).
+
+    Raises:
+        ValueError: ids out of range, shapes that do not match, bad ``padding_idx`` or buffer.
+        TypeError: non-integer ids, non-numeric ``grad_output``, non-int ``num_embeddings``.
+    """
+    if isinstance(num_embeddings, bool) or not isinstance(num_embeddings, (int, np.integer)):
+        raise TypeError(f"num_embeddings: expected an int, got {type(num_embeddings).__name__}")
+    if num_embeddings < 1:
+        raise ValueError(f"num_embeddings: expected an int >= 1, got {num_embeddings}")
+    V = int(num_embeddings)
+    t = np.asarray(ids)
+    if t.dtype.kind not in "iu":
+        raise TypeError(f"ids: expected integer token ids, got dtype {t.dtype}")
+    g = as_float(grad_output, "grad_output", min_ndim=1, allow_empty=True)
+    if g.shape[:-1] != t.shape:
+        raise ValueError(f"grad_output: expected shape {t.shape} + (embedding_dim,) to match ids, got {g.shape}")
+    if t.size and (t.min() < 0 or t.max() >= V):
+        bad = tuple(int(i) for i in np.argwhere((t < 0) | (t >= V))[0])
+        raise ValueError(f"ids: expected values in [0, {V}), got {int(t[bad])} at index {bad}")
+    pad = -1
+    if padding_idx is not None:
+        if isinstance(padding_idx, bool) or not isinstance(padding_idx, (int, np.integer)):
+            raise TypeError(f"padding_idx: expected an int or None, got {type(padding_idx).__name__}")
+        if not -V <= padding_idx < V:
+            raise ValueError(f"padding_idx: expected an index in [{-V}, {V}), got {padding_idx}")
+        pad = int(padding_idx) % V
+    H = g.shape[-1]
+    dtype = g.dtype.type
+    gw = _grad_buffer(grad_weight, "grad_weight", (V, H), dtype)
+    t = np.ascontiguousarray(t, dtype=np.int64).reshape(-1)
+    return variant("embedding_backward", dtype)(t, g.reshape(-1, H), V, pad, gw)
+
+
+def rotary_backward(grad_output, cos, sin, layout: str = "half") -> np.ndarray:
+    """Backward of the rotary embedding (``positional.apply_rotary``; Su et al. 2021): the rotation
+    ``y = R(θ) x`` is orthogonal, so ``grad_x = R(θ)ᵀ grad_y = R(-θ) grad_y``, computed as the exact
+    transpose of the forward's formula (it also holds for tables whose halves differ)::
+
+        half:         grad_x[i] = g[i] cos[i] + g[i+D/2] sin[i+D/2],  grad_x[i+D/2] = g[i+D/2] cos[i+D/2] - g[i] sin[i]
+        interleaved:  grad_x[2i] = g[2i] c_i + g[2i+1] s_i,           grad_x[2i+1] = g[2i+1] c_i - g[2i] s_i
+
+    Args:
+        grad_output: ``(..., L, D)``, D even.
+        cos, sin: the forward's tables, same shapes and conventions as ``apply_rotary``.
+        layout: ``"half"`` or ``"interleaved"``.
+
+    Returns:
+        ``grad_x``, the shape of ``grad_output``, its dtype (float32 unless float64).
+
+    Raises:
+        ValueError: rank < 2, odd D, tables of another width or not broadcastable, unknown layout.
+        TypeError: non-numeric arrays.
+    """
+    layout = _check_layout(layout)
+    g = as_float(grad_output, "grad_output", min_ndim=2)
+    D = g.shape[-1]
+    if D % 2 != 0:
+        raise ValueError(f"grad_output: expected an even head_dim (last dim), got shape {g.shape}")
+    if np.shape(sin) != np.shape(cos):
+        raise ValueError(f"sin: expected the shape of cos {np.shape(cos)}, got {np.shape(sin)}")
+    dtype = g.dtype.type
+    c = _rotary_table(cos, "cos", g.shape, D, layout, dtype)
+    s = _rotary_table(sin, "sin", g.shape, D, layout, dtype)
+    return variant("rotary_backward", dtype)(g, c, s, layout)
+
+
+def dropout_backward(grad_output, p: float, seed: int) -> np.ndarray:
+    """Backward of ``functional.dropout``: ``grad_x = keep ? grad_y / (1 - p) : 0``, with the
+    mask regenerated from ``(seed, flat index)`` (Philox4x32-10): pass the forward's ``p`` and ``seed``.
+
+    Args:
+        grad_output: the gradient w.r.t. the dropout's output, the forward's shape.
+        p: the forward's drop probability, in [0, 1].
+        seed: the forward's seed, an int in [0, 2**64).
+
+    Returns:
+        ``grad_x``, same shape, dtype of ``grad_output`` (float32 unless float64).
+
+    Raises:
+        ValueError: ``p`` outside [0, 1], ``seed`` out of range, empty input.
+        TypeError: non-numeric ``grad_output``, ``p`` not a number, ``seed`` not an int.
+    """
+    g = as_float(grad_output, "grad_output")
+    p = _check_p(p)
+    seed = _check_seed(seed)
+    return variant("dropout", g.dtype.type)(g, p, seed)
+
+
+# --------------------------------------------------------------------------------------------------
+# Cross-entropy
+# --------------------------------------------------------------------------------------------------
+
+def _cross_entropy_call(logits, target, grad_output, ignore_index, label_smoothing, reduction):
+    x, t, lead, ignore_index, label_smoothing, reduction = _cross_entropy_args(
+        logits, target, ignore_index, label_smoothing, reduction)
+    dtype = x.dtype.type
+    grad_scale, grad_rows = 1.0, None
+    if reduction == "none":
+        if isinstance(grad_output, numbers.Real) and not isinstance(grad_output, bool):
+            grad_scale = float(grad_output)
+        else:
+            grad_rows = _grad_like(grad_output, "grad_output", lead, dtype).reshape(-1)
+    else:
+        if isinstance(grad_output, bool) or not isinstance(grad_output, (numbers.Real, np.ndarray)) \
+                or np.ndim(grad_output) != 0:
+            raise TypeError(f"grad_output: expected a scalar (the gradient of the reduced loss), got {grad_output!r}")
+        grad_scale = float(grad_output)
+    loss, _, grad = variant("cross_entropy", dtype)(x, t, ignore_index, label_smoothing, reduction, grad_scale,
+                                                     grad_rows, True)
+    loss = loss.reshape(lead) if reduction == "none" else dtype(loss)
+    return loss, grad.reshape(lead + (x.shape[-1],))
+
+
+def cross_entropy_backward(logits, target, grad_output=1.0, ignore_index: int = -100,
+                           label_smoothing: float = 0.0, reduction: str = "mean") -> np.ndarray:
+    """Gradient of ``functional.cross_entropy`` w.r.t. the logits, for the upstream gradient
+    ``grad_output`` of the (reduced) loss::
+
+        grad_x[r, j] = w_r · (softmax(x_r)_j - ε / V - (1 - ε) · [j = t_r])
+        w_r = grad_output / #non-ignored rows ("mean"), grad_output ("sum"), grad_output[r] ("none");
+        ignored rows: 0
+
+    When every row is ignored the gradient is zero (the loss is 0, see ``cross_entropy``).
+
+    Args:
+        logits: ``(..., V)``.  target: ``(...)`` integer class indices (or ``ignore_index``).
+        grad_output: a scalar for ``"mean"``/``"sum"``; for ``"none"`` an array of ``target``'s
+            shape (or a scalar for every row).
+        ignore_index, label_smoothing, reduction: as the forward's.
+
+    Returns:
+        ``grad_logits``, ``(..., V)``, dtype of ``logits`` (float32 unless float64).
+
+    Raises:
+        ValueError / TypeError: as ``cross_entropy``; ``grad_output`` of the wrong shape.
+    """
+    return _cross_entropy_call(logits, target, grad_output, ignore_index, label_smoothing, reduction)[1]
+
+
+def cross_entropy_with_grad(logits, target, ignore_index: int = -100, label_smoothing: float = 0.0,
+                            reduction: str = "mean", grad_output=1.0):
+    """The loss and its gradient w.r.t. the logits in ONE pass over the logits (llm.c's fused
+    softmax + cross-entropy backward): ``(cross_entropy(...), cross_entropy_backward(...))`` for the
+    price of one. See those two functions for the formulas, shapes and errors.
+
+    Returns:
+        ``(loss, grad_logits)``: loss a numpy scalar of the logits' dtype (or ``target``-shaped for
+        ``"none"``; NaN if a logit is NaN: check it), grad ``(..., V)``.
+    """
+    return _cross_entropy_call(logits, target, grad_output, ignore_index, label_smoothing, reduction)
+
+
+# --------------------------------------------------------------------------------------------------
+# Attention
+# --------------------------------------------------------------------------------------------------
+
+def scaled_dot_product_attention_backward(query, key, value, out, grad_out, lse, attn_mask=None, *,
+                                          query_mask=None, key_mask=None, is_causal: bool = False,
+                                          scale: float | None = None, causal_alignment: str = "top_left",
+                                          enable_gqa: bool = False):
+    """Backward of ``functional.scaled_dot_product_attention``, FlashAttention-2's algorithm 2 (Dao
+    2023) on the CPU: the probabilities are recomputed tile by tile from the forward's log-sum-exp,
+    never stored (O(tile) extra memory)::
+
+        P = exp(scale · Q Kᵀ + mask - lse),   Δ_i = Σ_d grad_out_id · out_id
+        grad_V = Pᵀ grad_out,   dS = P ∘ (grad_out Vᵀ - Δ),   grad_Q = scale · dS K,   grad_K = scale · dSᵀ Q
+
+    The arguments and mask conventions mirror the forward's (bool True = may attend, float added,
+    ``key_mask``/``query_mask`` True = a real token, causal alignments, GQA). A query row that sees no
+    key (``lse = -inf``) gets zero gradient and adds nothing to ``grad_key``/``grad_value`` (no NaN).
+    With GQA, ``grad_key``/``grad_value`` are summed over the query heads that share a key/value head.
+    The masks get no gradient. Deterministic: bitwise the same for any thread count.
+
+    Args:
+        query: ``(..., L, E)``.  key: ``(..., S, E)``.  value: ``(..., S, Ev)`` (as the forward's).
+        out: ``(..., L, Ev)``, the forward's output.  grad_out: ``(..., L, Ev)``.
+        lse: ``(..., L)``, the forward's log-sum-exp of each row of the masked, scaled scores
+            (``logsumexp(scale · Q Kᵀ + mask)`` over the keys; -inf for a row that sees no key).
+        attn_mask, query_mask, key_mask, is_causal, scale, causal_alignment, enable_gqa: exactly
+            the forward's.
+
+    Returns:
+        ``(grad_query (..., L, E), grad_key (..., S, E), grad_value (..., S, Ev))``, dtype of
+        ``query`` (float32 unless float64).
+
+    Raises:
+        ValueError: shapes that do not match the forward's rules, ``out``/``grad_out``/``lse`` of the
+            wrong shape, masks that do not broadcast, bad ``causal_alignment``.
+        TypeError: non-numeric arrays, masks neither bool nor float.
+    """
+    dtype = np.float64 if np.asarray(query).dtype == np.float64 else np.float32
+    q = as_float(query, "query", dtype, min_ndim=2)
+    k = as_float(key, "key", dtype, min_ndim=2)
+    v = as_float(value, "value", dtype, min_ndim=2)
+    if k.ndim != q.ndim or v.ndim != q.ndim:
+        raise ValueError(f"key, value: expected the rank of query ({q.ndim}-D), got key {k.ndim}-D, value {v.ndim}-D")
+    L, E = q.shape[-2:]
+    S = k.shape[-2]
+    if k.shape[-1] != E:
+        raise ValueError(f"key: expected last dim {E} (query's embedding size), got shape {k.shape}")
+    if v.shape[-2] != S:
+        raise ValueError(f"value: expected length {S} (key's length) in dim -2, got shape {v.shape}")
+    lead = q.shape[:-2]
+    if enable_gqa and q.ndim >= 3:
+        hq, hk = q.shape[-3], k.shape[-3]
+        if k.shape[:-3] != lead[:-1] or v.shape[:-2] != k.shape[:-2]:
+            raise ValueError(f"key, value: leading dims {k.shape[:-2]}, {v.shape[:-2]} do not match "
+                             f"query's {lead} (heads may differ with enable_gqa)")
+        if hk < 1 or hq % hk != 0:
+            raise ValueError(f"key: with enable_gqa, query heads ({hq}) must be a multiple of key/value heads ({hk})")
+    elif k.shape[:-2] != lead or v.shape[:-2] != lead:
+        raise ValueError(f"key, value: expected leading dims {lead} (query's), got {k.shape[:-2]} and {v.shape[:-2]}")
+    if causal_alignment not in ("top_left", "bottom_right"):
+        raise ValueError(f"causal_alignment: expected 'top_left' or 'bottom_right', got {causal_alignment!r}")
+    Ev = v.shape[-1]
+    o = _grad_like(out, "out", lead + (L, Ev), dtype)
+    go = _grad_like(grad_out, "grad_out", lead + (L, Ev), dtype)
+    lse_arr = _grad_like(lse, "lse", lead + (L,), dtype)
+    if scale is None:
+        scale = 1.0 / math.sqrt(E)
+    elif isinstance(scale, bool) or not isinstance(scale, numbers.Real):
+        raise TypeError(f"scale: expected a float or None, got {type(scale).__name__}")
+
+    heads = lead[-1] if len(lead) >= 1 and q.ndim >= 4 else 1
+    n = int(np.prod(lead)) // heads if heads else 0
+    kv_heads = k.shape[-3] if q.ndim >= 4 else 1
+    bool_mask, float_mask = _attention_masks(attn_mask, query_mask, key_mask, lead, L, S, dtype)
+    shape4 = (n, heads, L, S)
+    offset = 0 if causal_alignment == "top_left" else S - L
+    dq, dk, dv = variant("scaled_dot_product_attention_backward", dtype)(
+        q.reshape(n, heads, L, E), k.reshape(n, kv_heads, S, E), v.reshape(n, kv_heads, S, Ev),
+        o.reshape(n, heads, L, Ev), go.reshape(n, heads, L, Ev), lse_arr.reshape(n, heads, L),
+        _as_4d(bool_mask, shape4), _as_4d(float_mask, shape4), None, bool(is_causal), offset, float(scale))
+    return dq.reshape(q.shape), dk.reshape(k.shape), dv.reshape(v.shape)

@@ -1,0 +1,308 @@
+"""Learning-rate schedules for the optimizers of :mod:`transformer_core.optim`, with the semantics of
+``torch.optim.lr_scheduler`` (and Hugging Face transformers' warmup schedules, which are LambdaLRs):
+
+* construction records each group's ``initial_lr`` and performs the initial step (epoch 0), which
+  sets the groups' ``lr`` to the schedule's first value;
+* ``step()`` (call it AFTER ``optimizer.step()``) advances ``last_epoch`` by one and writes the new
+  learning rate into every param group;
+* ``get_last_lr()`` returns the learning rates last written.
+
+``LambdaLR``, ``LinearLR`` and ``CosineAnnealingLR`` reproduce torch's own formulas (the recursive,
+"chainable" forms of torch 2.x for LinearLR and CosineAnnealingLR, so that the values agree with
+torch's to the last bit of rounding). ``state_dict()`` is a flat ``name -> numpy array`` dict (for
+safetensors); a LambdaLR's functions are not saved (as torch).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import numbers
+from typing import Callable
+
+import numpy as np
+
+__all__ = [
+    "LRScheduler",
+    "LambdaLR",
+    "LinearLR",
+    "CosineAnnealingLR",
+    "get_linear_schedule_with_warmup",
+    "get_cosine_schedule_with_warmup",
+]
+
+
+def _check_int(value, name: str, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name}: expected an int, got {type(value).__name__}")
+    if value < minimum:
+        raise ValueError(f"{name}: expected an int >= {minimum}, got {value}")
+    return int(value)
+
+
+def _check_real(value, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name}: expected a float, got {type(value).__name__}")
+    return float(value)
+
+
+class LRScheduler:
+    """Base class (torch's ``LRScheduler``): subclasses define :meth:`get_lr`.
+
+    Args:
+        optimizer: an optimizer of :mod:`transformer_core.optim` (anything with ``param_groups``,
+            a list of dicts holding ``"lr"``).
+        last_epoch: -1 to start a schedule; >= 0 to resume one (then every group must hold
+            ``initial_lr``, as restored by ``optimizer.load_state_dict``).
+
+    Raises:
+        TypeError: ``optimizer`` without ``param_groups``; ``last_epoch`` not an int.
+        ValueError: resuming (``last_epoch >= 0``) without ``initial_lr`` in the groups.
+    """
+
+    #: numeric attributes of the subclass saved in the state dict (besides the common ones)
+    _HYPER: tuple = ()
+
+    def __init__(self, optimizer, last_epoch: int = -1):
+        groups = getattr(optimizer, "param_groups", None)
+        if not isinstance(groups, list) or not all(isinstance(g, dict) and "lr" in g for g in groups):
+            raise TypeError(f"optimizer: expected an optimizer with param_groups, got {type(optimizer).__name__}")
+        last_epoch = _check_int(last_epoch, "last_epoch", -1)
+        self.optimizer = optimizer
+        if last_epoch == -1:
+            for g in groups:
+                g.setdefault("initial_lr", g["lr"])
+        else:
+            for i, g in enumerate(groups):
+                if "initial_lr" not in g:
+                    raise ValueError(f"last_epoch: resuming at {last_epoch} needs 'initial_lr' in param_groups[{i}] "
+                                     "(load the optimizer's state first)")
+        self.base_lrs: list[float] = [float(g["initial_lr"]) for g in groups]
+        self.last_epoch = last_epoch
+        self._step_count = 0
+        self._is_initial = True
+        try:
+            self.step()
+        finally:
+            self._is_initial = False
+
+    def get_lr(self) -> list[float]:
+        """The learning rates for ``self.last_epoch`` (called by :meth:`step`)."""
+        raise NotImplementedError
+
+    def step(self) -> None:
+        """Advances the schedule by one step and writes the new learning rates into the groups."""
+        self._step_count += 1
+        self.last_epoch += 1
+        values = self.get_lr()
+        for g, lr in zip(self.optimizer.param_groups, values):
+            g["lr"] = lr
+        self._last_lr = [g["lr"] for g in self.optimizer.param_groups]
+
+    def get_last_lr(self) -> list[float]:
+        """The learning rates last written into the param groups, one per group."""
+        return list(self._last_lr)
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """``last_epoch``, ``step_count`` (int64 scalars), ``base_lrs``, ``last_lr`` (float64, one per
+        group) and the schedule's own numeric settings, as numpy arrays (safetensors-ready)."""
+        out = {
+            "last_epoch": np.array(self.last_epoch, dtype=np.int64),
+            "step_count": np.array(self._step_count, dtype=np.int64),
+            "base_lrs": np.array(self.base_lrs, dtype=np.float64),
+            "last_lr": np.array(self._last_lr, dtype=np.float64),
+        }
+        for key in self._HYPER:
+            out[key] = np.array(getattr(self, key), dtype=np.float64)
+        return out
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Restores a :meth:`state_dict`, and writes its last learning rates into the optimizer's
+        groups (torch leaves them to the optimizer's ``load_state_dict``; writing them here makes the
+        order of the two loads, and of constructing this scheduler, not matter).
+
+        Raises:
+            ValueError: missing or unknown keys, another number of param groups.
+        """
+        expected = {"last_epoch", "step_count", "base_lrs", "last_lr", *self._HYPER}
+        keys = set(state_dict)
+        if keys != expected:
+            raise ValueError(f"load_state_dict: missing keys {sorted(expected - keys)}, "
+                             f"unknown keys {sorted(keys - expected)}")
+        n = len(self.optimizer.param_groups)
+        base, last = np.asarray(state_dict["base_lrs"]).reshape(-1), np.asarray(state_dict["last_lr"]).reshape(-1)
+        if base.size != n or last.size != n:
+            raise ValueError(f"load_state_dict: expected {n} learning rates (one per param group), "
+                             f"got base_lrs {base.size}, last_lr {last.size}")
+        self.last_epoch = int(state_dict["last_epoch"])
+        self._step_count = int(state_dict["step_count"])
+        self.base_lrs = [float(x) for x in base]
+        self._last_lr = [float(x) for x in last]
+        for key in self._HYPER:
+            value = float(state_dict[key])
+            setattr(self, key, int(value) if isinstance(getattr(self, key), int) else value)
+        for g, lr, base in zip(self.optimizer.param_groups, self._last_lr, self.base_lrs):
+            g["lr"] = lr
+            g["initial_lr"] = base
+
+
+class LambdaLR(LRScheduler):
+    """``lr = initial_lr · lr_lambda(last_epoch)``, as ``torch.optim.lr_scheduler.LambdaLR``.
+
+    Args:
+        optimizer: see :class:`LRScheduler`.
+        lr_lambda: a function of the step (int) returning a factor, or a list of them, one per group.
+        last_epoch: see :class:`LRScheduler`.
+
+    Raises:
+        TypeError: ``lr_lambda`` not callable. ValueError: a list of the wrong length.
+    """
+
+    def __init__(self, optimizer, lr_lambda: Callable[[int], float] | list, last_epoch: int = -1):
+        groups = getattr(optimizer, "param_groups", [])
+        if isinstance(lr_lambda, (list, tuple)):
+            if len(lr_lambda) != len(groups):
+                raise ValueError(f"lr_lambda: expected {len(groups)} functions (one per param group), "
+                                 f"got {len(lr_lambda)}")
+            self.lr_lambdas = list(lr_lambda)
+        else:
+            self.lr_lambdas = [lr_lambda] * len(groups)
+        for f in self.lr_lambdas:
+            if not callable(f):
+                raise TypeError(f"lr_lambda: expected a function of the step, got {type(f).__name__}")
+        super().__init__(optimizer, last_epoch)
+
+    def get_lr(self) -> list[float]:
+        return [base_lr * f(self.last_epoch) for f, base_lr in zip(self.lr_lambdas, self.base_lrs)]
+
+
+class LinearLR(LRScheduler):
+    """Multiplies the learning rate by a factor that goes linearly from ``start_factor`` to
+    ``end_factor`` over ``total_iters`` steps, then stays, as ``torch.optim.lr_scheduler.LinearLR``
+    (torch's recursive form: each step rescales the current lr)::
+
+        epoch 0:  lr = lr · start_factor
+        1 <= epoch <= total_iters:  lr = lr · (1 + (end - start) / (total_iters · start + (epoch - 1)(end - start)))
+
+    Args:
+        optimizer, last_epoch: see :class:`LRScheduler`.
+        start_factor: in (0, 1].  end_factor: in [0, 1].  total_iters: >= 1.
+
+    Raises:
+        ValueError: factors out of range, ``total_iters`` < 1. TypeError: non-numeric arguments.
+    """
+
+    _HYPER = ("start_factor", "end_factor", "total_iters")
+
+    def __init__(self, optimizer, start_factor: float = 1.0 / 3, end_factor: float = 1.0, total_iters: int = 5,
+                 last_epoch: int = -1):
+        start_factor = _check_real(start_factor, "start_factor")
+        end_factor = _check_real(end_factor, "end_factor")
+        if not 0 < start_factor <= 1:
+            raise ValueError(f"start_factor: expected a value in (0, 1], got {start_factor}")
+        if not 0 <= end_factor <= 1:
+            raise ValueError(f"end_factor: expected a value in [0, 1], got {end_factor}")
+        self.start_factor = start_factor
+        self.end_factor = end_factor
+        self.total_iters = _check_int(total_iters, "total_iters", 1)
+        super().__init__(optimizer, last_epoch)
+
+    def get_lr(self) -> list[float]:
+        groups = self.optimizer.param_groups
+        if self.last_epoch == 0:
+            return [g["lr"] * self.start_factor for g in groups]
+        if self._is_initial or self.last_epoch > self.total_iters:
+            return [g["lr"] for g in groups]
+        delta = self.end_factor - self.start_factor
+        return [g["lr"] * (1.0 + delta / (self.total_iters * self.start_factor + (self.last_epoch - 1) * delta))
+                for g in groups]
+
+
+class CosineAnnealingLR(LRScheduler):
+    """Cosine annealing from the initial lr to ``eta_min`` over ``T_max`` steps (Loshchilov & Hutter
+    2017, SGDR without restarts), as ``torch.optim.lr_scheduler.CosineAnnealingLR`` (torch's
+    recursive form, which beyond ``T_max`` climbs back up, a cosine of period ``2 · T_max``)::
+
+        lr_t = eta_min + (initial_lr - eta_min) · (1 + cos(π t / T_max)) / 2
+
+    Args:
+        optimizer, last_epoch: see :class:`LRScheduler`.
+        T_max: the half period in steps, >= 1.  eta_min: the minimum lr.
+
+    Raises:
+        ValueError: ``T_max`` < 1. TypeError: non-numeric arguments.
+    """
+
+    _HYPER = ("T_max", "eta_min")
+
+    def __init__(self, optimizer, T_max: int, eta_min: float = 0.0, last_epoch: int = -1):
+        self.T_max = _check_int(T_max, "T_max", 1)
+        self.eta_min = _check_real(eta_min, "eta_min")
+        super().__init__(optimizer, last_epoch)
+
+    def get_lr(self) -> list[float]:
+        groups = self.optimizer.param_groups
+        t, T, eta = self.last_epoch, self.T_max, self.eta_min
+        if self._is_initial:
+            return [g["lr"] for g in groups]
+        if self._step_count == 1 and t > 0:
+            return [eta + (base - eta) * (1 + math.cos(t * math.pi / T)) / 2 for base in self.base_lrs]
+        if (t - 1 - T) % (2 * T) == 0:
+            return [g["lr"] + (base - eta) * (1 - math.cos(math.pi / T)) / 2 for base, g in zip(self.base_lrs, groups)]
+        return [(1 + math.cos(math.pi * t / T)) / (1 + math.cos(math.pi * (t - 1) / T)) * (g["lr"] - eta) + eta
+                for g in groups]
+
+
+def _linear_warmup_decay(current_step: int, *, num_warmup_steps: int, num_training_steps: int) -> float:
+    if current_step < num_warmup_steps:
+        return float(current_step) / float(max(1, num_warmup_steps))
+    return max(0.0, float(num_training_steps - current_step) / float(max(1, num_training_steps - num_warmup_steps)))
+
+
+def _cosine_warmup_decay(current_step: int, *, num_warmup_steps: int, num_training_steps: int,
+                         num_cycles: float) -> float:
+    if current_step < num_warmup_steps:
+        return float(current_step) / float(max(1, num_warmup_steps))
+    progress = float(current_step - num_warmup_steps) / float(max(1, num_training_steps - num_warmup_steps))
+    return max(0.0, 0.5 * (1.0 + math.cos(math.pi * float(num_cycles) * 2.0 * progress)))
+
+
+def get_linear_schedule_with_warmup(optimizer, num_warmup_steps: int, num_training_steps: int,
+                                    last_epoch: int = -1) -> LambdaLR:
+    """Linear warmup from 0 to the initial lr over ``num_warmup_steps``, then linear decay to 0 at
+    ``num_training_steps`` (Hugging Face transformers' schedule, the same formula)::
+
+        factor(t) = t / max(1, warmup)                                     for t < warmup
+                  = max(0, (total - t) / max(1, total - warmup))           after
+
+    Returns:
+        A :class:`LambdaLR`.
+
+    Raises:
+        ValueError: negative step counts. TypeError: non-int step counts.
+    """
+    fn = functools.partial(_linear_warmup_decay, num_warmup_steps=_check_int(num_warmup_steps, "num_warmup_steps", 0),
+                           num_training_steps=_check_int(num_training_steps, "num_training_steps", 0))
+    return LambdaLR(optimizer, fn, last_epoch)
+
+
+def get_cosine_schedule_with_warmup(optimizer, num_warmup_steps: int, num_training_steps: int,
+                                    num_cycles: float = 0.5, last_epoch: int = -1) -> LambdaLR:
+    """Linear warmup from 0 to the initial lr over ``num_warmup_steps``, then a cosine decay
+    (Hugging Face transformers' schedule, the same formula; ``num_cycles=0.5``: half a cosine, from
+    the initial lr down to 0 at ``num_training_steps``)::
+
+        factor(t) = t / max(1, warmup)                                     for t < warmup
+                  = max(0, ½ (1 + cos(2π · num_cycles · progress)))        after,
+        progress = (t - warmup) / max(1, total - warmup)
+
+    Returns:
+        A :class:`LambdaLR`.
+
+    Raises:
+        ValueError: negative step counts. TypeError: non-int step counts, non-numeric ``num_cycles``.
+    """
+    fn = functools.partial(_cosine_warmup_decay, num_warmup_steps=_check_int(num_warmup_steps, "num_warmup_steps", 0),
+                           num_training_steps=_check_int(num_training_steps, "num_training_steps", 0),
+                           num_cycles=_check_real(num_cycles, "num_cycles"))
+    return LambdaLR(optimizer, fn, last_epoch)

@@ -1,0 +1,510 @@
+"""Optimizers (AdamW, Adam, SGD) and gradient clipping for :class:`~transformer_core.parameter.Parameter`
+objects, with torch.optim's semantics and order of operations, and fused C++ updates.
+
+Each optimizer updates every parameter's ``data`` IN PLACE (one fused, parallel C++ pass per
+parameter over its flat arrays: the moments and the weights together), skips parameters whose
+``grad`` is None (as torch), and keys its state by parameter NAME, so that its ``state_dict()`` is a
+flat ``name -> numpy array`` dict that ``safetensors.numpy.save_file`` writes as is::
+
+    state.{param_name}.step                     int64 scalar (Adam/AdamW)
+    state.{param_name}.exp_avg, .exp_avg_sq     (Adam/AdamW), .max_exp_avg_sq (amsgrad)
+    state.{param_name}.momentum_buffer          (SGD with momentum, after its first step)
+    params.{param_name}.group                   int64 scalar: the index of its param group
+    param_groups.{i}.{hyperparameter}           float64 scalars (lr, eps, weight_decay, ...;
+                                                betas as a (2,) array, flags as 0/1)
+
+Non-finite gradients: ``step()`` first checks every gradient it is about to use; if any holds NaN or
+±inf it raises :class:`NonFiniteGradientError` (a ``ValueError``) naming those parameters, and
+NOTHING has changed (no weight, moment or step count). The training loop can catch it, call
+``zero_grad()`` and go on with the next batch (what ``torch.amp.GradScaler`` does on overflow), or
+stop. Weights never silently become NaN.
+
+Sources: Kingma & Ba 2015 (Adam), Loshchilov & Hutter 2019 (AdamW, decoupled weight decay), Reddi et
+al. 2018 (AMSGrad), Sutskever et al. 2013 (momentum); torch/optim/adam.py and sgd.py for the order
+of operations, torch/nn/utils/clip_grad.py for clipping.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Callable
+
+import numpy as np
+
+from ._runtime import variant
+from .parameter import Parameter
+
+__all__ = ["Optimizer", "Adam", "AdamW", "SGD", "NonFiniteGradientError", "clip_grad_norm_"]
+
+
+class NonFiniteGradientError(ValueError):
+    """A gradient holds NaN or ±inf. ``names``: the parameters concerned."""
+
+    def __init__(self, message: str, names: list[str]):
+        super().__init__(message)
+        self.names = names
+
+
+def _named_parameters(params) -> list[tuple[str | None, Parameter]]:
+    """A list of ``(name or None, Parameter)`` from Parameters and ``(name, Parameter)`` pairs."""
+    if isinstance(params, Parameter):
+        raise TypeError("params: expected an iterable of Parameters, got a single Parameter (wrap it in a list)")
+    if isinstance(params, dict):
+        params = params.items()  # a {name: Parameter} mapping
+    out = []
+    for i, item in enumerate(params):
+        if isinstance(item, Parameter):
+            out.append((item.name, item))
+        elif isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], Parameter):
+            if not isinstance(item[0], str):
+                raise TypeError(f"params[{i}]: expected a (str name, Parameter) pair, got name {item[0]!r}")
+            out.append(item)
+        else:
+            raise TypeError(f"params[{i}]: expected a Parameter or a (name, Parameter) pair, got {type(item).__name__}")
+    return out
+
+
+def _check_float(value, name: str, minimum: float = 0.0, below: float | None = None) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name}: expected a float, got {type(value).__name__}")
+    value = float(value)
+    if not value >= minimum or (below is not None and not value < below) or math.isnan(value):
+        bound = f"in [{minimum}, {below})" if below is not None else f">= {minimum}"
+        raise ValueError(f"{name}: expected a value {bound}, got {value}")
+    return value
+
+
+class Optimizer:
+    """Base class: parameter groups, state keyed by name, ``zero_grad``, the non-finite check,
+    ``state_dict`` / ``load_state_dict``. Subclasses define ``_check_group``, ``_state_fields`` and
+    ``_update``.
+
+    Args:
+        params: an iterable of :class:`Parameter`, of ``(name, Parameter)`` pairs (e.g. a model's
+            ``named_parameters()``), a ``{name: Parameter}`` dict, or of param-group dicts
+            ``{"params": [...], "lr": ..., ...}`` (torch's form: per-group hyperparameters override
+            the defaults). A Parameter without a name (and not in a pair) is named by its position,
+            ``"0"``, ``"1"``, ...
+        defaults: the hyperparameters of every group.
+
+    Raises:
+        TypeError: a params entry that is neither a Parameter, a pair nor a group dict.
+        ValueError: no parameters, a parameter given twice, two parameters with one name, a bad
+            hyperparameter.
+    """
+
+    #: names of the flags among the hyperparameters (stored as 0/1 in the state dict)
+    _FLAGS: tuple = ()
+
+    def __init__(self, params, defaults: dict):
+        self.defaults = dict(defaults)
+        self.param_groups: list[dict] = []
+        self.state: dict[str, dict] = {}
+        self._names: dict[int, str] = {}  # id(Parameter) -> name
+        if isinstance(params, Parameter):
+            raise TypeError("params: expected an iterable of Parameters, got a single Parameter (wrap it in a list)")
+        params = list(params.items()) if isinstance(params, dict) else list(params)
+        if not params:
+            raise ValueError("params: expected at least one parameter, got an empty list")
+        groups = params if isinstance(params[0], dict) else [{"params": params}]
+        for g in groups:
+            self.add_param_group(g)
+
+    # ---- groups and names -----------------------------------------------------------------------
+    def add_param_group(self, param_group: dict) -> None:
+        """Adds a group ``{"params": [...], **hyperparameters}`` (missing hyperparameters: defaults)."""
+        if not isinstance(param_group, dict) or "params" not in param_group:
+            raise TypeError(f"param_group: expected a dict with a 'params' key, got {type(param_group).__name__}")
+        named = _named_parameters(param_group["params"])
+        if not named:
+            raise ValueError(f"param_groups[{len(self.param_groups)}]: expected at least one parameter")
+        unknown = set(param_group) - set(self.defaults) - {"params", "initial_lr"}
+        if unknown:
+            raise ValueError(f"param_group: unknown hyperparameters {sorted(unknown)}; expected {sorted(self.defaults)}")
+        group = {**self.defaults, **{k: v for k, v in param_group.items() if k != "params"}}
+        self._check_group(group)
+        taken = set(self._names.values())
+        plist = []
+        for name, p in named:
+            if id(p) in self._names:
+                raise ValueError(f"params: parameter {self._names[id(p)]!r} is given twice")
+            if name is None:
+                name = str(len(self._names))
+            if name in taken:
+                raise ValueError(f"params: two parameters are named {name!r}")
+            taken.add(name)
+            self._names[id(p)] = name
+            plist.append(p)
+        group["params"] = plist
+        self.param_groups.append(group)
+
+    def name_of(self, p: Parameter) -> str:
+        """The name this optimizer keys ``p``'s state by."""
+        return self._names[id(p)]
+
+    def named_parameters(self) -> list[tuple[str, Parameter]]:
+        """``(name, Parameter)`` of every parameter, group by group."""
+        return [(self._names[id(p)], p) for g in self.param_groups for p in g["params"]]
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Drops every gradient (``set_to_none``, torch's default) or zeroes them in place."""
+        for g in self.param_groups:
+            for p in g["params"]:
+                p.zero_grad(set_to_none)
+
+    # ---- step -------------------------------------------------------------------------------------
+    def step(self, closure: Callable | None = None):
+        """One update of every parameter that has a gradient. ``closure`` (optional, as torch):
+        re-evaluates the model and returns the loss, which ``step`` returns.
+
+        Raises:
+            NonFiniteGradientError: a gradient holds NaN/inf (nothing was updated; see the module doc).
+            ValueError / TypeError: a gradient whose shape or dtype differs from its parameter's.
+        """
+        loss = closure() if closure is not None else None
+        work = []
+        bad = []
+        for group in self.param_groups:
+            for p in group["params"]:
+                g = p.grad
+                if g is None:
+                    continue
+                name = self._names[id(p)]
+                if g.shape != p.data.shape or g.dtype != p.data.dtype:
+                    raise ValueError(f"{name}: gradient of shape {g.shape} {g.dtype} for a parameter of "
+                                     f"shape {p.data.shape} {p.data.dtype}")
+                if not g.flags.c_contiguous:
+                    raise ValueError(f"{name}: expected a C-contiguous gradient")
+                if variant("count_nonfinite", p.data.dtype)(g):
+                    bad.append(name)
+                work.append((group, name, p))
+        if bad:
+            raise NonFiniteGradientError(
+                f"step: non-finite (NaN or inf) gradient in {', '.join(repr(b) for b in bad)}; nothing was updated "
+                "(zero_grad() and skip the batch, or lower the learning rate)", bad)
+        for group, name, p in work:
+            state = self.state.setdefault(name, {})
+            self._update(group, name, p, state)
+        return loss
+
+    # ---- subclass hooks -----------------------------------------------------------------------------
+    def _check_group(self, group: dict) -> None:
+        raise NotImplementedError
+
+    def _state_fields(self, group: dict) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """(array fields every state entry has, array fields it may have)."""
+        raise NotImplementedError
+
+    def _update(self, group: dict, name: str, p: Parameter, state: dict) -> None:
+        raise NotImplementedError
+
+    # ---- state dict ---------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """The optimizer's state as a flat ``name -> numpy array`` dict (copies), ready for
+        ``safetensors.numpy.save_file``; the keys are listed in the module doc."""
+        out: dict[str, np.ndarray] = {}
+        for gi, group in enumerate(self.param_groups):
+            for key, value in group.items():
+                if key == "params":
+                    continue
+                if key in self._FLAGS:
+                    value = float(bool(value))
+                out[f"param_groups.{gi}.{key}"] = np.array(value, dtype=np.float64)
+            for p in group["params"]:
+                out[f"params.{self._names[id(p)]}.group"] = np.array(gi, dtype=np.int64)
+        for name, st in self.state.items():
+            for field, value in st.items():
+                if isinstance(value, np.ndarray):
+                    out[f"state.{name}.{field}"] = value.copy()
+                else:
+                    out[f"state.{name}.{field}"] = np.array(value, dtype=np.int64)
+        return out
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Restores a :meth:`state_dict` (e.g. read back with ``safetensors.numpy.load_file``): the
+        per-parameter state and the groups' hyperparameters. The optimizer must hold the same
+        parameter names in the same groups. Arrays are copied (cast to each parameter's dtype).
+        Everything is checked before anything changes.
+
+        Raises:
+            ValueError: unknown or missing parameter names (named), a parameter in another group,
+                another number of groups, unknown keys, arrays of the wrong shape, incomplete state.
+            TypeError: ``state_dict`` not a mapping, values not arrays.
+        """
+        if not hasattr(state_dict, "items"):
+            raise TypeError(f"state_dict: expected a mapping of names to arrays, got {type(state_dict).__name__}")
+        saved_group: dict[str, int] = {}
+        hyper: dict[int, dict[str, np.ndarray]] = {}
+        states: dict[str, dict[str, np.ndarray]] = {}
+        for key, value in state_dict.items():
+            if not isinstance(key, str):
+                raise TypeError(f"state_dict: expected str keys, got {key!r}")
+            value = np.asarray(value)
+            head, _, rest = key.partition(".")
+            name, _, field = rest.rpartition(".")
+            if head == "params" and field == "group" and name:
+                saved_group[name] = int(value)
+            elif head == "state" and name and field:
+                states.setdefault(name, {})[field] = value
+            elif head == "param_groups" and name.isdigit() and field:
+                hyper.setdefault(int(name), {})[field] = value
+            else:
+                raise ValueError(f"state_dict: unexpected key {key!r}")
+        ours = {name: gi for gi, g in enumerate(self.param_groups) for name in (self._names[id(p)] for p in g["params"])}
+        unknown = sorted(set(saved_group) - set(ours))
+        missing = sorted(set(ours) - set(saved_group))
+        stray = sorted(set(states) - set(saved_group))
+        if unknown or missing or stray:
+            parts = []
+            if unknown:
+                parts.append(f"unknown parameter names {unknown}")
+            if missing:
+                parts.append(f"missing parameter names {missing}")
+            if stray:
+                parts.append(f"state for parameters not listed under params.*: {stray}")
+            raise ValueError("load_state_dict: " + "; ".join(parts))
+        if sorted(hyper) != list(range(len(self.param_groups))):
+            raise ValueError(f"load_state_dict: expected hyperparameters of {len(self.param_groups)} param groups, "
+                             f"got groups {sorted(hyper)}")
+        moved = sorted(n for n in ours if saved_group[n] != ours[n])
+        if moved:
+            raise ValueError(f"load_state_dict: parameters in another param group than saved: {moved}")
+        new_groups = []
+        for gi, group in enumerate(self.param_groups):
+            g = dict(group)
+            for field, value in hyper[gi].items():
+                if field not in self.defaults and field != "initial_lr":
+                    raise ValueError(f"load_state_dict: unknown hyperparameter {field!r} in param_groups.{gi}")
+                if field in self._FLAGS:
+                    g[field] = bool(value)
+                elif value.ndim == 0:
+                    g[field] = float(value)
+                else:
+                    g[field] = tuple(float(x) for x in value.reshape(-1))
+            self._check_group(g)
+            new_groups.append(g)
+        params = dict(self.named_parameters())
+        new_state: dict[str, dict] = {}
+        for name, fields in states.items():
+            p = params[name]
+            required, optional = self._state_fields(new_groups[ours[name]])
+            absent = [f for f in required if f not in fields]
+            extra = sorted(set(fields) - set(required) - set(optional) - {"step"})
+            if absent or extra:
+                raise ValueError(f"load_state_dict: state of {name!r}: missing {absent}, unexpected {extra}")
+            st = {}
+            for field, value in fields.items():
+                if field == "step":
+                    if value.shape != () or value.dtype.kind not in "iuf":
+                        raise ValueError(f"load_state_dict: state.{name}.step: expected a scalar, got shape {value.shape}")
+                    st["step"] = int(value)
+                    continue
+                if value.shape != p.data.shape:
+                    raise ValueError(f"load_state_dict: state.{name}.{field}: expected shape {p.data.shape} "
+                                     f"(the parameter's), got {value.shape}")
+                st[field] = np.array(value, dtype=p.data.dtype, order="C", copy=True)
+            new_state[name] = st
+        for group, g in zip(self.param_groups, new_groups):
+            group.update({k: v for k, v in g.items() if k != "params"})
+        self.state = new_state
+
+    def __repr__(self) -> str:
+        n = sum(len(g["params"]) for g in self.param_groups)
+        hyper = ", ".join(f"{k}={v}" for k, v in self.defaults.items())
+        return f"{type(self).__name__}({n} parameters in {len(self.param_groups)} groups; {hyper})"
+
+
+class Adam(Optimizer):
+    """Adam (Kingma & Ba 2015), as ``torch.optim.Adam`` (single-tensor path), for step t::
+
+        g ← -g if maximize;   g ← g + weight_decay · p                  (L2 penalty in the gradient)
+        m ← β1 m + (1 - β1) g   (torch's lerp);   v ← β2 v + (1 - β2) g²
+        p ← p - lr / (1 - β1ᵗ) · m / (sqrt(v) / sqrt(1 - β2ᵗ) + eps)     (amsgrad: v_max = max(v_max, v))
+
+    With ``decoupled_weight_decay=True`` the decay is AdamW's ``p ← p · (1 - lr · weight_decay)``
+    before the moments (see :class:`AdamW`).
+
+    Args:
+        params: see :class:`Optimizer`.
+        lr: >= 0.  betas: ``(β1, β2)``, each in [0, 1).  eps: >= 0.  weight_decay: >= 0.
+        amsgrad: keep the running max of v (Reddi et al. 2018).  maximize: ascend instead.
+        decoupled_weight_decay: AdamW's decay.
+
+    Raises:
+        ValueError / TypeError: bad hyperparameters (named), bad params (see :class:`Optimizer`).
+    """
+
+    _FLAGS = ("amsgrad", "maximize", "decoupled_weight_decay")
+
+    def __init__(self, params, lr: float = 1e-3, betas: tuple = (0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 0.0, amsgrad: bool = False, *, maximize: bool = False,
+                 decoupled_weight_decay: bool = False):
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
+                                      maximize=maximize, decoupled_weight_decay=decoupled_weight_decay))
+
+    def _check_group(self, group: dict) -> None:
+        group["lr"] = _check_float(group["lr"], "lr")
+        group["eps"] = _check_float(group["eps"], "eps")
+        group["weight_decay"] = _check_float(group["weight_decay"], "weight_decay")
+        betas = group["betas"]
+        if not isinstance(betas, (tuple, list)) or len(betas) != 2:
+            raise TypeError(f"betas: expected a pair (beta1, beta2), got {betas!r}")
+        group["betas"] = (_check_float(betas[0], "betas[0]", 0.0, 1.0), _check_float(betas[1], "betas[1]", 0.0, 1.0))
+        if "initial_lr" in group:
+            group["initial_lr"] = _check_float(group["initial_lr"], "initial_lr")
+        for flag in self._FLAGS:
+            group[flag] = bool(group[flag])
+
+    def _state_fields(self, group: dict):
+        required = ("step", "exp_avg", "exp_avg_sq") + (("max_exp_avg_sq",) if group["amsgrad"] else ())
+        return required, ()
+
+    def _update(self, group: dict, name: str, p: Parameter, state: dict) -> None:
+        data = p.data
+        if not state:
+            state["step"] = 0
+            state["exp_avg"] = np.zeros_like(data)
+            state["exp_avg_sq"] = np.zeros_like(data)
+        if group["amsgrad"] and "max_exp_avg_sq" not in state:
+            state["max_exp_avg_sq"] = np.zeros_like(data)
+        state["step"] += 1
+        beta1, beta2 = group["betas"]
+        variant("adam_update", data.dtype)(
+            data, p.grad, state["exp_avg"], state["exp_avg_sq"], state.get("max_exp_avg_sq") if group["amsgrad"] else None,
+            group["lr"], beta1, beta2, group["eps"], group["weight_decay"], group["decoupled_weight_decay"],
+            group["amsgrad"], group["maximize"], state["step"])
+
+
+class AdamW(Adam):
+    """AdamW (Loshchilov & Hutter 2019), as ``torch.optim.AdamW``: Adam with decoupled weight decay,
+    applied to the weights before the moments::
+
+        p ← p · (1 - lr · weight_decay)
+        m ← β1 m + (1 - β1) g;   v ← β2 v + (1 - β2) g²
+        step_size = lr / (1 - β1ᵗ);   denom = sqrt(v) / sqrt(1 - β2ᵗ) + eps
+        p ← p - step_size · m / denom                                  (amsgrad: v_max = max(v_max, v))
+
+    Args: as :class:`Adam`, with ``weight_decay=1e-2`` by default (torch's).
+    """
+
+    def __init__(self, params, lr: float = 1e-3, betas: tuple = (0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 1e-2, amsgrad: bool = False, *, maximize: bool = False):
+        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
+                         maximize=maximize, decoupled_weight_decay=True)
+
+
+class SGD(Optimizer):
+    """Stochastic gradient descent with momentum, as ``torch.optim.SGD``::
+
+        g ← -g if maximize;   g ← g + weight_decay · p
+        b ← g (first step), else b ← momentum · b + (1 - dampening) · g
+        g ← g + momentum · b (nesterov), or g ← b                       (when momentum ≠ 0)
+        p ← p - lr · g
+
+    Args:
+        params: see :class:`Optimizer`.
+        lr: >= 0 (torch's default 1e-3).  momentum: >= 0.  dampening: >= 0.  weight_decay: >= 0.
+        nesterov: Nesterov momentum (needs momentum > 0 and dampening = 0, as torch).
+        maximize: ascend instead.
+
+    Raises:
+        ValueError / TypeError: bad hyperparameters (named), bad params (see :class:`Optimizer`).
+    """
+
+    _FLAGS = ("nesterov", "maximize")
+
+    def __init__(self, params, lr: float = 1e-3, momentum: float = 0.0, dampening: float = 0.0,
+                 weight_decay: float = 0.0, nesterov: bool = False, *, maximize: bool = False):
+        super().__init__(params, dict(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
+                                      nesterov=nesterov, maximize=maximize))
+
+    def _check_group(self, group: dict) -> None:
+        for key in ("lr", "momentum", "dampening", "weight_decay"):
+            group[key] = _check_float(group[key], key)
+        if "initial_lr" in group:
+            group["initial_lr"] = _check_float(group["initial_lr"], "initial_lr")
+        for flag in self._FLAGS:
+            group[flag] = bool(group[flag])
+        if group["nesterov"] and (group["momentum"] <= 0 or group["dampening"] != 0):
+            raise ValueError("nesterov: needs momentum > 0 and dampening = 0, got "
+                             f"momentum={group['momentum']}, dampening={group['dampening']}")
+
+    def _state_fields(self, group: dict):
+        return (), ("momentum_buffer",)
+
+    def _update(self, group: dict, name: str, p: Parameter, state: dict) -> None:
+        data = p.data
+        buf = None
+        first = False
+        if group["momentum"] != 0:
+            buf = state.get("momentum_buffer")
+            if buf is None:
+                buf = state["momentum_buffer"] = np.empty_like(data)
+                first = True
+        variant("sgd_update", data.dtype)(
+            data, p.grad, buf, group["lr"], group["momentum"], group["dampening"], group["weight_decay"],
+            group["nesterov"], group["maximize"], first)
+
+
+def _parameters_of(parameters) -> list[Parameter]:
+    if isinstance(parameters, Parameter):
+        return [parameters]
+    return [p for _, p in _named_parameters(parameters)]
+
+
+def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0, error_if_nonfinite: bool = False) -> float:
+    """Scales the gradients in place so that their total norm is at most ``max_norm``, as
+    ``torch.nn.utils.clip_grad_norm_``::
+
+        total = ‖(‖g_1‖, ‖g_2‖, ...)‖          (the norm of the per-parameter norms = the norm of all)
+        clip_coef = max_norm / (total + 1e-6),  g_i ← g_i · min(clip_coef, 1)
+
+    The norms are computed in C++ in double (deterministic chunked sums); parameters with
+    ``grad=None`` are skipped.
+
+    Args:
+        parameters: a :class:`Parameter`, or an iterable of Parameters / ``(name, Parameter)`` pairs.
+        max_norm: >= 0.
+        norm_type: the p of the p-norm, > 0; ``float("inf")`` (or ``"inf"``) for the max norm.
+        error_if_nonfinite: raise if the total norm is NaN or inf (torch raises RuntimeError; we raise
+            :class:`NonFiniteGradientError`, a ValueError, naming the parameters). Otherwise the
+            gradients are scaled anyway (NaN spreads; :meth:`Optimizer.step` will refuse them).
+
+    Returns:
+        The total norm of the gradients before clipping (a float; 0.0 when no parameter has a gradient).
+
+    Raises:
+        ValueError: ``max_norm`` < 0, ``norm_type`` <= 0; NonFiniteGradientError (see above).
+        TypeError: bad ``parameters``, non-numeric ``max_norm`` / ``norm_type``.
+    """
+    params = _parameters_of(parameters)
+    max_norm = _check_float(max_norm, "max_norm")
+    if isinstance(norm_type, str) and norm_type.lower() == "inf":
+        norm_type = math.inf
+    if isinstance(norm_type, bool) or not isinstance(norm_type, numbers.Real):
+        raise TypeError(f"norm_type: expected a float > 0 or inf, got {norm_type!r}")
+    norm_type = float(norm_type)
+    if not norm_type > 0:
+        raise ValueError(f"norm_type: expected a value > 0 (or inf), got {norm_type}")
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return 0.0
+    norms = np.array([variant("vector_norm", g.dtype)(np.ascontiguousarray(g), norm_type, False) for g in grads])
+    if math.isinf(norm_type):
+        total = float(norms.max()) if not np.isnan(norms).any() else math.nan
+    elif norm_type == 2.0:
+        total = math.sqrt(float(np.dot(norms, norms)))
+    else:
+        total = float(np.sum(norms ** norm_type)) ** (1.0 / norm_type)
+    if error_if_nonfinite and not math.isfinite(total):
+        names = [p.name or str(i) for i, p in enumerate(params)
+                 if p.grad is not None and variant("count_nonfinite", p.grad.dtype)(np.ascontiguousarray(p.grad))]
+        raise NonFiniteGradientError(
+            f"clip_grad_norm_: the total norm of order {norm_type} of the gradients is non-finite ({total}); "
+            f"non-finite gradients in {names}", names)
+    coef = max_norm / (total + 1e-6)
+    if not coef >= 1.0:  # also NaN: scale (as torch), so the NaN shows
+        for g in grads:
+            g *= g.dtype.type(coef)
+    return total

@@ -1,0 +1,99 @@
+"""A trainable parameter: a name, a numpy array of values and its gradient, both updated in place.
+
+Layers in training mode hand out :class:`Parameter` objects whose arrays may be zero-copy views of
+buffers the C++ core owns; the optimizers (:mod:`transformer_core.optim`) update ``data`` IN PLACE
+and never rebind it, so those views stay valid.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["Parameter"]
+
+_FLOAT = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def _check_array(a, name: str, *, shape=None, dtype=None) -> np.ndarray:
+    if not isinstance(a, np.ndarray):
+        raise TypeError(f"{name}: expected a numpy array, got {type(a).__name__}")
+    if a.dtype not in _FLOAT:
+        raise TypeError(f"{name}: expected float32 or float64, got {a.dtype}")
+    if dtype is not None and a.dtype != dtype:
+        raise TypeError(f"{name}: expected dtype {dtype} (the parameter's), got {a.dtype}")
+    if shape is not None and a.shape != shape:
+        raise ValueError(f"{name}: expected shape {shape} (the parameter's), got {a.shape}")
+    if not a.flags.c_contiguous:
+        raise ValueError(f"{name}: expected a C-contiguous array (it is updated in place)")
+    if not a.flags.writeable:
+        raise ValueError(f"{name}: expected a writeable array (it is updated in place)")
+    return a
+
+
+class Parameter:
+    """A named trainable array (torch's ``nn.Parameter`` with its ``.grad``, as numpy).
+
+    Args:
+        data: the values, a C-contiguous, writeable float32 or float64 numpy array. It is NOT copied:
+            the optimizers update this very array in place (it may be a view of a C++ buffer).
+        name: the parameter's name in its model's state dict (e.g. ``"encoder.layers.0.linear1.weight"``);
+            optimizers key their state by it. None: the optimizer names it by position.
+        grad: None (no gradient yet: optimizers skip the parameter, as torch does) or an array of
+            ``data``'s shape and dtype, C-contiguous and writeable.
+
+    Attributes:
+        data: the values (read-only attribute: assign into it, ``p.data[...] = x``, never rebind it).
+        grad: the gradient or None; may be reassigned (checked) or set to None.
+        name: str or None.
+
+    Raises:
+        TypeError: ``data``/``grad`` not numpy float arrays, or ``grad`` of another dtype.
+        ValueError: ``grad`` of another shape; an array not C-contiguous or not writeable.
+    """
+
+    __slots__ = ("_data", "_grad", "name")
+
+    def __init__(self, data, name: str | None = None, grad=None):
+        if name is not None and not isinstance(name, str):
+            raise TypeError(f"name: expected a str or None, got {type(name).__name__}")
+        self._data = _check_array(data, "data")
+        self.name = name
+        self._grad = None
+        self.grad = grad
+
+    @property
+    def data(self) -> np.ndarray:
+        return self._data
+
+    @property
+    def grad(self) -> np.ndarray | None:
+        return self._grad
+
+    @grad.setter
+    def grad(self, value) -> None:
+        if value is not None:
+            _check_array(value, "grad", shape=self._data.shape, dtype=self._data.dtype)
+        self._grad = value
+
+    @property
+    def shape(self) -> tuple:
+        return self._data.shape
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self._data.dtype
+
+    @property
+    def size(self) -> int:
+        return self._data.size
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Drops the gradient (``set_to_none``, torch's default) or fills it with zeros in place."""
+        if set_to_none:
+            self._grad = None
+        elif self._grad is not None:
+            self._grad.fill(0)
+
+    def __repr__(self) -> str:
+        grad = "None" if self._grad is None else "array"
+        return f"Parameter(name={self.name!r}, shape={self.shape}, dtype={self.dtype}, grad={grad})"

@@ -1,0 +1,824 @@
+"""transformer_core.backward vs torch.autograd, computed in the test.
+
+Every gradient of every op, for every input: fp64 to 1e-10 absolute, fp32 to 1e-4 relative (1e-5
+absolute on the scale of the values). Shapes include odd sizes, seq 1, L != S, batch == seq and the
+edges of the kernels' tiles (linear backward: 256 rows x 512 columns; attention backward: 64 x 64 blocks).
+Bitwise equality of 1 and 2 threads for the linear, embedding and attention backward.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as TF
+import transformer_core as tc
+from conftest import DTYPE_IDS, FLOAT_DTYPES, randn, to_torch
+from transformer_core import backward as B
+from transformer_core import functional as FT
+from transformer_core._runtime import variant
+
+TORCH = {np.dtype(np.float32): torch.float32, np.dtype(np.float64): torch.float64}
+
+
+def check(ours, ref, dtype, what=""):
+    """fp64: 1e-10 absolute; fp32: 1e-4 relative, 1e-5 absolute on the scale of the reference."""
+    ref = ref.detach().numpy() if isinstance(ref, torch.Tensor) else np.asarray(ref)
+    ours = np.asarray(ours)
+    assert ours.dtype == np.dtype(dtype), f"{what}: dtype {ours.dtype} != {np.dtype(dtype)}"
+    assert ours.shape == ref.shape, f"{what}: shape {ours.shape} != {ref.shape}"
+    if np.dtype(dtype) == np.float64:
+        np.testing.assert_allclose(ours, ref, rtol=0, atol=1e-10, err_msg=what)
+    else:
+        scale = max(1.0, float(np.abs(ref).max())) if ref.size else 1.0
+        np.testing.assert_allclose(ours, ref, rtol=1e-4, atol=1e-5 * scale, err_msg=what)
+
+
+def leaf(a):
+    return to_torch(a).requires_grad_(True)
+
+
+@pytest.fixture
+def threads():
+    """Restores the thread count after a test that changes it."""
+    n = tc.get_num_threads()
+    yield
+    tc.set_num_threads(n)
+
+
+# --------------------------------------------------------------------------------------------------
+# Linear
+# --------------------------------------------------------------------------------------------------
+
+LINEAR_SHAPES = [  # (x shape, out_features)
+    ((7, 9), 5),
+    ((1, 3), 4),          # one row
+    ((2, 5, 7), 6),       # 3-D input
+    ((257, 513), 257),    # tile edges: 256 rows + 1, 512 columns + 1, 256 weight rows + 1
+    ((256, 512), 255),    # exactly one tile (and one weight row less)
+    ((130, 17), 129),
+    ((3, 1), 1),
+]
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("xshape,out", LINEAR_SHAPES, ids=[f"{s}->{o}" for s, o in LINEAR_SHAPES])
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
+def test_linear_backward(rng, dtype, xshape, out, bias):
+    x = randn(rng, xshape, dtype)
+    w = randn(rng, (out, xshape[-1]), dtype, 0.3)
+    b = randn(rng, (out,), dtype)
+    gy = randn(rng, xshape[:-1] + (out,), dtype)
+    xt, wt, bt = leaf(x), leaf(w), leaf(b)
+    TF.linear(xt, wt, bt if bias else None).backward(to_torch(gy))
+    gx, gw, gb = B.linear_backward(x, w, gy, bias=bias)
+    check(gx, xt.grad, dtype, "grad_x")
+    check(gw, wt.grad, dtype, "grad_weight")
+    if bias:
+        check(gb, bt.grad, dtype, "grad_bias")
+    else:
+        assert gb is None
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("xshape,out", [((7, 9), 5), ((257, 513), 257)], ids=["small", "tiles"])
+def test_linear_backward_conv1d_layout(rng, dtype, xshape, out):
+    """weight_layout="in_out": Hugging Face's Conv1D (GPT-2), y = x W + b with W (in, out)."""
+    x = randn(rng, xshape, dtype)
+    w = randn(rng, (xshape[-1], out), dtype, 0.3)
+    b = randn(rng, (out,), dtype)
+    gy = randn(rng, xshape[:-1] + (out,), dtype)
+    xt, wt, bt = leaf(x), leaf(w), leaf(b)
+    (xt @ wt + bt).backward(to_torch(gy))
+    gx, gw, gb = B.linear_backward(x, w, gy, weight_layout="in_out")
+    check(gx, xt.grad, dtype, "grad_x")
+    check(gw, wt.grad, dtype, "grad_weight")
+    check(gb, bt.grad, dtype, "grad_bias")
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+def test_linear_backward_accumulates(rng, dtype):
+    """grad_weight= / grad_bias=: the new gradient is added in place (two micro-batches = one batch)."""
+    x = randn(rng, (70, 33), dtype)
+    w = randn(rng, (20, 33), dtype, 0.3)
+    gy = randn(rng, (70, 20), dtype)
+    gw = np.zeros((20, 33), dtype)
+    gb = np.zeros(20, dtype)
+    for part in (slice(0, 40), slice(40, 70)):
+        _, rw, rb = B.linear_backward(x[part], w, gy[part], grad_weight=gw, grad_bias=gb, need_grad_input=False)
+        assert rw is gw and rb is gb
+    _, fw, fb = B.linear_backward(x, w, gy)
+    check(gw, fw, dtype, "accumulated grad_weight")
+    check(gb, fb, dtype, "accumulated grad_bias")
+    # only grad_weight given: grad_bias starts at zeros, grad_weight accumulates onto its contents
+    start = randn(rng, (20, 33), dtype)
+    acc = start.copy()
+    _, _, gb2 = B.linear_backward(x, w, gy, grad_weight=acc)
+    check(acc, start + fw, dtype, "grad_weight += ")
+    check(gb2, fb, dtype, "fresh grad_bias")
+
+
+def test_linear_backward_no_grad_input_and_zero_rows(rng):
+    x = randn(rng, (5, 4))
+    w = randn(rng, (3, 4))
+    gx, gw, gb = B.linear_backward(x, w, randn(rng, (5, 3)), need_grad_input=False)
+    assert gx is None and gw.shape == (3, 4) and gb.shape == (3,)
+    gx, gw, gb = B.linear_backward(np.zeros((0, 4), np.float32), w, np.zeros((0, 3), np.float32))
+    assert gx.shape == (0, 4)
+    assert np.array_equal(gw, np.zeros((3, 4), np.float32)) and np.array_equal(gb, np.zeros(3, np.float32))
+
+
+def test_linear_backward_threads_bitwise(rng, threads):
+    x = randn(rng, (600, 700))
+    w = randn(rng, (300, 700))
+    gy = randn(rng, (600, 300))
+    results = []
+    for n in (1, 2):
+        tc.set_num_threads(n)
+        results.append(B.linear_backward(x, w, gy))
+    for a, b in zip(*results):
+        assert np.array_equal(a, b)
+
+
+def test_linear_backward_bad_input(rng):
+    x = randn(rng, (5, 4))
+    w = randn(rng, (3, 4))
+    gy = randn(rng, (5, 3))
+    with pytest.raises(ValueError, match="weight"):
+        B.linear_backward(x, randn(rng, (3, 5)), gy)
+    with pytest.raises(ValueError, match="grad_output"):
+        B.linear_backward(x, w, randn(rng, (5, 4)))
+    with pytest.raises(TypeError, match="grad_weight"):
+        B.linear_backward(x, w, gy, grad_weight=np.zeros((3, 4), np.float64))
+    with pytest.raises(ValueError, match="grad_weight"):
+        B.linear_backward(x, w, gy, grad_weight=np.zeros((4, 3), np.float32))
+    with pytest.raises(ValueError, match="grad_weight"):
+        B.linear_backward(x, w, gy, grad_weight=np.zeros((4, 3), np.float32).T)
+    with pytest.raises(ValueError, match="grad_bias"):
+        B.linear_backward(x, w, gy, bias=False, grad_bias=np.zeros(3, np.float32))
+    with pytest.raises(ValueError, match="weight_layout"):
+        B.linear_backward(x, w, gy, weight_layout="io")
+    with pytest.raises(TypeError, match="x"):
+        B.linear_backward(np.array([["a"]]), w, gy)
+
+
+# --------------------------------------------------------------------------------------------------
+# LayerNorm, RMSNorm
+# --------------------------------------------------------------------------------------------------
+
+NORM_SHAPES = [(3, 7), (1, 1, 64), (2, 5, 65), (4, 130), (7, 7, 7)]
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("shape", NORM_SHAPES, ids=[str(s) for s in NORM_SHAPES])
+@pytest.mark.parametrize("affine", ["weight_bias", "weight", "none"])
+def test_layer_norm_backward(rng, dtype, shape, affine):
+    e = shape[-1]
+    x = randn(rng, shape, dtype) * 2 + 0.5
+    w = 1 + randn(rng, (e,), dtype, 0.3)
+    b = randn(rng, (e,), dtype)
+    gy = randn(rng, shape, dtype)
+    xt, wt, bt = leaf(x), leaf(w), leaf(b)
+    TF.layer_norm(xt, (e,), wt if affine != "none" else None, bt if affine == "weight_bias" else None,
+                  eps=1e-5).backward(to_torch(gy))
+    gx, gw, gb = B.layer_norm_backward(x, w if affine != "none" else None, gy, 1e-5, bias=affine == "weight_bias")
+    check(gx, xt.grad, dtype, "grad_x")
+    if affine == "none":
+        assert gw is None and gb is None
+    else:
+        check(gw, wt.grad, dtype, "grad_weight")
+        if affine == "weight_bias":
+            check(gb, bt.grad, dtype, "grad_bias")
+        else:
+            assert gb is None
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+def test_layer_norm_backward_accumulates(rng, dtype):
+    x = randn(rng, (6, 9), dtype)
+    w = 1 + randn(rng, (9,), dtype, 0.3)
+    gy = randn(rng, (6, 9), dtype)
+    _, fw, fb = B.layer_norm_backward(x, w, gy)
+    gw, gb = np.ones(9, dtype), np.zeros(9, dtype)
+    B.layer_norm_backward(x, w, gy, grad_weight=gw, grad_bias=gb)
+    check(gw, 1 + fw, dtype, "grad_weight +=")
+    check(gb, fb, dtype, "grad_bias +=")
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("shape", NORM_SHAPES, ids=[str(s) for s in NORM_SHAPES])
+@pytest.mark.parametrize("weighted", [True, False], ids=["weight", "noweight"])
+def test_rms_norm_forward_backward(rng, dtype, shape, weighted):
+    e = shape[-1]
+    x = randn(rng, shape, dtype) + 0.3
+    w = 1 + randn(rng, (e,), dtype, 0.3)
+    gy = randn(rng, shape, dtype)
+    xt, wt = leaf(x), leaf(w)
+    yt = TF.rms_norm(xt, (e,), wt if weighted else None, eps=1e-6)
+    yt.backward(to_torch(gy))
+    check(FT.rms_norm(x, w if weighted else None, eps=1e-6), yt, dtype, "rms_norm")
+    gx, gw = B.rms_norm_backward(x, w if weighted else None, gy, eps=1e-6)
+    check(gx, xt.grad, dtype, "grad_x")
+    if weighted:
+        check(gw, wt.grad, dtype, "grad_weight")
+        acc = np.full(e, 2, dtype)
+        B.rms_norm_backward(x, w, gy, eps=1e-6, grad_weight=acc)
+        check(acc, 2 + wt.grad.numpy(), dtype, "grad_weight +=")
+    else:
+        assert gw is None
+
+
+def test_norm_backward_bad_input(rng):
+    x = randn(rng, (3, 4))
+    with pytest.raises(ValueError, match="weight"):
+        B.layer_norm_backward(x, np.ones(5, np.float32), x)
+    with pytest.raises(ValueError, match="grad_output"):
+        B.layer_norm_backward(x, None, x[:2])
+    with pytest.raises(ValueError, match="eps"):
+        B.rms_norm_backward(x, None, x, eps=-1.0)
+    with pytest.raises(ValueError, match="grad_weight"):
+        B.rms_norm_backward(x, None, x, grad_weight=np.zeros(4, np.float32))
+    with pytest.raises(ValueError, match="grad_weight"):
+        B.layer_norm_backward(x, None, x, grad_weight=np.zeros(4, np.float32))
+
+
+# --------------------------------------------------------------------------------------------------
+# Activations and gated units
+# --------------------------------------------------------------------------------------------------
+
+ACT_SHAPES = [(1,), (7, 13), (2, 3, 65), (5000,)]
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("shape", ACT_SHAPES, ids=[str(s) for s in ACT_SHAPES])
+@pytest.mark.parametrize("name", ["gelu", "gelu_tanh", "silu", "relu"])
+def test_activation_backward(rng, dtype, shape, name):
+    x = randn(rng, shape, dtype, 3.0)
+    x.reshape(-1)[0] = 0.0  # the kink of ReLU: torch's gradient there is 0
+    gy = randn(rng, shape, dtype)
+    xt = leaf(x)
+    torch_fn = {"gelu": lambda t: TF.gelu(t), "gelu_tanh": lambda t: TF.gelu(t, approximate="tanh"),
+                "silu": TF.silu, "relu": TF.relu}[name]
+    yt = torch_fn(xt)
+    yt.backward(to_torch(gy))
+    ours = {"gelu": lambda: B.gelu_backward(x, gy), "gelu_tanh": lambda: B.gelu_backward(x, gy, approximate="tanh"),
+            "silu": lambda: B.silu_backward(x, gy), "relu": lambda: B.relu_backward(x, gy)}[name]()
+    check(ours, xt.grad, dtype, f"{name} backward")
+    if name == "silu":
+        check(FT.silu(x), yt, dtype, "silu forward")
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("activation", ["silu", "gelu", "gelu_tanh", "relu", "tanh"])
+@pytest.mark.parametrize("shape", [(3, 11), (2, 4, 130)], ids=["2d", "3d"])
+def test_glu_forward_backward(rng, dtype, activation, shape):
+    gate = randn(rng, shape, dtype, 2.0)
+    up = randn(rng, shape, dtype)
+    gh = randn(rng, shape, dtype)
+    gt, ut = leaf(gate), leaf(up)
+    act = {"silu": TF.silu, "gelu": TF.gelu, "gelu_tanh": lambda t: TF.gelu(t, approximate="tanh"), "tanh": torch.tanh,
+           "relu": TF.relu}[activation]
+    ht = act(gt) * ut
+    ht.backward(to_torch(gh))
+    check(FT.glu(gate, up, activation), ht, dtype, "glu forward")
+    dg, du = B.glu_backward(gate, up, gh, activation)
+    check(dg, gt.grad, dtype, "grad_gate")
+    check(du, ut.grad, dtype, "grad_up")
+
+
+def test_activation_bad_input(rng):
+    x = randn(rng, (3, 4))
+    with pytest.raises(ValueError, match="grad_output"):
+        B.silu_backward(x, x[:, :2])
+    with pytest.raises(ValueError, match="approximate"):
+        B.gelu_backward(x, x, approximate="erf")
+    with pytest.raises(ValueError, match="activation"):
+        B.glu_backward(x, x, x, "sigmoid")
+    with pytest.raises(ValueError, match="up"):
+        FT.glu(x, x[:1])
+
+
+# --------------------------------------------------------------------------------------------------
+# Softmax
+# --------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("shape,axis", [((4, 9), -1), ((3, 5, 7), 1), ((1, 1), -1), ((2, 70), 0)])
+def test_softmax_backward(rng, dtype, shape, axis):
+    x = randn(rng, shape, dtype, 2.0)
+    gy = randn(rng, shape, dtype)
+    xt = leaf(x)
+    pt = torch.softmax(xt, dim=axis)
+    pt.backward(to_torch(gy))
+    check(B.softmax_backward(pt.detach().numpy(), gy, axis=axis), xt.grad, dtype, "softmax backward")
+
+
+def test_softmax_backward_masked_rows(rng):
+    """Masked entries (p = 0) get 0; a fully masked row (ours: p = 0 everywhere) gets zeros, not NaN."""
+    x = randn(rng, (3, 6), np.float64)
+    x[0, :2] = -np.inf
+    x[2, :] = -np.inf
+    p = tc.functional.softmax(x)
+    gy = randn(rng, (3, 6), np.float64)
+    dx = B.softmax_backward(p, gy)
+    xt = leaf(x[:2])
+    torch.softmax(xt, -1).backward(to_torch(gy[:2]))
+    check(dx[:2], xt.grad, np.float64, "rows with visible entries")
+    assert np.array_equal(dx[2], np.zeros(6)) and np.all(dx[0, :2] == 0)
+
+
+# --------------------------------------------------------------------------------------------------
+# Embedding
+# --------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("ids_shape,V,H", [((2, 7), 11, 5), ((1,), 3, 1), ((4, 33), 50, 130), ((300,), 7, 64)])
+@pytest.mark.parametrize("padding_idx", [None, 2, -1])
+def test_embedding_backward(rng, dtype, ids_shape, V, H, padding_idx):
+    ids = rng.integers(0, V, size=ids_shape)
+    ids.reshape(-1)[0] = 2 % V  # make sure the padding row appears
+    W = randn(rng, (V, H), dtype)
+    gy = randn(rng, ids_shape + (H,), dtype)
+    Wt = leaf(W)
+    TF.embedding(torch.from_numpy(ids), Wt, padding_idx=padding_idx).backward(to_torch(gy))
+    check(B.embedding_backward(ids, gy, V, padding_idx=padding_idx), Wt.grad, dtype, "grad_weight")
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+def test_embedding_backward_accumulates(rng, dtype):
+    """Tied embeddings: the lookup's gradient adds onto the output projection's."""
+    ids = rng.integers(0, 9, size=(3, 4))
+    gy = randn(rng, (3, 4, 6), dtype)
+    start = randn(rng, (9, 6), dtype)
+    acc = start.copy()
+    out = B.embedding_backward(ids, gy, 9, grad_weight=acc)
+    assert out is acc
+    check(acc, start + B.embedding_backward(ids, gy, 9), dtype, "grad_weight +=")
+
+
+def test_embedding_backward_threads_bitwise(rng, threads):
+    ids = rng.integers(0, 100, size=(4000,))
+    gy = randn(rng, (4000, 256))
+    tc.set_num_threads(1)
+    a = B.embedding_backward(ids, gy, 100)
+    tc.set_num_threads(2)
+    b = B.embedding_backward(ids, gy, 100)
+    assert np.array_equal(a, b)
+
+
+def test_embedding_backward_bad_input(rng):
+    gy = randn(rng, (2, 3, 4))
+    ids = np.zeros((2, 3), np.int64)
+    with pytest.raises(ValueError, match="ids"):
+        B.embedding_backward(ids + 5, gy, 5)
+    with pytest.raises(ValueError, match="ids"):
+        B.embedding_backward(ids - 1, gy, 5)
+    with pytest.raises(TypeError, match="ids"):
+        B.embedding_backward(ids.astype(np.float32), gy, 5)
+    with pytest.raises(ValueError, match="grad_output"):
+        B.embedding_backward(ids, gy[:1], 5)
+    with pytest.raises(ValueError, match="padding_idx"):
+        B.embedding_backward(ids, gy, 5, padding_idx=5)
+    with pytest.raises(ValueError, match="num_embeddings"):
+        B.embedding_backward(ids, gy, 0)
+
+
+# --------------------------------------------------------------------------------------------------
+# Rotary
+# --------------------------------------------------------------------------------------------------
+
+def torch_rotary(x, cos, sin, layout):
+    if layout == "half":
+        h = x.shape[-1] // 2
+        rot = torch.cat([-x[..., h:], x[..., :h]], dim=-1)
+        return x * cos + rot * sin
+    h = x.shape[-1] // 2
+    c, s = cos[..., :h], sin[..., :h]
+    a, b = x[..., 0::2], x[..., 1::2]
+    return torch.stack([a * c - b * s, b * c + a * s], dim=-1).flatten(-2)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+@pytest.mark.parametrize("shape", [(1, 1, 1, 2), (2, 3, 7, 8), (1, 2, 65, 64)], ids=["one", "small", "long"])
+def test_rotary_backward(rng, dtype, layout, shape):
+    L, D = shape[-2:]
+    cos, sin = tc.positional.rotary_cos_sin(L, D, dtype=dtype)
+    x = randn(rng, shape, dtype)
+    gy = randn(rng, shape, dtype)
+    xt = leaf(x)
+    yt = torch_rotary(xt, to_torch(cos), to_torch(sin), layout)
+    check(tc.positional.apply_rotary(x, cos, sin, layout), yt, dtype, "forward (sanity)")
+    yt.backward(to_torch(gy))
+    check(B.rotary_backward(gy, cos, sin, layout), xt.grad, dtype, "grad_x")
+
+
+def test_rotary_backward_is_rotation_by_minus_theta(rng):
+    cos, sin = tc.positional.rotary_cos_sin(5, 6, dtype=np.float64)
+    g = randn(rng, (2, 5, 6), np.float64)
+    check(B.rotary_backward(g, cos, sin), tc.positional.apply_rotary(g, cos, -sin), np.float64, "R(-θ)")
+
+
+# --------------------------------------------------------------------------------------------------
+# Dropout
+# --------------------------------------------------------------------------------------------------
+
+def philox4x32_10(counter: np.ndarray, key: tuple[int, int]) -> np.ndarray:
+    """Philox4x32-10 (Salmon et al. 2011) in numpy, independent of the C++ kernel:
+    counter (n, 4) uint32 -> (n, 4) uint32."""
+    M0, M1 = np.uint64(0xD2511F53), np.uint64(0xCD9E8D57)
+    c = counter.astype(np.uint64)
+    k0, k1 = np.uint64(key[0]), np.uint64(key[1])
+    mask = np.uint64(0xFFFFFFFF)
+    for _ in range(10):
+        p0, p1 = M0 * c[:, 0], M1 * c[:, 2]
+        hi0, lo0, hi1, lo1 = p0 >> np.uint64(32), p0 & mask, p1 >> np.uint64(32), p1 & mask
+        c = np.stack([hi1 ^ c[:, 1] ^ k0, lo1, hi0 ^ c[:, 3] ^ k1, lo0], axis=1)
+        k0, k1 = (k0 + np.uint64(0x9E3779B9)) & mask, (k1 + np.uint64(0xBB67AE85)) & mask
+    return c.astype(np.uint32)
+
+
+def test_philox_known_answers():
+    """Random123's known-answer vectors for Philox4x32-10 (checks the numpy reference)."""
+    kat = [((0, 0, 0, 0), (0, 0), (0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8)),
+           ((0xFFFFFFFF,) * 4, (0xFFFFFFFF,) * 2, (0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD)),
+           ((0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344), (0xA4093822, 0x299F31D0),
+            (0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1))]
+    for ctr, key, expected in kat:
+        assert tuple(philox4x32_10(np.array([ctr], np.uint32), key)[0]) == expected
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+def test_dropout_mask_is_philox(rng, dtype):
+    """keep_i = Philox(counter = i / 4, key = seed)[i mod 4] >= ceil(p · 2³²); kept values x / (1 - p)."""
+    n, p, seed = 1001, 0.3, 0x123456789ABCDEF0
+    x = randn(rng, (n,), dtype) + 5.0  # no zeros
+    y = FT.dropout(x, p, seed)
+    blocks = np.arange((n + 3) // 4, dtype=np.uint64)
+    counter = np.stack([blocks & np.uint64(0xFFFFFFFF), blocks >> np.uint64(32), 0 * blocks, 0 * blocks], 1)
+    bits = philox4x32_10(counter.astype(np.uint32), (seed & 0xFFFFFFFF, seed >> 32)).reshape(-1)[:n]
+    keep = bits.astype(np.uint64) >= np.uint64(math.ceil(p * 2**32))
+    assert np.array_equal(y != 0, keep)
+    scale = dtype(1) / dtype(1 - p)
+    assert np.array_equal(y[keep], x[keep] * scale)
+
+
+def test_dropout_statistics_and_backward(rng):
+    x = randn(rng, (200, 500), np.float64) + 10.0
+    for p in (0.1, 0.5, 0.9):
+        y = FT.dropout(x, p, seed=7)
+        kept = np.count_nonzero(y) / y.size
+        sigma = math.sqrt(p * (1 - p) / y.size)
+        assert abs(kept - (1 - p)) < 5 * sigma, (p, kept)
+        assert abs(y.mean() / x.mean() - 1.0) < 0.02  # inverted dropout keeps the mean
+        gy = randn(rng, x.shape, np.float64)
+        gx = B.dropout_backward(gy, p, seed=7)
+        keep = y != 0
+        np.testing.assert_array_equal(gx[~keep], 0.0)
+        np.testing.assert_allclose(gx[keep], gy[keep] / (1 - p), rtol=1e-15)
+        # as torch's autograd on the same mask: d(x · mask / (1 - p))/dx
+        xt = leaf(x)
+        (xt * to_torch(keep.astype(np.float64)) / (1 - p)).backward(to_torch(gy))
+        check(gx, xt.grad, np.float64, "dropout backward")
+    # another seed, another mask; the same seed, the same mask in float32 and float64
+    assert not np.array_equal(FT.dropout(x, 0.5, 1) != 0, FT.dropout(x, 0.5, 2) != 0)
+    assert np.array_equal(FT.dropout(x, 0.5, 3) != 0, FT.dropout(x.astype(np.float32), 0.5, 3) != 0)
+
+
+def test_dropout_edges_and_threads(rng, threads):
+    x = randn(rng, (3, 5)) + 4
+    assert np.array_equal(FT.dropout(x, 0.0, 1), x)
+    assert np.array_equal(FT.dropout(x, 1.0, 1), np.zeros_like(x))
+    assert np.array_equal(B.dropout_backward(x, 1.0, 1), np.zeros_like(x))
+    assert np.array_equal(FT.dropout(x, 0.5, 1, training=False), x)
+    big = randn(rng, (300_001,))
+    tc.set_num_threads(1)
+    a = FT.dropout(big, 0.4, 99)
+    tc.set_num_threads(2)
+    assert np.array_equal(a, FT.dropout(big, 0.4, 99))
+    with pytest.raises(ValueError, match="p"):
+        FT.dropout(x, 1.5, 1)
+    with pytest.raises(ValueError, match="seed"):
+        FT.dropout(x, 0.5, -1)
+    with pytest.raises(TypeError, match="seed"):
+        B.dropout_backward(x, 0.5, 1.5)
+
+
+# --------------------------------------------------------------------------------------------------
+# Cross-entropy
+# --------------------------------------------------------------------------------------------------
+
+def torch_cross_entropy(logits, target, ignore_index, label_smoothing, reduction):
+    """torch's F.cross_entropy with the class dim last (torch wants it at dim 1)."""
+    lt = leaf(logits)
+    x = lt.reshape(-1, logits.shape[-1])
+    loss = TF.cross_entropy(x, torch.from_numpy(target.reshape(-1)), ignore_index=ignore_index,
+                            label_smoothing=label_smoothing, reduction=reduction)
+    if reduction == "none":
+        loss = loss.reshape(target.shape)
+    return lt, loss
+
+
+CE_CASES = [((5,), 7), ((2, 9), 11), ((1,), 1), ((3, 4), 130), ((2, 3), 1000)]
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("lead,V", CE_CASES, ids=[f"{lead}x{V}" for lead, V in CE_CASES])
+@pytest.mark.parametrize("label_smoothing", [0.0, 0.1, 1.0])
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_cross_entropy(rng, dtype, lead, V, label_smoothing, reduction):
+    logits = randn(rng, lead + (V,), dtype, 3.0)
+    target = rng.integers(0, V, size=lead)
+    if target.size > 2:
+        target.reshape(-1)[1] = -100  # an ignored row
+    lt, loss_t = torch_cross_entropy(logits, target, -100, label_smoothing, reduction)
+    grad_output = randn(rng, lead, dtype) if reduction == "none" else 0.7
+    loss_t.backward(to_torch(np.asarray(grad_output, dtype)) if reduction == "none" else
+                    torch.tensor(grad_output, dtype=TORCH[np.dtype(dtype)]))
+    loss = FT.cross_entropy(logits, target, label_smoothing=label_smoothing, reduction=reduction)
+    check(np.asarray(loss), loss_t, dtype, "loss")
+    grad = B.cross_entropy_backward(logits, target, grad_output, label_smoothing=label_smoothing,
+                                    reduction=reduction)
+    check(grad, lt.grad, dtype, "grad_logits")
+    fused_loss, fused_grad = B.cross_entropy_with_grad(logits, target, label_smoothing=label_smoothing,
+                                                       reduction=reduction, grad_output=grad_output)
+    assert np.array_equal(np.asarray(fused_loss), np.asarray(loss)) and np.array_equal(fused_grad, grad)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+def test_cross_entropy_ignore_index(rng, dtype):
+    logits = randn(rng, (4, 6, 10), dtype)
+    target = rng.integers(0, 10, size=(4, 6))
+    target[:, 4:] = 3  # a custom ignore_index that is also a class
+    lt, loss_t = torch_cross_entropy(logits, target, 3, 0.05, "mean")
+    loss_t.backward()
+    loss, grad = B.cross_entropy_with_grad(logits, target, ignore_index=3, label_smoothing=0.05)
+    check(np.asarray(loss), loss_t, dtype, "loss")
+    check(grad, lt.grad, dtype, "grad")
+    assert np.all(grad[target == 3] == 0)
+
+
+def test_cross_entropy_all_ignored_and_nan(rng):
+    """Every row ignored: loss 0 and zero gradient (torch: NaN). A NaN logit: a NaN loss, returned."""
+    logits = randn(rng, (3, 5), np.float64)
+    target = np.full(3, -100)
+    loss, grad = B.cross_entropy_with_grad(logits, target)
+    assert loss == 0.0 and np.array_equal(grad, np.zeros_like(logits))
+    assert FT.cross_entropy(logits, target, reduction="sum") == 0.0
+    logits[1, 2] = np.nan
+    loss = FT.cross_entropy(logits, np.array([0, 1, 2]))
+    assert np.isnan(loss)
+
+
+def test_cross_entropy_bad_input(rng):
+    logits = randn(rng, (2, 3, 5))
+    ok = np.zeros((2, 3), np.int64)
+    with pytest.raises(ValueError, match="target"):
+        FT.cross_entropy(logits, ok[:, :2])
+    with pytest.raises(ValueError, match=r"target.*5"):
+        FT.cross_entropy(logits, ok + 5)
+    with pytest.raises(ValueError, match="target"):
+        FT.cross_entropy(logits, ok - 2)
+    with pytest.raises(TypeError, match="target"):
+        FT.cross_entropy(logits, ok.astype(np.float32))
+    with pytest.raises(ValueError, match="label_smoothing"):
+        FT.cross_entropy(logits, ok, label_smoothing=1.5)
+    with pytest.raises(ValueError, match="reduction"):
+        FT.cross_entropy(logits, ok, reduction="avg")
+    with pytest.raises(TypeError, match="ignore_index"):
+        FT.cross_entropy(logits, ok, ignore_index=1.0)
+    with pytest.raises(ValueError, match="grad_output"):
+        B.cross_entropy_backward(logits, ok, np.ones(5, np.float32), reduction="none")
+    with pytest.raises(TypeError, match="grad_output"):
+        B.cross_entropy_backward(logits, ok, np.ones(6, np.float32))
+
+
+# --------------------------------------------------------------------------------------------------
+# Attention
+# --------------------------------------------------------------------------------------------------
+
+def torch_attention(q, k, v, gout, *, bool_mask=None, float_mask=None, causal_offset=None, scale=None):
+    """softmax(scale · Q Kᵀ + mask) V in torch (GQA by repeating K/V heads), its log-sum-exp and the
+    gradients of <out, gout>. A row that sees no key gives zeros (our convention; torch's softmax
+    would give NaN): its scores are replaced by 0 and its probabilities multiplied by 0, so that no
+    NaN reaches the gradients."""
+    qt, kt, vt = leaf(q), leaf(k), leaf(v)
+    L, S, E = q.shape[-2], k.shape[-2], q.shape[-1]
+    sc = 1.0 / math.sqrt(E) if scale is None else scale
+    kk, vv = kt, vt
+    if q.ndim >= 3 and q.shape[-3] != k.shape[-3]:
+        g = q.shape[-3] // k.shape[-3]
+        kk, vv = kt.repeat_interleave(g, dim=-3), vt.repeat_interleave(g, dim=-3)
+    s = (qt @ kk.transpose(-2, -1)) * sc
+    if float_mask is not None:
+        s = s + to_torch(float_mask)
+    allowed = torch.ones(L, S, dtype=torch.bool)
+    if causal_offset is not None:
+        allowed = allowed.tril(causal_offset)
+    if bool_mask is not None:
+        allowed = allowed & to_torch(bool_mask)
+    s = s.masked_fill(~allowed, float("-inf"))
+    lse = torch.logsumexp(s.detach(), dim=-1)
+    valid = ~torch.isneginf(s.detach()).all(dim=-1)
+    s = s.masked_fill(~valid[..., None], 0.0)
+    p = torch.softmax(s, dim=-1) * valid[..., None]
+    out = p @ vv
+    out.backward(to_torch(gout))
+    return out.detach().numpy(), lse.numpy(), qt.grad, kt.grad, vt.grad, valid.numpy()
+
+
+def run_attention(rng, dtype, N, H, Hkv, L, S, D, Dv, *, mask=None, causal=None, scale=None):
+    q = randn(rng, (N, H, L, D), dtype)
+    k = randn(rng, (N, Hkv, S, D), dtype)
+    v = randn(rng, (N, Hkv, S, Dv), dtype)
+    gout = randn(rng, (N, H, L, Dv), dtype)
+    bool_mask = float_mask = key_mask = None
+    if mask == "bool":
+        bool_mask = rng.random((N, 1, L, S)) < 0.7
+        bool_mask[0, 0, L // 2, :] = False  # a row that sees nothing
+    elif mask == "float":
+        float_mask = randn(rng, (1, H, L, S), dtype)
+        float_mask[0, -1, 0, :] = -np.inf  # a row that sees nothing
+    elif mask == "key_mask":
+        key_mask = np.ones((N, S), bool)
+        key_mask[0, S // 2:] = False
+        if N > 1:
+            key_mask[-1] = False  # a fully padded sequence
+    offset = None if causal is None else (0 if causal == "top_left" else S - L)
+    ref_bool = bool_mask
+    if key_mask is not None:
+        ref_bool = np.broadcast_to(key_mask[:, None, None, :], (N, H, L, S))
+    out, lse, gq, gk, gv, valid = torch_attention(q, k, v, gout, bool_mask=ref_bool, float_mask=float_mask,
+                                                  causal_offset=offset, scale=scale)
+    attn_mask = bool_mask if bool_mask is not None else float_mask
+    dq, dk, dv = B.scaled_dot_product_attention_backward(
+        q, k, v, out, gout, lse, attn_mask, key_mask=None if key_mask is None else key_mask[:, None, :],
+        is_causal=causal is not None, scale=scale,
+        causal_alignment=causal or "top_left", enable_gqa=H != Hkv)
+    check(dq, gq, dtype, "grad_query")
+    check(dk, gk, dtype, "grad_key")
+    check(dv, gv, dtype, "grad_value")
+    assert np.all(dq[~valid] == 0), "rows that see no key: zero gradient"
+    return dq, dk, dv
+
+
+# (N, H, H_kv, L, S, D, Dv)
+ATTN_SHAPES = [
+    (2, 3, 3, 7, 9, 8, 5),        # L != S, Dv != D
+    (1, 1, 1, 1, 1, 4, 4),        # seq 1
+    (7, 2, 2, 7, 7, 9, 9),        # batch == seq
+    (3, 2, 2, 1, 17, 16, 3),      # one query
+    (2, 2, 2, 65, 17, 8, 8),      # L > S
+    (1, 2, 2, 63, 65, 16, 16),    # tile edges: 64 ± 1
+    (1, 1, 1, 64, 64, 8, 8),
+    (1, 2, 2, 65, 129, 8, 8),
+    (1, 1, 1, 129, 127, 4, 4),
+    (1, 1, 1, 128, 128, 5, 3),
+    (2, 6, 2, 9, 11, 8, 8),       # GQA
+    (2, 4, 1, 66, 70, 8, 4),      # MQA, across a tile edge
+    # N · H_kv >= 12: the one-pass schedule (the shapes above with N · H_kv < 12 take two passes)
+    (4, 6, 3, 65, 63, 8, 8),      # GQA, tile edges
+    (12, 1, 1, 64, 129, 4, 5),
+]
+ATTN_IDS = ["x".join(map(str, s)) for s in ATTN_SHAPES]
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("shape", ATTN_SHAPES, ids=ATTN_IDS)
+def test_attention_backward_unmasked(rng, dtype, shape):
+    run_attention(rng, dtype, *shape)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("shape", [ATTN_SHAPES[i] for i in (0, 2, 4, 5, 7, 8, 10, 11, 12, 13)],
+                         ids=[ATTN_IDS[i] for i in (0, 2, 4, 5, 7, 8, 10, 11, 12, 13)])
+@pytest.mark.parametrize("causal", ["top_left", "bottom_right"])
+def test_attention_backward_causal(rng, dtype, shape, causal):
+    run_attention(rng, dtype, *shape, causal=causal)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("shape", [ATTN_SHAPES[i] for i in (0, 4, 5, 10, 11, 12)],
+                         ids=[ATTN_IDS[i] for i in (0, 4, 5, 10, 11, 12)])
+@pytest.mark.parametrize("mask", ["bool", "float", "key_mask"])
+def test_attention_backward_masks(rng, dtype, shape, mask):
+    run_attention(rng, dtype, *shape, mask=mask)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+def test_attention_backward_mask_and_causal_and_scale(rng, dtype):
+    run_attention(rng, dtype, 2, 6, 2, 70, 67, 8, 8, mask="bool", causal="bottom_right", scale=0.3)
+    run_attention(rng, dtype, 2, 4, 4, 9, 66, 8, 8, mask="key_mask", causal="top_left")
+
+
+def test_attention_backward_fully_masked_is_zero(rng):
+    q = randn(rng, (1, 2, 5, 4), np.float64)
+    k = randn(rng, (1, 2, 6, 4), np.float64)
+    v = randn(rng, (1, 2, 6, 3), np.float64)
+    dq, dk, dv = B.scaled_dot_product_attention_backward(
+        q, k, v, np.zeros((1, 2, 5, 3)), randn(rng, (1, 2, 5, 3), np.float64), np.full((1, 2, 5), -np.inf),
+        np.zeros((5, 6), bool))
+    for g in (dq, dk, dv):
+        assert np.array_equal(g, np.zeros_like(g))
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+def test_attention_backward_3d_and_2d(rng, dtype):
+    """Inputs without a head dim, as the forward accepts them."""
+    for lead in ((3,), ()):
+        q = randn(rng, lead + (7, 8), dtype)
+        k = randn(rng, lead + (9, 8), dtype)
+        v = randn(rng, lead + (9, 6), dtype)
+        gout = randn(rng, lead + (7, 6), dtype)
+        out, lse, gq, gk, gv, _ = torch_attention(q, k, v, gout)
+        dq, dk, dv = B.scaled_dot_product_attention_backward(q, k, v, out, gout, lse)
+        check(dq, gq, dtype, "grad_query")
+        check(dk, gk, dtype, "grad_key")
+        check(dv, gv, dtype, "grad_value")
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+def test_attention_backward_kernel_key_mask(rng, dtype):
+    """The kernel's own key_mask (N, S) input (the Python face folds key_mask into the bool mask, as
+    the forward does), with a causal mask on top and a fully padded sequence."""
+    N, H, L, S, D = 3, 2, 66, 70, 8
+    q, gout = randn(rng, (N, H, L, D), dtype), randn(rng, (N, H, L, D), dtype)
+    k, v = randn(rng, (N, H, S, D), dtype), randn(rng, (N, H, S, D), dtype)
+    key_mask = rng.random((N, S)) < 0.8
+    key_mask[1] = False
+    out, lse, gq, gk, gv, _ = torch_attention(q, k, v, gout, bool_mask=key_mask[:, None, None, :],
+                                              causal_offset=S - L)
+    dq, dk, dv = variant("scaled_dot_product_attention_backward", dtype)(
+        q, k, v, out.astype(dtype), gout, lse.astype(dtype), None, None, key_mask, True, S - L, 1 / math.sqrt(D))
+    check(dq, gq, dtype, "grad_query")
+    check(dk, gk, dtype, "grad_key")
+    check(dv, gv, dtype, "grad_value")
+
+
+def test_attention_backward_empty_lengths(rng):
+    """S = 0: grad_query is zero. L = 0: grad_key and grad_value are zero (the C++ op; the Python face
+    refuses empty arrays, as the forward does)."""
+    f = variant("scaled_dot_product_attention_backward", np.float64)
+    q = randn(rng, (2, 2, 3, 4), np.float64)
+    e = np.zeros((2, 2, 0, 4))
+    dq, dk, dv = f(q, e, e, np.zeros((2, 2, 3, 4)), randn(rng, (2, 2, 3, 4), np.float64),
+                   np.full((2, 2, 3), -np.inf), None, None, None, False, 0, 0.5)
+    assert np.array_equal(dq, np.zeros_like(q)) and dk.shape == (2, 2, 0, 4) and dv.shape == (2, 2, 0, 4)
+    k = randn(rng, (2, 1, 5, 4), np.float64)
+    dq, dk, dv = f(e, k, k, e, e, np.zeros((2, 2, 0)), None, None, None, True, 5, 0.5)
+    assert dq.shape == (2, 2, 0, 4) and np.array_equal(dk, np.zeros_like(k)) and np.array_equal(dv, np.zeros_like(k))
+
+
+@pytest.mark.parametrize("batch", [2, 6], ids=["two_passes", "one_pass"])
+def test_attention_backward_threads_bitwise(rng, threads, batch):
+    q = randn(rng, (batch, 6, 150, 32))
+    k = randn(rng, (batch, 2, 140, 32))
+    v = randn(rng, (batch, 2, 140, 32))
+    gout = randn(rng, (batch, 6, 150, 32))
+    out, lse, *_ = torch_attention(q, k, v, gout, causal_offset=-10)
+    results = []
+    for n in (1, 2):
+        tc.set_num_threads(n)
+        results.append(B.scaled_dot_product_attention_backward(q, k, v, out, gout, lse, is_causal=True,
+                                                               causal_alignment="bottom_right", enable_gqa=True))
+    for a, b in zip(*results):
+        assert np.array_equal(a, b)
+
+
+def test_attention_backward_schedules_agree_bitwise(rng):
+    """A batch of 12 (N · H_kv = 12: one pass) equals, bit for bit, its two halves of 6 (two passes)."""
+    shape_q, shape_kv = (12, 4, 70, 16), (12, 1, 75, 16)
+    q, gout = randn(rng, shape_q), randn(rng, shape_q)
+    k, v = randn(rng, shape_kv), randn(rng, shape_kv)
+    out, lse, *_ = torch_attention(q, k, v, gout, causal_offset=5)
+    kw = dict(is_causal=True, causal_alignment="bottom_right", enable_gqa=True)
+    whole = B.scaled_dot_product_attention_backward(q, k, v, out, gout, lse, **kw)
+    for part in (slice(0, 6), slice(6, 12)):
+        half = B.scaled_dot_product_attention_backward(q[part], k[part], v[part], out[part], gout[part], lse[part],
+                                                       **kw)
+        for a, b in zip(whole, half):
+            assert np.array_equal(a[part], b)
+
+
+def test_attention_backward_bad_input(rng):
+    q = randn(rng, (1, 2, 5, 4))
+    k = randn(rng, (1, 2, 6, 4))
+    v = randn(rng, (1, 2, 6, 3))
+    out, gout, lse = randn(rng, (1, 2, 5, 3)), randn(rng, (1, 2, 5, 3)), randn(rng, (1, 2, 5))
+    f = B.scaled_dot_product_attention_backward
+    with pytest.raises(ValueError, match="out"):
+        f(q, k, v, out[..., :2], gout, lse)
+    with pytest.raises(ValueError, match="grad_out"):
+        f(q, k, v, out, gout[:, :1], lse)
+    with pytest.raises(ValueError, match="lse"):
+        f(q, k, v, out, gout, lse[..., :4])
+    with pytest.raises(ValueError, match="key"):
+        f(q, k[..., :3], v, out, gout, lse)
+    with pytest.raises(ValueError, match="attn_mask"):
+        f(q, k, v, out, gout, lse, np.ones((5, 5), bool))
+    with pytest.raises(ValueError, match="causal_alignment"):
+        f(q, k, v, out, gout, lse, is_causal=True, causal_alignment="center")
+    with pytest.raises(ValueError, match="enable_gqa"):
+        f(randn(rng, (1, 3, 5, 4)), k, v, randn(rng, (1, 3, 5, 3)), randn(rng, (1, 3, 5, 3)), randn(rng, (1, 3, 5)),
+          enable_gqa=True)

@@ -1,0 +1,152 @@
+"""transformer_core.lr_scheduler vs torch.optim.lr_scheduler and transformers' warmup schedules.
+
+The learning rate at every step must equal torch's (the same Python float arithmetic: compared
+exactly), with several param groups, past the end of the schedule, and when driving an optimizer.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import transformers
+from safetensors.numpy import load_file, save_file
+from transformer_core import lr_scheduler as S
+from transformer_core import optim
+from transformer_core.parameter import Parameter
+
+LRS = [1e-3, 0.1]
+
+
+def both_optimizers():
+    ours = optim.AdamW([{"params": [Parameter(np.zeros(2), name="a")], "lr": LRS[0]},
+                        {"params": [Parameter(np.zeros(3), name="b")], "lr": LRS[1]}])
+    theirs = torch.optim.AdamW([{"params": [torch.zeros(2, requires_grad=True)], "lr": LRS[0]},
+                                {"params": [torch.zeros(3, requires_grad=True)], "lr": LRS[1]}], foreach=False)
+    return ours, theirs
+
+
+def compare(ours_sched, ours_opt, torch_sched, torch_opt, steps):
+    assert ours_sched.get_last_lr() == torch_sched.get_last_lr(), "after construction"
+    for t in range(steps):
+        ours_opt.step()
+        torch_opt.step()  # no gradients: nothing changes, but torch wants it before scheduler.step()
+        ours_sched.step()
+        torch_sched.step()
+        assert ours_sched.get_last_lr() == torch_sched.get_last_lr(), f"step {t + 1}"
+        assert [g["lr"] for g in ours_opt.param_groups] == [g["lr"] for g in torch_opt.param_groups]
+
+
+def test_lambda_lr():
+    ours_opt, torch_opt = both_optimizers()
+    fns = [lambda t: 0.95 ** t, lambda t: 1.0 / (1 + t)]
+    compare(S.LambdaLR(ours_opt, fns), ours_opt, torch.optim.lr_scheduler.LambdaLR(torch_opt, fns), torch_opt, 30)
+    ours_opt, torch_opt = both_optimizers()
+    compare(S.LambdaLR(ours_opt, fns[0]), ours_opt, torch.optim.lr_scheduler.LambdaLR(torch_opt, fns[0]), torch_opt,
+            10)
+
+
+@pytest.mark.parametrize("warmup,total", [(10, 100), (0, 30), (5, 5), (30, 20)])
+def test_linear_schedule_with_warmup(warmup, total):
+    ours_opt, torch_opt = both_optimizers()
+    compare(S.get_linear_schedule_with_warmup(ours_opt, warmup, total), ours_opt,
+            transformers.get_linear_schedule_with_warmup(torch_opt, warmup, total), torch_opt, total + 10)
+
+
+@pytest.mark.parametrize("warmup,total,cycles", [(10, 100, 0.5), (0, 40, 0.5), (7, 50, 2.0), (3, 3, 0.5)])
+def test_cosine_schedule_with_warmup(warmup, total, cycles):
+    ours_opt, torch_opt = both_optimizers()
+    compare(S.get_cosine_schedule_with_warmup(ours_opt, warmup, total, num_cycles=cycles), ours_opt,
+            transformers.get_cosine_schedule_with_warmup(torch_opt, warmup, total, num_cycles=cycles), torch_opt,
+            total + 10)
+
+
+@pytest.mark.parametrize("start,end,total", [(1 / 3, 1.0, 5), (1.0, 0.0, 20), (0.1, 0.7, 1)])
+def test_linear_lr(start, end, total):
+    ours_opt, torch_opt = both_optimizers()
+    compare(S.LinearLR(ours_opt, start, end, total), ours_opt,
+            torch.optim.lr_scheduler.LinearLR(torch_opt, start, end, total), torch_opt, total + 8)
+
+
+@pytest.mark.parametrize("T_max,eta_min", [(10, 0.0), (7, 1e-4), (1, 0.0)])
+def test_cosine_annealing_lr(T_max, eta_min):
+    ours_opt, torch_opt = both_optimizers()
+    compare(S.CosineAnnealingLR(ours_opt, T_max, eta_min), ours_opt,
+            torch.optim.lr_scheduler.CosineAnnealingLR(torch_opt, T_max, eta_min), torch_opt, 3 * T_max + 2)
+
+
+def test_schedule_drives_adamw_like_torch(rng):
+    """AdamW with linear warmup and decay, 20 steps: the weights equal torch's to 1e-12."""
+    values = [rng.standard_normal(s) for s in [(4, 3), (5,)]]
+    ours = [Parameter(v.copy(), name=f"p{i}") for i, v in enumerate(values)]
+    theirs = [torch.tensor(v.copy(), requires_grad=True) for v in values]
+    ours_opt = optim.AdamW(ours, lr=0.05, weight_decay=0.1)
+    torch_opt = torch.optim.AdamW(theirs, lr=0.05, weight_decay=0.1, foreach=False)
+    ours_sched = S.get_linear_schedule_with_warmup(ours_opt, 5, 20)
+    torch_sched = transformers.get_linear_schedule_with_warmup(torch_opt, 5, 20)
+    for _ in range(20):
+        for p, q in zip(ours, theirs):
+            g = rng.standard_normal(p.shape)
+            p.grad, q.grad = g.copy(), torch.tensor(g)
+        ours_opt.step()
+        torch_opt.step()
+        ours_sched.step()
+        torch_sched.step()
+        for p, q in zip(ours, theirs):
+            np.testing.assert_allclose(p.data, q.detach().numpy(), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("make", [
+    lambda o: S.get_cosine_schedule_with_warmup(o, 4, 30),
+    lambda o: S.LinearLR(o, 0.25, 1.0, 6),
+    lambda o: S.CosineAnnealingLR(o, 9, 1e-5),
+], ids=["cosine_warmup", "linear", "cosine_annealing"])
+def test_state_dict_round_trip(tmp_path, make):
+    """Save optimizer + scheduler after 7 steps, restore into fresh ones: the same lr from then on."""
+    opt, _ = both_optimizers()
+    sched = make(opt)
+    for _ in range(7):
+        opt.step()
+        sched.step()
+    save_file(opt.state_dict(), str(tmp_path / "opt.safetensors"))
+    save_file(sched.state_dict(), str(tmp_path / "sched.safetensors"))
+    opt2, _ = both_optimizers()
+    opt2.load_state_dict(load_file(str(tmp_path / "opt.safetensors")))
+    sched2 = make(opt2)  # construction steps once; the loaded state replaces that
+    sched2.load_state_dict(load_file(str(tmp_path / "sched.safetensors")))
+    for g, h in zip(opt.param_groups, opt2.param_groups):
+        assert h["lr"] == g["lr"] and h["initial_lr"] == g["initial_lr"]
+    for _ in range(25):
+        opt.step()
+        sched.step()
+        opt2.step()
+        sched2.step()
+        assert sched.get_last_lr() == sched2.get_last_lr()
+
+
+def test_resume_with_last_epoch():
+    opt, _ = both_optimizers()
+    with pytest.raises(ValueError, match="initial_lr"):
+        S.LinearLR(opt, last_epoch=3)
+    S.LinearLR(opt)
+    S.LinearLR(opt, last_epoch=3)  # initial_lr is there now
+
+
+def test_bad_arguments():
+    opt, _ = both_optimizers()
+    with pytest.raises(TypeError, match="optimizer"):
+        S.LambdaLR(object(), lambda t: 1.0)
+    with pytest.raises(ValueError, match="lr_lambda"):
+        S.LambdaLR(opt, [lambda t: 1.0])
+    with pytest.raises(TypeError, match="lr_lambda"):
+        S.LambdaLR(opt, 0.5)
+    with pytest.raises(ValueError, match="start_factor"):
+        S.LinearLR(opt, start_factor=0.0)
+    with pytest.raises(ValueError, match="T_max"):
+        S.CosineAnnealingLR(opt, 0)
+    with pytest.raises(ValueError, match="num_warmup_steps"):
+        S.get_linear_schedule_with_warmup(opt, -1, 10)
+    with pytest.raises(TypeError, match="num_training_steps"):
+        S.get_cosine_schedule_with_warmup(opt, 1, 10.0)
+    sched = S.LinearLR(opt)
+    with pytest.raises(ValueError, match="missing keys"):
+        sched.load_state_dict({"last_epoch": np.array(1)})
