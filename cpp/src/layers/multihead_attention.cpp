@@ -44,20 +44,21 @@ MultiheadAttention<T>::MultiheadAttention(int64_t embed_dim, int64_t num_heads, 
     throw std::invalid_argument("num_kv_heads: expected a divisor of num_heads (" + to_string(num_heads) + "), got " +
                                 to_string(num_kv_heads_));
   const int64_t width = q_dim_ + 2 * kv_dim_;
-  if (packed_) {
-    in_proj_weight_ = allocate<T, 2>({width, embed_dim}, "in_proj_weight");
-    this->register_parameter("in_proj_weight", {width, embed_dim}, in_proj_weight_.data());
+  if (packed_) {  // one Linear [q; k; v]: torch's in_proj_weight / in_proj_bias
+    in_proj_ = std::make_unique<Linear<T>>(embed_dim, width, bias);
+    this->register_alias("in_proj_weight", *in_proj_, "weight");
+    if (bias) this->register_alias("in_proj_bias", *in_proj_, "bias");
   } else {
-    q_proj_weight_ = allocate<T, 2>({q_dim_, embed_dim}, "q_proj_weight");
-    k_proj_weight_ = allocate<T, 2>({kv_dim_, kdim_}, "k_proj_weight");
-    v_proj_weight_ = allocate<T, 2>({kv_dim_, vdim_}, "v_proj_weight");
-    this->register_parameter("q_proj_weight", {q_dim_, embed_dim}, q_proj_weight_.data());
-    this->register_parameter("k_proj_weight", {kv_dim_, kdim_}, k_proj_weight_.data());
-    this->register_parameter("v_proj_weight", {kv_dim_, vdim_}, v_proj_weight_.data());
-  }
-  if (bias) {
-    in_proj_bias_ = allocate<T, 1>({width}, "in_proj_bias");
-    this->register_parameter("in_proj_bias", {width}, in_proj_bias_.data());
+    q_proj_ = std::make_unique<Linear<T>>(embed_dim, q_dim_, false);
+    k_proj_ = std::make_unique<Linear<T>>(kdim_, kv_dim_, false);
+    v_proj_ = std::make_unique<Linear<T>>(vdim_, kv_dim_, false);
+    this->register_alias("q_proj_weight", *q_proj_, "weight");
+    this->register_alias("k_proj_weight", *k_proj_, "weight");
+    this->register_alias("v_proj_weight", *v_proj_, "weight");
+    if (bias) {
+      in_proj_bias_ = allocate<T, 1>({width}, "in_proj_bias");
+      this->register_parameter("in_proj_bias", {width}, in_proj_bias_.data());
+    }
   }
   this->register_module("out_proj", out_proj_);
 }
@@ -123,12 +124,29 @@ void MultiheadAttention<T>::attend_self(T* qkv, int64_t N, int64_t L, T* context
 }
 
 template <class T>
+void MultiheadAttention<T>::project(const T* query, const T* key, const T* value, int64_t NL, int64_t NS, T* q, T* k,
+                                   T* v) const {
+  const int64_t Hq = q_dim_, Hkv = kv_dim_;
+  if (packed_) {  // row blocks of in_proj: q [0, Hq), k [Hq, Hq + Hkv), v [Hq + Hkv, Hq + 2·Hkv)
+    in_proj_->forward_rows(query, NL, q, 0, Hq);
+    in_proj_->forward_rows(key, NS, k, Hq, Hkv);
+    in_proj_->forward_rows(value, NS, v, Hq + Hkv, Hkv);
+    return;
+  }
+  q_proj_->forward(query, NL, q);
+  k_proj_->forward(key, NS, k);
+  v_proj_->forward(value, NS, v);
+  if (bias_) {
+    ops::add_bias(q, NL, Hq, in_proj_bias_.data());
+    ops::add_bias(k, NS, Hkv, in_proj_bias_.data() + Hq);
+    ops::add_bias(v, NS, Hkv, in_proj_bias_.data() + Hq + Hkv);
+  }
+}
+
+template <class T>
 void MultiheadAttention<T>::forward(const T* query, const T* key, const T* value, int64_t N, int64_t L, int64_t S,
                                     T* out, const AttentionInputs<T>& in) const {
-  const int64_t E = embed_dim_, Hq = q_dim_, Hkv = kv_dim_, D = head_dim_;
-  const T* bq = bias_ ? in_proj_bias_.data() : nullptr;
-  const T* bk = bias_ ? in_proj_bias_.data() + Hq : nullptr;
-  const T* bv = bias_ ? in_proj_bias_.data() + Hq + Hkv : nullptr;
+  const int64_t Hq = q_dim_, Hkv = kv_dim_, D = head_dim_;
   T* context = kernels::workspace<T>(Scratch::kAttnContext,
                                      static_cast<size_t>(ops::checked_product({N, L, Hq}, "query")));  // [N, L, Hq]
   const bool self_attention = packed_ && query == key && key == value && L == S;
@@ -139,18 +157,13 @@ void MultiheadAttention<T>::forward(const T* query, const T* key, const T* value
     // qkv [N·L, Hq + 2·Hkv] = query · in_proj_weightᵀ + in_proj_bias   (one GEMM)
     const int64_t width = Hq + 2 * Hkv;
     T* qkv = kernels::workspace<T>(Scratch::kAttnQkv, static_cast<size_t>(ops::checked_product({N, L, width}, "query")));
-    ops::linear(query, N * L, E, in_proj_weight_.data(), bq, width, qkv);
+    in_proj_->forward(query, N * L, qkv);
     attend_self(qkv, N, L, context, in);
   } else {
-    const T* wq = packed_ ? in_proj_weight_.data() : q_proj_weight_.data();
-    const T* wk = packed_ ? in_proj_weight_.data() + Hq * E : k_proj_weight_.data();
-    const T* wv = packed_ ? in_proj_weight_.data() + (Hq + Hkv) * E : v_proj_weight_.data();
     T* q = kernels::workspace<T>(Scratch::kAttnQ, static_cast<size_t>(N * L * Hq));
     T* k = kernels::workspace<T>(Scratch::kAttnK, static_cast<size_t>(ops::checked_product({N, S, Hkv}, "key")));
     T* v = kernels::workspace<T>(Scratch::kAttnV, static_cast<size_t>(N * S * Hkv));
-    ops::linear(query, N * L, E, wq, bq, Hq, q);        // q [N·L, Hq]
-    ops::linear(key, N * S, kdim_, wk, bk, Hkv, k);     // k [N·S, Hkv]
-    ops::linear(value, N * S, vdim_, wv, bv, Hkv, v);   // v [N·S, Hkv]
+    project(query, key, value, N * L, N * S, q, k, v);  // q [N·L, Hq], k, v [N·S, Hkv]
     kernels::AttentionArgs<T> a;
     static_cast<AttentionMasks<T>&>(a) = in.masks;
     a.k = k, a.k_stride_n = S * Hkv, a.k_stride_h = D, a.k_stride_s = Hkv;
@@ -165,11 +178,11 @@ template <class T>
 void MultiheadAttention<T>::forward_packed(const T* x, const PackedTokens& tokens, T* out,
                                            const AttentionMasks<T>& masks, AttentionPath path) const {
   if (!packed_) throw std::invalid_argument("MultiheadAttention: forward_packed needs kdim == vdim == embed_dim");
-  const int64_t E = embed_dim_, Hq = q_dim_, Hkv = kv_dim_, D = head_dim_, width = Hq + 2 * Hkv;
+  const int64_t Hq = q_dim_, Hkv = kv_dim_, D = head_dim_, width = Hq + 2 * Hkv;
   const int64_t N = tokens.N, L = tokens.L, count = tokens.count, rows = N * L;
   // qkv of the real tokens only [count, width] (one GEMM, padding rows skipped) ...
   T* qkv_packed = kernels::workspace<T>(Scratch::kAttnQkvPacked, static_cast<size_t>(count * width));
-  ops::linear(x, count, E, in_proj_weight_.data(), bias_ ? in_proj_bias_.data() : nullptr, width, qkv_packed);
+  in_proj_->forward(x, count, qkv_packed);
   // ... scattered to the padded layout [N·L, width] for attention; padding rows are zeros (their keys
   // are masked, their queries' outputs dropped).
   T* qkv = kernels::workspace<T>(Scratch::kAttnQkv, static_cast<size_t>(rows * width));

@@ -39,6 +39,12 @@ inline void softmax_row(T* x, int64_t n) {
   for (int64_t j = 0; j < n; ++j) x[j] *= inv;
 }
 
+// y[j] += x[j], j < n
+template <class T>
+inline void add_row(T* y, const T* x, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) y[j] += x[j];
+}
+
 // ---- sums of a row, in double, in a fixed order ---------------------------------------------------
 // kSumLanes partial sums so that the loops vectorise; the order depends on n only.
 constexpr int64_t kSumLanes = 8;

@@ -19,6 +19,10 @@ class Linear : public Module<T> {
 
   // x [rows, in] -> y [rows, out], act applied in the same pass; y must not alias x.
   void forward(const T* x, int64_t rows, T* y, Activation act = Activation::kNone) const;
+  // Output features [out_begin, out_begin + out_count) only: y [rows, out_count] (e.g. the q, k or v
+  // rows of a packed attention projection).
+  void forward_rows(const T* x, int64_t rows, T* y, int64_t out_begin, int64_t out_count,
+                    Activation act = Activation::kNone) const;
 
   int64_t in_features() const { return in_; }
   int64_t out_features() const { return out_; }

@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <xtensor/xtensor.hpp>
 
 #include "transformer_core/kernels/attention_masks.hpp"
@@ -90,12 +91,15 @@ class MultiheadAttention : public Module<T> {
   // Self-attention with a cache and/or rotary table: qkv [N·L, Hq + 2·Hkv] projected already.
   void attend_self(T* qkv, int64_t N, int64_t L, T* context, const AttentionInputs<T>& in) const;
 
+  // q [N·L, Hq], k [N·S, Hkv], v [N·S, Hkv]: the projections of query, key and value (cross-attention).
+  void project(const T* query, const T* key, const T* value, int64_t NL, int64_t NS, T* q, T* k, T* v) const;
+
   int64_t embed_dim_, num_heads_, num_kv_heads_, head_dim_, q_dim_, kv_dim_, kdim_, vdim_;
   bool bias_, packed_;
-  xt::xtensor<T, 2> in_proj_weight_;                                 // packed [Hq + 2·Hkv, E]
-  xt::xtensor<T, 2> q_proj_weight_, k_proj_weight_, v_proj_weight_;  // separate (kdim/vdim ≠ E)
-  xt::xtensor<T, 1> in_proj_bias_;                                   // [Hq + 2·Hkv]
-  Linear<T> out_proj_;                                               // [E, Hq]
+  std::unique_ptr<Linear<T>> in_proj_;                   // packed: [Hq + 2·Hkv, E], bias [Hq + 2·Hkv]
+  std::unique_ptr<Linear<T>> q_proj_, k_proj_, v_proj_;  // separate (kdim/vdim ≠ E), no bias of their own
+  xt::xtensor<T, 1> in_proj_bias_;                       // separate: [Hq + 2·Hkv]
+  Linear<T> out_proj_;                                   // [E, Hq]
 };
 
 }  // namespace transformer_core::layers

@@ -14,4 +14,8 @@ template <class T>
 void linear(const T* x, int64_t rows, int64_t in, const T* weight, const T* bias, int64_t out, T* y,
             Activation act = Activation::kNone);
 
+// y[r, j] += bias[j] for r < rows, j < n.
+template <class T>
+void add_bias(T* y, int64_t rows, int64_t n, const T* bias);
+
 }  // namespace transformer_core::ops
