@@ -7,7 +7,7 @@ import collections.abc
 import numpy
 import numpy.typing
 import typing
-__all__: list[str] = ['BertModel_f32', 'BertModel_f64', 'FeedForward_f32', 'FeedForward_f64', 'GPT2Model_f32', 'GPT2Model_f64', 'KVCache_f32', 'KVCache_f64', 'LayerNorm_f32', 'LayerNorm_f64', 'Module_f32', 'Module_f64', 'MultiheadAttention_f32', 'MultiheadAttention_f64', 'TransformerDecoderLayer_f32', 'TransformerDecoderLayer_f64', 'TransformerEncoderLayer_f32', 'TransformerEncoderLayer_f64', 'activation_f32', 'activation_f64', 'apply_rotary_f32', 'apply_rotary_f64', 'blas_config', 'get_num_threads', 'layer_norm_f32', 'layer_norm_f64', 'linear_f32', 'linear_f64', 'rotary_cos_sin_f32', 'rotary_cos_sin_f64', 'scaled_dot_product_attention_f32', 'scaled_dot_product_attention_f64', 'set_num_threads', 'sinusoidal_positional_encoding_f32', 'sinusoidal_positional_encoding_f64', 'softmax_f32', 'softmax_f64']
+__all__: list[str] = ['BertModel_f32', 'BertModel_f64', 'FeedForward_f32', 'FeedForward_f64', 'GPT2Model_f32', 'GPT2Model_f64', 'KVCache_f32', 'KVCache_f64', 'LayerNorm_f32', 'LayerNorm_f64', 'Module_f32', 'Module_f64', 'MultiheadAttention_f32', 'MultiheadAttention_f64', 'TransformerDecoderLayer_f32', 'TransformerDecoderLayer_f64', 'TransformerEncoderLayer_f32', 'TransformerEncoderLayer_f64', 'activation_f32', 'activation_f64', 'apply_rotary_f32', 'apply_rotary_f64', 'blas_config', 'flash_attention_plan', 'get_num_threads', 'layer_norm_f32', 'layer_norm_f64', 'linear_f32', 'linear_f64', 'rotary_cos_sin_f32', 'rotary_cos_sin_f64', 'scaled_dot_product_attention_f32', 'scaled_dot_product_attention_f64', 'set_num_threads', 'sinusoidal_positional_encoding_f32', 'sinusoidal_positional_encoding_f64', 'softmax_f32', 'softmax_f64']
 class Module_f32:
     def get_parameter(self, arg0: str) -> numpy.typing.NDArray[numpy.float32]:
         ...
@@ -174,6 +174,8 @@ def blas_config() -> str:
     """
     OpenBLAS build configuration.
     """
+def flash_attention_plan(batch: typing.SupportsInt | typing.SupportsIndex, num_heads: typing.SupportsInt | typing.SupportsIndex, q_len: typing.SupportsInt | typing.SupportsIndex, kv_len: typing.SupportsInt | typing.SupportsIndex, head_dim: typing.SupportsInt | typing.SupportsIndex, v_head_dim: typing.SupportsInt | typing.SupportsIndex) -> dict:
+    ...
 def get_num_threads() -> int:
     """
     Threads used by the C++ core.
@@ -190,9 +192,9 @@ def rotary_cos_sin_f32(arg0: typing.SupportsInt | typing.SupportsIndex, arg1: ty
     ...
 def rotary_cos_sin_f64(arg0: typing.SupportsInt | typing.SupportsIndex, arg1: typing.SupportsInt | typing.SupportsIndex, arg2: typing.SupportsFloat | typing.SupportsIndex, arg3: typing.SupportsInt | typing.SupportsIndex) -> tuple[numpy.typing.NDArray[numpy.float64], numpy.typing.NDArray[numpy.float64]]:
     ...
-def scaled_dot_product_attention_f32(query: numpy.ndarray, key: numpy.ndarray, value: numpy.ndarray, bool_mask: typing.Any, float_mask: typing.Any, key_mask: typing.Any, is_causal: bool, causal_offset: typing.SupportsInt | typing.SupportsIndex, scale: typing.SupportsFloat | typing.SupportsIndex, return_weights: bool, path: str) -> typing.Any:
+def scaled_dot_product_attention_f32(query: numpy.ndarray, key: numpy.ndarray, value: numpy.ndarray, bool_mask: typing.Any, float_mask: typing.Any, key_mask: typing.Any, is_causal: bool, causal_offset: typing.SupportsInt | typing.SupportsIndex, scale: typing.SupportsFloat | typing.SupportsIndex, return_weights: bool, path: str, return_lse: bool = False) -> typing.Any:
     ...
-def scaled_dot_product_attention_f64(query: numpy.ndarray, key: numpy.ndarray, value: numpy.ndarray, bool_mask: typing.Any, float_mask: typing.Any, key_mask: typing.Any, is_causal: bool, causal_offset: typing.SupportsInt | typing.SupportsIndex, scale: typing.SupportsFloat | typing.SupportsIndex, return_weights: bool, path: str) -> typing.Any:
+def scaled_dot_product_attention_f64(query: numpy.ndarray, key: numpy.ndarray, value: numpy.ndarray, bool_mask: typing.Any, float_mask: typing.Any, key_mask: typing.Any, is_causal: bool, causal_offset: typing.SupportsInt | typing.SupportsIndex, scale: typing.SupportsFloat | typing.SupportsIndex, return_weights: bool, path: str, return_lse: bool = False) -> typing.Any:
     ...
 def set_num_threads(n: typing.SupportsInt | typing.SupportsIndex) -> None:
     """
