@@ -24,8 +24,9 @@
 // L = 1), the keys are also split into chunks whose partial (m, l, o) triples are merged exactly.
 //
 // Determinism: the plan (tile sizes, key split, task list; flash_plan) is a function of the sizes
-// N, H, L, S, D, D_v alone, never of the thread count, and every output row is computed by one
-// task in a fixed order (single-threaded BLAS). So for a given input the output and lse are the
+// N, H, L, S, D, D_v alone, never of the thread count; a task computes the same operations in the
+// same order on whichever thread runs it (single-threaded BLAS, buffers equally aligned), and the
+// split-KV partials are merged in chunk order. So for a given input the output and lse are the
 // same bit for bit whatever the number of threads (set_num_threads / OMP_NUM_THREADS), on one
 // machine with one OpenBLAS build (other CPUs may take other SIMD kernels, so other roundings).
 //
@@ -488,27 +489,38 @@ void flash_serial(const AttentionArgs<T>& a, const FlashPlan& p) {
   }
 }
 
+// Buffers start on a 64-byte boundary and every per-thread / per-task part of them too, so that
+// no part's alignment (and with it no SIMD path inside BLAS) depends on which thread runs it.
+template <class T>
+constexpr int64_t kPad = 64 / int64_t(sizeof(T));  // elements per 64 bytes
+template <class T>
+int64_t pad64(int64_t elems) {
+  return (elems + kPad<T> - 1) / kPad<T> * kPad<T>;
+}
+template <class T>
+T* align64(std::vector<T>& buf) {
+  T* p = buf.data();
+  while (reinterpret_cast<uintptr_t>(p) % 64 != 0) ++p;
+  return p;
+}
+
 // Per-thread tiles, allocated once per call: s [Br, Bc] | o [Br, Dv] | m [Br] | l [Br] for each
-// thread (64-byte aligned), and valid [Bc] for each thread.
+// thread, and valid [Bc] for each thread.
 template <class T>
 class ThreadTiles {
  public:
   ThreadTiles(const FlashPlan& p, int64_t Dv, int num_threads)
-      : bc_(p.block_keys), br_(p.block_rows), dv_(Dv),
-        per_thread_((p.block_rows * (p.block_keys + Dv + 2) + kPad - 1) / kPad * kPad),
-        scratch_(size_t(per_thread_ * num_threads + kPad)), valid_(size_t(bc_ * num_threads)) {
-    base_ = scratch_.data();
-    while (reinterpret_cast<uintptr_t>(base_) % 64 != 0) ++base_;
-  }
+      : bc_(p.block_keys), br_(p.block_rows), dv_(Dv), per_thread_(pad64<T>(br_ * (bc_ + Dv + 2))),
+        scratch_(size_t(per_thread_ * num_threads + kPad<T>)), valid_(size_t(bc_ * num_threads)),
+        base_(align64(scratch_)) {}
   Tile<T> tile(int tid) { return {base_ + tid * per_thread_, valid_.data() + tid * bc_}; }
   Accumulator<T> accumulator(int tid) { return accumulator_at(base_ + tid * per_thread_ + br_ * bc_, br_, dv_); }
 
  private:
-  static constexpr int64_t kPad = 64 / int64_t(sizeof(T));
   int64_t bc_, br_, dv_, per_thread_;
   std::vector<T> scratch_;
   std::vector<uint8_t> valid_;
-  T* base_ = nullptr;
+  T* base_;
 };
 
 // plan.kv_chunks = 1: one task = one query block against all its keys; dynamic scheduling balances
@@ -525,26 +537,27 @@ void flash_blocks(const AttentionArgs<T>& a, const FlashPlan& p) {
 }
 
 // plan.kv_chunks > 1 (split-KV): task (query block b, chunk c) leaves the partial state of keys
-// [c · chunk_len, (c+1) · chunk_len) in `partial` [blocks, chunks, Br · (Dv + 2)]; then each query
-// block merges its chunks (in chunk order) and stores.
+// [c · chunk_len, (c+1) · chunk_len) in `partial` [blocks, chunks, part_size] (part_size: Br · (Dv + 2)
+// padded to 64 bytes); then each query block merges its chunks (in chunk order) and stores.
 template <class T>
 void flash_split_kv(const AttentionArgs<T>& a, const FlashPlan& p) {
   const int64_t chunks = p.kv_chunks, blocks = p.tasks / chunks;
-  const int64_t part_size = p.block_rows * (a.v_head_dim + 2);
+  const int64_t part_size = pad64<T>(p.block_rows * (a.v_head_dim + 2));
   ThreadTiles<T> tiles(p, a.v_head_dim, std::max(1, get_num_threads()));
-  std::vector<T> partial(size_t(p.tasks * part_size));
+  std::vector<T> partial_buf(size_t(p.tasks * part_size + kPad<T>));
+  T* partial = align64(partial_buf);
   parallel_tasks(p.tasks, [&](int64_t task, int tid) {
     const int64_t b = task / chunks, c = task % chunks;
     const QueryBlock qb = query_block(p, a.num_heads, a.q_len, b);
     const int64_t s_begin = c * p.kv_chunk_len, s_end = std::min(a.kv_len, s_begin + p.kv_chunk_len);
-    const Accumulator<T> acc = accumulator_at(partial.data() + task * part_size, p.block_rows, a.v_head_dim);
+    const Accumulator<T> acc = accumulator_at(partial + task * part_size, p.block_rows, a.v_head_dim);
     flash_block(a, qb, s_begin, s_end, p.block_keys, tiles.tile(tid), acc, /*use_blas=*/true);
   });
   const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(1, chunks * part_size));
   parallel_for(0, blocks, grain, [&](int64_t begin, int64_t end) {
     for (int64_t b = begin; b < end; ++b) {
       const QueryBlock qb = query_block(p, a.num_heads, a.q_len, b);
-      T* parts = partial.data() + b * chunks * part_size;
+      T* parts = partial + b * chunks * part_size;
       flash_store(a, qb, flash_merge(parts, chunks, part_size, p.block_rows, qb.rows, a.v_head_dim));
     }
   });
