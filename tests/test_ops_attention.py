@@ -411,3 +411,94 @@ def test_sdpa_large_scores_stable(rng, dtype):
     tol = 1e-4 if dtype == np.float32 else 1e-9
     assert_close(out, ref_out, dtype, atol_=tol)
     assert_close(w, ref_w, dtype, atol_=tol)
+
+
+# ------------------------------------------------------------------------------ log-sum-exp
+def torch_lse(q, k, *, bool_mask=None, float_mask=None, is_causal=False, alignment="top_left",
+              scale=None):
+    """torch.logsumexp over the keys of the masked scaled scores, in float64: (..., L)."""
+    qt, kt = to_torch(q).double(), to_torch(k).double()
+    L, S, E = q.shape[-2], k.shape[-2], q.shape[-1]
+    scores = (qt @ kt.transpose(-2, -1)) * (1.0 / math.sqrt(E) if scale is None else scale)
+    if float_mask is not None:
+        scores = scores + to_torch(float_mask).double()
+    allowed = torch.ones(L, S, dtype=torch.bool)
+    if is_causal:
+        allowed = allowed.tril(0 if alignment == "top_left" else S - L)
+    if bool_mask is not None:
+        allowed = allowed & to_torch(bool_mask)
+    return torch.logsumexp(scores.masked_fill(~allowed, float("-inf")), dim=-1).numpy()
+
+
+LSE_CASES = [  # (lead, L, S, E, Ev, mask kind)
+    ((2,), 7, 9, 8, 5, "none"),
+    ((3,), 1, 17, 16, 3, "bool"),
+    ((2, 3), 9, 7, 8, 6, "causal_top_left"),
+    ((2, 3), 7, 9, 8, 6, "causal_bottom_right"),
+    ((2, 3), 7, 9, 8, 6, "float"),
+    ((1, 2), 300, 130, 16, 16, "bool"),
+    ((1, 2), 1, 1500, 64, 64, "causal_bottom_right"),
+]
+
+
+@pytest.mark.parametrize("path", ["auto", "flash", "reference"])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("lead,L,S,E,Ev,kind", LSE_CASES,
+                         ids=["x".join(map(str, c[0])) + f"-L{c[1]}S{c[2]}-{c[5]}" for c in LSE_CASES])
+def test_sdpa_return_lse(rng, lead, L, S, E, Ev, kind, dtype, path):
+    """lse = log Σ_s exp(scale · q·k_s + mask) over the visible keys, against torch.logsumexp;
+    -inf for a row that sees no key. With return_weights too: (output, weights, lse)."""
+    q, k, v = make_qkv(rng, lead, L, S, E, Ev, dtype)
+    kw, ref_kw = {}, {}
+    if kind == "bool":
+        mask = _bool_mask(rng, (L, S))
+        mask[L // 2] = False  # a row that sees no key
+        kw["attn_mask"] = ref_kw["bool_mask"] = mask
+    elif kind == "float":
+        fmask = randn(rng, (L, S), dtype, scale=2.0)
+        fmask[1] = -np.inf
+        kw["attn_mask"] = ref_kw["float_mask"] = fmask
+    elif kind.startswith("causal"):
+        alignment = kind[len("causal_"):]
+        kw.update(is_causal=True, causal_alignment=alignment)
+        ref_kw.update(is_causal=True, alignment=alignment)
+    out, lse = F.scaled_dot_product_attention(q, k, v, return_lse=True, path=path, **kw)
+    ref = torch_lse(q, k, **ref_kw)
+    assert lse.dtype == np.dtype(dtype) and lse.shape == lead + (L,)
+    finite = np.isfinite(ref)
+    assert np.array_equal(np.isfinite(lse), finite) and np.all(lse[~finite] == -np.inf)
+    assert_close(lse[finite], ref[finite], dtype, what="lse vs torch.logsumexp")
+    assert np.array_equal(out, F.scaled_dot_product_attention(q, k, v, path=path, **kw))
+    # the weights follow from the lse: weights = exp(x - lse)
+    out_w, w, lse_w = F.scaled_dot_product_attention(q, k, v, return_weights=True, return_lse=True,
+                                                     path=path, **kw)
+    assert w.shape == lead + (L, S) and lse_w.shape == lead + (L,)
+    assert_close(lse_w[finite], ref[finite], dtype, what="lse (with weights) vs torch.logsumexp")
+    assert np.all(lse_w[~finite] == -np.inf)
+    assert_close(out_w, out, dtype, what="output with weights and lse")
+
+
+# ------------------------------------------------------------------------------- NaN parity
+NAN_SHAPES = [((2, 3), 5, 9, 8, "serial"), ((2, 3), 200, 300, 16, "tiles"), ((2, 3), 1, 4100, 64, "split")]
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("path", ["flash", "reference"])
+@pytest.mark.parametrize("lead,L,S,E,what", NAN_SHAPES, ids=[c[-1] for c in NAN_SHAPES])
+def test_sdpa_scale_zero_keeps_nan(rng, lead, L, S, E, what, path, dtype):
+    """scale = 0 with a NaN in the query or an inf in the key: torch's math path multiplies (q · 0 is
+    NaN, inf · 0 is NaN) and gives NaN rows; BLAS with alpha = 0 would skip the product and give
+    finite rows. Both our paths must give torch's NaN rows, and its values elsewhere (the mean of v)."""
+    q, k, v = make_qkv(rng, lead, L, S, E, E, dtype)
+    q[0, 1, L - 1, 2] = np.nan  # one query row
+    k[1, 2, S // 2, 0] = np.inf  # every row of head (1, 2)
+    ref, _ = torch.ops.aten._scaled_dot_product_attention_math(to_torch(q), to_torch(k), to_torch(v),
+                                                                scale=0.0)
+    ref = ref.numpy()
+    out, lse = F.scaled_dot_product_attention(q, k, v, scale=0.0, path=path, return_lse=True)
+    nan_rows = np.isnan(ref).all(-1)
+    assert nan_rows[0, 1, L - 1] and nan_rows[1, 2].all() and nan_rows.sum() == 1 + L
+    assert np.array_equal(np.isnan(out).all(-1), nan_rows) and not np.isnan(out[~nan_rows]).any()
+    assert np.array_equal(np.isnan(lse), nan_rows)
+    assert_close(out[~nan_rows], ref[~nan_rows], dtype, what="scale = 0, finite rows")
+    assert_close(lse[~nan_rows], np.full((~nan_rows).sum(), np.log(S)), dtype, what="lse = log S")

@@ -114,11 +114,12 @@ void register_dtype(py::module_& m) {
       py::arg("gate"), py::arg("up"), py::arg("activation"));
 
   // query [N, H, L, D], key [N, H_kv, S, D], value [N, H_kv, S, Dv] (any strides, last dim contiguous)
-  // -> out [N, H, L, Dv] (and weights [N, H, L, S] if return_weights)
+  // -> out [N, H, L, Dv]; with return_weights and/or return_lse a tuple (out[, weights [N, H, L, S]]
+  // [, lse [N, H, L]]), in that order
   m.def(("scaled_dot_product_attention" + sfx).c_str(),
         [](const py::array& query, const py::array& key, const py::array& value, const py::object& bool_mask,
            const py::object& float_mask, const py::object& key_mask, bool is_causal, int64_t causal_offset,
-           double scale, bool return_weights, const std::string& path) -> py::object {
+           double scale, bool return_weights, const std::string& path, bool return_lse) -> py::object {
           const auto q = view4<T>(query, "query"), k = view4<T>(key, "key"), v = view4<T>(value, "value");
           const auto masks = make_masks<T>(bool_mask, float_mask, key_mask, is_causal, causal_offset);
           const int64_t N = q.shape[0], H = q.shape[1], L = q.shape[2], D = q.shape[3];
@@ -145,17 +146,25 @@ void register_dtype(py::module_& m) {
             a.weights = w.mutable_data();
             weights = w;
           }
+          py::object lse = py::none();
+          if (return_lse) {
+            py::array_t<T> e({N, H, L});
+            a.lse = e.mutable_data();
+            lse = e;
+          }
           const auto p = ops::parse_attention_path(path);
           {
             py::gil_scoped_release release;
             ops::scaled_dot_product_attention(a, p);
           }
+          if (return_weights && return_lse) return py::make_tuple(out, weights, lse);
           if (return_weights) return py::make_tuple(out, weights);
+          if (return_lse) return py::make_tuple(out, lse);
           return std::move(out);
         },
         py::arg("query"), py::arg("key"), py::arg("value"), py::arg("bool_mask"), py::arg("float_mask"),
         py::arg("key_mask"), py::arg("is_causal"), py::arg("causal_offset"), py::arg("scale"),
-        py::arg("return_weights"), py::arg("path"));
+        py::arg("return_weights"), py::arg("path"), py::arg("return_lse") = false);
 }
 
 }  // namespace
@@ -173,6 +182,23 @@ void register_functional(py::module_& m) {
         "The Activation a name stands for; ValueError naming the accepted ones otherwise.");
   register_dtype<float>(m);
   register_dtype<double>(m);
+  // For tests: the flash kernel's plan for these sizes, as a dict of FlashPlan's fields.
+  m.def(
+      "flash_attention_plan",
+      [](int64_t batch, int64_t num_heads, int64_t q_len, int64_t kv_len, int64_t head_dim, int64_t v_head_dim) {
+        const auto p = ops::flash_attention_plan(batch, num_heads, q_len, kv_len, head_dim, v_head_dim);
+        py::dict d;
+        d["serial"] = p.serial;
+        d["block_rows"] = p.block_rows;
+        d["block_keys"] = p.block_keys;
+        d["query_blocks"] = p.query_blocks;
+        d["kv_chunks"] = p.kv_chunks;
+        d["kv_chunk_len"] = p.kv_chunk_len;
+        d["tasks"] = p.tasks;
+        return d;
+      },
+      py::arg("batch"), py::arg("num_heads"), py::arg("q_len"), py::arg("kv_len"), py::arg("head_dim"),
+      py::arg("v_head_dim"));
 }
 
 }  // namespace transformer_core::bindings

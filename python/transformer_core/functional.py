@@ -221,7 +221,7 @@ def _as_4d(mask: np.ndarray | None, shape4: tuple) -> np.ndarray | None:
 def scaled_dot_product_attention(query, key, value, attn_mask=None, *, query_mask=None, key_mask=None,
                                  is_causal: bool = False, scale: float | None = None,
                                  return_weights: bool = False, causal_alignment: str = "top_left",
-                                 enable_gqa: bool = False, path: str = "auto"):
+                                 enable_gqa: bool = False, path: str = "auto", return_lse: bool = False):
     """Scaled dot-product attention (Vaswani et al. 2017, eq. 1; the encoder tutorial's "Scaled Dot-product
     Attention")::
 
@@ -244,11 +244,20 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, *, query_mas
         return_weights: also return the attention probabilities.
         path: ``"auto"`` (tiled flash kernel; the reference when weights are asked for),
             ``"flash"`` or ``"reference"`` (the unfused oracle).
+        return_lse: also return the log-sum-exp of each query row's scores,
+            ``lse_i = log Σ_s exp(x_is)`` with ``x = Q Kᵀ · scale + mask`` over the keys row i may
+            see: what the backward pass of FlashAttention-2 (Dao 2023, alg. 2) recomputes the
+            weights from, ``weights = exp(x - lse)``.
 
     Returns:
         ``(..., L, Ev)``, dtype of ``query`` (float32 unless query is float64); with
-        ``return_weights``, a pair ``(output, weights)`` with weights ``(..., L, S)``. A query row
-        whose keys are all masked gives zeros in both; NaN in the inputs still gives NaN.
+        ``return_weights`` and/or ``return_lse``, a tuple ``(output[, weights][, lse])`` in that
+        order, weights ``(..., L, S)``, lse ``(..., L)``. A query row whose keys are all masked
+        gives zeros in output and weights and ``-inf`` in lse; NaN in the inputs still gives NaN
+        (also with ``scale=0``: 0 · NaN is NaN, as in torch's math path).
+
+        The result is the same bit for bit for any thread count (``set_num_threads``): the
+        kernels cut the work by the shapes alone.
 
     Raises:
         ValueError: rank < 2, empty arrays, mismatched leading dims / lengths / feature sizes,
@@ -296,11 +305,15 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, *, query_mas
     offset = 0 if causal_alignment == "top_left" else S - L
     result = variant("scaled_dot_product_attention", dtype)(
         q4, k4, v4, _as_4d(bool_mask, shape4), _as_4d(float_mask, shape4), None, bool(is_causal), offset,
-        float(scale), bool(return_weights), path)
+        float(scale), bool(return_weights), path, return_lse=bool(return_lse))
+    if not (return_weights or return_lse):
+        return result.reshape(lead + (L, v.shape[-1]))
+    out = (result[0].reshape(lead + (L, v.shape[-1])),)
     if return_weights:
-        out, weights = result
-        return out.reshape(lead + (L, v.shape[-1])), weights.reshape(lead + (L, S))
-    return result.reshape(lead + (L, v.shape[-1]))
+        out += (result[1].reshape(lead + (L, S)),)
+    if return_lse:
+        out += (result[-1].reshape(lead + (L,)),)
+    return out
 
 
 # --------------------------------------------------------------------------------------------------

@@ -3,8 +3,6 @@
 #include <stdexcept>
 #include <string>
 
-#include "transformer_core/kernels/flash_attention.hpp"
-
 namespace transformer_core::ops {
 
 namespace {
@@ -28,6 +26,15 @@ void scaled_dot_product_attention(const AttentionArgs<T>& a, AttentionPath path)
   } else {
     kernels::attention_flash(a);
   }
+}
+
+FlashPlan flash_attention_plan(int64_t batch, int64_t num_heads, int64_t q_len, int64_t kv_len, int64_t head_dim,
+                               int64_t v_head_dim) {
+  if (batch < 0 || num_heads < 0 || q_len < 0 || kv_len < 0 || head_dim < 0 || v_head_dim < 0)
+    throw std::invalid_argument("flash_attention_plan: sizes must be >= 0, got N=" + str(batch) + " H=" +
+                                str(num_heads) + " L=" + str(q_len) + " S=" + str(kv_len) + " D=" + str(head_dim) +
+                                " Dv=" + str(v_head_dim));
+  return kernels::flash_plan(batch, num_heads, q_len, kv_len, head_dim, v_head_dim);
 }
 
 AttentionPath parse_attention_path(const std::string& name) {

@@ -17,9 +17,17 @@
 //   is_causal:                s <= l + causal_offset (top-left alignment: offset 0;
 //                             bottom-right, as for a KV cache: offset S - L)
 // A query row that can see no key gives zeros (output and weights), never NaN.
+//
+// Log-sum-exp (optional output, what FlashAttention-2's backward pass needs, Dao 2023, alg. 2):
+//   lse_i = log Σ_s exp(x_is),   x_is = scale · q_i · k_s + mask_is   over the keys row i may see
+//   lse: [N, H, L] contiguous;  -inf for a row that can see no key;  NaN where the row's scores hold NaN.
+//
+// NaN: a NaN or inf in q or k makes NaN scores, even with scale = 0 (0 · inf = NaN, as in torch's
+// math path), and a NaN score makes its row NaN.
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <vector>
@@ -47,6 +55,7 @@ struct AttentionArgs : AttentionMasks<T> {  // the masks: attention_masks.hpp
   T scale = T(1);
 
   T* weights = nullptr;  // optional output [N, H, L, S], contiguous
+  T* lse = nullptr;      // optional output [N, H, L], contiguous: log Σ_s exp(x_is) per query row
 };
 
 // Applies every mask of `a` to the scores of query row l, keys [s0, s0 + len), in place.
@@ -78,6 +87,45 @@ inline void apply_masks_row(const AttentionArgs<T>& a, int64_t n, int64_t h, int
   }
 }
 
+// cblas wants ld ≥ the row length even when there is a single row, where ld is never used.
+inline int64_t ld_for(int64_t ld, int64_t rows, int64_t cols) {
+  return rows <= 1 ? std::max<int64_t>({ld, cols, 1}) : ld;
+}
+
+// x[rows, cols] (row stride ldx) = scale · q[rows, D] (ldq) · k[cols, D]ᵀ (ldk)
+// BLAS returns beta · C without reading A and B when alpha = 0, which would turn a NaN or inf of q or
+// k into a score of 0; torch multiplies (0 · NaN = NaN). So scale = 0 runs the product with alpha = 1
+// and multiplies by the scale after. D = 0: every score is 0.
+template <class T>
+inline void attention_scores(int64_t rows, int64_t cols, int64_t D, T scale, const T* q, int64_t ldq,
+                             const T* k, int64_t ldk, T* x, int64_t ldx) {
+  if (D == 0) {
+    for (int64_t i = 0; i < rows; ++i) std::fill(x + i * ldx, x + i * ldx + cols, T(0));
+    return;
+  }
+  const bool zero_scale = scale == T(0);
+  gemm(false, true, rows, cols, D, zero_scale ? T(1) : scale, q, ldq, k, ld_for(ldk, cols, D), T(0), x, ldx);
+  if (zero_scale)
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t j = 0; j < cols; ++j) x[i * ldx + j] *= scale;
+}
+
+// log Σ_j exp(x_j), j < n, computed as m + log Σ_j exp(x_j - m) with m = max_j x_j.
+// -inf when every x_j is -inf (or n = 0); NaN when some x_j is NaN.
+template <class T>
+inline T log_sum_exp_row(const T* x, int64_t n) {
+  constexpr T neg_inf = -std::numeric_limits<T>::infinity();
+  T m = neg_inf;
+  for (int64_t j = 0; j < n; ++j) {
+    if (x[j] != x[j]) return x[j];  // NaN
+    m = x[j] > m ? x[j] : m;
+  }
+  if (m == neg_inf) return neg_inf;
+  T sum = 0;
+  for (int64_t j = 0; j < n; ++j) sum += std::exp(x[j] - m);
+  return m + std::log(sum);
+}
+
 // The reference path: the whole [L, S] score matrix of one (n, h) at a time, two GEMMs and a
 // row softmax between them. Simple and exact; the oracle the tiled kernel is tested against.
 template <class T>
@@ -93,28 +141,28 @@ void attention_reference(const AttentionArgs<T>& a) {
     const T* k = a.k + n * a.k_stride_n + hk * a.k_stride_h;
     const T* v = a.v + n * a.v_stride_n + hk * a.v_stride_h;
     T* out = a.out + n * a.o_stride_n + h * a.o_stride_h;
+    T* lse = a.lse != nullptr ? a.lse + task * L : nullptr;  // [L] of this (n, h), or none
     if (S == 0) {  // nothing to attend to
       for (int64_t l = 0; l < L; ++l)
         for (int64_t j = 0; j < Dv; ++j) out[l * a.o_stride_l + j] = T(0);
+      if (lse != nullptr) std::fill(lse, lse + L, -std::numeric_limits<T>::infinity());
       return;
     }
     std::vector<T>& scores = scratch[static_cast<size_t>(tid)];
     scores.resize(static_cast<size_t>(L * S));
     // scores[L, S] = scale · q[L, D] · k[S, D]ᵀ
-    if (D > 0) {
-      gemm(false, true, L, S, D, a.scale, q, a.q_stride_l, k, a.k_stride_s, T(0), scores.data(), S);
-    } else {
-      std::fill(scores.begin(), scores.end(), T(0));
-    }
+    attention_scores(L, S, D, a.scale, q, a.q_stride_l, k, a.k_stride_s, scores.data(), S);
     bool any_empty_row = false;  // a row that can see no key: its output is zeros, whatever v holds
     for (int64_t l = 0; l < L; ++l) {
       T* row = scores.data() + l * S;
       if (a.has_any_mask()) apply_masks_row(a, n, h, l, 0, S, row);
+      if (lse != nullptr) lse[l] = log_sum_exp_row(row, S);
       softmax_row(row, S);
       any_empty_row = any_empty_row || std::all_of(row, row + S, [](T p) { return p == T(0); });
     }
     // out[L, Dv] = p[L, S] · v[S, Dv]
-    if (Dv > 0) gemm(false, false, L, Dv, S, T(1), scores.data(), S, v, a.v_stride_s, T(0), out, a.o_stride_l);
+    if (Dv > 0)
+      gemm(false, false, L, Dv, S, T(1), scores.data(), S, v, ld_for(a.v_stride_s, S, Dv), T(0), out, a.o_stride_l);
     for (int64_t l = 0; any_empty_row && l < L; ++l) {
       const T* row = scores.data() + l * S;
       if (std::all_of(row, row + S, [](T p) { return p == T(0); }))

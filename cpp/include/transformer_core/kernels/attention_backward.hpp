@@ -78,7 +78,6 @@ constexpr int64_t kBlockKeys = 64;  // Bc
 // The one-pass schedule needs this many (n, kv head) tasks to keep the threads busy.
 constexpr int64_t kOnePassMinTasks = 12;
 
-using flash_detail::ld_for;
 
 // True if query row l can see some key of [s0, s0 + cols) under the causal mask (or no causal mask).
 template <class T>
@@ -124,13 +123,8 @@ bool tile_p_ds(const AttentionBackwardArgs<T>& b, const T* delta, int64_t n, int
   const T* dlt = delta + (n * a.num_heads + h) * L + l0;                                // [br]
   const int64_t ld = kBlockKeys;
 
-  // x[br, cols] = scale · q[br, D] · k[cols, D]ᵀ
-  if (D == 0) {
-    for (int64_t i = 0; i < br; ++i) std::fill(p + i * ld, p + i * ld + cols, T(0));
-  } else {
-    gemm(false, true, br, cols, D, a.scale, q, ld_for(a.q_stride_l, br, D), k, ld_for(a.k_stride_s, cols, D), T(0),
-         p, ld);
-  }
+  // x[br, cols] = scale · q[br, D] · k[cols, D]ᵀ   (the forward's scores, attention.hpp)
+  attention_scores(br, cols, D, a.scale, q, ld_for(a.q_stride_l, br, D), k, a.k_stride_s, p, ld);
   // masks, then p = exp(x - lse); a row with lse = -inf sees nothing: p = 0
   bool any = false;
   for (int64_t i = 0; i < br; ++i) {

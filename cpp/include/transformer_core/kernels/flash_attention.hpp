@@ -4,19 +4,35 @@
 //
 //   Attention(Q, K, V) = softmax(Q Kᵀ · scale + mask) V
 //
-//   q: [N, H, L, D]   k: [N, H_kv, S, D]   v: [N, H_kv, S, D_v]   out: [N, H, L, D_v]
+//   q: [N, H, L, D]   k: [N, H_kv, S, D]   v: [N, H_kv, S, D_v]   out: [N, H, L, D_v]   lse: [N, H, L]
 //
 // The [L, S] product is cut into tiles of Br query rows × Bc keys. For one query block, the key
 // blocks are visited in order, keeping per row i a running max m_i, a running sum l_i and an
-// unnormalised accumulator o_i = Σ_s exp(x_is - m_i) v_s; each new block rescales what came before
-// by exp(m_old - m_new), and the row is divided by l_i once at the end. Both tile products are GEMMs
+// unnormalised accumulator o_i; one key block (scores x_ij, j in the block) updates them as
+//
+//   m̃   = max_j x_ij                       the block's row max
+//   m_new = max(m_old, m̃)
+//   p_ij = exp(x_ij − m_new)
+//   α    = exp(m_old − m_new)               rescales what the earlier blocks summed
+//   l    ← α·l + Σ_j p_ij
+//   o    ← α·o + P·V
+//
+// and after the last block  out_i = o_i / l_i,  lse_i = m_i + log l_i. Both tile products are GEMMs
 // (OpenBLAS, single-threaded inside our parallel region).
 //
-// Parallel over (n, h, query block) tasks; when they are too few to keep the threads busy (decoding:
+// Parallel over (n, h, query block) tasks; when they are too few to keep threads busy (decoding:
 // L = 1), the keys are also split into chunks whose partial (m, l, o) triples are merged exactly.
 //
-// Masks, GQA, fully masked rows (zeros), NaN (propagates to the row), S = 0 (zeros): as in
-// attention.hpp. `a.weights` is never written: callers who want the weights use the reference path.
+// Determinism: the plan (tile sizes, key split, task list; flash_plan) is a function of the sizes
+// N, H, L, S, D, D_v alone, never of the thread count; a task computes the same operations in the
+// same order on whichever thread runs it (single-threaded BLAS, buffers equally aligned), and the
+// split-KV partials are merged in chunk order. So for a given input the output and lse are the
+// same bit for bit whatever the number of threads (set_num_threads / OMP_NUM_THREADS), on one
+// machine with one OpenBLAS build (other CPUs may take other SIMD kernels, so other roundings).
+//
+// Masks, GQA, fully masked rows (zeros; lse = -inf), NaN (propagates to the row), S = 0 (zeros):
+// as in attention.hpp. `a.weights` is never written: callers who want the weights use the
+// reference path.
 #pragma once
 
 #include <algorithm>
@@ -52,23 +68,67 @@ using fast_math::exp_nonpos;
 //   * Bc = 256 keys: the score tile [128, 256] (128 KiB) and the k, v blocks [256, D] (64 KiB each
 //     at D = 64) stay in L2 between the two GEMMs and the softmax pass; smaller Bc pays OpenBLAS's
 //     per-call packing more often, larger Bc spills L2.
-//   * Blocks on the causal diagonal are cut into kDiagRows-row GEMMs (see flash_block), so a tall
+//   * Blocks on the causal diagonal are cut into kDiagRows-row GEMMs (see flash_tile), so a tall
 //     Br costs little extra work on causal masks.
 constexpr int64_t kBlockRows = 128;  // Br
 constexpr int64_t kBlockKeys = 256;  // Bc
 // One query row (decoding): the tile is [1, Bc], so a long key block costs nothing and saves calls.
 constexpr int64_t kBlockKeysOneRow = 2048;
-// Rows per GEMM on a block that straddles the causal diagonal (see flash_block).
+// Rows per GEMM on a block that straddles the causal diagonal (see flash_tile).
 constexpr int64_t kDiagRows = 32;
 // Below this many flops (≈ 10 µs of work) the whole call runs on the calling thread, from a stack
 // buffer of kStackElems elements when one tile fits in it: no heap, no parallel region, no BLAS.
 constexpr double kSerialFlops = double(1 << 18);
 constexpr int64_t kStackElems = 4096;
-// Key splitting (decoding): aim for at least max(kMinTasks, 2 · threads) tasks, each chunk of keys
-// at least kMinChunk long. Up to 8 threads the split depends on the shape only, so the result is
-// the same bit for bit whatever the thread count.
-constexpr int64_t kMinTasks = 16;
+// Key splitting (decoding): when there are fewer than kSplitTasks (n, h, query block) tasks, the
+// keys are cut into chunks of at least kMinChunk keys (a multiple of 64) until there are about
+// kSplitTasks tasks. A constant, not a multiple of the thread count, so that the split (and with it
+// the rounding of the result) depends on the shape only; 32 tasks keep 16 threads busy twice over.
+constexpr int64_t kSplitTasks = 32;
 constexpr int64_t kMinChunk = 512;
+
+}  // namespace flash_detail
+
+// How attention_flash cuts one call into work: a function of the sizes alone (see "Determinism").
+struct FlashPlan {
+  bool serial = false;       // tiny problem: one thread, the tile on the stack, no BLAS
+  int64_t block_rows = 0;    // Br: query rows per block (min(128, L))
+  int64_t block_keys = 0;    // Bc: keys per block (min(256, S); min(2048, S) when L = 1)
+  int64_t query_blocks = 0;  // ⌈L / Br⌉
+  int64_t kv_chunks = 1;     // key ranges per query block; > 1: split-KV, partial results merged
+  int64_t kv_chunk_len = 0;  // keys per range (the last one may be shorter)
+  int64_t tasks = 0;         // N · H · query_blocks · kv_chunks  (0 when N, H, L or S is 0)
+};
+
+inline FlashPlan flash_plan(int64_t N, int64_t H, int64_t L, int64_t S, int64_t D, int64_t Dv) {
+  using namespace flash_detail;
+  FlashPlan p;
+  if (N == 0 || H == 0 || L == 0 || S == 0) return p;
+  p.block_rows = std::min(kBlockRows, L);
+  p.block_keys = std::min(L == 1 ? kBlockKeysOneRow : kBlockKeys, S);
+  p.query_blocks = (L + p.block_rows - 1) / p.block_rows;
+  p.kv_chunk_len = S;
+  const int64_t base_tasks = N * H * p.query_blocks;  // (n, h, query block)
+  p.tasks = base_tasks;
+  // Tiny problems: one thread, the tile s [Br, Bc] | o [Br, Dv] | m [Br] | l [Br] on the stack.
+  const double flops = 2.0 * double(N * H) * double(L) * double(S) * double(D + Dv);
+  const int64_t tile_elems = p.block_rows * (p.block_keys + Dv + 2);
+  if (flops < kSerialFlops && tile_elems <= kStackElems) {
+    p.serial = true;
+    return p;
+  }
+  // Too few tasks: split the keys into chunks of ≥ kMinChunk keys, a multiple of 64.
+  if (base_tasks < kSplitTasks && S >= 2 * kMinChunk) {
+    const int64_t want = (kSplitTasks + base_tasks - 1) / base_tasks;
+    const int64_t chunks = std::min(want, S / kMinChunk);
+    p.kv_chunk_len = ((S + chunks - 1) / chunks + 63) / 64 * 64;
+    p.kv_chunks = (S + p.kv_chunk_len - 1) / p.kv_chunk_len;
+    p.tasks = base_tasks * p.kv_chunks;
+  }
+  return p;
+}
+
+namespace flash_detail {
 
 // exp_nonpos: kernels/fast_math.hpp
 
@@ -146,11 +206,6 @@ inline T exp_row_sum(T* x, int64_t n, T m) {
   return sum;
 }
 
-// cblas wants ld ≥ the row length even when there is a single row, where ld is never used.
-inline int64_t ld_for(int64_t ld, int64_t rows, int64_t cols) {
-  return rows <= 1 ? std::max<int64_t>({ld, cols, 1}) : ld;
-}
-
 // The same two products as plain loops, for tiny problems: no BLAS call (which, outside a
 // parallel region, may start threads of its own for a few hundred flops).
 //   x[rows, cols] (row stride ldx) = scale · q[rows, D] (ldq) · k[cols, D]ᵀ (ldk)
@@ -186,289 +241,342 @@ void small_pv(int64_t rows, int64_t cols, int64_t Dv, const T* p, int64_t ldp, c
   }
 }
 
+// ---- the pieces of one task ------------------------------------------------------------------
+
+// One query block: rows l0 .. l0+rows-1 of head (n, h); `index` counts (n, h, query block).
+struct QueryBlock {
+  int64_t n, h, l0, rows;
+};
+inline QueryBlock query_block(const FlashPlan& p, int64_t H, int64_t L, int64_t index) {
+  const int64_t nh = index / p.query_blocks, l0 = (index % p.query_blocks) * p.block_rows;
+  return {nh / H, nh % H, l0, std::min(p.block_rows, L - l0)};
+}
+
 // One thread's tile buffers.
 template <class T>
 struct Tile {
-  T* s = nullptr;            // [Br, Bc]  scores, then probabilities
+  T* s = nullptr;            // [Br, Bc]  scores, then probabilities (row stride Bc)
   uint8_t* valid = nullptr;  // [Bc]      key_mask of the current key block, made contiguous
 };
 
-// The online softmax of one query block against one range of keys.
-//   rows l0 .. l0+br-1 of head (n, h), keys [s_begin, s_end)
-//   o: [br, Dv] (row stride Dv)  m, l: [br]   the unnormalised result:
-//      m_i = max_s x_is,   l_i = Σ_s exp(x_is - m_i),   o_i = Σ_s exp(x_is - m_i) v_s
-//   (m_i = -inf, l_i = 0, o_i = 0 when row i sees no key of the range)
+// The online-softmax state of one query block, in a buffer of Br · (Dv + 2): o | m | l.
 template <class T>
-void flash_block(const AttentionArgs<T>& a, int64_t n, int64_t h, int64_t l0, int64_t br,
-                 int64_t s_begin, int64_t s_end, int64_t bc, const Tile<T>& tile, T* o, T* m, T* l,
-                 bool use_blas = true) {
-  constexpr T neg_inf = -std::numeric_limits<T>::infinity();
-  const int64_t D = a.head_dim, Dv = a.v_head_dim;
-  const int64_t hk = h / (a.num_heads / a.num_kv_heads);  // GQA: the key/value head of query head h
-  const T* q = a.q + n * a.q_stride_n + h * a.q_stride_h + l0 * a.q_stride_l;  // [br, D]
-  const T* k = a.k + n * a.k_stride_n + hk * a.k_stride_h;                     // [S, D]
-  const T* v = a.v + n * a.v_stride_n + hk * a.v_stride_h;                     // [S, Dv]
-  const bool generic_masks = a.bool_mask != nullptr || a.float_mask != nullptr;
-  const bool key_mask_only = a.key_mask != nullptr && !generic_masks;
-
-  // Causal: row l sees keys s ≤ l + causal_offset, so the block's last row sees the most.
-  if (a.is_causal) s_end = std::min(s_end, l0 + br + a.causal_offset);
-
-  for (int64_t i = 0; i < br; ++i) {  // m_i = -inf, l_i = 0
-    m[i] = neg_inf;
-    l[i] = T(0);
-  }
-  bool first = true;  // o not yet written: the first P·V product overwrites it (beta = 0)
-  for (int64_t s0 = s_begin; s0 < s_end; s0 += bc) {
-    // Keys [s0, s0 + cols) of this block; with a causal mask, row i sees the first vis_i of them,
-    // the last row the most (cols), so columns beyond cols are masked for every row.
-    const int64_t cols = std::min(bc, s_end - s0);
-    // A block is fully visible when even the first row sees its last key: no causal work.
-    const bool causal_here = a.is_causal && s0 + cols - 1 > l0 + a.causal_offset;
-    if (key_mask_only) {
-      const uint8_t* km = a.key_mask + n * a.key_mask_stride_n + s0 * a.key_mask_stride_s;
-      for (int64_t j = 0; j < cols; ++j) tile.valid[j] = km[j * a.key_mask_stride_s] != 0;
-    }
-    // A block on the causal diagonal is done in groups of kDiagRows rows, each group's products
-    // cut at its own last visible key: about half the diagonal tile's work instead of all of it.
-    const int64_t group_rows = causal_here ? kDiagRows : br;
-    for (int64_t i0 = 0; i0 < br; i0 += group_rows) {
-      const int64_t rows = std::min(group_rows, br - i0);
-      const int64_t g_cols =
-          causal_here ? std::clamp<int64_t>(l0 + i0 + rows + a.causal_offset - s0, 0, cols) : cols;
-      T* o_g = o + i0 * Dv;  // [rows, Dv]
-      if (g_cols == 0) {     // the group sees no key of this block: it keeps its m, l, o
-        if (first) std::fill(o_g, o_g + rows * Dv, T(0));
-        continue;
-      }
-      T* x_g = tile.s + i0 * bc;  // [rows, g_cols] of the score tile (row stride Bc)
-      const T* q_g = q + i0 * a.q_stride_l;
-      const T* k_b = k + s0 * a.k_stride_s;  // [g_cols, D]
-      const T* v_b = v + s0 * a.v_stride_s;  // [g_cols, Dv]
-
-      // x[rows, g_cols] = scale · q[rows, D] · k[s0 : s0+g_cols, D]ᵀ    (one row: gemm runs a gemv)
-      if (D == 0) {
-        for (int64_t i = 0; i < rows; ++i) std::fill(x_g + i * bc, x_g + i * bc + g_cols, T(0));
-      } else if (!use_blas) {
-        small_qk(rows, g_cols, D, a.scale, q_g, a.q_stride_l, k_b, a.k_stride_s, x_g, bc);
-      } else {
-        gemm(false, true, rows, g_cols, D, a.scale, q_g, a.q_stride_l, k_b,
-             ld_for(a.k_stride_s, g_cols, D), T(0), x_g, bc);
-      }
-
-      for (int64_t i = i0; i < i0 + rows; ++i) {
-        T* x = tile.s + i * bc;  // x_i[g_cols]
-        const int64_t vis =
-            causal_here ? std::clamp<int64_t>(l0 + i + a.causal_offset + 1 - s0, 0, g_cols) : g_cols;
-        // Masks, then the block's row max  m̃ = max_j x_ij  (fused for the key-padding mask)
-        T m_blk;
-        if (generic_masks) {
-          apply_masks_row(a, n, h, l0 + i, s0, vis, x);
-          m_blk = row_max(x, vis);
-        } else if (key_mask_only) {
-          m_blk = mask_row_max(x, tile.valid, vis);
-        } else {
-          m_blk = row_max(x, vis);
-        }
-        // m_new = max(m_old, m̃); all -inf so far (nothing visible yet): exponents relative to 0,
-        // so every -inf gives exp = 0 and a NaN still gives NaN.
-        const T m_old = m[i];
-        const T m_new = m_blk > m_old ? m_blk : m_old;
-        const T m_use = m_new == neg_inf ? T(0) : m_new;
-        // p_ij = exp(x_ij - m_new)  (causally masked columns past vis: 0),   l̃ = Σ_j p_ij
-        const T l_blk = exp_row_sum(x, vis, m_use);
-        std::fill(x + vis, x + g_cols, T(0));
-        // α = exp(m_old - m_new):   l_i ← α l_i + l̃,   o_i ← α o_i   (o_i gets + p_i · v next)
-        if (!first) {
-          const T alpha = m_old == m_use ? T(1) : std::exp(m_old - m_use);
-          if (alpha != T(1)) {
-            T* oi = o + i * Dv;
-            for (int64_t j = 0; j < Dv; ++j) oi[j] *= alpha;
-          }
-          l[i] = alpha * l[i] + l_blk;
-        } else {
-          l[i] = l_blk;
-        }
-        m[i] = m_new;
-      }
-
-      // o[rows, Dv] (+)= p[rows, g_cols] · v[s0 : s0+g_cols, Dv]      (one row: o (+)= vᵀ p)
-      if (!use_blas) {
-        small_pv(rows, g_cols, Dv, x_g, bc, v_b, a.v_stride_s, !first, o_g);
-      } else {
-        gemm(false, false, rows, Dv, g_cols, T(1), x_g, bc, v_b, ld_for(a.v_stride_s, g_cols, Dv),
-             first ? T(0) : T(1), o_g, Dv);
-      }
-    }
-    first = false;
-  }
-  if (first)  // no key in range
-    for (int64_t j = 0; j < br * Dv; ++j) o[j] = T(0);
+struct Accumulator {
+  T* o;  // [Br, Dv]  o_i = Σ_s exp(x_is − m_i) v_s   (unnormalised; row stride Dv)
+  T* m;  // [Br]      m_i = max_s x_is                 (-inf: no key seen)
+  T* l;  // [Br]      l_i = Σ_s exp(x_is − m_i)        (0: no key seen)
+};
+template <class T>
+Accumulator<T> accumulator_at(T* buf, int64_t br_max, int64_t Dv) {
+  return {buf, buf + br_max * Dv, buf + br_max * Dv + br_max};
 }
 
-// out_i = o_i / l_i  (zeros where l_i = 0: the row saw no key)
-//   o: [br, Dv]   l: [br]   out: rows l0 .. l0+br-1 of head (n, h)
+// Tile step 1, the scores:  x[rows, cols] (row stride ldx) = scale · q_rows · k[s0 : s0+cols]ᵀ
+// (one row: gemm runs a gemv)
 template <class T>
-void flash_store(const AttentionArgs<T>& a, int64_t n, int64_t h, int64_t l0, int64_t br, const T* o,
-                 const T* l) {
+void tile_scores(const AttentionArgs<T>& a, const QueryBlock& qb, int64_t i0, int64_t rows, int64_t s0,
+                 int64_t cols, T* x, int64_t ldx, bool use_blas) {
+  const int64_t hk = qb.h / (a.num_heads / a.num_kv_heads);  // GQA: the key/value head of head h
+  const T* q = a.q + qb.n * a.q_stride_n + qb.h * a.q_stride_h + (qb.l0 + i0) * a.q_stride_l;  // [rows, D]
+  const T* k = a.k + qb.n * a.k_stride_n + hk * a.k_stride_h + s0 * a.k_stride_s;            // [cols, D]
+  if (use_blas || a.head_dim == 0) {
+    attention_scores(rows, cols, a.head_dim, a.scale, q, a.q_stride_l, k, a.k_stride_s, x, ldx);
+  } else {
+    small_qk(rows, cols, a.head_dim, a.scale, q, a.q_stride_l, k, a.k_stride_s, x, ldx);
+  }
+}
+
+// Tile step 2, masks and the block's row max of query row l (keys s0 .. s0+vis-1 visible to the
+// causal mask; the rest of the row is handled by the caller):  m̃ = max_j x_j
+template <class T>
+T tile_mask_row_max(const AttentionArgs<T>& a, const QueryBlock& qb, int64_t l, int64_t s0, int64_t vis,
+                    const uint8_t* valid, T* x) {
+  if (a.bool_mask != nullptr || a.float_mask != nullptr) {
+    apply_masks_row(a, qb.n, qb.h, l, s0, vis, x);
+    return row_max(x, vis);
+  }
+  if (a.key_mask != nullptr) return mask_row_max(x, valid, vis);  // the padding mask fused with the max
+  return row_max(x, vis);
+}
+
+// Tile steps 3 and 4, the online-softmax update of row i: x [cols] holds its scores, the first vis
+// of them visible, m_blk = m̃. `first`: the first key block of the range (m, l, o not yet set).
+template <class T>
+void tile_softmax_row(T* x, int64_t vis, int64_t cols, T m_blk, const Accumulator<T>& acc, int64_t i,
+                      int64_t Dv, bool first) {
+  constexpr T neg_inf = -std::numeric_limits<T>::infinity();
+  // m_new = max(m_old, m̃). All -inf so far (no visible key yet): exponents taken relative to 0,
+  // so that every -inf gives exp = 0 and a NaN still gives NaN.
+  const T m_old = acc.m[i];
+  const T m_new = m_blk > m_old ? m_blk : m_old;
+  const T m_use = m_new == neg_inf ? T(0) : m_new;
+  // p_j = exp(x_j − m_new) in place, and Σ_j p_j   (causally masked columns vis .. cols-1: p = 0)
+  const T p_sum = exp_row_sum(x, vis, m_use);
+  std::fill(x + vis, x + cols, T(0));
+  acc.m[i] = m_new;
+  if (first) {  // l = Σ p   (o is written by the P·V product, with beta = 0)
+    acc.l[i] = p_sum;
+    return;
+  }
+  // α = exp(m_old − m_new);   l ← α·l + Σ p;   o ← α·o   (P·V is added next)
+  const T alpha = m_old == m_use ? T(1) : std::exp(m_old - m_use);
+  if (alpha != T(1)) {
+    T* oi = acc.o + i * Dv;
+    for (int64_t j = 0; j < Dv; ++j) oi[j] *= alpha;
+  }
+  acc.l[i] = alpha * acc.l[i] + p_sum;
+}
+
+// Tile step 5:  o[rows, Dv] (+)= p[rows, cols] (row stride ldp) · v[s0 : s0+cols, Dv]
+// (overwrites o on the first key block; one row: o (+)= vᵀ p, a gemv)
+template <class T>
+void tile_pv(const AttentionArgs<T>& a, const QueryBlock& qb, int64_t rows, int64_t s0, int64_t cols,
+             const T* p, int64_t ldp, T* o, bool first, bool use_blas) {
   const int64_t Dv = a.v_head_dim;
-  T* out = a.out + n * a.o_stride_n + h * a.o_stride_h + l0 * a.o_stride_l;
-  for (int64_t i = 0; i < br; ++i) {
+  if (Dv == 0) return;
+  const int64_t hk = qb.h / (a.num_heads / a.num_kv_heads);
+  const T* v = a.v + qb.n * a.v_stride_n + hk * a.v_stride_h + s0 * a.v_stride_s;  // [cols, Dv]
+  if (use_blas) {
+    gemm(false, false, rows, Dv, cols, T(1), p, ldp, v, ld_for(a.v_stride_s, cols, Dv), first ? T(0) : T(1),
+         o, Dv);
+  } else {
+    small_pv(rows, cols, Dv, p, ldp, v, a.v_stride_s, !first, o);
+  }
+}
+
+// One query block × one key block (keys s0 .. s0+cols-1): the five steps above on every row.
+// A block on the causal diagonal is done in groups of kDiagRows rows, each group's products cut at
+// its own last visible key: about half the diagonal tile's work instead of all of it.
+template <class T>
+void flash_tile(const AttentionArgs<T>& a, const QueryBlock& qb, int64_t s0, int64_t cols, int64_t bc,
+                const Tile<T>& tile, const Accumulator<T>& acc, bool first, bool use_blas) {
+  const int64_t Dv = a.v_head_dim;
+  // Causal: row l sees keys s ≤ l + causal_offset. The block is on the diagonal unless even its
+  // first row sees its last key.
+  const bool diagonal = a.is_causal && s0 + cols - 1 > qb.l0 + a.causal_offset;
+  const bool key_mask_only = a.key_mask != nullptr && a.bool_mask == nullptr && a.float_mask == nullptr;
+  if (key_mask_only) {  // valid[cols]: the key-padding mask of this block, contiguous
+    const uint8_t* km = a.key_mask + qb.n * a.key_mask_stride_n + s0 * a.key_mask_stride_s;
+    for (int64_t j = 0; j < cols; ++j) tile.valid[j] = km[j * a.key_mask_stride_s] != 0;
+  }
+  const int64_t group_rows = diagonal ? kDiagRows : qb.rows;
+  for (int64_t i0 = 0; i0 < qb.rows; i0 += group_rows) {
+    const int64_t rows = std::min(group_rows, qb.rows - i0);
+    // the group's keys: those its last row sees (on the diagonal), else the whole block
+    const int64_t g_cols =
+        diagonal ? std::clamp<int64_t>(qb.l0 + i0 + rows + a.causal_offset - s0, 0, cols) : cols;
+    T* o_g = acc.o + i0 * Dv;  // [rows, Dv]
+    if (g_cols == 0) {         // the group sees no key of this block: it keeps its m, l, o
+      if (first) std::fill(o_g, o_g + rows * Dv, T(0));
+      continue;
+    }
+    T* x_g = tile.s + i0 * bc;  // [rows, g_cols] of the score tile (row stride Bc)
+    tile_scores(a, qb, i0, rows, s0, g_cols, x_g, bc, use_blas);
+    for (int64_t i = i0; i < i0 + rows; ++i) {
+      T* x = tile.s + i * bc;  // x_i [g_cols]; visible (causal): the first vis
+      const int64_t l = qb.l0 + i;
+      const int64_t vis = diagonal ? std::clamp<int64_t>(l + a.causal_offset + 1 - s0, 0, g_cols) : g_cols;
+      const T m_blk = tile_mask_row_max(a, qb, l, s0, vis, tile.valid, x);
+      tile_softmax_row(x, vis, g_cols, m_blk, acc, i, Dv, first);
+    }
+    tile_pv(a, qb, rows, s0, g_cols, x_g, bc, o_g, first, use_blas);
+  }
+}
+
+// The online softmax of one query block against keys [s_begin, s_end), tile after tile. Leaves in
+// `acc` the unnormalised state of the range:  m_i = max_s x_is,  l_i = Σ_s exp(x_is − m_i),
+// o_i = Σ_s exp(x_is − m_i) v_s   (m_i = -inf, l_i = 0, o_i = 0 when row i sees no key of it).
+template <class T>
+void flash_block(const AttentionArgs<T>& a, const QueryBlock& qb, int64_t s_begin, int64_t s_end, int64_t bc,
+                 const Tile<T>& tile, const Accumulator<T>& acc, bool use_blas) {
+  const int64_t Dv = a.v_head_dim;
+  // Causal: the block's last row sees the most keys; nothing past them is read.
+  if (a.is_causal) s_end = std::min(s_end, qb.l0 + qb.rows + a.causal_offset);
+  std::fill(acc.m, acc.m + qb.rows, -std::numeric_limits<T>::infinity());  // m_i = -inf
+  std::fill(acc.l, acc.l + qb.rows, T(0));                                  // l_i = 0
+  if (s_end <= s_begin) {                                                   // o_i = 0: no key in range
+    std::fill(acc.o, acc.o + qb.rows * Dv, T(0));
+    return;
+  }
+  for (int64_t s0 = s_begin; s0 < s_end; s0 += bc)
+    flash_tile(a, qb, s0, std::min(bc, s_end - s0), bc, tile, acc, /*first=*/s0 == s_begin, use_blas);
+}
+
+// out_i = o_i / l_i   (zeros where l_i = 0: the row saw no key)
+// lse_i = m_i + log l_i   (-inf where l_i = 0; NaN stays NaN)
+template <class T>
+void flash_store(const AttentionArgs<T>& a, const QueryBlock& qb, const Accumulator<T>& acc) {
+  const int64_t Dv = a.v_head_dim;
+  T* out = a.out + qb.n * a.o_stride_n + qb.h * a.o_stride_h + qb.l0 * a.o_stride_l;  // [rows, Dv]
+  for (int64_t i = 0; i < qb.rows; ++i) {
     T* dst = out + i * a.o_stride_l;
-    const T* src = o + i * Dv;
-    if (l[i] == T(0)) {
-      for (int64_t j = 0; j < Dv; ++j) dst[j] = T(0);
+    const T* src = acc.o + i * Dv;
+    if (acc.l[i] == T(0)) {
+      std::fill(dst, dst + Dv, T(0));
     } else {
-      const T inv = T(1) / l[i];
+      const T inv = T(1) / acc.l[i];
       for (int64_t j = 0; j < Dv; ++j) dst[j] = src[j] * inv;
     }
   }
+  if (a.lse == nullptr) return;
+  T* lse = a.lse + (qb.n * a.num_heads + qb.h) * a.q_len + qb.l0;  // [rows]
+  for (int64_t i = 0; i < qb.rows; ++i)
+    lse[i] = acc.l[i] == T(0) ? -std::numeric_limits<T>::infinity() : acc.m[i] + std::log(acc.l[i]);
 }
 
-// Runs every (n, h, query block) on the calling thread, with the tile in `buf` (stack), and the
-// products as plain loops.
+// Split-KV merge of one query block: the chunks' partial states, acc_c for keys chunk c, combine
+// exactly into chunk 0's, per row i:
+//   M = max_c m_c;   w_c = exp(m_c − M);   l = Σ_c w_c·l_c;   o = Σ_c w_c·o_c;   m = M
+// (M = -inf: no chunk saw a key; exponents relative to 0, so that w_c = 0 and NaN survives.)
+//   parts: [chunks, part_size], each an Accumulator buffer (o [Br, Dv] | m [Br] | l [Br])
 template <class T>
-void flash_serial(const AttentionArgs<T>& a, int64_t br_max, int64_t bc, T* buf, uint8_t* valid) {
-  const int64_t L = a.q_len, S = a.kv_len, Dv = a.v_head_dim;
-  const int64_t q_blocks = (L + br_max - 1) / br_max;
-  Tile<T> tile{buf, valid};
-  T* o = buf + br_max * bc;   // [Br, Dv]
-  T* m = o + br_max * Dv;     // [Br]
-  T* l = m + br_max;          // [Br]
-  for (int64_t task = 0; task < a.batch * a.num_heads * q_blocks; ++task) {
-    const int64_t nh = task / q_blocks, qb = task % q_blocks;
-    const int64_t n = nh / a.num_heads, h = nh % a.num_heads, l0 = qb * br_max;
-    const int64_t br = std::min(br_max, L - l0);
-    flash_block(a, n, h, l0, br, 0, S, bc, tile, o, m, l, /*use_blas=*/false);
-    flash_store(a, n, h, l0, br, o, l);
+Accumulator<T> flash_merge(T* parts, int64_t chunks, int64_t part_size, int64_t br_max, int64_t rows,
+                           int64_t Dv) {
+  constexpr T neg_inf = -std::numeric_limits<T>::infinity();
+  const Accumulator<T> acc = accumulator_at(parts, br_max, Dv);
+  for (int64_t i = 0; i < rows; ++i) {
+    T M = neg_inf;
+    for (int64_t c = 0; c < chunks; ++c) {
+      const T mc = accumulator_at(parts + c * part_size, br_max, Dv).m[i];
+      M = mc > M ? mc : M;
+    }
+    const T M_use = M == neg_inf ? T(0) : M;
+    T* oi = acc.o + i * Dv;
+    const T w0 = std::exp(acc.m[i] - M_use);
+    T l = w0 * acc.l[i];
+    for (int64_t j = 0; j < Dv; ++j) oi[j] *= w0;
+    for (int64_t c = 1; c < chunks; ++c) {
+      const Accumulator<T> part = accumulator_at(parts + c * part_size, br_max, Dv);
+      const T wc = std::exp(part.m[i] - M_use);
+      l += wc * part.l[i];
+      const T* oc = part.o + i * Dv;
+      for (int64_t j = 0; j < Dv; ++j) oi[j] += wc * oc[j];
+    }
+    acc.m[i] = M;
+    acc.l[i] = l;
   }
+  return acc;
+}
+
+// ---- the three ways to run the plan ----------------------------------------------------------
+
+// S = 0: nothing to attend to. out = 0, lse = -inf.
+template <class T>
+void flash_no_keys(const AttentionArgs<T>& a) {
+  const int64_t H = a.num_heads, L = a.q_len, Dv = a.v_head_dim;
+  const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(1, L * Dv));
+  parallel_for(0, a.batch * H, grain, [&](int64_t b, int64_t e) {
+    for (int64_t nh = b; nh < e; ++nh) {
+      T* out = a.out + (nh / H) * a.o_stride_n + (nh % H) * a.o_stride_h;
+      for (int64_t i = 0; i < L; ++i) std::fill(out + i * a.o_stride_l, out + i * a.o_stride_l + Dv, T(0));
+      if (a.lse != nullptr) std::fill(a.lse + nh * L, a.lse + (nh + 1) * L, -std::numeric_limits<T>::infinity());
+    }
+  });
+}
+
+// plan.serial: every query block on the calling thread, the tile and the state in a stack buffer
+// of kStackElems (s [Br, Bc] | o [Br, Dv] | m [Br] | l [Br]), the products as plain loops.
+template <class T>
+void flash_serial(const AttentionArgs<T>& a, const FlashPlan& p) {
+  alignas(64) T buf[kStackElems];
+  alignas(64) uint8_t valid[kStackElems];
+  const Tile<T> tile{buf, valid};
+  const Accumulator<T> acc = accumulator_at(buf + p.block_rows * p.block_keys, p.block_rows, a.v_head_dim);
+  for (int64_t b = 0; b < p.tasks; ++b) {
+    const QueryBlock qb = query_block(p, a.num_heads, a.q_len, b);
+    flash_block(a, qb, 0, a.kv_len, p.block_keys, tile, acc, /*use_blas=*/false);
+    flash_store(a, qb, acc);
+  }
+}
+
+// Buffers start on a 64-byte boundary and every per-thread / per-task part of them too, so that
+// no part's alignment (and with it no SIMD path inside BLAS) depends on which thread runs it.
+template <class T>
+constexpr int64_t kPad = 64 / int64_t(sizeof(T));  // elements per 64 bytes
+template <class T>
+int64_t pad64(int64_t elems) {
+  return (elems + kPad<T> - 1) / kPad<T> * kPad<T>;
+}
+template <class T>
+T* align64(std::vector<T>& buf) {
+  T* p = buf.data();
+  while (reinterpret_cast<uintptr_t>(p) % 64 != 0) ++p;
+  return p;
+}
+
+// Per-thread tiles, allocated once per call: s [Br, Bc] | o [Br, Dv] | m [Br] | l [Br] for each
+// thread, and valid [Bc] for each thread.
+template <class T>
+class ThreadTiles {
+ public:
+  ThreadTiles(const FlashPlan& p, int64_t Dv, int num_threads)
+      : bc_(p.block_keys), br_(p.block_rows), dv_(Dv), per_thread_(pad64<T>(br_ * (bc_ + Dv + 2))),
+        scratch_(size_t(per_thread_ * num_threads + kPad<T>)), valid_(size_t(bc_ * num_threads)),
+        base_(align64(scratch_)) {}
+  Tile<T> tile(int tid) { return {base_ + tid * per_thread_, valid_.data() + tid * bc_}; }
+  Accumulator<T> accumulator(int tid) { return accumulator_at(base_ + tid * per_thread_ + br_ * bc_, br_, dv_); }
+
+ private:
+  int64_t bc_, br_, dv_, per_thread_;
+  std::vector<T> scratch_;
+  std::vector<uint8_t> valid_;
+  T* base_;
+};
+
+// plan.kv_chunks = 1: one task = one query block against all its keys; dynamic scheduling balances
+// the causal triangle (later blocks see more keys).
+template <class T>
+void flash_blocks(const AttentionArgs<T>& a, const FlashPlan& p) {
+  ThreadTiles<T> tiles(p, a.v_head_dim, std::max(1, get_num_threads()));
+  parallel_tasks(p.tasks, [&](int64_t b, int tid) {
+    const QueryBlock qb = query_block(p, a.num_heads, a.q_len, b);
+    const Accumulator<T> acc = tiles.accumulator(tid);
+    flash_block(a, qb, 0, a.kv_len, p.block_keys, tiles.tile(tid), acc, /*use_blas=*/true);
+    flash_store(a, qb, acc);
+  });
+}
+
+// plan.kv_chunks > 1 (split-KV): task (query block b, chunk c) leaves the partial state of keys
+// [c · chunk_len, (c+1) · chunk_len) in `partial` [blocks, chunks, part_size] (part_size: Br · (Dv + 2)
+// padded to 64 bytes); then each query block merges its chunks (in chunk order) and stores.
+template <class T>
+void flash_split_kv(const AttentionArgs<T>& a, const FlashPlan& p) {
+  const int64_t chunks = p.kv_chunks, blocks = p.tasks / chunks;
+  const int64_t part_size = pad64<T>(p.block_rows * (a.v_head_dim + 2));
+  ThreadTiles<T> tiles(p, a.v_head_dim, std::max(1, get_num_threads()));
+  std::vector<T> partial_buf(size_t(p.tasks * part_size + kPad<T>));
+  T* partial = align64(partial_buf);
+  parallel_tasks(p.tasks, [&](int64_t task, int tid) {
+    const int64_t b = task / chunks, c = task % chunks;
+    const QueryBlock qb = query_block(p, a.num_heads, a.q_len, b);
+    const int64_t s_begin = c * p.kv_chunk_len, s_end = std::min(a.kv_len, s_begin + p.kv_chunk_len);
+    const Accumulator<T> acc = accumulator_at(partial + task * part_size, p.block_rows, a.v_head_dim);
+    flash_block(a, qb, s_begin, s_end, p.block_keys, tiles.tile(tid), acc, /*use_blas=*/true);
+  });
+  const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(1, chunks * part_size));
+  parallel_for(0, blocks, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b) {
+      const QueryBlock qb = query_block(p, a.num_heads, a.q_len, b);
+      T* parts = partial + b * chunks * part_size;
+      flash_store(a, qb, flash_merge(parts, chunks, part_size, p.block_rows, qb.rows, a.v_head_dim));
+    }
+  });
 }
 
 }  // namespace flash_detail
 
-// attention_flash: the tiled kernel. Computes what attention_reference computes, except
-// `a.weights`, which it never writes.
+// attention_flash: the tiled kernel. Computes what attention_reference computes (out, and lse when
+// a.lse is set), except `a.weights`, which it never writes.
 template <class T>
 void attention_flash(const AttentionArgs<T>& a) {
   using namespace flash_detail;
-  const int64_t N = a.batch, H = a.num_heads, L = a.q_len, S = a.kv_len;
-  const int64_t D = a.head_dim, Dv = a.v_head_dim;
-  if (N == 0 || H == 0 || L == 0 || Dv == 0) return;  // nothing to write
-  if (S == 0) {  // nothing to attend to: zeros
-    parallel_for(0, N * H, std::max<int64_t>(1, 16384 / std::max<int64_t>(1, L * Dv)), [&](int64_t b, int64_t e) {
-      for (int64_t nh = b; nh < e; ++nh) {
-        T* out = a.out + (nh / H) * a.o_stride_n + (nh % H) * a.o_stride_h;
-        for (int64_t i = 0; i < L; ++i) std::fill(out + i * a.o_stride_l, out + i * a.o_stride_l + Dv, T(0));
-      }
-    });
-    return;
-  }
-
-  const int64_t br_max = std::min(kBlockRows, L);
-  const int64_t bc = std::min(L == 1 ? kBlockKeysOneRow : kBlockKeys, S);
-  const double flops = 2.0 * double(N * H) * double(L) * double(S) * double(D + Dv);
-
-  // Tiny problems: one thread, the tile on the stack.
-  if (flops < kSerialFlops && br_max * bc + br_max * Dv + 2 * br_max <= kStackElems) {
-    alignas(64) T buf[kStackElems];
-    alignas(64) uint8_t valid[kStackElems];
-    flash_serial(a, br_max, bc, buf, valid);
-    return;
-  }
-
-  const int num_threads = std::max(1, get_num_threads());
-  const int64_t q_blocks = (L + br_max - 1) / br_max;
-  const int64_t base_tasks = N * H * q_blocks;  // (n, h, query block)
-
-  // Split the keys when there are too few tasks: chunks of ≥ kMinChunk keys (a multiple of 64).
-  const int64_t min_tasks = std::max<int64_t>(kMinTasks, 2 * int64_t(num_threads));
-  int64_t chunks = 1, chunk_len = S;
-  if (base_tasks < min_tasks && S >= 2 * kMinChunk) {
-    const int64_t want = (min_tasks + base_tasks - 1) / base_tasks;
-    chunks = std::min(want, S / kMinChunk);
-    chunk_len = ((S + chunks - 1) / chunks + 63) / 64 * 64;
-    chunks = (S + chunk_len - 1) / chunk_len;
-  }
-
-  // Per-thread tile, allocated once: s [Br, Bc] | o [Br, Dv] | m [Br] | l [Br]  (+ padding to 64 B)
-  const int64_t pad = 64 / int64_t(sizeof(T));
-  const int64_t per_thread = (br_max * bc + br_max * Dv + 2 * br_max + pad - 1) / pad * pad;
-  std::vector<T> scratch(size_t(per_thread * num_threads + pad));
-  std::vector<uint8_t> valid_buf(size_t(bc * num_threads));
-  T* base = scratch.data();
-  while (reinterpret_cast<uintptr_t>(base) % 64 != 0) ++base;
-  auto tile_of = [&](int tid) {
-    T* s = base + int64_t(tid) * per_thread;
-    return Tile<T>{s, valid_buf.data() + int64_t(tid) * bc};
-  };
-
-  if (chunks == 1) {
-    // One task = one query block of one head, against all its keys; dynamic scheduling balances
-    // the causal triangle (later blocks see more keys).
-    parallel_tasks(base_tasks, [&](int64_t task, int tid) {
-      const int64_t nh = task / q_blocks, qb = task % q_blocks;
-      const int64_t n = nh / H, h = nh % H, l0 = qb * br_max;
-      const int64_t br = std::min(br_max, L - l0);
-      const Tile<T> tile = tile_of(tid);
-      T* o = tile.s + br_max * bc;
-      T* m = o + br_max * Dv;
-      T* l = m + br_max;
-      flash_block(a, n, h, l0, br, 0, S, bc, tile, o, m, l);
-      flash_store(a, n, h, l0, br, o, l);
-    });
-    return;
-  }
-
-  // Split keys: task = (base task, chunk c) writes its partial triple (m_c, l_c, o_c) of keys
-  // [c · chunk_len, (c+1) · chunk_len) to `partial`: [base_tasks, chunks, Br · (Dv + 2)].
-  const int64_t part_size = br_max * (Dv + 2);
-  std::vector<T> partial(size_t(base_tasks * chunks * part_size));
-  parallel_tasks(base_tasks * chunks, [&](int64_t task, int tid) {
-    const int64_t bt = task / chunks, c = task % chunks;
-    const int64_t nh = bt / q_blocks, qb = bt % q_blocks;
-    const int64_t n = nh / H, h = nh % H, l0 = qb * br_max;
-    const int64_t br = std::min(br_max, L - l0);
-    T* o = partial.data() + task * part_size;  // [br, Dv]
-    T* m = o + br_max * Dv;                     // [br]
-    T* l = m + br_max;                          // [br]
-    flash_block(a, n, h, l0, br, c * chunk_len, std::min(S, (c + 1) * chunk_len), bc, tile_of(tid), o, m, l);
-  });
-  // Merge, per row:  M = max_c m_c,  w_c = exp(m_c - M),  l = Σ_c w_c l_c,  out = Σ_c w_c o_c / l
-  // (M = -inf: no chunk saw a key; exponents relative to 0 so that w_c = 0 and NaN survives).
-  const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(1, chunks * part_size));
-  parallel_for(0, base_tasks, grain, [&](int64_t b, int64_t e) {
-    constexpr T neg_inf = -std::numeric_limits<T>::infinity();
-    for (int64_t bt = b; bt < e; ++bt) {
-      const int64_t nh = bt / q_blocks, qb = bt % q_blocks;
-      const int64_t n = nh / H, h = nh % H, l0 = qb * br_max;
-      const int64_t br = std::min(br_max, L - l0);
-      T* p0 = partial.data() + bt * chunks * part_size;  // chunk 0 accumulates the merge
-      T* o0 = p0;
-      T* m0 = o0 + br_max * Dv;
-      T* l0s = m0 + br_max;
-      for (int64_t i = 0; i < br; ++i) {
-        T M = neg_inf;
-        for (int64_t c = 0; c < chunks; ++c) {
-          const T mc = p0[c * part_size + br_max * Dv + i];
-          M = mc > M ? mc : M;
-        }
-        const T M_use = M == neg_inf ? T(0) : M;
-        T* oi = o0 + i * Dv;
-        const T w0 = std::exp(m0[i] - M_use);
-        T lsum = w0 * l0s[i];
-        for (int64_t j = 0; j < Dv; ++j) oi[j] *= w0;
-        for (int64_t c = 1; c < chunks; ++c) {
-          const T* pc = p0 + c * part_size;
-          const T wc = std::exp(pc[br_max * Dv + i] - M_use);
-          lsum += wc * pc[br_max * Dv + br_max + i];
-          const T* oc = pc + i * Dv;
-          for (int64_t j = 0; j < Dv; ++j) oi[j] += wc * oc[j];
-        }
-        l0s[i] = lsum;
-      }
-      flash_store(a, n, h, l0, br, o0, l0s);
-    }
-  });
+  if (a.batch == 0 || a.num_heads == 0 || a.q_len == 0) return;  // nothing to write
+  if (a.v_head_dim == 0 && a.lse == nullptr) return;
+  if (a.kv_len == 0) return flash_no_keys(a);
+  const FlashPlan p = flash_plan(a.batch, a.num_heads, a.q_len, a.kv_len, a.head_dim, a.v_head_dim);
+  if (p.serial) return flash_serial(a, p);
+  if (p.kv_chunks == 1) return flash_blocks(a, p);
+  flash_split_kv(a, p);
 }
 
 }  // namespace transformer_core::kernels

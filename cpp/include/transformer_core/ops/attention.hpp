@@ -6,10 +6,12 @@
 #include <string>
 
 #include "transformer_core/kernels/attention.hpp"
+#include "transformer_core/kernels/flash_attention.hpp"
 
 namespace transformer_core::ops {
 
 using kernels::AttentionArgs;
+using kernels::FlashPlan;
 
 enum class AttentionPath {
   kAuto,       // flash kernel, or the reference when weights are requested
@@ -20,6 +22,12 @@ enum class AttentionPath {
 // Throws std::invalid_argument if the sizes are inconsistent (H % H_kv, negative sizes, ...).
 template <class T>
 void scaled_dot_product_attention(const AttentionArgs<T>& args, AttentionPath path = AttentionPath::kAuto);
+
+// How the flash kernel cuts a call of these sizes into tiles, tasks and key chunks (a function of the
+// sizes alone; kv_chunks > 1: the split-KV merge runs). For tests and benchmarks.
+// Throws std::invalid_argument if a size is negative.
+FlashPlan flash_attention_plan(int64_t batch, int64_t num_heads, int64_t q_len, int64_t kv_len, int64_t head_dim,
+                               int64_t v_head_dim);
 
 AttentionPath parse_attention_path(const std::string& name);
 

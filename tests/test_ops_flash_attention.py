@@ -1,0 +1,218 @@
+"""The tiled (flash) attention kernel at its tile edges, its split-KV path and its determinism.
+
+Every case runs the bound op on both paths ("flash" and "reference") and compares them with an
+oracle computed here in torch (float64): the output with ``torch.nn.functional.
+scaled_dot_product_attention`` and the log-sum-exp with ``torch.logsumexp`` of the masked scaled
+scores. fp32 to 1e-5, fp64 to 1e-10 (absolute), and flash against reference to the same tolerance.
+Rows that see no key must be exact zeros with lse = -inf (torch's SDPA gives NaN or a mean there).
+
+The op is called through the ``_core`` binding so that its key-padding mask (``key_mask``, which
+the flash kernel fuses with the row max) is reached as well as the bool and float masks.
+
+Tile sizes (kernels/flash_attention.hpp): Br = 128 query rows, Bc = 256 keys (2048 for one query
+row), causal diagonal blocks in groups of 32 rows; fewer than 32 (n, h, query block) tasks and
+S >= 1024 split the keys into chunks merged at the end (``flash_attention_plan`` tells).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as TF
+import transformer_core as tc
+from conftest import DTYPE_IDS, FLOAT_DTYPES, atol, randn, rtol, to_torch
+from transformer_core._runtime import core, variant
+
+EDGES = [1, 127, 128, 129, 255, 256, 257, 2047, 2048, 2049]
+# (L, S, D): one query row against every edge (D = 64, the decoding case), the Br / Bc edges, and a
+# few long ones on either side (small D, so that the run stays short).
+EDGE_CASES = ([(1, s, 64) for s in EDGES]
+              + [(127, 129, 16), (128, 128, 16), (129, 127, 16), (255, 256, 16), (256, 257, 16),
+                 (257, 255, 16), (129, 1, 16), (2049, 1, 8), (2047, 129, 8), (129, 2048, 8),
+                 (255, 2049, 64)])
+MASK_KINDS = ["none", "causal_top_left", "causal_bottom_right", "bool", "float", "key_mask"]
+N, H, HKV = 1, 2, 1  # two query heads sharing one key/value head (GQA)
+
+
+def make_inputs(rng, L, S, D, dtype, n=N, h=H, hkv=HKV, dv=None):
+    dv = max(1, D // 2) if dv is None else dv  # Dv != D
+    return (randn(rng, (n, h, L, D), dtype), randn(rng, (n, hkv, S, D), dtype),
+            randn(rng, (n, hkv, S, dv), dtype))
+
+
+def make_masks(rng, kind, n, h, L, S, dtype):
+    """Arguments of the binding for one mask kind, plus ``allowed`` (n, h, L, S) bool and the float
+    mask for the oracle. Some rows of the bool / float / key_mask kinds see no key at all."""
+    m = dict(bool_mask=None, float_mask=None, key_mask=None, is_causal=False, causal_offset=0)
+    allowed = np.ones((n, h, L, S), bool)
+    fmask = None
+    if kind.startswith("causal"):
+        off = 0 if kind == "causal_top_left" else S - L
+        m.update(is_causal=True, causal_offset=off)
+        allowed &= np.arange(S)[None, :] <= np.arange(L)[:, None] + off
+    elif kind == "bool":
+        bm = rng.random((n, 1, L, S)) < 0.7
+        bm[..., L // 2, :] = False  # a fully masked row
+        m["bool_mask"] = np.broadcast_to(bm, (n, h, L, S))
+        allowed &= bm
+    elif kind == "float":
+        fmask = randn(rng, (1, h, L, S), dtype, scale=2.0)
+        fmask[rng.random(fmask.shape) < 0.3] = -np.inf
+        fmask[..., L - 1, :] = -np.inf  # a fully masked row
+        m["float_mask"] = np.broadcast_to(fmask, (n, h, L, S))
+        allowed &= np.isfinite(fmask)
+    elif kind == "key_mask":  # the key-padding mask alone, with bottom-right causal
+        km = rng.random((n, S)) < 0.6
+        km[:, : min(S, 300)] = False  # the first keys (a whole block, most of a chunk) masked
+        m.update(key_mask=km, is_causal=True, causal_offset=S - L)
+        allowed &= km[:, None, None, :]
+        allowed &= np.arange(S)[None, :] <= np.arange(L)[:, None] + S - L
+    return m, allowed, fmask
+
+
+def oracle(q, k, v, allowed, fmask, scale):
+    """float64 torch: (out, lse, visible rows) with zeros / -inf on rows that see no key."""
+    qt, kt, vt = (to_torch(x).double() for x in (q, k, v))
+    group = q.shape[1] // k.shape[1]
+    kr = kt.repeat_interleave(group, 1)  # GQA: the key head of each query head
+    scores = (qt @ kr.transpose(-2, -1)) * scale
+    bias = torch.zeros(scores.shape, dtype=torch.float64)
+    if fmask is not None:
+        bias = bias + to_torch(fmask).double()
+    bias = bias.masked_fill(~to_torch(allowed), float("-inf"))
+    lse = torch.logsumexp(scores + bias, dim=-1)
+    visible = torch.from_numpy(allowed).any(-1)
+    out = TF.scaled_dot_product_attention(qt, kt, vt, attn_mask=bias, scale=scale, enable_gqa=True)
+    out = out.masked_fill(~visible[..., None], 0.0)
+    return out.numpy(), lse.numpy(), visible.numpy()
+
+
+def run(q, k, v, masks, scale, path):
+    """(out, lse) from the binding."""
+    return variant("scaled_dot_product_attention", q.dtype)(
+        q, k, v, masks["bool_mask"], masks["float_mask"], masks["key_mask"], masks["is_causal"],
+        masks["causal_offset"], scale, False, path, return_lse=True)
+
+
+def check(q, k, v, kind, rng, what):
+    dtype = q.dtype
+    n, h, L, D = q.shape
+    S = k.shape[2]
+    scale = 1.0 / np.sqrt(D)
+    masks, allowed, fmask = make_masks(rng, kind, n, h, L, S, dtype)
+    ref_out, ref_lse, visible = oracle(q, k, v, allowed, fmask, scale)
+    results = {path: run(q, k, v, masks, scale, path) for path in ("flash", "reference")}
+    a, r = atol(dtype), rtol(dtype)
+    for path, (out, lse) in results.items():
+        w = f"{what} {kind} {path}"
+        assert out.dtype == lse.dtype == dtype and lse.shape == (n, h, L), w
+        np.testing.assert_allclose(out, ref_out, atol=a, rtol=r, err_msg=w + ": output vs torch")
+        assert np.all(out[~visible] == 0), w + ": rows that see no key must be zeros"
+        assert np.all(lse[~visible] == -np.inf), w + ": lse of rows that see no key must be -inf"
+        np.testing.assert_allclose(lse[visible], ref_lse[visible], atol=a, rtol=r, err_msg=w + ": lse")
+    (fo, fl), (ro, rl) = results["flash"], results["reference"]
+    np.testing.assert_allclose(fo, ro, atol=a, rtol=r, err_msg=f"{what} {kind}: flash vs reference")
+    np.testing.assert_allclose(fl, rl, atol=a, rtol=r, err_msg=f"{what} {kind}: flash vs reference lse")
+    return visible
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("L,S,D", EDGE_CASES, ids=[f"L{L}-S{S}-D{D}" for L, S, D in EDGE_CASES])
+def test_flash_tile_edges(rng, L, S, D, dtype):
+    plan = core.flash_attention_plan(batch=N, num_heads=H, q_len=L, kv_len=S, head_dim=D,
+                                     v_head_dim=D // 2)
+    assert plan["block_rows"] == min(128, L)
+    assert plan["block_keys"] == min(2048 if L == 1 else 256, S)
+    q, k, v = make_inputs(rng, L, S, D, dtype)
+    for kind in MASK_KINDS:
+        visible = check(q, k, v, kind, rng, f"L={L} S={S} D={D} plan={plan}")
+        if kind in ("bool", "float"):
+            assert not visible.all()  # the fully masked rows are there
+
+
+SPLIT_CASES = [(1, 1024), (1, 2047), (1, 2049), (1, 4100), (5, 2048), (130, 1100)]
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("L,S", SPLIT_CASES, ids=[f"L{L}-S{S}" for L, S in SPLIT_CASES])
+def test_flash_split_kv(rng, L, S, dtype):
+    """Few (n, h, query block) tasks and long keys: the keys are split into chunks whose partial
+    results are merged (the plan says so), including chunks where a row sees no key (causal
+    top-left, the key mask's masked prefix) and a batch element with no key at all."""
+    D, n = 64, 2
+    plan = core.flash_attention_plan(batch=n, num_heads=H, q_len=L, kv_len=S, head_dim=D, v_head_dim=D)
+    assert not plan["serial"] and plan["kv_chunks"] > 1, plan
+    assert plan["kv_chunk_len"] % 64 == 0 and plan["kv_chunk_len"] >= 512
+    assert (plan["kv_chunks"] - 1) * plan["kv_chunk_len"] < S <= plan["kv_chunks"] * plan["kv_chunk_len"]
+    assert plan["tasks"] == n * H * plan["query_blocks"] * plan["kv_chunks"]
+    q, k, v = make_inputs(rng, L, S, D, dtype, n=n, dv=D)
+    for kind in MASK_KINDS:
+        check(q, k, v, kind, rng, f"split L={L} S={S} plan={plan}")
+    # batch element 1 has no real key: zeros and lse = -inf, batch element 0 as usual
+    km = np.ones((n, S), bool)
+    km[1] = False
+    masks = dict(bool_mask=None, float_mask=None, key_mask=km, is_causal=False, causal_offset=0)
+    out, lse = run(q, k, v, masks, 0.125, "flash")
+    assert np.all(out[1] == 0) and np.all(lse[1] == -np.inf)
+    ref_out, ref_lse = run(q[:1], k[:1], v[:1], dict(masks, key_mask=None), 0.125, "reference")
+    np.testing.assert_allclose(out[:1], ref_out, atol=atol(dtype), rtol=rtol(dtype))
+    np.testing.assert_allclose(lse[:1], ref_lse, atol=atol(dtype), rtol=rtol(dtype))
+
+
+def test_flash_plan_no_split_when_tasks_suffice():
+    # 32 or more (n, h, query block) tasks: no split; tiny problems: serial; S = 0: nothing to tile
+    assert core.flash_attention_plan(1, 32, 1, 4096, 64, 64)["kv_chunks"] == 1
+    assert core.flash_attention_plan(1, 31, 1, 4096, 64, 64)["kv_chunks"] == 2
+    assert core.flash_attention_plan(1, 12, 1, 1023, 64, 64)["kv_chunks"] == 1  # S < 2 · 512
+    assert core.flash_attention_plan(1, 1, 1, 100, 8, 8)["serial"]
+    assert core.flash_attention_plan(1, 1, 5, 0, 8, 8)["tasks"] == 0
+    with pytest.raises(ValueError, match="kv_len|S="):
+        core.flash_attention_plan(1, 1, 1, -1, 8, 8)
+
+
+def _with_threads(n, fn):
+    old = tc.get_num_threads()
+    try:
+        tc.set_num_threads(n)
+        assert tc.get_num_threads() == n
+        return fn()
+    finally:
+        tc.set_num_threads(old)
+
+
+THREAD_CASES = [
+    # (N, H, Hkv, L, S, D, mask kind): multi-block causal with a key mask, the split-KV decoding
+    # shape of the bench (S = 4100: a short last chunk), split with a few query rows
+    (2, 3, 3, 257, 300, 16, "key_mask"),
+    (1, 12, 12, 1, 4100, 64, "none"),
+    (1, 2, 1, 5, 4100, 64, "causal_bottom_right"),
+]
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("threads", [2, 16])
+@pytest.mark.parametrize("case", THREAD_CASES, ids=["blocks", "split-decode", "split-rows"])
+def test_flash_bitwise_equal_across_thread_counts(rng, case, threads, dtype):
+    """The plan depends on the shape alone, so 1, 2 and 16 threads give the same bits (16 threads
+    also on a 2-core machine: OpenMP oversubscribes)."""
+    n, h, hkv, L, S, D, kind = case
+    q, k, v = make_inputs(rng, L, S, D, dtype, n=n, h=h, hkv=hkv, dv=D)
+    masks, _, _ = make_masks(rng, kind, n, h, L, S, dtype)
+    for path in ("flash", "reference"):
+        out1, lse1 = _with_threads(1, lambda: run(q, k, v, masks, 0.125, path))  # noqa: B023
+        outn, lsen = _with_threads(threads, lambda: run(q, k, v, masks, 0.125, path))  # noqa: B023
+        np.testing.assert_array_equal(out1, outn, err_msg=f"{path}: 1 vs {threads} threads")
+        np.testing.assert_array_equal(lse1, lsen, err_msg=f"{path}: lse, 1 vs {threads} threads")
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+def test_flash_no_keys(rng, dtype):
+    """S = 0: zeros and lse = -inf on both paths."""
+    q = randn(rng, (2, 3, 4, 8), dtype)
+    k = np.zeros((2, 3, 1, 8), dtype)[:, :, :0]  # a slice: numpy gives an empty array 0 strides
+    v = np.zeros((2, 3, 1, 5), dtype)[:, :, :0]
+    masks = dict(bool_mask=None, float_mask=None, key_mask=None, is_causal=False, causal_offset=0)
+    for path in ("flash", "reference"):
+        out, lse = run(q, k, v, masks, 0.5, path)
+        assert out.shape == (2, 3, 4, 5) and np.all(out == 0)
+        assert lse.shape == (2, 3, 4) and np.all(lse == -np.inf)
