@@ -160,9 +160,9 @@ def _scan(buf, size: int) -> tuple[int, list[_TensorEntry]]:
         raise _FileError(f"unsupported GGUF version {version} (supported: {list(_GGUF_VERSIONS)})")
     tensor_count, kv_count = s.unpack("<QQ", "the tensor and metadata counts")
     if kv_count * 13 > size - s.pos:  # the smallest entry: 8-byte key length, 1-byte key, type, 1 byte
-        raise _FileError(f"corrupt GGUF header: {kv_count} metadata entries cannot fit in a {size}-byte file")
+        raise _FileError(f"truncated or corrupt GGUF header: {kv_count} metadata entries cannot fit in a {size}-byte file")
     if tensor_count * 29 > size - s.pos:  # 8 + 1 (name) + 4 + 8 (one dim) + 4 + 8
-        raise _FileError(f"corrupt GGUF header: {tensor_count} tensors cannot fit in a {size}-byte file")
+        raise _FileError(f"truncated or corrupt GGUF header: {tensor_count} tensors cannot fit in a {size}-byte file")
     alignment = _DEFAULT_ALIGNMENT
     keys = set()
     for i in range(kv_count):
@@ -280,6 +280,8 @@ class GGUFTensorInfo:
         raw: the stored bytes, a read-only zero-copy view of the memory-mapped file, uint8 of shape
             ``shape[:-1] + (shape[-1] // block_size * block_bytes,)``: one row of blocks per output
             row, in the file's row order.
+        file_offset: where ``raw`` starts in the file (bytes from its beginning; a multiple of the
+            file's alignment, 32 by default).
         row_permutation: for the query/key projections, the ``(shape[0],)`` int64 index with
             ``hf_rows = raw_rows[row_permutation]`` (see :func:`rope_row_permutation`); ``None`` for
             every other tensor (its rows are already in Hugging Face order).
@@ -293,6 +295,7 @@ class GGUFTensorInfo:
     block_size: int
     block_bytes: int
     raw: np.ndarray
+    file_offset: int
     row_permutation: np.ndarray | None
 
     @property
@@ -521,8 +524,8 @@ def _llama_config(path, md: dict, entries: dict) -> dict:
     head_dim = _get(path, md, f"{a}.attention.key_length", int, None)
     rope_dim = _get(path, md, f"{a}.rope.dimension_count", int, None)
     value_dim = _get(path, md, f"{a}.attention.value_length", int, None)
-    if head_dim is None:
-        head_dim = rope_dim if rope_dim is not None else (hidden // heads if hidden % heads == 0 else None)
+    if head_dim is None and hidden % heads == 0:  # llama.cpp's default: embedding_length / head_count
+        head_dim = hidden // heads
     if head_dim is None or head_dim < 2 or head_dim % 2:
         raise ValueError(f"{path}: GGUF metadata: cannot find an even head_dim (rope.dimension_count "
                          f"{rope_dim}, embedding_length {hidden}, head_count {heads})")
@@ -656,5 +659,5 @@ def _llama_tensor_infos(path, config: dict, entries: list, tensors: dict) -> dic
                 perm = perms[key] = rope_row_permutation(*key)
                 perm.setflags(write=False)
         infos[hf_name] = GGUFTensorInfo(hf_name, e.name, type_name, e.ggml_type, shape, block_size, type_size,
-                                        raw, perm)
+                                        raw, int(tensors[e.name].data_offset), perm)
     return infos
