@@ -38,11 +38,14 @@ def validate_messages(messages) -> list[dict]:
     Raises:
         TypeError: ``messages`` not a list (or tuple), a message not a dict, or a role/content
             that is not a str (naming the message's index and field).
-        ValueError: a message without ``"role"`` or ``"content"``, or an empty role.
+        ValueError: no messages (as transformers), a message without ``"role"`` or ``"content"``, or
+            an empty role.
     """
     if not isinstance(messages, (list, tuple)):
         raise TypeError(f"messages: expected a list of {{'role': str, 'content': str}} dicts, "
                         f"got {type(messages).__name__}")
+    if not messages:
+        raise ValueError("messages: expected at least one message, got an empty list")
     out = []
     for i, message in enumerate(messages):
         if not isinstance(message, dict):

@@ -150,7 +150,8 @@ class Tokenizer:
                 SmolLM2 the file says "smollm" (digits isolated, as its own ``tokenizer.json`` and
                 llama.cpp do); transformers' GGUF converter does not know that name and falls back to
                 GPT-2's split, which tokenizes a digit after two or more whitespace characters
-                differently (``"x  1"``); ``pre_tokenizer="gpt2"`` reproduces transformers.
+                (``"x  1"``, indented numbers in code) or a non-ASCII numeral after a space
+                (``" ½"``) differently; ``pre_tokenizer="gpt2"`` reproduces transformers.
 
         Raises:
             ValueError: naming the file: an unreadable GGUF (see ``read_gguf``), a tokenizer model or
