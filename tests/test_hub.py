@@ -164,7 +164,6 @@ def test_corrupt_files(tmp_path):
     expect("truncated safetensors file")
     path.write_bytes(struct.pack("<Q", 2**40) + good[8:])
     expect("header length .* does not fit")
-    (n,) = struct.unpack_from("<Q", good)
     path.write_bytes(good[:8] + b"[" + good[9:])  # '{' -> '['
     expect("not valid JSON")
     path.write_bytes(good[:8] + b"\xff" + good[9:])

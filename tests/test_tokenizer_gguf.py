@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import transformer_core as tc
 from gguf_fakes import random_llama_state, write_llama_gguf
+from transformer_core.gguf_file import read_gguf_metadata
 from transformer_core.tokenizer import TextStream
 
 TEXTS = [
@@ -269,6 +270,17 @@ def test_tiny_tokenizer_and_bos(tmp_path):
     assert with_bos.encode("hello world") == [1, *ids]
     assert with_bos.encode("hello world", add_special_tokens=False) == ids
     assert with_bos.encode_batch(["hello", "hello world"])["input_ids"][:, 0].tolist() == [1, 1]
+
+
+def test_tokenizer_needs_only_metadata(tmp_path):
+    """A file whose tensors this package cannot load (another architecture, a K-quant) still gives
+    its tokenizer."""
+    path = _tiny(tmp_path, "gpt2-arch.gguf", arch="gpt2")
+    assert tc.Tokenizer.from_gguf(path).tokenize("hello world") == ["hello", "Ġworld"]
+    path = tmp_path / "q2k.gguf"
+    write_llama_gguf(path, random_llama_state(np.random.default_rng(0), hidden=256, inter=256), ggml_type="Q2_K")
+    assert tc.Tokenizer.from_gguf(path).eos_token == "<|im_end|>"
+    assert read_gguf_metadata(path)["tokenizer.ggml.pre"] == "smollm"
 
 
 def test_tiny_pre_tokenizers(tmp_path):

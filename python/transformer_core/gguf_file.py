@@ -32,8 +32,8 @@ import numpy as np
 
 from ._validation import resolve_dtype
 
-__all__ = ["GGUFCheckpoint", "GGUFTensorInfo", "read_gguf", "rope_row_permutation", "SUPPORTED_GGML_TYPES",
-           "SUPPORTED_ARCHITECTURES"]
+__all__ = ["GGUFCheckpoint", "GGUFTensorInfo", "read_gguf", "read_gguf_metadata", "rope_row_permutation",
+           "SUPPORTED_GGML_TYPES", "SUPPORTED_ARCHITECTURES"]
 
 #: ggml tensor types this module dequantizes (name -> ggml type id).
 SUPPORTED_GGML_TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 8, "BF16": 30}
@@ -450,6 +450,33 @@ def read_gguf(path) -> GGUFCheckpoint:
             misses tensors, has unknown ones or one of the wrong shape, or has a config this loader
             does not support (RoPE scaling, partial rotary dims, biases on some projections only).
     """
+    path, reader, metadata, data_start, entries = _open(path)
+    arch = metadata.get("general.architecture")
+    if not isinstance(arch, str):
+        raise ValueError(f"{path}: corrupt GGUF metadata: general.architecture missing or not a string "
+                         f"(got {arch!r})")
+    if arch not in SUPPORTED_ARCHITECTURES:
+        raise ValueError(f"{path}: GGUF architecture {arch!r} is not supported "
+                         f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})")
+    tensors = {t.name: t for t in reader.tensors}
+    config = _llama_config(path, metadata, {e.name: e for e in entries})
+    infos = _llama_tensor_infos(path, config, entries, tensors)
+    return GGUFCheckpoint(path, reader, metadata, infos, config)
+
+
+def read_gguf_metadata(path) -> dict:
+    """The metadata of a GGUF file of any architecture (key -> Python value), after the same checks
+    of its layout as :func:`read_gguf` (magic, version, bounds); the tensors are not checked.
+
+    Raises:
+        TypeError: ``path`` not a str or path. FileNotFoundError: no such file.
+        ValueError: naming the file: not a GGUF file, truncated, or a corrupt header or metadata.
+    """
+    return _open(path)[2]
+
+
+def _open(path):
+    """``(path, GGUFReader, metadata, data start, tensor entries)`` of a checked file."""
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"path: expected a str or path, got {type(path).__name__}")
     path = Path(path)
@@ -477,18 +504,7 @@ def read_gguf(path) -> GGUFCheckpoint:
         metadata = {key: _field_value(field) for key, field in reader.fields.items() if not key.startswith("GGUF.")}
     except (UnicodeDecodeError, ValueError, IndexError) as e:
         raise ValueError(f"{path}: corrupt GGUF metadata ({type(e).__name__}: {e})") from None
-
-    arch = metadata.get("general.architecture")
-    if not isinstance(arch, str):
-        raise ValueError(f"{path}: corrupt GGUF metadata: general.architecture missing or not a string "
-                         f"(got {arch!r})")
-    if arch not in SUPPORTED_ARCHITECTURES:
-        raise ValueError(f"{path}: GGUF architecture {arch!r} is not supported "
-                         f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})")
-    tensors = {t.name: t for t in reader.tensors}
-    config = _llama_config(path, metadata, {e.name: e for e in entries})
-    infos = _llama_tensor_infos(path, config, entries, tensors)
-    return GGUFCheckpoint(path, reader, metadata, infos, config)
+    return path, reader, metadata, data_start, entries
 
 
 def _get(path, metadata: dict, key: str, kind, default=None, *, required: bool = False):

@@ -154,18 +154,27 @@ class Tokenizer:
                 (``" ½"``) differently; ``pre_tokenizer="gpt2"`` reproduces transformers.
 
         Raises:
-            ValueError: naming the file: an unreadable GGUF (see ``read_gguf``), a tokenizer model or
-                pre-tokenizer that is not supported, or inconsistent tokenizer metadata.
+            ValueError: naming the file: an unreadable GGUF (see ``read_gguf_metadata``; given a path,
+                only the metadata is read and checked), a tokenizer model or pre-tokenizer that is
+                not supported, or inconsistent tokenizer metadata.
         """
-        from .gguf_file import GGUFCheckpoint, read_gguf
+        from .gguf_file import GGUFCheckpoint, read_gguf_metadata
 
         if pre_tokenizer is not None and pre_tokenizer not in GGUF_PRE_TOKENIZERS:
             raise ValueError(f"pre_tokenizer: expected one of {GGUF_PRE_TOKENIZERS} or None, got {pre_tokenizer!r}")
-        ckpt = path_or_checkpoint if isinstance(path_or_checkpoint, GGUFCheckpoint) else read_gguf(path_or_checkpoint)
-        meta = ckpt.tokenizer_metadata if pre_tokenizer is None else {**ckpt.tokenizer_metadata, "pre": pre_tokenizer}
-        tok, special = _tokenizer_from_gguf(ckpt.path, meta)
+        if isinstance(path_or_checkpoint, GGUFCheckpoint):
+            path, metadata = path_or_checkpoint.path, path_or_checkpoint.metadata
+        else:  # metadata only: a tokenizer does not need the tensors (nor their types) to be supported
+            path, metadata = Path(path_or_checkpoint), read_gguf_metadata(path_or_checkpoint)
+        prefix = "tokenizer.ggml."
+        meta = {k[len(prefix):]: v for k, v in metadata.items() if k.startswith(prefix)}
+        if pre_tokenizer is not None:
+            meta["pre"] = pre_tokenizer
+        tok, special = _tokenizer_from_gguf(path, meta)
+        template = metadata.get("tokenizer.chat_template")
         return cls(tok, max_length=None, pad_token=special["pad_token"], bos_token=special["bos_token"],
-                   eos_token=special["eos_token"], unk_token=special["unk_token"], chat_template=ckpt.chat_template)
+                   eos_token=special["eos_token"], unk_token=special["unk_token"],
+                   chat_template=template if isinstance(template, str) else None)
 
     # ---------------------------------------------------------------------------- encoding
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
