@@ -193,6 +193,7 @@ def _scan(buf, size: int) -> tuple[int, list[_TensorEntry]]:
         type_id, offset = s.unpack("<IQ", f"the type and offset of tensor {name!r}")
         entries.append(_TensorEntry(name, dims, type_id, offset))
     data_start = -(-s.pos // alignment) * alignment
+    spans = []
     for e in entries:
         sizes = _ggml_sizes(e.ggml_type)
         if sizes is None:
@@ -209,6 +210,11 @@ def _scan(buf, size: int) -> tuple[int, list[_TensorEntry]]:
         if end > size:
             raise _FileError(f"truncated GGUF file: tensor {e.name!r} needs bytes up to offset {end}, "
                              f"but the file ends at {size}")
+        spans.append((e.offset, e.offset + n_bytes, e.name))
+    spans.sort()
+    for (_, end0, a), (begin1, _, b) in zip(spans, spans[1:]):
+        if begin1 < end0:
+            raise _FileError(f"corrupt GGUF header: the data of tensors {a!r} and {b!r} overlap")
     return data_start, entries
 
 
@@ -534,6 +540,9 @@ def _llama_config(path, md: dict, entries: dict) -> dict:
                    ("attention.head_count", heads), ("attention.head_count_kv", kv_heads)):
         if v < 1:
             raise ValueError(f"{path}: GGUF metadata '{a}.{key}': expected a positive int, got {v}")
+    if layers * 9 + 2 > len(entries):  # every layer has 9 tensors; checked before any loop over layers
+        raise ValueError(f"{path}: GGUF metadata '{a}.block_count' = {layers}, but the file holds only "
+                         f"{len(entries)} tensors")
     if heads % kv_heads:
         raise ValueError(f"{path}: GGUF metadata: attention.head_count {heads} is not a multiple of "
                          f"attention.head_count_kv {kv_heads}")
