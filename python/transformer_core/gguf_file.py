@@ -333,7 +333,13 @@ class GGUFCheckpoint:
         architecture: ``general.architecture`` (``"llama"``).
         metadata: every metadata key -> Python value (str, int, float, bool or list); the header's
             version/counts are not included.
-        config: a Hugging Face ``LlamaConfig``-style dict (see :meth:`_llama_config`).
+        config: a Hugging Face ``LlamaConfig``-style dict: ``architectures``, ``model_type``
+            ("llama"), ``vocab_size``, ``hidden_size``, ``intermediate_size``,
+            ``num_hidden_layers``, ``num_attention_heads``, ``num_key_value_heads``, ``head_dim``,
+            ``max_position_embeddings``, ``rms_norm_eps`` (the file's float32 value, as a float),
+            ``rope_theta``, ``rope_scaling`` (None), ``hidden_act`` ("silu"), ``attention_bias``,
+            ``attention_dropout`` (0.0), ``mlp_bias``, ``tie_word_embeddings`` (True when the file
+            has no ``output.weight``), ``bos_token_id``, ``eos_token_id``, ``pad_token_id``.
         chat_template: ``tokenizer.chat_template`` (a Jinja2 string) or ``None``.
         tokenizer_metadata: the ``tokenizer.ggml.*`` keys with that prefix removed (``tokens``,
             ``merges``, ``token_type``, ``model``, ``pre``, ``bos_token_id``, ...).
