@@ -546,7 +546,7 @@ def _llama_config(path, md: dict, entries: dict) -> dict:
                    ("attention.head_count", heads), ("attention.head_count_kv", kv_heads)):
         if v < 1:
             raise ValueError(f"{path}: GGUF metadata '{a}.{key}': expected a positive int, got {v}")
-    if layers * 9 + 2 > len(entries):  # every layer has 9 tensors; checked before any loop over layers
+    if layers > len(entries):  # a layer has tensors; checked before any loop over the layers
         raise ValueError(f"{path}: GGUF metadata '{a}.block_count' = {layers}, but the file holds only "
                          f"{len(entries)} tensors")
     if heads % kv_heads:
