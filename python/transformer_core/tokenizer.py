@@ -1,6 +1,12 @@
-"""Tokenization with the ``tokenizers`` package (Hugging Face's Rust tokenizers), from a model's
-``tokenizer.json``: WordPiece for BERT, byte-level BPE for GPT-2 (the encoder tutorial's first step:
-"time flies like an arrow" -> [101, 2051, 10029, 2066, 2019, 8612, 102]).
+"""Tokenization with the ``tokenizers`` package (Hugging Face's Rust tokenizers): WordPiece for BERT
+and byte-level BPE for GPT-2 / Llama from a model's ``tokenizer.json`` (the encoder tutorial's first
+step: "time flies like an arrow" -> [101, 2051, 10029, 2066, 2019, 8612, 102]), and
+byte-level BPE rebuilt from a GGUF file's ``tokenizer.ggml.*`` metadata (SmolLM2).
+
+Two modes: an encoder (BERT) tokenizer truncates to ``max_length`` and pads batches, as before; a
+causal-LM tokenizer (``max_length=None``: GGUF files, directories whose ``config.json`` names a
+``*ForCausalLM`` / ``*LMHeadModel``) never truncates, pads only inside :meth:`Tokenizer.encode_batch`,
+knows its BOS/EOS tokens and chat template, and streams text with :class:`TextStream`.
 """
 
 from __future__ import annotations
@@ -10,98 +16,428 @@ from pathlib import Path
 
 import numpy as np
 
-from .hub import resolve_model_dir
+from .hub import resolve_model_path
 
-__all__ = ["Tokenizer"]
+__all__ = ["Tokenizer", "TextStream", "GGUF_PRE_TOKENIZERS"]
+
+# llama.cpp's token types (tokenizer.ggml.token_type): 1 normal, 2 unknown, 3 control, 4 user-defined,
+# 5 unused, 6 byte.
+_CONTROL, _USER_DEFINED = 3, 4
+
+#: ``tokenizer.ggml.pre`` values :meth:`Tokenizer.from_gguf` rebuilds, and how (see
+#: ``_gguf_pre_tokenizer``): "gpt2" is GPT-2's split; "smollm" / "starcoder" first isolate every
+#: digit (llama.cpp's ``\p{N}`` step, the ``Digits(individual_digits=True)`` of SmolLM2's own
+#: ``tokenizer.json``), then GPT-2's split.
+GGUF_PRE_TOKENIZERS = ("default", "gpt2", "smollm", "starcoder")
+
+_CAUSAL_MODEL_TYPES = {"gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3", "gpt_neox", "olmo"}
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte -> printable character map used by byte-level BPE vocabularies (Radford et al.
+    2019, ``encoder.py``): printable Latin-1 bytes map to themselves, the other 68 bytes to U+0100..."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAC + 1), *range(0xAE, 0xFF + 1)]
+    mapping = {b: chr(b) for b in printable}
+    extra = 0
+    for b in range(256):
+        if b not in mapping:
+            mapping[b] = chr(256 + extra)
+            extra += 1
+    return mapping
 
 
 class Tokenizer:
-    """A ``tokenizers.Tokenizer`` with padding and truncation set up for a model.
+    """A ``tokenizers.Tokenizer`` set up for a model.
 
     Args:
         tokenizer: a ``tokenizers.Tokenizer``.
-        max_length: sequences are truncated to this many tokens (special tokens included).
-        pad_token: the padding token (its id pads ``input_ids``).
+        max_length: an encoder tokenizer truncates to this many tokens (special tokens included)
+            and pads batches to their longest member; ``None`` makes a causal-LM tokenizer: no
+            truncation, and padding only in :meth:`encode_batch`.
+        pad_token: the padding token (its id pads ``input_ids``; an encoder tokenizer falls back
+            to id 0, a causal one to the EOS id, then 0).
+        bos_token, eos_token, unk_token: the special tokens' strings, or ``None``.
+        chat_template: a Jinja2 chat template (see :meth:`apply_chat_template`), or ``None``.
+
+    Raises:
+        ValueError: ``max_length`` below 1, or a special token not in the vocabulary.
     """
 
-    def __init__(self, tokenizer, max_length: int = 512, pad_token: str = "[PAD]"):
+    def __init__(self, tokenizer, max_length: int | None = 512, pad_token: str | None = "[PAD]", *,
+                 bos_token: str | None = None, eos_token: str | None = None, unk_token: str | None = None,
+                 chat_template: str | None = None):
         self._tok = tokenizer
-        self.max_length = int(max_length)
-        pad_id = tokenizer.token_to_id(pad_token)
-        self.pad_token_id = 0 if pad_id is None else pad_id
-        self._tok.enable_truncation(max_length=self.max_length)
-        self._tok.enable_padding(pad_id=self.pad_token_id, pad_token=pad_token)
+        self.max_length = None if max_length is None else int(max_length)
+        if self.max_length is not None and self.max_length < 1:
+            raise ValueError(f"max_length: expected a positive int or None, got {max_length}")
+        self.bos_token, self.eos_token, self.unk_token = bos_token, eos_token, unk_token
+        for name, token in (("bos_token", bos_token), ("eos_token", eos_token), ("unk_token", unk_token)):
+            if token is not None and tokenizer.token_to_id(token) is None:
+                raise ValueError(f"{name}: {token!r} is not in the vocabulary")
+        self.chat_template = chat_template
+        pad_id = tokenizer.token_to_id(pad_token) if pad_token is not None else None
+        if self.max_length is not None:  # an encoder tokenizer: as it always was
+            self.pad_token = pad_token
+            self.pad_token_id = 0 if pad_id is None else pad_id
+            self._tok.enable_truncation(max_length=self.max_length)
+            self._tok.enable_padding(pad_id=self.pad_token_id, pad_token=pad_token)
+        else:
+            self._tok.no_truncation()
+            self._tok.no_padding()
+            if pad_id is None:
+                pad_token, pad_id = eos_token, self.eos_token_id
+            self.pad_token = pad_token
+            self.pad_token_id = 0 if pad_id is None else pad_id
 
+    # ---------------------------------------------------------------------------- construction
     @classmethod
     def from_pretrained(cls, name_or_path, max_length: int | None = None) -> "Tokenizer":
-        """Reads ``tokenizer.json`` from a model directory or embedded model name.
+        """Reads ``tokenizer.json`` from a model directory, a ``.gguf`` file (see :meth:`from_gguf`),
+        or an embedded model name (``"all-MiniLM-L6-v2"``, ``"SmolLM2-135M-Instruct"``).
 
-        ``max_length`` defaults to ``sentence_bert_config.json``'s ``max_seq_length`` if present,
-        else ``tokenizer_config.json``'s ``model_max_length``, else ``config.json``'s
+        A directory whose ``config.json`` names a causal LM (``architectures`` ending in
+        ``ForCausalLM`` / ``LMHeadModel``, or a decoder ``model_type``) gives a causal-LM tokenizer,
+        with its special tokens and chat template from ``tokenizer_config.json`` (or
+        ``chat_template.jinja``); any other gives an encoder tokenizer whose ``max_length`` defaults
+        to ``sentence_bert_config.json``'s ``max_seq_length`` if present, else
+        ``tokenizer_config.json``'s ``model_max_length``, else ``config.json``'s
         ``max_position_embeddings``, else 512.
 
         Raises:
             FileNotFoundError: no such model or no ``tokenizer.json``.
+            ValueError: a corrupt ``tokenizer.json`` or GGUF file (naming it).
         """
         from tokenizers import Tokenizer as HFTokenizer
 
-        model_dir = resolve_model_dir(name_or_path)
-        path = Path(model_dir) / "tokenizer.json"
+        location = resolve_model_path(name_or_path)
+        if location.is_file():
+            return cls.from_gguf(location)
+        model_dir = Path(location)
+        path = model_dir / "tokenizer.json"
         if not path.is_file():
             raise FileNotFoundError(f"tokenizer.json: not found in model directory {model_dir}")
+        try:
+            tok = HFTokenizer.from_file(str(path))
+        except Exception as e:  # the Rust parser's errors: name the file
+            raise ValueError(f"{path}: cannot read tokenizer.json ({type(e).__name__}: {e})") from None
+        if _is_causal_lm(model_dir):
+            cfg = _read_json_object(model_dir / "tokenizer_config.json")
+            tokens = {key: _token_content(cfg.get(key)) for key in ("bos_token", "eos_token", "unk_token", "pad_token")}
+            tokens = {k: (v if v is not None and tok.token_to_id(v) is not None else None) for k, v in tokens.items()}
+            return cls(tok, max_length=None, pad_token=tokens["pad_token"], bos_token=tokens["bos_token"],
+                       eos_token=tokens["eos_token"], unk_token=tokens["unk_token"],
+                       chat_template=_chat_template_of_dir(model_dir, cfg))
         if max_length is None:
-            max_length = _default_max_length(Path(model_dir))
-        tok = HFTokenizer.from_file(str(path))
+            max_length = _default_max_length(model_dir)
         pad = "[PAD]" if tok.token_to_id("[PAD]") is not None else (tok.id_to_token(0) or "[PAD]")
         return cls(tok, max_length=max_length, pad_token=pad)
 
-    def encode(self, text: str) -> list[int]:
-        """Token ids of one text, special tokens included (``[CLS] ... [SEP]`` for BERT)."""
-        if not isinstance(text, str):
-            raise TypeError(f"text: expected a str, got {type(text).__name__}")
-        return self._tok.encode(text).ids
+    @classmethod
+    def from_gguf(cls, path_or_checkpoint, pre_tokenizer: str | None = None) -> "Tokenizer":
+        """A causal-LM tokenizer rebuilt from a GGUF file's tokenizer metadata.
 
-    def tokenize(self, text: str) -> list[str]:
-        """The tokens (strings) of one text, special tokens included."""
+        Supported: ``tokenizer.ggml.model == "gpt2"`` (byte-level BPE). Read: ``tokenizer.ggml.tokens``
+        (the vocabulary; ids are positions), ``.merges`` (``"left right"`` pairs, best first),
+        ``.token_type`` (3 = control tokens become special added tokens, 4 = user-defined ones plain
+        added tokens, matched whole as transformers and llama.cpp do), ``.pre`` (the pre-tokenizer:
+        see ``GGUF_PRE_TOKENIZERS``), ``.bos_token_id`` / ``.eos_token_id`` / ``.unknown_token_id`` /
+        ``.padding_token_id``, ``.add_bos_token`` / ``.add_eos_token`` (whether :meth:`encode` with
+        ``add_special_tokens=True`` adds them; default False) and ``tokenizer.chat_template``.
+
+        Args:
+            path_or_checkpoint: a ``.gguf`` path or a :class:`~transformer_core.gguf_file.GGUFCheckpoint`.
+            pre_tokenizer: overrides ``tokenizer.ggml.pre`` (one of ``GGUF_PRE_TOKENIZERS``). For
+                SmolLM2 the file says "smollm" (digits isolated, as its own ``tokenizer.json`` and
+                llama.cpp do); transformers' GGUF converter does not know that name and falls back to
+                GPT-2's split, which tokenizes a digit after two or more whitespace characters
+                (``"x  1"``, indented numbers in code) or a non-ASCII numeral after a space
+                (``" ½"``) differently; ``pre_tokenizer="gpt2"`` reproduces transformers.
+
+        Raises:
+            ValueError: naming the file: an unreadable GGUF (see ``read_gguf_metadata``; given a path,
+                only the metadata is read and checked), a tokenizer model or pre-tokenizer that is
+                not supported, or inconsistent tokenizer metadata.
+        """
+        from .gguf_file import GGUFCheckpoint, read_gguf_metadata
+
+        if pre_tokenizer is not None and pre_tokenizer not in GGUF_PRE_TOKENIZERS:
+            raise ValueError(f"pre_tokenizer: expected one of {GGUF_PRE_TOKENIZERS} or None, got {pre_tokenizer!r}")
+        if isinstance(path_or_checkpoint, GGUFCheckpoint):
+            path, metadata = path_or_checkpoint.path, path_or_checkpoint.metadata
+        else:  # metadata only: a tokenizer does not need the tensors (nor their types) to be supported
+            path, metadata = Path(path_or_checkpoint), read_gguf_metadata(path_or_checkpoint)
+        prefix = "tokenizer.ggml."
+        meta = {k[len(prefix):]: v for k, v in metadata.items() if k.startswith(prefix)}
+        if pre_tokenizer is not None:
+            meta["pre"] = pre_tokenizer
+        tok, special = _tokenizer_from_gguf(path, meta)
+        template = metadata.get("tokenizer.chat_template")
+        return cls(tok, max_length=None, pad_token=special["pad_token"], bos_token=special["bos_token"],
+                   eos_token=special["eos_token"], unk_token=special["unk_token"],
+                   chat_template=template if isinstance(template, str) else None)
+
+    # ---------------------------------------------------------------------------- encoding
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of one text.
+
+        Args:
+            text: a str. Special tokens written in it (``"<|im_start|>"``) become their ids.
+            add_special_tokens: add the model's template tokens (``[CLS] ... [SEP]`` for BERT; BOS
+                for a GGUF whose ``add_bos_token`` is set; nothing for SmolLM2).
+
+        Raises:
+            TypeError: ``text`` not a str.
+        """
         if not isinstance(text, str):
             raise TypeError(f"text: expected a str, got {type(text).__name__}")
-        return self._tok.encode(text).tokens
+        return self._tok.encode(text, add_special_tokens=bool(add_special_tokens)).ids
+
+    def tokenize(self, text: str, add_special_tokens: bool = True) -> list[str]:
+        """The tokens (strings, in the vocabulary's spelling) of one text."""
+        if not isinstance(text, str):
+            raise TypeError(f"text: expected a str, got {type(text).__name__}")
+        return self._tok.encode(text, add_special_tokens=bool(add_special_tokens)).tokens
 
     def decode(self, ids, skip_special_tokens: bool = True) -> str:
-        """Text from token ids."""
-        return self._tok.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
+        """Text from token ids.
 
-    def encode_batch(self, texts) -> dict[str, np.ndarray]:
-        """Tokenizes a batch, padded to its longest member (and truncated to ``max_length``).
+        Raises:
+            TypeError: an id that is not an int. ValueError: an id outside ``[0, vocab_size)``.
+        """
+        return self._tok.decode(self._check_ids(ids), skip_special_tokens=bool(skip_special_tokens))
+
+    def encode_batch(self, texts, add_special_tokens: bool = True, padding_side: str = "right") -> dict[str, np.ndarray]:
+        """Tokenizes a batch, padded to its longest member (an encoder tokenizer also truncates to
+        ``max_length``).
 
         Args:
             texts: a list of str.
+            add_special_tokens: as in :meth:`encode`.
+            padding_side: ``"right"`` or, for a causal-LM tokenizer, ``"left"`` (generation).
 
         Returns:
             ``{"input_ids", "attention_mask", "token_type_ids"}``, each an ``(N, L)`` int64 array;
             ``attention_mask`` is 1 for real tokens, 0 for padding.
 
         Raises:
-            TypeError: ``texts`` not a list of str. ValueError: an empty list.
+            TypeError: ``texts`` not a list of str. ValueError: an empty list, a bad ``padding_side``.
         """
         if isinstance(texts, str) or not all(isinstance(t, str) for t in texts):
             raise TypeError("texts: expected a list of str")
         texts = list(texts)
         if not texts:
             raise ValueError("texts: expected at least one text, got an empty list")
-        encs = self._tok.encode_batch(texts)
-        return {
-            "input_ids": np.array([e.ids for e in encs], dtype=np.int64),
-            "attention_mask": np.array([e.attention_mask for e in encs], dtype=np.int64),
-            "token_type_ids": np.array([e.type_ids for e in encs], dtype=np.int64),
-        }
+        if padding_side not in ("right", "left") or (padding_side == "left" and self.max_length is not None):
+            raise ValueError(f"padding_side: expected 'right' (or 'left' for a causal-LM tokenizer), got {padding_side!r}")
+        encs = self._tok.encode_batch(texts, add_special_tokens=bool(add_special_tokens))
+        if self.max_length is not None:  # padded by the tokenizers package
+            return {
+                "input_ids": np.array([e.ids for e in encs], dtype=np.int64),
+                "attention_mask": np.array([e.attention_mask for e in encs], dtype=np.int64),
+                "token_type_ids": np.array([e.type_ids for e in encs], dtype=np.int64),
+            }
+        length = max(len(e.ids) for e in encs)
+        out = {"input_ids": np.full((len(encs), length), self.pad_token_id, dtype=np.int64),
+               "attention_mask": np.zeros((len(encs), length), dtype=np.int64),
+               "token_type_ids": np.zeros((len(encs), length), dtype=np.int64)}
+        for row, e in enumerate(encs):
+            n = len(e.ids)
+            cols = slice(length - n, length) if padding_side == "left" else slice(0, n)
+            out["input_ids"][row, cols] = e.ids
+            out["attention_mask"][row, cols] = 1
+            out["token_type_ids"][row, cols] = e.type_ids
+        return out
 
     __call__ = encode_batch
 
+    # ---------------------------------------------------------------------------- chat and streaming
+    def apply_chat_template(self, messages, add_generation_prompt: bool = False, tokenize: bool = False, **kwargs):
+        """The prompt for a conversation, rendered with this tokenizer's chat template (see
+        :func:`transformer_core.chat_template.render_chat_template`; ``bos_token``, ``eos_token``,
+        ``unk_token`` and ``pad_token`` are passed to the template).
+
+        Args:
+            messages: a list of ``{"role": str, "content": str}``.
+            add_generation_prompt: end with the header of the assistant's turn.
+            tokenize: return token ids (encoded without adding special tokens, since the template
+                writes them) instead of the text.
+            **kwargs: more template variables.
+
+        Raises:
+            ValueError: no chat template; a bad message (see ``render_chat_template``).
+        """
+        from .chat_template import render_chat_template
+
+        if self.chat_template is None:
+            raise ValueError("chat_template: this tokenizer has no chat template")
+        variables = {"bos_token": self.bos_token, "eos_token": self.eos_token, "unk_token": self.unk_token,
+                     "pad_token": self.pad_token}
+        variables = {k: v for k, v in variables.items() if v is not None}
+        variables.update(kwargs)
+        text = render_chat_template(self.chat_template, messages, add_generation_prompt=add_generation_prompt,
+                                    **variables)
+        return self.encode(text, add_special_tokens=False) if tokenize else text
+
+    def text_stream(self, skip_special_tokens: bool = True) -> "TextStream":
+        """A :class:`TextStream` that turns generated ids into text as it becomes complete."""
+        return TextStream(self, skip_special_tokens=skip_special_tokens)
+
+    # ---------------------------------------------------------------------------- vocabulary
     @property
     def vocab_size(self) -> int:
         """Number of tokens in the vocabulary (added tokens included)."""
         return self._tok.get_vocab_size(with_added_tokens=True)
+
+    @property
+    def bos_token_id(self) -> int | None:
+        """Id of the beginning-of-sequence token, or None."""
+        return None if self.bos_token is None else self._tok.token_to_id(self.bos_token)
+
+    @property
+    def eos_token_id(self) -> int | None:
+        """Id of the end-of-sequence token (generation stops there), or None."""
+        return None if self.eos_token is None else self._tok.token_to_id(self.eos_token)
+
+    @property
+    def unk_token_id(self) -> int | None:
+        """Id of the unknown token, or None."""
+        return None if self.unk_token is None else self._tok.token_to_id(self.unk_token)
+
+    @property
+    def special_tokens(self) -> list[str]:
+        """Every special added token (``<|im_start|>``, ``[CLS]``, ...), by id."""
+        decoder = self._tok.get_added_tokens_decoder()
+        return [decoder[i].content for i in sorted(decoder) if decoder[i].special]
+
+    @property
+    def all_special_ids(self) -> list[int]:
+        """Ids of :attr:`special_tokens`."""
+        decoder = self._tok.get_added_tokens_decoder()
+        return [i for i in sorted(decoder) if decoder[i].special]
+
+    def token_to_id(self, token: str) -> int | None:
+        """Id of a token (vocabulary spelling), or None."""
+        return self._tok.token_to_id(token)
+
+    def id_to_token(self, token_id: int) -> str | None:
+        """The token (vocabulary spelling, ``"Ġworld"`` for byte-level BPE) of an id, or None."""
+        return self._tok.id_to_token(int(token_id))
+
+    @property
+    def backend(self):
+        """The underlying ``tokenizers.Tokenizer``."""
+        return self._tok
+
+    def _check_ids(self, ids) -> list[int]:
+        if isinstance(ids, np.ndarray):
+            if ids.dtype.kind not in "iu":
+                raise TypeError(f"ids: expected integer token ids, got dtype {ids.dtype}")
+            ids = ids.reshape(-1).tolist()
+        out = []
+        n = self.vocab_size
+        for i in ids:
+            if isinstance(i, bool) or not isinstance(i, (int, np.integer)):
+                raise TypeError(f"ids: expected int token ids, got {type(i).__name__}")
+            if not 0 <= i < n:
+                raise ValueError(f"ids: token id {int(i)} is outside the vocabulary [0, {n})")
+            out.append(int(i))
+        return out
+
+
+class TextStream:
+    """Incremental detokenization for streaming generation: push ids one at a time, get back only
+    complete text.
+
+    Byte-level BPE pieces are bytes, and one UTF-8 character (an emoji, a CJK ideograph) can span
+    several tokens; decoding such a token alone gives U+FFFD. The ``tokenizers`` package's
+    ``DecodeStream`` holds those tokens back until the character is complete (it decodes a short
+    window of recent ids and emits the new suffix unless it ends in U+FFFD); this class keeps the
+    ids it holds so :meth:`finish` can flush them when generation stops mid-character.
+
+        stream = tokenizer.text_stream()
+        for token_id in generated:
+            print(stream.push(token_id), end="")
+        print(stream.finish())
+
+    The concatenation of every ``push`` and ``finish`` equals ``tokenizer.decode(all ids)`` for a
+    byte-level tokenizer.
+
+    Args:
+        tokenizer: a :class:`Tokenizer`.
+        skip_special_tokens: leave special tokens out of the text (default True).
+    """
+
+    def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = True):
+        from tokenizers.decoders import DecodeStream
+
+        self._tokenizer = tokenizer
+        self._skip = bool(skip_special_tokens)
+        self._stream = DecodeStream(skip_special_tokens=self._skip)
+        self._pending: list[int] = []
+
+    def push(self, token_id: int) -> str:
+        """Adds one generated id; returns the text it completes (``""`` while a character is split).
+
+        Raises:
+            TypeError: not an int. ValueError: outside the vocabulary.
+        """
+        (token_id,) = self._tokenizer._check_ids([token_id])
+        self._pending.append(token_id)
+        text = self._stream.step(self._tokenizer.backend, token_id)
+        if text is None:
+            return ""
+        self._pending.clear()
+        return text
+
+    def finish(self) -> str:
+        """Text of the ids still held back (U+FFFD for an incomplete character); resets the stream."""
+        from tokenizers.decoders import DecodeStream
+
+        text = self._tokenizer.decode(self._pending, skip_special_tokens=self._skip) if self._pending else ""
+        self._pending.clear()
+        self._stream = DecodeStream(skip_special_tokens=self._skip)
+        return text
+
+
+# ------------------------------------------------------------------------------------------------
+# Hugging Face directories
+# ------------------------------------------------------------------------------------------------
+def _read_json_object(path: Path) -> dict:
+    if not path.is_file():
+        return {}
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: not valid JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{path}: expected a JSON object, got a JSON {type(value).__name__}")
+    return value
+
+
+def _token_content(value) -> str | None:
+    """A special token in tokenizer_config.json: a str or an AddedToken dict ``{"content": ...}``."""
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) else None
+
+
+def _chat_template_of_dir(model_dir: Path, tokenizer_config: dict) -> str | None:
+    jinja = model_dir / "chat_template.jinja"
+    if jinja.is_file():
+        return jinja.read_text(encoding="utf-8")
+    template = tokenizer_config.get("chat_template")
+    if isinstance(template, list):  # named templates: [{"name": "default", "template": ...}, ...]
+        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+        template = named.get("default")
+    return template if isinstance(template, str) else None
+
+
+def _is_causal_lm(model_dir: Path) -> bool:
+    config = _read_json_object(model_dir / "config.json")
+    architectures = config.get("architectures") or []
+    if any(isinstance(a, str) and a.endswith(("ForCausalLM", "LMHeadModel")) for a in architectures):
+        return True
+    return config.get("model_type") in _CAUSAL_MODEL_TYPES
 
 
 def _default_max_length(model_dir: Path) -> int:
@@ -118,3 +454,105 @@ def _default_max_length(model_dir: Path) -> int:
             if isinstance(value, int) and 0 < value <= 1_000_000:
                 return value
     return 512
+
+
+# ------------------------------------------------------------------------------------------------
+# GGUF tokenizer metadata -> tokenizers.Tokenizer
+# ------------------------------------------------------------------------------------------------
+def _gguf_pre_tokenizer(name: str):
+    """The pre-tokenizer for ``tokenizer.ggml.pre``, from the ``tokenizers`` package's components.
+
+    GPT-2's split (``'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+``)
+    is ``ByteLevel(use_regex=True)``'s own. llama.cpp's "smollm" (also "starcoder", "refact",
+    "codeshell") runs ``\\p{N}`` first, isolating each digit, then GPT-2's split on the rest:
+    ``Sequence([Digits(individual_digits=True), ByteLevel(...)])``, exactly the pre-tokenizer of
+    SmolLM2's own ``tokenizer.json``.
+    """
+    from tokenizers import pre_tokenizers
+
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True)
+    if name in ("default", "gpt2"):
+        return byte_level
+    return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+
+
+def _tokenizer_from_gguf(path, meta: dict):
+    """``(tokenizers.Tokenizer, {bos_token, eos_token, unk_token, pad_token})`` from the
+    ``tokenizer.ggml.*`` metadata (keys without the prefix)."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, processors
+
+    model = meta.get("model")
+    if model != "gpt2":
+        raise ValueError(f"{path}: GGUF tokenizer model {model!r} (tokenizer.ggml.model) is not supported "
+                         f"(supported: 'gpt2', byte-level BPE)")
+    pre = meta.get("pre", "default")
+    if pre not in GGUF_PRE_TOKENIZERS:
+        raise ValueError(f"{path}: GGUF pre-tokenizer {pre!r} (tokenizer.ggml.pre) is not supported "
+                         f"(supported: {', '.join(GGUF_PRE_TOKENIZERS)})")
+    tokens, merges = meta.get("tokens"), meta.get("merges")
+    if not isinstance(tokens, list) or not tokens or not all(isinstance(t, str) for t in tokens):
+        raise ValueError(f"{path}: GGUF metadata tokenizer.ggml.tokens: expected a non-empty list of strings")
+    if not isinstance(merges, list) or not all(isinstance(m, str) for m in merges):
+        raise ValueError(f"{path}: GGUF metadata tokenizer.ggml.merges: expected a list of strings")
+    token_type = meta.get("token_type", [1] * len(tokens))
+    if not isinstance(token_type, list) or len(token_type) != len(tokens):
+        raise ValueError(f"{path}: GGUF metadata tokenizer.ggml.token_type: expected {len(tokens)} ints "
+                         f"(one per token), got {len(token_type) if isinstance(token_type, list) else token_type!r}")
+
+    # The vocabulary in the byte-level alphabet. A token written in other characters (a raw space,
+    # say) is re-spelled from its UTF-8 bytes, as transformers' GGUF converter does.
+    spelling = _bytes_to_unicode()
+    alphabet = set(spelling.values())
+
+    def spelled(token: str) -> str:
+        return token if set(token) <= alphabet else "".join(spelling[b] for b in token.encode("utf-8"))
+
+    vocab = {spelled(t): i for i, t in enumerate(tokens)}
+    pairs = []
+    for i, merge in enumerate(merges):
+        parts = merge.split(" ")
+        if len(parts) != 2 or not all(parts):
+            raise ValueError(f"{path}: GGUF metadata tokenizer.ggml.merges[{i}] = {merge!r}: expected two "
+                             f"tokens separated by one space")
+        pairs.append((parts[0], parts[1]))
+    try:
+        bpe = models.BPE(vocab=vocab, merges=pairs, fuse_unk=False, byte_fallback=False)
+    except Exception as e:  # e.g. a merge of tokens not in the vocabulary
+        raise ValueError(f"{path}: inconsistent GGUF tokenizer metadata ({type(e).__name__}: {e})") from None
+    tok = Tokenizer(bpe)
+    tok.pre_tokenizer = _gguf_pre_tokenizer(pre)
+    tok.decoder = decoders.ByteLevel()
+
+    control = [AddedToken(t, special=True, normalized=False)
+               for t, kind in zip(tokens, token_type) if kind == _CONTROL and set(t) <= alphabet]
+    user = [AddedToken(t, special=False, normalized=False)
+            for t, kind in zip(tokens, token_type) if kind == _USER_DEFINED and set(t) <= alphabet]
+    if control:
+        tok.add_special_tokens(control)
+    if user:
+        tok.add_tokens(user)
+
+    special = {}
+    for name, key in (("bos_token", "bos_token_id"), ("eos_token", "eos_token_id"),
+                      ("unk_token", "unknown_token_id"), ("pad_token", "padding_token_id")):
+        token_id = meta.get(key)
+        if token_id is None:
+            special[name] = None
+            continue
+        if isinstance(token_id, bool) or not isinstance(token_id, int) or not 0 <= token_id < len(tokens):
+            raise ValueError(f"{path}: GGUF metadata tokenizer.ggml.{key} = {token_id!r} is not a token id "
+                             f"in [0, {len(tokens)})")
+        special[name] = spelled(tokens[token_id])
+
+    add_bos, add_eos = bool(meta.get("add_bos_token", False)), bool(meta.get("add_eos_token", False))
+    for flag, name in ((add_bos, "bos_token"), (add_eos, "eos_token")):
+        if flag and special[name] is None:
+            raise ValueError(f"{path}: GGUF metadata asks to add the {name} but gives no {name}_id")
+    if add_bos or add_eos:
+        bos, eos = special["bos_token"], special["eos_token"]
+        single = " ".join([*([bos] if add_bos else []), "$A", *([eos] if add_eos else [])])
+        pair = " ".join([single, *([bos] if add_bos else []), "$B:1", *([eos] if add_eos else [])])
+        pieces = {t for t, flag in ((bos, add_bos), (eos, add_eos)) if flag}
+        tok.post_processor = processors.TemplateProcessing(
+            single=single, pair=pair, special_tokens=[(t, vocab[t]) for t in sorted(pieces)])
+    return tok, special

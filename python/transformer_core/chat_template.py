@@ -1,0 +1,135 @@
+"""Chat prompts: a model's Jinja2 chat template rendered the way Hugging Face transformers renders it
+(``apply_chat_template``), so a conversation becomes the exact text the model was tuned on.
+
+    render_chat_template(template, [{"role": "user", "content": "Hi"}], add_generation_prompt=True)
+    # '<|im_start|>system\\nYou are a helpful AI assistant named SmolLM, ...<|im_end|>\\n'
+    # '<|im_start|>user\\nHi<|im_end|>\\n<|im_start|>assistant\\n'
+
+The environment matches transformers': a sandboxed Jinja2 environment whose objects cannot be
+modified (templates come with downloaded models and are untrusted code), ``trim_blocks`` and
+``lstrip_blocks``, the ``loopcontrols`` extension (``{% break %}``), a ``tojson`` filter that keeps
+non-ASCII characters, the ``raise_exception(message)`` and ``strftime_now(format)`` functions, and
+a ``{% generation %}`` block tag that renders its body. Variables: ``messages``,
+``add_generation_prompt``, and whatever else the caller passes (``bos_token``, ``eos_token``,
+``tools``, ...).
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from functools import lru_cache
+
+__all__ = ["render_chat_template", "validate_messages", "ChatTemplateError"]
+
+
+class ChatTemplateError(ValueError):
+    """A chat template that does not parse, or that refused the conversation (its
+    ``raise_exception``)."""
+
+
+def validate_messages(messages) -> list[dict]:
+    """Checks a conversation: a list of dicts, each with a str ``"role"`` and a str ``"content"``
+    (other keys are passed to the template as they are).
+
+    Returns:
+        A shallow copy (a new list of new dicts).
+
+    Raises:
+        TypeError: ``messages`` not a list (or tuple), a message not a dict, or a role/content
+            that is not a str (naming the message's index and field).
+        ValueError: no messages (as transformers), a message without ``"role"`` or ``"content"``, or
+            an empty role.
+    """
+    if not isinstance(messages, (list, tuple)):
+        raise TypeError(f"messages: expected a list of {{'role': str, 'content': str}} dicts, "
+                        f"got {type(messages).__name__}")
+    if not messages:
+        raise ValueError("messages: expected at least one message, got an empty list")
+    out = []
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise TypeError(f"messages[{i}]: expected a dict with 'role' and 'content', got {type(message).__name__}")
+        for field in ("role", "content"):
+            if field not in message:
+                raise ValueError(f"messages[{i}]: missing the {field!r} field (keys: {sorted(map(str, message))})")
+            if not isinstance(message[field], str):
+                raise TypeError(f"messages[{i}][{field!r}]: expected a str, got {type(message[field]).__name__}")
+        if not message["role"]:
+            raise ValueError(f"messages[{i}]['role']: expected a non-empty str")
+        out.append(dict(message))
+    return out
+
+
+def render_chat_template(template: str, messages, add_generation_prompt: bool = False, **variables) -> str:
+    """Renders ``template`` for a conversation.
+
+    Args:
+        template: the Jinja2 source (``tokenizer.chat_template`` in GGUF metadata, ``chat_template``
+            in ``tokenizer_config.json``).
+        messages: a list of ``{"role": str, "content": str}`` (see :func:`validate_messages`).
+        add_generation_prompt: end with the header of the assistant's turn, for generation.
+        **variables: more template variables: ``bos_token``, ``eos_token``, ``tools``, ...
+
+    Returns:
+        The prompt text.
+
+    Raises:
+        TypeError: ``template`` not a str; a bad message (see :func:`validate_messages`).
+        ValueError: a bad message. ChatTemplateError (a ValueError): the template does not parse,
+            calls ``raise_exception``, or fails while rendering (the sandbox refusing an unsafe
+            operation included).
+    """
+    if not isinstance(template, str):
+        raise TypeError(f"template: expected a str, got {type(template).__name__}")
+    messages = validate_messages(messages)
+    compiled = _compile(template)
+    import jinja2
+
+    try:
+        return compiled.render(messages=messages, add_generation_prompt=bool(add_generation_prompt), **variables)
+    except ChatTemplateError:
+        raise
+    except jinja2.TemplateError as e:
+        raise ChatTemplateError(f"chat template: {type(e).__name__}: {e}") from None
+
+
+def _raise_exception(message):
+    raise ChatTemplateError(f"chat template: {message}")
+
+
+def _tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+    # Jinja2's own tojson escapes HTML characters ('<' -> \u003c); chat templates want plain JSON.
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def _strftime_now(format: str) -> str:
+    return datetime.now().strftime(format)
+
+
+@lru_cache(maxsize=16)
+def _compile(template: str):
+    import jinja2
+    import jinja2.ext
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    class GenerationBlock(jinja2.ext.Extension):
+        """``{% generation %}...{% endgeneration %}`` (marks the assistant's tokens for training
+        masks in transformers): rendered as its body."""
+
+        tags = {"generation"}
+
+        def parse(self, parser):
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            return jinja2.nodes.Scope(body).set_lineno(lineno)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=[GenerationBlock, jinja2.ext.loopcontrols])
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    try:
+        return env.from_string(template)
+    except jinja2.TemplateError as e:
+        raise ChatTemplateError(f"chat template does not parse: {type(e).__name__}: {e}") from None

@@ -1,0 +1,694 @@
+"""Reading a GGUF checkpoint (llama.cpp's single-file format) into numpy, with no torch.
+
+A GGUF file is a header (magic ``b"GGUF"``, version, tensor count, metadata count), typed key/value
+metadata (the model's hyper-parameters under ``<arch>.*``, its tokenizer under ``tokenizer.*``),
+a table of tensor descriptors (name, dims fastest-first, ggml type, offset) and the tensor data,
+aligned to ``general.alignment`` (32) bytes. Quantized tensors are stored as blocks along each row:
+Q4_0 / Q4_1 / Q8_0 pack 32 weights per block (an fp16 scale, Q4_1 also an fp16 minimum, then 4- or
+8-bit codes), so a row of ``in_features`` weights is ``in_features / 32`` blocks.
+
+The ``gguf`` package (llama.cpp's own Python reader) parses the file and dequantizes the blocks; this
+module checks the file first (bounds, types, shapes: a corrupt or truncated file is a ``ValueError``
+naming it, never a raw error from the reader), maps llama.cpp's tensor names to Hugging Face's
+``LlamaForCausalLM`` state_dict names and undoes the row permutation llama.cpp's converter applies
+to the query/key projections (see :func:`rope_row_permutation`).
+
+    ckpt = read_gguf("SmolLM2-135M-Instruct.Q4_1.gguf")
+    ckpt.config["num_key_value_heads"]           # 3
+    w = ckpt.tensor("model.layers.0.self_attn.q_proj.weight")      # (576, 576) float32
+    info = ckpt.tensor_info("model.layers.0.mlp.up_proj.weight")   # ggml type Q4_1, raw blocks
+    info.raw.shape                               # (1536, 360) uint8: 18 blocks of 20 bytes per row
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ._validation import resolve_dtype
+
+__all__ = ["GGUFCheckpoint", "GGUFTensorInfo", "read_gguf", "read_gguf_metadata", "rope_row_permutation",
+           "SUPPORTED_GGML_TYPES", "SUPPORTED_ARCHITECTURES"]
+
+#: ggml tensor types this module dequantizes (name -> ggml type id).
+SUPPORTED_GGML_TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 8, "BF16": 30}
+#: ``general.architecture`` values this module maps to Hugging Face names.
+SUPPORTED_ARCHITECTURES = ("llama",)
+
+_GGUF_MAGIC = b"GGUF"
+_GGUF_VERSIONS = (2, 3)  # version 1 counted with 32-bit integers; llama.cpp dropped it
+_DEFAULT_ALIGNMENT = 32
+_MAX_DIMS = 4  # GGML_MAX_DIMS
+
+# GGUF metadata value types: id -> (name, fixed byte size or None for string/array).
+_VALUE_TYPES = {
+    0: ("UINT8", 1), 1: ("INT8", 1), 2: ("UINT16", 2), 3: ("INT16", 2), 4: ("UINT32", 4), 5: ("INT32", 4),
+    6: ("FLOAT32", 4), 7: ("BOOL", 1), 8: ("STRING", None), 9: ("ARRAY", None), 10: ("UINT64", 8),
+    11: ("INT64", 8), 12: ("FLOAT64", 8),
+}
+_STRING, _ARRAY, _UINT32 = 8, 9, 4
+
+
+# --------------------------------------------------------------------------------------------------
+# Structural check of the file, before the gguf package reads it
+# --------------------------------------------------------------------------------------------------
+class _FileError(Exception):
+    """A problem found while scanning; turned into a ValueError that names the file."""
+
+
+@dataclass(frozen=True)
+class _TensorEntry:
+    name: str
+    dims: tuple  # ggml order: fastest-moving first
+    ggml_type: int
+    offset: int  # from the start of the data section
+
+
+class _Scanner:
+    """Walks the header and metadata with bounds checks on every read (no allocation from counts)."""
+
+    def __init__(self, buf, size: int):
+        self.buf, self.size, self.pos = buf, size, 0
+
+    def need(self, n: int, what: str) -> None:
+        if n < 0 or self.pos + n > self.size:
+            raise _FileError(f"truncated GGUF file: {what} needs {n} bytes at offset {self.pos}, "
+                             f"but the file ends at {self.size}")
+
+    def unpack(self, fmt: str, what: str):
+        n = struct.calcsize(fmt)
+        self.need(n, what)
+        values = struct.unpack_from(fmt, self.buf, self.pos)
+        self.pos += n
+        return values if len(values) > 1 else values[0]
+
+    def string(self, what: str, decode: bool = True):
+        length = self.unpack("<Q", f"the length of {what}")
+        self.need(length, what)
+        start = self.pos
+        self.pos += length
+        if not decode:
+            return None
+        try:
+            return bytes(self.buf[start:start + length]).decode("utf-8")
+        except UnicodeDecodeError:
+            raise _FileError(f"corrupt GGUF header: {what} is not valid UTF-8") from None
+
+    def value(self, value_type: int, what: str, depth: int = 0):
+        """Skips (checks) one metadata value; returns it only for the few keys the scan needs."""
+        if value_type not in _VALUE_TYPES:
+            raise _FileError(f"corrupt GGUF header: {what} has unknown value type {value_type}")
+        name, width = _VALUE_TYPES[value_type]
+        if width is not None:
+            self.need(width, what)
+            fmt = {"UINT8": "<B", "INT8": "<b", "UINT16": "<H", "INT16": "<h", "UINT32": "<I", "INT32": "<i",
+                   "FLOAT32": "<f", "BOOL": "<?", "UINT64": "<Q", "INT64": "<q", "FLOAT64": "<d"}[name]
+            return self.unpack(fmt, what)
+        if value_type == _STRING:
+            return self.string(what, decode=False)
+        if depth > 2:
+            raise _FileError(f"corrupt GGUF header: {what} nests arrays more than 3 deep")
+        element_type, count = self.unpack("<IQ", f"the array header of {what}")
+        if element_type not in _VALUE_TYPES:
+            raise _FileError(f"corrupt GGUF header: {what} is an array of unknown value type {element_type}")
+        element_width = _VALUE_TYPES[element_type][1]
+        minimum = element_width if element_width is not None else (8 if element_type == _STRING else 12)
+        if count * minimum > self.size - self.pos:
+            raise _FileError(f"truncated GGUF file: {what} declares {count} elements, more than the "
+                             f"{self.size - self.pos} bytes left in the file can hold")
+        if element_width is not None:
+            self.pos += count * element_width
+        elif element_type == _STRING:
+            for i in range(count):
+                self.string(f"{what}[{i}]", decode=False)
+        else:
+            for i in range(count):
+                self.value(element_type, f"{what}[{i}]", depth + 1)
+        return None
+
+
+def _ggml_sizes(type_id: int):
+    """(name, block_size, type_size) of a ggml type id known to the gguf package, or None."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    try:
+        qtype = GGMLQuantizationType(type_id)
+    except ValueError:
+        return None
+    if qtype not in GGML_QUANT_SIZES:
+        return None
+    block_size, type_size = GGML_QUANT_SIZES[qtype]
+    return qtype.name, block_size, type_size
+
+
+def _scan(buf, size: int) -> tuple[int, list[_TensorEntry]]:
+    """Checks the whole layout; returns (data section start, tensor entries). Raises _FileError."""
+    s = _Scanner(buf, size)
+    if size < 4 or bytes(buf[:4]) != _GGUF_MAGIC:
+        head = bytes(buf[:min(size, 4)])
+        raise _FileError(f"not a GGUF file: it starts with {head!r}, expected the magic {_GGUF_MAGIC!r}")
+    s.pos = 4
+    version = s.unpack("<I", "the version")
+    if version & 0xFFFF == 0 and version != 0:
+        raise _FileError("big-endian GGUF files are not supported")
+    if version not in _GGUF_VERSIONS:
+        raise _FileError(f"unsupported GGUF version {version} (supported: {list(_GGUF_VERSIONS)})")
+    tensor_count, kv_count = s.unpack("<QQ", "the tensor and metadata counts")
+    if kv_count * 13 > size - s.pos:  # the smallest entry: 8-byte key length, 1-byte key, type, 1 byte
+        raise _FileError(f"truncated or corrupt GGUF header: {kv_count} metadata entries cannot fit in a {size}-byte file")
+    if tensor_count * 29 > size - s.pos:  # 8 + 1 (name) + 4 + 8 (one dim) + 4 + 8
+        raise _FileError(f"truncated or corrupt GGUF header: {tensor_count} tensors cannot fit in a {size}-byte file")
+    alignment = _DEFAULT_ALIGNMENT
+    keys = set()
+    for i in range(kv_count):
+        key = s.string(f"the key of metadata entry {i}")
+        if key in keys:
+            raise _FileError(f"corrupt GGUF header: metadata key {key!r} appears twice")
+        keys.add(key)
+        value_type = s.unpack("<I", f"the value type of metadata key {key!r}")
+        value = s.value(value_type, f"metadata key {key!r}")
+        if key == "general.alignment":
+            if value_type != _UINT32 or value == 0 or value & (value - 1):
+                raise _FileError(f"corrupt GGUF header: general.alignment must be a power-of-two uint32, "
+                                 f"got {value!r} (value type {value_type})")
+            alignment = value
+    entries, names = [], set()
+    for i in range(tensor_count):
+        name = s.string(f"the name of tensor {i}")
+        if name in names:
+            raise _FileError(f"corrupt GGUF header: tensor {name!r} appears twice")
+        names.add(name)
+        n_dims = s.unpack("<I", f"the dimension count of tensor {name!r}")
+        if not 1 <= n_dims <= _MAX_DIMS:
+            raise _FileError(f"corrupt GGUF header: tensor {name!r} has {n_dims} dimensions (expected 1..{_MAX_DIMS})")
+        dims = s.unpack(f"<{n_dims}Q", f"the dimensions of tensor {name!r}")
+        dims = (dims,) if n_dims == 1 else tuple(dims)
+        if any(d == 0 or d > 2**40 for d in dims):
+            raise _FileError(f"corrupt GGUF header: tensor {name!r} has dimensions {list(dims)}")
+        type_id, offset = s.unpack("<IQ", f"the type and offset of tensor {name!r}")
+        entries.append(_TensorEntry(name, dims, type_id, offset))
+    data_start = -(-s.pos // alignment) * alignment
+    spans = []
+    for e in entries:
+        sizes = _ggml_sizes(e.ggml_type)
+        if sizes is None:
+            raise _FileError(f"corrupt GGUF header: tensor {e.name!r} has unknown ggml type id {e.ggml_type}")
+        type_name, block_size, type_size = sizes
+        if e.dims[0] % block_size:
+            raise _FileError(f"corrupt GGUF header: tensor {e.name!r} ({type_name}) has rows of {e.dims[0]} "
+                             f"elements, not a multiple of its block size {block_size}")
+        if e.offset % alignment:
+            raise _FileError(f"corrupt GGUF header: tensor {e.name!r} starts at offset {e.offset}, "
+                             f"not a multiple of the alignment {alignment}")
+        n_bytes = int(np.prod(e.dims, dtype=object)) // block_size * type_size
+        end = data_start + e.offset + n_bytes
+        if end > size:
+            raise _FileError(f"truncated GGUF file: tensor {e.name!r} needs bytes up to offset {end}, "
+                             f"but the file ends at {size}")
+        spans.append((e.offset, e.offset + n_bytes, e.name))
+    spans.sort()
+    for (_, end0, a), (begin1, _, b) in zip(spans, spans[1:]):
+        if begin1 < end0:
+            raise _FileError(f"corrupt GGUF header: the data of tensors {a!r} and {b!r} overlap")
+    return data_start, entries
+
+
+# --------------------------------------------------------------------------------------------------
+# llama.cpp names -> Hugging Face names, and the RoPE row permutation
+# --------------------------------------------------------------------------------------------------
+# GGUF leaf name inside ``blk.{i}.`` -> Hugging Face name inside ``model.layers.{i}.``
+_LLAMA_LAYER_NAMES = {
+    "attn_norm": "input_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_norm": "post_attention_layernorm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_LLAMA_GLOBAL_NAMES = {
+    "token_embd": "model.embed_tokens",
+    "output_norm": "model.norm",
+    "output": "lm_head",
+}
+
+
+def rope_row_permutation(num_heads: int, head_dim: int) -> np.ndarray:
+    """Row indices that undo llama.cpp's query/key permutation: ``hf_rows = gguf_rows[perm]``.
+
+    Hugging Face's Llama applies RoPE in the "rotate half" layout: inside each head of ``head_dim``
+    output rows, row ``i`` is rotated together with row ``i + head_dim/2``. ggml's rotary kernel
+    (its "normal" mode) rotates adjacent pairs ``(2i, 2i+1)`` instead, so llama.cpp's converter
+    reorders each head's rows from ``[0, 1, .., d/2-1 | d/2, .., d-1]`` to ``[0, d/2, 1, d/2+1, ..]``
+    (its ``permute``: reshape ``(heads, 2, d/2, ...)``, swap axes 1 and 2). The inverse, read off the
+    GGUF rows as ``(heads, d/2, 2)`` and swapping the last two axes, is this index: GGUF row
+    ``h*d + 2i + j`` is Hugging Face row ``h*d + j*d/2 + i``. It only moves whole rows, so it applies
+    to quantized rows (blocks run along a row) as well as to dequantized ones.
+
+    Args:
+        num_heads: heads of the projection (``num_attention_heads`` for q, ``num_key_value_heads``
+            for k).
+        head_dim: rows per head (even).
+
+    Returns:
+        ``(num_heads * head_dim,)`` int64.
+
+    Raises:
+        ValueError: ``head_dim`` odd or a size below 1.
+    """
+    if num_heads < 1 or head_dim < 2 or head_dim % 2:
+        raise ValueError(f"rope_row_permutation: expected num_heads >= 1 and an even head_dim >= 2, "
+                         f"got num_heads={num_heads}, head_dim={head_dim}")
+    gguf_rows = np.arange(num_heads * head_dim, dtype=np.int64).reshape(num_heads, head_dim // 2, 2)
+    return np.ascontiguousarray(gguf_rows.swapaxes(1, 2)).reshape(-1)
+
+
+@dataclass(frozen=True)
+class GGUFTensorInfo:
+    """One tensor of a GGUF checkpoint as stored, under its Hugging Face name.
+
+    Attributes:
+        name: the Hugging Face ``LlamaForCausalLM`` state_dict name.
+        gguf_name: llama.cpp's name (``blk.0.attn_q.weight``).
+        ggml_type: the storage type's name (``"Q4_1"``, ``"Q8_0"``, ``"F32"``, ...).
+        ggml_type_id: its ggml type id (3 for Q4_1).
+        shape: the logical shape in torch order, ``(out_features, in_features)`` for a projection,
+            ``(vocab_size, hidden_size)`` for the embedding, ``(hidden_size,)`` for a norm.
+        block_size: weights per block along the last dim (32 for Q4_0/Q4_1/Q8_0, 1 for floats).
+        block_bytes: bytes per block (Q4_0: 18, Q4_1: 20, Q8_0: 34, F32: 4, F16/BF16: 2).
+        raw: the stored bytes, a read-only zero-copy view of the memory-mapped file, uint8 of shape
+            ``shape[:-1] + (shape[-1] // block_size * block_bytes,)``: one row of blocks per output
+            row, in the file's row order.
+        file_offset: where ``raw`` starts in the file (bytes from its beginning; a multiple of the
+            file's alignment, 32 by default).
+        row_permutation: for the query/key projections, the ``(shape[0],)`` int64 index with
+            ``hf_rows = raw_rows[row_permutation]`` (see :func:`rope_row_permutation`); ``None`` for
+            every other tensor (its rows are already in Hugging Face order).
+    """
+
+    name: str
+    gguf_name: str
+    ggml_type: str
+    ggml_type_id: int
+    shape: tuple
+    block_size: int
+    block_bytes: int
+    raw: np.ndarray
+    file_offset: int
+    row_permutation: np.ndarray | None
+
+    @property
+    def row_bytes(self) -> int:
+        """Bytes per row of ``raw``."""
+        return self.shape[-1] // self.block_size * self.block_bytes
+
+    def raw_hf_rows(self) -> np.ndarray:
+        """``raw`` with its rows in Hugging Face order (a copy for q/k, the zero-copy view otherwise)."""
+        return self.raw if self.row_permutation is None else self.raw[self.row_permutation]
+
+
+# --------------------------------------------------------------------------------------------------
+# The checkpoint
+# --------------------------------------------------------------------------------------------------
+class GGUFCheckpoint:
+    """A validated GGUF checkpoint of a Llama-architecture model: metadata, a Hugging Face config,
+    the tokenizer metadata, the chat template and the tensors under Hugging Face names.
+
+    Opening it reads the header and maps the file; tensors are dequantized only when asked for
+    (:meth:`tensor`, :meth:`state_dict`). Everything (magic, version, bounds, metadata, the
+    architecture, every tensor's name, shape and type) is checked when opening, so a checkpoint
+    that opens never fails half-way through loading.
+
+    Use :func:`read_gguf` to open one.
+
+    Attributes:
+        path: the file.
+        architecture: ``general.architecture`` (``"llama"``).
+        metadata: every metadata key -> Python value (str, int, float, bool or list); the header's
+            version/counts are not included.
+        config: a Hugging Face ``LlamaConfig``-style dict: ``architectures``, ``model_type``
+            ("llama"), ``vocab_size``, ``hidden_size``, ``intermediate_size``,
+            ``num_hidden_layers``, ``num_attention_heads``, ``num_key_value_heads``, ``head_dim``,
+            ``max_position_embeddings``, ``rms_norm_eps`` (the file's float32 value, as a float),
+            ``rope_theta``, ``rope_scaling`` (None), ``hidden_act`` ("silu"), ``attention_bias``,
+            ``attention_dropout`` (0.0), ``mlp_bias``, ``tie_word_embeddings`` (True when the file
+            has no ``output.weight``), ``bos_token_id``, ``eos_token_id``, ``pad_token_id``.
+        chat_template: ``tokenizer.chat_template`` (a Jinja2 string) or ``None``.
+        tokenizer_metadata: the ``tokenizer.ggml.*`` keys with that prefix removed (``tokens``,
+            ``merges``, ``token_type``, ``model``, ``pre``, ``bos_token_id``, ...).
+    """
+
+    def __init__(self, path, _reader, metadata: dict, infos: dict, config: dict):
+        self.path = Path(path)
+        self._reader = _reader
+        self.metadata = metadata
+        self.architecture = metadata["general.architecture"]
+        self._infos = infos
+        self.config = config
+        self.chat_template = metadata.get("tokenizer.chat_template")
+        prefix = "tokenizer.ggml."
+        self.tokenizer_metadata = {k[len(prefix):]: v for k, v in metadata.items() if k.startswith(prefix)}
+
+    def __repr__(self) -> str:
+        return (f"GGUFCheckpoint({str(self.path)!r}, architecture={self.architecture!r}, "
+                f"tensors={len(self._infos)}, types={sorted({i.ggml_type for i in self._infos.values()})})")
+
+    @property
+    def tensor_names(self) -> list[str]:
+        """Hugging Face names of every tensor, in file order (``lm_head.weight`` only if untied)."""
+        return list(self._infos)
+
+    def tensor_info(self, name: str) -> GGUFTensorInfo:
+        """The stored form of tensor ``name`` (Hugging Face name): type, shape, raw blocks.
+
+        Raises:
+            KeyError: no such tensor (the message lists the names).
+        """
+        if name not in self._infos:
+            raise KeyError(f"name: no tensor {name!r} in {self.path} (tensors: {self.tensor_names})")
+        return self._infos[name]
+
+    def tensor(self, name: str, dtype=np.float32) -> np.ndarray:
+        """Tensor ``name`` dequantized to ``dtype``, rows in Hugging Face order.
+
+        Dequantization is the ``gguf`` package's (``gguf.quants.dequantize``: ``scale * code`` for
+        Q4_0/Q8_0, ``scale * code + min`` for Q4_1, computed in float32); float64 is the exact
+        widening of that float32 result.
+
+        Args:
+            name: a Hugging Face name (see :attr:`tensor_names`).
+            dtype: ``np.float32`` (default) or ``np.float64``.
+
+        Returns:
+            A new, writable C-contiguous array of ``tensor_info(name).shape``.
+
+        Raises:
+            KeyError: no such tensor. TypeError: ``dtype`` not float32/float64.
+        """
+        from gguf import GGMLQuantizationType
+        from gguf.quants import dequantize
+
+        dtype = resolve_dtype(dtype)
+        info = self.tensor_info(name)
+        values = dequantize(info.raw, GGMLQuantizationType(info.ggml_type_id))
+        values = np.asarray(values, dtype=np.float32).reshape(info.shape)
+        if info.row_permutation is not None:
+            values = values[info.row_permutation]
+        return np.array(values, dtype=dtype, order="C", copy=True)
+
+    def state_dict(self, dtype=np.float32) -> dict[str, np.ndarray]:
+        """Every tensor, dequantized (see :meth:`tensor`), under Hugging Face ``LlamaForCausalLM``
+        names: ``model.embed_tokens.weight``, ``model.layers.{i}.self_attn.{q,k,v,o}_proj.weight``,
+        ``model.layers.{i}.mlp.{gate,up,down}_proj.weight``,
+        ``model.layers.{i}.{input,post_attention}_layernorm.weight``, ``model.norm.weight`` and
+        ``lm_head.weight`` only when the file has its own output matrix (``tie_word_embeddings`` is
+        False).
+
+        Raises:
+            TypeError: ``dtype`` not float32/float64.
+        """
+        dtype = resolve_dtype(dtype)
+        return {name: self.tensor(name, dtype) for name in self._infos}
+
+    def close(self) -> None:
+        """Drops the memory map (raw views taken before stay valid while referenced)."""
+        self._reader = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _field_value(field):
+    """A GGUFReader field as a Python value."""
+    value = field.contents()
+    if isinstance(value, np.generic):
+        value = value.item()
+    return value
+
+
+def read_gguf(path) -> GGUFCheckpoint:
+    """Opens and validates a GGUF checkpoint of a Llama-architecture model.
+
+    Metadata read: ``general.architecture``, ``general.alignment``, ``llama.block_count``,
+    ``llama.embedding_length``, ``llama.feed_forward_length``, ``llama.attention.head_count``,
+    ``llama.attention.head_count_kv``, ``llama.attention.layer_norm_rms_epsilon``,
+    ``llama.context_length``, ``llama.rope.freq_base``, ``llama.rope.dimension_count``,
+    ``llama.attention.key_length`` / ``value_length``, ``llama.vocab_size``, ``llama.rope.scaling.type``,
+    ``tokenizer.ggml.{bos,eos,padding,unknown}_token_id``, ``tokenizer.ggml.tokens`` (vocabulary size)
+    and ``tokenizer.chat_template``.
+
+    Args:
+        path: a ``.gguf`` file (str or path).
+
+    Returns:
+        A :class:`GGUFCheckpoint`.
+
+    Raises:
+        TypeError: ``path`` not a str or path.
+        FileNotFoundError: no such file.
+        ValueError: naming the file, if it is not a GGUF file (magic), is truncated, has a corrupt
+            header or metadata, is of another architecture than llama (which one is said), holds a
+            tensor of an unsupported ggml type (named; supported: F32, F16, BF16, Q4_0, Q4_1, Q8_0),
+            misses tensors, has unknown ones or one of the wrong shape, or has a config this loader
+            does not support (RoPE scaling, partial rotary dims, biases on some projections only).
+    """
+    path, reader, metadata, data_start, entries = _open(path)
+    arch = metadata.get("general.architecture")
+    if not isinstance(arch, str):
+        raise ValueError(f"{path}: corrupt GGUF metadata: general.architecture missing or not a string "
+                         f"(got {arch!r})")
+    if arch not in SUPPORTED_ARCHITECTURES:
+        raise ValueError(f"{path}: GGUF architecture {arch!r} is not supported "
+                         f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})")
+    tensors = {t.name: t for t in reader.tensors}
+    config = _llama_config(path, metadata, {e.name: e for e in entries})
+    infos = _llama_tensor_infos(path, config, entries, tensors)
+    return GGUFCheckpoint(path, reader, metadata, infos, config)
+
+
+def read_gguf_metadata(path) -> dict:
+    """The metadata of a GGUF file of any architecture (key -> Python value), after the same checks
+    of its layout as :func:`read_gguf` (magic, version, bounds); the tensors are not checked.
+
+    Raises:
+        TypeError: ``path`` not a str or path. FileNotFoundError: no such file.
+        ValueError: naming the file: not a GGUF file, truncated, or a corrupt header or metadata.
+    """
+    return _open(path)[2]
+
+
+def _open(path):
+    """``(path, GGUFReader, metadata, data start, tensor entries)`` of a checked file."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path: expected a str or path, got {type(path).__name__}")
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"path: no GGUF file at {path}")
+    size = path.stat().st_size
+    try:
+        with open(path, "rb") as f:
+            if size == 0:
+                raise _FileError("not a GGUF file: it is empty")
+            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+                data_start, entries = _scan(buf, size)
+    except _FileError as e:
+        raise ValueError(f"{path}: {e}") from None
+
+    import gguf
+
+    try:
+        reader = gguf.GGUFReader(path, "r")
+    except Exception as e:  # the scan should have caught everything; never let a raw error through
+        raise ValueError(f"{path}: corrupt GGUF file ({type(e).__name__}: {e})") from None
+    if reader.data_offset != data_start or len(reader.tensors) != len(entries):
+        raise ValueError(f"{path}: corrupt GGUF file (the gguf reader disagrees with the header layout)")
+    try:
+        metadata = {key: _field_value(field) for key, field in reader.fields.items() if not key.startswith("GGUF.")}
+    except (UnicodeDecodeError, ValueError, IndexError) as e:
+        raise ValueError(f"{path}: corrupt GGUF metadata ({type(e).__name__}: {e})") from None
+    return path, reader, metadata, data_start, entries
+
+
+def _get(path, metadata: dict, key: str, kind, default=None, *, required: bool = False):
+    value = metadata.get(key, default)
+    if value is None:
+        if required:
+            raise ValueError(f"{path}: GGUF metadata misses {key!r}")
+        return None
+    ok = (isinstance(value, int) and not isinstance(value, bool)) if kind is int else (
+        isinstance(value, (int, float)) and not isinstance(value, bool)) if kind is float else isinstance(value, kind)
+    if not ok:
+        raise ValueError(f"{path}: GGUF metadata {key!r}: expected {kind.__name__}, got {value!r}")
+    if kind is int and value < 0:
+        raise ValueError(f"{path}: GGUF metadata {key!r}: expected a non-negative int, got {value}")
+    return kind(value)
+
+
+def _llama_config(path, md: dict, entries: dict) -> dict:
+    """The Hugging Face ``LlamaConfig`` fields from llama.cpp's ``llama.*`` metadata keys."""
+    a = "llama"
+    hidden = _get(path, md, f"{a}.embedding_length", int, required=True)
+    layers = _get(path, md, f"{a}.block_count", int, required=True)
+    inter = _get(path, md, f"{a}.feed_forward_length", int, required=True)
+    heads = _get(path, md, f"{a}.attention.head_count", int, required=True)
+    kv_heads = _get(path, md, f"{a}.attention.head_count_kv", int, heads)
+    for key, v in (("embedding_length", hidden), ("block_count", layers), ("feed_forward_length", inter),
+                   ("attention.head_count", heads), ("attention.head_count_kv", kv_heads)):
+        if v < 1:
+            raise ValueError(f"{path}: GGUF metadata '{a}.{key}': expected a positive int, got {v}")
+    if layers > len(entries):  # a layer has tensors; checked before any loop over the layers
+        raise ValueError(f"{path}: GGUF metadata '{a}.block_count' = {layers}, but the file holds only "
+                         f"{len(entries)} tensors")
+    if heads % kv_heads:
+        raise ValueError(f"{path}: GGUF metadata: attention.head_count {heads} is not a multiple of "
+                         f"attention.head_count_kv {kv_heads}")
+    head_dim = _get(path, md, f"{a}.attention.key_length", int, None)
+    rope_dim = _get(path, md, f"{a}.rope.dimension_count", int, None)
+    value_dim = _get(path, md, f"{a}.attention.value_length", int, None)
+    if head_dim is None and hidden % heads == 0:  # llama.cpp's default: embedding_length / head_count
+        head_dim = hidden // heads
+    if head_dim is None or head_dim < 2 or head_dim % 2:
+        raise ValueError(f"{path}: GGUF metadata: cannot find an even head_dim (rope.dimension_count "
+                         f"{rope_dim}, embedding_length {hidden}, head_count {heads})")
+    if rope_dim is not None and rope_dim != head_dim:
+        raise ValueError(f"{path}: GGUF metadata: partial rotary embeddings (rope.dimension_count {rope_dim} "
+                         f"!= head_dim {head_dim}) are not supported")
+    if value_dim is not None and value_dim != head_dim:
+        raise ValueError(f"{path}: GGUF metadata: attention.value_length {value_dim} != key_length {head_dim} "
+                         f"is not supported")
+    scaling = _get(path, md, f"{a}.rope.scaling.type", str, "none")
+    if scaling != "none":
+        raise ValueError(f"{path}: GGUF metadata: RoPE scaling {scaling!r} ({a}.rope.scaling.type) is not supported")
+    eps = _get(path, md, f"{a}.attention.layer_norm_rms_epsilon", float, required=True)
+    theta = _get(path, md, f"{a}.rope.freq_base", float, 10000.0)
+    if not (eps > 0 and theta > 0):
+        raise ValueError(f"{path}: GGUF metadata: expected positive layer_norm_rms_epsilon and rope.freq_base, "
+                         f"got {eps} and {theta}")
+    context = _get(path, md, f"{a}.context_length", int, required=True)
+    tokens = md.get("tokenizer.ggml.tokens")
+    vocab = _get(path, md, f"{a}.vocab_size", int, None)
+    if vocab is None and isinstance(tokens, list):
+        vocab = len(tokens)
+    if vocab is None and "token_embd.weight" in entries:
+        vocab = entries["token_embd.weight"].dims[-1]
+    if not vocab:
+        raise ValueError(f"{path}: GGUF metadata: cannot find the vocabulary size")
+
+    def has_bias(leaf: str) -> bool:
+        present = [f"blk.{i}.{leaf}.bias" in entries for i in range(layers)]
+        if any(present) and not all(present):
+            raise ValueError(f"{path}: {leaf}.bias is present in some layers only")
+        return all(present)
+
+    attn_bias = [has_bias(leaf) for leaf in ("attn_q", "attn_k", "attn_v", "attn_output")]
+    mlp_bias = [has_bias(leaf) for leaf in ("ffn_gate", "ffn_up", "ffn_down")]
+    if len(set(attn_bias)) > 1 or len(set(mlp_bias)) > 1:
+        raise ValueError(f"{path}: biases on some projections only (attention {attn_bias}, mlp {mlp_bias}) are "
+                         f"not supported: Llama's attention_bias/mlp_bias cover all of them")
+    token_ids = {}
+    for hf, key in (("bos_token_id", "bos_token_id"), ("eos_token_id", "eos_token_id"),
+                    ("pad_token_id", "padding_token_id")):
+        token_ids[hf] = _get(path, md, f"tokenizer.ggml.{key}", int, None)
+        if token_ids[hf] is not None and token_ids[hf] >= vocab:
+            raise ValueError(f"{path}: GGUF metadata tokenizer.ggml.{key} = {token_ids[hf]} is outside the "
+                             f"vocabulary of {vocab}")
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": vocab,
+        "hidden_size": hidden,
+        "intermediate_size": inter,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "head_dim": head_dim,
+        "max_position_embeddings": context,
+        "rms_norm_eps": eps,
+        "rope_theta": theta,
+        "rope_scaling": None,
+        "hidden_act": "silu",
+        "attention_bias": attn_bias[0],
+        "attention_dropout": 0.0,
+        "mlp_bias": mlp_bias[0],
+        "tie_word_embeddings": "output.weight" not in entries,
+        **token_ids,
+    }
+
+
+def _llama_expected(config: dict) -> dict:
+    """GGUF name -> (Hugging Face name, torch-order shape, RoPE heads or None) of every tensor."""
+    h, v, inter = config["hidden_size"], config["vocab_size"], config["intermediate_size"]
+    q_rows = config["num_attention_heads"] * config["head_dim"]
+    kv_rows = config["num_key_value_heads"] * config["head_dim"]
+    out = {"token_embd.weight": ("model.embed_tokens.weight", (v, h), None),
+           "output_norm.weight": ("model.norm.weight", (h,), None)}
+    if not config["tie_word_embeddings"]:
+        out["output.weight"] = ("lm_head.weight", (v, h), None)
+    shapes = {"attn_norm": (h,), "attn_q": (q_rows, h), "attn_k": (kv_rows, h), "attn_v": (kv_rows, h),
+              "attn_output": (h, q_rows), "ffn_norm": (h,), "ffn_gate": (inter, h), "ffn_up": (inter, h),
+              "ffn_down": (h, inter)}
+    rope = {"attn_q": config["num_attention_heads"], "attn_k": config["num_key_value_heads"]}
+    for i in range(config["num_hidden_layers"]):
+        for leaf, hf in _LLAMA_LAYER_NAMES.items():
+            out[f"blk.{i}.{leaf}.weight"] = (f"model.layers.{i}.{hf}.weight", shapes[leaf], rope.get(leaf))
+            bias = (leaf.startswith("attn_") and leaf != "attn_norm" and config["attention_bias"]) or (
+                leaf.startswith("ffn_") and leaf != "ffn_norm" and config["mlp_bias"])
+            if bias:
+                out[f"blk.{i}.{leaf}.bias"] = (f"model.layers.{i}.{hf}.bias", shapes[leaf][:1], rope.get(leaf))
+    return out
+
+
+def _llama_tensor_infos(path, config: dict, entries: list, tensors: dict) -> dict:
+    expected = _llama_expected(config)
+    names = [e.name for e in entries]
+    missing = [n for n in expected if n not in tensors]
+    unknown = [n for n in names if n not in expected]
+    problems = []
+    if missing:
+        problems.append(f"missing tensors {missing[:10]}{' ...' if len(missing) > 10 else ''} ({len(missing)})")
+    if unknown:
+        problems.append(f"unknown tensors {unknown[:10]}{' ...' if len(unknown) > 10 else ''} ({len(unknown)})")
+    unsupported, misshaped = [], []
+    for e in entries:
+        if e.name not in expected:
+            continue
+        shape = tuple(reversed(e.dims))
+        if shape != expected[e.name][1]:
+            misshaped.append(f"{e.name}: expected {expected[e.name][1]}, got {shape}")
+        type_name = _ggml_sizes(e.ggml_type)[0]
+        if type_name not in SUPPORTED_GGML_TYPES:
+            unsupported.append(f"{e.name} is {type_name}")
+    if misshaped:
+        problems.append("tensors of the wrong shape (torch order): " + "; ".join(misshaped[:10]))
+    if unsupported:
+        problems.append(f"unsupported ggml types ({'; '.join(unsupported[:10])}"
+                        f"{' ...' if len(unsupported) > 10 else ''}; supported: {', '.join(SUPPORTED_GGML_TYPES)})")
+    if problems:
+        raise ValueError(f"{path}: cannot load this GGUF as a Llama model: " + "; ".join(problems))
+    infos = {}
+    perms = {}
+    for e in entries:
+        hf_name, shape, rope_heads = expected[e.name]
+        type_name, block_size, type_size = _ggml_sizes(e.ggml_type)
+        data = tensors[e.name].data
+        raw = np.asarray(data).view(np.uint8).reshape(*shape[:-1], shape[-1] // block_size * type_size)
+        perm = None
+        if rope_heads is not None:
+            key = (rope_heads, config["head_dim"])
+            perm = perms.get(key)
+            if perm is None:
+                perm = perms[key] = rope_row_permutation(*key)
+                perm.setflags(write=False)
+        infos[hf_name] = GGUFTensorInfo(hf_name, e.name, type_name, e.ggml_type, shape, block_size, type_size,
+                                        raw, int(tensors[e.name].data_offset), perm)
+    return infos

