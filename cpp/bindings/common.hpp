@@ -112,5 +112,6 @@ void register_functional(py::module_& m);
 void register_layers(py::module_& m);
 void register_models(py::module_& m);
 void register_positional(py::module_& m);
+void register_quantization(py::module_& m);
 
 }  // namespace transformer_core::bindings

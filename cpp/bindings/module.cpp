@@ -19,4 +19,5 @@ PYBIND11_MODULE(_core, m) {
   transformer_core::bindings::register_layers(m);
   transformer_core::bindings::register_models(m);
   transformer_core::bindings::register_positional(m);
+  transformer_core::bindings::register_quantization(m);
 }

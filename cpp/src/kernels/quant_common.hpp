@@ -1,0 +1,161 @@
+// Private helpers of the quantized kernels' translation units (quant_<isa>.cpp). Everything here
+// has internal linkage (an anonymous namespace): each TU compiles its own copy under its own ISA
+// flags, so the linker can never hand one TU's AVX-512 copy to another.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#include "transformer_core/kernels/quant/formats.hpp"
+
+namespace transformer_core::kernels::quant {
+namespace {
+
+// Little-endian 16-bit load (the GGUF scales).
+inline uint16_t load_u16(const uint8_t* p) {
+  uint16_t v;
+  std::memcpy(&v, p, 2);
+  return v;
+}
+
+// IEEE binary16 → binary32, exact (as numpy's float16 → float32 and F16C's vcvtph2ps on every
+// finite or infinite value; NaNs keep their payload).
+inline float fp16_to_fp32(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t exp = (h >> 10) & 0x1Fu;
+  uint32_t mant = h & 0x3FFu;
+  uint32_t bits;
+  if (exp == 0x1F) {
+    bits = sign | 0x7F800000u | (mant << 13);  // inf / NaN
+  } else if (exp != 0) {
+    bits = sign | ((exp + 112) << 23) | (mant << 13);  // normal: rebias 15 → 127
+  } else if (mant == 0) {
+    bits = sign;  // ±0
+  } else {        // subnormal: normalise
+    int e = 113;  // 127 − 15 + 1
+    while ((mant & 0x400u) == 0) {
+      mant <<= 1;
+      --e;
+    }
+    bits = sign | (static_cast<uint32_t>(e) << 23) | ((mant & 0x3FFu) << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+// The per-row rule of formats.hpp, on its scalar parts: the row's scale and multiplier.
+struct RowScale {
+  float scale;  // amax / 127, 0 (tiny row) or NaN (non-finite row)
+  float inv;    // 127 / amax, 0 when the row quantizes to zeros
+};
+
+struct AbsMax {
+  float amax;   // max |v| (meaningful when finite)
+  bool finite;  // no NaN, no ±inf
+};
+
+inline RowScale row_scale(float amax, bool finite) {
+  if (!finite) return {std::nanf(""), 0.0f};
+  if (amax < kMinAbsMax) return {0.0f, 0.0f};
+  return {amax / 127.0f, 127.0f / amax};
+}
+
+// One value: rint(clamp(v · inv, −127, 127)), rounding half to even (the default rounding mode).
+inline int8_t quantize_value(float v, float inv) {
+  float t = v * inv;
+  t = t < -127.0f ? -127.0f : t;
+  t = t > 127.0f ? 127.0f : t;
+  return static_cast<int8_t>(static_cast<int>(std::nearbyint(t)));
+}
+
+// Scalar decode of element p of a GGUF block (formats.hpp), as dequantize must produce it.
+inline float decode_q8_0(const uint8_t* blk, int p, float d) {
+  return static_cast<float>(static_cast<int8_t>(blk[2 + p])) * d;
+}
+inline int nibble(const uint8_t* qs, int p) { return p < 16 ? (qs[p] & 0x0F) : (qs[p - 16] >> 4); }
+inline float decode_q4_0(const uint8_t* blk, int p, float d) {
+  return static_cast<float>(nibble(blk + 2, p) - 8) * d;
+}
+inline float decode_q4_1(const uint8_t* blk, int p, float d, float m) {
+  const float dq = d * static_cast<float>(nibble(blk + 4, p));
+  return dq + m;
+}
+
+inline int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
+
+// The arguments of a product kernel (kernels.hpp), gathered for the tile templates below.
+struct Int8Args {
+  const int8_t* xq;
+  int64_t ldq;
+  const float* sx;
+  const int32_t* xsum;
+  int64_t k;
+  const int8_t* w;
+  const float* sw;
+  const float* bias;
+  float* y;
+  int64_t ldy;
+};
+struct F32Args {
+  const float* x;
+  int64_t ldx;
+  int64_t k;
+  const uint8_t* w;
+  int64_t row_bytes;
+  const float* bias;
+  float* y;
+  int64_t ldy;
+};
+struct Q8Args {
+  const int8_t* xq;
+  const float* xd;
+  const int32_t* xg;
+  int64_t k;
+  const uint8_t* w;
+  int64_t row_bytes;
+  const float* bias;
+  float* y;
+  int64_t ldy;
+};
+
+// Register tiling of a SIMD product kernel K: K::tile<NR, MR>(args, j, i) computes the outputs of
+// NR weight rows j.. and MR x rows i.. at once (weights decoded once per block for MR rows of x,
+// each x vector loaded once for NR weight rows). Every output is computed by the same operations
+// in the same order whatever NR and MR are, so the tiling never changes a result.
+//   K::kMaxMR   x rows per tile
+//   K::kNR1     weight rows per tile when x has one row (decoding: the weights stream once)
+//   K::kNRm     weight rows per tile otherwise
+template <class K, int NR, int MR, class Args>
+void tile_mr(const Args& a, int64_t j, int64_t i, int64_t mr) {
+  if constexpr (MR >= 1) {
+    if (mr == MR) return K::template tile<NR, MR>(a, j, i);
+    tile_mr<K, NR, MR - 1>(a, j, i, mr);
+  }
+}
+
+template <class K, int NR, class Args>
+void tile_rows(const Args& a, int64_t j, int64_t i0, int64_t i1) {
+  for (int64_t i = i0; i < i1;) {
+    const int64_t mr = imin(K::kMaxMR, i1 - i);
+    tile_mr<K, NR, K::kMaxMR>(a, j, i, mr);
+    i += mr;
+  }
+}
+
+// y[i0:i1, j0:j1] by tiles: weight rows outermost, so a group of weight rows stays in L1 while
+// every x row passes over it.
+template <class K, class Args>
+void drive(const Args& a, int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
+  int64_t j = j0;
+  if (i1 - i0 == 1) {
+    for (; j + K::kNR1 <= j1; j += K::kNR1) tile_rows<K, K::kNR1>(a, j, i0, i1);
+  } else {
+    for (; j + K::kNRm <= j1; j += K::kNRm) tile_rows<K, K::kNRm>(a, j, i0, i1);
+  }
+  for (; j < j1; ++j) tile_rows<K, 1>(a, j, i0, i1);
+}
+
+}  // namespace
+}  // namespace transformer_core::kernels::quant
