@@ -41,8 +41,6 @@ inline float reduce8(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
-inline float load_fp16(const uint8_t* p) { return _cvtsh_ss(load_u16(p)); }
-
 // 32 floats → 32 int8 by rint(clamp(v · inv, −127, 127)); returns the 8 int32 partial sums added to sum.
 inline __m256i quantize32(const float* v, __m256 inv, int8_t* q, __m256i sum) {
   const __m256 lo = _mm256_set1_ps(-127.0f), hi = _mm256_set1_ps(127.0f);
@@ -159,28 +157,53 @@ void linear_int8(const int8_t* xq, int64_t ldq, const float* sx, const int32_t* 
 
 // ---- GGUF blocks decoded to fp32 ---------------------------------------------------------------
 
-// Block → 4 × 8 floats (elements 0-7, 8-15, 16-23, 24-31), the values dequantize gives.
-template <GgmlType T>
-inline void decode(const uint8_t* blk, __m256 v[4]) {
-  const __m256 d = _mm256_set1_ps(load_fp16(blk));
+// The fp32 scales of blocks [b0, b0 + n) of NR rows, d[r][b], and their offsets off[r][b]: −8·d (Q4_0,
+// exact: a power of two), m (Q4_1), unused (Q8_0).
+template <GgmlType T, int NR>
+inline void load_scales(const uint8_t* w, int64_t row_bytes, int64_t b0, int64_t n, float (*d)[kScaleChunk],
+                        float (*off)[kScaleChunk]) {
+  alignas(32) uint16_t hd[kScaleChunk], hm[kScaleChunk];
+  for (int r = 0; r < NR; ++r) {
+    gather_halves(w + r * row_bytes, type_size(T), b0, n, T == GgmlType::kQ4_1, hd, hm);
+    for (int64_t t = 0; t < n; t += 8) {
+      const __m256 dv = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(hd + t)));
+      _mm256_store_ps(d[r] + t, dv);
+      if constexpr (T == GgmlType::kQ4_0) _mm256_store_ps(off[r] + t, _mm256_mul_ps(dv, _mm256_set1_ps(-8.0f)));
+      if constexpr (T == GgmlType::kQ4_1)
+        _mm256_store_ps(off[r] + t, _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(hm + t))));
+    }
+  }
+}
+
+// Block → 4 × 8 floats (elements 0-7, 8-15, 16-23, 24-31), the values dequantize gives:
+// Q8_0 q·d; Q4_0 fma(q, d, −8d) = round(d·(q − 8)), one rounding of the same exact value as
+// d·(q − 8) — but +0 where d·(q − 8) is −0 (d < 0, q = 8), which no sum can tell apart (an fma
+// accumulator starting at +0 never becomes −0), so only dequantize (kSignedZero) pays the subtraction;
+// Q4_1 q·d + m, two roundings.
+template <GgmlType T, bool kSignedZero = false>
+inline void decode(const uint8_t* blk, const float* d_ptr, const float* off_ptr, __m256 v[4]) {
+  const __m256 d = _mm256_broadcast_ss(d_ptr);
   if constexpr (T == GgmlType::kQ8_0) {
     for (int t = 0; t < 4; ++t) {
       const __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + 2 + 8 * t)));
       v[t] = _mm256_mul_ps(_mm256_cvtepi32_ps(q), d);
     }
   } else {
-    constexpr int off = T == GgmlType::kQ4_0 ? 2 : 4;
-    const __m256i z0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + off)));
-    const __m256i z1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + off + 8)));
+    constexpr int at = T == GgmlType::kQ4_0 ? 2 : 4;
+    const __m256 off = _mm256_broadcast_ss(off_ptr);
+    const __m256i z0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + at)));
+    const __m256i z1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + at + 8)));
     const __m256i low = _mm256_set1_epi32(0x0F);
-    __m256i q[4] = {_mm256_and_si256(z0, low), _mm256_and_si256(z1, low), _mm256_srli_epi32(z0, 4),
-                    _mm256_srli_epi32(z1, 4)};
-    if constexpr (T == GgmlType::kQ4_0) {
-      const __m256i eight = _mm256_set1_epi32(8);
-      for (int t = 0; t < 4; ++t) v[t] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(q[t], eight)), d);
-    } else {
-      const __m256 m = _mm256_set1_ps(load_fp16(blk + 2));
-      for (int t = 0; t < 4; ++t) v[t] = _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(q[t]), d), m);
+    const __m256i q[4] = {_mm256_and_si256(z0, low), _mm256_and_si256(z1, low), _mm256_srli_epi32(z0, 4),
+                          _mm256_srli_epi32(z1, 4)};
+    for (int t = 0; t < 4; ++t) {
+      const __m256 qf = _mm256_cvtepi32_ps(q[t]);
+      if constexpr (T == GgmlType::kQ4_0 && kSignedZero)
+        v[t] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(q[t], _mm256_set1_epi32(8))), d);
+      else if constexpr (T == GgmlType::kQ4_0)
+        v[t] = _mm256_fmadd_ps(qf, d, off);
+      else
+        v[t] = _mm256_add_ps(_mm256_mul_ps(qf, d), off);
     }
   }
 }
@@ -190,12 +213,18 @@ void dequantize_t(const uint8_t* w, int64_t k, int64_t r0, int64_t r1, int64_t b
                   int64_t ldo) {
   constexpr int64_t ts = type_size(T);
   const int64_t row_bytes = (k / kBlockSize) * ts;
+  alignas(32) float d[1][kScaleChunk], off[1][kScaleChunk];
   for (int64_t r = r0; r < r1; ++r) {
-    for (int64_t b = b0; b < b1; ++b) {
-      __m256 v[4];
-      decode<T>(w + r * row_bytes + b * ts, v);
-      float* o = out + (r - r0) * ldo + (b - b0) * kBlockSize;
-      for (int t = 0; t < 4; ++t) _mm256_storeu_ps(o + 8 * t, v[t]);
+    const uint8_t* row = w + r * row_bytes;
+    for (int64_t c0 = b0; c0 < b1; c0 += kScaleChunk) {
+      const int64_t n = imin(kScaleChunk, b1 - c0);
+      load_scales<T, 1>(row, row_bytes, c0, n, d, off);
+      for (int64_t b = 0; b < n; ++b) {
+        __m256 v[4];
+        decode<T, true>(row + (c0 + b) * ts, &d[0][b], &off[0][b], v);
+        float* o = out + (r - r0) * ldo + (c0 + b - b0) * kBlockSize;
+        for (int t = 0; t < 4; ++t) _mm256_storeu_ps(o + 8 * t, v[t]);
+      }
     }
   }
 }
@@ -224,14 +253,19 @@ struct F32Kernel {
     for (int u = 0; u < MR; ++u)
       for (int r = 0; r < NR; ++r)
         for (int t = 0; t < 4; ++t) acc[u][r][t] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nb; ++b) {
-      __m256 wv[NR][4];
-      for (int r = 0; r < NR; ++r) decode<T>(w + r * a.row_bytes + b * ts, wv[r]);
-      for (int u = 0; u < MR; ++u) {
-        const float* xb = x + u * a.ldx + b * kBlockSize;
-        for (int t = 0; t < 4; ++t) {
-          const __m256 xv = _mm256_loadu_ps(xb + 8 * t);
-          for (int r = 0; r < NR; ++r) acc[u][r][t] = _mm256_fmadd_ps(wv[r][t], xv, acc[u][r][t]);
+    alignas(32) float d[NR][kScaleChunk], off[NR][kScaleChunk];
+    for (int64_t c0 = 0; c0 < nb; c0 += kScaleChunk) {
+      const int64_t n = imin(kScaleChunk, nb - c0);
+      load_scales<T, NR>(w, a.row_bytes, c0, n, d, off);
+      for (int64_t b = 0; b < n; ++b) {
+        __m256 wv[NR][4];
+        for (int r = 0; r < NR; ++r) decode<T>(w + r * a.row_bytes + (c0 + b) * ts, &d[r][b], &off[r][b], wv[r]);
+        for (int u = 0; u < MR; ++u) {
+          const float* xb = x + u * a.ldx + (c0 + b) * kBlockSize;
+          for (int t = 0; t < 4; ++t) {
+            const __m256 xv = _mm256_loadu_ps(xb + 8 * t);
+            for (int r = 0; r < NR; ++r) acc[u][r][t] = _mm256_fmadd_ps(wv[r][t], xv, acc[u][r][t]);
+          }
         }
       }
     }
@@ -274,39 +308,44 @@ struct Q8Kernel {
     __m256 acc[MR][NR];
     for (int u = 0; u < MR; ++u)
       for (int r = 0; r < NR; ++r) acc[u][r] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nb; ++b) {
-      __m256i wv[NR], wa[NR];
-      float d[NR], m[NR];
-      for (int r = 0; r < NR; ++r) {
-        const uint8_t* blk = w + r * a.row_bytes + b * ts;
-        d[r] = load_fp16(blk);
-        if constexpr (T == GgmlType::kQ8_0) {
-          wv[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
-          wa[r] = _mm256_abs_epi8(wv[r]);
-        } else {
-          constexpr int off = T == GgmlType::kQ4_0 ? 2 : 4;
-          const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + off));
-          // elements 0..15 = low nibbles, 16..31 = high nibbles
-          wa[r] = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(packed, 4), packed), low);
-          if constexpr (T == GgmlType::kQ4_1) m[r] = load_fp16(blk + 2);
-        }
-      }
-      for (int u = 0; u < MR; ++u) {
-        const int64_t row = i + u;
-        const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.xq + row * a.k + b * kBlockSize));
-        const float xd = a.xd[row * nb + b];
-        const __m256i g = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.xg + (row * nb + b) * 8));
+    alignas(32) float d[NR][kScaleChunk], off[NR][kScaleChunk];
+    for (int64_t c0 = 0; c0 < nb; c0 += kScaleChunk) {
+      const int64_t n = imin(kScaleChunk, nb - c0);
+      load_scales<T, NR>(w, a.row_bytes, c0, n, d, off);
+      for (int64_t cb = 0; cb < n; ++cb) {
+        const int64_t b = c0 + cb;
+        __m256i wv[NR], wa[NR];
         for (int r = 0; r < NR; ++r) {
-          __m256i s;
+          const uint8_t* blk = w + r * a.row_bytes + b * ts;
           if constexpr (T == GgmlType::kQ8_0) {
-            s = _mm256_madd_epi16(_mm256_maddubs_epi16(wa[r], _mm256_sign_epi8(xv, wv[r])), ones);
+            wv[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
+            wa[r] = _mm256_abs_epi8(wv[r]);
           } else {
-            s = _mm256_madd_epi16(_mm256_maddubs_epi16(wa[r], xv), ones);
-            if constexpr (T == GgmlType::kQ4_0) s = _mm256_sub_epi32(s, _mm256_slli_epi32(g, 3));  // Σ (nib − 8) x
+            constexpr int at = T == GgmlType::kQ4_0 ? 2 : 4;
+            const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + at));
+            // elements 0..15 = low nibbles, 16..31 = high nibbles
+            wa[r] = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(packed, 4), packed), low);
           }
-          acc[u][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(d[r] * xd), acc[u][r]);
-          if constexpr (T == GgmlType::kQ4_1)
-            acc[u][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(g), _mm256_set1_ps(m[r] * xd), acc[u][r]);
+        }
+        for (int u = 0; u < MR; ++u) {
+          const int64_t row = i + u;
+          const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.xq + row * a.k + b * kBlockSize));
+          const __m256 xd = _mm256_broadcast_ss(a.xd + row * nb + b);
+          const __m256i g = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.xg + (row * nb + b) * 8));
+          for (int r = 0; r < NR; ++r) {
+            __m256i s;
+            if constexpr (T == GgmlType::kQ8_0) {
+              s = _mm256_madd_epi16(_mm256_maddubs_epi16(wa[r], _mm256_sign_epi8(xv, wv[r])), ones);
+            } else {
+              s = _mm256_madd_epi16(_mm256_maddubs_epi16(wa[r], xv), ones);
+              if constexpr (T == GgmlType::kQ4_0) s = _mm256_sub_epi32(s, _mm256_slli_epi32(g, 3));  // Σ (nib − 8) x
+            }
+            const __m256 dd = _mm256_mul_ps(_mm256_broadcast_ss(&d[r][cb]), xd);  // d_w · xd, as the scalar
+            acc[u][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), dd, acc[u][r]);
+            if constexpr (T == GgmlType::kQ4_1)
+              acc[u][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(g), _mm256_mul_ps(_mm256_broadcast_ss(&off[r][cb]), xd),
+                                          acc[u][r]);
+          }
         }
       }
     }

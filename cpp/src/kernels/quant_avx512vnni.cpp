@@ -24,8 +24,6 @@
 namespace transformer_core::kernels::quant {
 namespace {
 
-inline float load_fp16(const uint8_t* p) { return _cvtsh_ss(load_u16(p)); }
-
 // The halving tree of 8 lanes: (p + p+4), (p + p+2), (p + p+1).
 inline float reduce8(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -134,24 +132,40 @@ void linear_int8(const int8_t* xq, int64_t ldq, const float* sx, const int32_t* 
 
 // ---- GGUF blocks decoded to fp32 ---------------------------------------------------------------
 
+// The fp32 scales of blocks [b0, b0 + n) of NR rows, d[r][b], and the Q4_1 offsets m[r][b].
+template <GgmlType T, int NR>
+inline void load_scales(const uint8_t* w, int64_t row_bytes, int64_t b0, int64_t n, float (*d)[kScaleChunk],
+                        float (*m)[kScaleChunk]) {
+  alignas(64) uint16_t hd[kScaleChunk], hm[kScaleChunk];
+  for (int r = 0; r < NR; ++r) {
+    gather_halves(w + r * row_bytes, type_size(T), b0, n, T == GgmlType::kQ4_1, hd, hm);
+    for (int64_t t = 0; t < n; t += 16) {
+      _mm512_store_ps(d[r] + t, _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(hd + t))));
+      if constexpr (T == GgmlType::kQ4_1)
+        _mm512_store_ps(m[r] + t, _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(hm + t))));
+    }
+  }
+}
+
 // Block → 2 × 16 floats (elements 0-15, 16-31), the values dequantize gives. The 4-bit formats look
-// their 16 possible values up in a table built once per block (vpermps indexes by the low 4 bits).
+// their 16 possible values up in a table built once per block (vpermps indexes by the low 4 bits):
+// Q4_0 (i − 8)·d, Q4_1 i·d + m (two roundings), exactly the scalar decode's.
 template <GgmlType T>
-inline void decode(const uint8_t* blk, __m512& v0, __m512& v1) {
-  const __m512 d = _mm512_set1_ps(load_fp16(blk));
+inline void decode(const uint8_t* blk, const float* d_ptr, const float* m_ptr, __m512& v0, __m512& v1) {
+  const __m512 d = _mm512_set1_ps(*d_ptr);
   if constexpr (T == GgmlType::kQ8_0) {
     v0 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2)))), d);
     v1 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 18)))), d);
   } else {
-    constexpr int off = T == GgmlType::kQ4_0 ? 2 : 4;
+    constexpr int at = T == GgmlType::kQ4_0 ? 2 : 4;
     __m512 table;
     if constexpr (T == GgmlType::kQ4_0) {
       table = _mm512_mul_ps(_mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7), d);
     } else {
-      const __m512 m = _mm512_set1_ps(load_fp16(blk + 2));
-      table = _mm512_add_ps(_mm512_mul_ps(_mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), d), m);
+      table = _mm512_add_ps(_mm512_mul_ps(_mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), d),
+                            _mm512_set1_ps(*m_ptr));
     }
-    const __m512i z = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + off)));
+    const __m512i z = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + at)));
     v0 = _mm512_permutexvar_ps(z, table);                          // low nibbles: elements 0..15
     v1 = _mm512_permutexvar_ps(_mm512_srli_epi32(z, 4), table);    // high nibbles: elements 16..31
   }
@@ -162,13 +176,19 @@ void dequantize_t(const uint8_t* w, int64_t k, int64_t r0, int64_t r1, int64_t b
                   int64_t ldo) {
   constexpr int64_t ts = type_size(T);
   const int64_t row_bytes = (k / kBlockSize) * ts;
+  alignas(64) float d[1][kScaleChunk], m[1][kScaleChunk];
   for (int64_t r = r0; r < r1; ++r) {
-    for (int64_t b = b0; b < b1; ++b) {
-      __m512 v0, v1;
-      decode<T>(w + r * row_bytes + b * ts, v0, v1);
-      float* o = out + (r - r0) * ldo + (b - b0) * kBlockSize;
-      _mm512_storeu_ps(o, v0);
-      _mm512_storeu_ps(o + 16, v1);
+    const uint8_t* row = w + r * row_bytes;
+    for (int64_t c0 = b0; c0 < b1; c0 += kScaleChunk) {
+      const int64_t n = imin(kScaleChunk, b1 - c0);
+      load_scales<T, 1>(row, row_bytes, c0, n, d, m);
+      for (int64_t b = 0; b < n; ++b) {
+        __m512 v0, v1;
+        decode<T>(row + (c0 + b) * ts, &d[0][b], &m[0][b], v0, v1);
+        float* o = out + (r - r0) * ldo + (c0 + b - b0) * kBlockSize;
+        _mm512_storeu_ps(o, v0);
+        _mm512_storeu_ps(o + 16, v1);
+      }
     }
   }
 }
@@ -196,15 +216,21 @@ struct F32Kernel {
     __m512 acc0[MR][NR], acc1[MR][NR];
     for (int u = 0; u < MR; ++u)
       for (int r = 0; r < NR; ++r) acc0[u][r] = acc1[u][r] = _mm512_setzero_ps();
-    for (int64_t b = 0; b < nb; ++b) {
-      __m512 w0[NR], w1[NR];
-      for (int r = 0; r < NR; ++r) decode<T>(w + r * a.row_bytes + b * ts, w0[r], w1[r]);
-      for (int u = 0; u < MR; ++u) {
-        const __m512 x0 = _mm512_loadu_ps(x + u * a.ldx + b * kBlockSize);
-        const __m512 x1 = _mm512_loadu_ps(x + u * a.ldx + b * kBlockSize + 16);
-        for (int r = 0; r < NR; ++r) {
-          acc0[u][r] = _mm512_fmadd_ps(w0[r], x0, acc0[u][r]);
-          acc1[u][r] = _mm512_fmadd_ps(w1[r], x1, acc1[u][r]);
+    alignas(64) float d[NR][kScaleChunk], m[NR][kScaleChunk];
+    for (int64_t c0 = 0; c0 < nb; c0 += kScaleChunk) {
+      const int64_t n = imin(kScaleChunk, nb - c0);
+      load_scales<T, NR>(w, a.row_bytes, c0, n, d, m);
+      for (int64_t cb = 0; cb < n; ++cb) {
+        const int64_t b = c0 + cb;
+        __m512 w0[NR], w1[NR];
+        for (int r = 0; r < NR; ++r) decode<T>(w + r * a.row_bytes + b * ts, &d[r][cb], &m[r][cb], w0[r], w1[r]);
+        for (int u = 0; u < MR; ++u) {
+          const __m512 x0 = _mm512_loadu_ps(x + u * a.ldx + b * kBlockSize);
+          const __m512 x1 = _mm512_loadu_ps(x + u * a.ldx + b * kBlockSize + 16);
+          for (int r = 0; r < NR; ++r) {
+            acc0[u][r] = _mm512_fmadd_ps(w0[r], x0, acc0[u][r]);
+            acc1[u][r] = _mm512_fmadd_ps(w1[r], x1, acc1[u][r]);
+          }
         }
       }
     }
@@ -244,36 +270,41 @@ struct Q8Kernel {
     __m256 acc[MR][NR];
     for (int u = 0; u < MR; ++u)
       for (int r = 0; r < NR; ++r) acc[u][r] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nb; ++b) {
-      __m256i wu[NR];
-      float d[NR], m[NR];
-      for (int r = 0; r < NR; ++r) {
-        const uint8_t* blk = w + r * a.row_bytes + b * ts;
-        d[r] = load_fp16(blk);
-        if constexpr (T == GgmlType::kQ8_0) {
-          wu[r] = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2)), flip);
-        } else {
-          constexpr int off = T == GgmlType::kQ4_0 ? 2 : 4;
-          const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + off));
-          wu[r] = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(packed, 4), packed), low);
-          if constexpr (T == GgmlType::kQ4_1) m[r] = load_fp16(blk + 2);
-        }
-      }
-      for (int u = 0; u < MR; ++u) {
-        const int64_t row = i + u;
-        const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.xq + row * a.k + b * kBlockSize));
-        const float xd = a.xd[row * nb + b];
-        const __m256i g = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.xg + (row * nb + b) * 8));
-        // the start of each group's sum: −128 Σx (Q8_0's shift), −8 Σx (Q4_0's offset), 0 (Q4_1)
-        __m256i start;
-        if constexpr (T == GgmlType::kQ8_0) start = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(g, 7));
-        else if constexpr (T == GgmlType::kQ4_0) start = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(g, 3));
-        else start = _mm256_setzero_si256();
+    alignas(64) float d[NR][kScaleChunk], m[NR][kScaleChunk];
+    for (int64_t c0 = 0; c0 < nb; c0 += kScaleChunk) {
+      const int64_t n = imin(kScaleChunk, nb - c0);
+      load_scales<T, NR>(w, a.row_bytes, c0, n, d, m);
+      for (int64_t cb = 0; cb < n; ++cb) {
+        const int64_t b = c0 + cb;
+        __m256i wu[NR];
         for (int r = 0; r < NR; ++r) {
-          const __m256i s = _mm256_dpbusd_epi32(start, wu[r], xv);
-          acc[u][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(d[r] * xd), acc[u][r]);
-          if constexpr (T == GgmlType::kQ4_1)
-            acc[u][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(g), _mm256_set1_ps(m[r] * xd), acc[u][r]);
+          const uint8_t* blk = w + r * a.row_bytes + b * ts;
+          if constexpr (T == GgmlType::kQ8_0) {
+            wu[r] = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2)), flip);
+          } else {
+            constexpr int at = T == GgmlType::kQ4_0 ? 2 : 4;
+            const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + at));
+            wu[r] = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(packed, 4), packed), low);
+          }
+        }
+        for (int u = 0; u < MR; ++u) {
+          const int64_t row = i + u;
+          const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.xq + row * a.k + b * kBlockSize));
+          const __m256 xd = _mm256_broadcast_ss(a.xd + row * nb + b);
+          const __m256i g = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.xg + (row * nb + b) * 8));
+          // the start of each group's sum: −128 Σx (Q8_0's shift), −8 Σx (Q4_0's offset), 0 (Q4_1)
+          __m256i start;
+          if constexpr (T == GgmlType::kQ8_0) start = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(g, 7));
+          else if constexpr (T == GgmlType::kQ4_0) start = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(g, 3));
+          else start = _mm256_setzero_si256();
+          for (int r = 0; r < NR; ++r) {
+            const __m256i s = _mm256_dpbusd_epi32(start, wu[r], xv);
+            const __m256 dd = _mm256_mul_ps(_mm256_broadcast_ss(&d[r][cb]), xd);  // d_w · xd, as the scalar
+            acc[u][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), dd, acc[u][r]);
+            if constexpr (T == GgmlType::kQ4_1)
+              acc[u][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(g), _mm256_mul_ps(_mm256_broadcast_ss(&m[r][cb]), xd),
+                                          acc[u][r]);
+          }
         }
       }
     }

@@ -85,6 +85,20 @@ inline float decode_q4_1(const uint8_t* blk, int p, float d, float m) {
 
 inline int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
 
+// The SIMD product kernels convert the fp16 scales of kScaleChunk blocks of a row at a time (a
+// vector conversion instead of one scalar conversion and broadcast per block).
+constexpr int64_t kScaleChunk = 64;
+
+// The raw fp16 scales (and Q4_1 offsets) of blocks [b0, b0 + n) of a row, zero-padded to kScaleChunk.
+inline void gather_halves(const uint8_t* row, int64_t type_bytes, int64_t b0, int64_t n, bool offsets, uint16_t* d,
+                          uint16_t* m) {
+  for (int64_t b = 0; b < n; ++b) d[b] = load_u16(row + (b0 + b) * type_bytes);
+  for (int64_t b = n; b < kScaleChunk; ++b) d[b] = 0;
+  if (!offsets) return;
+  for (int64_t b = 0; b < n; ++b) m[b] = load_u16(row + (b0 + b) * type_bytes + 2);
+  for (int64_t b = n; b < kScaleChunk; ++b) m[b] = 0;
+}
+
 // The arguments of a product kernel (kernels.hpp), gathered for the tile templates below.
 struct Int8Args {
   const int8_t* xq;

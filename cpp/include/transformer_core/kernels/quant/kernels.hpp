@@ -45,7 +45,7 @@ struct KernelTable {
 
   // Weights decoded in registers, fp32 activations:
   //   y[i, j] = reduce_32(acc) + bias[j],  acc_p = Σ_b fma(ŵ[j, 32b + p], x[i, 32b + p], ·)  in block order
-  //   (ŵ = dequantize's values). x: [*, ldx]   w: GGUF rows of k values   bias: [*] or nullptr   y: [*, ldy]
+  //   (ŵ = dequantize's values, up to the sign of a zero, which no such sum can see). x: [*, ldx]   w: GGUF rows of k values   bias: [*] or nullptr   y: [*, ldy]
   void (*linear_gguf_f32)(GgmlType type, const float* x, int64_t ldx, int64_t i0, int64_t i1, int64_t k,
                           const uint8_t* w, const float* bias, int64_t j0, int64_t j1, float* y, int64_t ldy);
 
