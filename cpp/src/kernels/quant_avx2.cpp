@@ -162,15 +162,21 @@ void linear_int8(const int8_t* xq, int64_t ldq, const float* sx, const int32_t* 
 template <GgmlType T, int NR>
 inline void load_scales(const uint8_t* w, int64_t row_bytes, int64_t b0, int64_t n, float (*d)[kScaleChunk],
                         float (*off)[kScaleChunk]) {
-  alignas(32) uint16_t hd[kScaleChunk], hm[kScaleChunk];
+  alignas(32) uint32_t h[kScaleChunk];
+  const __m256i low16 = _mm256_set1_epi32(0xFFFF);
   for (int r = 0; r < NR; ++r) {
-    gather_halves(w + r * row_bytes, type_size(T), b0, n, T == GgmlType::kQ4_1, hd, hm);
+    gather_heads(w + r * row_bytes, type_size(T), b0, n, h);
     for (int64_t t = 0; t < n; t += 8) {
-      const __m256 dv = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(hd + t)));
+      const __m256i v = _mm256_load_si256(reinterpret_cast<const __m256i*>(h + t));
+      // the 8 low halves → 8 × int16 in order: pack (lanes interleave by 128 bits), then reorder
+      const __m256i lo = _mm256_permute4x64_epi64(_mm256_packus_epi32(_mm256_and_si256(v, low16), v), 0x08);
+      const __m256 dv = _mm256_cvtph_ps(_mm256_castsi256_si128(lo));
       _mm256_store_ps(d[r] + t, dv);
       if constexpr (T == GgmlType::kQ4_0) _mm256_store_ps(off[r] + t, _mm256_mul_ps(dv, _mm256_set1_ps(-8.0f)));
-      if constexpr (T == GgmlType::kQ4_1)
-        _mm256_store_ps(off[r] + t, _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(hm + t))));
+      if constexpr (T == GgmlType::kQ4_1) {
+        const __m256i hi = _mm256_permute4x64_epi64(_mm256_packus_epi32(_mm256_srli_epi32(v, 16), v), 0x08);
+        _mm256_store_ps(off[r] + t, _mm256_cvtph_ps(_mm256_castsi256_si128(hi)));
+      }
     }
   }
 }

@@ -136,13 +136,14 @@ void linear_int8(const int8_t* xq, int64_t ldq, const float* sx, const int32_t* 
 template <GgmlType T, int NR>
 inline void load_scales(const uint8_t* w, int64_t row_bytes, int64_t b0, int64_t n, float (*d)[kScaleChunk],
                         float (*m)[kScaleChunk]) {
-  alignas(64) uint16_t hd[kScaleChunk], hm[kScaleChunk];
+  alignas(64) uint32_t h[kScaleChunk];
   for (int r = 0; r < NR; ++r) {
-    gather_halves(w + r * row_bytes, type_size(T), b0, n, T == GgmlType::kQ4_1, hd, hm);
+    gather_heads(w + r * row_bytes, type_size(T), b0, n, h);
     for (int64_t t = 0; t < n; t += 16) {
-      _mm512_store_ps(d[r] + t, _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(hd + t))));
+      const __m512i v = _mm512_load_si512(h + t);
+      _mm512_store_ps(d[r] + t, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(v)));  // low halves
       if constexpr (T == GgmlType::kQ4_1)
-        _mm512_store_ps(m[r] + t, _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(hm + t))));
+        _mm512_store_ps(m[r] + t, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(v, 16))));
     }
   }
 }
