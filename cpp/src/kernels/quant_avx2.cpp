@@ -33,14 +33,6 @@ inline float hmax_ps(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
-// The halving tree of 8 lanes: (p + p+4), (p + p+2), (p + p+1).
-inline float reduce8(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-
 // 32 floats → 32 int8 by rint(clamp(v · inv, −127, 127)); returns the 8 int32 partial sums added to sum.
 inline __m256i quantize32(const float* v, __m256 inv, int8_t* q, __m256i sum) {
   const __m256 lo = _mm256_set1_ps(-127.0f), hi = _mm256_set1_ps(127.0f);
@@ -244,47 +236,44 @@ void dequantize(GgmlType type, const uint8_t* w, int64_t k, int64_t r0, int64_t 
   }
 }
 
-// Lane p of the 32 partial sums lives in acc[p / 8], lane p % 8.
+// Lane p of the 32 partial sums lives in acc[p / 8], lane p % 8 (and at acc_mem[p] between chunks).
 template <GgmlType T>
 struct F32Kernel {
-  static constexpr int kMaxMR = 2, kNR1 = 2, kNRm = 1;
+  static constexpr int kMaxMR = 2, kNR1 = 2, kNRm = 1, kLanes = 32;
+  struct Scales {
+    alignas(32) float d[4][kScaleChunk];
+    alignas(32) float off[4][kScaleChunk];
+  };
+
+  template <int NR>
+  static void load(const F32Args& a, int64_t j, int64_t c0, int64_t n, Scales& sc) {
+    load_scales<T, NR>(a.w + j * a.row_bytes, a.row_bytes, c0, n, sc.d, sc.off);
+  }
 
   template <int NR, int MR>
-  static void tile(const F32Args& a, int64_t j, int64_t i) {
+  static void tile(const F32Args& a, int64_t j, int64_t i, int64_t c0, int64_t n, const Scales& sc, float* acc_mem) {
     constexpr int64_t ts = type_size(T);
-    const int64_t nb = a.k / kBlockSize;
     const uint8_t* w = a.w + j * a.row_bytes;
     const float* x = a.x + i * a.ldx;
     __m256 acc[MR][NR][4];
     for (int u = 0; u < MR; ++u)
       for (int r = 0; r < NR; ++r)
-        for (int t = 0; t < 4; ++t) acc[u][r][t] = _mm256_setzero_ps();
-    alignas(32) float d[NR][kScaleChunk], off[NR][kScaleChunk];
-    for (int64_t c0 = 0; c0 < nb; c0 += kScaleChunk) {
-      const int64_t n = imin(kScaleChunk, nb - c0);
-      load_scales<T, NR>(w, a.row_bytes, c0, n, d, off);
-      for (int64_t b = 0; b < n; ++b) {
-        __m256 wv[NR][4];
-        for (int r = 0; r < NR; ++r) decode<T>(w + r * a.row_bytes + (c0 + b) * ts, &d[r][b], &off[r][b], wv[r]);
-        for (int u = 0; u < MR; ++u) {
-          const float* xb = x + u * a.ldx + (c0 + b) * kBlockSize;
-          for (int t = 0; t < 4; ++t) {
-            const __m256 xv = _mm256_loadu_ps(xb + 8 * t);
-            for (int r = 0; r < NR; ++r) acc[u][r][t] = _mm256_fmadd_ps(wv[r][t], xv, acc[u][r][t]);
-          }
+        for (int t = 0; t < 4; ++t) acc[u][r][t] = _mm256_loadu_ps(acc_mem + (u * NR + r) * kLanes + 8 * t);
+    for (int64_t cb = 0; cb < n; ++cb) {
+      const int64_t b = c0 + cb;
+      __m256 wv[NR][4];
+      for (int r = 0; r < NR; ++r) decode<T>(w + r * a.row_bytes + b * ts, &sc.d[r][cb], &sc.off[r][cb], wv[r]);
+      for (int u = 0; u < MR; ++u) {
+        const float* xb = x + u * a.ldx + b * kBlockSize;
+        for (int t = 0; t < 4; ++t) {
+          const __m256 xv = _mm256_loadu_ps(xb + 8 * t);
+          for (int r = 0; r < NR; ++r) acc[u][r][t] = _mm256_fmadd_ps(wv[r][t], xv, acc[u][r][t]);
         }
       }
     }
-    for (int u = 0; u < MR; ++u) {
-      for (int r = 0; r < NR; ++r) {
-        // the tree: (p + p+16) for p < 16 as acc[0] + acc[2], acc[1] + acc[3]; then (p + p+8), ...
-        const __m256 s = _mm256_add_ps(_mm256_add_ps(acc[u][r][0], acc[u][r][2]),
-                                       _mm256_add_ps(acc[u][r][1], acc[u][r][3]));
-        float out = reduce8(s);
-        if (a.bias != nullptr) out = out + a.bias[j + r];
-        a.y[(i + u) * a.ldy + j + r] = out;
-      }
-    }
+    for (int u = 0; u < MR; ++u)
+      for (int r = 0; r < NR; ++r)
+        for (int t = 0; t < 4; ++t) _mm256_storeu_ps(acc_mem + (u * NR + r) * kLanes + 8 * t, acc[u][r][t]);
   }
 };
 
@@ -292,9 +281,9 @@ void linear_gguf_f32(GgmlType type, const float* x, int64_t ldx, int64_t i0, int
                      const uint8_t* w, const float* bias, int64_t j0, int64_t j1, float* y, int64_t ldy) {
   const F32Args a{x, ldx, k, w, (k / kBlockSize) * type_size(type), bias, y, ldy};
   switch (type) {
-    case GgmlType::kQ8_0: return drive<F32Kernel<GgmlType::kQ8_0>>(a, i0, i1, j0, j1);
-    case GgmlType::kQ4_0: return drive<F32Kernel<GgmlType::kQ4_0>>(a, i0, i1, j0, j1);
-    case GgmlType::kQ4_1: return drive<F32Kernel<GgmlType::kQ4_1>>(a, i0, i1, j0, j1);
+    case GgmlType::kQ8_0: return drive_blocks<F32Kernel<GgmlType::kQ8_0>>(a, i0, i1, j0, j1);
+    case GgmlType::kQ4_0: return drive_blocks<F32Kernel<GgmlType::kQ4_0>>(a, i0, i1, j0, j1);
+    case GgmlType::kQ4_1: return drive_blocks<F32Kernel<GgmlType::kQ4_1>>(a, i0, i1, j0, j1);
   }
 }
 
@@ -302,10 +291,16 @@ void linear_gguf_f32(GgmlType type, const float* x, int64_t ldx, int64_t i0, int
 
 template <GgmlType T>
 struct Q8Kernel {
-  static constexpr int kMaxMR = 4, kNR1 = 4, kNRm = 2;
+  static constexpr int kMaxMR = 4, kNR1 = 4, kNRm = 2, kLanes = 8;
+  using Scales = typename F32Kernel<T>::Scales;
+
+  template <int NR>
+  static void load(const Q8Args& a, int64_t j, int64_t c0, int64_t n, Scales& sc) {
+    load_scales<T, NR>(a.w + j * a.row_bytes, a.row_bytes, c0, n, sc.d, sc.off);
+  }
 
   template <int NR, int MR>
-  static void tile(const Q8Args& a, int64_t j, int64_t i) {
+  static void tile(const Q8Args& a, int64_t j, int64_t i, int64_t c0, int64_t n, const Scales& sc, float* acc_mem) {
     constexpr int64_t ts = type_size(T);
     const int64_t nb = a.k / kBlockSize;
     const __m256i ones = _mm256_set1_epi16(1);
@@ -313,55 +308,45 @@ struct Q8Kernel {
     const uint8_t* w = a.w + j * a.row_bytes;
     __m256 acc[MR][NR];
     for (int u = 0; u < MR; ++u)
-      for (int r = 0; r < NR; ++r) acc[u][r] = _mm256_setzero_ps();
-    alignas(32) float d[NR][kScaleChunk], off[NR][kScaleChunk];
-    for (int64_t c0 = 0; c0 < nb; c0 += kScaleChunk) {
-      const int64_t n = imin(kScaleChunk, nb - c0);
-      load_scales<T, NR>(w, a.row_bytes, c0, n, d, off);
-      for (int64_t cb = 0; cb < n; ++cb) {
-        const int64_t b = c0 + cb;
-        __m256i wv[NR], wa[NR];
-        for (int r = 0; r < NR; ++r) {
-          const uint8_t* blk = w + r * a.row_bytes + b * ts;
-          if constexpr (T == GgmlType::kQ8_0) {
-            wv[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
-            wa[r] = _mm256_abs_epi8(wv[r]);
-          } else {
-            constexpr int at = T == GgmlType::kQ4_0 ? 2 : 4;
-            const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + at));
-            // elements 0..15 = low nibbles, 16..31 = high nibbles
-            wa[r] = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(packed, 4), packed), low);
-          }
-        }
-        for (int u = 0; u < MR; ++u) {
-          const int64_t row = i + u;
-          const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.xq + row * a.k + b * kBlockSize));
-          const __m256 xd = _mm256_broadcast_ss(a.xd + row * nb + b);
-          const __m256i g = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.xg + (row * nb + b) * 8));
-          for (int r = 0; r < NR; ++r) {
-            __m256i s;
-            if constexpr (T == GgmlType::kQ8_0) {
-              s = _mm256_madd_epi16(_mm256_maddubs_epi16(wa[r], _mm256_sign_epi8(xv, wv[r])), ones);
-            } else {
-              s = _mm256_madd_epi16(_mm256_maddubs_epi16(wa[r], xv), ones);
-              if constexpr (T == GgmlType::kQ4_0) s = _mm256_sub_epi32(s, _mm256_slli_epi32(g, 3));  // Σ (nib − 8) x
-            }
-            const __m256 dd = _mm256_mul_ps(_mm256_broadcast_ss(&d[r][cb]), xd);  // d_w · xd, as the scalar
-            acc[u][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), dd, acc[u][r]);
-            if constexpr (T == GgmlType::kQ4_1)
-              acc[u][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(g), _mm256_mul_ps(_mm256_broadcast_ss(&off[r][cb]), xd),
-                                          acc[u][r]);
-          }
-        }
-      }
-    }
-    for (int u = 0; u < MR; ++u) {
+      for (int r = 0; r < NR; ++r) acc[u][r] = _mm256_loadu_ps(acc_mem + (u * NR + r) * kLanes);
+    for (int64_t cb = 0; cb < n; ++cb) {
+      const int64_t b = c0 + cb;
+      __m256i wv[NR], wa[NR];
       for (int r = 0; r < NR; ++r) {
-        float out = reduce8(acc[u][r]);
-        if (a.bias != nullptr) out = out + a.bias[j + r];
-        a.y[(i + u) * a.ldy + j + r] = out;
+        const uint8_t* blk = w + r * a.row_bytes + b * ts;
+        if constexpr (T == GgmlType::kQ8_0) {
+          wv[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
+          wa[r] = _mm256_abs_epi8(wv[r]);
+        } else {
+          constexpr int at = T == GgmlType::kQ4_0 ? 2 : 4;
+          const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + at));
+          // elements 0..15 = low nibbles, 16..31 = high nibbles
+          wa[r] = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(packed, 4), packed), low);
+        }
+      }
+      for (int u = 0; u < MR; ++u) {
+        const int64_t row = i + u;
+        const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.xq + row * a.k + b * kBlockSize));
+        const __m256 xd = _mm256_broadcast_ss(a.xd + row * nb + b);
+        const __m256i g = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.xg + (row * nb + b) * 8));
+        for (int r = 0; r < NR; ++r) {
+          __m256i s;
+          if constexpr (T == GgmlType::kQ8_0) {
+            s = _mm256_madd_epi16(_mm256_maddubs_epi16(wa[r], _mm256_sign_epi8(xv, wv[r])), ones);
+          } else {
+            s = _mm256_madd_epi16(_mm256_maddubs_epi16(wa[r], xv), ones);
+            if constexpr (T == GgmlType::kQ4_0) s = _mm256_sub_epi32(s, _mm256_slli_epi32(g, 3));  // Σ (nib − 8) x
+          }
+          const __m256 dd = _mm256_mul_ps(_mm256_broadcast_ss(&sc.d[r][cb]), xd);  // d_w · xd, as the scalar
+          acc[u][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), dd, acc[u][r]);
+          if constexpr (T == GgmlType::kQ4_1)
+            acc[u][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(g), _mm256_mul_ps(_mm256_broadcast_ss(&sc.off[r][cb]), xd),
+                                        acc[u][r]);
+        }
       }
     }
+    for (int u = 0; u < MR; ++u)
+      for (int r = 0; r < NR; ++r) _mm256_storeu_ps(acc_mem + (u * NR + r) * kLanes, acc[u][r]);
   }
 };
 
@@ -369,9 +354,9 @@ void linear_gguf_q8(GgmlType type, const int8_t* xq, const float* xd, const int3
                     int64_t k, const uint8_t* w, const float* bias, int64_t j0, int64_t j1, float* y, int64_t ldy) {
   const Q8Args a{xq, xd, xg, k, w, (k / kBlockSize) * type_size(type), bias, y, ldy};
   switch (type) {
-    case GgmlType::kQ8_0: return drive<Q8Kernel<GgmlType::kQ8_0>>(a, i0, i1, j0, j1);
-    case GgmlType::kQ4_0: return drive<Q8Kernel<GgmlType::kQ4_0>>(a, i0, i1, j0, j1);
-    case GgmlType::kQ4_1: return drive<Q8Kernel<GgmlType::kQ4_1>>(a, i0, i1, j0, j1);
+    case GgmlType::kQ8_0: return drive_blocks<Q8Kernel<GgmlType::kQ8_0>>(a, i0, i1, j0, j1);
+    case GgmlType::kQ4_0: return drive_blocks<Q8Kernel<GgmlType::kQ4_0>>(a, i0, i1, j0, j1);
+    case GgmlType::kQ4_1: return drive_blocks<Q8Kernel<GgmlType::kQ4_1>>(a, i0, i1, j0, j1);
   }
 }
 

@@ -24,19 +24,6 @@
 namespace transformer_core::kernels::quant {
 namespace {
 
-// The halving tree of 8 lanes: (p + p+4), (p + p+2), (p + p+1).
-inline float reduce8(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-
-// ... of 16 lanes: (p + p+8), then reduce8.
-inline float reduce16(__m512 v) {
-  return reduce8(_mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1)));
-}
-
 inline __mmask16 tail_mask16(int64_t n) { return static_cast<__mmask16>((1u << n) - 1u); }
 inline __mmask64 tail_mask64(int64_t n) { return n >= 64 ? ~__mmask64{0} : (__mmask64{1} << n) - 1; }
 
@@ -203,43 +190,49 @@ void dequantize(GgmlType type, const uint8_t* w, int64_t k, int64_t r0, int64_t 
   }
 }
 
-// Lanes 0..15 of the 32 partial sums live in acc0, 16..31 in acc1.
+// Lanes 0..15 of the 32 partial sums live in acc0, 16..31 in acc1 (and at acc_mem[p] between chunks).
 template <GgmlType T>
 struct F32Kernel {
-  static constexpr int kMaxMR = 4, kNR1 = 4, kNRm = 2;
+  static constexpr int kMaxMR = 4, kNR1 = 4, kNRm = 2, kLanes = 32;
+  struct Scales {
+    alignas(64) float d[4][kScaleChunk];
+    alignas(64) float m[4][kScaleChunk];
+  };
+
+  template <int NR>
+  static void load(const F32Args& a, int64_t j, int64_t c0, int64_t n, Scales& sc) {
+    load_scales<T, NR>(a.w + j * a.row_bytes, a.row_bytes, c0, n, sc.d, sc.m);
+  }
 
   template <int NR, int MR>
-  static void tile(const F32Args& a, int64_t j, int64_t i) {
+  static void tile(const F32Args& a, int64_t j, int64_t i, int64_t c0, int64_t n, const Scales& sc, float* acc_mem) {
     constexpr int64_t ts = type_size(T);
-    const int64_t nb = a.k / kBlockSize;
     const uint8_t* w = a.w + j * a.row_bytes;
     const float* x = a.x + i * a.ldx;
     __m512 acc0[MR][NR], acc1[MR][NR];
-    for (int u = 0; u < MR; ++u)
-      for (int r = 0; r < NR; ++r) acc0[u][r] = acc1[u][r] = _mm512_setzero_ps();
-    alignas(64) float d[NR][kScaleChunk], m[NR][kScaleChunk];
-    for (int64_t c0 = 0; c0 < nb; c0 += kScaleChunk) {
-      const int64_t n = imin(kScaleChunk, nb - c0);
-      load_scales<T, NR>(w, a.row_bytes, c0, n, d, m);
-      for (int64_t cb = 0; cb < n; ++cb) {
-        const int64_t b = c0 + cb;
-        __m512 w0[NR], w1[NR];
-        for (int r = 0; r < NR; ++r) decode<T>(w + r * a.row_bytes + b * ts, &d[r][cb], &m[r][cb], w0[r], w1[r]);
-        for (int u = 0; u < MR; ++u) {
-          const __m512 x0 = _mm512_loadu_ps(x + u * a.ldx + b * kBlockSize);
-          const __m512 x1 = _mm512_loadu_ps(x + u * a.ldx + b * kBlockSize + 16);
-          for (int r = 0; r < NR; ++r) {
-            acc0[u][r] = _mm512_fmadd_ps(w0[r], x0, acc0[u][r]);
-            acc1[u][r] = _mm512_fmadd_ps(w1[r], x1, acc1[u][r]);
-          }
+    for (int u = 0; u < MR; ++u) {
+      for (int r = 0; r < NR; ++r) {
+        acc0[u][r] = _mm512_loadu_ps(acc_mem + (u * NR + r) * kLanes);
+        acc1[u][r] = _mm512_loadu_ps(acc_mem + (u * NR + r) * kLanes + 16);
+      }
+    }
+    for (int64_t cb = 0; cb < n; ++cb) {
+      const int64_t b = c0 + cb;
+      __m512 w0[NR], w1[NR];
+      for (int r = 0; r < NR; ++r) decode<T>(w + r * a.row_bytes + b * ts, &sc.d[r][cb], &sc.m[r][cb], w0[r], w1[r]);
+      for (int u = 0; u < MR; ++u) {
+        const __m512 x0 = _mm512_loadu_ps(x + u * a.ldx + b * kBlockSize);
+        const __m512 x1 = _mm512_loadu_ps(x + u * a.ldx + b * kBlockSize + 16);
+        for (int r = 0; r < NR; ++r) {
+          acc0[u][r] = _mm512_fmadd_ps(w0[r], x0, acc0[u][r]);
+          acc1[u][r] = _mm512_fmadd_ps(w1[r], x1, acc1[u][r]);
         }
       }
     }
     for (int u = 0; u < MR; ++u) {
       for (int r = 0; r < NR; ++r) {
-        float out = reduce16(_mm512_add_ps(acc0[u][r], acc1[u][r]));  // (p + p+16), then the tree
-        if (a.bias != nullptr) out = out + a.bias[j + r];
-        a.y[(i + u) * a.ldy + j + r] = out;
+        _mm512_storeu_ps(acc_mem + (u * NR + r) * kLanes, acc0[u][r]);
+        _mm512_storeu_ps(acc_mem + (u * NR + r) * kLanes + 16, acc1[u][r]);
       }
     }
   }
@@ -249,9 +242,9 @@ void linear_gguf_f32(GgmlType type, const float* x, int64_t ldx, int64_t i0, int
                      const uint8_t* w, const float* bias, int64_t j0, int64_t j1, float* y, int64_t ldy) {
   const F32Args a{x, ldx, k, w, (k / kBlockSize) * type_size(type), bias, y, ldy};
   switch (type) {
-    case GgmlType::kQ8_0: return drive<F32Kernel<GgmlType::kQ8_0>>(a, i0, i1, j0, j1);
-    case GgmlType::kQ4_0: return drive<F32Kernel<GgmlType::kQ4_0>>(a, i0, i1, j0, j1);
-    case GgmlType::kQ4_1: return drive<F32Kernel<GgmlType::kQ4_1>>(a, i0, i1, j0, j1);
+    case GgmlType::kQ8_0: return drive_blocks<F32Kernel<GgmlType::kQ8_0>>(a, i0, i1, j0, j1);
+    case GgmlType::kQ4_0: return drive_blocks<F32Kernel<GgmlType::kQ4_0>>(a, i0, i1, j0, j1);
+    case GgmlType::kQ4_1: return drive_blocks<F32Kernel<GgmlType::kQ4_1>>(a, i0, i1, j0, j1);
   }
 }
 
@@ -259,10 +252,16 @@ void linear_gguf_f32(GgmlType type, const float* x, int64_t ldx, int64_t i0, int
 
 template <GgmlType T>
 struct Q8Kernel {
-  static constexpr int kMaxMR = 4, kNR1 = 4, kNRm = 4;
+  static constexpr int kMaxMR = 4, kNR1 = 4, kNRm = 4, kLanes = 8;
+  using Scales = typename F32Kernel<T>::Scales;
+
+  template <int NR>
+  static void load(const Q8Args& a, int64_t j, int64_t c0, int64_t n, Scales& sc) {
+    load_scales<T, NR>(a.w + j * a.row_bytes, a.row_bytes, c0, n, sc.d, sc.m);
+  }
 
   template <int NR, int MR>
-  static void tile(const Q8Args& a, int64_t j, int64_t i) {
+  static void tile(const Q8Args& a, int64_t j, int64_t i, int64_t c0, int64_t n, const Scales& sc, float* acc_mem) {
     constexpr int64_t ts = type_size(T);
     const int64_t nb = a.k / kBlockSize;
     const __m256i low = _mm256_set1_epi8(0x0F);
@@ -270,52 +269,42 @@ struct Q8Kernel {
     const uint8_t* w = a.w + j * a.row_bytes;
     __m256 acc[MR][NR];
     for (int u = 0; u < MR; ++u)
-      for (int r = 0; r < NR; ++r) acc[u][r] = _mm256_setzero_ps();
-    alignas(64) float d[NR][kScaleChunk], m[NR][kScaleChunk];
-    for (int64_t c0 = 0; c0 < nb; c0 += kScaleChunk) {
-      const int64_t n = imin(kScaleChunk, nb - c0);
-      load_scales<T, NR>(w, a.row_bytes, c0, n, d, m);
-      for (int64_t cb = 0; cb < n; ++cb) {
-        const int64_t b = c0 + cb;
-        __m256i wu[NR];
-        for (int r = 0; r < NR; ++r) {
-          const uint8_t* blk = w + r * a.row_bytes + b * ts;
-          if constexpr (T == GgmlType::kQ8_0) {
-            wu[r] = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2)), flip);
-          } else {
-            constexpr int at = T == GgmlType::kQ4_0 ? 2 : 4;
-            const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + at));
-            wu[r] = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(packed, 4), packed), low);
-          }
-        }
-        for (int u = 0; u < MR; ++u) {
-          const int64_t row = i + u;
-          const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.xq + row * a.k + b * kBlockSize));
-          const __m256 xd = _mm256_broadcast_ss(a.xd + row * nb + b);
-          const __m256i g = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.xg + (row * nb + b) * 8));
-          // the start of each group's sum: −128 Σx (Q8_0's shift), −8 Σx (Q4_0's offset), 0 (Q4_1)
-          __m256i start;
-          if constexpr (T == GgmlType::kQ8_0) start = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(g, 7));
-          else if constexpr (T == GgmlType::kQ4_0) start = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(g, 3));
-          else start = _mm256_setzero_si256();
-          for (int r = 0; r < NR; ++r) {
-            const __m256i s = _mm256_dpbusd_epi32(start, wu[r], xv);
-            const __m256 dd = _mm256_mul_ps(_mm256_broadcast_ss(&d[r][cb]), xd);  // d_w · xd, as the scalar
-            acc[u][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), dd, acc[u][r]);
-            if constexpr (T == GgmlType::kQ4_1)
-              acc[u][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(g), _mm256_mul_ps(_mm256_broadcast_ss(&m[r][cb]), xd),
-                                          acc[u][r]);
-          }
-        }
-      }
-    }
-    for (int u = 0; u < MR; ++u) {
+      for (int r = 0; r < NR; ++r) acc[u][r] = _mm256_loadu_ps(acc_mem + (u * NR + r) * kLanes);
+    for (int64_t cb = 0; cb < n; ++cb) {
+      const int64_t b = c0 + cb;
+      __m256i wu[NR];
       for (int r = 0; r < NR; ++r) {
-        float out = reduce8(acc[u][r]);
-        if (a.bias != nullptr) out = out + a.bias[j + r];
-        a.y[(i + u) * a.ldy + j + r] = out;
+        const uint8_t* blk = w + r * a.row_bytes + b * ts;
+        if constexpr (T == GgmlType::kQ8_0) {
+          wu[r] = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2)), flip);
+        } else {
+          constexpr int at = T == GgmlType::kQ4_0 ? 2 : 4;
+          const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + at));
+          wu[r] = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(packed, 4), packed), low);
+        }
+      }
+      for (int u = 0; u < MR; ++u) {
+        const int64_t row = i + u;
+        const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.xq + row * a.k + b * kBlockSize));
+        const __m256 xd = _mm256_broadcast_ss(a.xd + row * nb + b);
+        const __m256i g = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.xg + (row * nb + b) * 8));
+        // the start of each group's sum: −128 Σx (Q8_0's shift), −8 Σx (Q4_0's offset), 0 (Q4_1)
+        __m256i start;
+        if constexpr (T == GgmlType::kQ8_0) start = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(g, 7));
+        else if constexpr (T == GgmlType::kQ4_0) start = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(g, 3));
+        else start = _mm256_setzero_si256();
+        for (int r = 0; r < NR; ++r) {
+          const __m256i s = _mm256_dpbusd_epi32(start, wu[r], xv);
+          const __m256 dd = _mm256_mul_ps(_mm256_broadcast_ss(&sc.d[r][cb]), xd);  // d_w · xd, as the scalar
+          acc[u][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), dd, acc[u][r]);
+          if constexpr (T == GgmlType::kQ4_1)
+            acc[u][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(g), _mm256_mul_ps(_mm256_broadcast_ss(&sc.m[r][cb]), xd),
+                                        acc[u][r]);
+        }
       }
     }
+    for (int u = 0; u < MR; ++u)
+      for (int r = 0; r < NR; ++r) _mm256_storeu_ps(acc_mem + (u * NR + r) * kLanes, acc[u][r]);
   }
 };
 
@@ -323,9 +312,9 @@ void linear_gguf_q8(GgmlType type, const int8_t* xq, const float* xd, const int3
                     int64_t k, const uint8_t* w, const float* bias, int64_t j0, int64_t j1, float* y, int64_t ldy) {
   const Q8Args a{xq, xd, xg, k, w, (k / kBlockSize) * type_size(type), bias, y, ldy};
   switch (type) {
-    case GgmlType::kQ8_0: return drive<Q8Kernel<GgmlType::kQ8_0>>(a, i0, i1, j0, j1);
-    case GgmlType::kQ4_0: return drive<Q8Kernel<GgmlType::kQ4_0>>(a, i0, i1, j0, j1);
-    case GgmlType::kQ4_1: return drive<Q8Kernel<GgmlType::kQ4_1>>(a, i0, i1, j0, j1);
+    case GgmlType::kQ8_0: return drive_blocks<Q8Kernel<GgmlType::kQ8_0>>(a, i0, i1, j0, j1);
+    case GgmlType::kQ4_0: return drive_blocks<Q8Kernel<GgmlType::kQ4_0>>(a, i0, i1, j0, j1);
+    case GgmlType::kQ4_1: return drive_blocks<Q8Kernel<GgmlType::kQ4_1>>(a, i0, i1, j0, j1);
   }
 }
 

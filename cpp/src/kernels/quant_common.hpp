@@ -159,7 +159,7 @@ void tile_rows(const Args& a, int64_t j, int64_t i0, int64_t i1) {
 }
 
 // y[i0:i1, j0:j1] by tiles: weight rows outermost, so a group of weight rows stays in L1 while
-// every x row passes over it.
+// every x row passes over it. (The int8 product: no block scales.)
 template <class K, class Args>
 void drive(const Args& a, int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
   int64_t j = j0;
@@ -169,6 +169,69 @@ void drive(const Args& a, int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
     for (; j + K::kNRm <= j1; j += K::kNRm) tile_rows<K, K::kNRm>(a, j, i0, i1);
   }
   for (; j < j1; ++j) tile_rows<K, 1>(a, j, i0, i1);
+}
+
+// The fixed halving tree of kernels.hpp: reduce(a[0:2n]) = reduce(a[0:n] + a[n:2n]); a is overwritten.
+inline float reduce_tree(float* a, int n) {
+  for (int h = n / 2; h >= 1; h /= 2)
+    for (int p = 0; p < h; ++p) a[p] = a[p] + a[p + h];
+  return a[0];
+}
+
+// The block products (GGUF weights): the same tiling, with the blocks' scales converted once per
+// chunk of kScaleChunk blocks for a group of NR weight rows and used by every x row. The partial
+// sums of each output (K::kLanes floats, lane p at [p]) wait in `acc` between chunks — stored and
+// reloaded unchanged, so the chunking never changes a result — and are reduced at the end.
+//   K::Scales                             the converted scales of NR ≤ 4 rows × kScaleChunk blocks
+//   K::load<NR>(a, j, c0, n, sc)          scales of blocks [c0, c0 + n) of rows j..j+NR
+//   K::tile<NR, MR>(a, j, i, c0, n, sc, acc)   blocks [c0, c0 + n); acc: [MR][NR][kLanes]
+constexpr int64_t kRowsPerPass = 64;
+
+template <class K, int NR, int MR, class Args>
+void block_tile_mr(const Args& a, int64_t j, int64_t i, int64_t c0, int64_t n, const typename K::Scales& sc,
+                   float* acc, int64_t mr) {
+  if constexpr (MR >= 1) {
+    if (mr == MR) return K::template tile<NR, MR>(a, j, i, c0, n, sc, acc);
+    block_tile_mr<K, NR, MR - 1>(a, j, i, c0, n, sc, acc, mr);
+  }
+}
+
+template <class K, int NR, class Args>
+void block_group(const Args& a, int64_t j, int64_t i0, int64_t i1, typename K::Scales& sc, float* acc) {
+  const int64_t nb = a.k / kBlockSize, per_row = NR * K::kLanes;
+  std::memset(acc, 0, sizeof(float) * static_cast<size_t>((i1 - i0) * per_row));
+  for (int64_t c0 = 0; c0 < nb; c0 += kScaleChunk) {
+    const int64_t n = imin(kScaleChunk, nb - c0);
+    K::template load<NR>(a, j, c0, n, sc);
+    for (int64_t i = i0; i < i1;) {
+      const int64_t mr = imin(K::kMaxMR, i1 - i);
+      block_tile_mr<K, NR, K::kMaxMR>(a, j, i, c0, n, sc, acc + (i - i0) * per_row, mr);
+      i += mr;
+    }
+  }
+  for (int64_t i = i0; i < i1; ++i) {
+    for (int r = 0; r < NR; ++r) {
+      float out = reduce_tree(acc + (i - i0) * per_row + r * K::kLanes, K::kLanes);
+      if (a.bias != nullptr) out = out + a.bias[j + r];
+      a.y[i * a.ldy + j + r] = out;
+    }
+  }
+}
+
+template <class K, class Args>
+void drive_blocks(const Args& a, int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
+  alignas(64) float acc[kRowsPerPass * 4 * K::kLanes];
+  typename K::Scales sc;
+  for (int64_t p0 = i0; p0 < i1; p0 += kRowsPerPass) {
+    const int64_t p1 = imin(i1, p0 + kRowsPerPass);
+    int64_t j = j0;
+    if (p1 - p0 == 1) {
+      for (; j + K::kNR1 <= j1; j += K::kNR1) block_group<K, K::kNR1>(a, j, p0, p1, sc, acc);
+    } else {
+      for (; j + K::kNRm <= j1; j += K::kNRm) block_group<K, K::kNRm>(a, j, p0, p1, sc, acc);
+    }
+    for (; j < j1; ++j) block_group<K, 1>(a, j, p0, p1, sc, acc);
+  }
 }
 
 }  // namespace

@@ -83,13 +83,6 @@ void dequantize(GgmlType type, const uint8_t* w, int64_t k, int64_t r0, int64_t 
       decode_block(type, w + r * row_bytes + b * ts, out + (r - r0) * ldo + (b - b0) * kBlockSize);
 }
 
-// The fixed halving tree of kernels.hpp: reduce(a[0:2n]) = reduce(a[0:n] + a[n:2n]).
-float reduce_tree(float* a, int n) {
-  for (int h = n / 2; h >= 1; h /= 2)
-    for (int p = 0; p < h; ++p) a[p] = a[p] + a[p + h];
-  return a[0];
-}
-
 void linear_gguf_f32(GgmlType type, const float* x, int64_t ldx, int64_t i0, int64_t i1, int64_t k,
                      const uint8_t* w, const float* bias, int64_t j0, int64_t j1, float* y, int64_t ldy) {
   const int64_t ts = type_size(type), nb = k / kBlockSize, row_bytes = nb * ts;
