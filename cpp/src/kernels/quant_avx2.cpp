@@ -108,6 +108,7 @@ struct Int8Kernel {
     const __m256i ones = _mm256_set1_epi16(1);
     const int8_t* w = a.w + j * a.k;
     const int8_t* x = a.xq + i * a.ldq;
+    const int64_t pf = prefetch_distance(NR * a.k);
     __m256i acc[MR][NR];
     for (int u = 0; u < MR; ++u)
       for (int r = 0; r < NR; ++r) acc[u][r] = _mm256_setzero_si256();
@@ -115,6 +116,7 @@ struct Int8Kernel {
     for (int64_t t = 0; t < k32; t += 32) {
       __m256i wv[NR], wa[NR];
       for (int r = 0; r < NR; ++r) {
+        _mm_prefetch(reinterpret_cast<const char*>(w + r * a.k + t + pf), _MM_HINT_T0);
         wv[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + r * a.k + t));
         wa[r] = _mm256_abs_epi8(wv[r]);
       }
@@ -255,6 +257,7 @@ struct F32Kernel {
     constexpr int64_t ts = type_size(T);
     const uint8_t* w = a.w + j * a.row_bytes;
     const float* x = a.x + i * a.ldx;
+    const int64_t pf = prefetch_distance(NR * a.row_bytes);
     __m256 acc[MR][NR][4];
     for (int u = 0; u < MR; ++u)
       for (int r = 0; r < NR; ++r)
@@ -262,7 +265,11 @@ struct F32Kernel {
     for (int64_t cb = 0; cb < n; ++cb) {
       const int64_t b = c0 + cb;
       __m256 wv[NR][4];
-      for (int r = 0; r < NR; ++r) decode<T>(w + r * a.row_bytes + b * ts, &sc.d[r][cb], &sc.off[r][cb], wv[r]);
+      for (int r = 0; r < NR; ++r) {
+        const uint8_t* blk = w + r * a.row_bytes + b * ts;
+        _mm_prefetch(reinterpret_cast<const char*>(blk + pf), _MM_HINT_T0);
+        decode<T>(blk, &sc.d[r][cb], &sc.off[r][cb], wv[r]);
+      }
       for (int u = 0; u < MR; ++u) {
         const float* xb = x + u * a.ldx + b * kBlockSize;
         for (int t = 0; t < 4; ++t) {
@@ -303,6 +310,7 @@ struct Q8Kernel {
   static void tile(const Q8Args& a, int64_t j, int64_t i, int64_t c0, int64_t n, const Scales& sc, float* acc_mem) {
     constexpr int64_t ts = type_size(T);
     const int64_t nb = a.k / kBlockSize;
+    const int64_t pf = prefetch_distance(NR * a.row_bytes);
     const __m256i ones = _mm256_set1_epi16(1);
     const __m256i low = _mm256_set1_epi8(0x0F);
     const uint8_t* w = a.w + j * a.row_bytes;
@@ -314,6 +322,7 @@ struct Q8Kernel {
       __m256i wv[NR], wa[NR];
       for (int r = 0; r < NR; ++r) {
         const uint8_t* blk = w + r * a.row_bytes + b * ts;
+        _mm_prefetch(reinterpret_cast<const char*>(blk + pf), _MM_HINT_T0);
         if constexpr (T == GgmlType::kQ8_0) {
           wv[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
           wa[r] = _mm256_abs_epi8(wv[r]);

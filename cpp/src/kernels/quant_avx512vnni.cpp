@@ -83,6 +83,7 @@ struct Int8Kernel {
     const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
     const int8_t* w = a.w + j * a.k;
     const int8_t* x = a.xq + i * a.ldq;
+    const int64_t pf = prefetch_distance(NR * a.k);
     __m512i acc[MR][NR];
     for (int u = 0; u < MR; ++u)
       for (int r = 0; r < NR; ++r) acc[u][r] = _mm512_setzero_si512();
@@ -90,7 +91,10 @@ struct Int8Kernel {
       // the weights' tail is masked (zeros: (0 + 128) · x = 0 since x is zero-padded to ldq)
       const __mmask64 mk = tail_mask64(a.k - t);
       __m512i wu[NR];
-      for (int r = 0; r < NR; ++r) wu[r] = _mm512_xor_si512(_mm512_maskz_loadu_epi8(mk, w + r * a.k + t), flip);
+      for (int r = 0; r < NR; ++r) {
+        _mm_prefetch(reinterpret_cast<const char*>(w + r * a.k + t + pf), _MM_HINT_T0);
+        wu[r] = _mm512_xor_si512(_mm512_maskz_loadu_epi8(mk, w + r * a.k + t), flip);
+      }
       for (int u = 0; u < MR; ++u) {
         const __m512i xv = _mm512_loadu_si512(x + u * a.ldq + t);
         for (int r = 0; r < NR; ++r) acc[u][r] = _mm512_dpbusd_epi32(acc[u][r], wu[r], xv);
@@ -209,6 +213,7 @@ struct F32Kernel {
     constexpr int64_t ts = type_size(T);
     const uint8_t* w = a.w + j * a.row_bytes;
     const float* x = a.x + i * a.ldx;
+    const int64_t pf = prefetch_distance(NR * a.row_bytes);
     __m512 acc0[MR][NR], acc1[MR][NR];
     for (int u = 0; u < MR; ++u) {
       for (int r = 0; r < NR; ++r) {
@@ -219,7 +224,11 @@ struct F32Kernel {
     for (int64_t cb = 0; cb < n; ++cb) {
       const int64_t b = c0 + cb;
       __m512 w0[NR], w1[NR];
-      for (int r = 0; r < NR; ++r) decode<T>(w + r * a.row_bytes + b * ts, &sc.d[r][cb], &sc.m[r][cb], w0[r], w1[r]);
+      for (int r = 0; r < NR; ++r) {
+        const uint8_t* blk = w + r * a.row_bytes + b * ts;
+        _mm_prefetch(reinterpret_cast<const char*>(blk + pf), _MM_HINT_T0);
+        decode<T>(blk, &sc.d[r][cb], &sc.m[r][cb], w0[r], w1[r]);
+      }
       for (int u = 0; u < MR; ++u) {
         const __m512 x0 = _mm512_loadu_ps(x + u * a.ldx + b * kBlockSize);
         const __m512 x1 = _mm512_loadu_ps(x + u * a.ldx + b * kBlockSize + 16);
@@ -264,6 +273,7 @@ struct Q8Kernel {
   static void tile(const Q8Args& a, int64_t j, int64_t i, int64_t c0, int64_t n, const Scales& sc, float* acc_mem) {
     constexpr int64_t ts = type_size(T);
     const int64_t nb = a.k / kBlockSize;
+    const int64_t pf = prefetch_distance(NR * a.row_bytes);
     const __m256i low = _mm256_set1_epi8(0x0F);
     const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
     const uint8_t* w = a.w + j * a.row_bytes;
@@ -275,6 +285,7 @@ struct Q8Kernel {
       __m256i wu[NR];
       for (int r = 0; r < NR; ++r) {
         const uint8_t* blk = w + r * a.row_bytes + b * ts;
+        _mm_prefetch(reinterpret_cast<const char*>(blk + pf), _MM_HINT_T0);
         if constexpr (T == GgmlType::kQ8_0) {
           wu[r] = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2)), flip);
         } else {

@@ -99,6 +99,15 @@ inline void gather_heads(const uint8_t* row, int64_t type_bytes, int64_t b0, int
   for (int64_t b = n; b < ((n + 15) & ~int64_t{15}); ++b) h[b] = 0;
 }
 
+// Software prefetch distance for a group of weight rows `group_bytes` long: whole groups, at least
+// 4 KiB ahead. The weights are one contiguous stream, but decoding is slow enough per byte that the
+// hardware prefetcher alone leaves the core waiting on memory (measured: 2-3x slower streamed than
+// cache-resident); each row's block is fetched this far ahead — the same block of a later group.
+inline int64_t prefetch_distance(int64_t group_bytes) {
+  const int64_t groups = (4096 + group_bytes - 1) / group_bytes;
+  return groups * group_bytes;
+}
+
 // The arguments of a product kernel (kernels.hpp), gathered for the tile templates below.
 struct Int8Args {
   const int8_t* xq;
