@@ -7,7 +7,8 @@ import collections.abc
 import numpy
 import numpy.typing
 import typing
-__all__: list[str] = ['BertModel_f32', 'BertModel_f64', 'FeedForward_f32', 'FeedForward_f64', 'GPT2Model_f32', 'GPT2Model_f64', 'KVCache_f32', 'KVCache_f64', 'LayerNorm_f32', 'LayerNorm_f64', 'Module_f32', 'Module_f64', 'MultiheadAttention_f32', 'MultiheadAttention_f64', 'TransformerDecoderLayer_f32', 'TransformerDecoderLayer_f64', 'TransformerEncoderLayer_f32', 'TransformerEncoderLayer_f64', 'activation_f32', 'activation_f64', 'apply_rotary_f32', 'apply_rotary_f64', 'blas_config', 'get_num_threads', 'layer_norm_f32', 'layer_norm_f64', 'linear_f32', 'linear_f64', 'rotary_cos_sin_f32', 'rotary_cos_sin_f64', 'scaled_dot_product_attention_f32', 'scaled_dot_product_attention_f64', 'set_num_threads', 'sinusoidal_positional_encoding_f32', 'sinusoidal_positional_encoding_f64', 'softmax_f32', 'softmax_f64']
+import typing_extensions
+__all__: list[str] = ['BertModel_f32', 'BertModel_f64', 'FeedForward_f32', 'FeedForward_f64', 'GPT2Model_f32', 'GPT2Model_f64', 'KVCache_f32', 'KVCache_f64', 'LayerNorm_f32', 'LayerNorm_f64', 'Module_f32', 'Module_f64', 'MultiheadAttention_f32', 'MultiheadAttention_f64', 'TransformerDecoderLayer_f32', 'TransformerDecoderLayer_f64', 'TransformerEncoderLayer_f32', 'TransformerEncoderLayer_f64', 'activation_f32', 'activation_f64', 'apply_rotary_f32', 'apply_rotary_f64', 'blas_config', 'dequantize_gguf', 'get_num_threads', 'isa', 'layer_norm_f32', 'layer_norm_f64', 'linear_f32', 'linear_f64', 'linear_gguf', 'linear_int8', 'quantize_int8', 'quantize_q8_blocks', 'rotary_cos_sin_f32', 'rotary_cos_sin_f64', 'scaled_dot_product_attention_f32', 'scaled_dot_product_attention_f64', 'set_isa', 'set_num_threads', 'sinusoidal_positional_encoding_f32', 'sinusoidal_positional_encoding_f64', 'softmax_f32', 'softmax_f64', 'supported_isas']
 class Module_f32:
     def get_parameter(self, arg0: str) -> numpy.typing.NDArray[numpy.float32]:
         ...
@@ -174,9 +175,15 @@ def blas_config() -> str:
     """
     OpenBLAS build configuration.
     """
+def dequantize_gguf(blocks: typing_extensions.Buffer, ggml_type: str, rows: typing.SupportsInt | typing.SupportsIndex, cols: typing.SupportsInt | typing.SupportsIndex) -> numpy.typing.NDArray[numpy.float32]:
+    ...
 def get_num_threads() -> int:
     """
     Threads used by the C++ core.
+    """
+def isa() -> str:
+    """
+    The instruction set the quantized kernels use now.
     """
 def layer_norm_f32(arg0: typing.Annotated[numpy.typing.ArrayLike, numpy.float32], arg1: typing.Any, arg2: typing.Any, arg3: typing.SupportsFloat | typing.SupportsIndex) -> numpy.typing.NDArray[numpy.float32]:
     ...
@@ -186,6 +193,14 @@ def linear_f32(arg0: typing.Annotated[numpy.typing.ArrayLike, numpy.float32], ar
     ...
 def linear_f64(arg0: typing.Annotated[numpy.typing.ArrayLike, numpy.float64], arg1: typing.Annotated[numpy.typing.ArrayLike, numpy.float64], arg2: typing.Any) -> numpy.typing.NDArray[numpy.float64]:
     ...
+def linear_gguf(x: typing.Annotated[numpy.typing.ArrayLike, numpy.float32], blocks: typing_extensions.Buffer, ggml_type: str, out_features: typing.SupportsInt | typing.SupportsIndex, in_features: typing.SupportsInt | typing.SupportsIndex, bias: typing.Any, quantize_activations: bool) -> numpy.typing.NDArray[numpy.float32]:
+    ...
+def linear_int8(x: typing.Annotated[numpy.typing.ArrayLike, numpy.float32], qweight: typing.Annotated[numpy.typing.ArrayLike, numpy.int8], scales: typing.Annotated[numpy.typing.ArrayLike, numpy.float32], bias: typing.Any) -> numpy.typing.NDArray[numpy.float32]:
+    ...
+def quantize_int8(weight: typing.Annotated[numpy.typing.ArrayLike, numpy.float32]) -> tuple[numpy.typing.NDArray[numpy.int8], numpy.typing.NDArray[numpy.float32]]:
+    ...
+def quantize_q8_blocks(x: typing.Annotated[numpy.typing.ArrayLike, numpy.float32]) -> tuple[numpy.typing.NDArray[numpy.int8], numpy.typing.NDArray[numpy.float32]]:
+    ...
 def rotary_cos_sin_f32(arg0: typing.SupportsInt | typing.SupportsIndex, arg1: typing.SupportsInt | typing.SupportsIndex, arg2: typing.SupportsFloat | typing.SupportsIndex, arg3: typing.SupportsInt | typing.SupportsIndex) -> tuple[numpy.typing.NDArray[numpy.float32], numpy.typing.NDArray[numpy.float32]]:
     ...
 def rotary_cos_sin_f64(arg0: typing.SupportsInt | typing.SupportsIndex, arg1: typing.SupportsInt | typing.SupportsIndex, arg2: typing.SupportsFloat | typing.SupportsIndex, arg3: typing.SupportsInt | typing.SupportsIndex) -> tuple[numpy.typing.NDArray[numpy.float64], numpy.typing.NDArray[numpy.float64]]:
@@ -194,6 +209,10 @@ def scaled_dot_product_attention_f32(query: numpy.ndarray, key: numpy.ndarray, v
     ...
 def scaled_dot_product_attention_f64(query: numpy.ndarray, key: numpy.ndarray, value: numpy.ndarray, bool_mask: typing.Any, float_mask: typing.Any, key_mask: typing.Any, is_causal: bool, causal_offset: typing.SupportsInt | typing.SupportsIndex, scale: typing.SupportsFloat | typing.SupportsIndex, return_weights: bool, path: str) -> typing.Any:
     ...
+def set_isa(name: str) -> None:
+    """
+    Chooses the quantized kernels' instruction set; ValueError if unknown or not supported here.
+    """
 def set_num_threads(n: typing.SupportsInt | typing.SupportsIndex) -> None:
     """
     Sets the threads used by the C++ core.
@@ -206,4 +225,8 @@ def softmax_f32(arg0: typing.Annotated[numpy.typing.ArrayLike, numpy.float32]) -
     ...
 def softmax_f64(arg0: typing.Annotated[numpy.typing.ArrayLike, numpy.float64]) -> numpy.typing.NDArray[numpy.float64]:
     ...
+def supported_isas() -> list[str]:
+    """
+    The instruction sets this CPU and build can run, slowest first.
+    """
 __version__: str = '0.1.0'
