@@ -8,6 +8,7 @@
 // with Σ x known per row (int8 activations) or per group of 4 (Q8 activation blocks). Exact for any
 // int8 weight, -128 included. The 4-bit formats' nibbles (0..15) are unsigned as they are:
 //   Q4_0: Σ (nib − 8)·x = Σ nib·x − 8 · Σ x.
+
 // GCC 12's AVX-512 headers trip its own -Wmaybe-uninitialized (_mm*_undefined_*, GCC bug 105593).
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wuninitialized"
@@ -146,8 +147,10 @@ template <GgmlType T>
 inline void decode(const uint8_t* blk, const float* d_ptr, const float* m_ptr, __m512& v0, __m512& v1) {
   const __m512 d = _mm512_set1_ps(*d_ptr);
   if constexpr (T == GgmlType::kQ8_0) {
-    v0 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2)))), d);
-    v1 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 18)))), d);
+    const __m128i q0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2));
+    const __m128i q1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 18));
+    v0 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q0)), d);
+    v1 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q1)), d);
   } else {
     constexpr int at = T == GgmlType::kQ4_0 ? 2 : 4;
     __m512 table;
@@ -300,10 +303,10 @@ struct Q8Kernel {
         const __m256 xd = _mm256_broadcast_ss(a.xd + row * nb + b);
         const __m256i g = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.xg + (row * nb + b) * 8));
         // the start of each group's sum: −128 Σx (Q8_0's shift), −8 Σx (Q4_0's offset), 0 (Q4_1)
-        __m256i start;
-        if constexpr (T == GgmlType::kQ8_0) start = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(g, 7));
-        else if constexpr (T == GgmlType::kQ4_0) start = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(g, 3));
-        else start = _mm256_setzero_si256();
+        const __m256i zero = _mm256_setzero_si256();
+        __m256i start = zero;
+        if constexpr (T == GgmlType::kQ8_0) start = _mm256_sub_epi32(zero, _mm256_slli_epi32(g, 7));
+        if constexpr (T == GgmlType::kQ4_0) start = _mm256_sub_epi32(zero, _mm256_slli_epi32(g, 3));
         for (int r = 0; r < NR; ++r) {
           const __m256i s = _mm256_dpbusd_epi32(start, wu[r], xv);
           const __m256 dd = _mm256_mul_ps(_mm256_broadcast_ss(&sc.d[r][cb]), xd);  // d_w · xd, as the scalar

@@ -52,7 +52,9 @@ void check_blocks(size_t num_bytes, GgmlType type, int64_t rows, int64_t cols, c
 }
 
 // Rows per task so that a task holds at least kGrainMacs multiply-adds.
-int64_t grain_rows(int64_t macs_per_row) { return std::max<int64_t>(1, kGrainMacs / std::max<int64_t>(1, macs_per_row)); }
+int64_t grain_rows(int64_t macs_per_row) {
+  return std::max<int64_t>(1, kGrainMacs / std::max<int64_t>(1, macs_per_row));
+}
 
 // Runs fn(i0, i1, j0, j1) over y[rows, out]: for a few rows, chunks of weight rows (each thread streams
 // its own slice of the weights once); otherwise fixed tiles, handed out dynamically.

@@ -45,14 +45,16 @@ struct KernelTable {
 
   // Weights decoded in registers, fp32 activations:
   //   y[i, j] = reduce_32(acc) + bias[j],  acc_p = Σ_b fma(ŵ[j, 32b + p], x[i, 32b + p], ·)  in block order
-  //   (ŵ = dequantize's values, up to the sign of a zero, which no such sum can see). x: [*, ldx]   w: GGUF rows of k values   bias: [*] or nullptr   y: [*, ldy]
+  //   (ŵ = dequantize's values, up to the sign of a zero, which no such sum can see)
+  //   x: [*, ldx]   w: GGUF rows of k values   bias: [*] or nullptr   y: [*, ldy]
   void (*linear_gguf_f32)(GgmlType type, const float* x, int64_t ldx, int64_t i0, int64_t i1, int64_t k,
                           const uint8_t* w, const float* bias, int64_t j0, int64_t j1, float* y, int64_t ldy);
 
   // Q8 activation blocks (quantize_q8_blocks) × GGUF blocks, integer dots per group of 4:
   //   s_g   = Σ_{t<4} wq[32b + 4g + t] · xq[i, 32b + 4g + t]   exact int32; wq = qs (Q8_0), nib − 8 (Q4_0),
   //           nib (Q4_1)
-  //   acc_g = fma(float(s_g), d_w · xd[i, b], acc_g)  and, for Q4_1,  acc_g = fma(float(xg[i, b, g]), m · xd[i, b], acc_g)
+  //   acc_g = fma(float(s_g), d_w · xd[i, b], acc_g)
+  //   and, for Q4_1,  acc_g = fma(float(xg[i, b, g]), m · xd[i, b], acc_g)
   //   y[i, j] = reduce_8(acc) + bias[j]
   //   xq: [*, k] int8   xd: [*, k / 32]   xg: [*, k / 32, 8] int32 group sums of xq
   void (*linear_gguf_q8)(GgmlType type, const int8_t* xq, const float* xd, const int32_t* xg, int64_t i0, int64_t i1,
