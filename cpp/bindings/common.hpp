@@ -139,5 +139,6 @@ void register_layers(py::module_& m);
 void register_models(py::module_& m);
 void register_backward(py::module_& m);
 void register_optim(py::module_& m);
+void register_quantization(py::module_& m);
 
 }  // namespace transformer_core::bindings

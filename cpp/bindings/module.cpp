@@ -21,4 +21,5 @@ PYBIND11_MODULE(_core, m) {
   transformer_core::bindings::register_positional(m);
   transformer_core::bindings::register_backward(m);
   transformer_core::bindings::register_optim(m);
+  transformer_core::bindings::register_quantization(m);
 }

@@ -13,9 +13,10 @@ Layers of the package, from the bottom:
     bert         BertEmbeddings, BertModel (Hugging Face checkpoints, no torch)
     gpt2         GPT2Model, GPT2LMHeadModel, KVCache (decoding with a KV cache, generate)
     sentence_encoder  SentenceEncoder (all-MiniLM-L6-v2 embeddings)
+    quantization int8 and GGUF (Q8_0, Q4_0, Q4_1) linear products on quantized weights
 """
 
-from . import backward, functional, lr_scheduler, masks, multihead_forms, nn, optim, positional
+from . import backward, functional, lr_scheduler, masks, multihead_forms, nn, optim, positional, quantization
 from ._runtime import core as _core
 from .bert import BertConfig, BertEmbeddings, BertModel, BertOutput
 from .decoder import CausalLMOutput
@@ -37,6 +38,7 @@ __all__ = [
     "nn",
     "masks",
     "positional",
+    "quantization",
     "multihead_forms",
     "PositionalEncoding",
     "Embeddings",

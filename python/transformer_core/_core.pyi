@@ -7,7 +7,8 @@ import collections.abc
 import numpy
 import numpy.typing
 import typing
-__all__: list[str] = ['Activation', 'BertConfig', 'BertModel_f32', 'BertModel_f64', 'DecoderModel_f32', 'DecoderModel_f64', 'Embedding_f32', 'Embedding_f64', 'EmbeddingsConfig', 'Embeddings_f32', 'Embeddings_f64', 'FeedForward_f32', 'FeedForward_f64', 'GPT2Config', 'GPT2Model_f32', 'GPT2Model_f64', 'GatedFeedForward_f32', 'GatedFeedForward_f64', 'KVCache_f32', 'KVCache_f64', 'LayerNorm_f32', 'LayerNorm_f64', 'Linear_f32', 'Linear_f64', 'LlamaConfig', 'LlamaModel_f32', 'LlamaModel_f64', 'Mlp_f32', 'Mlp_f64', 'Module_f32', 'Module_f64', 'MultiheadAttention_f32', 'MultiheadAttention_f64', 'Norm_f32', 'Norm_f64', 'RMSNorm_f32', 'RMSNorm_f64', 'RotaryEmbedding_f32', 'RotaryEmbedding_f64', 'TransformerDecoderLayer_f32', 'TransformerDecoderLayer_f64', 'TransformerEncoderLayer_f32', 'TransformerEncoderLayer_f64', 'activation_backward_f32', 'activation_backward_f64', 'activation_f32', 'activation_f64', 'activation_names', 'adam_update_f32', 'adam_update_f64', 'apply_rotary_f32', 'apply_rotary_f64', 'blas_config', 'count_nonfinite_f32', 'count_nonfinite_f64', 'cross_entropy_f32', 'cross_entropy_f64', 'dropout_f32', 'dropout_f64', 'embedding_backward_f32', 'embedding_backward_f64', 'flash_attention_plan', 'get_num_threads', 'glu_backward_f32', 'glu_backward_f64', 'glu_f32', 'glu_f64', 'layer_norm_backward_f32', 'layer_norm_backward_f64', 'linear_backward_f32', 'linear_backward_f64', 'linear_f32', 'linear_f64', 'norm_f32', 'norm_f64', 'parse_activation', 'rms_norm_backward_f32', 'rms_norm_backward_f64', 'rotary_backward_f32', 'rotary_backward_f64', 'rotary_cos_sin_f32', 'rotary_cos_sin_f64', 'scaled_dot_product_attention_backward_f32', 'scaled_dot_product_attention_backward_f64', 'scaled_dot_product_attention_f32', 'scaled_dot_product_attention_f64', 'set_num_threads', 'sgd_update_f32', 'sgd_update_f64', 'sinusoidal_positional_encoding_f32', 'sinusoidal_positional_encoding_f64', 'softmax_backward_f32', 'softmax_backward_f64', 'softmax_f32', 'softmax_f64', 'vector_norm_f32', 'vector_norm_f64']
+import typing_extensions
+__all__: list[str] = ['Activation', 'BertConfig', 'BertModel_f32', 'BertModel_f64', 'DecoderModel_f32', 'DecoderModel_f64', 'Embedding_f32', 'Embedding_f64', 'EmbeddingsConfig', 'Embeddings_f32', 'Embeddings_f64', 'FeedForward_f32', 'FeedForward_f64', 'GPT2Config', 'GPT2Model_f32', 'GPT2Model_f64', 'GatedFeedForward_f32', 'GatedFeedForward_f64', 'KVCache_f32', 'KVCache_f64', 'LayerNorm_f32', 'LayerNorm_f64', 'Linear_f32', 'Linear_f64', 'LlamaConfig', 'LlamaModel_f32', 'LlamaModel_f64', 'Mlp_f32', 'Mlp_f64', 'Module_f32', 'Module_f64', 'MultiheadAttention_f32', 'MultiheadAttention_f64', 'Norm_f32', 'Norm_f64', 'RMSNorm_f32', 'RMSNorm_f64', 'RotaryEmbedding_f32', 'RotaryEmbedding_f64', 'TransformerDecoderLayer_f32', 'TransformerDecoderLayer_f64', 'TransformerEncoderLayer_f32', 'TransformerEncoderLayer_f64', 'activation_backward_f32', 'activation_backward_f64', 'activation_f32', 'activation_f64', 'activation_names', 'adam_update_f32', 'adam_update_f64', 'apply_rotary_f32', 'apply_rotary_f64', 'blas_config', 'count_nonfinite_f32', 'count_nonfinite_f64', 'cross_entropy_f32', 'cross_entropy_f64', 'dequantize_gguf', 'dropout_f32', 'dropout_f64', 'embedding_backward_f32', 'embedding_backward_f64', 'flash_attention_plan', 'get_num_threads', 'glu_backward_f32', 'glu_backward_f64', 'glu_f32', 'glu_f64', 'isa', 'layer_norm_backward_f32', 'layer_norm_backward_f64', 'linear_backward_f32', 'linear_backward_f64', 'linear_f32', 'linear_f64', 'linear_gguf', 'linear_int8', 'norm_f32', 'norm_f64', 'parse_activation', 'quantize_int8', 'quantize_q8_blocks', 'rms_norm_backward_f32', 'rms_norm_backward_f64', 'rotary_backward_f32', 'rotary_backward_f64', 'rotary_cos_sin_f32', 'rotary_cos_sin_f64', 'scaled_dot_product_attention_backward_f32', 'scaled_dot_product_attention_backward_f64', 'scaled_dot_product_attention_f32', 'scaled_dot_product_attention_f64', 'set_isa', 'set_num_threads', 'sgd_update_f32', 'sgd_update_f64', 'sinusoidal_positional_encoding_f32', 'sinusoidal_positional_encoding_f64', 'softmax_backward_f32', 'softmax_backward_f64', 'softmax_f32', 'softmax_f64', 'supported_isas', 'vector_norm_f32', 'vector_norm_f64']
 class Activation:
     """
     Members:
@@ -525,6 +526,8 @@ def cross_entropy_f32(logits: typing.Annotated[numpy.typing.ArrayLike, numpy.flo
     ...
 def cross_entropy_f64(logits: typing.Annotated[numpy.typing.ArrayLike, numpy.float64], target: typing.Annotated[numpy.typing.ArrayLike, numpy.int64], ignore_index: typing.SupportsInt | typing.SupportsIndex, label_smoothing: typing.SupportsFloat | typing.SupportsIndex, reduction: str, grad_scale: typing.SupportsFloat | typing.SupportsIndex, grad_rows: typing.Any, compute_grad: bool) -> tuple[typing.Any, int, typing.Any]:
     ...
+def dequantize_gguf(blocks: typing_extensions.Buffer, ggml_type: str, rows: typing.SupportsInt | typing.SupportsIndex, cols: typing.SupportsInt | typing.SupportsIndex) -> numpy.typing.NDArray[numpy.float32]:
+    ...
 def dropout_f32(x: typing.Annotated[numpy.typing.ArrayLike, numpy.float32], p: typing.SupportsFloat | typing.SupportsIndex, seed: typing.SupportsInt | typing.SupportsIndex) -> numpy.typing.NDArray[numpy.float32]:
     ...
 def dropout_f64(x: typing.Annotated[numpy.typing.ArrayLike, numpy.float64], p: typing.SupportsFloat | typing.SupportsIndex, seed: typing.SupportsInt | typing.SupportsIndex) -> numpy.typing.NDArray[numpy.float64]:
@@ -547,6 +550,10 @@ def glu_f32(gate: typing.Annotated[numpy.typing.ArrayLike, numpy.float32], up: t
     ...
 def glu_f64(gate: typing.Annotated[numpy.typing.ArrayLike, numpy.float64], up: typing.Annotated[numpy.typing.ArrayLike, numpy.float64], activation: str) -> numpy.typing.NDArray[numpy.float64]:
     ...
+def isa() -> str:
+    """
+    The instruction set the quantized kernels use now.
+    """
 def layer_norm_backward_f32(x: typing.Annotated[numpy.typing.ArrayLike, numpy.float32], weight: typing.Any, grad_output: typing.Annotated[numpy.typing.ArrayLike, numpy.float32], eps: typing.SupportsFloat | typing.SupportsIndex, bias: bool, grad_weight: typing.Any, grad_bias: typing.Any) -> tuple[numpy.typing.NDArray[numpy.float32], typing.Any, typing.Any]:
     ...
 def layer_norm_backward_f64(x: typing.Annotated[numpy.typing.ArrayLike, numpy.float64], weight: typing.Any, grad_output: typing.Annotated[numpy.typing.ArrayLike, numpy.float64], eps: typing.SupportsFloat | typing.SupportsIndex, bias: bool, grad_weight: typing.Any, grad_bias: typing.Any) -> tuple[numpy.typing.NDArray[numpy.float64], typing.Any, typing.Any]:
@@ -559,6 +566,10 @@ def linear_f32(x: typing.Annotated[numpy.typing.ArrayLike, numpy.float32], weigh
     ...
 def linear_f64(x: typing.Annotated[numpy.typing.ArrayLike, numpy.float64], weight: typing.Annotated[numpy.typing.ArrayLike, numpy.float64], bias: typing.Any, activation: str) -> numpy.typing.NDArray[numpy.float64]:
     ...
+def linear_gguf(x: typing.Annotated[numpy.typing.ArrayLike, numpy.float32], blocks: typing_extensions.Buffer, ggml_type: str, out_features: typing.SupportsInt | typing.SupportsIndex, in_features: typing.SupportsInt | typing.SupportsIndex, bias: typing.Any, quantize_activations: bool) -> numpy.typing.NDArray[numpy.float32]:
+    ...
+def linear_int8(x: typing.Annotated[numpy.typing.ArrayLike, numpy.float32], qweight: typing.Annotated[numpy.typing.ArrayLike, numpy.int8], scales: typing.Annotated[numpy.typing.ArrayLike, numpy.float32], bias: typing.Any) -> numpy.typing.NDArray[numpy.float32]:
+    ...
 def norm_f32(x: typing.Annotated[numpy.typing.ArrayLike, numpy.float32], kind: str, weight: typing.Any, bias: typing.Any, eps: typing.SupportsFloat | typing.SupportsIndex) -> numpy.typing.NDArray[numpy.float32]:
     ...
 def norm_f64(x: typing.Annotated[numpy.typing.ArrayLike, numpy.float64], kind: str, weight: typing.Any, bias: typing.Any, eps: typing.SupportsFloat | typing.SupportsIndex) -> numpy.typing.NDArray[numpy.float64]:
@@ -567,6 +578,10 @@ def parse_activation(name: str) -> Activation:
     """
     The Activation a name stands for; ValueError naming the accepted ones otherwise.
     """
+def quantize_int8(weight: typing.Annotated[numpy.typing.ArrayLike, numpy.float32]) -> tuple[numpy.typing.NDArray[numpy.int8], numpy.typing.NDArray[numpy.float32]]:
+    ...
+def quantize_q8_blocks(x: typing.Annotated[numpy.typing.ArrayLike, numpy.float32]) -> tuple[numpy.typing.NDArray[numpy.int8], numpy.typing.NDArray[numpy.float32]]:
+    ...
 def rms_norm_backward_f32(x: typing.Annotated[numpy.typing.ArrayLike, numpy.float32], weight: typing.Any, grad_output: typing.Annotated[numpy.typing.ArrayLike, numpy.float32], eps: typing.SupportsFloat | typing.SupportsIndex, grad_weight: typing.Any) -> tuple[numpy.typing.NDArray[numpy.float32], typing.Any]:
     ...
 def rms_norm_backward_f64(x: typing.Annotated[numpy.typing.ArrayLike, numpy.float64], weight: typing.Any, grad_output: typing.Annotated[numpy.typing.ArrayLike, numpy.float64], eps: typing.SupportsFloat | typing.SupportsIndex, grad_weight: typing.Any) -> tuple[numpy.typing.NDArray[numpy.float64], typing.Any]:
@@ -587,6 +602,10 @@ def scaled_dot_product_attention_f32(query: numpy.ndarray, key: numpy.ndarray, v
     ...
 def scaled_dot_product_attention_f64(query: numpy.ndarray, key: numpy.ndarray, value: numpy.ndarray, bool_mask: typing.Any, float_mask: typing.Any, key_mask: typing.Any, is_causal: bool, causal_offset: typing.SupportsInt | typing.SupportsIndex, scale: typing.SupportsFloat | typing.SupportsIndex, return_weights: bool, path: str, return_lse: bool = False) -> typing.Any:
     ...
+def set_isa(name: str) -> None:
+    """
+    Chooses the quantized kernels' instruction set; ValueError if unknown or not supported here.
+    """
 def set_num_threads(n: typing.SupportsInt | typing.SupportsIndex) -> None:
     """
     Sets the threads used by the C++ core.
@@ -607,6 +626,10 @@ def softmax_f32(x: typing.Annotated[numpy.typing.ArrayLike, numpy.float32]) -> n
     ...
 def softmax_f64(x: typing.Annotated[numpy.typing.ArrayLike, numpy.float64]) -> numpy.typing.NDArray[numpy.float64]:
     ...
+def supported_isas() -> list[str]:
+    """
+    The instruction sets this CPU and build can run, slowest first.
+    """
 def vector_norm_f32(x: numpy.ndarray, ord: typing.SupportsFloat | typing.SupportsIndex, power: bool) -> float:
     ...
 def vector_norm_f64(x: numpy.ndarray, ord: typing.SupportsFloat | typing.SupportsIndex, power: bool) -> float:

@@ -27,6 +27,12 @@ enum class Scratch : int {
   kLayerA,
   kLayerB,
   kLayerX,
+  // quantized linear (ops/quantized_linear.cpp): quantized activations, their scales and sums, and
+  // one decoded tile of weights
+  kQuantActivations,
+  kQuantScales,
+  kQuantSums,
+  kQuantTile,
   kCount
 };
 

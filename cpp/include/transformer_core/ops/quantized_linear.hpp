@@ -1,0 +1,45 @@
+// Quantized linear layers: check the sizes, quantize what must be quantized, then run the active
+// ISA's kernels (kernels/quant/) in parallel over fixed tiles of the output. fp32 only: quantized
+// weights exist to save memory traffic, and every kernel accumulates in int32 or fp32.
+// Formats, the quantization rule and the sources: kernels/quant/formats.hpp.
+// Errors: std::invalid_argument naming the argument, expected vs got (ValueError in Python).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "transformer_core/kernels/quant/formats.hpp"
+
+namespace transformer_core::ops {
+
+using kernels::quant::GgmlType;
+
+// Per-output-channel symmetric int8 quantization (formats.hpp's rule), in parallel over rows:
+//   weight: [out, in] fp32 → qweight: [out, in] int8, scales: [out] fp32
+void quantize_int8(const float* weight, int64_t out, int64_t in, int8_t* qweight, float* scales);
+
+// y[rows, out] = dequant(quantize_rows(x) · qweightᵀ) + bias      (formats.hpp: the int8 product)
+//   x: [rows, in] fp32   qweight: [out, in] int8   scales: [out]   bias: [out] or nullptr
+//   in <= kInt8MaxK (131072): the int32 accumulator stays exact.
+void linear_int8(const float* x, int64_t rows, int64_t in, const int8_t* qweight, const float* scales,
+                 const float* bias, int64_t out, float* y);
+
+// y[rows, out] = x · Ŵᵀ + bias, Ŵ the GGUF blocks' values (formats.hpp), read in place:
+//   x: [rows, in] fp32   blocks: out rows of in / 32 blocks, `num_bytes` bytes in all   bias: [out] or nullptr
+// quantize_activations = false (default): fp32 activations; each block is decoded in registers and
+//   multiplied with x in fp32 (few rows), or decoded into a cache-resident tile for an sgemm (many
+//   rows): the result is the dequantize-then-fp32 product up to fp32 rounding.
+// quantize_activations = true: x is quantized to Q8 blocks (quantize_q8_blocks) and each block
+//   product is an exact integer dot, as llama.cpp computes: faster, and as accurate as 8-bit x.
+// in must be a multiple of 32; num_bytes must be out · in / 32 · type_size.
+void linear_gguf(const float* x, int64_t rows, int64_t in, const uint8_t* blocks, size_t num_bytes, GgmlType type,
+                 const float* bias, int64_t out, float* y, bool quantize_activations);
+
+// out[rows, cols] = the blocks' values (bit for bit gguf.quants.dequantize), in parallel over rows.
+void dequantize_gguf(const uint8_t* blocks, size_t num_bytes, GgmlType type, int64_t rows, int64_t cols, float* out);
+
+// x: [rows, cols] → q: [rows, cols] int8, d: [rows, cols / 32] fp32: each block of 32 by the
+// per-row rule (formats.hpp). The activations of linear_gguf(..., quantize_activations = true).
+void quantize_q8_blocks(const float* x, int64_t rows, int64_t cols, int8_t* q, float* d);
+
+}  // namespace transformer_core::ops

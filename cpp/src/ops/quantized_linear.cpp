@@ -1,0 +1,170 @@
+// Quantized linear ops (ops/quantized_linear.hpp): size checks, activation quantization, and the
+// parallel split of the output into tiles that do not depend on the thread count.
+#include "transformer_core/ops/quantized_linear.hpp"
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+#include "transformer_core/kernels/gemm.hpp"
+#include "transformer_core/kernels/parallel.hpp"
+#include "transformer_core/kernels/quant/kernels.hpp"
+#include "transformer_core/kernels/workspace.hpp"
+
+namespace transformer_core::ops {
+
+namespace q = kernels::quant;
+
+namespace {
+
+// Up to this many rows of x, the product kernels take every row at once and the weights stream
+// once (decoding); above it, tiles of x rows × weight rows.
+constexpr int64_t kFewRows = 8;
+// Tiles of the many-rows path: x rows × weight rows, and the k-chunk of the fp32 path's decoded tile
+// (128 × 512 floats = 256 KiB: stays in L2 while the sgemm reads it).
+constexpr int64_t kTileRows = 64, kTileCols = 64;
+constexpr int64_t kSgemmRows = 128, kSgemmCols = 128, kSgemmDepth = 512;
+// The smallest work (multiply-adds) worth a thread of its own.
+constexpr int64_t kGrainMacs = 1 << 16;
+
+using kernels::Scratch;
+
+void check_dims(int64_t rows, int64_t in, int64_t out, const char* op) {
+  if (rows < 0) throw std::invalid_argument(std::string(op) + ": rows: expected >= 0, got " + std::to_string(rows));
+  if (in < 1) throw std::invalid_argument(std::string(op) + ": in_features: expected >= 1, got " + std::to_string(in));
+  if (out < 1)
+    throw std::invalid_argument(std::string(op) + ": out_features: expected >= 1, got " + std::to_string(out));
+}
+
+void check_blocks(size_t num_bytes, GgmlType type, int64_t rows, int64_t cols, const char* op, const char* rows_name,
+                  const char* cols_name) {
+  const std::string name = q::ggml_type_name(type);
+  if (cols % q::kBlockSize != 0)
+    throw std::invalid_argument(std::string(op) + ": " + cols_name + ": expected a multiple of 32 (the block size of " +
+                                name + "), got " + std::to_string(cols));
+  const int64_t expected = rows * (cols / q::kBlockSize) * q::type_size(type);
+  if (static_cast<int64_t>(num_bytes) != expected)
+    throw std::invalid_argument(std::string(op) + ": blocks: expected " + std::to_string(expected) + " bytes (" +
+                                rows_name + " " + std::to_string(rows) + " × " + std::to_string(cols / 32) +
+                                " blocks of " + std::to_string(q::type_size(type)) + " bytes, " + name + "), got " +
+                                std::to_string(num_bytes));
+}
+
+// Rows per task so that a task holds at least kGrainMacs multiply-adds.
+int64_t grain_rows(int64_t macs_per_row) {
+  return std::max<int64_t>(1, kGrainMacs / std::max<int64_t>(1, macs_per_row));
+}
+
+// Runs fn(i0, i1, j0, j1) over y[rows, out]: for a few rows, chunks of weight rows (each thread streams
+// its own slice of the weights once); otherwise fixed tiles, handed out dynamically.
+template <class F>
+void over_outputs(int64_t rows, int64_t in, int64_t out, int64_t tile_rows, int64_t tile_cols, const F& fn) {
+  if (rows <= kFewRows) {
+    kernels::parallel_for(0, out, grain_rows(rows * in), [&](int64_t j0, int64_t j1) { fn(0, rows, j0, j1); });
+    return;
+  }
+  const int64_t row_tiles = (rows + tile_rows - 1) / tile_rows, col_tiles = (out + tile_cols - 1) / tile_cols;
+  auto tile = [&](int64_t t, int) {
+    const int64_t i0 = (t / col_tiles) * tile_rows, j0 = (t % col_tiles) * tile_cols;
+    fn(i0, std::min(rows, i0 + tile_rows), j0, std::min(out, j0 + tile_cols));
+  };
+  if (rows * in * out < kGrainMacs * 4) {
+    for (int64_t t = 0; t < row_tiles * col_tiles; ++t) tile(t, 0);
+  } else {
+    kernels::parallel_tasks(row_tiles * col_tiles, tile);
+  }
+}
+
+}  // namespace
+
+void quantize_int8(const float* weight, int64_t out, int64_t in, int8_t* qweight, float* scales) {
+  check_dims(0, in, out, "quantize_int8");
+  const q::KernelTable& kt = q::active_kernels();
+  kernels::parallel_for(0, out, grain_rows(in), [&](int64_t r0, int64_t r1) {
+    kt.quantize_rows_int8(weight + r0 * in, r1 - r0, in, qweight + r0 * in, in, scales + r0, nullptr);
+  });
+}
+
+void linear_int8(const float* x, int64_t rows, int64_t in, const int8_t* qweight, const float* scales,
+                 const float* bias, int64_t out, float* y) {
+  check_dims(rows, in, out, "linear_int8");
+  if (in > q::kInt8MaxK)
+    throw std::invalid_argument("linear_int8: in_features: expected <= " + std::to_string(q::kInt8MaxK) +
+                                " (the int32 accumulator's exact range), got " + std::to_string(in));
+  if (rows == 0) return;
+  const q::KernelTable& kt = q::active_kernels();
+  const int64_t ldq = (in + 63) / 64 * 64;  // rows zero-padded to whole 64-byte vectors
+  int8_t* xq = kernels::workspace<int8_t>(Scratch::kQuantActivations, static_cast<size_t>(rows * ldq));
+  float* sx = kernels::workspace<float>(Scratch::kQuantScales, static_cast<size_t>(rows));
+  int32_t* xsum = kernels::workspace<int32_t>(Scratch::kQuantSums, static_cast<size_t>(rows));
+  kernels::parallel_for(0, rows, grain_rows(in * 16), [&](int64_t r0, int64_t r1) {
+    kt.quantize_rows_int8(x + r0 * in, r1 - r0, in, xq + r0 * ldq, ldq, sx + r0, xsum + r0);
+  });
+  over_outputs(rows, in, out, kTileRows, kTileCols, [&](int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
+    kt.linear_int8(xq, ldq, sx, xsum, i0, i1, in, qweight, scales, bias, j0, j1, y, out);
+  });
+}
+
+void linear_gguf(const float* x, int64_t rows, int64_t in, const uint8_t* blocks, size_t num_bytes, GgmlType type,
+                 const float* bias, int64_t out, float* y, bool quantize_activations) {
+  check_dims(rows, in, out, "linear_gguf");
+  check_blocks(num_bytes, type, out, in, "linear_gguf", "out_features", "in_features");
+  if (rows == 0) return;
+  const q::KernelTable& kt = q::active_kernels();
+  const int64_t nb = in / q::kBlockSize;
+
+  if (quantize_activations) {
+    int8_t* xq = kernels::workspace<int8_t>(Scratch::kQuantActivations, static_cast<size_t>(rows * in));
+    float* xd = kernels::workspace<float>(Scratch::kQuantScales, static_cast<size_t>(rows * nb));
+    int32_t* xg = kernels::workspace<int32_t>(Scratch::kQuantSums, static_cast<size_t>(rows * nb * 8));
+    kernels::parallel_for(0, rows, grain_rows(in * 16), [&](int64_t r0, int64_t r1) {
+      kt.quantize_q8_blocks(x + r0 * in, r1 - r0, in, xq + r0 * in, xd + r0 * nb, xg + r0 * nb * 8);
+    });
+    over_outputs(rows, in, out, kTileRows, kTileCols, [&](int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
+      kt.linear_gguf_q8(type, xq, xd, xg, i0, i1, in, blocks, bias, j0, j1, y, out);
+    });
+    return;
+  }
+
+  if (rows <= kFewRows) {  // decoding: blocks decoded in registers, weights streamed once
+    over_outputs(rows, in, out, kTileRows, kTileCols, [&](int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
+      kt.linear_gguf_f32(type, x, in, i0, i1, in, blocks, bias, j0, j1, y, out);
+    });
+    return;
+  }
+  // prefill: per tile of y, decode kSgemmCols weight rows × kSgemmDepth values to fp32 (in L2) and
+  // multiply with a single-threaded sgemm, accumulating over the chunks of k in order.
+  over_outputs(rows, in, out, kSgemmRows, kSgemmCols, [&](int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
+    float* wt = kernels::workspace<float>(Scratch::kQuantTile, static_cast<size_t>(kSgemmCols * kSgemmDepth));
+    float* yt = y + i0 * out + j0;
+    for (int64_t i = i0; i < i1; ++i)
+      for (int64_t j = j0; j < j1; ++j) y[i * out + j] = bias != nullptr ? bias[j] : 0.0f;
+    for (int64_t k0 = 0; k0 < in; k0 += kSgemmDepth) {
+      const int64_t kc = std::min(kSgemmDepth, in - k0);
+      kt.dequantize(type, blocks, in, j0, j1, k0 / q::kBlockSize, (k0 + kc) / q::kBlockSize, wt, kc);
+      kernels::gemm(false, true, i1 - i0, j1 - j0, kc, 1.0f, x + i0 * in + k0, in, wt, kc, 1.0f, yt, out);
+    }
+  });
+}
+
+void dequantize_gguf(const uint8_t* blocks, size_t num_bytes, GgmlType type, int64_t rows, int64_t cols, float* out) {
+  check_dims(rows, cols, 1, "dequantize_gguf");
+  check_blocks(num_bytes, type, rows, cols, "dequantize_gguf", "rows", "cols");
+  const q::KernelTable& kt = q::active_kernels();
+  kernels::parallel_for(0, rows, grain_rows(cols * 4), [&](int64_t r0, int64_t r1) {
+    kt.dequantize(type, blocks, cols, r0, r1, 0, cols / q::kBlockSize, out + r0 * cols, cols);
+  });
+}
+
+void quantize_q8_blocks(const float* x, int64_t rows, int64_t cols, int8_t* xq, float* d) {
+  check_dims(rows, cols, 1, "quantize_q8_blocks");
+  if (cols % q::kBlockSize != 0)
+    throw std::invalid_argument("quantize_q8_blocks: cols: expected a multiple of 32, got " + std::to_string(cols));
+  const q::KernelTable& kt = q::active_kernels();
+  const int64_t nb = cols / q::kBlockSize;
+  kernels::parallel_for(0, rows, grain_rows(cols * 16), [&](int64_t r0, int64_t r1) {
+    kt.quantize_q8_blocks(x + r0 * cols, r1 - r0, cols, xq + r0 * cols, d + r0 * nb, nullptr);
+  });
+}
+
+}  // namespace transformer_core::ops

@@ -1,0 +1,320 @@
+"""Quantized linear layers, computed by the C++ core: weights kept in memory as int8 or as GGUF's
+block formats and used as they are, never expanded to a float32 matrix.
+
+Two families of formats (the byte layouts: ``cpp/include/transformer_core/kernels/quant/formats.hpp``):
+
+* **int8**, symmetric per output channel, as PyTorch's ``quantize_dynamic`` with per-channel weights
+  and ONNX Runtime's dynamic quantization: ``qweight`` ``(out, in)`` int8 in [-127, 127] and
+  ``scales`` ``(out,)`` float32 with ``W ≈ scales[:, None] * qweight``. At run time each row of ``x``
+  is quantized by the same rule, the product is accumulated exactly in int32, and
+  ``y = acc * (sx[i] * scales[j]) + bias[j]``.
+* **GGUF** ``Q8_0``, ``Q4_0``, ``Q4_1`` (the GGUF file format's block types, ggml's
+  ``ggml-common.h``): each row of ``in_features`` values is ``in_features / 32`` blocks, each with an
+  fp16 scale ``d`` (and for Q4_1 an fp16 offset ``m``):  Q8_0 ``w = d * q`` (q int8);
+  Q4_0 ``w = d * (q - 8)`` (q a 4-bit nibble); Q4_1 ``w = d * q + m``. Nibble order: byte ``i`` of a
+  block's 16 holds element ``i`` in its low nibble and element ``i + 16`` in its high one.
+  The bytes are read in place (pass a memory-mapped view of a GGUF file's tensor).
+
+The quantization rule (one rule for int8 weights, int8 activation rows and Q8 activation blocks)::
+
+    amax  = max |v|                      scale = amax / 127              (float32)
+    q     = rint(clip(v * (127 / amax), -127, 127))   rint rounds half to even (np.rint)
+    amax < 2**-100  ->  q = 0, scale = 0;   a NaN or inf in v  ->  q = 0, scale = NaN
+
+The kernels exist per instruction set — ``scalar`` (any CPU), ``avx2``, ``avx512vnni`` — and the best
+one the CPU has is chosen at run time. Every instruction set gives the same bits; :func:`set_isa`
+(or the environment variable ``TC_ISA``, read once) picks one, for tests and benchmarks.
+
+All functions take array-likes, check them (``TypeError``/``ValueError`` naming the argument, before
+any output is allocated) and return new float32 numpy arrays. The GIL is released while the core
+computes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ._runtime import core as _core
+from ._validation import as_float, check_positive_int
+
+__all__ = [
+    "GGML_TYPES",
+    "INT8_MAX_IN_FEATURES",
+    "quantize_int8",
+    "linear_int8",
+    "linear_gguf",
+    "dequantize_gguf",
+    "quantize_q8_blocks",
+    "isa",
+    "set_isa",
+    "supported_isas",
+]
+
+#: GGUF block types: name -> (values per block, bytes per block), as ggml's ``GGML_QUANT_SIZES``.
+GGML_TYPES = {"Q8_0": (32, 34), "Q4_0": (32, 18), "Q4_1": (32, 20)}
+
+#: The int8 product accumulates in int32, exact while in_features * 128 * 127 < 2**31.
+INT8_MAX_IN_FEATURES = 131072
+
+
+def isa() -> str:
+    """The instruction set the quantized kernels use now: ``"scalar"``, ``"avx2"`` or ``"avx512vnni"``.
+
+    Raises:
+        ValueError: the environment variable ``TC_ISA`` names an unknown ISA or one this CPU lacks
+            (and :func:`set_isa` has not been called since).
+    """
+    return _core.isa()
+
+
+def set_isa(name: str) -> None:
+    """Chooses the quantized kernels' instruction set (all give the same results; speed differs).
+
+    Args:
+        name: ``"scalar"`` (portable C++, the reference), ``"avx2"`` (AVX2 + FMA + F16C) or
+            ``"avx512vnni"`` (AVX-512 F/BW/VL/DQ + VNNI).
+
+    Raises:
+        TypeError: ``name`` not a str. ValueError: unknown, or not supported by this CPU
+            (see :func:`supported_isas`).
+    """
+    if not isinstance(name, str):
+        raise TypeError(f"name: expected a str, got {type(name).__name__}")
+    _core.set_isa(name)
+
+
+def supported_isas() -> list:
+    """The instruction sets this CPU (and build) can run, slowest first, e.g.
+    ``["scalar", "avx2", "avx512vnni"]``."""
+    return list(_core.supported_isas())
+
+
+# ------------------------------------------------------------------------------------------------
+# Validation helpers
+# ------------------------------------------------------------------------------------------------
+
+def _ggml_type(ggml_type) -> str:
+    """``"Q8_0"``/``"Q4_0"``/``"Q4_1"`` from a name or an enum member with that ``.name``
+    (``gguf.GGMLQuantizationType.Q4_0``)."""
+    name = ggml_type if isinstance(ggml_type, str) else getattr(ggml_type, "name", None)
+    if not isinstance(name, str):
+        raise TypeError(f"ggml_type: expected a str such as 'Q4_0', got {type(ggml_type).__name__}")
+    if name not in GGML_TYPES:
+        raise ValueError(f"ggml_type: expected one of {sorted(GGML_TYPES)}, got {name!r}")
+    return name
+
+
+def _block_bytes(blocks, expected: int, what: str) -> np.ndarray:
+    """``blocks`` as a 1-D uint8 array over the same memory (no copy when contiguous): a numpy uint8
+    array of any shape, or any object with the buffer protocol (bytes, bytearray, memoryview, mmap)."""
+    if isinstance(blocks, np.ndarray):
+        if blocks.dtype != np.uint8:
+            raise TypeError(f"blocks: expected raw bytes (a uint8 array or a bytes-like object), "
+                            f"got an array of dtype {blocks.dtype}")
+        arr = np.ascontiguousarray(blocks).reshape(-1)
+    else:
+        try:
+            arr = np.frombuffer(blocks, dtype=np.uint8)
+        except TypeError:
+            raise TypeError(f"blocks: expected raw bytes (a uint8 array or a bytes-like object), "
+                            f"got {type(blocks).__name__}") from None
+    if arr.size != expected:
+        raise ValueError(f"blocks: expected {expected} bytes ({what}), got {arr.size}")
+    return arr
+
+
+def _check_block_dims(ggml_type: str, rows: int, cols: int, rows_name: str, cols_name: str) -> int:
+    """The byte count of ``rows`` rows of ``cols`` values of ``ggml_type``; ValueError if ``cols``
+    is not a whole number of blocks."""
+    block, size = GGML_TYPES[ggml_type]
+    if cols % block:
+        raise ValueError(f"{cols_name}: expected a multiple of {block} (the block size of {ggml_type}), got {cols}")
+    return rows * (cols // block) * size
+
+
+def _bias(bias, out_features: int):
+    if bias is None:
+        return None
+    b = as_float(bias, "bias", np.float32, ndim=1)
+    if b.shape != (out_features,):
+        raise ValueError(f"bias: expected shape ({out_features},), got {b.shape}")
+    return b
+
+
+def _rows(x, in_features: int | None, in_name: str):
+    """``x`` (..., in) as a float32 (rows, in) array and the leading shape."""
+    x = as_float(x, "x", np.float32, min_ndim=1)
+    if in_features is not None and x.shape[-1] != in_features:
+        raise ValueError(f"x: expected last dim {in_features} ({in_name}), got shape {x.shape}")
+    return x.reshape(-1, x.shape[-1]), x.shape[:-1]
+
+
+# ------------------------------------------------------------------------------------------------
+# int8, per output channel
+# ------------------------------------------------------------------------------------------------
+
+def quantize_int8(weight) -> tuple:
+    """Symmetric per-output-channel int8 quantization of a weight matrix (the rule in the module doc).
+
+    ``scales[j] = max|weight[j]| / 127`` and ``qweight[j] = rint(clip(weight[j] * (127 / max|weight[j]|),
+    -127, 127))`` — rows of x are quantized by the very same rule inside :func:`linear_int8`. As
+    PyTorch's per-channel ``quantize_dynamic`` and ONNX Runtime's dynamic quantization, except for
+    the range: [-127, 127] with ``max / 127`` (torch: [-128, 127] with ``max / 127.5``), which keeps
+    the integer products symmetric and the SIMD kernels exact.
+
+    Args:
+        weight: ``(out_features, in_features)`` real array (torch's ``nn.Linear`` layout), finite.
+
+    Returns:
+        ``(qweight, scales)``: ``(out_features, in_features)`` int8 and ``(out_features,)`` float32.
+
+    Raises:
+        TypeError: not a real numeric array. ValueError: not 2-D, empty, or holding NaN or inf.
+    """
+    w = as_float(weight, "weight", np.float32, ndim=2)
+    if not np.isfinite(w).all():
+        raise ValueError("weight: expected finite values, got NaN or inf")
+    return _core.quantize_int8(weight=w)
+
+
+def linear_int8(x, qweight, scales, bias=None) -> np.ndarray:
+    """``y = x Wᵀ + b`` with int8 weights and int8 activations, int32 accumulation.
+
+    Each row ``x_i`` is quantized on the fly by the rule of :func:`quantize_int8` (scale ``sx_i``),
+    then ``y[i, j] = float32(Σ_k xq[i, k] · qweight[j, k]) · (sx_i · scales[j]) + bias[j]``, the sum
+    exact in int32 and the rest float32 in that order — the same bits on every instruction set.
+
+    Args:
+        x: ``(..., in_features)`` real array (computed in float32).
+        qweight: ``(out_features, in_features)`` int8 numpy array (from :func:`quantize_int8`; any
+            int8 value is handled exactly, -128 included).
+        scales: ``(out_features,)`` per-channel scales.
+        bias: ``(out_features,)`` or None.
+
+    Returns:
+        ``(..., out_features)`` float32. A row of ``x`` holding NaN or inf gives a row of NaN.
+
+    Raises:
+        TypeError: ``qweight`` not an int8 numpy array; a non-numeric ``x``/``scales``/``bias``.
+        ValueError: shapes that disagree; ``x`` empty; ``in_features`` > 131072.
+    """
+    if not isinstance(qweight, np.ndarray) or qweight.dtype != np.int8:
+        got = qweight.dtype if isinstance(qweight, np.ndarray) else type(qweight).__name__
+        raise TypeError(f"qweight: expected an int8 numpy array, got {got}")
+    if qweight.ndim != 2 or qweight.size == 0:
+        raise ValueError(f"qweight: expected a non-empty 2-D array (out_features, in_features), got {qweight.shape}")
+    out_features, in_features = qweight.shape
+    if in_features > INT8_MAX_IN_FEATURES:
+        raise ValueError(f"qweight: expected in_features <= {INT8_MAX_IN_FEATURES} (the exact range of the "
+                         f"int32 accumulator), got {in_features}")
+    x2, lead = _rows(x, in_features, "qweight's in_features")
+    s = as_float(scales, "scales", np.float32, ndim=1)
+    if s.shape != (out_features,):
+        raise ValueError(f"scales: expected shape ({out_features},), got {s.shape}")
+    b = _bias(bias, out_features)
+    y = _core.linear_int8(x=x2, qweight=np.ascontiguousarray(qweight), scales=s, bias=b)
+    return y.reshape(*lead, out_features)
+
+
+# ------------------------------------------------------------------------------------------------
+# GGUF blocks
+# ------------------------------------------------------------------------------------------------
+
+def linear_gguf(x, blocks, ggml_type, out_features: int, in_features: int, bias=None,
+                quantize_activations: bool = False) -> np.ndarray:
+    """``y = x Ŵᵀ + b`` with ``Ŵ`` a GGUF tensor's blocks (Q8_0, Q4_0, Q4_1), read in place.
+
+    ``blocks`` is the tensor's data as stored in the GGUF file: ``out_features`` rows (ggml's
+    ``ne[1]``), each ``in_features / 32`` blocks (``ne[0]`` values) — e.g. ``GGUFReader(path).tensors[i].data``
+    (a memory map of the file) with ``tensor.shape == (in_features, out_features)``.
+
+    Two ways to compute:
+        * ``quantize_activations=False`` (default): ``x`` stays float32; each block of weights is
+          decoded in registers to exactly :func:`dequantize_gguf`'s values and multiplied with ``x``
+          in float32 (FMA). The result is the dequantize-then-float32 product up to float32 rounding
+          (the 32 partial sums per output are fixed, so every instruction set gives the same bits).
+          With more than 8 rows of ``x``, tiles of weights are decoded into a cache-resident buffer
+          and multiplied by OpenBLAS (single-threaded per tile).
+        * ``quantize_activations=True``: each block of 32 values of ``x`` is quantized to int8
+          (:func:`quantize_q8_blocks`) and each block product is an exact integer dot product, scaled
+          by both blocks' scales in float32 — llama.cpp's way: faster, as accurate as 8-bit ``x``.
+
+    Args:
+        x: ``(..., in_features)`` real array (computed in float32).
+        blocks: the raw bytes: a uint8 numpy array (any shape, e.g. a ``np.memmap``) or a bytes-like
+            object (bytes, bytearray, memoryview, mmap); ``out_features * in_features / 32 * type_size``
+            bytes (``GGML_TYPES``). Not copied when contiguous.
+        ggml_type: ``"Q8_0"``, ``"Q4_0"``, ``"Q4_1"`` (or a ``gguf.GGMLQuantizationType`` member).
+        out_features, in_features: the weight's shape ``(out_features, in_features)``;
+            ``in_features`` a multiple of 32.
+        bias: ``(out_features,)`` or None.
+        quantize_activations: see above.
+
+    Returns:
+        ``(..., out_features)`` float32.
+
+    Raises:
+        TypeError: ``blocks`` not bytes; ``ggml_type`` not a str; a non-numeric ``x``/``bias``.
+        ValueError: unknown ``ggml_type``; ``in_features`` not a multiple of 32; ``blocks`` of the
+            wrong length; ``x``'s last dim != ``in_features``; ``bias`` of the wrong shape.
+
+    Source: the GGUF specification (ggml's ``docs/gguf.md``) and ``ggml-common.h``'s block structs;
+    gguf-py's ``gguf.quants`` (numpy) decodes the same bytes to the same values.
+    """
+    name = _ggml_type(ggml_type)
+    out_features = check_positive_int(out_features, "out_features")
+    in_features = check_positive_int(in_features, "in_features")
+    expected = _check_block_dims(name, out_features, in_features, "out_features", "in_features")
+    data = _block_bytes(blocks, expected, f"{out_features} x {in_features} {name}")
+    x2, lead = _rows(x, in_features, "in_features")
+    b = _bias(bias, out_features)
+    y = _core.linear_gguf(x=x2, blocks=data, ggml_type=name, out_features=out_features, in_features=in_features,
+                          bias=b, quantize_activations=bool(quantize_activations))
+    return y.reshape(*lead, out_features)
+
+
+def dequantize_gguf(blocks, ggml_type, rows: int, cols: int) -> np.ndarray:
+    """The float32 values of GGUF blocks, bit for bit ``gguf.quants.dequantize``'s.
+
+    Args:
+        blocks: raw bytes (see :func:`linear_gguf`) of ``rows`` rows of ``cols / 32`` blocks.
+        ggml_type: ``"Q8_0"``, ``"Q4_0"``, ``"Q4_1"`` (or a ``gguf.GGMLQuantizationType`` member).
+        rows, cols: the matrix's shape; ``cols`` a multiple of 32.
+
+    Returns:
+        ``(rows, cols)`` float32: Q8_0 ``d * q``; Q4_0 ``d * (q - 8)``; Q4_1 ``d * q + m``
+        (two float32 roundings), with ``d``, ``m`` the block's fp16 scale and offset.
+
+    Raises:
+        TypeError: ``blocks`` not bytes; ``ggml_type`` not a str; ``rows``/``cols`` not ints.
+        ValueError: unknown ``ggml_type``; ``cols`` not a multiple of 32; the wrong byte count.
+    """
+    name = _ggml_type(ggml_type)
+    rows = check_positive_int(rows, "rows")
+    cols = check_positive_int(cols, "cols")
+    expected = _check_block_dims(name, rows, cols, "rows", "cols")
+    data = _block_bytes(blocks, expected, f"{rows} x {cols} {name}")
+    return _core.dequantize_gguf(blocks=data, ggml_type=name, rows=rows, cols=cols)
+
+
+def quantize_q8_blocks(x) -> tuple:
+    """Activations to Q8 blocks: each block of 32 consecutive values of each row of ``x`` quantized
+    by the rule of the module doc — what :func:`linear_gguf` does to ``x`` with
+    ``quantize_activations=True`` (as llama.cpp's Q8_0 activations, with a float32 scale and
+    round-half-to-even).
+
+    Args:
+        x: ``(..., cols)`` real array, ``cols`` a multiple of 32.
+
+    Returns:
+        ``(q, d)``: ``(..., cols)`` int8 and ``(..., cols / 32)`` float32, ``x ≈ d[..., b] * q[..., 32b:32b+32]``.
+
+    Raises:
+        TypeError: a non-numeric ``x``. ValueError: ``x`` empty or its last dim not a multiple of 32.
+    """
+    x2, lead = _rows(x, None, "")
+    cols = x2.shape[1]
+    if cols % 32:
+        raise ValueError(f"x: expected a last dim that is a multiple of 32, got shape {(*lead, cols)}")
+    q, d = _core.quantize_q8_blocks(x=x2)
+    return q.reshape(*lead, cols), d.reshape(*lead, cols // 32)

@@ -1,0 +1,551 @@
+"""Quantized linear ops (transformer_core.quantization) on every instruction set this CPU supports.
+
+References, all computed in the test:
+  * int8: a numpy implementation of the scheme (per-row symmetric quantization, exact integer product
+    in int64, then the float32 epilogue) — the outputs must be equal bit for bit;
+  * GGUF blocks: gguf-py's ``gguf.quants`` (numpy) quantizes and dequantizes; our dequantize must give
+    its bits; the fp32-activation product must be within 1e-5 of the float64 product of the
+    dequantized weights, relative to  |x| · |Ŵ|ᵀ  (the scale of a dot product's rounding error);
+  * the Q8-activation product: a float64 numpy implementation of the scheme (exact integer block
+    dots) within the same relative 1e-5;
+  * every ISA against the scalar reference: bit for bit (the kernels fix their operation order), and
+    1 thread against 2: bit for bit.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import transformer_core as tc
+from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter
+from gguf import quants as gq
+
+Q = tc.quantization
+ISAS = Q.supported_isas()
+GGUF_TYPES = ["Q8_0", "Q4_0", "Q4_1"]
+TYPE_SIZE = {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20}
+
+
+@pytest.fixture(params=ISAS)
+def isa(request):
+    old = Q.isa()
+    Q.set_isa(request.param)
+    yield request.param
+    Q.set_isa(old)
+
+
+def on_isa(name, fn, *args, **kwargs):
+    old = Q.isa()
+    Q.set_isa(name)
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        Q.set_isa(old)
+
+
+def with_threads(n, fn, *args, **kwargs):
+    old = tc.get_num_threads()
+    tc.set_num_threads(n)
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        tc.set_num_threads(old)
+
+
+def bits(a):
+    return np.ascontiguousarray(a, np.float32).view(np.uint32)
+
+
+# --------------------------------------------------------------------------------------------------
+# numpy references
+# --------------------------------------------------------------------------------------------------
+
+def ref_quantize_rows(v):
+    """The rule of the quantization module's doc, row by row, in float32: (q int8, scale float32)."""
+    v = np.asarray(v, np.float32)
+    amax = np.abs(v).max(axis=1)
+    finite = np.isfinite(v).all(axis=1)
+    tiny = amax < np.float32(2.0 ** -100)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        inv = np.float32(127) / amax
+        scale = amax / np.float32(127)
+        q = np.rint(np.clip(v * inv[:, None], np.float32(-127), np.float32(127)))
+    zero = tiny | ~finite
+    q[zero] = 0
+    scale = np.where(~finite, np.float32(np.nan), np.where(tiny, np.float32(0), scale)).astype(np.float32)
+    return q.astype(np.int8), scale
+
+
+def ref_linear_int8(x, qweight, scales, bias):
+    xq, sx = ref_quantize_rows(x)
+    acc = xq.astype(np.int64) @ qweight.astype(np.int64).T
+    assert np.abs(acc).max() < 2 ** 31
+    y = acc.astype(np.float32) * (sx[:, None] * scales[None, :])
+    if bias is not None:
+        y = y + bias
+    return y
+
+
+def parse_blocks(blocks, ggml_type, n, k):
+    """(d, m, q): float64 scales and offsets (n, k/32) and integer values (n, k/32, 32), w = d·q + m."""
+    nb = k // 32
+    b = np.asarray(blocks, np.uint8).reshape(n, nb, TYPE_SIZE[ggml_type])
+    d = b[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float64)
+    m = np.zeros_like(d)
+    if ggml_type == "Q8_0":
+        q = b[..., 2:].copy().view(np.int8).astype(np.int64)
+    else:
+        qs = b[..., 2:] if ggml_type == "Q4_0" else b[..., 4:]
+        q = np.concatenate([qs & 0x0F, qs >> 4], axis=-1).astype(np.int64)
+        if ggml_type == "Q4_0":
+            q = q - 8
+        else:
+            m = b[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float64)
+    return d, m, q
+
+
+def ref_linear_gguf_q8(x, blocks, ggml_type, n, k, bias):
+    """The Q8-activation scheme in float64: (y, the error scale |x̂| · |Ŵ|ᵀ)."""
+    rows, nb = x.shape[0], k // 32
+    xq, xd = ref_quantize_rows(x.reshape(-1, 32))
+    xq = xq.reshape(rows, nb, 32).astype(np.int64)
+    xd = xd.reshape(rows, nb).astype(np.float64)
+    d, m, q = parse_blocks(blocks, ggml_type, n, k)
+    isum = np.einsum("ibp,jbp->ijb", xq, q)                     # exact integer block dots
+    xsum = xq.sum(axis=-1)                                       # (rows, nb)
+    y = np.einsum("ijb,jb,ib->ij", isum.astype(np.float64), d, xd) + np.einsum("jb,ib,ib->ij", m, xd, xsum)
+    w_hat = d[..., None] * q + m[..., None]                      # (n, nb, 32)
+    x_hat = xd[..., None] * xq                                   # (rows, nb, 32)
+    scale = np.abs(x_hat.reshape(rows, k)) @ np.abs(w_hat.reshape(n, k)).T
+    if bias is not None:
+        y = y + bias
+        scale = scale + np.abs(bias)
+    return y, scale
+
+
+def gguf_blocks(rng, ggml_type, n, k, scale=1.0):
+    w = (rng.standard_normal((n, k)) * scale).astype(np.float32)
+    return gq.quantize(w, GGMLQuantizationType[ggml_type])
+
+
+def dequant_ref(blocks, ggml_type):
+    return gq.dequantize(blocks, GGMLQuantizationType[ggml_type])
+
+
+def assert_rel(ours, ref, scale, rel=1e-5, what=""):
+    err = np.abs(ours.astype(np.float64) - ref)
+    bound = rel * scale + 1e-30
+    worst = np.max(err / bound)
+    assert worst <= 1.0, f"{what}: max |err| / (1e-5 · |x||W|ᵀ) = {worst:.3g}"
+
+
+# --------------------------------------------------------------------------------------------------
+# ISA choice
+# --------------------------------------------------------------------------------------------------
+
+def _cpu_flags():
+    with open("/proc/cpuinfo") as f:
+        return set(next(line.split(":", 1)[1].split() for line in f if line.startswith("flags")))
+
+
+def test_supported_isas_follow_the_cpu_flags():
+    flags = _cpu_flags()
+    expected = ["scalar"]
+    if {"avx2", "fma", "f16c"} <= flags:
+        expected.append("avx2")
+        if {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni"} <= flags:
+            expected.append("avx512vnni")
+    assert Q.supported_isas() == expected
+    assert Q.isa() == expected[-1] or "TC_ISA" in os.environ
+
+
+def test_set_isa_round_trip_and_refusals():
+    old = Q.isa()
+    try:
+        for name in ISAS:
+            Q.set_isa(name)
+            assert Q.isa() == name
+        for name in {"scalar", "avx2", "avx512vnni"} - set(ISAS):
+            with pytest.raises(ValueError, match="not supported"):
+                Q.set_isa(name)
+        with pytest.raises(ValueError, match="isa"):
+            Q.set_isa("sse9")
+        with pytest.raises(TypeError, match="name"):
+            Q.set_isa(2)
+    finally:
+        Q.set_isa(old)
+
+
+def _run(env_isa, code):
+    env = dict(os.environ, TC_ISA=env_isa)
+    return subprocess.run([sys.executable, "-c", "import transformer_core as tc, numpy as np\n" + code],
+                          env=env, capture_output=True, text=True)
+
+
+def test_tc_isa_environment_variable():
+    out = _run("scalar", "print(tc.quantization.isa())")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "scalar"
+    # an unknown name: a clear error at use, until set_isa chooses
+    code = ("import pytest\n"
+            "with pytest.raises(ValueError, match='TC_ISA=sse9'):\n"
+            "    tc.quantization.linear_int8(np.ones((1, 4), np.float32), np.ones((2, 4), np.int8), np.ones(2))\n"
+            "tc.quantization.set_isa('scalar')\n"
+            "print(tc.quantization.isa())")
+    out = _run("sse9", code)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "scalar"
+
+
+# --------------------------------------------------------------------------------------------------
+# int8
+# --------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("k", [1, 15, 16, 17, 31, 32, 33, 63, 64, 65, 576, 4095])
+def test_quantize_int8_equals_the_rule(isa, rng, k):
+    w = rng.standard_normal((7, k)).astype(np.float32) * rng.uniform(0.01, 10, (7, 1)).astype(np.float32)
+    w[1] = 0.0                            # zero row: scale 0
+    w[2] = 1e-35                          # below 2^-100: zeros, scale 0
+    w[3, 0] = -50.0                       # the max is negative
+    q, s = Q.quantize_int8(w)
+    q_ref, s_ref = ref_quantize_rows(w)
+    assert q.dtype == np.int8 and s.dtype == np.float32 and q.shape == (7, k) and s.shape == (7,)
+    np.testing.assert_array_equal(q, q_ref)
+    np.testing.assert_array_equal(bits(s), bits(s_ref))
+    assert s[1] == 0 and s[2] == 0 and not q[1:3].any()
+
+
+def test_quantize_int8_rounds_half_to_even(isa):
+    row = np.array([127, 0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 126.5, -126.5, 3.49], np.float32)
+    q, s = Q.quantize_int8(np.tile(row, (2, 5)))   # 50 values: the SIMD body and its tail
+    assert s[0] == 1.0
+    np.testing.assert_array_equal(q[0, :10], [127, 0, 2, 2, 0, -2, -2, 126, -126, 3])
+    np.testing.assert_array_equal(q[:, 10:20], q[:, :10])
+
+
+LINEAR_K = [32, 33, 64, 576, 1536, 4095]
+LINEAR_ROWS = [1, 7, 128]
+
+
+@pytest.mark.parametrize("k", LINEAR_K)
+@pytest.mark.parametrize("rows", LINEAR_ROWS)
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_linear_int8_equals_the_scheme(isa, rng, k, rows, with_bias):
+    n = 67 if rows < 128 else 33                       # odd, not a multiple of any register width
+    q, s = Q.quantize_int8(rng.standard_normal((n, k)).astype(np.float32))
+    x = rng.standard_normal((rows, k)).astype(np.float32) * 3
+    bias = rng.standard_normal(n).astype(np.float32) if with_bias else None
+    y = Q.linear_int8(x, q, s, bias)
+    assert y.dtype == np.float32 and y.shape == (rows, n)
+    np.testing.assert_array_equal(bits(y), bits(ref_linear_int8(x, q, s, bias)))
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 9, 64, 65])
+def test_linear_int8_output_features(isa, rng, n):
+    q, s = Q.quantize_int8(rng.standard_normal((n, 100)).astype(np.float32))
+    for rows in (1, 3, 9):
+        x = rng.standard_normal((rows, 100)).astype(np.float32)
+        np.testing.assert_array_equal(bits(Q.linear_int8(x, q, s)), bits(ref_linear_int8(x, q, s, None)))
+
+
+@pytest.mark.parametrize("k", [33, 4095])
+def test_linear_int8_accumulators_are_exact(isa, rng, k):
+    """x integer-valued with max |x| = 127 per row and unit scales: y is the int32 accumulator itself.
+    The weights span all of int8, -128 included (the SIMD sign tricks must stay exact there)."""
+    x = rng.integers(-127, 128, (5, k)).astype(np.float32)
+    x[:, 0] = 127
+    qw = rng.integers(-128, 128, (11, k), dtype=np.int8)
+    qw[:, :4] = -128
+    y = Q.linear_int8(x, qw, np.ones(11, np.float32))
+    acc = x.astype(np.int64) @ qw.astype(np.int64).T
+    np.testing.assert_array_equal(y, acc.astype(np.float32))
+
+
+def test_linear_int8_non_finite_rows_give_nan(isa, rng):
+    q, s = Q.quantize_int8(rng.standard_normal((6, 40)).astype(np.float32))
+    x = rng.standard_normal((4, 40)).astype(np.float32)
+    x[1, 3] = np.nan
+    x[2, 39] = np.inf
+    x[3] = 0.0
+    y = Q.linear_int8(x, q, s, np.ones(6, np.float32))
+    assert np.isnan(y[1]).all() and np.isnan(y[2]).all()
+    np.testing.assert_array_equal(y[3], np.ones(6, np.float32))   # zero row: exactly the bias
+    assert np.isfinite(y[0]).all()
+
+
+def test_linear_int8_leading_dims_and_strides(rng):
+    q, s = Q.quantize_int8(rng.standard_normal((10, 48)).astype(np.float32))
+    x = rng.standard_normal((2, 3, 96)).astype(np.float32)[..., ::2]     # non-contiguous
+    y = Q.linear_int8(x, q, s)
+    assert y.shape == (2, 3, 10)
+    np.testing.assert_array_equal(y.reshape(6, 10), Q.linear_int8(np.ascontiguousarray(x).reshape(6, 48), q, s))
+
+
+# --------------------------------------------------------------------------------------------------
+# GGUF blocks: dequantize
+# --------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("ggml_type", GGUF_TYPES)
+@pytest.mark.parametrize("rows, cols", [(1, 32), (7, 64), (33, 576), (3, 4096)])
+def test_dequantize_equals_gguf_bit_for_bit(isa, rng, ggml_type, rows, cols):
+    blocks = gguf_blocks(rng, ggml_type, rows, cols, scale=3.0)
+    ours = Q.dequantize_gguf(blocks, ggml_type, rows, cols)
+    assert ours.dtype == np.float32 and ours.shape == (rows, cols)
+    np.testing.assert_array_equal(bits(ours), bits(dequant_ref(blocks, ggml_type)))
+
+
+@pytest.mark.parametrize("ggml_type", GGUF_TYPES)
+def test_dequantize_any_finite_scale(isa, rng, ggml_type):
+    """Random bytes with every finite fp16 scale and offset (negative, subnormal, zero, 65504)."""
+    rows, cols = 64, 256
+    blocks = rng.integers(0, 256, (rows, cols // 32 * TYPE_SIZE[ggml_type]), dtype=np.uint8)
+    view = blocks.reshape(rows, cols // 32, TYPE_SIZE[ggml_type])
+    n_half = 2 if ggml_type == "Q4_1" else 1
+    halves = rng.integers(0, 1 << 16, (rows, cols // 32, n_half), dtype=np.uint16)
+    halves[(halves & 0x7C00) == 0x7C00] &= 0xBFFF                  # no inf/NaN: exponent 31 → 15
+    halves[0, :4, 0] = [0x0001, 0x8001, 0x0000, 0x7BFF]            # subnormal ±, zero, 65504
+    view[..., : 2 * n_half] = halves.view(np.uint8).reshape(rows, cols // 32, 2 * n_half)
+    ours = Q.dequantize_gguf(blocks, ggml_type, rows, cols)
+    np.testing.assert_array_equal(bits(ours), bits(dequant_ref(blocks, ggml_type)))
+
+
+def test_nibble_order():
+    """Q4_0: byte i of a block holds element i in its low nibble and element i + 16 in its high one."""
+    block = np.zeros(18, np.uint8)
+    block[:2] = np.array([1.0], np.float16).view(np.uint8)
+    block[2:] = np.arange(16, dtype=np.uint8) | (15 - np.arange(16, dtype=np.uint8)) << 4
+    np.testing.assert_array_equal(Q.dequantize_gguf(block, "Q4_0", 1, 32)[0],
+                                  np.concatenate([np.arange(16), 15 - np.arange(16)]) - 8.0)
+
+
+# --------------------------------------------------------------------------------------------------
+# GGUF blocks: products
+# --------------------------------------------------------------------------------------------------
+
+GGUF_K = [32, 64, 576, 1536]
+
+
+@pytest.mark.parametrize("ggml_type", GGUF_TYPES)
+@pytest.mark.parametrize("k", GGUF_K)
+@pytest.mark.parametrize("rows", LINEAR_ROWS)
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_linear_gguf_fp32_equals_dequantized_product(isa, rng, ggml_type, k, rows, with_bias):
+    n = 67 if rows < 128 else 33
+    blocks = gguf_blocks(rng, ggml_type, n, k)
+    x = rng.standard_normal((rows, k)).astype(np.float32)
+    bias = rng.standard_normal(n).astype(np.float32) if with_bias else None
+    y = Q.linear_gguf(x, blocks, ggml_type, n, k, bias)
+    assert y.dtype == np.float32 and y.shape == (rows, n)
+    w = dequant_ref(blocks, ggml_type).astype(np.float64)
+    ref = x.astype(np.float64) @ w.T
+    scale = np.abs(x.astype(np.float64)) @ np.abs(w).T
+    if bias is not None:
+        ref, scale = ref + bias, scale + np.abs(bias)
+    assert_rel(y, ref, scale, what=f"{ggml_type} fp32 {isa}")
+    if isa != "scalar":
+        y_scalar = on_isa("scalar", Q.linear_gguf, x, blocks, ggml_type, n, k, bias)
+        np.testing.assert_array_equal(bits(y), bits(y_scalar))
+
+
+@pytest.mark.parametrize("ggml_type", GGUF_TYPES)
+@pytest.mark.parametrize("k", GGUF_K)
+@pytest.mark.parametrize("rows", LINEAR_ROWS)
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_linear_gguf_q8_equals_the_scheme(isa, rng, ggml_type, k, rows, with_bias):
+    n = 67 if rows < 128 else 33
+    blocks = gguf_blocks(rng, ggml_type, n, k)
+    x = rng.standard_normal((rows, k)).astype(np.float32)
+    bias = rng.standard_normal(n).astype(np.float32) if with_bias else None
+    y = Q.linear_gguf(x, blocks, ggml_type, n, k, bias, quantize_activations=True)
+    assert y.dtype == np.float32 and y.shape == (rows, n)
+    ref, scale = ref_linear_gguf_q8(x, blocks, ggml_type, n, k, bias)
+    assert_rel(y, ref, scale, what=f"{ggml_type} q8 {isa}")
+    if isa != "scalar":
+        y_scalar = on_isa("scalar", Q.linear_gguf, x, blocks, ggml_type, n, k, bias, quantize_activations=True)
+        np.testing.assert_array_equal(bits(y), bits(y_scalar))
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 8, 9])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8, 9])
+@pytest.mark.parametrize("quantize_activations", [False, True])
+def test_linear_gguf_register_tile_edges(isa, rng, n, rows, quantize_activations):
+    """Every combination of weight-row and x-row remainders of the register tiles."""
+    for ggml_type in GGUF_TYPES:
+        blocks = gguf_blocks(rng, ggml_type, n, 96)
+        x = rng.standard_normal((rows, 96)).astype(np.float32)
+        y = Q.linear_gguf(x, blocks, ggml_type, n, 96, quantize_activations=quantize_activations)
+        y_scalar = on_isa("scalar", Q.linear_gguf, x, blocks, ggml_type, n, 96,
+                          quantize_activations=quantize_activations)
+        np.testing.assert_array_equal(bits(y), bits(y_scalar))
+        # each row alone gives the same bits as in the batch (up to 8 rows: the same kernel)
+        if rows <= 8:
+            np.testing.assert_array_equal(
+                bits(Q.linear_gguf(x[-1:], blocks, ggml_type, n, 96, quantize_activations=quantize_activations)),
+                bits(y[-1:]))
+
+
+def _integer_blocks(rng, ggml_type, n, k):
+    """Blocks with d = 1 (and integer m): integer weights."""
+    nb, ts = k // 32, TYPE_SIZE[ggml_type]
+    b = rng.integers(0, 256, (n, nb, ts), dtype=np.uint8)
+    b[..., 0:2] = np.array([1.0], np.float16).view(np.uint8)
+    if ggml_type == "Q4_1":
+        m = rng.integers(-8, 9, (n, nb)).astype(np.float16)
+        b[..., 2:4] = m.view(np.uint8).reshape(n, nb, 2)
+    return b.reshape(n, nb * ts)
+
+
+@pytest.mark.parametrize("ggml_type", GGUF_TYPES)
+@pytest.mark.parametrize("quantize_activations", [False, True])
+def test_linear_gguf_integer_dots_are_exact(isa, rng, ggml_type, quantize_activations):
+    """Integer weights (d = 1) and integer x with max |x| = 127 in every block (so the Q8 blocks of
+    x are x itself): all partial sums are integers below 2^24, and y must equal the exact dot."""
+    n, k = 13, 1024                                   # 1024 · 127 · 128 < 2^24
+    blocks = _integer_blocks(rng, ggml_type, n, k)
+    x = rng.integers(-127, 128, (3, k)).astype(np.float32)
+    x[:, ::32] = 127
+    y = Q.linear_gguf(x, blocks, ggml_type, n, k, quantize_activations=quantize_activations)
+    d, m, q = parse_blocks(blocks, ggml_type, n, k)
+    w = (d[..., None] * q + m[..., None]).reshape(n, k).astype(np.int64)
+    np.testing.assert_array_equal(y, (x.astype(np.int64) @ w.T).astype(np.float32))
+
+
+@pytest.mark.parametrize("k", [32, 64, 576, 4096])
+def test_quantize_q8_blocks_equals_the_rule(isa, rng, k):
+    x = rng.standard_normal((5, k)).astype(np.float32) * 4
+    x[1, :32] = 0.0
+    x[2, 32 % k: 32 % k + 32] = 1e-35
+    q, d = Q.quantize_q8_blocks(x)
+    q_ref, d_ref = ref_quantize_rows(x.reshape(-1, 32))
+    np.testing.assert_array_equal(q, q_ref.reshape(5, k))
+    np.testing.assert_array_equal(bits(d), bits(d_ref.reshape(5, k // 32)))
+
+
+def test_linear_gguf_non_finite_rows(isa, rng):
+    blocks = gguf_blocks(rng, "Q4_0", 5, 64)
+    x = rng.standard_normal((2, 64)).astype(np.float32)
+    x[1, 40] = np.inf
+    for quantize_activations in (False, True):
+        y = Q.linear_gguf(x, blocks, "Q4_0", 5, 64, quantize_activations=quantize_activations)
+        assert np.isfinite(y[0]).all() and not np.isfinite(y[1]).any()
+
+
+# --------------------------------------------------------------------------------------------------
+# Threads, buffers, a real GGUF file
+# --------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("rows", [1, 7, 200])
+def test_results_do_not_depend_on_the_thread_count(isa, rng, rows):
+    k, n = 576, 1000
+    x = rng.standard_normal((rows, k)).astype(np.float32)
+    q, s = Q.quantize_int8(rng.standard_normal((n, k)).astype(np.float32))
+    calls = [lambda: Q.linear_int8(x, q, s), lambda: Q.quantize_int8(x)[0]]
+    for ggml_type in GGUF_TYPES:
+        blocks = gguf_blocks(rng, ggml_type, n, k)
+        calls += [lambda b=blocks, t=ggml_type: Q.linear_gguf(x, b, t, n, k),
+                  lambda b=blocks, t=ggml_type: Q.linear_gguf(x, b, t, n, k, quantize_activations=True),
+                  lambda b=blocks, t=ggml_type: Q.dequantize_gguf(b, t, n, k)]
+    for call in calls:
+        one, two = with_threads(1, call), with_threads(2, call)
+        np.testing.assert_array_equal(one.view(np.uint8), two.view(np.uint8))
+
+
+def test_blocks_from_any_buffer(rng, tmp_path):
+    blocks = gguf_blocks(rng, "Q8_0", 9, 64)
+    x = rng.standard_normal((2, 64)).astype(np.float32)
+    ref = Q.linear_gguf(x, blocks, "Q8_0", 9, 64)
+    path = tmp_path / "w.bin"
+    blocks.tofile(path)
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+        for buf in (blocks.tobytes(), bytearray(blocks.tobytes()), memoryview(blocks.tobytes()), mm,
+                    np.memmap(path, np.uint8, "r"), blocks.reshape(-1), np.asfortranarray(blocks)):
+            np.testing.assert_array_equal(Q.linear_gguf(x, buf, "Q8_0", 9, 64), ref)
+
+
+@pytest.mark.parametrize("ggml_type", GGUF_TYPES)
+def test_a_real_gguf_file(rng, tmp_path, ggml_type):
+    """Write a GGUF file with gguf-py, read it back memory-mapped, and multiply in place."""
+    n, k = 48, 160
+    w = rng.standard_normal((n, k)).astype(np.float32)
+    qt = GGMLQuantizationType[ggml_type]
+    path = tmp_path / "model.gguf"
+    writer = GGUFWriter(path, "llama")
+    writer.add_tensor("blk.0.attn_q.weight", gq.quantize(w, qt), raw_dtype=qt)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    tensor = GGUFReader(path).tensors[0]
+    assert tensor.tensor_type == qt and tuple(tensor.shape) == (k, n)   # ggml's ne: (in, out)
+    assert isinstance(tensor.data, np.memmap)
+    x = rng.standard_normal((3, k)).astype(np.float32)
+    y = Q.linear_gguf(x, tensor.data, tensor.tensor_type, n, k)
+    deq = gq.dequantize(tensor.data, qt).astype(np.float64)
+    assert_rel(y, x.astype(np.float64) @ deq.T, np.abs(x.astype(np.float64)) @ np.abs(deq).T)
+
+
+# --------------------------------------------------------------------------------------------------
+# Bad input
+# --------------------------------------------------------------------------------------------------
+
+def test_bad_input_int8(rng):
+    q, s = Q.quantize_int8(rng.standard_normal((4, 8)).astype(np.float32))
+    x = np.ones((2, 8), np.float32)
+    with pytest.raises(TypeError, match="qweight"):
+        Q.linear_int8(x, q.astype(np.int16), s)
+    with pytest.raises(TypeError, match="qweight"):
+        Q.linear_int8(x, q.tolist(), s)
+    with pytest.raises(ValueError, match="qweight"):
+        Q.linear_int8(x, q[0], s)
+    with pytest.raises(ValueError, match="x"):
+        Q.linear_int8(np.ones((2, 9), np.float32), q, s)
+    with pytest.raises(ValueError, match="scales"):
+        Q.linear_int8(x, q, s[:3])
+    with pytest.raises(ValueError, match="bias"):
+        Q.linear_int8(x, q, s, np.ones(5))
+    with pytest.raises(TypeError, match="x"):
+        Q.linear_int8(np.array([["a"] * 8]), q, s)
+    with pytest.raises(ValueError, match="in_features"):
+        Q.linear_int8(np.ones((1, 131073), np.float32), np.ones((1, 131073), np.int8), np.ones(1))
+    with pytest.raises(ValueError, match="weight"):
+        Q.quantize_int8(np.array([[1.0, np.nan]]))
+    with pytest.raises(ValueError, match="weight"):
+        Q.quantize_int8(np.ones(8))
+
+
+def test_bad_input_gguf(rng):
+    blocks = gguf_blocks(rng, "Q4_0", 4, 64)
+    x = np.ones((2, 64), np.float32)
+    with pytest.raises(ValueError, match="in_features.*multiple of 32"):
+        Q.linear_gguf(np.ones((2, 33), np.float32), blocks, "Q4_0", 4, 33)
+    with pytest.raises(ValueError, match="blocks: expected 144 bytes"):
+        Q.linear_gguf(x, blocks.reshape(-1)[:-1], "Q4_0", 4, 64)
+    with pytest.raises(ValueError, match="blocks"):
+        Q.linear_gguf(x, blocks, "Q8_0", 4, 64)                    # bytes of another type
+    with pytest.raises(ValueError, match="ggml_type"):
+        Q.linear_gguf(x, blocks, "Q5_K", 4, 64)
+    with pytest.raises(TypeError, match="ggml_type"):
+        Q.linear_gguf(x, blocks, 2, 4, 64)
+    with pytest.raises(TypeError, match="blocks"):
+        Q.linear_gguf(x, blocks.astype(np.float32), "Q4_0", 4, 64)
+    with pytest.raises(TypeError, match="blocks"):
+        Q.linear_gguf(x, [1, 2, 3], "Q4_0", 4, 64)
+    with pytest.raises(ValueError, match="x"):
+        Q.linear_gguf(np.ones((2, 32), np.float32), blocks, "Q4_0", 4, 64)
+    with pytest.raises(ValueError, match="bias"):
+        Q.linear_gguf(x, blocks, "Q4_0", 4, 64, bias=np.ones(3))
+    with pytest.raises(TypeError, match="out_features"):
+        Q.linear_gguf(x, blocks, "Q4_0", 4.0, 64)
+    with pytest.raises(ValueError, match="in_features"):
+        Q.linear_gguf(x, blocks, "Q4_0", 4, 0)
+    with pytest.raises(ValueError, match="cols.*multiple of 32"):
+        Q.dequantize_gguf(blocks, "Q4_0", 4, 4095)
+    with pytest.raises(ValueError, match="blocks"):
+        Q.dequantize_gguf(blocks, "Q4_0", 5, 64)
+    with pytest.raises(ValueError, match="multiple of 32"):
+        Q.quantize_q8_blocks(np.ones((2, 33)))
