@@ -3,20 +3,21 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 
-from .hub import load_safetensors, read_config, resolve_model_dir
+from ._validation import resolve_dtype
+from .hub import load_safetensors, read_config, resolve_model_path
 
 __all__ = ["load_llama_checkpoint"]
 
 
 def load_llama_checkpoint(name_or_path, dtype=np.float32):
-    """``(LlamaConfig, state dict of numpy arrays (Hugging Face names), extras)`` of a Llama
-    checkpoint: a Hugging Face directory, or a ``.gguf`` file.
+    """``(LlamaConfig, state dict, source)`` of a Llama checkpoint: a Hugging Face directory, a
+    ``.gguf`` file, or the name of an embedded model (``"SmolLM2-135M-Instruct"``).
 
-    ``extras`` holds what else the file carries (``{"source": path, ...}``).
+    The state dict holds numpy arrays of ``dtype`` under Hugging Face's ``LlamaForCausalLM`` names
+    (GGUF blocks dequantized, q/k rows back in Hugging Face's order); ``source`` is a
+    :class:`~transformer_core.gguf_file.GGUFCheckpoint` or the directory's path.
 
     Raises:
         FileNotFoundError: nothing at ``name_or_path``.
@@ -24,9 +25,12 @@ def load_llama_checkpoint(name_or_path, dtype=np.float32):
     """
     from .llama import LlamaConfig
 
-    path = Path(name_or_path) if isinstance(name_or_path, (str, Path)) else None
-    if path is not None and path.suffix == ".gguf":
-        raise NotImplementedError("GGUF loading arrives with the GGUF reader")
-    model_dir = resolve_model_dir(name_or_path)
-    config = LlamaConfig.from_dict(read_config(model_dir))
-    return config, load_safetensors(model_dir), {"source": str(model_dir)}
+    dtype = resolve_dtype(dtype)
+    location = resolve_model_path(name_or_path)
+    if location.is_file():
+        from .gguf_file import read_gguf
+
+        checkpoint = read_gguf(location)
+        return LlamaConfig.from_dict(checkpoint.config), checkpoint.state_dict(dtype), checkpoint
+    config = LlamaConfig.from_dict(read_config(location))
+    return config, load_safetensors(location, dtype), location

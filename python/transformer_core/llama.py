@@ -126,8 +126,9 @@ class LlamaModel(DecoderModel):
     def from_pretrained(cls, name_or_path, dtype=np.float32):
         """Loads a Hugging Face Llama directory (``config.json`` + ``model.safetensors`` or a
         sharded ``model.safetensors.index.json``; float16/bfloat16 tensors converted to ``dtype``)
-        or a ``.gguf`` file (see :func:`transformer_core.gguf_file.read_gguf`), or the embedded
-        ``"SmolLM2-135M-Instruct"``.
+        or a ``.gguf`` file (see :func:`transformer_core.gguf_file.read_gguf`; Q4_0, Q4_1, Q8_0,
+        F16, BF16 blocks dequantized to ``dtype``), or the embedded ``"SmolLM2-135M-Instruct"``.
+        ``model.source`` keeps the checkpoint (a ``GGUFCheckpoint`` or the directory).
 
         Raises:
             FileNotFoundError: nothing at ``name_or_path``.
@@ -136,10 +137,10 @@ class LlamaModel(DecoderModel):
         """
         from .checkpoints import load_llama_checkpoint
 
-        config, state, extras = load_llama_checkpoint(name_or_path, dtype)
+        config, state, source = load_llama_checkpoint(name_or_path, dtype)
         model = cls(config, dtype=dtype)
         model.load_state_dict(state)
-        model.checkpoint = extras
+        model.source = source
         return model
 
 
