@@ -140,5 +140,6 @@ void register_models(py::module_& m);
 void register_backward(py::module_& m);
 void register_optim(py::module_& m);
 void register_quantization(py::module_& m);
+void register_training(py::module_& m);
 
 }  // namespace transformer_core::bindings

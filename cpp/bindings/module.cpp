@@ -22,4 +22,5 @@ PYBIND11_MODULE(_core, m) {
   transformer_core::bindings::register_backward(m);
   transformer_core::bindings::register_optim(m);
   transformer_core::bindings::register_quantization(m);
+  transformer_core::bindings::register_training(m);  // after layers and models: adds to their classes
 }

@@ -33,6 +33,24 @@ enum class Scratch : int {
   kQuantScales,
   kQuantSums,
   kQuantTile,
+  // Training (the layers' backward passes, *_backward.cpp; a layer's backward runs after its
+  // children's have returned or before they start, never beside them):
+  //   the residual-stream gradients of an encoder / decoder layer or a decoder block
+  kGradLayerA,
+  kGradLayerB,
+  kGradLayerC,
+  //   FeedForward / GatedFeedForward: d hidden [rows, F] and d [gate | up] [rows, 2F]
+  kGradFfnHidden,
+  kGradFfnGateUp,
+  //   MultiheadAttention: d context [N·L, Hq], d q|k|v (or d q, d k, d v), and the input gradient of
+  //   a projection added to another's
+  kGradAttnContext,
+  kGradAttnQkv,
+  kGradAttnInput,
+  //   a model's output layer fused with the loss: rows of hidden, their logits, d hidden
+  kHeadRows,
+  kHeadLogits,
+  kHeadGradRows,
   kCount
 };
 

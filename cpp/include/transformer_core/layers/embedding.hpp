@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 #include <xtensor/xtensor.hpp>
 
 #include "transformer_core/layers/module.hpp"
@@ -28,6 +29,10 @@ class Embedding : public Module<T> {
   void forward(const int64_t* ids, int64_t rows, T* out) const;
   // out[rows, H] += weight[ids]
   void forward_add(const int64_t* ids, int64_t rows, T* out) const;
+
+  // ---- training (embedding_backward.cpp) ----
+  // weight.grad[ids[r]] += dy[r] for r < rows (a deterministic scatter-add).   dy: [rows, H]
+  void backward(const int64_t* ids, const T* dy, int64_t rows);
 
   int64_t num_embeddings() const { return num_; }
   int64_t embedding_dim() const { return dim_; }
@@ -66,8 +71,25 @@ class Embeddings : public Module<T> {
   const Embedding<T>& word_embeddings() const { return word_; }
   const EmbeddingsConfig& config() const { return config_; }
 
+  // ---- training (embedding_backward.cpp) ----
+  // As forward, keeping the sum before the LayerNorm and POINTERS to the ids (kept alive by the
+  // caller until backward); then the dropout of p (seed) on the output (HF's BertEmbeddings.dropout).
+  void forward_train(const int64_t* ids, const int64_t* positions, const int64_t* token_type_ids, int64_t rows,
+                     T* out, double dropout_p = 0, uint64_t dropout_seed = 0);
+  // dout [rows, H] (overwritten as scratch) -> the tables' and the LayerNorm's gradients.
+  void backward(T* dout);
+  void release_activations() override;
+
  private:
   EmbeddingsConfig config_;
+  struct Saved {
+    const int64_t *ids = nullptr, *positions = nullptr, *token_type_ids = nullptr;
+    int64_t rows = 0;
+    std::vector<T> sum;  // [rows, H] before the LayerNorm
+    double dropout_p = 0;
+    uint64_t dropout_seed = 0;
+    bool valid = false;
+  } saved_;
   Embedding<T> word_;
   std::unique_ptr<Embedding<T>> position_, token_type_;
   std::unique_ptr<LayerNorm<T>> norm_;

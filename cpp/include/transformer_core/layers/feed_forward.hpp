@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "transformer_core/layers/linear.hpp"
 #include "transformer_core/layers/module.hpp"
@@ -20,6 +21,15 @@ class Mlp : public Module<T> {
  public:
   // x [rows, d_model] -> out [rows, d_model]; out must not alias x.
   virtual void forward(const T* x, int64_t rows, T* out) const = 0;
+
+  // ---- training (feed_forward_backward.cpp) ----
+  // As forward (the same outputs, bitwise), keeping the hidden activations and a POINTER to x (kept
+  // alive and unchanged by the caller until backward). hidden_dropout (with its seed): dropout on the
+  // hidden activations, between the two products (torch's TransformerEncoderLayer; 0 = none).
+  virtual void forward_train(const T* x, int64_t rows, T* out, double hidden_dropout = 0, uint64_t seed = 0);
+  // dout [rows, d_model] -> dx [rows, d_model] (overwritten; must not alias dout) and the parameters'
+  // gradients (added). Throws std::logic_error without a training forward since the last backward.
+  virtual void backward(const T* dout, T* dx);
 };
 
 template <class T>
@@ -36,9 +46,21 @@ class FeedForward : public Mlp<T> {
   int64_t d_model() const { return linear1_.in_features(); }
   int64_t dim_feedforward() const { return linear1_.out_features(); }
 
+  void forward_train(const T* x, int64_t rows, T* out, double hidden_dropout = 0, uint64_t seed = 0) override;
+  void backward(const T* dout, T* dx) override;
+  void release_activations() override;
+
  private:
   Linear<T> linear1_, linear2_;
   Activation activation_;
+  struct Saved {
+    const T* x = nullptr;
+    int64_t rows = 0;
+    std::vector<T> pre, hidden;  // [rows, F]: linear1's output; act of it (after the dropout)
+    double dropout = 0;
+    uint64_t seed = 0;
+    bool valid = false;
+  } saved_;
 };
 
 template <class T>
@@ -54,9 +76,21 @@ class GatedFeedForward : public Mlp<T> {
   int64_t d_model() const { return down_proj_.out_features(); }
   int64_t dim_feedforward() const { return down_proj_.in_features(); }
 
+  void forward_train(const T* x, int64_t rows, T* out, double hidden_dropout = 0, uint64_t seed = 0) override;
+  void backward(const T* dout, T* dx) override;
+  void release_activations() override;
+
  private:
   Linear<T> gate_up_proj_, down_proj_;
   Activation activation_;
+  struct Saved {
+    const T* x = nullptr;
+    int64_t rows = 0;
+    std::vector<T> gate_up, hidden;  // [rows, 2F] (gate | up); [rows, F] act(gate) · up (after the dropout)
+    double dropout = 0;
+    uint64_t seed = 0;
+    bool valid = false;
+  } saved_;
 };
 
 }  // namespace transformer_core::layers

@@ -4,11 +4,21 @@
 // (name, shape, pointer) so that the bindings can read and write weights by their torch names
 // without knowing the layer. Modules are neither copied nor moved once built, so the pointers in the
 // registry stay valid for the module's life.
+//
+// Training (llm.c's layout: one explicit forward and backward per layer). Each parameter's gradient
+// lives beside it: a buffer of the module that registered the parameter (a GradSlot), allocated and
+// zeroed on first use, shared by every name the parameter is registered under (aliases, slices, the
+// names of a parent). A backward ADDS into the gradients (accumulation over micro-batches, a weight
+// used twice) until zero_grad(). A layer's training forward (forward_train) keeps what its backward
+// needs; it keeps POINTERS to its inputs, which the caller keeps alive and unchanged until the
+// backward (a parent layer keeps them in its own saved activations; the Python face keeps the arrays).
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -18,11 +28,41 @@
 
 namespace transformer_core::layers {
 
+// The gradient of one parameter, owned by the module that registered it (register_parameter).
+template <class T>
+struct GradSlot {
+  int64_t size = 0;        // elements of the whole parameter
+  std::vector<T> buffer;   // empty until first used; then `size` values
+  bool written = false;    // a backward added into it since the last zero_grad()
+};
+
 template <class T>
 struct ParamRef {
   std::string name;            // torch / Hugging Face name, e.g. "self_attn.in_proj_weight"
   std::vector<int64_t> shape;  // e.g. {3 * E, E}
   T* data;                     // C-contiguous storage inside the owning module
+  GradSlot<T>* grad = nullptr; // the owner's gradient slot of this parameter
+  int64_t grad_offset = 0;     // this name's first element in it (a slice starts further in)
+};
+
+// The dropout of one training forward (Srivastava et al. 2014; ops::dropout, a counter-based mask):
+// each dropout site of a call derives its own seed from `seed`, so a forward and its backward see
+// the same masks and a seed gives the same masks on any machine and thread count.
+struct Dropout {
+  double p = 0;        // residual-branch dropout (torch's dropout1/2/3; HF's hidden/resid_pdrop)
+  double ffn_p = 0;    // between a feed-forward's two linears (torch's TransformerEncoderLayer.dropout)
+  double embed_p = 0;  // on a model's embeddings (HF's embd_pdrop; BERT: hidden_dropout_prob)
+  uint64_t seed = 0;
+
+  // The seed of site k (splitmix64 of seed and k).
+  uint64_t site(uint64_t k) const {
+    uint64_t z = seed + 0x9E3779B97F4A7C15ull * (k + 1);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+  // The dropout of child i of a stack (layer i): its own seeds.
+  Dropout child(uint64_t i) const { return {p, ffn_p, embed_p, site(1000003ull + i)}; }
 };
 
 // A zero-filled tensor of `shape`, after checking that the sizes are >= 1, that their product does
@@ -56,14 +96,46 @@ class Module {
     throw std::invalid_argument("name: no parameter named '" + name + "'");
   }
 
+  // ---- training: gradients and saved activations ------------------------------------------------
+  // The gradient of `name` (same shape as the parameter), allocated and zeroed on first use. It does
+  // not mark the gradient written.
+  T* gradient(const std::string& name) {
+    const ParamRef<T>& p = parameter(name);
+    if (p.grad->buffer.empty()) p.grad->buffer.assign(static_cast<size_t>(p.grad->size), T(0));
+    return p.grad->buffer.data() + p.grad_offset;
+  }
+  // gradient(name), marked written: a backward adds into what it returns.
+  T* accumulate_gradient(const std::string& name) {
+    T* g = gradient(name);
+    parameter(name).grad->written = true;
+    return g;
+  }
+  // Whether a backward added into the gradient of `name` since the last zero_grad().
+  bool gradient_written(const std::string& name) const { return parameter(name).grad->written; }
+  // Marks the gradient of `name` written or not (a model that staged it, see DecoderModel).
+  void set_gradient_written(const std::string& name, bool written) { parameter(name).grad->written = written; }
+  // Every gradient to zero, none written (the buffers stay allocated).
+  void zero_grad() {
+    for (const auto& p : params_) {
+      std::fill(p.grad->buffer.begin(), p.grad->buffer.end(), T(0));
+      p.grad->written = false;
+    }
+  }
+  // Frees what the last training forward kept for its backward (eval mode keeps nothing).
+  virtual void release_activations() {}
+
  protected:
   void register_parameter(std::string name, std::vector<int64_t> shape, T* data) {
-    params_.push_back({std::move(name), std::move(shape), data});
+    int64_t size = 1;
+    for (int64_t d : shape) size *= d;
+    own_grads_.emplace_back();
+    own_grads_.back().size = size;
+    params_.push_back({std::move(name), std::move(shape), data, &own_grads_.back(), 0});
   }
   // Adds every parameter of `child` under "prefix.name" (or under its own name if prefix is empty).
   void register_module(const std::string& prefix, const Module& child) {
     for (const auto& p : child.parameters())
-      params_.push_back({prefix.empty() ? p.name : prefix + "." + p.name, p.shape, p.data});
+      params_.push_back({prefix.empty() ? p.name : prefix + "." + p.name, p.shape, p.data, p.grad, p.grad_offset});
   }
   // Registers rows [row0, row0 + rows) of a child's 2-D (or 1-D) parameter under a new name: how a
   // packed weight [q; k; v] shows up as Hugging Face's separate query/key/value weights.
@@ -74,16 +146,18 @@ class Module {
     for (size_t i = 1; i < p.shape.size(); ++i) row_size *= p.shape[i];
     std::vector<int64_t> shape = p.shape;
     shape[0] = rows;
-    params_.push_back({std::move(name), std::move(shape), p.data + row0 * row_size});
+    params_.push_back({std::move(name), std::move(shape), p.data + row0 * row_size, p.grad,
+                       p.grad_offset + row0 * row_size});
   }
   // Registers a child's parameter under another name (Hugging Face's name for torch's, say).
   void register_alias(std::string name, const Module& child, const std::string& child_name) {
     const ParamRef<T>& p = child.parameter(child_name);
-    params_.push_back({std::move(name), p.shape, p.data});
+    params_.push_back({std::move(name), p.shape, p.data, p.grad, p.grad_offset});
   }
 
  private:
   std::vector<ParamRef<T>> params_;
+  std::deque<GradSlot<T>> own_grads_;  // the gradients of the parameters registered here (stable addresses)
 };
 
 }  // namespace transformer_core::layers

@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 #include <xtensor/xtensor.hpp>
 
 #include "transformer_core/kernels/attention_masks.hpp"
@@ -74,6 +75,22 @@ class MultiheadAttention : public Module<T> {
   void forward_packed(const T* x, const PackedTokens& tokens, T* out, const AttentionMasks<T>& masks,
                       AttentionPath path = AttentionPath::kAuto) const;
 
+  // ---- training (multihead_attention_backward.cpp) ----
+  // As forward (the same output, bitwise), keeping the projected q, k, v (after RoPE), the context
+  // and the log-sum-exp of every query row (FlashAttention-2's backward needs no [L, S] matrix), and
+  // POINTERS to query, key, value and the masks (kept alive and unchanged by the caller until
+  // backward). No KV cache and no attention weights (std::invalid_argument).
+  void forward_train(const T* query, const T* key, const T* value, int64_t N, int64_t L, int64_t S, T* out,
+                     const AttentionInputs<T>& in);
+  // dout [N, L, E] -> dquery [N, L, E] (overwritten; nullptr: not wanted) and the parameters'
+  // gradients (added). Self-attention (key and value the query itself): the whole input gradient
+  // goes to dquery and dkey, dvalue are ignored. Otherwise dkey [N, S, kdim] and dvalue [N, S, vdim]
+  // are ADDED into (zero them first; they may be one buffer: memory used as key and value gets the
+  // sum; nullptr: not wanted). Throws std::logic_error without a training forward since the last
+  // backward.
+  void backward(const T* dout, T* dquery, T* dkey, T* dvalue);
+  void release_activations() override;
+
   int64_t embed_dim() const { return embed_dim_; }
   int64_t num_heads() const { return num_heads_; }
   int64_t num_kv_heads() const { return num_kv_heads_; }
@@ -100,6 +117,23 @@ class MultiheadAttention : public Module<T> {
   std::unique_ptr<Linear<T>> q_proj_, k_proj_, v_proj_;  // separate (kdim/vdim ≠ E), no bias of their own
   xt::xtensor<T, 1> in_proj_bias_;                       // separate: [Hq + 2·Hkv]
   Linear<T> out_proj_;                                   // [E, Hq]
+
+  // What the training forward keeps for the backward.
+  struct Saved {
+    const T *query = nullptr, *key = nullptr, *value = nullptr;
+    int64_t N = 0, L = 0, S = 0;
+    bool self_attention = false;
+    std::vector<T> qkv;            // self-attention: [N·L, Hq + 2·Hkv], q and k rotated
+    std::vector<T> q, k, v;        // otherwise: [N·L, Hq], [N·S, Hkv], [N·S, Hkv]
+    std::vector<T> context, lse;   // [N·L, Hq], [N, H, L]
+    AttentionMasks<T> masks;
+    const RotaryEmbedding<T>* rotary = nullptr;
+    std::vector<int64_t> positions;  // [N·L] (rotary only)
+    AttentionPath path = AttentionPath::kAuto;
+    bool valid = false;
+  } saved_;
+  // The AttentionArgs of the saved forward (q, k, v, context and lse of saved_).
+  kernels::AttentionArgs<T> saved_args();
 };
 
 }  // namespace transformer_core::layers

@@ -21,6 +21,11 @@ class Norm : public Module<T> {
   // h += delta, then y = norm(h): pre-LN's residual add fused with the next norm; y must not alias h.
   void forward_residual(T* h, const T* delta, int64_t rows, T* y) const;
 
+  // ---- training (norm_backward.cpp) ----
+  // x [rows, E]: the forward's input; dy [rows, E] -> dx [rows, E] (overwritten; must not alias dy);
+  // weight.grad += Σ dy · x̂, bias.grad += Σ dy.
+  void backward(const T* x, const T* dy, int64_t rows, T* dx);
+
   int64_t size() const { return size_; }
   ops::NormKind kind() const { return params_.kind; }
 

@@ -25,6 +25,9 @@ class RotaryEmbedding {
   // column col0, by position positions[r] (< max_positions, else std::invalid_argument).
   void apply(T* x, int64_t rows, int64_t ld, int64_t col0, int64_t heads, const int64_t* positions) const;
 
+  // The transpose of apply (a rotation by -θ), for the backward pass (rotary_backward.cpp).
+  void apply_backward(T* d, int64_t rows, int64_t ld, int64_t col0, int64_t heads, const int64_t* positions) const;
+
   int64_t head_dim() const { return head_dim_; }
   int64_t max_positions() const { return max_positions_; }
   double base() const { return base_; }

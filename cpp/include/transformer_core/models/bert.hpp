@@ -52,11 +52,33 @@ class BertModel : public layers::Module<T> {
 
   const BertConfig& config() const { return config_; }
 
+  // ---- training (bert_train.cpp; fine-tuning) ----
+  // As forward, on the padded batch (no packing: padding queries are computed and their rows set
+  // to zero in last_hidden_state, as forward returns them), keeping every activation the backward
+  // needs; drop.p: hidden_dropout_prob on the embeddings and on both residual branches of every layer.
+  void forward_train(const int64_t* input_ids, const uint8_t* attention_mask, const int64_t* token_type_ids,
+                     int64_t N, int64_t L, T* last_hidden_state, T* pooler_output, const layers::Dropout& drop = {});
+  // The gradients of a loss given d last_hidden_state [N, L, H] (padding rows ignored: they are
+  // constant zeros) and d pooler_output [N, H] (or nullptr): every parameter's gradient added.
+  // Throws std::logic_error without a training forward since the last backward.
+  void backward(const T* d_last_hidden_state, const T* d_pooler_output);
+  bool has_training_state() const { return train_.valid; }
+  void release_activations() override;
+
  private:
   BertConfig config_;
   layers::Embeddings<T> embeddings_;
   std::vector<std::unique_ptr<layers::TransformerEncoderLayer<T>>> layers_;
   std::unique_ptr<layers::Linear<T>> pooler_;
+  struct TrainState {
+    int64_t N = 0, L = 0;
+    std::vector<int64_t> ids, positions, types;  // [N·L]
+    std::vector<uint8_t> mask;                   // [N, L] or empty
+    std::vector<std::vector<T>> stream;          // num_hidden_layers + 1 hidden states [N·L, H]
+    std::vector<T> cls, pooler_pre;              // [N, H]: hidden[:, 0] and dense(cls) before tanh
+    std::vector<T> grad_a, grad_b;
+    bool valid = false;
+  } train_;
 };
 
 }  // namespace transformer_core::models

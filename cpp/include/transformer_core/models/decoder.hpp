@@ -10,6 +10,11 @@
 // hidden: [N, L, E]   logits: [rows, vocab_size]
 //
 // An architecture is a DecoderConfig plus the names of its weights (gpt2.hpp, llama.hpp).
+//
+// Training (decoder_train.cpp, llm.c's gpt2_forward / gpt2_backward): loss_train runs the forward
+// keeping every block's activations, then the LM head fused with the next-token cross-entropy, a
+// chunk of rows at a time (the [rows, vocab] logits are never whole); backward runs the blocks'
+// backward passes down to the embeddings.
 #pragma once
 
 #include <cstdint>
@@ -62,11 +67,35 @@ class DecoderBlock : public layers::Module<T> {
   const layers::Norm<T>& mlp_norm() const { return *mlp_norm_; }
   const layers::Mlp<T>& mlp() const { return *mlp_; }
 
+  // ---- training (decoder_train.cpp) ----
+  // y = block(x) (x [N, L, E] kept by the caller until backward; y must not alias x), with the
+  // residual dropout drop.p on both branches (GPT-2's resid_pdrop):
+  //   h = x + drop(attn(attn_norm(x)));   y = h + drop(mlp(mlp_norm(h)))
+  void forward_train(const T* x, T* y, int64_t N, int64_t L, const layers::AttentionInputs<T>& in,
+                     const layers::Dropout& drop);
+  // dy [N, L, E] -> dx [N, L, E] (overwritten; must not alias dy), the parameters' gradients added.
+  void backward(const T* dy, T* dx);
+  void release_activations() override;
+
  private:
   std::unique_ptr<layers::Norm<T>> attn_norm_;
   layers::MultiheadAttention<T> attn_;
   std::unique_ptr<layers::Norm<T>> mlp_norm_;
   std::unique_ptr<layers::Mlp<T>> mlp_;
+  struct Saved {
+    const T* x = nullptr;
+    int64_t rows = 0;
+    std::vector<T> a, h, m;  // attn_norm(x), x + attn(a), mlp_norm(h)   [rows, E]
+    layers::Dropout drop;
+    bool valid = false;
+  } saved_;
+};
+
+// What a model's training forward and its fused loss report.
+struct LossResult {
+  double loss = 0;         // the mean cross-entropy over the counted rows (0 if none); NaN/inf reported here
+  int64_t num_tokens = 0;  // rows whose target is not ignore_index
+  bool finite = true;      // false: the loss is NaN or inf and no gradient was touched
 };
 
 template <class T>
@@ -88,6 +117,28 @@ class DecoderModel : public layers::Module<T> {
   const DecoderConfig& config() const { return config_; }
   int64_t head_dim() const { return blocks_.empty() ? config_.head_dim : blocks_[0]->attn().head_dim(); }
 
+  // ---- training (decoder_train.cpp) ----
+  // The next-token loss: targets [N, L] (the label of each position's next token, already shifted;
+  // ignore_index: no loss there), mean cross-entropy over the counted positions (torch's
+  // reduction="mean"). input_ids, positions, attention_mask as forward (no cache). The eval form
+  // (loss) keeps nothing and touches no gradient. loss_train keeps every activation the backward
+  // needs and, fused with the LM head (logits made a chunk of rows at a time), computes d hidden
+  // and ADDS the head's weight gradient (the tied embedding's, when tied). A non-finite loss
+  // (LossResult::finite false) leaves every gradient as it was and keeps nothing. drop: embd_pdrop
+  // (drop.embed_p) on the embeddings' output, resid_pdrop (drop.p) on every residual branch.
+  // Throws std::invalid_argument for ids, positions or targets out of range.
+  LossResult loss(const int64_t* input_ids, const int64_t* targets, int64_t N, int64_t L, const int64_t* positions,
+                  const uint8_t* attention_mask, int64_t ignore_index) const;
+  LossResult loss_train(const int64_t* input_ids, const int64_t* targets, int64_t N, int64_t L,
+                        const int64_t* positions, const uint8_t* attention_mask, int64_t ignore_index,
+                        const layers::Dropout& drop = {});
+  // The backward of the last loss_train: every parameter's gradient added. Throws std::logic_error
+  // without one since the last backward.
+  void backward();
+  // Whether a loss_train waits for its backward.
+  bool has_training_state() const { return train_.valid; }
+  void release_activations() override;
+
  protected:
   // The parts, for an architecture's constructor to register under its own weight names.
   const layers::Embedding<T>& embed_tokens() const { return embed_tokens_; }
@@ -104,6 +155,28 @@ class DecoderModel : public layers::Module<T> {
   std::vector<std::unique_ptr<DecoderBlock<T>>> blocks_;
   std::unique_ptr<layers::Norm<T>> final_norm_;
   std::unique_ptr<layers::Linear<T>> lm_head_;  // nullptr: tied to embed_tokens
+
+  // What loss_train keeps for backward.
+  struct TrainState {
+    int64_t N = 0, L = 0;
+    std::vector<int64_t> ids, positions;
+    std::vector<uint8_t> mask;           // [N, L] or empty
+    std::vector<std::vector<T>> stream;  // num_layers + 1 residual streams [N·L, E]: block i reads i, writes i + 1
+    std::vector<T> hidden, dhidden;      // final_norm(stream.back()) and its gradient  [N·L, E]
+    std::vector<T> grad_a, grad_b;       // backward's residual gradients  [N·L, E]
+    std::vector<T> head_stage;           // the head's weight gradient while accumulating onto a written one
+    layers::Dropout drop;
+    bool valid = false;
+  } train_;
+  // The fused LM head and cross-entropy over the rows of hidden [N·L, E] whose target counts:
+  // returns the summed loss; with dhidden, writes d hidden (rows that do not count: 0) and adds the
+  // head's weight gradient into dweight, both scaled by grad_scale.
+  double head_loss(const T* hidden, const int64_t* targets, int64_t rows, int64_t ignore_index,
+                   const std::vector<int64_t>& counted, double grad_scale, T* dhidden, T* dweight) const;
+  // input_ids, positions, mask, targets checked; the rows whose target counts.
+  std::vector<int64_t> check_targets(const int64_t* targets, int64_t rows, int64_t ignore_index) const;
+  layers::Module<T>& head_owner();  // the module whose "weight" the LM head multiplies by
+  const T* head_weight() const;
 };
 
 }  // namespace transformer_core::models

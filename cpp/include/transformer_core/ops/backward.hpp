@@ -49,6 +49,13 @@ void activation_backward(const T* x, const T* dy, int64_t n, Activation act, T* 
 template <class T>
 void glu_backward(const T* gate, const T* up, const T* dh, int64_t n, Activation act, T* d_gate, T* d_up);
 
+// The gated unit over rows of a packed [gate | up] product (the forward: ops::gated_activation):
+//   gate, up: rows of stride ld (GatedFeedForward: ld = 2F, up = gate + F)   dh: [rows, F]
+//   d_gate, d_up: rows of stride d_ld (written; GatedFeedForward: d_ld = 2F, d_up = d_gate + F)
+template <class T>
+void gated_activation_backward(const T* gate, const T* up, int64_t rows, int64_t F, int64_t ld, const T* dh,
+                               Activation act, T* d_gate, T* d_up, int64_t d_ld);
+
 // Softmax over the last dim, backward from its output p:  dx = p ∘ (dp - Σ p ∘ dp)
 //   p, dp, dx: [rows, n]
 template <class T>
@@ -65,6 +72,14 @@ void embedding_backward(const int64_t* ids, const T* dy, int64_t rows, int64_t V
 template <class T>
 void rotary_backward(T* d, int64_t rows, int64_t head_dim, const T* cos, const T* sin, int64_t table_rows,
                      RotaryLayout layout);
+
+// The transpose of apply_rotary_heads (ops/positional.hpp), in place: in every row r of d (viewed as
+// [rows, ld]) the `heads` heads of head_dim values from column col0 are rotated by -θ of position
+// positions[r] (each in [0, table_rows), else std::invalid_argument).
+template <class T>
+void rotary_heads_backward(T* d, int64_t rows, int64_t ld, int64_t col0, int64_t heads, int64_t head_dim,
+                           const int64_t* positions, const T* cos, const T* sin, int64_t table_rows,
+                           RotaryLayout layout);
 
 // Inverted dropout of n values with the counter-based mask of (seed, index): y = keep ? x / (1 - p) : 0.
 // The backward is the same call on dy with the same seed. 0 <= p <= 1 (p = 1: zeros). x and y may alias.
