@@ -52,6 +52,7 @@ void register_dtype(py::module_& m) {
           },
           py::arg("name"))
       .def("gradient_written", &Module<T>::gradient_written, py::arg("name"))
+      .def("set_gradient_written", &Module<T>::set_gradient_written, py::arg("name"), py::arg("written"))
       .def("zero_grad", &Module<T>::zero_grad)
       .def("release_activations", &Module<T>::release_activations);
 
@@ -107,6 +108,37 @@ void register_dtype(py::module_& m) {
             self.backward(ids.data(), dy.data(), rows);
           },
           py::arg("ids"), py::arg("grad_output"));
+
+  bound_class<layers::Embeddings<T>>(m, "Embeddings" + sfx)
+      // As forward (input_ids, position_ids, token_type_ids: [rows] int64, the latter two or None), keeping
+      // pointers to the ids: the caller keeps them alive until backward
+      .def(
+          "forward_train",
+          [](layers::Embeddings<T>& self, const CArray<int64_t>& input_ids, const py::object& position_ids,
+             const py::object& token_type_ids, double dropout, uint64_t seed) {
+            const int64_t rows = static_cast<int64_t>(input_ids.size());
+            const int64_t* pos = position_ids.is_none() ? nullptr : position_ids.cast<CArray<int64_t>>().data();
+            const int64_t* tt = token_type_ids.is_none() ? nullptr : token_type_ids.cast<CArray<int64_t>>().data();
+            self.check(input_ids.data(), pos, tt, rows);
+            auto out = like<T>({rows, self.config().hidden_size});
+            T* op = out.mutable_data();
+            {
+              py::gil_scoped_release release;
+              self.forward_train(input_ids.data(), pos, tt, rows, op, dropout, seed);
+            }
+            return out;
+          },
+          py::arg("input_ids").noconvert(), py::arg("position_ids"), py::arg("token_type_ids"), py::arg("dropout"),
+          py::arg("seed"))
+      // dout [rows, H]: the tables' and the LayerNorm's gradients added
+      .def(
+          "backward",
+          [](layers::Embeddings<T>& self, const CArray<T>& dout) {
+            std::vector<T> d(dout.data(), dout.data() + dout.size());  // backward uses it as scratch
+            py::gil_scoped_release release;
+            self.backward(d.data());
+          },
+          py::arg("grad_output"));
 
   bound_class<layers::Mlp<T>>(m, "Mlp" + sfx)
       // x [rows, d_model] -> out [rows, d_model], keeping a pointer to x

@@ -14,17 +14,22 @@ Layers of the package, from the bottom:
     gpt2         GPT2Model, GPT2LMHeadModel, KVCache (decoding with a KV cache, generate)
     sentence_encoder  SentenceEncoder (all-MiniLM-L6-v2 embeddings)
     quantization int8 and GGUF (Q8_0, Q4_0, Q4_1) linear products on quantized weights
+    seq2seq      Seq2SeqTransformer (embeddings + nn.Transformer + output layer, trainable)
+    training     save_checkpoint / load_checkpoint, manual_seed; with backward, optim, lr_scheduler:
+                 training (model.train(), loss, backward, AdamW, schedules, clipping)
 """
 
-from . import backward, functional, lr_scheduler, masks, multihead_forms, nn, optim, positional, quantization
+from . import backward, functional, lr_scheduler, masks, multihead_forms, nn, optim, positional, quantization, training
 from ._runtime import core as _core
 from .bert import BertConfig, BertEmbeddings, BertModel, BertOutput
 from .decoder import CausalLMOutput
 from .gpt2 import GPT2Config, GPT2LMHeadModel, GPT2Model
 from .kv_cache import KVCache
 from .llama import LlamaConfig, LlamaForCausalLM, LlamaModel
+from .module import NonFiniteLossError, NoTrainingStateError, manual_seed
 from .positional import Embeddings, PositionalEncoding
 from .sentence_encoder import SentenceEncoder, cosine_similarity, mean_pool
+from .seq2seq import Seq2SeqTransformer
 from .tokenizer import Tokenizer
 
 __version__ = _core.__version__
@@ -40,6 +45,11 @@ __all__ = [
     "positional",
     "quantization",
     "multihead_forms",
+    "training",
+    "manual_seed",
+    "NoTrainingStateError",
+    "NonFiniteLossError",
+    "Seq2SeqTransformer",
     "PositionalEncoding",
     "Embeddings",
     "BertConfig",

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ._runtime import core as _core
-from ._validation import activation, as_bool, as_ids
+from ._validation import activation, as_bool, as_float, as_ids
 from .hub import load_safetensors, read_config, resolve_model_dir
 from .module import Module
 
@@ -39,6 +39,11 @@ class BertConfig:
     layer_norm_eps: float = 1e-12
     pad_token_id: int = 0
     add_pooling_layer: bool = True
+    #: dropout of training forwards (Hugging Face's default 0.1; 0 here unless a config sets it) on
+    #: the embeddings and on both residual branches of every layer. attention_probs_dropout_prob is
+    #: NOT applied (a warning says so when it is > 0 in training).
+    hidden_dropout_prob: float = 0.0
+    attention_probs_dropout_prob: float = 0.0
 
     @classmethod
     def from_dict(cls, d: dict) -> "BertConfig":
@@ -170,8 +175,58 @@ class BertModel(Module):
             tt = as_ids(token_type_ids, "token_type_ids")
             if tt.shape != ids.shape:
                 raise ValueError(f"token_type_ids: expected shape {ids.shape} (input_ids'), got {tt.shape}")
-        hidden, pooled = self._impl.forward(ids, mask, tt)
+        if self.training:
+            from .module import check_dropout
+
+            if check_dropout(self.config.attention_probs_dropout_prob, "attention_probs_dropout_prob") > 0:
+                import warnings
+
+                warnings.warn("attention_probs_dropout_prob: dropout on the attention probabilities is not "
+                              "implemented; it is not applied", stacklevel=2)
+            p = check_dropout(self.config.hidden_dropout_prob, "hidden_dropout_prob")
+            hidden, pooled = self._impl.forward_train(ids, mask, tt, p, self._dropout_seed(p))
+            self._saved = ids.shape
+        else:
+            hidden, pooled = self._impl.forward(ids, mask, tt)
         return BertOutput(last_hidden_state=hidden, pooler_output=pooled)
+
+    def backward(self, grad_last_hidden_state, grad_pooler_output=None) -> None:
+        """Fine-tuning's backward pass: given the gradients of a loss with respect to the last
+        training forward's outputs, adds every parameter's gradient (``named_parameters()``,
+        ``gradients()``). A task head (a classifier on ``pooler_output``, a token tagger on
+        ``last_hidden_state``) is the caller's: e.g. ``tc.nn.Linear`` with its own ``backward``.
+
+        In training mode the forward runs on the padded batch (no packing) and returns padding
+        positions as zeros, as in eval mode: their gradients are ignored (the outputs are constants).
+
+        Args:
+            grad_last_hidden_state: ``(N, L, H)``.
+            grad_pooler_output: ``(N, H)`` or None (the pooler then gets no gradient).
+
+        Raises:
+            NoTrainingStateError: no training forward since the last backward.
+            ValueError: gradients of the wrong shape; ``grad_pooler_output`` without a pooler.
+        """
+        from .module import NoTrainingStateError
+
+        shape = self._saved
+        if shape is None or not self._impl.has_training_state:
+            raise NoTrainingStateError("BertModel.backward: no training forward to differentiate (call model.train(), "
+                                       "then the model; each forward has one backward)")
+        N, L = shape
+        H = self.config.hidden_size
+        g = as_float(grad_last_hidden_state, "grad_last_hidden_state", self.dtype)
+        if g.shape != (N, L, H):
+            raise ValueError(f"grad_last_hidden_state: expected shape {(N, L, H)} (last_hidden_state's), got {g.shape}")
+        gp = None
+        if grad_pooler_output is not None:
+            if not self.config.add_pooling_layer:
+                raise ValueError("grad_pooler_output: this model has no pooler (add_pooling_layer=False)")
+            gp = as_float(grad_pooler_output, "grad_pooler_output", self.dtype)
+            if gp.shape != (N, H):
+                raise ValueError(f"grad_pooler_output: expected shape {(N, H)} (pooler_output's), got {gp.shape}")
+        self._saved = None
+        self._impl.backward(g, gp)
 
 
 class BertEmbeddings(Module):

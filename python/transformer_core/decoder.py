@@ -152,7 +152,21 @@ class DecoderModel(Module):
 
 class CausalLM(DecoderModel, GenerationMixin):
     """A decoder with its language-model head: next-token logits, KV-cache decoding and
-    :meth:`generate` (Hugging Face's ``XForCausalLM``)."""
+    :meth:`generate` (Hugging Face's ``XForCausalLM``), and training (llm.c's ``gpt2_forward`` with
+    targets, then ``gpt2_backward``; nanoGPT's training loop)::
+
+        model.train()
+        loss = model.loss(input_ids, labels)     # a float; keeps every activation for backward
+        model.backward()                         # every parameter's gradient added
+        opt.step(); model.zero_grad()
+
+    The loss is Hugging Face's ``model(input_ids, labels=labels).loss``: position t predicts
+    ``labels[:, t + 1]`` (the labels are shifted inside), ``ignore_index`` (-100) positions do not
+    count, the mean is over the counted positions (0.0 when none counts). The LM head and the
+    cross-entropy are fused in C++ a chunk of rows at a time: the ``(N, L, vocab)`` logits never
+    exist whole. In eval mode ``loss`` keeps nothing and touches no gradient (a validation loss).
+    ``forward`` and ``generate`` always run the inference path and keep nothing.
+    """
 
     def forward(self, input_ids, attention_mask=None, position_ids=None, past_key_values=None,
                 use_cache: bool = False, logits_to_keep: int = 0) -> CausalLMOutput:
@@ -182,3 +196,124 @@ class CausalLM(DecoderModel, GenerationMixin):
         kept = hidden if keep == 0 else hidden[:, L - keep:]
         logits = self._impl.logits(np.ascontiguousarray(kept).reshape(-1, E)).reshape(N, kept.shape[1], -1)
         return CausalLMOutput(logits=logits, past_key_values=cache if use_cache else None, last_hidden_state=hidden)
+
+    def _dropout_probs(self) -> tuple[float, float]:
+        """(residual dropout, embedding dropout) of the training forward (subclasses: the config's)."""
+        return 0.0, 0.0
+
+    def _training_inputs(self, input_ids, attention_mask, position_ids):
+        ids = as_ids(input_ids, "input_ids")
+        N, L = ids.shape
+        if L > self.context_length:
+            raise ValueError(f"input_ids: length {L} exceeds the context ({self._context_field} = "
+                             f"{self.context_length})")
+        mask = positions = None
+        if attention_mask is not None:
+            mask = np.ascontiguousarray(as_bool(attention_mask, "attention_mask"))
+            if mask.ndim == 1:
+                mask = mask[None]
+            if mask.shape != (N, L):
+                raise ValueError(f"attention_mask: expected shape {(N, L)} (input_ids'), got {mask.shape}")
+            if mask.all():
+                mask = None
+            else:
+                positions = positions_from_mask(mask, 0)
+        if position_ids is not None:
+            positions = as_ids(position_ids, "position_ids")
+            if positions.shape != (N, L):
+                raise ValueError(f"position_ids: expected shape {(N, L)} (input_ids'), got {positions.shape}")
+            if positions.min() < 0 or positions.max() >= self.context_length:
+                raise ValueError(f"position_ids: expected positions in [0, {self.context_length}), got "
+                                 f"[{positions.min()}, {positions.max()}]")
+        return ids, mask, positions
+
+    def loss(self, input_ids, labels, attention_mask=None, position_ids=None, *, ignore_index: int = -100,
+             seed: int | None = None) -> float:
+        """The mean next-token cross-entropy of ``labels`` given ``input_ids`` (see the class doc).
+
+        Args:
+            input_ids: ``(N, L)`` (or ``(L,)``) token ids in ``[0, vocab_size)``, L within the context.
+            labels: ``(N, L)`` int: usually ``input_ids`` with padding set to ``ignore_index``.
+            attention_mask: ``(N, L)``, 1/True = a real token (left or right padding); positions
+                are counted over the real tokens, as in :meth:`forward`.
+            position_ids: ``(N, L)`` explicit positions.
+            ignore_index: the label value that does not count (-100, torch's and HF's).
+            seed: the dropout seed of this call (default: :func:`transformer_core.manual_seed`'s
+                generator; unused without dropout).
+
+        Returns:
+            The loss (a Python float, computed in double). In training mode the call keeps what
+            :meth:`backward` needs.
+
+        Raises:
+            NonFiniteLossError: the loss is NaN or inf; nothing is kept and no gradient was touched.
+            ValueError: labels of the wrong shape or out of range, ids out of range, too long an
+                input, masks or positions that do not fit. TypeError: non-integer ids or labels.
+        """
+        from ._validation import check_int
+        from .module import NonFiniteLossError
+
+        if isinstance(ignore_index, bool) or not isinstance(ignore_index, (int, np.integer)):
+            raise TypeError(f"ignore_index: expected an int, got {type(ignore_index).__name__}")
+        ids, mask, positions = self._training_inputs(input_ids, attention_mask, position_ids)
+        lab = _check_labels(labels, ids.shape, self.config.vocab_size, int(ignore_index))
+        targets = np.full(ids.shape, int(ignore_index), np.int64)  # position t predicts labels[:, t + 1]
+        targets[:, :-1] = lab[:, 1:]
+        resid, embed = self._dropout_probs() if self.training else (0.0, 0.0)
+        seed = self._dropout_seed(max(resid, embed), None if seed is None else check_int(seed, "seed", 0))
+        value, _count, finite = self._impl.loss(ids, targets, mask, positions, int(ignore_index), self.training,
+                                                resid, embed, seed)
+        if not finite:
+            raise NonFiniteLossError(f"loss: the loss is {value} (non-finite); no gradient was touched and nothing "
+                                     "was kept for backward (lower the learning rate, check the inputs)", value)
+        return float(value)
+
+    def backward(self) -> None:
+        """The backward pass of the last :meth:`loss` in training mode: adds the gradient of that loss
+        to every parameter's gradient (``named_parameters()``, ``gradients()``).
+
+        Raises:
+            NoTrainingStateError: no training loss since the last backward (eval mode, no loss, or a
+                second backward).
+        """
+        from .module import NoTrainingStateError
+
+        if not self.training or not self._impl.has_training_state:
+            raise NoTrainingStateError("backward: no training loss to differentiate (call model.train(), then "
+                                       "model.loss(input_ids, labels); each loss has one backward)")
+        self._impl.backward()
+
+    def save_pretrained(self, directory) -> None:
+        """Writes ``config.json`` and ``model.safetensors`` (the checkpoint's names and layouts, as
+        Hugging Face's ``save_pretrained``): ``transformers``' ``from_pretrained`` loads the
+        directory, and so does this class's.
+
+        Raises:
+            OSError: the directory cannot be written.
+        """
+        import json
+        from pathlib import Path
+
+        from safetensors.numpy import save_file
+
+        path = Path(directory)
+        path.mkdir(parents=True, exist_ok=True)
+        (path / "config.json").write_text(json.dumps(self.config.to_dict(), indent=2) + "\n")
+        save_file(self._checkpoint_state(), str(path / "model.safetensors"), metadata={"format": "np"})
+
+    def _checkpoint_state(self) -> dict:
+        return self.state_dict()
+
+
+def _check_labels(labels, shape: tuple, vocab_size: int, ignore_index: int) -> np.ndarray:
+    """``labels`` as int64 ``shape``, each in ``[0, vocab_size)`` or ``ignore_index`` (ValueError
+    naming the first bad position otherwise; TypeError for non-integer labels)."""
+    lab = as_ids(labels, "labels")
+    if lab.shape != tuple(shape):
+        raise ValueError(f"labels: expected shape {tuple(shape)} (input_ids'), got {lab.shape}")
+    bad = (lab != ignore_index) & ((lab < 0) | (lab >= vocab_size))
+    if bad.any():
+        pos = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise ValueError(f"labels: expected values in [0, {vocab_size}) or ignore_index ({ignore_index}), "
+                         f"got {int(lab[pos])} at {pos}")
+    return lab

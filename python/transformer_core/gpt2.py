@@ -39,6 +39,12 @@ class GPT2Config:
     activation_function: str = "gelu_new"
     layer_norm_epsilon: float = 1e-5
     eos_token_id: int | None = 50256
+    #: dropout of training forwards (Hugging Face's defaults are 0.1; 0 here unless a config sets
+    #: them): on every residual branch (resid_pdrop) and on the embeddings (embd_pdrop). attn_pdrop,
+    #: dropout on the attention probabilities, is NOT applied (a warning says so when it is > 0).
+    resid_pdrop: float = 0.0
+    embd_pdrop: float = 0.0
+    attn_pdrop: float = 0.0
     extra: dict = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -60,6 +66,12 @@ class GPT2Config:
                 raise ValueError(f"config.json: {key}=True is not supported")
         fields = {k: d[k] for k in cls.__dataclass_fields__ if k in d and k != "extra"}
         return cls(**fields)
+
+    def to_dict(self) -> dict:
+        """The ``config.json`` object Hugging Face's ``GPT2Config`` reads."""
+        d = {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "extra"}
+        d.update(model_type="gpt2", architectures=["GPT2LMHeadModel"], n_ctx=self.n_positions)
+        return d
 
     @property
     def num_layers(self) -> int:
@@ -125,5 +137,22 @@ class GPT2Model(DecoderModel):
 
 
 class GPT2LMHeadModel(GPT2Model, CausalLM):
-    """GPT-2 with its language-model head (tied to ``wte``): next-token logits, KV-cache decoding and
-    ``generate``, as Hugging Face's ``GPT2LMHeadModel``. Weights: :class:`GPT2Model`'s names."""
+    """GPT-2 with its language-model head (tied to ``wte``): next-token logits, KV-cache decoding,
+    ``generate`` and training (``loss`` / ``backward``, see :class:`~transformer_core.decoder.CausalLM`;
+    the head's gradient adds into ``wte.weight``'s), as Hugging Face's ``GPT2LMHeadModel``. Weights:
+    :class:`GPT2Model`'s names; ``save_pretrained`` writes them with Hugging Face's ``transformer.``
+    prefix. Training uses the config's ``resid_pdrop`` and ``embd_pdrop``."""
+
+    def _dropout_probs(self) -> tuple[float, float]:
+        from .module import check_dropout
+
+        c = self.config
+        if check_dropout(c.attn_pdrop, "attn_pdrop") > 0:
+            import warnings
+
+            warnings.warn("attn_pdrop: dropout on the attention probabilities is not implemented; it is not applied",
+                          stacklevel=3)
+        return check_dropout(c.resid_pdrop, "resid_pdrop"), check_dropout(c.embd_pdrop, "embd_pdrop")
+
+    def _checkpoint_state(self) -> dict:
+        return {"transformer." + k: v for k, v in self.state_dict().items()}

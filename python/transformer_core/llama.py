@@ -40,6 +40,9 @@ class LlamaConfig:
     bos_token_id: int | None = 1
     eos_token_id: int | list | None = 2
     pad_token_id: int | None = None
+    #: dropout on the attention probabilities in training (Hugging Face's default 0): NOT applied (a
+    #: warning says so when it is > 0); Llama has no other dropout.
+    attention_dropout: float = 0.0
     extra: dict = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -66,6 +69,12 @@ class LlamaConfig:
         if "rope_theta" in rope:
             fields["rope_theta"] = rope["rope_theta"]
         return cls(**fields)
+
+    def to_dict(self) -> dict:
+        """The ``config.json`` object Hugging Face's ``LlamaConfig`` reads."""
+        d = {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "extra"}
+        d.update(model_type="llama", architectures=["LlamaForCausalLM"])
+        return d
 
     @property
     def num_layers(self) -> int:
@@ -146,10 +155,22 @@ class LlamaModel(DecoderModel):
 
 class LlamaForCausalLM(LlamaModel, CausalLM):
     """Llama with its language-model head (tied to ``embed_tokens`` or ``lm_head.weight``):
-    next-token logits, KV-cache decoding and ``generate``, as Hugging Face's ``LlamaForCausalLM``.
+    next-token logits, KV-cache decoding, ``generate`` and training (``loss`` / ``backward``, see
+    :class:`~transformer_core.decoder.CausalLM`; tied, the head's gradient adds into
+    ``model.embed_tokens.weight``'s), as Hugging Face's ``LlamaForCausalLM``.
 
     Weights: ``model.*`` (the :class:`LlamaModel` names) and, untied, ``lm_head.weight (V, E)``.
     """
+
+    def _dropout_probs(self) -> tuple[float, float]:
+        from .module import check_dropout
+
+        if check_dropout(self.config.attention_dropout, "attention_dropout") > 0:
+            import warnings
+
+            warnings.warn("attention_dropout: dropout on the attention probabilities is not implemented; it is not "
+                          "applied", stacklevel=3)
+        return 0.0, 0.0
 
     def _public_name(self, core_name: str) -> str:
         return core_name if core_name == "lm_head.weight" else "model." + core_name

@@ -8,6 +8,22 @@ A model whose checkpoint names or layouts differ from the C++ registry maps them
 ``_public_name`` (C++ name -> checkpoint name) and ``_transposed`` (checkpoint names stored as the
 transpose of the C++ weight, e.g. GPT-2's Conv1D ``(in, out)`` weights over ``nn.Linear``'s
 ``(out, in)``).
+
+Training follows torch's habits where it can, with an explicit backward since there is no autograd
+(llm.c's layout: one forward and one backward per layer, both in C++):
+
+* ``model.train()`` / ``model.eval()``: in training mode a forward keeps what its backward needs
+  (in C++); ``eval()`` frees it and forwards keep nothing.
+* ``layer.backward(grad_output)`` returns the gradient of the input(s) and ADDS every parameter's
+  gradient into its buffer, which lives in C++ beside the parameter; gradients accumulate over
+  backward calls until ``zero_grad()``. Each training forward has one backward (a second one, or
+  one without a training forward, raises :class:`NoTrainingStateError`).
+* ``named_parameters()`` / ``parameters()``: :class:`~transformer_core.parameter.Parameter` objects
+  whose ``data`` and ``grad`` are zero-copy numpy views of the C++ buffers, named as ``state_dict()``
+  (``grad`` is None until a backward wrote it since the last ``zero_grad()``), for the optimizers of
+  :mod:`transformer_core.optim`. ``gradients()`` copies the written ones in the checkpoint's layout.
+* Dropout (training forwards only) draws its masks from seeds: :func:`manual_seed` seeds the
+  package's generator, as ``torch.manual_seed`` does.
 """
 
 from __future__ import annotations
@@ -19,6 +35,94 @@ import numpy as np
 
 from ._runtime import dtype_suffix
 from ._validation import as_weight, resolve_dtype
+from .parameter import Parameter
+
+_SEEDS = np.random.default_rng(0)
+
+
+def manual_seed(seed: int) -> None:
+    """Seeds the generator that the training forwards draw their dropout seeds from (torch's
+    ``manual_seed``): the same seed and the same calls give the same dropout masks, on any machine and
+    thread count (the masks are Philox4x32-10 of the seed and the element's index, see
+    ``functional.dropout``; not torch's masks).
+
+    Raises:
+        TypeError: ``seed`` not an int. ValueError: ``seed`` < 0.
+    """
+    global _SEEDS
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+        raise TypeError(f"seed: expected an int, got {type(seed).__name__}")
+    if seed < 0:
+        raise ValueError(f"seed: expected an int >= 0, got {seed}")
+    _SEEDS = np.random.default_rng(int(seed))
+
+
+def next_seed() -> int:
+    """The next dropout seed of the package's generator (see :func:`manual_seed`)."""
+    return int(_SEEDS.integers(0, 2**63 - 1))
+
+
+def check_dropout(p, name: str = "dropout") -> float:
+    """A dropout probability in [0, 1); TypeError for a non-number, ValueError otherwise."""
+    if isinstance(p, bool) or not isinstance(p, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{name}: expected a probability (float), got {type(p).__name__}")
+    p = float(p)
+    if not 0.0 <= p < 1.0:
+        raise ValueError(f"{name}: expected a probability in [0, 1), got {p}")
+    return p
+
+
+class NoTrainingStateError(RuntimeError):
+    """``backward`` without a training forward to differentiate: the module is in eval mode, no
+    forward (or loss) ran in training mode since the last backward, or it was already consumed."""
+
+
+class NonFiniteLossError(ValueError):
+    """A loss came out NaN or ±inf. Nothing was kept for a backward and no gradient was touched.
+
+    Attributes:
+        loss: the non-finite value.
+    """
+
+    def __init__(self, message: str, loss: float):
+        super().__init__(message)
+        self.loss = loss
+
+
+class _BoundParameter(Parameter):
+    """A :class:`Parameter` whose ``data`` and ``grad`` are zero-copy views of a C++ module's
+    buffers: ``grad`` is None until a backward wrote the gradient (since the last ``zero_grad``).
+    ``transposed``: the checkpoint stores this weight as the transpose of ``data`` (GPT-2's Conv1D
+    weights): ``data`` and ``grad`` have the C++ ``(out, in)`` layout."""
+
+    __slots__ = ("_impl", "_core_name", "transposed")
+
+    def __init__(self, impl, core_name: str, name: str, transposed: bool):
+        self._impl = impl
+        self._core_name = core_name
+        self.transposed = transposed
+        super().__init__(impl.parameter_view(core_name), name)
+
+    @property
+    def grad(self):
+        if not self._impl.gradient_written(self._core_name):
+            return None
+        return self._impl.gradient_view(self._core_name)
+
+    @grad.setter
+    def grad(self, value) -> None:
+        if value is None:
+            return  # the C++ gradient stays; zero_grad() clears it
+        from .parameter import _check_array
+
+        value = _check_array(np.ascontiguousarray(value), "grad", shape=self.data.shape, dtype=self.data.dtype)
+        self._impl.gradient_view(self._core_name)[...] = value
+        self._impl.set_gradient_written(self._core_name, True)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Zeroes this parameter's gradient in place (use the module's ``zero_grad()`` to clear all)."""
+        if self._impl.gradient_written(self._core_name):
+            self._impl.gradient_view(self._core_name).fill(0)
 
 
 class _Slot(NamedTuple):
@@ -37,6 +141,8 @@ class Module:
 
     _impl = None
     dtype: type = np.float32
+    training: bool = False
+    _saved = None          # what the last training forward keeps on the Python side (its inputs)
 
     def __call__(self, *args, **kwargs):
         return self.forward(*args, **kwargs)
@@ -129,6 +235,88 @@ class Module:
         for name, arr in arrays.items():
             slot = slots[name]
             slot.impl.set_parameter(slot.core_name, arr)
+
+    # ---- training --------------------------------------------------------------------------------
+    def train(self, mode: bool = True) -> "Module":
+        """Training mode (``mode=True``): forwards keep what their backward needs. Returns ``self``."""
+        self.training = bool(mode)
+        for _, child in self._children():
+            child.train(mode)
+        if not self.training:
+            self._release()
+        return self
+
+    def eval(self) -> "Module":
+        """Eval mode (``train(False)``): frees what training forwards kept; forwards keep nothing."""
+        return self.train(False)
+
+    def _release(self) -> None:
+        self._saved = None
+        if self._impl is not None:
+            self._impl.release_activations()
+
+    def _impls(self) -> list:
+        """The C++ modules of this module and its children (each once)."""
+        out, seen = [], set()
+        for slot in self._slots().values():
+            if id(slot.impl) not in seen:
+                seen.add(id(slot.impl))
+                out.append(slot.impl)
+        return out
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Zeroes every gradient (in place: the buffers and their views stay) and marks them unwritten,
+        so that ``Parameter.grad`` is None until the next backward (torch's ``set_to_none``; the
+        argument is accepted for torch's signature)."""
+        for impl in self._impls():
+            impl.zero_grad()
+
+    def named_parameters(self) -> list[tuple[str, Parameter]]:
+        """``[(name, Parameter)]`` of every weight, named as :meth:`state_dict`, in registration order.
+        The same Parameter objects on every call; their ``data``/``grad`` are zero-copy views of the
+        C++ buffers (see the module doc). Hand them to an optimizer::
+
+            opt = tc.optim.AdamW(model.named_parameters(), lr=3e-4)
+        """
+        cache = self.__dict__.get("_parameters_cache")
+        if cache is None:
+            cache = [(name, _BoundParameter(slot.impl, slot.core_name, name, slot.transposed))
+                     for name, slot in self._slots().items()]
+            self.__dict__["_parameters_cache"] = cache
+        return list(cache)
+
+    def parameters(self) -> list[Parameter]:
+        """The :class:`Parameter` objects of :meth:`named_parameters`, in order."""
+        return [p for _, p in self.named_parameters()]
+
+    def gradients(self) -> dict[str, np.ndarray]:
+        """A copy of every gradient a backward wrote since the last ``zero_grad()``, keyed by the
+        checkpoint's names and in the checkpoint's layout (as :meth:`state_dict`)."""
+        out = {}
+        for name, slot in self._slots().items():
+            if not slot.impl.gradient_written(slot.core_name):
+                continue
+            g = slot.impl.gradient_view(slot.core_name)
+            out[name] = np.ascontiguousarray(g.T) if slot.transposed else g.copy()
+        return out
+
+    def _dropout_seed(self, p: float, seed=None) -> int:
+        """The seed of a training forward's dropout: ``seed``, else the package generator's next."""
+        if seed is not None:
+            from ._validation import check_int
+
+            return check_int(seed, "seed", 0)
+        return next_seed() if p > 0 else 0
+
+    def _take_saved(self):
+        """What the last training forward kept (consumed: one backward per forward)."""
+        saved = self._saved
+        if saved is None:
+            mode = "training" if self.training else "eval (call .train() first)"
+            raise NoTrainingStateError(f"{type(self).__name__}.backward: no training forward to differentiate "
+                                       f"(mode: {mode}; each training forward has one backward)")
+        self._saved = None
+        return saved
 
     # ---- construction helpers ------------------------------------------------------------------
     def _init_dtype(self, dtype) -> str:

@@ -1,7 +1,15 @@
 """Layers that mirror ``torch.nn``, batch-first, computed by the C++ core.
 
 Each layer owns its weights in C++ and runs in one C++ call; weights load from torch's own
-``state_dict`` names. Inference only: there is no dropout (it is the identity in eval mode).
+``state_dict`` names.
+
+Training (see :mod:`transformer_core.module`): after ``layer.train()`` a forward keeps what its
+backward needs, and ``layer.backward(grad_output)`` returns the gradient of the input(s) and adds
+every parameter's gradient (``named_parameters()``, ``gradients()``); the math is each layer's C++
+backward (FlashAttention-2's for attention). The inputs of a training forward are copied when the
+caller could still change them. Dropout (``dropout=`` of the encoder/decoder layers, torch's
+dropout1/2/3 and the feed-forward's) applies in training forwards only, with seeded masks
+(:func:`transformer_core.manual_seed`); attention-probability dropout is not implemented.
 
 Masks follow the library's one convention: boolean True = may attend, float masks are added,
 ``key_mask``/``src_key_mask`` True = a real (non-padding) token. torch's ``nn.MultiheadAttention``
@@ -15,7 +23,7 @@ import numpy as np
 
 from ._runtime import core as _core
 from ._validation import activation, as_bool, as_float, as_ids, broadcast_mask, check_eps, check_int, check_positive_int
-from .module import Module
+from .module import Module, check_dropout
 
 __all__ = [
     "MultiheadAttention",
@@ -31,6 +39,22 @@ __all__ = [
     "TransformerDecoder",
     "Transformer",
 ]
+
+def _kept(arr: np.ndarray, original) -> np.ndarray:
+    """``arr`` (a converted input) as an array a training forward may keep until its backward: a copy
+    when it is (a view of) the caller's own array, which the caller could change in the meantime."""
+    if isinstance(original, np.ndarray) and np.shares_memory(arr, original):
+        return arr.copy()
+    return arr
+
+
+def _grad_output(grad_output, name: str, shape: tuple, dtype) -> np.ndarray:
+    """``grad_output`` as a C-contiguous array of ``dtype`` and the forward output's ``shape``."""
+    g = as_float(grad_output, name, dtype)
+    if g.shape != tuple(shape):
+        raise ValueError(f"{name}: expected shape {tuple(shape)} (the forward's output), got {g.shape}")
+    return g
+
 
 def _check_activation(name) -> str:
     """An activation name of the library's one table (``_core.activation_names()``)."""
@@ -161,9 +185,14 @@ class MultiheadAttention(Module):
             ``(output (N, L, E), weights or None)`` in ``self.dtype``. Fully masked query rows give
             zeros before the output projection (so the output row is ``out_proj.bias``).
 
+        In training mode (``train()``) the call keeps what :meth:`backward` needs (the projected q,
+        k, v, the context and each row's log-sum-exp); it takes no ``past_key_values`` and no
+        ``need_weights`` then.
+
         Raises:
             ValueError: wrong ranks, mismatched batch/length/feature sizes, empty arrays, masks
-                of the wrong shape. TypeError: non-numeric input or a mask of the wrong dtype.
+                of the wrong shape; a KV cache or attention weights in training mode.
+            TypeError: non-numeric input or a mask of the wrong dtype.
         """
         q = as_float(query, "query", self.dtype, ndim=3)
         k = q if key is None else as_float(key, "key", self.dtype, ndim=3)
@@ -213,6 +242,20 @@ class MultiheadAttention(Module):
                 if positions.shape != (N, L):
                     raise ValueError(f"position_ids: expected shape {(N, L)}, got {positions.shape}")
         masks = _layer_masks(attn_mask, key_mask, N, self.num_heads, L, S, self.dtype)
+        if self.training:
+            if past_key_values is not None or need_weights:
+                raise ValueError("past_key_values, need_weights: the training forward takes no KV cache and returns "
+                                 "no attention weights (call .eval() for inference)")
+            q_kept = _kept(q, query)
+            k_kept = q_kept if self_attention else _kept(k, key)
+            v_kept = q_kept if self_attention else (k_kept if v is k else _kept(v, value))
+            out = self._impl.forward_train(q_kept, None if self_attention else k_kept,
+                                           None if self_attention else v_kept, *masks, bool(is_causal), path,
+                                           rotary_impl, positions)
+            # the C++ layer keeps pointers to these until backward
+            self._saved = (q_kept, k_kept, v_kept, masks, rotary, positions, self_attention,
+                           key is not None or value is not None)
+            return out, None
         result = self._impl.forward(q, None if self_attention else k, None if self_attention else v, *masks,
                                     bool(is_causal), 0, bool(need_weights), path, cache_impl, int(layer),
                                     rotary_impl, positions)
@@ -220,6 +263,30 @@ class MultiheadAttention(Module):
             return result, None
         out, weights = result
         return out, (weights.mean(axis=1) if average_attn_weights else weights)
+
+    def backward(self, grad_output):
+        """The gradients of the last training forward, given ``grad_output (N, L, E)``, the gradient
+        of a loss with respect to its output; every parameter's gradient is added.
+
+        Returns:
+            self-attention (``key``/``value`` not given): ``grad_query (N, L, E)``; otherwise
+            ``(grad_query, grad_key (N, S, kdim), grad_value (N, S, vdim))`` — when one array was
+            given as several of query/key/value, the gradient with respect to it is the sum of
+            theirs (all of it in ``grad_query`` when key and value are the query itself).
+
+        Raises:
+            NoTrainingStateError: no training forward since the last backward.
+            ValueError: ``grad_output`` not of the output's shape. TypeError: non-numeric.
+        """
+        q, k, v, _masks, _rotary, _positions, self_attention, explicit_kv = self._take_saved()
+        g = _grad_output(grad_output, "grad_output", q.shape[:2] + (self.embed_dim,), self.dtype)
+        if self_attention:
+            dq = self._impl.backward(g, None, None)
+            if not explicit_kv:
+                return dq
+            return dq, np.zeros(k.shape, self.dtype), np.zeros(v.shape, self.dtype)
+        dq, dk, dv = self._impl.backward(g, list(k.shape), list(v.shape))
+        return dq, dk, dv
 
 
 class Linear(Module):
@@ -246,10 +313,26 @@ class Linear(Module):
         Raises:
             ValueError: empty ``x`` or last dim not ``in_features``. TypeError: non-numeric ``x``.
         """
-        x = as_float(x, "x", self.dtype, min_ndim=1)
-        if x.shape[-1] != self.in_features:
-            raise ValueError(f"x: expected last dim {self.in_features} (in_features), got shape {x.shape}")
-        return self._impl.forward(x.reshape(-1, self.in_features)).reshape(x.shape[:-1] + (self.out_features,))
+        xa = as_float(x, "x", self.dtype, min_ndim=1)
+        if xa.shape[-1] != self.in_features:
+            raise ValueError(f"x: expected last dim {self.in_features} (in_features), got shape {xa.shape}")
+        x2 = xa.reshape(-1, self.in_features)
+        if self.training:
+            self._saved = (_kept(x2, x), xa.shape)
+        return self._impl.forward(x2).reshape(xa.shape[:-1] + (self.out_features,))
+
+    def backward(self, grad_output) -> np.ndarray:
+        """``grad_output (..., out_features)`` -> ``grad_x (..., in_features)`` of the last training
+        forward (``grad_x = grad_output · W``); adds ``weight``'s (``grad_outputᵀ · x``) and ``bias``'s
+        gradients.
+
+        Raises:
+            NoTrainingStateError: no training forward since the last backward.
+            ValueError: ``grad_output`` not of the output's shape.
+        """
+        x2, shape = self._take_saved()
+        g = _grad_output(grad_output, "grad_output", shape[:-1] + (self.out_features,), self.dtype)
+        return self._impl.backward(x2, g.reshape(-1, self.out_features)).reshape(shape)
 
 
 class Embedding(Module):
@@ -281,7 +364,23 @@ class Embedding(Module):
         ids = np.asarray(input_ids)
         shape = ids.shape
         ids = as_ids(ids.reshape(-1), "input_ids", ndim=1)
-        return self._impl.forward(ids).reshape(shape + (self.embedding_dim,))
+        out = self._impl.forward(ids).reshape(shape + (self.embedding_dim,))
+        if self.training:
+            self._saved = (ids.copy(), shape)
+        return out
+
+    def backward(self, grad_output) -> None:
+        """Adds ``grad_output (..., embedding_dim)`` of the last training forward into the rows of
+        ``weight``'s gradient that its ids picked (a scatter-add). Returns None: ids have no gradient.
+
+        Raises:
+            NoTrainingStateError: no training forward since the last backward.
+            ValueError: ``grad_output`` not of the output's shape.
+        """
+        ids, shape = self._take_saved()
+        g = _grad_output(grad_output, "grad_output", shape + (self.embedding_dim,), self.dtype)
+        self._impl.backward(ids, g.reshape(-1, self.embedding_dim))
+        return None
 
 
 class FeedForward(Module):
@@ -316,10 +415,36 @@ class FeedForward(Module):
         Raises:
             ValueError: empty ``x`` or last dim not ``d_model``.
         """
-        x = as_float(x, "x", self.dtype, min_ndim=1)
-        if x.shape[-1] != self.d_model:
-            raise ValueError(f"x: expected last dim {self.d_model} (d_model), got shape {x.shape}")
-        return self._impl.forward(x.reshape(-1, self.d_model)).reshape(x.shape)
+        return _mlp_forward(self, x)
+
+    def backward(self, grad_output) -> np.ndarray:
+        """``grad_output (..., d_model)`` -> ``grad_x (..., d_model)`` of the last training forward;
+        adds every weight's gradient.
+
+        Raises:
+            NoTrainingStateError: no training forward since the last backward.
+            ValueError: ``grad_output`` not of the output's shape.
+        """
+        return _mlp_backward(self, grad_output)
+
+
+def _mlp_forward(self, x) -> np.ndarray:
+    xa = as_float(x, "x", self.dtype, min_ndim=1)
+    if xa.shape[-1] != self.d_model:
+        raise ValueError(f"x: expected last dim {self.d_model} (d_model), got shape {xa.shape}")
+    x2 = xa.reshape(-1, self.d_model)
+    if not self.training:
+        return self._impl.forward(x2).reshape(xa.shape)
+    x2 = _kept(x2, x)
+    out = self._impl.forward_train(x2, 0.0, 0)  # the C++ layer keeps a pointer to x2 until backward
+    self._saved = (x2, xa.shape)
+    return out.reshape(xa.shape)
+
+
+def _mlp_backward(self, grad_output) -> np.ndarray:
+    x2, shape = self._take_saved()
+    g = _grad_output(grad_output, "grad_output", shape, self.dtype)
+    return self._impl.backward(g.reshape(-1, self.d_model)).reshape(shape)
 
 
 class GatedFeedForward(Module):
@@ -358,10 +483,17 @@ class GatedFeedForward(Module):
         Raises:
             ValueError: empty ``x`` or last dim not ``d_model``. TypeError: non-numeric ``x``.
         """
-        x = as_float(x, "x", self.dtype, min_ndim=1)
-        if x.shape[-1] != self.d_model:
-            raise ValueError(f"x: expected last dim {self.d_model} (d_model), got shape {x.shape}")
-        return self._impl.forward(x.reshape(-1, self.d_model)).reshape(x.shape)
+        return _mlp_forward(self, x)
+
+    def backward(self, grad_output) -> np.ndarray:
+        """``grad_output (..., d_model)`` -> ``grad_x (..., d_model)`` of the last training forward;
+        adds every weight's gradient.
+
+        Raises:
+            NoTrainingStateError: no training forward since the last backward.
+            ValueError: ``grad_output`` not of the output's shape.
+        """
+        return _mlp_backward(self, grad_output)
 
 
 class TransformerEncoderLayer(Module):
@@ -382,9 +514,11 @@ class TransformerEncoderLayer(Module):
     """
 
     def __init__(self, d_model: int, nhead: int, dim_feedforward: int = 2048, activation: str = "relu",
-                 layer_norm_eps: float = 1e-5, norm_first: bool = False, bias: bool = True, dtype=np.float32):
+                 layer_norm_eps: float = 1e-5, norm_first: bool = False, bias: bool = True, dtype=np.float32,
+                 *, dropout: float = 0.0):
         sfx = self._init_dtype(dtype)
         _check_layer_args(self, d_model, nhead, dim_feedforward, activation, layer_norm_eps, norm_first, bias)
+        self.dropout = check_dropout(dropout)
         self._impl = getattr(_core, "TransformerEncoderLayer" + sfx)(
             self.d_model, self.nhead, self.dim_feedforward, activation, self.layer_norm_eps, self.norm_first,
             self.bias)
@@ -421,8 +555,27 @@ class TransformerEncoderLayer(Module):
             raise ValueError(f"src: expected last dim {self.d_model} (d_model), got shape {x.shape}")
         masks = _layer_masks(src_mask, src_key_mask, N, self.nhead, L, L, self.dtype, mask_name="src_mask",
                              key_mask_name="src_key_mask")
-        out = self._impl.forward(x, *masks, bool(is_causal), path)
+        if self.training:
+            x = _kept(x, src)
+            p = self.dropout
+            out = self._impl.forward_train(x, *masks, bool(is_causal), path, p, p, self._dropout_seed(p))
+            self._saved = (x, masks, unbatched)  # the C++ layer keeps pointers to these until backward
+        else:
+            out = self._impl.forward(x, *masks, bool(is_causal), path)
         return out[0] if unbatched else out
+
+    def backward(self, grad_output) -> np.ndarray:
+        """``grad_output`` (the output's shape) -> ``grad_src`` of the last training forward; adds
+        every weight's gradient.
+
+        Raises:
+            NoTrainingStateError: no training forward since the last backward.
+            ValueError: ``grad_output`` not of the output's shape.
+        """
+        x, _masks, unbatched = self._take_saved()
+        g = _grad_output(grad_output, "grad_output", x.shape[1:] if unbatched else x.shape, self.dtype)
+        d = self._impl.backward(g[None] if unbatched else g)
+        return d[0] if unbatched else d
 
 
 def _check_layer_args(self, d_model, nhead, dim_feedforward, activation, layer_norm_eps, norm_first, bias) -> None:
@@ -476,10 +629,25 @@ class LayerNorm(Module):
         Raises:
             ValueError: empty ``x`` or last dim not E.
         """
-        x = as_float(x, "x", self.dtype, min_ndim=1)
-        if x.shape[-1] != self.normalized_size:
-            raise ValueError(f"x: expected last dim {self.normalized_size}, got shape {x.shape}")
-        return self._impl.forward(x.reshape(-1, self.normalized_size)).reshape(x.shape)
+        xa = as_float(x, "x", self.dtype, min_ndim=1)
+        if xa.shape[-1] != self.normalized_size:
+            raise ValueError(f"x: expected last dim {self.normalized_size}, got shape {xa.shape}")
+        x2 = xa.reshape(-1, self.normalized_size)
+        if self.training:
+            self._saved = (_kept(x2, x), xa.shape)
+        return self._impl.forward(x2).reshape(xa.shape)
+
+    def backward(self, grad_output) -> np.ndarray:
+        """``grad_output (..., E)`` -> ``grad_x (..., E)`` of the last training forward; adds the
+        gradients of ``weight`` (and of LayerNorm's ``bias``).
+
+        Raises:
+            NoTrainingStateError: no training forward since the last backward.
+            ValueError: ``grad_output`` not of the output's shape.
+        """
+        x2, shape = self._take_saved()
+        g = _grad_output(grad_output, "grad_output", shape, self.dtype)
+        return self._impl.backward(x2, g.reshape(-1, self.normalized_size)).reshape(shape)
 
 
 class RMSNorm(Module):
@@ -514,10 +682,25 @@ class RMSNorm(Module):
         Raises:
             ValueError: empty ``x`` or last dim not E. TypeError: non-numeric ``x``.
         """
-        x = as_float(x, "x", self.dtype, min_ndim=1)
-        if x.shape[-1] != self.normalized_size:
-            raise ValueError(f"x: expected last dim {self.normalized_size}, got shape {x.shape}")
-        return self._impl.forward(x.reshape(-1, self.normalized_size)).reshape(x.shape)
+        xa = as_float(x, "x", self.dtype, min_ndim=1)
+        if xa.shape[-1] != self.normalized_size:
+            raise ValueError(f"x: expected last dim {self.normalized_size}, got shape {xa.shape}")
+        x2 = xa.reshape(-1, self.normalized_size)
+        if self.training:
+            self._saved = (_kept(x2, x), xa.shape)
+        return self._impl.forward(x2).reshape(xa.shape)
+
+    def backward(self, grad_output) -> np.ndarray:
+        """``grad_output (..., E)`` -> ``grad_x (..., E)`` of the last training forward; adds the
+        gradients of ``weight`` (and of LayerNorm's ``bias``).
+
+        Raises:
+            NoTrainingStateError: no training forward since the last backward.
+            ValueError: ``grad_output`` not of the output's shape.
+        """
+        x2, shape = self._take_saved()
+        g = _grad_output(grad_output, "grad_output", shape, self.dtype)
+        return self._impl.backward(x2, g.reshape(-1, self.normalized_size)).reshape(shape)
 
 
 class TransformerDecoderLayer(Module):
@@ -536,9 +719,11 @@ class TransformerDecoderLayer(Module):
     """
 
     def __init__(self, d_model: int, nhead: int, dim_feedforward: int = 2048, activation: str = "relu",
-                 layer_norm_eps: float = 1e-5, norm_first: bool = False, bias: bool = True, dtype=np.float32):
+                 layer_norm_eps: float = 1e-5, norm_first: bool = False, bias: bool = True, dtype=np.float32,
+                 *, dropout: float = 0.0):
         sfx = self._init_dtype(dtype)
         _check_layer_args(self, d_model, nhead, dim_feedforward, activation, layer_norm_eps, norm_first, bias)
+        self.dropout = check_dropout(dropout)
         self._impl = getattr(_core, "TransformerDecoderLayer" + sfx)(
             self.d_model, self.nhead, self.dim_feedforward, activation, self.layer_norm_eps, self.norm_first,
             self.bias)
@@ -584,7 +769,27 @@ class TransformerDecoderLayer(Module):
             b = cross_masks[0]
             cross_masks = (cm[None, None] if b is None else np.logical_and(b, cm),) + cross_masks[1:]
             cross_masks = (np.broadcast_to(cross_masks[0], (N, self.nhead, T, S)),) + cross_masks[1:]
-        return self._impl.forward(x, mem, *self_masks, bool(tgt_is_causal), *cross_masks, path)
+        if not self.training:
+            return self._impl.forward(x, mem, *self_masks, bool(tgt_is_causal), *cross_masks, path)
+        x, mem = _kept(x, tgt), _kept(mem, memory)
+        p = self.dropout
+        out = self._impl.forward_train(x, mem, *self_masks, bool(tgt_is_causal), *cross_masks, path, p, p,
+                                       self._dropout_seed(p))
+        self._saved = (x, mem, self_masks, cross_masks)  # kept by pointer in C++ until backward
+        return out
+
+    def backward(self, grad_output) -> tuple[np.ndarray, np.ndarray]:
+        """``grad_output (N, T, E)`` -> ``(grad_tgt (N, T, E), grad_memory (N, S, E))`` of the last
+        training forward; adds every weight's gradient. ``grad_memory`` sums the gradients of the
+        cross-attention's keys and values.
+
+        Raises:
+            NoTrainingStateError: no training forward since the last backward.
+            ValueError: ``grad_output`` not of the output's shape.
+        """
+        x, mem, _self_masks, _cross_masks = self._take_saved()
+        g = _grad_output(grad_output, "grad_output", x.shape, self.dtype)
+        return tuple(self._impl.backward(g, mem.shape[1]))
 
 
 class _Stack(Module):
@@ -598,7 +803,7 @@ class _Stack(Module):
         state = layer.state_dict()
         self.layers = []
         for _ in range(self.num_layers):
-            copy = type(layer)(*_layer_args(layer))
+            copy = type(layer)(*_layer_args(layer), dropout=layer.dropout)
             copy.load_state_dict(state)
             self.layers.append(copy)
         self.norm = norm
@@ -635,6 +840,18 @@ class TransformerEncoder(_Stack):
             x = layer(x, mask, src_key_mask, is_causal, path)
         return x if self.norm is None else self.norm(x)
 
+    def backward(self, grad_output) -> np.ndarray:
+        """``grad_output (N, L, E)`` -> ``grad_src (N, L, E)`` of the last training forward, through
+        the norm and every layer in reverse; adds every weight's gradient.
+
+        Raises:
+            NoTrainingStateError: no training forward since the last backward.
+        """
+        g = grad_output if self.norm is None else self.norm.backward(grad_output)
+        for layer in reversed(self.layers):
+            g = layer.backward(g)
+        return g
+
 
 class TransformerDecoder(_Stack):
     """A stack of ``num_layers`` copies of ``decoder_layer`` and an optional final norm, as
@@ -658,6 +875,20 @@ class TransformerDecoder(_Stack):
                       memory_is_causal, path)
         return x if self.norm is None else self.norm(x)
 
+    def backward(self, grad_output) -> tuple[np.ndarray, np.ndarray]:
+        """``grad_output (N, T, E)`` -> ``(grad_tgt (N, T, E), grad_memory (N, S, E))`` of the last
+        training forward; ``grad_memory`` sums over the layers (each attends to the memory).
+
+        Raises:
+            NoTrainingStateError: no training forward since the last backward.
+        """
+        g = grad_output if self.norm is None else self.norm.backward(grad_output)
+        grad_memory = None
+        for layer in reversed(self.layers):
+            g, gm = layer.backward(g)
+            grad_memory = gm if grad_memory is None else grad_memory + gm
+        return g, grad_memory
+
 
 class Transformer(Module):
     """The encoder-decoder Transformer (Vaswani et al. 2017, Figure 1; the encoder–decoder tutorial), as
@@ -666,7 +897,8 @@ class Transformer(Module):
 
     Args: ``d_model=512, nhead=8, num_encoder_layers=6, num_decoder_layers=6,
     dim_feedforward=2048, activation="relu", layer_norm_eps=1e-5, norm_first=False, bias=True``
-    as torch (no dropout: inference), ``dtype``.
+    as torch, ``dtype``, and ``dropout`` (keyword, default 0: torch's default is 0.1; training
+    forwards only, see the module doc).
 
     Weights (torch's names): ``encoder.layers.{i}.*``, ``encoder.norm.*``,
     ``decoder.layers.{i}.*``, ``decoder.norm.*``.
@@ -674,13 +906,13 @@ class Transformer(Module):
 
     def __init__(self, d_model: int = 512, nhead: int = 8, num_encoder_layers: int = 6, num_decoder_layers: int = 6,
                  dim_feedforward: int = 2048, activation: str = "relu", layer_norm_eps: float = 1e-5,
-                 norm_first: bool = False, bias: bool = True, dtype=np.float32):
+                 norm_first: bool = False, bias: bool = True, dtype=np.float32, *, dropout: float = 0.0):
         self._init_dtype(dtype)
         args = (d_model, nhead, dim_feedforward, activation, layer_norm_eps, norm_first, bias, self.dtype)
         self.d_model, self.nhead = d_model, nhead
-        self.encoder = TransformerEncoder(TransformerEncoderLayer(*args), num_encoder_layers,
+        self.encoder = TransformerEncoder(TransformerEncoderLayer(*args, dropout=dropout), num_encoder_layers,
                                           LayerNorm(d_model, layer_norm_eps, bias, self.dtype))
-        self.decoder = TransformerDecoder(TransformerDecoderLayer(*args), num_decoder_layers,
+        self.decoder = TransformerDecoder(TransformerDecoderLayer(*args, dropout=dropout), num_decoder_layers,
                                           LayerNorm(d_model, layer_norm_eps, bias, self.dtype))
 
     def _children(self):
@@ -707,3 +939,13 @@ class Transformer(Module):
         memory = self.encoder(src_arr, src_mask, src_key_mask, src_is_causal, path)
         return self.decoder(tgt_arr, memory, tgt_mask, memory_mask, tgt_key_mask, memory_key_mask, tgt_is_causal,
                             memory_is_causal, path)
+
+    def backward(self, grad_output) -> tuple[np.ndarray, np.ndarray]:
+        """``grad_output (N, T, E)`` -> ``(grad_src (N, S, E), grad_tgt (N, T, E))`` of the last
+        training forward: the decoder's backward, then the encoder's from the memory's gradient.
+
+        Raises:
+            NoTrainingStateError: no training forward since the last backward.
+        """
+        grad_tgt, grad_memory = self.decoder.backward(grad_output)
+        return self.encoder.backward(grad_memory), grad_tgt

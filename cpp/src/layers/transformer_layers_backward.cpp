@@ -5,8 +5,9 @@
 //   post-LN encoder:  s1 = src + drop1(SA(src)),  x = norm1(s1),  s2 = x + drop2(FFN(x)),  out = norm2(s2)
 //   pre-LN encoder:   n1 = norm1(src),  x = src + drop1(SA(n1)),  n2 = norm2(x),  out = x + drop2(FFN(n2))
 // (the decoder adds the cross-attention step between the two, see there). The training forward runs
-// the forward's ops on the same values (add then norm is add_norm; x + y into a kept buffer is the
-// forward's in-place add), so without dropout its output equals forward's bit for bit.
+// the forward's ops on the same values (post-LN: the forward's add_norm, and the sum it normalises
+// kept beside; x + y into a kept buffer is the forward's in-place add), so without dropout its
+// output equals forward's bit for bit.
 #include <stdexcept>
 
 #include "transformer_core/kernels/workspace.hpp"
@@ -78,11 +79,11 @@ void TransformerEncoderLayer<T>::forward_train(const T* src, int64_t N, int64_t 
     self_attn_.forward_train(src, src, src, N, L, L, tmp, in);                    // SA(src)
     drop_(tmp, n, drop.p, drop.site(kDrop1));
     ops::add(src, tmp, n, s.b1.data());                                           // s1 = src + SA(src)
-    norm1_.forward(s.b1.data(), rows, s.b2.data());                               // x = norm1(s1)
+    norm1_.forward_add(src, tmp, rows, s.b2.data());                              // x = norm1(s1)
     ff_.forward_train(s.b2.data(), rows, tmp, drop.ffn_p, drop.site(kFfn));       // FFN(x)
     drop_(tmp, n, drop.p, drop.site(kDrop2));
     ops::add(s.b2.data(), tmp, n, s.b3.data());                                   // s2 = x + FFN(x)
-    norm2_.forward(s.b3.data(), rows, out);                                       // out = norm2(s2)
+    norm2_.forward_add(s.b2.data(), tmp, rows, out);                              // out = norm2(s2)
   }
   s.valid = true;
 }
@@ -157,15 +158,15 @@ void TransformerDecoderLayer<T>::forward_train(const T* tgt, int64_t N, int64_t 
     self_attn_.forward_train(tgt, tgt, tgt, N, Tq, Tq, tmp, self_in);
     drop_(tmp, n, drop.p, drop.site(kDrop1));
     ops::add(tgt, tmp, n, b1);                                            // s1 = tgt + SA(tgt)
-    norm1_.forward(b1, rows, b2);                                         // x1 = norm1(s1)
+    norm1_.forward_add(tgt, tmp, rows, b2);                               // x1 = norm1(s1)
     cross_attn_.forward_train(b2, memory, memory, N, Tq, S, tmp, cross_in);
     drop_(tmp, n, drop.p, drop.site(kDrop2));
     ops::add(b2, tmp, n, b3);                                             // s2 = x1 + CA(x1, mem)
-    norm2_.forward(b3, rows, b4);                                         // x2 = norm2(s2)
+    norm2_.forward_add(b2, tmp, rows, b4);                                // x2 = norm2(s2)
     ff_.forward_train(b4, rows, tmp, drop.ffn_p, drop.site(kFfn));
     drop_(tmp, n, drop.p, drop.site(kDrop3));
     ops::add(b4, tmp, n, b5);                                             // s3 = x2 + FFN(x2)
-    norm3_.forward(b5, rows, out);                                        // out = norm3(s3)
+    norm3_.forward_add(b4, tmp, rows, out);                               // out = norm3(s3)
   }
   s.valid = true;
 }

@@ -1,0 +1,241 @@
+"""The encoder–decoder Transformer as a whole model: token embeddings, sinusoidal positions,
+:class:`~transformer_core.nn.Transformer` and an output projection (Vaswani et al. 2017, Figure 1;
+the encoder–decoder tutorial; PyTorch's "Language Translation with nn.Transformer" tutorial's
+``Seq2SeqTransformer``, whose parameter names it keeps), trainable with an explicit backward.
+
+    x   = src_tok_emb[src] · √d_model + PE        y = tgt_tok_emb[tgt] · √d_model + PE
+    out = Transformer(x, y, causal target mask)   logits = generator(out)
+    loss = cross-entropy(logits, labels)          (teacher forcing: tgt is the labels shifted right)
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ._validation import as_bool, as_ids, check_int, check_positive_int
+from .backward import cross_entropy_with_grad, dropout_backward
+from .functional import dropout as _dropout
+from .module import Module, NonFiniteLossError, NoTrainingStateError, check_dropout
+from .nn import Embedding, Linear, Transformer
+from .positional import sinusoidal_positional_encoding
+
+__all__ = ["Seq2SeqTransformer"]
+
+
+class Seq2SeqTransformer(Module):
+    """An encoder–decoder Transformer with its embeddings and output layer.
+
+    Args:
+        src_vocab_size, tgt_vocab_size: the two vocabularies (>= 1).
+        d_model, nhead, num_encoder_layers, num_decoder_layers, dim_feedforward, activation,
+            layer_norm_eps, norm_first, bias: as :class:`~transformer_core.nn.Transformer`
+            (torch's defaults).
+        dropout: in training forwards: on the embedded inputs (the tutorial's PositionalEncoding
+            dropout) and in every layer (torch's dropout1/2/3 and the feed-forward's); 0 = none.
+        max_len: the longest sequence (rows of the sinusoidal table).
+        dtype: ``np.float32`` (default) or ``np.float64``.
+
+    Weights (the tutorial's names): ``src_tok_emb.weight (src_vocab, E)``,
+    ``tgt_tok_emb.weight (tgt_vocab, E)``, ``transformer.*`` (torch's ``nn.Transformer`` names),
+    ``generator.weight (tgt_vocab, E)``, ``generator.bias``. A torch module built the same way loads
+    its ``state_dict`` as is.
+
+    Training: ``model.train(); loss = model.loss(src, tgt_in, labels); model.backward()``.
+    """
+
+    def __init__(self, src_vocab_size: int, tgt_vocab_size: int, d_model: int = 512, nhead: int = 8,
+                 num_encoder_layers: int = 6, num_decoder_layers: int = 6, dim_feedforward: int = 2048,
+                 dropout: float = 0.0, activation: str = "relu", layer_norm_eps: float = 1e-5,
+                 norm_first: bool = False, bias: bool = True, max_len: int = 5000, dtype=np.float32):
+        self._init_dtype(dtype)
+        self.src_vocab_size = check_positive_int(src_vocab_size, "src_vocab_size")
+        self.tgt_vocab_size = check_positive_int(tgt_vocab_size, "tgt_vocab_size")
+        self.d_model = check_positive_int(d_model, "d_model")
+        self.max_len = check_positive_int(max_len, "max_len")
+        self.dropout = check_dropout(dropout)
+        self.src_tok_emb = Embedding(self.src_vocab_size, d_model, self.dtype)
+        self.tgt_tok_emb = Embedding(self.tgt_vocab_size, d_model, self.dtype)
+        self.transformer = Transformer(d_model, nhead, num_encoder_layers, num_decoder_layers, dim_feedforward,
+                                       activation, layer_norm_eps, norm_first, bias, self.dtype, dropout=dropout)
+        self.generator = Linear(d_model, self.tgt_vocab_size, True, self.dtype)
+        self.pe = sinusoidal_positional_encoding(self.max_len, d_model, dtype=self.dtype)  # (max_len, E)
+        self.scale = math.sqrt(d_model)
+
+    def _children(self):
+        return [("src_tok_emb", self.src_tok_emb), ("tgt_tok_emb", self.tgt_tok_emb),
+                ("transformer", self.transformer), ("generator", self.generator)]
+
+    # ---- pieces -----------------------------------------------------------------------------------
+    def _embed(self, table: Embedding, ids: np.ndarray, name: str):
+        """``table[ids] · √E + PE[:L]`` (then dropout in training): ``((N, L, E), seed)``."""
+        L = ids.shape[1]
+        if L > self.max_len:
+            raise ValueError(f"{name}: length {L} exceeds max_len ({self.max_len})")
+        x = table(ids) * self.dtype(self.scale) + self.pe[:L]
+        seed = None
+        if self.training and self.dropout > 0:
+            seed = self._dropout_seed(self.dropout)
+            x = _dropout(x, self.dropout, seed)
+        return x, seed
+
+    def _masks(self, src, tgt, src_key_mask, tgt_key_mask):
+        src = as_ids(src, "src")
+        tgt = as_ids(tgt, "tgt")
+        if src.shape[0] != tgt.shape[0]:
+            raise ValueError(f"tgt: expected batch size {src.shape[0]} (src's), got shape {tgt.shape}")
+        sk = tk = None
+        if src_key_mask is not None:
+            sk = as_bool(src_key_mask, "src_key_mask")
+            if sk.shape != src.shape:
+                raise ValueError(f"src_key_mask: expected shape {src.shape} (src's), got {sk.shape}")
+        if tgt_key_mask is not None:
+            tk = as_bool(tgt_key_mask, "tgt_key_mask")
+            if tk.shape != tgt.shape:
+                raise ValueError(f"tgt_key_mask: expected shape {tgt.shape} (tgt's), got {tk.shape}")
+        return src, tgt, sk, tk
+
+    def forward(self, src, tgt, src_key_mask=None, tgt_key_mask=None) -> np.ndarray:
+        """Next-token logits of the target given the source (teacher forcing).
+
+        Args:
+            src: ``(N, S)`` source token ids.  tgt: ``(N, T)`` target ids (start token first).
+            src_key_mask: ``(N, S)`` True = a real source token (padding is not attended to, by the
+                encoder nor by the decoder's cross-attention).  tgt_key_mask: ``(N, T)``.
+
+        Returns:
+            ``(N, T, tgt_vocab_size)`` logits; position t predicts target token t + 1. The decoder's
+            self-attention is causal.
+
+        Raises:
+            ValueError: ids out of range, batch sizes that differ, lengths over ``max_len``, masks
+                of the wrong shape. TypeError: non-integer ids.
+        """
+        src, tgt, sk, tk = self._masks(src, tgt, src_key_mask, tgt_key_mask)
+        x, src_seed = self._embed(self.src_tok_emb, src, "src")
+        y, tgt_seed = self._embed(self.tgt_tok_emb, tgt, "tgt")
+        out = self.transformer(x, y, src_key_mask=sk, tgt_key_mask=tk, memory_key_mask=sk, tgt_is_causal=True)
+        if self.training:
+            self._embed_seeds = (src_seed, tgt_seed)
+        return self.generator(out)
+
+    def loss(self, src, tgt, labels, src_key_mask=None, tgt_key_mask=None, *, ignore_index: int = -100,
+             label_smoothing: float = 0.0) -> float:
+        """Mean cross-entropy of ``labels`` under :meth:`forward`'s logits (no shift: ``labels[:, t]``
+        is the token that position t predicts, usually the target without its start token).
+
+        Args:
+            src, tgt, src_key_mask, tgt_key_mask: as :meth:`forward`.
+            labels: ``(N, T)`` ints in ``[0, tgt_vocab_size)`` or ``ignore_index``.
+            ignore_index, label_smoothing: as torch's ``cross_entropy``.
+
+        Returns:
+            The loss (a float). In training mode the call keeps what :meth:`backward` needs.
+
+        Raises:
+            NonFiniteLossError: the loss is NaN or inf; nothing is kept, no gradient was touched.
+            ValueError: labels of the wrong shape or out of range; as :meth:`forward`.
+        """
+        if isinstance(ignore_index, bool) or not isinstance(ignore_index, (int, np.integer)):
+            raise TypeError(f"ignore_index: expected an int, got {type(ignore_index).__name__}")
+        lab = as_ids(labels, "labels")
+        tgt_shape = as_ids(tgt, "tgt").shape
+        if lab.shape != tgt_shape:
+            raise ValueError(f"labels: expected shape {tgt_shape} (tgt's), got {lab.shape}")
+        bad = (lab != ignore_index) & ((lab < 0) | (lab >= self.tgt_vocab_size))
+        if bad.any():
+            pos = tuple(int(i) for i in np.argwhere(bad)[0])
+            raise ValueError(f"labels: expected values in [0, {self.tgt_vocab_size}) or ignore_index "
+                             f"({ignore_index}), got {int(lab[pos])} at {pos}")
+        logits = self.forward(src, tgt, src_key_mask, tgt_key_mask)
+        value, dlogits = cross_entropy_with_grad(logits, lab, int(ignore_index), label_smoothing)
+        value = float(value)
+        if not math.isfinite(value):
+            self._discard()
+            raise NonFiniteLossError(f"loss: the loss is {value} (non-finite); no gradient was touched and nothing "
+                                     "was kept for backward", value)
+        if self.training:
+            self._saved = dlogits
+        return value
+
+    def _discard(self) -> None:
+        """Drops what the training forwards kept (every child's)."""
+        stack = [self]
+        while stack:
+            m = stack.pop()
+            m._saved = None
+            stack.extend(child for _, child in m._children())
+            if isinstance(m, (type(self.transformer.encoder), type(self.transformer.decoder))):
+                stack.extend(m.layers)
+
+    def backward(self) -> None:
+        """The backward pass of the last :meth:`loss` in training mode: every parameter's gradient added
+        (generator, decoder, encoder through the memory, both embeddings).
+
+        Raises:
+            NoTrainingStateError: no training loss since the last backward.
+        """
+        if not self.training:
+            raise NoTrainingStateError("Seq2SeqTransformer.backward: no training loss to differentiate (mode: eval; "
+                                       "call .train() first)")
+        dlogits = self._take_saved()
+        g = self.generator.backward(dlogits)
+        grad_src, grad_tgt = self.transformer.backward(g)
+        src_seed, tgt_seed = self._embed_seeds
+        for table, grad, seed in ((self.src_tok_emb, grad_src, src_seed), (self.tgt_tok_emb, grad_tgt, tgt_seed)):
+            if seed is not None:
+                grad = dropout_backward(grad, self.dropout, seed)
+            table.backward(grad * self.dtype(self.scale))
+
+    # ---- inference ---------------------------------------------------------------------------------
+    def encode(self, src, src_key_mask=None) -> np.ndarray:
+        """The encoder's output (the memory) ``(N, S, E)`` (eval mode)."""
+        self._require_eval("encode")
+        src = as_ids(src, "src")
+        sk = None if src_key_mask is None else as_bool(src_key_mask, "src_key_mask")
+        x, _ = self._embed(self.src_tok_emb, src, "src")
+        return self.transformer.encoder(x, src_key_mask=sk)
+
+    def decode(self, tgt, memory, src_key_mask=None) -> np.ndarray:
+        """Logits ``(N, T, tgt_vocab_size)`` of ``tgt`` over ``memory`` (eval mode)."""
+        self._require_eval("decode")
+        tgt = as_ids(tgt, "tgt")
+        sk = None if src_key_mask is None else as_bool(src_key_mask, "src_key_mask")
+        y, _ = self._embed(self.tgt_tok_emb, tgt, "tgt")
+        return self.generator(self.transformer.decoder(y, memory, memory_key_mask=sk, tgt_is_causal=True))
+
+    def greedy_decode(self, src, max_len: int, start_token: int, end_token: int | None = None,
+                      src_key_mask=None) -> np.ndarray:
+        """Greedy decoding (the translation tutorial's ``greedy_decode``): from ``start_token``, append
+        the argmax of the last position's logits, ``max_len`` tokens at most or until every sequence
+        emitted ``end_token`` (later tokens of a finished sequence are ``end_token``).
+
+        Returns:
+            ``(N, 1 + steps)`` int64 ids, the start token first.
+
+        Raises:
+            ValueError: in training mode (call ``.eval()``), ``max_len`` < 1, tokens out of range.
+        """
+        self._require_eval("greedy_decode")
+        max_len = check_positive_int(max_len, "max_len")
+        start_token = check_int(start_token, "start_token", 0)
+        if start_token >= self.tgt_vocab_size:
+            raise ValueError(f"start_token: expected an id in [0, {self.tgt_vocab_size}), got {start_token}")
+        memory = self.encode(src, src_key_mask)
+        N = memory.shape[0]
+        ys = np.full((N, 1), start_token, np.int64)
+        done = np.zeros(N, bool)
+        for _ in range(max_len):
+            nxt = self.decode(ys, memory, src_key_mask)[:, -1].argmax(-1)
+            if end_token is not None:
+                nxt = np.where(done, end_token, nxt)
+                done |= nxt == end_token
+            ys = np.concatenate([ys, nxt[:, None]], axis=1)
+            if end_token is not None and done.all():
+                break
+        return ys
+
+    def _require_eval(self, what: str) -> None:
+        if self.training:
+            raise ValueError(f"{what}: runs the inference path; call .eval() first")
