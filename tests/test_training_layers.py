@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 import transformer_core as tc
-from conftest import DTYPE_IDS, FLOAT_DTYPES, TORCH_DTYPE, module_state_to_numpy, randomise_, randn, to_torch
+from conftest import DTYPE_IDS, FLOAT_DTYPES, TORCH_DTYPE, module_state_to_numpy, randn, randomise_, to_torch
 
 TOL = {np.dtype(np.float64): 1e-10, np.dtype(np.float32): 1e-4}
 
