@@ -25,7 +25,8 @@ void register_configs(py::module_& m) {
       .def_readwrite("type_vocab_size", &BertConfig::type_vocab_size)
       .def_readwrite("hidden_act", &BertConfig::hidden_act)
       .def_readwrite("layer_norm_eps", &BertConfig::layer_norm_eps)
-      .def_readwrite("add_pooling_layer", &BertConfig::add_pooling_layer);
+      .def_readwrite("add_pooling_layer", &BertConfig::add_pooling_layer)
+      .def_readwrite("pad_token_id", &BertConfig::pad_token_id);
   py::class_<GPT2Config>(m, "GPT2Config")
       .def(py::init<>())
       .def_readwrite("vocab_size", &GPT2Config::vocab_size)
@@ -51,6 +52,7 @@ void register_configs(py::module_& m) {
       .def_readwrite("attention_bias", &LlamaConfig::attention_bias)
       .def_readwrite("mlp_bias", &LlamaConfig::mlp_bias)
       .def_readwrite("tie_word_embeddings", &LlamaConfig::tie_word_embeddings)
+      .def_readwrite("pad_token_id", &LlamaConfig::pad_token_id)
       .def_readwrite("hidden_act", &LlamaConfig::hidden_act);
 }
 

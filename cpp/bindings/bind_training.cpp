@@ -99,15 +99,15 @@ void register_dtype(py::module_& m) {
       // ids [rows] int64, dy [rows, H]: weight.grad[ids] += dy
       .def(
           "backward",
-          [](layers::Embedding<T>& self, const CArray<int64_t>& ids, const CArray<T>& dy) {
+          [](layers::Embedding<T>& self, const CArray<int64_t>& ids, const CArray<T>& dy, int64_t padding_idx) {
             const int64_t rows = static_cast<int64_t>(ids.size());
             require(dy.ndim() == 2 && dy.shape(0) == rows && dy.shape(1) == self.embedding_dim(),
                     "Embedding.backward: expected grad_output (rows, embedding_dim)");
             self.check(ids.data(), rows, "input_ids");
             py::gil_scoped_release release;
-            self.backward(ids.data(), dy.data(), rows);
+            self.backward(ids.data(), dy.data(), rows, padding_idx);
           },
-          py::arg("ids"), py::arg("grad_output"));
+          py::arg("ids"), py::arg("grad_output"), py::arg("padding_idx"));
 
   bound_class<layers::Embeddings<T>>(m, "Embeddings" + sfx)
       // As forward (input_ids, position_ids, token_type_ids: [rows] int64, the latter two or None), keeping

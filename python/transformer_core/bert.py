@@ -66,6 +66,7 @@ class BertConfig:
                      "max_position_embeddings", "type_vocab_size", "layer_norm_eps", "add_pooling_layer"):
             setattr(c, name, getattr(self, name))
         c.hidden_act = activation(self.hidden_act, "hidden_act")
+        c.pad_token_id = -1 if self.pad_token_id is None else int(self.pad_token_id)
         return c
 
 

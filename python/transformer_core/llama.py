@@ -103,6 +103,8 @@ class LlamaConfig:
         c.rope_theta = float(self.rope_theta)
         c.attention_bias, c.mlp_bias = bool(self.attention_bias), bool(self.mlp_bias)
         c.tie_word_embeddings = bool(self.tie_word_embeddings)
+        pad = self.pad_token_id
+        c.pad_token_id = pad if isinstance(pad, int) and 0 <= pad < self.vocab_size else -1
         c.hidden_act = activation(self.hidden_act, "hidden_act")
         return c
 

@@ -342,17 +342,27 @@ class Embedding(Module):
         num_embeddings: V, rows of the table (>= 1).
         embedding_dim: H, the width of a row (>= 1).
         dtype: ``np.float32`` or ``np.float64``.
+        padding_idx: (keyword) as torch's: that row starts at zeros and gets no gradient; None: none.
 
     Weights: ``weight (num_embeddings, embedding_dim)`` (initialised N(0, 1), as torch).
     """
 
-    def __init__(self, num_embeddings: int, embedding_dim: int, dtype=np.float32):
+    def __init__(self, num_embeddings: int, embedding_dim: int, dtype=np.float32, *, padding_idx: int | None = None):
         sfx = self._init_dtype(dtype)
         self.num_embeddings = check_positive_int(num_embeddings, "num_embeddings")
         self.embedding_dim = check_positive_int(embedding_dim, "embedding_dim")
+        if padding_idx is not None:
+            padding_idx = check_int(padding_idx, "padding_idx", -self.num_embeddings)
+            if padding_idx >= self.num_embeddings:
+                raise ValueError(f"padding_idx: expected an index in [-{self.num_embeddings}, {self.num_embeddings}), "
+                                 f"got {padding_idx}")
+            padding_idx %= self.num_embeddings
+        self.padding_idx = padding_idx
         self._impl = getattr(_core, "Embedding" + sfx)(self.num_embeddings, self.embedding_dim)
-        self.load_state_dict({"weight": np.random.default_rng(0).standard_normal(
-            (self.num_embeddings, self.embedding_dim))})
+        weight = np.random.default_rng(0).standard_normal((self.num_embeddings, self.embedding_dim))
+        if padding_idx is not None:
+            weight[padding_idx] = 0.0
+        self.load_state_dict({"weight": weight})
 
     def forward(self, input_ids) -> np.ndarray:
         """``input_ids (...)`` integer ids in ``[0, num_embeddings)`` -> ``(..., embedding_dim)``.
@@ -371,7 +381,8 @@ class Embedding(Module):
 
     def backward(self, grad_output) -> None:
         """Adds ``grad_output (..., embedding_dim)`` of the last training forward into the rows of
-        ``weight``'s gradient that its ids picked (a scatter-add). Returns None: ids have no gradient.
+        ``weight``'s gradient that its ids picked (a scatter-add; ``padding_idx``'s row gets nothing).
+        Returns None: ids have no gradient.
 
         Raises:
             NoTrainingStateError: no training forward since the last backward.
@@ -379,7 +390,7 @@ class Embedding(Module):
         """
         ids, shape = self._take_saved()
         g = _grad_output(grad_output, "grad_output", shape + (self.embedding_dim,), self.dtype)
-        self._impl.backward(ids, g.reshape(-1, self.embedding_dim))
+        self._impl.backward(ids, g.reshape(-1, self.embedding_dim), -1 if self.padding_idx is None else self.padding_idx)
         return None
 
 

@@ -54,9 +54,9 @@ def save_checkpoint(directory, model: Module, optimizer=None, scheduler=None) ->
     save_file(model.state_dict(), str(path / "model.safetensors"), metadata={"format": "np"})
     if optimizer is not None:
         state = _optimizer_layout(optimizer.state_dict(), _transposed_names(model))
-        save_file({k: np.ascontiguousarray(v) for k, v in state.items()}, str(path / "optimizer.safetensors"))
+        save_file({k: np.asarray(v, order="C") for k, v in state.items()}, str(path / "optimizer.safetensors"))
     if scheduler is not None:
-        save_file({k: np.ascontiguousarray(v) for k, v in scheduler.state_dict().items()},
+        save_file({k: np.asarray(v, order="C") for k, v in scheduler.state_dict().items()},
                   str(path / "scheduler.safetensors"))
 
 

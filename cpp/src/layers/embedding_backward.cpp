@@ -10,8 +10,8 @@
 namespace transformer_core::layers {
 
 template <class T>
-void Embedding<T>::backward(const int64_t* ids, const T* dy, int64_t rows) {
-  ops::embedding_backward(ids, dy, rows, num_, dim_, /*padding_idx=*/-1, this->accumulate_gradient("weight"),
+void Embedding<T>::backward(const int64_t* ids, const T* dy, int64_t rows, int64_t padding_idx) {
+  ops::embedding_backward(ids, dy, rows, num_, dim_, padding_idx, this->accumulate_gradient("weight"),
                           /*accumulate=*/true);
 }
 
@@ -56,7 +56,7 @@ void Embeddings<T>::backward(T* dout) {
     norm_->backward(s.sum.data(), dout, rows, dsum.data());
     d = dsum.data();
   }
-  word_.backward(s.ids, d, rows);
+  word_.backward(s.ids, d, rows, config_.padding_idx);
   if (position_ != nullptr && s.positions != nullptr) position_->backward(s.positions, d, rows);
   if (token_type_ != nullptr) {
     if (s.token_type_ids != nullptr) {
@@ -74,7 +74,7 @@ void Embeddings<T>::release_activations() {
 }
 
 #define TC_INSTANTIATE(T)                                                                                   \
-  template void Embedding<T>::backward(const int64_t*, const T*, int64_t);                                  \
+  template void Embedding<T>::backward(const int64_t*, const T*, int64_t, int64_t);                         \
   template void Embeddings<T>::forward_train(const int64_t*, const int64_t*, const int64_t*, int64_t, T*,    \
                                              double, uint64_t);                                             \
   template void Embeddings<T>::backward(T*);                                                                \

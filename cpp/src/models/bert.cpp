@@ -34,6 +34,7 @@ layers::EmbeddingsConfig embeddings_config(const BertConfig& c) {
   e.type_vocab_size = c.type_vocab_size;
   e.layer_norm = true;
   e.layer_norm_eps = c.layer_norm_eps;
+  e.padding_idx = c.pad_token_id;
   return e;
 }
 }  // namespace

@@ -269,7 +269,7 @@ void DecoderModel<T>::backward() {
     std::swap(g, g_next);
   }
   if (s.drop.embed_p > 0) ops::dropout(g, g, n, s.drop.embed_p, s.drop.site(kDropEmbed));
-  embed_tokens_.backward(s.ids.data(), g, rows);
+  embed_tokens_.backward(s.ids.data(), g, rows, config_.padding_idx);
   if (embed_positions_ != nullptr) embed_positions_->backward(s.positions.data(), g, rows);
 }
 

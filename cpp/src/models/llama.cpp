@@ -25,6 +25,7 @@ DecoderConfig decoder_config(const LlamaConfig& c) {
   d.rope_theta = c.rope_theta;
   d.rope_layout = ops::RotaryLayout::kHalf;
   d.tie_word_embeddings = c.tie_word_embeddings;
+  d.padding_idx = c.pad_token_id;
   return d;
 }
 }  // namespace

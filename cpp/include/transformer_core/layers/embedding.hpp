@@ -31,8 +31,10 @@ class Embedding : public Module<T> {
   void forward_add(const int64_t* ids, int64_t rows, T* out) const;
 
   // ---- training (embedding_backward.cpp) ----
-  // weight.grad[ids[r]] += dy[r] for r < rows (a deterministic scatter-add).   dy: [rows, H]
-  void backward(const int64_t* ids, const T* dy, int64_t rows);
+  // weight.grad[ids[r]] += dy[r] for r < rows (a deterministic scatter-add), except rows whose id is
+  // padding_idx (torch's nn.Embedding(padding_idx=...): that row gets no gradient; < 0: none).
+  // dy: [rows, H]
+  void backward(const int64_t* ids, const T* dy, int64_t rows, int64_t padding_idx = -1);
 
   int64_t num_embeddings() const { return num_; }
   int64_t embedding_dim() const { return dim_; }
@@ -51,6 +53,7 @@ struct EmbeddingsConfig {
   int64_t type_vocab_size = 0;          // 0: no token types
   bool layer_norm = true;
   double layer_norm_eps = 1e-12;
+  int64_t padding_idx = -1;             // training: the word row that gets no gradient (< 0: none)
 };
 
 template <class T>

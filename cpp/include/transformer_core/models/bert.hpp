@@ -33,6 +33,7 @@ struct BertConfig {
   Activation hidden_act = Activation::kGelu;
   double layer_norm_eps = 1e-12;
   bool add_pooling_layer = true;
+  int64_t pad_token_id = -1;  // training: word_embeddings' padding_idx (its row gets no gradient; < 0: none)
 };
 
 template <class T>

@@ -52,6 +52,7 @@ struct DecoderConfig {
   double rope_theta = 10000.0;
   ops::RotaryLayout rope_layout = ops::RotaryLayout::kHalf;
   bool tie_word_embeddings = true;
+  int64_t padding_idx = -1;       // training: the embedding row that gets no gradient from the input side (< 0: none)
 };
 
 template <class T>

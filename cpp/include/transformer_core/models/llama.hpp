@@ -28,6 +28,7 @@ struct LlamaConfig {
   bool attention_bias = false;
   bool mlp_bias = false;
   bool tie_word_embeddings = false;
+  int64_t pad_token_id = -1;  // training: embed_tokens' padding_idx, as Hugging Face's (< 0: none)
   Activation hidden_act = Activation::kSilu;
 };
 

@@ -1,0 +1,468 @@
+"""Training of whole models: the loss and every parameter's gradient against torch.autograd on the
+same weights (transformers' GPT2LMHeadModel, LlamaForCausalLM and BertModel; a seq2seq model built
+from torch.nn.Transformer), 20 AdamW steps with warmup + cosine and clipping against torch's, the
+checkpoints (safetensors, loaded by transformers and back), and bad input.
+
+Tolerances: gradients fp64 <= 1e-10 and fp32 <= 1e-4 relative (test_training_layers.assert_grad);
+parameters after 20 optimizer steps fp64 <= 1e-9.
+
+Hugging Face's causal-LM loss upcasts the logits to float32 even for a float64 model; the fp64
+reference loss here is torch's cross_entropy on the float64 logits (the same formula: position t
+predicts labels[t + 1], -100 ignored, mean over the rest). Its Llama computes RMSNorm and the RoPE
+angles in float32 too: test_models_llama's ``_true_fp64`` computes them in float64.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import transformer_core as tc
+from conftest import TORCH_DTYPE
+from test_models_llama import _true_fp64
+from test_training_layers import assert_grad
+
+transformers = pytest.importorskip("transformers")
+
+V = 61
+
+
+def _randomise(hf, seed):
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if "norm" in name or ".ln_" in name or name.startswith("ln_") or "LayerNorm" in name:
+                p.copy_(1.0 + 0.2 * torch.randn_like(p) if name.endswith("weight") else 0.2 * torch.randn_like(p))
+            else:
+                p.copy_(0.3 * torch.randn_like(p))
+    return hf
+
+
+def gpt2_pair(dtype, seed=0, **kw):
+    cfg = transformers.GPT2Config(vocab_size=V, n_positions=24, n_embd=16, n_layer=2, n_head=4, resid_pdrop=0.0,
+                                  embd_pdrop=0.0, attn_pdrop=0.0, attn_implementation="eager", **kw)
+    hf = _randomise(transformers.GPT2LMHeadModel(cfg).to(TORCH_DTYPE[np.dtype(dtype)]), seed)
+    ours = tc.GPT2LMHeadModel(tc.GPT2Config.from_dict(cfg.to_dict()), dtype=dtype)
+    ours.load_state_dict({k: v.detach().numpy() for k, v in hf.state_dict().items()})
+    return hf, ours
+
+
+def llama_pair(dtype, tie, seed=0, num_key_value_heads=2):
+    cfg = transformers.LlamaConfig(vocab_size=V, hidden_size=24, intermediate_size=40, num_hidden_layers=2,
+                                   num_attention_heads=6, num_key_value_heads=num_key_value_heads,
+                                   max_position_embeddings=32, rms_norm_eps=1e-5, tie_word_embeddings=tie,
+                                   bos_token_id=None, eos_token_id=None, pad_token_id=None,
+                                   attn_implementation="sdpa")
+    hf = _randomise(transformers.LlamaForCausalLM(cfg).to(TORCH_DTYPE[np.dtype(dtype)]), seed)
+    ours = tc.LlamaForCausalLM(tc.LlamaConfig.from_dict(cfg.to_dict()), dtype=dtype)
+    ours.load_state_dict({k: v.detach().numpy() for k, v in hf.state_dict().items()})
+    return hf, ours
+
+
+def torch_causal_loss(hf, ids, labels, mask=None, positions=None):
+    """HF's causal-LM loss in the logits' own dtype."""
+    kw = {}
+    if mask is not None:
+        kw["attention_mask"] = torch.from_numpy(mask.astype(np.int64))
+    if positions is not None:
+        kw["position_ids"] = torch.from_numpy(positions)
+    logits = hf(torch.from_numpy(ids), **kw).logits
+    return torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]),
+                                             torch.from_numpy(labels[:, 1:]).reshape(-1), ignore_index=-100)
+
+
+def check_model_grads(ours, hf, dtype, rename=lambda n: n):
+    grads = ours.gradients()
+    names = []
+    for name, p in hf.named_parameters():
+        key = rename(name)
+        names.append(key)
+        if key.endswith("attention.self.key.bias") and dtype == np.float32:
+            # zero in exact arithmetic (adding q·b to a whole row of scores leaves the softmax as it
+            # is): both sides are float32 rounding noise
+            assert np.abs(grads[key]).max() <= 1e-5 and np.abs(p.grad.numpy()).max() <= 1e-5, key
+            continue
+        assert_grad(grads.get(key), p.grad, dtype, key)
+    assert sorted(grads) == sorted(names), "gradients of other names"
+
+
+def batch(rng, N, L, padding=None):
+    ids = rng.integers(0, V, (N, L))
+    mask = np.ones((N, L), bool)
+    if padding == "right":
+        mask[0, L - 3:] = False
+    elif padding == "left":
+        mask[1, :4] = False
+    labels = np.where(mask, ids, -100)
+    if padding == "left":
+        # the first real token is no target (the last padding position would predict it, from a row
+        # that sees no key: zeros here, Hugging Face's eager mask gives it a uniform average instead)
+        labels[1, 4] = -100
+    return ids, mask, labels
+
+
+# --------------------------------------------------------------------------------------------------
+# GPT-2 and Llama against transformers
+# --------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
+@pytest.mark.parametrize("padding", [None, "right", "left"])
+def test_gpt2_loss_and_gradients(rng, dtype, padding):
+    hf, ours = gpt2_pair(dtype)
+    ids, mask, labels = batch(rng, 3, 11, padding)
+    positions = np.maximum(np.cumsum(mask, 1) - 1, 0) if padding == "left" else None
+    ref = torch_causal_loss(hf, ids, labels, mask, positions)
+    ref.backward()
+    ours.train()
+    loss = ours.loss(ids, labels, attention_mask=mask)
+    assert abs(loss - ref.item()) <= (1e-12 if dtype == np.float64 else 1e-5)
+    ours.backward()
+    check_model_grads(ours, hf, dtype, lambda n: n.removeprefix("transformer."))
+    ours.eval()
+    assert abs(ours.loss(ids, labels, attention_mask=mask) - loss) <= (1e-12 if dtype == np.float64 else 1e-6)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
+@pytest.mark.parametrize("tie,kv", [(False, 2), (True, 2), (True, 1)], ids=["gqa_untied", "gqa_tied", "mqa_tied"])
+def test_llama_loss_and_gradients(rng, dtype, tie, kv):
+    hf, ours = llama_pair(dtype, tie, num_key_value_heads=kv)
+    ids, mask, labels = batch(rng, 2, 13, "right")
+    with _true_fp64():
+        ref = torch_causal_loss(hf, ids, labels, mask)
+        ref.backward()
+    ours.train()
+    loss = ours.loss(ids, labels, attention_mask=mask)
+    assert abs(loss - ref.item()) <= (1e-12 if dtype == np.float64 else 1e-5)
+    ours.backward()
+    check_model_grads(ours, hf, dtype)
+
+
+def test_training_loss_is_the_inference_forward(rng):
+    """The training forward gives the eval forward's hidden states: the loss of the eval logits."""
+    _, ours = gpt2_pair(np.float32)
+    ids, mask, labels = batch(rng, 2, 9, "right")
+    logits = ours(ids, attention_mask=mask).logits
+    expected = tc.functional.cross_entropy(logits[:, :-1], labels[:, 1:])
+    ours.train()
+    assert abs(ours.loss(ids, labels, attention_mask=mask) - float(expected)) < 1e-5
+
+
+def test_left_padding_equals_unpadded(rng):
+    """A left-padded sequence gets the gradients of the same sequence alone (positions from the mask)."""
+    _, a = gpt2_pair(np.float64)
+    _, b = gpt2_pair(np.float64)
+    a.train()
+    b.train()
+    ids = rng.integers(0, V, (1, 7))
+    padded = np.concatenate([np.zeros((1, 3), np.int64), ids], axis=1)
+    mask = np.concatenate([np.zeros((1, 3), bool), np.ones((1, 7), bool)], axis=1)
+    labels = np.where(mask, padded, -100)
+    labels[0, 3] = -100  # the first token is no target unpadded either
+    la = a.loss(padded, labels, attention_mask=mask)
+    a.backward()
+    lb = b.loss(ids, ids)
+    b.backward()
+    assert abs(la - lb) < 1e-12
+    ga, gb = a.gradients(), b.gradients()
+    for name in gb:
+        np.testing.assert_allclose(ga[name], gb[name], atol=1e-12, err_msg=name)
+
+
+def test_gradient_accumulation_over_micro_batches(rng):
+    """Two micro-batches, each loss scaled by 1/2 (as a training loop does), add up to the gradient of
+    the mean of the two losses; zero_grad starts over."""
+    hf, ours = gpt2_pair(np.float64)
+    ids, _, labels = batch(rng, 4, 9)
+    ref = (torch_causal_loss(hf, ids[:2], labels[:2]) + torch_causal_loss(hf, ids[2:], labels[2:])) / 2
+    ref.backward()
+    ours.train()
+    for sl in (slice(0, 2), slice(2, 4)):
+        ours.loss(ids[sl], labels[sl])
+        ours.backward()
+    half = {k: v / 2 for k, v in ours.gradients().items()}
+    for name, p in hf.named_parameters():
+        assert_grad(half[name.removeprefix("transformer.")], p.grad, np.float64, name)
+    ours.zero_grad()
+    assert ours.gradients() == {}
+    assert all(p.grad is None for p in ours.parameters())
+
+
+# --------------------------------------------------------------------------------------------------
+# BERT fine-tuning
+# --------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
+def test_bert_gradients(rng, dtype):
+    cfg = transformers.BertConfig(vocab_size=V, hidden_size=16, num_hidden_layers=2, num_attention_heads=4,
+                                  intermediate_size=24, max_position_embeddings=20, type_vocab_size=2,
+                                  hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+                                  attn_implementation="eager")
+    hf = _randomise(transformers.BertModel(cfg).to(TORCH_DTYPE[np.dtype(dtype)]), 3)
+    ours = tc.BertModel(tc.BertConfig.from_dict(cfg.to_dict()), dtype=dtype)
+    ours.load_state_dict({k: v.detach().numpy() for k, v in hf.state_dict().items()})
+    N, L = 3, 9
+    ids = rng.integers(0, V, (N, L))
+    tt = rng.integers(0, 2, (N, L))
+    mask = np.ones((N, L), bool)
+    mask[1, 6:] = False
+    mask[2, 3:] = False
+    g = rng.standard_normal((N, L, 16)).astype(dtype) * mask[..., None]  # a loss over the real tokens
+    gp = rng.standard_normal((N, 16)).astype(dtype)
+    out = hf(torch.from_numpy(ids), attention_mask=torch.from_numpy(mask.astype(np.int64)),
+             token_type_ids=torch.from_numpy(tt))
+    ((out.last_hidden_state * torch.from_numpy(g)).sum() + (out.pooler_output * torch.from_numpy(gp)).sum()).backward()
+    ours.train()
+    res = ours(ids, attention_mask=mask, token_type_ids=tt)
+    real = mask
+    tol = 1e-4 if dtype == np.float32 else 1e-10
+    np.testing.assert_allclose(res.last_hidden_state[real], out.last_hidden_state.detach().numpy()[real], atol=tol)
+    assert np.all(res.last_hidden_state[~real] == 0), "padding rows are zeros, as in eval mode"
+    ours.backward(g, gp)
+    check_model_grads(ours, hf, dtype)
+    # no pooler gradient: the pooler's gradients stay None (unwritten), as torch leaves them
+    ours.zero_grad()
+    ours(ids, attention_mask=mask, token_type_ids=tt)
+    ours.backward(g)
+    assert not any(k.startswith("pooler.") for k in ours.gradients())
+    with pytest.raises(tc.NoTrainingStateError):
+        ours.backward(g)
+
+
+# --------------------------------------------------------------------------------------------------
+# The seq2seq Transformer against torch.nn.Transformer + embeddings + Linear
+# --------------------------------------------------------------------------------------------------
+
+class TorchSeq2Seq(torch.nn.Module):
+    """PyTorch's translation tutorial's Seq2SeqTransformer, batch-first, dropout 0."""
+
+    def __init__(self, src_vocab, tgt_vocab, d_model, nhead, n_enc, n_dec, dff, norm_first):
+        super().__init__()
+        self.transformer = torch.nn.Transformer(d_model, nhead, n_enc, n_dec, dff, dropout=0.0, batch_first=True,
+                                                norm_first=norm_first)
+        self.src_tok_emb = torch.nn.Embedding(src_vocab, d_model)
+        self.tgt_tok_emb = torch.nn.Embedding(tgt_vocab, d_model)
+        self.generator = torch.nn.Linear(d_model, tgt_vocab)
+        self.d_model = d_model
+
+    def forward(self, src, tgt, src_key_mask):
+        pe = torch.from_numpy(tc.positional.sinusoidal_positional_encoding(64, self.d_model, dtype=np.float64))
+        pe = pe.to(self.generator.weight.dtype)
+        x = self.src_tok_emb(src) * math.sqrt(self.d_model) + pe[:src.shape[1]]
+        y = self.tgt_tok_emb(tgt) * math.sqrt(self.d_model) + pe[:tgt.shape[1]]
+        T = tgt.shape[1]
+        causal = torch.nn.Transformer.generate_square_subsequent_mask(T, dtype=x.dtype)
+        kpm = torch.zeros(src_key_mask.shape, dtype=x.dtype).masked_fill(~src_key_mask, float("-inf"))
+        out = self.transformer(x, y, tgt_mask=causal, src_key_padding_mask=kpm, memory_key_padding_mask=kpm,
+                               tgt_is_causal=True)
+        return self.generator(out)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
+@pytest.mark.parametrize("norm_first", [False, True], ids=["post_ln", "pre_ln"])
+def test_seq2seq_transformer(rng, dtype, norm_first):
+    args = (13, 11, 8, 2, 2, 2, 16, norm_first)
+    ref = TorchSeq2Seq(*args).to(TORCH_DTYPE[np.dtype(dtype)])
+    _randomise(ref, 5)
+    ours = tc.Seq2SeqTransformer(13, 11, 8, 2, 2, 2, 16, norm_first=norm_first, max_len=64, dtype=dtype)
+    ours.load_state_dict({k: v.detach().numpy() for k, v in ref.state_dict().items()})
+    N, S, T = 3, 7, 6
+    src, tgt = rng.integers(0, 13, (N, S)), rng.integers(0, 11, (N, T))
+    src_key = np.ones((N, S), bool)
+    src_key[1, 5:] = False
+    labels = rng.integers(0, 11, (N, T))
+    labels[2, 4:] = -100
+    logits = ref(torch.from_numpy(src), torch.from_numpy(tgt), torch.from_numpy(src_key))
+    lt = torch.nn.functional.cross_entropy(logits.reshape(-1, 11), torch.from_numpy(labels).reshape(-1))
+    lt.backward()
+    ours.train()
+    loss = ours.loss(src, tgt, labels, src_key_mask=src_key)
+    assert abs(loss - lt.item()) <= (1e-12 if dtype == np.float64 else 1e-5)
+    ours.backward()
+    check_model_grads(ours, ref, dtype)
+    ours.eval()
+    np.testing.assert_allclose(ours(src, tgt, src_key_mask=src_key), logits.detach().numpy(),
+                               atol=1e-4 if dtype == np.float32 else 1e-10)
+    ys = ours.greedy_decode(src, 4, start_token=1, src_key_mask=src_key)
+    assert ys.shape == (N, 5) and np.all(ys[:, 0] == 1)
+
+
+# --------------------------------------------------------------------------------------------------
+# 20 AdamW steps with warmup + cosine and gradient clipping, against torch
+# --------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama_tied"])
+def test_adamw_warmup_cosine_clipping_20_steps(rng, arch, tmp_path):
+    steps, warmup = 20, 5
+    if arch == "gpt2":
+        hf, ours = gpt2_pair(np.float64, seed=1)
+        rename = lambda n: n.removeprefix("transformer.")  # noqa: E731
+        ctx = _NoPatch
+    else:
+        hf, ours = llama_pair(np.float64, tie=True, seed=1)
+        rename = lambda n: n  # noqa: E731
+        ctx = _true_fp64
+    batches = [batch(rng, 2, 10, "right" if i % 3 == 0 else None) for i in range(steps)]
+    hp = dict(lr=3e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+
+    opt_t = torch.optim.AdamW(hf.parameters(), **hp)
+    sched_t = transformers.get_cosine_schedule_with_warmup(opt_t, warmup, steps)
+    lam = lambda s: (s / warmup if s < warmup else  # noqa: E731
+                     0.5 * (1 + math.cos(math.pi * (s - warmup) / (steps - warmup))))
+    sched_lambda = torch.optim.lr_scheduler.LambdaLR(torch.optim.SGD([torch.zeros(1)], lr=hp["lr"]), lam)
+    lrs_t, lrs_lambda, norms_t = [], [], []
+    with ctx():
+        for ids, mask, labels in batches:
+            lrs_t.append(opt_t.param_groups[0]["lr"])
+            lrs_lambda.append(sched_lambda.get_last_lr()[0])
+            torch_causal_loss(hf, ids, labels, mask).backward()
+            norms_t.append(float(torch.nn.utils.clip_grad_norm_(hf.parameters(), 1.0)))
+            opt_t.step()
+            sched_t.step()
+            sched_lambda.optimizer.step()
+            sched_lambda.step()
+            opt_t.zero_grad()
+
+    ours.train()
+    opt = tc.optim.AdamW(ours.named_parameters(), **hp)
+    sched = tc.lr_scheduler.get_cosine_schedule_with_warmup(opt, warmup, steps)
+    lrs, norms = [], []
+    for i, (ids, mask, labels) in enumerate(batches):
+        lrs.append(opt.param_groups[0]["lr"])
+        ours.loss(ids, labels, attention_mask=mask)
+        ours.backward()
+        norms.append(tc.optim.clip_grad_norm_(ours.parameters(), 1.0))
+        opt.step()
+        sched.step()
+        ours.zero_grad()
+        if i == steps // 2 - 1:  # a checkpoint half-way; the rest runs on a model resumed from it
+            tc.training.save_checkpoint(tmp_path, ours, opt, sched)
+            ours = type(ours)(ours.config, dtype=np.float64).train()
+            opt = tc.optim.AdamW(ours.named_parameters(), **hp)
+            sched = tc.lr_scheduler.get_cosine_schedule_with_warmup(opt, warmup, steps)
+            tc.training.load_checkpoint(tmp_path, ours, opt, sched)
+
+    assert lrs == pytest.approx(lrs_t, rel=1e-15, abs=1e-18)
+    assert lrs == pytest.approx(lrs_lambda, rel=1e-15, abs=1e-18)
+    assert all(n > 1.0 for n in norms_t[:3]), "clipping is exercised"
+    np.testing.assert_allclose(norms, norms_t, rtol=1e-9)
+    state = ours.state_dict()
+    for name, p in hf.named_parameters():
+        np.testing.assert_allclose(state[rename(name)], p.detach().numpy(), atol=1e-9, rtol=0, err_msg=name)
+    # the optimizer's moments, in the checkpoint's layout, equal torch's
+    tc.training.save_checkpoint(tmp_path, ours, opt, sched)
+    from safetensors.numpy import load_file
+
+    saved = load_file(str(tmp_path / "optimizer.safetensors"))
+    for name, p in hf.named_parameters():
+        st = opt_t.state[p]
+        np.testing.assert_allclose(saved[f"state.{rename(name)}.exp_avg"], st["exp_avg"].numpy(), atol=1e-12,
+                                   err_msg=name)
+        np.testing.assert_allclose(saved[f"state.{rename(name)}.exp_avg_sq"], st["exp_avg_sq"].numpy(),
+                                   atol=1e-14, err_msg=name)
+
+
+class _NoPatch:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+# --------------------------------------------------------------------------------------------------
+# Checkpoints load in transformers and back
+# --------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_save_pretrained_loads_in_transformers_and_back(rng, arch, tmp_path):
+    if arch == "gpt2":
+        _, ours = gpt2_pair(np.float32, seed=2)
+        cls, tc_cls = transformers.GPT2LMHeadModel, tc.GPT2LMHeadModel
+    else:
+        _, ours = llama_pair(np.float32, tie=False, seed=2)
+        cls, tc_cls = transformers.LlamaForCausalLM, tc.LlamaForCausalLM
+    ours.train()  # a step, so the weights are ours
+    ids, _, labels = batch(rng, 2, 8)
+    ours.loss(ids, labels)
+    ours.backward()
+    tc.optim.SGD(ours.parameters(), lr=0.1).step()
+    ours.save_pretrained(tmp_path)
+    hf = cls.from_pretrained(tmp_path).eval()
+    with torch.no_grad():
+        ref = hf(torch.from_numpy(ids)).logits.numpy()
+    ours.eval()
+    np.testing.assert_allclose(ours(ids).logits, ref, atol=1e-4)
+    back = tc_cls.from_pretrained(tmp_path)
+    np.testing.assert_array_equal(back(ids).logits, ours(ids).logits)
+
+
+# --------------------------------------------------------------------------------------------------
+# Bad input
+# --------------------------------------------------------------------------------------------------
+
+def test_bad_labels_and_backward_without_loss(rng):
+    _, ours = gpt2_pair(np.float32)
+    ids = rng.integers(0, V, (2, 6))
+    ours.train()
+    with pytest.raises(ValueError, match=r"labels: expected shape \(2, 6\)"):
+        ours.loss(ids, ids[:, :5])
+    bad = ids.copy()
+    bad[1, 3] = V
+    with pytest.raises(ValueError, match=rf"labels: expected values in \[0, {V}\) or ignore_index \(-100\), "
+                                         r"got 61 at \(1, 3\)"):
+        ours.loss(ids, bad)
+    bad[1, 3] = -5
+    with pytest.raises(ValueError, match="got -5"):
+        ours.loss(ids, bad)
+    with pytest.raises(TypeError, match="labels"):
+        ours.loss(ids, ids.astype(np.float32) + 0.5)
+    with pytest.raises(tc.NoTrainingStateError, match="model.loss"):
+        ours.backward()
+    ours.loss(ids, ids)
+    ours.backward()
+    with pytest.raises(tc.NoTrainingStateError, match="one backward"):
+        ours.backward()
+    ours.eval()
+    ours.loss(ids, ids)  # a validation loss keeps nothing
+    with pytest.raises(tc.NoTrainingStateError):
+        ours.backward()
+
+
+def test_nan_loss_is_reported_and_touches_no_gradient(rng):
+    _, ours = gpt2_pair(np.float64)
+    ids = rng.integers(0, V, (2, 6))
+    ours.train()
+    ours.loss(ids, ids)
+    ours.backward()
+    before = ours.gradients()
+    state = ours.state_dict()
+    state["h.1.mlp.c_fc.bias"][3] = np.nan
+    ours.load_state_dict(state)
+    with pytest.raises(tc.NonFiniteLossError, match="no gradient was touched") as info:
+        ours.loss(ids, ids)
+    assert math.isnan(info.value.loss)
+    after = ours.gradients()
+    assert sorted(after) == sorted(before)
+    for name in before:
+        np.testing.assert_array_equal(after[name], before[name], err_msg=name)
+    with pytest.raises(tc.NoTrainingStateError):
+        ours.backward()  # nothing was kept
+    ours.zero_grad()  # from zero (the head's gradient written in place, then restored)
+    with pytest.raises(tc.NonFiniteLossError):
+        ours.loss(ids, ids)
+    assert ours.gradients() == {}
+    assert np.all(dict(ours.named_parameters())["wte.weight"]._impl.gradient_view("wte.weight") == 0)
+
+
+def test_optimizer_with_unknown_parameter_names(rng, tmp_path):
+    _, ours = gpt2_pair(np.float32)
+    opt = tc.optim.AdamW(ours.named_parameters(), lr=1e-3)
+    state = opt.state_dict()
+    state["params.h.9.attn.c_attn.weight.group"] = np.array(0)
+    with pytest.raises(ValueError, match=r"unknown parameter names \['h.9.attn.c_attn.weight'\]"):
+        opt.load_state_dict(state)
+    _, other = llama_pair(np.float32, tie=True)
+    tc.training.save_checkpoint(tmp_path, other, tc.optim.AdamW(other.named_parameters()))
+    with pytest.raises(ValueError, match="unknown parameter names"):
+        tc.training.load_checkpoint(tmp_path, other, opt)
