@@ -541,3 +541,50 @@ def test_dropout_seeded_and_its_backward_is_the_forwards_derivative(rng):
         fm = float((layer(xm) * g).sum())
         layer.backward(g)
         assert abs((fp - fm) / (2 * eps) - dx[idx]) < 1e-6, idx
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+def test_bert_embeddings(rng, dtype):
+    """tc.BertEmbeddings vs transformers' BertEmbeddings (word + position + token type, LayerNorm; the
+    padding token's word row gets no gradient, as nn.Embedding(padding_idx=pad_token_id))."""
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.bert.modeling_bert import BertEmbeddings
+
+    cfg = transformers.BertConfig(vocab_size=23, hidden_size=8, max_position_embeddings=12, type_vocab_size=2,
+                                  hidden_dropout_prob=0.0, pad_token_id=0)
+    ref = torch_module(BertEmbeddings(cfg), dtype)
+    ours = tc.BertEmbeddings(tc.BertConfig.from_dict(cfg.to_dict()), dtype=dtype)
+    ours.load_state_dict({k: v for k, v in module_state_to_numpy(ref).items() if not k.endswith("_ids")})
+    ids = rng.integers(0, 23, (3, 7))
+    ids[:, -2:] = 0  # padding tokens
+    tt = rng.integers(0, 2, (3, 7))
+    g = randn(rng, (3, 7, 8), dtype)
+    (ref(input_ids=torch.from_numpy(ids), token_type_ids=torch.from_numpy(tt)) * to_torch(g)).sum().backward()
+    ours.train()
+    out = ours(ids, tt)
+    np.testing.assert_array_equal(out, ours.eval()(ids, tt))
+    ours.train()
+    ours(ids, tt)
+    assert ours.backward(g) is None
+    check_params(ours, ref, dtype)
+    assert np.all(ours.gradients()["word_embeddings.weight"][0] == 0)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+def test_tutorial_embeddings(rng, dtype):
+    """The encoder tutorial's Embeddings (token + learned position, LayerNorm) against the same in torch."""
+    ours = tc.positional.Embeddings(17, 6, 10, dtype=dtype)
+    state = {k: randn(rng, v.shape, dtype) for k, v in ours.state_dict().items()}
+    ours.load_state_dict(state)
+    ids = rng.integers(0, 17, (2, 9))
+    g = randn(rng, (2, 9, 6), dtype)
+    params = {k: leaf(v) for k, v in state.items()}
+    x = params["token_embeddings.weight"][torch.from_numpy(ids)] + params["position_embeddings.weight"][:9]
+    y = torch.nn.functional.layer_norm(x, (6,), params["layer_norm.weight"], params["layer_norm.bias"], eps=1e-12)
+    (y * to_torch(g)).sum().backward()
+    ours.train()
+    ours(ids)
+    ours.backward(g)
+    grads = ours.gradients()
+    for name, p in params.items():
+        assert_grad(grads[name], p.grad, dtype, name)

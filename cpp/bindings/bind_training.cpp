@@ -373,6 +373,8 @@ void register_dtype(py::module_& m) {
 }  // namespace
 
 void register_training(py::module_& m) {
+  bound_class<layers::EmbeddingsConfig>(m, "EmbeddingsConfig")
+      .def_readwrite("padding_idx", &layers::EmbeddingsConfig::padding_idx);
   register_dtype<float>(m);
   register_dtype<double>(m);
 }

@@ -253,6 +253,7 @@ class BertEmbeddings(Module):
         ec.vocab_size, ec.hidden_size = c.vocab_size, c.hidden_size
         ec.max_position_embeddings, ec.type_vocab_size = c.max_position_embeddings, c.type_vocab_size
         ec.layer_norm, ec.layer_norm_eps = True, c.layer_norm_eps
+        ec.padding_idx = -1 if c.pad_token_id is None else int(c.pad_token_id)
         self._impl = getattr(_core, "Embeddings" + sfx)(ec)
         self._init_weights()
         if weights is not None:
@@ -291,4 +292,29 @@ class BertEmbeddings(Module):
                 raise ValueError(f"token_type_ids: expected shape {ids.shape}, got {tt.shape}")
             tt = tt.ravel()
         positions = np.ascontiguousarray(np.broadcast_to(np.arange(L, dtype=np.int64), (N, L)).ravel())
+        if self.training:  # the C++ layer keeps pointers to the ids until backward
+            from .module import check_dropout
+
+            flat = ids.ravel().copy()
+            tt = None if tt is None else tt.copy()
+            p = check_dropout(c.hidden_dropout_prob, "hidden_dropout_prob")
+            self._saved = (flat, positions, tt, (N, L))
+            out = self._impl.forward_train(flat, positions, tt, p, self._dropout_seed(p))
+            return out.reshape(N, L, c.hidden_size)
         return self._impl.forward(ids.ravel(), positions, tt).reshape(N, L, c.hidden_size)
+
+    def backward(self, grad_output) -> None:
+        """Adds the gradients of the last training forward's tables and LayerNorm, given
+        ``grad_output (N, L, hidden_size)`` (``pad_token_id``'s word row gets none, as Hugging Face's).
+        Returns None.
+
+        Raises:
+            NoTrainingStateError: no training forward since the last backward.
+            ValueError: ``grad_output`` not of the output's shape.
+        """
+        *_, (N, L) = self._take_saved()
+        H = self.config.hidden_size
+        g = as_float(grad_output, "grad_output", self.dtype)
+        if g.shape != (N, L, H):
+            raise ValueError(f"grad_output: expected shape {(N, L, H)} (the forward's output), got {g.shape}")
+        self._impl.backward(g.reshape(N * L, H))

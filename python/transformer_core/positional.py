@@ -229,8 +229,27 @@ class Embeddings(Module):
         if L > self.max_position_embeddings:
             raise ValueError(f"input_ids: sequence length {L} exceeds max_position_embeddings "
                              f"{self.max_position_embeddings}")
-        positions = np.broadcast_to(np.arange(L, dtype=np.int64), (N, L)).ravel()
-        return self._impl.forward(ids.ravel(), np.ascontiguousarray(positions), None).reshape(N, L, self.hidden_size)
+        positions = np.ascontiguousarray(np.broadcast_to(np.arange(L, dtype=np.int64), (N, L)).ravel())
+        if self.training:  # the C++ layer keeps pointers to the ids until backward
+            flat = ids.ravel().copy()
+            self._saved = (flat, positions, (N, L))
+            return self._impl.forward_train(flat, positions, None, 0.0, 0).reshape(N, L, self.hidden_size)
+        return self._impl.forward(ids.ravel(), positions, None).reshape(N, L, self.hidden_size)
+
+    def backward(self, grad_output) -> None:
+        """Adds the gradients of the last training forward's tables and LayerNorm, given
+        ``grad_output (N, L, hidden_size)``. Returns None (ids have no gradient).
+
+        Raises:
+            NoTrainingStateError: no training forward since the last backward.
+            ValueError: ``grad_output`` not of the output's shape.
+        """
+        _ids, _positions, (N, L) = self._take_saved()
+        g = as_float(grad_output, "grad_output", self.dtype)
+        if g.shape != (N, L, self.hidden_size):
+            raise ValueError(f"grad_output: expected shape {(N, L, self.hidden_size)} (the forward's output), "
+                             f"got {g.shape}")
+        self._impl.backward(g.reshape(N * L, self.hidden_size))
 
     def __repr__(self) -> str:
         return (f"Embeddings(vocab_size={self.vocab_size}, hidden_size={self.hidden_size}, "
