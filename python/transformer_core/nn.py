@@ -518,6 +518,8 @@ class TransformerEncoderLayer(Module):
         d_model, nhead, dim_feedforward, activation ("relu" | "gelu"), layer_norm_eps,
         norm_first, bias: as torch (defaults 2048, "relu", 1e-5, False, True).
         dtype: ``np.float32`` or ``np.float64``.
+        dropout: (keyword) torch's dropout1/2 and the feed-forward's, in training forwards only
+            (default 0; torch's is 0.1). Attention-probability dropout is not implemented.
 
     Weights (torch's names): ``self_attn.in_proj_weight``, ``self_attn.in_proj_bias``,
     ``self_attn.out_proj.weight``, ``self_attn.out_proj.bias``, ``linear1.*``, ``linear2.*``,
