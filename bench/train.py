@@ -14,10 +14,11 @@ loss). One step is forward + loss + backward + AdamW (lr 3e-4, weight decay 0.1)
     torch  transformers.GPT2LMHeadModel (sdpa attention, dropout 0): model(ids, labels=ids).loss
            .backward(); torch.optim.AdamW.step(); zero_grad()
 
-Each side runs in its own fresh interpreter (so that neither's memory counts for the other) and
-reports the median step time of the timed steps and its peak resident set (VmHWM, whole process:
-interpreter, libraries, model, optimizer state, activations), plus the peak above the resident set
-after the model, the optimizer and the batch existed (the training itself). The step's loss is
+Each side runs in its own interpreter (so that neither's memory counts for the other); the parent
+alternates them step by step (ours, torch, ours, ...), so both see the same load on a shared machine.
+Reported: the median step time of the timed steps, each process's peak resident set (VmHWM, whole
+process: interpreter, libraries, model, optimizer state, activations), and the peak above the resident
+set once the model, the optimizer and the batch existed (the training itself). The step's loss is
 printed beside (both start from their library's random initialisation, so the losses differ a
 little: ~ln 50257 = 10.8). The machine is shared: figures are noisy; the CPU is named in the header.
 """
@@ -56,7 +57,10 @@ def cpu_name() -> str:
 
 
 def run_side(side: str, args) -> None:
-    """The subprocess: builds the model and the batch, runs the steps, prints one JSON line."""
+    """The subprocess: builds the model and the batch, then answers the parent on stdin/stdout, one
+    JSON line per command: "step" runs one training step (its seconds and loss), "done" reports the
+    peak resident set and exits. The parent alternates the two sides step by step, so that both see the
+    same machine load."""
     rng = np.random.default_rng(0)
     ids = rng.integers(0, 50257, (args.batch, args.context))
     cfg = dict(vocab_size=50257, n_positions=args.context, n_embd=768, n_layer=args.layers, n_head=12,
@@ -90,24 +94,48 @@ def run_side(side: str, args) -> None:
             loss.backward()
             opt.step()
             opt.zero_grad()
-            return float(loss)
+            return loss.item()
 
     baseline = _status_kib("VmRSS")  # model, optimizer (no moments yet: both create them at step 1), batch
-    times, losses = [], []
-    for i in range(args.warmup + args.steps):
-        t0 = time.perf_counter()
-        losses.append(step())
-        if i >= args.warmup:
-            times.append(time.perf_counter() - t0)
-    peak = _status_kib("VmHWM")
-    print(json.dumps({"side": side, "median_s": statistics.median(times), "times_s": times, "loss": losses[0],
-                      "peak_mib": peak / 1024, "train_peak_mib": (peak - baseline) / 1024}))
+    print(json.dumps({"ready": True}), flush=True)
+    for line in sys.stdin:
+        if line.strip() == "step":
+            t0 = time.perf_counter()
+            loss = step()
+            print(json.dumps({"seconds": time.perf_counter() - t0, "loss": loss}), flush=True)
+        else:
+            peak = _status_kib("VmHWM")
+            print(json.dumps({"peak_mib": peak / 1024, "train_peak_mib": (peak - baseline) / 1024}), flush=True)
+            return
+
+
+class Worker:
+    """One side's subprocess (see run_side)."""
+
+    def __init__(self, side: str, args, env):
+        cmd = [sys.executable, __file__, "--side", side] + [f"--{k}={getattr(args, k)}" for k in
+                                                           ("threads", "layers", "batch", "context")]
+        self.side = side
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+        self.read()
+
+    def read(self) -> dict:
+        line = self.proc.stdout.readline()
+        if not line:
+            self.proc.wait()
+            sys.exit(f"{self.side} failed (exit code {self.proc.returncode})")
+        return json.loads(line)
+
+    def ask(self, command: str) -> dict:
+        self.proc.stdin.write(command + "\n")
+        self.proc.stdin.flush()
+        return self.read()
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--steps", type=int, default=3, help="timed steps (after the warm-up ones)")
+    ap.add_argument("--steps", type=int, default=3, help="timed steps of each side (after the warm-up ones)")
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--batch", type=int, default=8)
@@ -118,14 +146,22 @@ def main() -> None:
         run_side(args.side, args)
         return
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
+    # one side at a time in memory would be kinder, but alternating steps is what makes the times
+    # comparable on a shared machine; each process's peak is its own either way
+    workers = {side: Worker(side, args, env) for side in ("ours", "torch")}
+    times = {side: [] for side in workers}
+    losses = {}
+    for i in range(args.warmup + args.steps):
+        for side, w in workers.items():
+            r = w.ask("step")
+            losses.setdefault(side, r["loss"])
+            if i >= args.warmup:
+                times[side].append(r["seconds"])
     results = {}
-    for side in ("ours", "torch"):
-        cmd = [sys.executable, __file__, "--side", side] + [f"--{k}={getattr(args, k)}" for k in
-                                                           ("threads", "steps", "warmup", "layers", "batch", "context")]
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-        if proc.returncode != 0:
-            sys.exit(f"{side} failed:\n{proc.stderr[-3000:]}")
-        results[side] = json.loads(proc.stdout.strip().splitlines()[-1])
+    for side, w in workers.items():
+        results[side] = dict(w.ask("done"), median_s=statistics.median(times[side]), times_s=times[side],
+                             loss=losses[side])
+        w.proc.wait()
     o, t = results["ours"], results["torch"]
     speedup = t["median_s"] / o["median_s"]
     lines = [

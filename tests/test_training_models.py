@@ -466,3 +466,24 @@ def test_optimizer_with_unknown_parameter_names(rng, tmp_path):
     tc.training.save_checkpoint(tmp_path, other, tc.optim.AdamW(other.named_parameters()))
     with pytest.raises(ValueError, match="unknown parameter names"):
         tc.training.load_checkpoint(tmp_path, other, opt)
+
+
+def test_gradients_are_bitwise_the_same_for_any_thread_count(rng):
+    """Every sum of the backward passes is owned by one task in a fixed order: 1 and 2 threads give the
+    same bits (a model large enough that the ops split their work)."""
+    cfg = tc.GPT2Config(vocab_size=300, n_positions=80, n_embd=64, n_layer=2, n_head=4)
+    ids = rng.integers(0, 300, (4, 70))
+    grads, losses = [], []
+    before = tc.get_num_threads()
+    try:
+        for threads in (1, 2):
+            tc.set_num_threads(threads)
+            m = tc.GPT2LMHeadModel(cfg).train()
+            losses.append(m.loss(ids, ids))
+            m.backward()
+            grads.append(m.gradients())
+    finally:
+        tc.set_num_threads(before)
+    assert losses[0] == losses[1]
+    for name in grads[0]:
+        np.testing.assert_array_equal(grads[0][name], grads[1][name], err_msg=name)
