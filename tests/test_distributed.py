@@ -49,10 +49,22 @@ def assert_same_rows(out: Path, ref: Path):
 
 @pytest.fixture(scope="module")
 def cluster():
-    """A local cluster of two single-threaded worker processes (as the CI machine has 2 cores)."""
+    """A local cluster of two single-threaded worker processes (as the CI machine has 2 cores).
+    Its nannies write Dask's pre-spawn variables (OMP_NUM_THREADS=1, ...) into this process's
+    environment; it is restored afterwards, so the later tests' subprocesses do not inherit them."""
+    saved = dict(os.environ)
     with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
                                   silence_logs=logging.ERROR) as c, distributed.Client(c) as client:
         yield c, client
+    os.environ.clear()
+    os.environ.update(saved)
+
+
+def test_embed_corpus_leaves_the_environment_as_it_was(tmp_path, tiny_model_dir):
+    f = write_lines(tmp_path / "c.txt", corpus_lines(50))
+    before = dict(os.environ)
+    embed_corpus(f, tmp_path / "e.parquet", model=str(tiny_model_dir), workers=1, chunk_size=20)
+    assert dict(os.environ) == before
 
 
 def test_local_cluster_of_two_equals_single_process(tmp_path):

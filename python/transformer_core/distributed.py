@@ -40,6 +40,7 @@ try:
     from distributed import Client, LocalCluster, as_completed
     from distributed.comm import get_address_host
     from distributed.diagnostics.plugin import WorkerPlugin
+    from distributed.scheduler import KilledWorker
 except ImportError as e:
     raise ImportError("transformer_core.distributed needs dask[distributed]: "
                       "pip install 'transformer_core[distributed]'") from e
@@ -204,6 +205,9 @@ def embed_corpus(input, output, *, model=DEFAULT_MODEL, scheduler=None, workers:
     if job.complete:
         return corpus._result(job, 0, 0, time.perf_counter() - t0)
     corpus._need_pyarrow("Parquet output")
+    # A local cluster's nannies write Dask's pre-spawn variables (OMP_NUM_THREADS=1, PYTHONHASHSEED,
+    # ...) into this process's environment at every worker (re)start: restored when the job ends.
+    saved_environ = dict(os.environ)
     client, cluster, own, threads = _connect(scheduler, workers, threads_per_worker)
     futures: set = set()
     bar = None
@@ -241,11 +245,9 @@ def embed_corpus(input, output, *, model=DEFAULT_MODEL, scheduler=None, workers:
         for fut in done_queue:
             try:
                 index, rows = fut.result()
-            except Exception as e:
-                if type(e).__name__ == "KilledWorker":
-                    raise OSError(f"the workers running a chunk died repeatedly ({e}); the chunks done are saved, "
-                                  f"--resume continues") from None
-                raise
+            except KilledWorker as e:
+                raise OSError(f"the workers running a chunk died repeatedly ({e}); the chunks done are saved, "
+                              f"--resume continues") from None
             futures.discard(fut)
             job.commit(index)
             rows_computed += rows
@@ -267,3 +269,6 @@ def embed_corpus(input, output, *, model=DEFAULT_MODEL, scheduler=None, workers:
             client.close()
         if cluster is not None:
             cluster.close()
+        if os.environ != saved_environ:
+            os.environ.clear()
+            os.environ.update(saved_environ)
