@@ -42,8 +42,8 @@ try:
     from distributed.diagnostics.plugin import WorkerPlugin
     from distributed.scheduler import KilledWorker
 except ImportError as e:
-    raise ImportError("transformer_core.distributed needs dask[distributed]: "
-                      "pip install 'transformer_core[distributed]'") from e
+    raise ImportError(f"transformer_core.distributed needs dask[distributed] ({e}): "
+                      f"pip install 'transformer_core[distributed]'") from e
 
 from . import corpus
 from .hub import DEFAULT_MODEL
