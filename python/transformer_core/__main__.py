@@ -96,8 +96,8 @@ COMMANDS = {"embed": _add_embed, "search": _add_search}
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m transformer_core", description=__doc__.splitlines()[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="python -m transformer_core",
+                                description="transformer_core from the command line: `COMMAND --help` for each.")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add in COMMANDS.values():
         add(sub)
