@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -112,23 +113,24 @@ def test_resume_a_single_process_run_on_the_cluster(tmp_path, tiny_model_dir, cl
     """An interrupted single-process run (SIGKILL) is finished by the distributed job: one layout,
     one manifest."""
     c, client = cluster
-    f = write_lines(tmp_path / "c.txt", corpus_lines(6000))
+    f = write_lines(tmp_path / "c.txt", corpus_lines(3000))
     ref = tmp_path / "ref.parquet"
-    corpus.embed_file(f, ref, model=str(tiny_model_dir), chunk_size=150)
+    corpus.embed_file(f, ref, model=str(tiny_model_dir), chunk_size=100)
     out = tmp_path / "out.parquet"
     proc = subprocess.Popen([sys.executable, "-m", "transformer_core", "embed", "--file", str(f), "--out", str(out),
-                             "--model", str(tiny_model_dir), "--chunk-size", "150", "--no-progress"],
+                             "--model", str(tiny_model_dir), "--chunk-size", "100", "--no-progress"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     man = Path(f"{out}.manifest.json")
     while proc.poll() is None:
         if man.exists() and len(json.loads(man.read_text())["completed"]) >= 2:
             proc.kill()
             break
+        time.sleep(0.002)
     proc.wait()
     assert proc.returncode == -signal.SIGKILL, "the run ended before it could be killed"
     done = len(json.loads(man.read_text())["completed"])
     r = embed_corpus(f, out, model=str(tiny_model_dir), scheduler=client, resume=True)
-    assert r.chunks_computed == 40 - done and r.rows == 6000
+    assert r.chunks_computed == 30 - done and r.rows == 3000
     assert_same_rows(out, ref)
 
 
