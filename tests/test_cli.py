@@ -184,7 +184,7 @@ def test_cli_search_refuses_an_incomplete_index(tmp_path, tiny_model_dir):
     # What an interrupted run leaves: the data under .partial, two of three chunks recorded.
     out.rename(tmp_path / "e.parquet.partial")
     (tmp_path / "e.parquet.partial" / "part-00002.parquet").unlink()
-    man.update(complete=False, completed=[0, 1])
+    man.update(complete=False, completed=[[0, 2]])
     man_path.write_text(json.dumps(man))
     assert_clean_error(run_cli_any("search", "--index", out, "q"), "incomplete (2 of 3 chunks", "--allow-incomplete")
     res = run_cli_any("search", "--index", out, "q", "-k", 100, "--allow-incomplete", "--json")

@@ -230,7 +230,7 @@ def test_real_model_npy_equals_encode(real_corpus, tmp_path):
     assert texts == lines
     np.testing.assert_allclose(emb, ref, atol=1e-6, rtol=0)
     m = manifest(out)
-    assert m["complete"] and m["num_chunks"] == 8 and m["completed"] == list(range(8))
+    assert m["complete"] and m["num_chunks"] == 8 and m["completed"] == [[0, 8]]
     assert m["model"]["dim"] == 384 and m["model"]["name"] == MODEL_NAME
     assert not Path(f"{out}.partial").exists() and leftover_temps(tmp_path) == []
 
@@ -310,7 +310,7 @@ def _start_and_interrupt(args, out: Path, sig: int, after_chunks: int = 3):
     done = []
     while time.monotonic() < deadline and proc.poll() is None:
         if man.exists():
-            done = json.loads(man.read_text())["completed"]
+            done = corpus.completed_chunks(json.loads(man.read_text()))
             if len(done) >= after_chunks:
                 break
         time.sleep(0.002)
@@ -334,7 +334,7 @@ def test_interrupted_run_resumes_to_the_uninterrupted_rows(tmp_path, tiny_model_
         assert rc == 2 and "Traceback" not in stderr, stderr
         assert stderr.startswith("transformer_core embed: interrupted: ") and "--resume" in stderr, stderr
     m = manifest(out)
-    done = m["completed"]
+    done = sorted(corpus.completed_chunks(m))
     assert not m["complete"] and 3 <= len(done) < m["num_chunks"] == N_KILL // CHUNK_KILL
     assert done == list(range(len(done)))
     # Nothing at OUT looks complete; the partial output holds exactly the chunks done, valid.
@@ -511,7 +511,7 @@ def write_npy_index(out: Path, emb: np.ndarray, texts: list, model, chunk_size: 
     man = {"format": "transformer_core.embeddings", "version": 1, "kind": "npy",
            "model": corpus.model_identity(model), "dtype": "float32", "normalize": True, "input": {},
            "num_rows": n, "chunk_size": chunk_size, "num_chunks": chunks, "part_width": 5,
-           "completed": list(range(chunks)), "complete": True}
+           "completed": [[0, chunks]], "complete": True}
     Path(f"{out}.manifest.json").write_text(json.dumps(man))
     return out
 
@@ -554,6 +554,24 @@ def test_search_errors(search_index, tmp_path, tiny_model_dir):
         corpus.search(outs["npy"], "q", k=0)
     with pytest.raises(TypeError, match="queries"):
         corpus.search(outs["npy"], [])
+
+
+def test_completed_chunks_are_stored_as_ranges():
+    rng = np.random.default_rng(1)
+    for trial in range(20):
+        order = rng.permutation(60)[: rng.integers(1, 61)]
+        ranges: list = []
+        for k, i in enumerate(order):
+            corpus._add_to_ranges(ranges, int(i))
+            corpus._add_to_ranges(ranges, int(i))  # twice: no change
+            assert corpus.completed_chunks({"completed": ranges}) == set(order[:k + 1].tolist())
+            flat = [x for r in ranges for x in r]
+            assert flat == sorted(flat) and all(a < b for a, b in ranges)
+            assert all(ranges[j][1] < ranges[j + 1][0] for j in range(len(ranges) - 1))  # merged
+    ranges = []
+    for i in range(1000):
+        corpus._add_to_ranges(ranges, i)
+    assert ranges == [[0, 1000]]
 
 
 def test_merge_topk_is_independent_of_blocking():

@@ -22,7 +22,8 @@ The pieces, in the order a run uses them:
 * **The manifest** ``OUT.manifest.json`` beside the output: the model's identity (name and a
   fingerprint of its config, tokenizer and safetensors header), dim, dtype, the input's identity
   (path, size, mtime, hashes of its first and last MiB, format, field, error mode), the chunk size
-  and the chunks completed. It is replaced atomically (temp file + ``os.replace``) after a chunk's
+  and the chunks completed (as ``[first, stop)`` ranges, so that its size does not grow with the
+  number of chunks). It is replaced atomically (temp file + ``os.replace``) after a chunk's
   data is on disk (``.npy``: the rows flushed with msync and the texts fsynced; ``.parquet``: the
   part written to a temp name, fsynced and renamed), so a kill at any moment never marks unwritten
   rows as done. ``resume=True`` (``--resume``) checks model and input against it, then computes
@@ -73,6 +74,7 @@ __all__ = [
     "Hit",
     "search",
     "read_manifest",
+    "completed_chunks",
     "manifest_path",
 ]
 
@@ -470,6 +472,32 @@ def read_manifest(out) -> dict:
     return man
 
 
+def completed_chunks(manifest: dict) -> set[int]:
+    """The chunk indices a manifest records as done (stored as ``[first, stop)`` ranges)."""
+    return {i for a, b in manifest["completed"] for i in range(a, b)}
+
+
+def _num_completed(manifest: dict) -> int:
+    return sum(b - a for a, b in manifest["completed"])
+
+
+def _add_to_ranges(ranges: list, i: int) -> None:
+    """Adds ``i`` to sorted, disjoint, non-adjacent ``[a, b)`` ranges, in place, merging neighbours."""
+    k = 0
+    while k < len(ranges) and ranges[k][1] < i:
+        k += 1
+    if k < len(ranges) and ranges[k][0] <= i < ranges[k][1]:
+        return  # already there
+    if k < len(ranges) and ranges[k][1] == i:       # extends ranges[k] to the right
+        ranges[k][1] = i + 1
+        if k + 1 < len(ranges) and ranges[k + 1][0] == i + 1:
+            ranges[k][1] = ranges.pop(k + 1)[1]
+    elif k < len(ranges) and ranges[k][0] == i + 1:  # extends ranges[k] to the left
+        ranges[k][0] = i
+    else:
+        ranges.insert(k, [i, i + 1])
+
+
 def _output_kind(out) -> str:
     suffix = Path(out).suffix.lower()
     if suffix == ".npy":
@@ -610,12 +638,11 @@ class EmbedJob:
     the chunks in this process, :func:`transformer_core.distributed.embed_corpus` on Dask workers.
     """
 
-    def __init__(self, out: Path, kind: str, manifest: dict, source, overwrite: bool):
+    def __init__(self, out: Path, kind: str, manifest: dict, source):
         self.out = out
         self.kind = kind
         self.manifest = manifest
         self.source = source
-        self._overwrite = overwrite
         self._started = False
 
     # ------------------------------------------------------------------------------ properties
@@ -632,12 +659,19 @@ class EmbedJob:
 
     @property
     def completed(self) -> set[int]:
-        return set(self.manifest["completed"])
+        """The chunks done."""
+        return completed_chunks(self.manifest)
+
+    @property
+    def num_completed(self) -> int:
+        return _num_completed(self.manifest)
 
     def rows_done(self) -> int:
-        done = self.completed
-        last = self.num_chunks - 1
-        return len(done) * self.chunk_size - (self.num_chunks * self.chunk_size - self.num_rows if last in done else 0)
+        """Texts in the chunks done."""
+        ranges = self.manifest["completed"]
+        last_done = bool(ranges) and ranges[-1][1] == self.num_chunks
+        return self.num_completed * self.chunk_size - (self.num_chunks * self.chunk_size - self.num_rows
+                                                        if last_done else 0)
 
     # ------------------------------------------------------------------------------ prepare
     @classmethod
@@ -679,7 +713,7 @@ class EmbedJob:
             try:
                 man = read_manifest(out)
                 state = ("complete" if man["complete"] else
-                         f"an interrupted run, {len(man['completed'])} of {man['num_chunks']} chunks done; "
+                         f"an interrupted run, {_num_completed(man)} of {man['num_chunks']} chunks done; "
                          f"--resume continues it")
             except (OSError, ValueError, KeyError):
                 state = "without a manifest of this package"
@@ -698,7 +732,7 @@ class EmbedJob:
             "complete": False, "num_skipped": source.num_skipped,
             "skipped": [list(s) for s in source.skipped],
         }
-        return cls(out, kind, manifest, source, overwrite)
+        return cls(out, kind, manifest, source)
 
     @classmethod
     def _prepare_resume(cls, source, out: Path, kind: str, model: dict, chunk_size) -> "EmbedJob":
@@ -728,9 +762,9 @@ class EmbedJob:
                                  f"{chunk_size}; leave it out to continue")
         except KeyError as e:
             raise ValueError(f"{manifest_path(out)}: a manifest without {e}") from None
-        job = cls(out, kind, man, source, overwrite=False)
+        job = cls(out, kind, man, source)
         if not man["complete"] and not _partial_path(out).exists():
-            all_done = len(man["completed"]) == man["num_chunks"]
+            all_done = _num_completed(man) == man["num_chunks"]
             if not (all_done and out.exists()):
                 raise FileNotFoundError(f"resume: the data of the interrupted run, {_partial_path(out)}, is gone; "
                                         f"--overwrite starts over")
@@ -788,7 +822,7 @@ class EmbedJob:
 
     def commit(self, index: int, **extra) -> None:
         """Records chunk ``index`` as done (its data must already be on disk), atomically."""
-        self.manifest["completed"] = sorted(self.completed | {index})
+        _add_to_ranges(self.manifest["completed"], index)
         self.manifest.update(extra)
         self._save()
 
@@ -799,8 +833,8 @@ class EmbedJob:
         Raises:
             ValueError: a chunk is not done.
         """
-        missing = sorted(set(range(self.num_chunks)) - self.completed)
-        if missing:
+        if self.num_completed != self.num_chunks:
+            missing = sorted(set(range(self.num_chunks)) - self.completed)
             raise ValueError(f"out: {len(missing)} chunks not done (first: {missing[0]}); cannot finish")
         partial = _partial_path(self.out)
         if partial.exists():
@@ -813,7 +847,7 @@ class EmbedJob:
         _remove_temps(self.out.parent, manifest_path(self.out).name)
 
     def interrupted_message(self) -> str:
-        done = len(self.completed)
+        done = self.num_completed
         return (f"interrupted: {done} of {self.num_chunks} chunks ({self.rows_done()} of {self.num_rows} texts) "
                 f"are saved in {_partial_path(self.out)}; the same command with --resume finishes the rest")
 
@@ -1007,7 +1041,7 @@ def _open_index(index, allow_incomplete: bool) -> tuple[dict, Path]:
         data = index
     else:
         if not allow_incomplete:
-            raise ValueError(f"index: {index} is incomplete ({len(man['completed'])} of {man['num_chunks']} chunks "
+            raise ValueError(f"index: {index} is incomplete ({_num_completed(man)} of {man['num_chunks']} chunks "
                              f"done): `embed --resume` finishes it; --allow-incomplete searches the chunks done")
         data = _partial_path(index) if _partial_path(index).exists() else index
     if not data.exists():
@@ -1016,15 +1050,11 @@ def _open_index(index, allow_incomplete: bool) -> tuple[dict, Path]:
 
 
 def _row_ranges(man: dict) -> list[tuple[int, int]]:
-    """``[start, stop)`` row ranges of the completed chunks, adjacent ones merged."""
+    """``[start, stop)`` row ranges of the completed chunks."""
     c, n = man["chunk_size"], man["num_rows"]
     ranges: list[tuple[int, int]] = []
-    for i in sorted(man["completed"]):
-        a, b = i * c, min((i + 1) * c, n)
-        if ranges and ranges[-1][1] == a:
-            ranges[-1] = (ranges[-1][0], b)
-        else:
-            ranges.append((a, b))
+    for first, stop in man["completed"]:
+        ranges.append((first * c, min(stop * c, n)))
     return ranges
 
 
@@ -1044,7 +1074,7 @@ def _iter_blocks(man: dict, data: Path, block_rows: int) -> Iterator[tuple[np.nd
     pa = _need_pyarrow("Searching a Parquet output")
     import pyarrow.parquet as pq
 
-    for i in sorted(man["completed"]):
+    for i in sorted(completed_chunks(man)):
         part = data / _part_name(i, man["part_width"])
         table = pq.read_table(part, columns=["id", "embedding"])
         col = table.column("embedding").combine_chunks()

@@ -254,7 +254,7 @@ def embed_corpus(input, output, *, model=DEFAULT_MODEL, scheduler=None, workers:
             chunks_computed += 1
             bar.update(rows)
             if on_chunk is not None:
-                on_chunk(index, len(job.completed))
+                on_chunk(index, job.num_completed)
             submit_next()
         job.finish()
         return corpus._result(job, chunks_computed, rows_computed, time.perf_counter() - t0)
