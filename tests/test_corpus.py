@@ -285,12 +285,12 @@ def test_peak_memory_does_not_grow_with_the_file(tmp_path, tiny_model_dir, kind)
 
 
 # ------------------------------------------------------------------------------ interrupt, resume
-N_KILL, CHUNK_KILL = 20000, 500
+N_KILL, CHUNK_KILL = 10000, 250
 
 
 @pytest.fixture(scope="module")
 def kill_corpus(tmp_path_factory, tiny_model_dir):
-    """A 20,000-line corpus and its uninterrupted outputs (both kinds), with the tiny model."""
+    """A 10,000-line corpus and its uninterrupted outputs (both kinds), with the tiny model."""
     d = tmp_path_factory.mktemp("kill")
     path = write_lines(d / "corpus.txt", corpus_lines(N_KILL))
     refs = {}
@@ -350,7 +350,7 @@ def test_interrupted_run_resumes_to_the_uninterrupted_rows(tmp_path, tiny_model_
         parts = sorted(p.name for p in partial.glob("part-*.parquet"))
         assert parts[:len(done)] == [f"part-{i:05d}.parquet" for i in done]
         table = pq.read_table(partial / "part-00002.parquet")
-        np.testing.assert_array_equal(table.column("id").to_numpy(), np.arange(1000, 1500))
+        np.testing.assert_array_equal(table.column("id").to_numpy(), np.arange(2 * CHUNK_KILL, 3 * CHUNK_KILL))
     hits = corpus.search(out, "a man is playing a guitar", k=3, allow_incomplete=True)[0]
     assert len(hits) == 3 and all(h.id < rows or h.id // CHUNK_KILL in done for h in hits)
     with pytest.raises(ValueError, match="incomplete"):
