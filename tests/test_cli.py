@@ -15,6 +15,12 @@ PAIR = ["A man is playing a guitar.", "The stock market crashed today."]
 FILE_SENTENCES = ["The cat sat on the mat.", "A feline rested on the rug.", "Interest rates rose."]
 
 
+def _run(*args, input=None, timeout=300):
+    """The CLI in a subprocess: the CompletedProcess (stdout, stderr, returncode)."""
+    return subprocess.run([sys.executable, "-m", "transformer_core", *args], capture_output=True, text=True,
+                          input=input, timeout=timeout)
+
+
 def run_cli(*args, timeout=120):
     proc = subprocess.run([sys.executable, "-m", "transformer_core", *args], capture_output=True,
                           text=True, timeout=timeout)
@@ -189,3 +195,40 @@ def test_cli_search_refuses_an_incomplete_index(tmp_path, tiny_model_dir):
     assert_clean_error(run_cli_any("search", "--index", out, "q"), "incomplete (2 of 3 chunks", "--allow-incomplete")
     res = run_cli_any("search", "--index", out, "q", "-k", 100, "--allow-incomplete", "--json")
     assert res.returncode == 0 and len(json.loads(res.stdout)[0]["hits"]) == 20
+
+
+# ------------------------------------------------------------------------------------ chat, generate
+def test_cli_chat_one_prompt_streams_the_answer():
+    r = _run("chat", "What is the capital of France?", "--max-new-tokens", "32")
+    assert r.returncode == 0, r.stderr
+    assert "Paris" in r.stdout
+    assert re.search(r"prefill: \d+ tokens, [\d.]+ tokens/s; decode: \d+ tokens, [\d.]+ tokens/s", r.stderr)
+
+
+def test_cli_chat_reads_turns_from_stdin_and_keeps_the_conversation():
+    r = _run("chat", "--max-new-tokens", "24", input="What is the capital of France?\n\nAnd of Italy?\n")
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.count("prefill:") == 2  # two turns, the blank line skipped
+    first, second = (int(n) for n in re.findall(r"prefill: (\d+) tokens", r.stderr))
+    assert second < first  # the second turn ran only what the cache lacked
+
+
+def test_cli_generate_continues_text():
+    r = _run("generate", "Once upon a time", "--max-new-tokens", "12")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("Once upon a time") and len(r.stdout) > len("Once upon a time") + 10
+
+
+def test_cli_chat_errors_are_one_line(tmp_path):
+    bad = tmp_path / "broken.gguf"
+    bad.write_bytes(b"GGUF" + b"\0" * 20)
+    for args in (["chat", "hi", "--model", str(bad)], ["chat", "hi", "--temperature", "-1"],
+                 ["generate", "", "--max-new-tokens", "4"]):
+        r = _run(*args)
+        assert r.returncode == 2, (args, r.stderr)
+        assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, (args, r.stderr)
+        assert r.stderr.startswith(f"transformer_core {args[0]}: ")
+    # argparse's own usage errors: the usage, then one error line naming the option
+    r = _run("chat", "hi", "--max-new-tokens", "0")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "argument --max-new-tokens: expected an int >= 1, got 0" in r.stderr.strip().splitlines()[-1]

@@ -7,6 +7,9 @@ Commands:
              with ``--scheduler ADDRESS`` or ``--workers N``. Without ``--out``, a longer input is
              only summarised.
     search   the k nearest texts of an ``embed --out`` output to a query, with cosine scores.
+    chat     a conversation with a chat model (default SmolLM2-135M-Instruct): one PROMPT, or turns
+             read from standard input (one per line), the reply streamed, then tokens/s.
+    generate continues raw text (no chat template), streamed, then tokens/s.
 
 This module holds the parser, the dispatch and the one error handler; each command's work lives
 in its module (embed and search: ``corpus.py``). To add a command: write ``_add_<name>(subparsers)``
@@ -91,8 +94,37 @@ def _add_search(sub) -> None:
     s.add_argument("--json", action="store_true", help="print JSON instead of text")
 
 
+def _add_generation_options(p) -> None:
+    p.add_argument("--model", default=None,
+                   help="a GGUF file, a Hugging Face Llama directory or an embedded name (default SmolLM2-135M-Instruct)")
+    p.add_argument("--max-new-tokens", type=_positive_int, default=256, help="the most tokens of a reply (default 256)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples")
+    p.add_argument("--top-p", type=float, default=None, help="nucleus sampling: keep the smallest set of tokens "
+                                                             "whose probability reaches this (with --temperature)")
+    p.add_argument("--seed", type=int, default=None, help="seed of the sampling (reproducible replies)")
+
+
+def _add_chat(sub) -> None:
+    c = sub.add_parser("chat", help="chat with a Llama-family model (SmolLM2-135M-Instruct)",
+                       description="Chats with a chat model: the reply to PROMPT, streamed as it is generated, then "
+                                   "the prefill and decode tokens/s on stderr. Without PROMPT, each line of standard "
+                                   "input is a turn of one conversation (the KV cache is kept between turns).")
+    c.set_defaults(run="chat:run_chat")
+    c.add_argument("prompt", nargs="?", help="the message (default: read turns from standard input)")
+    c.add_argument("--system", help="a system message")
+    _add_generation_options(c)
+
+
+def _add_generate(sub) -> None:
+    g = sub.add_parser("generate", help="continue raw text with a causal LM",
+                       description="Continues TEXT without a chat template, streamed, then tokens/s on stderr.")
+    g.set_defaults(run="chat:run_generate")
+    g.add_argument("text", help="the text to continue")
+    _add_generation_options(g)
+
+
 #: The commands, in the order ``--help`` lists them.
-COMMANDS = {"embed": _add_embed, "search": _add_search}
+COMMANDS = {"embed": _add_embed, "search": _add_search, "chat": _add_chat, "generate": _add_generate}
 
 
 def _parser() -> argparse.ArgumentParser:

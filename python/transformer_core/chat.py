@@ -18,7 +18,7 @@ import numpy as np
 
 from ._validation import check_int
 
-__all__ = ["ChatSession", "TurnStats", "continue_text"]
+__all__ = ["ChatSession", "TurnStats", "continue_text", "run_chat", "run_generate"]
 
 DEFAULT_CHAT_MODEL = "SmolLM2-135M-Instruct"
 
@@ -205,3 +205,63 @@ def continue_text(model, tokenizer, text: str, max_new_tokens: int = 128, on_tex
     generated = _stream(model, tokenizer, np.array([ids], np.int64), cache, on_text, stats,
                         eos_token_id=[] if eos is None else [eos], **options)
     return tokenizer.decode(generated, skip_special_tokens=True), stats
+
+
+# ------------------------------------------------------------------------------------------------
+# The command line (``python -m transformer_core chat|generate``; errors are reported by __main__)
+# ------------------------------------------------------------------------------------------------
+def _load(args):
+    from .llama import LlamaForCausalLM
+    from .tokenizer import Tokenizer
+
+    name = args.model or DEFAULT_CHAT_MODEL
+    return LlamaForCausalLM.from_pretrained(name), Tokenizer.from_pretrained(name)
+
+
+def _print(text: str) -> None:
+    import sys
+
+    sys.stdout.write(text)
+    sys.stdout.flush()
+
+
+def run_chat(args) -> int:
+    """``chat``: one PROMPT, or one turn per line of standard input; replies streamed to stdout,
+    the tokens/s of each turn on stderr."""
+    import sys
+
+    model, tokenizer = _load(args)
+    session = ChatSession(model, tokenizer, system=args.system, max_new_tokens=args.max_new_tokens,
+                          temperature=args.temperature, top_p=args.top_p, seed=args.seed)
+    turns = [args.prompt] if args.prompt is not None else None
+    interactive = turns is None and sys.stdin.isatty()
+    while True:
+        if turns is not None:
+            if not turns:
+                return 0
+            message = turns.pop(0)
+        else:
+            if interactive:
+                print("> ", end="", file=sys.stderr, flush=True)
+            line = sys.stdin.readline()
+            if not line:
+                return 0
+            message = line.rstrip("\n")
+            if not message.strip():
+                continue
+        session.send(message, on_text=_print)
+        _print("\n")
+        print(session.stats, file=sys.stderr)
+
+
+def run_generate(args) -> int:
+    """``generate``: TEXT and its continuation streamed to stdout, tokens/s on stderr."""
+    import sys
+
+    model, tokenizer = _load(args)
+    _print(args.text)
+    _, stats = continue_text(model, tokenizer, args.text, max_new_tokens=args.max_new_tokens, on_text=_print,
+                             temperature=args.temperature, top_p=args.top_p, seed=args.seed)
+    _print("\n")
+    print(stats, file=sys.stderr)
+    return 0
