@@ -303,8 +303,11 @@ def kill_corpus(tmp_path_factory, tiny_model_dir):
 
 def _start_and_interrupt(args, out: Path, sig: int, after_chunks: int = 3):
     """Runs the CLI, sends ``sig`` once the manifest shows ``after_chunks`` chunks done."""
+    # a shell's background job ignores SIGINT and its children inherit that: restore the default so
+    # that Python installs its Ctrl-C handler in the child wherever the tests run
     proc = subprocess.Popen([sys.executable, "-m", "transformer_core", *map(str, args)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     man = Path(f"{out}.manifest.json")
     deadline = time.monotonic() + 300
     done = []
