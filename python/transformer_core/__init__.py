@@ -60,12 +60,23 @@ __all__ = [
     "mean_pool",
     "get_num_threads",
     "set_num_threads",
+    "blas_info",
 ]
 
 
 def get_num_threads() -> int:
     """Threads the C++ core uses (OpenMP's; ``OMP_NUM_THREADS`` sets the default)."""
     return _core.get_num_threads()
+
+
+def blas_info() -> str:
+    """The BLAS behind the matrix products, e.g. ``"mkl: Intel(R) oneAPI Math Kernel Library Version
+    2026.2 ... (sequential, CNR AUTO,STRICT)"`` or ``"openblas: OpenBLAS 0.3.21 ... (core SkylakeX)"``.
+
+    Chosen once at import (``TC_BLAS``: ``auto``, ``mkl`` or ``openblas``; auto = MKL on Intel CPUs
+    when pip's ``mkl`` package is installed, else OpenBLAS). See ``_runtime._choose_blas``.
+    """
+    return _core.blas_info()
 
 
 def set_num_threads(n: int) -> None:

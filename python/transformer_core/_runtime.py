@@ -33,6 +33,61 @@ from . import _core  # noqa: E402
 core = _core
 
 
+def _cpu_vendor() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("vendor_id")), "")
+    except OSError:
+        return ""
+
+
+def _mkl_library() -> str | None:
+    """The path of MKL's single dynamic library (``libmkl_rt.so.*``) installed by pip's ``mkl``
+    package in this environment, or None."""
+    from importlib import metadata
+
+    try:
+        files = metadata.files("mkl") or []
+    except metadata.PackageNotFoundError:
+        return None
+    for f in files:
+        if f.name.startswith("libmkl_rt.so"):
+            path = f.locate()
+            if os.path.exists(path):
+                return os.path.realpath(path)
+    return None
+
+
+def _choose_blas() -> None:
+    """Picks the BLAS of every matrix product, once, before any computation (kernels/blas.hpp).
+
+    ``TC_BLAS=auto`` (the default): Intel MKL on Intel CPUs when pip's ``mkl`` package is installed
+    (``.ci/setup`` installs it there), else OpenBLAS. MKL's fast (AVX-512) kernels are for Intel
+    CPUs; on AMD CPUs OpenBLAS with its SkylakeX (AVX-512) or Haswell (AVX2) kernels is the measured
+    choice (bench/README.md). ``TC_BLAS=openblas`` or ``TC_BLAS=mkl`` forces one; a forced MKL
+    that cannot be loaded warns and keeps OpenBLAS. Either way results are bitwise the same for
+    any thread count; the two libraries differ from each other in the last bits.
+    """
+    choice = os.environ.get("TC_BLAS", "auto").strip().lower() or "auto"
+    if choice not in ("auto", "mkl", "openblas"):
+        import warnings
+
+        warnings.warn(f"TC_BLAS: expected 'auto', 'mkl' or 'openblas', got {choice!r}; using 'auto'",
+                      RuntimeWarning, stacklevel=2)
+        choice = "auto"
+    if choice == "openblas" or (choice == "auto" and _cpu_vendor() != "GenuineIntel"):
+        return
+    path = _mkl_library()
+    why = _core.use_mkl(path) if path else "pip's mkl package is not installed"
+    if why and choice == "mkl":
+        import warnings
+
+        warnings.warn(f"TC_BLAS=mkl: {why}; using OpenBLAS", RuntimeWarning, stacklevel=2)
+
+
+_choose_blas()
+
+
 def dtype_suffix(dtype) -> str:
     """``"_f64"`` for float64, ``"_f32"`` for float32: the suffix of a bound op's or class's variant."""
     return "_f64" if np.dtype(dtype) == np.float64 else "_f32"
