@@ -33,6 +33,7 @@ void openblas_dgemv(int o, int t, int m, int n, double al, const double* a, int 
 const Table kOpenBlas{openblas_sgemm, openblas_dgemm, openblas_sgemv, openblas_dgemv, true};
 Table mkl_table{};
 std::string mkl_info;
+std::string mkl_path;  // the library behind mkl_table, once loaded
 std::atomic<const Table*> current{&kOpenBlas};
 
 // MKL's service functions (mkl_service.h), by value.
@@ -46,7 +47,8 @@ constexpr int kMklCbwrSuccess = 0;
 const Table& table() { return *current.load(std::memory_order_acquire); }
 
 std::string use_mkl(const std::string& path) {
-  if (mkl_table.sgemm != nullptr) {
+  if (mkl_table.sgemm != nullptr) {  // loaded once per process: the same library only
+    if (path != mkl_path) return "MKL is already loaded from " + mkl_path + ", not " + path;
     current.store(&mkl_table, std::memory_order_release);
     return "";
   }
@@ -77,6 +79,7 @@ std::string use_mkl(const std::string& path) {
   char buf[256] = {};
   version(buf, sizeof buf - 1);
   mkl_info = std::string("mkl: ") + buf + " (sequential, CNR AUTO,STRICT)";
+  mkl_path = path;
   mkl_table = t;  // the handle stays open for the life of the process
   current.store(&mkl_table, std::memory_order_release);
   return "";
