@@ -73,8 +73,9 @@ def blas_info() -> str:
     """The BLAS behind the matrix products, e.g. ``"mkl: Intel(R) oneAPI Math Kernel Library Version
     2026.2 ... (sequential, CNR AUTO,STRICT)"`` or ``"openblas: OpenBLAS 0.3.21 ... (core SkylakeX)"``.
 
-    Chosen once at import (``TC_BLAS``: ``auto``, ``mkl`` or ``openblas``; auto = MKL on Intel CPUs
-    when pip's ``mkl`` package is installed, else OpenBLAS). See ``_runtime._choose_blas``.
+    Chosen once at import (``TC_BLAS``: ``auto`` = ``openblas``, the default, or ``mkl``: Intel MKL
+    from pip's ``mkl`` package, opt-in because a torch imported afterwards would share its
+    single-threaded layer). See ``_runtime._choose_blas`` and bench/README.md, "Which BLAS".
     """
     return _core.blas_info()
 

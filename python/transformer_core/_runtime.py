@@ -61,12 +61,13 @@ def _mkl_library() -> str | None:
 def _choose_blas() -> None:
     """Picks the BLAS of every matrix product, once, before any computation (kernels/blas.hpp).
 
-    ``TC_BLAS=auto`` (the default): Intel MKL on Intel CPUs when pip's ``mkl`` package is installed
-    (``.ci/setup`` installs it there), else OpenBLAS. MKL's fast (AVX-512) kernels are for Intel
-    CPUs; on AMD CPUs OpenBLAS with its SkylakeX (AVX-512) or Haswell (AVX2) kernels is the measured
-    choice (bench/README.md). ``TC_BLAS=openblas`` or ``TC_BLAS=mkl`` forces one; a forced MKL
-    that cannot be loaded warns and keeps OpenBLAS. Either way results are bitwise the same for
-    any thread count; the two libraries differ from each other in the last bits.
+    ``TC_BLAS=auto`` or ``openblas`` (the default): the linked OpenBLAS, on every CPU.
+    ``TC_BLAS=mkl``: Intel MKL from pip's ``mkl`` package (sequential, CNR ``AUTO,STRICT``); its
+    AVX-512 kernels ran our tile shapes up to 1.3x (2.4x for 7-row tiles) faster on an Intel Xeon
+    (bench/README.md, "Which BLAS"), but it is opt-in: the MKL layers it loads serve torch's MKL
+    symbols too, so a torch imported afterwards runs single-threaded (bench/README.md, "torch in the
+    same process"). An MKL that cannot be loaded warns and keeps OpenBLAS. Results are bitwise the
+    same for any thread count with either library; the two differ from each other in the last bits.
     """
     choice = os.environ.get("TC_BLAS", "auto").strip().lower() or "auto"
     if choice not in ("auto", "mkl", "openblas"):
@@ -75,11 +76,11 @@ def _choose_blas() -> None:
         warnings.warn(f"TC_BLAS: expected 'auto', 'mkl' or 'openblas', got {choice!r}; using 'auto'",
                       RuntimeWarning, stacklevel=2)
         choice = "auto"
-    if choice == "openblas" or (choice == "auto" and _cpu_vendor() != "GenuineIntel"):
+    if choice != "mkl":
         return
     path = _mkl_library()
     why = _core.use_mkl(path) if path else "pip's mkl package is not installed"
-    if why and choice == "mkl":
+    if why:
         import warnings
 
         warnings.warn(f"TC_BLAS=mkl: {why}; using OpenBLAS", RuntimeWarning, stacklevel=2)

@@ -52,7 +52,12 @@ std::string use_mkl(const std::string& path) {
     current.store(&mkl_table, std::memory_order_release);
     return "";
   }
-  // RTLD_LOCAL: MKL's cblas_* must not take the place of OpenBLAS's for anyone else in the process.
+  // RTLD_LOCAL keeps libmkl_rt's own cblas_* from taking the place of OpenBLAS's, but libmkl_rt
+  // loads its layers (libmkl_sequential, libmkl_core) globally: a torch imported later binds its
+  // undefined MKL service symbols (mkl_serv_get_max_threads, ...) to our sequential layer and drops to
+  // one thread (bench/README.md, "torch in the same process"). dlmopen(LM_ID_NEWLM) would isolate
+  // them but crashes in glibc 2.36 (libmkl_rt dlopens its layers RTLD_GLOBAL inside the namespace).
+  // Hence MKL is opt-in (TC_BLAS=mkl), never the default.
   void* h = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (h == nullptr) return std::string("dlopen failed: ") + dlerror();
   auto sym = [&](const char* name) { return dlsym(h, name); };

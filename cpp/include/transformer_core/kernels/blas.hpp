@@ -1,8 +1,9 @@
 // The BLAS behind every matrix product of the library, chosen once per process:
 //
-//   OpenBLAS (linked; Debian's OpenMP build): the default, and the path of every non-Intel CPU;
-//   Intel MKL (libmkl_rt, loaded at run time from the package's environment when present): on Intel
-//     CPUs, where its AVX-512 kernels run our tile shapes 1.2-2.4x faster (bench/README.md's table).
+//   OpenBLAS (linked; Debian's OpenMP build): the default, on every CPU;
+//   Intel MKL (libmkl_rt, loaded at run time from pip's `mkl` package, opt-in with TC_BLAS=mkl): its
+//     AVX-512 kernels ran our tile shapes 1.2-2.4x faster on an Intel Xeon (bench/README.md), but
+//     its layers, loaded globally, also serve a torch imported later (which then runs one thread).
 //
 // MKL is put in its sequential threading layer before its first call (no second OpenMP runtime:
 // every GEMM of ours runs on one thread inside our own parallel region) and in strict conditional
