@@ -16,7 +16,8 @@ Settings (``SETTINGS``):
 * ``torch-used-1``: as ``torch-used`` with ``torch.set_num_threads(1)`` for torch's calls (what a
   learner can do when torch is only used for checking).
 
-Each worker prints one JSON line (median ms of ``--repeats`` calls after warm-up, per thread count);
+Each worker prints one JSON line (median wall and process-CPU ms of ``--repeats`` calls after warm-up,
+per thread count: idle threads that spin show up as CPU time beyond the work, even on a busy machine);
 the driver alternates the settings across rounds and keeps each one's best round. The load average
 is recorded: on a busy machine the numbers are noisy.
 """
@@ -53,16 +54,18 @@ def run_worker(setting: str, repeats: int) -> None:
     q, k, v = (rng.standard_normal(SHAPE, dtype=np.float32) for _ in range(3))
     out = {"setting": setting, "load_start": os.getloadavg()[0]}
     for threads in (1, 2):
-        times = []
+        times, cpu = [], []
         for i in range(repeats + 2):
             if torch_step is not None and setting.startswith("torch-used"):
                 torch_step()
             tc.set_num_threads(threads)
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             tc.functional.scaled_dot_product_attention(q, k, v)
             if i >= 2:
                 times.append(1e3 * (time.perf_counter() - t0))
+                cpu.append(1e3 * (time.process_time() - c0))
         out[str(threads)] = statistics.median(times)
+        out[f"cpu{threads}"] = statistics.median(cpu)
     out["load_end"] = os.getloadavg()[0]
     print(json.dumps(out))
 
@@ -91,7 +94,7 @@ def main(argv=None) -> int:
             loads += [res["load_start"], res["load_end"]]
             print(f"round {r + 1} {s}: 1 thread {res['1']:.1f} ms, 2 threads {res['2']:.1f} ms", file=sys.stderr)
             b = best.setdefault(s, res)
-            for t in ("1", "2"):
+            for t in ("1", "2", "cpu1", "cpu2"):
                 b[t] = min(b[t], res[t])
     from pathlib import Path
 
@@ -100,12 +103,13 @@ def main(argv=None) -> int:
     print(f"# ours, SDPA {SHAPE}, best of {args.rounds} rounds: {cpu}; load {min(loads):.2f}-{max(loads):.2f}"
           f"{' (BUSY: noisy)' if max(loads) >= 1.5 else ''}")
     print()
-    print("| setting | 1 thread ms | 2 threads ms | scaling 1→2 | 2 threads vs alone |")
-    print("|---|---|---|---|---|")
+    print("| setting | 1 thread ms | 2 threads ms | scaling 1→2 | 2 threads vs alone | process CPU ms, 1 / 2 threads |")
+    print("|---|---|---|---|---|---|")
     alone = best.get("alone", {}).get("2")
     for s, b in best.items():
         rel = f"{b['2'] / alone:.2f}×" if alone else "—"
-        print(f"| {s} | {b['1']:.1f} | {b['2']:.1f} | {b['1'] / b['2']:.2f}× | {rel} |")
+        print(f"| {s} | {b['1']:.1f} | {b['2']:.1f} | {b['1'] / b['2']:.2f}× | {rel} | "
+              f"{b['cpu1']:.0f} / {b['cpu2']:.0f} |")
     return 0
 
 
