@@ -161,6 +161,7 @@ PLANS = {
     "decode": Plan(100, 10, 20, 3),
     "gpt2": Plan(20, 3, 5, 2),
     "minilm": Plan(3, 0, 1, 0, budget_s=60),
+    "peers": Plan(3, 0, 1, 0),
     "smollm2": Plan(3, 1, 1, 0, budget_s=90),
     "threads": Plan(5, 1, 2, 1),
 }
@@ -483,6 +484,59 @@ def case_minilm(b: Bench) -> list[Row]:
     return [row]
 
 
+def case_peers(b: Bench) -> list[Row]:
+    """MiniLM against ONNX Runtime and CTranslate2 (bench/engines.py): each engine in its own
+    process, same sentences, threads and batching; rows for the installed peers, ``n/a`` for the
+    others. The ``torch ms`` column holds the peer's time, ``torch/ours`` the peer/ours ratio."""
+    import engines as E
+
+    n = 100 if b.quick else 1000
+    names = ["ours", "ours+torch", "torch", "onnxruntime", "ctranslate2"]
+    res = E.run_engines(names, threads=b.threads, n=n, rounds=1 if b.quick else 2,
+                        repeats=1 if b.quick else 3, latency_calls=30 if b.quick else 200,
+                        quiet_load=float("inf"), max_wait=0)
+    ours = res.get("ours", {})
+    ref = res.get("torch", {})
+    rows = []
+    if "na" in ours:
+        return [na_row("MiniLM peers", f"ours: {ours['na']}")]
+    ours_ms, ours_lat = 1e3 * n / ours["sentences_per_s"], ours["latency_ms"]
+    targets = {"ctranslate2": 1.2, "onnxruntime": 1.3, "torch": 1.5}
+    for name in names[1:]:
+        r = res.get(name, {})
+        label = E.ENGINES[name][0]
+        if "na" in r:
+            rows.append(na_row(f"MiniLM throughput vs {label}", r["na"]))
+            continue
+        acc = ""
+        if "first" in ref:
+            err, cos = E.accuracy((ours if name == "torch" else r)["first"], ref["first"])
+            label = "ours" if name == "torch" else label
+            acc = f"{label} vs transformers: max err {err:.1e}, min cosine {cos:.6f}"
+        peer_ms = 1e3 * n / r["sentences_per_s"]
+        if name == "ours+torch":  # ours with torch loaded against ours alone: within 10%
+            row = Row(f"MiniLM {n} sentences, ours with torch loaded (torch ms = with torch)", ours_ms, peer_ms,
+                      repeats=r["runs"])
+            row.checks.append(Check("alone/with torch", ours_ms / peer_ms, 0.9))
+            row.notes.append(f"batch-1 {ours_lat:.2f} ms alone, {r['latency_ms']:.2f} ms with torch")
+            rows.append(row)
+            continue
+        row = Row(f"MiniLM {n} sentences, batch 32, vs {E.ENGINES[name][0]} (torch ms = {name})", ours_ms, peer_ms,
+                  repeats=r["runs"])
+        row.checks.append(Check(f"{name}/ours", row.ratio, targets[name]))
+        row.notes.append(f"sentences/s ours {ours['sentences_per_s']:.0f}, {name} {r['sentences_per_s']:.0f}")
+        if acc:
+            row.notes.append(acc)
+        rows.append(row)
+        lat = Row(f"MiniLM batch-1 latency (7 tokens) vs {E.ENGINES[name][0]} (torch ms = {name})", ours_lat,
+                  r["latency_ms"],
+                  repeats=r["runs"])
+        if name == "onnxruntime":
+            lat.checks.append(Check("ours/onnxruntime", ours_lat / r["latency_ms"], 0.8, at_most=True))
+        rows.append(lat)
+    return rows
+
+
 def case_smollm2(b: Bench) -> list[Row]:
     """SmolLM2-135M-Instruct from its GGUF file, fp32 on both sides (ours: the dequantized fp32 path;
     transformers: LlamaForCausalLM(gguf_file=..., dtype=float32)): prefill of a 512-token prompt
@@ -583,6 +637,7 @@ CASES: dict[str, Callable[[Bench], list[Row]]] = {
     "decode": case_decode,
     "gpt2": case_gpt2,
     "minilm": case_minilm,
+    "peers": case_peers,          # MiniLM vs ONNX Runtime / CTranslate2, each engine in its own process
     "smollm2": case_smollm2,
     "threads": case_threads,
 }
@@ -697,6 +752,22 @@ def load_average() -> str:
         return "?"
 
 
+def cpu_isa() -> str:
+    """The CPU's vector ISA as the matrix products see it: "AVX-512 (avx512f, avx512_vnni, ...)",
+    "AVX2 + FMA" or "SSE only", from /proc/cpuinfo's flags."""
+    try:
+        flags = next((ln.split(":", 1)[1].split() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                      if ln.startswith("flags")), [])
+    except OSError:
+        return "?"
+    if "avx512f" in flags:
+        extra = [f for f in ("avx512_vnni", "avx512_bf16", "amx_tile") if f in flags]
+        return "AVX-512" + (f" ({', '.join(extra)})" if extra else "")
+    if "avx2" in flags:
+        return "AVX2 + FMA" if "fma" in flags else "AVX2"
+    return "SSE only"
+
+
 def machine_lines(b: Bench, elapsed_s: float, load_before: str, load_after: str) -> list[str]:
     busy = max(_as_float(load_before), _as_float(load_after)) > (os.cpu_count() or 1) + 0.5
     cpuinfo = Path("/proc/cpuinfo")
@@ -708,7 +779,8 @@ def machine_lines(b: Bench, elapsed_s: float, load_before: str, load_after: str)
     return [
         f"# {title}",
         "",
-        f"- machine: {cpu}, {os.cpu_count()} CPUs; threads used: {b.threads} (ours and torch)",
+        f"- machine: {cpu}, {os.cpu_count()} CPUs, {cpu_isa()}; threads used: {b.threads} (ours and torch)",
+        f"- BLAS of ours: {b.tc.blas_info()}",
         f"- transformer_core {b.tc.__version__}, torch {b.torch.__version__}, "
         f"numpy {np.__version__}, Python {platform.python_version()}",
         f"- sgemm (torch.mm 2048³, {b.threads} threads): {fmt(b.sgemm_gflops)} GFLOP/s",

@@ -3,6 +3,7 @@
 #include <cblas.h>
 
 #include "common.hpp"
+#include "transformer_core/kernels/blas.hpp"
 #include "transformer_core/kernels/parallel.hpp"
 
 #ifndef TC_VERSION
@@ -15,6 +16,10 @@ PYBIND11_MODULE(_core, m) {
   m.def("get_num_threads", &transformer_core::get_num_threads, "Threads used by the C++ core.");
   m.def("set_num_threads", &transformer_core::set_num_threads, py::arg("n"), "Sets the threads used by the C++ core.");
   m.def("blas_config", []() { return std::string(openblas_get_config()); }, "OpenBLAS build configuration.");
+  m.def("blas_info", &transformer_core::kernels::blas::info, "The BLAS in use: library, version, kernels.");
+  m.def("use_mkl", &transformer_core::kernels::blas::use_mkl, py::arg("path"),
+        "Routes every matrix product to MKL's libmkl_rt at path (sequential, CNR AUTO,STRICT); '' or why not.");
+  m.def("use_openblas", &transformer_core::kernels::blas::use_openblas, "Routes every matrix product to OpenBLAS.");
   transformer_core::bindings::register_functional(m);
   transformer_core::bindings::register_layers(m);
   transformer_core::bindings::register_models(m);

@@ -70,12 +70,24 @@ __all__ = [
     "mean_pool",
     "get_num_threads",
     "set_num_threads",
+    "blas_info",
 ]
 
 
 def get_num_threads() -> int:
     """Threads the C++ core uses (OpenMP's; ``OMP_NUM_THREADS`` sets the default)."""
     return _core.get_num_threads()
+
+
+def blas_info() -> str:
+    """The BLAS behind the matrix products, e.g. ``"mkl: Intel(R) oneAPI Math Kernel Library Version
+    2026.2 ... (sequential, CNR AUTO,STRICT)"`` or ``"openblas: OpenBLAS 0.3.21 ... (core SkylakeX)"``.
+
+    Chosen once at import (``TC_BLAS``: ``auto`` = ``openblas``, the default, or ``mkl``: Intel MKL
+    from pip's ``mkl`` package, opt-in because a torch imported afterwards would share its
+    single-threaded layer). See ``_runtime._choose_blas`` and bench/README.md, "Which BLAS".
+    """
+    return _core.blas_info()
 
 
 def set_num_threads(n: int) -> None:

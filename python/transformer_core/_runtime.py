@@ -33,6 +33,62 @@ from . import _core  # noqa: E402
 core = _core
 
 
+def _cpu_vendor() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("vendor_id")), "")
+    except OSError:
+        return ""
+
+
+def _mkl_library() -> str | None:
+    """The path of MKL's single dynamic library (``libmkl_rt.so.*``) installed by pip's ``mkl``
+    package in this environment, or None."""
+    from importlib import metadata
+
+    try:
+        files = metadata.files("mkl") or []
+    except metadata.PackageNotFoundError:
+        return None
+    for f in files:
+        if f.name.startswith("libmkl_rt.so"):
+            path = f.locate()
+            if os.path.exists(path):
+                return os.path.realpath(path)
+    return None
+
+
+def _choose_blas() -> None:
+    """Picks the BLAS of every matrix product, once, before any computation (kernels/blas.hpp).
+
+    ``TC_BLAS=auto`` or ``openblas`` (the default): the linked OpenBLAS, on every CPU.
+    ``TC_BLAS=mkl``: Intel MKL from pip's ``mkl`` package (sequential, CNR ``AUTO,STRICT``); its
+    AVX-512 kernels ran our tile shapes up to 1.3x (2.4x for 7-row tiles) faster on an Intel Xeon
+    (bench/README.md, "Which BLAS"), but it is opt-in: the MKL layers it loads serve torch's MKL
+    symbols too, so a torch imported afterwards runs single-threaded (bench/README.md, "torch in the
+    same process"). An MKL that cannot be loaded warns and keeps OpenBLAS. Results are bitwise the
+    same for any thread count with either library; the two differ from each other in the last bits.
+    """
+    choice = os.environ.get("TC_BLAS", "auto").strip().lower() or "auto"
+    if choice not in ("auto", "mkl", "openblas"):
+        import warnings
+
+        warnings.warn(f"TC_BLAS: expected 'auto', 'mkl' or 'openblas', got {choice!r}; using 'auto'",
+                      RuntimeWarning, stacklevel=2)
+        choice = "auto"
+    if choice != "mkl":
+        return
+    path = _mkl_library()
+    why = _core.use_mkl(path) if path else "pip's mkl package is not installed"
+    if why:
+        import warnings
+
+        warnings.warn(f"TC_BLAS=mkl: {why}; using OpenBLAS", RuntimeWarning, stacklevel=2)
+
+
+_choose_blas()
+
+
 def dtype_suffix(dtype) -> str:
     """``"_f64"`` for float64, ``"_f32"`` for float32: the suffix of a bound op's or class's variant."""
     return "_f64" if np.dtype(dtype) == np.float64 else "_f32"

