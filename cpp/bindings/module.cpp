@@ -13,7 +13,11 @@ PYBIND11_MODULE(_core, m) {
   m.doc() = "transformer_core C++ core (private; use the transformer_core package)";
   m.attr("__version__") = TC_VERSION;
   m.def("get_num_threads", &transformer_core::get_num_threads, "Threads used by the C++ core.");
-  m.def("set_num_threads", &transformer_core::set_num_threads, py::arg("n"), "Sets the threads used by the C++ core.");
+  m.def("set_num_threads", &transformer_core::set_num_threads, py::arg("n"),
+        "Sets the threads used by the C++ core, process-wide.");
+  m.attr("max_num_threads") = transformer_core::kMaxThreads;
+  m.def("physical_memory_bytes", &transformer_core::ops::physical_memory_bytes,
+        "This machine's physical memory: the bound of every allocation check.");
   m.def("blas_config", []() { return std::string(openblas_get_config()); }, "OpenBLAS build configuration.");
   transformer_core::bindings::register_functional(m);
   transformer_core::bindings::register_layers(m);

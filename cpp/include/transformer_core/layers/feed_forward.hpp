@@ -37,6 +37,7 @@ class FeedForward : public Mlp<T> {
   int64_t dim_feedforward() const { return linear1_.out_features(); }
 
  private:
+  ops::WeightsCheck weights_check_;  // first: the sizes are checked before linear1_ allocates
   Linear<T> linear1_, linear2_;
   Activation activation_;
 };
@@ -55,6 +56,7 @@ class GatedFeedForward : public Mlp<T> {
   int64_t dim_feedforward() const { return down_proj_.in_features(); }
 
  private:
+  ops::WeightsCheck weights_check_;  // first: the sizes are checked before gate_up_proj_ allocates
   Linear<T> gate_up_proj_, down_proj_;
   Activation activation_;
 };
