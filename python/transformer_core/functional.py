@@ -222,7 +222,9 @@ def _attention_masks(attn_mask, query_mask, key_mask, lead: tuple, L: int, S: in
         bool_mask = bool_parts[0]
     elif bool_parts:  # several boolean masks are combined into one (..., L, S) array
         check_allocatable(full, 1, "attn_mask, query_mask, key_mask: their combination")
-        bool_mask = np.logical_and.reduce(bool_parts)
+        bool_mask = np.logical_and(bool_parts[0], bool_parts[1])  # one (..., L, S) array, and in place
+        for part in bool_parts[2:]:
+            np.logical_and(bool_mask, part, out=bool_mask)
     return bool_mask, float_mask
 
 

@@ -23,6 +23,13 @@ const DecoderConfig& checked(const DecoderConfig& c) {
   ops::require_positive(c.num_heads, "num_attention_heads");
   ops::require_nonnegative(c.num_kv_heads, "num_key_value_heads");
   ops::require_nonnegative(c.head_dim, "head_dim");
+  if (c.head_dim == 0 && c.hidden_size % c.num_heads != 0)
+    throw std::invalid_argument("hidden_size: expected a multiple of num_attention_heads (" + to_string(c.num_heads) +
+                                "), got " + to_string(c.hidden_size));
+  const int64_t kv_heads = c.num_kv_heads > 0 ? c.num_kv_heads : c.num_heads;
+  if (c.num_heads % kv_heads != 0)
+    throw std::invalid_argument("num_key_value_heads: expected a divisor of num_attention_heads (" +
+                                to_string(c.num_heads) + "), got " + to_string(kv_heads));
   ops::require_positive(c.intermediate_size, "intermediate_size");
   ops::require_positive(c.max_positions, "max_position_embeddings");
   if (!(c.norm_eps >= 0 && std::isfinite(c.norm_eps)))
