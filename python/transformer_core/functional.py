@@ -252,7 +252,7 @@ def _attention_inputs(query, key, value, enable_gqa, causal_alignment):
         if k.shape[:-3] != lead[:-1] or v.shape[:-2] != k.shape[:-2]:
             raise ValueError(f"key, value: leading dims {k.shape[:-2]}, {v.shape[:-2]} do not match "
                              f"query's {lead} (heads may differ with enable_gqa)")
-        if hq % hk != 0:
+        if hk < 1 or hq % hk != 0:
             raise ValueError(f"key: with enable_gqa, query heads ({hq}) must be a multiple of key/value heads ({hk})")
     elif k.shape[:-2] != lead or v.shape[:-2] != lead:
         raise ValueError(f"key, value: expected leading dims {lead} (query's), got {k.shape[:-2]} and {v.shape[:-2]}")

@@ -1,8 +1,7 @@
 #include "transformer_core/layers/embedding.hpp"
 
-#include <vector>
-
 #include "transformer_core/ops/embedding.hpp"
+#include "transformer_core/ops/linear.hpp"
 
 namespace transformer_core::layers {
 
@@ -61,8 +60,7 @@ void Embeddings<T>::forward(const int64_t* ids, const int64_t* positions, const 
     if (token_type_ids != nullptr) {
       token_type_->forward_add(token_type_ids, rows, out);                   // + token_type[tt]
     } else {
-      const std::vector<int64_t> zeros(static_cast<size_t>(rows), 0);      // no token types: type 0
-      token_type_->forward_add(zeros.data(), rows, out);
+      ops::add_bias(out, rows, config_.hidden_size, token_type_->weight());  // no token types: type 0
     }
   }
   if (norm_ != nullptr) norm_->forward(out, rows, out);
