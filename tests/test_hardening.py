@@ -4,6 +4,7 @@ test_properties.py, covers the classes at large):
 1. huge sizes neither hang nor overflow;  2. sizes no machine can hold are a named ValueError, not
 MemoryError or the OOM killer;  3. wrong-typed config fields are named;  4. no silent wrong answer;
 5. errors name the argument;  6. real checkpoints load in every float dtype (bf16, fp16);
+7. CLI errors are one line, exit code 2;
 9. the thread count is process-wide;  10. float64 LayerNorm on rows far from zero.
 (8, GPT-2 with left padding, is tested in test_models_gpt2.py; the split-KV determinism of 9 in
 test_ops_flash_attention.py.)
@@ -313,6 +314,44 @@ def test_minilm_half_precision_checkpoints(tmp_path, torch_dtype, tol):
     assert err <= tol, err
     cos = (half * ref).sum(1)
     assert cos.min() > 0.999
+
+
+# ------------------------------------------------------------------------------------------------
+# 7. the CLI: an error is exit code 2 and one line naming what was wrong, never a traceback
+# ------------------------------------------------------------------------------------------------
+def _cli(*args, timeout=300):
+    import os
+
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "python"), env.get("PYTHONPATH")]))
+    return subprocess.run([sys.executable, "-m", "transformer_core", *map(str, args)], capture_output=True,
+                          text=True, timeout=timeout, env=env)
+
+
+def test_cli_errors_are_one_line(tmp_path, tiny_model_dir):
+    good = tmp_path / "good.txt"
+    good.write_text("one\ntwo\n", encoding="utf-8")
+    latin1 = tmp_path / "latin1.txt"
+    latin1.write_bytes("caf\u00e9 au lait\n".encode("latin-1"))
+    truncated = tmp_path / "truncated"
+    shutil.copytree(tiny_model_dir, truncated)
+    weights = (truncated / "model.safetensors").read_bytes()
+    (truncated / "model.safetensors").write_bytes(weights[: len(weights) // 2])
+    for args, fragments in [
+        (["embed", "--file", latin1, "--out", tmp_path / "a.npy", "--model", tiny_model_dir], ["line 1", "UTF-8"]),
+        (["embed", "--file", good, "--out", tmp_path / "b.npy", "--model", truncated], ["model.safetensors"]),
+        (["embed", "one", "two", "--model", truncated], ["model.safetensors"]),
+    ]:
+        r = _cli(*args, "--no-progress") if "--out" in args else _cli(*args)
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode == 2 and "Traceback" not in r.stderr and len(lines) == 1, (args, r.stderr)
+        assert lines[0].startswith("transformer_core embed: "), lines[0]
+        for f in fragments:
+            assert f in lines[0], (f, lines[0])
+    # argparse's own usage errors (main's choice: the usage, then one line naming the option)
+    r = _cli("embed", "one", "--batch-size", "0")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert "argument --batch-size: expected an int >= 1, got 0" in r.stderr.strip().splitlines()[-1]
 
 
 # ------------------------------------------------------------------------------------------------
