@@ -21,9 +21,13 @@ PYBIND11_MODULE(_core, m) {
   m.def("blas_config", []() { return std::string(openblas_get_config()); }, "OpenBLAS build configuration.");
   transformer_core::bindings::register_functional(m);
   transformer_core::bindings::register_layers(m);
+#ifndef TC_OPS_LAYERS_ONLY  // the reduced core of .ci/sanitize (CMake option TC_OPS_LAYERS_ONLY)
   transformer_core::bindings::register_models(m);
+#endif
   transformer_core::bindings::register_positional(m);
   transformer_core::bindings::register_backward(m);
+#ifndef TC_OPS_LAYERS_ONLY
   transformer_core::bindings::register_optim(m);
+#endif
   transformer_core::bindings::register_quantization(m);
 }
