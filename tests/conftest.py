@@ -275,3 +275,23 @@ def corpus_lines(n: int, offset: int = 0) -> list[str]:
             s = f"{s} {SENTENCES[(7 * i + 3) % k]}"
         out.append(f"{s} (line {i})")
     return out
+
+
+# --------------------------------------------------------------------------------------------------
+# A deterministic subset of the parametrised cases, for slow builds (.ci/sanitize):
+# TC_TEST_SUBSET=k keeps every k-th test of each file (the first always).
+# --------------------------------------------------------------------------------------------------
+def pytest_collection_modifyitems(config, items):
+    import os
+
+    k = int(os.environ.get("TC_TEST_SUBSET", "1"))
+    if k <= 1:
+        return
+    kept, seen = [], {}
+    for item in items:
+        i = seen.get(item.fspath, 0)
+        seen[item.fspath] = i + 1
+        if i % k == 0:
+            kept.append(item)
+    config.hook.pytest_deselected(items=[it for it in items if it not in kept])
+    items[:] = kept

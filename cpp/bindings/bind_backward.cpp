@@ -193,7 +193,9 @@ void register_dtype(py::module_& m) {
           require(num_embeddings >= 0, "embedding_backward: num_embeddings must be >= 0");
           const int64_t rows = ids.shape(0), H = grad_output.shape(1);
           const bool accumulate = !grad_weight.is_none();
-          py::object gw = accumulate ? grad_weight : py::object(py::array_t<T>({num_embeddings, H}));
+          py::object gw = accumulate ? grad_weight
+                                    : py::object(new_array<T>({num_embeddings, H},
+                                                              "num_embeddings: grad_weight (num_embeddings, H)"));
           T* dw = inout_buffer<T>(gw, {num_embeddings, H}, "grad_weight");
           {
             py::gil_scoped_release release;

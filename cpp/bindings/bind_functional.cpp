@@ -1,9 +1,11 @@
 // Bindings of the functional ops: numpy in, numpy out, the GIL released around compute.
 #include "common.hpp"
-#include "transformer_core/ops/attention.hpp"
 #include "transformer_core/ops/activation.hpp"
+#include "transformer_core/ops/attention.hpp"
+#include "transformer_core/ops/backward.hpp"
 #include "transformer_core/ops/linear.hpp"
 #include "transformer_core/ops/norm.hpp"
+#include "transformer_core/ops/positional.hpp"
 #include "transformer_core/ops/softmax.hpp"
 
 namespace transformer_core::bindings {
@@ -38,7 +40,7 @@ void register_dtype(py::module_& m) {
       [](const CArray<T>& x, const CArray<T>& weight, const py::object& bias, const std::string& activation) {
         const auto act = activation.empty() ? ops::Activation::kNone : ops::parse_activation(activation);
         const int64_t rows = x.shape(0), in = x.shape(1), out = weight.shape(0);
-        py::array_t<T> y({rows, out});
+        auto y = new_array<T>({rows, out}, "the output (rows of x, out_features of weight)");
         const T* b = optional_data<T>(bias);
         T* yp = y.mutable_data();
         {
@@ -53,7 +55,7 @@ void register_dtype(py::module_& m) {
   m.def(
       ("softmax" + sfx).c_str(),
       [](const CArray<T>& x) {
-        py::array_t<T> y({x.shape(0), x.shape(1)});
+        auto y = new_array<T>({x.shape(0), x.shape(1)}, "x");
         std::copy(x.data(), x.data() + x.size(), y.mutable_data());
         T* yp = y.mutable_data();
         {
@@ -71,7 +73,7 @@ void register_dtype(py::module_& m) {
         require(kind == "layer_norm" || kind == "rms_norm", "kind: expected 'layer_norm' or 'rms_norm', got '" + kind + "'");
         ops::NormParams<T> p{kind == "layer_norm" ? ops::NormKind::kLayerNorm : ops::NormKind::kRMSNorm,
                              optional_data<T>(weight), optional_data<T>(bias), static_cast<T>(eps)};
-        py::array_t<T> y({x.shape(0), x.shape(1)});
+        auto y = new_array<T>({x.shape(0), x.shape(1)}, "x");
         T* yp = y.mutable_data();
         {
           py::gil_scoped_release release;
@@ -126,7 +128,7 @@ void register_dtype(py::module_& m) {
           const int64_t Hkv = k.shape[1], S = k.shape[2], Dv = v.shape[3];
           require(k.shape[0] == N && v.shape[0] == N && v.shape[1] == Hkv && v.shape[2] == S && k.shape[3] == D,
                   "scaled_dot_product_attention: inconsistent query/key/value shapes");
-          py::array_t<T> out({N, H, L, Dv});
+          auto out = new_array<T>({N, H, L, Dv}, "the output (query heads, lengths, value width)");
           py::object weights = py::none();
           kernels::AttentionArgs<T> a;
           a.q = q.data;
@@ -142,13 +144,13 @@ void register_dtype(py::module_& m) {
           a.scale = static_cast<T>(scale);
           static_cast<kernels::AttentionMasks<T>&>(a) = masks;
           if (return_weights) {
-            py::array_t<T> w({N, H, L, S});
+            auto w = new_array<T>({N, H, L, S}, "return_weights: the weights (N, H, L, S)");
             a.weights = w.mutable_data();
             weights = w;
           }
           py::object lse = py::none();
           if (return_lse) {
-            py::array_t<T> e({N, H, L});
+            auto e = new_array<T>({N, H, L}, "return_lse: the lse (N, H, L)");
             a.lse = e.mutable_data();
             lse = e;
           }
@@ -180,6 +182,14 @@ void register_functional(py::module_& m) {
   m.def("activation_names", &ops::activation_names, "Every activation name the library accepts (one table).");
   m.def("parse_activation", &ops::parse_activation, py::arg("name"),
         "The Activation a name stands for; ValueError naming the accepted ones otherwise.");
+  // The other tables of names (one each, in C++): Python checks a name by asking them, and gets
+  // the table's ValueError (naming the accepted names) for an unknown one.
+  m.def("parse_attention_path", [](const std::string& name) { return static_cast<int>(ops::parse_attention_path(name)); },
+        py::arg("name"), "Checks an attention path name ('auto', 'flash', 'reference'); ValueError otherwise.");
+  m.def("parse_rotary_layout", [](const std::string& name) { return static_cast<int>(ops::parse_rotary_layout(name)); },
+        py::arg("name"), "Checks a rotary layout name ('half', 'interleaved'); ValueError otherwise.");
+  m.def("parse_reduction", [](const std::string& name) { return static_cast<int>(ops::parse_reduction(name)); },
+        py::arg("name"), "Checks a loss reduction name ('mean', 'sum', 'none'); ValueError otherwise.");
   register_dtype<float>(m);
   register_dtype<double>(m);
   // For tests: the flash kernel's plan for these sizes, as a dict of FlashPlan's fields.

@@ -19,7 +19,7 @@ using layers::Module;
 // x [rows, in] -> forward(x) [rows, out] for a layer whose forward(x, rows, y) writes out values per row.
 template <class T, class Layer>
 py::array_t<T> rows_forward(const Layer& layer, const CArray<T>& x, int64_t out_features) {
-  py::array_t<T> y({x.shape(0), static_cast<py::ssize_t>(out_features)});
+  auto y = new_array<T>({x.shape(0), out_features}, "x: the output (rows, out_features)");
   T* yp = y.mutable_data();
   {
     py::gil_scoped_release release;
@@ -62,7 +62,7 @@ void register_dtype(py::module_& m) {
           [](const layers::Embedding<T>& self, const CArray<int64_t>& ids) {
             const int64_t rows = static_cast<int64_t>(ids.size());
             self.check(ids.data(), rows, "input_ids");
-            py::array_t<T> out({static_cast<py::ssize_t>(rows), static_cast<py::ssize_t>(self.embedding_dim())});
+            auto out = new_array<T>({rows, self.embedding_dim()}, "input_ids: the output (ids, embedding_dim)");
             T* op = out.mutable_data();
             {
               py::gil_scoped_release release;
@@ -83,7 +83,7 @@ void register_dtype(py::module_& m) {
             const int64_t* pos = optional_data<int64_t>(position_ids);
             const int64_t* tt = optional_data<int64_t>(token_type_ids);
             self.check(input_ids.data(), pos, tt, rows);
-            py::array_t<T> out({static_cast<py::ssize_t>(rows), static_cast<py::ssize_t>(self.config().hidden_size)});
+            auto out = new_array<T>({rows, self.config().hidden_size}, "input_ids: the output (ids, hidden_size)");
             T* op = out.mutable_data();
             {
               py::gil_scoped_release release;
@@ -189,10 +189,10 @@ void register_dtype(py::module_& m) {
             in.rotary = rotary;
             in.positions = optional_data<int64_t>(position_ids);
             const int64_t S_total = S + (cache != nullptr ? cache->length() : 0);
-            py::array_t<T> out({N, L, self.embed_dim()});
+            auto out = new_array<T>({N, L, self.embed_dim()}, "query: the output (N, L, embed_dim)");
             py::array_t<T> weights;
             if (need_weights) {
-              weights = py::array_t<T>({N, self.num_heads(), L, S_total});
+              weights = new_array<T>({N, self.num_heads(), L, S_total}, "need_weights: the weights (N, num_heads, L, S)");
               in.weights = weights.mutable_data();
             }
             T* op = out.mutable_data();
@@ -224,7 +224,7 @@ void register_dtype(py::module_& m) {
             const int64_t N = src.shape(0), L = src.shape(1);
             const auto masks = make_masks<T>(bool_mask, float_mask, key_mask, is_causal, 0);
             const auto p = ops::parse_attention_path(path);
-            py::array_t<T> out({N, L, self.d_model()});
+            auto out = new_array<T>({N, L, self.d_model()}, "src: the output (N, L, d_model)");
             T* op = out.mutable_data();
             {
               py::gil_scoped_release release;
@@ -254,7 +254,7 @@ void register_dtype(py::module_& m) {
             const auto self_masks = make_masks<T>(self_bool_mask, self_float_mask, self_key_mask, tgt_is_causal, 0);
             const auto cross_masks = make_masks<T>(cross_bool_mask, cross_float_mask, cross_key_mask, false, 0);
             const auto p = ops::parse_attention_path(path);
-            py::array_t<T> out({N, Tq, self.d_model()});
+            auto out = new_array<T>({N, Tq, self.d_model()}, "tgt: the output (N, T, d_model)");
             T* op = out.mutable_data();
             {
               py::gil_scoped_release release;

@@ -75,11 +75,11 @@ void register_dtype(py::module_& m) {
                                       ? nullptr
                                       : static_cast<const uint8_t*>(attention_mask.cast<py::array>().data());
             const int64_t* tt = optional_data<int64_t>(token_type_ids);
-            py::array_t<T> hidden({N, L, H});
+            auto hidden = new_array<T>({N, L, H}, "input_ids: the hidden states (N, L, hidden_size)");
             py::object pooled = py::none();
             T* pp = nullptr;
             if (self.config().add_pooling_layer) {
-              py::array_t<T> p({N, H});
+              auto p = new_array<T>({N, H}, "input_ids: the pooler output (N, hidden_size)");
               pp = p.mutable_data();
               pooled = p;
             }
@@ -105,7 +105,7 @@ void register_dtype(py::module_& m) {
                                       ? nullptr
                                       : static_cast<const uint8_t*>(attention_mask.cast<py::array>().data());
             const int64_t* positions = optional_data<int64_t>(position_ids);
-            py::array_t<T> hidden({N, L, E});
+            auto hidden = new_array<T>({N, L, E}, "input_ids: the hidden states (N, L, hidden_size)");
             T* hp = hidden.mutable_data();
             {
               py::gil_scoped_release release;

@@ -14,7 +14,11 @@ PYBIND11_MODULE(_core, m) {
   m.doc() = "transformer_core C++ core (private; use the transformer_core package)";
   m.attr("__version__") = TC_VERSION;
   m.def("get_num_threads", &transformer_core::get_num_threads, "Threads used by the C++ core.");
-  m.def("set_num_threads", &transformer_core::set_num_threads, py::arg("n"), "Sets the threads used by the C++ core.");
+  m.def("set_num_threads", &transformer_core::set_num_threads, py::arg("n"),
+        "Sets the threads used by the C++ core, process-wide.");
+  m.attr("max_num_threads") = transformer_core::kMaxThreads;
+  m.def("physical_memory_bytes", &transformer_core::ops::physical_memory_bytes,
+        "This machine's physical memory: the bound of every allocation check.");
   m.def("blas_config", []() { return std::string(openblas_get_config()); }, "OpenBLAS build configuration.");
   m.def("blas_info", &transformer_core::kernels::blas::info, "The BLAS in use: library, version, kernels.");
   m.def("use_mkl", &transformer_core::kernels::blas::use_mkl, py::arg("path"),
@@ -22,10 +26,14 @@ PYBIND11_MODULE(_core, m) {
   m.def("use_openblas", &transformer_core::kernels::blas::use_openblas, "Routes every matrix product to OpenBLAS.");
   transformer_core::bindings::register_functional(m);
   transformer_core::bindings::register_layers(m);
+#ifndef TC_OPS_LAYERS_ONLY  // the reduced core of .ci/sanitize (CMake option TC_OPS_LAYERS_ONLY)
   transformer_core::bindings::register_models(m);
+#endif
   transformer_core::bindings::register_positional(m);
   transformer_core::bindings::register_backward(m);
+#ifndef TC_OPS_LAYERS_ONLY
   transformer_core::bindings::register_optim(m);
+#endif
   transformer_core::bindings::register_quantization(m);
   transformer_core::bindings::register_training(m);  // after layers and models: adds to their classes
 }

@@ -1,18 +1,48 @@
-// The library's thread count. Defaults to OpenMP's (OMP_NUM_THREADS, else the core count), so that
-// threadpoolctl, which limits OpenMP through omp_set_num_threads, limits us too. OpenBLAS itself is
-// kept single-threaded (module.cpp): every parallel loop is ours.
-#include "transformer_core/kernels/parallel.hpp"
-
+// The library's thread count: one process-wide setting.
+//
+// OpenMP's own count (omp_set_num_threads, the nthreads-var ICV) belongs to the OS thread that set
+// it: a Python thread started later sees OpenMP's default again. The library therefore keeps its
+// own count, process-wide (an atomic), and launches every parallel region with it
+// (kernels::parallel_for's num_threads clause). Its default is OpenMP's initial count
+// (OMP_NUM_THREADS, else the core count).
+//
+// threadpoolctl (and any caller of omp_set_num_threads) can still LOWER the count in the thread
+// that set the limit: when the calling thread's OpenMP count differs from the value this library
+// last knew for that thread (the initial default, or what set_num_threads put there), it is a
+// limit set from outside, and the smaller of the two is used. A limit equal to OpenMP's initial
+// default in a thread that never called set_num_threads is indistinguishable from no limit.
+// OpenBLAS itself is kept single-threaded inside our regions: every parallel loop is ours.
+#include <atomic>
 #include <stdexcept>
 #include <string>
 
+#include "transformer_core/kernels/parallel.hpp"
+
 namespace transformer_core {
 
-int get_num_threads() { return omp_get_max_threads(); }
+namespace {
+// OpenMP's count in a thread nobody has changed it in (read once, when the library loads).
+const int g_omp_default = omp_get_max_threads();
+std::atomic<int> g_num_threads{g_omp_default};
+// The OpenMP count this library put in the calling thread (-1: none, the default applies).
+thread_local int t_known_omp = -1;
+}  // namespace
 
-void set_num_threads(int n) {
-  if (n < 1) throw std::invalid_argument("set_num_threads: n must be >= 1, got " + std::to_string(n));
-  omp_set_num_threads(n);
+int get_num_threads() {
+  const int process_wide = g_num_threads.load(std::memory_order_relaxed);
+  const int omp = omp_get_max_threads();
+  const int known = t_known_omp >= 0 ? t_known_omp : g_omp_default;
+  return omp == known ? process_wide : std::min(process_wide, omp);
+}
+
+void set_num_threads(int64_t n) {
+  if (n < 1 || n > kMaxThreads)
+    throw std::invalid_argument("n: expected an int in [1, " + std::to_string(kMaxThreads) + "], got " +
+                                std::to_string(n));
+  g_num_threads.store(static_cast<int>(n), std::memory_order_relaxed);
+  // Keep OpenMP's count in this thread equal, so threadpoolctl reports what we use.
+  omp_set_num_threads(static_cast<int>(n));
+  t_known_omp = static_cast<int>(n);
 }
 
 }  // namespace transformer_core

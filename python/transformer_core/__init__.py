@@ -21,6 +21,7 @@ Layers of the package, from the bottom:
 
 from . import backward, functional, lr_scheduler, masks, multihead_forms, nn, optim, positional, quantization, training
 from ._runtime import core as _core
+from ._validation import check_int
 from .bert import BertConfig, BertEmbeddings, BertModel, BertOutput
 from .decoder import CausalLMOutput
 from .gpt2 import GPT2Config, GPT2LMHeadModel, GPT2Model
@@ -75,7 +76,9 @@ __all__ = [
 
 
 def get_num_threads() -> int:
-    """Threads the C++ core uses (OpenMP's; ``OMP_NUM_THREADS`` sets the default)."""
+    """Threads the C++ core uses in the calling thread: the process-wide count that
+    :func:`set_num_threads` sets (default: ``OMP_NUM_THREADS``, else the core count), lowered by
+    an OpenMP limit set in this thread (threadpoolctl's ``threadpool_limits``)."""
     return _core.get_num_threads()
 
 
@@ -91,13 +94,15 @@ def blas_info() -> str:
 
 
 def set_num_threads(n: int) -> None:
-    """Sets the threads the C++ core (and OpenBLAS, which shares its OpenMP runtime) uses.
+    """Sets the threads the C++ core uses, for the whole process: every Python thread, including
+    ones started later, sees ``n`` (OpenMP's own count is per OS thread; the library keeps its own).
+    Results are bitwise the same for any count (the work is cut by the shapes alone).
+
+    Args:
+        n: an int in ``[1, 1024]`` (``_core.max_num_threads``; more threads than that only
+            oversubscribe any machine this runs on).
 
     Raises:
-        TypeError: ``n`` not an int. ValueError: ``n`` < 1.
+        TypeError: ``n`` not an int. ValueError: ``n`` outside ``[1, 1024]``.
     """
-    if isinstance(n, bool) or not isinstance(n, int):
-        raise TypeError(f"n: expected an int, got {type(n).__name__}")
-    if n < 1:
-        raise ValueError(f"n: expected an int >= 1, got {n}")
-    _core.set_num_threads(n)
+    _core.set_num_threads(check_int(n, "n", 1, _core.max_num_threads))

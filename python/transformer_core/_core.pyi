@@ -8,7 +8,7 @@ import numpy
 import numpy.typing
 import typing
 import typing_extensions
-__all__: list[str] = ['Activation', 'BertConfig', 'BertModel_f32', 'BertModel_f64', 'DecoderModel_f32', 'DecoderModel_f64', 'Embedding_f32', 'Embedding_f64', 'EmbeddingsConfig', 'Embeddings_f32', 'Embeddings_f64', 'FeedForward_f32', 'FeedForward_f64', 'GPT2Config', 'GPT2Model_f32', 'GPT2Model_f64', 'GatedFeedForward_f32', 'GatedFeedForward_f64', 'KVCache_f32', 'KVCache_f64', 'LayerNorm_f32', 'LayerNorm_f64', 'Linear_f32', 'Linear_f64', 'LlamaConfig', 'LlamaModel_f32', 'LlamaModel_f64', 'Mlp_f32', 'Mlp_f64', 'Module_f32', 'Module_f64', 'MultiheadAttention_f32', 'MultiheadAttention_f64', 'Norm_f32', 'Norm_f64', 'RMSNorm_f32', 'RMSNorm_f64', 'RotaryEmbedding_f32', 'RotaryEmbedding_f64', 'TransformerDecoderLayer_f32', 'TransformerDecoderLayer_f64', 'TransformerEncoderLayer_f32', 'TransformerEncoderLayer_f64', 'activation_backward_f32', 'activation_backward_f64', 'activation_f32', 'activation_f64', 'activation_names', 'adam_update_f32', 'adam_update_f64', 'apply_rotary_f32', 'apply_rotary_f64', 'blas_config', 'blas_info', 'count_nonfinite_f32', 'count_nonfinite_f64', 'cross_entropy_f32', 'cross_entropy_f64', 'dequantize_gguf', 'dropout_f32', 'dropout_f64', 'embedding_backward_f32', 'embedding_backward_f64', 'flash_attention_plan', 'get_num_threads', 'glu_backward_f32', 'glu_backward_f64', 'glu_f32', 'glu_f64', 'isa', 'layer_norm_backward_f32', 'layer_norm_backward_f64', 'linear_backward_f32', 'linear_backward_f64', 'linear_f32', 'linear_f64', 'linear_gguf', 'linear_int8', 'norm_f32', 'norm_f64', 'parse_activation', 'quantize_int8', 'quantize_q8_blocks', 'rms_norm_backward_f32', 'rms_norm_backward_f64', 'rotary_backward_f32', 'rotary_backward_f64', 'rotary_cos_sin_f32', 'rotary_cos_sin_f64', 'scaled_dot_product_attention_backward_f32', 'scaled_dot_product_attention_backward_f64', 'scaled_dot_product_attention_f32', 'scaled_dot_product_attention_f64', 'set_isa', 'set_num_threads', 'sgd_update_f32', 'sgd_update_f64', 'sinusoidal_positional_encoding_f32', 'sinusoidal_positional_encoding_f64', 'softmax_backward_f32', 'softmax_backward_f64', 'softmax_f32', 'softmax_f64', 'supported_isas', 'use_mkl', 'use_openblas', 'vector_norm_f32', 'vector_norm_f64']
+__all__: list[str] = ['Activation', 'BertConfig', 'BertModel_f32', 'BertModel_f64', 'DecoderModel_f32', 'DecoderModel_f64', 'Embedding_f32', 'Embedding_f64', 'EmbeddingsConfig', 'Embeddings_f32', 'Embeddings_f64', 'FeedForward_f32', 'FeedForward_f64', 'GPT2Config', 'GPT2Model_f32', 'GPT2Model_f64', 'GatedFeedForward_f32', 'GatedFeedForward_f64', 'KVCache_f32', 'KVCache_f64', 'LayerNorm_f32', 'LayerNorm_f64', 'Linear_f32', 'Linear_f64', 'LlamaConfig', 'LlamaModel_f32', 'LlamaModel_f64', 'Mlp_f32', 'Mlp_f64', 'Module_f32', 'Module_f64', 'MultiheadAttention_f32', 'MultiheadAttention_f64', 'Norm_f32', 'Norm_f64', 'RMSNorm_f32', 'RMSNorm_f64', 'RotaryEmbedding_f32', 'RotaryEmbedding_f64', 'TransformerDecoderLayer_f32', 'TransformerDecoderLayer_f64', 'TransformerEncoderLayer_f32', 'TransformerEncoderLayer_f64', 'activation_backward_f32', 'activation_backward_f64', 'activation_f32', 'activation_f64', 'activation_names', 'adam_update_f32', 'adam_update_f64', 'apply_rotary_f32', 'apply_rotary_f64', 'blas_config', 'blas_info', 'count_nonfinite_f32', 'count_nonfinite_f64', 'cross_entropy_f32', 'cross_entropy_f64', 'dequantize_gguf', 'dropout_f32', 'dropout_f64', 'embedding_backward_f32', 'embedding_backward_f64', 'flash_attention_plan', 'get_num_threads', 'glu_backward_f32', 'glu_backward_f64', 'glu_f32', 'glu_f64', 'isa', 'layer_norm_backward_f32', 'layer_norm_backward_f64', 'linear_backward_f32', 'linear_backward_f64', 'linear_f32', 'linear_f64', 'linear_gguf', 'linear_int8', 'max_num_threads', 'norm_f32', 'norm_f64', 'parse_activation', 'parse_attention_path', 'parse_reduction', 'parse_rotary_layout', 'physical_memory_bytes', 'quantize_int8', 'quantize_q8_blocks', 'rms_norm_backward_f32', 'rms_norm_backward_f64', 'rotary_backward_f32', 'rotary_backward_f64', 'rotary_cos_sin_f32', 'rotary_cos_sin_f64', 'scaled_dot_product_attention_backward_f32', 'scaled_dot_product_attention_backward_f64', 'scaled_dot_product_attention_f32', 'scaled_dot_product_attention_f64', 'set_isa', 'set_num_threads', 'sgd_update_f32', 'sgd_update_f64', 'sinusoidal_positional_encoding_f32', 'sinusoidal_positional_encoding_f64', 'softmax_backward_f32', 'softmax_backward_f64', 'softmax_f32', 'softmax_f64', 'supported_isas', 'use_mkl', 'use_openblas', 'vector_norm_f32', 'vector_norm_f64']
 class Activation:
     """
     Members:
@@ -700,6 +700,22 @@ def parse_activation(name: str) -> Activation:
     """
     The Activation a name stands for; ValueError naming the accepted ones otherwise.
     """
+def parse_attention_path(name: str) -> int:
+    """
+    Checks an attention path name ('auto', 'flash', 'reference'); ValueError otherwise.
+    """
+def parse_reduction(name: str) -> int:
+    """
+    Checks a loss reduction name ('mean', 'sum', 'none'); ValueError otherwise.
+    """
+def parse_rotary_layout(name: str) -> int:
+    """
+    Checks a rotary layout name ('half', 'interleaved'); ValueError otherwise.
+    """
+def physical_memory_bytes() -> int:
+    """
+    This machine's physical memory: the bound of every allocation check.
+    """
 def quantize_int8(weight: typing.Annotated[numpy.typing.ArrayLike, numpy.float32]) -> tuple[numpy.typing.NDArray[numpy.int8], numpy.typing.NDArray[numpy.float32]]:
     ...
 def quantize_q8_blocks(x: typing.Annotated[numpy.typing.ArrayLike, numpy.float32]) -> tuple[numpy.typing.NDArray[numpy.int8], numpy.typing.NDArray[numpy.float32]]:
@@ -730,7 +746,7 @@ def set_isa(name: str) -> None:
     """
 def set_num_threads(n: typing.SupportsInt | typing.SupportsIndex) -> None:
     """
-    Sets the threads used by the C++ core.
+    Sets the threads used by the C++ core, process-wide.
     """
 def sgd_update_f32(param: numpy.ndarray, grad: numpy.ndarray, momentum_buffer: typing.Any, lr: typing.SupportsFloat | typing.SupportsIndex, momentum: typing.SupportsFloat | typing.SupportsIndex, dampening: typing.SupportsFloat | typing.SupportsIndex, weight_decay: typing.SupportsFloat | typing.SupportsIndex, nesterov: bool, maximize: bool, first_step: bool) -> None:
     ...
@@ -765,3 +781,4 @@ def vector_norm_f32(x: numpy.ndarray, ord: typing.SupportsFloat | typing.Support
 def vector_norm_f64(x: numpy.ndarray, ord: typing.SupportsFloat | typing.SupportsIndex, power: bool) -> float:
     ...
 __version__: str
+max_num_threads: int = 1024

@@ -1,44 +1,132 @@
-"""Argument checking and array conversion at the Python boundary.
+"""Argument checking and array conversion at the Python boundary: the one place that owns what a
+user can get wrong about arguments as Python objects.
 
-Every public function converts its array-likes here, once: the dtype is chosen explicitly (float64
-stays float64, everything else numeric becomes float32), the result is C-contiguous (non-contiguous
-and Fortran-order inputs are copied), and bad input raises a ``TypeError`` or ``ValueError`` that
-names the argument and says what was expected and what was given.
+What lives here (and where the rest lives):
+
+* **types and dtypes**: every array-like is converted here, once. ``float64`` stays ``float64`` in
+  any byte order (a big-endian ``'>f8'`` array is byte-swapped, never narrowed); every other real
+  dtype (float16, float32, integers) becomes ``float32``; ``bool``, complex, object, string,
+  datetime and void data are refused with a ``TypeError`` (a bool array is a mask, not numbers).
+  Non-contiguous, Fortran-order and big-endian inputs are copied to C-contiguous native arrays.
+  Python lists must be rectangular (ragged nesting is a ``ValueError``). torch tensors are read
+  without importing torch (bfloat16 is widened to float32 first).
+* **ranks and shapes**: expected rank, agreement with other arguments and with the layer.
+* **scalar ranges**: sizes (ints, not bools, within ``[minimum, 2**63)``), epsilons (finite,
+  >= 0), probabilities, ``top_p`` in (0, 1], ...
+* **Python-side allocations**: anything numpy allocates (``masks.causal_mask``, pooling, padding)
+  is checked against this machine's memory first (:func:`check_allocatable`), as the C++ code that
+  allocates checks its own sizes (``layers::allocate``, the bindings' ``new_array``,
+  ``KVCache::reserve``).
+* **enumerated names** (activations, attention paths, rotary layouts, reductions) have one table,
+  in C++: :func:`choice_of_core` passes the string to it and renames the error; no second list here.
+
+Every error is a ``TypeError`` (wrong kind of object) or ``ValueError`` (right kind, wrong value)
+whose message starts with the argument's name and says what was expected and what was given,
+raised before anything is allocated.
 """
 
 from __future__ import annotations
+
+import math
+import numbers
 
 import numpy as np
 
 FLOAT_DTYPES = (np.float32, np.float64)
 
+#: The largest size a size argument may have: the C++ core counts in signed 64-bit integers.
+MAX_SIZE = 2**63 - 1
+
+
+# ------------------------------------------------------------------------------------------------
+# Arrays
+# ------------------------------------------------------------------------------------------------
+def _is_torch_tensor(x) -> bool:
+    return hasattr(x, "detach") and hasattr(x, "cpu") and hasattr(x, "numpy") and hasattr(x, "dtype")
+
+
+def _describe(x) -> str:
+    return "None" if x is None else type(x).__name__
+
+
+def to_numpy(x, name: str) -> np.ndarray:
+    """``x`` (a numpy array, a torch tensor, a nested list of numbers, a scalar) as a numpy array,
+    without copying what need not be copied and without checking its dtype.
+
+    Raises:
+        TypeError: ``x`` is None, a str/bytes/dict/set, or converts to an object array (a list of
+            objects that are not numbers).
+        ValueError: a ragged nested list.
+    """
+    if x is None:
+        raise TypeError(f"{name}: expected an array, got None")
+    if isinstance(x, (str, bytes, dict, set, frozenset)):
+        raise TypeError(f"{name}: expected an array, got {type(x).__name__}")
+    if _is_torch_tensor(x):
+        t = x.detach().cpu()
+        if str(t.dtype) == "torch.bfloat16":  # numpy has no bfloat16: widen exactly
+            t = t.float()
+        try:
+            return t.numpy()
+        except (TypeError, RuntimeError) as e:
+            raise TypeError(f"{name}: expected a tensor numpy can read, got {t.dtype} ({e})") from None
+    if isinstance(x, np.ndarray):
+        return x
+    try:
+        arr = np.asarray(x)
+    except (ValueError, TypeError) as e:  # ragged lists (numpy >= 1.24 refuses them), odd objects
+        if isinstance(x, (list, tuple)):
+            raise ValueError(f"{name}: expected a rectangular array (nested lists of equal lengths), "
+                             f"got a ragged {type(x).__name__}") from None
+        raise TypeError(f"{name}: expected an array, got {type(x).__name__} ({e})") from None
+    if arr.dtype.kind == "O":
+        raise TypeError(f"{name}: expected a numeric array, got {type(x).__name__} of objects (dtype object)")
+    return arr
+
 
 def compute_dtype(x, name: str) -> type:
-    """The float dtype an op computes in for input ``x``: float64 for float64, else float32."""
-    arr = x if isinstance(x, np.ndarray) else np.asarray(x)
+    """The float dtype an op computes in for input ``x``: float64 for float64 (either byte order),
+    else float32.
+
+    Raises:
+        TypeError: ``x`` is not real numeric data (bool, complex, object, str, datetime, void).
+    """
+    arr = to_numpy(x, name)
     kind = arr.dtype.kind
-    if kind not in "biuf":
+    if kind == "b":
+        raise TypeError(f"{name}: expected a real numeric array, got dtype bool (a mask is not numbers: "
+                        f"convert it with .astype(np.float32) if you mean 0/1 values)")
+    if kind not in "iuf":
         raise TypeError(f"{name}: expected a real numeric array, got dtype {arr.dtype}")
-    return np.float64 if arr.dtype == np.float64 else np.float32
+    return np.float64 if kind == "f" and arr.dtype.itemsize == 8 else np.float32
 
 
 def as_float(x, name: str, dtype=None, *, min_ndim: int = 0, ndim: int | None = None,
              allow_empty: bool = False) -> np.ndarray:
-    """``x`` as a C-contiguous float array of ``dtype`` (default: :func:`compute_dtype`)."""
-    if x is None:
-        raise TypeError(f"{name}: expected an array, got None")
-    arr = np.asarray(x)
-    if arr.dtype.kind not in "biuf":
-        raise TypeError(f"{name}: expected a real numeric array, got dtype {arr.dtype}")
-    if dtype is None:
-        dtype = compute_dtype(arr, name)
+    """``x`` as a C-contiguous, native-byte-order float array of ``dtype`` (default:
+    :func:`compute_dtype`: float64 stays float64, any other real dtype becomes float32).
+
+    Raises:
+        TypeError: not real numeric data (see :func:`compute_dtype`), None.
+        ValueError: a ragged list, the wrong rank (``ndim``, ``min_ndim``), or an empty array
+            unless ``allow_empty``.
+    """
+    arr = to_numpy(x, name)
+    own = compute_dtype(arr, name)
+    dtype = own if dtype is None else dtype
     if ndim is not None and arr.ndim != ndim:
         raise ValueError(f"{name}: expected a {ndim}-D array, got {arr.ndim}-D with shape {arr.shape}")
     if arr.ndim < min_ndim:
         raise ValueError(f"{name}: expected at least {min_ndim} dims, got {arr.ndim}-D with shape {arr.shape}")
     if not allow_empty and arr.size == 0:
         raise ValueError(f"{name}: expected a non-empty array, got shape {arr.shape}")
-    return np.ascontiguousarray(arr, dtype=dtype)
+    return _contiguous(arr, dtype)
+
+
+def _contiguous(arr: np.ndarray, dtype) -> np.ndarray:
+    """``arr`` as a C-contiguous, native-byte-order array of ``dtype``, its shape kept (a 0-d array
+    stays 0-d: ``np.ascontiguousarray`` alone would make it 1-d)."""
+    return np.ascontiguousarray(arr, dtype=dtype).reshape(arr.shape)
 
 
 def as_weight(value, name: str, dtype) -> np.ndarray:
@@ -48,19 +136,14 @@ def as_weight(value, name: str, dtype) -> np.ndarray:
     Raises:
         TypeError: the value is not a floating-point array (integer, bool, complex, object or string
             data is refused: a weight of another kind means a wrong checkpoint).
+        ValueError: a ragged list.
     """
-    if hasattr(value, "detach") and hasattr(value, "cpu"):  # a torch tensor, without importing torch
-        value = value.detach().cpu()
-        if not value.is_floating_point():
-            raise TypeError(f"{name}: expected a floating-point tensor, got {value.dtype}")
-        value = (value.double() if np.dtype(dtype) == np.float64 else value.float()).numpy()
-    try:
-        arr = np.asarray(value)
-    except (ValueError, TypeError) as e:
-        raise TypeError(f"{name}: expected a floating-point array, got {type(value).__name__} ({e})") from None
+    if _is_torch_tensor(value) and not value.is_floating_point():
+        raise TypeError(f"{name}: expected a floating-point tensor, got {value.dtype}")
+    arr = to_numpy(value, name)
     if arr.dtype.kind != "f":
         raise TypeError(f"{name}: expected a floating-point array, got dtype {arr.dtype}")
-    return np.ascontiguousarray(arr, dtype=dtype)
+    return _contiguous(arr, dtype)
 
 
 def as_vector(value, name: str, n: int, dtype) -> np.ndarray | None:
@@ -75,82 +158,68 @@ def as_vector(value, name: str, n: int, dtype) -> np.ndarray | None:
 
 
 def as_bool(x, name: str) -> np.ndarray:
-    """A 0/1 or boolean mask (1/True = keep) as a numpy bool array."""
-    arr = np.asarray(x)
+    """A keep-mask (True / 1 = a real token, may attend) as a numpy bool array: bool, or integers /
+    floats whose every value is 0 or 1.
+
+    Raises:
+        TypeError: another dtype, None. ValueError: values other than 0 and 1, a ragged list.
+    """
+    arr = to_numpy(x, name)
     if arr.dtype == np.bool_:
         return arr
-    if arr.dtype.kind in "iuf":
-        return arr != 0
-    raise TypeError(f"{name}: expected a bool or 0/1 integer mask, got dtype {arr.dtype}")
+    if arr.dtype.kind not in "iuf":
+        raise TypeError(f"{name}: expected a bool or 0/1 mask, got dtype {arr.dtype}")
+    ones = arr == 1
+    if not np.all(ones | (arr == 0)):
+        bad = np.unique(arr[~(ones | (arr == 0))])[:3]
+        raise ValueError(f"{name}: expected a bool or 0/1 mask, got values such as {bad.tolist()}")
+    return ones
+
+
+def as_attention_mask(x, name: str, dtype) -> np.ndarray:
+    """An attention mask: bool (True = may attend) as is, or float (added to the scores) as
+    ``dtype``. Integer masks are refused: 0/1 could mean either convention.
+
+    Raises:
+        TypeError: a dtype that is neither bool nor float, None.
+    """
+    arr = to_numpy(x, name)
+    if arr.dtype == np.bool_:
+        return arr
+    if arr.dtype.kind == "f":
+        return arr.astype(dtype, copy=False)
+    raise TypeError(f"{name}: expected bool (True = may attend) or float (added to the scores), got dtype {arr.dtype}")
 
 
 def as_ids(x, name: str, *, ndim: int = 2) -> np.ndarray:
-    """Token ids as a C-contiguous int64 array of ``ndim`` dims (a 1-D input gains a batch dim)."""
-    arr = np.asarray(x)
-    if arr.dtype.kind not in "iu":
-        if arr.dtype.kind == "f" and arr.size and np.all(np.mod(arr, 1) == 0):
-            arr = arr.astype(np.int64)
-        elif arr.size == 0:
-            arr = arr.astype(np.int64)
-        else:
-            raise TypeError(f"{name}: expected integer token ids, got dtype {arr.dtype}")
+    """Token ids as a C-contiguous int64 array of ``ndim`` dims (an array of one dim fewer gains a
+    batch dim). Float arrays of whole numbers are accepted; the range check against a table is the
+    C++ op's (it names ``name`` too).
+
+    Raises:
+        TypeError: not integers (bool, non-integral floats, complex, object, str), None.
+        ValueError: the wrong rank, an empty array, ids outside int64.
+    """
+    arr = to_numpy(x, name)
+    kind = arr.dtype.kind
+    if kind == "f" and arr.size and np.all(np.isfinite(arr)) and np.all(np.mod(arr, 1) == 0):
+        if np.abs(arr).max() >= 2.0**63:
+            raise ValueError(f"{name}: expected token ids within int64, got {arr[np.abs(arr) >= 2.0**63].flat[0]}")
+        arr = arr.astype(np.int64)
+    elif kind == "f" and arr.size == 0:
+        arr = arr.astype(np.int64)
+    elif kind not in "iu":
+        raise TypeError(f"{name}: expected integer token ids, got dtype {arr.dtype}")
+    elif kind == "u" and arr.dtype.itemsize == 8 and arr.size and arr.max() > np.iinfo(np.int64).max:
+        raise ValueError(f"{name}: expected token ids within int64, got {int(arr.max())}")
     if arr.ndim == ndim - 1:
         arr = arr[None]
     if arr.ndim != ndim:
-        raise ValueError(f"{name}: expected a {ndim}-D array (batch, seq_len), got shape {arr.shape}")
+        dims = "(batch, seq_len)" if ndim == 2 else f"of {ndim} dims"
+        raise ValueError(f"{name}: expected a {ndim}-D array {dims}, got shape {arr.shape}")
     if arr.size == 0:
         raise ValueError(f"{name}: expected a non-empty array, got shape {arr.shape}")
-    return np.ascontiguousarray(arr, dtype=np.int64)
-
-
-def check_int(value, name: str, minimum: int = 1) -> int:
-    """``value`` as an int >= ``minimum``; TypeError for a non-int (bools included), ValueError below."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name}: expected an int, got {type(value).__name__}")
-    if value < minimum:
-        what = "a positive int" if minimum == 1 else f"an int >= {minimum}"
-        raise ValueError(f"{name}: expected {what}, got {value}")
-    return int(value)
-
-
-def check_positive_int(value, name: str) -> int:
-    """``value`` as an int >= 1 (see :func:`check_int`)."""
-    return check_int(value, name, 1)
-
-
-def check_config_ints(config, required: tuple, optional: tuple = ()) -> None:
-    """Each named field of ``config`` is an int (``optional`` ones may be None); TypeError naming the
-    field otherwise. The values' ranges are checked where the model is built."""
-    for name in required + optional:
-        value = getattr(config, name)
-        if value is None and name in optional:
-            continue
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-            raise TypeError(f"{name}: expected an int, got {type(value).__name__} {value!r}")
-
-
-def activation(value, name: str):
-    """The C++ ``Activation`` that ``value`` names in the library's one table of activations
-    (``_core.activation_names()``); TypeError for a non-str, ValueError naming ``name`` and listing
-    the accepted names otherwise."""
-    from ._runtime import core
-
-    if not isinstance(value, str):
-        raise TypeError(f"{name}: expected an activation name (str), got {type(value).__name__}")
-    try:
-        return core.parse_activation(value)
-    except ValueError as e:
-        raise ValueError(f"{name}: {str(e).removeprefix('activation: ')}") from None
-
-
-def check_eps(value, name: str) -> float:
-    """A norm's epsilon as a float >= 0 (finite); TypeError for a non-number, ValueError otherwise."""
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise TypeError(f"{name}: expected a number, got {type(value).__name__}")
-    value = float(value)
-    if not (np.isfinite(value) and value >= 0):
-        raise ValueError(f"{name}: expected a finite number >= 0, got {value}")
-    return value
+    return _contiguous(arr, np.int64)
 
 
 def broadcast_mask(mask: np.ndarray, shape: tuple, name: str) -> np.ndarray:
@@ -161,12 +230,254 @@ def broadcast_mask(mask: np.ndarray, shape: tuple, name: str) -> np.ndarray:
         raise ValueError(f"{name}: shape {mask.shape} does not broadcast to the expected {shape}") from None
 
 
+def grad_buffer(buf, name: str, shape: tuple, dtype):
+    """``buf`` if it can take an in-place accumulation of a gradient of ``shape`` and ``dtype``;
+    None stays None.
+
+    Raises:
+        TypeError: not a numpy array, or another dtype. ValueError: another shape, or not
+            C-contiguous and writeable.
+    """
+    if buf is None:
+        return None
+    if not isinstance(buf, np.ndarray):
+        raise TypeError(f"{name}: expected a numpy array to accumulate into, got {type(buf).__name__}")
+    if buf.dtype != np.dtype(dtype):
+        raise TypeError(f"{name}: expected dtype {np.dtype(dtype)} (the input's), got {buf.dtype}")
+    if buf.shape != tuple(shape):
+        raise ValueError(f"{name}: expected shape {tuple(shape)}, got {buf.shape}")
+    if not buf.flags.c_contiguous or not buf.flags.writeable:
+        raise ValueError(f"{name}: expected a C-contiguous, writeable array (it is updated in place)")
+    return buf
+
+
+# ------------------------------------------------------------------------------------------------
+# Scalars
+# ------------------------------------------------------------------------------------------------
+def is_int(value) -> bool:
+    """Whether ``value`` is an int (Python or numpy), bools excluded."""
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def check_int(value, name: str, minimum: int | None = 1, maximum: int | None = MAX_SIZE) -> int:
+    """``value`` as an int in ``[minimum, maximum]`` (``None``: unbounded on that side; the default
+    upper bound is the core's 64-bit size limit).
+
+    Raises:
+        TypeError: not an int (bools and floats included, even whole ones). ValueError: out of range.
+    """
+    if not is_int(value):
+        raise TypeError(f"{name}: expected an int, got {type(value).__name__} {value!r}")
+    value = int(value)
+    if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
+        if maximum is None:
+            what = "a positive int" if minimum == 1 else f"an int >= {minimum}"
+        elif minimum is None:
+            what = f"an int <= {maximum}"
+        else:
+            what = f"an int in [{minimum}, {'2**63 - 1' if maximum == MAX_SIZE else maximum}]"
+        raise ValueError(f"{name}: expected {what}, got {value}")
+    return value
+
+
+def check_positive_int(value, name: str) -> int:
+    """``value`` as an int in ``[1, 2**63)`` (see :func:`check_int`)."""
+    return check_int(value, name, 1)
+
+
+def check_optional_int(value, name: str, minimum: int | None = 1, maximum: int | None = MAX_SIZE) -> int | None:
+    """None, or :func:`check_int`."""
+    return None if value is None else check_int(value, name, minimum, maximum)
+
+
+def check_float(value, name: str, *, minimum: float | None = None, maximum: float | None = None,
+                min_open: bool = False, max_open: bool = False, finite: bool = True) -> float:
+    """``value`` (a real number: int or float, not bool) as a float within the bounds
+    (``min_open``/``max_open``: the bound itself excluded). NaN is always refused; infinities
+    unless ``finite=False``.
+
+    Raises:
+        TypeError: not a real number. ValueError: NaN, infinite, out of range.
+    """
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name}: expected a number, got {type(value).__name__} {value!r}")
+    value = float(value)
+    low_bad = minimum is not None and (value <= minimum if min_open else value < minimum)
+    high_bad = maximum is not None and (value >= maximum if max_open else value > maximum)
+    if math.isnan(value) or (finite and math.isinf(value)) or low_bad or high_bad:
+        parts = []
+        if finite:
+            parts.append("finite")
+        if minimum is not None and maximum is not None:
+            rng = f"in {'(' if min_open else '['}{minimum}, {maximum}{')' if max_open else ']'}"
+        elif minimum is not None:
+            rng = f"{'>' if min_open else '>='} {minimum}"
+        elif maximum is not None:
+            rng = f"{'<' if max_open else '<='} {maximum}"
+        else:
+            rng = ""
+        raise ValueError(f"{name}: expected a {' '.join(parts)} number {rng}".replace("  ", " ").rstrip()
+                         + f", got {value}")
+    return value
+
+
+def check_eps(value, name: str) -> float:
+    """A norm's epsilon as a finite float >= 0; TypeError for a non-number, ValueError otherwise."""
+    return check_float(value, name, minimum=0.0)
+
+
+def check_bool(value, name: str) -> bool:
+    """``value`` as a bool: ``True``/``False`` (or numpy's). Anything else, 0 and 1 included, is a
+    TypeError: a flag given a string or a number is a mistake, not a truth value."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name}: expected a bool, got {type(value).__name__} {value!r}")
+    return bool(value)
+
+
+def check_choice(value, name: str, choices: tuple) -> str:
+    """``value`` as one of the str ``choices`` of a Python-side option (not one of the core's
+    enumerations: see :func:`choice_of_core`)."""
+    if not isinstance(value, str):
+        raise TypeError(f"{name}: expected a str, one of {', '.join(map(repr, choices))}; got {_describe(value)}")
+    if value not in choices:
+        raise ValueError(f"{name}: expected one of {', '.join(map(repr, choices))}, got {value!r}")
+    return value
+
+
+def choice_of_core(value, name: str, parser):
+    """``parser(value)`` for one of the core's tables of names (``_core.parse_activation``,
+    ``parse_attention_path``, ``parse_rotary_layout``, ``parse_reduction``): TypeError for a
+    non-str, the table's ValueError renamed to ``name`` otherwise. Returns the parsed value."""
+    if not isinstance(value, str):
+        raise TypeError(f"{name}: expected a str, got {_describe(value)} {value!r}")
+    try:
+        return parser(value)
+    except ValueError as e:
+        message = str(e)
+        head, sep, rest = message.partition(": ")
+        raise ValueError(f"{name}: {rest if sep and ' ' not in head else message}") from None
+
+
+def activation(value, name: str):
+    """The C++ ``Activation`` that ``value`` names in the library's one table of activations
+    (``_core.activation_names()``); TypeError for a non-str, ValueError naming ``name`` and listing
+    the accepted names otherwise."""
+    from ._runtime import core
+
+    return choice_of_core(value, name, core.parse_activation)
+
+
+def attention_path(value, name: str = "path") -> str:
+    """``value`` checked against the core's table of attention paths (``"auto"``, ``"flash"``,
+    ``"reference"``); returned as given (the bindings take the name)."""
+    from ._runtime import core
+
+    choice_of_core(value, name, core.parse_attention_path)
+    return value
+
+
+def rotary_layout(value, name: str = "layout") -> str:
+    """``value`` checked against the core's table of rotary layouts (``"half"``, ``"interleaved"``)."""
+    from ._runtime import core
+
+    choice_of_core(value, name, core.parse_rotary_layout)
+    return value
+
+
+def reduction(value, name: str = "reduction") -> str:
+    """``value`` checked against the core's table of loss reductions (``"mean"``, ``"sum"``, ``"none"``)."""
+    from ._runtime import core
+
+    choice_of_core(value, name, core.parse_reduction)
+    return value
+
+
 def resolve_dtype(dtype) -> type:
-    """``np.float32`` or ``np.float64`` from a dtype-like; TypeError otherwise."""
+    """``np.float32`` or ``np.float64`` from a dtype-like; TypeError otherwise (a big-endian
+    ``'>f8'`` is float64: the layer stores native float64)."""
     try:
         dt = np.dtype(dtype)
     except TypeError:
         raise TypeError(f"dtype: expected float32 or float64, got {dtype!r}") from None
-    if dt not in (np.dtype(np.float32), np.dtype(np.float64)):
+    if dt.kind != "f" or dt.itemsize not in (4, 8):
         raise TypeError(f"dtype: expected float32 or float64, got {dt}")
-    return dt.type
+    return np.float64 if dt.itemsize == 8 else np.float32
+
+
+# ------------------------------------------------------------------------------------------------
+# Sizes of Python-side allocations
+# ------------------------------------------------------------------------------------------------
+def physical_memory_bytes() -> int:
+    """This machine's physical memory, the bound of every allocation check (the C++ core's
+    ``ops::physical_memory_bytes``: one definition for Python's checks and C++'s)."""
+    from ._runtime import core
+
+    return int(core.physical_memory_bytes())
+
+
+def check_allocatable(shape, itemsize: int, name: str) -> None:
+    """Raises ValueError naming ``name`` when an array of ``shape`` with ``itemsize``-byte values
+    could not fit in this machine's memory: a size no allocation can satisfy is a ValueError, not a
+    MemoryError or the OOM killer. Python's ints do not overflow: the product is exact."""
+    count = math.prod(int(d) for d in shape)
+    limit = physical_memory_bytes()
+    if count * itemsize > limit:
+        raise ValueError(f"{name}: an array of shape {tuple(int(d) for d in shape)} needs {count * itemsize} bytes, "
+                         f"more than this machine's memory ({limit} bytes)")
+
+
+# ------------------------------------------------------------------------------------------------
+# Mappings and configs
+# ------------------------------------------------------------------------------------------------
+def check_mapping(value, name: str) -> dict:
+    """``value`` if it is a mapping (``dict``-like); TypeError naming ``name`` otherwise."""
+    from collections.abc import Mapping
+
+    if not isinstance(value, Mapping):
+        raise TypeError(f"{name}: expected a mapping (a dict, e.g. config.json's object), got {type(value).__name__}")
+    return value
+
+
+def check_config_fields(config, *, ints=(), optional_ints=(), nonnegative_ints=(), eps=(), bools=(),
+                        optional_bools=(), floats_positive=()) -> None:
+    """Checks the named fields of a config object, naming the field in every error:
+
+    * ``ints``: ints >= 1;  ``nonnegative_ints``: ints >= 0;  ``optional_ints``: None or >= 0
+      (0 / None = the default);
+    * ``eps``: finite numbers >= 0;  ``floats_positive``: finite numbers > 0;
+    * ``bools`` (``optional_bools``: or None): True/False.
+
+    Upper bounds of sizes are the C++ constructors' (checked 64-bit products against memory).
+    """
+    for field in ints:
+        check_int(getattr(config, field), field, 1)
+    for field in nonnegative_ints:
+        check_int(getattr(config, field), field, 0)
+    for field in optional_ints:
+        check_optional_int(getattr(config, field), field, 0)
+    for field in eps:
+        check_eps(getattr(config, field), field)
+    for field in floats_positive:
+        check_float(getattr(config, field), field, minimum=0.0, min_open=True)
+    for field in bools:
+        check_bool(getattr(config, field), field)
+    for field in optional_bools:
+        if getattr(config, field) is not None:
+            check_bool(getattr(config, field), field)
+
+
+def check_token_ids(value, name: str):
+    """A config's special token id: None, an int >= 0, or a list/tuple of such ints (``eos_token_id``
+    may list several). TypeError / ValueError naming ``name`` otherwise; returns the value."""
+    if value is None:
+        return None
+    if isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            check_int(v, f"{name}[{i}]", 0)
+        return value
+    return check_int(value, name, 0)
+
+
+def check_config_ints(config, required: tuple, optional: tuple = ()) -> None:
+    """Each named field of ``config`` is an int >= 1 (``optional`` ones may be None or >= 0)."""
+    check_config_fields(config, ints=required, optional_ints=optional)

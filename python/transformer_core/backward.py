@@ -18,16 +18,35 @@ for any thread count.
 
 from __future__ import annotations
 
-import math
 import numbers
 
 import numpy as np
 
 from ._runtime import variant
 from ._validation import activation as activation_of
-from ._validation import as_float, as_vector, check_eps
-from .functional import _as_4d, _attention_masks, _check_p, _check_seed, _cross_entropy_args, _gate_up, attention_inputs
-from .positional import _check_layout, _rotary_table
+from ._validation import (
+    as_float,
+    as_ids,
+    as_vector,
+    check_bool,
+    check_choice,
+    check_eps,
+    check_int,
+    grad_buffer,
+    rotary_layout,
+    to_numpy,
+)
+from .functional import (
+    _as_4d,
+    _attention_inputs,
+    _attention_masks,
+    _check_p,
+    _check_scale,
+    _check_seed,
+    _cross_entropy_args,
+    _gate_up,
+)
+from .positional import _rotary_table, _rotary_tables
 
 __all__ = [
     "linear_backward",
@@ -47,25 +66,14 @@ __all__ = [
 ]
 
 
-def _grad_buffer(buf, name: str, shape: tuple, dtype):
-    """``buf`` if it can take an in-place accumulation of a gradient of ``shape`` and ``dtype``."""
-    if buf is None:
-        return None
-    if not isinstance(buf, np.ndarray):
-        raise TypeError(f"{name}: expected a numpy array to accumulate into, got {type(buf).__name__}")
-    if buf.dtype != np.dtype(dtype):
-        raise TypeError(f"{name}: expected dtype {np.dtype(dtype)} (the input's), got {buf.dtype}")
-    if buf.shape != tuple(shape):
-        raise ValueError(f"{name}: expected shape {tuple(shape)}, got {buf.shape}")
-    if not buf.flags.c_contiguous or not buf.flags.writeable:
-        raise ValueError(f"{name}: expected a C-contiguous, writeable array (it is updated in place)")
-    return buf
+_grad_buffer = grad_buffer
 
 
-def _grad_like(grad_output, name: str, shape: tuple, dtype, allow_empty: bool = False) -> np.ndarray:
+def _grad_like(grad_output, name: str, shape: tuple, dtype, allow_empty: bool = False, of: str = "x") -> np.ndarray:
+    """``grad_output`` converted, of ``shape`` (the shape the op's output has for its input ``of``)."""
     g = as_float(grad_output, name, dtype, allow_empty=allow_empty)
     if g.shape != tuple(shape):
-        raise ValueError(f"{name}: expected shape {tuple(shape)} (the op's output), got {g.shape}")
+        raise ValueError(f"{name}: expected shape {tuple(shape)} (the op's output for {of}), got {g.shape}")
     return g
 
 
@@ -103,8 +111,9 @@ def linear_backward(x, weight, grad_output, bias: bool = True, *, grad_weight=No
             writeable/contiguous, unknown ``weight_layout``.
         TypeError: non-numeric arrays; buffers of another dtype.
     """
-    if weight_layout not in ("out_in", "in_out"):
-        raise ValueError(f"weight_layout: expected 'out_in' or 'in_out', got {weight_layout!r}")
+    weight_layout = check_choice(weight_layout, "weight_layout", ("out_in", "in_out"))
+    bias = check_bool(bias, "bias")
+    need_grad_input = check_bool(need_grad_input, "need_grad_input")
     x = as_float(x, "x", min_ndim=1, allow_empty=True)
     dtype = x.dtype.type
     w = as_float(weight, "weight", dtype, ndim=2, allow_empty=True)
@@ -115,15 +124,15 @@ def linear_backward(x, weight, grad_output, bias: bool = True, *, grad_weight=No
         expected = f"({in_features}, out_features)" if w_in_out else f"(out_features, {in_features})"
         raise ValueError(f"weight: expected shape {expected} to match x's last dim, got {w.shape}")
     out_features = w.shape[1] if w_in_out else w.shape[0]
-    g = _grad_like(grad_output, "grad_output", x.shape[:-1] + (out_features,), dtype, allow_empty=True)
+    g = _grad_like(grad_output, "grad_output", x.shape[:-1] + (out_features,), dtype, allow_empty=True,
+                   of="x, weight")
     gw = _grad_buffer(grad_weight, "grad_weight", w.shape, dtype)
     gb = _grad_buffer(grad_bias, "grad_bias", (out_features,), dtype) if bias else None
     if grad_bias is not None and not bias:
         raise ValueError("grad_bias: given for a layer without bias (bias=False)")
     rows = int(np.prod(x.shape[:-1], dtype=np.int64))
     gx, gw, gb = variant("linear_backward", dtype)(
-        x.reshape(rows, in_features), w, g.reshape(rows, out_features), bool(need_grad_input), bool(bias), gw, gb,
-        w_in_out)
+        x.reshape(rows, in_features), w, g.reshape(rows, out_features), need_grad_input, bias, gw, gb, w_in_out)
     if gx is not None:
         gx = gx.reshape(x.shape)
     return gx, gw, gb
@@ -164,6 +173,7 @@ def layer_norm_backward(x, weight, grad_output, eps: float = 1e-5, bias: bool = 
     w = as_vector(weight, "weight", e, dtype)
     g = _grad_like(grad_output, "grad_output", x.shape, dtype)
     eps = check_eps(eps, "eps")
+    bias = check_bool(bias, "bias")
     if w is None and (grad_weight is not None or grad_bias is not None):
         raise ValueError("grad_weight, grad_bias: given for a LayerNorm without weight (weight=None)")
     gw = _grad_buffer(grad_weight, "grad_weight", (e,), dtype)
@@ -174,8 +184,7 @@ def layer_norm_backward(x, weight, grad_output, eps: float = 1e-5, bias: bool = 
         # accumulate both or neither: the missing one starts at zeros
         gw = np.zeros(e, dtype) if gw is None else gw
         gb = np.zeros(e, dtype) if gb is None else gb
-    gx, gw, gb = variant("layer_norm_backward", dtype)(x.reshape(-1, e), w, g.reshape(-1, e), eps, bool(bias), gw,
-                                                       gb)
+    gx, gw, gb = variant("layer_norm_backward", dtype)(x.reshape(-1, e), w, g.reshape(-1, e), eps, bias, gw, gb)
     return gx.reshape(x.shape), gw, gb
 
 
@@ -239,8 +248,7 @@ def gelu_backward(x, grad_output, approximate: str = "none") -> np.ndarray:
     Raises:
         ValueError: shapes differ, empty ``x``, unknown ``approximate``. TypeError: non-numeric arrays.
     """
-    if approximate not in ("none", "tanh"):
-        raise ValueError(f"approximate: expected 'none' or 'tanh', got {approximate!r}")
+    approximate = check_choice(approximate, "approximate", ("none", "tanh"))
     return _activation_backward(x, grad_output, "gelu" if approximate == "none" else "gelu_tanh")
 
 
@@ -283,7 +291,7 @@ def glu_backward(gate, up, grad_output, activation: str = "silu"):
     """
     activation_of(activation, "activation")
     g, u = _gate_up(gate, up)
-    dh = _grad_like(grad_output, "grad_output", g.shape, g.dtype.type)
+    dh = _grad_like(grad_output, "grad_output", g.shape, g.dtype.type, of="gate, up")
     return variant("glu_backward", g.dtype.type)(g, u, dh, activation)
 
 
@@ -309,9 +317,8 @@ def softmax_backward(output, grad_output, axis: int = -1) -> np.ndarray:
         ValueError: shapes differ, empty arrays, ``axis`` out of range. TypeError: non-numeric arrays.
     """
     p = as_float(output, "output", min_ndim=1)
-    g = _grad_like(grad_output, "grad_output", p.shape, p.dtype.type)
-    if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)) or not -p.ndim <= axis < p.ndim:
-        raise ValueError(f"axis: expected an int in [{-p.ndim}, {p.ndim}), got {axis!r}")
+    g = _grad_like(grad_output, "grad_output", p.shape, p.dtype.type, of="output")
+    axis = check_int(axis, "axis", -p.ndim, p.ndim - 1)
     pm = np.ascontiguousarray(np.moveaxis(p, axis, -1))
     gm = np.ascontiguousarray(np.moveaxis(g, axis, -1))
     n = pm.shape[-1]
@@ -344,14 +351,12 @@ def embedding_backward(ids, grad_output, num_embeddings: int, padding_idx: int |
         ValueError: ids out of range, shapes that do not match, bad ``padding_idx`` or buffer.
         TypeError: non-integer ids, non-numeric ``grad_output``, non-int ``num_embeddings``.
     """
-    if isinstance(num_embeddings, bool) or not isinstance(num_embeddings, (int, np.integer)):
-        raise TypeError(f"num_embeddings: expected an int, got {type(num_embeddings).__name__}")
-    if num_embeddings < 1:
-        raise ValueError(f"num_embeddings: expected an int >= 1, got {num_embeddings}")
-    V = int(num_embeddings)
-    t = np.asarray(ids)
+    V = check_int(num_embeddings, "num_embeddings", 1)
+    t = to_numpy(ids, "ids")
     if t.dtype.kind not in "iu":
         raise TypeError(f"ids: expected integer token ids, got dtype {t.dtype}")
+    if t.size:
+        t = as_ids(t.reshape(-1), "ids", ndim=1).reshape(t.shape)
     g = as_float(grad_output, "grad_output", min_ndim=1, allow_empty=True)
     if g.shape[:-1] != t.shape:
         raise ValueError(f"grad_output: expected shape {t.shape} + (embedding_dim,) to match ids, got {g.shape}")
@@ -360,11 +365,7 @@ def embedding_backward(ids, grad_output, num_embeddings: int, padding_idx: int |
         raise ValueError(f"ids: expected values in [0, {V}), got {int(t[bad])} at index {bad}")
     pad = -1
     if padding_idx is not None:
-        if isinstance(padding_idx, bool) or not isinstance(padding_idx, (int, np.integer)):
-            raise TypeError(f"padding_idx: expected an int or None, got {type(padding_idx).__name__}")
-        if not -V <= padding_idx < V:
-            raise ValueError(f"padding_idx: expected an index in [{-V}, {V}), got {padding_idx}")
-        pad = int(padding_idx) % V
+        pad = check_int(padding_idx, "padding_idx", -V, V - 1) % V
     H = g.shape[-1]
     dtype = g.dtype.type
     gw = _grad_buffer(grad_weight, "grad_weight", (V, H), dtype)
@@ -392,14 +393,13 @@ def rotary_backward(grad_output, cos, sin, layout: str = "half") -> np.ndarray:
         ValueError: rank < 2, odd D, tables of another width or not broadcastable, unknown layout.
         TypeError: non-numeric arrays.
     """
-    layout = _check_layout(layout)
+    layout = rotary_layout(layout)
     g = as_float(grad_output, "grad_output", min_ndim=2)
     D = g.shape[-1]
     if D % 2 != 0:
         raise ValueError(f"grad_output: expected an even head_dim (last dim), got shape {g.shape}")
-    if np.shape(sin) != np.shape(cos):
-        raise ValueError(f"sin: expected the shape of cos {np.shape(cos)}, got {np.shape(sin)}")
     dtype = g.dtype.type
+    cos, sin = _rotary_tables(cos, sin, dtype)
     c = _rotary_table(cos, "cos", g.shape, D, layout, dtype)
     s = _rotary_table(sin, "sin", g.shape, D, layout, dtype)
     return variant("rotary_backward", dtype)(g, c, s, layout)
@@ -436,15 +436,14 @@ def _cross_entropy_call(logits, target, grad_output, ignore_index, label_smoothi
         logits, target, ignore_index, label_smoothing, reduction)
     dtype = x.dtype.type
     grad_scale, grad_rows = 1.0, None
-    if reduction == "none":
-        if isinstance(grad_output, numbers.Real) and not isinstance(grad_output, bool):
-            grad_scale = float(grad_output)
-        else:
-            grad_rows = _grad_like(grad_output, "grad_output", lead, dtype).reshape(-1)
+    if reduction == "none" and not (isinstance(grad_output, numbers.Real) and not isinstance(grad_output, bool)):
+        grad_rows = _grad_like(grad_output, "grad_output", lead, dtype, of="logits, target").reshape(-1)
     else:
-        if isinstance(grad_output, bool) or not isinstance(grad_output, (numbers.Real, np.ndarray)) \
-                or np.ndim(grad_output) != 0:
-            raise TypeError(f"grad_output: expected a scalar (the gradient of the reduced loss), got {grad_output!r}")
+        if isinstance(grad_output, np.ndarray) and grad_output.ndim == 0 and grad_output.dtype.kind in "iuf":
+            grad_output = grad_output.item()
+        if isinstance(grad_output, (bool, np.bool_)) or not isinstance(grad_output, numbers.Real):
+            raise TypeError(f"grad_output: expected a scalar (the gradient of the reduced loss), got "
+                            f"{type(grad_output).__name__}")
         grad_scale = float(grad_output)
     loss, _, grad = variant("cross_entropy", dtype)(x, t, ignore_index, label_smoothing, reduction, grad_scale,
                                                      grad_rows, True)
@@ -529,25 +528,18 @@ def scaled_dot_product_attention_backward(query, key, value, out, grad_out, lse,
             wrong shape, masks that do not broadcast, bad ``causal_alignment``.
         TypeError: non-numeric arrays, masks neither bool nor float.
     """
-    q, k, v, lead, (L, E, S) = attention_inputs(query, key, value, enable_gqa, causal_alignment)
-    dtype = q.dtype.type
+    q, k, v, dtype, lead, L, S, E, heads, n, kv_heads, offset = _attention_inputs(
+        query, key, value, enable_gqa, causal_alignment)
+    scale = _check_scale(scale, E)
+    is_causal = check_bool(is_causal, "is_causal")
     Ev = v.shape[-1]
-    o = _grad_like(out, "out", lead + (L, Ev), dtype)
-    go = _grad_like(grad_out, "grad_out", lead + (L, Ev), dtype)
-    lse_arr = _grad_like(lse, "lse", lead + (L,), dtype)
-    if scale is None:
-        scale = 1.0 / math.sqrt(E)
-    elif isinstance(scale, bool) or not isinstance(scale, numbers.Real):
-        raise TypeError(f"scale: expected a float or None, got {type(scale).__name__}")
-
-    heads = lead[-1] if len(lead) >= 1 and q.ndim >= 4 else 1
-    n = int(np.prod(lead)) // heads if heads else 0
-    kv_heads = k.shape[-3] if q.ndim >= 4 else 1
+    o = _grad_like(out, "out", lead + (L, Ev), dtype, of="query, value")
+    go = _grad_like(grad_out, "grad_out", lead + (L, Ev), dtype, of="query, value")
+    lse_arr = _grad_like(lse, "lse", lead + (L,), dtype, of="query")
     bool_mask, float_mask = _attention_masks(attn_mask, query_mask, key_mask, lead, L, S, dtype)
     shape4 = (n, heads, L, S)
-    offset = 0 if causal_alignment == "top_left" else S - L
     dq, dk, dv = variant("scaled_dot_product_attention_backward", dtype)(
         q.reshape(n, heads, L, E), k.reshape(n, kv_heads, S, E), v.reshape(n, kv_heads, S, Ev),
         o.reshape(n, heads, L, Ev), go.reshape(n, heads, L, Ev), lse_arr.reshape(n, heads, L),
-        _as_4d(bool_mask, shape4), _as_4d(float_mask, shape4), None, bool(is_causal), offset, float(scale))
+        _as_4d(bool_mask, shape4), _as_4d(float_mask, shape4), None, is_causal, offset, scale)
     return dq.reshape(q.shape), dk.reshape(k.shape), dv.reshape(v.shape)

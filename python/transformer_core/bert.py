@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ._runtime import core as _core
-from ._validation import activation, as_bool, as_float, as_ids
+from ._validation import activation, as_bool, as_float, as_ids, check_config_fields, check_mapping
 from .hub import load_safetensors, read_config, resolve_model_dir
 from .module import Module
 
@@ -50,17 +50,39 @@ class BertConfig:
         """Reads the known fields of a ``config.json`` dict; unknown fields are ignored.
 
         Raises:
-            ValueError: an unsupported ``hidden_act`` or ``position_embedding_type``.
+            TypeError: ``d`` not a mapping; a field of the wrong type (named).
+            ValueError: an unsupported ``hidden_act`` or ``position_embedding_type``; a size or
+                ``layer_norm_eps`` out of range (named).
         """
+        check_mapping(d, "config")
         activation(d.get("hidden_act", "gelu"), "hidden_act")  # one table of names, in C++
         pe = d.get("position_embedding_type", "absolute")
         if pe != "absolute":
             raise ValueError(f"config.json: position_embedding_type {pe!r} is not supported (absolute)")
         fields = {k: d[k] for k in cls.__dataclass_fields__ if k in d}
-        return cls(**fields)
+        config = cls(**fields)
+        config.check()
+        return config
+
+    def check(self) -> "BertConfig":
+        """Checks every field's type and range, naming the field: sizes are ints >= 1
+        (``num_hidden_layers`` >= 0), ``layer_norm_eps`` a finite number >= 0, ``add_pooling_layer``
+        a bool, ``hidden_act`` a name of the library's table. Sizes too large for this machine are the
+        C++ model's to refuse (checked 64-bit products against memory, before it allocates).
+
+        Raises:
+            TypeError / ValueError: naming the field.
+        """
+        check_config_fields(self, ints=("vocab_size", "hidden_size", "num_attention_heads", "intermediate_size",
+                                        "max_position_embeddings", "type_vocab_size"),
+                            nonnegative_ints=("num_hidden_layers",), eps=("layer_norm_eps",),
+                            bools=("add_pooling_layer",))
+        activation(self.hidden_act, "hidden_act")
+        return self
 
     def _to_core(self):
-        """The C++ ``BertConfig`` (sizes and eps are checked there, naming the field)."""
+        """The C++ ``BertConfig``, after :meth:`check`."""
+        self.check()
         c = _core.BertConfig()
         for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
                      "max_position_embeddings", "type_vocab_size", "layer_norm_eps", "add_pooling_layer"):
@@ -166,7 +188,7 @@ class BertModel(Module):
         ids = as_ids(input_ids, "input_ids")
         mask = None
         if attention_mask is not None:
-            mask = np.ascontiguousarray(as_bool(attention_mask, "attention_mask"))
+            mask = np.ascontiguousarray(as_bool(attention_mask, "attention_mask"), dtype=np.bool_)
             if mask.ndim == 1:
                 mask = mask[None]
             if mask.shape != ids.shape:
@@ -248,7 +270,7 @@ class BertEmbeddings(Module):
     def __init__(self, config, dtype=np.float32, *, weights: dict | None = None):
         sfx = self._init_dtype(dtype)
         self.config = config if isinstance(config, BertConfig) else BertConfig.from_dict(config)
-        c = self.config
+        c = self.config.check()
         ec = _core.EmbeddingsConfig()
         ec.vocab_size, ec.hidden_size = c.vocab_size, c.hidden_size
         ec.max_position_embeddings, ec.type_vocab_size = c.max_position_embeddings, c.type_vocab_size

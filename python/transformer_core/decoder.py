@@ -12,11 +12,12 @@ the same logits as the prompt alone.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import numpy as np
 
-from ._validation import as_bool, as_ids
+from ._validation import as_bool, as_ids, check_bool
 from .generation import GenerationMixin
 from .kv_cache import KVCache
 from .module import Module
@@ -54,6 +55,14 @@ def positions_from_mask(attention_mask: np.ndarray, past: int) -> np.ndarray:
     return np.ascontiguousarray(np.maximum(counts[:, past:], 0))
 
 
+def _renamed(message: str, names: dict) -> str:
+    """``message`` with the C++ decoder's field names replaced by an architecture's (``names``)."""
+    if not names:
+        return message
+    pattern = re.compile(r"\b(" + "|".join(map(re.escape, sorted(names, key=len, reverse=True))) + r")\b")
+    return pattern.sub(lambda m: names[m.group(1)], message)
+
+
 class DecoderModel(Module):
     """A decoder-only transformer returning hidden states (Hugging Face's ``XModel``). Subclasses
     set ``config_class``, ``_core_class`` (the C++ model's name) and ``_context_field`` (the config
@@ -68,7 +77,10 @@ class DecoderModel(Module):
         self.config = config if isinstance(config, self.config_class) else self.config_class.from_dict(config)
         from ._runtime import core
 
-        self._impl = getattr(core, self._core_class + sfx)(self.config._to_core())
+        try:
+            self._impl = getattr(core, self._core_class + sfx)(self.config._to_core())
+        except ValueError as e:  # the C++ decoder names its generic fields: give the architecture's names
+            raise ValueError(_renamed(str(e), getattr(self.config, "_CORE_NAMES", {}))) from None
         self._init_weights()
 
     @property
@@ -145,6 +157,7 @@ class DecoderModel(Module):
             ValueError: ids out of range, too long a sequence, masks, positions or caches that do
                 not fit. TypeError: non-integer ids.
         """
+        use_cache = check_bool(use_cache, "use_cache")
         ids, mask, positions, cache = self._prepare(input_ids, attention_mask, position_ids, past_key_values)
         hidden = self._impl.forward(ids, mask, positions, cache._impl)
         return hidden, (cache if use_cache else None)
@@ -188,6 +201,7 @@ class CausalLM(DecoderModel, GenerationMixin):
         from ._validation import check_int
 
         keep = check_int(logits_to_keep, "logits_to_keep", 0)
+        use_cache = check_bool(use_cache, "use_cache")
         hidden, cache = DecoderModel.forward(self, input_ids, attention_mask, position_ids, past_key_values,
                                              use_cache=True)
         N, L, E = hidden.shape

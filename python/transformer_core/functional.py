@@ -13,13 +13,28 @@ mask is added to the scores. A query row with nothing to attend gives zeros, nev
 from __future__ import annotations
 
 import math
-import numbers
 
 import numpy as np
 
 from ._runtime import variant
 from ._validation import activation as activation_of
-from ._validation import as_bool, as_float, as_vector, broadcast_mask, check_eps, compute_dtype
+from ._validation import (
+    as_attention_mask,
+    as_bool,
+    as_float,
+    as_vector,
+    attention_path,
+    broadcast_mask,
+    check_allocatable,
+    check_bool,
+    check_choice,
+    check_eps,
+    check_float,
+    check_int,
+    compute_dtype,
+    to_numpy,
+)
+from ._validation import reduction as reduction_of
 
 __all__ = [
     "linear",
@@ -84,11 +99,11 @@ def softmax(x, axis: int = -1) -> np.ndarray:
         ``-inf`` (fully masked) gives zeros, where torch gives NaN; NaN in a slice gives NaN.
 
     Raises:
-        ValueError: empty ``x`` or ``axis`` out of range.
+        ValueError: empty ``x`` or ``axis`` out of range. TypeError: ``axis`` not an int,
+            non-numeric ``x``.
     """
     x = as_float(x, "x", min_ndim=1)
-    if not -x.ndim <= axis < x.ndim:
-        raise ValueError(f"axis: expected an int in [{-x.ndim}, {x.ndim}), got {axis}")
+    axis = check_int(axis, "axis", -x.ndim, x.ndim - 1)
     moved = np.ascontiguousarray(np.moveaxis(x, axis, -1))
     y = variant("softmax", x.dtype.type)(moved.reshape(-1, moved.shape[-1]))
     return np.moveaxis(y.reshape(moved.shape), -1, axis)
@@ -155,8 +170,7 @@ def gelu(x, approximate: str = "none") -> np.ndarray:
     Raises:
         ValueError: ``approximate`` not "none" or "tanh"; empty ``x``.
     """
-    if approximate not in ("none", "tanh"):
-        raise ValueError(f"approximate: expected 'none' or 'tanh', got {approximate!r}")
+    approximate = check_choice(approximate, "approximate", ("none", "tanh"))
     x = as_float(x, "x")
     return variant("activation", x.dtype.type)(x, "gelu" if approximate == "none" else "gelu_tanh")
 
@@ -188,14 +202,11 @@ def _attention_masks(attn_mask, query_mask, key_mask, lead: tuple, L: int, S: in
     full = lead + (L, S)
     bool_parts, float_mask = [], None
     if attn_mask is not None:
-        m = np.asarray(attn_mask)
+        m = as_attention_mask(attn_mask, "attn_mask", dtype)
         if m.dtype == np.bool_:
             bool_parts.append(broadcast_mask(m, full, "attn_mask"))
-        elif m.dtype.kind == "f":
-            float_mask = broadcast_mask(m.astype(dtype, copy=False), full, "attn_mask")
         else:
-            raise TypeError(
-                f"attn_mask: expected bool (True = may attend) or float (added to the scores), got dtype {m.dtype}")
+            float_mask = broadcast_mask(m, full, "attn_mask")
     if query_mask is not None:
         qm = as_bool(query_mask, "query_mask")
         if qm.ndim < 1 or qm.shape[-1] != L:
@@ -209,29 +220,24 @@ def _attention_masks(attn_mask, query_mask, key_mask, lead: tuple, L: int, S: in
     bool_mask = None
     if len(bool_parts) == 1:
         bool_mask = bool_parts[0]
-    elif bool_parts:
-        bool_mask = np.logical_and.reduce(bool_parts)
+    elif bool_parts:  # several boolean masks are combined into one (..., L, S) array
+        check_allocatable(full, 1, "attn_mask, query_mask, key_mask: their combination")
+        bool_mask = np.logical_and(bool_parts[0], bool_parts[1])  # one (..., L, S) array, and in place
+        for part in bool_parts[2:]:
+            np.logical_and(bool_mask, part, out=bool_mask)
     return bool_mask, float_mask
 
 
-def _as_4d(mask: np.ndarray | None, shape4: tuple) -> np.ndarray | None:
-    return None if mask is None else mask.reshape(shape4)
-
-
-def attention_inputs(query, key, value, enable_gqa: bool, causal_alignment: str):
-    """The checked arrays of an attention call (forward or backward): ``(q, k, v, lead, (L, E, S))``
-    with ``q (..., L, E)``, ``k (..., S, E)``, ``v (..., S, Ev)`` in query's compute dtype and
-    ``lead`` query's leading dims; with ``enable_gqa`` the head dim (third from the end) of key and
-    value may divide query's.
-
-    Raises:
-        ValueError / TypeError: naming the argument (ranks, lengths, feature sizes, leading dims,
-        ``causal_alignment``).
-    """
+def _attention_inputs(query, key, value, enable_gqa, causal_alignment):
+    """The checked arrays and sizes of an attention call (the forward and the backward share them):
+    ``(q, k, v, dtype, lead, L, S, E, heads, n, kv_heads, offset)``; q/k/v C-contiguous of
+    ``dtype`` (query's: float64 stays float64), ``lead`` = query's dims before ``(L, E)``."""
     dtype = compute_dtype(query, "query")
     q = as_float(query, "query", dtype, min_ndim=2)
     k = as_float(key, "key", dtype, min_ndim=2)
     v = as_float(value, "value", dtype, min_ndim=2)
+    enable_gqa = check_bool(enable_gqa, "enable_gqa")
+    causal_alignment = check_choice(causal_alignment, "causal_alignment", ("top_left", "bottom_right"))
     if k.ndim != q.ndim or v.ndim != q.ndim:
         raise ValueError(f"key, value: expected the rank of query ({q.ndim}-D), got key {k.ndim}-D, value {v.ndim}-D")
     L, E = q.shape[-2:]
@@ -250,9 +256,21 @@ def attention_inputs(query, key, value, enable_gqa: bool, causal_alignment: str)
             raise ValueError(f"key: with enable_gqa, query heads ({hq}) must be a multiple of key/value heads ({hk})")
     elif k.shape[:-2] != lead or v.shape[:-2] != lead:
         raise ValueError(f"key, value: expected leading dims {lead} (query's), got {k.shape[:-2]} and {v.shape[:-2]}")
-    if causal_alignment not in ("top_left", "bottom_right"):
-        raise ValueError(f"causal_alignment: expected 'top_left' or 'bottom_right', got {causal_alignment!r}")
-    return q, k, v, lead, (L, E, S)
+    # [N, H, L, E]: everything before the head dim is one batch dim; 3-D inputs have one head.
+    heads = lead[-1] if q.ndim >= 4 else 1
+    n = math.prod(lead) // heads
+    kv_heads = k.shape[-3] if q.ndim >= 4 else 1
+    offset = 0 if causal_alignment == "top_left" else S - L
+    return q, k, v, dtype, lead, L, S, E, heads, n, kv_heads, offset
+
+
+def _check_scale(scale, E: int) -> float:
+    """``scale`` (a finite real number) or ``1 / sqrt(E)`` for None."""
+    return 1.0 / math.sqrt(E) if scale is None else check_float(scale, "scale")
+
+
+def _as_4d(mask: np.ndarray | None, shape4: tuple) -> np.ndarray | None:
+    return None if mask is None else mask.reshape(shape4)
 
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, *, query_mask=None, key_mask=None,
@@ -298,27 +316,26 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, *, query_mas
 
     Raises:
         ValueError: rank < 2, empty arrays, mismatched leading dims / lengths / feature sizes,
-            masks that do not broadcast, bad ``causal_alignment`` or ``path``.
-        TypeError: non-numeric arrays, or a mask of a dtype that is neither bool nor float.
+            masks that do not broadcast (or 0/1 masks with other values), bad ``causal_alignment``
+            or ``path``, a NaN or infinite ``scale``.
+        TypeError: non-numeric (or bool) arrays, a mask of a dtype that is neither bool nor float,
+            flags that are not bools, ``scale`` not a number.
     """
-    q, k, v, lead, (L, E, S) = attention_inputs(query, key, value, enable_gqa, causal_alignment)
-    dtype = q.dtype.type
-    if scale is None:
-        scale = 1.0 / math.sqrt(E)
-
-    # [N, H, L, E]: everything before the head dim is one batch dim; 3-D inputs have one head.
-    heads = lead[-1] if len(lead) >= 1 and q.ndim >= 4 else 1
-    n = int(np.prod(lead)) // heads if heads else 0
-    kv_heads = k.shape[-3] if q.ndim >= 4 else 1
+    q, k, v, dtype, lead, L, S, E, heads, n, kv_heads, offset = _attention_inputs(
+        query, key, value, enable_gqa, causal_alignment)
+    path = attention_path(path)
+    scale = _check_scale(scale, E)
+    is_causal = check_bool(is_causal, "is_causal")
+    return_weights = check_bool(return_weights, "return_weights")
+    return_lse = check_bool(return_lse, "return_lse")
     q4 = q.reshape(n, heads, L, E)
     k4 = k.reshape(n, kv_heads, S, E)
     v4 = v.reshape(n, kv_heads, S, v.shape[-1])
     bool_mask, float_mask = _attention_masks(attn_mask, query_mask, key_mask, lead, L, S, dtype)
     shape4 = (n, heads, L, S)
-    offset = 0 if causal_alignment == "top_left" else S - L
     result = variant("scaled_dot_product_attention", dtype)(
-        q4, k4, v4, _as_4d(bool_mask, shape4), _as_4d(float_mask, shape4), None, bool(is_causal), offset,
-        float(scale), bool(return_weights), path, return_lse=bool(return_lse))
+        q4, k4, v4, _as_4d(bool_mask, shape4), _as_4d(float_mask, shape4), None, is_causal, offset,
+        scale, return_weights, path, return_lse=return_lse)
     if not (return_weights or return_lse):
         return result.reshape(lead + (L, v.shape[-1]))
     out = (result[0].reshape(lead + (L, v.shape[-1])),)
@@ -365,19 +382,11 @@ def glu(gate, up, activation: str = "silu") -> np.ndarray:
 
 
 def _check_p(p) -> float:
-    if isinstance(p, bool) or not isinstance(p, numbers.Real):
-        raise TypeError(f"p: expected a float in [0, 1], got {type(p).__name__}")
-    if not 0.0 <= p <= 1.0:
-        raise ValueError(f"p: expected a probability in [0, 1], got {p}")
-    return float(p)
+    return check_float(p, "p", minimum=0.0, maximum=1.0)
 
 
 def _check_seed(seed) -> int:
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-        raise TypeError(f"seed: expected an int, got {type(seed).__name__}")
-    if not 0 <= seed < 2**64:
-        raise ValueError(f"seed: expected an int in [0, 2**64), got {seed}")
-    return int(seed)
+    return check_int(seed, "seed", 0, 2**64 - 1)
 
 
 def dropout(x, p: float, seed: int, training: bool = True) -> np.ndarray:
@@ -407,41 +416,34 @@ def dropout(x, p: float, seed: int, training: bool = True) -> np.ndarray:
     x = as_float(x, "x")
     p = _check_p(p)
     seed = _check_seed(seed)
-    if not training:
+    if not check_bool(training, "training"):
         return x.copy()
     return variant("dropout", x.dtype.type)(x, p, seed)
-
-
-def _check_reduction(reduction) -> str:
-    if reduction not in ("mean", "sum", "none"):
-        raise ValueError(f"reduction: expected 'mean', 'sum' or 'none', got {reduction!r}")
-    return reduction
 
 
 def _cross_entropy_args(logits, target, ignore_index, label_smoothing, reduction):
     """Checks and converts the arguments of the cross-entropy functions: returns
     ``(logits2d [rows, V], target1d [rows] int64, lead shape, ignore_index, label_smoothing, reduction)``."""
-    reduction = _check_reduction(reduction)
-    if isinstance(ignore_index, bool) or not isinstance(ignore_index, (int, np.integer)):
-        raise TypeError(f"ignore_index: expected an int, got {type(ignore_index).__name__}")
-    if isinstance(label_smoothing, bool) or not isinstance(label_smoothing, numbers.Real):
-        raise TypeError(f"label_smoothing: expected a float in [0, 1], got {type(label_smoothing).__name__}")
-    if not 0.0 <= label_smoothing <= 1.0:
-        raise ValueError(f"label_smoothing: expected a value in [0, 1], got {label_smoothing}")
+    reduction = reduction_of(reduction, "reduction")
+    ignore_index = check_int(ignore_index, "ignore_index", -2**63, 2**63 - 1)
+    label_smoothing = check_float(label_smoothing, "label_smoothing", minimum=0.0, maximum=1.0)
     x = as_float(logits, "logits", min_ndim=1)
-    t = np.asarray(target)
+    t = to_numpy(target, "target")
     if t.dtype.kind not in "iu":
         raise TypeError(f"target: expected integer class indices, got dtype {t.dtype}")
     lead, V = x.shape[:-1], x.shape[-1]
     if t.shape != lead:
         raise ValueError(f"target: expected shape {lead} (logits' shape without the class dim), got {t.shape}")
+    if t.dtype.kind == "u" and t.dtype.itemsize == 8 and t.size and t.max() >= V:
+        raise ValueError(f"target: expected class indices in [0, {V}) or ignore_index ({ignore_index}), "
+                         f"got {int(t.max())}")
     t = np.ascontiguousarray(t, dtype=np.int64)
     bad = (t != ignore_index) & ((t < 0) | (t >= V))
     if bad.any():
         where = tuple(int(i) for i in np.argwhere(bad)[0])
         raise ValueError(f"target: expected class indices in [0, {V}) or ignore_index ({ignore_index}), "
                          f"got {int(t[where])} at index {where}")
-    return x.reshape(-1, V), t.reshape(-1), lead, int(ignore_index), float(label_smoothing), reduction
+    return x.reshape(-1, V), t.reshape(-1), lead, ignore_index, label_smoothing, reduction
 
 
 def cross_entropy(logits, target, ignore_index: int = -100, label_smoothing: float = 0.0,

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
-from ._validation import as_bool, as_ids, check_int
+from ._validation import as_bool, as_ids, check_bool, check_float, check_int, check_token_ids
 
 __all__ = ["GenerationMixin", "GenerationConfig"]
 
@@ -39,29 +39,24 @@ class GenerationConfig:
                  top_k: int | None = None, top_p: float | None = None, repetition_penalty: float | None = None,
                  seed: int | None = None, eos_token_id=None, pad_token_id: int | None = None):
         self.max_new_tokens = check_int(max_new_tokens, "max_new_tokens", 1)
-        self.do_sample = bool(do_sample)
+        self.do_sample = check_bool(do_sample, "do_sample")
         self.temperature = _check_float(temperature, "temperature", low_open=0.0)
         self.top_k = None if top_k is None else check_int(top_k, "top_k", 1)
         self.top_p = None if top_p is None else _check_float(top_p, "top_p", low_open=0.0, high=1.0)
         self.repetition_penalty = (None if repetition_penalty is None
                                    else _check_float(repetition_penalty, "repetition_penalty", low_open=0.0))
         self.seed = None if seed is None else check_int(seed, "seed", 0)
-        if eos_token_id is None:
+        eos = check_token_ids(list(eos_token_id) if isinstance(eos_token_id, np.ndarray) else eos_token_id,
+                              "eos_token_id")
+        if eos is None:
             self.eos_ids = np.zeros(0, np.int64)
         else:
-            ids = [eos_token_id] if isinstance(eos_token_id, (int, np.integer)) else list(eos_token_id)
-            self.eos_ids = np.array([check_int(i, "eos_token_id", 0) for i in ids], np.int64)
+            self.eos_ids = np.array(list(eos) if isinstance(eos, (list, tuple)) else [eos], np.int64)
         self.pad_token_id = None if pad_token_id is None else check_int(pad_token_id, "pad_token_id", 0)
 
 
 def _check_float(value, name: str, *, low_open: float | None = None, high: float | None = None) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise TypeError(f"{name}: expected a number, got {type(value).__name__}")
-    value = float(value)
-    if not np.isfinite(value) or (low_open is not None and value <= low_open) or (high is not None and value > high):
-        bounds = f"({low_open}, {high}]" if high is not None else f"> {low_open}"
-        raise ValueError(f"{name}: expected a value {bounds}, got {value}")
-    return value
+    return check_float(value, name, minimum=low_open, min_open=low_open is not None, maximum=high)
 
 
 def _softmax(scores: np.ndarray) -> np.ndarray:
@@ -189,6 +184,8 @@ class GenerationMixin:
             the context.
         """
         ids = as_ids(input_ids, "input_ids")
+        if streamer is not None and not callable(streamer):
+            raise TypeError(f"streamer: expected a callable or None, got {type(streamer).__name__}")
         steps = [ids]
         for tokens in self.stream(ids, max_new_tokens, do_sample=do_sample, temperature=temperature, top_k=top_k,
                                   top_p=top_p, repetition_penalty=repetition_penalty, seed=seed,

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ._runtime import core as _core
-from ._validation import activation, check_config_ints, check_eps
+from ._validation import activation, check_config_fields, check_eps, check_mapping, check_token_ids
 from .decoder import CausalLM, CausalLMOutput, DecoderModel
 from .hub import load_safetensors, read_config, resolve_model_dir
 from .kv_cache import KVCache
@@ -57,15 +57,37 @@ class GPT2Config:
             ``reorder_and_upcast_attn``, ``add_cross_attention``, an activation outside the
             library's table).
         """
-        if not isinstance(d, dict):
-            raise TypeError(f"config: expected a dict (config.json's object), got {type(d).__name__}")
+        check_mapping(d, "config")
         if d.get("scale_attn_weights", True) is not True:
             raise ValueError("config.json: scale_attn_weights=False is not supported")
         for key in ("scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn", "add_cross_attention"):
             if d.get(key, False):
                 raise ValueError(f"config.json: {key}=True is not supported")
         fields = {k: d[k] for k in cls.__dataclass_fields__ if k in d and k != "extra"}
-        return cls(**fields)
+        config = cls(**fields)
+        config.check()
+        return config
+
+    #: The C++ decoder's names of the fields (in its errors) -> GPT-2's.
+    _CORE_NAMES = {"hidden_size": "n_embd", "num_hidden_layers": "n_layer", "num_attention_heads": "n_head",
+                   "intermediate_size": "n_inner", "max_position_embeddings": "n_positions",
+                   "norm_eps": "layer_norm_epsilon", "embed_dim": "n_embd", "num_heads": "n_head",
+                   "head_dim": "n_embd / n_head"}
+
+    def check(self) -> "GPT2Config":
+        """Checks every field's type and range, naming the field: sizes are ints >= 1 (``n_layer``
+        >= 0, ``n_inner`` None or >= 0: 0/None = 4 · n_embd), ``layer_norm_epsilon`` a finite number
+        >= 0, ``activation_function`` a name of the library's table, ``eos_token_id`` None, an id or a
+        list of ids. Sizes too large for this machine are the C++ model's to refuse.
+
+        Raises:
+            TypeError / ValueError: naming the field.
+        """
+        check_config_fields(self, ints=("vocab_size", "n_positions", "n_embd", "n_head"),
+                            nonnegative_ints=("n_layer",), optional_ints=("n_inner",), eps=("layer_norm_epsilon",))
+        activation(self.activation_function, "activation_function")
+        check_token_ids(self.eos_token_id, "eos_token_id")
+        return self
 
     def to_dict(self) -> dict:
         """The ``config.json`` object Hugging Face's ``GPT2Config`` reads."""
@@ -84,7 +106,7 @@ class GPT2Config:
         return self.n_head
 
     def _to_core(self):
-        check_config_ints(self, ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head"), ("n_inner",))
+        self.check()
         c = _core.GPT2Config()
         c.vocab_size, c.n_positions, c.n_embd = self.vocab_size, self.n_positions, self.n_embd
         c.n_layer, c.n_head, c.n_inner = self.n_layer, self.n_head, self.n_inner or 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._runtime import variant
-from ._validation import check_int, resolve_dtype
+from ._validation import as_float, check_int, resolve_dtype
 
 __all__ = ["KVCache"]
 
@@ -102,15 +102,20 @@ class KVCache:
         Raises:
             ValueError: no pairs, or arrays of inconsistent shapes.
         """
-        past = list(past)
+        dtype = resolve_dtype(dtype)
+        num_kv_heads = check_int(num_kv_heads, "num_kv_heads", 1)
+        head_dim = check_int(head_dim, "head_dim", 1)
+        if not isinstance(past, (list, tuple)):
+            raise TypeError(f"past_key_values: expected a KVCache or a tuple of (keys, values) pairs, got "
+                            f"{type(past).__name__}")
         if not past:
             raise ValueError("past_key_values: expected one (keys, values) pair per layer, got none")
         pairs, shape = [], None
         for i, pair in enumerate(past):
-            if len(pair) != 2:
-                raise ValueError(f"past_key_values[{i}]: expected a (keys, values) pair")
-            k = np.ascontiguousarray(np.asarray(pair[0]), dtype=dtype)
-            v = np.ascontiguousarray(np.asarray(pair[1]), dtype=dtype)
+            if not isinstance(pair, (list, tuple)) or len(pair) != 2:
+                raise ValueError(f"past_key_values[{i}]: expected a (keys, values) pair, got {type(pair).__name__}")
+            k = as_float(pair[0], f"past_key_values[{i}][0]", dtype, ndim=4, allow_empty=True)
+            v = as_float(pair[1], f"past_key_values[{i}][1]", dtype, ndim=4, allow_empty=True)
             if k.ndim != 4 or k.shape != v.shape or k.shape[1] != num_kv_heads or k.shape[3] != head_dim:
                 raise ValueError(f"past_key_values[{i}]: expected keys and values of shape (N, {num_kv_heads}, S, "
                                  f"{head_dim}), got {k.shape} and {v.shape}")

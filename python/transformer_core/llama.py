@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ._runtime import core as _core
-from ._validation import activation, check_config_ints, check_eps
+from ._validation import activation, check_config_fields, check_eps, check_mapping, check_token_ids
 from .decoder import CausalLM, DecoderModel
 
 __all__ = ["LlamaConfig", "LlamaModel", "LlamaForCausalLM"]
@@ -54,8 +54,7 @@ class LlamaConfig:
             scaling (``rope_scaling`` / a ``rope_type`` other than "default"), which this
             implementation does not compute.
         """
-        if not isinstance(d, dict):
-            raise TypeError(f"config: expected a dict (config.json's object), got {type(d).__name__}")
+        check_mapping(d, "config")
         model_type = d.get("model_type", "llama")
         if model_type != "llama":
             raise ValueError(f"config.json: model_type {model_type!r} is not supported here (expected 'llama')")
@@ -68,7 +67,33 @@ class LlamaConfig:
         fields = {k: d[k] for k in cls.__dataclass_fields__ if k in d and k != "extra"}
         if "rope_theta" in rope:
             fields["rope_theta"] = rope["rope_theta"]
-        return cls(**fields)
+        config = cls(**fields)
+        config.check()
+        return config
+
+    #: The C++ decoder's names of the fields (in its errors) -> Llama's.
+    _CORE_NAMES = {"norm_eps": "rms_norm_eps", "embed_dim": "hidden_size", "num_heads": "num_attention_heads",
+                   "num_kv_heads": "num_key_value_heads"}
+
+    def check(self) -> "LlamaConfig":
+        """Checks every field's type and range, naming the field: sizes are ints >= 1
+        (``num_hidden_layers`` >= 0; ``num_key_value_heads``, ``head_dim`` None or >= 0: the
+        defaults), ``rms_norm_eps`` a finite number >= 0, ``rope_theta`` a finite number > 0, the
+        flags bools, ``hidden_act`` a name of the library's table, the token ids None, ids or lists
+        of ids. Sizes too large for this machine are the C++ model's to refuse.
+
+        Raises:
+            TypeError / ValueError: naming the field.
+        """
+        check_config_fields(self, ints=("vocab_size", "hidden_size", "intermediate_size", "num_attention_heads",
+                                        "max_position_embeddings"),
+                            nonnegative_ints=("num_hidden_layers",), optional_ints=("num_key_value_heads", "head_dim"),
+                            eps=("rms_norm_eps",), floats_positive=("rope_theta",),
+                            bools=("attention_bias", "mlp_bias", "tie_word_embeddings"))
+        activation(self.hidden_act, "hidden_act")
+        for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
+            check_token_ids(getattr(self, name), name)
+        return self
 
     def to_dict(self) -> dict:
         """The ``config.json`` object Hugging Face's ``LlamaConfig`` reads."""
@@ -87,9 +112,7 @@ class LlamaConfig:
         return self.num_key_value_heads or self.num_attention_heads
 
     def _to_core(self):
-        check_config_ints(self, ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                                 "num_attention_heads", "max_position_embeddings"),
-                          ("num_key_value_heads", "head_dim"))
+        self.check()
         c = _core.LlamaConfig()
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                      "max_position_embeddings"):
@@ -97,9 +120,6 @@ class LlamaConfig:
         c.num_key_value_heads = self.num_key_value_heads or 0
         c.head_dim = self.head_dim or 0
         c.rms_norm_eps = check_eps(self.rms_norm_eps, "rms_norm_eps")
-        if isinstance(self.rope_theta, bool) or not isinstance(self.rope_theta, (int, float)) \
-                or not (np.isfinite(self.rope_theta) and self.rope_theta > 0):
-            raise ValueError(f"rope_theta: expected a finite number > 0, got {self.rope_theta!r}")
         c.rope_theta = float(self.rope_theta)
         c.attention_bias, c.mlp_bias = bool(self.attention_bias), bool(self.mlp_bias)
         c.tie_word_embeddings = bool(self.tie_word_embeddings)

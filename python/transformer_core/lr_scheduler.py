@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import functools
 import math
-import numbers
 from typing import Callable
 
 import numpy as np
+
+from ._validation import check_float, check_int
 
 __all__ = [
     "LRScheduler",
@@ -33,17 +34,12 @@ __all__ = [
 
 
 def _check_int(value, name: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name}: expected an int, got {type(value).__name__}")
-    if value < minimum:
-        raise ValueError(f"{name}: expected an int >= {minimum}, got {value}")
-    return int(value)
+    return check_int(value, name, minimum)
 
 
 def _check_real(value, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name}: expected a float, got {type(value).__name__}")
-    return float(value)
+    """A finite real number (NaN and infinities are refused: a schedule of them is no schedule)."""
+    return check_float(value, name)
 
 
 class LRScheduler:

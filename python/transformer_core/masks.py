@@ -20,7 +20,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._validation import as_ids, check_positive_int, resolve_dtype
+from ._validation import (
+    as_ids,
+    check_allocatable,
+    check_choice,
+    check_float,
+    check_int,
+    check_positive_int,
+    resolve_dtype,
+    to_numpy,
+)
 
 __all__ = [
     "causal_mask",
@@ -39,13 +48,7 @@ __all__ = [
 ADDITIVE_BLOCKED_AT = -1e4
 
 
-def _to_numpy(mask, name: str) -> np.ndarray:
-    """numpy view of an array-like or a torch tensor (without importing torch)."""
-    if mask is None:
-        raise TypeError(f"{name}: expected an array, got None")
-    if hasattr(mask, "detach") and hasattr(mask, "cpu"):
-        mask = mask.detach().cpu().numpy()
-    return np.asarray(mask)
+_to_numpy = to_numpy
 
 
 def causal_mask(L: int, S: int | None = None, alignment: str = "top_left") -> np.ndarray:
@@ -78,12 +81,13 @@ def causal_mask(L: int, S: int | None = None, alignment: str = "top_left") -> np
              [ True,  True,  True,  True]]
 
     Raises:
-        TypeError: non-int ``L``/``S``. ValueError: ``L``/``S`` < 1 or unknown ``alignment``.
+        TypeError: non-int ``L``/``S``, non-str ``alignment``. ValueError: ``L``/``S`` < 1, an
+            ``(L, S)`` mask larger than this machine's memory, or unknown ``alignment``.
     """
     L = check_positive_int(L, "L")
     S = L if S is None else check_positive_int(S, "S")
-    if alignment not in ("top_left", "bottom_right"):
-        raise ValueError(f"alignment: expected 'top_left' or 'bottom_right', got {alignment!r}")
+    alignment = check_choice(alignment, "alignment", ("top_left", "bottom_right"))
+    check_allocatable((L, S), 1, "L, S")
     diagonal = 0 if alignment == "top_left" else S - L
     return np.arange(S)[None, :] <= np.arange(L)[:, None] + diagonal
 
@@ -102,7 +106,7 @@ def padding_mask(lengths, max_len: int | None = None) -> np.ndarray:
     Raises:
         TypeError: non-integer ``lengths`` or ``max_len``.
         ValueError: ``lengths`` not 1-D or empty, a negative length, a length > ``max_len``,
-            ``max_len`` < 1.
+            ``max_len`` < 1, a mask larger than this machine's memory.
     """
     arr = _to_numpy(lengths, "lengths")
     if arr.ndim != 1 or arr.size == 0:
@@ -118,6 +122,7 @@ def padding_mask(lengths, max_len: int | None = None) -> np.ndarray:
         max_len = check_positive_int(max_len, "max_len")
         if longest > max_len:
             raise ValueError(f"max_len: expected >= the longest length {longest}, got {max_len}")
+    check_allocatable((arr.shape[0], max_len), 1, "lengths, max_len: the mask (N, max_len)")
     return np.arange(max_len)[None, :] < arr.astype(np.int64)[:, None]
 
 
@@ -134,10 +139,9 @@ def padding_mask_from_ids(input_ids, pad_token_id: int) -> np.ndarray:
     Raises:
         TypeError: non-integer ids or ``pad_token_id``. ValueError: wrong rank or empty ids.
     """
-    if isinstance(pad_token_id, bool) or not isinstance(pad_token_id, (int, np.integer)):
-        raise TypeError(f"pad_token_id: expected an int, got {type(pad_token_id).__name__}")
-    ids = as_ids(_to_numpy(input_ids, "input_ids"), "input_ids")
-    return ids != int(pad_token_id)
+    pad_token_id = check_int(pad_token_id, "pad_token_id", -2**63, 2**63 - 1)
+    ids = as_ids(input_ids, "input_ids")
+    return ids != pad_token_id
 
 
 def from_torch_mha(mask) -> np.ndarray:
@@ -189,8 +193,7 @@ def from_additive(mask, blocked_at: float = ADDITIVE_BLOCKED_AT) -> np.ndarray:
     m = _to_numpy(mask, "mask")
     if m.dtype.kind != "f":
         raise TypeError(f"mask: expected a float (additive) mask, got dtype {m.dtype}")
-    if not np.isfinite(blocked_at):
-        raise ValueError(f"blocked_at: expected a finite number, got {blocked_at}")
+    blocked_at = check_float(blocked_at, "blocked_at")
     if np.isnan(m).any() or np.isposinf(m).any():
         raise ValueError("mask: expected 0 (allowed) or very negative (blocked) values, got NaN or +inf entries")
     return m > blocked_at

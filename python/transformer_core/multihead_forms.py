@@ -55,7 +55,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from ._validation import check_positive_int
+from ._validation import as_float, check_choice, check_positive_int
 
 __all__ = [
     "from_per_head",
@@ -79,13 +79,8 @@ def _arrays(state, name: str = "state") -> dict[str, np.ndarray]:
     if not isinstance(state, Mapping):
         raise TypeError(f"{name}: expected a mapping of name -> array, got {type(state).__name__}")
     out = {}
-    for k, v in state.items():
-        if hasattr(v, "detach") and hasattr(v, "cpu"):
-            v = v.detach().cpu().numpy()
-        a = np.asarray(v)
-        if a.dtype.kind not in "biuf":
-            raise TypeError(f"{name}[{k!r}]: expected a real numeric array, got dtype {a.dtype}")
-        out[k] = np.array(a, dtype=np.float64 if a.dtype == np.float64 else np.float32)
+    for k, v in state.items():  # float64 (either byte order) stays float64; bool, complex, ... refused
+        out[k] = np.array(as_float(v, f"{name}[{k!r}]", allow_empty=True), copy=True)
     return out
 
 
@@ -258,8 +253,7 @@ def to_split_heads(state, naming: str = "W_q") -> dict[str, np.ndarray]:
     Raises:
         TypeError: non-mapping ``state``. ValueError: unknown ``naming``, wrong names or shapes.
     """
-    if naming not in _SPLIT_NAMES:
-        raise ValueError(f"naming: expected 'W_q' or 'q_linear', got {naming!r}")
+    naming = check_choice(naming, "naming", tuple(_SPLIT_NAMES))
     s, E = _mha(state)
     q, k, v, o = _SPLIT_NAMES[naming]
     w, b = s["in_proj_weight"], s["in_proj_bias"]

@@ -22,7 +22,21 @@ from __future__ import annotations
 import numpy as np
 
 from ._runtime import core as _core
-from ._validation import activation, as_bool, as_float, as_ids, broadcast_mask, check_eps, check_int, check_positive_int
+from ._validation import (
+    activation,
+    as_attention_mask,
+    as_bool,
+    as_float,
+    as_ids,
+    attention_path,
+    broadcast_mask,
+    check_allocatable,
+    check_bool,
+    check_eps,
+    check_int,
+    check_positive_int,
+    to_numpy,
+)
 from .module import Module, check_dropout
 
 __all__ = [
@@ -71,9 +85,7 @@ def _layer_masks(attn_mask, key_mask, N: int, H: int, L: int, S: int, dtype, *, 
     """
     bool_mask = float_mask = None
     if attn_mask is not None:
-        m = np.asarray(attn_mask)
-        if m.dtype != np.bool_ and m.dtype.kind != "f":
-            raise TypeError(f"{mask_name}: expected bool (True = may attend) or float (added), got dtype {m.dtype}")
+        m = as_attention_mask(attn_mask, mask_name, dtype)
         if m.ndim == 2:
             if m.shape != (L, S):
                 raise ValueError(f"{mask_name}: expected shape ({L}, {S}) (L, S), got {m.shape}")
@@ -86,7 +98,7 @@ def _layer_masks(attn_mask, key_mask, N: int, H: int, L: int, S: int, dtype, *, 
         elif m.ndim != 4:
             raise ValueError(f"{mask_name}: expected shape (L, S), (N·num_heads, L, S) or (N, num_heads, L, S), "
                              f"got {m.shape}")
-        m = broadcast_mask(m if m.dtype == np.bool_ else m.astype(dtype, copy=False), (N, H, L, S), mask_name)
+        m = broadcast_mask(m, (N, H, L, S), mask_name)
         if m.dtype == np.bool_:
             bool_mask = m
         else:
@@ -133,10 +145,10 @@ class MultiheadAttention(Module):
         self.num_kv_heads = num_heads if num_kv_heads is None else check_positive_int(num_kv_heads, "num_kv_heads")
         if num_heads % self.num_kv_heads != 0:
             raise ValueError(f"num_kv_heads: expected a divisor of num_heads ({num_heads}), got {self.num_kv_heads}")
-        self.kdim = embed_dim if kdim is None else check_positive_int(kdim, "kdim")
-        self.vdim = embed_dim if vdim is None else check_positive_int(vdim, "vdim")
-        self.head_dim = embed_dim // num_heads
-        self.bias = bool(bias)
+        self.kdim = self.embed_dim if kdim is None else check_positive_int(kdim, "kdim")
+        self.vdim = self.embed_dim if vdim is None else check_positive_int(vdim, "vdim")
+        self.head_dim = self.embed_dim // self.num_heads
+        self.bias = check_bool(bias, "bias")
         self._impl = getattr(_core, "MultiheadAttention" + sfx)(
             self.embed_dim, self.num_heads, self.bias, self.kdim, self.vdim, self.num_kv_heads, 0)
         self._init_weights()
@@ -195,6 +207,11 @@ class MultiheadAttention(Module):
             TypeError: non-numeric input or a mask of the wrong dtype.
         """
         q = as_float(query, "query", self.dtype, ndim=3)
+        is_causal = check_bool(is_causal, "is_causal")
+        need_weights = check_bool(need_weights, "need_weights")
+        average_attn_weights = check_bool(average_attn_weights, "average_attn_weights")
+        path = attention_path(path)
+        layer = check_int(layer, "layer", 0)
         k = q if key is None else as_float(key, "key", self.dtype, ndim=3)
         v = k if value is None else as_float(value, "value", self.dtype, ndim=3)
         N, L, E = q.shape
@@ -222,7 +239,6 @@ class MultiheadAttention(Module):
             if not isinstance(past_key_values, KVCache) or past_key_values.dtype != self.dtype:
                 raise TypeError(f"past_key_values: expected a KVCache of {np.dtype(self.dtype).name}, "
                                 f"got {type(past_key_values).__name__}")
-            layer = check_int(layer, "layer", 0)
             c = past_key_values
             if (c.batch, c.num_kv_heads, c.head_dim) != (N, self.num_kv_heads, self.head_dim) or layer >= len(c):
                 raise ValueError(f"past_key_values: a cache of batch {c.batch}, {c.num_kv_heads} heads of {c.head_dim} "
@@ -257,7 +273,7 @@ class MultiheadAttention(Module):
                            key is not None or value is not None)
             return out, None
         result = self._impl.forward(q, None if self_attention else k, None if self_attention else v, *masks,
-                                    bool(is_causal), 0, bool(need_weights), path, cache_impl, int(layer),
+                                    is_causal, 0, need_weights, path, cache_impl, layer,
                                     rotary_impl, positions)
         if not need_weights:
             return result, None
@@ -304,7 +320,7 @@ class Linear(Module):
         sfx = self._init_dtype(dtype)
         self.in_features = check_positive_int(in_features, "in_features")
         self.out_features = check_positive_int(out_features, "out_features")
-        self._impl = getattr(_core, "Linear" + sfx)(self.in_features, self.out_features, bool(bias))
+        self._impl = getattr(_core, "Linear" + sfx)(self.in_features, self.out_features, check_bool(bias, "bias"))
         self._init_weights()
 
     def forward(self, x) -> np.ndarray:
@@ -371,7 +387,7 @@ class Embedding(Module):
             TypeError: non-integer ids. ValueError: an id out of range (named with its flat index),
             or empty input.
         """
-        ids = np.asarray(input_ids)
+        ids = to_numpy(input_ids, "input_ids")
         shape = ids.shape
         ids = as_ids(ids.reshape(-1), "input_ids", ndim=1)
         out = self._impl.forward(ids).reshape(shape + (self.embedding_dim,))
@@ -417,7 +433,8 @@ class FeedForward(Module):
         self.d_model = check_positive_int(d_model, "d_model")
         self.dim_feedforward = check_positive_int(dim_feedforward, "dim_feedforward")
         self.activation = _check_activation(activation)
-        self._impl = getattr(_core, "FeedForward" + sfx)(self.d_model, self.dim_feedforward, activation, bool(bias))
+        self._impl = getattr(_core, "FeedForward" + sfx)(self.d_model, self.dim_feedforward, activation,
+                                                         check_bool(bias, "bias"))
         self._init_weights()
 
     def forward(self, x) -> np.ndarray:
@@ -485,7 +502,7 @@ class GatedFeedForward(Module):
         self.dim_feedforward = check_positive_int(dim_feedforward, "dim_feedforward")
         self.activation = _check_activation(activation)
         self._impl = getattr(_core, "GatedFeedForward" + sfx)(self.d_model, self.dim_feedforward, activation,
-                                                               bool(bias))
+                                                               check_bool(bias, "bias"))
         self._init_weights()
 
     def forward(self, x) -> np.ndarray:
@@ -556,11 +573,13 @@ class TransformerEncoderLayer(Module):
             TypeError: non-numeric input or a mask of the wrong dtype.
         """
         x = as_float(src, "src", self.dtype, min_ndim=2)
+        is_causal = check_bool(is_causal, "is_causal")
+        path = attention_path(path)
         unbatched = x.ndim == 2
         if unbatched:
             x = x[None]
             if src_key_mask is not None:
-                src_key_mask = np.asarray(src_key_mask)[None]
+                src_key_mask = to_numpy(src_key_mask, "src_key_mask")[None]
         if x.ndim != 3:
             raise ValueError(f"src: expected (N, L, E) or (L, E), got shape {x.shape}")
         N, L, E = x.shape
@@ -598,11 +617,9 @@ def _check_layer_args(self, d_model, nhead, dim_feedforward, activation, layer_n
         raise ValueError(f"d_model: expected a multiple of nhead ({nhead}), got {d_model}")
     self.dim_feedforward = check_positive_int(dim_feedforward, "dim_feedforward")
     self.activation = _check_activation(activation)
-    if not layer_norm_eps >= 0:
-        raise ValueError(f"layer_norm_eps: expected a value >= 0, got {layer_norm_eps}")
-    self.layer_norm_eps = float(layer_norm_eps)
-    self.norm_first = bool(norm_first)
-    self.bias = bool(bias)
+    self.layer_norm_eps = check_eps(layer_norm_eps, "layer_norm_eps")
+    self.norm_first = check_bool(norm_first, "norm_first")
+    self.bias = check_bool(bias, "bias")
 
 
 def _layer_args(layer) -> tuple:
@@ -631,10 +648,8 @@ class LayerNorm(Module):
                 raise ValueError(f"normalized_shape: only the last dim is supported, got {normalized_shape}")
             normalized_shape = normalized_shape[0]
         self.normalized_size = check_positive_int(normalized_shape, "normalized_shape")
-        if not eps >= 0:
-            raise ValueError(f"eps: expected a value >= 0, got {eps}")
-        self.eps = float(eps)
-        self._impl = getattr(_core, "LayerNorm" + sfx)(self.normalized_size, self.eps, bool(bias))
+        self.eps = check_eps(eps, "eps")
+        self._impl = getattr(_core, "LayerNorm" + sfx)(self.normalized_size, self.eps, check_bool(bias, "bias"))
 
     def forward(self, x) -> np.ndarray:
         """``x (..., E) -> (..., E)`` in ``self.dtype``.
@@ -765,6 +780,9 @@ class TransformerDecoderLayer(Module):
         """
         x = as_float(tgt, "tgt", self.dtype, ndim=3)
         mem = as_float(memory, "memory", self.dtype, ndim=3)
+        tgt_is_causal = check_bool(tgt_is_causal, "tgt_is_causal")
+        memory_is_causal = check_bool(memory_is_causal, "memory_is_causal")
+        path = attention_path(path)
         N, T, E = x.shape
         if E != self.d_model:
             raise ValueError(f"tgt: expected last dim {self.d_model} (d_model), got shape {x.shape}")
@@ -812,6 +830,16 @@ class _Stack(Module):
         self.num_layers = check_positive_int(num_layers, "num_layers")
         if norm is not None and not isinstance(norm, LayerNorm):
             raise TypeError(f"norm: expected a transformer_core.nn.LayerNorm or None, got {type(norm).__name__}")
+        if norm is not None and norm.normalized_size != layer.d_model:
+            raise ValueError(f"norm: expected a LayerNorm of size {layer.d_model} (the layer's d_model), got "
+                             f"{norm.normalized_size}")
+        if norm is not None and norm.dtype != layer.dtype:
+            raise TypeError(f"norm: expected a LayerNorm of {np.dtype(layer.dtype).name} (the layer's dtype), got "
+                            f"{np.dtype(norm.dtype).name}")
+        # the copies' weights, all allocated by this loop: checked first (a silly num_layers is a
+        # ValueError, not hours of copying and the OOM killer)
+        per_layer = sum(int(np.prod(shape)) for shape in layer.parameter_shapes().values())
+        check_allocatable((self.num_layers, per_layer), np.dtype(layer.dtype).itemsize, "num_layers")
         self.dtype = layer.dtype
         state = layer.state_dict()
         self.layers = []

@@ -33,6 +33,7 @@ from typing import Callable
 import numpy as np
 
 from ._runtime import variant
+from ._validation import check_float
 from .parameter import Parameter
 
 __all__ = ["Optimizer", "Adam", "AdamW", "SGD", "NonFiniteGradientError", "clip_grad_norm_"]
@@ -66,13 +67,8 @@ def _named_parameters(params) -> list[tuple[str | None, Parameter]]:
 
 
 def _check_float(value, name: str, minimum: float = 0.0, below: float | None = None) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name}: expected a float, got {type(value).__name__}")
-    value = float(value)
-    if not value >= minimum or (below is not None and not value < below) or math.isnan(value):
-        bound = f"in [{minimum}, {below})" if below is not None else f">= {minimum}"
-        raise ValueError(f"{name}: expected a value {bound}, got {value}")
-    return value
+    """A finite hyperparameter in ``[minimum, below)`` (see ``_validation.check_float``)."""
+    return check_float(value, name, minimum=minimum, maximum=below, max_open=below is not None)
 
 
 class Optimizer:
@@ -104,6 +100,8 @@ class Optimizer:
         self._names: dict[int, str] = {}  # id(Parameter) -> name
         if isinstance(params, Parameter):
             raise TypeError("params: expected an iterable of Parameters, got a single Parameter (wrap it in a list)")
+        if params is None or isinstance(params, (str, bytes)) or not hasattr(params, "__iter__"):
+            raise TypeError(f"params: expected an iterable of Parameters, got {type(params).__name__}")
         params = list(params.items()) if isinstance(params, dict) else list(params)
         if not params:
             raise ValueError("params: expected at least one parameter, got an empty list")

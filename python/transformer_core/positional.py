@@ -22,13 +22,20 @@ dtype; the rotation runs in C++ over rows in parallel.
 
 from __future__ import annotations
 
-import math
-from numbers import Real
-
 import numpy as np
 
 from ._runtime import core, variant
-from ._validation import as_float, as_ids, check_eps, check_int, check_positive_int, compute_dtype, resolve_dtype
+from ._validation import (
+    as_float,
+    as_ids,
+    check_eps,
+    check_float,
+    check_int,
+    check_positive_int,
+    compute_dtype,
+    resolve_dtype,
+    rotary_layout,
+)
 from .module import Module
 
 __all__ = [
@@ -42,23 +49,9 @@ __all__ = [
     "apply_rotary_pos_emb",
 ]
 
-_LAYOUTS = ("half", "interleaved")
-
-
 
 def _check_base(base) -> float:
-    if isinstance(base, bool) or not isinstance(base, Real):
-        raise TypeError(f"base: expected a real number, got {type(base).__name__}")
-    base = float(base)
-    if not (math.isfinite(base) and base > 0):
-        raise ValueError(f"base: expected a finite number > 0, got {base}")
-    return base
-
-
-def _check_layout(layout) -> str:
-    if layout not in _LAYOUTS:
-        raise ValueError(f"layout: expected 'half' or 'interleaved', got {layout!r}")
-    return layout
+    return check_float(base, "base", minimum=0.0, min_open=True)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -285,7 +278,7 @@ class RotaryEmbedding:
             raise ValueError(f"head_dim: expected an even number (RoPE rotates pairs), got {head_dim}")
         self.max_position_embeddings = check_positive_int(max_position_embeddings, "max_position_embeddings")
         self.base = _check_base(base)
-        self.layout = _check_layout(layout)
+        self.layout = rotary_layout(layout)
         self._impl = variant("RotaryEmbedding", self.dtype)(self.head_dim, self.max_position_embeddings, self.base,
                                                            self.layout)
 
@@ -355,9 +348,9 @@ def rotate_half(x) -> np.ndarray:
 
 
 def _rotary_table(t, name: str, x_shape: tuple, D: int, layout: str, dtype) -> np.ndarray:
-    """cos or sin as the kernel's 2-D table ``(table_rows, W)`` for ``x`` of ``x_shape``:
-    ``W = D`` (half) or ``D/2`` (interleaved); row r of x reads table row ``r % table_rows``."""
-    t = as_float(t, name, dtype, min_ndim=2)
+    """cos or sin (already converted by :func:`_rotary_tables`) as the kernel's 2-D table
+    ``(table_rows, W)`` for ``x`` of ``x_shape``: ``W = D`` (half) or ``D/2`` (interleaved); row r
+    of x reads table row ``r % table_rows``."""
     W = t.shape[-1]
     if W not in (D, D // 2):
         raise ValueError(f"{name}: expected last dim {D} (head_dim) or {D // 2} (head_dim/2), got shape {t.shape}")
@@ -418,15 +411,23 @@ def apply_rotary(x, cos, sin, layout: str = "half") -> np.ndarray:
     return _apply_rotary(x, cos, sin, layout, "x", None)
 
 
+def _rotary_tables(cos, sin, dtype) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin converted to ``dtype`` (at least 2-D, the same shape)."""
+    c = as_float(cos, "cos", dtype, min_ndim=2)
+    s = as_float(sin, "sin", dtype, min_ndim=2)
+    if s.shape != c.shape:
+        raise ValueError(f"sin: expected the shape of cos {c.shape}, got {s.shape}")
+    return c, s
+
+
 def _apply_rotary(x, cos, sin, layout: str, name: str, dtype) -> np.ndarray:
-    layout = _check_layout(layout)
+    layout = rotary_layout(layout)
     x = as_float(x, name, dtype, min_ndim=2)
     D = x.shape[-1]
     if D % 2 != 0:
         raise ValueError(f"{name}: expected an even head_dim (last dim), got shape {x.shape}")
     dtype = x.dtype.type
-    if np.shape(sin) != np.shape(cos):
-        raise ValueError(f"sin: expected the shape of cos {np.shape(cos)}, got {np.shape(sin)}")
+    cos, sin = _rotary_tables(cos, sin, dtype)
     c = _rotary_table(cos, "cos", x.shape, D, layout, dtype)
     s = _rotary_table(sin, "sin", x.shape, D, layout, dtype)
     return variant("apply_rotary", dtype)(x, c, s, layout)

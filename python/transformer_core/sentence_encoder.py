@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ._validation import as_bool, as_float, check_allocatable, check_bool, check_int
 from .bert import BertModel
 from .hub import DEFAULT_MODEL
 from .tokenizer import Tokenizer
@@ -20,9 +21,19 @@ def mean_pool(last_hidden_state: np.ndarray, attention_mask: np.ndarray) -> np.n
         attention_mask: ``(N, L)``, 1 = real token.
 
     Returns:
-        ``(N, H)``, dtype of ``last_hidden_state``.
+        ``(N, H)``, dtype of ``last_hidden_state`` (float32 unless float64). A row with no real token
+        gives zeros.
+
+    Raises:
+        TypeError: non-numeric ``last_hidden_state``; a mask neither bool nor 0/1 numbers.
+        ValueError: wrong ranks, shapes that disagree, empty input, mask values other than 0/1.
     """
-    m = np.asarray(attention_mask, dtype=last_hidden_state.dtype)[..., None]  # (N, L, 1)
+    last_hidden_state = as_float(last_hidden_state, "last_hidden_state", ndim=3)
+    mask = as_bool(attention_mask, "attention_mask")
+    if mask.shape != last_hidden_state.shape[:2]:
+        raise ValueError(f"attention_mask: expected shape {last_hidden_state.shape[:2]} (last_hidden_state's N, L), "
+                         f"got {mask.shape}")
+    m = mask.astype(last_hidden_state.dtype)[..., None]                         # (N, L, 1)
     summed = (last_hidden_state * m).sum(axis=1)                                # (N, H)
     counts = np.maximum(m.sum(axis=1), 1e-9)                                     # (N, 1)
     return summed / counts
@@ -30,8 +41,23 @@ def mean_pool(last_hidden_state: np.ndarray, attention_mask: np.ndarray) -> np.n
 
 def cosine_similarity(a: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:
     """Cosine similarity matrix ``(N, M)`` between rows of ``a (N, H)`` and ``b (M, H)`` (``b = a``
-    by default)."""
-    b = a if b is None else b
+    by default). A zero row has similarity 0 with everything.
+
+    Returns:
+        ``(N, M)``, float64 if ``a`` (or ``b``) is float64, else float32.
+
+    Raises:
+        TypeError: non-numeric arrays. ValueError: not 2-D, empty, widths that differ, an
+            ``(N, M)`` result larger than this machine's memory.
+    """
+    a_in, b_in = a, b
+    a = as_float(a_in, "a", ndim=2)
+    b = a if b_in is None else as_float(b_in, "b", ndim=2)
+    if a.dtype != b.dtype:
+        a, b = a.astype(np.float64), b.astype(np.float64)
+    if b.shape[1] != a.shape[1]:
+        raise ValueError(f"b: expected rows of width {a.shape[1]} (a's), got shape {b.shape}")
+    check_allocatable((a.shape[0], b.shape[0]), a.dtype.itemsize, "a, b: the (N, M) similarity matrix")
     an = a / np.maximum(np.linalg.norm(a, axis=1, keepdims=True), 1e-12)
     bn = b / np.maximum(np.linalg.norm(b, axis=1, keepdims=True), 1e-12)
     return an @ bn.T
@@ -42,10 +68,23 @@ class SentenceEncoder:
 
     Args:
         model: a loaded :class:`BertModel`.
-        tokenizer: its :class:`Tokenizer`.
+        tokenizer: its :class:`Tokenizer` (an encoder tokenizer: ``max_length`` at most the model's
+            ``max_position_embeddings``).
+
+    Raises:
+        TypeError: ``model`` or ``tokenizer`` of another class. ValueError: a tokenizer that would
+            let sequences longer than the model's positions through.
     """
 
     def __init__(self, model: BertModel, tokenizer: Tokenizer):
+        if not isinstance(model, BertModel):
+            raise TypeError(f"model: expected a transformer_core.BertModel, got {type(model).__name__}")
+        if not isinstance(tokenizer, Tokenizer):
+            raise TypeError(f"tokenizer: expected a transformer_core.Tokenizer, got {type(tokenizer).__name__}")
+        positions = model.config.max_position_embeddings
+        if tokenizer.max_length is None or tokenizer.max_length > positions:
+            raise ValueError(f"tokenizer: expected an encoder tokenizer truncating to at most {positions} tokens "
+                             f"(the model's max_position_embeddings), got max_length={tokenizer.max_length}")
         self.model = model
         self.tokenizer = tokenizer
 
@@ -90,21 +129,16 @@ class SentenceEncoder:
         """
         if isinstance(sentences, str):
             sentences = [sentences]
-        elif isinstance(sentences, (bytes, bytearray)) or not hasattr(sentences, "__iter__"):
+        elif sentences is None or isinstance(sentences, (bytes, bytearray, dict)) or not hasattr(sentences, "__iter__"):
             raise TypeError(f"sentences: expected a str or an iterable of str, got {type(sentences).__name__}")
         sentences = list(sentences)
         for i, s in enumerate(sentences):
             if not isinstance(s, str):
                 raise TypeError(f"sentences: expected a list of str, got {type(s).__name__} at index {i}")
-        if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)):
-            raise TypeError(f"batch_size: expected an int, got {type(batch_size).__name__}")
-        if batch_size < 1:
-            raise ValueError(f"batch_size: expected an int >= 1, got {batch_size}")
-        batch_size = int(batch_size)
-        if not isinstance(normalize, (bool, np.bool_)):
-            raise TypeError(f"normalize: expected a bool, got {type(normalize).__name__}")
-        if progress is not None and not isinstance(progress, (bool, np.bool_)):
-            raise TypeError(f"progress: expected a bool or None, got {type(progress).__name__}")
+        batch_size = check_int(batch_size, "batch_size", 1)
+        normalize = check_bool(normalize, "normalize")
+        if progress is not None:
+            progress = check_bool(progress, "progress")
         out = np.zeros((len(sentences), self.dim), dtype=self.model.dtype)
         if not sentences:
             return out

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ._validation import check_bool, check_choice, check_int, check_optional_int, to_numpy
 from .hub import resolve_model_path
 
 __all__ = ["Tokenizer", "TextStream", "GGUF_PRE_TOKENIZERS"]
@@ -67,9 +68,11 @@ class Tokenizer:
                  bos_token: str | None = None, eos_token: str | None = None, unk_token: str | None = None,
                  chat_template: str | None = None):
         self._tok = tokenizer
-        self.max_length = None if max_length is None else int(max_length)
-        if self.max_length is not None and self.max_length < 1:
-            raise ValueError(f"max_length: expected a positive int or None, got {max_length}")
+        self.max_length = check_optional_int(max_length, "max_length", 1)
+        for name, token in (("pad_token", pad_token), ("bos_token", bos_token), ("eos_token", eos_token),
+                            ("unk_token", unk_token), ("chat_template", chat_template)):
+            if token is not None and not isinstance(token, str):
+                raise TypeError(f"{name}: expected a str or None, got {type(token).__name__}")
         self.bos_token, self.eos_token, self.unk_token = bos_token, eos_token, unk_token
         for name, token in (("bos_token", bos_token), ("eos_token", eos_token), ("unk_token", unk_token)):
             if token is not None and tokenizer.token_to_id(token) is None:
@@ -190,21 +193,29 @@ class Tokenizer:
         """
         if not isinstance(text, str):
             raise TypeError(f"text: expected a str, got {type(text).__name__}")
-        return self._tok.encode(text, add_special_tokens=bool(add_special_tokens)).ids
+        add_special_tokens = check_bool(add_special_tokens, "add_special_tokens")
+        return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
 
     def tokenize(self, text: str, add_special_tokens: bool = True) -> list[str]:
         """The tokens (strings, in the vocabulary's spelling) of one text."""
         if not isinstance(text, str):
             raise TypeError(f"text: expected a str, got {type(text).__name__}")
-        return self._tok.encode(text, add_special_tokens=bool(add_special_tokens)).tokens
+        add_special_tokens = check_bool(add_special_tokens, "add_special_tokens")
+        return self._tok.encode(text, add_special_tokens=add_special_tokens).tokens
 
     def decode(self, ids, skip_special_tokens: bool = True) -> str:
         """Text from token ids.
 
+        Args:
+            ids: a list (or 1-D array, or one int) of token ids.
+            skip_special_tokens: leave special tokens out of the text.
+
         Raises:
-            TypeError: an id that is not an int. ValueError: an id outside ``[0, vocab_size)``.
+            TypeError: an id that is not an int, ``ids`` not a list/array of ints.
+            ValueError: an id outside ``[0, vocab_size)``.
         """
-        return self._tok.decode(self._check_ids(ids), skip_special_tokens=bool(skip_special_tokens))
+        skip_special_tokens = check_bool(skip_special_tokens, "skip_special_tokens")
+        return self._tok.decode(self._check_ids(ids), skip_special_tokens=skip_special_tokens)
 
     def encode_batch(self, texts, add_special_tokens: bool = True, padding_side: str = "right") -> dict[str, np.ndarray]:
         """Tokenizes a batch, padded to its longest member (an encoder tokenizer also truncates to
@@ -222,14 +233,17 @@ class Tokenizer:
         Raises:
             TypeError: ``texts`` not a list of str. ValueError: an empty list, a bad ``padding_side``.
         """
-        if isinstance(texts, str) or not all(isinstance(t, str) for t in texts):
-            raise TypeError("texts: expected a list of str")
+        if not isinstance(texts, (list, tuple)) or not all(isinstance(t, str) for t in texts):
+            raise TypeError(f"texts: expected a list of str, got {type(texts).__name__}")
         texts = list(texts)
         if not texts:
             raise ValueError("texts: expected at least one text, got an empty list")
-        if padding_side not in ("right", "left") or (padding_side == "left" and self.max_length is not None):
-            raise ValueError(f"padding_side: expected 'right' (or 'left' for a causal-LM tokenizer), got {padding_side!r}")
-        encs = self._tok.encode_batch(texts, add_special_tokens=bool(add_special_tokens))
+        add_special_tokens = check_bool(add_special_tokens, "add_special_tokens")
+        padding_side = check_choice(padding_side, "padding_side", ("right", "left"))
+        if padding_side == "left" and self.max_length is not None:
+            raise ValueError("padding_side: expected 'right' for an encoder tokenizer ('left' is for a causal-LM "
+                             "tokenizer), got 'left'")
+        encs = self._tok.encode_batch(texts, add_special_tokens=add_special_tokens)
         if self.max_length is not None:  # padded by the tokenizers package
             return {
                 "input_ids": np.array([e.ids for e in encs], dtype=np.int64),
@@ -321,7 +335,7 @@ class Tokenizer:
 
     def id_to_token(self, token_id: int) -> str | None:
         """The token (vocabulary spelling, ``"Ġworld"`` for byte-level BPE) of an id, or None."""
-        return self._tok.id_to_token(int(token_id))
+        return self._tok.id_to_token(check_int(token_id, "token_id", None, None))
 
     @property
     def backend(self):
@@ -329,10 +343,15 @@ class Tokenizer:
         return self._tok
 
     def _check_ids(self, ids) -> list[int]:
-        if isinstance(ids, np.ndarray):
-            if ids.dtype.kind not in "iu":
-                raise TypeError(f"ids: expected integer token ids, got dtype {ids.dtype}")
-            ids = ids.reshape(-1).tolist()
+        if isinstance(ids, (int, np.integer)) and not isinstance(ids, bool):
+            ids = [ids]
+        elif isinstance(ids, (str, bytes, dict)) or ids is None or not hasattr(ids, "__iter__"):
+            raise TypeError(f"ids: expected a list of int token ids, got {type(ids).__name__}")
+        elif not isinstance(ids, (list, tuple)):  # numpy arrays, torch tensors
+            arr = to_numpy(ids, "ids")
+            if arr.dtype.kind not in "iu":
+                raise TypeError(f"ids: expected integer token ids, got dtype {arr.dtype}")
+            ids = arr.reshape(-1).tolist()
         out = []
         n = self.vocab_size
         for i in ids:
@@ -441,19 +460,32 @@ def _is_causal_lm(model_dir: Path) -> bool:
 
 
 def _default_max_length(model_dir: Path) -> int:
-    for fname, key in (("sentence_bert_config.json", "max_seq_length"),
-                       ("tokenizer_config.json", "model_max_length"),
-                       ("config.json", "max_position_embeddings"),
-                       ("config.json", "n_positions")):
-        p = model_dir / fname
-        if p.is_file():
-            try:
-                value = json.loads(p.read_text()).get(key)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(value, int) and 0 < value <= 1_000_000:
-                return value
-    return 512
+    """The encoder tokenizer's truncation length: the first of ``sentence_bert_config.json``'s
+    ``max_seq_length``, ``tokenizer_config.json``'s ``model_max_length`` (unless it is
+    transformers' "no limit" placeholder, a huge number), ``config.json``'s
+    ``max_position_embeddings`` / ``n_positions``, else 512.
+
+    Raises:
+        ValueError: naming the file: a JSON file that is not valid, a ``max_seq_length`` that is not
+            a positive int, or one longer than the model's positions (``max_position_embeddings``).
+    """
+    sbert = _read_json_object(model_dir / "sentence_bert_config.json")
+    config = _read_json_object(model_dir / "config.json")
+    positions = config.get("max_position_embeddings", config.get("n_positions"))
+    positions = positions if isinstance(positions, int) and not isinstance(positions, bool) and positions > 0 else None
+    if "max_seq_length" in sbert:
+        value = sbert["max_seq_length"]
+        path = model_dir / "sentence_bert_config.json"
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{path}: max_seq_length: expected a positive int, got {value!r}")
+        if positions is not None and value > positions:
+            raise ValueError(f"{path}: max_seq_length: expected at most {positions} (config.json's "
+                             f"max_position_embeddings), got {value}")
+        return value
+    value = _read_json_object(model_dir / "tokenizer_config.json").get("model_max_length")
+    if isinstance(value, int) and not isinstance(value, bool) and 0 < value <= 1_000_000:
+        return value if positions is None else min(value, positions)
+    return positions if positions is not None else 512
 
 
 # ------------------------------------------------------------------------------------------------

@@ -15,6 +15,9 @@ KVCache<T>::KVCache(int64_t num_layers, int64_t batch, int64_t num_kv_heads, int
   ops::require_positive(num_kv_heads, "num_kv_heads");
   ops::require_positive(head_dim, "head_dim");
   ops::require_positive(capacity, "capacity");
+  // every layer's keys and values, checked before the per-layer storage (a vector of num_layers) exists
+  ops::require_weights({{2, std::max<int64_t>(num_layers, 1), batch, num_kv_heads, capacity, head_dim}}, sizeof(T),
+                       "num_layers, batch, num_kv_heads, head_dim, capacity");
   keys_.resize(static_cast<size_t>(num_layers));
   values_.resize(static_cast<size_t>(num_layers));
   reserve(capacity);
@@ -25,11 +28,10 @@ void KVCache<T>::reserve(int64_t total) {
   if (total <= capacity_) return;
   const int64_t new_cap = std::max(total, 2 * capacity_);
   // keys and values of every layer: 2 · layers · N · H_kv · new_cap · D values
-  const int64_t per_layer = ops::checked_product({batch_, num_kv_heads_, new_cap, head_dim_}, "KVCache capacity");
-  const int64_t all = ops::checked_product({2, std::max<int64_t>(num_layers(), 1), per_layer}, "KVCache capacity");
-  ops::require_allocatable(all, static_cast<int64_t>(sizeof(T)), "KVCache capacity");
+  ops::require_weights({{2, std::max<int64_t>(num_layers(), 1), batch_, num_kv_heads_, new_cap, head_dim_}}, sizeof(T),
+                       "total (the KVCache capacity asked for)");
   auto grow = [&](xt::xtensor<T, 4>& old) {
-    xt::xtensor<T, 4> fresh = allocate<T, 4>({batch_, num_kv_heads_, new_cap, head_dim_}, "KVCache capacity");
+    xt::xtensor<T, 4> fresh = allocate<T, 4>({batch_, num_kv_heads_, new_cap, head_dim_}, "total (the KVCache capacity asked for)");
     for (int64_t nh = 0; nh < batch_ * num_kv_heads_; ++nh)  // the filled [:length] block of every (n, h)
       std::copy(old.data() + nh * capacity_ * head_dim_, old.data() + nh * capacity_ * head_dim_ + length_ * head_dim_,
                 fresh.data() + nh * new_cap * head_dim_);

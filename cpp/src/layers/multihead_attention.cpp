@@ -39,6 +39,8 @@ MultiheadAttention<T>::MultiheadAttention(int64_t embed_dim, int64_t num_heads, 
       vdim_(vdim > 0 ? vdim : embed_dim),
       bias_(bias),
       packed_(kdim_ == embed_dim && vdim_ == embed_dim),
+      weights_check_({{q_dim_, embed_dim}, {kv_dim_, kdim_}, {kv_dim_, vdim_}, {embed_dim, q_dim_}}, sizeof(T),
+                     "embed_dim, num_heads, kdim, vdim"),
       out_proj_(q_dim_, embed_dim, bias) {
   if (num_heads % num_kv_heads_ != 0)
     throw std::invalid_argument("num_kv_heads: expected a divisor of num_heads (" + to_string(num_heads) + "), got " +

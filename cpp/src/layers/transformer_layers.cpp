@@ -23,6 +23,7 @@ TransformerEncoderLayer<T>::TransformerEncoderLayer(int64_t d_model, int64_t nhe
                                                     bool bias)
     : d_model_(d_model),
       norm_first_(norm_first),
+      weights_check_({{4, d_model, d_model}, {2, d_model, dim_feedforward}}, sizeof(T), "d_model, dim_feedforward"),
       self_attn_(d_model, nhead, bias),
       ff_(d_model, dim_feedforward, activation, bias),
       norm1_(d_model, layer_norm_eps, bias),
@@ -74,6 +75,7 @@ TransformerDecoderLayer<T>::TransformerDecoderLayer(int64_t d_model, int64_t nhe
                                                     bool bias)
     : d_model_(d_model),
       norm_first_(norm_first),
+      weights_check_({{8, d_model, d_model}, {2, d_model, dim_feedforward}}, sizeof(T), "d_model, dim_feedforward"),
       self_attn_(d_model, nhead, bias),
       cross_attn_(d_model, nhead, bias),
       ff_(d_model, dim_feedforward, activation, bias),

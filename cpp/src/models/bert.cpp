@@ -1,5 +1,6 @@
 #include "transformer_core/models/bert.hpp"
 
+#include <cmath>
 #include <stdexcept>
 #include <string>
 
@@ -21,8 +22,28 @@ const BertConfig& checked(const BertConfig& c) {
   if (c.hidden_size % c.num_attention_heads != 0)
     throw std::invalid_argument("hidden_size: expected a multiple of num_attention_heads (" +
                                 to_string(c.num_attention_heads) + "), got " + to_string(c.hidden_size));
-  if (!(c.layer_norm_eps >= 0))
-    throw std::invalid_argument("layer_norm_eps: expected a value >= 0, got " + std::to_string(c.layer_norm_eps));
+  if (!(c.layer_norm_eps >= 0 && std::isfinite(c.layer_norm_eps)))
+    throw std::invalid_argument("layer_norm_eps: expected a finite value >= 0, got " + std::to_string(c.layer_norm_eps));
+  return c;
+}
+
+// Every weight of the model, checked (64-bit, against memory) before the first is allocated: the
+// embedding tables, then per layer 4 H² (q, k, v, out) + 2 H·I (the feed-forward) and the small
+// vectors, and the pooler H².
+template <class T>
+const BertConfig& checked_sizes(const BertConfig& c) {
+  const int64_t H = c.hidden_size, I = c.intermediate_size;
+  ops::require_weights({{c.vocab_size, H},
+                        {c.max_position_embeddings, H},
+                        {c.type_vocab_size, H},
+                        {c.num_hidden_layers, 4, H, H},
+                        {c.num_hidden_layers, 2, H, I},
+                        {c.num_hidden_layers, 10, H},
+                        {c.num_hidden_layers, I},
+                        {2, H, H}},
+                       sizeof(T),
+                       "vocab_size, hidden_size, num_hidden_layers, intermediate_size, max_position_embeddings, "
+                       "type_vocab_size");
   return c;
 }
 
@@ -40,7 +61,7 @@ layers::EmbeddingsConfig embeddings_config(const BertConfig& c) {
 }  // namespace
 
 template <class T>
-BertModel<T>::BertModel(const BertConfig& c) : config_(checked(c)), embeddings_(embeddings_config(c)) {
+BertModel<T>::BertModel(const BertConfig& c) : config_(checked_sizes<T>(checked(c))), embeddings_(embeddings_config(c)) {
   this->register_module("embeddings", embeddings_);
   const int64_t H = c.hidden_size;
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {

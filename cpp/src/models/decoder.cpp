@@ -23,11 +23,40 @@ const DecoderConfig& checked(const DecoderConfig& c) {
   ops::require_positive(c.num_heads, "num_attention_heads");
   ops::require_nonnegative(c.num_kv_heads, "num_key_value_heads");
   ops::require_nonnegative(c.head_dim, "head_dim");
+  if (c.head_dim == 0 && c.hidden_size % c.num_heads != 0)
+    throw std::invalid_argument("hidden_size: expected a multiple of num_attention_heads (" + to_string(c.num_heads) +
+                                "), got " + to_string(c.hidden_size));
+  const int64_t kv_heads = c.num_kv_heads > 0 ? c.num_kv_heads : c.num_heads;
+  if (c.num_heads % kv_heads != 0)
+    throw std::invalid_argument("num_key_value_heads: expected a divisor of num_attention_heads (" +
+                                to_string(c.num_heads) + "), got " + to_string(kv_heads));
   ops::require_positive(c.intermediate_size, "intermediate_size");
   ops::require_positive(c.max_positions, "max_position_embeddings");
-  if (!(c.norm_eps >= 0)) throw std::invalid_argument("norm eps: expected a value >= 0, got " + std::to_string(c.norm_eps));
+  if (!(c.norm_eps >= 0 && std::isfinite(c.norm_eps)))
+    throw std::invalid_argument("norm_eps: expected a finite value >= 0, got " + std::to_string(c.norm_eps));
   if (!c.learned_positions && !(c.rope_theta > 0 && std::isfinite(c.rope_theta)))
     throw std::invalid_argument("rope_theta: expected a finite value > 0, got " + std::to_string(c.rope_theta));
+  return c;
+}
+
+// Every weight of the model, checked (64-bit, against memory) before the first is allocated: the
+// token (and position) tables and the LM head, then per layer q/out (H · heads·D each), k/v
+// (H · kv_heads·D each), the MLP (2 or 3 H·I) and the norms.
+template <class T>
+const DecoderConfig& checked_sizes(const DecoderConfig& c) {
+  const int64_t H = c.hidden_size, I = c.intermediate_size, Lyr = c.num_layers;
+  const int64_t D = c.head_dim > 0 ? c.head_dim : H / c.num_heads;
+  const int64_t kv = c.num_kv_heads > 0 ? c.num_kv_heads : c.num_heads;
+  ops::require_weights({{2, c.vocab_size, H},
+                        {c.learned_positions ? c.max_positions : 0, H},
+                        {c.learned_positions ? 0 : c.max_positions, D},
+                        {Lyr, 2, c.num_heads, D, H},
+                        {Lyr, 2, kv, D, H},
+                        {Lyr, c.gated_mlp ? 3 : 2, H, I},
+                        {Lyr, 8, H}},
+                       sizeof(T),
+                       "vocab_size, hidden_size, num_hidden_layers, num_attention_heads, head_dim, intermediate_size, "
+                       "max_position_embeddings");
   return c;
 }
 
@@ -66,7 +95,7 @@ void DecoderBlock<T>::forward(T* h, int64_t N, int64_t L, const layers::Attentio
 }
 
 template <class T>
-DecoderModel<T>::DecoderModel(const DecoderConfig& c) : config_(checked(c)), embed_tokens_(c.vocab_size, c.hidden_size) {
+DecoderModel<T>::DecoderModel(const DecoderConfig& c) : config_(checked_sizes<T>(checked(c))), embed_tokens_(c.vocab_size, c.hidden_size) {
   if (c.learned_positions) {
     embed_positions_ = std::make_unique<layers::Embedding<T>>(c.max_positions, c.hidden_size);
   }

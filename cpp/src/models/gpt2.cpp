@@ -2,6 +2,8 @@
 
 #include <string>
 
+#include "transformer_core/ops/checks.hpp"
+
 namespace transformer_core::models {
 
 namespace {
@@ -11,7 +13,7 @@ DecoderConfig decoder_config(const GPT2Config& c) {
   d.hidden_size = c.n_embd;
   d.num_layers = c.n_layer;
   d.num_heads = c.n_head;
-  d.intermediate_size = c.n_inner > 0 ? c.n_inner : 4 * c.n_embd;
+  d.intermediate_size = c.n_inner > 0 ? c.n_inner : ops::checked_product({4, c.n_embd}, "n_embd");
   d.max_positions = c.n_positions;
   d.norm = ops::NormKind::kLayerNorm;
   d.norm_eps = c.layer_norm_epsilon;

@@ -42,4 +42,17 @@ void require_allocatable(int64_t elements, int64_t element_size, const std::stri
                                 " bytes exceed this machine's memory (" + to_string(limit) + " bytes)");
 }
 
+int64_t checked_sum(int64_t a, int64_t b, const std::string& name) {
+  if (a > std::numeric_limits<int64_t>::max() - b)
+    throw std::invalid_argument(name + ": the sizes' sum overflows 64 bits");
+  return a + b;
+}
+
+void require_weights(std::initializer_list<std::initializer_list<int64_t>> shapes, int64_t element_size,
+                     const std::string& names) {
+  int64_t total = 0;
+  for (const auto& dims : shapes) total = checked_sum(total, checked_product(dims, names), names);
+  require_allocatable(total, element_size, names);
+}
+
 }  // namespace transformer_core::ops

@@ -8,16 +8,17 @@
 
 #include "transformer_core/kernels/parallel.hpp"
 #include "transformer_core/kernels/positional.hpp"
+#include "transformer_core/ops/checks.hpp"
 
 namespace transformer_core::ops {
 
 namespace {
-void check_nonnegative(int64_t v, const char* what) {
-  if (v < 0) throw std::invalid_argument(std::string(what) + " must be >= 0, got " + std::to_string(v));
+void check_nonnegative(int64_t v, const char* name) {
+  if (v < 0) throw std::invalid_argument(std::string(name) + ": expected a size >= 0, got " + std::to_string(v));
 }
-void check_base(double base, const char* op) {
+void check_base(double base) {
   if (!(base > 0.0) || !std::isfinite(base))
-    throw std::invalid_argument(std::string(op) + ": base must be a finite value > 0, got " + std::to_string(base));
+    throw std::invalid_argument("base: expected a finite value > 0, got " + std::to_string(base));
 }
 // Rows per task so that a task holds ~16K elements: small tables stay serial.
 int64_t row_grain(int64_t n) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(n, 1)); }
@@ -25,10 +26,9 @@ int64_t row_grain(int64_t n) { return std::max<int64_t>(1, 16384 / std::max<int6
 
 template <class T>
 void sinusoidal_positional_encoding(T* out, int64_t max_len, int64_t d_model, double base) {
-  check_nonnegative(max_len, "sinusoidal_positional_encoding: max_len");
-  if (d_model < 1)
-    throw std::invalid_argument("sinusoidal_positional_encoding: d_model must be >= 1, got " + std::to_string(d_model));
-  check_base(base, "sinusoidal_positional_encoding");
+  check_nonnegative(max_len, "max_len");
+  if (d_model < 1) throw std::invalid_argument("d_model: expected a size >= 1, got " + std::to_string(d_model));
+  check_base(base);
   // inv_freq: [ceil(d_model / 2)], one frequency per (sin, cos) pair; the last pair of an odd
   // d_model has only its sin column.
   std::vector<double> inv_freq(static_cast<size_t>((d_model + 1) / 2));
@@ -41,11 +41,12 @@ void sinusoidal_positional_encoding(T* out, int64_t max_len, int64_t d_model, do
 
 template <class T>
 void rotary_cos_sin(T* cos, T* sin, int64_t seq_len, int64_t head_dim, double base, int64_t offset) {
-  check_nonnegative(seq_len, "rotary_cos_sin: seq_len");
-  check_nonnegative(offset, "rotary_cos_sin: offset");
+  check_nonnegative(seq_len, "seq_len");
+  check_nonnegative(offset, "offset");
+  checked_sum(offset, seq_len, "offset + seq_len");  // the last position must be an int64
   if (head_dim < 2 || head_dim % 2 != 0)
-    throw std::invalid_argument("rotary_cos_sin: head_dim must be even and >= 2, got " + std::to_string(head_dim));
-  check_base(base, "rotary_cos_sin");
+    throw std::invalid_argument("head_dim: expected an even size >= 2, got " + std::to_string(head_dim));
+  check_base(base);
   const int64_t half = head_dim / 2;
   std::vector<double> inv_freq(static_cast<size_t>(half));  // [head_dim / 2]
   kernels::inverse_frequencies(base, head_dim, half, inv_freq.data());

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 
 #include "transformer_core/kernels/fast_math.hpp"
 
@@ -107,31 +108,51 @@ inline void centered_sums(const T* x, int64_t n, double mu, double* sum, double*
 
 // mean and rstd = 1 / sqrt(var + eps) of one row, in double, by the corrected two-pass algorithm
 // (Chan, Golub & LeVeque 1983): μ₀ from a compensated sum, then d = x - μ₀,
-// mean = μ₀ + Σd / n,  var = (Σd² - (Σd)² / n) / n. LayerNorm's forward and backward share it.
+// mean = μ₀ + δ with δ = Σd / n,  var = (Σd² - (Σd)² / n) / n. The mean is returned in two parts
+// (μ₀, δ): x - μ₀ is exact for x near μ₀ (Sterbenz), so (x - μ₀) - δ keeps the digits that
+// x - (μ₀ + δ) would round away on rows like 1e8 + N(0, 0.1) (a float64 mean there has an ulp of
+// 1.5e-8, a tenth of a percent of σ). LayerNorm's forward and backward share it.
 template <class T>
-inline void layer_norm_stats(const T* x, int64_t n, double eps, double& mean, double& rstd) {
+inline void layer_norm_stats(const T* x, int64_t n, double eps, double& mu0, double& delta, double& rstd) {
   const double inv_n = 1.0 / static_cast<double>(n);
-  const double mu0 = row_sum(x, n) * inv_n;
+  mu0 = row_sum(x, n) * inv_n;
   double sd = 0, sd2 = 0;
   centered_sums(x, n, mu0, &sd, &sd2);
-  mean = mu0 + sd * inv_n;
+  delta = sd * inv_n;
   const double var = std::max(0.0, (sd2 - sd * sd * inv_n) * inv_n);
   rstd = 1.0 / std::sqrt(var + eps);
 }
 
+template <class T>
+inline void layer_norm_stats(const T* x, int64_t n, double eps, double& mean, double& rstd) {
+  double mu0 = 0, delta = 0;
+  layer_norm_stats(x, n, eps, mu0, delta, rstd);
+  mean = mu0 + delta;
+}
+
 // LayerNorm of one row (Ba et al. 2016):  y = (x - mean) / sqrt(var + eps) · weight + bias
-// weight, bias: [n] or nullptr (no affine).  x and y may alias.
+// weight, bias: [n] or nullptr (no affine).  x and y may alias. float rows subtract the mean
+// rounded to float (their own precision); double rows subtract it in two parts (see above).
 template <class T>
 inline void layer_norm_row(const T* x, int64_t n, const T* weight, const T* bias, T eps, T* y) {
-  double mean = 0, rstd_d = 0;
-  layer_norm_stats(x, n, static_cast<double>(eps), mean, rstd_d);
+  double mu0 = 0, delta = 0, rstd_d = 0;
+  layer_norm_stats(x, n, static_cast<double>(eps), mu0, delta, rstd_d);
   const T rstd = static_cast<T>(rstd_d);
-  const T mu = static_cast<T>(mean);
-  for (int64_t j = 0; j < n; ++j) {
-    T v = (x[j] - mu) * rstd;
-    if (weight != nullptr) v *= weight[j];
-    if (bias != nullptr) v += bias[j];
-    y[j] = v;
+  if constexpr (std::is_same_v<T, double>) {
+    for (int64_t j = 0; j < n; ++j) {
+      T v = ((x[j] - mu0) - delta) * rstd;
+      if (weight != nullptr) v *= weight[j];
+      if (bias != nullptr) v += bias[j];
+      y[j] = v;
+    }
+  } else {
+    const T mu = static_cast<T>(mu0 + delta);
+    for (int64_t j = 0; j < n; ++j) {
+      T v = (x[j] - mu) * rstd;
+      if (weight != nullptr) v *= weight[j];
+      if (bias != nullptr) v += bias[j];
+      y[j] = v;
+    }
   }
 }
 

@@ -11,9 +11,12 @@
 
 namespace transformer_core {
 
-// Threads the library uses; set_num_threads() changes it, OMP_NUM_THREADS sets the default.
+// Threads the library uses: one process-wide count (runtime.cpp). set_num_threads() changes it for
+// every thread, OMP_NUM_THREADS sets the default, and an OpenMP limit set in the calling thread
+// (threadpoolctl) can lower it there. n outside [1, kMaxThreads]: std::invalid_argument.
+constexpr int kMaxThreads = 1024;
 int get_num_threads();
-void set_num_threads(int n);
+void set_num_threads(int64_t n);
 
 namespace kernels {
 

@@ -51,6 +51,7 @@ class FeedForward : public Mlp<T> {
   void release_activations() override;
 
  private:
+  ops::WeightsCheck weights_check_;  // first: the sizes are checked before linear1_ allocates
   Linear<T> linear1_, linear2_;
   Activation activation_;
   struct Saved {
@@ -81,6 +82,7 @@ class GatedFeedForward : public Mlp<T> {
   void release_activations() override;
 
  private:
+  ops::WeightsCheck weights_check_;  // first: the sizes are checked before gate_up_proj_ allocates
   Linear<T> gate_up_proj_, down_proj_;
   Activation activation_;
   struct Saved {

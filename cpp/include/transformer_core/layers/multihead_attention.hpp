@@ -116,6 +116,7 @@ class MultiheadAttention : public Module<T> {
   std::unique_ptr<Linear<T>> in_proj_;                   // packed: [Hq + 2·Hkv, E], bias [Hq + 2·Hkv]
   std::unique_ptr<Linear<T>> q_proj_, k_proj_, v_proj_;  // separate (kdim/vdim ≠ E), no bias of their own
   xt::xtensor<T, 1> in_proj_bias_;                       // separate: [Hq + 2·Hkv]
+  ops::WeightsCheck weights_check_;                      // before out_proj_ (and the body) allocate
   Linear<T> out_proj_;                                   // [E, Hq]
 
   // What the training forward keeps for the backward.

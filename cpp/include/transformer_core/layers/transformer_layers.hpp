@@ -71,6 +71,7 @@ class TransformerEncoderLayer : public Module<T> {
 
   int64_t d_model_;
   bool norm_first_;
+  ops::WeightsCheck weights_check_;  // before the sublayers allocate
   MultiheadAttention<T> self_attn_;
   FeedForward<T> ff_;
   LayerNorm<T> norm1_, norm2_;
@@ -107,6 +108,7 @@ class TransformerDecoderLayer : public Module<T> {
  private:
   int64_t d_model_;
   bool norm_first_;
+  ops::WeightsCheck weights_check_;  // before the sublayers allocate
   MultiheadAttention<T> self_attn_, cross_attn_;
   FeedForward<T> ff_;
   LayerNorm<T> norm1_, norm2_, norm3_;

@@ -116,7 +116,9 @@ class DecoderModel : public layers::Module<T> {
   void logits(const T* hidden, int64_t rows, T* logits) const;
 
   const DecoderConfig& config() const { return config_; }
-  int64_t head_dim() const { return blocks_.empty() ? config_.head_dim : blocks_[0]->attn().head_dim(); }
+  int64_t head_dim() const {
+    return config_.head_dim > 0 ? config_.head_dim : config_.hidden_size / config_.num_heads;
+  }
 
   // ---- training (decoder_train.cpp) ----
   // The next-token loss: targets [N, L] (the label of each position's next token, already shifted;

@@ -24,6 +24,25 @@ void require_allocatable(int64_t elements, int64_t element_size, const std::stri
 // The machine's physical memory in bytes (the bound of require_allocatable).
 int64_t physical_memory_bytes();
 
+// Σ over `shapes` of Π dims, in checked 64-bit arithmetic, then require_allocatable: the weights of a
+// layer or model, checked before the first of them is allocated. `names` names the arguments the
+// sizes come from ("d_model, dim_feedforward"), so the error names what the caller gave.
+void require_weights(std::initializer_list<std::initializer_list<int64_t>> shapes, int64_t element_size,
+                     const std::string& names);
+
+// a + b, or throws (naming `name`) if the sum overflows int64 (both >= 0).
+int64_t checked_sum(int64_t a, int64_t b, const std::string& name);
+
+// The first member of a layer that owns weights: constructing it runs require_weights, so a size no
+// machine can hold is a std::invalid_argument before any member allocates (members are built in
+// declaration order).
+struct WeightsCheck {
+  WeightsCheck(std::initializer_list<std::initializer_list<int64_t>> shapes, int64_t element_size,
+               const std::string& names) {
+    require_weights(shapes, element_size, names);
+  }
+};
+
 std::string to_string(int64_t v);
 
 }  // namespace transformer_core::ops

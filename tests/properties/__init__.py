@@ -1,0 +1,1 @@
+"""Property-based tests of the README's contract on bad input (see harness.py)."""

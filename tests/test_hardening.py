@@ -1,0 +1,417 @@
+"""The classes of bad input found by a hostile review, each with its examples (the property suite,
+test_properties.py, covers the classes at large):
+
+1. huge sizes neither hang nor overflow;  2. sizes no machine can hold are a named ValueError, not
+MemoryError or the OOM killer;  3. wrong-typed config fields are named;  4. no silent wrong answer;
+5. errors name the argument;  6. real checkpoints load in every float dtype (bf16, fp16);
+7. CLI errors are one line, exit code 2;
+9. the thread count is process-wide;  10. float64 LayerNorm on rows far from zero.
+(8, GPT-2 with left padding, is tested in test_models_gpt2.py; the split-KV determinism of 9 in
+test_ops_flash_attention.py.)
+
+Calls that used to hang or exhaust memory run in a subprocess with a timeout, so a regression fails
+one test instead of the run.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import threading
+from fractions import Fraction
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import transformer_core as tc
+from conftest import MODEL_DIR, SENTENCES
+
+ROOT = Path(__file__).resolve().parent.parent
+F = tc.functional
+
+
+def run_isolated(code: str, timeout: float = 120) -> str:
+    """Runs ``code`` in a fresh interpreter (a hang or a crash fails this test only); returns the
+    ``Type: message`` of the exception it raises (the code must raise)."""
+    wrapped = ("import numpy as np, transformer_core as tc\nF = tc.functional\ntry:\n"
+               + "".join(f"    {line}\n" for line in code.strip().splitlines())
+               + "except Exception as e:\n    print(type(e).__name__ + ': ' + str(e))\nelse:\n    print('NO ERROR')\n")
+    import os
+
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "python"), env.get("PYTHONPATH")]))
+    p = subprocess.run([sys.executable, "-c", wrapped], capture_output=True, text=True, timeout=timeout, env=env)
+    assert p.returncode == 0, f"exit code {p.returncode}: {p.stderr[-2000:]}"
+    return p.stdout.strip().splitlines()[-1]
+
+
+# ------------------------------------------------------------------------------------------------
+# 1 and 2: huge sizes: a named ValueError, fast, before anything is allocated
+# ------------------------------------------------------------------------------------------------
+HUGE = [
+    ("tc.KVCache(1, 2**31, 2**31, 2**31)", "num_layers, batch, num_kv_heads, head_dim, capacity"),
+    ("tc.KVCache(2**40, 1, 1, 1)", "num_layers"),
+    ("tc.KVCache(1, 1, 1, 1).reserve(2**62)", "total"),
+    ("tc.nn.TransformerEncoder(tc.nn.TransformerEncoderLayer(8, 2, 16), 2**31)", "num_layers"),
+    ("tc.nn.TransformerDecoder(tc.nn.TransformerDecoderLayer(8, 2, 16), 2**40)", "num_layers"),
+    ("tc.nn.MultiheadAttention(2**31, 1)", "embed_dim"),
+    ("tc.nn.MultiheadAttention(8, 2, kdim=2**62)", "kdim"),
+    ("tc.nn.FeedForward(8, 2**62)", "dim_feedforward"),
+    ("tc.nn.GatedFeedForward(2**40, 8)", "d_model"),
+    ("tc.nn.TransformerEncoderLayer(2**40, 1, 8)", "d_model"),
+    ("tc.nn.Linear(2**40, 2**40)", "in_features"),
+    ("tc.nn.Embedding(2**62, 2**62)", "num_embeddings"),
+    ("tc.nn.LayerNorm(2**62)", "normalized_shape"),
+    ("tc.nn.Linear(2**63, 1)", "in_features"),  # not an int64 at all
+    ("F.rotary_cos_sin(2**40, 2)", "seq_len"),
+    ("F.sinusoidal_positional_encoding(2**40, 8)", "max_len"),
+    ("tc.positional.RotaryEmbedding(2, 2**40)", "max_position_embeddings"),
+    ("tc.masks.causal_mask(2**31)", "L"),
+    ("tc.masks.causal_mask(4, 2**62)", "S"),
+    ("tc.masks.padding_mask([1, 2**40])", "lengths"),
+    ("tc.backward.embedding_backward([0], np.ones((1, 4)), 2**62)", "num_embeddings"),
+    ("tc.BertModel(tc.BertConfig(num_hidden_layers=2**40, hidden_size=8, num_attention_heads=2, vocab_size=4, "
+     "intermediate_size=8, max_position_embeddings=8))", "num_hidden_layers"),
+    ("tc.BertModel(tc.BertConfig(vocab_size=2**40))", "vocab_size"),
+    ("tc.GPT2Model({'n_layer': 2**40, 'n_embd': 8, 'n_head': 2, 'vocab_size': 4, 'n_positions': 8})", "n_layer"),
+    ("tc.GPT2Model({'n_embd': 2**62, 'n_head': 1, 'n_layer': 1})", "n_embd"),
+    ("tc.LlamaModel({'num_attention_heads': 2**40, 'hidden_size': 8, 'num_hidden_layers': 1})",
+     "num_attention_heads"),
+    ("tc.set_num_threads(2**31)", "n"),
+]
+
+
+@pytest.mark.parametrize("code, name", HUGE, ids=[c for c, _ in HUGE])
+def test_huge_sizes_are_named_value_errors(code, name):
+    out = run_isolated(code, timeout=120)
+    assert out.startswith("ValueError: ") or out.startswith("TypeError: "), out
+    assert name in out, out
+
+
+def test_outputs_larger_than_memory(rng):
+    """Small inputs whose product no machine holds: the output's allocation is checked."""
+    x = np.ones((2**20, 1), np.float32)
+    with pytest.raises(ValueError, match="out_features|output"):
+        F.linear(x, np.ones((2**20, 1), np.float32))  # (2**20, 2**20) floats
+    q = np.ones((1, 2**20, 1), np.float32)
+    with pytest.raises(ValueError, match="return_weights"):
+        F.scaled_dot_product_attention(q, q, q, return_weights=True)  # (1, 1, 2**20, 2**20) weights
+    ff = tc.nn.FeedForward(1, 2**19)
+    with pytest.raises(ValueError, match=r"\bx\b"):
+        ff(np.ones((2**22, 1), np.float32))  # hidden (2**22, 2**19) floats
+    with pytest.raises(ValueError, match="combination"):  # two boolean masks combined: (1, 2**20, 2**20)
+        m = np.ones((1, 2**20), bool)
+        F.scaled_dot_product_attention(q, q, q, query_mask=m, key_mask=m)
+
+
+# ------------------------------------------------------------------------------------------------
+# 3. wrong-typed config fields name the field
+# ------------------------------------------------------------------------------------------------
+BERT = dict(vocab_size=10, hidden_size=8, num_hidden_layers=1, num_attention_heads=2, intermediate_size=16,
+            max_position_embeddings=16)
+
+
+@pytest.mark.parametrize("field, value, exc", [
+    ("hidden_size", "8", TypeError), ("hidden_size", None, TypeError), ("hidden_size", 8.0, TypeError),
+    ("hidden_size", -8, ValueError), ("num_attention_heads", 0, ValueError), ("vocab_size", True, TypeError),
+    ("layer_norm_eps", "1e-12", TypeError), ("layer_norm_eps", -1.0, ValueError),
+    ("layer_norm_eps", float("nan"), ValueError), ("hidden_act", "swishy", ValueError), ("hidden_act", 3, TypeError),
+    ("add_pooling_layer", "yes", TypeError), ("type_vocab_size", [2], TypeError),
+])
+def test_bert_config_fields(field, value, exc):
+    with pytest.raises(exc, match=field):
+        tc.BertModel(dict(BERT, **{field: value}))
+
+
+@pytest.mark.parametrize("cls, config, field", [
+    (tc.GPT2Model, {"n_embd": "8"}, "n_embd"), (tc.GPT2Model, {"n_layer": None}, "n_layer"),
+    (tc.GPT2Model, {"layer_norm_epsilon": -1}, "layer_norm_epsilon"),
+    (tc.GPT2Model, {"eos_token_id": "x"}, "eos_token_id"),
+    (tc.GPT2Model, {"n_embd": 10, "n_head": 3}, "n_embd"),
+    (tc.LlamaModel, {"rope_theta": "1e4"}, "rope_theta"), (tc.LlamaModel, {"rope_theta": 0}, "rope_theta"),
+    (tc.LlamaModel, {"tie_word_embeddings": "no"}, "tie_word_embeddings"),
+    (tc.LlamaModel, {"num_key_value_heads": 3}, "num_key_value_heads"),
+    (tc.LlamaModel, {"rms_norm_eps": float("inf")}, "rms_norm_eps"),
+])
+def test_decoder_config_fields(cls, config, field):
+    small = ({"vocab_size": 8, "n_positions": 8, "n_embd": 8, "n_layer": 1, "n_head": 2} if cls is tc.GPT2Model else
+             {"vocab_size": 8, "hidden_size": 8, "intermediate_size": 8, "num_hidden_layers": 1,
+              "num_attention_heads": 2, "max_position_embeddings": 8})
+    with pytest.raises((TypeError, ValueError), match=field):
+        cls(dict(small, **config))
+
+
+@pytest.mark.parametrize("config", [[1, 2], "config", None, 3])
+def test_config_not_a_mapping(config):
+    for cls in (tc.BertModel, tc.GPT2Model, tc.LlamaModel):
+        with pytest.raises(TypeError, match="config"):
+            cls(config)
+
+
+def test_config_json_list(tmp_path):
+    shutil.copytree(MODEL_DIR, tmp_path / "m", dirs_exist_ok=True)
+    (tmp_path / "m" / "config.json").write_text("[1, 2]")
+    with pytest.raises(ValueError, match="config.json"):
+        tc.BertModel.from_pretrained(tmp_path / "m")
+
+
+# ------------------------------------------------------------------------------------------------
+# 4. no silent wrong answers
+# ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("order", ["<f8", ">f8"])
+def test_float64_stays_float64_in_either_byte_order(rng, order):
+    x = rng.standard_normal((3, 5)).astype(order)
+    ref = torch.softmax(torch.from_numpy(x.astype(np.float64)), -1).numpy()
+    for fn, expected in ((F.softmax, ref), (F.layer_norm, torch.nn.functional.layer_norm(
+            torch.from_numpy(x.astype(np.float64)), (5,)).numpy())):
+        y = fn(x)
+        assert y.dtype == np.float64
+        np.testing.assert_allclose(y, expected, atol=1e-12)
+    w = rng.standard_normal((4, 5)).astype(order)
+    np.testing.assert_allclose(F.linear(x, w), x.astype(np.float64) @ w.astype(np.float64).T, atol=1e-12)
+    assert tc.nn.Linear(5, 4, dtype=np.dtype(order)).dtype == np.float64
+
+
+@pytest.mark.parametrize("bad", [np.array([True, False]), np.ones(3, np.complex64), np.array(["1"]),
+                                 np.array([None, 1.0]), np.zeros(2, "datetime64[s]")])
+def test_non_real_data_is_refused(bad):
+    with pytest.raises(TypeError, match=r"\bx\b"):
+        F.softmax(bad)
+
+
+def test_logits_to_keep_negative():
+    m = tc.GPT2LMHeadModel({"vocab_size": 8, "n_positions": 8, "n_embd": 8, "n_layer": 1, "n_head": 2})
+    with pytest.raises(ValueError, match="logits_to_keep"):
+        m(np.array([[1, 2, 3]]), logits_to_keep=-1)
+    with pytest.raises(TypeError, match="logits_to_keep"):
+        m(np.array([[1, 2, 3]]), logits_to_keep=1.0)
+    assert m(np.array([[1, 2, 3]]), logits_to_keep=2).logits.shape == (1, 2, 8)
+
+
+@pytest.mark.parametrize("dtype", [np.int8, np.int64, np.bool_, np.complex64])
+def test_non_float_weights_are_refused(dtype):
+    lin = tc.nn.Linear(2, 2)
+    before = lin.state_dict()
+    with pytest.raises(TypeError, match="weight"):
+        lin.load_state_dict({"weight": np.ones((2, 2), dtype), "bias": np.zeros(2)})
+    for k, v in lin.state_dict().items():
+        np.testing.assert_array_equal(v, before[k])  # unchanged
+
+
+def test_torch_bfloat16_weights_load_converted():
+    lin = tc.nn.Linear(3, 2)
+    w = torch.randn(2, 3).to(torch.bfloat16)
+    lin.load_state_dict({"weight": w, "bias": torch.zeros(2, dtype=torch.float16)})
+    np.testing.assert_array_equal(lin.state_dict()["weight"], w.float().numpy())
+
+
+def test_scalar_options_are_typed():
+    from transformer_core.generation import GenerationConfig
+
+    with pytest.raises(TypeError, match="top_k"):
+        GenerationConfig(2, top_k=2.7)
+    with pytest.raises(ValueError, match="top_p"):
+        GenerationConfig(2, top_p=0.0)
+    with pytest.raises(TypeError, match="length"):
+        tc.KVCache(1, 1, 1, 2, 4).crop(1.5)
+    with pytest.raises(TypeError, match="is_causal"):
+        F.scaled_dot_product_attention(np.ones((1, 2, 2)), np.ones((1, 2, 2)), np.ones((1, 2, 2)), is_causal="yes")
+    with pytest.raises(ValueError, match="key_mask"):  # 0/1 masks only: 0.5 is not a mask
+        F.scaled_dot_product_attention(np.ones((1, 2, 2)), np.ones((1, 2, 2)), np.ones((1, 2, 2)),
+                                       key_mask=np.array([[1.0, 0.5]]))
+
+
+@pytest.mark.parametrize("path", ["reference", "flash"])
+def test_sdpa_scale_zero_with_nan_agrees_across_paths(path):
+    q = np.full((1, 2, 4), np.nan, np.float32)
+    k = np.ones((1, 3, 4), np.float32)
+    out = F.scaled_dot_product_attention(q, k, k, scale=0.0, path=path)
+    assert np.isnan(out).all()  # 0 · NaN is NaN on every path, as torch's math path
+
+
+def test_invalid_sentence_bert_config(tmp_path):
+    d = tmp_path / "m"
+    shutil.copytree(MODEL_DIR, d)
+    (d / "sentence_bert_config.json").write_text("{not json")
+    with pytest.raises(ValueError, match="sentence_bert_config.json"):
+        tc.Tokenizer.from_pretrained(d)
+    for bad in ("256", 0, -1, 1.5, None):
+        (d / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": bad}))
+        with pytest.raises(ValueError, match="max_seq_length"):
+            tc.SentenceEncoder.from_pretrained(d)
+    (d / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 513}))  # > max_position_embeddings
+    with pytest.raises(ValueError, match="max_position_embeddings"):
+        tc.SentenceEncoder.from_pretrained(d)
+    (d / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 128}))
+    assert tc.Tokenizer.from_pretrained(d).max_length == 128
+
+
+def test_tokenizer_json_broken(tmp_path):
+    d = tmp_path / "m"
+    shutil.copytree(MODEL_DIR, d)
+    (d / "tokenizer.json").write_text('{"version": "1.0", "model": ')
+    with pytest.raises(ValueError, match="tokenizer.json"):
+        tc.Tokenizer.from_pretrained(d)
+
+
+# ------------------------------------------------------------------------------------------------
+# 5. errors name the argument
+# ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("call, name, exc", [
+    (lambda: F.softmax(np.ones((2, 3)), axis=1.5), "axis", TypeError),
+    (lambda: F.softmax(np.ones((2, 3)), axis=2), "axis", ValueError),
+    (lambda: F.layer_norm(np.ones((2, 3)), eps=None), "eps", TypeError),
+    (lambda: F.softmax([[1, 2], [3]]), "x", ValueError),
+    (lambda: F.linear(np.ones((2, 3)), [[1, 2, 3], [4, 5]]), "weight", ValueError),
+    (lambda: tc.Tokenizer.from_pretrained(MODEL_DIR).decode([-1]), "ids", ValueError),
+    (lambda: tc.Tokenizer.from_pretrained(MODEL_DIR).decode([2**70]), "ids", ValueError),
+    (lambda: tc.Tokenizer.from_pretrained(MODEL_DIR).decode(None), "ids", TypeError),
+    (lambda: tc.Tokenizer.from_pretrained(MODEL_DIR).encode_batch(None), "texts", TypeError),
+    (lambda: tc.set_num_threads(2**31), "n", ValueError),
+    (lambda: tc.set_num_threads(2.0), "n", TypeError),
+    (lambda: tc.KVCache(1, 1, 2, 0), "head_dim", ValueError),
+    (lambda: tc.mean_pool(None, None), "last_hidden_state", TypeError),
+    (lambda: tc.cosine_similarity(np.ones((2, 3)), np.ones((2, 4))), "b", ValueError),
+    (lambda: tc.masks.causal_mask(3, alignment=None), "alignment", TypeError),
+    (lambda: tc.nn.MultiheadAttention(8, 2)(np.ones((1, 3, 8)), path="fast"), "path", ValueError),
+    (lambda: F.apply_rotary(np.ones((3, 4)), np.ones((3, 4)), np.ones((3, 4)), layout="rotated"), "layout", ValueError),
+    (lambda: F.cross_entropy(np.ones((2, 3)), np.array([0, 1]), reduction="avg"), "reduction", ValueError),
+    (lambda: F.glu(np.ones(3), np.ones(3), activation="swiglu"), "activation", ValueError),
+])
+def test_errors_name_the_argument(call, name, exc):
+    with pytest.raises(exc, match=rf"(?<![A-Za-z0-9_]){name}(?![A-Za-z0-9_])"):
+        call()
+
+
+def test_encode_none_names_sentences(tc_bert):
+    encoder = tc.SentenceEncoder(tc_bert, tc.Tokenizer.from_pretrained(MODEL_DIR))
+    for bad, exc in ((None, TypeError), (3, TypeError), ([1, 2], TypeError)):
+        with pytest.raises(exc, match="sentences"):
+            encoder.encode(bad)
+    with pytest.raises(TypeError, match="batch_size"):
+        encoder.encode(["a"], batch_size=2.5)
+
+
+# ------------------------------------------------------------------------------------------------
+# 6. bf16 / fp16 checkpoints of the real MiniLM load and embed close to fp32
+# ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("torch_dtype, tol", [(torch.bfloat16, 1e-2), (torch.float16, 2e-3)])
+def test_minilm_half_precision_checkpoints(tmp_path, torch_dtype, tol):
+    from safetensors.torch import load_file, save_file
+
+    d = tmp_path / "m"
+    shutil.copytree(MODEL_DIR, d)
+    state = load_file(str(MODEL_DIR / "model.safetensors"))
+    save_file({k: (v.to(torch_dtype) if v.is_floating_point() else v) for k, v in state.items()},
+              str(d / "model.safetensors"))
+    ref = tc.SentenceEncoder.from_pretrained(MODEL_DIR).encode(SENTENCES[:8])
+    half = tc.SentenceEncoder.from_pretrained(d).encode(SENTENCES[:8])
+    assert half.dtype == np.float32
+    err = np.abs(half - ref).max()
+    assert err <= tol, err
+    cos = (half * ref).sum(1)
+    assert cos.min() > 0.999
+
+
+# ------------------------------------------------------------------------------------------------
+# 7. the CLI: an error is exit code 2 and one line naming what was wrong, never a traceback
+# ------------------------------------------------------------------------------------------------
+def _cli(*args, timeout=300):
+    import os
+
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "python"), env.get("PYTHONPATH")]))
+    return subprocess.run([sys.executable, "-m", "transformer_core", *map(str, args)], capture_output=True,
+                          text=True, timeout=timeout, env=env)
+
+
+def test_cli_errors_are_one_line(tmp_path, tiny_model_dir):
+    good = tmp_path / "good.txt"
+    good.write_text("one\ntwo\n", encoding="utf-8")
+    latin1 = tmp_path / "latin1.txt"
+    latin1.write_bytes("caf\u00e9 au lait\n".encode("latin-1"))
+    truncated = tmp_path / "truncated"
+    shutil.copytree(tiny_model_dir, truncated)
+    weights = (truncated / "model.safetensors").read_bytes()
+    (truncated / "model.safetensors").write_bytes(weights[: len(weights) // 2])
+    for args, fragments in [
+        (["embed", "--file", latin1, "--out", tmp_path / "a.npy", "--model", tiny_model_dir], ["line 1", "UTF-8"]),
+        (["embed", "--file", good, "--out", tmp_path / "b.npy", "--model", truncated], ["model.safetensors"]),
+        (["embed", "one", "two", "--model", truncated], ["model.safetensors"]),
+    ]:
+        r = _cli(*args, "--no-progress") if "--out" in args else _cli(*args)
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode == 2 and "Traceback" not in r.stderr and len(lines) == 1, (args, r.stderr)
+        assert lines[0].startswith("transformer_core embed: "), lines[0]
+        for f in fragments:
+            assert f in lines[0], (f, lines[0])
+    # argparse's own usage errors (main's choice: the usage, then one line naming the option)
+    r = _cli("embed", "one", "--batch-size", "0")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert "argument --batch-size: expected an int >= 1, got 0" in r.stderr.strip().splitlines()[-1]
+
+
+# ------------------------------------------------------------------------------------------------
+# 9. the thread count is process-wide; threadpoolctl still limits it
+# ------------------------------------------------------------------------------------------------
+def test_set_num_threads_is_process_wide():
+    from threadpoolctl import threadpool_limits
+
+    old = tc.get_num_threads()
+    seen = []
+    try:
+        for n in (1, 3, 7):
+            tc.set_num_threads(n)
+            t = threading.Thread(target=lambda: seen.append(tc.get_num_threads()))
+            t.start()
+            t.join()
+            assert seen[-1] == n  # a Python thread started later sees the process-wide count
+        tc.set_num_threads(3)
+        with threadpool_limits(limits=1, user_api="openmp"):
+            assert tc.get_num_threads() == 1  # an OpenMP limit in this thread lowers ours here
+            t = threading.Thread(target=lambda: seen.append(tc.get_num_threads()))
+            t.start()
+            t.join()
+            assert seen[-1] == 3  # ... and only here: OpenMP's limits are per thread
+        assert tc.get_num_threads() == 3
+
+        def limited():
+            with threadpool_limits(limits=1, user_api="openmp"):
+                seen.append(tc.get_num_threads())
+        t = threading.Thread(target=limited)
+        t.start()
+        t.join()
+        assert seen[-1] == 1  # threadpoolctl in another thread limits that thread
+    finally:
+        tc.set_num_threads(old)
+
+
+# ------------------------------------------------------------------------------------------------
+# 10. float64 LayerNorm on rows far from zero
+# ------------------------------------------------------------------------------------------------
+def _exact_layer_norm(x: np.ndarray, eps: float) -> np.ndarray:
+    out = np.empty_like(x)
+    for r in range(x.shape[0]):
+        fr = [Fraction(float(v)) for v in x[r]]
+        mean = sum(fr) / len(fr)
+        var = sum((f - mean) ** 2 for f in fr) / len(fr)
+        sd = np.sqrt(float(var) + eps)  # var itself is exact; the square root rounds once
+        out[r] = [float(f - mean) / sd for f in fr]
+    return out
+
+
+@pytest.mark.parametrize("E", [7, 64, 384, 1000])
+def test_layer_norm_float64_far_from_zero(E):
+    """Rows 1e8 + N(0, 0.1): the mean's float64 ulp (1.5e-8) is 1.5e-7 of σ, so subtracting a rounded
+    mean loses that much (torch's float64 layer_norm is ~1e-7 from the exact values here). Ours keeps
+    the mean in two parts and stays within 1e-10 of the exact result (Fractions)."""
+    rng = np.random.default_rng(E)
+    x = 1e8 + rng.normal(0, 0.1, (4, E))
+    exact = _exact_layer_norm(x, 1e-5)
+    ours = F.layer_norm(x, eps=1e-5)
+    assert np.abs(ours - exact).max() <= 1e-10
+    layer = tc.nn.LayerNorm(E, dtype=np.float64)
+    assert np.abs(layer(x) - exact).max() <= 1e-10
