@@ -11,8 +11,10 @@
 #include "transformer_core/layers/norm.hpp"
 #include "transformer_core/layers/rotary.hpp"
 #include "transformer_core/layers/transformer_layers.hpp"
+#ifndef TC_OPS_LAYERS_ONLY
 #include "transformer_core/models/bert.hpp"
 #include "transformer_core/models/decoder.hpp"
+#endif
 
 namespace transformer_core::bindings {
 
@@ -295,6 +297,7 @@ void register_dtype(py::module_& m) {
           },
           py::arg("grad_output"), py::arg("memory_length"));
 
+#ifndef TC_OPS_LAYERS_ONLY  // the reduced core of .ci/sanitize has no models
   // ---- models ----
   bound_class<models::DecoderModel<T>>(m, "DecoderModel" + sfx)
       // input_ids [N, L], targets [N, L] (shifted labels), attention_mask [N, L] bool or None,
@@ -368,6 +371,7 @@ void register_dtype(py::module_& m) {
           },
           py::arg("grad_last_hidden_state"), py::arg("grad_pooler_output"))
       .def_property_readonly("has_training_state", &models::BertModel<T>::has_training_state);
+#endif
 }
 
 }  // namespace
