@@ -155,7 +155,7 @@ def main() -> None:
         for nt in threads:
             tc.set_num_threads(nt)
             ws = [w] + [w.copy() for _ in range(copies_for(w.nbytes, working_set) - 1)]
-            t32 = median_call([lambda ww=ww: core.linear_f32(x, ww, None) for ww in ws], args.budget)
+            t32 = median_call([lambda ww=ww: core.linear_f32(x, ww, None, "") for ww in ws], args.budget)
             del ws
             emit(f"| {name} | fp32 (OpenBLAS sgemv) | — | {nt} | {t32 * 1e6:.1f} | {w.nbytes / t32 / 1e9:.1f} | "
                  f"{flops / t32 / 1e9:.1f} | 1.00 |")
@@ -194,7 +194,7 @@ def main() -> None:
             flops = 2.0 * rows * n * k
             for nt in threads:
                 tc.set_num_threads(nt)
-                t32 = median_call([lambda: core.linear_f32(x, w, None)], args.budget)
+                t32 = median_call([lambda: core.linear_f32(x, w, None, "")], args.budget)
                 emit(f"| {name} | {rows} | fp32 (OpenBLAS sgemm) | — | {nt} | {t32 * 1e3:.2f} | "
                      f"{flops / t32 / 1e9:.1f} | 1.00 |")
                 for isa in simd:

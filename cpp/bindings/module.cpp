@@ -22,4 +22,5 @@ PYBIND11_MODULE(_core, m) {
   transformer_core::bindings::register_backward(m);
   transformer_core::bindings::register_optim(m);
   transformer_core::bindings::register_quantization(m);
+  transformer_core::bindings::register_quantized_layers(m);  // after register_layers / register_models
 }

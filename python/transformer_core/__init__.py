@@ -13,7 +13,8 @@ Layers of the package, from the bottom:
     bert         BertEmbeddings, BertModel (Hugging Face checkpoints, no torch)
     gpt2         GPT2Model, GPT2LMHeadModel, KVCache (decoding with a KV cache, generate)
     sentence_encoder  SentenceEncoder (all-MiniLM-L6-v2 embeddings)
-    quantization int8 and GGUF (Q8_0, Q4_0, Q4_1) linear products on quantized weights
+    quantization int8 and GGUF (Q8_0, Q4_0, Q4_1) linear products on quantized weights;
+                 quantize(model, "int8") (also exported here)
 """
 
 from . import backward, functional, lr_scheduler, masks, multihead_forms, nn, optim, positional, quantization
@@ -24,6 +25,7 @@ from .gpt2 import GPT2Config, GPT2LMHeadModel, GPT2Model
 from .kv_cache import KVCache
 from .llama import LlamaConfig, LlamaForCausalLM, LlamaModel
 from .positional import Embeddings, PositionalEncoding
+from .quantization import quantize
 from .sentence_encoder import SentenceEncoder, cosine_similarity, mean_pool
 from .tokenizer import Tokenizer
 
@@ -39,6 +41,7 @@ __all__ = [
     "masks",
     "positional",
     "quantization",
+    "quantize",
     "multihead_forms",
     "PositionalEncoding",
     "Embeddings",

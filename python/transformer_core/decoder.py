@@ -68,8 +68,12 @@ class DecoderModel(Module):
         self.config = config if isinstance(config, self.config_class) else self.config_class.from_dict(config)
         from ._runtime import core
 
-        self._impl = getattr(core, self._core_class + sfx)(self.config._to_core())
+        self._impl = getattr(core, self._core_class + sfx)(self._core_config())
         self._init_weights()
+
+    def _core_config(self):
+        """The C++ config the model is built from (an architecture may add fields of its own)."""
+        return self.config._to_core()
 
     @property
     def context_length(self) -> int:
