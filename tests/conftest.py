@@ -239,3 +239,39 @@ def hf_smollm2(smollm2_gguf):
 
     return LlamaForCausalLM.from_pretrained(smollm2_gguf.parent, gguf_file=smollm2_gguf.name,
                                             dtype=torch.float32).eval()
+
+
+# --------------------------------------------------------------------------------------------------
+# The corpus tests (test_corpus.py, test_cli.py, test_distributed.py): a tiny sentence encoder that
+# runs in milliseconds (for runs over tens of thousands of texts, where only bookkeeping is tested)
+# and deterministic corpora of distinct lines.
+# --------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory, model_dir) -> Path:
+    """A random BERT (hidden 32, 2 layers, 2 heads; seeded) saved as a Hugging Face directory, with
+    all-MiniLM-L6-v2's tokenizer.json: a fast stand-in model for bookkeeping tests, never for
+    numerical comparisons with a reference."""
+    import shutil
+
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(0)
+    cfg = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                     intermediate_size=64, max_position_embeddings=128)
+    path = tmp_path_factory.mktemp("tiny_bert")
+    BertModel(cfg).save_pretrained(str(path), safe_serialization=True)
+    shutil.copy(model_dir / "tokenizer.json", path / "tokenizer.json")
+    return path
+
+
+def corpus_lines(n: int, offset: int = 0) -> list[str]:
+    """``n`` distinct lines of real text, of mixed lengths: a sentence of ``SENTENCES`` and a line
+    number, every third line two sentences."""
+    k = len(SENTENCES)
+    out = []
+    for i in range(offset, offset + n):
+        s = SENTENCES[(5 * i + 1) % k]
+        if i % 3 == 0:
+            s = f"{s} {SENTENCES[(7 * i + 3) % k]}"
+        out.append(f"{s} (line {i})")
+    return out

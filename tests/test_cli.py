@@ -9,10 +9,16 @@ import sys
 import numpy as np
 import pytest
 import transformer_core as tc
-from conftest import MODEL_NAME
+from conftest import MODEL_NAME, corpus_lines
 
 PAIR = ["A man is playing a guitar.", "The stock market crashed today."]
 FILE_SENTENCES = ["The cat sat on the mat.", "A feline rested on the rug.", "Interest rates rose."]
+
+
+def _run(*args, input=None, timeout=300):
+    """The CLI in a subprocess: the CompletedProcess (stdout, stderr, returncode)."""
+    return subprocess.run([sys.executable, "-m", "transformer_core", *args], capture_output=True, text=True,
+                          input=input, timeout=timeout)
 
 
 def run_cli(*args, timeout=120):
@@ -71,3 +77,158 @@ def test_cli_bad_usage_fails_cleanly(tmp_path):
     assert proc.returncode != 0
     assert "Traceback" not in proc.stderr, proc.stderr
     assert "does_not_exist.txt" in proc.stderr + proc.stdout
+
+
+# ------------------------------------------------------------------- corpus commands (embed --out, search)
+def run_cli_any(*args, timeout=300):
+    return subprocess.run([sys.executable, "-m", "transformer_core", *map(str, args)], capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def assert_clean_error(proc, *fragments):
+    """Exit code 2, one line on stderr ``transformer_core <command>: ...`` naming the fragments, no traceback."""
+    assert proc.returncode == 2, f"rc={proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert lines[0].startswith("transformer_core "), lines[0]
+    for f in fragments:
+        assert f in lines[0], (f, lines[0])
+    return lines[0]
+
+
+def test_cli_more_than_20_sentences_prints_a_summary(encoder, tmp_path):
+    lines = corpus_lines(25)
+    f = tmp_path / "c.txt"
+    f.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    out = run_cli("embed", "--file", str(f), "--no-progress")
+    assert "embedded 25 sentences (dim 384)" in out and "--out" in out
+    assert len(out.splitlines()) <= 6  # no matrix
+    data = json.loads(run_cli("embed", "--file", str(f), "--json", "--no-progress"))
+    emb = encoder.encode(lines).astype(np.float64)
+    sim = emb @ emb.T
+    mean_cos = (sim.sum() - np.trace(sim)) / (25 * 24)
+    assert data["count"] == 25 and data["shape"] == [25, 384]
+    assert abs(data["mean_cosine"] - mean_cos) < 1e-5
+    assert "similarity" not in data and "embeddings" not in data
+    f20 = tmp_path / "c20.txt"
+    f20.write_text("\n".join(lines[:20]) + "\n", encoding="utf-8")
+    assert np.asarray(json.loads(run_cli("embed", "--file", str(f20), "--json"))["similarity"]).shape == (20, 20)
+
+
+def test_cli_embed_out_and_search(tmp_path, tiny_model_dir):
+    lines = corpus_lines(120)
+    f = tmp_path / "c.txt"
+    f.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    for kind in ("npy", "parquet"):
+        out = tmp_path / f"e.{kind}"
+        proc = run_cli_any("embed", "--file", f, "--out", out, "--model", tiny_model_dir, "--chunk-size", 50)
+        assert proc.returncode == 0, proc.stderr
+        assert f"{out}: 120 rows x 32 float32 in 3 chunks" in proc.stdout
+        assert "120/120" in proc.stderr and "sentences/s" in proc.stderr  # the progress bar
+        res = run_cli_any("search", "--index", out, lines[77], "-k", 3, "--json")
+        assert res.returncode == 0, res.stderr
+        hits = json.loads(res.stdout)[0]["hits"]
+        assert hits[0]["id"] == 77 and hits[0]["text"] == lines[77] and abs(hits[0]["score"] - 1) < 1e-5
+        text = run_cli_any("search", "--index", out, lines[77], "another query", "-k", 2).stdout
+        assert text.count("query: ") == 2 and f"[77] {lines[77]}" in text
+
+
+def test_cli_bad_inputs_fail_cleanly(tmp_path, tiny_model_dir):
+    model = ["--model", str(tiny_model_dir), "--no-progress"]
+    good = tmp_path / "good.txt"
+    good.write_text("one\ntwo\nthree\n", encoding="utf-8")
+    out = tmp_path / "e.npy"
+
+    assert_clean_error(run_cli_any("embed", "--file", tmp_path / "missing.txt", "--out", out, *model),
+                       "transformer_core embed:", "missing.txt", "no such file")
+    empty = tmp_path / "empty.txt"
+    empty.write_bytes(b"")
+    assert_clean_error(run_cli_any("embed", "--file", empty, "--out", out, *model), "no text to embed", "empty")
+    binary = tmp_path / "model.bin"
+    binary.write_bytes(bytes(range(256)) * 4)
+    assert_clean_error(run_cli_any("embed", "--file", binary, "--out", out, *model), "binary file")
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"fine\nalso fine\nnot \xff fine\nlast\n")
+    assert_clean_error(run_cli_any("embed", "--file", bad, "--out", out, *model), "line 3", "invalid UTF-8",
+                       "--errors skip")
+    assert_clean_error(run_cli_any("embed", "--file", good, "--out", tmp_path / "no" / "dir" / "e.npy", *model),
+                       "does not exist")
+    assert_clean_error(run_cli_any("embed", "--file", good, "--out", tmp_path / "e.csv", *model), ".npy or .parquet")
+    # None of the failures above left anything behind.
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.txt", "empty.txt", "good.txt", "model.bin"]
+
+    skip = run_cli_any("embed", "--file", bad, "--out", out, "--errors", "skip", "--json", *model)
+    assert skip.returncode == 0 and json.loads(skip.stdout)["rows"] == 3, skip.stderr
+    assert "skipped 1 records: line 3: invalid UTF-8" in skip.stderr
+    assert_clean_error(run_cli_any("embed", "--file", good, "--out", out, *model), "already exists", "--overwrite")
+    # --resume with another model: refused, and the output is left as it was.
+    before = out.read_bytes()
+    assert_clean_error(run_cli_any("embed", "--file", bad, "--out", out, "--errors", "skip", "--resume",
+                                   "--no-progress"), "another model", "all-MiniLM-L6-v2")
+    assert out.read_bytes() == before and json.loads((tmp_path / "e.npy.manifest.json").read_text())["complete"]
+    assert_clean_error(run_cli_any("embed", "--file", good, "--out", tmp_path / "x.npy", "--resume", *model),
+                       "nothing to resume")
+    assert_clean_error(run_cli_any("embed", "a", "--file", good), "not both")
+    assert_clean_error(run_cli_any("embed", "--file", good, "--resume"), "--resume needs --out")
+    jl = tmp_path / "c.jsonl"
+    jl.write_text('{"text": "a"}\n{"txt": "b"}\n', encoding="utf-8")
+    assert_clean_error(run_cli_any("embed", "--file", jl, "--out", tmp_path / "j.npy", *model), "line 2",
+                       "no field 'text'", "--text-field")
+    assert_clean_error(run_cli_any("search", "--index", tmp_path / "nothing.npy", "q"),
+                       "transformer_core search:", "nothing.npy")
+    assert run_cli_any("embed", "--chunk-size", "0", "x").returncode == 2  # argparse: usage error
+
+
+def test_cli_search_refuses_an_incomplete_index(tmp_path, tiny_model_dir):
+    f = tmp_path / "c.txt"
+    f.write_text("\n".join(corpus_lines(30)) + "\n", encoding="utf-8")
+    out = tmp_path / "e.parquet"
+    assert run_cli_any("embed", "--file", f, "--out", out, "--model", tiny_model_dir, "--chunk-size", 10,
+                       "--no-progress").returncode == 0
+    man_path = tmp_path / "e.parquet.manifest.json"
+    man = json.loads(man_path.read_text())
+    # What an interrupted run leaves: the data under .partial, two of three chunks recorded.
+    out.rename(tmp_path / "e.parquet.partial")
+    (tmp_path / "e.parquet.partial" / "part-00002.parquet").unlink()
+    man.update(complete=False, completed=[[0, 2]])
+    man_path.write_text(json.dumps(man))
+    assert_clean_error(run_cli_any("search", "--index", out, "q"), "incomplete (2 of 3 chunks", "--allow-incomplete")
+    res = run_cli_any("search", "--index", out, "q", "-k", 100, "--allow-incomplete", "--json")
+    assert res.returncode == 0 and len(json.loads(res.stdout)[0]["hits"]) == 20
+
+
+# ------------------------------------------------------------------------------------ chat, generate
+def test_cli_chat_one_prompt_streams_the_answer():
+    r = _run("chat", "What is the capital of France?", "--max-new-tokens", "32")
+    assert r.returncode == 0, r.stderr
+    assert "Paris" in r.stdout
+    assert re.search(r"prefill: \d+ tokens, [\d.]+ tokens/s; decode: \d+ tokens, [\d.]+ tokens/s", r.stderr)
+
+
+def test_cli_chat_reads_turns_from_stdin_and_keeps_the_conversation():
+    r = _run("chat", "--max-new-tokens", "24", input="What is the capital of France?\n\nAnd of Italy?\n")
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.count("prefill:") == 2  # two turns, the blank line skipped
+    first, second = (int(n) for n in re.findall(r"prefill: (\d+) tokens", r.stderr))
+    assert second < first  # the second turn ran only what the cache lacked
+
+
+def test_cli_generate_continues_text():
+    r = _run("generate", "Once upon a time", "--max-new-tokens", "12")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("Once upon a time") and len(r.stdout) > len("Once upon a time") + 10
+
+
+def test_cli_chat_errors_are_one_line(tmp_path):
+    bad = tmp_path / "broken.gguf"
+    bad.write_bytes(b"GGUF" + b"\0" * 20)
+    for args in (["chat", "hi", "--model", str(bad)], ["chat", "hi", "--temperature", "-1"],
+                 ["generate", "", "--max-new-tokens", "4"]):
+        r = _run(*args)
+        assert r.returncode == 2, (args, r.stderr)
+        assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, (args, r.stderr)
+        assert r.stderr.startswith(f"transformer_core {args[0]}: ")
+    # argparse's own usage errors: the usage, then one error line naming the option
+    r = _run("chat", "hi", "--max-new-tokens", "0")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "argument --max-new-tokens: expected an int >= 1, got 0" in r.stderr.strip().splitlines()[-1]

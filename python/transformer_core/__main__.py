@@ -1,69 +1,181 @@
-"""Command line: ``python -m transformer_core embed "sentence one" "sentence two" ...``
+"""Command line: ``python -m transformer_core <command> ...`` (also installed as ``transformer-core``).
 
-Prints the embeddings' shape and their cosine-similarity matrix (``--json`` for JSON, ``--file``
-to read one sentence per line, ``--model`` for another model directory)."""
+Commands:
+    embed    sentence embeddings. A few sentences (arguments, or ``--file`` with <= 20 texts): their
+             cosine-similarity matrix. ``--file F --out OUT.npy|OUT.parquet``: the whole corpus,
+             written in chunks with a progress bar, resumable (``--resume``), on a Dask cluster
+             with ``--scheduler ADDRESS`` or ``--workers N``. Without ``--out``, a longer input is
+             only summarised.
+    search   the k nearest texts of an ``embed --out`` output to a query, with cosine scores.
+    chat     a conversation with a chat model (default SmolLM2-135M-Instruct): one PROMPT, or turns
+             read from standard input (one per line), the reply streamed, then tokens/s.
+    generate continues raw text (no chat template), streamed, then tokens/s.
+
+This module holds the parser, the dispatch and the one error handler; each command's work lives
+in its module (embed and search: ``corpus.py``). To add a command: write ``_add_<name>(subparsers)``
+declaring its arguments with ``set_defaults(run="<module>:<function>")`` (the module is imported
+only when the command runs; the function takes the parsed arguments and returns the exit code),
+and list it in ``COMMANDS``.
+
+Errors: a command raises; :func:`main` turns an expected error (ValueError, TypeError, OSError
+and its FileNotFoundError, ImportError of an optional dependency, KeyboardInterrupt and SIGTERM)
+into one line on stderr, ``transformer_core <command>: <message>``, and exit code 2, never a
+traceback. Usage errors are argparse's (exit code 2 too).
+"""
 
 from __future__ import annotations
 
 import argparse
-import json
+import contextlib
+import importlib
+import signal
 import sys
-
-import numpy as np
+import threading
 
 from .hub import DEFAULT_MODEL
 
+#: Errors that are the user's input or environment, reported in one line (anything else is a bug
+#: and keeps its traceback).
+EXPECTED_ERRORS = (ValueError, TypeError, OSError, ImportError, KeyboardInterrupt)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an int >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an int >= 1, got {value}")
+    return value
+
+
+def _add_embed(sub) -> None:
+    e = sub.add_parser("embed", help="sentence embeddings: a similarity matrix, or a corpus into .npy/.parquet",
+                       description="Embeds sentences with a sentence encoder (default all-MiniLM-L6-v2). Up to 20 "
+                                   "sentences: their cosine-similarity matrix. --out: every text of --file into a "
+                                   ".npy or .parquet output, in chunks, resumable.")
+    e.set_defaults(run="corpus:run_embed")
+    e.add_argument("sentences", nargs="*", help="sentences to embed (or --file)")
+    src = e.add_argument_group("input")
+    src.add_argument("--file", help="the corpus: text (one per line, blank lines skipped), .jsonl, .csv or .parquet")
+    src.add_argument("--format", choices=("text", "jsonl", "csv", "parquet"),
+                     help="the input's format (default: from the extension; anything unknown is text)")
+    src.add_argument("--text-field", help="the JSON field or column that holds the text (default 'text')")
+    src.add_argument("--errors", choices=("strict", "skip"), default="strict",
+                     help="a record that cannot be read (invalid UTF-8, bad JSON, missing field): stop with its "
+                          "line number (strict, default) or skip it")
+    out = e.add_argument_group("output")
+    out.add_argument("--out", help="write the embeddings to OUT.npy (float32, texts in OUT.npy.texts.jsonl) or "
+                                   "OUT.parquet (a directory: id, text, embedding), with OUT.manifest.json beside")
+    out.add_argument("--resume", action="store_true", help="continue an interrupted --out run (same input and model)")
+    out.add_argument("--overwrite", action="store_true", help="replace an existing --out")
+    out.add_argument("--chunk-size", type=_positive_int, default=None,
+                     help="texts per chunk, the unit of saving, resuming and memory (default 1000)")
+    e.add_argument("--model", default=DEFAULT_MODEL, help="model directory or embedded name")
+    e.add_argument("--batch-size", type=_positive_int, default=32, help="texts per forward pass (default 32)")
+    e.add_argument("--json", action="store_true", help="print JSON instead of text")
+    e.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    dist = e.add_argument_group("distributed (needs transformer_core[distributed]; --out must be .parquet)")
+    dist.add_argument("--scheduler", metavar="ADDRESS", help="run the chunks on this Dask scheduler's workers")
+    dist.add_argument("--workers", type=_positive_int, help="start a local Dask cluster of N worker processes")
+    dist.add_argument("--threads-per-worker", type=_positive_int,
+                      help="C++ threads in each worker (default: the host's cores / its workers)")
+
+
+def _add_search(sub) -> None:
+    s = sub.add_parser("search", help="the k nearest texts of an embed --out output",
+                       description="Exact top-k search by cosine similarity over the output of `embed --out`.")
+    s.set_defaults(run="corpus:run_search")
+    s.add_argument("queries", nargs="+", metavar="QUERY", help="the query text(s)")
+    s.add_argument("--index", required=True, help="the --out of an embed run (OUT.npy or OUT.parquet)")
+    s.add_argument("-k", type=_positive_int, default=5, help="results per query (default 5)")
+    s.add_argument("--model", default=None, help="model for the queries (default: the index's)")
+    s.add_argument("--allow-incomplete", action="store_true", help="search the chunks done of an interrupted run")
+    s.add_argument("--json", action="store_true", help="print JSON instead of text")
+
+
+def _add_generation_options(p) -> None:
+    p.add_argument("--model", default=None,
+                   help="a GGUF file, a Hugging Face Llama directory or an embedded name (default SmolLM2-135M-Instruct)")
+    p.add_argument("--max-new-tokens", type=_positive_int, default=256, help="the most tokens of a reply (default 256)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples")
+    p.add_argument("--top-p", type=float, default=None, help="nucleus sampling: keep the smallest set of tokens "
+                                                             "whose probability reaches this (with --temperature)")
+    p.add_argument("--seed", type=int, default=None, help="seed of the sampling (reproducible replies)")
+
+
+def _add_chat(sub) -> None:
+    c = sub.add_parser("chat", help="chat with a Llama-family model (SmolLM2-135M-Instruct)",
+                       description="Chats with a chat model: the reply to PROMPT, streamed as it is generated, then "
+                                   "the prefill and decode tokens/s on stderr. Without PROMPT, each line of standard "
+                                   "input is a turn of one conversation (the KV cache is kept between turns).")
+    c.set_defaults(run="chat:run_chat")
+    c.add_argument("prompt", nargs="?", help="the message (default: read turns from standard input)")
+    c.add_argument("--system", help="a system message")
+    _add_generation_options(c)
+
+
+def _add_generate(sub) -> None:
+    g = sub.add_parser("generate", help="continue raw text with a causal LM",
+                       description="Continues TEXT without a chat template, streamed, then tokens/s on stderr.")
+    g.set_defaults(run="chat:run_generate")
+    g.add_argument("text", help="the text to continue")
+    _add_generation_options(g)
+
+
+#: The commands, in the order ``--help`` lists them.
+COMMANDS = {"embed": _add_embed, "search": _add_search, "chat": _add_chat, "generate": _add_generate}
+
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m transformer_core", description=__doc__.splitlines()[0])
-    sub = p.add_subparsers(dest="command", required=True)
-    e = sub.add_parser("embed", help="sentence embeddings and their cosine similarities")
-    e.add_argument("sentences", nargs="*", help="sentences to embed")
-    e.add_argument("--file", help="a text file, one sentence per line (blank lines skipped)")
-    e.add_argument("--model", default=DEFAULT_MODEL, help="model directory or embedded name")
-    e.add_argument("--batch-size", type=int, default=32)
-    e.add_argument("--json", action="store_true", help="print JSON: shape, similarity, embeddings")
+    p = argparse.ArgumentParser(prog="python -m transformer_core",
+                                description="transformer_core from the command line: `COMMAND --help` for each.")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add in COMMANDS.values():
+        add(sub)
     return p
 
 
-def main(argv=None) -> int:
-    """Entry point of the CLI; returns the exit code."""
-    args = _parser().parse_args(argv)
-    from . import SentenceEncoder, cosine_similarity
+def _message(error: BaseException) -> str:
+    """One line for an expected error."""
+    if isinstance(error, KeyboardInterrupt):
+        text = str(error) or "interrupted"
+    elif isinstance(error, OSError) and error.strerror and error.filename is not None:
+        text = f"{error.filename}: {error.strerror}"  # raised by the OS, not by us
+    elif isinstance(error, ImportError) and type(error) is ModuleNotFoundError and error.name:
+        text = f"{error} (an optional dependency: pip install 'transformer_core[distributed]' or '[parquet]')"
+    else:
+        text = str(error) or type(error).__name__
+    return " ".join(text.split())
 
-    sentences = list(args.sentences)
-    if args.file:
-        try:
-            with open(args.file, encoding="utf-8") as f:
-                sentences += [line.strip() for line in f if line.strip()]
-        except OSError as e:
-            print(f"embed: --file: cannot read {args.file!r}: {e.strerror}", file=sys.stderr)
-            return 2
-    if not sentences:
-        print("embed: give sentences as arguments or with --file", file=sys.stderr)
-        return 2
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt():
+    """SIGTERM (``kill``) raises KeyboardInterrupt, so a command ends as after Ctrl-C."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        raise KeyboardInterrupt("terminated (SIGTERM)")
+
+    previous = signal.signal(signal.SIGTERM, handler)
     try:
-        encoder = SentenceEncoder.from_pretrained(args.model)
-    except (FileNotFoundError, ValueError) as e:
-        print(f"embed: --model: {e}", file=sys.stderr)
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def main(argv=None) -> int:
+    """Entry point of the CLI; returns the exit code (0, or 2 for a usage or expected error)."""
+    args = _parser().parse_args(argv)
+    try:
+        with _sigterm_as_interrupt():
+            module, function = args.run.split(":")
+            return getattr(importlib.import_module(f".{module}", __package__), function)(args)
+    except EXPECTED_ERRORS as e:
+        print(f"transformer_core {args.command}: {_message(e)}", file=sys.stderr)
         return 2
-    emb = encoder.encode(sentences, batch_size=args.batch_size)
-    sim = cosine_similarity(emb)
-    if args.json:
-        print(json.dumps({"model": args.model, "sentences": sentences, "shape": list(emb.shape),
-                          "similarity": sim.round(6).tolist(), "embeddings": emb.tolist()}))
-        return 0
-    print(f"model: {args.model}")
-    print(f"embeddings: shape {emb.shape}, dtype {emb.dtype}")
-    print("cosine similarity:")
-    short = [s if len(s) <= 40 else s[:37] + "..." for s in sentences]
-    width = max(len(s) for s in short)
-    for i, s in enumerate(short):
-        row = " ".join(f"{x:6.3f}" for x in sim[i])
-        print(f"  [{i}] {s:<{width}}  {row}")
-    with np.printoptions(precision=4, suppress=True):
-        print(f"first embedding, first 8 values: {emb[0, :8]}")
-    return 0
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ import numpy as np
 from ._runtime import variant
 from ._validation import activation as activation_of
 from ._validation import as_float, as_vector, check_eps
-from .functional import _as_4d, _attention_masks, _check_p, _check_seed, _cross_entropy_args, _gate_up
+from .functional import _as_4d, _attention_masks, _check_p, _check_seed, _cross_entropy_args, _gate_up, attention_inputs
 from .positional import _check_layout, _rotary_table
 
 __all__ = [
@@ -529,30 +529,8 @@ def scaled_dot_product_attention_backward(query, key, value, out, grad_out, lse,
             wrong shape, masks that do not broadcast, bad ``causal_alignment``.
         TypeError: non-numeric arrays, masks neither bool nor float.
     """
-    dtype = np.float64 if np.asarray(query).dtype == np.float64 else np.float32
-    q = as_float(query, "query", dtype, min_ndim=2)
-    k = as_float(key, "key", dtype, min_ndim=2)
-    v = as_float(value, "value", dtype, min_ndim=2)
-    if k.ndim != q.ndim or v.ndim != q.ndim:
-        raise ValueError(f"key, value: expected the rank of query ({q.ndim}-D), got key {k.ndim}-D, value {v.ndim}-D")
-    L, E = q.shape[-2:]
-    S = k.shape[-2]
-    if k.shape[-1] != E:
-        raise ValueError(f"key: expected last dim {E} (query's embedding size), got shape {k.shape}")
-    if v.shape[-2] != S:
-        raise ValueError(f"value: expected length {S} (key's length) in dim -2, got shape {v.shape}")
-    lead = q.shape[:-2]
-    if enable_gqa and q.ndim >= 3:
-        hq, hk = q.shape[-3], k.shape[-3]
-        if k.shape[:-3] != lead[:-1] or v.shape[:-2] != k.shape[:-2]:
-            raise ValueError(f"key, value: leading dims {k.shape[:-2]}, {v.shape[:-2]} do not match "
-                             f"query's {lead} (heads may differ with enable_gqa)")
-        if hk < 1 or hq % hk != 0:
-            raise ValueError(f"key: with enable_gqa, query heads ({hq}) must be a multiple of key/value heads ({hk})")
-    elif k.shape[:-2] != lead or v.shape[:-2] != lead:
-        raise ValueError(f"key, value: expected leading dims {lead} (query's), got {k.shape[:-2]} and {v.shape[:-2]}")
-    if causal_alignment not in ("top_left", "bottom_right"):
-        raise ValueError(f"causal_alignment: expected 'top_left' or 'bottom_right', got {causal_alignment!r}")
+    q, k, v, lead, (L, E, S) = attention_inputs(query, key, value, enable_gqa, causal_alignment)
+    dtype = q.dtype.type
     Ev = v.shape[-1]
     o = _grad_like(out, "out", lead + (L, Ev), dtype)
     go = _grad_like(grad_out, "grad_out", lead + (L, Ev), dtype)

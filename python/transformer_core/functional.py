@@ -218,6 +218,43 @@ def _as_4d(mask: np.ndarray | None, shape4: tuple) -> np.ndarray | None:
     return None if mask is None else mask.reshape(shape4)
 
 
+def attention_inputs(query, key, value, enable_gqa: bool, causal_alignment: str):
+    """The checked arrays of an attention call (forward or backward): ``(q, k, v, lead, (L, E, S))``
+    with ``q (..., L, E)``, ``k (..., S, E)``, ``v (..., S, Ev)`` in query's compute dtype and
+    ``lead`` query's leading dims; with ``enable_gqa`` the head dim (third from the end) of key and
+    value may divide query's.
+
+    Raises:
+        ValueError / TypeError: naming the argument (ranks, lengths, feature sizes, leading dims,
+        ``causal_alignment``).
+    """
+    dtype = compute_dtype(query, "query")
+    q = as_float(query, "query", dtype, min_ndim=2)
+    k = as_float(key, "key", dtype, min_ndim=2)
+    v = as_float(value, "value", dtype, min_ndim=2)
+    if k.ndim != q.ndim or v.ndim != q.ndim:
+        raise ValueError(f"key, value: expected the rank of query ({q.ndim}-D), got key {k.ndim}-D, value {v.ndim}-D")
+    L, E = q.shape[-2:]
+    S = k.shape[-2]
+    if k.shape[-1] != E:
+        raise ValueError(f"key: expected last dim {E} (query's embedding size), got shape {k.shape}")
+    if v.shape[-2] != S:
+        raise ValueError(f"value: expected length {S} (key's length) in dim -2, got shape {v.shape}")
+    lead = q.shape[:-2]
+    if enable_gqa and q.ndim >= 3:
+        hq, hk = q.shape[-3], k.shape[-3]
+        if k.shape[:-3] != lead[:-1] or v.shape[:-2] != k.shape[:-2]:
+            raise ValueError(f"key, value: leading dims {k.shape[:-2]}, {v.shape[:-2]} do not match "
+                             f"query's {lead} (heads may differ with enable_gqa)")
+        if hk < 1 or hq % hk != 0:
+            raise ValueError(f"key: with enable_gqa, query heads ({hq}) must be a multiple of key/value heads ({hk})")
+    elif k.shape[:-2] != lead or v.shape[:-2] != lead:
+        raise ValueError(f"key, value: expected leading dims {lead} (query's), got {k.shape[:-2]} and {v.shape[:-2]}")
+    if causal_alignment not in ("top_left", "bottom_right"):
+        raise ValueError(f"causal_alignment: expected 'top_left' or 'bottom_right', got {causal_alignment!r}")
+    return q, k, v, lead, (L, E, S)
+
+
 def scaled_dot_product_attention(query, key, value, attn_mask=None, *, query_mask=None, key_mask=None,
                                  is_causal: bool = False, scale: float | None = None,
                                  return_weights: bool = False, causal_alignment: str = "top_left",
@@ -264,32 +301,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, *, query_mas
             masks that do not broadcast, bad ``causal_alignment`` or ``path``.
         TypeError: non-numeric arrays, or a mask of a dtype that is neither bool nor float.
     """
-    dtype = compute_dtype(query, "query")
-    q = as_float(query, "query", dtype, min_ndim=2)
-    k = as_float(key, "key", dtype, min_ndim=2)
-    v = as_float(value, "value", dtype, min_ndim=2)
-    if k.ndim != q.ndim or v.ndim != q.ndim:
-        raise ValueError(f"key, value: expected the rank of query ({q.ndim}-D), got key {k.ndim}-D, value {v.ndim}-D")
-    L, E = q.shape[-2:]
-    S = k.shape[-2]
-    if k.shape[-1] != E:
-        raise ValueError(f"key: expected last dim {E} (query's embedding size), got shape {k.shape}")
-    if v.shape[-2] != S:
-        raise ValueError(f"value: expected length {S} (key's length) in dim -2, got shape {v.shape}")
-    lead = q.shape[:-2]
-    if enable_gqa and q.ndim >= 3:
-        hq, hk = q.shape[-3], k.shape[-3]
-        if k.shape[:-3] != lead[:-1] or v.shape[:-2] != k.shape[:-2]:
-            raise ValueError(f"key, value: leading dims {k.shape[:-2]}, {v.shape[:-2]} do not match "
-                             f"query's {lead} (heads may differ with enable_gqa)")
-        if hk < 1 or hq % hk != 0:
-            raise ValueError(f"key: with enable_gqa, query heads ({hq}) must be a multiple of key/value heads ({hk})")
-    elif k.shape[:-2] != lead or v.shape[:-2] != lead:
-        raise ValueError(f"key, value: expected leading dims {lead} (query's), got {k.shape[:-2]} and {v.shape[:-2]}")
-    if causal_alignment not in ("top_left", "bottom_right"):
-        raise ValueError(f"causal_alignment: expected 'top_left' or 'bottom_right', got {causal_alignment!r}")
-    if path not in ("auto", "flash", "reference"):
-        raise ValueError(f"path: expected 'auto', 'flash' or 'reference', got {path!r}")
+    q, k, v, lead, (L, E, S) = attention_inputs(query, key, value, enable_gqa, causal_alignment)
+    dtype = q.dtype.type
     if scale is None:
         scale = 1.0 / math.sqrt(E)
 

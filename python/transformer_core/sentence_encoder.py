@@ -80,28 +80,50 @@ class SentenceEncoder:
     def encode(self, sentences, batch_size: int = 32, normalize: bool = True, progress: bool | None = None) -> np.ndarray:
         """Embeds sentences.
 
+        The sentences are sorted by length (characters, longest first, as sentence-transformers'
+        ``SentenceTransformer.encode`` does) before they are cut into batches, so that each batch
+        holds sentences of similar length and padding costs little; the rows come back in the
+        order given. A row does not depend on the other sentences of its batch beyond float
+        rounding (about 1e-7).
+
         Args:
-            sentences: a list of str (or one str).
+            sentences: a list (or any iterable) of str, or one str.
             batch_size: sentences per forward pass; each batch is padded to its longest member.
             normalize: L2-normalise each embedding (cosine similarity = dot product).
-            progress: show a tqdm bar; None = only for more than 4 batches.
+            progress: show a tqdm bar (on stderr); None = only for more than 4 batches.
 
         Returns:
-            ``(N, H)`` float32 (``(384,)`` rows for all-MiniLM-L6-v2), in the order given.
+            ``(N, H)`` in the model's dtype (float32 by default; ``(N, 384)`` for
+            all-MiniLM-L6-v2), row ``i`` the embedding of ``sentences[i]``.
 
         Raises:
-            TypeError: not str. ValueError: ``batch_size`` < 1.
+            TypeError: ``sentences`` not str or an iterable of str (the first offending index is
+                named); ``batch_size`` not an int; ``normalize`` not a bool; ``progress`` not a
+                bool or None.
+            ValueError: ``batch_size`` < 1.
         """
         if isinstance(sentences, str):
             sentences = [sentences]
+        elif isinstance(sentences, (bytes, bytearray)) or not hasattr(sentences, "__iter__"):
+            raise TypeError(f"sentences: expected a str or an iterable of str, got {type(sentences).__name__}")
         sentences = list(sentences)
-        if not all(isinstance(s, str) for s in sentences):
-            raise TypeError("sentences: expected a list of str")
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size: expected an int >= 1, got {batch_size!r}")
+        for i, s in enumerate(sentences):
+            if not isinstance(s, str):
+                raise TypeError(f"sentences: expected a list of str, got {type(s).__name__} at index {i}")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)):
+            raise TypeError(f"batch_size: expected an int, got {type(batch_size).__name__}")
+        if batch_size < 1:
+            raise ValueError(f"batch_size: expected an int >= 1, got {batch_size}")
+        batch_size = int(batch_size)
+        if not isinstance(normalize, (bool, np.bool_)):
+            raise TypeError(f"normalize: expected a bool, got {type(normalize).__name__}")
+        if progress is not None and not isinstance(progress, (bool, np.bool_)):
+            raise TypeError(f"progress: expected a bool or None, got {type(progress).__name__}")
         out = np.zeros((len(sentences), self.dim), dtype=self.model.dtype)
         if not sentences:
             return out
+        # Longest first (a stable sort: equal lengths keep their order); out[order[j]] is the j-th sorted.
+        order = np.argsort([-len(s) for s in sentences], kind="stable")
         starts = range(0, len(sentences), batch_size)
         if progress is None:
             progress = len(starts) > 4
@@ -110,10 +132,10 @@ class SentenceEncoder:
 
             starts = tqdm(starts, desc="encode", unit="batch")
         for start in starts:
-            batch = sentences[start:start + batch_size]
-            enc = self.tokenizer.encode_batch(batch)
+            rows = order[start:start + batch_size]
+            enc = self.tokenizer.encode_batch([sentences[i] for i in rows])
             hidden = self.model(enc["input_ids"], enc["attention_mask"], enc["token_type_ids"]).last_hidden_state
-            out[start:start + len(batch)] = mean_pool(hidden, enc["attention_mask"])
+            out[rows] = mean_pool(hidden, enc["attention_mask"])
         if normalize:
             out /= np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-12)
         return out

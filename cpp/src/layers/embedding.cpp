@@ -96,7 +96,10 @@ std::string Embedding<T>::storage(const std::string& name, int64_t row0, int64_t
 
 template <class T>
 void Embedding<T>::dequantize_rows(const std::string& name, int64_t row0, int64_t rows, T* out) const {
-  if (!quantized(name)) Module<T>::dequantize_rows(name, row0, rows, out);
+  if (!quantized(name)) {
+    Module<T>::dequantize_rows(name, row0, rows, out);
+    return;
+  }
   if constexpr (std::is_same_v<T, float>) quantized_->dequantize_rows(row0, rows, out);
 }
 
@@ -134,8 +137,7 @@ void Embeddings<T>::forward(const int64_t* ids, const int64_t* positions, const 
     if (token_type_ids != nullptr) {
       token_type_->forward_add(token_type_ids, rows, out);                   // + token_type[tt]
     } else {
-      const std::vector<int64_t> zeros(static_cast<size_t>(rows), 0);      // no token types: type 0
-      token_type_->forward_add(zeros.data(), rows, out);
+      ops::add_bias(out, rows, config_.hidden_size, token_type_->weight());  // no token types: type 0
     }
   }
   if (norm_ != nullptr) norm_->forward(out, rows, out);

@@ -1,0 +1,152 @@
+"""Corpus embedding throughput: one process vs a local Dask cluster of 1 and 2 workers.
+
+Usage::
+
+    .venv/bin/python bench/distributed.py                       # 2,000 sentences, all-MiniLM-L6-v2
+    .venv/bin/python bench/distributed.py --sentences 500 --workers 1,2,4 --chunk-size 100
+
+Each run embeds the same sentences (``bench/sentences.txt`` and pairs of them, as ``bench/run.py``'s
+MiniLM case) into a fresh ``.parquet`` output and reports:
+
+* ``wall s``: the whole call (for the clusters: starting them, loading the model in every worker);
+* ``sentences/s``: the steady rate, from the first chunk's completion to the last one's
+  (``(N - first chunk) / (t_last - t_first)``), i.e. without the start-up;
+* ``vs 1 worker``: that rate over the 1-worker cluster's.
+
+The single-process rows run ``corpus.embed_file`` in this process with 1 and with all cores' C++
+threads; the cluster rows run ``distributed.embed_corpus`` with single-threaded workers (one C++
+thread each), so 2 workers use 2 cores. The machine, load average and versions head the table:
+on a busy machine the figures are noise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import transformer_core as tc
+from transformer_core import corpus
+
+BENCH_DIR = Path(__file__).resolve().parent
+# This script is named distributed.py: with its folder on sys.path, `import distributed` (Dask's,
+# in the workers too) would find the script. Its folder goes; run.py is loaded by path.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != BENCH_DIR]
+
+
+def load_sentences(n: int) -> list[str]:
+    """bench/run.py's MiniLM sentences (the base list, then pairs of them)."""
+    spec = importlib.util.spec_from_file_location("bench_run", BENCH_DIR / "run.py")
+    module = sys.modules["bench_run"] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.load_sentences(n)
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+class Timer:
+    """Records when each chunk completes (the ``on_chunk`` callback) and computes the steady rate."""
+
+    def __init__(self, chunk_size: int, n: int):
+        self.chunk_size, self.n = chunk_size, n
+        self.times: list[float] = []
+
+    def __call__(self, index: int, done: int) -> None:
+        self.times.append(time.perf_counter())
+
+    def rate(self) -> float:
+        if len(self.times) < 2:
+            return float("nan")
+        # Every chunk but the first is counted over the time between the first and the last.
+        return (self.n - self.chunk_size) / (self.times[-1] - self.times[0])
+
+
+def run_single(path: Path, out: Path, threads: int, chunk_size: int, model: str) -> tuple[float, float]:
+    """embed_file in this process; the per-chunk times come from wrapping the writer's commit."""
+    tc.set_num_threads(threads)
+    timer = Timer(chunk_size, sum(1 for _ in open(path)))
+    original = corpus.EmbedJob.commit
+
+    def commit(self, index, **extra):
+        original(self, index, **extra)
+        timer(index, len(self.completed))
+
+    corpus.EmbedJob.commit = commit
+    try:
+        t0 = time.perf_counter()
+        corpus.embed_file(path, out, model=model, chunk_size=chunk_size)
+        return time.perf_counter() - t0, timer.rate()
+    finally:
+        corpus.EmbedJob.commit = original
+
+
+def run_cluster(path: Path, out: Path, workers: int, chunk_size: int, model: str) -> tuple[float, float]:
+    from transformer_core.distributed import embed_corpus
+
+    timer = Timer(chunk_size, sum(1 for _ in open(path)))
+    t0 = time.perf_counter()
+    embed_corpus(path, out, model=model, workers=workers, threads_per_worker=1, chunk_size=chunk_size,
+                 on_chunk=timer)
+    return time.perf_counter() - t0, timer.rate()
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--sentences", type=int, default=2000)
+    p.add_argument("--chunk-size", type=int, default=100)
+    p.add_argument("--workers", default="1,2", help="cluster sizes, comma-separated (default 1,2)")
+    p.add_argument("--model", default="all-MiniLM-L6-v2")
+    p.add_argument("--no-single", action="store_true", help="skip the single-process rows")
+    args = p.parse_args(argv)
+    sizes = [int(w) for w in args.workers.split(",")]
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+
+    rows = []
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "corpus.txt"
+        path.write_text("\n".join(load_sentences(args.sentences)) + "\n", encoding="utf-8")
+        if not args.no_single:
+            for threads in sorted({1, cores}):
+                wall, rate = run_single(path, Path(d) / f"single{threads}.parquet", threads, args.chunk_size,
+                                        args.model)
+                rows.append((f"one process, {threads} thread{'s' if threads > 1 else ''}", wall, rate))
+        for w in sizes:
+            wall, rate = run_cluster(path, Path(d) / f"cluster{w}.parquet", w, args.chunk_size, args.model)
+            rows.append((f"Dask, {w} worker{'s' if w > 1 else ''} x 1 thread", wall, rate))
+        # The outputs agree (the same chunks, whoever computed them).
+        import pyarrow.parquet as pq
+
+        outs = sorted(Path(d).glob("*.parquet"))
+        embs = [pq.read_table(o).sort_by("id").column("embedding").combine_chunks().flatten().to_numpy()
+                for o in outs]
+        max_diff = max(float(np.abs(e - embs[0]).max()) for e in embs)
+
+    base = next((r for _, _, r in [(n, w, r) for n, w, r in rows if n.startswith("Dask, 1 worker ")]), None)
+    print(f"# corpus embedding: {args.sentences} sentences, chunks of {args.chunk_size}, {args.model}")
+    print(f"# {_cpu_name()}, {cores} cores, load average {os.getloadavg()[0]:.2f} at the end; "
+          f"transformer_core {tc.__version__}, Python {platform.python_version()}")
+    print(f"# outputs agree: max |difference| between runs {max_diff:.2e}")
+    print(f"| {'run':<30} | {'wall s':>7} | {'sentences/s':>11} | {'vs 1 worker':>11} |")
+    print(f"|{'-' * 32}|{'-' * 9}|{'-' * 13}|{'-' * 13}|")
+    for name, wall, rate in rows:
+        rel = f"{rate / base:.2f}x" if base and name.startswith("Dask") else ""
+        print(f"| {name:<30} | {wall:7.1f} | {rate:11.1f} | {rel:>11} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,267 @@
+"""Chatting with a causal LM (SmolLM2-135M-Instruct by default): the conversation rendered with the
+model's chat template, each reply streamed as it is generated, and the KV cache kept between turns
+so a turn runs only its new tokens (the KV-cache section of the tutorials, at the scale of a
+conversation).
+
+    session = ChatSession.from_pretrained("SmolLM2-135M-Instruct", system="You are terse.")
+    reply = session.send("What is the capital of France?", on_text=print)
+    session.stats   # prefill and decode tokens and seconds of the last turn
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from ._validation import check_int
+
+__all__ = ["ChatSession", "TurnStats", "continue_text", "run_chat", "run_generate"]
+
+DEFAULT_CHAT_MODEL = "SmolLM2-135M-Instruct"
+
+
+@dataclass
+class TurnStats:
+    """Timings of one generation: the prompt (prefill) and the new tokens (decode).
+
+    Attributes:
+        prefill_tokens: tokens run through the model before the first new token (only those not
+            already in the KV cache).
+        prefill_seconds: wall time until the first new token.
+        decode_tokens: new tokens after the first (each one decoding step).
+        decode_seconds: wall time of those steps.
+    """
+
+    prefill_tokens: int = 0
+    prefill_seconds: float = 0.0
+    decode_tokens: int = 0
+    decode_seconds: float = 0.0
+
+    @property
+    def prefill_tokens_per_second(self) -> float:
+        """Prompt tokens per second (0 when nothing was timed)."""
+        return self.prefill_tokens / self.prefill_seconds if self.prefill_seconds > 0 else 0.0
+
+    @property
+    def decode_tokens_per_second(self) -> float:
+        """Decoded tokens per second (0 when nothing was timed)."""
+        return self.decode_tokens / self.decode_seconds if self.decode_seconds > 0 else 0.0
+
+    def __str__(self) -> str:
+        return (f"prefill: {self.prefill_tokens} tokens, {self.prefill_tokens_per_second:.1f} tokens/s; "
+                f"decode: {self.decode_tokens} tokens, {self.decode_tokens_per_second:.1f} tokens/s")
+
+
+def _stream(model, tokenizer, ids: np.ndarray, cache, on_text, stats: TurnStats, **options) -> list[int]:
+    """Runs ``model.stream`` over ``ids (1, L)`` with ``cache``, pushing text to ``on_text``;
+    returns the generated ids (an end token included) and fills ``stats``."""
+    text = tokenizer.text_stream()
+    generated: list[int] = []
+    stats.prefill_tokens = ids.shape[1] - cache.length
+    start = time.perf_counter()
+    last = start
+    for step, token in enumerate(model.stream(ids, past_key_values=cache, **options)):
+        now = time.perf_counter()
+        if step == 0:
+            stats.prefill_seconds = now - start
+        else:
+            stats.decode_seconds += now - last
+            stats.decode_tokens += 1
+        last = now
+        token_id = int(token[0])
+        generated.append(token_id)
+        if on_text is not None:
+            piece = text.push(token_id)
+            if piece:
+                on_text(piece)
+    if on_text is not None:
+        tail = text.finish()
+        if tail:
+            on_text(tail)
+    return generated
+
+
+def _options(max_new_tokens, temperature, top_p, top_k, seed, repetition_penalty) -> dict:
+    temperature = float(temperature)
+    if not temperature >= 0:
+        raise ValueError(f"temperature: expected a value >= 0 (0 = greedy), got {temperature}")
+    sample = temperature > 0
+    return dict(max_new_tokens=max_new_tokens, do_sample=sample, temperature=temperature if sample else 1.0,
+                top_p=top_p if sample else None, top_k=top_k if sample else None, seed=seed,
+                repetition_penalty=repetition_penalty)
+
+
+class ChatSession:
+    """A conversation with a chat model.
+
+    Each :meth:`send` appends the user's message, renders the whole conversation with the
+    tokenizer's chat template (``add_generation_prompt=True``), runs only the tokens the KV cache
+    does not hold yet (the cache is cut back to the longest common prefix of the cached tokens and
+    the new prompt), streams the reply until an end token (the tokenizer's EOS, e.g. SmolLM2's
+    ``<|im_end|>``) or ``max_new_tokens``, and appends the reply to the conversation.
+
+    Args:
+        model: a causal LM (:class:`~transformer_core.LlamaForCausalLM`, GPT-2, ...).
+        tokenizer: its :class:`~transformer_core.Tokenizer`, with a chat template.
+        system: an optional system message.
+        max_new_tokens: the most tokens one reply may have (>= 1).
+        temperature: 0 (default) = greedy; > 0 samples from ``softmax(logits / temperature)``.
+        top_p, top_k: sampling filters (with ``temperature`` > 0).
+        seed: seeds sampling (reproducible replies).
+        repetition_penalty: > 0; 1 or None = none.
+
+    Raises:
+        ValueError: a tokenizer without a chat template; bad options (named).
+    """
+
+    def __init__(self, model, tokenizer, system: str | None = None, max_new_tokens: int = 256,
+                 temperature: float = 0.0, top_p: float | None = None, top_k: int | None = None,
+                 seed: int | None = None, repetition_penalty: float | None = None):
+        if tokenizer.chat_template is None:
+            raise ValueError("tokenizer: this model's tokenizer has no chat template (use continue_text)")
+        if system is not None and not isinstance(system, str):
+            raise TypeError(f"system: expected a str, got {type(system).__name__}")
+        self.model, self.tokenizer = model, tokenizer
+        self.options = _options(check_int(max_new_tokens, "max_new_tokens", 1), temperature, top_p, top_k, seed,
+                                repetition_penalty)
+        self.messages: list[dict] = [] if system is None else [{"role": "system", "content": system}]
+        self.cache = model.new_cache(1)
+        self._cached_ids: list[int] = []  # the tokens whose keys and values the cache holds
+        self.stats = TurnStats()
+
+    @classmethod
+    def from_pretrained(cls, name_or_path=DEFAULT_CHAT_MODEL, **kwargs) -> "ChatSession":
+        """A session with a Llama-family chat model and its tokenizer: a GGUF file, a Hugging Face
+        directory, or the embedded ``"SmolLM2-135M-Instruct"``; ``kwargs`` as :class:`ChatSession`.
+
+        Raises:
+            FileNotFoundError, ValueError: as ``LlamaForCausalLM.from_pretrained``.
+        """
+        from .llama import LlamaForCausalLM
+        from .tokenizer import Tokenizer
+
+        return cls(LlamaForCausalLM.from_pretrained(name_or_path), Tokenizer.from_pretrained(name_or_path), **kwargs)
+
+    def send(self, message: str, on_text: Callable[[str], None] | None = None) -> str:
+        """The model's reply to ``message``, streamed to ``on_text`` piece by piece as it is generated.
+
+        Raises:
+            TypeError: ``message`` not a str. ValueError: the conversation no longer fits the
+            model's context (start a new session).
+        """
+        if not isinstance(message, str):
+            raise TypeError(f"message: expected a str, got {type(message).__name__}")
+        messages = self.messages + [{"role": "user", "content": message}]
+        prompt = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        room = self.model.context_length - len(prompt)
+        if room < 1:
+            raise ValueError(f"message: the conversation ({len(prompt)} tokens) no longer fits the model's context "
+                             f"({self.model.context_length} tokens); start a new session")
+        # Keep the cached prefix the new prompt shares; at least the prompt's last token runs again.
+        common = 0
+        for a, b in zip(self._cached_ids, prompt[:-1]):
+            if a != b:
+                break
+            common += 1
+        self.cache.crop(common)
+        options = dict(self.options, max_new_tokens=min(self.options["max_new_tokens"], room))
+        eos = self.tokenizer.eos_token_id
+        self.stats = TurnStats()
+        generated = _stream(self.model, self.tokenizer, np.array([prompt], np.int64), self.cache, on_text,
+                            self.stats, eos_token_id=[] if eos is None else [eos], **options)
+        # The cache now holds the prompt and every generated token but the last (never fed back).
+        self._cached_ids = prompt + generated[:-1]
+        reply = self.tokenizer.decode(generated, skip_special_tokens=True)
+        self.messages = messages + [{"role": "assistant", "content": reply}]
+        return reply
+
+
+def continue_text(model, tokenizer, text: str, max_new_tokens: int = 128, on_text=None, temperature: float = 0.0,
+                  top_p: float | None = None, top_k: int | None = None, seed: int | None = None,
+                  repetition_penalty: float | None = None) -> tuple[str, TurnStats]:
+    """Continues raw ``text`` (no chat template): its tokens (with the BOS the tokenizer adds, if
+    any), then up to ``max_new_tokens`` new ones, stopping at the tokenizer's EOS.
+
+    Returns:
+        ``(the continuation, its TurnStats)``.
+
+    Raises:
+        TypeError: ``text`` not a str. ValueError: empty text, or text + max_new_tokens longer than
+        the model's context; bad options (named).
+    """
+    if not isinstance(text, str):
+        raise TypeError(f"text: expected a str, got {type(text).__name__}")
+    ids = tokenizer.encode(text, add_special_tokens=True)
+    if not ids:
+        raise ValueError("text: expected some text, got none")
+    options = _options(check_int(max_new_tokens, "max_new_tokens", 1), temperature, top_p, top_k, seed,
+                       repetition_penalty)
+    eos = tokenizer.eos_token_id
+    stats = TurnStats()
+    cache = model.new_cache(1, len(ids) + options["max_new_tokens"])
+    generated = _stream(model, tokenizer, np.array([ids], np.int64), cache, on_text, stats,
+                        eos_token_id=[] if eos is None else [eos], **options)
+    return tokenizer.decode(generated, skip_special_tokens=True), stats
+
+
+# ------------------------------------------------------------------------------------------------
+# The command line (``python -m transformer_core chat|generate``; errors are reported by __main__)
+# ------------------------------------------------------------------------------------------------
+def _load(args):
+    from .llama import LlamaForCausalLM
+    from .tokenizer import Tokenizer
+
+    name = args.model or DEFAULT_CHAT_MODEL
+    return LlamaForCausalLM.from_pretrained(name), Tokenizer.from_pretrained(name)
+
+
+def _print(text: str) -> None:
+    import sys
+
+    sys.stdout.write(text)
+    sys.stdout.flush()
+
+
+def run_chat(args) -> int:
+    """``chat``: one PROMPT, or one turn per line of standard input; replies streamed to stdout,
+    the tokens/s of each turn on stderr."""
+    import sys
+
+    model, tokenizer = _load(args)
+    session = ChatSession(model, tokenizer, system=args.system, max_new_tokens=args.max_new_tokens,
+                          temperature=args.temperature, top_p=args.top_p, seed=args.seed)
+    turns = [args.prompt] if args.prompt is not None else None
+    interactive = turns is None and sys.stdin.isatty()
+    while True:
+        if turns is not None:
+            if not turns:
+                return 0
+            message = turns.pop(0)
+        else:
+            if interactive:
+                print("> ", end="", file=sys.stderr, flush=True)
+            line = sys.stdin.readline()
+            if not line:
+                return 0
+            message = line.rstrip("\n")
+            if not message.strip():
+                continue
+        session.send(message, on_text=_print)
+        _print("\n")
+        print(session.stats, file=sys.stderr)
+
+
+def run_generate(args) -> int:
+    """``generate``: TEXT and its continuation streamed to stdout, tokens/s on stderr."""
+    import sys
+
+    model, tokenizer = _load(args)
+    _print(args.text)
+    _, stats = continue_text(model, tokenizer, args.text, max_new_tokens=args.max_new_tokens, on_text=_print,
+                             temperature=args.temperature, top_p=args.top_p, seed=args.seed)
+    _print("\n")
+    print(stats, file=sys.stderr)
+    return 0

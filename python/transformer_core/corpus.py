@@ -1,0 +1,1283 @@
+"""Embedding a corpus: files of any size, written in chunks, resumable, searchable.
+
+The pieces, in the order a run uses them:
+
+* **Sources** (:func:`open_source`): the texts of a file, streamed in input order (never read into
+  one list). Formats: ``text`` (one text per line; blank lines skipped; surrounding whitespace
+  stripped), ``jsonl`` (one JSON object per line, the text in ``text_field``), ``csv`` (a header
+  row, the text in the column ``text_field``) and ``parquet`` (the string column ``text_field``,
+  read in record batches with pyarrow). ``text_field`` defaults to ``"text"``. A record that
+  cannot be read (invalid UTF-8, invalid JSON, a missing or non-string field) is an error naming
+  its line (row) number, or is skipped with ``errors="skip"``. Ids are the positions of the texts
+  kept, ``0 .. N-1``, in input order.
+* **Chunks**: the texts cut into consecutive runs of ``chunk_size``; chunk ``i`` holds ids
+  ``[i * chunk_size, (i + 1) * chunk_size)``. Memory is bounded by one chunk (its texts, its
+  embeddings, one batch's activations), whatever the size of the input.
+* **Outputs**: ``OUT.npy`` (one ``(N, dim)`` float32 array, written through a memory map, and the
+  texts in ``OUT.npy.texts.jsonl``, one JSON string per line) or ``OUT.parquet`` (a directory
+  dataset, one file per chunk, ``part-00000.parquet``, with columns ``id`` int64, ``text`` string
+  and ``embedding`` fixed_size_list<float32>[dim]). Until every chunk is done the data lives at
+  ``OUT.npy.partial`` / ``OUT.parquet.partial``, so that nothing at ``OUT`` ever looks complete
+  while it is not; the last step renames it to ``OUT``.
+* **The manifest** ``OUT.manifest.json`` beside the output: the model's identity (name and a
+  fingerprint of its config, tokenizer and safetensors header), dim, dtype, the input's identity
+  (path, size, mtime, hashes of its first and last MiB, format, field, error mode), the chunk size
+  and the chunks completed (as ``[first, stop)`` ranges, so that its size does not grow with the
+  number of chunks). It is replaced atomically (temp file + ``os.replace``) after a chunk's
+  data is on disk (``.npy``: the rows flushed with msync and the texts fsynced; ``.parquet``: the
+  part written to a temp name, fsynced and renamed), so a kill at any moment never marks unwritten
+  rows as done. ``resume=True`` (``--resume``) checks model and input against it, then computes
+  only the chunks not done; a chunk computed twice (a kill between its data and the manifest) is
+  overwritten with the same rows, never appended.
+* **Search** (:func:`search`): exact top-k by cosine similarity over the stored embeddings,
+  block by block (memory-mapped ``.npy`` rows, or one Parquet part at a time).
+
+The distributed version of the same job (the same chunks as Dask tasks, the same Parquet layout
+and manifest) is :func:`transformer_core.distributed.embed_corpus`.
+
+pyarrow is needed for Parquet input, Parquet output and searching a Parquet output (``pip install
+transformer_core[parquet]``); text, JSONL, CSV and ``.npy`` need only numpy.
+"""
+
+from __future__ import annotations
+
+import codecs
+import csv
+import dataclasses
+import hashlib
+import itertools
+import json
+import os
+import shutil
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Iterable, Iterator
+
+import numpy as np
+
+from .hub import DEFAULT_MODEL, read_config, resolve_model_dir
+
+__all__ = [
+    "INPUT_FORMATS",
+    "DEFAULT_CHUNK_SIZE",
+    "TextSource",
+    "ListSource",
+    "open_source",
+    "model_identity",
+    "EmbedJob",
+    "EmbedResult",
+    "embed_file",
+    "embed_summary",
+    "write_parquet_part",
+    "Hit",
+    "search",
+    "read_manifest",
+    "completed_chunks",
+    "manifest_path",
+]
+
+#: Input formats, by name; ``open_source`` picks one from the file's extension when not given.
+INPUT_FORMATS = ("text", "jsonl", "csv", "parquet")
+#: Texts per chunk by default: a few MB of embeddings, a few seconds of work per chunk.
+DEFAULT_CHUNK_SIZE = 1000
+#: Manifest format tag and version.
+MANIFEST_FORMAT = "transformer_core.embeddings"
+MANIFEST_VERSION = 1
+#: The embeddings are stored as float32.
+DTYPE = np.dtype(np.float32)
+
+_EXTENSIONS = {".txt": "text", ".text": "text", ".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv",
+               ".parquet": "parquet", ".pq": "parquet"}
+_SNIFF_BYTES = 8192          # bytes read to tell a binary file from text
+_HASH_BYTES = 1 << 20        # bytes hashed at the head and the tail of the input
+_MAX_SKIPPED_KEPT = 20       # skipped records listed in the manifest (the count is always kept)
+
+
+def _need_pyarrow(what: str):
+    try:
+        import pyarrow  # noqa: F401
+        import pyarrow.parquet  # noqa: F401
+    except ImportError:
+        raise ImportError(f"{what} needs pyarrow: pip install 'transformer_core[parquet]'") from None
+    return pyarrow
+
+
+# =========================================================================================== sources
+class ListSource:
+    """Texts given in memory (the CLI's positional sentences), as a source.
+
+    Args:
+        texts: a list of str, kept as given (no stripping, nothing skipped).
+
+    Raises:
+        TypeError: not a list of str.
+    """
+
+    format = "list"
+    path = None
+    errors = "strict"
+
+    def __init__(self, texts):
+        if isinstance(texts, str) or not hasattr(texts, "__iter__"):
+            raise TypeError(f"texts: expected a list of str, got {type(texts).__name__}")
+        self.texts = list(texts)
+        for i, t in enumerate(self.texts):
+            if not isinstance(t, str):
+                raise TypeError(f"texts: expected a list of str, got {type(t).__name__} at index {i}")
+        self.skipped: list[tuple[int, str]] = []
+        self.num_skipped = 0
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.texts)
+
+    def identity(self) -> dict:
+        """What a resumed run compares: the number of texts and a hash of all of them."""
+        h = hashlib.sha256()
+        for t in self.texts:
+            h.update(t.encode("utf-8", "surrogatepass"))
+            h.update(b"\0")
+        return {"format": "list", "count": len(self.texts), "sha256": h.hexdigest()}
+
+    def describe(self) -> str:
+        return f"{len(self.texts)} sentences given as arguments"
+
+
+class TextSource:
+    """The texts of one file, streamed in input order; see the module docstring for the formats.
+
+    Use :func:`open_source` to make one (it checks its arguments). Iterating yields the texts
+    (str); each pass starts from the beginning of the file and records the records it skipped in
+    ``skipped`` (the first 20 ``(line, reason)`` pairs) and ``num_skipped``.
+    """
+
+    def __init__(self, path: Path, fmt: str, text_field: str | None, errors: str):
+        self.path = path
+        self.format = fmt
+        self.text_field = text_field
+        self.errors = errors
+        self.skipped: list[tuple[int, str]] = []
+        self.num_skipped = 0
+
+    def describe(self) -> str:
+        field = f", field {self.text_field!r}" if self.text_field else ""
+        return f"{self.path} ({self.format}{field})"
+
+    # ---------------------------------------------------------------------------------- identity
+    def identity(self) -> dict:
+        """Path, size, mtime, SHA-256 of the first and last MiB, and how the file is read: what a
+        resumed run compares (all but path and mtime) to be sure it reads the same texts."""
+        st = self.path.stat()
+        with open(self.path, "rb") as f:
+            head = hashlib.sha256(f.read(_HASH_BYTES)).hexdigest()
+            f.seek(max(0, st.st_size - _HASH_BYTES))
+            tail = hashlib.sha256(f.read(_HASH_BYTES)).hexdigest()
+        return {"format": self.format, "path": str(self.path.resolve()), "text_field": self.text_field,
+                "errors": self.errors, "size": st.st_size, "mtime_ns": st.st_mtime_ns,
+                "head_sha256": head, "tail_sha256": tail}
+
+    # ---------------------------------------------------------------------------------- reading
+    def _bad(self, where: str, reason: str) -> None:
+        if self.errors == "strict":
+            raise ValueError(f"{self.path}, {where}: {reason} (--errors skip / errors='skip' skips such records)")
+        self.num_skipped += 1
+        if len(self.skipped) < _MAX_SKIPPED_KEPT:
+            self.skipped.append((where, reason))
+
+    def __iter__(self) -> Iterator[str]:
+        self.skipped, self.num_skipped = [], 0
+        reader = {"text": self._iter_text, "jsonl": self._iter_jsonl, "csv": self._iter_csv,
+                  "parquet": self._iter_parquet}[self.format]
+        return reader()
+
+    def _lines(self) -> Iterator[tuple[int, bytes]]:
+        """(line number, raw line) of the file, the UTF-8 byte-order mark dropped."""
+        with open(self.path, "rb") as f:
+            for lineno, raw in enumerate(f, 1):
+                if lineno == 1 and raw.startswith(codecs.BOM_UTF8):
+                    raw = raw[len(codecs.BOM_UTF8):]
+                yield lineno, raw
+
+    def _decode(self, lineno: int, raw: bytes) -> str | None:
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            self._bad(f"line {lineno}", f"invalid UTF-8 (byte {e.start + 1} of the line: {raw[e.start:e.start + 1]!r})")
+            return None
+
+    def _iter_text(self) -> Iterator[str]:
+        for lineno, raw in self._lines():
+            line = self._decode(lineno, raw)
+            if line is not None:
+                text = line.strip()
+                if text:
+                    yield text
+
+    def _valid_text(self, where: str, value) -> bool:
+        if not isinstance(value, str):
+            self._bad(where, f"field {self.text_field!r} is {_json_type(value)}, expected a string")
+            return False
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            self._bad(where, f"field {self.text_field!r} holds a lone surrogate (not valid Unicode text)")
+            return False
+        return True
+
+    def _iter_jsonl(self) -> Iterator[str]:
+        field = self.text_field
+        for lineno, raw in self._lines():
+            line = self._decode(lineno, raw)
+            if line is None or not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                self._bad(f"line {lineno}", f"not valid JSON ({e.msg}, column {e.colno})")
+                continue
+            if not isinstance(obj, dict):
+                self._bad(f"line {lineno}", f"expected a JSON object, got {_json_type(obj)}")
+                continue
+            if field not in obj:
+                keys = ", ".join(repr(k) for k in list(obj)[:8])
+                self._bad(f"line {lineno}", f"no field {field!r} (fields: {keys or 'none'}; --text-field picks one)")
+                continue
+            if self._valid_text(f"line {lineno}", obj[field]):
+                yield obj[field]
+
+    def _iter_csv(self) -> Iterator[str]:
+        # Lines are decoded one by one (with surrogateescape, so that the CSV parser sees every line
+        # and quoted multi-line fields stay intact); a field holding undecodable bytes is reported
+        # with the line where its record ends.
+        lines = (raw.decode("utf-8", "surrogateescape") for _, raw in self._lines())
+        reader = csv.reader(lines)
+        try:
+            header = next(reader, None)
+            if header is None:
+                return
+            field = self.text_field
+            if field not in header:
+                raise ValueError(f"{self.path}: no column {field!r} in the CSV header (columns: "
+                                 f"{', '.join(repr(h) for h in header[:12])}); --text-field picks one")
+            col = header.index(field)
+            for row in reader:
+                where = f"line {reader.line_num}"
+                if not row:
+                    continue  # a blank line
+                if col >= len(row):
+                    self._bad(where, f"the record has {len(row)} fields, no value in column {field!r}")
+                    continue
+                text = row[col]
+                try:
+                    text.encode("utf-8")
+                except UnicodeEncodeError:
+                    self._bad(where, f"invalid UTF-8 in column {field!r}")
+                    continue
+                yield text
+        except csv.Error as e:
+            raise ValueError(f"{self.path}, line {reader.line_num}: not valid CSV ({e})") from None
+
+    def _iter_parquet(self) -> Iterator[str]:
+        pa = _need_pyarrow("Parquet input")
+        import pyarrow.parquet as pq
+
+        try:
+            pf = pq.ParquetFile(str(self.path))
+        except (pa.ArrowException, OSError) as e:
+            raise ValueError(f"{self.path}: not a readable Parquet file ({e})") from None
+        field = self.text_field
+        schema = pf.schema_arrow
+        if field not in schema.names:
+            raise ValueError(f"{self.path}: no column {field!r} (columns: "
+                             f"{', '.join(repr(n) for n in schema.names[:12])}); --text-field picks one")
+        ftype = schema.field(field).type
+        if not (pa.types.is_string(ftype) or pa.types.is_large_string(ftype)
+                or pa.types.is_binary(ftype) or pa.types.is_large_binary(ftype)):
+            raise ValueError(f"{self.path}: column {field!r} has type {ftype}, expected a string column")
+        row = 0
+        for batch in pf.iter_batches(batch_size=4096, columns=[field]):
+            # As bytes, decoded here: invalid UTF-8 is reported with its row, never passed on.
+            for value in batch.column(0).cast(pa.large_binary()).to_pylist():
+                row += 1
+                if value is None:
+                    self._bad(f"row {row}", f"column {field!r} is null")
+                    continue
+                try:
+                    yield value.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    self._bad(f"row {row}", f"invalid UTF-8 in column {field!r} (byte {e.start + 1})")
+
+
+def _json_type(value) -> str:
+    return {dict: "an object", list: "an array", str: "a string", bool: "a boolean", int: "a number",
+            float: "a number", type(None): "null"}.get(type(value), type(value).__name__)
+
+
+def open_source(path, input_format: str | None = None, text_field: str | None = None,
+                errors: str = "strict") -> TextSource:
+    """A file's texts as a :class:`TextSource` (streamed; see the module docstring).
+
+    Args:
+        path: the input file.
+        input_format: one of ``INPUT_FORMATS``; None = from the extension (``.jsonl``/``.ndjson``,
+            ``.csv``, ``.parquet``/``.pq``; anything else is text, one per line).
+        text_field: the JSON field or column holding the text (jsonl, csv, parquet); default ``"text"``.
+        errors: ``"strict"`` (a bad record is an error naming its line) or ``"skip"``.
+
+    Raises:
+        TypeError: ``path`` not a str or path. FileNotFoundError: no such file.
+        IsADirectoryError: ``path`` is a directory. ValueError: an unknown format or error mode,
+        ``text_field`` for text input, or a text/JSONL/CSV file that is binary (a NUL byte in its
+        first 8 KiB).
+    """
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"input: expected a path, got {type(path).__name__}")
+    if errors not in ("strict", "skip"):
+        raise ValueError(f"errors: expected 'strict' or 'skip', got {errors!r}")
+    p = Path(path)
+    if input_format is None:
+        input_format = _EXTENSIONS.get(p.suffix.lower(), "text")
+    if input_format not in INPUT_FORMATS:
+        raise ValueError(f"input_format: expected one of {', '.join(INPUT_FORMATS)}, got {input_format!r}")
+    if input_format == "text":
+        if text_field is not None:
+            raise ValueError(f"text_field: only for jsonl, csv and parquet input; {p} is read as text, one per line")
+    elif text_field is None:
+        text_field = "text"
+    elif not isinstance(text_field, str) or not text_field:
+        raise ValueError(f"text_field: expected a non-empty str, got {text_field!r}")
+    if not p.exists():
+        raise FileNotFoundError(f"input: {p}: no such file")
+    if p.is_dir():
+        raise IsADirectoryError(f"input: {p} is a directory, expected a file")
+    if input_format != "parquet":
+        with open(p, "rb") as f:
+            head = f.read(_SNIFF_BYTES)
+        nul = head.find(b"\0")
+        if nul >= 0:
+            raise ValueError(f"input: {p} looks like a binary file (a NUL byte at offset {nul}), expected UTF-8 "
+                             f"text ({input_format}); a UTF-16 file must be converted to UTF-8 first")
+    return TextSource(p, input_format, text_field, errors)
+
+
+def _chunks(texts: Iterable[str], chunk_size: int) -> Iterator[tuple[int, int, list[str]]]:
+    """``(index, start, texts)`` of consecutive chunks of ``chunk_size`` texts (the last shorter)."""
+    it = iter(texts)
+    for index in itertools.count():
+        chunk = list(itertools.islice(it, chunk_size))
+        if not chunk:
+            return
+        yield index, index * chunk_size, chunk
+
+
+# ===================================================================================== model identity
+def model_identity(name_or_path=DEFAULT_MODEL) -> dict:
+    """Name, width and a fingerprint of a model, read from its files without loading it.
+
+    The fingerprint is a SHA-256 over ``config.json``, the tokenizer files, the safetensors header
+    (every tensor's name, dtype, shape and offsets), the weight file's size and its first and last
+    MiB of data: two models that differ in architecture, tokenizer or (in practice) weights differ.
+
+    Returns:
+        ``{"name", "fingerprint", "dim"}`` (``dim`` = ``config.json``'s ``hidden_size``).
+
+    Raises:
+        FileNotFoundError: no such model, or no ``config.json`` / ``model.safetensors``.
+        ValueError: ``config.json`` without ``hidden_size``, or a weight file that is not safetensors.
+    """
+    model_dir = resolve_model_dir(name_or_path)
+    config = read_config(model_dir)
+    dim = config.get("hidden_size")
+    if not isinstance(dim, int) or dim < 1:
+        raise ValueError(f"config.json: expected an int hidden_size, got {dim!r} ({model_dir})")
+    h = hashlib.sha256()
+    for fname in ("config.json", "tokenizer.json", "tokenizer_config.json", "sentence_bert_config.json",
+                  "special_tokens_map.json"):
+        f = model_dir / fname
+        if f.is_file():
+            h.update(fname.encode() + b"\0" + f.read_bytes() + b"\0")
+    weights = model_dir / "model.safetensors"
+    if not weights.is_file():
+        raise FileNotFoundError(f"model.safetensors: not found in model directory {model_dir}")
+    size = weights.stat().st_size
+    with open(weights, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        if not 0 < n <= min(size - 8, 100 << 20):
+            raise ValueError(f"model.safetensors: not a safetensors file (header length {n}, file size {size})")
+        h.update(f.read(n))
+        h.update(str(size).encode())
+        h.update(f.read(_HASH_BYTES))
+        f.seek(max(8 + n, size - _HASH_BYTES))
+        h.update(f.read(_HASH_BYTES))
+    return {"name": str(name_or_path), "fingerprint": h.hexdigest()[:32], "dim": dim}
+
+
+# ========================================================================================= manifest
+def manifest_path(out) -> Path:
+    """``OUT.manifest.json``: the manifest beside an output."""
+    return Path(f"{out}.manifest.json")
+
+
+def _partial_path(out) -> Path:
+    return Path(f"{out}.partial")
+
+
+def _texts_path(out) -> Path:
+    return Path(f"{out}.texts.jsonl")
+
+
+def _temp_name(path: Path) -> Path:
+    """A unique temporary name beside ``path``, hidden (leading dot: dataset readers skip it)."""
+    return path.with_name(f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+
+
+def _remove_temps(directory: Path, name: str) -> None:
+    """Removes the temporaries of ``name`` that a killed process left in ``directory``."""
+    for tmp in directory.glob(f".{name}.tmp-*"):
+        tmp.unlink(missing_ok=True)
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    """Writes ``data`` to ``path`` all or nothing: a temp file, fsynced, then ``os.replace``."""
+    tmp = _temp_name(path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def read_manifest(out) -> dict:
+    """The manifest of an output (``OUT.manifest.json``) as a dict.
+
+    Raises:
+        FileNotFoundError: no manifest. ValueError: not a manifest of this package.
+    """
+    path = manifest_path(out)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such file (not an output of `embed --out`, or never started)")
+    try:
+        man = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: not a valid manifest ({e})") from None
+    if not isinstance(man, dict) or man.get("format") != MANIFEST_FORMAT:
+        raise ValueError(f"{path}: not a manifest of transformer_core embeddings")
+    if man.get("version") != MANIFEST_VERSION:
+        raise ValueError(f"{path}: manifest version {man.get('version')!r}, this version reads {MANIFEST_VERSION}")
+    return man
+
+
+def completed_chunks(manifest: dict) -> set[int]:
+    """The chunk indices a manifest records as done (stored as ``[first, stop)`` ranges)."""
+    return {i for a, b in manifest["completed"] for i in range(a, b)}
+
+
+def _num_completed(manifest: dict) -> int:
+    return sum(b - a for a, b in manifest["completed"])
+
+
+def _add_to_ranges(ranges: list, i: int) -> None:
+    """Adds ``i`` to sorted, disjoint, non-adjacent ``[a, b)`` ranges, in place, merging neighbours."""
+    k = 0
+    while k < len(ranges) and ranges[k][1] < i:
+        k += 1
+    if k < len(ranges) and ranges[k][0] <= i < ranges[k][1]:
+        return  # already there
+    if k < len(ranges) and ranges[k][1] == i:       # extends ranges[k] to the right
+        ranges[k][1] = i + 1
+        if k + 1 < len(ranges) and ranges[k + 1][0] == i + 1:
+            ranges[k][1] = ranges.pop(k + 1)[1]
+    elif k < len(ranges) and ranges[k][0] == i + 1:  # extends ranges[k] to the left
+        ranges[k][0] = i
+    else:
+        ranges.insert(k, [i, i + 1])
+
+
+def _output_kind(out) -> str:
+    suffix = Path(out).suffix.lower()
+    if suffix == ".npy":
+        return "npy"
+    if suffix == ".parquet":
+        return "parquet"
+    raise ValueError(f"out: expected a path ending in .npy or .parquet, got {str(out)!r}")
+
+
+def _part_name(index: int, width: int) -> str:
+    return f"part-{index:0{width}d}.parquet"
+
+
+# ============================================================================================ writers
+def write_parquet_part(directory, index: int, width: int, start: int, texts: list[str],
+                       embeddings: np.ndarray) -> Path:
+    """Writes one chunk as ``directory/part-<index>.parquet``, atomically (a hidden temp file,
+    fsynced, then renamed): a reader sees the whole part or none of it, and writing the same chunk
+    twice (a retried task) leaves one file with the same rows.
+
+    Args:
+        directory: the dataset directory (exists).
+        index: chunk index; ``width``: digits of the part number.
+        start: id of the chunk's first text (ids are ``start .. start + len(texts) - 1``).
+        texts: the chunk's texts. embeddings: ``(len(texts), dim)`` float32.
+
+    Returns:
+        The part's path.
+    """
+    pa = _need_pyarrow("Parquet output")
+    import pyarrow.parquet as pq
+
+    emb = np.ascontiguousarray(embeddings, dtype=DTYPE)
+    n, dim = emb.shape
+    table = pa.table({
+        "id": pa.array(np.arange(start, start + n, dtype=np.int64)),
+        "text": pa.array(texts, type=pa.string()),
+        "embedding": pa.FixedSizeListArray.from_arrays(pa.array(emb.reshape(-1)), dim),
+    })
+    path = Path(directory) / _part_name(index, width)
+    tmp = _temp_name(path)
+    try:
+        with open(tmp, "wb") as f:
+            pq.write_table(table, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
+
+
+class _NpyWriter:
+    """Rows into the preallocated ``.npy`` (one memory-mapped window per chunk, flushed with msync
+    and unmapped, so the resident memory stays one chunk's), texts appended to the JSONL sidecar
+    (fsynced). Chunks come in order; the sidecar is cut back to the manifest's length on resume."""
+
+    def __init__(self, job: "EmbedJob"):
+        self.path = job.data_path
+        self.dim = job.dim
+        whole = np.load(self.path, mmap_mode="r")  # reads the header; maps, touches nothing
+        shape, dtype, self.offset = whole.shape, whole.dtype, whole.offset
+        del whole
+        if shape != (job.num_rows, job.dim) or dtype != DTYPE:
+            raise ValueError(f"{self.path}: expected a ({job.num_rows}, {job.dim}) float32 array, got "
+                             f"{shape} {dtype}; --overwrite starts over")
+        texts = _texts_path(job.out)
+        self.texts = open(texts, "r+b" if texts.exists() else "w+b")
+        self.texts.truncate(job.manifest.get("texts_bytes", 0))
+        self.texts.seek(0, os.SEEK_END)
+
+    def write(self, start: int, texts: list[str], emb: np.ndarray) -> dict:
+        n = len(texts)
+        window = np.memmap(self.path, dtype=DTYPE, mode="r+", offset=self.offset + start * self.dim * DTYPE.itemsize,
+                           shape=(n, self.dim))
+        window[:] = emb
+        window.flush()
+        del window
+        self.texts.write("".join(json.dumps(t, ensure_ascii=False) + "\n" for t in texts).encode("utf-8"))
+        self.texts.flush()
+        os.fsync(self.texts.fileno())
+        return {"texts_bytes": self.texts.tell()}
+
+    def close(self) -> None:
+        self.texts.close()
+
+
+class _ParquetWriter:
+    def __init__(self, job: "EmbedJob"):
+        self.directory = job.data_path
+        self.width = job.manifest["part_width"]
+        self.chunk_size = job.chunk_size
+
+    def write(self, start: int, texts: list[str], emb: np.ndarray) -> dict:
+        write_parquet_part(self.directory, start // self.chunk_size, self.width, start, texts, emb)
+        return {}
+
+    def close(self) -> None:
+        pass
+
+
+# ================================================================================================ job
+@dataclasses.dataclass
+class EmbedResult:
+    """What a run did.
+
+    Attributes:
+        out: the output path. kind: ``"npy"`` or ``"parquet"``. rows: texts in the output.
+        dim: embedding width. chunks: chunks in the output. chunks_computed / rows_computed: the
+        part this run computed (less than all when resumed). seconds: wall time of this run.
+        num_skipped: records skipped (``errors="skip"``). skipped: the first of them, ``(where, why)``.
+    """
+
+    out: Path
+    kind: str
+    rows: int
+    dim: int
+    chunks: int
+    chunks_computed: int
+    rows_computed: int
+    seconds: float
+    num_skipped: int = 0
+    skipped: list = dataclasses.field(default_factory=list)
+
+    @property
+    def sentences_per_second(self) -> float:
+        return self.rows_computed / self.seconds if self.seconds > 0 else float("nan")
+
+
+class EmbedJob:
+    """One embedding run's plan and state: the output, its manifest, the chunks left.
+
+    Made by :meth:`prepare` (checks, and for a new run a first pass over the input to count and
+    validate it; nothing is written), then :meth:`start` (creates or reopens the output), then for
+    every chunk of :meth:`pending` the data is written and :meth:`commit` records it; :meth:`finish`
+    renames the data to its final name and marks the manifest complete. :func:`embed_file` runs
+    the chunks in this process, :func:`transformer_core.distributed.embed_corpus` on Dask workers.
+    """
+
+    def __init__(self, out: Path, kind: str, manifest: dict, source):
+        self.out = out
+        self.kind = kind
+        self.manifest = manifest
+        self.source = source
+        self._started = False
+
+    # ------------------------------------------------------------------------------ properties
+    num_rows = property(lambda self: self.manifest["num_rows"])
+    num_chunks = property(lambda self: self.manifest["num_chunks"])
+    chunk_size = property(lambda self: self.manifest["chunk_size"])
+    dim = property(lambda self: self.manifest["model"]["dim"])
+    complete = property(lambda self: bool(self.manifest["complete"]))
+
+    @property
+    def data_path(self) -> Path:
+        """Where the data is: ``OUT.partial`` while incomplete, ``OUT`` once complete."""
+        return self.out if self.complete else _partial_path(self.out)
+
+    @property
+    def completed(self) -> set[int]:
+        """The chunks done."""
+        return completed_chunks(self.manifest)
+
+    @property
+    def num_completed(self) -> int:
+        return _num_completed(self.manifest)
+
+    def rows_done(self) -> int:
+        """Texts in the chunks done."""
+        ranges = self.manifest["completed"]
+        last_done = bool(ranges) and ranges[-1][1] == self.num_chunks
+        return self.num_completed * self.chunk_size - (self.num_chunks * self.chunk_size - self.num_rows
+                                                        if last_done else 0)
+
+    # ------------------------------------------------------------------------------ prepare
+    @classmethod
+    def prepare(cls, source, out, model: dict, *, chunk_size: int | None = None, resume: bool = False,
+                overwrite: bool = False, normalize: bool = True) -> "EmbedJob":
+        """Checks the output path and, for ``resume``, the manifest against this input and model;
+        for a new run reads the input once (counting and validating every record). Writes nothing.
+
+        Args:
+            source: a :class:`TextSource` or :class:`ListSource`.
+            out: ``*.npy`` or ``*.parquet``; its directory must exist.
+            model: :func:`model_identity` of the model that will embed.
+            chunk_size: texts per chunk (default ``DEFAULT_CHUNK_SIZE``; a resumed run keeps its own).
+            resume: continue the run whose manifest is ``OUT.manifest.json``.
+            overwrite: replace an existing output (removed only when :meth:`start` runs).
+
+        Raises:
+            ValueError: a bad ``out`` suffix or ``chunk_size``; a resumed run whose model, input or
+                chunk size differ; an input with no text; a bad record (strict mode).
+            FileNotFoundError: ``out``'s directory does not exist; ``resume`` with no manifest, or
+                with its data gone.
+            FileExistsError: the output exists and neither ``resume`` nor ``overwrite`` was given.
+        """
+        kind = _output_kind(out)
+        out = Path(out)
+        if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int)):
+            raise TypeError(f"chunk_size: expected an int, got {type(chunk_size).__name__}")
+        if chunk_size is not None and chunk_size < 1:
+            raise ValueError(f"chunk_size: expected an int >= 1, got {chunk_size}")
+        if resume and overwrite:
+            raise ValueError("resume and overwrite: give one or the other")
+        parent = out.parent
+        if not parent.is_dir():
+            raise FileNotFoundError(f"out: the directory {parent} does not exist (for {out})")
+        if resume:
+            return cls._prepare_resume(source, out, kind, model, chunk_size)
+        existing = [p for p in (out, _partial_path(out), manifest_path(out)) if p.exists()]
+        if existing and not overwrite:
+            try:
+                man = read_manifest(out)
+                state = ("complete" if man["complete"] else
+                         f"an interrupted run, {_num_completed(man)} of {man['num_chunks']} chunks done; "
+                         f"--resume continues it")
+            except (OSError, ValueError, KeyError):
+                state = "without a manifest of this package"
+            raise FileExistsError(f"out: {existing[0]} already exists ({state}); --overwrite replaces it")
+        chunk_size = DEFAULT_CHUNK_SIZE if chunk_size is None else chunk_size
+        identity = source.identity()
+        n = sum(1 for _ in source)  # the first pass: counts and validates every record
+        if n == 0:
+            raise ValueError(f"input: {source.describe()} has no text to embed ({_why_empty(source, identity)})")
+        num_chunks = -(-n // chunk_size)
+        manifest = {
+            "format": MANIFEST_FORMAT, "version": MANIFEST_VERSION, "kind": kind,
+            "model": model, "dtype": DTYPE.name, "normalize": bool(normalize),
+            "input": identity, "num_rows": n, "chunk_size": chunk_size, "num_chunks": num_chunks,
+            "part_width": max(5, len(str(num_chunks - 1))), "completed": [], "texts_bytes": 0,
+            "complete": False, "num_skipped": source.num_skipped,
+            "skipped": [list(s) for s in source.skipped],
+        }
+        return cls(out, kind, manifest, source)
+
+    @classmethod
+    def _prepare_resume(cls, source, out: Path, kind: str, model: dict, chunk_size) -> "EmbedJob":
+        try:
+            man = read_manifest(out)
+        except FileNotFoundError:
+            raise FileNotFoundError(f"resume: nothing to resume, {manifest_path(out)} does not exist "
+                                    f"(run without --resume to start)") from None
+        try:
+            if man["kind"] != kind:
+                raise ValueError(f"resume: {out} was started as {man['kind']}, not {kind}")
+            old_model = man["model"]
+            if old_model["fingerprint"] != model["fingerprint"]:
+                raise ValueError(f"resume: {out} was made by another model: {old_model['name']!r} (fingerprint "
+                                 f"{old_model['fingerprint'][:12]}), not {model['name']!r} (fingerprint "
+                                 f"{model['fingerprint'][:12]}); --model {old_model['name']} continues it, "
+                                 f"--overwrite starts over")
+            old_in, new_in = man["input"], source.identity()
+            for key in ("format", "text_field", "errors", "size", "head_sha256", "tail_sha256", "count", "sha256"):
+                if old_in.get(key) != new_in.get(key):
+                    what = {"head_sha256": "content (first MiB)", "tail_sha256": "content (last MiB)"}.get(key, key)
+                    raise ValueError(f"resume: the input is not the one {out} was started from: its {what} "
+                                     f"differs ({old_in.get('path') or 'arguments'}: {old_in.get(key)!r}, now "
+                                     f"{new_in.get(key)!r}); --overwrite starts over")
+            if chunk_size is not None and chunk_size != man["chunk_size"]:
+                raise ValueError(f"chunk_size: {out} was started with chunk size {man['chunk_size']}, got "
+                                 f"{chunk_size}; leave it out to continue")
+        except KeyError as e:
+            raise ValueError(f"{manifest_path(out)}: a manifest without {e}") from None
+        job = cls(out, kind, man, source)
+        if not man["complete"] and not _partial_path(out).exists():
+            all_done = _num_completed(man) == man["num_chunks"]
+            if not (all_done and out.exists()):
+                raise FileNotFoundError(f"resume: the data of the interrupted run, {_partial_path(out)}, is gone; "
+                                        f"--overwrite starts over")
+        job._started = True
+        return job
+
+    # ------------------------------------------------------------------------------ run
+    def start(self) -> None:
+        """Creates the output for a new run (removing an old one when ``overwrite``): the data at
+        ``OUT.partial`` (``.npy``: preallocated ``(N, dim)`` float32 through
+        ``np.lib.format.open_memmap``, sparse on disk; ``.parquet``: an empty directory) and the
+        manifest with no chunk done. A resumed run's output is only checked."""
+        if self._started:
+            return
+        for p in (self.out, _partial_path(self.out), manifest_path(self.out), _texts_path(self.out)):
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p)
+            elif p.exists() or p.is_symlink():
+                p.unlink()
+        data = _partial_path(self.out)
+        if self.kind == "npy":
+            mm = np.lib.format.open_memmap(data, mode="w+", dtype=DTYPE, shape=(self.num_rows, self.dim))
+            del mm
+            _texts_path(self.out).write_bytes(b"")
+        else:
+            _need_pyarrow("Parquet output")
+            data.mkdir()
+        self._save()
+        self._started = True
+
+    def pending(self) -> Iterator[tuple[int, int, list[str]]]:
+        """``(index, start, texts)`` of every chunk not yet done, in order, streamed from the
+        input (done chunks are read past, not kept).
+
+        Raises:
+            ValueError: the input now holds a different number of texts than the manifest says.
+        """
+        done = self.completed
+        total = 0
+        for index, start, texts in _chunks(self.source, self.chunk_size):
+            total = start + len(texts)
+            if index >= self.num_chunks:
+                break
+            if index not in done:
+                yield index, start, texts
+        if total != self.num_rows:
+            raise ValueError(f"input: {self.source.describe()} changed during the run: it now holds "
+                             f"{'more than ' if total > self.num_rows else ''}{total} texts, the manifest "
+                             f"says {self.num_rows}")
+
+    def writer(self):
+        """The writer of this output's chunks (``write(start, texts, embeddings) -> manifest
+        extras``; ``close()``)."""
+        return _NpyWriter(self) if self.kind == "npy" else _ParquetWriter(self)
+
+    def commit(self, index: int, **extra) -> None:
+        """Records chunk ``index`` as done (its data must already be on disk), atomically."""
+        _add_to_ranges(self.manifest["completed"], index)
+        self.manifest.update(extra)
+        self._save()
+
+    def finish(self) -> None:
+        """Every chunk done: the data is renamed to ``OUT``, the manifest marked complete, and
+        temporaries left by killed processes are removed.
+
+        Raises:
+            ValueError: a chunk is not done.
+        """
+        if self.num_completed != self.num_chunks:
+            missing = sorted(set(range(self.num_chunks)) - self.completed)
+            raise ValueError(f"out: {len(missing)} chunks not done (first: {missing[0]}); cannot finish")
+        partial = _partial_path(self.out)
+        if partial.exists():
+            if partial.is_dir():
+                for tmp in partial.glob(".*.tmp-*"):
+                    tmp.unlink(missing_ok=True)
+            os.replace(partial, self.out)
+        self.manifest["complete"] = True
+        self._save()
+        _remove_temps(self.out.parent, manifest_path(self.out).name)
+
+    def interrupted_message(self) -> str:
+        done = self.num_completed
+        return (f"interrupted: {done} of {self.num_chunks} chunks ({self.rows_done()} of {self.num_rows} texts) "
+                f"are saved in {_partial_path(self.out)}; the same command with --resume finishes the rest")
+
+    def _save(self) -> None:
+        _atomic_write(manifest_path(self.out), json.dumps(self.manifest, indent=1).encode("utf-8"))
+
+
+def _why_empty(source, identity: dict) -> str:
+    if isinstance(source, ListSource):
+        return "no sentences given"
+    if source.num_skipped:
+        return f"all {source.num_skipped} records were skipped; the first: {source.skipped[0][0]}: {source.skipped[0][1]}"
+    if identity.get("size") == 0:
+        return "the file is empty"
+    return "only blank lines" if source.format == "text" else "no records"
+
+
+def _progress_bar(progress: bool, total: int, initial: int, desc: str):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, initial=initial, disable=not progress, unit=" sentences", desc=desc,
+                file=sys.stderr, dynamic_ncols=True, smoothing=0.1)
+
+
+def embed_file(input, out, *, model=DEFAULT_MODEL, input_format: str | None = None, text_field: str | None = None,
+               errors: str = "strict", chunk_size: int | None = None, batch_size: int = 32, resume: bool = False,
+               overwrite: bool = False, progress: bool = False) -> EmbedResult:
+    """Embeds every text of a file (or a list) into ``out`` (``.npy`` or ``.parquet``), chunk by
+    chunk, in this process; see the module docstring for the layout and the manifest.
+
+    Args:
+        input: a path (read with :func:`open_source`), a :class:`TextSource` or a list of str.
+        out: ``*.npy`` or ``*.parquet``.
+        model: model directory or embedded name (default all-MiniLM-L6-v2).
+        input_format, text_field, errors: as :func:`open_source`.
+        chunk_size: texts per chunk (default 1000; a resumed run keeps its own).
+        batch_size: texts per forward pass (:meth:`SentenceEncoder.encode`).
+        resume: continue an interrupted run (checks model and input first).
+        overwrite: replace an existing output.
+        progress: a tqdm bar on stderr (sentences/s, ETA).
+
+    Returns:
+        :class:`EmbedResult`. Row ``i`` of the output is ``SentenceEncoder.encode`` of text ``i``
+        (L2-normalised, float32).
+
+    Raises:
+        As :func:`open_source`, :meth:`EmbedJob.prepare` and ``SentenceEncoder.from_pretrained``;
+        KeyboardInterrupt with a message saying what is saved and how to resume.
+    """
+    from .sentence_encoder import SentenceEncoder
+
+    t0 = time.perf_counter()
+    source = _as_source(input, input_format, text_field, errors)
+    job = EmbedJob.prepare(source, out, model_identity(model), chunk_size=chunk_size, resume=resume,
+                           overwrite=overwrite)
+    encoder = SentenceEncoder.from_pretrained(model)
+    if job.complete:
+        return _result(job, 0, 0, time.perf_counter() - t0)
+    job.start()
+    writer = None
+    rows_computed = chunks_computed = 0
+    bar = _progress_bar(progress, job.num_rows, job.rows_done(), "embed")
+    try:
+        for index, start, texts in job.pending():
+            emb = encoder.encode(texts, batch_size=batch_size, progress=False)
+            writer = writer or job.writer()
+            extra = writer.write(start, texts, emb)
+            job.commit(index, **extra)
+            rows_computed += len(texts)
+            chunks_computed += 1
+            bar.update(len(texts))
+        if writer is not None:
+            writer.close()
+        job.finish()
+    except KeyboardInterrupt:
+        raise KeyboardInterrupt(job.interrupted_message()) from None
+    finally:
+        if writer is not None:
+            writer.close()
+        bar.close()
+    return _result(job, chunks_computed, rows_computed, time.perf_counter() - t0)
+
+
+def _as_source(input, input_format, text_field, errors):
+    if isinstance(input, (TextSource, ListSource)):
+        return input
+    if isinstance(input, (list, tuple)):
+        return ListSource(input)
+    return open_source(input, input_format, text_field, errors)
+
+
+def _result(job: EmbedJob, chunks_computed: int, rows_computed: int, seconds: float) -> EmbedResult:
+    m = job.manifest
+    return EmbedResult(out=job.out, kind=job.kind, rows=job.num_rows, dim=job.dim, chunks=job.num_chunks,
+                       chunks_computed=chunks_computed, rows_computed=rows_computed, seconds=seconds,
+                       num_skipped=m.get("num_skipped", 0), skipped=[tuple(s) for s in m.get("skipped", [])])
+
+
+@dataclasses.dataclass
+class EmbedSummary:
+    """What :func:`embed_summary` saw: either the embeddings of a few texts (``texts`` and
+    ``embeddings (N, dim)``, N <= ``limit``) or, beyond that, only statistics: ``count``, ``dim``,
+    ``mean_cosine`` (the mean cosine similarity over all pairs i != j), ``seconds``."""
+
+    count: int
+    dim: int
+    seconds: float
+    texts: list | None = None
+    embeddings: np.ndarray | None = None
+    mean_cosine: float | None = None
+    num_skipped: int = 0
+
+
+def embed_summary(input, *, model=DEFAULT_MODEL, limit: int = 20, input_format=None, text_field=None,
+                  errors="strict", chunk_size: int = DEFAULT_CHUNK_SIZE, batch_size: int = 32,
+                  progress: bool = False) -> EmbedSummary:
+    """Embeds a source without saving: up to ``limit`` texts are returned with their embeddings;
+    a longer input is streamed chunk by chunk (memory bounded by a chunk) and summarised.
+
+    The mean pairwise cosine is exact and needs no N x N matrix: for unit rows ``e_i``,
+    ``sum_{i != j} e_i . e_j = |sum_i e_i|^2 - sum_i |e_i|^2``.
+
+    Raises:
+        As :func:`open_source` and ``SentenceEncoder.from_pretrained``; ValueError: no text.
+    """
+    from .sentence_encoder import SentenceEncoder
+
+    t0 = time.perf_counter()
+    source = _as_source(input, input_format, text_field, errors)
+    encoder = SentenceEncoder.from_pretrained(model)
+    it = iter(source)
+    head = list(itertools.islice(it, limit + 1))
+    if not head:
+        identity = source.identity() if isinstance(source, TextSource) else {}
+        raise ValueError(f"input: {source.describe()} has no text to embed ({_why_empty(source, identity)})")
+    if len(head) <= limit:
+        emb = encoder.encode(head, batch_size=batch_size, progress=False)
+        return EmbedSummary(count=len(head), dim=encoder.dim, seconds=time.perf_counter() - t0, texts=head,
+                            embeddings=emb, num_skipped=source.num_skipped)
+    total = np.zeros(encoder.dim, np.float64)
+    sq = 0.0
+    count = 0
+    bar = _progress_bar(progress, None, 0, "embed")
+    try:
+        for _, _, texts in _chunks(itertools.chain(head, it), chunk_size):
+            emb = encoder.encode(texts, batch_size=batch_size, progress=False).astype(np.float64)
+            total += emb.sum(axis=0)
+            sq += float((emb * emb).sum())
+            count += len(texts)
+            bar.update(len(texts))
+    finally:
+        bar.close()
+    mean_cos = (float(total @ total) - sq) / (count * (count - 1))
+    return EmbedSummary(count=count, dim=encoder.dim, seconds=time.perf_counter() - t0, mean_cosine=mean_cos,
+                        num_skipped=source.num_skipped)
+
+
+# ============================================================================================ search
+@dataclasses.dataclass(frozen=True)
+class Hit:
+    """One search result: the text's ``id`` (its row), cosine ``score``, and the ``text``."""
+
+    id: int
+    score: float
+    text: str | None
+
+
+def _merge_topk(best_s: np.ndarray, best_i: np.ndarray, s: np.ndarray, ids: np.ndarray, k: int):
+    """The k best of the union of (best_s, best_i) and (s, ids): highest score first, ties by lower
+    id (so the result does not depend on how the rows were cut into blocks)."""
+    if len(s) > k:
+        kth = np.partition(s, len(s) - k)[len(s) - k]  # the k-th largest score
+        keep = s >= kth                                 # ties at the boundary all kept
+        s, ids = s[keep], ids[keep]
+    s = np.concatenate([best_s, s])
+    ids = np.concatenate([best_i, ids])
+    order = np.lexsort((ids, -s))[:k]
+    return s[order], ids[order]
+
+
+def _open_index(index, allow_incomplete: bool) -> tuple[dict, Path]:
+    index = Path(index)
+    try:
+        man = read_manifest(index)
+    except FileNotFoundError:
+        if index.exists():
+            raise ValueError(f"index: {index} has no manifest ({manifest_path(index).name}); search reads "
+                             f"outputs of `embed --out`") from None
+        raise FileNotFoundError(f"index: {index}: no such file") from None
+    if man["complete"]:
+        data = index
+    else:
+        if not allow_incomplete:
+            raise ValueError(f"index: {index} is incomplete ({_num_completed(man)} of {man['num_chunks']} chunks "
+                             f"done): `embed --resume` finishes it; --allow-incomplete searches the chunks done")
+        data = _partial_path(index) if _partial_path(index).exists() else index
+    if not data.exists():
+        raise FileNotFoundError(f"index: the data {data} is missing (the manifest {manifest_path(index)} remains)")
+    return man, data
+
+
+def _row_ranges(man: dict) -> list[tuple[int, int]]:
+    """``[start, stop)`` row ranges of the completed chunks."""
+    c, n = man["chunk_size"], man["num_rows"]
+    ranges: list[tuple[int, int]] = []
+    for first, stop in man["completed"]:
+        ranges.append((first * c, min(stop * c, n)))
+    return ranges
+
+
+def _iter_blocks(man: dict, data: Path, block_rows: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """``(ids (B,), embeddings (B, dim))`` of the stored rows, block by block."""
+    dim = man["model"]["dim"]
+    if man["kind"] == "npy":
+        mm = np.load(data, mmap_mode="r")
+        if mm.shape != (man["num_rows"], dim) or mm.dtype != DTYPE:
+            raise ValueError(f"index: {data} holds {mm.shape} {mm.dtype}, the manifest says ({man['num_rows']}, {dim}) "
+                             f"float32")
+        for a, b in _row_ranges(man):
+            for s in range(a, b, block_rows):
+                e = min(s + block_rows, b)
+                yield np.arange(s, e, dtype=np.int64), np.asarray(mm[s:e])
+        return
+    pa = _need_pyarrow("Searching a Parquet output")
+    import pyarrow.parquet as pq
+
+    for i in sorted(completed_chunks(man)):
+        part = data / _part_name(i, man["part_width"])
+        table = pq.read_table(part, columns=["id", "embedding"])
+        col = table.column("embedding").combine_chunks()
+        if not (pa.types.is_fixed_size_list(col.type) and col.type.list_size == dim):
+            raise ValueError(f"index: {part}: column 'embedding' has type {col.type}, expected "
+                             f"fixed_size_list<float>[{dim}]")
+        emb = col.flatten().to_numpy(zero_copy_only=False).astype(DTYPE, copy=False).reshape(-1, dim)
+        yield table.column("id").to_numpy().astype(np.int64, copy=False), emb
+
+
+def _texts_of(man: dict, data: Path, index: Path, ids: set[int]) -> dict[int, str]:
+    """The texts of the given ids (read by streaming the sidecar, or the parts that hold them)."""
+    found: dict[int, str] = {}
+    if not ids:
+        return found
+    if man["kind"] == "npy":
+        path = _texts_path(index)
+        if not path.exists():
+            return found
+        last = max(ids)
+        with open(path, "rb") as f:
+            for row, line in enumerate(f):
+                if row in ids:
+                    found[row] = json.loads(line)
+                if row >= last:
+                    break
+        return found
+    import pyarrow.parquet as pq
+
+    by_chunk: dict[int, list[int]] = {}
+    for i in ids:
+        by_chunk.setdefault(i // man["chunk_size"], []).append(i)
+    for chunk, wanted in by_chunk.items():
+        table = pq.read_table(data / _part_name(chunk, man["part_width"]), columns=["id", "text"])
+        part_ids = table.column("id").to_numpy()
+        texts = table.column("text")
+        for i in wanted:
+            pos = np.flatnonzero(part_ids == i)
+            if len(pos):
+                found[i] = texts[int(pos[0])].as_py()
+    return found
+
+
+def search(index, queries, k: int = 5, *, model=None, allow_incomplete: bool = False,
+           block_rows: int = 65536, batch_size: int = 32) -> list[list[Hit]]:
+    """Exact top-k nearest texts by cosine similarity, over an output of :func:`embed_file`.
+
+    Scores are ``cos(q, e_i) = q . e_i / (|q| |e_i|)`` in float32, computed block by block
+    (``block_rows`` rows of the memory-mapped ``.npy``, or one Parquet part, at a time) and merged
+    into a running top-k; ties go to the lower id.
+
+    Args:
+        index: the ``out`` of the embedding run (``*.npy`` or ``*.parquet``; its manifest beside it).
+        queries: one str or a list of str.
+        k: results per query (fewer if the index holds fewer rows).
+        model: the model that embeds the queries; default the index's own. Another model is refused.
+        allow_incomplete: search the chunks done of an interrupted run instead of refusing it.
+
+    Returns:
+        One list of :class:`Hit` per query, best first.
+
+    Raises:
+        FileNotFoundError: no such index. ValueError: no manifest, an incomplete index (unless
+        ``allow_incomplete``), another model, ``k`` < 1. TypeError: queries not str.
+    """
+    from .sentence_encoder import SentenceEncoder
+
+    if isinstance(queries, str):
+        queries = [queries]
+    queries = list(queries)
+    if not queries or not all(isinstance(q, str) for q in queries):
+        raise TypeError("queries: expected a str or a non-empty list of str")
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
+        raise TypeError(f"k: expected an int, got {type(k).__name__}")
+    if k < 1:
+        raise ValueError(f"k: expected an int >= 1, got {k}")
+    if isinstance(block_rows, bool) or not isinstance(block_rows, int) or block_rows < 1:
+        raise ValueError(f"block_rows: expected an int >= 1, got {block_rows!r}")
+    man, data = _open_index(index, allow_incomplete)
+    name = man["model"]["name"] if model is None else model
+    if model is not None and model_identity(model)["fingerprint"] != man["model"]["fingerprint"]:
+        raise ValueError(f"model: {index} was embedded with {man['model']['name']!r}, not {model!r}; "
+                         f"queries must be embedded by the same model")
+    encoder = SentenceEncoder.from_pretrained(name)
+    q = encoder.encode(queries, batch_size=batch_size, normalize=True, progress=False)  # (Q, dim)
+    best = [(np.empty(0, DTYPE), np.empty(0, np.int64)) for _ in queries]
+    for ids, emb in _iter_blocks(man, data, block_rows):
+        norms = np.maximum(np.linalg.norm(emb, axis=1), 1e-12).astype(DTYPE)  # (B,)
+        scores = (emb @ q.T) / norms[:, None]                                 # (B, Q)
+        for j in range(len(queries)):
+            best[j] = _merge_topk(best[j][0], best[j][1], scores[:, j], ids, k)
+    texts = _texts_of(man, data, Path(index), {int(i) for _, ids in best for i in ids})
+    return [[Hit(int(i), float(s), texts.get(int(i))) for s, i in zip(*b)] for b in best]
+
+
+# =============================================================================================== CLI
+def _short(text: str, width: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[:width - 3] + "..."
+
+
+def run_embed(args) -> int:
+    """``python -m transformer_core embed``: see ``__main__``. Prints to stdout; errors propagate
+    (the CLI's one handler reports them)."""
+    if args.file and args.sentences:
+        raise ValueError("give sentences as arguments or --file, not both")
+    if not args.file and not args.sentences:
+        raise ValueError("give sentences as arguments or with --file")
+    distributed = args.scheduler is not None or args.workers is not None
+    if not args.out:
+        for flag, value in (("--resume", args.resume), ("--overwrite", args.overwrite),
+                            ("--scheduler/--workers", distributed)):
+            if value:
+                raise ValueError(f"{flag} needs --out")
+    progress = not args.no_progress
+    source = ListSource(args.sentences) if args.sentences else open_source(
+        args.file, args.format, args.text_field, args.errors)
+    if args.out and distributed:
+        if not args.file:
+            raise ValueError("--scheduler/--workers: the distributed job reads --file")
+        from .distributed import embed_corpus
+
+        result = embed_corpus(source, args.out, model=args.model, scheduler=args.scheduler, workers=args.workers,
+                              threads_per_worker=args.threads_per_worker, chunk_size=args.chunk_size,
+                              batch_size=args.batch_size, resume=args.resume, overwrite=args.overwrite,
+                              progress=progress)
+    elif args.out:
+        result = embed_file(source, args.out, model=args.model, chunk_size=args.chunk_size,
+                            batch_size=args.batch_size, resume=args.resume, overwrite=args.overwrite,
+                            progress=progress)
+    else:
+        return _print_summary(args, embed_summary(source, model=args.model, chunk_size=args.chunk_size or
+                                                  DEFAULT_CHUNK_SIZE, batch_size=args.batch_size, progress=progress))
+    _report_skipped(result.num_skipped, result.skipped)
+    info = {"out": str(result.out), "rows": result.rows, "dim": result.dim, "chunks": result.chunks,
+            "chunks_computed": result.chunks_computed, "rows_computed": result.rows_computed,
+            "seconds": round(result.seconds, 3), "sentences_per_second": round(result.sentences_per_second, 1),
+            "skipped": result.num_skipped}
+    if args.json:
+        print(json.dumps(info))
+    elif result.chunks_computed == 0:
+        print(f"{result.out}: already complete ({result.rows} rows, dim {result.dim}); nothing to do")
+    else:
+        print(f"{result.out}: {result.rows} rows x {result.dim} float32 in {result.chunks} chunks "
+              f"({result.rows_computed} embedded now in {result.seconds:.1f} s, "
+              f"{result.sentences_per_second:.1f} sentences/s)")
+    return 0
+
+
+def _report_skipped(num: int, skipped) -> None:
+    if num:
+        first = "; ".join(f"{w}: {r}" for w, r in list(skipped)[:5])
+        print(f"skipped {num} records: {first}{' ...' if num > 5 else ''}", file=sys.stderr)
+
+
+def _print_summary(args, s: EmbedSummary) -> int:
+    _report_skipped(s.num_skipped, [])
+    if s.embeddings is not None:
+        from .sentence_encoder import cosine_similarity
+
+        emb, sentences = s.embeddings, s.texts
+        sim = cosine_similarity(emb)
+        if args.json:
+            print(json.dumps({"model": args.model, "sentences": sentences, "shape": list(emb.shape),
+                              "similarity": sim.round(6).tolist(), "embeddings": emb.tolist()}))
+            return 0
+        print(f"model: {args.model}")
+        print(f"embeddings: shape {emb.shape}, dtype {emb.dtype}")
+        print("cosine similarity:")
+        short = [_short(t, 40) for t in sentences]
+        width = max(len(t) for t in short)
+        for i, t in enumerate(short):
+            row = " ".join(f"{x:6.3f}" for x in sim[i])
+            print(f"  [{i}] {t:<{width}}  {row}")
+        with np.printoptions(precision=4, suppress=True):
+            print(f"first embedding, first 8 values: {emb[0, :8]}")
+        return 0
+    rate = s.count / s.seconds if s.seconds > 0 else float("nan")
+    if args.json:
+        print(json.dumps({"model": args.model, "count": s.count, "shape": [s.count, s.dim],
+                          "mean_cosine": round(s.mean_cosine, 6), "seconds": round(s.seconds, 3),
+                          "sentences_per_second": round(rate, 1)}))
+        return 0
+    print(f"model: {args.model}")
+    print(f"embedded {s.count} sentences (dim {s.dim}) in {s.seconds:.1f} s ({rate:.1f} sentences/s)")
+    print(f"mean cosine similarity over all pairs: {s.mean_cosine:.4f}")
+    print("the similarity matrix is printed for up to 20 sentences; --out FILE.npy or FILE.parquet saves the "
+          "embeddings, and `search --index FILE` queries them")
+    return 0
+
+
+def run_search(args) -> int:
+    """``python -m transformer_core search``: see ``__main__``."""
+    results = search(args.index, args.queries, args.k, model=args.model, allow_incomplete=args.allow_incomplete)
+    if args.json:
+        print(json.dumps([{"query": q, "hits": [dataclasses.asdict(h) for h in hits]}
+                          for q, hits in zip(args.queries, results)], ensure_ascii=False))
+        return 0
+    for qi, (q, hits) in enumerate(zip(args.queries, results)):
+        if qi:
+            print()
+        print(f"query: {q}")
+        for rank, h in enumerate(hits, 1):
+            text = "(text not stored)" if h.text is None else _short(h.text, 100)
+            print(f"  {rank:>2}. {h.score:7.4f}  [{h.id}] {text}")
+    return 0

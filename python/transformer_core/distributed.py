@@ -1,0 +1,274 @@
+"""The corpus embedding job of :mod:`transformer_core.corpus` on a Dask distributed cluster.
+
+:func:`embed_corpus` cuts the input into the same chunks as :func:`transformer_core.corpus.embed_file`
+and runs each as a task on the cluster's workers; a task embeds its chunk and writes it as one part
+of the same Parquet dataset (``part-<chunk>.parquet``, written to a temp name and renamed). The
+client streams the input (a bounded number of chunks in flight, so its memory stays bounded too),
+records each chunk in the same manifest as it completes, and renames the dataset to its final name
+at the end: an output is the same whether one process or a cluster made it, and either can resume
+the other's interrupted run.
+
+* **One encoder per worker**, not per task: a worker plugin loads the model when the worker starts
+  (and in a worker that replaces a dead one) into a per-process cache keyed by the model's
+  fingerprint; tasks take it from there. A worker's tasks use its encoder one at a time (a lock).
+* **Threads**: each worker's C++ core runs ``threads_per_worker`` OpenMP threads
+  (``transformer_core.set_num_threads``, and ``OMP_NUM_THREADS`` in its environment), by default
+  the host's cores divided by the worker processes on that host, so that the workers together do
+  not oversubscribe the cores. A local cluster's workers run one Dask task thread each.
+* **Failures**: tasks are idempotent per chunk (same chunk, same part file, atomic rename), so the
+  chunks of a worker that dies are recomputed on another worker (Dask reschedules them) with no
+  row lost or duplicated.
+
+The workers need transformer_core, pyarrow and the model, and must see the output directory (a
+shared file system on a multi-machine cluster); the input is read by the client only and its texts
+travel with the tasks.
+
+Needs ``dask[distributed]`` and pyarrow: ``pip install 'transformer_core[distributed]'``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import uuid
+from collections import Counter
+from typing import Callable
+
+try:
+    from distributed import Client, LocalCluster, as_completed
+    from distributed.comm import get_address_host
+    from distributed.diagnostics.plugin import WorkerPlugin
+    from distributed.scheduler import KilledWorker
+except ImportError as e:
+    raise ImportError(f"transformer_core.distributed needs dask[distributed] ({e}): "
+                      f"pip install 'transformer_core[distributed]'") from e
+
+from . import corpus
+from .hub import DEFAULT_MODEL
+
+__all__ = ["embed_corpus", "EncoderPlugin"]
+
+# The encoder of this worker process: fingerprint -> (SentenceEncoder, lock).
+_ENCODERS: dict = {}
+_ENCODERS_LOCK = threading.Lock()
+
+
+def _cores() -> int:
+    """CPU cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def _worker_encoder(model: str, fingerprint: str):
+    """This process's encoder for ``model`` (loaded on first use), and the lock its users take.
+
+    Raises:
+        ValueError: the model found here under that name is not the client's (another fingerprint).
+    """
+    with _ENCODERS_LOCK:
+        entry = _ENCODERS.get(fingerprint)
+        if entry is None:
+            from .sentence_encoder import SentenceEncoder
+
+            found = corpus.model_identity(model)["fingerprint"]
+            if found != fingerprint:
+                raise ValueError(f"model: {model!r} on this worker (pid {os.getpid()}) has fingerprint {found[:12]}, "
+                                 f"the client's has {fingerprint[:12]}: the workers must have the same model")
+            entry = (SentenceEncoder.from_pretrained(model), threading.Lock())
+            _ENCODERS[fingerprint] = entry
+        return entry
+
+
+class EncoderPlugin(WorkerPlugin):
+    """Worker plugin: sets the worker's C++ threads and loads the encoder once, at worker start.
+
+    Args:
+        model: model directory or embedded name (as the workers see it).
+        fingerprint: :func:`transformer_core.corpus.model_identity`'s fingerprint of the client's model.
+        threads: OpenMP threads per worker; None = the host's cores / ``workers_per_host[host]``.
+        workers_per_host: worker processes per host (by address), from the scheduler.
+    """
+
+    idempotent = False
+
+    def __init__(self, model: str, fingerprint: str, threads: int | None = None,
+                 workers_per_host: dict[str, int] | None = None):
+        self.model = model
+        self.fingerprint = fingerprint
+        self.threads = threads
+        self.workers_per_host = dict(workers_per_host or {})
+
+    def threads_for(self, address: str) -> int:
+        """The OpenMP threads of the worker at ``address``."""
+        if self.threads:
+            return self.threads
+        per_host = self.workers_per_host.get(get_address_host(address),
+                                             max(self.workers_per_host.values(), default=1))
+        return max(1, _cores() // max(1, per_host))
+
+    def setup(self, worker) -> None:
+        import transformer_core
+
+        n = self.threads_for(worker.address)
+        os.environ["OMP_NUM_THREADS"] = str(n)  # for anything this worker spawns
+        transformer_core.set_num_threads(n)
+        _worker_encoder(self.model, self.fingerprint)
+
+
+def _embed_chunk(model: str, fingerprint: str, directory: str, index: int, width: int, start: int,
+                 texts: list, batch_size: int) -> tuple[int, int]:
+    """The task: embeds one chunk with this worker's encoder, writes its Parquet part. Idempotent."""
+    encoder, lock = _worker_encoder(model, fingerprint)
+    with lock:
+        emb = encoder.encode(texts, batch_size=batch_size, progress=False)
+    corpus.write_parquet_part(directory, index, width, start, texts, emb)
+    return index, len(texts)
+
+
+def _connect(scheduler, workers, threads_per_worker):
+    """(client, cluster or None, whether we own the client, OpenMP threads per worker or None)."""
+    if scheduler is not None and workers is not None:
+        raise ValueError("scheduler and workers: give one (workers starts a local cluster)")
+    if isinstance(scheduler, Client):
+        return scheduler, None, False, threads_per_worker
+    if scheduler is not None:
+        if not isinstance(scheduler, str):
+            raise TypeError(f"scheduler: expected an address (str) or a Client, got {type(scheduler).__name__}")
+        try:
+            client = Client(scheduler, timeout="20s")
+        except (OSError, TimeoutError) as e:
+            raise OSError(f"scheduler: cannot connect to {scheduler!r} ({e})") from None
+        return client, None, True, threads_per_worker
+    cores = _cores()
+    n = workers if workers is not None else cores
+    threads = threads_per_worker or max(1, cores // n)
+    cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None,
+                           silence_logs=logging.ERROR, env={"OMP_NUM_THREADS": str(threads)})
+    return Client(cluster), cluster, True, threads
+
+
+def _check_count(name: str, value, allow_none: bool = True) -> None:
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name}: expected an int, got {type(value).__name__}")
+    if value < 1:
+        raise ValueError(f"{name}: expected an int >= 1, got {value}")
+
+
+def embed_corpus(input, output, *, model=DEFAULT_MODEL, scheduler=None, workers: int | None = None,
+                 threads_per_worker: int | None = None, chunk_size: int | None = None, batch_size: int = 32,
+                 input_format: str | None = None, text_field: str | None = None, errors: str = "strict",
+                 resume: bool = False, overwrite: bool = False, progress: bool = False,
+                 max_in_flight: int | None = None,
+                 on_chunk: Callable[[int, int], None] | None = None) -> corpus.EmbedResult:
+    """Embeds every text of ``input`` into the Parquet dataset ``output`` on a Dask cluster.
+
+    Args:
+        input: a path (as :func:`transformer_core.corpus.open_source`) or a ``TextSource``.
+        output: ``*.parquet`` (a directory dataset; the layout and manifest of
+            :func:`transformer_core.corpus.embed_file`).
+        model: model directory or embedded name; the workers load it by this name.
+        scheduler: None (start a local cluster of ``workers`` processes), a scheduler address
+            (``"tcp://host:8786"``), or a ``distributed.Client`` (used as is, not closed).
+        workers: worker processes of the local cluster (default: one per core).
+        threads_per_worker: C++ (OpenMP) threads per worker (default: the host's cores / its workers).
+        chunk_size, batch_size, input_format, text_field, errors, resume, overwrite, progress: as
+            :func:`transformer_core.corpus.embed_file`.
+        max_in_flight: chunks submitted and not finished at once (default 2 per worker + 2): bounds
+            the client's memory.
+        on_chunk: called in the client after each chunk is recorded, with (chunk index, chunks done).
+
+    Returns:
+        :class:`transformer_core.corpus.EmbedResult`.
+
+    Raises:
+        As :func:`transformer_core.corpus.embed_file`; ValueError: ``output`` not ``.parquet``, both
+        ``scheduler`` and ``workers``; OSError: the scheduler cannot be reached, or a chunk's
+        workers kept dying (Dask's ``allowed-failures``); KeyboardInterrupt with what is saved.
+    """
+    t0 = time.perf_counter()
+    if corpus._output_kind(output) != "parquet":
+        raise ValueError(f"output: the distributed job writes a Parquet dataset, expected a path ending in "
+                         f".parquet, got {str(output)!r}")
+    for name, value in (("workers", workers), ("threads_per_worker", threads_per_worker),
+                        ("max_in_flight", max_in_flight)):
+        _check_count(name, value)
+    _check_count("batch_size", batch_size, allow_none=False)
+    source = corpus._as_source(input, input_format, text_field, errors)
+    identity = corpus.model_identity(model)
+    job = corpus.EmbedJob.prepare(source, output, identity, chunk_size=chunk_size, resume=resume, overwrite=overwrite)
+    if job.complete:
+        return corpus._result(job, 0, 0, time.perf_counter() - t0)
+    corpus._need_pyarrow("Parquet output")
+    # A local cluster's nannies write Dask's pre-spawn variables (OMP_NUM_THREADS=1, PYTHONHASHSEED,
+    # ...) into this process's environment at every worker (re)start: restored when the job ends.
+    saved_environ = dict(os.environ)
+    client, cluster, own, threads = _connect(scheduler, workers, threads_per_worker)
+    futures: set = set()
+    bar = None
+    try:
+        if own and cluster is None:
+            client.wait_for_workers(1, timeout=60)
+        info = client.scheduler_info()["workers"]
+        per_host = Counter(get_address_host(addr) for addr in info)
+        fingerprint = identity["fingerprint"]
+        plugin = EncoderPlugin(str(model), fingerprint, threads, per_host)
+        client.register_plugin(plugin, name=f"transformer_core-encoder-{fingerprint[:12]}")
+        job.start()
+        directory = str(job.data_path.resolve())
+        width = job.manifest["part_width"]
+        limit = max_in_flight or 2 * max(1, len(info)) + 2
+        run = uuid.uuid4().hex[:8]
+        pending = job.pending()
+        done_queue = as_completed()
+
+        def submit_next() -> bool:
+            item = next(pending, None)
+            if item is None:
+                return False
+            index, start, texts = item
+            fut = client.submit(_embed_chunk, str(model), fingerprint, directory, index, width, start, texts,
+                                batch_size, key=f"transformer_core-embed-{run}-{index}", retries=1)
+            futures.add(fut)
+            done_queue.add(fut)
+            return True
+
+        while len(futures) < limit and submit_next():
+            pass
+        bar = corpus._progress_bar(progress, job.num_rows, job.rows_done(), "embed")
+        rows_computed = chunks_computed = 0
+        for fut in done_queue:
+            try:
+                index, rows = fut.result()
+            except KilledWorker as e:
+                raise OSError(f"the workers running a chunk died repeatedly ({e}); the chunks done are saved, "
+                              f"--resume continues") from None
+            futures.discard(fut)
+            job.commit(index)
+            rows_computed += rows
+            chunks_computed += 1
+            bar.update(rows)
+            if on_chunk is not None:
+                on_chunk(index, job.num_completed)
+            submit_next()
+        job.finish()
+        return corpus._result(job, chunks_computed, rows_computed, time.perf_counter() - t0)
+    except KeyboardInterrupt:
+        raise KeyboardInterrupt(job.interrupted_message()) from None
+    finally:
+        if futures:
+            client.cancel(list(futures))
+        if bar is not None:
+            bar.close()
+        if own:
+            client.close()
+        if cluster is not None:
+            cluster.close()
+        if os.environ != saved_environ:
+            os.environ.clear()
+            os.environ.update(saved_environ)

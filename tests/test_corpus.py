@@ -1,0 +1,586 @@
+"""transformer_core.corpus: embedding files into .npy / .parquet in chunks, resuming, searching.
+
+References: ``SentenceEncoder.encode`` on the same lines (itself checked against transformers in
+test_sentence_encoder.py), numpy brute force for search, and an uninterrupted run for resumed ones.
+The outputs are read back here with numpy / pyarrow directly, not with the module's readers.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import transformer_core as tc
+from conftest import MODEL_NAME, SENTENCES, corpus_lines
+from transformer_core import corpus
+
+
+# ------------------------------------------------------------------------------------------ helpers
+def write_lines(path: Path, lines) -> Path:
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return path
+
+
+def run_cli(*args, check=True, timeout=600):
+    proc = subprocess.run([sys.executable, "-m", "transformer_core", *map(str, args)], capture_output=True,
+                          text=True, timeout=timeout)
+    if check:
+        assert proc.returncode == 0, f"rc={proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-3000:]}"
+    return proc
+
+
+def load_output(out: Path, data: Path | None = None):
+    """(ids (N,), texts [N], embeddings (N, dim)) of an output, read with numpy / pyarrow."""
+    out = Path(out)
+    data = out if data is None else data
+    if out.suffix == ".npy":
+        emb = np.load(data)
+        texts = [json.loads(line) for line in Path(f"{out}.texts.jsonl").read_text(encoding="utf-8").splitlines()]
+        return np.arange(len(emb)), texts, emb
+    table = pq.read_table(data)
+    assert table.schema.field("id").type == pa.int64()
+    assert table.schema.field("text").type == pa.string()
+    etype = table.schema.field("embedding").type
+    assert pa.types.is_fixed_size_list(etype) and etype.value_type == pa.float32()
+    table = table.sort_by("id")
+    emb = table.column("embedding").combine_chunks().flatten().to_numpy().reshape(table.num_rows, -1)
+    return table.column("id").to_numpy(), table.column("text").to_pylist(), emb
+
+
+def manifest(out) -> dict:
+    return json.loads(Path(f"{out}.manifest.json").read_text())
+
+
+def leftover_temps(directory: Path) -> list[str]:
+    return sorted(p.name for p in Path(directory).rglob(".*tmp-*"))
+
+
+@pytest.fixture(scope="module")
+def encoder():
+    return tc.SentenceEncoder.from_pretrained(MODEL_NAME)
+
+
+@pytest.fixture(scope="module")
+def tiny_encoder(tiny_model_dir):
+    return tc.SentenceEncoder.from_pretrained(str(tiny_model_dir))
+
+
+# ------------------------------------------------------------------------ SentenceEncoder.encode
+def test_encode_length_sorted_batches_keep_order(encoder):
+    """Batches are cut from the length-sorted sentences; rows still follow the input order and
+    match each sentence embedded alone (no padding at all)."""
+    sentences = SENTENCES[::-1] + ["Hi.", SENTENCES[7]]
+    emb = encoder.encode(sentences, batch_size=4)
+    alone = np.concatenate([encoder.encode([s]) for s in sentences])
+    assert emb.shape == (len(sentences), 384) and emb.dtype == np.float32
+    np.testing.assert_allclose(emb, alone, atol=1e-6)
+    np.testing.assert_array_equal(emb[-1], emb[len(SENTENCES) - 1 - 7])  # the same sentence twice
+    np.testing.assert_allclose(encoder.encode(iter(sentences[:3])), emb[:3], atol=1e-6)  # any iterable
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    ({"sentences": ["ok", 3]}, TypeError, "index 1"),
+    ({"sentences": b"bytes"}, TypeError, "sentences"),
+    ({"sentences": 5}, TypeError, "sentences"),
+    ({"sentences": ["ok"], "batch_size": 0}, ValueError, "batch_size"),
+    ({"sentences": ["ok"], "batch_size": 2.0}, TypeError, "batch_size"),
+    ({"sentences": ["ok"], "batch_size": True}, TypeError, "batch_size"),
+    ({"sentences": ["ok"], "normalize": "yes"}, TypeError, "normalize"),
+    ({"sentences": ["ok"], "progress": 1}, TypeError, "progress"),
+])
+def test_encode_bad_arguments(tiny_encoder, kwargs, error, match):
+    with pytest.raises(error, match=match):
+        tiny_encoder.encode(**kwargs)
+
+
+def test_encode_empty_list(tiny_encoder):
+    out = tiny_encoder.encode([])
+    assert out.shape == (0, 32) and out.dtype == np.float32
+
+
+# -------------------------------------------------------------------------------------- readers
+def test_text_reader_strips_and_skips_blank_lines(tmp_path):
+    p = tmp_path / "t.txt"
+    p.write_bytes(b"\xef\xbb\xbf  first line \r\n\n   \nsecond\tline\r\n\xc3\xa9t\xc3\xa9\nlast without newline")
+    assert list(corpus.open_source(p)) == ["first line", "second\tline", "été", "last without newline"]
+
+
+def test_jsonl_reader(tmp_path):
+    p = tmp_path / "t.jsonl"
+    rows = [{"text": "a", "n": 1}, {"body": "x", "text": "line\nwith newline"}, {"text": ""}]
+    p.write_text("\n".join(json.dumps(r) for r in rows) + "\n\n", encoding="utf-8")
+    assert list(corpus.open_source(p)) == ["a", "line\nwith newline", ""]
+    q = tmp_path / "u.jsonl"
+    q.write_text('{"body": "x"}\n{"body": "y"}\n', encoding="utf-8")
+    assert list(corpus.open_source(q, text_field="body")) == ["x", "y"]
+
+
+@pytest.mark.parametrize("content, match", [
+    ('{"text": "ok"}\n{"text": \n', "line 2: not valid JSON"),
+    ('{"text": "ok"}\n["text"]\n', "line 2: expected a JSON object, got an array"),
+    ('{"text": "ok"}\n\n{"body": "x"}\n', "line 3: no field 'text'"),
+    ('{"text": 7}\n', "line 1: field 'text' is a number"),
+    ('{"text": "\\ud800"}\n', "line 1: .*lone surrogate"),
+])
+def test_jsonl_bad_records(tmp_path, content, match):
+    p = tmp_path / "bad.jsonl"
+    p.write_text(content, encoding="utf-8")
+    with pytest.raises(ValueError, match=match):
+        list(corpus.open_source(p))
+    src = corpus.open_source(p, errors="skip")
+    kept = list(src)
+    assert src.num_skipped == 1 and kept == (["ok"] if content.startswith('{"text": "ok"}') else [])
+
+
+def test_csv_reader(tmp_path):
+    p = tmp_path / "t.csv"
+    p.write_bytes('id,text,other\n1,plain,x\n2,"quoted, with comma",y\n3,"two\nlines",z\n\n4,"é ""q""",w\n'
+                  .encode("utf-8"))
+    assert list(corpus.open_source(p)) == ["plain", "quoted, with comma", "two\nlines", 'é "q"']
+    assert list(corpus.open_source(p, text_field="other")) == ["x", "y", "z", "w"]
+    with pytest.raises(ValueError, match="no column 'body'.*'id', 'text', 'other'"):
+        list(corpus.open_source(p, text_field="body"))
+    bad = tmp_path / "bad.csv"
+    bad.write_bytes(b"text\nok\nbad \xff here\nshort,\n")
+    with pytest.raises(ValueError, match="line 3: invalid UTF-8"):
+        list(corpus.open_source(bad))
+    assert list(corpus.open_source(bad, errors="skip")) == ["ok", "short"]
+
+
+def test_parquet_reader(tmp_path):
+    p = tmp_path / "t.parquet"
+    pq.write_table(pa.table({"n": [1, 2, 3, 4], "body": ["a", None, "c", "é"]}), p, row_group_size=2)
+    with pytest.raises(ValueError, match="row 2: column 'body' is null"):
+        list(corpus.open_source(p, text_field="body"))
+    src = corpus.open_source(p, text_field="body", errors="skip")
+    assert list(src) == ["a", "c", "é"] and src.num_skipped == 1
+    with pytest.raises(ValueError, match="no column 'text'"):
+        list(corpus.open_source(p))
+    with pytest.raises(ValueError, match="column 'n' has type int64"):
+        list(corpus.open_source(p, text_field="n"))
+    raw = tmp_path / "raw.parquet"
+    pq.write_table(pa.table({"text": pa.array([b"ok", b"\xff\xfe"], pa.binary())}), raw)
+    with pytest.raises(ValueError, match="row 2: invalid UTF-8"):
+        list(corpus.open_source(raw))
+    notpq = write_lines(tmp_path / "fake.parquet", ["not parquet"])
+    with pytest.raises(ValueError, match="not a readable Parquet file"):
+        list(corpus.open_source(notpq))
+
+
+def test_text_reader_invalid_utf8_names_the_line(tmp_path):
+    p = tmp_path / "t.txt"
+    p.write_bytes(b"good one\ngood two\nbad \xc3\x28 line\n\nlast \xff\n")
+    with pytest.raises(ValueError, match=r"line 3: invalid UTF-8 \(byte 5"):
+        list(corpus.open_source(p))
+    src = corpus.open_source(p, errors="skip")
+    assert list(src) == ["good one", "good two"]
+    assert src.num_skipped == 2 and [w for w, _ in src.skipped] == ["line 3", "line 5"]
+
+
+def test_open_source_bad_arguments(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no such file"):
+        corpus.open_source(tmp_path / "missing.txt")
+    with pytest.raises(IsADirectoryError):
+        corpus.open_source(tmp_path)
+    binary = tmp_path / "b.txt"
+    binary.write_bytes(b"abc\x00\x01\x02" * 10)
+    with pytest.raises(ValueError, match="binary file .*offset 3"):
+        corpus.open_source(binary)
+    with pytest.raises(ValueError, match="binary"):
+        corpus.open_source(binary, input_format="jsonl")
+    text = write_lines(tmp_path / "t.txt", ["x"])
+    with pytest.raises(ValueError, match="input_format"):
+        corpus.open_source(text, input_format="xml")
+    with pytest.raises(ValueError, match="errors"):
+        corpus.open_source(text, errors="ignore")
+    with pytest.raises(ValueError, match="text_field: only for"):
+        corpus.open_source(text, text_field="text")
+    with pytest.raises(TypeError, match="input"):
+        corpus.open_source(3)
+
+
+# ------------------------------------------------------------- equality with SentenceEncoder.encode
+N_REAL = 5000
+
+
+@pytest.fixture(scope="module")
+def real_corpus(tmp_path_factory, encoder):
+    """5,000 lines, and SentenceEncoder.encode of them (the reference)."""
+    lines = corpus_lines(N_REAL)
+    path = write_lines(tmp_path_factory.mktemp("real") / "corpus.txt", lines)
+    return path, lines, encoder.encode(lines, progress=False)
+
+
+def test_real_model_npy_equals_encode(real_corpus, tmp_path):
+    path, lines, ref = real_corpus
+    out = tmp_path / "emb.npy"
+    proc = run_cli("embed", "--file", path, "--out", out, "--chunk-size", 700)
+    assert f"{N_REAL} rows x 384" in proc.stdout
+    assert "sentences/s" in proc.stderr and "5000/5000" in proc.stderr  # the progress bar
+    ids, texts, emb = load_output(out)
+    assert emb.shape == (N_REAL, 384) and emb.dtype == np.float32
+    assert texts == lines
+    np.testing.assert_allclose(emb, ref, atol=1e-6, rtol=0)
+    m = manifest(out)
+    assert m["complete"] and m["num_chunks"] == 8 and m["completed"] == [[0, 8]]
+    assert m["model"]["dim"] == 384 and m["model"]["name"] == MODEL_NAME
+    assert not Path(f"{out}.partial").exists() and leftover_temps(tmp_path) == []
+
+
+def test_real_model_parquet_equals_encode(real_corpus, tmp_path):
+    path, lines, ref = real_corpus
+    out = tmp_path / "emb.parquet"
+    result = corpus.embed_file(path, out, chunk_size=1200)
+    assert (result.rows, result.dim, result.chunks, result.rows_computed) == (N_REAL, 384, 5, N_REAL)
+    assert sorted(os.listdir(out)) == [f"part-{i:05d}.parquet" for i in range(5)]
+    ids, texts, emb = load_output(out)
+    np.testing.assert_array_equal(ids, np.arange(N_REAL))
+    assert texts == lines
+    np.testing.assert_allclose(emb, ref, atol=1e-6, rtol=0)
+    first = pq.read_table(out / "part-00001.parquet")
+    assert first.num_rows == 1200 and first.column("id")[0].as_py() == 1200
+
+
+# --------------------------------------------------------------------------------- bounded memory
+_PEAK_SCRIPT = """
+import sys
+from transformer_core.__main__ import main
+rc = main(sys.argv[1:])
+status = open("/proc/self/status").read().split("\\n")
+print("VmHWM", rc, [l.split()[1] for l in status if l.startswith("VmHWM")][0])
+"""
+
+
+def _peak_rss_kib(args) -> int:
+    proc = subprocess.run([sys.executable, "-c", _PEAK_SCRIPT, *map(str, args)], capture_output=True, text=True,
+                          timeout=600)
+    line = [x for x in proc.stdout.splitlines() if x.startswith("VmHWM")]
+    assert proc.returncode == 0 and line, proc.stdout + proc.stderr[-2000:]
+    _, rc, kib = line[0].split()
+    assert rc == "0", proc.stderr[-2000:]
+    return int(kib)
+
+
+@pytest.mark.parametrize("kind", ["npy", "parquet"])
+def test_peak_memory_does_not_grow_with_the_file(tmp_path, tiny_model_dir, kind):
+    """Peak RSS of a 50,000-line run is within a small margin of a 5,000-line run's (chunks of 500):
+    the input is streamed, the .npy written through one chunk-sized memory-map window at a time."""
+    peaks = {}
+    for n in (5000, 50000):
+        f = write_lines(tmp_path / f"c{n}.txt", corpus_lines(n))
+        out = tmp_path / f"e{n}.{kind}"
+        peaks[n] = _peak_rss_kib(["embed", "--file", f, "--out", out, "--model", tiny_model_dir,
+                                  "--chunk-size", 500, "--no-progress"])
+        assert manifest(out)["complete"] and manifest(out)["num_rows"] == n
+    margin = 8 * 1024  # KiB; the 50,000 x 32 float32 output alone is 6.1 MiB
+    assert peaks[50000] <= peaks[5000] + margin, peaks
+
+
+# ------------------------------------------------------------------------------ interrupt, resume
+N_KILL, CHUNK_KILL = 10000, 250
+
+
+@pytest.fixture(scope="module")
+def kill_corpus(tmp_path_factory, tiny_model_dir):
+    """A 10,000-line corpus and its uninterrupted outputs (both kinds), with the tiny model."""
+    d = tmp_path_factory.mktemp("kill")
+    path = write_lines(d / "corpus.txt", corpus_lines(N_KILL))
+    refs = {}
+    for kind in ("npy", "parquet"):
+        out = d / f"ref.{kind}"
+        corpus.embed_file(path, out, model=str(tiny_model_dir), chunk_size=CHUNK_KILL)
+        refs[kind] = load_output(out)
+    return path, refs
+
+
+def _start_and_interrupt(args, out: Path, sig: int, after_chunks: int = 3):
+    """Runs the CLI, sends ``sig`` once the manifest shows ``after_chunks`` chunks done."""
+    proc = subprocess.Popen([sys.executable, "-m", "transformer_core", *map(str, args)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    man = Path(f"{out}.manifest.json")
+    deadline = time.monotonic() + 300
+    done = []
+    while time.monotonic() < deadline and proc.poll() is None:
+        if man.exists():
+            done = corpus.completed_chunks(json.loads(man.read_text()))
+            if len(done) >= after_chunks:
+                break
+        time.sleep(0.002)
+    assert proc.poll() is None, f"the run ended before it could be interrupted: {proc.communicate()}"
+    proc.send_signal(sig)
+    stdout, stderr = proc.communicate(timeout=120)
+    return proc.returncode, stdout, stderr
+
+
+@pytest.mark.parametrize("kind, sig", [("npy", signal.SIGKILL), ("parquet", signal.SIGKILL),
+                                       ("npy", signal.SIGINT), ("parquet", signal.SIGTERM)],
+                         ids=["npy-SIGKILL", "parquet-SIGKILL", "npy-SIGINT", "parquet-SIGTERM"])
+def test_interrupted_run_resumes_to_the_uninterrupted_rows(tmp_path, tiny_model_dir, kill_corpus, kind, sig):
+    path, refs = kill_corpus
+    out = tmp_path / f"emb.{kind}"
+    args = ["embed", "--file", path, "--out", out, "--model", tiny_model_dir, "--chunk-size", CHUNK_KILL]
+    rc, _, stderr = _start_and_interrupt(args + ["--no-progress"], out, sig)
+    if sig == signal.SIGKILL:
+        assert rc == -signal.SIGKILL
+    else:  # Ctrl-C / kill: one line, what is saved, how to go on
+        assert rc == 2 and "Traceback" not in stderr, stderr
+        assert stderr.startswith("transformer_core embed: interrupted: ") and "--resume" in stderr, stderr
+    m = manifest(out)
+    done = sorted(corpus.completed_chunks(m))
+    assert not m["complete"] and 3 <= len(done) < m["num_chunks"] == N_KILL // CHUNK_KILL
+    assert done == list(range(len(done)))
+    # Nothing at OUT looks complete; the partial output holds exactly the chunks done, valid.
+    assert not out.exists()
+    partial = Path(f"{out}.partial")
+    ref_ids, ref_texts, ref_emb = refs[kind]
+    rows = len(done) * CHUNK_KILL
+    if kind == "npy":
+        emb = np.load(partial)
+        assert emb.shape == ref_emb.shape
+        np.testing.assert_array_equal(emb[:rows], ref_emb[:rows])
+    else:
+        parts = sorted(p.name for p in partial.glob("part-*.parquet"))
+        assert parts[:len(done)] == [f"part-{i:05d}.parquet" for i in done]
+        table = pq.read_table(partial / "part-00002.parquet")
+        np.testing.assert_array_equal(table.column("id").to_numpy(), np.arange(2 * CHUNK_KILL, 3 * CHUNK_KILL))
+    hits = corpus.search(out, "a man is playing a guitar", k=3, allow_incomplete=True)[0]
+    assert len(hits) == 3 and all(h.id < rows or h.id // CHUNK_KILL in done for h in hits)
+    with pytest.raises(ValueError, match="incomplete"):
+        corpus.search(out, "query")
+    # Resume: only the remaining chunks are computed.
+    proc = run_cli(*args, "--resume", "--json", "--no-progress")
+    info = json.loads(proc.stdout)
+    assert info["rows"] == N_KILL and info["rows_computed"] <= N_KILL - rows
+    ids, texts, emb = load_output(out)
+    np.testing.assert_array_equal(ids, ref_ids)
+    assert texts == ref_texts
+    np.testing.assert_array_equal(emb, ref_emb)
+    assert manifest(out)["complete"] and not partial.exists() and leftover_temps(tmp_path) == []
+    # Resuming a complete output does nothing.
+    again = json.loads(run_cli(*args, "--resume", "--json", "--no-progress").stdout)
+    assert again["rows_computed"] == 0
+
+
+def test_resume_refuses_another_model_or_input(tmp_path, tiny_model_dir):
+    lines = corpus_lines(60)
+    f = write_lines(tmp_path / "c.txt", lines)
+    out = tmp_path / "e.npy"
+    corpus.embed_file(f, out, model=str(tiny_model_dir), chunk_size=25)
+    before = out.read_bytes(), Path(f"{out}.manifest.json").read_bytes()
+    with pytest.raises(ValueError, match="another model: .*tiny_bert.*all-MiniLM-L6-v2"):
+        corpus.embed_file(f, out, model=MODEL_NAME, resume=True)
+    with pytest.raises(ValueError, match="chunk size 25, got 30"):
+        corpus.embed_file(f, out, model=str(tiny_model_dir), chunk_size=30, resume=True)
+    write_lines(f, lines + ["one more line"])
+    with pytest.raises(ValueError, match="not the one .* size differs"):
+        corpus.embed_file(f, out, model=str(tiny_model_dir), resume=True)
+    write_lines(f, ["X" + lines[0][1:]] + lines[1:])  # same size, other content
+    with pytest.raises(ValueError, match="content \\(first MiB\\) differs"):
+        corpus.embed_file(f, out, model=str(tiny_model_dir), resume=True)
+    assert (out.read_bytes(), Path(f"{out}.manifest.json").read_bytes()) == before  # untouched
+    with pytest.raises(FileNotFoundError, match="nothing to resume"):
+        corpus.embed_file(f, tmp_path / "other.npy", model=str(tiny_model_dir), resume=True)
+    with pytest.raises(FileExistsError, match="already exists \\(complete\\).*--overwrite"):
+        corpus.embed_file(f, out, model=str(tiny_model_dir))
+    r = corpus.embed_file(f, out, model=str(tiny_model_dir), overwrite=True, chunk_size=7)
+    assert r.rows == 60 and manifest(out)["num_chunks"] == 9 and load_output(out)[1][0].startswith("X")
+
+
+def test_skip_mode_ids_follow_the_kept_lines(tmp_path, tiny_model_dir, tiny_encoder):
+    f = tmp_path / "c.txt"
+    f.write_bytes(b"first\nbad \xff\nsecond\n\nthird \xfe\xfe\nfourth\n")
+    out = tmp_path / "e.parquet"
+    with pytest.raises(ValueError, match="line 2: invalid UTF-8"):
+        corpus.embed_file(f, out, model=str(tiny_model_dir))
+    assert not out.exists() and not Path(f"{out}.partial").exists() and not Path(f"{out}.manifest.json").exists()
+    r = corpus.embed_file(f, out, model=str(tiny_model_dir), errors="skip")
+    assert r.rows == 3 and r.num_skipped == 2 and [w for w, _ in r.skipped] == ["line 2", "line 5"]
+    ids, texts, emb = load_output(out)
+    assert ids.tolist() == [0, 1, 2] and texts == ["first", "second", "fourth"]
+    np.testing.assert_allclose(emb, tiny_encoder.encode(texts), atol=1e-6)
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "csv", "parquet"])
+def test_structured_inputs_embed_their_field(tmp_path, tiny_model_dir, tiny_encoder, fmt):
+    texts = corpus_lines(37)
+    f = tmp_path / f"in.{fmt}"
+    if fmt == "jsonl":
+        f.write_text("".join(json.dumps({"id": i, "body": t}) + "\n" for i, t in enumerate(texts)), encoding="utf-8")
+    elif fmt == "csv":
+        import csv
+
+        with open(f, "w", newline="", encoding="utf-8") as fh:
+            w = csv.writer(fh)
+            w.writerow(["id", "body"])
+            w.writerows(enumerate(texts))
+    else:
+        pq.write_table(pa.table({"id": range(37), "body": texts}), f, row_group_size=10)
+    out = tmp_path / "e.npy"
+    corpus.embed_file(f, out, model=str(tiny_model_dir), text_field="body", chunk_size=8)
+    _, got_texts, emb = load_output(out)
+    assert got_texts == texts
+    np.testing.assert_allclose(emb, tiny_encoder.encode(texts), atol=1e-6)
+
+
+def test_no_text_is_an_error_and_writes_nothing(tmp_path, tiny_model_dir):
+    for name, content in (("empty.txt", b""), ("blank.txt", b"\n  \n\t\n")):
+        f = tmp_path / name
+        f.write_bytes(content)
+        with pytest.raises(ValueError, match="no text to embed"):
+            corpus.embed_file(f, tmp_path / "e.npy", model=str(tiny_model_dir))
+    assert sorted(os.listdir(tmp_path)) == ["blank.txt", "empty.txt"]
+
+
+def test_output_path_errors(tmp_path, tiny_model_dir):
+    f = write_lines(tmp_path / "c.txt", ["a", "b"])
+    with pytest.raises(FileNotFoundError, match="directory .*nope does not exist"):
+        corpus.embed_file(f, tmp_path / "nope" / "e.npy", model=str(tiny_model_dir))
+    with pytest.raises(ValueError, match="ending in .npy or .parquet"):
+        corpus.embed_file(f, tmp_path / "e.txt", model=str(tiny_model_dir))
+    with pytest.raises(ValueError, match="chunk_size"):
+        corpus.embed_file(f, tmp_path / "e.npy", model=str(tiny_model_dir), chunk_size=0)
+    assert sorted(os.listdir(tmp_path)) == ["c.txt"]
+
+
+# ------------------------------------------------------------------------------------------ search
+@pytest.fixture(scope="module")
+def search_index(tmp_path_factory, tiny_model_dir):
+    """A tiny-model index of 403 lines in chunks of 50, in both formats."""
+    d = tmp_path_factory.mktemp("search")
+    lines = corpus_lines(400) + [SENTENCES[3], SENTENCES[3], SENTENCES[3]]  # near-ties at the end
+    f = write_lines(d / "c.txt", lines)
+    outs = {}
+    for kind in ("npy", "parquet"):
+        outs[kind] = d / f"e.{kind}"
+        corpus.embed_file(f, outs[kind], model=str(tiny_model_dir), chunk_size=50)
+    return lines, outs
+
+
+def brute_force(emb: np.ndarray, q: np.ndarray):
+    """Cosine of every row with q, in float64, and the rows ordered best first (ties: lower id)."""
+    e = emb.astype(np.float64)
+    scores = (e @ q.astype(np.float64)) / (np.linalg.norm(e, axis=1) * np.linalg.norm(q))
+    return scores, np.lexsort((np.arange(len(scores)), -scores))
+
+
+def assert_same_topk(hits, scores: np.ndarray, order: np.ndarray, k: int, tol: float = 1e-6):
+    """``hits`` are the reference's top k: the same ids, except that rows whose scores differ by
+    less than ``tol`` (float32 rounding) may trade places."""
+    k = min(k, len(scores))
+    ids = np.array([h.id for h in hits])
+    got = np.array([h.score for h in hits])
+    assert len(hits) == k and len(set(ids.tolist())) == k
+    np.testing.assert_allclose(got, scores[ids], atol=tol)           # each score is its row's cosine
+    np.testing.assert_allclose(got, scores[order[:k]], atol=tol)     # rank by rank, the reference's
+    kth = scores[order[k - 1]]
+    clear = set(order[:k][scores[order[:k]] > kth + tol].tolist())   # rows no tie can displace
+    assert clear <= set(ids.tolist())
+    near = np.abs(np.diff(scores[order[:k + 1]])) < tol              # no near-tie: the exact order
+    if not near.any():
+        assert ids.tolist() == order[:k].tolist()
+
+
+@pytest.mark.parametrize("kind", ["npy", "parquet"])
+@pytest.mark.parametrize("k", [1, 5, 17, 1000])
+def test_search_equals_brute_force(search_index, tiny_encoder, kind, k):
+    lines, outs = search_index
+    _, _, emb = load_output(outs[kind])
+    queries = ["A man is playing a guitar.", "weather", SENTENCES[3], "line 123"]
+    results = corpus.search(outs[kind], queries, k=k, block_rows=37)
+    qemb = tiny_encoder.encode(queries)
+    for q, hits in zip(qemb, results):
+        scores, order = brute_force(emb, q)
+        assert_same_topk(hits, scores, order, k)
+        assert [h.text for h in hits] == [lines[h.id] for h in hits]
+
+
+def write_npy_index(out: Path, emb: np.ndarray, texts: list, model, chunk_size: int) -> Path:
+    """A complete .npy index made by hand: the array, the texts sidecar, the manifest."""
+    np.save(out, emb)
+    Path(f"{out}.texts.jsonl").write_text("".join(json.dumps(t) + "\n" for t in texts), encoding="utf-8")
+    n = len(emb)
+    chunks = -(-n // chunk_size)
+    man = {"format": "transformer_core.embeddings", "version": 1, "kind": "npy",
+           "model": corpus.model_identity(model), "dtype": "float32", "normalize": True, "input": {},
+           "num_rows": n, "chunk_size": chunk_size, "num_chunks": chunks, "part_width": 5,
+           "completed": [[0, chunks]], "complete": True}
+    Path(f"{out}.manifest.json").write_text(json.dumps(man))
+    return out
+
+
+def test_search_real_model_equals_brute_force(real_corpus, tmp_path, encoder):
+    """With all-MiniLM-L6-v2 (well-spread scores) the top-k ids are exactly numpy's."""
+    path, lines, ref = real_corpus
+    out = write_npy_index(tmp_path / "e.npy", ref, lines, MODEL_NAME, 1000)
+    queries = ["A man is playing a guitar.", "What is the capital of France?", "Cats sleep a lot.", "pizza"]
+    results = corpus.search(out, queries, k=10, block_rows=999)
+    for q, hits in zip(encoder.encode(queries), results):
+        scores, order = brute_force(ref, q)
+        assert [h.id for h in hits] == order[:10].tolist()
+        np.testing.assert_allclose([h.score for h in hits], scores[order[:10]], atol=1e-6)
+        assert [h.text for h in hits] == [lines[i] for i in order[:10]]
+
+
+def test_search_ties_go_to_the_lower_id(tmp_path, tiny_model_dir, tiny_encoder):
+    texts = corpus_lines(30)
+    emb = tiny_encoder.encode(texts)
+    emb[[4, 11, 29]] = emb[17]  # four identical rows, in different blocks
+    out = write_npy_index(tmp_path / "e.npy", emb, texts, str(tiny_model_dir), 10)
+    hits = corpus.search(out, texts[17], k=3, block_rows=5)[0]
+    assert [h.id for h in hits] == [4, 11, 17]
+    assert hits[0].score == hits[1].score == hits[2].score
+
+
+def test_search_errors(search_index, tmp_path, tiny_model_dir):
+    lines, outs = search_index
+    with pytest.raises(FileNotFoundError, match="no such file"):
+        corpus.search(tmp_path / "missing.npy", "q")
+    plain = tmp_path / "plain.npy"
+    np.save(plain, np.zeros((3, 4), np.float32))
+    with pytest.raises(ValueError, match="no manifest"):
+        corpus.search(plain, "q")
+    with pytest.raises(ValueError, match="embedded with .*not 'all-MiniLM-L6-v2'"):
+        corpus.search(outs["npy"], "q", model=MODEL_NAME)
+    assert corpus.search(outs["npy"], "q", model=str(tiny_model_dir), k=2)[0][0].id >= 0
+    with pytest.raises(ValueError, match="k: expected an int >= 1"):
+        corpus.search(outs["npy"], "q", k=0)
+    with pytest.raises(TypeError, match="queries"):
+        corpus.search(outs["npy"], [])
+
+
+def test_completed_chunks_are_stored_as_ranges():
+    rng = np.random.default_rng(1)
+    for trial in range(20):
+        order = rng.permutation(60)[: rng.integers(1, 61)]
+        ranges: list = []
+        for k, i in enumerate(order):
+            corpus._add_to_ranges(ranges, int(i))
+            corpus._add_to_ranges(ranges, int(i))  # twice: no change
+            assert corpus.completed_chunks({"completed": ranges}) == set(order[:k + 1].tolist())
+            flat = [x for r in ranges for x in r]
+            assert flat == sorted(flat) and all(a < b for a, b in ranges)
+            assert all(ranges[j][1] < ranges[j + 1][0] for j in range(len(ranges) - 1))  # merged
+    ranges = []
+    for i in range(1000):
+        corpus._add_to_ranges(ranges, i)
+    assert ranges == [[0, 1000]]
+
+
+def test_merge_topk_is_independent_of_blocking():
+    rng = np.random.default_rng(0)
+    scores = rng.integers(0, 20, size=500).astype(np.float32)  # many ties
+    ids = np.arange(500)
+    ref = np.lexsort((ids, -scores))[:25]
+    for block in (1, 7, 25, 26, 500):
+        best = (np.empty(0, np.float32), np.empty(0, np.int64))
+        for a in range(0, 500, block):
+            best = corpus._merge_topk(*best, scores[a:a + block], ids[a:a + block], 25)
+        assert best[1].tolist() == ref.tolist(), block
