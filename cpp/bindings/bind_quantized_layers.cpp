@@ -30,12 +30,15 @@ void register_quantized_layers(py::module_& m) {
         "Layers built on this thread while on leave their weight matrices uninitialised (see module.hpp).");
   auto module_f32 = py::reinterpret_borrow<py::class_<Module<float>>>(py::type::of<Module<float>>());
   module_f32
-      // Every fp32 Linear inside -> int8 per output channel; returns how many were converted.
-      .def("quantize_int8",
-           [](Module<float>& self) {
-             py::gil_scoped_release release;
-             return layers::quantize_linears_int8(self);
-           })
+      // Every fp32 Linear inside -> int8 per output channel, but those whose weight is named in
+      // keep_float; returns how many were converted.
+      .def(
+          "quantize_int8",
+          [](Module<float>& self, const std::vector<std::string>& keep_float) {
+            py::gil_scoped_release release;
+            return layers::quantize_linears_int8(self, keep_float);
+          },
+          py::arg("keep_float") = std::vector<std::string>{})
       // tensors: [(name, ggml_type "Q8_0" | "Q4_0" | "Q4_1", blocks: a C-contiguous uint8 buffer)]
       .def(
           "load_gguf_weights",

@@ -388,7 +388,7 @@ def _model_classes():
     return Module, SentenceEncoder
 
 
-def quantize(model, format: str = "int8", *, inplace: bool = False):
+def quantize(model, format: str = "int8", *, inplace: bool = False, keep_float=None):
     """A copy of ``model`` whose linear layers hold int8 weights (as ``torch.ao.quantization.quantize_dynamic``
     with per-channel int8 weights: a new model, unless ``inplace``).
 
@@ -410,6 +410,10 @@ def quantize(model, format: str = "int8", *, inplace: bool = False):
             (its BERT model is quantized). A model holding GGUF blocks is dequantized first.
         format: ``"int8"``.
         inplace: convert ``model`` itself instead of a copy.
+        keep_float: weight names (as in ``model.state_dict()``) of linear layers left in float32 —
+            mixed precision for the layers whose inputs quantize worst (e.g. a Transformer's
+            feed-forward output projection, whose inputs carry outliers: Dettmers et al. 2022,
+            "LLM.int8()"). Default: none.
 
     Returns:
         The quantized model (``model`` itself with ``inplace``).
@@ -417,7 +421,8 @@ def quantize(model, format: str = "int8", *, inplace: bool = False):
     Raises:
         TypeError: ``model`` is not a transformer_core model; ``format`` not a str.
         ValueError: an unknown ``format``; a float64 model (the int8 kernels compute in float32:
-            build the model in float32).
+            build the model in float32); a ``keep_float`` name that is unknown or not a linear
+            layer's weight.
     """
     Module, SentenceEncoder = _model_classes()
     if not isinstance(format, str):
@@ -425,7 +430,7 @@ def quantize(model, format: str = "int8", *, inplace: bool = False):
     if format not in QUANTIZED_FORMATS:
         raise ValueError(f"format: expected one of {list(QUANTIZED_FORMATS)}, got {format!r}")
     if isinstance(model, SentenceEncoder):
-        bert = quantize(model.model, format, inplace=inplace)
+        bert = quantize(model.model, format, inplace=inplace, keep_float=keep_float)
         return model if inplace else SentenceEncoder(bert, model.tokenizer)
     if not isinstance(model, Module):
         raise TypeError(f"model: expected a transformer_core model or layer (BertModel, GPT2LMHeadModel, "
@@ -436,11 +441,17 @@ def quantize(model, format: str = "int8", *, inplace: bool = False):
     if inplace and any(f not in ("float32", "int8") for f in model.weight_formats().values()):
         raise ValueError("model: holds GGUF blocks; quantize a copy (inplace=False), which starts from the "
                          "dequantized weights")
+    keep = [] if keep_float is None else [keep_float] if isinstance(keep_float, str) else list(keep_float)
+    slots = model._slots()
+    for name in keep:
+        if name not in slots:
+            raise ValueError(f"keep_float: unknown weight {name!r} (expected names of model.state_dict())")
     target = model if inplace else _copy(model)
     from .decoder import CausalLM
 
+    slots = target._slots()
     for impl in target._impls():
-        impl.quantize_int8()
+        impl.quantize_int8(keep_float=[slots[n].core_name for n in keep if slots[n].impl is impl])
         if isinstance(target, CausalLM) and hasattr(impl, "quantize_tied_lm_head_int8"):
             impl.quantize_tied_lm_head_int8()
     return target

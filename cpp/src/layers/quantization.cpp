@@ -24,10 +24,18 @@ std::vector<Linear<float>*> linear_layers(const Module<float>& root) {
   return out;
 }
 
-int64_t quantize_linears_int8(Module<float>& root) {
+int64_t quantize_linears_int8(Module<float>& root, const std::vector<std::string>& keep_float) {
+  std::vector<const Module<float>*> kept;
+  for (const std::string& name : keep_float) {
+    const ParamRef<float>& p = root.parameter(name);  // throws for an unknown name
+    if (dynamic_cast<Linear<float>*>(p.owner) == nullptr || p.owner_name != "weight")
+      throw std::invalid_argument("keep_float: '" + name + "' is not the weight of a Linear layer");
+    kept.push_back(p.owner);
+  }
   int64_t n = 0;
   for (Linear<float>* linear : linear_layers(root)) {
     if (linear->quantized_weight() != nullptr) continue;
+    if (std::find(kept.begin(), kept.end(), linear) != kept.end()) continue;
     linear->quantize_int8();
     ++n;
   }

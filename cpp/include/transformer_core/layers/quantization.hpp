@@ -25,9 +25,11 @@ namespace transformer_core::layers {
 // Every Linear<float> that owns a weight root registers, each once, in registration order.
 std::vector<Linear<float>*> linear_layers(const Module<float>& root);
 
-// Quantizes every fp32 Linear inside root to int8 (those already quantized are left as they are)
-// and refreshes root's registry. Returns how many were converted.
-int64_t quantize_linears_int8(Module<float>& root);
+// Quantizes every fp32 Linear inside root to int8 (those already quantized are left as they are,
+// and those whose weight is named in keep_float, root's registry names, stay fp32) and refreshes
+// root's registry. Returns how many were converted. Throws std::invalid_argument (root unchanged)
+// for a keep_float name that is unknown or not a Linear's weight.
+int64_t quantize_linears_int8(Module<float>& root, const std::vector<std::string>& keep_float = {});
 
 // One weight of root, by its name in root's registry, given as GGUF blocks.
 struct GgufTensor {
