@@ -274,9 +274,18 @@ def _minilm_onnx_int8(model_dir, threads: int):
     from transformers import AutoModel
 
     tmp = Path(tempfile.mkdtemp(prefix="tc_bench_onnx_"))
-    model = AutoModel.from_pretrained(model_dir).eval()
+    bert = AutoModel.from_pretrained(model_dir).eval()
+
+    class Encoder(torch.nn.Module):  # keyword arguments only: transformers' positional order varies
+        def __init__(self):
+            super().__init__()
+            self.bert = bert
+
+        def forward(self, input_ids, attention_mask):
+            return self.bert(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+
     dummy = (torch.ones(2, 8, dtype=torch.int64), torch.ones(2, 8, dtype=torch.int64))
-    torch.onnx.export(model, dummy, tmp / "fp32.onnx", input_names=["input_ids", "attention_mask"],
+    torch.onnx.export(Encoder().eval(), dummy, tmp / "fp32.onnx", input_names=["input_ids", "attention_mask"],
                       output_names=["last_hidden_state"], dynamo=False, opset_version=17,
                       dynamic_axes={"input_ids": {0: "n", 1: "l"}, "attention_mask": {0: "n", 1: "l"},
                                     "last_hidden_state": {0: "n", 1: "l"}})
