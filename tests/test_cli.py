@@ -232,3 +232,62 @@ def test_cli_chat_errors_are_one_line(tmp_path):
     r = _run("chat", "hi", "--max-new-tokens", "0")
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert "argument --max-new-tokens: expected an int >= 1, got 0" in r.stderr.strip().splitlines()[-1]
+
+
+# ------------------------------------------------------------------------------------ --quantize int8
+def test_cli_embed_quantize_int8_matches_the_int8_encoder():
+    data = json.loads(run_cli("embed", "--json", "--quantize", "int8", *PAIR))
+    assert data["quantize"] == "int8"
+    emb = tc.SentenceEncoder.from_pretrained(MODEL_NAME, quantize="int8").encode(PAIR)
+    np.testing.assert_allclose(np.asarray(data["embeddings"]), emb, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(data["similarity"]), emb @ emb.T, atol=1e-5)
+
+
+def test_cli_embed_out_quantize_int8_is_recorded_and_kept(tmp_path, tiny_model_dir):
+    lines = corpus_lines(60)
+    f = tmp_path / "c.txt"
+    f.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    out = tmp_path / "e.npy"
+    proc = run_cli_any("embed", "--file", f, "--out", out, "--model", tiny_model_dir, "--quantize", "int8",
+                       "--no-progress")
+    assert proc.returncode == 0, proc.stderr
+    man = json.loads((tmp_path / "e.npy.manifest.json").read_text())
+    assert man["model"]["quantize"] == "int8"
+    ref = tc.SentenceEncoder.from_pretrained(tiny_model_dir, quantize="int8").encode(lines)
+    np.testing.assert_allclose(np.load(out), ref, atol=1e-5)
+    # the queries are embedded in int8 too: a text of the corpus finds itself with cosine 1
+    hits = json.loads(run_cli_any("search", "--index", out, lines[7], "-k", 1, "--json").stdout)[0]["hits"]
+    assert hits[0]["id"] == 7 and abs(hits[0]["score"] - 1) < 1e-5
+    # a float32 run does not resume an int8 output
+    assert_clean_error(run_cli_any("embed", "--file", f, "--out", out, "--model", tiny_model_dir, "--resume"),
+                       "resume")
+    assert_clean_error(run_cli_any("embed", "--file", f, "--out", tmp_path / "d.parquet", "--workers", 1,
+                                   "--quantize", "int8"), "--quantize")
+    r = _run("embed", "hi", "--quantize", "int4")
+    assert r.returncode == 2 and "argument --quantize: invalid choice: 'int4'" in r.stderr
+
+
+def test_cli_generate_quantize_int8_is_the_int8_model():
+    r = _run("generate", "Once upon a time", "--max-new-tokens", "8", "--quantize", "int8")
+    assert r.returncode == 0, r.stderr
+    model = tc.quantize(tc.LlamaForCausalLM.from_pretrained("SmolLM2-135M-Instruct"), "int8")
+    tok = tc.Tokenizer.from_pretrained("SmolLM2-135M-Instruct")
+    ids = np.array([tok.encode("Once upon a time")], np.int64)
+    out = model.generate(ids, max_new_tokens=8, eos_token_id=[tok.eos_token_id])
+    expected = tok.decode(out[0, ids.shape[1]:].tolist(), skip_special_tokens=True)
+    assert r.stdout.rstrip("\n") == "Once upon a time" + expected
+
+
+def test_cli_chat_default_model_keeps_the_file_blocks():
+    import argparse
+
+    from transformer_core.chat import _load
+
+    model, _ = _load(argparse.Namespace(model=None, quantize=None))
+    formats = model.weight_formats()
+    assert formats["model.layers.0.self_attn.q_proj.weight"] == "Q4_1"
+    assert formats["model.embed_tokens.weight"] == "Q8_0"
+    model8, _ = _load(argparse.Namespace(model=None, quantize="int8"))
+    assert model8.weight_formats()["model.layers.0.self_attn.q_proj.weight"] == "int8"
+    r = _run("chat", "hi", "--quantize", "int4")
+    assert r.returncode == 2 and "argument --quantize: invalid choice: 'int4'" in r.stderr

@@ -53,7 +53,11 @@ void register_configs(py::module_& m) {
       .def_readwrite("mlp_bias", &LlamaConfig::mlp_bias)
       .def_readwrite("tie_word_embeddings", &LlamaConfig::tie_word_embeddings)
       .def_readwrite("pad_token_id", &LlamaConfig::pad_token_id)
-      .def_readwrite("hidden_act", &LlamaConfig::hidden_act);
+      .def_readwrite("hidden_act", &LlamaConfig::hidden_act)
+      .def_property(
+          "rope_layout",
+          [](const LlamaConfig& c) { return std::string(c.rope_layout == ops::RotaryLayout::kHalf ? "half" : "interleaved"); },
+          [](LlamaConfig& c, const std::string& name) { c.rope_layout = ops::parse_rotary_layout(name); });
 }
 
 template <class T>

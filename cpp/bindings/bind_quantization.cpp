@@ -99,6 +99,32 @@ void register_quantization(py::module_& m) {
         py::arg("x"), py::arg("blocks"), py::arg("ggml_type"), py::arg("out_features"), py::arg("in_features"),
         py::arg("bias"), py::arg("quantize_activations"));
 
+  // x [rows, in] fp32, parts: [(blocks, ggml_type, rows)] (runs of rows, stacked) -> [rows, Σ part rows]
+  m.def("linear_gguf_parts",
+        [](const CArray<float>& x, const std::vector<std::tuple<py::buffer, std::string, int64_t>>& parts,
+           int64_t in_features, const py::object& bias, bool quantize_activations) {
+          require(x.shape(1) == in_features, "linear_gguf_parts: x's last dim differs from in_features");
+          std::vector<Bytes> held;  // the buffers stay requested while the kernels read them
+          std::vector<ops::GgufRows> runs;
+          int64_t out = 0;
+          for (const auto& [blocks, type, rows] : parts) {
+            held.push_back(bytes_of(blocks));
+            runs.push_back({held.back().data(), held.back().size(), rows, q::parse_ggml_type(type)});
+            out += rows;
+          }
+          const float* bp = optional_bias(bias);
+          const int64_t rows = x.shape(0);
+          py::array_t<float> y({rows, out});
+          float* yp = y.mutable_data();
+          {
+            py::gil_scoped_release release;
+            ops::linear_gguf_parts(x.data(), rows, in_features, runs.data(), static_cast<int64_t>(runs.size()), bp, yp,
+                                   quantize_activations);
+          }
+          return y;
+        },
+        py::arg("x"), py::arg("parts"), py::arg("in_features"), py::arg("bias"), py::arg("quantize_activations"));
+
   // blocks: bytes of rows × cols / 32 blocks -> [rows, cols] fp32
   m.def("dequantize_gguf",
         [](const py::buffer& blocks, const std::string& ggml_type, int64_t rows, int64_t cols) {

@@ -91,6 +91,13 @@ inline const char* dtype_suffix<float>() { return "_f32"; }
 template <>
 inline const char* dtype_suffix<double>() { return "_f64"; }
 
+// A weight held quantized (layers/quantized_matrix.hpp) has no fp32 storage to write or view.
+template <class T>
+void require_not_quantized(const layers::ParamRef<T>& p, const std::string& name) {
+  require(!layers::Module<T>::quantized(p), name + ": the weight is held quantized (" + layers::Module<T>::storage(p) +
+                                                "); it can be read (dequantized) but not written or viewed");
+}
+
 // The state_dict plumbing of Module<T>, bound once as the base class of every layer and model:
 //   parameter_shapes() -> [(name, shape)]        get_parameter(name) -> copy
 //   set_parameter(name, value)                   parameter_view(name) -> zero-copy view (lives
@@ -110,7 +117,7 @@ void register_module_base(py::module_& m) {
           [](const Module<T>& self, const std::string& name) {
             const auto& p = self.parameter(name);
             py::array_t<T> out(std::vector<py::ssize_t>(p.shape.begin(), p.shape.end()));
-            std::copy(p.data, p.data + out.size(), out.mutable_data());
+            Module<T>::read_parameter(p, out.mutable_data());  // dequantized when held quantized
             return out;
           },
           py::arg("name"))
@@ -118,6 +125,7 @@ void register_module_base(py::module_& m) {
           "set_parameter",
           [](Module<T>& self, const std::string& name, const CArray<T>& value) {
             const auto& p = self.parameter(name);
+            require_not_quantized(p, name);
             require(static_cast<size_t>(value.ndim()) == p.shape.size(), name + ": wrong rank");
             for (size_t i = 0; i < p.shape.size(); ++i)
               require(value.shape(static_cast<py::ssize_t>(i)) == p.shape[i], name + ": wrong shape");
@@ -128,6 +136,7 @@ void register_module_base(py::module_& m) {
           "parameter_view",
           [](py::object self, const std::string& name) {
             const auto& p = self.cast<const Module<T>&>().parameter(name);
+            require_not_quantized(p, name);
             return py::array_t<T>(std::vector<py::ssize_t>(p.shape.begin(), p.shape.end()), p.data, self);
           },
           py::arg("name"));
@@ -141,5 +150,6 @@ void register_backward(py::module_& m);
 void register_optim(py::module_& m);
 void register_quantization(py::module_& m);
 void register_training(py::module_& m);
+void register_quantized_layers(py::module_& m);
 
 }  // namespace transformer_core::bindings

@@ -35,5 +35,6 @@ PYBIND11_MODULE(_core, m) {
   transformer_core::bindings::register_optim(m);
 #endif
   transformer_core::bindings::register_quantization(m);
+  transformer_core::bindings::register_quantized_layers(m);  // after register_layers / register_models
   transformer_core::bindings::register_training(m);  // after layers and models: adds to their classes
 }

@@ -13,7 +13,8 @@ Layers of the package, from the bottom:
     bert         BertEmbeddings, BertModel (Hugging Face checkpoints, no torch)
     gpt2         GPT2Model, GPT2LMHeadModel, KVCache (decoding with a KV cache, generate)
     sentence_encoder  SentenceEncoder (all-MiniLM-L6-v2 embeddings)
-    quantization int8 and GGUF (Q8_0, Q4_0, Q4_1) linear products on quantized weights
+    quantization int8 and GGUF (Q8_0, Q4_0, Q4_1) linear products on quantized weights;
+                 quantize(model, "int8") (also exported here)
     seq2seq      Seq2SeqTransformer (embeddings + nn.Transformer + output layer, trainable)
     training     save_checkpoint / load_checkpoint, manual_seed; with backward, optim, lr_scheduler:
                  training (model.train(), loss, backward, AdamW, schedules, clipping)
@@ -29,6 +30,7 @@ from .kv_cache import KVCache
 from .llama import LlamaConfig, LlamaForCausalLM, LlamaModel
 from .module import NonFiniteLossError, NoTrainingStateError, manual_seed
 from .positional import Embeddings, PositionalEncoding
+from .quantization import quantize
 from .sentence_encoder import SentenceEncoder, cosine_similarity, mean_pool
 from .seq2seq import Seq2SeqTransformer
 from .tokenizer import Tokenizer
@@ -45,6 +47,7 @@ __all__ = [
     "masks",
     "positional",
     "quantization",
+    "quantize",
     "multihead_forms",
     "training",
     "manual_seed",

@@ -215,7 +215,12 @@ def _load(args):
     from .tokenizer import Tokenizer
 
     name = args.model or DEFAULT_CHAT_MODEL
-    return LlamaForCausalLM.from_pretrained(name), Tokenizer.from_pretrained(name)
+    model = LlamaForCausalLM.from_pretrained(name)  # a GGUF file's blocks kept as stored (fast decode)
+    if getattr(args, "quantize", None) is not None:
+        from .quantization import quantize
+
+        model = quantize(model, args.quantize)  # from the dequantized weights
+    return model, Tokenizer.from_pretrained(name)
 
 
 def _print(text: str) -> None:

@@ -372,15 +372,18 @@ def _chunks(texts: Iterable[str], chunk_size: int) -> Iterator[tuple[int, int, l
 
 
 # ===================================================================================== model identity
-def model_identity(name_or_path=DEFAULT_MODEL) -> dict:
+def model_identity(name_or_path=DEFAULT_MODEL, quantize: str | None = None) -> dict:
     """Name, width and a fingerprint of a model, read from its files without loading it.
 
     The fingerprint is a SHA-256 over ``config.json``, the tokenizer files, the safetensors header
     (every tensor's name, dtype, shape and offsets), the weight file's size and its first and last
     MiB of data: two models that differ in architecture, tokenizer or (in practice) weights differ.
+    ``quantize`` (``"int8"``: the encoder's linear layers int8, :func:`transformer_core.quantize`)
+    enters the fingerprint too, so an output embedded in int8 is not resumed or searched in float32.
 
     Returns:
-        ``{"name", "fingerprint", "dim"}`` (``dim`` = ``config.json``'s ``hidden_size``).
+        ``{"name", "fingerprint", "dim"}`` (``dim`` = ``config.json``'s ``hidden_size``), and
+        ``"quantize"`` when given.
 
     Raises:
         FileNotFoundError: no such model, or no ``config.json`` / ``model.safetensors``.
@@ -410,7 +413,12 @@ def model_identity(name_or_path=DEFAULT_MODEL) -> dict:
         h.update(f.read(_HASH_BYTES))
         f.seek(max(8 + n, size - _HASH_BYTES))
         h.update(f.read(_HASH_BYTES))
-    return {"name": str(name_or_path), "fingerprint": h.hexdigest()[:32], "dim": dim}
+    if quantize is not None:
+        h.update(b"quantize=" + str(quantize).encode())
+    out = {"name": str(name_or_path), "fingerprint": h.hexdigest()[:32], "dim": dim}
+    if quantize is not None:
+        out["quantize"] = str(quantize)
+    return out
 
 
 # ========================================================================================= manifest
@@ -874,7 +882,7 @@ def _progress_bar(progress: bool, total: int, initial: int, desc: str):
 
 def embed_file(input, out, *, model=DEFAULT_MODEL, input_format: str | None = None, text_field: str | None = None,
                errors: str = "strict", chunk_size: int | None = None, batch_size: int = 32, resume: bool = False,
-               overwrite: bool = False, progress: bool = False) -> EmbedResult:
+               overwrite: bool = False, progress: bool = False, quantize: str | None = None) -> EmbedResult:
     """Embeds every text of a file (or a list) into ``out`` (``.npy`` or ``.parquet``), chunk by
     chunk, in this process; see the module docstring for the layout and the manifest.
 
@@ -888,6 +896,8 @@ def embed_file(input, out, *, model=DEFAULT_MODEL, input_format: str | None = No
         resume: continue an interrupted run (checks model and input first).
         overwrite: replace an existing output.
         progress: a tqdm bar on stderr (sentences/s, ETA).
+        quantize: None, or ``"int8"``: the encoder's linear layers int8
+            (``SentenceEncoder.from_pretrained(..., quantize=)``); recorded in the manifest's model.
 
     Returns:
         :class:`EmbedResult`. Row ``i`` of the output is ``SentenceEncoder.encode`` of text ``i``
@@ -901,9 +911,9 @@ def embed_file(input, out, *, model=DEFAULT_MODEL, input_format: str | None = No
 
     t0 = time.perf_counter()
     source = _as_source(input, input_format, text_field, errors)
-    job = EmbedJob.prepare(source, out, model_identity(model), chunk_size=chunk_size, resume=resume,
+    job = EmbedJob.prepare(source, out, model_identity(model, quantize), chunk_size=chunk_size, resume=resume,
                            overwrite=overwrite)
-    encoder = SentenceEncoder.from_pretrained(model)
+    encoder = SentenceEncoder.from_pretrained(model, quantize=quantize)
     if job.complete:
         return _result(job, 0, 0, time.perf_counter() - t0)
     job.start()
@@ -963,12 +973,12 @@ class EmbedSummary:
 
 def embed_summary(input, *, model=DEFAULT_MODEL, limit: int = 20, input_format=None, text_field=None,
                   errors="strict", chunk_size: int = DEFAULT_CHUNK_SIZE, batch_size: int = 32,
-                  progress: bool = False) -> EmbedSummary:
+                  progress: bool = False, quantize: str | None = None) -> EmbedSummary:
     """Embeds a source without saving: up to ``limit`` texts are returned with their embeddings;
     a longer input is streamed chunk by chunk (memory bounded by a chunk) and summarised.
 
     The mean pairwise cosine is exact and needs no N x N matrix: for unit rows ``e_i``,
-    ``sum_{i != j} e_i . e_j = |sum_i e_i|^2 - sum_i |e_i|^2``.
+    ``sum_{i != j} e_i . e_j = |sum_i e_i|^2 - sum_i |e_i|^2``. ``quantize``: as :func:`embed_file`.
 
     Raises:
         As :func:`open_source` and ``SentenceEncoder.from_pretrained``; ValueError: no text.
@@ -977,7 +987,7 @@ def embed_summary(input, *, model=DEFAULT_MODEL, limit: int = 20, input_format=N
 
     t0 = time.perf_counter()
     source = _as_source(input, input_format, text_field, errors)
-    encoder = SentenceEncoder.from_pretrained(model)
+    encoder = SentenceEncoder.from_pretrained(model, quantize=quantize)
     it = iter(source)
     head = list(itertools.islice(it, limit + 1))
     if not head:
@@ -1155,10 +1165,11 @@ def search(index, queries, k: int = 5, *, model=None, allow_incomplete: bool = F
         raise ValueError(f"block_rows: expected an int >= 1, got {block_rows!r}")
     man, data = _open_index(index, allow_incomplete)
     name = man["model"]["name"] if model is None else model
-    if model is not None and model_identity(model)["fingerprint"] != man["model"]["fingerprint"]:
+    quantize = man["model"].get("quantize")  # the queries are embedded as the index was
+    if model is not None and model_identity(model, quantize)["fingerprint"] != man["model"]["fingerprint"]:
         raise ValueError(f"model: {index} was embedded with {man['model']['name']!r}, not {model!r}; "
                          f"queries must be embedded by the same model")
-    encoder = SentenceEncoder.from_pretrained(name)
+    encoder = SentenceEncoder.from_pretrained(name, quantize=quantize)
     q = encoder.encode(queries, batch_size=batch_size, normalize=True, progress=False)  # (Q, dim)
     best = [(np.empty(0, DTYPE), np.empty(0, np.int64)) for _ in queries]
     for ids, emb in _iter_blocks(man, data, block_rows):
@@ -1184,6 +1195,8 @@ def run_embed(args) -> int:
     if not args.file and not args.sentences:
         raise ValueError("give sentences as arguments or with --file")
     distributed = args.scheduler is not None or args.workers is not None
+    if distributed and args.quantize is not None:
+        raise ValueError("--quantize: not supported with --scheduler/--workers (the workers load float32 models)")
     if not args.out:
         for flag, value in (("--resume", args.resume), ("--overwrite", args.overwrite),
                             ("--scheduler/--workers", distributed)):
@@ -1204,10 +1217,11 @@ def run_embed(args) -> int:
     elif args.out:
         result = embed_file(source, args.out, model=args.model, chunk_size=args.chunk_size,
                             batch_size=args.batch_size, resume=args.resume, overwrite=args.overwrite,
-                            progress=progress)
+                            progress=progress, quantize=args.quantize)
     else:
         return _print_summary(args, embed_summary(source, model=args.model, chunk_size=args.chunk_size or
-                                                  DEFAULT_CHUNK_SIZE, batch_size=args.batch_size, progress=progress))
+                                                  DEFAULT_CHUNK_SIZE, batch_size=args.batch_size, progress=progress,
+                                                  quantize=args.quantize))
     _report_skipped(result.num_skipped, result.skipped)
     info = {"out": str(result.out), "rows": result.rows, "dim": result.dim, "chunks": result.chunks,
             "chunks_computed": result.chunks_computed, "rows_computed": result.rows_computed,
@@ -1238,10 +1252,10 @@ def _print_summary(args, s: EmbedSummary) -> int:
         emb, sentences = s.embeddings, s.texts
         sim = cosine_similarity(emb)
         if args.json:
-            print(json.dumps({"model": args.model, "sentences": sentences, "shape": list(emb.shape),
+            print(json.dumps({"model": args.model, "quantize": args.quantize, "sentences": sentences, "shape": list(emb.shape),
                               "similarity": sim.round(6).tolist(), "embeddings": emb.tolist()}))
             return 0
-        print(f"model: {args.model}")
+        print(f"model: {args.model}{'' if args.quantize is None else ' (' + args.quantize + ')'}")
         print(f"embeddings: shape {emb.shape}, dtype {emb.dtype}")
         print("cosine similarity:")
         short = [_short(t, 40) for t in sentences]
@@ -1254,11 +1268,11 @@ def _print_summary(args, s: EmbedSummary) -> int:
         return 0
     rate = s.count / s.seconds if s.seconds > 0 else float("nan")
     if args.json:
-        print(json.dumps({"model": args.model, "count": s.count, "shape": [s.count, s.dim],
+        print(json.dumps({"model": args.model, "quantize": args.quantize, "count": s.count, "shape": [s.count, s.dim],
                           "mean_cosine": round(s.mean_cosine, 6), "seconds": round(s.seconds, 3),
                           "sentences_per_second": round(rate, 1)}))
         return 0
-    print(f"model: {args.model}")
+    print(f"model: {args.model}{'' if args.quantize is None else ' (' + args.quantize + ')'}")
     print(f"embedded {s.count} sentences (dim {s.dim}) in {s.seconds:.1f} s ({rate:.1f} sentences/s)")
     print(f"mean cosine similarity over all pairs: {s.mean_cosine:.4f}")
     print("the similarity matrix is printed for up to 20 sentences; --out FILE.npy or FILE.parquet saves the "

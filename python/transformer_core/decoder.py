@@ -78,10 +78,14 @@ class DecoderModel(Module):
         from ._runtime import core
 
         try:
-            self._impl = getattr(core, self._core_class + sfx)(self.config._to_core())
+            self._impl = getattr(core, self._core_class + sfx)(self._core_config())
         except ValueError as e:  # the C++ decoder names its generic fields: give the architecture's names
             raise ValueError(_renamed(str(e), getattr(self.config, "_CORE_NAMES", {}))) from None
         self._init_weights()
+
+    def _core_config(self):
+        """The C++ config the model is built from (an architecture may add fields of its own)."""
+        return self.config._to_core()
 
     @property
     def context_length(self) -> int:

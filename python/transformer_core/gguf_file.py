@@ -7,11 +7,15 @@ aligned to ``general.alignment`` (32) bytes. Quantized tensors are stored as blo
 Q4_0 / Q4_1 / Q8_0 pack 32 weights per block (an fp16 scale, Q4_1 also an fp16 minimum, then 4- or
 8-bit codes), so a row of ``in_features`` weights is ``in_features / 32`` blocks.
 
-The ``gguf`` package (llama.cpp's own Python reader) parses the file and dequantizes the blocks; this
-module checks the file first (bounds, types, shapes: a corrupt or truncated file is a ``ValueError``
-naming it, never a raw error from the reader), maps llama.cpp's tensor names to Hugging Face's
-``LlamaForCausalLM`` state_dict names and undoes the row permutation llama.cpp's converter applies
-to the query/key projections (see :func:`rope_row_permutation`).
+This module reads the header itself, checking every read against the file's bounds (a corrupt or
+truncated file is a ``ValueError`` naming it), maps the file read-only and gives each tensor as a
+zero-copy view of the map; long metadata arrays (the tokenizer's vocabulary and merges) are
+checked when the file is opened but turned into Python lists only when asked for, so a model that
+only needs the tensors costs neither the time nor the memory of ~100k Python strings. The ``gguf``
+package (llama.cpp's own Python code) dequantizes the blocks and names the ggml types this module
+does not know. It maps llama.cpp's tensor names to Hugging Face's ``LlamaForCausalLM`` state_dict
+names and undoes the row permutation llama.cpp's converter applies to the query/key projections (see
+:func:`rope_row_permutation`).
 
     ckpt = read_gguf("SmolLM2-135M-Instruct.Q4_1.gguf")
     ckpt.config["num_key_value_heads"]           # 3
@@ -25,8 +29,10 @@ from __future__ import annotations
 import mmap
 import os
 import struct
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -52,6 +58,14 @@ _VALUE_TYPES = {
     11: ("INT64", 8), 12: ("FLOAT64", 8),
 }
 _STRING, _ARRAY, _UINT32 = 8, 9, 4
+_SCALAR_FORMATS = {"UINT8": "<B", "INT8": "<b", "UINT16": "<H", "INT16": "<h", "UINT32": "<I", "INT32": "<i",
+                   "FLOAT32": "<f", "BOOL": "<?", "UINT64": "<Q", "INT64": "<q", "FLOAT64": "<d"}
+#: Arrays longer than this are checked at open and decoded when first read (see _Metadata).
+_LAZY_ARRAY_LENGTH = 256
+#: ggml types whose names and sizes this module knows without the gguf package:
+#: id -> (name, values per block, bytes per block), as ggml's GGML_QUANT_SIZES.
+_GGML_SIZES = {0: ("F32", 1, 4), 1: ("F16", 1, 2), 2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20), 8: ("Q8_0", 32, 34),
+               30: ("BF16", 1, 2)}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -100,17 +114,17 @@ class _Scanner:
             raise _FileError(f"corrupt GGUF header: {what} is not valid UTF-8") from None
 
     def value(self, value_type: int, what: str, depth: int = 0):
-        """Skips (checks) one metadata value; returns it only for the few keys the scan needs."""
+        """Checks one metadata value and returns it as a Python value (int, float, bool, str, list),
+        or, for an array longer than _LAZY_ARRAY_LENGTH, as a _LazyArray to decode when read (its
+        strings are checked to be UTF-8 here, so decoding it later cannot fail)."""
         if value_type not in _VALUE_TYPES:
             raise _FileError(f"corrupt GGUF header: {what} has unknown value type {value_type}")
         name, width = _VALUE_TYPES[value_type]
         if width is not None:
             self.need(width, what)
-            fmt = {"UINT8": "<B", "INT8": "<b", "UINT16": "<H", "INT16": "<h", "UINT32": "<I", "INT32": "<i",
-                   "FLOAT32": "<f", "BOOL": "<?", "UINT64": "<Q", "INT64": "<q", "FLOAT64": "<d"}[name]
-            return self.unpack(fmt, what)
+            return self.unpack(_SCALAR_FORMATS[name], what)
         if value_type == _STRING:
-            return self.string(what, decode=False)
+            return self.string(what)
         if depth > 2:
             raise _FileError(f"corrupt GGUF header: {what} nests arrays more than 3 deep")
         element_type, count = self.unpack("<IQ", f"the array header of {what}")
@@ -121,19 +135,85 @@ class _Scanner:
         if count * minimum > self.size - self.pos:
             raise _FileError(f"truncated GGUF file: {what} declares {count} elements, more than the "
                              f"{self.size - self.pos} bytes left in the file can hold")
+        start = self.pos
         if element_width is not None:
             self.pos += count * element_width
         elif element_type == _STRING:
             for i in range(count):
-                self.string(f"{what}[{i}]", decode=False)
+                self.string(f"{what}[{i}]")  # checked (UTF-8) and dropped
         else:
-            for i in range(count):
-                self.value(element_type, f"{what}[{i}]", depth + 1)
-        return None
+            return [self.value(element_type, f"{what}[{i}]", depth + 1) for i in range(count)]
+        lazy = _LazyArray(element_type, count, start)
+        return lazy if count > _LAZY_ARRAY_LENGTH else lazy.decode(self.buf)
+
+
+class _LazyArray(NamedTuple):
+    """A metadata array of scalars or strings at byte ``pos`` of the file, checked, not decoded yet."""
+
+    element_type: int
+    count: int
+    pos: int
+
+    def decode(self, buf) -> list:
+        name, width = _VALUE_TYPES[self.element_type]
+        if width is not None:
+            dtype = np.dtype(_SCALAR_FORMATS[name].replace("?", "u1")).newbyteorder("<")
+            values = np.frombuffer(buf, dtype=dtype, count=self.count, offset=self.pos).tolist()
+            return [bool(v) for v in values] if name == "BOOL" else values
+        out, pos = [], self.pos
+        for _ in range(self.count):
+            (length,) = struct.unpack_from("<Q", buf, pos)
+            out.append(bytes(buf[pos + 8:pos + 8 + length]).decode("utf-8"))
+            pos += 8 + length
+        return out
+
+
+class _Metadata(Mapping):
+    """A GGUF file's metadata, key -> Python value, read-only: long arrays (a tokenizer's tokens and
+    merges) are decoded from the file's map the first time they are read, then kept."""
+
+    def __init__(self, values: dict, buf):
+        self._values, self._buf = values, buf
+
+    def __getitem__(self, key):
+        value = self._values[key]
+        if isinstance(value, _LazyArray):
+            value = self._values[key] = value.decode(self._buf)
+        return value
+
+    def __iter__(self):
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def __repr__(self) -> str:
+        return f"<GGUF metadata: {len(self)} keys>"
+
+
+class _PrefixView(Mapping):
+    """The keys of a mapping that start with ``prefix``, without it (values read through)."""
+
+    def __init__(self, mapping: Mapping, prefix: str):
+        self._mapping, self._prefix = mapping, prefix
+        self._keys = [k[len(prefix):] for k in mapping if k.startswith(prefix)]
+
+    def __getitem__(self, key):
+        if key not in self._keys:
+            raise KeyError(key)
+        return self._mapping[self._prefix + key]
+
+    def __iter__(self):
+        return iter(self._keys)
+
+    def __len__(self) -> int:
+        return len(self._keys)
 
 
 def _ggml_sizes(type_id: int):
     """(name, block_size, type_size) of a ggml type id known to the gguf package, or None."""
+    if type_id in _GGML_SIZES:
+        return _GGML_SIZES[type_id]
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
     try:
@@ -146,8 +226,9 @@ def _ggml_sizes(type_id: int):
     return qtype.name, block_size, type_size
 
 
-def _scan(buf, size: int) -> tuple[int, list[_TensorEntry]]:
-    """Checks the whole layout; returns (data section start, tensor entries). Raises _FileError."""
+def _scan(buf, size: int) -> tuple[int, list[_TensorEntry], dict]:
+    """Checks the whole layout; returns (data section start, tensor entries, metadata: key -> value
+    or _LazyArray). Raises _FileError."""
     s = _Scanner(buf, size)
     if size < 4 or bytes(buf[:4]) != _GGUF_MAGIC:
         head = bytes(buf[:min(size, 4)])
@@ -165,13 +246,14 @@ def _scan(buf, size: int) -> tuple[int, list[_TensorEntry]]:
         raise _FileError(f"truncated or corrupt GGUF header: {tensor_count} tensors cannot fit in a {size}-byte file")
     alignment = _DEFAULT_ALIGNMENT
     keys = set()
+    metadata = {}
     for i in range(kv_count):
         key = s.string(f"the key of metadata entry {i}")
         if key in keys:
             raise _FileError(f"corrupt GGUF header: metadata key {key!r} appears twice")
         keys.add(key)
         value_type = s.unpack("<I", f"the value type of metadata key {key!r}")
-        value = s.value(value_type, f"metadata key {key!r}")
+        value = metadata[key] = s.value(value_type, f"metadata key {key!r}")
         if key == "general.alignment":
             if value_type != _UINT32 or value == 0 or value & (value - 1):
                 raise _FileError(f"corrupt GGUF header: general.alignment must be a power-of-two uint32, "
@@ -215,7 +297,7 @@ def _scan(buf, size: int) -> tuple[int, list[_TensorEntry]]:
     for (_, end0, a), (begin1, _, b) in zip(spans, spans[1:]):
         if begin1 < end0:
             raise _FileError(f"corrupt GGUF header: the data of tensors {a!r} and {b!r} overlap")
-    return data_start, entries
+    return data_start, entries, metadata
 
 
 # --------------------------------------------------------------------------------------------------
@@ -331,8 +413,9 @@ class GGUFCheckpoint:
     Attributes:
         path: the file.
         architecture: ``general.architecture`` (``"llama"``).
-        metadata: every metadata key -> Python value (str, int, float, bool or list); the header's
-            version/counts are not included.
+        metadata: a read-only mapping, every metadata key -> Python value (str, int, float, bool or
+            list); the header's version/counts are not included. Long arrays (the tokenizer's) are
+            decoded the first time they are read.
         config: a Hugging Face ``LlamaConfig``-style dict: ``architectures``, ``model_type``
             ("llama"), ``vocab_size``, ``hidden_size``, ``intermediate_size``,
             ``num_hidden_layers``, ``num_attention_heads``, ``num_key_value_heads``, ``head_dim``,
@@ -341,20 +424,19 @@ class GGUFCheckpoint:
             ``attention_dropout`` (0.0), ``mlp_bias``, ``tie_word_embeddings`` (True when the file
             has no ``output.weight``), ``bos_token_id``, ``eos_token_id``, ``pad_token_id``.
         chat_template: ``tokenizer.chat_template`` (a Jinja2 string) or ``None``.
-        tokenizer_metadata: the ``tokenizer.ggml.*`` keys with that prefix removed (``tokens``,
-            ``merges``, ``token_type``, ``model``, ``pre``, ``bos_token_id``, ...).
+        tokenizer_metadata: a read-only mapping of the ``tokenizer.ggml.*`` keys with that prefix
+            removed (``tokens``, ``merges``, ``token_type``, ``model``, ``pre``, ``bos_token_id``, ...).
     """
 
-    def __init__(self, path, _reader, metadata: dict, infos: dict, config: dict):
+    def __init__(self, path, _map, metadata: Mapping, infos: dict, config: dict):
         self.path = Path(path)
-        self._reader = _reader
+        self._map = _map
         self.metadata = metadata
         self.architecture = metadata["general.architecture"]
         self._infos = infos
         self.config = config
         self.chat_template = metadata.get("tokenizer.chat_template")
-        prefix = "tokenizer.ggml."
-        self.tokenizer_metadata = {k[len(prefix):]: v for k, v in metadata.items() if k.startswith(prefix)}
+        self.tokenizer_metadata = _PrefixView(metadata, "tokenizer.ggml.")
 
     def __repr__(self) -> str:
         return (f"GGUFCheckpoint({str(self.path)!r}, architecture={self.architecture!r}, "
@@ -379,8 +461,8 @@ class GGUFCheckpoint:
         """Tensor ``name`` dequantized to ``dtype``, rows in Hugging Face order.
 
         Dequantization is the ``gguf`` package's (``gguf.quants.dequantize``: ``scale * code`` for
-        Q4_0/Q8_0, ``scale * code + min`` for Q4_1, computed in float32); float64 is the exact
-        widening of that float32 result.
+        Q4_0/Q8_0, ``scale * code + min`` for Q4_1, computed in float32); F16 and BF16 are widened
+        exactly (without the gguf package); float64 is the exact widening of the float32 result.
 
         Args:
             name: a Hugging Face name (see :attr:`tensor_names`).
@@ -392,12 +474,19 @@ class GGUFCheckpoint:
         Raises:
             KeyError: no such tensor. TypeError: ``dtype`` not float32/float64.
         """
-        from gguf import GGMLQuantizationType
-        from gguf.quants import dequantize
-
         dtype = resolve_dtype(dtype)
         info = self.tensor_info(name)
-        values = dequantize(info.raw, GGMLQuantizationType(info.ggml_type_id))
+        if info.ggml_type == "F32":
+            values = info.raw.view("<f4")
+        elif info.ggml_type == "F16":
+            values = info.raw.view("<f2").astype(np.float32)
+        elif info.ggml_type == "BF16":  # the top half of a float32
+            values = (info.raw.view("<u2").astype(np.uint32) << 16).view(np.float32)
+        else:
+            from gguf import GGMLQuantizationType
+            from gguf.quants import dequantize
+
+            values = dequantize(info.raw, GGMLQuantizationType(info.ggml_type_id))
         values = np.asarray(values, dtype=np.float32).reshape(info.shape)
         if info.row_permutation is not None:
             values = values[info.row_permutation]
@@ -418,22 +507,15 @@ class GGUFCheckpoint:
         return {name: self.tensor(name, dtype) for name in self._infos}
 
     def close(self) -> None:
-        """Drops the memory map (raw views taken before stay valid while referenced)."""
-        self._reader = None
+        """Drops the checkpoint's reference to the memory map (raw views taken before, and metadata
+        arrays not read yet, keep it alive while referenced)."""
+        self._map = None
 
     def __enter__(self):
         return self
 
     def __exit__(self, *exc):
         self.close()
-
-
-def _field_value(field):
-    """A GGUFReader field as a Python value."""
-    value = field.contents()
-    if isinstance(value, np.generic):
-        value = value.item()
-    return value
 
 
 def read_gguf(path) -> GGUFCheckpoint:
@@ -462,7 +544,7 @@ def read_gguf(path) -> GGUFCheckpoint:
             misses tensors, has unknown ones or one of the wrong shape, or has a config this loader
             does not support (RoPE scaling, partial rotary dims, biases on some projections only).
     """
-    path, reader, metadata, data_start, entries = _open(path)
+    path, buf, metadata, data_start, entries = _open(path)
     arch = metadata.get("general.architecture")
     if not isinstance(arch, str):
         raise ValueError(f"{path}: corrupt GGUF metadata: general.architecture missing or not a string "
@@ -470,15 +552,15 @@ def read_gguf(path) -> GGUFCheckpoint:
     if arch not in SUPPORTED_ARCHITECTURES:
         raise ValueError(f"{path}: GGUF architecture {arch!r} is not supported "
                          f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})")
-    tensors = {t.name: t for t in reader.tensors}
     config = _llama_config(path, metadata, {e.name: e for e in entries})
-    infos = _llama_tensor_infos(path, config, entries, tensors)
-    return GGUFCheckpoint(path, reader, metadata, infos, config)
+    infos = _llama_tensor_infos(path, config, entries, buf, data_start)
+    return GGUFCheckpoint(path, buf, metadata, infos, config)
 
 
-def read_gguf_metadata(path) -> dict:
-    """The metadata of a GGUF file of any architecture (key -> Python value), after the same checks
-    of its layout as :func:`read_gguf` (magic, version, bounds); the tensors are not checked.
+def read_gguf_metadata(path) -> Mapping:
+    """The metadata of a GGUF file of any architecture (a read-only mapping, key -> Python value),
+    after the same checks of its layout as :func:`read_gguf` (magic, version, bounds); the tensors
+    are not checked.
 
     Raises:
         TypeError: ``path`` not a str or path. FileNotFoundError: no such file.
@@ -488,7 +570,7 @@ def read_gguf_metadata(path) -> dict:
 
 
 def _open(path):
-    """``(path, GGUFReader, metadata, data start, tensor entries)`` of a checked file."""
+    """``(path, read-only memory map, metadata, data start, tensor entries)`` of a checked file."""
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"path: expected a str or path, got {type(path).__name__}")
     path = Path(path)
@@ -499,24 +581,14 @@ def _open(path):
         with open(path, "rb") as f:
             if size == 0:
                 raise _FileError("not a GGUF file: it is empty")
-            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-                data_start, entries = _scan(buf, size)
+            # the scan reads the header through a map of its own, closed after it: the pages it
+            # touched (the tokenizer's arrays) do not stay in this process
+            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as scan_buf:
+                data_start, entries, values = _scan(scan_buf, size)
+            buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)  # tensors and lazy metadata
     except _FileError as e:
         raise ValueError(f"{path}: {e}") from None
-
-    import gguf
-
-    try:
-        reader = gguf.GGUFReader(path, "r")
-    except Exception as e:  # the scan should have caught everything; never let a raw error through
-        raise ValueError(f"{path}: corrupt GGUF file ({type(e).__name__}: {e})") from None
-    if reader.data_offset != data_start or len(reader.tensors) != len(entries):
-        raise ValueError(f"{path}: corrupt GGUF file (the gguf reader disagrees with the header layout)")
-    try:
-        metadata = {key: _field_value(field) for key, field in reader.fields.items() if not key.startswith("GGUF.")}
-    except (UnicodeDecodeError, ValueError, IndexError) as e:
-        raise ValueError(f"{path}: corrupt GGUF metadata ({type(e).__name__}: {e})") from None
-    return path, reader, metadata, data_start, entries
+    return path, buf, _Metadata(values, buf), data_start, entries
 
 
 def _get(path, metadata: dict, key: str, kind, default=None, *, required: bool = False):
@@ -575,10 +647,11 @@ def _llama_config(path, md: dict, entries: dict) -> dict:
         raise ValueError(f"{path}: GGUF metadata: expected positive layer_norm_rms_epsilon and rope.freq_base, "
                          f"got {eps} and {theta}")
     context = _get(path, md, f"{a}.context_length", int, required=True)
-    tokens = md.get("tokenizer.ggml.tokens")
     vocab = _get(path, md, f"{a}.vocab_size", int, None)
-    if vocab is None and isinstance(tokens, list):
-        vocab = len(tokens)
+    if vocab is None:  # the tokenizer's vocabulary: its length, without decoding its strings
+        tokens = md._values.get("tokenizer.ggml.tokens") if isinstance(md, _Metadata) else md.get("tokenizer.ggml.tokens")
+        if isinstance(tokens, (list, _LazyArray)):
+            vocab = tokens.count if isinstance(tokens, _LazyArray) else len(tokens)
     if vocab is None and "token_embd.weight" in entries:
         vocab = entries["token_embd.weight"].dims[-1]
     if not vocab:
@@ -648,10 +721,11 @@ def _llama_expected(config: dict) -> dict:
     return out
 
 
-def _llama_tensor_infos(path, config: dict, entries: list, tensors: dict) -> dict:
+def _llama_tensor_infos(path, config: dict, entries: list, buf, data_start: int) -> dict:
     expected = _llama_expected(config)
     names = [e.name for e in entries]
-    missing = [n for n in expected if n not in tensors]
+    present = set(names)
+    missing = [n for n in expected if n not in present]
     unknown = [n for n in names if n not in expected]
     problems = []
     if missing:
@@ -680,8 +754,9 @@ def _llama_tensor_infos(path, config: dict, entries: list, tensors: dict) -> dic
     for e in entries:
         hf_name, shape, rope_heads = expected[e.name]
         type_name, block_size, type_size = _ggml_sizes(e.ggml_type)
-        data = tensors[e.name].data
-        raw = np.asarray(data).view(np.uint8).reshape(*shape[:-1], shape[-1] // block_size * type_size)
+        # a read-only view of the map (its base is the mmap itself)
+        raw = np.ndarray((*shape[:-1], shape[-1] // block_size * type_size), np.uint8, buffer=buf,
+                         offset=data_start + e.offset)
         perm = None
         if rope_heads is not None:
             key = (rope_heads, config["head_dim"])
@@ -690,5 +765,5 @@ def _llama_tensor_infos(path, config: dict, entries: list, tensors: dict) -> dic
                 perm = perms[key] = rope_row_permutation(*key)
                 perm.setflags(write=False)
         infos[hf_name] = GGUFTensorInfo(hf_name, e.name, type_name, e.ggml_type, shape, block_size, type_size,
-                                        raw, int(tensors[e.name].data_offset), perm)
+                                        raw, data_start + e.offset, perm)
     return infos

@@ -13,6 +13,7 @@ import numpy as np
 from ._runtime import core as _core
 from ._validation import activation, check_config_fields, check_eps, check_mapping, check_token_ids
 from .decoder import CausalLM, DecoderModel
+from .module import skip_weight_init
 
 __all__ = ["LlamaConfig", "LlamaModel", "LlamaForCausalLM"]
 
@@ -141,10 +142,73 @@ class LlamaModel(DecoderModel):
     Args:
         config: :class:`LlamaConfig` or a ``config.json`` dict.
         dtype: ``np.float32`` or ``np.float64``.
+        rope_layout: how the model holds its q/k projection rows inside each head, and so which
+            pairs RoPE rotates: ``"half"`` (Hugging Face's rotate-half order, the default) or
+            ``"interleaved"`` (Meta's original order, which llama.cpp's GGUF files keep: a GGUF
+            model's q/k blocks are then used in place). The results are the same up to float32
+            rounding; ``state_dict``/``load_state_dict`` always speak Hugging Face's order (the
+            KV cache holds keys in the model's own order).
+
+    Raises:
+        ValueError: an unknown ``rope_layout``.
     """
 
     config_class = LlamaConfig
     _core_class = "LlamaModel"
+
+    def __init__(self, config, dtype=np.float32, *, rope_layout: str = "half"):
+        if rope_layout not in ("half", "interleaved"):
+            raise ValueError(f"rope_layout: expected 'half' or 'interleaved', got {rope_layout!r}")
+        self.rope_layout = rope_layout
+        super().__init__(config, dtype)
+
+    def _core_config(self):
+        c = self.config._to_core()
+        c.rope_layout = self.rope_layout
+        return c
+
+    # ---- q/k rows: the model's order <-> Hugging Face's (see rope_layout) ------------------------
+    def _qk_heads(self, name: str) -> int | None:
+        """Heads of a q/k projection weight or bias named ``name`` (checkpoint name), else None."""
+        if ".self_attn.q_proj." in name:
+            return self.config.num_attention_heads
+        if ".self_attn.k_proj." in name:
+            return self.config.num_kv_heads
+        return None
+
+    def _qk_permutation(self, name: str):
+        """For an interleaved model's q/k weight/bias ``name``: the index ``p`` with
+        ``hf_rows = our_rows[p]`` (:func:`~transformer_core.gguf_file.rope_row_permutation`)."""
+        heads = self._qk_heads(name) if self.rope_layout == "interleaved" else None
+        if heads is None:
+            return None
+        from .gguf_file import rope_row_permutation
+
+        return rope_row_permutation(heads, self.head_dim)
+
+    def state_dict(self) -> dict:
+        """As :meth:`Module.state_dict`, q/k rows in Hugging Face's order whatever ``rope_layout``."""
+        state = super().state_dict()
+        for name, value in state.items():
+            perm = self._qk_permutation(name)
+            if perm is not None:
+                state[name] = np.ascontiguousarray(value[perm])
+        return state
+
+    def load_state_dict(self, state_dict) -> None:
+        """As :meth:`Module.load_state_dict`, q/k rows given in Hugging Face's order whatever
+        ``rope_layout``."""
+        from collections.abc import Mapping
+
+        if self.rope_layout == "interleaved" and isinstance(state_dict, Mapping):
+            state = self._rename_state_dict(dict(state_dict))
+            for name, value in state.items():
+                perm = self._qk_permutation(name)
+                arr = np.asarray(value)
+                if perm is not None and arr.ndim >= 1 and arr.shape[0] == perm.shape[0]:
+                    state[name] = arr[np.argsort(perm)]
+            state_dict = state
+        super().load_state_dict(state_dict)
 
     def _public_name(self, core_name: str) -> str | None:
         return None if core_name == "lm_head.weight" else core_name  # hidden states need no head
@@ -154,24 +218,83 @@ class LlamaModel(DecoderModel):
                 if not k.endswith("rotary_emb.inv_freq") and k != "lm_head.weight"}
 
     @classmethod
-    def from_pretrained(cls, name_or_path, dtype=np.float32):
+    def from_pretrained(cls, name_or_path, dtype=None, *, quantize_activations: bool = False):
         """Loads a Hugging Face Llama directory (``config.json`` + ``model.safetensors`` or a
         sharded ``model.safetensors.index.json``; float16/bfloat16 tensors converted to ``dtype``)
-        or a ``.gguf`` file (see :func:`transformer_core.gguf_file.read_gguf`; Q4_0, Q4_1, Q8_0,
-        F16, BF16 blocks dequantized to ``dtype``), or the embedded ``"SmolLM2-135M-Instruct"``.
+        or a ``.gguf`` file (see :func:`transformer_core.gguf_file.read_gguf`), or the embedded
+        ``"SmolLM2-135M-Instruct"`` (a GGUF file: Q4_1 layers, a Q8_0 token embedding).
         ``model.source`` keeps the checkpoint (a ``GGUFCheckpoint`` or the directory).
+
+        A GGUF file's ``Q8_0``/``Q4_0``/``Q4_1`` matrices stay in their blocks by default
+        (``dtype=None``): every weight is read in place from the memory-mapped file (no copy: the
+        model keeps llama.cpp's q/k row order, ``rope_layout="interleaved"``, and the packed
+        ``[q; k; v]`` and ``[gate; up]`` matrices are runs of rows in the file) and every product
+        computes on the blocks (:mod:`transformer_core.quantization`); the token embedding decodes
+        the rows it looks up, and a tied LM head multiplies by its blocks. F32/F16/BF16 tensors
+        (norms) are float32. The model is then about the size of the file in memory, not 5x it;
+        the file stays mapped while the model lives.
+
+        Args:
+            name_or_path: a directory, a ``.gguf`` file or an embedded model's name.
+            dtype: None (default): GGUF blocks kept (float32 for everything else, and for a Hugging
+                Face directory); ``np.float32`` / ``np.float64``: every weight dequantized to that
+                dtype (the GGUF blocks with the ``gguf`` package's values).
+            quantize_activations: GGUF blocks only: multiply with Q8 activation blocks and integer
+                dots, as llama.cpp (see :func:`transformer_core.quantization.set_quantize_activations`);
+                the default keeps activations in float32.
 
         Raises:
             FileNotFoundError: nothing at ``name_or_path``.
             ValueError: an unsupported or malformed checkpoint (named), a missing, unknown or
                 mis-shaped tensor (listed).
+            TypeError: ``dtype`` not None, float32 or float64.
         """
         from .checkpoints import load_llama_checkpoint
+        from .hub import resolve_model_path
 
+        if dtype is None:
+            location = resolve_model_path(name_or_path)
+            if location.is_file():
+                from .gguf_file import read_gguf
+
+                return cls._from_gguf_blocks(read_gguf(location), bool(quantize_activations))
+            dtype = np.float32
         config, state, source = load_llama_checkpoint(name_or_path, dtype)
-        model = cls(config, dtype=dtype)
+        with skip_weight_init():
+            model = cls(config, dtype=dtype)  # every weight loaded below
         model.load_state_dict(state)
         model.source = source
+        return model
+
+    @classmethod
+    def _from_gguf_blocks(cls, checkpoint, quantize_activations: bool):
+        """The model of a GGUF checkpoint with its block-format matrices kept as they are stored."""
+        from .quantization import GGML_TYPES, set_gguf_weights, set_quantize_activations
+
+        with skip_weight_init():  # every weight loaded or replaced below
+            model = cls(LlamaConfig.from_dict(checkpoint.config), dtype=np.float32, rope_layout="interleaved")
+        slots = model._slots()
+        names = model._rename_state_dict({name: name for name in checkpoint.tensor_names})  # ours -> file's
+        missing = [n for n in slots if n not in names]
+        unknown = [n for n in names if n not in slots]
+        if missing or unknown:
+            raise ValueError(f"{checkpoint.path}: cannot load into {cls.__name__}: missing {missing}, unknown {unknown}")
+        blocks, dense = {}, []
+        for name, file_name in names.items():
+            info, slot = checkpoint.tensor_info(file_name), slots[name]
+            if info.ggml_type in GGML_TYPES and len(info.shape) == 2:
+                blocks[name] = (info.ggml_type, info.raw)  # the file's rows, in place
+            else:
+                value = checkpoint.tensor(file_name, np.float32)  # q/k rows in Hugging Face's order ...
+                if info.row_permutation is not None:  # ... back to the file's (a q/k bias)
+                    value = np.ascontiguousarray(value[np.argsort(info.row_permutation)])
+                dense.append((slot, value))
+        set_gguf_weights(model, blocks)
+        for slot, value in dense:
+            slot.impl.set_parameter(slot.core_name, value)
+        if quantize_activations:
+            set_quantize_activations(model, True)
+        model.source = checkpoint
         return model
 
 

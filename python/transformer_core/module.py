@@ -24,10 +24,17 @@ Training follows torch's habits where it can, with an explicit backward since th
   :mod:`transformer_core.optim`. ``gradients()`` copies the written ones in the checkpoint's layout.
 * Dropout (training forwards only) draws its masks from seeds: :func:`manual_seed` seeds the
   package's generator, as ``torch.manual_seed`` does.
+
+Quantized weights (:func:`transformer_core.quantize`, GGUF blocks from
+``LlamaForCausalLM.from_pretrained``): ``state_dict`` returns them dequantized to float32 (the values
+the kernels multiply by), :meth:`Module.weight_formats` says how each is stored, and
+``load_state_dict`` refuses a module that holds any (load into a float model, then quantize it).
 """
 
 from __future__ import annotations
 
+import contextlib
+import threading
 from collections.abc import Mapping
 from typing import NamedTuple
 
@@ -132,17 +139,45 @@ class _Slot(NamedTuple):
     transposed: bool
 
 
+_SKIP_INIT = threading.local()
+
+
+@contextlib.contextmanager
+def skip_weight_init():
+    """Modules built inside this context (on this thread) get no initial weights: no random draw
+    (:meth:`Module._init_weights`), and the C++ core leaves their weight matrices uninitialised
+    rather than zero-filled, so a matrix that is replaced before it is written (by quantized blocks)
+    never takes memory. For loaders that then load or replace EVERY weight."""
+    from ._runtime import core
+
+    old = getattr(_SKIP_INIT, "on", False)
+    _SKIP_INIT.on = True
+    core.defer_weight_init(True)
+    try:
+        yield
+    finally:
+        _SKIP_INIT.on = old
+        core.defer_weight_init(old)
+
+
 class Module:
     """Base class of every layer and model: weights by name, ``state_dict``/``load_state_dict``.
 
     Subclasses set ``self._impl`` (the C++ object) and ``self.dtype`` (``np.float32`` or
-    ``np.float64``) and implement ``forward``; calling the module calls ``forward``.
+    ``np.float64``) and implement ``forward``; calling the module calls ``forward``. The arguments a
+    module was built with are kept (``_init_args``), so that :func:`transformer_core.quantize` can
+    build a copy of it.
     """
 
     _impl = None
     dtype: type = np.float32
     training: bool = False
     _saved = None          # what the last training forward keeps on the Python side (its inputs)
+
+    def __new__(cls, *args, **kwargs):
+        self = super().__new__(cls)
+        self._init_args = (args, kwargs)
+        return self
 
     def __call__(self, *args, **kwargs):
         return self.forward(*args, **kwargs)
@@ -190,9 +225,31 @@ class Module:
         """``{name: shape}`` of every weight, in registration order (the checkpoint's names)."""
         return {name: slot.shape for name, slot in self._slots().items()}
 
+    def _impls(self) -> list:
+        """The C++ objects of this module and of its children (each once)."""
+        out = [] if self._impl is None else [self._impl]
+        for _, child in self._children():
+            out += [impl for impl in child._impls() if all(impl is not o for o in out)]
+        return out
+
+    def weight_formats(self) -> dict[str, str]:
+        """``{name: storage}`` of every weight: ``"float32"``/``"float64"``, ``"int8"`` (per output
+        channel), or a GGUF block type (``"Q8_0"``, ``"Q4_0"``, ``"Q4_1"``; ``"Q8_0+Q4_1"`` when the
+        rows of one packed matrix are stored in several), in registration order, the checkpoint's
+        names."""
+        out = {}
+        storage_of = {}
+        for name, slot in self._slots().items():
+            key = id(slot.impl)
+            if key not in storage_of:
+                storage_of[key] = dict(slot.impl.parameter_storage())
+            out[name] = storage_of[key][slot.core_name]
+        return out
+
     def state_dict(self) -> dict[str, np.ndarray]:
         """A copy of every weight as a numpy array of ``self.dtype``, keyed by the checkpoint's names
-        (torch's / Hugging Face's), in the checkpoint's layout."""
+        (torch's / Hugging Face's), in the checkpoint's layout. Quantized weights are returned
+        dequantized (float32: the values the quantized kernels multiply by)."""
         out = {}
         for name, slot in self._slots().items():
             value = slot.impl.get_parameter(slot.core_name)
@@ -207,10 +264,17 @@ class Module:
             TypeError: ``state_dict`` is not a mapping, or a value is not a real floating-point or
                 integer-valued array (bool, complex, object and string arrays are refused).
             ValueError: listing every missing, unknown or mis-shaped name; the module is left
-                unchanged.
+                unchanged. Also when the module holds quantized weights (``weight_formats``): load
+                the state into a float model and quantize that.
         """
         if not isinstance(state_dict, Mapping):
             raise TypeError(f"state_dict: expected a mapping of name -> array, got {type(state_dict).__name__}")
+        quantized = {n: f for n, f in self.weight_formats().items() if f not in ("float32", "float64")}
+        if quantized:
+            first = next(iter(quantized.items()))
+            raise ValueError(f"{type(self).__name__}.load_state_dict refused (module unchanged): {len(quantized)} "
+                             f"weights are held quantized ({first[0]}: {first[1]}, ...); load the state into a "
+                             f"float model and quantize it (transformer_core.quantize)")
         state = self._rename_state_dict(dict(state_dict))
         slots = self._slots()
         arrays, problems, misshaped = {}, [], []
@@ -325,7 +389,10 @@ class Module:
 
     def _init_weights(self, seed: int | None = 0) -> None:
         """Fills the weights as torch's default init would in spirit: uniform(±1/sqrt(fan_in)) for
-        matrices, ones for norm weights, zeros for biases. Deterministic for a given seed."""
+        matrices, ones for norm weights, zeros for biases. Deterministic for a given seed. Skipped
+        inside :func:`skip_weight_init` (the weights stay zeros)."""
+        if getattr(_SKIP_INIT, "on", False):
+            return
         rng = np.random.default_rng(seed)
         state = {}
         for name, slot in self._slots().items():

@@ -28,6 +28,11 @@ one the CPU has is chosen at run time. Every instruction set gives the same bits
 All functions take array-likes, check them (``TypeError``/``ValueError`` naming the argument, before
 any output is allocated) and return new float32 numpy arrays. The GIL is released while the core
 computes.
+
+Models (:func:`quantize`, :func:`set_quantize_activations`, :func:`weight_bytes`): a layer's weight
+may itself be held in these formats — every ``Linear`` (attention projections, feed-forward, LM
+heads, poolers) computes through the products above, embedding tables in GGUF blocks decode only the
+rows they look up. Attention, norms, softmax and activations stay float32.
 """
 
 from __future__ import annotations
@@ -43,12 +48,21 @@ __all__ = [
     "quantize_int8",
     "linear_int8",
     "linear_gguf",
+    "linear_gguf_parts",
     "dequantize_gguf",
     "quantize_q8_blocks",
     "isa",
     "set_isa",
     "supported_isas",
+    "quantize",
+    "set_gguf_weights",
+    "set_quantize_activations",
+    "weight_bytes",
+    "QUANTIZED_FORMATS",
 ]
+
+#: The formats :func:`quantize` converts a model's linear layers to.
+QUANTIZED_FORMATS = ("int8",)
 
 #: GGUF block types: name -> (values per block, bytes per block), as ggml's ``GGML_QUANT_SIZES``.
 GGML_TYPES = {"Q8_0": (32, 34), "Q4_0": (32, 18), "Q4_1": (32, 20)}
@@ -273,6 +287,49 @@ def linear_gguf(x, blocks, ggml_type, out_features: int, in_features: int, bias=
     return y.reshape(*lead, out_features)
 
 
+def linear_gguf_parts(x, parts, in_features: int, bias=None, quantize_activations: bool = False) -> np.ndarray:
+    """``y = x [W_0; W_1; ...]ᵀ + b``: :func:`linear_gguf` over a weight stored as several runs of
+    rows, each its own GGUF tensor (its own bytes and block type), stacked in order — a packed
+    ``[q; k; v]`` projection whose q, k and v live apart in a GGUF file. One call, one parallel
+    region (and the activations quantized once); each output equals, bit for bit, what
+    :func:`linear_gguf` of its run gives.
+
+    Args:
+        x: ``(..., in_features)`` real array (computed in float32).
+        parts: a non-empty sequence of ``(blocks, ggml_type, rows)``: ``rows`` rows of ``in_features``
+            values of ``ggml_type`` (``"Q8_0"``, ``"Q4_0"``, ``"Q4_1"``), their raw bytes as for
+            :func:`linear_gguf` (not copied when contiguous).
+        in_features: a multiple of 32.
+        bias: ``(Σ rows,)`` or None.
+        quantize_activations: as :func:`linear_gguf`.
+
+    Returns:
+        ``(..., Σ rows)`` float32.
+
+    Raises:
+        TypeError: ``parts`` not a sequence of triples; bytes or types as :func:`linear_gguf`.
+        ValueError: as :func:`linear_gguf`, naming the part.
+    """
+    in_features = check_positive_int(in_features, "in_features")
+    if isinstance(parts, (str, bytes)) or not hasattr(parts, "__len__") or len(parts) == 0:
+        raise TypeError(f"parts: expected a non-empty sequence of (blocks, ggml_type, rows), got {type(parts).__name__}")
+    runs, out_features = [], 0
+    for i, part in enumerate(parts):
+        if not isinstance(part, (tuple, list)) or len(part) != 3:
+            raise TypeError(f"parts[{i}]: expected a (blocks, ggml_type, rows) triple, got {type(part).__name__}")
+        blocks, ggml_type, rows = part
+        name = _ggml_type(ggml_type)
+        rows = check_positive_int(rows, f"parts[{i}] rows")
+        expected = _check_block_dims(name, rows, in_features, f"parts[{i}] rows", "in_features")
+        runs.append((_block_bytes(blocks, expected, f"parts[{i}]: {rows} x {in_features} {name}"), name, rows))
+        out_features += rows
+    x2, lead = _rows(x, in_features, "in_features")
+    b = _bias(bias, out_features)
+    y = _core.linear_gguf_parts(x=x2, parts=runs, in_features=in_features, bias=b,
+                                quantize_activations=bool(quantize_activations))
+    return y.reshape(*lead, out_features)
+
+
 def dequantize_gguf(blocks, ggml_type, rows: int, cols: int) -> np.ndarray:
     """The float32 values of GGUF blocks, bit for bit ``gguf.quants.dequantize``'s.
 
@@ -318,3 +375,215 @@ def quantize_q8_blocks(x) -> tuple:
         raise ValueError(f"x: expected a last dim that is a multiple of 32, got shape {(*lead, cols)}")
     q, d = _core.quantize_q8_blocks(x=x2)
     return q.reshape(*lead, cols), d.reshape(*lead, cols // 32)
+
+
+# ------------------------------------------------------------------------------------------------
+# Models
+# ------------------------------------------------------------------------------------------------
+
+def _model_classes():
+    from .module import Module
+    from .sentence_encoder import SentenceEncoder
+
+    return Module, SentenceEncoder
+
+
+def quantize(model, format: str = "int8", *, inplace: bool = False, keep_float=None):
+    """A copy of ``model`` whose linear layers hold int8 weights (as ``torch.ao.quantization.quantize_dynamic``
+    with per-channel int8 weights: a new model, unless ``inplace``).
+
+    Every ``Linear`` inside the model — attention projections (the packed ``[q; k; v]`` one
+    included), feed-forward layers, BERT's pooler, a decoder's own LM head — is quantized per output
+    channel (:func:`quantize_int8`) and multiplied by :func:`linear_int8` (activations quantized per
+    row on the fly, int32 accumulation). A causal LM whose head is tied to its token embedding
+    (GPT-2, SmolLM2) gets an int8 copy of the table for the head; the lookups stay float32, as
+    torch's ``quantize_dynamic`` leaves ``nn.Embedding`` alone. Embeddings, attention, norms, softmax
+    and activations stay float32. The fp32 weights of the converted layers are freed.
+
+    After quantizing, ``state_dict()`` returns the dequantized weights (``scale · q``), and
+    ``load_state_dict`` is refused (load into a float model, then quantize).
+
+    Args:
+        model: a float32 transformer_core model or layer (:class:`~transformer_core.BertModel`,
+            :class:`~transformer_core.GPT2LMHeadModel`, :class:`~transformer_core.LlamaForCausalLM`,
+            a :mod:`transformer_core.nn` layer, ...) or a :class:`~transformer_core.SentenceEncoder`
+            (its BERT model is quantized). A model holding GGUF blocks is dequantized first.
+        format: ``"int8"``.
+        inplace: convert ``model`` itself instead of a copy.
+        keep_float: weight names (as in ``model.state_dict()``) of linear layers left in float32 —
+            mixed precision for the layers whose inputs quantize worst (e.g. a Transformer's
+            feed-forward output projection, whose inputs carry outliers: Dettmers et al. 2022,
+            "LLM.int8()"). Default: none.
+
+    Returns:
+        The quantized model (``model`` itself with ``inplace``).
+
+    Raises:
+        TypeError: ``model`` is not a transformer_core model; ``format`` not a str.
+        ValueError: an unknown ``format``; a float64 model (the int8 kernels compute in float32:
+            build the model in float32); a ``keep_float`` name that is unknown or not a linear
+            layer's weight.
+    """
+    Module, SentenceEncoder = _model_classes()
+    if not isinstance(format, str):
+        raise TypeError(f"format: expected a str such as 'int8', got {type(format).__name__}")
+    if format not in QUANTIZED_FORMATS:
+        raise ValueError(f"format: expected one of {list(QUANTIZED_FORMATS)}, got {format!r}")
+    if isinstance(model, SentenceEncoder):
+        bert = quantize(model.model, format, inplace=inplace, keep_float=keep_float)
+        return model if inplace else SentenceEncoder(bert, model.tokenizer)
+    if not isinstance(model, Module):
+        raise TypeError(f"model: expected a transformer_core model or layer (BertModel, GPT2LMHeadModel, "
+                        f"LlamaForCausalLM, nn.Linear, ...) or a SentenceEncoder, got {type(model).__name__}")
+    if np.dtype(model.dtype) != np.float32:
+        raise ValueError(f"model: expected a float32 model (the int8 kernels compute in float32), got "
+                         f"{np.dtype(model.dtype).name}; build or load it with dtype=np.float32")
+    if inplace and any(f not in ("float32", "int8") for f in model.weight_formats().values()):
+        raise ValueError("model: holds GGUF blocks; quantize a copy (inplace=False), which starts from the "
+                         "dequantized weights")
+    keep = [] if keep_float is None else [keep_float] if isinstance(keep_float, str) else list(keep_float)
+    slots = model._slots()
+    for name in keep:
+        if name not in slots:
+            raise ValueError(f"keep_float: unknown weight {name!r} (expected names of model.state_dict())")
+    target = model if inplace else _copy(model)
+    from .decoder import CausalLM
+
+    slots = target._slots()
+    for impl in target._impls():
+        impl.quantize_int8(keep_float=[slots[n].core_name for n in keep if slots[n].impl is impl])
+        if isinstance(target, CausalLM) and hasattr(impl, "quantize_tied_lm_head_int8"):
+            impl.quantize_tied_lm_head_int8()
+    return target
+
+
+def _copy(model):
+    """A float copy of a module: built again from the arguments it was built with (random init
+    skipped), then every weight copied (dequantized when held quantized)."""
+    from .module import skip_weight_init
+
+    args, kwargs = model._init_args
+    with skip_weight_init():
+        new = type(model)(*args, **kwargs)
+    src, dst = model._slots(), new._slots()
+    if list(src) != list(dst):
+        raise ValueError(f"model: a copy of this {type(model).__name__} does not have its weights "
+                         f"(it was changed after it was built)")
+    for name, slot in src.items():
+        d = dst[name]
+        d.impl.set_parameter(d.core_name, slot.impl.get_parameter(slot.core_name))
+    for key, value in vars(model).items():  # loader attributes (source, name_or_path, ...)
+        if key not in vars(new):
+            setattr(new, key, value)
+    return new
+
+
+def set_gguf_weights(module, weights) -> None:
+    """Replaces weights of a float32 module by GGUF blocks, used in place from then on: a
+    ``Linear``'s weight (a packed matrix's slices — ``q_proj``/``k_proj``/``v_proj`` of a Llama
+    layer, ``gate_proj``/``up_proj`` of a gated feed-forward — each from its own bytes, all at once),
+    or an embedding table (its lookups then decode the rows they need, a tied LM head multiplies
+    by the blocks). How :meth:`LlamaForCausalLM.from_pretrained` builds a model from a GGUF file; for
+    modules built by hand from GGUF tensors.
+
+    Everything is checked before anything changes: the names, that each target is a Linear or
+    Embedding weight, that the rows of each packed matrix are all given, the byte counts. The
+    bytes are not copied: keep them unchanged (a read-only memory map is ideal); the module keeps a
+    reference to them.
+
+    Args:
+        module: a float32 transformer_core module or model.
+        weights: ``{name: (ggml_type, blocks)}``, names as in ``module.state_dict()``, the rows in
+            the module's own order (for a Llama model of ``rope_layout="interleaved"``: the GGUF
+            file's q/k order), ``blocks`` raw bytes as for :func:`linear_gguf`.
+
+    Raises:
+        TypeError: not a transformer_core module; ``weights`` not a mapping; bytes not bytes.
+        ValueError: a float64 module; an unknown name, a weight that is not a Linear/Embedding
+            weight (or is stored transposed), missing rows of a packed matrix, wrong byte counts;
+            the module is unchanged.
+    """
+    from collections.abc import Mapping
+
+    Module, _ = _model_classes()
+    if not isinstance(module, Module):
+        raise TypeError(f"module: expected a transformer_core module, got {type(module).__name__}")
+    if np.dtype(module.dtype) != np.float32:
+        raise ValueError(f"module: expected a float32 module (GGUF blocks compute in float32), got "
+                         f"{np.dtype(module.dtype).name}")
+    if not isinstance(weights, Mapping):
+        raise TypeError(f"weights: expected a mapping of name -> (ggml_type, blocks), got {type(weights).__name__}")
+    slots = module._slots()
+    per_impl = {}
+    for name, value in weights.items():
+        if name not in slots:
+            raise ValueError(f"weights: unknown name {name!r} (expected one of {list(slots)})")
+        slot = slots[name]
+        if slot.transposed or len(slot.shape) != 2:
+            raise ValueError(f"weights[{name!r}]: expected a 2-D weight stored as (out, in), got shape {slot.shape}"
+                             f"{' (transposed)' if slot.transposed else ''}")
+        if not isinstance(value, (tuple, list)) or len(value) != 2:
+            raise TypeError(f"weights[{name!r}]: expected a (ggml_type, blocks) pair, got {type(value).__name__}")
+        ggml_type, blocks = _ggml_type(value[0]), value[1]
+        expected = _check_block_dims(ggml_type, slot.shape[0], slot.shape[1], f"{name} rows", f"{name} in_features")
+        raw = _block_bytes(blocks, expected, f"{name}: {slot.shape[0]} x {slot.shape[1]} {ggml_type}")
+        per_impl.setdefault(id(slot.impl), (slot.impl, []))[1].append((slot.core_name, ggml_type, raw))
+    for impl, tensors in per_impl.values():
+        impl.load_gguf_weights(tensors)
+
+
+def set_quantize_activations(model, on: bool = True) -> int:
+    """Chooses how ``model``'s GGUF-block weights are multiplied: Q8 activation blocks and integer
+    dots (``on``: llama.cpp's way, faster, as accurate as 8-bit activations) or float32 activations
+    with the blocks decoded in registers (``on=False``, the default: the dequantize-then-float32
+    product up to float32 rounding). See :func:`linear_gguf`.
+
+    Args:
+        model: a transformer_core model (or ``SentenceEncoder``).
+        on: the mode.
+
+    Returns:
+        How many weights are in GGUF blocks (0: the call changed nothing).
+
+    Raises:
+        TypeError: not a transformer_core model; ``on`` not a bool.
+    """
+    Module, SentenceEncoder = _model_classes()
+    if isinstance(model, SentenceEncoder):
+        model = model.model
+    if not isinstance(model, Module):
+        raise TypeError(f"model: expected a transformer_core model, got {type(model).__name__}")
+    if not isinstance(on, (bool, np.bool_)):
+        raise TypeError(f"on: expected a bool, got {type(on).__name__}")
+    return sum(impl.set_quantize_activations(bool(on)) for impl in model._impls()
+               if hasattr(impl, "set_quantize_activations"))
+
+
+def weight_bytes(model, names=None) -> int:
+    """Bytes the weights of ``model`` occupy as stored (float32/float64: 4/8 per value; int8: one
+    byte per value + 4 per output channel; GGUF: the blocks), over ``names`` (default: all) — what a
+    forward pass streams for them.
+
+    Raises:
+        TypeError: not a transformer_core model. KeyError: an unknown name.
+    """
+    Module, SentenceEncoder = _model_classes()
+    if isinstance(model, SentenceEncoder):
+        model = model.model
+    if not isinstance(model, Module):
+        raise TypeError(f"model: expected a transformer_core model, got {type(model).__name__}")
+    shapes, formats = model.parameter_shapes(), model.weight_formats()
+    total = 0
+    for name in (shapes if names is None else names):
+        shape, fmt = shapes[name], formats[name]
+        count = int(np.prod(shape))
+        if fmt in ("float32", "float64"):
+            total += count * (4 if fmt == "float32" else 8)
+        elif fmt == "int8":
+            total += count + 4 * shape[0]
+        elif fmt in GGML_TYPES:
+            block, size = GGML_TYPES[fmt]
+            total += count // block * size
+        else:
+            raise ValueError(f"{name}: stored as {fmt!r}, whose size this function does not know")
+    return total

@@ -89,13 +89,27 @@ class SentenceEncoder:
         self.tokenizer = tokenizer
 
     @classmethod
-    def from_pretrained(cls, name_or_path=DEFAULT_MODEL, dtype=np.float32) -> "SentenceEncoder":
+    def from_pretrained(cls, name_or_path=DEFAULT_MODEL, dtype=np.float32, quantize: str | None = None
+                        ) -> "SentenceEncoder":
         """Loads model and tokenizer from a Hugging Face directory or an embedded model name.
 
+        Args:
+            name_or_path: a directory or an embedded model's name (default all-MiniLM-L6-v2).
+            dtype: ``np.float32`` or ``np.float64``.
+            quantize: None, or ``"int8"``: every linear layer of the encoder int8 per output
+                channel (:func:`transformer_core.quantize`; attention, norms, softmax and pooling
+                stay float32). Needs ``dtype=np.float32``.
+
         Raises:
-            FileNotFoundError, ValueError: as :meth:`BertModel.from_pretrained`.
+            FileNotFoundError, ValueError: as :meth:`BertModel.from_pretrained`; ValueError: an
+                unknown ``quantize`` format, or ``quantize`` with float64.
         """
-        return cls(BertModel.from_pretrained(name_or_path, dtype=dtype), Tokenizer.from_pretrained(name_or_path))
+        model = BertModel.from_pretrained(name_or_path, dtype=dtype)
+        if quantize is not None:
+            from .quantization import quantize as _quantize
+
+            model = _quantize(model, quantize, inplace=True)
+        return cls(model, Tokenizer.from_pretrained(name_or_path))
 
     @property
     def dim(self) -> int:

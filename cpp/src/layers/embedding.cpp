@@ -1,13 +1,19 @@
 #include "transformer_core/layers/embedding.hpp"
 
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <vector>
+
 #include "transformer_core/ops/embedding.hpp"
 #include "transformer_core/ops/linear.hpp"
+#include "transformer_core/ops/norm.hpp"
 
 namespace transformer_core::layers {
 
 template <class T>
 Embedding<T>::Embedding(int64_t num_embeddings, int64_t embedding_dim) : num_(num_embeddings), dim_(embedding_dim) {
-  weight_ = allocate<T, 2>({num_embeddings, embedding_dim}, "Embedding: (num_embeddings, embedding_dim)");
+  weight_ = allocate_weight<T, 2>({num_embeddings, embedding_dim}, "Embedding: (num_embeddings, embedding_dim)");
   this->register_parameter("weight", {num_, dim_}, weight_.data());
 }
 
@@ -18,12 +24,83 @@ void Embedding<T>::check(const int64_t* ids, int64_t count, const std::string& n
 
 template <class T>
 void Embedding<T>::forward(const int64_t* ids, int64_t rows, T* out) const {
+  if (quantized_ != nullptr) {
+    if constexpr (std::is_same_v<T, float>) quantized_->gather_rows(ids, rows, out);  // rows decoded
+    return;
+  }
   ops::embedding(ids, rows, weight_.data(), dim_, out);
 }
 
 template <class T>
 void Embedding<T>::forward_add(const int64_t* ids, int64_t rows, T* out) const {
+  if (quantized_ != nullptr) {
+    std::vector<T> rows_of(static_cast<size_t>(rows * dim_));
+    forward(ids, rows, rows_of.data());
+    ops::add(out, rows_of.data(), rows * dim_, out);
+    return;
+  }
   ops::embedding_add(ids, rows, weight_.data(), dim_, out);
+}
+
+template <class T>
+void Embedding<T>::project(const T* x, int64_t rows, T* out) const {
+  if constexpr (std::is_same_v<T, float>) {
+    const QuantizedMatrix* w = output_int8_ != nullptr ? output_int8_.get() : quantized_.get();
+    if (w != nullptr) {
+      w->forward(x, rows, out, nullptr, 0, num_);
+      return;
+    }
+  }
+  ops::linear(x, rows, dim_, weight_.data(), static_cast<const T*>(nullptr), num_, out);
+}
+
+template <class T>
+void Embedding<T>::set_quantized(std::unique_ptr<QuantizedMatrix> table) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (table == nullptr) throw std::invalid_argument("Embedding: set_quantized: expected a matrix, got null");
+    if (table->out_features() != num_ || table->in_features() != dim_)
+      throw std::invalid_argument("Embedding: quantized table: expected shape (" + std::to_string(num_) + ", " +
+                                  std::to_string(dim_) + "), got (" + std::to_string(table->out_features()) + ", " +
+                                  std::to_string(table->in_features()) + ")");
+    quantized_ = std::move(table);
+    output_int8_.reset();
+    weight_ = xt::xtensor<T, 2>();  // frees the fp32 table
+    this->set_parameter_data("weight", nullptr);
+  } else {
+    (void)table;
+    throw std::invalid_argument("Embedding: quantized tables need a float32 layer, got float64");
+  }
+}
+
+template <class T>
+void Embedding<T>::quantize_output_int8() {
+  if constexpr (std::is_same_v<T, float>) {
+    if (quantized_ != nullptr)
+      throw std::invalid_argument("Embedding: the table is already quantized (" + quantized_->format_name() + ")");
+    output_int8_ = QuantizedMatrix::int8(weight_.data(), num_, dim_);
+  } else {
+    throw std::invalid_argument("Embedding: int8 weights need a float32 layer (the kernels compute in float32), "
+                                "got float64");
+  }
+}
+
+template <class T>
+bool Embedding<T>::quantized(const std::string& name) const {
+  return quantized_ != nullptr && name == "weight";
+}
+
+template <class T>
+std::string Embedding<T>::storage(const std::string& name, int64_t row0, int64_t rows) const {
+  return quantized(name) ? quantized_->format_name(row0, rows) : Module<T>::storage(name, row0, rows);
+}
+
+template <class T>
+void Embedding<T>::dequantize_rows(const std::string& name, int64_t row0, int64_t rows, T* out) const {
+  if (!quantized(name)) {
+    Module<T>::dequantize_rows(name, row0, rows, out);
+    return;
+  }
+  if constexpr (std::is_same_v<T, float>) quantized_->dequantize_rows(row0, rows, out);
 }
 
 template <class T>

@@ -154,10 +154,16 @@ template <class T>
 void DecoderModel<T>::logits(const T* hidden, int64_t rows, T* out) const {
   if (lm_head_ != nullptr) {
     lm_head_->forward(hidden, rows, out);
-  } else {  // tied: logits = hidden · embed_tokensᵀ
-    ops::linear(hidden, rows, config_.hidden_size, embed_tokens_.weight(), static_cast<const T*>(nullptr),
-                config_.vocab_size, out);
+  } else {  // tied: logits = hidden · embed_tokensᵀ (fp32, its int8 copy, or its GGUF blocks)
+    embed_tokens_.project(hidden, rows, out);
   }
+}
+
+template <class T>
+void DecoderModel<T>::quantize_tied_lm_head_int8() {
+  if (lm_head_ != nullptr || embed_tokens_.quantized_weight() != nullptr || embed_tokens_.output_int8() != nullptr)
+    return;
+  embed_tokens_.quantize_output_int8();
 }
 
 template class DecoderBlock<float>;

@@ -23,7 +23,7 @@ DecoderConfig decoder_config(const LlamaConfig& c) {
   d.mlp_bias = c.mlp_bias;
   d.learned_positions = false;
   d.rope_theta = c.rope_theta;
-  d.rope_layout = ops::RotaryLayout::kHalf;
+  d.rope_layout = c.rope_layout;
   d.tie_word_embeddings = c.tie_word_embeddings;
   d.padding_idx = c.pad_token_id;
   return d;

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "transformer_core/kernels/gemm.hpp"
 #include "transformer_core/kernels/parallel.hpp"
@@ -109,9 +110,87 @@ void linear_gguf(const float* x, int64_t rows, int64_t in, const uint8_t* blocks
                  const float* bias, int64_t out, float* y, bool quantize_activations) {
   check_dims(rows, in, out, "linear_gguf");
   check_blocks(num_bytes, type, out, in, "linear_gguf", "out_features", "in_features");
+  const GgufRows part{blocks, num_bytes, out, type};
+  linear_gguf_parts(x, rows, in, &part, 1, bias, y, quantize_activations);
+}
+
+namespace {
+
+// The runs of a GGUF matrix, checked, with the first output row of each: start[p] = Σ_{q<p} rows_q.
+struct Runs {
+  std::vector<int64_t> start;
+  int64_t out = 0;
+};
+
+Runs check_parts(const GgufRows* parts, int64_t num_parts, int64_t cols, const char* op) {
+  if (num_parts < 1 || parts == nullptr)
+    throw std::invalid_argument(std::string(op) + ": parts: expected at least one run of rows, got " +
+                                std::to_string(num_parts));
+  Runs r;
+  for (int64_t p = 0; p < num_parts; ++p) {
+    if (parts[p].rows < 1)
+      throw std::invalid_argument(std::string(op) + ": parts[" + std::to_string(p) + "].rows: expected >= 1, got " +
+                                  std::to_string(parts[p].rows));
+    if (parts[p].blocks == nullptr)
+      throw std::invalid_argument(std::string(op) + ": parts[" + std::to_string(p) + "].blocks: expected data, got null");
+    check_blocks(parts[p].num_bytes, parts[p].type, parts[p].rows, cols, op, "rows", "in_features");
+    r.start.push_back(r.out);
+    r.out += parts[p].rows;
+  }
+  return r;
+}
+
+// Runs fn(part, i0, i1, j0, j1) over y[rows, out] where [j0, j1) are rows of run `part` (so the
+// outputs are columns start[part] + j): for a few rows, chunks of the output rows of all runs
+// together (each thread streams its own slice of the weights once; a chunk may cover the end of
+// one run and the start of the next); otherwise fixed tiles inside each run, handed out dynamically.
+template <class F>
+void over_runs(const Runs& runs, const GgufRows* parts, int64_t rows, int64_t in, int64_t tile_rows,
+               int64_t tile_cols, const F& fn) {
+  const int64_t num_parts = static_cast<int64_t>(runs.start.size());
+  if (rows <= kFewRows) {
+    kernels::parallel_for(0, runs.out, grain_rows(rows * in), [&](int64_t c0, int64_t c1) {
+      for (int64_t p = 0; p < num_parts; ++p) {
+        const int64_t s = runs.start[static_cast<size_t>(p)], e = s + parts[p].rows;
+        const int64_t b = std::max(c0, s), f = std::min(c1, e);
+        if (b < f) fn(p, int64_t{0}, rows, b - s, f - s);
+      }
+    });
+    return;
+  }
+  const int64_t row_tiles = (rows + tile_rows - 1) / tile_rows;
+  std::vector<int64_t> first_task(static_cast<size_t>(num_parts + 1), 0);  // tasks of run p: [first[p], first[p + 1])
+  for (int64_t p = 0; p < num_parts; ++p)
+    first_task[static_cast<size_t>(p + 1)] =
+        first_task[static_cast<size_t>(p)] + row_tiles * ((parts[p].rows + tile_cols - 1) / tile_cols);
+  auto tile = [&](int64_t t, int) {
+    int64_t p = 0;
+    while (t >= first_task[static_cast<size_t>(p + 1)]) ++p;
+    const int64_t u = t - first_task[static_cast<size_t>(p)];
+    const int64_t col_tiles = (parts[p].rows + tile_cols - 1) / tile_cols;
+    const int64_t i0 = (u / col_tiles) * tile_rows, j0 = (u % col_tiles) * tile_cols;
+    fn(p, i0, std::min(rows, i0 + tile_rows), j0, std::min(parts[p].rows, j0 + tile_cols));
+  };
+  const int64_t num_tasks = first_task.back();
+  if (rows * in * runs.out < kGrainMacs * 4) {
+    for (int64_t t = 0; t < num_tasks; ++t) tile(t, 0);
+  } else {
+    kernels::parallel_tasks(num_tasks, tile);
+  }
+}
+
+}  // namespace
+
+void linear_gguf_parts(const float* x, int64_t rows, int64_t in, const GgufRows* parts, int64_t num_parts,
+                       const float* bias, float* y, bool quantize_activations) {
+  check_dims(rows, in, 1, "linear_gguf");
+  const Runs runs = check_parts(parts, num_parts, in, "linear_gguf");
   if (rows == 0) return;
   const q::KernelTable& kt = q::active_kernels();
-  const int64_t nb = in / q::kBlockSize;
+  const int64_t nb = in / q::kBlockSize, out = runs.out;
+  // Run p writes the columns start[p] + j of y (and reads bias[start[p] + j]).
+  auto y_of = [&](int64_t p) { return y + runs.start[static_cast<size_t>(p)]; };
+  auto bias_of = [&](int64_t p) { return bias != nullptr ? bias + runs.start[static_cast<size_t>(p)] : nullptr; };
 
   if (quantize_activations) {
     int8_t* xq = kernels::workspace<int8_t>(Scratch::kQuantActivations, static_cast<size_t>(rows * in));
@@ -120,30 +199,56 @@ void linear_gguf(const float* x, int64_t rows, int64_t in, const uint8_t* blocks
     kernels::parallel_for(0, rows, grain_rows(in * 16), [&](int64_t r0, int64_t r1) {
       kt.quantize_q8_blocks(x + r0 * in, r1 - r0, in, xq + r0 * in, xd + r0 * nb, xg + r0 * nb * 8);
     });
-    over_outputs(rows, in, out, kTileRows, kTileCols, [&](int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
-      kt.linear_gguf_q8(type, xq, xd, xg, i0, i1, in, blocks, bias, j0, j1, y, out);
+    over_runs(runs, parts, rows, in, kTileRows, kTileCols, [&](int64_t p, int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
+      kt.linear_gguf_q8(parts[p].type, xq, xd, xg, i0, i1, in, parts[p].blocks, bias_of(p), j0, j1, y_of(p), out);
     });
     return;
   }
 
   if (rows <= kFewRows) {  // decoding: blocks decoded in registers, weights streamed once
-    over_outputs(rows, in, out, kTileRows, kTileCols, [&](int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
-      kt.linear_gguf_f32(type, x, in, i0, i1, in, blocks, bias, j0, j1, y, out);
+    over_runs(runs, parts, rows, in, kTileRows, kTileCols, [&](int64_t p, int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
+      kt.linear_gguf_f32(parts[p].type, x, in, i0, i1, in, parts[p].blocks, bias_of(p), j0, j1, y_of(p), out);
     });
     return;
   }
   // prefill: per tile of y, decode kSgemmCols weight rows × kSgemmDepth values to fp32 (in L2) and
   // multiply with a single-threaded sgemm, accumulating over the chunks of k in order.
-  over_outputs(rows, in, out, kSgemmRows, kSgemmCols, [&](int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
+  over_runs(runs, parts, rows, in, kSgemmRows, kSgemmCols, [&](int64_t p, int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
     float* wt = kernels::workspace<float>(Scratch::kQuantTile, static_cast<size_t>(kSgemmCols * kSgemmDepth));
-    float* yt = y + i0 * out + j0;
+    float* yp = y_of(p);
+    const float* bp = bias_of(p);
+    float* yt = yp + i0 * out + j0;
     for (int64_t i = i0; i < i1; ++i)
-      for (int64_t j = j0; j < j1; ++j) y[i * out + j] = bias != nullptr ? bias[j] : 0.0f;
+      for (int64_t j = j0; j < j1; ++j) yp[i * out + j] = bp != nullptr ? bp[j] : 0.0f;
     for (int64_t k0 = 0; k0 < in; k0 += kSgemmDepth) {
       const int64_t kc = std::min(kSgemmDepth, in - k0);
-      kt.dequantize(type, blocks, in, j0, j1, k0 / q::kBlockSize, (k0 + kc) / q::kBlockSize, wt, kc);
+      kt.dequantize(parts[p].type, parts[p].blocks, in, j0, j1, k0 / q::kBlockSize, (k0 + kc) / q::kBlockSize, wt, kc);
       kernels::gemm(false, true, i1 - i0, j1 - j0, kc, 1.0f, x + i0 * in + k0, in, wt, kc, 1.0f, yt, out);
     }
+  });
+}
+
+void embedding_gguf(const GgufRows* parts, int64_t num_parts, int64_t cols, const int64_t* ids, int64_t count,
+                    float* out) {
+  check_dims(count, cols, 1, "embedding_gguf");
+  const Runs runs = check_parts(parts, num_parts, cols, "embedding_gguf");
+  const q::KernelTable& kt = q::active_kernels();
+  const int64_t nb = cols / q::kBlockSize;
+  kernels::parallel_for(0, count, grain_rows(cols * 8), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      int64_t p = 0;
+      while (p + 1 < num_parts && ids[r] >= runs.start[static_cast<size_t>(p + 1)]) ++p;
+      const int64_t row = ids[r] - runs.start[static_cast<size_t>(p)];
+      kt.dequantize(parts[p].type, parts[p].blocks, cols, row, row + 1, 0, nb, out + r * cols, cols);
+    }
+  });
+}
+
+void dequantize_int8(const int8_t* qweight, const float* scales, int64_t rows, int64_t cols, float* out) {
+  check_dims(rows, cols, 1, "dequantize_int8");
+  kernels::parallel_for(0, rows, grain_rows(cols * 4), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r)
+      for (int64_t k = 0; k < cols; ++k) out[r * cols + k] = scales[r] * static_cast<float>(qweight[r * cols + k]);
   });
 }
 

@@ -4,6 +4,12 @@
 //   Embeddings (BERT's and the tutorials' input embeddings; GPT-2's wte + wpe):
 //       out[r] = norm(word[ids[r]] + position[positions[r]] + token_type[token_type_ids[r]])
 //   each of position, token_type and the LayerNorm optional.
+//
+// The table of an Embedding<float> may be held quantized (layers/quantized_matrix.hpp: GGUF blocks,
+// read in place): lookups dequantize the rows they need, and project() — the LM head of a model
+// whose head is tied to the table — multiplies by the blocks. Or it stays fp32 with an int8 copy
+// used only by project() (quantize_output_int8: torch's quantize_dynamic quantizes a tied LM head,
+// an nn.Linear, and leaves the embedding in float).
 #pragma once
 
 #include <cstdint>
@@ -14,6 +20,7 @@
 
 #include "transformer_core/layers/module.hpp"
 #include "transformer_core/layers/norm.hpp"
+#include "transformer_core/layers/quantized_matrix.hpp"
 
 namespace transformer_core::layers {
 
@@ -38,12 +45,32 @@ class Embedding : public Module<T> {
 
   int64_t num_embeddings() const { return num_; }
   int64_t embedding_dim() const { return dim_; }
-  // weight [num_embeddings, H]: the output layer of a model whose LM head is tied to it.
-  const T* weight() const { return weight_.data(); }
+  // weight [num_embeddings, H]: the output layer of a model whose LM head is tied to it (nullptr
+  // while the table is quantized: use project()).
+  const T* weight() const { return quantized_ != nullptr ? nullptr : weight_.data(); }
+
+  // The tied LM head: out [rows, num_embeddings] = x [rows, H] · weightᵀ, through the int8 copy or
+  // the quantized table when there is one.
+  void project(const T* x, int64_t rows, T* out) const;
+
+  // Quantized tables (Embedding<float> only; Embedding<double> throws std::invalid_argument):
+  // set_quantized() replaces the table by a matrix [num_embeddings, H] and frees the fp32 one;
+  // quantize_output_int8() keeps the fp32 table for lookups and adds an int8 copy for project().
+  void set_quantized(std::unique_ptr<QuantizedMatrix> table);
+  void quantize_output_int8();
+  const QuantizedMatrix* quantized_weight() const { return quantized_.get(); }
+  QuantizedMatrix* quantized_weight() { return quantized_.get(); }
+  const QuantizedMatrix* output_int8() const { return output_int8_.get(); }
+
+  bool quantized(const std::string& name) const override;
+  std::string storage(const std::string& name, int64_t row0 = 0, int64_t rows = -1) const override;
+  void dequantize_rows(const std::string& name, int64_t row0, int64_t rows, T* out) const override;
 
  private:
   int64_t num_, dim_;
   xt::xtensor<T, 2> weight_;
+  std::unique_ptr<QuantizedMatrix> quantized_;    // non-null: replaces weight_ (then empty)
+  std::unique_ptr<QuantizedMatrix> output_int8_;  // non-null: project() multiplies by it
 };
 
 struct EmbeddingsConfig {

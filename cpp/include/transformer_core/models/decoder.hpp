@@ -115,6 +115,12 @@ class DecoderModel : public layers::Module<T> {
   // logits [rows, vocab_size] = hidden [rows, E] · lm_headᵀ
   void logits(const T* hidden, int64_t rows, T* logits) const;
 
+  // A tied LM head in int8 (DecoderModel<float> only): an int8 per-channel copy of embed_tokens
+  // that logits() multiplies by, the lookups staying in fp32 (as torch's quantize_dynamic treats a
+  // tied nn.Linear head). Does nothing when the head is untied (its Linear is quantized with the
+  // others) or the table is itself quantized (GGUF blocks: logits() uses them).
+  void quantize_tied_lm_head_int8();
+
   const DecoderConfig& config() const { return config_; }
   int64_t head_dim() const {
     return config_.head_dim > 0 ? config_.head_dim : config_.hidden_size / config_.num_heads;

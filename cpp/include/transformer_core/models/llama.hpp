@@ -30,6 +30,10 @@ struct LlamaConfig {
   bool tie_word_embeddings = false;
   int64_t pad_token_id = -1;  // training: embed_tokens' padding_idx, as Hugging Face's (< 0: none)
   Activation hidden_act = Activation::kSilu;
+  // The order of the q/k weight rows inside each head, and so the RoPE pairs: kHalf (Hugging Face's
+  // rotate-half: row i with row i + D/2) or kInterleaved (Meta's original / llama.cpp's GGUF order:
+  // rows 2i, 2i+1), which lets a GGUF file's q/k blocks be used in place.
+  ops::RotaryLayout rope_layout = ops::RotaryLayout::kHalf;
 };
 
 template <class T>

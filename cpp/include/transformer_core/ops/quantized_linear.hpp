@@ -35,6 +35,36 @@ void linear_int8(const float* x, int64_t rows, int64_t in, const int8_t* qweight
 void linear_gguf(const float* x, int64_t rows, int64_t in, const uint8_t* blocks, size_t num_bytes, GgmlType type,
                  const float* bias, int64_t out, float* y, bool quantize_activations);
 
+// One run of consecutive output rows of a weight matrix, stored as GGUF blocks: `rows` rows of
+// in / 32 blocks of `type`, `num_bytes` bytes in all, read in place. A matrix may be several runs
+// stored apart (the q, k and v projections of a packed attention matrix, each its own tensor in a
+// GGUF file): W = [W_0; W_1; ...], the runs' rows stacked in order, each run in its own format.
+struct GgufRows {
+  const uint8_t* blocks = nullptr;
+  size_t num_bytes = 0;
+  int64_t rows = 0;
+  GgmlType type = GgmlType::kQ8_0;
+};
+
+// y[rows, out] = x · Wᵀ + bias with W = [W_0; W_1; ...] the runs of `parts` (out = Σ their rows):
+// linear_gguf over several runs of rows at once, in one parallel region (and, with
+// quantize_activations, x quantized once). Each output is computed exactly as linear_gguf computes
+// it (the same kernels, tiles that never straddle two runs), so the bits are those of one
+// linear_gguf per run.
+//   x: [rows, in] fp32   parts: num_parts >= 1 runs   bias: [out] or nullptr   y: [rows, out]
+void linear_gguf_parts(const float* x, int64_t rows, int64_t in, const GgufRows* parts, int64_t num_parts,
+                       const float* bias, float* y, bool quantize_activations);
+
+// out[r, :] = row ids[r] of W = [W_0; W_1; ...] (the runs of `parts`), dequantized (bit for bit
+// dequantize_gguf's values): the lookup of an embedding table stored as GGUF blocks. ids must lie in
+// [0, Σ rows) (the caller checks them).   ids: [count]   out: [count, cols]
+void embedding_gguf(const GgufRows* parts, int64_t num_parts, int64_t cols, const int64_t* ids, int64_t count,
+                    float* out);
+
+// out[r, k] = scales[r] · qweight[r, k] (fp32 product), in parallel over rows: the values an int8
+// per-channel weight stands for.   qweight: [rows, cols] int8   scales: [rows]   out: [rows, cols]
+void dequantize_int8(const int8_t* qweight, const float* scales, int64_t rows, int64_t cols, float* out);
+
 // out[rows, cols] = the blocks' values (bit for bit gguf.quants.dequantize), in parallel over rows.
 void dequantize_gguf(const uint8_t* blocks, size_t num_bytes, GgmlType type, int64_t rows, int64_t cols, float* out);
 

@@ -1,0 +1,86 @@
+// Bindings of the quantized layers (layers/quantization.hpp): methods added to the float32 Module
+// base class (so every layer and model has them) and to the decoder models. The Python layer
+// (quantization.py, llama.py) checks the arguments; the GIL is released around quantization.
+#include "common.hpp"
+#include "transformer_core/kernels/quant/formats.hpp"
+#include "transformer_core/layers/quantization.hpp"
+#include "transformer_core/models/decoder.hpp"
+
+namespace transformer_core::bindings {
+
+namespace {
+
+using layers::Module;
+
+// A shared_ptr that keeps a Python object (a buffer's exporter: a numpy memmap view, bytes) alive
+// for as long as a C++ layer reads its memory; released with the GIL held.
+std::shared_ptr<const void> keep_alive(const py::object& o) {
+  auto* held = new py::object(o);
+  return std::shared_ptr<const void>(held, [](const void* p) {
+    py::gil_scoped_acquire gil;
+    delete static_cast<const py::object*>(p);
+  });
+}
+
+}  // namespace
+
+void register_quantized_layers(py::module_& m) {
+  namespace q = kernels::quant;
+  m.def("defer_weight_init", [](bool on) { layers::weight_init_deferred() = on; }, py::arg("on"),
+        "Layers built on this thread while on leave their weight matrices uninitialised (see module.hpp).");
+  auto module_f32 = py::reinterpret_borrow<py::class_<Module<float>>>(py::type::of<Module<float>>());
+  module_f32
+      // Every fp32 Linear inside -> int8 per output channel, but those whose weight is named in
+      // keep_float; returns how many were converted.
+      .def(
+          "quantize_int8",
+          [](Module<float>& self, const std::vector<std::string>& keep_float) {
+            py::gil_scoped_release release;
+            return layers::quantize_linears_int8(self, keep_float);
+          },
+          py::arg("keep_float") = std::vector<std::string>{})
+      // tensors: [(name, ggml_type "Q8_0" | "Q4_0" | "Q4_1", blocks: a C-contiguous uint8 buffer)]
+      .def(
+          "load_gguf_weights",
+          [](Module<float>& self, const std::vector<std::tuple<std::string, std::string, py::buffer>>& tensors) {
+            std::vector<layers::GgufTensor> ts;
+            for (const auto& [name, type, blocks] : tensors) {
+              py::buffer_info info = blocks.request();
+              require(info.itemsize == 1, name + ": blocks: expected a buffer of bytes (uint8)");
+              py::ssize_t expected = 1;
+              for (py::ssize_t d = info.ndim - 1; d >= 0; --d) {
+                const auto i = static_cast<size_t>(d);
+                require(info.shape[i] <= 1 || info.strides[i] == expected, name + ": blocks: expected a C-contiguous buffer");
+                expected *= info.shape[i];
+              }
+              ts.push_back({name, q::parse_ggml_type(type), static_cast<const uint8_t*>(info.ptr),
+                            static_cast<size_t>(info.size), keep_alive(blocks)});
+            }
+            layers::load_gguf_weights(self, ts);
+          },
+          py::arg("tensors"))
+      // Q8 activation blocks (true) or fp32 activations (false) for every GGUF weight inside.
+      .def("set_quantize_activations", &layers::set_quantize_activations, py::arg("on"))
+      // [(name, storage)] over the registry: "float32", "int8", "Q4_1", "Q8_0+Q4_1", ...
+      .def("parameter_storage", [](const Module<float>& self) {
+        py::list out;
+        for (const auto& p : self.parameters()) out.append(py::make_tuple(p.name, Module<float>::storage(p)));
+        return out;
+      });
+  auto module_f64 = py::reinterpret_borrow<py::class_<Module<double>>>(py::type::of<Module<double>>());
+  module_f64.def("parameter_storage", [](const Module<double>& self) {
+    py::list out;
+    for (const auto& p : self.parameters()) out.append(py::make_tuple(p.name, Module<double>::storage(p)));
+    return out;
+  });
+
+  auto decoder_f32 =
+      py::reinterpret_borrow<py::class_<models::DecoderModel<float>>>(py::type::of<models::DecoderModel<float>>());
+  // The tied LM head as an int8 copy of embed_tokens (lookups stay fp32); no-op when untied.
+  decoder_f32.def("quantize_tied_lm_head_int8", [](models::DecoderModel<float>& self) {
+    py::gil_scoped_release release;
+    self.quantize_tied_lm_head_int8();
+  });
+}
+
+}  // namespace transformer_core::bindings

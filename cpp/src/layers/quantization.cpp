@@ -1,0 +1,112 @@
+#include "transformer_core/layers/quantization.hpp"
+
+#include <algorithm>
+#include <map>
+#include <stdexcept>
+#include <utility>
+
+namespace transformer_core::layers {
+
+namespace {
+// Owners of root's entries, each once, in registration order.
+std::vector<Module<float>*> owners(const Module<float>& root) {
+  std::vector<Module<float>*> out;
+  for (const auto& p : root.parameters())
+    if (p.owner != nullptr && std::find(out.begin(), out.end(), p.owner) == out.end()) out.push_back(p.owner);
+  return out;
+}
+}  // namespace
+
+std::vector<Linear<float>*> linear_layers(const Module<float>& root) {
+  std::vector<Linear<float>*> out;
+  for (Module<float>* m : owners(root))
+    if (auto* linear = dynamic_cast<Linear<float>*>(m)) out.push_back(linear);
+  return out;
+}
+
+int64_t quantize_linears_int8(Module<float>& root, const std::vector<std::string>& keep_float) {
+  std::vector<const Module<float>*> kept;
+  for (const std::string& name : keep_float) {
+    const ParamRef<float>& p = root.parameter(name);  // throws for an unknown name
+    if (dynamic_cast<Linear<float>*>(p.owner) == nullptr || p.owner_name != "weight")
+      throw std::invalid_argument("keep_float: '" + name + "' is not the weight of a Linear layer");
+    kept.push_back(p.owner);
+  }
+  int64_t n = 0;
+  for (Linear<float>* linear : linear_layers(root)) {
+    if (linear->quantized_weight() != nullptr) continue;
+    if (std::find(kept.begin(), kept.end(), linear) != kept.end()) continue;
+    linear->quantize_int8();
+    ++n;
+  }
+  root.refresh_parameters();
+  return n;
+}
+
+void load_gguf_weights(Module<float>& root, const std::vector<GgufTensor>& tensors) {
+  struct Target {
+    Linear<float>* linear = nullptr;
+    Embedding<float>* embedding = nullptr;
+    int64_t out = 0, in = 0;
+    std::vector<GgufRun> runs;
+  };
+  std::map<Module<float>*, Target> targets;
+  std::vector<Module<float>*> order;
+  for (const GgufTensor& t : tensors) {
+    const ParamRef<float>& p = root.parameter(t.name);  // throws for an unknown name
+    auto* linear = dynamic_cast<Linear<float>*>(p.owner);
+    auto* embedding = dynamic_cast<Embedding<float>*>(p.owner);
+    if ((linear == nullptr && embedding == nullptr) || p.owner_name != "weight" || p.shape.size() != 2)
+      throw std::invalid_argument("name: '" + t.name + "' is not the weight of a Linear or an Embedding "
+                                  "(GGUF blocks replace those only)");
+    if (Module<float>::quantized(p))
+      throw std::invalid_argument("name: '" + t.name + "' is already quantized (" + Module<float>::storage(p) + ")");
+    Target& target = targets[p.owner];
+    if (target.linear == nullptr && target.embedding == nullptr) {
+      order.push_back(p.owner);
+      target.linear = linear;
+      target.embedding = embedding;
+      target.out = linear != nullptr ? linear->out_features() : embedding->num_embeddings();
+      target.in = linear != nullptr ? linear->in_features() : embedding->embedding_dim();
+    }
+    target.runs.push_back({p.row0, p.shape[0], t.type, t.blocks, t.num_bytes, t.owner});
+  }
+  // Check every layer's matrix before touching any layer.
+  std::vector<std::pair<Module<float>*, std::unique_ptr<QuantizedMatrix>>> built;
+  for (Module<float>* m : order) {
+    Target& target = targets[m];
+    try {
+      built.emplace_back(m, QuantizedMatrix::gguf(target.out, target.in, target.runs));
+    } catch (const std::invalid_argument& e) {
+      std::string names;
+      for (const GgufTensor& t : tensors)
+        if (root.parameter(t.name).owner == m) names += (names.empty() ? "" : ", ") + t.name;
+      throw std::invalid_argument("GGUF weights of the layer holding " + names + ": " + e.what());
+    }
+  }
+  for (auto& [m, matrix] : built) {
+    Target& target = targets[m];
+    if (target.linear != nullptr) {
+      target.linear->set_quantized(std::move(matrix));
+    } else {
+      target.embedding->set_quantized(std::move(matrix));
+    }
+  }
+  root.refresh_parameters();
+}
+
+int64_t set_quantize_activations(Module<float>& root, bool on) {
+  int64_t n = 0;
+  for (Module<float>* m : owners(root)) {
+    QuantizedMatrix* w = nullptr;
+    if (auto* linear = dynamic_cast<Linear<float>*>(m)) w = linear->quantized_weight();
+    if (auto* embedding = dynamic_cast<Embedding<float>*>(m)) w = embedding->quantized_weight();
+    if (w != nullptr && w->format() == QuantizedMatrix::Format::kGguf) {
+      w->set_quantize_activations(on);
+      ++n;
+    }
+  }
+  return n;
+}
+
+}  // namespace transformer_core::layers
