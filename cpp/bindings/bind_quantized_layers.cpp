@@ -4,7 +4,9 @@
 #include "common.hpp"
 #include "transformer_core/kernels/quant/formats.hpp"
 #include "transformer_core/layers/quantization.hpp"
+#ifndef TC_OPS_LAYERS_ONLY
 #include "transformer_core/models/decoder.hpp"
+#endif
 
 namespace transformer_core::bindings {
 
@@ -74,6 +76,7 @@ void register_quantized_layers(py::module_& m) {
     return out;
   });
 
+#ifndef TC_OPS_LAYERS_ONLY  // the reduced core of .ci/sanitize has no models
   auto decoder_f32 =
       py::reinterpret_borrow<py::class_<models::DecoderModel<float>>>(py::type::of<models::DecoderModel<float>>());
   // The tied LM head as an int8 copy of embed_tokens (lookups stay fp32); no-op when untied.
@@ -81,6 +84,7 @@ void register_quantized_layers(py::module_& m) {
     py::gil_scoped_release release;
     self.quantize_tied_lm_head_int8();
   });
+#endif
 }
 
 }  // namespace transformer_core::bindings
