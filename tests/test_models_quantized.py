@@ -189,6 +189,17 @@ def test_quantize_refuses_bad_arguments():
         tc.quantize(tc.nn.Linear(4, 3, dtype=np.float64), "int8")
 
 
+def test_a_quantized_model_refuses_training():
+    model = tc.quantize(tc.GPT2LMHeadModel(tc.GPT2Config(vocab_size=50, n_positions=16, n_embd=16, n_layer=1,
+                                                         n_head=2)), "int8")
+    with pytest.raises(ValueError, match=r"train: \d+ weights are quantized .*int8"):
+        model.train()
+    assert not model.training
+    layer = tc.quantize(tc.nn.Linear(4, 3), "int8")
+    with pytest.raises(ValueError, match="quantized"):
+        layer.train()
+
+
 # ------------------------------------------------------------------------------------------------
 # all-MiniLM-L6-v2 int8 on the 1,000 benchmark sentences
 # ------------------------------------------------------------------------------------------------

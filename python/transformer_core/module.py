@@ -302,7 +302,18 @@ class Module:
 
     # ---- training --------------------------------------------------------------------------------
     def train(self, mode: bool = True) -> "Module":
-        """Training mode (``mode=True``): forwards keep what their backward needs. Returns ``self``."""
+        """Training mode (``mode=True``): forwards keep what their backward needs. Returns ``self``.
+
+        Raises:
+            ValueError: ``mode`` is True and some weight is held quantized (:meth:`weight_formats`):
+                only float weights train (train the float model, then quantize it).
+        """
+        if mode:
+            quantized = {n: f for n, f in self.weight_formats().items() if not f.startswith("float")}
+            if quantized:
+                name, fmt = next(iter(quantized.items()))
+                raise ValueError(f"train: {len(quantized)} weights are quantized (e.g. {name!r}: {fmt}); only float "
+                                 "weights train: train the float model, then quantize it")
         self.training = bool(mode)
         for _, child in self._children():
             child.train(mode)

@@ -15,6 +15,9 @@ void Linear<T>::backward(const T* x, const T* dy, int64_t rows, T* dx) {
 
 template <class T>
 void Linear<T>::backward_rows(const T* x, const T* dy, int64_t rows, T* dx, int64_t out_begin, int64_t out_count) {
+  if (quantized_)
+    throw std::invalid_argument("Linear: the weight is quantized (" + quantized_->format_name() +
+                                "): only float weights train; train the float model, then quantize it");
   if (out_begin < 0 || out_count < 0 || out_begin + out_count > out_)
     throw std::invalid_argument("Linear: output rows [" + std::to_string(out_begin) + ", " +
                                 std::to_string(out_begin + out_count) + ") outside [0, " + std::to_string(out_) + ")");
