@@ -15,7 +15,7 @@ What lives here (and where the rest lives):
   >= 0), probabilities, ``top_p`` in (0, 1], ...
 * **Python-side allocations**: anything numpy allocates (``masks.causal_mask``, pooling, padding)
   is checked against this machine's memory first (:func:`check_allocatable`), as the C++ code that
-  allocates checks its own sizes (``layers::allocate``, the bindings' ``new_array``,
+  allocates checks its own sizes (``ops::WeightsCheck``, the bindings' ``new_array``,
   ``KVCache::reserve``).
 * **enumerated names** (activations, attention paths, rotary layouts, reductions) have one table,
   in C++: :func:`choice_of_core` passes the string to it and renames the error; no second list here.
