@@ -25,6 +25,32 @@ from .module import Module
 __all__ = ["DecoderModel", "CausalLM", "CausalLMOutput", "positions_from_mask"]
 
 
+def _mask_and_positions(attention_mask, position_ids, N: int, L: int, past: int, context_length: int):
+    """The checked ``attention_mask (N, past + L)`` (None when all True) and positions ``(N, L)``:
+    ``position_ids`` when given, else counted over the real tokens of the mask (``cumsum - 1``, as
+    Hugging Face's ``generate``), else None (``past .. past + L - 1`` for every row)."""
+    mask = positions = None
+    if attention_mask is not None:
+        mask = np.ascontiguousarray(as_bool(attention_mask, "attention_mask"))
+        if mask.ndim == 1:
+            mask = mask[None]
+        if mask.shape != (N, past + L):
+            raise ValueError(f"attention_mask: expected shape {(N, past + L)} (batch, past + new length), "
+                             f"got {mask.shape}")
+        if mask.all():
+            mask = None
+        else:
+            positions = positions_from_mask(mask, past)
+    if position_ids is not None:
+        positions = as_ids(position_ids, "position_ids")
+        if positions.shape != (N, L):
+            raise ValueError(f"position_ids: expected shape {(N, L)} (input_ids'), got {positions.shape}")
+        if positions.min() < 0 or positions.max() >= context_length:
+            raise ValueError(f"position_ids: expected positions in [0, {context_length}), got "
+                             f"[{positions.min()}, {positions.max()}]")
+    return mask, positions
+
+
 @dataclass
 class CausalLMOutput:
     """What a causal LM's forward returns.
@@ -118,25 +144,7 @@ class DecoderModel(Module):
         if past + L > self.context_length:
             raise ValueError(f"input_ids: past length {past} + new length {L} exceeds the context "
                              f"({self._context_field} = {self.context_length})")
-        mask = positions = None
-        if attention_mask is not None:
-            mask = np.ascontiguousarray(as_bool(attention_mask, "attention_mask"))
-            if mask.ndim == 1:
-                mask = mask[None]
-            if mask.shape != (N, past + L):
-                raise ValueError(f"attention_mask: expected shape {(N, past + L)} (batch, past + new length), "
-                                 f"got {mask.shape}")
-            if mask.all():
-                mask = None
-            else:
-                positions = positions_from_mask(mask, past)
-        if position_ids is not None:
-            positions = as_ids(position_ids, "position_ids")
-            if positions.shape != (N, L):
-                raise ValueError(f"position_ids: expected shape {(N, L)} (input_ids'), got {positions.shape}")
-            if positions.min() < 0 or positions.max() >= self.context_length:
-                raise ValueError(f"position_ids: expected positions in [0, {self.context_length}), got "
-                                 f"[{positions.min()}, {positions.max()}]")
+        mask, positions = _mask_and_positions(attention_mask, position_ids, N, L, past, self.context_length)
         return ids, mask, positions, cache
 
     def forward(self, input_ids, attention_mask=None, position_ids=None, past_key_values=None,
@@ -225,24 +233,7 @@ class CausalLM(DecoderModel, GenerationMixin):
         if L > self.context_length:
             raise ValueError(f"input_ids: length {L} exceeds the context ({self._context_field} = "
                              f"{self.context_length})")
-        mask = positions = None
-        if attention_mask is not None:
-            mask = np.ascontiguousarray(as_bool(attention_mask, "attention_mask"))
-            if mask.ndim == 1:
-                mask = mask[None]
-            if mask.shape != (N, L):
-                raise ValueError(f"attention_mask: expected shape {(N, L)} (input_ids'), got {mask.shape}")
-            if mask.all():
-                mask = None
-            else:
-                positions = positions_from_mask(mask, 0)
-        if position_ids is not None:
-            positions = as_ids(position_ids, "position_ids")
-            if positions.shape != (N, L):
-                raise ValueError(f"position_ids: expected shape {(N, L)} (input_ids'), got {positions.shape}")
-            if positions.min() < 0 or positions.max() >= self.context_length:
-                raise ValueError(f"position_ids: expected positions in [0, {self.context_length}), got "
-                                 f"[{positions.min()}, {positions.max()}]")
+        mask, positions = _mask_and_positions(attention_mask, position_ids, N, L, 0, self.context_length)
         return ids, mask, positions
 
     def loss(self, input_ids, labels, attention_mask=None, position_ids=None, *, ignore_index: int = -100,

@@ -627,82 +627,19 @@ def _layer_args(layer) -> tuple:
             layer.norm_first, layer.bias, layer.dtype)
 
 
-class LayerNorm(Module):
-    """Layer normalisation over the last dim (Ba et al. 2016), as ``torch.nn.LayerNorm(E)``::
-
-        y = (x - mean) / sqrt(var + eps) * weight + bias
-
-    Args:
-        normalized_shape: E (an int, or a 1-tuple).
-        eps: added to the variance (torch's default 1e-5).
-        bias: learn a bias (``bias=False`` as torch).
-        dtype: ``np.float32`` or ``np.float64``.
-
-    Weights: ``weight (E,)`` (ones), ``bias (E,)`` (zeros).
-    """
-
-    def __init__(self, normalized_shape, eps: float = 1e-5, bias: bool = True, dtype=np.float32):
-        sfx = self._init_dtype(dtype)
-        if isinstance(normalized_shape, (tuple, list)):
-            if len(normalized_shape) != 1:
-                raise ValueError(f"normalized_shape: only the last dim is supported, got {normalized_shape}")
-            normalized_shape = normalized_shape[0]
-        self.normalized_size = check_positive_int(normalized_shape, "normalized_shape")
-        self.eps = check_eps(eps, "eps")
-        self._impl = getattr(_core, "LayerNorm" + sfx)(self.normalized_size, self.eps, check_bool(bias, "bias"))
-
-    def forward(self, x) -> np.ndarray:
-        """``x (..., E) -> (..., E)`` in ``self.dtype``.
-
-        Raises:
-            ValueError: empty ``x`` or last dim not E.
-        """
-        xa = as_float(x, "x", self.dtype, min_ndim=1)
-        if xa.shape[-1] != self.normalized_size:
-            raise ValueError(f"x: expected last dim {self.normalized_size}, got shape {xa.shape}")
-        x2 = xa.reshape(-1, self.normalized_size)
-        if self.training:
-            self._saved = (_kept(x2, x), xa.shape)
-        return self._impl.forward(x2).reshape(xa.shape)
-
-    def backward(self, grad_output) -> np.ndarray:
-        """``grad_output (..., E)`` -> ``grad_x (..., E)`` of the last training forward; adds the
-        gradients of ``weight`` (and of LayerNorm's ``bias``).
-
-        Raises:
-            NoTrainingStateError: no training forward since the last backward.
-            ValueError: ``grad_output`` not of the output's shape.
-        """
-        x2, shape = self._take_saved()
-        g = _grad_output(grad_output, "grad_output", shape, self.dtype)
-        return self._impl.backward(x2, g.reshape(-1, self.normalized_size)).reshape(shape)
+def _normalized_size(normalized_shape) -> int:
+    """E from torch's ``normalized_shape`` (an int or a 1-tuple: only the last dim is normalised)."""
+    if isinstance(normalized_shape, (tuple, list)):
+        if len(normalized_shape) != 1:
+            raise ValueError(f"normalized_shape: only the last dim is supported, got {normalized_shape}")
+        normalized_shape = normalized_shape[0]
+    return check_positive_int(normalized_shape, "normalized_shape")
 
 
-class RMSNorm(Module):
-    """Root-mean-square normalisation over the last dim (Zhang & Sennrich 2019), as
-    ``torch.nn.RMSNorm(E)`` and Hugging Face's ``LlamaRMSNorm``::
+class _Norm(Module):
+    """What LayerNorm and RMSNorm share: rows of the last dim E through the C++ layer, and its backward."""
 
-        y = x / sqrt(mean(x²) + eps) * weight
-
-    Args:
-        normalized_shape: E (an int, or a 1-tuple).
-        eps: added to the mean square (torch's default: the dtype's machine epsilon; Llama 1e-5 or
-            1e-6). None = ``np.finfo(dtype).eps``, as torch.
-        dtype: ``np.float32`` or ``np.float64``.
-
-    Weights: ``weight (E,)`` (ones).
-    """
-
-    def __init__(self, normalized_shape, eps: float | None = None, dtype=np.float32):
-        sfx = self._init_dtype(dtype)
-        if isinstance(normalized_shape, (tuple, list)):
-            if len(normalized_shape) != 1:
-                raise ValueError(f"normalized_shape: only the last dim is supported, got {normalized_shape}")
-            normalized_shape = normalized_shape[0]
-        self.normalized_size = check_positive_int(normalized_shape, "normalized_shape")
-        self.eps = float(np.finfo(self.dtype).eps) if eps is None else check_eps(eps, "eps")
-        self._impl = getattr(_core, "RMSNorm" + sfx)(self.normalized_size, self.eps)
-        self._init_weights()
+    normalized_size: int
 
     def forward(self, x) -> np.ndarray:
         """``x (..., E) -> (..., E)`` in ``self.dtype``.
@@ -729,6 +666,50 @@ class RMSNorm(Module):
         x2, shape = self._take_saved()
         g = _grad_output(grad_output, "grad_output", shape, self.dtype)
         return self._impl.backward(x2, g.reshape(-1, self.normalized_size)).reshape(shape)
+
+
+class LayerNorm(_Norm):
+    """Layer normalisation over the last dim (Ba et al. 2016), as ``torch.nn.LayerNorm(E)``::
+
+        y = (x - mean) / sqrt(var + eps) * weight + bias
+
+    Args:
+        normalized_shape: E (an int, or a 1-tuple).
+        eps: added to the variance (torch's default 1e-5).
+        bias: learn a bias (``bias=False`` as torch).
+        dtype: ``np.float32`` or ``np.float64``.
+
+    Weights: ``weight (E,)`` (ones), ``bias (E,)`` (zeros).
+    """
+
+    def __init__(self, normalized_shape, eps: float = 1e-5, bias: bool = True, dtype=np.float32):
+        sfx = self._init_dtype(dtype)
+        self.normalized_size = _normalized_size(normalized_shape)
+        self.eps = check_eps(eps, "eps")
+        self._impl = getattr(_core, "LayerNorm" + sfx)(self.normalized_size, self.eps, check_bool(bias, "bias"))
+
+
+class RMSNorm(_Norm):
+    """Root-mean-square normalisation over the last dim (Zhang & Sennrich 2019), as
+    ``torch.nn.RMSNorm(E)`` and Hugging Face's ``LlamaRMSNorm``::
+
+        y = x / sqrt(mean(x²) + eps) * weight
+
+    Args:
+        normalized_shape: E (an int, or a 1-tuple).
+        eps: added to the mean square (torch's default: the dtype's machine epsilon; Llama 1e-5 or
+            1e-6). None = ``np.finfo(dtype).eps``, as torch.
+        dtype: ``np.float32`` or ``np.float64``.
+
+    Weights: ``weight (E,)`` (ones).
+    """
+
+    def __init__(self, normalized_shape, eps: float | None = None, dtype=np.float32):
+        sfx = self._init_dtype(dtype)
+        self.normalized_size = _normalized_size(normalized_shape)
+        self.eps = float(np.finfo(self.dtype).eps) if eps is None else check_eps(eps, "eps")
+        self._impl = getattr(_core, "RMSNorm" + sfx)(self.normalized_size, self.eps)
+        self._init_weights()
 
 
 class TransformerDecoderLayer(Module):
