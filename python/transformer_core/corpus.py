@@ -141,6 +141,7 @@ class ListSource:
         return {"format": "list", "count": len(self.texts), "sha256": h.hexdigest()}
 
     def describe(self) -> str:
+        """What the texts are, for messages: ``"3 sentences given as arguments"``."""
         return f"{len(self.texts)} sentences given as arguments"
 
 
@@ -161,6 +162,7 @@ class TextSource:
         self.num_skipped = 0
 
     def describe(self) -> str:
+        """What the texts are, for messages: the path, its format and the text field."""
         field = f", field {self.text_field!r}" if self.text_field else ""
         return f"{self.path} ({self.format}{field})"
 
@@ -855,6 +857,7 @@ class EmbedJob:
         _remove_temps(self.out.parent, manifest_path(self.out).name)
 
     def interrupted_message(self) -> str:
+        """The one line the CLI prints after Ctrl-C / SIGTERM: what is saved and how to go on."""
         done = self.num_completed
         return (f"interrupted: {done} of {self.num_chunks} chunks ({self.rows_done()} of {self.num_rows} texts) "
                 f"are saved in {_partial_path(self.out)}; the same command with --resume finishes the rest")
