@@ -30,6 +30,9 @@ import transformer_core as tc
 from conftest import MODEL_DIR, SENTENCES
 
 ROOT = Path(__file__).resolve().parent.parent
+#: The directory holding the transformer_core this process imported (the installed package in CI, the
+#: source tree in a development build): the subprocesses import the same one.
+PACKAGE_ROOT = str(Path(tc.__file__).parent.parent)
 F = tc.functional
 
 
@@ -42,7 +45,7 @@ def run_isolated(code: str, timeout: float = 120) -> str:
     import os
 
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "python"), env.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [PACKAGE_ROOT, env.get("PYTHONPATH")]))
     p = subprocess.run([sys.executable, "-c", wrapped], capture_output=True, text=True, timeout=timeout, env=env)
     assert p.returncode == 0, f"exit code {p.returncode}: {p.stderr[-2000:]}"
     return p.stdout.strip().splitlines()[-1]
@@ -323,7 +326,7 @@ def _cli(*args, timeout=300):
     import os
 
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "python"), env.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [PACKAGE_ROOT, env.get("PYTHONPATH")]))
     return subprocess.run([sys.executable, "-m", "transformer_core", *map(str, args)], capture_output=True,
                           text=True, timeout=timeout, env=env)
 

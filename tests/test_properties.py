@@ -16,6 +16,7 @@ The cases are reproducible (fixed seed). More cases locally::
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import queue
@@ -45,7 +46,10 @@ class Worker:
 
     def __init__(self):
         self.log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
-        package = os.environ.get("TC_PROPERTY_PACKAGE", str(ROOT / "python"))  # another build's package
+        # the transformer_core this process imported (installed in CI, the source tree in a development
+        # build), or another build's package
+        package = os.environ.get("TC_PROPERTY_PACKAGE", str(Path(importlib.util.find_spec("transformer_core").origin)
+                                                            .parent.parent))
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [package, str(ROOT),
                                                                         os.environ.get("PYTHONPATH")])),
                    OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
