@@ -28,20 +28,6 @@ AttentionInputs<T> train_inputs(const AttentionMasks<T>& masks, AttentionPath pa
   return in;
 }
 
-// x = dropout(x) in place (p = 0: nothing).
-template <class T>
-void drop_(T* x, int64_t n, double p, uint64_t seed) {
-  if (p > 0) ops::dropout(x, x, n, p, seed);
-}
-
-// The gradient through a dropout: g itself (p = 0) or dropout(g) written into buf.
-template <class T>
-const T* drop_grad(const T* g, T* buf, int64_t n, double p, uint64_t seed) {
-  if (p <= 0) return g;
-  ops::dropout(g, buf, n, p, seed);
-  return buf;
-}
-
 template <class T>
 T* grad_buffer(Scratch tag, int64_t n) {
   return kernels::workspace<T>(tag, static_cast<size_t>(n));
@@ -69,19 +55,19 @@ void TransformerEncoderLayer<T>::forward_train(const T* src, int64_t N, int64_t 
   if (norm_first_) {
     norm1_.forward(src, rows, s.b1.data());                                       // n1 = norm1(src)
     self_attn_.forward_train(s.b1.data(), s.b1.data(), s.b1.data(), N, L, L, tmp, in);  // SA(n1)
-    drop_(tmp, n, drop.p, drop.site(kDrop1));
+    ops::dropout_inplace(tmp, n, drop.p, drop.site(kDrop1));
     ops::add(src, tmp, n, s.b2.data());                                           // x = src + SA(n1)
     norm2_.forward(s.b2.data(), rows, s.b3.data());                               // n2 = norm2(x)
     ff_.forward_train(s.b3.data(), rows, tmp, drop.ffn_p, drop.site(kFfn));       // FFN(n2)
-    drop_(tmp, n, drop.p, drop.site(kDrop2));
+    ops::dropout_inplace(tmp, n, drop.p, drop.site(kDrop2));
     ops::add(s.b2.data(), tmp, n, out);                                           // out = x + FFN(n2)
   } else {
     self_attn_.forward_train(src, src, src, N, L, L, tmp, in);                    // SA(src)
-    drop_(tmp, n, drop.p, drop.site(kDrop1));
+    ops::dropout_inplace(tmp, n, drop.p, drop.site(kDrop1));
     ops::add(src, tmp, n, s.b1.data());                                           // s1 = src + SA(src)
     norm1_.forward_add(src, tmp, rows, s.b2.data());                              // x = norm1(s1)
     ff_.forward_train(s.b2.data(), rows, tmp, drop.ffn_p, drop.site(kFfn));       // FFN(x)
-    drop_(tmp, n, drop.p, drop.site(kDrop2));
+    ops::dropout_inplace(tmp, n, drop.p, drop.site(kDrop2));
     ops::add(s.b2.data(), tmp, n, s.b3.data());                                   // s2 = x + FFN(x)
     norm2_.forward_add(s.b2.data(), tmp, rows, out);                              // out = norm2(s2)
   }
@@ -99,18 +85,18 @@ void TransformerEncoderLayer<T>::backward(const T* dout, T* dsrc) {
   T* B = grad_buffer<T>(Scratch::kGradLayerB, n);
   T* C = grad_buffer<T>(Scratch::kGradLayerC, n);
   if (norm_first_) {
-    ff_.backward(drop_grad(dout, A, n, d.p, d.site(kDrop2)), B);        // B = d n2
+    ff_.backward(ops::dropout_grad(dout, A, n, d.p, d.site(kDrop2)), B);        // B = d n2
     norm2_.backward(s.b2.data(), B, rows, C);                           // C = d x (through norm2) ...
     ops::add(C, dout, n, C);                                            // ... + the residual's dout
-    self_attn_.backward(drop_grad(C, A, n, d.p, d.site(kDrop1)), B, nullptr, nullptr);  // B = d n1
+    self_attn_.backward(ops::dropout_grad(C, A, n, d.p, d.site(kDrop1)), B, nullptr, nullptr);  // B = d n1
     norm1_.backward(s.src, B, rows, dsrc);                              // dsrc = d src through norm1 ...
     ops::add(dsrc, C, n, dsrc);                                         // ... + the residual's d x
   } else {
     norm2_.backward(s.b3.data(), dout, rows, A);                        // A = d s2
-    ff_.backward(drop_grad(A, B, n, d.p, d.site(kDrop2)), C);           // C = d x through FFN ...
+    ff_.backward(ops::dropout_grad(A, B, n, d.p, d.site(kDrop2)), C);           // C = d x through FFN ...
     ops::add(C, A, n, C);                                               // ... + the residual's d s2
     norm1_.backward(s.b1.data(), C, rows, A);                           // A = d s1
-    self_attn_.backward(drop_grad(A, B, n, d.p, d.site(kDrop1)), dsrc, nullptr, nullptr);  // d src via SA
+    self_attn_.backward(ops::dropout_grad(A, B, n, d.p, d.site(kDrop1)), dsrc, nullptr, nullptr);  // d src via SA
     ops::add(dsrc, A, n, dsrc);                                         // + the residual's d s1
   }
 }
@@ -144,27 +130,27 @@ void TransformerDecoderLayer<T>::forward_train(const T* tgt, int64_t N, int64_t 
   if (norm_first_) {
     norm1_.forward(tgt, rows, b1);                                        // n1
     self_attn_.forward_train(b1, b1, b1, N, Tq, Tq, tmp, self_in);
-    drop_(tmp, n, drop.p, drop.site(kDrop1));
+    ops::dropout_inplace(tmp, n, drop.p, drop.site(kDrop1));
     ops::add(tgt, tmp, n, b2);                                            // x1 = tgt + SA(n1)
     norm2_.forward(b2, rows, b3);                                         // n2
     cross_attn_.forward_train(b3, memory, memory, N, Tq, S, tmp, cross_in);
-    drop_(tmp, n, drop.p, drop.site(kDrop2));
+    ops::dropout_inplace(tmp, n, drop.p, drop.site(kDrop2));
     ops::add(b2, tmp, n, b4);                                             // x2 = x1 + CA(n2, mem)
     norm3_.forward(b4, rows, b5);                                         // n3
     ff_.forward_train(b5, rows, tmp, drop.ffn_p, drop.site(kFfn));
-    drop_(tmp, n, drop.p, drop.site(kDrop3));
+    ops::dropout_inplace(tmp, n, drop.p, drop.site(kDrop3));
     ops::add(b4, tmp, n, out);                                            // out = x2 + FFN(n3)
   } else {
     self_attn_.forward_train(tgt, tgt, tgt, N, Tq, Tq, tmp, self_in);
-    drop_(tmp, n, drop.p, drop.site(kDrop1));
+    ops::dropout_inplace(tmp, n, drop.p, drop.site(kDrop1));
     ops::add(tgt, tmp, n, b1);                                            // s1 = tgt + SA(tgt)
     norm1_.forward_add(tgt, tmp, rows, b2);                               // x1 = norm1(s1)
     cross_attn_.forward_train(b2, memory, memory, N, Tq, S, tmp, cross_in);
-    drop_(tmp, n, drop.p, drop.site(kDrop2));
+    ops::dropout_inplace(tmp, n, drop.p, drop.site(kDrop2));
     ops::add(b2, tmp, n, b3);                                             // s2 = x1 + CA(x1, mem)
     norm2_.forward_add(b2, tmp, rows, b4);                                // x2 = norm2(s2)
     ff_.forward_train(b4, rows, tmp, drop.ffn_p, drop.site(kFfn));
-    drop_(tmp, n, drop.p, drop.site(kDrop3));
+    ops::dropout_inplace(tmp, n, drop.p, drop.site(kDrop3));
     ops::add(b4, tmp, n, b5);                                             // s3 = x2 + FFN(x2)
     norm3_.forward_add(b4, tmp, rows, out);                               // out = norm3(s3)
   }
@@ -182,24 +168,24 @@ void TransformerDecoderLayer<T>::backward(const T* dout, T* dtgt, T* dmemory) {
   T* B = grad_buffer<T>(Scratch::kGradLayerB, n);
   T* C = grad_buffer<T>(Scratch::kGradLayerC, n);
   if (norm_first_) {
-    ff_.backward(drop_grad(dout, A, n, d.p, d.site(kDrop3)), B);          // B = d n3
+    ff_.backward(ops::dropout_grad(dout, A, n, d.p, d.site(kDrop3)), B);          // B = d n3
     norm3_.backward(s.b4.data(), B, rows, C);
     ops::add(C, dout, n, C);                                              // C = d x2
-    cross_attn_.backward(drop_grad(C, A, n, d.p, d.site(kDrop2)), B, dmemory, dmemory);  // B = d n2
+    cross_attn_.backward(ops::dropout_grad(C, A, n, d.p, d.site(kDrop2)), B, dmemory, dmemory);  // B = d n2
     norm2_.backward(s.b2.data(), B, rows, A);
     ops::add(C, A, n, C);                                                 // C = d x1
-    self_attn_.backward(drop_grad(C, A, n, d.p, d.site(kDrop1)), B, nullptr, nullptr);   // B = d n1
+    self_attn_.backward(ops::dropout_grad(C, A, n, d.p, d.site(kDrop1)), B, nullptr, nullptr);   // B = d n1
     norm1_.backward(s.tgt, B, rows, dtgt);
     ops::add(dtgt, C, n, dtgt);                                           // d tgt
   } else {
     norm3_.backward(s.b5.data(), dout, rows, A);                          // A = d s3
-    ff_.backward(drop_grad(A, B, n, d.p, d.site(kDrop3)), C);
+    ff_.backward(ops::dropout_grad(A, B, n, d.p, d.site(kDrop3)), C);
     ops::add(C, A, n, C);                                                 // C = d x2
     norm2_.backward(s.b3.data(), C, rows, A);                             // A = d s2
-    cross_attn_.backward(drop_grad(A, B, n, d.p, d.site(kDrop2)), C, dmemory, dmemory);
+    cross_attn_.backward(ops::dropout_grad(A, B, n, d.p, d.site(kDrop2)), C, dmemory, dmemory);
     ops::add(C, A, n, C);                                                 // C = d x1
     norm1_.backward(s.b1.data(), C, rows, A);                             // A = d s1
-    self_attn_.backward(drop_grad(A, B, n, d.p, d.site(kDrop1)), dtgt, nullptr, nullptr);
+    self_attn_.backward(ops::dropout_grad(A, B, n, d.p, d.site(kDrop1)), dtgt, nullptr, nullptr);
     ops::add(dtgt, A, n, dtgt);                                           // d tgt
   }
 }

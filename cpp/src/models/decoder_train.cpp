@@ -34,18 +34,6 @@ namespace {
 // Logits of one chunk of the fused head: at most this many values (128 MiB of float).
 constexpr int64_t kHeadChunkValues = int64_t(1) << 25;
 
-template <class T>
-void drop_(T* x, int64_t n, double p, uint64_t seed) {
-  if (p > 0) ops::dropout(x, x, n, p, seed);
-}
-
-template <class T>
-const T* drop_grad(const T* g, T* buf, int64_t n, double p, uint64_t seed) {
-  if (p <= 0) return g;
-  ops::dropout(g, buf, n, p, seed);
-  return buf;
-}
-
 enum Site : uint64_t { kDropAttn = 1, kDropMlp = 2, kDropEmbed = 3 };
 }  // namespace
 
@@ -62,11 +50,11 @@ void DecoderBlock<T>::forward_train(const T* x, T* y, int64_t N, int64_t L, cons
   T* tmp = kernels::workspace<T>(Scratch::kLayerB, static_cast<size_t>(n));
   attn_norm_->forward(x, rows, s.a.data());                                    // a = attn_norm(x)
   attn_.forward_train(s.a.data(), s.a.data(), s.a.data(), N, L, L, tmp, in);   // attn(a)
-  drop_(tmp, n, drop.p, drop.site(kDropAttn));
+  ops::dropout_inplace(tmp, n, drop.p, drop.site(kDropAttn));
   ops::add(x, tmp, n, s.h.data());                                             // h = x + attn(a)
   mlp_norm_->forward(s.h.data(), rows, s.m.data());                            // m = mlp_norm(h)
   mlp_->forward_train(s.m.data(), rows, tmp);                                  // mlp(m)
-  drop_(tmp, n, drop.p, drop.site(kDropMlp));
+  ops::dropout_inplace(tmp, n, drop.p, drop.site(kDropMlp));
   ops::add(s.h.data(), tmp, n, y);                                             // y = h + mlp(m)
   s.valid = true;
 }
@@ -81,10 +69,10 @@ void DecoderBlock<T>::backward(const T* dy, T* dx) {
   T* A = kernels::workspace<T>(Scratch::kGradLayerA, static_cast<size_t>(n));
   T* B = kernels::workspace<T>(Scratch::kGradLayerB, static_cast<size_t>(n));
   T* C = kernels::workspace<T>(Scratch::kGradLayerC, static_cast<size_t>(n));
-  mlp_->backward(drop_grad(dy, A, n, d.p, d.site(kDropMlp)), B);     // B = d m
+  mlp_->backward(ops::dropout_grad(dy, A, n, d.p, d.site(kDropMlp)), B);     // B = d m
   mlp_norm_->backward(s.h.data(), B, rows, C);
   ops::add(C, dy, n, C);                                              // C = d h
-  attn_.backward(drop_grad(C, A, n, d.p, d.site(kDropAttn)), B, nullptr, nullptr);  // B = d a
+  attn_.backward(ops::dropout_grad(C, A, n, d.p, d.site(kDropAttn)), B, nullptr, nullptr);  // B = d a
   attn_norm_->backward(s.x, B, rows, dx);
   ops::add(dx, C, n, dx);                                             // d x
 }
@@ -208,7 +196,7 @@ LossResult DecoderModel<T>::loss_train(const int64_t* input_ids, const int64_t* 
   T* x0 = s.stream[0].data();
   embed_tokens_.forward(s.ids.data(), rows, x0);                                            // wte[ids]
   if (embed_positions_ != nullptr) embed_positions_->forward_add(s.positions.data(), rows, x0);  // + wpe[pos]
-  drop_(x0, n, drop.embed_p, drop.site(kDropEmbed));
+  ops::dropout_inplace(x0, n, drop.embed_p, drop.site(kDropEmbed));
   layers::AttentionInputs<T> in;
   in.masks.is_causal = true;
   if (!s.mask.empty()) {

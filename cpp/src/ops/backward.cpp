@@ -176,34 +176,6 @@ void rotary_backward(T* d, int64_t rows, int64_t head_dim, const T* cos, const T
 }
 
 template <class T>
-void rotary_heads_backward(T* d, int64_t rows, int64_t ld, int64_t col0, int64_t heads, int64_t head_dim,
-                           const int64_t* positions, const T* cos, const T* sin, int64_t table_rows,
-                           RotaryLayout layout) {
-  check_nonnegative(rows, "rotary_heads_backward: rows");
-  if (head_dim < 2 || head_dim % 2 != 0)
-    throw std::invalid_argument("rotary_heads_backward: head_dim must be even and >= 2, got " + str(head_dim));
-  for (int64_t r = 0; r < rows; ++r)
-    if (positions[r] < 0 || positions[r] >= table_rows)
-      throw std::invalid_argument("position_ids: position " + str(positions[r]) + " at flat index " + str(r) +
-                                  " is outside the rotary table [0, " + str(table_rows) + ")");
-  const int64_t half = head_dim / 2;
-  const int64_t width = layout == RotaryLayout::kHalf ? head_dim : half;
-  kernels::parallel_for(0, rows, row_grain(heads * head_dim), [&](int64_t b, int64_t e) {
-    for (int64_t r = b; r < e; ++r) {
-      const T* c = cos + positions[r] * width;
-      const T* s = sin + positions[r] * width;
-      for (int64_t h = 0; h < heads; ++h) {
-        T* dh = d + r * ld + col0 + h * head_dim;
-        if (layout == RotaryLayout::kHalf)
-          kernels::rotary_half_row_backward(dh, half, c, s);
-        else
-          kernels::rotary_interleaved_row_backward(dh, half, c, s);
-      }
-    }
-  });
-}
-
-template <class T>
 void dropout(const T* x, T* y, int64_t n, double p, uint64_t seed) {
   check_nonnegative(n, "dropout: size");
   if (!(p >= 0.0 && p <= 1.0)) throw std::invalid_argument("dropout: p must be in [0, 1], got " + std::to_string(p));
@@ -283,8 +255,6 @@ void scaled_dot_product_attention_backward(const AttentionBackwardArgs<T>& b) {
   template void softmax_backward<T>(const T*, const T*, int64_t, int64_t, T*);                                     \
   template void gated_activation_backward<T>(const T*, const T*, int64_t, int64_t, int64_t, const T*, Activation,  \
                                              T*, T*, int64_t);                                                     \
-  template void rotary_heads_backward<T>(T*, int64_t, int64_t, int64_t, int64_t, int64_t, const int64_t*, const T*, \
-                                         const T*, int64_t, RotaryLayout);                                         \
   template void embedding_backward<T>(const int64_t*, const T*, int64_t, int64_t, int64_t, int64_t, T*, bool);      \
   template void rotary_backward<T>(T*, int64_t, int64_t, const T*, const T*, int64_t, RotaryLayout);               \
   template void dropout<T>(const T*, T*, int64_t, double, uint64_t);                                               \

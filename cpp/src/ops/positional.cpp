@@ -7,7 +7,9 @@
 #include <vector>
 
 #include "transformer_core/kernels/parallel.hpp"
+#include "transformer_core/kernels/elementwise_backward.hpp"
 #include "transformer_core/kernels/positional.hpp"
+#include "transformer_core/ops/backward.hpp"
 #include "transformer_core/ops/checks.hpp"
 
 namespace transformer_core::ops {
@@ -80,13 +82,18 @@ void apply_rotary(T* x, int64_t rows, int64_t head_dim, const T* cos, const T* s
   });
 }
 
+namespace {
+
+// The rotation of `heads` heads of every row by the angles of the row's position (inverse: by minus
+// them, the backward — a rotation's transpose is its inverse); shared by apply_rotary_heads and
+// rotary_heads_backward, whose argument checks name `op`.
 template <class T>
-void apply_rotary_heads(T* x, int64_t rows, int64_t ld, int64_t col0, int64_t heads, int64_t head_dim,
-                        const int64_t* positions, const T* cos, const T* sin, int64_t table_rows,
-                        RotaryLayout layout) {
-  check_nonnegative(rows, "apply_rotary_heads: rows");
+void rotate_heads(const char* op, bool inverse, T* x, int64_t rows, int64_t ld, int64_t col0, int64_t heads,
+                  int64_t head_dim, const int64_t* positions, const T* cos, const T* sin, int64_t table_rows,
+                  RotaryLayout layout) {
+  check_nonnegative(rows, (std::string(op) + ": rows").c_str());
   if (head_dim < 2 || head_dim % 2 != 0)
-    throw std::invalid_argument("apply_rotary_heads: head_dim must be even and >= 2, got " + std::to_string(head_dim));
+    throw std::invalid_argument(std::string(op) + ": head_dim must be even and >= 2, got " + std::to_string(head_dim));
   for (int64_t r = 0; r < rows; ++r)
     if (positions[r] < 0 || positions[r] >= table_rows)
       throw std::invalid_argument("position_ids: position " + std::to_string(positions[r]) + " at flat index " +
@@ -94,19 +101,40 @@ void apply_rotary_heads(T* x, int64_t rows, int64_t ld, int64_t col0, int64_t he
                                   std::to_string(table_rows) + ")");
   const int64_t half = head_dim / 2;
   const int64_t width = layout == RotaryLayout::kHalf ? head_dim : half;
+  const bool half_layout = layout == RotaryLayout::kHalf;
   kernels::parallel_for(0, rows, row_grain(heads * head_dim), [&](int64_t b, int64_t e) {
     for (int64_t r = b; r < e; ++r) {
       const T* c = cos + positions[r] * width;
       const T* s = sin + positions[r] * width;
       for (int64_t h = 0; h < heads; ++h) {
         T* xh = x + r * ld + col0 + h * head_dim;
-        if (layout == RotaryLayout::kHalf)
-          kernels::rotary_half_row(xh, half, c, s);
+        if (inverse)
+          half_layout ? kernels::rotary_half_row_backward(xh, half, c, s)
+                      : kernels::rotary_interleaved_row_backward(xh, half, c, s);
         else
-          kernels::rotary_interleaved_row(xh, half, c, s);
+          half_layout ? kernels::rotary_half_row(xh, half, c, s) : kernels::rotary_interleaved_row(xh, half, c, s);
       }
     }
   });
+}
+
+}  // namespace
+
+template <class T>
+void apply_rotary_heads(T* x, int64_t rows, int64_t ld, int64_t col0, int64_t heads, int64_t head_dim,
+                        const int64_t* positions, const T* cos, const T* sin, int64_t table_rows,
+                        RotaryLayout layout) {
+  rotate_heads("apply_rotary_heads", false, x, rows, ld, col0, heads, head_dim, positions, cos, sin, table_rows,
+               layout);
+}
+
+// Declared in ops/backward.hpp; defined here, beside the forward it inverts.
+template <class T>
+void rotary_heads_backward(T* d, int64_t rows, int64_t ld, int64_t col0, int64_t heads, int64_t head_dim,
+                           const int64_t* positions, const T* cos, const T* sin, int64_t table_rows,
+                           RotaryLayout layout) {
+  rotate_heads("rotary_heads_backward", true, d, rows, ld, col0, heads, head_dim, positions, cos, sin, table_rows,
+               layout);
 }
 
 RotaryLayout parse_rotary_layout(const std::string& name) {
@@ -120,7 +148,9 @@ RotaryLayout parse_rotary_layout(const std::string& name) {
   template void rotary_cos_sin<T>(T*, T*, int64_t, int64_t, double, int64_t);                     \
   template void apply_rotary<T>(T*, int64_t, int64_t, const T*, const T*, int64_t, RotaryLayout);         \
   template void apply_rotary_heads<T>(T*, int64_t, int64_t, int64_t, int64_t, int64_t, const int64_t*,     \
-                                      const T*, const T*, int64_t, RotaryLayout);
+                                      const T*, const T*, int64_t, RotaryLayout);                         \
+  template void rotary_heads_backward<T>(T*, int64_t, int64_t, int64_t, int64_t, int64_t, const int64_t*,  \
+                                         const T*, const T*, int64_t, RotaryLayout);
 TC_INSTANTIATE(float)
 TC_INSTANTIATE(double)
 #undef TC_INSTANTIATE

@@ -79,10 +79,11 @@ struct Dropout {
   Dropout child(uint64_t i) const { return {p, ffn_p, embed_p, site(1000003ull + i)}; }
 };
 
-// A zero-filled tensor of `shape`, after checking that the sizes are >= 1, that their product does
-// not overflow and that it fits in this machine's memory (std::invalid_argument naming `name`).
+// `shape` as xtensor's sizes, after checking that they are >= 1, that their product does not
+// overflow and that a tensor of T that size fits in this machine's memory (std::invalid_argument
+// naming `name`): the checks before every allocation of a layer.
 template <class T, size_t N>
-xt::xtensor<T, N> allocate(const std::array<int64_t, N>& shape, const std::string& name) {
+std::array<size_t, N> checked_shape(const std::array<int64_t, N>& shape, const std::string& name) {
   int64_t count = 1;
   for (int64_t d : shape) {
     ops::require_positive(d, name);
@@ -91,7 +92,13 @@ xt::xtensor<T, N> allocate(const std::array<int64_t, N>& shape, const std::strin
   ops::require_allocatable(count, static_cast<int64_t>(sizeof(T)), name);
   std::array<size_t, N> s;
   for (size_t i = 0; i < N; ++i) s[i] = static_cast<size_t>(shape[i]);
-  return xt::xtensor<T, N>(s, T(0));
+  return s;
+}
+
+// A zero-filled tensor of `shape` (checked_shape's checks).
+template <class T, size_t N>
+xt::xtensor<T, N> allocate(const std::array<int64_t, N>& shape, const std::string& name) {
+  return xt::xtensor<T, N>(checked_shape<T, N>(shape, name), T(0));
 }
 
 // While set (on this thread), allocate_weight() leaves a layer's weight matrix uninitialised instead
@@ -119,15 +126,7 @@ class DeferWeightInit {
 template <class T, size_t N>
 xt::xtensor<T, N> allocate_weight(const std::array<int64_t, N>& shape, const std::string& name) {
   if (!weight_init_deferred()) return allocate<T, N>(shape, name);
-  int64_t count = 1;
-  for (int64_t d : shape) {
-    ops::require_positive(d, name);
-    count = ops::checked_product({count, d}, name);
-  }
-  ops::require_allocatable(count, static_cast<int64_t>(sizeof(T)), name);
-  std::array<size_t, N> s;
-  for (size_t i = 0; i < N; ++i) s[i] = static_cast<size_t>(shape[i]);
-  return xt::xtensor<T, N>::from_shape(s);  // uninitialised
+  return xt::xtensor<T, N>::from_shape(checked_shape<T, N>(shape, name));  // uninitialised
 }
 
 template <class T>

@@ -85,6 +85,18 @@ void rotary_heads_backward(T* d, int64_t rows, int64_t ld, int64_t col0, int64_t
 // The backward is the same call on dy with the same seed. 0 <= p <= 1 (p = 1: zeros). x and y may alias.
 template <class T>
 void dropout(const T* x, T* y, int64_t n, double p, uint64_t seed);
+// The layers' two uses of it in training: x = dropout(x) in place (p = 0: nothing), and the gradient
+// through a dropout: g itself (p = 0) or dropout(g) written into buf.
+template <class T>
+inline void dropout_inplace(T* x, int64_t n, double p, uint64_t seed) {
+  if (p > 0) dropout(x, x, n, p, seed);
+}
+template <class T>
+inline const T* dropout_grad(const T* g, T* buf, int64_t n, double p, uint64_t seed) {
+  if (p <= 0) return g;
+  dropout(g, buf, n, p, seed);
+  return buf;
+}
 
 enum class Reduction { kMean, kSum, kNone };
 // Parses "mean", "sum" or "none"; throws otherwise.
