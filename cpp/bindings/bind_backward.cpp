@@ -32,24 +32,6 @@ T* inout_buffer(const py::object& o, const std::vector<int64_t>& shape, const st
   return static_cast<T*>(a.mutable_data());
 }
 
-// A 4-D view [d0, d1, d2, d3] with a contiguous last dim, as the attention kernels read it.
-template <class T>
-struct View4 {
-  const T* data;
-  int64_t shape[4];
-  int64_t stride[3];
-};
-
-template <class T>
-View4<T> view4(const py::array& a, const char* name) {
-  require(a.ndim() == 4, std::string(name) + ": expected a 4-D array");
-  require(a.dtype().is(py::dtype::of<T>()), std::string(name) + ": dtype differs from query's");
-  auto s = element_strides(a);
-  // (numpy gives an empty array all-zero strides: nothing is read from it)
-  require(a.size() == 0 || a.shape(3) <= 1 || s[3] == 1, std::string(name) + ": the last dim must be contiguous");
-  return View4<T>{static_cast<const T*>(a.data()), {a.shape(0), a.shape(1), a.shape(2), a.shape(3)}, {s[0], s[1], s[2]}};
-}
-
 template <class T>
 void register_dtype(py::module_& m) {
   const std::string sfx = dtype_suffix<T>();

@@ -12,24 +12,6 @@ namespace transformer_core::bindings {
 
 namespace {
 
-// A 4-D view [d0, d1, d2, d3] with a contiguous last dim, as the attention kernel reads it.
-template <class T>
-struct View4 {
-  const T* data;
-  int64_t shape[4];
-  int64_t stride[3];
-};
-
-template <class T>
-View4<T> view4(const py::array& a, const char* name) {
-  require(a.ndim() == 4, std::string(name) + ": expected a 4-D array");
-  require(a.dtype().is(py::dtype::of<T>()), std::string(name) + ": dtype differs from query's");
-  auto s = element_strides(a);
-  require(a.shape(3) <= 1 || s[3] == 1, std::string(name) + ": the last dim must be contiguous");
-  View4<T> v{static_cast<const T*>(a.data()), {a.shape(0), a.shape(1), a.shape(2), a.shape(3)}, {s[0], s[1], s[2]}};
-  return v;
-}
-
 template <class T>
 void register_dtype(py::module_& m) {
   const std::string sfx = dtype_suffix<T>();

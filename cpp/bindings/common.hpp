@@ -34,6 +34,24 @@ inline void require(bool ok, const std::string& message) {
   if (!ok) throw std::invalid_argument(message);
 }
 
+// A 4-D view [d0, d1, d2, d3] with a contiguous last dim, as the attention kernels and their
+// backward read it (strides in elements; an empty array is accepted whatever numpy made its strides).
+template <class T>
+struct View4 {
+  const T* data;
+  int64_t shape[4];
+  int64_t stride[3];
+};
+
+template <class T>
+View4<T> view4(const py::array& a, const char* name) {
+  require(a.ndim() == 4, std::string(name) + ": expected a 4-D array");
+  require(a.dtype().is(py::dtype::of<T>()), std::string(name) + ": dtype differs from query's");
+  auto s = element_strides(a);
+  require(a.size() == 0 || a.shape(3) <= 1 || s[3] == 1, std::string(name) + ": the last dim must be contiguous");
+  return View4<T>{static_cast<const T*>(a.data()), {a.shape(0), a.shape(1), a.shape(2), a.shape(3)}, {s[0], s[1], s[2]}};
+}
+
 // A new array of `shape` for an op's output, after checking (naming `name`) that its size is
 // representable and fits in this machine's memory: the code that allocates checks the size.
 template <class T>
