@@ -362,8 +362,12 @@ def bench_models(threads: int, quick: bool) -> None:
     emit("| engine | weights | tokens/s | MB of weights per token | GB/s streamed | vs ours Q4_1 |")
     emit("|---|---|---:|---:|---:|---:|")
     rows = []
-    for label, dtype in (("ours", None), ("ours", np.float32)):
-        model = tc.LlamaForCausalLM.from_pretrained("SmolLM2-135M-Instruct", dtype=dtype)
+    # the file's blocks with fp32 activations (the default), the same with Q8 activation blocks and
+    # integer dots (llama.cpp's scheme: other numerics, so its own row), then dequantized fp32
+    variants = (("ours", {}), ("ours, Q8 activations", {"quantize_activations": True}),
+                ("ours", {"dtype": np.float32}))
+    for label, kwargs in variants:
+        model = tc.LlamaForCausalLM.from_pretrained("SmolLM2-135M-Instruct", **kwargs)
         formats = sorted(set(model.weight_formats().values()))
         nbytes = tc.quantization.weight_bytes(model)
         rate = _decode_rate(lambda x, n, m=model: m.generate(x, max_new_tokens=n, eos_token_id=[]), ids, steps)
