@@ -120,6 +120,7 @@ def _compile(template: str):
         tags = {"generation"}
 
         def parse(self, parser):
+            """``{% generation %} ... {% endgeneration %}`` -> its body (jinja2's extension hook)."""
             lineno = next(parser.stream).lineno
             body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
             return jinja2.nodes.Scope(body).set_lineno(lineno)

@@ -90,11 +90,13 @@ class _Scanner:
         self.buf, self.size, self.pos = buf, size, 0
 
     def need(self, n: int, what: str) -> None:
+        """Checks that ``n`` bytes remain at the read position (ValueError naming ``what`` otherwise)."""
         if n < 0 or self.pos + n > self.size:
             raise _FileError(f"truncated GGUF file: {what} needs {n} bytes at offset {self.pos}, "
                              f"but the file ends at {self.size}")
 
     def unpack(self, fmt: str, what: str):
+        """Reads the little-endian ``struct`` format ``fmt`` (one value, or a tuple), after ``need``."""
         n = struct.calcsize(fmt)
         self.need(n, what)
         values = struct.unpack_from(fmt, self.buf, self.pos)
@@ -102,6 +104,8 @@ class _Scanner:
         return values if len(values) > 1 else values[0]
 
     def string(self, what: str, decode: bool = True):
+        """Reads a GGUF string (uint64 length, then UTF-8 bytes): a str, or None with ``decode=False``
+        (skipped). ValueError naming ``what`` when truncated or not UTF-8."""
         length = self.unpack("<Q", f"the length of {what}")
         self.need(length, what)
         start = self.pos
@@ -155,6 +159,7 @@ class _LazyArray(NamedTuple):
     pos: int
 
     def decode(self, buf) -> list:
+        """The array's ``count`` elements read from ``buf`` at ``pos`` (numbers, bools or strings)."""
         name, width = _VALUE_TYPES[self.element_type]
         if width is not None:
             dtype = np.dtype(_SCALAR_FORMATS[name].replace("?", "u1")).newbyteorder("<")
@@ -658,6 +663,7 @@ def _llama_config(path, md: dict, entries: dict) -> dict:
         raise ValueError(f"{path}: GGUF metadata: cannot find the vocabulary size")
 
     def has_bias(leaf: str) -> bool:
+        """Whether every layer has ``blk.i.<leaf>.bias`` (ValueError when only some do)."""
         present = [f"blk.{i}.{leaf}.bias" in entries for i in range(layers)]
         if any(present) and not all(present):
             raise ValueError(f"{path}: {leaf}.bias is present in some layers only")

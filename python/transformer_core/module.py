@@ -112,12 +112,19 @@ class _BoundParameter(Parameter):
 
     @property
     def grad(self):
+        """A zero-copy view of the C++ gradient buffer (the parameter's shape and dtype), or None when no
+        backward wrote it since the last ``zero_grad()``."""
         if not self._impl.gradient_written(self._core_name):
             return None
         return self._impl.gradient_view(self._core_name)
 
     @grad.setter
     def grad(self, value) -> None:
+        """Copies ``value`` (the parameter's shape, dtype) into the C++ gradient buffer; None keeps it.
+
+        Raises:
+            TypeError / ValueError: ``value`` of another type, dtype or shape.
+        """
         if value is None:
             return  # the C++ gradient stays; zero_grad() clears it
         from .parameter import _check_array

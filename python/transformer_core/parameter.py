@@ -63,28 +63,35 @@ class Parameter:
 
     @property
     def data(self) -> np.ndarray:
+        """The values, as a numpy array (for a model's parameter: a zero-copy view of its C++ buffer)."""
         return self._data
 
     @property
     def grad(self) -> np.ndarray | None:
+        """The gradient (``data``'s shape and dtype), or None."""
         return self._grad
 
     @grad.setter
     def grad(self, value) -> None:
+        """Sets the gradient: None, or an array of ``data``'s shape and dtype (TypeError / ValueError
+        otherwise)."""
         if value is not None:
             _check_array(value, "grad", shape=self._data.shape, dtype=self._data.dtype)
         self._grad = value
 
     @property
     def shape(self) -> tuple:
+        """``data.shape``."""
         return self._data.shape
 
     @property
     def dtype(self) -> np.dtype:
+        """``data.dtype`` (float32 or float64)."""
         return self._data.dtype
 
     @property
     def size(self) -> int:
+        """``data.size``: the number of values."""
         return self._data.size
 
     def zero_grad(self, set_to_none: bool = True) -> None:

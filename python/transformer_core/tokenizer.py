@@ -537,6 +537,7 @@ def _tokenizer_from_gguf(path, meta: dict):
     alphabet = set(spelling.values())
 
     def spelled(token: str) -> str:
+        """``token`` in the byte-level alphabet (GPT-2's bytes_to_unicode): unchanged if it already is."""
         return token if set(token) <= alphabet else "".join(spelling[b] for b in token.encode("utf-8"))
 
     vocab = {spelled(t): i for i, t in enumerate(tokens)}
