@@ -136,19 +136,8 @@ def main() -> None:
     rng = np.random.default_rng(0)
 
     lines: list[str] = []
-
-    def emit(line: str = "") -> None:
-        print(line, flush=True)
-        lines.append(line)
-
-    bw = memory_bandwidth()
-    load = os.getloadavg()
-    emit(f"# Quantized linear kernels — {datetime.now():%Y-%m-%d %H:%M}")
-    emit()
-    emit(f"- CPU: {cpu_model()} ({os.cpu_count()} logical CPUs); ISAs: {', '.join(tc.quantization.supported_isas())}")
-    emit(f"- memory bandwidth (numpy copy of 512 MiB, 1 thread, read + write): **{bw:.1f} GB/s**")
-    emit(f"- load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}"
-         + (" — **busy machine: noisy timings**" if load[0] > (os.cpu_count() or 1) * 0.5 else ""))
+    emit = _report_start(lines, "Quantized linear kernels", f"ISAs: {', '.join(tc.quantization.supported_isas())}",
+                         "memory bandwidth (numpy copy of 512 MiB, 1 thread, read + write)")
     emit(f"- matrix-vector: weights cycled through a {working_set // MIB} MiB working set; median single calls; "
          "compiled functions called directly")
     emit()
@@ -230,6 +219,26 @@ def main() -> None:
 # =================================================================================== whole models
 MODELS_RESULTS_FILE = BENCH_DIR / "results" / "quantized_models.md"
 PROMPT = "<|im_start|>user\nWrite a long story about a lighthouse keeper and a storm.<|im_end|>\n<|im_start|>assistant\n"
+
+
+def _report_start(lines: list, title: str, isa_text: str, bandwidth_text: str):
+    """Starts a Markdown report: returns ``emit(line)`` (prints and appends to ``lines``) after writing the
+    header — title and date, the CPU, the measured memory bandwidth, the load average (busy when above
+    the number of CPUs: other work competes with ours)."""
+
+    def emit(line: str = "") -> None:
+        print(line, flush=True)
+        lines.append(line)
+
+    bw = memory_bandwidth()
+    load = os.getloadavg()
+    emit(f"# {title} — {datetime.now():%Y-%m-%d %H:%M}")
+    emit()
+    emit(f"- CPU: {cpu_model()} ({os.cpu_count()} logical CPUs); {isa_text}")
+    emit(f"- {bandwidth_text}: **{bw:.1f} GB/s**")
+    emit(f"- load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}"
+         + (" — **busy machine: noisy timings**" if load[0] > (os.cpu_count() or 1) else ""))
+    return emit
 
 
 def _decode_rate(generate, ids, steps: int, repeats: int = 3) -> float:
@@ -356,19 +365,8 @@ def bench_models(threads: int, quick: bool) -> None:
 
     tc.set_num_threads(threads)
     lines: list[str] = []
-
-    def emit(line: str = "") -> None:
-        print(line, flush=True)
-        lines.append(line)
-
-    bw = memory_bandwidth()
-    load = os.getloadavg()
-    emit(f"# Quantized models — {datetime.now():%Y-%m-%d %H:%M}")
-    emit()
-    emit(f"- CPU: {cpu_model()} ({os.cpu_count()} logical CPUs); ISA of the quantized kernels: {tc.quantization.isa()}")
-    emit(f"- {threads} threads everywhere; memory bandwidth (numpy copy, 1 thread, read + write): **{bw:.1f} GB/s**")
-    emit(f"- load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}"
-         + (" — **busy machine: noisy timings**" if load[0] > (os.cpu_count() or 1) * 0.5 else ""))
+    emit = _report_start(lines, "Quantized models", f"ISA of the quantized kernels: {tc.quantization.isa()}",
+                         f"{threads} threads everywhere; memory bandwidth (numpy copy, 1 thread, read + write)")
     emit()
 
     # ---- SmolLM2 decode --------------------------------------------------------------------------
