@@ -321,12 +321,16 @@ class Module:
                 name, fmt = next(iter(quantized.items()))
                 raise ValueError(f"train: {len(quantized)} weights are quantized (e.g. {name!r}: {fmt}); only float "
                                  "weights train: train the float model, then quantize it")
-        self.training = bool(mode)
-        for _, child in self._children():
-            child.train(mode)
-        if not self.training:
-            self._release()
+        self._set_training(bool(mode))
         return self
+
+    def _set_training(self, mode: bool) -> None:
+        """The mode of this module and its children (train() checked the weights once, for all of them)."""
+        self.training = mode
+        for _, child in self._children():
+            child._set_training(mode)
+        if not mode:
+            self._release()
 
     def eval(self) -> "Module":
         """Eval mode (``train(False)``): frees what training forwards kept; forwards keep nothing."""
