@@ -382,6 +382,9 @@ def main(argv=None) -> int:
         run_worker(args.worker, args.threads, args.sentences, args.repeats, args.latency_calls, args.out)
         return 0
     engines = [e for e in args.engines.split(",") if e]
+    unknown = [e for e in engines if e not in ENGINES]
+    if unknown:
+        p.error(f"--engines: unknown {', '.join(unknown)}; expected names from {', '.join(ENGINES)}")
     sys.path.insert(0, str(BENCH_DIR))
     res = run_engines(engines, threads=args.threads, n=args.sentences, rounds=args.rounds, repeats=args.repeats,
                       latency_calls=args.latency_calls, quiet_load=args.quiet_load, max_wait=args.max_wait,

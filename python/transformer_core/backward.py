@@ -87,8 +87,9 @@ def linear_backward(x, weight, grad_output, bias: bool = True, *, grad_weight=No
 
         grad_x = grad_y · W,    grad_W (+)= grad_yᵀ · x,    grad_b (+)= Σ_rows grad_y
 
-    Fixed tiles of single-threaded GEMMs (OpenBLAS), each output tile owned by one task; the weight
-    gradient sums all rows in one GEMM per tile: bitwise the same for any thread count.
+    Fixed tiles of single-threaded GEMMs (our kernels for fp32, OpenBLAS for fp64), each output
+    tile owned by one task; the weight gradient sums all rows of a tile in one task: bitwise the
+    same for any thread count.
 
     Args:
         x: ``(..., in_features)``, the forward's input.

@@ -58,7 +58,11 @@ __all__ = [
 
 
 def linear(x, weight, bias=None) -> np.ndarray:
-    """Affine map ``y = x Wᵀ + b``, as ``torch.nn.functional.linear``. One BLAS GEMM.
+    """Affine map ``y = x Wᵀ + b``, as ``torch.nn.functional.linear``.
+
+    fp32 with more than 8 rows runs our GEMM kernels (AVX-512 or AVX2, chosen at run time; the
+    weight packed into column panels once per call, GotoBLAS's design); fp64, a CPU without AVX2,
+    runs BLAS; up to 8 rows stream the weight once (decoding). Bitwise the same for any thread count.
 
     Args:
         x: ``(..., in_features)`` float array.

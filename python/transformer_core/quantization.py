@@ -82,7 +82,11 @@ def isa() -> str:
 
 
 def set_isa(name: str) -> None:
-    """Chooses the quantized kernels' instruction set (all give the same results; speed differs).
+    """Chooses the kernels' instruction set (all give the same results; speed differs).
+
+    It chooses the quantized kernels and the fp32 matrix-product kernels of the linear layers and
+    attention (``kernels/sgemm.hpp``): ``"avx512vnni"`` runs the AVX-512 ones, ``"avx2"`` and
+    ``"scalar"`` the AVX2 ones (the same bits), and a CPU without AVX2 uses BLAS for fp32.
 
     Args:
         name: ``"scalar"`` (portable C++, the reference), ``"avx2"`` (AVX2 + FMA + F16C) or

@@ -212,7 +212,7 @@ void linear_gguf_parts(const float* x, int64_t rows, int64_t in, const GgufRows*
     return;
   }
   // prefill: per tile of y, decode kSgemmCols weight rows × kSgemmDepth values to fp32 (in L2) and
-  // multiply with a single-threaded sgemm, accumulating over the chunks of k in order.
+  // multiply on this thread (gemm_on_thread: our fp32 kernels), accumulating over the chunks of k in order.
   over_runs(runs, parts, rows, in, kSgemmRows, kSgemmCols, [&](int64_t p, int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
     float* wt = kernels::workspace<float>(Scratch::kQuantTile, static_cast<size_t>(kSgemmCols * kSgemmDepth));
     float* yp = y_of(p);
@@ -223,7 +223,7 @@ void linear_gguf_parts(const float* x, int64_t rows, int64_t in, const GgufRows*
     for (int64_t k0 = 0; k0 < in; k0 += kSgemmDepth) {
       const int64_t kc = std::min(kSgemmDepth, in - k0);
       kt.dequantize(parts[p].type, parts[p].blocks, in, j0, j1, k0 / q::kBlockSize, (k0 + kc) / q::kBlockSize, wt, kc);
-      kernels::gemm(false, true, i1 - i0, j1 - j0, kc, 1.0f, x + i0 * in + k0, in, wt, kc, 1.0f, yt, out);
+      kernels::gemm_on_thread(false, true, i1 - i0, j1 - j0, kc, x + i0 * in + k0, in, wt, kc, yt, out, true);
     }
   });
 }

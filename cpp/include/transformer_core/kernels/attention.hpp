@@ -30,6 +30,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "transformer_core/kernels/attention_masks.hpp"
@@ -93,7 +94,8 @@ inline int64_t ld_for(int64_t ld, int64_t rows, int64_t cols) {
 }
 
 // x[rows, cols] (row stride ldx) = scale · q[rows, D] (ldq) · k[cols, D]ᵀ (ldk)
-// BLAS returns beta · C without reading A and B when alpha = 0, which would turn a NaN or inf of q or
+// fp32 on a CPU with our GEMM kernels (sgemm.hpp): the product by gemm_on_thread, then the scale.
+// Otherwise BLAS, which returns beta · C without reading A and B when alpha = 0, which would turn a NaN or inf of q or
 // k into a score of 0; torch multiplies (0 · NaN = NaN). So scale = 0 runs the product with alpha = 1
 // and multiplies by the scale after. D = 0: every score is 0.
 template <class T>
@@ -102,6 +104,14 @@ inline void attention_scores(int64_t rows, int64_t cols, int64_t D, T scale, con
   if (D == 0) {
     for (int64_t i = 0; i < rows; ++i) std::fill(x + i * ldx, x + i * ldx + cols, T(0));
     return;
+  }
+  if constexpr (std::is_same_v<T, float>) {
+    if (sgemm::active() != nullptr) {  // our kernels: the product, then the scale
+      gemm_on_thread(false, true, rows, cols, D, q, ldq, k, ldk, x, ldx, false);
+      for (int64_t i = 0; i < rows; ++i)
+        for (int64_t j = 0; j < cols; ++j) x[i * ldx + j] *= scale;
+      return;
+    }
   }
   const bool zero_scale = scale == T(0);
   gemm(false, true, rows, cols, D, zero_scale ? T(1) : scale, q, ldq, k, ld_for(ldk, cols, D), T(0), x, ldx);
@@ -162,7 +172,7 @@ void attention_reference(const AttentionArgs<T>& a) {
     }
     // out[L, Dv] = p[L, S] · v[S, Dv]
     if (Dv > 0)
-      gemm(false, false, L, Dv, S, T(1), scores.data(), S, v, ld_for(a.v_stride_s, S, Dv), T(0), out, a.o_stride_l);
+      gemm_on_thread(false, false, L, Dv, S, scores.data(), S, v, ld_for(a.v_stride_s, S, Dv), out, a.o_stride_l, false);
     for (int64_t l = 0; any_empty_row && l < L; ++l) {
       const T* row = scores.data() + l * S;
       if (std::all_of(row, row + S, [](T p) { return p == T(0); }))

@@ -201,6 +201,19 @@ inline T gelu_tanh(T x) {
   return T(0.5) * x * (T(1) + std::tanh(inner));
 }
 
+// float: tanh by fast_math::tanh_approx (relative error <= 2e-7), vectorisable
+inline float gelu_tanh(float x) {
+  const float inner = 0.79788456080286535588f * (x + 0.044715f * x * x * x);
+  return 0.5f * x * (1.0f + fast_math::tanh_approx(inner));
+}
+
+// tanh: std::tanh for double, the vectorisable polynomial for float
+template <class T>
+inline T tanh_act(T x) {
+  return std::tanh(x);
+}
+inline float tanh_act(float x) { return fast_math::tanh_approx(x); }
+
 template <class T>
 inline T relu(T x) {
   return x > T(0) ? x : (x != x ? x : T(0));  // keeps NaN, as torch does
@@ -225,7 +238,7 @@ inline T activate_one(T x, Activation act) {
     case Activation::kGelu: return gelu(x);
     case Activation::kGeluTanh: return gelu_tanh(x);
     case Activation::kSilu: return silu(x);
-    case Activation::kTanh: return std::tanh(x);
+    case Activation::kTanh: return tanh_act(x);
     case Activation::kNone: break;
   }
   return x;
@@ -249,7 +262,7 @@ inline void activate(T* x, int64_t n, Activation act) {
       for (int64_t i = 0; i < n; ++i) x[i] = silu(x[i]);
       return;
     case Activation::kTanh:
-      for (int64_t i = 0; i < n; ++i) x[i] = std::tanh(x[i]);
+      for (int64_t i = 0; i < n; ++i) x[i] = tanh_act(x[i]);
       return;
   }
 }

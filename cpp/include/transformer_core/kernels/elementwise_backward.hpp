@@ -41,7 +41,7 @@ inline T gelu_tanh_grad(T x) {
   constexpr T kBeta = T(0.79788456080286535588), kKappa = T(0.044715);
   const T x_sq = x * x;
   const T inner = kBeta * (x + kKappa * x_sq * x);
-  const T t = std::tanh(inner);
+  const T t = tanh_act(inner);
   const T left = T(0.5) * x, right = T(1) + t;
   const T left_derivative = T(0.5) * right;
   const T right_derivative = left * (T(1) - t * t) * kBeta * (T(1) + T(3) * kKappa * x_sq);
@@ -55,6 +55,13 @@ inline T silu_grad(T x) {
   return s * (T(1) + x * (T(1) - s));
 }
 
+// float: σ from the vectorisable exp, as the forward (elementwise.hpp's silu)
+inline float silu_grad(float x) {
+  const float e = fast_math::exp_nonpos(-std::fabs(x));
+  const float s = (x >= 0.0f ? 1.0f : e) / (1.0f + e);
+  return s * (1.0f + x * (1.0f - s));
+}
+
 template <class T>
 inline T activation_grad(T x, Activation act) {
   switch (act) {
@@ -63,7 +70,7 @@ inline T activation_grad(T x, Activation act) {
     case Activation::kGeluTanh: return gelu_tanh_grad(x);
     case Activation::kSilu: return silu_grad(x);
     case Activation::kTanh: {
-      const T t = std::tanh(x);
+      const T t = tanh_act(x);
       return T(1) - t * t;
     }
     case Activation::kNone: break;
@@ -81,6 +88,12 @@ inline void activation_backward(const T* x, const T* dy, int64_t n, Activation a
     case Activation::kGelu: for (int64_t i = 0; i < n; ++i) dx[i] = dy[i] * gelu_grad(x[i]); return;
     case Activation::kGeluTanh: for (int64_t i = 0; i < n; ++i) dx[i] = dy[i] * gelu_tanh_grad(x[i]); return;
     case Activation::kSilu: for (int64_t i = 0; i < n; ++i) dx[i] = dy[i] * silu_grad(x[i]); return;
+    case Activation::kTanh:
+      for (int64_t i = 0; i < n; ++i) {
+        const T t = tanh_act(x[i]);
+        dx[i] = dy[i] * (T(1) - t * t);
+      }
+      return;
     default: for (int64_t i = 0; i < n; ++i) dx[i] = dy[i] * activation_grad(x[i], act); return;
   }
 }

@@ -337,8 +337,7 @@ void tile_pv(const AttentionArgs<T>& a, const QueryBlock& qb, int64_t rows, int6
   const int64_t hk = qb.h / (a.num_heads / a.num_kv_heads);
   const T* v = a.v + qb.n * a.v_stride_n + hk * a.v_stride_h + s0 * a.v_stride_s;  // [cols, Dv]
   if (use_blas) {
-    gemm(false, false, rows, Dv, cols, T(1), p, ldp, v, ld_for(a.v_stride_s, cols, Dv), first ? T(0) : T(1),
-         o, Dv);
+    gemm_on_thread(false, false, rows, Dv, cols, p, ldp, v, ld_for(a.v_stride_s, cols, Dv), o, Dv, !first);
   } else {
     small_pv(rows, cols, Dv, p, ldp, v, a.v_stride_s, !first, o);
   }

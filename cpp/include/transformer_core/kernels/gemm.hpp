@@ -6,9 +6,12 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "transformer_core/kernels/blas.hpp"
 #include "transformer_core/kernels/parallel.hpp"
+#include "transformer_core/kernels/sgemm.hpp"
+#include "transformer_core/kernels/workspace.hpp"
 
 namespace transformer_core::kernels {
 
@@ -73,6 +76,42 @@ inline void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T 
   }
   cblas::gemm(trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, M, N, K, alpha, a,
               static_cast<int>(lda), b, static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
+}
+
+// C = op(A) · op(B), or C += op(A) · op(B) with accumulate, on the calling thread: fp32 through
+// our kernels (sgemm.hpp), anything else (fp64, a CPU without AVX2) through BLAS. The tasks of a
+// parallel region call it. Our kernels take op(B) in blocks of kGemmOnThreadDepth rows ×
+// kGemmOnThreadCols columns, each packed into this thread's workspace, where all m rows meet it
+// while it is in cache; the blocks of the inner dimension are added to C in order (the first one
+// stored unless accumulate). A long inner dimension (a vocabulary: dX of an output layer) so
+// stays in cache.
+constexpr int64_t kGemmOnThreadCols = 4 * sgemm::kPanel;
+constexpr int64_t kGemmOnThreadDepth = 512;
+template <class T>
+inline void gemm_on_thread(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda,
+                           const T* b, int64_t ldb, T* c, int64_t ldc, bool accumulate) {
+  if (m <= 0 || n <= 0) return;
+  if constexpr (std::is_same_v<T, float>) {
+    if (k > 0)
+      if (const sgemm::Kernels* kern = sgemm::active()) {
+        const int64_t rs_a = trans_a ? 1 : lda, cs_a = trans_a ? lda : 1;
+        const int64_t rs_b = trans_b ? 1 : ldb, cs_b = trans_b ? ldb : 1;
+        const int64_t depth = std::min(k, kGemmOnThreadDepth);
+        float* packed = workspace_aligned<float>(Scratch::kGemmPackedTask, sgemm::packed_floats(depth, kGemmOnThreadCols));
+        for (int64_t p = 0; p < k; p += depth) {
+          const int64_t kc = std::min(depth, k - p);
+          for (int64_t j = 0; j < n; j += kGemmOnThreadCols) {
+            const int64_t cols = std::min(kGemmOnThreadCols, n - j);
+            kern->pack_b(kc, cols, b + p * rs_b + j * cs_b, rs_b, cs_b, packed);
+            kern->multiply(m, cols, kc, a + p * cs_a, rs_a, cs_a, packed, c + j, ldc, accumulate || p > 0);
+          }
+        }
+        return;
+      }
+  }
+  if (!accumulate)
+    for (int64_t i = 0; i < m; ++i) std::fill(c + i * ldc, c + i * ldc + n, T(0));
+  if (k > 0) gemm(trans_a, trans_b, m, n, k, T(1), a, lda, b, ldb, T(1), c, ldc);
 }
 
 }  // namespace transformer_core::kernels

@@ -2,9 +2,12 @@
 //
 //   y[m, n] = act(x[m, k] · wᵀ + bias)      x: [m, k]   w: [n, k] (out × in)   bias: [n] or nullptr
 //
-// Many rows: parallel over fixed tiles of y (kLinearTileRows × kLinearTileCols), each one
-// single-threaded GEMM inside our parallel region, the bias written first and the activation applied
-// to the tile right after its product, while it is still in cache (no extra pass over memory).
+// Many rows, fp32, on a CPU with AVX2 or AVX-512: our GEMM (sgemm.hpp). w is packed into panels
+// once per call (in parallel, a few panels per task), then tiles of y (kPackedTileRows ×
+// kPackedTileCols) are computed in parallel from the shared panels, the bias added and the
+// activation applied to each tile right after its product, while it is still in cache.
+// Many rows otherwise (fp64, other CPUs): parallel over fixed tiles of y (kLinearTileRows ×
+// kLinearTileCols), each one single-threaded BLAS GEMM inside our parallel region.
 // A few rows (decoding, short sentences): linear_small_rows streams w once (linear_small.hpp).
 //
 // The tiles do not depend on the thread count and every element is accumulated over k in the same
@@ -13,11 +16,14 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "transformer_core/kernels/elementwise.hpp"
 #include "transformer_core/kernels/gemm.hpp"
 #include "transformer_core/kernels/linear_small.hpp"
 #include "transformer_core/kernels/parallel.hpp"
+#include "transformer_core/kernels/sgemm.hpp"
+#include "transformer_core/kernels/workspace.hpp"
 
 namespace transformer_core::kernels {
 
@@ -27,6 +33,52 @@ constexpr int64_t kLinearTileCols = 512;
 constexpr int64_t kLinearSmallCols = 64;
 // Below this many multiply-adds (≈ 10 µs of work) a parallel region costs more than it saves.
 constexpr int64_t kLinearSerialMacs = 1 << 18;
+
+// Our GEMM's tiles of y, and the columns of w packed per task. The weight is packed in chunks of
+// at most kPackedChunkFloats (8 MiB), so a vocabulary-sized output layer never needs a copy of
+// its whole weight.
+constexpr int64_t kPackedTileRows = 96;
+constexpr int64_t kPackedTileCols = 4 * sgemm::kPanel;
+constexpr int64_t kPackedChunkFloats = int64_t(1) << 21;
+
+// Runs fn(task, thread) for every task, on the calling thread when serial.
+template <class F>
+inline void run_tasks(bool serial, int64_t num_tasks, const F& fn) {
+  if (serial) {
+    for (int64_t t = 0; t < num_tasks; ++t) fn(t, 0);
+  } else {
+    parallel_tasks(num_tasks, fn);
+  }
+}
+
+// y = act(x · wᵀ + bias) with our GEMM (m > 0, n > 0, k > 0).
+inline void linear_packed(const sgemm::Kernels& kern, const float* x, int64_t m, int64_t k, const float* w,
+                          const float* bias, int64_t n, float* y, Activation act, bool serial) {
+  const int64_t chunk_cols =
+      std::max<int64_t>(kPackedTileCols, kPackedChunkFloats / k / kPackedTileCols * kPackedTileCols);
+  float* packed = workspace_aligned<float>(Scratch::kGemmPackedB, sgemm::packed_floats(k, std::min(n, chunk_cols)));
+  for (int64_t c0 = 0; c0 < n; c0 += chunk_cols) {
+    const int64_t cols = std::min(chunk_cols, n - c0);
+    const int64_t col_tiles = (cols + kPackedTileCols - 1) / kPackedTileCols;
+    // 1. w[c0 : c0 + cols, :]ᵀ into panels: column j of the chunk starts at packed + j · k
+    run_tasks(serial, col_tiles, [&](int64_t t, int) {
+      const int64_t j = t * kPackedTileCols;
+      kern.pack_b(k, std::min(kPackedTileCols, cols - j), w + (c0 + j) * k, 1, k, packed + j * k);
+    });
+    // 2. tiles of y[:, c0 : c0 + cols]
+    const int64_t row_tiles = (m + kPackedTileRows - 1) / kPackedTileRows;
+    run_tasks(serial, row_tiles * col_tiles, [&](int64_t task, int) {
+      const int64_t r0 = (task / col_tiles) * kPackedTileRows, j = (task % col_tiles) * kPackedTileCols;
+      const int64_t rows = std::min(kPackedTileRows, m - r0), tile_cols = std::min(kPackedTileCols, cols - j);
+      float* yt = y + r0 * n + c0 + j;  // [rows, tile_cols], row stride n
+      kern.multiply(rows, tile_cols, k, x + r0 * k, k, 1, packed + j * k, yt, n, false);
+      for (int64_t i = 0; i < rows; ++i) {
+        if (bias != nullptr) add_row(yt + i * n, bias + c0 + j, tile_cols);
+        if (act != Activation::kNone) activate(yt + i * n, tile_cols, act);
+      }
+    });
+  }
+}
 
 template <class T>
 inline void linear(const T* x, int64_t m, int64_t k, const T* w, const T* bias, int64_t n, T* y,
@@ -45,12 +97,12 @@ inline void linear(const T* x, int64_t m, int64_t k, const T* w, const T* bias, 
       linear_small_rows(x, m, k, w, bias, c0, c1, n, y);
       activate_tile(y + c0, m, c1 - c0);
     };
-    if (serial) {
-      for (int64_t c = 0; c < chunks; ++c) chunk(c, 0);
-    } else {
-      parallel_tasks(chunks, chunk);
-    }
+    run_tasks(serial, chunks, chunk);
     return;
+  }
+  if constexpr (std::is_same_v<T, float>) {
+    if (k > 0)
+      if (const sgemm::Kernels* kern = sgemm::active()) return linear_packed(*kern, x, m, k, w, bias, n, y, act, serial);
   }
   const int64_t row_tiles = (m + kLinearTileRows - 1) / kLinearTileRows;
   const int64_t col_tiles = (n + kLinearTileCols - 1) / kLinearTileCols;
@@ -64,11 +116,7 @@ inline void linear(const T* x, int64_t m, int64_t k, const T* w, const T* bias, 
     if (k > 0) gemm(false, true, rows, cols, k, T(1), x + r0 * k, k, w + c0 * k, k, T(1), yt, n);
     activate_tile(yt, rows, cols);
   };
-  if (serial) {
-    for (int64_t t = 0; t < row_tiles * col_tiles; ++t) tile(t, 0);  // same tiles, same result
-  } else {
-    parallel_tasks(row_tiles * col_tiles, tile);
-  }
+  run_tasks(serial, row_tiles * col_tiles, tile);  // same tiles either way, same result
 }
 
 }  // namespace transformer_core::kernels

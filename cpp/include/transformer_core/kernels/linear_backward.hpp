@@ -12,7 +12,7 @@
 // accumulation over micro-batches, or a weight used twice); without it they are overwritten.
 //
 // Work: fixed tiles of every output, each one single-threaded GEMM inside our parallel region
-// (kernels/gemm.hpp's gemm, as kernels::linear does): dX in [kBackwardTileRows, kBackwardTileCols]
+// (kernels/gemm.hpp's gemm_on_thread: our kernels for fp32, BLAS otherwise): dX in [kBackwardTileRows, kBackwardTileCols]
 // tiles over (rows, in_features); dW in tiles over its own [n, k] (or [k, n]) output, each tile
 // summing ALL m rows in one GEMM; db in column blocks, each summing the rows in order. No output
 // element is written by two tasks and no sum is split between threads, so the result is bitwise
@@ -72,12 +72,11 @@ void linear_backward(const T* x, const T* dy, const T* w, int64_t m, int64_t k, 
       const int64_t r0 = (t / dx_col_tiles) * kBackwardTileRows, c0 = (t % dx_col_tiles) * kBackwardTileCols;
       const int64_t rows = std::min(kBackwardTileRows, m - r0), cols = std::min(kBackwardTileCols, k - c0);
       T* c = dx + r0 * k + c0;
-      zero_tile(c, rows, cols, k);  // then beta = 1: no NaN of an uninitialised buffer survives
-      if (n == 0) return;
+      if (n == 0) return zero_tile(c, rows, cols, k);
       if (w_in_out)
-        gemm(false, true, rows, cols, n, T(1), dy + r0 * n, n, w + c0 * n, n, T(1), c, k);
+        gemm_on_thread(false, true, rows, cols, n, dy + r0 * n, n, w + c0 * n, n, c, k, false);
       else
-        gemm(false, false, rows, cols, n, T(1), dy + r0 * n, n, w + c0, k, T(1), c, k);
+        gemm_on_thread(false, false, rows, cols, n, dy + r0 * n, n, w + c0, k, c, k, false);
       return;
     }
     t -= dx_tasks;
@@ -86,9 +85,11 @@ void linear_backward(const T* x, const T* dy, const T* w, int64_t m, int64_t k, 
       const int64_t p0 = (t / dw_col_tiles) * kBackwardTileRows, q0 = (t % dw_col_tiles) * kBackwardTileCols;
       const int64_t rows = std::min(kBackwardTileRows, P - p0), cols = std::min(kBackwardTileCols, Q - q0);
       T* c = dw + p0 * Q + q0;
-      if (!accumulate) zero_tile(c, rows, cols, Q);
-      if (m == 0) return;
-      gemm(true, false, rows, cols, m, T(1), A + p0, P, B + q0, Q, T(1), c, Q);
+      if (m == 0) {
+        if (!accumulate) zero_tile(c, rows, cols, Q);
+        return;
+      }
+      gemm_on_thread(true, false, rows, cols, m, A + p0, P, B + q0, Q, c, Q, accumulate);
       return;
     }
     t -= dw_tasks;

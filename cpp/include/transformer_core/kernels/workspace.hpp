@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <vector>
 
 namespace transformer_core::kernels {
@@ -51,6 +52,11 @@ enum class Scratch : int {
   kHeadRows,
   kHeadLogits,
   kHeadGradRows,
+  // kernels::linear (kernels/linear.hpp): the weight packed for our GEMM (sgemm.hpp), alive only
+  // inside one linear call
+  kGemmPackedB,
+  // gemm_on_thread (kernels/gemm.hpp): the right operand packed by one task, on that task's thread
+  kGemmPackedTask,
   kCount
 };
 
@@ -60,6 +66,17 @@ T* workspace(Scratch tag, size_t n) {
   std::vector<T>& buffer = buffers[static_cast<int>(tag)];
   if (buffer.size() < n) buffer.resize(n);
   return buffer.data();
+}
+
+// workspace(tag, n), its start rounded up to a cache line (64 bytes): for buffers that SIMD code
+// reads a cache line at a time (a 64-byte load at an address that is not a multiple of 64 touches
+// two lines).
+template <class T>
+T* workspace_aligned(Scratch tag, size_t n) {
+  constexpr size_t kLine = 64, kSlack = kLine / sizeof(T);
+  T* p = workspace<T>(tag, n + kSlack);
+  const auto address = reinterpret_cast<std::uintptr_t>(p);
+  return p + ((kLine - address % kLine) % kLine) / sizeof(T);
 }
 
 }  // namespace transformer_core::kernels
