@@ -85,14 +85,17 @@ inline void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T 
 // while it is in cache; the blocks of the inner dimension are added to C in order (the first one
 // stored unless accumulate). A long inner dimension (a vocabulary: dX of an output layer) so
 // stays in cache.
+// Fewer rows than kGemmOnThreadMinRows (a decoding step's one query row) would pay the packing of
+// op(B) for too little use of it: BLAS's matrix-vector product streams B once instead.
 constexpr int64_t kGemmOnThreadCols = 4 * sgemm::kPanel;
 constexpr int64_t kGemmOnThreadDepth = 512;
+constexpr int64_t kGemmOnThreadMinRows = 4;
 template <class T>
 inline void gemm_on_thread(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda,
                            const T* b, int64_t ldb, T* c, int64_t ldc, bool accumulate) {
   if (m <= 0 || n <= 0) return;
   if constexpr (std::is_same_v<T, float>) {
-    if (k > 0)
+    if (k > 0 && m >= kGemmOnThreadMinRows)
       if (const sgemm::Kernels* kern = sgemm::active()) {
         const int64_t rs_a = trans_a ? 1 : lda, cs_a = trans_a ? lda : 1;
         const int64_t rs_b = trans_b ? 1 : ldb, cs_b = trans_b ? ldb : 1;
