@@ -106,7 +106,7 @@ void compute_delta(const AttentionBackwardArgs<T>& b, T* delta) {
 // The tile's probabilities and the softmax gradient, for query rows [l0, l0 + br) of head (n, h)
 // and keys [s0, s0 + cols):
 //   p[br, cols]  = exp(scale · q kᵀ + mask - lse)       (row stride Bc)
-//   ds[br, cols] = p ∘ (dO vᵀ - Δ)                       (row stride Bc)
+//   ds[br, cols] = scale · p ∘ (dO vᵀ - Δ)               (row stride Bc; the scale of dK and dQ)
 // Returns false (and leaves p, ds unset) when every p_ij is 0: the tile contributes nothing.
 template <class T>
 bool tile_p_ds(const AttentionBackwardArgs<T>& b, const T* delta, int64_t n, int64_t h, int64_t l0, int64_t br,
@@ -142,18 +142,20 @@ bool tile_p_ds(const AttentionBackwardArgs<T>& b, const T* delta, int64_t n, int
     any = true;
   }
   if (!any) return false;
-  // ds[br, cols] = dO[br, Dv] · v[cols, Dv]ᵀ, then ds = p ∘ (ds - Δ)
+  // ds[br, cols] = dO[br, Dv] · v[cols, Dv]ᵀ, then ds = scale · p ∘ (ds - Δ)  (the scale of dK and dQ,
+  // taken here once, so that their products need none)
   if (Dv == 0) {
     for (int64_t i = 0; i < br; ++i) std::fill(ds + i * ld, ds + i * ld + cols, T(0));
   } else {
-    gemm(false, true, br, cols, Dv, T(1), dout, ld_for(b.do_stride_l, br, Dv), v, ld_for(a.v_stride_s, cols, Dv),
-         T(0), ds, ld);
+    gemm_on_thread(false, true, br, cols, Dv, dout, ld_for(b.do_stride_l, br, Dv), v, ld_for(a.v_stride_s, cols, Dv),
+                   ds, ld, false);
   }
+  const T scale = a.scale;
   for (int64_t i = 0; i < br; ++i) {
     T* dsr = ds + i * ld;
     const T* pr = p + i * ld;
     const T di = dlt[i];
-    for (int64_t j = 0; j < cols; ++j) dsr[j] = pr[j] * (dsr[j] - di);
+    for (int64_t j = 0; j < cols; ++j) dsr[j] = scale * (pr[j] * (dsr[j] - di));
   }
   return true;
 }
@@ -200,16 +202,16 @@ void attention_backward(const AttentionBackwardArgs<T>& b) {
         if (!tile_p_ds(b, delta.data(), n, h, l0, br, s0, cols, p, ds)) continue;
         // dv[cols, Dv] += p[br, cols]ᵀ · dO[l0 : l0+br, Dv]
         if (Dv > 0)
-          gemm(true, false, cols, Dv, br, T(1), p, kBlockKeys, dout + l0 * b.do_stride_l,
-               ld_for(b.do_stride_l, br, Dv), T(1), dv, ld_for(b.dv_stride_s, cols, Dv));
+          gemm_on_thread(true, false, cols, Dv, br, p, kBlockKeys, dout + l0 * b.do_stride_l,
+                         ld_for(b.do_stride_l, br, Dv), dv, ld_for(b.dv_stride_s, cols, Dv), true);
         if (D == 0) continue;
-        // dk[cols, D] += scale · ds[br, cols]ᵀ · q[l0 : l0+br, D]
-        gemm(true, false, cols, D, br, a.scale, ds, kBlockKeys, q + l0 * a.q_stride_l, ld_for(a.q_stride_l, br, D),
-             T(1), dk, ld_for(b.dk_stride_s, cols, D));
-        // dq[l0 : l0+br, D] += scale · ds[br, cols] · k[cols, D]
+        // dk[cols, D] += ds[br, cols]ᵀ · q[l0 : l0+br, D]   (ds holds the scale)
+        gemm_on_thread(true, false, cols, D, br, ds, kBlockKeys, q + l0 * a.q_stride_l, ld_for(a.q_stride_l, br, D),
+                       dk, ld_for(b.dk_stride_s, cols, D), true);
+        // dq[l0 : l0+br, D] += ds[br, cols] · k[cols, D]
         if (with_dq)
-          gemm(false, false, br, D, cols, a.scale, ds, kBlockKeys, k, ld_for(a.k_stride_s, cols, D), T(1),
-               dq + l0 * b.dq_stride_l, ld_for(b.dq_stride_l, br, D));
+          gemm_on_thread(false, false, br, D, cols, ds, kBlockKeys, k, ld_for(a.k_stride_s, cols, D),
+                         dq + l0 * b.dq_stride_l, ld_for(b.dq_stride_l, br, D), true);
       }
     }
   };
@@ -250,9 +252,9 @@ void attention_backward(const AttentionBackwardArgs<T>& b) {
       const int64_t s0 = kb * kBlockKeys, cols = std::min(kBlockKeys, S - s0);
       if (!causal_block_visible(a, l0 + br - 1, s0)) break;  // later blocks are hidden too
       if (!tile_p_ds(b, delta.data(), n, h, l0, br, s0, cols, p, ds)) continue;
-      // dq[br, D] += scale · ds[br, cols] · k[s0 : s0+cols, D]
-      gemm(false, false, br, D, cols, a.scale, ds, kBlockKeys, k + s0 * a.k_stride_s,
-           ld_for(a.k_stride_s, cols, D), T(1), dq, ld_for(b.dq_stride_l, br, D));
+      // dq[br, D] += ds[br, cols] · k[s0 : s0+cols, D]   (ds holds the scale)
+      gemm_on_thread(false, false, br, D, cols, ds, kBlockKeys, k + s0 * a.k_stride_s, ld_for(a.k_stride_s, cols, D),
+                     dq, ld_for(b.dq_stride_l, br, D), true);
     }
   });
 }
