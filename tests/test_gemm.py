@@ -11,7 +11,8 @@ dimension in order, so:
 Shapes cross every edge where the kernels change path: micro-tile rows (AVX-512 12, AVX2 6), the
 panel width 32 and the half panel 16, the 16 × 16 transposes of the weight packing (k = 15, 16, 17),
 the linear tiles (96 rows × 128 columns), the weight chunk (2**21 floats: n = 1025 at k = 2048),
-and the inner blocks of 512 of the per-task GEMM (511, 512, 513).
+and the inner blocks of 256 of the per-task GEMM (255, 256, 257, 511, 512, 513), and the
+backward's 1024-row × 384-column tiles (1023, 1024, 1025 rows; 383, 384, 385 in_features).
 """
 from __future__ import annotations
 
@@ -101,8 +102,9 @@ def test_linear_propagates_nan_and_inf_as_torch():
     np.testing.assert_allclose(y[finite], ref[finite], atol=1e-4, rtol=1e-5)
 
 
-BACKWARD_SHAPES = [  # (rows, in_features, out_features): the inner dims cross 511 / 512 / 513
-    (9, 5, 7), (40, 33, 65), (511, 24, 40), (512, 130, 33), (513, 17, 600), (70, 40, 1100),
+BACKWARD_SHAPES = [  # (rows, in_features, out_features): inner dims across the 256-blocks, tile edges
+    (9, 5, 7), (40, 33, 65), (255, 24, 257), (256, 130, 33), (511, 17, 600), (513, 385, 40),
+    (70, 383, 1100), (1023, 40, 12), (1025, 384, 9),
 ]
 
 

@@ -88,7 +88,7 @@ inline void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T 
 // Fewer rows than kGemmOnThreadMinRows (a decoding step's one query row) would pay the packing of
 // op(B) for too little use of it: BLAS's matrix-vector product streams B once instead.
 constexpr int64_t kGemmOnThreadCols = 4 * sgemm::kPanel;
-constexpr int64_t kGemmOnThreadDepth = 512;
+constexpr int64_t kGemmOnThreadDepth = 256;
 constexpr int64_t kGemmOnThreadMinRows = 4;
 template <class T>
 inline void gemm_on_thread(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda,

@@ -28,15 +28,13 @@
 
 namespace transformer_core::kernels {
 
-// Tiles of the two products. Taller than the forward's (kLinearTileRows = 64): each GEMM call packs
-// a whole [k, cols] panel of its right operand for `rows` rows of output, and with the backward's
-// long inner dims (k = out_features for dX, k = rows for dW) 64 rows spend as much time packing as
-// multiplying. Measured single-threaded (CPU time, fp32, x [2048, 768], W [3072, 768]; "Intel Xeon
-// Processor" under KVM with AVX-512, OpenBLAS 0.3.21 SkylakeX kernels; a busy machine), dX + dW:
-//     rows × cols    64 × 512: 221 ms   256 × 512: 176 ms   512 × 768: 162 ms   one GEMM each: 166 ms
-// 256 × 512 keeps 16 (dX) and 24 (dW) tasks at that size for the threads.
-constexpr int64_t kBackwardTileRows = 256;
-constexpr int64_t kBackwardTileCols = 512;
+// Tiles of the two products. Each task packs the columns of its right operand that it needs and
+// meets them with all its rows, so taller tiles pack less: dX's tiles of 1024 rows pack W once per
+// 1024 rows (an output layer's 50257 × 768 weight, in the fused LM head's dX, once per chunk of
+// rows instead of three times), and 384 columns split GPT-2's 768 and 3072 into equal tasks. GPT-2-small
+// training step (bench/train.py, fp32, 2 threads): 256 × 512 tiles 3.9 s, 1024 × 384 3.7 s.
+constexpr int64_t kBackwardTileRows = 1024;
+constexpr int64_t kBackwardTileCols = 384;
 // Columns of db per task (its sums run over all m rows, in order, in double).
 constexpr int64_t kBiasGradCols = 256;
 
