@@ -72,7 +72,9 @@ INT8_MAX_IN_FEATURES = 131072
 
 
 def isa() -> str:
-    """The instruction set the quantized kernels use now: ``"scalar"``, ``"avx2"`` or ``"avx512vnni"``.
+    """The instruction set the kernels use now: ``"scalar"``, ``"avx2"`` or ``"avx512vnni"``.
+
+    It chooses the quantized kernels and the fp32 GEMM kernels (see :func:`set_isa`).
 
     Raises:
         ValueError: the environment variable ``TC_ISA`` names an unknown ISA or one this CPU lacks
