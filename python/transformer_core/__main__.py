@@ -162,6 +162,7 @@ def _sigterm_as_interrupt():
         return
 
     def handler(signum, frame):
+        """The SIGTERM handler (``signal.signal``'s signature): raises KeyboardInterrupt."""
         raise KeyboardInterrupt("terminated (SIGTERM)")
 
     previous = signal.signal(signal.SIGTERM, handler)

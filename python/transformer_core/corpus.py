@@ -581,6 +581,14 @@ class _NpyWriter:
         self.texts.seek(0, os.SEEK_END)
 
     def write(self, start: int, texts: list[str], emb: np.ndarray) -> dict:
+        """Writes one chunk: ``emb`` (``(len(texts), dim)`` float32) into rows ``start ...`` of the
+        ``.npy`` (flushed), and ``texts`` appended to the JSONL sidecar (fsynced).
+
+        Returns:
+            the manifest fields this chunk updates: ``{"texts_bytes": <sidecar length>}``.
+        Raises:
+            OSError: the disk refused the write (the manifest is then not updated).
+        """
         n = len(texts)
         window = np.memmap(self.path, dtype=DTYPE, mode="r+", offset=self.offset + start * self.dim * DTYPE.itemsize,
                            shape=(n, self.dim))
@@ -593,6 +601,7 @@ class _NpyWriter:
         return {"texts_bytes": self.texts.tell()}
 
     def close(self) -> None:
+        """Closes the sidecar (the ``.npy`` windows are already unmapped)."""
         self.texts.close()
 
 
@@ -603,11 +612,19 @@ class _ParquetWriter:
         self.chunk_size = job.chunk_size
 
     def write(self, start: int, texts: list[str], emb: np.ndarray) -> dict:
+        """Writes one chunk (``emb``: ``(len(texts), dim)`` float32, rows from ``start``) as its own
+        Parquet part, atomically (:func:`write_parquet_part`).
+
+        Returns:
+            ``{}``: a Parquet chunk adds no manifest field.
+        Raises:
+            OSError: the disk refused the write (no part is left behind).
+        """
         write_parquet_part(self.directory, start // self.chunk_size, self.width, start, texts, emb)
         return {}
 
     def close(self) -> None:
-        pass
+        """Nothing to close: every part is a complete file once written."""
 
 
 # ================================================================================================ job
@@ -635,6 +652,7 @@ class EmbedResult:
 
     @property
     def sentences_per_second(self) -> float:
+        """Rows this run computed per second of its wall time (NaN for a run of 0 s)."""
         return self.rows_computed / self.seconds if self.seconds > 0 else float("nan")
 
 
@@ -674,6 +692,7 @@ class EmbedJob:
 
     @property
     def num_completed(self) -> int:
+        """How many chunks are done (from the manifest's completed ranges)."""
         return _num_completed(self.manifest)
 
     def rows_done(self) -> int:

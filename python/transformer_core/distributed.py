@@ -111,6 +111,8 @@ class EncoderPlugin(WorkerPlugin):
         return max(1, _cores() // max(1, per_host))
 
     def setup(self, worker) -> None:
+        """Dask's ``WorkerPlugin`` hook, run once on each worker as it joins: sets the worker's
+        OpenMP threads (:meth:`threads_for`) and loads its encoder (checked against the fingerprint)."""
         import transformer_core
 
         n = self.threads_for(worker.address)
@@ -228,6 +230,7 @@ def embed_corpus(input, output, *, model=DEFAULT_MODEL, scheduler=None, workers:
         done_queue = as_completed()
 
         def submit_next() -> bool:
+            """Submits the next pending chunk to the cluster; False when none is left."""
             item = next(pending, None)
             if item is None:
                 return False

@@ -169,6 +169,7 @@ class LambdaLR(LRScheduler):
         super().__init__(optimizer, last_epoch)
 
     def get_lr(self) -> list[float]:
+        """Each group's lr at ``last_epoch``: ``base_lr · lr_lambda(last_epoch)`` (closed form)."""
         return [base_lr * f(self.last_epoch) for f, base_lr in zip(self.lr_lambdas, self.base_lrs)]
 
 
@@ -204,6 +205,8 @@ class LinearLR(LRScheduler):
         super().__init__(optimizer, last_epoch)
 
     def get_lr(self) -> list[float]:
+        """Each group's lr at ``last_epoch``: the current lr times the linear factor's ratio between
+        this step and the last (torch's recursive form, the class docstring's formula)."""
         groups = self.optimizer.param_groups
         if self.last_epoch == 0:
             return [g["lr"] * self.start_factor for g in groups]
@@ -237,6 +240,8 @@ class CosineAnnealingLR(LRScheduler):
         super().__init__(optimizer, last_epoch)
 
     def get_lr(self) -> list[float]:
+        """Each group's lr at ``last_epoch``: torch's recursive cosine step from the current lr (the
+        closed form of the class docstring on the first step of a resumed schedule)."""
         groups = self.optimizer.param_groups
         t, T, eta = self.last_epoch, self.T_max, self.eta_min
         if self._is_initial:
