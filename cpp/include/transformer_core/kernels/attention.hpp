@@ -30,7 +30,6 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
-#include <type_traits>
 #include <vector>
 
 #include "transformer_core/kernels/attention_masks.hpp"
@@ -94,10 +93,9 @@ inline int64_t ld_for(int64_t ld, int64_t rows, int64_t cols) {
 }
 
 // x[rows, cols] (row stride ldx) = scale · q[rows, D] (ldq) · k[cols, D]ᵀ (ldk)
-// fp32 on a CPU with our GEMM kernels (sgemm.hpp): the product by gemm_on_thread, then the scale.
-// Otherwise BLAS, which returns beta · C without reading A and B when alpha = 0, which would turn a NaN or inf of q or
-// k into a score of 0; torch multiplies (0 · NaN = NaN). So scale = 0 runs the product with alpha = 1
-// and multiplies by the scale after. D = 0: every score is 0.
+// The product (gemm_on_thread: our kernels for fp32, else BLAS), then the scale. Multiplying after,
+// never through BLAS's alpha, keeps torch's NaN rules at scale = 0 (0 · NaN = NaN): BLAS returns
+// beta · C without reading A and B when alpha = 0. D = 0: every score is 0.
 template <class T>
 inline void attention_scores(int64_t rows, int64_t cols, int64_t D, T scale, const T* q, int64_t ldq,
                              const T* k, int64_t ldk, T* x, int64_t ldx) {
@@ -105,19 +103,10 @@ inline void attention_scores(int64_t rows, int64_t cols, int64_t D, T scale, con
     for (int64_t i = 0; i < rows; ++i) std::fill(x + i * ldx, x + i * ldx + cols, T(0));
     return;
   }
-  if constexpr (std::is_same_v<T, float>) {
-    if (sgemm::active() != nullptr) {  // our kernels: the product, then the scale
-      gemm_on_thread(false, true, rows, cols, D, q, ldq, k, ldk, x, ldx, false);
-      for (int64_t i = 0; i < rows; ++i)
-        for (int64_t j = 0; j < cols; ++j) x[i * ldx + j] *= scale;
-      return;
-    }
-  }
-  const bool zero_scale = scale == T(0);
-  gemm(false, true, rows, cols, D, zero_scale ? T(1) : scale, q, ldq, k, ld_for(ldk, cols, D), T(0), x, ldx);
-  if (zero_scale)
-    for (int64_t i = 0; i < rows; ++i)
-      for (int64_t j = 0; j < cols; ++j) x[i * ldx + j] *= scale;
+  gemm_on_thread(false, true, rows, cols, D, q, ldq, k, ld_for(ldk, cols, D), x, ldx, false);
+  if (scale == T(1)) return;
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < cols; ++j) x[i * ldx + j] *= scale;
 }
 
 // log Σ_j exp(x_j), j < n, computed as m + log Σ_j exp(x_j - m) with m = max_j x_j.
