@@ -85,11 +85,29 @@ inline void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T 
 // while it is in cache; the blocks of the inner dimension are added to C in order (the first one
 // stored unless accumulate). A long inner dimension (a vocabulary: dX of an output layer) so
 // stays in cache.
+// A transposed A (a weight gradient Xᵀ · dY, attention's Pᵀ · dO) has its rows of op(A) down a
+// column of a: each step of the inner dimension would jump a whole row of a (kilobytes, a new page
+// every step). Its block of kGemmOnThreadDepth columns is first copied into groups of
+// kGemmRowGroup rows, each group [depth, kGemmRowGroup] contiguous, which the micro-kernels then
+// read in order. (Copying moves no arithmetic: the bits are those of the unpacked product.)
 // Fewer rows than kGemmOnThreadMinRows (a decoding step's one query row) would pay the packing of
 // op(B) for too little use of it: BLAS's matrix-vector product streams B once instead.
 constexpr int64_t kGemmOnThreadCols = 4 * sgemm::kPanel;
 constexpr int64_t kGemmOnThreadDepth = 256;
 constexpr int64_t kGemmOnThreadMinRows = 4;
+constexpr int64_t kGemmRowGroup = 12;  // a multiple of both micro-kernels' rows (AVX-512 12, AVX2 6)
+
+// out[g · depth + p · G + r] = a[p · lda + g + r]   (G = kGemmRowGroup; g = 0, G, 2G, …; r < G, g + r < m):
+// rows g … g + G − 1 of op(A) = aᵀ, columns 0 … depth − 1, one group after another (the last group
+// is shorter, its slots beyond m unwritten: out holds ⌈m / G⌉ · G · depth floats).
+inline void pack_transposed_a(int64_t m, int64_t depth, const float* a, int64_t lda, float* out) {
+  for (int64_t g = 0; g < m; g += kGemmRowGroup) {
+    const int64_t rows = std::min(kGemmRowGroup, m - g);
+    float* group = out + g * depth;
+    for (int64_t p = 0; p < depth; ++p) std::copy_n(a + p * lda + g, rows, group + p * kGemmRowGroup);
+  }
+}
+
 template <class T>
 inline void gemm_on_thread(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda,
                            const T* b, int64_t ldb, T* c, int64_t ldc, bool accumulate) {
@@ -97,16 +115,24 @@ inline void gemm_on_thread(bool trans_a, bool trans_b, int64_t m, int64_t n, int
   if constexpr (std::is_same_v<T, float>) {
     if (k > 0 && m >= kGemmOnThreadMinRows)
       if (const sgemm::Kernels* kern = sgemm::active()) {
-        const int64_t rs_a = trans_a ? 1 : lda, cs_a = trans_a ? lda : 1;
         const int64_t rs_b = trans_b ? 1 : ldb, cs_b = trans_b ? ldb : 1;
         const int64_t depth = std::min(k, kGemmOnThreadDepth);
         float* packed = workspace_aligned<float>(Scratch::kGemmPackedTask, sgemm::packed_floats(depth, kGemmOnThreadCols));
+        const int64_t groups = (m + kGemmRowGroup - 1) / kGemmRowGroup;
+        float* packed_a = trans_a ? workspace_aligned<float>(Scratch::kGemmPackedA, groups * kGemmRowGroup * depth) : nullptr;
         for (int64_t p = 0; p < k; p += depth) {
           const int64_t kc = std::min(depth, k - p);
+          if (trans_a) pack_transposed_a(m, kc, a + p * lda, lda, packed_a);
           for (int64_t j = 0; j < n; j += kGemmOnThreadCols) {
             const int64_t cols = std::min(kGemmOnThreadCols, n - j);
             kern->pack_b(kc, cols, b + p * rs_b + j * cs_b, rs_b, cs_b, packed);
-            kern->multiply(m, cols, kc, a + p * cs_a, rs_a, cs_a, packed, c + j, ldc, accumulate || p > 0);
+            if (!trans_a) {
+              kern->multiply(m, cols, kc, a + p, lda, 1, packed, c + j, ldc, accumulate || p > 0);
+              continue;
+            }
+            for (int64_t g = 0; g < m; g += kGemmRowGroup)  // a group: A[g + r, q] at packed_a[g · kc + q · G + r]
+              kern->multiply(std::min(kGemmRowGroup, m - g), cols, kc, packed_a + g * kc, 1, kGemmRowGroup, packed,
+                             c + g * ldc + j, ldc, accumulate || p > 0);
           }
         }
         return;

@@ -55,8 +55,10 @@ enum class Scratch : int {
   // kernels::linear (kernels/linear.hpp): the weight packed for our GEMM (sgemm.hpp), alive only
   // inside one linear call
   kGemmPackedB,
-  // gemm_on_thread (kernels/gemm.hpp): the right operand packed by one task, on that task's thread
+  // gemm_on_thread (kernels/gemm.hpp): the right operand packed by one task, on that task's thread,
+  // and a transposed left operand's block copied into row groups
   kGemmPackedTask,
+  kGemmPackedA,
   kCount
 };
 
