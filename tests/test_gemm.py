@@ -1,6 +1,6 @@
 """Our fp32 GEMM kernels (kernels/sgemm.hpp), through the ops that use them.
 
-``functional.linear`` (more than 8 rows), ``backward.linear_backward`` and attention run fp32
+``functional.linear`` (more than 32 rows), ``backward.linear_backward`` and attention run fp32
 products on our AVX-512 or AVX2 micro-kernels. Each output element is one FMA chain over the inner
 dimension in order, so:
 
@@ -63,9 +63,10 @@ def _close_to_fp64(actual, ref64, rtol=1e-5):
 
 
 LINEAR_SHAPES = [  # (rows, in_features, out_features)
-    (9, 1, 1), (9, 7, 5), (11, 16, 16), (12, 15, 31), (13, 17, 32), (23, 33, 33), (24, 64, 47),
+    # more than 32 rows (fewer stream the weight: linear_small.hpp); 24 rows + 9, 11, 12, 13
+    (33, 1, 1), (33, 7, 5), (35, 16, 16), (36, 15, 31), (37, 17, 32), (47, 33, 33), (48, 64, 47),
     (95, 128, 127), (96, 384, 128), (97, 385, 129), (100, 16, 255), (193, 31, 257),
-    (30, 2048, 1025),  # the weight packed in two chunks (2**21 floats = 1024 columns at k = 2048)
+    (40, 2048, 1025),  # the weight packed in two chunks (2**21 floats = 1024 columns at k = 2048)
     (300, 40, 500),
 ]
 

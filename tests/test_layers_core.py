@@ -3,8 +3,9 @@ the gated feed-forward (Hugging Face's LlamaMLP: SwiGLU; GeGLU), functional rms_
 MultiheadAttention with a KV cache and RoPE inside the call (against torch's SDPA with GQA on
 rotated q, k).
 
-Sizes cross the linear kernel's paths: rows 1..8 take the small-row kernel (kSmallRows = 8), more
-take 64-row GEMM tiles; output features cross the 64-wide small-row chunks and the 512-wide tiles.
+Sizes cross the linear kernel's paths: rows 1..32 take the small-row kernel (kSmallRows = 32, in
+blocks of 4 rows), more take GEMM tiles; output features cross the 64-wide small-row chunks and the
+tiles.
 """
 from __future__ import annotations
 
@@ -24,8 +25,8 @@ def _load(ours, theirs):
 
 # ---------------------------------------------------------------------------------------- Linear
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
-@pytest.mark.parametrize("rows,fin,fout", [(1, 7, 5), (7, 33, 65), (8, 64, 64), (9, 17, 513), (65, 31, 129),
-                                           (130, 96, 1030)])
+@pytest.mark.parametrize("rows,fin,fout", [(1, 7, 5), (7, 33, 65), (8, 64, 64), (9, 17, 513), (31, 33, 70),
+                                           (30, 16, 65), (32, 16, 65), (33, 17, 129), (65, 31, 129), (130, 96, 1030)])
 @pytest.mark.parametrize("bias", [True, False])
 def test_linear_matches_torch(rng, dtype, rows, fin, fout, bias):
     ref = torch.nn.Linear(fin, fout, bias=bias).to(TORCH_DTYPE[np.dtype(dtype)])

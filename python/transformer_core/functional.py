@@ -60,9 +60,10 @@ __all__ = [
 def linear(x, weight, bias=None) -> np.ndarray:
     """Affine map ``y = x Wᵀ + b``, as ``torch.nn.functional.linear``.
 
-    fp32 with more than 8 rows runs our GEMM kernels (AVX-512 or AVX2, chosen at run time; the
+    fp32 with more than 32 rows runs our GEMM kernels (AVX-512 or AVX2, chosen at run time; the
     weight packed into column panels once per call, GotoBLAS's design); fp64, a CPU without AVX2,
-    runs BLAS; up to 8 rows stream the weight once (decoding). Bitwise the same for any thread count.
+    runs BLAS; up to 32 rows stream the weight once (decoding, one short sentence). Bitwise the
+    same for any thread count.
 
     Args:
         x: ``(..., in_features)`` float array.
