@@ -85,8 +85,8 @@ inline __m512i dpbusd(__m512i acc, __m512i u, __m512i s) {
 }
 
 // Lane t of the result = the sum of the 16 lanes of v[t], for 16 vectors at once: pairs of vectors
-// are interleaved and added (32-bit, then 64-bit elements), then the 128-bit quarters — 15 additions
-// and 28 shuffles in all (8 + 4 + 2 + 1 additions of 16 lanes), where 16 separate reductions take ~4× as many instructions.
+// are interleaved and added (32-bit, then 64-bit elements), then the 128-bit quarters: 15 additions
+// of 16 lanes and 30 shuffles in all, where 16 separate reductions take ~4× as many instructions.
 // (The vectors come by value: an accumulator array whose address escaped would be kept in memory,
 // stored on every step of the loop that fills it.)
 template <class... V>
@@ -120,7 +120,7 @@ struct Int8Kernel {
     // 64 values of k a step; the weights' tail is masked (zeros: (0 + 128) · x = 0 since x is
     // zero-padded to ldq)
     for (int64_t t = 0; t < a.k; t += 64) {
-      const __mmask64 mk = a.k - t >= 64 ? ~__mmask64{0} : tail_mask64(a.k - t);
+      const __mmask64 mk = tail_mask64(a.k - t);
       __m512i wu[NR];
       #pragma GCC unroll 4
       for (int r = 0; r < NR; ++r) {

@@ -78,9 +78,12 @@ void linear_small_rows(const T* x, int64_t m, int64_t k, const T* w, const T* bi
     // the last m mod kRowsOfX rows in one block
     const T* xi = x + i * k;
     T* yi = y + i * n;
-    if (m - i == 3) dot_block<3>(xi, k, wr, cols_of_w, bias, j, n, yi);
-    if (m - i == 2) dot_block<2>(xi, k, wr, cols_of_w, bias, j, n, yi);
-    if (m - i == 1) dot_block<1>(xi, k, wr, cols_of_w, bias, j, n, yi);
+    switch (m - i) {
+      case 3: dot_block<3>(xi, k, wr, cols_of_w, bias, j, n, yi); break;
+      case 2: dot_block<2>(xi, k, wr, cols_of_w, bias, j, n, yi); break;
+      case 1: dot_block<1>(xi, k, wr, cols_of_w, bias, j, n, yi); break;
+      default: break;
+    }
   }
 }
 
