@@ -120,6 +120,22 @@ def test_quantize_bert_int8(tmp_path_factory):
     fp32 = ours32(ids, attention_mask=mask).last_hidden_state[mask]
     assert 1e-4 < np.abs(hidden - fp32).max() < 0.1
 
+    # residual activations: every int8 layer switched, and the activations' error nearly gone: the
+    # result is much nearer the float32 model holding the same (dequantized) int8 weights
+    deq = tc.BertModel.from_pretrained(path)
+    deq.load_state_dict(ours8.state_dict())
+    same_weights = deq(ids, attention_mask=mask).last_hidden_state[mask]
+    # 2 layers × (the packed [q; k; v], the output projection, 2 feed-forward) + the pooler
+    assert tc.quantization.set_residual_activations(ours8, True) == 9
+    two = ours8(ids, attention_mask=mask).last_hidden_state[mask]
+    assert np.abs(two - same_weights).max() < np.abs(hidden - same_weights).max() / 10
+    assert tc.quantization.set_residual_activations(ours8, False) == 9
+    np.testing.assert_array_equal(ours8(ids, attention_mask=mask).last_hidden_state[mask], hidden)
+    via_quantize = tc.quantize(ours32, "int8", residual_activations=True)
+    np.testing.assert_array_equal(via_quantize(ids, attention_mask=mask).last_hidden_state[mask], two)
+    with pytest.raises(TypeError, match="residual_activations"):
+        tc.quantize(ours32, "int8", residual_activations="yes")
+
 
 def test_quantize_gpt2_int8(tmp_path_factory):
     torch.manual_seed(7)
@@ -236,6 +252,23 @@ def benchmark_sentences(n: int = 1000) -> list[str]:
 #: sentences have a float32 top-1 / top-2 margin below 0.005, about what int8 moves a cosine (mean
 #: cosine to float32 0.9974). This bound guards against a regression; the 98 % target is open.
 NEAREST_NEIGHBOUR_KEPT = 0.94
+
+
+def test_minilm_int8_residual_activations_keep_98_percent_of_nearest_neighbours():
+    """The issue's 98 %: with the activations in two int8 passes (value and rounding residual), what
+    is left is the weights' rounding (measured: 98.6 %, min cosine 0.9991 at batch 32)."""
+    sentences = benchmark_sentences()
+    fp32_enc = tc.SentenceEncoder.from_pretrained("all-MiniLM-L6-v2")
+    fp32 = fp32_enc.encode(sentences, batch_size=32, progress=False)
+    enc8 = tc.quantize(fp32_enc, "int8", residual_activations=True)
+    int8 = enc8.encode(sentences, batch_size=32, progress=False)
+    cos = np.sum(fp32 * int8, 1) / (np.linalg.norm(fp32, axis=1) * np.linalg.norm(int8, axis=1))
+    assert 0.998 <= cos.min() < 1.0 - 1e-6, f"min cosine {cos.min():.5f}"
+    sim32, sim8 = fp32 @ fp32.T, int8 @ int8.T
+    np.fill_diagonal(sim32, -np.inf)
+    np.fill_diagonal(sim8, -np.inf)
+    same = (sim32.argmax(1) == sim8.argmax(1)).mean()
+    assert same >= 0.98, f"nearest neighbour unchanged for {same:.1%}"
 
 
 def test_minilm_int8_on_1000_sentences():

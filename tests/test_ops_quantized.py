@@ -81,14 +81,32 @@ def ref_quantize_rows(v):
     return q.astype(np.int8), scale
 
 
-def ref_linear_int8(x, qweight, scales, bias):
+def ref_linear_int8(x, qweight, scales, bias, residual_activations=False):
+    x = np.asarray(x, np.float32)
     xq, sx = ref_quantize_rows(x)
     acc = xq.astype(np.int64) @ qweight.astype(np.int64).T
     assert np.abs(acc).max() < 2 ** 31
     y = acc.astype(np.float32) * (sx[:, None] * scales[None, :])
     if bias is not None:
         y = y + bias
+    if residual_activations:
+        rq, sr = ref_residual_rows(x, xq, sx)
+        acc_r = rq.astype(np.int64) @ qweight.astype(np.int64).T
+        y = y + acc_r.astype(np.float32) * (sr[:, None] * scales[None, :])
     return y
+
+
+def ref_residual_rows(x, xq, sx):
+    """The second pass of ``residual_activations``: the rounding residual in units of sx / 256."""
+    ok = sx > 0                                     # False for zero/tiny rows (0) and non-finite ones (NaN)
+    s = np.where(ok, sx, np.float32(1))
+    r = x.astype(np.float64) - xq.astype(np.float64) * s.astype(np.float64)[:, None]
+    r32 = r.astype(np.float32)
+    assert (r32[ok].astype(np.float64) == r[ok]).all()           # the residual is exact in float32
+    v = r32 * (np.float32(256) / s)[:, None]
+    rq = np.rint(np.clip(v, np.float32(-127), np.float32(127)))
+    rq[~ok] = 0
+    return rq.astype(np.int8), (sx / np.float32(256)).astype(np.float32)
 
 
 def parse_blocks(blocks, ggml_type, n, k):
@@ -160,6 +178,8 @@ def test_supported_isas_follow_the_cpu_flags():
         expected.append("avx2")
         if {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni"} <= flags:
             expected.append("avx512vnni")
+            if {"amx_tile", "amx_int8"} <= flags:   # Linux (5.16+) grants the tile state on request
+                expected.append("amx")
     assert Q.supported_isas() == expected
     assert Q.isa() == expected[-1] or "TC_ISA" in os.environ
 
@@ -170,7 +190,7 @@ def test_set_isa_round_trip_and_refusals():
         for name in ISAS:
             Q.set_isa(name)
             assert Q.isa() == name
-        for name in {"scalar", "avx2", "avx512vnni"} - set(ISAS):
+        for name in {"scalar", "avx2", "avx512vnni", "amx"} - set(ISAS):
             with pytest.raises(ValueError, match="not supported"):
                 Q.set_isa(name)
         with pytest.raises(ValueError, match="isa"):
@@ -245,6 +265,52 @@ def test_linear_int8_equals_the_scheme(isa, rng, k, rows, with_bias):
     np.testing.assert_array_equal(bits(y), bits(ref_linear_int8(x, q, s, bias)))
 
 
+@pytest.mark.parametrize("k", LINEAR_K)
+@pytest.mark.parametrize("rows", LINEAR_ROWS)
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_linear_int8_residual_activations_equal_the_scheme(isa, rng, k, rows, with_bias):
+    n = 67 if rows < 128 else 33
+    q, s = Q.quantize_int8(rng.standard_normal((n, k)).astype(np.float32))
+    x = rng.standard_normal((rows, k)).astype(np.float32) * 3
+    x[0, 0] = 40.0                                  # one outlier: a coarse scale, a large residual
+    if rows > 1:
+        x[1] = 0.0                                  # zero row: exactly the bias
+    bias = rng.standard_normal(n).astype(np.float32) if with_bias else None
+    y = Q.linear_int8(x, q, s, bias, residual_activations=True)
+    np.testing.assert_array_equal(bits(y), bits(ref_linear_int8(x, q, s, bias, residual_activations=True)))
+
+
+def test_linear_int8_residual_activations_cut_the_activation_error(rng):
+    """Against the exact product with the same int8 weights, the second pass removes nearly all of the
+    activations' rounding error: sx / 512 per value instead of sx / 2."""
+    k, n = 576, 96
+    q, s = Q.quantize_int8(rng.standard_normal((n, k)).astype(np.float32))
+    x = rng.standard_normal((64, k)).astype(np.float32)
+    x[:, 7] *= 20                                   # an outlier channel, as LayerNorm outputs have
+    exact = x.astype(np.float64) @ (q.astype(np.float64) * s[:, None]).T
+    one = np.abs(Q.linear_int8(x, q, s) - exact).max()
+    two = np.abs(Q.linear_int8(x, q, s, residual_activations=True) - exact).max()
+    assert two < one / 50, (one, two)
+    with pytest.raises(TypeError, match="residual_activations"):
+        Q.linear_int8(x, q, s, residual_activations=1)
+
+
+@pytest.mark.parametrize("k", [64, 65, 130, 1536])
+def test_linear_int8_tile_edges(isa, rng, k):
+    """Rows and output features around the AMX kernel's edges: 16-row tiles of x and of features,
+    pairs of them, its 32 × 768 rectangles, and the switch to the vector kernel below 9 rows; k
+    around its 64-byte steps (a last partial step comes from a zero-padded copy)."""
+    for n in (16, 17, 31, 33, 64, 769):
+        q, s = Q.quantize_int8(rng.standard_normal((n, k)).astype(np.float32))
+        bias = rng.standard_normal(n).astype(np.float32)
+        for rows in (8, 9, 15, 16, 17, 31, 32, 33, 48, 65):
+            x = rng.standard_normal((rows, k)).astype(np.float32)
+            for residual in (False, True):
+                y = Q.linear_int8(x, q, s, bias, residual_activations=residual)
+                ref = ref_linear_int8(x, q, s, bias, residual_activations=residual)
+                np.testing.assert_array_equal(bits(y), bits(ref), err_msg=f"n={n} rows={rows} residual={residual}")
+
+
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 9, 64, 65])
 def test_linear_int8_output_features(isa, rng, n):
     q, s = Q.quantize_int8(rng.standard_normal((n, 100)).astype(np.float32))
@@ -272,10 +338,11 @@ def test_linear_int8_non_finite_rows_give_nan(isa, rng):
     x[1, 3] = np.nan
     x[2, 39] = np.inf
     x[3] = 0.0
-    y = Q.linear_int8(x, q, s, np.ones(6, np.float32))
-    assert np.isnan(y[1]).all() and np.isnan(y[2]).all()
-    np.testing.assert_array_equal(y[3], np.ones(6, np.float32))   # zero row: exactly the bias
-    assert np.isfinite(y[0]).all()
+    for residual in (False, True):
+        y = Q.linear_int8(x, q, s, np.ones(6, np.float32), residual_activations=residual)
+        assert np.isnan(y[1]).all() and np.isnan(y[2]).all()
+        np.testing.assert_array_equal(y[3], np.ones(6, np.float32))   # zero row: exactly the bias
+        assert np.isfinite(y[0]).all()
 
 
 def test_linear_int8_leading_dims_and_strides(rng):
@@ -444,7 +511,8 @@ def test_results_do_not_depend_on_the_thread_count(isa, rng, rows):
     k, n = 576, 1000
     x = rng.standard_normal((rows, k)).astype(np.float32)
     q, s = Q.quantize_int8(rng.standard_normal((n, k)).astype(np.float32))
-    calls = [lambda: Q.linear_int8(x, q, s), lambda: Q.quantize_int8(x)[0]]
+    calls = [lambda: Q.linear_int8(x, q, s), lambda: Q.quantize_int8(x)[0],
+             lambda: Q.linear_int8(x, q, s, residual_activations=True)]
     for ggml_type in GGUF_TYPES:
         blocks = gguf_blocks(rng, ggml_type, n, k)
         calls += [lambda b=blocks, t=ggml_type: Q.linear_gguf(x, b, t, n, k),

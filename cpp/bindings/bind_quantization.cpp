@@ -64,7 +64,8 @@ void register_quantization(py::module_& m) {
 
   // x [rows, in] fp32, qweight [out, in] int8, scales [out], bias [out] | None -> [rows, out]
   m.def("linear_int8",
-        [](const CArray<float>& x, const CArray<int8_t>& qweight, const CArray<float>& scales, const py::object& bias) {
+        [](const CArray<float>& x, const CArray<int8_t>& qweight, const CArray<float>& scales, const py::object& bias,
+           bool residual_activations) {
           const int64_t rows = x.shape(0), in = x.shape(1), out = qweight.shape(0);
           require(qweight.shape(1) == in && scales.size() == out, "linear_int8: inconsistent shapes");
           const float* bp = optional_bias(bias);
@@ -72,11 +73,11 @@ void register_quantization(py::module_& m) {
           float* yp = y.mutable_data();
           {
             py::gil_scoped_release release;
-            ops::linear_int8(x.data(), rows, in, qweight.data(), scales.data(), bp, out, yp);
+            ops::linear_int8(x.data(), rows, in, qweight.data(), scales.data(), bp, out, yp, residual_activations);
           }
           return y;
         },
-        py::arg("x"), py::arg("qweight"), py::arg("scales"), py::arg("bias"));
+        py::arg("x"), py::arg("qweight"), py::arg("scales"), py::arg("bias"), py::arg("residual_activations"));
 
   // x [rows, in] fp32, blocks: bytes of out rows of in / 32 blocks -> [rows, out]
   m.def("linear_gguf",

@@ -63,6 +63,8 @@ void register_quantized_layers(py::module_& m) {
           py::arg("tensors"))
       // Q8 activation blocks (true) or fp32 activations (false) for every GGUF weight inside.
       .def("set_quantize_activations", &layers::set_quantize_activations, py::arg("on"))
+      // int8 activations in two passes, value and rounding residual (true), or one (false).
+      .def("set_residual_activations", &layers::set_residual_activations, py::arg("on"))
       // [(name, storage)] over the registry: "float32", "int8", "Q4_1", "Q8_0+Q4_1", ...
       .def("parameter_storage", [](const Module<float>& self) {
         py::list out;

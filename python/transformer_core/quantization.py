@@ -7,7 +7,8 @@ Two families of formats (the byte layouts: ``cpp/include/transformer_core/kernel
   and ONNX Runtime's dynamic quantization: ``qweight`` ``(out, in)`` int8 in [-127, 127] and
   ``scales`` ``(out,)`` float32 with ``W ≈ scales[:, None] * qweight``. At run time each row of ``x``
   is quantized by the same rule, the product is accumulated exactly in int32, and
-  ``y = acc * (sx[i] * scales[j]) + bias[j]``.
+  ``y = acc * (sx[i] * scales[j]) + bias[j]``. Optionally the activations take a second int8 pass,
+  their rounding residual (``residual_activations``: :func:`linear_int8`).
 * **GGUF** ``Q8_0``, ``Q4_0``, ``Q4_1`` (the GGUF file format's block types, ggml's
   ``ggml-common.h``): each row of ``in_features`` values is ``in_features / 32`` blocks, each with an
   fp16 scale ``d`` (and for Q4_1 an fp16 offset ``m``):  Q8_0 ``w = d * q`` (q int8);
@@ -21,15 +22,17 @@ The quantization rule (one rule for int8 weights, int8 activation rows and Q8 ac
     q     = rint(clip(v * (127 / amax), -127, 127))   rint rounds half to even (np.rint)
     amax < 2**-100  ->  q = 0, scale = 0;   a NaN or inf in v  ->  q = 0, scale = NaN
 
-The kernels exist per instruction set — ``scalar`` (any CPU), ``avx2``, ``avx512vnni`` — and the best
-one the CPU has is chosen at run time. Every instruction set gives the same bits; :func:`set_isa`
+The kernels exist per instruction set — ``scalar`` (any CPU), ``avx2``, ``avx512vnni``, ``amx``
+(AMX tiles for the int8 product: Intel Sapphire Rapids and later, on Linux) — and the best one the
+CPU has is chosen at run time. Every instruction set gives the same bits; :func:`set_isa`
 (or the environment variable ``TC_ISA``, read once) picks one, for tests and benchmarks.
 
 All functions take array-likes, check them (``TypeError``/``ValueError`` naming the argument, before
 any output is allocated) and return new float32 numpy arrays. The GIL is released while the core
 computes.
 
-Models (:func:`quantize`, :func:`set_quantize_activations`, :func:`weight_bytes`): a layer's weight
+Models (:func:`quantize`, :func:`set_quantize_activations`, :func:`set_residual_activations`,
+:func:`weight_bytes`): a layer's weight
 may itself be held in these formats — every ``Linear`` (attention projections, feed-forward, LM
 heads, poolers) computes through the products above, embedding tables in GGUF blocks decode only the
 rows they look up. Attention, norms, softmax and activations stay float32.
@@ -58,6 +61,7 @@ __all__ = [
     "set_gguf_weights",
     "set_quantize_activations",
     "weight_bytes",
+    "set_residual_activations",
     "QUANTIZED_FORMATS",
 ]
 
@@ -72,7 +76,7 @@ INT8_MAX_IN_FEATURES = 131072
 
 
 def isa() -> str:
-    """The instruction set the kernels use now: ``"scalar"``, ``"avx2"`` or ``"avx512vnni"``.
+    """The instruction set the kernels use now: ``"scalar"``, ``"avx2"``, ``"avx512vnni"`` or ``"amx"``.
 
     It chooses the quantized kernels and the fp32 GEMM kernels (see :func:`set_isa`).
 
@@ -87,12 +91,13 @@ def set_isa(name: str) -> None:
     """Chooses the kernels' instruction set (all give the same results; speed differs).
 
     It chooses the quantized kernels and the fp32 matrix-product kernels of the linear layers and
-    attention (``kernels/sgemm.hpp``): ``"avx512vnni"`` runs the AVX-512 ones, ``"avx2"`` and
+    attention (``kernels/sgemm.hpp``): ``"avx512vnni"`` and ``"amx"`` run the AVX-512 ones, ``"avx2"`` and
     ``"scalar"`` the AVX2 ones (the same bits), and a CPU without AVX2 uses BLAS for fp32.
 
     Args:
         name: ``"scalar"`` (portable C++, the reference), ``"avx2"`` (AVX2 + FMA + F16C) or
-            ``"avx512vnni"`` (AVX-512 F/BW/VL/DQ + VNNI).
+            ``"avx512vnni"`` (AVX-512 F/BW/VL/DQ + VNNI) or ``"amx"`` (``"avx512vnni"`` with the
+            int8 product on AMX tiles, ``tdpbssd``: AMX-TILE + AMX-INT8, granted by Linux).
 
     Raises:
         TypeError: ``name`` not a str. ValueError: unknown, or not supported by this CPU
@@ -105,7 +110,7 @@ def set_isa(name: str) -> None:
 
 def supported_isas() -> list:
     """The instruction sets this CPU (and build) can run, slowest first, e.g.
-    ``["scalar", "avx2", "avx512vnni"]``."""
+    ``["scalar", "avx2", "avx512vnni", "amx"]``."""
     return list(_core.supported_isas())
 
 
@@ -197,12 +202,20 @@ def quantize_int8(weight) -> tuple:
     return _core.quantize_int8(weight=w)
 
 
-def linear_int8(x, qweight, scales, bias=None) -> np.ndarray:
+def linear_int8(x, qweight, scales, bias=None, *, residual_activations: bool = False) -> np.ndarray:
     """``y = x Wᵀ + b`` with int8 weights and int8 activations, int32 accumulation.
 
     Each row ``x_i`` is quantized on the fly by the rule of :func:`quantize_int8` (scale ``sx_i``),
     then ``y[i, j] = float32(Σ_k xq[i, k] · qweight[j, k]) · (sx_i · scales[j]) + bias[j]``, the sum
     exact in int32 and the rest float32 in that order — the same bits on every instruction set.
+
+    With ``residual_activations``, the activations take a second int8 pass: the rounding residual
+    ``r = x_i − sx_i · xq[i]`` (at most ``sx_i / 2``, computed exactly) is quantized in units of
+    ``sr_i = sx_i / 256``, ``rq = rint(clip(r · float32(256 / sx_i), ±127))``, and its product is
+    added: ``y[i, j] += float32(Σ_k rq[i, k] · qweight[j, k]) · (sr_i · scales[j])``. Twice the
+    integer products; the activations' error drops from ``sx_i / 2`` to ``sx_i / 512`` per value, which
+    leaves the weights' rounding as the error that remains (on all-MiniLM-L6-v2 the nearest
+    neighbour of 98.6 % of 1,000 sentences stays the fp32 one, against 95.1 % with one pass).
 
     Args:
         x: ``(..., in_features)`` real array (computed in float32).
@@ -210,14 +223,18 @@ def linear_int8(x, qweight, scales, bias=None) -> np.ndarray:
             int8 value is handled exactly, -128 included).
         scales: ``(out_features,)`` per-channel scales.
         bias: ``(out_features,)`` or None.
+        residual_activations: the two-pass activations above (default: one pass).
 
     Returns:
         ``(..., out_features)`` float32. A row of ``x`` holding NaN or inf gives a row of NaN.
 
     Raises:
-        TypeError: ``qweight`` not an int8 numpy array; a non-numeric ``x``/``scales``/``bias``.
+        TypeError: ``qweight`` not an int8 numpy array; a non-numeric ``x``/``scales``/``bias``;
+            ``residual_activations`` not a bool.
         ValueError: shapes that disagree; ``x`` empty; ``in_features`` > 131072.
     """
+    if not isinstance(residual_activations, (bool, np.bool_)):
+        raise TypeError(f"residual_activations: expected a bool, got {type(residual_activations).__name__}")
     if not isinstance(qweight, np.ndarray) or qweight.dtype != np.int8:
         got = qweight.dtype if isinstance(qweight, np.ndarray) else type(qweight).__name__
         raise TypeError(f"qweight: expected an int8 numpy array, got {got}")
@@ -232,7 +249,8 @@ def linear_int8(x, qweight, scales, bias=None) -> np.ndarray:
     if s.shape != (out_features,):
         raise ValueError(f"scales: expected shape ({out_features},), got {s.shape}")
     b = _bias(bias, out_features)
-    y = _core.linear_int8(x=x2, qweight=np.ascontiguousarray(qweight), scales=s, bias=b)
+    y = _core.linear_int8(x=x2, qweight=np.ascontiguousarray(qweight), scales=s, bias=b,
+                          residual_activations=bool(residual_activations))
     return y.reshape(*lead, out_features)
 
 
@@ -394,7 +412,8 @@ def _model_classes():
     return Module, SentenceEncoder
 
 
-def quantize(model, format: str = "int8", *, inplace: bool = False, keep_float=None):
+def quantize(model, format: str = "int8", *, inplace: bool = False, keep_float=None,
+             residual_activations: bool = False):
     """A copy of ``model`` whose linear layers hold int8 weights (as ``torch.ao.quantization.quantize_dynamic``
     with per-channel int8 weights: a new model, unless ``inplace``).
 
@@ -420,12 +439,16 @@ def quantize(model, format: str = "int8", *, inplace: bool = False, keep_float=N
             mixed precision for the layers whose inputs quantize worst (e.g. a Transformer's
             feed-forward output projection, whose inputs carry outliers: Dettmers et al. 2022,
             "LLM.int8()"). Default: none.
+        residual_activations: multiply every int8 layer's activations in two int8 passes, value and
+            rounding residual (:func:`linear_int8`; :func:`set_residual_activations` changes it
+            later): twice the integer products, about 250× less activation error.
 
     Returns:
         The quantized model (``model`` itself with ``inplace``).
 
     Raises:
-        TypeError: ``model`` is not a transformer_core model; ``format`` not a str.
+        TypeError: ``model`` is not a transformer_core model; ``format`` not a str;
+            ``residual_activations`` not a bool.
         ValueError: an unknown ``format``; a float64 model (the int8 kernels compute in float32:
             build the model in float32); a ``keep_float`` name that is unknown or not a linear
             layer's weight.
@@ -435,8 +458,11 @@ def quantize(model, format: str = "int8", *, inplace: bool = False, keep_float=N
         raise TypeError(f"format: expected a str such as 'int8', got {type(format).__name__}")
     if format not in QUANTIZED_FORMATS:
         raise ValueError(f"format: expected one of {list(QUANTIZED_FORMATS)}, got {format!r}")
+    if not isinstance(residual_activations, (bool, np.bool_)):
+        raise TypeError(f"residual_activations: expected a bool, got {type(residual_activations).__name__}")
     if isinstance(model, SentenceEncoder):
-        bert = quantize(model.model, format, inplace=inplace, keep_float=keep_float)
+        bert = quantize(model.model, format, inplace=inplace, keep_float=keep_float,
+                        residual_activations=residual_activations)
         return model if inplace else SentenceEncoder(bert, model.tokenizer)
     if not isinstance(model, Module):
         raise TypeError(f"model: expected a transformer_core model or layer (BertModel, GPT2LMHeadModel, "
@@ -460,6 +486,8 @@ def quantize(model, format: str = "int8", *, inplace: bool = False, keep_float=N
         impl.quantize_int8(keep_float=[slots[n].core_name for n in keep if slots[n].impl is impl])
         if isinstance(target, CausalLM) and hasattr(impl, "quantize_tied_lm_head_int8"):
             impl.quantize_tied_lm_head_int8()
+    if residual_activations:
+        set_residual_activations(target, True)
     return target
 
 
@@ -563,6 +591,33 @@ def set_quantize_activations(model, on: bool = True) -> int:
         raise TypeError(f"on: expected a bool, got {type(on).__name__}")
     return sum(impl.set_quantize_activations(bool(on)) for impl in model._impls()
                if hasattr(impl, "set_quantize_activations"))
+
+
+def set_residual_activations(model, on: bool = True) -> int:
+    """Chooses how ``model``'s int8 weights meet their activations: in two int8 passes, the value and
+    its rounding residual (``on``; see :func:`linear_int8`: twice the integer products, activation
+    error ``sx / 512`` per value instead of ``sx / 2``), or one pass (``on=False``, the default, as
+    ``torch.ao.quantization.quantize_dynamic``).
+
+    Args:
+        model: a transformer_core model (or ``SentenceEncoder``).
+        on: the mode.
+
+    Returns:
+        How many weights are int8 (0: the call changed nothing).
+
+    Raises:
+        TypeError: not a transformer_core model; ``on`` not a bool.
+    """
+    Module, SentenceEncoder = _model_classes()
+    if isinstance(model, SentenceEncoder):
+        model = model.model
+    if not isinstance(model, Module):
+        raise TypeError(f"model: expected a transformer_core model, got {type(model).__name__}")
+    if not isinstance(on, (bool, np.bool_)):
+        raise TypeError(f"on: expected a bool, got {type(on).__name__}")
+    return sum(impl.set_residual_activations(bool(on)) for impl in model._impls()
+               if hasattr(impl, "set_residual_activations"))
 
 
 def weight_bytes(model, names=None) -> int:

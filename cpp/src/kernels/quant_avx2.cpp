@@ -136,7 +136,8 @@ struct Int8Kernel {
         const float sc = a.sx[i + u] * a.sw[j + r];
         float out = static_cast<float>(s) * sc;
         if (a.bias != nullptr) out = out + a.bias[j + r];
-        a.y[(i + u) * a.ldy + j + r] = out;
+        float& dst = a.y[(i + u) * a.ldy + j + r];
+        dst = a.accumulate ? dst + out : out;
       }
     }
   }
@@ -144,8 +145,8 @@ struct Int8Kernel {
 
 void linear_int8(const int8_t* xq, int64_t ldq, const float* sx, const int32_t* xsum, int64_t i0, int64_t i1,
                  int64_t k, const int8_t* w, const float* sw, const float* bias, int64_t j0, int64_t j1, float* y,
-                 int64_t ldy) {
-  const Int8Args a{xq, ldq, sx, xsum, k, w, sw, bias, y, ldy};
+                 int64_t ldy, bool accumulate) {
+  const Int8Args a{xq, ldq, sx, xsum, k, w, sw, bias, y, ldy, accumulate};
   drive<Int8Kernel>(a, i0, i1, j0, j1);
 }
 
@@ -394,7 +395,7 @@ void quantize_q8_blocks(const float* v, int64_t rows, int64_t k, int8_t* q, floa
 }
 
 constexpr KernelTable kTable{Isa::kAvx2,     quantize_rows_int8, linear_int8,       dequantize,
-                             linear_gguf_f32, linear_gguf_q8,    quantize_q8_blocks};
+                             linear_gguf_f32, linear_gguf_q8,    quantize_q8_blocks, 64, 64};
 
 }  // namespace
 

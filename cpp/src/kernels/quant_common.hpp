@@ -120,6 +120,7 @@ struct Int8Args {
   const float* bias;
   float* y;
   int64_t ldy;
+  bool accumulate;  // y += the product, instead of y = it
 };
 struct F32Args {
   const float* x;

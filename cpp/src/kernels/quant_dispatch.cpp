@@ -15,6 +15,10 @@
 #include <cpuid.h>
 #define TC_QUANT_X86 1
 #endif
+#if defined(TC_QUANT_X86) && defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 namespace transformer_core::kernels::quant {
 
@@ -39,6 +43,7 @@ namespace {
 struct CpuFeatures {
   bool avx2 = false;        // AVX2 + FMA + F16C, with the YMM state enabled by the OS
   bool avx512vnni = false;  // the above + AVX-512 F/BW/VL/DQ/VNNI, with the opmask and ZMM state enabled
+  bool amx = false;         // the above + AMX-TILE/INT8, with the tile state enabled and granted
 };
 
 #ifdef TC_QUANT_X86
@@ -46,6 +51,16 @@ uint64_t read_xcr0() {
   uint32_t eax = 0, edx = 0;
   __asm__ volatile("xgetbv" : "=a"(eax), "=d"(edx) : "c"(0));
   return (static_cast<uint64_t>(edx) << 32) | eax;
+}
+// Linux hands the AMX tile data (8 KiB of register state per thread) only to a process that asks
+// for it: arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA), once, for all its threads.
+bool request_amx_state() {
+#ifdef __linux__
+  constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+  return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+#else
+  return false;
+#endif
 }
 #endif
 
@@ -65,6 +80,9 @@ CpuFeatures detect() {
              avx512vl = b & (1u << 31), avx512vnni = c & (1u << 11);
   f.avx2 = ymm_state && avx2 && fma && f16c;
   f.avx512vnni = f.avx2 && zmm_state && avx512f && avx512dq && avx512bw && avx512vl && avx512vnni;
+  const bool amx_tile = d & (1u << 24), amx_int8 = d & (1u << 25);
+  const bool tile_state = (xcr0 & 0x60000) == 0x60000;  // XTILECFG, XTILEDATA
+  f.amx = f.avx512vnni && amx_tile && amx_int8 && tile_state && request_amx_state();
 #endif
   return f;
 }
@@ -97,7 +115,7 @@ const EnvChoice& env_choice() {
         c.isa = isa;
       }
     } catch (const std::invalid_argument&) {
-      c.error = std::string("TC_ISA=") + env + ": expected one of scalar, avx2, avx512vnni";
+      c.error = std::string("TC_ISA=") + env + ": expected one of scalar, avx2, avx512vnni, amx";
     }
     return c;
   }();
@@ -111,6 +129,7 @@ const char* isa_name(Isa isa) {
     case Isa::kScalar: return "scalar";
     case Isa::kAvx2: return "avx2";
     case Isa::kAvx512Vnni: return "avx512vnni";
+    case Isa::kAmx: return "amx";
   }
   return "?";
 }
@@ -119,7 +138,9 @@ Isa parse_isa(const std::string& name) {
   if (name == "scalar") return Isa::kScalar;
   if (name == "avx2") return Isa::kAvx2;
   if (name == "avx512vnni") return Isa::kAvx512Vnni;
-  throw std::invalid_argument("isa: expected one of \"scalar\", \"avx2\", \"avx512vnni\", got \"" + name + "\"");
+  if (name == "amx") return Isa::kAmx;
+  throw std::invalid_argument("isa: expected one of \"scalar\", \"avx2\", \"avx512vnni\", \"amx\", got \"" + name +
+                              "\"");
 }
 
 bool isa_supported(Isa isa) {
@@ -128,6 +149,7 @@ bool isa_supported(Isa isa) {
 #ifdef TC_QUANT_X86
     case Isa::kAvx2: return features().avx2;
     case Isa::kAvx512Vnni: return features().avx512vnni;
+    case Isa::kAmx: return features().amx;
 #endif
     default: return false;
   }
@@ -135,7 +157,7 @@ bool isa_supported(Isa isa) {
 
 std::vector<Isa> supported_isas() {
   std::vector<Isa> out;
-  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512Vnni})
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512Vnni, Isa::kAmx})
     if (isa_supported(isa)) out.push_back(isa);
   return out;
 }
@@ -164,6 +186,7 @@ const KernelTable& kernel_table(Isa isa) {
 #ifdef TC_QUANT_X86
     case Isa::kAvx2: return avx2_kernels();
     case Isa::kAvx512Vnni: return avx512vnni_kernels();
+    case Isa::kAmx: return amx_kernels();
 #endif
     default: return scalar_kernels();
   }

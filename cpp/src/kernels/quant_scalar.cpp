@@ -42,7 +42,7 @@ void quantize_rows_int8(const float* v, int64_t rows, int64_t k, int8_t* q, int6
 
 void linear_int8(const int8_t* xq, int64_t ldq, const float* sx, const int32_t* /*xsum*/, int64_t i0, int64_t i1,
                  int64_t k, const int8_t* w, const float* sw, const float* bias, int64_t j0, int64_t j1, float* y,
-                 int64_t ldy) {
+                 int64_t ldy, bool accumulate) {
   for (int64_t i = i0; i < i1; ++i) {
     const int8_t* xr = xq + i * ldq;
     for (int64_t j = j0; j < j1; ++j) {
@@ -52,7 +52,7 @@ void linear_int8(const int8_t* xq, int64_t ldq, const float* sx, const int32_t* 
       const float s = sx[i] * sw[j];
       float out = static_cast<float>(acc) * s;
       if (bias != nullptr) out = out + bias[j];
-      y[i * ldy + j] = out;
+      y[i * ldy + j] = accumulate ? y[i * ldy + j] + out : out;
     }
   }
 }
@@ -158,7 +158,7 @@ void quantize_q8_blocks(const float* v, int64_t rows, int64_t k, int8_t* q, floa
 }
 
 constexpr KernelTable kTable{Isa::kScalar,  quantize_rows_int8, linear_int8,       dequantize,
-                             linear_gguf_f32, linear_gguf_q8,    quantize_q8_blocks};
+                             linear_gguf_f32, linear_gguf_q8,    quantize_q8_blocks, 64, 64};
 
 }  // namespace
 

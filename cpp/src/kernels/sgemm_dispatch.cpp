@@ -16,7 +16,7 @@ const Kernels* active() {
   } catch (const std::invalid_argument&) {  // a bad TC_ISA: the quantized ops say so; fp32 runs on
     isa = quant::best_isa();
   }
-  if (isa == Isa::kAvx512Vnni) return &avx512_kernels();
+  if (isa == Isa::kAvx512Vnni || isa == Isa::kAmx) return &avx512_kernels();
   if (quant::isa_supported(Isa::kAvx2)) return &avx2_kernels();  // "avx2", and "scalar": the same bits
 #endif
   return nullptr;

@@ -95,18 +95,32 @@ void load_gguf_weights(Module<float>& root, const std::vector<GgufTensor>& tenso
   root.refresh_parameters();
 }
 
-int64_t set_quantize_activations(Module<float>& root, bool on) {
-  int64_t n = 0;
+namespace {
+
+// Every quantized matrix of a given format inside root (Linear weights, embedding tables).
+std::vector<QuantizedMatrix*> quantized_matrices(Module<float>& root, QuantizedMatrix::Format format) {
+  std::vector<QuantizedMatrix*> out;
   for (Module<float>* m : owners(root)) {
     QuantizedMatrix* w = nullptr;
     if (auto* linear = dynamic_cast<Linear<float>*>(m)) w = linear->quantized_weight();
     if (auto* embedding = dynamic_cast<Embedding<float>*>(m)) w = embedding->quantized_weight();
-    if (w != nullptr && w->format() == QuantizedMatrix::Format::kGguf) {
-      w->set_quantize_activations(on);
-      ++n;
-    }
+    if (w != nullptr && w->format() == format) out.push_back(w);
   }
-  return n;
+  return out;
+}
+
+}  // namespace
+
+int64_t set_quantize_activations(Module<float>& root, bool on) {
+  const auto ws = quantized_matrices(root, QuantizedMatrix::Format::kGguf);
+  for (QuantizedMatrix* w : ws) w->set_quantize_activations(on);
+  return static_cast<int64_t>(ws.size());
+}
+
+int64_t set_residual_activations(Module<float>& root, bool on) {
+  const auto ws = quantized_matrices(root, QuantizedMatrix::Format::kInt8);
+  for (QuantizedMatrix* w : ws) w->set_residual_activations(on);
+  return static_cast<int64_t>(ws.size());
 }
 
 }  // namespace transformer_core::layers

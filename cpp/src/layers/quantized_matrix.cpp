@@ -70,7 +70,8 @@ void QuantizedMatrix::forward(const float* x, int64_t rows, float* y, const floa
                                 to_string(out_begin + out_count) + ") outside [0, " + to_string(out_) + ")");
   const float* b = bias != nullptr ? bias + out_begin : nullptr;
   if (format_ == Format::kInt8) {
-    ops::linear_int8(x, rows, in_, qweight_.data() + out_begin * in_, scales_.data() + out_begin, b, out_count, y);
+    ops::linear_int8(x, rows, in_, qweight_.data() + out_begin * in_, scales_.data() + out_begin, b, out_count, y,
+                     residual_activations_);
     return;
   }
   const std::vector<ops::GgufRows> parts = runs_in(out_begin, out_count);

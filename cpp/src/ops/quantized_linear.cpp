@@ -3,6 +3,7 @@
 #include "transformer_core/ops/quantized_linear.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -76,6 +77,31 @@ void over_outputs(int64_t rows, int64_t in, int64_t out, int64_t tile_rows, int6
   }
 }
 
+// One row of the int8 residual mode (linear_int8): rq = rint(clamp((x − q · s) · (256 / s), ±127)),
+// zero-padded to ldq; returns Σ rq. A row with s = 0 (zero or tiny) or NaN (non-finite) gets zeros.
+// Local copies and __restrict let the compiler vectorise it (int8 stores may alias anything).
+int32_t residual_row(const float* __restrict x, const int8_t* __restrict q, float s, int64_t in, int64_t ldq,
+                     int8_t* __restrict rq) {
+  int32_t sum = 0;
+  if (s > 0.0f) {
+    const float inv = 256.0f / s;
+    constexpr float kRoundMagic = 12582912.0f;  // 1.5 · 2^23: adding it rounds to an integer
+    for (int64_t t = 0; t < in; ++t) {
+      float v = std::fma(-static_cast<float>(q[t]), s, x[t]) * inv;
+      v = v < -127.0f ? -127.0f : v;
+      v = v > 127.0f ? 127.0f : v;
+      v = (v + kRoundMagic) - kRoundMagic;  // rint, half to even (|v| < 2^22)
+      const auto r = static_cast<int32_t>(v);
+      rq[t] = static_cast<int8_t>(r);
+      sum += r;
+    }
+  } else {
+    for (int64_t t = 0; t < in; ++t) rq[t] = 0;
+  }
+  for (int64_t t = in; t < ldq; ++t) rq[t] = 0;
+  return sum;
+}
+
 }  // namespace
 
 void quantize_int8(const float* weight, int64_t out, int64_t in, int8_t* qweight, float* scales) {
@@ -87,7 +113,7 @@ void quantize_int8(const float* weight, int64_t out, int64_t in, int8_t* qweight
 }
 
 void linear_int8(const float* x, int64_t rows, int64_t in, const int8_t* qweight, const float* scales,
-                 const float* bias, int64_t out, float* y) {
+                 const float* bias, int64_t out, float* y, bool residual_activations) {
   check_dims(rows, in, out, "linear_int8");
   if (in > q::kInt8MaxK)
     throw std::invalid_argument("linear_int8: in_features: expected <= " + std::to_string(q::kInt8MaxK) +
@@ -101,8 +127,26 @@ void linear_int8(const float* x, int64_t rows, int64_t in, const int8_t* qweight
   kernels::parallel_for(0, rows, grain_rows(in * 16), [&](int64_t r0, int64_t r1) {
     kt.quantize_rows_int8(x + r0 * in, r1 - r0, in, xq + r0 * ldq, ldq, sx + r0, xsum + r0);
   });
-  over_outputs(rows, in, out, kTileRows, kTileCols, [&](int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
-    kt.linear_int8(xq, ldq, sx, xsum, i0, i1, in, qweight, scales, bias, j0, j1, y, out);
+  over_outputs(rows, in, out, kt.int8_tile_rows, kt.int8_tile_cols, [&](int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
+    kt.linear_int8(xq, ldq, sx, xsum, i0, i1, in, qweight, scales, bias, j0, j1, y, out, false);
+  });
+  if (!residual_activations) return;
+
+  // The second pass: each row's rounding residual r = x − q · sx, quantized in units of sr = sx / 256,
+  // then its product added to y. fma(−q, sx, x) is r exactly (|r| <= sx / 2 and its bits stop at
+  // ulp(sx) or ulp(x), whichever is finer: it fits in 24 bits), so the roundings are those of
+  // inv = 256 / sx and of r · inv; only |r · inv| in (127, 128] is clamped.
+  int8_t* rq = kernels::workspace<int8_t>(Scratch::kQuantResidualActivations, static_cast<size_t>(rows * ldq));
+  float* sr = kernels::workspace<float>(Scratch::kQuantResidualScales, static_cast<size_t>(rows));
+  int32_t* rsum = kernels::workspace<int32_t>(Scratch::kQuantResidualSums, static_cast<size_t>(rows));
+  kernels::parallel_for(0, rows, grain_rows(in * 16), [&](int64_t r0, int64_t r1) {
+    for (int64_t i = r0; i < r1; ++i) {
+      sr[i] = sx[i] / 256.0f;  // exact: a power of two (sx >= 2^-100 / 127 keeps it normal)
+      rsum[i] = residual_row(x + i * in, xq + i * ldq, sx[i], in, ldq, rq + i * ldq);
+    }
+  });
+  over_outputs(rows, in, out, kt.int8_tile_rows, kt.int8_tile_cols, [&](int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
+    kt.linear_int8(rq, ldq, sr, rsum, i0, i1, in, qweight, scales, nullptr, j0, j1, y, out, true);
   });
 }
 

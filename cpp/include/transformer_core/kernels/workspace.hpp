@@ -29,11 +29,15 @@ enum class Scratch : int {
   kLayerB,
   kLayerX,
   // quantized linear (ops/quantized_linear.cpp): quantized activations, their scales and sums, and
-  // one decoded tile of weights
+  // one decoded tile of weights; the int8 residual mode's quantized rounding residual, its scales
+  // and sums
   kQuantActivations,
   kQuantScales,
   kQuantSums,
   kQuantTile,
+  kQuantResidualActivations,
+  kQuantResidualScales,
+  kQuantResidualSums,
   // Training (the layers' backward passes, *_backward.cpp; a layer's backward runs after its
   // children's have returned or before they start, never beside them):
   //   the residual-stream gradients of an encoder / decoder layer or a decoder block

@@ -7,6 +7,7 @@
 //                           the layers that own them; a packed matrix ([q; k; v], [gate; up]) gets
 //                           one run of rows per tensor
 //   set_quantize_activations  the activation mode of every GGUF matrix (fp32, or Q8 blocks)
+//   set_residual_activations  the activation mode of every int8 matrix (one int8 pass, or two)
 // float32 only: the quantized kernels compute in float32.
 #pragma once
 
@@ -52,5 +53,9 @@ void load_gguf_weights(Module<float>& root, const std::vector<GgufTensor>& tenso
 // tables used as LM heads): Q8 activation blocks and integer dots (true) or fp32 activations (false).
 // Returns how many weights it set.
 int64_t set_quantize_activations(Module<float>& root, bool on);
+
+// Sets the activation mode of every int8 weight inside root: activations in two int8 passes, value
+// and rounding residual (true; ops::linear_int8), or one (false). Returns how many weights it set.
+int64_t set_residual_activations(Module<float>& root, bool on);
 
 }  // namespace transformer_core::layers

@@ -68,6 +68,9 @@ class QuantizedMatrix {
   // GGUF only: Q8 activation blocks and integer dots (true) or fp32 activations (false, the default).
   void set_quantize_activations(bool on) { quantize_activations_ = on; }
   bool quantize_activations() const { return quantize_activations_; }
+  // int8 only: the activations in two int8 passes, value and rounding residual (ops::linear_int8).
+  void set_residual_activations(bool on) { residual_activations_ = on; }
+  bool residual_activations() const { return residual_activations_; }
 
  private:
   QuantizedMatrix(Format format, int64_t out, int64_t in) : format_(format), out_(out), in_(in) {}
@@ -77,6 +80,7 @@ class QuantizedMatrix {
   Format format_;
   int64_t out_, in_;
   bool quantize_activations_ = false;
+  bool residual_activations_ = false;
   xt::xtensor<int8_t, 2> qweight_;  // int8: [out, in]
   xt::xtensor<float, 1> scales_;     // int8: [out]
   std::vector<GgufRun> runs_;    // GGUF: sorted by row0, covering [0, out)

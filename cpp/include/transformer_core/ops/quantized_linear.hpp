@@ -21,8 +21,14 @@ void quantize_int8(const float* weight, int64_t out, int64_t in, int8_t* qweight
 // y[rows, out] = dequant(quantize_rows(x) · qweightᵀ) + bias      (formats.hpp: the int8 product)
 //   x: [rows, in] fp32   qweight: [out, in] int8   scales: [out]   bias: [out] or nullptr
 //   in <= kInt8MaxK (131072): the int32 accumulator stays exact.
+// residual_activations: the activations in two int8 passes. x ≈ sx · q (the per-row rule), then the
+//   rounding residual x − sx · q (at most sx / 2, computed exactly) in units of sr = sx / 256:
+//   rq = rint(clamp((x − sx · q) · (256 / sx), ±127)) in fp32. Then
+//     y = (float(acc_q) · (sx · sw) + bias) + float(acc_r) · (sr · sw)      acc_* exact int32
+//   Twice the integer products; the activations' error drops from sx / 2 to sx / 512, which leaves
+//   the weights' rounding as the error that remains.
 void linear_int8(const float* x, int64_t rows, int64_t in, const int8_t* qweight, const float* scales,
-                 const float* bias, int64_t out, float* y);
+                 const float* bias, int64_t out, float* y, bool residual_activations = false);
 
 // y[rows, out] = x · Ŵᵀ + bias, Ŵ the GGUF blocks' values (formats.hpp), read in place:
 //   x: [rows, in] fp32   blocks: out rows of in / 32 blocks, `num_bytes` bytes in all   bias: [out] or nullptr

@@ -6,7 +6,9 @@
 //   scalar      portable C++, the reference and the fallback (any CPU)
 //   avx2        AVX2 + FMA + F16C, vpmaddubsw integer dots (Intel Haswell+, AMD Zen+)
 //   avx512vnni  AVX-512 F/BW/VL/DQ + VNNI, vpdpbusd integer dots (Intel Ice Lake+, AMD Zen 4+)
-// The default is the best one the CPU has; the environment variable TC_ISA=scalar|avx2|avx512vnni,
+//   amx         avx512vnni + AMX-TILE/INT8: the int8 product on tiles, tdpbssd (Intel Sapphire
+//               Rapids+); on Linux, once the kernel grants the process the tile state (arch_prctl)
+// The default is the best one the CPU has; the environment variable TC_ISA=scalar|avx2|avx512vnni|amx,
 // read once, overrides it, and set_active_isa() changes it at run time (tests run every path).
 //
 // Every ISA gives the same bits: the kernels fix the order of every floating-point operation
@@ -18,9 +20,9 @@
 
 namespace transformer_core::kernels::quant {
 
-enum class Isa : int { kScalar = 0, kAvx2 = 1, kAvx512Vnni = 2 };
+enum class Isa : int { kScalar = 0, kAvx2 = 1, kAvx512Vnni = 2, kAmx = 3 };
 
-// "scalar", "avx2", "avx512vnni".
+// "scalar", "avx2", "avx512vnni", "amx".
 const char* isa_name(Isa isa);
 // Parses an ISA name; throws std::invalid_argument naming the known ones otherwise.
 Isa parse_isa(const std::string& name);

@@ -31,12 +31,13 @@ struct KernelTable {
                              int32_t* sum);
 
   // y[i, j] = float(acc) · (sx[i] · sw[j]) + bias[j]      acc = Σ_k xq[i, k] · w[j, k]   (exact int32)
+  //   with accumulate:  y[i, j] = y[i, j] + (float(acc) · (sx[i] · sw[j]) + bias[j])
   //   xq: [*, ldq] int8, zero beyond k, ldq a multiple of 64   sx: [*]   xsum: [*] Σ_k xq[i, k]
   //   w: [*, k] int8 (any value in [-128, 127])   sw: [*]   bias: [*] or nullptr (then no addition)
   //   y: [*, ldy]; rows i0..i1 of x, features j0..j1 of w.   k <= kInt8MaxK.
   void (*linear_int8)(const int8_t* xq, int64_t ldq, const float* sx, const int32_t* xsum, int64_t i0, int64_t i1,
                       int64_t k, const int8_t* w, const float* sw, const float* bias, int64_t j0, int64_t j1, float* y,
-                      int64_t ldy);
+                      int64_t ldy, bool accumulate);
 
   // out[r − r0, 32(b − b0) + p] = w_p of block b of row r (formats.hpp), bit for bit gguf.quants'.
   //   w: [rows, k / 32 blocks] bytes (row r at w + r · (k / 32) · type_size)   out: [r1 − r0, ldo]
@@ -65,6 +66,12 @@ struct KernelTable {
   //   v: [rows, k], k a multiple of 32   q: [rows, k] int8   d: [rows, k / 32] fp32
   //   g: [rows, k / 32, 8] int32, g[r, b, t] = Σ_{u<4} q[r, 32b + 4t + u] (or nullptr)
   void (*quantize_q8_blocks)(const float* v, int64_t rows, int64_t k, int8_t* q, float* d, int32_t* g);
+
+  // The rectangle of y (x rows × output features) that the op hands linear_int8 at once, when x has
+  // more rows than a few: 64 × 64 for the SIMD dots; AMX wants wide ones (its x rows are repacked
+  // once per rectangle and reused for every feature: 32 × 768 measured fastest).
+  int64_t int8_tile_rows;
+  int64_t int8_tile_cols;
 };
 
 // The table of an ISA (isa_supported(isa) must hold), and of the active one. (No inline functions in
@@ -72,9 +79,10 @@ struct KernelTable {
 const KernelTable& kernel_table(Isa isa);
 const KernelTable& active_kernels();
 
-// One per ISA translation unit (quant_scalar.cpp, quant_avx2.cpp, quant_avx512vnni.cpp).
+// One per ISA translation unit (quant_scalar.cpp, quant_avx2.cpp, quant_avx512vnni.cpp, quant_amx.cpp).
 const KernelTable& scalar_kernels();
 const KernelTable& avx2_kernels();
 const KernelTable& avx512vnni_kernels();
+const KernelTable& amx_kernels();
 
 }  // namespace transformer_core::kernels::quant
