@@ -24,7 +24,8 @@ What it measures:
       last value (default 2): SmolLM2-135M-Instruct decode tokens/s — ours with the GGUF file's Q4_1
       blocks, ours dequantized to fp32, llama.cpp on the same file through ``llama-cpp-python`` (when
       installed; the table says so when not) — with GB/s of weights streamed per decoded token; and
-      all-MiniLM-L6-v2 sentences/s on bench/run.py's 1,000 sentences — ours int8 vs ours fp32 vs ONNX
+      all-MiniLM-L6-v2 sentences/s on bench/run.py's 1,000 sentences — ours int8 (one activation pass,
+      and with residual activations: ``quantize(..., residual_activations=True)``) vs ours fp32 vs ONNX
       Runtime's dynamic int8 (per-channel) and CTranslate2's int8 (when installed), with each one's
       minimum cosine to our fp32 embeddings.
 
