@@ -566,6 +566,18 @@ def set_gguf_weights(module, weights) -> None:
         impl.load_gguf_weights(tensors)
 
 
+def _set_activation_mode(model, on, method: str) -> int:
+    """Calls the core layers' ``method(on)`` across ``model`` (checked): how many weights it set."""
+    Module, SentenceEncoder = _model_classes()
+    if isinstance(model, SentenceEncoder):
+        model = model.model
+    if not isinstance(model, Module):
+        raise TypeError(f"model: expected a transformer_core model, got {type(model).__name__}")
+    if not isinstance(on, (bool, np.bool_)):
+        raise TypeError(f"on: expected a bool, got {type(on).__name__}")
+    return sum(getattr(impl, method)(bool(on)) for impl in model._impls() if hasattr(impl, method))
+
+
 def set_quantize_activations(model, on: bool = True) -> int:
     """Chooses how ``model``'s GGUF-block weights are multiplied: Q8 activation blocks and integer
     dots (``on``: llama.cpp's way, faster, as accurate as 8-bit activations) or float32 activations
@@ -582,15 +594,7 @@ def set_quantize_activations(model, on: bool = True) -> int:
     Raises:
         TypeError: not a transformer_core model; ``on`` not a bool.
     """
-    Module, SentenceEncoder = _model_classes()
-    if isinstance(model, SentenceEncoder):
-        model = model.model
-    if not isinstance(model, Module):
-        raise TypeError(f"model: expected a transformer_core model, got {type(model).__name__}")
-    if not isinstance(on, (bool, np.bool_)):
-        raise TypeError(f"on: expected a bool, got {type(on).__name__}")
-    return sum(impl.set_quantize_activations(bool(on)) for impl in model._impls()
-               if hasattr(impl, "set_quantize_activations"))
+    return _set_activation_mode(model, on, "set_quantize_activations")
 
 
 def set_residual_activations(model, on: bool = True) -> int:
@@ -609,15 +613,7 @@ def set_residual_activations(model, on: bool = True) -> int:
     Raises:
         TypeError: not a transformer_core model; ``on`` not a bool.
     """
-    Module, SentenceEncoder = _model_classes()
-    if isinstance(model, SentenceEncoder):
-        model = model.model
-    if not isinstance(model, Module):
-        raise TypeError(f"model: expected a transformer_core model, got {type(model).__name__}")
-    if not isinstance(on, (bool, np.bool_)):
-        raise TypeError(f"on: expected a bool, got {type(on).__name__}")
-    return sum(impl.set_residual_activations(bool(on)) for impl in model._impls()
-               if hasattr(impl, "set_residual_activations"))
+    return _set_activation_mode(model, on, "set_residual_activations")
 
 
 def weight_bytes(model, names=None) -> int:
