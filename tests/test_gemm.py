@@ -8,6 +8,10 @@ dimension in order, so:
   and 2 threads;
 * results match torch in fp64 to fp32 rounding (relative 1e-5 of the row's scale).
 
+One exception: on the ``amx`` ISA the linear layer's product runs on AMX tiles as six bf16 products
+of three-way split values (sgemm.hpp, ``split``), summed in another order. Its bits are its own
+(the same for 1 and 2 threads), and its error against fp64 is held to the FMA kernels' own.
+
 Shapes cross every edge where the kernels change path: micro-tile rows (AVX-512 12, AVX2 6), the
 panel width 32 and the half panel 16, the 16 × 16 transposes of the weight packing (k = 15, 16, 17),
 the linear tiles (96 rows × 128 columns), the weight chunk (2**21 floats: n = 1025 at k = 2048),
@@ -39,21 +43,36 @@ def isa_and_threads(isa: str, threads: int):
         tc.set_num_threads(old_threads)
 
 
-def _all_paths(fn):
-    """fn() on every (ISA, thread count); asserts all equal bitwise; returns one result."""
-    results = []
+def _paths_by_family(fn, family):
+    """fn() on every (ISA, thread count); asserts equal bits inside each family (family(isa) names
+    it); returns {family: one result}."""
+    firsts = {}
     for isa in ISAS:
         for threads in (1, 2):
             with isa_and_threads(isa, threads):
-                results.append((isa, threads, fn()))
-    first = results[0][2]
-    for isa, threads, r in results[1:]:
-        for a, b in zip(first if isinstance(first, tuple) else (first,), r if isinstance(r, tuple) else (r,)):
-            if a is None:
-                assert b is None
+                r = fn()
+            name = family(isa)
+            if name not in firsts:
+                firsts[name] = (isa, threads, r)
                 continue
-            assert np.array_equal(a, b, equal_nan=True), f"{isa}, {threads} threads differ from {results[0][:2]}"
-    return first
+            first = firsts[name][2]
+            for a, b in zip(first if isinstance(first, tuple) else (first,), r if isinstance(r, tuple) else (r,)):
+                if a is None:
+                    assert b is None
+                    continue
+                assert np.array_equal(a, b, equal_nan=True), f"{isa}, {threads} threads differ from {firsts[name][:2]}"
+    return {name: r for name, (_, _, r) in firsts.items()}
+
+
+def _all_paths(fn):
+    """fn() on every (ISA, thread count); asserts all equal bitwise; returns one result."""
+    return _paths_by_family(fn, lambda isa: "all")["all"]
+
+
+def _linear_paths(fn):
+    """As _all_paths for the linear layer: the FMA ISAs agree bitwise, and amx with itself (its
+    split bf16 products sum in another order); returns {"fma": result, "amx": result if present}."""
+    return _paths_by_family(fn, lambda isa: "amx" if isa == "amx" else "fma")
 
 
 def _close_to_fp64(actual, ref64, rtol=1e-5):
@@ -80,27 +99,127 @@ def test_linear_every_isa_and_thread_count_bitwise_and_matches_torch(shape, acti
     w = rng.standard_normal((n, k), dtype=np.float32)
     b = rng.standard_normal(n, dtype=np.float32)
     if activation is None:
-        y = _all_paths(lambda: functional.linear(x, w, b))
+        ys = _linear_paths(lambda: functional.linear(x, w, b))
     else:
-        y = _all_paths(lambda: tc._core.linear_f32(x, w, b, activation))
+        ys = _linear_paths(lambda: tc._core.linear_f32(x, w, b, activation))
     ref = torch.nn.functional.linear(*(torch.from_numpy(a).double() for a in (x, w, b)))
     if activation == "gelu":
         ref = torch.nn.functional.gelu(ref)
-    _close_to_fp64(y, ref.numpy())
+    for y in ys.values():
+        _close_to_fp64(y, ref.numpy())
 
 
-def test_linear_propagates_nan_and_inf_as_torch():
+@pytest.mark.parametrize("where", ["x", "w"])
+def test_linear_propagates_nan_and_inf_as_torch(where):
     rng = np.random.default_rng(5)
     x = rng.standard_normal((40, 37), dtype=np.float32)
     w = rng.standard_normal((70, 37), dtype=np.float32)
-    x[3, 5] = np.nan
-    x[17, 0] = np.inf
-    y = _all_paths(lambda: functional.linear(x, w))
+    a = x if where == "x" else w
+    a[3, 5] = np.nan
+    a[17, 0] = np.inf
+    a[30, 36] = -np.inf
     ref = torch.nn.functional.linear(torch.from_numpy(x), torch.from_numpy(w)).numpy()
-    np.testing.assert_array_equal(np.isnan(y), np.isnan(ref))
-    np.testing.assert_array_equal(np.isinf(y), np.isinf(ref))
-    finite = np.isfinite(ref)
-    np.testing.assert_allclose(y[finite], ref[finite], atol=1e-4, rtol=1e-5)
+    for y in _linear_paths(lambda: functional.linear(x, w)).values():
+        np.testing.assert_array_equal(np.isnan(y), np.isnan(ref))
+        np.testing.assert_array_equal(np.isinf(y), np.isinf(ref))
+        finite = np.isfinite(ref)
+        np.testing.assert_allclose(y[finite], ref[finite], atol=1e-4, rtol=1e-5)
+
+
+needs_amx = pytest.mark.skipif("amx" not in ISAS, reason="the CPU has no AMX (or Linux did not grant the tile state)")
+
+# rows across the kernel's 32-row steps and the 96-row tiles; k across the 32-value tiles and the
+# 16-value halves of the split; columns across the 16-column tiles, the 32-column steps and the
+# 128-column tasks
+AMX_SHAPES = [  # (rows, in_features, out_features)
+    (33, 1, 1), (34, 15, 15), (47, 16, 16), (63, 17, 17), (64, 31, 31), (65, 32, 32), (95, 33, 33),
+    (96, 63, 127), (97, 64, 128), (127, 65, 129), (128, 384, 255), (129, 385, 257), (193, 1536, 384),
+    (40, 2048, 1025),  # two chunks of the weight
+]
+
+
+def _amx_and_fma(fn):
+    with isa_and_threads("amx", 2):
+        amx = fn()
+    with isa_and_threads("avx512vnni", 2):
+        fma = fn()
+    return amx, fma
+
+
+@needs_amx
+@pytest.mark.parametrize("shape", AMX_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("spread", [0, 6], ids=["normal", "magnitudes-1e-6-1e6"])
+def test_linear_on_amx_is_as_accurate_as_fp32_fma(shape, spread):
+    """The split bf16 products' error against fp64 stays at the FMA chain's own (the three dropped
+    terms are below 2^-23 of each product), on values of one scale and on values spread over 12
+    orders of magnitude."""
+    m, k, n = shape
+    rng = np.random.default_rng(m * 7 + k * 3 + n + spread)
+    x = (rng.standard_normal((m, k)) * 10.0 ** rng.uniform(-spread, spread, (m, k))).astype(np.float32)
+    w = (rng.standard_normal((n, k)) * 10.0 ** rng.uniform(-spread, spread, (n, k))).astype(np.float32)
+    b = rng.standard_normal(n).astype(np.float32)
+    amx, fma = _amx_and_fma(lambda: functional.linear(x, w, b))
+    ref = x.astype(np.float64) @ w.astype(np.float64).T + b
+    # per output: error relative to Σ |x·w| (the size that fp32 rounding scales with)
+    size = np.abs(x.astype(np.float64)) @ np.abs(w.astype(np.float64)).T + np.abs(b)
+    err_amx = np.abs(amx - ref) / size
+    err_fma = np.abs(fma - ref) / size
+    eps = np.finfo(np.float32).eps
+    assert err_amx.max() <= max(2 * err_fma.max(), 4 * eps), (err_amx.max(), err_fma.max())
+    assert err_amx.mean() <= 2 * err_fma.mean() + eps / 8, (err_amx.mean(), err_fma.mean())
+
+
+@needs_amx
+def test_linear_on_amx_near_the_ends_of_the_fp32_range():
+    """Values that round up to Inf in bf16 (within half a bf16 step of FLT_MAX) keep a truncated high
+    part and their exact residuals. At the other end, tdpbf16ps flushes products below fp32's normal
+    range (2^-126) to zero: an absolute error floor of 6 · k · 2^-126 (1e-35 at k = 48)."""
+    rng = np.random.default_rng(11)
+    m, k, n = 40, 48, 36
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    w = (rng.standard_normal((n, k)) * 1e-3).astype(np.float32)
+    x[5, :] = np.float32(3.4028e38) * np.sign(x[5, :])  # 0x7F7FFxxx: bf16 rounding would overflow
+    x[6, :] = np.float32(3.3962e38)
+    x[7, :] *= np.float32(1e-33)  # products near 1e-36: their smaller parts' products underflow
+    w[:, 3] = 0.0
+    amx, fma = _amx_and_fma(lambda: functional.linear(x, w))
+    ref = x.astype(np.float64) @ w.astype(np.float64).T
+    assert np.isfinite(amx).all()
+    size = np.abs(x.astype(np.float64)) @ np.abs(w.astype(np.float64)).T
+    eps = np.finfo(np.float32).eps
+    normal = np.arange(m) != 7
+    assert (np.abs(amx - ref) / size)[normal].max() <= 8 * eps
+    assert (np.abs(fma - ref) / size).max() <= 8 * eps
+    floor = 6 * k * 2.0**-126
+    assert np.abs(amx - ref)[7].max() <= floor
+    assert np.abs(amx - ref)[7].max() > (8 * eps * size[7]).max()  # the floor is real: it shows here
+
+
+@needs_amx
+@pytest.mark.parametrize("where", ["x", "w"])
+def test_linear_on_amx_hands_inf_and_nan_to_the_fma_kernels(where):
+    """A row of x (or the 128-column tile of w) holding Inf or NaN is computed by the FMA kernels:
+    exactly their bits there; the other rows keep the AMX product."""
+    rng = np.random.default_rng(3)
+    m, k, n = 100, 70, 300
+    x = rng.standard_normal((m, k), dtype=np.float32)
+    w = rng.standard_normal((n, k), dtype=np.float32)
+    if where == "x":
+        x[[4, 50, 99], [0, 69, 33]] = [np.inf, np.nan, -np.inf]
+    else:
+        w[130, 7] = np.inf  # the second column tile (128 … 255)
+    amx, fma = _amx_and_fma(lambda: functional.linear(x, w))
+    with isa_and_threads("amx", 2):
+        clean = functional.linear(np.nan_to_num(x, posinf=0, neginf=0), np.nan_to_num(w, posinf=0, neginf=0))
+    if where == "x":
+        fallback = np.zeros((m, n), dtype=bool)
+        fallback[[4, 50, 99]] = True
+    else:
+        fallback = np.zeros((m, n), dtype=bool)
+        fallback[:, 128:256] = True
+    np.testing.assert_array_equal(amx[fallback], fma[fallback])
+    assert not np.array_equal(clean[~fallback], fma[~fallback])  # elsewhere: the AMX bits
+    np.testing.assert_array_equal(amx[~fallback], clean[~fallback])
 
 
 BACKWARD_SHAPES = [  # (rows, in_features, out_features): inner dims across the 256-blocks, tile edges

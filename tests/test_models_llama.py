@@ -103,14 +103,26 @@ def _true_fp64():
 # ------------------------------------------------------------------------------------- forward
 @pytest.mark.parametrize("N,L", [(1, 1), (2, 7), (3, 13), (5, 5), (1, 64)], ids=["N1L1", "N2L7", "N3L13", "N5L5", "N1L64"])
 def test_logits_match_hf(llama, N, L):
-    hf, _, m = llama
+    """fp32 logits within 1e-5 of transformers', beyond transformers' own rounding error.
+
+    transformers' fp32 logits are up to 1.4e-5 away from the exact (fp64) ones here, more than the
+    tolerance: ours can be nearer the exact answer and still differ from them by more than 1e-5 (the
+    AMX product does: 6e-6 from exact, 1.4e-5 from transformers). So each element may differ by 1e-5
+    plus transformers' own distance from the fp64 logits of the same checkpoint."""
+    hf, path, m = llama
     ids = _ids(N * 100 + L, (N, L))
     out = m(ids)
     ref = _hf(hf, ids).logits.numpy()
+    hf64 = transformers.LlamaForCausalLM.from_pretrained(path, dtype=torch.float64, attn_implementation="sdpa").eval()
+    with _true_fp64():
+        exact = _hf(hf64, ids).logits.numpy()
     assert out.logits.shape == (N, L, VOCAB) and out.logits.dtype == np.float32
     assert np.abs(ref).max() > 0.5  # not trivially small numbers
-    assert_close(out.logits, ref, np.float32, what="llama logits")
-    assert_close(m(ids, logits_to_keep=1).logits[:, 0], ref[:, -1], np.float32, what="logits_to_keep=1")
+    assert np.abs(ref - exact).max() < 3e-5  # transformers' own error stays small: the slack below is too
+    tol = 1e-5 + 1e-6 * np.abs(ref) + np.abs(ref - exact) + 1e-12
+    np.testing.assert_array_less(np.abs(out.logits - ref), tol)
+    keep = m(ids, logits_to_keep=1).logits[:, 0]
+    np.testing.assert_array_less(np.abs(keep - ref[:, -1]), tol[:, -1], err_msg="logits_to_keep=1")
 
 
 def test_fp64_matches_hf_in_fp64(llama):

@@ -6,6 +6,10 @@
 // once per call (in parallel, a few panels per task), then tiles of y (kPackedTileRows ×
 // kPackedTileCols) are computed in parallel from the shared panels, the bias added and the
 // activation applied to each tile right after its product, while it is still in cache.
+// On the "amx" ISA the same tiles run on AMX (sgemm.hpp, split): x is split into bf16 planes once
+// per call, w into tiles per chunk, and the tiles of y take six bf16 products (fp32's accuracy,
+// other bits than the FMA kernels'); rows of x or columns of w holding Inf or NaN take the FMA
+// kernels.
 // Many rows otherwise (fp64, other CPUs): parallel over fixed tiles of y (kLinearTileRows ×
 // kLinearTileCols), each one single-threaded BLAS GEMM inside our parallel region.
 // A few rows (decoding, short sentences): linear_small_rows streams w once (linear_small.hpp).
@@ -80,6 +84,61 @@ inline void linear_packed(const sgemm::Kernels& kern, const float* x, int64_t m,
   }
 }
 
+// y = act(x · wᵀ + bias) on AMX tiles (m > 0, n > 0, k > 0): linear_packed's tiles and chunks, with
+// x split once (kPackedTileRows rows per task) and w packed per chunk into split tiles. A tile whose
+// columns hold an Inf or NaN, and the rows of x that do, are computed by the FMA kernels (fma)
+// from an fp32 panel of the tile's columns.
+inline void linear_split(const sgemm::split::Kernels& amx, const sgemm::Kernels& fma, const float* x, int64_t m,
+                         int64_t k, const float* w, const float* bias, int64_t n, float* y, Activation act,
+                         bool serial) {
+  namespace split = sgemm::split;
+  const int64_t kp = split::padded_k(k), plane = split::padded_rows(m) * kp;
+  const int64_t chunk_cols =
+      std::max<int64_t>(kPackedTileCols, kPackedChunkFloats / k / kPackedTileCols * kPackedTileCols);
+  const int64_t max_col_tiles = (std::min(n, chunk_cols) + kPackedTileCols - 1) / kPackedTileCols;
+  uint16_t* a = workspace_aligned<uint16_t>(Scratch::kGemmSplitA, 3 * plane);
+  uint16_t* packed = workspace_aligned<uint16_t>(Scratch::kGemmSplitB, split::packed_b_size(k, std::min(n, chunk_cols)));
+  uint8_t* finite_rows = workspace<uint8_t>(Scratch::kGemmSplitFinite, m + max_col_tiles);
+  uint8_t* finite_cols = finite_rows + m;  // per column tile of the chunk
+  // 1. x into three bf16 planes (the last task also zeroes the rows up to a multiple of split::kRows)
+  const int64_t row_tiles = (m + kPackedTileRows - 1) / kPackedTileRows;
+  run_tasks(serial, row_tiles, [&](int64_t t, int) {
+    const int64_t r0 = t * kPackedTileRows, rows = std::min(kPackedTileRows, m - r0);
+    const int64_t fill = t + 1 == row_tiles ? split::padded_rows(m) - r0 : rows;
+    amx.split_a(rows, fill, k, x + r0 * k, k, a + r0 * kp, plane, finite_rows + r0);
+  });
+  const int64_t stride = split::packed_b_size(k, kPackedTileCols);  // bf16 values of a packed column tile
+  for (int64_t c0 = 0; c0 < n; c0 += chunk_cols) {
+    const int64_t cols = std::min(chunk_cols, n - c0);
+    const int64_t col_tiles = (cols + kPackedTileCols - 1) / kPackedTileCols;
+    // 2. w[c0 : c0 + cols, :]ᵀ into split tiles, kPackedTileCols columns a task
+    run_tasks(serial, col_tiles, [&](int64_t t, int) {
+      const int64_t j = t * kPackedTileCols;
+      finite_cols[t] = amx.pack_b(k, std::min(kPackedTileCols, cols - j), w + (c0 + j) * k, k, packed + t * stride);
+    });
+    // 3. tiles of y[:, c0 : c0 + cols]
+    run_tasks(serial, row_tiles * col_tiles, [&](int64_t task, int) {
+      const int64_t ct = task % col_tiles, r0 = (task / col_tiles) * kPackedTileRows, j = ct * kPackedTileCols;
+      const int64_t rows = std::min(kPackedTileRows, m - r0), tile_cols = std::min(kPackedTileCols, cols - j);
+      float* yt = y + r0 * n + c0 + j;  // [rows, tile_cols], row stride n
+      const float* wt = w + (c0 + j) * k;
+      if (finite_cols[ct]) amx.multiply(rows, tile_cols, k, a + r0 * kp, plane, packed + ct * stride, yt, n);
+      float* panel = nullptr;
+      for (int64_t i = 0; i < rows; ++i) {
+        if (!finite_cols[ct] || !finite_rows[r0 + i]) {
+          if (panel == nullptr) {
+            panel = workspace_aligned<float>(Scratch::kGemmSplitFallback, sgemm::packed_floats(k, tile_cols));
+            fma.pack_b(k, tile_cols, wt, 1, k, panel);
+          }
+          fma.multiply(1, tile_cols, k, x + (r0 + i) * k, k, 1, panel, yt + i * n, n, false);
+        }
+        if (bias != nullptr) add_row(yt + i * n, bias + c0 + j, tile_cols);
+        if (act != Activation::kNone) activate(yt + i * n, tile_cols, act);
+      }
+    });
+  }
+}
+
 template <class T>
 inline void linear(const T* x, int64_t m, int64_t k, const T* w, const T* bias, int64_t n, T* y,
                    Activation act = Activation::kNone) {
@@ -102,7 +161,11 @@ inline void linear(const T* x, int64_t m, int64_t k, const T* w, const T* bias, 
   }
   if constexpr (std::is_same_v<T, float>) {
     if (k > 0)
-      if (const sgemm::Kernels* kern = sgemm::active()) return linear_packed(*kern, x, m, k, w, bias, n, y, act, serial);
+      if (const sgemm::Kernels* kern = sgemm::active()) {
+        if (const sgemm::split::Kernels* amx = sgemm::split::active())
+          return linear_split(*amx, *kern, x, m, k, w, bias, n, y, act, serial);
+        return linear_packed(*kern, x, m, k, w, bias, n, y, act, serial);
+      }
   }
   const int64_t row_tiles = (m + kLinearTileRows - 1) / kLinearTileRows;
   const int64_t col_tiles = (n + kLinearTileCols - 1) / kLinearTileCols;

@@ -51,4 +51,57 @@ const Kernels* active();
 const Kernels& avx2_kernels();
 const Kernels& avx512_kernels();
 
+// fp32 products on AMX tiles (sgemm_amx.cpp), for the linear layer's many-row case on the "amx"
+// ISA. tdpbf16ps multiplies bfloat16 tiles (16 × 32 by 32 × 16, 8,192 multiply-adds) and adds the
+// products into fp32. To keep fp32's accuracy each fp32 value is split into three bf16 values, each
+// rounded to nearest-even from what the previous ones left:
+//
+//   a = a0 + a1 + a2   exactly,   |a1| <= 2^-8 |a|,   |a2| <= 2^-16 |a|
+//   a·b ≈ a0·b0 + (a0·b1 + a1·b0) + (a0·b2 + a1·b1 + a2·b0)
+//
+// Six bf16 products, each exact in fp32. The three left out (a1·b2, a2·b1, a2·b2) are below
+// 2^-23 |a·b|, the size of fp32's own rounding ("bf16x6": Henry, Tang & Heinecke, "Leveraging the
+// bfloat16 Artificial Intelligence Datatype For Higher-Precision Computations", ARITH 2019).
+// The sums run in another order than the FMA chain of the kernels above, so the bits differ from
+// the avx2/avx512 kernels' (tests/test_gemm.py bounds the error against fp64 the same way); they do
+// not depend on the thread count or the tiling.
+// tdpbf16ps treats inputs below fp32's normal range (2^-126) as zero and flushes such products
+// and results to zero: an absolute error floor of about 6 · k · 2^-126 (1e-34 at k = 1536), seen only
+// where an output's terms are all that small.
+// Inf and NaN cannot be split (an Inf's zero parts would give Inf · 0 = NaN), so split_a and pack_b
+// report them, and the caller computes those rows or columns with the FMA kernels instead.
+namespace split {
+
+constexpr int64_t kRows = 32;   // rows of A per kernel step: two tiles of 16
+constexpr int64_t kCols = 32;   // columns of B per kernel step: two tiles of 16
+constexpr int64_t kDepth = 32;  // values of the inner dimension per tile (16 pairs)
+
+inline int64_t padded_k(int64_t k) { return (k + kDepth - 1) / kDepth * kDepth; }
+inline int64_t padded_rows(int64_t m) { return (m + kRows - 1) / kRows * kRows; }
+// bf16 values (uint16_t) that pack_b's tiles of `cols` columns take.
+inline int64_t packed_b_size(int64_t k, int64_t cols) { return (cols + kCols - 1) / kCols * kCols * padded_k(k) * 3; }
+
+struct Kernels {
+  const char* isa;
+  // Rows 0 … m − 1 of A (A[i, p] = a[i · lda + p]) into three bf16 planes:
+  //   part s of A[i, p] at out[s · plane + i · padded_k(k) + p],   zero for p >= k and m <= i < rows;
+  // finite[i] = 1, or 0 where row i holds an Inf or NaN (then its parts are not to be used).
+  void (*split_a)(int64_t m, int64_t rows, int64_t k, const float* a, int64_t lda, uint16_t* out, int64_t plane,
+                  uint8_t* finite);
+  // The columns of B = wᵀ, w [cols, k] with row stride ldw, into tiles: for each 16 columns, for each
+  // 32 values of k, the three parts' 16 × 32 tiles in tdpbf16ps's pair layout (zero beyond k and
+  // beyond the last column, up to a multiple of kCols). Returns false if w holds an Inf or NaN.
+  bool (*pack_b)(int64_t k, int64_t cols, const float* w, int64_t ldw, uint16_t* packed);
+  // c[i, j] = Σ_p A[i, p] · B[p, j] for i < m, j < cols, from split_a's planes (row 0 at a, plane
+  // apart; rows up to padded_rows(m) readable) and pack_b's tiles; c has row stride ldc.
+  void (*multiply)(int64_t m, int64_t cols, int64_t k, const uint16_t* a, int64_t plane, const uint16_t* packed,
+                   float* c, int64_t ldc);
+};
+
+// The AMX kernels while the "amx" ISA is active (quant/isa.hpp), else nullptr.
+const Kernels* active();
+const Kernels& amx_kernels();
+
+}  // namespace split
+
 }  // namespace transformer_core::kernels::sgemm

@@ -59,6 +59,13 @@ enum class Scratch : int {
   // kernels::linear (kernels/linear.hpp): the weight packed for our GEMM (sgemm.hpp), alive only
   // inside one linear call
   kGemmPackedB,
+  // kernels::linear on AMX (sgemm.hpp, split): x's three bf16 planes and w's tiles, alive inside one
+  // linear call, which rows and column tiles are finite, and one task's fp32 panel for those that
+  // are not
+  kGemmSplitA,
+  kGemmSplitB,
+  kGemmSplitFinite,
+  kGemmSplitFallback,
   // gemm_on_thread (kernels/gemm.hpp): the right operand packed by one task, on that task's thread,
   // and a transposed left operand's block copied into row groups
   kGemmPackedTask,

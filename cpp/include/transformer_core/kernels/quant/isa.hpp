@@ -6,13 +6,16 @@
 //   scalar      portable C++, the reference and the fallback (any CPU)
 //   avx2        AVX2 + FMA + F16C, vpmaddubsw integer dots (Intel Haswell+, AMD Zen+)
 //   avx512vnni  AVX-512 F/BW/VL/DQ + VNNI, vpdpbusd integer dots (Intel Ice Lake+, AMD Zen 4+)
-//   amx         avx512vnni + AMX-TILE/INT8: the int8 product on tiles, tdpbssd (Intel Sapphire
-//               Rapids+); on Linux, once the kernel grants the process the tile state (arch_prctl)
+//   amx         avx512vnni + AMX-TILE/INT8/BF16: the int8 product on tiles, tdpbssd, and the fp32
+//               linear layer as six bf16 products, tdpbf16ps (sgemm.hpp; Intel Sapphire Rapids+);
+//               on Linux, once the kernel grants the process the tile state (arch_prctl)
 // The default is the best one the CPU has; the environment variable TC_ISA=scalar|avx2|avx512vnni|amx,
 // read once, overrides it, and set_active_isa() changes it at run time (tests run every path).
 //
-// Every ISA gives the same bits: the kernels fix the order of every floating-point operation
-// (see kernels.hpp), so the choice changes the speed, never the result.
+// Every ISA gives the same bits in the quantized kernels: they fix the order of every floating-point
+// operation (see kernels.hpp), so the choice changes the speed, never the result. The fp32 GEMM
+// follows the same switch (sgemm.hpp): avx2 and avx512vnni give the same bits; amx's fp32 linear
+// layer sums in another order (same accuracy, other bits).
 #pragma once
 
 #include <string>

@@ -1,0 +1,204 @@
+// fp32 products on AMX tiles: six bf16 products of three-way split values (sgemm.hpp, split).
+// Compiled with the AVX-512 flags plus AMX-TILE and AMX-BF16 (CMakeLists.txt), and only called
+// while the "amx" ISA is active (quant_dispatch.cpp checks the CPU, the OS and Linux's grant).
+//
+// The roles. tdpbf16ps C += A · B takes A as 16 rows × 32 bf16 (row-major: a plane of split_a, read
+// in place with its row stride) and B as 16 rows of pairs: row q holds, for each of 16 columns j,
+// B[2q, j] and B[2q + 1, j] side by side. For B = wᵀ that is a 16 × 16 transpose of 4-byte words
+// (pairs of w's row j), done once per call by pack_b. C is 16 × 16 fp32, stored straight into y.
+//
+// One step of the kernel: 2 × 2 C tiles (32 rows × 32 columns), and for each 32 values of k the six
+// products in rising size (a2·b0, a1·b1, a1·b0, a0·b2, a0·b1, a0·b0), each with 2 × 2 tiles:
+//   tmm0-3  C (row group r, column group c) in tmm(2r + c)
+//   tmm4-5  A, one part of row groups 0, 1
+//   tmm6-7  B, one part of column groups 0, 1
+
+// GCC 12's AVX-512 headers trip its own -Wmaybe-uninitialized (_mm*_undefined_*, GCC bug 105593).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+#pragma GCC diagnostic pop
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#include "transformer_core/kernels/sgemm.hpp"
+#include "transpose_avx512.hpp"
+
+namespace transformer_core::kernels::sgemm::split {
+namespace {
+
+constexpr int64_t kTile = 16 * kDepth;  // bf16 values of one A or B tile (16 × 64 bytes)
+
+// The tile configuration (palette 1): all eight tiles 16 rows × 64 bytes.
+struct alignas(64) TileConfig {
+  uint8_t palette = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+inline TileConfig full_tiles() {
+  TileConfig c;
+  for (int t = 0; t < 8; ++t) {
+    c.colsb[t] = 64;
+    c.rows[t] = 16;
+  }
+  return c;
+}
+
+// bf16 round-to-nearest-even of 16 floats' bits: the bf16 in the high half, the low half zero.
+// (Not for NaN: split16 keeps them apart.)
+inline __m512i round_bf16(__m512i bits) {
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  const __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(_mm512_set1_epi32(0x7FFF), lsb));
+  return _mm512_and_si512(rounded, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u)));
+}
+
+// 16 floats → their three bf16 parts (part[s]: 16 values); bad gains the lanes holding Inf or NaN.
+// Values that would round up to Inf (|a| >= 0x7F7F8000: within half a bf16 step of FLT_MAX) take the
+// truncated high part instead; the residuals still hold the rest, so the split stays exact.
+inline void split16(__m512 a, __m256i part[3], __mmask16& bad) {
+  const __m512i bits = _mm512_castps_si512(a);
+  const __m512i magnitude = _mm512_and_si512(bits, _mm512_set1_epi32(0x7FFFFFFF));
+  bad |= _mm512_cmpge_epu32_mask(magnitude, _mm512_set1_epi32(0x7F800000));
+  const __mmask16 huge = _mm512_cmpge_epu32_mask(magnitude, _mm512_set1_epi32(0x7F7F8000));
+  const __m512i a0 = _mm512_mask_and_epi32(round_bf16(bits), huge, bits, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u)));
+  const __m512 r1 = _mm512_sub_ps(a, _mm512_castsi512_ps(a0));  // exact
+  const __m512i a1 = round_bf16(_mm512_castps_si512(r1));
+  const __m512 r2 = _mm512_sub_ps(r1, _mm512_castsi512_ps(a1));  // exact, and at most 8 significant bits
+  const __m512i a2 = round_bf16(_mm512_castps_si512(r2));       // so this rounding is exact too
+  part[0] = _mm512_cvtepi32_epi16(_mm512_srli_epi32(a0, 16));
+  part[1] = _mm512_cvtepi32_epi16(_mm512_srli_epi32(a1, 16));
+  part[2] = _mm512_cvtepi32_epi16(_mm512_srli_epi32(a2, 16));
+}
+
+inline __mmask16 tail_mask16(int64_t n) { return n >= 16 ? __mmask16(0xFFFF) : n <= 0 ? 0 : __mmask16((1u << n) - 1u); }
+
+void split_a(int64_t m, int64_t rows, int64_t k, const float* a, int64_t lda, uint16_t* out, int64_t plane,
+             uint8_t* finite) {
+  const int64_t kp = padded_k(k);
+  for (int64_t i = 0; i < m; ++i) {
+    __mmask16 bad = 0;
+    for (int64_t p = 0; p < kp; p += 16) {
+      __m256i part[3];
+      split16(_mm512_maskz_loadu_ps(tail_mask16(k - p), a + i * lda + p), part, bad);
+      for (int s = 0; s < 3; ++s)
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + s * plane + i * kp + p), part[s]);
+    }
+    finite[i] = bad == 0;
+  }
+  for (int s = 0; s < 3; ++s)
+    if (rows > m) std::memset(out + s * plane + m * kp, 0, static_cast<size_t>((rows - m) * kp) * sizeof(uint16_t));
+}
+
+bool pack_b(int64_t k, int64_t cols, const float* w, int64_t ldw, uint16_t* packed) {
+  const int64_t kp = padded_k(k), steps = kp / kDepth;
+  const int64_t groups = (cols + kCols - 1) / kCols * (kCols / 16);
+  __mmask16 bad = 0;
+  for (int64_t g = 0; g < groups; ++g)
+    for (int64_t s = 0; s < steps; ++s) {
+      __m512i r[3][16];  // r[part][j]: the 16 pairs of k of column 16g + j
+      for (int64_t j = 0; j < 16; ++j) {
+        const int64_t col = 16 * g + j, p = s * kDepth;
+        if (col >= cols) {
+          for (auto& part : r) part[j] = _mm512_setzero_si512();
+          continue;
+        }
+        const float* row = w + col * ldw + p;
+        __m256i lo[3], hi[3];
+        split16(_mm512_maskz_loadu_ps(tail_mask16(k - p), row), lo, bad);
+        split16(_mm512_maskz_loadu_ps(tail_mask16(k - p - 16), row + 16), hi, bad);
+        for (int t = 0; t < 3; ++t) r[t][j] = _mm512_inserti64x4(_mm512_castsi256_si512(lo[t]), hi[t], 1);
+      }
+      for (int t = 0; t < 3; ++t) {
+        transpose16(r[t]);  // r[t][q]: pair q of the 16 columns
+        uint16_t* tile = packed + ((g * steps + s) * 3 + t) * kTile;
+        for (int q = 0; q < 16; ++q) _mm512_storeu_si512(tile + q * 32, r[t][q]);
+      }
+    }
+  return bad == 0;
+}
+
+// C tiles 0-3 = Σ over the steps of the six products (A rows at a and a + 16 rows, parts a plane
+// apart; B column groups at b0 and b1, each step's three part tiles consecutive).
+inline void product(const uint16_t* a, int64_t plane, int64_t kp, const uint16_t* b0, const uint16_t* b1,
+                    int64_t steps) {
+  const int64_t lda = kp * static_cast<int64_t>(sizeof(uint16_t));  // bytes
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  for (int64_t s = 0; s < steps; ++s, a += kDepth, b0 += 3 * kTile, b1 += 3 * kTile) {
+#define TC_QUAD()          \
+  _tile_dpbf16ps(0, 4, 6); \
+  _tile_dpbf16ps(1, 4, 7); \
+  _tile_dpbf16ps(2, 5, 6); \
+  _tile_dpbf16ps(3, 5, 7)
+    _tile_loadd(4, a + 2 * plane, lda);  // a2 · b0
+    _tile_loadd(5, a + 2 * plane + 16 * kp, lda);
+    _tile_loadd(6, b0, 64);
+    _tile_loadd(7, b1, 64);
+    TC_QUAD();
+    _tile_loadd(4, a + plane, lda);  // a1 · b1
+    _tile_loadd(5, a + plane + 16 * kp, lda);
+    _tile_loadd(6, b0 + kTile, 64);
+    _tile_loadd(7, b1 + kTile, 64);
+    TC_QUAD();
+    _tile_loadd(6, b0, 64);  // a1 · b0
+    _tile_loadd(7, b1, 64);
+    TC_QUAD();
+    _tile_loadd(4, a, lda);  // a0 · b2
+    _tile_loadd(5, a + 16 * kp, lda);
+    _tile_loadd(6, b0 + 2 * kTile, 64);
+    _tile_loadd(7, b1 + 2 * kTile, 64);
+    TC_QUAD();
+    _tile_loadd(6, b0 + kTile, 64);  // a0 · b1
+    _tile_loadd(7, b1 + kTile, 64);
+    TC_QUAD();
+    _tile_loadd(6, b0, 64);  // a0 · b0
+    _tile_loadd(7, b1, 64);
+    TC_QUAD();
+#undef TC_QUAD
+  }
+}
+
+void multiply(int64_t m, int64_t cols, int64_t k, const uint16_t* a, int64_t plane, const uint16_t* packed, float* c,
+              int64_t ldc) {
+  const int64_t kp = padded_k(k), steps = kp / kDepth;
+  const int64_t group = steps * 3 * kTile;  // bf16 values of 16 packed columns
+  alignas(64) float edge[kRows * kCols];    // a step at the bottom or right edge, stored here first
+  const TileConfig cfg = full_tiles();
+  _tile_loadconfig(&cfg);
+  for (int64_t j = 0; j < cols; j += kCols) {
+    const uint16_t* b0 = packed + (j / 16) * group;
+    const int64_t nc = std::min(kCols, cols - j);
+    for (int64_t i = 0; i < m; i += kRows) {
+      product(a + i * kp, plane, kp, b0, b0 + group, steps);
+      const int64_t rows = std::min(kRows, m - i);
+      const bool whole = rows == kRows && nc == kCols;
+      float* dst = whole ? c + i * ldc + j : edge;
+      const int64_t ld = whole ? ldc : kCols;
+      const int64_t stride = ld * static_cast<int64_t>(sizeof(float));
+      _tile_stored(0, dst, stride);
+      _tile_stored(1, dst + 16, stride);
+      _tile_stored(2, dst + 16 * ld, stride);
+      _tile_stored(3, dst + 16 * ld + 16, stride);
+      if (!whole)
+        for (int64_t r = 0; r < rows; ++r) std::memcpy(c + (i + r) * ldc + j, edge + r * kCols, nc * sizeof(float));
+    }
+  }
+  _tile_release();
+}
+
+}  // namespace
+
+const Kernels& amx_kernels() {
+  static const Kernels k{"amx", split_a, pack_b, multiply};
+  return k;
+}
+
+}  // namespace transformer_core::kernels::sgemm::split
