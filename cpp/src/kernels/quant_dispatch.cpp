@@ -43,7 +43,7 @@ namespace {
 struct CpuFeatures {
   bool avx2 = false;        // AVX2 + FMA + F16C, with the YMM state enabled by the OS
   bool avx512vnni = false;  // the above + AVX-512 F/BW/VL/DQ/VNNI, with the opmask and ZMM state enabled
-  bool amx = false;         // the above + AMX-TILE/INT8/BF16, with the tile state enabled and granted
+  bool amx = false;         // the above + AVX512-BF16, AMX-TILE/INT8/BF16, with the tile state enabled and granted
 };
 
 #ifdef TC_QUANT_X86
@@ -81,8 +81,9 @@ CpuFeatures detect() {
   f.avx2 = ymm_state && avx2 && fma && f16c;
   f.avx512vnni = f.avx2 && zmm_state && avx512f && avx512dq && avx512bw && avx512vl && avx512vnni;
   const bool amx_bf16 = d & (1u << 22), amx_tile = d & (1u << 24), amx_int8 = d & (1u << 25);
+  const bool avx512bf16 = __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a & (1u << 5));  // vcvtneps2bf16
   const bool tile_state = (xcr0 & 0x60000) == 0x60000;  // XTILECFG, XTILEDATA
-  f.amx = f.avx512vnni && amx_tile && amx_int8 && amx_bf16 && tile_state && request_amx_state();
+  f.amx = f.avx512vnni && avx512bf16 && amx_tile && amx_int8 && amx_bf16 && tile_state && request_amx_state();
 #endif
   return f;
 }

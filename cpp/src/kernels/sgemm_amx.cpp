@@ -1,5 +1,5 @@
 // fp32 products on AMX tiles: six bf16 products of three-way split values (sgemm.hpp, split).
-// Compiled with the AVX-512 flags plus AMX-TILE and AMX-BF16 (CMakeLists.txt), and only called
+// Compiled with the AVX-512 flags plus AVX512-BF16, AMX-TILE and AMX-BF16 (CMakeLists.txt), and only called
 // while the "amx" ISA is active (quant_dispatch.cpp checks the CPU, the OS and Linux's grant).
 //
 // The roles. tdpbf16ps C += A · B takes A as 16 rows × 32 bf16 (row-major: a plane of split_a, read
@@ -50,30 +50,24 @@ inline TileConfig full_tiles() {
   return c;
 }
 
-// bf16 round-to-nearest-even of 16 floats' bits: the bf16 in the high half, the low half zero.
-// (Not for NaN: split16 keeps them apart.)
-inline __m512i round_bf16(__m512i bits) {
-  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-  const __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(_mm512_set1_epi32(0x7FFF), lsb));
-  return _mm512_and_si512(rounded, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u)));
-}
-
-// 16 floats → their three bf16 parts (part[s]: 16 values); bad gains the lanes holding Inf or NaN.
-// Values that would round up to Inf (|a| >= 0x7F7F8000: within half a bf16 step of FLT_MAX) take the
-// truncated high part instead; the residuals still hold the rest, so the split stays exact.
+// 16 floats → their three bf16 parts (part[s]: 16 values), each rounded to nearest-even by
+// vcvtneps2bf16 from what the previous parts left; bad gains the lanes holding Inf or NaN.
+// A finite value that would round up to Inf (|a| >= 0x7F7F8000: within half a bf16 step of FLT_MAX)
+// is truncated to its high part first; the residuals still hold the rest, so the split stays exact.
 inline void split16(__m512 a, __m256i part[3], __mmask16& bad) {
   const __m512i bits = _mm512_castps_si512(a);
   const __m512i magnitude = _mm512_and_si512(bits, _mm512_set1_epi32(0x7FFFFFFF));
   bad |= _mm512_cmpge_epu32_mask(magnitude, _mm512_set1_epi32(0x7F800000));
   const __mmask16 huge = _mm512_cmpge_epu32_mask(magnitude, _mm512_set1_epi32(0x7F7F8000));
-  const __m512i a0 = _mm512_mask_and_epi32(round_bf16(bits), huge, bits, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u)));
-  const __m512 r1 = _mm512_sub_ps(a, _mm512_castsi512_ps(a0));  // exact
-  const __m512i a1 = round_bf16(_mm512_castps_si512(r1));
-  const __m512 r2 = _mm512_sub_ps(r1, _mm512_castsi512_ps(a1));  // exact, and at most 8 significant bits
-  const __m512i a2 = round_bf16(_mm512_castps_si512(r2));       // so this rounding is exact too
-  part[0] = _mm512_cvtepi32_epi16(_mm512_srli_epi32(a0, 16));
-  part[1] = _mm512_cvtepi32_epi16(_mm512_srli_epi32(a1, 16));
-  part[2] = _mm512_cvtepi32_epi16(_mm512_srli_epi32(a2, 16));
+  const __m512 high = _mm512_castsi512_ps(_mm512_mask_and_epi32(bits, huge, bits, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u))));
+  const __m256bh a0 = _mm512_cvtneps_pbh(high);
+  const __m512 r1 = _mm512_sub_ps(a, _mm512_cvtpbh_ps(a0));  // exact
+  const __m256bh a1 = _mm512_cvtneps_pbh(r1);
+  const __m512 r2 = _mm512_sub_ps(r1, _mm512_cvtpbh_ps(a1));  // exact, and at most 8 significant bits
+  const __m256bh a2 = _mm512_cvtneps_pbh(r2);                // so this rounding is exact too
+  part[0] = reinterpret_cast<const __m256i&>(a0);
+  part[1] = reinterpret_cast<const __m256i&>(a1);
+  part[2] = reinterpret_cast<const __m256i&>(a2);
 }
 
 inline __mmask16 tail_mask16(int64_t n) { return n >= 16 ? __mmask16(0xFFFF) : n <= 0 ? 0 : __mmask16((1u << n) - 1u); }
