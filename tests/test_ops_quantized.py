@@ -178,7 +178,8 @@ def test_supported_isas_follow_the_cpu_flags():
         expected.append("avx2")
         if {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni"} <= flags:
             expected.append("avx512vnni")
-            if {"amx_tile", "amx_int8"} <= flags:   # Linux (5.16+) grants the tile state on request
+            # Linux (5.16+) grants the tile state on request; the fp32 split needs vcvtneps2bf16 and tdpbf16ps
+            if {"amx_tile", "amx_int8", "amx_bf16", "avx512_bf16"} <= flags:
                 expected.append("amx")
     assert Q.supported_isas() == expected
     assert Q.isa() == expected[-1] or "TC_ISA" in os.environ

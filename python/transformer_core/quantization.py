@@ -23,9 +23,11 @@ The quantization rule (one rule for int8 weights, int8 activation rows and Q8 ac
     amax < 2**-100  ->  q = 0, scale = 0;   a NaN or inf in v  ->  q = 0, scale = NaN
 
 The kernels exist per instruction set — ``scalar`` (any CPU), ``avx2``, ``avx512vnni``, ``amx``
-(AMX tiles for the int8 product: Intel Sapphire Rapids and later, on Linux) — and the best one the
-CPU has is chosen at run time. Every instruction set gives the same bits; :func:`set_isa`
-(or the environment variable ``TC_ISA``, read once) picks one, for tests and benchmarks.
+(AMX tiles for the int8 product and the fp32 linear layer: Intel Sapphire Rapids and later, on
+Linux) — and the best one the CPU has is chosen at run time. Every instruction set gives the same
+bits in the quantized kernels; :func:`set_isa` (or the environment variable ``TC_ISA``, read once)
+picks one, for tests and benchmarks. (The fp32 linear layer on ``amx`` is the one exception: see
+:func:`set_isa`.)
 
 All functions take array-likes, check them (``TypeError``/``ValueError`` naming the argument, before
 any output is allocated) and return new float32 numpy arrays. The GIL is released while the core
@@ -88,16 +90,23 @@ def isa() -> str:
 
 
 def set_isa(name: str) -> None:
-    """Chooses the kernels' instruction set (all give the same results; speed differs).
+    """Chooses the kernels' instruction set (the quantized kernels give the same results on all;
+    speed differs).
 
     It chooses the quantized kernels and the fp32 matrix-product kernels of the linear layers and
     attention (``kernels/sgemm.hpp``): ``"avx512vnni"`` and ``"amx"`` run the AVX-512 ones, ``"avx2"`` and
     ``"scalar"`` the AVX2 ones (the same bits), and a CPU without AVX2 uses BLAS for fp32.
+    On ``"amx"`` the fp32 linear layer's product (more than 32 rows) runs on AMX tiles instead: each
+    value split into three bfloat16 parts and six bf16 products summed in fp32 (``tdpbf16ps``;
+    "bf16x6", Henry et al., ARITH 2019). Its error is fp32's (the dropped terms are below 2^-23 of
+    each product); its bits differ from the FMA kernels' and do not depend on the thread count.
+    Products below 2^-126 are flushed to zero there (an absolute error of about 6 · k · 2^-126).
 
     Args:
         name: ``"scalar"`` (portable C++, the reference), ``"avx2"`` (AVX2 + FMA + F16C) or
             ``"avx512vnni"`` (AVX-512 F/BW/VL/DQ + VNNI) or ``"amx"`` (``"avx512vnni"`` with the
-            int8 product on AMX tiles, ``tdpbssd``: AMX-TILE + AMX-INT8, granted by Linux).
+            int8 product (``tdpbssd``) and the fp32 linear layer (``tdpbf16ps``) on AMX tiles:
+            AVX512-BF16 + AMX-TILE/INT8/BF16, the tile state granted by Linux).
 
     Raises:
         TypeError: ``name`` not a str. ValueError: unknown, or not supported by this CPU
