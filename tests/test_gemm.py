@@ -126,6 +126,29 @@ def test_linear_propagates_nan_and_inf_as_torch(where):
         np.testing.assert_allclose(y[finite], ref[finite], atol=1e-4, rtol=1e-5)
 
 
+# The small-row path (kernels/linear_small.hpp: up to 32 rows stream w): rows across its blocks (one
+# block of up to 8 rows with 3 rows of w on AVX-512, blocks of 4 × 4 above; 2 × 4 on AVX2) and the
+# 64-column tasks, k across the SIMD width (the tail after the last full vector).
+SMALL_ROWS = [1, 2, 3, 4, 5, 7, 8, 9, 12, 13, 31, 32]
+SMALL_SHAPES = [(1, 1), (2, 15), (3, 16), (4, 17), (5, 33), (7, 64), (64, 384), (65, 100), (67, 31), (130, 385)]
+
+
+@pytest.mark.parametrize("m", SMALL_ROWS)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_linear_small_rows_every_block_shape(m, dtype):
+    rng = np.random.default_rng(m)
+    for n, k in SMALL_SHAPES:
+        x = rng.standard_normal((m, k)).astype(dtype)
+        w = rng.standard_normal((n, k)).astype(dtype)
+        b = rng.standard_normal(n).astype(dtype)
+        y = _all_paths(lambda: functional.linear(x, w, b))
+        ref = x.astype(np.float64) @ w.astype(np.float64).T + b
+        if dtype == np.float64:
+            np.testing.assert_allclose(y, ref, rtol=0, atol=1e-10 * max(1.0, np.abs(ref).max()))
+        else:
+            _close_to_fp64(y, ref)
+
+
 needs_amx = pytest.mark.skipif("amx" not in ISAS, reason="the CPU has no AMX (or Linux did not grant the tile state)")
 
 # rows across the kernel's 32-row steps and the 96-row tiles; k across the 32-value tiles and the

@@ -3,9 +3,11 @@
 //   y[i, j] = Σ_k x[i, k] · w[j, k] + bias[j]        x: [m, k]   w: [n, k] (torch's layout)   y: [m, n]
 //
 // GEMM packs w into panels before multiplying; with m ≤ kSmallRows rows that copy costs more than
-// the product itself. Here w is streamed once instead: four of its rows at a time stay in L1 while
-// they meet every row of x (in blocks of four rows of x), each dot product accumulated in SIMD
-// lanes (xsimd) and summed once.
+// the product itself. Here w is streamed once instead: a few of its rows at a time stay in L1 while
+// they meet every row of x (AVX-512: up to 8 rows of x in one block with 3 rows of w, more rows in
+// blocks of 4 × 4; AVX2: 2 × 4), the next rows of w prefetched meanwhile. Each dot product is
+// accumulated in SIMD lanes (xsimd) and summed across them once.
+// (7 tokens of MiniLM, 2 threads, Sapphire Rapids: the four products of a layer 253 → 220 µs.)
 // Every y[i, j] is computed the same way whatever the split over j, so results do not depend on the
 // thread count.
 #pragma once
@@ -22,30 +24,33 @@ constexpr int64_t kSmallRows = 32;
 
 namespace linear_small_detail {
 
-constexpr int64_t kRowsOfW = 4;
-
-// y[r, j + c] = Σ_k x[r, k] · wr[c][k] + bias[j + c]   for r < RX rows of x (row stride k), c < cols_of_w:
-// RX × 4 independent FMA chains in SIMD lanes, each summed across its lanes once at the end.
-template <int RX, class T>
+// y[r, j + c] = Σ_k x[r, k] · wr[c][k] + bias[j + c]   for r < RX rows of x (row stride k), c < cols_of_w
+// (≤ RW rows of w): RX × RW independent FMA chains in SIMD lanes, each summed across its lanes once
+// at the end. next: the following group's RW rows of w, prefetched a cache line per step (nullptr:
+// none), so that the stream from memory runs while this group is multiplied.
+template <int RX, int RW, class T>
 inline void dot_block(const T* x, int64_t k, const T* const* wr, int64_t cols_of_w, const T* bias, int64_t j,
-                      int64_t n, T* y) {
+                      int64_t n, T* y, const T* const* next) {
   using Batch = xsimd::batch<T>;
   constexpr int64_t lanes = static_cast<int64_t>(Batch::size);
   const int64_t k_vec = k - k % lanes;
-  Batch acc[RX][kRowsOfW];
-  #pragma GCC unroll 4
+  Batch acc[RX][RW];
+  #pragma GCC unroll 8
   for (int r = 0; r < RX; ++r)
     #pragma GCC unroll 4
-    for (int c = 0; c < kRowsOfW; ++c) acc[r][c] = Batch(T(0));
+    for (int c = 0; c < RW; ++c) acc[r][c] = Batch(T(0));
   for (int64_t kk = 0; kk < k_vec; kk += lanes) {
-    Batch wv[kRowsOfW];
+    Batch wv[RW];
     #pragma GCC unroll 4
-    for (int c = 0; c < kRowsOfW; ++c) wv[c] = xsimd::load_unaligned(wr[c] + kk);
-    #pragma GCC unroll 4
+    for (int c = 0; c < RW; ++c) wv[c] = xsimd::load_unaligned(wr[c] + kk);
+    if (next != nullptr)
+      #pragma GCC unroll 4
+      for (int c = 0; c < RW; ++c) __builtin_prefetch(next[c] + kk);
+    #pragma GCC unroll 8
     for (int r = 0; r < RX; ++r) {
       const Batch xv = xsimd::load_unaligned(x + r * k + kk);
       #pragma GCC unroll 4
-      for (int c = 0; c < kRowsOfW; ++c) acc[r][c] = xsimd::fma(xv, wv[c], acc[r][c]);
+      for (int c = 0; c < RW; ++c) acc[r][c] = xsimd::fma(xv, wv[c], acc[r][c]);
     }
   }
   for (int r = 0; r < RX; ++r) {
@@ -58,32 +63,52 @@ inline void dot_block(const T* x, int64_t k, const T* const* wr, int64_t cols_of
   }
 }
 
+// Columns [j0, j1) of y from rows of x in blocks of RX (the last m mod RX rows in one smaller block),
+// RW rows of w at a time.
+template <int RX, int RW, class T>
+void rows_in_blocks(const T* x, int64_t m, int64_t k, const T* w, const T* bias, int64_t j0, int64_t j1, int64_t n,
+                    T* y) {
+  for (int64_t j = j0; j < j1; j += RW) {
+    const int64_t cols_of_w = std::min<int64_t>(RW, j1 - j);
+    const T* wr[RW];
+    const T* next[RW];
+    for (int64_t c = 0; c < RW; ++c) {
+      wr[c] = w + (j + std::min(c, cols_of_w - 1)) * k;
+      next[c] = w + std::min(j + RW + c, j1 - 1) * k;
+    }
+    const T* const* pf = j + RW < j1 ? next : nullptr;  // the first block of x prefetches
+    int64_t i = 0;
+    for (; i + RX <= m; i += RX, pf = nullptr) dot_block<RX, RW>(x + i * k, k, wr, cols_of_w, bias, j, n, y + i * n, pf);
+    const T* xi = x + i * k;
+    T* yi = y + i * n;
+    switch (m - i) {
+      case 7: if constexpr (RX > 7) dot_block<7, RW>(xi, k, wr, cols_of_w, bias, j, n, yi, pf); break;
+      case 6: if constexpr (RX > 6) dot_block<6, RW>(xi, k, wr, cols_of_w, bias, j, n, yi, pf); break;
+      case 5: if constexpr (RX > 5) dot_block<5, RW>(xi, k, wr, cols_of_w, bias, j, n, yi, pf); break;
+      case 4: if constexpr (RX > 4) dot_block<4, RW>(xi, k, wr, cols_of_w, bias, j, n, yi, pf); break;
+      case 3: if constexpr (RX > 3) dot_block<3, RW>(xi, k, wr, cols_of_w, bias, j, n, yi, pf); break;
+      case 2: if constexpr (RX > 2) dot_block<2, RW>(xi, k, wr, cols_of_w, bias, j, n, yi, pf); break;
+      case 1: if constexpr (RX > 1) dot_block<1, RW>(xi, k, wr, cols_of_w, bias, j, n, yi, pf); break;
+      default: break;
+    }
+  }
+}
+
 }  // namespace linear_small_detail
 
 // Columns [j0, j1) of y; y has row stride n.
 template <class T>
 void linear_small_rows(const T* x, int64_t m, int64_t k, const T* w, const T* bias, int64_t j0, int64_t j1,
                        int64_t n, T* y) {
-  using linear_small_detail::dot_block;
-  using linear_small_detail::kRowsOfW;
-  // Rows of x per block: 4 × 4 accumulators, 4 + 4 loads per 16 FMAs, where the CPU has 32 vector
-  // registers (AVX-512); 2 × 4 with 16 (AVX2).
-  constexpr int kRowsOfX = sizeof(xsimd::batch<T>) >= 64 ? 4 : 2;
-  for (int64_t j = j0; j < j1; j += kRowsOfW) {
-    const int64_t cols_of_w = std::min<int64_t>(kRowsOfW, j1 - j);
-    const T* wr[kRowsOfW];
-    for (int64_t c = 0; c < kRowsOfW; ++c) wr[c] = w + (j + std::min(c, cols_of_w - 1)) * k;
-    int64_t i = 0;
-    for (; i + kRowsOfX <= m; i += kRowsOfX) dot_block<kRowsOfX>(x + i * k, k, wr, cols_of_w, bias, j, n, y + i * n);
-    // the last m mod kRowsOfX rows in one block
-    const T* xi = x + i * k;
-    T* yi = y + i * n;
-    switch (m - i) {
-      case 3: dot_block<3>(xi, k, wr, cols_of_w, bias, j, n, yi); break;
-      case 2: dot_block<2>(xi, k, wr, cols_of_w, bias, j, n, yi); break;
-      case 1: dot_block<1>(xi, k, wr, cols_of_w, bias, j, n, yi); break;
-      default: break;
-    }
+  using linear_small_detail::rows_in_blocks;
+  if constexpr (sizeof(xsimd::batch<T>) >= 64) {
+    // 32 vector registers (AVX-512): up to 8 rows of x in one block with 3 rows of w (24
+    // accumulators), so each row of w is read once; more rows in blocks of 4 × 4 (4 + 4 loads per
+    // 16 FMAs).
+    if (m <= 8) return rows_in_blocks<8, 3>(x, m, k, w, bias, j0, j1, n, y);
+    return rows_in_blocks<4, 4>(x, m, k, w, bias, j0, j1, n, y);
+  } else {
+    return rows_in_blocks<2, 4>(x, m, k, w, bias, j0, j1, n, y);  // 16 registers (AVX2): 2 × 4
   }
 }
 
