@@ -33,8 +33,10 @@ namespace transformer_core::kernels {
 
 constexpr int64_t kLinearTileRows = 64;
 constexpr int64_t kLinearTileCols = 512;
-// Output features per task of the small-row path.
-constexpr int64_t kLinearSmallCols = 64;
+// Output features per task of the small-row path: a multiple of its groups of 3 and 4 rows of w,
+// long enough for its prefetch of the next rows to run ahead (7 rows of MiniLM: 96 took ~4 % less
+// time than 64).
+constexpr int64_t kLinearSmallCols = 96;
 // Below this many multiply-adds (≈ 10 µs of work) a parallel region costs more than it saves.
 constexpr int64_t kLinearSerialMacs = 1 << 18;
 
