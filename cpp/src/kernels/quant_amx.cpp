@@ -36,7 +36,7 @@
 #include <cstring>
 
 #include "quant_common.hpp"
-#include "transpose_avx512.hpp"
+#include "amx_tiles.hpp"
 #include "transformer_core/kernels/quant/kernels.hpp"
 
 namespace transformer_core::kernels::quant {
@@ -49,26 +49,10 @@ constexpr int64_t kTileBytes = kGroup * kStep;
 // would be mostly zero padding.
 constexpr int64_t kMinRows = 9;
 
-// The tile configuration (palette 1): all eight tiles 16 rows × 64 bytes.
+// The tiles (full_tiles(), amx_tiles.hpp: all eight 16 rows × 64 bytes):
 //   tmm0-3  C, int32 accumulators: (feature group a, x group b) in tmm(2a + b)
 //   tmm4-5  A, weight groups 0, 1
 //   tmm6-7  B, packed x groups 0, 1
-struct alignas(64) TileConfig {
-  uint8_t palette = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
-inline TileConfig full_tiles() {
-  TileConfig c;
-  for (int t = 0; t < 8; ++t) {
-    c.colsb[t] = kStep;
-    c.rows[t] = kGroup;
-  }
-  return c;
-}
 
 // x rows [i, i + n) (n <= 16) of xq [*, ldq] → B tiles, one per step of k: out + s · kTileBytes.
 // Rows past n are zeros.

@@ -25,30 +25,12 @@
 #include <cstring>
 
 #include "transformer_core/kernels/sgemm.hpp"
-#include "transpose_avx512.hpp"
+#include "amx_tiles.hpp"
 
 namespace transformer_core::kernels::sgemm::split {
 namespace {
 
 constexpr int64_t kTile = 16 * kDepth;  // bf16 values of one A or B tile (16 × 64 bytes)
-
-// The tile configuration (palette 1): all eight tiles 16 rows × 64 bytes.
-struct alignas(64) TileConfig {
-  uint8_t palette = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
-inline TileConfig full_tiles() {
-  TileConfig c;
-  for (int t = 0; t < 8; ++t) {
-    c.colsb[t] = 64;
-    c.rows[t] = 16;
-  }
-  return c;
-}
 
 // 16 floats → their three bf16 parts (part[s]: 16 values), each rounded to nearest-even by
 // vcvtneps2bf16 from what the previous parts left; bad gains the lanes holding Inf or NaN.

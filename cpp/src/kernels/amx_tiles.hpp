@@ -1,12 +1,33 @@
-// A 16 × 16 transpose of 4-byte words in AVX-512 registers, for the AMX kernels' tile layouts
-// (quant_amx.cpp, sgemm_amx.cpp). Internal linkage: each translation unit compiles its own copy
-// under its own ISA flags (quant_common.hpp says why).
+// What the AMX kernels (quant_amx.cpp, sgemm_amx.cpp) share: the tile configuration they load, and
+// a 16 × 16 transpose of 4-byte words in AVX-512 registers for their tile layouts. Internal
+// linkage: each translation unit compiles its own copy under its own ISA flags (quant_common.hpp
+// says why).
 #pragma once
 
 #include <immintrin.h>
 
+#include <cstdint>
+
 namespace transformer_core::kernels {
 namespace {
+
+// The tile configuration (palette 1) for ldtilecfg: all eight tiles 16 rows × 64 bytes.
+struct alignas(64) TileConfig {
+  uint8_t palette = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+inline TileConfig full_tiles() {
+  TileConfig c;
+  for (int t = 0; t < 8; ++t) {
+    c.colsb[t] = 64;
+    c.rows[t] = 16;
+  }
+  return c;
+}
 
 // Transposes 16 × 16 four-byte words in place: r[o] word p ← r[p] word o. Interleaves pairs of rows
 // (32-bit, then 64-bit elements), then moves 128-bit quarters: 64 shuffles.
