@@ -1,6 +1,8 @@
 """The real SmolLM2-135M-Instruct (Llama architecture, 30 layers, GQA 9/3, RoPE base 1e5, tied
-embeddings) loaded from its GGUF file (Q4_1 blocks, Q8_0 token embedding, dequantized to float32),
-against transformers' LlamaForCausalLM loaded from the same file (``gguf_file=``, float32).
+embeddings) loaded from its GGUF file (Q4_1 blocks, Q8_0 token embedding) as a user gets it —
+``from_pretrained`` keeps the blocks in memory and decodes them to their float32 values inside the
+products (tests/test_ops_quantized.py: bit for bit gguf's dequantized values, float32 arithmetic) —
+against transformers' LlamaForCausalLM loaded from the same file (``gguf_file=``, float32 tensors).
 
 The weights are identical (tests/test_gguf_file.py checks every tensor bit for bit), so the logits
 differ only by the order of float32 operations over 30 layers: ≤ 1e-3 is asked; the argmax must be

@@ -8,8 +8,10 @@ References, all computed in the test:
     dequantized weights, relative to  |x| · |Ŵ|ᵀ  (the scale of a dot product's rounding error);
   * the Q8-activation product: a float64 numpy implementation of the scheme (exact integer block
     dots) within the same relative 1e-5;
-  * every ISA against the scalar reference: bit for bit (the kernels fix their operation order), and
-    1 thread against 2: bit for bit.
+  * every ISA against the scalar reference: bit for bit (the kernels fix their operation order) —
+    except the fp32-activation GGUF product of more than 8 rows, which is the fp32 linear layer's
+    GEMM on the decoded weights and must equal it bit for bit (on ``amx``: AMX tiles, other bits
+    than the FMA ISAs'); and 1 thread against 2: bit for bit.
 """
 
 from __future__ import annotations
@@ -396,6 +398,15 @@ def test_nibble_order():
 # --------------------------------------------------------------------------------------------------
 
 GGUF_K = [32, 64, 576, 1536]
+GGUF_FEW_ROWS = 8    # up to this many rows the blocks are decoded in registers (ops/quantized_linear.cpp)
+SMALL_ROWS = 32      # up to this many rows the fp32 linear layer streams w (kernels/linear_small.hpp)
+
+
+def _fp32_gemm(x, w, bias):
+    """The fp32 linear layer's GEMM path on x [rows, k] (rows > 8): rows beyond SMALL_ROWS so that
+    tc's linear takes it, then the first rows kept (a row's bits do not depend on the others)."""
+    pad = np.zeros((max(0, SMALL_ROWS + 1 - x.shape[0]), x.shape[1]), np.float32)
+    return tc.functional.linear(np.concatenate([x, pad]), w, bias)[: x.shape[0]]
 
 
 @pytest.mark.parametrize("ggml_type", GGUF_TYPES)
@@ -415,9 +426,36 @@ def test_linear_gguf_fp32_equals_dequantized_product(isa, rng, ggml_type, k, row
     if bias is not None:
         ref, scale = ref + bias, scale + np.abs(bias)
     assert_rel(y, ref, scale, what=f"{ggml_type} fp32 {isa}")
-    if isa != "scalar":
+    if rows > GGUF_FEW_ROWS:
+        # many rows: the fp32 linear layer's GEMM on the decoded weights, its bits exactly
+        np.testing.assert_array_equal(bits(y), bits(_fp32_gemm(x, dequant_ref(blocks, ggml_type), bias)))
+    if isa != "scalar" and (isa != "amx" or rows <= GGUF_FEW_ROWS):
         y_scalar = on_isa("scalar", Q.linear_gguf, x, blocks, ggml_type, n, k, bias)
         np.testing.assert_array_equal(bits(y), bits(y_scalar))
+
+
+
+@pytest.mark.parametrize("rows", [1, 7, 9, 40, 200])
+def test_linear_gguf_parts_across_runs_and_tiles(isa, rng, rows):
+    """A weight of three runs of different types whose rows cross the GEMM's 128-column tiles
+    inside a tile: each output equals its run alone, and (many rows) the fp32 GEMM on the stacked
+    decoded weights, bit for bit; within 1e-5 of the float64 product."""
+    k = 576
+    runs = [("Q4_1", 100), ("Q8_0", 60), ("Q4_0", 130)]
+    blocks = [gguf_blocks(rng, t, n, k) for t, n in runs]
+    x = rng.standard_normal((rows, k)).astype(np.float32)
+    bias = rng.standard_normal(sum(n for _, n in runs)).astype(np.float32)
+    y = Q.linear_gguf_parts(x, [(b, t, n) for b, (t, n) in zip(blocks, runs)], k, bias)
+    w = np.concatenate([dequant_ref(b, t) for b, (t, _) in zip(blocks, runs)])
+    ref = x.astype(np.float64) @ w.astype(np.float64).T + bias
+    assert_rel(y, ref, np.abs(x.astype(np.float64)) @ np.abs(w.astype(np.float64)).T + np.abs(bias), what=isa)
+    start = 0
+    for b, (t, n) in zip(blocks, runs):
+        alone = Q.linear_gguf(x, b, t, n, k, bias[start:start + n])
+        np.testing.assert_array_equal(bits(y[:, start:start + n]), bits(alone))
+        start += n
+    if rows > GGUF_FEW_ROWS:
+        np.testing.assert_array_equal(bits(y), bits(_fp32_gemm(x, w, bias)))
 
 
 @pytest.mark.parametrize("ggml_type", GGUF_TYPES)
@@ -449,7 +487,12 @@ def test_linear_gguf_register_tile_edges(isa, rng, n, rows, quantize_activations
         y = Q.linear_gguf(x, blocks, ggml_type, n, 96, quantize_activations=quantize_activations)
         y_scalar = on_isa("scalar", Q.linear_gguf, x, blocks, ggml_type, n, 96,
                           quantize_activations=quantize_activations)
-        np.testing.assert_array_equal(bits(y), bits(y_scalar))
+        if isa == "amx" and rows > GGUF_FEW_ROWS and not quantize_activations:  # AMX tiles: other bits
+            np.testing.assert_array_equal(bits(y), bits(_fp32_gemm(x, dequant_ref(blocks, ggml_type), None)))
+            assert_rel(y, x.astype(np.float64) @ dequant_ref(blocks, ggml_type).astype(np.float64).T,
+                       np.abs(x.astype(np.float64)) @ np.abs(dequant_ref(blocks, ggml_type).astype(np.float64)).T)
+        else:
+            np.testing.assert_array_equal(bits(y), bits(y_scalar))
         # each row alone gives the same bits as in the batch (up to 8 rows: the same kernel)
         if rows <= 8:
             np.testing.assert_array_equal(

@@ -96,7 +96,8 @@ def set_isa(name: str) -> None:
     It chooses the quantized kernels and the fp32 matrix-product kernels of the linear layers and
     attention (``kernels/sgemm.hpp``): ``"avx512vnni"`` and ``"amx"`` run the AVX-512 ones, ``"avx2"`` and
     ``"scalar"`` the AVX2 ones (the same bits), and a CPU without AVX2 uses BLAS for fp32.
-    On ``"amx"`` the fp32 linear layer's product (more than 32 rows) runs on AMX tiles instead: each
+    On ``"amx"`` the fp32 linear layer's product (more than 32 rows), and the float32-activation
+    GGUF product of more than 8 rows (:func:`linear_gguf`), run on AMX tiles instead: each
     value split into three bfloat16 parts and six bf16 products summed in fp32 (``tdpbf16ps``;
     "bf16x6", Henry et al., ARITH 2019). Its error is fp32's (the dropped terms are below 2^-23 of
     each product); its bits differ from the FMA kernels' and do not depend on the thread count.
@@ -280,8 +281,10 @@ def linear_gguf(x, blocks, ggml_type, out_features: int, in_features: int, bias=
           decoded in registers to exactly :func:`dequantize_gguf`'s values and multiplied with ``x``
           in float32 (FMA). The result is the dequantize-then-float32 product up to float32 rounding
           (the 32 partial sums per output are fixed, so every instruction set gives the same bits).
-          With more than 8 rows of ``x``, tiles of weights are decoded into a cache-resident buffer
-          and multiplied by OpenBLAS (single-threaded per tile).
+          With more than 8 rows of ``x`` (a prompt), the weights are decoded a tile of 128 rows at a
+          time and packed for the float32 linear layer's GEMM (:func:`transformer_core.functional.linear`'s
+          kernels: AMX tiles on the ``amx`` ISA, FMA panels otherwise), once per call: the result is
+          that GEMM's on the dequantized weights, bit for bit, without their float32 copy in memory.
         * ``quantize_activations=True``: each block of 32 values of ``x`` is quantized to int8
           (:func:`quantize_q8_blocks`) and each block product is an exact integer dot product, scaled
           by both blocks' scales in float32 — llama.cpp's way: faster, as accurate as 8-bit ``x``.

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "transformer_core/kernels/gemm.hpp"
+#include "transformer_core/kernels/linear.hpp"
 #include "transformer_core/kernels/parallel.hpp"
 #include "transformer_core/kernels/quant/kernels.hpp"
 #include "transformer_core/kernels/workspace.hpp"
@@ -223,6 +224,26 @@ void over_runs(const Runs& runs, const GgufRows* parts, int64_t rows, int64_t in
   }
 }
 
+// The weight of a GGUF matrix for kernels::linear_packed / linear_split (kernels/linear.hpp): rows
+// decoded to fp32 (dequantize's values, bit for bit gguf.quants') a tile at a time, into this
+// thread's kQuantTile scratch, where the packing reads them right after. A tile may cover the end of
+// one run and the start of the next.
+struct GgufWeight {
+  const q::KernelTable& kt;
+  const Runs& runs;
+  const GgufRows* parts;
+  int64_t k;
+
+  const float* rows(int64_t j, int64_t cols) const {
+    float* tile = kernels::workspace_aligned<float>(Scratch::kQuantTile, static_cast<size_t>(kernels::kPackedTileCols * k));
+    for (size_t p = 0; p < runs.start.size(); ++p) {
+      const int64_t s = runs.start[p], b = std::max(j, s), f = std::min(j + cols, s + parts[p].rows);
+      if (b < f) kt.dequantize(parts[p].type, parts[p].blocks, k, b - s, f - s, 0, k / q::kBlockSize, tile + (b - j) * k, k);
+    }
+    return tile;
+  }
+};
+
 }  // namespace
 
 void linear_gguf_parts(const float* x, int64_t rows, int64_t in, const GgufRows* parts, int64_t num_parts,
@@ -255,8 +276,17 @@ void linear_gguf_parts(const float* x, int64_t rows, int64_t in, const GgufRows*
     });
     return;
   }
-  // prefill: per tile of y, decode kSgemmCols weight rows × kSgemmDepth values to fp32 (in L2) and
-  // multiply on this thread (gemm_on_thread: our fp32 kernels), accumulating over the chunks of k in order.
+  // prefill: the fp32 linear layer's GEMM (kernels/linear.hpp: on AMX tiles or FMA panels), its
+  // weight tiles packed from blocks decoded a tile at a time, once per call.
+  if (const kernels::sgemm::Kernels* fma = kernels::sgemm::active()) {
+    const GgufWeight w{kt, runs, parts, in};
+    const bool serial = rows * in * out < kernels::kLinearSerialMacs;
+    if (const kernels::sgemm::split::Kernels* amx = kernels::sgemm::split::active())
+      return kernels::linear_split(*amx, *fma, x, rows, in, w, bias, out, y, kernels::Activation::kNone, serial);
+    return kernels::linear_packed(*fma, x, rows, in, w, bias, out, y, kernels::Activation::kNone, serial);
+  }
+  // Without our GEMM (no AVX2): per tile of y, decode kSgemmCols weight rows × kSgemmDepth values to
+  // fp32 (in L2) and multiply on this thread (gemm_on_thread), accumulating over the chunks of k in order.
   over_runs(runs, parts, rows, in, kSgemmRows, kSgemmCols, [&](int64_t p, int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
     float* wt = kernels::workspace<float>(Scratch::kQuantTile, static_cast<size_t>(kSgemmCols * kSgemmDepth));
     float* yp = y_of(p);

@@ -47,6 +47,16 @@ constexpr int64_t kPackedTileRows = 96;
 constexpr int64_t kPackedTileCols = 4 * sgemm::kPanel;
 constexpr int64_t kPackedChunkFloats = int64_t(1) << 21;
 
+// The weight operand of linear_packed and linear_split: w [n, k] in fp32, read in place. Another
+// source (GGUF blocks, ops/quantized_linear.cpp) gives the same member: rows(j, cols) returns rows
+// [j, j + cols) of w as fp32 with row stride k, decoding them into a scratch of its own if it must
+// (called by one task at a time per thread, and used before the next call on that thread).
+struct DenseWeight {
+  const float* w;
+  int64_t k;
+  const float* rows(int64_t j, int64_t /*cols*/) const { return w + j * k; }
+};
+
 // Runs fn(task, thread) for every task, on the calling thread when serial.
 template <class F>
 inline void run_tasks(bool serial, int64_t num_tasks, const F& fn) {
@@ -57,8 +67,9 @@ inline void run_tasks(bool serial, int64_t num_tasks, const F& fn) {
   }
 }
 
-// y = act(x · wᵀ + bias) with our GEMM (m > 0, n > 0, k > 0).
-inline void linear_packed(const sgemm::Kernels& kern, const float* x, int64_t m, int64_t k, const float* w,
+// y = act(x · wᵀ + bias) with our GEMM (m > 0, n > 0, k > 0); w: DenseWeight or another source.
+template <class Weight>
+inline void linear_packed(const sgemm::Kernels& kern, const float* x, int64_t m, int64_t k, const Weight& w,
                           const float* bias, int64_t n, float* y, Activation act, bool serial) {
   const int64_t chunk_cols =
       std::max<int64_t>(kPackedTileCols, kPackedChunkFloats / k / kPackedTileCols * kPackedTileCols);
@@ -68,8 +79,8 @@ inline void linear_packed(const sgemm::Kernels& kern, const float* x, int64_t m,
     const int64_t col_tiles = (cols + kPackedTileCols - 1) / kPackedTileCols;
     // 1. w[c0 : c0 + cols, :]ᵀ into panels: column j of the chunk starts at packed + j · k
     run_tasks(serial, col_tiles, [&](int64_t t, int) {
-      const int64_t j = t * kPackedTileCols;
-      kern.pack_b(k, std::min(kPackedTileCols, cols - j), w + (c0 + j) * k, 1, k, packed + j * k);
+      const int64_t j = t * kPackedTileCols, tile_cols = std::min(kPackedTileCols, cols - j);
+      kern.pack_b(k, tile_cols, w.rows(c0 + j, tile_cols), 1, k, packed + j * k);
     });
     // 2. tiles of y[:, c0 : c0 + cols]
     const int64_t row_tiles = (m + kPackedTileRows - 1) / kPackedTileRows;
@@ -89,9 +100,10 @@ inline void linear_packed(const sgemm::Kernels& kern, const float* x, int64_t m,
 // y = act(x · wᵀ + bias) on AMX tiles (m > 0, n > 0, k > 0): linear_packed's tiles and chunks, with
 // x split once (kPackedTileRows rows per task) and w packed per chunk into split tiles. A tile whose
 // columns hold an Inf or NaN, and the rows of x that do, are computed by the FMA kernels (fma)
-// from an fp32 panel of the tile's columns.
+// from an fp32 panel of the tile's columns. w: DenseWeight or another source (as linear_packed).
+template <class Weight>
 inline void linear_split(const sgemm::split::Kernels& amx, const sgemm::Kernels& fma, const float* x, int64_t m,
-                         int64_t k, const float* w, const float* bias, int64_t n, float* y, Activation act,
+                         int64_t k, const Weight& w, const float* bias, int64_t n, float* y, Activation act,
                          bool serial) {
   namespace split = sgemm::split;
   const int64_t kp = split::padded_k(k), plane = split::padded_rows(m) * kp;
@@ -115,22 +127,21 @@ inline void linear_split(const sgemm::split::Kernels& amx, const sgemm::Kernels&
     const int64_t col_tiles = (cols + kPackedTileCols - 1) / kPackedTileCols;
     // 2. w[c0 : c0 + cols, :]ᵀ into split tiles, kPackedTileCols columns a task
     run_tasks(serial, col_tiles, [&](int64_t t, int) {
-      const int64_t j = t * kPackedTileCols;
-      finite_cols[t] = amx.pack_b(k, std::min(kPackedTileCols, cols - j), w + (c0 + j) * k, k, packed + t * stride);
+      const int64_t j = t * kPackedTileCols, tile_cols = std::min(kPackedTileCols, cols - j);
+      finite_cols[t] = amx.pack_b(k, tile_cols, w.rows(c0 + j, tile_cols), k, packed + t * stride);
     });
     // 3. tiles of y[:, c0 : c0 + cols]
     run_tasks(serial, row_tiles * col_tiles, [&](int64_t task, int) {
       const int64_t ct = task % col_tiles, r0 = (task / col_tiles) * kPackedTileRows, j = ct * kPackedTileCols;
       const int64_t rows = std::min(kPackedTileRows, m - r0), tile_cols = std::min(kPackedTileCols, cols - j);
       float* yt = y + r0 * n + c0 + j;  // [rows, tile_cols], row stride n
-      const float* wt = w + (c0 + j) * k;
       if (finite_cols[ct]) amx.multiply(rows, tile_cols, k, a + r0 * kp, plane, packed + ct * stride, yt, n);
       float* panel = nullptr;
       for (int64_t i = 0; i < rows; ++i) {
         if (!finite_cols[ct] || !finite_rows[r0 + i]) {
           if (panel == nullptr) {
             panel = workspace_aligned<float>(Scratch::kGemmSplitFallback, sgemm::packed_floats(k, tile_cols));
-            fma.pack_b(k, tile_cols, wt, 1, k, panel);
+            fma.pack_b(k, tile_cols, w.rows(c0 + j, tile_cols), 1, k, panel);
           }
           fma.multiply(1, tile_cols, k, x + (r0 + i) * k, k, 1, panel, yt + i * n, n, false);
         }
@@ -165,8 +176,8 @@ inline void linear(const T* x, int64_t m, int64_t k, const T* w, const T* bias, 
     if (k > 0)
       if (const sgemm::Kernels* kern = sgemm::active()) {
         if (const sgemm::split::Kernels* amx = sgemm::split::active())
-          return linear_split(*amx, *kern, x, m, k, w, bias, n, y, act, serial);
-        return linear_packed(*kern, x, m, k, w, bias, n, y, act, serial);
+          return linear_split(*amx, *kern, x, m, k, DenseWeight{w, k}, bias, n, y, act, serial);
+        return linear_packed(*kern, x, m, k, DenseWeight{w, k}, bias, n, y, act, serial);
       }
   }
   const int64_t row_tiles = (m + kLinearTileRows - 1) / kLinearTileRows;

@@ -33,8 +33,9 @@ void linear_int8(const float* x, int64_t rows, int64_t in, const int8_t* qweight
 // y[rows, out] = x · Ŵᵀ + bias, Ŵ the GGUF blocks' values (formats.hpp), read in place:
 //   x: [rows, in] fp32   blocks: out rows of in / 32 blocks, `num_bytes` bytes in all   bias: [out] or nullptr
 // quantize_activations = false (default): fp32 activations; each block is decoded in registers and
-//   multiplied with x in fp32 (few rows), or decoded into a cache-resident tile for an sgemm (many
-//   rows): the result is the dequantize-then-fp32 product up to fp32 rounding.
+//   multiplied with x in fp32 (up to 8 rows), or decoded a 128-row tile at a time and packed for
+//   the fp32 linear layer's GEMM (kernels/linear.hpp, once per call; more rows): the result is the
+//   dequantize-then-fp32 product up to fp32 rounding (with many rows, that GEMM's bits exactly).
 // quantize_activations = true: x is quantized to Q8 blocks (quantize_q8_blocks) and each block
 //   product is an exact integer dot, as llama.cpp computes: faster, and as accurate as 8-bit x.
 // in must be a multiple of 32; num_bytes must be out · in / 32 · type_size.
