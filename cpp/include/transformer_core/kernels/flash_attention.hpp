@@ -562,6 +562,34 @@ void flash_split_kv(const AttentionArgs<T>& a, const FlashPlan& p) {
   });
 }
 
+// Decoding with grouped keys and values (GQA, MQA: g = num_heads / num_kv_heads > 1, one query
+// row): the g query heads that share a key/value head become the g rows of one query block, so that
+// each key and value is read once for all of them instead of once per head. Row r of head hk is
+// head hk · g + r; with one query row every mask reads row 0, so a mask's head stride becomes its
+// row stride. Under is_causal that row sees keys s ≤ causal_offset: the keys after it are cut
+// instead (the rows of a block would otherwise get shifted causal limits). Returns false, leaving
+// `a` as it was, where nothing is to be gained or no key is visible.
+template <class T>
+bool fold_grouped_heads(AttentionArgs<T>& a) {
+  const int64_t g = a.num_heads / a.num_kv_heads;
+  if (a.q_len != 1 || g == 1 || (a.is_causal && a.causal_offset < 0)) return false;
+  if (a.is_causal) {
+    a.kv_len = std::min(a.kv_len, a.causal_offset + 1);
+    a.is_causal = false;
+  }
+  a.q_stride_l = a.q_stride_h;
+  a.q_stride_h *= g;
+  a.o_stride_l = a.o_stride_h;
+  a.o_stride_h *= g;
+  a.bool_mask_strides[2] = a.bool_mask_strides[1];
+  a.bool_mask_strides[1] *= g;
+  a.float_mask_strides[2] = a.float_mask_strides[1];
+  a.float_mask_strides[1] *= g;
+  a.num_heads = a.num_kv_heads;
+  a.q_len = g;  // lse [N, H, 1] is [N, H_kv, g]: the same memory
+  return true;
+}
+
 }  // namespace flash_detail
 
 // attention_flash: the tiled kernel. Computes what attention_reference computes (out, and lse when
@@ -572,10 +600,12 @@ void attention_flash(const AttentionArgs<T>& a) {
   if (a.batch == 0 || a.num_heads == 0 || a.q_len == 0) return;  // nothing to write
   if (a.v_head_dim == 0 && a.lse == nullptr) return;
   if (a.kv_len == 0) return flash_no_keys(a);
-  const FlashPlan p = flash_plan(a.batch, a.num_heads, a.q_len, a.kv_len, a.head_dim, a.v_head_dim);
-  if (p.serial) return flash_serial(a, p);
-  if (p.kv_chunks == 1) return flash_blocks(a, p);
-  flash_split_kv(a, p);
+  AttentionArgs<T> folded = a;
+  const AttentionArgs<T>& b = fold_grouped_heads(folded) ? folded : a;
+  const FlashPlan p = flash_plan(b.batch, b.num_heads, b.q_len, b.kv_len, b.head_dim, b.v_head_dim);
+  if (p.serial) return flash_serial(b, p);
+  if (p.kv_chunks == 1) return flash_blocks(b, p);
+  flash_split_kv(b, p);
 }
 
 }  // namespace transformer_core::kernels
