@@ -186,12 +186,14 @@ THREAD_CASES = [
     (2, 3, 3, 257, 300, 16, "key_mask"),
     (1, 12, 12, 1, 4100, 64, "none"),
     (1, 2, 1, 5, 4100, 64, "causal_bottom_right"),
+    # 9 query blocks: tasks of 4, 4 and 1 blocks sharing each packed key block (flash_blocks_shared)
+    (1, 4, 2, 1100, 1100, 64, "causal_top_left"),
 ]
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
 @pytest.mark.parametrize("threads", [2, 16])
-@pytest.mark.parametrize("case", THREAD_CASES, ids=["blocks", "split-decode", "split-rows"])
+@pytest.mark.parametrize("case", THREAD_CASES, ids=["blocks", "split-decode", "split-rows", "shared-keys"])
 def test_flash_bitwise_equal_across_thread_counts(rng, case, threads, dtype):
     """The plan depends on the shape alone, so 1, 2 and 16 threads give the same bits (16 threads
     also on a 2-core machine: OpenMP oversubscribes)."""
