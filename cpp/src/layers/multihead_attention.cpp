@@ -189,9 +189,14 @@ void MultiheadAttention<T>::forward_packed(const T* x, const PackedTokens& token
   // are masked, their queries' outputs dropped).
   T* qkv = kernels::workspace<T>(Scratch::kAttnQkv, static_cast<size_t>(rows * width));
   T* context = kernels::workspace<T>(Scratch::kAttnContext, static_cast<size_t>(rows * Hq));
-  std::fill(qkv, qkv + rows * width, T(0));
-  for (int64_t t = 0; t < count; ++t)
-    std::copy(qkv_packed + t * width, qkv_packed + (t + 1) * width, qkv + tokens.index[t] * width);
+  int64_t next = 0;  // the first padded row not yet written (tokens.index ascends)
+  for (int64_t t = 0; t < count; ++t) {
+    const int64_t row = tokens.index[t];
+    std::fill(qkv + next * width, qkv + row * width, T(0));
+    std::copy(qkv_packed + t * width, qkv_packed + (t + 1) * width, qkv + row * width);
+    next = row + 1;
+  }
+  std::fill(qkv + next * width, qkv + rows * width, T(0));
   kernels::AttentionArgs<T> a;
   static_cast<AttentionMasks<T>&>(a) = masks;
   a.k = qkv + Hq, a.k_stride_n = L * width, a.k_stride_h = D, a.k_stride_s = width;
