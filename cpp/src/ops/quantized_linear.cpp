@@ -235,10 +235,12 @@ struct GgufWeight {
   int64_t k;
 
   const float* rows(int64_t j, int64_t cols) const {
-    float* tile = kernels::workspace_aligned<float>(Scratch::kQuantTile, static_cast<size_t>(kernels::kPackedTileCols * k));
+    const size_t size = static_cast<size_t>(kernels::kPackedTileCols * k);
+    float* tile = kernels::workspace_aligned<float>(Scratch::kQuantTile, size);
     for (size_t p = 0; p < runs.start.size(); ++p) {
       const int64_t s = runs.start[p], b = std::max(j, s), f = std::min(j + cols, s + parts[p].rows);
-      if (b < f) kt.dequantize(parts[p].type, parts[p].blocks, k, b - s, f - s, 0, k / q::kBlockSize, tile + (b - j) * k, k);
+      if (b < f)
+        kt.dequantize(parts[p].type, parts[p].blocks, k, b - s, f - s, 0, k / q::kBlockSize, tile + (b - j) * k, k);
     }
     return tile;
   }

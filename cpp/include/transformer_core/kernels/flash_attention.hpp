@@ -416,12 +416,9 @@ void flash_tile(const AttentionArgs<T>& a, const QueryBlock& qb, int64_t s0, int
   }
 }
 
-// The online softmax of one query block against keys [s_begin, s_end), tile after tile. Leaves in
-// `acc` the unnormalised state of the range:  m_i = max_s x_is,  l_i = Σ_s exp(x_is − m_i),
-// o_i = Σ_s exp(x_is − m_i) v_s   (m_i = -inf, l_i = 0, o_i = 0 when row i sees no key of it).
-// Its start: m = -inf, l = 0 (and o = 0 when the block sees no key of the range); returns the end
-// of the keys it sees (≤ s_begin: none). Causal: the block's last row sees the most keys; nothing
-// past them is read.
+// The start of a query block's online softmax over keys [s_begin, s_end): m = -inf, l = 0 (and
+// o = 0 when the block sees no key of the range). Returns the end of the keys it sees (≤ s_begin:
+// none). Causal: the block's last row sees the most keys; nothing past them is read.
 template <class T>
 int64_t flash_block_start(const AttentionArgs<T>& a, const QueryBlock& qb, int64_t s_begin, int64_t s_end,
                           const Accumulator<T>& acc) {
@@ -432,6 +429,9 @@ int64_t flash_block_start(const AttentionArgs<T>& a, const QueryBlock& qb, int64
   return s_end;
 }
 
+// The online softmax of one query block against keys [s_begin, s_end), tile after tile. Leaves in
+// `acc` the unnormalised state of the range:  m_i = max_s x_is,  l_i = Σ_s exp(x_is − m_i),
+// o_i = Σ_s exp(x_is − m_i) v_s   (m_i = -inf, l_i = 0, o_i = 0 when row i sees no key of it).
 template <class T>
 void flash_block(const AttentionArgs<T>& a, const QueryBlock& qb, int64_t s_begin, int64_t s_end, int64_t bc,
                  const Tile<T>& tile, const Accumulator<T>& acc, bool use_blas) {
@@ -561,8 +561,6 @@ class ThreadTiles {
   T* base_;
 };
 
-// plan.kv_chunks = 1: one task = one query block against all its keys; dynamic scheduling balances
-// the causal triangle (later blocks see more keys).
 // fp32 with our GEMM, several query blocks per head: a task takes up to kSharedQueryBlocks query
 // blocks of one head and packs each key block once for all of them (PackedBlock), instead of once
 // per query block inside every product (SDPA (1, 12, 4096, 64): the packing went from 8 % of the
@@ -618,6 +616,9 @@ inline void flash_blocks_shared(const AttentionArgs<float>& a, const FlashPlan& 
   });
 }
 
+// plan.kv_chunks = 1: one task = one query block against all its keys (or, fp32, up to
+// kSharedQueryBlocks of them: flash_blocks_shared); dynamic scheduling balances the causal triangle
+// (later blocks see more keys).
 template <class T>
 void flash_blocks(const AttentionArgs<T>& a, const FlashPlan& p) {
   if constexpr (std::is_same_v<T, float>) {
