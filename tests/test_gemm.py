@@ -128,7 +128,7 @@ def test_linear_propagates_nan_and_inf_as_torch(where):
 
 # The small-row path (kernels/linear_small.hpp: up to 32 rows stream w): rows across its blocks (one
 # block of up to 8 rows with 3 rows of w on AVX-512, blocks of 4 × 4 above; 2 × 4 on AVX2) and the
-# 64-column tasks, k across the SIMD width (the tail after the last full vector).
+# 96-column tasks (kLinearSmallCols), k across the SIMD width (the tail after the last full vector).
 SMALL_ROWS = [1, 2, 3, 4, 5, 7, 8, 9, 12, 13, 31, 32]
 SMALL_SHAPES = [(1, 1), (2, 15), (3, 16), (4, 17), (5, 33), (7, 64), (64, 384), (65, 100), (67, 31), (130, 385)]
 

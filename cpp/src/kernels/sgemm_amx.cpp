@@ -41,7 +41,8 @@ inline void split16(__m512 a, __m256i part[3], __mmask16& bad) {
   const __m512i magnitude = _mm512_and_si512(bits, _mm512_set1_epi32(0x7FFFFFFF));
   bad |= _mm512_cmpge_epu32_mask(magnitude, _mm512_set1_epi32(0x7F800000));
   const __mmask16 huge = _mm512_cmpge_epu32_mask(magnitude, _mm512_set1_epi32(0x7F7F8000));
-  const __m512 high = _mm512_castsi512_ps(_mm512_mask_and_epi32(bits, huge, bits, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u))));
+  const __m512i truncated = _mm512_mask_and_epi32(bits, huge, bits, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u)));
+  const __m512 high = _mm512_castsi512_ps(truncated);
   const __m256bh a0 = _mm512_cvtneps_pbh(high);
   const __m512 r1 = _mm512_sub_ps(a, _mm512_cvtpbh_ps(a0));  // exact
   const __m256bh a1 = _mm512_cvtneps_pbh(r1);

@@ -92,6 +92,14 @@ inline int64_t ld_for(int64_t ld, int64_t rows, int64_t cols) {
   return rows <= 1 ? std::max<int64_t>({ld, cols, 1}) : ld;
 }
 
+// x[rows, cols] (row stride ldx) *= scale, after the product (see attention_scores)
+template <class T>
+inline void scale_scores(int64_t rows, int64_t cols, T scale, T* x, int64_t ldx) {
+  if (scale == T(1)) return;
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < cols; ++j) x[i * ldx + j] *= scale;
+}
+
 // x[rows, cols] (row stride ldx) = scale · q[rows, D] (ldq) · k[cols, D]ᵀ (ldk)
 // The product (gemm_on_thread: our kernels for fp32, else BLAS), then the scale. Multiplying after,
 // never through BLAS's alpha, keeps torch's NaN rules at scale = 0 (0 · NaN = NaN): BLAS returns
@@ -104,9 +112,7 @@ inline void attention_scores(int64_t rows, int64_t cols, int64_t D, T scale, con
     return;
   }
   gemm_on_thread(false, true, rows, cols, D, q, ldq, k, ld_for(ldk, cols, D), x, ldx, false);
-  if (scale == T(1)) return;
-  for (int64_t i = 0; i < rows; ++i)
-    for (int64_t j = 0; j < cols; ++j) x[i * ldx + j] *= scale;
+  scale_scores(rows, cols, scale, x, ldx);
 }
 
 // log Σ_j exp(x_j), j < n, computed as m + log Σ_j exp(x_j - m) with m = max_j x_j.

@@ -300,9 +300,7 @@ void tile_scores(const AttentionArgs<T>& a, const QueryBlock& qb, int64_t i0, in
       for (int64_t j = 0; j < cols; j += kGemmOnThreadCols)
         packed->kern->multiply(rows, std::min(kGemmOnThreadCols, cols - j), a.head_dim, q, a.q_stride_l, 1,
                                packed->k + j * a.head_dim, x + j, ldx, false);
-      if (a.scale != T(1))
-        for (int64_t i = 0; i < rows; ++i)
-          for (int64_t j = 0; j < cols; ++j) x[i * ldx + j] *= a.scale;
+      scale_scores(rows, cols, a.scale, x, ldx);
       return;
     }
   }

@@ -78,7 +78,8 @@ void rows_in_blocks(const T* x, int64_t m, int64_t k, const T* w, const T* bias,
     }
     const T* const* pf = j + RW < j1 ? next : nullptr;  // the first block of x prefetches
     int64_t i = 0;
-    for (; i + RX <= m; i += RX, pf = nullptr) dot_block<RX, RW>(x + i * k, k, wr, cols_of_w, bias, j, n, y + i * n, pf);
+    for (; i + RX <= m; i += RX, pf = nullptr)
+      dot_block<RX, RW>(x + i * k, k, wr, cols_of_w, bias, j, n, y + i * n, pf);
     const T* xi = x + i * k;
     T* yi = y + i * n;
     switch (m - i) {
