@@ -222,18 +222,20 @@ def test_linear_on_amx_near_the_ends_of_the_fp32_range():
 @pytest.mark.parametrize("where", ["x", "w"])
 def test_linear_on_amx_hands_inf_and_nan_to_the_fma_kernels(where):
     """A row of x (or the 128-column tile of w) holding Inf or NaN is computed by the FMA kernels:
-    exactly their bits there; the other rows keep the AMX product."""
+    exactly their bits there, bias added after the product as they add it; the other rows keep the
+    AMX product, which starts from the bias."""
     rng = np.random.default_rng(3)
     m, k, n = 100, 70, 300
     x = rng.standard_normal((m, k), dtype=np.float32)
     w = rng.standard_normal((n, k), dtype=np.float32)
+    b = rng.standard_normal(n, dtype=np.float32)
     if where == "x":
         x[[4, 50, 99], [0, 69, 33]] = [np.inf, np.nan, -np.inf]
     else:
         w[130, 7] = np.inf  # the second column tile (128 … 255)
-    amx, fma = _amx_and_fma(lambda: functional.linear(x, w))
+    amx, fma = _amx_and_fma(lambda: functional.linear(x, w, b))
     with isa_and_threads("amx", 2):
-        clean = functional.linear(np.nan_to_num(x, posinf=0, neginf=0), np.nan_to_num(w, posinf=0, neginf=0))
+        clean = functional.linear(np.nan_to_num(x, posinf=0, neginf=0), np.nan_to_num(w, posinf=0, neginf=0), b)
     if where == "x":
         fallback = np.zeros((m, n), dtype=bool)
         fallback[[4, 50, 99]] = True

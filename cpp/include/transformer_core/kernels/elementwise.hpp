@@ -181,6 +181,15 @@ inline void rms_norm_row(const T* x, int64_t n, const T* weight, T eps, T* y) {
   }
 }
 
+// GCC vectorises loops 256 bits wide even where AVX-512 is on (-march=native on a CPU with it);
+// this asks for 512 on one function, where it pays: the GELU of the linear layers' epilogue took
+// 0.75 instead of 0.95 ns a value (a Xeon with AVX-512). Without AVX-512 it changes nothing.
+#if defined(__GNUC__) && !defined(__clang__) && (defined(__x86_64__) || defined(__i386__))
+#define TC_PREFER_512 __attribute__((target("prefer-vector-width=512")))
+#else
+#define TC_PREFER_512
+#endif
+
 // The activations of the library; their names (one table) are in ops/activation.hpp.
 enum class Activation { kNone, kRelu, kGelu, kGeluTanh, kSilu, kTanh };
 
@@ -246,7 +255,7 @@ inline T activate_one(T x, Activation act) {
 
 // x[i] = act(x[i]), i < n, in place. One loop per activation, so that each vectorises.
 template <class T>
-inline void activate(T* x, int64_t n, Activation act) {
+TC_PREFER_512 inline void activate(T* x, int64_t n, Activation act) {
   switch (act) {
     case Activation::kNone: return;
     case Activation::kRelu:

@@ -6,10 +6,10 @@
 // once per call (in parallel, a few panels per task), then tiles of y (kPackedTileRows ×
 // kPackedTileCols) are computed in parallel from the shared panels, the bias added and the
 // activation applied to each tile right after its product, while it is still in cache.
-// On the "amx" ISA the same tiles run on AMX (sgemm.hpp, split): x is split into bf16 planes once
+// On the "amx" ISA the same tiles run on AMX (sgemm.hpp, split): x is split into bf16 tiles once
 // per call, w into tiles per chunk, and the tiles of y take six bf16 products (fp32's accuracy,
-// other bits than the FMA kernels'); rows of x or columns of w holding Inf or NaN take the FMA
-// kernels.
+// other bits than the FMA kernels'), starting from the bias; rows of x or columns of w holding Inf
+// or NaN take the FMA kernels.
 // Many rows otherwise (fp64, other CPUs): parallel over fixed tiles of y (kLinearTileRows ×
 // kLinearTileCols), each one single-threaded BLAS GEMM inside our parallel region.
 // A few rows (decoding, short sentences): linear_small_rows streams w once (linear_small.hpp).
@@ -106,36 +106,40 @@ inline void linear_split(const sgemm::split::Kernels& amx, const sgemm::Kernels&
                          int64_t k, const Weight& w, const float* bias, int64_t n, float* y, Activation act,
                          bool serial) {
   namespace split = sgemm::split;
-  const int64_t kp = split::padded_k(k), plane = split::padded_rows(m) * kp;
+  const int64_t kp = split::padded_k(k);
   const int64_t chunk_cols =
       std::max<int64_t>(kPackedTileCols, kPackedChunkFloats / k / kPackedTileCols * kPackedTileCols);
   const int64_t max_col_tiles = (std::min(n, chunk_cols) + kPackedTileCols - 1) / kPackedTileCols;
-  uint16_t* a = workspace_aligned<uint16_t>(Scratch::kGemmSplitA, 3 * plane);
+  uint16_t* a = workspace_aligned<uint16_t>(Scratch::kGemmSplitA, 3 * split::padded_rows(m) * kp);
   uint16_t* packed = workspace_aligned<uint16_t>(Scratch::kGemmSplitB, split::packed_b_size(k, std::min(n, chunk_cols)));
   uint8_t* finite_rows = workspace<uint8_t>(Scratch::kGemmSplitFinite, m + max_col_tiles);
   uint8_t* finite_cols = finite_rows + m;  // per column tile of the chunk
-  // 1. x into three bf16 planes (the last task also zeroes the rows up to a multiple of split::kRows)
   const int64_t row_tiles = (m + kPackedTileRows - 1) / kPackedTileRows;
-  run_tasks(serial, row_tiles, [&](int64_t t, int) {
-    const int64_t r0 = t * kPackedTileRows, rows = std::min(kPackedTileRows, m - r0);
-    const int64_t fill = t + 1 == row_tiles ? split::padded_rows(m) - r0 : rows;
-    amx.split_a(rows, fill, k, x + r0 * k, k, a + r0 * kp, plane, finite_rows + r0);
-  });
   const int64_t stride = split::packed_b_size(k, kPackedTileCols);  // bf16 values of a packed column tile
   for (int64_t c0 = 0; c0 < n; c0 += chunk_cols) {
     const int64_t cols = std::min(chunk_cols, n - c0);
     const int64_t col_tiles = (cols + kPackedTileCols - 1) / kPackedTileCols;
-    // 2. w[c0 : c0 + cols, :]ᵀ into split tiles, kPackedTileCols columns a task
-    run_tasks(serial, col_tiles, [&](int64_t t, int) {
-      const int64_t j = t * kPackedTileCols, tile_cols = std::min(kPackedTileCols, cols - j);
-      finite_cols[t] = amx.pack_b(k, tile_cols, w.rows(c0 + j, tile_cols), k, packed + t * stride);
+    // 1. w[c0 : c0 + cols, :]ᵀ into split tiles, kPackedTileCols columns a task; in the first chunk's
+    // region also x into tiles of three bf16 parts, kPackedTileRows rows a task (the last one also
+    // zeroes the rows up to a multiple of split::kRows): one region, one wait, for both
+    const int64_t split_tasks = c0 == 0 ? row_tiles : 0;
+    run_tasks(serial, col_tiles + split_tasks, [&](int64_t t, int) {
+      if (t < col_tiles) {
+        const int64_t j = t * kPackedTileCols, tile_cols = std::min(kPackedTileCols, cols - j);
+        finite_cols[t] = amx.pack_b(k, tile_cols, w.rows(c0 + j, tile_cols), k, packed + t * stride);
+        return;
+      }
+      const int64_t r0 = (t - col_tiles) * kPackedTileRows, rows = std::min(kPackedTileRows, m - r0);
+      const int64_t fill = r0 + rows == m ? split::padded_rows(m) - r0 : rows;
+      amx.split_a(rows, fill, k, x + r0 * k, k, a + 3 * r0 * kp, finite_rows + r0);
     });
-    // 3. tiles of y[:, c0 : c0 + cols]
+    // 2. tiles of y[:, c0 : c0 + cols]
     run_tasks(serial, row_tiles * col_tiles, [&](int64_t task, int) {
       const int64_t ct = task % col_tiles, r0 = (task / col_tiles) * kPackedTileRows, j = ct * kPackedTileCols;
       const int64_t rows = std::min(kPackedTileRows, m - r0), tile_cols = std::min(kPackedTileCols, cols - j);
       float* yt = y + r0 * n + c0 + j;  // [rows, tile_cols], row stride n
-      if (finite_cols[ct]) amx.multiply(rows, tile_cols, k, a + r0 * kp, plane, packed + ct * stride, yt, n);
+      const float* bias_t = bias != nullptr ? bias + c0 + j : nullptr;
+      if (finite_cols[ct]) amx.multiply(rows, tile_cols, k, a + 3 * r0 * kp, packed + ct * stride, bias_t, yt, n);
       float* panel = nullptr;
       for (int64_t i = 0; i < rows; ++i) {
         if (!finite_cols[ct] || !finite_rows[r0 + i]) {
@@ -144,8 +148,8 @@ inline void linear_split(const sgemm::split::Kernels& amx, const sgemm::Kernels&
             fma.pack_b(k, tile_cols, w.rows(c0 + j, tile_cols), 1, k, panel);
           }
           fma.multiply(1, tile_cols, k, x + (r0 + i) * k, k, 1, panel, yt + i * n, n, false);
+          if (bias_t != nullptr) add_row(yt + i * n, bias_t, tile_cols);
         }
-        if (bias != nullptr) add_row(yt + i * n, bias + c0 + j, tile_cols);
         if (act != Activation::kNone) activate(yt + i * n, tile_cols, act);
       }
     });

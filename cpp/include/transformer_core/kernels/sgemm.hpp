@@ -83,18 +83,21 @@ inline int64_t packed_b_size(int64_t k, int64_t cols) { return (cols + kCols - 1
 
 struct Kernels {
   const char* isa;
-  // Rows 0 … m − 1 of A (A[i, p] = a[i · lda + p]) into three bf16 planes:
-  //   part s of A[i, p] at out[s · plane + i · padded_k(k) + p],   zero for p >= k and m <= i < rows;
-  // finite[i] = 1, or 0 where row i holds an Inf or NaN (then its parts are not to be used).
-  void (*split_a)(int64_t m, int64_t rows, int64_t k, const float* a, int64_t lda, uint16_t* out, int64_t plane,
-                  uint8_t* finite);
+  // Rows 0 … m − 1 of A (A[i, p] = a[i · lda + p]) into tiles of three bf16 parts: for each group of
+  // 16 rows, for each 32 values of k, the parts' 16 × 32 tiles (1,024 bytes each, row-major):
+  //   part s of A[i, p] at out[((i / 16 · steps + p / 32) · 3 + s) · 512 + (i % 16) · 32 + p % 32]
+  // with steps = padded_k(k) / 32; zero for p >= k and m <= i < rows (rows: a multiple of 16). So
+  // row r (a multiple of 16) starts at out + 3 · r · padded_k(k). finite[i] = 1, or 0 where row i
+  // holds an Inf or NaN (then its parts are not to be used).
+  void (*split_a)(int64_t m, int64_t rows, int64_t k, const float* a, int64_t lda, uint16_t* out, uint8_t* finite);
   // The columns of B = wᵀ, w [cols, k] with row stride ldw, into tiles: for each 16 columns, for each
   // 32 values of k, the three parts' 16 × 32 tiles in tdpbf16ps's pair layout (zero beyond k and
   // beyond the last column, up to a multiple of kCols). Returns false if w holds an Inf or NaN.
   bool (*pack_b)(int64_t k, int64_t cols, const float* w, int64_t ldw, uint16_t* packed);
-  // c[i, j] = Σ_p A[i, p] · B[p, j] for i < m, j < cols, from split_a's planes (row 0 at a, plane
-  // apart; rows up to padded_rows(m) readable) and pack_b's tiles; c has row stride ldc.
-  void (*multiply)(int64_t m, int64_t cols, int64_t k, const uint16_t* a, int64_t plane, const uint16_t* packed,
+  // c[i, j] = bias[j] + Σ_p A[i, p] · B[p, j] for i < m, j < cols (bias may be nullptr: 0), from
+  // split_a's tiles (row 0 at a; rows up to padded_rows(m) readable) and pack_b's tiles; c has row
+  // stride ldc. The bias starts the sum.
+  void (*multiply)(int64_t m, int64_t cols, int64_t k, const uint16_t* a, const uint16_t* packed, const float* bias,
                    float* c, int64_t ldc);
 };
 

@@ -59,7 +59,7 @@ enum class Scratch : int {
   // kernels::linear (kernels/linear.hpp): the weight packed for our GEMM (sgemm.hpp), alive only
   // inside one linear call
   kGemmPackedB,
-  // kernels::linear on AMX (sgemm.hpp, split): x's three bf16 planes and w's tiles, alive inside one
+  // kernels::linear on AMX (sgemm.hpp, split): x's and w's tiles of bf16 parts, alive inside one
   // linear call, which rows and column tiles are finite, and one task's fp32 panel for those that
   // are not
   kGemmSplitA,
