@@ -165,6 +165,12 @@ def test_flash_plan_no_split_when_tasks_suffice():
     assert core.flash_attention_plan(1, 31, 1, 4096, 64, 64)["kv_chunks"] == 2
     assert core.flash_attention_plan(1, 12, 1, 1023, 64, 64)["kv_chunks"] == 1  # S < 2 · 512
     assert core.flash_attention_plan(1, 1, 1, 100, 8, 8)["serial"]
+    # small problems: tiles on the stack; their tasks shared out above 2**15 flops, unless only one
+    small = core.flash_attention_plan(1, 12, 9, 9, 32, 32)  # 124,416 flops, 12 tasks
+    assert small["small"] and not small["serial"] and small["tasks"] == 12, small
+    assert core.flash_attention_plan(1, 2, 9, 9, 32, 32)["serial"]  # 20,736 flops
+    assert core.flash_attention_plan(1, 1, 40, 40, 8, 8)["serial"]  # 51,200 flops, one task
+    assert not core.flash_attention_plan(1, 12, 64, 64, 32, 32)["small"]  # 6.3 Mflops
     assert core.flash_attention_plan(1, 1, 5, 0, 8, 8)["tasks"] == 0
     with pytest.raises(ValueError, match="kv_len|S="):
         core.flash_attention_plan(1, 1, 1, -1, 8, 8)
@@ -188,12 +194,14 @@ THREAD_CASES = [
     (1, 2, 1, 5, 4100, 64, "causal_bottom_right"),
     # 9 query blocks: tasks of 4, 4 and 1 blocks sharing each packed key block (flash_blocks_shared)
     (1, 4, 2, 1100, 1100, 64, "causal_top_left"),
+    # a small problem (tiles on the stack) with its 12 tasks shared out: one sentence of MiniLM
+    (1, 12, 12, 9, 9, 32, "key_mask"),
 ]
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
 @pytest.mark.parametrize("threads", [2, 16])
-@pytest.mark.parametrize("case", THREAD_CASES, ids=["blocks", "split-decode", "split-rows", "shared-keys"])
+@pytest.mark.parametrize("case", THREAD_CASES, ids=["blocks", "split-decode", "split-rows", "shared-keys", "small"])
 def test_flash_bitwise_equal_across_thread_counts(rng, case, threads, dtype):
     """The plan depends on the shape alone, so 1, 2 and 16 threads give the same bits (16 threads
     also on a 2-core machine: OpenMP oversubscribes)."""

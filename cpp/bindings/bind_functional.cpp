@@ -180,6 +180,7 @@ void register_functional(py::module_& m) {
       [](int64_t batch, int64_t num_heads, int64_t q_len, int64_t kv_len, int64_t head_dim, int64_t v_head_dim) {
         const auto p = ops::flash_attention_plan(batch, num_heads, q_len, kv_len, head_dim, v_head_dim);
         py::dict d;
+        d["small"] = p.small;
         d["serial"] = p.serial;
         d["block_rows"] = p.block_rows;
         d["block_keys"] = p.block_keys;
