@@ -84,6 +84,25 @@ def test_encode_batch_size_preserves_order(encoder, reference_embeddings, batch_
     assert cos.min() >= 0.99999
 
 
+def test_encode_is_mean_pool_of_the_model_bitwise(encoder):
+    """encode's pooling (a plain sum over L: the model leaves zeros at padding positions) gives
+    mean_pool's bits on a padded batch, and those zeros are really there."""
+    batch = SENTENCES[:5]  # of different lengths: padded
+    enc = encoder.tokenizer.encode_batch(batch)
+    assert (enc["attention_mask"] == 0).any()
+    hidden = encoder.model(enc["input_ids"], enc["attention_mask"], enc["token_type_ids"]).last_hidden_state
+    assert np.all(hidden[enc["attention_mask"] == 0] == 0)
+    emb = encoder.encode(batch, batch_size=len(batch), normalize=False)
+    # encode sorts by length (characters, longest first) before batching; one batch holds them all
+    order = np.argsort([-len(t) for t in batch], kind="stable")
+    sorted_enc = encoder.tokenizer.encode_batch([batch[i] for i in order])
+    sorted_hidden = encoder.model(sorted_enc["input_ids"], sorted_enc["attention_mask"],
+                                  sorted_enc["token_type_ids"]).last_hidden_state
+    expected = np.empty_like(emb)
+    expected[order] = tc.mean_pool(sorted_hidden, sorted_enc["attention_mask"])
+    np.testing.assert_array_equal(emb, expected)
+
+
 def test_encode_unnormalized(encoder, reference_embeddings):
     ref_norm, ref_raw = reference_embeddings
     emb = encoder.encode(SENTENCES, normalize=False)

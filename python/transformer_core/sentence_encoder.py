@@ -168,8 +168,11 @@ class SentenceEncoder:
         for start in starts:
             rows = order[start:start + batch_size]
             enc = self.tokenizer.encode_batch([sentences[i] for i in rows])
-            hidden = self.model(enc["input_ids"], enc["attention_mask"], enc["token_type_ids"]).last_hidden_state
-            out[rows] = mean_pool(hidden, enc["attention_mask"])
+            mask = enc["attention_mask"] == 1  # (N, L) bool, True = a real token
+            hidden = self.model(enc["input_ids"], mask, enc["token_type_ids"]).last_hidden_state
+            # mean_pool's sum: the model's hidden states at padding positions are zeros, so the plain
+            # sum over L is the masked sum (the same values added in the same order)
+            out[rows] = hidden.sum(axis=1) / np.maximum(mask.sum(axis=1, keepdims=True), 1).astype(hidden.dtype)
         if normalize:
             out /= np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-12)
         return out
