@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "transformer_core/kernels/parallel.hpp"
 #include "transformer_core/kernels/workspace.hpp"
 #include "transformer_core/ops/linear.hpp"
 
@@ -15,6 +16,9 @@ using kernels::Scratch;
 using ops::to_string;
 
 namespace {
+// Values per task of forward_packed's row copies (scatter to the padded layout and back): 64 KiB.
+constexpr int64_t kCopyGrain = 16384;
+
 int64_t resolve_head_dim(int64_t embed_dim, int64_t num_heads, int64_t head_dim) {
   ops::require_positive(embed_dim, "embed_dim");
   ops::require_positive(num_heads, "num_heads");
@@ -189,14 +193,18 @@ void MultiheadAttention<T>::forward_packed(const T* x, const PackedTokens& token
   // are masked, their queries' outputs dropped).
   T* qkv = kernels::workspace<T>(Scratch::kAttnQkv, static_cast<size_t>(rows * width));
   T* context = kernels::workspace<T>(Scratch::kAttnContext, static_cast<size_t>(rows * Hq));
-  int64_t next = 0;  // the first padded row not yet written (tokens.index ascends)
-  for (int64_t t = 0; t < count; ++t) {
-    const int64_t row = tokens.index[t];
-    std::fill(qkv + next * width, qkv + row * width, T(0));
-    std::copy(qkv_packed + t * width, qkv_packed + (t + 1) * width, qkv + row * width);
-    next = row + 1;
-  }
-  std::fill(qkv + next * width, qkv + rows * width, T(0));
+  // (in parallel over the tokens: token t writes its row and zeroes the padding rows before it,
+  // down to its predecessor's row; tokens.index ascends; the last token also zeroes those after it)
+  const int64_t grain = std::max<int64_t>(1, kCopyGrain / width);
+  kernels::parallel_for(0, count, grain, [&](int64_t b, int64_t e) {
+    for (int64_t t = b; t < e; ++t) {
+      const int64_t row = tokens.index[t], after_previous = t == 0 ? 0 : tokens.index[t - 1] + 1;
+      std::fill(qkv + after_previous * width, qkv + row * width, T(0));
+      std::copy(qkv_packed + t * width, qkv_packed + (t + 1) * width, qkv + row * width);
+      if (t + 1 == count) std::fill(qkv + (row + 1) * width, qkv + rows * width, T(0));
+    }
+  });
+  if (count == 0) std::fill(qkv, qkv + rows * width, T(0));
   kernels::AttentionArgs<T> a;
   static_cast<AttentionMasks<T>&>(a) = masks;
   a.k = qkv + Hq, a.k_stride_n = L * width, a.k_stride_h = D, a.k_stride_s = width;
@@ -207,8 +215,10 @@ void MultiheadAttention<T>::forward_packed(const T* x, const PackedTokens& token
   attend(a, qkv, width, N, L, context, in);
   // context rows of the real tokens [count, Hq], then the output projection on them alone
   T* context_packed = kernels::workspace<T>(Scratch::kAttnContextPacked, static_cast<size_t>(count * Hq));
-  for (int64_t t = 0; t < count; ++t)
-    std::copy(context + tokens.index[t] * Hq, context + (tokens.index[t] + 1) * Hq, context_packed + t * Hq);
+  kernels::parallel_for(0, count, std::max<int64_t>(1, kCopyGrain / Hq), [&](int64_t b, int64_t e) {
+    for (int64_t t = b; t < e; ++t)
+      std::copy(context + tokens.index[t] * Hq, context + (tokens.index[t] + 1) * Hq, context_packed + t * Hq);
+  });
   out_proj_.forward(context_packed, count, out);
 }
 
