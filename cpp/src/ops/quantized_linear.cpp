@@ -236,7 +236,7 @@ struct GgufWeight {
 
   const float* rows(int64_t j, int64_t cols) const {
     const size_t size = static_cast<size_t>(kernels::kPackedTileCols * k);
-    float* tile = kernels::workspace_aligned<float>(Scratch::kQuantTile, size);
+    float* tile = kernels::workspace<float>(Scratch::kQuantTile, size);
     for (size_t p = 0; p < runs.start.size(); ++p) {
       const int64_t s = runs.start[p], b = std::max(j, s), f = std::min(j + cols, s + parts[p].rows);
       if (b < f)

@@ -117,9 +117,9 @@ inline void gemm_on_thread(bool trans_a, bool trans_b, int64_t m, int64_t n, int
       if (const sgemm::Kernels* kern = sgemm::active()) {
         const int64_t rs_b = trans_b ? 1 : ldb, cs_b = trans_b ? ldb : 1;
         const int64_t depth = std::min(k, kGemmOnThreadDepth);
-        float* packed = workspace_aligned<float>(Scratch::kGemmPackedTask, sgemm::packed_floats(depth, kGemmOnThreadCols));
+        float* packed = workspace<float>(Scratch::kGemmPackedTask, sgemm::packed_floats(depth, kGemmOnThreadCols));
         const int64_t groups = (m + kGemmRowGroup - 1) / kGemmRowGroup;
-        float* packed_a = trans_a ? workspace_aligned<float>(Scratch::kGemmPackedA, groups * kGemmRowGroup * depth) : nullptr;
+        float* packed_a = trans_a ? workspace<float>(Scratch::kGemmPackedA, groups * kGemmRowGroup * depth) : nullptr;
         for (int64_t p = 0; p < k; p += depth) {
           const int64_t kc = std::min(depth, k - p);
           if (trans_a) pack_transposed_a(m, kc, a + p * lda, lda, packed_a);

@@ -73,7 +73,7 @@ inline void linear_packed(const sgemm::Kernels& kern, const float* x, int64_t m,
                           const float* bias, int64_t n, float* y, Activation act, bool serial) {
   const int64_t chunk_cols =
       std::max<int64_t>(kPackedTileCols, kPackedChunkFloats / k / kPackedTileCols * kPackedTileCols);
-  float* packed = workspace_aligned<float>(Scratch::kGemmPackedB, sgemm::packed_floats(k, std::min(n, chunk_cols)));
+  float* packed = workspace<float>(Scratch::kGemmPackedB, sgemm::packed_floats(k, std::min(n, chunk_cols)));
   for (int64_t c0 = 0; c0 < n; c0 += chunk_cols) {
     const int64_t cols = std::min(chunk_cols, n - c0);
     const int64_t col_tiles = (cols + kPackedTileCols - 1) / kPackedTileCols;
@@ -110,8 +110,8 @@ inline void linear_split(const sgemm::split::Kernels& amx, const sgemm::Kernels&
   const int64_t chunk_cols =
       std::max<int64_t>(kPackedTileCols, kPackedChunkFloats / k / kPackedTileCols * kPackedTileCols);
   const int64_t max_col_tiles = (std::min(n, chunk_cols) + kPackedTileCols - 1) / kPackedTileCols;
-  uint16_t* a = workspace_aligned<uint16_t>(Scratch::kGemmSplitA, 3 * split::padded_rows(m) * kp);
-  uint16_t* packed = workspace_aligned<uint16_t>(Scratch::kGemmSplitB, split::packed_b_size(k, std::min(n, chunk_cols)));
+  uint16_t* a = workspace<uint16_t>(Scratch::kGemmSplitA, 3 * split::padded_rows(m) * kp);
+  uint16_t* packed = workspace<uint16_t>(Scratch::kGemmSplitB, split::packed_b_size(k, std::min(n, chunk_cols)));
   uint8_t* finite_rows = workspace<uint8_t>(Scratch::kGemmSplitFinite, m + max_col_tiles);
   uint8_t* finite_cols = finite_rows + m;  // per column tile of the chunk
   const int64_t row_tiles = (m + kPackedTileRows - 1) / kPackedTileRows;
@@ -144,7 +144,7 @@ inline void linear_split(const sgemm::split::Kernels& amx, const sgemm::Kernels&
       for (int64_t i = 0; i < rows; ++i) {
         if (!finite_cols[ct] || !finite_rows[r0 + i]) {
           if (panel == nullptr) {
-            panel = workspace_aligned<float>(Scratch::kGemmSplitFallback, sgemm::packed_floats(k, tile_cols));
+            panel = workspace<float>(Scratch::kGemmSplitFallback, sgemm::packed_floats(k, tile_cols));
             fma.pack_b(k, tile_cols, w.rows(c0 + j, tile_cols), 1, k, panel);
           }
           fma.multiply(1, tile_cols, k, x + (r0 + i) * k, k, 1, panel, yt + i * n, n, false);

@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <vector>
+#include <xsimd/memory/xsimd_aligned_allocator.hpp>
 
 namespace transformer_core::kernels {
 
@@ -73,23 +74,15 @@ enum class Scratch : int {
   kCount
 };
 
+// The buffer of tag for n values of T, on this thread; it starts on a cache line (64 bytes): a 64-byte
+// load at an address that is not a multiple of 64 touches two lines.
 template <class T>
 T* workspace(Scratch tag, size_t n) {
-  thread_local std::vector<T> buffers[static_cast<int>(Scratch::kCount)];
-  std::vector<T>& buffer = buffers[static_cast<int>(tag)];
+  using Buffer = std::vector<T, xsimd::aligned_allocator<T, 64>>;
+  thread_local Buffer buffers[static_cast<int>(Scratch::kCount)];
+  Buffer& buffer = buffers[static_cast<int>(tag)];
   if (buffer.size() < n) buffer.resize(n);
   return buffer.data();
-}
-
-// workspace(tag, n), its start rounded up to a cache line (64 bytes): for buffers that SIMD code
-// reads a cache line at a time (a 64-byte load at an address that is not a multiple of 64 touches
-// two lines).
-template <class T>
-T* workspace_aligned(Scratch tag, size_t n) {
-  constexpr size_t kLine = 64, kSlack = kLine / sizeof(T);
-  T* p = workspace<T>(tag, n + kSlack);
-  const auto address = reinterpret_cast<std::uintptr_t>(p);
-  return p + ((kLine - address % kLine) % kLine) / sizeof(T);
 }
 
 }  // namespace transformer_core::kernels
