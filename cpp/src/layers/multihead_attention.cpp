@@ -16,7 +16,7 @@ using kernels::Scratch;
 using ops::to_string;
 
 namespace {
-// Values per task of forward_packed's row copies (scatter to the padded layout and back): 64 KiB.
+// Values per task of forward_packed's row copies (scatter to the padded layout and back): 64 KiB in fp32.
 constexpr int64_t kCopyGrain = 16384;
 
 int64_t resolve_head_dim(int64_t embed_dim, int64_t num_heads, int64_t head_dim) {

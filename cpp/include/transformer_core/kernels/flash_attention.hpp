@@ -50,6 +50,7 @@
 #include "transformer_core/kernels/fast_math.hpp"
 #include "transformer_core/kernels/gemm.hpp"
 #include "transformer_core/kernels/parallel.hpp"
+#include "transformer_core/kernels/workspace.hpp"
 
 namespace transformer_core::kernels {
 
@@ -80,10 +81,10 @@ constexpr int64_t kBlockKeys = 256;  // Bc
 constexpr int64_t kBlockKeysOneRow = 2048;
 // Rows per GEMM on a block that straddles the causal diagonal (see flash_tile).
 constexpr int64_t kDiagRows = 32;
-// Below this many flops (≈ 20 µs of work) a call whose tile fits in kStackElems elements is small:
-// each task's tile on its thread's stack, no heap, no BLAS. Below kInlineFlops (or with one task)
-// it runs on the calling thread, without a parallel region; above, its tasks are shared out (one
-// sentence of MiniLM, 12 heads × 9 tokens: 20 → 11 µs a layer on 2 threads).
+// Below this many flops a call whose tile fits in kStackElems elements is small: each task's tile on
+// its thread's stack, no heap, no BLAS. Below kInlineFlops (or with one task) it runs on the calling
+// thread, without a parallel region; above, its tasks are shared out (one sentence of MiniLM,
+// 12 heads × 9 tokens, through the Python call, Zen 5: 21 µs on 1 thread, 17 µs on 2).
 constexpr double kSmallFlops = double(1 << 18);
 constexpr double kInlineFlops = double(1 << 15);
 constexpr int64_t kStackElems = 4096;
@@ -515,8 +516,9 @@ void flash_no_keys(const AttentionArgs<T>& a) {
   });
 }
 
-// plan.serial: every query block on the calling thread, the tile and the state in a stack buffer
-// of kStackElems (s [Br, Bc] | o [Br, Dv] | m [Br] | l [Br]), the products as plain loops.
+// plan.small: each query block's tile and state in a stack buffer of kStackElems (s [Br, Bc] |
+// o [Br, Dv] | m [Br] | l [Br]), the products as plain loops; the blocks on the calling thread when
+// plan.serial, otherwise shared out by parallel_tasks.
 template <class T>
 void flash_small(const AttentionArgs<T>& a, const FlashPlan& p) {
   auto task = [&](int64_t b, int) {
@@ -528,26 +530,17 @@ void flash_small(const AttentionArgs<T>& a, const FlashPlan& p) {
     flash_block(a, qb, 0, a.kv_len, p.block_keys, tile, acc, /*use_blas=*/false);
     flash_store(a, qb, acc);
   };
-  if (p.serial) {
-    for (int64_t b = 0; b < p.tasks; ++b) task(b, 0);
-  } else {
-    parallel_tasks(p.tasks, task);
-  }
+  run_tasks(p.serial, p.tasks, task);
 }
 
-// Buffers start on a 64-byte boundary and every per-thread / per-task part of them too, so that
-// no part's alignment (and with it no SIMD path inside BLAS) depends on which thread runs it.
+// Buffers are AlignedVectors (they start on a 64-byte boundary) and every per-thread / per-task part
+// of them is padded to 64 bytes, so that no part's alignment (and with it no SIMD path inside BLAS)
+// depends on which thread runs it.
 template <class T>
 constexpr int64_t kPad = 64 / int64_t(sizeof(T));  // elements per 64 bytes
 template <class T>
 int64_t pad64(int64_t elems) {
   return (elems + kPad<T> - 1) / kPad<T> * kPad<T>;
-}
-template <class T>
-T* align64(std::vector<T>& buf) {
-  T* p = buf.data();
-  while (reinterpret_cast<uintptr_t>(p) % 64 != 0) ++p;
-  return p;
 }
 
 // Per-thread tiles, allocated once per call: s [Br, Bc] | o [Br, Dv] | m [Br] | l [Br] for each
@@ -557,16 +550,16 @@ class ThreadTiles {
  public:
   ThreadTiles(const FlashPlan& p, int64_t Dv, int num_threads)
       : bc_(p.block_keys), br_(p.block_rows), dv_(Dv), per_thread_(pad64<T>(br_ * (bc_ + Dv + 2))),
-        scratch_(size_t(per_thread_ * num_threads + kPad<T>)), valid_(size_t(bc_ * num_threads)),
-        base_(align64(scratch_)) {}
-  Tile<T> tile(int tid) { return {base_ + tid * per_thread_, valid_.data() + tid * bc_}; }
-  Accumulator<T> accumulator(int tid) { return accumulator_at(base_ + tid * per_thread_ + br_ * bc_, br_, dv_); }
+        scratch_(size_t(per_thread_ * num_threads)), valid_(size_t(bc_ * num_threads)) {}
+  Tile<T> tile(int tid) { return {scratch_.data() + tid * per_thread_, valid_.data() + tid * bc_}; }
+  Accumulator<T> accumulator(int tid) {
+    return accumulator_at(scratch_.data() + tid * per_thread_ + br_ * bc_, br_, dv_);
+  }
 
  private:
   int64_t bc_, br_, dv_, per_thread_;
-  std::vector<T> scratch_;
+  AlignedVector<T> scratch_;
   std::vector<uint8_t> valid_;
-  T* base_;
 };
 
 // fp32 with our GEMM, several query blocks per head: a task takes up to kSharedQueryBlocks query
@@ -590,8 +583,8 @@ inline void flash_blocks_shared(const AttentionArgs<float>& a, const FlashPlan& 
   const int64_t acc_size = pad64<float>(p.block_rows * (Dv + 2));
   const int64_t k_size = pad64<float>(sgemm::packed_floats(D, bc)), v_size = pad64<float>(sgemm::packed_floats(bc, Dv));
   const int64_t per_thread = G * acc_size + k_size + v_size;
-  std::vector<float> buf(size_t(per_thread * threads + kPad<float>));
-  float* base = align64(buf);
+  AlignedVector<float> buf(size_t(per_thread * threads));
+  float* base = buf.data();
   parallel_tasks(heads * groups, [&](int64_t t, int tid) {
     const int64_t nh = t / groups, b0 = (t % groups) * G, count = std::min(G, p.query_blocks - b0);
     float* mine = base + tid * per_thread;
@@ -625,8 +618,8 @@ inline void flash_blocks_shared(const AttentionArgs<float>& a, const FlashPlan& 
 }
 
 // plan.kv_chunks = 1: one task = one query block against all its keys (or, fp32, up to
-// kSharedQueryBlocks of them: flash_blocks_shared); dynamic scheduling balances the causal triangle
-// (later blocks see more keys).
+// kSharedQueryBlocks of them: flash_blocks_shared); parallel_tasks balances the causal triangle (later
+// blocks see more keys): a thread that finishes its own share takes tasks from the others'.
 template <class T>
 void flash_blocks(const AttentionArgs<T>& a, const FlashPlan& p) {
   if constexpr (std::is_same_v<T, float>) {
@@ -650,8 +643,8 @@ void flash_split_kv(const AttentionArgs<T>& a, const FlashPlan& p) {
   const int64_t chunks = p.kv_chunks, blocks = p.tasks / chunks;
   const int64_t part_size = pad64<T>(p.block_rows * (a.v_head_dim + 2));
   ThreadTiles<T> tiles(p, a.v_head_dim, std::max(1, get_num_threads()));
-  std::vector<T> partial_buf(size_t(p.tasks * part_size + kPad<T>));
-  T* partial = align64(partial_buf);
+  AlignedVector<T> partial_buf(size_t(p.tasks * part_size));
+  T* partial = partial_buf.data();
   parallel_tasks(p.tasks, [&](int64_t task, int tid) {
     const int64_t b = task / chunks, c = task % chunks;
     const QueryBlock qb = query_block(p, a.num_heads, a.q_len, b);

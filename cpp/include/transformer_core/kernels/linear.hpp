@@ -57,16 +57,6 @@ struct DenseWeight {
   const float* rows(int64_t j, int64_t /*cols*/) const { return w + j * k; }
 };
 
-// Runs fn(task, thread) for every task, on the calling thread when serial.
-template <class F>
-inline void run_tasks(bool serial, int64_t num_tasks, const F& fn) {
-  if (serial) {
-    for (int64_t t = 0; t < num_tasks; ++t) fn(t, 0);
-  } else {
-    parallel_tasks(num_tasks, fn);
-  }
-}
-
 // y = act(x · wᵀ + bias) with our GEMM (m > 0, n > 0, k > 0); w: DenseWeight or another source.
 template <class Weight>
 inline void linear_packed(const sgemm::Kernels& kern, const float* x, int64_t m, int64_t k, const Weight& w,

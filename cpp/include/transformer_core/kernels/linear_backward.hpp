@@ -103,12 +103,7 @@ void linear_backward(const T* x, const T* dy, const T* w, int64_t m, int64_t k, 
   };
 
   const int64_t tasks = dx_tasks + dw_tasks + db_tasks;
-  // Tiny problems on the calling thread (same tasks, same result).
-  if (2 * m * n * k < kLinearSerialMacs) {
-    for (int64_t t = 0; t < tasks; ++t) task(t, 0);
-  } else {
-    parallel_tasks(tasks, task);
-  }
+  run_tasks(/*serial=*/2 * m * n * k < kLinearSerialMacs, tasks, task);  // tiny problems on the calling thread
 }
 
 }  // namespace transformer_core::kernels

@@ -86,8 +86,20 @@ void parallel_tasks(int64_t num_tasks, const F& fn) {
     // own share first, then the others' (a team smaller than asked for still covers every share)
     for (int v = 0; v < num_threads; ++v) {
       Share& share = shares[(t + v) % num_threads];
+      if (share.next.load(std::memory_order_relaxed) >= share.end) continue;  // taken: no atomic add
       for (int64_t i; (i = share.next.fetch_add(1, std::memory_order_relaxed)) < share.end;) fn(i, t);
     }
+  }
+}
+
+// parallel_tasks, or every task on the calling thread (thread id 0) when serial: for problems too
+// small to be worth a parallel region. The tasks and so the results are the same either way.
+template <class F>
+void run_tasks(bool serial, int64_t num_tasks, const F& fn) {
+  if (serial) {
+    for (int64_t t = 0; t < num_tasks; ++t) fn(t, 0);
+  } else {
+    parallel_tasks(num_tasks, fn);
   }
 }
 

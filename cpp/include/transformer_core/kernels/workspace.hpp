@@ -74,13 +74,16 @@ enum class Scratch : int {
   kCount
 };
 
-// The buffer of tag for n values of T, on this thread; it starts on a cache line (64 bytes): a 64-byte
-// load at an address that is not a multiple of 64 touches two lines.
+// A vector whose data starts on a cache line (64 bytes): a 64-byte load at an address that is not a
+// multiple of 64 touches two lines.
+template <class T>
+using AlignedVector = std::vector<T, xsimd::aligned_allocator<T, 64>>;
+
+// The buffer of tag for n values of T, on this thread (an AlignedVector).
 template <class T>
 T* workspace(Scratch tag, size_t n) {
-  using Buffer = std::vector<T, xsimd::aligned_allocator<T, 64>>;
-  thread_local Buffer buffers[static_cast<int>(Scratch::kCount)];
-  Buffer& buffer = buffers[static_cast<int>(tag)];
+  thread_local AlignedVector<T> buffers[static_cast<int>(Scratch::kCount)];
+  AlignedVector<T>& buffer = buffers[static_cast<int>(tag)];
   if (buffer.size() < n) buffer.resize(n);
   return buffer.data();
 }

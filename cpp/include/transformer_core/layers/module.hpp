@@ -29,12 +29,18 @@
 #include <deque>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 #include <xtensor/xtensor.hpp>
 
 #include "transformer_core/ops/checks.hpp"
 
 namespace transformer_core::layers {
+
+// Every file that holds a layer sees xtensor with the cache-line-aligned allocator (aligned_xtensor.hpp,
+// which CMakeLists.txt includes first): one xt::xtensor type everywhere, weights on 64-byte boundaries.
+static_assert(std::is_same_v<xt::xtensor<float, 1>::storage_type::allocator_type, xsimd::aligned_allocator<float, 64>>,
+              "compile with -include transformer_core/aligned_xtensor.hpp (see CMakeLists.txt)");
 
 // The gradient of one parameter, owned by the module that registered it (register_parameter).
 template <class T>
