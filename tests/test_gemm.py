@@ -17,6 +17,8 @@ panel width 32 and the half panel 16, the 16 × 16 transposes of the weight pack
 the linear tiles (96 rows × 128 columns), the weight chunk (2**21 floats: n = 1025 at k = 2048),
 and the inner blocks of 256 of the per-task GEMM (255, 256, 257, 511, 512, 513), and the
 backward's 1024-row × 384-column tiles (1023, 1024, 1025 rows; 383, 384, 385 in_features).
+Products of 1 to 3 rows (a decoding step's query) stream the other operand instead of packing it
+(kernels/gemv.hpp): the attention test on few query rows crosses its edges.
 """
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ import pytest
 import torch
 import transformer_core as tc
 from transformer_core import backward, functional, quantization
+from transformer_core._runtime import core
 
 ISAS = quantization.supported_isas()  # what this CPU can run: every one of them is tested
 
@@ -276,6 +279,35 @@ def test_linear_backward_every_isa_and_thread_count_bitwise_and_matches_torch(sh
     _close_to_fp64(gx, tx.grad.numpy())
     _close_to_fp64(gw, start.astype(np.float64) + tw.grad.numpy())
     _close_to_fp64(gb, g.astype(np.float64).sum(0))
+
+
+FEW_ROW_SHAPES = [  # (L, S, D, Dv): 1-3 query rows stream k and v (kernels/gemv.hpp); blocks of 8 or 16
+    # keys (the register's lanes) and the short last block, k tails (D mod 8, 16), v's column chains
+    # of 4 registers (32 or 64 columns), single registers and the scalar tail
+    (1, 1, 1, 1), (1, 7, 8, 5), (1, 8, 7, 15), (1, 9, 16, 16), (1, 15, 17, 17), (1, 16, 33, 63),
+    (1, 17, 64, 64), (2, 31, 31, 65), (3, 33, 32, 130), (1, 100, 48, 80), (2, 600, 64, 64),
+]
+
+
+@pytest.mark.parametrize("shape", FEW_ROW_SHAPES, ids=lambda s: "L{}-S{}-D{}-Dv{}".format(*s))
+@pytest.mark.parametrize("path", ["reference", "flash"])
+def test_attention_few_query_rows_stream_k_and_v_and_match_torch(shape, path):
+    """The reference path runs its products through gemm_on_thread at every size; the flash path
+    does above its small-problem plan (the larger shapes here)."""
+    L, S, D, Dv = shape
+    rng = np.random.default_rng(L * 1000 + S + D + Dv)
+    q = rng.standard_normal((2, 3, L, D), dtype=np.float32)
+    k = rng.standard_normal((2, 3, S, D), dtype=np.float32)
+    v = rng.standard_normal((2, 3, S, Dv), dtype=np.float32)
+    key_mask = np.ones((2, S), dtype=bool)
+    key_mask[1, : S // 3] = False  # the second sequence's first keys hidden
+    scale = 1.0 / np.sqrt(D)
+    out = _all_paths(lambda: core.scaled_dot_product_attention_f32(
+        q, k, v, None, None, key_mask, False, 0, scale, False, path, return_lse=False))
+    tq, tk, tv = (torch.from_numpy(a).double() for a in (q, k, v))
+    tmask = torch.from_numpy(key_mask)[:, None, None, :]
+    ref = torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, attn_mask=tmask, scale=scale).numpy()
+    _close_to_fp64(out, ref)
 
 
 ATTENTION_SHAPES = [  # (N, H, L, S, D): MiniLM's short rows, odd sizes, tile edges of the flash kernel

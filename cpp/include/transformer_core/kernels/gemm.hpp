@@ -9,6 +9,7 @@
 #include <type_traits>
 
 #include "transformer_core/kernels/blas.hpp"
+#include "transformer_core/kernels/gemv.hpp"
 #include "transformer_core/kernels/parallel.hpp"
 #include "transformer_core/kernels/sgemm.hpp"
 #include "transformer_core/kernels/workspace.hpp"
@@ -91,7 +92,8 @@ inline void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T 
 // kGemmRowGroup rows, each group [depth, kGemmRowGroup] contiguous, which the micro-kernels then
 // read in order. (Copying moves no arithmetic: the bits are those of the unpacked product.)
 // Fewer rows than kGemmOnThreadMinRows (a decoding step's one query row) would pay the packing of
-// op(B) for too little use of it: BLAS's matrix-vector product streams B once instead.
+// op(B) for too little use of it: each row streams B once instead (kernels/gemv.hpp), unless A is
+// transposed (then BLAS).
 constexpr int64_t kGemmOnThreadCols = 4 * sgemm::kPanel;
 constexpr int64_t kGemmOnThreadDepth = 256;
 constexpr int64_t kGemmOnThreadMinRows = 4;
@@ -113,6 +115,15 @@ inline void gemm_on_thread(bool trans_a, bool trans_b, int64_t m, int64_t n, int
                            const T* b, int64_t ldb, T* c, int64_t ldc, bool accumulate) {
   if (m <= 0 || n <= 0) return;
   if constexpr (std::is_same_v<T, float>) {
+    if (k > 0 && m < kGemmOnThreadMinRows && !trans_a && sgemm::active() != nullptr) {
+      for (int64_t i = 0; i < m; ++i) {
+        if (trans_b)
+          row_times_transposed(n, k, a + i * lda, b, ldb, c + i * ldc, accumulate);
+        else
+          row_times(n, k, a + i * lda, b, ldb, c + i * ldc, accumulate);
+      }
+      return;
+    }
     if (k > 0 && m >= kGemmOnThreadMinRows)
       if (const sgemm::Kernels* kern = sgemm::active()) {
         const int64_t rs_b = trans_b ? 1 : ldb, cs_b = trans_b ? ldb : 1;
