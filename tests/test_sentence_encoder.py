@@ -103,6 +103,40 @@ def test_encode_is_mean_pool_of_the_model_bitwise(encoder):
     np.testing.assert_array_equal(emb, expected)
 
 
+def _encode_batch_by_batch(encoder, sentences, batch_size):
+    """encode's sort and batches, each batch through the model and mean_pool alone (no scope)."""
+    order = np.argsort([-len(t) for t in sentences], kind="stable")
+    out = np.empty((len(sentences), 384), np.float32)
+    for start in range(0, len(sentences), batch_size):
+        rows = order[start:start + batch_size]
+        enc = encoder.tokenizer.encode_batch([sentences[i] for i in rows])
+        hidden = encoder.model(enc["input_ids"], enc["attention_mask"], enc["token_type_ids"]).last_hidden_state
+        out[rows] = tc.mean_pool(hidden, enc["attention_mask"])
+    return out
+
+
+def test_encode_packs_each_weight_once_with_the_same_bits(encoder):
+    """encode runs its batches in one packed-weight scope (kernels/packed_weights.hpp): the first
+    batch packs each weight, the others reuse its panels. Batches of more than 32 tokens (the
+    packed GEMM, not the few-row path) get the bits of the model run batch by batch, and a weight
+    written between two encodes (same buffer, same address) is packed again."""
+    sentences = [f"{SENTENCES[i % len(SENTENCES)]} This is sentence number {i} of the test." for i in range(24)]
+    enc = encoder.tokenizer.encode_batch(sentences[:8])
+    assert enc["attention_mask"].sum() > 32  # every batch of 8 takes the packed path
+    emb = encoder.encode(sentences, batch_size=8, normalize=False)
+    np.testing.assert_array_equal(emb, _encode_batch_by_batch(encoder, sentences, 8))
+    state = encoder.model.state_dict()
+    name = "encoder.layer.0.intermediate.dense.weight"
+    try:
+        encoder.model.load_state_dict({**state, name: state[name] * np.float32(1.5)})
+        emb2 = encoder.encode(sentences, batch_size=8, normalize=False)
+        np.testing.assert_array_equal(emb2, _encode_batch_by_batch(encoder, sentences, 8))
+        assert np.abs(emb2 - emb).max() > 1e-3  # the new weight was used
+    finally:
+        encoder.model.load_state_dict(state)
+    np.testing.assert_array_equal(encoder.encode(sentences, batch_size=8, normalize=False), emb)
+
+
 def test_encode_unnormalized(encoder, reference_embeddings):
     ref_norm, ref_raw = reference_embeddings
     emb = encoder.encode(SENTENCES, normalize=False)

@@ -3,7 +3,10 @@
 #include <cblas.h>
 
 #include "common.hpp"
+#include <memory>
+
 #include "transformer_core/kernels/blas.hpp"
+#include "transformer_core/kernels/packed_weights.hpp"
 #include "transformer_core/kernels/parallel.hpp"
 
 #ifndef TC_VERSION
@@ -24,6 +27,19 @@ PYBIND11_MODULE(_core, m) {
   m.def("use_mkl", &transformer_core::kernels::blas::use_mkl, py::arg("path"),
         "Routes every matrix product to MKL's libmkl_rt at path (sequential, CNR AUTO,STRICT); '' or why not.");
   m.def("use_openblas", &transformer_core::kernels::blas::use_openblas, "Routes every matrix product to OpenBLAS.");
+  // `with _core.PackedWeightScope():` on one thread: its products pack each weight once
+  // (kernels/packed_weights.hpp); SentenceEncoder.encode runs its batches inside one.
+  struct PackedWeightScope {
+    std::unique_ptr<transformer_core::kernels::PackedWeightScope> scope;
+  };
+  py::class_<PackedWeightScope>(m, "PackedWeightScope")
+      .def(py::init<>())
+      .def("__enter__",
+           [](PackedWeightScope& self) {
+             if (self.scope) throw std::runtime_error("PackedWeightScope: already entered");
+             self.scope = std::make_unique<transformer_core::kernels::PackedWeightScope>();
+           })
+      .def("__exit__", [](PackedWeightScope& self, py::args) { self.scope.reset(); });
   transformer_core::bindings::register_functional(m);
   transformer_core::bindings::register_layers(m);
 #ifndef TC_OPS_LAYERS_ONLY  // the reduced core of .ci/sanitize (CMake option TC_OPS_LAYERS_ONLY)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ._runtime import core
 from ._validation import as_bool, as_float, check_allocatable, check_bool, check_int
 from .bert import BertModel
 from .hub import DEFAULT_MODEL
@@ -165,14 +166,17 @@ class SentenceEncoder:
             from tqdm.auto import tqdm
 
             starts = tqdm(starts, desc="encode", unit="batch")
-        for start in starts:
-            rows = order[start:start + batch_size]
-            enc = self.tokenizer.encode_batch([sentences[i] for i in rows])
-            mask = enc["attention_mask"] == 1  # (N, L) bool, True = a real token
-            hidden = self.model(enc["input_ids"], mask, enc["token_type_ids"]).last_hidden_state
-            # mean_pool's sum: the model's hidden states at padding positions are zeros, so the plain
-            # sum over L is the masked sum (the same values added in the same order)
-            out[rows] = hidden.sum(axis=1) / np.maximum(mask.sum(axis=1, keepdims=True), 1).astype(hidden.dtype)
+        # One packing of each weight for all the batches (the same bits as packing it per batch).
+        with core.PackedWeightScope():
+            for start in starts:
+                rows = order[start:start + batch_size]
+                enc = self.tokenizer.encode_batch([sentences[i] for i in rows])
+                mask = enc["attention_mask"] == 1  # (N, L) bool, True = a real token
+                hidden = self.model(enc["input_ids"], mask, enc["token_type_ids"]).last_hidden_state
+                # mean_pool's sum: the model's hidden states at padding positions are zeros, so the
+                # plain sum over L is the masked sum (the same values added in the same order)
+                counts = np.maximum(mask.sum(axis=1, keepdims=True), 1).astype(hidden.dtype)
+                out[rows] = hidden.sum(axis=1) / counts
         if normalize:
             out /= np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-12)
         return out

@@ -25,6 +25,7 @@
 #include "transformer_core/kernels/elementwise.hpp"
 #include "transformer_core/kernels/gemm.hpp"
 #include "transformer_core/kernels/linear_small.hpp"
+#include "transformer_core/kernels/packed_weights.hpp"
 #include "transformer_core/kernels/parallel.hpp"
 #include "transformer_core/kernels/sgemm.hpp"
 #include "transformer_core/kernels/workspace.hpp"
@@ -58,20 +59,33 @@ struct DenseWeight {
 };
 
 // y = act(x · wᵀ + bias) with our GEMM (m > 0, n > 0, k > 0); w: DenseWeight or another source.
+// Inside a PackedWeightScope a DenseWeight of one chunk is packed once per scope (packed_weights.hpp).
 template <class Weight>
 inline void linear_packed(const sgemm::Kernels& kern, const float* x, int64_t m, int64_t k, const Weight& w,
                           const float* bias, int64_t n, float* y, Activation act, bool serial) {
   const int64_t chunk_cols =
       std::max<int64_t>(kPackedTileCols, kPackedChunkFloats / k / kPackedTileCols * kPackedTileCols);
-  float* packed = workspace<float>(Scratch::kGemmPackedB, sgemm::packed_floats(k, std::min(n, chunk_cols)));
+  const size_t packed_size = sgemm::packed_floats(k, std::min(n, chunk_cols));
+  float* packed = nullptr;
+  bool packed_before = false;  // the panels of a PackedWeightScope (packed_weights.hpp)
+  if constexpr (std::is_same_v<Weight, DenseWeight>) {
+    PackedWeightCache* cache = current_packed_weights();
+    if (cache != nullptr && n <= chunk_cols) {
+      packed = cache->find(w.w, n, k);
+      packed_before = packed != nullptr;
+      if (!packed_before) packed = cache->allot(w.w, n, k, packed_size);
+    }
+  }
+  if (packed == nullptr) packed = workspace<float>(Scratch::kGemmPackedB, packed_size);
   for (int64_t c0 = 0; c0 < n; c0 += chunk_cols) {
     const int64_t cols = std::min(chunk_cols, n - c0);
     const int64_t col_tiles = (cols + kPackedTileCols - 1) / kPackedTileCols;
     // 1. w[c0 : c0 + cols, :]ᵀ into panels: column j of the chunk starts at packed + j · k
-    run_tasks(serial, col_tiles, [&](int64_t t, int) {
-      const int64_t j = t * kPackedTileCols, tile_cols = std::min(kPackedTileCols, cols - j);
-      kern.pack_b(k, tile_cols, w.rows(c0 + j, tile_cols), 1, k, packed + j * k);
-    });
+    if (!packed_before)
+      run_tasks(serial, col_tiles, [&](int64_t t, int) {
+        const int64_t j = t * kPackedTileCols, tile_cols = std::min(kPackedTileCols, cols - j);
+        kern.pack_b(k, tile_cols, w.rows(c0 + j, tile_cols), 1, k, packed + j * k);
+      });
     // 2. tiles of y[:, c0 : c0 + cols]
     const int64_t row_tiles = (m + kPackedTileRows - 1) / kPackedTileRows;
     run_tasks(serial, row_tiles * col_tiles, [&](int64_t task, int) {
