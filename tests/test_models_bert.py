@@ -174,6 +174,32 @@ def test_small_random_bert_shapes(small_hf, N, L):
     check_outputs(ours(ids, attention_mask=am, token_type_ids=tt), ref_h, ref_p, am, atol=1e-5)
 
 
+def test_small_random_bert_lengths_at_the_attention_tiles(tmp_path):
+    """Padded batches run attention on each sequence's real tokens only (packed end to end): lengths
+    at the kernel's edges (1 to 3 rows, Br = 128, Bc = 256), a row of padding only, left padding and
+    a mask with holes all match transformers on the real tokens."""
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(1)
+    m = BertModel(BertConfig(**{**SMALL, "max_position_embeddings": 320})).eval()
+    path = _save_hf(m, tmp_path / "bert320")
+    ref = BertModel.from_pretrained(str(path), attn_implementation="eager").eval()
+    rng = np.random.default_rng(3)
+    N, L = 8, 300
+    ids = rng.integers(0, 99, size=(N, L)).astype(np.int64)
+    am = (np.arange(L)[None, :] < np.array([300, 1, 129, 0, 257, 3, 128, 256])[:, None]).astype(np.int64)
+    am[3] = (np.arange(L) >= L - 40)                 # left padding: the last 40 tokens are real
+    am[6, 5:60] = 0                                  # holes in the middle of a sequence
+    out = tc.BertModel.from_pretrained(str(path))(ids, attention_mask=am)
+    ref_h, ref_p = hf_forward(ref, ids, am)
+    first_real = am[:, 0] == 1  # the pooler reads token 0: padding there is zeros in ours
+    h = np.asarray(out.last_hidden_state)
+    real = am.astype(bool)
+    assert np.abs(h[real] - ref_h[real]).max() <= 1e-5
+    np.testing.assert_array_equal(h[~real], 0.0)
+    np.testing.assert_allclose(np.asarray(out.pooler_output)[first_real], ref_p[first_real], atol=1e-5, rtol=0)
+
+
 def test_small_bert_input_id_dtypes(small_hf, small_inputs):
     """int32 ids and python lists give the same result as int64."""
     path, _ = small_hf

@@ -226,3 +226,108 @@ def test_flash_no_keys(rng, dtype):
         out, lse = run(q, k, v, masks, 0.5, path)
         assert out.shape == (2, 3, 4, 5) and np.all(out == 0)
         assert lse.shape == (2, 3, 4) and np.all(lse == -np.inf)
+
+
+# ---------------------------------------------------------------- sequences packed end to end
+# Lengths at every edge of the kernel: the few-row products (1 to 3 rows), the micro-kernel's 12
+# rows, Br = 128, Bc = 256, and an empty sequence.
+VARLEN_LENGTHS = [1, 2, 3, 4, 0, 12, 13, 127, 128, 129, 255, 256, 257, 300]
+
+
+def varlen_oracle(q, k, v, cu, is_causal, scale):
+    """Each sequence alone through torch's SDPA, in float64 (query heads share key/value heads)."""
+    g = q.shape[1] // k.shape[1]
+    out = np.zeros((q.shape[0], q.shape[1], v.shape[2]))
+    for a, b in zip(cu[:-1], cu[1:]):
+        if a == b:
+            continue
+        tq, tk, tv = (to_torch(x[a:b].astype(np.float64)).transpose(0, 1) for x in (q, k, v))
+        ref = TF.scaled_dot_product_attention(tq, tk.repeat_interleave(g, 0), tv.repeat_interleave(g, 0),
+                                              is_causal=is_causal, scale=scale)
+        out[a:b] = ref.transpose(0, 1).numpy()
+    return out
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("path", ["flash", "reference"])
+def test_varlen_attention_matches_torch_per_sequence(rng, dtype, is_causal, path):
+    """Every sequence of the packed batch equals torch's SDPA on that sequence alone; q, k, v are
+    column blocks of one packed qkv array (as the encoder layer gives them), with GQA and Ev != E."""
+    cu = np.concatenate([[0], np.cumsum(VARLEN_LENGTHS)])
+    T, H, Hkv, E, Ev = int(cu[-1]), 4, 2, 16, 8
+    qkv = randn(rng, (T, H * E + Hkv * E + Hkv * Ev), dtype)
+    q = qkv[:, :H * E].reshape(T, H, E)
+    k = qkv[:, H * E:(H + Hkv) * E].reshape(T, Hkv, E)
+    v = qkv[:, (H + Hkv) * E:].reshape(T, Hkv, Ev)
+    out = tc.functional.varlen_attention(q, k, v, cu, is_causal=is_causal, scale=0.3, path=path)
+    assert out.dtype == dtype and out.shape == (T, H, Ev)
+    np.testing.assert_allclose(out, varlen_oracle(q, k, v, cu, is_causal, 0.3), atol=atol(dtype), rtol=0)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+def test_varlen_attention_equals_padded_attention_with_key_mask(rng, dtype):
+    """The padded batch with a key-padding mask gives the same real rows as the packed sequences."""
+    lengths = [5, 1, 140, 0, 33]
+    N, L, H, E = len(lengths), max(lengths), 3, 8
+    cu = np.concatenate([[0], np.cumsum(lengths)])
+    q, k, v = (randn(rng, (int(cu[-1]), H, E), dtype) for _ in range(3))
+    padded = [np.zeros((N, H, L, E), dtype) for _ in range(3)]
+    for n, (a, b) in enumerate(zip(cu[:-1], cu[1:])):
+        for x, p in zip((q, k, v), padded):
+            p[n, :, :b - a] = x[a:b].transpose(1, 0, 2)
+    key_mask = np.arange(L)[None, :] < np.array(lengths)[:, None]
+    ref = tc.functional.scaled_dot_product_attention(*padded, key_mask=key_mask[:, None, :])
+    out = tc.functional.varlen_attention(q, k, v, cu)
+    for n, (a, b) in enumerate(zip(cu[:-1], cu[1:])):
+        np.testing.assert_allclose(out[a:b], ref[n, :, :b - a].transpose(1, 0, 2), atol=atol(dtype), rtol=0)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+def test_varlen_attention_rows_independent_of_the_batch_and_threads(rng, dtype):
+    """A sequence's rows are the same bits next to short or long (> Br, > Bc) sequences, and on
+    1, 2 or 16 threads."""
+    H, E = 4, 32
+    seqs = {n: randn(rng, (n, H, 3 * E), dtype) for n in (7, 30, 129, 300)}
+
+    def rows_of(target, others, threads):
+        parts = [seqs[n] for n in others[:1]] + [seqs[target]] + [seqs[n] for n in others[1:]]
+        x = np.concatenate(parts)
+        cu = np.concatenate([[0], np.cumsum([len(p) for p in parts])])
+        out = _with_threads(threads, lambda: tc.functional.varlen_attention(
+            x[..., :E], x[..., E:2 * E], x[..., 2 * E:], cu))
+        return out[cu[1]:cu[2]]
+
+    for target in (7, 30, 129):
+        base = rows_of(target, [7], 1)
+        for others, threads in (([300, 30], 1), ([129], 2), ([300, 7, 129], 16)):
+            np.testing.assert_array_equal(rows_of(target, others, threads), base,
+                                          err_msg=f"length {target} next to {others}, {threads} threads")
+
+
+@pytest.mark.parametrize("cu,err,match", [
+    ([1, 5], ValueError, "0 first"),
+    ([0, 3, 2, 5], ValueError, "non-decreasing"),
+    ([0, 4], ValueError, "5 \\(the tokens\\) last"),
+    ([[0, 5]], ValueError, "1-D"),
+    ([0], ValueError, "N >= 1"),
+    (np.array([0.0, 5.0]), TypeError, "integers"),
+])
+def test_varlen_attention_bad_cu_seqlens(rng, cu, err, match):
+    q = randn(rng, (5, 2, 4))
+    with pytest.raises(err, match=f"cu_seqlens: .*{match}"):
+        tc.functional.varlen_attention(q, q, q, cu)
+
+
+def test_varlen_attention_bad_shapes(rng):
+    q = randn(rng, (5, 2, 4))
+    with pytest.raises(ValueError, match="key, value: expected 5 tokens"):
+        tc.functional.varlen_attention(q, q[:4], q, [0, 5])
+    with pytest.raises(ValueError, match="key: expected last dim 4"):
+        tc.functional.varlen_attention(q, randn(rng, (5, 2, 3)), q, [0, 5])
+    with pytest.raises(ValueError, match="multiple of key/value heads"):
+        tc.functional.varlen_attention(randn(rng, (5, 3, 4)), q, q, [0, 5])
+    with pytest.raises(ValueError, match="query: .*3"):
+        tc.functional.varlen_attention(q[None], q, q, [0, 5])
+    with pytest.raises(TypeError, match="is_causal"):
+        tc.functional.varlen_attention(q, q, q, [0, 5], is_causal=1)

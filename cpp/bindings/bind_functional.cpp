@@ -149,6 +149,43 @@ void register_dtype(py::module_& m) {
         py::arg("query"), py::arg("key"), py::arg("value"), py::arg("bool_mask"), py::arg("float_mask"),
         py::arg("key_mask"), py::arg("is_causal"), py::arg("causal_offset"), py::arg("scale"),
         py::arg("return_weights"), py::arg("path"), py::arg("return_lse") = false);
+
+  // Sequences packed end to end: query [T, H, D], key [T, H_kv, D], value [T, H_kv, Dv] (rows of
+  // sequence n: [cu_seqlens[n], cu_seqlens[n + 1])) -> out [T, H, Dv]. Checked in functional.py.
+  m.def(("varlen_attention" + sfx).c_str(),
+        [](const py::array& query, const py::array& key, const py::array& value, const CArray<int64_t>& cu_seqlens,
+           bool is_causal, double scale, const std::string& path) {
+          auto rows_of = [](const py::array& a, const char* name) {  // [T, heads, width], width contiguous
+            require(a.ndim() == 3, std::string(name) + ": expected a 3-D array");
+            require(a.dtype().is(py::dtype::of<T>()), std::string(name) + ": dtype differs from query's");
+            const auto st = element_strides(a);
+            require(a.size() == 0 || a.shape(2) <= 1 || st[2] == 1, std::string(name) + ": the last dim must be contiguous");
+            return st;
+          };
+          const auto qs = rows_of(query, "query"), ks = rows_of(key, "key"), vs = rows_of(value, "value");
+          const int64_t T_ = query.shape(0), H = query.shape(1), D = query.shape(2);
+          const int64_t Hkv = key.shape(1), Dv = value.shape(2), N = cu_seqlens.size() - 1;
+          require(key.shape(0) == T_ && value.shape(0) == T_ && value.shape(1) == Hkv && key.shape(2) == D && N >= 0 &&
+                      cu_seqlens.ndim() == 1 && cu_seqlens.data()[N] == T_,
+                  "varlen_attention: inconsistent query/key/value/cu_seqlens shapes");
+          auto out = new_array<T>({T_, H, Dv}, "the output (tokens, query heads, value width)");
+          kernels::AttentionArgs<T> a;
+          a.q = static_cast<const T*>(query.data()), a.q_stride_h = qs[1], a.q_stride_l = qs[0];
+          a.k = static_cast<const T*>(key.data()), a.k_stride_h = ks[1], a.k_stride_s = ks[0];
+          a.v = static_cast<const T*>(value.data()), a.v_stride_h = vs[1], a.v_stride_s = vs[0];
+          a.out = out.mutable_data(), a.o_stride_h = Dv, a.o_stride_l = H * Dv;
+          a.batch = N, a.num_heads = H, a.num_kv_heads = Hkv, a.head_dim = D, a.v_head_dim = Dv;
+          a.scale = static_cast<T>(scale);
+          a.is_causal = is_causal;
+          const auto p = ops::parse_attention_path(path);
+          {
+            py::gil_scoped_release release;
+            ops::varlen_self_attention(a, cu_seqlens.data(), p);
+          }
+          return out;
+        },
+        py::arg("query"), py::arg("key"), py::arg("value"), py::arg("cu_seqlens"), py::arg("is_causal"),
+        py::arg("scale"), py::arg("path"));
 }
 
 }  // namespace

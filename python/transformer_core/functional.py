@@ -48,6 +48,7 @@ __all__ = [
     "dropout",
     "cross_entropy",
     "scaled_dot_product_attention",
+    "varlen_attention",
     "sinusoidal_positional_encoding",
     "rotary_cos_sin",
     "rotate_half",
@@ -349,6 +350,70 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, *, query_mas
     if return_lse:
         out += (result[-1].reshape(lead + (L,)),)
     return out
+
+
+def varlen_attention(query, key, value, cu_seqlens, *, is_causal: bool = False, scale: float | None = None,
+                     path: str = "auto") -> np.ndarray:
+    """Self-attention over sequences of different lengths packed end to end, with no padding
+    (FlashAttention's variable-length form, ``flash_attn_varlen_func`` with ``cu_seqlens``; the
+    padding-mask section of the encoder tutorial, without the padding)::
+
+        out[r0:r1] = Attention(Q[r0:r1], K[r0:r1], V[r0:r1])    r0, r1 = cu_seqlens[n], cu_seqlens[n + 1]
+
+    Each sequence's queries attend to its own keys only. The result equals
+    :func:`scaled_dot_product_attention` on the padded batch with a ``key_mask``, on the real rows;
+    the padding's rows are neither stored nor computed. ``BertModel`` runs its attention this way
+    on every batch with padding.
+
+    Args:
+        query: ``(T, H, E)``, T tokens of all sequences, H heads.
+        key: ``(T, H_kv, E)``; ``H_kv`` divides ``H`` (grouped-query attention when smaller).
+        value: ``(T, H_kv, Ev)``.
+        cu_seqlens: ``(N + 1,)`` integers, 0 first, non-decreasing, T last: sequence ``n`` is rows
+            ``cu_seqlens[n]`` to ``cu_seqlens[n + 1] - 1`` (an empty sequence is allowed).
+        is_causal: key ``s`` is visible to query ``l`` only if ``s <= l``, both counted from the
+            start of their sequence.
+        scale: multiplies the scores; default ``1 / sqrt(E)``.
+        path: ``"auto"`` / ``"flash"`` (one parallel pass of the tiled kernel over every
+            (sequence, head, query block)) or ``"reference"`` (each sequence through the unfused
+            oracle).
+
+    Returns:
+        ``(T, H, Ev)``, dtype of ``query`` (float32 unless query is float64). A sequence's rows are
+        the same bit for bit whatever the other sequences and the thread count.
+
+    Raises:
+        ValueError: ranks other than 3, empty arrays, mismatched token counts, heads or feature
+            sizes, ``cu_seqlens`` not starting at 0, decreasing or not ending at T, a bad ``path``,
+            a NaN or infinite ``scale``.
+        TypeError: non-numeric arrays, non-integer ``cu_seqlens``, ``is_causal`` not a bool,
+            ``scale`` not a number.
+    """
+    dtype = compute_dtype(query, "query")
+    q = as_float(query, "query", dtype, ndim=3)
+    k = as_float(key, "key", dtype, ndim=3)
+    v = as_float(value, "value", dtype, ndim=3)
+    T, H, E = q.shape
+    if k.shape[0] != T or v.shape[0] != T:
+        raise ValueError(f"key, value: expected {T} tokens (query's) in dim 0, got key {k.shape}, value {v.shape}")
+    if k.shape[2] != E:
+        raise ValueError(f"key: expected last dim {E} (query's embedding size), got shape {k.shape}")
+    if v.shape[1] != k.shape[1]:
+        raise ValueError(f"value: expected {k.shape[1]} heads (key's) in dim 1, got shape {v.shape}")
+    if H % k.shape[1] != 0:
+        raise ValueError(f"key: query heads ({H}) must be a multiple of key/value heads ({k.shape[1]})")
+    cu = to_numpy(cu_seqlens, "cu_seqlens")
+    if cu.dtype.kind not in "iu":
+        raise TypeError(f"cu_seqlens: expected integers, got dtype {cu.dtype}")
+    if cu.ndim != 1 or cu.size < 2:
+        raise ValueError(f"cu_seqlens: expected a 1-D array (N + 1,) with N >= 1, got shape {cu.shape}")
+    if cu[0] != 0 or cu[-1] != T or np.any(cu[1:] < cu[:-1]):
+        raise ValueError(f"cu_seqlens: expected 0 first, non-decreasing, {T} (the tokens) last; got {cu.tolist()}")
+    cu = np.ascontiguousarray(cu, dtype=np.int64)
+    is_causal = check_bool(is_causal, "is_causal")
+    scale = _check_scale(scale, E)
+    path = attention_path(path)
+    return variant("varlen_attention", dtype)(q, k, v, cu, is_causal, scale, path)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -44,14 +44,21 @@ void pack_b(int64_t k, int64_t cols, const float* b, int64_t rs_b, int64_t cs_b,
     const int64_t nc = std::min(kPanel, cols - j0);
     float* panel = packed + j0 * k;
     int64_t p = 0;
-    if (rs_b == 1 && nc == kPanel) {  // B = wᵀ (a weight [n, k]): 16 × 16 blocks of w transposed in registers
-      for (; p + 16 <= k; p += 16)
+    if (rs_b == 1) {  // B = wᵀ (a weight [n, k], attention's keys): 16 × 16 blocks of w transposed in
+                      // registers; the columns past nc and the depth past k read as zeros
+      for (; p < k; p += 16) {
+        const int64_t depth = std::min<int64_t>(16, k - p);
+        const __mmask16 mp = static_cast<__mmask16>(depth == 16 ? 0xFFFF : (1u << depth) - 1);
         for (int64_t half = 0; half < 2; ++half) {
           __m512 r[16];
-          for (int t = 0; t < 16; ++t) r[t] = _mm512_loadu_ps(b + (j0 + 16 * half + t) * cs_b + p);
+          for (int t = 0; t < 16; ++t) {
+            const int64_t col = 16 * half + t;
+            r[t] = col < nc ? _mm512_maskz_loadu_ps(mp, b + (j0 + col) * cs_b + p) : _mm512_setzero_ps();
+          }
           transpose16(r);
-          for (int c = 0; c < 16; ++c) _mm512_storeu_ps(panel + (p + c) * kPanel + 16 * half, r[c]);
+          for (int c = 0; c < depth; ++c) _mm512_storeu_ps(panel + (p + c) * kPanel + 16 * half, r[c]);
         }
+      }
     } else if (cs_b == 1) {  // B rows are contiguous: copy 32 columns a row
       const __mmask16 lo = static_cast<__mmask16>(nc >= 16 ? 0xFFFF : (1u << nc) - 1);
       const __mmask16 hi = static_cast<__mmask16>(nc >= 32 ? 0xFFFF : nc > 16 ? (1u << (nc - 16)) - 1 : 0);

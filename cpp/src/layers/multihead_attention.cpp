@@ -16,9 +16,6 @@ using kernels::Scratch;
 using ops::to_string;
 
 namespace {
-// Values per task of forward_packed's row copies (scatter to the padded layout and back): 64 KiB in fp32.
-constexpr int64_t kCopyGrain = 16384;
-
 int64_t resolve_head_dim(int64_t embed_dim, int64_t num_heads, int64_t head_dim) {
   ops::require_positive(embed_dim, "embed_dim");
   ops::require_positive(num_heads, "num_heads");
@@ -181,45 +178,24 @@ void MultiheadAttention<T>::forward(const T* query, const T* key, const T* value
 }
 
 template <class T>
-void MultiheadAttention<T>::forward_packed(const T* x, const PackedTokens& tokens, T* out,
-                                           const AttentionMasks<T>& masks, AttentionPath path) const {
+void MultiheadAttention<T>::forward_packed(const T* x, const PackedTokens& tokens, T* out, AttentionPath path) const {
   if (!packed_) throw std::invalid_argument("MultiheadAttention: forward_packed needs kdim == vdim == embed_dim");
-  const int64_t Hq = q_dim_, Hkv = kv_dim_, D = head_dim_, width = Hq + 2 * Hkv;
-  const int64_t N = tokens.N, L = tokens.L, count = tokens.count, rows = N * L;
-  // qkv of the real tokens only [count, width] (one GEMM, padding rows skipped) ...
-  T* qkv_packed = kernels::workspace<T>(Scratch::kAttnQkvPacked, static_cast<size_t>(count * width));
-  in_proj_->forward(x, count, qkv_packed);
-  // ... scattered to the padded layout [N·L, width] for attention; padding rows are zeros (their keys
-  // are masked, their queries' outputs dropped).
-  T* qkv = kernels::workspace<T>(Scratch::kAttnQkv, static_cast<size_t>(rows * width));
-  T* context = kernels::workspace<T>(Scratch::kAttnContext, static_cast<size_t>(rows * Hq));
-  // (in parallel over the tokens: token t writes its row and zeroes the padding rows before it,
-  // down to its predecessor's row; tokens.index ascends; the last token also zeroes those after it)
-  const int64_t grain = std::max<int64_t>(1, kCopyGrain / width);
-  kernels::parallel_for(0, count, grain, [&](int64_t b, int64_t e) {
-    for (int64_t t = b; t < e; ++t) {
-      const int64_t row = tokens.index[t], after_previous = t == 0 ? 0 : tokens.index[t - 1] + 1;
-      std::fill(qkv + after_previous * width, qkv + row * width, T(0));
-      std::copy(qkv_packed + t * width, qkv_packed + (t + 1) * width, qkv + row * width);
-      if (t + 1 == count) std::fill(qkv + (row + 1) * width, qkv + rows * width, T(0));
-    }
-  });
-  if (count == 0) std::fill(qkv, qkv + rows * width, T(0));
+  const int64_t Hq = q_dim_, Hkv = kv_dim_, D = head_dim_, width = Hq + 2 * Hkv, count = tokens.count;
+  // qkv [count, width] of the real tokens (one GEMM), attention of each sequence over its own rows
+  // (heads are column blocks of width D, as in attend), then the output projection
+  T* qkv = kernels::workspace<T>(Scratch::kAttnQkvPacked, static_cast<size_t>(count * width));
+  T* context = kernels::workspace<T>(Scratch::kAttnContextPacked, static_cast<size_t>(count * Hq));
+  in_proj_->forward(x, count, qkv);
   kernels::AttentionArgs<T> a;
-  static_cast<AttentionMasks<T>&>(a) = masks;
-  a.k = qkv + Hq, a.k_stride_n = L * width, a.k_stride_h = D, a.k_stride_s = width;
-  a.v = qkv + Hq + Hkv, a.v_stride_n = L * width, a.v_stride_h = D, a.v_stride_s = width;
-  a.kv_len = L;
-  AttentionInputs<T> in;
-  in.path = path;
-  attend(a, qkv, width, N, L, context, in);
-  // context rows of the real tokens [count, Hq], then the output projection on them alone
-  T* context_packed = kernels::workspace<T>(Scratch::kAttnContextPacked, static_cast<size_t>(count * Hq));
-  kernels::parallel_for(0, count, std::max<int64_t>(1, kCopyGrain / Hq), [&](int64_t b, int64_t e) {
-    for (int64_t t = b; t < e; ++t)
-      std::copy(context + tokens.index[t] * Hq, context + (tokens.index[t] + 1) * Hq, context_packed + t * Hq);
-  });
-  out_proj_.forward(context_packed, count, out);
+  a.q = qkv, a.q_stride_h = D, a.q_stride_l = width;
+  a.k = qkv + Hq, a.k_stride_h = D, a.k_stride_s = width;
+  a.v = qkv + Hq + Hkv, a.v_stride_h = D, a.v_stride_s = width;
+  a.out = context, a.o_stride_h = D, a.o_stride_l = Hq;
+  a.batch = tokens.N, a.num_heads = num_heads_, a.num_kv_heads = num_kv_heads_;
+  a.head_dim = D, a.v_head_dim = D;
+  a.scale = T(1) / std::sqrt(static_cast<T>(D));
+  ops::varlen_self_attention(a, tokens.starts, path);
+  out_proj_.forward(context, count, out);
 }
 
 template class MultiheadAttention<float>;

@@ -65,8 +65,8 @@ void TransformerEncoderLayer<T>::forward(const T* src, int64_t N, int64_t L, T* 
 
 template <class T>
 void TransformerEncoderLayer<T>::forward_packed(const T* x, const PackedTokens& tokens, T* out,
-                                                const AttentionMasks<T>& masks, AttentionPath path) const {
-  run(x, tokens.count, out, [&](const T* in, T* sa) { self_attn_.forward_packed(in, tokens, sa, masks, path); });
+                                                AttentionPath path) const {
+  run(x, tokens.count, out, [&](const T* in, T* sa) { self_attn_.forward_packed(in, tokens, sa, path); });
 }
 
 template <class T>

@@ -122,22 +122,20 @@ void BertModel<T>::forward(const int64_t* input_ids, const uint8_t* attention_ma
   const int64_t* tt = token_type_ids != nullptr ? types.data() : nullptr;
   embeddings_.check(ids.data(), positions.data(), tt, count);
 
-  // attention_mask [N, L] (1 = real token) masks keys: padded positions are never attended to.
-  layers::AttentionMasks<T> masks;
-  if (attention_mask != nullptr) {
-    masks.key_mask = attention_mask;
-    masks.key_mask_stride_n = L;
-    masks.key_mask_stride_s = 1;
-  }
   if (count == N * L) {
     embeddings_.forward(ids.data(), positions.data(), tt, count, hidden);
-    for (const auto& layer : layers_) layer->forward(hidden, N, L, hidden, masks);
+    for (const auto& layer : layers_) layer->forward(hidden, N, L, hidden, {});
   } else {
-    // Packed: the layers see only the real tokens [count, H]; padding rows come back as zeros.
-    const layers::PackedTokens tokens{N, L, count, index.data()};
+    // Packed: the layers see only the real tokens [count, H], each sequence's end to end, and each
+    // token attends to the real tokens of its sequence (attention_mask masks the padding keys);
+    // padding rows come back as zeros.
+    std::vector<int64_t> starts(static_cast<size_t>(N + 1), 0);  // sequence n: rows [starts[n], starts[n + 1])
+    for (const int64_t r : index) ++starts[static_cast<size_t>(r / L + 1)];
+    for (int64_t n = 0; n < N; ++n) starts[static_cast<size_t>(n + 1)] += starts[static_cast<size_t>(n)];
+    const layers::PackedTokens tokens{N, count, starts.data()};
     std::vector<T> packed(static_cast<size_t>(count * H));
     embeddings_.forward(ids.data(), positions.data(), tt, count, packed.data());
-    for (const auto& layer : layers_) layer->forward_packed(packed.data(), tokens, packed.data(), masks);
+    for (const auto& layer : layers_) layer->forward_packed(packed.data(), tokens, packed.data());
     std::fill(hidden, hidden + N * L * H, T(0));
     for (int64_t t = 0; t < count; ++t)
       std::copy(packed.data() + t * H, packed.data() + (t + 1) * H, hidden + index[static_cast<size_t>(t)] * H);

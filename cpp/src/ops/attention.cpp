@@ -7,10 +7,9 @@ namespace transformer_core::ops {
 
 namespace {
 std::string str(int64_t v) { return std::to_string(v); }
-}  // namespace
 
 template <class T>
-void scaled_dot_product_attention(const AttentionArgs<T>& a, AttentionPath path) {
+void check_sizes(const AttentionArgs<T>& a) {
   if (a.batch < 0 || a.num_heads < 1 || a.num_kv_heads < 1 || a.q_len < 0 || a.kv_len < 0 ||
       a.head_dim < 0 || a.v_head_dim < 0)
     throw std::invalid_argument("scaled_dot_product_attention: invalid sizes N=" + str(a.batch) +
@@ -20,11 +19,40 @@ void scaled_dot_product_attention(const AttentionArgs<T>& a, AttentionPath path)
   if (a.num_heads % a.num_kv_heads != 0)
     throw std::invalid_argument("scaled_dot_product_attention: num_heads (" + str(a.num_heads) +
                                 ") must be a multiple of num_kv_heads (" + str(a.num_kv_heads) + ")");
+}
+}  // namespace
+
+template <class T>
+void scaled_dot_product_attention(const AttentionArgs<T>& a, AttentionPath path) {
+  check_sizes(a);
   if (a.batch == 0 || a.q_len == 0) return;
   if (path == AttentionPath::kReference || a.weights != nullptr) {
     kernels::attention_reference(a);
   } else {
     kernels::attention_flash(a);
+  }
+}
+
+template <class T>
+void varlen_self_attention(const AttentionArgs<T>& a, const int64_t* starts, AttentionPath path) {
+  check_sizes(a);
+  if (a.bool_mask != nullptr || a.float_mask != nullptr || a.key_mask != nullptr || a.weights != nullptr ||
+      a.lse != nullptr)
+    throw std::invalid_argument("varlen_self_attention: sequences packed end to end take no mask but is_causal, "
+                                "and give no weights or lse");
+  if (starts == nullptr || starts[0] != 0)
+    throw std::invalid_argument("varlen_self_attention: starts must begin at 0");
+  for (int64_t n = 0; n < a.batch; ++n)
+    if (starts[n + 1] < starts[n])
+      throw std::invalid_argument("varlen_self_attention: starts must not decrease, got " + str(starts[n]) +
+                                  " then " + str(starts[n + 1]));
+  if (path != AttentionPath::kReference) return kernels::attention_flash_varlen(a, starts);
+  for (int64_t n = 0; n < a.batch; ++n) {  // the oracle: each sequence a batch of one
+    AttentionArgs<T> s = a;
+    const int64_t row0 = starts[n];
+    s.q += row0 * a.q_stride_l, s.k += row0 * a.k_stride_s, s.v += row0 * a.v_stride_s, s.out += row0 * a.o_stride_l;
+    s.batch = 1, s.q_len = s.kv_len = starts[n + 1] - row0, s.causal_offset = 0;
+    if (s.q_len > 0) kernels::attention_reference(s);
   }
 }
 
@@ -46,5 +74,7 @@ AttentionPath parse_attention_path(const std::string& name) {
 
 template void scaled_dot_product_attention<float>(const AttentionArgs<float>&, AttentionPath);
 template void scaled_dot_product_attention<double>(const AttentionArgs<double>&, AttentionPath);
+template void varlen_self_attention<float>(const AttentionArgs<float>&, const int64_t*, AttentionPath);
+template void varlen_self_attention<double>(const AttentionArgs<double>&, const int64_t*, AttentionPath);
 
 }  // namespace transformer_core::ops

@@ -708,4 +708,47 @@ void attention_flash(const AttentionArgs<T>& a) {
   flash_split_kv(b, p);
 }
 
+
+// Sequences of different lengths packed end to end, without padding (FlashAttention's
+// variable-length form, its cu_seqlens): sequence n is rows [starts[n], starts[n + 1]) of q, k, v
+// and out (row strides q_stride_l, k_stride_s, v_stride_s, o_stride_l; the _stride_n members are
+// not read), and its queries attend to its own keys only (with is_causal: key s ≤ query l, counted
+// from the sequence's first row). a.batch sequences; q_len and kv_len are not read; no other mask,
+// no weights, no lse. A batch of sentences so skips the padding's rows, their copies and their
+// masked scores.
+// Tasks are (sequence, head, query block), with the tiles of the longest sequence: Br = min(128,
+// longest) and Bc = min(256, longest) cut each sequence as they would cut it alone (blocks of 128
+// rows and 256 keys), so a sequence's output does not depend on the rest of the batch, bit for bit.
+template <class T>
+void attention_flash_varlen(const AttentionArgs<T>& a, const int64_t* starts) {
+  using namespace flash_detail;
+  const int64_t N = a.batch, H = a.num_heads;
+  int64_t longest = 0;
+  for (int64_t n = 0; n < N; ++n) longest = std::max(longest, starts[n + 1] - starts[n]);
+  if (longest == 0 || a.v_head_dim == 0) return;
+  const FlashPlan p = flash_plan(1, H, longest, longest, a.head_dim, a.v_head_dim);
+  // first_task[n]: the tasks of the sequences before n (each: H · ⌈len / Br⌉ query blocks)
+  std::vector<int64_t> first_task(static_cast<size_t>(N + 1), 0);
+  double flops = 0;
+  for (int64_t n = 0; n < N; ++n) {
+    const int64_t len = starts[n + 1] - starts[n];
+    first_task[n + 1] = first_task[n] + H * ((len + p.block_rows - 1) / p.block_rows);
+    flops += 2.0 * double(H) * double(len) * double(len) * double(a.head_dim + a.v_head_dim);
+  }
+  ThreadTiles<T> tiles(p, a.v_head_dim, std::max(1, get_num_threads()));
+  run_tasks(flops < kInlineFlops, first_task[N], [&](int64_t t, int tid) {
+    const int64_t n = std::upper_bound(first_task.begin(), first_task.end(), t) - first_task.begin() - 1;
+    const int64_t row0 = starts[n], len = starts[n + 1] - row0;
+    AttentionArgs<T> s = a;  // sequence n alone: batch 1, length len
+    s.q += row0 * a.q_stride_l, s.k += row0 * a.k_stride_s, s.v += row0 * a.v_stride_s, s.out += row0 * a.o_stride_l;
+    s.batch = 1, s.q_len = len, s.kv_len = len, s.causal_offset = 0;
+    const int64_t blocks = (len + p.block_rows - 1) / p.block_rows, local = t - first_task[n];
+    const int64_t l0 = (local % blocks) * p.block_rows;
+    const QueryBlock qb{0, local / blocks, l0, std::min(p.block_rows, len - l0)};
+    const Accumulator<T> acc = tiles.accumulator(tid);
+    flash_block(s, qb, 0, len, p.block_keys, tiles.tile(tid), acc, /*use_blas=*/true);
+    flash_store(s, qb, acc);
+  });
+}
+
 }  // namespace transformer_core::kernels

@@ -42,12 +42,13 @@ struct AttentionInputs {
   AttentionPath path = AttentionPath::kAuto;
 };
 
-// The real (non-padding) tokens of a padded batch [N, L]: index[t] = n · L + l for t in [0, count),
-// ascending. Layers run their GEMMs, norms and activations on the count real rows only ("packed"),
-// and go back to the padded layout for attention alone.
+// The real (non-padding) tokens of a padded batch of N sequences, packed end to end: sequence n's
+// tokens are rows [starts[n], starts[n + 1]) (starts [N + 1], starts[0] = 0, starts[N] = count).
+// Layers run their GEMMs, norms and activations on the count real rows only, and attention on each
+// sequence's own rows (variable-length attention): no padding row is stored or computed.
 struct PackedTokens {
-  int64_t N = 0, L = 0, count = 0;
-  const int64_t* index = nullptr;
+  int64_t N = 0, count = 0;
+  const int64_t* starts = nullptr;
 };
 
 template <class T>
@@ -70,10 +71,9 @@ class MultiheadAttention : public Module<T> {
                const AttentionInputs<T>& in) const;
 
   // Self-attention over the real tokens of a padded batch: x [count, E] -> out [count, E] (packed
-  // rows, see PackedTokens). The masks are those of the padded [N, L] batch; they must hide the
-  // padding keys (key_mask). Needs the packed layout (kdim = vdim = embed_dim).
-  void forward_packed(const T* x, const PackedTokens& tokens, T* out, const AttentionMasks<T>& masks,
-                      AttentionPath path = AttentionPath::kAuto) const;
+  // rows, see PackedTokens); each token attends to the tokens of its own sequence (the padding mask
+  // that the packing implies, and nothing else). Needs the packed layout (kdim = vdim = embed_dim).
+  void forward_packed(const T* x, const PackedTokens& tokens, T* out, AttentionPath path = AttentionPath::kAuto) const;
 
   // ---- training (multihead_attention_backward.cpp) ----
   // As forward (the same output, bitwise), keeping the projected q, k, v (after RoPE), the context

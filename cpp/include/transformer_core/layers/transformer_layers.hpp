@@ -36,9 +36,8 @@ class TransformerEncoderLayer : public Module<T> {
                AttentionPath path = AttentionPath::kAuto) const;
 
   // The same layer on the real tokens of a padded batch: x [count, E] -> out [count, E] (packed
-  // rows; see PackedTokens). The masks must hide the padding keys (key_mask).
-  void forward_packed(const T* x, const PackedTokens& tokens, T* out, const AttentionMasks<T>& masks,
-                      AttentionPath path = AttentionPath::kAuto) const;
+  // rows; see PackedTokens), each token attending to its own sequence's tokens.
+  void forward_packed(const T* x, const PackedTokens& tokens, T* out, AttentionPath path = AttentionPath::kAuto) const;
 
   const MultiheadAttention<T>& self_attn() const { return self_attn_; }
   const FeedForward<T>& feed_forward() const { return ff_; }

@@ -23,6 +23,15 @@ enum class AttentionPath {
 template <class T>
 void scaled_dot_product_attention(const AttentionArgs<T>& args, AttentionPath path = AttentionPath::kAuto);
 
+// Self-attention over a.batch sequences packed end to end without padding: sequence n is rows
+// [starts[n], starts[n + 1]) of q, k, v and out and attends to its own rows only (causally with
+// a.is_causal). starts [a.batch + 1], starts[0] = 0, non-decreasing. The flash path runs one
+// parallel region (kernels::attention_flash_varlen); the reference path runs each sequence as a
+// batch of one. Throws std::invalid_argument on bad sizes or starts, or when a mask other than
+// is_causal, weights or lse are given.
+template <class T>
+void varlen_self_attention(const AttentionArgs<T>& args, const int64_t* starts, AttentionPath path = AttentionPath::kAuto);
+
 // How the flash kernel cuts a call of these sizes into tiles, tasks and key chunks (a function of the
 // sizes alone; kv_chunks > 1: the split-KV merge runs). For tests and benchmarks.
 // Throws std::invalid_argument if a size is negative.
