@@ -162,11 +162,12 @@ void register_dtype(py::module_& m) {
             require(a.size() == 0 || a.shape(2) <= 1 || st[2] == 1, std::string(name) + ": the last dim must be contiguous");
             return st;
           };
+          require(cu_seqlens.ndim() == 1 && cu_seqlens.size() >= 1, "cu_seqlens: expected a 1-D array (N + 1,)");
           const auto qs = rows_of(query, "query"), ks = rows_of(key, "key"), vs = rows_of(value, "value");
           const int64_t T_ = query.shape(0), H = query.shape(1), D = query.shape(2);
           const int64_t Hkv = key.shape(1), Dv = value.shape(2), N = cu_seqlens.size() - 1;
-          require(key.shape(0) == T_ && value.shape(0) == T_ && value.shape(1) == Hkv && key.shape(2) == D && N >= 0 &&
-                      cu_seqlens.ndim() == 1 && cu_seqlens.data()[N] == T_,
+          require(key.shape(0) == T_ && value.shape(0) == T_ && value.shape(1) == Hkv && key.shape(2) == D &&
+                      cu_seqlens.data()[N] == T_,
                   "varlen_attention: inconsistent query/key/value/cu_seqlens shapes");
           auto out = new_array<T>({T_, H, Dv}, "the output (tokens, query heads, value width)");
           kernels::AttentionArgs<T> a;
