@@ -2,9 +2,9 @@
 // what users need, with docstrings, argument checking and array conversion.
 #include <cblas.h>
 
-#include "common.hpp"
 #include <memory>
 
+#include "common.hpp"
 #include "transformer_core/kernels/blas.hpp"
 #include "transformer_core/kernels/packed_weights.hpp"
 #include "transformer_core/kernels/parallel.hpp"

@@ -347,6 +347,58 @@ target(name="functional.scaled_dot_product_attention", draw=_draw_sdpa,
              "path": Arg("choice", choices=("auto", "flash", "reference"))})
 
 
+def _draw_varlen(draw):
+    dt = draw(DTYPES)
+    lengths = draw(st.lists(st.integers(0, 6), min_size=1, max_size=4))
+    if sum(lengths) == 0:
+        lengths[0] = 1
+    Hkv = draw(st.sampled_from([1, 2]))
+    H = Hkv * draw(st.sampled_from([1, 2]))
+    E, Ev = dims(draw, 2, 1, 8)
+    T = sum(lengths)
+    return {"query": rng_array(draw, (T, H, E), dt), "key": rng_array(draw, (T, Hkv, E), dt),
+            "value": rng_array(draw, (T, Hkv, Ev), dt), "cu_seqlens": np.cumsum([0] + lengths).astype(np.int64),
+            "is_causal": draw(st.booleans()), "scale": draw(st.sampled_from([None, 0.0, 0.5, -1.0])),
+            "path": draw(st.sampled_from(["auto", "flash", "reference"]))}
+
+
+def _ref_varlen(kw):
+    dtype = lib_dtype(kw["query"])
+    q, k, v = read(kw["query"], "query"), read(kw["key"], "key"), read(kw["value"], "value")
+    if q.ndim != 3 or k.ndim != 3 or v.ndim != 3 or k.shape[0] != q.shape[0] or v.shape[0] != q.shape[0] or \
+            k.shape[2] != q.shape[2] or v.shape[1] != k.shape[1] or q.shape[1] % k.shape[1] != 0:
+        raise NoReference("shapes")
+    if dtype == np.float32:  # the library computes in float32: round the inputs as it reads them
+        q, k, v = (a.astype(np.float32).astype(np.float64) for a in (q, k, v))
+    cu = to_np(kw["cu_seqlens"])
+    if isinstance(cu, (str, bytes)) or np.asarray(cu).dtype.kind not in "iu":
+        raise NoReference("cu_seqlens: not integers")
+    cu = read_ids(cu, "cu_seqlens")
+    T = q.shape[0]
+    if cu.ndim != 1 or cu.size < 2 or cu[0] != 0 or cu[-1] != T or np.any(cu[1:] < cu[:-1]):
+        raise NoReference("cu_seqlens")
+    is_causal = read_bool(kw["is_causal"], "is_causal")
+    read_choice(kw["path"], "path", ("auto", "flash", "reference"))
+    scale = None if kw["scale"] is None else read_float(kw["scale"], "scale")
+    g = q.shape[1] // k.shape[1]
+    out = np.zeros((T, q.shape[1], v.shape[2]))
+    for a, b in zip(cu[:-1], cu[1:]):
+        if a < b:
+            seq = attention(q[a:b].transpose(1, 0, 2), np.repeat(k[a:b].transpose(1, 0, 2), g, 0),
+                            np.repeat(v[a:b].transpose(1, 0, 2), g, 0), is_causal=is_causal, scale=scale)
+            out[a:b] = seq.transpose(1, 0, 2)
+    return out
+
+
+target(name="functional.varlen_attention", draw=_draw_varlen,
+       call=lambda kw: F.varlen_attention(kw["query"], kw["key"], kw["value"], kw["cu_seqlens"],
+                                          is_causal=kw["is_causal"], scale=kw["scale"], path=kw["path"]),
+       reference=_ref_varlen, out_dtype=x_dtype("query"), atol=1e-4, rtol=1e-4,
+       args={"query": Arg("array"), "key": Arg("array"), "value": Arg("array"),
+             "cu_seqlens": Arg("ids", high=10**6, floats_as_ids=False), "is_causal": Arg("bool"),
+             "scale": Arg("float", optional=True), "path": Arg("choice", choices=("auto", "flash", "reference"))})
+
+
 # ------------------------------------------------------------------------------------------------
 # positional functions
 # ------------------------------------------------------------------------------------------------

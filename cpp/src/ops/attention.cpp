@@ -48,10 +48,7 @@ void varlen_self_attention(const AttentionArgs<T>& a, const int64_t* starts, Att
                                   " then " + str(starts[n + 1]));
   if (path != AttentionPath::kReference) return kernels::attention_flash_varlen(a, starts);
   for (int64_t n = 0; n < a.batch; ++n) {  // the oracle: each sequence a batch of one
-    AttentionArgs<T> s = a;
-    const int64_t row0 = starts[n];
-    s.q += row0 * a.q_stride_l, s.k += row0 * a.k_stride_s, s.v += row0 * a.v_stride_s, s.out += row0 * a.o_stride_l;
-    s.batch = 1, s.q_len = s.kv_len = starts[n + 1] - row0, s.causal_offset = 0;
+    const AttentionArgs<T> s = kernels::varlen_sequence(a, starts, n);
     if (s.q_len > 0) kernels::attention_reference(s);
   }
 }

@@ -708,7 +708,6 @@ void attention_flash(const AttentionArgs<T>& a) {
   flash_split_kv(b, p);
 }
 
-
 // Sequences of different lengths packed end to end, without padding (FlashAttention's
 // variable-length form, its cu_seqlens): sequence n is rows [starts[n], starts[n + 1]) of q, k, v
 // and out (row strides q_stride_l, k_stride_s, v_stride_s, o_stride_l; the _stride_n members are
@@ -719,6 +718,17 @@ void attention_flash(const AttentionArgs<T>& a) {
 // Tasks are (sequence, head, query block), with the tiles of the longest sequence: Br = min(128,
 // longest) and Bc = min(256, longest) cut each sequence as they would cut it alone (blocks of 128
 // rows and 256 keys), so a sequence's output does not depend on the rest of the batch, bit for bit.
+//
+// varlen_sequence: the arguments of sequence n alone (batch 1, its length), for either path.
+template <class T>
+AttentionArgs<T> varlen_sequence(const AttentionArgs<T>& a, const int64_t* starts, int64_t n) {
+  AttentionArgs<T> s = a;
+  const int64_t row0 = starts[n];
+  s.q += row0 * a.q_stride_l, s.k += row0 * a.k_stride_s, s.v += row0 * a.v_stride_s, s.out += row0 * a.o_stride_l;
+  s.batch = 1, s.q_len = s.kv_len = starts[n + 1] - row0, s.causal_offset = 0;
+  return s;
+}
+
 template <class T>
 void attention_flash_varlen(const AttentionArgs<T>& a, const int64_t* starts) {
   using namespace flash_detail;
@@ -738,10 +748,8 @@ void attention_flash_varlen(const AttentionArgs<T>& a, const int64_t* starts) {
   ThreadTiles<T> tiles(p, a.v_head_dim, std::max(1, get_num_threads()));
   run_tasks(flops < kInlineFlops, first_task[N], [&](int64_t t, int tid) {
     const int64_t n = std::upper_bound(first_task.begin(), first_task.end(), t) - first_task.begin() - 1;
-    const int64_t row0 = starts[n], len = starts[n + 1] - row0;
-    AttentionArgs<T> s = a;  // sequence n alone: batch 1, length len
-    s.q += row0 * a.q_stride_l, s.k += row0 * a.k_stride_s, s.v += row0 * a.v_stride_s, s.out += row0 * a.o_stride_l;
-    s.batch = 1, s.q_len = len, s.kv_len = len, s.causal_offset = 0;
+    const AttentionArgs<T> s = varlen_sequence(a, starts, n);
+    const int64_t len = s.q_len;
     const int64_t blocks = (len + p.block_rows - 1) / p.block_rows, local = t - first_task[n];
     const int64_t l0 = (local % blocks) * p.block_rows;
     const QueryBlock qb{0, local / blocks, l0, std::min(p.block_rows, len - l0)};
