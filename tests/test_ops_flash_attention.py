@@ -229,9 +229,10 @@ def test_flash_no_keys(rng, dtype):
 
 
 # ---------------------------------------------------------------- sequences packed end to end
-# Lengths at every edge of the kernel: the few-row products (1 to 3 rows), the micro-kernel's 12
-# rows, Br = 128, Bc = 256, and an empty sequence.
-VARLEN_LENGTHS = [1, 2, 3, 4, 0, 12, 13, 127, 128, 129, 255, 256, 257, 300]
+# Lengths at every edge of the kernels: the few-row products (1 to 3 rows), the micro-kernel's 12
+# rows and 32-column panels, the short path's registers of queries (8 or 16 lanes) and its last
+# length (128 = Br), Bc = 256, and an empty sequence.
+VARLEN_LENGTHS = [1, 2, 3, 4, 0, 12, 13, 15, 16, 17, 31, 32, 33, 64, 65, 127, 128, 129, 255, 256, 257, 300]
 
 
 def varlen_oracle(q, k, v, cu, is_causal, scale):
@@ -303,6 +304,21 @@ def test_varlen_attention_rows_independent_of_the_batch_and_threads(rng, dtype):
         for others, threads in (([300, 30], 1), ([129], 2), ([300, 7, 129], 16)):
             np.testing.assert_array_equal(rows_of(target, others, threads), base,
                                           err_msg=f"length {target} next to {others}, {threads} threads")
+
+
+@pytest.mark.parametrize("path", ["flash", "reference"])
+def test_varlen_attention_nan_stays_in_its_sequence(rng, path):
+    """A NaN in one key makes every row of its sequence NaN (as torch) and no row of the others."""
+    lengths = [20, 9, 140]
+    cu = np.concatenate([[0], np.cumsum(lengths)])
+    q, k, v = (randn(rng, (int(cu[-1]), 2, 8), np.float32) for _ in range(3))
+    for n in range(len(lengths)):
+        bad = k.copy()
+        bad[cu[n] + 3, 1, 5] = np.nan
+        out = tc.functional.varlen_attention(q, bad, v, cu, path=path)
+        for m, (a, b) in enumerate(zip(cu[:-1], cu[1:])):
+            assert np.all(np.isnan(out[a:b, 1])) if m == n else np.all(np.isfinite(out[a:b])), (n, m)
+        assert np.all(np.isfinite(out[cu[n]:cu[n + 1], 0]))
 
 
 @pytest.mark.parametrize("cu,err,match", [

@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include <xsimd/xsimd.hpp>
+
 namespace transformer_core::kernels::fast_math {
 
 // ---- exp(x) for x ≤ 0, vectorisable ------------------------------------------------------------
@@ -37,6 +39,30 @@ inline float exp_nonpos(float x) {
   std::memcpy(&s, &sb, sizeof s);
   const float y = p * s;
   return under ? 0.0f : y;
+}
+
+// The same for a SIMD register of floats (xsimd), for kernels that hold their values in registers
+// (the short-sequence softmax, flash_attention.hpp): the steps above, lane by lane, each multiply-add
+// one FMA.
+inline xsimd::batch<float> exp_nonpos(const xsimd::batch<float>& x) {
+  using B = xsimd::batch<float>;
+  using I = xsimd::batch<int32_t>;
+  const auto under = x < B(-87.0f);
+  const B xc = xsimd::select(under, B(-87.0f), x);
+  const B shifter(12582912.0f);
+  const B kd = xsimd::fma(xc, B(1.44269504088896341f), shifter);
+  const B n = kd - shifter;
+  B r = xsimd::fnma(n, B(0.693359375f), xc);
+  r = xsimd::fnma(n, B(-2.12194440e-4f), r);
+  B p(1.9875691500e-4f);
+  p = xsimd::fma(p, r, B(1.3981999507e-3f));
+  p = xsimd::fma(p, r, B(8.3334519073e-3f));
+  p = xsimd::fma(p, r, B(4.1665795894e-2f));
+  p = xsimd::fma(p, r, B(1.6666665459e-1f));
+  p = xsimd::fma(p, r, B(5.0000001201e-1f));
+  p = xsimd::fma(p * r, r, r) + B(1.0f);
+  const I sb = (xsimd::bitwise_cast<I>(kd) << 23) + I(127 << 23);
+  return xsimd::select(under, B(0.0f), p * xsimd::bitwise_cast<B>(sb));
 }
 
 inline double exp_nonpos(double x) {
