@@ -114,6 +114,22 @@ inline float erf_approx(float x) {
   return std::copysign(y, x);
 }
 
+// The same for a register of floats, each multiply-add one FMA (the GELU of the linear layers'
+// epilogue, elementwise.hpp).
+inline xsimd::batch<float> erf_approx(const xsimd::batch<float>& x) {
+  using B = xsimd::batch<float>;
+  const B ax = xsimd::abs(x);
+  const B t = B(1.0f) / xsimd::fma(B(0.3275911f), ax, B(1.0f));
+  B poly(1.061405429f);
+  poly = xsimd::fma(poly, t, B(-1.453152027f));
+  poly = xsimd::fma(poly, t, B(1.421413741f));
+  poly = xsimd::fma(poly, t, B(-0.284496736f));
+  poly = xsimd::fma(poly, t, B(0.254829592f));
+  poly = poly * t;
+  const B y = xsimd::fnma(poly, exp_nonpos(-(ax * ax)), B(1.0f));
+  return xsimd::copysign(y, x);
+}
+
 // tanh(x) for float (Cephes' tanhf, Moshier 1992): for |x| < 0.625 an odd minimax polynomial,
 //   tanh(x) = x + x³ P(x²);
 // above, from e = exp(-2|x|) ∈ (0, 0.29]:  tanh|x| = (1 − e) / (1 + e), no cancellation there.
