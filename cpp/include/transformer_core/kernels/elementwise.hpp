@@ -11,6 +11,7 @@
 #include <xsimd/xsimd.hpp>
 
 #include "transformer_core/kernels/fast_math.hpp"
+#include "transformer_core/kernels/simd.hpp"
 
 namespace transformer_core::kernels {
 
@@ -132,7 +133,7 @@ inline void centered_sums(const float* x, int64_t n, double mu, double* sum, dou
     for (int64_t r = 0; r < R; ++r) {
       const DoubleLanes d = DoubleLanes::load_unaligned(x + j + r * kDoubleLanes) - m;
       s1[r] += d;
-      s2[r] = xsimd::fma(d, d, s2[r]);
+      s2[r] = simd::fma(d, d, s2[r]);
     }
   alignas(64) double l1[kFloatSumLanes], l2[kFloatSumLanes];
   for (int64_t r = 0; r < R; ++r) s1[r].store_aligned(l1 + r * kDoubleLanes), s2[r].store_aligned(l2 + r * kDoubleLanes);

@@ -8,6 +8,8 @@
 
 #include <xsimd/xsimd.hpp>
 
+#include "transformer_core/kernels/simd.hpp"
+
 namespace transformer_core::kernels::fast_math {
 
 // ---- exp(x) for x ≤ 0, vectorisable ------------------------------------------------------------
@@ -50,17 +52,17 @@ inline xsimd::batch<float> exp_nonpos(const xsimd::batch<float>& x) {
   const auto under = x < B(-87.0f);
   const B xc = xsimd::select(under, B(-87.0f), x);
   const B shifter(12582912.0f);
-  const B kd = xsimd::fma(xc, B(1.44269504088896341f), shifter);
+  const B kd = simd::fma(xc, B(1.44269504088896341f), shifter);
   const B n = kd - shifter;
-  B r = xsimd::fnma(n, B(0.693359375f), xc);
-  r = xsimd::fnma(n, B(-2.12194440e-4f), r);
+  B r = simd::fnma(n, B(0.693359375f), xc);
+  r = simd::fnma(n, B(-2.12194440e-4f), r);
   B p(1.9875691500e-4f);
-  p = xsimd::fma(p, r, B(1.3981999507e-3f));
-  p = xsimd::fma(p, r, B(8.3334519073e-3f));
-  p = xsimd::fma(p, r, B(4.1665795894e-2f));
-  p = xsimd::fma(p, r, B(1.6666665459e-1f));
-  p = xsimd::fma(p, r, B(5.0000001201e-1f));
-  p = xsimd::fma(p * r, r, r) + B(1.0f);
+  p = simd::fma(p, r, B(1.3981999507e-3f));
+  p = simd::fma(p, r, B(8.3334519073e-3f));
+  p = simd::fma(p, r, B(4.1665795894e-2f));
+  p = simd::fma(p, r, B(1.6666665459e-1f));
+  p = simd::fma(p, r, B(5.0000001201e-1f));
+  p = simd::fma(p * r, r, r) + B(1.0f);
   const I sb = (xsimd::bitwise_cast<I>(kd) << 23) + I(127 << 23);
   return xsimd::select(under, B(0.0f), p * xsimd::bitwise_cast<B>(sb));
 }
@@ -119,14 +121,14 @@ inline float erf_approx(float x) {
 inline xsimd::batch<float> erf_approx(const xsimd::batch<float>& x) {
   using B = xsimd::batch<float>;
   const B ax = xsimd::abs(x);
-  const B t = B(1.0f) / xsimd::fma(B(0.3275911f), ax, B(1.0f));
+  const B t = B(1.0f) / simd::fma(B(0.3275911f), ax, B(1.0f));
   B poly(1.061405429f);
-  poly = xsimd::fma(poly, t, B(-1.453152027f));
-  poly = xsimd::fma(poly, t, B(1.421413741f));
-  poly = xsimd::fma(poly, t, B(-0.284496736f));
-  poly = xsimd::fma(poly, t, B(0.254829592f));
+  poly = simd::fma(poly, t, B(-1.453152027f));
+  poly = simd::fma(poly, t, B(1.421413741f));
+  poly = simd::fma(poly, t, B(-0.284496736f));
+  poly = simd::fma(poly, t, B(0.254829592f));
   poly = poly * t;
-  const B y = xsimd::fnma(poly, exp_nonpos(-(ax * ax)), B(1.0f));
+  const B y = simd::fnma(poly, exp_nonpos(-(ax * ax)), B(1.0f));
   return xsimd::copysign(y, x);
 }
 

@@ -26,6 +26,8 @@
 #include <cmath>
 #include <cstdint>
 
+#include "transformer_core/kernels/simd.hpp"
+
 namespace transformer_core::kernels {
 
 namespace gemv_detail {
@@ -73,7 +75,7 @@ inline void row_times_transposed(int64_t n, int64_t k, const float* x, const flo
     for (int64_t c = 0; c < W; ++c) acc[c] = Batch(0.f);
     for (int64_t p = 0; p < k_vec; p += W) {
       const Batch xv = Batch::load_unaligned(x + p);
-      for (int64_t c = 0; c < W; ++c) acc[c] = xsimd::fma(xv, Batch::load_unaligned(rows[c] + p), acc[c]);
+      for (int64_t c = 0; c < W; ++c) acc[c] = simd::fma(xv, Batch::load_unaligned(rows[c] + p), acc[c]);
     }
     alignas(64) float sums[W];
     gemv_detail::sum_lanes(acc).store_aligned(sums);
@@ -99,13 +101,13 @@ inline void row_times(int64_t n, int64_t k, const float* x, const float* b, int6
     for (int64_t p = 0; p < k; ++p) {
       const Batch xp(x[p]);
       const float* row = b + p * ldb + j;
-      for (int64_t c = 0; c < kChains; ++c) acc[c] = xsimd::fma(xp, Batch::load_unaligned(row + c * W), acc[c]);
+      for (int64_t c = 0; c < kChains; ++c) acc[c] = simd::fma(xp, Batch::load_unaligned(row + c * W), acc[c]);
     }
     for (int64_t c = 0; c < kChains; ++c) store(j + c * W, acc[c]);
   }
   for (; j + W <= n; j += W) {
     Batch acc(0.f);
-    for (int64_t p = 0; p < k; ++p) acc = xsimd::fma(Batch(x[p]), Batch::load_unaligned(b + p * ldb + j), acc);
+    for (int64_t p = 0; p < k; ++p) acc = simd::fma(Batch(x[p]), Batch::load_unaligned(b + p * ldb + j), acc);
     store(j, acc);
   }
   for (; j < n; ++j) {

@@ -16,6 +16,8 @@
 
 #include <cstdint>
 
+#include "transformer_core/kernels/simd.hpp"
+
 namespace transformer_core::kernels {
 
 // Up to this many rows stream w (MiniLM on one sentence: 9 rows took 3.8 ms packed, 2.0 ms here;
@@ -50,7 +52,7 @@ inline void dot_block(const T* x, int64_t k, const T* const* wr, int64_t cols_of
     for (int r = 0; r < RX; ++r) {
       const Batch xv = xsimd::load_unaligned(x + r * k + kk);
       #pragma GCC unroll 4
-      for (int c = 0; c < RW; ++c) acc[r][c] = xsimd::fma(xv, wv[c], acc[r][c]);
+      for (int c = 0; c < RW; ++c) acc[r][c] = simd::fma(xv, wv[c], acc[r][c]);
     }
   }
   for (int r = 0; r < RX; ++r) {
