@@ -824,24 +824,28 @@ void attention_flash_varlen(const AttentionArgs<T>& a, const int64_t* starts) {
     if (a.head_dim >= 1 && a.head_dim <= kGemmOnThreadDepth && a.v_head_dim <= kGemmOnThreadDepth)
       kern = sgemm::active();
   }
-  const int threads = std::max(1, get_num_threads());
-  const int64_t short_size = kern != nullptr ? pad64<float>(short_scratch_floats(a.head_dim, a.v_head_dim)) : 0;
-  AlignedVector<T> short_buf(size_t(short_size * threads));
   // first_task[n]: the tasks of the sequences before n (each: H · ⌈len / Br⌉ query blocks)
   std::vector<int64_t> first_task(static_cast<size_t>(N + 1), 0);
   double flops = 0;
+  bool any_short = false;
   for (int64_t n = 0; n < N; ++n) {
     const int64_t len = starts[n + 1] - starts[n];
     first_task[n + 1] = first_task[n] + H * ((len + p.block_rows - 1) / p.block_rows);
     flops += 2.0 * double(H) * double(len) * double(len) * double(a.head_dim + a.v_head_dim);
+    any_short = any_short || (len > 0 && len <= kShortLen);
   }
+  const int threads = std::max(1, get_num_threads());
+  const int64_t short_size =
+      kern != nullptr && any_short ? pad64<float>(short_scratch_floats(a.head_dim, a.v_head_dim)) : 0;
+  AlignedVector<T> short_buf(size_t(short_size * threads));
   ThreadTiles<T> tiles(p, a.v_head_dim, threads);
   run_tasks(flops < kInlineFlops, first_task[N], [&](int64_t t, int tid) {
     const int64_t n = std::upper_bound(first_task.begin(), first_task.end(), t) - first_task.begin() - 1;
     const AttentionArgs<T> s = varlen_sequence(a, starts, n);
     const int64_t len = s.q_len;
     if constexpr (std::is_same_v<T, float>) {
-      if (kern != nullptr && len <= kShortLen) return short_head(s, t - first_task[n], *kern, short_buf.data() + tid * short_size);
+      if (short_size > 0 && len <= kShortLen)
+        return short_head(s, t - first_task[n], *kern, short_buf.data() + tid * short_size);
     }
     const int64_t blocks = (len + p.block_rows - 1) / p.block_rows, local = t - first_task[n];
     const int64_t l0 = (local % blocks) * p.block_rows;
