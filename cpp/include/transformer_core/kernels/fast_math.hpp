@@ -1,5 +1,7 @@
 // Vectorisable elementary functions for the hot loops: plain arithmetic, selects and memcpy, so
 // that GCC -O3 vectorises the loops that call them (std::exp / std::erf are calls it cannot).
+// exp and erf also come for an xsimd register of floats, with the same polynomials and their FMAs
+// written out, for kernels that hold their values in registers.
 #pragma once
 
 #include <cmath>
