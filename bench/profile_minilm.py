@@ -11,8 +11,9 @@ them (sorted by length, batch 32):
 * tokenization (``Tokenizer.encode_batch``), mean pooling and the order/normalisation (Python);
 * the model's forward (``BertModel.forward``, one C++ call per batch);
 * inside the forward, each op replayed alone through ``transformer_core.functional`` on the
-  shapes that batch gives it (packed rows = real tokens only; attention on the padded
-  ``(N, 12, L, 32)`` heads with the key mask): the embeddings, the QKV / out-proj / FFN linear
+  shapes that batch gives it (packed rows = real tokens only; attention over each sentence's own
+  rows of one packed qkv array, ``functional.varlen_attention``, as the layer runs it): the
+  embeddings, the QKV / out-proj / FFN linear
   products (FFN1 with its GELU, which the layer fuses into the product's tiles; GELU alone is
   also timed, to show its share), attention, the two residual + LayerNorms. The replayed ops
   pay a Python call each (~5-20 µs) which the C++ forward does not; the difference between the
@@ -93,14 +94,16 @@ def main(argv=None) -> int:
         T = int(mask.sum())
         x = rng.standard_normal((T, H), dtype=np.float32)
         x_f = rng.standard_normal((T, 4 * H), dtype=np.float32)
-        qkv = rng.standard_normal((N, heads, L, D), dtype=np.float32)
-        per_batch.append(dict(mask=mask, N=N, L=L, T=T, x=x, x_f=x_f, q=qkv, k=qkv.copy(), v=qkv.copy()))
+        qkv = rng.standard_normal((T, 3 * H), dtype=np.float32)  # the layer's packed projections
+        q, k, v = (qkv[:, i * H:(i + 1) * H].reshape(T, heads, D) for i in range(3))
+        cu = np.concatenate([[0], np.cumsum(mask.sum(axis=1))]).astype(np.int64)
+        per_batch.append(dict(mask=mask, N=N, L=L, T=T, x=x, x_f=x_f, q=q, k=k, v=v, cu=cu))
 
     layers = cfg.num_hidden_layers
     ops = {
         "QKV linear (T×384 → 1152)": lambda b: F.linear(b["x"], w_qkv, b_qkv),
-        "attention (N, 12, L, 32), key mask": lambda b: F.scaled_dot_product_attention(
-            b["q"], b["k"], b["v"], key_mask=b["mask"][:, None, :]),
+        "attention over each sentence's tokens (T, 12, 32)": lambda b: F.varlen_attention(
+            b["q"], b["k"], b["v"], b["cu"]),
         "out-proj linear (384 → 384)": lambda b: F.linear(b["x"], w_o, b_o),
         "residual + LayerNorm (×2)": lambda b: (F.layer_norm(b["x"] + b["x"], ln_w, ln_b, 1e-12),
                                                 F.layer_norm(b["x"] + b["x"], ln_w, ln_b, 1e-12)),
@@ -157,7 +160,8 @@ def main(argv=None) -> int:
     print(f"| encode − forward − tokenization − pooling (Python: sort, batching, copies) | {rest:.1f} | "
           f"{100 * rest / total:.0f}% |")
     gflop = sum(2 * b["T"] * H * (3 * H + H + 8 * H) for b in per_batch) * layers / 1e9
-    gflop_attn = sum(4 * b["N"] * heads * b["L"] ** 2 * D for b in per_batch) * layers / 1e9
+    lengths = [np.diff(b["cu"]) for b in per_batch]  # each sentence attends over its own tokens
+    gflop_attn = sum(4 * heads * D * float((n.astype(np.float64) ** 2).sum()) for n in lengths) * layers / 1e9
     print()
     print(f"- linear GFLOP per encode {gflop:.2f} (attention {gflop_attn:.2f}); "
           f"the forward runs at {(gflop + gflop_attn) / fwd * 1e3:.0f} GFLOP/s; "
