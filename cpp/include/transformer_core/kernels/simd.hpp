@@ -27,14 +27,10 @@ inline xsimd::batch<T, A> fma(const xsimd::batch<T, A>& x, const xsimd::batch<T,
   return xsimd::fma(x, y, z);
 }
 
-// z − x · y
+// z − x · y  (the same single rounding as fma: −x · y is exact)
 template <class T, class A>
 inline xsimd::batch<T, A> fnma(const xsimd::batch<T, A>& x, const xsimd::batch<T, A>& y, const xsimd::batch<T, A>& z) {
-#if defined(__AVX512F__)
-  if constexpr (sizeof(xsimd::batch<T, A>) == 64 && std::is_same_v<T, float>) return _mm512_fnmadd_ps(x, y, z);
-  if constexpr (sizeof(xsimd::batch<T, A>) == 64 && std::is_same_v<T, double>) return _mm512_fnmadd_pd(x, y, z);
-#endif
-  return xsimd::fnma(x, y, z);
+  return simd::fma(-x, y, z);
 }
 
 }  // namespace transformer_core::kernels::simd
