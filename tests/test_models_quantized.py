@@ -42,8 +42,15 @@ class Int8Linear(torch.nn.Module):
         self.qw, self.sw = _quantize_rows(weight.detach().float())
         self.bias = None if bias is None else bias.detach().float()
 
+    # A torch.Generator, or None: when set, every activation is first multiplied by 1 + u with
+    # |u| < 2e-7 (one or two ulp), to find where the reference itself flips (below).
+    jitter = None
+
     def forward(self, x):
-        qx, sx = _quantize_rows(x.float())
+        x = x.float()
+        if Int8Linear.jitter is not None:
+            x = x * (1 + 2e-7 * (2 * torch.rand(x.shape, generator=Int8Linear.jitter) - 1))
+        qx, sx = _quantize_rows(x)
         acc = (qx @ self.qw.T).float()                     # exact: |acc| < 2**24 · ... kept in float64
         y = acc * (sx * self.sw.reshape(1, -1))
         return y if self.bias is None else y + self.bias
@@ -63,20 +70,41 @@ def _int8_reference(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
-def _assert_close_up_to_rounding_flips(actual, ref, atol, max_positions=1, flip_bound=0.05):
-    """Logits [N, L, V] within atol of the int8 emulation, except at most ``max_positions``
-    positions, which stay within ``flip_bound``.
+def _reference_flips(ref_model, ids, ref, trials=16):
+    """Per position [N, L]: how far the reference's own logits move when its activations move by one
+    or two ulp (Int8Linear.jitter), the largest over ``trials`` draws.
 
-    Activations are rounded to int8 per row; an fp32 input that differs from torch's in its last
-    bit (our GELU-tanh is a polynomial within 2e-7 of tanh, our GEMM sums in its own order) can
-    round to the neighbouring integer when it lies on a .5 boundary. That moves every logit of its
-    position by up to one quantization step times a weight column (~1e-2 here), while a wrong
-    kernel moves every position.
+    Activations are rounded to int8 per row; an fp32 value that lies within an ulp of a .5 boundary
+    rounds to the neighbouring integer when it moves by that ulp, and ours differs from torch's in
+    the last bits (our GELU-tanh is a polynomial within 2e-7 of tanh, our GEMM sums in its own
+    order). One flip moves every logit of its position by up to one quantization step times a
+    weight column, and, through causal attention, the later positions a little, which can flip
+    them too in the next layer. Such positions are where the reference is not a sharp answer.
+    """
+    spread = np.zeros(ref.shape[:-1])
+    try:
+        for seed in range(trials):
+            Int8Linear.jitter = torch.Generator().manual_seed(seed)
+            with torch.no_grad():
+                moved = ref_model(torch.from_numpy(ids)).logits.numpy()
+            spread = np.maximum(spread, np.abs(moved.astype(np.float64) - ref).max(axis=-1))
+    finally:
+        Int8Linear.jitter = None
+    return spread
+
+
+def _assert_close_up_to_rounding_flips(actual, ref, spread, atol):
+    """Logits [N, L, V] within atol of the int8 emulation, except at the positions where the
+    reference's own logits move beyond atol under one or two ulp of jitter (``spread``, from
+    _reference_flips), which must stay within twice the largest such move. Those positions are at
+    most half of all, so a wrong kernel, which moves every position, fails.
     """
     err = np.abs(np.asarray(actual, np.float64) - ref).max(axis=-1)  # [N, L]
-    off = err > atol
-    assert off.sum() <= max_positions, f"{off.sum()} positions beyond {atol}: max errors {np.sort(err.ravel())[-4:]}"
-    assert err.max() < flip_bound, f"max error {err.max():.3g} is more than one rounding flip"
+    sensitive = spread > atol
+    assert sensitive.sum() <= sensitive.size // 2, f"{sensitive.sum()} positions flip in the reference itself"
+    assert err[~sensitive].max() <= atol, f"max error {err[~sensitive].max():.3g} where the reference is sharp"
+    bound = 2 * spread.max()
+    assert err.max() <= max(atol, bound), f"max error {err.max():.3g} is more than the reference's flips ({bound:.3g})"
 
 
 def _ids(seed, shape, vocab):
@@ -150,7 +178,7 @@ def test_quantize_gpt2_int8(tmp_path_factory):
     with torch.no_grad():
         ref = ref_model(torch.from_numpy(ids)).logits.numpy()
     logits = ours8(ids).logits
-    _assert_close_up_to_rounding_flips(logits, ref, atol=2e-3)
+    _assert_close_up_to_rounding_flips(logits, ref, _reference_flips(ref_model, ids, ref), atol=2e-3)
     # decoding with the KV cache gives the prefill's logits, and greedy tokens the reference's
     out = ours8.generate(ids[:1], max_new_tokens=8, eos_token_id=[])
     seq = torch.from_numpy(ids[:1])
