@@ -4,10 +4,12 @@
 //
 //   1. pack B once per call into column panels of kPanel = 32 columns:
 //        panel q holds B[p, 32q + t] at packed[q·32·k + 32p + t]      (zero beyond the last column)
-//      so the micro-kernel reads one panel row (32 floats) per step of p, from consecutive addresses;
+//      so the micro-kernel reads one panel row (32 floats) per step of p, from consecutive addresses
+//      (AVX2 packs 16-column panels into the same space, column j still at packed + j·k for j a
+//      multiple of 16: its kernel covers 16 columns; sgemm_avx2.cpp);
 //   2. a micro-kernel keeps an MR × 32 block of C in registers (AVX-512: 12 rows × 2 zmm = 24
-//      accumulators; AVX2: 6 rows × 2 ymm of a half panel = 12), and for each p broadcasts A[i, p]
-//      of its MR rows and adds A[i, p] · B[p, 32q : 32q + 32] with one FMA per register.
+//      accumulators; AVX2: 6 rows × 2 ymm of a 16-column panel = 12), and for each p broadcasts
+//      A[i, p] of its MR rows and adds A[i, p] · B[p, panel's columns] with one FMA per register.
 //
 // Why not BLAS here: BLAS packs B on every call, and our calls are fixed tiles of the output (so
 // that results do not depend on the thread count): the weights were packed again for every
