@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import platform
 import statistics
 import sys
 import time
@@ -32,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
+from run import cpu_name  # noqa: E402
 
 
 def timed(fn, repeats: int) -> list[float]:
@@ -50,17 +50,6 @@ def interleave(ours, theirs, repeats: int) -> tuple[float, float]:
         a += timed(ours, 1)
         b += timed(theirs, 1)
     return statistics.median(a), statistics.median(b)
-
-
-def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def bench_attention(B, torch, repeats: int):

@@ -308,9 +308,10 @@ def main(argv=None) -> int:
 
 
 def table(results: dict[str, list[dict]], shapes: list[int]) -> list[str]:
+    from run import cpu_name
+
     names = [n for n in results if results[n]]
-    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                if ln.startswith("model name")), "?")
+    cpu = cpu_name()
     busy = any(max(x["load_start"], x["load_end"]) >= QUIET for r in results.values() for x in r)
     basis = "thread CPU time (the machine was busy)" if busy else "wall clock (quiet machine)"
     lines = [f"# sgemm GFLOP/s, one thread (two threads at once in brackets), best of rounds: {cpu}", "",

@@ -40,22 +40,18 @@ BENCH_DIR = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != BENCH_DIR]
 
 
+def _bench_run():
+    """bench/run.py, loaded by path once."""
+    if "bench_run" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("bench_run", BENCH_DIR / "run.py")
+        module = sys.modules["bench_run"] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    return sys.modules["bench_run"]
+
+
 def load_sentences(n: int) -> list[str]:
     """bench/run.py's MiniLM sentences (the base list, then pairs of them)."""
-    spec = importlib.util.spec_from_file_location("bench_run", BENCH_DIR / "run.py")
-    module = sys.modules["bench_run"] = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.load_sentences(n)
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
+    return _bench_run().load_sentences(n)
 
 
 class Timer:
@@ -137,7 +133,7 @@ def main(argv=None) -> int:
 
     base = next((r for _, _, r in [(n, w, r) for n, w, r in rows if n.startswith("Dask, 1 worker ")]), None)
     print(f"# corpus embedding: {args.sentences} sentences, chunks of {args.chunk_size}, {args.model}")
-    print(f"# {_cpu_name()}, {cores} cores, load average {os.getloadavg()[0]:.2f} at the end; "
+    print(f"# {_bench_run().cpu_name()}, {cores} cores, load average {os.getloadavg()[0]:.2f} at the end; "
           f"transformer_core {tc.__version__}, Python {platform.python_version()}")
     print(f"# outputs agree: max |difference| between runs {max_diff:.2e}")
     print(f"| {'run':<30} | {'wall s':>7} | {'sentences/s':>11} | {'vs 1 worker':>11} |")

@@ -389,10 +389,9 @@ def main(argv=None) -> int:
     res = run_engines(engines, threads=args.threads, n=args.sentences, rounds=args.rounds, repeats=args.repeats,
                       latency_calls=args.latency_calls, quiet_load=args.quiet_load, max_wait=args.max_wait,
                       log=lambda s: print(s, file=sys.stderr, flush=True))
-    from run import cpu_isa
+    from run import cpu_isa, cpu_name
 
-    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                if ln.startswith("model name")), "?")
+    cpu = cpu_name()
     print(f"# all-MiniLM-L6-v2, {args.sentences} sentences, batch 32, {args.threads} threads, each engine in its "
           f"own process: {cpu}, {os.cpu_count()} CPUs, {cpu_isa()}; load now {os.getloadavg()[0]:.2f}")
     ref = res.get("torch", {})

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from run import cpu_isa, load_average  # noqa: E402
+from run import cpu_isa, cpu_name, load_average  # noqa: E402
 
 SHAPES = [  # (label, rows, in_features, out_features)
     ("MiniLM QKV", 900, 384, 1152),
@@ -64,8 +64,7 @@ def main(argv=None) -> int:
     from transformer_core import functional, quantization
 
     isas = [i for i in quantization.supported_isas() if i != "scalar"]  # scalar runs the AVX2 kernels
-    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                if ln.startswith("model name")), "unknown CPU")
+    cpu = cpu_name()
     print(f"# fp32 linear: ours ({', '.join(isas)}) vs torch {torch.__version__}, GFLOP/s")
     print(f"\n{cpu}, {cpu_isa()}; load average at start {load_average()}\n")
     print("| shape | rows × in × out | threads | " + " | ".join(f"ours {i}" for i in isas) + " | torch | ours/torch |")

@@ -96,10 +96,9 @@ def main(argv=None) -> int:
             b = best.setdefault(s, res)
             for t in ("1", "2", "cpu1", "cpu2"):
                 b[t] = min(b[t], res[t])
-    from pathlib import Path
+    from run import cpu_name
 
-    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                if ln.startswith("model name")), "?")
+    cpu = cpu_name()
     print(f"# ours, SDPA {SHAPE}, best of {args.rounds} rounds: {cpu}; load {min(loads):.2f}-{max(loads):.2f}"
           f"{' (BUSY: noisy)' if max(loads) >= 1.5 else ''}")
     print()

@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from run import load_sentences  # noqa: E402
+from run import cpu_name, load_sentences  # noqa: E402
 
 
 def median_ms(fn, repeats: int) -> float:
@@ -133,8 +133,7 @@ def main(argv=None) -> int:
 
     tokens = sum(b["T"] for b in per_batch)
     padded = sum(b["N"] * b["L"] for b in per_batch)
-    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                if ln.startswith("model name")), "?")
+    cpu = cpu_name()
     total = res_stage["encode() total"]
     fwd = res_stage["model forward (C++)"]
     print(f"# MiniLM-L6 encode profile: {len(sentences)} sentences, batch {args.batch}, {args.threads} threads")

@@ -773,12 +773,49 @@ def cpu_isa() -> str:
     return "SSE only"
 
 
+# Microarchitectures by vendor, family and model range, for VMs whose "model name" says only "AMD
+# EPYC" or "Intel Xeon Processor" (AMD's Processor Programming References, Intel's SDM vol. 4).
+_MICROARCHITECTURES = [
+    ("AuthenticAMD", 0x17, 0x00, 0x2F, "Zen / Zen+"),
+    ("AuthenticAMD", 0x17, 0x30, 0xFF, "Zen 2"),
+    ("AuthenticAMD", 0x19, 0x00, 0x0F, "Zen 3"),
+    ("AuthenticAMD", 0x19, 0x10, 0x1F, "Zen 4"),
+    ("AuthenticAMD", 0x19, 0x20, 0x5F, "Zen 3"),
+    ("AuthenticAMD", 0x19, 0x60, 0xAF, "Zen 4"),
+    ("AuthenticAMD", 0x1A, 0x00, 0xFF, "Zen 5"),
+    ("GenuineIntel", 6, 0x55, 0x55, "Skylake-SP / Cascade Lake"),
+    ("GenuineIntel", 6, 0x6A, 0x6C, "Ice Lake-SP"),
+    ("GenuineIntel", 6, 0x8F, 0x8F, "Sapphire Rapids"),
+    ("GenuineIntel", 6, 0xAD, 0xAE, "Granite Rapids"),
+    ("GenuineIntel", 6, 0xCF, 0xCF, "Emerald Rapids"),
+]
+
+
+def cpu_name() -> str:
+    """The CPU as /proc/cpuinfo names it, with its family and model and, where the table above
+    knows them, its microarchitecture: "AMD EPYC (Zen 3: family 25, model 1)"."""
+    fields: dict[str, str] = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if not line.strip():
+                break  # the first CPU's block is enough
+            key, _, value = line.partition(":")
+            fields.setdefault(key.strip(), value.strip())
+    except OSError:
+        pass
+    name = fields.get("model name") or platform.processor() or "unknown CPU"
+    try:
+        family, model = int(fields["cpu family"]), int(fields["model"])
+    except (KeyError, ValueError):
+        return name
+    arch = next((a for vendor, fam, lo, hi, a in _MICROARCHITECTURES
+                 if vendor == fields.get("vendor_id") and fam == family and lo <= model <= hi), None)
+    return f"{name} ({arch + ': ' if arch else ''}family {family}, model {model})"
+
+
 def machine_lines(b: Bench, elapsed_s: float, load_before: str, load_after: str) -> list[str]:
     busy = max(_as_float(load_before), _as_float(load_after)) > (os.cpu_count() or 1) + 0.5
-    cpuinfo = Path("/proc/cpuinfo")
-    cpuinfo = cpuinfo.read_text().splitlines() if cpuinfo.exists() else []
-    cpu = next((line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")),
-               platform.processor())
+    cpu = cpu_name()
     title = f"transformer_core benchmarks ({datetime.now():%Y-%m-%d %H:%M}"
     title += ", --quick)" if b.quick else ")"
     return [

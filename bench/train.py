@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import re
 import statistics
 import subprocess
@@ -37,6 +36,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from run import cpu_name
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -44,16 +44,6 @@ ROOT = Path(__file__).resolve().parents[1]
 def _status_kib(field: str) -> int:
     m = re.search(rf"^{field}:\s+(\d+) kB", Path("/proc/self/status").read_text(), re.M)
     return int(m.group(1)) if m else 0
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def run_side(side: str, args) -> None:
