@@ -24,6 +24,13 @@ the accuracy columns, and prints one JSON line. :func:`run_engines` runs the wor
 
 Model files for the peers (the ONNX export, the CTranslate2 conversion) are made once, in their own
 process, under ``bench/results/models/``.
+
+``--max-isa avx2`` caps the engines' matrix products at AVX2 on a CPU that has AVX-512, to stand in
+for an AVX2-only machine (``MAX_ISA_ENV``): ours through ``TC_ISA``, CTranslate2's oneDNN through
+``ONEDNN_MAX_CPU_ISA``, torch through ``ATEN_CPU_CAPABILITY``, ``ONEDNN_MAX_CPU_ISA`` and
+``MKL_ENABLE_INSTRUCTIONS``. ONNX Runtime has no such switch and keeps its own choice. The rest of
+our core is compiled for the building machine (``-march=native``): build it with ``-DTC_NATIVE=OFF
+-DCMAKE_CXX_FLAGS=-march=znver3`` (say) to take the AVX2 machine's code there too.
 """
 
 from __future__ import annotations
@@ -54,6 +61,14 @@ ENGINES = {
     "ctranslate2": ("CTranslate2", "ctranslate2"),
     "onnxruntime-int8": ("ONNX Runtime, dynamic int8", "onnxruntime"),
     "ctranslate2-int8": ("CTranslate2, int8", "ctranslate2"),
+}
+
+
+# --max-isa: environment variables that cap each engine's kernels at an ISA (see the module docstring).
+MAX_ISA_ENV = {
+    "native": {},
+    "avx2": {"TC_ISA": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2",
+             "MKL_ENABLE_INSTRUCTIONS": "AVX2"},
 }
 
 
@@ -371,6 +386,8 @@ def main(argv=None) -> int:
     p.add_argument("--latency-calls", type=int, default=200)
     p.add_argument("--quiet-load", type=float, default=1.5)
     p.add_argument("--max-wait", type=float, default=1800)
+    p.add_argument("--max-isa", choices=sorted(MAX_ISA_ENV), default="native",
+                   help="cap the engines' matrix products at this ISA (avx2: stand in for an AVX2-only CPU)")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--prepare", help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
@@ -388,12 +405,16 @@ def main(argv=None) -> int:
     sys.path.insert(0, str(BENCH_DIR))
     res = run_engines(engines, threads=args.threads, n=args.sentences, rounds=args.rounds, repeats=args.repeats,
                       latency_calls=args.latency_calls, quiet_load=args.quiet_load, max_wait=args.max_wait,
+                      env={**os.environ, **MAX_ISA_ENV[args.max_isa]},
                       log=lambda s: print(s, file=sys.stderr, flush=True))
     from run import cpu_isa, cpu_name
 
     cpu = cpu_name()
     print(f"# all-MiniLM-L6-v2, {args.sentences} sentences, batch 32, {args.threads} threads, each engine in its "
-          f"own process: {cpu}, {os.cpu_count()} CPUs, {cpu_isa()}; load now {os.getloadavg()[0]:.2f}")
+          f"own process: {cpu}, {os.cpu_count()} CPUs, {cpu_isa()}"
+          + (f", products capped at {args.max_isa} ({' '.join(f'{k}={v}' for k, v in MAX_ISA_ENV[args.max_isa].items())})"
+             if args.max_isa != "native" else "")
+          + f"; load now {os.getloadavg()[0]:.2f}")
     ref = res.get("torch", {})
     for e, r in res.items():
         if "na" in r:
