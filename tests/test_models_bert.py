@@ -161,6 +161,27 @@ def test_small_random_bert(small_hf, small_inputs):
     check_outputs(ours(ids), ref_h, ref_p, np.ones_like(am), atol=1e-5)
 
 
+def test_from_pretrained_draws_no_random_weights(small_hf, small_inputs, monkeypatch):
+    """from_pretrained loads every weight (a missing one raises), so it builds the model without the
+    random init (MiniLM: 0.7 -> 0.14 s): the same outputs, bit for bit, as a model initialised at
+    random and then loaded."""
+    path, _ = small_hf
+    ids, am, tt = small_inputs
+
+    def no_draw(*args, **kwargs):
+        raise AssertionError("from_pretrained drew random weights")
+
+    with monkeypatch.context() as m:
+        m.setattr(np.random, "default_rng", no_draw)
+        loaded = tc.BertModel.from_pretrained(str(path))
+    initialised = tc.BertModel(loaded.config)
+    initialised.load_state_dict(loaded.state_dict())
+    a = loaded(ids, attention_mask=am, token_type_ids=tt)
+    b = initialised(ids, attention_mask=am, token_type_ids=tt)
+    np.testing.assert_array_equal(a.last_hidden_state, b.last_hidden_state)
+    np.testing.assert_array_equal(a.pooler_output, b.pooler_output)
+
+
 @pytest.mark.parametrize("N,L", [(1, 1), (7, 7), (2, 64), (3, 9)])
 def test_small_random_bert_shapes(small_hf, N, L):
     path, ref = small_hf

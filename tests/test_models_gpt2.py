@@ -323,6 +323,23 @@ def test_bad_input(gpt2_h4):
         m.generate(_ids(0, (1, 3)), max_new_tokens=2, do_sample=True, top_p=1.5)
 
 
+def test_from_pretrained_draws_no_random_weights(gpt2_h4, monkeypatch):
+    """Every weight comes from the checkpoint, so from_pretrained skips the random init; the logits
+    are those of a model initialised at random and then loaded, bit for bit."""
+    _, path, _ = gpt2_h4
+
+    def no_draw(*args, **kwargs):
+        raise AssertionError("from_pretrained drew random weights")
+
+    with monkeypatch.context() as m:
+        m.setattr(np.random, "default_rng", no_draw)
+        loaded = tc.GPT2LMHeadModel.from_pretrained(path)
+    initialised = tc.GPT2LMHeadModel(loaded.config)
+    initialised.load_state_dict(loaded.state_dict())
+    ids = _ids(3, (2, 9))
+    np.testing.assert_array_equal(loaded(ids).logits, initialised(ids).logits)
+
+
 def test_checkpoint_missing_tensor(gpt2_h4, tmp_path):
     from safetensors.numpy import load_file, save_file
 

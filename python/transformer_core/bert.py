@@ -16,7 +16,7 @@ import numpy as np
 from ._runtime import core as _core
 from ._validation import activation, as_bool, as_float, as_ids, check_config_fields, check_mapping
 from .hub import load_safetensors, read_config, resolve_model_dir
-from .module import Module
+from .module import Module, skip_weight_init
 
 __all__ = ["BertConfig", "BertEmbeddings", "BertModel", "BertOutput"]
 
@@ -160,7 +160,8 @@ class BertModel(Module):
         state = {k: v for k, v in state.items() if not k.startswith("cls.")}
         if not any(k.startswith("pooler.") for k in state):
             config.add_pooling_layer = False
-        model = cls(config, dtype=dtype)
+        with skip_weight_init():  # no random draw: every weight is loaded (a missing one raises)
+            model = cls(config, dtype=dtype)
         model.load_state_dict(state)
         model.name_or_path = str(name_or_path)
         return model

@@ -15,6 +15,7 @@ from ._validation import activation, check_config_fields, check_eps, check_mappi
 from .decoder import CausalLM, CausalLMOutput, DecoderModel
 from .hub import load_safetensors, read_config, resolve_model_dir
 from .kv_cache import KVCache
+from .module import skip_weight_init
 
 __all__ = ["GPT2Config", "GPT2Model", "GPT2LMHeadModel", "KVCache", "CausalLMOutput"]
 
@@ -153,7 +154,9 @@ class GPT2Model(DecoderModel):
             ValueError: a missing, unknown or mis-shaped tensor (listed); an unsupported config.
         """
         model_dir = resolve_model_dir(name_or_path)
-        model = cls(GPT2Config.from_dict(read_config(model_dir)), dtype=dtype)
+        config = GPT2Config.from_dict(read_config(model_dir))
+        with skip_weight_init():  # no random draw: every weight is loaded (a missing one raises)
+            model = cls(config, dtype=dtype)
         model.load_state_dict(load_safetensors(model_dir))
         return model
 
