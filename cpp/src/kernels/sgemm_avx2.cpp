@@ -46,7 +46,7 @@ void pack_b(int64_t k, int64_t cols, const float* b, int64_t rs_b, int64_t cs_b,
   for (int64_t j0 = 0; j0 < cols; j0 += kWidth) {
     const int64_t nc = std::min(kWidth, cols - j0);
     float* panel = packed + j0 * k;
-    if (rs_b == 1) {  // B = wᵀ (a weight [n, k], attention's queries): 8 × 8 blocks of w transposed in
+    if (rs_b == 1) {  // B = wᵀ (a weight [n, k], attention's keys): 8 × 8 blocks of w transposed in
                       // registers; the columns past nc and the depth past k read as zeros
       for (int64_t p = 0; p < k; p += 8) {
         const int64_t depth = std::min<int64_t>(8, k - p);
