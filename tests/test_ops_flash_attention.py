@@ -215,6 +215,51 @@ def test_flash_bitwise_equal_across_thread_counts(rng, case, threads, dtype):
         np.testing.assert_array_equal(lse1, lsen, err_msg=f"{path}: lse, 1 vs {threads} threads")
 
 
+# (L, S, is_causal, varlen): one query row (one key block of 2048), two query blocks against two
+# key blocks (the running max and its rescaling), the causal diagonal, a split-KV merge (S > 1024
+# with few tasks), and the short path of packed sequences (len <= 128, one column per query).
+EXP_CASES = [(1, 300, False, False), (130, 300, False, False), (130, 300, True, False),
+             (3, 2049, False, False), (9, 9, False, True), (100, 100, True, True)]
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("L,S,is_causal,varlen", EXP_CASES,
+                         ids=[f"L{L}-S{S}{'-causal' if c else ''}{'-varlen' if v else ''}" for L, S, c, v in EXP_CASES])
+def test_flash_softmax_to_an_ulp_per_unit_of_exponent(rng, L, S, is_causal, varlen, dtype):
+    """The probabilities themselves, against exact arithmetic. With v = the identity (D_v = S) an
+    output row is its softmax row; q and k hold small integers, so that the products q·kᵀ are exact
+    and the only roundings left are the softmax's. The kernel takes p = 2^(s · scale · log₂e − m)
+    with the exponent in one FMA and 2^f by a degree-6 polynomial: the error of p / max p is about
+    one ulp (eps = 2^-24 or 2^-53) per unit of its exponent or less, and the test allows two,
+    |p / max p - ref| <= 2 eps · (2 + d) · ref with d = -log₂ ref (measured: up to 1.2 ulp per unit;
+    scaling the scores first, as the kernel did before, made it up to 11). The reference is computed
+    in long double (64-bit mantissa on x86). Scores span about 80 units of log₂."""
+    D, scale = 16, 0.3
+    q = rng.integers(-4, 5, (1, 1, L, D)).astype(dtype)
+    k = rng.integers(-4, 5, (1, 1, S, D)).astype(dtype)
+    v = np.eye(S, dtype=dtype)[None, None]
+    if varlen:  # one sequence of L = S tokens, (T, H, E) layout
+        tq, tk, tv = (x[0].transpose(1, 0, 2).copy() for x in (q, k, v))
+        out = tc.functional.varlen_attention(tq, tk, tv, np.array([0, L]), is_causal=is_causal, scale=scale,
+                                             path="flash")[:, 0]
+    else:
+        masks = dict(bool_mask=None, float_mask=None, key_mask=None, is_causal=is_causal, causal_offset=0)
+        out = run(q, k, v, masks, scale, "flash")[0][0, 0]
+    s = (q[0, 0].astype(np.longdouble) @ k[0, 0].astype(np.longdouble).T) * np.longdouble(scale)
+    if is_causal:
+        s[np.arange(S)[None, :] > np.arange(L)[:, None]] = -np.inf
+    ref = np.exp(s - s.max(-1, keepdims=True))  # p / max p, exactly enough
+    ours = out.astype(np.longdouble)
+    ours /= ours.max(-1, keepdims=True)
+    seen = ref > 1e-30  # the rest underflow (in float) or are masked; they must be tiny or zero
+    assert np.all(ours[~seen] <= 1e-30)
+    eps = np.finfo(dtype).eps / 2
+    bound = 2 * eps * (2 - np.log2(ref[seen])) * ref[seen]
+    err = np.abs(ours[seen] - ref[seen])
+    assert np.all(err <= bound), f"worst error / bound {float(np.max(err / bound)):.2f}"
+    assert float(np.max(-np.log2(ref[seen]))) > 30  # the exponents do span a wide range
+
+
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
 def test_flash_no_keys(rng, dtype):
     """S = 0: zeros and lse = -inf on both paths."""

@@ -20,6 +20,12 @@
 // and after the last block  out_i = o_i / l_i,  lse_i = m_i + log l_i. Both tile products are GEMMs
 // on the calling thread (gemm_on_thread: our fp32 kernels; BLAS for fp64 and rows < 4).
 //
+// The exponentials are taken in base 2, as FlashAttention does: the state keeps m in units of log₂
+// (m_i = max_j x_ij · log₂e) and p_ij = 2^(x_ij · log₂e − m_i), the same numbers. Unless a float mask
+// must be added to the scaled scores, the tile holds the unscaled products s = q·kᵀ and the scale
+// joins log₂e in the exponent's factor c = scale · log₂e:  p_ij = 2^(s_ij · c − m_i), one FMA per
+// score, and no pass over the tile to scale it.
+//
 // Parallel over (n, h, query block) tasks — in fp32, groups of up to kSharedQueryBlocks query
 // blocks of a head, which pack each key block once for the group; when they are too few to keep
 // threads busy (decoding: L = 1), the keys are also split into chunks whose partial (m, l, o)
@@ -56,7 +62,7 @@ namespace transformer_core::kernels {
 
 namespace flash_detail {
 
-using fast_math::exp_nonpos;
+using fast_math::exp2_nonpos;
 
 // Tile sizes. This machine: AMD EPYC (Zen 5), L1d 48 KiB and L2 1 MiB per core, L3 32 MiB shared;
 // OpenBLAS 0.3.21 runs its Haswell (AVX2) kernels. Measured single-threaded (thread CPU time, best
@@ -140,7 +146,7 @@ inline FlashPlan flash_plan(int64_t N, int64_t H, int64_t L, int64_t S, int64_t 
 
 namespace flash_detail {
 
-// exp_nonpos: kernels/fast_math.hpp
+// exp2_nonpos: kernels/fast_math.hpp
 
 // ---- row max, vectorisable -------------------------------------------------------------------
 // A float compare-select reduction does not vectorise without -ffast-math (NaN), an integer max
@@ -193,49 +199,57 @@ inline T mask_row_max(T* x, const uint8_t* valid, int64_t n) {
   return from_order_key<T>(m);
 }
 
-// x[j] = exp(x[j] - m) in place, returns Σ_j x[j]: 16 partial sums (lane t takes j ≡ t mod 16),
-// then the last n mod 16 values in order, then the 16 lanes; the order depends on nothing but n.
+// x[j] = 2^(x[j] · c − m) in place, returns Σ_j x[j]: 16 partial sums (lane t takes j ≡ t mod 16),
+// the 16 lanes summed pairwise (lane_sum), plus the last n mod 16 values summed in order; the order
+// depends on nothing but n. The exponent x · c − m is one FMA: rounded once, so its error is
+// relative to the exponent, not to x · c (which may be large where the exponent is near 0).
 // double: plain loops for GCC to vectorise.
 template <class T>
-inline T exp_row_sum(T* x, int64_t n, T m) {
+inline T lane_sum(const T* lane) {  // lane[16]: t + 8, then t + 4, t + 2, t + 1: a latency of 4 additions
+  T s8[8], s4[4];
+  for (int t = 0; t < 8; ++t) s8[t] = lane[t] + lane[t + 8];
+  for (int t = 0; t < 4; ++t) s4[t] = s8[t] + s8[t + 4];
+  return (s4[0] + s4[2]) + (s4[1] + s4[3]);
+}
+template <class T>
+inline T exp2_row_sum(T* x, int64_t n, T c, T m) {
   constexpr int64_t W = 16;
   T lane[W] = {};
   int64_t j = 0;
   for (; j + W <= n; j += W)
     for (int64_t t = 0; t < W; ++t) {
-      const T e = exp_nonpos(x[j + t] - m);
+      const T e = exp2_nonpos(std::fma(x[j + t], c, -m));
       x[j + t] = e;
       lane[t] += e;
     }
   T sum = 0;
   for (; j < n; ++j) {
-    const T e = exp_nonpos(x[j] - m);
+    const T e = exp2_nonpos(std::fma(x[j], c, -m));
     x[j] = e;
     sum += e;
   }
-  for (int64_t t = 0; t < W; ++t) sum += lane[t];
-  return sum;
+  return lane_sum(lane) + sum;
 }
 
 // float: xsimd registers, written out. GCC left the loop above scalar for float when tuning for
 // AMD (-march=znver3, znver4, znver5) and for AVX2-only Intel CPUs (it vectorised it only with
 // AVX-512 on Intel's tuning): on Zen 3, SDPA (8, 12, 512, 64) spent half its time in scalar exps.
-// The 16 lanes are two AVX2 registers or one AVX-512 register; each lane runs exp_nonpos's
-// polynomial with its FMAs, the same on every ISA, and so do the last n mod 16 values (through
-// a buffer), so the bits do not depend on the ISA either.
+// The 16 lanes are two AVX2 registers or one AVX-512 register; each lane runs one FMA for the
+// exponent and exp2_nonpos's polynomial with its FMAs, the same on every ISA, and so do the last
+// n mod 16 values (through a buffer), so the bits do not depend on the ISA either.
 template <>
-inline float exp_row_sum<float>(float* x, int64_t n, float m) {
+inline float exp2_row_sum<float>(float* x, int64_t n, float c, float m) {
   using B = xsimd::batch<float>;
   constexpr int64_t W = 16, R = W / static_cast<int64_t>(B::size);
   static_assert(R * static_cast<int64_t>(B::size) == W, "16 lanes: a whole number of registers");
-  const B mb(m);
+  const B cb(c), mb(-m);
   B lane[R];
   for (int64_t r = 0; r < R; ++r) lane[r] = B(0.0f);
   int64_t j = 0;
   for (; j + W <= n; j += W)
     for (int64_t r = 0; r < R; ++r) {
       float* xr = x + j + r * static_cast<int64_t>(B::size);
-      const B e = exp_nonpos(B::load_unaligned(xr) - mb);
+      const B e = exp2_nonpos(simd::fma(B::load_unaligned(xr), cb, mb));
       e.store_unaligned(xr);
       lane[r] += e;
     }
@@ -245,7 +259,7 @@ inline float exp_row_sum<float>(float* x, int64_t n, float m) {
     std::copy(x + j, x + n, tail);
     for (int64_t r = 0; r < R; ++r) {
       float* tr = tail + r * static_cast<int64_t>(B::size);
-      exp_nonpos(B::load_aligned(tr) - mb).store_aligned(tr);
+      exp2_nonpos(simd::fma(B::load_aligned(tr), cb, mb)).store_aligned(tr);
     }
     for (int64_t t = 0; t < n - j; ++t) {
       x[j + t] = tail[t];
@@ -254,8 +268,7 @@ inline float exp_row_sum<float>(float* x, int64_t n, float m) {
   }
   alignas(64) float lanes[W];
   for (int64_t r = 0; r < R; ++r) lane[r].store_aligned(lanes + r * static_cast<int64_t>(B::size));
-  for (int64_t t = 0; t < W; ++t) sum += lanes[t];
-  return sum;
+  return lane_sum(lanes) + sum;
 }
 
 // The same two products as plain loops, for tiny problems: no BLAS call (which, outside a
@@ -311,12 +324,13 @@ struct Tile {
   uint8_t* valid = nullptr;  // [Bc]      key_mask of the current key block, made contiguous
 };
 
-// The online-softmax state of one query block, in a buffer of Br · (Dv + 2): o | m | l.
+// The online-softmax state of one query block, in a buffer of Br · (Dv + 2): o | m | l, with m in
+// units of log₂ (x_is: the scaled, masked scores).
 template <class T>
 struct Accumulator {
-  T* o;  // [Br, Dv]  o_i = Σ_s exp(x_is − m_i) v_s   (unnormalised; row stride Dv)
-  T* m;  // [Br]      m_i = max_s x_is                 (-inf: no key seen)
-  T* l;  // [Br]      l_i = Σ_s exp(x_is − m_i)        (0: no key seen)
+  T* o;  // [Br, Dv]  o_i = Σ_s 2^(x_is·log₂e − m_i) v_s   (unnormalised; row stride Dv)
+  T* m;  // [Br]      m_i = max_s x_is · log₂e             (-inf: no key seen)
+  T* l;  // [Br]      l_i = Σ_s 2^(x_is·log₂e − m_i)       (0: no key seen)
 };
 template <class T>
 Accumulator<T> accumulator_at(T* buf, int64_t br_max, int64_t Dv) {
@@ -336,10 +350,10 @@ struct PackedBlock {
 };
 
 // Tile step 1, the scores:  x[rows, cols] (row stride ldx) = scale · q_rows · k[s0 : s0+cols]ᵀ
-// (one row: gemm runs a gemv)
+// (one row: gemm runs a gemv; scale 1: the products alone, the scale folded into the exponent)
 template <class T>
 void tile_scores(const AttentionArgs<T>& a, const QueryBlock& qb, int64_t i0, int64_t rows, int64_t s0,
-                 int64_t cols, T* x, int64_t ldx, bool use_blas, const PackedBlock* packed) {
+                 int64_t cols, T scale, T* x, int64_t ldx, bool use_blas, const PackedBlock* packed) {
   const int64_t hk = qb.h / (a.num_heads / a.num_kv_heads);  // GQA: the key/value head of head h
   const T* q = a.q + qb.n * a.q_stride_n + qb.h * a.q_stride_h + (qb.l0 + i0) * a.q_stride_l;  // [rows, D]
   const T* k = a.k + qb.n * a.k_stride_n + hk * a.k_stride_h + s0 * a.k_stride_s;            // [cols, D]
@@ -348,14 +362,14 @@ void tile_scores(const AttentionArgs<T>& a, const QueryBlock& qb, int64_t i0, in
       for (int64_t j = 0; j < cols; j += kGemmOnThreadCols)
         packed->kern->multiply(rows, std::min(kGemmOnThreadCols, cols - j), a.head_dim, q, a.q_stride_l, 1,
                                packed->k + j * a.head_dim, x + j, ldx, false);
-      scale_scores(rows, cols, a.scale, x, ldx);
+      scale_scores(rows, cols, scale, x, ldx);
       return;
     }
   }
   if (use_blas || a.head_dim == 0) {
-    attention_scores(rows, cols, a.head_dim, a.scale, q, a.q_stride_l, k, a.k_stride_s, x, ldx);
+    attention_scores(rows, cols, a.head_dim, scale, q, a.q_stride_l, k, a.k_stride_s, x, ldx);
   } else {
-    small_qk(rows, cols, a.head_dim, a.scale, q, a.q_stride_l, k, a.k_stride_s, x, ldx);
+    small_qk(rows, cols, a.head_dim, scale, q, a.q_stride_l, k, a.k_stride_s, x, ldx);
   }
 }
 
@@ -373,26 +387,27 @@ T tile_mask_row_max(const AttentionArgs<T>& a, const QueryBlock& qb, int64_t l, 
 }
 
 // Tile steps 3 and 4, the online-softmax update of row i: x [cols] holds its scores, the first vis
-// of them visible, m_blk = m̃. `first`: the first key block of the range (m, l, o not yet set).
+// of them visible; x_j · c is score j in units of log₂, and m_blk = m̃ · c the block's row max in
+// them. `first`: the first key block of the range (m, l, o not yet set).
 template <class T>
-void tile_softmax_row(T* x, int64_t vis, int64_t cols, T m_blk, const Accumulator<T>& acc, int64_t i,
+void tile_softmax_row(T* x, int64_t vis, int64_t cols, T c, T m_blk, const Accumulator<T>& acc, int64_t i,
                       int64_t Dv, bool first) {
   constexpr T neg_inf = -std::numeric_limits<T>::infinity();
   // m_new = max(m_old, m̃). All -inf so far (no visible key yet): exponents taken relative to 0,
-  // so that every -inf gives exp = 0 and a NaN still gives NaN.
+  // so that every -inf gives 2^-inf = 0 and a NaN still gives NaN.
   const T m_old = acc.m[i];
   const T m_new = m_blk > m_old ? m_blk : m_old;
   const T m_use = m_new == neg_inf ? T(0) : m_new;
-  // p_j = exp(x_j − m_new) in place, and Σ_j p_j   (causally masked columns vis .. cols-1: p = 0)
-  const T p_sum = exp_row_sum(x, vis, m_use);
+  // p_j = 2^(x_j · c − m_new) in place, and Σ_j p_j   (causally masked columns vis .. cols-1: p = 0)
+  const T p_sum = exp2_row_sum(x, vis, c, m_use);
   std::fill(x + vis, x + cols, T(0));
   acc.m[i] = m_new;
   if (first) {  // l = Σ p   (o is written by the P·V product, with beta = 0)
     acc.l[i] = p_sum;
     return;
   }
-  // α = exp(m_old − m_new);   l ← α·l + Σ p;   o ← α·o   (P·V is added next)
-  const T alpha = m_old == m_use ? T(1) : std::exp(m_old - m_use);
+  // α = 2^(m_old − m_new);   l ← α·l + Σ p;   o ← α·o   (P·V is added next)
+  const T alpha = m_old == m_use ? T(1) : std::exp2(m_old - m_use);
   if (alpha != T(1)) {
     T* oi = acc.o + i * Dv;
     for (int64_t j = 0; j < Dv; ++j) oi[j] *= alpha;
@@ -434,6 +449,12 @@ void flash_tile(const AttentionArgs<T>& a, const QueryBlock& qb, int64_t s0, int
   // first row sees its last key.
   const bool diagonal = a.is_causal && s0 + cols - 1 > qb.l0 + a.causal_offset;
   const bool key_mask_only = a.key_mask != nullptr && a.bool_mask == nullptr && a.float_mask == nullptr;
+  // The scale joins log₂e in the exponent's factor c, unless a float mask is to be added to the
+  // scaled scores or the scale is not a positive number (its max would not be the scaled max; 0
+  // and NaN keep torch's rules, 0 · inf = NaN, by scaling first).
+  const bool fold = a.float_mask == nullptr && a.scale > T(0) && a.scale < std::numeric_limits<T>::infinity();
+  constexpr T log2e = T(1.44269504088896340736);
+  const T c = fold ? a.scale * log2e : log2e, scale = fold ? T(1) : a.scale;
   if (key_mask_only) {  // valid[cols]: the key-padding mask of this block, contiguous
     const uint8_t* km = a.key_mask + qb.n * a.key_mask_stride_n + s0 * a.key_mask_stride_s;
     for (int64_t j = 0; j < cols; ++j) tile.valid[j] = km[j * a.key_mask_stride_s] != 0;
@@ -450,13 +471,13 @@ void flash_tile(const AttentionArgs<T>& a, const QueryBlock& qb, int64_t s0, int
       continue;
     }
     T* x_g = tile.s + i0 * bc;  // [rows, g_cols] of the score tile (row stride Bc)
-    tile_scores(a, qb, i0, rows, s0, g_cols, x_g, bc, use_blas, packed);
+    tile_scores(a, qb, i0, rows, s0, g_cols, scale, x_g, bc, use_blas, packed);
     for (int64_t i = i0; i < i0 + rows; ++i) {
       T* x = tile.s + i * bc;  // x_i [g_cols]; visible (causal): the first vis
       const int64_t l = qb.l0 + i;
       const int64_t vis = diagonal ? std::clamp<int64_t>(l + a.causal_offset + 1 - s0, 0, g_cols) : g_cols;
-      const T m_blk = tile_mask_row_max(a, qb, l, s0, vis, tile.valid, x);
-      tile_softmax_row(x, vis, g_cols, m_blk, acc, i, Dv, first);
+      const T m_blk = tile_mask_row_max(a, qb, l, s0, vis, tile.valid, x) * c;  // c > 0: the max of x · c
+      tile_softmax_row(x, vis, g_cols, c, m_blk, acc, i, Dv, first);
     }
     tile_pv(a, qb, rows, s0, g_cols, x_g, bc, o_g, first, use_blas, packed);
   }
@@ -476,8 +497,9 @@ int64_t flash_block_start(const AttentionArgs<T>& a, const QueryBlock& qb, int64
 }
 
 // The online softmax of one query block against keys [s_begin, s_end), tile after tile. Leaves in
-// `acc` the unnormalised state of the range:  m_i = max_s x_is,  l_i = Σ_s exp(x_is − m_i),
-// o_i = Σ_s exp(x_is − m_i) v_s   (m_i = -inf, l_i = 0, o_i = 0 when row i sees no key of it).
+// `acc` the unnormalised state of the range (Accumulator, m in units of log₂):  m_i = max_s x_is·log₂e,
+// l_i = Σ_s 2^(x_is·log₂e − m_i),  o_i = Σ_s 2^(x_is·log₂e − m_i) v_s   (m_i = -inf, l_i = 0, o_i = 0
+// when row i sees no key of it).
 template <class T>
 void flash_block(const AttentionArgs<T>& a, const QueryBlock& qb, int64_t s_begin, int64_t s_end, int64_t bc,
                  const Tile<T>& tile, const Accumulator<T>& acc, bool use_blas) {
@@ -487,7 +509,7 @@ void flash_block(const AttentionArgs<T>& a, const QueryBlock& qb, int64_t s_begi
 }
 
 // out_i = o_i / l_i   (zeros where l_i = 0: the row saw no key)
-// lse_i = m_i + log l_i   (-inf where l_i = 0; NaN stays NaN)
+// lse_i = m_i · ln 2 + log l_i   (m_i in units of log₂; -inf where l_i = 0; NaN stays NaN)
 template <class T>
 void flash_store(const AttentionArgs<T>& a, const QueryBlock& qb, const Accumulator<T>& acc) {
   const int64_t Dv = a.v_head_dim;
@@ -505,12 +527,13 @@ void flash_store(const AttentionArgs<T>& a, const QueryBlock& qb, const Accumula
   if (a.lse == nullptr) return;
   T* lse = a.lse + (qb.n * a.num_heads + qb.h) * a.q_len + qb.l0;  // [rows]
   for (int64_t i = 0; i < qb.rows; ++i)
-    lse[i] = acc.l[i] == T(0) ? -std::numeric_limits<T>::infinity() : acc.m[i] + std::log(acc.l[i]);
+    lse[i] = acc.l[i] == T(0) ? -std::numeric_limits<T>::infinity()
+                              : acc.m[i] * T(0.69314718055994530942) + std::log(acc.l[i]);
 }
 
 // Split-KV merge of one query block: the chunks' partial states, acc_c for keys chunk c, combine
 // exactly into chunk 0's, per row i:
-//   M = max_c m_c;   w_c = exp(m_c − M);   l = Σ_c w_c·l_c;   o = Σ_c w_c·o_c;   m = M
+//   M = max_c m_c;   w_c = 2^(m_c − M);   l = Σ_c w_c·l_c;   o = Σ_c w_c·o_c;   m = M   (units of log₂)
 // (M = -inf: no chunk saw a key; exponents relative to 0, so that w_c = 0 and NaN survives.)
 //   parts: [chunks, part_size], each an Accumulator buffer (o [Br, Dv] | m [Br] | l [Br])
 template <class T>
@@ -526,12 +549,12 @@ Accumulator<T> flash_merge(T* parts, int64_t chunks, int64_t part_size, int64_t 
     }
     const T M_use = M == neg_inf ? T(0) : M;
     T* oi = acc.o + i * Dv;
-    const T w0 = std::exp(acc.m[i] - M_use);
+    const T w0 = std::exp2(acc.m[i] - M_use);
     T l = w0 * acc.l[i];
     for (int64_t j = 0; j < Dv; ++j) oi[j] *= w0;
     for (int64_t c = 1; c < chunks; ++c) {
       const Accumulator<T> part = accumulator_at(parts + c * part_size, br_max, Dv);
-      const T wc = std::exp(part.m[i] - M_use);
+      const T wc = std::exp2(part.m[i] - M_use);
       l += wc * part.l[i];
       const T* oc = part.o + i * Dv;
       for (int64_t j = 0; j < Dv; ++j) oi[j] += wc * oc[j];
@@ -783,10 +806,11 @@ namespace flash_detail {
 // across lanes:
 //   1. qᵀ packed into panels;   xᵀ = k · qᵀ                    [len keys, Lp queries] (Lp: len
 //      rounded up to kShortLanes; the padding queries are zeros, their columns unused)
-//   2. down each column i:      x_ji ← scale · x_ji (is_causal: -inf for keys j > i),
-//                               m_i = max_j x_ji,  p_ji = exp(x_ji − m_i),  p_ji ← p_ji / Σ_j p_ji
+//   2. down each column i:      (is_causal: x_ji ← -inf for keys j > i)
+//                               m_i = max_j x_ji · c,  p_ji = 2^(x_ji · c − m_i),  p_ji ← p_ji / Σ_j p_ji
+//                               (c = scale · log₂e; the scores scaled first when scale ≤ 0, c = log₂e)
 //   3. v packed into panels;    out = p · v       (A = pᵀ read with strides: no transpose back)
-// The same scale, max and exp polynomial as flash_tile, the sum in key order; out = (p / l) · v
+// The same exponent and exp2 polynomial as flash_tile, the sum in key order; out = (p / l) · v
 // rather than (p · v) / l. One thread, 32 sequences × 12 heads, head_dim 32 (Zen 5), µs a head:
 //   28 tokens 1.75 → 0.81,   64 tokens 4.90 → 3.40,   100 tokens 14.3 → 12.1,   128 tokens 18.5 → 16.3
 // kShortLen = Br: every short sequence is one query block of the tiled kernel too.
@@ -811,19 +835,23 @@ inline void short_softmax_columns(float* x, int64_t len, int64_t Lp, float scale
   alignas(64) float lanes[W];
   for (int64_t t = 0; t < W; ++t) lanes[t] = static_cast<float>(t);
   const B lane = B::load_aligned(lanes), neg_inf(-std::numeric_limits<float>::infinity()), zero(0.0f);
+  // as flash_tile: the scale folded into the exponent's factor c when it is a positive number
+  const bool fold = scale > 0.0f && scale < std::numeric_limits<float>::infinity();
+  const B c(fold ? scale * 1.44269504088896341f : 1.44269504088896341f);
   for (int64_t c0 = 0; c0 < Lp; c0 += W) {
     float* xc = x + c0;  // queries c0 .. c0 + W - 1
     B m = neg_inf;
     for (int64_t j = 0; j < len; ++j) {
-      B v = B::load_unaligned(xc + j * Lp) * B(scale);
+      B v = B::load_unaligned(xc + j * Lp);
+      if (!fold) v = v * B(scale);
       if (causal) v = xsimd::select(lane < B(static_cast<float>(j - c0)), neg_inf, v);  // query c0 + t < key j
-      v.store_unaligned(xc + j * Lp);
+      if (!fold || causal) v.store_unaligned(xc + j * Lp);
       m = xsimd::max(m, v);
     }
-    m = xsimd::select(m == neg_inf, zero, m);  // no key: every exp is 0
+    const B neg_m = -xsimd::select(m == neg_inf, zero, m * c);  // units of log₂; no key: every p is 0
     B l = zero;
     for (int64_t j = 0; j < len; ++j) {
-      const B e = exp_nonpos(B::load_unaligned(xc + j * Lp) - m);
+      const B e = exp2_nonpos(simd::fma(B::load_unaligned(xc + j * Lp), c, neg_m));
       e.store_unaligned(xc + j * Lp);
       l += e;
     }
