@@ -69,16 +69,8 @@ inline xsimd::batch<float> exp_nonpos(const xsimd::batch<float>& x) {
   return xsimd::select(under, B(0.0f), p * xsimd::bitwise_cast<B>(sb));
 }
 
-inline double exp_nonpos(double x) {
-  const double lo = -708.0;
-  const bool under = x < lo;
-  const double xc = under ? lo : x;
-  const double shifter = 6755399441055744.0;               // 1.5 · 2⁵²
-  const double kd = xc * 1.4426950408889634074 + shifter;
-  const double n = kd - shifter;
-  double r = xc - n * 6.93147180369123816490e-01;          // ln 2, high part
-  r = r - n * 1.90821492927058770002e-10;                  // ln 2, low part
-  // exp(r) = Σ_{k ≤ 13} rᵏ / k!  (|r| ≤ 0.347: the remainder is < 1e-17 relative)
+// exp(r) = Σ_{k ≤ 13} rᵏ / k!  for |r| ≤ 0.347 (the remainder is < 1e-17 relative)
+inline double exp_taylor(double r) {
   double p = 1.0 / 6227020800.0;
   p = p * r + 1.0 / 479001600.0;
   p = p * r + 1.0 / 39916800.0;
@@ -91,13 +83,29 @@ inline double exp_nonpos(double x) {
   p = p * r + 1.0 / 24.0;
   p = p * r + 1.0 / 6.0;
   p = p * r + 0.5;
-  p = p * r * r + r + 1.0;
+  return p * r * r + r + 1.0;
+}
+
+// 2ⁿ, from kd = n + 1.5 · 2⁵² (n in the low mantissa bits) by building its exponent bits
+inline double pow2_of(double kd) {
   uint64_t kb;
   std::memcpy(&kb, &kd, sizeof kb);
   const uint64_t sb = (kb << 52) + (uint64_t(1023) << 52);
   double s;
   std::memcpy(&s, &sb, sizeof s);
-  const double y = p * s;
+  return s;
+}
+
+inline double exp_nonpos(double x) {
+  const double lo = -708.0;
+  const bool under = x < lo;
+  const double xc = under ? lo : x;
+  const double shifter = 6755399441055744.0;               // 1.5 · 2⁵²
+  const double kd = xc * 1.4426950408889634074 + shifter;
+  const double n = kd - shifter;
+  double r = xc - n * 6.93147180369123816490e-01;          // ln 2, high part
+  r = r - n * 1.90821492927058770002e-10;                  // ln 2, low part
+  const double y = exp_taylor(r) * pow2_of(kd);
   return under ? 0.0 : y;
 }
 
@@ -126,32 +134,14 @@ inline xsimd::batch<float> exp2_nonpos(const xsimd::batch<float>& t) {
   return xsimd::select(t < B(-125.0f), B(0.0f), p * xsimd::bitwise_cast<B>(sb));
 }
 
-// double: 2^f = exp(f ln 2) by exp_nonpos's Taylor series (r = f ln 2 rounds once: < 1e-16
+// double: 2^f = exp(f ln 2) by exp_taylor (r = f ln 2 rounds once: < 1e-16
 // relative); 0 below t = −1021.
 inline double exp2_nonpos(double t) {
   const double shifter = 6755399441055744.0;  // 1.5 · 2⁵²
   const double kd = t + shifter;
   const double f = t - (kd - shifter);
   const double r = f * 0.69314718055994530942;
-  double p = 1.0 / 6227020800.0;
-  p = p * r + 1.0 / 479001600.0;
-  p = p * r + 1.0 / 39916800.0;
-  p = p * r + 1.0 / 3628800.0;
-  p = p * r + 1.0 / 362880.0;
-  p = p * r + 1.0 / 40320.0;
-  p = p * r + 1.0 / 5040.0;
-  p = p * r + 1.0 / 720.0;
-  p = p * r + 1.0 / 120.0;
-  p = p * r + 1.0 / 24.0;
-  p = p * r + 1.0 / 6.0;
-  p = p * r + 0.5;
-  p = p * r * r + r + 1.0;
-  uint64_t kb;
-  std::memcpy(&kb, &kd, sizeof kb);
-  const uint64_t sb = (kb << 52) + (uint64_t(1023) << 52);
-  double s;
-  std::memcpy(&s, &sb, sizeof s);
-  const double y = p * s;
+  const double y = exp_taylor(r) * pow2_of(kd);
   return t < -1021.0 ? 0.0 : y;
 }
 
