@@ -73,15 +73,20 @@ void pack_b(int64_t k, int64_t cols, const float* b, int64_t rs_b, int64_t cs_b,
   }
 }
 
-// c[0:R, 0:nc] = A[0:R, :] · panel   (R rows of A from a, nc ≤ 32 columns)
-template <int R>
-void tile(int64_t k, const float* a, int64_t rs_a, int64_t cs_a, const float* panel, float* c, int64_t ldc,
-          int64_t nc, bool accumulate) {
+// c[0:R, 0:nc] = A[0:R, :] · panel   (R rows of A from a, nc ≤ 32 columns; panel row p at
+// panel + p · ldp: kPanel for packed panels, B's row stride for multiply_rows). Masked: only the nc
+// columns are read (the last, narrower panel of an unpacked B, whose row may end the array).
+template <int R, bool Masked>
+void tile(int64_t k, const float* a, int64_t rs_a, int64_t cs_a, const float* panel, int64_t ldp, float* c,
+          int64_t ldc, int64_t nc, bool accumulate) {
+  const __mmask16 mlo = static_cast<__mmask16>(nc >= 16 ? 0xFFFF : (1u << nc) - 1);
+  const __mmask16 mhi = static_cast<__mmask16>(nc >= 32 ? 0xFFFF : nc > 16 ? (1u << (nc - 16)) - 1 : 0);
   __m512 lo[R], hi[R];
   #pragma GCC unroll 16
   for (int r = 0; r < R; ++r) lo[r] = hi[r] = _mm512_setzero_ps();
-  for (int64_t p = 0; p < k; ++p, a += cs_a, panel += kPanel) {
-    const __m512 b0 = _mm512_loadu_ps(panel), b1 = _mm512_loadu_ps(panel + 16);
+  for (int64_t p = 0; p < k; ++p, a += cs_a, panel += ldp) {
+    const __m512 b0 = Masked ? _mm512_maskz_loadu_ps(mlo, panel) : _mm512_loadu_ps(panel);
+    const __m512 b1 = Masked ? _mm512_maskz_loadu_ps(mhi, panel + 16) : _mm512_loadu_ps(panel + 16);
     #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
       const __m512 ar = _mm512_set1_ps(a[r * rs_a]);
@@ -89,8 +94,6 @@ void tile(int64_t k, const float* a, int64_t rs_a, int64_t cs_a, const float* pa
       hi[r] = _mm512_fmadd_ps(ar, b1, hi[r]);
     }
   }
-  const __mmask16 mlo = static_cast<__mmask16>(nc >= 16 ? 0xFFFF : (1u << nc) - 1);
-  const __mmask16 mhi = static_cast<__mmask16>(nc >= 32 ? 0xFFFF : nc > 16 ? (1u << (nc - 16)) - 1 : 0);
   #pragma GCC unroll 16
   for (int r = 0; r < R; ++r) {
     float* row = c + r * ldc;
@@ -103,29 +106,48 @@ void tile(int64_t k, const float* a, int64_t rs_a, int64_t cs_a, const float* pa
   }
 }
 
-template <int... R>
+using TileFn = void (*)(int64_t, const float*, int64_t, int64_t, const float*, int64_t, float*, int64_t, int64_t, bool);
+template <bool Masked, int... R>
 constexpr auto make_tiles(std::integer_sequence<int, R...>) {
-  using Fn = void (*)(int64_t, const float*, int64_t, int64_t, const float*, float*, int64_t, int64_t, bool);
-  return std::array<Fn, sizeof...(R)>{tile<R + 1>...};
+  return std::array<TileFn, sizeof...(R)>{tile<R + 1, Masked>...};
 }
-// kTiles[r - 1]: the tile of r rows (the last rows of A, fewer than kRows).
-constexpr auto kTiles = make_tiles(std::make_integer_sequence<int, kRows>{});
+// kTiles[masked][r - 1]: the tile of r rows (the last rows of A, fewer than kRows).
+constexpr std::array<std::array<TileFn, kRows>, 2> kTiles = {
+    make_tiles<false>(std::make_integer_sequence<int, kRows>{}), make_tiles<true>(std::make_integer_sequence<int, kRows>{})};
+
+// c[0:m, 0:nc] = A · panel: every row of A, kRows at a time, then the last rows.
+template <bool Masked>
+void panel_times_rows(int64_t m, int64_t k, const float* a, int64_t rs_a, int64_t cs_a, const float* panel, int64_t ldp,
+                      float* c, int64_t ldc, int64_t nc, bool accumulate) {
+  int64_t i = 0;
+  for (; i + kRows <= m; i += kRows)
+    tile<kRows, Masked>(k, a + i * rs_a, rs_a, cs_a, panel, ldp, c + i * ldc, ldc, nc, accumulate);
+  if (i < m) kTiles[Masked][m - i - 1](k, a + i * rs_a, rs_a, cs_a, panel, ldp, c + i * ldc, ldc, nc, accumulate);
+}
 
 void multiply(int64_t m, int64_t cols, int64_t k, const float* a, int64_t rs_a, int64_t cs_a, const float* packed,
               float* c, int64_t ldc, bool accumulate) {
-  for (int64_t j = 0; j < cols; j += kPanel) {  // one panel of B meets every row of A while it is in cache
-    const float* panel = packed + j * k;
+  for (int64_t j = 0; j < cols; j += kPanel)  // one panel of B meets every row of A while it is in cache
+    panel_times_rows<false>(m, k, a, rs_a, cs_a, packed + j * k, kPanel, c + j, ldc, std::min(kPanel, cols - j),
+                            accumulate);
+}
+
+void multiply_rows(int64_t m, int64_t cols, int64_t k, const float* a, int64_t rs_a, int64_t cs_a, const float* b,
+                   int64_t ldb, float* c, int64_t ldc, bool accumulate) {
+  for (int64_t j = 0; j < cols; j += kPanel) {  // the panels are B's columns j .. j + 31, read in place
     const int64_t nc = std::min(kPanel, cols - j);
-    int64_t i = 0;
-    for (; i + kRows <= m; i += kRows) tile<kRows>(k, a + i * rs_a, rs_a, cs_a, panel, c + i * ldc + j, ldc, nc, accumulate);
-    if (i < m) kTiles[m - i - 1](k, a + i * rs_a, rs_a, cs_a, panel, c + i * ldc + j, ldc, nc, accumulate);
+    if (nc == kPanel) {
+      panel_times_rows<false>(m, k, a, rs_a, cs_a, b + j, ldb, c + j, ldc, nc, accumulate);
+    } else {  // the last columns: only they are read
+      panel_times_rows<true>(m, k, a, rs_a, cs_a, b + j, ldb, c + j, ldc, nc, accumulate);
+    }
   }
 }
 
 }  // namespace
 
 const Kernels& avx512_kernels() {
-  static const Kernels k{"avx512", pack_b, multiply};
+  static const Kernels k{"avx512", pack_b, multiply, multiply_rows};
   return k;
 }
 

@@ -42,6 +42,12 @@ struct Kernels {
   // A[i, p] = a[i · rs_a + p · cs_a]; c has row stride ldc; k ≥ 1.
   void (*multiply)(int64_t m, int64_t cols, int64_t k, const float* a, int64_t rs_a, int64_t cs_a, const float* packed,
                    float* c, int64_t ldc, bool accumulate);
+  // The same product with B as it lies, unpacked, its rows contiguous: B[p, j] = b[p · ldb + j]
+  // (j < cols). The kernel reads the panels' rows from B itself, so the same operations in the same
+  // order as multiply on pack_b's panels: the same bits. For a B that is read by one row block only
+  // (attention's values: P · V), where packing would copy it for one use.
+  void (*multiply_rows)(int64_t m, int64_t cols, int64_t k, const float* a, int64_t rs_a, int64_t cs_a, const float* b,
+                        int64_t ldb, float* c, int64_t ldc, bool accumulate);
 };
 
 // The kernels of the active ISA (quant/isa.hpp: set_isa / TC_ISA choose it; "scalar" takes the
