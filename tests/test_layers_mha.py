@@ -81,6 +81,32 @@ def test_mha_self_attention(rng, E, H, N, L, bias, dtype):
     np.testing.assert_allclose(out2, out, atol=0, rtol=0)
 
 
+@pytest.mark.parametrize("E,H", [(64, 2), (40, 2), (48, 3)], ids=["D32", "D20", "D16"])
+def test_mha_long_self_attention_every_isa(rng, E, H):
+    """More than 128 tokens: the flash kernel's blocks share each key block, and P·V reads the
+    values in place from the fused projection (row stride 3E, multiply_rows), their last panel
+    masked where head_dim is not a multiple of the panel (32 on AVX-512, 16 on AVX2). Every ISA of
+    the CPU gives the same bits, and they match torch."""
+    from transformer_core import quantization
+    ours, ref = make_pair(E, H, np.float32)
+    x = randn(rng, (2, 200, E), np.float32)
+    old = quantization.isa()
+    outs = {}
+    try:
+        for isa in quantization.supported_isas():
+            quantization.set_isa(isa)
+            outs[isa] = ours(x)[0]
+    finally:
+        quantization.set_isa(old)
+    expected = torch_mha(ref.double(), x.astype(np.float64))[0]  # the reference in fp64
+    scale = max(1.0, float(np.abs(expected).max()))  # 1e-5 of the output's scale (|out| up to ~40 here)
+    first = next(iter(outs.values()))
+    for isa, out in outs.items():
+        if isa != "amx":  # the linear layers on AMX tiles round otherwise (test_gemm)
+            np.testing.assert_array_equal(out, first, err_msg=isa)
+        assert_close(out, expected, np.float32, atol_=1e-5 * scale, what=f"mha self-attention, 200 tokens, {isa}")
+
+
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
 @pytest.mark.parametrize("N,L,S", [(2, 7, 9), (3, 1, 17), (7, 7, 7), (1, 9, 1), (2, 65, 17)])
 @pytest.mark.parametrize("E,H", [(9, 3), (16, 4)], ids=["E9H3", "E16H4"])
