@@ -62,6 +62,37 @@ def test_tokenizer_pads_to_common_length(tc_tokenizer):
     assert am[0].sum() < am[1].sum()
 
 
+@pytest.mark.parametrize("batch_size", [1, 3, 32, 1000])
+def test_encode_batches_equal_encode_batch_per_batch(tc_tokenizer, batch_size, monkeypatch):
+    """encode_batches tokenizes many batches per call of the tokenizers package (here 10 texts a
+    call, so that calls end inside and at the edge of a batch) and pads each batch itself: every
+    batch's arrays must be encode_batch's for the same texts, with the package's truncation (a text
+    past max_length) and its padding (each batch to its own longest, not the call's)."""
+    monkeypatch.setattr(type(tc_tokenizer), "TEXTS_PER_CALL", 10)
+    texts = SENTENCES * 3 + ["word " * 700, "", "Hi."]  # 700 words: truncated to max_length (256)
+    batches = list(tc_tokenizer.encode_batches(texts, batch_size))
+    assert len(batches) == -(-len(texts) // batch_size)
+    for b, got in enumerate(batches):
+        want = tc_tokenizer.encode_batch(texts[b * batch_size:(b + 1) * batch_size])
+        assert got.keys() == want.keys()
+        for key in want:
+            assert got[key].dtype == np.int64
+            np.testing.assert_array_equal(got[key], want[key], err_msg=f"batch {b}, {key}")
+    assert max(g["input_ids"].shape[1] for g in batches) == tc_tokenizer.max_length
+
+
+def test_encode_batches_bad_input(tc_tokenizer):
+    with pytest.raises(TypeError, match="texts"):
+        tc_tokenizer.encode_batches("one text", 2)
+    with pytest.raises(TypeError, match="texts"):
+        tc_tokenizer.encode_batches(["a", 3], 2)
+    with pytest.raises(TypeError, match="batch_size"):
+        tc_tokenizer.encode_batches(["a"], 2.0)
+    with pytest.raises(ValueError, match="batch_size"):
+        tc_tokenizer.encode_batches(["a"], 0)
+    assert list(tc_tokenizer.encode_batches([], 4)) == []
+
+
 # ---------------------------------------------------------------------------------- sentence encoder
 def test_encode_matches_hf_mean_pooling(encoder, reference_embeddings):
     ref, _ = reference_embeddings

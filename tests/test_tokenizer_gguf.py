@@ -192,6 +192,20 @@ def test_encode_batch_padding(ours, side):
         assert mask[row, real].all() and (ids[row][mask[row] == 0] == ours.pad_token_id).all()
 
 
+def test_encode_batches_equal_encode_batch_per_batch(ours, monkeypatch):
+    """A causal-LM tokenizer (no truncation, no padding of its own): encode_batches' batches, from
+    calls of 4 texts, are encode_batch's (right padding, the pad token's id)."""
+    monkeypatch.setattr(type(ours), "TEXTS_PER_CALL", 4)
+    texts = TEXTS + ["Hi", " word" * 600, "<|im_start|>user\nHello<|im_end|>"]
+    for batch_size in (1, 3, len(texts)):
+        batches = list(ours.encode_batches(texts, batch_size))
+        assert len(batches) == -(-len(texts) // batch_size)
+        for b, got in enumerate(batches):
+            want = ours.encode_batch(texts[b * batch_size:(b + 1) * batch_size])
+            for key in want:
+                np.testing.assert_array_equal(got[key], want[key], err_msg=f"batch {b}, {key}")
+
+
 def test_text_stream_matches_decode(ours):
     for text in TEXTS:
         ids = ours.encode(text)

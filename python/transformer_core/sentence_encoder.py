@@ -166,11 +166,11 @@ class SentenceEncoder:
             from tqdm.auto import tqdm
 
             starts = tqdm(starts, desc="encode", unit="batch")
+        batches = self.tokenizer.encode_batches([sentences[i] for i in order], batch_size)
         # One packing of each weight for all the batches (the same bits as packing it per batch).
         with core.PackedWeightScope():
-            for start in starts:
+            for start, enc in zip(starts, batches):
                 rows = order[start:start + batch_size]
-                enc = self.tokenizer.encode_batch([sentences[i] for i in rows])
                 mask = enc["attention_mask"] == 1  # (N, L) bool, True = a real token
                 hidden = self.model(enc["input_ids"], mask, enc["token_type_ids"]).last_hidden_state
                 # mean_pool's sum: the model's hidden states at padding positions are zeros, so the
