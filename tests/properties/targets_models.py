@@ -449,14 +449,16 @@ TEXT = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_siz
 
 
 def _draw_tok(draw):
-    fn = draw(st.sampled_from(["encode", "decode", "encode_batch"]))
+    fn = draw(st.sampled_from(["encode", "decode", "encode_batch", "encode_batches"]))
     kw = {"fn": fn, "add_special_tokens": draw(st.booleans()), "skip_special_tokens": draw(st.booleans())}
     if fn == "encode":
         kw["text"] = draw(TEXT)
     elif fn == "decode":
         kw["ids"] = draw(st.lists(st.integers(0, 30521), max_size=12))
     else:
-        kw["texts"] = draw(st.lists(TEXT, min_size=1, max_size=3))
+        kw["texts"] = draw(st.lists(TEXT, min_size=1, max_size=5 if fn == "encode_batches" else 3))
+        if fn == "encode_batches":
+            kw["batch_size"] = draw(st.integers(1, 3))
     return kw
 
 
@@ -466,6 +468,8 @@ def _call_tok(kw):
         return tok.encode(kw["text"], add_special_tokens=kw["add_special_tokens"])
     if kw["fn"] == "decode":
         return tok.decode(kw["ids"], skip_special_tokens=kw["skip_special_tokens"])
+    if kw["fn"] == "encode_batches":
+        return list(tok.encode_batches(kw["texts"], kw["batch_size"], add_special_tokens=kw["add_special_tokens"]))
     return tok.encode_batch(kw["texts"], add_special_tokens=kw["add_special_tokens"])
 
 
@@ -484,20 +488,38 @@ def _ref_tok(kw):
         ids = [read_int(i, "ids", 0, 30521) for i in np.asarray(ids, dtype=object).reshape(-1)] if len(ids) else []
         return tok.decode(ids, skip_special_tokens=read_bool(kw["skip_special_tokens"], "skip_special_tokens"))
     texts = kw["texts"]
-    if not isinstance(texts, (list, tuple)) or not texts or not all(isinstance(x, str) for x in texts):
+    batches = kw["fn"] == "encode_batches"  # an empty list: no batches (encode_batch refuses it)
+    if not isinstance(texts, (list, tuple)) or not (texts or batches) or not all(isinstance(x, str) for x in texts):
         raise NoReference("texts")
-    encs = tok.encode_batch(list(texts), add_special_tokens=read_bool(kw["add_special_tokens"], "add_special_tokens"))
-    return {"input_ids": np.array([e.ids for e in encs]), "attention_mask": np.array([e.attention_mask for e in encs]),
-            "token_type_ids": np.array([e.type_ids for e in encs])}
+    add = read_bool(kw["add_special_tokens"], "add_special_tokens")
+
+    def padded(batch):  # the package pads each call to its longest
+        encs = tok.encode_batch(list(batch), add_special_tokens=add)
+        return {"input_ids": np.array([e.ids for e in encs]),
+                "attention_mask": np.array([e.attention_mask for e in encs]),
+                "token_type_ids": np.array([e.type_ids for e in encs])}
+
+    if batches:
+        size = read_int(kw["batch_size"], "batch_size", 1)
+        return [padded(texts[i:i + size]) for i in range(0, len(texts), size)]
+    return padded(texts)
 
 
 def _cmp_tok(result, expected, kw):
+    if isinstance(expected, list) and kw["fn"] == "encode_batches":
+        if len(result) != len(expected):
+            return f"{len(result)} batches != {len(expected)}"
+        for got, want in zip(result, expected):
+            why = assert_close(got, want)
+            if why:
+                return why
+        return None
     if isinstance(expected, dict):
         return assert_close(result, expected)
     return None if result == expected else f"{result!r} != {expected!r}"
 
 
-target(name="Tokenizer.encode/decode/encode_batch", draw=_draw_tok, call=_call_tok, reference=_ref_tok,
+target(name="Tokenizer.encode/decode/encode_batch/encode_batches", draw=_draw_tok, call=_call_tok, reference=_ref_tok,
        compare=_cmp_tok,
        args={"text": Arg("str", bad=[("None", None), ("bytes", b"x"), ("int", 5), ("list", ["x"])]),
              "ids": Arg("custom", bad=[("negative", [-1]), ("vocab", [30522]), ("huge", [2**70]), ("float", [1.5]),
@@ -505,6 +527,7 @@ target(name="Tokenizer.encode/decode/encode_batch", draw=_draw_tok, call=_call_t
                                        ("float_array", np.ones(2)), ("none_item", [None])]),
              "texts": Arg("custom", bad=[("None", None), ("str", "text"), ("empty", []), ("ints", [1, 2]),
                                          ("bytes", [b"x"])]),
+             "batch_size": Arg("size", low=1),
              "add_special_tokens": Arg("bool"), "skip_special_tokens": Arg("bool")})
 
 

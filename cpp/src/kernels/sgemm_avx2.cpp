@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "transformer_core/kernels/sgemm.hpp"
+#include "sgemm_panels.hpp"
 
 namespace transformer_core::kernels::sgemm {
 
@@ -76,12 +77,21 @@ void pack_b(int64_t k, int64_t cols, const float* b, int64_t rs_b, int64_t cs_b,
   }
 }
 
+// The micro-kernel, for sgemm_panels.hpp's loops.
+struct Micro {
+  static constexpr int kRows = sgemm::kRows;
+  static constexpr int64_t kWidth = sgemm::kWidth;
+  template <int R, bool Masked>
+  static void tile(int64_t k, const float* a, int64_t rs_a, int64_t cs_a, const float* panel, int64_t ldp, float* c,
+                   int64_t ldc, int64_t nc, bool accumulate);
+};
+
 // c[0:R, 0:nc] = A[0:R, :] · panel   (R rows of A from a, nc ≤ 16 columns; panel row p at
 // panel + p · ldp: kWidth for packed panels, B's row stride for multiply_rows). Masked: only the nc
 // columns are read (the last, narrower panel of an unpacked B, whose row may end the array).
 template <int R, bool Masked>
-void tile(int64_t k, const float* a, int64_t rs_a, int64_t cs_a, const float* panel, int64_t ldp, float* c,
-          int64_t ldc, int64_t nc, bool accumulate) {
+void Micro::tile(int64_t k, const float* a, int64_t rs_a, int64_t cs_a, const float* panel, int64_t ldp, float* c,
+                 int64_t ldc, int64_t nc, bool accumulate) {
   alignas(32) static constexpr int32_t kFirst[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
   const __m256i mlo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kFirst + 8 - std::min<int64_t>(nc, 8)));
   const __m256i mhi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kFirst + 8 - std::max<int64_t>(nc - 8, 0)));
@@ -117,48 +127,10 @@ void tile(int64_t k, const float* a, int64_t rs_a, int64_t cs_a, const float* pa
   }
 }
 
-using TileFn = void (*)(int64_t, const float*, int64_t, int64_t, const float*, int64_t, float*, int64_t, int64_t, bool);
-template <bool Masked, int... R>
-constexpr auto make_tiles(std::integer_sequence<int, R...>) {
-  return std::array<TileFn, sizeof...(R)>{tile<R + 1, Masked>...};
-}
-// kTiles[masked][r - 1]: the tile of r rows (the last rows of A, fewer than kRows).
-constexpr std::array<std::array<TileFn, kRows>, 2> kTiles = {
-    make_tiles<false>(std::make_integer_sequence<int, kRows>{}), make_tiles<true>(std::make_integer_sequence<int, kRows>{})};
-
-// c[0:m, 0:nc] = A · panel: every row of A, kRows at a time, then the last rows.
-template <bool Masked>
-void panel_times_rows(int64_t m, int64_t k, const float* a, int64_t rs_a, int64_t cs_a, const float* panel, int64_t ldp,
-                      float* c, int64_t ldc, int64_t nc, bool accumulate) {
-  int64_t i = 0;
-  for (; i + kRows <= m; i += kRows)
-    tile<kRows, Masked>(k, a + i * rs_a, rs_a, cs_a, panel, ldp, c + i * ldc, ldc, nc, accumulate);
-  if (i < m) kTiles[Masked][m - i - 1](k, a + i * rs_a, rs_a, cs_a, panel, ldp, c + i * ldc, ldc, nc, accumulate);
-}
-
-void multiply(int64_t m, int64_t cols, int64_t k, const float* a, int64_t rs_a, int64_t cs_a, const float* packed,
-              float* c, int64_t ldc, bool accumulate) {
-  for (int64_t j = 0; j < cols; j += kWidth)  // one panel of B meets every row of A while it is in cache
-    panel_times_rows<false>(m, k, a, rs_a, cs_a, packed + j * k, kWidth, c + j, ldc, std::min(kWidth, cols - j),
-                            accumulate);
-}
-
-void multiply_rows(int64_t m, int64_t cols, int64_t k, const float* a, int64_t rs_a, int64_t cs_a, const float* b,
-                   int64_t ldb, float* c, int64_t ldc, bool accumulate) {
-  for (int64_t j = 0; j < cols; j += kWidth) {  // the panels are B's columns j .. j + 15, read in place
-    const int64_t nc = std::min(kWidth, cols - j);
-    if (nc == kWidth) {
-      panel_times_rows<false>(m, k, a, rs_a, cs_a, b + j, ldb, c + j, ldc, nc, accumulate);
-    } else {  // the last columns: only they are read
-      panel_times_rows<true>(m, k, a, rs_a, cs_a, b + j, ldb, c + j, ldc, nc, accumulate);
-    }
-  }
-}
-
 }  // namespace
 
 const Kernels& avx2_kernels() {
-  static const Kernels k{"avx2", pack_b, multiply, multiply_rows};
+  static const Kernels k{"avx2", pack_b, multiply<Micro>, multiply_rows<Micro>};
   return k;
 }
 

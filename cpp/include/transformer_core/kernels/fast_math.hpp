@@ -121,8 +121,8 @@ inline double exp_nonpos(double x) {
 // out-of-order window holds only a few of these chains): n by a rounding instruction (vroundps /
 // vrndscaleps) rather than the add-and-subtract of 1.5 · 2²³, and 2ⁿ applied by adding n to the
 // exponent bits of 2^f (exact: 2^f · 2ⁿ is normal for n ≥ −125) rather than by a multiplication.
-// The same bits as the scalar forms' round-and-multiply; Zen 5: 6.8 cycles a register of 16 scores
-// instead of 8.2 (exp2_row_sum, a row of 256 in L1).
+// The same bits as the add-and-subtract, multiply form it replaced; Zen 5: 6.8 cycles a register of
+// 16 scores instead of 8.2 (exp2_row_sum, a row of 256 in L1).
 inline xsimd::batch<float> exp2_nonpos(const xsimd::batch<float>& t) {
   using B = xsimd::batch<float>;
   using I = xsimd::batch<int32_t>;
