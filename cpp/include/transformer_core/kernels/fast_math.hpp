@@ -123,6 +123,10 @@ inline double exp_nonpos(double x) {
 // exponent bits of 2^f (exact: 2^f · 2ⁿ is normal for n ≥ −125) rather than by a multiplication.
 // The same bits as the add-and-subtract, multiply form it replaced; Zen 5: 6.8 cycles a register of
 // 16 scores instead of 8.2 (exp2_row_sum, a row of 256 in L1).
+// AVX-512 has one instruction for the last steps: vscalefps multiplies by 2ⁿ (exact, as the integer
+// add: the result is normal), and its zero-masking writes the 0 below −125 where the mask
+// "not t < −125" is false (true for a NaN, which stays NaN). Three fewer instructions than the
+// convert, shift, add and blend: 6.5 -> 6.0 cycles a register on Zen 5; the same bits.
 inline xsimd::batch<float> exp2_nonpos(const xsimd::batch<float>& t) {
   using B = xsimd::batch<float>;
   using I = xsimd::batch<int32_t>;
@@ -135,6 +139,12 @@ inline xsimd::batch<float> exp2_nonpos(const xsimd::batch<float>& t) {
   p = simd::fma(p, f, B(2.4022646e-1f));
   p = simd::fma(p, f, B(6.931472e-1f));
   p = simd::fma(p, f, B(1.0f));
+#if defined(__AVX512F__)
+  if constexpr (B::size == 16) {
+    const __mmask16 keep = _mm512_cmp_ps_mask(t, _mm512_set1_ps(-125.0f), _CMP_NLT_UQ);
+    return B(_mm512_maskz_scalef_ps(keep, p, n));
+  }
+#endif
   const I scaled = xsimd::bitwise_cast<I>(p) + (xsimd::to_int(n) << 23);  // 2^f · 2ⁿ
   return xsimd::select(t < B(-125.0f), B(0.0f), xsimd::bitwise_cast<B>(scaled));
 }

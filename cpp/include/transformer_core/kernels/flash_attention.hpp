@@ -208,8 +208,9 @@ inline float score_row_max<float>(const float* x, int64_t n) {
   }
   alignas(64) float lanes[W];
   xsimd::max(m0, m1).store_aligned(lanes);
-  float m = neg_inf;
-  for (int64_t t = 0; t < W; ++t) m = lanes[t] > m ? lanes[t] : m;
+  for (int64_t w = W / 2; w >= 1; w /= 2)  // halves: log₂ W steps instead of a chain of W
+    for (int64_t t = 0; t < w; ++t) lanes[t] = lanes[t + w] > lanes[t] ? lanes[t + w] : lanes[t];
+  float m = lanes[0];
   for (; j < n; ++j) m = x[j] > m ? x[j] : m;
   return m;
 }
