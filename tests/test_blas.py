@@ -151,6 +151,21 @@ def test_torch_imported_after_us_keeps_both_thread_counts():
     assert out.stdout.split() == ["2", "2", "2"], out
 
 
+@pytest.mark.parametrize("given, expected", [(None, "100000"), ("7", "7")])
+def test_import_shortens_libgomps_spin_unless_the_user_set_it(given, expected):
+    # libgomp reads GOMP_SPINCOUNT once, when it loads (with _core): the package sets 100,000 turns
+    # before that (libgomp's 300,000 made a numpy matmul right after our calls 1.7-2x slower on 2
+    # cores: bench/README.md, "numpy in the same process") and keeps a value the user set.
+    env = dict(os.environ)
+    env.pop("GOMP_SPINCOUNT", None)
+    if given is not None:
+        env["GOMP_SPINCOUNT"] = given
+    code = ("import os; before = 'libgomp' in open('/proc/self/maps').read(); import transformer_core; "
+            "print(before, os.environ.get('GOMP_SPINCOUNT'), 'libgomp' in open('/proc/self/maps').read())")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", expected, "True"], out  # libgomp came with the import
+
+
 def test_tc_blas_bad_value_warns_and_uses_auto():
     out = _blas_info_with("cublas")
     assert "TC_BLAS: expected 'auto', 'mkl' or 'openblas', got 'cublas'" in out.stderr
