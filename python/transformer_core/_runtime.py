@@ -29,10 +29,11 @@ def _shorten_openmp_spin() -> None:
     """After a parallel region libgomp's idle threads spin, ``GOMP_SPINCOUNT`` turns of a wait loop
     (300,000 by default: milliseconds of a core), before they sleep. A numpy matmul right after one
     of our calls then shares the cores with them: numpy's OpenBLAS runs its own pthreads. On 2 cores
-    (Zen 5, ``bench/interference.py``): a (20000, 384) @ (384, 64) matmul took 10-13 ms after our
-    calls against 6 ms alone, and 8-9 ms with 100,000 turns; our one-sentence MiniLM encode after
-    that matmul 3.4 ms, 1.9-2.4 ms with 100,000 turns (1.3 ms alone, where neither setting changed
-    our timings: the regions of one call follow each other within the shorter spin too).
+    (Zen 5, ``bench/interference.py``): a (20000, 384) @ (384, 64) matmul took 10.9-12.2 ms after
+    our calls against 5.8 ms alone, and 7.3-8.6 ms with 100,000 turns; our one-sentence MiniLM
+    encode after that matmul 3.4 ms, and 2.0 ms with 100,000 turns (1.3 ms alone, where neither
+    setting changed our timings: the regions of one call follow each other within the shorter spin
+    too).
     bench/README.md, "numpy in the same process". libgomp reads the variable once, when it loads:
     this runs before ``_core`` (which loads it) is imported; if torch, whose wheel ships the same
     libgomp, was imported first, its setting stays. A value the user set is kept."""
