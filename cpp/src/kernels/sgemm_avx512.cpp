@@ -2,8 +2,6 @@
 #include <immintrin.h>
 
 #include <algorithm>
-#include <array>
-#include <utility>
 
 #include "transformer_core/kernels/sgemm.hpp"
 #include "sgemm_panels.hpp"
