@@ -33,4 +33,19 @@ inline xsimd::batch<T, A> fnma(const xsimd::batch<T, A>& x, const xsimd::batch<T
   return simd::fma(-x, y, z);
 }
 
+// Keeps x in a register: a loop that uses one loaded vector in several FMAs then reads it once.
+// Left alone, GCC 12 folds such a load into each FMA as a memory operand instead, so the vector is
+// read once per FMA: the few-row linear kernel (linear_small.hpp) then made 24 loads per 21 FMAs
+// rather than 10, and each load that crosses a cache line costs Zen 4 about twice (numpy's arrays
+// are 16-byte aligned): 59 cycles per step there in place of 28. An empty asm with the vector as
+// its in-out register operand is a barrier GCC cannot fold a load through; no instruction results.
+template <class T, class A>
+inline void keep_in_register(xsimd::batch<T, A>& x) {
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+  asm("" : "+v"(x.data));
+#else
+  (void)x;
+#endif
+}
+
 }  // namespace transformer_core::kernels::simd
