@@ -96,6 +96,7 @@ void Micro::tile(int64_t k, const float* a, int64_t rs_a, int64_t cs_a, const fl
   __m256 lo[R], hi[R];
   #pragma GCC unroll 16
   for (int r = 0; r < R; ++r) lo[r] = hi[r] = _mm256_setzero_ps();
+  prefetch_rows_for_write<R>(c, ldc, nc);
   for (int64_t p = 0; p < k; ++p, a += cs_a, panel += ldp) {
     const __m256 b0 = Masked ? _mm256_maskload_ps(panel, mlo) : _mm256_loadu_ps(panel);
     const __m256 b1 = Masked ? _mm256_maskload_ps(panel + 8, mhi) : _mm256_loadu_ps(panel + 8);

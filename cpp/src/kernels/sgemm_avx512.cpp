@@ -92,6 +92,7 @@ void Micro::tile(int64_t k, const float* a, int64_t rs_a, int64_t cs_a, const fl
   __m512 lo[R], hi[R];
   #pragma GCC unroll 16
   for (int r = 0; r < R; ++r) lo[r] = hi[r] = _mm512_setzero_ps();
+  prefetch_rows_for_write<R>(c, ldc, nc);
   for (int64_t p = 0; p < k; ++p, a += cs_a, panel += ldp) {
     const __m512 b0 = Masked ? _mm512_maskz_loadu_ps(mlo, panel) : _mm512_loadu_ps(panel);
     const __m512 b1 = Masked ? _mm512_maskz_loadu_ps(mhi, panel + 16) : _mm512_loadu_ps(panel + 16);
