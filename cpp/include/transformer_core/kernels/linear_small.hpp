@@ -6,7 +6,8 @@
 // the product itself. Here w is streamed once instead: a few of its rows at a time stay in L1 while
 // they meet every row of x (AVX-512: up to 8 rows of x in one block with 3 rows of w, more rows in
 // blocks of 4 × 4; AVX2: 7 × 2, or 2 × 4 for one or two rows), the rows of w two groups ahead
-// prefetched into L2 meanwhile. Each dot product is accumulated in SIMD lanes (xsimd) and summed across them once.
+// prefetched into L2 meanwhile. Each dot product is accumulated in SIMD lanes (xsimd) and summed
+// across them once.
 // (7 tokens of MiniLM, 2 threads, Sapphire Rapids: the four products of a layer 253 → 215 µs.)
 // Every y[i, j] is computed the same way whatever the split over j, so results do not depend on the
 // thread count.
