@@ -10,7 +10,12 @@
 //   * row_times_transposed: blocks of as many rows of b as a SIMD register has lanes, one
 //     accumulator each; sum_lanes adds each accumulator's lanes by the same tree, all of them at
 //     once into one register (lane c = the dot product of row c); the k mod lanes last products are
-//     added in order after.
+//     added in order after. The rows of a block are read one after the other, each from its start
+//     to its end, and the rows four blocks on are prefetched into L2 meanwhile. A decoding step's
+//     keys come from memory (the rest of the model ran since they were last read), and reading
+//     sixteen rows side by side, a vector of each in turn, defeats the hardware prefetchers: one
+//     thread, Zen 4, 12 heads × 4,096 keys of 64 from DRAM: 1.49 → 0.8 ms. With the keys in L2 the
+//     side-by-side order was 15 % faster (one load of x per sixteen products instead of one each).
 //   * row_times: each y[j] is one fused multiply-add chain over p in order, in a SIMD lane or, for
 //     the last n mod lanes columns, in std::fma: the same bits either way.
 // (One thread, Zen 5, 2048 keys of 64 in L2: the scores 5.3 → 3.9 µs, the output 4.2 → 2.1 µs
@@ -66,16 +71,22 @@ inline void row_times_transposed(int64_t n, int64_t k, const float* x, const flo
                                  bool accumulate) {
   using gemv_detail::Batch;
   constexpr int64_t W = gemv_detail::kLanes;
+  constexpr int64_t kPrefetchBlocks = 4;
   const int64_t k_vec = k - k % W;
   for (int64_t j0 = 0; j0 < n; j0 += W) {
     const int64_t count = std::min(W, n - j0);
     const float* rows[W];  // a short last block repeats its last row (computed, not stored)
     for (int64_t c = 0; c < W; ++c) rows[c] = b + std::min(j0 + c, n - 1) * ldb;
+    const int64_t ahead = j0 + kPrefetchBlocks * W;  // the rows of b read kPrefetchBlocks blocks later
     Batch acc[W];
-    for (int64_t c = 0; c < W; ++c) acc[c] = Batch(0.f);
-    for (int64_t p = 0; p < k_vec; p += W) {
-      const Batch xv = Batch::load_unaligned(x + p);
-      for (int64_t c = 0; c < W; ++c) acc[c] = simd::fma(xv, Batch::load_unaligned(rows[c] + p), acc[c]);
+    for (int64_t c = 0; c < W; ++c) {
+      const float* later = b + std::min(ahead + c, n - 1) * ldb;
+      Batch sum(0.f);
+      for (int64_t p = 0; p < k_vec; p += W) {
+        if (ahead < n) __builtin_prefetch(later + p, 0, 2);  // into L2 (prefetcht1)
+        sum = simd::fma(Batch::load_unaligned(x + p), Batch::load_unaligned(rows[c] + p), sum);
+      }
+      acc[c] = sum;
     }
     alignas(64) float sums[W];
     gemv_detail::sum_lanes(acc).store_aligned(sums);
