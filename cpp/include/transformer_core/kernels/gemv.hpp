@@ -14,8 +14,9 @@
 //     to its end, and the rows four blocks on are prefetched into L2 meanwhile. A decoding step's
 //     keys come from memory (the rest of the model ran since they were last read), and reading
 //     sixteen rows side by side, a vector of each in turn, defeats the hardware prefetchers: one
-//     thread, Zen 4, 12 heads × 4,096 keys of 64 from DRAM: 1.49 → 0.8 ms. With the keys in L2 the
-//     side-by-side order was 15 % faster (one load of x per sixteen products instead of one each).
+//     thread, Zen 4, 12 heads × 4,096 keys of 64 from DRAM: 1.5 → 0.7 ms. With every key in L2 the
+//     side-by-side order is 25–30 % faster (a load of x per sixteen products instead of one each),
+//     but a decoding step does not find its keys there.
 //   * row_times: each y[j] is one fused multiply-add chain over p in order, in a SIMD lane or, for
 //     the last n mod lanes columns, in std::fma: the same bits either way.
 // (One thread, Zen 5, 2048 keys of 64 in L2: the scores 5.3 → 3.9 µs, the output 4.2 → 2.1 µs
