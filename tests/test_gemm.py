@@ -310,6 +310,28 @@ def test_attention_few_query_rows_stream_k_and_v_and_match_torch(shape, path):
     _close_to_fp64(out, ref)
 
 
+@pytest.mark.parametrize("shape", [(2, 31, 31, 65), (3, 33, 32, 130), (3, 600, 64, 64), (2, 100, 17, 33)],
+                         ids=lambda s: "L{}-S{}-D{}-Dv{}".format(*s))
+def test_attention_few_query_rows_together_give_each_row_its_bits_alone(shape):
+    """Two or three query rows stream k and v once for all of them (kernels/gemv.hpp, as a GQA
+    decoding step's query heads do): each row's output is bit for bit the one it gets alone. The
+    reference path runs its products through gemm_on_thread whatever the size."""
+    L, S, D, Dv = shape
+    rng = np.random.default_rng(L + S + D + Dv)
+    q = rng.standard_normal((2, 3, L, D), dtype=np.float32)
+    k = rng.standard_normal((2, 3, S, D), dtype=np.float32)
+    v = rng.standard_normal((2, 3, S, Dv), dtype=np.float32)
+    scale = 1.0 / np.sqrt(D)
+
+    def sdpa(queries):
+        return _all_paths(lambda: core.scaled_dot_product_attention_f32(
+            queries, k, v, None, None, None, False, 0, scale, False, "reference", return_lse=False))
+
+    together = sdpa(q)
+    for row in range(L):
+        np.testing.assert_array_equal(together[:, :, row:row + 1], sdpa(np.ascontiguousarray(q[:, :, row:row + 1])))
+
+
 ATTENTION_SHAPES = [  # (N, H, L, S, D): MiniLM's short rows, odd sizes, tile edges of the flash kernel
     (2, 3, 1, 1, 8), (2, 12, 35, 35, 32), (1, 2, 13, 47, 17), (3, 2, 129, 257, 64), (1, 1, 40, 600, 32),
 ]

@@ -91,9 +91,9 @@ inline void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T 
 // every step). Its block of kGemmOnThreadDepth columns is first copied into groups of
 // kGemmRowGroup rows, each group [depth, kGemmRowGroup] contiguous, which the micro-kernels then
 // read in order. (Copying moves no arithmetic: the bits are those of the unpacked product.)
-// Fewer rows than kGemmOnThreadMinRows (a decoding step's one query row) would pay the packing of
-// op(B) for too little use of it: each row streams B once instead (kernels/gemv.hpp), unless A is
-// transposed (then BLAS).
+// Fewer rows than kGemmOnThreadMinRows (a decoding step's one query row, or the query heads of one
+// key/value head under GQA) would pay the packing of op(B) for too little use of it: they stream B
+// once instead, all their rows together (kernels/gemv.hpp), unless A is transposed (then BLAS).
 constexpr int64_t kGemmOnThreadCols = 4 * sgemm::kPanel;
 constexpr int64_t kGemmOnThreadDepth = 256;
 constexpr int64_t kGemmOnThreadMinRows = 4;
@@ -116,12 +116,10 @@ inline void gemm_on_thread(bool trans_a, bool trans_b, int64_t m, int64_t n, int
   if (m <= 0 || n <= 0) return;
   if constexpr (std::is_same_v<T, float>) {
     if (k > 0 && m < kGemmOnThreadMinRows && !trans_a && sgemm::active() != nullptr) {
-      for (int64_t i = 0; i < m; ++i) {
-        if (trans_b)
-          row_times_transposed(n, k, a + i * lda, b, ldb, c + i * ldc, accumulate);
-        else
-          row_times(n, k, a + i * lda, b, ldb, c + i * ldc, accumulate);
-      }
+      if (trans_b)
+        rows_times_transposed(m, n, k, a, lda, b, ldb, c, ldc, accumulate);
+      else
+        rows_times(m, n, k, a, lda, b, ldb, c, ldc, accumulate);
       return;
     }
     if (k > 0 && m >= kGemmOnThreadMinRows)

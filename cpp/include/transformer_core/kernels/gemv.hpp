@@ -1,24 +1,27 @@
-// One fp32 row of x times a matrix, on the calling thread: the products of a decoding step, whose
-// attention has one query row against thousands of keys.
+// A few fp32 rows of x times a matrix, on the calling thread: the products of a decoding step,
+// whose attention has one query row (or, under GQA, the query heads of one key/value head: 2–3
+// rows) against thousands of keys.
 //
-//   row_times_transposed:  y[j] (+)= Σ_p x[p] · b[j, p]     b: [n, k] (row stride ldb)   q · kᵀ: scores
-//   row_times:             y[j] (+)= Σ_p x[p] · b[p, j]     b: [k, n] (row stride ldb)   p · v: output
+//   rows_times_transposed:  y[i, j] (+)= Σ_p x[i, p] · b[j, p]   b: [n, k] (row stride ldb)   q · kᵀ: scores
+//   rows_times:             y[i, j] (+)= Σ_p x[i, p] · b[p, j]   b: [k, n] (row stride ldb)   p · v: output
 //
-// A GEMM would pack b into panels first, for one row's use of them; these stream b once. Each y[j]
-// is summed the same way whatever n, ldb and its position in y, so a key's score does not depend
-// on how the keys are cut into blocks or chunks:
-//   * row_times_transposed: blocks of as many rows of b as a SIMD register has lanes, one
-//     accumulator each; sum_lanes adds each accumulator's lanes by the same tree, all of them at
-//     once into one register (lane c = the dot product of row c); the k mod lanes last products are
-//     added in order after. The rows of a block are read one after the other, each from its start
-//     to its end, and the rows four blocks on are prefetched into L2 meanwhile. A decoding step's
-//     keys come from memory (the rest of the model ran since they were last read), and reading
-//     sixteen rows side by side, a vector of each in turn, defeats the hardware prefetchers: one
-//     thread, Zen 4, 12 heads × 4,096 keys of 64 from DRAM: 1.5 → 0.7 ms. With every key in L2 the
-//     side-by-side order is 25–30 % faster (a load of x per sixteen products instead of one each),
-//     but a decoding step does not find its keys there.
-//   * row_times: each y[j] is one fused multiply-add chain over p in order, in a SIMD lane or, for
-//     the last n mod lanes columns, in std::fma: the same bits either way.
+// A GEMM would pack b into panels first, for a few rows' use of them; these stream b once for up to
+// kGemvMaxRows rows of x at a time (with 3 query heads per key/value head, SmolLM2's GQA, the
+// decoding step's attention 0.28 → 0.25 ms at 2,048 cached tokens, two threads, Zen 4). Each y[i, j]
+// is summed the same way whatever n, ldb, its position in y and the rows beside it, so a key's score
+// does not depend on how the keys are cut into blocks or chunks, nor a row's result on the others:
+//   * rows_times_transposed: blocks of as many rows of b as a SIMD register has lanes, one
+//     accumulator each per row of x; sum_lanes adds each accumulator's lanes by the same tree, all
+//     of them at once into one register (lane c = the dot product with row c); the k mod lanes last
+//     products are added in order after. The rows of a block are read two at a time, each from its
+//     start to its end, and the rows four blocks on are prefetched into L2 meanwhile. A decoding
+//     step's keys come from memory (the rest of the model ran since they were last read), and
+//     reading all sixteen rows side by side, a vector of each in turn, defeats the hardware
+//     prefetchers: one thread, Zen 4, 12 heads × 4,096 keys of 64 from DRAM: 1.5 → 0.7 ms. (With
+//     every key in L2 the side-by-side order is 10–30 % faster, but a decoding step does not find
+//     its keys there.)
+//   * rows_times: each y[i, j] is one fused multiply-add chain over p in order, in a SIMD lane or,
+//     for the last n mod lanes columns, in std::fma: the same bits either way.
 // (One thread, Zen 5, 2048 keys of 64 in L2: the scores 5.3 → 3.9 µs, the output 4.2 → 2.1 µs
 // against OpenBLAS's gemv; decoding SDPA, bench/README.md.)
 #pragma once
@@ -68,64 +71,123 @@ inline Batch sum_lanes(const Batch* v) {
 
 }  // namespace gemv_detail
 
-inline void row_times_transposed(int64_t n, int64_t k, const float* x, const float* b, int64_t ldb, float* y,
-                                 bool accumulate) {
-  using gemv_detail::Batch;
-  constexpr int64_t W = gemv_detail::kLanes;
+namespace gemv_detail {
+
+// M rows of x at once (M ≤ kMaxRows), so that each row of b is read once for all of them.
+template <int M>
+void rows_times_transposed(int64_t n, int64_t k, const float* x, int64_t ldx, const float* b, int64_t ldb,
+                           float* y, int64_t ldy, bool accumulate) {
+  constexpr int64_t W = kLanes;
   constexpr int64_t kPrefetchBlocks = 4;
+  constexpr int kRowsAtOnce = 2;  // rows of b read side by side (W is a multiple of it)
   const int64_t k_vec = k - k % W;
   for (int64_t j0 = 0; j0 < n; j0 += W) {
     const int64_t count = std::min(W, n - j0);
     const float* rows[W];  // a short last block repeats its last row (computed, not stored)
     for (int64_t c = 0; c < W; ++c) rows[c] = b + std::min(j0 + c, n - 1) * ldb;
     const int64_t ahead = j0 + kPrefetchBlocks * W;  // the rows of b read kPrefetchBlocks blocks later
-    Batch acc[W];
-    for (int64_t c = 0; c < W; ++c) {
-      const float* later = b + std::min(ahead + c, n - 1) * ldb;
-      Batch sum(0.f);
+    Batch acc[M][W];
+    for (int64_t c = 0; c < W; c += kRowsAtOnce) {
+      Batch sum[kRowsAtOnce][M];
+      for (int r = 0; r < kRowsAtOnce; ++r)
+        for (int i = 0; i < M; ++i) sum[r][i] = Batch(0.f);
       for (int64_t p = 0; p < k_vec; p += W) {
-        if (ahead < n) __builtin_prefetch(later + p, 0, 2);  // into L2 (prefetcht1)
-        sum = simd::fma(Batch::load_unaligned(x + p), Batch::load_unaligned(rows[c] + p), sum);
+        for (int r = 0; r < kRowsAtOnce; ++r) {
+          if (ahead < n) __builtin_prefetch(b + std::min(ahead + c + r, n - 1) * ldb + p, 0, 2);  // prefetcht1
+          const Batch bv = Batch::load_unaligned(rows[c + r] + p);
+          for (int i = 0; i < M; ++i) sum[r][i] = simd::fma(Batch::load_unaligned(x + i * ldx + p), bv, sum[r][i]);
+        }
       }
-      acc[c] = sum;
+      for (int r = 0; r < kRowsAtOnce; ++r)
+        for (int i = 0; i < M; ++i) acc[i][c + r] = sum[r][i];
     }
-    alignas(64) float sums[W];
-    gemv_detail::sum_lanes(acc).store_aligned(sums);
-    for (int64_t c = 0; c < count; ++c) {
-      float s = sums[c];
-      for (int64_t p = k_vec; p < k; ++p) s += x[p] * rows[c][p];
-      y[j0 + c] = accumulate ? y[j0 + c] + s : s;
+    for (int i = 0; i < M; ++i) {
+      const float* xi = x + i * ldx;
+      float* yi = y + i * ldy;
+      alignas(64) float sums[W];
+      sum_lanes(acc[i]).store_aligned(sums);
+      for (int64_t c = 0; c < count; ++c) {
+        float s = sums[c];
+        for (int64_t p = k_vec; p < k; ++p) s += xi[p] * rows[c][p];
+        yi[j0 + c] = accumulate ? yi[j0 + c] + s : s;
+      }
     }
   }
 }
 
-inline void row_times(int64_t n, int64_t k, const float* x, const float* b, int64_t ldb, float* y, bool accumulate) {
-  using gemv_detail::Batch;
-  constexpr int64_t W = gemv_detail::kLanes;
+template <int M>
+void rows_times(int64_t n, int64_t k, const float* x, int64_t ldx, const float* b, int64_t ldb, float* y,
+                int64_t ldy, bool accumulate) {
+  constexpr int64_t W = kLanes;
   constexpr int64_t kChains = 4;  // registers of columns at a time
-  auto store = [&](int64_t j, const Batch& acc) {
-    (accumulate ? Batch::load_unaligned(y + j) + acc : acc).store_unaligned(y + j);
+  auto store = [&](int i, int64_t j, const Batch& acc) {
+    float* yij = y + i * ldy + j;
+    (accumulate ? Batch::load_unaligned(yij) + acc : acc).store_unaligned(yij);
   };
   int64_t j = 0;
   for (; j + kChains * W <= n; j += kChains * W) {
-    Batch acc[kChains];
-    for (int64_t c = 0; c < kChains; ++c) acc[c] = Batch(0.f);
+    Batch acc[M][kChains];
+    for (int i = 0; i < M; ++i)
+      for (int64_t c = 0; c < kChains; ++c) acc[i][c] = Batch(0.f);
     for (int64_t p = 0; p < k; ++p) {
-      const Batch xp(x[p]);
       const float* row = b + p * ldb + j;
-      for (int64_t c = 0; c < kChains; ++c) acc[c] = simd::fma(xp, Batch::load_unaligned(row + c * W), acc[c]);
+      for (int64_t c = 0; c < kChains; ++c) {
+        const Batch bv = Batch::load_unaligned(row + c * W);
+        for (int i = 0; i < M; ++i) acc[i][c] = simd::fma(Batch(x[i * ldx + p]), bv, acc[i][c]);
+      }
     }
-    for (int64_t c = 0; c < kChains; ++c) store(j + c * W, acc[c]);
+    for (int i = 0; i < M; ++i)
+      for (int64_t c = 0; c < kChains; ++c) store(i, j + c * W, acc[i][c]);
   }
   for (; j + W <= n; j += W) {
-    Batch acc(0.f);
-    for (int64_t p = 0; p < k; ++p) acc = simd::fma(Batch(x[p]), Batch::load_unaligned(b + p * ldb + j), acc);
-    store(j, acc);
+    Batch acc[M];
+    for (int i = 0; i < M; ++i) acc[i] = Batch(0.f);
+    for (int64_t p = 0; p < k; ++p) {
+      const Batch bv = Batch::load_unaligned(b + p * ldb + j);
+      for (int i = 0; i < M; ++i) acc[i] = simd::fma(Batch(x[i * ldx + p]), bv, acc[i]);
+    }
+    for (int i = 0; i < M; ++i) store(i, j, acc[i]);
   }
-  for (; j < n; ++j) {
-    float s = 0;
-    for (int64_t p = 0; p < k; ++p) s = std::fma(x[p], b[p * ldb + j], s);
-    y[j] = accumulate ? y[j] + s : s;
+  for (; j < n; ++j)
+    for (int i = 0; i < M; ++i) {
+      float s = 0;
+      for (int64_t p = 0; p < k; ++p) s = std::fma(x[i * ldx + p], b[p * ldb + j], s);
+      y[i * ldy + j] = accumulate ? y[i * ldy + j] + s : s;
+    }
+}
+
+}  // namespace gemv_detail
+
+// The m rows of x (row stride ldx) times b into the m rows of y (row stride ldy), up to
+// kGemvMaxRows rows at once (so each row of b is read once for them), each row's result bit for bit
+// the one it gets alone.
+constexpr int64_t kGemvMaxRows = 3;
+
+inline void rows_times_transposed(int64_t m, int64_t n, int64_t k, const float* x, int64_t ldx, const float* b,
+                                  int64_t ldb, float* y, int64_t ldy, bool accumulate) {
+  using namespace gemv_detail;
+  for (int64_t i = 0; i < m; i += kGemvMaxRows) {
+    const float* xi = x + i * ldx;
+    float* yi = y + i * ldy;
+    switch (std::min(kGemvMaxRows, m - i)) {
+      case 1: rows_times_transposed<1>(n, k, xi, ldx, b, ldb, yi, ldy, accumulate); break;
+      case 2: rows_times_transposed<2>(n, k, xi, ldx, b, ldb, yi, ldy, accumulate); break;
+      default: rows_times_transposed<3>(n, k, xi, ldx, b, ldb, yi, ldy, accumulate); break;
+    }
+  }
+}
+
+inline void rows_times(int64_t m, int64_t n, int64_t k, const float* x, int64_t ldx, const float* b, int64_t ldb,
+                       float* y, int64_t ldy, bool accumulate) {
+  using namespace gemv_detail;
+  for (int64_t i = 0; i < m; i += kGemvMaxRows) {
+    const float* xi = x + i * ldx;
+    float* yi = y + i * ldy;
+    switch (std::min(kGemvMaxRows, m - i)) {
+      case 1: rows_times<1>(n, k, xi, ldx, b, ldb, yi, ldy, accumulate); break;
+      case 2: rows_times<2>(n, k, xi, ldx, b, ldb, yi, ldy, accumulate); break;
+      default: rows_times<3>(n, k, xi, ldx, b, ldb, yi, ldy, accumulate); break;
+    }
   }
 }
 
