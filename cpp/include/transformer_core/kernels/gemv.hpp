@@ -69,11 +69,7 @@ inline Batch sum_lanes(const Batch* v) {
 #endif
 }
 
-}  // namespace gemv_detail
-
-namespace gemv_detail {
-
-// M rows of x at once (M ≤ kMaxRows), so that each row of b is read once for all of them.
+// M rows of x at once (M ≤ kGemvMaxRows), so that each row of b is read once for all of them.
 template <int M>
 void rows_times_transposed(int64_t n, int64_t k, const float* x, int64_t ldx, const float* b, int64_t ldb,
                            float* y, int64_t ldy, bool accumulate) {
