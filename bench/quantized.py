@@ -1,4 +1,4 @@
-"""Benchmarks the quantized linear kernels (transformer_core.quantization) against fp32 OpenBLAS.
+"""Benchmarks the quantized linear kernels (transformer_core.quantization) against our fp32 ones.
 
 Usage::
 
@@ -10,12 +10,12 @@ What it measures:
     * matrix-vector products (decoding: one row of x) for SmolLM2-135M's shapes — q/o 576x576,
       k/v 192x576, gate/up 1536x576, down 576x1536, lm head 49152x576 — for every format (int8,
       GGUF Q8_0/Q4_0/Q4_1 with fp32 activations ("f32") and with Q8 activations ("q8x")), every
-      instruction set the CPU supports, and fp32 sgemv (OpenBLAS, what ``tc.functional.linear``
-      calls with one row). GB/s = bytes of weights / time; GFLOP/s = 2·out·in / time;
+      instruction set the CPU supports, and fp32 (what ``tc.functional.linear`` runs with one row:
+      our few-row kernel, kernels/linear_small.hpp). GB/s = bytes of weights / time; GFLOP/s = 2·out·in / time;
       "vs fp32" = fp32 time / this time (> 1: faster than fp32).
     * The weights stream from memory as in decoding: each case cycles through enough copies of its
       weights to cover ``--working-set-mib`` (default 512 MiB), so they are not cache-resident.
-    * matrix-matrix products (prefill) at 128 and 512 rows: GFLOP/s and the ratio to fp32 sgemm.
+    * matrix-matrix products (prefill) at 128 and 512 rows: GFLOP/s and the ratio to our fp32 GEMM.
     * Each time is the median of single calls (after a warm-up), within a time budget per case.
       The compiled functions are called directly (``transformer_core._core``: the arrays are
       already validated), so Python's argument checking (~2-3 µs) is not in the figures.
@@ -123,7 +123,6 @@ def main() -> None:
         bench_models(int(args.threads.split(",")[-1]), args.quick)
         return
 
-    sys.path.insert(0, str(BENCH_DIR.parent / "python"))
     import transformer_core as tc
     from gguf import GGMLQuantizationType
     from gguf import quants as gq
@@ -159,10 +158,11 @@ def main() -> None:
             ws = [w] + [w.copy() for _ in range(copies_for(w.nbytes, working_set) - 1)]
             t32 = median_call([lambda ww=ww: core.linear_f32(x, ww, None, "") for ww in ws], args.budget)
             del ws
-            emit(f"| {name} | fp32 (OpenBLAS sgemv) | — | {nt} | {t32 * 1e6:.1f} | {w.nbytes / t32 / 1e9:.1f} | "
+            emit(f"| {name} | fp32 (ours) | — | {nt} | {t32 * 1e6:.1f} | {w.nbytes / t32 / 1e9:.1f} | "
                  f"{flops / t32 / 1e9:.1f} | 1.00 |")
             cases = [("int8", qw.nbytes, [qw] + [qw.copy() for _ in range(copies_for(qw.nbytes, working_set) - 1)],
-                      lambda q: core.linear_int8(x=x, qweight=q, scales=scales, bias=None))]
+                      lambda q: core.linear_int8(x=x, qweight=q, scales=scales, bias=None,
+                                                 residual_activations=False))]
             for t in GGUF_TYPES:
                 b = blocks[t]
                 bs = [b] + [b.copy() for _ in range(copies_for(b.nbytes, working_set) - 1)]
@@ -197,11 +197,12 @@ def main() -> None:
             for nt in threads:
                 tc.set_num_threads(nt)
                 t32 = median_call([lambda: core.linear_f32(x, w, None, "")], args.budget)
-                emit(f"| {name} | {rows} | fp32 (OpenBLAS sgemm) | — | {nt} | {t32 * 1e3:.2f} | "
+                emit(f"| {name} | {rows} | fp32 (ours) | — | {nt} | {t32 * 1e3:.2f} | "
                      f"{flops / t32 / 1e9:.1f} | 1.00 |")
                 for isa in simd:
                     tc.quantization.set_isa(isa)
-                    cases = [("int8", lambda: core.linear_int8(x=x, qweight=qw, scales=scales, bias=None))]
+                    cases = [("int8", lambda: core.linear_int8(x=x, qweight=qw, scales=scales, bias=None,
+                                                                   residual_activations=False))]
                     for t in GGUF_TYPES:
                         for qa in (False, True):
                             cases.append((f"{t} {'q8x' if qa else 'f32'}", lambda t=t, qa=qa: core.linear_gguf(
@@ -358,7 +359,6 @@ def _pool(hidden, mask):
 
 def bench_models(threads: int, quick: bool) -> None:
     """SmolLM2 decode and MiniLM int8, ours against llama.cpp / ONNX Runtime / CTranslate2."""
-    sys.path.insert(0, str(BENCH_DIR.parent / "python"))
     sys.path.insert(0, str(BENCH_DIR))
     import transformer_core as tc
     from run import load_sentences
