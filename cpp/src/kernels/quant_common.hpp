@@ -6,6 +6,9 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#if defined(__AVX__)
+#include <immintrin.h>
+#endif
 
 #include "transformer_core/kernels/quant/formats.hpp"
 
@@ -182,7 +185,27 @@ void drive(const Args& a, int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
 }
 
 // The fixed halving tree of kernels.hpp: reduce(a[0:2n]) = reduce(a[0:n] + a[n:2n]); a is overwritten.
+// With AVX, 8 and 32 floats are reduced in registers by the same additions, lane for lane (a[p] +
+// a[p + h] for every p < h at each level): the same result. In a decoding step's product with 576
+// inputs (18 blocks a row), the scalar loop was about a fifth of the time.
+#if defined(__AVX__)
+// a[0:8] in one register: levels h = 4, 2, 1
+inline float reduce_tree8(__m256 v) {
+  const __m128 q = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));  // p < 4
+  const __m128 d = _mm_add_ps(q, _mm_movehl_ps(q, q));                                  // p < 2
+  return _mm_cvtss_f32(_mm_add_ss(d, _mm_shuffle_ps(d, d, 1)));                         // p < 1
+}
+#endif
+
 inline float reduce_tree(float* a, int n) {
+#if defined(__AVX__)
+  if (n == 8) return reduce_tree8(_mm256_loadu_ps(a));
+  if (n == 32) {  // h = 16, then 8
+    const __m256 lo = _mm256_add_ps(_mm256_loadu_ps(a), _mm256_loadu_ps(a + 16));      // p < 8
+    const __m256 hi = _mm256_add_ps(_mm256_loadu_ps(a + 8), _mm256_loadu_ps(a + 24));  // 8 ≤ p < 16
+    return reduce_tree8(_mm256_add_ps(lo, hi));
+  }
+#endif
   for (int h = n / 2; h >= 1; h /= 2)
     for (int p = 0; p < h; ++p) a[p] = a[p] + a[p + h];
   return a[0];
