@@ -34,10 +34,14 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "transformer_core/kernels/simd.hpp"
 
 namespace transformer_core::kernels {
+
+// Rows of x that share one pass over b (a GQA decoding step: the query heads of a key/value head).
+constexpr int64_t kGemvMaxRows = 3;
 
 namespace gemv_detail {
 
@@ -152,39 +156,39 @@ void rows_times(int64_t n, int64_t k, const float* x, int64_t ldx, const float* 
     }
 }
 
+// fn(std::integral_constant<int, M>, rows of x, rows of y) for the rows of x in groups of
+// kGemvMaxRows (the last group M = what is left).
+template <class F>
+void in_row_groups(int64_t m, const float* x, int64_t ldx, float* y, int64_t ldy, const F& fn) {
+  static_assert(kGemvMaxRows == 3, "one case per group size below");
+  for (int64_t i = 0; i < m; i += kGemvMaxRows) {
+    const float* xi = x + i * ldx;
+    float* yi = y + i * ldy;
+    switch (std::min(kGemvMaxRows, m - i)) {
+      case 1: fn(std::integral_constant<int, 1>{}, xi, yi); break;
+      case 2: fn(std::integral_constant<int, 2>{}, xi, yi); break;
+      default: fn(std::integral_constant<int, 3>{}, xi, yi); break;
+    }
+  }
+}
+
 }  // namespace gemv_detail
 
 // The m rows of x (row stride ldx) times b into the m rows of y (row stride ldy), up to
 // kGemvMaxRows rows at once (so each row of b is read once for them), each row's result bit for bit
 // the one it gets alone.
-constexpr int64_t kGemvMaxRows = 3;
-
 inline void rows_times_transposed(int64_t m, int64_t n, int64_t k, const float* x, int64_t ldx, const float* b,
                                   int64_t ldb, float* y, int64_t ldy, bool accumulate) {
-  using namespace gemv_detail;
-  for (int64_t i = 0; i < m; i += kGemvMaxRows) {
-    const float* xi = x + i * ldx;
-    float* yi = y + i * ldy;
-    switch (std::min(kGemvMaxRows, m - i)) {
-      case 1: rows_times_transposed<1>(n, k, xi, ldx, b, ldb, yi, ldy, accumulate); break;
-      case 2: rows_times_transposed<2>(n, k, xi, ldx, b, ldb, yi, ldy, accumulate); break;
-      default: rows_times_transposed<3>(n, k, xi, ldx, b, ldb, yi, ldy, accumulate); break;
-    }
-  }
+  gemv_detail::in_row_groups(m, x, ldx, y, ldy, [&](auto rows, const float* xi, float* yi) {
+    gemv_detail::rows_times_transposed<decltype(rows)::value>(n, k, xi, ldx, b, ldb, yi, ldy, accumulate);
+  });
 }
 
 inline void rows_times(int64_t m, int64_t n, int64_t k, const float* x, int64_t ldx, const float* b, int64_t ldb,
                        float* y, int64_t ldy, bool accumulate) {
-  using namespace gemv_detail;
-  for (int64_t i = 0; i < m; i += kGemvMaxRows) {
-    const float* xi = x + i * ldx;
-    float* yi = y + i * ldy;
-    switch (std::min(kGemvMaxRows, m - i)) {
-      case 1: rows_times<1>(n, k, xi, ldx, b, ldb, yi, ldy, accumulate); break;
-      case 2: rows_times<2>(n, k, xi, ldx, b, ldb, yi, ldy, accumulate); break;
-      default: rows_times<3>(n, k, xi, ldx, b, ldb, yi, ldy, accumulate); break;
-    }
-  }
+  gemv_detail::in_row_groups(m, x, ldx, y, ldy, [&](auto rows, const float* xi, float* yi) {
+    gemv_detail::rows_times<decltype(rows)::value>(n, k, xi, ldx, b, ldb, yi, ldy, accumulate);
+  });
 }
 
 }  // namespace transformer_core::kernels
