@@ -273,6 +273,62 @@ def test_flash_no_keys(rng, dtype):
         assert lse.shape == (2, 3, 4) and np.all(lse == -np.inf)
 
 
+# ---------------------------------------------------------------- scores of huge magnitude
+# A float mask of -1e10 (or -1e30, finfo.min: Hugging Face's masks) or a huge scale puts the row max,
+# in units of log₂, beyond 2^digits: there its rounding error exceeds 1, and the kernel keeps the
+# exact product as a pair (Accumulator's m_lo in kernels/flash_attention.hpp). Before, a block whose
+# every key was masked so left an overflowed state: NaN rows (left padding) or zeros.
+HUGE_MASK_VALUES = [-1e9, -1e10, -1e20, -1e30, "min"]
+# (L, S, masked keys): all keys; the first 1000 of 1024 (whole key blocks); one query row against a
+# split of 4096 keys, 4000 masked (whole chunks); two query blocks; exactly the first key block.
+HUGE_MASK_CASES = [(4, 8, 8), (4, 1024, 1000), (1, 4096, 4000), (130, 1024, 1000), (3, 300, 256)]
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("value", HUGE_MASK_VALUES, ids=[str(v) for v in HUGE_MASK_VALUES])
+@pytest.mark.parametrize("L,S,masked", HUGE_MASK_CASES, ids=[f"L{L}-S{S}-m{m}" for L, S, m in HUGE_MASK_CASES])
+def test_flash_huge_float_mask_values_match_torch(rng, dtype, value, L, S, masked):
+    """Left padding by a finite float mask of any size, on every path, against torch's SDPA in the
+    same dtype. Rows whose every key is masked get torch's answer too: the scores, all near the
+    mask value, are finite, so their softmax is not empty. Where the mask's spacing is finer than
+    the scores' own size (fp64 and -1e9), the scores keep their differences only to that spacing,
+    and the tolerance grows with it."""
+    value = float(np.finfo(dtype).min) if value == "min" else value
+    q, k, v = make_inputs(rng, L, S, 16, dtype, dv=8)
+    mask = np.zeros((L, S), dtype)
+    mask[:, :masked] = value
+    ref = TF.scaled_dot_product_attention(to_torch(q), to_torch(k).repeat_interleave(H // HKV, 1),
+                                          to_torch(v).repeat_interleave(H // HKV, 1),
+                                          attn_mask=to_torch(mask)).numpy()
+    assert np.isfinite(ref).all()
+    with np.errstate(over="ignore"):  # finfo.min's spacing is inf
+        spacing = float(np.spacing(np.abs(np.asarray(value, dtype))))
+    tol = atol(dtype) if masked < S or spacing >= 1 else atol(dtype) + 16 * spacing * float(np.abs(v).max())
+    for path in ("auto", "flash", "reference"):
+        out = tc.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True, path=path)
+        np.testing.assert_allclose(out, ref, atol=tol, rtol=rtol(dtype), err_msg=f"{path} value={value}")
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("scale", [1e20, 1e30])
+def test_flash_huge_scale_matches_torch(rng, dtype, scale):
+    """A huge scale: every row's softmax is its argmax's one-hot, as torch's, on both paths, padded
+    (one and several key blocks, a split) and packed end to end (the short path included)."""
+    for L, S in [(5, 300), (1, 4096), (130, 600)]:
+        q, k, v = make_inputs(rng, L, S, 16, dtype, dv=8)
+        ref = TF.scaled_dot_product_attention(to_torch(q), to_torch(k).repeat_interleave(H // HKV, 1),
+                                              to_torch(v).repeat_interleave(H // HKV, 1), scale=scale).numpy()
+        for path in ("flash", "reference"):
+            out = tc.functional.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=True, path=path)
+            np.testing.assert_allclose(out, ref, atol=atol(dtype), rtol=rtol(dtype), err_msg=f"{path} L={L} S={S}")
+    cu = np.array([0, 3, 3, 40, 200, 500])
+    q, k, v = (randn(rng, (500, h, d), dtype) for h, d in ((4, 16), (2, 16), (2, 8)))
+    for path in ("flash", "reference"):
+        out = tc.functional.varlen_attention(q, k, v, cu, scale=scale, path=path)
+        np.testing.assert_allclose(out, varlen_oracle(q, k, v, cu, False, scale), atol=atol(dtype), rtol=0,
+                                   err_msg=path)
+
+
 # ---------------------------------------------------------------- sequences packed end to end
 # Lengths at every edge of the kernels: the few-row products (1 to 3 rows), the micro-kernel's 12
 # rows and 32-column panels, the short path's registers of queries (8 or 16 lanes) and its last

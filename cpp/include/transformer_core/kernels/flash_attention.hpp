@@ -127,9 +127,9 @@ inline FlashPlan flash_plan(int64_t N, int64_t H, int64_t L, int64_t S, int64_t 
   p.kv_chunk_len = S;
   const int64_t base_tasks = N * H * p.query_blocks;  // (n, h, query block)
   p.tasks = base_tasks;
-  // Tiny problems: the tile s [Br, Bc] | o [Br, Dv] | m [Br] | l [Br] on the stack.
+  // Tiny problems: the tile s [Br, Bc] | o [Br, Dv] | m [Br] | l [Br] | m_lo [Br] on the stack.
   const double flops = 2.0 * double(N * H) * double(L) * double(S) * double(D + Dv);
-  const int64_t tile_elems = p.block_rows * (p.block_keys + Dv + 2);
+  const int64_t tile_elems = p.block_rows * (p.block_keys + Dv + 3);
   if (flops < kSmallFlops && tile_elems <= kStackElems) {
     p.small = true;
     p.serial = flops < kInlineFlops || p.tasks == 1;
@@ -262,6 +262,20 @@ inline T exp2_row_sum(T* x, int64_t n, T c, T m) {
   return lane_sum(lane) + sum;
 }
 
+// exp2_row_sum for a wide row (Accumulator): x[j] = 2^((x[j] · c − m) − m_lo), the exponent's
+// first part one FMA as there, then the low part subtracted, so that the row max gets 2^0 = 1 and
+// every other score a non-positive exponent. Rare (masks of -1e10, huge scales): plain loops.
+template <class T>
+inline T exp2_row_sum_wide(T* x, int64_t n, T c, T m, T m_lo) {
+  T sum = 0;
+  for (int64_t j = 0; j < n; ++j) {
+    const T e = static_cast<T>(exp2_nonpos(static_cast<double>(std::fma(x[j], c, -m) - m_lo)));
+    x[j] = e;
+    sum += e;
+  }
+  return sum;
+}
+
 // float: xsimd registers, written out. GCC left the loop above scalar for float when tuning for
 // AMD (-march=znver3, znver4, znver5) and for AVX2-only Intel CPUs (it vectorised it only with
 // AVX-512 on Intel's tuning): on Zen 3, SDPA (8, 12, 512, 64) spent half its time in scalar exps.
@@ -355,17 +369,45 @@ struct Tile {
   uint8_t* valid = nullptr;  // [Bc]      key_mask of the current key block, made contiguous
 };
 
-// The online-softmax state of one query block, in a buffer of Br · (Dv + 2): o | m | l, with m in
-// units of log₂ (x_is: the scaled, masked scores).
+// The online-softmax state of one query block, in a buffer of Br · (Dv + 3): o | m | l | m_lo, with
+// m in units of log₂ (x_is: the scaled, masked scores).
+//
+// m_i is the row max times log₂e rounded to T, and the exponents are taken relative to it; the
+// rounding error shifts every exponent of the row alike, which the normalisation cancels. That
+// holds while the error is small: beyond |m| = 2^digits (2^24 in float: masks of -1e10 added to the
+// scores, or a huge scale) it exceeds 1 and grows with |m|, and the row max's own exponent, which
+// should be 0, could overflow (NaN) or underflow (zeros). There the exact product is kept as
+// m_i + m_lo_i (m_lo: its rounding error, exact by an FMA), and the exponents are taken relative to
+// the sum (wide_row). Below 2^digits m_lo is 0 and nothing changes.
 template <class T>
 struct Accumulator {
-  T* o;  // [Br, Dv]  o_i = Σ_s 2^(x_is·log₂e − m_i) v_s   (unnormalised; row stride Dv)
-  T* m;  // [Br]      m_i = max_s x_is · log₂e             (-inf: no key seen)
-  T* l;  // [Br]      l_i = Σ_s 2^(x_is·log₂e − m_i)       (0: no key seen)
+  T* o;     // [Br, Dv]  o_i = Σ_s 2^(x_is·log₂e − m_i) v_s   (unnormalised; row stride Dv)
+  T* m;     // [Br]      m_i = max_s x_is · log₂e             (-inf: no key seen)
+  T* l;     // [Br]      l_i = Σ_s 2^(x_is·log₂e − m_i)       (0: no key seen)
+  T* m_lo;  // [Br]      the low part of m_i (0 unless |m_i| ≥ 2^digits)
 };
 template <class T>
 Accumulator<T> accumulator_at(T* buf, int64_t br_max, int64_t Dv) {
-  return {buf, buf + br_max * Dv, buf + br_max * Dv + br_max};
+  return {buf, buf + br_max * Dv, buf + br_max * Dv + br_max, buf + br_max * Dv + 2 * br_max};
+}
+
+// Whether a row max m (units of log₂) needs its low part: |m| ≥ 2^digits and finite.
+template <class T>
+inline bool wide_row(T m) {
+  constexpr T kWide = T(uint64_t(1) << std::numeric_limits<T>::digits);
+  return std::fabs(m) >= kWide && std::fabs(m) < std::numeric_limits<T>::infinity();
+}
+
+// The row max x_max in units of log₂ as m + m_lo (Accumulator): m = fl(x_max · c), and m_lo =
+// x_max · c − m, exact (the error of a product is a T, and an FMA computes it without rounding), or
+// 0 where m does not need it. A finite x_max whose product overflows (every score near -FLT_MAX,
+// as a mask of finfo.min gives) keeps m = ∓max() and the rest in m_lo, rounded: its scores' other
+// exponents are at least that far below 0, so they still come out 0.
+template <class T>
+inline void split_row_max(T x_max, T c, T& m, T& m_lo) {
+  m = x_max * c;
+  if (std::isinf(m) && std::isfinite(x_max)) m = std::copysign(std::numeric_limits<T>::max(), m);
+  m_lo = wide_row(m) ? std::fma(x_max, c, -m) : T(0);
 }
 
 // One key block for all the query blocks of a task (flash_blocks_shared): k holds kᵀ for keys
@@ -420,26 +462,32 @@ T tile_mask_row_max(const AttentionArgs<T>& a, const QueryBlock& qb, int64_t l, 
 
 // Tile steps 3 and 4, the online-softmax update of row i: x [cols] holds its scores, the first vis
 // of them visible; x_j · c is score j in units of log₂, and m_blk = m̃ · c the block's row max in
-// them. `first`: the first key block of the range (m, l, o not yet set).
+// them (m̃ = x_max; m_blk_lo its low part, split_row_max). `first`: the first key block of the range
+// (m, l, o not yet set).
 template <class T>
-void tile_softmax_row(T* x, int64_t vis, int64_t cols, T c, T m_blk, const Accumulator<T>& acc, int64_t i,
-                      int64_t Dv, bool first) {
+void tile_softmax_row(T* x, int64_t vis, int64_t cols, T c, T m_blk, T m_blk_lo, const Accumulator<T>& acc,
+                      int64_t i, int64_t Dv, bool first) {
   constexpr T neg_inf = -std::numeric_limits<T>::infinity();
-  // m_new = max(m_old, m̃). All -inf so far (no visible key yet): exponents taken relative to 0,
-  // so that every -inf gives 2^-inf = 0 and a NaN still gives NaN.
-  const T m_old = acc.m[i];
-  const T m_new = m_blk > m_old ? m_blk : m_old;
+  // m_new = max(m_old, m̃), the pairs (m, m_lo) compared as the sums they stand for. All -inf so
+  // far (no visible key yet): exponents taken relative to 0, so that every -inf gives 2^-inf = 0
+  // and a NaN still gives NaN.
+  const T m_old = acc.m[i], lo_old = first ? T(0) : acc.m_lo[i];
+  const bool take = m_blk > m_old || (m_blk == m_old && m_blk_lo > lo_old);
+  const T m_new = take ? m_blk : m_old, lo_new = take ? m_blk_lo : lo_old;
   const T m_use = m_new == neg_inf ? T(0) : m_new;
   // p_j = 2^(x_j · c − m_new) in place, and Σ_j p_j   (causally masked columns vis .. cols-1: p = 0)
-  const T p_sum = exp2_row_sum(x, vis, c, m_use);
+  const T p_sum = lo_new == T(0) ? exp2_row_sum(x, vis, c, m_use) : exp2_row_sum_wide(x, vis, c, m_use, lo_new);
   std::fill(x + vis, x + cols, T(0));
   acc.m[i] = m_new;
+  acc.m_lo[i] = lo_new;
   if (first) {  // l = Σ p   (o is written by the P·V product, with beta = 0)
     acc.l[i] = p_sum;
     return;
   }
-  // α = 2^(m_old − m_new);   l ← α·l + Σ p;   o ← α·o   (P·V is added next)
-  const T alpha = m_old == m_use ? T(1) : std::exp2(m_old - m_use);
+  // α = 2^(m_old − m_new);   l ← α·l + Σ p;   o ← α·o   (P·V is added next). With low parts, the
+  // high parts' difference first (exact where they are close: Sterbenz), then the low parts'.
+  const T alpha = lo_old == T(0) && lo_new == T(0) ? (m_old == m_use ? T(1) : std::exp2(m_old - m_use))
+                                                   : std::exp2((m_old - m_use) + (lo_old - lo_new));
   if (alpha != T(1)) {
     T* oi = acc.o + i * Dv;
     for (int64_t j = 0; j < Dv; ++j) oi[j] *= alpha;
@@ -539,15 +587,16 @@ void flash_tile(const AttentionArgs<T>& a, const QueryBlock& qb, int64_t s0, int
     // max on the exponentials' loop draining: 10.6 cycles a register of 16 scores on Zen 5, 8.3 so.
     for (int64_t i1 = i0; i1 < i0 + rows; i1 += kMaxRows) {
       const int64_t i_end = std::min(i0 + rows, i1 + kMaxRows);
-      T m_blk[kMaxRows];
+      T m_blk[kMaxRows], m_lo[kMaxRows];
       int64_t vis[kMaxRows];
       for (int64_t i = i1; i < i_end; ++i) {  // x_i [g_cols]; visible (causal): the first vis
         const int64_t l = qb.l0 + i;
         vis[i - i1] = diagonal ? std::clamp<int64_t>(l + a.causal_offset + 1 - s0, 0, g_cols) : g_cols;
-        m_blk[i - i1] = tile_mask_row_max(a, qb, l, s0, vis[i - i1], tile.valid, tile.s + i * bc) * c;  // c > 0
+        const T x_max = tile_mask_row_max(a, qb, l, s0, vis[i - i1], tile.valid, tile.s + i * bc);
+        split_row_max(x_max, c, m_blk[i - i1], m_lo[i - i1]);  // c > 0
       }
       for (int64_t i = i1; i < i_end; ++i) {
-        tile_softmax_row(tile.s + i * bc, vis[i - i1], g_cols, c, m_blk[i - i1], acc, i, Dv, first);
+        tile_softmax_row(tile.s + i * bc, vis[i - i1], g_cols, c, m_blk[i - i1], m_lo[i - i1], acc, i, Dv, first);
         if (prefetch != nullptr) prefetch->step();
       }
     }
@@ -564,6 +613,7 @@ int64_t flash_block_start(const AttentionArgs<T>& a, const QueryBlock& qb, int64
   if (a.is_causal) s_end = std::min(s_end, qb.l0 + qb.rows + a.causal_offset);
   std::fill(acc.m, acc.m + qb.rows, -std::numeric_limits<T>::infinity());  // m_i = -inf
   std::fill(acc.l, acc.l + qb.rows, T(0));                                  // l_i = 0
+  std::fill(acc.m_lo, acc.m_lo + qb.rows, T(0));
   if (s_end <= s_begin) std::fill(acc.o, acc.o + qb.rows * a.v_head_dim, T(0));  // o_i = 0: no key in range
   return s_end;
 }
@@ -581,7 +631,8 @@ void flash_block(const AttentionArgs<T>& a, const QueryBlock& qb, int64_t s_begi
 }
 
 // out_i = o_i / l_i   (zeros where l_i = 0: the row saw no key)
-// lse_i = m_i · ln 2 + log l_i   (m_i in units of log₂; -inf where l_i = 0; NaN stays NaN)
+// lse_i = m_i · ln 2 + log l_i   (m_i in units of log₂; -inf where l_i = 0; NaN stays NaN; a wide
+// row's m_lo is below the precision of m_i · ln 2, so it is left out)
 template <class T>
 void flash_store(const AttentionArgs<T>& a, const QueryBlock& qb, const Accumulator<T>& acc) {
   const int64_t Dv = a.v_head_dim;
@@ -606,32 +657,41 @@ void flash_store(const AttentionArgs<T>& a, const QueryBlock& qb, const Accumula
 // Split-KV merge of one query block: the chunks' partial states, acc_c for keys chunk c, combine
 // exactly into chunk 0's, per row i:
 //   M = max_c m_c;   w_c = 2^(m_c − M);   l = Σ_c w_c·l_c;   o = Σ_c w_c·o_c;   m = M   (units of log₂)
-// (M = -inf: no chunk saw a key; exponents relative to 0, so that w_c = 0 and NaN survives.)
-//   parts: [chunks, part_size], each an Accumulator buffer (o [Br, Dv] | m [Br] | l [Br])
+// (M = -inf: no chunk saw a key; exponents relative to 0, so that w_c = 0 and NaN survives. Wide
+// rows: each m_c with its low part, as tile_softmax_row.)
+//   parts: [chunks, part_size], each an Accumulator buffer (o [Br, Dv] | m [Br] | l [Br] | m_lo [Br])
 template <class T>
 Accumulator<T> flash_merge(T* parts, int64_t chunks, int64_t part_size, int64_t br_max, int64_t rows,
                            int64_t Dv) {
   constexpr T neg_inf = -std::numeric_limits<T>::infinity();
   const Accumulator<T> acc = accumulator_at(parts, br_max, Dv);
   for (int64_t i = 0; i < rows; ++i) {
-    T M = neg_inf;
+    T M = neg_inf, M_lo = 0;
+    bool wide = false;
     for (int64_t c = 0; c < chunks; ++c) {
-      const T mc = accumulator_at(parts + c * part_size, br_max, Dv).m[i];
-      M = mc > M ? mc : M;
+      const Accumulator<T> part = accumulator_at(parts + c * part_size, br_max, Dv);
+      const T mc = part.m[i], lo = part.m_lo[i];
+      if (mc > M || (mc == M && lo > M_lo)) {
+        M = mc;
+        M_lo = lo;
+      }
+      wide = wide || lo != T(0);
     }
     const T M_use = M == neg_inf ? T(0) : M;
+    const auto weight = [&](T mc, T lo) { return wide ? std::exp2((mc - M_use) + (lo - M_lo)) : std::exp2(mc - M_use); };
     T* oi = acc.o + i * Dv;
-    const T w0 = std::exp2(acc.m[i] - M_use);
+    const T w0 = weight(acc.m[i], acc.m_lo[i]);
     T l = w0 * acc.l[i];
     for (int64_t j = 0; j < Dv; ++j) oi[j] *= w0;
     for (int64_t c = 1; c < chunks; ++c) {
       const Accumulator<T> part = accumulator_at(parts + c * part_size, br_max, Dv);
-      const T wc = std::exp2(part.m[i] - M_use);
+      const T wc = weight(part.m[i], part.m_lo[i]);
       l += wc * part.l[i];
       const T* oc = part.o + i * Dv;
       for (int64_t j = 0; j < Dv; ++j) oi[j] += wc * oc[j];
     }
     acc.m[i] = M;
+    acc.m_lo[i] = M_lo;
     acc.l[i] = l;
   }
   return acc;
@@ -654,7 +714,7 @@ void flash_no_keys(const AttentionArgs<T>& a) {
 }
 
 // plan.small: each query block's tile and state in a stack buffer of kStackElems (s [Br, Bc] |
-// o [Br, Dv] | m [Br] | l [Br]), the products as plain loops; the blocks on the calling thread when
+// o [Br, Dv] | m [Br] | l [Br] | m_lo [Br]), the products as plain loops; the blocks on the calling thread when
 // plan.serial, otherwise shared out by parallel_tasks.
 template <class T>
 void flash_small(const AttentionArgs<T>& a, const FlashPlan& p) {
@@ -680,13 +740,13 @@ int64_t pad64(int64_t elems) {
   return (elems + kPad<T> - 1) / kPad<T> * kPad<T>;
 }
 
-// Per-thread tiles, allocated once per call: s [Br, Bc] | o [Br, Dv] | m [Br] | l [Br] for each
+// Per-thread tiles, allocated once per call: s [Br, Bc] | o [Br, Dv] | m, l, m_lo [Br] for each
 // thread, and valid [Bc] for each thread.
 template <class T>
 class ThreadTiles {
  public:
   ThreadTiles(const FlashPlan& p, int64_t Dv, int num_threads)
-      : bc_(p.block_keys), br_(p.block_rows), dv_(Dv), per_thread_(pad64<T>(br_ * (bc_ + Dv + 2))),
+      : bc_(p.block_keys), br_(p.block_rows), dv_(Dv), per_thread_(pad64<T>(br_ * (bc_ + Dv + 3))),
         scratch_(size_t(per_thread_ * num_threads)), valid_(size_t(bc_ * num_threads)) {}
   Tile<T> tile(int tid) { return {scratch_.data() + tid * per_thread_, valid_.data() + tid * bc_}; }
   Accumulator<T> accumulator(int tid) {
@@ -717,7 +777,7 @@ inline void flash_blocks_shared(const AttentionArgs<float>& a, const FlashPlan& 
   const int threads = std::max(1, get_num_threads());
   ThreadTiles<float> tiles(p, Dv, threads);  // the score tiles
   // per thread: G accumulators | packed kᵀ
-  const int64_t acc_size = pad64<float>(p.block_rows * (Dv + 2));
+  const int64_t acc_size = pad64<float>(p.block_rows * (Dv + 3));
   const int64_t k_size = pad64<float>(sgemm::packed_floats(D, bc));
   const int64_t per_thread = G * acc_size + k_size;
   AlignedVector<float> buf(size_t(per_thread * threads));
@@ -787,12 +847,12 @@ void flash_blocks(const AttentionArgs<T>& a, const FlashPlan& p) {
 }
 
 // plan.kv_chunks > 1 (split-KV): task (query block b, chunk c) leaves the partial state of keys
-// [c · chunk_len, (c+1) · chunk_len) in `partial` [blocks, chunks, part_size] (part_size: Br · (Dv + 2)
+// [c · chunk_len, (c+1) · chunk_len) in `partial` [blocks, chunks, part_size] (part_size: Br · (Dv + 3)
 // padded to 64 bytes); then each query block merges its chunks (in chunk order) and stores.
 template <class T>
 void flash_split_kv(const AttentionArgs<T>& a, const FlashPlan& p) {
   const int64_t chunks = p.kv_chunks, blocks = p.tasks / chunks;
-  const int64_t part_size = pad64<T>(p.block_rows * (a.v_head_dim + 2));
+  const int64_t part_size = pad64<T>(p.block_rows * (a.v_head_dim + 3));
   ThreadTiles<T> tiles(p, a.v_head_dim, std::max(1, get_num_threads()));
   AlignedVector<T> partial_buf(size_t(p.tasks * part_size));
   T* partial = partial_buf.data();
@@ -934,10 +994,20 @@ inline void short_softmax_columns(float* x, int64_t len, int64_t Lp, float scale
       if (!fold || causal) v.store_unaligned(xc + j * Lp);
       m = xsimd::max(m, v);
     }
-    const B neg_m = -xsimd::select(m == neg_inf, zero, m * c);  // units of log₂; no key: every p is 0
+    // m · c, as split_row_max: a finite m whose product overflows keeps ∓max() and the rest in lo
+    const B inf(std::numeric_limits<float>::infinity());
+    B mc = m * c;
+    mc = xsimd::select(xsimd::abs(mc) == inf && xsimd::abs(m) < inf, xsimd::copysign(B(std::numeric_limits<float>::max()), mc), mc);
+    const B neg_m = -xsimd::select(m == neg_inf, zero, mc);  // units of log₂; no key: every p is 0
+    // wide rows (Accumulator): the exponents relative to m · c exactly, its low part subtracted
+    const auto wide = xsimd::abs(mc) >= B(16777216.0f) && xsimd::abs(mc) < inf;
+    const bool any_wide = xsimd::any(wide);
+    const B lo = any_wide ? xsimd::select(wide, simd::fma(m, c, -mc), zero) : zero;
     B l = zero;
     for (int64_t j = 0; j < len; ++j) {
-      const B e = exp2_nonpos(simd::fma(B::load_unaligned(xc + j * Lp), c, neg_m));
+      B t = simd::fma(B::load_unaligned(xc + j * Lp), c, neg_m);
+      if (any_wide) t = t - lo;  // 0 in the other lanes: their exponents unchanged
+      const B e = exp2_nonpos(t);
       e.store_unaligned(xc + j * Lp);
       l += e;
     }
