@@ -62,6 +62,83 @@ def test_gelu_bad_approximate(rng):
         F.gelu(randn(rng, (3,)), approximate="fast")
 
 
+# 0-d (and empty) arrays into every functional op that hands arrays to C++: the ops whose C++ side
+# works on rows of the last dim need >= 1 dim and say so; none may crash. Run in a subprocess, so
+# that a segfault (F.glu(1.0, 2.0) was one) fails these tests instead of ending the run.
+SCALAR_CASES = [
+    ("F.glu(1.0, 2.0)", "gate"),
+    ("F.glu(np.float64(1.0), np.ones(3))", "gate"),
+    ("F.glu(np.ones(3), 2.0)", "up"),
+    ("F.glu(np.ones(0), np.ones(0))", "gate"),
+    ("tc.backward.glu_backward(1.0, 2.0, 1.0)", "gate"),
+    ("F.softmax(1.0)", "x"),
+    ("F.layer_norm(1.0)", "x"),
+    ("F.rms_norm(1.0)", "x"),
+    ("F.linear(1.0, np.ones((1, 1)))", "x"),
+    ("F.cross_entropy(1.0, 0)", "logits"),
+    ("F.rotate_half(1.0)", "x"),
+    ("F.apply_rotary(1.0, 1.0, 1.0)", "x"),
+    ("F.apply_rotary_pos_emb(1.0, 1.0, 1.0, 1.0)", "q"),
+    ("F.scaled_dot_product_attention(1.0, 1.0, 1.0)", "query"),
+    ("F.scaled_dot_product_attention(1.0, 1.0, 1.0, enable_gqa=True)", "query"),
+    ("F.varlen_attention(1.0, 1.0, 1.0, [0, 1])", "query"),
+    ("F.gelu(np.ones(0))", "x"),
+    ("F.dropout(np.ones((2, 0)), 0.5, 1)", "x"),
+]
+
+
+def _run_cases(calls: list[str]) -> list[str]:
+    """``Type: message`` (or ``NO ERROR``) of each call, run one after another in a fresh
+    interpreter; asserts the interpreter did not crash."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("import numpy as np, transformer_core as tc\nF = tc.functional\n"
+            "for call in %r:\n"
+            "    try:\n        eval(call)\n    except Exception as e:\n"
+            "        print(type(e).__name__ + ': ' + str(e).replace(chr(10), ' '), flush=True)\n"
+            "    else:\n        print('NO ERROR', flush=True)\n") % (calls,)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(tc.__file__).parent.parent), env.get("PYTHONPATH")]))
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    done = p.stdout.splitlines()
+    assert p.returncode == 0, f"crashed (exit code {p.returncode}) at {calls[len(done)]!r}: {p.stderr[-1000:]}"
+    return done
+
+
+def test_scalar_and_empty_inputs_are_named_errors():
+    results = _run_cases([call for call, _ in SCALAR_CASES])
+    for (call, name), out in zip(SCALAR_CASES, results):
+        assert out.startswith("ValueError: "), f"{call}: {out}"
+        assert out.split(": ", 1)[1].startswith(name + ":"), f"{call}: expected the error to name {name!r}: {out}"
+
+
+def test_glu_needs_one_dim():
+    """The C++ op read shape(-1) of a 0-d gate: a segfault (so the calls run in a subprocess)."""
+    assert _run_cases(["F.glu(np.float32(1.0), np.float32(2.0))", "F.glu(np.ones(2), np.float32(2.0))",
+                       "tc.backward.glu_backward(1.0, 2.0, 1.0)"]) == [
+        "ValueError: gate: expected at least 1 dims, got 0-D with shape ()",
+        "ValueError: up: expected at least 1 dims, got 0-D with shape ()",
+        "ValueError: gate: expected at least 1 dims, got 0-D with shape ()"]
+    np.testing.assert_allclose(F.glu([1.0], [2.0], "relu"), [2.0])  # (1,) is fine
+
+
+@pytest.mark.parametrize("call", [
+    lambda: tc._validation.resolve_dtype(None),
+    lambda: F.sinusoidal_positional_encoding(4, 4, dtype=None),
+    lambda: F.rotary_cos_sin(4, 4, dtype=None),
+    lambda: tc.nn.Linear(2, 2, dtype=None),
+    lambda: tc.nn.RMSNorm(4, dtype=None),
+    lambda: tc.masks.to_additive(np.ones((2, 2), bool), dtype=None),
+])
+def test_dtype_none_is_a_type_error(call):
+    """numpy reads np.dtype(None) as float64: dtype=None used to give float64 silently."""
+    with pytest.raises(TypeError, match=r"^dtype: expected float32 or float64, got None"):
+        call()
+
+
 # ---------------------------------------------------------------------------------- attention op
 SDPA_CASES = [
     # name, match

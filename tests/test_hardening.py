@@ -94,6 +94,34 @@ def test_huge_sizes_are_named_value_errors(code, name):
     assert name in out, out
 
 
+INIT_UNDER_RLIMIT = [
+    ("tc.nn.Linear(4096, 4096)", 4096 * 4096 * 4),
+    ("tc.nn.Linear(4096, 4096, dtype=np.float64)", 4096 * 4096 * 8),
+    ("tc.nn.Embedding(4096, 4096)", 4096 * 4096 * 4),
+    ("tc.nn.Embedding(4096, 4096, np.float64, padding_idx=5)", 4096 * 4096 * 8),
+    ("tc.nn.FeedForward(2048, 4096)", 2 * 2048 * 4096 * 4),
+]
+
+
+@pytest.mark.parametrize("code, weight_bytes", INIT_UNDER_RLIMIT, ids=[c for c, _ in INIT_UNDER_RLIMIT])
+def test_initial_weights_need_no_float64_copy(code, weight_bytes):
+    """A layer whose weights fit (the C++ allocation check passed) must not then exhaust memory
+    drawing its initial values: they were drawn as one float64 array per matrix plus a converted
+    copy (~16 bytes per float32 element). Under an address-space limit of the weights' own bytes
+    plus half as much again, the layer builds (and is initialised) or raises ValueError, never
+    MemoryError."""
+    limit_code = (
+        "import resource\n"
+        "size = [int(l.split()[1]) * 1024 for l in open('/proc/self/status') if l.startswith('VmSize')][0]\n"
+        f"resource.setrlimit(resource.RLIMIT_AS, (size + {weight_bytes * 3 // 2 + 2**24}, resource.RLIM_INFINITY))\n"
+        f"m = {code}\n"
+        "p = m.named_parameters()[0][1].data\n"  # a zero-copy view: no copy under the limit
+        "assert min(np.count_nonzero(p[0]), np.count_nonzero(p[-1])) > p.shape[1] // 2, 'not initialised'\n"
+        "raise ValueError('built')\n")
+    out = run_isolated(limit_code, timeout=120)
+    assert out.startswith("ValueError: "), out
+
+
 def test_outputs_larger_than_memory(rng):
     """Small inputs whose product no machine holds: the output's allocation is checked."""
     x = np.ones((2**20, 1), np.float32)
@@ -202,6 +230,20 @@ def test_non_float_weights_are_refused(dtype):
         lin.load_state_dict({"weight": np.ones((2, 2), dtype), "bias": np.zeros(2)})
     for k, v in lin.state_dict().items():
         np.testing.assert_array_equal(v, before[k])  # unchanged
+
+
+def test_integer_weights_are_refused_as_documented():
+    """torch's load_state_dict would convert an integer tensor (copy_); ours refuses it, naming the
+    key, the module unchanged -- and the docstring says so (it claimed integer arrays were taken)."""
+    lin = tc.nn.Linear(2, 2)
+    before = lin.state_dict()
+    for weight in ([[1, 2], [3, 4]], torch.ones(2, 2, dtype=torch.int32), np.ones((2, 2), np.uint8)):
+        with pytest.raises(TypeError, match=r"^state_dict\['weight'\]: expected a floating-point"):
+            lin.load_state_dict({"weight": weight, "bias": np.zeros(2)})
+    for k, v in lin.state_dict().items():
+        np.testing.assert_array_equal(v, before[k])
+    doc = tc.module.Module.load_state_dict.__doc__
+    assert "integer-valued" not in doc and "integer, bool, complex, object and string data are refused" in doc
 
 
 def test_torch_bfloat16_weights_load_converted():

@@ -277,3 +277,57 @@ def test_identical_with_1_and_2_threads(rng, op, dtype):
     finally:
         tc.set_num_threads(old)
     assert np.array_equal(a, b2), f"{op}: max |1 thread - 2 threads| = {np.abs(a - b2).max():.3e}"
+
+
+# ------------------------------------------------------------------------------ dropout, glu edges
+NONFINITE = np.array([np.nan, 1.5, np.inf, -np.inf, -2.0, 0.0, np.nan, 3.0] * 4)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+def test_dropout_p1_keeps_nan_as_torch(dtype):
+    """p=1 drops everything: torch's x · 0 is NaN for NaN and ±inf inputs, not 0."""
+    x = NONFINITE.astype(dtype)
+    ref = TF.dropout(to_torch(x), p=1.0, training=True)
+    assert torch.isnan(ref[0]) and torch.isnan(ref[2]) and ref[1] == 0  # torch 2.x's behaviour
+    ours = F.dropout(x, 1.0, seed=5)
+    assert ours.dtype == np.dtype(dtype)
+    np.testing.assert_array_equal(ours, ref.numpy())  # NaN where torch has NaN, 0 elsewhere
+    assert np.isnan(F.dropout(dtype(np.nan), 1.0, seed=0))  # 0-d too
+    assert F.dropout(dtype(2.0), 1.0, seed=0) == 0
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("p", [0.25, 0.5, 0.9])
+def test_dropout_dropped_nonfinite_is_nan_as_torch(p, dtype):
+    """A dropped NaN / ±inf is x · 0 = NaN (torch multiplies by the scaled mask); a kept one stays
+    what torch gives (NaN, ±inf); finite inputs are unchanged by the fix. torch's mask is its own,
+    so its formula is applied to our mask (which depends only on the seed and the index)."""
+    x = np.tile(NONFINITE, 8).astype(dtype)
+    seed = 11
+    keep = F.dropout(np.full(x.shape, 7.0, dtype), p, seed) != 0
+    assert keep.any() and (~keep).any()
+    ours = F.dropout(x, p, seed)
+    ref = to_torch(x) * to_torch(keep.astype(dtype)) * (1.0 / (1.0 - p))  # torch's native_dropout
+    assert_close(ours, ref, dtype, what=f"dropout p={p}")
+    np.testing.assert_array_equal(np.isnan(ours), np.isnan(ref.numpy()))
+    finite = np.where(np.isfinite(x), x, dtype(1.0))
+    np.testing.assert_array_equal(F.dropout(finite, p, seed)[~keep], 0)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+def test_glu_one_dim_matches_torch(rng, dtype):
+    g, u = randn(rng, (7,), dtype), randn(rng, (7,), dtype)
+    assert_close(F.glu(g, u), TF.silu(to_torch(g)) * to_torch(u), dtype, what="swiglu 1-D")
+    assert_close(F.glu(g[:1], u[:1], "gelu"), TF.gelu(to_torch(g[:1])) * to_torch(u[:1]), dtype, what="geglu (1,)")
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+def test_elementwise_ops_take_0d_as_torch(dtype):
+    """0-d inputs of the element-wise ops give 0-d results, as torch's."""
+    x = dtype(-0.7)
+    t = torch.tensor(x)
+    for ours, ref in [(F.gelu(x), TF.gelu(t)), (F.gelu(x, "tanh"), TF.gelu(t, approximate="tanh")),
+                      (F.silu(x), TF.silu(t)), (F.relu(x), TF.relu(t)),
+                      (F.dropout(x, 0.0, 1), TF.dropout(t, 0.0)), (F.dropout(x, 0.5, 1, training=False), t)]:
+        assert ours.shape == ()
+        assert_close(ours, ref, dtype)

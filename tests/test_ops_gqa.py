@@ -145,6 +145,79 @@ def test_sdpa_gqa_weights(rng, dtype):
                  F.scaled_dot_product_attention(q, kr, vr), dtype, what="gqa == repeated kv")
 
 
+HEADS_3D = [(4, 2), (6, 3), (4, 1), (6, 2), (3, 3)]
+MASKS_3D = ["none", "causal", "causal_br", "bool_LS", "bool_3d", "float_3d", "bool_3d+causal"]
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("kind", MASKS_3D)
+@pytest.mark.parametrize("H,Hkv", HEADS_3D, ids=[f"H{h}kv{k}" for h, k in HEADS_3D])
+def test_sdpa_gqa_3d_matches_torch(rng, H, Hkv, kind, dtype):
+    """3-D inputs with enable_gqa: dim -3 is the head dim (torch's rule, ``(H, L, E)`` against
+    ``(Hkv, S, E)``), not a batch dim of one head each (which failed in numpy's reshape)."""
+    L, S, E, Ev = 5, 7, 8, 6
+    q = randn(rng, (H, L, E), dtype)
+    k = randn(rng, (Hkv, S, E), dtype)
+    v = randn(rng, (Hkv, S, Ev), dtype)
+    mask = None
+    if kind.startswith("bool"):
+        mask = rng.random((L, S) if kind == "bool_LS" else (H, L, S)) < 0.6
+        mask[..., 1, :] = False  # a fully masked row
+    elif kind.startswith("float"):
+        mask = randn(rng, (H, L, S), dtype)
+    is_causal = "causal" in kind
+    align = "bottom_right" if kind.endswith("_br") else "top_left"
+    out = F.scaled_dot_product_attention(q, k, v, mask, enable_gqa=True, is_causal=is_causal,
+                                         causal_alignment=align)
+    ref = _torch_sdpa(q, k, v, mask, is_causal=is_causal, alignment=align)
+    assert out.shape == (H, L, Ev) and out.dtype == np.dtype(dtype)
+    vis = np.broadcast_to(_visible(mask, L, S, (H,), is_causal, align), (H, L))
+    assert_close(out[vis], ref[vis], dtype, what=f"3-D gqa {kind}")
+    assert np.all(out[~vis] == 0), "fully masked rows must be exactly 0"
+    # the same as the 4-D call with a batch of one
+    assert_close(out, F.scaled_dot_product_attention(q[None], k[None], v[None], None if mask is None else mask[None],
+                                                     enable_gqa=True, is_causal=is_causal,
+                                                     causal_alignment=align)[0], dtype, what="3-D == 4-D N=1")
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("H,Hkv", [(4, 2), (6, 1)], ids=["gqa4_2", "mqa6"])
+def test_sdpa_gqa_3d_weights_and_backward_match_torch(rng, H, Hkv, dtype):
+    L, S, E = 4, 6, 8
+    q, k, v = randn(rng, (H, L, E), dtype), randn(rng, (Hkv, S, E), dtype), randn(rng, (Hkv, S, E), dtype)
+    out, w, lse = F.scaled_dot_product_attention(q, k, v, enable_gqa=True, is_causal=True, return_weights=True,
+                                                 return_lse=True)
+    tq, tk, tv = (to_torch(a).requires_grad_() for a in (q, k, v))
+    ref = TF.scaled_dot_product_attention(tq, tk, tv, is_causal=True, enable_gqa=True)
+    g = randn(rng, (H, L, E), dtype)
+    ref.backward(to_torch(g))
+    kr = np.repeat(k, H // Hkv, axis=0)  # torch's repeat_interleave of the kv heads
+    with torch.no_grad():
+        scores = to_torch(q) @ to_torch(kr).transpose(-1, -2) / np.sqrt(E)
+        ref_w = torch.softmax(scores.masked_fill(~to_torch(_causal(L, S, "top_left")), float("-inf")), dim=-1)
+    assert_close(out, ref, dtype, what="3-D gqa output")
+    assert_close(w, ref_w, dtype, what="3-D gqa weights")
+    dq, dk, dv = tc.backward.scaled_dot_product_attention_backward(q, k, v, out, g, lse, enable_gqa=True,
+                                                                   is_causal=True)
+    assert (dq.shape, dk.shape, dv.shape) == (q.shape, k.shape, v.shape)
+    assert_close(dq, tq.grad, dtype, what="grad_query")
+    assert_close(dk, tk.grad, dtype, what="grad_key")
+    assert_close(dv, tv.grad, dtype, what="grad_value")
+
+
+def test_sdpa_gqa_3d_bad_input(rng):
+    q = randn(rng, (6, 5, 8))
+    with pytest.raises(ValueError, match="key"):  # 6 query heads, 4 kv heads
+        F.scaled_dot_product_attention(q, randn(rng, (4, 7, 8)), randn(rng, (4, 7, 8)), enable_gqa=True)
+    with pytest.raises(ValueError, match="key, value"):  # value's heads differ from key's
+        F.scaled_dot_product_attention(q, randn(rng, (2, 7, 8)), randn(rng, (3, 7, 8)), enable_gqa=True)
+    with pytest.raises(ValueError, match="key, value"):  # without enable_gqa dim -3 must agree
+        F.scaled_dot_product_attention(q, randn(rng, (2, 7, 8)), randn(rng, (2, 7, 8)))
+    with pytest.raises(ValueError, match="attn_mask"):  # a mask of the kv heads' count
+        F.scaled_dot_product_attention(q, randn(rng, (2, 7, 8)), randn(rng, (2, 7, 8)), np.ones((2, 5, 7), bool),
+                                       enable_gqa=True)
+
+
 SIZES = [1, 7, 63, 64, 65, 129]
 
 

@@ -262,10 +262,13 @@ def _attention_inputs(query, key, value, enable_gqa, causal_alignment):
             raise ValueError(f"key: with enable_gqa, query heads ({hq}) must be a multiple of key/value heads ({hk})")
     elif k.shape[:-2] != lead or v.shape[:-2] != lead:
         raise ValueError(f"key, value: expected leading dims {lead} (query's), got {k.shape[:-2]} and {v.shape[:-2]}")
-    # [N, H, L, E]: everything before the head dim is one batch dim; 3-D inputs have one head.
-    heads = lead[-1] if q.ndim >= 4 else 1
+    # [N, H, L, E]: everything before the head dim is one batch dim. Without GQA, 3-D inputs are
+    # (batch, L, E) of one head; with it, dim -3 is the head dim whatever the rank (torch's rule), so
+    # that key's fewer heads are shared by groups of query's heads.
+    has_heads = q.ndim >= 4 or (enable_gqa and q.ndim == 3)
+    heads = lead[-1] if has_heads else 1
     n = math.prod(lead) // heads
-    kv_heads = k.shape[-3] if q.ndim >= 4 else 1
+    kv_heads = k.shape[-3] if has_heads else 1
     offset = 0 if causal_alignment == "top_left" else S - L
     return q, k, v, dtype, lead, L, S, E, heads, n, kv_heads, offset
 
@@ -291,7 +294,9 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, *, query_mas
     Args:
         query: ``(..., L, E)``.
         key: ``(..., S, E)``; the same leading dims as ``query`` (with ``enable_gqa``, the
-            head dim, third from the end, may be a divisor of query's: grouped-query attention).
+            head dim, third from the end, may be a divisor of query's: grouped-query attention,
+            as torch's ``enable_gqa``; 3-D inputs are then ``(heads, L, E)``, query head ``h``
+            attending with key/value head ``h // (Hq / Hkv)``).
         value: ``(..., S, Ev)``.
         attn_mask: bool (True = may attend) or float (added to the scores), broadcastable to
             ``(..., L, S)``. Integer masks are refused: say which you mean.
@@ -303,6 +308,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, *, query_mas
             "top_left"``, torch's) or ``s <= l + S - L`` (``"bottom_right"``, for a KV cache).
         scale: multiplies the scores; default ``1 / sqrt(E)``.
         return_weights: also return the attention probabilities.
+        enable_gqa: key/value may have fewer heads (dim -3) than query: see ``key``.
         path: ``"auto"`` (tiled flash kernel; the reference when weights are asked for),
             ``"flash"`` or ``"reference"`` (the unfused oracle).
         return_lse: also return the log-sum-exp of each query row's scores,
@@ -422,8 +428,9 @@ def varlen_attention(query, key, value, cu_seqlens, *, is_causal: bool = False, 
 
 
 def _gate_up(gate, up):
-    g = as_float(gate, "gate")
-    u = as_float(up, "up", g.dtype.type)
+    # The C++ op splits its inputs into rows of the last dim: a 0-d array has none (it read shape(-1)).
+    g = as_float(gate, "gate", min_ndim=1)
+    u = as_float(up, "up", g.dtype.type, min_ndim=1)
     if u.shape != g.shape:
         raise ValueError(f"up: expected the shape of gate {g.shape}, got {u.shape}")
     return g, u
@@ -436,7 +443,7 @@ def glu(gate, up, activation: str = "silu") -> np.ndarray:
         h = act(gate) · up        act: "silu" (SwiGLU), "gelu" / "gelu_tanh" (GeGLU), "relu" (ReGLU)
 
     Args:
-        gate, up: float arrays of the same shape, e.g. ``(N, L, dim_feedforward)``.
+        gate, up: float arrays of the same shape, at least 1-D, e.g. ``(N, L, dim_feedforward)``.
         activation: a name of the library's table of activations (``"silu"``, ``"gelu"``,
             ``"gelu_tanh"``, ``"relu"``, ...).
 
@@ -444,7 +451,8 @@ def glu(gate, up, activation: str = "silu") -> np.ndarray:
         The shape of ``gate``, its dtype (float32 unless float64).
 
     Raises:
-        ValueError: shapes differ, empty arrays, unknown ``activation``. TypeError: non-numeric arrays.
+        ValueError: shapes differ, empty or 0-d arrays, unknown ``activation``. TypeError: non-numeric
+            arrays.
     """
     activation_of(activation, "activation")
     g, u = _gate_up(gate, up)
@@ -463,7 +471,10 @@ def dropout(x, p: float, seed: int, training: bool = True) -> np.ndarray:
     """Inverted dropout (Srivastava et al. 2014), as ``torch.nn.functional.dropout``, with the mask
     drawn from a counter-based generator (Philox4x32-10, Salmon et al. 2011) keyed by ``seed``::
 
-        keep_i = u_i >= p,   u_i = Philox(seed, i) / 2³²,    y_i = keep_i ? x_i / (1 - p) : 0
+        keep_i = u_i >= p,   u_i = Philox(seed, i) / 2³²,    y_i = keep_i ? x_i / (1 - p) : x_i · 0
+
+    A dropped element is ``x_i · 0`` as in torch (which multiplies by the scaled mask): 0, or NaN
+    where ``x_i`` is NaN or ±inf, so a non-finite input is never hidden (with ``p=1`` too).
 
     The mask depends only on ``(seed, flat index i)``: not on the thread count, and
     ``backward.dropout_backward`` regenerates it from the same seed instead of storing it. It is not
@@ -472,7 +483,8 @@ def dropout(x, p: float, seed: int, training: bool = True) -> np.ndarray:
 
     Args:
         x: float array of any shape.
-        p: the probability of dropping an element, in [0, 1] (1: zeros, as torch).
+        p: the probability of dropping an element, in [0, 1] (1: ``x · 0``, zeros for finite
+            ``x``, as torch).
         seed: an int in [0, 2**64).
         training: False returns a copy of ``x`` (no dropout), as ``F.dropout(training=False)``.
 
@@ -488,7 +500,17 @@ def dropout(x, p: float, seed: int, training: bool = True) -> np.ndarray:
     seed = _check_seed(seed)
     if not check_bool(training, "training"):
         return x.copy()
-    return variant("dropout", x.dtype.type)(x, p, seed)
+    y = variant("dropout", x.dtype.type)(x, p, seed)
+    # The kernel writes 0 for a dropped element; torch's x · 0 is NaN for a NaN or ±inf x. A kept
+    # non-finite x stays non-finite (never 0), so y == 0 there means dropped. The sum (no copy) is
+    # non-finite whenever some x_i is: the masks are built only for such rare inputs.
+    with np.errstate(all="ignore"):  # inf - inf, or an overflowing sum of finite values: both mean "look"
+        look = p > 0 and not np.isfinite(x.sum())
+    if look:
+        dropped_nonfinite = ~np.isfinite(x)
+        dropped_nonfinite &= y == 0
+        y[dropped_nonfinite] = np.nan
+    return y
 
 
 def _cross_entropy_args(logits, target, ignore_index, label_smoothing, reduction):

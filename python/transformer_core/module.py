@@ -265,11 +265,17 @@ class Module:
 
     def load_state_dict(self, state_dict: Mapping) -> None:
         """Copies weights from ``state_dict`` (name -> array-like: numpy arrays, torch tensors, or
-        anything ``np.asarray`` takes), converted to ``self.dtype``.
+        anything ``np.asarray`` takes) of any floating-point dtype (float16, bfloat16, float32,
+        float64), converted to ``self.dtype``.
+
+        Unlike torch's ``load_state_dict`` (whose ``copy_`` converts any dtype), a value that is not
+        floating-point is refused: an integer or bool tensor under a weight's name means a wrong or
+        corrupt checkpoint, not numbers to convert (``.astype(np.float32)`` it if you mean them).
 
         Raises:
-            TypeError: ``state_dict`` is not a mapping, or a value is not a real floating-point or
-                integer-valued array (bool, complex, object and string arrays are refused).
+            TypeError: ``state_dict`` is not a mapping, or a value is not a floating-point array
+                (integer, bool, complex, object and string data are refused, naming the key); the
+                module is left unchanged.
             ValueError: listing every missing, unknown or mis-shaped name; the module is left
                 unchanged. Also when the module holds quantized weights (``weight_formats``): load
                 the state into a float model and quantize that.
@@ -410,25 +416,52 @@ class Module:
         return dtype_suffix(self.dtype)
 
     def _init_weights(self, seed: int | None = 0) -> None:
-        """Fills the weights as torch's default init would in spirit: uniform(±1/sqrt(fan_in)) for
-        matrices, ones for norm weights, zeros for biases. Deterministic for a given seed. Skipped
-        inside :func:`skip_weight_init` (the weights stay zeros)."""
+        """Fills a freshly built module's weight matrices as torch's default init would in spirit:
+        uniform(±1/sqrt(fan_in)), deterministic for a given seed (the values do not depend on the
+        dtype beyond its rounding). 1-D parameters keep what the C++ constructor gave them: ones
+        for every norm weight, zeros for biases (the C++ layer knows which is which; a name does
+        not: a standalone ``RMSNorm``'s weight is just ``"weight"``). Skipped inside
+        :func:`skip_weight_init` (the weights stay as the C++ core left them).
+
+        The values are drawn in float64 chunks of at most ``_INIT_CHUNK`` elements and written
+        into the C++ buffers in place: a size that passed the C++ allocation check (its own bytes
+        per element) never needs a float64 copy of a whole matrix on top of it."""
         if getattr(_SKIP_INIT, "on", False):
             return
         rng = np.random.default_rng(seed)
-        state = {}
-        for name, slot in self._slots().items():
-            shape = slot.shape
-            if len(shape) >= 2:
-                fan_in = shape[0] if slot.transposed else shape[-1]
-                state[name] = rng.uniform(-1.0 / np.sqrt(fan_in), 1.0 / np.sqrt(fan_in), size=shape)
-            elif name.endswith("weight") and _is_norm_weight(name):
-                state[name] = np.ones(shape)
-            else:
-                state[name] = np.zeros(shape)
-        self.load_state_dict(state)
+        for slot in self._slots().values():
+            if len(slot.shape) < 2:
+                continue
+            fan_in = slot.shape[0] if slot.transposed else slot.shape[-1]
+            bound = 1.0 / np.sqrt(fan_in)
+            _fill_in_chunks(_checkpoint_view(slot), lambda size: rng.uniform(-bound, bound, size=size))
 
 
-def _is_norm_weight(name: str) -> bool:
-    parts = name.split(".")
-    return "norm" in name.lower() or (len(parts) >= 2 and parts[-2].startswith("ln_"))
+#: Elements drawn at once by the weight init (8 MiB of float64).
+_INIT_CHUNK = 1 << 20
+
+
+def _checkpoint_view(slot: _Slot) -> np.ndarray:
+    """A writeable zero-copy view of the C++ weight of ``slot`` in the checkpoint's layout (the
+    C++ buffer's transpose for a transposed slot), as 2-D ``(rows, last dim)``."""
+    view = slot.impl.parameter_view(slot.core_name)
+    if slot.transposed:
+        return view.T  # transposed slots are matrices (GPT-2's Conv1D)
+    return view.reshape(-1, view.shape[-1])  # C-contiguous: a view, never a copy
+
+
+def _fill_in_chunks(target: np.ndarray, draw) -> None:
+    """Writes ``draw(shape)`` (float64 random values) into the 2-D ``target`` in row-major order,
+    at most ``_INIT_CHUNK`` elements per draw: the same values as one ``draw(target.shape)`` (a
+    generator's stream does not depend on how it is cut), without its whole float64 copy."""
+    rows, cols = target.shape
+    if cols <= _INIT_CHUNK:
+        step = _INIT_CHUNK // cols
+        for r in range(0, rows, step):
+            block = target[r:r + step]
+            block[...] = draw(block.shape)
+        return
+    for r in range(rows):  # rows longer than a chunk: cut each row
+        for c in range(0, cols, _INIT_CHUNK):
+            part = target[r, c:c + _INIT_CHUNK]
+            part[...] = draw(part.shape)

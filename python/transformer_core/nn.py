@@ -37,7 +37,7 @@ from ._validation import (
     check_positive_int,
     to_numpy,
 )
-from .module import Module, check_dropout
+from .module import Module, _fill_in_chunks, check_dropout
 
 __all__ = [
     "MultiheadAttention",
@@ -375,10 +375,12 @@ class Embedding(Module):
             padding_idx %= self.num_embeddings
         self.padding_idx = padding_idx
         self._impl = getattr(_core, "Embedding" + sfx)(self.num_embeddings, self.embedding_dim)
-        weight = np.random.default_rng(0).standard_normal((self.num_embeddings, self.embedding_dim))
+        # N(0, 1) drawn in float64 chunks straight into the C++ table: no whole float64 copy on
+        # top of the table that the C++ allocation check counted
+        weight = self._impl.parameter_view("weight")
+        _fill_in_chunks(weight, np.random.default_rng(0).standard_normal)
         if padding_idx is not None:
             weight[padding_idx] = 0.0
-        self.load_state_dict({"weight": weight})
 
     def forward(self, input_ids) -> np.ndarray:
         """``input_ids (...)`` integer ids in ``[0, num_embeddings)`` -> ``(..., embedding_dim)``.
