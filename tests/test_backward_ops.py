@@ -486,6 +486,23 @@ def test_dropout_statistics_and_backward(rng):
     assert np.array_equal(FT.dropout(x, 0.5, 3) != 0, FT.dropout(x.astype(np.float32), 0.5, 3) != 0)
 
 
+def test_dropout_backward_of_non_finite_gradients_as_torch(rng):
+    """A dropped NaN or ±inf gradient is NaN, as torch's autograd gives (the product with the scaled
+    mask), with p = 1 too; kept ones are scaled as the others."""
+    gy = randn(rng, (4, 50), np.float64)
+    gy[:, ::7] = np.nan
+    gy[:, 3::7] = np.inf
+    for p in (0.5, 1.0):
+        keep = FT.dropout(np.ones_like(gy), p, seed=11) != 0
+        gx = B.dropout_backward(gy, p, seed=11)
+        xt = leaf(np.ones_like(gy))
+        (xt * to_torch(keep.astype(np.float64)) / (1 - p if p < 1 else 1.0)).backward(to_torch(gy))
+        with np.errstate(invalid="ignore"):  # inf · 0
+            want = xt.grad.numpy() if p < 1 else gy * 0.0
+        np.testing.assert_array_equal(np.isnan(gx), np.isnan(want), err_msg=f"p={p}")
+        np.testing.assert_array_equal(gx[~np.isnan(gx)], want[~np.isnan(want)], err_msg=f"p={p}")
+
+
 def test_dropout_edges_and_threads(rng, threads):
     x = randn(rng, (3, 5)) + 4
     assert np.array_equal(FT.dropout(x, 0.0, 1), x)

@@ -44,6 +44,7 @@ from .functional import (
     _check_scale,
     _check_seed,
     _cross_entropy_args,
+    _dropped_times_zero,
     _gate_up,
 )
 from .positional import _rotary_table, _rotary_tables
@@ -407,7 +408,8 @@ def rotary_backward(grad_output, cos, sin, layout: str = "half") -> np.ndarray:
 
 
 def dropout_backward(grad_output, p: float, seed: int) -> np.ndarray:
-    """Backward of ``functional.dropout``: ``grad_x = keep ? grad_y / (1 - p) : 0``, with the
+    """Backward of ``functional.dropout``: ``grad_x = keep ? grad_y / (1 - p) : grad_y · 0`` (0, or
+    NaN for a non-finite ``grad_y``, as torch's product with the scaled mask), with the
     mask regenerated from ``(seed, flat index)`` (Philox4x32-10): pass the forward's ``p`` and ``seed``.
 
     Args:
@@ -425,7 +427,7 @@ def dropout_backward(grad_output, p: float, seed: int) -> np.ndarray:
     g = as_float(grad_output, "grad_output")
     p = _check_p(p)
     seed = _check_seed(seed)
-    return variant("dropout", g.dtype.type)(g, p, seed)
+    return _dropped_times_zero(g, variant("dropout", g.dtype.type)(g, p, seed), p)
 
 
 # --------------------------------------------------------------------------------------------------

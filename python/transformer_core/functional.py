@@ -500,10 +500,15 @@ def dropout(x, p: float, seed: int, training: bool = True) -> np.ndarray:
     seed = _check_seed(seed)
     if not check_bool(training, "training"):
         return x.copy()
-    y = variant("dropout", x.dtype.type)(x, p, seed)
-    # The kernel writes 0 for a dropped element; torch's x · 0 is NaN for a NaN or ±inf x. A kept
-    # non-finite x stays non-finite (never 0), so y == 0 there means dropped. The sum (no copy) is
-    # non-finite whenever some x_i is: the masks are built only for such rare inputs.
+    return _dropped_times_zero(x, variant("dropout", x.dtype.type)(x, p, seed), p)
+
+
+def _dropped_times_zero(x: np.ndarray, y: np.ndarray, p: float) -> np.ndarray:
+    """y (the dropout kernel's output for x) with its dropped elements as torch's x · 0.
+
+    The kernel writes 0 for a dropped element; torch's x · 0 is NaN for a NaN or ±inf x. A kept
+    non-finite x stays non-finite (never 0), so y == 0 there means dropped. The sum (no copy) is
+    non-finite whenever some x_i is: the masks are built only for such rare inputs."""
     with np.errstate(all="ignore"):  # inf - inf, or an overflowing sum of finite values: both mean "look"
         look = p > 0 and not np.isfinite(x.sum())
     if look:
