@@ -62,3 +62,51 @@ def test_bad_input(smol):
         session.send(None)
     with pytest.raises(ValueError, match="text"):
         continue_text(model, tok, "")
+
+
+def test_continue_text_checks_the_context_before_making_the_cache(smol, monkeypatch):
+    model, tok = smol
+
+    def new_cache(self, batch, capacity=0):
+        raise AssertionError(f"new_cache({batch}, {capacity}) called before the context was checked")
+
+    monkeypatch.setattr(type(model), "new_cache", new_cache)
+    n = len(tok.encode("Once upon a time"))
+    room = model.context_length - n
+    with pytest.raises(ValueError, match=rf"^max_new_tokens: prompt length {n} \+ {room + 1} exceeds the context "
+                                         rf"\(max_position_embeddings = {model.context_length}\)$"):
+        continue_text(model, tok, "Once upon a time", max_new_tokens=room + 1)
+    with pytest.raises(ValueError, match="max_new_tokens: prompt length 1 \\+ 100000 exceeds"):
+        continue_text(model, tok, "hi", max_new_tokens=100_000)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"top_k": 0}, "top_k"),
+    ({"top_k": 0, "temperature": 0.7}, "top_k"),
+    ({"top_p": 1.5, "temperature": 0.7}, "top_p"),
+    ({"top_p": 0.0, "temperature": 0.7}, "top_p"),
+    ({"repetition_penalty": 0.0}, "repetition_penalty"),
+    ({"seed": -1, "temperature": 0.7}, "seed"),
+])
+def test_sampling_options_are_checked_when_the_session_is_made(smol, kwargs, match):
+    model, tok = smol
+    with pytest.raises(ValueError, match=f"^{match}: "):
+        ChatSession(model, tok, **kwargs)
+    with pytest.raises(ValueError, match=f"^{match}: "):
+        continue_text(model, tok, "hi", max_new_tokens=4, **kwargs)
+
+
+def test_empty_or_invalid_messages_are_refused_before_anything_runs(smol):
+    model, tok = smol
+    session = ChatSession(model, tok, max_new_tokens=4)
+    for message, match in (("", "message: expected a message, got an empty string"),
+                           (" \n", "message: expected a message, got only whitespace"),
+                           ("caf\udce9", "message: expected valid Unicode text, got a lone surrogate '\\\\udce9' "
+                                         "at position 3")):
+        with pytest.raises(ValueError, match=f"^{match}"):
+            session.send(message)
+    assert session.messages == [] and session.cache.length == 0  # nothing was sent
+    with pytest.raises(ValueError, match="^system: .* at position 0"):
+        ChatSession(model, tok, system="\udcff")
+    with pytest.raises(ValueError, match="^text: expected valid Unicode text, .* at position 3"):
+        continue_text(model, tok, "caf\udce9", max_new_tokens=4)

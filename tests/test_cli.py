@@ -258,9 +258,11 @@ def test_cli_embed_out_quantize_int8_is_recorded_and_kept(tmp_path, tiny_model_d
     # the queries are embedded in int8 too: a text of the corpus finds itself with cosine 1
     hits = json.loads(run_cli_any("search", "--index", out, lines[7], "-k", 1, "--json").stdout)[0]["hits"]
     assert hits[0]["id"] == 7 and abs(hits[0]["score"] - 1) < 1e-5
-    # a float32 run does not resume an int8 output
-    assert_clean_error(run_cli_any("embed", "--file", f, "--out", out, "--model", tiny_model_dir, "--resume"),
-                       "resume")
+    # a float32 run does not resume an int8 output, and says that the quantize setting differs
+    msg = assert_clean_error(run_cli_any("embed", "--file", f, "--out", out, "--model", tiny_model_dir, "--resume"),
+                             f"resume: {out} was embedded with --quantize int8, this run in float32 (no --quantize); "
+                             f"--quantize int8 continues it")
+    assert "another model" not in msg
     assert_clean_error(run_cli_any("embed", "--file", f, "--out", tmp_path / "d.parquet", "--workers", 1,
                                    "--quantize", "int8"), "--quantize")
     r = _run("embed", "hi", "--quantize", "int4")
@@ -291,3 +293,91 @@ def test_cli_chat_default_model_keeps_the_file_blocks():
     assert model8.weight_formats()["model.layers.0.self_attn.q_proj.weight"] == "int8"
     r = _run("chat", "hi", "--quantize", "int4")
     assert r.returncode == 2 and "argument --quantize: invalid choice: 'int4'" in r.stderr
+
+
+# ------------------------------------------------------------------------------------ review fixes
+def _damage_manifest(path, **changes):
+    """Rewrites a manifest with fields changed (a value of None deletes the field)."""
+    man = json.loads(path.read_text())
+    for key, value in changes.items():
+        if value is None:
+            del man[key]
+        else:
+            man[key] = value
+    path.write_text(json.dumps(man))
+
+
+def test_cli_damaged_manifest_is_one_error_naming_it(tmp_path, tiny_model_dir):
+    f = tmp_path / "c.txt"
+    f.write_text("\n".join(corpus_lines(30)) + "\n", encoding="utf-8")
+    out = tmp_path / "e.npy"
+    embed = ["embed", "--file", f, "--out", out, "--model", tiny_model_dir, "--no-progress"]
+    assert run_cli_any(*embed, "--chunk-size", 3).returncode == 0  # 10 chunks
+    man_path = tmp_path / "e.npy.manifest.json"
+    good = man_path.read_text()
+    name = str(man_path)
+    # an interrupted run's manifest, hand-edited
+    _damage_manifest(man_path, complete=False, completed=None)
+    assert_clean_error(run_cli_any(*embed, "--resume"), name, "damaged manifest", "no field 'completed'")
+    _damage_manifest(man_path, completed=[[0, 99]])
+    assert_clean_error(run_cli_any(*embed, "--resume"), name, "completed:", "within [0, 10]", "got [[0, 99]]")
+    man_path.write_text(good)
+    _damage_manifest(man_path, complete=None)
+    assert_clean_error(run_cli_any("search", "--index", out, "q"), name, "no field 'complete'")
+    man_path.write_text(good)
+    _damage_manifest(man_path, complete=False, completed="x")
+    assert_clean_error(run_cli_any("search", "--index", out, "q", "--allow-incomplete"), name, "completed:",
+                       "got 'x'")
+    # the refused runs changed nothing
+    assert json.loads(man_path.read_text())["completed"] == "x" and np.load(out).shape == (30, 32)
+
+
+def test_cli_generate_checks_the_context_before_making_the_cache(monkeypatch, capsys):
+    from transformer_core.__main__ import main
+
+    def new_cache(self, batch, capacity=0):
+        raise AssertionError(f"new_cache({batch}, {capacity}) called before the context was checked")
+
+    monkeypatch.setattr(tc.LlamaForCausalLM, "new_cache", new_cache)
+    assert main(["generate", "hi", "--max-new-tokens", "100000"]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""  # the text is not echoed before the error
+    assert err == ("transformer_core generate: max_new_tokens: prompt length 1 + 100000 exceeds the context "
+                   "(max_position_embeddings = 8192)\n")
+
+
+def test_cli_bad_options_print_nothing_on_stdout():
+    for args, fragment in ((["generate", "hi", "--temperature", "-1"], "temperature: expected a value >= 0"),
+                           (["generate", "hi", "--temperature", "1", "--top-p", "2"], "top_p:"),
+                           (["chat", "hi", "--temperature", "1", "--top-p", "0"], "top_p:"),
+                           (["chat", "hi", "--seed", "-1"], "seed:")):
+        r = _run(*args)
+        assert r.stdout == "", (args, r.stdout)
+        assert_clean_error(r, f"transformer_core {args[0]}: {fragment}")
+
+
+def test_cli_empty_prompt_or_query_is_refused(tmp_path):
+    assert_clean_error(_run("chat", ""), "transformer_core chat: prompt: expected a message, got an empty string")
+    assert_clean_error(_run("chat", "  "), "prompt: expected a message, got only whitespace")
+    assert_clean_error(_run("generate", ""), "transformer_core generate: text: expected some text")
+    # the queries are checked before the index is opened
+    assert_clean_error(run_cli_any("search", "--index", tmp_path / "none.npy", "fine", ""),
+                       "transformer_core search: queries: expected some text, got an empty query at index 1")
+
+
+def test_cli_arguments_that_are_not_utf8_are_named():
+    # the shell's $'caf\xe9': Python decodes the byte as the lone surrogate U+DCE9
+    r = assert_clean_error(_run("embed", "caf\udce9", "b"), "transformer_core embed: texts:",
+                           "lone surrogate '\\udce9' at position 3 of the text at index 0")
+    assert "TextInputSequence" not in r
+    assert_clean_error(_run("chat", "\udcff\udcfe"), "transformer_core chat: prompt:",
+                       "lone surrogate '\\udcff' at position 0")
+    assert_clean_error(_run("generate", "caf\udce9"), "transformer_core generate: text:", "at position 3")
+
+
+def test_cli_summary_lists_the_skipped_records(tmp_path, tiny_model_dir):
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"fine\nnot \xff fine\nlast\n")
+    r = run_cli_any("embed", "--file", bad, "--errors", "skip", "--model", tiny_model_dir, "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["shape"] == [2, 32], r.stderr
+    assert r.stderr.splitlines() == ["skipped 1 records: line 2: invalid UTF-8 (byte 5 of the line: b'\\xff')"]

@@ -6,6 +6,7 @@ The outputs are read back here with numpy / pyarrow directly, not with the modul
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
@@ -272,7 +273,7 @@ def _peak_rss_kib(args) -> int:
 @pytest.mark.parametrize("kind", ["npy", "parquet"])
 def test_peak_memory_does_not_grow_with_the_file(tmp_path, tiny_model_dir, kind):
     """Peak RSS of a 50,000-line run is within a small margin of a 5,000-line run's (chunks of 500):
-    the input is streamed, the .npy written through one chunk-sized memory-map window at a time."""
+    the input is streamed, the .npy written one chunk at a time."""
     peaks = {}
     for n in (5000, 50000):
         f = write_lines(tmp_path / f"c{n}.txt", corpus_lines(n))
@@ -587,3 +588,128 @@ def test_merge_topk_is_independent_of_blocking():
         for a in range(0, 500, block):
             best = corpus._merge_topk(*best, scores[a:a + block], ids[a:a + block], 25)
         assert best[1].tolist() == ref.tolist(), block
+
+
+# ------------------------------------------------------------------------------ a full disk
+def _cli(capsys, *args):
+    """``main`` in this process (so that os functions can be patched): (exit code, stdout, stderr)."""
+    from transformer_core.__main__ import main
+
+    rc = main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_npy_output_on_a_full_disk_fails_before_writing(tmp_path, tiny_model_dir, monkeypatch, capsys):
+    """The .npy's space is reserved when it is created: a disk too small is one error line, and
+    nothing is left behind (no manifest, no partial data claiming rows)."""
+    f = write_lines(tmp_path / "c.txt", corpus_lines(40))
+    out = tmp_path / "e.npy"
+    reserved = []
+
+    def full_disk(fd, offset, length):
+        reserved.append((offset, length))
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "posix_fallocate", full_disk)
+    rc, stdout, stderr = _cli(capsys, "embed", "--file", f, "--out", out, "--model", tiny_model_dir,
+                              "--chunk-size", 10, "--no-progress")
+    assert rc == 2 and stdout == ""
+    assert stderr == (f"transformer_core embed: {out}.partial: No space left on device (reserving "
+                      f"{reserved[0][1]:,} bytes for 40 x 32 float32 embeddings)\n")
+    assert reserved == [(0, reserved[0][1])] and reserved[0][1] >= 40 * 32 * 4  # header + every row
+    assert sorted(os.listdir(tmp_path)) == ["c.txt"]
+
+
+def test_npy_write_refused_mid_run_keeps_the_manifest_true(tmp_path, tiny_model_dir, tiny_encoder, monkeypatch,
+                                                           capsys):
+    """A write the disk refuses (a file system that cannot reserve space) is an OSError, not a
+    SIGBUS: one error line, the manifest records only the chunks written, and --resume finishes."""
+    lines = corpus_lines(40)
+    f = write_lines(tmp_path / "c.txt", lines)
+    out = tmp_path / "e.npy"
+    args = ["embed", "--file", f, "--out", out, "--model", tiny_model_dir, "--chunk-size", 10, "--no-progress"]
+    pwrite = os.pwrite
+    calls = []
+
+    def fills_up(fd, data, offset):
+        calls.append(offset)
+        if len(calls) > 2:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return pwrite(fd, data, offset)
+
+    monkeypatch.setattr(os, "pwrite", fills_up)
+    rc, _, stderr = _cli(capsys, *args)
+    assert rc == 2 and stderr == f"transformer_core embed: {out}.partial: No space left on device\n"
+    m = manifest(out)
+    assert m["completed"] == [[0, 2]] and not m["complete"] and not out.exists()
+    sidecar = Path(f"{out}.texts.jsonl")
+    assert [json.loads(t) for t in sidecar.read_text(encoding="utf-8").splitlines()] == lines[:20]
+    assert sidecar.stat().st_size == m["texts_bytes"]
+    emb = np.load(f"{out}.partial")
+    np.testing.assert_allclose(emb[:20], tiny_encoder.encode(lines[:20]), atol=1e-6)
+    monkeypatch.undo()
+    rc, _, stderr = _cli(capsys, *args, "--resume")
+    assert rc == 0, stderr
+    _, texts, emb = load_output(out)
+    assert texts == lines
+    np.testing.assert_allclose(emb, tiny_encoder.encode(lines), atol=1e-6)
+
+
+# ------------------------------------------------------------------------------ checked inputs
+def test_resume_names_a_different_quantize_setting(tmp_path, tiny_model_dir):
+    f = write_lines(tmp_path / "c.txt", corpus_lines(20))
+    out = tmp_path / "e.npy"
+    corpus.embed_file(f, out, model=str(tiny_model_dir), chunk_size=10)
+    before = out.read_bytes(), Path(f"{out}.manifest.json").read_bytes()
+    with pytest.raises(ValueError, match=r"^resume: .*e\.npy was embedded in float32 \(no --quantize\), this run "
+                                         r"with --quantize int8; leaving out --quantize continues it"):
+        corpus.embed_file(f, out, model=str(tiny_model_dir), resume=True, quantize="int8")
+    assert (out.read_bytes(), Path(f"{out}.manifest.json").read_bytes()) == before
+
+
+def test_list_input_that_is_not_unicode_writes_nothing(tmp_path, tiny_model_dir):
+    with pytest.raises(ValueError, match=r"^texts: .*lone surrogate '\\udce9' at position 3 of the text at index 1"):
+        corpus.embed_file(["fine", "caf\udce9"], tmp_path / "e.npy", model=str(tiny_model_dir))
+    assert os.listdir(tmp_path) == []
+
+
+def test_search_refuses_empty_or_invalid_queries(search_index):
+    _, outs = search_index
+    with pytest.raises(ValueError, match="^queries: expected some text, got an empty query at index 1$"):
+        corpus.search(outs["npy"], ["fine", ""])
+    with pytest.raises(ValueError, match="^queries: expected some text, got an all-whitespace query at index 0$"):
+        corpus.search(outs["npy"], " \t")
+    with pytest.raises(ValueError, match=r"^queries: .*lone surrogate '\\udce9' at position 3 of the text at index 0"):
+        corpus.search(outs["npy"], "caf\udce9")
+
+
+@pytest.mark.parametrize("changes, match", [
+    ({"completed": None}, "no field 'completed'"),
+    ({"completed": "x"}, "completed: expected sorted, .* got 'x'"),
+    ({"completed": [[0, 99]]}, r"completed: .*within \[0, 9\] \(num_chunks\), got \[\[0, 99\]\]"),
+    ({"completed": [[2, 4], [0, 1]]}, "completed: .* got"),     # not sorted
+    ({"completed": [[0, 3], [2, 5]]}, "completed: .* got"),     # overlapping
+    ({"completed": [[0, 2], [2, 5]]}, "completed: .* got"),     # touching: never written so
+    ({"completed": [[1, 1]]}, "completed: .* got"),             # empty range
+    ({"completed": [[0, 2.5]]}, "completed: .* got"),
+    ({"complete": None}, "no field 'complete'"),
+    ({"complete": "yes"}, "complete: expected true or false, got 'yes'"),
+    ({"complete": True, "completed": [[0, 5]]}, r"completed: expected \[\[0, 9\]\] \(every chunk"),
+    ({"num_chunks": 8}, r"num_chunks: expected 9 \(num_rows 403 / chunk_size 50"),
+    ({"chunk_size": 0}, "chunk_size: expected an int >= 1, got 0"),
+    ({"model": {"name": "m", "fingerprint": "f"}}, "no field 'model.dim'"),
+    ({"kind": "csv"}, "kind: expected 'npy' or 'parquet', got 'csv'"),
+    ({"texts_bytes": -1}, "texts_bytes: expected an int >= 0, got -1"),
+])
+def test_read_manifest_names_the_damaged_field(search_index, tmp_path, changes, match):
+    _, outs = search_index
+    man = manifest(outs["npy"])
+    assert corpus.read_manifest(outs["npy"]) == man  # the real one passes
+    man.update(changes)
+    for key in [k for k, v in changes.items() if v is None]:
+        del man[key]
+    out = tmp_path / "e.npy"
+    Path(f"{out}.manifest.json").write_text(json.dumps(man))
+    with pytest.raises(ValueError, match=f"^{out}.manifest.json: a damaged manifest: {match}"):
+        corpus.read_manifest(out)

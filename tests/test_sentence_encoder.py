@@ -194,3 +194,21 @@ def test_encode_semantics_sanity(encoder):
     sim = e @ e.T
     assert sim[0, 1] > sim[0, 2] + 0.2
     np.testing.assert_allclose(np.diag(sim), 1.0, atol=1e-5)
+
+
+def test_text_that_is_not_valid_unicode_names_the_argument(tc_tokenizer, encoder):
+    # "caf\udce9": the Latin-1 byte of "café" in a str decoded with surrogateescape (a shell argument)
+    bad = "caf\udce9"
+    where = "got a lone surrogate '\\\\udce9' at position 3"
+    with pytest.raises(ValueError, match=f"^text: expected valid Unicode text, {where} "):
+        tc_tokenizer.encode(bad)
+    with pytest.raises(ValueError, match=f"^text: .*{where}"):
+        tc_tokenizer.tokenize(bad)
+    with pytest.raises(ValueError, match=f"^texts: .*{where} of the text at index 1 "):
+        tc_tokenizer.encode_batch(["fine", bad])
+    with pytest.raises(ValueError, match=f"^texts: .*{where} of the text at index 2 "):
+        tc_tokenizer.encode_batches(["a", "b", bad], 2)  # when called, not when the bad batch comes
+    # the index is the caller's, not the one in the length-sorted order encode batches in
+    with pytest.raises(ValueError, match=f"^sentences: .*{where} of the text at index 1 "):
+        encoder.encode(["A much longer sentence than the next one.", bad])
+    assert tc_tokenizer.encode("café") == tc_tokenizer.encode("caf\u00e9")  # valid text is untouched

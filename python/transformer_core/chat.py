@@ -17,6 +17,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ._validation import check_int
+from .generation import GenerationConfig
+from .tokenizer import check_unicode
 
 __all__ = ["ChatSession", "TurnStats", "continue_text", "run_chat", "run_generate"]
 
@@ -85,10 +87,16 @@ def _stream(model, tokenizer, ids: np.ndarray, cache, on_text, stats: TurnStats,
 
 
 def _options(max_new_tokens, temperature, top_p, top_k, seed, repetition_penalty) -> dict:
+    """``stream``'s keyword arguments for these options. Every option is checked here, as
+    ``generate`` would check it, so that a bad one is reported when a session is made or before a
+    model is loaded, not at the first reply; top_p and top_k are checked even when greedy
+    (temperature 0), where they are not used."""
     temperature = float(temperature)
     if not temperature >= 0:
         raise ValueError(f"temperature: expected a value >= 0 (0 = greedy), got {temperature}")
     sample = temperature > 0
+    GenerationConfig(max_new_tokens, do_sample=sample, temperature=temperature if sample else 1.0, top_k=top_k,
+                     top_p=top_p, repetition_penalty=repetition_penalty, seed=seed)
     return dict(max_new_tokens=max_new_tokens, do_sample=sample, temperature=temperature if sample else 1.0,
                 top_p=top_p if sample else None, top_k=top_k if sample else None, seed=seed,
                 repetition_penalty=repetition_penalty)
@@ -114,7 +122,10 @@ class ChatSession:
         repetition_penalty: > 0; 1 or None = none.
 
     Raises:
-        ValueError: a tokenizer without a chat template; bad options (named).
+        ValueError: a tokenizer without a chat template; bad options (named: ``max_new_tokens`` < 1,
+            ``temperature`` < 0, ``top_k`` < 1, ``top_p`` outside (0, 1], ...), whatever the
+            temperature; a ``system`` message that is not valid Unicode.
+        TypeError: ``system`` not a str or None; options of the wrong type (named).
     """
 
     def __init__(self, model, tokenizer, system: str | None = None, max_new_tokens: int = 256,
@@ -124,6 +135,8 @@ class ChatSession:
             raise ValueError("tokenizer: this model's tokenizer has no chat template (use continue_text)")
         if system is not None and not isinstance(system, str):
             raise TypeError(f"system: expected a str, got {type(system).__name__}")
+        if system is not None:
+            check_unicode(system, "system")
         self.model, self.tokenizer = model, tokenizer
         self.options = _options(check_int(max_new_tokens, "max_new_tokens", 1), temperature, top_p, top_k, seed,
                                 repetition_penalty)
@@ -149,11 +162,13 @@ class ChatSession:
         """The model's reply to ``message``, streamed to ``on_text`` piece by piece as it is generated.
 
         Raises:
-            TypeError: ``message`` not a str. ValueError: the conversation no longer fits the
-            model's context (start a new session).
+            TypeError: ``message`` not a str. ValueError: an empty (or all-whitespace) message, a
+            message that is not valid Unicode, or a conversation that no longer fits the model's
+            context (start a new session).
         """
         if not isinstance(message, str):
             raise TypeError(f"message: expected a str, got {type(message).__name__}")
+        _check_message(message, "message")
         messages = self.messages + [{"role": "user", "content": message}]
         prompt = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
         room = self.model.context_length - len(prompt)
@@ -179,6 +194,14 @@ class ChatSession:
         return reply
 
 
+def _check_message(text: str, name: str) -> None:
+    """A chat turn must say something (a blank one would be sent to the model as an empty user
+    turn) and be valid Unicode."""
+    if not text.strip():
+        raise ValueError(f"{name}: expected a message, got {'an empty string' if not text else 'only whitespace'}")
+    check_unicode(text, name)
+
+
 def continue_text(model, tokenizer, text: str, max_new_tokens: int = 128, on_text=None, temperature: float = 0.0,
                   top_p: float | None = None, top_k: int | None = None, seed: int | None = None,
                   repetition_penalty: float | None = None) -> tuple[str, TurnStats]:
@@ -189,16 +212,36 @@ def continue_text(model, tokenizer, text: str, max_new_tokens: int = 128, on_tex
         ``(the continuation, its TurnStats)``.
 
     Raises:
-        TypeError: ``text`` not a str. ValueError: empty text, or text + max_new_tokens longer than
-        the model's context; bad options (named).
+        TypeError: ``text`` not a str. ValueError: empty text or text that is not valid Unicode;
+        text + max_new_tokens longer than the model's context (before any memory is reserved for
+        them); bad options (named).
     """
+    options = _options(check_int(max_new_tokens, "max_new_tokens", 1), temperature, top_p, top_k, seed,
+                       repetition_penalty)
+    return _continue(model, tokenizer, _text_ids(model, tokenizer, text, options["max_new_tokens"]), options,
+                     on_text)
+
+
+def _text_ids(model, tokenizer, text, max_new_tokens: int) -> list[int]:
+    """The ids of the text to continue, checked to leave room for ``max_new_tokens`` in the
+    context: the KV cache is sized for both, so a huge ``max_new_tokens`` must fail here, not after
+    gigabytes have been reserved."""
     if not isinstance(text, str):
         raise TypeError(f"text: expected a str, got {type(text).__name__}")
+    if not text:
+        raise ValueError("text: expected some text, got an empty string")
     ids = tokenizer.encode(text, add_special_tokens=True)
     if not ids:
         raise ValueError("text: expected some text, got none")
-    options = _options(check_int(max_new_tokens, "max_new_tokens", 1), temperature, top_p, top_k, seed,
-                       repetition_penalty)
+    if len(ids) + max_new_tokens > model.context_length:
+        field = getattr(model, "_context_field", "context_length")
+        raise ValueError(f"max_new_tokens: prompt length {len(ids)} + {max_new_tokens} exceeds the context "
+                         f"({field} = {model.context_length})")
+    return ids
+
+
+def _continue(model, tokenizer, ids: list[int], options: dict, on_text) -> tuple[str, TurnStats]:
+    """continue_text's generation, from checked ids and options."""
     eos = tokenizer.eos_token_id
     stats = TurnStats()
     cache = model.new_cache(1, len(ids) + options["max_new_tokens"])
@@ -235,6 +278,10 @@ def run_chat(args) -> int:
     the tokens/s of each turn on stderr."""
     import sys
 
+    # The arguments are checked before the model is loaded (seconds) and before anything is printed.
+    if args.prompt is not None:
+        _check_message(args.prompt, "prompt")
+    _options(args.max_new_tokens, args.temperature, args.top_p, None, args.seed, None)
     model, tokenizer = _load(args)
     session = ChatSession(model, tokenizer, system=args.system, max_new_tokens=args.max_new_tokens,
                           temperature=args.temperature, top_p=args.top_p, seed=args.seed)
@@ -263,10 +310,13 @@ def run_generate(args) -> int:
     """``generate``: TEXT and its continuation streamed to stdout, tokens/s on stderr."""
     import sys
 
+    options = _options(args.max_new_tokens, args.temperature, args.top_p, None, args.seed, None)
     model, tokenizer = _load(args)
+    ids = _text_ids(model, tokenizer, args.text, options["max_new_tokens"])
+    # The text is echoed only now that it and the options are known to be good: an error leaves
+    # stdout empty.
     _print(args.text)
-    _, stats = continue_text(model, tokenizer, args.text, max_new_tokens=args.max_new_tokens, on_text=_print,
-                             temperature=args.temperature, top_p=args.top_p, seed=args.seed)
+    _, stats = _continue(model, tokenizer, ids, options, _print)
     _print("\n")
     print(stats, file=sys.stderr)
     return 0

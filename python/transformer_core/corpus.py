@@ -13,8 +13,9 @@ The pieces, in the order a run uses them:
 * **Chunks**: the texts cut into consecutive runs of ``chunk_size``; chunk ``i`` holds ids
   ``[i * chunk_size, (i + 1) * chunk_size)``. Memory is bounded by one chunk (its texts, its
   embeddings, one batch's activations), whatever the size of the input.
-* **Outputs**: ``OUT.npy`` (one ``(N, dim)`` float32 array, written through a memory map, and the
-  texts in ``OUT.npy.texts.jsonl``, one JSON string per line) or ``OUT.parquet`` (a directory
+* **Outputs**: ``OUT.npy`` (one ``(N, dim)`` float32 array, its disk space reserved when it is
+  created, each chunk's rows written with ``os.pwrite``, and the texts in ``OUT.npy.texts.jsonl``,
+  one JSON string per line) or ``OUT.parquet`` (a directory
   dataset, one file per chunk, ``part-00000.parquet``, with columns ``id`` int64, ``text`` string
   and ``embedding`` fixed_size_list<float32>[dim]). Until every chunk is done the data lives at
   ``OUT.npy.partial`` / ``OUT.parquet.partial``, so that nothing at ``OUT`` ever looks complete
@@ -24,7 +25,7 @@ The pieces, in the order a run uses them:
   (path, size, mtime, hashes of its first and last MiB, format, field, error mode), the chunk size
   and the chunks completed (as ``[first, stop)`` ranges, so that its size does not grow with the
   number of chunks). It is replaced atomically (temp file + ``os.replace``) after a chunk's
-  data is on disk (``.npy``: the rows flushed with msync and the texts fsynced; ``.parquet``: the
+  data is on disk (``.npy``: the rows and the texts fsynced; ``.parquet``: the
   part written to a temp name, fsynced and renamed), so a kill at any moment never marks unwritten
   rows as done. ``resume=True`` (``--resume``) checks model and input against it, then computes
   only the chunks not done; a chunk computed twice (a kill between its data and the manifest) is
@@ -44,6 +45,7 @@ from __future__ import annotations
 import codecs
 import csv
 import dataclasses
+import errno
 import hashlib
 import itertools
 import json
@@ -58,6 +60,7 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from .hub import DEFAULT_MODEL, read_config, resolve_model_dir
+from .tokenizer import check_unicode
 
 __all__ = [
     "INPUT_FORMATS",
@@ -112,7 +115,8 @@ class ListSource:
         texts: a list of str, kept as given (no stripping, nothing skipped).
 
     Raises:
-        TypeError: not a list of str.
+        TypeError: not a list of str. ValueError: a text that is not valid Unicode (a lone
+        surrogate; its index and position are named), found here, before anything is written.
     """
 
     format = "list"
@@ -126,6 +130,7 @@ class ListSource:
         for i, t in enumerate(self.texts):
             if not isinstance(t, str):
                 raise TypeError(f"texts: expected a list of str, got {type(t).__name__} at index {i}")
+            check_unicode(t, "texts", i)
         self.skipped: list[tuple[int, str]] = []
         self.num_skipped = 0
 
@@ -463,10 +468,14 @@ def _atomic_write(path: Path, data: bytes) -> None:
 
 
 def read_manifest(out) -> dict:
-    """The manifest of an output (``OUT.manifest.json``) as a dict.
+    """The manifest of an output (``OUT.manifest.json``) as a dict, its structure checked.
 
     Raises:
-        FileNotFoundError: no manifest. ValueError: not a manifest of this package.
+        FileNotFoundError: no manifest. ValueError: not a manifest of this package, or a damaged
+        one (the file and the first bad field are named): a field missing or of the wrong type,
+        ``num_chunks`` that does not match ``num_rows`` and ``chunk_size``, ``completed`` ranges
+        not sorted, overlapping, touching or outside ``[0, num_chunks]``, or ``complete`` with
+        chunks not done.
     """
     path = manifest_path(out)
     if not path.is_file():
@@ -479,7 +488,74 @@ def read_manifest(out) -> dict:
         raise ValueError(f"{path}: not a manifest of transformer_core embeddings")
     if man.get("version") != MANIFEST_VERSION:
         raise ValueError(f"{path}: manifest version {man.get('version')!r}, this version reads {MANIFEST_VERSION}")
+    _check_manifest(man, path)
     return man
+
+
+_MISSING = object()
+
+
+def _is_int(value, low: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= low
+
+
+def _are_ranges(value, num_chunks: int) -> bool:
+    """Whether ``value`` is ``[[first, stop), ...]`` as :func:`_add_to_ranges` keeps them: sorted,
+    disjoint and never touching (touching ones are merged), within ``[0, num_chunks]``."""
+    if not isinstance(value, list):
+        return False
+    previous_stop = -1
+    for r in value:
+        if not (isinstance(r, list) and len(r) == 2 and _is_int(r[0], 0) and _is_int(r[1], 0)):
+            return False
+        if not previous_stop < r[0] < r[1] <= num_chunks:
+            return False
+        previous_stop = r[1]
+    return True
+
+
+def _check_manifest(man: dict, path: Path) -> None:
+    """Checks every field that runs and searches read, once, so that a damaged or hand-edited
+    manifest is one error naming the file and the field, not a KeyError or an IndexError later."""
+
+    def field(obj: dict, name: str, expected: str, ok, prefix: str = ""):
+        value = obj.get(name, _MISSING)
+        if value is _MISSING:
+            raise ValueError(f"{path}: a damaged manifest: no field {prefix + name!r} (expected {expected}); "
+                             f"`embed --overwrite` starts over")
+        if not ok(value):
+            got = repr(value)
+            got = got if len(got) <= 80 else got[:77] + "..."
+            raise ValueError(f"{path}: a damaged manifest: {prefix + name}: expected {expected}, got {got}; "
+                             f"`embed --overwrite` starts over")
+        return value
+
+    field(man, "kind", "'npy' or 'parquet'", lambda v: v in ("npy", "parquet"))
+    field(man, "dtype", repr(DTYPE.name), lambda v: v == DTYPE.name)
+    model = field(man, "model", "an object", lambda v: isinstance(v, dict))
+    for name in ("name", "fingerprint"):
+        field(model, name, "a str", lambda v: isinstance(v, str), "model.")
+    field(model, "dim", "an int >= 1", lambda v: _is_int(v, 1), "model.")
+    if "quantize" in model:
+        field(model, "quantize", "a str", lambda v: isinstance(v, str), "model.")
+    field(man, "input", "an object", lambda v: isinstance(v, dict))
+    rows = field(man, "num_rows", "an int >= 1", lambda v: _is_int(v, 1))
+    size = field(man, "chunk_size", "an int >= 1", lambda v: _is_int(v, 1))
+    chunks = -(-rows // size)
+    field(man, "num_chunks", f"{chunks} (num_rows {rows} / chunk_size {size}, rounded up)",
+          lambda v: _is_int(v, 1) and v == chunks)
+    field(man, "part_width", "an int >= 1", lambda v: _is_int(v, 1))
+    complete = field(man, "complete", "true or false", lambda v: isinstance(v, bool))
+    field(man, "completed", f"sorted, disjoint, non-touching [first, stop) chunk ranges within [0, {chunks}] "
+          f"(num_chunks)", lambda v: _are_ranges(v, chunks))
+    if complete:
+        field(man, "completed", f"[[0, {chunks}]] (every chunk: complete is true)", lambda v: v == [[0, chunks]])
+    for name in ("texts_bytes", "num_skipped"):
+        if name in man:
+            field(man, name, "an int >= 0", lambda v: _is_int(v, 0))
+    if "skipped" in man:
+        field(man, "skipped", "a list of [where, reason] pairs",
+              lambda v: isinstance(v, list) and all(isinstance(x, list) and len(x) == 2 for x in v))
 
 
 def completed_chunks(manifest: dict) -> set[int]:
@@ -561,10 +637,41 @@ def write_parquet_part(directory, index: int, width: int, start: int, texts: lis
     return path
 
 
+def _create_npy(path: Path, shape: tuple[int, int]) -> None:
+    """Creates ``path``: a ``.npy`` header for ``shape`` float32, and the disk space of every row
+    reserved (``posix_fallocate``), so that a disk too small for the output fails now, before any
+    row is computed or written. Where the file system cannot reserve space, the file is left
+    sparse: the rows' ``pwrite`` then reports a full disk.
+
+    Raises:
+        OSError: the file cannot be created, or the disk cannot hold it (ENOSPC).
+    """
+    header = {"descr": np.lib.format.dtype_to_descr(DTYPE), "fortran_order": False, "shape": shape}
+    with open(path, "wb") as f:
+        np.lib.format.write_array_header_1_0(f, header)
+        size = f.tell() + shape[0] * shape[1] * DTYPE.itemsize
+        f.flush()
+        fallocate = getattr(os, "posix_fallocate", None)
+        try:
+            if fallocate is None:
+                raise OSError(errno.EOPNOTSUPP, "posix_fallocate is not available")
+            fallocate(f.fileno(), 0, size)
+        except OSError as e:
+            if e.errno not in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+                raise OSError(e.errno, f"{e.strerror} (reserving {size:,} bytes for {shape[0]} x {shape[1]} "
+                                       f"float32 embeddings)", str(path)) from None
+            f.truncate(size)
+
+
 class _NpyWriter:
-    """Rows into the preallocated ``.npy`` (one memory-mapped window per chunk, flushed with msync
-    and unmapped, so the resident memory stays one chunk's), texts appended to the JSONL sidecar
-    (fsynced). Chunks come in order; the sidecar is cut back to the manifest's length on resume."""
+    """Rows into the preallocated ``.npy`` with ``os.pwrite``, fsynced; texts appended to the JSONL
+    sidecar (fsynced). Chunks come in order; the sidecar is cut back to the manifest's length on
+    resume.
+
+    Not through a memory map: a store into a mapped page the file system cannot back (a full disk,
+    a sparse file) is a SIGBUS that kills the process without a message, where ``pwrite`` raises
+    OSError, reported as any other error, with the manifest still holding only the chunks written.
+    """
 
     def __init__(self, job: "EmbedJob"):
         self.path = job.data_path
@@ -575,34 +682,55 @@ class _NpyWriter:
         if shape != (job.num_rows, job.dim) or dtype != DTYPE:
             raise ValueError(f"{self.path}: expected a ({job.num_rows}, {job.dim}) float32 array, got "
                              f"{shape} {dtype}; --overwrite starts over")
-        texts = _texts_path(job.out)
-        self.texts = open(texts, "r+b" if texts.exists() else "w+b")
+        self.fd = os.open(self.path, os.O_WRONLY)
+        self.texts_path = _texts_path(job.out)
+        self.texts = open(self.texts_path, "r+b" if self.texts_path.exists() else "w+b")
         self.texts.truncate(job.manifest.get("texts_bytes", 0))
         self.texts.seek(0, os.SEEK_END)
 
     def write(self, start: int, texts: list[str], emb: np.ndarray) -> dict:
         """Writes one chunk: ``emb`` (``(len(texts), dim)`` float32) into rows ``start ...`` of the
-        ``.npy`` (flushed), and ``texts`` appended to the JSONL sidecar (fsynced).
+        ``.npy``, and ``texts`` appended to the JSONL sidecar, both fsynced.
 
         Returns:
             the manifest fields this chunk updates: ``{"texts_bytes": <sidecar length>}``.
         Raises:
-            OSError: the disk refused the write (the manifest is then not updated).
+            OSError: the disk refused the write (the file is named; the manifest is then not
+            updated, and a resumed run writes the chunk again).
         """
-        n = len(texts)
-        window = np.memmap(self.path, dtype=DTYPE, mode="r+", offset=self.offset + start * self.dim * DTYPE.itemsize,
-                           shape=(n, self.dim))
-        window[:] = emb
-        window.flush()
-        del window
-        self.texts.write("".join(json.dumps(t, ensure_ascii=False) + "\n" for t in texts).encode("utf-8"))
-        self.texts.flush()
-        os.fsync(self.texts.fileno())
+        rows = np.ascontiguousarray(emb, dtype=DTYPE)
+        if rows.shape != (len(texts), self.dim):
+            raise ValueError(f"emb: expected shape ({len(texts)}, {self.dim}), got {rows.shape}")
+        data = memoryview(rows).cast("B")
+        offset = self.offset + start * self.dim * DTYPE.itemsize
+        try:
+            while data:  # pwrite may write less than asked
+                written = os.pwrite(self.fd, data, offset)
+                data, offset = data[written:], offset + written
+            os.fsync(self.fd)
+        except OSError as e:
+            raise _with_filename(e, self.path) from None
+        try:
+            self.texts.write("".join(json.dumps(t, ensure_ascii=False) + "\n" for t in texts).encode("utf-8"))
+            self.texts.flush()
+            os.fsync(self.texts.fileno())
+        except OSError as e:
+            raise _with_filename(e, self.texts_path) from None
         return {"texts_bytes": self.texts.tell()}
 
     def close(self) -> None:
-        """Closes the sidecar (the ``.npy`` windows are already unmapped)."""
+        """Closes the ``.npy`` and the sidecar (twice is harmless)."""
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
         self.texts.close()
+
+
+def _with_filename(error: OSError, path: Path) -> OSError:
+    """``error`` naming ``path`` (an OSError of ``write`` or ``fsync`` names no file)."""
+    if error.filename is not None or error.strerror is None:
+        return error
+    return OSError(error.errno, error.strerror, str(path))
 
 
 class _ParquetWriter:
@@ -718,8 +846,9 @@ class EmbedJob:
             overwrite: replace an existing output (removed only when :meth:`start` runs).
 
         Raises:
-            ValueError: a bad ``out`` suffix or ``chunk_size``; a resumed run whose model, input or
-                chunk size differ; an input with no text; a bad record (strict mode).
+            ValueError: a bad ``out`` suffix or ``chunk_size``; a resumed run whose model, quantize
+                setting, input or chunk size differ, or whose manifest is damaged; an input with no
+                text; a bad record (strict mode).
             FileNotFoundError: ``out``'s directory does not exist; ``resume`` with no manifest, or
                 with its data gone.
             FileExistsError: the output exists and neither ``resume`` nor ``overwrite`` was given.
@@ -774,6 +903,12 @@ class EmbedJob:
             if man["kind"] != kind:
                 raise ValueError(f"resume: {out} was started as {man['kind']}, not {kind}")
             old_model = man["model"]
+            old_q, new_q = old_model.get("quantize"), model.get("quantize")
+            if old_q != new_q and old_model["name"] == model["name"]:
+                # The quantize setting enters the fingerprint: the same model, not the same embeddings.
+                raise ValueError(f"resume: {out} was embedded {_quantized(old_q)}, this run {_quantized(new_q)}; "
+                                 f"{'--quantize ' + old_q if old_q else 'leaving out --quantize'} continues it, "
+                                 f"--overwrite starts over")
             if old_model["fingerprint"] != model["fingerprint"]:
                 raise ValueError(f"resume: {out} was made by another model: {old_model['name']!r} (fingerprint "
                                  f"{old_model['fingerprint'][:12]}), not {model['name']!r} (fingerprint "
@@ -803,25 +938,30 @@ class EmbedJob:
     # ------------------------------------------------------------------------------ run
     def start(self) -> None:
         """Creates the output for a new run (removing an old one when ``overwrite``): the data at
-        ``OUT.partial`` (``.npy``: preallocated ``(N, dim)`` float32 through
-        ``np.lib.format.open_memmap``, sparse on disk; ``.parquet``: an empty directory) and the
-        manifest with no chunk done. A resumed run's output is only checked."""
+        ``OUT.partial`` (``.npy``: ``(N, dim)`` float32, its disk space reserved up front;
+        ``.parquet``: an empty directory) and the manifest with no chunk done. A resumed run's
+        output is only checked.
+
+        Raises:
+            OSError: the output cannot be created, e.g. the disk cannot hold the whole ``.npy``
+            (ENOSPC, ``OUT.partial`` named); nothing of this run is then left behind.
+        """
         if self._started:
             return
-        for p in (self.out, _partial_path(self.out), manifest_path(self.out), _texts_path(self.out)):
-            if p.is_dir() and not p.is_symlink():
-                shutil.rmtree(p)
-            elif p.exists() or p.is_symlink():
-                p.unlink()
+        paths = (self.out, _partial_path(self.out), manifest_path(self.out), _texts_path(self.out))
+        _remove(paths)
         data = _partial_path(self.out)
-        if self.kind == "npy":
-            mm = np.lib.format.open_memmap(data, mode="w+", dtype=DTYPE, shape=(self.num_rows, self.dim))
-            del mm
-            _texts_path(self.out).write_bytes(b"")
-        else:
-            _need_pyarrow("Parquet output")
-            data.mkdir()
-        self._save()
+        try:
+            if self.kind == "npy":
+                _create_npy(data, (self.num_rows, self.dim))
+                _texts_path(self.out).write_bytes(b"")
+            else:
+                _need_pyarrow("Parquet output")
+                data.mkdir()
+            self._save()
+        except BaseException:
+            _remove(paths)
+            raise
         self._started = True
 
     def pending(self) -> Iterator[tuple[int, int, list[str]]]:
@@ -885,6 +1025,19 @@ class EmbedJob:
         _atomic_write(manifest_path(self.out), json.dumps(self.manifest, indent=1).encode("utf-8"))
 
 
+def _remove(paths) -> None:
+    for p in paths:
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p)
+        elif p.exists() or p.is_symlink():
+            p.unlink()
+
+
+def _quantized(quantize: str | None) -> str:
+    """How a model's linear layers ran, for messages: ``"in float32 (no --quantize)"``."""
+    return "in float32 (no --quantize)" if quantize is None else f"with --quantize {quantize}"
+
+
 def _why_empty(source, identity: dict) -> str:
     if isinstance(source, ListSource):
         return "no sentences given"
@@ -927,6 +1080,8 @@ def embed_file(input, out, *, model=DEFAULT_MODEL, input_format: str | None = No
 
     Raises:
         As :func:`open_source`, :meth:`EmbedJob.prepare` and ``SentenceEncoder.from_pretrained``;
+        OSError: the disk cannot hold the output (a ``.npy`` fails before its first chunk, its
+        space being reserved up front; the manifest records only the chunks written);
         KeyboardInterrupt with a message saying what is saved and how to resume.
     """
     from .sentence_encoder import SentenceEncoder
@@ -982,7 +1137,9 @@ def _result(job: EmbedJob, chunks_computed: int, rows_computed: int, seconds: fl
 class EmbedSummary:
     """What :func:`embed_summary` saw: either the embeddings of a few texts (``texts`` and
     ``embeddings (N, dim)``, N <= ``limit``) or, beyond that, only statistics: ``count``, ``dim``,
-    ``mean_cosine`` (the mean cosine similarity over all pairs i != j), ``seconds``."""
+    ``mean_cosine`` (the mean cosine similarity over all pairs i != j), ``seconds``; and the
+    records skipped (``errors="skip"``): ``num_skipped``, and the first of them, ``(where, why)``,
+    in ``skipped``."""
 
     count: int
     dim: int
@@ -991,6 +1148,7 @@ class EmbedSummary:
     embeddings: np.ndarray | None = None
     mean_cosine: float | None = None
     num_skipped: int = 0
+    skipped: list = dataclasses.field(default_factory=list)
 
 
 def embed_summary(input, *, model=DEFAULT_MODEL, limit: int = 20, input_format=None, text_field=None,
@@ -1018,7 +1176,7 @@ def embed_summary(input, *, model=DEFAULT_MODEL, limit: int = 20, input_format=N
     if len(head) <= limit:
         emb = encoder.encode(head, batch_size=batch_size, progress=False)
         return EmbedSummary(count=len(head), dim=encoder.dim, seconds=time.perf_counter() - t0, texts=head,
-                            embeddings=emb, num_skipped=source.num_skipped)
+                            embeddings=emb, num_skipped=source.num_skipped, skipped=list(source.skipped))
     total = np.zeros(encoder.dim, np.float64)
     sq = 0.0
     count = 0
@@ -1034,7 +1192,7 @@ def embed_summary(input, *, model=DEFAULT_MODEL, limit: int = 20, input_format=N
         bar.close()
     mean_cos = (float(total @ total) - sq) / (count * (count - 1))
     return EmbedSummary(count=count, dim=encoder.dim, seconds=time.perf_counter() - t0, mean_cosine=mean_cos,
-                        num_skipped=source.num_skipped)
+                        num_skipped=source.num_skipped, skipped=list(source.skipped))
 
 
 # ============================================================================================ search
@@ -1169,8 +1327,9 @@ def search(index, queries, k: int = 5, *, model=None, allow_incomplete: bool = F
         One list of :class:`Hit` per query, best first.
 
     Raises:
-        FileNotFoundError: no such index. ValueError: no manifest, an incomplete index (unless
-        ``allow_incomplete``), another model, ``k`` < 1. TypeError: queries not str.
+        FileNotFoundError: no such index. ValueError: no manifest or a damaged one, an incomplete
+        index (unless ``allow_incomplete``), another model, ``k`` < 1, an empty (or all-whitespace)
+        query, a query that is not valid Unicode. TypeError: queries not str.
     """
     from .sentence_encoder import SentenceEncoder
 
@@ -1179,6 +1338,11 @@ def search(index, queries, k: int = 5, *, model=None, allow_incomplete: bool = F
     queries = list(queries)
     if not queries or not all(isinstance(q, str) for q in queries):
         raise TypeError("queries: expected a str or a non-empty list of str")
+    for i, q in enumerate(queries):
+        if not q.strip():  # it would embed to [CLS] [SEP] alone, and rank the index against that
+            raise ValueError(f"queries: expected some text, got {'an empty' if not q else 'an all-whitespace'} "
+                             f"query at index {i}")
+        check_unicode(q, "queries", i)
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
         raise TypeError(f"k: expected an int, got {type(k).__name__}")
     if k < 1:
@@ -1267,7 +1431,7 @@ def _report_skipped(num: int, skipped) -> None:
 
 
 def _print_summary(args, s: EmbedSummary) -> int:
-    _report_skipped(s.num_skipped, [])
+    _report_skipped(s.num_skipped, s.skipped)
     if s.embeddings is not None:
         from .sentence_encoder import cosine_similarity
 

@@ -9,7 +9,7 @@ from ._runtime import core
 from ._validation import as_bool, as_float, check_allocatable, check_bool, check_int
 from .bert import BertModel
 from .hub import DEFAULT_MODEL
-from .tokenizer import Tokenizer
+from .tokenizer import Tokenizer, check_unicode
 
 __all__ = ["SentenceEncoder", "mean_pool", "cosine_similarity"]
 
@@ -140,7 +140,8 @@ class SentenceEncoder:
             TypeError: ``sentences`` not str or an iterable of str (the first offending index is
                 named); ``batch_size`` not an int; ``normalize`` not a bool; ``progress`` not a
                 bool or None.
-            ValueError: ``batch_size`` < 1.
+            ValueError: ``batch_size`` < 1; a sentence that is not valid Unicode (a lone
+                surrogate, from bytes that were not UTF-8; its index and position are named).
         """
         if isinstance(sentences, str):
             sentences = [sentences]
@@ -150,6 +151,7 @@ class SentenceEncoder:
         for i, s in enumerate(sentences):
             if not isinstance(s, str):
                 raise TypeError(f"sentences: expected a list of str, got {type(s).__name__} at index {i}")
+            check_unicode(s, "sentences", i)
         batch_size = check_int(batch_size, "batch_size", 1)
         normalize = check_bool(normalize, "normalize")
         if progress is not None:

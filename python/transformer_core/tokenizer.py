@@ -34,6 +34,19 @@ GGUF_PRE_TOKENIZERS = ("default", "gpt2", "smollm", "starcoder")
 _CAUSAL_MODEL_TYPES = {"gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3", "gpt_neox", "olmo"}
 
 
+def check_unicode(text: str, name: str, index: int | None = None) -> None:
+    """Raises ValueError, naming ``name`` (and ``index``, the text's place in a list) and the
+    position, when ``text`` holds a lone surrogate: Python's stand-in for bytes that were not valid
+    UTF-8 (a command-line argument, a file read with ``surrogateescape``), which the tokenizers
+    package would otherwise reject with a message naming none of them."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        where = f"position {e.start}" + ("" if index is None else f" of the text at index {index}")
+        raise ValueError(f"{name}: expected valid Unicode text, got a lone surrogate {text[e.start]!r} at {where} "
+                         f"(bytes that are not valid UTF-8, e.g. in a command-line argument)") from None
+
+
 def _bytes_to_unicode() -> dict[int, str]:
     """GPT-2's byte -> printable character map used by byte-level BPE vocabularies (Radford et al.
     2019, ``encoder.py``): printable Latin-1 bytes map to themselves, the other 68 bytes to U+0100..."""
@@ -190,17 +203,24 @@ class Tokenizer:
                 for a GGUF whose ``add_bos_token`` is set; nothing for SmolLM2).
 
         Raises:
-            TypeError: ``text`` not a str.
+            TypeError: ``text`` not a str. ValueError: ``text`` not valid Unicode (a lone
+            surrogate; its position is named).
         """
         if not isinstance(text, str):
             raise TypeError(f"text: expected a str, got {type(text).__name__}")
+        check_unicode(text, "text")
         add_special_tokens = check_bool(add_special_tokens, "add_special_tokens")
         return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
 
     def tokenize(self, text: str, add_special_tokens: bool = True) -> list[str]:
-        """The tokens (strings, in the vocabulary's spelling) of one text."""
+        """The tokens (strings, in the vocabulary's spelling) of one text.
+
+        Raises:
+            TypeError, ValueError: as :meth:`encode`.
+        """
         if not isinstance(text, str):
             raise TypeError(f"text: expected a str, got {type(text).__name__}")
+        check_unicode(text, "text")
         add_special_tokens = check_bool(add_special_tokens, "add_special_tokens")
         return self._tok.encode(text, add_special_tokens=add_special_tokens).tokens
 
@@ -232,13 +252,16 @@ class Tokenizer:
             ``attention_mask`` is 1 for real tokens, 0 for padding.
 
         Raises:
-            TypeError: ``texts`` not a list of str. ValueError: an empty list, a bad ``padding_side``.
+            TypeError: ``texts`` not a list of str. ValueError: an empty list, a bad ``padding_side``,
+            a text that is not valid Unicode (a lone surrogate; its index and position are named).
         """
         if not isinstance(texts, (list, tuple)) or not all(isinstance(t, str) for t in texts):
             raise TypeError(f"texts: expected a list of str, got {type(texts).__name__}")
         texts = list(texts)
         if not texts:
             raise ValueError("texts: expected at least one text, got an empty list")
+        for i, t in enumerate(texts):
+            check_unicode(t, "texts", i)
         add_special_tokens = check_bool(add_special_tokens, "add_special_tokens")
         padding_side = check_choice(padding_side, "padding_side", ("right", "left"))
         if padding_side == "left" and self.max_length is not None:
@@ -276,10 +299,13 @@ class Tokenizer:
 
         Raises:
             TypeError: ``texts`` not a list of str; ``batch_size`` not an int.
-            ValueError: ``batch_size`` < 1.
+            ValueError: ``batch_size`` < 1; a text that is not valid Unicode (a lone surrogate;
+            its index and position are named), before any batch is yielded.
         """
         if not isinstance(texts, (list, tuple)) or not all(isinstance(t, str) for t in texts):
             raise TypeError(f"texts: expected a list of str, got {type(texts).__name__}")
+        for i, t in enumerate(texts):
+            check_unicode(t, "texts", i)
         batch_size = check_int(batch_size, "batch_size", 1)
         add_special_tokens = check_bool(add_special_tokens, "add_special_tokens")
         return self._batches(list(texts), batch_size, add_special_tokens)
