@@ -300,18 +300,26 @@ def test_linear_int8_residual_activations_cut_the_activation_error(rng):
 
 @pytest.mark.parametrize("k", [64, 65, 130, 1536])
 def test_linear_int8_tile_edges(isa, rng, k):
-    """Rows and output features around the AMX kernel's edges: 16-row tiles of x and of features,
-    pairs of them, its 32 × 768 rectangles, and the switch to the vector kernel below 9 rows; k
-    around its 64-byte steps (a last partial step comes from a zero-padded copy)."""
+    """Rows and output features around the kernels' edges: AMX's 16-row tiles of x and of features,
+    pairs of them, its 32 × 768 rectangles, and the switch to the vector kernel below 9 rows; the
+    packed product's 6-row × 64-feature register tiles, its 16-feature panels and 96 × 128
+    rectangles (avx512vnni: taken inside a PackedWeightScope, and outside one from 256 rows); k
+    around the 64-byte steps (a last partial step comes from a zero-padded copy) and the packed
+    weights' groups of 4."""
+    from transformer_core._runtime import core
+
     for n in (16, 17, 31, 33, 64, 769):
         q, s = Q.quantize_int8(rng.standard_normal((n, k)).astype(np.float32))
         bias = rng.standard_normal(n).astype(np.float32)
-        for rows in (8, 9, 15, 16, 17, 31, 32, 33, 48, 65):
+        for rows in (8, 9, 15, 16, 17, 31, 32, 33, 48, 65, 97, 260):
             x = rng.standard_normal((rows, k)).astype(np.float32)
             for residual in (False, True):
-                y = Q.linear_int8(x, q, s, bias, residual_activations=residual)
-                ref = ref_linear_int8(x, q, s, bias, residual_activations=residual)
-                np.testing.assert_array_equal(bits(y), bits(ref), err_msg=f"n={n} rows={rows} residual={residual}")
+                ref = bits(ref_linear_int8(x, q, s, bias, residual_activations=residual))
+                np.testing.assert_array_equal(bits(Q.linear_int8(x, q, s, bias, residual_activations=residual)), ref,
+                                              err_msg=f"n={n} rows={rows} residual={residual}")
+                with core.PackedWeightScope():
+                    y = Q.linear_int8(x, q, s, bias, residual_activations=residual)
+                np.testing.assert_array_equal(bits(y), ref, err_msg=f"in a scope: n={n} rows={rows} residual={residual}")
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 9, 64, 65])
@@ -325,14 +333,20 @@ def test_linear_int8_output_features(isa, rng, n):
 @pytest.mark.parametrize("k", [33, 4095])
 def test_linear_int8_accumulators_are_exact(isa, rng, k):
     """x integer-valued with max |x| = 127 per row and unit scales: y is the int32 accumulator itself.
-    The weights span all of int8, -128 included (the SIMD sign tricks must stay exact there)."""
-    x = rng.integers(-127, 128, (5, k)).astype(np.float32)
-    x[:, 0] = 127
-    qw = rng.integers(-128, 128, (11, k), dtype=np.int8)
-    qw[:, :4] = -128
-    y = Q.linear_int8(x, qw, np.ones(11, np.float32))
-    acc = x.astype(np.int64) @ qw.astype(np.int64).T
-    np.testing.assert_array_equal(y, acc.astype(np.float32))
+    The weights span all of int8, -128 included (the SIMD sign tricks must stay exact there), on the
+    few-row kernel (5 rows) and the many-row one (40 rows in a PackedWeightScope: the packed weights
+    of avx512vnni)."""
+    from transformer_core._runtime import core
+
+    for rows in (5, 40):
+        x = rng.integers(-127, 128, (rows, k)).astype(np.float32)
+        x[:, 0] = 127
+        qw = rng.integers(-128, 128, (11, k), dtype=np.int8)
+        qw[:, :4] = -128
+        with core.PackedWeightScope():
+            y = Q.linear_int8(x, qw, np.ones(11, np.float32))
+        acc = x.astype(np.int64) @ qw.astype(np.int64).T
+        np.testing.assert_array_equal(y, acc.astype(np.float32), err_msg=f"rows={rows}")
 
 
 def test_linear_int8_non_finite_rows_give_nan(isa, rng):
@@ -549,6 +563,27 @@ def test_linear_gguf_non_finite_rows(isa, rng):
 # --------------------------------------------------------------------------------------------------
 # Threads, buffers, a real GGUF file
 # --------------------------------------------------------------------------------------------------
+
+def test_linear_int8_weights_packed_once_per_scope(isa, rng):
+    """Inside a PackedWeightScope (SentenceEncoder.encode's), a weight's packed panels are made by
+    its first product and reused: the same bits as outside, for two weights of one shape (the key is
+    the weight's address), on both passes of the residual mode, and in a later scope after the
+    weight changed."""
+    from transformer_core._runtime import core
+
+    x = rng.standard_normal((40, 100)).astype(np.float32)
+    (q1, s1), (q2, s2) = (Q.quantize_int8(rng.standard_normal((70, 100)).astype(np.float32)) for _ in range(2))
+    outside = {(i, r): bits(Q.linear_int8(x, q, s, residual_activations=r))
+               for i, (q, s) in enumerate([(q1, s1), (q2, s2)]) for r in (False, True)}
+    with core.PackedWeightScope():
+        for _ in range(2):
+            for (i, r), want in outside.items():
+                q, s = (q1, s1) if i == 0 else (q2, s2)
+                np.testing.assert_array_equal(bits(Q.linear_int8(x, q, s, residual_activations=r)), want)
+    q1[:] = q2
+    with core.PackedWeightScope():
+        np.testing.assert_array_equal(bits(Q.linear_int8(x, q1, s1)), bits(ref_linear_int8(x, q1, s1, None)))
+
 
 @pytest.mark.parametrize("rows", [1, 7, 200])
 def test_results_do_not_depend_on_the_thread_count(isa, rng, rows):

@@ -208,6 +208,8 @@ const KernelTable& amx_kernels() {
     KernelTable t = avx512vnni_kernels();
     t.isa = Isa::kAmx;
     t.linear_int8 = linear_int8;
+    t.pack_int8 = nullptr;  // many rows run on the tiles (linear_int8 above)
+    t.linear_int8_packed = nullptr;
     t.int8_tile_rows = 2 * kGroup;
     t.int8_tile_cols = 768;
     return t;

@@ -395,7 +395,8 @@ void quantize_q8_blocks(const float* v, int64_t rows, int64_t k, int8_t* q, floa
 }
 
 constexpr KernelTable kTable{Isa::kAvx2,     quantize_rows_int8, linear_int8,       dequantize,
-                             linear_gguf_f32, linear_gguf_q8,    quantize_q8_blocks, 64, 64};
+                             linear_gguf_f32, linear_gguf_q8,    quantize_q8_blocks, 64, 64,
+                             nullptr,         nullptr,           0,  0};
 
 }  // namespace
 

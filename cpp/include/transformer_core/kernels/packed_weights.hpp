@@ -26,13 +26,14 @@ constexpr size_t kPackedCacheFloats = size_t(1) << 26;  // 256 MiB of fp32 panel
 
 class PackedWeightCache {
  public:
-  // The panels of weight w [n, k] packed earlier in this scope, or nullptr.
-  float* find(const float* w, int64_t n, int64_t k) {
+  // The panels of weight w [n, k] packed earlier in this scope, or nullptr. (w: fp32, or another
+  // format's weight, e.g. int8 in ops/quantized_linear.cpp; its panels then sit in the floats' bytes.)
+  float* find(const void* w, int64_t n, int64_t k) {
     const auto it = panels_.find({w, n, k});
     return it == panels_.end() ? nullptr : it->second.data();
   }
   // A buffer of `floats` for the panels of w [n, k], to pack into; nullptr when over the budget.
-  float* allot(const float* w, int64_t n, int64_t k, size_t floats) {
+  float* allot(const void* w, int64_t n, int64_t k, size_t floats) {
     if (held_ + floats > kPackedCacheFloats) return nullptr;
     held_ += floats;
     AlignedVector<float>& panels = panels_[{w, n, k}];
@@ -41,7 +42,7 @@ class PackedWeightCache {
   }
 
  private:
-  std::map<std::tuple<const float*, int64_t, int64_t>, AlignedVector<float>> panels_;
+  std::map<std::tuple<const void*, int64_t, int64_t>, AlignedVector<float>> panels_;
   size_t held_ = 0;
 };
 

@@ -39,6 +39,8 @@ enum class Scratch : int {
   kQuantResidualActivations,
   kQuantResidualScales,
   kQuantResidualSums,
+  // the int8 weights packed into the panels of the many-rows product (outside a PackedWeightScope)
+  kQuantPackedWeights,
   // Training (the layers' backward passes, *_backward.cpp; a layer's backward runs after its
   // children's have returned or before they start, never beside them):
   //   the residual-stream gradients of an encoder / decoder layer or a decoder block

@@ -72,7 +72,26 @@ struct KernelTable {
   // once per rectangle and reused for every feature: 32 × 768 measured fastest).
   int64_t int8_tile_rows;
   int64_t int8_tile_cols;
+
+  // The int8 product for many rows of x, from weights packed once per call (or once per
+  // PackedWeightScope); nullptr where the ISA has none (the op then runs linear_int8). Same contract
+  // and bits as linear_int8, with the weights in panels of kInt8PanelFeatures output features:
+  //   panel P (features 16P .. 16P + 15) at packed + P · 64 · ⌈k / 4⌉ bytes; in it, the k values in
+  //   groups of 4 (the last one zero-padded), group g of feature 16P + c at byte 64g + 4c + t, holding
+  //   w[16P + c, 4g + t] + 128 as an unsigned byte (features past n hold 128: weight 0).
+  // pack_int8 fills the panels of features [j0, j1) (j0 a multiple of 16) from w: [n, k];
+  // linear_int8_packed computes y[i0:i1, j0:j1] (j0 a multiple of 16) from them; the op hands it
+  // rectangles of int8_packed_tile_rows × int8_packed_tile_cols (a multiple of 16).
+  void (*pack_int8)(const int8_t* w, int64_t k, int64_t j0, int64_t j1, uint8_t* packed);
+  void (*linear_int8_packed)(const int8_t* xq, int64_t ldq, const float* sx, const int32_t* xsum, int64_t i0,
+                             int64_t i1, int64_t k, const uint8_t* packed, const float* sw, const float* bias,
+                             int64_t j0, int64_t j1, float* y, int64_t ldy, bool accumulate);
+  int64_t int8_packed_tile_rows;
+  int64_t int8_packed_tile_cols;
 };
+
+// Output features per panel of the packed int8 weights (KernelTable::pack_int8).
+constexpr int64_t kInt8PanelFeatures = 16;
 
 // The table of an ISA (isa_supported(isa) must hold), and of the active one. (No inline functions in
 // this header: it is compiled under every ISA's flags, and the linker keeps one copy of an inline.)
