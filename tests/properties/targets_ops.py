@@ -194,14 +194,17 @@ def _cmp_dropout(result, expected, kw):
     dtype = lib_dtype(kw["x"])
     if r.dtype != dtype or r.shape != x.shape:
         return f"dtype/shape {r.dtype} {r.shape}, expected {np.dtype(dtype)} {x.shape}"
+    with np.errstate(invalid="ignore"):
+        dropped = x * 0.0  # torch's: 0, NaN for a non-finite x
     if not training or p == 0.0:
         ok = np.allclose(r, x, equal_nan=True)
     elif p == 1.0:
-        ok = np.all(r == 0)
-    else:  # every element dropped (0) or scaled by 1 / (1 - p)
+        ok = np.array_equal(r, dropped, equal_nan=True)
+    else:  # every element dropped (x · 0) or scaled by 1 / (1 - p)
         scaled = x / (1 - p)
-        ok = np.all((r == 0) | np.isclose(r, scaled, rtol=1e-5, atol=1e-6, equal_nan=True))
-    return None if ok else "values are neither 0 nor x / (1 - p)"
+        ok = np.all(np.isclose(r, dropped, rtol=0, atol=0, equal_nan=True)
+                    | np.isclose(r, scaled, rtol=1e-5, atol=1e-6, equal_nan=True))
+    return None if ok else "values are neither x · 0 nor x / (1 - p)"
 
 
 target(name="functional.dropout",
