@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as TF
 import transformer_core as tc
-from conftest import DTYPE_IDS, FLOAT_DTYPES, randn, to_torch
+from conftest import DTYPE_IDS, FLOAT_DTYPES, atol, randn, to_torch
 from transformer_core import backward as B
 from transformer_core import functional as FT
 from transformer_core._runtime import variant
@@ -561,6 +561,20 @@ def test_cross_entropy(rng, dtype, lead, V, label_smoothing, reduction):
     fused_loss, fused_grad = B.cross_entropy_with_grad(logits, target, label_smoothing=label_smoothing,
                                                        reduction=reduction, grad_output=grad_output)
     assert np.array_equal(np.asarray(fused_loss), np.asarray(loss)) and np.array_equal(fused_grad, grad)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("shift", [1e2, 1e4, -1e5])
+def test_cross_entropy_gradient_of_shifted_logits(rng, dtype, shift):
+    """Logits far from 0 (a shift leaves the softmax unchanged): the gradient keeps fp32's accuracy.
+    The exponent was x_j - lse with lse rounded to the dtype first, an error of half an ulp of |lse|
+    (5e-5 in p_j at logits of 1e4); it is (x_j - max) - log Σ now."""
+    logits = (randn(rng, (6, 50), np.float64, 3.0) + shift).astype(dtype)
+    target = rng.integers(0, 50, size=6)
+    lt, loss_t = torch_cross_entropy(logits.astype(np.float64), target, -100, 0.1, "mean")
+    loss_t.backward()  # the oracle in float64, on the logits as the dtype holds them
+    loss, grad = B.cross_entropy_with_grad(logits, target, label_smoothing=0.1)
+    np.testing.assert_allclose(grad, lt.grad.numpy(), atol=atol(dtype), rtol=0)
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
