@@ -150,3 +150,79 @@ def test_bad_arguments():
     sched = S.LinearLR(opt)
     with pytest.raises(ValueError, match="missing keys"):
         sched.load_state_dict({"last_epoch": np.array(1)})
+
+
+LOAD_CASES = [
+    (lambda o: S.CosineAnnealingLR(o, 5), "T_max", np.array(0.0), r"T_max: expected an int in \[1, 2\*\*63 - 1\], got 0"),
+    (lambda o: S.CosineAnnealingLR(o, 5), "T_max", np.array(2.5), r"T_max: expected a whole number, got 2.5"),
+    (lambda o: S.CosineAnnealingLR(o, 5), "eta_min", np.array(np.nan), r"eta_min: expected a finite number"),
+    (lambda o: S.LinearLR(o, 0.5, 1.0, 4), "total_iters", np.array(0.0), r"total_iters: expected an int in \[1, "),
+    (lambda o: S.LinearLR(o, 0.5, 1.0, 4), "total_iters", np.array(3.5), r"total_iters: expected a whole number"),
+    (lambda o: S.LinearLR(o, 0.5, 1.0, 4), "start_factor", np.array(0.0), r"start_factor: expected a value in \(0, 1\]"),
+    (lambda o: S.LinearLR(o, 0.5, 1.0, 4), "end_factor", np.array(1.5), r"end_factor: expected a value in \[0, 1\]"),
+    (lambda o: S.LinearLR(o, 0.5, 1.0, 4), "start_factor", np.array([0.5, 0.5]), r"start_factor: expected a number"),
+    (lambda o: S.LinearLR(o), "last_epoch", np.array(1.5), r"last_epoch: expected a whole number, got 1.5"),
+    (lambda o: S.LinearLR(o), "last_epoch", np.array(-2), r"last_epoch: expected an int >= -1, got -2"),
+    (lambda o: S.LinearLR(o), "step_count", np.array(-1), r"step_count: expected an int >= 0, got -1"),
+    (lambda o: S.LinearLR(o), "base_lrs", np.array([0.1, np.nan]), r"base_lrs\[1\]: expected a finite number >= 0.0"),
+    (lambda o: S.LinearLR(o), "last_lr", np.array([-0.1, 0.1]), r"last_lr\[0\]: expected a finite number >= 0.0"),
+]
+
+
+@pytest.mark.parametrize("make,key,value,match", LOAD_CASES, ids=[f"{k}={v}" for _, k, v, _ in LOAD_CASES])
+def test_load_state_dict_checks_every_value_and_changes_nothing(make, key, value, match):
+    """A saved setting the constructor would refuse (T_max = 0 would divide by zero at the next step;
+    T_max = 2.5 would be truncated), a fractional or out-of-range counter, a non-finite or negative
+    learning rate: ValueError naming the key, the scheduler and the optimizer's groups unchanged."""
+    opt, _ = both_optimizers()
+    sched = make(opt)
+    for _ in range(2):
+        sched.step()
+    sd = sched.state_dict()
+    lrs = [dict(g) for g in opt.param_groups]
+    with pytest.raises(ValueError, match=f"load_state_dict: {match}"):
+        sched.load_state_dict({**sd, key: value})
+    after = sched.state_dict()
+    assert all(np.array_equal(after[k], sd[k]) for k in sd)
+    assert [dict(g) for g in opt.param_groups] == lrs
+    sched.step()  # still usable
+    with pytest.raises(TypeError, match="state_dict: expected a mapping"):
+        sched.load_state_dict([("T_max", 1)])
+
+
+def test_load_state_dict_int_settings_saved_as_float():
+    """int settings are saved as float64: a whole value loads as an int."""
+    opt, _ = both_optimizers()
+    sched = S.CosineAnnealingLR(opt, 5)
+    sd = {**sched.state_dict(), "T_max": np.array(7.0)}
+    sched.load_state_dict(sd)
+    assert sched.T_max == 7 and type(sched.T_max) is int
+
+
+@pytest.mark.parametrize("factor", [-0.5, float("nan")], ids=["negative", "nan"])
+def test_lambda_lr_bad_factor_is_refused_by_the_step(rng, factor):
+    """A LambdaLR whose function goes negative or NaN writes that lr into the group (as torch); the
+    optimizer's next step refuses it before changing anything (torch would ascend / write NaN), and
+    once the schedule is sane again the weights follow torch's."""
+    values = [rng.standard_normal(s) for s in [(4, 3), (5,)]]
+    ours = [Parameter(v.copy(), name=f"p{i}") for i, v in enumerate(values)]
+    theirs = [torch.tensor(v.copy(), requires_grad=True) for v in values]
+    ours_opt = optim.SGD(ours, lr=0.1, momentum=0.9)
+    torch_opt = torch.optim.SGD(theirs, lr=0.1, momentum=0.9, foreach=False)
+    sched = S.LambdaLR(ours_opt, lambda t: factor if t == 1 else 1.0)
+    sched.step()  # epoch 1: lr = 0.1 · factor
+    assert np.array_equal(np.array(sched.get_last_lr()), np.array([0.1 * factor]), equal_nan=True)
+    for p, q in zip(ours, theirs):
+        g = rng.standard_normal(p.shape)
+        p.grad, q.grad = g.copy(), torch.tensor(g)
+    with pytest.raises(ValueError, match=r"step: param_groups\[0\]: lr: expected a finite number >= 0.0"):
+        ours_opt.step()
+    assert ours_opt.state == {}
+    assert all(np.array_equal(p.data, v) for p, v in zip(ours, values))
+    sched.step()  # epoch 2: lr = 0.1 again
+    ours_opt.step()
+    torch_opt.step()
+    for p, q in zip(ours, theirs):
+        np.testing.assert_allclose(p.data, q.detach().numpy(), rtol=1e-12, atol=1e-14)
+        np.testing.assert_allclose(ours_opt.state[p.name]["momentum_buffer"],
+                                   torch_opt.state[q]["momentum_buffer"].numpy(), rtol=1e-12, atol=1e-14)

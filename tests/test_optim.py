@@ -142,6 +142,8 @@ def test_zero_grad(rng):
     assert all(np.array_equal(p.grad, np.zeros_like(p.data)) for p in ps)
     opt.zero_grad()
     assert all(p.grad is None for p in ps)
+    with pytest.raises(TypeError, match="set_to_none: expected a bool"):
+        opt.zero_grad(set_to_none=0)
 
 
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
@@ -163,6 +165,157 @@ def test_nonfinite_gradient_raises_and_changes_nothing(rng, bad):
     ours[2].grad[0] = 1.0  # the training loop skips the batch and goes on
     opt.step()
     assert opt.state["layer0.weight"]["step"] == 2
+
+
+def snapshot(opt, params):
+    """Everything a step may change: the weights, the state dict (state and step counts, the groups'
+    hyperparameters) and the state's own entries."""
+    return ([p.data.copy() for p in params], opt.state_dict(), {n: dict(st) for n, st in opt.state.items()})
+
+
+def assert_unchanged(opt, params, before):
+    data, sd, state = before
+    assert all(np.array_equal(p.data, d) for p, d in zip(params, data))
+    after = opt.state_dict()
+    assert sorted(after) == sorted(sd) and all(np.array_equal(after[k], sd[k], equal_nan=True) for k in sd)
+    assert sorted(opt.state) == sorted(state)
+    for name, st in state.items():
+        assert sorted(opt.state[name]) == sorted(st), name
+        assert all(opt.state[name][k] is v for k, v in st.items() if isinstance(v, np.ndarray)), name
+
+
+BAD_GROUP_VALUES = [
+    ("lr", -1.0, ValueError, r"step: param_groups\[1\]: lr: expected a finite number >= 0.0, got -1.0"),
+    ("lr", math.nan, ValueError, r"step: param_groups\[1\]: lr: .*got nan"),
+    ("weight_decay", math.inf, ValueError, r"param_groups\[1\]: weight_decay"),
+    ("lr", "0.1", TypeError, r"param_groups\[1\]: lr: expected a number"),
+]
+KINDS = [("Adam", dict(lr=0.1, weight_decay=0.1)), ("AdamW", dict(lr=0.1, amsgrad=True)),
+         ("SGD", dict(lr=0.1, momentum=0.9, weight_decay=0.1))]
+
+
+@pytest.mark.parametrize("key,value,error,match", BAD_GROUP_VALUES, ids=[f"{k}={v!r}" for k, v, _, _ in BAD_GROUP_VALUES])
+@pytest.mark.parametrize("kind,config", KINDS, ids=[k for k, _ in KINDS])
+def test_step_checks_every_group_first_and_a_failed_step_changes_nothing(rng, kind, config, key, value, error, match):
+    """A bad hyperparameter written into the second group (after construction, e.g. by a scheduler)
+    is refused before ANY update: group 0's weights, every state entry and step count stay as they
+    were (no half-made momentum buffer, no advanced step), the closure is not run, and the next valid
+    step is exactly torch's first step."""
+    ours, theirs = make_params(rng, np.float64)
+    ours_opt = getattr(optim, kind)([{"params": ours[:2]}, {"params": ours[2:]}], **config)
+    torch_opt = getattr(torch.optim, kind)([{"params": theirs[:2]}, {"params": theirs[2:]}], foreach=False, **config)
+    for p, q in zip(ours, theirs):
+        g = rng.standard_normal(p.shape)
+        p.grad, q.grad = g.copy(), torch.tensor(g)
+    ours_opt.param_groups[1][key] = value
+    before = snapshot(ours_opt, ours)
+    calls = []
+    with pytest.raises(error, match=match):
+        ours_opt.step(lambda: calls.append(1))
+    assert calls == [] and ours_opt.state == {}
+    assert_unchanged(ours_opt, ours, before)
+    ours_opt.param_groups[1][key] = ours_opt.defaults[key]
+    ours_opt.step()
+    torch_opt.step()
+    for p, q in zip(ours, theirs):
+        np.testing.assert_allclose(p.data, q.detach().numpy(), rtol=1e-12, atol=1e-14)
+        st, tst = ours_opt.state[p.name], torch_opt.state[q]
+        for field, value in tst.items():
+            if field == "step":
+                assert st["step"] == int(value) == 1
+            else:
+                np.testing.assert_allclose(st[field], value.numpy(), rtol=1e-12, atol=1e-14, err_msg=field)
+
+
+@pytest.mark.parametrize("kind,config", KINDS, ids=[k for k, _ in KINDS])
+def test_failed_step_after_steps_keeps_state_and_counts(rng, kind, config):
+    """The same after 3 good steps: a NaN lr in group 1 leaves moments, buffers and step counts as
+    they were; fixing it, the run goes on as torch's (which never saw the bad step)."""
+    ours, theirs = make_params(rng, np.float64)
+    grads = grad_sequence(rng, np.float64, steps=6)
+    ours_opt = getattr(optim, kind)([{"params": ours[:2]}, {"params": ours[2:]}], **config)
+    torch_opt = getattr(torch.optim, kind)([{"params": theirs[:2]}, {"params": theirs[2:]}], foreach=False, **config)
+    run_both(ours_opt, ours, torch_opt, theirs, grads[:3])
+    ours_opt.param_groups[1]["lr"] = math.nan
+    before = snapshot(ours_opt, ours)
+    with pytest.raises(ValueError, match=r"param_groups\[1\]: lr"):
+        ours_opt.step()
+    assert_unchanged(ours_opt, ours, before)
+    ours_opt.param_groups[1]["lr"] = config["lr"]
+    run_both(ours_opt, ours, torch_opt, theirs, grads[3:])
+    if kind != "SGD":
+        assert all(ours_opt.state[p.name]["step"] == 6 for p in ours)
+
+
+def test_adam_eps_must_be_positive():
+    """eps = 0 is refused (stricter than torch): a gradient element that is zero at every step would
+    give 0 / 0 = NaN weights; at construction and when written into a group before a step."""
+    p = Parameter(np.ones(3), name="w")
+    for kind in ("Adam", "AdamW"):
+        with pytest.raises(ValueError, match=r"eps: expected a finite number > 0.0, got 0.0"):
+            getattr(optim, kind)([p], eps=0.0)
+    opt = optim.Adam([p], lr=0.1)
+    opt.param_groups[0]["eps"] = 0.0
+    p.grad = np.array([1.0, 0.0, 2.0])
+    with pytest.raises(ValueError, match=r"step: param_groups\[0\]: eps"):
+        opt.step()
+    assert np.array_equal(p.data, np.ones(3)) and opt.state == {}
+    opt.param_groups[0]["eps"] = 1e-8
+    opt.step()
+    assert np.all(np.isfinite(p.data)) and p.data[1] == 1.0
+
+
+@pytest.mark.parametrize("kind,flag", [("Adam", "amsgrad"), ("AdamW", "maximize"), ("Adam", "decoupled_weight_decay"),
+                                       ("SGD", "nesterov"), ("SGD", "maximize")])
+@pytest.mark.parametrize("value", ["no", "False", 1, None], ids=["no", "False", "1", "None"])
+def test_flags_must_be_bools(kind, flag, value):
+    """A flag given a string or a number is refused (bool("no") would be True): at construction, and
+    when written into a group before a step (nothing changes)."""
+    p = Parameter(np.ones(2), name="w")
+    kwargs = {"momentum": 0.9} if kind == "SGD" else {}
+    if not (kind == "AdamW" and flag == "decoupled_weight_decay"):
+        with pytest.raises(TypeError, match=f"{flag}: expected a bool, got"):
+            getattr(optim, kind)([p], **kwargs, **{flag: value})
+    opt = getattr(optim, kind)([p], lr=0.1, **kwargs)
+    opt.param_groups[0][flag] = value
+    p.grad = np.ones(2)
+    with pytest.raises(TypeError, match=rf"step: param_groups\[0\]: {flag}: expected a bool"):
+        opt.step()
+    assert np.array_equal(p.data, np.ones(2)) and opt.state == {}
+    opt.param_groups[0][flag] = np.bool_(False)  # numpy's bools are bools
+    opt.step()
+    assert opt.param_groups[0][flag] is np.bool_(False) and not np.array_equal(p.data, np.ones(2))
+
+
+def test_load_state_dict_checks_step_and_flags(rng):
+    """A step that is not a whole number >= 0, a group index that is not one, a flag other than 0/1
+    or a hyperparameter the constructor refuses: ValueError naming the key, nothing loaded. A whole
+    float step (torch saves steps as float tensors) loads as an int."""
+    ours, _ = make_params(rng, np.float64)
+    opt = optim.Adam(ours, lr=0.1)
+    for p in ours:
+        p.grad = np.ones_like(p.data)
+    opt.step()
+    sd = opt.state_dict()
+    opt.step()
+    before = snapshot(opt, ours)
+    cases = [
+        ("state.layer1.weight.step", np.array(-1), r"state.layer1.weight.step: expected a whole number >= 0"),
+        ("state.layer1.weight.step", np.array(2.7), r"state.layer1.weight.step: expected a whole number >= 0"),
+        ("state.layer1.weight.step", np.array([1, 2]), r"state.layer1.weight.step"),
+        ("state.layer1.weight.step", np.array(np.nan), r"state.layer1.weight.step"),
+        ("params.layer2.weight.group", np.array(0.5), r"params.layer2.weight.group: expected a whole number"),
+        ("param_groups.0.amsgrad", np.array(0.5), r"param_groups.0.amsgrad: expected a flag 0 or 1"),
+        ("param_groups.0.maximize", np.array(2.0), r"param_groups.0.maximize: expected a flag 0 or 1"),
+        ("param_groups.0.eps", np.array(0.0), r"param_groups.0: eps: expected a finite number > 0.0"),
+        ("param_groups.0.lr", np.array(-0.1), r"param_groups.0: lr"),
+    ]
+    for key, value, match in cases:
+        with pytest.raises(ValueError, match=match):
+            opt.load_state_dict({**sd, key: value})
+        assert_unchanged(opt, ours, before)
+    opt.load_state_dict({**sd, "state.layer1.weight.step": np.array(1.0, dtype=np.float32)})
+    assert opt.state["layer1.weight"]["step"] == 1 and type(opt.state["layer1.weight"]["step"]) is int
 
 
 @pytest.mark.parametrize("kind,config", [("AdamW", dict(lr=1e-2, amsgrad=True)), ("SGD", dict(lr=0.1, momentum=0.9)),

@@ -461,6 +461,84 @@ def test_gradients_accumulate_until_zero_grad(rng):
     assert layer.state_dict()["linear1.weight"][0, 0] == 123.0
 
 
+def linear_pair(rng):
+    """A float64 Linear(3, 2) in training mode and torch's with the same weights."""
+    ref = torch_module(torch.nn.Linear(3, 2), np.float64)
+    ours = tc.nn.Linear(3, 2, dtype=np.float64)
+    copy_into(ours, ref)
+    return ours.train(), ref
+
+
+def backward_both(rng, ours, ref) -> None:
+    x, g = randn(rng, (4, 3), np.float64), randn(rng, (4, 2), np.float64)
+    ours(x)
+    ours.backward(g)
+    (ref(leaf(x)) * to_torch(g)).sum().backward()
+
+
+def test_setting_grad_to_none_clears_it_like_torch(rng):
+    """``p.grad = None`` (torch's idiom for zero_grad) drops the gradient: grad reads None and the
+    next backward writes a fresh gradient, not one added to the old (torch: the same)."""
+    ours, ref = linear_pair(rng)
+    backward_both(rng, ours, ref)
+    for p in ours.parameters():
+        p.grad = None
+    for q in ref.parameters():
+        q.grad = None
+    assert all(p.grad is None for p in ours.parameters()) and ours.gradients() == {}
+    backward_both(rng, ours, ref)
+    grads = ours.gradients()
+    assert sorted(grads) == ["bias", "weight"]
+    for name, q in ref.named_parameters():
+        np.testing.assert_allclose(grads[name], q.grad.numpy(), rtol=1e-12, atol=1e-14, err_msg=name)
+        np.testing.assert_allclose(dict(ours.named_parameters())[name].grad, q.grad.numpy(), rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("set_to_none", [True, False])
+@pytest.mark.parametrize("via", ["optimizer", "module"])
+@pytest.mark.parametrize("kind,config", [("AdamW", dict(lr=0.1, weight_decay=0.1)),
+                                         ("SGD", dict(lr=0.1, momentum=0.9, weight_decay=0.1))], ids=["AdamW", "SGD"])
+def test_zero_grad_then_step_without_backward_matches_torch(rng, kind, config, via, set_to_none):
+    """step, zero_grad(set_to_none), step without a backward: set_to_none=True leaves p.grad None
+    and the second step changes nothing; set_to_none=False leaves zero arrays, which momentum /
+    Adam's moments and the weight decay still move (torch: the same, value for value)."""
+    ours, ref = linear_pair(rng)
+    backward_both(rng, ours, ref)
+    opt = getattr(tc.optim, kind)(ours.named_parameters(), **config)
+    topt = getattr(torch.optim, kind)(ref.parameters(), foreach=False, **config)
+    opt.step()
+    topt.step()
+    after_first = ours.state_dict()
+    (opt if via == "optimizer" else ours).zero_grad(set_to_none=set_to_none)
+    (topt if via == "optimizer" else ref).zero_grad(set_to_none=set_to_none)
+    params = dict(ours.named_parameters())
+    for name, q in ref.named_parameters():
+        if set_to_none:
+            assert params[name].grad is None and q.grad is None, name
+        else:
+            np.testing.assert_array_equal(params[name].grad, q.grad.numpy())
+            assert not params[name].grad.any()
+    opt.step()
+    topt.step()
+    state = ours.state_dict()
+    for name, q in ref.named_parameters():
+        np.testing.assert_allclose(state[name], q.detach().numpy(), rtol=1e-12, atol=1e-14, err_msg=name)
+        assert np.array_equal(state[name], after_first[name]) == set_to_none, name
+    assert sorted(ours.gradients()) == ([] if set_to_none else ["bias", "weight"])
+
+
+def test_zero_grad_set_to_none_must_be_a_bool(rng):
+    ours, _ = linear_pair(rng)
+    backward_both(rng, ours, torch_module(torch.nn.Linear(3, 2), np.float64))
+    before = ours.gradients()
+    opt = tc.optim.SGD(ours.named_parameters(), lr=0.1)
+    for zero_grad in (ours.zero_grad, opt.zero_grad, ours.parameters()[0].zero_grad):
+        with pytest.raises(TypeError, match="set_to_none: expected a bool, got str 'no'"):
+            zero_grad(set_to_none="no")
+    after = ours.gradients()
+    assert all(np.array_equal(before[k], after[k]) for k in before) and sorted(after) == sorted(before)
+
+
 def test_parameters_are_views_named_as_state_dict():
     m = tc.nn.MultiheadAttention(8, 2, num_kv_heads=1, dtype=np.float32)
     names = [n for n, _ in m.named_parameters()]

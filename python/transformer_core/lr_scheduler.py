@@ -42,6 +42,33 @@ def _check_real(value, name: str) -> float:
     return check_float(value, name)
 
 
+def _loaded_scalar(value, key: str) -> float:
+    """A loaded state-dict value that must be one number (a 0-d or one-element array of numbers)."""
+    arr = np.asarray(value)
+    if arr.size != 1 or arr.dtype.kind not in "iuf":
+        raise ValueError(f"load_state_dict: {key}: expected a number, got {arr.dtype} array of shape {arr.shape}")
+    return float(arr.reshape(()))
+
+
+def _loaded_int(value, key: str, minimum: int | None) -> int:
+    """A loaded count or int setting: a whole number (saved as int64 or float64) >= ``minimum``
+    (None: any; the setting's own check follows)."""
+    x = _loaded_scalar(value, key)
+    if not x.is_integer():
+        raise ValueError(f"load_state_dict: {key}: expected a whole number, got {x}")
+    if minimum is not None and x < minimum:
+        raise ValueError(f"load_state_dict: {key}: expected an int >= {minimum}, got {int(x)}")
+    return int(x)
+
+
+def _loaded_lr(value, key: str) -> float:
+    """A loaded learning rate: finite and >= 0 (what the optimizers take)."""
+    try:
+        return check_float(float(value), key, minimum=0.0)
+    except ValueError as e:
+        raise ValueError(f"load_state_dict: {e}") from None
+
+
 class LRScheduler:
     """Base class (torch's ``LRScheduler``): subclasses define :meth:`get_lr`.
 
@@ -58,6 +85,8 @@ class LRScheduler:
 
     #: numeric attributes of the subclass saved in the state dict (besides the common ones)
     _HYPER: tuple = ()
+    #: those of ``_HYPER`` that are ints (saved as float64 like the others)
+    _INT_HYPER: tuple = ()
 
     def __init__(self, optimizer, last_epoch: int = -1):
         groups = getattr(optimizer, "param_groups", None)
@@ -85,6 +114,12 @@ class LRScheduler:
     def get_lr(self) -> list[float]:
         """The learning rates for ``self.last_epoch`` (called by :meth:`step`)."""
         raise NotImplementedError
+
+    def _check_settings(self, **settings) -> dict:
+        """The schedule's own settings (the ``_HYPER`` keyword arguments) checked as the constructor
+        checks them: ``{name: value}``, or ValueError / TypeError naming the setting. The constructor
+        and :meth:`load_state_dict` both use it."""
+        return settings
 
     def step(self) -> None:
         """Advances the schedule by one step and writes the new learning rates into the groups."""
@@ -117,9 +152,19 @@ class LRScheduler:
         groups (torch leaves them to the optimizer's ``load_state_dict``; writing them here makes the
         order of the two loads, and of constructing this scheduler, not matter).
 
+        Every value is checked before anything changes: the counters are whole numbers
+        (``last_epoch`` >= -1, ``step_count`` >= 0), the learning rates finite and >= 0, and the
+        schedule's settings (``T_max``, ``total_iters``, the factors, ...) pass the constructor's
+        checks (an int setting saved as float64 must hold a whole number).
+
         Raises:
-            ValueError: missing or unknown keys, another number of param groups.
+            TypeError: ``state_dict`` not a mapping; a setting the constructor refuses with a TypeError.
+            ValueError: missing or unknown keys, another number of param groups, a value not a
+                scalar, a counter or int setting that is not a whole number, a value out of range
+                (named, with the constructor's message for the settings).
         """
+        if not hasattr(state_dict, "items"):
+            raise TypeError(f"state_dict: expected a mapping of names to arrays, got {type(state_dict).__name__}")
         expected = {"last_epoch", "step_count", "base_lrs", "last_lr", *self._HYPER}
         keys = set(state_dict)
         if keys != expected:
@@ -130,13 +175,26 @@ class LRScheduler:
         if base.size != n or last.size != n:
             raise ValueError(f"load_state_dict: expected {n} learning rates (one per param group), "
                              f"got base_lrs {base.size}, last_lr {last.size}")
-        self.last_epoch = int(state_dict["last_epoch"])
-        self._step_count = int(state_dict["step_count"])
-        self.base_lrs = [float(x) for x in base]
-        self._last_lr = [float(x) for x in last]
+        last_epoch = _loaded_int(state_dict["last_epoch"], "last_epoch", -1)
+        step_count = _loaded_int(state_dict["step_count"], "step_count", 0)
+        base_lrs = [_loaded_lr(x, f"base_lrs[{i}]") for i, x in enumerate(base)]
+        last_lr = [_loaded_lr(x, f"last_lr[{i}]") for i, x in enumerate(last)]
+        settings = {}
         for key in self._HYPER:
-            value = float(state_dict[key])
-            setattr(self, key, int(value) if isinstance(getattr(self, key), int) else value)
+            if key in self._INT_HYPER:
+                settings[key] = _loaded_int(state_dict[key], key, None)
+            else:
+                settings[key] = _loaded_scalar(state_dict[key], key)
+        try:
+            settings = self._check_settings(**settings)
+        except (TypeError, ValueError) as e:
+            raise type(e)(f"load_state_dict: {e}") from None
+        self.last_epoch = last_epoch
+        self._step_count = step_count
+        self.base_lrs = base_lrs
+        self._last_lr = last_lr
+        for key, value in settings.items():
+            setattr(self, key, value)
         for g, lr, base in zip(self.optimizer.param_groups, self._last_lr, self.base_lrs):
             g["lr"] = lr
             g["initial_lr"] = base
@@ -190,19 +248,25 @@ class LinearLR(LRScheduler):
     """
 
     _HYPER = ("start_factor", "end_factor", "total_iters")
+    _INT_HYPER = ("total_iters",)
 
     def __init__(self, optimizer, start_factor: float = 1.0 / 3, end_factor: float = 1.0, total_iters: int = 5,
                  last_epoch: int = -1):
+        settings = self._check_settings(start_factor=start_factor, end_factor=end_factor, total_iters=total_iters)
+        self.start_factor = settings["start_factor"]
+        self.end_factor = settings["end_factor"]
+        self.total_iters = settings["total_iters"]
+        super().__init__(optimizer, last_epoch)
+
+    def _check_settings(self, *, start_factor, end_factor, total_iters) -> dict:
         start_factor = _check_real(start_factor, "start_factor")
         end_factor = _check_real(end_factor, "end_factor")
         if not 0 < start_factor <= 1:
             raise ValueError(f"start_factor: expected a value in (0, 1], got {start_factor}")
         if not 0 <= end_factor <= 1:
             raise ValueError(f"end_factor: expected a value in [0, 1], got {end_factor}")
-        self.start_factor = start_factor
-        self.end_factor = end_factor
-        self.total_iters = _check_int(total_iters, "total_iters", 1)
-        super().__init__(optimizer, last_epoch)
+        return dict(start_factor=start_factor, end_factor=end_factor,
+                    total_iters=_check_int(total_iters, "total_iters", 1))
 
     def get_lr(self) -> list[float]:
         """Each group's lr at ``last_epoch``: the current lr times the linear factor's ratio between
@@ -233,11 +297,16 @@ class CosineAnnealingLR(LRScheduler):
     """
 
     _HYPER = ("T_max", "eta_min")
+    _INT_HYPER = ("T_max",)
 
     def __init__(self, optimizer, T_max: int, eta_min: float = 0.0, last_epoch: int = -1):
-        self.T_max = _check_int(T_max, "T_max", 1)
-        self.eta_min = _check_real(eta_min, "eta_min")
+        settings = self._check_settings(T_max=T_max, eta_min=eta_min)
+        self.T_max = settings["T_max"]
+        self.eta_min = settings["eta_min"]
         super().__init__(optimizer, last_epoch)
+
+    def _check_settings(self, *, T_max, eta_min) -> dict:
+        return dict(T_max=_check_int(T_max, "T_max", 1), eta_min=_check_real(eta_min, "eta_min"))
 
     def get_lr(self) -> list[float]:
         """Each group's lr at ``last_epoch``: torch's recursive cosine step from the current lr (the

@@ -41,7 +41,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ._runtime import dtype_suffix
-from ._validation import as_weight, resolve_dtype
+from ._validation import as_weight, check_bool, resolve_dtype
 from .parameter import Parameter
 
 _SEEDS = np.random.default_rng(0)
@@ -120,22 +120,43 @@ class _BoundParameter(Parameter):
 
     @grad.setter
     def grad(self, value) -> None:
-        """Copies ``value`` (the parameter's shape, dtype) into the C++ gradient buffer; None keeps it.
+        """Copies ``value`` (the parameter's shape, dtype) into the C++ gradient buffer and marks it
+        written; ``None`` clears it (as torch's ``p.grad = None``): the buffer is zeroed in place and
+        marked unwritten, so ``grad`` reads None and the next backward writes a fresh gradient instead
+        of adding to the old one. (An array read from ``grad`` before is a view of that buffer: it
+        reads zeros afterwards.)
 
         Raises:
-            TypeError / ValueError: ``value`` of another type, dtype or shape.
+            TypeError / ValueError: ``value`` of another type, dtype or shape (nothing changes).
         """
         if value is None:
-            return  # the C++ gradient stays; zero_grad() clears it
+            self._clear_grad()
+            return
         from .parameter import _check_array
 
         value = _check_array(np.ascontiguousarray(value), "grad", shape=self.data.shape, dtype=self.data.dtype)
         self._impl.gradient_view(self._core_name)[...] = value
         self._impl.set_gradient_written(self._core_name, True)
 
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        """Zeroes this parameter's gradient in place (use the module's ``zero_grad()`` to clear all)."""
+    def _clear_grad(self) -> None:
+        """Zeroes the C++ gradient buffer and marks it unwritten (an unwritten buffer is all zeros:
+        the backwards add into it)."""
         if self._impl.gradient_written(self._core_name):
+            self._impl.gradient_view(self._core_name).fill(0)
+            self._impl.set_gradient_written(self._core_name, False)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """As torch: ``set_to_none=True`` clears the gradient (``grad`` reads None until the next
+        backward, as ``p.grad = None``); ``set_to_none=False`` fills a written gradient with zeros in
+        place and keeps it (``grad`` reads a zero array, which an optimizer step still uses: momentum
+        and weight decay move the weights), and leaves an unwritten one None.
+
+        Raises:
+            TypeError: ``set_to_none`` not a bool.
+        """
+        if check_bool(set_to_none, "set_to_none"):
+            self._clear_grad()
+        elif self._impl.gradient_written(self._core_name):
             self._impl.gradient_view(self._core_name).fill(0)
 
 
@@ -357,11 +378,27 @@ class Module:
         return out
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """Zeroes every gradient (in place: the buffers and their views stay) and marks them unwritten,
-        so that ``Parameter.grad`` is None until the next backward (torch's ``set_to_none``; the
-        argument is accepted for torch's signature)."""
+        """Resets every gradient, as torch's ``Module.zero_grad``. The buffers stay (in place: the views
+        handed out stay valid) and are zeroed either way; what differs is what ``Parameter.grad``
+        reads afterwards:
+
+        * ``set_to_none=True`` (torch's default): every gradient is marked unwritten, ``grad`` reads
+          None until the next backward, and an optimizer step skips the parameter;
+        * ``set_to_none=False``: a gradient a backward wrote stays written, as a zero array (an
+          optimizer step still applies momentum / weight decay to it, as torch's); one that was not
+          written stays None.
+
+        Raises:
+            TypeError: ``set_to_none`` not a bool (nothing changes).
+        """
+        if check_bool(set_to_none, "set_to_none"):
+            for impl in self._impls():
+                impl.zero_grad()
+            return
         for impl in self._impls():
-            impl.zero_grad()
+            for core_name, _ in impl.parameter_shapes():
+                if impl.gradient_written(core_name):
+                    impl.gradient_view(core_name).fill(0)
 
     def named_parameters(self) -> list[tuple[str, Parameter]]:
         """``[(name, Parameter)]`` of every weight, named as :meth:`state_dict`, in registration order.

@@ -17,7 +17,12 @@ Non-finite gradients: ``step()`` first checks every gradient it is about to use;
 ±inf it raises :class:`NonFiniteGradientError` (a ``ValueError``) naming those parameters, and
 NOTHING has changed (no weight, moment or step count). The training loop can catch it, call
 ``zero_grad()`` and go on with the next batch (what ``torch.amp.GradScaler`` does on overflow), or
-stop. Weights never silently become NaN.
+stop. Weights never silently become NaN (hence Adam's ``eps`` must be > 0, where torch allows 0).
+
+Hyperparameters are checked when a group is added AND at every ``step()``, for every group before
+any parameter is touched (a learning-rate scheduler, or the caller, may have written into
+``param_groups``): a bad value raises the constructor's ValueError / TypeError, prefixed with the
+group, and nothing changes (torch checks only at construction).
 
 Sources: Kingma & Ba 2015 (Adam), Loshchilov & Hutter 2019 (AdamW, decoupled weight decay), Reddi et
 al. 2018 (AMSGrad), Sutskever et al. 2013 (momentum); torch/optim/adam.py and sgd.py for the order
@@ -33,7 +38,7 @@ from typing import Callable
 import numpy as np
 
 from ._runtime import variant
-from ._validation import check_float
+from ._validation import check_bool, check_float
 from .parameter import Parameter
 
 __all__ = ["Optimizer", "Adam", "AdamW", "SGD", "NonFiniteGradientError", "clip_grad_norm_"]
@@ -64,6 +69,15 @@ def _named_parameters(params) -> list[tuple[str | None, Parameter]]:
         else:
             raise TypeError(f"params[{i}]: expected a Parameter or a (name, Parameter) pair, got {type(item).__name__}")
     return out
+
+
+def _count(value: np.ndarray, key: str, minimum: int) -> int:
+    """A loaded scalar that counts (a step, a group index) as an int >= ``minimum``: an integer
+    array, or a float one holding a whole number (torch saves ``step`` as a float tensor)."""
+    whole = value.shape == () and (value.dtype.kind in "iu" or (value.dtype.kind == "f" and float(value).is_integer()))
+    if not whole or int(value) < minimum:
+        raise ValueError(f"load_state_dict: {key}: expected a whole number >= {minimum}, got {value!r}")
+    return int(value)
 
 
 def _check_float(value, name: str, minimum: float = 0.0, below: float | None = None) -> float:
@@ -146,7 +160,15 @@ class Optimizer:
         return [(self._names[id(p)], p) for g in self.param_groups for p in g["params"]]
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """Drops every gradient (``set_to_none``, torch's default) or zeroes them in place."""
+        """As torch's: ``set_to_none=True`` (the default) drops every gradient (``p.grad`` reads None
+        and the next ``step()`` skips the parameter); ``set_to_none=False`` zeroes the gradients in
+        place (``p.grad`` stays a zero array, which ``step()`` still uses: momentum and weight decay
+        move the weights; a None gradient stays None).
+
+        Raises:
+            TypeError: ``set_to_none`` not a bool (nothing changes).
+        """
+        set_to_none = check_bool(set_to_none, "set_to_none")
         for g in self.param_groups:
             for p in g["params"]:
                 p.zero_grad(set_to_none)
@@ -156,14 +178,21 @@ class Optimizer:
         """One update of every parameter that has a gradient. ``closure`` (optional, as torch):
         re-evaluates the model and returns the loss, which ``step`` returns.
 
+        Every group's hyperparameters are checked first (before ``closure`` runs), then every
+        gradient; only then is anything updated, so a step that raises changes nothing: no weight,
+        optimizer state or step count.
+
         Raises:
+            ValueError / TypeError: a bad hyperparameter in a group (e.g. a negative or NaN ``lr``
+                written by a scheduler), named with its group: ``"step: param_groups[1]: lr: ..."``.
             NonFiniteGradientError: a gradient holds NaN/inf (nothing was updated; see the module doc).
             ValueError / TypeError: a gradient whose shape or dtype differs from its parameter's.
         """
+        checked = [self._checked_group(gi, group) for gi, group in enumerate(self.param_groups)]
         loss = closure() if closure is not None else None
         work = []
         bad = []
-        for group in self.param_groups:
+        for group in checked:
             for p in group["params"]:
                 g = p.grad
                 if g is None:
@@ -182,19 +211,32 @@ class Optimizer:
                 f"step: non-finite (NaN or inf) gradient in {', '.join(repr(b) for b in bad)}; nothing was updated "
                 "(zero_grad() and skip the batch, or lower the learning rate)", bad)
         for group, name, p in work:
-            state = self.state.setdefault(name, {})
-            self._update(group, name, p, state)
+            self.state[name] = self._update(group, name, p, dict(self.state.get(name, {})))
         return loss
+
+    def _checked_group(self, index: int, group: dict) -> dict:
+        """A checked copy of ``param_groups[index]`` (``_check_group``'s errors prefixed with the group)."""
+        checked = dict(group)
+        try:
+            self._check_group(checked)
+        except (TypeError, ValueError) as e:
+            raise type(e)(f"step: param_groups[{index}]: {e}") from None
+        return checked
 
     # ---- subclass hooks -----------------------------------------------------------------------------
     def _check_group(self, group: dict) -> None:
+        """Checks the hyperparameters of ``group`` (a dict: raises ValueError / TypeError naming the
+        hyperparameter) and normalises them in place (floats, bools)."""
         raise NotImplementedError
 
     def _state_fields(self, group: dict) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """(array fields every state entry has, array fields it may have)."""
         raise NotImplementedError
 
-    def _update(self, group: dict, name: str, p: Parameter, state: dict) -> None:
+    def _update(self, group: dict, name: str, p: Parameter, state: dict) -> dict:
+        """Updates ``p.data`` in place from ``p.grad`` and returns its new state. ``state`` is a
+        shallow copy of the parameter's state ({} before its first step): new entries go into it,
+        never into ``self.state``, which ``step`` replaces with the result only once the update ran."""
         raise NotImplementedError
 
     # ---- state dict ---------------------------------------------------------------------------------
@@ -227,7 +269,9 @@ class Optimizer:
 
         Raises:
             ValueError: unknown or missing parameter names (named), a parameter in another group,
-                another number of groups, unknown keys, arrays of the wrong shape, incomplete state.
+                another number of groups, unknown keys, arrays of the wrong shape, incomplete state,
+                a ``step`` or group index that is not a whole number >= 0, a flag other than 0/1, a
+                hyperparameter the constructor refuses (its message, prefixed with the key).
             TypeError: ``state_dict`` not a mapping, values not arrays.
         """
         if not hasattr(state_dict, "items"):
@@ -242,7 +286,7 @@ class Optimizer:
             head, _, rest = key.partition(".")
             name, _, field = rest.rpartition(".")
             if head == "params" and field == "group" and name:
-                saved_group[name] = int(value)
+                saved_group[name] = _count(value, key, 0)
             elif head == "state" and name and field:
                 states.setdefault(name, {})[field] = value
             elif head == "param_groups" and name.isdigit() and field:
@@ -275,12 +319,18 @@ class Optimizer:
                 if field not in self.defaults and field != "initial_lr":
                     raise ValueError(f"load_state_dict: unknown hyperparameter {field!r} in param_groups.{gi}")
                 if field in self._FLAGS:
+                    if value.shape != () or value.dtype.kind not in "biuf" or value not in (0, 1):
+                        raise ValueError(f"load_state_dict: param_groups.{gi}.{field}: expected a flag 0 or 1, "
+                                         f"got {value!r}")
                     g[field] = bool(value)
                 elif value.ndim == 0:
                     g[field] = float(value)
                 else:
                     g[field] = tuple(float(x) for x in value.reshape(-1))
-            self._check_group(g)
+            try:
+                self._check_group(g)
+            except (TypeError, ValueError) as e:
+                raise type(e)(f"load_state_dict: param_groups.{gi}: {e}") from None
             new_groups.append(g)
         params = dict(self.named_parameters())
         new_state: dict[str, dict] = {}
@@ -294,9 +344,7 @@ class Optimizer:
             st = {}
             for field, value in fields.items():
                 if field == "step":
-                    if value.shape != () or value.dtype.kind not in "iuf":
-                        raise ValueError(f"load_state_dict: state.{name}.step: expected a scalar, got shape {value.shape}")
-                    st["step"] = int(value)
+                    st["step"] = _count(value, f"state.{name}.step", 0)
                     continue
                 if value.shape != p.data.shape:
                     raise ValueError(f"load_state_dict: state.{name}.{field}: expected shape {p.data.shape} "
@@ -325,9 +373,12 @@ class Adam(Optimizer):
 
     Args:
         params: see :class:`Optimizer`.
-        lr: >= 0.  betas: ``(β1, β2)``, each in [0, 1).  eps: >= 0.  weight_decay: >= 0.
+        lr: >= 0.  betas: ``(β1, β2)``, each in [0, 1).  weight_decay: >= 0.
+        eps: > 0. Stricter than torch, which allows 0: with eps = 0 a gradient element that has been
+            zero at every step gives m = v = 0 and the update 0 / 0 = NaN (see the module doc).
         amsgrad: keep the running max of v (Reddi et al. 2018).  maximize: ascend instead.
-        decoupled_weight_decay: AdamW's decay.
+        decoupled_weight_decay: AdamW's decay. The flags are bools (True / False; anything else,
+            ``"False"`` or 0 included, is a TypeError).
 
     Raises:
         ValueError / TypeError: bad hyperparameters (named), bad params (see :class:`Optimizer`).
@@ -343,7 +394,7 @@ class Adam(Optimizer):
 
     def _check_group(self, group: dict) -> None:
         group["lr"] = _check_float(group["lr"], "lr")
-        group["eps"] = _check_float(group["eps"], "eps")
+        group["eps"] = check_float(group["eps"], "eps", minimum=0.0, min_open=True)
         group["weight_decay"] = _check_float(group["weight_decay"], "weight_decay")
         betas = group["betas"]
         if not isinstance(betas, (tuple, list)) or len(betas) != 2:
@@ -352,13 +403,13 @@ class Adam(Optimizer):
         if "initial_lr" in group:
             group["initial_lr"] = _check_float(group["initial_lr"], "initial_lr")
         for flag in self._FLAGS:
-            group[flag] = bool(group[flag])
+            group[flag] = check_bool(group[flag], flag)
 
     def _state_fields(self, group: dict):
         required = ("step", "exp_avg", "exp_avg_sq") + (("max_exp_avg_sq",) if group["amsgrad"] else ())
         return required, ()
 
-    def _update(self, group: dict, name: str, p: Parameter, state: dict) -> None:
+    def _update(self, group: dict, name: str, p: Parameter, state: dict) -> dict:
         data = p.data
         if not state:
             state["step"] = 0
@@ -366,12 +417,13 @@ class Adam(Optimizer):
             state["exp_avg_sq"] = np.zeros_like(data)
         if group["amsgrad"] and "max_exp_avg_sq" not in state:
             state["max_exp_avg_sq"] = np.zeros_like(data)
-        state["step"] += 1
         beta1, beta2 = group["betas"]
         variant("adam_update", data.dtype)(
             data, p.grad, state["exp_avg"], state["exp_avg_sq"], state.get("max_exp_avg_sq") if group["amsgrad"] else None,
             group["lr"], beta1, beta2, group["eps"], group["weight_decay"], group["decoupled_weight_decay"],
-            group["amsgrad"], group["maximize"], state["step"])
+            group["amsgrad"], group["maximize"], state["step"] + 1)
+        state["step"] += 1
+        return state
 
 
 class AdamW(Adam):
@@ -404,7 +456,7 @@ class SGD(Optimizer):
         params: see :class:`Optimizer`.
         lr: >= 0 (torch's default 1e-3).  momentum: >= 0.  dampening: >= 0.  weight_decay: >= 0.
         nesterov: Nesterov momentum (needs momentum > 0 and dampening = 0, as torch).
-        maximize: ascend instead.
+        maximize: ascend instead. The flags are bools (True / False; anything else is a TypeError).
 
     Raises:
         ValueError / TypeError: bad hyperparameters (named), bad params (see :class:`Optimizer`).
@@ -423,7 +475,7 @@ class SGD(Optimizer):
         if "initial_lr" in group:
             group["initial_lr"] = _check_float(group["initial_lr"], "initial_lr")
         for flag in self._FLAGS:
-            group[flag] = bool(group[flag])
+            group[flag] = check_bool(group[flag], flag)
         if group["nesterov"] and (group["momentum"] <= 0 or group["dampening"] != 0):
             raise ValueError("nesterov: needs momentum > 0 and dampening = 0, got "
                              f"momentum={group['momentum']}, dampening={group['dampening']}")
@@ -431,18 +483,19 @@ class SGD(Optimizer):
     def _state_fields(self, group: dict):
         return (), ("momentum_buffer",)
 
-    def _update(self, group: dict, name: str, p: Parameter, state: dict) -> None:
+    def _update(self, group: dict, name: str, p: Parameter, state: dict) -> dict:
         data = p.data
         buf = None
         first = False
         if group["momentum"] != 0:
             buf = state.get("momentum_buffer")
-            if buf is None:
+            if buf is None:  # the first step writes it whole (b ← g): no need to zero it
                 buf = state["momentum_buffer"] = np.empty_like(data)
                 first = True
         variant("sgd_update", data.dtype)(
             data, p.grad, buf, group["lr"], group["momentum"], group["dampening"], group["weight_decay"],
             group["nesterov"], group["maximize"], first)
+        return state
 
 
 def _parameters_of(parameters) -> list[Parameter]:

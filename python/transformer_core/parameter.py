@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ._validation import check_bool
+
 __all__ = ["Parameter"]
 
 _FLOAT = (np.dtype(np.float32), np.dtype(np.float64))
@@ -59,7 +61,8 @@ class Parameter:
         self._data = _check_array(data, "data")
         self.name = name
         self._grad = None
-        self.grad = grad
+        if grad is not None:  # (a subclass's setter may act on None: a model's clears its C++ gradient)
+            self.grad = grad
 
     @property
     def data(self) -> np.ndarray:
@@ -95,8 +98,13 @@ class Parameter:
         return self._data.size
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """Drops the gradient (``set_to_none``, torch's default) or fills it with zeros in place."""
-        if set_to_none:
+        """Drops the gradient (``set_to_none``, torch's default: ``grad`` becomes None) or fills it
+        with zeros in place (``grad`` stays an array; a None gradient stays None), as torch.
+
+        Raises:
+            TypeError: ``set_to_none`` not a bool.
+        """
+        if check_bool(set_to_none, "set_to_none"):
             self._grad = None
         elif self._grad is not None:
             self._grad.fill(0)
