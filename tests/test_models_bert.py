@@ -161,6 +161,46 @@ def test_small_random_bert(small_hf, small_inputs):
     check_outputs(ours(ids), ref_h, ref_p, np.ones_like(am), atol=1e-5)
 
 
+def test_roberta_checkpoint_refused(small_hf, small_inputs, tmp_path):
+    """RoBERTa has BERT's weight names but other positions (offset by pad_token_id + 1): its
+    directory is refused, naming model_type, not loaded with the wrong positions; a BERT directory
+    (model_type "bert") loads and matches HF."""
+    from transformers import RobertaConfig, RobertaModel
+
+    torch.manual_seed(0)
+    roberta = RobertaModel(RobertaConfig(**SMALL, type_vocab_size=1, pad_token_id=1)).eval()
+    _save_hf(roberta, tmp_path / "roberta")
+    with pytest.raises(ValueError, match="model_type 'roberta'"):
+        tc.BertModel.from_pretrained(tmp_path / "roberta")
+    with pytest.raises(ValueError, match="model_type 'roberta'"):
+        tc.SentenceEncoder.from_pretrained(tmp_path / "roberta")
+    with pytest.raises(ValueError, match="model_type"):
+        tc.BertConfig.from_dict({"model_type": "xlm-roberta"})
+    path, ref = small_hf
+    assert json.loads((path / "config.json").read_text())["model_type"] == "bert"
+    ids, am, tt = small_inputs
+    ref_h, ref_p = hf_forward(ref, ids, am, tt)
+    check_outputs(tc.BertModel.from_pretrained(path)(ids, attention_mask=am, token_type_ids=tt), ref_h, ref_p, am,
+                  atol=1e-5)
+    assert tc.BertConfig.from_dict({k: v for k, v in SMALL.items()}).hidden_size == 32  # no model_type: BERT
+
+
+@pytest.mark.parametrize("field", ["is_decoder", "add_cross_attention"])
+def test_decoder_bert_refused(small_inputs, tmp_path, field):
+    """is_decoder makes HF's BERT causal (add_cross_attention adds cross-attention layers and sets
+    it): refused, naming the field, rather than run as a bidirectional encoder."""
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(0)
+    hf = BertModel(BertConfig(**SMALL, is_decoder=True, add_cross_attention=field == "add_cross_attention")).eval()
+    _save_hf(hf, tmp_path / "bert_decoder")
+    with pytest.raises(ValueError, match="is_decoder|add_cross_attention"):
+        tc.BertModel.from_pretrained(tmp_path / "bert_decoder")
+    with pytest.raises(ValueError, match=field):
+        tc.BertConfig.from_dict({field: True})
+    assert tc.BertConfig.from_dict({field: False}).hidden_size == 768
+
+
 def test_from_pretrained_draws_no_random_weights(small_hf, small_inputs, monkeypatch):
     """from_pretrained loads every weight (a missing one raises), so it builds the model without the
     random init (MiniLM: 0.7 -> 0.14 s): the same outputs, bit for bit, as a model initialised at

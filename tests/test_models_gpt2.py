@@ -7,8 +7,9 @@ side stops generating early.
 
 Padding note (checked against transformers 5.x): with a left-padded batch and an ``attention_mask``,
 a plain forward of HF's GPT2 does NOT derive position ids from the mask (positions are 0..L-1 for
-every row), and neither does ours, so padded-batch logits are compared with HF's under the same
-``attention_mask`` (not with unpadded single-sequence runs, which differ by design).
+every row), but ours does (``cumsum(mask) - 1``, as HF's ``generate`` passes them; see
+``decoder.py``), so padded-batch logits are compared with HF's forward given those ``position_ids``,
+and with each prompt run alone, unpadded.
 """
 from __future__ import annotations
 
@@ -286,6 +287,69 @@ def test_generate_eos_stops(gpt2_h4):
     np.testing.assert_array_equal(out[0], greedy[0, :first + 1])
 
 
+def _with_token_ids(src, dst, **ids):
+    """A copy of the checkpoint directory ``src`` at ``dst`` with ``ids`` (e.g. ``eos_token_id``,
+    ``pad_token_id``) set in its ``config.json`` and ``generation_config.json``."""
+    shutil.copytree(src, dst)
+    for name in ("config.json", "generation_config.json"):
+        path = dst / name
+        if path.is_file():
+            path.write_text(json.dumps({**json.loads(path.read_text()), **ids}))
+    return dst
+
+
+def test_generate_pads_finished_rows_with_config_pad_token_id(gpt2_h4, tmp_path):
+    """A config with eos_token_id and pad_token_id: a finished row is filled with pad_token_id, as HF's
+    generate does (not with the end id). The prompts hold no pad id and the mask is explicit (HF
+    would otherwise infer a mask from the pad id)."""
+    _, path, m = gpt2_h4
+    pad = 3
+    ids = _ids(2, (2, 4))
+    ids[ids == pad] = pad + 1
+    greedy = m.generate(ids, max_new_tokens=12)
+    eos = int(greedy[0, 6])  # row 0's third new token
+    assert eos != pad and eos not in greedy[1, 4:8]  # row 1 goes on after row 0 ends
+    path = _with_token_ids(path, tmp_path / "gpt2_eos_pad", eos_token_id=eos, pad_token_id=pad)
+    ours = tc.GPT2LMHeadModel.from_pretrained(path).generate(ids, max_new_tokens=12)
+    hf = transformers.GPT2LMHeadModel.from_pretrained(path).eval()
+    with torch.no_grad():
+        ref = hf.generate(torch.from_numpy(ids), attention_mask=torch.ones(ids.shape, dtype=torch.long),
+                          max_new_tokens=12, do_sample=False).numpy()
+    np.testing.assert_array_equal(ours, ref)
+    end = 4 + int(np.argmax(greedy[0, 4:] == eos))
+    assert ours.shape[1] > end + 1 and np.all(ours[0, end + 1:] == pad)
+
+
+# -------------------------------------------------------------------------------------- checkpoints
+def test_untied_lm_head_refused(tmp_path):
+    """GPT-2's LM head is wte: a checkpoint with tie_word_embeddings=False (an lm_head.weight of its
+    own) is refused, naming the field, rather than loaded with its head dropped; a tied one loads
+    and matches HF."""
+    models = {}
+    for tied in (False, True):
+        cfg = transformers.GPT2Config(**CFGS["h4"], initializer_range=0.2, eos_token_id=None, bos_token_id=None,
+                                      tie_word_embeddings=tied)
+        torch.manual_seed(5)
+        models[tied] = transformers.GPT2LMHeadModel(cfg).eval()
+        models[tied].save_pretrained(tmp_path / f"tied_{tied}")
+    with pytest.raises(ValueError, match="tie_word_embeddings"):
+        tc.GPT2LMHeadModel.from_pretrained(tmp_path / "tied_False")
+    with pytest.raises(ValueError, match="tie_word_embeddings"):
+        tc.GPT2Model.from_pretrained(tmp_path / "tied_False")
+    with pytest.raises(ValueError, match="tie_word_embeddings"):
+        tc.GPT2Config.from_dict({"tie_word_embeddings": False})
+    m = tc.GPT2LMHeadModel.from_pretrained(tmp_path / "tied_True")
+    ids = _ids(8, (2, 9))
+    assert_close(m(ids).logits, _hf(models[True], ids).logits.numpy(), atol_=1e-5, what="tied gpt2 logits")
+    # as a state dict: the tied head (a copy of wte) loads, an untied one is refused and nothing changes
+    before = m(ids).logits
+    with pytest.raises(ValueError, match="lm_head.weight"):
+        m.load_state_dict({k: v.numpy() for k, v in models[False].state_dict().items()})
+    np.testing.assert_array_equal(m(ids).logits, before)
+    m.load_state_dict({k: v.numpy() for k, v in models[True].state_dict().items()})
+    np.testing.assert_array_equal(m(ids).logits, before)
+
+
 # --------------------------------------------------------------------------------------- bad input
 def test_bad_input(gpt2_h4):
     hf, path, m = gpt2_h4
@@ -311,6 +375,8 @@ def test_bad_input(gpt2_h4):
         m(_ids(0, (2, 5)), past_key_values=m.new_cache(3))
     with pytest.raises(ValueError, match="past_key_values"):
         m(_ids(0, (1, 2)), past_key_values=((np.zeros((1, 3, 2, 8)), np.zeros((1, 3, 2, 8))),) * 2)
+    with pytest.raises(TypeError, match="past_key_values.*float32.*float64"):
+        m(_ids(0, (1, 2)), past_key_values=tc.KVCache(2, 1, 4, 8, dtype=np.float64), use_cache=True)
     with pytest.raises(ValueError, match="max_new_tokens"):
         m.generate(_ids(0, (1, 60)), max_new_tokens=5)
     with pytest.raises(ValueError, match="max_new_tokens"):

@@ -11,6 +11,8 @@ those three are patched (``_true_fp64``) and attention runs through torch's SDPA
 from __future__ import annotations
 
 import contextlib
+import json
+import shutil
 
 import numpy as np
 import pytest
@@ -315,6 +317,86 @@ def test_generate_options(llama_gqa):
                                                 top_p=0.9))
     np.testing.assert_array_equal(m.generate(ids, max_new_tokens=8, do_sample=True, top_k=1, seed=1),
                                   greedy[:, :12])
+
+
+def _with_config(src, dst, **fields):
+    """A copy of the checkpoint directory ``src`` at ``dst`` with ``fields`` set in its
+    ``config.json`` and ``generation_config.json`` (when their keys end in ``_token_id``)."""
+    shutil.copytree(src, dst)
+    for name in ("config.json", "generation_config.json"):
+        path = dst / name
+        if path.is_file():
+            update = fields if name == "config.json" else {k: v for k, v in fields.items() if k.endswith("_token_id")}
+            path.write_text(json.dumps({**json.loads(path.read_text()), **update}))
+    return dst
+
+
+def test_generate_pads_finished_rows_with_config_pad_token_id(llama_gqa, tmp_path):
+    """A config with eos_token_id and pad_token_id: a finished row is filled with pad_token_id, as HF's
+    generate does (not with the end id). The prompts hold no pad id and the mask is explicit (HF
+    would otherwise infer a mask from the pad id)."""
+    _, path, m = llama_gqa
+    pad = 3
+    ids = _ids(2, (2, 4))
+    ids[ids == pad] = pad + 1
+    greedy = m.generate(ids, max_new_tokens=12)
+    eos = int(greedy[0, 6])  # row 0's third new token
+    assert eos != pad and eos not in greedy[1, 4:8]  # row 1 goes on after row 0 ends
+    path = _with_config(path, tmp_path / "llama_eos_pad", eos_token_id=eos, pad_token_id=pad)
+    ours = tc.LlamaForCausalLM.from_pretrained(path).generate(ids, max_new_tokens=12)
+    hf = transformers.LlamaForCausalLM.from_pretrained(path).eval()
+    with torch.no_grad():
+        ref = hf.generate(torch.from_numpy(ids), attention_mask=torch.ones(ids.shape, dtype=torch.long),
+                          max_new_tokens=12, do_sample=False).numpy()
+    np.testing.assert_array_equal(ours, ref)
+    end = 4 + int(np.argmax(greedy[0, 4:] == eos))
+    assert ours.shape[1] > end + 1 and np.all(ours[0, end + 1:] == pad)
+    # an explicit pad_token_id still wins
+    explicit = tc.LlamaForCausalLM.from_pretrained(path).generate(ids, max_new_tokens=12, pad_token_id=0)
+    assert np.all(explicit[0, end + 1:] == 0)
+
+
+@pytest.mark.parametrize("scaled", ["rope_scaling", "rope_parameters"])
+def test_rope_scaling_refused_in_either_key(llama_gqa, tmp_path, scaled):
+    """Hugging Face applies a RoPE scaling in rope_scaling even beside a default rope_parameters (and
+    one in rope_parameters when rope_scaling is absent): each key is checked, so a scaling in either
+    is refused, not ignored."""
+    _, path, _ = llama_gqa
+    linear = {"rope_type": "linear", "factor": 4.0, "rope_theta": 10000.0}
+    default = {"rope_type": "default", "rope_theta": 10000.0}
+    other = "rope_parameters" if scaled == "rope_scaling" else "rope_scaling"
+    with pytest.raises(ValueError, match=f"{scaled}.*rope_type 'linear'"):
+        tc.LlamaConfig.from_dict({scaled: linear, other: default})
+    with pytest.raises(ValueError, match=f"{scaled}.*rope_type 'linear'"):
+        tc.LlamaConfig.from_dict({scaled: {"type": "linear", "factor": 4.0}, other: None})
+    # both default: rope_theta as HF reads it (a non-empty rope_scaling in place of rope_parameters)
+    for d in ({scaled: default, other: None},
+              {"rope_scaling": {"rope_type": "default"}, "rope_theta": 300.0,
+               "rope_parameters": {"rope_type": "default", "rope_theta": 500.0}},
+              {"rope_scaling": {"rope_type": "default", "rope_theta": 700.0},
+               "rope_parameters": {"rope_type": "default", "rope_theta": 500.0}},
+              {"rope_scaling": {}, "rope_parameters": {"rope_type": "default", "rope_theta": 500.0}}):
+        hf_theta = transformers.LlamaConfig.from_dict(json.loads(json.dumps(d))).rope_parameters["rope_theta"]
+        assert tc.LlamaConfig.from_dict(d).rope_theta == hf_theta
+    # a checkpoint whose config.json has both (HF applies a linear rope_scaling): refused
+    path = _with_config(path, tmp_path / "llama_rope", **{scaled: linear, other: default})
+    if scaled == "rope_scaling":
+        assert transformers.LlamaConfig.from_pretrained(path).rope_parameters["rope_type"] == "linear"
+    with pytest.raises(ValueError, match=f"{scaled}.*rope_type 'linear'"):
+        tc.LlamaForCausalLM.from_pretrained(path)
+
+
+def test_cache_of_another_dtype_refused(llama_gqa):
+    """A float64 KVCache given to a float32 model: TypeError naming past_key_values and both dtypes
+    (not pybind's "incompatible function arguments"), the cache untouched."""
+    _, _, m = llama_gqa
+    ids = _ids(0, (1, 3))
+    cache = tc.KVCache(m.config.num_layers, 1, m.config.num_kv_heads, m.head_dim, dtype=np.float64)
+    with pytest.raises(TypeError, match="past_key_values.*float32.*got float64"):
+        m(ids, past_key_values=cache, use_cache=True)
+    with pytest.raises(TypeError, match="past_key_values.*float32.*got float64"):
+        m.generate(ids, max_new_tokens=2, past_key_values=cache)
+    assert cache.length == 0
 
 
 # --------------------------------------------------------------------------------------- bad input

@@ -51,10 +51,20 @@ class BertConfig:
 
         Raises:
             TypeError: ``d`` not a mapping; a field of the wrong type (named).
-            ValueError: an unsupported ``hidden_act`` or ``position_embedding_type``; a size or
-                ``layer_norm_eps`` out of range (named).
+            ValueError: a ``model_type`` other than "bert" (absent is read as BERT; RoBERTa and its
+                kin have the same weight names but other positions); ``is_decoder`` or
+                ``add_cross_attention`` set (a causal or cross-attending BERT, which this encoder
+                does not compute); an unsupported ``hidden_act`` or ``position_embedding_type``; a
+                size or ``layer_norm_eps`` out of range (named).
         """
         check_mapping(d, "config")
+        model_type = d.get("model_type", "bert")
+        if model_type != "bert":
+            raise ValueError(f"config.json: model_type {model_type!r} is not supported here (expected 'bert')")
+        for key in ("is_decoder", "add_cross_attention"):
+            if d.get(key, False):
+                raise ValueError(f"config.json: {key}={d[key]!r} is not supported: only a bidirectional encoder "
+                                 "without cross-attention")
         activation(d.get("hidden_act", "gelu"), "hidden_act")  # one table of names, in C++
         pe = d.get("position_embedding_type", "absolute")
         if pe != "absolute":

@@ -137,6 +137,9 @@ class DecoderModel(Module):
             cache = self.new_cache(N, L)
         elif not isinstance(cache, KVCache):
             cache = KVCache.from_legacy(cache, self.config.num_kv_heads, self.head_dim, self.dtype)
+        if np.dtype(cache.dtype) != np.dtype(self.dtype):
+            raise TypeError(f"past_key_values: expected a cache of this model's dtype {np.dtype(self.dtype).name}, "
+                            f"got {np.dtype(cache.dtype).name}")
         if cache.batch != N or len(cache) != self.config.num_layers:
             raise ValueError(f"past_key_values: a cache of batch {cache.batch} and {len(cache)} layers does not fit "
                              f"input_ids' batch {N} and this model's {self.config.num_layers} layers")
@@ -167,7 +170,8 @@ class DecoderModel(Module):
 
         Raises:
             ValueError: ids out of range, too long a sequence, masks, positions or caches that do
-                not fit. TypeError: non-integer ids.
+                not fit. TypeError: non-integer ids; a ``past_key_values`` cache of another dtype
+                than the model's.
         """
         use_cache = check_bool(use_cache, "use_cache")
         ids, mask, positions, cache = self._prepare(input_ids, attention_mask, position_ids, past_key_values)

@@ -12,8 +12,9 @@ processors):
     sample               from softmax(scores), numpy's generator seeded with ``seed``
 
 A sequence that emits an end token (``eos_token_id``, one id or several) is finished; it is padded
-with ``pad_token_id`` while the others go on, and generation stops when all are finished or after
-``max_new_tokens``. :meth:`GenerationMixin.stream` yields each step's tokens as they are produced.
+with ``pad_token_id`` (default: the config's, else the first end id, as Hugging Face) while the
+others go on, and generation stops when all are finished or after ``max_new_tokens``.
+:meth:`GenerationMixin.stream` yields each step's tokens as they are produced.
 """
 
 from __future__ import annotations
@@ -105,7 +106,8 @@ def next_tokens(scores: np.ndarray, sequences: np.ndarray, cfg: GenerationConfig
 class GenerationMixin:
     """``generate`` and ``stream`` for a causal LM whose ``forward(ids, attention_mask=...,
     past_key_values=..., use_cache=True, logits_to_keep=1)`` returns logits, with ``new_cache``,
-    ``context_length`` and ``config.vocab_size`` / ``config.eos_token_id``."""
+    ``context_length`` and ``config.vocab_size`` / ``config.eos_token_id`` (and, if the config has
+    one, ``config.pad_token_id``)."""
 
     def stream(self, input_ids, max_new_tokens: int, *, do_sample: bool = False, temperature: float = 1.0,
                top_k: int | None = None, top_p: float | None = None, repetition_penalty: float | None = None,
@@ -171,7 +173,8 @@ class GenerationMixin:
             attention_mask: ``(N, L)``, 1 = a real prompt token.
             eos_token_id: an id or a list of ids that end a sequence; default: the config's.
             repetition_penalty: > 0; 1 = none (Keskar et al. 2019, as Hugging Face).
-            pad_token_id: fills finished sequences; default: the first end id.
+            pad_token_id: fills finished sequences; default: the config's ``pad_token_id`` (when it
+                is an id of the vocabulary), else the first end id (Hugging Face's defaults).
             streamer: called with each step's ``(N,)`` tokens as they are produced.
             past_key_values: a :class:`KVCache` already holding a prefix of ``input_ids``.
 
@@ -181,7 +184,7 @@ class GenerationMixin:
 
         Raises:
             ValueError / TypeError: bad options (named), or a prompt + max_new_tokens longer than
-            the context.
+            the context; TypeError: a ``past_key_values`` cache of another dtype than the model's.
         """
         ids = as_ids(input_ids, "input_ids")
         if streamer is not None and not callable(streamer):
@@ -203,6 +206,10 @@ class GenerationMixin:
             eos = getattr(self.config, "eos_token_id", None)
             eos_list = [eos] if isinstance(eos, (int, np.integer)) else list(eos or [])
             eos_token_id = [e for e in eos_list if 0 <= e < vocab]
+        if pad_token_id is None:  # as eos: the config's, if it is an id of the vocabulary
+            pad = getattr(self.config, "pad_token_id", None)
+            if isinstance(pad, (int, np.integer)) and not isinstance(pad, bool) and 0 <= pad < vocab:
+                pad_token_id = int(pad)
         cfg = GenerationConfig(max_new_tokens, do_sample, temperature, top_k, top_p, repetition_penalty, seed,
                                eos_token_id, pad_token_id)
         if cfg.pad_token_id is None and cfg.eos_ids.size:

@@ -40,6 +40,9 @@ class GPT2Config:
     activation_function: str = "gelu_new"
     layer_norm_epsilon: float = 1e-5
     eos_token_id: int | None = 50256
+    #: fills the sequences that ``generate`` has finished (Hugging Face's GPT-2 has none by default:
+    #: then the first end id does).
+    pad_token_id: int | None = None
     #: dropout of training forwards (Hugging Face's defaults are 0.1; 0 here unless a config sets
     #: them): on every residual branch (resid_pdrop) and on the embeddings (embd_pdrop). attn_pdrop,
     #: dropout on the attention probabilities, is NOT applied (a warning says so when it is > 0).
@@ -54,13 +57,16 @@ class GPT2Config:
 
         Raises:
             TypeError: ``d`` not a dict. ValueError: options this implementation does not support
-            (``scale_attn_weights=False``, ``scale_attn_by_inverse_layer_idx``,
-            ``reorder_and_upcast_attn``, ``add_cross_attention``, an activation outside the
-            library's table).
+            (``scale_attn_weights=False``, ``tie_word_embeddings=False`` — the LM head is always
+            ``wte`` —, ``scale_attn_by_inverse_layer_idx``, ``reorder_and_upcast_attn``,
+            ``add_cross_attention``, an activation outside the library's table).
         """
         check_mapping(d, "config")
         if d.get("scale_attn_weights", True) is not True:
             raise ValueError("config.json: scale_attn_weights=False is not supported")
+        if d.get("tie_word_embeddings", True) is not True:
+            raise ValueError(f"config.json: tie_word_embeddings={d['tie_word_embeddings']!r} is not supported: only "
+                             "an LM head tied to the token embedding (wte), GPT-2's")
         for key in ("scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn", "add_cross_attention"):
             if d.get(key, False):
                 raise ValueError(f"config.json: {key}=True is not supported")
@@ -79,7 +85,7 @@ class GPT2Config:
         """Checks every field's type and range, naming the field: sizes are ints >= 1 (``n_layer``
         >= 0, ``n_inner`` None or >= 0: 0/None = 4 · n_embd), ``layer_norm_epsilon`` a finite number
         >= 0, ``activation_function`` a name of the library's table, ``eos_token_id`` None, an id or a
-        list of ids. Sizes too large for this machine are the C++ model's to refuse.
+        list of ids (``pad_token_id`` too). Sizes too large for this machine are the C++ model's to refuse.
 
         Raises:
             TypeError / ValueError: naming the field.
@@ -87,7 +93,8 @@ class GPT2Config:
         check_config_fields(self, ints=("vocab_size", "n_positions", "n_embd", "n_head"),
                             nonnegative_ints=("n_layer",), optional_ints=("n_inner",), eps=("layer_norm_epsilon",))
         activation(self.activation_function, "activation_function")
-        check_token_ids(self.eos_token_id, "eos_token_id")
+        for name in ("eos_token_id", "pad_token_id"):
+            check_token_ids(getattr(self, name), name)
         return self
 
     def to_dict(self) -> dict:
@@ -122,7 +129,7 @@ class GPT2Model(DecoderModel):
     Weights: Hugging Face's ``GPT2Model`` names (``wte.weight``, ``wpe.weight``,
     ``h.{i}.attn.c_attn.weight (E, 3E)`` — Conv1D, ``(in, out)`` —, ``h.{i}.ln_1.*``,
     ``h.{i}.mlp.c_fc.*``, ``ln_f.*``, ...). A ``transformer.`` prefix and a tied ``lm_head.weight``
-    are accepted when loading.
+    (equal to ``wte.weight``; a different one raises ValueError) are accepted when loading.
 
     Args:
         config: :class:`GPT2Config` or a ``config.json`` dict.
@@ -137,11 +144,18 @@ class GPT2Model(DecoderModel):
         return _CONV1D.search(name) is not None
 
     def _rename_state_dict(self, state: dict) -> dict:
-        out = {}
+        out, head = {}, None
         for name, value in state.items():
-            if _IGNORED.search(name) or name == "lm_head.weight":  # buffers; the head is tied to wte
+            if _IGNORED.search(name):  # buffers
+                continue
+            if name == "lm_head.weight":  # the head is wte: a copy of it is dropped, any other head refused
+                head = value
                 continue
             out[name.removeprefix("transformer.")] = value
+        wte = out.get("wte.weight")
+        if head is not None and wte is not None and not np.array_equal(np.asarray(head), np.asarray(wte)):
+            raise ValueError("lm_head.weight: differs from wte.weight (an untied head); only an LM head tied to the "
+                             "token embedding is supported")
         return out
 
     @classmethod
@@ -151,7 +165,8 @@ class GPT2Model(DecoderModel):
 
         Raises:
             FileNotFoundError: no directory, ``config.json`` or ``model.safetensors``.
-            ValueError: a missing, unknown or mis-shaped tensor (listed); an unsupported config.
+            ValueError: a missing, unknown or mis-shaped tensor (listed); an unsupported config
+                (e.g. ``tie_word_embeddings=False``) or an ``lm_head.weight`` other than ``wte.weight``.
         """
         model_dir = resolve_model_dir(name_or_path)
         config = GPT2Config.from_dict(read_config(model_dir))

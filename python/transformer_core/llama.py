@@ -52,19 +52,25 @@ class LlamaConfig:
 
         Raises:
             TypeError: ``d`` not a dict. ValueError: a ``model_type`` other than llama, or RoPE
-            scaling (``rope_scaling`` / a ``rope_type`` other than "default"), which this
-            implementation does not compute.
+            scaling (a ``rope_type`` other than "default" in ``rope_scaling`` or in
+            ``rope_parameters``, each checked), which this implementation does not compute.
         """
         check_mapping(d, "config")
         model_type = d.get("model_type", "llama")
         if model_type != "llama":
             raise ValueError(f"config.json: model_type {model_type!r} is not supported here (expected 'llama')")
-        rope = d.get("rope_parameters") or d.get("rope_scaling") or {}
-        if not isinstance(rope, dict):
-            raise ValueError(f"config.json: rope_parameters: expected an object, got {rope!r}")
-        rope_type = rope.get("rope_type", rope.get("type", "default"))
-        if rope_type != "default":
-            raise ValueError(f"config.json: rope_type {rope_type!r} (RoPE scaling) is not supported, only 'default'")
+        for key in ("rope_scaling", "rope_parameters"):  # a scaling in either is refused, not ignored
+            rope = d.get(key)
+            if rope is None:
+                continue
+            if not isinstance(rope, dict):
+                raise ValueError(f"config.json: {key}: expected an object, got {rope!r}")
+            rope_type = rope.get("rope_type", rope.get("type", "default"))
+            if rope_type != "default":
+                raise ValueError(f"config.json: {key}: rope_type {rope_type!r} (RoPE scaling) is not supported, "
+                                 "only 'default'")
+        # Hugging Face reads a non-empty rope_scaling in place of rope_parameters (rope_theta included)
+        rope = d.get("rope_scaling") or d.get("rope_parameters") or {}
         fields = {k: d[k] for k in cls.__dataclass_fields__ if k in d and k != "extra"}
         if "rope_theta" in rope:
             fields["rope_theta"] = rope["rope_theta"]
