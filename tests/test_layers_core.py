@@ -132,81 +132,6 @@ def test_fresh_norm_layers_match_torch(rng, dtype, E):
             assert_close(ours(x), ref(to_torch(x)), dtype, what=f"fresh {type(ours).__name__}")
 
 
-def _torch_norm_params(module: torch.nn.Module, strip: str = "") -> set:
-    """Names of the parameters of ``module``'s norm submodules (LayerNorm, RMSNorm, LlamaRMSNorm):
-    the oracle of which weights start at ones, from torch's module tree, not from names."""
-    out = set()
-    for prefix, sub in module.named_modules():
-        if "norm" in type(sub).__name__.lower():
-            out |= {f"{prefix}.{n}".lstrip(".").removeprefix(strip) for n, _ in sub.named_parameters(recurse=False)}
-    return out
-
-
-def _fresh_pairs(dtype):
-    """(our fresh module, torch's fresh counterpart or None, prefix of torch's names to strip)."""
-    from transformers import BertConfig as HFBertConfig
-    from transformers import BertModel as HFBertModel
-    from transformers import GPT2Config as HFGPT2Config
-    from transformers import GPT2LMHeadModel as HFGPT2LMHeadModel
-    from transformers import LlamaForCausalLM as HFLlamaForCausalLM
-
-    tdt = TORCH_DTYPE[np.dtype(dtype)]
-    llama = dict(vocab_size=10, hidden_size=8, intermediate_size=12, num_hidden_layers=2, num_attention_heads=2,
-                 num_key_value_heads=1, max_position_embeddings=16)
-    gpt2 = dict(vocab_size=10, n_positions=16, n_embd=8, n_layer=2, n_head=2)
-    bert = dict(vocab_size=10, hidden_size=8, num_hidden_layers=2, num_attention_heads=2, intermediate_size=12,
-                max_position_embeddings=16)
-    layer = dict(d_model=8, nhead=2, dim_feedforward=12)
-    return [
-        (tc.nn.Linear(5, 3, dtype=dtype), torch.nn.Linear(5, 3, dtype=tdt), ""),
-        (tc.nn.MultiheadAttention(8, 2, dtype=dtype), torch.nn.MultiheadAttention(8, 2, batch_first=True, dtype=tdt), ""),
-        (tc.nn.FeedForward(8, 12, dtype=dtype), None, ""),
-        (tc.nn.GatedFeedForward(8, 12, dtype=dtype), None, ""),
-        (tc.nn.TransformerEncoderLayer(**layer, dtype=dtype),
-         torch.nn.TransformerEncoderLayer(**layer, batch_first=True, dtype=tdt), ""),
-        (tc.nn.TransformerDecoderLayer(**layer, dtype=dtype),
-         torch.nn.TransformerDecoderLayer(**layer, batch_first=True, dtype=tdt), ""),
-        (tc.nn.Transformer(8, 2, 1, 1, 12, dtype=dtype),
-         torch.nn.Transformer(8, 2, 1, 1, 12, batch_first=True, dtype=tdt), ""),
-        (tc.LlamaForCausalLM(tc.LlamaConfig(**llama), dtype=dtype), HFLlamaForCausalLM(HFLlamaConfig(**llama)), ""),
-        (tc.GPT2LMHeadModel(tc.GPT2Config(**gpt2), dtype=dtype),
-         HFGPT2LMHeadModel(HFGPT2Config(**gpt2, bos_token_id=None, eos_token_id=None)), "transformer."),
-        (tc.BertModel(tc.BertConfig(**bert), dtype=dtype), HFBertModel(HFBertConfig(**bert)), ""),
-    ]
-
-
-@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
-def test_fresh_layers_init_conventions(dtype):
-    """Every fresh module: the parameters of norms (by torch's module tree) are torch's fresh values
-    (weight ones, bias zeros); every other 1-D parameter is zeros (a bias: not mistaken for a norm
-    weight); every matrix is uniform(±1/sqrt(fan_in)) drawn from seed 0 in registration order, the
-    same values in float32 (rounded) and float64 as before matrices were drawn in chunks."""
-    for ours, ref, strip in _fresh_pairs(dtype):
-        what = type(ours).__name__
-        state = ours.state_dict()
-        norms = set()
-        if ref is not None:
-            norms = _torch_norm_params(ref, strip)
-            ref_state = {k.removeprefix(strip): v for k, v in ref.state_dict().items()}
-            assert norms <= set(state), f"{what}: {norms - set(state)}"
-            for name in norms:
-                np.testing.assert_array_equal(state[name], ref_state[name].float().numpy(), err_msg=f"{what}.{name}")
-        if what.startswith(("Transformer", "Llama", "GPT2", "Bert")):
-            assert norms, f"{what}: the oracle found no norm"
-        draw = np.random.default_rng(0)
-        for name, slot in ours._slots().items():
-            if len(slot.shape) == 1:
-                if name not in norms:
-                    np.testing.assert_array_equal(state[name], 0, err_msg=f"{what}.{name}")
-                continue
-            fan_in = slot.shape[0] if slot.transposed else slot.shape[-1]
-            expected = draw.uniform(-1 / np.sqrt(fan_in), 1 / np.sqrt(fan_in), size=slot.shape).astype(dtype)
-            if ours._children():  # each child drew its own from seed 0 (nn.Transformer's layers)
-                assert np.abs(state[name]).max() <= 1 / np.sqrt(fan_in) and np.std(state[name]) > 0, f"{what}.{name}"
-            else:
-                np.testing.assert_array_equal(state[name], expected, err_msg=f"{what}.{name}")
-
-
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
 def test_fresh_embedding_init_is_standard_normal(dtype):
     """torch's N(0, 1), drawn from seed 0 (the same values as one draw of the whole table), the
@@ -216,23 +141,6 @@ def test_fresh_embedding_init_is_standard_normal(dtype):
     expected[-2] = 0
     np.testing.assert_array_equal(tc.nn.Embedding(37, 5, dtype, padding_idx=-2).state_dict()["weight"],
                                   expected.astype(dtype))
-
-
-def test_init_chunks_give_the_values_of_one_draw(monkeypatch):
-    """Chunks smaller than a row and than a matrix: the same values (the chunk size is an
-    implementation detail)."""
-    from transformer_core import module
-
-    ref = {k: v for k, v in tc.nn.MultiheadAttention(8, 2, kdim=5).state_dict().items()}
-    ref_gpt2 = tc.GPT2Model(tc.GPT2Config(vocab_size=10, n_positions=16, n_embd=8, n_layer=1, n_head=2)).state_dict()
-    ref_emb = tc.nn.Embedding(9, 7).state_dict()
-    for chunk in (3, 8, 13):
-        monkeypatch.setattr(module, "_INIT_CHUNK", chunk)
-        for ours, expected in [(tc.nn.MultiheadAttention(8, 2, kdim=5), ref), (tc.nn.Embedding(9, 7), ref_emb),
-                               (tc.GPT2Model(tc.GPT2Config(vocab_size=10, n_positions=16, n_embd=8, n_layer=1,
-                                                           n_head=2)), ref_gpt2)]:  # GPT-2: transposed weights
-            for name, value in ours.state_dict().items():
-                np.testing.assert_array_equal(value, expected[name], err_msg=f"chunk {chunk}: {name}")
 
 
 # ------------------------------------------------------------------------------ activations
