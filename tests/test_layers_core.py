@@ -227,6 +227,12 @@ def test_mha_with_cache_and_rope_matches_torch(rng, dtype, H, Hkv):
     keys, values = cache[0]
     assert_close(keys, k.to(t), dtype, what="cached keys (rotated)")
     assert_close(values, v.to(t), dtype, what="cached values")
+    np.testing.assert_array_equal(cache[-1][0], keys)  # negative indices as a list's
+    for bad in (1, -2):  # out of range on either side: IndexError both (-2 was a ValueError)
+        with pytest.raises(IndexError, match=r"^layer: expected an index in \[-1, 1\)"):
+            cache[bad]
+    with pytest.raises(TypeError, match="layer"):
+        cache[0.0]
     # explicit position_ids give the same as the default past + l
     cache2 = tc.KVCache(1, N, Hkv, D, dtype=dtype)
     out2, _ = mha(x[:, :P], is_causal=True, past_key_values=cache2, rotary=rope,

@@ -287,6 +287,23 @@ def test_seq2seq_transformer(rng, dtype, norm_first):
     assert ys.shape == (N, 5) and np.all(ys[:, 0] == 1)
 
 
+def test_seq2seq_greedy_decode_checks_its_arguments_first(rng):
+    """end_token and max_len are checked before anything is decoded (a float end_token came back as a
+    float64 result; max_len over the model's failed after decoding, naming tgt)."""
+    m = tc.Seq2SeqTransformer(10, 12, 8, 2, 1, 1, 16, max_len=6)
+    m.eval()
+    src = np.array([[1, 2, 3, 4]])
+    for end, err, match in [(1.5, TypeError, "end_token"), (-5, ValueError, "end_token"),
+                            (12, ValueError, r"end_token: expected an id in \[0, 12\), got 12"),
+                            ("a", TypeError, "end_token")]:
+        with pytest.raises(err, match=match):
+            m.greedy_decode(src, 3, 1, end)
+    with pytest.raises(ValueError, match=r"^max_len: expected <= the model's max_len \(6\)"):
+        m.greedy_decode(src, 7, 1)
+    ys = m.greedy_decode(src, 6, 1, 11)
+    assert ys.dtype == np.int64 and ys.shape[0] == 1 and 2 <= ys.shape[1] <= 7
+
+
 # --------------------------------------------------------------------------------------------------
 # 20 AdamW steps with warmup + cosine and gradient clipping, against torch
 # --------------------------------------------------------------------------------------------------

@@ -69,10 +69,15 @@ class KVCache:
         return self._impl.num_layers
 
     def __getitem__(self, layer: int) -> tuple[np.ndarray, np.ndarray]:
-        """``(keys, values)`` of one layer, copies of shape ``(N, H_kv, length, D)``."""
-        layer = check_int(layer, "layer", -len(self))
-        if layer >= len(self):
-            raise IndexError(f"layer: expected an index in [0, {len(self)}), got {layer}")
+        """``(keys, values)`` of one layer, copies of shape ``(N, H_kv, length, D)``; ``layer`` may be
+        negative, counted from the end, as a list's.
+
+        Raises:
+            TypeError: ``layer`` not an int. IndexError: out of ``[-len(self), len(self))``, either side.
+        """
+        layer = check_int(layer, "layer", None, None)
+        if not -len(self) <= layer < len(self):
+            raise IndexError(f"layer: expected an index in [{-len(self)}, {len(self)}), got {layer}")
         return self._impl.get(layer % len(self))
 
     def to_legacy(self) -> tuple:

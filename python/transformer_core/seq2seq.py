@@ -215,13 +215,23 @@ class Seq2SeqTransformer(Module):
             ``(N, 1 + steps)`` int64 ids, the start token first.
 
         Raises:
-            ValueError: in training mode (call ``.eval()``), ``max_len`` < 1, tokens out of range.
+            ValueError: in training mode (call ``.eval()``), ``max_len`` < 1 or over the model's
+            ``max_len`` (the decoder reads up to ``max_len`` target positions), ``start_token`` /
+            ``end_token`` out of ``[0, tgt_vocab_size)`` — all before any decoding.
+            TypeError: ``max_len``, ``start_token`` or ``end_token`` not an int.
         """
         self._require_eval("greedy_decode")
         max_len = check_positive_int(max_len, "max_len")
+        if max_len > self.max_len:
+            raise ValueError(f"max_len: expected <= the model's max_len ({self.max_len}), the target positions the "
+                             f"decoder reads, got {max_len}")
         start_token = check_int(start_token, "start_token", 0)
         if start_token >= self.tgt_vocab_size:
             raise ValueError(f"start_token: expected an id in [0, {self.tgt_vocab_size}), got {start_token}")
+        if end_token is not None:
+            end_token = check_int(end_token, "end_token", 0)
+            if end_token >= self.tgt_vocab_size:
+                raise ValueError(f"end_token: expected an id in [0, {self.tgt_vocab_size}), got {end_token}")
         memory = self.encode(src, src_key_mask)
         N = memory.shape[0]
         ys = np.full((N, 1), start_token, np.int64)
