@@ -74,6 +74,21 @@ def test_template_features_equal_transformers(add_generation_prompt):
     assert "日本語" in render_chat_template(FEATURES, CONVERSATIONS[4])  # tojson keeps non-ASCII
 
 
+def test_tools_and_documents_are_none_unless_given():
+    """As transformers' render: a template testing ``tools is not none`` sees None (it saw an
+    undefined variable, which is "not none": the tools' section came out for a chat without tools)."""
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    template = "{% if tools is not none %}TOOLS{% endif %}|{% if documents is defined %}DOCS{% endif %}"
+    messages = [{"role": "user", "content": "hi"}]
+    (ref,), _ = render_jinja_template(conversations=[messages], chat_template=template)
+    assert render_chat_template(template, messages) == ref == "|DOCS"
+    assert render_chat_template(template, messages, tools=[{"name": "f"}]) == "TOOLS|DOCS"
+    for bad in ("yes", None, 1):
+        with pytest.raises(TypeError, match="add_generation_prompt"):
+            render_chat_template(template, messages, add_generation_prompt=bad)
+
+
 def test_raise_exception():
     with pytest.raises(ChatTemplateError, match="unknown role: robot"):
         render_chat_template(FEATURES, [{"role": "robot", "content": "beep"}])

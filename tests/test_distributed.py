@@ -134,6 +134,31 @@ def test_resume_a_single_process_run_on_the_cluster(tmp_path, tiny_model_dir, cl
     assert_same_rows(out, ref)
 
 
+def test_lost_cluster_is_an_oserror_that_keeps_the_chunks_done(tmp_path, tiny_model_dir, cluster):
+    """The run's futures cancelled under it (as when the scheduler goes away): an OSError saying that
+    the chunks done are saved (the CLI's one line), not distributed's FutureCancelledError; --resume
+    then finishes the same rows."""
+    c, client = cluster
+    f = write_lines(tmp_path / "c.txt", corpus_lines(2000))
+    ref = tmp_path / "ref.parquet"
+    corpus.embed_file(f, ref, model=str(tiny_model_dir), chunk_size=100)
+
+    def on_chunk(index, done):
+        if done == 2:
+            keys = [k for k in list(client.futures) if str(k).startswith("transformer_core-embed-")]
+            client.cancel([distributed.Future(k, client) for k in keys])
+
+    out = tmp_path / "out.parquet"
+    with pytest.raises(OSError, match=r"^lost the Dask cluster \(.*\); the chunks done are saved, --resume continues"):
+        embed_corpus(f, out, model=str(tiny_model_dir), scheduler=client, chunk_size=100, max_in_flight=4,
+                     on_chunk=on_chunk)
+    done = corpus.completed_chunks(json.loads(Path(f"{out}.manifest.json").read_text()))
+    assert 2 <= len(done) < 20
+    r = embed_corpus(f, out, model=str(tiny_model_dir), scheduler=client, chunk_size=100, resume=True)
+    assert r.rows == 2000
+    assert_same_rows(out, ref)
+
+
 def test_cli_scheduler_address(tmp_path, tiny_model_dir, cluster):
     c, client = cluster
     f = write_lines(tmp_path / "c.txt", corpus_lines(500))

@@ -41,6 +41,16 @@ def test_unknown_names(tmp_path):
     with pytest.raises(TypeError, match="name_or_path"):
         resolve_model_path(3)
     assert resolve_model_path(tmp_path) == tmp_path
+    for empty in ("", "  "):  # was Path("."): the current directory, silently
+        with pytest.raises(ValueError, match="name_or_path: expected a model name or path"):
+            resolve_model_path(empty)
+
+
+def test_home_is_expanded(tmp_path, monkeypatch):
+    """``--model=~/m`` reaches us unexpanded by the shell."""
+    (tmp_path / "m").mkdir()
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert resolve_model_path("~/m") == tmp_path / "m"
 
 
 # ------------------------------------------------------------------------------------ config.json

@@ -332,3 +332,14 @@ def test_tiny_bad_special_id(tmp_path):
     with pytest.raises(ValueError, match="eos_token_id = 5000") as info:
         tc.Tokenizer.from_gguf(path)
     assert str(path) in str(info.value)
+
+
+def test_max_length_is_checked_and_refused_for_a_causal_tokenizer():
+    """A causal-LM tokenizer does not truncate: a max_length for one is refused, not ignored (it was
+    accepted, even 0 or "x", and the text came back whole); an encoder's still truncates."""
+    for bad, err in ((16, ValueError), (0, ValueError), ("x", TypeError), (True, TypeError)):
+        with pytest.raises(err, match="max_length"):
+            tc.Tokenizer.from_pretrained("SmolLM2-135M-Instruct", max_length=bad)
+    assert tc.Tokenizer.from_pretrained("SmolLM2-135M-Instruct").max_length is None
+    enc = tc.Tokenizer.from_pretrained("all-MiniLM-L6-v2", max_length=16)
+    assert len(enc.encode("word " * 100)) == 16

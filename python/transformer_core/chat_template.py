@@ -20,6 +20,8 @@ import json
 from datetime import datetime
 from functools import lru_cache
 
+from ._validation import check_bool
+
 __all__ = ["render_chat_template", "validate_messages", "ChatTemplateError"]
 
 
@@ -70,24 +72,29 @@ def render_chat_template(template: str, messages, add_generation_prompt: bool = 
         messages: a list of ``{"role": str, "content": str}`` (see :func:`validate_messages`).
         add_generation_prompt: end with the header of the assistant's turn, for generation.
         **variables: more template variables: ``bos_token``, ``eos_token``, ``tools``, ...
+            ``tools`` and ``documents`` are None unless given, as transformers' ``apply_chat_template``
+            passes them (a template testing ``tools is not none`` must see None, not undefined).
 
     Returns:
         The prompt text.
 
     Raises:
-        TypeError: ``template`` not a str; a bad message (see :func:`validate_messages`).
+        TypeError: ``template`` not a str; ``add_generation_prompt`` not a bool; a bad message (see
+            :func:`validate_messages`).
         ValueError: a bad message. ChatTemplateError (a ValueError): the template does not parse,
             calls ``raise_exception``, or fails while rendering (the sandbox refusing an unsafe
             operation included).
     """
     if not isinstance(template, str):
         raise TypeError(f"template: expected a str, got {type(template).__name__}")
+    add_generation_prompt = check_bool(add_generation_prompt, "add_generation_prompt")
     messages = validate_messages(messages)
     compiled = _compile(template)
     import jinja2
 
+    variables = {"tools": None, "documents": None, **variables}
     try:
-        return compiled.render(messages=messages, add_generation_prompt=bool(add_generation_prompt), **variables)
+        return compiled.render(messages=messages, add_generation_prompt=add_generation_prompt, **variables)
     except ChatTemplateError:
         raise
     except jinja2.TemplateError as e:

@@ -38,7 +38,8 @@ from typing import Callable
 
 try:
     from distributed import Client, LocalCluster, as_completed
-    from distributed.comm import get_address_host
+    from distributed.client import FutureCancelledError
+    from distributed.comm import CommClosedError, get_address_host
     from distributed.diagnostics.plugin import WorkerPlugin
     from distributed.scheduler import KilledWorker
 except ImportError as e:
@@ -250,6 +251,9 @@ def embed_corpus(input, output, *, model=DEFAULT_MODEL, scheduler=None, workers:
                 index, rows = fut.result()
             except KilledWorker as e:
                 raise OSError(f"the workers running a chunk died repeatedly ({e}); the chunks done are saved, "
+                              f"--resume continues") from None
+            except (FutureCancelledError, CommClosedError) as e:  # the scheduler went away mid-run
+                raise OSError(f"lost the Dask cluster ({type(e).__name__}: {e}); the chunks done are saved, "
                               f"--resume continues") from None
             futures.discard(fut)
             job.commit(index)

@@ -51,13 +51,18 @@ def resolve_model_path(name_or_path) -> Path:
     Returns:
         A directory (Hugging Face layout) or a file (a ``.gguf`` checkpoint).
 
+    A leading ``~`` is expanded to the home directory (``--model=~/m`` reaches the CLI unexpanded).
+
     Raises:
         FileNotFoundError: neither a path nor an embedded model, or its package is missing.
-        TypeError: ``name_or_path`` not a str or path.
+        TypeError: ``name_or_path`` not a str or path. ValueError: an empty string (it would name the
+            current directory).
     """
     if not isinstance(name_or_path, (str, Path)):
         raise TypeError(f"name_or_path: expected a str or path, got {type(name_or_path).__name__}")
-    path = Path(name_or_path)
+    if isinstance(name_or_path, str) and not name_or_path.strip():
+        raise ValueError(f"name_or_path: expected a model name or path, got {name_or_path!r}")
+    path = Path(name_or_path).expanduser()
     if path.is_dir() or path.is_file():
         return path
     key = str(name_or_path)
@@ -83,7 +88,7 @@ def resolve_model_dir(name_or_path) -> Path:
     Raises:
         FileNotFoundError: not a directory and not an embedded model, its package is missing, or it
             names a single-file (GGUF) model, which has no directory (use :func:`resolve_model_path`).
-        TypeError: ``name_or_path`` not a str or path.
+        TypeError: ``name_or_path`` not a str or path. ValueError: an empty string.
     """
     path = resolve_model_path(name_or_path)
     if not path.is_dir():

@@ -122,13 +122,24 @@ class Tokenizer:
 
         Raises:
             FileNotFoundError: no such model or no ``tokenizer.json``.
-            ValueError: a corrupt ``tokenizer.json`` or GGUF file (naming it).
+            ValueError: a corrupt ``tokenizer.json`` or GGUF file (naming it); ``max_length`` below 1,
+                or given for a causal-LM tokenizer, which never truncates (a prompt too long for the
+                model is refused by the model, not cut).
+            TypeError: ``max_length`` not an int or None.
         """
         from tokenizers import Tokenizer as HFTokenizer
 
+        max_length = check_optional_int(max_length, "max_length", 1)
+
+        def causal(tokenizer: "Tokenizer") -> "Tokenizer":
+            if max_length is not None:
+                raise ValueError(f"max_length: {name_or_path!r} has a causal-LM tokenizer, which does not truncate; "
+                                 f"expected None, got {max_length}")
+            return tokenizer
+
         location = resolve_model_path(name_or_path)
         if location.is_file():
-            return cls.from_gguf(location)
+            return causal(cls.from_gguf(location))
         model_dir = Path(location)
         path = model_dir / "tokenizer.json"
         if not path.is_file():
@@ -141,9 +152,9 @@ class Tokenizer:
             cfg = _read_json_object(model_dir / "tokenizer_config.json")
             tokens = {key: _token_content(cfg.get(key)) for key in ("bos_token", "eos_token", "unk_token", "pad_token")}
             tokens = {k: (v if v is not None and tok.token_to_id(v) is not None else None) for k, v in tokens.items()}
-            return cls(tok, max_length=None, pad_token=tokens["pad_token"], bos_token=tokens["bos_token"],
-                       eos_token=tokens["eos_token"], unk_token=tokens["unk_token"],
-                       chat_template=_chat_template_of_dir(model_dir, cfg))
+            return causal(cls(tok, max_length=None, pad_token=tokens["pad_token"], bos_token=tokens["bos_token"],
+                              eos_token=tokens["eos_token"], unk_token=tokens["unk_token"],
+                              chat_template=_chat_template_of_dir(model_dir, cfg)))
         if max_length is None:
             max_length = _default_max_length(model_dir)
         pad = "[PAD]" if tok.token_to_id("[PAD]") is not None else (tok.id_to_token(0) or "[PAD]")
@@ -351,9 +362,11 @@ class Tokenizer:
 
         Raises:
             ValueError: no chat template; a bad message (see ``render_chat_template``).
+            TypeError: ``add_generation_prompt`` or ``tokenize`` not a bool.
         """
         from .chat_template import render_chat_template
 
+        tokenize = check_bool(tokenize, "tokenize")
         if self.chat_template is None:
             raise ValueError("chat_template: this tokenizer has no chat template")
         variables = {"bos_token": self.bos_token, "eos_token": self.eos_token, "unk_token": self.unk_token,
