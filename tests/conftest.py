@@ -295,3 +295,29 @@ def pytest_collection_modifyitems(config, items):
             kept.append(item)
     config.hook.pytest_deselected(items=[it for it in items if it not in kept])
     items[:] = kept
+
+
+def assert_generate_pads_with_config_pad_token_id(model, ids, with_token_ids, ours_class, hf_class, pad: int = 3):
+    """A checkpoint whose config sets eos_token_id and pad_token_id: our generate fills a finished row
+    with pad_token_id, token for token as Hugging Face's generate (not with the end id).
+
+    ``model`` is ours, loaded from the checkpoint; ``ids`` ``(2, L)`` prompts; ``with_token_ids(**ids)``
+    returns a copy of the checkpoint directory with those ids set in its configs. The prompts get no
+    pad id and HF an explicit mask (HF would otherwise infer a mask from the pad id). The end id is
+    row 0's third new token, which row 1 must not emit in the same steps. Returns the copy's path."""
+    ids = ids.copy()
+    ids[ids == pad] = pad + 1
+    L = ids.shape[1]
+    greedy = model.generate(ids, max_new_tokens=12)
+    eos = int(greedy[0, L + 2])
+    assert eos != pad and eos not in greedy[1, L:L + 4]  # row 1 goes on after row 0 ends
+    path = with_token_ids(eos_token_id=eos, pad_token_id=pad)
+    ours = ours_class.from_pretrained(path).generate(ids, max_new_tokens=12)
+    hf = hf_class.from_pretrained(path).eval()
+    with torch.no_grad():
+        ref = hf.generate(torch.from_numpy(ids), attention_mask=torch.ones(ids.shape, dtype=torch.long),
+                          max_new_tokens=12, do_sample=False).numpy()
+    np.testing.assert_array_equal(ours, ref)
+    end = L + int(np.argmax(greedy[0, L:] == eos))
+    assert ours.shape[1] > end + 1 and np.all(ours[0, end + 1:] == pad)
+    return path, ids, end

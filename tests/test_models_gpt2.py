@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import torch
 import transformer_core as tc
-from conftest import assert_close
+from conftest import assert_close, assert_generate_pads_with_config_pad_token_id
 
 transformers = pytest.importorskip("transformers")
 
@@ -300,24 +300,11 @@ def _with_token_ids(src, dst, **ids):
 
 def test_generate_pads_finished_rows_with_config_pad_token_id(gpt2_h4, tmp_path):
     """A config with eos_token_id and pad_token_id: a finished row is filled with pad_token_id, as HF's
-    generate does (not with the end id). The prompts hold no pad id and the mask is explicit (HF
-    would otherwise infer a mask from the pad id)."""
+    generate does (not with the end id)."""
     _, path, m = gpt2_h4
-    pad = 3
-    ids = _ids(2, (2, 4))
-    ids[ids == pad] = pad + 1
-    greedy = m.generate(ids, max_new_tokens=12)
-    eos = int(greedy[0, 6])  # row 0's third new token
-    assert eos != pad and eos not in greedy[1, 4:8]  # row 1 goes on after row 0 ends
-    path = _with_token_ids(path, tmp_path / "gpt2_eos_pad", eos_token_id=eos, pad_token_id=pad)
-    ours = tc.GPT2LMHeadModel.from_pretrained(path).generate(ids, max_new_tokens=12)
-    hf = transformers.GPT2LMHeadModel.from_pretrained(path).eval()
-    with torch.no_grad():
-        ref = hf.generate(torch.from_numpy(ids), attention_mask=torch.ones(ids.shape, dtype=torch.long),
-                          max_new_tokens=12, do_sample=False).numpy()
-    np.testing.assert_array_equal(ours, ref)
-    end = 4 + int(np.argmax(greedy[0, 4:] == eos))
-    assert ours.shape[1] > end + 1 and np.all(ours[0, end + 1:] == pad)
+    assert_generate_pads_with_config_pad_token_id(
+        m, _ids(2, (2, 4)), lambda **ids: _with_token_ids(path, tmp_path / "gpt2_eos_pad", **ids),
+        tc.GPT2LMHeadModel, transformers.GPT2LMHeadModel)
 
 
 # -------------------------------------------------------------------------------------- checkpoints

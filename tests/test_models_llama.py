@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 import transformer_core as tc
-from conftest import assert_close
+from conftest import assert_close, assert_generate_pads_with_config_pad_token_id
 
 transformers = pytest.importorskip("transformers")
 from transformers.models.llama import modeling_llama  # noqa: E402
@@ -333,25 +333,11 @@ def _with_config(src, dst, **fields):
 
 def test_generate_pads_finished_rows_with_config_pad_token_id(llama_gqa, tmp_path):
     """A config with eos_token_id and pad_token_id: a finished row is filled with pad_token_id, as HF's
-    generate does (not with the end id). The prompts hold no pad id and the mask is explicit (HF
-    would otherwise infer a mask from the pad id)."""
+    generate does (not with the end id); an explicit pad_token_id still wins."""
     _, path, m = llama_gqa
-    pad = 3
-    ids = _ids(2, (2, 4))
-    ids[ids == pad] = pad + 1
-    greedy = m.generate(ids, max_new_tokens=12)
-    eos = int(greedy[0, 6])  # row 0's third new token
-    assert eos != pad and eos not in greedy[1, 4:8]  # row 1 goes on after row 0 ends
-    path = _with_config(path, tmp_path / "llama_eos_pad", eos_token_id=eos, pad_token_id=pad)
-    ours = tc.LlamaForCausalLM.from_pretrained(path).generate(ids, max_new_tokens=12)
-    hf = transformers.LlamaForCausalLM.from_pretrained(path).eval()
-    with torch.no_grad():
-        ref = hf.generate(torch.from_numpy(ids), attention_mask=torch.ones(ids.shape, dtype=torch.long),
-                          max_new_tokens=12, do_sample=False).numpy()
-    np.testing.assert_array_equal(ours, ref)
-    end = 4 + int(np.argmax(greedy[0, 4:] == eos))
-    assert ours.shape[1] > end + 1 and np.all(ours[0, end + 1:] == pad)
-    # an explicit pad_token_id still wins
+    path, ids, end = assert_generate_pads_with_config_pad_token_id(
+        m, _ids(2, (2, 4)), lambda **ids: _with_config(path, tmp_path / "llama_eos_pad", **ids),
+        tc.LlamaForCausalLM, transformers.LlamaForCausalLM)
     explicit = tc.LlamaForCausalLM.from_pretrained(path).generate(ids, max_new_tokens=12, pad_token_id=0)
     assert np.all(explicit[0, end + 1:] == 0)
 
