@@ -519,6 +519,8 @@ def _check_manifest(man: dict, path: Path) -> None:
     manifest is one error naming the file and the field, not a KeyError or an IndexError later."""
 
     def field(obj: dict, name: str, expected: str, ok, prefix: str = ""):
+        """``obj[name]`` if present and ``ok(value)``; else a ValueError naming the manifest file and
+        the field (``prefix + name``) with ``expected`` and what it holds."""
         value = obj.get(name, _MISSING)
         if value is _MISSING:
             raise ValueError(f"{path}: a damaged manifest: no field {prefix + name!r} (expected {expected}); "

@@ -130,16 +130,13 @@ class Tokenizer:
         from tokenizers import Tokenizer as HFTokenizer
 
         max_length = check_optional_int(max_length, "max_length", 1)
-
-        def causal(tokenizer: "Tokenizer") -> "Tokenizer":
-            if max_length is not None:
-                raise ValueError(f"max_length: {name_or_path!r} has a causal-LM tokenizer, which does not truncate; "
-                                 f"expected None, got {max_length}")
-            return tokenizer
-
         location = resolve_model_path(name_or_path)
+        causal = location.is_file() or _is_causal_lm(Path(location))
+        if causal and max_length is not None:
+            raise ValueError(f"max_length: {name_or_path!r} has a causal-LM tokenizer, which does not truncate; "
+                             f"expected None, got {max_length}")
         if location.is_file():
-            return causal(cls.from_gguf(location))
+            return cls.from_gguf(location)
         model_dir = Path(location)
         path = model_dir / "tokenizer.json"
         if not path.is_file():
@@ -148,13 +145,13 @@ class Tokenizer:
             tok = HFTokenizer.from_file(str(path))
         except Exception as e:  # the Rust parser's errors: name the file
             raise ValueError(f"{path}: cannot read tokenizer.json ({type(e).__name__}: {e})") from None
-        if _is_causal_lm(model_dir):
+        if causal:
             cfg = _read_json_object(model_dir / "tokenizer_config.json")
             tokens = {key: _token_content(cfg.get(key)) for key in ("bos_token", "eos_token", "unk_token", "pad_token")}
             tokens = {k: (v if v is not None and tok.token_to_id(v) is not None else None) for k, v in tokens.items()}
-            return causal(cls(tok, max_length=None, pad_token=tokens["pad_token"], bos_token=tokens["bos_token"],
-                              eos_token=tokens["eos_token"], unk_token=tokens["unk_token"],
-                              chat_template=_chat_template_of_dir(model_dir, cfg)))
+            return cls(tok, max_length=None, pad_token=tokens["pad_token"], bos_token=tokens["bos_token"],
+                       eos_token=tokens["eos_token"], unk_token=tokens["unk_token"],
+                       chat_template=_chat_template_of_dir(model_dir, cfg))
         if max_length is None:
             max_length = _default_max_length(model_dir)
         pad = "[PAD]" if tok.token_to_id("[PAD]") is not None else (tok.id_to_token(0) or "[PAD]")
