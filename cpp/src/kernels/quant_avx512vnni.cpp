@@ -206,25 +206,13 @@ void pack_int8(const int8_t* w, int64_t k, int64_t j0, int64_t j1, uint8_t* pack
   }
 }
 
-struct PackedArgs {
-  const int8_t* xq;
-  int64_t ldq;
-  const float* sx;
-  const int32_t* xsum;
-  int64_t k;
-  const uint8_t* packed;
-  const float* sw;
-  const float* bias;
-  float* y;
-  int64_t ldy;
-  bool accumulate;
-};
+using PackedArgs = Int8ArgsOf<uint8_t>;  // w: the panels of pack_int8
 
 // y[i : i + MR, j : j + cols] (j a multiple of 16, cols ≤ 16 · NP).
 template <int MR, int NP>
 void packed_tile(const PackedArgs& a, int64_t i, int64_t j, int64_t cols) {
   const int64_t groups = (a.k + 3) / 4, pb = panel_bytes(a.k);
-  const uint8_t* wp = a.packed + (j / kInt8PanelFeatures) * pb;
+  const uint8_t* wp = a.w + (j / kInt8PanelFeatures) * pb;
   const int8_t* x = a.xq + i * a.ldq;
   __m512i acc[MR][NP];
   #pragma GCC unroll 24

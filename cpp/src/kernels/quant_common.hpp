@@ -111,20 +111,23 @@ inline int64_t prefetch_distance(int64_t group_bytes) {
   return groups * group_bytes;
 }
 
-// The arguments of a product kernel (kernels.hpp), gathered for the tile templates below.
-struct Int8Args {
+// The arguments of a product kernel (kernels.hpp), gathered for the tile templates below. W: int8
+// weight rows (linear_int8), or the packed panels' bytes (linear_int8_packed).
+template <class W>
+struct Int8ArgsOf {
   const int8_t* xq;
   int64_t ldq;
   const float* sx;
   const int32_t* xsum;
   int64_t k;
-  const int8_t* w;
+  const W* w;
   const float* sw;
   const float* bias;
   float* y;
   int64_t ldy;
   bool accumulate;  // y += the product, instead of y = it
 };
+using Int8Args = Int8ArgsOf<int8_t>;
 struct F32Args {
   const float* x;
   int64_t ldx;
