@@ -391,11 +391,12 @@ Accumulator<T> accumulator_at(T* buf, int64_t br_max, int64_t Dv) {
   return {buf, buf + br_max * Dv, buf + br_max * Dv + br_max, buf + br_max * Dv + 2 * br_max};
 }
 
-// Whether a row max m (units of log₂) needs its low part: |m| ≥ 2^digits and finite.
+// Whether a row max m (units of log₂) needs its low part: |m| ≥ kWideRow = 2^digits and finite.
+template <class T>
+constexpr T kWideRow = T(uint64_t(1) << std::numeric_limits<T>::digits);
 template <class T>
 inline bool wide_row(T m) {
-  constexpr T kWide = T(uint64_t(1) << std::numeric_limits<T>::digits);
-  return std::fabs(m) >= kWide && std::fabs(m) < std::numeric_limits<T>::infinity();
+  return std::fabs(m) >= kWideRow<T> && std::fabs(m) < std::numeric_limits<T>::infinity();
 }
 
 // The row max x_max in units of log₂ as m + m_lo (Accumulator): m = fl(x_max · c), and m_lo =
@@ -471,7 +472,7 @@ void tile_softmax_row(T* x, int64_t vis, int64_t cols, T c, T m_blk, T m_blk_lo,
   // m_new = max(m_old, m̃), the pairs (m, m_lo) compared as the sums they stand for. All -inf so
   // far (no visible key yet): exponents taken relative to 0, so that every -inf gives 2^-inf = 0
   // and a NaN still gives NaN.
-  const T m_old = acc.m[i], lo_old = first ? T(0) : acc.m_lo[i];
+  const T m_old = acc.m[i], lo_old = acc.m_lo[i];  // both set by flash_block_start
   const bool take = m_blk > m_old || (m_blk == m_old && m_blk_lo > lo_old);
   const T m_new = take ? m_blk : m_old, lo_new = take ? m_blk_lo : lo_old;
   const T m_use = m_new == neg_inf ? T(0) : m_new;
@@ -1000,7 +1001,7 @@ inline void short_softmax_columns(float* x, int64_t len, int64_t Lp, float scale
     mc = xsimd::select(xsimd::abs(mc) == inf && xsimd::abs(m) < inf, xsimd::copysign(B(std::numeric_limits<float>::max()), mc), mc);
     const B neg_m = -xsimd::select(m == neg_inf, zero, mc);  // units of log₂; no key: every p is 0
     // wide rows (Accumulator): the exponents relative to m · c exactly, its low part subtracted
-    const auto wide = xsimd::abs(mc) >= B(16777216.0f) && xsimd::abs(mc) < inf;
+    const auto wide = xsimd::abs(mc) >= B(kWideRow<float>) && xsimd::abs(mc) < inf;
     const bool any_wide = xsimd::any(wide);
     const B lo = any_wide ? xsimd::select(wide, simd::fma(m, c, -mc), zero) : zero;
     B l = zero;
