@@ -56,8 +56,7 @@ def run_side(side: str, args) -> None:
     cfg = dict(vocab_size=50257, n_positions=args.context, n_embd=768, n_layer=args.layers, n_head=12,
                resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
     if side == "ours":
-        sys.path.insert(0, str(ROOT / "python"))
-        import transformer_core as tc
+        import transformer_core as tc  # the installed package (the source tree has no compiled _core)
 
         tc.set_num_threads(args.threads)
         model = tc.GPT2LMHeadModel(tc.GPT2Config(**cfg)).train()
