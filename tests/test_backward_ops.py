@@ -754,6 +754,47 @@ def test_attention_backward_fully_masked_is_zero(rng):
         assert np.array_equal(g, np.zeros_like(g))
 
 
+# Finite float masks far below the scores (old BERT's -1e4, -1e9, finfo.min), on query rows where
+# they cover every key, or where the scores themselves are large: the lse is too large for its
+# rounding to vanish in exp(X - lse), so the backward recomputes those rows' max and sum.
+HUGE_ROW_VALUES = [-1e4, -1e9, -1e30, "min"]
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("value", HUGE_ROW_VALUES, ids=[str(v) for v in HUGE_ROW_VALUES])
+@pytest.mark.parametrize("shape", [(1, 2, 2, 70, 130, 4, 8), (4, 6, 3, 65, 63, 4, 5)],
+                         ids=["two_passes", "one_pass"])
+def test_attention_backward_huge_float_mask_rows(rng, dtype, value, shape):
+    """Our forward's lse into our backward, against torch's autograd (which keeps the probabilities)
+    in the same dtype. Integer queries and keys and a scale of 1/2 make every score exact, so both
+    sides add the mask to the same numbers: a row whose every key carries the mask has the softmax
+    of the scores that survive its rounding (uniform once they all round to the mask), and the
+    gradients must agree to the usual tolerance. Rows: fully masked (0, 66, 67), partly masked (2),
+    one key left (68), large unmasked scores (3: queries times 40, scores in the hundreds)."""
+    N, H, Hkv, L, S, D, Dv = shape
+    value = float(np.finfo(dtype).min) if value == "min" else value
+    q = rng.integers(-3, 4, (N, H, L, D)).astype(dtype)
+    q[:, :, 3] *= 40
+    k = rng.integers(-3, 4, (N, Hkv, S, D)).astype(dtype)
+    v, gout = randn(rng, (N, Hkv, S, Dv), dtype), randn(rng, (N, H, L, Dv), dtype)
+    mask = np.zeros((L, S), dtype)
+    mask[[0, 2, 66 % L, 67 % L, 68 % L], :] = value
+    mask[2, : S // 3] = 0
+    mask[68 % L, 5] = 0
+    out, lse, gq, gk, gv, valid = torch_attention(q, k, v, gout, float_mask=mask, scale=0.5)
+    assert valid.all() and np.isfinite(lse).all()
+    ours, our_lse = FT.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.5, enable_gqa=H != Hkv,
+                                                    return_lse=True)
+    check(ours, out, dtype, "out")
+    np.testing.assert_allclose(our_lse, lse, rtol=1e-6 if dtype == np.float32 else 1e-13, atol=atol(dtype),
+                               err_msg="lse")
+    dq, dk, dv = B.scaled_dot_product_attention_backward(q, k, v, ours, gout, our_lse, mask, scale=0.5,
+                                                         enable_gqa=H != Hkv)
+    check(dq, gq, dtype, "grad_query")
+    check(dk, gk, dtype, "grad_key")
+    check(dv, gv, dtype, "grad_value")
+
+
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
 def test_attention_backward_3d_and_2d(rng, dtype):
     """Inputs without a head dim, as the forward accepts them."""

@@ -33,6 +33,12 @@
 // Causal masks skip whole tiles that no row of the block can see. A row that sees no key (lse =
 // -inf) has P = 0: zero dq, and no contribution to dk, dv — never NaN. S = 0: dq = 0; L = 0: dk =
 // dv = 0. The masks get no gradient.
+//
+// A row whose lse is large (|lse| ≥ kExactRowStats: 64 in float, 2^16 in double) cannot use it: its
+// rounding, |lse| · 2^-digits, is an error of that size in every exponent, and a row whose keys all
+// carry a huge finite float mask (finfo.min, -1e9) would get P = 1 for every key instead of 1/S.
+// For those rows a pre-pass recomputes the max m_i and the sum l_i of the backward's own scores,
+// and P = exp((X - m) - log l); every other row keeps P = exp(X - lse) (m_i = lse_i, log l_i = 0).
 #pragma once
 
 #include <algorithm>
@@ -79,6 +85,20 @@ constexpr int64_t kBlockKeys = 64;  // Bc
 constexpr int64_t kOnePassMinTasks = 12;
 
 
+// |lse| from which a row's statistics are recomputed (see the header): its rounding stays below
+// 2^-18 (float) or 2^-37 (double) under it.
+template <class T>
+inline constexpr T kExactRowStats = T(64);
+template <>
+inline constexpr double kExactRowStats<double> = 65536.0;
+
+// The softmax statistics of every row: P = exp((X - m) - c)   m, c: [N, H, L]
+template <class T>
+struct RowStats {
+  const T* m;  // the row max (or lse)
+  const T* c;  // log of the row's sum of exp(X - m) (or 0)
+};
+
 // True if query row l can see some key of [s0, s0 + cols) under the causal mask (or no causal mask).
 template <class T>
 inline bool causal_block_visible(const AttentionArgs<T>& a, int64_t l_last, int64_t s0) {
@@ -103,14 +123,69 @@ void compute_delta(const AttentionBackwardArgs<T>& b, T* delta) {
   });
 }
 
+// The row statistics (see RowStats): m = lse, c = 0, except for the rows with |lse| ≥ kExactRowStats,
+// whose max and log-sum are recomputed here over all their keys, from scores made by the same
+// products as tile_p_ds's (whole query blocks), so that m is exactly one of the row's scores.
+// x: kBlockRows · kBlockKeys per thread.       m, c: [N, H, L]
+template <class T>
+void compute_row_stats(const AttentionBackwardArgs<T>& b, T* m, T* c, T* x_per_thread) {
+  constexpr T neg_inf = -std::numeric_limits<T>::infinity();
+  const AttentionArgs<T>& a = b.fwd;
+  const int64_t H = a.num_heads, L = a.q_len, S = a.kv_len, D = a.head_dim;
+  const int64_t q_blocks = (L + kBlockRows - 1) / kBlockRows, group = H / a.num_kv_heads;
+  parallel_tasks(a.batch * H * q_blocks, [&](int64_t task, int tid) {
+    const int64_t n = task / (H * q_blocks), h = (task / q_blocks) % H, qb = task % q_blocks;
+    const int64_t l0 = qb * kBlockRows, br = std::min(kBlockRows, L - l0), row0 = (n * H + h) * L + l0;
+    bool any = false;
+    bool exact[kBlockRows];
+    for (int64_t i = 0; i < br; ++i) {
+      const T lse = b.lse[row0 + i];
+      m[row0 + i] = lse;
+      c[row0 + i] = T(0);
+      exact[i] = std::fabs(lse) >= kExactRowStats<T> && std::fabs(lse) < std::numeric_limits<T>::infinity();
+      any = any || exact[i];
+    }
+    if (!any) return;
+    T row_max[kBlockRows];
+    double row_sum[kBlockRows];  // of exp(x - row_max)
+    std::fill(row_max, row_max + br, neg_inf);
+    std::fill(row_sum, row_sum + br, 0.0);
+    const T* q = a.q + n * a.q_stride_n + h * a.q_stride_h + l0 * a.q_stride_l;  // [br, D]
+    const T* k = a.k + n * a.k_stride_n + (h / group) * a.k_stride_h;          // [S, D]
+    T* x = x_per_thread + int64_t(tid) * kBlockRows * kBlockKeys;
+    for (int64_t s0 = 0; s0 < S && causal_block_visible(a, l0 + br - 1, s0); s0 += kBlockKeys) {
+      const int64_t cols = std::min(kBlockKeys, S - s0);
+      attention_scores(br, cols, D, a.scale, q, ld_for(a.q_stride_l, br, D), k + s0 * a.k_stride_s, a.k_stride_s,
+                       x, kBlockKeys);
+      for (int64_t i = 0; i < br; ++i) {
+        if (!exact[i]) continue;
+        T* row = x + i * kBlockKeys;
+        if (a.has_any_mask()) apply_masks_row(a, n, h, l0 + i, s0, cols, row);
+        T new_max = row_max[i];
+        for (int64_t j = 0; j < cols; ++j) new_max = std::max(new_max, row[j]);
+        if (new_max == neg_inf) continue;  // nothing seen yet
+        double sum = row_max[i] == neg_inf ? 0.0 : row_sum[i] * std::exp(double(row_max[i] - new_max));
+        for (int64_t j = 0; j < cols; ++j) sum += std::exp(double(row[j] - new_max));
+        row_max[i] = new_max;
+        row_sum[i] = sum;
+      }
+    }
+    for (int64_t i = 0; i < br; ++i) {
+      if (!exact[i]) continue;
+      m[row0 + i] = row_max[i];  // -inf: the row sees no key after all
+      c[row0 + i] = row_max[i] == neg_inf ? T(0) : static_cast<T>(std::log(row_sum[i]));
+    }
+  });
+}
+
 // The tile's probabilities and the softmax gradient, for query rows [l0, l0 + br) of head (n, h)
 // and keys [s0, s0 + cols):
-//   p[br, cols]  = exp(scale · q kᵀ + mask - lse)       (row stride Bc)
+//   p[br, cols]  = exp((scale · q kᵀ + mask - m) - c)   (row stride Bc; m, c: RowStats)
 //   ds[br, cols] = scale · p ∘ (dO vᵀ - Δ)               (row stride Bc; the scale of dK and dQ)
 // Returns false (and leaves p, ds unset) when every p_ij is 0: the tile contributes nothing.
 template <class T>
-bool tile_p_ds(const AttentionBackwardArgs<T>& b, const T* delta, int64_t n, int64_t h, int64_t l0, int64_t br,
-               int64_t s0, int64_t cols, T* p, T* ds) {
+bool tile_p_ds(const AttentionBackwardArgs<T>& b, const RowStats<T>& stats, const T* delta, int64_t n, int64_t h,
+               int64_t l0, int64_t br, int64_t s0, int64_t cols, T* p, T* ds) {
   constexpr T neg_inf = -std::numeric_limits<T>::infinity();
   const AttentionArgs<T>& a = b.fwd;
   const int64_t D = a.head_dim, Dv = a.v_head_dim, L = a.q_len;
@@ -119,24 +194,26 @@ bool tile_p_ds(const AttentionBackwardArgs<T>& b, const T* delta, int64_t n, int
   const T* k = a.k + n * a.k_stride_n + hk * a.k_stride_h + s0 * a.k_stride_s;  // [cols, D]
   const T* v = a.v + n * a.v_stride_n + hk * a.v_stride_h + s0 * a.v_stride_s;  // [cols, Dv]
   const T* dout = b.dout + n * b.do_stride_n + h * b.do_stride_h + l0 * b.do_stride_l;  // [br, Dv]
-  const T* lse = b.lse + (n * a.num_heads + h) * L + l0;                                // [br]
+  const T* row_m = stats.m + (n * a.num_heads + h) * L + l0;                           // [br]
+  const T* row_c = stats.c + (n * a.num_heads + h) * L + l0;                           // [br]
   const T* dlt = delta + (n * a.num_heads + h) * L + l0;                                // [br]
   const int64_t ld = kBlockKeys;
 
   // x[br, cols] = scale · q[br, D] · k[cols, D]ᵀ   (the forward's scores, attention.hpp)
   attention_scores(br, cols, D, a.scale, q, ld_for(a.q_stride_l, br, D), k, a.k_stride_s, p, ld);
-  // masks, then p = exp(x - lse); a row with lse = -inf sees nothing: p = 0
+  // masks, then p = exp((x - m) - c); a row with m = -inf sees nothing: p = 0
   bool any = false;
   for (int64_t i = 0; i < br; ++i) {
     T* row = p + i * ld;
-    const T m = lse[i];
+    const T m = row_m[i], c = row_c[i];
     if (m == neg_inf) {
       std::fill(row, row + cols, T(0));
       continue;
     }
     if (a.has_any_mask()) apply_masks_row(a, n, h, l0 + i, s0, cols, row);
     for (int64_t j = 0; j < cols; ++j) {
-      const T e = row[j] - m;  // <= 0 up to rounding; -inf where masked; NaN stays NaN
+      // <= 0 up to rounding; -inf where masked; NaN stays NaN (c = 0: the loop is unswitched)
+      const T e = c == T(0) ? row[j] - m : (row[j] - m) - c;
       row[j] = fast_math::exp_nonpos(e > T(0) ? T(0) : e);
     }
     any = true;
@@ -179,6 +256,10 @@ void attention_backward(const AttentionBackwardArgs<T>& b) {
   const int64_t tile = kBlockRows * kBlockKeys;
   std::vector<T> scratch(static_cast<size_t>(2 * tile * num_threads));  // p | ds per thread
 
+  std::vector<T> row_m(delta.size()), row_c(delta.size());
+  if (L > 0) compute_row_stats(b, row_m.data(), row_c.data(), scratch.data());
+  const RowStats<T> stats{row_m.data(), row_c.data()};
+
   // dK, dV of key block kb of kv head (n, hk), summed over the group's heads and all query rows;
   // with `with_dq`, also dQ += this key block's part, for every query block of the group's heads.
   auto key_block = [&](int64_t n, int64_t hk, int64_t kb, bool with_dq, int tid) {
@@ -199,7 +280,7 @@ void attention_backward(const AttentionBackwardArgs<T>& b) {
       for (int64_t qb = 0; qb < q_blocks; ++qb) {
         const int64_t l0 = qb * kBlockRows, br = std::min(kBlockRows, L - l0);
         if (!causal_block_visible(a, l0 + br - 1, s0)) continue;
-        if (!tile_p_ds(b, delta.data(), n, h, l0, br, s0, cols, p, ds)) continue;
+        if (!tile_p_ds(b, stats, delta.data(), n, h, l0, br, s0, cols, p, ds)) continue;
         // dv[cols, Dv] += p[br, cols]ᵀ · dO[l0 : l0+br, Dv]
         if (Dv > 0)
           gemm_on_thread(true, false, cols, Dv, br, p, kBlockKeys, dout + l0 * b.do_stride_l,
@@ -251,7 +332,7 @@ void attention_backward(const AttentionBackwardArgs<T>& b) {
     for (int64_t kb = 0; kb < k_blocks; ++kb) {
       const int64_t s0 = kb * kBlockKeys, cols = std::min(kBlockKeys, S - s0);
       if (!causal_block_visible(a, l0 + br - 1, s0)) break;  // later blocks are hidden too
-      if (!tile_p_ds(b, delta.data(), n, h, l0, br, s0, cols, p, ds)) continue;
+      if (!tile_p_ds(b, stats, delta.data(), n, h, l0, br, s0, cols, p, ds)) continue;
       // dq[br, D] += ds[br, cols] · k[s0 : s0+cols, D]   (ds holds the scale)
       gemm_on_thread(false, false, br, D, cols, ds, kBlockKeys, k + s0 * a.k_stride_s, ld_for(a.k_stride_s, cols, D),
                      dq, ld_for(b.dq_stride_l, br, D), true);

@@ -633,7 +633,8 @@ void flash_block(const AttentionArgs<T>& a, const QueryBlock& qb, int64_t s_begi
 
 // out_i = o_i / l_i   (zeros where l_i = 0: the row saw no key)
 // lse_i = m_i · ln 2 + log l_i   (m_i in units of log₂; -inf where l_i = 0; NaN stays NaN; a wide
-// row's m_lo is below the precision of m_i · ln 2, so it is left out)
+// row adds m_lo_i · ln 2: mostly below the precision of m_i · ln 2, but where x_max · c overflowed,
+// m_i = ∓max() and m_lo_i holds a third of the row max)
 template <class T>
 void flash_store(const AttentionArgs<T>& a, const QueryBlock& qb, const Accumulator<T>& acc) {
   const int64_t Dv = a.v_head_dim;
@@ -650,9 +651,15 @@ void flash_store(const AttentionArgs<T>& a, const QueryBlock& qb, const Accumula
   }
   if (a.lse == nullptr) return;
   T* lse = a.lse + (qb.n * a.num_heads + qb.h) * a.q_len + qb.l0;  // [rows]
-  for (int64_t i = 0; i < qb.rows; ++i)
-    lse[i] = acc.l[i] == T(0) ? -std::numeric_limits<T>::infinity()
-                              : acc.m[i] * T(0.69314718055994530942) + std::log(acc.l[i]);
+  for (int64_t i = 0; i < qb.rows; ++i) {
+    constexpr T ln2 = T(0.69314718055994530942);
+    if (acc.l[i] == T(0))
+      lse[i] = -std::numeric_limits<T>::infinity();
+    else if (wide_row(acc.m[i]))
+      lse[i] = acc.m[i] * ln2 + (acc.m_lo[i] * ln2 + std::log(acc.l[i]));
+    else
+      lse[i] = acc.m[i] * ln2 + std::log(acc.l[i]);
+  }
 }
 
 // Split-KV merge of one query block: the chunks' partial states, acc_c for keys chunk c, combine
