@@ -72,7 +72,7 @@ def test_continue_text_checks_the_context_before_making_the_cache(smol, monkeypa
 
     monkeypatch.setattr(type(model), "new_cache", new_cache)
     n = len(tok.encode("Once upon a time"))
-    room = model.context_length - n
+    room = model.context_length - n + 1  # the most that fit: the last new token is never fed back
     with pytest.raises(ValueError, match=rf"^max_new_tokens: prompt length {n} \+ {room + 1} exceeds the context "
                                          rf"\(max_position_embeddings = {model.context_length}\)$"):
         continue_text(model, tok, "Once upon a time", max_new_tokens=room + 1)
@@ -110,3 +110,92 @@ def test_empty_or_invalid_messages_are_refused_before_anything_runs(smol):
         ChatSession(model, tok, system="\udcff")
     with pytest.raises(ValueError, match="^text: expected valid Unicode text, .* at position 3"):
         continue_text(model, tok, "caf\udce9", max_new_tokens=4)
+
+
+# ------------------------------------------------------------------------------------------------
+# The context limit, against Hugging Face's generate: a tiny random Llama with SmolLM2's tokenizer
+# and a context just a few tokens longer than the first prompt
+# ------------------------------------------------------------------------------------------------
+MESSAGE = "Hi there"
+EXTRA = 3  # the context is the first prompt's length + EXTRA
+
+
+@pytest.fixture(scope="module")
+def tiny_chat(tmp_path_factory):
+    """(HF model, our model, tokenizer, the first prompt's ids)."""
+    transformers = pytest.importorskip("transformers")
+    import torch
+
+    tok = tc.Tokenizer.from_pretrained("SmolLM2-135M-Instruct")
+    prompt = tok.apply_chat_template([{"role": "user", "content": MESSAGE}], add_generation_prompt=True,
+                                     tokenize=True)
+    cfg = transformers.LlamaConfig(vocab_size=49152, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                   num_attention_heads=2, num_key_value_heads=1,
+                                   max_position_embeddings=len(prompt) + EXTRA, initializer_range=0.2,
+                                   bos_token_id=None, eos_token_id=None, pad_token_id=None, tie_word_embeddings=True)
+    torch.manual_seed(0)
+    hf = transformers.LlamaForCausalLM(cfg).eval()
+    path = tmp_path_factory.mktemp("tiny_chat_llama")
+    hf.save_pretrained(path, safe_serialization=True)
+    return hf, tc.LlamaForCausalLM.from_pretrained(path), tok, list(prompt)
+
+
+def _hf_greedy(hf, ids, max_new_tokens, eos):
+    import torch
+
+    with torch.no_grad():
+        x = torch.tensor([ids])
+        return hf.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=max_new_tokens, do_sample=False,
+                           eos_token_id=eos, pad_token_id=0).numpy()[0, len(ids):]
+
+
+def test_chat_reply_fills_the_context_as_hf_generate(tiny_chat):
+    """A prompt of P tokens leaves room for context - P + 1 reply tokens (the last is never fed back):
+    the reply equals HF's generate with that many new tokens, and the cache ends full."""
+    hf, m, tok, prompt = tiny_chat
+    context = m.context_length
+    assert context == len(prompt) + EXTRA
+    ref = _hf_greedy(hf, prompt, context - len(prompt) + 1, tok.eos_token_id)
+    assert len(ref) == EXTRA + 1 and tok.eos_token_id not in ref  # the limit, not an end token, stops HF
+    session = ChatSession(m, tok, max_new_tokens=50)
+    reply = session.send(MESSAGE)
+    assert reply == tok.decode(list(ref), skip_special_tokens=True)
+    assert session.stats.decode_tokens + 1 == len(ref)
+    assert session.cache.length == context  # the prompt and every reply token but the last
+    # the next turn's prompt alone is longer than the context: refused, naming the message
+    with pytest.raises(ValueError, match=r"^message: the conversation \(\d+ tokens\) no longer fits the model's "
+                                         rf"context \({context} tokens\)"):
+        session.send("And again?")
+    assert len(session.messages) == 2
+
+
+def test_continue_text_at_exactly_the_context_limit(tiny_chat):
+    hf, m, tok, _ = tiny_chat
+    context = m.context_length
+    text = "Once upon a time"
+    ids = tok.encode(text, add_special_tokens=True)
+    fit = context - len(ids) + 1
+    ref = _hf_greedy(hf, ids, fit, tok.eos_token_id)
+    out, stats = continue_text(m, tok, text, max_new_tokens=fit)
+    assert out == tok.decode(list(ref), skip_special_tokens=True)
+    assert stats.decode_tokens + 1 == len(ref)
+    with pytest.raises(ValueError, match=rf"^max_new_tokens: prompt length {len(ids)} \+ {fit + 1} exceeds the "
+                                         rf"context \(max_position_embeddings = {context}\)$"):
+        continue_text(m, tok, text, max_new_tokens=fit + 1)
+    long_text = "word " * context
+    n = len(tok.encode(long_text, add_special_tokens=True))
+    assert n > context
+    with pytest.raises(ValueError, match=rf"^text: {n} tokens exceed the context \(max_position_embeddings = "
+                                         rf"{context}\)$"):
+        continue_text(m, tok, long_text, max_new_tokens=1)
+
+
+def test_tiny_temperature_refused_naming_it(tiny_chat):
+    _, m, tok, _ = tiny_chat
+    for t in (1e-310, 1e-7):
+        with pytest.raises(ValueError, match="^temperature: expected a finite number >= 1e-06"):
+            ChatSession(m, tok, temperature=t)
+        with pytest.raises(ValueError, match="^temperature: "):
+            continue_text(m, tok, "hi", max_new_tokens=2, temperature=t)
+    with pytest.raises(TypeError, match="^temperature: expected a number, got str"):
+        ChatSession(m, tok, temperature="0.5")

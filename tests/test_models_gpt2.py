@@ -365,7 +365,7 @@ def test_bad_input(gpt2_h4):
     with pytest.raises(TypeError, match="past_key_values.*float32.*float64"):
         m(_ids(0, (1, 2)), past_key_values=tc.KVCache(2, 1, 4, 8, dtype=np.float64), use_cache=True)
     with pytest.raises(ValueError, match="max_new_tokens"):
-        m.generate(_ids(0, (1, 60)), max_new_tokens=5)
+        m.generate(_ids(0, (1, 60)), max_new_tokens=6)  # 60 + 6 - 1 > 64
     with pytest.raises(ValueError, match="max_new_tokens"):
         m.generate(_ids(0, (1, 3)), max_new_tokens=0)
     with pytest.raises(ValueError, match="temperature"):
@@ -434,3 +434,133 @@ def test_load_state_dict_failure_leaves_state(gpt2_h4):
     after = m.state_dict()
     assert set(after) == set(before)
     assert all(np.array_equal(after[k], before[k]) for k in before)
+
+
+# ------------------------------------------------------------------ generate: caches, ids, context
+def _hf_generate(hf, ids, max_new_tokens, **kw):
+    """HF's greedy generate; the all-ones attention_mask keeps HF from masking prompt ids equal to
+    pad_token_id."""
+    with torch.no_grad():
+        return hf.generate(torch.from_numpy(ids), attention_mask=torch.ones(ids.shape, dtype=torch.long),
+                           max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=kw.pop("pad_token_id", 0),
+                           **kw).numpy()
+
+
+def test_generate_accepts_legacy_tuple_cache(gpt2):
+    """``generate``/``stream`` take what ``forward`` takes: a KVCache or HF's legacy tuple (converted
+    as forward converts it, the tuple left unchanged); anything else is a TypeError naming it."""
+    hf, _, m = gpt2
+    ids = _ids(31, (2, 7))
+    ref = _hf_generate(hf, ids, 9)
+    legacy = m(ids[:, :4], use_cache=True).past_key_values.to_legacy()
+    ours = m.generate(ids, 9, past_key_values=legacy)
+    np.testing.assert_array_equal(ours, ref)
+    assert all(k.shape[2] == 4 and v.shape[2] == 4 for k, v in legacy)  # not modified
+    steps = list(m.stream(ids, 9, past_key_values=list(legacy)))  # a list of pairs too
+    np.testing.assert_array_equal(np.stack(steps, axis=1), ref[:, 7:])
+    # HF's own legacy tuple (torch tensors) of the prefix
+    hf_past = _hf(hf, ids[:, :5], use_cache=True).past_key_values
+    hf_legacy = tuple(_hf_layer_kv(hf_past, i) for i in range(hf.config.n_layer))
+    np.testing.assert_array_equal(m.generate(ids, 9, past_key_values=hf_legacy), ref)
+    for bad in ({"a": 1}, "cache", 3, np.zeros((2, 2))):
+        with pytest.raises(TypeError, match="^past_key_values: expected None, a KVCache or .*legacy tuple"):
+            m.generate(ids, 2, past_key_values=bad)
+        with pytest.raises(TypeError, match="^past_key_values"):
+            m.stream(ids, 2, past_key_values=bad)  # refused when called, before the first step
+    with pytest.raises(ValueError, match="^past_key_values: the cache holds 7 positions"):
+        m.generate(ids, 2, past_key_values=m(ids, use_cache=True).past_key_values.to_legacy())
+    with pytest.raises(TypeError, match="^past_key_values: expected a cache of this model's dtype float32"):
+        m.generate(ids, 2, past_key_values=tc.KVCache(len(legacy), 2, hf.config.n_head,
+                                                      hf.config.n_embd // hf.config.n_head, dtype=np.float64))
+
+
+def test_generate_checks_pad_and_eos_ids_against_the_vocabulary(gpt2_h4):
+    """pad_token_id / eos_token_id outside [0, vocab_size) are refused before the first token
+    (the old code streamed the bad pad id, then failed naming input_ids); the last ids of the
+    vocabulary work as in HF."""
+    hf, _, m = gpt2_h4
+    ids = _ids(2, (2, 4))
+    greedy = m.generate(ids, max_new_tokens=8)
+    eos = int(greedy[0, 6])
+    seen = []
+    for kw, match in (({"pad_token_id": VOCAB}, rf"^pad_token_id: expected an id in \[0, {VOCAB}\)"),
+                      ({"pad_token_id": VOCAB + 5, "eos_token_id": eos}, "^pad_token_id: .* got 106"),
+                      ({"eos_token_id": VOCAB}, rf"^eos_token_id: expected an id in \[0, {VOCAB}\)"),
+                      ({"eos_token_id": [eos, VOCAB + 1]}, r"^eos_token_id\[1\]: .* got 102"),
+                      ({"pad_token_id": -1}, "^pad_token_id"),
+                      ({"eos_token_id": -1}, "^eos_token_id")):
+        with pytest.raises(ValueError, match=match):
+            m.generate(ids, 8, streamer=seen.append, **kw)
+        with pytest.raises(ValueError, match=match):
+            m.stream(ids, 8, **kw)
+    assert seen == []  # nothing was generated
+    ours = m.generate(ids, 8, eos_token_id=eos, pad_token_id=VOCAB - 1)
+    ref = _hf_generate(hf, ids, 8, eos_token_id=eos, pad_token_id=VOCAB - 1)
+    np.testing.assert_array_equal(ours, ref)
+    assert (ours[0, 7:] == VOCAB - 1).all()  # the finished row is padded with the last id
+
+
+@pytest.mark.parametrize("L, new", [(64, 1), (63, 2), (60, 5), (1, 64)])
+def test_generate_at_exactly_the_context_limit(gpt2_h4, L, new):
+    """The last new token is never fed back: L + new - 1 positions must fit n_positions (64), as in
+    HF's generate, which returns 65 ids for a 64-token prompt and one new token."""
+    hf, _, m = gpt2_h4
+    ids = _ids(L + new, (2, L))
+    ref = _hf_generate(hf, ids, new)
+    assert ref.shape == (2, L + new)
+    np.testing.assert_array_equal(m.generate(ids, new), ref)
+    with pytest.raises(ValueError, match=f"^max_new_tokens: prompt length {L} \\+ {new + 1} exceeds the context "
+                                         rf"\(n_positions = 64\); at most {new} new tokens fit"):
+        m.generate(ids, new + 1)
+
+
+def test_generate_prompt_longer_than_the_context_names_input_ids(gpt2_h4):
+    _, _, m = gpt2_h4
+    with pytest.raises(ValueError, match=r"^input_ids: prompt length 65 exceeds the context \(n_positions = 64\)"):
+        m.generate(_ids(0, (1, 65)), 1)
+    with pytest.raises(ValueError, match="^input_ids: prompt length 65"):
+        m.stream(_ids(0, (1, 65)), 1)
+
+
+def test_generate_temperature_floor(gpt2_h4):
+    """A subnormal temperature made logits / temperature inf and numpy fail on NaN probabilities; it is
+    refused (naming temperature), and the smallest allowed one samples the argmax, as HF's greedy."""
+    hf, _, m = gpt2_h4
+    ids = _ids(3, (2, 5))
+    for t in (1e-310, 5e-324, 1e-7):
+        with pytest.raises(ValueError, match="^temperature: expected a finite number >= 1e-06"):
+            m.generate(ids, 4, do_sample=True, temperature=t)
+    ours = m.generate(ids, 6, do_sample=True, temperature=1e-6, seed=0)
+    np.testing.assert_array_equal(ours, _hf_generate(hf, ids, 6))
+    # float64 logits so large that scores / T would overflow: still a distribution (the argmax)
+    from transformer_core.generation import GenerationConfig, next_tokens
+
+    scores = np.array([[1e300, 0.0, -1e300], [-1e300, 2e300, 1e300]])
+    cfg = GenerationConfig(1, do_sample=True, temperature=1e-6)
+    np.testing.assert_array_equal(next_tokens(scores.copy(), np.zeros((2, 1), np.int64), cfg,
+                                              np.random.default_rng(0)), [0, 1])
+
+
+# ---------------------------------------------- Seq2SeqTransformer: errors name the argument (src/tgt)
+def test_seq2seq_out_of_range_ids_name_src_or_tgt():
+    """torch's Seq2SeqTransformer (nn.Embedding) refuses an id out of its table; ours does too, and
+    the message names the argument that holds it (it said input_ids)."""
+    m = tc.Seq2SeqTransformer(11, 13, 16, 4, 1, 1, 24, max_len=20).eval()
+    src_emb, tgt_emb = torch.nn.Embedding(11, 16), torch.nn.Embedding(13, 16)
+    src, tgt = np.array([[1, 2, 3]]), np.array([[1, 2]])
+    for ids, emb in ((np.array([[1, 11]]), src_emb), (np.array([[13, 0]]), tgt_emb)):
+        with pytest.raises(IndexError):
+            emb(torch.from_numpy(ids))
+    cases = [(lambda: m(np.array([[1, 11]]), tgt), r"^src: expected ids in \[0, 11\) \(src_vocab_size\), got 11 "
+                                                   r"at \(0, 1\)"),
+             (lambda: m(src, np.array([[13, 0]])), r"^tgt: expected ids in \[0, 13\) \(tgt_vocab_size\), got 13 "
+                                                   r"at \(0, 0\)"),
+             (lambda: m(np.array([[-1]]), tgt[:, :1]), "^src: .* got -1"),
+             (lambda: m.encode(np.array([[11]])), "^src: "),
+             (lambda: m.greedy_decode(np.array([[11]]), 3, 1), "^src: "),
+             (lambda: m.decode(np.array([[13]]), m.encode(src)), "^tgt: "),
+             (lambda: m.loss(src, np.array([[1, 99]]), np.array([[1, 2]])), "^tgt: "),
+             (lambda: m.decode(tgt, m.encode(src), np.ones((1, 2), bool)), r"^src_key_mask: expected shape \(1, 3\)")]
+    for call, match in cases:
+        with pytest.raises(ValueError, match=match):
+            call()

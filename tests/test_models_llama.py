@@ -393,7 +393,7 @@ def test_bad_input(llama_gqa, tmp_path):
     with pytest.raises(ValueError, match="input_ids.*max_position_embeddings"):
         m(_ids(0, (1, 65)))
     with pytest.raises(ValueError, match="max_new_tokens"):
-        m.generate(_ids(0, (1, 60)), max_new_tokens=5)
+        m.generate(_ids(0, (1, 60)), max_new_tokens=6)  # 60 + 6 - 1 > 64
     with pytest.raises(ValueError, match="position_ids"):
         m(_ids(0, (1, 3)), position_ids=np.array([[0, 1, 64]]))
     with pytest.raises(ValueError, match="attention_mask"):
@@ -419,3 +419,61 @@ def test_bad_input(llama_gqa, tmp_path):
     with pytest.raises(ValueError, match="rms_norm_eps"):
         tc.LlamaForCausalLM(tc.LlamaConfig(vocab_size=10, hidden_size=8, intermediate_size=8, num_hidden_layers=1,
                                            num_attention_heads=2, rms_norm_eps=-1.0))
+
+
+# ------------------------------------------------------- generate at the context limit, legacy caches
+def _hf_greedy(hf, ids, max_new_tokens):
+    with torch.no_grad():
+        return hf.generate(torch.from_numpy(ids), attention_mask=torch.ones(ids.shape, dtype=torch.long),
+                           max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=0).numpy()
+
+
+@pytest.mark.parametrize("L, new", [(64, 1), (61, 4)])
+def test_generate_at_exactly_the_context_limit_matches_hf(llama, L, new):
+    """L + new - 1 == max_position_embeddings (64): the last new token is not fed back, so it fits,
+    as in HF's generate (the old check L + new > 64 refused it)."""
+    hf, _, m = llama
+    ids = _ids(L, (2, L))
+    ref = _hf_greedy(hf, ids, new)
+    assert ref.shape == (2, L + new)
+    np.testing.assert_array_equal(m.generate(ids, new), ref)
+    np.testing.assert_array_equal(np.stack(list(m.stream(ids, new)), axis=1), ref[:, L:])
+    with pytest.raises(ValueError, match=f"^max_new_tokens: prompt length {L} \\+ {new + 1} exceeds"):
+        m.generate(ids, new + 1)
+    with pytest.raises(ValueError, match=r"^input_ids: prompt length 65 exceeds the context "
+                                         r"\(max_position_embeddings = 64\)"):
+        m.generate(_ids(0, (1, 65)), 1)
+
+
+def test_generate_with_legacy_tuple_cache_matches_hf(llama):
+    """A legacy tuple of (N, H_kv, S, D) pairs (GQA / MQA too) as generate's past_key_values, as forward
+    takes it; HF's own tuple of the prefix works as well."""
+    hf, _, m = llama
+    ids = _ids(5, (2, 9))
+    ref = _hf_greedy(hf, ids, 7)
+    legacy = m(ids[:, :5], use_cache=True).past_key_values.to_legacy()
+    np.testing.assert_array_equal(m.generate(ids, 7, past_key_values=legacy), ref)
+    hf_past = _hf(hf, ids[:, :3], use_cache=True).past_key_values
+    hf_legacy = tuple((layer.keys, layer.values) for layer in hf_past.layers)
+    np.testing.assert_array_equal(m.generate(ids, 7, past_key_values=hf_legacy), ref)
+    with pytest.raises(TypeError, match="^past_key_values: expected None, a KVCache or"):
+        m.generate(ids, 7, past_key_values=hf_past)  # HF's DynamicCache object itself is not ours
+
+
+def test_rope_of_hf_rotary_embedding_per_row_positions(llama_gqa):
+    """apply_rotary_pos_emb on this model's own LlamaRotaryEmbedding output (N, L, D) for left-padded
+    position ids: HF's apply_rotary_pos_emb, with N == H_kv (2) and N != H (6)."""
+    from transformer_core import positional as P
+
+    hf, _, m = llama_gqa
+    N, L, D = 2, 6, m.head_dim
+    position_ids = torch.tensor([[0, 0, 0, 1, 2, 3], [0, 1, 2, 3, 4, 5]])
+    rng = np.random.default_rng(0)
+    q = rng.standard_normal((N, hf.config.num_attention_heads, L, D)).astype(np.float32)
+    k = rng.standard_normal((N, hf.config.num_key_value_heads, L, D)).astype(np.float32)
+    with torch.no_grad():
+        cos, sin = hf.model.rotary_emb(torch.from_numpy(q), position_ids)
+        rq, rk = modeling_llama.apply_rotary_pos_emb(torch.from_numpy(q), torch.from_numpy(k), cos, sin)
+    q_rot, k_rot = P.apply_rotary_pos_emb(q, k, cos.numpy(), sin.numpy())
+    assert_close(q_rot, rq, np.float32)
+    assert_close(k_rot, rk, np.float32)

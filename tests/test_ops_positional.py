@@ -466,3 +466,109 @@ def test_rope_and_tables_identical_with_1_and_4_threads(layout, rng):
     finally:
         tc.set_num_threads(before)
     assert np.array_equal(results[0][0], results[1][0]) and np.array_equal(results[0][1], results[1][1])
+
+
+# --------------------------------------------------------------------------------------------------
+# apply_rotary_pos_emb with Hugging Face's (N, L, D) tables: the head axis inserted at unsqueeze_dim
+# --------------------------------------------------------------------------------------------------
+
+
+def _hf_llama_tables(N, L, D, dtype, rng, base=10000.0):
+    """cos/sin (N, L, D) from HF's own LlamaRotaryEmbedding for per-row position_ids (N, L)."""
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    cfg = transformers.LlamaConfig(hidden_size=D * 2, num_attention_heads=2, max_position_embeddings=512,
+                                   rope_theta=base)
+    positions = torch.from_numpy(np.stack([np.sort(rng.choice(500, L, replace=False)) for _ in range(N)]))
+    x = torch.zeros(N, L, D, dtype=TORCH_DTYPE[np.dtype(dtype)])
+    cos, sin = LlamaRotaryEmbedding(cfg)(x, positions)
+    assert cos.shape == (N, L, D) and cos.dtype == x.dtype
+    return cos, sin
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("N, H, H_kv", [(4, 4, 2), (4, 4, 4), (3, 4, 2), (1, 6, 2), (5, 2, 1)],
+                         ids=["N=H", "N=H=Hkv", "N!=H", "N1", "N>H"])
+def test_apply_rotary_pos_emb_hf_tables_per_row_positions(N, H, H_kv, dtype, rng):
+    """HF's ``apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1)`` takes the (N, L, D) tables of
+    ``LlamaRotaryEmbedding`` and inserts the head axis itself. Ours did plain broadcasting, lining N
+    up with the head axis: a wrong answer when N == H, an error otherwise."""
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb as hf_apply
+
+    L, D = 7, 16
+    cos, sin = _hf_llama_tables(N, L, D, dtype, rng)
+    q, k = randn(rng, (N, H, L, D), dtype), randn(rng, (N, H_kv, L, D), dtype)
+    rq, rk = hf_apply(to_torch(q), to_torch(k), cos, sin)  # HF's default unsqueeze_dim=1
+    q_rot, k_rot = P.apply_rotary_pos_emb(q, k, cos.numpy(), sin.numpy())
+    assert_close(q_rot, rq, dtype, what="q")
+    assert_close(k_rot, rk, dtype, what="k")
+    # the same with the keyword, positionally (HF's signature), and with (N, 1, L, D) tables as is
+    for args, kw in (((cos.numpy(), sin.numpy()), {"unsqueeze_dim": 1}), ((cos.numpy(), sin.numpy(), 1), {}),
+                     ((cos[:, None].numpy(), sin[:, None].numpy()), {})):
+        q2, k2 = P.apply_rotary_pos_emb(q, k, *args, **kw)
+        assert np.array_equal(q2, q_rot) and np.array_equal(k2, k_rot)
+    # one tensor: apply_rotary follows the same convention
+    assert np.array_equal(P.apply_rotary(q, cos.numpy(), sin.numpy()), q_rot)
+    # and the (N, L, D/2) frequency tables
+    q3, _ = P.apply_rotary_pos_emb(q, k, cos[..., :D // 2].numpy(), sin[..., :D // 2].numpy())
+    assert np.array_equal(q3, q_rot)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("unsqueeze_dim", [2, -2])
+def test_apply_rotary_pos_emb_hf_unsqueeze_dim_heads_last(unsqueeze_dim, dtype, rng):
+    """q, k as (N, L, H, D) (the layout before the transpose): HF's unsqueeze_dim=2."""
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb as hf_apply
+
+    N, L, H, D = 3, 5, 3, 8
+    cos, sin = _hf_llama_tables(N, L, D, dtype, rng)
+    q, k = randn(rng, (N, L, H, D), dtype), randn(rng, (N, L, 1, D), dtype)
+    rq, rk = hf_apply(to_torch(q), to_torch(k), cos, sin, unsqueeze_dim=unsqueeze_dim)
+    q_rot, k_rot = P.apply_rotary_pos_emb(q, k, cos.numpy(), sin.numpy(), unsqueeze_dim=unsqueeze_dim)
+    assert_close(q_rot, rq, dtype, what="q")
+    assert_close(k_rot, rk, dtype, what="k")
+
+
+def test_rotary_backward_with_hf_tables_matches_torch_autograd(rng):
+    """backward.rotary_backward reads the tables as apply_rotary does (HF's (N, L, D) included)."""
+    from transformer_core import backward as B
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb as hf_apply
+
+    N, H, L, D = 4, 4, 6, 8
+    cos, sin = _hf_llama_tables(N, L, D, np.float64, rng)
+    q = randn(rng, (N, H, L, D), np.float64)
+    g = randn(rng, (N, H, L, D), np.float64)
+    qt = to_torch(q).requires_grad_(True)
+    rq, _ = hf_apply(qt, qt[:, :1].detach(), cos, sin)
+    rq.backward(to_torch(g))
+    assert_close(B.rotary_backward(g, cos.numpy(), sin.numpy()), qt.grad, np.float64)
+
+
+def test_apply_rotary_pos_emb_table_shapes_are_checked(rng):
+    N, H, L, D = 2, 4, 5, 8
+    q, k = randn(rng, (N, H, L, D), np.float32), randn(rng, (N, 2, L, D), np.float32)
+    cos, sin = P.rotary_cos_sin(L, D)
+    c3, s3 = np.broadcast_to(cos, (N, L, D)), np.broadcast_to(sin, (N, L, D))
+    with pytest.raises(ValueError, match=r"^cos: shape \(3, 5, 8\) \(with the head axis at "
+                                         r"unsqueeze_dim=1: \(3, 1, 5, 8\)\) does not broadcast to the input's "
+                                         r"\(2, 4, 5, 8\)"):
+        P.apply_rotary_pos_emb(q, k, np.broadcast_to(cos, (3, L, D)), np.broadcast_to(sin, (3, L, D)))  # batch 3 != 2
+    with pytest.raises(ValueError, match=r"^cos: shape \(2, 4, 8\) \(with the head axis .*\) does not broadcast"):
+        P.apply_rotary_pos_emb(q, k, c3[:, :4], s3[:, :4])  # L 4 != 5
+    with pytest.raises(ValueError, match=r"^cos: expected a 2-D \(L, 8\) table, or one of rank 3 .* got shape "
+                                         r"\(1, 1, 2, 5, 8\)"):
+        P.apply_rotary_pos_emb(q, k, c3[None, None], s3[None, None])
+    with pytest.raises(ValueError, match=r"^unsqueeze_dim: expected an int in \[-4, 3\]"):
+        P.apply_rotary_pos_emb(q, k, c3, s3, unsqueeze_dim=4)
+    with pytest.raises(ValueError, match=r"^unsqueeze_dim: expected an int in \[-4, 3\]"):
+        P.apply_rotary(q, c3, s3, unsqueeze_dim=-5)
+    with pytest.raises(TypeError, match="^unsqueeze_dim: expected an int"):
+        P.apply_rotary_pos_emb(q, k, c3, s3, unsqueeze_dim=1.0)
+    with pytest.raises(TypeError, match="^unsqueeze_dim: expected an int, got str 'interleaved'"):
+        P.apply_rotary_pos_emb(q, k, c3, s3, "interleaved")  # layout is a keyword now (HF's 5th argument)
+    with pytest.raises(ValueError, match=r"^sin: expected the shape of cos"):
+        P.apply_rotary_pos_emb(q, k, c3, s3[:1])
+    # (L, D) tables keep their meaning: one table for every row (unsqueeze_dim is not used)
+    a, b = P.apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=3)
+    assert np.array_equal(a, P.apply_rotary_pos_emb(q, k, c3, s3)[0])

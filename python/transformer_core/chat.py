@@ -10,6 +10,7 @@ conversation).
 
 from __future__ import annotations
 
+import numbers
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -91,6 +92,8 @@ def _options(max_new_tokens, temperature, top_p, top_k, seed, repetition_penalty
     ``generate`` would check it, so that a bad one is reported when a session is made or before a
     model is loaded, not at the first reply; top_p and top_k are checked even when greedy
     (temperature 0), where they are not used."""
+    if isinstance(temperature, (bool, np.bool_)) or not isinstance(temperature, numbers.Real):
+        raise TypeError(f"temperature: expected a number, got {type(temperature).__name__} {temperature!r}")
     temperature = float(temperature)
     if not temperature >= 0:
         raise ValueError(f"temperature: expected a value >= 0 (0 = greedy), got {temperature}")
@@ -116,7 +119,8 @@ class ChatSession:
         tokenizer: its :class:`~transformer_core.Tokenizer`, with a chat template.
         system: an optional system message.
         max_new_tokens: the most tokens one reply may have (>= 1).
-        temperature: 0 (default) = greedy; > 0 samples from ``softmax(logits / temperature)``.
+        temperature: 0 (default) = greedy; >= 1e-6 samples from ``softmax(logits / temperature)``
+            (between 0 and 1e-6: ValueError naming ``temperature``).
         top_p, top_k: sampling filters (with ``temperature`` > 0).
         seed: seeds sampling (reproducible replies).
         repetition_penalty: > 0; 1 or None = none.
@@ -161,17 +165,23 @@ class ChatSession:
     def send(self, message: str, on_text: Callable[[str], None] | None = None) -> str:
         """The model's reply to ``message``, streamed to ``on_text`` piece by piece as it is generated.
 
+        The reply has at most ``max_new_tokens`` tokens, fewer when the context ends first: a
+        prompt of P tokens (the whole rendered conversation) leaves room for ``context - P + 1``
+        (the reply's last token is not fed back through the model, as in ``generate``).
+
         Raises:
             TypeError: ``message`` not a str. ValueError: an empty (or all-whitespace) message, a
-            message that is not valid Unicode, or a conversation that no longer fits the model's
-            context (start a new session).
+            message that is not valid Unicode, or a conversation whose prompt alone is longer than
+            the model's context (start a new session).
         """
         if not isinstance(message, str):
             raise TypeError(f"message: expected a str, got {type(message).__name__}")
         _check_message(message, "message")
         messages = self.messages + [{"role": "user", "content": message}]
         prompt = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        room = self.model.context_length - len(prompt)
+        # the reply's last token is never fed back: a prompt of P tokens leaves room for
+        # context - P + 1 new ones (P + new - 1 positions), as model.generate
+        room = self.model.context_length - len(prompt) + 1
         if room < 1:
             raise ValueError(f"message: the conversation ({len(prompt)} tokens) no longer fits the model's context "
                              f"({self.model.context_length} tokens); start a new session")
@@ -213,8 +223,9 @@ def continue_text(model, tokenizer, text: str, max_new_tokens: int = 128, on_tex
 
     Raises:
         TypeError: ``text`` not a str. ValueError: empty text or text that is not valid Unicode;
-        text + max_new_tokens longer than the model's context (before any memory is reserved for
-        them); bad options (named).
+        text whose tokens alone are more than the model's context (naming ``text``), or
+        ``len(tokens) + max_new_tokens - 1`` over it (naming ``max_new_tokens``; the last new
+        token is never fed back) — before any memory is reserved for them; bad options (named).
     """
     options = _options(check_int(max_new_tokens, "max_new_tokens", 1), temperature, top_p, top_k, seed,
                        repetition_penalty)
@@ -224,7 +235,8 @@ def continue_text(model, tokenizer, text: str, max_new_tokens: int = 128, on_tex
 
 def _text_ids(model, tokenizer, text, max_new_tokens: int) -> list[int]:
     """The ids of the text to continue, checked to leave room for ``max_new_tokens`` in the
-    context: the KV cache is sized for both, so a huge ``max_new_tokens`` must fail here, not after
+    context (``len(ids) + max_new_tokens - 1`` positions: the last new token is never fed back):
+    the KV cache is sized for both, so a huge ``max_new_tokens`` must fail here, not after
     gigabytes have been reserved."""
     if not isinstance(text, str):
         raise TypeError(f"text: expected a str, got {type(text).__name__}")
@@ -233,10 +245,14 @@ def _text_ids(model, tokenizer, text, max_new_tokens: int) -> list[int]:
     ids = tokenizer.encode(text, add_special_tokens=True)
     if not ids:
         raise ValueError("text: expected some text, got none")
-    if len(ids) + max_new_tokens > model.context_length:
-        field = getattr(model, "_context_field", "context_length")
+    field = getattr(model, "_context_field", "context_length")
+    context = model.context_length
+    if len(ids) > context:
+        raise ValueError(f"text: {len(ids)} tokens exceed the context ({field} = {context})")
+    total = len(ids) + max_new_tokens - 1  # the positions the model sees: the last new token is not fed back
+    if total > context:
         raise ValueError(f"max_new_tokens: prompt length {len(ids)} + {max_new_tokens} exceeds the context "
-                         f"({field} = {model.context_length})")
+                         f"({field} = {context})")
     return ids
 
 
@@ -244,7 +260,7 @@ def _continue(model, tokenizer, ids: list[int], options: dict, on_text) -> tuple
     """continue_text's generation, from checked ids and options."""
     eos = tokenizer.eos_token_id
     stats = TurnStats()
-    cache = model.new_cache(1, len(ids) + options["max_new_tokens"])
+    cache = model.new_cache(1, len(ids) + options["max_new_tokens"] - 1)
     generated = _stream(model, tokenizer, np.array([ids], np.int64), cache, on_text, stats,
                         eos_token_id=[] if eos is None else [eos], **options)
     return tokenizer.decode(generated, skip_special_tokens=True), stats

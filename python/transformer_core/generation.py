@@ -24,16 +24,24 @@ from collections.abc import Callable, Iterator
 import numpy as np
 
 from ._validation import as_bool, as_ids, check_bool, check_float, check_int, check_token_ids
+from .kv_cache import KVCache
 
 __all__ = ["GenerationMixin", "GenerationConfig"]
+
+#: The smallest sampling temperature. ``1 / temperature`` must be finite: a subnormal temperature
+#: such as 1e-310 made ``logits / temperature`` inf, then NaN probabilities. The floor is well above
+#: that; the limit temperature -> 0 is greedy decoding (``do_sample=False``).
+MIN_TEMPERATURE = 1e-6
 
 
 class GenerationConfig:
     """Checked generation options (see :meth:`GenerationMixin.generate` for their meaning).
 
     Raises:
-        TypeError / ValueError: naming the option (``max_new_tokens`` < 1, ``temperature`` <= 0,
-        ``top_k`` < 1, ``top_p`` outside (0, 1], ``repetition_penalty`` <= 0, ids that are not ints).
+        TypeError / ValueError: naming the option (``max_new_tokens`` < 1, ``temperature`` not a
+        finite number >= ``MIN_TEMPERATURE`` (1e-6), ``top_k`` < 1, ``top_p`` outside (0, 1],
+        ``repetition_penalty`` <= 0, ids that are not ints >= 0). Ids are checked against a
+        vocabulary by :meth:`GenerationMixin.generate`, which knows it.
     """
 
     def __init__(self, max_new_tokens: int, do_sample: bool = False, temperature: float = 1.0,
@@ -42,6 +50,9 @@ class GenerationConfig:
         self.max_new_tokens = check_int(max_new_tokens, "max_new_tokens", 1)
         self.do_sample = check_bool(do_sample, "do_sample")
         self.temperature = _check_float(temperature, "temperature", low_open=0.0)
+        if self.temperature < MIN_TEMPERATURE:
+            raise ValueError(f"temperature: expected a finite number >= {MIN_TEMPERATURE} (smaller ones overflow "
+                             f"logits / temperature; do_sample=False is the greedy limit), got {self.temperature!r}")
         self.top_k = None if top_k is None else check_int(top_k, "top_k", 1)
         self.top_p = None if top_p is None else _check_float(top_p, "top_p", low_open=0.0, high=1.0)
         self.repetition_penalty = (None if repetition_penalty is None
@@ -86,7 +97,9 @@ def next_tokens(scores: np.ndarray, sequences: np.ndarray, cfg: GenerationConfig
         scores[rows, sequences] = np.where(seen < 0, seen * cfg.repetition_penalty, seen / cfg.repetition_penalty)
     if not cfg.do_sample:
         return scores.argmax(axis=-1).astype(np.int64)
-    scores = scores / cfg.temperature
+    # softmax(s / T) = softmax((s - max s) / T): the shift first keeps every entry <= 0, so no
+    # division can overflow to +inf (an entry far below the max may become -inf: probability 0)
+    scores = (scores - scores.max(axis=-1, keepdims=True)) / cfg.temperature
     if cfg.top_k is not None:
         k = min(cfg.top_k, scores.shape[-1])
         kth = np.partition(scores, -k, axis=-1)[:, -k][:, None]
@@ -106,39 +119,89 @@ def next_tokens(scores: np.ndarray, sequences: np.ndarray, cfg: GenerationConfig
 class GenerationMixin:
     """``generate`` and ``stream`` for a causal LM whose ``forward(ids, attention_mask=...,
     past_key_values=..., use_cache=True, logits_to_keep=1)`` returns logits, with ``new_cache``,
-    ``context_length`` and ``config.vocab_size`` / ``config.eos_token_id`` (and, if the config has
-    one, ``config.pad_token_id``)."""
+    ``context_length``, ``dtype``, ``head_dim`` and ``config.vocab_size`` / ``config.num_layers`` /
+    ``config.num_kv_heads`` / ``config.eos_token_id`` (and, if the config has one,
+    ``config.pad_token_id``).
+
+    **Context.** The last generated token is returned but never fed back, so a prompt of length L
+    and ``max_new_tokens`` new tokens need ``L + max_new_tokens - 1`` positions: they must fit the
+    context (as Hugging Face's ``generate``, which returns ``context + 1`` ids for a prompt that
+    fills the context and one new token)."""
 
     def stream(self, input_ids, max_new_tokens: int, *, do_sample: bool = False, temperature: float = 1.0,
                top_k: int | None = None, top_p: float | None = None, repetition_penalty: float | None = None,
                seed: int | None = None, attention_mask=None, eos_token_id=None, pad_token_id: int | None = None,
                past_key_values=None) -> Iterator[np.ndarray]:
         """Yields the next token of every sequence, ``(N,)`` int64, one step at a time (finished
-        sequences yield ``pad_token_id``); the arguments as :meth:`generate`.
+        sequences yield ``pad_token_id``); the arguments as :meth:`generate`. Every argument is
+        checked when ``stream`` is called, before the first step and before any memory is reserved.
 
         With ``past_key_values`` (a :class:`KVCache` holding a prefix of ``input_ids``, e.g. the
         earlier turns of a chat), only the uncached suffix is run; the cache is extended in place.
+        Hugging Face's legacy tuple of per-layer ``(keys, values)`` is accepted too, as ``forward``
+        accepts it: it is copied into a new cache (the tuple itself is not changed).
+
+        Raises:
+            As :meth:`generate`.
         """
         ids = as_ids(input_ids, "input_ids")
         cfg = self._generation_config(max_new_tokens, do_sample, temperature, top_k, top_p, repetition_penalty,
                                       seed, eos_token_id, pad_token_id)
         N, L = ids.shape
-        if L + cfg.max_new_tokens > self.context_length:
+        context = self.context_length
+        if L > context:
+            raise ValueError(f"input_ids: prompt length {L} exceeds the context ({self._context_field} = {context})")
+        total = L + cfg.max_new_tokens - 1  # positions the model sees: the last new token is never fed back
+        if total > context:
             raise ValueError(f"max_new_tokens: prompt length {L} + {cfg.max_new_tokens} exceeds the context "
-                             f"({self._context_field} = {self.context_length})")
+                             f"({self._context_field} = {context}); at most {context - L + 1} new tokens fit (the "
+                             f"last one is not fed back)")
         mask = None
         if attention_mask is not None:
             mask = as_bool(attention_mask, "attention_mask")
             mask = mask[None] if mask.ndim == 1 else mask
             if mask.shape != ids.shape:
                 raise ValueError(f"attention_mask: expected shape {ids.shape} (input_ids'), got {mask.shape}")
-        cache = past_key_values if past_key_values is not None else self.new_cache(N, L + cfg.max_new_tokens)
-        past = cache.length
-        if past > L or (past == L and L > 0):
-            raise ValueError(f"past_key_values: the cache holds {past} positions, expected fewer than input_ids' {L}")
-        cache.reserve(L + cfg.max_new_tokens)
+        if past_key_values is None:
+            cache = self.new_cache(N, total)
+        else:
+            cache = self._generation_cache(past_key_values, N, L)
+            cache.reserve(total)
+        return self._steps(ids, mask, cache, cfg)
+
+    def _generation_cache(self, past_key_values, N: int, L: int) -> KVCache:
+        """``past_key_values`` as a checked :class:`KVCache` for ``input_ids (N, L)``: a KVCache as
+        is, a legacy tuple/list of ``(keys, values)`` converted as ``forward`` converts it.
+
+        Raises:
+            TypeError: anything else; a cache of another dtype than the model's.
+            ValueError: a legacy tuple of bad shapes; a cache of another batch or layer count; a
+            cache that holds ``L`` positions or more (it must hold a prefix of ``input_ids``).
+        """
+        if isinstance(past_key_values, KVCache):
+            cache = past_key_values
+        elif isinstance(past_key_values, (list, tuple)):
+            cache = KVCache.from_legacy(past_key_values, self.config.num_kv_heads, self.head_dim, self.dtype)
+        else:
+            raise TypeError(f"past_key_values: expected None, a KVCache or Hugging Face's legacy tuple of (keys, "
+                            f"values) pairs per layer, got {type(past_key_values).__name__}")
+        if np.dtype(cache.dtype) != np.dtype(self.dtype):
+            raise TypeError(f"past_key_values: expected a cache of this model's dtype {np.dtype(self.dtype).name}, "
+                            f"got {np.dtype(cache.dtype).name}")
+        if cache.batch != N or len(cache) != self.config.num_layers:
+            raise ValueError(f"past_key_values: a cache of batch {cache.batch} and {len(cache)} layers does not fit "
+                             f"input_ids' batch {N} and this model's {self.config.num_layers} layers")
+        if cache.length >= L:
+            raise ValueError(f"past_key_values: the cache holds {cache.length} positions, expected fewer than "
+                             f"input_ids' {L}")
+        return cache
+
+    def _steps(self, ids: np.ndarray, mask, cache: KVCache, cfg: GenerationConfig) -> Iterator[np.ndarray]:
+        """The decoding loop of :meth:`stream`, from checked arguments."""
+        N = ids.shape[0]
         rng = np.random.default_rng(cfg.seed)
-        out = self(ids[:, past:], attention_mask=mask, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        out = self(ids[:, cache.length:], attention_mask=mask, past_key_values=cache, use_cache=True,
+                   logits_to_keep=1)
         sequences = ids
         finished = np.zeros(N, dtype=bool)
         for step in range(cfg.max_new_tokens):
@@ -164,27 +227,37 @@ class GenerationMixin:
         Args:
             input_ids: ``(N, L)`` prompt ids (left-padded, with ``attention_mask``, for a batch of
                 different lengths: the result then equals each prompt generated alone).
-            max_new_tokens: tokens to add (>= 1); ``L + max_new_tokens`` must fit the context.
+            max_new_tokens: tokens to add (>= 1); ``L + max_new_tokens - 1`` (the positions the
+                model sees: the last new token is not fed back) must fit the context.
             do_sample: sample from ``softmax(logits / temperature)`` after top-k / top-p
                 filtering; else greedy (argmax).
-            temperature, top_k, top_p: sampling controls (temperature > 0, top_k >= 1,
-                0 < top_p <= 1).
+            temperature, top_k, top_p: sampling controls (temperature a finite number >= 1e-6
+                (``MIN_TEMPERATURE``), top_k >= 1, 0 < top_p <= 1).
             seed: seeds numpy's generator for sampling (the same seed, the same tokens).
             attention_mask: ``(N, L)``, 1 = a real prompt token.
-            eos_token_id: an id or a list of ids that end a sequence; default: the config's.
+            eos_token_id: an id or a list of ids in ``[0, vocab_size)`` that end a sequence;
+                default: the config's (its ids outside the vocabulary dropped).
             repetition_penalty: > 0; 1 = none (Keskar et al. 2019, as Hugging Face).
-            pad_token_id: fills finished sequences; default: the config's ``pad_token_id`` (when it
-                is an id of the vocabulary), else the first end id (Hugging Face's defaults).
+            pad_token_id: an id in ``[0, vocab_size)`` that fills finished sequences; default: the
+                config's ``pad_token_id`` (when it is an id of the vocabulary), else the first end
+                id (Hugging Face's defaults).
             streamer: called with each step's ``(N,)`` tokens as they are produced.
-            past_key_values: a :class:`KVCache` already holding a prefix of ``input_ids``.
+            past_key_values: a :class:`KVCache` already holding a prefix of ``input_ids`` (extended
+                in place), or Hugging Face's legacy tuple of per-layer ``(keys, values)``
+                ``(N, H_kv, S, D)`` (copied into a new cache, as ``forward`` does).
 
         Returns:
             ``(N, L + new)`` int64 ids, prompt included (as Hugging Face returns them); fewer new
             tokens if every sequence finished early.
 
         Raises:
-            ValueError / TypeError: bad options (named), or a prompt + max_new_tokens longer than
-            the context; TypeError: a ``past_key_values`` cache of another dtype than the model's.
+            All before the first token and before any memory is reserved for the generation:
+            ValueError / TypeError: bad options (named; ``pad_token_id`` and ``eos_token_id`` ids
+            outside ``[0, vocab_size)`` too); ValueError naming ``input_ids``: a prompt longer than
+            the context; naming ``max_new_tokens``: ``L + max_new_tokens - 1`` over the context.
+            TypeError naming ``past_key_values``: neither None, a KVCache nor a legacy tuple/list,
+            or a cache of another dtype than the model's; ValueError: a cache of another batch or
+            layer count, or one that holds ``L`` positions or more.
         """
         ids = as_ids(input_ids, "input_ids")
         if streamer is not None and not callable(streamer):
@@ -212,6 +285,14 @@ class GenerationMixin:
                 pad_token_id = int(pad)
         cfg = GenerationConfig(max_new_tokens, do_sample, temperature, top_k, top_p, repetition_penalty, seed,
                                eos_token_id, pad_token_id)
+        # the ids are emitted as tokens (pad) or compared with them (eos): they must be in the vocabulary
+        if cfg.pad_token_id is not None and cfg.pad_token_id >= vocab:
+            raise ValueError(f"pad_token_id: expected an id in [0, {vocab}) (config.vocab_size), "
+                             f"got {cfg.pad_token_id}")
+        for i, e in enumerate(cfg.eos_ids):
+            if e >= vocab:
+                name = "eos_token_id" if isinstance(eos_token_id, (int, np.integer)) else f"eos_token_id[{i}]"
+                raise ValueError(f"{name}: expected an id in [0, {vocab}) (config.vocab_size), got {int(e)}")
         if cfg.pad_token_id is None and cfg.eos_ids.size:
             cfg.pad_token_id = int(cfg.eos_ids[0])
         return cfg

@@ -102,9 +102,11 @@ class KVCache:
 
     @classmethod
     def from_legacy(cls, past, num_kv_heads: int, head_dim: int, dtype=np.float32) -> "KVCache":
-        """A cache holding per-layer ``(keys, values)`` arrays ``(N, H_kv, S, D)``.
+        """A cache holding per-layer ``(keys, values)`` arrays ``(N, H_kv, S, D)`` (numpy arrays or
+        torch tensors, converted to ``dtype``; copied: ``past`` is not changed).
 
         Raises:
+            TypeError: ``past`` not a tuple or list (message naming ``past_key_values``).
             ValueError: no pairs, or arrays of inconsistent shapes.
         """
         dtype = resolve_dtype(dtype)

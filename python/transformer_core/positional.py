@@ -347,20 +347,38 @@ def rotate_half(x) -> np.ndarray:
     return np.concatenate([-x[..., D // 2:], x[..., :D // 2]], axis=-1)
 
 
-def _rotary_table(t, name: str, x_shape: tuple, D: int, layout: str, dtype) -> np.ndarray:
+def _rotary_table(t, name: str, x_shape: tuple, D: int, layout: str, dtype, unsqueeze_dim: int = 1) -> np.ndarray:
     """cos or sin (already converted by :func:`_rotary_tables`) as the kernel's 2-D table
     ``(table_rows, W)`` for ``x`` of ``x_shape``: ``W = D`` (half) or ``D/2`` (interleaved); row r
-    of x reads table row ``r % table_rows``."""
+    of x reads table row ``r % table_rows``.
+
+    The table's rank picks its meaning (:func:`apply_rotary`): 2-D ``(L, W)`` is shared by every
+    leading index; rank ``x.ndim - 1`` (>= 3) lacks the head axis, which is inserted at
+    ``unsqueeze_dim`` as Hugging Face's ``cos.unsqueeze(unsqueeze_dim)``; rank ``x.ndim`` broadcasts
+    as is. Any other rank is a ValueError naming ``name``."""
     W = t.shape[-1]
     if W not in (D, D // 2):
         raise ValueError(f"{name}: expected last dim {D} (head_dim) or {D // 2} (head_dim/2), got shape {t.shape}")
+    x_ndim = len(x_shape)
+    given = f"shape {t.shape}"
+    if t.ndim != 2 and t.ndim == x_ndim - 1:
+        # HF's table without the head axis, e.g. (N, L, D) from LlamaRotaryEmbedding for x (N, H, L, D)
+        if not -(t.ndim + 1) <= unsqueeze_dim <= t.ndim:
+            raise ValueError(f"unsqueeze_dim: expected an int in [{-(t.ndim + 1)}, {t.ndim}] (where the head axis "
+                             f"goes in {name} of shape {t.shape}), got {unsqueeze_dim}")
+        t = np.expand_dims(t, unsqueeze_dim)
+        given += f" (with the head axis at unsqueeze_dim={unsqueeze_dim}: {t.shape})"
+    elif t.ndim not in (2, x_ndim):
+        raise ValueError(f"{name}: expected a 2-D (L, {W}) table, or one of rank {x_ndim - 1} (no head axis, "
+                         f"Hugging Face's) or {x_ndim} (the input's rank {x_ndim}, shape {x_shape}), "
+                         f"got shape {t.shape}")
     lead, x_lead = t.shape[:-1], x_shape[:-1]
     try:
         ok = np.broadcast_shapes(lead, x_lead) == x_lead
     except ValueError:
         ok = False
     if not ok:
-        raise ValueError(f"{name}: shape {t.shape} does not broadcast to the input's {x_lead + (W,)} (..., L, {W})")
+        raise ValueError(f"{name}: {given} does not broadcast to the input's {x_lead + (W,)} (..., L, {W})")
     if layout == "half" and W == D // 2:
         t = np.concatenate([t, t], axis=-1)  # one value per frequency -> the half-split row
     elif layout == "interleaved" and W == D:
@@ -372,7 +390,7 @@ def _rotary_table(t, name: str, x_shape: tuple, D: int, layout: str, dtype) -> n
     return np.ascontiguousarray(np.broadcast_to(t, x_lead + (W,))).reshape(-1, W)
 
 
-def apply_rotary(x, cos, sin, layout: str = "half") -> np.ndarray:
+def apply_rotary(x, cos, sin, layout: str = "half", unsqueeze_dim: int = 1) -> np.ndarray:
     """Rotates one tensor by RoPE (Su et al. 2021; the tutorials' ``apply_rotary_pos_emb``, one input).
 
     ``layout="half"`` (GPT-NeoX, Hugging Face Llama, the seed), pairs ``(x_i, x_{i+D/2})``::
@@ -393,22 +411,35 @@ def apply_rotary(x, cos, sin, layout: str = "half") -> np.ndarray:
     In both layouts ``cos``/``sin`` may also be given with last dim ``D/2`` (one value per
     frequency: ``cos(freqs)``), which is used for both halves in the half layout.
 
+    **Table shapes**, by rank (W = D or D/2):
+
+    * 2-D ``(L, W)`` (e.g. :func:`rotary_cos_sin`): one table for every leading index of ``x``.
+    * rank ``x.ndim - 1`` (3-D or more): Hugging Face's convention, the tables of
+      ``LlamaRotaryEmbedding`` (``(N, L, D)``, one row per batch entry's ``position_ids``) lack
+      the head axis, which is inserted at ``unsqueeze_dim`` as HF's
+      ``apply_rotary_pos_emb(..., unsqueeze_dim)`` does: ``(N, L, D)`` becomes ``(N, 1, L, D)``
+      for ``x (N, H, L, D)`` (``unsqueeze_dim=1``), ``(N, L, 1, D)`` for ``x (N, L, H, D)``
+      (``unsqueeze_dim=2``).
+    * rank ``x.ndim``: broadcast to ``x`` as is (e.g. ``(N, 1, L, D)`` or ``(1, 1, L, D)``).
+
     Args:
         x: ``(..., L, D)``, D even (e.g. ``(N, H, L, D)`` or ``(L, D)``).
-        cos, sin: ``(..., L, D)`` or ``(..., L, D/2)``, broadcastable to x's shape (e.g.
-            ``(L, D)`` or HF's ``(N, 1, L, D)``); the same shape for both.
+        cos, sin: tables as above, broadcastable to ``x``'s shape; the same shape for both.
         layout: ``"half"`` or ``"interleaved"``.
+        unsqueeze_dim: where the head axis goes in a table of rank ``x.ndim - 1`` (default 1, as
+            HF); an int in ``[-(r + 1), r]`` for tables of rank ``r``; unused for other ranks.
 
     Returns:
         The rotated copy of ``x``, same shape, dtype of ``x`` (float32 unless float64); the
         tables are cast to it. Computed in C++ in parallel over rows.
 
     Raises:
-        ValueError: ``x`` of rank < 2, empty, or with odd D; tables of another width or not
-            broadcastable; ``sin`` shaped unlike ``cos``; unknown ``layout``.
-        TypeError: non-numeric arrays.
+        ValueError: ``x`` of rank < 2, empty, or with odd D; tables of another width, of another
+            rank than above, or not broadcastable; ``sin`` shaped unlike ``cos``; unknown
+            ``layout``; ``unsqueeze_dim`` out of range.
+        TypeError: non-numeric arrays; non-int ``unsqueeze_dim``.
     """
-    return _apply_rotary(x, cos, sin, layout, "x", None)
+    return _apply_rotary(x, cos, sin, layout, "x", None, unsqueeze_dim)
 
 
 def _rotary_tables(cos, sin, dtype) -> tuple[np.ndarray, np.ndarray]:
@@ -420,38 +451,49 @@ def _rotary_tables(cos, sin, dtype) -> tuple[np.ndarray, np.ndarray]:
     return c, s
 
 
-def _apply_rotary(x, cos, sin, layout: str, name: str, dtype) -> np.ndarray:
+def _apply_rotary(x, cos, sin, layout: str, name: str, dtype, unsqueeze_dim: int = 1) -> np.ndarray:
     layout = rotary_layout(layout)
+    unsqueeze_dim = check_int(unsqueeze_dim, "unsqueeze_dim", None, None)
     x = as_float(x, name, dtype, min_ndim=2)
     D = x.shape[-1]
     if D % 2 != 0:
         raise ValueError(f"{name}: expected an even head_dim (last dim), got shape {x.shape}")
     dtype = x.dtype.type
     cos, sin = _rotary_tables(cos, sin, dtype)
-    c = _rotary_table(cos, "cos", x.shape, D, layout, dtype)
-    s = _rotary_table(sin, "sin", x.shape, D, layout, dtype)
+    c = _rotary_table(cos, "cos", x.shape, D, layout, dtype, unsqueeze_dim)
+    s = _rotary_table(sin, "sin", x.shape, D, layout, dtype, unsqueeze_dim)
     return variant("apply_rotary", dtype)(x, c, s, layout)
 
 
-def apply_rotary_pos_emb(q, k, cos, sin, layout: str = "half") -> tuple[np.ndarray, np.ndarray]:
-    """RoPE on queries and keys (the tutorials' ``apply_rotary_pos_emb``; Su et al. 2021)::
+def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim: int = 1, layout: str = "half") -> tuple[np.ndarray, np.ndarray]:
+    """RoPE on queries and keys (the tutorials' ``apply_rotary_pos_emb``; Su et al. 2021), with
+    Hugging Face Llama's signature and table convention::
 
+        cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)   (HF's (N, L, D) tables)
         q_embed = q · cos + rotate_half(q) · sin,   k_embed = k · cos + rotate_half(k) · sin
 
-    See :func:`apply_rotary` for the two layouts and the table shapes. ``q`` and ``k`` may have
-    different leading dims (e.g. fewer key heads, GQA) as long as ``cos``/``sin`` broadcast to
-    both; ``k`` is computed in ``q``'s dtype.
+    See :func:`apply_rotary` for the two layouts and the table shapes: HF's ``(N, L, D)`` tables
+    (``LlamaRotaryEmbedding``'s output, per-row ``position_ids``) get the head axis at
+    ``unsqueeze_dim``, as in HF; 2-D ``(L, D)`` tables (:func:`rotary_cos_sin`) are shared by
+    every row; tables of the inputs' rank (``(N, 1, L, D)``) broadcast as is. ``q`` and ``k`` may
+    have different head counts (GQA) as long as the tables broadcast to both; ``k`` is computed in
+    ``q``'s dtype.
 
     Args:
-        q: ``(..., L, D)``.  k: ``(..., L, D)``.
-        cos, sin: ``(..., L, D)`` or ``(..., L, D/2)``, e.g. from :func:`rotary_cos_sin`.
-        layout: ``"half"`` (default) or ``"interleaved"``.
+        q: ``(..., L, D)``, e.g. ``(N, H, L, D)``.  k: ``(..., L, D)``, e.g. ``(N, H_kv, L, D)``.
+        cos, sin: ``(L, W)``, ``(N, L, W)`` (HF) or ``(N, 1, L, W)`` with ``W = D`` or ``D/2``,
+            e.g. from :func:`rotary_cos_sin`; the same shape for both.
+        unsqueeze_dim: where HF's tables get the head axis (default 1, as HF: ``q (N, H, L, D)``;
+            2 for ``q (N, L, H, D)``).
+        layout: ``"half"`` (default) or ``"interleaved"`` (keyword; not in HF's signature).
 
     Returns:
-        ``(q_rot, k_rot)``, shapes of ``q`` and ``k``.
+        ``(q_rot, k_rot)``, shapes of ``q`` and ``k``, dtype of ``q`` (float32 unless float64).
 
     Raises:
-        ValueError / TypeError: as :func:`apply_rotary` (the message names ``q`` or ``k``).
+        ValueError / TypeError: as :func:`apply_rotary` (the message names ``q``, ``k``, ``cos``,
+        ``sin`` or ``unsqueeze_dim``).
     """
     dtype = compute_dtype(q, "q")
-    return _apply_rotary(q, cos, sin, layout, "q", dtype), _apply_rotary(k, cos, sin, layout, "k", dtype)
+    return (_apply_rotary(q, cos, sin, layout, "q", dtype, unsqueeze_dim),
+            _apply_rotary(k, cos, sin, layout, "k", dtype, unsqueeze_dim))

@@ -69,10 +69,23 @@ class Seq2SeqTransformer(Module):
 
     # ---- pieces -----------------------------------------------------------------------------------
     def _embed(self, table: Embedding, ids: np.ndarray, name: str):
-        """``table[ids] · √E + PE[:L]`` (then dropout in training): ``((N, L, E), seed)``."""
+        """``table[ids] · √E + PE[:L]`` (then dropout in training): ``((N, L, E), seed)``.
+
+        ``ids`` is the checked ``(N, L)`` int64 array of the argument ``name`` (``"src"`` or
+        ``"tgt"``), which errors name.
+
+        Raises:
+            ValueError: ``L > max_len``; an id outside ``[0, table rows)`` (its position named).
+        """
         L = ids.shape[1]
         if L > self.max_len:
             raise ValueError(f"{name}: length {L} exceeds max_len ({self.max_len})")
+        V = table.num_embeddings
+        bad = (ids < 0) | (ids >= V)
+        if bad.any():
+            pos = tuple(int(i) for i in np.argwhere(bad)[0])
+            vocab = "src_vocab_size" if table is self.src_tok_emb else "tgt_vocab_size"
+            raise ValueError(f"{name}: expected ids in [0, {V}) ({vocab}), got {int(ids[pos])} at {pos}")
         x = table(ids) * self.dtype(self.scale) + self.pe[:L]
         seed = None
         if self.training and self.dropout > 0:
@@ -190,7 +203,15 @@ class Seq2SeqTransformer(Module):
 
     # ---- inference ---------------------------------------------------------------------------------
     def encode(self, src, src_key_mask=None) -> np.ndarray:
-        """The encoder's output (the memory) ``(N, S, E)`` (eval mode)."""
+        """The encoder's output (the memory) ``(N, S, E)`` (eval mode).
+
+        Args:
+            src: ``(N, S)`` source ids in ``[0, src_vocab_size)``.  src_key_mask: ``(N, S)``, True = real.
+
+        Raises:
+            ValueError: training mode; ``src`` ids out of range (named ``src``), ``S > max_len``,
+            a mask of another shape. TypeError: non-integer ids.
+        """
         self._require_eval("encode")
         src = as_ids(src, "src")
         sk = None if src_key_mask is None else as_bool(src_key_mask, "src_key_mask")
@@ -198,10 +219,22 @@ class Seq2SeqTransformer(Module):
         return self.transformer.encoder(x, src_key_mask=sk)
 
     def decode(self, tgt, memory, src_key_mask=None) -> np.ndarray:
-        """Logits ``(N, T, tgt_vocab_size)`` of ``tgt`` over ``memory`` (eval mode)."""
+        """Logits ``(N, T, tgt_vocab_size)`` of ``tgt`` over ``memory`` (eval mode).
+
+        Args:
+            tgt: ``(N, T)`` target ids in ``[0, tgt_vocab_size)``.  memory: ``(N, S, E)`` from
+            :meth:`encode`.  src_key_mask: ``(N, S)``, True = a real source token.
+
+        Raises:
+            ValueError: training mode; ``tgt`` ids out of range (named ``tgt``), ``T > max_len``,
+            a memory or mask of another shape. TypeError: non-integer ids.
+        """
         self._require_eval("decode")
         tgt = as_ids(tgt, "tgt")
         sk = None if src_key_mask is None else as_bool(src_key_mask, "src_key_mask")
+        mem_shape = tuple(np.shape(memory))
+        if sk is not None and len(mem_shape) == 3 and sk.shape != mem_shape[:2]:
+            raise ValueError(f"src_key_mask: expected shape {mem_shape[:2]} (memory's (N, S)), got {sk.shape}")
         y, _ = self._embed(self.tgt_tok_emb, tgt, "tgt")
         return self.generator(self.transformer.decoder(y, memory, memory_key_mask=sk, tgt_is_causal=True))
 

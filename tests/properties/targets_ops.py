@@ -511,7 +511,7 @@ def _draw_rope_qk(draw):
 
 
 target(name="positional.apply_rotary_pos_emb", draw=_draw_rope_qk,
-       call=lambda kw: F.apply_rotary_pos_emb(kw["q"], kw["k"], kw["cos"], kw["sin"], kw["layout"]),
+       call=lambda kw: F.apply_rotary_pos_emb(kw["q"], kw["k"], kw["cos"], kw["sin"], layout=kw["layout"]),
        reference=lambda kw: (_ref_rotary(kw, "q"), _ref_rotary({**kw, "k": kw["k"]}, "k") if lib_dtype(kw["q"]) ==
                              np.float64 else _ref_rotary({**kw, "k": read(kw["k"], "k").astype(np.float32)}, "k")),
        out_dtype=lambda kw: (lib_dtype(kw["q"]), lib_dtype(kw["q"])), atol=1e-5,
