@@ -130,6 +130,7 @@ def test_jsonl_reader(tmp_path):
     ('{"text": "ok"}\n\n{"body": "x"}\n', "line 3: no field 'text'"),
     ('{"text": 7}\n', "line 1: field 'text' is a number"),
     ('{"text": "\\ud800"}\n', "line 1: .*lone surrogate"),
+    ('{"text": "ok"}\n' + "[" * 100000 + "]" * 100000 + "\n", "line 2: not valid JSON .nested too deeply"),
 ])
 def test_jsonl_bad_records(tmp_path, content, match):
     p = tmp_path / "bad.jsonl"
@@ -682,6 +683,13 @@ def test_search_refuses_empty_or_invalid_queries(search_index):
         corpus.search(outs["npy"], " \t")
     with pytest.raises(ValueError, match=r"^queries: .*lone surrogate '\\udce9' at position 3 of the text at index 0"):
         corpus.search(outs["npy"], "caf\udce9")
+
+
+def test_read_manifest_nested_too_deeply(tmp_path):
+    out = tmp_path / "e.npy"
+    Path(f"{out}.manifest.json").write_text("[" * 100000 + "]" * 100000)
+    with pytest.raises(ValueError, match=r"manifest.json: not a valid manifest \(nested too deeply\)"):
+        corpus.read_manifest(out)
 
 
 @pytest.mark.parametrize("changes, match", [

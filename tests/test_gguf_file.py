@@ -189,6 +189,39 @@ def test_read_gguf_accepts_str_and_closes(tiny_dir):
     assert w.shape == (64, 64)
 
 
+def _has_internal(value) -> bool:
+    """Whether ``value`` is, or holds at any depth, something other than plain Python values."""
+    if isinstance(value, list):
+        return any(_has_internal(v) for v in value)
+    return not isinstance(value, (int, float, bool, str))
+
+
+def test_nested_arrays_are_plain_lists(tmp_path):
+    """An array of arrays whose inner arrays are long (ints, strings) reads as lists of lists (an
+    inner array of more than 256 elements stayed an internal _LazyArray), through ``[]``, ``values()``
+    and ``dict()`` alike."""
+    from transformer_core.gguf_file import read_gguf_metadata
+
+    path = tmp_path / "nested.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    ints, strings = [list(range(300)), [1, 2, 3]], [["a"] * 300, ["b"], ["c" * 5] * 257]
+    deep = [[list(range(i, i + 260)), [i]] for i in range(3)]
+    writer.add_array("test.nested", ints)
+    writer.add_array("test.nested_str", strings)
+    writer.add_array("test.deep", deep)
+    writer.add_array("test.flat", list(range(1000)))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    md = read_gguf_metadata(path)
+    assert md["test.nested"] == ints and type(md["test.nested"][0]) is list
+    assert md["test.nested_str"] == strings and type(md["test.nested_str"][0]) is list
+    assert md["test.deep"] == deep and md["test.flat"] == list(range(1000))
+    assert not any(_has_internal(v) for v in read_gguf_metadata(path).values())
+    assert dict(read_gguf_metadata(path))["test.nested"] == ints
+
+
 # ------------------------------------------------------------------------------------ bad files
 def _bad(path, *patterns):
     with pytest.raises(ValueError) as info:

@@ -206,3 +206,173 @@ def test_missing_file(tmp_path):
     save_file({"w": torch.ones(2)}, str(tmp_path / "model.safetensors"))
     with pytest.raises(TypeError, match="dtype"):
         load_safetensors(tmp_path, dtype=np.int64)
+
+
+# ------------------------------------------------------------------------------------ deeply nested JSON
+DEEP = "[" * 100_000 + "]" * 100_000  # valid JSON, too deep for Python's parser: RecursionError, not a ValueError
+
+
+def test_deeply_nested_json_is_a_value_error(tmp_path):
+    """config.json, the shard index and a safetensors header nested deeper than the parser can go:
+    a ValueError naming the file (was a RecursionError)."""
+    import transformer_core as tc
+
+    (tmp_path / "config.json").write_text(DEEP)
+    with pytest.raises(ValueError, match="not valid JSON .*nested too deeply") as info:
+        read_config(tmp_path)
+    assert str(tmp_path / "config.json") in str(info.value)
+    with pytest.raises(ValueError, match="nested too deeply"):
+        tc.BertModel.from_pretrained(tmp_path)
+    (tmp_path / "config.json").write_text('{"a": ' + DEEP + "}")
+    with pytest.raises(ValueError, match="nested too deeply"):
+        read_config(tmp_path)
+
+    index = tmp_path / "model.safetensors.index.json"
+    index.write_text(DEEP)
+    with pytest.raises(ValueError, match="not valid JSON: nested too deeply") as info:
+        load_safetensors(tmp_path)
+    assert str(index) in str(info.value)
+
+    path = tmp_path / "model.safetensors"
+    raw = DEEP.encode()
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw)
+    with pytest.raises(ValueError, match="not valid JSON.*nested too deeply") as info:
+        load_safetensors(tmp_path)
+    assert str(path) in str(info.value)
+
+
+# ------------------------------------------------------------------------------------ atomic saves
+_TINY_LLAMA = dict(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+                   num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=True)
+
+
+def _llama(seed: int, **changes):
+    import transformer_core as tc
+
+    model = tc.LlamaForCausalLM({**_TINY_LLAMA, **changes})
+    r = np.random.default_rng(seed)
+    model.load_state_dict({k: r.standard_normal(v.shape).astype(np.float32) for k, v in model.state_dict().items()})
+    return model
+
+
+def _folder(path) -> dict:
+    """``{file name: bytes}`` of every entry of a folder (temporaries included)."""
+    return {p.name: p.read_bytes() for p in sorted(path.iterdir())}
+
+
+def test_save_pretrained_writes_the_pair_and_no_temporary(tmp_path):
+    import transformer_core as tc
+
+    _llama(1).save_pretrained(tmp_path / "m")
+    model = _llama(2, max_position_embeddings=32)
+    model.save_pretrained(tmp_path / "m")  # over an older save
+    assert sorted(_folder(tmp_path / "m")) == ["config.json", "model.safetensors"]
+    assert read_config(tmp_path / "m")["max_position_embeddings"] == 32
+    loaded = tc.LlamaForCausalLM.from_pretrained(tmp_path / "m")
+    for name, value in model.state_dict().items():
+        np.testing.assert_array_equal(loaded.state_dict()[name], value, err_msg=name)
+    # config.json has the permissions of any file the process creates (the umask's), not a private
+    # temporary's 0600 (model.safetensors has what the safetensors package gives its files)
+    (tmp_path / "plain").write_text("x")
+    assert (tmp_path / "m" / "config.json").stat().st_mode == (tmp_path / "plain").stat().st_mode
+
+
+def test_failed_save_pretrained_keeps_the_old_pair(tmp_path, monkeypatch):
+    """The weights' writer fails half-way (safetensors raises its own SafetensorError for a full disk):
+    an OSError naming the file, the original chained, and the folder still holds the old config with
+    the old weights, no temporary (the new config.json was written first, beside the old weights,
+    and from_pretrained loaded the mix)."""
+    import safetensors.numpy
+    import transformer_core as tc
+    from safetensors import SafetensorError
+
+    folder = tmp_path / "m"
+    old = _llama(1)
+    old.save_pretrained(folder)
+    before = _folder(folder)
+
+    def failing_save_file(tensors, filename, metadata=None):
+        with open(filename, "wb") as f:
+            f.write(b"\0" * 1000)  # half a file
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    monkeypatch.setattr(safetensors.numpy, "save_file", failing_save_file)
+    with pytest.raises(OSError, match="model.safetensors.*No space left") as info:
+        _llama(2, max_position_embeddings=32).save_pretrained(folder)
+    assert str(folder / "model.safetensors") in str(info.value)
+    assert isinstance(info.value.__cause__, SafetensorError)
+    assert _folder(folder) == before
+    loaded = tc.LlamaForCausalLM.from_pretrained(folder)
+    assert loaded.config.max_position_embeddings == 64
+    for name, value in old.state_dict().items():
+        np.testing.assert_array_equal(loaded.state_dict()[name], value, err_msg=name)
+
+    # into a new folder: nothing at all is left, so nothing half-written loads
+    with pytest.raises(OSError, match="model.safetensors"):
+        _llama(2).save_pretrained(tmp_path / "new")
+    assert _folder(tmp_path / "new") == {}
+    with pytest.raises(FileNotFoundError):
+        tc.LlamaForCausalLM.from_pretrained(tmp_path / "new")
+
+
+def test_save_pretrained_past_a_file_size_limit(tmp_path):
+    """A real failure, in a child process: RLIMIT_FSIZE below the weights' size (SIGXFSZ ignored, so
+    the write fails with EFBIG). The save raises OSError and leaves the old consistent pair."""
+    import os
+    import subprocess
+    import sys
+
+    folder = tmp_path / "m"
+    _llama(1).save_pretrained(folder)
+    before = _folder(folder)
+    limit = len(before["model.safetensors"]) // 2
+    code = f"""
+import resource, signal, sys
+import numpy as np, transformer_core as tc
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+model = tc.LlamaForCausalLM({{**{_TINY_LLAMA!r}, "max_position_embeddings": 32}})
+resource.setrlimit(resource.RLIMIT_FSIZE, ({limit}, {limit}))
+try:
+    model.save_pretrained({str(folder)!r})
+except OSError as e:
+    print("OSError", e)
+    sys.exit(0)
+except BaseException as e:
+    print("other", type(e).__name__, e)
+    sys.exit(1)
+print("saved")
+sys.exit(1)
+"""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p), OMP_NUM_THREADS="1")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "OSError" in done.stdout and str(folder / "model.safetensors") in done.stdout, done.stdout
+    assert _folder(folder) == before
+
+
+def test_write_files_atomically(tmp_path):
+    """The second file fails: the first is not moved into place either, the error names the second
+    and keeps its errno; bad names are refused before anything is written."""
+    import errno
+
+    from transformer_core.checkpoints import write_files_atomically
+
+    (tmp_path / "a.txt").write_text("old a")
+
+    def no_space(path):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with pytest.raises(OSError, match="cannot write b.txt") as info:
+        write_files_atomically(tmp_path, [("a.txt", lambda p: open(p, "w").write("new a")), ("b.txt", no_space)])
+    assert info.value.errno == errno.ENOSPC and info.value.filename == str(tmp_path / "b.txt")
+    assert isinstance(info.value.__cause__, OSError)
+    assert _folder(tmp_path) == {"a.txt": b"old a"}
+    write_files_atomically(tmp_path, [("a.txt", lambda p: open(p, "w").write("new a")),
+                                      ("b.txt", lambda p: open(p, "w").write("b"))])
+    assert _folder(tmp_path) == {"a.txt": b"new a", "b.txt": b"b"}
+    for bad in ("", "..", "sub/x", "/abs"):
+        with pytest.raises(ValueError, match="plain file names"):
+            write_files_atomically(tmp_path, [(bad, lambda p: None)])
+    with pytest.raises(ValueError, match="each file once"):
+        write_files_atomically(tmp_path, [("c", lambda p: None), ("c", lambda p: None)])
+    assert _folder(tmp_path) == {"a.txt": b"new a", "b.txt": b"b"}

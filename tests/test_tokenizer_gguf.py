@@ -314,6 +314,11 @@ def test_tiny_pre_tokenizers(tmp_path):
     ({"tokenizer.ggml.merges": (["zz yy"], 9)}, "inconsistent GGUF tokenizer metadata"),
     ({"tokenizer.ggml.token_type": ([1, 1], 9)}, "token_type: expected"),
     ({"tokenizer.ggml.tokens": None}, "tokenizer.ggml.tokens"),
+    # wrongly typed values were read as Python truthiness: bool("false") is True
+    ({"tokenizer.ggml.add_bos_token": ("false", 8)}, "add_bos_token: expected a bool, got str 'false'"),
+    ({"tokenizer.ggml.add_eos_token": (1, 0)}, "add_eos_token: expected a bool, got int 1"),
+    ({"tokenizer.ggml.token_type": (["3"] * 111, 9)}, r"token_type: expected an array of ints .*got str '3' at index 0"),
+    ({"tokenizer.chat_template": (3, 4)}, "chat_template: expected a string, got int 3"),
 ])
 def test_tiny_bad_tokenizer_metadata(tmp_path, metadata, pattern):
     import gguf
@@ -323,6 +328,65 @@ def test_tiny_bad_tokenizer_metadata(tmp_path, metadata, pattern):
     with pytest.raises(ValueError, match=pattern) as info:
         tc.Tokenizer.from_gguf(path)
     assert str(path) in str(info.value)
+
+
+def test_tiny_duplicate_tokens(tmp_path):
+    """Two ids with one token (as written, or once re-spelled in the byte-level alphabet) were merged
+    into one vocabulary entry: vocab_size dropped and a special id could name the other token.
+    llama.cpp refuses such a vocabulary (its token_to_id / id_to_token sizes differ); so do we, naming
+    both ids."""
+    from gguf_fakes import tiny_vocab
+
+    tokens = tiny_vocab()[0]
+    space = tokens.index("Ġ") - 1  # a raw " " is "Ġ" in the byte-level alphabet
+    for i, token, pattern in ((6, tokens[5], r"token 6 \('#'\) duplicates token 5 \('#'\)"),
+                              (2, tokens[1], r"token 2 \('<\|im_start\|>'\) duplicates token 1 "),
+                              (space, " ", rf"token {space + 1} \('Ġ'\) duplicates token {space} \(' ', 'Ġ' ")):
+        dup = list(tokens)
+        dup[i] = token
+        path = _tiny(tmp_path, f"dup{i}.gguf", tokens=dup)
+        with pytest.raises(ValueError, match="tokenizer.ggml.tokens: " + pattern) as info:
+            tc.Tokenizer.from_gguf(path)
+        assert str(path) in str(info.value)
+
+
+def test_tiny_empty_tokens_are_named_as_llama_cpp_names_them(tmp_path):
+    """Empty tokens are not duplicates of each other: llama.cpp names each "[EMPTY_<id>]" and keeps
+    every id (they were merged into one entry, and the vocabulary lost an id)."""
+    from gguf_fakes import tiny_vocab
+
+    tokens = tiny_vocab()[0]
+    empties = [tokens.index("~"), tokens.index("}")]
+    for i in empties:
+        tokens[i] = ""
+    tok = tc.Tokenizer.from_gguf(_tiny(tmp_path, tokens=tokens))
+    assert tok.vocab_size == len(tokens)
+    assert [tok.id_to_token(i) for i in empties] == [f"[EMPTY_{i}]" for i in empties]
+    assert tok.tokenize("hello world") == ["hello", "Ġworld"] and tok.eos_token_id == 2
+
+
+def test_deeply_nested_tokenizer_json_files(tmp_path):
+    """A config.json / tokenizer_config.json nested deeper than Python's parser goes: a ValueError
+    naming the file (was a RecursionError)."""
+    import shutil
+
+    from transformer_core.hub import resolve_model_dir
+
+    src = resolve_model_dir("all-MiniLM-L6-v2")
+    for name in ("tokenizer.json", "config.json"):
+        shutil.copy(src / name, tmp_path / name)
+    deep = "[" * 100_000 + "]" * 100_000
+    for name in ("config.json", "tokenizer_config.json", "sentence_bert_config.json"):
+        original = (tmp_path / name).read_text() if (tmp_path / name).exists() else None
+        (tmp_path / name).write_text(deep)
+        with pytest.raises(ValueError, match="not valid JSON: nested too deeply") as info:
+            tc.Tokenizer.from_pretrained(tmp_path)
+        assert str(tmp_path / name) in str(info.value)
+        if original is None:
+            (tmp_path / name).unlink()
+        else:
+            (tmp_path / name).write_text(original)
+    assert tc.Tokenizer.from_pretrained(tmp_path).encode("hello")  # the repaired folder loads
 
 
 def test_tiny_bad_special_id(tmp_path):

@@ -59,7 +59,7 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
-from .hub import DEFAULT_MODEL, read_config, resolve_model_dir
+from .hub import DEFAULT_MODEL, JSON_ERRORS, json_problem, read_config, resolve_model_dir
 from .tokenizer import check_unicode
 
 __all__ = [
@@ -242,6 +242,9 @@ class TextSource:
                 obj = json.loads(line)
             except json.JSONDecodeError as e:
                 self._bad(f"line {lineno}", f"not valid JSON ({e.msg}, column {e.colno})")
+                continue
+            except RecursionError:
+                self._bad(f"line {lineno}", "not valid JSON (nested too deeply)")
                 continue
             if not isinstance(obj, dict):
                 self._bad(f"line {lineno}", f"expected a JSON object, got {_json_type(obj)}")
@@ -482,8 +485,8 @@ def read_manifest(out) -> dict:
         raise FileNotFoundError(f"{path}: no such file (not an output of `embed --out`, or never started)")
     try:
         man = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path}: not a valid manifest ({e})") from None
+    except JSON_ERRORS as e:
+        raise ValueError(f"{path}: not a valid manifest ({json_problem(e)})") from None
     if not isinstance(man, dict) or man.get("format") != MANIFEST_FORMAT:
         raise ValueError(f"{path}: not a manifest of transformer_core embeddings")
     if man.get("version") != MANIFEST_VERSION:

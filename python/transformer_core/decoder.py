@@ -301,18 +301,18 @@ class CausalLM(DecoderModel, GenerationMixin):
         Hugging Face's ``save_pretrained``): ``transformers``' ``from_pretrained`` loads the
         directory, and so does this class's.
 
+        The save is all or nothing (see :func:`transformer_core.checkpoints.save_pretrained_files`):
+        each file is written whole under a temporary name in ``directory``, then renamed into place,
+        the weights first and ``config.json`` last, so a save that fails (a full disk, a file-size
+        limit) leaves the directory's previous files as they were, never a new config beside old
+        weights.
+
         Raises:
-            OSError: the directory cannot be written.
+            OSError: the directory or a file cannot be written (naming it; the cause chained).
         """
-        import json
-        from pathlib import Path
+        from .checkpoints import save_pretrained_files
 
-        from safetensors.numpy import save_file
-
-        path = Path(directory)
-        path.mkdir(parents=True, exist_ok=True)
-        (path / "config.json").write_text(json.dumps(self.config.to_dict(), indent=2) + "\n")
-        save_file(self._checkpoint_state(), str(path / "model.safetensors"), metadata={"format": "np"})
+        save_pretrained_files(directory, self.config.to_dict(), self._checkpoint_state())
 
     def _checkpoint_state(self) -> dict:
         return self.state_dict()

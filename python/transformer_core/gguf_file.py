@@ -17,6 +17,14 @@ does not know. It maps llama.cpp's tensor names to Hugging Face's ``LlamaForCaus
 names and undoes the row permutation llama.cpp's converter applies to the query/key projections (see
 :func:`rope_row_permutation`).
 
+The file stays memory-mapped, as llama.cpp keeps its model files mapped: while a checkpoint, a raw
+view of it, its undecoded metadata or a model built on its blocks (``LlamaForCausalLM.from_pretrained``
+of a ``.gguf`` with the default ``dtype=None``) is alive, do not truncate or overwrite the file in
+place (``open(path, "w")``, ``cp new.gguf path``, a download tool rewriting it): reading a page that
+is no longer in the file ends the whole process with SIGBUS, which no Python exception can catch,
+and a page rewritten in place silently changes the weights. Replacing the file by a rename
+(``os.replace``, ``mv``) is safe: the old file stays mapped until the last reference goes.
+
     ckpt = read_gguf("SmolLM2-135M-Instruct.Q4_1.gguf")
     ckpt.config["num_key_value_heads"]           # 3
     w = ckpt.tensor("model.layers.0.self_attn.q_proj.weight")      # (576, 576) float32
@@ -119,8 +127,9 @@ class _Scanner:
 
     def value(self, value_type: int, what: str, depth: int = 0):
         """Checks one metadata value and returns it as a Python value (int, float, bool, str, list),
-        or, for an array longer than _LAZY_ARRAY_LENGTH, as a _LazyArray to decode when read (its
-        strings are checked to be UTF-8 here, so decoding it later cannot fail)."""
+        or, for an array longer than _LAZY_ARRAY_LENGTH (at any depth), as a _LazyArray to decode
+        when read (its strings are checked to be UTF-8 here, so decoding it later cannot fail):
+        _Metadata decodes those, nested ones included, the first time their key is read."""
         if value_type not in _VALUE_TYPES:
             raise _FileError(f"corrupt GGUF header: {what} has unknown value type {value_type}")
         name, width = _VALUE_TYPES[value_type]
@@ -173,17 +182,36 @@ class _LazyArray(NamedTuple):
         return out
 
 
+def _has_lazy(value) -> bool:
+    """Whether ``value`` is, or holds at any depth of nested arrays, a _LazyArray."""
+    return isinstance(value, _LazyArray) or (isinstance(value, list) and any(
+        isinstance(v, (list, _LazyArray)) and _has_lazy(v) for v in value))
+
+
+def _decoded(value, buf):
+    """``value`` with every _LazyArray in it, at any depth of nested arrays, decoded from ``buf``:
+    plain lists all the way down."""
+    if isinstance(value, _LazyArray):
+        return value.decode(buf)
+    if isinstance(value, list) and _has_lazy(value):
+        return [_decoded(v, buf) for v in value]
+    return value
+
+
 class _Metadata(Mapping):
     """A GGUF file's metadata, key -> Python value, read-only: long arrays (a tokenizer's tokens and
-    merges) are decoded from the file's map the first time they are read, then kept."""
+    merges, or long arrays inside an array of arrays) are decoded from the file's map the first
+    time their key is read, then kept."""
 
     def __init__(self, values: dict, buf):
         self._values, self._buf = values, buf
+        self._lazy = {key for key, value in values.items() if _has_lazy(value)}  # keys not decoded yet
 
     def __getitem__(self, key):
         value = self._values[key]
-        if isinstance(value, _LazyArray):
-            value = self._values[key] = value.decode(self._buf)
+        if key in self._lazy:
+            value = self._values[key] = _decoded(value, self._buf)
+            self._lazy.discard(key)
         return value
 
     def __iter__(self):
@@ -372,7 +400,8 @@ class GGUFTensorInfo:
         block_bytes: bytes per block (Q4_0: 18, Q4_1: 20, Q8_0: 34, F32: 4, F16/BF16: 2).
         raw: the stored bytes, a read-only zero-copy view of the memory-mapped file, uint8 of shape
             ``shape[:-1] + (shape[-1] // block_size * block_bytes,)``: one row of blocks per output
-            row, in the file's row order.
+            row, in the file's row order. It keeps the map alive: truncating or overwriting the file
+            in place while it lives ends the process with SIGBUS when it is read (see the module doc).
         file_offset: where ``raw`` starts in the file (bytes from its beginning; a multiple of the
             file's alignment, 32 by default).
         row_permutation: for the query/key projections, the ``(shape[0],)`` int64 index with
@@ -412,6 +441,10 @@ class GGUFCheckpoint:
     (:meth:`tensor`, :meth:`state_dict`). Everything (magic, version, bounds, metadata, the
     architecture, every tensor's name, shape and type) is checked when opening, so a checkpoint
     that opens never fails half-way through loading.
+
+    The file stays memory-mapped while the checkpoint (or a raw view, or a model using its blocks)
+    lives: truncating or overwriting it in place meanwhile ends the process with SIGBUS, as it does
+    llama.cpp's (replacing it by a rename is safe; see the module doc).
 
     Use :func:`read_gguf` to open one.
 
@@ -534,6 +567,13 @@ def read_gguf(path) -> GGUFCheckpoint:
     ``tokenizer.ggml.{bos,eos,padding,unknown}_token_id``, ``tokenizer.ggml.tokens`` (vocabulary size)
     and ``tokenizer.chat_template``.
 
+    The file is memory-mapped, not read: the checkpoint's tensors are views of the map (and so are
+    the weights of a model built on its blocks), its long metadata arrays are decoded from the map
+    when first read. While any of them is alive, do not truncate or overwrite the file in place:
+    reading a page cut off the file ends the process with SIGBUS (no exception; llama.cpp behaves
+    the same), and rewritten pages change the weights silently. Replace the file by a rename
+    (``os.replace``, ``mv``) instead, which is safe.
+
     Args:
         path: a ``.gguf`` file (str or path).
 
@@ -563,9 +603,12 @@ def read_gguf(path) -> GGUFCheckpoint:
 
 
 def read_gguf_metadata(path) -> Mapping:
-    """The metadata of a GGUF file of any architecture (a read-only mapping, key -> Python value),
-    after the same checks of its layout as :func:`read_gguf` (magic, version, bounds); the tensors
-    are not checked.
+    """The metadata of a GGUF file of any architecture (a read-only mapping, key -> Python value;
+    arrays, nested ones included, as lists), after the same checks of its layout as
+    :func:`read_gguf` (magic, version, bounds); the tensors are not checked.
+
+    Long arrays are decoded from a memory map of the file the first time their key is read: as for
+    :func:`read_gguf`, truncating the file in place before then ends the process with SIGBUS.
 
     Raises:
         TypeError: ``path`` not a str or path. FileNotFoundError: no such file.

@@ -42,6 +42,16 @@ _INTEGER_BUFFERS = re.compile(r"(^|\.)(position_ids|token_type_ids|attn\.bias|at
 _FLOAT_DTYPES = {"F64": ("<f8", 8), "F32": ("<f4", 4), "F16": ("<f2", 2), "BF16": ("<u2", 2)}
 _INT_DTYPES = {"BOOL": 1, "U8": 1, "I8": 1, "U16": 2, "I16": 2, "U32": 4, "I32": 4, "U64": 8, "I64": 8}
 _MAX_HEADER = 100_000_000  # the safetensors library's own limit on the JSON header
+#: What json.loads raises for text that is not valid (UTF-8) JSON, or nested deeper than Python's
+#: recursion limit (RecursionError: ``"[" * 100000``); turned into a ValueError naming the file.
+JSON_ERRORS = (json.JSONDecodeError, UnicodeDecodeError, RecursionError)
+
+
+def json_problem(error: BaseException) -> str:
+    """What is wrong with a JSON text, from one of ``JSON_ERRORS``."""
+    if isinstance(error, RecursionError):
+        return "nested too deeply"
+    return str(error)
 
 
 def resolve_model_path(name_or_path) -> Path:
@@ -102,15 +112,16 @@ def read_config(model_dir: Path) -> dict:
 
     Raises:
         FileNotFoundError: no ``config.json`` in ``model_dir``.
-        ValueError: ``config.json`` is not valid UTF-8 JSON, or not a JSON object (naming the file).
+        ValueError: ``config.json`` is not valid UTF-8 JSON (or nested too deeply to parse), or not
+            a JSON object (naming the file).
     """
     path = Path(model_dir) / "config.json"
     if not path.is_file():
         raise FileNotFoundError(f"config.json: not found in model directory {model_dir}")
     try:
         config = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"config.json: not valid JSON ({path}): {e}") from None
+    except JSON_ERRORS as e:
+        raise ValueError(f"config.json: not valid JSON ({path}): {json_problem(e)}") from None
     if not isinstance(config, dict):
         raise ValueError(f"config.json: expected a JSON object, got a JSON {type(config).__name__} ({path})")
     return config
@@ -162,8 +173,8 @@ def _read_index(index: Path) -> dict:
     """``{shard file: [tensor names]}`` from ``model.safetensors.index.json``."""
     try:
         data = json.loads(index.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{index}: not valid JSON: {e}") from None
+    except JSON_ERRORS as e:
+        raise ValueError(f"{index}: not valid JSON: {json_problem(e)}") from None
     weight_map = data.get("weight_map") if isinstance(data, dict) else None
     if not isinstance(weight_map, dict) or not weight_map:
         raise ValueError(f"{index}: expected a JSON object with a non-empty 'weight_map' object")
@@ -193,8 +204,8 @@ def _read_header(path: Path) -> tuple[int, dict]:
         raw = f.read(n)
     try:
         header = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"{path}: corrupt safetensors header (not valid JSON): {e}") from None
+    except JSON_ERRORS as e:
+        raise ValueError(f"{path}: corrupt safetensors header (not valid JSON): {json_problem(e)}") from None
     if not isinstance(header, dict):
         raise ValueError(f"{path}: corrupt safetensors header: expected a JSON object, got {type(header).__name__}")
     header.pop("__metadata__", None)

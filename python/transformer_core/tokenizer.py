@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from ._validation import check_bool, check_choice, check_int, check_optional_int, to_numpy
-from .hub import resolve_model_path
+from .hub import JSON_ERRORS, json_problem, resolve_model_path
 
 __all__ = ["Tokenizer", "TextStream", "GGUF_PRE_TOKENIZERS"]
 
@@ -181,7 +181,12 @@ class Tokenizer:
         Raises:
             ValueError: naming the file: an unreadable GGUF (see ``read_gguf_metadata``; given a path,
                 only the metadata is read and checked), a tokenizer model or pre-tokenizer that is
-                not supported, or inconsistent tokenizer metadata.
+                not supported, or inconsistent or wrongly typed tokenizer metadata, naming the key:
+                ``tokens`` not distinct strings (a duplicate is named with both ids; an empty token
+                is named ``"[EMPTY_<id>]"``, as llama.cpp does), ``token_type`` not one int per
+                token, ``add_bos_token`` / ``add_eos_token`` not a GGUF bool (a string
+                ``"false"`` is refused, not read as True), a special token id outside the
+                vocabulary, merges of unknown tokens, a ``chat_template`` that is not a string.
         """
         from .gguf_file import GGUFCheckpoint, read_gguf_metadata
 
@@ -197,9 +202,11 @@ class Tokenizer:
             meta["pre"] = pre_tokenizer
         tok, special = _tokenizer_from_gguf(path, meta)
         template = metadata.get("tokenizer.chat_template")
+        if template is not None and not isinstance(template, str):
+            raise ValueError(f"{path}: GGUF metadata tokenizer.chat_template: expected a string, got "
+                             f"{type(template).__name__} {_clip(template)}")
         return cls(tok, max_length=None, pad_token=special["pad_token"], bos_token=special["bos_token"],
-                   eos_token=special["eos_token"], unk_token=special["unk_token"],
-                   chat_template=template if isinstance(template, str) else None)
+                   eos_token=special["eos_token"], unk_token=special["unk_token"], chat_template=template)
 
     # ---------------------------------------------------------------------------- encoding
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
@@ -504,12 +511,14 @@ class TextStream:
 # Hugging Face directories
 # ------------------------------------------------------------------------------------------------
 def _read_json_object(path: Path) -> dict:
+    """The JSON object in ``path`` ({} when there is no such file); ValueError naming the file when
+    it is not valid UTF-8 JSON (or nested too deeply to parse) or not an object."""
     if not path.is_file():
         return {}
     try:
         value = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path}: not valid JSON: {e}") from None
+    except JSON_ERRORS as e:
+        raise ValueError(f"{path}: not valid JSON: {json_problem(e)}") from None
     if not isinstance(value, dict):
         raise ValueError(f"{path}: expected a JSON object, got a JSON {type(value).__name__}")
     return value
@@ -590,6 +599,12 @@ def _gguf_pre_tokenizer(name: str):
     return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
 
 
+def _clip(value, limit: int = 60) -> str:
+    """``repr(value)``, cut to about ``limit`` characters for an error message."""
+    r = repr(value)
+    return r if len(r) <= limit else r[:limit] + "..."
+
+
 def _tokenizer_from_gguf(path, meta: dict):
     """``(tokenizers.Tokenizer, {bos_token, eos_token, unk_token, pad_token})`` from the
     ``tokenizer.ggml.*`` metadata (keys without the prefix)."""
@@ -612,9 +627,21 @@ def _tokenizer_from_gguf(path, meta: dict):
     if not isinstance(token_type, list) or len(token_type) != len(tokens):
         raise ValueError(f"{path}: GGUF metadata tokenizer.ggml.token_type: expected {len(tokens)} ints "
                          f"(one per token), got {len(token_type) if isinstance(token_type, list) else token_type!r}")
+    bad = next((i for i, k in enumerate(token_type) if isinstance(k, bool) or not isinstance(k, int)), None)
+    if bad is not None:  # strings would be no type at all: no control token registered
+        raise ValueError(f"{path}: GGUF metadata tokenizer.ggml.token_type: expected an array of ints (llama.cpp's "
+                         f"token types), got {type(token_type[bad]).__name__} {_clip(token_type[bad])} at index {bad}")
+    flags = {}
+    for key in ("add_bos_token", "add_eos_token"):
+        flag = meta.get(key, False)
+        if not isinstance(flag, bool):  # bool("false") is True: a GGUF bool or nothing (llama.cpp refuses it too)
+            raise ValueError(f"{path}: GGUF metadata tokenizer.ggml.{key}: expected a bool, got "
+                             f"{type(flag).__name__} {_clip(flag)}")
+        flags[key] = flag
 
     # The vocabulary in the byte-level alphabet. A token written in other characters (a raw space,
-    # say) is re-spelled from its UTF-8 bytes, as transformers' GGUF converter does.
+    # say) is re-spelled from its UTF-8 bytes, as transformers' GGUF converter does. An empty token
+    # is named "[EMPTY_{id}]", as llama.cpp names it, so that two empty tokens stay two ids.
     spelling = _bytes_to_unicode()
     alphabet = set(spelling.values())
 
@@ -622,7 +649,16 @@ def _tokenizer_from_gguf(path, meta: dict):
         """``token`` in the byte-level alphabet (GPT-2's bytes_to_unicode): unchanged if it already is."""
         return token if set(token) <= alphabet else "".join(spelling[b] for b in token.encode("utf-8"))
 
-    vocab = {spelled(t): i for i, t in enumerate(tokens)}
+    tokens = [t if t else f"[EMPTY_{i}]" for i, t in enumerate(tokens)]
+    vocab = {}
+    for i, t in enumerate(tokens):
+        first = vocab.setdefault(spelled(t), i)
+        if first != i:  # one entry for two ids: one id would be lost, a special id could name the other token
+            other = tokens[first]
+            respelled = f", {_clip(spelled(other))} in the byte-level alphabet" if other != t else ""
+            raise ValueError(f"{path}: GGUF metadata tokenizer.ggml.tokens: token {i} ({_clip(t)}) duplicates "
+                             f"token {first} ({_clip(other)}{respelled}); expected distinct tokens (llama.cpp "
+                             f"refuses such a vocabulary too)")
     pairs = []
     for i, merge in enumerate(merges):
         parts = merge.split(" ")
@@ -659,7 +695,7 @@ def _tokenizer_from_gguf(path, meta: dict):
                              f"in [0, {len(tokens)})")
         special[name] = spelled(tokens[token_id])
 
-    add_bos, add_eos = bool(meta.get("add_bos_token", False)), bool(meta.get("add_eos_token", False))
+    add_bos, add_eos = flags["add_bos_token"], flags["add_eos_token"]
     for flag, name in ((add_bos, "bos_token"), (add_eos, "eos_token")):
         if flag and special[name] is None:
             raise ValueError(f"{path}: GGUF metadata asks to add the {name} but gives no {name}_id")
