@@ -249,6 +249,91 @@ def test_quantize_refuses_bad_arguments():
         tc.quantize(tc.nn.Linear(4, 3, dtype=np.float64), "int8")
 
 
+def _tiny_llama(tied: bool):
+    return tc.LlamaForCausalLM(tc.LlamaConfig(vocab_size=53, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                                              num_attention_heads=2, num_key_value_heads=1,
+                                              max_position_embeddings=32, tie_word_embeddings=tied))
+
+
+def test_quantize_checks_flags_and_names_first():
+    """A flag given a str (truthy) or a non-list keep_float is refused before anything is converted."""
+    lin = tc.nn.Linear(8, 4)
+    for flag in ("no", 1, None):
+        with pytest.raises(TypeError, match="inplace: expected a bool"):
+            tc.quantize(lin, "int8", inplace=flag)
+    assert lin.weight_formats() == {"weight": "float32", "bias": "float32"}   # still the caller's float model
+    with pytest.raises(TypeError, match="keep_float: expected a list of weight names"):
+        tc.quantize(lin, "int8", keep_float=3)
+    with pytest.raises(TypeError, match=r"keep_float\[1\]: expected a weight name"):
+        tc.quantize(lin, "int8", keep_float=["weight", 3])
+    with pytest.raises(TypeError, match="keep_float"):
+        tc.quantize(lin, "int8", keep_float={"weight": 1})
+    assert tc.quantize(lin, "int8", keep_float="weight").weight_formats()["weight"] == "float32"  # one name
+    assert tc.quantize(lin, "int8", keep_float=("weight",)).weight_formats()["weight"] == "float32"
+    # weight_bytes: one name as a str, unknown names and non-names refused naming ``names``
+    wb = tc.quantization.weight_bytes
+    assert wb(lin, "weight") == wb(lin, ["weight"]) == wb(lin, ["weight", "weight"]) == 4 * 8 * 4
+    assert wb(lin) == 4 * 8 * 4 + 4 * 4
+    with pytest.raises(ValueError, match="names: unknown weight 'w'"):
+        wb(lin, ["w"])
+    with pytest.raises(TypeError, match="names: expected a list of weight names"):
+        wb(lin, 3)
+
+
+def test_keep_float_names_a_packed_matrix_whole():
+    """q_proj, k_proj, v_proj of a Llama layer are the rows of one matrix (and gate_proj, up_proj of
+    another), quantized as one: keep_float names all of them or none, or is refused listing them,
+    before anything is converted (inplace included)."""
+    model = _tiny_llama(tied=False)
+    attn, mlp = "model.layers.0.self_attn.", "model.layers.0.mlp."
+    qkv = [attn + f"{p}_proj.weight" for p in "qkv"]
+    with pytest.raises(ValueError, match=r"keep_float: '.*q_proj.weight' is one part of the packed matrix "
+                                         r"\[.*q_proj.weight', '.*k_proj.weight', '.*v_proj.weight'\].*"
+                                         r"missing \['.*k_proj.weight', '.*v_proj.weight'\]"):
+        tc.quantize(model, "int8", inplace=True, keep_float=[qkv[0]])
+    with pytest.raises(ValueError, match=r"'.*gate_proj.weight' is one part .*missing \['.*up_proj.weight'\]"):
+        tc.quantize(model, "int8", inplace=True, keep_float=[mlp + "gate_proj.weight", mlp + "down_proj.weight"])
+    assert set(model.weight_formats().values()) == {"float32"}                # nothing converted
+    kept = tc.quantize(model, "int8", keep_float=qkv + [mlp + "gate_proj.weight", mlp + "up_proj.weight"])
+    formats = kept.weight_formats()
+    assert [formats[n] for n in qkv] == ["float32"] * 3
+    assert formats[mlp + "gate_proj.weight"] == formats[mlp + "up_proj.weight"] == "float32"
+    assert formats[attn + "o_proj.weight"] == formats[mlp + "down_proj.weight"] == "int8"
+    assert formats["model.layers.1.self_attn.q_proj.weight"] == "int8"
+    np.testing.assert_array_equal(kept.state_dict()[qkv[1]], model.state_dict()[qkv[1]])  # float, as it was
+
+
+@pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
+def test_keep_float_errors_use_the_state_dict_names(tied):
+    model = _tiny_llama(tied)
+    for name in ("model.embed_tokens.weight", "model.norm.weight", "model.layers.0.input_layernorm.weight"):
+        with pytest.raises(ValueError, match=rf"keep_float: '{name}' is not the weight of a linear layer") as e:
+            tc.quantize(model, "int8", keep_float=[name])
+        assert f"'{name.removeprefix('model.')}'" not in str(e.value)
+
+
+def test_weight_bytes_counts_a_tied_heads_int8_copy():
+    """quantize gives a tied LM head an int8 copy of the table (the lookups keep the float32 one): V · E
+    bytes + 4 per row more, counted under the table's name. Untied, or not quantized: no copy."""
+    wb = tc.quantization.weight_bytes
+    V, E = 53, 32
+    table = "model.embed_tokens.weight"
+    for tied in (True, False):
+        model = _tiny_llama(tied)
+        q8 = tc.quantize(model, "int8")
+        copy = V * E + 4 * V if tied else 0
+        assert wb(model, table) == wb(q8, [table]) - copy == V * E * 4
+        shapes, formats = q8.parameter_shapes(), q8.weight_formats()
+        per_weight = sum(int(np.prod(shapes[n])) * 4 if formats[n] == "float32" else
+                         int(np.prod(shapes[n])) + 4 * shapes[n][0] for n in shapes)
+        assert wb(q8) == per_weight + copy
+        others = [n for n in shapes if n != table]
+        assert wb(q8, others) == per_weight - V * E * 4          # the copy goes with the table's name only
+    gpt2 = tc.quantize(tc.GPT2LMHeadModel(tc.GPT2Config(vocab_size=50, n_positions=16, n_embd=16, n_layer=1,
+                                                        n_head=2)), "int8")
+    assert wb(gpt2, "wte.weight") == 50 * 16 * 4 + 50 * 16 + 4 * 50
+
+
 def test_a_quantized_model_refuses_training():
     model = tc.quantize(tc.GPT2LMHeadModel(tc.GPT2Config(vocab_size=50, n_positions=16, n_embd=16, n_layer=1,
                                                          n_head=2)), "int8")

@@ -16,6 +16,7 @@ References, all computed in the test:
 
 from __future__ import annotations
 
+import json
 import mmap
 import os
 import subprocess
@@ -371,6 +372,75 @@ def test_linear_int8_leading_dims_and_strides(rng):
 
 
 # --------------------------------------------------------------------------------------------------
+# Many rows: x quantized and multiplied a chunk of rows at a time (ops/quantized_linear.cpp's
+# kChunkBytes, 4 MiB of quantized activations per pass), so the scratch stays bounded
+# --------------------------------------------------------------------------------------------------
+
+#: Rows across the chunk boundaries of in_features = 1 (a row padded to 64 bytes: 65,536 rows a chunk
+#: of 64-row tiles, 65,472 of the avx512vnni packed kernel's 96-row ones): a last chunk that takes the
+#: up-to-8 rows left over, one of 9 rows, and three chunks.
+CHUNK_ROWS = [65536 + 5, 65536 + 9, 2 * 65536 + 100]
+
+
+@pytest.mark.parametrize("rows", CHUNK_ROWS)
+@pytest.mark.parametrize("residual_activations", [False, True])
+def test_linear_int8_many_short_rows_equal_the_scheme(isa, rng, rows, residual_activations):
+    n = 17
+    q, s = Q.quantize_int8(rng.standard_normal((n, 1)).astype(np.float32))
+    x = (rng.standard_normal((rows, 1)) * rng.choice([1e-3, 1.0, 1e3], size=(rows, 1))).astype(np.float32)
+    x[rows // 2] = np.nan                                   # a NaN row inside a chunk: its row only
+    bias = rng.standard_normal(n).astype(np.float32)
+    y = Q.linear_int8(x, q, s, bias, residual_activations=residual_activations)
+    want = ref_linear_int8(x, q, s, bias, residual_activations=residual_activations)
+    np.testing.assert_array_equal(bits(y), bits(want))
+
+
+@pytest.mark.parametrize("ggml_type", GGUF_TYPES)
+def test_linear_gguf_q8_many_rows_equal_row_by_row(rng, ggml_type):
+    """The Q8-activation product over more rows than one chunk (in_features = 32: 61,632 rows a
+    chunk) gives each row the bits that a call on a few rows gives it."""
+    n, k, rows = 5, 32, 2 * 61632 + 3
+    blocks = gguf_blocks(rng, ggml_type, n, k)
+    x = rng.standard_normal((rows, k)).astype(np.float32)
+    y = Q.linear_gguf(x, blocks, ggml_type, n, k, quantize_activations=True)
+    for r0 in (0, 61632 - 40, 61632 + 20, 2 * 61632 - 10, rows - 20):
+        part = Q.linear_gguf(x[r0:r0 + 60], blocks, ggml_type, n, k, quantize_activations=True)
+        np.testing.assert_array_equal(bits(y[r0:r0 + 60]), bits(part))
+
+
+_SCRATCH_SCRIPT = r"""
+import json, resource
+import numpy as np
+import transformer_core as tc
+
+def rss():
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
+
+x = np.ones((2**22, 1), np.float32)                    # 16 MiB of rows of one value
+q, s = np.ones((1, 1), np.int8), np.ones(1, np.float32)
+tc.quantization.linear_int8(x[:100], q, s)              # everything loaded
+before_peak, before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, rss()
+y = tc.quantization.linear_int8(x, q, s, residual_activations=True)
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+del y
+print(json.dumps({"peak": peak - max(before_peak, before), "kept": rss() - before, "x": x.nbytes}))
+"""
+
+
+def test_linear_int8_scratch_is_bounded():
+    """2^22 rows of one value, residual mode: each row's int8 copy is padded to a 64-byte vector (16×
+    x's size; twice, with the residual) — without chunks 512 MiB of scratch that the thread then
+    kept. Now the peak is the output (16 MiB) and a few MiB, and the scratch left after the call too."""
+    out = subprocess.run([sys.executable, "-c", _SCRATCH_SCRIPT], capture_output=True, text=True, check=True,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    m = json.loads(out.stdout.strip().splitlines()[-1])
+    mib = 2 ** 20
+    assert m["peak"] <= m["x"] + 32 * mib, f"peak RSS grew by {m['peak'] / mib:.0f} MiB"
+    assert m["kept"] <= 24 * mib, f"{m['kept'] / mib:.0f} MiB still held after the call"
+
+
+# --------------------------------------------------------------------------------------------------
 # GGUF blocks: dequantize
 # --------------------------------------------------------------------------------------------------
 
@@ -696,3 +766,48 @@ def test_bad_input_gguf(rng):
         Q.dequantize_gguf(blocks, "Q4_0", 5, 64)
     with pytest.raises(ValueError, match="multiple of 32"):
         Q.quantize_q8_blocks(np.ones((2, 33)))
+
+
+def test_flags_must_be_bools(rng):
+    """A flag given a str or a number is a mistake (``"False"`` is truthy): TypeError naming it."""
+    blocks = gguf_blocks(rng, "Q8_0", 4, 32)
+    x = np.ones((2, 32), np.float32)
+    q, s = Q.quantize_int8(rng.standard_normal((4, 32)).astype(np.float32))
+    for flag in ("False", 1, None):
+        with pytest.raises(TypeError, match="quantize_activations: expected a bool"):
+            Q.linear_gguf(x, blocks, "Q8_0", 4, 32, quantize_activations=flag)
+        with pytest.raises(TypeError, match="quantize_activations: expected a bool"):
+            Q.linear_gguf_parts(x, [(blocks, "Q8_0", 4)], 32, quantize_activations=flag)
+        with pytest.raises(TypeError, match="residual_activations: expected a bool"):
+            Q.linear_int8(x, q, s, residual_activations=flag)
+    # numpy's bools are bools
+    np.testing.assert_array_equal(Q.linear_gguf(x, blocks, "Q8_0", 4, 32, quantize_activations=np.True_),
+                                  Q.linear_gguf(x, blocks, "Q8_0", 4, 32, quantize_activations=True))
+
+
+def test_blocks_must_be_contiguous_bytes(rng):
+    blocks = gguf_blocks(rng, "Q8_0", 4, 32)
+    x = np.ones((2, 32), np.float32)
+    strided = memoryview(np.repeat(blocks.reshape(-1), 2).tobytes())[::2]     # the right bytes, strided
+    with pytest.raises(ValueError, match="blocks: expected contiguous bytes"):
+        Q.linear_gguf(x, strided, "Q8_0", 4, 32)
+    with pytest.raises(ValueError, match="blocks: expected contiguous bytes"):
+        Q.linear_gguf_parts(x, [(strided, "Q8_0", 4)], 32)
+    with pytest.raises(ValueError, match="blocks: expected contiguous bytes"):
+        Q.dequantize_gguf(strided, "Q8_0", 4, 32)
+    np.testing.assert_array_equal(Q.linear_gguf(x, bytes(strided), "Q8_0", 4, 32),
+                                  Q.linear_gguf(x, blocks, "Q8_0", 4, 32))
+
+
+def test_quantize_int8_float64_beyond_float32(recwarn):
+    """A finite float64 weight that float32 cannot hold is named as such, without a RuntimeWarning
+    from the conversion; float32's largest value itself is fine."""
+    with pytest.raises(ValueError, match=r"weight: expected values within float32's range .*1e\+300"):
+        Q.quantize_int8(np.array([[1.0, 1e300]]))
+    with pytest.raises(ValueError, match="weight: expected finite values, got -inf"):
+        Q.quantize_int8(np.array([[1.0, -np.inf]]))
+    big = float(np.finfo(np.float32).max)
+    q, s = Q.quantize_int8(np.array([[big, -big / 4]]))
+    assert q[0, 0] == 127 and -33 <= q[0, 1] <= -31 and np.isfinite(s).all()
+    assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]
+

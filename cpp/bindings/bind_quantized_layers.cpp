@@ -1,8 +1,12 @@
 // Bindings of the quantized layers (layers/quantization.hpp): methods added to the float32 Module
 // base class (so every layer and model has them) and to the decoder models. The Python layer
 // (quantization.py, llama.py) checks the arguments; the GIL is released around quantization.
+#include <algorithm>
+
 #include "common.hpp"
 #include "transformer_core/kernels/quant/formats.hpp"
+#include "transformer_core/layers/embedding.hpp"
+#include "transformer_core/layers/linear.hpp"
 #include "transformer_core/layers/quantization.hpp"
 #ifndef TC_OPS_LAYERS_ONLY
 #include "transformer_core/models/decoder.hpp"
@@ -65,11 +69,42 @@ void register_quantized_layers(py::module_& m) {
       .def("set_quantize_activations", &layers::set_quantize_activations, py::arg("on"))
       // int8 activations in two passes, value and rounding residual (true), or one (false).
       .def("set_residual_activations", &layers::set_residual_activations, py::arg("on"))
-      // [(name, storage)] over the registry: "float32", "int8", "Q4_1", "Q8_0+Q4_1", ...
+      // [(name, storage)] over the registry: "float32", "int8", "Q4_1", "Q8_0+Q4_1", ...; then, for
+      // each Embedding whose table a tied LM head multiplies by through an int8 copy
+      // (Embedding::quantize_output_int8), one more entry for the copy: (the table's first name +
+      // ":tied_lm_head", "int8"), the copy having the table's shape (quantization.weight_bytes).
       .def("parameter_storage", [](const Module<float>& self) {
         py::list out;
-        for (const auto& p : self.parameters()) out.append(py::make_tuple(p.name, Module<float>::storage(p)));
+        std::vector<const Module<float>*> tables;
+        for (const auto& p : self.parameters()) {
+          out.append(py::make_tuple(p.name, Module<float>::storage(p)));
+          const auto* table = dynamic_cast<const layers::Embedding<float>*>(p.owner);
+          if (table != nullptr && table->output_int8() != nullptr && p.owner_name == "weight" &&
+              std::find(tables.begin(), tables.end(), p.owner) == tables.end()) {
+            tables.push_back(p.owner);
+            out.append(py::make_tuple(p.name + ":tied_lm_head", std::string("int8")));
+          }
+        }
         return out;
+      })
+      // [[name, ...]]: one list per Linear layer inside, in registry order: the names its weight is
+      // registered under (one, or the row slices of a packed matrix in row order: q|k|v, gate|up).
+      // quantize_int8 converts or keeps a Linear's weight whole (quantization.quantize checks that
+      // keep_float names all of a packed matrix).
+      .def("linear_weight_groups", [](const Module<float>& self) {
+        std::vector<const Module<float>*> owners;
+        std::vector<std::vector<std::string>> groups;
+        for (const auto& p : self.parameters()) {
+          if (p.owner_name != "weight" || dynamic_cast<const layers::Linear<float>*>(p.owner) == nullptr) continue;
+          const auto at = std::find(owners.begin(), owners.end(), p.owner);
+          if (at == owners.end()) {
+            owners.push_back(p.owner);
+            groups.push_back({p.name});
+          } else {
+            groups[static_cast<size_t>(at - owners.begin())].push_back(p.name);
+          }
+        }
+        return groups;
       });
   auto module_f64 = py::reinterpret_borrow<py::class_<Module<double>>>(py::type::of<Module<double>>());
   module_f64.def("parameter_storage", [](const Module<double>& self) {

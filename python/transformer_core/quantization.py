@@ -29,9 +29,12 @@ bits in the quantized kernels; :func:`set_isa` (or the environment variable ``TC
 picks one, for tests and benchmarks. (The fp32 linear layer on ``amx`` is the one exception: see
 :func:`set_isa`.)
 
-All functions take array-likes, check them (``TypeError``/``ValueError`` naming the argument, before
-any output is allocated) and return new float32 numpy arrays. The GIL is released while the core
-computes.
+Arguments: ``x``, ``weight``, ``scales`` and ``bias`` may be any array-like (numpy arrays, torch
+tensors, nested lists); ``qweight`` must be an int8 numpy array (what :func:`quantize_int8` returns);
+``blocks`` raw bytes (a uint8 numpy array or an object with the buffer protocol). Every function
+checks its arguments (``TypeError``/``ValueError`` naming the argument, before any output is
+allocated) and returns new numpy arrays (float32; int8 for quantized values). The GIL is released
+while the core computes.
 
 Models (:func:`quantize`, :func:`set_quantize_activations`, :func:`set_residual_activations`,
 :func:`weight_bytes`): a layer's weight
@@ -45,7 +48,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._runtime import core as _core
-from ._validation import as_float, check_positive_int
+from ._validation import as_float, check_bool, check_positive_int
 
 __all__ = [
     "GGML_TYPES",
@@ -140,8 +143,9 @@ def _ggml_type(ggml_type) -> str:
 
 
 def _block_bytes(blocks, expected: int, what: str) -> np.ndarray:
-    """``blocks`` as a 1-D uint8 array over the same memory (no copy when contiguous): a numpy uint8
-    array of any shape, or any object with the buffer protocol (bytes, bytearray, memoryview, mmap)."""
+    """``blocks`` as a 1-D uint8 array over the same memory: a numpy uint8 array of any shape (copied
+    when not C-contiguous), or any object with the buffer protocol (bytes, bytearray, memoryview,
+    mmap), which must be C-contiguous (ValueError otherwise: its bytes are not the tensor's)."""
     if isinstance(blocks, np.ndarray):
         if blocks.dtype != np.uint8:
             raise TypeError(f"blocks: expected raw bytes (a uint8 array or a bytes-like object), "
@@ -149,10 +153,14 @@ def _block_bytes(blocks, expected: int, what: str) -> np.ndarray:
         arr = np.ascontiguousarray(blocks).reshape(-1)
     else:
         try:
-            arr = np.frombuffer(blocks, dtype=np.uint8)
+            view = memoryview(blocks)
         except TypeError:
             raise TypeError(f"blocks: expected raw bytes (a uint8 array or a bytes-like object), "
                             f"got {type(blocks).__name__}") from None
+        if not view.c_contiguous:
+            raise ValueError(f"blocks: expected contiguous bytes, got a non-contiguous {type(blocks).__name__} "
+                             f"(shape {view.shape}, strides {view.strides}); pass bytes(blocks) or a contiguous copy")
+        arr = np.frombuffer(view, dtype=np.uint8)
     if arr.size != expected:
         raise ValueError(f"blocks: expected {expected} bytes ({what}), got {arr.size}")
     return arr
@@ -198,17 +206,29 @@ def quantize_int8(weight) -> tuple:
     the integer products symmetric and the SIMD kernels exact.
 
     Args:
-        weight: ``(out_features, in_features)`` real array (torch's ``nn.Linear`` layout), finite.
+        weight: ``(out_features, in_features)`` real array (torch's ``nn.Linear`` layout), finite and
+            within float32's range (computed in float32).
 
     Returns:
         ``(qweight, scales)``: ``(out_features, in_features)`` int8 and ``(out_features,)`` float32.
 
     Raises:
-        TypeError: not a real numeric array. ValueError: not 2-D, empty, or holding NaN or inf.
+        TypeError: not a real numeric array. ValueError: not 2-D, empty, holding NaN or inf, or (a
+            float64 array) a value beyond float32's range (``|v| > 3.4028235e38``, which float32
+            would make inf).
     """
-    w = as_float(weight, "weight", np.float32, ndim=2)
+    w = as_float(weight, "weight", None, ndim=2)        # float64 stays float64 until checked
     if not np.isfinite(w).all():
-        raise ValueError("weight: expected finite values, got NaN or inf")
+        bad = w[~np.isfinite(w)].flat[0]
+        raise ValueError(f"weight: expected finite values, got {bad}")
+    if w.dtype != np.float32:
+        with np.errstate(over="ignore"):                 # reported below, not as a RuntimeWarning
+            w32 = w.astype(np.float32)
+        if not np.isfinite(w32).all():
+            bad = w[~np.isfinite(w32)].flat[0]
+            raise ValueError(f"weight: expected values within float32's range (|v| <= "
+                             f"{np.finfo(np.float32).max}), got {bad} (which overflows float32)")
+        w = w32
     return _core.quantize_int8(weight=w)
 
 
@@ -243,8 +263,7 @@ def linear_int8(x, qweight, scales, bias=None, *, residual_activations: bool = F
             ``residual_activations`` not a bool.
         ValueError: shapes that disagree; ``x`` empty; ``in_features`` > 131072.
     """
-    if not isinstance(residual_activations, (bool, np.bool_)):
-        raise TypeError(f"residual_activations: expected a bool, got {type(residual_activations).__name__}")
+    residual_activations = check_bool(residual_activations, "residual_activations")
     if not isinstance(qweight, np.ndarray) or qweight.dtype != np.int8:
         got = qweight.dtype if isinstance(qweight, np.ndarray) else type(qweight).__name__
         raise TypeError(f"qweight: expected an int8 numpy array, got {got}")
@@ -260,7 +279,7 @@ def linear_int8(x, qweight, scales, bias=None, *, residual_activations: bool = F
         raise ValueError(f"scales: expected shape ({out_features},), got {s.shape}")
     b = _bias(bias, out_features)
     y = _core.linear_int8(x=x2, qweight=np.ascontiguousarray(qweight), scales=s, bias=b,
-                          residual_activations=bool(residual_activations))
+                          residual_activations=residual_activations)
     return y.reshape(*lead, out_features)
 
 
@@ -282,9 +301,18 @@ def linear_gguf(x, blocks, ggml_type, out_features: int, in_features: int, bias=
           in float32 (FMA). The result is the dequantize-then-float32 product up to float32 rounding
           (the 32 partial sums per output are fixed, so every instruction set gives the same bits).
           With more than 8 rows of ``x`` (a prompt), the weights are decoded a tile of 128 rows at a
-          time and packed for the float32 linear layer's GEMM (:func:`transformer_core.functional.linear`'s
-          kernels: AMX tiles on the ``amx`` ISA, FMA panels otherwise), once per call: the result is
-          that GEMM's on the dequantized weights, bit for bit, without their float32 copy in memory.
+          time and packed for the float32 linear layer's GEMM (the kernels of
+          :func:`transformer_core.functional.linear` for many rows: AMX tiles on the ``amx`` ISA, FMA
+          panels otherwise), once per call, without a float32 copy of the weights in memory. How
+          that compares with ``functional.linear(x, dequantize_gguf(...), bias)``:
+
+          - 1 to 8 rows: the register kernel above; ``functional.linear`` sums in another order
+            (its small-rows kernel): equal up to float32 rounding, not bit for bit in general.
+          - 9 to 32 rows: the GEMM, while ``functional.linear`` still takes its small-rows kernel
+            for so few rows: equal up to float32 rounding, not bit for bit in general.
+          - 33 rows or more, on a CPU with AVX2: the GEMM that ``functional.linear`` takes too,
+            bit for bit. (Without AVX2 both fall back to BLAS, in tiles of their own: equal up to
+            float32 rounding.)
         * ``quantize_activations=True``: each block of 32 values of ``x`` is quantized to int8
           (:func:`quantize_q8_blocks`) and each block product is an exact integer dot product, scaled
           by both blocks' scales in float32 — llama.cpp's way: faster, as accurate as 8-bit ``x``.
@@ -304,13 +332,16 @@ def linear_gguf(x, blocks, ggml_type, out_features: int, in_features: int, bias=
         ``(..., out_features)`` float32.
 
     Raises:
-        TypeError: ``blocks`` not bytes; ``ggml_type`` not a str; a non-numeric ``x``/``bias``.
+        TypeError: ``blocks`` not bytes; ``ggml_type`` not a str; ``out_features``/``in_features``
+            not ints; a non-numeric ``x``/``bias``; ``quantize_activations`` not a bool.
         ValueError: unknown ``ggml_type``; ``in_features`` not a multiple of 32; ``blocks`` of the
-            wrong length; ``x``'s last dim != ``in_features``; ``bias`` of the wrong shape.
+            wrong length or not contiguous (a strided memoryview); ``x`` empty or its last dim !=
+            ``in_features``; ``bias`` of the wrong shape.
 
     Source: the GGUF specification (ggml's ``docs/gguf.md``) and ``ggml-common.h``'s block structs;
     gguf-py's ``gguf.quants`` (numpy) decodes the same bytes to the same values.
     """
+    quantize_activations = check_bool(quantize_activations, "quantize_activations")
     name = _ggml_type(ggml_type)
     out_features = check_positive_int(out_features, "out_features")
     in_features = check_positive_int(in_features, "in_features")
@@ -319,7 +350,7 @@ def linear_gguf(x, blocks, ggml_type, out_features: int, in_features: int, bias=
     x2, lead = _rows(x, in_features, "in_features")
     b = _bias(bias, out_features)
     y = _core.linear_gguf(x=x2, blocks=data, ggml_type=name, out_features=out_features, in_features=in_features,
-                          bias=b, quantize_activations=bool(quantize_activations))
+                          bias=b, quantize_activations=quantize_activations)
     return y.reshape(*lead, out_features)
 
 
@@ -343,9 +374,11 @@ def linear_gguf_parts(x, parts, in_features: int, bias=None, quantize_activation
         ``(..., Σ rows)`` float32.
 
     Raises:
-        TypeError: ``parts`` not a sequence of triples; bytes or types as :func:`linear_gguf`.
+        TypeError: ``parts`` not a sequence of triples; bytes or types as :func:`linear_gguf`;
+            ``quantize_activations`` not a bool.
         ValueError: as :func:`linear_gguf`, naming the part.
     """
+    quantize_activations = check_bool(quantize_activations, "quantize_activations")
     in_features = check_positive_int(in_features, "in_features")
     if isinstance(parts, (str, bytes)) or not hasattr(parts, "__len__") or len(parts) == 0:
         raise TypeError(f"parts: expected a non-empty sequence of (blocks, ggml_type, rows), got {type(parts).__name__}")
@@ -362,7 +395,7 @@ def linear_gguf_parts(x, parts, in_features: int, bias=None, quantize_activation
     x2, lead = _rows(x, in_features, "in_features")
     b = _bias(bias, out_features)
     y = _core.linear_gguf_parts(x=x2, parts=runs, in_features=in_features, bias=b,
-                                quantize_activations=bool(quantize_activations))
+                                quantize_activations=quantize_activations)
     return y.reshape(*lead, out_features)
 
 
@@ -424,6 +457,55 @@ def _model_classes():
     return Module, SentenceEncoder
 
 
+def _name_list(names, arg: str) -> list:
+    """``names`` (one str, or an iterable of str) as a list of weight names, duplicates dropped."""
+    if isinstance(names, str):
+        return [names]
+    from collections.abc import Iterable, Mapping
+
+    if isinstance(names, (bytes, Mapping)) or not isinstance(names, Iterable):
+        raise TypeError(f"{arg}: expected a list of weight names (str, as in model.state_dict()), "
+                        f"got {type(names).__name__} {names!r}")
+    out = list(names)
+    for i, name in enumerate(out):
+        if not isinstance(name, str):
+            raise TypeError(f"{arg}[{i}]: expected a weight name (a str), got {type(name).__name__} {name!r}")
+    return list(dict.fromkeys(out))
+
+
+def _public_names(model) -> dict:
+    """``{(id(impl), core_name): name}`` over ``model``'s weights: the name ``state_dict`` gives each
+    entry of each C++ registry."""
+    return {(id(slot.impl), slot.core_name): name for name, slot in model._slots().items()}
+
+
+def _check_keep_float(model, keep: list) -> None:
+    """ValueError unless every name of ``keep`` is a linear layer's weight, and every packed matrix
+    (the rows of ``[q; k; v]``, of ``[gate; up]``: one matrix, one int8 conversion) is named whole or
+    not at all. Names in the messages are ``state_dict``'s."""
+    if not keep:
+        return
+    shapes = model.parameter_shapes()
+    for name in keep:
+        if name not in shapes:
+            raise ValueError(f"keep_float: unknown weight {name!r} (expected names of model.state_dict())")
+    public = _public_names(model)
+    group_of = {}  # name -> the names of the matrix it is (part of), in row order
+    for impl in model._impls():
+        for core_names in impl.linear_weight_groups():
+            names = [public[(id(impl), c)] for c in core_names if (id(impl), c) in public]
+            for name in names:
+                group_of[name] = names
+    for name in keep:
+        if name not in group_of:
+            raise ValueError(f"keep_float: {name!r} is not the weight of a linear layer (quantize converts only "
+                             f"those; embeddings, norms and biases stay float32)")
+        missing = [n for n in group_of[name] if n not in keep]
+        if missing:
+            raise ValueError(f"keep_float: {name!r} is one part of the packed matrix {group_of[name]}, stored and "
+                             f"quantized as one: name all of its parts (missing {missing}) or none")
+
+
 def quantize(model, format: str = "int8", *, inplace: bool = False, keep_float=None,
              residual_activations: bool = False):
     """A copy of ``model`` whose linear layers hold int8 weights (as ``torch.ao.quantization.quantize_dynamic``
@@ -433,9 +515,10 @@ def quantize(model, format: str = "int8", *, inplace: bool = False, keep_float=N
     included), feed-forward layers, BERT's pooler, a decoder's own LM head — is quantized per output
     channel (:func:`quantize_int8`) and multiplied by :func:`linear_int8` (activations quantized per
     row on the fly, int32 accumulation). A causal LM whose head is tied to its token embedding
-    (GPT-2, SmolLM2) gets an int8 copy of the table for the head; the lookups stay float32, as
-    torch's ``quantize_dynamic`` leaves ``nn.Embedding`` alone. Embeddings, attention, norms, softmax
-    and activations stay float32. The fp32 weights of the converted layers are freed.
+    (GPT-2, SmolLM2) gets an int8 copy of the table for the head (counted by :func:`weight_bytes`
+    under the table's name); the lookups stay float32, as torch's ``quantize_dynamic`` leaves
+    ``nn.Embedding`` alone. Embeddings, attention, norms, softmax and activations stay float32.
+    The fp32 weights of the converted layers are freed.
 
     After quantizing, ``state_dict()`` returns the dequantized weights (``scale · q``), and
     ``load_state_dict`` is refused (load into a float model, then quantize).
@@ -446,11 +529,14 @@ def quantize(model, format: str = "int8", *, inplace: bool = False, keep_float=N
             a :mod:`transformer_core.nn` layer, ...) or a :class:`~transformer_core.SentenceEncoder`
             (its BERT model is quantized). A model holding GGUF blocks is dequantized first.
         format: ``"int8"``.
-        inplace: convert ``model`` itself instead of a copy.
-        keep_float: weight names (as in ``model.state_dict()``) of linear layers left in float32 —
-            mixed precision for the layers whose inputs quantize worst (e.g. a Transformer's
-            feed-forward output projection, whose inputs carry outliers: Dettmers et al. 2022,
-            "LLM.int8()"). Default: none.
+        inplace: convert ``model`` itself instead of a copy (a bool).
+        keep_float: weight names (as in ``model.state_dict()``; a list, or one str) of linear layers
+            left in float32 — mixed precision for the layers whose inputs quantize worst (e.g. a
+            Transformer's feed-forward output projection, whose inputs carry outliers: Dettmers et
+            al. 2022, "LLM.int8()"). Where several names are the row slices of one packed matrix
+            (a Llama layer's ``q_proj``/``k_proj``/``v_proj``, its ``gate_proj``/``up_proj``; the
+            matrix is quantized as one), name all of them. A tied LM head has no weight of its own
+            to name: it is always int8. Default: none.
         residual_activations: multiply every int8 layer's activations in two int8 passes, value and
             rounding residual (:func:`linear_int8`; :func:`set_residual_activations` changes it
             later): twice the integer products, about 250× less activation error.
@@ -459,21 +545,23 @@ def quantize(model, format: str = "int8", *, inplace: bool = False, keep_float=N
         The quantized model (``model`` itself with ``inplace``).
 
     Raises:
-        TypeError: ``model`` is not a transformer_core model; ``format`` not a str;
-            ``residual_activations`` not a bool.
+        TypeError: ``model`` is not a transformer_core model; ``format`` not a str; ``inplace`` or
+            ``residual_activations`` not a bool; ``keep_float`` not a str or a list of str.
         ValueError: an unknown ``format``; a float64 model (the int8 kernels compute in float32:
-            build the model in float32); a ``keep_float`` name that is unknown or not a linear
-            layer's weight.
+            build the model in float32); ``inplace`` on a model holding GGUF blocks; a
+            ``keep_float`` name that is unknown, not a linear layer's weight, or one part of a
+            packed matrix without the others (the message lists them). Nothing is converted then.
     """
     Module, SentenceEncoder = _model_classes()
     if not isinstance(format, str):
         raise TypeError(f"format: expected a str such as 'int8', got {type(format).__name__}")
     if format not in QUANTIZED_FORMATS:
         raise ValueError(f"format: expected one of {list(QUANTIZED_FORMATS)}, got {format!r}")
-    if not isinstance(residual_activations, (bool, np.bool_)):
-        raise TypeError(f"residual_activations: expected a bool, got {type(residual_activations).__name__}")
+    inplace = check_bool(inplace, "inplace")
+    residual_activations = check_bool(residual_activations, "residual_activations")
+    keep = [] if keep_float is None else _name_list(keep_float, "keep_float")
     if isinstance(model, SentenceEncoder):
-        bert = quantize(model.model, format, inplace=inplace, keep_float=keep_float,
+        bert = quantize(model.model, format, inplace=inplace, keep_float=keep,
                         residual_activations=residual_activations)
         return model if inplace else SentenceEncoder(bert, model.tokenizer)
     if not isinstance(model, Module):
@@ -485,11 +573,7 @@ def quantize(model, format: str = "int8", *, inplace: bool = False, keep_float=N
     if inplace and any(f not in ("float32", "int8") for f in model.weight_formats().values()):
         raise ValueError("model: holds GGUF blocks; quantize a copy (inplace=False), which starts from the "
                          "dequantized weights")
-    keep = [] if keep_float is None else [keep_float] if isinstance(keep_float, str) else list(keep_float)
-    slots = model._slots()
-    for name in keep:
-        if name not in slots:
-            raise ValueError(f"keep_float: unknown weight {name!r} (expected names of model.state_dict())")
+    _check_keep_float(model, keep)
     target = model if inplace else _copy(model)
     from .decoder import CausalLM
 
@@ -585,9 +669,8 @@ def _set_activation_mode(model, on, method: str) -> int:
         model = model.model
     if not isinstance(model, Module):
         raise TypeError(f"model: expected a transformer_core model, got {type(model).__name__}")
-    if not isinstance(on, (bool, np.bool_)):
-        raise TypeError(f"on: expected a bool, got {type(on).__name__}")
-    return sum(getattr(impl, method)(bool(on)) for impl in model._impls() if hasattr(impl, method))
+    on = check_bool(on, "on")
+    return sum(getattr(impl, method)(on) for impl in model._impls() if hasattr(impl, method))
 
 
 def set_quantize_activations(model, on: bool = True) -> int:
@@ -628,13 +711,30 @@ def set_residual_activations(model, on: bool = True) -> int:
     return _set_activation_mode(model, on, "set_residual_activations")
 
 
+#: The suffix of the entry that ``parameter_storage()`` (the C++ registry's storage, per name) adds
+#: for an embedding table whose tied LM head multiplies by an int8 copy of it: ``"<table>" + suffix``.
+_TIED_HEAD_COPY = ":tied_lm_head"
+
+
 def weight_bytes(model, names=None) -> int:
     """Bytes the weights of ``model`` occupy as stored (float32/float64: 4/8 per value; int8: one
     byte per value + 4 per output channel; GGUF: the blocks), over ``names`` (default: all) — what a
     forward pass streams for them.
 
+    A causal LM quantized by :func:`quantize` whose LM head is tied to its token embedding holds the
+    table twice: float32 for the lookups and an int8 copy that the head multiplies by (``V · E``
+    bytes + 4 per row). Both count under the table's name (e.g. ``"model.embed_tokens.weight"``).
+
+    Args:
+        model: a transformer_core model (or ``SentenceEncoder``).
+        names: weight names as in ``model.state_dict()`` (a list, or one str), or None: all.
+
+    Returns:
+        The byte count, an int (a name given twice counts once).
+
     Raises:
-        TypeError: not a transformer_core model. KeyError: an unknown name.
+        TypeError: not a transformer_core model; ``names`` not a str or a list of str.
+        ValueError: an unknown name.
     """
     Module, SentenceEncoder = _model_classes()
     if isinstance(model, SentenceEncoder):
@@ -642,17 +742,33 @@ def weight_bytes(model, names=None) -> int:
     if not isinstance(model, Module):
         raise TypeError(f"model: expected a transformer_core model, got {type(model).__name__}")
     shapes, formats = model.parameter_shapes(), model.weight_formats()
+    wanted = list(shapes) if names is None else _name_list(names, "names")
+    for name in wanted:
+        if name not in shapes:
+            raise ValueError(f"names: unknown weight {name!r} (expected names of model.state_dict())")
     total = 0
-    for name in (shapes if names is None else names):
-        shape, fmt = shapes[name], formats[name]
-        count = int(np.prod(shape))
-        if fmt in ("float32", "float64"):
-            total += count * (4 if fmt == "float32" else 8)
-        elif fmt == "int8":
-            total += count + 4 * shape[0]
-        elif fmt in GGML_TYPES:
-            block, size = GGML_TYPES[fmt]
-            total += count // block * size
-        else:
-            raise ValueError(f"{name}: stored as {fmt!r}, whose size this function does not know")
+    for name in wanted:
+        total += _stored_bytes(name, shapes[name], formats[name])
+    # the int8 copies of tied tables, under the table's name
+    public, wanted_set = _public_names(model), set(wanted)
+    for impl in model._impls():
+        for core_name, fmt in impl.parameter_storage():
+            if not core_name.endswith(_TIED_HEAD_COPY):
+                continue
+            table = public.get((id(impl), core_name[: -len(_TIED_HEAD_COPY)]))
+            if table in wanted_set:
+                total += _stored_bytes(table, shapes[table], fmt)
     return total
+
+
+def _stored_bytes(name: str, shape: tuple, fmt: str) -> int:
+    """Bytes of a weight of ``shape`` stored as ``fmt``."""
+    count = int(np.prod(shape))
+    if fmt in ("float32", "float64"):
+        return count * (4 if fmt == "float32" else 8)
+    if fmt == "int8":
+        return count + 4 * shape[0]
+    if fmt in GGML_TYPES:
+        block, size = GGML_TYPES[fmt]
+        return count // block * size
+    raise ValueError(f"{name}: stored as {fmt!r}, whose size this function does not know")

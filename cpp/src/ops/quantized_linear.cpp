@@ -35,6 +35,32 @@ constexpr int64_t kSgemmRows = 128, kSgemmCols = 128, kSgemmDepth = 512;
 constexpr int64_t kInt8PackPerCallRows = 256;
 // The smallest work (multiply-adds) worth a thread of its own.
 constexpr int64_t kGrainMacs = 1 << 16;
+// The quantized activations of one pass over x take at most about this many bytes of scratch: x is
+// quantized and multiplied a chunk of rows at a time (the rows of one chunk: a multiple of the
+// product's tile rows, the last chunk up to kFewRows more). A row of the int8 product is padded to
+// whole 64-byte vectors (the AVX-512 and AMX kernels read them), 16 times x's own size for
+// in_features = 1: without chunks, 2^22 such rows took 512 MiB of scratch that the thread then kept
+// (kernels/workspace.hpp never shrinks). 4 MiB: a chunk of 64-row tiles holds 2,688 rows of 1,536
+// features (MiniLM's widest input), so a sentence encoder's batches still run in one chunk.
+constexpr int64_t kChunkBytes = int64_t(1) << 22;
+
+// The rows of x per chunk: a multiple of tile_rows, at least one tile, about kChunkBytes / row_bytes.
+int64_t chunk_rows(int64_t row_bytes, int64_t tile_rows) {
+  return std::max<int64_t>(1, kChunkBytes / std::max<int64_t>(1, row_bytes) / tile_rows) * tile_rows;
+}
+
+// Runs fn(r0, r1) over the chunks of [0, rows): `chunk` rows each, the last one also taking the rest
+// when at most kFewRows rows would be left (so that no chunk of a call of more than kFewRows rows
+// has kFewRows or fewer: over_outputs' path and the packed kernels' column split stay those of the
+// whole call). Scratch for chunk + kFewRows rows holds any chunk.
+template <class F>
+void over_chunks(int64_t rows, int64_t chunk, const F& fn) {
+  for (int64_t r0 = 0; r0 < rows;) {
+    const int64_t r1 = rows - r0 <= chunk + kFewRows ? rows : r0 + chunk;
+    fn(r0, r1);
+    r0 = r1;
+  }
+}
 
 using kernels::Scratch;
 
@@ -147,13 +173,9 @@ void linear_int8(const float* x, int64_t rows, int64_t in, const int8_t* qweight
                                 " (the int32 accumulator's exact range), got " + std::to_string(in));
   if (rows == 0) return;
   const q::KernelTable& kt = q::active_kernels();
-  const int64_t ldq = (in + 63) / 64 * 64;  // rows zero-padded to whole 64-byte vectors
-  int8_t* xq = kernels::workspace<int8_t>(Scratch::kQuantActivations, static_cast<size_t>(rows * ldq));
-  float* sx = kernels::workspace<float>(Scratch::kQuantScales, static_cast<size_t>(rows));
-  int32_t* xsum = kernels::workspace<int32_t>(Scratch::kQuantSums, static_cast<size_t>(rows));
-  kernels::parallel_for(0, rows, grain_rows(in * 16), [&](int64_t r0, int64_t r1) {
-    kt.quantize_rows_int8(x + r0 * in, r1 - r0, in, xq + r0 * ldq, ldq, sx + r0, xsum + r0);
-  });
+  // Rows zero-padded to whole 64-byte vectors: the AVX-512 and AMX kernels load 64 bytes of a row at
+  // a time, and the padding must hold zeros (they multiply it by a zero weight shifted by 128).
+  const int64_t ldq = (in + 63) / 64 * 64;
   // Many rows on an ISA with the packed product: the weights in its panels, once per PackedWeightScope
   // (or once per call, where enough rows repay it), then one product over them per pass.
   const bool repaid = kernels::current_packed_weights() != nullptr || rows >= kInt8PackPerCallRows;
@@ -161,31 +183,51 @@ void linear_int8(const float* x, int64_t rows, int64_t in, const int8_t* qweight
       rows > kFewRows && repaid && kt.linear_int8_packed != nullptr ? packed_int8(kt, qweight, out, in) : nullptr;
   const int64_t tile_rows = packed != nullptr ? kt.int8_packed_tile_rows : kt.int8_tile_rows;
   const int64_t tile_cols = packed != nullptr ? kt.int8_packed_tile_cols : kt.int8_tile_cols;
-  const auto product = [&](const int8_t* aq, const float* as, const int32_t* asum, const float* b, bool accumulate) {
-    over_outputs(rows, in, out, tile_rows, tile_cols, [&](int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
-      if (packed != nullptr)
-        kt.linear_int8_packed(aq, ldq, as, asum, i0, i1, in, packed, scales, b, j0, j1, y, out, accumulate);
-      else
-        kt.linear_int8(aq, ldq, as, asum, i0, i1, in, qweight, scales, b, j0, j1, y, out, accumulate);
-    });
-  };
-  product(xq, sx, xsum, bias, false);
-  if (!residual_activations) return;
 
-  // The second pass: each row's rounding residual r = x − q · sx, quantized in units of sr = sx / 256,
-  // then its product added to y. fma(−q, sx, x) is r exactly (|r| <= sx / 2 and its bits stop at
-  // ulp(sx) or ulp(x), whichever is finer: it fits in 24 bits), so the roundings are those of
-  // inv = 256 / sx and of r · inv; only |r · inv| in (127, 128] is clamped.
-  int8_t* rq = kernels::workspace<int8_t>(Scratch::kQuantResidualActivations, static_cast<size_t>(rows * ldq));
-  float* sr = kernels::workspace<float>(Scratch::kQuantResidualScales, static_cast<size_t>(rows));
-  int32_t* rsum = kernels::workspace<int32_t>(Scratch::kQuantResidualSums, static_cast<size_t>(rows));
-  kernels::parallel_for(0, rows, grain_rows(in * 16), [&](int64_t r0, int64_t r1) {
-    for (int64_t i = r0; i < r1; ++i) {
-      sr[i] = sx[i] / 256.0f;  // exact: a power of two (sx >= 2^-100 / 127 keeps it normal)
-      rsum[i] = residual_row(x + i * in, xq + i * ldq, sx[i], in, ldq, rq + i * ldq);
-    }
+  // x a chunk of rows at a time (over_chunks): the scratch holds one chunk's quantized rows.
+  const int64_t chunk = chunk_rows(ldq, tile_rows);
+  const auto scratch_rows = static_cast<size_t>(std::min(rows, chunk + kFewRows));
+  int8_t* xq = kernels::workspace<int8_t>(Scratch::kQuantActivations, scratch_rows * static_cast<size_t>(ldq));
+  float* sx = kernels::workspace<float>(Scratch::kQuantScales, scratch_rows);
+  int32_t* xsum = kernels::workspace<int32_t>(Scratch::kQuantSums, scratch_rows);
+  int8_t* rq = nullptr;
+  float* sr = nullptr;
+  int32_t* rsum = nullptr;
+  if (residual_activations) {
+    rq = kernels::workspace<int8_t>(Scratch::kQuantResidualActivations, scratch_rows * static_cast<size_t>(ldq));
+    sr = kernels::workspace<float>(Scratch::kQuantResidualScales, scratch_rows);
+    rsum = kernels::workspace<int32_t>(Scratch::kQuantResidualSums, scratch_rows);
+  }
+  over_chunks(rows, chunk, [&](int64_t c0, int64_t c1) {
+    const int64_t n = c1 - c0;  // rows c0 .. c1 of x and y are rows 0 .. n of the scratch
+    const float* xc = x + c0 * in;
+    float* yc = y + c0 * out;
+    kernels::parallel_for(0, n, grain_rows(in * 16), [&](int64_t r0, int64_t r1) {
+      kt.quantize_rows_int8(xc + r0 * in, r1 - r0, in, xq + r0 * ldq, ldq, sx + r0, xsum + r0);
+    });
+    const auto product = [&](const int8_t* aq, const float* as, const int32_t* asum, const float* b, bool accumulate) {
+      over_outputs(n, in, out, tile_rows, tile_cols, [&](int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
+        if (packed != nullptr)
+          kt.linear_int8_packed(aq, ldq, as, asum, i0, i1, in, packed, scales, b, j0, j1, yc, out, accumulate);
+        else
+          kt.linear_int8(aq, ldq, as, asum, i0, i1, in, qweight, scales, b, j0, j1, yc, out, accumulate);
+      });
+    };
+    product(xq, sx, xsum, bias, false);
+    if (!residual_activations) return;
+
+    // The second pass: each row's rounding residual r = x − q · sx, quantized in units of sr = sx / 256,
+    // then its product added to y. fma(−q, sx, x) is r exactly (|r| <= sx / 2 and its bits stop at
+    // ulp(sx) or ulp(x), whichever is finer: it fits in 24 bits), so the roundings are those of
+    // inv = 256 / sx and of r · inv; only |r · inv| in (127, 128] is clamped.
+    kernels::parallel_for(0, n, grain_rows(in * 16), [&](int64_t r0, int64_t r1) {
+      for (int64_t i = r0; i < r1; ++i) {
+        sr[i] = sx[i] / 256.0f;  // exact: a power of two (sx >= 2^-100 / 127 keeps it normal)
+        rsum[i] = residual_row(xc + i * in, xq + i * ldq, sx[i], in, ldq, rq + i * ldq);
+      }
+    });
+    product(rq, sr, rsum, nullptr, true);
   });
-  product(rq, sr, rsum, nullptr, true);
 }
 
 void linear_gguf(const float* x, int64_t rows, int64_t in, const uint8_t* blocks, size_t num_bytes, GgmlType type,
@@ -297,14 +339,23 @@ void linear_gguf_parts(const float* x, int64_t rows, int64_t in, const GgufRows*
   auto bias_of = [&](int64_t p) { return bias != nullptr ? bias + runs.start[static_cast<size_t>(p)] : nullptr; };
 
   if (quantize_activations) {
-    int8_t* xq = kernels::workspace<int8_t>(Scratch::kQuantActivations, static_cast<size_t>(rows * in));
-    float* xd = kernels::workspace<float>(Scratch::kQuantScales, static_cast<size_t>(rows * nb));
-    int32_t* xg = kernels::workspace<int32_t>(Scratch::kQuantSums, static_cast<size_t>(rows * nb * 8));
-    kernels::parallel_for(0, rows, grain_rows(in * 16), [&](int64_t r0, int64_t r1) {
-      kt.quantize_q8_blocks(x + r0 * in, r1 - r0, in, xq + r0 * in, xd + r0 * nb, xg + r0 * nb * 8);
-    });
-    over_runs(runs, parts, rows, in, kTileRows, kTileCols, [&](int64_t p, int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
-      kt.linear_gguf_q8(parts[p].type, xq, xd, xg, i0, i1, in, parts[p].blocks, bias_of(p), j0, j1, y_of(p), out);
+    // x a chunk of rows at a time (over_chunks): per row, in int8 values, nb fp32 scales and
+    // nb · 8 int32 group sums in the scratch.
+    const int64_t chunk = chunk_rows(in + nb * 4 + nb * 32, kTileRows);
+    const auto scratch_rows = static_cast<size_t>(std::min(rows, chunk + kFewRows));
+    int8_t* xq = kernels::workspace<int8_t>(Scratch::kQuantActivations, scratch_rows * static_cast<size_t>(in));
+    float* xd = kernels::workspace<float>(Scratch::kQuantScales, scratch_rows * static_cast<size_t>(nb));
+    int32_t* xg = kernels::workspace<int32_t>(Scratch::kQuantSums, scratch_rows * static_cast<size_t>(nb * 8));
+    over_chunks(rows, chunk, [&](int64_t c0, int64_t c1) {
+      const int64_t n = c1 - c0;  // rows c0 .. c1 of x and y are rows 0 .. n of the scratch
+      kernels::parallel_for(0, n, grain_rows(in * 16), [&](int64_t r0, int64_t r1) {
+        kt.quantize_q8_blocks(x + (c0 + r0) * in, r1 - r0, in, xq + r0 * in, xd + r0 * nb, xg + r0 * nb * 8);
+      });
+      const auto tile = [&](int64_t p, int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
+        kt.linear_gguf_q8(parts[p].type, xq, xd, xg, i0, i1, in, parts[p].blocks, bias_of(p), j0, j1,
+                          y_of(p) + c0 * out, out);
+      };
+      over_runs(runs, parts, n, in, kTileRows, kTileCols, tile);
     });
     return;
   }

@@ -27,6 +27,8 @@ void quantize_int8(const float* weight, int64_t out, int64_t in, int8_t* qweight
 //     y = (float(acc_q) · (sx · sw) + bias) + float(acc_r) · (sr · sw)      acc_* exact int32
 //   Twice the integer products; the activations' error drops from sx / 2 to sx / 512, which leaves
 //   the weights' rounding as the error that remains.
+// x is quantized and multiplied a chunk of rows at a time: the scratch (a thread's workspace, kept
+// for the next call) takes about 4 MiB per pass whatever the rows, and no result depends on it.
 void linear_int8(const float* x, int64_t rows, int64_t in, const int8_t* qweight, const float* scales,
                  const float* bias, int64_t out, float* y, bool residual_activations = false);
 
@@ -35,9 +37,12 @@ void linear_int8(const float* x, int64_t rows, int64_t in, const int8_t* qweight
 // quantize_activations = false (default): fp32 activations; each block is decoded in registers and
 //   multiplied with x in fp32 (up to 8 rows), or decoded a 128-row tile at a time and packed for
 //   the fp32 linear layer's GEMM (kernels/linear.hpp, once per call; more rows): the result is the
-//   dequantize-then-fp32 product up to fp32 rounding (with many rows, that GEMM's bits exactly).
+//   dequantize-then-fp32 product up to fp32 rounding (with more than 8 rows, that GEMM's bits
+//   exactly: kernels::linear's on the decoded weights from 33 rows on, where it stops taking its
+//   small-rows kernel, on a CPU with AVX2).
 // quantize_activations = true: x is quantized to Q8 blocks (quantize_q8_blocks) and each block
 //   product is an exact integer dot, as llama.cpp computes: faster, and as accurate as 8-bit x.
+//   x is quantized a chunk of rows at a time (about 4 MiB of scratch, as linear_int8).
 // in must be a multiple of 32; num_bytes must be out · in / 32 · type_size.
 void linear_gguf(const float* x, int64_t rows, int64_t in, const uint8_t* blocks, size_t num_bytes, GgmlType type,
                  const float* bias, int64_t out, float* y, bool quantize_activations);
