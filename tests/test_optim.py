@@ -318,6 +318,75 @@ def test_load_state_dict_checks_step_and_flags(rng):
     assert opt.state["layer1.weight"]["step"] == 1 and type(opt.state["layer1.weight"]["step"]) is int
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
+def test_load_state_dict_refuses_nonfinite_or_negative_moments(rng, dtype):
+    """A moment holding NaN or ±inf (also once cast: 1e300 is inf in float32), or a negative second
+    moment (whose square root the update takes), would turn the weights into NaN at the next step:
+    ValueError naming the entry, nothing loaded. Zeros and a negative first moment load (as torch,
+    which then steps to finite weights)."""
+    ours, theirs = make_params(rng, dtype)
+    opt = optim.Adam(ours, lr=0.1, amsgrad=True)
+    for p in ours:
+        p.grad = np.ones_like(p.data)
+    opt.step()
+    sd = opt.state_dict()
+    before = snapshot(opt, ours)
+    shape = ours[0].data.shape  # (3, 4)
+
+    def with_value(field, index, value):
+        arr = sd[f"state.layer0.weight.{field}"].copy()
+        arr.flat[index] = value
+        return {**sd, f"state.layer0.weight.{field}": arr}
+
+    cases = [
+        (with_value("exp_avg_sq", 0, np.nan), r"state\.layer0\.weight\.exp_avg_sq: expected finite values, got 1"),
+        (with_value("exp_avg_sq", 1, -1.0), r"state\.layer0\.weight\.exp_avg_sq: expected values >= 0 .*got 1 "
+                                            r"negative \(min -1\.0\)"),
+        (with_value("max_exp_avg_sq", 2, -1e-30), r"state\.layer0\.weight\.max_exp_avg_sq: expected values >= 0"),
+        (with_value("max_exp_avg_sq", 2, np.inf), r"state\.layer0\.weight\.max_exp_avg_sq: expected finite"),
+        (with_value("exp_avg", 3, -np.inf), r"state\.layer0\.weight\.exp_avg: expected finite values"),
+        (with_value("exp_avg", 3, np.nan), r"state\.layer0\.weight\.exp_avg: expected finite values"),
+        # NaN and a negative value in one second moment
+        ({**sd, "state.layer1.weight.exp_avg_sq": np.array([np.nan, -1.0, 1.0, 0, 0, 0, 0], dtype)},
+         r"state\.layer1\.weight\.exp_avg_sq: expected finite values"),
+    ]
+    if dtype == np.float32:  # finite in float64, inf once cast to the parameter's float32
+        cases.append(({**sd, "state.layer0.weight.exp_avg": np.full(shape, 1e300)},
+                      r"state\.layer0\.weight\.exp_avg: expected finite values, got 12 NaN or inf"))
+    for state, match in cases:
+        with pytest.raises(ValueError, match=match):
+            opt.load_state_dict(state)
+        assert_unchanged(opt, ours, before)
+    # SGD's momentum buffer: finite, any sign
+    sgd = optim.SGD(ours, lr=0.1, momentum=0.9)
+    sgd.step()
+    sgd_sd = sgd.state_dict()
+    bad = sgd_sd["state.layer2.weight.momentum_buffer"].copy()
+    bad[0] = np.nan
+    with pytest.raises(ValueError, match=r"state\.layer2\.weight\.momentum_buffer: expected finite values"):
+        sgd.load_state_dict({**sgd_sd, "state.layer2.weight.momentum_buffer": bad})
+    bad[0] = -5.0
+    sgd.load_state_dict({**sgd_sd, "state.layer2.weight.momentum_buffer": bad})
+    # zeros and negative first moments load, and the next step matches torch's from the same state
+    good = with_value("exp_avg", 3, -2.0)
+    good["state.layer0.weight.exp_avg_sq"] = np.zeros(shape, dtype)
+    good["state.layer0.weight.max_exp_avg_sq"] = np.zeros(shape, dtype)
+    opt.load_state_dict(good)
+    t_opt = torch.optim.Adam(theirs, lr=0.1, amsgrad=True)
+    for p, q in zip(ours, theirs):
+        with torch.no_grad():
+            q.copy_(torch.from_numpy(p.data))
+        q.grad = torch.ones_like(q)
+        t_opt.state[q] = {"step": torch.tensor(1.0, dtype=torch.float32),
+                          **{f: torch.from_numpy(good[f"state.{p.name}.{f}"].copy())
+                             for f in ("exp_avg", "exp_avg_sq", "max_exp_avg_sq")}}
+    opt.step()
+    t_opt.step()
+    for p, q in zip(ours, theirs):
+        assert np.isfinite(p.data).all()
+        np.testing.assert_allclose(p.data, q.detach().numpy(), rtol=0, atol=1e-5 if dtype == np.float32 else 1e-12)
+
+
 @pytest.mark.parametrize("kind,config", [("AdamW", dict(lr=1e-2, amsgrad=True)), ("SGD", dict(lr=0.1, momentum=0.9)),
                                          ("Adam", dict(lr=1e-2, weight_decay=0.1))])
 def test_state_dict_round_trip_through_safetensors(rng, tmp_path, kind, config):

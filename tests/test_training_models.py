@@ -188,6 +188,171 @@ def test_gradient_accumulation_over_micro_batches(rng):
     assert all(p.grad is None for p in ours.parameters())
 
 
+def _causal_pair(arch, tie, dtype=np.float64):
+    """(hf, ours, hf name -> our name) of a GPT-2 (tied) or Llama pair (the head tied or not)."""
+    if arch == "gpt2":  # (GPT-2's head is always tied)
+        hf, ours = gpt2_pair(dtype)
+        return hf, ours, lambda n: n.removeprefix("transformer.")
+    hf, ours = llama_pair(dtype, tie)
+    return hf, ours, lambda n: n
+
+
+def _hf_grads(hf, ids, labels, rename):
+    """{our name: torch's gradient} of HF's causal-LM loss on (ids, labels) (fp64, from zero)."""
+    hf.zero_grad(set_to_none=True)
+    with _true_fp64():
+        torch_causal_loss(hf, ids, labels).backward()
+    return {rename(n): p.grad.clone() for n, p in hf.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("arch,tie", [("gpt2", True), ("llama", True), ("llama", False)],
+                         ids=["gpt2", "llama_tied", "llama_untied"])
+def test_loss_without_backward_touches_no_gradient(rng, arch, tie):
+    """A training loss keeps what backward needs and touches no gradient, the LM head's included
+    (tied to the embedding or not): loss(A); loss(B); backward() gives B's gradients alone, a loss
+    after a backward leaves the accumulated gradients as they were until its own backward adds,
+    and eval() (or a non-finite loss) drops a pending head gradient."""
+    hf, ours, rename = _causal_pair(arch, tie)
+    head = "wte.weight" if arch == "gpt2" else "model.embed_tokens.weight" if tie else "lm_head.weight"
+    assert head in ours.state_dict()
+    (ids_a, _, lab_a), (ids_b, _, lab_b) = batch(rng, 2, 9), batch(rng, 3, 7)
+    grad_a, grad_b = _hf_grads(hf, ids_a, lab_a, rename), _hf_grads(hf, ids_b, lab_b, rename)
+    ours.train()
+    ours.loss(ids_a, lab_a)
+    assert ours.gradients() == {}
+    assert all(p.grad is None for p in ours.parameters())
+    assert all(np.all(p._impl.gradient_view(p._core_name) == 0) for p in ours.parameters())
+    ours.loss(ids_b, lab_b)  # replaces A's training state: A leaves nothing behind
+    assert ours.gradients() == {}
+    ours.backward()
+    grads = ours.gradients()
+    assert sorted(grads) == sorted(grad_b)
+    for name, ref in grad_b.items():
+        assert_grad(grads[name], ref, np.float64, name)
+    # accumulation: a loss after a backward leaves the gradients alone; its backward adds
+    ours.loss(ids_a, lab_a)
+    for name, value in ours.gradients().items():
+        np.testing.assert_array_equal(value, grads[name], err_msg=name)
+    ours.backward()
+    total = ours.gradients()
+    for name in grad_b:
+        assert_grad(total[name], grad_a[name] + grad_b[name], np.float64, name)
+    # eval() drops the pending head gradient; so does a new loss after zero_grad
+    ours.zero_grad()
+    ours.loss(ids_a, lab_a)
+    ours.eval()
+    assert ours.gradients() == {}
+    ours.train()
+    with pytest.raises(tc.NoTrainingStateError):
+        ours.backward()
+    assert ours.gradients() == {}
+    # zero_grad between the loss and its backward (torch allows it): the gradient of that loss
+    ours.loss(ids_b, lab_b)
+    ours.zero_grad()
+    ours.backward()
+    for name, ref in grad_b.items():
+        assert_grad(ours.gradients()[name], ref, np.float64, name)
+
+
+def test_interleaved_llama_speaks_hf_row_order(rng, tmp_path):
+    """A Llama of rope_layout="interleaved" holds its q/k rows in Meta's order; every public view
+    still speaks Hugging Face's: gradients() against HF's autograd (fp64), the parameters' layout
+    maps (to_checkpoint_layout of data / grad = state_dict / gradients), the AdamW moments that
+    save_checkpoint writes against torch's AdamW, and load_checkpoint into either layout resumes
+    the same training."""
+    from safetensors.numpy import load_file
+
+    hf, half = llama_pair(np.float64, tie=False)
+    cfg = half.config
+    ours = tc.LlamaForCausalLM(cfg, dtype=np.float64, rope_layout="interleaved")
+    ours.load_state_dict({k: v.detach().numpy() for k, v in hf.state_dict().items()})
+    ids, mask, labels = batch(rng, 2, 13, "right")
+    with _true_fp64():
+        ref = torch_causal_loss(hf, ids, labels, mask)
+        ref.backward()
+    ours.train()
+    assert abs(ours.loss(ids, labels, attention_mask=mask) - ref.item()) <= 1e-12
+    ours.backward()
+    check_model_grads(ours, hf, np.float64)
+    q, k = "model.layers.1.self_attn.q_proj.weight", "model.layers.0.self_attn.k_proj.weight"
+    params = dict(ours.named_parameters())
+    assert params[q].row_permutation is not None and not params[q].checkpoint_layout
+    assert params["model.layers.0.self_attn.v_proj.weight"].row_permutation is None
+    state, grads = ours.state_dict(), ours.gradients()
+    for name in (q, k):
+        p = params[name]
+        assert not np.array_equal(p.data, state[name])  # the model's own order ...
+        np.testing.assert_array_equal(p.to_checkpoint_layout(p.data), state[name])  # ... mapped
+        np.testing.assert_array_equal(p.to_checkpoint_layout(p.grad), grads[name])
+        np.testing.assert_array_equal(p.from_checkpoint_layout(grads[name]), p.grad)
+    # one AdamW step on each side: the weights and the saved moments are torch's
+    hp = dict(lr=1e-2, betas=(0.9, 0.95), weight_decay=0.1)
+    opt = tc.optim.AdamW(ours.named_parameters(), **hp)
+    opt.step()
+    opt_t = torch.optim.AdamW(hf.parameters(), **hp)
+    opt_t.step()
+    state = ours.state_dict()
+    for name, p in hf.named_parameters():
+        np.testing.assert_allclose(state[name], p.detach().numpy(), atol=1e-10, rtol=0, err_msg=name)
+    tc.training.save_checkpoint(tmp_path, ours, opt)
+    saved = load_file(str(tmp_path / "optimizer.safetensors"))
+    for name, p in hf.named_parameters():
+        for field in ("exp_avg", "exp_avg_sq"):
+            np.testing.assert_allclose(saved[f"state.{name}.{field}"], opt_t.state[p][field].numpy(), atol=1e-10,
+                                       rtol=0, err_msg=f"{name}.{field}")
+    # load_checkpoint back into the model's own layout, and into a half-layout model: the next step
+    # (same batch) lands on the same weights from both, and on torch's
+    resumed = {}
+    for layout in ("interleaved", "half"):
+        model = tc.LlamaForCausalLM(cfg, dtype=np.float64, rope_layout=layout).train()
+        o = tc.optim.AdamW(model.named_parameters(), **hp)
+        tc.training.load_checkpoint(tmp_path, model, o)
+        if layout == "interleaved":
+            for name, p in model.named_parameters():
+                for field in ("exp_avg", "exp_avg_sq"):
+                    np.testing.assert_array_equal(o.state[name][field], opt.state[name][field], err_msg=name)
+        model.loss(ids, labels, attention_mask=mask)
+        model.backward()
+        o.step()
+        resumed[layout] = model.state_dict()
+    hf.zero_grad()
+    with _true_fp64():
+        torch_causal_loss(hf, ids, labels, mask).backward()
+    opt_t.step()
+    for name, p in hf.named_parameters():
+        for layout, st in resumed.items():
+            np.testing.assert_allclose(st[name], p.detach().numpy(), atol=1e-10, rtol=0, err_msg=f"{layout} {name}")
+
+
+def test_interleaved_llama_initial_weights_are_the_half_layouts(rng):
+    """A freshly built model's weights (seeded init) do not depend on the order it holds q/k rows in."""
+    cfg = tc.LlamaConfig(vocab_size=V, hidden_size=24, intermediate_size=40, num_hidden_layers=1,
+                         num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=32)
+    a = tc.LlamaForCausalLM(cfg, dtype=np.float64).state_dict()
+    b = tc.LlamaForCausalLM(cfg, dtype=np.float64, rope_layout="interleaved").state_dict()
+    assert sorted(a) == sorted(b)
+    for name in a:
+        np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+
+
+@pytest.mark.parametrize("value", ["False", "True", 0, 1, None])
+def test_llama_from_pretrained_quantize_activations_must_be_a_bool(tmp_path, value):
+    """quantize_activations is a flag: a string ("False" is truthy) or a number is a TypeError, for
+    a GGUF file as for a directory; True / False load."""
+    from gguf_fakes import random_llama_state, write_llama_gguf
+
+    path = tmp_path / "tiny.gguf"
+    write_llama_gguf(path, random_llama_state(np.random.default_rng(0)), ggml_type="Q8_0")
+    for where in (path, tmp_path):
+        with pytest.raises(TypeError, match=r"^quantize_activations: expected a bool, got"):
+            tc.LlamaForCausalLM.from_pretrained(where, quantize_activations=value)
+    ids = np.array([[1, 5, 7, 3]])
+    on = tc.LlamaForCausalLM.from_pretrained(path, quantize_activations=True)
+    off = tc.LlamaForCausalLM.from_pretrained(path, quantize_activations=False)
+    assert on.weight_formats()["model.layers.0.mlp.up_proj.weight"] == "Q8_0"
+    assert np.isfinite(on(ids).logits).all() and np.isfinite(off(ids).logits).all()
+
+
 # --------------------------------------------------------------------------------------------------
 # BERT fine-tuning
 # --------------------------------------------------------------------------------------------------
@@ -483,6 +648,187 @@ def test_optimizer_with_unknown_parameter_names(rng, tmp_path):
     tc.training.save_checkpoint(tmp_path, other, tc.optim.AdamW(other.named_parameters()))
     with pytest.raises(ValueError, match="unknown parameter names"):
         tc.training.load_checkpoint(tmp_path, other, opt)
+
+
+
+# --------------------------------------------------------------------------------------------------
+# Training checkpoints: one set, read and checked whole before anything loads
+# --------------------------------------------------------------------------------------------------
+
+_CKPT_FILES = ("model.safetensors", "optimizer.safetensors", "scheduler.safetensors")
+
+
+def _training_set(seed):
+    """(model, AdamW, warmup+cosine schedule) of a small Llama after one step, the weights drawn from
+    ``seed`` (so that two seeds give sets that differ in every array)."""
+    cfg = tc.LlamaConfig(vocab_size=V, hidden_size=16, intermediate_size=24, num_hidden_layers=1,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=16,
+                         tie_word_embeddings=True)
+    model = tc.LlamaForCausalLM(cfg)
+    r = np.random.default_rng(seed)
+    model.load_state_dict({k: 0.3 * r.standard_normal(v.shape) for k, v in model.state_dict().items()})
+    opt = tc.optim.AdamW(model.named_parameters(), lr=1e-3 * (1 + seed))
+    sched = tc.lr_scheduler.get_cosine_schedule_with_warmup(opt, 2 + seed, 20)
+    ids = r.integers(0, V, (2, 6))
+    model.train()
+    model.loss(ids, ids)
+    model.backward()
+    opt.step()
+    sched.step()
+    model.zero_grad()
+    return model, opt, sched
+
+
+def _states(model, opt, sched):
+    return [model.state_dict(), opt.state_dict(), sched.state_dict()]
+
+
+def _assert_states_equal(got, expected):
+    for g, e in zip(got, expected):
+        assert sorted(g) == sorted(e)
+        for k in e:
+            np.testing.assert_array_equal(g[k], e[k], err_msg=k)
+
+
+def _rewrite(path, edit):
+    """Rewrites a safetensors file with ``edit(arrays)`` applied, its metadata (the save's stamp) kept."""
+    from safetensors import safe_open
+    from safetensors.numpy import save_file
+
+    with safe_open(str(path), framework="numpy") as f:
+        metadata = f.metadata()
+        arrays = {k: f.get_tensor(k) for k in f.keys()}
+    edit(arrays)
+    save_file(arrays, str(path), metadata=metadata)
+
+
+def _drop_step(a):
+    del a[next(k for k in a if k.startswith("state.") and k.endswith(".step"))]
+
+
+def _negative_second_moment(a):
+    k = next(k for k in a if k.endswith(".exp_avg_sq"))
+    a[k] = -np.abs(a[k]) - 1
+
+
+def _misshape(a):
+    k = next(iter(a))
+    a[k] = a[k][:1]
+
+
+@pytest.mark.parametrize("file,edit", [
+    ("optimizer.safetensors", _drop_step),
+    ("optimizer.safetensors", _negative_second_moment),
+    ("scheduler.safetensors", lambda a: a.pop("last_epoch")),  # refused after the optimizer would load
+    ("model.safetensors", _misshape),  # refused last: the optimizer and schedule are put back
+], ids=["optimizer_key_missing", "optimizer_negative_moment", "scheduler_key_missing", "model_misshaped"])
+def test_load_checkpoint_refused_changes_nothing(tmp_path, file, edit):
+    """A checkpoint one of whose files is refused leaves the model, the optimizer and the schedule
+    (and the learning rates it writes into the optimizer) exactly as they were."""
+    tc.training.save_checkpoint(tmp_path, *_training_set(1))
+    _rewrite(tmp_path / file, edit)
+    target = _training_set(2)
+    before = _states(*target)
+    lrs = [g["lr"] for g in target[1].param_groups]
+    with pytest.raises(ValueError):
+        tc.training.load_checkpoint(tmp_path, *target)
+    _assert_states_equal(_states(*target), before)
+    assert [g["lr"] for g in target[1].param_groups] == lrs
+
+
+@pytest.mark.parametrize("damage", ["header_length", "header_json", "truncated"])
+@pytest.mark.parametrize("file", _CKPT_FILES)
+def test_load_checkpoint_damaged_file_is_named(tmp_path, file, damage):
+    """A flipped header byte or a truncated file gives a ValueError naming the file (never the
+    safetensors library's own error), before anything is loaded."""
+    tc.training.save_checkpoint(tmp_path, *_training_set(1))
+    path = tmp_path / file
+    data = bytearray(path.read_bytes())
+    if damage == "header_length":
+        data[5] ^= 0x40
+    elif damage == "header_json":
+        data[10] ^= 0x55
+    else:
+        data = data[: len(data) // 2]
+    path.write_bytes(bytes(data))
+    target = _training_set(2)
+    before = _states(*target)
+    with pytest.raises((ValueError, OSError), match=file) as info:
+        tc.training.load_checkpoint(tmp_path, *target)
+    assert type(info.value) in (ValueError, OSError), type(info.value)
+    _assert_states_equal(_states(*target), before)
+
+
+@pytest.mark.parametrize("failing", _CKPT_FILES)
+def test_failed_save_checkpoint_leaves_the_previous_set(tmp_path, monkeypatch, failing):
+    """A save that fails while writing any of its files (a full disk) raises an OSError naming that
+    file and leaves the folder as it was: the previous set, byte for byte, loadable, no temporary."""
+    import errno
+
+    import safetensors.numpy
+
+    first = _training_set(1)
+    tc.training.save_checkpoint(tmp_path, *first)
+    saved = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    assert sorted(saved) == sorted(_CKPT_FILES)
+    real = safetensors.numpy.save_file
+
+    def save_file(tensors, filename, metadata=None):
+        if failing in str(filename):
+            with open(filename, "wb") as f:  # half a file, then the disk is full
+                f.write(b"\0" * 100)
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(tensors, filename, metadata=metadata)
+
+    monkeypatch.setattr(safetensors.numpy, "save_file", save_file)
+    with pytest.raises(OSError, match=failing) as info:
+        tc.training.save_checkpoint(tmp_path, *_training_set(2))
+    assert info.value.errno == errno.ENOSPC
+    monkeypatch.undo()
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == saved
+    target = _training_set(3)
+    tc.training.load_checkpoint(tmp_path, *target)
+    _assert_states_equal(_states(*target), _states(*first))
+
+
+def test_load_checkpoint_refuses_files_of_different_saves(tmp_path):
+    """The files of one save carry one checkpoint_id: a model of one save beside the optimizer of
+    another (copied in, or left by an older save that wrote one when this one did not) is refused,
+    naming the files, and nothing changes; a set of the format before the stamp (no id in any file)
+    still loads."""
+    import shutil
+
+    from safetensors.numpy import save_file
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    first, second = _training_set(1), _training_set(2)
+    tc.training.save_checkpoint(a, *first)
+    tc.training.save_checkpoint(b, *second)
+    target = _training_set(3)
+    before = _states(*target)
+    shutil.copy(b / "optimizer.safetensors", a / "optimizer.safetensors")
+    with pytest.raises(ValueError, match=r"different saves.*model\.safetensors: [0-9a-f]+.*optimizer\.safetensors"):
+        tc.training.load_checkpoint(a, *target)
+    _assert_states_equal(_states(*target), before)
+    # a later save without an optimizer leaves the old optimizer file: not read with the new model
+    tc.training.save_checkpoint(b, second[0])
+    with pytest.raises(ValueError, match="different saves"):
+        tc.training.load_checkpoint(b, target[0], target[1])
+    _assert_states_equal(_states(*target), before)
+    tc.training.load_checkpoint(b, target[0])  # the model alone is one save
+    _assert_states_equal(_states(*target)[:1], _states(*second)[:1])
+    # the format before the stamp: no checkpoint_id in any file, accepted; in some but not all, refused
+    old = tmp_path / "old"
+    old.mkdir()
+    save_file(first[0].state_dict(), str(old / "model.safetensors"), metadata={"format": "np"})
+    save_file(first[1].state_dict(), str(old / "optimizer.safetensors"))
+    save_file(first[2].state_dict(), str(old / "scheduler.safetensors"))
+    target = _training_set(3)
+    tc.training.load_checkpoint(old, *target)
+    _assert_states_equal(_states(*target), _states(*first))
+    shutil.copy(a / "model.safetensors", old / "model.safetensors")
+    with pytest.raises(ValueError, match="optimizer.safetensors: none"):
+        tc.training.load_checkpoint(old, *_training_set(3))
 
 
 def test_gradients_are_bitwise_the_same_for_any_thread_count(rng):

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ._runtime import core as _core
-from ._validation import activation, check_config_fields, check_eps, check_mapping, check_token_ids
+from ._validation import activation, check_bool, check_config_fields, check_eps, check_mapping, check_token_ids
 from .decoder import CausalLM, DecoderModel
 from .module import skip_weight_init
 
@@ -152,8 +152,10 @@ class LlamaModel(DecoderModel):
             pairs RoPE rotates: ``"half"`` (Hugging Face's rotate-half order, the default) or
             ``"interleaved"`` (Meta's original order, which llama.cpp's GGUF files keep: a GGUF
             model's q/k blocks are then used in place). The results are the same up to float32
-            rounding; ``state_dict``/``load_state_dict`` always speak Hugging Face's order (the
-            KV cache holds keys in the model's own order).
+            rounding; ``state_dict``/``load_state_dict``, ``gradients()`` and the optimizer moments
+            that ``training.save_checkpoint`` writes always speak Hugging Face's order. The
+            zero-copy ``named_parameters()`` views (and an optimizer's in-memory state) hold the
+            model's own order: their ``row_permutation`` maps it (as does the KV cache's keys).
 
     Raises:
         ValueError: an unknown ``rope_layout``.
@@ -192,29 +194,11 @@ class LlamaModel(DecoderModel):
 
         return rope_row_permutation(heads, self.head_dim)
 
-    def state_dict(self) -> dict:
-        """As :meth:`Module.state_dict`, q/k rows in Hugging Face's order whatever ``rope_layout``."""
-        state = super().state_dict()
-        for name, value in state.items():
-            perm = self._qk_permutation(name)
-            if perm is not None:
-                state[name] = np.ascontiguousarray(value[perm])
-        return state
-
-    def load_state_dict(self, state_dict) -> None:
-        """As :meth:`Module.load_state_dict`, q/k rows given in Hugging Face's order whatever
-        ``rope_layout``."""
-        from collections.abc import Mapping
-
-        if self.rope_layout == "interleaved" and isinstance(state_dict, Mapping):
-            state = self._rename_state_dict(dict(state_dict))
-            for name, value in state.items():
-                perm = self._qk_permutation(name)
-                arr = np.asarray(value)
-                if perm is not None and arr.ndim >= 1 and arr.shape[0] == perm.shape[0]:
-                    state[name] = arr[np.argsort(perm)]
-            state_dict = state
-        super().load_state_dict(state_dict)
+    def _row_permutation(self, name: str):
+        """The :class:`~transformer_core.module.Module` hook: an interleaved model's q/k rows map
+        to Hugging Face's by :meth:`_qk_permutation`, so ``state_dict``, ``load_state_dict``,
+        ``gradients`` and the saved optimizer moments all speak Hugging Face's order."""
+        return self._qk_permutation(name)
 
     def _public_name(self, core_name: str) -> str | None:
         return None if core_name == "lm_head.weight" else core_name  # hidden states need no head
@@ -253,17 +237,20 @@ class LlamaModel(DecoderModel):
             FileNotFoundError: nothing at ``name_or_path``.
             ValueError: an unsupported or malformed checkpoint (named), a missing, unknown or
                 mis-shaped tensor (listed).
-            TypeError: ``dtype`` not None, float32 or float64.
+            TypeError: ``dtype`` not None, float32 or float64; ``quantize_activations`` not a bool
+                (``"False"`` or 0 included).
         """
         from .checkpoints import load_llama_checkpoint
         from .hub import resolve_model_path
+
+        quantize_activations = check_bool(quantize_activations, "quantize_activations")
 
         if dtype is None:
             location = resolve_model_path(name_or_path)
             if location.is_file():
                 from .gguf_file import read_gguf
 
-                return cls._from_gguf_blocks(read_gguf(location), bool(quantize_activations))
+                return cls._from_gguf_blocks(read_gguf(location), quantize_activations)
             dtype = np.float32
         config, state, source = load_llama_checkpoint(name_or_path, dtype)
         with skip_weight_init():

@@ -4,10 +4,13 @@ A module's weights live in C++ (``self._impl``) under the names torch and Huggin
 a ``state_dict``. ``load_state_dict`` checks every name and shape first and only then copies, so a
 refused load leaves the module unchanged.
 
-A model whose checkpoint names or layouts differ from the C++ registry maps them with two hooks:
-``_public_name`` (C++ name -> checkpoint name) and ``_transposed`` (checkpoint names stored as the
+A model whose checkpoint names or layouts differ from the C++ registry maps them with three hooks:
+``_public_name`` (C++ name -> checkpoint name), ``_transposed`` (checkpoint names stored as the
 transpose of the C++ weight, e.g. GPT-2's Conv1D ``(in, out)`` weights over ``nn.Linear``'s
-``(out, in)``).
+``(out, in)``) and ``_row_permutation`` (checkpoint names whose rows the C++ weight holds in another
+order, e.g. the q/k rows of a Llama model of ``rope_layout="interleaved"``). ``state_dict``,
+``load_state_dict``, ``gradients`` and the optimizer moments of ``training.save_checkpoint`` all
+speak the checkpoint's layout.
 
 Training follows torch's habits where it can, with an explicit backward since there is no autograd
 (llm.c's layout: one forward and one backward per layer, both in C++):
@@ -21,7 +24,10 @@ Training follows torch's habits where it can, with an explicit backward since th
 * ``named_parameters()`` / ``parameters()``: :class:`~transformer_core.parameter.Parameter` objects
   whose ``data`` and ``grad`` are zero-copy numpy views of the C++ buffers, named as ``state_dict()``
   (``grad`` is None until a backward wrote it since the last ``zero_grad()``), for the optimizers of
-  :mod:`transformer_core.optim`. ``gradients()`` copies the written ones in the checkpoint's layout.
+  :mod:`transformer_core.optim`. Being views, they have the C++ layout; where it is not the
+  checkpoint's the parameter says so (``transposed``, ``row_permutation``) and maps an array of its
+  layout to the checkpoint's and back (``to_checkpoint_layout`` / ``from_checkpoint_layout``).
+  ``gradients()`` copies the written ones in the checkpoint's layout.
 * Dropout (training forwards only) draws its masks from seeds: :func:`manual_seed` seeds the
   package's generator, as ``torch.manual_seed`` does.
 
@@ -96,19 +102,82 @@ class NonFiniteLossError(ValueError):
         self.loss = loss
 
 
+def _to_checkpoint(value: np.ndarray, transposed: bool, row_permutation) -> np.ndarray:
+    """``value`` (the C++ layout of a weight) in the checkpoint's layout: transposed, then its rows
+    taken in the checkpoint's order (``checkpoint_rows = rows[row_permutation]``); a new
+    C-contiguous array (or ``value`` itself when both are identities)."""
+    if transposed:
+        value = np.ascontiguousarray(value.T)
+    if row_permutation is not None:
+        value = np.ascontiguousarray(value[row_permutation])
+    return value
+
+
+def _from_checkpoint(value: np.ndarray, transposed: bool, row_permutation) -> np.ndarray:
+    """The inverse of :func:`_to_checkpoint`: ``value`` (the checkpoint's layout) in the C++ layout."""
+    if row_permutation is not None:
+        value = np.ascontiguousarray(value[np.argsort(row_permutation)])
+    if transposed:
+        value = np.ascontiguousarray(value.T)
+    return value
+
+
 class _BoundParameter(Parameter):
     """A :class:`Parameter` whose ``data`` and ``grad`` are zero-copy views of a C++ module's
     buffers: ``grad`` is None until a backward wrote the gradient (since the last ``zero_grad``).
-    ``transposed``: the checkpoint stores this weight as the transpose of ``data`` (GPT-2's Conv1D
-    weights): ``data`` and ``grad`` have the C++ ``(out, in)`` layout."""
 
-    __slots__ = ("_impl", "_core_name", "transposed")
+    Being views, ``data`` and ``grad`` have the C++ layout (the optimizers update them in place),
+    which two attributes relate to the checkpoint's (``state_dict``, ``gradients``):
 
-    def __init__(self, impl, core_name: str, name: str, transposed: bool):
+    * ``transposed``: the checkpoint stores this weight as the transpose of ``data`` (GPT-2's Conv1D
+      weights): ``data`` and ``grad`` have the C++ ``(out, in)`` layout;
+    * ``row_permutation``: None, or an int64 index ``p`` of ``data.shape[0]`` rows with
+      ``checkpoint_rows = data[p]`` (the q/k projections of a Llama model of
+      ``rope_layout="interleaved"``, which holds each head's rows interleaved).
+
+    :meth:`to_checkpoint_layout` / :meth:`from_checkpoint_layout` apply them (to ``data``, ``grad``,
+    an optimizer moment)."""
+
+    __slots__ = ("_impl", "_core_name", "transposed", "row_permutation")
+
+    def __init__(self, impl, core_name: str, name: str, transposed: bool, row_permutation=None):
         self._impl = impl
         self._core_name = core_name
         self.transposed = transposed
+        self.row_permutation = row_permutation
         super().__init__(impl.parameter_view(core_name), name)
+
+    @property
+    def checkpoint_layout(self) -> bool:
+        """Whether ``data`` and ``grad`` already have the checkpoint's layout (no transpose, no row
+        permutation)."""
+        return not self.transposed and self.row_permutation is None
+
+    def to_checkpoint_layout(self, value) -> np.ndarray:
+        """``value`` (an array of ``data``'s shape, in its layout: ``data``, ``grad``, a moment) in
+        the checkpoint's layout, as ``state_dict()[name]`` has it: a C-contiguous copy (``value``
+        itself when the layouts are the same).
+
+        Raises:
+            ValueError: ``value`` not of ``data``'s shape.
+        """
+        value = np.asarray(value)
+        if value.shape != self.data.shape:
+            raise ValueError(f"value: expected the shape of {self.name!r}, {self.data.shape}, got {value.shape}")
+        return _to_checkpoint(value, self.transposed, self.row_permutation)
+
+    def from_checkpoint_layout(self, value) -> np.ndarray:
+        """The inverse of :meth:`to_checkpoint_layout`: ``value`` (the checkpoint's layout and shape)
+        in ``data``'s layout, a C-contiguous copy (``value`` itself when the layouts are the same).
+
+        Raises:
+            ValueError: ``value`` not of the checkpoint's shape.
+        """
+        value = np.asarray(value)
+        shape = self.data.shape[::-1] if self.transposed else self.data.shape
+        if value.shape != shape:
+            raise ValueError(f"value: expected the checkpoint shape of {self.name!r}, {shape}, got {value.shape}")
+        return _from_checkpoint(value, self.transposed, self.row_permutation)
 
     @property
     def grad(self):
@@ -165,6 +234,7 @@ class _Slot(NamedTuple):
     core_name: str        # its name there
     shape: tuple          # the checkpoint's shape (transposed for a transposed slot)
     transposed: bool
+    row_permutation: np.ndarray | None = None  # checkpoint rows = C++ rows[row_permutation] (after any transpose)
 
 
 _SKIP_INIT = threading.local()
@@ -228,6 +298,12 @@ class Module:
         """Whether the checkpoint stores weight ``name`` as the transpose of the C++ one."""
         return False
 
+    def _row_permutation(self, name: str) -> np.ndarray | None:
+        """For a weight ``name`` (checkpoint name) whose rows the C++ module holds in another order
+        than the checkpoint: the int64 index ``p`` with ``checkpoint_rows = cpp_rows[p]`` (default:
+        None, the same order)."""
+        return None
+
     def _rename_state_dict(self, state: dict) -> dict:
         """Maps alternative names of a checkpoint onto ours before loading (default: none)."""
         return state
@@ -243,7 +319,8 @@ class Module:
                     continue
                 transposed = self._transposed(name)
                 shape = tuple(shape)
-                slots[name] = _Slot(self._impl, core_name, shape[::-1] if transposed else shape, transposed)
+                slots[name] = _Slot(self._impl, core_name, shape[::-1] if transposed else shape, transposed,
+                                    self._row_permutation(name))
         for prefix, child in self._children():
             for name, slot in child._slots().items():
                 slots[f"{prefix}.{name}"] = slot
@@ -280,8 +357,7 @@ class Module:
         dequantized (float32: the values the quantized kernels multiply by)."""
         out = {}
         for name, slot in self._slots().items():
-            value = slot.impl.get_parameter(slot.core_name)
-            out[name] = np.ascontiguousarray(value.T) if slot.transposed else value
+            out[name] = _to_checkpoint(slot.impl.get_parameter(slot.core_name), slot.transposed, slot.row_permutation)
         return out
 
     def load_state_dict(self, state_dict: Mapping) -> None:
@@ -325,7 +401,7 @@ class Module:
             if arr.shape != slot.shape:
                 misshaped.append(f"{name}: expected {slot.shape}, got {arr.shape}")
                 continue
-            arrays[name] = np.ascontiguousarray(arr.T) if slot.transposed else arr
+            arrays[name] = _from_checkpoint(arr, slot.transposed, slot.row_permutation)
         if misshaped:
             problems.append(f"mis-shaped: {misshaped}")
         if problems:
@@ -403,13 +479,15 @@ class Module:
     def named_parameters(self) -> list[tuple[str, Parameter]]:
         """``[(name, Parameter)]`` of every weight, named as :meth:`state_dict`, in registration order.
         The same Parameter objects on every call; their ``data``/``grad`` are zero-copy views of the
-        C++ buffers (see the module doc). Hand them to an optimizer::
+        C++ buffers, so they have the C++ layout: where that is not the checkpoint's, the parameter's
+        ``transposed`` / ``row_permutation`` say how, and ``p.to_checkpoint_layout(p.grad)`` gives
+        the checkpoint's (as :meth:`gradients` and :meth:`state_dict` do). Hand them to an optimizer::
 
             opt = tc.optim.AdamW(model.named_parameters(), lr=3e-4)
         """
         cache = self.__dict__.get("_parameters_cache")
         if cache is None:
-            cache = [(name, _BoundParameter(slot.impl, slot.core_name, name, slot.transposed))
+            cache = [(name, _BoundParameter(slot.impl, slot.core_name, name, slot.transposed, slot.row_permutation))
                      for name, slot in self._slots().items()]
             self.__dict__["_parameters_cache"] = cache
         return list(cache)
@@ -420,13 +498,16 @@ class Module:
 
     def gradients(self) -> dict[str, np.ndarray]:
         """A copy of every gradient a backward wrote since the last ``zero_grad()``, keyed by the
-        checkpoint's names and in the checkpoint's layout (as :meth:`state_dict`)."""
+        checkpoint's names and in the checkpoint's layout (as :meth:`state_dict`: transposed, rows
+        permuted), each a new array of the weight's checkpoint shape and ``self.dtype``."""
         out = {}
         for name, slot in self._slots().items():
             if not slot.impl.gradient_written(slot.core_name):
                 continue
             g = slot.impl.gradient_view(slot.core_name)
-            out[name] = np.ascontiguousarray(g.T) if slot.transposed else g.copy()
+            if not slot.transposed and slot.row_permutation is None:
+                g = g.copy()
+            out[name] = _to_checkpoint(g, slot.transposed, slot.row_permutation)
         return out
 
     def _dropout_seed(self, p: float, seed=None) -> int:
@@ -471,7 +552,8 @@ class Module:
                 continue
             fan_in = slot.shape[0] if slot.transposed else slot.shape[-1]
             bound = 1.0 / np.sqrt(fan_in)
-            _fill_in_chunks(_checkpoint_view(slot), lambda size: rng.uniform(-bound, bound, size=size))
+            _fill_in_chunks(_checkpoint_view(slot), lambda size: rng.uniform(-bound, bound, size=size),
+                            slot.row_permutation)
 
 
 #: Elements drawn at once by the weight init (8 MiB of float64).
@@ -480,25 +562,34 @@ _INIT_CHUNK = 1 << 20
 
 def _checkpoint_view(slot: _Slot) -> np.ndarray:
     """A writeable zero-copy view of the C++ weight of ``slot`` in the checkpoint's layout (the
-    C++ buffer's transpose for a transposed slot), as 2-D ``(rows, last dim)``."""
+    C++ buffer's transpose for a transposed slot), as 2-D ``(rows, last dim)``; the rows stay in the
+    C++ order (``slot.row_permutation`` maps them, see :func:`_fill_in_chunks`)."""
     view = slot.impl.parameter_view(slot.core_name)
     if slot.transposed:
         return view.T  # transposed slots are matrices (GPT-2's Conv1D)
     return view.reshape(-1, view.shape[-1])  # C-contiguous: a view, never a copy
 
 
-def _fill_in_chunks(target: np.ndarray, draw) -> None:
+def _fill_in_chunks(target: np.ndarray, draw, row_permutation=None) -> None:
     """Writes ``draw(shape)`` (float64 random values) into the 2-D ``target`` in row-major order,
     at most ``_INIT_CHUNK`` elements per draw: the same values as one ``draw(target.shape)`` (a
-    generator's stream does not depend on how it is cut), without its whole float64 copy."""
+    generator's stream does not depend on how it is cut), without its whole float64 copy.
+    ``row_permutation`` (int64 ``(rows,)``): the values are drawn in the checkpoint's row order,
+    checkpoint row ``r`` being ``target[row_permutation[r]]`` (so a weight's initial values do not
+    depend on the order the C++ module holds its rows in)."""
     rows, cols = target.shape
     if cols <= _INIT_CHUNK:
         step = _INIT_CHUNK // cols
         for r in range(0, rows, step):
-            block = target[r:r + step]
-            block[...] = draw(block.shape)
+            if row_permutation is None:
+                block = target[r:r + step]
+                block[...] = draw(block.shape)
+            else:
+                index = row_permutation[r:r + step]
+                target[index] = draw((len(index), cols))
         return
     for r in range(rows):  # rows longer than a chunk: cut each row
+        row = r if row_permutation is None else int(row_permutation[r])
         for c in range(0, cols, _INIT_CHUNK):
-            part = target[r, c:c + _INIT_CHUNK]
+            part = target[row, c:c + _INIT_CHUNK]
             part[...] = draw(part.shape)

@@ -106,6 +106,8 @@ class Optimizer:
 
     #: names of the flags among the hyperparameters (stored as 0/1 in the state dict)
     _FLAGS: tuple = ()
+    #: per-parameter state arrays that hold no negative value (second moments)
+    _NONNEGATIVE_STATE: tuple = ()
 
     def __init__(self, params, defaults: dict):
         self.defaults = dict(defaults)
@@ -271,7 +273,9 @@ class Optimizer:
             ValueError: unknown or missing parameter names (named), a parameter in another group,
                 another number of groups, unknown keys, arrays of the wrong shape, incomplete state,
                 a ``step`` or group index that is not a whole number >= 0, a flag other than 0/1, a
-                hyperparameter the constructor refuses (its message, prefixed with the key).
+                hyperparameter the constructor refuses (its message, prefixed with the key), a state
+                array holding NaN or ±inf (after the cast to the parameter's dtype), or a negative
+                second moment (``exp_avg_sq``, ``max_exp_avg_sq``: expected >= 0), naming the entry.
             TypeError: ``state_dict`` not a mapping, values not arrays.
         """
         if not hasattr(state_dict, "items"):
@@ -349,11 +353,27 @@ class Optimizer:
                 if value.shape != p.data.shape:
                     raise ValueError(f"load_state_dict: state.{name}.{field}: expected shape {p.data.shape} "
                                      f"(the parameter's), got {value.shape}")
-                st[field] = np.array(value, dtype=p.data.dtype, order="C", copy=True)
+                with np.errstate(over="ignore", invalid="ignore"):  # a value out of range: inf, refused below
+                    arr = np.array(value, dtype=p.data.dtype, order="C", copy=True)
+                self._check_state_values(arr, f"state.{name}.{field}", field in self._NONNEGATIVE_STATE)
+                st[field] = arr
             new_state[name] = st
         for group, g in zip(self.param_groups, new_groups):
             group.update({k: v for k, v in g.items() if k != "params"})
         self.state = new_state
+
+    @staticmethod
+    def _check_state_values(arr: np.ndarray, key: str, nonnegative: bool) -> None:
+        """Refuses (ValueError naming ``key``) a loaded state array that holds NaN or ±inf, or, for
+        a ``nonnegative`` one (a second moment, whose square root the update takes), a value < 0:
+        either would make the next step write NaN into the weights."""
+        bad = int(variant("count_nonfinite", arr.dtype)(arr))
+        if bad:
+            raise ValueError(f"load_state_dict: {key}: expected finite values, got {bad} NaN or inf "
+                             f"(of {arr.size}); nothing was loaded")
+        if nonnegative and arr.size and float(arr.min()) < 0:
+            raise ValueError(f"load_state_dict: {key}: expected values >= 0 (a second moment), got "
+                             f"{int(np.count_nonzero(arr < 0))} negative (min {float(arr.min())}); nothing was loaded")
 
     def __repr__(self) -> str:
         n = sum(len(g["params"]) for g in self.param_groups)
@@ -385,6 +405,7 @@ class Adam(Optimizer):
     """
 
     _FLAGS = ("amsgrad", "maximize", "decoupled_weight_decay")
+    _NONNEGATIVE_STATE = ("exp_avg_sq", "max_exp_avg_sq")
 
     def __init__(self, params, lr: float = 1e-3, betas: tuple = (0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 0.0, amsgrad: bool = False, *, maximize: bool = False,

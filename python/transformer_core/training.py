@@ -7,76 +7,207 @@ written by ``save_pretrained``) and back.
     directory/optimizer.safetensors   optimizer.state_dict() (see transformer_core.optim)
     directory/scheduler.safetensors   scheduler.state_dict() (see transformer_core.lr_scheduler)
 
-Optimizer moments of weights that the checkpoint stores transposed (GPT-2's Conv1D weights) are
-written in the checkpoint's layout too, as torch's optimizer would hold them.
+Optimizer moments of weights whose C++ layout is not the checkpoint's (GPT-2's Conv1D weights, stored
+transposed; the q/k rows of a Llama model of ``rope_layout="interleaved"``, held in another order)
+are written in the checkpoint's layout too, as torch's optimizer would hold them, and read back into
+the model's.
+
+A checkpoint is one set: :func:`save_checkpoint` writes its files through
+:func:`~transformer_core.checkpoints.write_files_atomically` (a failed save leaves the previous set)
+and stamps each with the same random ``checkpoint_id`` in its safetensors metadata;
+:func:`load_checkpoint` refuses files of different saves (a model of one save beside the optimizer
+of another, copied in by hand or left over from an older save) and accepts files without the stamp
+only when none has it (checkpoints written before the stamp existed). It reads and checks every file
+before it changes anything.
 """
 
 from __future__ import annotations
 
+import secrets
 from pathlib import Path
 
 import numpy as np
 
+from .checkpoints import write_files_atomically
+from .hub import _read_header, load_safetensors
 from .module import Module, NonFiniteLossError, NoTrainingStateError, manual_seed
 
 __all__ = ["save_checkpoint", "load_checkpoint", "manual_seed", "NoTrainingStateError", "NonFiniteLossError"]
 
 
-def _transposed_names(model: Module) -> set[str]:
-    return {name for name, p in model.named_parameters() if getattr(p, "transposed", False)}
+def _relaid_parameters(model: Module) -> dict:
+    """``{name: Parameter}`` of the model's parameters whose ``data`` does not have the checkpoint's
+    layout (``transposed`` or a ``row_permutation``)."""
+    return {name: p for name, p in model.named_parameters() if not getattr(p, "checkpoint_layout", True)}
 
 
-def _optimizer_layout(state: dict, transposed: set[str]) -> dict:
-    """Transposes the 2-D per-parameter arrays of the names in ``transposed`` (an involution)."""
+def _optimizer_layout(state: dict, relaid: dict, to_checkpoint: bool) -> dict:
+    """``state`` (an optimizer's ``state_dict()``, or one read back) with the per-parameter arrays
+    (``state.{name}.{field}``) of the parameters in ``relaid`` (see :func:`_relaid_parameters`)
+    moved from the model's layout to the checkpoint's (``to_checkpoint``) or back. An array of
+    another shape is left as it is (``Optimizer.load_state_dict`` names it)."""
     out = {}
     for key, value in state.items():
         head, _, rest = key.partition(".")
         name = rest.rpartition(".")[0]
-        if head == "state" and name in transposed and np.ndim(value) == 2:
-            value = np.ascontiguousarray(np.asarray(value).T)
+        p = relaid.get(name) if head == "state" else None
+        if p is not None:
+            value = np.asarray(value)
+            ours = p.data.shape
+            if to_checkpoint and value.shape == ours:
+                value = p.to_checkpoint_layout(value)
+            elif not to_checkpoint and value.shape == (ours[::-1] if p.transposed else ours):
+                value = p.from_checkpoint_layout(value)
         out[key] = value
     return out
 
 
+#: The safetensors metadata key that ties the files of one save together (the same random hex in each).
+CHECKPOINT_ID_KEY = "checkpoint_id"
+_FILES = ("model.safetensors", "optimizer.safetensors", "scheduler.safetensors")
+
+
 def save_checkpoint(directory, model: Module, optimizer=None, scheduler=None) -> None:
-    """Writes the model (and the optimizer's and scheduler's states) under ``directory``.
+    """Writes the model (and the optimizer's and scheduler's states) under ``directory``, as one set:
+    every state is taken before any file is written, the files go through
+    :func:`~transformer_core.checkpoints.write_files_atomically` (each written whole under a
+    temporary name, then moved into place), and each carries the same new random
+    ``checkpoint_id`` in its metadata, which :func:`load_checkpoint` checks.
+
+    A file of a component not given (``optimizer=None``) is not written, and one left in
+    ``directory`` by an earlier save stays: :func:`load_checkpoint` refuses to read it with this save's
+    model (another ``checkpoint_id``).
 
     Raises:
         TypeError: ``model`` not a :class:`~transformer_core.module.Module`.
-        OSError: the directory cannot be written.
+        OSError: a file cannot be written (naming it); ``directory`` keeps the files it held before
+            (the previous set, whole) and no temporary.
     """
     from safetensors.numpy import save_file
 
     if not isinstance(model, Module):
         raise TypeError(f"model: expected a transformer_core Module, got {type(model).__name__}")
-    path = Path(directory)
-    path.mkdir(parents=True, exist_ok=True)
-    save_file(model.state_dict(), str(path / "model.safetensors"), metadata={"format": "np"})
+    metadata = {"format": "np", CHECKPOINT_ID_KEY: secrets.token_hex(16)}
+    states = []  # (file name, state): all taken before anything is written
     if optimizer is not None:
-        state = _optimizer_layout(optimizer.state_dict(), _transposed_names(model))
-        save_file({k: np.asarray(v, order="C") for k, v in state.items()}, str(path / "optimizer.safetensors"))
+        state = _optimizer_layout(optimizer.state_dict(), _relaid_parameters(model), to_checkpoint=True)
+        states.append(("optimizer.safetensors", state))
     if scheduler is not None:
-        save_file({k: np.asarray(v, order="C") for k, v in scheduler.state_dict().items()},
-                  str(path / "scheduler.safetensors"))
+        states.append(("scheduler.safetensors", scheduler.state_dict()))
+    states.append(("model.safetensors", model.state_dict()))  # last: the file a reader starts from
+    files = []
+    for name, state in states:
+        arrays = {k: np.asarray(v, order="C") for k, v in state.items()}
+        files.append((name, lambda p, arrays=arrays: save_file(arrays, p, metadata=metadata)))
+    write_files_atomically(directory, files)
+
+
+def _read_metadata(path: Path) -> dict:
+    """The ``__metadata__`` of a safetensors file whose header :func:`~transformer_core.hub._read_header`
+    has checked (``{}`` if it has none)."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="numpy") as f:
+            return dict(f.metadata() or {})
+    except OSError as e:
+        raise OSError(e.errno, f"cannot read {path.name} ({e.strerror or e})", str(path)) from e
+    except Exception as e:  # SafetensorError: name the file, never a raw library error
+        raise ValueError(f"{path}: cannot read safetensors file ({type(e).__name__}: {e})") from None
+
+
+def _read_state_file(path: Path) -> tuple[dict, dict]:
+    """``({name: array}, metadata)`` of an optimizer's or scheduler's safetensors file, each array of
+    its stored dtype (int64 counters, float moments); the header is checked against the file first.
+
+    Raises:
+        ValueError: naming the file: truncated, a corrupt header, an unsupported dtype.
+        OSError: the file cannot be read (naming it).
+    """
+    from safetensors import safe_open
+
+    _read_header(path)
+    try:
+        with safe_open(str(path), framework="numpy") as f:
+            metadata = dict(f.metadata() or {})
+            arrays = {name: np.array(f.get_tensor(name), copy=True) for name in f.keys()}
+    except OSError as e:
+        raise OSError(e.errno, f"cannot read {path.name} ({e.strerror or e})", str(path)) from e
+    except Exception as e:  # SafetensorError, a dtype numpy lacks (BF16): name the file
+        raise ValueError(f"{path}: cannot read safetensors file ({type(e).__name__}: {e})") from None
+    return arrays, metadata
+
+
+def _check_one_save(directory: Path, metadata: dict) -> None:
+    """Refuses (ValueError naming the files and their ids) files of different saves: their
+    ``checkpoint_id`` stamps differ, or some have one and some not. None stamped: a checkpoint of
+    the format before the stamp, accepted."""
+    ids = {name: meta.get(CHECKPOINT_ID_KEY) for name, meta in metadata.items()}
+    if len(set(ids.values())) > 1:
+        listing = ", ".join(f"{name}: {ident if ident is not None else 'none'}" for name, ident in ids.items())
+        raise ValueError(f"{directory}: the checkpoint's files are from different saves (checkpoint_id {listing}); "
+                         f"expected the files of one save_checkpoint; nothing was loaded")
+
+
+def _snapshot(objects) -> list:
+    """What ``load_state_dict`` of an optimizer or a scheduler changes: the objects' attributes
+    (which they rebind: ``state``, ``last_epoch``, ...) and the optimizers' param-group dicts (which
+    they update in place; a scheduler writes ``lr`` into its optimizer's)."""
+    return [(obj, dict(vars(obj)), [(g, dict(g)) for g in getattr(obj, "param_groups", ())]) for obj in objects]
+
+
+def _restore(snapshot: list) -> None:
+    for obj, attributes, groups in snapshot:
+        vars(obj).clear()
+        vars(obj).update(attributes)
+        for group, saved in groups:
+            group.clear()
+            group.update(saved)
 
 
 def load_checkpoint(directory, model: Module, optimizer=None, scheduler=None) -> None:
     """Reads what :func:`save_checkpoint` wrote into ``model`` (and ``optimizer``, ``scheduler``,
     which must hold the same parameters by name: see ``Optimizer.load_state_dict``).
 
-    Raises:
-        FileNotFoundError: a file is missing.
-        ValueError: names or shapes that do not match (listed, nothing changed).
-    """
-    from safetensors.numpy import load_file
+    Every file is read and checked (headers, the ``checkpoint_id`` stamps of one save) before
+    anything changes; the optimizer's and scheduler's states are then loaded (each checks all of its
+    values first), and the model's last (it checks names and shapes first). On any error the model,
+    the optimizer and the scheduler are left as they were.
 
+    Raises:
+        TypeError: ``model`` not a :class:`~transformer_core.module.Module`.
+        FileNotFoundError: a file is missing.
+        ValueError: a file that is truncated or has a corrupt header (naming it); files of
+            different saves (naming them); names, shapes or values that do not match (listed),
+            a model tensor that is not floating-point (naming it).
+        OSError: a file that cannot be read (naming it).
+    """
+    if not isinstance(model, Module):
+        raise TypeError(f"model: expected a transformer_core Module, got {type(model).__name__}")
     path = Path(directory)
-    for name, wanted in (("model", True), ("optimizer", optimizer is not None), ("scheduler", scheduler is not None)):
-        if wanted and not (path / f"{name}.safetensors").is_file():
-            raise FileNotFoundError(f"directory: no {name}.safetensors in {path}")
-    model.load_state_dict(load_file(str(path / "model.safetensors")))
-    if optimizer is not None:
-        state = load_file(str(path / "optimizer.safetensors"))
-        optimizer.load_state_dict(_optimizer_layout(state, _transposed_names(model)))
-    if scheduler is not None:
-        scheduler.load_state_dict(load_file(str(path / "scheduler.safetensors")))
+    wanted = [name for name, given in zip(_FILES, (True, optimizer is not None, scheduler is not None)) if given]
+    for name in wanted:
+        if not (path / name).is_file():
+            raise FileNotFoundError(f"directory: no {name} in {path}")
+    # read and check everything first
+    model_file = path / "model.safetensors"
+    model_state = load_safetensors(path, model.dtype)  # checks model.safetensors' header; names the file
+    metadata = {"model.safetensors": _read_metadata(model_file)}
+    states = {}
+    for name in wanted[1:]:
+        states[name], metadata[name] = _read_state_file(path / name)
+    _check_one_save(path, metadata)
+    # then load: each load_state_dict checks all of its input before it changes anything, so only a
+    # later component's refusal needs the earlier ones put back
+    objects = {id(o): o for o in (optimizer, scheduler, getattr(scheduler, "optimizer", None)) if o is not None}
+    snapshot = _snapshot(objects.values())
+    try:
+        if optimizer is not None:
+            relaid = _relaid_parameters(model)
+            optimizer.load_state_dict(_optimizer_layout(states["optimizer.safetensors"], relaid, to_checkpoint=False))
+        if scheduler is not None:
+            scheduler.load_state_dict(states["scheduler.safetensors"])
+        model.load_state_dict(model_state)
+    except BaseException:
+        _restore(snapshot)
+        raise

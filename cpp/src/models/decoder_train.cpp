@@ -7,12 +7,14 @@
 //
 // The head and the loss are fused, a chunk of rows at a time (llm.c's fused classifier): logits
 // [chunk, V] = rows · Wᵀ, then cross-entropy's forward and backward in one pass over them, in place
-// (dlogits = softmax - onehot, scaled by 1 / #counted), then d rows = dlogits · W and dW += dlogitsᵀ ·
-// rows. The whole [N·L, V] logits never exist, and rows whose target is ignored get no logits.
+// (dlogits = softmax - onehot, scaled by 1 / #counted), then d rows = dlogits · W and dW (+)= dlogitsᵀ
+// · rows. The whole [N·L, V] logits never exist, and rows whose target is ignored get no logits.
 //
-// A non-finite loss touches no gradient: dW goes straight into the head's gradient only when that
-// gradient was not written since zero_grad (it is zero then, and is zeroed back on failure);
-// otherwise it is staged and added once the loss is known to be finite.
+// The loss touches no gradient (the module's contract: only backward adds). The head's dW [V, E] is
+// staged in the training state (head_stage, kept allocated across steps) and added into the head's
+// gradient by backward(); a new loss, a non-finite one or release_activations drops it. Staging dW
+// rather than dlogits keeps V·E values, not count·V (count > E in any real batch), and no GEMM is
+// redone in backward.
 #include <cmath>
 #include <stdexcept>
 #include <string>
@@ -142,9 +144,9 @@ double DecoderModel<T>::head_loss(const T* hidden, const int64_t* targets, int64
                                 grad_scale, static_cast<const T*>(nullptr), static_cast<T*>(nullptr),
                                 dhidden != nullptr ? logits : nullptr, nullptr);
     if (dhidden == nullptr) continue;
-    if (!std::isfinite(total)) break;  // nothing more to learn: the caller restores the gradient
-    // d rows = dlogits · W,   dW += dlogitsᵀ · rows
-    ops::linear_backward(rows_buf, logits, W, c, E, V, drows, dweight, static_cast<T*>(nullptr), true, false);
+    if (!std::isfinite(total)) break;  // nothing more to learn: the caller drops dweight
+    // d rows = dlogits · W,   dW = dlogitsᵀ · rows (the first chunk), then dW += dlogitsᵀ · rows
+    ops::linear_backward(rows_buf, logits, W, c, E, V, drows, dweight, static_cast<T*>(nullptr), c0 > 0, false);
     for (int64_t t = 0; t < c; ++t) {
       const int64_t r = counted[static_cast<size_t>(c0 + t)];
       std::copy(drows + t * E, drows + (t + 1) * E, dhidden + r * E);
@@ -211,30 +213,21 @@ LossResult DecoderModel<T>::loss_train(const int64_t* input_ids, const int64_t* 
   s.hidden.resize(static_cast<size_t>(n));
   final_norm_->forward(s.stream.back().data(), rows, s.hidden.data());
 
-  // The fused head: d hidden, and dW into the head's gradient (or a stage, see the top).
-  layers::Module<T>& owner = head_owner();
-  const bool written = owner.gradient_written("weight");
-  T* head_grad = owner.gradient("weight");
-  T* dW = head_grad;
-  if (written) {
-    s.head_stage.assign(static_cast<size_t>(V * E), T(0));
-    dW = s.head_stage.data();
-  }
+  // The fused head: d hidden, and the head's dW staged for backward (see the top).
+  s.head_stage.resize(static_cast<size_t>(V * E));  // [V, E], overwritten by head_loss (kept across steps)
   s.dhidden.resize(static_cast<size_t>(n));
   LossResult r;
   r.num_tokens = static_cast<int64_t>(counted.size());
   const double scale = r.num_tokens > 0 ? 1.0 / static_cast<double>(r.num_tokens) : 0.0;
-  const double total = head_loss(s.hidden.data(), targets, rows, ignore_index, counted, scale, s.dhidden.data(), dW);
+  const double total =
+      head_loss(s.hidden.data(), targets, rows, ignore_index, counted, scale, s.dhidden.data(), s.head_stage.data());
   r.loss = r.num_tokens > 0 ? total / static_cast<double>(r.num_tokens) : 0.0;
   r.finite = std::isfinite(r.loss);
-  if (!r.finite) {  // report it; leave every gradient as it was, keep nothing
-    if (!written) std::fill(head_grad, head_grad + V * E, T(0));
+  if (!r.finite) {  // report it; no gradient was touched, keep nothing
     release_activations();
     return r;
   }
-  if (written) ops::add(head_grad, dW, V * E, head_grad);
-  std::vector<T>().swap(s.head_stage);
-  owner.set_gradient_written("weight", true);
+  s.head_staged = r.num_tokens > 0;  // no counted row: no logits, dW = 0, nothing to add
   s.valid = true;
   return r;
 }
@@ -247,6 +240,16 @@ void DecoderModel<T>::backward() {
                            "each loss has one backward)");
   s.valid = false;
   const int64_t rows = s.N * s.L, n = rows * config_.hidden_size;
+  if (s.head_staged) {  // the head's dW of the loss, staged by loss_train
+    layers::Module<T>& owner = head_owner();
+    const int64_t size = config_.vocab_size * config_.hidden_size;
+    const T* dW = s.head_stage.data();
+    const bool written = owner.gradient_written("weight");
+    T* grad = owner.accumulate_gradient("weight");             // [V, E], marked written
+    if (written) ops::add(grad, dW, size, grad);
+    else std::copy(dW, dW + size, grad);                       // unwritten: zero, so a copy adds
+    s.head_staged = false;
+  }
   s.grad_a.resize(static_cast<size_t>(n));
   s.grad_b.resize(static_cast<size_t>(n));
   T* g = s.grad_a.data();

@@ -13,8 +13,9 @@
 //
 // Training (decoder_train.cpp, llm.c's gpt2_forward / gpt2_backward): loss_train runs the forward
 // keeping every block's activations, then the LM head fused with the next-token cross-entropy, a
-// chunk of rows at a time (the [rows, vocab] logits are never whole); backward runs the blocks'
-// backward passes down to the embeddings.
+// chunk of rows at a time (the [rows, vocab] logits are never whole), keeping d hidden and the head's
+// weight gradient [vocab, E]; backward adds that into the head's gradient and runs the blocks'
+// backward passes down to the embeddings. Only backward touches a gradient.
 #pragma once
 
 #include <cstdint>
@@ -132,8 +133,9 @@ class DecoderModel : public layers::Module<T> {
   // reduction="mean"). input_ids, positions, attention_mask as forward (no cache). The eval form
   // (loss) keeps nothing and touches no gradient. loss_train keeps every activation the backward
   // needs and, fused with the LM head (logits made a chunk of rows at a time), computes d hidden
-  // and ADDS the head's weight gradient (the tied embedding's, when tied). A non-finite loss
-  // (LossResult::finite false) leaves every gradient as it was and keeps nothing. drop: embd_pdrop
+  // and the head's weight gradient, which it keeps (a [vocab, E] buffer of the training state) for
+  // backward to add: like the eval form it touches no gradient, and a second loss_train replaces the
+  // first's state whole. A non-finite loss (LossResult::finite false) keeps nothing. drop: embd_pdrop
   // (drop.embed_p) on the embeddings' output, resid_pdrop (drop.p) on every residual branch.
   // Throws std::invalid_argument for ids, positions or targets out of range.
   LossResult loss(const int64_t* input_ids, const int64_t* targets, int64_t N, int64_t L, const int64_t* positions,
@@ -141,8 +143,8 @@ class DecoderModel : public layers::Module<T> {
   LossResult loss_train(const int64_t* input_ids, const int64_t* targets, int64_t N, int64_t L,
                         const int64_t* positions, const uint8_t* attention_mask, int64_t ignore_index,
                         const layers::Dropout& drop = {});
-  // The backward of the last loss_train: every parameter's gradient added. Throws std::logic_error
-  // without one since the last backward.
+  // The backward of the last loss_train: every parameter's gradient added (the head's, tied to the
+  // embedding or not, included). Throws std::logic_error without one since the last backward.
   void backward();
   // Whether a loss_train waits for its backward.
   bool has_training_state() const { return train_.valid; }
@@ -173,13 +175,15 @@ class DecoderModel : public layers::Module<T> {
     std::vector<std::vector<T>> stream;  // num_layers + 1 residual streams [N·L, E]: block i reads i, writes i + 1
     std::vector<T> hidden, dhidden;      // final_norm(stream.back()) and its gradient  [N·L, E]
     std::vector<T> grad_a, grad_b;       // backward's residual gradients  [N·L, E]
-    std::vector<T> head_stage;           // the head's weight gradient while accumulating onto a written one
+    std::vector<T> head_stage;           // the head's weight gradient [V, E], for backward to add (kept allocated)
+    bool head_staged = false;            // head_stage holds the last loss_train's (some target counted)
     layers::Dropout drop;
     bool valid = false;
   } train_;
   // The fused LM head and cross-entropy over the rows of hidden [N·L, E] whose target counts:
-  // returns the summed loss; with dhidden, writes d hidden (rows that do not count: 0) and adds the
-  // head's weight gradient into dweight, both scaled by grad_scale.
+  // returns the summed loss; with dhidden, writes d hidden (rows that do not count: 0) and the
+  // head's weight gradient into dweight [V, E] (overwritten; untouched when no row counts), both
+  // scaled by grad_scale.
   double head_loss(const T* hidden, const int64_t* targets, int64_t rows, int64_t ignore_index,
                    const std::vector<int64_t>& counted, double grad_scale, T* dhidden, T* dweight) const;
   // input_ids, positions, mask, targets checked; the rows whose target counts.
