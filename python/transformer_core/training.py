@@ -81,7 +81,9 @@ def save_checkpoint(directory, model: Module, optimizer=None, scheduler=None) ->
     Raises:
         TypeError: ``model`` not a :class:`~transformer_core.module.Module`.
         OSError: a file cannot be written (naming it); ``directory`` keeps the files it held before
-            (the previous set, whole) and no temporary.
+            (the previous set, whole) and no temporary. (Should one of the final renames itself fail,
+            a rare failure inside one folder, the files renamed before it are of the new save:
+            :func:`load_checkpoint` refuses that mixed set by its ``checkpoint_id`` stamps.)
     """
     from safetensors.numpy import save_file
 
