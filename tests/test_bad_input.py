@@ -418,3 +418,18 @@ def test_sentence_encoder_default_name_is_loadable():
     enc = tc.SentenceEncoder.from_pretrained(MODEL_NAME)
     e = enc.encode(["ok"])
     assert e.shape == (1, 384) and np.isfinite(e).all()
+
+
+def test_as_bool_float_masks():
+    """Float 0/1 is refused for key/query masks (torch's additive key_padding_mask looks the same) and
+    kept for Hugging Face's ``attention_mask`` (1.0/0.0 = keep/pad there too, e.g. ``mask.float()``)."""
+    from transformer_core._validation import as_bool
+
+    with pytest.raises(TypeError, match="key_mask: expected bool or integer 0/1.*float32"):
+        as_bool(np.zeros(3, np.float32), "key_mask")
+    np.testing.assert_array_equal(as_bool(np.array([1.0, 0.0]), "attention_mask", allow_float=True), [True, False])
+    with pytest.raises(TypeError, match="attention_mask: expected bool"):
+        as_bool(np.array([1.0, 0.0]), "attention_mask")  # float only where the caller allows it
+    np.testing.assert_array_equal(as_bool([1, 0], "key_mask"), [True, False])
+    with pytest.raises(ValueError, match="attention_mask"):
+        as_bool(np.array([0.5]), "attention_mask", allow_float=True)

@@ -264,7 +264,10 @@ def test_scalar_options_are_typed():
         tc.KVCache(1, 1, 1, 2, 4).crop(1.5)
     with pytest.raises(TypeError, match="is_causal"):
         F.scaled_dot_product_attention(np.ones((1, 2, 2)), np.ones((1, 2, 2)), np.ones((1, 2, 2)), is_causal="yes")
-    with pytest.raises(ValueError, match="key_mask"):  # 0/1 masks only: 0.5 is not a mask
+    with pytest.raises(ValueError, match="key_mask"):  # 0/1 masks only: 2 is not a mask
+        F.scaled_dot_product_attention(np.ones((1, 2, 2)), np.ones((1, 2, 2)), np.ones((1, 2, 2)),
+                                       key_mask=np.array([[1, 2]]))
+    with pytest.raises(TypeError, match="key_mask"):  # float masks look like torch's additive ones
         F.scaled_dot_product_attention(np.ones((1, 2, 2)), np.ones((1, 2, 2)), np.ones((1, 2, 2)),
                                        key_mask=np.array([[1.0, 0.5]]))
 

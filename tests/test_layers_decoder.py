@@ -449,3 +449,52 @@ def test_transformer_state_dict_and_bad_input(rng):
         ours(src, tgt, src_key_mask=np.ones((2, 4), bool))
     with pytest.raises(ValueError, match="memory_mask"):
         ours(src, tgt, memory_mask=np.ones((4, 4), bool))
+
+
+# ------------------------------------------------------------------ masks are keyword-only
+def test_masks_are_keyword_only(rng):
+    """torch's positions after the tensors are (attn_mask, key_padding_mask) with True = blocked/padding;
+    ours mean the opposite, so a call ported positionally (``layer(x, None, kpm)``) must fail loudly."""
+    enc = tc.nn.TransformerEncoderLayer(8, 2, 16)
+    dec = tc.nn.TransformerDecoderLayer(8, 2, 16)
+    x, mem = randn(rng, (2, 5, 8)), randn(rng, (2, 4, 8))
+    kpm = np.zeros((2, 5), bool)  # torch: "no padding"; ours would read "everything is padding"
+    calls = {
+        "TransformerEncoderLayer": lambda: enc(x, None, kpm),
+        "TransformerEncoder": lambda: tc.nn.TransformerEncoder(enc, 2)(x, None, kpm),
+        "TransformerDecoderLayer": lambda: dec(x, mem, None, None, kpm),
+        "TransformerDecoder": lambda: tc.nn.TransformerDecoder(dec, 2)(x, mem, None, None, kpm),
+        "Transformer": lambda: tc.nn.Transformer(8, 2, 1, 1, 16)(mem, x, None, None, None, np.zeros((2, 4), bool)),
+        "Transformer.forward": lambda: tc.nn.Transformer(8, 2, 1, 1, 16).forward(mem, x, None),
+        "TransformerEncoderLayer.is_causal": lambda: enc.forward(x, None, None, True),
+    }
+    for name, call in calls.items():
+        with pytest.raises(TypeError, match="positional argument"):
+            call()
+            pytest.fail(f"{name}: a positional mask was accepted")
+    # the keyword forms run
+    assert enc(x, src_key_mask=~kpm).shape == (2, 5, 8)
+    assert dec(x, mem, tgt_key_mask=~kpm, memory_key_mask=np.ones((2, 4), bool)).shape == (2, 5, 8)
+    assert tc.nn.TransformerEncoder(enc, 2)(x, mask=np.ones((5, 5), bool), src_key_mask=~kpm).shape == (2, 5, 8)
+
+
+def test_float_key_masks_refused(rng):
+    """A float key mask looks like torch's additive key_padding_mask (all zeros = mask nothing), which
+    would read here as "everything is padding": refused with a TypeError; bool and integer 0/1 work."""
+    enc = tc.nn.TransformerEncoderLayer(8, 2, 16)
+    dec = tc.nn.TransformerDecoderLayer(8, 2, 16)
+    mha = tc.nn.MultiheadAttention(8, 2)
+    x, mem = randn(rng, (2, 5, 8)), randn(rng, (2, 4, 8))
+    with pytest.raises(TypeError, match=r"src_key_mask: expected bool or integer 0/1.*got float32.*key_padding_mask"):
+        enc(x, src_key_mask=np.zeros((2, 5), np.float32))
+    with pytest.raises(TypeError, match="memory_key_mask: .*float64"):
+        dec(x, mem, memory_key_mask=np.ones((2, 4)))
+    with pytest.raises(TypeError, match="tgt_key_mask: .*float"):
+        dec(x, mem, tgt_key_mask=np.ones((2, 5), np.float32))
+    with pytest.raises(TypeError, match="key_mask: .*float"):
+        mha(x, key_mask=[[1.0] * 5] * 2)
+    with pytest.raises(TypeError, match="src_key_mask: .*float"):
+        tc.nn.Transformer(8, 2, 1, 1, 16)(mem, x, src_key_mask=np.ones((2, 4), np.float32))
+    km = np.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]])
+    np.testing.assert_array_equal(enc(x, src_key_mask=km), enc(x, src_key_mask=km.astype(bool)))
+    np.testing.assert_array_equal(mha(x, key_mask=km)[0], mha(x, key_mask=km.astype(bool))[0])

@@ -258,6 +258,73 @@ def test_sdpa_query_and_key_masks(rng, lead, L, S, E, Ev, qshape, kshape, dtype,
         assert not valid.all()  # padded query rows exist and are zeros
 
 
+def _torch_masked_attention(q, k, v, gout, allowed):
+    """softmax(Q Kᵀ / √E, masked) V in torch and the gradients of <out, gout>; a row that sees no key
+    gives zeros and no gradient (our convention; torch's softmax would give NaN)."""
+    qt, kt, vt = (torch.tensor(a, requires_grad=True) for a in (q, k, v))
+    s = (qt @ kt.transpose(-2, -1)) / math.sqrt(q.shape[-1])
+    ok = torch.from_numpy(np.ascontiguousarray(allowed))
+    s = s.masked_fill(~ok, float("-inf"))
+    valid = ok.any(dim=-1)
+    p = torch.softmax(s.masked_fill(~valid[..., None], 0.0), dim=-1) * valid[..., None]
+    out = p @ vt
+    out.backward(torch.from_numpy(gout))
+    return out.detach().numpy(), qt.grad.numpy(), kt.grad.numpy(), vt.grad.numpy()
+
+
+@pytest.mark.parametrize("N,H", [(3, 3), (2, 3)], ids=["N==H", "N!=H"])
+@pytest.mark.parametrize("which", ["key_mask", "query_mask"])
+def test_sdpa_2d_token_mask_with_heads_is_per_batch(rng, N, H, which):
+    """A 2-D (N, S) key_mask / (N, L) query_mask with q (N, H, L, E) is per batch entry, broadcast over
+    the heads (torch's key_padding_mask, and reference.scaled_dot_product_attention): it used to be
+    lined up with the head axis (silently wrong when N == H), forward and backward."""
+    from transformer_core import backward as B
+    from transformer_core import reference
+
+    L, S, E = 5, 6, 4
+    q, k, v = make_qkv(rng, (N, H), L, S, E, E, np.float64)
+    gout = randn(rng, (N, H, L, E), np.float64)
+    m = _padding_mask(rng, (N, S if which == "key_mask" else L))
+    m[0, -2:] = False
+    m[-1, :] = True  # entries differ, so a per-head reading would differ too
+    m4 = m[:, None, None, :] if which == "key_mask" else m[:, None, :, None]  # (N, 1, 1, S) / (N, 1, L, 1)
+    out, gq, gk, gv = _torch_masked_attention(q, k, v, gout, np.broadcast_to(m4, (N, H, L, S)))
+    ours, lse = F.scaled_dot_product_attention(q, k, v, **{which: m}, return_lse=True)
+    assert_close(ours, out, np.float64, what=f"{which} (N, ·) forward")
+    for path in ("flash", "reference"):
+        assert_close(F.scaled_dot_product_attention(q, k, v, **{which: m}, path=path), out, np.float64,
+                     what=f"{which} path={path}")
+    # the same as the explicit (N, 1, ·) mask, which lines up with q's leading dims
+    np.testing.assert_array_equal(ours, F.scaled_dot_product_attention(q, k, v, **{which: m[:, None]}))
+    grads = B.scaled_dot_product_attention_backward(q, k, v, ours, gout, lse, **{which: m})
+    for got, want, name in zip(grads, (gq, gk, gv), ("grad_query", "grad_key", "grad_value")):
+        assert_close(got, want, np.float64, what=f"{which} (N, ·) {name}")
+    if which == "key_mask":  # the numpy oracle reads (N, S) the same way, also from a list
+        ref_out, _ = reference.scaled_dot_product_attention(q, k, v, key_mask=m.tolist())
+        assert_close(ours, ref_out, np.float64, what="vs reference")
+
+
+def test_sdpa_token_mask_ambiguous_or_wrong_shapes_refused(rng):
+    q, k, v = make_qkv(rng, (2, 3, 4), 5, 6, 4, 4, np.float32)  # 5-D: leading dims (2, 3, 4)
+    with pytest.raises(ValueError, match=r"key_mask: expected shape \(6,\) or \(2, 6\) or \(2, 3, 4, 6\)"):
+        F.scaled_dot_product_attention(q, k, v, key_mask=np.ones((3, 4, 6), bool))  # (G, H, S) or (N, G, S)?
+    q, k, v = make_qkv(rng, (2, 3), 5, 6, 4, 4, np.float32)
+    with pytest.raises(ValueError, match=r"key_mask: a 2-D mask is \(batch, key length\).*first dim 2"):
+        F.scaled_dot_product_attention(q, k, v, key_mask=np.ones((3, 6), bool))  # (H, S) is not read as heads
+    with pytest.raises(ValueError, match=r"query_mask: .*first dim 2"):
+        F.scaled_dot_product_attention(q, k, v, query_mask=np.ones((3, 5), bool))
+    with pytest.raises(ValueError, match="key_mask"):
+        F.scaled_dot_product_attention(q, k, v, key_mask=np.ones((2, 5), bool))  # wrong S
+    with pytest.raises(TypeError, match="key_mask: expected bool or integer 0/1.*float32.*key_padding_mask"):
+        F.scaled_dot_product_attention(q, k, v, key_mask=np.zeros((2, 6), np.float32))
+    with pytest.raises(TypeError, match="query_mask: .*float64"):
+        F.scaled_dot_product_attention(q, k, v, query_mask=np.ones((2, 5)))
+    # (1, S) and (S,) broadcast over everything, as before
+    full = F.scaled_dot_product_attention(q, k, v)
+    np.testing.assert_array_equal(F.scaled_dot_product_attention(q, k, v, key_mask=np.ones((1, 6), np.int64)), full)
+    np.testing.assert_array_equal(F.scaled_dot_product_attention(q, k, v, key_mask=np.ones(6, bool)), full)
+
+
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
 def test_sdpa_fully_padded_batch_element(rng, dtype):
     q, k, v = make_qkv(rng, (3,), 7, 9, 8, 5, dtype)

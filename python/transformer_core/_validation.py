@@ -157,16 +157,26 @@ def as_vector(value, name: str, n: int, dtype) -> np.ndarray | None:
     return arr
 
 
-def as_bool(x, name: str) -> np.ndarray:
-    """A keep-mask (True / 1 = a real token, may attend) as a numpy bool array: bool, or integers /
-    floats whose every value is 0 or 1.
+def as_bool(x, name: str, *, allow_float: bool = False) -> np.ndarray:
+    """A keep-mask (True / 1 = a real token, may attend) as a numpy bool array: bool, or integers
+    (Hugging Face ``attention_mask`` style) whose every value is 0 or 1.
+
+    Float masks are refused unless ``allow_float``: a float ``key_mask`` looks like torch's additive
+    ``key_padding_mask`` (0 = keep), whose all-zeros "mask nothing" would read here as "mask
+    everything". The models' ``attention_mask`` passes ``allow_float=True``: Hugging Face's
+    ``attention_mask`` is 1/0 = keep/pad in float too (``mask.float()``), the same meaning.
 
     Raises:
-        TypeError: another dtype, None. ValueError: values other than 0 and 1, a ragged list.
+        TypeError: another dtype (float where not allowed), None. ValueError: values other than 0
+            and 1, a ragged list.
     """
     arr = to_numpy(x, name)
     if arr.dtype == np.bool_:
         return arr
+    if arr.dtype.kind == "f" and not allow_float:
+        raise TypeError(f"{name}: expected bool or integer 0/1 (True/1 = a real token), got {arr.dtype} — a float "
+                        f"key mask looks like torch's additive key_padding_mask; pass a bool mask "
+                        f"(torch's bool key_padding_mask: ~mask)")
     if arr.dtype.kind not in "iuf":
         raise TypeError(f"{name}: expected a bool or 0/1 mask, got dtype {arr.dtype}")
     ones = arr == 1

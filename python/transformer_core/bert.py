@@ -199,7 +199,7 @@ class BertModel(Module):
         ids = as_ids(input_ids, "input_ids")
         mask = None
         if attention_mask is not None:
-            mask = np.ascontiguousarray(as_bool(attention_mask, "attention_mask"), dtype=np.bool_)
+            mask = np.ascontiguousarray(as_bool(attention_mask, "attention_mask", allow_float=True), dtype=np.bool_)
             if mask.ndim == 1:
                 mask = mask[None]
             if mask.shape != ids.shape:

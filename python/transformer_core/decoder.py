@@ -31,7 +31,7 @@ def _mask_and_positions(attention_mask, position_ids, N: int, L: int, past: int,
     Hugging Face's ``generate``), else None (``past .. past + L - 1`` for every row)."""
     mask = positions = None
     if attention_mask is not None:
-        mask = np.ascontiguousarray(as_bool(attention_mask, "attention_mask"))
+        mask = np.ascontiguousarray(as_bool(attention_mask, "attention_mask", allow_float=True))
         if mask.ndim == 1:
             mask = mask[None]
         if mask.shape != (N, past + L):

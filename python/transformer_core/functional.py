@@ -202,6 +202,30 @@ def relu(x) -> np.ndarray:
     return variant("activation", x.dtype.type)(x, "relu")
 
 
+def _token_mask(mask, name: str, lead: tuple, length: int, what: str) -> np.ndarray:
+    """A ``query_mask``/``key_mask`` as a bool array of ``lead + (length,)``'s rank (a view).
+
+    The rule: ``(length,)`` is shared by every row; ``lead + (length,)`` (each dim the query's or 1)
+    is taken as is; with two or more leading dims (q ``(N, H, L, E)``), a 2-D ``(N, length)`` is per
+    batch entry (N = query's first dim, or 1) and broadcast over the head axes, as torch's
+    ``key_padding_mask`` and :func:`transformer_core.reference.scaled_dot_product_attention` read it.
+    Any other rank is ambiguous (which leading dims?) and refused.
+    """
+    m = as_bool(mask, name)
+    shapes = f"({length},)" + (f" or ({lead[0]}, {length})" if lead else "") + (
+        f" or {lead + (length,)} (each leading dim may be 1)" if len(lead) > 1 else "")
+    if m.ndim < 1 or m.shape[-1] != length:
+        raise ValueError(f"{name}: expected shape {shapes} ({what} {length}), got {m.shape}")
+    if m.ndim == 1 or m.ndim == len(lead) + 1:
+        return m
+    if m.ndim == 2 and len(lead) > 1:
+        if m.shape[0] not in (1, lead[0]):
+            raise ValueError(f"{name}: a 2-D mask is (batch, {what}): expected first dim {lead[0]} "
+                             f"(query's first dim) or 1, got shape {m.shape}")
+        return m.reshape((m.shape[0],) + (1,) * (len(lead) - 1) + (length,))  # (N, 1, ..., length)
+    raise ValueError(f"{name}: expected shape {shapes}, got {m.shape} (for query leading dims {lead})")
+
+
 def _attention_masks(attn_mask, query_mask, key_mask, lead: tuple, L: int, S: int, dtype):
     """Combines the masks of an attention call into (bool_mask, float_mask) broadcast to
     ``lead + (L, S)`` (zero-copy views where only one boolean mask is given)."""
@@ -214,14 +238,10 @@ def _attention_masks(attn_mask, query_mask, key_mask, lead: tuple, L: int, S: in
         else:
             float_mask = broadcast_mask(m, full, "attn_mask")
     if query_mask is not None:
-        qm = as_bool(query_mask, "query_mask")
-        if qm.ndim < 1 or qm.shape[-1] != L:
-            raise ValueError(f"query_mask: expected shape (..., {L}) (query length), got {qm.shape}")
+        qm = _token_mask(query_mask, "query_mask", lead, L, "query length")
         bool_parts.append(broadcast_mask(qm[..., :, None], full, "query_mask"))
     if key_mask is not None:
-        km = as_bool(key_mask, "key_mask")
-        if km.ndim < 1 or km.shape[-1] != S:
-            raise ValueError(f"key_mask: expected shape (..., {S}) (key length), got {km.shape}")
+        km = _token_mask(key_mask, "key_mask", lead, S, "key length")
         bool_parts.append(broadcast_mask(km[..., None, :], full, "key_mask"))
     bool_mask = None
     if len(bool_parts) == 1:
@@ -300,10 +320,14 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, *, query_mas
         value: ``(..., S, Ev)``.
         attn_mask: bool (True = may attend) or float (added to the scores), broadcastable to
             ``(..., L, S)``. Integer masks are refused: say which you mean.
-        query_mask: ``(..., L)``, 1/True = a real query token (the encoder tutorial). A masked query row
-            attends to nothing and gives zeros.
-        key_mask: ``(..., S)``, 1/True = a real key token (a padding mask). Note the opposite
-            meaning of torch's ``key_padding_mask``.
+        query_mask: ``(L,)``, ``(N, L)`` or query's leading dims + ``(L,)``; bool or integer
+            1/True = a real query token (the encoder tutorial). A masked query row attends to
+            nothing and gives zeros. A 2-D mask with 4-D query ``(N, H, L, E)`` is per batch entry
+            ``(N, L)``, broadcast over the heads; other ranks below query's are refused as ambiguous.
+        key_mask: ``(S,)``, ``(N, S)`` or query's leading dims + ``(S,)`` (each dim matching or 1),
+            read as ``query_mask``; bool or integer 1/True = a real key token (a padding mask).
+            Note the opposite meaning of torch's ``key_padding_mask`` (pass ``~key_padding_mask``);
+            float key/query masks are refused (TypeError): they look like torch's additive masks.
         is_causal: key ``s`` is visible to query ``l`` only if ``s <= l`` (``causal_alignment=
             "top_left"``, torch's) or ``s <= l + S - L`` (``"bottom_right"``, for a KV cache).
         scale: multiplies the scores; default ``1 / sqrt(E)``.

@@ -158,7 +158,7 @@ class GenerationMixin:
                              f"last one is not fed back)")
         mask = None
         if attention_mask is not None:
-            mask = as_bool(attention_mask, "attention_mask")
+            mask = as_bool(attention_mask, "attention_mask", allow_float=True)
             mask = mask[None] if mask.ndim == 1 else mask
             if mask.shape != ids.shape:
                 raise ValueError(f"attention_mask: expected shape {ids.shape} (input_ids'), got {mask.shape}")

@@ -556,9 +556,12 @@ class TransformerEncoderLayer(Module):
             self.bias)
         self._init_weights()
 
-    def forward(self, src, src_mask=None, src_key_mask=None, is_causal: bool = False,
+    def forward(self, src, *, src_mask=None, src_key_mask=None, is_causal: bool = False,
                 path: str = "auto") -> np.ndarray:
         """Runs the layer.
+
+        Bool masks here are True = may attend / a real token, the opposite of torch's nn layers (whose bool
+        ``src_mask``/``key_padding_mask`` are True = blocked): pass ``~mask`` when porting. Masks are keyword-only.
 
         Args:
             src: ``(N, L, E)`` (or ``(L, E)``, unbatched).
@@ -740,9 +743,12 @@ class TransformerDecoderLayer(Module):
             self.bias)
         self._init_weights()
 
-    def forward(self, tgt, memory, tgt_mask=None, memory_mask=None, tgt_key_mask=None, memory_key_mask=None,
+    def forward(self, tgt, memory, *, tgt_mask=None, memory_mask=None, tgt_key_mask=None, memory_key_mask=None,
                 tgt_is_causal: bool = False, memory_is_causal: bool = False, path: str = "auto") -> np.ndarray:
         """Runs the layer.
+
+        Bool masks here are True = may attend / a real token, the opposite of torch's nn layers (whose bool
+        ``src_mask``/``key_padding_mask`` are True = blocked): pass ``~mask`` when porting. Masks are keyword-only.
 
         Args:
             tgt: ``(N, T, E)``, the decoder input.
@@ -856,12 +862,15 @@ class TransformerEncoder(_Stack):
             raise TypeError(f"encoder_layer: expected a TransformerEncoderLayer, got {type(encoder_layer).__name__}")
         super().__init__(encoder_layer, num_layers, norm)
 
-    def forward(self, src, mask=None, src_key_mask=None, is_causal: bool = False, path: str = "auto") -> np.ndarray:
+    def forward(self, src, *, mask=None, src_key_mask=None, is_causal: bool = False,
+                path: str = "auto") -> np.ndarray:
         """``src (N, L, E) -> (N, L, E)``; ``mask``, ``src_key_mask``, ``is_causal`` as in
-        :meth:`TransformerEncoderLayer.forward`, applied in every layer."""
+        :meth:`TransformerEncoderLayer.forward`, applied in every layer.
+        Bool masks here are True = may attend / a real token, the opposite of torch's nn layers (whose bool
+        ``src_mask``/``key_padding_mask`` are True = blocked): pass ``~mask`` when porting. Masks are keyword-only."""
         x = src
         for layer in self.layers:
-            x = layer(x, mask, src_key_mask, is_causal, path)
+            x = layer(x, src_mask=mask, src_key_mask=src_key_mask, is_causal=is_causal, path=path)
         return x if self.norm is None else self.norm(x)
 
     def backward(self, grad_output) -> np.ndarray:
@@ -889,14 +898,17 @@ class TransformerDecoder(_Stack):
             raise TypeError(f"decoder_layer: expected a TransformerDecoderLayer, got {type(decoder_layer).__name__}")
         super().__init__(decoder_layer, num_layers, norm)
 
-    def forward(self, tgt, memory, tgt_mask=None, memory_mask=None, tgt_key_mask=None, memory_key_mask=None,
+    def forward(self, tgt, memory, *, tgt_mask=None, memory_mask=None, tgt_key_mask=None, memory_key_mask=None,
                 tgt_is_causal: bool = False, memory_is_causal: bool = False, path: str = "auto") -> np.ndarray:
         """``tgt (N, T, E)``, ``memory (N, S, E)`` -> ``(N, T, E)``; masks as in
-        :meth:`TransformerDecoderLayer.forward`, applied in every layer."""
+        :meth:`TransformerDecoderLayer.forward`, applied in every layer.
+        Bool masks here are True = may attend / a real token, the opposite of torch's nn layers (whose bool
+        ``src_mask``/``key_padding_mask`` are True = blocked): pass ``~mask`` when porting. Masks are keyword-only."""
         x = tgt
         for layer in self.layers:
-            x = layer(x, memory, tgt_mask, memory_mask, tgt_key_mask, memory_key_mask, tgt_is_causal,
-                      memory_is_causal, path)
+            x = layer(x, memory, tgt_mask=tgt_mask, memory_mask=memory_mask, tgt_key_mask=tgt_key_mask,
+                      memory_key_mask=memory_key_mask, tgt_is_causal=tgt_is_causal,
+                      memory_is_causal=memory_is_causal, path=path)
         return x if self.norm is None else self.norm(x)
 
     def backward(self, grad_output) -> tuple[np.ndarray, np.ndarray]:
@@ -942,7 +954,7 @@ class Transformer(Module):
     def _children(self):
         return [("encoder", self.encoder), ("decoder", self.decoder)]
 
-    def forward(self, src, tgt, src_mask=None, tgt_mask=None, memory_mask=None, src_key_mask=None,
+    def forward(self, src, tgt, *, src_mask=None, tgt_mask=None, memory_mask=None, src_key_mask=None,
                 tgt_key_mask=None, memory_key_mask=None, src_is_causal: bool = False, tgt_is_causal: bool = False,
                 memory_is_causal: bool = False, path: str = "auto") -> np.ndarray:
         """Encodes ``src (N, S, E)`` and decodes ``tgt (N, T, E)`` over it -> ``(N, T, E)``.
@@ -950,6 +962,8 @@ class Transformer(Module):
         Masks as in the layers (bool True = may attend; ``*_key_mask`` True = real token):
         ``src_mask (S, S)``, ``tgt_mask (T, T)`` (or ``tgt_is_causal=True``), ``memory_mask (T, S)``,
         ``src_key_mask (N, S)``, ``tgt_key_mask (N, T)``, ``memory_key_mask (N, S)``.
+        Bool masks here are True = may attend / a real token, the opposite of torch's nn layers (whose bool
+        ``src_mask``/``key_padding_mask`` are True = blocked): pass ``~mask`` when porting. Masks are keyword-only.
 
         Raises:
             ValueError: batch or feature sizes that disagree; masks of the wrong shape.
@@ -960,9 +974,10 @@ class Transformer(Module):
             raise ValueError(f"tgt: expected batch size {src_arr.shape[0]} (src's), got shape {tgt_arr.shape}")
         if src_arr.shape[2] != self.d_model or tgt_arr.shape[2] != self.d_model:
             raise ValueError(f"src, tgt: expected last dim {self.d_model} (d_model), got {src_arr.shape}, {tgt_arr.shape}")
-        memory = self.encoder(src_arr, src_mask, src_key_mask, src_is_causal, path)
-        return self.decoder(tgt_arr, memory, tgt_mask, memory_mask, tgt_key_mask, memory_key_mask, tgt_is_causal,
-                            memory_is_causal, path)
+        memory = self.encoder(src_arr, mask=src_mask, src_key_mask=src_key_mask, is_causal=src_is_causal, path=path)
+        return self.decoder(tgt_arr, memory, tgt_mask=tgt_mask, memory_mask=memory_mask, tgt_key_mask=tgt_key_mask,
+                            memory_key_mask=memory_key_mask, tgt_is_causal=tgt_is_causal,
+                            memory_is_causal=memory_is_causal, path=path)
 
     def backward(self, grad_output) -> tuple[np.ndarray, np.ndarray]:
         """``grad_output (N, T, E)`` -> ``(grad_src (N, S, E), grad_tgt (N, T, E))`` of the last

@@ -59,7 +59,8 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, key_mask=None, is_caus
         attn_mask = np.asarray(attn_mask)
         scores = np.where(attn_mask, scores, -np.inf) if attn_mask.dtype == bool else scores + attn_mask
     if key_mask is not None:                                            # (N, S) -> (N, 1, 1, S)
-        km = np.asarray(key_mask, dtype=bool).reshape(key_mask.shape[0], *([1] * (scores.ndim - 2)), S)
+        km = np.asarray(key_mask, dtype=bool)                          # a list works too
+        km = km.reshape(km.shape[0], *([1] * (scores.ndim - 2)), S)
         scores = np.where(km, scores, -np.inf)
     if is_causal:
         scores = np.where(np.tril(np.ones((L, S), dtype=bool)), scores, -np.inf)

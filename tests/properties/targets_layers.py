@@ -516,9 +516,12 @@ def _call_enc(kw):
             norm = nn.LayerNorm(kw["d_model"], kw["layer_norm_eps"], kw["bias"], dtype=kw["dtype"])
         layer = (nn.TransformerDecoder if kw["decoder"] else nn.TransformerEncoder)(layer, kw["num_layers"], norm)
     if kw["decoder"]:
-        return layer(kw["src"], kw["memory"], kw["src_mask"], kw["memory_mask"], kw["src_key_mask"],
-                     kw["memory_key_mask"], kw["is_causal"], kw["memory_is_causal"], kw["path"])
-    return layer(kw["src"], kw["src_mask"], kw["src_key_mask"], kw["is_causal"], kw["path"])
+        return layer(kw["src"], kw["memory"], tgt_mask=kw["src_mask"], memory_mask=kw["memory_mask"],
+                     tgt_key_mask=kw["src_key_mask"], memory_key_mask=kw["memory_key_mask"],
+                     tgt_is_causal=kw["is_causal"], memory_is_causal=kw["memory_is_causal"], path=kw["path"])
+    mask_kw = "mask" if "num_layers" in kw else "src_mask"  # torch's names: the stack's is ``mask``
+    return layer(kw["src"], **{mask_kw: kw["src_mask"]}, src_key_mask=kw["src_key_mask"], is_causal=kw["is_causal"],
+                 path=kw["path"])
 
 
 def _ref_enc(kw):
