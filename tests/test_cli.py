@@ -381,3 +381,31 @@ def test_cli_summary_lists_the_skipped_records(tmp_path, tiny_model_dir):
     r = run_cli_any("embed", "--file", bad, "--errors", "skip", "--model", tiny_model_dir, "--json")
     assert r.returncode == 0 and json.loads(r.stdout)["shape"] == [2, 32], r.stderr
     assert r.stderr.splitlines() == ["skipped 1 records: line 2: invalid UTF-8 (byte 5 of the line: b'\\xff')"]
+
+
+def test_cli_reader_closing_stdout_early_exits_quietly(tmp_path, tiny_model_dir):
+    """`embed ... | head -3`: a reader that closes the pipe before the output is written is not an
+    error: no message, exit code 141 (128 + SIGPIPE), no traceback."""
+    proc = subprocess.Popen([sys.executable, "-m", "transformer_core", "embed", "one", "two", "--model",
+                             str(tiny_model_dir), "--no-progress"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()  # the reader is gone before anything is written
+    err = proc.stderr.read()
+    assert proc.wait(timeout=300) == 141, err
+    assert err == b""
+
+
+def test_cli_relative_model_path_is_searchable_from_elsewhere(tmp_path, tiny_model_dir):
+    import shutil
+
+    work = tmp_path / "work"
+    work.mkdir()
+    shutil.copytree(tiny_model_dir, work / "m")
+    (work / "c.txt").write_text("\n".join(corpus_lines(12)) + "\n", encoding="utf-8")
+    r = subprocess.run([sys.executable, "-m", "transformer_core", "embed", "--file", "c.txt", "--out", "e.npy",
+                        "--model", "m", "--no-progress"], cwd=work, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    r = subprocess.run([sys.executable, "-m", "transformer_core", "search", "hello", "--index", str(work / "e.npy"),
+                        "-k", "2"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "query: hello" in r.stdout

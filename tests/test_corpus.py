@@ -721,3 +721,32 @@ def test_read_manifest_names_the_damaged_field(search_index, tmp_path, changes, 
     Path(f"{out}.manifest.json").write_text(json.dumps(man))
     with pytest.raises(ValueError, match=f"^{out}.manifest.json: a damaged manifest: {match}"):
         corpus.read_manifest(out)
+
+
+def test_model_identity_stores_an_existing_path_absolute(tmp_path, tiny_model_dir, monkeypatch):
+    """A relative --model path is recorded resolved, so `search` works from another folder; a name stays a name."""
+    import shutil
+
+    shutil.copytree(tiny_model_dir, tmp_path / "m")
+    monkeypatch.chdir(tmp_path)
+    ident = corpus.model_identity("m")
+    assert ident["name"] == str((tmp_path / "m").resolve())
+    assert ident["fingerprint"] == corpus.model_identity(tiny_model_dir)["fingerprint"]
+    assert corpus.model_identity(MODEL_NAME)["name"] == MODEL_NAME
+
+
+def test_parquet_write_error_names_the_part(tmp_path, tiny_model_dir, monkeypatch, capsys):
+    """A Parquet part the disk refuses (EFBIG, e.g. `ulimit -f`) is one error line naming the part,
+    and no temp file is left behind."""
+    f = write_lines(tmp_path / "c.txt", corpus_lines(20))
+    out = tmp_path / "e.parquet"
+
+    def too_large(*a, **k):
+        raise OSError(errno.EFBIG, os.strerror(errno.EFBIG))
+
+    monkeypatch.setattr(pq, "write_table", too_large)
+    rc, stdout, stderr = _cli(capsys, "embed", "--file", f, "--out", out, "--model", tiny_model_dir,
+                              "--chunk-size", 10, "--no-progress")
+    assert rc == 2 and stdout == ""
+    assert stderr == f"transformer_core embed: {out}.partial/part-00000.parquet: File too large\n"
+    assert leftover_temps(Path(f"{out}.partial")) == []

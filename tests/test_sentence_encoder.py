@@ -212,3 +212,117 @@ def test_text_that_is_not_valid_unicode_names_the_argument(tc_tokenizer, encoder
     with pytest.raises(ValueError, match=f"^sentences: .*{where} of the text at index 1 "):
         encoder.encode(["A much longer sentence than the next one.", bad])
     assert tc_tokenizer.encode("café") == tc_tokenizer.encode("caf\u00e9")  # valid text is untouched
+
+
+# ------------------------------------------------------------- pooling from a sentence-transformers folder
+def _st_folder(tmp_path, model_dir, name, pooling=None, normalize=True, extra_modules=()):
+    """A copy of the all-MiniLM-L6-v2 folder (big files linked) with its modules.json and
+    1_Pooling/config.json rewritten: ``pooling`` the pooling_mode_* keys set true."""
+    import json
+    import os
+
+    d = tmp_path / name
+    d.mkdir()
+    for f in model_dir.iterdir():
+        if f.is_file() and f.name != "modules.json":
+            os.symlink(f, d / f.name)
+    (d / "1_Pooling").mkdir()
+    modes = {k: False for k in ("pooling_mode_cls_token", "pooling_mode_mean_tokens", "pooling_mode_max_tokens",
+                                "pooling_mode_mean_sqrt_len_tokens")}
+    modes.update({k: True for k in (pooling or ())})
+    (d / "1_Pooling" / "config.json").write_text(json.dumps({"word_embedding_dimension": 384, **modes}))
+    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+               {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
+    modules += [{"idx": 2, "name": "2", "path": p, "type": f"sentence_transformers.models.{t}"}
+                for t, p in extra_modules]
+    if normalize:
+        modules.append({"idx": len(modules), "name": "n", "path": "2_Normalize",
+                        "type": "sentence_transformers.models.Normalize"})
+    (d / "modules.json").write_text(json.dumps(modules))
+    return d
+
+
+def _hf_pool(hf_bert, hf_tokenizer, sentences, pooling, normalize):
+    """transformers' BertModel + sentence-transformers' pooling, computed in torch (float64)."""
+    import torch
+
+    ids, am, tt = hf_encode(hf_tokenizer, sentences)
+    with torch.no_grad():
+        h = hf_bert(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(am),
+                    token_type_ids=torch.from_numpy(tt)).last_hidden_state.double()
+    m = torch.from_numpy(am)[..., None].double()
+    if pooling == "cls":
+        e = h[:, 0]
+    elif pooling == "max":
+        e = torch.where(m > 0, h, torch.full_like(h, -1e9)).max(dim=1).values
+    else:
+        e = (h * m).sum(1) / m.sum(1).clamp(min=1e-9)
+    if normalize:
+        e = torch.nn.functional.normalize(e, p=2, dim=1)
+    return e.numpy()
+
+
+@pytest.mark.parametrize("pooling, normalize", [("cls", False), ("cls", True), ("max", False), ("mean", False),
+                                                ("mean", True)])
+def test_pooling_read_from_the_folder_matches_transformers(tmp_path, model_dir, hf_bert, hf_tokenizer,
+                                                           pooling, normalize):
+    mode = {"cls": "pooling_mode_cls_token", "max": "pooling_mode_max_tokens",
+            "mean": "pooling_mode_mean_tokens"}[pooling]
+    d = _st_folder(tmp_path, model_dir, "m", [mode], normalize)
+    enc = tc.SentenceEncoder.from_pretrained(d)
+    assert (enc.pooling, enc.normalize) == (pooling, normalize)
+    sentences = SENTENCES[:7] + ["ok"]
+    ours = enc.encode(sentences, batch_size=3)
+    ref = _hf_pool(hf_bert, hf_tokenizer, sentences, pooling, normalize)
+    np.testing.assert_allclose(ours, ref, atol=1e-4 if not normalize else 1e-5)
+    # normalize= still overrides the folder's default
+    forced = enc.encode(sentences, batch_size=3, normalize=not normalize)
+    np.testing.assert_allclose(forced, _hf_pool(hf_bert, hf_tokenizer, sentences, pooling, not normalize),
+                               atol=1e-4 if normalize else 1e-5)
+
+
+def test_default_model_keeps_mean_and_normalize(encoder):
+    assert (encoder.pooling, encoder.normalize) == ("mean", True)
+
+
+@pytest.mark.parametrize("pooling, extra, match", [
+    (["pooling_mode_mean_sqrt_len_tokens"], (), r"1_Pooling/config.json: pooling_mode_mean_sqrt_len_tokens is True"),
+    (["pooling_mode_weightedmean_tokens"], (), r"pooling_mode_weightedmean_tokens is True"),
+    (["pooling_mode_cls_token", "pooling_mode_mean_tokens"], (), r"config.json: expected exactly one of"),
+    ([], (), r"config.json: expected exactly one of .* got none"),
+    (["pooling_mode_mean_tokens"], (("Dense", "2_Dense"),), r"modules.json: module 2 has type "
+                                                            r"'sentence_transformers.models.Dense'"),
+])
+def test_unsupported_pooling_or_module_is_refused(tmp_path, model_dir, pooling, extra, match):
+    from transformer_core.sentence_encoder import read_pooling
+
+    d = _st_folder(tmp_path, model_dir, "m", pooling, True, extra)
+    with pytest.raises(ValueError, match=match):
+        read_pooling(d)
+    with pytest.raises(ValueError, match=match):
+        tc.SentenceEncoder.from_pretrained(d)
+
+
+def test_bad_modules_json_is_refused(tmp_path, model_dir):
+    from transformer_core.sentence_encoder import read_pooling
+
+    d = _st_folder(tmp_path, model_dir, "m", ["pooling_mode_mean_tokens"])
+    (d / "modules.json").write_text("{not json")
+    with pytest.raises(ValueError, match="modules.json: not valid JSON"):
+        read_pooling(d)
+    (d / "modules.json").write_text('{"a": 1}')
+    with pytest.raises(ValueError, match="modules.json: expected a JSON list"):
+        read_pooling(d)
+    assert read_pooling(model_dir) == {"pooling": "mean", "normalize": True}
+
+
+def test_pooling_enters_the_fingerprint(tmp_path, model_dir):
+    from transformer_core import corpus
+
+    base = corpus.model_identity(model_dir)["fingerprint"]
+    assert corpus.model_identity(_st_folder(tmp_path, model_dir, "mean", ["pooling_mode_mean_tokens"])
+                                 )["fingerprint"] == base
+    cls = corpus.model_identity(_st_folder(tmp_path, model_dir, "cls", ["pooling_mode_cls_token"]))["fingerprint"]
+    raw = corpus.model_identity(_st_folder(tmp_path, model_dir, "raw", ["pooling_mode_mean_tokens"], False)
+                                )["fingerprint"]
+    assert len({base, cls, raw}) == 3

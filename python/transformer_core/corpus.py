@@ -390,16 +390,24 @@ def model_identity(name_or_path=DEFAULT_MODEL, quantize: str | None = None) -> d
     MiB of data: two models that differ in architecture, tokenizer or (in practice) weights differ.
     ``quantize`` (``"int8"``: the encoder's linear layers int8, :func:`transformer_core.quantize`)
     enters the fingerprint too, so an output embedded in int8 is not resumed or searched in float32.
+    So does a sentence-transformers folder's pooling (:func:`transformer_core.sentence_encoder.read_pooling`)
+    when it is not all-MiniLM-L6-v2's mean pooling + Normalize (whose fingerprints stay as before),
+    so a CLS-pooled output is not resumed or searched with a mean-pooled model.
 
     Returns:
         ``{"name", "fingerprint", "dim"}`` (``dim`` = ``config.json``'s ``hidden_size``), and
-        ``"quantize"`` when given.
+        ``"quantize"`` when given. ``name``: an existing path as an absolute, resolved path (so a
+        manifest's model is found from any working directory), else the embedded model's name.
 
     Raises:
         FileNotFoundError: no such model, or no ``config.json`` / ``model.safetensors``.
-        ValueError: ``config.json`` without ``hidden_size``, or a weight file that is not safetensors.
+        ValueError: ``config.json`` without ``hidden_size``, a weight file that is not safetensors,
+            or a pooling setup :class:`SentenceEncoder` does not support.
     """
+    from .sentence_encoder import read_pooling
+
     model_dir = resolve_model_dir(name_or_path)
+    pooling = read_pooling(model_dir)
     config = read_config(model_dir)
     dim = config.get("hidden_size")
     if not isinstance(dim, int) or dim < 1:
@@ -425,7 +433,10 @@ def model_identity(name_or_path=DEFAULT_MODEL, quantize: str | None = None) -> d
         h.update(f.read(_HASH_BYTES))
     if quantize is not None:
         h.update(b"quantize=" + str(quantize).encode())
-    out = {"name": str(name_or_path), "fingerprint": h.hexdigest()[:32], "dim": dim}
+    if pooling != {"pooling": "mean", "normalize": True}:
+        h.update(f"pooling={pooling['pooling']};normalize={pooling['normalize']}".encode())
+    name = str(Path(name_or_path).resolve()) if Path(name_or_path).exists() else str(name_or_path)
+    out = {"name": name, "fingerprint": h.hexdigest()[:32], "dim": dim}
     if quantize is not None:
         out["quantize"] = str(quantize)
     return out
@@ -617,6 +628,8 @@ def write_parquet_part(directory, index: int, width: int, start: int, texts: lis
 
     Returns:
         The part's path.
+    Raises:
+        OSError: the disk refused the write (naming the part; no temp file is left behind).
     """
     pa = _need_pyarrow("Parquet output")
     import pyarrow.parquet as pq
@@ -636,6 +649,9 @@ def write_parquet_part(directory, index: int, width: int, start: int, texts: lis
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise _with_filename(e, path) from None
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
@@ -1104,7 +1120,7 @@ def embed_file(input, out, *, model=DEFAULT_MODEL, input_format: str | None = No
     bar = _progress_bar(progress, job.num_rows, job.rows_done(), "embed")
     try:
         for index, start, texts in job.pending():
-            emb = encoder.encode(texts, batch_size=batch_size, progress=False)
+            emb = encoder.encode(texts, batch_size=batch_size, normalize=True, progress=False)
             writer = writer or job.writer()
             extra = writer.write(start, texts, emb)
             job.commit(index, **extra)
@@ -1179,7 +1195,7 @@ def embed_summary(input, *, model=DEFAULT_MODEL, limit: int = 20, input_format=N
         identity = source.identity() if isinstance(source, TextSource) else {}
         raise ValueError(f"input: {source.describe()} has no text to embed ({_why_empty(source, identity)})")
     if len(head) <= limit:
-        emb = encoder.encode(head, batch_size=batch_size, progress=False)
+        emb = encoder.encode(head, batch_size=batch_size, normalize=True, progress=False)
         return EmbedSummary(count=len(head), dim=encoder.dim, seconds=time.perf_counter() - t0, texts=head,
                             embeddings=emb, num_skipped=source.num_skipped, skipped=list(source.skipped))
     total = np.zeros(encoder.dim, np.float64)
@@ -1188,7 +1204,7 @@ def embed_summary(input, *, model=DEFAULT_MODEL, limit: int = 20, input_format=N
     bar = _progress_bar(progress, None, 0, "embed")
     try:
         for _, _, texts in _chunks(itertools.chain(head, it), chunk_size):
-            emb = encoder.encode(texts, batch_size=batch_size, progress=False).astype(np.float64)
+            emb = encoder.encode(texts, batch_size=batch_size, normalize=True, progress=False).astype(np.float64)
             total += emb.sum(axis=0)
             sq += float((emb * emb).sum())
             count += len(texts)

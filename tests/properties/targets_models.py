@@ -554,7 +554,8 @@ def _ref_encode(kw):
     if not isinstance(sentences, (list, tuple)) or not all(isinstance(x, str) for x in sentences):
         raise NoReference("sentences")
     read_int(kw["batch_size"], "batch_size", 1)
-    normalize = read_bool(kw["normalize"], "normalize")
+    # None: the folder's setting (MiniLM lists a Normalize module)
+    normalize = True if kw["normalize"] is None else read_bool(kw["normalize"], "normalize")
     if not sentences:
         return np.zeros((0, 384))
     enc = _hf_tokenizer().encode_batch(list(sentences))
@@ -730,8 +731,8 @@ target(name="hub.load_safetensors[corrupted]", draw=_draw_safetensors, call=_cal
 
 
 def _draw_model_dir(draw):
-    """A copy of all-MiniLM-L6-v2's small files (config, tokenizer, sentence-transformers' config)
-    with one of them broken; the weights are linked, not copied."""
+    """A copy of all-MiniLM-L6-v2's small files (config, tokenizer, sentence-transformers' config and
+    module folders) with one of them broken; the weights are linked, not copied."""
     d = _tmpdir() / f"dir_{draw(st.integers(0, 10**9))}"
     shutil.rmtree(d, ignore_errors=True)
     d.mkdir()
@@ -739,6 +740,8 @@ def _draw_model_dir(draw):
     for f in src.iterdir():
         if f.is_file():
             (d / f.name).symlink_to(f) if f.name == "model.safetensors" else shutil.copy(f, d / f.name)
+        elif f.is_dir() and f.name != "__pycache__":  # sentence-transformers' modules (1_Pooling, ...)
+            shutil.copytree(f, d / f.name)
     which = draw(st.sampled_from(["config.json", "tokenizer.json", "sentence_bert_config.json"]))
     text = (d / which).read_text()
     how = draw(st.sampled_from(["truncate", "list", "bad_field", "garbage_bytes", "missing", "none"]))
