@@ -330,13 +330,6 @@ class Module:
         """``{name: shape}`` of every weight, in registration order (the checkpoint's names)."""
         return {name: slot.shape for name, slot in self._slots().items()}
 
-    def _impls(self) -> list:
-        """The C++ objects of this module and of its children (each once)."""
-        out = [] if self._impl is None else [self._impl]
-        for _, child in self._children():
-            out += [impl for impl in child._impls() if all(impl is not o for o in out)]
-        return out
-
     def weight_formats(self) -> dict[str, str]:
         """``{name: storage}`` of every weight: ``"float32"``/``"float64"``, ``"int8"`` (per output
         channel), or a GGUF block type (``"Q8_0"``, ``"Q4_0"``, ``"Q4_1"``; ``"Q8_0+Q4_1"`` when the
