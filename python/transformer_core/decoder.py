@@ -128,14 +128,16 @@ class DecoderModel(Module):
         reserved (it grows as needed)."""
         return KVCache(self.config.num_layers, batch, self.config.num_kv_heads, self.head_dim, capacity, self.dtype)
 
-    def _prepare(self, input_ids, attention_mask, position_ids, past_key_values):
-        """Checked ``(ids (N, L), mask (N, past + L) or None, positions (N, L) or None, cache)``."""
-        ids = as_ids(input_ids, "input_ids")
-        N, L = ids.shape
+    def _model_cache(self, past_key_values, N: int) -> KVCache:
+        """``past_key_values`` as a :class:`KVCache` of this model for a batch of ``N``: a KVCache as
+        is, Hugging Face's legacy tuple of per-layer ``(keys, values)`` copied into a new one.
+
+        Raises:
+            TypeError: neither a KVCache nor a tuple/list; a cache of another dtype than the model's.
+            ValueError: a legacy tuple of bad shapes; a cache of another batch or layer count.
+        """
         cache = past_key_values
-        if cache is None:
-            cache = self.new_cache(N, L)
-        elif not isinstance(cache, KVCache):
+        if not isinstance(cache, KVCache):
             cache = KVCache.from_legacy(cache, self.config.num_kv_heads, self.head_dim, self.dtype)
         if np.dtype(cache.dtype) != np.dtype(self.dtype):
             raise TypeError(f"past_key_values: expected a cache of this model's dtype {np.dtype(self.dtype).name}, "
@@ -143,6 +145,13 @@ class DecoderModel(Module):
         if cache.batch != N or len(cache) != self.config.num_layers:
             raise ValueError(f"past_key_values: a cache of batch {cache.batch} and {len(cache)} layers does not fit "
                              f"input_ids' batch {N} and this model's {self.config.num_layers} layers")
+        return cache
+
+    def _prepare(self, input_ids, attention_mask, position_ids, past_key_values):
+        """Checked ``(ids (N, L), mask (N, past + L) or None, positions (N, L) or None, cache)``."""
+        ids = as_ids(input_ids, "input_ids")
+        N, L = ids.shape
+        cache = self.new_cache(N, L) if past_key_values is None else self._model_cache(past_key_values, N)
         past = cache.length
         if past + L > self.context_length:
             raise ValueError(f"input_ids: past length {past} + new length {L} exceeds the context "

@@ -119,9 +119,9 @@ def next_tokens(scores: np.ndarray, sequences: np.ndarray, cfg: GenerationConfig
 class GenerationMixin:
     """``generate`` and ``stream`` for a causal LM whose ``forward(ids, attention_mask=...,
     past_key_values=..., use_cache=True, logits_to_keep=1)`` returns logits, with ``new_cache``,
-    ``context_length``, ``dtype``, ``head_dim`` and ``config.vocab_size`` / ``config.num_layers`` /
-    ``config.num_kv_heads`` / ``config.eos_token_id`` (and, if the config has one,
-    ``config.pad_token_id``).
+    ``context_length``, ``_model_cache(past_key_values, N)`` (a checked :class:`KVCache`, legacy
+    tuples converted) and ``config.vocab_size`` / ``config.eos_token_id`` (and, if the config has
+    one, ``config.pad_token_id``).
 
     **Context.** The last generated token is returned but never fed back, so a prompt of length L
     and ``max_new_tokens`` new tokens need ``L + max_new_tokens - 1`` positions: they must fit the
@@ -178,19 +178,7 @@ class GenerationMixin:
             ValueError: a legacy tuple of bad shapes; a cache of another batch or layer count; a
             cache that holds ``L`` positions or more (it must hold a prefix of ``input_ids``).
         """
-        if isinstance(past_key_values, KVCache):
-            cache = past_key_values
-        elif isinstance(past_key_values, (list, tuple)):
-            cache = KVCache.from_legacy(past_key_values, self.config.num_kv_heads, self.head_dim, self.dtype)
-        else:
-            raise TypeError(f"past_key_values: expected None, a KVCache or Hugging Face's legacy tuple of (keys, "
-                            f"values) pairs per layer, got {type(past_key_values).__name__}")
-        if np.dtype(cache.dtype) != np.dtype(self.dtype):
-            raise TypeError(f"past_key_values: expected a cache of this model's dtype {np.dtype(self.dtype).name}, "
-                            f"got {np.dtype(cache.dtype).name}")
-        if cache.batch != N or len(cache) != self.config.num_layers:
-            raise ValueError(f"past_key_values: a cache of batch {cache.batch} and {len(cache)} layers does not fit "
-                             f"input_ids' batch {N} and this model's {self.config.num_layers} layers")
+        cache = self._model_cache(past_key_values, N)  # the host's (DecoderModel): converted and checked
         if cache.length >= L:
             raise ValueError(f"past_key_values: the cache holds {cache.length} positions, expected fewer than "
                              f"input_ids' {L}")

@@ -113,8 +113,8 @@ class KVCache:
         num_kv_heads = check_int(num_kv_heads, "num_kv_heads", 1)
         head_dim = check_int(head_dim, "head_dim", 1)
         if not isinstance(past, (list, tuple)):
-            raise TypeError(f"past_key_values: expected a KVCache or a tuple of (keys, values) pairs, got "
-                            f"{type(past).__name__}")
+            raise TypeError(f"past_key_values: expected None, a KVCache or Hugging Face's legacy tuple of (keys, "
+                            f"values) pairs per layer, got {type(past).__name__}")
         if not past:
             raise ValueError("past_key_values: expected one (keys, values) pair per layer, got none")
         pairs, shape = [], None
