@@ -188,6 +188,25 @@ def test_gradient_accumulation_over_micro_batches(rng):
     assert all(p.grad is None for p in ours.parameters())
 
 
+@pytest.mark.parametrize("set_to_none", [True, False])
+def test_optimizer_zero_grad_clears_fused_weights_whole(rng, set_to_none):
+    """Llama stores q/k/v (and gate/up) as rows of one matrix with one gradient buffer. The
+    optimizer's zero_grad clears parameter by parameter: k_proj, v_proj and up_proj kept the last
+    step's gradient under a flag that said "unwritten", and the next backward added to it (0.26 off
+    on v_proj). The second batch's gradients must be HF's for that batch alone."""
+    hf, ours = llama_pair(np.float64, tie=False)
+    ids, _, labels = batch(rng, 4, 9)
+    ours.train()
+    opt = tc.optim.SGD(ours.named_parameters(), lr=0.0)  # no update: HF's weights stay ours
+    for sl in (slice(0, 2), slice(2, 4)):
+        opt.zero_grad(set_to_none=set_to_none)
+        ours.loss(ids[sl], labels[sl])
+        ours.backward()
+    with _true_fp64():
+        torch_causal_loss(hf, ids[2:], labels[2:]).backward()
+    check_model_grads(ours, hf, np.float64)
+
+
 def _causal_pair(arch, tie, dtype=np.float64):
     """(hf, ours, hf name -> our name) of a GPT-2 (tied) or Llama pair (the head tied or not)."""
     if arch == "gpt2":  # (GPT-2's head is always tied)

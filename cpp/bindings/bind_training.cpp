@@ -55,6 +55,7 @@ void register_dtype(py::module_& m) {
           py::arg("name"))
       .def("gradient_written", &Module<T>::gradient_written, py::arg("name"))
       .def("set_gradient_written", &Module<T>::set_gradient_written, py::arg("name"), py::arg("written"))
+      .def("clear_gradient", &Module<T>::clear_gradient, py::arg("name"))
       .def("zero_grad", &Module<T>::zero_grad)
       .def("release_activations", &Module<T>::release_activations);
 

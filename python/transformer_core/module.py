@@ -209,10 +209,12 @@ class _BoundParameter(Parameter):
 
     def _clear_grad(self) -> None:
         """Zeroes the C++ gradient buffer and marks it unwritten (an unwritten buffer is all zeros:
-        the backwards add into it)."""
+        the backwards add into it). A weight stored as rows of a larger matrix (Llama's q/k/v and
+        gate/up) shares that matrix's buffer and its written flag: the whole buffer is cleared, so
+        that no sibling keeps old values under a flag that says "unwritten" (its ``grad`` reads None
+        from here on as well)."""
         if self._impl.gradient_written(self._core_name):
-            self._impl.gradient_view(self._core_name).fill(0)
-            self._impl.set_gradient_written(self._core_name, False)
+            self._impl.clear_gradient(self._core_name)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """As torch: ``set_to_none=True`` clears the gradient (``grad`` reads None until the next

@@ -169,6 +169,14 @@ class Module {
   bool gradient_written(const std::string& name) const { return parameter(name).grad->written; }
   // Marks the gradient of `name` written or not (a model that staged it, see DecoderModel).
   void set_gradient_written(const std::string& name, bool written) { parameter(name).grad->written = written; }
+  // The whole gradient buffer `name` lives in to zero, unwritten: every parameter sharing it (the
+  // row slices of one stored matrix, e.g. q_proj, k_proj and v_proj of a fused QKV weight) too, as
+  // they share its `written` flag. Nothing is allocated.
+  void clear_gradient(const std::string& name) {
+    GradSlot<T>* g = parameter(name).grad;
+    std::fill(g->buffer.begin(), g->buffer.end(), T(0));
+    g->written = false;
+  }
   // Every gradient to zero, none written (the buffers stay allocated).
   void zero_grad() {
     for (const auto& p : params_) {
