@@ -218,7 +218,7 @@ def test_deeply_nested_json_is_a_value_error(tmp_path):
     import transformer_core as tc
 
     (tmp_path / "config.json").write_text(DEEP)
-    with pytest.raises(ValueError, match="not valid JSON .*nested too deeply") as info:
+    with pytest.raises(ValueError, match="config.json: not valid JSON: nested too deeply") as info:
         read_config(tmp_path)
     assert str(tmp_path / "config.json") in str(info.value)
     with pytest.raises(ValueError, match="nested too deeply"):

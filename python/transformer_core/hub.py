@@ -54,6 +54,19 @@ def json_problem(error: BaseException) -> str:
     return str(error)
 
 
+def read_json_file(path):
+    """The JSON value in the file ``path`` (any JSON type: callers check the shape they expect).
+
+    Raises:
+        ValueError: naming the file: not valid UTF-8 JSON, or nested too deeply to parse.
+        OSError: the file cannot be read.
+    """
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except JSON_ERRORS as e:
+        raise ValueError(f"{path}: not valid JSON: {json_problem(e)}") from None
+
+
 def resolve_model_path(name_or_path) -> Path:
     """The location of a model: ``name_or_path`` itself if it is a directory or a file, else the
     directory or file of an embedded model of that name (see ``EMBEDDED_MODELS``).
@@ -118,10 +131,7 @@ def read_config(model_dir: Path) -> dict:
     path = Path(model_dir) / "config.json"
     if not path.is_file():
         raise FileNotFoundError(f"config.json: not found in model directory {model_dir}")
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except JSON_ERRORS as e:
-        raise ValueError(f"config.json: not valid JSON ({path}): {json_problem(e)}") from None
+    config = read_json_file(path)
     if not isinstance(config, dict):
         raise ValueError(f"config.json: expected a JSON object, got a JSON {type(config).__name__} ({path})")
     return config
@@ -171,10 +181,7 @@ def load_safetensors(model_dir: Path, dtype=np.float32) -> dict:
 
 def _read_index(index: Path) -> dict:
     """``{shard file: [tensor names]}`` from ``model.safetensors.index.json``."""
-    try:
-        data = json.loads(index.read_text(encoding="utf-8"))
-    except JSON_ERRORS as e:
-        raise ValueError(f"{index}: not valid JSON: {json_problem(e)}") from None
+    data = read_json_file(index)
     weight_map = data.get("weight_map") if isinstance(data, dict) else None
     if not isinstance(weight_map, dict) or not weight_map:
         raise ValueError(f"{index}: expected a JSON object with a non-empty 'weight_map' object")

@@ -865,9 +865,8 @@ class TransformerEncoder(_Stack):
     def forward(self, src, *, mask=None, src_key_mask=None, is_causal: bool = False,
                 path: str = "auto") -> np.ndarray:
         """``src (N, L, E) -> (N, L, E)``; ``mask``, ``src_key_mask``, ``is_causal`` as in
-        :meth:`TransformerEncoderLayer.forward`, applied in every layer.
-        Bool masks here are True = may attend / a real token, the opposite of torch's nn layers (whose bool
-        ``src_mask``/``key_padding_mask`` are True = blocked): pass ``~mask`` when porting. Masks are keyword-only."""
+        :meth:`TransformerEncoderLayer.forward` (keyword-only; bool True = may attend, the opposite
+        of torch's nn layers), applied in every layer."""
         x = src
         for layer in self.layers:
             x = layer(x, src_mask=mask, src_key_mask=src_key_mask, is_causal=is_causal, path=path)
@@ -901,9 +900,8 @@ class TransformerDecoder(_Stack):
     def forward(self, tgt, memory, *, tgt_mask=None, memory_mask=None, tgt_key_mask=None, memory_key_mask=None,
                 tgt_is_causal: bool = False, memory_is_causal: bool = False, path: str = "auto") -> np.ndarray:
         """``tgt (N, T, E)``, ``memory (N, S, E)`` -> ``(N, T, E)``; masks as in
-        :meth:`TransformerDecoderLayer.forward`, applied in every layer.
-        Bool masks here are True = may attend / a real token, the opposite of torch's nn layers (whose bool
-        ``src_mask``/``key_padding_mask`` are True = blocked): pass ``~mask`` when porting. Masks are keyword-only."""
+        :meth:`TransformerDecoderLayer.forward` (keyword-only; bool True = may attend, the opposite
+        of torch's nn layers), applied in every layer."""
         x = tgt
         for layer in self.layers:
             x = layer(x, memory, tgt_mask=tgt_mask, memory_mask=memory_mask, tgt_key_mask=tgt_key_mask,
@@ -961,9 +959,8 @@ class Transformer(Module):
 
         Masks as in the layers (bool True = may attend; ``*_key_mask`` True = real token):
         ``src_mask (S, S)``, ``tgt_mask (T, T)`` (or ``tgt_is_causal=True``), ``memory_mask (T, S)``,
-        ``src_key_mask (N, S)``, ``tgt_key_mask (N, T)``, ``memory_key_mask (N, S)``.
-        Bool masks here are True = may attend / a real token, the opposite of torch's nn layers (whose bool
-        ``src_mask``/``key_padding_mask`` are True = blocked): pass ``~mask`` when porting. Masks are keyword-only.
+        ``src_key_mask (N, S)``, ``tgt_key_mask (N, T)``, ``memory_key_mask (N, S)``; keyword-only
+        (see :meth:`TransformerEncoderLayer.forward` on porting torch's bool masks).
 
         Raises:
             ValueError: batch or feature sizes that disagree; masks of the wrong shape.

@@ -4,7 +4,6 @@ the pooling and normalisation their ``modules.json`` and ``1_Pooling/config.json
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +11,7 @@ import numpy as np
 from ._runtime import core
 from ._validation import as_bool, as_float, check_allocatable, check_bool, check_int
 from .bert import BertModel
-from .hub import DEFAULT_MODEL
+from .hub import DEFAULT_MODEL, read_json_file
 from .tokenizer import Tokenizer, check_unicode
 
 __all__ = ["SentenceEncoder", "mean_pool", "cosine_similarity", "read_pooling"]
@@ -43,14 +42,7 @@ def read_pooling(model_dir) -> dict:
     path = model_dir / "modules.json"
     if not path.is_file():
         return {"pooling": "mean", "normalize": True}
-
-    def load(f: Path):
-        try:
-            return json.loads(f.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
-            raise ValueError(f"{f}: not valid JSON ({e})") from None
-
-    modules = load(path)
+    modules = read_json_file(path)
     if not isinstance(modules, list) or not all(isinstance(m, dict) for m in modules):
         raise ValueError(f"{path}: expected a JSON list of module objects, got {type(modules).__name__}")
     kinds = []
@@ -73,7 +65,7 @@ def read_pooling(model_dir) -> dict:
     cpath = pooling_dir / "config.json"
     if not cpath.is_file():
         raise FileNotFoundError(f"{cpath}: not found (the Pooling module's config, listed in {path})")
-    config = load(cpath)
+    config = read_json_file(cpath)
     if not isinstance(config, dict):
         raise ValueError(f"{cpath}: expected a JSON object, got {type(config).__name__}")
     on = [k for k, v in config.items() if k.startswith("pooling_mode_") and v]

@@ -11,13 +11,12 @@ knows its BOS/EOS tokens and chat template, and streams text with :class:`TextSt
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 
 from ._validation import check_bool, check_choice, check_int, check_optional_int, to_numpy
-from .hub import JSON_ERRORS, json_problem, resolve_model_path
+from .hub import read_json_file, resolve_model_path
 
 __all__ = ["Tokenizer", "TextStream", "GGUF_PRE_TOKENIZERS"]
 
@@ -515,10 +514,7 @@ def _read_json_object(path: Path) -> dict:
     it is not valid UTF-8 JSON (or nested too deeply to parse) or not an object."""
     if not path.is_file():
         return {}
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except JSON_ERRORS as e:
-        raise ValueError(f"{path}: not valid JSON: {json_problem(e)}") from None
+    value = read_json_file(path)
     if not isinstance(value, dict):
         raise ValueError(f"{path}: expected a JSON object, got a JSON {type(value).__name__}")
     return value

@@ -104,40 +104,27 @@ def save_checkpoint(directory, model: Module, optimizer=None, scheduler=None) ->
     write_files_atomically(directory, files)
 
 
-def _read_metadata(path: Path) -> dict:
-    """The ``__metadata__`` of a safetensors file whose header :func:`~transformer_core.hub._read_header`
-    has checked (``{}`` if it has none)."""
-    from safetensors import safe_open
-
-    try:
-        with safe_open(str(path), framework="numpy") as f:
-            return dict(f.metadata() or {})
-    except OSError as e:
-        raise OSError(e.errno, f"cannot read {path.name} ({e.strerror or e})", str(path)) from e
-    except Exception as e:  # SafetensorError: name the file, never a raw library error
-        raise ValueError(f"{path}: cannot read safetensors file ({type(e).__name__}: {e})") from None
-
-
-def _read_state_file(path: Path) -> tuple[dict, dict]:
-    """``({name: array}, metadata)`` of an optimizer's or scheduler's safetensors file, each array of
-    its stored dtype (int64 counters, float moments); the header is checked against the file first.
+def _read_safetensors(path: Path, arrays: bool) -> tuple[dict, dict]:
+    """``({name: array} or {}, metadata)`` of a safetensors file whose header
+    :func:`~transformer_core.hub._read_header` has checked: its arrays (with ``arrays``; each of its
+    stored dtype: int64 counters, float moments) and its ``__metadata__`` (``{}`` if none).
 
     Raises:
-        ValueError: naming the file: truncated, a corrupt header, an unsupported dtype.
+        ValueError: naming the file: what the safetensors library refuses (SafetensorError, a dtype
+            numpy lacks such as BF16), never a raw library error.
         OSError: the file cannot be read (naming it).
     """
     from safetensors import safe_open
 
-    _read_header(path)
     try:
         with safe_open(str(path), framework="numpy") as f:
             metadata = dict(f.metadata() or {})
-            arrays = {name: np.array(f.get_tensor(name), copy=True) for name in f.keys()}
+            values = {name: np.array(f.get_tensor(name), copy=True) for name in f.keys()} if arrays else {}
     except OSError as e:
         raise OSError(e.errno, f"cannot read {path.name} ({e.strerror or e})", str(path)) from e
-    except Exception as e:  # SafetensorError, a dtype numpy lacks (BF16): name the file
+    except Exception as e:
         raise ValueError(f"{path}: cannot read safetensors file ({type(e).__name__}: {e})") from None
-    return arrays, metadata
+    return values, metadata
 
 
 def _check_one_save(directory: Path, metadata: dict) -> None:
@@ -194,10 +181,11 @@ def load_checkpoint(directory, model: Module, optimizer=None, scheduler=None) ->
     # read and check everything first
     model_file = path / "model.safetensors"
     model_state = load_safetensors(path, model.dtype)  # checks model.safetensors' header; names the file
-    metadata = {"model.safetensors": _read_metadata(model_file)}
+    metadata = {"model.safetensors": _read_safetensors(model_file, arrays=False)[1]}
     states = {}
     for name in wanted[1:]:
-        states[name], metadata[name] = _read_state_file(path / name)
+        _read_header(path / name)  # truncated or corrupt: a ValueError naming the file
+        states[name], metadata[name] = _read_safetensors(path / name, arrays=True)
     _check_one_save(path, metadata)
     # then load: each load_state_dict checks all of its input before it changes anything, so only a
     # later component's refusal needs the earlier ones put back
