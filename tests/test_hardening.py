@@ -463,3 +463,44 @@ def test_layer_norm_float64_far_from_zero(E):
     assert np.abs(ours - exact).max() <= 1e-10
     layer = tc.nn.LayerNorm(E, dtype=np.float64)
     assert np.abs(layer(x) - exact).max() <= 1e-10
+
+
+def test_unpickled_arrays_are_accepted():
+    """An unpickled array (what a Dask worker or a multiprocessing pool receives) carries its own
+    float32 dtype object, equal to numpy's but not the same object: every C++ entry point must
+    compare dtypes by value. Before, a float mask that went through pickle was refused with
+    "float_mask: expected a 4-D array of the input dtype", and optimizer state with "expected dtype
+    float32, got float32"."""
+    import pickle
+
+    def through_pickle(a):
+        out = pickle.loads(pickle.dumps(a))
+        if isinstance(out, np.ndarray) and out.dtype == np.float32:
+            assert out.dtype is not np.dtype(np.float32)  # what the test is about
+        return out
+
+    rng = np.random.default_rng(0)
+    q = rng.standard_normal((2, 3, 5, 4)).astype(np.float32)
+    fmask = np.where(rng.random((5, 5)) < 0.7, 0.0, -np.inf).astype(np.float32)
+    fmask[:, 0] = 0.0
+    expected = tc.functional.scaled_dot_product_attention(q, q, q, fmask)
+    got = tc.functional.scaled_dot_product_attention(*(through_pickle(a) for a in (q, q, q, fmask)))
+    np.testing.assert_array_equal(got, expected)
+
+    mha = tc.nn.MultiheadAttention(8, 2)
+    x = rng.standard_normal((2, 5, 8)).astype(np.float32)
+    np.testing.assert_array_equal(mha(through_pickle(x), attn_mask=through_pickle(fmask))[0],
+                                  mha(x, attn_mask=fmask)[0])
+
+    # training: a layer's backward and the optimizer with its state through pickle
+    layer = tc.nn.TransformerEncoderLayer(8, 2, 16)
+    opt = tc.optim.AdamW(layer.parameters(), lr=1e-3)
+    layer.train()
+    layer(through_pickle(x), src_mask=through_pickle(fmask))
+    layer.backward(through_pickle(np.ones_like(x)))
+    opt.step()
+    opt.load_state_dict(through_pickle(opt.state_dict()))
+    layer(x, src_mask=fmask)
+    layer.backward(np.ones_like(x))
+    opt.step()
+    assert all(np.all(np.isfinite(v)) for v in layer.state_dict().values())

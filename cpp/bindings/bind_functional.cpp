@@ -157,7 +157,7 @@ void register_dtype(py::module_& m) {
            bool is_causal, double scale, const std::string& path) {
           auto rows_of = [](const py::array& a, const char* name) {  // [T, heads, width], width contiguous
             require(a.ndim() == 3, std::string(name) + ": expected a 3-D array");
-            require(a.dtype().is(py::dtype::of<T>()), std::string(name) + ": dtype differs from query's");
+            require(has_dtype<T>(a), std::string(name) + ": dtype differs from query's");
             const auto st = element_strides(a);
             require(a.size() == 0 || a.shape(2) <= 1 || st[2] == 1, std::string(name) + ": the last dim must be contiguous");
             return st;

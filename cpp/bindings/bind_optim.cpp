@@ -15,7 +15,7 @@ T* flat(const py::object& o, int64_t n, bool write, const std::string& name) {
   if (o.is_none()) return nullptr;
   require(py::isinstance<py::array>(o), name + ": expected a numpy array");
   py::array a = o.cast<py::array>();
-  require(a.dtype().is(py::dtype::of<T>()), name + ": expected dtype " + std::string(py::str(py::dtype::of<T>())) +
+  require(has_dtype<T>(a), name + ": expected dtype " + std::string(py::str(py::dtype::of<T>())) +
                                                 ", got " + std::string(py::str(a.dtype())));
   require(a.flags() & py::array::c_style, name + ": expected a C-contiguous array");
   require(!write || a.writeable(), name + ": expected a writeable array");

@@ -34,6 +34,13 @@ inline void require(bool ok, const std::string& message) {
   if (!ok) throw std::invalid_argument(message);
 }
 
+// True when `a` holds T in native byte order. Compared by value, never by identity: numpy can hold
+// several equal dtype objects (an unpickled array, such as one a Dask worker received, has its own).
+template <class T>
+bool has_dtype(const py::array& a) {
+  return a.dtype().equal(py::dtype::of<T>());
+}
+
 // A 4-D view [d0, d1, d2, d3] with a contiguous last dim, as the attention kernels and their
 // backward read it (strides in elements; an empty array is accepted whatever numpy made its strides).
 template <class T>
@@ -46,7 +53,7 @@ struct View4 {
 template <class T>
 View4<T> view4(const py::array& a, const char* name) {
   require(a.ndim() == 4, std::string(name) + ": expected a 4-D array");
-  require(a.dtype().is(py::dtype::of<T>()), std::string(name) + ": dtype differs from query's");
+  require(has_dtype<T>(a), std::string(name) + ": dtype differs from query's");
   auto s = element_strides(a);
   require(a.size() == 0 || a.shape(3) <= 1 || s[3] == 1, std::string(name) + ": the last dim must be contiguous");
   return View4<T>{static_cast<const T*>(a.data()), {a.shape(0), a.shape(1), a.shape(2), a.shape(3)}, {s[0], s[1], s[2]}};
@@ -84,7 +91,7 @@ kernels::AttentionMasks<T> make_masks(const py::object& bool_mask, const py::obj
   }
   if (!float_mask.is_none()) {
     py::array a = float_mask.cast<py::array>();
-    require(a.ndim() == 4 && a.dtype().is(py::dtype::of<T>()), "float_mask: expected a 4-D array of the input dtype");
+    require(a.ndim() == 4 && has_dtype<T>(a), "float_mask: expected a 4-D array of the input dtype");
     m.float_mask = static_cast<const T*>(a.data());
     auto s = element_strides(a);
     for (int i = 0; i < 4; ++i) m.float_mask_strides[i] = s[static_cast<size_t>(i)];
