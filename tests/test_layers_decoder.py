@@ -3,8 +3,10 @@ encoder-decoder tc.nn.Transformer vs torch.
 
 The torch references are torch.nn.TransformerDecoderLayer / TransformerEncoder / TransformerDecoder /
 Transformer(batch_first=True, dropout=0.0).eval() under no_grad with the MHA fast path disabled
-(conftest), loaded with the same (randomised) weights. Our bool masks are True = may attend (torch's
-nn layers: True = blocked, so torch gets ~mask); our *_key_mask True = real token (torch:
+(conftest), loaded with the same (randomised) weights. The layers' tgt_mask/memory_mask/src_mask/mask
+keep torch's names and take float masks (a bool one is refused: torch reads it as True = blocked, the
+library's bool masks are True = may attend): a bool pattern in our convention goes to our layer as
+tc.masks.to_additive(m) and to torch as ~m. Our *_key_mask True = real token (torch:
 key_padding_mask = ~key_mask). torch's ``*_is_causal`` are only hints, so torch always gets the
 explicit causal mask.
 """
@@ -91,8 +93,8 @@ def test_decoder_layer_matches_torch(rng, d, h, f, N, T, S, activation, norm_fir
     assert np.all(np.isfinite(out))
 
 
-MASK_KINDS = ["tgt_bool", "tgt_float", "tgt_causal_flag", "tgt_3d", "mem_bool", "mem_float", "mem_4d",
-              "mem_causal_flag", "tgt_key", "mem_key", "all", "tgt_fully_masked_row",
+MASK_KINDS = ["tgt_additive", "tgt_float", "tgt_causal_flag", "tgt_3d", "mem_additive", "mem_float", "mem_4d",
+              "mem_causal_flag", "mem_causal_flag+float", "tgt_key", "mem_key", "all", "tgt_fully_masked_row",
               "mem_fully_masked_row", "mem_key_all_padded"]
 
 
@@ -105,7 +107,7 @@ def test_decoder_layer_masks(rng, kind, norm_first, dtype):
     tgt = randn(rng, (N, T, d), dtype)
     mem = randn(rng, (N, S, d), dtype)
     kw, tkw = {}, {}
-    if kind == "tgt_bool" or kind == "all" or kind == "tgt_fully_masked_row":
+    if kind == "tgt_additive" or kind == "all" or kind == "tgt_fully_masked_row":
         m = rng.random((T, T)) < 0.6
         m[:, 0] = True
         if kind == "tgt_fully_masked_row":
@@ -120,7 +122,7 @@ def test_decoder_layer_masks(rng, kind, norm_first, dtype):
         m = rng.random((N * h, T, T)) < 0.6
         m[..., 0] = True
         kw["tgt_mask"] = tkw["tgt_mask"] = m
-    if kind in ("mem_bool", "all", "mem_fully_masked_row"):
+    if kind in ("mem_additive", "all", "mem_fully_masked_row"):
         m = rng.random((T, S)) < 0.6
         m[:, 1] = True
         if kind == "mem_fully_masked_row":
@@ -136,6 +138,10 @@ def test_decoder_layer_masks(rng, kind, norm_first, dtype):
     if kind == "mem_causal_flag":
         kw["memory_is_causal"] = True
         tkw["memory_mask"] = _causal(T, S)
+    if kind == "mem_causal_flag+float":  # the flag's (bool) mask and the user's float mask together
+        fm = randn(rng, (T, S), dtype)
+        kw["memory_is_causal"], kw["memory_mask"] = True, fm
+        tkw["memory_mask"] = np.where(_causal(T, S), fm, -np.inf).astype(dtype)
     tkm = None
     if kind in ("tgt_key", "all"):
         tkm = _padding(rng, N, T)
@@ -146,6 +152,9 @@ def test_decoder_layer_masks(rng, kind, norm_first, dtype):
         mkm = np.ones((N, S), bool)
         mkm[1] = False  # every memory position of sample 1 is padding
         kw["memory_key_mask"] = tkw["memory_key_mask"] = mkm
+    for name in ("tgt_mask", "memory_mask"):  # torch's names take float masks: the bool pattern as 0 / -inf
+        if name in kw and kw[name].dtype == np.bool_:
+            kw[name] = tc.masks.to_additive(kw[name], dtype)
     out = ours(tgt, mem, **kw)
     r = torch_decoder(ref, tgt, mem, **tkw)
     assert out.shape == (N, T, d)
@@ -256,9 +265,14 @@ def test_decoder_layer_bad_input(rng):
     with pytest.raises(ValueError, match="memory"):
         layer(tgt, randn(rng, (2, 7, 10)))
     with pytest.raises(ValueError, match="tgt_mask"):
-        layer(tgt, mem, tgt_mask=np.ones((5, 7), bool))
+        layer(tgt, mem, tgt_mask=np.zeros((5, 7), np.float32))
     with pytest.raises(ValueError, match="memory_mask"):
-        layer(tgt, mem, memory_mask=np.ones((5, 5), bool))
+        layer(tgt, mem, memory_mask=np.zeros((5, 5), np.float32))
+    for name in ("tgt_mask", "memory_mask"):  # torch's names, torch's float meaning: bool refused
+        with pytest.raises(TypeError, match=rf"^{name}: expected a float mask .*got a bool mask"):
+            layer(tgt, mem, **{name: np.ones((5, 5 if name == "tgt_mask" else 7), bool)})
+        with pytest.raises(TypeError, match=rf"^{name}: expected a float mask"):
+            tc.nn.TransformerDecoder(layer, 2)(tgt, mem, **{name: np.ones((5, 5 if name == "tgt_mask" else 7), bool)})
     with pytest.raises(TypeError, match="memory_mask"):
         layer(tgt, mem, memory_mask=np.ones((5, 7), np.int64))
     with pytest.raises(ValueError, match="tgt_key_mask"):
@@ -418,7 +432,8 @@ def test_transformer_matches_torch(rng, d, h, ne, nd, f, activation, norm_first,
     with torch.no_grad():
         r = ref(to_torch(src), to_torch(tgt), src_mask=~to_torch(sm), tgt_mask=to_torch(tm),
                 memory_mask=~to_torch(mm)).numpy()
-    assert_close(ours(src, tgt, src_mask=sm, tgt_mask=tm, memory_mask=mm), r, dtype,
+    additive = tc.masks.to_additive
+    assert_close(ours(src, tgt, src_mask=additive(sm, dtype), tgt_mask=tm, memory_mask=additive(mm, dtype)), r, dtype,
                  what="transformer explicit masks")
 
 
@@ -448,7 +463,7 @@ def test_transformer_state_dict_and_bad_input(rng):
     with pytest.raises(ValueError, match="src_key_mask"):
         ours(src, tgt, src_key_mask=np.ones((2, 4), bool))
     with pytest.raises(ValueError, match="memory_mask"):
-        ours(src, tgt, memory_mask=np.ones((4, 4), bool))
+        ours(src, tgt, memory_mask=np.zeros((4, 4), np.float32))
 
 
 # ------------------------------------------------------------------ masks are keyword-only
@@ -475,7 +490,7 @@ def test_masks_are_keyword_only(rng):
     # the keyword forms run
     assert enc(x, src_key_mask=~kpm).shape == (2, 5, 8)
     assert dec(x, mem, tgt_key_mask=~kpm, memory_key_mask=np.ones((2, 4), bool)).shape == (2, 5, 8)
-    assert tc.nn.TransformerEncoder(enc, 2)(x, mask=np.ones((5, 5), bool), src_key_mask=~kpm).shape == (2, 5, 8)
+    assert tc.nn.TransformerEncoder(enc, 2)(x, mask=np.zeros((5, 5), np.float32), src_key_mask=~kpm).shape == (2, 5, 8)
 
 
 def test_float_key_masks_refused(rng):

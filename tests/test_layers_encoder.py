@@ -123,17 +123,19 @@ def test_encoder_layer_matches_torch(rng, d, h, f, N, L, activation, norm_first,
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
-@pytest.mark.parametrize("kind", ["bool", "float", "causal", "bool+pad"])
+@pytest.mark.parametrize("kind", ["additive", "float", "causal", "additive+pad"])
 @pytest.mark.parametrize("norm_first", [False, True], ids=["post_norm", "pre_norm"])
 def test_encoder_layer_src_mask(rng, kind, norm_first, dtype):
+    """``src_mask`` is float (torch's name, torch's meaning); a bool pattern in the library's
+    convention goes in as ``masks.to_additive`` and reaches torch as its own bool (True = blocked)."""
     d, h, f, N, L = 12, 3, 29, 3, 9
     ours, ref = make_pair(d, h, f, "gelu", norm_first, dtype)
     x = randn(rng, (N, L, d), dtype)
     km = _padding(rng, N, L) if "pad" in kind else None
-    if kind.startswith("bool"):
+    if kind.startswith("additive"):
         m = rng.random((L, L)) < 0.6
         m[:, 0] = True
-        out = ours(x, src_mask=m, src_key_mask=km)
+        out = ours(x, src_mask=tc.masks.to_additive(m, dtype), src_key_mask=km)
         ref_out = torch_layer(ref, x, src_mask=m, key_mask=km)
     elif kind == "float":
         m = randn(rng, (L, L), dtype)
@@ -144,6 +146,27 @@ def test_encoder_layer_src_mask(rng, kind, norm_first, dtype):
         ref_out = torch_layer(ref, x, src_mask=np.tril(np.ones((L, L), bool)))
     real = km if km is not None else np.ones((N, L), bool)
     assert_close(out[real], ref_out[real], dtype, what=f"encoder layer {kind}")
+
+
+def test_encoder_bool_src_mask_refused(rng):
+    """torch's TransformerEncoderLayer/TransformerEncoder read a bool src_mask/mask as True =
+    blocked; the library's bool masks are True = may attend: a bool mask under torch's name is refused."""
+    ours, _ = make_pair(12, 3, 29, "gelu", False, np.float32)
+    x = randn(rng, (2, 5, 12))
+    with pytest.raises(TypeError, match=r"src_mask: expected a float mask .*got a bool mask"):
+        ours(x, src_mask=np.ones((5, 5), bool))
+    with pytest.raises(TypeError, match="src_mask: expected a float mask"):
+        ours.train()(x, src_mask=torch.ones(5, 5, dtype=torch.bool))
+    ours.eval()
+    stack = tc.nn.TransformerEncoder(ours, 2)
+    with pytest.raises(TypeError, match=r"^mask: expected a float mask"):
+        stack(x, mask=np.ones((5, 5), bool))
+    m = tc.nn.Transformer(12, 3, 1, 1, 29)
+    with pytest.raises(TypeError, match=r"^src_mask: expected a float mask"):
+        m(x, x, src_mask=np.ones((5, 5), bool))
+    for name in ("tgt_mask", "memory_mask"):
+        with pytest.raises(TypeError, match=rf"^{name}: expected a float mask"):
+            m(x, x, **{name: np.ones((5, 5), bool)})
 
 
 @pytest.mark.parametrize("eps", [1e-5, 1e-12, 1e-2])

@@ -2,7 +2,9 @@
 
 Conventions that differ from torch (and are translated in the tests):
   * key_mask (N, S): True = real key   -> torch key_padding_mask = ~key_mask
-  * bool attn_mask: True = may attend  -> torch attn_mask = ~attn_mask (torch: True = blocked)
+  * attn_mask: float only (added, as torch's); a bool one is refused, because torch reads it as
+    True = blocked and the library's bool masks are True = may attend. A bool pattern in our
+    convention reaches the layer as tc.masks.to_additive(m) and torch as ~m.
 """
 from __future__ import annotations
 
@@ -143,7 +145,7 @@ def test_mha_need_weights(rng, N, L, S, average, dtype):
 
 
 # ----------------------------------------------------------------------------------------- masks
-MASK_KINDS = ["key_mask", "bool_LS", "bool_NHLS", "float_LS", "float_NHLS", "bool_LS+key_mask",
+MASK_KINDS = ["key_mask", "additive_LS", "additive_NHLS", "float_LS", "float_NHLS", "additive_LS+key_mask",
               "float_LS+key_mask", "causal", "causal+key_mask"]
 
 
@@ -159,11 +161,11 @@ def test_mha_masks(rng, kind, N, L, S, dtype):
     if km is not None and kind.startswith("causal"):
         km[:, 0] = True  # row 0 of a causal mask sees only key 0
     ours_kw, ref_am = {}, None
-    if kind.startswith("bool"):
+    if kind.startswith("additive"):  # a bool pattern (True = may attend) as 0 / -inf; torch gets its bool
         shape = (L, S) if "_LS" in kind else (N * H, L, S)
         am = rng.random(shape) < 0.7
         am[..., 0] = True  # keep every row attendable (fully-masked rows tested separately)
-        ours_kw["attn_mask"], ref_am = am, am
+        ours_kw["attn_mask"], ref_am = tc.masks.to_additive(am, dtype), am
     elif kind.startswith("float"):
         shape = (L, S) if "_LS" in kind else (N * H, L, S)
         am = randn(rng, shape, dtype)
@@ -178,6 +180,27 @@ def test_mha_masks(rng, kind, N, L, S, dtype):
                                average=False)
     assert_close(out, ref_out, dtype, what=f"mha {kind}")
     assert_close(w, ref_w, dtype, what=f"mha weights {kind}")
+
+
+@pytest.mark.parametrize("shape", [(7, 9), (6, 7, 9), (2, 3, 7, 9)])
+def test_mha_bool_attn_mask_refused(rng, shape):
+    """torch's nn.MultiheadAttention reads a bool attn_mask as True = blocked, the library's bool
+    masks are True = may attend: under torch's name a bool mask is refused, never read either way."""
+    ours, ref = make_pair(9, 3, np.float32)
+    q, kv = randn(rng, (2, 7, 9)), randn(rng, (2, 9, 9))
+    am = rng.random(shape) < 0.6
+    am[..., 0] = True
+    with pytest.raises(TypeError, match=r"attn_mask: expected a float mask .*got a bool mask.*to_additive"):
+        ours(q, kv, kv, attn_mask=am)
+    with pytest.raises(TypeError, match="attn_mask"):
+        ours(q, kv, kv, attn_mask=torch.from_numpy(am))
+    with pytest.raises(TypeError, match="attn_mask"):
+        ours.train()(q, kv, kv, attn_mask=am)
+    ours.eval()
+    # the converted mask is accepted and means what the bool pattern means in our convention
+    out, _ = ours(q, kv, kv, attn_mask=tc.masks.to_additive(am))
+    ref_out, _ = torch_mha(ref, q, kv, kv, attn_mask=am.reshape(-1, 7, 9) if am.ndim == 4 else am)
+    assert_close(out, ref_out, np.float32, what="attn_mask=to_additive(bool pattern)")
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)

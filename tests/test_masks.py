@@ -145,7 +145,9 @@ def test_from_torch_mha_key_padding_and_attn_mask(dtype, rng):
     with torch.no_grad():
         ref, _ = tmha(to_torch(q), to_torch(kv), to_torch(kv), key_padding_mask=key_padding_mask,
                       attn_mask=attn_mask, need_weights=False)
-    out, _ = ours(q, kv, kv, key_mask=M.from_torch_mha(key_padding_mask), attn_mask=M.from_torch_mha(attn_mask))
+    # the layers' attn_mask takes float masks only: torch's bool mask -> ours -> 0 / -inf
+    out, _ = ours(q, kv, kv, key_mask=M.from_torch_mha(key_padding_mask),
+                  attn_mask=M.to_additive(M.from_torch_mha(attn_mask), dtype))
     assert_close(out, ref, dtype)
 
 

@@ -417,8 +417,9 @@ def test_mha_gqa_masks(rng, E, H, Hkv, kind, dtype):
     if "key_mask" in kind:
         km = np.arange(L)[None, :] < np.array([[L], [3], [1]])
     causal = kind == "causal"
-    out, w = mha(x, attn_mask=am, key_mask=km, is_causal=causal, need_weights=True,
-                 average_attn_weights=False)
+    # the layer's attn_mask is float (torch's name): the bool pattern (True = may attend) as 0 / -inf
+    out, w = mha(x, attn_mask=None if am is None else tc.masks.to_additive(am, dtype), key_mask=km,
+                 is_causal=causal, need_weights=True, average_attn_weights=False)
     ref, ref_w, vis = _torch_gqa_mha(sd, x, x, x, H, Hkv, am, km, causal)
     rows = vis.all(1)  # (N, L) rows that see something (same for every head here)
     assert_close(out[rows], ref[rows], dtype, what=f"mha gqa {kind}")
@@ -466,7 +467,9 @@ def test_mha_gqa_bad_input(rng):
     with pytest.raises(ValueError, match="key_mask"):
         mha(x, key_mask=np.ones((2, 4), bool))
     with pytest.raises(ValueError, match="attn_mask"):
-        mha(x, attn_mask=np.ones((5, 4), bool))
+        mha(x, attn_mask=np.zeros((5, 4), np.float32))
+    with pytest.raises(TypeError, match="attn_mask: expected a float mask"):
+        mha(x, attn_mask=np.ones((5, 5), bool))
     with pytest.raises(TypeError, match="attn_mask"):
         mha(x, attn_mask=np.ones((5, 5), np.int32))
 

@@ -232,8 +232,9 @@ def run_mha(rng, dtype, *, E=12, H=4, Hkv=None, N=2, L=5, S=None, bias=True, kdi
         key_mask[0, S // 2:] = False
         key_mask[-1] = False        # a fully padded sequence: every row sees nothing
     rotary = tc.positional.RotaryEmbedding(E // H, 32, dtype=dtype) if rope else None
-    kw = dict(attn_mask=bool_mask if bool_mask is not None else float_mask, key_mask=key_mask, is_causal=causal,
-              rotary=rotary)
+    # the layer's attn_mask is float (torch's name): a bool pattern (True = may attend) goes in as 0 / -inf
+    kw = dict(attn_mask=tc.masks.to_additive(bool_mask, dtype) if bool_mask is not None else float_mask,
+              key_mask=key_mask, is_causal=causal, rotary=rotary)
     ours.train()
     out = ours(q, k, v, **kw)[0]
     if not rope:  # the eval forward: the same output bit for bit
@@ -290,7 +291,7 @@ MHA_CASES = {
     "mqa_cross": dict(H=4, Hkv=1, L=3, S=8),
     "causal": dict(causal=True, L=7),
     "causal_gqa": dict(H=6, Hkv=3, E=12, causal=True, L=9),
-    "bool_mask_fully_masked_row": dict(mask="bool", L=5, S=8),
+    "additive_from_bool_fully_masked_row": dict(mask="bool", L=5, S=8),
     "float_mask_fully_masked_row": dict(mask="float", L=6),
     "key_mask_padded_sequence": dict(mask="key_mask", N=3, L=4, S=7),
     "rope": dict(rope=True, E=16, L=6),
@@ -334,7 +335,7 @@ def test_multihead_attention_vs_torch_module(rng, dtype, case):
     qt, kt = leaf(q), leaf(k)
     (ref(qt, kt, kt, attn_mask=~to_torch(ours_mask), need_weights=False)[0] * to_torch(g)).sum().backward()
     ours.train()
-    ours(q, k, k, attn_mask=ours_mask)
+    ours(q, k, k, attn_mask=tc.masks.to_additive(ours_mask, dtype))
     gq, gk, gv = ours.backward(g)
     assert_grad(gq, qt.grad, dtype, "grad_query")
     assert_grad(gk + gv, kt.grad, dtype, "grad_key + grad_value (one array)")

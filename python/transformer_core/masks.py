@@ -1,9 +1,11 @@
 """Attention masks, one convention: a boolean mask is **True where attention is allowed**.
 
-This is the convention of the whole library (``functional.scaled_dot_product_attention``,
-``nn.MultiheadAttention``'s ``attn_mask``/``key_mask``), of torch's
+This is the convention of the whole library (``functional.scaled_dot_product_attention``'s
+``attn_mask``, the key masks ``key_mask``/``src_key_mask`` of the layers), of torch's
 ``F.scaled_dot_product_attention`` and of the encoder tutorial (``masked_fill(mask == 0, -inf)``).
-Elsewhere the meanings differ, hence the converters:
+The ``transformer_core.nn`` layers' ``attn_mask``/``src_mask``/``tgt_mask``/``memory_mask`` keep
+torch's names and so take float masks only (:func:`to_additive` makes one): torch's layers read a
+bool mask there as True = blocked. Elsewhere the meanings differ, hence the converters:
 
 * torch ``nn.MultiheadAttention`` / ``nn.Transformer*`` bool masks: True = blocked (padding in
   ``key_padding_mask``) -> :func:`from_torch_mha` (``~mask``);

@@ -11,10 +11,18 @@ caller could still change them. Dropout (``dropout=`` of the encoder/decoder lay
 dropout1/2/3 and the feed-forward's) applies in training forwards only, with seeded masks
 (:func:`transformer_core.manual_seed`); attention-probability dropout is not implemented.
 
-Masks follow the library's one convention: boolean True = may attend, float masks are added,
-``key_mask``/``src_key_mask`` True = a real (non-padding) token. torch's ``nn.MultiheadAttention``
-uses the opposite boolean meaning (True = blocked) and ``key_padding_mask`` (True = padding):
-convert with ``~mask`` or :mod:`transformer_core.masks`.
+Masks. The padding masks ``key_mask``/``src_key_mask``/``tgt_key_mask``/``memory_key_mask`` are
+bool, True = a real (non-padding) token: the library's one convention (True = may attend), which is
+why they do not carry torch's name ``key_padding_mask`` (True = padding). The attention masks keep
+torch's names (``attn_mask``, ``src_mask``, ``tgt_mask``, ``memory_mask``, the stacks' ``mask``) and
+take what means the same in torch and here: a float mask, added to the scores (0 = allowed, -inf =
+blocked; ``nn.Transformer.generate_square_subsequent_mask`` works as is). A bool mask there raises
+``TypeError``: torch's layers read a bool ``attn_mask`` as True = blocked, this library as True = may
+attend, so the same array would mean opposite things. ``is_causal=True`` and the key masks cover
+causal and padding masks; any other bool mask goes through :func:`transformer_core.masks.to_additive`
+(from ours, True = may attend) or ``to_additive(from_torch_mha(m))`` (from torch's, True = blocked).
+The functional :func:`transformer_core.functional.scaled_dot_product_attention` takes bool masks,
+True = may attend, as torch's ``F.scaled_dot_product_attention`` does.
 """
 
 from __future__ import annotations
@@ -76,15 +84,29 @@ def _check_activation(name) -> str:
     return name
 
 
+def _refuse_bool_mask(mask, name: str) -> None:
+    """Raises ``TypeError`` for a bool ``mask`` under one of torch's nn-layer mask names (see the
+    module doc: torch reads it as True = blocked, the library as True = may attend)."""
+    if mask is not None and to_numpy(mask, name).dtype == np.bool_:
+        raise TypeError(
+            f"{name}: expected a float mask (added to the scores: 0 = allowed, -inf = blocked), got a bool mask. "
+            f"torch's nn layers read a bool {name} as True = blocked and this library reads bool masks as "
+            f"True = may attend, so a bool {name} is refused here. Use is_causal / the key masks (True = a real "
+            f"token), or pass masks.to_additive(mask) for a mask in this library's convention "
+            f"(masks.to_additive(masks.from_torch_mha(mask)) for torch's)")
+
+
 def _layer_masks(attn_mask, key_mask, N: int, H: int, L: int, S: int, dtype, *, mask_name="attn_mask",
                  key_mask_name="key_mask"):
-    """(bool_mask (N, H, L, S) | None, float_mask (N, H, L, S) | None, key_mask (N, S) | None).
+    """(None, float_mask (N, H, L, S) | None, key_mask (N, S) | None): the C++ layers' three mask
+    arguments (their bool slot is the library's own, e.g. ``memory_is_causal``).
 
     ``attn_mask`` may be ``(L, S)``, ``(N·H, L, S)`` (torch's shapes) or broadcastable to
-    ``(N, H, L, S)``; bool True = may attend, float added.
+    ``(N, H, L, S)``; float, added. A bool ``attn_mask`` raises ``TypeError`` (:func:`_refuse_bool_mask`).
     """
     bool_mask = float_mask = None
     if attn_mask is not None:
+        _refuse_bool_mask(attn_mask, mask_name)
         m = as_attention_mask(attn_mask, mask_name, dtype)
         if m.ndim == 2:
             if m.shape != (L, S):
@@ -98,11 +120,7 @@ def _layer_masks(attn_mask, key_mask, N: int, H: int, L: int, S: int, dtype, *, 
         elif m.ndim != 4:
             raise ValueError(f"{mask_name}: expected shape (L, S), (N·num_heads, L, S) or (N, num_heads, L, S), "
                              f"got {m.shape}")
-        m = broadcast_mask(m, (N, H, L, S), mask_name)
-        if m.dtype == np.bool_:
-            bool_mask = m
-        else:
-            float_mask = m
+        float_mask = broadcast_mask(m, (N, H, L, S), mask_name)
     km = None
     if key_mask is not None:
         km = as_bool(key_mask, key_mask_name)
@@ -174,9 +192,9 @@ class MultiheadAttention(Module):
             query: ``(N, L, E)``.
             key: ``(N, S, kdim)``; default ``query``.
             value: ``(N, S, vdim)``; default ``key``.
-            attn_mask: ``(L, S)``, ``(N·H, L, S)`` or broadcastable to ``(N, H, L, S)``; bool
-                True = may attend (the opposite of torch's MHA, the same as torch's SDPA), or
-                float, added to the scores.
+            attn_mask: ``(L, S)``, ``(N·H, L, S)`` or broadcastable to ``(N, H, L, S)``; float,
+                added to the scores (0 = allowed, -inf = blocked), as torch's. A bool mask raises
+                ``TypeError`` (see the module doc; ``masks.to_additive`` converts one).
             key_mask: ``(N, S)`` bool/0-1, True = a real key (``~key_padding_mask`` in torch).
             is_causal: apply the causal mask (key s visible to query l iff s <= l).
             need_weights: also return the attention weights.
@@ -204,7 +222,7 @@ class MultiheadAttention(Module):
         Raises:
             ValueError: wrong ranks, mismatched batch/length/feature sizes, empty arrays, masks
                 of the wrong shape; a KV cache or attention weights in training mode.
-            TypeError: non-numeric input or a mask of the wrong dtype.
+            TypeError: non-numeric input, a mask of the wrong dtype, a bool ``attn_mask``.
         """
         q = as_float(query, "query", self.dtype, ndim=3)
         is_causal = check_bool(is_causal, "is_causal")
@@ -560,13 +578,14 @@ class TransformerEncoderLayer(Module):
                 path: str = "auto") -> np.ndarray:
         """Runs the layer.
 
-        Bool masks here are True = may attend / a real token, the opposite of torch's nn layers (whose bool
-        ``src_mask``/``key_padding_mask`` are True = blocked): pass ``~mask`` when porting. Masks are keyword-only.
+        Masks are keyword-only. ``src_mask`` is float, added, as torch's; a bool ``src_mask`` raises
+        ``TypeError`` (torch reads it as True = blocked, this library as True = may attend; see the
+        module doc). ``src_key_mask`` is True = a real token.
 
         Args:
             src: ``(N, L, E)`` (or ``(L, E)``, unbatched).
-            src_mask: ``(L, S)`` / ``(N·nhead, L, L)`` / broadcastable to ``(N, nhead, L, L)``;
-                bool True = may attend, or float added.
+            src_mask: ``(L, L)`` / ``(N·nhead, L, L)`` / broadcastable to ``(N, nhead, L, L)``; float,
+                added to the scores (0 = allowed, -inf = blocked).
             src_key_mask: ``(N, L)``, True = a real token (``~src_key_padding_mask`` in torch).
             is_causal: apply the causal mask.
 
@@ -575,7 +594,7 @@ class TransformerEncoderLayer(Module):
 
         Raises:
             ValueError: wrong rank, wrong last dim, empty input, masks of the wrong shape.
-            TypeError: non-numeric input or a mask of the wrong dtype.
+            TypeError: non-numeric input, a mask of the wrong dtype, a bool ``src_mask``.
         """
         x = as_float(src, "src", self.dtype, min_ndim=2)
         is_causal = check_bool(is_causal, "is_causal")
@@ -747,15 +766,16 @@ class TransformerDecoderLayer(Module):
                 tgt_is_causal: bool = False, memory_is_causal: bool = False, path: str = "auto") -> np.ndarray:
         """Runs the layer.
 
-        Bool masks here are True = may attend / a real token, the opposite of torch's nn layers (whose bool
-        ``src_mask``/``key_padding_mask`` are True = blocked): pass ``~mask`` when porting. Masks are keyword-only.
+        Masks are keyword-only. ``tgt_mask`` and ``memory_mask`` are float, added, as torch's; a bool
+        one raises ``TypeError`` (torch reads it as True = blocked, this library as True = may attend;
+        see the module doc). The key masks are True = a real token.
 
         Args:
             tgt: ``(N, T, E)``, the decoder input.
             memory: ``(N, S, E)``, the encoder output.
-            tgt_mask: self-attention mask, ``(T, T)`` / ``(N·nhead, T, T)`` / 4-D; bool True =
-                may attend, float added.
-            memory_mask: cross-attention mask, ``(T, S)`` / ``(N·nhead, T, S)`` / 4-D.
+            tgt_mask: self-attention mask, ``(T, T)`` / ``(N·nhead, T, T)`` / 4-D; float, added
+                (0 = allowed, -inf = blocked).
+            memory_mask: cross-attention mask, ``(T, S)`` / ``(N·nhead, T, S)`` / 4-D; float, added.
             tgt_key_mask: ``(N, T)``, True = real token. memory_key_mask: ``(N, S)``.
             tgt_is_causal: apply the causal mask to the self-attention.
             memory_is_causal: apply a (top-left) causal mask to the cross-attention.
@@ -765,7 +785,7 @@ class TransformerDecoderLayer(Module):
 
         Raises:
             ValueError: shapes that disagree, empty input, masks of the wrong shape.
-            TypeError: non-numeric input or a mask of the wrong dtype.
+            TypeError: non-numeric input, a mask of the wrong dtype, a bool ``tgt_mask``/``memory_mask``.
         """
         x = as_float(tgt, "tgt", self.dtype, ndim=3)
         mem = as_float(memory, "memory", self.dtype, ndim=3)
@@ -782,13 +802,10 @@ class TransformerDecoderLayer(Module):
                                   key_mask_name="tgt_key_mask")
         cross_masks = _layer_masks(memory_mask, memory_key_mask, N, self.nhead, T, S, self.dtype,
                                    mask_name="memory_mask", key_mask_name="memory_key_mask")
-        if memory_is_causal:
+        if memory_is_causal:  # the C++ layer's bool slot (the user's masks are float)
             from .masks import causal_mask
 
-            cm = causal_mask(T, S)
-            b = cross_masks[0]
-            cross_masks = (cm[None, None] if b is None else np.logical_and(b, cm),) + cross_masks[1:]
-            cross_masks = (np.broadcast_to(cross_masks[0], (N, self.nhead, T, S)),) + cross_masks[1:]
+            cross_masks = (np.broadcast_to(causal_mask(T, S)[None, None], (N, self.nhead, T, S)),) + cross_masks[1:]
         if not self.training:
             return self._impl.forward(x, mem, *self_masks, bool(tgt_is_causal), *cross_masks, path)
         x, mem = _kept(x, tgt), _kept(mem, memory)
@@ -864,9 +881,10 @@ class TransformerEncoder(_Stack):
 
     def forward(self, src, *, mask=None, src_key_mask=None, is_causal: bool = False,
                 path: str = "auto") -> np.ndarray:
-        """``src (N, L, E) -> (N, L, E)``; ``mask``, ``src_key_mask``, ``is_causal`` as in
-        :meth:`TransformerEncoderLayer.forward` (keyword-only; bool True = may attend, the opposite
-        of torch's nn layers), applied in every layer."""
+        """``src (N, L, E) -> (N, L, E)``; ``mask`` (the layers' ``src_mask``: float, added; a bool
+        mask raises ``TypeError``), ``src_key_mask`` (True = a real token) and ``is_causal`` as in
+        :meth:`TransformerEncoderLayer.forward`, keyword-only, applied in every layer."""
+        _refuse_bool_mask(mask, "mask")
         x = src
         for layer in self.layers:
             x = layer(x, src_mask=mask, src_key_mask=src_key_mask, is_causal=is_causal, path=path)
@@ -900,8 +918,8 @@ class TransformerDecoder(_Stack):
     def forward(self, tgt, memory, *, tgt_mask=None, memory_mask=None, tgt_key_mask=None, memory_key_mask=None,
                 tgt_is_causal: bool = False, memory_is_causal: bool = False, path: str = "auto") -> np.ndarray:
         """``tgt (N, T, E)``, ``memory (N, S, E)`` -> ``(N, T, E)``; masks as in
-        :meth:`TransformerDecoderLayer.forward` (keyword-only; bool True = may attend, the opposite
-        of torch's nn layers), applied in every layer."""
+        :meth:`TransformerDecoderLayer.forward` (keyword-only; ``tgt_mask``/``memory_mask`` float,
+        added; key masks True = a real token), applied in every layer."""
         x = tgt
         for layer in self.layers:
             x = layer(x, memory, tgt_mask=tgt_mask, memory_mask=memory_mask, tgt_key_mask=tgt_key_mask,
@@ -957,13 +975,15 @@ class Transformer(Module):
                 memory_is_causal: bool = False, path: str = "auto") -> np.ndarray:
         """Encodes ``src (N, S, E)`` and decodes ``tgt (N, T, E)`` over it -> ``(N, T, E)``.
 
-        Masks as in the layers (bool True = may attend; ``*_key_mask`` True = real token):
-        ``src_mask (S, S)``, ``tgt_mask (T, T)`` (or ``tgt_is_causal=True``), ``memory_mask (T, S)``,
-        ``src_key_mask (N, S)``, ``tgt_key_mask (N, T)``, ``memory_key_mask (N, S)``; keyword-only
-        (see :meth:`TransformerEncoderLayer.forward` on porting torch's bool masks).
+        Masks as in the layers, keyword-only: ``src_mask (S, S)``, ``tgt_mask (T, T)`` (or
+        ``tgt_is_causal=True``), ``memory_mask (T, S)`` float, added, as torch's (a bool one raises
+        ``TypeError``, see the module doc); ``src_key_mask (N, S)``, ``tgt_key_mask (N, T)``,
+        ``memory_key_mask (N, S)`` bool, True = a real token.
 
         Raises:
             ValueError: batch or feature sizes that disagree; masks of the wrong shape.
+            TypeError: non-numeric input, a mask of the wrong dtype, a bool ``src_mask``/``tgt_mask``/
+                ``memory_mask``.
         """
         src_arr = as_float(src, "src", self.dtype, ndim=3)
         tgt_arr = as_float(tgt, "tgt", self.dtype, ndim=3)
@@ -971,6 +991,7 @@ class Transformer(Module):
             raise ValueError(f"tgt: expected batch size {src_arr.shape[0]} (src's), got shape {tgt_arr.shape}")
         if src_arr.shape[2] != self.d_model or tgt_arr.shape[2] != self.d_model:
             raise ValueError(f"src, tgt: expected last dim {self.d_model} (d_model), got {src_arr.shape}, {tgt_arr.shape}")
+        _refuse_bool_mask(src_mask, "src_mask")
         memory = self.encoder(src_arr, mask=src_mask, src_key_mask=src_key_mask, is_causal=src_is_causal, path=path)
         return self.decoder(tgt_arr, memory, tgt_mask=tgt_mask, memory_mask=memory_mask, tgt_key_mask=tgt_key_mask,
                             memory_key_mask=memory_key_mask, tgt_is_causal=tgt_is_causal,

@@ -71,7 +71,8 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, key_mask=None, is_caus
 def multi_head_attention(x, state: dict, num_heads: int, *, prefix: str = "", attn_mask=None, key_mask=None,
                          is_causal=False):
     """Self-attention with torch's ``nn.MultiheadAttention`` weights (``in_proj_weight`` packed
-    [q; k; v], ``out_proj.*``): x ``(N, L, E)`` -> ``(N, L, E)``."""
+    [q; k; v], ``out_proj.*``): x ``(N, L, E)`` -> ``(N, L, E)``. ``attn_mask``, ``key_mask`` and
+    ``is_causal`` as :func:`scaled_dot_product_attention`'s (bool True = may attend, float added)."""
     N, L, E = x.shape
     D = E // num_heads
     w, b = state[prefix + "in_proj_weight"], state.get(prefix + "in_proj_bias")

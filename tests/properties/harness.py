@@ -71,6 +71,8 @@ class Arg:
     floats_as_ids: bool = True  # ids: whole-number floats are accepted ids
     aliases: tuple = ()   # other names an error may give for this argument (e.g. "weight" for a
                           # checkpoint entry, "d_model" for the layer size of a stack)
+    none_is_layout: bool = True  # optional: None keeps the result (False when None means "another
+                                 # argument's value", e.g. MHA's key=None = the query, valid only with value=None)
 
 
 HUGE_SIZES = [2**40, 2**47, 2**62, 2**63 - 1]      # products far beyond any machine's memory
@@ -405,7 +407,7 @@ def variants_of(name: str, spec: Arg, value) -> tuple[list, list]:
         bad += [("None", None), ("list", [1, 2]), ("str", "config"), ("int", 3)]
     elif k == "str":
         bad += [("None", None), ("int", 3), ("bytes", b"x"), ("list", ["a"])]
-    if spec.optional and value is not None:
+    if spec.optional and value is not None and spec.none_is_layout:
         good.append(("None", None))
     return good, bad
 

@@ -327,16 +327,27 @@ def _draw_mha(draw):
     if not self_attn:
         kw["key"] = rng_array(draw, (N, S, kdim), dt)
         kw["value"] = rng_array(draw, (N, S, vdim), dt)
-    m = draw(st.sampled_from(["none", "bool2", "float2", "bool3", "key"]))
-    if m == "bool2":
-        kw["attn_mask"] = rng_array(draw, (L, S)) > -0.3
+    # attn_mask keeps torch's name and so takes float masks only: bool patterns go in as 0 / -inf
+    # (masks.to_additive); a raw bool one is a bad value (TORCH_NAMED_MASK below)
+    m = draw(st.sampled_from(["none", "additive2", "float2", "additive3", "key"]))
+    if m == "additive2":
+        kw["attn_mask"] = _additive(rng_array(draw, (L, S)) > -0.3, dt)
     elif m == "float2":
         kw["attn_mask"] = rng_array(draw, (L, S)).astype(dt)
-    elif m == "bool3":
-        kw["attn_mask"] = rng_array(draw, (N * H, L, S)) > -0.3
+    elif m == "additive3":
+        kw["attn_mask"] = _additive(rng_array(draw, (N * H, L, S)) > -0.3, dt)
     elif m == "key":
         kw["key_mask"] = rng_array(draw, (N, S)) > -0.3
     return kw
+
+
+#: torch's nn-layer mask names take float masks only; any bool mask (whatever its shape) is refused.
+TORCH_NAMED_MASK = [("bool_mask", np.ones((1, 1), bool)), ("bool_mask_LS", np.ones((3, 3), bool))]
+
+
+def _additive(allowed, dt):
+    """A bool pattern (True = may attend) as the float mask the layers take: 0 / -inf."""
+    return np.where(allowed, 0.0, -np.inf).astype(dt)
 
 
 def _call_mha(kw):
@@ -377,9 +388,13 @@ def mha_reference(q_in, k_in, v_in, s, E, H, Hkv, bool_mask=None, float_mask=Non
 
 
 def layer_masks(kw_mask, kw_key_mask, N, H, L, S, dt, mask_name="attn_mask", key_name="key_mask"):
+    """The nn layers' masks: the attention mask under torch's name is float only (a bool one is
+    refused: torch reads it as True = blocked), the key mask bool/0-1 True = a real token."""
     bool_mask = float_mask = key_mask = None
     if kw_mask is not None:
         m = read_attn_mask(kw_mask, mask_name)
+        if m.dtype == np.bool_:
+            raise NoReference(f"{mask_name}: bool")
         if m.ndim == 2:
             if m.shape != (L, S):
                 raise NoReference(mask_name)
@@ -449,8 +464,9 @@ target(name="nn.MultiheadAttention", draw=_draw_mha, call=_call_mha, reference=_
        args={"embed_dim": Arg("size", aliases=("num_heads",)), "num_heads": Arg("size", aliases=("embed_dim",)),
              "num_kv_heads": Arg("size", optional=True), "kdim": Arg("size", optional=True),
              "vdim": Arg("size", optional=True), "bias": Arg("bool"), "dtype": Arg("dtype"),
-             "query": Arg("array"), "key": Arg("array", optional=True), "value": Arg("array", optional=True),
-             "attn_mask": Arg("attn_mask", optional=True), "key_mask": Arg("keep_mask", optional=True),
+             "query": Arg("array"), "key": Arg("array", optional=True, none_is_layout=False),
+             "value": Arg("array", optional=True, none_is_layout=False),
+             "attn_mask": Arg("attn_mask", optional=True, bad=TORCH_NAMED_MASK), "key_mask": Arg("keep_mask", optional=True),
              "is_causal": Arg("bool"), "need_weights": Arg("bool"), "average_attn_weights": Arg("bool"),
              "path": Arg("choice", choices=("auto", "flash", "reference")), "state": _state_arg()})
 
@@ -486,12 +502,13 @@ def _draw_enc(draw, decoder=False, stack=False):
           "norm_first": draw(st.booleans()), "bias": bias, "dtype": dt, "state": _layer_state(draw, E, Fd, bias, decoder),
           "is_causal": draw(st.booleans()), "path": draw(st.sampled_from(["auto", "flash", "reference"]))}
     kw["src"] = rng_array(draw, (N, L, E), dt) if not decoder or True else None
-    kw["src_mask"] = draw(st.sampled_from([None, rng_array(draw, (L, L)) > -0.5]))
+    kw["src_mask"] = draw(st.sampled_from([None, _additive(rng_array(draw, (L, L)) > -0.5, dt),
+                                           rng_array(draw, (L, L)).astype(dt)]))
     kw["src_key_mask"] = draw(st.sampled_from([None, rng_array(draw, (N, L)) > -0.5]))
     if decoder:
         S = draw(st.integers(1, 5))
         kw["memory"] = rng_array(draw, (N, S, E), dt)
-        kw["memory_mask"] = draw(st.sampled_from([None, rng_array(draw, (L, S)) > -0.5]))
+        kw["memory_mask"] = draw(st.sampled_from([None, _additive(rng_array(draw, (L, S)) > -0.5, dt)]))
         kw["memory_key_mask"] = draw(st.sampled_from([None, rng_array(draw, (N, S)) > -0.5]))
         kw["memory_is_causal"] = draw(st.booleans())
     if stack:
@@ -593,16 +610,16 @@ def _ref_enc(kw):
 _ENC_ARGS = {"d_model": Arg("size", aliases=("nhead",)), "nhead": Arg("size", aliases=("d_model",)),
              "dim_feedforward": Arg("size"), "activation": Arg("choice", choices=("relu", "gelu")),
              "layer_norm_eps": Arg("float", low=0.0), "norm_first": Arg("bool"), "bias": Arg("bool"),
-             "dtype": Arg("dtype"), "src": Arg("array"), "src_mask": Arg("attn_mask", optional=True),
+             "dtype": Arg("dtype"), "src": Arg("array"), "src_mask": Arg("attn_mask", optional=True, aliases=("mask",), bad=TORCH_NAMED_MASK),
              "src_key_mask": Arg("keep_mask", optional=True), "is_causal": Arg("bool"),
              "path": Arg("choice", choices=("auto", "flash", "reference")), "state": _state_arg()}
-_DEC_ARGS = {**_ENC_ARGS, "memory": Arg("array"), "memory_mask": Arg("attn_mask", optional=True),
+_DEC_ARGS = {**_ENC_ARGS, "memory": Arg("array"), "memory_mask": Arg("attn_mask", optional=True, bad=TORCH_NAMED_MASK),
              "memory_key_mask": Arg("keep_mask", optional=True), "memory_is_causal": Arg("bool")}
-_ALIAS = {"src": ("tgt",), "src_mask": ("tgt_mask",), "src_key_mask": ("tgt_key_mask",),
+_ALIAS = {"src": ("tgt",), "src_mask": ("tgt_mask", "mask"), "src_key_mask": ("tgt_key_mask",),
           "is_causal": ("tgt_is_causal",)}
 for k, names in _ALIAS.items():
     _DEC_ARGS[k] = Arg(_DEC_ARGS[k].kind, optional=_DEC_ARGS[k].optional, choices=_DEC_ARGS[k].choices,
-                       aliases=names)
+                       aliases=names, bad=_DEC_ARGS[k].bad)
 
 target(name="nn.TransformerEncoderLayer", draw=_draw_enc, call=_call_enc, reference=_ref_enc,
        out_dtype=layer_dtype, atol=2e-4, rtol=2e-4, weight=1.5, args=_ENC_ARGS)
