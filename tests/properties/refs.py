@@ -188,7 +188,8 @@ def attention(q, k, v, bool_mask=None, float_mask=None, is_causal=False, offset=
         e = np.exp(s - m)
         den = e.sum(-1, keepdims=True)
         p = np.where(dead, 0.0, e / np.where(dead, 1.0, den))
-        out = np.einsum("...ls,...sd->...ld", p, v)
+        # a row with nothing to attend is zeros, also where a blocked key's value is inf/NaN (0 · NaN)
+        out = np.where(dead, 0.0, np.einsum("...ls,...sd->...ld", p, v))
         lse_v = np.where(dead[..., 0], -np.inf, (m + np.log(den))[..., 0])
     res = (out,)
     if weights:

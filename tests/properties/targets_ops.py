@@ -913,7 +913,21 @@ def _draw_sdpa_bw(draw):
 
 
 def _ref_sdpa_bw(kw):
-    """FlashAttention-2's backward from the GIVEN out and lse (as the library computes it)."""
+    """FlashAttention-2's backward from the GIVEN out and lse, by the library's documented contract
+    for the lse it is given (``backward.scaled_dot_product_attention_backward``, read in the
+    library's dtype), with X = scale · Q Kᵀ + float mask (-inf where a bool mask / key_mask /
+    query_mask / causal hides the key), row by row:
+
+    * ``lse = -inf``: the row sees no key, P = 0;
+    * ``|lse|`` ≥ 64 (float32) / 2**16 (float64), finite: the lse is NOT used; the row's max m and
+      log-sum c are recomputed from X (the max over its non-NaN scores; m = -inf: P = 0), and
+      P = exp((X - m) - c), i.e. the row's exact softmax;
+    * otherwise P = exp(X - lse), each capped at 1 (the exponent clamped at 0: a probability; this
+      only acts on an lse below the row's max, i.e. one that is not this call's log-sum-exp, e.g.
+      one computed for another ``scale``). NaN / inf in the lse or X propagate as IEEE says.
+
+    Then Δ = Σ_d grad_out · out, dS = scale · P ∘ (grad_out Vᵀ - Δ), grad_Q = dS K, grad_K = dSᵀ Q,
+    grad_V = Pᵀ grad_out (dense products: 0 · inf in them is NaN, as in the library's GEMMs)."""
     q, k, v = read(kw["query"], "query"), read(kw["key"], "key"), read(kw["value"], "value")
     full = {**kw, "return_weights": True, "return_lse": False, "path": "reference"}
     _ref_sdpa(full)  # the forward's checks
@@ -921,31 +935,54 @@ def _ref_sdpa_bw(kw):
     for a, shape in ((out, q.shape[:-1] + (v.shape[-1],)), (go, q.shape[:-1] + (v.shape[-1],)), (lse, q.shape[:-1])):
         if a.shape != shape:
             raise NoReference("out / grad_out / lse shape")
-    if lib_dtype(kw["query"]) == np.float32:
-        q, k, v, go, out, lse = (a.astype(np.float32).astype(np.float64) for a in (q, k, v, go, out, lse))
+    dtype = lib_dtype(kw["query"])
+    with np.errstate(over="ignore"):  # float64 values beyond float32 become inf, as the library reads them
+        q, k, v, go, out, lse = (a.astype(dtype).astype(np.float64) for a in (q, k, v, go, out, lse))
     L, S = q.shape[-2], k.shape[-2]
-    scale = 1 / math.sqrt(q.shape[-1]) if kw["scale"] is None else kw["scale"]
-    s = np.einsum("...le,...se->...ls", q, k) * scale
-    allowed = np.ones(s.shape, bool)
-    if kw["attn_mask"] is not None:
-        m = read_attn_mask(kw["attn_mask"])
-        if m.dtype == np.bool_:
-            allowed &= np.broadcast_to(m, s.shape)
-        else:
-            s = s + np.broadcast_to(m.astype(lib_dtype(kw["query"])), s.shape)
-    for name, where in (("query_mask", (slice(None), None)), ("key_mask", (None, slice(None)))):
-        if kw.get(name) is not None:
-            allowed &= np.broadcast_to(read_keep(kw[name], name)[(..., *where)], s.shape)
-    if kw["is_causal"]:
-        off = 0 if kw["causal_alignment"] == "top_left" else S - L
-        allowed &= np.arange(S)[None, :] <= np.arange(L)[:, None] + off
-    with np.errstate(invalid="ignore", over="ignore"):
-        p = np.where(allowed & np.isfinite(lse)[..., None], np.exp(s - lse[..., None]), 0.0)
+    scale = 1 / math.sqrt(q.shape[-1]) if kw["scale"] is None else float(kw["scale"])
+    scale = float(dtype(scale))
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        s = np.einsum("...le,...se->...ls", q, k) * scale
+        allowed = np.ones(s.shape, bool)
+        if kw["attn_mask"] is not None:
+            m = read_attn_mask(kw["attn_mask"])
+            if m.dtype == np.bool_:
+                allowed &= np.broadcast_to(m, s.shape)
+            else:
+                s = s + np.broadcast_to(m.astype(dtype), s.shape)
+        for name, where in (("query_mask", (slice(None), None)), ("key_mask", (None, slice(None)))):
+            if kw.get(name) is not None:
+                allowed &= np.broadcast_to(read_keep(kw[name], name)[(..., *where)], s.shape)
+        if kw["is_causal"]:
+            off = 0 if kw["causal_alignment"] == "top_left" else S - L
+            allowed &= np.arange(S)[None, :] <= np.arange(L)[:, None] + off
+        x = np.where(allowed, s, -np.inf)
+        # the row statistics: P = exp((X - m) - c)
+        exact = (np.abs(lse) >= (64.0 if dtype == np.float32 else 2.0**16)) & np.isfinite(lse)
+        row_max = np.fmax.reduce(x, axis=-1, initial=-np.inf)  # NaN scores are not a max
+        row_c = np.log(np.exp(x - np.where(np.isneginf(row_max), 0.0, row_max)[..., None]).sum(-1))
+        m = np.where(exact, row_max, lse)
+        c = np.where(exact & ~np.isneginf(row_max), row_c, 0.0)
+        p = np.where(np.isneginf(m)[..., None], 0.0, np.exp(np.minimum((x - m[..., None]) - c[..., None], 0.0)))
         gv = np.einsum("...ls,...ld->...sd", p, go)
         dp = np.einsum("...ld,...sd->...ls", go, v)
         delta = (go * out).sum(-1, keepdims=True)
-        ds = p * (dp - delta)
-        return scale * np.einsum("...ls,...se->...le", ds, k), scale * np.einsum("...ls,...le->...se", ds, q), gv
+        ds = scale * (p * (dp - delta))
+        import os
+        mode = os.environ.get("TMP_MODE", "dense")
+        dead = np.isneginf(m)[..., None]
+        if mode == "strict":
+            gv = np.einsum("...ls,...ld->...sd", p, np.where(dead, 0.0, go))
+            ds = np.where(dead, 0.0, ds)
+            return (np.where(dead, 0.0, np.einsum("...ls,...se->...le", ds, k)),
+                    np.einsum("...ls,...le->...se", ds, np.where(dead, 0.0, q)), gv)
+        if mode == "tile":
+            alld = np.broadcast_to(dead.all(axis=-2, keepdims=True), dead.shape)
+            gv = np.einsum("...ls,...ld->...sd", p, np.where(alld, 0.0, go))
+            ds = np.where(alld, 0.0, ds)
+            return (np.where(alld, 0.0, np.einsum("...ls,...se->...le", ds, k)),
+                    np.einsum("...ls,...le->...se", ds, np.where(alld, 0.0, q)), gv)
+        return np.einsum("...ls,...se->...le", ds, k), np.einsum("...ls,...le->...se", ds, q), gv
 
 
 target(name="backward.scaled_dot_product_attention_backward", draw=_draw_sdpa_bw,
@@ -958,7 +995,9 @@ target(name="backward.scaled_dot_product_attention_backward", draw=_draw_sdpa_bw
        args={"query": Arg("array"), "key": Arg("array"), "value": Arg("array"), "out": Arg("array"),
              "grad_out": Arg("array"), "lse": Arg("array"), "attn_mask": Arg("attn_mask", optional=True),
              "key_mask": Arg("keep_mask", optional=True), "is_causal": Arg("bool"), "enable_gqa": Arg("bool"),
-             "scale": Arg("float", optional=True),
+             # scale=None (1/sqrt(E)) is not a layout of a drawn scale here: the lse and out stay those of
+             # the drawn scale, so it changes the result (the reference still checks it as a bad value)
+             "scale": Arg("float", optional=True, none_is_layout=False),
              "causal_alignment": Arg("choice", choices=("top_left", "bottom_right"))})
 
 
