@@ -5,6 +5,9 @@ exactly), with several param groups, past the end of the schedule, and when driv
 """
 from __future__ import annotations
 
+import copy
+import pickle
+
 import numpy as np
 import pytest
 import torch
@@ -226,3 +229,165 @@ def test_lambda_lr_bad_factor_is_refused_by_the_step(rng, factor):
         np.testing.assert_allclose(p.data, q.detach().numpy(), rtol=1e-12, atol=1e-14)
         np.testing.assert_allclose(ours_opt.state[p.name]["momentum_buffer"],
                                    torch_opt.state[q]["momentum_buffer"].numpy(), rtol=1e-12, atol=1e-14)
+
+
+def schedule_both(kind):
+    """An SGD with momentum over two groups and a schedule of ``kind``, ours and torch's."""
+    rng = np.random.default_rng(11)
+    values = [rng.standard_normal(s) for s in [(4, 3), (5,)]]
+    ours = [Parameter(v.copy(), name=f"p{i}") for i, v in enumerate(values)]
+    theirs = [torch.tensor(v.copy(), requires_grad=True) for v in values]
+    ours_opt = optim.SGD([{"params": ours[:1]}, {"params": ours[1:], "lr": 0.02}], lr=0.1, momentum=0.9)
+    torch_opt = torch.optim.SGD([{"params": theirs[:1]}, {"params": theirs[1:], "lr": 0.02}], lr=0.1, momentum=0.9,
+                                foreach=False)
+    if kind == "cosine_annealing":
+        return ours_opt, S.CosineAnnealingLR(ours_opt, 6, 1e-3), torch_opt, \
+            torch.optim.lr_scheduler.CosineAnnealingLR(torch_opt, 6, 1e-3)
+    if kind == "linear":
+        return ours_opt, S.LinearLR(ours_opt, 0.2, 1.0, 8), torch_opt, \
+            torch.optim.lr_scheduler.LinearLR(torch_opt, 0.2, 1.0, 8)
+    return ours_opt, S.get_linear_schedule_with_warmup(ours_opt, 3, 12), torch_opt, \
+        transformers.get_linear_schedule_with_warmup(torch_opt, 3, 12)
+
+
+def params_of(opt):
+    return [p for g in opt.param_groups for p in g["params"]]
+
+
+@pytest.mark.parametrize("how", ["deepcopy", "pickle"])
+@pytest.mark.parametrize("kind", ["cosine_annealing", "linear", "linear_warmup"])
+def test_copied_scheduler_goes_on_like_the_original(kind, how):
+    """A scheduler copied with its optimizer (copy.deepcopy, pickle) after 4 steps: the copy, the
+    original and torch's (never copied) give the same learning rates and weights for 8 more steps."""
+    ours_opt, sched, torch_opt, torch_sched = schedule_both(kind)
+    rng = np.random.default_rng(3)
+    grads = [[rng.standard_normal(p.shape) for p in params_of(ours_opt)] for _ in range(12)]
+
+    def step(t, runs):
+        for opt, sch in runs:
+            for p, g in zip(params_of(opt), grads[t]):
+                p.grad = g.copy() if isinstance(p, Parameter) else torch.tensor(g)
+            opt.step()
+            sch.step()
+
+    for t in range(4):
+        step(t, [(ours_opt, sched), (torch_opt, torch_sched)])
+    dup = copy.deepcopy(sched) if how == "deepcopy" else pickle.loads(pickle.dumps(sched))
+    dup_opt = dup.optimizer
+    assert dup_opt is not ours_opt and all(p is not q for p, q in zip(params_of(dup_opt), params_of(ours_opt)))
+    for t in range(4, 12):
+        step(t, [(ours_opt, sched), (dup_opt, dup), (torch_opt, torch_sched)])
+        assert dup.get_last_lr() == sched.get_last_lr() == torch_sched.get_last_lr(), f"step {t + 1}"
+        assert [g["lr"] for g in dup_opt.param_groups] == [g["lr"] for g in torch_opt.param_groups]
+    for p, q, r in zip(params_of(ours_opt), params_of(dup_opt), params_of(torch_opt)):
+        np.testing.assert_allclose(p.data, r.detach().numpy(), rtol=1e-12, atol=1e-12)
+        assert np.array_equal(p.data, q.data)
+
+
+def test_step_refuses_a_group_added_after_the_scheduler():
+    """A param group added after the scheduler was built has no base lr: step() raises ValueError
+    (torch's raises too, from its strict zip) before changing anything: the counters and every
+    group's lr stay at torch's values from before the group was added."""
+    ours_opt, torch_opt = both_optimizers()
+    sched = S.LambdaLR(ours_opt, lambda t: 0.5 ** t)
+    torch_sched = torch.optim.lr_scheduler.LambdaLR(torch_opt, lambda t: 0.5 ** t)
+    torch_opt.step()  # no gradients: nothing moves, but torch wants it before its scheduler's step
+    sched.step()
+    torch_sched.step()
+    expected = torch_sched.get_last_lr()
+    ours_opt.add_param_group({"params": [Parameter(np.zeros(2), name="c")], "lr": 0.3})
+    torch_opt.add_param_group({"params": [torch.zeros(2, requires_grad=True)], "lr": 0.3})
+    state = sched.state_dict()
+    with pytest.raises(ValueError, match=r"step: the optimizer has 3 param groups, this scheduler has 2 base_lrs"):
+        sched.step()
+    with pytest.raises(ValueError):
+        torch_sched.step()
+    after = sched.state_dict()
+    assert all(np.array_equal(after[k], state[k]) for k in state)
+    assert sched.get_last_lr() == expected and [g["lr"] for g in ours_opt.param_groups] == expected + [0.3]
+
+
+def test_failed_step_changes_nothing():
+    """get_lr raising (a LambdaLR's function) leaves last_epoch, the step count and the groups' lr as
+    they were: once the function works again, the schedule is torch's, which never saw the failure.
+    A constructor whose first step raises takes back the initial_lr it wrote."""
+    ours_opt, torch_opt = both_optimizers()
+    fail = {"now": False}
+
+    def f(t):
+        if fail["now"]:
+            raise RuntimeError("boom")
+        return 0.9 ** t
+
+    sched = S.LambdaLR(ours_opt, f)
+    torch_sched = torch.optim.lr_scheduler.LambdaLR(torch_opt, lambda t: 0.9 ** t)
+    torch_opt.step()  # no gradients: nothing moves, but torch wants it before its scheduler's step
+    for _ in range(2):
+        sched.step()
+        torch_sched.step()
+    state, lrs = sched.state_dict(), [g["lr"] for g in ours_opt.param_groups]
+    fail["now"] = True
+    with pytest.raises(RuntimeError, match="boom"):
+        sched.step()
+    after = sched.state_dict()
+    assert all(np.array_equal(after[k], state[k]) for k in state) and sched.last_epoch == 2
+    assert [g["lr"] for g in ours_opt.param_groups] == lrs == torch_sched.get_last_lr()
+    fail["now"] = False
+    for t in range(5):
+        sched.step()
+        torch_sched.step()
+        assert sched.get_last_lr() == torch_sched.get_last_lr(), f"step {t + 3}"
+    fresh, fresh_t = both_optimizers()
+    fail["now"] = True
+    with pytest.raises(RuntimeError, match="boom"):
+        S.LambdaLR(fresh, f)
+    assert all("initial_lr" not in g for g in fresh.param_groups)
+    fresh_sched = S.LinearLR(fresh, 0.5, 1.0, 3)
+    fresh_sched_t = torch.optim.lr_scheduler.LinearLR(fresh_t, 0.5, 1.0, 3)
+    compare(fresh_sched, fresh, fresh_sched_t, fresh_t, 5)
+
+
+def test_cosine_annealing_refuses_a_negative_eta_min():
+    """eta_min < 0 would write negative learning rates (which the optimizers and this scheduler's own
+    load_state_dict refuse): ValueError naming eta_min at construction (the groups untouched) and
+    at load; eta_min = 0 is torch's schedule."""
+    ours_opt, torch_opt = both_optimizers()
+    with pytest.raises(ValueError, match=r"eta_min: expected a finite number >= 0.0, got -0.05"):
+        S.CosineAnnealingLR(ours_opt, 4, eta_min=-0.05)
+    assert all("initial_lr" not in g for g in ours_opt.param_groups)
+    sched = S.CosineAnnealingLR(ours_opt, 4, eta_min=0.0)
+    torch_sched = torch.optim.lr_scheduler.CosineAnnealingLR(torch_opt, 4, eta_min=0.0)
+    with pytest.raises(ValueError, match=r"load_state_dict: eta_min: expected a finite number >= 0.0, got -0.05"):
+        sched.load_state_dict({**sched.state_dict(), "eta_min": np.array(-0.05)})
+    assert sched.eta_min == 0.0
+    compare(sched, ours_opt, torch_sched, torch_opt, 10)
+
+
+TYPE_CASES = [
+    ("last_lr", np.array(["a", "b"]), r"last_lr: expected a number \(an int or float array\), got a <U1 array"),
+    ("base_lrs", None, r"base_lrs: expected a number .*got a object array"),
+    ("base_lrs", np.array([0.1, 0.2], np.complex128), r"base_lrs: expected a number .*got a complex128 array"),
+    ("last_epoch", np.array(True), r"last_epoch: expected a number .*got a bool array"),
+    ("step_count", np.array("3"), r"step_count: expected a number .*got a <U1 array"),
+    ("T_max", None, r"T_max: expected a number .*got a object array"),
+    ("eta_min", [[0.0], [0.0, 1.0]], r"eta_min: expected an array of numbers, got list"),
+]
+
+
+@pytest.mark.parametrize("key,value,match", TYPE_CASES, ids=[f"{k}={v!r}"[:40] for k, v, _ in TYPE_CASES])
+def test_load_state_dict_names_the_key_of_a_value_of_no_numbers(key, value, match):
+    """None, strings, bools, complex numbers, ragged lists: TypeError naming the key with what was
+    expected and what was given (never a raw conversion error), the scheduler and the groups
+    unchanged; the schedule then goes on as torch's."""
+    ours_opt, torch_opt = both_optimizers()
+    sched = S.CosineAnnealingLR(ours_opt, 5, 1e-4)
+    torch_sched = torch.optim.lr_scheduler.CosineAnnealingLR(torch_opt, 5, 1e-4)
+    compare(sched, ours_opt, torch_sched, torch_opt, 2)
+    sd = sched.state_dict()
+    groups = [dict(g) for g in ours_opt.param_groups]
+    with pytest.raises(TypeError, match=f"load_state_dict: {match}"):
+        sched.load_state_dict({**sd, key: value})
+    after = sched.state_dict()
+    assert all(np.array_equal(after[k], sd[k]) for k in sd)
+    assert [dict(g) for g in ours_opt.param_groups] == groups
+    compare(sched, ours_opt, torch_sched, torch_opt, 8)

@@ -6,7 +6,9 @@ float32. State dicts round-trip through safetensors.
 """
 from __future__ import annotations
 
+import copy
 import math
+import pickle
 
 import numpy as np
 import pytest
@@ -307,8 +309,8 @@ def test_load_state_dict_checks_step_and_flags(rng):
         ("params.layer2.weight.group", np.array(0.5), r"params.layer2.weight.group: expected a whole number"),
         ("param_groups.0.amsgrad", np.array(0.5), r"param_groups.0.amsgrad: expected a flag 0 or 1"),
         ("param_groups.0.maximize", np.array(2.0), r"param_groups.0.maximize: expected a flag 0 or 1"),
-        ("param_groups.0.eps", np.array(0.0), r"param_groups.0: eps: expected a finite number > 0.0"),
-        ("param_groups.0.lr", np.array(-0.1), r"param_groups.0: lr"),
+        ("param_groups.0.eps", np.array(0.0), r"param_groups\.0\.eps: expected a finite number > 0.0"),
+        ("param_groups.0.lr", np.array(-0.1), r"param_groups\.0\.lr: expected a finite number >= 0.0, got -0.1"),
     ]
     for key, value, match in cases:
         with pytest.raises(ValueError, match=match):
@@ -489,6 +491,216 @@ def test_parameter_validation():
 
 
 # --------------------------------------------------------------------------------------------------
+# copies, amsgrad switched off, failed add_param_group / step / load_state_dict change nothing
+# --------------------------------------------------------------------------------------------------
+
+def set_grads(ours, theirs, gs):
+    for p, q, g in zip(ours, theirs, gs):
+        p.grad, q.grad = g.copy(), torch.tensor(g.copy())
+
+
+COPY_KINDS = [("Adam", dict(lr=1e-2, amsgrad=True, weight_decay=0.1)), ("AdamW", dict(lr=1e-2)),
+              ("SGD", dict(lr=0.05, momentum=0.9, nesterov=True))]
+
+
+@pytest.mark.parametrize("how", ["deepcopy", "pickle"])
+@pytest.mark.parametrize("kind,config", COPY_KINDS, ids=[k for k, _ in COPY_KINDS])
+def test_copied_optimizer_goes_on_like_the_original(rng, kind, config, how):
+    """copy.deepcopy / pickle of an optimizer after 3 steps (its Parameters copied with it): the copy
+    keys its state by the same names, and 3 more steps of the copy, of the original and of torch's
+    (never copied) give the same weights and state."""
+    ours, theirs = make_params(rng, np.float64)
+    grads = grad_sequence(rng, np.float64, steps=6)
+    opt = getattr(optim, kind)([{"params": ours[:2]}, {"params": ours[2:], "lr": 0.02}], **config)
+    t_opt = getattr(torch.optim, kind)([{"params": theirs[:2]}, {"params": theirs[2:], "lr": 0.02}], foreach=False,
+                                       **config)
+    run_both(opt, ours, t_opt, theirs, grads[:3])
+    dup = copy.deepcopy(opt) if how == "deepcopy" else pickle.loads(pickle.dumps(opt))
+    dup_params = [p for g in dup.param_groups for p in g["params"]]
+    assert [n for n, _ in dup.named_parameters()] == [p.name for p in ours]
+    assert all(p is not q and np.array_equal(p.data, q.data) for p, q in zip(ours, dup_params))
+    for gs in grads[3:]:
+        set_grads(ours, theirs, gs)
+        for q, g in zip(dup_params, gs):
+            q.grad = g.copy()
+        dup.step()
+        opt.step()
+        t_opt.step()
+    for p, q, r in zip(ours, dup_params, theirs):
+        np.testing.assert_allclose(p.data, r.detach().numpy(), rtol=1e-12, atol=1e-12)
+        assert np.array_equal(q.data, p.data)
+    sd, dup_sd = opt.state_dict(), dup.state_dict()
+    assert sorted(sd) == sorted(dup_sd) and all(np.array_equal(sd[k], dup_sd[k]) for k in sd)
+    for p, r in zip(ours, theirs):
+        for field, value in t_opt.state[r].items():
+            if field == "step":
+                assert dup.state[p.name]["step"] == int(value) == 6
+            else:
+                np.testing.assert_allclose(dup.state[p.name][field], value.numpy(), rtol=1e-12, atol=1e-14)
+
+
+def test_adam_state_round_trips_after_amsgrad_is_switched_off(rng):
+    """amsgrad on for 2 steps, then off (as torch, max_exp_avg_sq stays in the state): the state dict
+    loads back into the optimizer itself and into a fresh one with amsgrad=False, keeping
+    max_exp_avg_sq; switched on again, all three step as torch's (which round-trips its own)."""
+    ours, theirs = make_params(rng, np.float64)
+    grads = grad_sequence(rng, np.float64, steps=5)
+    opt = optim.Adam(ours, lr=1e-2, amsgrad=True)
+    t_opt = torch.optim.Adam(theirs, lr=1e-2, amsgrad=True, foreach=False)
+    run_both(opt, ours, t_opt, theirs, grads[:2])
+    opt.param_groups[0]["amsgrad"] = t_opt.param_groups[0]["amsgrad"] = False
+    run_both(opt, ours, t_opt, theirs, grads[2:3])
+    sd = opt.state_dict()
+    assert "state.layer0.weight.max_exp_avg_sq" in sd and sd["param_groups.0.amsgrad"] == 0
+    opt.load_state_dict(sd)
+    t_opt.load_state_dict(t_opt.state_dict())
+    clones = [Parameter(p.data.copy(), name=p.name) for p in ours]
+    fresh = optim.Adam(clones, lr=5.0)
+    fresh.load_state_dict(sd)
+    assert fresh.param_groups[0]["amsgrad"] is False
+    for o, params in ((opt, ours), (fresh, clones)):
+        for p, q in zip(params, theirs):
+            np.testing.assert_allclose(o.state[p.name]["max_exp_avg_sq"], t_opt.state[q]["max_exp_avg_sq"].numpy(),
+                                       rtol=1e-12, atol=1e-14)
+    for o in (opt, fresh, t_opt):
+        o.param_groups[0]["amsgrad"] = True  # the kept running max is used again
+    for gs in grads[3:]:
+        set_grads(ours, theirs, gs)
+        for q, g in zip(clones, gs):
+            q.grad = g.copy()
+        opt.step()
+        fresh.step()
+        t_opt.step()
+    for p, q, r in zip(ours, clones, theirs):
+        np.testing.assert_allclose(p.data, r.detach().numpy(), rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(q.data, r.detach().numpy(), rtol=1e-12, atol=1e-12)
+
+
+def test_failed_add_param_group_changes_nothing(rng):
+    """A group with a parameter given twice, or two parameters of one name, is refused before any
+    name is registered: the optimizer is unchanged and the same parameter can then be added in a
+    valid group; the run then follows torch's."""
+    ours, theirs = make_params(rng, np.float64)
+    grads = grad_sequence(rng, np.float64, steps=3)
+    opt = optim.Adam(ours[:2], lr=1e-2)
+    t_opt = torch.optim.Adam(theirs[:2], lr=1e-2, foreach=False)
+    names = [n for n, _ in opt.named_parameters()]
+    with pytest.raises(ValueError, match=r"params: parameter 'layer0.weight' is given twice"):
+        opt.add_param_group({"params": [ours[2], ours[0]]})
+    with pytest.raises(ValueError, match=r"params: parameter 'layer2.weight' is given twice"):
+        opt.add_param_group({"params": [ours[2], ours[3], ours[2]]})
+    with pytest.raises(ValueError, match=r"params: two parameters are named 'layer2.weight'"):
+        opt.add_param_group({"params": [ours[2], ("layer2.weight", ours[3])]})
+    assert len(opt.param_groups) == 1 and [n for n, _ in opt.named_parameters()] == names
+    assert sorted(opt.state_dict()) == sorted(optim.Adam(ours[:2], lr=1e-2).state_dict())
+    opt.add_param_group({"params": ours[2:], "lr": 0.05})
+    t_opt.add_param_group({"params": theirs[2:], "lr": 0.05})
+    assert [n for n, _ in opt.named_parameters()] == [p.name for p in ours]
+    run_both(opt, ours, t_opt, theirs, grads)
+
+
+@pytest.mark.parametrize("kind,config", KINDS, ids=[k for k, _ in KINDS])
+def test_step_refuses_a_read_only_parameter_before_updating_any(rng, kind, config):
+    """A parameter array made read-only after construction (here the last one) is refused by name
+    before any parameter moves: no weight, moment or step count changes; made writeable again, the
+    run follows torch's (which never saw the refused step)."""
+    ours, theirs = make_params(rng, np.float64)
+    grads = grad_sequence(rng, np.float64, steps=4)
+    opt = getattr(optim, kind)(ours, **config)
+    t_opt = getattr(torch.optim, kind)(theirs, foreach=False, **config)
+    run_both(opt, ours, t_opt, theirs, grads[:2])
+    set_grads(ours, theirs, grads[2])
+    ours[3].data.flags.writeable = False
+    before = snapshot(opt, ours)
+    with pytest.raises(ValueError, match=r"step: layer3\.weight: expected a writeable parameter array"):
+        opt.step()
+    assert_unchanged(opt, ours, before)
+    ours[3].data.flags.writeable = True
+    run_both(opt, ours, t_opt, theirs, grads[2:])
+
+
+def test_step_counts_out_of_the_int64_range_are_refused(rng):
+    """A step count the C++ update cannot take (it counts step + 1 in int64): load_state_dict refuses
+    it naming the key, and step() refuses one written into the state before updating anything. The
+    largest count that fits loads and steps as torch's."""
+    ours, theirs = make_params(rng, np.float64)
+    grads = grad_sequence(rng, np.float64, steps=2)
+    opt = optim.Adam(ours, lr=1e-2)
+    t_opt = torch.optim.Adam(theirs, lr=1e-2, foreach=False)
+    run_both(opt, ours, t_opt, theirs, grads[:1])
+    sd = opt.state_dict()
+    before = snapshot(opt, ours)
+    for bad in (np.array(1e30), np.array(2**63 - 1, np.int64), np.array(2.0**63), np.array(np.inf)):
+        with pytest.raises(ValueError, match=r"load_state_dict: state\.layer1\.weight\.step: expected a whole "
+                                             r"number >= 0 and <= 9223372036854775806"):
+            opt.load_state_dict({**sd, "state.layer1.weight.step": bad})
+        assert_unchanged(opt, ours, before)
+    with pytest.raises(TypeError, match=r"state\.layer1\.weight\.step: expected a whole number .*got a <U1 array"):
+        opt.load_state_dict({**sd, "state.layer1.weight.step": np.array("1")})
+    assert_unchanged(opt, ours, before)
+    set_grads(ours, theirs, grads[1])
+    for bad, error in ((2**63 - 1, ValueError), (-1, ValueError), (1.0, TypeError)):
+        opt.state["layer1.weight"]["step"] = bad
+        with pytest.raises(error, match=r"step: state\.layer1\.weight\.step: expected an int"):
+            opt.step()
+        opt.state["layer1.weight"]["step"] = 1
+        assert_unchanged(opt, ours, before)
+    top = 2**63 - 2
+    opt.load_state_dict({**sd, "state.layer1.weight.step": np.array(top, np.int64)})
+    t_opt.state[theirs[1]]["step"] = torch.tensor(float(top))
+    opt.step()
+    t_opt.step()
+    assert opt.state["layer1.weight"]["step"] == top + 1
+    for p, q in zip(ours, theirs):
+        np.testing.assert_allclose(p.data, q.detach().numpy(), rtol=1e-12, atol=1e-12)
+
+
+BAD_LOADED_VALUES = [
+    ("param_groups.1.lr", None, TypeError, r"param_groups\.1\.lr: expected a real number .*got a object array"),
+    ("param_groups.1.lr", np.array("0.1"), TypeError, r"param_groups\.1\.lr: expected a real number .*got a <U3"),
+    ("param_groups.1.lr", np.array(True), TypeError, r"param_groups\.1\.lr: expected a real number .*got a bool"),
+    ("param_groups.1.lr", np.array([[0.1]]), ValueError, r"param_groups\.1\.lr: expected an array of shape \(\), "
+                                                         r"got \(1, 1\)"),
+    ("param_groups.0.betas", np.array([0.9, 0.9, 0.9]), ValueError, r"param_groups\.0\.betas: expected an array of "
+                                                                    r"shape \(2,\), got \(3,\)"),
+    ("param_groups.0.betas", np.array([0.9, 1.0]), ValueError, r"param_groups\.0\.betas\[1\]: expected a finite"),
+    ("param_groups.0.amsgrad", np.array("1"), TypeError, r"param_groups\.0\.amsgrad: expected a flag 0 or 1, got a <U1"),
+    ("state.layer1.weight.exp_avg", np.array(["a"] * 7), TypeError,
+     r"state\.layer1\.weight\.exp_avg: expected an array of real numbers .*got a <U1 array"),
+    ("state.layer1.weight.exp_avg", np.array([None] * 7), TypeError,
+     r"state\.layer1\.weight\.exp_avg: expected an array of real numbers .*got a object array"),
+    ("state.layer1.weight.exp_avg", np.ones(7, np.complex128), TypeError,
+     r"state\.layer1\.weight\.exp_avg: expected an array of real numbers .*got a complex128 array"),
+    ("state.layer1.weight.exp_avg_sq", np.ones(7, bool), TypeError,
+     r"state\.layer1\.weight\.exp_avg_sq: expected an array of real numbers .*got a bool array"),
+    ("state.layer1.weight.exp_avg", [[1.0], [1.0, 2.0]], TypeError, r"state\.layer1\.weight\.exp_avg: expected an "
+                                                                    r"array of numbers, got list"),
+    ("params.layer1.weight.group", None, TypeError, r"params\.layer1\.weight\.group: expected a whole number"),
+]
+
+
+@pytest.mark.parametrize("key,value,error,match", BAD_LOADED_VALUES, ids=[f"{k}={v!r}"[:60] for k, v, _, _ in
+                                                                           BAD_LOADED_VALUES])
+def test_load_state_dict_names_the_key_of_a_bad_value(rng, key, value, error, match):
+    """None, strings, bools, complex numbers, ragged lists, wrong shapes: TypeError / ValueError naming
+    the key with what was expected and what was given (never a raw conversion error, nor "NaN or
+    inf" for a None array), nothing loaded; the next step is torch's."""
+    ours, theirs = make_params(rng, np.float64)
+    grads = grad_sequence(rng, np.float64, steps=3)
+    config = dict(lr=1e-2, amsgrad=True)
+    opt = optim.Adam([{"params": ours[:2]}, {"params": ours[2:], "lr": 0.02}], **config)
+    t_opt = torch.optim.Adam([{"params": theirs[:2]}, {"params": theirs[2:], "lr": 0.02}], foreach=False, **config)
+    run_both(opt, ours, t_opt, theirs, grads[:2])
+    sd = opt.state_dict()
+    before = snapshot(opt, ours)
+    with pytest.raises(error, match=f"load_state_dict: {match}"):
+        opt.load_state_dict({**sd, key: value})
+    assert_unchanged(opt, ours, before)
+    opt.load_state_dict(sd)
+    run_both(opt, ours, t_opt, theirs, grads[2:])
+
+
+# --------------------------------------------------------------------------------------------------
 # clip_grad_norm_
 # --------------------------------------------------------------------------------------------------
 
@@ -526,6 +738,103 @@ def test_clip_grad_norm_edges(rng):
         optim.clip_grad_norm_([p], 1.0, error_if_nonfinite=True)
     assert math.isnan(optim.clip_grad_norm_([p], 1.0))
     with pytest.raises(ValueError, match="norm_type"):
-        optim.clip_grad_norm_([p], 1.0, norm_type=0)
+        optim.clip_grad_norm_([p], 1.0, norm_type=math.nan)
     with pytest.raises(ValueError, match="max_norm"):
         optim.clip_grad_norm_([p], -1.0)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
+@pytest.mark.parametrize("norm_type", [0, 0.0, -1.0, -2.0, -0.5, -math.inf, "-inf"])
+@pytest.mark.parametrize("max_norm", [0.5, 2.5, math.inf])
+@pytest.mark.parametrize("zeros", [False, True], ids=["nonzero", "with_zeros"])
+def test_clip_grad_norm_nonpositive_norm_types_match_torch(rng, dtype, norm_type, max_norm, zeros):
+    """norm_type 0 (torch counts the non-zero elements of each gradient, then the non-zero per-gradient
+    counts), negative p ((Σ|x|^p)^(1/p): 0 as soon as one element is 0) and -inf (the min |x|), with
+    max_norm finite or inf: the returned norm and the clipped gradients are torch's."""
+    ours, theirs = make_params(rng, dtype)
+    for p, q in zip(ours, theirs):
+        g = (rng.standard_normal(p.shape) + 3.0).astype(dtype)  # no zero unless put there
+        p.grad, q.grad = g.copy(), torch.tensor(g.copy())
+    if zeros:
+        for k in (0, 3):
+            ours[k].grad[...] = 0  # one gradient all zero: not counted by norm 0
+            theirs[k].grad.zero_()
+        ours[1].grad[2] = 0
+        theirs[1].grad[2] = 0
+    ours[2].grad, theirs[2].grad = None, None
+    total = optim.clip_grad_norm_(ours, max_norm, norm_type)
+    total_t = torch.nn.utils.clip_grad_norm_(theirs, max_norm, float(norm_type), foreach=False)
+    tol = 1e-10 if dtype == np.float64 else 1e-5
+    assert math.isclose(total, float(total_t), rel_tol=tol, abs_tol=tol), (total, float(total_t))
+    for p, q in zip(ours, theirs):
+        if p.grad is None:
+            assert q.grad is None
+            continue
+        np.testing.assert_allclose(p.grad, q.grad.numpy(), rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
+@pytest.mark.parametrize("norm_type", [2.0, 1.0, math.inf, 0.5])
+def test_clip_grad_norm_inf_max_norm_measures_and_clips_nothing(rng, dtype, norm_type):
+    """max_norm = inf (torch's way to only measure): the norm is returned and no gradient changes; an
+    infinite gradient makes the coefficient inf / inf = NaN, which torch writes into the gradients
+    too (error_if_nonfinite=True raises instead, changing nothing)."""
+    ours, theirs = make_params(rng, dtype)
+    for p, q in zip(ours, theirs):
+        g = (rng.standard_normal(p.shape) * 100).astype(dtype)
+        p.grad, q.grad = g.copy(), torch.tensor(g.copy())
+    kept = [p.grad.copy() for p in ours]
+    total = optim.clip_grad_norm_(ours, math.inf, norm_type)
+    total_t = torch.nn.utils.clip_grad_norm_(theirs, math.inf, norm_type, foreach=False)
+    tol = 1e-10 if dtype == np.float64 else 1e-5
+    assert total > 1 and math.isclose(total, float(total_t), rel_tol=tol)
+    for p, q, g in zip(ours, theirs, kept):
+        assert np.array_equal(p.grad, g)
+        np.testing.assert_allclose(p.grad, q.grad.numpy(), rtol=0, atol=0)
+    ours[1].grad[0] = theirs[1].grad[0] = np.inf
+    with pytest.raises(optim.NonFiniteGradientError, match="layer1.weight"):
+        optim.clip_grad_norm_(ours, math.inf, norm_type, error_if_nonfinite=True)
+    assert np.array_equal(ours[0].grad, kept[0])
+    total = optim.clip_grad_norm_(ours, math.inf, norm_type)
+    total_t = torch.nn.utils.clip_grad_norm_(theirs, math.inf, norm_type, foreach=False)
+    assert math.isinf(total) and math.isinf(float(total_t))
+    for p, q in zip(ours, theirs):
+        np.testing.assert_array_equal(np.isnan(p.grad), torch.isnan(q.grad).numpy())
+
+
+def test_clip_grad_norm_bad_arguments_change_nothing(rng):
+    """error_if_nonfinite must be a bool (TypeError: "yes" is no flag); a negative or -inf norm of an
+    empty gradient is undefined (torch raises too); NaN norm_type / max_norm, negative max_norm:
+    ValueError. Nothing is scaled; then the same call as torch's."""
+    ours, theirs = make_params(rng, np.float64)
+    for p, q in zip(ours, theirs):
+        g = rng.standard_normal(p.shape)
+        p.grad, q.grad = g.copy(), torch.tensor(g.copy())
+    kept = [p.grad.copy() for p in ours]
+    empty = Parameter(np.zeros(0), name="empty", grad=np.zeros(0))
+    cases = [
+        (dict(max_norm=0.5, error_if_nonfinite="yes"), TypeError, r"error_if_nonfinite: expected a bool, got str"),
+        (dict(max_norm=0.5, error_if_nonfinite=1), TypeError, r"error_if_nonfinite: expected a bool, got int"),
+        (dict(max_norm=0.5, norm_type=math.nan), ValueError, r"norm_type: expected a real number or ±inf, got nan"),
+        (dict(max_norm=0.5, norm_type="2"), TypeError, r"norm_type: expected a real number or ±inf, got str"),
+        (dict(max_norm=math.nan), ValueError, r"max_norm"),
+        (dict(max_norm=-1.0), ValueError, r"max_norm: expected a number >= 0.0, got -1.0"),
+    ]
+    for kwargs, error, match in cases:
+        with pytest.raises(error, match=match):
+            optim.clip_grad_norm_(ours, **kwargs)
+        assert all(np.array_equal(p.grad, g) for p, g in zip(ours, kept))
+    for norm_type in (-1.0, -math.inf):
+        with pytest.raises(ValueError, match=r"norm_type: .*empty gradient.*\['empty'\]"):
+            optim.clip_grad_norm_(ours + [empty], 0.5, norm_type)
+        t_empty = torch.zeros(0, requires_grad=True)
+        t_empty.grad = torch.zeros(0)
+        with pytest.raises(RuntimeError, match="empty tensor"):
+            torch.nn.utils.clip_grad_norm_([t_empty], 0.5, norm_type, foreach=False)
+        assert all(np.array_equal(p.grad, g) for p, g in zip(ours, kept))
+    assert optim.clip_grad_norm_([empty], 0.5, 0) == float(torch.linalg.vector_norm(torch.zeros(0), 0)) == 0.0
+    total = optim.clip_grad_norm_(ours, 0.5, 0, error_if_nonfinite=True)
+    total_t = torch.nn.utils.clip_grad_norm_(theirs, 0.5, 0, error_if_nonfinite=True, foreach=False)
+    assert total == float(total_t) == 4.0
+    for p, q in zip(ours, theirs):
+        np.testing.assert_allclose(p.grad, q.grad.numpy(), rtol=1e-12, atol=1e-12)

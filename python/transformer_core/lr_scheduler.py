@@ -5,7 +5,13 @@
   sets the groups' ``lr`` to the schedule's first value;
 * ``step()`` (call it AFTER ``optimizer.step()``) advances ``last_epoch`` by one and writes the new
   learning rate into every param group;
-* ``get_last_lr()`` returns the learning rates last written.
+* ``get_last_lr()`` returns the learning rates last written;
+* a ``step()`` (or a ``load_state_dict``) that raises changes nothing: the new learning rates are
+  computed first, then written with the counters; a param group added to the optimizer after the
+  scheduler was built makes ``step()`` raise (as torch's), as it has no schedule.
+
+A scheduler can be copied (``copy.deepcopy``, with its optimizer) and pickled (but for a LambdaLR of
+a lambda, which pickle cannot write: as torch).
 
 ``LambdaLR``, ``LinearLR`` and ``CosineAnnealingLR`` reproduce torch's own formulas (the recursive,
 "chainable" forms of torch 2.x for LinearLR and CosineAnnealingLR, so that the values agree with
@@ -42,10 +48,23 @@ def _check_real(value, name: str) -> float:
     return check_float(value, name)
 
 
+def _loaded_array(value, key: str) -> np.ndarray:
+    """A loaded state-dict value as an array of real numbers (int or float): TypeError naming ``key``
+    for anything else (None, str, bool, complex, object arrays)."""
+    try:
+        arr = np.asarray(value)
+    except (TypeError, ValueError) as e:  # a ragged list, an odd object
+        raise TypeError(f"load_state_dict: {key}: expected an array of numbers, got {type(value).__name__} ({e})") from None
+    if arr.dtype.kind not in "iuf":
+        raise TypeError(f"load_state_dict: {key}: expected a number (an int or float array), "
+                        f"got a {arr.dtype} array of shape {arr.shape}")
+    return arr
+
+
 def _loaded_scalar(value, key: str) -> float:
     """A loaded state-dict value that must be one number (a 0-d or one-element array of numbers)."""
-    arr = np.asarray(value)
-    if arr.size != 1 or arr.dtype.kind not in "iuf":
+    arr = _loaded_array(value, key)
+    if arr.size != 1:
         raise ValueError(f"load_state_dict: {key}: expected a number, got {arr.dtype} array of shape {arr.shape}")
     return float(arr.reshape(()))
 
@@ -94,9 +113,12 @@ class LRScheduler:
             raise TypeError(f"optimizer: expected an optimizer with param_groups, got {type(optimizer).__name__}")
         last_epoch = _check_int(last_epoch, "last_epoch", -1)
         self.optimizer = optimizer
+        added = []  # the groups given an initial_lr here: taken back if the first step raises
         if last_epoch == -1:
             for g in groups:
-                g.setdefault("initial_lr", g["lr"])
+                if "initial_lr" not in g:
+                    g["initial_lr"] = g["lr"]
+                    added.append(g)
         else:
             for i, g in enumerate(groups):
                 if "initial_lr" not in g:
@@ -108,6 +130,10 @@ class LRScheduler:
         self._is_initial = True
         try:
             self.step()
+        except BaseException:
+            for g in added:
+                g.pop("initial_lr", None)
+            raise
         finally:
             self._is_initial = False
 
@@ -122,13 +148,35 @@ class LRScheduler:
         return settings
 
     def step(self) -> None:
-        """Advances the schedule by one step and writes the new learning rates into the groups."""
-        self._step_count += 1
+        """Advances the schedule by one step and writes the new learning rates into the groups.
+        The new rates are computed first: a step that raises (``get_lr``, e.g. a LambdaLR's function)
+        leaves ``last_epoch``, the step count and the groups' ``lr`` as they were.
+
+        Raises:
+            ValueError: the optimizer has another number of param groups than the scheduler has
+                base learning rates (a group added with ``add_param_group`` after the scheduler was
+                built: as torch, which raises too; build the scheduler again), or ``get_lr`` gave
+                another number of rates.
+            Whatever ``get_lr`` raises (nothing changes).
+        """
+        groups = self.optimizer.param_groups
+        if len(groups) != len(self.base_lrs):
+            raise ValueError(f"step: the optimizer has {len(groups)} param groups, this scheduler has "
+                             f"{len(self.base_lrs)} base_lrs (one per group when it was built): a group added "
+                             "since has no schedule; build the scheduler again")
+        last_epoch, step_count = self.last_epoch, self._step_count
+        self._step_count += 1  # get_lr reads the new counters
         self.last_epoch += 1
-        values = self.get_lr()
-        for g, lr in zip(self.optimizer.param_groups, values):
+        try:
+            values = list(self.get_lr())
+            if len(values) != len(groups):
+                raise ValueError(f"step: get_lr gave {len(values)} learning rates for {len(groups)} param groups")
+        except BaseException:
+            self.last_epoch, self._step_count = last_epoch, step_count
+            raise
+        for g, lr in zip(groups, values):
             g["lr"] = lr
-        self._last_lr = [g["lr"] for g in self.optimizer.param_groups]
+        self._last_lr = [g["lr"] for g in groups]
 
     def get_last_lr(self) -> list[float]:
         """The learning rates last written into the param groups, one per group."""
@@ -158,7 +206,8 @@ class LRScheduler:
         checks (an int setting saved as float64 must hold a whole number).
 
         Raises:
-            TypeError: ``state_dict`` not a mapping; a setting the constructor refuses with a TypeError.
+            TypeError: ``state_dict`` not a mapping; a value that is not numbers (None, str, bool,
+                complex, object), named by its key; a setting the constructor refuses with a TypeError.
             ValueError: missing or unknown keys, another number of param groups, a value not a
                 scalar, a counter or int setting that is not a whole number, a value out of range
                 (named, with the constructor's message for the settings).
@@ -171,7 +220,8 @@ class LRScheduler:
             raise ValueError(f"load_state_dict: missing keys {sorted(expected - keys)}, "
                              f"unknown keys {sorted(keys - expected)}")
         n = len(self.optimizer.param_groups)
-        base, last = np.asarray(state_dict["base_lrs"]).reshape(-1), np.asarray(state_dict["last_lr"]).reshape(-1)
+        base = _loaded_array(state_dict["base_lrs"], "base_lrs").reshape(-1)
+        last = _loaded_array(state_dict["last_lr"], "last_lr").reshape(-1)
         if base.size != n or last.size != n:
             raise ValueError(f"load_state_dict: expected {n} learning rates (one per param group), "
                              f"got base_lrs {base.size}, last_lr {last.size}")
@@ -290,10 +340,11 @@ class CosineAnnealingLR(LRScheduler):
 
     Args:
         optimizer, last_epoch: see :class:`LRScheduler`.
-        T_max: the half period in steps, >= 1.  eta_min: the minimum lr.
+        T_max: the half period in steps, >= 1.  eta_min: the minimum lr, finite and >= 0 (stricter
+            than torch: a negative one writes negative learning rates, which the optimizers refuse).
 
     Raises:
-        ValueError: ``T_max`` < 1. TypeError: non-numeric arguments.
+        ValueError: ``T_max`` < 1, ``eta_min`` < 0 or not finite. TypeError: non-numeric arguments.
     """
 
     _HYPER = ("T_max", "eta_min")
@@ -306,7 +357,7 @@ class CosineAnnealingLR(LRScheduler):
         super().__init__(optimizer, last_epoch)
 
     def _check_settings(self, *, T_max, eta_min) -> dict:
-        return dict(T_max=_check_int(T_max, "T_max", 1), eta_min=_check_real(eta_min, "eta_min"))
+        return dict(T_max=_check_int(T_max, "T_max", 1), eta_min=check_float(eta_min, "eta_min", minimum=0.0))
 
     def get_lr(self) -> list[float]:
         """Each group's lr at ``last_epoch``: torch's recursive cosine step from the current lr (the

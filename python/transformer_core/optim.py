@@ -19,6 +19,9 @@ NOTHING has changed (no weight, moment or step count). The training loop can cat
 ``zero_grad()`` and go on with the next batch (what ``torch.amp.GradScaler`` does on overflow), or
 stop. Weights never silently become NaN (hence Adam's ``eps`` must be > 0, where torch allows 0).
 
+An optimizer can be copied (``copy.deepcopy``) and pickled, alone or with a learning-rate scheduler
+that holds it: the copy keys its state by the same names and goes on as the original would.
+
 Hyperparameters are checked when a group is added AND at every ``step()``, for every group before
 any parameter is touched (a learning-rate scheduler, or the caller, may have written into
 ``param_groups``): a bad value raises the constructor's ValueError / TypeError, prefixed with the
@@ -71,12 +74,21 @@ def _named_parameters(params) -> list[tuple[str | None, Parameter]]:
     return out
 
 
-def _count(value: np.ndarray, key: str, minimum: int) -> int:
-    """A loaded scalar that counts (a step, a group index) as an int >= ``minimum``: an integer
-    array, or a float one holding a whole number (torch saves ``step`` as a float tensor)."""
-    whole = value.shape == () and (value.dtype.kind in "iu" or (value.dtype.kind == "f" and float(value).is_integer()))
-    if not whole or int(value) < minimum:
-        raise ValueError(f"load_state_dict: {key}: expected a whole number >= {minimum}, got {value!r}")
+#: The largest step count a state may hold: the C++ update takes the next one, ``step + 1``, as an int64.
+_MAX_STEP = 2**63 - 2
+
+
+def _count(value: np.ndarray, key: str, minimum: int, maximum: int | None = None) -> int:
+    """A loaded scalar that counts (a step, a group index) as an int in ``[minimum, maximum]``: an
+    integer array, or a float one holding a whole number (torch saves ``step`` as a float tensor).
+    TypeError for an array of no numbers (bool, str, object, complex), ValueError otherwise."""
+    expected = f"a whole number >= {minimum}" + (f" and <= {maximum}" if maximum is not None else "")
+    if value.dtype.kind not in "iuf":
+        raise TypeError(f"load_state_dict: {key}: expected {expected} (an int or float scalar), "
+                        f"got a {value.dtype} array")
+    whole = value.shape == () and (value.dtype.kind in "iu" or float(value).is_integer())
+    if not whole or int(value) < minimum or (maximum is not None and int(value) > maximum):
+        raise ValueError(f"load_state_dict: {key}: expected {expected}, got {value!r}")
     return int(value)
 
 
@@ -127,7 +139,16 @@ class Optimizer:
 
     # ---- groups and names -----------------------------------------------------------------------
     def add_param_group(self, param_group: dict) -> None:
-        """Adds a group ``{"params": [...], **hyperparameters}`` (missing hyperparameters: defaults)."""
+        """Adds a group ``{"params": [...], **hyperparameters}`` (missing hyperparameters: defaults).
+        The whole group is checked before anything is registered: a group that raises leaves the
+        optimizer as it was (its parameters can be added again, in a valid group).
+
+        Raises:
+            TypeError: not a dict with a ``"params"`` key; a params entry that is neither a Parameter
+                nor a ``(name, Parameter)`` pair; a hyperparameter of the wrong type.
+            ValueError: no parameters, a parameter given twice (here or in another group), two
+                parameters with one name, unknown or bad hyperparameters (named).
+        """
         if not isinstance(param_group, dict) or "params" not in param_group:
             raise TypeError(f"param_group: expected a dict with a 'params' key, got {type(param_group).__name__}")
         named = _named_parameters(param_group["params"])
@@ -139,19 +160,34 @@ class Optimizer:
         group = {**self.defaults, **{k: v for k, v in param_group.items() if k != "params"}}
         self._check_group(group)
         taken = set(self._names.values())
-        plist = []
+        added: dict[int, str] = {}  # id(Parameter) -> name, registered only once all are checked
         for name, p in named:
-            if id(p) in self._names:
-                raise ValueError(f"params: parameter {self._names[id(p)]!r} is given twice")
+            if id(p) in self._names or id(p) in added:
+                raise ValueError(f"params: parameter {self._names.get(id(p), added.get(id(p)))!r} is given twice")
             if name is None:
-                name = str(len(self._names))
+                name = str(len(self._names) + len(added))
             if name in taken:
                 raise ValueError(f"params: two parameters are named {name!r}")
             taken.add(name)
-            self._names[id(p)] = name
-            plist.append(p)
-        group["params"] = plist
+            added[id(p)] = name
+        group["params"] = [p for _, p in named]
+        self._names.update(added)
         self.param_groups.append(group)
+
+    # ---- copies (copy.deepcopy, pickle) ----------------------------------------------------------
+    def __getstate__(self) -> dict:
+        """The names by position (one list per group), not by ``id``: a copy's Parameters are new
+        objects, whose ids :meth:`__setstate__` maps to the same names."""
+        state = dict(self.__dict__)
+        state["_names"] = [[self._names[id(p)] for p in g["params"]] for g in self.param_groups]
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        state = dict(state)
+        names = state.pop("_names")
+        self.__dict__.update(state)
+        self._names = {id(p): name for g, group_names in zip(self.param_groups, names)
+                       for p, name in zip(g["params"], group_names)}
 
     def name_of(self, p: Parameter) -> str:
         """The name this optimizer keys ``p``'s state by."""
@@ -180,15 +216,19 @@ class Optimizer:
         """One update of every parameter that has a gradient. ``closure`` (optional, as torch):
         re-evaluates the model and returns the loss, which ``step`` returns.
 
-        Every group's hyperparameters are checked first (before ``closure`` runs), then every
-        gradient; only then is anything updated, so a step that raises changes nothing: no weight,
-        optimizer state or step count.
+        Every group's hyperparameters are checked first (before ``closure`` runs), then, for every
+        parameter to update, its gradient, its array (writeable) and its state (arrays of its shape
+        and dtype, a step count the C++ update takes); only then is anything updated, so a step that
+        raises changes nothing: no weight, optimizer state or step count.
 
         Raises:
             ValueError / TypeError: a bad hyperparameter in a group (e.g. a negative or NaN ``lr``
                 written by a scheduler), named with its group: ``"step: param_groups[1]: lr: ..."``.
             NonFiniteGradientError: a gradient holds NaN/inf (nothing was updated; see the module doc).
-            ValueError / TypeError: a gradient whose shape or dtype differs from its parameter's.
+            ValueError: a gradient whose shape or dtype differs from its parameter's; a parameter
+                whose array is read-only (named); a state array of another shape or dtype, or not
+                writeable, a step count out of ``[0, 2**63 - 2]`` (named by key: ``state.{name}.step``).
+            TypeError: a state entry of the wrong type (a step count not an int, an array not an array).
         """
         checked = [self._checked_group(gi, group) for gi, group in enumerate(self.param_groups)]
         loss = closure() if closure is not None else None
@@ -205,6 +245,10 @@ class Optimizer:
                                      f"shape {p.data.shape} {p.data.dtype}")
                 if not g.flags.c_contiguous:
                     raise ValueError(f"{name}: expected a C-contiguous gradient")
+                if not p.data.flags.writeable:
+                    raise ValueError(f"step: {name}: expected a writeable parameter array (it is updated in "
+                                     "place), got a read-only one; nothing was updated")
+                self._check_state_ready(name, p, self.state.get(name, {}))
                 if variant("count_nonfinite", p.data.dtype)(g):
                     bad.append(name)
                 work.append((group, name, p))
@@ -215,6 +259,27 @@ class Optimizer:
         for group, name, p in work:
             self.state[name] = self._update(group, name, p, dict(self.state.get(name, {})))
         return loss
+
+    @staticmethod
+    def _check_state_ready(name: str, p: Parameter, state: dict) -> None:
+        """Refuses (before any update) a state the C++ update would refuse half-way through a step:
+        a step count not an int in ``[0, _MAX_STEP]``, an array not of ``p``'s shape and dtype,
+        C-contiguous and writeable (a caller may have written into ``state``)."""
+        for field, value in state.items():
+            key = f"state.{name}.{field}"
+            if field == "step":
+                if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+                    raise TypeError(f"step: {key}: expected an int, got {type(value).__name__} {value!r}")
+                if not 0 <= value <= _MAX_STEP:
+                    raise ValueError(f"step: {key}: expected an int in [0, {_MAX_STEP}], got {value}")
+                continue
+            if not isinstance(value, np.ndarray):
+                raise TypeError(f"step: {key}: expected a numpy array, got {type(value).__name__}")
+            if (value.shape != p.data.shape or value.dtype != p.data.dtype or not value.flags.c_contiguous
+                    or not value.flags.writeable):
+                raise ValueError(f"step: {key}: expected a writeable C-contiguous {p.data.dtype} array of shape "
+                                 f"{p.data.shape}, got {value.dtype} {value.shape} (C-contiguous "
+                                 f"{value.flags.c_contiguous}, writeable {value.flags.writeable})")
 
     def _checked_group(self, index: int, group: dict) -> dict:
         """A checked copy of ``param_groups[index]`` (``_check_group``'s errors prefixed with the group)."""
@@ -269,14 +334,23 @@ class Optimizer:
         parameter names in the same groups. Arrays are copied (cast to each parameter's dtype).
         Everything is checked before anything changes.
 
+        Adam's ``max_exp_avg_sq`` is required where the group's ``amsgrad`` is on and optional (kept
+        as loaded) where it is off: a run that turned amsgrad off keeps it, as torch does.
+
+        Every message names the key (``param_groups.1.lr``, ``state.{name}.exp_avg``, ...) with what
+        was expected and what was given.
+
         Raises:
             ValueError: unknown or missing parameter names (named), a parameter in another group,
                 another number of groups, unknown keys, arrays of the wrong shape, incomplete state,
-                a ``step`` or group index that is not a whole number >= 0, a flag other than 0/1, a
-                hyperparameter the constructor refuses (its message, prefixed with the key), a state
-                array holding NaN or ±inf (after the cast to the parameter's dtype), or a negative
-                second moment (``exp_avg_sq``, ``max_exp_avg_sq``: expected >= 0), naming the entry.
-            TypeError: ``state_dict`` not a mapping, values not arrays.
+                a ``step`` that is not a whole number in ``[0, 2**63 - 2]`` (the C++ update counts in
+                int64) or a group index that is not a whole number >= 0, a flag other than 0/1, a
+                hyperparameter of the wrong shape or that the constructor refuses (its message,
+                prefixed with the key), a state array holding NaN or ±inf (after the cast to the
+                parameter's dtype), or a negative second moment (``exp_avg_sq``,
+                ``max_exp_avg_sq``: expected >= 0), naming the entry.
+            TypeError: ``state_dict`` not a mapping, keys not str; a value that is not numbers (None,
+                str, object, complex, and bool except for the flags), named by its key.
         """
         if not hasattr(state_dict, "items"):
             raise TypeError(f"state_dict: expected a mapping of names to arrays, got {type(state_dict).__name__}")
@@ -286,7 +360,11 @@ class Optimizer:
         for key, value in state_dict.items():
             if not isinstance(key, str):
                 raise TypeError(f"state_dict: expected str keys, got {key!r}")
-            value = np.asarray(value)
+            try:
+                value = np.asarray(value)
+            except (TypeError, ValueError) as e:  # a ragged list, an odd object
+                raise TypeError(f"load_state_dict: {key}: expected an array of numbers, got "
+                                f"{type(value).__name__} ({e})") from None
             head, _, rest = key.partition(".")
             name, _, field = rest.rpartition(".")
             if head == "params" and field == "group" and name:
@@ -320,21 +398,29 @@ class Optimizer:
         for gi, group in enumerate(self.param_groups):
             g = dict(group)
             for field, value in hyper[gi].items():
+                key = f"param_groups.{gi}.{field}"
                 if field not in self.defaults and field != "initial_lr":
                     raise ValueError(f"load_state_dict: unknown hyperparameter {field!r} in param_groups.{gi}")
                 if field in self._FLAGS:
-                    if value.shape != () or value.dtype.kind not in "biuf" or value not in (0, 1):
-                        raise ValueError(f"load_state_dict: param_groups.{gi}.{field}: expected a flag 0 or 1, "
-                                         f"got {value!r}")
+                    if value.dtype.kind not in "biuf":
+                        raise TypeError(f"load_state_dict: {key}: expected a flag 0 or 1, got a {value.dtype} array")
+                    if value.shape != () or value not in (0, 1):
+                        raise ValueError(f"load_state_dict: {key}: expected a flag 0 or 1, got {value!r}")
                     g[field] = bool(value)
-                elif value.ndim == 0:
-                    g[field] = float(value)
-                else:
-                    g[field] = tuple(float(x) for x in value.reshape(-1))
+                    continue
+                if value.dtype.kind not in "iuf":
+                    raise TypeError(f"load_state_dict: {key}: expected a real number (an int or float array), "
+                                    f"got a {value.dtype} array")
+                # betas is a pair, saved as a (2,) array; every other hyperparameter is a scalar
+                default = self.defaults.get(field)
+                shape = (len(default),) if isinstance(default, (tuple, list)) else ()
+                if value.shape != shape:
+                    raise ValueError(f"load_state_dict: {key}: expected an array of shape {shape}, got {value.shape}")
+                g[field] = float(value) if shape == () else tuple(float(x) for x in value)
             try:
                 self._check_group(g)
-            except (TypeError, ValueError) as e:
-                raise type(e)(f"load_state_dict: param_groups.{gi}: {e}") from None
+            except (TypeError, ValueError) as e:  # "lr: ..." -> "param_groups.1.lr: ..."
+                raise type(e)(f"load_state_dict: param_groups.{gi}.{e}") from None
             new_groups.append(g)
         params = dict(self.named_parameters())
         new_state: dict[str, dict] = {}
@@ -348,8 +434,11 @@ class Optimizer:
             st = {}
             for field, value in fields.items():
                 if field == "step":
-                    st["step"] = _count(value, f"state.{name}.step", 0)
+                    st["step"] = _count(value, f"state.{name}.step", 0, _MAX_STEP)
                     continue
+                if value.dtype.kind not in "iuf":
+                    raise TypeError(f"load_state_dict: state.{name}.{field}: expected an array of real numbers "
+                                    f"(float, cast to the parameter's {p.data.dtype}), got a {value.dtype} array")
                 if value.shape != p.data.shape:
                     raise ValueError(f"load_state_dict: state.{name}.{field}: expected shape {p.data.shape} "
                                      f"(the parameter's), got {value.shape}")
@@ -427,8 +516,10 @@ class Adam(Optimizer):
             group[flag] = check_bool(group[flag], flag)
 
     def _state_fields(self, group: dict):
-        required = ("step", "exp_avg", "exp_avg_sq") + (("max_exp_avg_sq",) if group["amsgrad"] else ())
-        return required, ()
+        # amsgrad off: a max_exp_avg_sq (of a run that had it on) is kept, as torch keeps it
+        if group["amsgrad"]:
+            return ("step", "exp_avg", "exp_avg_sq", "max_exp_avg_sq"), ()
+        return ("step", "exp_avg", "exp_avg_sq"), ("max_exp_avg_sq",)
 
     def _update(self, group: dict, name: str, p: Parameter, state: dict) -> dict:
         data = p.data
@@ -525,6 +616,20 @@ def _parameters_of(parameters) -> list[Parameter]:
     return [p for _, p in _named_parameters(parameters)]
 
 
+def _vector_norm_nonpositive(x: np.ndarray, norm_type: float) -> float:
+    """``torch.linalg.vector_norm(x, norm_type)`` for ``norm_type`` <= 0 or -inf (no norms: the C++
+    core computes only ord > 0), in double: 0 counts the non-zero elements (NaN and inf count),
+    -inf is the smallest ``|x|``, a negative p gives ``(Σ |x|^p)^(1/p)`` (0 as soon as one element
+    is 0: ``|0|^p`` = inf); NaN spreads."""
+    a = np.abs(np.asarray(x, dtype=np.float64)).reshape(-1)
+    if norm_type == 0:
+        return float(np.count_nonzero(a))
+    if math.isinf(norm_type):
+        return float(a.min())
+    with np.errstate(divide="ignore", over="ignore"):
+        return float(np.sum(a ** norm_type) ** (1.0 / norm_type))
+
+
 def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0, error_if_nonfinite: bool = False) -> float:
     """Scales the gradients in place so that their total norm is at most ``max_norm``, as
     ``torch.nn.utils.clip_grad_norm_``::
@@ -532,43 +637,61 @@ def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0, error_i
         total = ‖(‖g_1‖, ‖g_2‖, ...)‖          (the norm of the per-parameter norms = the norm of all)
         clip_coef = max_norm / (total + 1e-6),  g_i ← g_i · min(clip_coef, 1)
 
-    The norms are computed in C++ in double (deterministic chunked sums); parameters with
-    ``grad=None`` are skipped.
+    The norms of order > 0 are computed in C++ in double (deterministic chunked sums), the others
+    (0, negative, -inf: ``torch.linalg.vector_norm``'s definitions, see below) in numpy in double;
+    parameters with ``grad=None`` are skipped. As torch, the total is the same norm of the
+    per-parameter norms: for ``norm_type=0`` it counts the parameters whose gradient has a non-zero
+    element; for a negative one it is 0 as soon as one gradient holds a zero.
 
     Args:
         parameters: a :class:`Parameter`, or an iterable of Parameters / ``(name, Parameter)`` pairs.
-        max_norm: >= 0.
-        norm_type: the p of the p-norm, > 0; ``float("inf")`` (or ``"inf"``) for the max norm.
-        error_if_nonfinite: raise if the total norm is NaN or inf (torch raises RuntimeError; we raise
-            :class:`NonFiniteGradientError`, a ValueError, naming the parameters). Otherwise the
-            gradients are scaled anyway (NaN spreads; :meth:`Optimizer.step` will refuse them).
+        max_norm: >= 0; ``float("inf")`` measures the norm and clips nothing (unless the norm is
+            inf too: inf / inf is NaN, which torch writes into the gradients as well).
+        norm_type: the p of the p-norm, any real number (0: the count of non-zeros; < 0: as torch),
+            or ``float("inf")`` / ``-inf`` (or ``"inf"`` / ``"-inf"``) for the max / min of ``|g|``.
+        error_if_nonfinite: a bool: raise if the total norm is NaN or inf (torch raises RuntimeError;
+            we raise :class:`NonFiniteGradientError`, a ValueError, naming the parameters).
+            Otherwise the gradients are scaled anyway (NaN spreads; :meth:`Optimizer.step` will
+            refuse them).
 
     Returns:
         The total norm of the gradients before clipping (a float; 0.0 when no parameter has a gradient).
 
     Raises:
-        ValueError: ``max_norm`` < 0, ``norm_type`` <= 0; NonFiniteGradientError (see above).
-        TypeError: bad ``parameters``, non-numeric ``max_norm`` / ``norm_type``.
+        ValueError: ``max_norm`` < 0 or NaN, ``norm_type`` NaN, a negative or -inf ``norm_type``
+            with an empty gradient (undefined: torch raises too); NonFiniteGradientError (see above).
+        TypeError: bad ``parameters``, non-numeric ``max_norm`` / ``norm_type``, ``error_if_nonfinite``
+            not a bool. Nothing is scaled when it raises.
     """
     params = _parameters_of(parameters)
-    max_norm = _check_float(max_norm, "max_norm")
-    if isinstance(norm_type, str) and norm_type.lower() == "inf":
-        norm_type = math.inf
-    if isinstance(norm_type, bool) or not isinstance(norm_type, numbers.Real):
-        raise TypeError(f"norm_type: expected a float > 0 or inf, got {norm_type!r}")
+    max_norm = check_float(max_norm, "max_norm", minimum=0.0, finite=False)
+    error_if_nonfinite = check_bool(error_if_nonfinite, "error_if_nonfinite")
+    if isinstance(norm_type, str) and norm_type.strip().lower() in ("inf", "+inf", "-inf"):
+        norm_type = float(norm_type)
+    if isinstance(norm_type, (bool, np.bool_)) or not isinstance(norm_type, numbers.Real):
+        raise TypeError(f"norm_type: expected a real number or ±inf, got {type(norm_type).__name__} {norm_type!r}")
     norm_type = float(norm_type)
-    if not norm_type > 0:
-        raise ValueError(f"norm_type: expected a value > 0 (or inf), got {norm_type}")
-    grads = [p.grad for p in params if p.grad is not None]
+    if math.isnan(norm_type):
+        raise ValueError(f"norm_type: expected a real number or ±inf, got {norm_type}")
+    named_grads = [(p.name or str(i), p.grad) for i, p in enumerate(params) if p.grad is not None]
+    grads = [g for _, g in named_grads]
     if not grads:
         return 0.0
-    norms = np.array([variant("vector_norm", g.dtype)(np.ascontiguousarray(g), norm_type, False) for g in grads])
-    if math.isinf(norm_type):
-        total = float(norms.max()) if not np.isnan(norms).any() else math.nan
-    elif norm_type == 2.0:
-        total = math.sqrt(float(np.dot(norms, norms)))
+    if norm_type > 0:
+        norms = np.array([variant("vector_norm", g.dtype)(np.ascontiguousarray(g), norm_type, False) for g in grads])
+        if math.isinf(norm_type):
+            total = float(norms.max()) if not np.isnan(norms).any() else math.nan
+        elif norm_type == 2.0:
+            total = math.sqrt(float(np.dot(norms, norms)))
+        else:
+            total = float(np.sum(norms ** norm_type)) ** (1.0 / norm_type)
     else:
-        total = float(np.sum(norms ** norm_type)) ** (1.0 / norm_type)
+        empty = [name for name, g in named_grads if g.size == 0]
+        if norm_type < 0 and empty:
+            raise ValueError(f"norm_type: the {norm_type} norm of an empty gradient is undefined (no identity: "
+                             f"torch raises too), got empty gradients in {empty}")
+        norms = np.array([_vector_norm_nonpositive(g, norm_type) for g in grads])
+        total = _vector_norm_nonpositive(norms, norm_type)
     if error_if_nonfinite and not math.isfinite(total):
         names = [p.name or str(i) for i, p in enumerate(params)
                  if p.grad is not None and variant("count_nonfinite", p.grad.dtype)(np.ascontiguousarray(p.grad))]
