@@ -510,11 +510,16 @@ def scaled_dot_product_attention_backward(query, key, value, out, grad_out, lse,
 
     The arguments and mask conventions mirror the forward's (bool True = may attend, float added,
     ``key_mask``/``query_mask`` True = a real token, causal alignments, GQA). A query row that sees no
-    key (``lse = -inf``) gets zero gradient and adds nothing to ``grad_key``/``grad_value`` (no NaN).
+    key (``lse = -inf``) gets zero gradient and adds nothing to ``grad_key``/``grad_value`` (no NaN,
+    for finite inputs: an inf or NaN in ``query``/``key``/``value`` can reach other rows through the
+    tile products, 0 · inf = NaN).
     A row whose ``|lse|`` is large (≥ 64 in float32, ≥ 2**16 in float64: every key under a huge
     finite float mask such as ``finfo.min`` or -1e4, or very large scores) would lose the difference
     ``X - lse`` to the rounding of ``lse``; such rows recompute their max and sum over the keys
-    first, so that their probabilities sum to 1 as the forward's do (one more ``Q Kᵀ`` for them).
+    first, so that their probabilities sum to 1 as the forward's do (one more ``Q Kᵀ`` for them),
+    and do not read the given ``lse``. Elsewhere ``P = exp(min(X - lse, 0))``: an ``lse`` below a
+    row's max (not this call's log-sum-exp, e.g. one computed for another ``scale``) gives
+    probabilities capped at 1, never inf.
     With GQA, ``grad_key``/``grad_value`` are summed over the query heads that share a key/value head.
     The masks get no gradient. Deterministic: bitwise the same for any thread count.
 

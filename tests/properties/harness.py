@@ -222,7 +222,10 @@ def ids_good_values(a: np.ndarray, floats=True) -> list[tuple[str, Any]]:
 
 def keep_mask_bad_values(m: np.ndarray) -> list[tuple[str, Any]]:
     m = np.asarray(m)
-    return [("str", "x"), ("two", m.astype(np.int64) * 2 + 1), ("half", m.astype(np.float64) * 0.5 + 0.25),
+    # "float": 0/1 floats look like torch's additive key_padding_mask (0 = keep): the functional ops and
+    # layers refuse them, the models' Hugging Face attention_mask takes them (the reference decides)
+    return [("str", "x"), ("float", m.astype(np.float32)), ("two", m.astype(np.int64) * 2 + 1),
+            ("half", m.astype(np.float64) * 0.5 + 0.25),
             ("nan", np.full(m.shape, np.nan)), ("strings", np.full(m.shape, "x")),
             ("complex", m.astype(np.complex64)), ("rank+1", m[None]), ("last+1", np.concatenate([m, m[..., :1]], -1)),
             ("ragged", [[1, 0], [1]])]
@@ -230,8 +233,7 @@ def keep_mask_bad_values(m: np.ndarray) -> list[tuple[str, Any]]:
 
 def keep_mask_good_values(m: np.ndarray) -> list[tuple[str, Any]]:
     m = np.asarray(m)
-    return [("int", m.astype(np.int64)), ("float", m.astype(np.float32)), ("list", m.tolist()),
-            ("uint8", m.astype(np.uint8))]
+    return [("int", m.astype(np.int64)), ("list", m.tolist()), ("uint8", m.astype(np.uint8))]
 
 
 def attn_mask_bad_values(m: np.ndarray) -> list[tuple[str, Any]]:

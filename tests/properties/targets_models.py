@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -833,18 +834,23 @@ def _call_optim(kw):
 
 def _ref_optim(kw):
     h = _hyper(kw)
-    read_float(h["lr"], "lr", 0.0)
-    read_float(h["weight_decay"], "weight_decay", 0.0)
+    # the hyperparameters as Python floats (the library reads an np.float32 lr as float(lr); torch
+    # given the np.float32 itself would compute its products in float32)
+    h["lr"] = read_float(h["lr"], "lr", 0.0)
+    h["weight_decay"] = read_float(h["weight_decay"], "weight_decay", 0.0)
     if kw["kind"] == "SGD":
-        read_float(h["momentum"], "momentum", 0.0)
+        h["momentum"] = read_float(h["momentum"], "momentum", 0.0)
         read_bool(h["nesterov"], "nesterov")
     else:
         b = h["betas"]
         if not isinstance(b, tuple) or len(b) != 2:
             raise NoReference("betas")
         h["betas"] = tuple(read_float(x, "betas", 0.0, 0.999999) for x in b)
-        read_float(h["eps"], "eps", 0.0)
-    max_norm = read_float(kw["max_norm"], "max_norm", 0.0)
+        h["eps"] = read_float(h["eps"], "eps", 0.0)
+    # max_norm = inf is torch's way to measure the norm without clipping: valid
+    mn = kw["max_norm"]
+    inf = not isinstance(mn, (bool, np.bool_)) and isinstance(mn, (int, float, np.floating)) and mn == math.inf
+    max_norm = math.inf if inf else read_float(mn, "max_norm", 0.0)
     nt = kw["norm_type"]
     if isinstance(nt, bool) or not isinstance(nt, (int, float)) or nt != nt:
         raise NoReference("norm_type")

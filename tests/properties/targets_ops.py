@@ -968,20 +968,6 @@ def _ref_sdpa_bw(kw):
         dp = np.einsum("...ld,...sd->...ls", go, v)
         delta = (go * out).sum(-1, keepdims=True)
         ds = scale * (p * (dp - delta))
-        import os
-        mode = os.environ.get("TMP_MODE", "dense")
-        dead = np.isneginf(m)[..., None]
-        if mode == "strict":
-            gv = np.einsum("...ls,...ld->...sd", p, np.where(dead, 0.0, go))
-            ds = np.where(dead, 0.0, ds)
-            return (np.where(dead, 0.0, np.einsum("...ls,...se->...le", ds, k)),
-                    np.einsum("...ls,...le->...se", ds, np.where(dead, 0.0, q)), gv)
-        if mode == "tile":
-            alld = np.broadcast_to(dead.all(axis=-2, keepdims=True), dead.shape)
-            gv = np.einsum("...ls,...ld->...sd", p, np.where(alld, 0.0, go))
-            ds = np.where(alld, 0.0, ds)
-            return (np.where(alld, 0.0, np.einsum("...ls,...se->...le", ds, k)),
-                    np.einsum("...ls,...le->...se", ds, np.where(alld, 0.0, q)), gv)
         return np.einsum("...ls,...se->...le", ds, k), np.einsum("...ls,...le->...se", ds, q), gv
 
 
