@@ -179,6 +179,25 @@ def test_cli_bad_inputs_fail_cleanly(tmp_path, tiny_model_dir):
     assert run_cli_any("embed", "--chunk-size", "0", "x").returncode == 2  # argparse: usage error
 
 
+def test_cli_embed_out_that_is_the_input_is_refused(tmp_path, tiny_model_dir):
+    """`embed --file data.parquet --out data.parquet --overwrite` used to remove the input before
+    reading it: one error line naming --out, and the input (a file, or a link to it) untouched."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    data = tmp_path / "data.parquet"
+    pq.write_table(pa.table({"text": FILE_SENTENCES}), data)
+    original = data.read_bytes()
+    (tmp_path / "link.parquet").symlink_to(data)
+    model = ["--model", str(tiny_model_dir), "--no-progress"]
+    for out in (data, tmp_path / "link.parquet"):
+        assert_clean_error(run_cli_any("embed", "--file", data, "--out", out, "--overwrite", *model),
+                           "transformer_core embed: out:", f"is the input {data}", "--out")
+    assert data.read_bytes() == original and sorted(p.name for p in tmp_path.iterdir()) == ["data.parquet",
+                                                                                           "link.parquet"]
+    assert pq.read_table(data).column("text").to_pylist() == FILE_SENTENCES
+
+
 def test_cli_search_refuses_an_incomplete_index(tmp_path, tiny_model_dir):
     f = tmp_path / "c.txt"
     f.write_text("\n".join(corpus_lines(30)) + "\n", encoding="utf-8")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -175,6 +176,44 @@ def test_parquet_reader(tmp_path):
     notpq = write_lines(tmp_path / "fake.parquet", ["not parquet"])
     with pytest.raises(ValueError, match="not a readable Parquet file"):
         list(corpus.open_source(notpq))
+
+
+def test_csv_field_longer_than_the_csv_modules_default_limit(tmp_path):
+    """A valid CSV field of 200,000 characters (the csv module's default limit is 131,072) is read
+    whole; the process-wide limit is the same afterwards, also after a reader left unfinished."""
+    import csv
+
+    long_text = "".join(SENTENCES) * (200_000 // len("".join(SENTENCES)) + 1)
+    long_text = long_text[:200_000] + ' "quoted", multi\nline'
+    rows = [["1", "short"], ["2", long_text], ["3", "after"]]
+    p = tmp_path / "long.csv"
+    with open(p, "w", encoding="utf-8", newline="") as f:
+        csv.writer(f).writerows([["id", "text"], *rows])
+    limit = csv.field_size_limit()
+    got = list(corpus.open_source(p))
+    assert got == [r[1] for r in rows] and len(got[1]) == 200_021
+    assert csv.field_size_limit() == limit
+    it = iter(corpus.open_source(p))
+    assert next(it) == "short" and next(it) == long_text and csv.field_size_limit() == limit
+    with pytest.raises(csv.Error, match="field larger than field limit"):  # the default is unchanged
+        list(csv.reader(open(p, encoding="utf-8", newline="")))
+
+
+def test_parquet_dictionary_encoded_column(tmp_path):
+    """A dictionary-encoded string column (what a pandas categorical becomes) is read through its
+    dictionary: the same texts as the plain column, nulls refused or skipped by row."""
+    values = ["b", "a", "é", "b", None, "c", "a"]
+    p = tmp_path / "cat.parquet"
+    pq.write_table(pa.table({"text": pa.array(values).dictionary_encode()}), p, row_group_size=3)
+    assert pa.types.is_dictionary(pq.ParquetFile(p).schema_arrow.field("text").type)
+    with pytest.raises(ValueError, match="row 5: column 'text' is null"):
+        list(corpus.open_source(p))
+    src = corpus.open_source(p, errors="skip")
+    assert list(src) == [v for v in values if v is not None] and src.num_skipped == 1
+    ints = tmp_path / "ints.parquet"
+    pq.write_table(pa.table({"text": pa.array([1, 2, 1]).dictionary_encode()}), ints)
+    with pytest.raises(ValueError, match="column 'text' has type int64, expected a string column"):
+        list(corpus.open_source(ints))
 
 
 def test_text_reader_invalid_utf8_names_the_line(tmp_path):
@@ -455,6 +494,136 @@ def test_output_path_errors(tmp_path, tiny_model_dir):
     assert sorted(os.listdir(tmp_path)) == ["c.txt"]
 
 
+def test_out_that_is_the_input_is_refused_before_anything_is_removed(tmp_path, tiny_model_dir):
+    """The output's paths must not be the input: the same path, a symlink or a hard link to it, or
+    a dataset directory holding it. Refused with a ValueError naming out (--out), input untouched."""
+    model = str(tiny_model_dir)
+    data = tmp_path / "data.parquet"
+    pq.write_table(pa.table({"text": ["one", "two", "three"]}), data)
+    original = data.read_bytes()
+    (tmp_path / "link.parquet").symlink_to(data)
+    os.link(data, tmp_path / "hard.parquet")
+    for out in (data, tmp_path / "link.parquet", tmp_path / "hard.parquet"):
+        for kwargs in ({"overwrite": True}, {}, {"resume": True}):
+            with pytest.raises(ValueError, match=r"^out: .* is the input .*data\.parquet: .*\(another out / --out\)"):
+                corpus.embed_file(data, out, model=model, **kwargs)
+    txt = write_lines(tmp_path / "e.npy.partial", ["a", "b"])
+    with pytest.raises(ValueError, match=r"^out: .*e\.npy\.partial is the input"):
+        corpus.embed_file(txt, tmp_path / "e.npy", model=model, input_format="text")  # no path the run uses
+    inner = tmp_path / "ds.parquet"
+    corpus.embed_file(data, inner, model=model)
+    part = inner / "part-00000.parquet"
+    part_bytes = part.read_bytes()
+    with pytest.raises(ValueError, match=r"^out: .*ds\.parquet holds the input .*part-00000\.parquet"):
+        corpus.embed_file(part, inner, model=model, overwrite=True)
+    assert data.read_bytes() == original and part.read_bytes() == part_bytes
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data.parquet", "ds.parquet", "ds.parquet.manifest.json",
+                                                          "e.npy.partial", "hard.parquet", "link.parquet"]
+    corpus.embed_file(data, tmp_path / "other.parquet", model=model)  # another path is fine
+    assert load_output(tmp_path / "other.parquet")[1] == ["one", "two", "three"]
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    ({"batch_size": 0}, ValueError, "^batch_size: expected an int in \\[1, 2\\*\\*63 - 1\\], got 0$"),
+    ({"batch_size": "8"}, TypeError, "^batch_size: expected an int, got str '8'$"),
+    ({"batch_size": 2.5}, TypeError, "^batch_size: expected an int, got float 2.5$"),
+    ({"progress": "yes"}, TypeError, "^progress: expected a bool, got str 'yes'$"),
+    ({"overwrite": 1}, TypeError, "^overwrite: expected a bool, got int 1$"),
+    ({"quantize": "int4"}, ValueError, "^quantize: expected None or one of 'int8', got 'int4'$"),
+])
+@pytest.mark.parametrize("kind", ["npy", "parquet"])
+def test_bad_arguments_are_refused_before_anything_is_written(tmp_path, tiny_model_dir, kwargs, error, match, kind):
+    """Checked before the output is touched: nothing new is left behind, and a complete output
+    that overwrite=True would replace is kept as it was (still searchable)."""
+    f = write_lines(tmp_path / "c.txt", corpus_lines(6))
+    with pytest.raises(error, match=match):
+        corpus.embed_file(f, tmp_path / f"new.{kind}", model=str(tiny_model_dir), **kwargs)
+    assert sorted(os.listdir(tmp_path)) == ["c.txt"]
+    out = tmp_path / f"e.{kind}"
+    corpus.embed_file(f, out, model=str(tiny_model_dir))
+    before = {p.name: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    with pytest.raises(error, match=match):
+        corpus.embed_file(f, out, model=str(tiny_model_dir), **{"overwrite": True, **kwargs})
+    assert {p.name: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
+    assert corpus.search(out, corpus_lines(6)[2], k=1)[0][0].id == 2
+
+
+def test_embed_summary_checks_limit(tiny_model_dir):
+    lines = corpus_lines(3)
+    for limit, error, match in ((0, ValueError, "^limit: expected an int in \\[1, 2\\*\\*63 - 1\\], got 0$"),
+                                (-1, ValueError, "^limit: expected an int in \\[1, 2\\*\\*63 - 1\\], got -1$"),
+                                (True, TypeError, "^limit: expected an int, got bool True$"),
+                                (2.0, TypeError, "^limit: expected an int, got float 2.0$")):
+        with pytest.raises(error, match=match):
+            corpus.embed_summary(lines[:1], model=str(tiny_model_dir), limit=limit)
+    with pytest.raises(ValueError, match="^batch_size: expected an int in \\[1, 2\\*\\*63 - 1\\], got 0$"):
+        corpus.embed_summary(lines, model=str(tiny_model_dir), batch_size=0)
+    with pytest.raises(ValueError, match="^quantize: expected None or one of 'int8', got 'int4'$"):
+        corpus.embed_summary(lines, model=str(tiny_model_dir), quantize="int4")
+    s = corpus.embed_summary(lines, model=str(tiny_model_dir), limit=2)  # 3 > 2: summarised
+    assert s.count == 3 and s.embeddings is None and -1 <= s.mean_cosine <= 1
+    s = corpus.embed_summary(lines, model=str(tiny_model_dir), limit=3)
+    assert s.count == 3 and s.embeddings.shape == (3, 32)
+
+
+def test_finish_keeps_only_the_parts_of_its_run(tmp_path, tiny_model_dir, tiny_encoder):
+    """A part that is not the manifest's (a writer that got past every check) is removed at the end;
+    a writer of another run is refused (ESTALE) and writes nothing; the marker does not stay."""
+    lines = corpus_lines(25)
+    out = tmp_path / "e.parquet"
+    job = corpus.EmbedJob.prepare(corpus.ListSource(lines), out, corpus.model_identity(str(tiny_model_dir)),
+                                  chunk_size=10)
+    job.start()
+    data = Path(f"{out}.partial")
+    assert sorted(p.name for p in data.iterdir()) == [f".run-{job.run}"] and manifest(out)["run"] == job.run
+    stray = tiny_encoder.encode(["stray"], normalize=True)
+    with pytest.raises(OSError, match="not written: .*no marker .run-0123abcd.*no longer the data of run 0123abcd") as e:
+        corpus.write_parquet_part(data, 7, 5, 70, ["stray"], stray, run="0123abcd")
+    assert e.value.errno == errno.ESTALE
+    writer = job.writer()
+    for index, start, texts in job.pending():
+        writer.write(start, texts, tiny_encoder.encode(texts, normalize=True))
+        job.commit(index)
+    corpus.write_parquet_part(data, 7, 5, 70, ["stray"], stray)  # no run given: nothing checks it
+    (data / ".part-00001.parquet.tmp-1-abc").write_bytes(b"half")
+    assert sorted(p.name for p in data.iterdir()) == [".part-00001.parquet.tmp-1-abc", f".run-{job.run}",
+                                                      "part-00000.parquet", "part-00001.parquet",
+                                                      "part-00002.parquet", "part-00007.parquet"]
+    job.finish()
+    assert sorted(p.name for p in out.iterdir()) == ["part-00000.parquet", "part-00001.parquet", "part-00002.parquet"]
+    ids, texts, emb = load_output(out)
+    assert ids.tolist() == list(range(25)) and texts == lines
+    np.testing.assert_array_equal(emb, np.concatenate([tiny_encoder.encode(lines[a:a + 10], normalize=True)
+                                                      for a in range(0, 25, 10)]))
+    assert pq.read_table(out).num_rows == 25
+
+
+def test_resume_takes_the_run_over(tmp_path, tiny_model_dir):
+    """A resumed run draws a new run id: the interrupted run's writers are refused from then on."""
+    lines = corpus_lines(30)
+    f = write_lines(tmp_path / "c.txt", lines)
+    out = tmp_path / "e.parquet"
+    ref = tmp_path / "ref.parquet"
+    corpus.embed_file(f, ref, model=str(tiny_model_dir), chunk_size=10)
+    job = corpus.EmbedJob.prepare(corpus.open_source(f), out, corpus.model_identity(str(tiny_model_dir)),
+                                  chunk_size=10)
+    job.start()
+    old = job.run
+    index, start, texts = next(job.pending())
+    job.writer().write(start, texts, load_output(ref)[2][:10])
+    job.commit(index)
+    corpus.embed_file(f, out, model=str(tiny_model_dir), resume=True)
+    new = manifest(out)["run"]
+    assert new != old and manifest(out)["complete"]
+    ids, texts, emb = load_output(out)
+    rids, rtexts, remb = load_output(ref)
+    assert texts == rtexts == lines and np.array_equal(emb, remb)
+    assert sorted(p.name for p in out.iterdir()) == ["part-00000.parquet", "part-00001.parquet", "part-00002.parquet"]
+    with pytest.raises(OSError, match=f"no longer the data of run {old}"):
+        corpus.write_parquet_part(out, 5, 5, 50, ["x"], remb[:1], run=old)
+    assert sorted(p.name for p in out.iterdir()) == ["part-00000.parquet", "part-00001.parquet", "part-00002.parquet"]
+
+
 # ------------------------------------------------------------------------------------------ search
 @pytest.fixture(scope="module")
 def search_index(tmp_path_factory, tiny_model_dir):
@@ -559,6 +728,48 @@ def test_search_errors(search_index, tmp_path, tiny_model_dir):
         corpus.search(outs["npy"], "q", k=0)
     with pytest.raises(TypeError, match="queries"):
         corpus.search(outs["npy"], [])
+
+
+def test_search_scores_do_not_depend_on_blocks_or_the_output_kind(search_index, tiny_encoder):
+    """Every row's score is bitwise the same whatever block_rows (1, 3, all) and for the .npy and the
+    .parquet of the same rows, so near-ties rank the same; and each is its row's cosine."""
+    lines, outs = search_index
+    _, _, emb = load_output(outs["npy"])
+    assert np.array_equal(emb, load_output(outs["parquet"])[2])  # the same stored rows
+    queries = ["A man is playing a guitar.", SENTENCES[3], "line 123", "weather"]
+    runs = {(kind, b): corpus.search(outs[kind], queries, k=len(lines), block_rows=b)
+            for kind in ("npy", "parquet") for b in (1, 3, len(lines))}
+    ref = runs[("npy", len(lines))]
+    for key, results in runs.items():
+        for hits, ref_hits in zip(results, ref):
+            assert [(h.id, h.score) for h in hits] == [(h.id, h.score) for h in ref_hits], key
+    for q, hits in zip(tiny_encoder.encode(queries), ref):
+        scores, order = brute_force(emb, q)
+        assert_same_topk(hits, scores, order, len(lines))
+    # The scores of rows 400..402 (one text three times) are bitwise equal: ranked by id.
+    assert [h.id for h in corpus.search(outs["npy"], SENTENCES[3], k=3, block_rows=401)[0]] == [400, 401, 402]
+
+
+def test_search_names_a_missing_part_and_a_truncated_npy(search_index, tmp_path):
+    import shutil
+
+    lines, outs = search_index
+    pq_out = tmp_path / "e.parquet"
+    shutil.copytree(outs["parquet"], pq_out)
+    shutil.copy(f"{outs['parquet']}.manifest.json", f"{pq_out}.manifest.json")
+    (pq_out / "part-00003.parquet").unlink()
+    with pytest.raises(FileNotFoundError, match=re.escape(
+            f"index: {pq_out}/part-00003.parquet is missing: the part of chunk 3 (rows 150..199) of the "
+            f"dataset {pq_out}, which its manifest {pq_out}.manifest.json records as done")):
+        corpus.search(pq_out, "weather", k=3)
+    npy_out = tmp_path / "e.npy"
+    data = Path(outs["npy"]).read_bytes()
+    npy_out.write_bytes(data[:-100])
+    shutil.copy(f"{outs['npy']}.manifest.json", f"{npy_out}.manifest.json")
+    with pytest.raises(ValueError, match="^" + re.escape(
+            f"index: {npy_out} is truncated or damaged: its header says (403, 32) float32, {len(data):,} bytes, "
+            f"the file holds {len(data) - 100:,}")):
+        corpus.search(npy_out, "weather", k=3)
 
 
 def test_completed_chunks_are_stored_as_ranges():

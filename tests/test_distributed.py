@@ -3,6 +3,7 @@ single-process run (corpus.embed_file), every row exactly once when a worker is 
 and the CLI's --workers / --scheduler."""
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -16,7 +17,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 from conftest import MODEL_NAME, corpus_lines
-from transformer_core import corpus
+from transformer_core import SentenceEncoder, corpus
 
 distributed = pytest.importorskip("distributed")  # an optional dependency: installed in the test set-up
 from transformer_core.distributed import embed_corpus  # noqa: E402
@@ -173,6 +174,99 @@ def test_cli_scheduler_address(tmp_path, tiny_model_dir, cluster):
     assert_same_rows(out, ref)
 
 
+def read_sorted(out: Path):
+    """(ids, texts, embeddings) of a Parquet output, by id."""
+    ids, texts, emb = read_dataset(out)
+    order = np.argsort(ids)
+    return ids[order], [texts[i] for i in order], emb[order]
+
+
+def cls_model(tmp_path: Path, tiny_model_dir: Path) -> Path:
+    """The tiny BERT as a sentence-transformers folder with CLS pooling and no Normalize module:
+    its own encode does not L2-normalise."""
+    import shutil
+
+    d = tmp_path / "tiny_cls"
+    shutil.copytree(tiny_model_dir, d)
+    (d / "modules.json").write_text(json.dumps([
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]))
+    (d / "1_Pooling").mkdir()
+    (d / "1_Pooling" / "config.json").write_text(json.dumps(
+        {"word_embedding_dimension": 32, "pooling_mode_cls_token": True, "pooling_mode_mean_tokens": False}))
+    return d
+
+
+def test_dask_rows_are_the_local_rows_bitwise_for_a_model_without_normalize(tmp_path, tiny_model_dir, cluster):
+    """The tasks L2-normalise as embed_file does (the manifest says normalize true) even for a model
+    whose own setting is not to: the Dask output is bitwise the single-process one, and both are
+    encode(normalize=True) of each chunk in batches of batch_size."""
+    c, client = cluster
+    model = str(cls_model(tmp_path, tiny_model_dir))
+    encoder = SentenceEncoder.from_pretrained(model)
+    assert encoder.pooling == "cls" and not encoder.normalize
+    lines = corpus_lines(45)
+    f = write_lines(tmp_path / "c.txt", lines)
+    local, dask = tmp_path / "local.parquet", tmp_path / "dask.parquet"
+    corpus.embed_file(f, local, model=model, chunk_size=10, batch_size=4)
+    embed_corpus(f, dask, model=model, scheduler=client, chunk_size=10, batch_size=4)
+    ref = np.concatenate([encoder.encode(lines[a:a + 10], batch_size=4, normalize=True) for a in range(0, 45, 10)])
+    assert np.abs(np.linalg.norm(encoder.encode(lines[:3]), axis=1) - 1).min() > 0.1  # the model's own: not unit
+    for out in (local, dask):
+        ids, texts, emb = read_sorted(out)
+        assert ids.tolist() == list(range(45)) and texts == lines
+        np.testing.assert_array_equal(emb, ref)
+        np.testing.assert_allclose(np.linalg.norm(emb, axis=1), 1, atol=1e-6)
+        assert json.loads(Path(f"{out}.manifest.json").read_text())["normalize"] is True
+
+
+def test_a_stale_task_of_a_replaced_run_writes_nothing(tmp_path, tiny_model_dir, cluster, monkeypatch):
+    """client.cancel does not stop a task that is already running: one of an interrupted run may end
+    after another run replaced the output (overwrite=True). Such tasks, replayed here with the very
+    arguments the interrupted run submitted them with, while the new run is in flight, write nothing
+    (ESTALE): the new output holds exactly its own rows, bitwise the single-process run's."""
+    c, client = cluster
+    model = str(tiny_model_dir)
+    old = write_lines(tmp_path / "old.txt", corpus_lines(400))
+    new = write_lines(tmp_path / "new.txt", corpus_lines(100, 5000))
+    ref = tmp_path / "ref.parquet"
+    corpus.embed_file(new, ref, model=model, chunk_size=40)
+    out = tmp_path / "e.parquet"
+    submit = client.submit
+    submitted = {}
+
+    def recording_submit(fn, *args, **kwargs):
+        submitted[kwargs.get("key")] = (fn, args)
+        return submit(fn, *args, **kwargs)
+
+    def interrupt(index, done):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(client, "submit", recording_submit)
+    with pytest.raises(KeyboardInterrupt, match="interrupted: 1 of 10 chunks"):
+        embed_corpus(old, out, model=model, scheduler=client, chunk_size=40, max_in_flight=4, on_chunk=interrupt)
+    stale = {int(str(key).rsplit("-", 1)[1]): task for key, task in submitted.items()}
+    assert {1, 3} <= set(stale)
+    replayed = []
+
+    def replay(index, done):
+        if index == 1:  # the new part-00001 is written: a stale chunk 1 would replace it, a chunk 3 be added
+            replayed.extend(submit(stale[i][0], *stale[i][1], pure=False) for i in (1, 3))
+            distributed.wait(replayed)
+
+    r = embed_corpus(new, out, model=model, scheduler=client, chunk_size=40, overwrite=True, on_chunk=replay)
+    assert r.rows == 100 and len(replayed) == 2
+    for fut in replayed:
+        err = fut.exception()
+        assert isinstance(err, OSError) and err.errno == errno.ESTALE, err
+        assert "not written" in str(err) and "no longer the data of run" in str(err)
+    assert_same_rows(out, ref)
+    ids, texts, emb = read_sorted(out)
+    rids, rtexts, remb = read_sorted(ref)
+    assert texts == rtexts == corpus_lines(100, 5000) and np.array_equal(emb, remb)
+    assert pq.read_table(out).num_rows == 100
+
+
 def test_distributed_bad_arguments(tmp_path, tiny_model_dir):
     f = write_lines(tmp_path / "c.txt", ["a", "b"])
     with pytest.raises(ValueError, match="Parquet dataset.*ending in .parquet"):
@@ -187,3 +281,18 @@ def test_distributed_bad_arguments(tmp_path, tiny_model_dir):
                            str(tmp_path / "e.npy"), "--workers", "2"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr and ".parquet" in proc.stderr, proc.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.txt"]
+    # Checked before anything is removed (and before a cluster starts): a complete output is kept.
+    out = tmp_path / "done.parquet"
+    corpus.embed_file(f, out, model=str(tiny_model_dir))
+    before = {p.name: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    for kwargs, error, match in (({"batch_size": 0}, ValueError, "^batch_size: expected an int in \\[1, 2\\*\\*63 - 1\\], got 0$"),
+                                 ({"progress": "yes"}, TypeError, "^progress: expected a bool"),
+                                 ({"resume": "no"}, TypeError, "^resume: expected a bool")):
+        with pytest.raises(error, match=match):
+            embed_corpus(f, out, model=str(tiny_model_dir), workers=1, **{"overwrite": True, **kwargs})
+    data = tmp_path / "data.parquet"
+    pq.write_table(pq.read_table(out).select(["text"]), data)
+    before[data.name] = data.read_bytes()
+    with pytest.raises(ValueError, match=r"^out: .*data\.parquet is the input .*data\.parquet"):
+        embed_corpus(data, data, model=str(tiny_model_dir), workers=1, overwrite=True)
+    assert {p.name: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before

@@ -19,7 +19,16 @@ The pieces, in the order a run uses them:
   dataset, one file per chunk, ``part-00000.parquet``, with columns ``id`` int64, ``text`` string
   and ``embedding`` fixed_size_list<float32>[dim]). Until every chunk is done the data lives at
   ``OUT.npy.partial`` / ``OUT.parquet.partial``, so that nothing at ``OUT`` ever looks complete
-  while it is not; the last step renames it to ``OUT``.
+  while it is not; the last step renames it to ``OUT``. The output is never the input: a path
+  that is the input file (or a link to it, or a directory holding it) is refused before anything
+  is removed.
+* **Runs**: every run (a new one, and each resumption) draws a run id, recorded in the manifest
+  (``"run"``) and, for Parquet, as a hidden marker file ``.run-<id>`` in ``OUT.parquet.partial``.
+  A part is renamed into the dataset only through a handle on the directory that holds its run's
+  marker (checked again just before the rename), so a writer of a run that was interrupted and
+  replaced (a cancelled Dask task that was already running, a second process) can never put its
+  rows into another run's output: it fails with ESTALE instead. The last step keeps only the
+  parts of the manifest's chunks (anything else in the directory is removed) and the marker goes.
 * **The manifest** ``OUT.manifest.json`` beside the output: the model's identity (name and a
   fingerprint of its config, tokenizer and safetensors header), dim, dtype, the input's identity
   (path, size, mtime, hashes of its first and last MiB, format, field, error mode), the chunk size
@@ -31,7 +40,16 @@ The pieces, in the order a run uses them:
   only the chunks not done; a chunk computed twice (a kill between its data and the manifest) is
   overwritten with the same rows, never appended.
 * **Search** (:func:`search`): exact top-k by cosine similarity over the stored embeddings,
-  block by block (memory-mapped ``.npy`` rows, or one Parquet part at a time).
+  block by block (memory-mapped ``.npy`` rows, or one Parquet part at a time). Every score is one
+  fixed accumulation (:func:`transformer_core.functional.linear` with the queries, at most 32 at a
+  time, as the rows: its streaming path computes each dot product the same way whatever the
+  number of stored rows beside it), so scores and rankings are bitwise the same for any
+  ``block_rows``, and for a ``.npy`` and a ``.parquet`` output of the same rows.
+* **Bits**: an output holds ``SentenceEncoder.encode``'s rows for the chunk's texts, in batches of
+  ``batch_size``; an embedding depends on the other texts of its batch by float rounding (up to
+  about 1.5e-7 per element: the padding changes the order of some sums), so another
+  ``batch_size`` or ``chunk_size`` (the chunks are cut into batches separately) changes the last
+  bits. The same settings give the same bits, whether one process or a Dask cluster runs them.
 
 The distributed version of the same job (the same chunks as Dask tasks, the same Parquet layout
 and manifest) is :func:`transformer_core.distributed.embed_corpus`.
@@ -44,14 +62,17 @@ from __future__ import annotations
 
 import codecs
 import csv
+import ctypes
 import dataclasses
 import errno
+import glob
 import hashlib
 import itertools
 import json
 import os
 import shutil
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -59,6 +80,7 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
+from ._validation import check_bool, check_positive_int
 from .hub import DEFAULT_MODEL, JSON_ERRORS, json_problem, read_config, resolve_model_dir
 from .tokenizer import check_unicode
 
@@ -96,6 +118,9 @@ _EXTENSIONS = {".txt": "text", ".text": "text", ".jsonl": "jsonl", ".ndjson": "j
 _SNIFF_BYTES = 8192          # bytes read to tell a binary file from text
 _HASH_BYTES = 1 << 20        # bytes hashed at the head and the tail of the input
 _MAX_SKIPPED_KEPT = 20       # skipped records listed in the manifest (the count is always kept)
+# The largest csv.field_size_limit: it takes a C long (32 bits on Windows, where sys.maxsize is not).
+_CSV_FIELD_LIMIT = min(sys.maxsize, 2 ** (8 * ctypes.sizeof(ctypes.c_long) - 1) - 1)
+_CSV_LIMIT_LOCK = threading.Lock()
 
 
 def _need_pyarrow(what: str):
@@ -263,7 +288,7 @@ class TextSource:
         lines = (raw.decode("utf-8", "surrogateescape") for _, raw in self._lines())
         reader = csv.reader(lines)
         try:
-            header = next(reader, None)
+            header = _next_csv_row(reader)
             if header is None:
                 return
             field = self.text_field
@@ -271,7 +296,7 @@ class TextSource:
                 raise ValueError(f"{self.path}: no column {field!r} in the CSV header (columns: "
                                  f"{', '.join(repr(h) for h in header[:12])}); --text-field picks one")
             col = header.index(field)
-            for row in reader:
+            while (row := _next_csv_row(reader)) is not None:
                 where = f"line {reader.line_num}"
                 if not row:
                     continue  # a blank line
@@ -302,13 +327,19 @@ class TextSource:
             raise ValueError(f"{self.path}: no column {field!r} (columns: "
                              f"{', '.join(repr(n) for n in schema.names[:12])}); --text-field picks one")
         ftype = schema.field(field).type
-        if not (pa.types.is_string(ftype) or pa.types.is_large_string(ftype)
-                or pa.types.is_binary(ftype) or pa.types.is_large_binary(ftype)):
-            raise ValueError(f"{self.path}: column {field!r} has type {ftype}, expected a string column")
+        # A dictionary-encoded column (a pandas categorical) is read through its dictionary.
+        vtype = ftype.value_type if pa.types.is_dictionary(ftype) else ftype
+        if not (pa.types.is_string(vtype) or pa.types.is_large_string(vtype)
+                or pa.types.is_binary(vtype) or pa.types.is_large_binary(vtype)):
+            raise ValueError(f"{self.path}: column {field!r} has type {ftype}, expected a string column "
+                             f"(or a dictionary-encoded one)")
         row = 0
         for batch in pf.iter_batches(batch_size=4096, columns=[field]):
+            column = batch.column(0)
+            if pa.types.is_dictionary(column.type):
+                column = column.dictionary_decode()
             # As bytes, decoded here: invalid UTF-8 is reported with its row, never passed on.
-            for value in batch.column(0).cast(pa.large_binary()).to_pylist():
+            for value in column.cast(pa.large_binary()).to_pylist():
                 row += 1
                 if value is None:
                     self._bad(f"row {row}", f"column {field!r} is null")
@@ -317,6 +348,22 @@ class TextSource:
                     yield value.decode("utf-8")
                 except UnicodeDecodeError as e:
                     self._bad(f"row {row}", f"invalid UTF-8 in column {field!r} (byte {e.start + 1})")
+
+
+def _next_csv_row(reader) -> list[str] | None:
+    """The next record of a ``csv.reader`` (None at the end), with no limit on a field's length.
+
+    The csv module refuses a field longer than its ``field_size_limit`` (131072 characters by
+    default), a setting of the whole process: a valid text may be longer. The limit is raised to
+    the largest the module takes for the one record, under a lock, and put back before returning,
+    so that no other code (another thread's reader, a caller's) sees it changed.
+    """
+    with _CSV_LIMIT_LOCK:
+        previous = csv.field_size_limit(_CSV_FIELD_LIMIT)
+        try:
+            return next(reader, None)
+        finally:
+            csv.field_size_limit(previous)
 
 
 def _json_type(value) -> str:
@@ -553,7 +600,10 @@ def _check_manifest(man: dict, path: Path) -> None:
         field(model, name, "a str", lambda v: isinstance(v, str), "model.")
     field(model, "dim", "an int >= 1", lambda v: _is_int(v, 1), "model.")
     if "quantize" in model:
-        field(model, "quantize", "a str", lambda v: isinstance(v, str), "model.")
+        from .quantization import QUANTIZED_FORMATS
+
+        field(model, "quantize", f"one of {', '.join(repr(f) for f in QUANTIZED_FORMATS)}",
+              lambda v: v in QUANTIZED_FORMATS, "model.")
     field(man, "input", "an object", lambda v: isinstance(v, dict))
     rows = field(man, "num_rows", "an int >= 1", lambda v: _is_int(v, 1))
     size = field(man, "chunk_size", "an int >= 1", lambda v: _is_int(v, 1))
@@ -569,6 +619,10 @@ def _check_manifest(man: dict, path: Path) -> None:
     for name in ("texts_bytes", "num_skipped"):
         if name in man:
             field(man, name, "an int >= 0", lambda v: _is_int(v, 0))
+    if "run" in man:
+        field(man, "run", "a run id (hex digits)", lambda v: isinstance(v, str) and v.isalnum() and len(v) <= 64)
+    if "normalize" in man:
+        field(man, "normalize", "true or false", lambda v: isinstance(v, bool))
     if "skipped" in man:
         field(man, "skipped", "a list of [where, reason] pairs",
               lambda v: isinstance(v, list) and all(isinstance(x, list) and len(x) == 2 for x in v))
@@ -613,9 +667,65 @@ def _part_name(index: int, width: int) -> str:
     return f"part-{index:0{width}d}.parquet"
 
 
+def _run_marker(run: str) -> str:
+    """The hidden file that marks a Parquet dataset directory as the data of run ``run``."""
+    return f".run-{run}"
+
+
+def _new_run_id() -> str:
+    return uuid.uuid4().hex[:16]
+
+
+# ========================================================================================= arguments
+def _check_quantize(quantize) -> None:
+    from .quantization import QUANTIZED_FORMATS
+
+    if quantize is not None and quantize not in QUANTIZED_FORMATS:
+        raise ValueError(f"quantize: expected None or one of {', '.join(repr(f) for f in QUANTIZED_FORMATS)}, "
+                         f"got {quantize!r}")
+
+
+def _check_run_arguments(batch_size, resume, overwrite, progress, quantize=None) -> None:
+    """The arguments of a run that :meth:`EmbedJob.prepare` does not see, checked before it (and so
+    before anything is written or removed)."""
+    check_positive_int(batch_size, "batch_size")
+    for name, value in (("resume", resume), ("overwrite", overwrite), ("progress", progress)):
+        check_bool(value, name)
+    _check_quantize(quantize)
+
+
+def _check_not_input(source, out: Path) -> None:
+    """Refuses an output whose paths (``OUT``, ``OUT.partial``, the manifest, the texts sidecar) are
+    the input file (the same path, a link to it, another hard link of it) or a directory holding it:
+    a run removes them before it reads the input.
+
+    Raises:
+        ValueError: naming ``out`` (``--out``) and the input.
+    """
+    path = getattr(source, "path", None)
+    if path is None:
+        return
+    path = Path(path)
+    try:
+        resolved = path.resolve()
+    except OSError:
+        return  # a link loop: open_source has refused it already
+    for p in (out, _partial_path(out), manifest_path(out), _texts_path(out)):
+        try:
+            rp = p.resolve()
+            same = rp == resolved or (p.exists() and path.exists() and os.path.samefile(p, path))
+        except OSError:
+            continue
+        if same or rp in resolved.parents:
+            how = "is" if same else "holds"
+            raise ValueError(f"out: {p} {how} the input {path}: an output never replaces its input (a run "
+                             f"removes the output's paths before it reads the input); write it elsewhere "
+                             f"(another out / --out)")
+
+
 # ============================================================================================ writers
 def write_parquet_part(directory, index: int, width: int, start: int, texts: list[str],
-                       embeddings: np.ndarray) -> Path:
+                       embeddings: np.ndarray, *, run: str | None = None) -> Path:
     """Writes one chunk as ``directory/part-<index>.parquet``, atomically (a hidden temp file,
     fsynced, then renamed): a reader sees the whole part or none of it, and writing the same chunk
     twice (a retried task) leaves one file with the same rows.
@@ -625,11 +735,17 @@ def write_parquet_part(directory, index: int, width: int, start: int, texts: lis
         index: chunk index; ``width``: digits of the part number.
         start: id of the chunk's first text (ids are ``start .. start + len(texts) - 1``).
         texts: the chunk's texts. embeddings: ``(len(texts), dim)`` float32.
+        run: the run id (the manifest's ``"run"``) the part belongs to: the part is written only
+            into a directory holding that run's marker, checked through one handle on the directory
+            before the temp file is made and again just before the rename, so that a writer of a
+            run that was replaced (its directory removed, another made at the same path) or
+            resumed by another run never puts its rows there. None: no check.
 
     Returns:
         The part's path.
     Raises:
-        OSError: the disk refused the write (naming the part; no temp file is left behind).
+        OSError: the disk refused the write (naming the part; no temp file is left behind); with
+        errno ESTALE: ``directory`` is not (or no longer) the data of ``run`` (nothing written).
     """
     pa = _need_pyarrow("Parquet output")
     import pyarrow.parquet as pq
@@ -642,20 +758,75 @@ def write_parquet_part(directory, index: int, width: int, start: int, texts: lis
         "embedding": pa.FixedSizeListArray.from_arrays(pa.array(emb.reshape(-1)), dim),
     })
     path = Path(directory) / _part_name(index, width)
-    tmp = _temp_name(path)
+    if run is None or not _DIR_FD:
+        if run is not None:
+            _check_run(None, Path(directory), run, path)
+        tmp = _temp_name(path)
+        try:
+            with open(tmp, "wb") as f:
+                pq.write_table(table, f)
+                f.flush()
+                os.fsync(f.fileno())
+            if run is not None:
+                _check_run(None, Path(directory), run, path)
+            os.replace(tmp, path)
+        except OSError as e:
+            tmp.unlink(missing_ok=True)
+            raise _with_filename(e, path) from None
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        return path
+    # Every step through one handle on the directory: if the run's directory is removed meanwhile
+    # (and another made at its path), the part goes into the removed one, never into the new one.
     try:
-        with open(tmp, "wb") as f:
+        dir_fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except FileNotFoundError:
+        raise _stale(path, run, "its directory is gone") from None
+    tmp = _temp_name(path).name
+    made = False
+    try:
+        _check_run(dir_fd, Path(directory), run, path)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666, dir_fd=dir_fd)
+        made = True
+        with os.fdopen(fd, "wb") as f:
             pq.write_table(table, f)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+        _check_run(dir_fd, Path(directory), run, path)
+        os.replace(tmp, path.name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        made = False
     except OSError as e:
-        tmp.unlink(missing_ok=True)
         raise _with_filename(e, path) from None
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    finally:
+        if made:
+            try:
+                os.unlink(tmp, dir_fd=dir_fd)
+            except OSError:
+                pass
+        os.close(dir_fd)
     return path
+
+
+# Whether files can be made, checked and renamed through a handle on their directory (POSIX).
+_DIR_FD = {os.open, os.stat, os.rename, os.unlink} <= os.supports_dir_fd
+
+
+def _stale(path: Path, run: str, why: str) -> OSError:
+    return OSError(errno.ESTALE, f"not written: {why}, it is no longer the data of run {run} (another run "
+                                 f"replaced, resumed or finished it)", str(path))
+
+
+def _check_run(dir_fd: int | None, directory: Path, run: str, path: Path) -> None:
+    """Raises :func:`_stale`'s OSError unless the directory (``dir_fd``, or ``directory`` by path when
+    None) holds the marker of ``run``."""
+    try:
+        if dir_fd is None:
+            os.stat(directory / _run_marker(run))
+        else:
+            os.stat(_run_marker(run), dir_fd=dir_fd)
+    except FileNotFoundError:
+        raise _stale(path, run, f"{directory} holds no marker {_run_marker(run)}") from None
 
 
 def _create_npy(path: Path, shape: tuple[int, int]) -> None:
@@ -697,7 +868,7 @@ class _NpyWriter:
     def __init__(self, job: "EmbedJob"):
         self.path = job.data_path
         self.dim = job.dim
-        whole = np.load(self.path, mmap_mode="r")  # reads the header; maps, touches nothing
+        whole = _map_npy(self.path, "out")  # reads the header; maps, touches nothing
         shape, dtype, self.offset = whole.shape, whole.dtype, whole.offset
         del whole
         if shape != (job.num_rows, job.dim) or dtype != DTYPE:
@@ -759,17 +930,19 @@ class _ParquetWriter:
         self.directory = job.data_path
         self.width = job.manifest["part_width"]
         self.chunk_size = job.chunk_size
+        self.run = job.run
 
     def write(self, start: int, texts: list[str], emb: np.ndarray) -> dict:
         """Writes one chunk (``emb``: ``(len(texts), dim)`` float32, rows from ``start``) as its own
-        Parquet part, atomically (:func:`write_parquet_part`).
+        Parquet part, atomically (:func:`write_parquet_part`), into this run's directory only.
 
         Returns:
             ``{}``: a Parquet chunk adds no manifest field.
         Raises:
-            OSError: the disk refused the write (no part is left behind).
+            OSError: the disk refused the write (no part is left behind); ESTALE: another run
+            replaced this one's directory.
         """
-        write_parquet_part(self.directory, start // self.chunk_size, self.width, start, texts, emb)
+        write_parquet_part(self.directory, start // self.chunk_size, self.width, start, texts, emb, run=self.run)
         return {}
 
     def close(self) -> None:
@@ -821,6 +994,7 @@ class EmbedJob:
         self.manifest = manifest
         self.source = source
         self._started = False
+        self._resumed = False
 
     # ------------------------------------------------------------------------------ properties
     num_rows = property(lambda self: self.manifest["num_rows"])
@@ -828,6 +1002,7 @@ class EmbedJob:
     chunk_size = property(lambda self: self.manifest["chunk_size"])
     dim = property(lambda self: self.manifest["model"]["dim"])
     complete = property(lambda self: bool(self.manifest["complete"]))
+    run = property(lambda self: self.manifest.get("run"), doc="This run's id (new at every start and resume).")
 
     @property
     def data_path(self) -> Path:
@@ -856,7 +1031,8 @@ class EmbedJob:
     def prepare(cls, source, out, model: dict, *, chunk_size: int | None = None, resume: bool = False,
                 overwrite: bool = False, normalize: bool = True) -> "EmbedJob":
         """Checks the output path and, for ``resume``, the manifest against this input and model;
-        for a new run reads the input once (counting and validating every record). Writes nothing.
+        for a new run reads the input once (counting and validating every record). Writes nothing,
+        removes nothing.
 
         Args:
             source: a :class:`TextSource` or :class:`ListSource`.
@@ -867,7 +1043,8 @@ class EmbedJob:
             overwrite: replace an existing output (removed only when :meth:`start` runs).
 
         Raises:
-            ValueError: a bad ``out`` suffix or ``chunk_size``; a resumed run whose model, quantize
+            ValueError: a bad ``out`` suffix or ``chunk_size``; ``out`` that is the input file (or
+                holds it: see :func:`_check_not_input`); a resumed run whose model, quantize
                 setting, input or chunk size differ, or whose manifest is damaged; an input with no
                 text; a bad record (strict mode).
             FileNotFoundError: ``out``'s directory does not exist; ``resume`` with no manifest, or
@@ -882,6 +1059,7 @@ class EmbedJob:
             raise ValueError(f"chunk_size: expected an int >= 1, got {chunk_size}")
         if resume and overwrite:
             raise ValueError("resume and overwrite: give one or the other")
+        _check_not_input(source, out)
         parent = out.parent
         if not parent.is_dir():
             raise FileNotFoundError(f"out: the directory {parent} does not exist (for {out})")
@@ -907,7 +1085,7 @@ class EmbedJob:
             "format": MANIFEST_FORMAT, "version": MANIFEST_VERSION, "kind": kind,
             "model": model, "dtype": DTYPE.name, "normalize": bool(normalize),
             "input": identity, "num_rows": n, "chunk_size": chunk_size, "num_chunks": num_chunks,
-            "part_width": max(5, len(str(num_chunks - 1))), "completed": [], "texts_bytes": 0,
+            "part_width": max(5, len(str(num_chunks - 1))), "run": _new_run_id(), "completed": [], "texts_bytes": 0,
             "complete": False, "num_skipped": source.num_skipped,
             "skipped": [list(s) for s in source.skipped],
         }
@@ -953,15 +1131,16 @@ class EmbedJob:
             if not (all_done and out.exists()):
                 raise FileNotFoundError(f"resume: the data of the interrupted run, {_partial_path(out)}, is gone; "
                                         f"--overwrite starts over")
-        job._started = True
+        job._resumed = True
         return job
 
     # ------------------------------------------------------------------------------ run
     def start(self) -> None:
         """Creates the output for a new run (removing an old one when ``overwrite``): the data at
         ``OUT.partial`` (``.npy``: ``(N, dim)`` float32, its disk space reserved up front;
-        ``.parquet``: an empty directory) and the manifest with no chunk done. A resumed run's
-        output is only checked.
+        ``.parquet``: an empty directory holding this run's marker) and the manifest with no chunk
+        done. A resumed run takes the output over: a new run id in the manifest and, for Parquet,
+        its marker in place of the interrupted run's (whose writers are then refused).
 
         Raises:
             OSError: the output cannot be created, e.g. the disk cannot hold the whole ``.npy``
@@ -969,8 +1148,14 @@ class EmbedJob:
         """
         if self._started:
             return
+        if self._resumed:
+            self._take_over()
+            self._started = True
+            return
         paths = (self.out, _partial_path(self.out), manifest_path(self.out), _texts_path(self.out))
         _remove(paths)
+        _remove_old_trash(self.out)
+        _remove_old_trash(_partial_path(self.out))
         data = _partial_path(self.out)
         try:
             if self.kind == "npy":
@@ -979,11 +1164,22 @@ class EmbedJob:
             else:
                 _need_pyarrow("Parquet output")
                 data.mkdir()
+                (data / _run_marker(self.run)).touch()
             self._save()
         except BaseException:
             _remove(paths)
             raise
         self._started = True
+
+    def _take_over(self) -> None:
+        """A resumed run's start: a new run id; the Parquet directory's markers replaced by its own."""
+        self.manifest["run"] = _new_run_id()
+        data = _partial_path(self.out)
+        if self.kind == "parquet" and data.is_dir():
+            for marker in data.glob(".run-*"):
+                marker.unlink(missing_ok=True)
+            (data / _run_marker(self.run)).touch()
+        self._save()
 
     def pending(self) -> Iterator[tuple[int, int, list[str]]]:
         """``(index, start, texts)`` of every chunk not yet done, in order, streamed from the
@@ -1018,23 +1214,44 @@ class EmbedJob:
 
     def finish(self) -> None:
         """Every chunk done: the data is renamed to ``OUT``, the manifest marked complete, and
-        temporaries left by killed processes are removed.
+        temporaries left by killed processes are removed. A Parquet dataset keeps exactly the
+        parts of its chunks: anything else in its directory (temporaries, the run marker, a part
+        that is not one of the manifest's) is removed first.
 
         Raises:
             ValueError: a chunk is not done.
+            FileNotFoundError: the part of a chunk recorded done is missing.
+            OSError: ESTALE: another run replaced or took over this run's directory.
         """
         if self.num_completed != self.num_chunks:
             missing = sorted(set(range(self.num_chunks)) - self.completed)
             raise ValueError(f"out: {len(missing)} chunks not done (first: {missing[0]}); cannot finish")
         partial = _partial_path(self.out)
+        data = partial if partial.exists() else self.out
+        if self.kind == "parquet" and data.is_dir():
+            self._keep_only_the_parts(data)
         if partial.exists():
-            if partial.is_dir():
-                for tmp in partial.glob(".*.tmp-*"):
-                    tmp.unlink(missing_ok=True)
             os.replace(partial, self.out)
         self.manifest["complete"] = True
         self._save()
         _remove_temps(self.out.parent, manifest_path(self.out).name)
+
+    def _keep_only_the_parts(self, data: Path) -> None:
+        """Checks that ``data`` holds this run's marker (unless finished already) and every chunk's
+        part, then removes everything else in it."""
+        keep = {_part_name(i, self.manifest["part_width"]) for i in range(self.num_chunks)}
+        marker = data / _run_marker(self.run) if self.run else None
+        if data != self.out and marker is not None and not marker.exists():
+            raise _stale(data, self.run, f"{data} holds no marker {marker.name}")
+        for i in range(self.num_chunks):
+            part = data / _part_name(i, self.manifest["part_width"])
+            if not part.is_file():
+                raise FileNotFoundError(f"out: {part}, the part of chunk {i} that the manifest "
+                                        f"{manifest_path(self.out)} records as done, is missing; "
+                                        f"--overwrite starts over")
+        for entry in data.iterdir():
+            if entry.name not in keep:
+                _remove([entry])
 
     def interrupted_message(self) -> str:
         """The one line the CLI prints after Ctrl-C / SIGTERM: what is saved and how to go on."""
@@ -1047,11 +1264,38 @@ class EmbedJob:
 
 
 def _remove(paths) -> None:
+    """Removes files and directory trees. A directory is first renamed to a hidden name beside it
+    (so its path is free at once, and a writer still holding a handle on it writes into the renamed
+    one), then removed; what a writer adds meanwhile is removed by a later run."""
     for p in paths:
         if p.is_dir() and not p.is_symlink():
-            shutil.rmtree(p)
+            trash = p.with_name(f".{p.name}.trash-{uuid.uuid4().hex[:8]}")
+            os.rename(p, trash)
+            _remove_trash(trash)
         elif p.exists() or p.is_symlink():
             p.unlink()
+
+
+def _remove_old_trash(path: Path) -> None:
+    """Removes what :func:`_remove` could not remove of ``path`` earlier."""
+    for trash in path.parent.glob(f".{glob.escape(path.name)}.trash-*"):
+        _remove_trash(trash)
+
+
+def _remove_trash(trash: Path) -> None:
+    """Removes a renamed directory. A writer of a replaced run adding or renaming a file in it
+    meanwhile (ENOTEMPTY, ENOENT) is waited out a few times, then what it added is left to a later
+    run (the name is hidden); any other error (a permission) is raised."""
+    for attempt in range(4):
+        try:
+            shutil.rmtree(trash)
+            return
+        except OSError as e:
+            if e.errno not in (errno.ENOTEMPTY, errno.ENOENT):
+                raise
+            if not trash.exists():
+                return
+        time.sleep(0.05 * (attempt + 1))
 
 
 def _quantized(quantize: str | None) -> str:
@@ -1097,10 +1341,17 @@ def embed_file(input, out, *, model=DEFAULT_MODEL, input_format: str | None = No
 
     Returns:
         :class:`EmbedResult`. Row ``i`` of the output is ``SentenceEncoder.encode`` of text ``i``
-        (L2-normalised, float32).
+        (L2-normalised whatever the model's own setting, float32), computed with the other texts
+        of its chunk in batches of ``batch_size``: another batch or chunk size changes the last
+        bits (up to about 1.5e-7; see the module docstring), the same ones give the same bits.
 
     Raises:
-        As :func:`open_source`, :meth:`EmbedJob.prepare` and ``SentenceEncoder.from_pretrained``;
+        Every argument is checked before anything is written or removed (an existing output that
+        ``overwrite`` would replace is kept when an argument is bad):
+        TypeError: ``batch_size`` not an int; ``resume``, ``overwrite`` or ``progress`` not a bool.
+        ValueError: ``batch_size`` < 1; ``quantize`` not None or ``"int8"``; ``out`` that is the
+        input (or a link to it, or holds it); and as :func:`open_source`, :meth:`EmbedJob.prepare`
+        and ``SentenceEncoder.from_pretrained``.
         OSError: the disk cannot hold the output (a ``.npy`` fails before its first chunk, its
         space being reserved up front; the manifest records only the chunks written);
         KeyboardInterrupt with a message saying what is saved and how to resume.
@@ -1108,19 +1359,21 @@ def embed_file(input, out, *, model=DEFAULT_MODEL, input_format: str | None = No
     from .sentence_encoder import SentenceEncoder
 
     t0 = time.perf_counter()
+    _check_run_arguments(batch_size, resume, overwrite, progress, quantize)
     source = _as_source(input, input_format, text_field, errors)
     job = EmbedJob.prepare(source, out, model_identity(model, quantize), chunk_size=chunk_size, resume=resume,
                            overwrite=overwrite)
     encoder = SentenceEncoder.from_pretrained(model, quantize=quantize)
     if job.complete:
         return _result(job, 0, 0, time.perf_counter() - t0)
+    normalize = job.manifest.get("normalize", True)
     job.start()
     writer = None
     rows_computed = chunks_computed = 0
     bar = _progress_bar(progress, job.num_rows, job.rows_done(), "embed")
     try:
         for index, start, texts in job.pending():
-            emb = encoder.encode(texts, batch_size=batch_size, normalize=True, progress=False)
+            emb = encoder.encode(texts, batch_size=batch_size, normalize=normalize, progress=False)
             writer = writer or job.writer()
             extra = writer.write(start, texts, emb)
             job.commit(index, **extra)
@@ -1182,11 +1435,17 @@ def embed_summary(input, *, model=DEFAULT_MODEL, limit: int = 20, input_format=N
     ``sum_{i != j} e_i . e_j = |sum_i e_i|^2 - sum_i |e_i|^2``. ``quantize``: as :func:`embed_file`.
 
     Raises:
-        As :func:`open_source` and ``SentenceEncoder.from_pretrained``; ValueError: no text.
+        TypeError: ``limit``, ``chunk_size`` or ``batch_size`` not an int, ``progress`` not a bool.
+        ValueError: ``limit``, ``chunk_size`` or ``batch_size`` < 1, ``quantize`` not None or
+        ``"int8"``; no text; and as :func:`open_source` and ``SentenceEncoder.from_pretrained``.
     """
     from .sentence_encoder import SentenceEncoder
 
     t0 = time.perf_counter()
+    for name, value in (("limit", limit), ("chunk_size", chunk_size), ("batch_size", batch_size)):
+        check_positive_int(value, name)
+    check_bool(progress, "progress")
+    _check_quantize(quantize)
     source = _as_source(input, input_format, text_field, errors)
     encoder = SentenceEncoder.from_pretrained(model, quantize=quantize)
     it = iter(source)
@@ -1239,6 +1498,31 @@ def _merge_topk(best_s: np.ndarray, best_i: np.ndarray, s: np.ndarray, ids: np.n
     return s[order], ids[order]
 
 
+#: Queries per product in :func:`_cosine_scores`: ``functional.linear``'s streaming path takes up
+#: to 32 rows (more rows take the GEMM, whose tiles round differently by the number of rows).
+_QUERY_GROUP = 32
+
+
+def _cosine_scores(q: np.ndarray, emb: np.ndarray) -> np.ndarray:
+    """``(Q, B)`` cosines of unit queries ``q`` (Q, dim) with the rows of ``emb`` (B, dim), float32.
+
+    Each dot product ``q_j . e_i`` and each ``|e_i|^2`` is one fixed accumulation over ``dim``,
+    whatever B and wherever row i lies in ``emb``: :func:`transformer_core.functional.linear` with
+    a few rows (at most 32 queries, or a row of ones for the squares) streams its weight (here
+    ``emb``) and computes every output the same way. (A numpy ``emb @ q.T`` rounds differently for
+    another number of rows, so a score would depend on ``block_rows``.)
+    """
+    from .functional import linear
+
+    emb = np.ascontiguousarray(emb, dtype=DTYPE)
+    if len(emb) == 0:
+        return np.empty((len(q), 0), DTYPE)
+    ones = np.ones((1, emb.shape[1]), DTYPE)
+    norms = np.maximum(np.sqrt(linear(ones, emb * emb)[0]), DTYPE.type(1e-12))           # (B,)
+    dots = np.concatenate([linear(q[g:g + _QUERY_GROUP], emb) for g in range(0, len(q), _QUERY_GROUP)])
+    return dots / norms
+
+
 def _open_index(index, allow_incomplete: bool) -> tuple[dict, Path]:
     index = Path(index)
     try:
@@ -1269,11 +1553,61 @@ def _row_ranges(man: dict) -> list[tuple[int, int]]:
     return ranges
 
 
-def _iter_blocks(man: dict, data: Path, block_rows: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+def _map_npy(path: Path, what: str):
+    """``path`` memory-mapped read-only (nothing read but its header).
+
+    Raises:
+        ValueError: naming ``what`` and the file: not a ``.npy``, or shorter than its header says
+        (a truncated file: the bytes expected and found).
+    """
+    try:
+        return np.load(path, mmap_mode="r")
+    except ValueError as e:
+        size = path.stat().st_size
+        try:
+            with open(path, "rb") as f:
+                version = np.lib.format.read_magic(f)
+                read_header = {(1, 0): np.lib.format.read_array_header_1_0,
+                               (2, 0): np.lib.format.read_array_header_2_0}.get(version)
+                if read_header is None:
+                    raise ValueError(f".npy format version {version}")
+                shape, _, dtype = read_header(f)
+                expected = f.tell() + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        except (ValueError, OSError, EOFError):
+            raise ValueError(f"{what}: {path} is not a readable .npy file ({e})") from None
+        raise ValueError(f"{what}: {path} is truncated or damaged: its header says {shape} {dtype}, "
+                         f"{expected:,} bytes, the file holds {size:,} ({e})") from None
+
+
+def _read_part(man: dict, data: Path, index: Path, chunk: int, columns: list[str]):
+    """The columns of one chunk's Parquet part.
+
+    Raises:
+        FileNotFoundError: the part is missing (named, with its chunk, rows and dataset).
+        ValueError: the part is not a readable Parquet file or lacks a column.
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    part = data / _part_name(chunk, man["part_width"])
+    first = chunk * man["chunk_size"]
+    last = min(first + man["chunk_size"], man["num_rows"]) - 1
+    if not part.is_file():
+        raise FileNotFoundError(f"index: {part} is missing: the part of chunk {chunk} (rows {first}..{last}) of the "
+                                f"dataset {data}, which its manifest {manifest_path(index)} records as done; "
+                                f"`embed --overwrite` remakes it")
+    try:
+        return pq.read_table(part, columns=columns)
+    except (pa.ArrowException, OSError, KeyError) as e:
+        raise ValueError(f"index: {part} (chunk {chunk}, rows {first}..{last}, of the dataset {data}) is not a "
+                         f"readable part with the columns {columns} ({e})") from None
+
+
+def _iter_blocks(man: dict, data: Path, index: Path, block_rows: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """``(ids (B,), embeddings (B, dim))`` of the stored rows, block by block."""
     dim = man["model"]["dim"]
     if man["kind"] == "npy":
-        mm = np.load(data, mmap_mode="r")
+        mm = _map_npy(data, "index")
         if mm.shape != (man["num_rows"], dim) or mm.dtype != DTYPE:
             raise ValueError(f"index: {data} holds {mm.shape} {mm.dtype}, the manifest says ({man['num_rows']}, {dim}) "
                              f"float32")
@@ -1283,15 +1617,13 @@ def _iter_blocks(man: dict, data: Path, block_rows: int) -> Iterator[tuple[np.nd
                 yield np.arange(s, e, dtype=np.int64), np.asarray(mm[s:e])
         return
     pa = _need_pyarrow("Searching a Parquet output")
-    import pyarrow.parquet as pq
 
     for i in sorted(completed_chunks(man)):
-        part = data / _part_name(i, man["part_width"])
-        table = pq.read_table(part, columns=["id", "embedding"])
+        table = _read_part(man, data, index, i, ["id", "embedding"])
         col = table.column("embedding").combine_chunks()
         if not (pa.types.is_fixed_size_list(col.type) and col.type.list_size == dim):
-            raise ValueError(f"index: {part}: column 'embedding' has type {col.type}, expected "
-                             f"fixed_size_list<float>[{dim}]")
+            raise ValueError(f"index: {data / _part_name(i, man['part_width'])}: column 'embedding' has type "
+                             f"{col.type}, expected fixed_size_list<float>[{dim}]")
         emb = col.flatten().to_numpy(zero_copy_only=False).astype(DTYPE, copy=False).reshape(-1, dim)
         yield table.column("id").to_numpy().astype(np.int64, copy=False), emb
 
@@ -1313,13 +1645,11 @@ def _texts_of(man: dict, data: Path, index: Path, ids: set[int]) -> dict[int, st
                 if row >= last:
                     break
         return found
-    import pyarrow.parquet as pq
-
     by_chunk: dict[int, list[int]] = {}
     for i in ids:
         by_chunk.setdefault(i // man["chunk_size"], []).append(i)
     for chunk, wanted in by_chunk.items():
-        table = pq.read_table(data / _part_name(chunk, man["part_width"]), columns=["id", "text"])
+        table = _read_part(man, data, index, chunk, ["id", "text"])
         part_ids = table.column("id").to_numpy()
         texts = table.column("text")
         for i in wanted:
@@ -1335,7 +1665,11 @@ def search(index, queries, k: int = 5, *, model=None, allow_incomplete: bool = F
 
     Scores are ``cos(q, e_i) = q . e_i / (|q| |e_i|)`` in float32, computed block by block
     (``block_rows`` rows of the memory-mapped ``.npy``, or one Parquet part, at a time) and merged
-    into a running top-k; ties go to the lower id.
+    into a running top-k; ties go to the lower id. Each dot product and norm is one fixed float32
+    accumulation (:func:`transformer_core.functional.linear` with at most 32 queries as its rows,
+    the block's embeddings as its weight: every output is computed the same way whatever the
+    number of embeddings beside it), so the scores, and the ranking of near-ties, are bitwise
+    the same for any ``block_rows`` and for a ``.npy`` and a ``.parquet`` output of the same rows.
 
     Args:
         index: the ``out`` of the embedding run (``*.npy`` or ``*.parquet``; its manifest beside it).
@@ -1348,9 +1682,11 @@ def search(index, queries, k: int = 5, *, model=None, allow_incomplete: bool = F
         One list of :class:`Hit` per query, best first.
 
     Raises:
-        FileNotFoundError: no such index. ValueError: no manifest or a damaged one, an incomplete
-        index (unless ``allow_incomplete``), another model, ``k`` < 1, an empty (or all-whitespace)
-        query, a query that is not valid Unicode. TypeError: queries not str.
+        FileNotFoundError: no such index, or a Parquet part of a chunk done is missing (naming it,
+        its chunk and the dataset). ValueError: no manifest or a damaged one, a truncated ``.npy``
+        or an unreadable part (named), an incomplete index (unless ``allow_incomplete``), another
+        model, ``k`` or ``block_rows`` < 1, an empty (or all-whitespace) query, a query that is not
+        valid Unicode. TypeError: queries not str, ``k`` not an int.
     """
     from .sentence_encoder import SentenceEncoder
 
@@ -1379,11 +1715,10 @@ def search(index, queries, k: int = 5, *, model=None, allow_incomplete: bool = F
     encoder = SentenceEncoder.from_pretrained(name, quantize=quantize)
     q = encoder.encode(queries, batch_size=batch_size, normalize=True, progress=False)  # (Q, dim)
     best = [(np.empty(0, DTYPE), np.empty(0, np.int64)) for _ in queries]
-    for ids, emb in _iter_blocks(man, data, block_rows):
-        norms = np.maximum(np.linalg.norm(emb, axis=1), 1e-12).astype(DTYPE)  # (B,)
-        scores = (emb @ q.T) / norms[:, None]                                 # (B, Q)
+    for ids, emb in _iter_blocks(man, data, Path(index), block_rows):
+        scores = _cosine_scores(q, emb)  # (Q, B)
         for j in range(len(queries)):
-            best[j] = _merge_topk(best[j][0], best[j][1], scores[:, j], ids, k)
+            best[j] = _merge_topk(best[j][0], best[j][1], scores[j], ids, k)
     texts = _texts_of(man, data, Path(index), {int(i) for _, ids in best for i in ids})
     return [[Hit(int(i), float(s), texts.get(int(i))) for s, i in zip(*b)] for b in best]
 

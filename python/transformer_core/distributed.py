@@ -18,6 +18,15 @@ the other's interrupted run.
 * **Failures**: tasks are idempotent per chunk (same chunk, same part file, atomic rename), so the
   chunks of a worker that dies are recomputed on another worker (Dask reschedules them) with no
   row lost or duplicated.
+* **Stale tasks**: cancelling a future does not stop a task that is already running. Each task
+  carries its run's id and writes its part only into the directory that holds that run's marker
+  (:func:`transformer_core.corpus.write_parquet_part` with ``run=``), so a task of an interrupted
+  run that ends after another run replaced (``overwrite``) or resumed the output writes nothing
+  there (it fails with ESTALE, which nobody waits for), and the next run's output holds exactly
+  its own rows.
+* **Bits**: a task encodes its chunk exactly as :func:`transformer_core.corpus.embed_file` does
+  (the same chunks, ``batch_size`` and L2 normalisation, the manifest's ``normalize``, whatever
+  the model's own setting), so the rows are bitwise those of a single-process run.
 
 The workers need transformer_core, pyarrow and the model, and must see the output directory (a
 shared file system on a multi-machine cluster); the input is read by the client only and its texts
@@ -32,8 +41,8 @@ import logging
 import os
 import threading
 import time
-import uuid
 from collections import Counter
+from pathlib import Path
 from typing import Callable
 
 try:
@@ -122,13 +131,20 @@ class EncoderPlugin(WorkerPlugin):
         _worker_encoder(self.model, self.fingerprint)
 
 
-def _embed_chunk(model: str, fingerprint: str, directory: str, index: int, width: int, start: int,
-                 texts: list, batch_size: int) -> tuple[int, int]:
-    """The task: embeds one chunk with this worker's encoder, writes its Parquet part. Idempotent."""
+def _embed_chunk(model: str, fingerprint: str, directory: str, run: str, index: int, width: int, start: int,
+                 texts: list, batch_size: int, normalize: bool) -> tuple[int, int]:
+    """The task: embeds one chunk with this worker's encoder (as ``embed_file`` does: ``batch_size``,
+    ``normalize``), writes its Parquet part into ``directory`` if it is still the data of ``run``.
+    Idempotent.
+
+    Raises:
+        OSError: ESTALE: the run is no longer current (checked before the work and at the write).
+    """
+    corpus._check_run(None, Path(directory), run, Path(directory) / corpus._part_name(index, width))
     encoder, lock = _worker_encoder(model, fingerprint)
     with lock:
-        emb = encoder.encode(texts, batch_size=batch_size, progress=False)
-    corpus.write_parquet_part(directory, index, width, start, texts, emb)
+        emb = encoder.encode(texts, batch_size=batch_size, normalize=normalize, progress=False)
+    corpus.write_parquet_part(directory, index, width, start, texts, emb, run=run)
     return index, len(texts)
 
 
@@ -190,9 +206,13 @@ def embed_corpus(input, output, *, model=DEFAULT_MODEL, scheduler=None, workers:
         :class:`transformer_core.corpus.EmbedResult`.
 
     Raises:
-        As :func:`transformer_core.corpus.embed_file`; ValueError: ``output`` not ``.parquet``, both
-        ``scheduler`` and ``workers``; OSError: the scheduler cannot be reached, or a chunk's
-        workers kept dying (Dask's ``allowed-failures``); KeyboardInterrupt with what is saved.
+        Every argument is checked before anything is written or removed (and before a cluster
+        starts). As :func:`transformer_core.corpus.embed_file` (TypeError / ValueError: a bad
+        ``batch_size``, ``resume``, ``overwrite``, ``progress``; ``output`` that is the input);
+        TypeError / ValueError: ``workers``, ``threads_per_worker`` or ``max_in_flight`` not an
+        int >= 1; ValueError: ``output`` not ``.parquet``, both ``scheduler`` and ``workers``;
+        OSError: the scheduler cannot be reached, or a chunk's workers kept dying (Dask's
+        ``allowed-failures``); KeyboardInterrupt with what is saved.
     """
     t0 = time.perf_counter()
     if corpus._output_kind(output) != "parquet":
@@ -201,7 +221,7 @@ def embed_corpus(input, output, *, model=DEFAULT_MODEL, scheduler=None, workers:
     for name, value in (("workers", workers), ("threads_per_worker", threads_per_worker),
                         ("max_in_flight", max_in_flight)):
         _check_count(name, value)
-    _check_count("batch_size", batch_size, allow_none=False)
+    corpus._check_run_arguments(batch_size, resume, overwrite, progress)
     source = corpus._as_source(input, input_format, text_field, errors)
     identity = corpus.model_identity(model)
     job = corpus.EmbedJob.prepare(source, output, identity, chunk_size=chunk_size, resume=resume, overwrite=overwrite)
@@ -225,8 +245,9 @@ def embed_corpus(input, output, *, model=DEFAULT_MODEL, scheduler=None, workers:
         job.start()
         directory = str(job.data_path.resolve())
         width = job.manifest["part_width"]
+        normalize = job.manifest.get("normalize", True)
         limit = max_in_flight or 2 * max(1, len(info)) + 2
-        run = uuid.uuid4().hex[:8]
+        run = job.run
         pending = job.pending()
         done_queue = as_completed()
 
@@ -236,8 +257,8 @@ def embed_corpus(input, output, *, model=DEFAULT_MODEL, scheduler=None, workers:
             if item is None:
                 return False
             index, start, texts = item
-            fut = client.submit(_embed_chunk, str(model), fingerprint, directory, index, width, start, texts,
-                                batch_size, key=f"transformer_core-embed-{run}-{index}", retries=1)
+            fut = client.submit(_embed_chunk, str(model), fingerprint, directory, run, index, width, start, texts,
+                                batch_size, normalize, key=f"transformer_core-embed-{run}-{index}", retries=1)
             futures.add(fut)
             done_queue.add(fut)
             return True
