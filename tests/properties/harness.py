@@ -98,7 +98,8 @@ def layout_variants(value: np.ndarray) -> list[tuple[str, Any]]:
     try:
         import torch
 
-        out.append(("torch", torch.from_numpy(np.ascontiguousarray(a))))
+        # (np.ascontiguousarray makes a 0-d array 1-d: keep the shape)
+        out.append(("torch", torch.from_numpy(np.ascontiguousarray(a).reshape(a.shape))))
     except ImportError:  # pragma: no cover
         pass
     if a.dtype.kind == "f":
@@ -269,6 +270,9 @@ class Target:
     bad_only: tuple = ()      # args whose valid variants are not meaningful
     atol: float | None = None  # tolerances (default: by the result's dtype, see assert_close)
     rtol: float | None = None
+    atol_scale: Callable | None = None  # atol_scale(kwargs) -> per-element unit of atol, broadcast to the
+                                        # result (e.g. max(1, |grad_output|) for a result grad_output · f'(x):
+                                        # f' to atol, whatever the size of the gradient multiplying it)
 
 
 @dataclass
@@ -291,10 +295,11 @@ def mentions(message: str, name: str) -> bool:
 NONFINITE_LABELS = {"nan", "inf", "-inf", "huge"}
 
 
-def assert_close(result, expected, *, dtype=None, atol=None, rtol=None, loose=False) -> str | None:
+def assert_close(result, expected, *, dtype=None, atol=None, rtol=None, loose=False, atol_scale=None) -> str | None:
     """None if ``result`` matches ``expected`` (recursively for tuples / lists / dicts), else why not.
     ``dtype``: the dtype the result must have (float arrays); tolerances by that dtype. ``loose``:
-    NaN and infinities count as one "non-finite" value."""
+    NaN and infinities count as one "non-finite" value. ``atol_scale``: an array (broadcast to an
+    array result) multiplying ``atol`` element by element."""
     if isinstance(expected, (tuple, list)):
         if not isinstance(result, (tuple, list)) or len(result) != len(expected):
             return f"expected a sequence of {len(expected)}, got {type(result).__name__}"
@@ -341,8 +346,10 @@ def assert_close(result, expected, *, dtype=None, atol=None, rtol=None, loose=Fa
     if not inf_ok:
         return "infinities differ"
     diff = np.abs(rr[finite] - ee[finite])
+    if atol_scale is not None:
+        at = at * np.broadcast_to(np.asarray(atol_scale, np.float64), ee.shape)[finite]
     if diff.size and not np.all(diff <= at + rt * np.abs(ee[finite])):
-        return f"max abs diff {diff.max():.3g} (atol {at}, rtol {rt})"
+        return f"max abs diff {diff.max():.3g} (atol {at if np.ndim(at) == 0 else 'scaled'}, rtol {rt})"
     return None
 
 
@@ -381,8 +388,9 @@ def variants_of(name: str, spec: Arg, value) -> tuple[list, list]:
         good += [("np_int64", np.int64(value)), ("np_int32", np.int32(value))] if isinstance(value, int) else []
         bad += size_bad_values(spec.low if spec.low is not None else 1)
     elif k == "int":
-        if isinstance(value, int):
-            good += [("np_int64", np.int64(value))]
+        if isinstance(value, int):  # the numpy scalar int that holds it (a seed may be >= 2**63)
+            good += [("np_int64", np.int64(value))] if -2**63 <= value < 2**63 else \
+                [("np_uint64", np.uint64(value))] if 0 <= value < 2**64 else []
         bad += int_bad_values(spec.low, spec.high)
     elif k == "float":
         if isinstance(value, (int, float)) and value is not None:
@@ -428,7 +436,8 @@ def run_case(target: Target, kwargs: dict, mode: str, arg: str | None, label: st
         if isinstance(e, FileNotFoundError) and mode != "file":  # only a missing file may say so
             return Failure("wrong_exception", target.name, case, f"{type(e).__name__}: {msg} [{where}]")
         if mode in ("bad", "file"):
-            if mentions(msg, arg) or any(mentions(msg, n) for n in _aliases(target, arg)):
+            names = _aliases(target, arg) + (tuple(kwargs.get("_aliases", ())) if mode == "file" else ())
+            if mentions(msg, arg) or any(mentions(msg, n) for n in names):
                 return None
             return Failure("unnamed_error", target.name, case, f"{type(e).__name__}: {msg} [{where}]")
         return Failure("rejected_valid", target.name, case, f"{type(e).__name__}: {msg} [{where}]")
@@ -450,7 +459,9 @@ def run_case(target: Target, kwargs: dict, mode: str, arg: str | None, label: st
         why = target.compare(result, expected, call_kwargs)
     else:
         dtype = target.out_dtype(call_kwargs) if target.out_dtype is not None else None
-        why = assert_close(result, expected, dtype=dtype, atol=target.atol, rtol=target.rtol, loose=loose)
+        scale = target.atol_scale(call_kwargs) if target.atol_scale is not None else None
+        why = assert_close(result, expected, dtype=dtype, atol=target.atol, rtol=target.rtol, loose=loose,
+                           atol_scale=scale)
     if why:
         return Failure("wrong_value", target.name, case, f"{why} [{where}]")
     return None
@@ -467,7 +478,8 @@ def case_strategy(target: Target):
     @st.composite
     def strategy(draw):
         kwargs = target.draw(draw)
-        if "_bad_arg" in kwargs:  # a broken file: the error must name it (or the result match the reference)
+        if "_bad_arg" in kwargs:  # a broken file: the error must name it, or one of the names in
+            # kwargs["_aliases"] (e.g. the broken field of a config file); or the result match the reference
             return kwargs, "file", kwargs["_bad_arg"], str(kwargs.get("kind", kwargs.get("how", ""))), None
         mode = draw(st.sampled_from(["valid", "layout", "bad", "bad", "bad"]))
         if mode == "valid" or not target.args:

@@ -462,8 +462,12 @@ def _ref_mha(kw):
 target(name="nn.MultiheadAttention", draw=_draw_mha, call=_call_mha, reference=_ref_mha,
        out_dtype=lambda kw: (layer_dtype(kw), layer_dtype(kw)), atol=1e-4, rtol=1e-4, weight=2.0,
        args={"embed_dim": Arg("size", aliases=("num_heads",)), "num_heads": Arg("size", aliases=("embed_dim",)),
-             "num_kv_heads": Arg("size", optional=True), "kdim": Arg("size", optional=True),
-             "vdim": Arg("size", optional=True), "bias": Arg("bool"), "dtype": Arg("dtype"),
+             # kdim / vdim = None means embed_dim: not a layout of a drawn size; with the drawn checkpoint
+             # it is a shape mismatch, which load_state_dict reports by the checkpoint entry
+             "num_kv_heads": Arg("size", optional=True),
+             "kdim": Arg("size", optional=True, none_is_layout=False, aliases=("k_proj_weight",)),
+             "vdim": Arg("size", optional=True, none_is_layout=False, aliases=("v_proj_weight",)),
+             "bias": Arg("bool"), "dtype": Arg("dtype"),
              "query": Arg("array"), "key": Arg("array", optional=True, none_is_layout=False),
              "value": Arg("array", optional=True, none_is_layout=False),
              "attn_mask": Arg("attn_mask", optional=True, bad=TORCH_NAMED_MASK), "key_mask": Arg("keep_mask", optional=True),
@@ -610,12 +614,14 @@ def _ref_enc(kw):
 _ENC_ARGS = {"d_model": Arg("size", aliases=("nhead",)), "nhead": Arg("size", aliases=("d_model",)),
              "dim_feedforward": Arg("size"), "activation": Arg("choice", choices=("relu", "gelu")),
              "layer_norm_eps": Arg("float", low=0.0), "norm_first": Arg("bool"), "bias": Arg("bool"),
-             "dtype": Arg("dtype"), "src": Arg("array"), "src_mask": Arg("attn_mask", optional=True, aliases=("mask",), bad=TORCH_NAMED_MASK),
+             # src of another batch (or unbatched) no longer fits the drawn key mask: refused by naming the
+             # mask (as torch names key_padding_mask); the decoder's: tgt_key_mask, or memory (its batch)
+             "dtype": Arg("dtype"), "src": Arg("array", aliases=("src_key_mask",)), "src_mask": Arg("attn_mask", optional=True, aliases=("mask",), bad=TORCH_NAMED_MASK),
              "src_key_mask": Arg("keep_mask", optional=True), "is_causal": Arg("bool"),
              "path": Arg("choice", choices=("auto", "flash", "reference")), "state": _state_arg()}
 _DEC_ARGS = {**_ENC_ARGS, "memory": Arg("array"), "memory_mask": Arg("attn_mask", optional=True, bad=TORCH_NAMED_MASK),
              "memory_key_mask": Arg("keep_mask", optional=True), "memory_is_causal": Arg("bool")}
-_ALIAS = {"src": ("tgt",), "src_mask": ("tgt_mask", "mask"), "src_key_mask": ("tgt_key_mask",),
+_ALIAS = {"src": ("tgt", "tgt_key_mask", "memory"), "src_mask": ("tgt_mask", "mask"), "src_key_mask": ("tgt_key_mask",),
           "is_causal": ("tgt_is_causal",)}
 for k, names in _ALIAS.items():
     _DEC_ARGS[k] = Arg(_DEC_ARGS[k].kind, optional=_DEC_ARGS[k].optional, choices=_DEC_ARGS[k].choices,
@@ -627,7 +633,7 @@ target(name="nn.TransformerDecoderLayer", draw=lambda d: _draw_enc(d, decoder=Tr
        reference=_ref_enc, out_dtype=layer_dtype, atol=2e-4, rtol=2e-4, weight=1.5, args=_DEC_ARGS)
 target(name="nn.TransformerEncoder+Decoder", draw=lambda d: _draw_enc(d, decoder=d(st.booleans()), stack=True),
        call=_call_enc, reference=_ref_enc, out_dtype=layer_dtype, atol=3e-4, rtol=3e-4,
-       args={"num_layers": Arg("size"), "src": Arg("array", aliases=("tgt",))})
+       args={"num_layers": Arg("size"), "src": Arg("array", aliases=("tgt", "src_key_mask", "tgt_key_mask", "memory"))})
 
 
 def _draw_transformer(draw):

@@ -115,8 +115,12 @@ def _ref_bert(kw):
 
     dt = read_dtype(kw["dtype"])
     c = _bert_config(kw)
+    layers = read_int(c["num_hidden_layers"], "num_hidden_layers", 0, 64)
     for k in _BERT_INTS:
-        read_int(c[k], k, 0 if k == "num_hidden_layers" else 1, 64)
+        # any size of a table that is not allocated is valid: without layers, intermediate_size sizes
+        # nothing (the model refuses sizes by the memory they take)
+        high = None if k == "intermediate_size" and layers == 0 else 64
+        read_int(c[k], k, 0 if k == "num_hidden_layers" else 1, high)
     read_float(c["layer_norm_eps"], "layer_norm_eps", 0.0)
     if c["hidden_act"] not in ("gelu", "relu") or c["hidden_size"] % c["num_attention_heads"]:
         raise NoReference("config")
@@ -238,6 +242,8 @@ def _call_decoder(kw):
 def _hf_model_checked(kw, raise_ref=True):
     try:
         c = _config(kw)
+        layers = c.get("n_layer", c.get("num_hidden_layers"))
+        no_layers = isinstance(layers, int) and not isinstance(layers, bool) and layers == 0
         for k, v in c.items():
             if k in ("layer_norm_epsilon", "rms_norm_eps"):
                 read_float(v, k, 0.0)
@@ -249,7 +255,9 @@ def _hf_model_checked(kw, raise_ref=True):
                 if v not in ("gelu_new", "silu"):
                     raise NoReference(k)
             elif v is not None or k not in ("n_inner", "num_key_value_heads"):
-                read_int(v, k, 0 if k in ("n_layer", "num_hidden_layers", "n_inner") else 1, 64)
+                # without layers the feed-forward width sizes nothing: any valid size (as BertModel's)
+                high = None if no_layers and k in ("n_inner", "intermediate_size") else 64
+                read_int(v, k, 0 if k in ("n_layer", "num_hidden_layers", "n_inner") else 1, high)
         return _hf_model(kw)
     except (NoReference, ValueError, TypeError):
         if raise_ref:
@@ -369,7 +377,8 @@ def _ref_generate(kw):
         read_float(kw["top_p"], "top_p", 0.0, 1.0, open_low=True)
     if kw["repetition_penalty"] is not None:
         read_float(kw["repetition_penalty"], "repetition_penalty", 0.0, open_low=True)
-    read_int(kw["seed"], "seed", 0)
+    if kw["seed"] is not None:  # None (the default): an unseeded generator
+        read_int(kw["seed"], "seed", 0)
     eos = kw["eos_token_id"]
     eos_list = [] if eos is None else ([eos] if not isinstance(eos, (list, tuple)) else list(eos))
     eos_list = [read_int(e, "eos_token_id", 0) for e in eos_list]
@@ -404,7 +413,7 @@ def _cmp_generate(result, expected, kw):
     r = np.asarray(result)
     if expected is None:
         again = _call_generate(kw)
-        if not np.array_equal(again, r):
+        if kw["seed"] is not None and not np.array_equal(again, r):  # seed=None: not reproducible
             return "sampling with the same seed gave other tokens"
         return None if r.dtype == np.int64 and r.min() >= 0 and r.max() < 11 else "tokens out of the vocabulary"
     return None if np.array_equal(r, expected) else f"tokens differ: {r.tolist()} vs {expected.tolist()}"
@@ -416,7 +425,7 @@ target(name="GenerationMixin.generate", draw=_draw_generate, call=_call_generate
              "max_new_tokens": Arg("size", bad=[("past_context", 50)]), "do_sample": Arg("bool"),
              "temperature": Arg("float", low=0.0, open_low=True), "top_k": Arg("size", optional=True),
              "top_p": Arg("float", low=0.0, high=1.0, open_low=True, optional=True),
-             "repetition_penalty": Arg("float", low=0.0, open_low=True, optional=True), "seed": Arg("int", low=0),
+             "repetition_penalty": Arg("float", low=0.0, open_low=True, optional=True), "seed": Arg("int", low=0, optional=True, none_is_layout=False),  # None: unseeded
              "eos_token_id": Arg("int", low=0, optional=True), "pad_token_id": Arg("int", low=0, optional=True)})
 
 
@@ -760,8 +769,14 @@ def _draw_model_dir(draw):
                                                       "hidden_act", "max_position_embeddings"])),
                  "sentence_bert_config.json": "max_seq_length",
                  "tokenizer.json": "model"}[which]
-        obj[field] = draw(st.sampled_from(["8", None, -1, 0, 10**6, 2**63, 1.5, [1], {"a": 1}]))
+        values = ["8", None, -1, 0, 10**6, 2**63, 1.5, [1], {"a": 1}]
+        if field == "layer_norm_eps":  # any finite number >= 0 is a valid epsilon (0, 1.5, 10**6, 2**63)
+            values = [v for v in values if not (isinstance(v, (int, float)) and v is not None and v >= 0)]
+        obj[field] = draw(st.sampled_from(values))
         (d / which).write_text(json.dumps(obj))
+        # the loader may name the broken field instead of its file (BertConfig: "a field of the wrong type
+        # (named)"; a size or layer_norm_eps out of range (named))
+        return {"model_dir": str(d), "which": which, "how": how, "_bad_arg": which, "_aliases": (field,)}
     return {"model_dir": str(d), "which": which, "how": how, "_bad_arg": which}
 
 

@@ -83,7 +83,8 @@ def _ref_softmax(kw):
 target(name="functional.softmax",
        draw=lambda d: (lambda x: {"x": x, "axis": d(st.integers(-x.ndim, x.ndim - 1))})(_draw_x(d)),
        call=lambda kw: F.softmax(kw["x"], axis=kw["axis"]), reference=_ref_softmax, out_dtype=x_dtype(),
-       args={"x": Arg("array"), "axis": Arg("int", low=-1, high=0)})
+       # x of another rank can put the drawn axis out of range: refused by naming axis (its range by x's rank)
+       args={"x": Arg("array", aliases=("axis",)), "axis": Arg("int", low=-1, high=0)})
 
 
 def _draw_norm(draw, bias=True):
@@ -466,7 +467,9 @@ def _draw_rotary(draw):
             "layout": draw(st.sampled_from(["half", "interleaved"]))}
 
 
-def _ref_rotary(kw, name="x"):
+def _rotary_inputs(kw, name="x"):
+    """x, cos, sin (float64, rounded to float32 where the library computes in float32), layout, W:
+    the forward's inputs as the reference reads them (NoReference where it cannot)."""
     x = read(kw[name], name)
     c, s = read(kw["cos"], "cos"), read(kw["sin"], "sin")
     layout = read_choice(kw["layout"], "layout", ("half", "interleaved"))
@@ -483,6 +486,12 @@ def _ref_rotary(kw, name="x"):
             raise NoReference("broadcast")
     except ValueError:
         raise NoReference("broadcast") from None
+    return x, c, s, layout, W
+
+
+def _ref_rotary(kw, name="x"):
+    x, c, s, layout, W = _rotary_inputs(kw, name)
+    D = x.shape[-1]
     h = D // 2
     if layout == "half":
         if W == h:
@@ -556,7 +565,10 @@ target(name="masks.padding_mask",
        draw=lambda d: {"lengths": np.array(d(st.lists(st.integers(0, 8), min_size=1, max_size=5))),
                        "max_len": d(st.one_of(st.none(), st.integers(8, 12)))},
        call=lambda kw: tc.masks.padding_mask(kw["lengths"], kw["max_len"]), reference=_ref_padding,
-       args={"lengths": Arg("ids", high=9, floats_as_ids=False, bad=[("huge_len", np.array([2**40]))]), "max_len": Arg("size", optional=True)})
+       # a length beyond the given max_len is refused by naming max_len ("expected >= the longest length")
+       args={"lengths": Arg("ids", high=9, floats_as_ids=False, bad=[("huge_len", np.array([2**40]))],
+                            aliases=("max_len",)),
+             "max_len": Arg("size", optional=True)})
 
 
 def _ref_pad_ids(kw):
@@ -740,8 +752,17 @@ def _ref_act_bw(kw):
     return gx
 
 
+def _grad_unit(kw):
+    """max(1, |grad_output|) where finite: the result is grad_output · f'(x), f'(x) computed in the
+    library's dtype to atol; a gradient of 1e19 (an integer dtype's wrap-around) multiplies its error."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        g = np.abs(read(kw["grad_output"], "grad_output"))
+    return np.where(np.isfinite(g), np.maximum(g, 1.0), 1.0)
+
+
 target(name="backward.activation_backward", draw=_draw_act_bw, call=_call_act_bw, reference=_ref_act_bw,
-       out_dtype=x_dtype(), atol=1e-5, rtol=1e-4, args={"x": Arg("array"), "grad_output": Arg("array")})
+       out_dtype=x_dtype(), atol=1e-5, rtol=1e-4, atol_scale=_grad_unit,
+       args={"x": Arg("array"), "grad_output": Arg("array")})
 
 
 def _draw_glu_bw(draw):
@@ -826,22 +847,30 @@ def _draw_rot_bw(draw):
 
 
 def _ref_rot_bw(kw):
+    """torch.autograd's vector-Jacobian product of the forward (``_ref_rotary``'s formula, in torch):
+    ``grad_x = g·cos + rotate_halfᵀ(g·sin)`` (half), the transposed pair rotation (interleaved), as
+    the docstring writes it. A non-finite table or gradient entry only reaches the entries whose
+    formula reads it (a Jacobian built from unit vectors would spread 0 · NaN to every entry)."""
     g = read(kw["grad_output"], "grad_output")
     c, s = read(kw["cos"], "cos"), read(kw["sin"], "sin")
     if g.ndim < 2 or g.shape[-1] % 2 or c.shape != s.shape:
         raise NoReference("shape")
-    x = t(g).clone().requires_grad_(True)
-    # the forward as a function of x, then its vector-Jacobian product with g
-    fwd = _ref_rotary({**kw, "x": np.zeros_like(g)}, "x")  # checks the shapes the way the forward does
-    del fwd
-    J = []
-    flat = g.reshape(-1)
-    for i in range(flat.size):
-        e = np.zeros_like(flat)
-        e[i] = 1.0
-        J.append(_ref_rotary({**kw, "x": e.reshape(g.shape)}, "x").reshape(-1))
-    del x
-    return (np.asarray(J) @ flat).reshape(g.shape)
+    # the forward's checks; float32 rounding where the library computes in float32 (grad_output's dtype)
+    g, c, s, layout, W = _rotary_inputs({**kw, "x": kw["grad_output"]}, "x")
+    D = g.shape[-1]
+    h = D // 2
+    x = torch.zeros(g.shape, dtype=torch.float64, requires_grad=True)
+    if layout == "half":
+        if W == h:
+            c, s = np.concatenate([c, c], -1), np.concatenate([s, s], -1)
+        rot = torch.cat([-x[..., h:], x[..., :h]], -1)
+        y = x * t(c) + rot * t(s)
+    else:
+        ci, si = t(c[..., :h]), t(s[..., :h])
+        x0, x1 = x[..., 0::2], x[..., 1::2]
+        y = torch.stack([x0 * ci - x1 * si, x1 * ci + x0 * si], -1).reshape(g.shape)
+    y.backward(t(g))
+    return x.grad.numpy()
 
 
 target(name="backward.rotary_backward", draw=_draw_rot_bw,
@@ -869,7 +898,11 @@ def _ref_ce_bw(kw):
         if go.shape != tg.shape:
             raise NoReference("grad_output shape")
     else:
-        go = read_float(go, "grad_output")
+        # the upstream gradient of the reduced loss: any real scalar, NaN / inf included (they propagate
+        # as in torch's backward, as a non-finite grad_output array does for "none")
+        if isinstance(go, (bool, np.bool_)) or not isinstance(go, (int, float, np.integer, np.floating)):
+            raise NoReference(f"grad_output: {type(go).__name__}")
+        go = float(go)
     xs = t(x.reshape(-1, V)).requires_grad_(True)
     ts = torch.from_numpy(tg.reshape(-1))
     if np.all(tg == ii):
@@ -879,7 +912,8 @@ def _ref_ce_bw(kw):
         loss_t = torch.nn.functional.cross_entropy(xs, ts, ignore_index=ii, label_smoothing=kw["label_smoothing"],
                                                    reduction=red)
         loss_t.backward(t(go.reshape(-1)) if red == "none" else torch.tensor(go, dtype=torch.float64))
-        grad = xs.grad.numpy().reshape(x.shape)
+        # ignored rows: 0, as documented (torch's label smoothing gives NaN there for a non-finite logit)
+        grad = np.where((tg == ii)[..., None], 0.0, xs.grad.numpy().reshape(x.shape))
         loss = loss_t.detach().numpy().reshape(tg.shape) if red == "none" else loss_t.detach().numpy()
     return grad if kw["fn"] == "cross_entropy_backward" else (loss, grad)
 
@@ -1043,13 +1077,14 @@ def _ref_linear_int8(kw):
     if b is not None and b.shape != (q.shape[0],):
         raise NoReference("bias")
     x2 = x.reshape(-1, x.shape[-1])
-    xq, sx = _ref_quantize(x2)
-    if not np.isfinite(x2).all():
-        raise NoReference("non-finite x: rows of NaN")
+    # documented: "a row of x holding NaN or inf gives a row of NaN" (float32: 1e300 is inf there)
+    finite = np.isfinite(x2).all(-1)
+    xq, sx = _ref_quantize(np.where(finite[:, None], x2, 0).astype(np.float32))
     acc = (xq.astype(np.int64) @ q.astype(np.int64).T).astype(np.float32)
     y = acc * (sx[:, None] * s[None, :])
     if b is not None:
         y = y + b
+    y = np.where(finite[:, None], y, np.nan)
     return y.reshape(x.shape[:-1] + (q.shape[0],))
 
 
@@ -1130,8 +1165,8 @@ target(name="quantization.gguf_blocks", draw=_draw_gguf, call=_call_gguf, refere
        out_dtype=lambda kw: np.float32, atol=1e-4, rtol=1e-4,
        args={"blocks": Arg("custom", bad=[("float", np.ones(34)), ("None", None), ("short", np.zeros(3, np.uint8)),
                                           ("str", "blocks")]),
-             "ggml_type": Arg("choice", choices=("Q8_0", "Q4_0", "Q4_1")), "rows": Arg("size", aliases=("out_features",)),
-             "cols": Arg("size", bad=[("not32", 31)], aliases=("in_features",)), "x": Arg("array", optional=False),
+             "ggml_type": Arg("choice", choices=("Q8_0", "Q4_0", "Q4_1")), "rows": Arg("size", aliases=("out_features", "blocks")),
+             "cols": Arg("size", bad=[("not32", 31)], aliases=("in_features", "blocks")), "x": Arg("array", optional=False),
              "bias": Arg("array", optional=True), "quantize_activations": Arg("bool")})
 
 
