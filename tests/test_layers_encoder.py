@@ -271,3 +271,15 @@ def test_layers_identical_with_1_and_2_threads(rng, which):
     finally:
         tc.set_num_threads(old)
     assert np.array_equal(a, b), f"{which}: max |1 thread - 2 threads| = {np.abs(a - b).max():.3e}"
+
+
+def test_unbatched_src_key_mask_shape_is_named():
+    """An unbatched src (L, E) takes an (L,) key mask; another shape is named as given, not as the
+    (1, ...) the layer makes of it."""
+    ours = tc.nn.TransformerEncoderLayer(8, 2, 16)
+    x = randn(np.random.default_rng(0), (3, 8))
+    with pytest.raises(ValueError, match=r"^src_key_mask: expected shape \(3,\) \(L,\) for an unbatched src "
+                                         r"\(3, 8\) \(L, E\), got \(1, 3\)$"):
+        ours(x, src_key_mask=np.ones((1, 3), bool))
+    km = np.array([True, True, False])
+    np.testing.assert_array_equal(ours(x, src_key_mask=km), ours(x[None], src_key_mask=km[None])[0])

@@ -8,6 +8,8 @@ Conventions that differ from torch (and are translated in the tests):
 """
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -291,3 +293,22 @@ def test_mha_load_state_dict_errors(rng, case):
     assert states_equal(ours.state_dict(), before), "module changed by a failed load_state_dict"
     x = randn(rng, (2, 5, 9))
     assert_close(ours(x)[0], torch_mha(ref, x)[0], np.float32)
+
+
+def test_mha_separate_qkv_weights_of_the_wrong_shape_are_named():
+    """A checkpoint in torch's separate q/k/v layout loads into the packed weight; a part of the
+    wrong shape is named with the other mis-shaped weights' message (was numpy's concatenate error)."""
+    ours = tc.nn.MultiheadAttention(6, 2, bias=False)
+    before = {k: np.array(v, copy=True) for k, v in ours.state_dict().items()}
+    rng = np.random.default_rng(0)
+    good = {"q_proj_weight": rng.standard_normal((6, 6)), "k_proj_weight": rng.standard_normal((6, 6)),
+            "v_proj_weight": rng.standard_normal((6, 6)), "out_proj.weight": rng.standard_normal((6, 6))}
+    for name, shape in (("v_proj_weight", (6, 1)), ("k_proj_weight", (5, 6)), ("q_proj_weight", (6,))):
+        bad = {**good, name: np.zeros(shape)}
+        with pytest.raises(ValueError, match=rf"refused \(module unchanged\): mis-shaped: \['{name}: expected "
+                                             rf"\(6, 6\), got {re.escape(str(shape))}'\]"):
+            ours.load_state_dict(bad)
+        assert states_equal(ours.state_dict(), before)
+    ours.load_state_dict(good)
+    w = ours.state_dict()["in_proj_weight"]
+    np.testing.assert_array_equal(w, np.concatenate([good[f"{x}_proj_weight"] for x in "qkv"]).astype(np.float32))

@@ -175,8 +175,17 @@ class MultiheadAttention(Module):
         # Accept both of torch's layouts: packed in_proj_weight or separate q/k/v_proj_weight.
         packed = self._impl.packed
         if packed and "in_proj_weight" not in state and all(f"{x}_proj_weight" in state for x in "qkv"):
-            parts = [np.asarray(state.pop(f"{x}_proj_weight")) for x in "qkv"]
-            state["in_proj_weight"] = np.concatenate(parts, axis=0)
+            e, ekv = self.embed_dim, self.num_kv_heads * self.head_dim
+            expected = {"q": (e, e), "k": (ekv, e), "v": (ekv, e)}
+            parts = {x: to_numpy(state[f"{x}_proj_weight"], f"state_dict['{x}_proj_weight']") for x in "qkv"}
+            wrong = [f"{x}_proj_weight: expected {expected[x]}, got {parts[x].shape}" for x in "qkv"
+                     if parts[x].shape != expected[x]]
+            if wrong:  # the message load_state_dict gives for its own mis-shaped weights
+                raise ValueError(f"{type(self).__name__}.load_state_dict refused (module unchanged): "
+                                 f"mis-shaped: {wrong}")
+            for x in "qkv":
+                del state[f"{x}_proj_weight"]
+            state["in_proj_weight"] = np.concatenate([parts[x] for x in "qkv"], axis=0)
         elif not packed and "in_proj_weight" in state and not any(f"{x}_proj_weight" in state for x in "qkv"):
             w = np.asarray(state.pop("in_proj_weight"))
             e, ekv = self.embed_dim, self.num_kv_heads * self.head_dim
@@ -586,7 +595,8 @@ class TransformerEncoderLayer(Module):
             src: ``(N, L, E)`` (or ``(L, E)``, unbatched).
             src_mask: ``(L, L)`` / ``(N·nhead, L, L)`` / broadcastable to ``(N, nhead, L, L)``; float,
                 added to the scores (0 = allowed, -inf = blocked).
-            src_key_mask: ``(N, L)``, True = a real token (``~src_key_padding_mask`` in torch).
+            src_key_mask: ``(N, L)`` (``(L,)`` with an unbatched ``src``), True = a real token
+                (``~src_key_padding_mask`` in torch).
             is_causal: apply the causal mask.
 
         Returns:
@@ -603,7 +613,11 @@ class TransformerEncoderLayer(Module):
         if unbatched:
             x = x[None]
             if src_key_mask is not None:
-                src_key_mask = to_numpy(src_key_mask, "src_key_mask")[None]
+                src_key_mask = to_numpy(src_key_mask, "src_key_mask")
+                if src_key_mask.shape != (x.shape[1],):
+                    raise ValueError(f"src_key_mask: expected shape ({x.shape[1]},) (L,) for an unbatched src "
+                                     f"{x.shape[1:]} (L, E), got {src_key_mask.shape}")
+                src_key_mask = src_key_mask[None]
         if x.ndim != 3:
             raise ValueError(f"src: expected (N, L, E) or (L, E), got shape {x.shape}")
         N, L, E = x.shape
