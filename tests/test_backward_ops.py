@@ -894,3 +894,52 @@ def test_attention_backward_bad_input(rng):
     with pytest.raises(ValueError, match="enable_gqa"):
         f(randn(rng, (1, 3, 5, 4)), k, v, randn(rng, (1, 3, 5, 3)), randn(rng, (1, 3, 5, 3)), randn(rng, (1, 3, 5)),
           enable_gqa=True)
+
+
+# --------------------------------------------------------------------------------------------------
+# Embedding backward with empty inputs (embedding_dim 0, no ids): torch's gradient, not numpy's error
+# --------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("ids_shape, E, padding_idx", [((4, 1), 0, None), ((4, 1), 0, 2), ((0,), 0, None),
+                                                       ((2, 0), 0, None), ((0,), 3, None), ((2, 0), 3, 1)])
+def test_embedding_backward_empty_matches_torch(ids_shape, E, padding_idx, dtype):
+    """An empty grad_output (embedding_dim 0, or no ids) gives torch's gradient: (V, E) zeros,
+    e.g. (5, 0) for ids (4, 1) and grad_output (4, 1, 0). Before, embedding_dim 0 raised numpy's
+    "cannot reshape array of size 0 into shape (0)"."""
+    V = 5
+    ids = np.arange(math.prod(ids_shape), dtype=np.int64).reshape(ids_shape) % V
+    g = np.zeros(ids_shape + (E,), dtype)
+    ids_before, g_before = ids.copy(), g.copy()
+    ours = B.embedding_backward(ids, g, V, padding_idx)
+    w = torch.zeros(V, E, dtype=TORCH[np.dtype(dtype)], requires_grad=True)
+    TF.embedding(torch.from_numpy(ids), w, padding_idx=padding_idx).backward(to_torch(g))
+    check(ours, w.grad, dtype, "grad_weight")
+    assert ours.flags.c_contiguous
+    assert np.array_equal(ids, ids_before) and np.array_equal(g, g_before)  # inputs untouched
+    # accumulating into a buffer adds nothing: it comes back as it was
+    buf = np.arange(V * E, dtype=dtype).reshape(V, E)
+    out = B.embedding_backward(ids, g, V, padding_idx, grad_weight=buf)
+    assert out is buf
+    np.testing.assert_array_equal(buf, np.arange(V * E, dtype=dtype).reshape(V, E))
+
+
+def test_embedding_backward_sizes_no_array_can_hold_are_named():
+    """A gradient no machine (or no numpy array) can hold names num_embeddings, not the binding's
+    "(num_embeddings, H)" nor numpy's "array is too big"; a given buffer is left as it was."""
+    ids = np.zeros((4, 1), np.int64)
+    with pytest.raises(ValueError, match=r"^num_embeddings: expected at most 2305843009213693951 rows for a float32 "
+                                         r"gradient of embedding_dim 0 \(numpy's largest axis\), got "
+                                         r"4611686018427387904$"):
+        B.embedding_backward(ids, np.zeros((4, 1, 0), np.float32), 2**62)
+    with pytest.raises(ValueError, match=r"^num_embeddings: expected at most 1152921504606846975 rows for a float64 "
+                                         r"gradient of embedding_dim 0 \(numpy's largest axis\), got "
+                                         r"2305843009213693952$"):
+        B.embedding_backward(ids, np.zeros((4, 1, 0)), 2**61)
+    with pytest.raises(ValueError, match=r"^num_embeddings: the weight gradient \(4611686018427387904 × 3 float32\) "
+                                         r"needs 55340232221128654848 bytes, more than this machine's memory "
+                                         r"\(\d+ bytes\)$"):
+        B.embedding_backward(ids, np.ones((4, 1, 3), np.float32), 2**62)
+    buf = np.ones((3, 2), np.float32)
+    with pytest.raises(ValueError, match=r"^grad_weight: expected shape \(5, 2\), got \(3, 2\)$"):
+        B.embedding_backward(ids, np.ones((4, 1, 2), np.float32), 5, grad_weight=buf)
+    np.testing.assert_array_equal(buf, np.ones((3, 2), np.float32))

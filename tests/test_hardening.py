@@ -16,6 +16,7 @@ one test instead of the run.
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import subprocess
 import sys
@@ -465,6 +466,28 @@ def test_layer_norm_float64_far_from_zero(E):
     assert np.abs(layer(x) - exact).max() <= 1e-10
 
 
+@pytest.mark.parametrize("row", [[0.5, 1e300, -0.2], [1e200, -1e200, 3.0, 7.0], [-1e155, 2e155, 1.0, 0.0, 5e154]])
+def test_layer_norm_float64_huge_values(row):
+    """A float64 row whose squared deviations overflow (|x - mean| beyond ~1e154) is finite after
+    LayerNorm: it was all zeros (Σd² = inf gave rstd = 0; torch gives NaN). The forward matches the
+    exact values (Fractions); the backward equals that of the row scaled by 2**-600 (LayerNorm is
+    scale-invariant: dx(x) = dx(x · s) · s, exact for a power of two)."""
+    x = np.array([row])
+    fr = [Fraction(v) for v in row]
+    mean = sum(fr) / len(fr)
+    var = sum((f - mean) ** 2 for f in fr) / len(fr) + Fraction(1e-5)  # beyond float: kept as a ratio
+    exact = [math.copysign(math.sqrt(float((f - mean) ** 2 / var)), float(f - mean)) for f in fr]
+    assert np.abs(F.layer_norm(x, eps=1e-5)[0] - exact).max() <= 1e-12
+    w = np.linspace(0.5, 2.0, x.shape[1])
+    g = np.linspace(-1.0, 1.0, x.shape[1])[None]
+    s = 2.0**-600
+    dx, dw, db = tc.backward.layer_norm_backward(x, w, g, eps=0.0)
+    dx_s, dw_s, db_s = tc.backward.layer_norm_backward(x * s, w, g, eps=0.0)
+    assert np.all(np.isfinite(dx))
+    np.testing.assert_allclose(dx, dx_s * s, rtol=1e-12, atol=1e-12 * np.abs(dx).max())
+    np.testing.assert_allclose(dw, dw_s, rtol=1e-12, atol=1e-15)
+
+
 def test_unpickled_arrays_are_accepted():
     """An unpickled array (what a Dask worker or a multiprocessing pool receives) carries its own
     float32 dtype object, equal to numpy's but not the same object: every C++ entry point must
@@ -504,3 +527,215 @@ def test_unpickled_arrays_are_accepted():
     layer.backward(np.ones_like(x))
     opt.step()
     assert all(np.all(np.isfinite(v)) for v in layer.state_dict().values())
+
+
+# ------------------------------------------------------------------------------------------------
+# Embedding tables larger than memory name the user's sizes and the table (not the inner C++
+# Embedding's "(num_embeddings, embedding_dim)")
+# ------------------------------------------------------------------------------------------------
+_MEMORY = r"more than this machine's memory \(\d+ bytes\)"
+EMBEDDING_TABLES = [
+    ("tc.Embeddings(2**40, 3, 4)",
+     rf"vocab_size, hidden_size: the word embedding table \(1099511627776 × 3 float32\) needs 13194139533312 "
+     rf"bytes, {_MEMORY}"),
+    ("tc.Embeddings(3, 3, 2**62)",
+     rf"max_position_embeddings, hidden_size: the position embedding table \(4611686018427387904 × 3 float32\) "
+     rf"needs 55340232221128654848 bytes, {_MEMORY}"),
+    ("tc.Embeddings(3, 2**40, 4, dtype=np.float64)",
+     rf"vocab_size, hidden_size: the word embedding table \(3 × 1099511627776 float64\) needs 26388279066624 "
+     rf"bytes, {_MEMORY}"),
+    ("tc.BertEmbeddings(tc.BertConfig(vocab_size=3, hidden_size=4, max_position_embeddings=4, type_vocab_size=2**62))",
+     rf"type_vocab_size, hidden_size: the token type embedding table \(4611686018427387904 × 4 float32\) needs "
+     rf"73786976294838206464 bytes, {_MEMORY}"),
+    ("tc.BertEmbeddings({'vocab_size': 2**40, 'hidden_size': 4, 'num_attention_heads': 1})",
+     rf"vocab_size, hidden_size: the word embedding table \(1099511627776 × 4 float32\) needs 17592186044416 "
+     rf"bytes, {_MEMORY}"),
+    # each table fits, the two together do not (the C++ layer checks one table at a time)
+    ("V = tc._validation.physical_memory_bytes() // 24\ntc.Embeddings(V, 4, V)",
+     rf"vocab_size, hidden_size, max_position_embeddings: the tables together \(\d+ × 4 \+ \d+ × 4 \+ 2 × 4 "
+     rf"float32\) need \d+ bytes, {_MEMORY}"),
+]
+
+
+@pytest.mark.parametrize("code, message", EMBEDDING_TABLES, ids=[c for c, _ in EMBEDDING_TABLES])
+def test_embedding_tables_larger_than_memory_name_sizes_and_table(code, message):
+    """Checked in Python before the C++ layer allocates anything (under an address-space limit of
+    1 GiB more than the interpreter holds, so that old code fails with MemoryError rather than
+    exhausting the machine)."""
+    limited = ("import resource\n"
+               "size = [int(l.split()[1]) * 1024 for l in open('/proc/self/status') if l.startswith('VmSize')][0]\n"
+               "resource.setrlimit(resource.RLIMIT_AS, (size + 2**30, resource.RLIM_INFINITY))\n" + code)
+    import re
+
+    out = run_isolated(limited, timeout=120)
+    assert re.fullmatch("ValueError: " + message, out), out
+
+
+# ------------------------------------------------------------------------------------------------
+# from_pretrained: a config.json that the weights contradict names the file and the fields, before
+# the model of that config is built
+# ------------------------------------------------------------------------------------------------
+def _with_config(src: Path, dst: Path, **changes) -> Path:
+    """``dst``: ``src``'s weights (linked) beside its config.json with ``changes``."""
+    dst.mkdir(parents=True)
+    config = json.loads((src / "config.json").read_text())
+    config.update(changes)
+    (dst / "config.json").write_text(json.dumps(config))
+    for f in src.iterdir():
+        if f.name != "config.json":
+            (dst / f.name).symlink_to(f)
+    return dst
+
+
+def _refuses_before_building(monkeypatch, cls, directory: Path, message: str) -> None:
+    """``cls.from_pretrained(directory)`` raises ValueError ``message`` (the whole message, after
+    the path of config.json), builds no model and changes no file."""
+    import re
+
+    def built(*args, **kwargs):
+        raise AssertionError("the model was built before the config was checked against the weights")
+
+    files = {f.name: f.read_bytes() for f in directory.iterdir() if f.is_file()}
+    monkeypatch.setattr(cls, "__init__", built)
+    with pytest.raises(ValueError) as info:
+        cls.from_pretrained(directory)
+    monkeypatch.undo()
+    expected = re.escape(str(directory / "config.json")) + ": " + message + r" \(the config does not describe these weights\)"
+    assert re.fullmatch(expected, str(info.value)), str(info.value)
+    assert {f.name: f.read_bytes() for f in directory.iterdir() if f.is_file()} == files
+
+
+BERT_CONFIG_VS_WEIGHTS = [
+    ({"num_hidden_layers": 0}, r"num_hidden_layers = 0, but model\.safetensors holds layers 0\.\.5"),
+    ({"num_hidden_layers": 8}, r"num_hidden_layers = 8, but model\.safetensors holds layers 0\.\.5"),
+    ({"max_position_embeddings": 10**6}, r"max_position_embeddings = 1000000, but "
+                                         r"embeddings\.position_embeddings\.weight in model\.safetensors has 512 rows"),
+    ({"max_position_embeddings": 2**40}, r"max_position_embeddings = 1099511627776, but "
+                                         r"embeddings\.position_embeddings\.weight in model\.safetensors has 512 rows"),
+    ({"vocab_size": 100}, r"vocab_size = 100, but embeddings\.word_embeddings\.weight in model\.safetensors has "
+                          r"30522 rows"),
+    ({"type_vocab_size": 3}, r"type_vocab_size = 3, but embeddings\.token_type_embeddings\.weight in "
+                             r"model\.safetensors has 2 rows"),
+    ({"hidden_size": 96}, r"hidden_size = 96, but embeddings\.word_embeddings\.weight in model\.safetensors has 384 "
+                          r"columns \(and 3 more tensors agree\)"),
+    ({"intermediate_size": 100}, r"intermediate_size = 100, but encoder\.layer\.0\.intermediate\.dense\.weight in "
+                                 r"model\.safetensors has 1536 rows \(and 5 more tensors agree\)"),
+    ({"num_hidden_layers": 0, "max_position_embeddings": 10**6},
+     r"num_hidden_layers = 0, but model\.safetensors holds layers 0\.\.5; max_position_embeddings = 1000000, but "
+     r"embeddings\.position_embeddings\.weight in model\.safetensors has 512 rows"),
+]
+
+
+@pytest.mark.parametrize("changes, message", BERT_CONFIG_VS_WEIGHTS, ids=[str(c) for c, _ in BERT_CONFIG_VS_WEIGHTS])
+def test_bert_config_contradicting_the_weights_names_config_json(tmp_path, monkeypatch, changes, message):
+    directory = _with_config(MODEL_DIR, tmp_path / "bert", **changes)
+    _refuses_before_building(monkeypatch, tc.BertModel, directory, message)
+
+
+def test_bert_weights_disagreeing_among_themselves_keep_load_state_dicts_error(tmp_path):
+    """One layer's tensor of another shape is the file's problem, not the config's: load_state_dict's
+    error, as before."""
+    from safetensors.numpy import load_file, save_file
+
+    d = tmp_path / "one_layer"
+    d.mkdir()
+    shutil.copy(MODEL_DIR / "config.json", d / "config.json")
+    tensors = load_file(str(MODEL_DIR / "model.safetensors"))
+    tensors["encoder.layer.3.intermediate.dense.weight"] = np.zeros((100, 384), np.float32)
+    save_file(tensors, str(d / "model.safetensors"))
+    with pytest.raises(ValueError, match=r"^BertModel\.load_state_dict refused \(module unchanged\): mis-shaped: "
+                                         r"\['encoder\.layer\.3\.intermediate\.dense\.weight: expected \(1536, 384\), "
+                                         r"got \(100, 384\)'\]$"):
+        tc.BertModel.from_pretrained(d)
+
+
+@pytest.fixture(scope="module")
+def tiny_gpt2_dir(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("gpt2")
+    tc.GPT2LMHeadModel(tc.GPT2Config(vocab_size=50, n_positions=16, n_embd=8, n_layer=3, n_head=2)).save_pretrained(d)
+    return d
+
+
+GPT2_CONFIG_VS_WEIGHTS = [
+    ({"n_layer": 1}, r"n_layer = 1, but model\.safetensors holds layers 0\.\.2"),
+    ({"n_positions": 10**6}, r"n_positions = 1000000, but transformer\.wpe\.weight in model\.safetensors has 16 rows"),
+    ({"vocab_size": 60}, r"vocab_size = 60, but transformer\.wte\.weight in model\.safetensors has 50 rows"),
+    ({"n_inner": 12}, r"n_inner = 12, but transformer\.h\.0\.mlp\.c_fc\.weight in model\.safetensors has 32 columns "
+                      r"\(and 5 more tensors agree\)"),
+    ({"n_embd": 4}, r"n_embd = 4, but transformer\.wte\.weight in model\.safetensors has 8 columns \(and 3 more tensors "
+                    r"agree\); n_inner = None \(4 \* n_embd = 16\), but transformer\.h\.0\.mlp\.c_fc\.weight in "
+                    r"model\.safetensors has 32 columns \(and 5 more tensors agree\)"),
+]
+
+
+@pytest.mark.parametrize("cls", ["GPT2LMHeadModel", "GPT2Model"])
+@pytest.mark.parametrize("changes, message", GPT2_CONFIG_VS_WEIGHTS, ids=[str(c) for c, _ in GPT2_CONFIG_VS_WEIGHTS])
+def test_gpt2_config_contradicting_the_weights_names_config_json(tiny_gpt2_dir, tmp_path, monkeypatch, cls, changes,
+                                                                 message):
+    directory = _with_config(tiny_gpt2_dir, tmp_path / "gpt2", **changes)
+    _refuses_before_building(monkeypatch, getattr(tc, cls), directory, message)
+
+
+def test_sharded_weights_are_named_as_the_index_shards(tiny_gpt2_dir, tmp_path, monkeypatch):
+    d = tmp_path / "sharded"
+    d.mkdir()
+    config = json.loads((tiny_gpt2_dir / "config.json").read_text())
+    config["n_layer"] = 0
+    (d / "config.json").write_text(json.dumps(config))
+    shard = "model-00001-of-00001.safetensors"
+    (d / shard).symlink_to(tiny_gpt2_dir / "model.safetensors")
+    from safetensors import safe_open
+
+    with safe_open(str(tiny_gpt2_dir / "model.safetensors"), framework="numpy") as f:
+        names = list(f.keys())
+    (d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {n: shard for n in names}}))
+    _refuses_before_building(monkeypatch, tc.GPT2LMHeadModel, d,
+                             r"n_layer = 0, but the shards of model\.safetensors\.index\.json hold layers 0\.\.2")
+
+
+@pytest.fixture(scope="module")
+def tiny_llama_dir(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("llama")
+    config = tc.LlamaConfig(vocab_size=50, hidden_size=8, intermediate_size=12, num_hidden_layers=2,
+                            num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=32)
+    tc.LlamaForCausalLM(config).save_pretrained(d)
+    return d
+
+
+LLAMA_CONFIG_VS_WEIGHTS = [
+    ({"num_hidden_layers": 5}, r"num_hidden_layers = 5, but model\.safetensors holds layers 0\.\.1"),
+    ({"vocab_size": 60}, r"vocab_size = 60, but model\.embed_tokens\.weight in model\.safetensors has 50 rows "
+                         r"\(and 1 more tensor agrees\)"),
+    ({"intermediate_size": 16}, r"intermediate_size = 16, but model\.layers\.0\.mlp\.gate_proj\.weight in "
+                                r"model\.safetensors has 12 rows \(and 3 more tensors agree\)"),
+    ({"num_key_value_heads": 2}, r"num_key_value_heads = 2 with head_dim = hidden_size / num_attention_heads = 4 "
+                                 r"\(k_proj's and v_proj's 8 rows\), but model\.layers\.0\.self_attn\.k_proj\.weight "
+                                 r"in model\.safetensors has 4 rows \(and 3 more tensors agree\)"),
+    ({"num_attention_heads": 4, "head_dim": 4},
+     r"num_attention_heads = 4 with head_dim = 4 \(q_proj's 16 rows\), but model\.layers\.0\.self_attn\.q_proj\.weight "
+     r"in model\.safetensors has 8 rows \(and 1 more tensor agrees\)"),
+    ({"tie_word_embeddings": True}, r"tie_word_embeddings = True, but lm_head\.weight in model\.safetensors differs "
+                                    r"from the token embedding \(an untied head, which a tied model would drop\)"),
+]
+
+
+@pytest.mark.parametrize("changes, message", LLAMA_CONFIG_VS_WEIGHTS, ids=[str(c) for c, _ in LLAMA_CONFIG_VS_WEIGHTS])
+def test_llama_config_contradicting_the_weights_names_config_json(tiny_llama_dir, tmp_path, monkeypatch, changes,
+                                                                  message):
+    directory = _with_config(tiny_llama_dir, tmp_path / "llama", **changes)
+    _refuses_before_building(monkeypatch, tc.LlamaForCausalLM, directory, message)
+
+
+def test_llama_untied_config_without_a_head_names_tie_word_embeddings(tiny_llama_dir, tmp_path, monkeypatch):
+    from safetensors.numpy import load_file, save_file
+
+    d = tmp_path / "headless"
+    d.mkdir()
+    shutil.copy(tiny_llama_dir / "config.json", d / "config.json")
+    tensors = load_file(str(tiny_llama_dir / "model.safetensors"))
+    del tensors["lm_head.weight"]
+    save_file(tensors, str(d / "model.safetensors"))
+    _refuses_before_building(monkeypatch, tc.LlamaForCausalLM, d, r"tie_word_embeddings = False \(an LM head of its "
+                                                                  r"own\), but model\.safetensors holds no lm_head\.weight")
+    base = tc.LlamaModel.from_pretrained(d)  # hidden states need no head: loads as before
+    assert set(base.state_dict()) == {k.removeprefix("model.") for k in tensors}

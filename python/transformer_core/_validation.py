@@ -440,6 +440,37 @@ def check_allocatable(shape, itemsize: int, name: str) -> None:
                          f"more than this machine's memory ({limit} bytes)")
 
 
+def check_tables_allocatable(tables, dtype) -> None:
+    """Checks a module's weight tables against this machine's memory before the C++ layer allocates
+    them, naming the user's arguments (the C++ check names its own layer's: ``Embedding:
+    (num_embeddings, embedding_dim)``).
+
+    Args:
+        tables: ``(names, what, rows, cols)`` per table, e.g. ``("vocab_size, hidden_size", "the word
+            embedding table", V, H)``: ``names`` the arguments that size it, ``what`` the table.
+        dtype: the tables' float dtype.
+
+    Raises:
+        ValueError: one table needs more bytes than this machine's memory (naming its arguments and
+            the table), or all of them together do (naming every argument). Python's ints do not
+            overflow: the products are exact, however large the sizes.
+    """
+    dt = np.dtype(dtype)
+    limit = physical_memory_bytes()
+    total = 0
+    for names, what, rows, cols in tables:
+        need = int(rows) * int(cols) * dt.itemsize
+        if need > limit:
+            raise ValueError(f"{names}: {what} ({int(rows)} × {int(cols)} {dt.name}) needs {need} bytes, more "
+                             f"than this machine's memory ({limit} bytes)")
+        total += need
+    if total > limit:
+        names = ", ".join(dict.fromkeys(n.strip() for t in tables for n in t[0].split(",")))
+        sizes = " + ".join(f"{int(r)} × {int(c)}" for _, _, r, c in tables)
+        raise ValueError(f"{names}: the tables together ({sizes} {dt.name}) need {total} bytes, more than this "
+                         f"machine's memory ({limit} bytes)")
+
+
 # ------------------------------------------------------------------------------------------------
 # Mappings and configs
 # ------------------------------------------------------------------------------------------------

@@ -23,8 +23,8 @@ import numbers
 import numpy as np
 
 from ._runtime import variant
-from ._validation import activation as activation_of
 from ._validation import (
+    MAX_SIZE,
     as_float,
     as_ids,
     as_vector,
@@ -32,10 +32,12 @@ from ._validation import (
     check_choice,
     check_eps,
     check_int,
+    check_tables_allocatable,
     grad_buffer,
     rotary_layout,
     to_numpy,
 )
+from ._validation import activation as activation_of
 from .functional import (
     _as_4d,
     _attention_inputs,
@@ -348,9 +350,14 @@ def embedding_backward(ids, grad_output, num_embeddings: int, padding_idx: int |
 
     Returns:
         ``grad_weight``, ``(V, embedding_dim)``, dtype of ``grad_output`` (float32 unless float64).
+        Empty inputs are allowed, as torch's: no ids (``grad_output`` of shape ``ids.shape + (E,)``
+        with ``ids.size == 0``) give zeros (or ``grad_weight`` unchanged), ``embedding_dim`` 0 an
+        empty ``(V, 0)`` gradient.
 
     Raises:
-        ValueError: ids out of range, shapes that do not match, bad ``padding_idx`` or buffer.
+        ValueError: ids out of range, shapes that do not match, bad ``padding_idx`` or buffer; a
+            ``num_embeddings`` too large for even an empty ``(V, 0)`` numpy array, or a new gradient
+            larger than this machine's memory.
         TypeError: non-integer ids, non-numeric ``grad_output``, non-int ``num_embeddings``.
     """
     V = check_int(num_embeddings, "num_embeddings", 1)
@@ -370,9 +377,15 @@ def embedding_backward(ids, grad_output, num_embeddings: int, padding_idx: int |
         pad = check_int(padding_idx, "padding_idx", -V, V - 1) % V
     H = g.shape[-1]
     dtype = g.dtype.type
+    if H == 0 and V > MAX_SIZE // np.dtype(dtype).itemsize:  # numpy cannot make even an empty (V, 0) array
+        raise ValueError(f"num_embeddings: expected at most {MAX_SIZE // np.dtype(dtype).itemsize} rows for a "
+                         f"{np.dtype(dtype).name} gradient of embedding_dim 0 (numpy's largest axis), got {V}")
     gw = _grad_buffer(grad_weight, "grad_weight", (V, H), dtype)
-    t = np.ascontiguousarray(t, dtype=np.int64).reshape(-1)
-    return variant("embedding_backward", dtype)(t, g.reshape(-1, H), V, pad, gw)
+    if gw is None:  # a new (V, H) array: checked here, naming the argument (the binding's check says "H")
+        check_tables_allocatable([("num_embeddings", "the weight gradient", V, H)], dtype)
+    rows = t.size  # not reshape(-1, H): -1 is ambiguous for an empty grad_output (embedding_dim 0)
+    t = np.ascontiguousarray(t, dtype=np.int64).reshape(rows)
+    return variant("embedding_backward", dtype)(t, g.reshape(rows, H), V, pad, gw)
 
 
 def rotary_backward(grad_output, cos, sin, layout: str = "half") -> np.ndarray:

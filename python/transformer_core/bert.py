@@ -15,8 +15,9 @@ import numpy as np
 
 from ._runtime import core as _core
 from ._validation import activation, as_bool, as_float, as_ids, check_config_fields, check_mapping
-from .hub import load_safetensors, read_config, resolve_model_dir
+from .hub import ConfigRule, LayerRule, check_config_against_weights, load_safetensors, read_config, resolve_model_dir
 from .module import Module, skip_weight_init
+from .positional import _check_embedding_tables
 
 __all__ = ["BertConfig", "BertEmbeddings", "BertModel", "BertOutput"]
 
@@ -115,6 +116,28 @@ class BertOutput:
     pooler_output: np.ndarray | None
 
 
+def _check_config_against_weights(model_dir, config: BertConfig, state: dict) -> None:
+    """ValueError naming ``config.json`` and each field its weights contradict (see
+    :func:`transformer_core.hub.check_config_against_weights`), checked on the file's names."""
+    c, p = config, r"^(?:bert\.)?"
+    emb = p + r"embeddings\."
+    rules = [
+        ConfigRule(f"vocab_size = {c.vocab_size}", c.vocab_size, emb + r"word_embeddings\.weight$", 0),
+        ConfigRule(f"max_position_embeddings = {c.max_position_embeddings}", c.max_position_embeddings,
+                   emb + r"position_embeddings\.weight$", 0),
+        ConfigRule(f"type_vocab_size = {c.type_vocab_size}", c.type_vocab_size,
+                   emb + r"token_type_embeddings\.weight$", 0),
+        ConfigRule(f"hidden_size = {c.hidden_size}", c.hidden_size,
+                   (emb + r"word_embeddings\.weight$", emb + r"(?:position|token_type)_embeddings\.weight$",
+                    emb + r"LayerNorm\.(?:weight|gamma)$"), -1),
+        ConfigRule(f"intermediate_size = {c.intermediate_size}", c.intermediate_size,
+                   p + r"encoder\.layer\.\d+\.intermediate\.dense\.weight$", 0),
+    ]
+    layers = LayerRule(f"num_hidden_layers = {c.num_hidden_layers}", c.num_hidden_layers,
+                       p + r"encoder\.layer\.(\d+)\.")
+    check_config_against_weights(model_dir, {k: v.shape for k, v in state.items()}, rules, layers)
+
+
 def _rename_hf(state: dict, *, strip_prefix: bool = True) -> dict:
     """Checkpoint names -> ours: drops a leading ``bert.``, old ``gamma``/``beta`` LayerNorm names
     become ``weight``/``bias``, buffers (``position_ids``) are dropped."""
@@ -162,11 +185,17 @@ class BertModel(Module):
 
         Raises:
             FileNotFoundError: no such directory/model, or no ``config.json``/``model.safetensors``.
-            ValueError: a missing, unknown or mis-shaped tensor (listed); an unsupported config.
+            ValueError: a ``config.json`` whose sizes (``vocab_size``, ``hidden_size``,
+                ``max_position_embeddings``, ``type_vocab_size``, ``intermediate_size``,
+                ``num_hidden_layers``) the weights contradict (naming the file and the fields,
+                before the model is built); a missing, unknown or mis-shaped tensor (listed); an
+                unsupported config.
         """
         model_dir = resolve_model_dir(name_or_path)
         config = BertConfig.from_dict(read_config(model_dir))
-        state = _rename_hf(load_safetensors(model_dir))
+        raw = load_safetensors(model_dir)
+        _check_config_against_weights(model_dir, config, raw)  # before the model of that config is built
+        state = _rename_hf(raw)
         state = {k: v for k, v in state.items() if not k.startswith("cls.")}
         if not any(k.startswith("pooler.") for k in state):
             config.add_pooling_layer = False
@@ -273,6 +302,10 @@ class BertEmbeddings(Module):
         dtype: ``np.float32`` or ``np.float64``.
         weights: optional state dict to load (Hugging Face's names, with or without ``embeddings.``).
 
+    Raises:
+        TypeError / ValueError: a config field of the wrong type or range (named); tables larger than
+            this machine's memory (naming the config fields and the table), before any is allocated.
+
     Weights (Hugging Face's names): ``word_embeddings.weight (V, H)``,
     ``position_embeddings.weight (P, H)``, ``token_type_embeddings.weight (T, H)``,
     ``LayerNorm.weight (H)``, ``LayerNorm.bias (H)``.
@@ -282,6 +315,7 @@ class BertEmbeddings(Module):
         sfx = self._init_dtype(dtype)
         self.config = config if isinstance(config, BertConfig) else BertConfig.from_dict(config)
         c = self.config.check()
+        _check_embedding_tables(c.vocab_size, c.hidden_size, c.max_position_embeddings, c.type_vocab_size, self.dtype)
         ec = _core.EmbeddingsConfig()
         ec.vocab_size, ec.hidden_size = c.vocab_size, c.hidden_size
         ec.max_position_embeddings, ec.type_vocab_size = c.max_position_embeddings, c.type_vocab_size

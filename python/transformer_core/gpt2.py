@@ -13,7 +13,7 @@ import numpy as np
 from ._runtime import core as _core
 from ._validation import activation, check_config_fields, check_eps, check_mapping, check_token_ids
 from .decoder import CausalLM, CausalLMOutput, DecoderModel
-from .hub import load_safetensors, read_config, resolve_model_dir
+from .hub import ConfigRule, LayerRule, check_config_against_weights, load_safetensors, read_config, resolve_model_dir
 from .kv_cache import KVCache
 from .module import skip_weight_init
 
@@ -123,6 +123,24 @@ class GPT2Config:
         return c
 
 
+def _check_config_against_weights(model_dir, config: GPT2Config, state: dict) -> None:
+    """ValueError naming ``config.json`` and each field its weights contradict (see
+    :func:`transformer_core.hub.check_config_against_weights`), checked on the file's names
+    (Conv1D weights are ``(in, out)``)."""
+    c, p = config, r"^(?:transformer\.)?"
+    inner = c.n_inner or 4 * c.n_embd
+    inner_setting = f"n_inner = {c.n_inner}" if c.n_inner else f"n_inner = {c.n_inner} (4 * n_embd = {inner})"
+    rules = [
+        ConfigRule(f"vocab_size = {c.vocab_size}", c.vocab_size, p + r"wte\.weight$", 0),
+        ConfigRule(f"n_positions = {c.n_positions}", c.n_positions, p + r"wpe\.weight$", 0),
+        ConfigRule(f"n_embd = {c.n_embd}", c.n_embd,
+                   (p + r"wte\.weight$", p + r"wpe\.weight$", p + r"ln_f\.(?:weight|bias)$"), -1),
+        ConfigRule(inner_setting, inner, (p + r"h\.\d+\.mlp\.c_fc\.weight$", p + r"h\.\d+\.mlp\.c_fc\.bias$"), -1),
+    ]
+    layers = LayerRule(f"n_layer = {c.n_layer}", c.n_layer, p + r"h\.(\d+)\.")
+    check_config_against_weights(model_dir, {k: v.shape for k, v in state.items()}, rules, layers)
+
+
 class GPT2Model(DecoderModel):
     """The GPT-2 transformer: token + position embeddings, pre-LN blocks, final ``ln_f``.
 
@@ -165,14 +183,19 @@ class GPT2Model(DecoderModel):
 
         Raises:
             FileNotFoundError: no directory, ``config.json`` or ``model.safetensors``.
-            ValueError: a missing, unknown or mis-shaped tensor (listed); an unsupported config
-                (e.g. ``tie_word_embeddings=False``) or an ``lm_head.weight`` other than ``wte.weight``.
+            ValueError: a ``config.json`` whose sizes (``vocab_size``, ``n_embd``, ``n_positions``,
+                ``n_inner``, ``n_layer``) the weights contradict (naming the file and the fields,
+                before the model is built); a missing, unknown or mis-shaped tensor (listed); an
+                unsupported config (e.g. ``tie_word_embeddings=False``) or an ``lm_head.weight``
+                other than ``wte.weight``.
         """
         model_dir = resolve_model_dir(name_or_path)
         config = GPT2Config.from_dict(read_config(model_dir))
+        state = load_safetensors(model_dir)
+        _check_config_against_weights(model_dir, config, state)  # before the model of that config is built
         with skip_weight_init():  # no random draw: every weight is loaded (a missing one raises)
             model = cls(config, dtype=dtype)
-        model.load_state_dict(load_safetensors(model_dir))
+        model.load_state_dict(state)
         return model
 
 

@@ -20,6 +20,7 @@ import math
 import re
 import struct
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -282,3 +283,90 @@ def _load_safetensors_file(path: Path, names, dtype, index: Path | None = None) 
     except Exception as e:  # SafetensorError and OS errors: name the file, never a raw library error
         raise ValueError(f"{path}: cannot read safetensors file ({type(e).__name__}: {e})") from None
     return out
+
+
+# ------------------------------------------------------------------------------------------------
+# config.json against the weights
+# ------------------------------------------------------------------------------------------------
+class ConfigRule(NamedTuple):
+    """One size of ``config.json`` as the weights show it: every tensor whose name matches one of
+    ``tensors`` (regexes over the file's names; a message names a match of the first that matches)
+    has ``expected`` along ``axis`` (negative: from the last)."""
+
+    setting: str   # the field(s) and value as the message shows them, e.g. "vocab_size = 30522"
+    expected: int
+    tensors: tuple  # of regexes
+    axis: int
+
+
+class LayerRule(NamedTuple):
+    """The layer count of ``config.json`` as the weights show it: the tensors whose names match
+    ``tensors`` (a regex whose first group is the layer index) hold layers ``0 .. expected - 1``."""
+
+    setting: str   # e.g. "num_hidden_layers = 6"
+    expected: int
+    tensors: str
+
+
+def weights_file_label(model_dir) -> tuple[str, bool]:
+    """``(what the weights of a model directory are called in a message, whether that is plural)``:
+    ``model.safetensors``, or the shards of ``model.safetensors.index.json``."""
+    if (Path(model_dir) / "model.safetensors").is_file():
+        return "model.safetensors", False
+    return "the shards of model.safetensors.index.json", True
+
+
+def _count(shape: tuple, axis: int, n: int) -> str:
+    """``n`` with its unit: rows / columns of a matrix, values of a vector."""
+    word = "value" if len(shape) == 1 else {0: "row", 1: "column"}.get(axis, f"entry of axis {axis}")
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
+def config_weight_mismatches(shapes, rules=(), layers=None, weights: str = "model.safetensors",
+                             plural: bool = False) -> list[str]:
+    """What ``config.json`` says that the weights (``shapes``: the file's ``{name: shape}``)
+    contradict, one line per field: a :class:`LayerRule` whose count is not the file's (its largest
+    layer index + 1), a :class:`ConfigRule` whose size every matching tensor of the file disagrees
+    with, unanimously. Tensors that disagree among themselves are the file's problem, not the
+    config's: they are left to ``load_state_dict`` (which lists mis-shaped and missing tensors),
+    as are tensors of an unexpected rank."""
+    problems = []
+    if layers is not None:
+        pattern = re.compile(layers.tensors)
+        found = sorted({int(m.group(1)) for name in shapes if (m := pattern.match(name))})
+        count = found[-1] + 1 if found else 0
+        if count != layers.expected:
+            held = ("no layers" if not found else "layer 0" if count == 1 else f"layers 0..{count - 1}")
+            problems.append(f"{layers.setting}, but {weights} {'hold' if plural else 'holds'} {held}")
+    for rule in rules:
+        matches = []
+        for regex in (rule.tensors,) if isinstance(rule.tensors, str) else rule.tensors:
+            pattern = re.compile(regex)
+            matches += [(name, tuple(shape)) for name, shape in shapes.items()
+                        if pattern.match(name) and -len(shape) <= rule.axis < len(shape)]
+        sizes = {shape[rule.axis] for _, shape in matches}
+        if len(sizes) != 1 or rule.expected in sizes:
+            continue
+        (name, shape), n, k = matches[0], next(iter(sizes)), len(matches) - 1
+        more = "" if not k else " (and 1 more tensor agrees)" if k == 1 else f" (and {k} more tensors agree)"
+        problems.append(f"{rule.setting}, but {name} in {weights} has {_count(shape, rule.axis % len(shape), n)}{more}")
+    return problems
+
+
+def check_config_against_weights(model_dir, shapes, rules=(), layers=None, more=()) -> None:
+    """Raises a ValueError naming the directory's ``config.json`` and every field that the weights
+    contradict (see :func:`config_weight_mismatches`), before a model of that config is built: a
+    config asking for a larger table than the file holds is refused without allocating it.
+
+    Args:
+        model_dir: the model directory.
+        shapes: ``{tensor name: shape}`` of its weights, the file's names.
+        rules: :class:`ConfigRule` s.  layers: a :class:`LayerRule` or None.
+        more: further disagreements the caller found (message lines, e.g. an untied head under a
+            config that ties it).
+    """
+    weights, plural = weights_file_label(model_dir)
+    problems = config_weight_mismatches(shapes, rules, layers, weights, plural) + list(more)
+    if problems:
+        raise ValueError(f"{Path(model_dir) / 'config.json'}: " + "; ".join(problems)
+                         + " (the config does not describe these weights)")

@@ -7,6 +7,7 @@ checkpoints load from a Hugging Face directory (safetensors) or a GGUF file, wit
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -235,8 +236,11 @@ class LlamaModel(DecoderModel):
 
         Raises:
             FileNotFoundError: nothing at ``name_or_path``.
-            ValueError: an unsupported or malformed checkpoint (named), a missing, unknown or
-                mis-shaped tensor (listed).
+            ValueError: an unsupported or malformed checkpoint (named); a directory's
+                ``config.json`` whose sizes (``vocab_size``, ``hidden_size``, ``intermediate_size``,
+                ``num_hidden_layers``, the heads times ``head_dim``) or ``tie_word_embeddings`` the
+                weights contradict (naming the file and the fields, before the model is built); a
+                missing, unknown or mis-shaped tensor (listed).
             TypeError: ``dtype`` not None, float32 or float64; ``quantize_activations`` not a bool
                 (``"False"`` or 0 included).
         """
@@ -253,11 +257,58 @@ class LlamaModel(DecoderModel):
                 return cls._from_gguf_blocks(read_gguf(location), quantize_activations)
             dtype = np.float32
         config, state, source = load_llama_checkpoint(name_or_path, dtype)
+        if isinstance(source, Path):  # a Hugging Face directory (not a GGUF file): config.json against its weights
+            cls._check_config_against_weights(source, config, state)  # before the model is built
         with skip_weight_init():
             model = cls(config, dtype=dtype)  # every weight loaded below
         model.load_state_dict(state)
         model.source = source
         return model
+
+    @classmethod
+    def _check_config_against_weights(cls, model_dir, config: LlamaConfig, state: dict) -> None:
+        """ValueError naming ``config.json`` and each field the directory's weights contradict (see
+        :func:`transformer_core.hub.check_config_against_weights`), on the file's names; with an LM
+        head (:class:`LlamaForCausalLM`), ``tie_word_embeddings`` too: false without an
+        ``lm_head.weight`` in the file, or true with one that differs from the token embedding
+        (an untied head that loading would drop)."""
+        from .hub import ConfigRule, LayerRule, check_config_against_weights, weights_file_label
+
+        c, p = config, r"^(?:model\.)?"
+        attn = p + r"layers\.\d+\.self_attn\."
+        rules = [
+            ConfigRule(f"vocab_size = {c.vocab_size}", c.vocab_size, (p + r"embed_tokens\.weight$", r"^lm_head\.weight$"),
+                       0),
+            ConfigRule(f"hidden_size = {c.hidden_size}", c.hidden_size,
+                       (p + r"embed_tokens\.weight$", p + r"norm\.weight$", r"^lm_head\.weight$"), -1),
+            ConfigRule(f"intermediate_size = {c.intermediate_size}", c.intermediate_size,
+                       p + r"layers\.\d+\.mlp\.(?:gate|up)_proj\.weight$", 0),
+        ]
+        if c.head_dim or c.hidden_size % c.num_attention_heads == 0:  # else the model's constructor refuses it
+            d = c.head_dim or c.hidden_size // c.num_attention_heads
+            head_dim = f"head_dim = {c.head_dim}" if c.head_dim else f"head_dim = hidden_size / num_attention_heads = {d}"
+            rules.append(ConfigRule(f"num_attention_heads = {c.num_attention_heads} with {head_dim} (q_proj's "
+                                    f"{c.num_attention_heads * d} rows)", c.num_attention_heads * d,
+                                    attn + r"q_proj\.weight$", 0))
+            kv = (f"num_key_value_heads = {c.num_key_value_heads}" if c.num_key_value_heads
+                  else f"num_key_value_heads = {c.num_key_value_heads} (= num_attention_heads)")
+            rules.append(ConfigRule(f"{kv} with {head_dim} (k_proj's and v_proj's {c.num_kv_heads * d} rows)",
+                                    c.num_kv_heads * d, attn + r"[kv]_proj\.weight$", 0))
+        layers = LayerRule(f"num_hidden_layers = {c.num_hidden_layers}", c.num_hidden_layers,
+                           p + r"layers\.(\d+)\.")
+        more = []
+        if issubclass(cls, CausalLM):
+            weights, plural = weights_file_label(model_dir)
+            head = state.get("lm_head.weight")
+            embed = next((state[k] for k in ("model.embed_tokens.weight", "embed_tokens.weight") if k in state), None)
+            if not c.tie_word_embeddings and head is None and embed is not None:
+                more.append(f"tie_word_embeddings = False (an LM head of its own), but {weights} "
+                            f"{'hold' if plural else 'holds'} no lm_head.weight")
+            elif (c.tie_word_embeddings and head is not None and embed is not None
+                  and (head.shape != embed.shape or not np.array_equal(head, embed))):
+                more.append(f"tie_word_embeddings = True, but lm_head.weight in {weights} differs from the token "
+                            f"embedding (an untied head, which a tied model would drop)")
+        check_config_against_weights(model_dir, {k: v.shape for k, v in state.items()}, rules, layers, more)
 
     @classmethod
     def _from_gguf_blocks(cls, checkpoint, quantize_activations: bool):

@@ -32,6 +32,7 @@ from ._validation import (
     check_float,
     check_int,
     check_positive_int,
+    check_tables_allocatable,
     compute_dtype,
     resolve_dtype,
     rotary_layout,
@@ -160,6 +161,21 @@ class PositionalEncoding:
 # --------------------------------------------------------------------------------------------------
 
 
+def _check_embedding_tables(vocab_size: int, hidden_size: int, max_position_embeddings: int, type_vocab_size: int,
+                            dtype) -> None:
+    """The tables of the C++ ``Embeddings`` layer (word, position, token type, LayerNorm) checked
+    against this machine's memory before it allocates them, naming the arguments (or config fields)
+    and the table: ValueError (the C++ check would name its inner ``Embedding``'s
+    ``(num_embeddings, embedding_dim)``)."""
+    tables = [("vocab_size, hidden_size", "the word embedding table", vocab_size, hidden_size),
+              ("max_position_embeddings, hidden_size", "the position embedding table", max_position_embeddings,
+               hidden_size)]
+    if type_vocab_size:
+        tables.append(("type_vocab_size, hidden_size", "the token type embedding table", type_vocab_size, hidden_size))
+    tables.append(("hidden_size", "the LayerNorm weight and bias", 2, hidden_size))
+    check_tables_allocatable(tables, dtype)
+
+
 class Embeddings(Module):
     """Token + learned position embeddings, then LayerNorm (the encoder tutorial's ``Embeddings``; BERT
     without token types)::
@@ -181,7 +197,8 @@ class Embeddings(Module):
     ``layer_norm.bias (H)``; a torch state_dict of the tutorial's module loads as is.
 
     Raises:
-        TypeError / ValueError: non-int or non-positive sizes, negative ``layer_norm_eps``.
+        TypeError / ValueError: non-int or non-positive sizes, negative ``layer_norm_eps``; tables
+            larger than this machine's memory (naming the sizes and the table), before any is allocated.
     """
 
     _CORE_NAMES = {"word_embeddings.weight": "token_embeddings.weight",
@@ -194,6 +211,7 @@ class Embeddings(Module):
         self.hidden_size = check_positive_int(hidden_size, "hidden_size")
         self.max_position_embeddings = check_positive_int(max_position_embeddings, "max_position_embeddings")
         self.layer_norm_eps = check_eps(layer_norm_eps, "layer_norm_eps")
+        _check_embedding_tables(self.vocab_size, self.hidden_size, self.max_position_embeddings, 0, self.dtype)
         config = core.EmbeddingsConfig()
         config.vocab_size, config.hidden_size = self.vocab_size, self.hidden_size
         config.max_position_embeddings, config.type_vocab_size = self.max_position_embeddings, 0

@@ -160,6 +160,23 @@ inline void layer_norm_stats(const T* x, int64_t n, double eps, double& mu0, dou
   mu0 = row_sum(x, n) * inv_n;
   double sd = 0, sd2 = 0;
   centered_sums(x, n, mu0, &sd, &sd2);
+  if (std::isinf(sd2) && std::isfinite(mu0)) {
+    // Σd² overflowed (some |x - μ₀| beyond ~1e154: float64 rows only; a float's square fits a
+    // double). The same sums over d / s, s = max |d|, and rstd = 1 / (s · sqrt(var_s + eps / s²))
+    // without forming s² (once gave rstd = 0: a row of zeros, where the true values are finite).
+    double s = 0;
+    for (int64_t j = 0; j < n; ++j) s = std::max(s, std::abs(static_cast<double>(x[j]) - mu0));
+    double a = 0, b = 0;
+    for (int64_t j = 0; j < n; ++j) {
+      const double d = (static_cast<double>(x[j]) - mu0) / s;
+      a += d;
+      b = std::fma(d, d, b);
+    }
+    delta = (a * inv_n) * s;
+    const double var_s = std::max(0.0, (b - a * a * inv_n) * inv_n);
+    rstd = 1.0 / (s * std::sqrt(var_s + eps / s / s));
+    return;
+  }
   delta = sd * inv_n;
   const double var = std::max(0.0, (sd2 - sd * sd * inv_n) * inv_n);
   rstd = 1.0 / std::sqrt(var + eps);
