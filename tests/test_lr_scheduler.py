@@ -171,6 +171,13 @@ LOAD_CASES = [
     (lambda o: S.LinearLR(o), "last_lr", np.array([-0.1, 0.1]), r"last_lr\[0\]: expected a finite number >= 0.0"),
 ]
 
+def _assert_unchanged(sched, sd, opt, groups):
+    """A refused load changed nothing: the scheduler's state and the optimizer's groups."""
+    after = sched.state_dict()
+    assert all(np.array_equal(after[k], sd[k]) for k in sd)
+    assert [dict(g) for g in opt.param_groups] == groups
+
+
 
 @pytest.mark.parametrize("make,key,value,match", LOAD_CASES, ids=[f"{k}={v}" for _, k, v, _ in LOAD_CASES])
 def test_load_state_dict_checks_every_value_and_changes_nothing(make, key, value, match):
@@ -185,9 +192,7 @@ def test_load_state_dict_checks_every_value_and_changes_nothing(make, key, value
     lrs = [dict(g) for g in opt.param_groups]
     with pytest.raises(ValueError, match=f"load_state_dict: {match}"):
         sched.load_state_dict({**sd, key: value})
-    after = sched.state_dict()
-    assert all(np.array_equal(after[k], sd[k]) for k in sd)
-    assert [dict(g) for g in opt.param_groups] == lrs
+    _assert_unchanged(sched, sd, opt, lrs)
     sched.step()  # still usable
     with pytest.raises(TypeError, match="state_dict: expected a mapping"):
         sched.load_state_dict([("T_max", 1)])
@@ -387,7 +392,5 @@ def test_load_state_dict_names_the_key_of_a_value_of_no_numbers(key, value, matc
     groups = [dict(g) for g in ours_opt.param_groups]
     with pytest.raises(TypeError, match=f"load_state_dict: {match}"):
         sched.load_state_dict({**sd, key: value})
-    after = sched.state_dict()
-    assert all(np.array_equal(after[k], sd[k]) for k in sd)
-    assert [dict(g) for g in ours_opt.param_groups] == groups
+    _assert_unchanged(sched, sd, ours_opt, groups)
     compare(sched, ours_opt, torch_sched, torch_opt, 8)

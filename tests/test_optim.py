@@ -519,13 +519,7 @@ def test_copied_optimizer_goes_on_like_the_original(rng, kind, config, how):
     dup_params = [p for g in dup.param_groups for p in g["params"]]
     assert [n for n, _ in dup.named_parameters()] == [p.name for p in ours]
     assert all(p is not q and np.array_equal(p.data, q.data) for p, q in zip(ours, dup_params))
-    for gs in grads[3:]:
-        set_grads(ours, theirs, gs)
-        for q, g in zip(dup_params, gs):
-            q.grad = g.copy()
-        dup.step()
-        opt.step()
-        t_opt.step()
+    _step_alongside(grads[3:], ours, theirs, dup_params, (dup, opt, t_opt))
     for p, q, r in zip(ours, dup_params, theirs):
         np.testing.assert_allclose(p.data, r.detach().numpy(), rtol=1e-12, atol=1e-12)
         assert np.array_equal(q.data, p.data)
@@ -537,6 +531,17 @@ def test_copied_optimizer_goes_on_like_the_original(rng, kind, config, how):
                 assert dup.state[p.name]["step"] == int(value) == 6
             else:
                 np.testing.assert_allclose(dup.state[p.name][field], value.numpy(), rtol=1e-12, atol=1e-14)
+
+
+def _step_alongside(grads, ours, theirs, others, optimizers):
+    """Steps every optimizer once per gradient set, ``others`` (a copy's parameters) getting the
+    same gradients as ``ours`` and torch's ``theirs``."""
+    for gs in grads:
+        set_grads(ours, theirs, gs)
+        for q, g in zip(others, gs):
+            q.grad = g.copy()
+        for o in optimizers:
+            o.step()
 
 
 def test_adam_state_round_trips_after_amsgrad_is_switched_off(rng):
@@ -564,13 +569,7 @@ def test_adam_state_round_trips_after_amsgrad_is_switched_off(rng):
                                        rtol=1e-12, atol=1e-14)
     for o in (opt, fresh, t_opt):
         o.param_groups[0]["amsgrad"] = True  # the kept running max is used again
-    for gs in grads[3:]:
-        set_grads(ours, theirs, gs)
-        for q, g in zip(clones, gs):
-            q.grad = g.copy()
-        opt.step()
-        fresh.step()
-        t_opt.step()
+    _step_alongside(grads[3:], ours, theirs, clones, (opt, fresh, t_opt))
     for p, q, r in zip(ours, clones, theirs):
         np.testing.assert_allclose(p.data, r.detach().numpy(), rtol=1e-12, atol=1e-12)
         np.testing.assert_allclose(q.data, r.detach().numpy(), rtol=1e-12, atol=1e-12)
