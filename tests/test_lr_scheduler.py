@@ -171,12 +171,12 @@ LOAD_CASES = [
     (lambda o: S.LinearLR(o), "last_lr", np.array([-0.1, 0.1]), r"last_lr\[0\]: expected a finite number >= 0.0"),
 ]
 
+
 def _assert_unchanged(sched, sd, opt, groups):
     """A refused load changed nothing: the scheduler's state and the optimizer's groups."""
     after = sched.state_dict()
     assert all(np.array_equal(after[k], sd[k]) for k in sd)
     assert [dict(g) for g in opt.param_groups] == groups
-
 
 
 @pytest.mark.parametrize("make,key,value,match", LOAD_CASES, ids=[f"{k}={v}" for _, k, v, _ in LOAD_CASES])
