@@ -739,3 +739,21 @@ def test_llama_untied_config_without_a_head_names_tie_word_embeddings(tiny_llama
                                                                   r"own\), but model\.safetensors holds no lm_head\.weight")
     base = tc.LlamaModel.from_pretrained(d)  # hidden states need no head: loads as before
     assert set(base.state_dict()) == {k.removeprefix("model.") for k in tensors}
+
+
+def test_llama_tied_config_with_an_identical_head_loads_nan_included(tiny_llama_dir, tmp_path):
+    """A tied checkpoint that also stores lm_head.weight loads when the head is the token embedding
+    bit for bit, a NaN entry included (compared as bit patterns, a block of rows at a time)."""
+    from safetensors.numpy import load_file, save_file
+
+    d = tmp_path / "tied"
+    d.mkdir()
+    config = json.loads((tiny_llama_dir / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({**config, "tie_word_embeddings": True}))
+    tensors = load_file(str(tiny_llama_dir / "model.safetensors"))
+    embed = tensors["model.embed_tokens.weight"].copy()
+    embed[0, 0] = np.nan
+    tensors["model.embed_tokens.weight"], tensors["lm_head.weight"] = embed, embed.copy()
+    save_file(tensors, str(d / "model.safetensors"))
+    model = tc.LlamaForCausalLM.from_pretrained(d)
+    np.testing.assert_array_equal(model.state_dict()["model.embed_tokens.weight"], embed)

@@ -19,6 +19,17 @@ from .module import skip_weight_init
 __all__ = ["LlamaConfig", "LlamaModel", "LlamaForCausalLM"]
 
 
+def _same_bits(a: np.ndarray, b: np.ndarray, rows: int = 4096) -> bool:
+    """Whether two tables hold the same values bit for bit (NaN equal to itself), compared ``rows``
+    rows at a time: no temporary the size of a vocabulary-sized table."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    bits = np.dtype(f"u{a.dtype.itemsize}")  # the values' bit patterns: NaN == NaN, -0.0 != 0.0
+    a2 = np.ascontiguousarray(a.reshape(a.shape[0], -1)).view(bits)
+    b2 = np.ascontiguousarray(b.reshape(b.shape[0], -1)).view(bits)
+    return all(np.array_equal(a2[i:i + rows], b2[i:i + rows]) for i in range(0, a2.shape[0], rows))
+
+
 @dataclass
 class LlamaConfig:
     """The fields of a Hugging Face ``LlamaConfig`` that the forward pass needs (``config.json``).
@@ -304,8 +315,7 @@ class LlamaModel(DecoderModel):
             if not c.tie_word_embeddings and head is None and embed is not None:
                 more.append(f"tie_word_embeddings = False (an LM head of its own), but {weights} "
                             f"{'hold' if plural else 'holds'} no lm_head.weight")
-            elif (c.tie_word_embeddings and head is not None and embed is not None
-                  and (head.shape != embed.shape or not np.array_equal(head, embed))):
+            elif c.tie_word_embeddings and head is not None and embed is not None and not _same_bits(head, embed):
                 more.append(f"tie_word_embeddings = True, but lm_head.weight in {weights} differs from the token "
                             f"embedding (an untied head, which a tied model would drop)")
         check_config_against_weights(model_dir, {k: v.shape for k, v in state.items()}, rules, layers, more)
