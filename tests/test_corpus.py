@@ -516,6 +516,13 @@ def test_out_that_is_the_input_is_refused_before_anything_is_removed(tmp_path, t
     part_bytes = part.read_bytes()
     with pytest.raises(ValueError, match=r"^out: .*ds\.parquet holds the input .*part-00000\.parquet"):
         corpus.embed_file(part, inner, model=model, overwrite=True)
+    # an input reached THROUGH the output directory (a link inside it to a file elsewhere, or a
+    # ".." out of it) stops existing when the output is removed: refused too, spelled as given
+    (inner / "corpus.parquet").symlink_to(data)
+    for through in (inner / "corpus.parquet", inner / ".." / "data.parquet"):
+        with pytest.raises(ValueError, match=r"^out: .*ds\.parquet holds the input .*"):
+            corpus.embed_file(through, inner, model=model, overwrite=True)
+    (inner / "corpus.parquet").unlink()
     assert data.read_bytes() == original and part.read_bytes() == part_bytes
     assert sorted(p.name for p in tmp_path.iterdir()) == ["data.parquet", "ds.parquet", "ds.parquet.manifest.json",
                                                           "e.npy.partial", "hard.parquet", "link.parquet"]

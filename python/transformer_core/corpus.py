@@ -710,13 +710,18 @@ def _check_not_input(source, out: Path) -> None:
         resolved = path.resolve()
     except OSError:
         return  # a link loop: open_source has refused it already
+    # the input as written, made absolute but not resolved: a path that goes through the output
+    # directory (OUT/link-to-elsewhere, OUT/../in.txt) stops existing when OUT is removed
+    spelled_parts = (path if path.is_absolute() else Path.cwd() / path).parts  # ".." kept, links not followed
     for p in (out, _partial_path(out), manifest_path(out), _texts_path(out)):
         try:
             rp = p.resolve()
             same = rp == resolved or (p.exists() and path.exists() and os.path.samefile(p, path))
         except OSError:
             continue
-        if same or rp in resolved.parents:
+        ap = Path(os.path.abspath(p)).parts
+        through = len(spelled_parts) > len(ap) and spelled_parts[:len(ap)] == ap
+        if same or rp in resolved.parents or through:
             how = "is" if same else "holds"
             raise ValueError(f"out: {p} {how} the input {path}: an output never replaces its input (a run "
                              f"removes the output's paths before it reads the input); write it elsewhere "
