@@ -536,7 +536,7 @@ def test_out_that_is_the_input_is_refused_before_anything_is_removed(tmp_path, t
     ({"batch_size": 2.5}, TypeError, "^batch_size: expected an int, got float 2.5$"),
     ({"progress": "yes"}, TypeError, "^progress: expected a bool, got str 'yes'$"),
     ({"overwrite": 1}, TypeError, "^overwrite: expected a bool, got int 1$"),
-    ({"quantize": "int4"}, ValueError, "^quantize: expected None or one of 'int8', got 'int4'$"),
+    ({"quantize": "int4"}, ValueError, "^quantize: expected one of 'int8', got 'int4'$"),
 ])
 @pytest.mark.parametrize("kind", ["npy", "parquet"])
 def test_bad_arguments_are_refused_before_anything_is_written(tmp_path, tiny_model_dir, kwargs, error, match, kind):
@@ -565,7 +565,7 @@ def test_embed_summary_checks_limit(tiny_model_dir):
             corpus.embed_summary(lines[:1], model=str(tiny_model_dir), limit=limit)
     with pytest.raises(ValueError, match="^batch_size: expected an int in \\[1, 2\\*\\*63 - 1\\], got 0$"):
         corpus.embed_summary(lines, model=str(tiny_model_dir), batch_size=0)
-    with pytest.raises(ValueError, match="^quantize: expected None or one of 'int8', got 'int4'$"):
+    with pytest.raises(ValueError, match="^quantize: expected one of 'int8', got 'int4'$"):
         corpus.embed_summary(lines, model=str(tiny_model_dir), quantize="int4")
     s = corpus.embed_summary(lines, model=str(tiny_model_dir), limit=2)  # 3 > 2: summarised
     assert s.count == 3 and s.embeddings is None and -1 <= s.mean_cosine <= 1

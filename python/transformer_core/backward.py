@@ -28,11 +28,11 @@ from ._validation import (
     as_float,
     as_ids,
     as_vector,
+    check_allocatable,
     check_bool,
     check_choice,
     check_eps,
     check_int,
-    check_tables_allocatable,
     grad_buffer,
     rotary_layout,
     to_numpy,
@@ -382,7 +382,7 @@ def embedding_backward(ids, grad_output, num_embeddings: int, padding_idx: int |
                          f"{np.dtype(dtype).name} gradient of embedding_dim 0 (numpy's largest axis), got {V}")
     gw = _grad_buffer(grad_weight, "grad_weight", (V, H), dtype)
     if gw is None:  # a new (V, H) array: checked here, naming the argument (the binding's check says "H")
-        check_tables_allocatable([("num_embeddings", "the weight gradient", V, H)], dtype)
+        check_allocatable((V, H), np.dtype(dtype).itemsize, "num_embeddings")
     rows = t.size  # not reshape(-1, H): -1 is ambiguous for an empty grad_output (embedding_dim 0)
     t = np.ascontiguousarray(t, dtype=np.int64).reshape(rows)
     return variant("embedding_backward", dtype)(t, g.reshape(rows, H), V, pad, gw)

@@ -80,7 +80,7 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
-from ._validation import check_bool, check_positive_int
+from ._validation import check_bool, check_choice, check_positive_int
 from .hub import DEFAULT_MODEL, JSON_ERRORS, json_problem, read_config, resolve_model_dir
 from .tokenizer import check_unicode
 
@@ -678,11 +678,11 @@ def _new_run_id() -> str:
 
 # ========================================================================================= arguments
 def _check_quantize(quantize) -> None:
+    """None (fp32) or one of the quantized formats."""
     from .quantization import QUANTIZED_FORMATS
 
-    if quantize is not None and quantize not in QUANTIZED_FORMATS:
-        raise ValueError(f"quantize: expected None or one of {', '.join(repr(f) for f in QUANTIZED_FORMATS)}, "
-                         f"got {quantize!r}")
+    if quantize is not None:
+        check_choice(quantize, "quantize", QUANTIZED_FORMATS)
 
 
 def _check_run_arguments(batch_size, resume, overwrite, progress, quantize=None) -> None:

@@ -14,6 +14,7 @@ import numpy as np
 from ._runtime import core as _core
 from ._validation import activation, check_bool, check_config_fields, check_eps, check_mapping, check_token_ids
 from .decoder import CausalLM, DecoderModel
+from .hub import ConfigRule, LayerRule, check_config_against_weights, weights_file_label
 from .module import skip_weight_init
 
 __all__ = ["LlamaConfig", "LlamaModel", "LlamaForCausalLM"]
@@ -283,8 +284,6 @@ class LlamaModel(DecoderModel):
         head (:class:`LlamaForCausalLM`), ``tie_word_embeddings`` too: false without an
         ``lm_head.weight`` in the file, or true with one that differs from the token embedding
         (an untied head that loading would drop)."""
-        from .hub import ConfigRule, LayerRule, check_config_against_weights, weights_file_label
-
         c, p = config, r"^(?:model\.)?"
         attn = p + r"layers\.\d+\.self_attn\."
         rules = [

@@ -84,16 +84,21 @@ def _check_activation(name) -> str:
     return name
 
 
-def _refuse_bool_mask(mask, name: str) -> None:
-    """Raises ``TypeError`` for a bool ``mask`` under one of torch's nn-layer mask names (see the
-    module doc: torch reads it as True = blocked, the library as True = may attend)."""
-    if mask is not None and to_numpy(mask, name).dtype == np.bool_:
+def _refuse_bool_mask(mask, name: str):
+    """``mask`` as a numpy array (None stays None); ``TypeError`` for a bool one under one of
+    torch's nn-layer mask names (see the module doc: torch reads it as True = blocked, the library
+    as True = may attend)."""
+    if mask is None:
+        return None
+    mask = to_numpy(mask, name)
+    if mask.dtype == np.bool_:
         raise TypeError(
             f"{name}: expected a float mask (added to the scores: 0 = allowed, -inf = blocked), got a bool mask. "
             f"torch's nn layers read a bool {name} as True = blocked and this library reads bool masks as "
             f"True = may attend, so a bool {name} is refused here. Use is_causal / the key masks (True = a real "
             f"token), or pass masks.to_additive(mask) for a mask in this library's convention "
             f"(masks.to_additive(masks.from_torch_mha(mask)) for torch's)")
+    return mask
 
 
 def _layer_masks(attn_mask, key_mask, N: int, H: int, L: int, S: int, dtype, *, mask_name="attn_mask",
@@ -104,10 +109,9 @@ def _layer_masks(attn_mask, key_mask, N: int, H: int, L: int, S: int, dtype, *, 
     ``attn_mask`` may be ``(L, S)``, ``(N·H, L, S)`` (torch's shapes) or broadcastable to
     ``(N, H, L, S)``; float, added. A bool ``attn_mask`` raises ``TypeError`` (:func:`_refuse_bool_mask`).
     """
-    bool_mask = float_mask = None
+    float_mask = None
     if attn_mask is not None:
-        _refuse_bool_mask(attn_mask, mask_name)
-        m = as_attention_mask(attn_mask, mask_name, dtype)
+        m = as_attention_mask(_refuse_bool_mask(attn_mask, mask_name), mask_name, dtype)
         if m.ndim == 2:
             if m.shape != (L, S):
                 raise ValueError(f"{mask_name}: expected shape ({L}, {S}) (L, S), got {m.shape}")
@@ -126,7 +130,7 @@ def _layer_masks(attn_mask, key_mask, N: int, H: int, L: int, S: int, dtype, *, 
         km = as_bool(key_mask, key_mask_name)
         if km.shape != (N, S):
             raise ValueError(f"{key_mask_name}: expected shape ({N}, {S}) (batch, key length), got {km.shape}")
-    return bool_mask, float_mask, km
+    return None, float_mask, km
 
 
 class MultiheadAttention(Module):
