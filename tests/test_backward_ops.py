@@ -414,6 +414,28 @@ def test_rotary_backward(rng, dtype, layout, shape):
     check(B.rotary_backward(gy, cos, sin, layout), xt.grad, dtype, "grad_x")
 
 
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+@pytest.mark.parametrize("shape", [(2, 3, 3, 8), (2, 5, 3, 8)], ids=["L_eq_H", "L_ne_H"])
+def test_rotary_backward_with_hf_tables_and_the_head_axis_at_2(rng, dtype, layout, shape):
+    """x (N, L, H, D) with Hugging Face's (N, L, D) tables, the head axis at unsqueeze_dim=2: the
+    backward takes the forward's unsqueeze_dim (it always put the axis at 1: wrong gradients when
+    L == H, a refusal otherwise)."""
+    N, L, H, D = shape
+    cos2, sin2 = tc.positional.rotary_cos_sin(L + 3, D, dtype=dtype)
+    pos = rng.integers(0, L + 3, size=(N, L))
+    cos, sin = cos2[pos], sin2[pos]  # (N, L, D): per-row positions
+    x = randn(rng, shape, dtype)
+    gy = randn(rng, shape, dtype)
+    xt = leaf(x)
+    yt = torch_rotary(xt, to_torch(cos).unsqueeze(2), to_torch(sin).unsqueeze(2), layout)
+    check(tc.positional.apply_rotary(x, cos, sin, layout, unsqueeze_dim=2), yt, dtype, "forward (sanity)")
+    yt.backward(to_torch(gy))
+    check(B.rotary_backward(gy, cos, sin, layout, unsqueeze_dim=2), xt.grad, dtype, "grad_x")
+    with pytest.raises(TypeError, match="^unsqueeze_dim: expected an int"):
+        B.rotary_backward(gy, cos, sin, layout, unsqueeze_dim=2.0)
+
+
 def test_rotary_backward_is_rotation_by_minus_theta(rng):
     cos, sin = tc.positional.rotary_cos_sin(5, 6, dtype=np.float64)
     g = randn(rng, (2, 5, 6), np.float64)

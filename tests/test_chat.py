@@ -199,3 +199,49 @@ def test_tiny_temperature_refused_naming_it(tiny_chat):
             continue_text(m, tok, "hi", max_new_tokens=2, temperature=t)
     with pytest.raises(TypeError, match="^temperature: expected a number, got str"):
         ChatSession(m, tok, temperature="0.5")
+
+
+def test_a_failed_turn_leaves_no_stale_cache(tiny_chat):
+    """A turn that fails while streaming (on_text raising) leaves the cache holding its tokens; after
+    the history is edited, the next turn must not take them for the old conversation's: its reply
+    equals a fresh session's."""
+    _, m, tok, _ = tiny_chat
+    session = ChatSession(m, tok, max_new_tokens=2)
+    first = session.send(MESSAGE)
+
+    def fail(_text):
+        raise KeyboardInterrupt
+
+    session.messages = []  # start over, keeping the session (and its cache)
+    with pytest.raises(KeyboardInterrupt):
+        session.send("Zebra", on_text=fail)
+    assert session.messages == []
+    again = session.send(MESSAGE)
+    assert again == first == ChatSession(m, tok, max_new_tokens=2).send(MESSAGE)
+    fresh = ChatSession(m, tok, max_new_tokens=2)
+    fresh.send(MESSAGE)
+    assert session.cache.length == fresh.cache.length
+    for (k, v), (fk, fv) in zip(session.cache.to_legacy(), fresh.cache.to_legacy()):
+        np.testing.assert_allclose(k, fk, rtol=0, atol=1e-6)
+        np.testing.assert_allclose(v, fv, rtol=0, atol=1e-6)
+
+
+def test_on_text_is_checked_before_the_prompt_runs(tiny_chat):
+    _, m, tok, _ = tiny_chat
+    session = ChatSession(m, tok, max_new_tokens=2)
+    with pytest.raises(TypeError, match="^on_text: expected a callable taking a str, or None, got str"):
+        session.send(MESSAGE, on_text="print")
+    assert session.cache.length == 0 and session.messages == []
+    with pytest.raises(TypeError, match="^on_text: expected a callable"):
+        continue_text(m, tok, "hi", max_new_tokens=2, on_text=42)
+
+
+def test_tiny_repetition_penalty_refused_naming_it(tiny_chat):
+    _, m, tok, _ = tiny_chat
+    for p in (1e-310, 1e-7):
+        with pytest.raises(ValueError, match="^repetition_penalty: expected a finite number >= 1e-06"):
+            ChatSession(m, tok, repetition_penalty=p)
+        with pytest.raises(ValueError, match="^repetition_penalty: "):
+            m.generate(np.array([[1, 2]]), 2, do_sample=True, repetition_penalty=p)
+    ids = np.array([[5, 6, 7]])
+    assert m.generate(ids, 3, repetition_penalty=1e-6).shape == (1, 6)

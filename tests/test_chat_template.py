@@ -105,6 +105,19 @@ def test_sandbox(template):
         render_chat_template(template, [{"role": "user", "content": "hi"}])
 
 
+@pytest.mark.parametrize("template, error", [
+    ("{{ 1 // 0 }}", "ZeroDivisionError"),
+    ("{{ 'a' + 1 }}", "TypeError"),
+    ("{% for i in range(10 ** 7) %}{% endfor %}", "OverflowError"),
+    ("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}", "RecursionError"),
+])
+def test_python_errors_inside_the_template_are_template_errors(template, error):
+    """An error of the template's own expressions (or the sandbox's range limit) is a
+    ChatTemplateError naming it, not a bare Python exception (the CLI printed a traceback)."""
+    with pytest.raises(ChatTemplateError, match=f"^chat template: {error}"):
+        render_chat_template(template, [{"role": "user", "content": "hi"}])
+
+
 def test_syntax_error():
     with pytest.raises(ChatTemplateError, match="does not parse"):
         render_chat_template("{% for m in messages %}", [{"role": "user", "content": "hi"}])

@@ -170,6 +170,11 @@ def test_cli_bad_inputs_fail_cleanly(tmp_path, tiny_model_dir):
                        "nothing to resume")
     assert_clean_error(run_cli_any("embed", "a", "--file", good), "not both")
     assert_clean_error(run_cli_any("embed", "--file", good, "--resume"), "--resume needs --out")
+    # options that would do nothing here are refused, not ignored
+    assert_clean_error(run_cli_any("embed", "a", "b", "--threads-per-worker", "2"),
+                       "--threads-per-worker needs --workers or --scheduler")
+    for flag, value in (("--format", "csv"), ("--text-field", "body"), ("--errors", "skip")):
+        assert_clean_error(run_cli_any("embed", "a", "b", flag, value), f"{flag} needs --file")
     jl = tmp_path / "c.jsonl"
     jl.write_text('{"text": "a"}\n{"txt": "b"}\n', encoding="utf-8")
     assert_clean_error(run_cli_any("embed", "--file", jl, "--out", tmp_path / "j.npy", *model), "line 2",
@@ -230,6 +235,11 @@ def test_cli_chat_reads_turns_from_stdin_and_keeps_the_conversation():
     assert r.stderr.count("prefill:") == 2  # two turns, the blank line skipped
     first, second = (int(n) for n in re.findall(r"prefill: (\d+) tokens", r.stderr))
     assert second < first  # the second turn ran only what the cache lacked
+    # a file with CRLF line ends: the same turns (a trailing "\r" was sent to the model)
+    crlf = _run("chat", "--max-new-tokens", "24", input="What is the capital of France?\r\n\r\nAnd of Italy?\r\n")
+    assert crlf.returncode == 0, crlf.stderr
+    assert crlf.stdout == r.stdout
+    assert re.findall(r"prefill: (\d+) tokens", crlf.stderr) == [str(first), str(second)]
 
 
 def test_cli_generate_continues_text():
@@ -247,6 +257,10 @@ def test_cli_chat_errors_are_one_line(tmp_path):
         assert r.returncode == 2, (args, r.stderr)
         assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, (args, r.stderr)
         assert r.stderr.startswith(f"transformer_core {args[0]}: ")
+    # --system is checked before the model loads: its error, not the missing model's
+    r = _run("chat", "hi", "--system", "caf\udce9", "--model", str(tmp_path / "missing.gguf"))
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.startswith("transformer_core chat: system: expected valid Unicode"), r.stderr
     # argparse's own usage errors: the usage, then one error line naming the option
     r = _run("chat", "hi", "--max-new-tokens", "0")
     assert r.returncode == 2 and "Traceback" not in r.stderr

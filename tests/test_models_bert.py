@@ -399,3 +399,76 @@ def test_padding_positions_are_zero_and_real_tokens_unaffected(tc_bert, hf_token
     np.testing.assert_array_equal(out[am == 0], 0.0)
     full = tc_bert(ids, attention_mask=np.ones_like(am), token_type_ids=tt).last_hidden_state
     assert np.abs(full[am == 0]).max() > 0  # without a mask every position is computed
+
+
+# ------------------------------------------------------------------ keys, heads and config fields
+@pytest.mark.parametrize("extra", [
+    {"bert.pooler.dense.weight": "pooler.dense.weight"},                        # the same weight twice
+    {"embeddings.LayerNorm.gamma": "embeddings.LayerNorm.weight"},               # old and new names
+])
+def test_two_keys_for_one_weight_are_refused(small_hf, tmp_path, extra):
+    """A state dict naming one weight twice (prefixed and not, gamma and weight) is refused naming
+    both keys, as torch refuses an unexpected key (the later value was loaded silently)."""
+    path, _ = small_hf
+    state = load_file(str(path / "model.safetensors"))
+    (alias, original), = extra.items()
+    state[alias] = state[original] + 1
+    model = tc.BertModel(json.loads((path / "config.json").read_text()))
+    before = model.state_dict()
+    with pytest.raises(ValueError, match=rf"state_dict: keys '{original}' and '{alias}' both name the weight"):
+        model.load_state_dict(state)
+    assert all(np.array_equal(v, before[k]) for k, v in model.state_dict().items())
+
+
+def test_only_the_embeddings_buffers_are_dropped(small_hf):
+    """position_ids / token_type_ids are dropped as buffers of the embeddings only; a key of that
+    name elsewhere is an unknown key (it was dropped anywhere)."""
+    path, _ = small_hf
+    state = load_file(str(path / "model.safetensors"))
+    model = tc.BertModel(json.loads((path / "config.json").read_text()))
+    model.load_state_dict({**state, "bert.embeddings.position_ids": np.arange(64)[None],
+                           "embeddings.token_type_ids": np.zeros((1, 64), np.int64)})
+    with pytest.raises(ValueError, match="unknown.*encoder.layer.0.attention.self.query.token_type_ids"):
+        model.load_state_dict({**state, "encoder.layer.0.attention.self.query.token_type_ids": np.zeros(3)})
+
+
+@pytest.mark.parametrize("head", ["BertForSequenceClassification", "BertForQuestionAnswering",
+                                  "BertForTokenClassification", "BertForMaskedLM"])
+def test_bert_for_heads_load_as_the_base_model(small_hf, small_inputs, tmp_path, head):
+    """A BertFor* checkpoint: the base model loads and its head (classifier.*, qa_outputs.*,
+    cls.*) is ignored, as transformers' BertModel.from_pretrained does."""
+    import transformers
+
+    path, _ = small_hf
+    full = getattr(transformers, head).from_pretrained(str(path)).eval()
+    d = _save_hf(full, tmp_path / head)
+    keys = load_file(str(d / "model.safetensors")).keys()
+    assert any(not k.startswith("bert.") for k in keys)
+    ref = transformers.BertModel.from_pretrained(str(d), attn_implementation="eager",
+                                                 add_pooling_layer="bert.pooler.dense.weight" in keys).eval()
+    ids, am, tt = small_inputs
+    ref_h, ref_p = hf_forward(ref, ids, am, tt)
+    check_outputs(tc.BertModel.from_pretrained(str(d))(ids, attention_mask=am, token_type_ids=tt), ref_h, ref_p,
+                  am, atol=1e-5)
+
+
+@pytest.mark.parametrize("value, error, match", [
+    (2.5, TypeError, "pad_token_id: expected an int, got float"),
+    (True, TypeError, "pad_token_id: expected an int, got bool"),
+    ("x", TypeError, "pad_token_id: expected an int, got str"),
+    (-5, ValueError, r"pad_token_id: expected an int in \[0, 98\], got -5"),
+    (10**6, ValueError, r"pad_token_id: expected an int in \[0, 98\], got 1000000"),
+])
+def test_pad_token_id_is_checked(value, error, match):
+    with pytest.raises(error, match=match):
+        tc.BertModel(tc.BertConfig(**SMALL, pad_token_id=value))
+    assert tc.BertModel(tc.BertConfig(**SMALL, pad_token_id=None)).config.pad_token_id is None
+
+
+def test_train_mode_must_be_a_bool(small_hf):
+    model = tc.BertModel(tc.BertConfig(**SMALL))
+    for mode in ("False", None, 1):
+        with pytest.raises(TypeError, match="^mode: expected a bool"):
+            model.train(mode)
+    assert not model.training
+    assert model.train(True).training and not model.train(False).training

@@ -311,6 +311,9 @@ def test_generate_options(llama_gqa):
         assert np.all(out[n, 4 + end + 1:] == 0)
     np.testing.assert_array_equal(np.stack(streamed, axis=1), out[:, 4:])
     assert list(m.stream(ids[:1], 3))[0].shape == (1,)
+    # a 0-d array is one id, as an int (it raised a bare "iteration over a 0-d array")
+    np.testing.assert_array_equal(m.generate(ids, max_new_tokens=12, eos_token_id=np.array(stop[0]), pad_token_id=0),
+                                  m.generate(ids, max_new_tokens=12, eos_token_id=stop[0], pad_token_id=0))
     # sampling: reproducible with a seed, top_k=1 is greedy
     a = m.generate(ids, max_new_tokens=8, do_sample=True, seed=3, temperature=1.3, top_p=0.9)
     np.testing.assert_array_equal(a, m.generate(ids, max_new_tokens=8, do_sample=True, seed=3, temperature=1.3,
@@ -477,3 +480,53 @@ def test_rope_of_hf_rotary_embedding_per_row_positions(llama_gqa):
     q_rot, k_rot = P.apply_rotary_pos_emb(q, k, cos.numpy(), sin.numpy())
     assert_close(q_rot, rq, np.float32)
     assert_close(k_rot, rk, np.float32)
+
+
+def test_interleaved_model_converts_legacy_caches_to_and_from_hf_order(llama_gqa):
+    """A model of rope_layout="interleaved" (how a GGUF file loads) holds each head's key dims in
+    llama.cpp's order: Hugging Face's legacy tuple is reordered on the way in (the cached prefix was
+    scored against mis-ordered keys) and ``to_legacy`` gives HF's order back; a KVCache of the other
+    layout is refused rather than misread."""
+    hf, _, m = llama_gqa
+    inter = tc.LlamaForCausalLM(m.config, rope_layout="interleaved")
+    inter.load_state_dict(m.state_dict())
+    ids = _ids(5, (2, 9))
+    ref = _hf_greedy(hf, ids, 5)
+    hf_past = _hf(hf, ids[:, :4], use_cache=True).past_key_values
+    hf_legacy = tuple((layer.keys, layer.values) for layer in hf_past.layers)
+    np.testing.assert_array_equal(inter.generate(ids, 5, past_key_values=hf_legacy), ref)
+    assert_close(inter(ids[:, 4:], past_key_values=hf_legacy).logits, _hf(hf, ids).logits.numpy()[:, 4:],
+                 np.float32, what="logits after HF's legacy cache")
+    cache = inter(ids[:, :4], use_cache=True).past_key_values
+    assert cache.key_order is not None and m.new_cache(1).key_order is None
+    for i, (k, v) in enumerate(cache.to_legacy()):
+        assert_close(k, hf_past.layers[i].keys.numpy(), np.float32, what=f"layer {i} keys in HF's order")
+        assert_close(v, hf_past.layers[i].values.numpy(), np.float32, what=f"layer {i} values")
+    np.testing.assert_array_equal(m.generate(ids, 5, past_key_values=cache.to_legacy()), ref)
+    for a, b in ((inter, m), (m, inter)):
+        other = b(ids[:, :4], use_cache=True).past_key_values
+        with pytest.raises(ValueError, match="^past_key_values: the cache's keys order each head's dims"):
+            a(ids[:, 4:], past_key_values=other)
+        assert other.length == 4
+    wrong = tc.KVCache(m.config.num_layers, 2, m.config.num_kv_heads, m.head_dim + 2)
+    with pytest.raises(ValueError, match="^past_key_values: a cache of 2 key/value heads of width 10 does not fit"):
+        m.generate(ids, 2, past_key_values=wrong)
+    with pytest.raises(ValueError, match=r"^key_order: expected a permutation of range\(8\)"):
+        tc.KVCache(1, 1, 1, 8, key_order=[0, 1, 2])
+
+
+def test_stream_checks_ids_before_reserving_the_cache(llama_gqa):
+    """An id outside the vocabulary is refused when stream/generate is called, naming its index in
+    input_ids, before a cache is made or a caller's cache grows."""
+    _, _, m = llama_gqa
+    ids = _ids(1, (1, 5))
+    ids[0, 2] = VOCAB + 3
+    with pytest.raises(ValueError, match=rf"^input_ids: id {VOCAB + 3} at flat index 2 is outside the vocabulary"):
+        m.stream(ids, 40)
+    cache = m(ids[:, :2] % VOCAB, use_cache=True).past_key_values
+    capacity = cache.capacity
+    with pytest.raises(ValueError, match="^input_ids: id"):
+        m.generate(ids, 40, past_key_values=cache)
+    assert cache.capacity == capacity and cache.length == 2
+    with pytest.raises(ValueError, match="^input_ids: id -1 at flat index 0"):
+        m.generate(np.array([[-1, 3]]), 2)

@@ -345,6 +345,109 @@ def test_a_quantized_model_refuses_training():
         layer.train()
 
 
+def _next_token_loss(logits: np.ndarray, ids: np.ndarray) -> float:
+    """The mean cross-entropy (float64) of logits (1, L, V) at positions 0..L-2 for ids[1:]."""
+    z = np.asarray(logits, np.float64)[0, :-1]
+    lse = np.log(np.exp(z - z.max(-1, keepdims=True)).sum(-1)) + z.max(-1)
+    return float(np.mean(lse - z[np.arange(len(z)), ids[0, 1:]]))
+
+
+@pytest.mark.parametrize("tied", [True, False])
+@pytest.mark.parametrize("storage", ["Q8_0 blocks", "int8"])
+def test_the_loss_of_a_quantized_model_is_that_of_its_logits(tmp_path, storage, tied):
+    """loss() multiplies by the head the forward uses: the GGUF blocks, the int8 weight, or a tied
+    table's int8 copy (it read the freed float32 head: a crash, or the float table's loss)."""
+    from gguf_fakes import random_llama_state, write_llama_gguf
+
+    path = tmp_path / "tiny.gguf"
+    write_llama_gguf(path, random_llama_state(np.random.default_rng(11), tie=tied), ggml_type="Q8_0")
+    if storage == "int8":
+        model = tc.quantize(tc.LlamaForCausalLM.from_pretrained(path, dtype=np.float32), "int8")
+    else:
+        model = tc.LlamaForCausalLM.from_pretrained(path)
+    head = "model.embed_tokens.weight" if tied else "lm_head.weight"
+    formats = model.weight_formats()
+    assert formats[head] == ("Q8_0" if storage != "int8" else "float32" if tied else "int8")
+    assert tied == (storage == "int8") or head + ":tied_lm_head" not in formats
+    ids = (np.arange(12)[None] * 7) % model.config.vocab_size
+    expected = _next_token_loss(model(ids).logits, ids)
+    assert model.loss(ids, ids) == pytest.approx(expected, abs=1e-5)
+
+
+def test_bert_without_token_types_adds_a_quantized_type_table_row():
+    """A token-type table held as GGUF blocks: a forward without token_type_ids adds its row 0
+    decoded (it read the freed float32 table), the same as with token_type_ids of zeros, and as the
+    float32 model holding the dequantized table."""
+    import gguf
+
+    cfg = tc.BertConfig(vocab_size=100, hidden_size=64, num_hidden_layers=1, num_attention_heads=4,
+                        intermediate_size=64, max_position_embeddings=32, type_vocab_size=2)
+    model = tc.BertModel(cfg)
+    table = np.random.default_rng(0).standard_normal((2, 64)).astype(np.float32)
+    blocks = gguf.quants.quantize(table, gguf.GGMLQuantizationType.Q8_0)
+    float_model = tc.BertModel(cfg)
+    float_model.load_state_dict({**model.state_dict(), "embeddings.token_type_embeddings.weight":
+                                 gguf.quants.dequantize(blocks, gguf.GGMLQuantizationType.Q8_0)})
+    tc.quantization.set_gguf_weights(model, {"embeddings.token_type_embeddings.weight": ("Q8_0", blocks)})
+    ids = np.array([[1, 2, 3, 4, 5]])
+    out = model(ids).last_hidden_state
+    assert np.array_equal(out, model(ids, token_type_ids=np.zeros_like(ids)).last_hidden_state)
+    np.testing.assert_allclose(out, float_model(ids).last_hidden_state, rtol=0, atol=1e-5)
+
+
+def test_set_gguf_weights_checks_every_layer_before_changing_any():
+    """Two layers of a stack, the second already in blocks: refused with the state_dict name, and
+    the first is still float32 (it was replaced before the second was checked)."""
+    import gguf
+
+    enc = tc.nn.TransformerEncoder(tc.nn.TransformerEncoderLayer(64, 4, dim_feedforward=64), num_layers=2)
+    names = ["layers.0.linear1.weight", "layers.1.linear1.weight"]
+    blocks = gguf.quants.quantize(np.random.default_rng(0).standard_normal((64, 64)).astype(np.float32),
+                                  gguf.GGMLQuantizationType.Q8_0)
+    tc.quantization.set_gguf_weights(enc, {names[1]: ("Q8_0", blocks)})
+    before = enc.state_dict()
+    with pytest.raises(ValueError, match=r"weights\['layers.1.linear1.weight'\]: .*already held as Q8_0"):
+        tc.quantization.set_gguf_weights(enc, {names[0]: ("Q8_0", blocks), names[1]: ("Q8_0", blocks)})
+    assert [enc.weight_formats()[n] for n in names] == ["float32", "Q8_0"]
+    assert all(np.array_equal(v, before[k]) for k, v in enc.state_dict().items())
+
+
+def test_quantize_checks_every_layers_size_before_converting_any():
+    """A feed-forward whose linear2 has more in_features than int8's exact range: refused naming
+    it, with nothing converted (the attention and linear1 were converted, their float32 freed)."""
+    layer = tc.nn.TransformerEncoderLayer(64, 4, dim_feedforward=tc.quantization.INT8_MAX_IN_FEATURES + 32)
+    with pytest.raises(ValueError, match=r"'linear2.weight' has in_features 131104, expected <= 131072.*nothing"):
+        tc.quantize(layer, "int8", inplace=True)
+    assert set(layer.weight_formats().values()) == {"float32"}
+    kept = tc.quantize(layer, "int8", keep_float=["linear2.weight"])
+    assert kept.weight_formats()["linear2.weight"] == "float32" and kept.weight_formats()["linear1.weight"] == "int8"
+
+
+@pytest.mark.parametrize("float_tensor", ["blk.0.attn_k.weight", "blk.1.ffn_up.weight"])
+def test_a_packed_matrix_with_a_float_part_loads_in_float32(tmp_path, float_tensor):
+    """A GGUF whose k (or up) projection is stored F32 while q and v (gate) are Q8_0: the packed
+    [q; k; v] ([gate; up]) matrix is held in float32 (it was refused as 'rows have no blocks'), the
+    other matrices keep their blocks, and the logits are those of the float32 load."""
+    from gguf_fakes import random_llama_state, write_llama_gguf
+
+    state = random_llama_state(np.random.default_rng(5))
+    hf_name = {"blk.0.attn_k.weight": "model.layers.0.self_attn.k_proj.weight",
+               "blk.1.ffn_up.weight": "model.layers.1.mlp.up_proj.weight"}[float_tensor]
+    path = tmp_path / "mixed.gguf"
+    write_llama_gguf(path, state, ggml_type="Q8_0", tensor_override={float_tensor: state[hf_name]})
+    blocks = tc.LlamaForCausalLM.from_pretrained(path)
+    dense = tc.LlamaForCausalLM.from_pretrained(path, dtype=np.float32)
+    formats = blocks.weight_formats()
+    group = ["q_proj", "k_proj", "v_proj"] if "attn" in float_tensor else ["gate_proj", "up_proj"]
+    layer = hf_name.split(".")[2]
+    part = "self_attn" if "attn" in float_tensor else "mlp"
+    assert {formats[f"model.layers.{layer}.{part}.{g}.weight"] for g in group} == {"float32"}
+    assert formats["model.layers.0.self_attn.o_proj.weight"] == "Q8_0"
+    assert formats[f"model.layers.{1 - int(layer)}.{part}.{group[0]}.weight"] == "Q8_0"
+    ids = np.arange(9)[None]
+    np.testing.assert_allclose(blocks(ids).logits, dense(ids).logits, rtol=0, atol=1e-4)
+
+
 # ------------------------------------------------------------------------------------------------
 # all-MiniLM-L6-v2 int8 on the 1,000 benchmark sentences
 # ------------------------------------------------------------------------------------------------
@@ -488,3 +591,41 @@ def test_smollm2_blocks_resident_memory():
     m = json.loads(out.stdout.strip().splitlines()[-1])
     assert m["size"] > 50e6
     assert m["delta"] <= 1.5 * m["size"], f"RSS delta {m['delta'] / 1e6:.1f} MB, file {m['size'] / 1e6:.1f} MB"
+
+
+def test_quantizing_an_encoder_keeps_its_pooling():
+    """quantize() of a SentenceEncoder with CLS pooling and no normalization: the int8 copy pools and
+    normalizes as the float one (it fell back to mean pooling, normalized: cosine 0.6)."""
+    name = "all-MiniLM-L6-v2"
+    enc = tc.SentenceEncoder(tc.BertModel.from_pretrained(name), tc.Tokenizer.from_pretrained(name), pooling="cls",
+                             normalize=False)
+    q = tc.quantize(enc, "int8")
+    assert (q.pooling, q.normalize) == ("cls", False) and q.model is not enc.model
+    texts = ["A man is playing a guitar.", "Someone plays an instrument.", "The weather is cold today."]
+    a, b = enc.encode(texts), q.encode(texts)
+    assert np.all(np.abs(np.linalg.norm(b, axis=1) - 1) > 0.1)  # not normalized
+    cos = np.sum(a * b, axis=1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
+    assert cos.min() >= 0.98, cos
+
+
+def test_views_handed_out_before_an_inplace_quantize_stay_valid():
+    """Parameters taken before quantize(..., inplace=True): their float32 buffers stay alive (they
+    pointed at freed memory: reads of other arrays' data, writes into them), they read the last
+    float values and no longer change the model; named_parameters() then refuses the quantized
+    weights instead of handing the old views out again."""
+    model = tc.BertModel(tc.BertConfig(vocab_size=50, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                                       intermediate_size=48, max_position_embeddings=16))
+    params = dict(model.named_parameters())
+    name = "encoder.layer.0.intermediate.dense.weight"
+    view = params[name].data
+    before = view.copy()
+    ids = np.array([[1, 2, 3, 4]])
+    tc.quantize(model, "int8", inplace=True)
+    out = model(ids).last_hidden_state
+    junk = [np.full(before.shape, 7.0, np.float32) for _ in range(64)]  # reuse what was freed, if it was
+    assert np.array_equal(view, before) and np.array_equal(params[name].data, before)
+    view[...] = -1.0
+    assert all(np.all(j == 7.0) for j in junk)
+    np.testing.assert_array_equal(model(ids).last_hidden_state, out)
+    with pytest.raises(ValueError, match="held quantized"):
+        model.named_parameters()

@@ -326,3 +326,37 @@ def test_pooling_enters_the_fingerprint(tmp_path, model_dir):
     raw = corpus.model_identity(_st_folder(tmp_path, model_dir, "raw", ["pooling_mode_mean_tokens"], False)
                                 )["fingerprint"]
     assert len({base, cls, raw}) == 3
+
+
+# ------------------------------------------------------------------------- the tokenizer's backend
+def test_tokenizers_on_one_backend_keep_their_own_truncation(tc_tokenizer):
+    """Two Tokenizers built on one tokenizers.Tokenizer: each keeps its max_length (the second one's
+    truncation reached the first), and the caller's object is not changed."""
+    from tokenizers import Tokenizer as HFTokenizer
+
+    backend = HFTokenizer.from_str(tc_tokenizer.backend.to_str())
+    backend.no_truncation()
+    backend.no_padding()
+    long = "The quick brown fox jumps over the lazy dog. " * 40  # ~400 tokens
+    t256 = tc.Tokenizer(backend, max_length=256)
+    t8 = tc.Tokenizer(backend, max_length=8)
+    causal = tc.Tokenizer(backend, max_length=None)
+    assert t256.encode_batch([long])["input_ids"].shape[1] == 256
+    assert t8.encode_batch([long])["input_ids"].shape[1] == 8
+    assert len(causal.encode(long)) > 256
+    assert backend.truncation is None and backend.padding is None
+    with pytest.raises(TypeError, match="^tokenizer: expected a tokenizers.Tokenizer, got str"):
+        tc.Tokenizer("bert-base-uncased")
+
+
+def test_token_lookups_check_their_argument(tc_tokenizer):
+    assert tc_tokenizer.id_to_token(101) == "[CLS]" and tc_tokenizer.token_to_id("[CLS]") == 101
+    assert tc_tokenizer.id_to_token(10**12) is None and tc_tokenizer.token_to_id("no such token") is None
+    with pytest.raises(ValueError, match="^token_id: expected an int >= 0, got -1"):
+        tc_tokenizer.id_to_token(-1)
+    with pytest.raises(TypeError, match="^token_id: expected an int"):
+        tc_tokenizer.id_to_token("5")
+    with pytest.raises(TypeError, match="^token: expected a str, got int"):
+        tc_tokenizer.token_to_id(5)
+    with pytest.raises(TypeError, match="^skip_special_tokens: expected a bool, got str"):
+        tc_tokenizer.text_stream(skip_special_tokens="no")

@@ -48,7 +48,8 @@ void register_quantized_layers(py::module_& m) {
       // tensors: [(name, ggml_type "Q8_0" | "Q4_0" | "Q4_1", blocks: a C-contiguous uint8 buffer)]
       .def(
           "load_gguf_weights",
-          [](Module<float>& self, const std::vector<std::tuple<std::string, std::string, py::buffer>>& tensors) {
+          [](Module<float>& self, const std::vector<std::tuple<std::string, std::string, py::buffer>>& tensors,
+             bool check_only) {
             std::vector<layers::GgufTensor> ts;
             for (const auto& [name, type, blocks] : tensors) {
               py::buffer_info info = blocks.request();
@@ -62,9 +63,9 @@ void register_quantized_layers(py::module_& m) {
               ts.push_back({name, q::parse_ggml_type(type), static_cast<const uint8_t*>(info.ptr),
                             static_cast<size_t>(info.size), keep_alive(blocks)});
             }
-            layers::load_gguf_weights(self, ts);
+            layers::load_gguf_weights(self, ts, check_only);
           },
-          py::arg("tensors"))
+          py::arg("tensors"), py::arg("check_only") = false)
       // Q8 activation blocks (true) or fp32 activations (false) for every GGUF weight inside.
       .def("set_quantize_activations", &layers::set_quantize_activations, py::arg("on"))
       // int8 activations in two passes, value and rounding residual (true), or one (false).

@@ -162,6 +162,7 @@ void register_module_base(py::module_& m) {
           [](py::object self, const std::string& name) {
             const auto& p = self.cast<const Module<T>&>().parameter(name);
             require_not_quantized(p, name);
+            Module<T>::mark_viewed(p);  // its owner keeps the storage while the module lives
             return py::array_t<T>(std::vector<py::ssize_t>(p.shape.begin(), p.shape.end()), p.data, self);
           },
           py::arg("name"));

@@ -388,7 +388,7 @@ def embedding_backward(ids, grad_output, num_embeddings: int, padding_idx: int |
     return variant("embedding_backward", dtype)(t, g.reshape(rows, H), V, pad, gw)
 
 
-def rotary_backward(grad_output, cos, sin, layout: str = "half") -> np.ndarray:
+def rotary_backward(grad_output, cos, sin, layout: str = "half", unsqueeze_dim: int = 1) -> np.ndarray:
     """Backward of the rotary embedding (``positional.apply_rotary``; Su et al. 2021): the rotation
     ``y = R(θ) x`` is orthogonal, so ``grad_x = R(θ)ᵀ grad_y = R(-θ) grad_y``, computed as the exact
     transpose of the forward's formula (it also holds for tables whose halves differ)::
@@ -400,23 +400,27 @@ def rotary_backward(grad_output, cos, sin, layout: str = "half") -> np.ndarray:
         grad_output: ``(..., L, D)``, D even.
         cos, sin: the forward's tables, same shapes and conventions as ``apply_rotary``.
         layout: ``"half"`` or ``"interleaved"``.
+        unsqueeze_dim: the forward's: where the head axis goes in tables of rank
+            ``grad_output.ndim - 1`` (1 for ``(N, H, L, D)``, 2 for ``(N, L, H, D)``).
 
     Returns:
         ``grad_x``, the shape of ``grad_output``, its dtype (float32 unless float64).
 
     Raises:
-        ValueError: rank < 2, odd D, tables of another width or not broadcastable, unknown layout.
-        TypeError: non-numeric arrays.
+        ValueError: rank < 2, odd D, tables of another width or not broadcastable, unknown layout,
+            ``unsqueeze_dim`` out of range.
+        TypeError: non-numeric arrays; non-int ``unsqueeze_dim``.
     """
     layout = rotary_layout(layout)
+    unsqueeze_dim = check_int(unsqueeze_dim, "unsqueeze_dim", None, None)
     g = as_float(grad_output, "grad_output", min_ndim=2)
     D = g.shape[-1]
     if D % 2 != 0:
         raise ValueError(f"grad_output: expected an even head_dim (last dim), got shape {g.shape}")
     dtype = g.dtype.type
     cos, sin = _rotary_tables(cos, sin, dtype)
-    c = _rotary_table(cos, "cos", g.shape, D, layout, dtype)
-    s = _rotary_table(sin, "sin", g.shape, D, layout, dtype)
+    c = _rotary_table(cos, "cos", g.shape, D, layout, dtype, unsqueeze_dim)
+    s = _rotary_table(sin, "sin", g.shape, D, layout, dtype, unsqueeze_dim)
     return variant("rotary_backward", dtype)(g, c, s, layout)
 
 

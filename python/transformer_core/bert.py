@@ -14,15 +14,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from ._runtime import core as _core
-from ._validation import activation, as_bool, as_float, as_ids, check_config_fields, check_mapping
+from ._validation import activation, as_bool, as_float, as_ids, check_config_fields, check_int, check_mapping
 from .hub import ConfigRule, LayerRule, check_config_against_weights, load_safetensors, read_config, resolve_model_dir
 from .module import Module, skip_weight_init
 from .positional import _check_embedding_tables
 
 __all__ = ["BertConfig", "BertEmbeddings", "BertModel", "BertOutput"]
 
-# Buffers some checkpoints carry that are not weights.
-_IGNORED_KEYS = re.compile(r"(^|\.)(position_ids|token_type_ids)$")
+# Buffers some checkpoints carry in their embeddings that are not weights.
+_IGNORED_KEYS = re.compile(r"^(bert\.)?(embeddings\.)?(position_ids|token_type_ids)$")
 
 
 @dataclass
@@ -78,8 +78,9 @@ class BertConfig:
     def check(self) -> "BertConfig":
         """Checks every field's type and range, naming the field: sizes are ints >= 1
         (``num_hidden_layers`` >= 0), ``layer_norm_eps`` a finite number >= 0, ``add_pooling_layer``
-        a bool, ``hidden_act`` a name of the library's table. Sizes too large for this machine are the
-        C++ model's to refuse (checked 64-bit products against memory, before it allocates).
+        a bool, ``pad_token_id`` None or an id in ``[0, vocab_size)``, ``hidden_act`` a name of the
+        library's table. Sizes too large for this machine are the C++ model's to refuse (checked
+        64-bit products against memory, before it allocates).
 
         Raises:
             TypeError / ValueError: naming the field.
@@ -88,6 +89,8 @@ class BertConfig:
                                         "max_position_embeddings", "type_vocab_size"),
                             nonnegative_ints=("num_hidden_layers",), eps=("layer_norm_eps",),
                             bools=("add_pooling_layer",))
+        if self.pad_token_id is not None:  # the embedding row that gets no gradient (torch's padding_idx)
+            check_int(self.pad_token_id, "pad_token_id", 0, self.vocab_size - 1)
         activation(self.hidden_act, "hidden_act")
         return self
 
@@ -138,18 +141,29 @@ def _check_config_against_weights(model_dir, config: BertConfig, state: dict) ->
     check_config_against_weights(model_dir, {k: v.shape for k, v in state.items()}, rules, layers)
 
 
-def _rename_hf(state: dict, *, strip_prefix: bool = True) -> dict:
-    """Checkpoint names -> ours: drops a leading ``bert.``, old ``gamma``/``beta`` LayerNorm names
-    become ``weight``/``bias``, buffers (``position_ids``) are dropped."""
-    out = {}
-    for name, value in state.items():
-        if _IGNORED_KEYS.search(name):
+def _rename_hf(state: dict, *, strip_prefix: bool = True, drop_prefix: str = "") -> dict:
+    """Checkpoint names -> ours: drops a leading ``bert.`` (and then ``drop_prefix``), old
+    ``gamma``/``beta`` LayerNorm names become ``weight``/``bias``, the embeddings' buffers
+    (``position_ids``, ``token_type_ids``) are dropped.
+
+    Raises:
+        ValueError: two keys that name the same weight (``pooler.dense.weight`` and
+            ``bert.pooler.dense.weight``, ``LayerNorm.gamma`` and ``LayerNorm.weight``), both named.
+    """
+    out, source = {}, {}
+    for key, value in state.items():
+        if _IGNORED_KEYS.search(key):
             continue
+        name = key
         if strip_prefix and name.startswith("bert."):
             name = name[len("bert."):]
+        name = name.removeprefix(drop_prefix) if drop_prefix else name
         name = re.sub(r"LayerNorm\.gamma$", "LayerNorm.weight", name)
         name = re.sub(r"LayerNorm\.beta$", "LayerNorm.bias", name)
-        out[name] = value
+        if name in out:
+            raise ValueError(f"state_dict: keys {source[name]!r} and {key!r} both name the weight {name!r}; "
+                             f"expected one")
+        out[name], source[name] = value, key
     return out
 
 
@@ -181,7 +195,8 @@ class BertModel(Module):
         package's numpy API: no torch.
 
         A ``bert.`` prefix (``BertFor*`` checkpoints) and old ``gamma``/``beta`` names are accepted;
-        heads other than the pooler (``cls.*``) are ignored.
+        heads other than the pooler are ignored: with the prefix every tensor outside ``bert.*``
+        (``cls.*``, ``classifier.*``, ``qa_outputs.*``), without it ``cls.*``.
 
         Raises:
             FileNotFoundError: no such directory/model, or no ``config.json``/``model.safetensors``.
@@ -195,8 +210,9 @@ class BertModel(Module):
         config = BertConfig.from_dict(read_config(model_dir))
         raw = load_safetensors(model_dir)
         _check_config_against_weights(model_dir, config, raw)  # before the model of that config is built
-        state = _rename_hf(raw)
-        state = {k: v for k, v in state.items() if not k.startswith("cls.")}
+        if any(k.startswith("bert.") for k in raw):  # a BertFor* checkpoint: its heads lie outside bert.*
+            raw = {k: v for k, v in raw.items() if k.startswith("bert.")}
+        state = {k: v for k, v in _rename_hf(raw).items() if not k.startswith("cls.")}
         if not any(k.startswith("pooler.") for k in state):
             config.add_pooling_layer = False
         with skip_weight_init():  # no random draw: every weight is loaded (a missing one raises)
@@ -327,7 +343,7 @@ class BertEmbeddings(Module):
             self.load_state_dict(weights)
 
     def _rename_state_dict(self, state: dict) -> dict:
-        return {k.removeprefix("embeddings."): v for k, v in _rename_hf(state).items()}
+        return _rename_hf(state, drop_prefix="embeddings.")
 
     @classmethod
     def from_model(cls, model: BertModel) -> "BertEmbeddings":

@@ -123,7 +123,7 @@ class ChatSession:
             (between 0 and 1e-6: ValueError naming ``temperature``).
         top_p, top_k: sampling filters (with ``temperature`` > 0).
         seed: seeds sampling (reproducible replies).
-        repetition_penalty: > 0; 1 or None = none.
+        repetition_penalty: >= 1e-6 (``MIN_REPETITION_PENALTY``); 1 or None = none.
 
     Raises:
         ValueError: a tokenizer without a chat template; bad options (named: ``max_new_tokens`` < 1,
@@ -170,13 +170,14 @@ class ChatSession:
         (the reply's last token is not fed back through the model, as in ``generate``).
 
         Raises:
-            TypeError: ``message`` not a str. ValueError: an empty (or all-whitespace) message, a
-            message that is not valid Unicode, or a conversation whose prompt alone is longer than
-            the model's context (start a new session).
+            TypeError: ``message`` not a str, ``on_text`` not callable. ValueError: an empty (or
+            all-whitespace) message, a message that is not valid Unicode, or a conversation whose
+            prompt alone is longer than the model's context (start a new session).
         """
         if not isinstance(message, str):
             raise TypeError(f"message: expected a str, got {type(message).__name__}")
         _check_message(message, "message")
+        _check_on_text(on_text)
         messages = self.messages + [{"role": "user", "content": message}]
         prompt = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
         # the reply's last token is never fed back: a prompt of P tokens leaves room for
@@ -192,6 +193,9 @@ class ChatSession:
                 break
             common += 1
         self.cache.crop(common)
+        # From here the cache holds more than _cached_ids says only while this turn runs: a turn
+        # that fails (on_text raising, Ctrl-C) leaves the ids of the prefix it kept, nothing stale.
+        self._cached_ids = self._cached_ids[:common]
         options = dict(self.options, max_new_tokens=min(self.options["max_new_tokens"], room))
         eos = self.tokenizer.eos_token_id
         self.stats = TurnStats()
@@ -202,6 +206,12 @@ class ChatSession:
         reply = self.tokenizer.decode(generated, skip_special_tokens=True)
         self.messages = messages + [{"role": "assistant", "content": reply}]
         return reply
+
+
+def _check_on_text(on_text) -> None:
+    """``on_text`` is None or a callable: checked before the prompt runs."""
+    if on_text is not None and not callable(on_text):
+        raise TypeError(f"on_text: expected a callable taking a str, or None, got {type(on_text).__name__}")
 
 
 def _check_message(text: str, name: str) -> None:
@@ -222,13 +232,14 @@ def continue_text(model, tokenizer, text: str, max_new_tokens: int = 128, on_tex
         ``(the continuation, its TurnStats)``.
 
     Raises:
-        TypeError: ``text`` not a str. ValueError: empty text or text that is not valid Unicode;
-        text whose tokens alone are more than the model's context (naming ``text``), or
+        TypeError: ``text`` not a str, ``on_text`` not callable. ValueError: empty text or text that
+        is not valid Unicode; text whose tokens alone are more than the model's context (naming ``text``), or
         ``len(tokens) + max_new_tokens - 1`` over it (naming ``max_new_tokens``; the last new
         token is never fed back) — before any memory is reserved for them; bad options (named).
     """
     options = _options(check_int(max_new_tokens, "max_new_tokens", 1), temperature, top_p, top_k, seed,
                        repetition_penalty)
+    _check_on_text(on_text)
     return _continue(model, tokenizer, _text_ids(model, tokenizer, text, options["max_new_tokens"]), options,
                      on_text)
 
@@ -297,6 +308,8 @@ def run_chat(args) -> int:
     # The arguments are checked before the model is loaded (seconds) and before anything is printed.
     if args.prompt is not None:
         _check_message(args.prompt, "prompt")
+    if args.system is not None:
+        check_unicode(args.system, "system")
     _options(args.max_new_tokens, args.temperature, args.top_p, None, args.seed, None)
     model, tokenizer = _load(args)
     session = ChatSession(model, tokenizer, system=args.system, max_new_tokens=args.max_new_tokens,
@@ -314,7 +327,7 @@ def run_chat(args) -> int:
             line = sys.stdin.readline()
             if not line:
                 return 0
-            message = line.rstrip("\n")
+            message = line.rstrip("\r\n")  # a CRLF file's turns end in no "\r" either
             if not message.strip():
                 continue
         session.send(message, on_text=_print)

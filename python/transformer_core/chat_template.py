@@ -83,7 +83,7 @@ def render_chat_template(template: str, messages, add_generation_prompt: bool = 
             :func:`validate_messages`).
         ValueError: a bad message. ChatTemplateError (a ValueError): the template does not parse,
             calls ``raise_exception``, or fails while rendering (the sandbox refusing an unsafe
-            operation included).
+            operation, or an error of the template's own expressions, included).
     """
     if not isinstance(template, str):
         raise TypeError(f"template: expected a str, got {type(template).__name__}")
@@ -97,7 +97,8 @@ def render_chat_template(template: str, messages, add_generation_prompt: bool = 
         return compiled.render(messages=messages, add_generation_prompt=add_generation_prompt, **variables)
     except ChatTemplateError:
         raise
-    except jinja2.TemplateError as e:
+    except (jinja2.TemplateError, Exception) as e:  # the sandbox's refusals, and Python's errors in the
+        # template's own expressions (1 // 0, "a" + 1, range(10**6), a macro calling itself)
         raise ChatTemplateError(f"chat template: {type(e).__name__}: {e}") from None
 
 

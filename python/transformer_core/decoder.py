@@ -123,10 +123,17 @@ class DecoderModel(Module):
         """D, the width of one attention head."""
         return self._impl.head_dim
 
+    @property
+    def _key_order(self):
+        """The ``key_order`` of this model's caches (:class:`KVCache`): None, the keys in Hugging
+        Face's order (a Llama of ``rope_layout="interleaved"`` overrides it)."""
+        return None
+
     def new_cache(self, batch: int, capacity: int = 0) -> KVCache:
         """An empty :class:`KVCache` for this model and ``batch`` sequences, ``capacity`` positions
         reserved (it grows as needed)."""
-        return KVCache(self.config.num_layers, batch, self.config.num_kv_heads, self.head_dim, capacity, self.dtype)
+        return KVCache(self.config.num_layers, batch, self.config.num_kv_heads, self.head_dim, capacity, self.dtype,
+                       key_order=self._key_order)
 
     def _model_cache(self, past_key_values, N: int) -> KVCache:
         """``past_key_values`` as a :class:`KVCache` of this model for a batch of ``N``: a KVCache as
@@ -134,17 +141,28 @@ class DecoderModel(Module):
 
         Raises:
             TypeError: neither a KVCache nor a tuple/list; a cache of another dtype than the model's.
-            ValueError: a legacy tuple of bad shapes; a cache of another batch or layer count.
+            ValueError: a legacy tuple of bad shapes; a cache of another batch, layer count, head
+                count or width, or another order of the keys' dims (a cache of a model of the
+                other ``rope_layout``).
         """
         cache = past_key_values
+        order = self._key_order
         if not isinstance(cache, KVCache):
-            cache = KVCache.from_legacy(cache, self.config.num_kv_heads, self.head_dim, self.dtype)
+            cache = KVCache.from_legacy(cache, self.config.num_kv_heads, self.head_dim, self.dtype, key_order=order)
         if np.dtype(cache.dtype) != np.dtype(self.dtype):
             raise TypeError(f"past_key_values: expected a cache of this model's dtype {np.dtype(self.dtype).name}, "
                             f"got {np.dtype(cache.dtype).name}")
         if cache.batch != N or len(cache) != self.config.num_layers:
             raise ValueError(f"past_key_values: a cache of batch {cache.batch} and {len(cache)} layers does not fit "
                              f"input_ids' batch {N} and this model's {self.config.num_layers} layers")
+        if cache.num_kv_heads != self.config.num_kv_heads or cache.head_dim != self.head_dim:
+            raise ValueError(f"past_key_values: a cache of {cache.num_kv_heads} key/value heads of width "
+                             f"{cache.head_dim} does not fit this model's {self.config.num_kv_heads} of width "
+                             f"{self.head_dim}")
+        if (cache.key_order is None) != (order is None) or (order is not None
+                                                            and not np.array_equal(cache.key_order, order)):
+            raise ValueError("past_key_values: the cache's keys order each head's dims as another rope_layout does "
+                             "(a cache of another model); pass cache.to_legacy() to convert it")
         return cache
 
     def _prepare(self, input_ids, attention_mask, position_ids, past_key_values):

@@ -32,6 +32,8 @@ __all__ = ["GenerationMixin", "GenerationConfig"]
 #: such as 1e-310 made ``logits / temperature`` inf, then NaN probabilities. The floor is well above
 #: that; the limit temperature -> 0 is greedy decoding (``do_sample=False``).
 MIN_TEMPERATURE = 1e-6
+#: The smallest repetition penalty, for the same reason: ``score / penalty`` must stay finite.
+MIN_REPETITION_PENALTY = 1e-6
 
 
 class GenerationConfig:
@@ -40,7 +42,8 @@ class GenerationConfig:
     Raises:
         TypeError / ValueError: naming the option (``max_new_tokens`` < 1, ``temperature`` not a
         finite number >= ``MIN_TEMPERATURE`` (1e-6), ``top_k`` < 1, ``top_p`` outside (0, 1],
-        ``repetition_penalty`` <= 0, ids that are not ints >= 0). Ids are checked against a
+        ``repetition_penalty`` not a finite number >= ``MIN_REPETITION_PENALTY`` (1e-6), ids that
+        are not ints >= 0). Ids are checked against a
         vocabulary by :meth:`GenerationMixin.generate`, which knows it.
     """
 
@@ -57,8 +60,11 @@ class GenerationConfig:
         self.top_p = None if top_p is None else _check_float(top_p, "top_p", low_open=0.0, high=1.0)
         self.repetition_penalty = (None if repetition_penalty is None
                                    else _check_float(repetition_penalty, "repetition_penalty", low_open=0.0))
+        if self.repetition_penalty is not None and self.repetition_penalty < MIN_REPETITION_PENALTY:
+            raise ValueError(f"repetition_penalty: expected a finite number >= {MIN_REPETITION_PENALTY} (smaller "
+                             f"ones overflow score / penalty), got {self.repetition_penalty!r}")
         self.seed = None if seed is None else check_int(seed, "seed", 0)
-        eos = check_token_ids(list(eos_token_id) if isinstance(eos_token_id, np.ndarray) else eos_token_id,
+        eos = check_token_ids(eos_token_id.tolist() if isinstance(eos_token_id, np.ndarray) else eos_token_id,
                               "eos_token_id")
         if eos is None:
             self.eos_ids = np.zeros(0, np.int64)
@@ -145,6 +151,11 @@ class GenerationMixin:
             As :meth:`generate`.
         """
         ids = as_ids(input_ids, "input_ids")
+        vocab = self.config.vocab_size
+        bad = np.flatnonzero((ids < 0) | (ids >= vocab))
+        if bad.size:  # here, not at the first step: before a cache is reserved or grown
+            raise ValueError(f"input_ids: id {ids.flat[bad[0]]} at flat index {bad[0]} is outside the vocabulary "
+                             f"[0, {vocab})")
         cfg = self._generation_config(max_new_tokens, do_sample, temperature, top_k, top_p, repetition_penalty,
                                       seed, eos_token_id, pad_token_id)
         N, L = ids.shape
@@ -225,7 +236,8 @@ class GenerationMixin:
             attention_mask: ``(N, L)``, 1 = a real prompt token.
             eos_token_id: an id or a list of ids in ``[0, vocab_size)`` that end a sequence;
                 default: the config's (its ids outside the vocabulary dropped).
-            repetition_penalty: > 0; 1 = none (Keskar et al. 2019, as Hugging Face).
+            repetition_penalty: a finite number >= 1e-6 (``MIN_REPETITION_PENALTY``); 1 = none
+                (Keskar et al. 2019, as Hugging Face).
             pad_token_id: an id in ``[0, vocab_size)`` that fills finished sequences; default: the
                 config's ``pad_token_id`` (when it is an id of the vocabulary), else the first end
                 id (Hugging Face's defaults).

@@ -26,18 +26,24 @@ class KVCache:
         head_dim: D (>= 1).
         capacity: positions to reserve up front (e.g. prompt + max_new_tokens); 0 = one.
         dtype: ``np.float32`` or ``np.float64`` (the model's).
+        key_order: None when the keys hold each head's D dims in Hugging Face's order; else the
+            index ``p`` (a permutation of ``range(D)``) with ``hf_keys = keys[..., p]``: a Llama of
+            ``rope_layout="interleaved"`` (a GGUF model) rotates adjacent pairs, so its keys hold
+            llama.cpp's order. :meth:`to_legacy` and :meth:`from_legacy` convert with it.
 
     Raises:
-        TypeError: non-int sizes. ValueError: sizes out of range, or storage larger than this
-        machine's memory (checked before anything is allocated).
+        TypeError: non-int sizes. ValueError: sizes out of range, a ``key_order`` that is not a
+        permutation of ``range(head_dim)``, or storage larger than this machine's memory (checked
+        before anything is allocated).
     """
 
     def __init__(self, num_layers: int, batch: int, num_kv_heads: int, head_dim: int, capacity: int = 0,
-                 dtype=np.float32):
+                 dtype=np.float32, *, key_order=None):
         self.dtype = resolve_dtype(dtype)
         sizes = [check_int(num_layers, "num_layers", 0), check_int(batch, "batch", 1),
                  check_int(num_kv_heads, "num_kv_heads", 1), check_int(head_dim, "head_dim", 1),
                  max(check_int(capacity, "capacity", 0), 1)]
+        self.key_order = _check_key_order(key_order, sizes[3])
         self._impl = variant("KVCache", self.dtype)(*sizes)
 
     @property
@@ -69,8 +75,9 @@ class KVCache:
         return self._impl.num_layers
 
     def __getitem__(self, layer: int) -> tuple[np.ndarray, np.ndarray]:
-        """``(keys, values)`` of one layer, copies of shape ``(N, H_kv, length, D)``; ``layer`` may be
-        negative, counted from the end, as a list's.
+        """``(keys, values)`` of one layer, copies of shape ``(N, H_kv, length, D)``, the keys in the
+        model's order of each head's dims (see ``key_order``); ``layer`` may be negative, counted
+        from the end, as a list's.
 
         Raises:
             TypeError: ``layer`` not an int. IndexError: out of ``[-len(self), len(self))``, either side.
@@ -81,8 +88,12 @@ class KVCache:
         return self._impl.get(layer % len(self))
 
     def to_legacy(self) -> tuple:
-        """Hugging Face's legacy format: a tuple of ``(keys, values)`` per layer."""
-        return tuple(self[i] for i in range(len(self)))
+        """Hugging Face's legacy format: a tuple of ``(keys, values)`` per layer, each ``(N, H_kv,
+        length, D)``, the keys in Hugging Face's order of each head's dims (``key_order`` applied)."""
+        layers = (self[i] for i in range(len(self)))
+        if self.key_order is None:
+            return tuple(layers)
+        return tuple((np.ascontiguousarray(k[..., self.key_order]), v) for k, v in layers)
 
     def crop(self, length: int) -> None:
         """Forgets every position from ``length`` on (``0 <= length <= self.length``).
@@ -101,17 +112,19 @@ class KVCache:
         self._impl.reserve(check_int(total, "total", 0))
 
     @classmethod
-    def from_legacy(cls, past, num_kv_heads: int, head_dim: int, dtype=np.float32) -> "KVCache":
+    def from_legacy(cls, past, num_kv_heads: int, head_dim: int, dtype=np.float32, *, key_order=None) -> "KVCache":
         """A cache holding per-layer ``(keys, values)`` arrays ``(N, H_kv, S, D)`` (numpy arrays or
-        torch tensors, converted to ``dtype``; copied: ``past`` is not changed).
+        torch tensors, converted to ``dtype``; copied: ``past`` is not changed), the keys in Hugging
+        Face's order; ``key_order``: the cache's own (see the class), the keys stored reordered.
 
         Raises:
             TypeError: ``past`` not a tuple or list (message naming ``past_key_values``).
-            ValueError: no pairs, or arrays of inconsistent shapes.
+            ValueError: no pairs, arrays of inconsistent shapes, a bad ``key_order``.
         """
         dtype = resolve_dtype(dtype)
         num_kv_heads = check_int(num_kv_heads, "num_kv_heads", 1)
         head_dim = check_int(head_dim, "head_dim", 1)
+        key_order = _check_key_order(key_order, head_dim)
         if not isinstance(past, (list, tuple)):
             raise TypeError(f"past_key_values: expected None, a KVCache or Hugging Face's legacy tuple of (keys, "
                             f"values) pairs per layer, got {type(past).__name__}")
@@ -130,10 +143,28 @@ class KVCache:
                 raise ValueError(f"past_key_values[{i}]: shape {k.shape} differs from layer 0's {shape}")
             shape = k.shape
             pairs.append((k, v))
-        cache = cls(len(pairs), shape[0], num_kv_heads, head_dim, shape[2], dtype)
+        if key_order is not None:  # hf_keys = keys[..., p]  <=>  keys = hf_keys[..., argsort(p)]
+            back = np.argsort(key_order)
+            pairs = [(np.ascontiguousarray(k[..., back]), v) for k, v in pairs]
+        cache = cls(len(pairs), shape[0], num_kv_heads, head_dim, shape[2], dtype, key_order=key_order)
         cache._impl.load(pairs)
         return cache
 
     def __repr__(self) -> str:
         return (f"KVCache(num_layers={len(self)}, batch={self.batch}, num_kv_heads={self.num_kv_heads}, "
-                f"head_dim={self.head_dim}, length={self.length}, capacity={self.capacity})")
+                f"head_dim={self.head_dim}, length={self.length}, capacity={self.capacity}"
+                f"{'' if self.key_order is None else ', key_order=<llama.cpp>'})")
+
+
+def _check_key_order(key_order, head_dim: int):
+    """``key_order`` as a read-only int64 array, checked to be a permutation of ``range(head_dim)``
+    (None stays None)."""
+    if key_order is None:
+        return None
+    p = np.asarray(key_order)
+    if p.dtype.kind not in "iu" or p.shape != (head_dim,) or not np.array_equal(np.sort(p), np.arange(head_dim)):
+        raise ValueError(f"key_order: expected a permutation of range({head_dim}), got an array of shape "
+                         f"{p.shape} and dtype {p.dtype}")
+    p = p.astype(np.int64)
+    p.flags.writeable = False
+    return p

@@ -207,6 +207,16 @@ class LlamaModel(DecoderModel):
 
         return rope_row_permutation(heads, self.head_dim)
 
+    @property
+    def _key_order(self):
+        """The KV cache's ``key_order``: an interleaved model's keys hold each head's dims in
+        llama.cpp's order (:func:`~transformer_core.gguf_file.rope_row_permutation` of one head)."""
+        if self.rope_layout != "interleaved":
+            return None
+        from .gguf_file import rope_row_permutation
+
+        return rope_row_permutation(1, self.head_dim)
+
     def _row_permutation(self, name: str):
         """The :class:`~transformer_core.module.Module` hook: an interleaved model's q/k rows map
         to Hugging Face's by :meth:`_qk_permutation`, so ``state_dict``, ``load_state_dict``,
@@ -322,7 +332,7 @@ class LlamaModel(DecoderModel):
     @classmethod
     def _from_gguf_blocks(cls, checkpoint, quantize_activations: bool):
         """The model of a GGUF checkpoint with its block-format matrices kept as they are stored."""
-        from .quantization import GGML_TYPES, set_gguf_weights, set_quantize_activations
+        from .quantization import GGML_TYPES, _public_names, set_gguf_weights, set_quantize_activations
 
         with skip_weight_init():  # every weight loaded or replaced below
             model = cls(LlamaConfig.from_dict(checkpoint.config), dtype=np.float32, rope_layout="interleaved")
@@ -332,10 +342,21 @@ class LlamaModel(DecoderModel):
         unknown = [n for n in names if n not in slots]
         if missing or unknown:
             raise ValueError(f"{checkpoint.path}: cannot load into {cls.__name__}: missing {missing}, unknown {unknown}")
+        def stored_as_blocks(name):
+            info = checkpoint.tensor_info(names[name])
+            return info.ggml_type in GGML_TYPES and len(info.shape) == 2
+
+        # A packed matrix ([q; k; v], [gate; up]) keeps blocks only if all its parts are blocks;
+        # one part stored F16/F32 makes the whole matrix float32.
+        public, group_of = _public_names(model), {}
+        for impl in model._impls():
+            for core_names in impl.linear_weight_groups():
+                group = [public[(id(impl), c)] for c in core_names if (id(impl), c) in public]
+                group_of.update({n: group for n in group})
         blocks, dense = {}, []
         for name, file_name in names.items():
             info, slot = checkpoint.tensor_info(file_name), slots[name]
-            if info.ggml_type in GGML_TYPES and len(info.shape) == 2:
+            if all(stored_as_blocks(n) for n in group_of.get(name, [name])):
                 blocks[name] = (info.ggml_type, info.raw)  # the file's rows, in place
             else:
                 value = checkpoint.tensor(file_name, np.float32)  # q/k rows in Hugging Face's order ...

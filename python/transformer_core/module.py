@@ -239,6 +239,16 @@ class _Slot(NamedTuple):
     row_permutation: np.ndarray | None = None  # checkpoint rows = C++ rows[row_permutation] (after any transpose)
 
 
+#: Bumped whenever weights change storage in place (quantized): Module.named_parameters builds its
+#: Parameters again rather than hand out views of a float buffer the model no longer uses.
+_storage_epoch = [0]
+
+
+def storage_changed() -> None:
+    """Called after weights of some module were replaced in place by a quantized format."""
+    _storage_epoch[0] += 1
+
+
 _SKIP_INIT = threading.local()
 
 
@@ -410,16 +420,18 @@ class Module:
         """Training mode (``mode=True``): forwards keep what their backward needs. Returns ``self``.
 
         Raises:
+            TypeError: ``mode`` not a bool.
             ValueError: ``mode`` is True and some weight is held quantized (:meth:`weight_formats`):
                 only float weights train (train the float model, then quantize it).
         """
+        mode = check_bool(mode, "mode")
         if mode:
             quantized = {n: f for n, f in self.weight_formats().items() if not f.startswith("float")}
             if quantized:
                 name, fmt = next(iter(quantized.items()))
                 raise ValueError(f"train: {len(quantized)} weights are quantized (e.g. {name!r}: {fmt}); only float "
                                  "weights train: train the float model, then quantize it")
-        self._set_training(bool(mode))
+        self._set_training(mode)
         return self
 
     def _set_training(self, mode: bool) -> None:
@@ -479,12 +491,19 @@ class Module:
         the checkpoint's (as :meth:`gradients` and :meth:`state_dict` do). Hand them to an optimizer::
 
             opt = tc.optim.AdamW(model.named_parameters(), lr=3e-4)
+
+        Once a weight is quantized in place (``quantize(..., inplace=True)``, ``set_gguf_weights``),
+        the Parameters handed out before read its last float values (the buffer stays while they
+        live) and no longer change the model, and new calls raise.
+
+        Raises:
+            ValueError: a weight is held quantized (it has no float buffer to view).
         """
-        cache = self.__dict__.get("_parameters_cache")
-        if cache is None:
+        epoch, cache = self.__dict__.get("_parameters_cache", (None, None))
+        if cache is None or epoch != _storage_epoch[0]:  # built again once any weight changed storage
             cache = [(name, _BoundParameter(slot.impl, slot.core_name, name, slot.transposed, slot.row_permutation))
                      for name, slot in self._slots().items()]
-            self.__dict__["_parameters_cache"] = cache
+            self.__dict__["_parameters_cache"] = (_storage_epoch[0], cache)
         return list(cache)
 
     def parameters(self) -> list[Parameter]:

@@ -506,6 +506,25 @@ def _check_keep_float(model, keep: list) -> None:
                              f"quantized as one: name all of its parts (missing {missing}) or none")
 
 
+def _check_int8_in_features(model, keep: list) -> None:
+    """ValueError naming the first float32 linear weight that quantize would convert (not in
+    ``keep``) with more than INT8_MAX_IN_FEATURES input features: checked before any is converted."""
+    public = _public_names(model)
+    formats = model.weight_formats()
+    slots = model._slots()
+    for impl in model._impls():
+        for core_names in impl.linear_weight_groups():
+            names = [public[(id(impl), c)] for c in core_names if (id(impl), c) in public]
+            if not names or any(n in keep for n in names) or formats[names[0]] != "float32":
+                continue
+            slot = slots[names[0]]  # (out, in), or (in, out) stored transposed (GPT-2's Conv1D)
+            in_features = slot.shape[0] if slot.transposed else slot.shape[1]
+            if in_features > INT8_MAX_IN_FEATURES:
+                raise ValueError(f"model: {names[0]!r} has in_features {in_features}, expected <= "
+                                 f"{INT8_MAX_IN_FEATURES} for int8 (the int32 sums stay exact); keep it float "
+                                 f"(keep_float={names!r}); nothing was converted")
+
+
 def quantize(model, format: str = "int8", *, inplace: bool = False, keep_float=None,
              residual_activations: bool = False):
     """A copy of ``model`` whose linear layers hold int8 weights (as ``torch.ao.quantization.quantize_dynamic``
@@ -550,7 +569,8 @@ def quantize(model, format: str = "int8", *, inplace: bool = False, keep_float=N
         ValueError: an unknown ``format``; a float64 model (the int8 kernels compute in float32:
             build the model in float32); ``inplace`` on a model holding GGUF blocks; a
             ``keep_float`` name that is unknown, not a linear layer's weight, or one part of a
-            packed matrix without the others (the message lists them). Nothing is converted then.
+            packed matrix without the others (the message lists them); a linear layer to convert
+            with more than ``INT8_MAX_IN_FEATURES`` inputs. Nothing is converted then.
     """
     Module, SentenceEncoder = _model_classes()
     if not isinstance(format, str):
@@ -563,7 +583,8 @@ def quantize(model, format: str = "int8", *, inplace: bool = False, keep_float=N
     if isinstance(model, SentenceEncoder):
         bert = quantize(model.model, format, inplace=inplace, keep_float=keep,
                         residual_activations=residual_activations)
-        return model if inplace else SentenceEncoder(bert, model.tokenizer)
+        return model if inplace else SentenceEncoder(bert, model.tokenizer, pooling=model.pooling,
+                                                     normalize=model.normalize)
     if not isinstance(model, Module):
         raise TypeError(f"model: expected a transformer_core model or layer (BertModel, GPT2LMHeadModel, "
                         f"LlamaForCausalLM, nn.Linear, ...) or a SentenceEncoder, got {type(model).__name__}")
@@ -574,14 +595,17 @@ def quantize(model, format: str = "int8", *, inplace: bool = False, keep_float=N
         raise ValueError("model: holds GGUF blocks; quantize a copy (inplace=False), which starts from the "
                          "dequantized weights")
     _check_keep_float(model, keep)
+    _check_int8_in_features(model, keep)
     target = model if inplace else _copy(model)
     from .decoder import CausalLM
+    from .module import storage_changed
 
     slots = target._slots()
     for impl in target._impls():
         impl.quantize_int8(keep_float=[slots[n].core_name for n in keep if slots[n].impl is impl])
         if isinstance(target, CausalLM) and hasattr(impl, "quantize_tied_lm_head_int8"):
             impl.quantize_tied_lm_head_int8()
+    storage_changed()
     if residual_activations:
         set_residual_activations(target, True)
     return target
@@ -630,8 +654,8 @@ def set_gguf_weights(module, weights) -> None:
     Raises:
         TypeError: not a transformer_core module; ``weights`` not a mapping; bytes not bytes.
         ValueError: a float64 module; an unknown name, a weight that is not a Linear/Embedding
-            weight (or is stored transposed), missing rows of a packed matrix, wrong byte counts;
-            the module is unchanged.
+            weight (or is stored transposed) or is already quantized, missing rows of a packed
+            matrix, wrong byte counts; the module is unchanged.
     """
     from collections.abc import Mapping
 
@@ -644,6 +668,7 @@ def set_gguf_weights(module, weights) -> None:
     if not isinstance(weights, Mapping):
         raise TypeError(f"weights: expected a mapping of name -> (ggml_type, blocks), got {type(weights).__name__}")
     slots = module._slots()
+    formats = module.weight_formats()
     per_impl = {}
     for name, value in weights.items():
         if name not in slots:
@@ -654,12 +679,24 @@ def set_gguf_weights(module, weights) -> None:
                              f"{' (transposed)' if slot.transposed else ''}")
         if not isinstance(value, (tuple, list)) or len(value) != 2:
             raise TypeError(f"weights[{name!r}]: expected a (ggml_type, blocks) pair, got {type(value).__name__}")
+        if formats[name] != "float32":
+            raise ValueError(f"weights[{name!r}]: expected a float32 weight, got one already held as {formats[name]}")
         ggml_type, blocks = _ggml_type(value[0]), value[1]
         expected = _check_block_dims(ggml_type, slot.shape[0], slot.shape[1], f"{name} rows", f"{name} in_features")
         raw = _block_bytes(blocks, expected, f"{name}: {slot.shape[0]} x {slot.shape[1]} {ggml_type}")
-        per_impl.setdefault(id(slot.impl), (slot.impl, []))[1].append((slot.core_name, ggml_type, raw))
-    for impl, tensors in per_impl.values():
+        per_impl.setdefault(id(slot.impl), (slot.impl, [], []))
+        per_impl[id(slot.impl)][1].append((slot.core_name, ggml_type, raw))
+        per_impl[id(slot.impl)][2].append(name)
+    for impl, tensors, names in per_impl.values():  # every core module checked before any changes
+        try:
+            impl.load_gguf_weights(tensors, check_only=True)
+        except ValueError as e:
+            raise ValueError(f"weights ({', '.join(names)}): {e}; the module is unchanged") from None
+    for impl, tensors, _ in per_impl.values():
         impl.load_gguf_weights(tensors)
+    from .module import storage_changed
+
+    storage_changed()
 
 
 def _set_activation_mode(model, on, method: str) -> int:

@@ -72,13 +72,36 @@ class Tokenizer:
         bos_token, eos_token, unk_token: the special tokens' strings, or ``None``.
         chat_template: a Jinja2 chat template (see :meth:`apply_chat_template`), or ``None``.
 
+    The ``tokenizers.Tokenizer`` is copied: the truncation and padding set here never reach the
+    caller's object, nor another :class:`Tokenizer` built on it.
+
     Raises:
+        TypeError: ``tokenizer`` not a ``tokenizers.Tokenizer``.
         ValueError: ``max_length`` below 1, or a special token not in the vocabulary.
     """
 
     def __init__(self, tokenizer, max_length: int | None = 512, pad_token: str | None = "[PAD]", *,
                  bos_token: str | None = None, eos_token: str | None = None, unk_token: str | None = None,
                  chat_template: str | None = None):
+        from tokenizers import Tokenizer as HFTokenizer
+
+        if not isinstance(tokenizer, HFTokenizer):
+            raise TypeError(f"tokenizer: expected a tokenizers.Tokenizer, got {type(tokenizer).__name__}")
+        self._setup(HFTokenizer.from_str(tokenizer.to_str()), max_length, pad_token, bos_token=bos_token,
+                    eos_token=eos_token, unk_token=unk_token, chat_template=chat_template)
+
+    @classmethod
+    def _owning(cls, tokenizer, *args, **kwargs) -> "Tokenizer":
+        """A Tokenizer on ``tokenizer`` itself, not a copy: for a backend just read from a file,
+        which nothing else holds (a copy of SmolLM2's costs 0.1 s)."""
+        self = cls.__new__(cls)
+        self._setup(tokenizer, *args, **kwargs)
+        return self
+
+    def _setup(self, tokenizer, max_length: int | None = 512, pad_token: str | None = "[PAD]", *,
+               bos_token: str | None = None, eos_token: str | None = None, unk_token: str | None = None,
+               chat_template: str | None = None) -> None:
+        """__init__'s work, on a backend this Tokenizer owns."""
         self._tok = tokenizer
         self._unpadded = None  # _batches' copy of it without padding, made on first use
         self.max_length = check_optional_int(max_length, "max_length", 1)
@@ -148,13 +171,13 @@ class Tokenizer:
             cfg = _read_json_object(model_dir / "tokenizer_config.json")
             tokens = {key: _token_content(cfg.get(key)) for key in ("bos_token", "eos_token", "unk_token", "pad_token")}
             tokens = {k: (v if v is not None and tok.token_to_id(v) is not None else None) for k, v in tokens.items()}
-            return cls(tok, max_length=None, pad_token=tokens["pad_token"], bos_token=tokens["bos_token"],
+            return cls._owning(tok, max_length=None, pad_token=tokens["pad_token"], bos_token=tokens["bos_token"],
                        eos_token=tokens["eos_token"], unk_token=tokens["unk_token"],
                        chat_template=_chat_template_of_dir(model_dir, cfg))
         if max_length is None:
             max_length = _default_max_length(model_dir)
         pad = "[PAD]" if tok.token_to_id("[PAD]") is not None else (tok.id_to_token(0) or "[PAD]")
-        return cls(tok, max_length=max_length, pad_token=pad)
+        return cls._owning(tok, max_length=max_length, pad_token=pad)
 
     @classmethod
     def from_gguf(cls, path_or_checkpoint, pre_tokenizer: str | None = None) -> "Tokenizer":
@@ -204,7 +227,7 @@ class Tokenizer:
         if template is not None and not isinstance(template, str):
             raise ValueError(f"{path}: GGUF metadata tokenizer.chat_template: expected a string, got "
                              f"{type(template).__name__} {_clip(template)}")
-        return cls(tok, max_length=None, pad_token=special["pad_token"], bos_token=special["bos_token"],
+        return cls._owning(tok, max_length=None, pad_token=special["pad_token"], bos_token=special["bos_token"],
                    eos_token=special["eos_token"], unk_token=special["unk_token"], chat_template=template)
 
     # ---------------------------------------------------------------------------- encoding
@@ -418,12 +441,26 @@ class Tokenizer:
         return [i for i in sorted(decoder) if decoder[i].special]
 
     def token_to_id(self, token: str) -> int | None:
-        """Id of a token (vocabulary spelling), or None."""
+        """Id of a token (vocabulary spelling), or None.
+
+        Raises:
+            TypeError: ``token`` not a str.
+        """
+        if not isinstance(token, str):
+            raise TypeError(f"token: expected a str, got {type(token).__name__}")
         return self._tok.token_to_id(token)
 
     def id_to_token(self, token_id: int) -> str | None:
-        """The token (vocabulary spelling, ``"Ġworld"`` for byte-level BPE) of an id, or None."""
-        return self._tok.id_to_token(check_int(token_id, "token_id", None, None))
+        """The token (vocabulary spelling, ``"Ġworld"`` for byte-level BPE) of an id, or None for an
+        id past the vocabulary.
+
+        Raises:
+            TypeError: ``token_id`` not an int. ValueError: a negative id.
+        """
+        token_id = check_int(token_id, "token_id", 0, None)
+        if token_id >= self._tok.get_vocab_size(with_added_tokens=True):
+            return None
+        return self._tok.id_to_token(token_id)
 
     @property
     def backend(self):
@@ -478,7 +515,7 @@ class TextStream:
         from tokenizers.decoders import DecodeStream
 
         self._tokenizer = tokenizer
-        self._skip = bool(skip_special_tokens)
+        self._skip = check_bool(skip_special_tokens, "skip_special_tokens")
         self._stream = DecodeStream(skip_special_tokens=self._skip)
         self._pending: list[int] = []
 

@@ -64,7 +64,7 @@ void Embedding<T>::set_quantized(std::unique_ptr<QuantizedMatrix> table) {
                                   std::to_string(table->in_features()) + ")");
     quantized_ = std::move(table);
     output_int8_.reset();
-    weight_ = xt::xtensor<T, 2>();  // frees the fp32 table
+    this->retire_storage("weight", weight_);  // frees the fp32 table (unless a numpy view holds it)
     this->set_parameter_data("weight", nullptr);
   } else {
     (void)table;
@@ -136,8 +136,16 @@ void Embeddings<T>::forward(const int64_t* ids, const int64_t* positions, const 
   if (token_type_ != nullptr) {
     if (token_type_ids != nullptr) {
       token_type_->forward_add(token_type_ids, rows, out);                   // + token_type[tt]
-    } else {
-      ops::add_bias(out, rows, config_.hidden_size, token_type_->weight());  // no token types: type 0
+    } else {  // no token types: + token_type[0] (looked up, so dequantized, while the table is quantized)
+      const T* type0 = token_type_->weight();
+      std::vector<T> row;
+      if (type0 == nullptr) {
+        const int64_t zero = 0;
+        row.resize(static_cast<size_t>(config_.hidden_size));
+        token_type_->forward(&zero, 1, row.data());
+        type0 = row.data();
+      }
+      ops::add_bias(out, rows, config_.hidden_size, type0);
     }
   }
   if (norm_ != nullptr) norm_->forward(out, rows, out);

@@ -79,7 +79,7 @@ void Linear<T>::set_quantized(std::unique_ptr<QuantizedMatrix> weight) {
                                   std::to_string(in_) + "), got (" + std::to_string(weight->out_features()) + ", " +
                                   std::to_string(weight->in_features()) + ")");
     quantized_ = std::move(weight);
-    weight_ = xt::xtensor<T, 2>();  // frees the fp32 weight
+    this->retire_storage("weight", weight_);  // frees the fp32 weight (unless a numpy view holds it)
     this->set_parameter_data("weight", nullptr);
   } else {
     (void)weight;

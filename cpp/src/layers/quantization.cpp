@@ -3,7 +3,10 @@
 #include <algorithm>
 #include <map>
 #include <stdexcept>
+#include <string>
 #include <utility>
+
+#include "transformer_core/kernels/quant/formats.hpp"
 
 namespace transformer_core::layers {
 
@@ -32,18 +35,27 @@ int64_t quantize_linears_int8(Module<float>& root, const std::vector<std::string
       throw std::invalid_argument("keep_float: '" + name + "' is not the weight of a Linear layer");
     kept.push_back(p.owner);
   }
-  int64_t n = 0;
+  // Check every layer before converting any (int8 products are exact up to kInt8MaxK features).
+  std::vector<Linear<float>*> targets;
   for (Linear<float>* linear : linear_layers(root)) {
     if (linear->quantized_weight() != nullptr) continue;
     if (std::find(kept.begin(), kept.end(), linear) != kept.end()) continue;
-    linear->quantize_int8();
-    ++n;
+    if (linear->in_features() > kernels::quant::kInt8MaxK) {
+      std::string name;
+      for (const auto& p : root.parameters())
+        if (p.owner == linear && p.owner_name == "weight") name += (name.empty() ? "" : ", ") + p.name;
+      throw std::invalid_argument(name + ": in_features: expected <= " + std::to_string(kernels::quant::kInt8MaxK) +
+                                  " for int8 (the int32 sums stay exact), got " + std::to_string(linear->in_features()) +
+                                  "; keep it float (keep_float); nothing was converted");
+    }
+    targets.push_back(linear);
   }
+  for (Linear<float>* linear : targets) linear->quantize_int8();
   root.refresh_parameters();
-  return n;
+  return static_cast<int64_t>(targets.size());
 }
 
-void load_gguf_weights(Module<float>& root, const std::vector<GgufTensor>& tensors) {
+void load_gguf_weights(Module<float>& root, const std::vector<GgufTensor>& tensors, bool check_only) {
   struct Target {
     Linear<float>* linear = nullptr;
     Embedding<float>* embedding = nullptr;
@@ -84,6 +96,7 @@ void load_gguf_weights(Module<float>& root, const std::vector<GgufTensor>& tenso
       throw std::invalid_argument("GGUF weights of the layer holding " + names + ": " + e.what());
     }
   }
+  if (check_only) return;
   for (auto& [m, matrix] : built) {
     Target& target = targets[m];
     if (target.linear != nullptr) {

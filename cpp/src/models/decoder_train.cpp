@@ -125,11 +125,15 @@ double DecoderModel<T>::head_loss(const T* hidden, const int64_t* targets, int64
   if (count == 0) return 0.0;
   const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(count, kHeadChunkValues / V));
   T* rows_buf = kernels::workspace<T>(Scratch::kHeadRows, static_cast<size_t>(chunk * E));    // [chunk, E]
-  T* logits = kernels::workspace<T>(Scratch::kHeadLogits, static_cast<size_t>(chunk * V));    // [chunk, V]
+  T* chunk_logits = kernels::workspace<T>(Scratch::kHeadLogits, static_cast<size_t>(chunk * V));  // [chunk, V]
   T* drows = dhidden != nullptr ? kernels::workspace<T>(Scratch::kHeadGradRows, static_cast<size_t>(chunk * E))
                                 : nullptr;
   std::vector<int64_t> chunk_targets(static_cast<size_t>(chunk));
-  const T* W = head_weight();  // [V, E]
+  // Without a gradient the logits are forward's (logits(): the fp32 head, its int8 copy or its GGUF
+  // blocks); a gradient needs the fp32 head (train() refuses quantized weights).
+  const T* W = head_weight();  // [V, E], nullptr while the head is quantized
+  if (dhidden != nullptr && W == nullptr)
+    throw std::invalid_argument("loss: the LM head is quantized; only float weights train");
   double total = 0;
   for (int64_t c0 = 0; c0 < count; c0 += chunk) {
     const int64_t c = std::min(chunk, count - c0);
@@ -138,15 +142,18 @@ double DecoderModel<T>::head_loss(const T* hidden, const int64_t* targets, int64
       std::copy(hidden + r * E, hidden + (r + 1) * E, rows_buf + t * E);
       chunk_targets[static_cast<size_t>(t)] = targets[r];
     }
-    ops::linear(rows_buf, c, E, W, static_cast<const T*>(nullptr), V, logits);  // logits = rows · Wᵀ
+    if (dhidden == nullptr)
+      logits(rows_buf, c, chunk_logits);
+    else
+      ops::linear(rows_buf, c, E, W, static_cast<const T*>(nullptr), V, chunk_logits);  // logits = rows · Wᵀ
     // loss of the chunk; with a gradient, dlogits (× grad_scale) replaces the logits in place
-    total += ops::cross_entropy(logits, chunk_targets.data(), c, V, ignore_index, 0.0, ops::Reduction::kSum,
+    total += ops::cross_entropy(chunk_logits, chunk_targets.data(), c, V, ignore_index, 0.0, ops::Reduction::kSum,
                                 grad_scale, static_cast<const T*>(nullptr), static_cast<T*>(nullptr),
-                                dhidden != nullptr ? logits : nullptr, nullptr);
+                                dhidden != nullptr ? chunk_logits : nullptr, nullptr);
     if (dhidden == nullptr) continue;
     if (!std::isfinite(total)) break;  // nothing more to learn: the caller drops dweight
     // d rows = dlogits · W,   dW = dlogitsᵀ · rows (the first chunk), then dW += dlogitsᵀ · rows
-    ops::linear_backward(rows_buf, logits, W, c, E, V, drows, dweight, static_cast<T*>(nullptr), c0 > 0, false);
+    ops::linear_backward(rows_buf, chunk_logits, W, c, E, V, drows, dweight, static_cast<T*>(nullptr), c0 > 0, false);
     for (int64_t t = 0; t < c; ++t) {
       const int64_t r = counted[static_cast<size_t>(c0 + t)];
       std::copy(drows + t * E, drows + (t + 1) * E, dhidden + r * E);

@@ -226,6 +226,15 @@ class Module {
     std::copy(p.data, p.data + count, out);
   }
 
+  // A numpy view of entry p's storage was handed out (the bindings' parameter_view): its owner
+  // keeps that storage until it is destroyed, even after the weight is replaced by a quantized
+  // format (retire_storage), so the view never reads freed memory.
+  static void mark_viewed(const ParamRef<T>& p) {
+    if (p.owner == nullptr) return;
+    auto& viewed = p.owner->viewed_;
+    if (std::find(viewed.begin(), viewed.end(), p.owner_name) == viewed.end()) viewed.push_back(p.owner_name);
+  }
+
   // Re-reads every entry's data pointer from its owner's own registry (nullptr for a weight the
   // owner now holds quantized): call on the module whose registry is used after quantizing layers
   // inside it (layers/quantization.hpp does).
@@ -247,6 +256,13 @@ class Module {
     own_grads_.back().size = size;
     std::string own = name;
     params_.push_back({std::move(name), std::move(shape), data, &own_grads_.back(), 0, this, std::move(own), 0});
+  }
+  // Drops the storage of this module's own parameter `name` once a quantized format replaces it:
+  // freed, or, if a view of it was handed out (mark_viewed), kept unused until this module is
+  // destroyed (the view then reads the last float values; it no longer changes the model).
+  void retire_storage(const std::string& name, xt::xtensor<T, 2>& storage) {
+    if (std::find(viewed_.begin(), viewed_.end(), name) != viewed_.end()) retired_.push_back(std::move(storage));
+    storage = xt::xtensor<T, 2>();
   }
   // Sets the data pointer of this module's own parameter `name` (nullptr once it is quantized).
   void set_parameter_data(const std::string& name, T* data) {
@@ -280,6 +296,8 @@ class Module {
  private:
   std::vector<ParamRef<T>> params_;
   std::deque<GradSlot<T>> own_grads_;  // the gradients of the parameters registered here (stable addresses)
+  std::vector<std::string> viewed_;        // own parameters a numpy view was handed out for
+  std::vector<xt::xtensor<T, 2>> retired_;  // their storage, once a quantized format replaced it
 };
 
 }  // namespace transformer_core::layers

@@ -29,7 +29,8 @@ std::vector<Linear<float>*> linear_layers(const Module<float>& root);
 // Quantizes every fp32 Linear inside root to int8 (those already quantized are left as they are,
 // and those whose weight is named in keep_float, root's registry names, stay fp32) and refreshes
 // root's registry. Returns how many were converted. Throws std::invalid_argument (root unchanged)
-// for a keep_float name that is unknown or not a Linear's weight.
+// for a keep_float name that is unknown or not a Linear's weight, or a layer to convert with more
+// than kInt8MaxK in_features.
 int64_t quantize_linears_int8(Module<float>& root, const std::vector<std::string>& keep_float = {});
 
 // One weight of root, by its name in root's registry, given as GGUF blocks.
@@ -46,8 +47,9 @@ struct GgufTensor {
 // (a packed matrix needs all its slices) and that the byte counts fit, and only then replaces the
 // layers' fp32 weights (freed) by the blocks; refreshes root's registry. Throws std::invalid_argument
 // naming the weight (unknown name, not a Linear/Embedding weight, missing rows, wrong size) with
-// root unchanged.
-void load_gguf_weights(Module<float>& root, const std::vector<GgufTensor>& tensors);
+// root unchanged. check_only: all the checks, nothing installed (to check the tensors of several
+// roots before installing any).
+void load_gguf_weights(Module<float>& root, const std::vector<GgufTensor>& tensors, bool check_only = false);
 
 // Sets the activation mode of every GGUF-block weight inside root (Linear weights and embedding
 // tables used as LM heads): Q8 activation blocks and integer dots (true) or fp32 activations (false).
