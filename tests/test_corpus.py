@@ -757,25 +757,6 @@ def test_search_scores_do_not_depend_on_blocks_or_the_output_kind(search_index, 
     assert [h.id for h in corpus.search(outs["npy"], SENTENCES[3], k=3, block_rows=401)[0]] == [400, 401, 402]
 
 
-@pytest.mark.parametrize("slice_rows", [1, 5, 96, 1000])
-def test_search_scores_do_not_depend_on_the_cache_slices(monkeypatch, slice_rows):
-    """The embeddings are scored a cache-sized slice at a time against every group of 32 queries;
-    the scores are bitwise those of one pass, for 70 queries (groups of 32, 32, 6) and slices that
-    cut the rows anywhere, and within float32 rounding of the float64 cosines."""
-    rng = np.random.default_rng(7)
-    emb = rng.standard_normal((403, 24)).astype(np.float32)
-    q = rng.standard_normal((70, 24)).astype(np.float32)
-    q /= np.linalg.norm(q, axis=1, keepdims=True)
-    whole = corpus._cosine_scores(q, emb)
-    monkeypatch.setattr(corpus, "_SLICE_BYTES", slice_rows * 24 * 4)
-    sliced = corpus._cosine_scores(q, emb)
-    assert sliced.shape == (70, 403) and sliced.dtype == np.float32
-    assert np.array_equal(sliced, whole)
-    e64 = emb.astype(np.float64)
-    ref = q.astype(np.float64) @ e64.T / np.linalg.norm(e64, axis=1)
-    np.testing.assert_allclose(sliced, ref, rtol=0, atol=1e-6)
-
-
 def test_search_names_a_missing_part_and_a_truncated_npy(search_index, tmp_path):
     import shutil
 

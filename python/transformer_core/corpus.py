@@ -1506,10 +1506,6 @@ def _merge_topk(best_s: np.ndarray, best_i: np.ndarray, s: np.ndarray, ids: np.n
 #: Queries per product in :func:`_cosine_scores`: ``functional.linear``'s streaming path takes up
 #: to 32 rows (more rows take the GEMM, whose tiles round differently by the number of rows).
 _QUERY_GROUP = 32
-#: Bytes of embeddings scored against every query group before the next ones are read: a slice
-#: that stays in cache while the groups take their turns (one pass over a large block per group
-#: instead made 1,000 queries 2x slower, each group reading the block from DRAM again).
-_SLICE_BYTES = 3 << 20
 
 
 def _cosine_scores(q: np.ndarray, emb: np.ndarray) -> np.ndarray:
@@ -1528,11 +1524,7 @@ def _cosine_scores(q: np.ndarray, emb: np.ndarray) -> np.ndarray:
         return np.empty((len(q), 0), DTYPE)
     ones = np.ones((1, emb.shape[1]), DTYPE)
     norms = np.maximum(np.sqrt(linear(ones, emb * emb)[0]), DTYPE.type(1e-12))           # (B,)
-    dots = np.empty((len(q), len(emb)), DTYPE)
-    step = max(1, _SLICE_BYTES // max(1, emb.shape[1] * emb.itemsize))  # rows a slice
-    for s in range(0, len(emb), step):
-        for g in range(0, len(q), _QUERY_GROUP):
-            dots[g:g + _QUERY_GROUP, s:s + step] = linear(q[g:g + _QUERY_GROUP], emb[s:s + step])
+    dots = np.concatenate([linear(q[g:g + _QUERY_GROUP], emb) for g in range(0, len(q), _QUERY_GROUP)])
     return dots / norms
 
 
