@@ -312,3 +312,93 @@ def test_mha_separate_qkv_weights_of_the_wrong_shape_are_named():
     ours.load_state_dict(good)
     w = ours.state_dict()["in_proj_weight"]
     np.testing.assert_array_equal(w, np.concatenate([good[f"{x}_proj_weight"] for x in "qkv"]).astype(np.float32))
+
+
+# ------------------------------------------------------------------------- one cache, several layers
+def test_layers_sharing_one_kv_cache_decode_as_without_it(rng):
+    """Two MultiheadAttention layers on one KVCache of two layers (layer=0, then layer=1 at each
+    step): the step's last layer advances the length, so both read the same past, and the decoded
+    rows equal the uncached computation (each call advanced it: layer 1 read unwritten keys)."""
+    E, H, T = 16, 4, 7
+    m0, m1 = tc.nn.MultiheadAttention(E, H, dtype=np.float64), tc.nn.MultiheadAttention(E, H, dtype=np.float64)
+    x = rng.standard_normal((2, T, E))
+    full = m1(m0(x, is_causal=True)[0], is_causal=True)[0]
+    cache = tc.KVCache(2, 2, H, E // H, dtype=np.float64)
+    outs, t = [], 0
+    for step in (3, 1, 2, 1):
+        h = m0(x[:, t:t + step], is_causal=True, past_key_values=cache, layer=0)[0]
+        assert cache.length == t  # not yet: layer 1 of the step is still to come
+        outs.append(m1(h, is_causal=True, past_key_values=cache, layer=1)[0])
+        t += step
+        assert cache.length == t
+    np.testing.assert_allclose(np.concatenate(outs, axis=1), full, rtol=0, atol=1e-12)
+    # out of order, or another length within a step: refused, the cache unchanged
+    with pytest.raises(ValueError, match="^layer: a cache of 2 layers is filled in layer order .*expected layer 0, got 1"):
+        m1(x[:, :1], is_causal=True, past_key_values=cache, layer=1)
+    m0(x[:, :1], is_causal=True, past_key_values=cache, layer=0)
+    with pytest.raises(ValueError, match="^query: layer 1 of this step must append the 1 positions layer 0 appended"):
+        m1(x[:, :2], is_causal=True, past_key_values=cache, layer=1)
+    with pytest.raises(ValueError, match="expected layer 1, got 0"):
+        m0(x[:, :1], is_causal=True, past_key_values=cache, layer=0)
+    cache.crop(T)  # a step cut short starts over
+    assert cache.length == T
+    m0(x[:, :1], is_causal=True, past_key_values=cache, layer=0)
+
+
+def test_a_refused_call_does_not_grow_the_cache(rng):
+    m = tc.nn.MultiheadAttention(8, 2)
+    cache = tc.KVCache(1, 1, 2, 4)
+    capacity = cache.capacity
+    with pytest.raises(ValueError, match="key_mask"):
+        m(rng.standard_normal((1, 5000, 8)).astype(np.float32), past_key_values=cache, key_mask=np.ones((1, 3), bool))
+    assert cache.capacity == capacity and cache.length == 0
+
+
+# ------------------------------------------------------------------------------- masks, by address
+def test_a_record_array_field_as_mask_reads_its_own_values(rng):
+    """A float mask whose strides are not whole elements (a field of a record array): read as the
+    contiguous copy (it was read at the wrong addresses), for the layer and the functional op."""
+    L, S, E = 4, 6, 8
+    rec = np.zeros((L, S), dtype=[("bias", "<f4"), ("flag", "u1")])
+    rec["bias"] = 3 * rng.standard_normal((L, S))
+    mask = rec["bias"]
+    assert mask.strides == (30, 5)
+    m = tc.nn.MultiheadAttention(E, 2)
+    x, mem = rng.standard_normal((1, L, E)).astype(np.float32), rng.standard_normal((1, S, E)).astype(np.float32)
+    np.testing.assert_array_equal(m(x, mem, mem, attn_mask=mask)[0],
+                                  m(x, mem, mem, attn_mask=np.ascontiguousarray(mask))[0])
+    q, k, v = (rng.standard_normal(s).astype(np.float32) for s in ((1, 1, L, E), (1, 1, S, E), (1, 1, S, E)))
+    ref = torch.nn.functional.scaled_dot_product_attention(*map(torch.from_numpy, (q, k, v)),
+                                                           attn_mask=torch.from_numpy(np.ascontiguousarray(mask)))
+    np.testing.assert_allclose(tc.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask), ref.numpy(),
+                               rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("which", ["attn_mask", "key_mask"])
+def test_training_keeps_the_forwards_masks(rng, which):
+    """A mask changed in place between forward and backward: the gradients are those of the
+    forward that ran (the layer kept the caller's array and read it again in backward)."""
+    N, L, E = 2, 5, 8
+    x, g = rng.standard_normal((N, L, E)), rng.standard_normal((N, L, E))
+    am = rng.standard_normal((L, L)) if which == "attn_mask" else None
+    km = np.ones((N, L), bool) if which == "key_mask" else None
+    ref = tc.nn.MultiheadAttention(E, 2, dtype=np.float64).train()
+    m = tc.nn.MultiheadAttention(E, 2, dtype=np.float64).train()
+    m.load_state_dict(ref.state_dict())
+    ref(x, attn_mask=None if am is None else am.copy(), key_mask=None if km is None else km.copy())
+    expected = ref.backward(g)
+    m(x, attn_mask=am, key_mask=km)
+    if am is not None:
+        am[:] = -np.inf
+        am[:, 0] = 0
+    else:
+        km[:, 1:] = False
+    np.testing.assert_array_equal(m.backward(g), expected)
+    layer = tc.nn.TransformerEncoderLayer(E, 2, dim_feedforward=16, dropout=0.0, dtype=np.float64).train()
+    key = np.ones((N, L), bool)
+    layer(x, src_key_mask=key)
+    key[:, 2:] = False
+    twin = tc.nn.TransformerEncoderLayer(E, 2, dim_feedforward=16, dropout=0.0, dtype=np.float64).train()
+    twin.load_state_dict(layer.state_dict())
+    twin(x, src_key_mask=np.ones((N, L), bool))
+    np.testing.assert_array_equal(layer.backward(g), twin.backward(g))

@@ -569,3 +569,27 @@ def test_sdpa_scale_zero_keeps_nan(rng, lead, L, S, E, what, path, dtype):
     assert np.array_equal(np.isnan(lse), nan_rows)
     assert_close(out[~nan_rows], ref[~nan_rows], dtype, what="scale = 0, finite rows")
     assert_close(lse[~nan_rows], np.full((~nan_rows).sum(), np.log(S)), dtype, what="lse = log S")
+
+
+def test_reference_path_weights_are_float32_accurate_at_long_s(rng):
+    """The reference path (also the one that returns weights) sums each softmax row in double: at
+    S = 4,097 its float32 output and weights are within 1e-5 of a float64 oracle (a float sum
+    drifted by 2e-5)."""
+    L, S, E = 3, 4097, 16
+    q, k, v = (rng.standard_normal(s).astype(np.float32) for s in ((1, 2, L, E), (1, 2, S, E), (1, 2, S, E)))
+    mask = rng.standard_normal((L, S)).astype(np.float32)
+    out, w = tc.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, path="reference", return_weights=True)
+    q64, k64, v64 = (torch.from_numpy(a.astype(np.float64)) for a in (q, k, v))
+    scores = q64 @ k64.transpose(-1, -2) / math.sqrt(E) + torch.from_numpy(mask.astype(np.float64))
+    ref_w = torch.softmax(scores, dim=-1)
+    np.testing.assert_allclose(w, ref_w.numpy(), rtol=0, atol=1e-6)
+    np.testing.assert_allclose(out, (ref_w @ v64).numpy(), rtol=0, atol=1e-5)
+
+
+def test_reference_path_scores_are_checked_against_memory_first():
+    """The reference path holds an (L, S) score matrix per thread: a size no machine holds is a
+    ValueError naming it before anything is allocated (it was a bare MemoryError from inside the
+    parallel region, or the OOM killer)."""
+    q = np.zeros((1, 1, 1 << 20, 1), np.float32)
+    with pytest.raises(ValueError, match=r"query, key: the reference path's \(L, S\) scores"):
+        tc.functional.scaled_dot_product_attention(q, q, q, path="reference")

@@ -158,7 +158,7 @@ void register_dtype(py::module_& m) {
           auto rows_of = [](const py::array& a, const char* name) {  // [T, heads, width], width contiguous
             require(a.ndim() == 3, std::string(name) + ": expected a 3-D array");
             require(has_dtype<T>(a), std::string(name) + ": dtype differs from query's");
-            const auto st = element_strides(a);
+            const auto st = element_strides(a, name);
             require(a.size() == 0 || a.shape(2) <= 1 || st[2] == 1, std::string(name) + ": the last dim must be contiguous");
             return st;
           };

@@ -199,7 +199,8 @@ void register_dtype(py::module_& m) {
             {
               py::gil_scoped_release release;
               self.forward(query.data(), k.data(), v.data(), N, L, S, op, in);
-              if (cache != nullptr) cache->set_length(cache->length() + L);
+              // the step's last layer advances the length (nn.py calls the layers of a step in order)
+              if (cache != nullptr && layer == cache->num_layers() - 1) cache->set_length(cache->length() + L);
             }
             if (need_weights) return py::make_tuple(out, weights);
             return std::move(out);

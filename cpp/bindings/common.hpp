@@ -23,15 +23,21 @@ namespace transformer_core::bindings {
 template <class T>
 using CArray = py::array_t<T, py::array::c_style>;
 
-// Element strides of a numpy array (numpy gives bytes).
-inline std::vector<int64_t> element_strides(const py::array& a) {
-  std::vector<int64_t> s(static_cast<size_t>(a.ndim()));
-  for (py::ssize_t i = 0; i < a.ndim(); ++i) s[static_cast<size_t>(i)] = a.strides(i) / a.itemsize();
-  return s;
-}
-
 inline void require(bool ok, const std::string& message) {
   if (!ok) throw std::invalid_argument(message);
+}
+
+// Element strides of a numpy array (numpy gives bytes; a stride that is not a whole number of
+// elements, a record array's field, is refused: the Python side copies such arrays first).
+inline std::vector<int64_t> element_strides(const py::array& a, const std::string& name) {
+  std::vector<int64_t> s(static_cast<size_t>(a.ndim()));
+  for (py::ssize_t i = 0; i < a.ndim(); ++i) {
+    require(a.strides(i) % a.itemsize() == 0, name + ": expected strides of whole elements, got " +
+                                                  std::to_string(a.strides(i)) + " bytes for items of " +
+                                                  std::to_string(a.itemsize()));
+    s[static_cast<size_t>(i)] = a.strides(i) / a.itemsize();
+  }
+  return s;
 }
 
 // True when `a` holds T in native byte order. Compared by value, never by identity: numpy can hold
@@ -54,7 +60,7 @@ template <class T>
 View4<T> view4(const py::array& a, const char* name) {
   require(a.ndim() == 4, std::string(name) + ": expected a 4-D array");
   require(has_dtype<T>(a), std::string(name) + ": dtype differs from query's");
-  auto s = element_strides(a);
+  auto s = element_strides(a, name);
   require(a.size() == 0 || a.shape(3) <= 1 || s[3] == 1, std::string(name) + ": the last dim must be contiguous");
   return View4<T>{static_cast<const T*>(a.data()), {a.shape(0), a.shape(1), a.shape(2), a.shape(3)}, {s[0], s[1], s[2]}};
 }
@@ -86,21 +92,21 @@ kernels::AttentionMasks<T> make_masks(const py::object& bool_mask, const py::obj
     py::array a = bool_mask.cast<py::array>();
     require(a.ndim() == 4 && a.itemsize() == 1, "bool_mask: expected a 4-D bool array");
     m.bool_mask = static_cast<const uint8_t*>(a.data());
-    auto s = element_strides(a);
+    auto s = element_strides(a, "attn_mask");
     for (int i = 0; i < 4; ++i) m.bool_mask_strides[i] = s[static_cast<size_t>(i)];
   }
   if (!float_mask.is_none()) {
     py::array a = float_mask.cast<py::array>();
     require(a.ndim() == 4 && has_dtype<T>(a), "float_mask: expected a 4-D array of the input dtype");
     m.float_mask = static_cast<const T*>(a.data());
-    auto s = element_strides(a);
+    auto s = element_strides(a, "attn_mask");
     for (int i = 0; i < 4; ++i) m.float_mask_strides[i] = s[static_cast<size_t>(i)];
   }
   if (!key_mask.is_none()) {
     py::array a = key_mask.cast<py::array>();
     require(a.ndim() == 2 && a.itemsize() == 1, "key_mask: expected a 2-D bool array");
     m.key_mask = static_cast<const uint8_t*>(a.data());
-    auto s = element_strides(a);
+    auto s = element_strides(a, "key_mask");
     m.key_mask_stride_n = s[0];
     m.key_mask_stride_s = s[1];
   }

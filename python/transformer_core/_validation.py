@@ -194,11 +194,14 @@ def as_attention_mask(x, name: str, dtype) -> np.ndarray:
         TypeError: a dtype that is neither bool nor float, None.
     """
     arr = to_numpy(x, name)
-    if arr.dtype == np.bool_:
-        return arr
     if arr.dtype.kind == "f":
-        return arr.astype(dtype, copy=False)
-    raise TypeError(f"{name}: expected bool (True = may attend) or float (added to the scores), got dtype {arr.dtype}")
+        arr = arr.astype(dtype, copy=False)
+    elif arr.dtype != np.bool_:
+        raise TypeError(f"{name}: expected bool (True = may attend) or float (added to the scores), got dtype "
+                        f"{arr.dtype}")
+    if not arr.flags.aligned or any(s % arr.itemsize for s in arr.strides):
+        arr = np.ascontiguousarray(arr)  # a record array's field: the kernels step in whole elements
+    return arr
 
 
 def as_ids(x, name: str, *, ndim: int = 2) -> np.ndarray:

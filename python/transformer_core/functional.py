@@ -345,7 +345,9 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, *, query_mas
         ``return_weights`` and/or ``return_lse``, a tuple ``(output[, weights][, lse])`` in that
         order, weights ``(..., L, S)``, lse ``(..., L)``. A query row whose keys are all masked
         gives zeros in output and weights and ``-inf`` in lse; NaN in the inputs still gives NaN
-        (also with ``scale=0``: 0 · NaN is NaN, as in torch's math path).
+        in the rows that read it (also with ``scale=0``: 0 · NaN is NaN, as in torch's math path).
+        A NaN in a key or value that a mask or causality hides from a row may or may not reach
+        that row, by path (the flash path skips whole hidden blocks; torch's gives NaN).
 
         The result is the same bit for bit for any thread count (``set_num_threads``): the
         kernels cut the work by the shapes alone.

@@ -45,6 +45,9 @@ class KVCache:
                  max(check_int(capacity, "capacity", 0), 1)]
         self.key_order = _check_key_order(key_order, sizes[3])
         self._impl = variant("KVCache", self.dtype)(*sizes)
+        # nn.MultiheadAttention layers sharing this cache fill it layer by layer at each step: the
+        # layer expected next, and the positions the step appends
+        self._next_layer, self._step_length = 0, 0
 
     @property
     def length(self) -> int:
@@ -102,6 +105,7 @@ class KVCache:
             TypeError: non-int length. ValueError: length out of range.
         """
         self._impl.crop(check_int(length, "length", 0))
+        self._next_layer = 0  # a step cut short starts over
 
     def reserve(self, total: int) -> None:
         """Grows the storage to hold ``total`` positions (no-op if it already does).

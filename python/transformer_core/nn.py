@@ -102,16 +102,20 @@ def _refuse_bool_mask(mask, name: str):
 
 
 def _layer_masks(attn_mask, key_mask, N: int, H: int, L: int, S: int, dtype, *, mask_name="attn_mask",
-                 key_mask_name="key_mask"):
+                 key_mask_name="key_mask", keep: bool = False):
     """(None, float_mask (N, H, L, S) | None, key_mask (N, S) | None): the C++ layers' three mask
     arguments (their bool slot is the library's own, e.g. ``memory_is_causal``).
 
     ``attn_mask`` may be ``(L, S)``, ``(N·H, L, S)`` (torch's shapes) or broadcastable to
     ``(N, H, L, S)``; float, added. A bool ``attn_mask`` raises ``TypeError`` (:func:`_refuse_bool_mask`).
+    ``keep``: for a training forward, whose backward reads the masks again: copies of the caller's
+    arrays (or of views of them), made before broadcasting.
     """
     float_mask = None
     if attn_mask is not None:
         m = as_attention_mask(_refuse_bool_mask(attn_mask, mask_name), mask_name, dtype)
+        if keep and (m is attn_mask or not m.flags.owndata):
+            m = m.copy()  # the caller's array, or a view of it: the backward reads the forward's mask
         if m.ndim == 2:
             if m.shape != (L, S):
                 raise ValueError(f"{mask_name}: expected shape ({L}, {S}) (L, S), got {m.shape}")
@@ -130,6 +134,8 @@ def _layer_masks(attn_mask, key_mask, N: int, H: int, L: int, S: int, dtype, *, 
         km = as_bool(key_mask, key_mask_name)
         if km.shape != (N, S):
             raise ValueError(f"{key_mask_name}: expected shape ({N}, {S}) (batch, key length), got {km.shape}")
+        if keep and (km is key_mask or not km.flags.owndata):
+            km = km.copy()
     return None, float_mask, km
 
 
@@ -216,9 +222,11 @@ class MultiheadAttention(Module):
             path: attention kernel, ``"auto"``, ``"flash"`` or ``"reference"``.
             past_key_values: a :class:`transformer_core.KVCache` (self-attention only): the new keys
                 and values are appended to its layer ``layer`` and attention runs over past + new
-                (``is_causal`` is then bottom-right aligned); its length grows by L. Masks then
-                cover ``S = past + L`` keys.
-            layer: the cache's layer this call reads and writes.
+                (``is_causal`` is then bottom-right aligned). Masks then cover ``S = past + L`` keys.
+                A cache of n layers is shared by n layers called in order at each step (layer 0,
+                then 1, ..., each with the same L); the call on layer n - 1 grows its length by L.
+            layer: the cache's layer this call reads and writes (the next of the step: else a
+                ``ValueError``).
             rotary: a :class:`transformer_core.positional.RotaryEmbedding` (self-attention only): q
                 and k are rotated by each token's position inside the call (the RoPE section of the
                 tutorials).
@@ -275,7 +283,14 @@ class MultiheadAttention(Module):
                 raise ValueError(f"past_key_values: a cache of batch {c.batch}, {c.num_kv_heads} heads of {c.head_dim} "
                                  f"and {len(c)} layers does not fit layer {layer} of batch {N} with "
                                  f"{self.num_kv_heads} heads of {self.head_dim}")
-            c.reserve(c.length + L)
+            # A step fills the layers in order, each with the same L new positions; the last one
+            # advances the length (every layer of a step reads the same past).
+            if layer != c._next_layer:
+                raise ValueError(f"layer: a cache of {len(c)} layers is filled in layer order at each step (layer 0 "
+                                 f"first, then 1, ...): expected layer {c._next_layer}, got {layer}")
+            if layer > 0 and L != c._step_length:
+                raise ValueError(f"query: layer {layer} of this step must append the {c._step_length} positions "
+                                 f"layer 0 appended, got {L}")
             cache_impl, S = c._impl, c.length + L
         if rotary is not None:
             from .positional import RotaryEmbedding
@@ -288,7 +303,7 @@ class MultiheadAttention(Module):
                 positions = as_ids(position_ids, "position_ids")
                 if positions.shape != (N, L):
                     raise ValueError(f"position_ids: expected shape {(N, L)}, got {positions.shape}")
-        masks = _layer_masks(attn_mask, key_mask, N, self.num_heads, L, S, self.dtype)
+        masks = _layer_masks(attn_mask, key_mask, N, self.num_heads, L, S, self.dtype, keep=self.training)
         if self.training:
             if past_key_values is not None or need_weights:
                 raise ValueError("past_key_values, need_weights: the training forward takes no KV cache and returns "
@@ -303,9 +318,15 @@ class MultiheadAttention(Module):
             self._saved = (q_kept, k_kept, v_kept, masks, rotary, positions, self_attention,
                            key is not None or value is not None)
             return out, None
+        if cache_impl is not None:  # every argument checked: now the cache may grow
+            past_key_values.reserve(past_key_values.length + L)
         result = self._impl.forward(q, None if self_attention else k, None if self_attention else v, *masks,
                                     is_causal, 0, need_weights, path, cache_impl, layer,
                                     rotary_impl, positions)
+        if cache_impl is not None:
+            last = layer == len(past_key_values) - 1
+            past_key_values._next_layer = 0 if last else layer + 1
+            past_key_values._step_length = L
         if not need_weights:
             return result, None
         out, weights = result
@@ -628,7 +649,7 @@ class TransformerEncoderLayer(Module):
         if E != self.d_model:
             raise ValueError(f"src: expected last dim {self.d_model} (d_model), got shape {x.shape}")
         masks = _layer_masks(src_mask, src_key_mask, N, self.nhead, L, L, self.dtype, mask_name="src_mask",
-                             key_mask_name="src_key_mask")
+                             key_mask_name="src_key_mask", keep=self.training)
         if self.training:
             x = _kept(x, src)
             p = self.dropout
@@ -817,9 +838,9 @@ class TransformerDecoderLayer(Module):
             raise ValueError(f"memory: expected shape ({N}, S, {E}), got {mem.shape}")
         S = mem.shape[1]
         self_masks = _layer_masks(tgt_mask, tgt_key_mask, N, self.nhead, T, T, self.dtype, mask_name="tgt_mask",
-                                  key_mask_name="tgt_key_mask")
+                                  key_mask_name="tgt_key_mask", keep=self.training)
         cross_masks = _layer_masks(memory_mask, memory_key_mask, N, self.nhead, T, S, self.dtype,
-                                   mask_name="memory_mask", key_mask_name="memory_key_mask")
+                                   mask_name="memory_mask", key_mask_name="memory_key_mask", keep=self.training)
         if memory_is_causal:  # the C++ layer's bool slot (the user's masks are float)
             from .masks import causal_mask
 

@@ -1,7 +1,11 @@
 #include "transformer_core/ops/attention.hpp"
 
+#include <algorithm>
 #include <stdexcept>
 #include <string>
+
+#include "transformer_core/kernels/parallel.hpp"
+#include "transformer_core/ops/checks.hpp"
 
 namespace transformer_core::ops {
 
@@ -20,6 +24,15 @@ void check_sizes(const AttentionArgs<T>& a) {
     throw std::invalid_argument("scaled_dot_product_attention: num_heads (" + str(a.num_heads) +
                                 ") must be a multiple of num_kv_heads (" + str(a.num_kv_heads) + ")");
 }
+
+// The reference path holds one (L, S) score matrix per thread at work: checked against memory
+// before the region starts (a bad_alloc inside it, or the OOM killer, otherwise).
+template <class T>
+void check_reference_scratch(const AttentionArgs<T>& a) {
+  const int64_t threads = std::min<int64_t>(get_num_threads(), checked_product({a.batch, a.num_heads}, "query"));
+  require_allocatable(checked_product({threads, a.q_len, a.kv_len}, "query, key: (L, S) scores per thread"),
+                      sizeof(T), "query, key: the reference path's (L, S) scores, one matrix per thread");
+}
 }  // namespace
 
 template <class T>
@@ -27,6 +40,7 @@ void scaled_dot_product_attention(const AttentionArgs<T>& a, AttentionPath path)
   check_sizes(a);
   if (a.batch == 0 || a.q_len == 0) return;
   if (path == AttentionPath::kReference || a.weights != nullptr) {
+    check_reference_scratch(a);
     kernels::attention_reference(a);
   } else {
     kernels::attention_flash(a);
@@ -49,7 +63,10 @@ void varlen_self_attention(const AttentionArgs<T>& a, const int64_t* starts, Att
   if (path != AttentionPath::kReference) return kernels::attention_flash_varlen(a, starts);
   for (int64_t n = 0; n < a.batch; ++n) {  // the oracle: each sequence a batch of one
     const AttentionArgs<T> s = kernels::varlen_sequence(a, starts, n);
-    if (s.q_len > 0) kernels::attention_reference(s);
+    if (s.q_len > 0) {
+      check_reference_scratch(s);
+      kernels::attention_reference(s);
+    }
   }
 }
 

@@ -23,7 +23,8 @@
 //   lse: [N, H, L] contiguous;  -inf for a row that can see no key;  NaN where the row's scores hold NaN.
 //
 // NaN: a NaN or inf in q or k makes NaN scores, even with scale = 0 (0 · inf = NaN, as in torch's
-// math path), and a NaN score makes its row NaN.
+// math path), and a NaN score makes its row NaN. A key or value hidden from a row (mask, causality)
+// may or may not bring its NaN: the flash path skips whole hidden blocks, this one multiplies by 0.
 #pragma once
 
 #include <algorithm>
@@ -126,9 +127,9 @@ inline T log_sum_exp_row(const T* x, int64_t n) {
     m = x[j] > m ? x[j] : m;
   }
   if (m == neg_inf) return neg_inf;
-  T sum = 0;
+  double sum = 0;  // in double, as softmax_row
   for (int64_t j = 0; j < n; ++j) sum += std::exp(x[j] - m);
-  return m + std::log(sum);
+  return m + static_cast<T>(std::log(sum));
 }
 
 // The reference path: the whole [L, S] score matrix of one (n, h) at a time, two GEMMs and a
