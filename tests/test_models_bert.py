@@ -472,3 +472,20 @@ def test_train_mode_must_be_a_bool(small_hf):
             model.train(mode)
     assert not model.training
     assert model.train(True).training and not model.train(False).training
+
+
+@pytest.mark.parametrize("bad", [-1, 99, 2**62])
+def test_ids_out_of_range_at_padded_positions_are_refused(small_hf, small_inputs, bad):
+    """An id outside [0, vocab_size) is refused wherever it stands, padding included (as Hugging
+    Face's lookup), and the message gives its flat index in input_ids."""
+    path, _ = small_hf
+    model = tc.BertModel.from_pretrained(str(path))
+    ids, am, tt = (a.copy() for a in small_inputs)
+    assert am[1, 3] == 0  # a padded position (flat index 1 * 17 + 3 = 20)
+    ids[1, 3] = bad
+    with pytest.raises(ValueError, match=rf"^input_ids: id {bad} at flat index 20 is outside \[0, 99\)"):
+        model(ids, attention_mask=am, token_type_ids=tt)
+    ids[1, 3] = 0
+    tt[1, 3] = 7
+    with pytest.raises(ValueError, match=r"^token_type_ids: id 7 at flat index 20"):
+        model(ids, attention_mask=am, token_type_ids=tt)

@@ -331,3 +331,11 @@ def test_elementwise_ops_take_0d_as_torch(dtype):
                       (F.dropout(x, 0.0, 1), TF.dropout(t, 0.0)), (F.dropout(x, 0.5, 1, training=False), t)]:
         assert ours.shape == ()
         assert_close(ours, ref, dtype)
+
+
+def test_linear_bias_mismatch_names_the_weight_too(rng):
+    """A bias that does not fit the weight's out_features: the message says which out_features, so
+    a user who passed the wrong weight sees it (it read as if the bias alone were wrong)."""
+    x, w, b = randn(rng, (2, 4), np.float32), randn(rng, (3, 4), np.float32), randn(rng, (2,), np.float32)
+    with pytest.raises(ValueError, match=r"^bias: expected shape \(3,\) to match weight's out_features 3, got \(2,\)"):
+        tc.functional.linear(x, w, b)

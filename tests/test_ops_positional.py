@@ -551,11 +551,13 @@ def test_apply_rotary_pos_emb_table_shapes_are_checked(rng):
     cos, sin = P.rotary_cos_sin(L, D)
     c3, s3 = np.broadcast_to(cos, (N, L, D)), np.broadcast_to(sin, (N, L, D))
     with pytest.raises(ValueError, match=r"^cos: shape \(3, 5, 8\) \(with the head axis at "
-                                         r"unsqueeze_dim=1: \(3, 1, 5, 8\)\) does not broadcast to the input's "
+                                         r"unsqueeze_dim=1: \(3, 1, 5, 8\)\) does not broadcast to q's "
                                          r"\(2, 4, 5, 8\)"):
         P.apply_rotary_pos_emb(q, k, np.broadcast_to(cos, (3, L, D)), np.broadcast_to(sin, (3, L, D)))  # batch 3 != 2
     with pytest.raises(ValueError, match=r"^cos: shape \(2, 4, 8\) \(with the head axis .*\) does not broadcast"):
         P.apply_rotary_pos_emb(q, k, c3[:, :4], s3[:, :4])  # L 4 != 5
+    with pytest.raises(ValueError, match=r"does not broadcast to x's \(2, 4, 5, 8\)"):  # the argument named
+        P.apply_rotary(q, np.broadcast_to(cos, (3, L, D)), np.broadcast_to(sin, (3, L, D)))
     with pytest.raises(ValueError, match=r"^cos: expected a 2-D \(L, 8\) table, or one of rank 3 .* got shape "
                                          r"\(1, 1, 2, 5, 8\)"):
         P.apply_rotary_pos_emb(q, k, c3[None, None], s3[None, None])

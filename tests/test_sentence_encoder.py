@@ -360,3 +360,19 @@ def test_token_lookups_check_their_argument(tc_tokenizer):
         tc_tokenizer.token_to_id(5)
     with pytest.raises(TypeError, match="^skip_special_tokens: expected a bool, got str"):
         tc_tokenizer.text_stream(skip_special_tokens="no")
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_cosine_similarity_of_rows_whose_norm_overflows(dtype):
+    """A finite row whose squared norm overflows (float32 entries near 1e19, float64 near 1e155):
+    its cosines are those of the row scaled down (they were 0: the row divided by an inf norm);
+    zero rows still give 0, tiny rows are divided by 1e-12 as before."""
+    big = dtype(2.0**64) if dtype == np.float32 else dtype(1e200)
+    a = np.array([[0, 0, 0, 1, 0], [0, 0, 0, 0, 0], [1e-20, 0, 0, 0, 0]], dtype) * np.array([[big], [1], [1]], dtype)
+    b = np.array([[0.5, -1, 2, -3, 0.25]], dtype)
+    got = tc.cosine_similarity(a, b)
+    ref = -3 / np.linalg.norm(b.astype(np.float64))
+    np.testing.assert_allclose(got[0, 0], ref, rtol=1e-6)
+    assert got[1, 0] == 0
+    np.testing.assert_allclose(got[2, 0], 1e-20 / 1e-12 * 0.5 / np.linalg.norm(b.astype(np.float64)), rtol=1e-5)
+    np.testing.assert_allclose(tc.cosine_similarity(a[:1])[0, 0], 1, rtol=1e-6)

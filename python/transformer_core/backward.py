@@ -419,8 +419,8 @@ def rotary_backward(grad_output, cos, sin, layout: str = "half", unsqueeze_dim: 
         raise ValueError(f"grad_output: expected an even head_dim (last dim), got shape {g.shape}")
     dtype = g.dtype.type
     cos, sin = _rotary_tables(cos, sin, dtype)
-    c = _rotary_table(cos, "cos", g.shape, D, layout, dtype, unsqueeze_dim)
-    s = _rotary_table(sin, "sin", g.shape, D, layout, dtype, unsqueeze_dim)
+    c = _rotary_table(cos, "cos", g.shape, D, layout, dtype, unsqueeze_dim, "grad_output")
+    s = _rotary_table(sin, "sin", g.shape, D, layout, dtype, unsqueeze_dim, "grad_output")
     return variant("rotary_backward", dtype)(g, c, s, layout)
 
 

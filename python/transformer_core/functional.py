@@ -88,7 +88,8 @@ def linear(x, weight, bias=None) -> np.ndarray:
     if bias is not None:
         bias = as_float(bias, "bias", dtype, ndim=1)
         if bias.shape[0] != weight.shape[0]:
-            raise ValueError(f"bias: expected shape ({weight.shape[0]},), got {bias.shape}")
+            raise ValueError(f"bias: expected shape ({weight.shape[0]},) to match weight's out_features "
+                             f"{weight.shape[0]}, got {bias.shape}")
     y = variant("linear", dtype)(x.reshape(-1, x.shape[-1]), weight, bias, "")
     return y.reshape(x.shape[:-1] + (weight.shape[0],))
 

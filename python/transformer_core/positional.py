@@ -365,7 +365,8 @@ def rotate_half(x) -> np.ndarray:
     return np.concatenate([-x[..., D // 2:], x[..., :D // 2]], axis=-1)
 
 
-def _rotary_table(t, name: str, x_shape: tuple, D: int, layout: str, dtype, unsqueeze_dim: int = 1) -> np.ndarray:
+def _rotary_table(t, name: str, x_shape: tuple, D: int, layout: str, dtype, unsqueeze_dim: int = 1,
+                  x_name: str = "x") -> np.ndarray:
     """cos or sin (already converted by :func:`_rotary_tables`) as the kernel's 2-D table
     ``(table_rows, W)`` for ``x`` of ``x_shape``: ``W = D`` (half) or ``D/2`` (interleaved); row r
     of x reads table row ``r % table_rows``.
@@ -373,7 +374,7 @@ def _rotary_table(t, name: str, x_shape: tuple, D: int, layout: str, dtype, unsq
     The table's rank picks its meaning (:func:`apply_rotary`): 2-D ``(L, W)`` is shared by every
     leading index; rank ``x.ndim - 1`` (>= 3) lacks the head axis, which is inserted at
     ``unsqueeze_dim`` as Hugging Face's ``cos.unsqueeze(unsqueeze_dim)``; rank ``x.ndim`` broadcasts
-    as is. Any other rank is a ValueError naming ``name``."""
+    as is. Any other rank is a ValueError naming ``name`` (and ``x_name``, the rotated input's)."""
     W = t.shape[-1]
     if W not in (D, D // 2):
         raise ValueError(f"{name}: expected last dim {D} (head_dim) or {D // 2} (head_dim/2), got shape {t.shape}")
@@ -388,7 +389,7 @@ def _rotary_table(t, name: str, x_shape: tuple, D: int, layout: str, dtype, unsq
         given += f" (with the head axis at unsqueeze_dim={unsqueeze_dim}: {t.shape})"
     elif t.ndim not in (2, x_ndim):
         raise ValueError(f"{name}: expected a 2-D (L, {W}) table, or one of rank {x_ndim - 1} (no head axis, "
-                         f"Hugging Face's) or {x_ndim} (the input's rank {x_ndim}, shape {x_shape}), "
+                         f"Hugging Face's) or {x_ndim} ({x_name}'s rank {x_ndim}, shape {x_shape}), "
                          f"got shape {t.shape}")
     lead, x_lead = t.shape[:-1], x_shape[:-1]
     try:
@@ -396,7 +397,7 @@ def _rotary_table(t, name: str, x_shape: tuple, D: int, layout: str, dtype, unsq
     except ValueError:
         ok = False
     if not ok:
-        raise ValueError(f"{name}: {given} does not broadcast to the input's {x_lead + (W,)} (..., L, {W})")
+        raise ValueError(f"{name}: {given} does not broadcast to {x_name}'s {x_lead + (W,)} (..., L, {W})")
     if layout == "half" and W == D // 2:
         t = np.concatenate([t, t], axis=-1)  # one value per frequency -> the half-split row
     elif layout == "interleaved" and W == D:
@@ -478,8 +479,8 @@ def _apply_rotary(x, cos, sin, layout: str, name: str, dtype, unsqueeze_dim: int
         raise ValueError(f"{name}: expected an even head_dim (last dim), got shape {x.shape}")
     dtype = x.dtype.type
     cos, sin = _rotary_tables(cos, sin, dtype)
-    c = _rotary_table(cos, "cos", x.shape, D, layout, dtype, unsqueeze_dim)
-    s = _rotary_table(sin, "sin", x.shape, D, layout, dtype, unsqueeze_dim)
+    c = _rotary_table(cos, "cos", x.shape, D, layout, dtype, unsqueeze_dim, name)
+    s = _rotary_table(sin, "sin", x.shape, D, layout, dtype, unsqueeze_dim, name)
     return variant("apply_rotary", dtype)(x, c, s, layout)
 
 

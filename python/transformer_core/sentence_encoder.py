@@ -124,9 +124,20 @@ def cosine_similarity(a: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:
     if b.shape[1] != a.shape[1]:
         raise ValueError(f"b: expected rows of width {a.shape[1]} (a's), got shape {b.shape}")
     check_allocatable((a.shape[0], b.shape[0]), a.dtype.itemsize, "a, b: the (N, M) similarity matrix")
-    an = a / np.maximum(np.linalg.norm(a, axis=1, keepdims=True), 1e-12)
-    bn = b / np.maximum(np.linalg.norm(b, axis=1, keepdims=True), 1e-12)
-    return an @ bn.T
+    return _unit_rows(a) @ _unit_rows(b).T
+
+
+def _unit_rows(x: np.ndarray) -> np.ndarray:
+    """``x / max(|x|, 1e-12)`` row by row, ``|x|`` taken without overflow: a row with an entry above
+    1 is scaled by its largest entry first (the norm of a float32 row of entries near 1e19 is inf,
+    which made the row zeros)."""
+    big = np.max(np.abs(x), axis=1, keepdims=True)
+    scale = np.where(big > 1, big, 1).astype(x.dtype)
+    y = x / scale
+    norm = np.linalg.norm(y, axis=1, keepdims=True)  # the row's norm / scale
+    with np.errstate(over="ignore"):
+        tiny = norm * scale < 1e-12
+    return np.where(tiny, x / x.dtype.type(1e-12), y / np.where(norm > 0, norm, 1))
 
 
 class SentenceEncoder:

@@ -105,6 +105,9 @@ void BertModel<T>::forward(const int64_t* input_ids, const uint8_t* attention_ma
   if (L > config_.max_position_embeddings)
     throw std::invalid_argument("input_ids: sequence length " + to_string(L) + " exceeds max_position_embeddings (" +
                                 to_string(config_.max_position_embeddings) + ")");
+  // Every id is checked, padding's too (as Hugging Face's lookup, and the training forward), and
+  // an error names its flat index in input_ids, not in the packed real tokens.
+  embeddings_.check(input_ids, nullptr, token_type_ids, N * L);
   // The real tokens: all of them, or those attention_mask marks (flat positions n · L + l).
   std::vector<int64_t> index;
   for (int64_t r = 0; r < N * L; ++r)
@@ -120,7 +123,6 @@ void BertModel<T>::forward(const int64_t* input_ids, const uint8_t* attention_ma
     for (int64_t t = 0; t < count; ++t) types[static_cast<size_t>(t)] = token_type_ids[index[static_cast<size_t>(t)]];
   }
   const int64_t* tt = token_type_ids != nullptr ? types.data() : nullptr;
-  embeddings_.check(ids.data(), positions.data(), tt, count);
 
   if (count == N * L) {
     embeddings_.forward(ids.data(), positions.data(), tt, count, hidden);
