@@ -757,3 +757,14 @@ def test_llama_tied_config_with_an_identical_head_loads_nan_included(tiny_llama_
     save_file(tensors, str(d / "model.safetensors"))
     model = tc.LlamaForCausalLM.from_pretrained(d)
     np.testing.assert_array_equal(model.state_dict()["model.embed_tokens.weight"], embed)
+
+
+def test_norms_of_subnormal_float32_rows_with_eps_0():
+    """A float32 row of subnormals with eps = 0: 1 / std (about 1e40) overflows float, the
+    normalized values do not; they equal the row scaled up first (LayerNorm and RMSNorm are
+    scale-invariant at eps = 0; it gave +-inf)."""
+    x = np.array([[1.0, -2.0, 3.0, 0.5]], np.float32) * np.float32(1e-40)
+    scaled = (x.astype(np.float64) * 1e40).astype(np.float32)
+    np.testing.assert_allclose(F.layer_norm(x, eps=0.0), F.layer_norm(scaled, eps=0.0), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(F.rms_norm(x, eps=0.0), F.rms_norm(scaled, eps=0.0), rtol=1e-5, atol=1e-6)
+    assert np.all(np.isfinite(F.layer_norm(x, eps=0.0))) and np.all(np.isfinite(F.rms_norm(x, eps=0.0)))

@@ -571,11 +571,27 @@ def test_backward_without_training_forward(make, call):
         m.backward(np.ones_like(out))  # consumed
 
 
-def test_backward_grad_output_of_the_wrong_shape():
-    m = tc.nn.Linear(3, 2).train()
-    m(np.ones((4, 3)))
-    with pytest.raises(ValueError, match=r"grad_output: expected shape \(4, 2\)"):
-        m.backward(np.ones((4, 3)))
+@pytest.mark.parametrize("make, x", [
+    (lambda: tc.nn.Linear(3, 2), np.ones((4, 3))),
+    (lambda: tc.nn.LayerNorm(3), np.ones((4, 3))),
+    (lambda: tc.nn.RMSNorm(3), np.ones((4, 3))),
+    (lambda: tc.nn.FeedForward(3, 5), np.ones((4, 3))),
+    (lambda: tc.nn.Embedding(9, 3), np.array([[1, 2]])),
+    (lambda: tc.nn.MultiheadAttention(4, 2), np.ones((1, 2, 4))),
+    (lambda: tc.nn.TransformerEncoderLayer(4, 2, 8, dropout=0.0), np.ones((1, 2, 4))),
+    (lambda: tc.BertEmbeddings(tc.BertConfig(vocab_size=9, hidden_size=4, num_hidden_layers=0, num_attention_heads=1,
+                                             intermediate_size=4, max_position_embeddings=8, hidden_dropout_prob=0.0)),
+     np.array([[1, 2]])),
+])
+def test_backward_grad_output_of_the_wrong_shape(make, x):
+    """Refused naming its expected shape, and the forward's state is kept: the corrected call
+    then runs (the refused one consumed the state: NoTrainingStateError)."""
+    m = make().train()
+    out = m(x)
+    out = out[0] if isinstance(out, tuple) else out
+    with pytest.raises(ValueError, match=r"grad_output: expected shape"):
+        m.backward(np.ones(out.shape + (1,)))
+    m.backward(np.ones_like(out))
 
 
 def test_training_forward_keeps_a_copy_of_the_input(rng):

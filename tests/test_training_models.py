@@ -869,3 +869,78 @@ def test_gradients_are_bitwise_the_same_for_any_thread_count(rng):
     assert losses[0] == losses[1]
     for name in grads[0]:
         np.testing.assert_array_equal(grads[0][name], grads[1][name], err_msg=name)
+
+
+# --------------------------------------------------------------------------------------------------
+# Resuming with dropout; the checkpoint's names; quantizing a model in training mode
+# --------------------------------------------------------------------------------------------------
+
+def test_resume_with_dropout_is_bitwise_the_uninterrupted_run(rng, tmp_path):
+    """The dropout seeds' generator is saved with the weights and restored by load_checkpoint: a
+    run resumed half-way (its generator moved on meanwhile) ends bitwise where the uninterrupted
+    one does; get/set_rng_state round-trip and refuse what is not a state."""
+    cfg = tc.GPT2Config(vocab_size=V, n_positions=24, n_embd=16, n_layer=2, n_head=4, resid_pdrop=0.2,
+                        embd_pdrop=0.1, attn_pdrop=0.0)
+    batches = [batch(rng, 2, 10) for _ in range(6)]
+    start = tc.GPT2LMHeadModel(cfg, dtype=np.float64).state_dict()
+
+    def run(resume_at=None):
+        tc.manual_seed(7)
+        model = tc.GPT2LMHeadModel(cfg, dtype=np.float64)
+        model.load_state_dict(start)
+        model.train()
+        opt = tc.optim.AdamW(model.named_parameters(), lr=1e-2)
+        for i, (ids, mask, labels) in enumerate(batches):
+            if i == resume_at:
+                tc.training.save_checkpoint(tmp_path, model, opt)
+                tc.manual_seed(12345)  # the process that resumes starts elsewhere
+                model = tc.GPT2LMHeadModel(cfg, dtype=np.float64).train()
+                opt = tc.optim.AdamW(model.named_parameters(), lr=1e-2)
+                tc.training.load_checkpoint(tmp_path, model, opt)
+            model.loss(ids, labels, attention_mask=mask)
+            model.backward()
+            opt.step()
+            model.zero_grad()
+        return model.state_dict()
+
+    straight, resumed = run(), run(resume_at=3)
+    assert all(np.array_equal(straight[k], resumed[k]) for k in straight)
+    state = tc.get_rng_state()
+    first = tc.module.next_seed()
+    tc.set_rng_state(state)
+    assert tc.module.next_seed() == first
+    with pytest.raises(ValueError, match="^state: expected a state from get_rng_state"):
+        tc.set_rng_state({"bit_generator": "MT19937"})
+    with pytest.raises(TypeError, match="^state: expected a dict"):
+        tc.set_rng_state(3)
+
+
+def test_gpt2_checkpoint_loads_in_transformers(rng, tmp_path):
+    """model.safetensors of save_checkpoint holds the names save_pretrained writes, so
+    transformers' GPT2LMHeadModel loads it with load_state_dict (it lacked "transformer.")."""
+    from safetensors.torch import load_file
+
+    hf, ours = gpt2_pair(np.float32, seed=3)
+    tc.training.save_checkpoint(tmp_path, ours)
+    fresh = transformers.GPT2LMHeadModel(hf.config)
+    missing, unexpected = fresh.load_state_dict(load_file(str(tmp_path / "model.safetensors")), strict=False)
+    assert unexpected == [] and set(missing) <= {"lm_head.weight"}  # tied to wte
+    fresh.tie_weights()
+    ids = rng.integers(0, V, (2, 7))
+    with torch.no_grad():
+        np.testing.assert_allclose(fresh(torch.from_numpy(ids)).logits.numpy(), ours(ids).logits, rtol=0, atol=1e-5)
+    back = tc.GPT2LMHeadModel(ours.config)
+    tc.training.load_checkpoint(tmp_path, back)
+    np.testing.assert_array_equal(back(ids).logits, ours(ids).logits)
+
+
+def test_quantizing_a_model_in_training_mode_in_place_is_refused():
+    """quantize(inplace=True) / set_gguf_weights of a model in training mode: refused (it was
+    accepted, then backward failed half-way with some gradients written)."""
+    model = tc.GPT2LMHeadModel(tc.GPT2Config(vocab_size=V, n_positions=16, n_embd=32, n_layer=1, n_head=2)).train()
+    with pytest.raises(ValueError, match=r"^model: in training mode .*call model.eval\(\)"):
+        tc.quantize(model, "int8", inplace=True)
+    assert set(model.weight_formats().values()) == {"float32"}
+    with pytest.raises(ValueError, match="^module: in training mode"):
+        tc.quantization.set_gguf_weights(model, {})
+    assert tc.quantize(model, "int8").weight_formats()["h.0.mlp.c_fc.weight"] == "int8"  # a copy is fine

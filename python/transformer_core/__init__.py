@@ -16,7 +16,7 @@ Layers of the package, from the bottom:
     quantization int8 and GGUF (Q8_0, Q4_0, Q4_1) linear products on quantized weights;
                  quantize(model, "int8") (also exported here)
     seq2seq      Seq2SeqTransformer (embeddings + nn.Transformer + output layer, trainable)
-    training     save_checkpoint / load_checkpoint, manual_seed; with backward, optim, lr_scheduler:
+    training     save_checkpoint / load_checkpoint, manual_seed, get/set_rng_state; with backward, optim, lr_scheduler:
                  training (model.train(), loss, backward, AdamW, schedules, clipping)
 """
 
@@ -28,7 +28,7 @@ from .decoder import CausalLMOutput
 from .gpt2 import GPT2Config, GPT2LMHeadModel, GPT2Model
 from .kv_cache import KVCache
 from .llama import LlamaConfig, LlamaForCausalLM, LlamaModel
-from .module import NonFiniteLossError, NoTrainingStateError, manual_seed
+from .module import NonFiniteLossError, NoTrainingStateError, get_rng_state, manual_seed, set_rng_state
 from .positional import Embeddings, PositionalEncoding
 from .quantization import quantize
 from .sentence_encoder import SentenceEncoder, cosine_similarity, mean_pool
@@ -51,6 +51,8 @@ __all__ = [
     "multihead_forms",
     "training",
     "manual_seed",
+    "get_rng_state",
+    "set_rng_state",
     "NoTrainingStateError",
     "NonFiniteLossError",
     "Seq2SeqTransformer",

@@ -395,9 +395,10 @@ class BertEmbeddings(Module):
             NoTrainingStateError: no training forward since the last backward.
             ValueError: ``grad_output`` not of the output's shape.
         """
-        *_, (N, L) = self._take_saved()
+        *_, (N, L) = self._peek_saved()
         H = self.config.hidden_size
         g = as_float(grad_output, "grad_output", self.dtype)
         if g.shape != (N, L, H):
             raise ValueError(f"grad_output: expected shape {(N, L, H)} (the forward's output), got {g.shape}")
+        self._take_saved()  # checked: now consumed
         self._impl.backward(g.reshape(N * L, H))

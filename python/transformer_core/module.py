@@ -70,6 +70,31 @@ def manual_seed(seed: int) -> None:
     _SEEDS = np.random.default_rng(int(seed))
 
 
+def get_rng_state() -> dict:
+    """The state of the generator of :func:`manual_seed` (torch's ``get_rng_state``): a dict of
+    plain ints and strs (JSON-ready), which :func:`set_rng_state` restores; ``save_checkpoint``
+    stores it, so a resumed run draws the dropout seeds the uninterrupted one would."""
+    return dict(_SEEDS.bit_generator.state)
+
+
+def set_rng_state(state: dict) -> None:
+    """Restores a state of :func:`get_rng_state`.
+
+    Raises:
+        TypeError: ``state`` not a dict. ValueError: not a state of this generator (PCG64).
+    """
+    global _SEEDS
+    if not isinstance(state, dict):
+        raise TypeError(f"state: expected a dict from get_rng_state(), got {type(state).__name__}")
+    generator = np.random.PCG64()
+    try:
+        generator.state = state
+    except (TypeError, ValueError, KeyError) as e:
+        raise ValueError(f"state: expected a state from get_rng_state() (PCG64), got one that numpy refuses "
+                         f"({type(e).__name__}: {e})") from None
+    _SEEDS = np.random.Generator(generator)
+
+
 def next_seed() -> int:
     """The next dropout seed of the package's generator (see :func:`manual_seed`)."""
     return int(_SEEDS.integers(0, 2**63 - 1))
@@ -532,13 +557,19 @@ class Module:
             return check_int(seed, "seed", 0)
         return next_seed() if p > 0 else 0
 
-    def _take_saved(self):
-        """What the last training forward kept (consumed: one backward per forward)."""
+    def _peek_saved(self):
+        """What the last training forward kept, not yet consumed: a backward checks its arguments
+        against it, then consumes it (:meth:`_take_saved`), so a refused call can be retried."""
         saved = self._saved
         if saved is None:
             mode = "training" if self.training else "eval (call .train() first)"
             raise NoTrainingStateError(f"{type(self).__name__}.backward: no training forward to differentiate "
                                        f"(mode: {mode}; each training forward has one backward)")
+        return saved
+
+    def _take_saved(self):
+        """What the last training forward kept (consumed: one backward per forward)."""
+        saved = self._peek_saved()
         self._saved = None
         return saved
 

@@ -346,8 +346,9 @@ class MultiheadAttention(Module):
             NoTrainingStateError: no training forward since the last backward.
             ValueError: ``grad_output`` not of the output's shape. TypeError: non-numeric.
         """
-        q, k, v, _masks, _rotary, _positions, self_attention, explicit_kv = self._take_saved()
+        q, k, v, _masks, _rotary, _positions, self_attention, explicit_kv = self._peek_saved()
         g = _grad_output(grad_output, "grad_output", q.shape[:2] + (self.embed_dim,), self.dtype)
+        self._take_saved()  # checked: now consumed
         if self_attention:
             dq = self._impl.backward(g, None, None)
             if not explicit_kv:
@@ -398,8 +399,9 @@ class Linear(Module):
             NoTrainingStateError: no training forward since the last backward.
             ValueError: ``grad_output`` not of the output's shape.
         """
-        x2, shape = self._take_saved()
+        x2, shape = self._peek_saved()
         g = _grad_output(grad_output, "grad_output", shape[:-1] + (self.out_features,), self.dtype)
+        self._take_saved()  # checked: now consumed
         return self._impl.backward(x2, g.reshape(-1, self.out_features)).reshape(shape)
 
 
@@ -458,8 +460,9 @@ class Embedding(Module):
             NoTrainingStateError: no training forward since the last backward.
             ValueError: ``grad_output`` not of the output's shape.
         """
-        ids, shape = self._take_saved()
+        ids, shape = self._peek_saved()
         g = _grad_output(grad_output, "grad_output", shape + (self.embedding_dim,), self.dtype)
+        self._take_saved()  # checked: now consumed
         self._impl.backward(ids, g.reshape(-1, self.embedding_dim), -1 if self.padding_idx is None else self.padding_idx)
         return None
 
@@ -524,8 +527,9 @@ def _mlp_forward(self, x) -> np.ndarray:
 
 
 def _mlp_backward(self, grad_output) -> np.ndarray:
-    x2, shape = self._take_saved()
+    x2, shape = self._peek_saved()
     g = _grad_output(grad_output, "grad_output", shape, self.dtype)
+    self._take_saved()  # checked: now consumed
     return self._impl.backward(g.reshape(-1, self.d_model)).reshape(shape)
 
 
@@ -667,8 +671,9 @@ class TransformerEncoderLayer(Module):
             NoTrainingStateError: no training forward since the last backward.
             ValueError: ``grad_output`` not of the output's shape.
         """
-        x, _masks, unbatched = self._take_saved()
+        x, _masks, unbatched = self._peek_saved()
         g = _grad_output(grad_output, "grad_output", x.shape[1:] if unbatched else x.shape, self.dtype)
+        self._take_saved()  # checked: now consumed
         d = self._impl.backward(g[None] if unbatched else g)
         return d[0] if unbatched else d
 
@@ -726,8 +731,9 @@ class _Norm(Module):
             NoTrainingStateError: no training forward since the last backward.
             ValueError: ``grad_output`` not of the output's shape.
         """
-        x2, shape = self._take_saved()
+        x2, shape = self._peek_saved()
         g = _grad_output(grad_output, "grad_output", shape, self.dtype)
+        self._take_saved()  # checked: now consumed
         return self._impl.backward(x2, g.reshape(-1, self.normalized_size)).reshape(shape)
 
 
@@ -863,8 +869,9 @@ class TransformerDecoderLayer(Module):
             NoTrainingStateError: no training forward since the last backward.
             ValueError: ``grad_output`` not of the output's shape.
         """
-        x, mem, _self_masks, _cross_masks = self._take_saved()
+        x, mem, _self_masks, _cross_masks = self._peek_saved()
         g = _grad_output(grad_output, "grad_output", x.shape, self.dtype)
+        self._take_saved()  # checked: now consumed
         return tuple(self._impl.backward(g, mem.shape[1]))
 
 

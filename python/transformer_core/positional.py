@@ -255,11 +255,12 @@ class Embeddings(Module):
             NoTrainingStateError: no training forward since the last backward.
             ValueError: ``grad_output`` not of the output's shape.
         """
-        _ids, _positions, (N, L) = self._take_saved()
+        _ids, _positions, (N, L) = self._peek_saved()
         g = as_float(grad_output, "grad_output", self.dtype)
         if g.shape != (N, L, self.hidden_size):
             raise ValueError(f"grad_output: expected shape {(N, L, self.hidden_size)} (the forward's output), "
                              f"got {g.shape}")
+        self._take_saved()  # checked: now consumed
         self._impl.backward(g.reshape(N * L, self.hidden_size))
 
     def __repr__(self) -> str:

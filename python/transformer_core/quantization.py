@@ -567,7 +567,8 @@ def quantize(model, format: str = "int8", *, inplace: bool = False, keep_float=N
         TypeError: ``model`` is not a transformer_core model; ``format`` not a str; ``inplace`` or
             ``residual_activations`` not a bool; ``keep_float`` not a str or a list of str.
         ValueError: an unknown ``format``; a float64 model (the int8 kernels compute in float32:
-            build the model in float32); ``inplace`` on a model holding GGUF blocks; a
+            build the model in float32); ``inplace`` on a model in training mode or holding GGUF
+            blocks; a
             ``keep_float`` name that is unknown, not a linear layer's weight, or one part of a
             packed matrix without the others (the message lists them); a linear layer to convert
             with more than ``INT8_MAX_IN_FEATURES`` inputs. Nothing is converted then.
@@ -591,6 +592,9 @@ def quantize(model, format: str = "int8", *, inplace: bool = False, keep_float=N
     if np.dtype(model.dtype) != np.float32:
         raise ValueError(f"model: expected a float32 model (the int8 kernels compute in float32), got "
                          f"{np.dtype(model.dtype).name}; build or load it with dtype=np.float32")
+    if inplace and model.training:
+        raise ValueError("model: in training mode (model.train()); quantized weights do not train: call model.eval() "
+                         "before quantizing it in place")
     if inplace and any(f not in ("float32", "int8") for f in model.weight_formats().values()):
         raise ValueError("model: holds GGUF blocks; quantize a copy (inplace=False), which starts from the "
                          "dequantized weights")
@@ -653,7 +657,7 @@ def set_gguf_weights(module, weights) -> None:
 
     Raises:
         TypeError: not a transformer_core module; ``weights`` not a mapping; bytes not bytes.
-        ValueError: a float64 module; an unknown name, a weight that is not a Linear/Embedding
+        ValueError: a float64 module, or one in training mode; an unknown name, a weight that is not a Linear/Embedding
             weight (or is stored transposed) or is already quantized, missing rows of a packed
             matrix, wrong byte counts; the module is unchanged.
     """
@@ -665,6 +669,9 @@ def set_gguf_weights(module, weights) -> None:
     if np.dtype(module.dtype) != np.float32:
         raise ValueError(f"module: expected a float32 module (GGUF blocks compute in float32), got "
                          f"{np.dtype(module.dtype).name}")
+    if module.training:
+        raise ValueError("module: in training mode (module.train()); GGUF blocks do not train: call module.eval() "
+                         "first")
     if not isinstance(weights, Mapping):
         raise TypeError(f"weights: expected a mapping of name -> (ggml_type, blocks), got {type(weights).__name__}")
     slots = module._slots()

@@ -220,7 +220,7 @@ class SentenceEncoder:
         ``SentenceTransformer.encode`` does) before they are cut into batches, so that each batch
         holds sentences of similar length and padding costs little; the rows come back in the
         order given. In float32 or float64 a row does not depend on the other sentences of its
-        batch beyond float rounding (about 1e-7). With ``quantize="int8"`` it does, slightly: the
+        batch beyond float rounding (a few 1e-7). With ``quantize="int8"`` it does, slightly: the
         padding width changes the float rounding before each int8 activation quantization, which
         can flip a rounding step; measured on all-MiniLM-L6-v2 (the 1000 benchmark sentences and
         one-token texts, batch sizes 1 to 128): up to 0.015 per element, cosine >= 0.996 between

@@ -3,9 +3,15 @@ files (no pickle), under the model's ``state_dict`` names, so that a model train
 torch (``safetensors.torch.load_file`` + ``load_state_dict``, or ``from_pretrained`` of a directory
 written by ``save_pretrained``) and back.
 
-    directory/model.safetensors       the model's state_dict (checkpoint names and layouts)
+    directory/model.safetensors       the model's weights under the names its save_pretrained writes
+                                      (Hugging Face's: GPT-2's "transformer.h.0...", Llama's
+                                      "model.layers.0..."), the state of the dropout seeds'
+                                      generator (get_rng_state) in its metadata
     directory/optimizer.safetensors   optimizer.state_dict() (see transformer_core.optim)
     directory/scheduler.safetensors   scheduler.state_dict() (see transformer_core.lr_scheduler)
+
+A resumed run (load_checkpoint, then the same calls) is bitwise the uninterrupted one, dropout
+included: the generator of the dropout seeds is restored with the weights.
 
 Optimizer moments of weights whose C++ layout is not the checkpoint's (GPT-2's Conv1D weights, stored
 transposed; the q/k rows of a Llama model of ``rope_layout="interleaved"``, held in another order)
@@ -23,6 +29,7 @@ before it changes anything.
 
 from __future__ import annotations
 
+import json
 import secrets
 from pathlib import Path
 
@@ -30,7 +37,7 @@ import numpy as np
 
 from .checkpoints import write_files_atomically
 from .hub import _read_header, load_safetensors
-from .module import Module, NonFiniteLossError, NoTrainingStateError, manual_seed
+from .module import Module, NonFiniteLossError, NoTrainingStateError, get_rng_state, manual_seed, set_rng_state
 
 __all__ = ["save_checkpoint", "load_checkpoint", "manual_seed", "NoTrainingStateError", "NonFiniteLossError"]
 
@@ -64,6 +71,8 @@ def _optimizer_layout(state: dict, relaid: dict, to_checkpoint: bool) -> dict:
 
 #: The safetensors metadata key that ties the files of one save together (the same random hex in each).
 CHECKPOINT_ID_KEY = "checkpoint_id"
+#: The model file's metadata key holding get_rng_state() as JSON.
+RNG_STATE_KEY = "rng_state"
 _FILES = ("model.safetensors", "optimizer.safetensors", "scheduler.safetensors")
 
 
@@ -96,11 +105,14 @@ def save_checkpoint(directory, model: Module, optimizer=None, scheduler=None) ->
         states.append(("optimizer.safetensors", state))
     if scheduler is not None:
         states.append(("scheduler.safetensors", scheduler.state_dict()))
-    states.append(("model.safetensors", model.state_dict()))  # last: the file a reader starts from
+    # last: the file a reader starts from, under the names save_pretrained writes (transformers loads it)
+    checkpoint_state = getattr(model, "_checkpoint_state", model.state_dict)
+    states.append(("model.safetensors", checkpoint_state()))
     files = []
     for name, state in states:
         arrays = {k: np.asarray(v, order="C") for k, v in state.items()}
-        files.append((name, lambda p, arrays=arrays: save_file(arrays, p, metadata=metadata)))
+        meta = dict(metadata, **({RNG_STATE_KEY: json.dumps(get_rng_state())} if name == "model.safetensors" else {}))
+        files.append((name, lambda p, arrays=arrays, meta=meta: save_file(arrays, p, metadata=meta)))
     write_files_atomically(directory, files)
 
 
@@ -136,6 +148,21 @@ def _check_one_save(directory: Path, metadata: dict) -> None:
         listing = ", ".join(f"{name}: {ident if ident is not None else 'none'}" for name, ident in ids.items())
         raise ValueError(f"{directory}: the checkpoint's files are from different saves (checkpoint_id {listing}); "
                          f"expected the files of one save_checkpoint; nothing was loaded")
+
+
+def _rng_state(path: Path, metadata: dict):
+    """The generator state a save stored (None in a checkpoint written before it was stored),
+    checked: a ValueError naming the file if it is not one."""
+    text = metadata.get(RNG_STATE_KEY)
+    if text is None:
+        return None
+    try:
+        state = json.loads(text)
+        np.random.PCG64().state = state  # the check set_rng_state makes, without setting it yet
+    except (TypeError, ValueError, KeyError) as e:
+        raise ValueError(f"{path}: metadata {RNG_STATE_KEY}: not a generator state ({type(e).__name__}: {e}); "
+                         f"nothing was loaded") from None
+    return state
 
 
 def _snapshot(objects) -> list:
@@ -182,6 +209,7 @@ def load_checkpoint(directory, model: Module, optimizer=None, scheduler=None) ->
     model_file = path / "model.safetensors"
     model_state = load_safetensors(path, model.dtype)  # checks model.safetensors' header; names the file
     metadata = {"model.safetensors": _read_safetensors(model_file, arrays=False)[1]}
+    rng_state = _rng_state(model_file, metadata["model.safetensors"])
     states = {}
     for name in wanted[1:]:
         _read_header(path / name)  # truncated or corrupt: a ValueError naming the file
@@ -201,3 +229,5 @@ def load_checkpoint(directory, model: Module, optimizer=None, scheduler=None) ->
     except BaseException:
         _restore(snapshot)
         raise
+    if rng_state is not None:
+        set_rng_state(rng_state)

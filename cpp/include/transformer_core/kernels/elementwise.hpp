@@ -204,6 +204,15 @@ inline void layer_norm_row(const T* x, int64_t n, const T* weight, const T* bias
       if (bias != nullptr) v += bias[j];
       y[j] = v;
     }
+  } else if (rstd_d > static_cast<double>(std::numeric_limits<T>::max())) {
+    // a row of subnormals with eps = 0: 1 / std overflows float, (x - mean) · rstd does not
+    const double mean = mu0 + delta;
+    for (int64_t j = 0; j < n; ++j) {
+      T v = static_cast<T>((static_cast<double>(x[j]) - mean) * rstd_d);
+      if (weight != nullptr) v *= weight[j];
+      if (bias != nullptr) v += bias[j];
+      y[j] = v;
+    }
   } else {
     const T mu = static_cast<T>(mu0 + delta);
     for (int64_t j = 0; j < n; ++j) {
@@ -233,7 +242,15 @@ inline double rms_norm_rstd(const T* x, int64_t n, double eps) {
 // weight: [n] or nullptr.  x and y may alias.
 template <class T>
 inline void rms_norm_row(const T* x, int64_t n, const T* weight, T eps, T* y) {
-  const T rrms = static_cast<T>(rms_norm_rstd(x, n, static_cast<double>(eps)));
+  const double rrms_d = rms_norm_rstd(x, n, static_cast<double>(eps));
+  if (rrms_d > static_cast<double>(std::numeric_limits<T>::max())) {  // subnormals, eps = 0: in double
+    for (int64_t k = 0; k < n; ++k) {
+      const T v = static_cast<T>(static_cast<double>(x[k]) * rrms_d);
+      y[k] = weight != nullptr ? v * weight[k] : v;
+    }
+    return;
+  }
+  const T rrms = static_cast<T>(rrms_d);
   for (int64_t k = 0; k < n; ++k) {
     const T v = x[k] * rrms;
     y[k] = weight != nullptr ? v * weight[k] : v;
