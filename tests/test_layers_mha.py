@@ -402,3 +402,19 @@ def test_training_keeps_the_forwards_masks(rng, which):
     twin.load_state_dict(layer.state_dict())
     twin(x, src_key_mask=np.ones((N, L), bool))
     np.testing.assert_array_equal(layer.backward(g), twin.backward(g))
+
+
+def test_training_keeps_a_broadcast_mask_compact(rng):
+    """torch's mask.expand(N * H, L, S) (a broadcast view) kept for backward: its compact values are
+    copied, not the N·H-times larger broadcast (260 MiB for a 4 MiB mask at N = H = 8, L = S = 1024)."""
+    N, H, L, E = 4, 2, 6, 8
+    base = rng.standard_normal((1, L, L))
+    mask = np.broadcast_to(base, (N * H, L, L))
+    m = tc.nn.MultiheadAttention(E, H, dtype=np.float64).train()
+    m(rng.standard_normal((N, L, E)), attn_mask=mask)
+    kept = m._saved[3][1]  # (None, float_mask, key_mask)
+    assert kept.shape == (N, H, L, L) and not np.shares_memory(kept, base)
+    owner = kept
+    while isinstance(owner.base, np.ndarray):  # the array that owns the kept values
+        owner = owner.base
+    assert owner.size == base.size

@@ -505,7 +505,8 @@ def test_interleaved_model_converts_legacy_caches_to_and_from_hf_order(llama_gqa
     np.testing.assert_array_equal(m.generate(ids, 5, past_key_values=cache.to_legacy()), ref)
     for a, b in ((inter, m), (m, inter)):
         other = b(ids[:, :4], use_cache=True).past_key_values
-        with pytest.raises(ValueError, match="^past_key_values: the cache's keys order each head's dims"):
+        with pytest.raises(ValueError, match="^past_key_values: this model's keys hold each head's dims in .* "
+                                             r"use model.new_cache\(...\)"):
             a(ids[:, 4:], past_key_values=other)
         assert other.length == 4
     wrong = tc.KVCache(m.config.num_layers, 2, m.config.num_kv_heads, m.head_dim + 2)
@@ -513,6 +514,8 @@ def test_interleaved_model_converts_legacy_caches_to_and_from_hf_order(llama_gqa
         m.generate(ids, 2, past_key_values=wrong)
     with pytest.raises(ValueError, match=r"^key_order: expected a permutation of range\(8\)"):
         tc.KVCache(1, 1, 1, 8, key_order=[0, 1, 2])
+    with pytest.raises(TypeError, match="^key_order: expected integers"):
+        tc.KVCache(1, 1, 1, 2, key_order=[0.0, 1.0])
 
 
 def test_stream_checks_ids_before_reserving_the_cache(llama_gqa):

@@ -349,6 +349,43 @@ def test_tokenizers_on_one_backend_keep_their_own_truncation(tc_tokenizer):
         tc.Tokenizer("bert-base-uncased")
 
 
+def test_tokenizer_backends_wrapped_uncopyable_or_subclassed(tc_tokenizer, monkeypatch):
+    """A tokenizers.implementations wrapper is unwrapped; a backend with a Python pre-tokenizer
+    (which cannot be copied) is used as is and still encodes in batches; a subclass's __init__ runs
+    under from_pretrained; bad arguments are refused before the backend is copied."""
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import pre_tokenizers
+    from tokenizers.implementations import BertWordPieceTokenizer
+
+    vocab = tc_tokenizer.backend.get_vocab()
+    wrapped = BertWordPieceTokenizer(vocab)
+    ours = tc.Tokenizer(wrapped, max_length=16)
+    assert ours.encode("hello world") == tc_tokenizer.encode("hello world")
+
+    class Split:  # a pre-tokenizer written in Python: the backend cannot be serialized
+        def pre_tokenize(self, pretok):
+            pretok.split(lambda i, s: s.split(" ", "removed"))
+
+    custom = HFTokenizer.from_str(tc_tokenizer.backend.to_str())
+    custom.pre_tokenizer = pre_tokenizers.PreTokenizer.custom(Split())
+    t = tc.Tokenizer(custom, max_length=16)
+    batches = list(t.encode_batches(["hello world", "a b c d e f"], batch_size=2))
+    assert batches[0]["input_ids"].shape == (2, 8) and batches[0]["attention_mask"].sum() == 4 + 8
+    assert custom.padding is not None  # its padding came back after the unpadded call
+
+    class MyTokenizer(tc.Tokenizer):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.mine = True
+
+    assert MyTokenizer.from_pretrained("all-MiniLM-L6-v2").mine
+    monkeypatch.setattr(tc.tokenizer, "_copy_backend", lambda b: pytest.fail("copied before the checks"))
+    with pytest.raises(ValueError, match="^max_length"):
+        tc.Tokenizer(tc_tokenizer.backend, max_length=0)
+    with pytest.raises(TypeError, match="^pad_token: expected a str or None, got int"):
+        tc.Tokenizer(tc_tokenizer.backend, pad_token=5)
+
+
 def test_token_lookups_check_their_argument(tc_tokenizer):
     assert tc_tokenizer.id_to_token(101) == "[CLS]" and tc_tokenizer.token_to_id("[CLS]") == 101
     assert tc_tokenizer.id_to_token(10**12) is None and tc_tokenizer.token_to_id("no such token") is None
@@ -376,3 +413,8 @@ def test_cosine_similarity_of_rows_whose_norm_overflows(dtype):
     assert got[1, 0] == 0
     np.testing.assert_allclose(got[2, 0], 1e-20 / 1e-12 * 0.5 / np.linalg.norm(b.astype(np.float64)), rtol=1e-5)
     np.testing.assert_allclose(tc.cosine_similarity(a[:1])[0, 0], 1, rtol=1e-6)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no overflow warning for the rows it now handles
+        tc.cosine_similarity(np.array([[1e30, 1e30], [1, 0]], np.float32))

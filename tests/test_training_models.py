@@ -913,6 +913,11 @@ def test_resume_with_dropout_is_bitwise_the_uninterrupted_run(rng, tmp_path):
         tc.set_rng_state({"bit_generator": "MT19937"})
     with pytest.raises(TypeError, match="^state: expected a dict"):
         tc.set_rng_state(3)
+    for field, value in (("state", -1), ("state", 2**200), ("state", 1.5), ("inc", None)):
+        bad = {**state, "state": {**state["state"], field: value}}
+        with pytest.raises(ValueError, match="^state: expected a state from get_rng_state"):
+            tc.set_rng_state(bad)
+    assert tc.module.next_seed() != first  # the refusals left the generator where it was
 
 
 def test_gpt2_checkpoint_loads_in_transformers(rng, tmp_path):

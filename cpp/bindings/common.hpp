@@ -168,8 +168,21 @@ void register_module_base(py::module_& m) {
           [](py::object self, const std::string& name) {
             const auto& p = self.cast<const Module<T>&>().parameter(name);
             require_not_quantized(p, name);
-            Module<T>::mark_viewed(p);  // its owner keeps the storage while the module lives
-            return py::array_t<T>(std::vector<py::ssize_t>(p.shape.begin(), p.shape.end()), p.data, self);
+            // The view's base: a capsule that keeps the module alive and, when Python frees the
+            // view, tells the storage's owner (a storage quantized meanwhile is freed then).
+            struct ViewBase {
+              py::object module;
+              Module<T>* owner;
+              std::string owner_name;
+            };
+            auto* base = new ViewBase{self, p.owner, p.owner_name};
+            Module<T>::view_opened(p);
+            py::capsule keeper(base, [](void* ptr) {
+              auto* b = static_cast<ViewBase*>(ptr);
+              if (b->owner != nullptr) Module<T>::view_closed(b->owner, b->owner_name);
+              delete b;  // and with it the module reference
+            });
+            return py::array_t<T>(std::vector<py::ssize_t>(p.shape.begin(), p.shape.end()), p.data, keeper);
           },
           py::arg("name"));
 }

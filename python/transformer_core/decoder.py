@@ -161,8 +161,10 @@ class DecoderModel(Module):
                              f"{self.head_dim}")
         if (cache.key_order is None) != (order is None) or (order is not None
                                                             and not np.array_equal(cache.key_order, order)):
-            raise ValueError("past_key_values: the cache's keys order each head's dims as another rope_layout does "
-                             "(a cache of another model); pass cache.to_legacy() to convert it")
+            mine = "llama.cpp's (rope_layout='interleaved')" if order is not None else "Hugging Face's"
+            raise ValueError(f"past_key_values: this model's keys hold each head's dims in {mine} order and the "
+                             f"cache's do not (it was made by another model, or by KVCache() without key_order); "
+                             f"use model.new_cache(...), or pass cache.to_legacy() to convert it")
         return cache
 
     def _prepare(self, input_ids, attention_mask, position_ids, past_key_values):

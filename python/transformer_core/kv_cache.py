@@ -32,9 +32,9 @@ class KVCache:
             llama.cpp's order. :meth:`to_legacy` and :meth:`from_legacy` convert with it.
 
     Raises:
-        TypeError: non-int sizes. ValueError: sizes out of range, a ``key_order`` that is not a
-        permutation of ``range(head_dim)``, or storage larger than this machine's memory (checked
-        before anything is allocated).
+        TypeError: non-int sizes, a non-integer ``key_order``. ValueError: sizes out of range, a
+        ``key_order`` that is not a permutation of ``range(head_dim)``, or storage larger than this
+        machine's memory (checked before anything is allocated).
     """
 
     def __init__(self, num_layers: int, batch: int, num_kv_heads: int, head_dim: int, capacity: int = 0,
@@ -166,9 +166,10 @@ def _check_key_order(key_order, head_dim: int):
     if key_order is None:
         return None
     p = np.asarray(key_order)
-    if p.dtype.kind not in "iu" or p.shape != (head_dim,) or not np.array_equal(np.sort(p), np.arange(head_dim)):
-        raise ValueError(f"key_order: expected a permutation of range({head_dim}), got an array of shape "
-                         f"{p.shape} and dtype {p.dtype}")
+    if p.dtype.kind not in "iu":
+        raise TypeError(f"key_order: expected integers (a permutation of range({head_dim})), got dtype {p.dtype}")
+    if p.shape != (head_dim,) or not np.array_equal(np.sort(p), np.arange(head_dim)):
+        raise ValueError(f"key_order: expected a permutation of range({head_dim}), got an array of shape {p.shape}")
     p = p.astype(np.int64)
     p.flags.writeable = False
     return p

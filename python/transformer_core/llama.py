@@ -332,7 +332,7 @@ class LlamaModel(DecoderModel):
     @classmethod
     def _from_gguf_blocks(cls, checkpoint, quantize_activations: bool):
         """The model of a GGUF checkpoint with its block-format matrices kept as they are stored."""
-        from .quantization import GGML_TYPES, _public_names, set_gguf_weights, set_quantize_activations
+        from .quantization import GGML_TYPES, _linear_weight_groups, set_gguf_weights, set_quantize_activations
 
         with skip_weight_init():  # every weight loaded or replaced below
             model = cls(LlamaConfig.from_dict(checkpoint.config), dtype=np.float32, rope_layout="interleaved")
@@ -348,11 +348,7 @@ class LlamaModel(DecoderModel):
 
         # A packed matrix ([q; k; v], [gate; up]) keeps blocks only if all its parts are blocks;
         # one part stored F16/F32 makes the whole matrix float32.
-        public, group_of = _public_names(model), {}
-        for impl in model._impls():
-            for core_names in impl.linear_weight_groups():
-                group = [public[(id(impl), c)] for c in core_names if (id(impl), c) in public]
-                group_of.update({n: group for n in group})
+        group_of = _linear_weight_groups(model)
         blocks, dense = {}, []
         for name, file_name in names.items():
             info, slot = checkpoint.tensor_info(file_name), slots[name]

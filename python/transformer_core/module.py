@@ -84,15 +84,30 @@ def set_rng_state(state: dict) -> None:
         TypeError: ``state`` not a dict. ValueError: not a state of this generator (PCG64).
     """
     global _SEEDS
+    _SEEDS = np.random.Generator(pcg64_of(state, "state"))
+
+
+def pcg64_of(state, name: str) -> np.random.PCG64:
+    """A PCG64 bit generator in ``state`` (a dict of :func:`get_rng_state`), checked: its numbers
+    are ints in range (numpy would truncate a float, and raise OverflowError for a negative).
+
+    Raises:
+        TypeError: ``state`` not a dict. ValueError: not a PCG64 state (naming ``name``).
+    """
     if not isinstance(state, dict):
-        raise TypeError(f"state: expected a dict from get_rng_state(), got {type(state).__name__}")
+        raise TypeError(f"{name}: expected a dict from get_rng_state(), got {type(state).__name__}")
+    inner = state.get("state")
+    numbers = [*(inner.values() if isinstance(inner, dict) else [None]), state.get("has_uint32"), state.get("uinteger")]
+    if not all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**128 for v in numbers):
+        raise ValueError(f"{name}: expected a state from get_rng_state() (PCG64: 'state' and 'inc' ints in "
+                         f"[0, 2**128), 'has_uint32' and 'uinteger' ints), got {state!r}")
     generator = np.random.PCG64()
     try:
         generator.state = state
-    except (TypeError, ValueError, KeyError) as e:
-        raise ValueError(f"state: expected a state from get_rng_state() (PCG64), got one that numpy refuses "
+    except (TypeError, ValueError, KeyError, OverflowError) as e:
+        raise ValueError(f"{name}: expected a state from get_rng_state() (PCG64), got one that numpy refuses "
                          f"({type(e).__name__}: {e})") from None
-    _SEEDS = np.random.Generator(generator)
+    return generator
 
 
 def next_seed() -> int:
@@ -269,9 +284,16 @@ class _Slot(NamedTuple):
 _storage_epoch = [0]
 
 
-def storage_changed() -> None:
-    """Called after weights of some module were replaced in place by a quantized format."""
+def storage_changed(module) -> None:
+    """Called after weights of ``module`` were replaced in place by a quantized format (not after a
+    quantized copy is made: nothing that existed changed). Its cached Parameters (and its
+    children's) are dropped, so that their float32 buffers go once the caller's last view does."""
     _storage_epoch[0] += 1
+    stack = [module]
+    while stack:
+        m = stack.pop()
+        m.__dict__.pop("_parameters_cache", None)
+        stack.extend(child for _, child in m._children())
 
 
 _SKIP_INIT = threading.local()

@@ -115,7 +115,7 @@ def _layer_masks(attn_mask, key_mask, N: int, H: int, L: int, S: int, dtype, *, 
     if attn_mask is not None:
         m = as_attention_mask(_refuse_bool_mask(attn_mask, mask_name), mask_name, dtype)
         if keep and (m is attn_mask or not m.flags.owndata):
-            m = m.copy()  # the caller's array, or a view of it: the backward reads the forward's mask
+            m = _own_copy(m)  # the caller's array, or a view of it: the backward reads the forward's mask
         if m.ndim == 2:
             if m.shape != (L, S):
                 raise ValueError(f"{mask_name}: expected shape ({L}, {S}) (L, S), got {m.shape}")
@@ -135,8 +135,15 @@ def _layer_masks(attn_mask, key_mask, N: int, H: int, L: int, S: int, dtype, *, 
         if km.shape != (N, S):
             raise ValueError(f"{key_mask_name}: expected shape ({N}, {S}) (batch, key length), got {km.shape}")
         if keep and (km is key_mask or not km.flags.owndata):
-            km = km.copy()
+            km = _own_copy(km)
     return None, float_mask, km
+
+
+def _own_copy(m: np.ndarray) -> np.ndarray:
+    """A copy of ``m``'s values, a broadcast view copied as its compact data and broadcast again
+    (torch's ``mask.expand(N * H, L, S)`` is one: copied whole it would be N·H times larger)."""
+    compact = tuple(slice(0, 1) if stride == 0 else slice(None) for stride in m.strides)
+    return np.broadcast_to(m[compact].copy(), m.shape)
 
 
 class MultiheadAttention(Module):

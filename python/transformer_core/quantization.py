@@ -479,6 +479,17 @@ def _public_names(model) -> dict:
     return {(id(slot.impl), slot.core_name): name for name, slot in model._slots().items()}
 
 
+def _linear_weight_groups(model) -> dict:
+    """``{name: [names of its matrix, in row order]}`` of every linear layer's weight of ``model``,
+    under ``state_dict``'s names: a packed matrix (``[q; k; v]``, ``[gate; up]``) is one group."""
+    public, group_of = _public_names(model), {}
+    for impl in model._impls():
+        for core_names in impl.linear_weight_groups():
+            group = [public[(id(impl), c)] for c in core_names if (id(impl), c) in public]
+            group_of.update({n: group for n in group})
+    return group_of
+
+
 def _check_keep_float(model, keep: list) -> None:
     """ValueError unless every name of ``keep`` is a linear layer's weight, and every packed matrix
     (the rows of ``[q; k; v]``, of ``[gate; up]``: one matrix, one int8 conversion) is named whole or
@@ -489,13 +500,7 @@ def _check_keep_float(model, keep: list) -> None:
     for name in keep:
         if name not in shapes:
             raise ValueError(f"keep_float: unknown weight {name!r} (expected names of model.state_dict())")
-    public = _public_names(model)
-    group_of = {}  # name -> the names of the matrix it is (part of), in row order
-    for impl in model._impls():
-        for core_names in impl.linear_weight_groups():
-            names = [public[(id(impl), c)] for c in core_names if (id(impl), c) in public]
-            for name in names:
-                group_of[name] = names
+    group_of = _linear_weight_groups(model)  # name -> the names of the matrix it is (part of)
     for name in keep:
         if name not in group_of:
             raise ValueError(f"keep_float: {name!r} is not the weight of a linear layer (quantize converts only "
@@ -509,20 +514,17 @@ def _check_keep_float(model, keep: list) -> None:
 def _check_int8_in_features(model, keep: list) -> None:
     """ValueError naming the first float32 linear weight that quantize would convert (not in
     ``keep``) with more than INT8_MAX_IN_FEATURES input features: checked before any is converted."""
-    public = _public_names(model)
     formats = model.weight_formats()
     slots = model._slots()
-    for impl in model._impls():
-        for core_names in impl.linear_weight_groups():
-            names = [public[(id(impl), c)] for c in core_names if (id(impl), c) in public]
-            if not names or any(n in keep for n in names) or formats[names[0]] != "float32":
-                continue
-            slot = slots[names[0]]  # (out, in), or (in, out) stored transposed (GPT-2's Conv1D)
-            in_features = slot.shape[0] if slot.transposed else slot.shape[1]
-            if in_features > INT8_MAX_IN_FEATURES:
-                raise ValueError(f"model: {names[0]!r} has in_features {in_features}, expected <= "
-                                 f"{INT8_MAX_IN_FEATURES} for int8 (the int32 sums stay exact); keep it float "
-                                 f"(keep_float={names!r}); nothing was converted")
+    for name, names in _linear_weight_groups(model).items():
+        if name != names[0] or any(n in keep for n in names) or formats[name] != "float32":
+            continue
+        slot = slots[name]  # (out, in), or (in, out) stored transposed (GPT-2's Conv1D)
+        in_features = slot.shape[0] if slot.transposed else slot.shape[1]
+        if in_features > INT8_MAX_IN_FEATURES:
+            raise ValueError(f"model: {name!r} has in_features {in_features}, expected <= {INT8_MAX_IN_FEATURES} "
+                             f"for int8 (the int32 sums stay exact); keep it float (keep_float={names!r}); nothing "
+                             f"was converted")
 
 
 def quantize(model, format: str = "int8", *, inplace: bool = False, keep_float=None,
@@ -537,7 +539,8 @@ def quantize(model, format: str = "int8", *, inplace: bool = False, keep_float=N
     (GPT-2, SmolLM2) gets an int8 copy of the table for the head (counted by :func:`weight_bytes`
     under the table's name); the lookups stay float32, as torch's ``quantize_dynamic`` leaves
     ``nn.Embedding`` alone. Embeddings, attention, norms, softmax and activations stay float32.
-    The fp32 weights of the converted layers are freed.
+    The fp32 weights of the converted layers are freed (a weight whose ``Parameter.data`` view is
+    still held is freed when the last such view is).
 
     After quantizing, ``state_dict()`` returns the dequantized weights (``scale · q``), and
     ``load_state_dict`` is refused (load into a float model, then quantize).
@@ -609,7 +612,8 @@ def quantize(model, format: str = "int8", *, inplace: bool = False, keep_float=N
         impl.quantize_int8(keep_float=[slots[n].core_name for n in keep if slots[n].impl is impl])
         if isinstance(target, CausalLM) and hasattr(impl, "quantize_tied_lm_head_int8"):
             impl.quantize_tied_lm_head_int8()
-    storage_changed()
+    if inplace:
+        storage_changed(target)
     if residual_activations:
         set_residual_activations(target, True)
     return target
@@ -630,8 +634,8 @@ def _copy(model):
     for name, slot in src.items():
         d = dst[name]
         d.impl.set_parameter(d.core_name, slot.impl.get_parameter(slot.core_name))
-    for key, value in vars(model).items():  # loader attributes (source, name_or_path, ...)
-        if key not in vars(new):
+    for key, value in vars(model).items():  # loader attributes (source, name_or_path, ...), not its state
+        if key not in vars(new) and key not in ("_parameters_cache", "_saved"):
             setattr(new, key, value)
     return new
 
@@ -703,7 +707,7 @@ def set_gguf_weights(module, weights) -> None:
         impl.load_gguf_weights(tensors)
     from .module import storage_changed
 
-    storage_changed()
+    storage_changed(module)
 
 
 def _set_activation_mode(model, on, method: str) -> int:

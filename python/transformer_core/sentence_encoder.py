@@ -135,9 +135,11 @@ def _unit_rows(x: np.ndarray) -> np.ndarray:
     scale = np.where(big > 1, big, 1).astype(x.dtype)
     y = x / scale
     norm = np.linalg.norm(y, axis=1, keepdims=True)  # the row's norm / scale
-    with np.errstate(over="ignore"):
+    with np.errstate(over="ignore"):  # norm · scale may overflow: the row is then not tiny either
         tiny = norm * scale < 1e-12
-    return np.where(tiny, x / x.dtype.type(1e-12), y / np.where(norm > 0, norm, 1))
+    out = np.divide(y, np.where(norm > 0, norm, 1))
+    np.divide(x, x.dtype.type(1e-12), out=out, where=tiny)  # only the tiny rows (large ones would overflow)
+    return out
 
 
 class SentenceEncoder:

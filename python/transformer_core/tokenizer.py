@@ -11,6 +11,7 @@ knows its BOS/EOS tokens and chat template, and streams text with :class:`TextSt
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -59,6 +60,20 @@ def _bytes_to_unicode() -> dict[int, str]:
     return mapping
 
 
+#: The backend a constructor of this module hands to Tokenizer(...) (one it just built, which nothing
+#: else holds): used as is, not copied (a copy of SmolLM2's costs 0.1 s).
+_HANDED_OVER = threading.local()
+
+
+def _copy_backend(backend):
+    """A copy of a ``tokenizers.Tokenizer``; the backend itself when it cannot be serialized (a
+    pre-tokenizer or decoder written in Python): then its truncation and padding are shared."""
+    try:
+        return type(backend).from_str(backend.to_str())
+    except Exception:  # noqa: BLE001 - the Rust library's "cannot be serialized"
+        return backend
+
+
 class Tokenizer:
     """A ``tokenizers.Tokenizer`` set up for a model.
 
@@ -72,47 +87,50 @@ class Tokenizer:
         bos_token, eos_token, unk_token: the special tokens' strings, or ``None``.
         chat_template: a Jinja2 chat template (see :meth:`apply_chat_template`), or ``None``.
 
-    The ``tokenizers.Tokenizer`` is copied: the truncation and padding set here never reach the
-    caller's object, nor another :class:`Tokenizer` built on it.
+    The ``tokenizers.Tokenizer`` (or the one a ``tokenizers.implementations`` wrapper holds) is
+    copied: the truncation and padding set here never reach the caller's object, nor another
+    :class:`Tokenizer` built on it (a backend with parts written in Python cannot be copied: it is
+    used as is).
 
     Raises:
         TypeError: ``tokenizer`` not a ``tokenizers.Tokenizer``.
-        ValueError: ``max_length`` below 1, or a special token not in the vocabulary.
+        ValueError: ``max_length`` below 1, or a special token not in the vocabulary (checked
+            before the copy).
     """
+
+    @classmethod
+    def _owning(cls, tokenizer, *args, **kwargs) -> "Tokenizer":
+        """``cls(tokenizer, ...)`` on ``tokenizer`` itself, not a copy: for a backend this module
+        just built from a file, which nothing else holds."""
+        _HANDED_OVER.backend = tokenizer
+        try:
+            return cls(tokenizer, *args, **kwargs)
+        finally:
+            _HANDED_OVER.backend = None
 
     def __init__(self, tokenizer, max_length: int | None = 512, pad_token: str | None = "[PAD]", *,
                  bos_token: str | None = None, eos_token: str | None = None, unk_token: str | None = None,
                  chat_template: str | None = None):
         from tokenizers import Tokenizer as HFTokenizer
 
+        if not isinstance(tokenizer, HFTokenizer):  # tokenizers.implementations' wrappers hold one
+            tokenizer = getattr(tokenizer, "_tokenizer", tokenizer)
         if not isinstance(tokenizer, HFTokenizer):
             raise TypeError(f"tokenizer: expected a tokenizers.Tokenizer, got {type(tokenizer).__name__}")
-        self._setup(HFTokenizer.from_str(tokenizer.to_str()), max_length, pad_token, bos_token=bos_token,
-                    eos_token=eos_token, unk_token=unk_token, chat_template=chat_template)
-
-    @classmethod
-    def _owning(cls, tokenizer, *args, **kwargs) -> "Tokenizer":
-        """A Tokenizer on ``tokenizer`` itself, not a copy: for a backend just read from a file,
-        which nothing else holds (a copy of SmolLM2's costs 0.1 s)."""
-        self = cls.__new__(cls)
-        self._setup(tokenizer, *args, **kwargs)
-        return self
-
-    def _setup(self, tokenizer, max_length: int | None = 512, pad_token: str | None = "[PAD]", *,
-               bos_token: str | None = None, eos_token: str | None = None, unk_token: str | None = None,
-               chat_template: str | None = None) -> None:
-        """__init__'s work, on a backend this Tokenizer owns."""
-        self._tok = tokenizer
-        self._unpadded = None  # _batches' copy of it without padding, made on first use
-        self.max_length = check_optional_int(max_length, "max_length", 1)
+        max_length = check_optional_int(max_length, "max_length", 1)
         for name, token in (("pad_token", pad_token), ("bos_token", bos_token), ("eos_token", eos_token),
                             ("unk_token", unk_token), ("chat_template", chat_template)):
             if token is not None and not isinstance(token, str):
                 raise TypeError(f"{name}: expected a str or None, got {type(token).__name__}")
-        self.bos_token, self.eos_token, self.unk_token = bos_token, eos_token, unk_token
         for name, token in (("bos_token", bos_token), ("eos_token", eos_token), ("unk_token", unk_token)):
             if token is not None and tokenizer.token_to_id(token) is None:
                 raise ValueError(f"{name}: {token!r} is not in the vocabulary")
+        if getattr(_HANDED_OVER, "backend", None) is not tokenizer:  # checked: now the copy
+            tokenizer = _copy_backend(tokenizer)
+        self._tok = tokenizer
+        self._unpadded = None  # _batches' copy of it without padding, made on first use
+        self.max_length = max_length
+        self.bos_token, self.eos_token, self.unk_token = bos_token, eos_token, unk_token
         self.chat_template = chat_template
         pad_id = tokenizer.token_to_id(pad_token) if pad_token is not None else None
         if self.max_length is not None:  # an encoder tokenizer: as it always was
@@ -351,13 +369,25 @@ class Tokenizer:
 
     def _batches(self, texts, batch_size, add_special_tokens):
         if self._unpadded is None:  # the same tokenizer without the package's padding (we pad per batch)
-            self._unpadded = type(self._tok).from_str(self._tok.to_str())
-            self._unpadded.no_padding()
+            self._unpadded = _copy_backend(self._tok)
+            if self._unpadded is not self._tok:
+                self._unpadded.no_padding()
         per_call = max(1, self.TEXTS_PER_CALL // batch_size) * batch_size
         for c0 in range(0, len(texts), per_call):
-            encs = self._unpadded.encode_batch(texts[c0:c0 + per_call], add_special_tokens=add_special_tokens)
+            encs = self._unpadded_encodings(texts[c0:c0 + per_call], add_special_tokens)
             for b0 in range(0, len(encs), batch_size):
                 yield self._pad(encs[b0:b0 + batch_size], "right")
+
+    def _unpadded_encodings(self, texts, add_special_tokens):
+        if self._unpadded is not self._tok:
+            return self._unpadded.encode_batch(texts, add_special_tokens=add_special_tokens)
+        padding = self._tok.padding  # a backend that could not be copied: its padding off for the call
+        self._tok.no_padding()
+        try:
+            return self._tok.encode_batch(texts, add_special_tokens=add_special_tokens)
+        finally:
+            if padding is not None:
+                self._tok.enable_padding(**padding)
 
     def _pad(self, encs, padding_side: str) -> dict[str, np.ndarray]:
         """encode_batch's arrays from unpadded encodings, padded to the longest."""

@@ -37,7 +37,15 @@ import numpy as np
 
 from .checkpoints import write_files_atomically
 from .hub import _read_header, load_safetensors
-from .module import Module, NonFiniteLossError, NoTrainingStateError, get_rng_state, manual_seed, set_rng_state
+from .module import (
+    Module,
+    NonFiniteLossError,
+    NoTrainingStateError,
+    get_rng_state,
+    manual_seed,
+    pcg64_of,
+    set_rng_state,
+)
 
 __all__ = ["save_checkpoint", "load_checkpoint", "manual_seed", "NoTrainingStateError", "NonFiniteLossError"]
 
@@ -158,10 +166,9 @@ def _rng_state(path: Path, metadata: dict):
         return None
     try:
         state = json.loads(text)
-        np.random.PCG64().state = state  # the check set_rng_state makes, without setting it yet
-    except (TypeError, ValueError, KeyError) as e:
-        raise ValueError(f"{path}: metadata {RNG_STATE_KEY}: not a generator state ({type(e).__name__}: {e}); "
-                         f"nothing was loaded") from None
+        pcg64_of(state, RNG_STATE_KEY)  # the check set_rng_state makes, without setting it yet
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{path}: metadata {RNG_STATE_KEY}: not a generator state ({e}); nothing was loaded") from None
     return state
 
 
@@ -188,7 +195,10 @@ def load_checkpoint(directory, model: Module, optimizer=None, scheduler=None) ->
     Every file is read and checked (headers, the ``checkpoint_id`` stamps of one save) before
     anything changes; the optimizer's and scheduler's states are then loaded (each checks all of its
     values first), and the model's last (it checks names and shapes first). On any error the model,
-    the optimizer and the scheduler are left as they were.
+    the optimizer and the scheduler are left as they were. Then the generator of the dropout seeds
+    (process-wide: :func:`~transformer_core.manual_seed`) is set to the state the save stored, so
+    that a resumed run draws what the uninterrupted one would (a checkpoint written before it was
+    stored leaves the generator alone).
 
     Raises:
         TypeError: ``model`` not a :class:`~transformer_core.module.Module`.

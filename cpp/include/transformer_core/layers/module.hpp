@@ -27,6 +27,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <map>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -226,13 +228,19 @@ class Module {
     std::copy(p.data, p.data + count, out);
   }
 
-  // A numpy view of entry p's storage was handed out (the bindings' parameter_view): its owner
-  // keeps that storage until it is destroyed, even after the weight is replaced by a quantized
-  // format (retire_storage), so the view never reads freed memory.
-  static void mark_viewed(const ParamRef<T>& p) {
+  // Numpy views of an entry's storage (the bindings' parameter_view): one is handed out (view_opened)
+  // and, when Python frees it, given back (view_closed). Storage a quantized format replaces while
+  // views of it live is kept (retire_storage) until the last of them is given back, so no view
+  // ever reads freed memory, and no buffer outlives its views. Called with the GIL held; the mutex
+  // guards against retire_storage running in a call that released it.
+  static void view_opened(const ParamRef<T>& p) {
     if (p.owner == nullptr) return;
-    auto& viewed = p.owner->viewed_;
-    if (std::find(viewed.begin(), viewed.end(), p.owner_name) == viewed.end()) viewed.push_back(p.owner_name);
+    std::lock_guard<std::mutex> lock(p.owner->views_mutex_);
+    ++p.owner->live_views_[p.owner_name];
+  }
+  static void view_closed(Module* owner, const std::string& owner_name) {
+    std::lock_guard<std::mutex> lock(owner->views_mutex_);
+    if (--owner->live_views_[owner_name] == 0) owner->retired_.erase(owner_name);  // frees a retired buffer
   }
 
   // Re-reads every entry's data pointer from its owner's own registry (nullptr for a weight the
@@ -258,10 +266,12 @@ class Module {
     params_.push_back({std::move(name), std::move(shape), data, &own_grads_.back(), 0, this, std::move(own), 0});
   }
   // Drops the storage of this module's own parameter `name` once a quantized format replaces it:
-  // freed, or, if a view of it was handed out (mark_viewed), kept unused until this module is
-  // destroyed (the view then reads the last float values; it no longer changes the model).
+  // freed now, or, while numpy views of it live (view_opened), when the last of them is closed (the
+  // views read the last float values meanwhile; they no longer change the model).
   void retire_storage(const std::string& name, xt::xtensor<T, 2>& storage) {
-    if (std::find(viewed_.begin(), viewed_.end(), name) != viewed_.end()) retired_.push_back(std::move(storage));
+    std::lock_guard<std::mutex> lock(views_mutex_);
+    const auto live = live_views_.find(name);
+    if (live != live_views_.end() && live->second > 0) retired_[name] = std::move(storage);
     storage = xt::xtensor<T, 2>();
   }
   // Sets the data pointer of this module's own parameter `name` (nullptr once it is quantized).
@@ -296,8 +306,9 @@ class Module {
  private:
   std::vector<ParamRef<T>> params_;
   std::deque<GradSlot<T>> own_grads_;  // the gradients of the parameters registered here (stable addresses)
-  std::vector<std::string> viewed_;        // own parameters a numpy view was handed out for
-  std::vector<xt::xtensor<T, 2>> retired_;  // their storage, once a quantized format replaced it
+  std::mutex views_mutex_;
+  std::map<std::string, int64_t> live_views_;            // numpy views alive, per own parameter
+  std::map<std::string, xt::xtensor<T, 2>> retired_;     // replaced storage that views still read
 };
 
 }  // namespace transformer_core::layers
