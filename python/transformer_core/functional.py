@@ -132,6 +132,7 @@ def layer_norm(x, weight=None, bias=None, eps: float = 1e-5) -> np.ndarray:
 
     Raises:
         ValueError: empty ``x``; weight/bias not of shape ``(E,)``; ``eps`` negative.
+        TypeError: non-numeric arrays.
     """
     x = as_float(x, "x", min_ndim=1)
     dtype = x.dtype.type

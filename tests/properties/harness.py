@@ -265,6 +265,7 @@ class Target:
     reference: Callable       # reference(kwargs) -> expected (raise NoReference if it cannot)
     args: dict                # name -> Arg
     compare: Callable | None = None  # compare(result, expected, kwargs) -> None or a mismatch message
+                                     # (kwargs["_loose"]: assert_close's ``loose`` for this case)
     out_dtype: Callable | None = None  # out_dtype(kwargs) -> the dtype the result must have
     weight: float = 1.0       # examples relative to the others
     bad_only: tuple = ()      # args whose valid variants are not meaningful
@@ -299,13 +300,15 @@ def assert_close(result, expected, *, dtype=None, atol=None, rtol=None, loose=Fa
     """None if ``result`` matches ``expected`` (recursively for tuples / lists / dicts), else why not.
     ``dtype``: the dtype the result must have (float arrays); tolerances by that dtype. ``loose``:
     NaN and infinities count as one "non-finite" value. ``atol_scale``: an array (broadcast to an
-    array result) multiplying ``atol`` element by element."""
+    array result) multiplying ``atol`` element by element; for a sequence result, a tuple of them
+    (one per element, None for none)."""
     if isinstance(expected, (tuple, list)):
         if not isinstance(result, (tuple, list)) or len(result) != len(expected):
             return f"expected a sequence of {len(expected)}, got {type(result).__name__}"
         for i, (r, e) in enumerate(zip(result, expected)):
             d = dtype[i] if isinstance(dtype, (tuple, list)) else dtype
-            why = assert_close(r, e, dtype=d, atol=atol, rtol=rtol, loose=loose)
+            sc = atol_scale[i] if isinstance(atol_scale, tuple) else None
+            why = assert_close(r, e, dtype=d, atol=atol, rtol=rtol, loose=loose, atol_scale=sc)
             if why:
                 return f"[{i}]: {why}"
         return None
@@ -456,7 +459,7 @@ def run_case(target: Target, kwargs: dict, mode: str, arg: str | None, label: st
         raise
     loose = label in NONFINITE_LABELS or label.startswith("dtype_")
     if target.compare is not None:
-        why = target.compare(result, expected, call_kwargs)
+        why = target.compare(result, expected, {**call_kwargs, "_loose": loose})
     else:
         dtype = target.out_dtype(call_kwargs) if target.out_dtype is not None else None
         scale = target.atol_scale(call_kwargs) if target.atol_scale is not None else None
@@ -500,8 +503,14 @@ def case_strategy(target: Target):
                 # any numpy scalar dtype (hypothesis.extra.numpy): real ones must be read as float32
                 # (float64 as float64), the others refused
                 dt = draw(hnp.scalar_dtypes())
+                src = np.asarray(kwargs[arg])
+                if dt.kind == "u" and src.dtype.kind == "f":
+                    # a negative float cast to an unsigned int is platform-defined (x86 wraps it to
+                    # 2**32 - 1..., aarch64 saturates to 0): through int64 it wraps everywhere, so that
+                    # a seed gives the same case on every machine and keeps its huge values (stress)
+                    src = src.astype(np.int64)
                 try:
-                    value = np.asarray(kwargs[arg]).astype(dt)
+                    value = src.astype(dt)
                 except (TypeError, ValueError):
                     value = None
                 if value is not None:

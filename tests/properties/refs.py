@@ -158,6 +158,42 @@ def t(a) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(a, dtype=np.float64).reshape(np.shape(a)))
 
 
+def _row_scale(x: torch.Tensor) -> torch.Tensor:
+    """A power of two c per row (last axis) with max|x| / c in [1, 2): dividing by it is exact; 1 for a
+    row of zeros or one holding inf / NaN (which then gives NaN, as in torch)."""
+    with torch.no_grad():
+        m = x.abs().amax(-1, keepdim=True)
+        ok = torch.isfinite(m) & (m > 0)
+        _, ex = torch.frexp(torch.where(ok, m, 1.0))
+        return torch.where(ok, torch.ldexp(torch.ones_like(m), ex - 1), 1.0)
+
+
+def layer_norm_t(x: torch.Tensor, w=None, b=None, eps=1e-5) -> torch.Tensor:
+    """torch.nn.functional.layer_norm over the last axis (differentiable), safe from overflow: the
+    library normalises float64 rows exactly whatever their magnitude (e.g. a 1e300 entry, where
+    Σ(x - mean)² overflows and torch gives the bias), so the reference computes on x / c (c a power
+    of two per row) with eps / c²: the same value, exactly, where torch's does not overflow."""
+    c = _row_scale(x)
+    xs = x / c
+    d = xs - xs.mean(-1, keepdim=True)
+    # eps / c²: as eps / c / c (c² may be 0 or inf) of tensors (a Python number / a subnormal c is
+    # computed as number · (1 / c): 0 · inf = NaN for eps = 0); for eps > 0 never 0 (underflow at a
+    # huge c): a constant row (d = 0, var = 0) gives 0 as torch's, not 0 / 0 (eps = 0: NaN, as torch)
+    e = torch.full_like(c, eps) / c / c
+    if eps > 0:
+        e = e.clamp(min=float(np.finfo(np.float64).tiny))
+    y = d / torch.sqrt((d * d).mean(-1, keepdim=True) + e)
+    if w is not None:
+        y = y * w
+    return y if b is None else y + b
+
+
+def layer_norm(x, w=None, b=None, eps=1e-5) -> np.ndarray:
+    """``layer_norm_t`` on float64 numpy arrays (w, b: None or arrays of the last axis)."""
+    with torch.no_grad():
+        return layer_norm_t(t(x), None if w is None else t(w), None if b is None else t(b), eps).numpy()
+
+
 def softmax_rows(x: np.ndarray, axis=-1) -> np.ndarray:
     """The library's softmax: torch's, except that a slice of only -inf gives zeros (not NaN)."""
     y = torch.softmax(t(x), dim=axis).numpy()

@@ -17,6 +17,7 @@ from .refs import (
     DTYPES,
     attention,
     dims,
+    layer_norm,
     read,
     read_attn_mask,
     read_bool,
@@ -66,8 +67,7 @@ def state_of(kw):
     return {k: read(v, k) for k, v in kw["state"].items()}
 
 
-LN = lambda x, w, b, eps: (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + eps) * \
-    (1 if w is None else w) + (0 if b is None else b)  # noqa: E731
+LN = layer_norm  # float64 and overflow-safe, as the library (refs.layer_norm_t)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -224,8 +224,11 @@ def _ref_norm(kw):
     return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * w
 
 
-_NORM_ARGS = {"normalized_shape": Arg("size", bad=[("tuple2", (2, 3)), ("empty_tuple", ())]), "dtype": Arg("dtype"),
-              "eps": Arg("float", low=0.0), "x": Arg("array"), "state": _state_arg()}
+# normalized_shape=[1] (a generic bad int) is a valid shape: with the drawn (E,) checkpoint it is a
+# shape mismatch, which load_state_dict reports by the checkpoint entry (as softmax's x -> axis)
+_NORM_ARGS = {"normalized_shape": Arg("size", bad=[("tuple2", (2, 3)), ("empty_tuple", ())],
+                                      aliases=("weight", "bias")),
+              "dtype": Arg("dtype"), "eps": Arg("float", low=0.0), "x": Arg("array"), "state": _state_arg()}
 target(name="nn.LayerNorm", draw=lambda d: _draw_norm(d, "LayerNorm"), call=_call_norm, reference=_ref_norm,
        out_dtype=layer_dtype, atol=1e-4, rtol=1e-4, args={**_NORM_ARGS, "bias": Arg("bool")})
 target(name="nn.RMSNorm", draw=lambda d: _draw_norm(d, "RMSNorm"), call=_call_norm, reference=_ref_norm,
@@ -462,9 +465,11 @@ def _ref_mha(kw):
 target(name="nn.MultiheadAttention", draw=_draw_mha, call=_call_mha, reference=_ref_mha,
        out_dtype=lambda kw: (layer_dtype(kw), layer_dtype(kw)), atol=1e-4, rtol=1e-4, weight=2.0,
        args={"embed_dim": Arg("size", aliases=("num_heads",)), "num_heads": Arg("size", aliases=("embed_dim",)),
-             # kdim / vdim = None means embed_dim: not a layout of a drawn size; with the drawn checkpoint
-             # it is a shape mismatch, which load_state_dict reports by the checkpoint entry
-             "num_kv_heads": Arg("size", optional=True),
+             # kdim / vdim / num_kv_heads = None means embed_dim / num_heads: not a layout of a drawn size;
+             # with the drawn checkpoint it is a shape mismatch, which load_state_dict reports by the
+             # checkpoint entry
+             "num_kv_heads": Arg("size", optional=True, none_is_layout=False,
+                                 aliases=("in_proj_weight", "k_proj_weight", "v_proj_weight", "in_proj_bias")),
              "kdim": Arg("size", optional=True, none_is_layout=False, aliases=("k_proj_weight",)),
              "vdim": Arg("size", optional=True, none_is_layout=False, aliases=("v_proj_weight",)),
              "bias": Arg("bool"), "dtype": Arg("dtype"),

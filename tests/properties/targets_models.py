@@ -629,9 +629,18 @@ def _ref_cos(kw):
         raise NoReference("shapes")
     if lib_dtype(kw["a"]) == np.float32 and (kw["b"] is None or lib_dtype(kw["b"]) == np.float32):
         a, b = a.astype(np.float32).astype(np.float64), b.astype(np.float32).astype(np.float64)
-    na = a / np.maximum(np.linalg.norm(a, axis=1, keepdims=True), 1e-12)
-    nb = b / np.maximum(np.linalg.norm(b, axis=1, keepdims=True), 1e-12)
-    return na @ nb.T
+    return _unit(a) @ _unit(b).T
+
+
+def _unit(x):
+    """x / max(|x|, 1e-12) per row, |x| as m · |x / m| (m the row's largest |entry|): a finite row
+    whose squared norm overflows is still a unit row (the contract: 0 only for a tiny row)."""
+    m = np.abs(x).max(axis=1, keepdims=True)
+    y = x / np.where(m > 0, m, 1)
+    ny = np.linalg.norm(y, axis=1, keepdims=True)
+    with np.errstate(over="ignore"):
+        tiny = m * ny < 1e-12
+    return np.where(tiny, x / 1e-12, y / np.where(ny > 0, ny, 1))
 
 
 target(name="cosine_similarity", draw=_draw_cos, call=lambda kw: tc.cosine_similarity(kw["a"], kw["b"]),
