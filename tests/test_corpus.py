@@ -968,3 +968,95 @@ def test_parquet_write_error_names_the_part(tmp_path, tiny_model_dir, monkeypatc
     assert rc == 2 and stdout == ""
     assert stderr == f"transformer_core embed: {out}.partial/part-00000.parquet: File too large\n"
     assert leftover_temps(Path(f"{out}.partial")) == []
+
+
+# ------------------------------------------------------------------- inputs read twice, records cut short
+def test_a_pipe_as_input_is_refused_before_anything_is_read(tmp_path):
+    """A FIFO (as /dev/stdin or <(...)): refused, naming it, before any read (the first 8 KiB went
+    to the binary check and were lost to the embedding; a named FIFO hung on its second open)."""
+    fifo = tmp_path / "in.fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(ValueError, match=rf"^input: {re.escape(str(fifo))} is not a regular file .*save it to a file"):
+        corpus.open_source(fifo)
+
+
+def test_csv_records_with_broken_quotes_are_errors_not_texts(tmp_path):
+    """A quote left open would swallow every later record into one text, and text after a closing
+    quote was merged silently: both are errors of their record (strict) or skipped (skip)."""
+    open_quote = write_lines(tmp_path / "a.csv", ["id,text", '1,"Hello', "2,world", "3,foo"])
+    with pytest.raises(ValueError, match=r"a.csv, line 2: not valid CSV \(unexpected end of data\)"):
+        list(corpus.open_source(open_quote))
+    src = corpus.open_source(open_quote, errors="skip")
+    assert list(src) == [] and src.num_skipped == 1
+    after = write_lines(tmp_path / "b.csv", ["id,text", '1,"Hello," she said', "2,ok"])
+    with pytest.raises(ValueError, match="b.csv, line 2: not valid CSV"):
+        list(corpus.open_source(after))
+    src = corpus.open_source(after, errors="skip")
+    assert list(src) == ["ok"] and src.num_skipped == 1
+
+
+def test_jsonl_integer_beyond_pythons_digit_limit_is_a_bad_record(tmp_path):
+    p = tmp_path / "big.jsonl"
+    p.write_text('{"text": "a"}\n{"text": "b", "n": ' + "9" * 5000 + '}\n{"text": "c"}\n')
+    with pytest.raises(ValueError, match="big.jsonl, line 2: not valid JSON"):
+        list(corpus.open_source(p))
+    src = corpus.open_source(p, errors="skip")
+    assert list(src) == ["a", "c"] and src.num_skipped == 1
+
+
+def test_parquet_duplicated_or_damaged_columns_are_named(tmp_path):
+    dup = tmp_path / "dup.parquet"
+    pq.write_table(pa.Table.from_arrays([pa.array(["a"]), pa.array(["b"])], names=["text", "text"]), dup)
+    with pytest.raises(ValueError, match="dup.parquet: column 'text' appears 2 times"):
+        list(corpus.open_source(dup))
+    bad = tmp_path / "bad.parquet"
+    pq.write_table(pa.table({"text": [f"text number {i}" for i in range(10000)]}), bad, row_group_size=777)
+    data = bytearray(bad.read_bytes())
+    mid = len(data) // 2
+    data[mid:mid + 2000] = bytes(range(256)) * 7 + bytes(208)
+    bad.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match=r"bad.parquet, after row \d+: not a readable Parquet file"):
+        list(corpus.open_source(bad, errors="skip"))
+
+
+def test_resume_refuses_a_lost_texts_file_and_another_batch_size(tmp_path, tiny_model_dir, monkeypatch):
+    """An interrupted .npy run whose texts file was deleted: the resume refuses it (it padded the
+    file with NUL bytes, and search gave ids the texts of other rows); another batch size is
+    refused (its rows would differ from an uninterrupted run's in the last bits)."""
+    f = write_lines(tmp_path / "c.txt", [f"sentence {i}" for i in range(50)])
+    out = tmp_path / "r.npy"
+    write = corpus._NpyWriter.write
+    calls = []
+
+    def failing(self, *args):
+        calls.append(1)
+        if len(calls) == 3:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return write(self, *args)
+
+    monkeypatch.setattr(corpus._NpyWriter, "write", failing)
+    with pytest.raises(OSError):
+        corpus.embed_file(f, out, model=str(tiny_model_dir), chunk_size=10, batch_size=4)
+    monkeypatch.setattr(corpus._NpyWriter, "write", write)
+    assert manifest(out)["batch_size"] == 4
+    with pytest.raises(ValueError, match="batch_size: .* started with batch size 4, got 32"):
+        corpus.embed_file(f, out, model=str(tiny_model_dir), resume=True)
+    texts = Path(f"{out}.texts.jsonl")
+    saved = texts.read_bytes()
+    texts.unlink()
+    with pytest.raises(ValueError, match=r"texts.jsonl: holds 0 of the \d+ bytes the finished chunks wrote"):
+        corpus.embed_file(f, out, model=str(tiny_model_dir), resume=True, batch_size=4)
+    texts.write_bytes(saved)
+    r = corpus.embed_file(f, out, model=str(tiny_model_dir), resume=True, batch_size=4)
+    assert r.rows == 50
+    hit = corpus.search(out, ["sentence 1"], k=1, model=str(tiny_model_dir))[0][0]
+    assert (hit.id, hit.text) == (1, "sentence 1")
+    texts.write_bytes(texts.read_bytes()[:30])  # cut after the run: no texts rather than wrong ones
+    assert corpus.search(out, ["sentence 1"], k=1, model=str(tiny_model_dir))[0][0].text is None
+
+
+def test_a_querys_scores_do_not_depend_on_the_other_queries(search_index):
+    lines, outs = search_index
+    alone = corpus.search(outs["npy"], ["line 12"], k=5)[0]
+    with_others = corpus.search(outs["npy"], ["line 12", "a much longer query " * 20, "x"], k=5)[0]
+    assert [(h.id, h.score) for h in alone] == [(h.id, h.score) for h in with_others]

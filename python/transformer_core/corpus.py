@@ -71,6 +71,7 @@ import itertools
 import json
 import os
 import shutil
+import stat
 import sys
 import threading
 import time
@@ -271,6 +272,9 @@ class TextSource:
             except RecursionError:
                 self._bad(f"line {lineno}", "not valid JSON (nested too deeply)")
                 continue
+            except ValueError as e:  # e.g. an integer of more than 4,300 digits (Python's limit)
+                self._bad(f"line {lineno}", f"not valid JSON ({e})")
+                continue
             if not isinstance(obj, dict):
                 self._bad(f"line {lineno}", f"expected a JSON object, got {_json_type(obj)}")
                 continue
@@ -286,7 +290,9 @@ class TextSource:
         # and quoted multi-line fields stay intact); a field holding undecodable bytes is reported
         # with the line where its record ends.
         lines = (raw.decode("utf-8", "surrogateescape") for _, raw in self._lines())
-        reader = csv.reader(lines)
+        # strict: a quote left open (which would swallow every later record into one field) or text
+        # after a closing quote is an error of that record, not a text
+        reader = csv.reader(lines, strict=True)
         try:
             header = _next_csv_row(reader)
             if header is None:
@@ -296,7 +302,15 @@ class TextSource:
                 raise ValueError(f"{self.path}: no column {field!r} in the CSV header (columns: "
                                  f"{', '.join(repr(h) for h in header[:12])}); --text-field picks one")
             col = header.index(field)
-            while (row := _next_csv_row(reader)) is not None:
+            while True:
+                start = reader.line_num + 1
+                try:
+                    row = _next_csv_row(reader)
+                except csv.Error as e:
+                    self._bad(f"line {start}", f"not valid CSV ({e})")  # strict: raises; skip: the next record
+                    continue
+                if row is None:
+                    break
                 where = f"line {reader.line_num}"
                 if not row:
                     continue  # a blank line
@@ -326,6 +340,8 @@ class TextSource:
         if field not in schema.names:
             raise ValueError(f"{self.path}: no column {field!r} (columns: "
                              f"{', '.join(repr(n) for n in schema.names[:12])}); --text-field picks one")
+        if schema.names.count(field) > 1:
+            raise ValueError(f"{self.path}: column {field!r} appears {schema.names.count(field)} times; expected one")
         ftype = schema.field(field).type
         # A dictionary-encoded column (a pandas categorical) is read through its dictionary.
         vtype = ftype.value_type if pa.types.is_dictionary(ftype) else ftype
@@ -334,7 +350,7 @@ class TextSource:
             raise ValueError(f"{self.path}: column {field!r} has type {ftype}, expected a string column "
                              f"(or a dictionary-encoded one)")
         row = 0
-        for batch in pf.iter_batches(batch_size=4096, columns=[field]):
+        for batch in _parquet_batches(pf, field, self.path, lambda: row):
             column = batch.column(0)
             if pa.types.is_dictionary(column.type):
                 column = column.dictionary_decode()
@@ -348,6 +364,22 @@ class TextSource:
                     yield value.decode("utf-8")
                 except UnicodeDecodeError as e:
                     self._bad(f"row {row}", f"invalid UTF-8 in column {field!r} (byte {e.start + 1})")
+
+
+def _parquet_batches(pf, field: str, path, rows_read):
+    """``pf.iter_batches`` of one column, its read errors (a damaged page) a ValueError naming the
+    file and the rows read so far."""
+    import pyarrow as pa
+
+    batches = pf.iter_batches(batch_size=4096, columns=[field])
+    while True:
+        try:
+            batch = next(batches, None)
+        except (pa.ArrowException, OSError) as e:
+            raise ValueError(f"{path}, after row {rows_read()}: not a readable Parquet file ({e})") from None
+        if batch is None:
+            return
+        yield batch
 
 
 def _next_csv_row(reader) -> list[str] | None:
@@ -408,6 +440,9 @@ def open_source(path, input_format: str | None = None, text_field: str | None = 
         raise FileNotFoundError(f"input: {p}: no such file")
     if p.is_dir():
         raise IsADirectoryError(f"input: {p} is a directory, expected a file")
+    if not stat.S_ISREG(p.stat().st_mode):  # a pipe, /dev/stdin, a FIFO: read once, it loses what was read
+        raise ValueError(f"input: {p} is not a regular file (a pipe or a device); the input is read more than "
+                         f"once (to check it, to resume): save it to a file first")
     if input_format != "parquet":
         with open(p, "rb") as f:
             head = f.read(_SNIFF_BYTES)
@@ -619,6 +654,8 @@ def _check_manifest(man: dict, path: Path) -> None:
     for name in ("texts_bytes", "num_skipped"):
         if name in man:
             field(man, name, "an int >= 0", lambda v: _is_int(v, 0))
+    if "batch_size" in man:
+        field(man, "batch_size", "an int >= 1", lambda v: _is_int(v, 1))
     if "run" in man:
         field(man, "run", "a run id (hex digits)", lambda v: isinstance(v, str) and v.isalnum() and len(v) <= 64)
     if "normalize" in man:
@@ -879,10 +916,15 @@ class _NpyWriter:
         if shape != (job.num_rows, job.dim) or dtype != DTYPE:
             raise ValueError(f"{self.path}: expected a ({job.num_rows}, {job.dim}) float32 array, got "
                              f"{shape} {dtype}; --overwrite starts over")
-        self.fd = os.open(self.path, os.O_WRONLY)
         self.texts_path = _texts_path(job.out)
+        kept = job.manifest.get("texts_bytes", 0)  # what the chunks already written put there
+        have = self.texts_path.stat().st_size if self.texts_path.exists() else 0
+        if have < kept:  # deleted or cut: truncate() would pad it with NUL bytes, the texts off by rows
+            raise ValueError(f"{self.texts_path}: holds {have} of the {kept} bytes the finished chunks wrote "
+                             f"(deleted or truncated); --overwrite starts over")
+        self.fd = os.open(self.path, os.O_WRONLY)
         self.texts = open(self.texts_path, "r+b" if self.texts_path.exists() else "w+b")
-        self.texts.truncate(job.manifest.get("texts_bytes", 0))
+        self.texts.truncate(kept)
         self.texts.seek(0, os.SEEK_END)
 
     def write(self, start: int, texts: list[str], emb: np.ndarray) -> dict:
@@ -1034,7 +1076,7 @@ class EmbedJob:
     # ------------------------------------------------------------------------------ prepare
     @classmethod
     def prepare(cls, source, out, model: dict, *, chunk_size: int | None = None, resume: bool = False,
-                overwrite: bool = False, normalize: bool = True) -> "EmbedJob":
+                overwrite: bool = False, normalize: bool = True, batch_size: int | None = None) -> "EmbedJob":
         """Checks the output path and, for ``resume``, the manifest against this input and model;
         for a new run reads the input once (counting and validating every record). Writes nothing,
         removes nothing.
@@ -1046,11 +1088,14 @@ class EmbedJob:
             chunk_size: texts per chunk (default ``DEFAULT_CHUNK_SIZE``; a resumed run keeps its own).
             resume: continue the run whose manifest is ``OUT.manifest.json``.
             overwrite: replace an existing output (removed only when :meth:`start` runs).
+            batch_size: texts per forward pass, recorded: a resumed run must use the same (a batch
+                rounds each text by its shape, about 1e-7, so another would not give the bits an
+                uninterrupted run gives). None: not recorded, not checked.
 
         Raises:
             ValueError: a bad ``out`` suffix or ``chunk_size``; ``out`` that is the input file (or
                 holds it: see :func:`_check_not_input`); a resumed run whose model, quantize
-                setting, input or chunk size differ, or whose manifest is damaged; an input with no
+                setting, input, chunk size or batch size differ, or whose manifest is damaged; an input with no
                 text; a bad record (strict mode).
             FileNotFoundError: ``out``'s directory does not exist; ``resume`` with no manifest, or
                 with its data gone.
@@ -1069,7 +1114,7 @@ class EmbedJob:
         if not parent.is_dir():
             raise FileNotFoundError(f"out: the directory {parent} does not exist (for {out})")
         if resume:
-            return cls._prepare_resume(source, out, kind, model, chunk_size)
+            return cls._prepare_resume(source, out, kind, model, chunk_size, batch_size)
         existing = [p for p in (out, _partial_path(out), manifest_path(out)) if p.exists()]
         if existing and not overwrite:
             try:
@@ -1094,10 +1139,12 @@ class EmbedJob:
             "complete": False, "num_skipped": source.num_skipped,
             "skipped": [list(s) for s in source.skipped],
         }
+        if batch_size is not None:
+            manifest["batch_size"] = batch_size
         return cls(out, kind, manifest, source)
 
     @classmethod
-    def _prepare_resume(cls, source, out: Path, kind: str, model: dict, chunk_size) -> "EmbedJob":
+    def _prepare_resume(cls, source, out: Path, kind: str, model: dict, chunk_size, batch_size) -> "EmbedJob":
         try:
             man = read_manifest(out)
         except FileNotFoundError:
@@ -1128,6 +1175,10 @@ class EmbedJob:
             if chunk_size is not None and chunk_size != man["chunk_size"]:
                 raise ValueError(f"chunk_size: {out} was started with chunk size {man['chunk_size']}, got "
                                  f"{chunk_size}; leave it out to continue")
+            if batch_size is not None and man.get("batch_size", batch_size) != batch_size:
+                raise ValueError(f"batch_size: {out} was started with batch size {man['batch_size']}, got "
+                                 f"{batch_size}; pass {man['batch_size']} (--batch-size {man['batch_size']}) to "
+                                 f"continue it with the bits of an uninterrupted run")
         except KeyError as e:
             raise ValueError(f"{manifest_path(out)}: a manifest without {e}") from None
         job = cls(out, kind, man, source)
@@ -1367,7 +1418,7 @@ def embed_file(input, out, *, model=DEFAULT_MODEL, input_format: str | None = No
     _check_run_arguments(batch_size, resume, overwrite, progress, quantize)
     source = _as_source(input, input_format, text_field, errors)
     job = EmbedJob.prepare(source, out, model_identity(model, quantize), chunk_size=chunk_size, resume=resume,
-                           overwrite=overwrite)
+                           overwrite=overwrite, batch_size=batch_size)
     encoder = SentenceEncoder.from_pretrained(model, quantize=quantize)
     if job.complete:
         return _result(job, 0, 0, time.perf_counter() - t0)
@@ -1640,7 +1691,9 @@ def _texts_of(man: dict, data: Path, index: Path, ids: set[int]) -> dict[int, st
         return found
     if man["kind"] == "npy":
         path = _texts_path(index)
-        if not path.exists():
+        # texts only from a sidecar that holds what the manifest says the finished chunks wrote (a
+        # shorter one, cut or replaced, would give its rows to the wrong ids)
+        if not path.exists() or path.stat().st_size < man.get("texts_bytes", 0):
             return found
         last = max(ids)
         with open(path, "rb") as f:
@@ -1665,7 +1718,7 @@ def _texts_of(man: dict, data: Path, index: Path, ids: set[int]) -> dict[int, st
 
 
 def search(index, queries, k: int = 5, *, model=None, allow_incomplete: bool = False,
-           block_rows: int = 65536, batch_size: int = 32) -> list[list[Hit]]:
+           block_rows: int = 65536, batch_size: int = 1) -> list[list[Hit]]:
     """Exact top-k nearest texts by cosine similarity, over an output of :func:`embed_file`.
 
     Scores are ``cos(q, e_i) = q . e_i / (|q| |e_i|)`` in float32, computed block by block
@@ -1682,6 +1735,10 @@ def search(index, queries, k: int = 5, *, model=None, allow_incomplete: bool = F
         k: results per query (fewer if the index holds fewer rows).
         model: the model that embeds the queries; default the index's own. Another model is refused.
         allow_incomplete: search the chunks done of an interrupted run instead of refusing it.
+        block_rows: rows of a ``.npy`` scored at a time (memory; the scores do not depend on it).
+        batch_size: queries embedded together. Default 1: each alone, so that a query's scores
+            never depend on the other queries of the call (in a batch each is rounded by the
+            batch's shape, about 1e-7, which can reorder near-ties); larger is faster for many.
 
     Returns:
         One list of :class:`Hit` per query, best first.

@@ -224,7 +224,8 @@ def embed_corpus(input, output, *, model=DEFAULT_MODEL, scheduler=None, workers:
     corpus._check_run_arguments(batch_size, resume, overwrite, progress)
     source = corpus._as_source(input, input_format, text_field, errors)
     identity = corpus.model_identity(model)
-    job = corpus.EmbedJob.prepare(source, output, identity, chunk_size=chunk_size, resume=resume, overwrite=overwrite)
+    job = corpus.EmbedJob.prepare(source, output, identity, chunk_size=chunk_size, resume=resume, overwrite=overwrite,
+                                  batch_size=batch_size)
     if job.complete:
         return corpus._result(job, 0, 0, time.perf_counter() - t0)
     corpus._need_pyarrow("Parquet output")
