@@ -190,15 +190,21 @@ def test_continue_text_at_exactly_the_context_limit(tiny_chat):
         continue_text(m, tok, long_text, max_new_tokens=1)
 
 
-def test_tiny_temperature_refused_naming_it(tiny_chat):
+@pytest.mark.parametrize("option", ["temperature", "repetition_penalty"])
+def test_tiny_sampling_values_refused_naming_them(tiny_chat, option):
+    """A subnormal temperature or repetition penalty overflowed score / value into NaN probabilities:
+    both are refused below 1e-6, naming the option, by the session, continue_text and generate."""
     _, m, tok, _ = tiny_chat
-    for t in (1e-310, 1e-7):
-        with pytest.raises(ValueError, match="^temperature: expected a finite number >= 1e-06"):
-            ChatSession(m, tok, temperature=t)
-        with pytest.raises(ValueError, match="^temperature: "):
-            continue_text(m, tok, "hi", max_new_tokens=2, temperature=t)
-    with pytest.raises(TypeError, match="^temperature: expected a number, got str"):
-        ChatSession(m, tok, temperature="0.5")
+    for value in (1e-310, 1e-7):
+        with pytest.raises(ValueError, match=f"^{option}: expected a finite number >= 1e-06"):
+            ChatSession(m, tok, **{option: value})
+        with pytest.raises(ValueError, match=f"^{option}: "):
+            continue_text(m, tok, "hi", max_new_tokens=2, **{option: value})
+        with pytest.raises(ValueError, match=f"^{option}: "):
+            m.generate(np.array([[1, 2]]), 2, do_sample=True, **{option: value})
+    with pytest.raises(TypeError, match=f"^{option}: expected a number, got str"):
+        ChatSession(m, tok, **{option: "0.5"})
+    assert m.generate(np.array([[5, 6, 7]]), 3, do_sample=True, seed=0, **{option: 1e-6}).shape == (1, 6)
 
 
 def test_a_failed_turn_leaves_no_stale_cache(tiny_chat):
@@ -234,14 +240,3 @@ def test_on_text_is_checked_before_the_prompt_runs(tiny_chat):
     assert session.cache.length == 0 and session.messages == []
     with pytest.raises(TypeError, match="^on_text: expected a callable"):
         continue_text(m, tok, "hi", max_new_tokens=2, on_text=42)
-
-
-def test_tiny_repetition_penalty_refused_naming_it(tiny_chat):
-    _, m, tok, _ = tiny_chat
-    for p in (1e-310, 1e-7):
-        with pytest.raises(ValueError, match="^repetition_penalty: expected a finite number >= 1e-06"):
-            ChatSession(m, tok, repetition_penalty=p)
-        with pytest.raises(ValueError, match="^repetition_penalty: "):
-            m.generate(np.array([[1, 2]]), 2, do_sample=True, repetition_penalty=p)
-    ids = np.array([[5, 6, 7]])
-    assert m.generate(ids, 3, repetition_penalty=1e-6).shape == (1, 6)
