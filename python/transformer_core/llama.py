@@ -342,17 +342,15 @@ class LlamaModel(DecoderModel):
         unknown = [n for n in names if n not in slots]
         if missing or unknown:
             raise ValueError(f"{checkpoint.path}: cannot load into {cls.__name__}: missing {missing}, unknown {unknown}")
-        def stored_as_blocks(name):
-            info = checkpoint.tensor_info(names[name])
-            return info.ggml_type in GGML_TYPES and len(info.shape) == 2
-
+        infos = {name: checkpoint.tensor_info(file_name) for name, file_name in names.items()}
+        in_blocks = {name for name, info in infos.items() if info.ggml_type in GGML_TYPES and len(info.shape) == 2}
         # A packed matrix ([q; k; v], [gate; up]) keeps blocks only if all its parts are blocks;
         # one part stored F16/F32 makes the whole matrix float32.
         group_of = _linear_weight_groups(model)
         blocks, dense = {}, []
         for name, file_name in names.items():
-            info, slot = checkpoint.tensor_info(file_name), slots[name]
-            if all(stored_as_blocks(n) for n in group_of.get(name, [name])):
+            info, slot = infos[name], slots[name]
+            if all(n in in_blocks for n in group_of.get(name, [name])):
                 blocks[name] = (info.ggml_type, info.raw)  # the file's rows, in place
             else:
                 value = checkpoint.tensor(file_name, np.float32)  # q/k rows in Hugging Face's order ...

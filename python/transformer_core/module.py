@@ -84,10 +84,10 @@ def set_rng_state(state: dict) -> None:
         TypeError: ``state`` not a dict. ValueError: not a state of this generator (PCG64).
     """
     global _SEEDS
-    _SEEDS = np.random.Generator(pcg64_of(state, "state"))
+    _SEEDS = np.random.Generator(_pcg64_of(state, "state"))
 
 
-def pcg64_of(state, name: str) -> np.random.PCG64:
+def _pcg64_of(state, name: str) -> np.random.PCG64:
     """A PCG64 bit generator in ``state`` (a dict of :func:`get_rng_state`), checked: its numbers
     are ints in range (numpy would truncate a float, and raise OverflowError for a negative).
 

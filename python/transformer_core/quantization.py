@@ -661,9 +661,9 @@ def set_gguf_weights(module, weights) -> None:
 
     Raises:
         TypeError: not a transformer_core module; ``weights`` not a mapping; bytes not bytes.
-        ValueError: a float64 module, or one in training mode; an unknown name, a weight that is not a Linear/Embedding
-            weight (or is stored transposed) or is already quantized, missing rows of a packed
-            matrix, wrong byte counts; the module is unchanged.
+        ValueError: a float64 module, or one in training mode; an unknown name, a weight that is
+            not a Linear/Embedding weight (or is stored transposed) or is already quantized, missing
+            rows of a packed matrix, wrong byte counts; the module is unchanged.
     """
     from collections.abc import Mapping
 

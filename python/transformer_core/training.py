@@ -41,9 +41,9 @@ from .module import (
     Module,
     NonFiniteLossError,
     NoTrainingStateError,
+    _pcg64_of,
     get_rng_state,
     manual_seed,
-    pcg64_of,
     set_rng_state,
 )
 
@@ -166,7 +166,7 @@ def _rng_state(path: Path, metadata: dict):
         return None
     try:
         state = json.loads(text)
-        pcg64_of(state, RNG_STATE_KEY)  # the check set_rng_state makes, without setting it yet
+        _pcg64_of(state, RNG_STATE_KEY)  # the check set_rng_state makes, without setting it yet
     except (TypeError, ValueError) as e:
         raise ValueError(f"{path}: metadata {RNG_STATE_KEY}: not a generator state ({e}); nothing was loaded") from None
     return state
