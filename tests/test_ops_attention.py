@@ -360,6 +360,54 @@ def test_sdpa_masks_combine(rng, lead, L, S, dtype):
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("kshape", ["(S,)", "(N, S)", "(N, 1, S)", "(N, H, S)"])
+@pytest.mark.parametrize("lead,L,S", [((2, 3), 7, 9), ((3, 3), 9, 7), ((1, 2), 1, 65), ((2, 1), 70, 70)])
+def test_sdpa_key_mask_with_other_masks_on_the_flash_path(rng, lead, L, S, kshape, dtype):
+    """A key_mask joins a boolean attn_mask and a query_mask on the flash path (no weights asked):
+    one per batch entry goes to the kernels' key-mask slot, a per-head one is combined; forward and
+    backward match torch either way."""
+    from transformer_core import backward as B
+
+    N, H = lead
+    q, k, v = make_qkv(rng, lead, L, S, 8, 5, dtype)
+    shape = {"(S,)": (S,), "(N, S)": (N, S), "(N, 1, S)": (N, 1, S), "(N, H, S)": (N, H, S)}[kshape]
+    km = _padding_mask(rng, shape)
+    km4 = km.reshape((N, 1, 1, S)) if kshape == "(N, S)" else km[..., None, :]
+    qm = _padding_mask(rng, (N, 1, L))
+    bm = _bool_mask(rng, (L, S))
+    allowed = np.array(np.broadcast_to(bm & km4 & qm[..., :, None], lead + (L, S)))
+    gout = randn(rng, lead + (L, 5), dtype)
+    out, gq, gk, gv = _torch_masked_attention(q, k, v, gout, allowed)
+    ours, lse = F.scaled_dot_product_attention(q, k, v, bm, query_mask=qm, key_mask=km, return_lse=True)
+    assert_close(ours, out, dtype, what=f"key_mask {kshape} with attn_mask and query_mask")
+    grads = B.scaled_dot_product_attention_backward(q, k, v, ours, gout, lse, bm, query_mask=qm, key_mask=km)
+    for got, want, name in zip(grads, (gq, gk, gv), ("grad_query", "grad_key", "grad_value")):
+        assert_close(got, want, dtype, what=f"key_mask {kshape}: {name}")
+    # the same bits as the key mask folded into attn_mask by hand
+    np.testing.assert_array_equal(
+        ours, F.scaled_dot_product_attention(q, k, v, np.ascontiguousarray(np.broadcast_to(bm & km4, lead + (L, S))),
+                                             query_mask=qm))
+
+
+def test_sdpa_key_mask_with_attn_mask_allocates_no_score_sized_mask(rng):
+    """A padding key_mask (N, S) with a boolean attn_mask (L, S) used to be combined into one
+    (N, H, L, S) array (8 MiB here): it now rides in the kernels' key-mask slot."""
+    import tracemalloc
+
+    N, H, L, S = 2, 16, 512, 512
+    q, k, v = make_qkv(rng, (N, H), L, S, 8, 8, np.float32)
+    km = _padding_mask(rng, (N, S))
+    bm = np.tril(np.ones((L, S), bool))
+    tracemalloc.start()
+    try:
+        F.scaled_dot_product_attention(q, k, v, bm, key_mask=km)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < N * H * L * S // 4, f"peak {peak} bytes: a (N, H, L, S) mask was made"
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
 @pytest.mark.parametrize("lead,L,S", [((2,), 7, 9), ((3,), 9, 7), ((7,), 7, 7), ((2, 3), 7, 9)])
 def test_sdpa_causal_with_key_mask(rng, lead, L, S, dtype):
     q, k, v = make_qkv(rng, lead, L, S, 8, 5, dtype)

@@ -565,10 +565,10 @@ def scaled_dot_product_attention_backward(query, key, value, out, grad_out, lse,
     o = _grad_like(out, "out", lead + (L, Ev), dtype, of="query, value")
     go = _grad_like(grad_out, "grad_out", lead + (L, Ev), dtype, of="query, value")
     lse_arr = _grad_like(lse, "lse", lead + (L,), dtype, of="query")
-    bool_mask, float_mask = _attention_masks(attn_mask, query_mask, key_mask, lead, L, S, dtype)
+    bool_mask, float_mask, key_slot = _attention_masks(attn_mask, query_mask, key_mask, lead, L, S, dtype, heads)
     shape4 = (n, heads, L, S)
     dq, dk, dv = variant("scaled_dot_product_attention_backward", dtype)(
         q.reshape(n, heads, L, E), k.reshape(n, kv_heads, S, E), v.reshape(n, kv_heads, S, Ev),
         o.reshape(n, heads, L, Ev), go.reshape(n, heads, L, Ev), lse_arr.reshape(n, heads, L),
-        _as_4d(bool_mask, shape4), _as_4d(float_mask, shape4), None, is_causal, offset, scale)
+        _as_4d(bool_mask, shape4), _as_4d(float_mask, shape4), key_slot, is_causal, offset, scale)
     return dq.reshape(q.shape), dk.reshape(k.shape), dv.reshape(v.shape)

@@ -228,11 +228,17 @@ def _token_mask(mask, name: str, lead: tuple, length: int, what: str) -> np.ndar
     raise ValueError(f"{name}: expected shape {shapes}, got {m.shape} (for query leading dims {lead})")
 
 
-def _attention_masks(attn_mask, query_mask, key_mask, lead: tuple, L: int, S: int, dtype):
-    """Combines the masks of an attention call into (bool_mask, float_mask) broadcast to
-    ``lead + (L, S)`` (zero-copy views where only one boolean mask is given)."""
+def _attention_masks(attn_mask, query_mask, key_mask, lead: tuple, L: int, S: int, dtype, heads: int):
+    """Combines the masks of an attention call into ``(bool_mask, float_mask, key_slot)``: the first
+    two broadcast to ``lead + (L, S)`` (zero-copy views where only one boolean mask is given), the
+    third an ``(n, S)`` key-padding mask (``n = prod(lead) // heads``) or None.
+
+    A ``key_mask`` that is the same for every head of a batch entry goes to the kernels' own
+    key-mask slot (``(n, S)``: n · S bytes), so that combining it with an ``attn_mask`` or a
+    ``query_mask`` never materializes an ``(..., L, S)`` array for it. A per-head ``key_mask``
+    joins the boolean masks."""
     full = lead + (L, S)
-    bool_parts, float_mask = [], None
+    bool_parts, float_mask, key_slot = [], None, None
     if attn_mask is not None:
         m = as_attention_mask(attn_mask, "attn_mask", dtype)
         if m.dtype == np.bool_:
@@ -244,7 +250,11 @@ def _attention_masks(attn_mask, query_mask, key_mask, lead: tuple, L: int, S: in
         bool_parts.append(broadcast_mask(qm[..., :, None], full, "query_mask"))
     if key_mask is not None:
         km = _token_mask(key_mask, "key_mask", lead, S, "key length")
-        bool_parts.append(broadcast_mask(km[..., None, :], full, "key_mask"))
+        kb = broadcast_mask(km, lead + (S,), "key_mask")
+        if heads == 1 or km.ndim == 1 or km.shape[-2] == 1:  # one mask per batch entry: the slot
+            key_slot = (kb if heads == 1 else kb[..., 0, :]).reshape(-1, S)
+        else:
+            bool_parts.append(broadcast_mask(km[..., None, :], full, "key_mask"))
     bool_mask = None
     if len(bool_parts) == 1:
         bool_mask = bool_parts[0]
@@ -253,7 +263,7 @@ def _attention_masks(attn_mask, query_mask, key_mask, lead: tuple, L: int, S: in
         bool_mask = np.logical_and(bool_parts[0], bool_parts[1])  # one (..., L, S) array, and in place
         for part in bool_parts[2:]:
             np.logical_and(bool_mask, part, out=bool_mask)
-    return bool_mask, float_mask
+    return bool_mask, float_mask, key_slot
 
 
 def _attention_inputs(query, key, value, enable_gqa, causal_alignment):
@@ -330,6 +340,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, *, query_mas
             read as ``query_mask``; bool or integer 1/True = a real key token (a padding mask).
             Note the opposite meaning of torch's ``key_padding_mask`` (pass ``~key_padding_mask``);
             float key/query masks are refused (TypeError): they look like torch's additive masks.
+            One that is the same for every head is read in place, also next to an ``attn_mask``
+            (no ``(..., L, S)`` array is made for it).
         is_causal: key ``s`` is visible to query ``l`` only if ``s <= l`` (``causal_alignment=
             "top_left"``, torch's) or ``s <= l + S - L`` (``"bottom_right"``, for a KV cache).
         scale: multiplies the scores; default ``1 / sqrt(E)``.
@@ -371,10 +383,10 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, *, query_mas
     q4 = q.reshape(n, heads, L, E)
     k4 = k.reshape(n, kv_heads, S, E)
     v4 = v.reshape(n, kv_heads, S, v.shape[-1])
-    bool_mask, float_mask = _attention_masks(attn_mask, query_mask, key_mask, lead, L, S, dtype)
+    bool_mask, float_mask, key_slot = _attention_masks(attn_mask, query_mask, key_mask, lead, L, S, dtype, heads)
     shape4 = (n, heads, L, S)
     result = variant("scaled_dot_product_attention", dtype)(
-        q4, k4, v4, _as_4d(bool_mask, shape4), _as_4d(float_mask, shape4), None, is_causal, offset,
+        q4, k4, v4, _as_4d(bool_mask, shape4), _as_4d(float_mask, shape4), key_slot, is_causal, offset,
         scale, return_weights, path, return_lse=return_lse)
     if not (return_weights or return_lse):
         return result.reshape(lead + (L, v.shape[-1]))
