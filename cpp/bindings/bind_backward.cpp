@@ -10,11 +10,6 @@ namespace transformer_core::bindings {
 
 namespace {
 
-template <class T>
-const T* optional_data(const py::object& o) {
-  return o.is_none() ? nullptr : o.cast<CArray<T>>().data();
-}
-
 // A buffer to accumulate into, in place: None → nullptr; otherwise an array of T of exactly `shape`,
 // C-contiguous and writeable.
 template <class T>

@@ -75,10 +75,15 @@ py::array_t<T> new_array(const std::vector<int64_t>& shape, const std::string& n
   return py::array_t<T>(std::vector<py::ssize_t>(shape.begin(), shape.end()));
 }
 
-// Pointer to the data of an optional array (None -> nullptr).
+// Pointer to the data of an optional array (None -> nullptr). The array must already be C-contiguous
+// of T: a converted copy would be a temporary, freed before the pointer is read.
 template <class T>
 const T* optional_data(const py::object& o) {
-  return o.is_none() ? nullptr : o.cast<CArray<T>>().data();
+  if (o.is_none()) return nullptr;
+  require(py::isinstance<CArray<T>>(o), "an optional array (bias, weight, ids): expected a C-contiguous array of " +
+                                            std::string(py::str(py::dtype::of<T>())) + ", got " +
+                                            std::string(py::str(py::type::of(o))));
+  return static_cast<const T*>(o.cast<py::array>().data());
 }
 
 // Masks given from Python, each None or an array already broadcast to its documented shape:

@@ -12,6 +12,7 @@
 // limit set from outside, and the smaller of the two is used. A limit equal to OpenMP's initial
 // default in a thread that never called set_num_threads is indistinguishable from no limit.
 // OpenBLAS itself is kept single-threaded inside our regions: every parallel loop is ours.
+#include <algorithm>
 #include <atomic>
 #include <stdexcept>
 #include <string>
@@ -23,7 +24,9 @@ namespace transformer_core {
 namespace {
 // OpenMP's count in a thread nobody has changed it in (read once, when the library loads).
 const int g_omp_default = omp_get_max_threads();
-std::atomic<int> g_num_threads{g_omp_default};
+// OMP_NUM_THREADS above kMaxThreads starts at kMaxThreads: a count set_num_threads would refuse is
+// never reported.
+std::atomic<int> g_num_threads{std::min(g_omp_default, kMaxThreads)};
 // The OpenMP count this library put in the calling thread (-1: none, the default applies).
 thread_local int t_known_omp = -1;
 }  // namespace

@@ -63,13 +63,16 @@ def to_numpy(x, name: str) -> np.ndarray:
     if isinstance(x, (str, bytes, dict, set, frozenset)):
         raise TypeError(f"{name}: expected an array, got {type(x).__name__}")
     if _is_torch_tensor(x):
-        t = x.detach().cpu()
-        if str(t.dtype) == "torch.bfloat16":  # numpy has no bfloat16: widen exactly
-            t = t.float()
+        if x.is_meta:  # accelerate's init_empty_weights: a shape, no data
+            raise TypeError(f"{name}: expected a tensor with data, got a meta tensor of shape {tuple(x.shape)} "
+                            "(load the weights before passing them)")
         try:
+            t = x.detach().cpu()
+            if str(t.dtype) == "torch.bfloat16":  # numpy has no bfloat16: widen exactly
+                t = t.float()
             return t.numpy()
-        except (TypeError, RuntimeError) as e:
-            raise TypeError(f"{name}: expected a tensor numpy can read, got {t.dtype} ({e})") from None
+        except (TypeError, RuntimeError, NotImplementedError) as e:
+            raise TypeError(f"{name}: expected a tensor numpy can read, got {x.dtype} on {x.device} ({e})") from None
     if isinstance(x, np.ndarray):
         return x
     try:

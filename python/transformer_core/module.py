@@ -229,11 +229,16 @@ class _BoundParameter(Parameter):
 
     @grad.setter
     def grad(self, value) -> None:
-        """Copies ``value`` (the parameter's shape, dtype) into the C++ gradient buffer and marks it
-        written; ``None`` clears it (as torch's ``p.grad = None``): the buffer is zeroed in place and
-        marked unwritten, so ``grad`` reads None and the next backward writes a fresh gradient instead
-        of adding to the old one. (An array read from ``grad`` before is a view of that buffer: it
-        reads zeros afterwards.)
+        """Copies ``value`` (a numpy array of the parameter's shape and dtype, any strides or byte
+        order) into the C++ gradient buffer and marks it written; ``None`` clears it (as torch's
+        ``p.grad = None``): the buffer is zeroed in place and marked unwritten, so ``grad`` reads
+        None and the next backward writes a fresh gradient instead of adding to the old one. (An
+        array read from ``grad`` before is a view of that buffer: it reads zeros afterwards.)
+
+        A weight stored as rows of a larger matrix (Llama's q/k/v and gate/up) shares that matrix's
+        buffer and written flag: setting its ``grad`` while the siblings have none makes theirs read
+        zeros, not None (an optimizer then steps them with a zero gradient: weight decay and
+        momentum still move them). Set every sibling's ``grad``, or run a backward, to avoid that.
 
         Raises:
             TypeError / ValueError: ``value`` of another type, dtype or shape (nothing changes).
@@ -241,10 +246,13 @@ class _BoundParameter(Parameter):
         if value is None:
             self._clear_grad()
             return
-        from .parameter import _check_array
-
-        value = _check_array(np.ascontiguousarray(value), "grad", shape=self.data.shape, dtype=self.data.dtype)
-        self._impl.gradient_view(self._core_name)[...] = value
+        if not isinstance(value, np.ndarray):
+            raise TypeError(f"grad: expected a numpy array or None, got {type(value).__name__}")
+        if value.dtype.kind != "f" or value.dtype.newbyteorder("=") != self.data.dtype:
+            raise TypeError(f"grad: expected dtype {self.data.dtype} (the parameter's), got {value.dtype}")
+        if value.shape != self.data.shape:
+            raise ValueError(f"grad: expected shape {self.data.shape} (the parameter's), got {value.shape}")
+        self._impl.gradient_view(self._core_name)[...] = value  # copied: any strides, byte order, read-only
         self._impl.set_gradient_written(self._core_name, True)
 
     def _clear_grad(self) -> None:
@@ -279,9 +287,26 @@ class _Slot(NamedTuple):
     row_permutation: np.ndarray | None = None  # checkpoint rows = C++ rows[row_permutation] (after any transpose)
 
 
-#: Bumped whenever weights change storage in place (quantized): Module.named_parameters builds its
-#: Parameters again rather than hand out views of a float buffer the model no longer uses.
+#: Bumped whenever weights change storage in place (quantized): Module.named_parameters then checks
+#: its cached Parameters (_still_viewing) and builds them again only if one of its own weights
+#: changed, rather than hand out views of a float buffer the model no longer uses.
 _storage_epoch = [0]
+
+
+def _still_viewing(cache: list) -> bool:
+    """Whether every cached Parameter still views its weight's float buffer (none was quantized or
+    given a new buffer since it was made)."""
+    storage = {}
+    for _, p in cache:
+        key = id(p._impl)
+        if key not in storage:
+            storage[key] = dict(p._impl.parameter_storage())
+        if storage[key][p._core_name] not in ("float32", "float64"):
+            return False
+        current = p._impl.parameter_view(p._core_name)
+        if current.__array_interface__["data"][0] != p.data.__array_interface__["data"][0]:
+            return False
+    return True
 
 
 def storage_changed(module) -> None:
@@ -498,6 +523,16 @@ class Module:
         if self._impl is not None:
             self._impl.release_activations()
 
+    def _drop_training_state(self) -> None:
+        """Drops what the training forwards of this module and every module under it kept, so that
+        a backward raises :class:`NoTrainingStateError` (after a forward refused or failed half-way,
+        whose children kept their part: a backward would mix two forwards)."""
+        stack = [self]
+        while stack:
+            m = stack.pop()
+            m._release()
+            stack.extend(child for _, child in m._children())
+
     def _impls(self) -> list:
         """The C++ modules of this module and its children (each once)."""
         out, seen = [], set()
@@ -547,7 +582,10 @@ class Module:
             ValueError: a weight is held quantized (it has no float buffer to view).
         """
         epoch, cache = self.__dict__.get("_parameters_cache", (None, None))
-        if cache is None or epoch != _storage_epoch[0]:  # built again once any weight changed storage
+        if cache is not None and epoch != _storage_epoch[0] and _still_viewing(cache):
+            epoch = _storage_epoch[0]  # some weights changed storage, none of these: the same objects
+            self.__dict__["_parameters_cache"] = (epoch, cache)
+        if cache is None or epoch != _storage_epoch[0]:  # built again once any of its weights changed storage
             cache = [(name, _BoundParameter(slot.impl, slot.core_name, name, slot.transposed, slot.row_permutation))
                      for name, slot in self._slots().items()]
             self.__dict__["_parameters_cache"] = (_storage_epoch[0], cache)

@@ -36,6 +36,7 @@ from ._validation import (
     as_bool,
     as_float,
     as_ids,
+    as_weight,
     attention_path,
     broadcast_mask,
     check_allocatable,
@@ -64,8 +65,9 @@ __all__ = [
 
 def _kept(arr: np.ndarray, original) -> np.ndarray:
     """``arr`` (a converted input) as an array a training forward may keep until its backward: a copy
-    when it is (a view of) the caller's own array, which the caller could change in the meantime."""
-    if isinstance(original, np.ndarray) and np.shares_memory(arr, original):
+    when it is the caller's own array or a view of memory the caller may hold (a numpy view, a
+    torch tensor's or a memoryview's buffer), which the caller could change in the meantime."""
+    if arr is original or not arr.flags.owndata:
         return arr.copy()
     return arr
 
@@ -194,7 +196,8 @@ class MultiheadAttention(Module):
         if packed and "in_proj_weight" not in state and all(f"{x}_proj_weight" in state for x in "qkv"):
             e, ekv = self.embed_dim, self.num_kv_heads * self.head_dim
             expected = {"q": (e, e), "k": (ekv, e), "v": (ekv, e)}
-            parts = {x: to_numpy(state[f"{x}_proj_weight"], f"state_dict['{x}_proj_weight']") for x in "qkv"}
+            parts = {x: as_weight(state[f"{x}_proj_weight"], f"state_dict['{x}_proj_weight']", self.dtype)
+                     for x in "qkv"}
             wrong = [f"{x}_proj_weight: expected {expected[x]}, got {parts[x].shape}" for x in "qkv"
                      if parts[x].shape != expected[x]]
             if wrong:  # the message load_state_dict gives for its own mis-shaped weights
@@ -249,7 +252,8 @@ class MultiheadAttention(Module):
 
         Raises:
             ValueError: wrong ranks, mismatched batch/length/feature sizes, empty arrays, masks
-                of the wrong shape; a KV cache or attention weights in training mode.
+                of the wrong shape; a KV cache or attention weights in training mode;
+                ``position_ids`` without ``rotary``, or positions outside its table.
             TypeError: non-numeric input, a mask of the wrong dtype, a bool ``attn_mask``.
         """
         q = as_float(query, "query", self.dtype, ndim=3)
@@ -310,6 +314,13 @@ class MultiheadAttention(Module):
                 positions = as_ids(position_ids, "position_ids")
                 if positions.shape != (N, L):
                     raise ValueError(f"position_ids: expected shape {(N, L)}, got {positions.shape}")
+            elif S > rotary.max_position_embeddings:  # the default positions, past .. past + L - 1
+                what = "past_key_values: its" if past_key_values is not None else "query: its"
+                raise ValueError(f"{what} positions reach {S - 1}, outside the rotary table [0, "
+                                 f"{rotary.max_position_embeddings}) (rotary's max_position_embeddings)")
+        elif position_ids is not None:
+            raise ValueError("position_ids: given without rotary (the positions are read by a rotary embedding "
+                             "only: pass rotary= too, or leave position_ids out)")
         masks = _layer_masks(attn_mask, key_mask, N, self.num_heads, L, S, self.dtype, keep=self.training)
         if self.training:
             if past_key_values is not None or need_weights:
@@ -1045,10 +1056,25 @@ class Transformer(Module):
         if src_arr.shape[2] != self.d_model or tgt_arr.shape[2] != self.d_model:
             raise ValueError(f"src, tgt: expected last dim {self.d_model} (d_model), got {src_arr.shape}, {tgt_arr.shape}")
         _refuse_bool_mask(src_mask, "src_mask")
-        memory = self.encoder(src_arr, mask=src_mask, src_key_mask=src_key_mask, is_causal=src_is_causal, path=path)
-        return self.decoder(tgt_arr, memory, tgt_mask=tgt_mask, memory_mask=memory_mask, tgt_key_mask=tgt_key_mask,
-                            memory_key_mask=memory_key_mask, tgt_is_causal=tgt_is_causal,
-                            memory_is_causal=memory_is_causal, path=path)
+        # The decoder's arguments too, before the encoder runs: a refusal then changes nothing (no
+        # training state kept by the encoder alone, no dropout seed drawn).
+        N, T, S = src_arr.shape[0], tgt_arr.shape[1], src_arr.shape[1]
+        check_bool(tgt_is_causal, "tgt_is_causal")
+        check_bool(memory_is_causal, "memory_is_causal")
+        _layer_masks(tgt_mask, tgt_key_mask, N, self.nhead, T, T, self.dtype, mask_name="tgt_mask",
+                     key_mask_name="tgt_key_mask")
+        _layer_masks(memory_mask, memory_key_mask, N, self.nhead, T, S, self.dtype, mask_name="memory_mask",
+                     key_mask_name="memory_key_mask")
+        try:
+            memory = self.encoder(src_arr, mask=src_mask, src_key_mask=src_key_mask, is_causal=src_is_causal,
+                                  path=path)
+            return self.decoder(tgt_arr, memory, tgt_mask=tgt_mask, memory_mask=memory_mask,
+                                tgt_key_mask=tgt_key_mask, memory_key_mask=memory_key_mask,
+                                tgt_is_causal=tgt_is_causal, memory_is_causal=memory_is_causal, path=path)
+        except BaseException:
+            if self.training:  # nothing half-kept: a backward now raises instead of mixing two forwards
+                self._drop_training_state()
+            raise
 
     def backward(self, grad_output) -> tuple[np.ndarray, np.ndarray]:
         """``grad_output (N, T, E)`` -> ``(grad_src (N, S, E), grad_tgt (N, T, E))`` of the last

@@ -14,7 +14,7 @@ import math
 
 import numpy as np
 
-from ._validation import as_bool, as_ids, check_int, check_positive_int
+from ._validation import as_bool, as_float, as_ids, check_float, check_int, check_positive_int, check_tables_allocatable
 from .backward import cross_entropy_with_grad, dropout_backward
 from .functional import dropout as _dropout
 from .module import Module, NonFiniteLossError, NoTrainingStateError, check_dropout
@@ -40,7 +40,9 @@ class Seq2SeqTransformer(Module):
     Weights (the tutorial's names): ``src_tok_emb.weight (src_vocab, E)``,
     ``tgt_tok_emb.weight (tgt_vocab, E)``, ``transformer.*`` (torch's ``nn.Transformer`` names),
     ``generator.weight (tgt_vocab, E)``, ``generator.bias``. A torch module built the same way loads
-    its ``state_dict`` as is.
+    its ``state_dict`` as is: the tutorial's own ``TokenEmbedding`` names
+    (``src_tok_emb.embedding.weight``) too, and its ``positional_encoding.pos_embedding`` buffer is
+    checked and dropped (see :meth:`_rename_state_dict`).
 
     Training: ``model.train(); loss = model.loss(src, tgt_in, labels); model.backward()``.
     """
@@ -55,6 +57,14 @@ class Seq2SeqTransformer(Module):
         self.d_model = check_positive_int(d_model, "d_model")
         self.max_len = check_positive_int(max_len, "max_len")
         self.dropout = check_dropout(dropout)
+        check_tables_allocatable([("src_vocab_size, d_model", "the source embedding table", self.src_vocab_size,
+                                   self.d_model),
+                                  ("tgt_vocab_size, d_model", "the target embedding table", self.tgt_vocab_size,
+                                   self.d_model),
+                                  ("tgt_vocab_size, d_model", "the output layer (generator)", self.tgt_vocab_size,
+                                   self.d_model),
+                                  ("max_len, d_model", "the sinusoidal position table", self.max_len, self.d_model)],
+                                 self.dtype)
         self.src_tok_emb = Embedding(self.src_vocab_size, d_model, self.dtype)
         self.tgt_tok_emb = Embedding(self.tgt_vocab_size, d_model, self.dtype)
         self.transformer = Transformer(d_model, nhead, num_encoder_layers, num_decoder_layers, dim_feedforward,
@@ -63,16 +73,43 @@ class Seq2SeqTransformer(Module):
         self.pe = sinusoidal_positional_encoding(self.max_len, d_model, dtype=self.dtype)  # (max_len, E)
         self.scale = math.sqrt(d_model)
 
+    def _rename_state_dict(self, state: dict) -> dict:
+        """The translation tutorial's own names: its ``TokenEmbedding`` wrappers'
+        ``{src,tgt}_tok_emb.embedding.weight``, and its ``positional_encoding.pos_embedding`` buffer
+        ``(maxlen, 1, E)``, which is checked to be the sinusoidal table this model adds (to 1e-3:
+        the tutorial computes it in float32) and not stored.
+
+        Raises:
+            ValueError: a ``pos_embedding`` of another width, or not the sinusoidal table.
+        """
+        for side in ("src", "tgt"):
+            wrapped = f"{side}_tok_emb.embedding.weight"
+            if wrapped in state and f"{side}_tok_emb.weight" not in state:
+                state[f"{side}_tok_emb.weight"] = state.pop(wrapped)
+        name = "positional_encoding.pos_embedding"
+        if name in state:
+            table = as_float(state.pop(name), f"state_dict['{name}']", np.float64)
+            if table.ndim == 3 and table.shape[1] == 1:
+                table = table[:, 0]
+            if table.ndim != 2 or table.shape[1] != self.d_model:
+                raise ValueError(f"state_dict['{name}']: expected shape (maxlen, 1, {self.d_model}) (the tutorial's "
+                                 f"sinusoidal table of d_model {self.d_model}), got {np.shape(table)}")
+            n = min(len(table), self.max_len)
+            expected = sinusoidal_positional_encoding(n, self.d_model, dtype=np.float64)
+            err = float(np.abs(table[:n] - expected).max()) if n else 0.0
+            if not err <= 1e-3:
+                raise ValueError(f"state_dict['{name}']: not the sinusoidal table this model adds (off by {err:.3g} "
+                                 f"in its first {n} rows)")
+        return state
+
     def _children(self):
         return [("src_tok_emb", self.src_tok_emb), ("tgt_tok_emb", self.tgt_tok_emb),
                 ("transformer", self.transformer), ("generator", self.generator)]
 
     # ---- pieces -----------------------------------------------------------------------------------
-    def _embed(self, table: Embedding, ids: np.ndarray, name: str):
-        """``table[ids] · √E + PE[:L]`` (then dropout in training): ``((N, L, E), seed)``.
-
-        ``ids`` is the checked ``(N, L)`` int64 array of the argument ``name`` (``"src"`` or
-        ``"tgt"``), which errors name.
+    def _check_ids(self, table: Embedding, ids: np.ndarray, name: str) -> None:
+        """``ids``, the checked ``(N, L)`` int64 array of the argument ``name`` (``"src"`` or
+        ``"tgt"``), fits ``table`` and ``max_len``.
 
         Raises:
             ValueError: ``L > max_len``; an id outside ``[0, table rows)`` (its position named).
@@ -86,7 +123,12 @@ class Seq2SeqTransformer(Module):
             pos = tuple(int(i) for i in np.argwhere(bad)[0])
             vocab = "src_vocab_size" if table is self.src_tok_emb else "tgt_vocab_size"
             raise ValueError(f"{name}: expected ids in [0, {V}) ({vocab}), got {int(ids[pos])} at {pos}")
-        x = table(ids) * self.dtype(self.scale) + self.pe[:L]
+
+    def _embed(self, table: Embedding, ids: np.ndarray, name: str):
+        """``table[ids] · √E + PE[:L]`` (then dropout in training): ``((N, L, E), seed)``; ``ids``
+        checked first (:meth:`_check_ids`)."""
+        self._check_ids(table, ids, name)
+        x = table(ids) * self.dtype(self.scale) + self.pe[:ids.shape[1]]
         seed = None
         if self.training and self.dropout > 0:
             seed = self._dropout_seed(self.dropout)
@@ -126,12 +168,22 @@ class Seq2SeqTransformer(Module):
                 of the wrong shape. TypeError: non-integer ids.
         """
         src, tgt, sk, tk = self._masks(src, tgt, src_key_mask, tgt_key_mask)
-        x, src_seed = self._embed(self.src_tok_emb, src, "src")
-        y, tgt_seed = self._embed(self.tgt_tok_emb, tgt, "tgt")
-        out = self.transformer(x, y, src_key_mask=sk, tgt_key_mask=tk, memory_key_mask=sk, tgt_is_causal=True)
+        self._check_ids(self.src_tok_emb, src, "src")  # both, before any work or dropout seed
+        self._check_ids(self.tgt_tok_emb, tgt, "tgt")
+        if self.training:  # a new training forward: a loss kept for backward is no longer this one's
+            self._saved = None
+        try:
+            x, src_seed = self._embed(self.src_tok_emb, src, "src")
+            y, tgt_seed = self._embed(self.tgt_tok_emb, tgt, "tgt")
+            out = self.transformer(x, y, src_key_mask=sk, tgt_key_mask=tk, memory_key_mask=sk, tgt_is_causal=True)
+            logits = self.generator(out)
+        except BaseException:
+            if self.training:  # nothing half-kept: a backward now raises instead of mixing two forwards
+                self._discard()
+            raise
         if self.training:
             self._embed_seeds = (src_seed, tgt_seed)
-        return self.generator(out)
+        return logits
 
     def loss(self, src, tgt, labels, src_key_mask=None, tgt_key_mask=None, *, ignore_index: int = -100,
              label_smoothing: float = 0.0) -> float:
@@ -152,6 +204,7 @@ class Seq2SeqTransformer(Module):
         """
         if isinstance(ignore_index, bool) or not isinstance(ignore_index, (int, np.integer)):
             raise TypeError(f"ignore_index: expected an int, got {type(ignore_index).__name__}")
+        label_smoothing = check_float(label_smoothing, "label_smoothing", minimum=0.0, maximum=1.0)
         lab = as_ids(labels, "labels")
         tgt_shape = as_ids(tgt, "tgt").shape
         if lab.shape != tgt_shape:
@@ -162,7 +215,11 @@ class Seq2SeqTransformer(Module):
             raise ValueError(f"labels: expected values in [0, {self.tgt_vocab_size}) or ignore_index "
                              f"({ignore_index}), got {int(lab[pos])} at {pos}")
         logits = self.forward(src, tgt, src_key_mask, tgt_key_mask)
-        value, dlogits = cross_entropy_with_grad(logits, lab, int(ignore_index), label_smoothing)
+        try:
+            value, dlogits = cross_entropy_with_grad(logits, lab, int(ignore_index), label_smoothing)
+        except BaseException:
+            self._discard()
+            raise
         value = float(value)
         if not math.isfinite(value):
             self._discard()
@@ -174,13 +231,8 @@ class Seq2SeqTransformer(Module):
 
     def _discard(self) -> None:
         """Drops what the training forwards kept (every child's)."""
-        stack = [self]
-        while stack:
-            m = stack.pop()
-            m._saved = None
-            stack.extend(child for _, child in m._children())
-            if isinstance(m, (type(self.transformer.encoder), type(self.transformer.decoder))):
-                stack.extend(m.layers)
+        self._drop_training_state()
+        self._embed_seeds = None
 
     def backward(self) -> None:
         """The backward pass of the last :meth:`loss` in training mode: every parameter's gradient added

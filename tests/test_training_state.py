@@ -1,0 +1,297 @@
+"""What a call leaves behind: a refused or failed call changes no training state and draws no
+dropout seed, a training forward keeps its own copy of what the caller may still change, a
+module's Parameters stay the same objects, and the gradient setter copies any array it can.
+
+Each test computes the uninterrupted run (or the exact value) as its reference."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+import transformer_core as tc
+
+
+# ------------------------------------------------------------------------ Seq2SeqTransformer
+def _seq2seq(dropout=0.0):
+    tc.manual_seed(0)
+    m = tc.Seq2SeqTransformer(10, 12, 8, 2, 1, 1, 16, dropout=dropout, max_len=10)
+    m.train()
+    return m
+
+
+SRC, TGT, LAB = np.array([[1, 2, 3]]), np.array([[1, 2]]), np.array([[2, 3]])
+
+
+def test_seq2seq_forward_after_loss_drops_the_loss():
+    """A training forward between loss and backward used to pair the loss's dlogits with the new
+    forward's activations (gradients off by 1.4, other embedding rows)."""
+    m = _seq2seq()
+    m.loss(SRC, TGT, LAB)
+    m(np.array([[4, 5, 6]]), np.array([[7, 8]]))
+    with pytest.raises(tc.NoTrainingStateError):
+        m.backward()
+
+
+@pytest.mark.parametrize("refused", ["label_smoothing", "tgt id", "tgt length"])
+def test_seq2seq_refused_call_changes_nothing(refused):
+    """A refused call (checked only after the forward ran, or after src's embedding drew its
+    dropout seed) used to leave the children's state and the generator changed: the pending
+    backward mixed two forwards, and the next loss under the same seed differed."""
+    clean = _seq2seq(dropout=0.3)
+    clean.loss(SRC, TGT, LAB)
+    clean.backward()
+    clean_next = clean.loss(SRC, TGT, LAB)
+
+    m = _seq2seq(dropout=0.3)
+    m.loss(SRC, TGT, LAB)
+    with pytest.raises(ValueError, match={"label_smoothing": "label_smoothing", "tgt id": "tgt: expected ids",
+                                          "tgt length": "tgt: length"}[refused]):
+        if refused == "label_smoothing":
+            m.loss(np.array([[4, 5, 6]]), np.array([[7, 8]]), LAB, label_smoothing=2.0)
+        elif refused == "tgt id":
+            m(np.array([[4, 5, 6]]), np.array([[7, 99]]))
+        else:
+            m(np.array([[4, 5, 6]]), np.ones((1, 11), np.int64))
+    m.backward()
+    for name, g in clean.gradients().items():
+        np.testing.assert_array_equal(m.gradients()[name], g, err_msg=name)
+    assert m.loss(SRC, TGT, LAB) == clean_next  # the same dropout draws: no seed was taken
+
+
+def test_seq2seq_loads_the_translation_tutorials_own_names():
+    """The tutorial wraps its embeddings in TokenEmbedding (``src_tok_emb.embedding.weight``) and
+    keeps its sinusoidal table as the buffer ``positional_encoding.pos_embedding``: its state_dict
+    was refused. Built as the tutorial builds it (its table formula, in float32), it loads and gives
+    the tutorial's logits."""
+    import math
+
+    E, maxlen = 8, 64
+
+    class TokenEmbedding(torch.nn.Module):
+        def __init__(self, vocab, emb):
+            super().__init__()
+            self.embedding = torch.nn.Embedding(vocab, emb)
+
+        def forward(self, tokens):
+            return self.embedding(tokens) * math.sqrt(E)
+
+    class PositionalEncoding(torch.nn.Module):
+        def __init__(self, emb, n):
+            super().__init__()
+            den = torch.exp(-torch.arange(0, emb, 2) * math.log(10000) / emb)
+            pos = torch.arange(0, n).reshape(n, 1)
+            pe = torch.zeros((n, emb))
+            pe[:, 0::2] = torch.sin(pos * den)
+            pe[:, 1::2] = torch.cos(pos * den)
+            self.register_buffer("pos_embedding", pe.unsqueeze(-2))
+
+        def forward(self, x):  # batch-first here
+            return x + self.pos_embedding[: x.size(1), 0]
+
+    class Tutorial(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.transformer = torch.nn.Transformer(E, 2, 1, 1, 16, 0.0, batch_first=True)
+            self.generator = torch.nn.Linear(E, 11)
+            self.src_tok_emb, self.tgt_tok_emb = TokenEmbedding(13, E), TokenEmbedding(11, E)
+            self.positional_encoding = PositionalEncoding(E, maxlen)
+
+        def forward(self, src, tgt):
+            mask = self.transformer.generate_square_subsequent_mask(tgt.size(1))
+            x = self.positional_encoding(self.src_tok_emb(src))
+            y = self.positional_encoding(self.tgt_tok_emb(tgt))
+            return self.generator(self.transformer(x, y, tgt_mask=mask))
+
+    torch.manual_seed(0)
+    ref = Tutorial().eval()
+    ours = tc.Seq2SeqTransformer(13, 11, E, 2, 1, 1, 16, max_len=maxlen)
+    state = {k: v.numpy() for k, v in ref.state_dict().items()}
+    ours.load_state_dict(state)
+    src, tgt = np.array([[1, 2, 3, 4], [5, 6, 7, 8]]), np.array([[1, 2, 3], [4, 5, 6]])
+    with torch.no_grad():
+        want = ref(torch.from_numpy(src), torch.from_numpy(tgt)).numpy()
+    np.testing.assert_allclose(ours(src, tgt), want, atol=1e-5, rtol=1e-5)
+    state["positional_encoding.pos_embedding"] = state["positional_encoding.pos_embedding"] + 0.01
+    with pytest.raises(ValueError, match=r"pos_embedding'\]: not the sinusoidal table this model adds"):
+        ours.load_state_dict(state)
+
+
+def test_seq2seq_sizes_past_memory_name_its_own_arguments():
+    with pytest.raises(ValueError, match=r"^src_vocab_size, d_model: the source embedding table"):
+        tc.Seq2SeqTransformer(2**40, 100, d_model=8, nhead=2)
+    with pytest.raises(ValueError, match=r"^max_len, d_model: the sinusoidal position table"):
+        tc.Seq2SeqTransformer(10, 10, d_model=8, nhead=2, max_len=2**40)
+
+
+# ------------------------------------------------------------------------ nn.Transformer
+@pytest.mark.parametrize("bad", [{"memory_key_mask": np.ones((2, 4), bool)}, {"tgt_mask": np.zeros((3, 3))},
+                                 {"tgt_key_mask": np.ones((2, 5), bool)}, {"memory_is_causal": 1}])
+def test_transformer_refuses_decoder_arguments_before_the_encoder_runs(bad):
+    """The decoder's masks were checked only after the encoder had run: a refused call overwrote
+    the encoder's training state (encoder gradients off by 0.65) and drew its dropout seeds."""
+    rng = np.random.default_rng(0)
+    src, src2 = (rng.standard_normal((2, 5, 8)).astype(np.float32) for _ in range(2))
+    tgt = rng.standard_normal((2, 4, 8)).astype(np.float32)
+    g = rng.standard_normal((2, 4, 8)).astype(np.float32)
+    results = []
+    for refuse in (False, True):
+        tc.manual_seed(1)
+        t = tc.nn.Transformer(8, 2, 1, 1, 16, dropout=0.2)
+        t.train()
+        t(src, tgt, tgt_is_causal=True)
+        if refuse:
+            with pytest.raises((ValueError, TypeError)):
+                t(src2, tgt, **bad)
+        grad_src, grad_tgt = t.backward(g)
+        results.append((grad_src, grad_tgt, t.gradients(), t(src, tgt)))
+    (gs0, gt0, w0, next0), (gs1, gt1, w1, next1) = results
+    np.testing.assert_array_equal(gs1, gs0)
+    np.testing.assert_array_equal(gt1, gt0)
+    for name in w0:
+        np.testing.assert_array_equal(w1[name], w0[name], err_msg=name)
+    np.testing.assert_array_equal(next1, next0)  # no dropout seed drawn by the refused call
+
+
+# ------------------------------------------------------------------------ inputs kept for backward
+def _layers():
+    return {
+        "Linear": (lambda: tc.nn.Linear(6, 4), torch.nn.Linear(6, 4), (3, 5, 6)),
+        "LayerNorm": (lambda: tc.nn.LayerNorm(6), torch.nn.LayerNorm(6), (3, 5, 6)),
+        "MultiheadAttention": (lambda: tc.nn.MultiheadAttention(6, 2),
+                               torch.nn.MultiheadAttention(6, 2, batch_first=True), (3, 5, 6)),
+    }
+
+
+@pytest.mark.parametrize("kind", ["torch", "memoryview"])
+@pytest.mark.parametrize("name", ["Linear", "LayerNorm", "MultiheadAttention"])
+def test_training_forward_keeps_a_copy_of_torch_and_buffer_inputs(name, kind):
+    """A torch tensor (or a memoryview) given to a training forward was kept by pointer: changing
+    it in place before backward changed the weight gradients (off by 34 for Linear)."""
+    make, ref, shape = _layers()[name]
+    torch.manual_seed(0)
+    x0 = torch.randn(shape)
+    g = torch.randn(shape[:-1] + ((4,) if name == "Linear" else (6,)))
+    ours = make()
+    ours.load_state_dict({k: v.detach().numpy() for k, v in ref.state_dict().items()})
+    ours.train()
+    x = x0.clone()
+    arg = x if kind == "torch" else memoryview(x.numpy())
+    ours(arg)
+    x.add_(torch.randn(shape))  # the caller changes its input before the backward
+    ours.backward(g.numpy())
+    xr = x0.clone()
+    out = ref(xr) if name != "MultiheadAttention" else ref(xr, xr, xr, need_weights=False)[0]
+    out.backward(g)
+    for pname, p in ref.named_parameters():
+        np.testing.assert_allclose(ours.gradients()[pname], p.grad.numpy(), atol=1e-4, rtol=1e-5, err_msg=pname)
+
+
+# ------------------------------------------------------------------------ MultiheadAttention arguments
+def test_mha_position_ids_without_rotary_is_refused():
+    mha = tc.nn.MultiheadAttention(8, 2)
+    x = np.zeros((1, 3, 8), np.float32)
+    with pytest.raises(ValueError, match="position_ids: given without rotary"):
+        mha(x, position_ids=[[0, 1, 2]])
+
+
+def test_mha_rotary_positions_past_the_table_name_the_cache():
+    mha = tc.nn.MultiheadAttention(8, 2)
+    rope = tc.positional.RotaryEmbedding(4, max_position_embeddings=6)
+    cache = tc.KVCache(1, 1, 2, 4)
+    x = np.random.default_rng(0).standard_normal((1, 4, 8)).astype(np.float32)
+    mha(x, past_key_values=cache, rotary=rope)
+    with pytest.raises(ValueError, match=r"past_key_values: its positions reach 7, outside the rotary table \[0, 6\)"):
+        mha(x, past_key_values=cache, rotary=rope)
+    assert cache.length == 4
+    with pytest.raises(ValueError, match=r"query: its positions reach 6"):
+        mha(np.zeros((1, 7, 8), np.float32), rotary=rope)
+
+
+def test_mha_separate_projection_weights_must_be_float():
+    """q/k/v_proj_weight (torch's unpacked layout) of bool or integer dtype were concatenated into
+    a float in_proj_weight (k rows became 0/1) instead of being refused, as in_proj_weight is."""
+    mha = tc.nn.MultiheadAttention(4, 2)
+    before = mha.state_dict()
+    state = {k: v for k, v in before.items() if k != "in_proj_weight"}
+    state.update(q_proj_weight=np.ones((4, 4), np.float32), k_proj_weight=np.ones((4, 4), bool),
+                 v_proj_weight=np.ones((4, 4), np.int64))
+    with pytest.raises(TypeError, match=r"k_proj_weight.*floating-point"):
+        mha.load_state_dict(state)
+    for k, v in before.items():
+        np.testing.assert_array_equal(mha.state_dict()[k], v)
+
+
+# ------------------------------------------------------------------------ Parameters and gradients
+def test_parameters_stay_the_same_objects_when_another_model_is_quantized():
+    a = tc.nn.Linear(3, 2)
+    opt = tc.optim.AdamW(a.named_parameters(), lr=1e-3)
+    before = a.parameters()
+    b = tc.nn.Linear(3, 2)
+    tc.quantize(b, "int8", inplace=True)
+    assert all(p is q for p, q in zip(a.parameters(), before))
+    assert opt.name_of(a.parameters()[0]) == "weight"
+
+
+def test_parameters_of_a_parent_follow_a_child_quantized_in_place():
+    model = tc.Seq2SeqTransformer(10, 12, 8, 2, 1, 1, 16, max_len=10)
+    model.named_parameters()
+    tc.quantize(model.generator, "int8", inplace=True)
+    with pytest.raises(ValueError, match="quantized"):
+        model.named_parameters()
+
+
+@pytest.mark.parametrize("form", ["read-only", "big-endian", "strided"])
+def test_grad_setter_copies_any_float_array_of_the_right_dtype(form):
+    lin = tc.nn.Linear(3, 2)
+    p = lin.named_parameters()[0][1]
+    g = np.arange(6, dtype=np.float32).reshape(2, 3)
+    value = {"read-only": g.copy(), "big-endian": g.astype(">f4"), "strided": np.repeat(g, 2, axis=1)[:, ::2]}[form]
+    if form == "read-only":
+        value.flags.writeable = False
+    p.grad = value
+    np.testing.assert_array_equal(p.grad, g)
+    with pytest.raises(TypeError, match=r"grad: expected dtype float32 \(the parameter's\), got float64"):
+        p.grad = g.astype(np.float64)
+    with pytest.raises(TypeError, match="grad: expected a numpy array or None, got list"):
+        p.grad = g.tolist()
+    np.testing.assert_array_equal(p.grad, g)  # unchanged by the refusals
+
+
+def test_meta_tensors_are_named_type_errors():
+    with pytest.raises(TypeError, match=r"expected a tensor with data, got a meta tensor of shape \(2, 3\)"):
+        tc.nn.Linear(3, 2)(torch.empty((2, 3), device="meta"))
+    lin = tc.nn.Linear(3, 2)
+    with pytest.raises(TypeError, match="meta tensor"):
+        lin.load_state_dict({"weight": torch.empty((2, 3), device="meta"), "bias": torch.zeros(2)})
+
+
+# ------------------------------------------------------------------------ bindings and runtime
+def _run(code: str, env=None) -> subprocess.CompletedProcess:
+    import os
+
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, **(env or {})})
+
+
+def test_core_refuses_a_bias_it_would_have_to_convert():
+    """The bindings read an optional array (bias, norm weight, ids) through a converted temporary
+    that was freed before the kernel ran: a strided bias segfaulted _core.linear_f32."""
+    r = _run("import numpy as np, transformer_core as tc\n"
+             "b = np.arange(2 * 4096, dtype=np.float32)[::2]\n"
+             "try:\n"
+             "    tc._core.linear_f32(np.ones((1, 1), np.float32), np.zeros((4096, 1), np.float32), b, '')\n"
+             "except ValueError as e:\n"
+             "    print('refused:', e)\n")
+    assert r.returncode == 0, r.stderr
+    assert "refused: an optional array" in r.stdout and "C-contiguous" in r.stdout
+
+
+def test_omp_num_threads_above_the_limit_starts_at_the_limit():
+    r = _run("import transformer_core as tc\n"
+             "n = tc.get_num_threads(); tc.set_num_threads(n); print(n)\n", env={"OMP_NUM_THREADS": "2000"})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split()[-1] == "1024"
