@@ -6,6 +6,7 @@ exactly), with several param groups, past the end of the schedule, and when driv
 from __future__ import annotations
 
 import copy
+import itertools
 import pickle
 
 import numpy as np
@@ -103,8 +104,10 @@ def test_schedule_drives_adamw_like_torch(rng):
     lambda o: S.LinearLR(o, 0.25, 1.0, 6),
     lambda o: S.CosineAnnealingLR(o, 9, 1e-5),
 ], ids=["cosine_warmup", "linear", "cosine_annealing"])
-def test_state_dict_round_trip(tmp_path, make):
-    """Save optimizer + scheduler after 7 steps, restore into fresh ones: the same lr from then on."""
+@pytest.mark.parametrize("optimizer_first", [True, False], ids=["optimizer_first", "scheduler_first"])
+def test_state_dict_round_trip(tmp_path, make, optimizer_first):
+    """Save optimizer + scheduler after 7 steps, restore into fresh ones (built first, as torch's,
+    then loaded in either order): the same lr from then on."""
     opt, _ = both_optimizers()
     sched = make(opt)
     for _ in range(7):
@@ -113,9 +116,12 @@ def test_state_dict_round_trip(tmp_path, make):
     save_file(opt.state_dict(), str(tmp_path / "opt.safetensors"))
     save_file(sched.state_dict(), str(tmp_path / "sched.safetensors"))
     opt2, _ = both_optimizers()
-    opt2.load_state_dict(load_file(str(tmp_path / "opt.safetensors")))
-    sched2 = make(opt2)  # construction steps once; the loaded state replaces that
-    sched2.load_state_dict(load_file(str(tmp_path / "sched.safetensors")))
+    sched2 = make(opt2)  # construction steps once; the loaded states replace that
+    loads = [lambda: opt2.load_state_dict(load_file(str(tmp_path / "opt.safetensors"))),
+             lambda: sched2.load_state_dict(load_file(str(tmp_path / "sched.safetensors")))]
+    for load in loads if optimizer_first else loads[::-1]:
+        load()
+    assert sched2.get_last_lr() == sched.get_last_lr()
     for g, h in zip(opt.param_groups, opt2.param_groups):
         assert h["lr"] == g["lr"] and h["initial_lr"] == g["initial_lr"]
     for _ in range(25):
@@ -394,3 +400,84 @@ def test_load_state_dict_names_the_key_of_a_value_of_no_numbers(key, value, matc
         sched.load_state_dict({**sd, key: value})
     _assert_unchanged(sched, sd, ours_opt, groups)
     compare(sched, ours_opt, torch_sched, torch_opt, 8)
+
+
+CHAINS = {
+    "linear+cosine": (lambda S_, o: [S_.LinearLR(o, 0.1, 1.0, 4), S_.CosineAnnealingLR(o, 6, 0.001)]),
+    "cosine+linear": (lambda S_, o: [S_.CosineAnnealingLR(o, 5, 1e-4), S_.LinearLR(o, 0.5, 0.9, 7)]),
+    "linear+lambda+cosine": (lambda S_, o: [S_.LinearLR(o, 0.25, 1.0, 3), S_.LambdaLR(o, _decay),
+                                            S_.CosineAnnealingLR(o, 8, 0.0)]),
+}
+
+
+def _decay(t):
+    return 0.9 ** t
+
+
+def _chain(lib, name):
+    """(optimizer, its chained schedulers) of ``lib`` (ours: S, or torch's lr_scheduler)."""
+    if lib is S:
+        opt, _ = both_optimizers()
+    else:
+        _, opt = both_optimizers()
+    return opt, CHAINS[name](lib, opt)
+
+
+@pytest.mark.parametrize("name", list(CHAINS))
+def test_chained_schedulers_resume_in_any_load_order_like_torch(name):
+    """Schedulers chained on one optimizer (each step() in turn, torch's chaining), saved after 3
+    steps and loaded into fresh ones (built first) in every order of the optimizer's and the
+    schedulers' loads: the groups' lr and get_last_lr() of the next 6 steps equal torch's
+    uninterrupted run exactly, whatever the order (a scheduler's load leaves the groups' lr to the
+    optimizer's state: a chain's first scheduler holds only its own step of the chain)."""
+    torch_lib = torch.optim.lr_scheduler
+    runs = {}
+    for lib in (S, torch_lib):
+        opt, scheds = _chain(lib, name)
+        for _ in range(3):
+            opt.step()
+            for s in scheds:
+                s.step()
+        saved = [opt.state_dict()] + [s.state_dict() for s in scheds]
+        lrs = []
+        for _ in range(6):
+            opt.step()
+            for s in scheds:
+                s.step()
+            lrs.append(([g["lr"] for g in opt.param_groups], [s.get_last_lr() for s in scheds]))
+        runs[lib] = saved, lrs
+    assert runs[S][1] == runs[torch_lib][1], "uninterrupted"
+    for order in itertools.permutations(range(len(runs[S][0]))):  # the optimizer is 0, the schedulers 1, 2, ...
+        for lib in (S, torch_lib):
+            saved, expected = runs[lib]
+            opt, scheds = _chain(lib, name)
+            objects = [opt] + scheds
+            for i in order:
+                objects[i].load_state_dict(copy.deepcopy(saved[i]))
+            got = []
+            for _ in range(6):
+                opt.step()
+                for s in scheds:
+                    s.step()
+                got.append(([g["lr"] for g in opt.param_groups], [s.get_last_lr() for s in scheds]))
+            assert got == runs[torch_lib][1], f"{'ours' if lib is S else 'torch'}: load order {order}"
+
+
+def test_scheduler_load_leaves_the_groups_lr_to_the_optimizer():
+    """As torch's: load_state_dict restores the counters, base_lrs (the groups' initial_lr) and
+    get_last_lr(), not the groups' lr (the optimizer's state carries it)."""
+    for lib in (S, torch.optim.lr_scheduler):
+        ours = lib is S
+        opt = both_optimizers()[0 if ours else 1]
+        sched = lib.LinearLR(opt, 0.2, 1.0, 5)
+        for _ in range(3):
+            opt.step()
+            sched.step()
+        sd = sched.state_dict()
+        fresh = both_optimizers()[0 if ours else 1]
+        sched2 = lib.LinearLR(fresh, 0.2, 1.0, 5)
+        before = [g["lr"] for g in fresh.param_groups]
+        sched2.load_state_dict(sd)
+        assert [g["lr"] for g in fresh.param_groups] == before == [0.2 * lr for lr in LRS]
+        assert sched2.get_last_lr() == sched.get_last_lr() and sched2.last_epoch == 3
+        assert [g["initial_lr"] for g in fresh.param_groups] == LRS

@@ -837,3 +837,143 @@ def test_clip_grad_norm_bad_arguments_change_nothing(rng):
     assert total == float(total_t) == 4.0
     for p, q in zip(ours, theirs):
         np.testing.assert_allclose(p.grad, q.grad.numpy(), rtol=1e-12, atol=1e-12)
+
+
+# --------------------------------------------------------------------------------------------------
+# constructor defaults, complete loaded groups, empty names, copies of a model's optimizer,
+# clip_grad_norm_'s messages
+# --------------------------------------------------------------------------------------------------
+
+DEFAULTS_OVERRIDDEN = [
+    ("SGD", dict(lr=-1.0), dict(lr=0.1), ValueError, r"^lr: expected a finite number >= 0.0, got -1.0"),
+    ("SGD", dict(lr=0.1, momentum=-0.5), dict(momentum=0.9), ValueError, r"^momentum: "),
+    ("SGD", dict(lr=0.1, nesterov=True), dict(momentum=0.9), ValueError, r"^nesterov: needs momentum > 0"),
+    ("AdamW", dict(betas=(2.0, 3.0)), dict(betas=(0.9, 0.99)), ValueError, r"^betas\[0\]: "),
+    ("Adam", dict(eps=-1.0), dict(eps=1e-8), ValueError, r"^eps: "),
+    ("Adam", dict(weight_decay="0.1"), dict(weight_decay=0.0), TypeError, r"^weight_decay: expected a number"),
+]
+
+
+@pytest.mark.parametrize("kind,defaults,group,error,match", DEFAULTS_OVERRIDDEN,
+                         ids=[f"{k}-{sorted(d)[-1]}" for k, d, _, _, _ in DEFAULTS_OVERRIDDEN])
+def test_constructor_defaults_are_checked_even_when_every_group_overrides_them(kind, defaults, group, error, match):
+    """A bad constructor hyperparameter is refused even when the only group overrides it, as torch
+    refuses it (a later add_param_group would otherwise inherit it)."""
+    with pytest.raises(error):
+        getattr(torch.optim, kind)([{"params": [torch.zeros(2, requires_grad=True)], **group}], **defaults)
+    with pytest.raises(error, match=match):
+        getattr(optim, kind)([{"params": [Parameter(np.zeros(2), name="a")], **group}], **defaults)
+
+
+@pytest.mark.parametrize("kind,config", [("AdamW", dict(lr=0.1, amsgrad=True)),
+                                         ("SGD", dict(lr=0.1, momentum=0.9, nesterov=True))], ids=["AdamW", "SGD"])
+def test_load_state_dict_requires_every_hyperparameter_of_every_group(rng, kind, config):
+    """A loaded group lacking any hyperparameter (lr, betas, a flag, ...) is refused, the missing
+    keys listed, and nothing changes: a group is never half the saved one, half the current one."""
+    ours, _ = make_params(rng, np.float64)
+    opt = getattr(optim, kind)([{"params": ours[:2]}, {"params": ours[2:], "lr": 0.02}], **config)
+    for p in ours:
+        p.grad = rng.standard_normal(p.shape)
+    opt.step()
+    sd = opt.state_dict()
+    clones = [Parameter(p.data.copy(), name=p.name) for p in ours]
+    other = dict(config, lr=0.7)
+    target = getattr(optim, kind)([{"params": clones[:2]}, {"params": clones[2:]}], **other)
+    before = target.state_dict()
+    keys = sorted(getattr(optim, kind)([Parameter(np.zeros(1), name="x")], **config).defaults)
+    assert len(keys) >= 6
+    for gi in (0, 1):
+        for key in keys:
+            partial = {k: v for k, v in sd.items() if k != f"param_groups.{gi}.{key}"}
+            with pytest.raises(ValueError, match=rf"load_state_dict: missing hyperparameters "
+                                                 rf"\['param_groups\.{gi}\.{key}'\]"):
+                target.load_state_dict(partial)
+            after = target.state_dict()
+            assert sorted(after) == sorted(before) and all(np.array_equal(after[k], before[k]) for k in before)
+    dropped = {k: v for k, v in sd.items() if k not in ("param_groups.0.lr", "param_groups.1.weight_decay")}
+    with pytest.raises(ValueError, match=r"\['param_groups\.0\.lr', 'param_groups\.1\.weight_decay'\]"):
+        target.load_state_dict(dropped)
+    target.load_state_dict(sd)  # the whole state loads
+    assert [g["lr"] for g in target.param_groups] == [config["lr"], 0.02]
+
+
+def test_empty_parameter_names_are_refused():
+    """An empty name would give state-dict keys (``params..group``) that load_state_dict cannot read
+    back: refused when the parameter is added (named by position), nothing registered."""
+    p, q = Parameter(np.zeros(2)), Parameter(np.zeros(3), name="b")
+    for params in ([("", p)], {"": p}, [Parameter(np.zeros(2), name="")]):
+        with pytest.raises(ValueError, match=r"^params\[0\]: expected a non-empty parameter name, got ''"):
+            optim.AdamW(params)
+    with pytest.raises(ValueError, match=r"^params\[1\]: expected a non-empty"):
+        optim.SGD([("a", q), ("", p)], lr=0.1)
+    opt = optim.SGD([("a", q)], lr=0.1)
+    with pytest.raises(ValueError, match=r"^params\[0\]: expected a non-empty"):
+        opt.add_param_group({"params": [("", p)]})
+    assert len(opt.param_groups) == 1 and opt.named_parameters() == [("a", q)]
+    # the names that are accepted round-trip through the state dict (torch's optimizer: by position)
+    opt = optim.AdamW([(".", p), ("a.b.", q)], lr=0.1)
+    p.grad, q.grad = np.ones(2), np.ones(3)
+    opt.step()
+    again = optim.AdamW([(".", Parameter(p.data.copy())), ("a.b.", Parameter(q.data.copy()))])
+    again.load_state_dict(opt.state_dict())
+    assert again.state["."]["step"] == again.state["a.b."]["step"] == 1
+
+
+@pytest.mark.parametrize("how", ["deepcopy", "pickle"])
+def test_copying_an_optimizer_over_a_models_parameters_says_why_it_cannot(how):
+    """A model's parameters are views of its C++ buffers, which cannot be copied: deepcopy / pickle
+    of an optimizer over them raises a TypeError naming such a parameter and the way out (its
+    state_dict), not pybind's "cannot pickle '..._core...'"; the optimizer goes on unharmed."""
+    import transformer_core as tc
+
+    cfg = tc.GPT2Config(vocab_size=31, n_positions=16, n_embd=8, n_layer=1, n_head=2)
+    model = tc.GPT2LMHeadModel(cfg, dtype=np.float64).train()
+    opt = optim.AdamW(model.named_parameters(), lr=1e-2)
+    ids = np.random.default_rng(0).integers(0, 31, (2, 5))
+    model.loss(ids, ids)
+    model.backward()
+    opt.step()
+    first = opt.named_parameters()[0][0]
+    with pytest.raises(TypeError, match=rf"cannot copy or pickle AdamW: its parameter '{first}' is a model's.*"
+                                        r"state_dict\(\)"):
+        copy.deepcopy(opt) if how == "deepcopy" else pickle.dumps(opt)
+    sd = opt.state_dict()
+    model.loss(ids, ids)
+    model.backward()
+    opt.step()
+    assert all(opt.state[name]["step"] == 2 for name in opt.state) and len(sd) > 0
+
+
+def test_clip_grad_norm_overflow_of_finite_gradients_says_so():
+    """Finite float64 gradients whose 2-norm overflows (1e200 each): the total is inf, as torch's;
+    error_if_nonfinite raises saying the norm overflowed (no gradient is non-finite: ``names`` empty),
+    and nothing is scaled. A NaN gradient is still named."""
+    g = np.array([1e200, 1e200])
+    assert float(torch.linalg.vector_norm(torch.from_numpy(g))) == math.inf
+    t = torch.zeros(2, dtype=torch.float64, requires_grad=True)
+    t.grad = torch.from_numpy(g.copy())
+    with pytest.raises(RuntimeError, match="non-finite"):
+        torch.nn.utils.clip_grad_norm_([t], 1.0, error_if_nonfinite=True)
+    p = Parameter(np.zeros(2), name="w", grad=g.copy())
+    with pytest.raises(optim.NonFiniteGradientError, match=r"non-finite \(inf\); every gradient is finite, but "
+                                                           r"their norm overflowed") as info:
+        optim.clip_grad_norm_([p], 1.0, error_if_nonfinite=True)
+    assert info.value.names == [] and np.array_equal(p.grad, g)
+    assert optim.clip_grad_norm_([p], 1.0) == math.inf  # without the flag: torch's inf (and its scaling by 0)
+    q = Parameter(np.zeros(2), name="v", grad=np.array([1.0, np.nan]))
+    with pytest.raises(optim.NonFiniteGradientError, match=r"non-finite gradients in \['v'\]") as info:
+        optim.clip_grad_norm_([q], 1.0, error_if_nonfinite=True)
+    assert info.value.names == ["v"]
+
+
+@pytest.mark.parametrize("bad,match", [
+    (None, r"^parameters: expected an iterable of Parameters or \(name, Parameter\) pairs, got NoneType"),
+    (5, r"^parameters: expected an iterable .*, got int"),
+    ("abc", r"^parameters: expected an iterable .*, got str"),
+    (np.ones(3), r"^parameters: expected an iterable .*, got ndarray"),
+    ([np.ones(3)], r"^parameters\[0\]: expected a Parameter or a \(name, Parameter\) pair, got ndarray"),
+    ([("w", Parameter(np.ones(2))), (3, Parameter(np.ones(2)))], r"^parameters\[1\]: expected a \(str name"),
+], ids=["None", "int", "str", "ndarray", "list_of_arrays", "int_name"])
+def test_clip_grad_norm_names_its_parameters_argument(bad, match):
+    with pytest.raises(TypeError, match=match):
+        optim.clip_grad_norm_(bad, 1.0)

@@ -850,6 +850,43 @@ def test_load_checkpoint_refuses_files_of_different_saves(tmp_path):
         tc.training.load_checkpoint(old, *_training_set(3))
 
 
+def test_checkpoint_arguments_are_checked_before_anything_is_written_or_changed(tmp_path):
+    """save_checkpoint / load_checkpoint check ``optimizer`` and ``scheduler`` first: a value of
+    the wrong type (a str, swapped arguments) is a TypeError naming the argument, a scheduler of
+    another optimizer (or of none given: the learning rates are saved with the optimizer's state) a
+    ValueError; no file is written, nothing is loaded."""
+    model, opt, sched = _training_set(1)
+    other_opt = tc.optim.AdamW(model.named_parameters())
+    bad = [
+        (("adam",), TypeError, r"^optimizer: expected a transformer_core\.optim Optimizer or None, got str"),
+        ((opt, "sched"), TypeError, r"^scheduler: expected a transformer_core\.lr_scheduler LRScheduler or None, "
+                                    r"got str"),
+        ((sched, opt), TypeError, r"^optimizer: expected .* got LambdaLR"),
+        ((opt, 3), TypeError, r"^scheduler: expected .* got int"),
+        ((None, sched), ValueError, r"^scheduler: expected a scheduler of `optimizer`.* got optimizer=None"),
+        ((other_opt, sched), ValueError, r"^scheduler: .* got a scheduler of another optimizer"),
+    ]
+    empty = tmp_path / "empty"
+    for args, error, match in bad:
+        with pytest.raises(error, match=match):
+            tc.training.save_checkpoint(empty, model, *args)
+        assert not empty.exists()
+    full = tmp_path / "full"
+    tc.training.save_checkpoint(full, model, opt, sched)
+    target = _training_set(2)
+    before = _states(*target)
+    lrs = [g["lr"] for g in target[1].param_groups]
+    for args, error, match in bad:
+        args = tuple({id(opt): target[1], id(sched): target[2]}.get(id(a), a) for a in args)
+        with pytest.raises(error, match=match):
+            tc.training.load_checkpoint(full, target[0], *args)
+        _assert_states_equal(_states(*target), before)
+        assert [g["lr"] for g in target[1].param_groups] == lrs
+    tc.training.load_checkpoint(full, *target)
+    _assert_states_equal(_states(*target), _states(model, opt, sched))
+    assert [g["lr"] for g in target[1].param_groups] == [g["lr"] for g in opt.param_groups]
+
+
 def test_gradients_are_bitwise_the_same_for_any_thread_count(rng):
     """Every sum of the backward passes is owned by one task in a fixed order: 1 and 2 threads give the
     same bits (a model large enough that the ops split their work)."""

@@ -11,7 +11,14 @@
   scheduler was built makes ``step()`` raise (as torch's), as it has no schedule.
 
 A scheduler can be copied (``copy.deepcopy``, with its optimizer) and pickled (but for a LambdaLR of
-a lambda, which pickle cannot write: as torch).
+a lambda, which pickle cannot write: as torch; and not over a model's parameters, see
+:mod:`transformer_core.optim`).
+
+Resuming: build the optimizer and its scheduler(s) as at the start, then load their state dicts in
+any order. The groups' learning rates come from the optimizer's state dict; a scheduler's
+``load_state_dict`` restores its counters and settings and leaves the groups' ``lr`` alone (as
+torch's), so that several schedulers chained on one optimizer (each ``step()`` called in turn)
+resume the uninterrupted run whatever order they are loaded in.
 
 ``LambdaLR``, ``LinearLR`` and ``CosineAnnealingLR`` reproduce torch's own formulas (the recursive,
 "chainable" forms of torch 2.x for LinearLR and CosineAnnealingLR, so that the values agree with
@@ -196,9 +203,16 @@ class LRScheduler:
         return out
 
     def load_state_dict(self, state_dict: dict) -> None:
-        """Restores a :meth:`state_dict`, and writes its last learning rates into the optimizer's
-        groups (torch leaves them to the optimizer's ``load_state_dict``; writing them here makes the
-        order of the two loads, and of constructing this scheduler, not matter).
+        """Restores a :meth:`state_dict`: the counters, ``base_lrs`` (also written into the groups'
+        ``initial_lr``, which every scheduler of one optimizer shares), the schedule's settings and
+        ``get_last_lr()``. As torch's, it does NOT write the groups' ``lr``: the optimizer's state
+        dict carries them (``param_groups.{i}.lr``), so load the optimizer's state too, before or
+        after this one. The order of the loads does not matter, with several schedulers chained on
+        one optimizer as well (whose ``last_lr`` each is only that scheduler's step of the chain,
+        not the groups' lr: writing it would resume the chain from the wrong value).
+
+        Build the schedulers before loading the optimizer, as torch: a scheduler built afterwards
+        performs its initial step on the loaded ``lr`` (which loading the scheduler does not undo).
 
         Every value is checked before anything changes: the counters are whole numbers
         (``last_epoch`` >= -1, ``step_count`` >= 0), the learning rates finite and >= 0, and the
@@ -245,8 +259,7 @@ class LRScheduler:
         self._last_lr = last_lr
         for key, value in settings.items():
             setattr(self, key, value)
-        for g, lr, base in zip(self.optimizer.param_groups, self._last_lr, self.base_lrs):
-            g["lr"] = lr
+        for g, base in zip(self.optimizer.param_groups, self.base_lrs):
             g["initial_lr"] = base
 
 

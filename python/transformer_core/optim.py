@@ -19,8 +19,13 @@ NOTHING has changed (no weight, moment or step count). The training loop can cat
 ``zero_grad()`` and go on with the next batch (what ``torch.amp.GradScaler`` does on overflow), or
 stop. Weights never silently become NaN (hence Adam's ``eps`` must be > 0, where torch allows 0).
 
-An optimizer can be copied (``copy.deepcopy``) and pickled, alone or with a learning-rate scheduler
-that holds it: the copy keys its state by the same names and goes on as the original would.
+An optimizer over parameters that own their arrays (``Parameter(np.array(...))``) can be copied
+(``copy.deepcopy``) and pickled, alone or with a learning-rate scheduler that holds it: the copy
+(with copies of the parameters) keys its state by the same names and goes on as the original would.
+One over a model's parameters (``model.named_parameters()``: views of the C++ model's buffers, which
+cannot be copied) cannot: copying or pickling it raises a TypeError naming such a parameter. Save its
+``state_dict()`` instead (``training.save_checkpoint``) and load it into an optimizer over the other
+model's parameters.
 
 Hyperparameters are checked when a group is added AND at every ``step()``, for every group before
 any parameter is touched (a learning-rate scheduler, or the caller, may have written into
@@ -42,6 +47,7 @@ import numpy as np
 
 from ._runtime import variant
 from ._validation import check_bool, check_float
+from .module import _BoundParameter
 from .parameter import Parameter
 
 __all__ = ["Optimizer", "Adam", "AdamW", "SGD", "NonFiniteGradientError", "clip_grad_norm_"]
@@ -55,10 +61,14 @@ class NonFiniteGradientError(ValueError):
         self.names = names
 
 
-def _named_parameters(params) -> list[tuple[str | None, Parameter]]:
-    """A list of ``(name or None, Parameter)`` from Parameters and ``(name, Parameter)`` pairs."""
+def _named_parameters(params, argument: str = "params") -> list[tuple[str | None, Parameter]]:
+    """A list of ``(name or None, Parameter)`` from Parameters and ``(name, Parameter)`` pairs;
+    errors name ``argument`` (``params`` of an optimizer, ``parameters`` of ``clip_grad_norm_``)."""
     if isinstance(params, Parameter):
-        raise TypeError("params: expected an iterable of Parameters, got a single Parameter (wrap it in a list)")
+        raise TypeError(f"{argument}: expected an iterable of Parameters, got a single Parameter (wrap it in a list)")
+    if params is None or isinstance(params, (str, bytes, np.ndarray)) or not hasattr(params, "__iter__"):
+        raise TypeError(f"{argument}: expected an iterable of Parameters or (name, Parameter) pairs, "
+                        f"got {type(params).__name__}")
     if isinstance(params, dict):
         params = params.items()  # a {name: Parameter} mapping
     out = []
@@ -67,10 +77,11 @@ def _named_parameters(params) -> list[tuple[str | None, Parameter]]:
             out.append((item.name, item))
         elif isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], Parameter):
             if not isinstance(item[0], str):
-                raise TypeError(f"params[{i}]: expected a (str name, Parameter) pair, got name {item[0]!r}")
+                raise TypeError(f"{argument}[{i}]: expected a (str name, Parameter) pair, got name {item[0]!r}")
             out.append(item)
         else:
-            raise TypeError(f"params[{i}]: expected a Parameter or a (name, Parameter) pair, got {type(item).__name__}")
+            raise TypeError(f"{argument}[{i}]: expected a Parameter or a (name, Parameter) pair, "
+                            f"got {type(item).__name__}")
     return out
 
 
@@ -112,8 +123,10 @@ class Optimizer:
 
     Raises:
         TypeError: a params entry that is neither a Parameter, a pair nor a group dict.
-        ValueError: no parameters, a parameter given twice, two parameters with one name, a bad
-            hyperparameter.
+        ValueError: no parameters, a parameter given twice, two parameters with one name, an empty
+            name (``""``: its state-dict keys could not be read back), a bad hyperparameter: in a
+            group or in ``defaults`` (checked even when every group overrides it, as torch checks
+            the constructor's arguments).
     """
 
     #: names of the flags among the hyperparameters (stored as 0/1 in the state dict)
@@ -122,7 +135,9 @@ class Optimizer:
     _NONNEGATIVE_STATE: tuple = ()
 
     def __init__(self, params, defaults: dict):
-        self.defaults = dict(defaults)
+        defaults = dict(defaults)
+        self._check_group(defaults)  # even if every group overrides them (as torch): a later group may not
+        self.defaults = defaults
         self.param_groups: list[dict] = []
         self.state: dict[str, dict] = {}
         self._names: dict[int, str] = {}  # id(Parameter) -> name
@@ -147,7 +162,7 @@ class Optimizer:
             TypeError: not a dict with a ``"params"`` key; a params entry that is neither a Parameter
                 nor a ``(name, Parameter)`` pair; a hyperparameter of the wrong type.
             ValueError: no parameters, a parameter given twice (here or in another group), two
-                parameters with one name, unknown or bad hyperparameters (named).
+                parameters with one name, an empty name (``""``), unknown or bad hyperparameters (named).
         """
         if not isinstance(param_group, dict) or "params" not in param_group:
             raise TypeError(f"param_group: expected a dict with a 'params' key, got {type(param_group).__name__}")
@@ -161,7 +176,10 @@ class Optimizer:
         self._check_group(group)
         taken = set(self._names.values())
         added: dict[int, str] = {}  # id(Parameter) -> name, registered only once all are checked
-        for name, p in named:
+        for i, (name, p) in enumerate(named):
+            if name == "":
+                raise ValueError(f"params[{i}]: expected a non-empty parameter name, got '' (the state dict's keys "
+                                 "are made of the names, params.{name}.group: an empty one could not be read back)")
             if id(p) in self._names or id(p) in added:
                 raise ValueError(f"params: parameter {self._names.get(id(p), added.get(id(p)))!r} is given twice")
             if name is None:
@@ -177,7 +195,19 @@ class Optimizer:
     # ---- copies (copy.deepcopy, pickle) ----------------------------------------------------------
     def __getstate__(self) -> dict:
         """The names by position (one list per group), not by ``id``: a copy's Parameters are new
-        objects, whose ids :meth:`__setstate__` maps to the same names."""
+        objects, whose ids :meth:`__setstate__` maps to the same names.
+
+        Raises:
+            TypeError: a parameter is a model's (a view of a C++ module's buffer, which cannot be
+                copied or pickled), named.
+        """
+        for group in self.param_groups:
+            for p in group["params"]:
+                if isinstance(p, _BoundParameter):
+                    raise TypeError(
+                        f"cannot copy or pickle {type(self).__name__}: its parameter {self._names[id(p)]!r} is a "
+                        "model's (a view of the C++ model's buffer, which cannot be copied); copy its state_dict() "
+                        "instead and load_state_dict() it into an optimizer over the other model's parameters")
         state = dict(self.__dict__)
         state["_names"] = [[self._names[id(p)] for p in g["params"]] for g in self.param_groups]
         return state
@@ -342,7 +372,10 @@ class Optimizer:
 
         Raises:
             ValueError: unknown or missing parameter names (named), a parameter in another group,
-                another number of groups, unknown keys, arrays of the wrong shape, incomplete state,
+                another number of groups, unknown keys, a group without its full set of
+                hyperparameters (the missing keys listed: a group's hyperparameters are loaded whole,
+                never completed with the current ones; ``initial_lr`` alone is optional), arrays of
+                the wrong shape, incomplete state,
                 a ``step`` that is not a whole number in ``[0, 2**63 - 2]`` (the C++ update counts in
                 int64) or a group index that is not a whole number >= 0, a flag other than 0/1, a
                 hyperparameter of the wrong shape or that the constructor refuses (its message,
@@ -394,6 +427,11 @@ class Optimizer:
         moved = sorted(n for n in ours if saved_group[n] != ours[n])
         if moved:
             raise ValueError(f"load_state_dict: parameters in another param group than saved: {moved}")
+        absent = [f"param_groups.{gi}.{field}" for gi in range(len(self.param_groups))
+                  for field in self.defaults if field not in hyper[gi]]
+        if absent:
+            raise ValueError(f"load_state_dict: missing hyperparameters {absent} (every group's full set, "
+                             f"{sorted(self.defaults)}, is expected); nothing was loaded")
         new_groups = []
         for gi, group in enumerate(self.param_groups):
             g = dict(group)
@@ -613,7 +651,7 @@ class SGD(Optimizer):
 def _parameters_of(parameters) -> list[Parameter]:
     if isinstance(parameters, Parameter):
         return [parameters]
-    return [p for _, p in _named_parameters(parameters)]
+    return [p for _, p in _named_parameters(parameters, "parameters")]
 
 
 def _vector_norm_nonpositive(x: np.ndarray, norm_type: float) -> float:
@@ -650,7 +688,9 @@ def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0, error_i
         norm_type: the p of the p-norm, any real number (0: the count of non-zeros; < 0: as torch),
             or ``float("inf")`` / ``-inf`` (or ``"inf"`` / ``"-inf"``) for the max / min of ``|g|``.
         error_if_nonfinite: a bool: raise if the total norm is NaN or inf (torch raises RuntimeError;
-            we raise :class:`NonFiniteGradientError`, a ValueError, naming the parameters).
+            we raise :class:`NonFiniteGradientError`, a ValueError, naming the parameters whose
+            gradients hold NaN or inf, or, when every gradient is finite, saying that the norm
+            overflowed: ``names`` is then empty).
             Otherwise the gradients are scaled anyway (NaN spreads; :meth:`Optimizer.step` will
             refuse them).
 
@@ -660,8 +700,8 @@ def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0, error_i
     Raises:
         ValueError: ``max_norm`` < 0 or NaN, ``norm_type`` NaN, a negative or -inf ``norm_type``
             with an empty gradient (undefined: torch raises too); NonFiniteGradientError (see above).
-        TypeError: bad ``parameters``, non-numeric ``max_norm`` / ``norm_type``, ``error_if_nonfinite``
-            not a bool. Nothing is scaled when it raises.
+        TypeError: bad ``parameters`` (the message names ``parameters``), non-numeric ``max_norm`` /
+            ``norm_type``, ``error_if_nonfinite`` not a bool. Nothing is scaled when it raises.
     """
     params = _parameters_of(parameters)
     max_norm = check_float(max_norm, "max_norm", minimum=0.0, finite=False)
@@ -695,9 +735,14 @@ def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0, error_i
     if error_if_nonfinite and not math.isfinite(total):
         names = [p.name or str(i) for i, p in enumerate(params)
                  if p.grad is not None and variant("count_nonfinite", p.grad.dtype)(np.ascontiguousarray(p.grad))]
+        if names:
+            why = f"non-finite gradients in {names}"
+        else:  # every gradient is finite: the sum of their powers exceeded the float64 range
+            why = ("every gradient is finite, but their norm overflowed the float64 range (gradients too large "
+                   "to measure: lower the learning rate or scale the loss)")
         raise NonFiniteGradientError(
-            f"clip_grad_norm_: the total norm of order {norm_type} of the gradients is non-finite ({total}); "
-            f"non-finite gradients in {names}", names)
+            f"clip_grad_norm_: the total norm of order {norm_type} of the gradients is non-finite ({total}); {why}",
+            names)
     coef = max_norm / (total + 1e-6)
     if not coef >= 1.0:  # also NaN: scale (as torch), so the NaN shows
         for g in grads:

@@ -37,6 +37,7 @@ import numpy as np
 
 from .checkpoints import write_files_atomically
 from .hub import _read_header, load_safetensors
+from .lr_scheduler import LRScheduler
 from .module import (
     Module,
     NonFiniteLossError,
@@ -46,6 +47,7 @@ from .module import (
     manual_seed,
     set_rng_state,
 )
+from .optim import Optimizer
 
 __all__ = ["save_checkpoint", "load_checkpoint", "manual_seed", "NoTrainingStateError", "NonFiniteLossError"]
 
@@ -84,6 +86,23 @@ RNG_STATE_KEY = "rng_state"
 _FILES = ("model.safetensors", "optimizer.safetensors", "scheduler.safetensors")
 
 
+def _check_arguments(model, optimizer, scheduler) -> None:
+    """The arguments of :func:`save_checkpoint` / :func:`load_checkpoint`, checked before anything is
+    read, written or changed: TypeError / ValueError naming the argument."""
+    if not isinstance(model, Module):
+        raise TypeError(f"model: expected a transformer_core Module, got {type(model).__name__}")
+    if optimizer is not None and not isinstance(optimizer, Optimizer):
+        raise TypeError(f"optimizer: expected a transformer_core.optim Optimizer or None, got {type(optimizer).__name__}")
+    if scheduler is not None and not isinstance(scheduler, LRScheduler):
+        raise TypeError(f"scheduler: expected a transformer_core.lr_scheduler LRScheduler or None, "
+                        f"got {type(scheduler).__name__}")
+    if scheduler is not None and scheduler.optimizer is not optimizer:
+        # the learning rates a scheduler sets live in its optimizer's state (param_groups.{i}.lr)
+        got = "optimizer=None" if optimizer is None else "a scheduler of another optimizer than `optimizer`"
+        raise ValueError(f"scheduler: expected a scheduler of `optimizer` (the groups' learning rates are saved and "
+                         f"restored with the optimizer's state), got {got}; pass scheduler.optimizer as optimizer")
+
+
 def save_checkpoint(directory, model: Module, optimizer=None, scheduler=None) -> None:
     """Writes the model (and the optimizer's and scheduler's states) under ``directory``, as one set:
     every state is taken before any file is written, the files go through
@@ -96,7 +115,11 @@ def save_checkpoint(directory, model: Module, optimizer=None, scheduler=None) ->
     model (another ``checkpoint_id``).
 
     Raises:
-        TypeError: ``model`` not a :class:`~transformer_core.module.Module`.
+        TypeError: ``model`` not a :class:`~transformer_core.module.Module`, ``optimizer`` not a
+            :class:`~transformer_core.optim.Optimizer` (or None), ``scheduler`` not a
+            :class:`~transformer_core.lr_scheduler.LRScheduler` (or None): nothing is written.
+        ValueError: a ``scheduler`` whose optimizer is not ``optimizer`` (None included: the groups'
+            learning rates are saved in the optimizer's state, not the scheduler's); nothing is written.
         OSError: a file cannot be written (naming it); ``directory`` keeps the files it held before
             (the previous set, whole) and no temporary. (Should one of the final renames itself fail,
             a rare failure inside one folder, the files renamed before it are of the new save:
@@ -104,8 +127,7 @@ def save_checkpoint(directory, model: Module, optimizer=None, scheduler=None) ->
     """
     from safetensors.numpy import save_file
 
-    if not isinstance(model, Module):
-        raise TypeError(f"model: expected a transformer_core Module, got {type(model).__name__}")
+    _check_arguments(model, optimizer, scheduler)
     metadata = {"format": "np", CHECKPOINT_ID_KEY: secrets.token_hex(16)}
     states = []  # (file name, state): all taken before anything is written
     if optimizer is not None:
@@ -175,7 +197,7 @@ def _rng_state(path: Path, metadata: dict):
 def _snapshot(objects) -> list:
     """What ``load_state_dict`` of an optimizer or a scheduler changes: the objects' attributes
     (which they rebind: ``state``, ``last_epoch``, ...) and the optimizers' param-group dicts (which
-    they update in place; a scheduler writes ``lr`` into its optimizer's)."""
+    they update in place; a scheduler writes ``initial_lr`` into its optimizer's)."""
     return [(obj, dict(vars(obj)), [(g, dict(g)) for g in getattr(obj, "param_groups", ())]) for obj in objects]
 
 
@@ -201,15 +223,17 @@ def load_checkpoint(directory, model: Module, optimizer=None, scheduler=None) ->
     stored leaves the generator alone).
 
     Raises:
-        TypeError: ``model`` not a :class:`~transformer_core.module.Module`.
+        TypeError: ``model``, ``optimizer`` or ``scheduler`` of the wrong type (as
+            :func:`save_checkpoint`); nothing is read or changed.
+        ValueError: a ``scheduler`` whose optimizer is not ``optimizer`` (None included: the groups'
+            learning rates are restored from the optimizer's file); nothing is read or changed.
         FileNotFoundError: a file is missing.
         ValueError: a file that is truncated or has a corrupt header (naming it); files of
             different saves (naming them); names, shapes or values that do not match (listed),
             a model tensor that is not floating-point (naming it).
         OSError: a file that cannot be read (naming it).
     """
-    if not isinstance(model, Module):
-        raise TypeError(f"model: expected a transformer_core Module, got {type(model).__name__}")
+    _check_arguments(model, optimizer, scheduler)
     path = Path(directory)
     wanted = [name for name, given in zip(_FILES, (True, optimizer is not None, scheduler is not None)) if given]
     for name in wanted:
