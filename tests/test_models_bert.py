@@ -222,6 +222,37 @@ def test_from_pretrained_draws_no_random_weights(small_hf, small_inputs, monkeyp
     np.testing.assert_array_equal(a.pooler_output, b.pooler_output)
 
 
+
+def test_float64_checkpoint_loads_without_rounding(small_inputs, tmp_path):
+    """A float64 checkpoint read with dtype=np.float64 keeps every bit of its weights (they were read
+    as float32 first), by BertModel and by SentenceEncoder, and matches HF's float64 model."""
+    from transformers import BertConfig, BertModel, BertTokenizerFast
+
+    torch.manual_seed(3)
+    hf64 = BertModel(BertConfig(**SMALL, attn_implementation="eager")).double().eval()
+    with torch.no_grad():  # values no float32 holds exactly
+        for p in hf64.parameters():
+            p.add_(1e-9 * torch.randn_like(p))
+    _save_hf(hf64, tmp_path)
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(SMALL["vocab_size"] - 5)]
+    (tmp_path / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    BertTokenizerFast(vocab_file=str(tmp_path / "vocab.txt")).save_pretrained(str(tmp_path))
+    ref_sd = {k: v.numpy() for k, v in hf64.state_dict().items()}
+    ids, am, tt = small_inputs
+    ref_h, ref_p = hf_forward(hf64, ids, am, tt)
+    encoder = tc.SentenceEncoder.from_pretrained(str(tmp_path), dtype=np.float64)
+    for model in (tc.BertModel.from_pretrained(str(tmp_path), dtype=np.float64), encoder.model):
+        sd = model.state_dict()
+        assert any(not np.array_equal(v, v.astype(np.float32)) for v in sd.values())
+        for k, v in sd.items():
+            assert v.dtype == np.float64 and np.array_equal(v, ref_sd[k]), k
+        out = model(ids, attention_mask=am, token_type_ids=tt)
+        real = am.astype(bool)
+        assert out.last_hidden_state.dtype == np.float64
+        np.testing.assert_allclose(out.last_hidden_state[real], ref_h[real], rtol=0, atol=1e-10)
+        np.testing.assert_allclose(out.pooler_output, ref_p, rtol=0, atol=1e-10)
+
+
 @pytest.mark.parametrize("N,L", [(1, 1), (7, 7), (2, 64), (3, 9)])
 def test_small_random_bert_shapes(small_hf, N, L):
     path, ref = small_hf

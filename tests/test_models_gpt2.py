@@ -436,6 +436,82 @@ def test_load_state_dict_failure_leaves_state(gpt2_h4):
     assert all(np.array_equal(after[k], before[k]) for k in before)
 
 
+
+def test_float64_checkpoint_loads_without_rounding(tmp_path):
+    """A float64 checkpoint read with dtype=np.float64 keeps every bit of its weights: they were
+    read as float32 first (rounded to 24 bits), so logits drifted ~1e-8 from HF's float64 model."""
+    cfg = transformers.GPT2Config(**CFGS["h4"], initializer_range=0.2, eos_token_id=None, bos_token_id=None)
+    torch.manual_seed(21)
+    hf64 = transformers.GPT2LMHeadModel(cfg).double().eval()
+    with torch.no_grad():  # values no float32 holds exactly
+        for p in hf64.parameters():
+            p.add_(1e-9 * torch.randn_like(p))
+    hf64.save_pretrained(tmp_path / "hf64", safe_serialization=True)
+    ref_sd = {k: v.numpy() for k, v in hf64.state_dict().items()}
+    ids = _ids(12, (2, 9))
+    ref = _hf(hf64, ids).logits.numpy()
+    m = tc.GPT2LMHeadModel.from_pretrained(tmp_path / "hf64", dtype=np.float64)
+    sd = m.state_dict()
+    assert any(not np.array_equal(v, v.astype(np.float32)) for v in sd.values())
+    for k, v in sd.items():
+        assert v.dtype == np.float64 and np.array_equal(v, ref_sd["transformer." + k]), k
+    assert_close(m(ids).logits, ref, np.float64, atol_=1e-10, rtol_=1e-12, what="fp64 checkpoint logits")
+    # our own float64 save_pretrained round-trips bit for bit
+    m.save_pretrained(tmp_path / "ours64")
+    back = tc.GPT2LMHeadModel.from_pretrained(tmp_path / "ours64", dtype=np.float64)
+    back_sd = back.state_dict()
+    assert set(back_sd) == set(sd) and all(np.array_equal(back_sd[k], sd[k]) for k in sd)
+    assert_close(back(ids).logits, ref, np.float64, atol_=1e-10, rtol_=1e-12, what="fp64 round-trip logits")
+    base = tc.GPT2Model.from_pretrained(tmp_path / "ours64", dtype=np.float64)
+    assert all(np.array_equal(v, sd[k]) for k, v in base.state_dict().items())
+
+
+def test_bfloat16_state_dict_with_lm_head_loads(gpt2_h4):
+    """torch's GPT2LMHeadModel in bfloat16: its state dict (lm_head.weight included, tied to wte)
+    loads as documented, giving exactly the model loaded from the same weights widened to float32."""
+    hf, _, _ = gpt2_h4
+    hf16 = transformers.GPT2LMHeadModel(hf.config).eval()
+    hf16.load_state_dict(hf.state_dict())
+    hf16 = hf16.to(torch.bfloat16)
+    sd16 = hf16.state_dict()
+    assert sd16["lm_head.weight"].dtype == torch.bfloat16
+    m16 = tc.GPT2LMHeadModel(tc.GPT2Config(**CFGS["h4"], eos_token_id=None))
+    m16.load_state_dict(sd16)
+    m32 = tc.GPT2LMHeadModel(tc.GPT2Config(**CFGS["h4"], eos_token_id=None))
+    m32.load_state_dict({k: v.float() for k, v in sd16.items()})
+    ids = _ids(13, (2, 9))
+    np.testing.assert_array_equal(m16(ids).logits, m32(ids).logits)
+    assert_close(m16(ids).logits, _hf(hf16.float(), ids).logits.numpy(), np.float32, atol_=LOGITS_ATOL,
+                 what="bf16 weights logits")
+    # an untied bfloat16 head is still refused, naming it
+    bad = dict(sd16)
+    bad["lm_head.weight"] = sd16["lm_head.weight"] + 1
+    with pytest.raises(ValueError, match="lm_head.weight"):
+        m16.load_state_dict(bad)
+    bad["lm_head.weight"] = torch.zeros(sd16["lm_head.weight"].shape, dtype=torch.int64)
+    with pytest.raises(TypeError, match="lm_head.weight"):
+        m16.load_state_dict(bad)
+    np.testing.assert_array_equal(m16(ids).logits, m32(ids).logits)
+
+
+def test_too_large_logits_to_keep_leaves_the_cache_unchanged(gpt2_h4):
+    """logits_to_keep > the input length is refused before the cache is extended (it was checked after
+    the decoder ran, leaving the refused tokens in the cache)."""
+    _, _, m = gpt2_h4
+    ids = _ids(14, (2, 6))
+    cache = m.new_cache(2)
+    m(ids[:, :3], past_key_values=cache, use_cache=True)
+    before = [tuple(np.array(a, copy=True) for a in kv) for kv in cache.to_legacy()]
+    with pytest.raises(ValueError, match=r"^logits_to_keep: expected an int in \[0, 2\]"):
+        m(ids[:, 3:5], past_key_values=cache, use_cache=True, logits_to_keep=3)
+    assert cache.length == 3
+    after = cache.to_legacy()
+    assert all(np.array_equal(a, b) for kv0, kv1 in zip(before, after) for a, b in zip(kv0, kv1))
+    # the cache goes on as if the refused call never happened
+    step = m(ids[:, 3:], past_key_values=cache, use_cache=True, logits_to_keep=3)
+    assert_close(step.logits, m(ids).logits[:, 3:], np.float32, what="after a refused call")
+
+
 # ------------------------------------------------------------------ generate: caches, ids, context
 def _hf_generate(hf, ids, max_new_tokens, **kw):
     """HF's greedy generate; the all-ones attention_mask keeps HF from masking prompt ids equal to

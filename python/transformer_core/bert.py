@@ -208,7 +208,7 @@ class BertModel(Module):
         """
         model_dir = resolve_model_dir(name_or_path)
         config = BertConfig.from_dict(read_config(model_dir))
-        raw = load_safetensors(model_dir)
+        raw = load_safetensors(model_dir, dtype)  # float64 read as float64: not rounded through float32
         _check_config_against_weights(model_dir, config, raw)  # before the model of that config is built
         if any(k.startswith("bert.") for k in raw):  # a BertFor* checkpoint: its heads lie outside bert.*
             raw = {k: v for k, v in raw.items() if k.startswith("bert.")}

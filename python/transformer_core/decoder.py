@@ -241,17 +241,20 @@ class CausalLM(DecoderModel, GenerationMixin):
 
         Raises:
             ValueError / TypeError: as :meth:`DecoderModel.forward`; ``logits_to_keep`` not an int
-            in ``[0, L]``.
+            in ``[0, L]``. Every check runs before the decoder: a refused call leaves
+            ``past_key_values`` as it was.
         """
         from ._validation import check_int
 
         keep = check_int(logits_to_keep, "logits_to_keep", 0)
         use_cache = check_bool(use_cache, "use_cache")
-        hidden, cache = DecoderModel.forward(self, input_ids, attention_mask, position_ids, past_key_values,
+        ids = as_ids(input_ids, "input_ids")
+        L = ids.shape[1]
+        if keep > L:  # before the decoder runs: a cache passed in is not extended by a refused call
+            raise ValueError(f"logits_to_keep: expected an int in [0, {L}] (the input length), got {keep}")
+        hidden, cache = DecoderModel.forward(self, ids, attention_mask, position_ids, past_key_values,
                                              use_cache=True)
         N, L, E = hidden.shape
-        if keep > L:
-            raise ValueError(f"logits_to_keep: expected an int in [0, {L}] (the input length), got {keep}")
         kept = hidden if keep == 0 else hidden[:, L - keep:]
         logits = self._impl.logits(np.ascontiguousarray(kept).reshape(-1, E)).reshape(N, kept.shape[1], -1)
         return CausalLMOutput(logits=logits, past_key_values=cache if use_cache else None, last_hidden_state=hidden)

@@ -9,6 +9,8 @@ processors):
     temperature          scores / T
     top_k                keep the k highest
     top_p                keep the smallest set of highest-probability tokens whose mass reaches p
+                         (of tokens tied at the cut, the later ids are kept, as Hugging Face's
+                         ``TopPLogitsWarper``)
     sample               from softmax(scores), numpy's generator seeded with ``seed``
 
 A sequence that emits an end token (``eos_token_id``, one id or several) is finished; it is padded
@@ -111,10 +113,13 @@ def next_tokens(scores: np.ndarray, sequences: np.ndarray, cfg: GenerationConfig
         kth = np.partition(scores, -k, axis=-1)[:, -k][:, None]
         scores = np.where(scores < kth, -np.inf, scores)
     if cfg.top_p is not None and cfg.top_p < 1.0:
-        order = np.argsort(-scores, axis=-1, kind="stable")
-        sorted_probs = np.take_along_axis(_softmax(scores), order, axis=-1)
-        before = np.cumsum(sorted_probs, axis=-1) - sorted_probs  # mass of the tokens ranked above
-        drop_sorted = before >= cfg.top_p                            # the first token is always kept
+        # Hugging Face's TopPLogitsWarper: an ascending stable sort (of tied scores, the lower id
+        # first), then drop from the bottom every token whose cumulative mass is <= 1 - top_p; the
+        # highest-ranked token is always kept. Of tokens tied at the cut, the higher ids survive.
+        order = np.argsort(scores, axis=-1, kind="stable")
+        sorted_probs = _softmax(np.take_along_axis(scores, order, axis=-1))
+        drop_sorted = np.cumsum(sorted_probs, axis=-1) <= 1.0 - cfg.top_p
+        drop_sorted[:, -1] = False
         drop = np.zeros_like(drop_sorted)
         np.put_along_axis(drop, order, drop_sorted, axis=-1)
         scores = np.where(drop, -np.inf, scores)
@@ -225,7 +230,10 @@ class GenerationMixin:
 
         Args:
             input_ids: ``(N, L)`` prompt ids (left-padded, with ``attention_mask``, for a batch of
-                different lengths: the result then equals each prompt generated alone).
+                different lengths). With greedy decoding the result then equals each prompt
+                generated alone. Not with ``do_sample``: the rows draw in turn from one
+                generator, so a row's samples depend on its place in the batch and the batch size
+                (the same call with the same ``seed`` still repeats them).
             max_new_tokens: tokens to add (>= 1); ``L + max_new_tokens - 1`` (the positions the
                 model sees: the last new token is not fed back) must fit the context.
             do_sample: sample from ``softmax(logits / temperature)`` after top-k / top-p

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ._runtime import core as _core
-from ._validation import activation, check_config_fields, check_eps, check_mapping, check_token_ids
+from ._validation import activation, check_config_fields, check_eps, check_mapping, check_token_ids, to_numpy
 from .decoder import CausalLM, CausalLMOutput, DecoderModel
 from .hub import ConfigRule, LayerRule, check_config_against_weights, load_safetensors, read_config, resolve_model_dir
 from .kv_cache import KVCache
@@ -141,6 +141,19 @@ def _check_config_against_weights(model_dir, config: GPT2Config, state: dict) ->
     check_config_against_weights(model_dir, {k: v.shape for k, v in state.items()}, rules, layers)
 
 
+def _float_weight(value, name: str) -> np.ndarray:
+    """A checkpoint value as a numpy array of its own float dtype, to compare (a torch tensor read
+    as :meth:`~transformer_core.module.Module.load_state_dict` reads it: bfloat16 widened exactly).
+
+    Raises:
+        TypeError: not floating-point data, naming ``state_dict[name]``.
+    """
+    arr = to_numpy(value, f"state_dict[{name!r}]")
+    if arr.dtype.kind != "f":
+        raise TypeError(f"state_dict[{name!r}]: expected a floating-point array, got dtype {arr.dtype}")
+    return arr
+
+
 class GPT2Model(DecoderModel):
     """The GPT-2 transformer: token + position embeddings, pre-LN blocks, final ``ln_f``.
 
@@ -171,7 +184,8 @@ class GPT2Model(DecoderModel):
                 continue
             out[name.removeprefix("transformer.")] = value
         wte = out.get("wte.weight")
-        if head is not None and wte is not None and not np.array_equal(np.asarray(head), np.asarray(wte)):
+        if head is not None and wte is not None and not np.array_equal(_float_weight(head, "lm_head.weight"),
+                                                                       _float_weight(wte, "wte.weight")):
             raise ValueError("lm_head.weight: differs from wte.weight (an untied head); only an LM head tied to the "
                              "token embedding is supported")
         return out
@@ -179,7 +193,8 @@ class GPT2Model(DecoderModel):
     @classmethod
     def from_pretrained(cls, name_or_path, dtype=np.float32):
         """Loads a Hugging Face GPT-2 directory (``config.json`` + ``model.safetensors``) with the
-        ``safetensors`` package: no torch.
+        ``safetensors`` package: no torch. The tensors are read in ``dtype`` (``np.float32`` or
+        ``np.float64``): a float64 checkpoint loads bit for bit with ``dtype=np.float64``.
 
         Raises:
             FileNotFoundError: no directory, ``config.json`` or ``model.safetensors``.
@@ -188,10 +203,11 @@ class GPT2Model(DecoderModel):
                 before the model is built); a missing, unknown or mis-shaped tensor (listed); an
                 unsupported config (e.g. ``tie_word_embeddings=False``) or an ``lm_head.weight``
                 other than ``wte.weight``.
+            TypeError: ``dtype`` not float32/float64.
         """
         model_dir = resolve_model_dir(name_or_path)
         config = GPT2Config.from_dict(read_config(model_dir))
-        state = load_safetensors(model_dir)
+        state = load_safetensors(model_dir, dtype)  # float64 read as float64: not rounded through float32
         _check_config_against_weights(model_dir, config, state)  # before the model of that config is built
         with skip_weight_init():  # no random draw: every weight is loaded (a missing one raises)
             model = cls(config, dtype=dtype)
