@@ -14,7 +14,7 @@ import gguf
 import numpy as np
 import pytest
 import torch
-from gguf_fakes import converter_permute, random_llama_state, write_llama_gguf
+from gguf_fakes import converter_permute, random_llama_state, tiny_vocab, write_llama_gguf
 from transformer_core.gguf_file import GGUFCheckpoint, read_gguf, rope_row_permutation
 
 SUPPORTED = ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q8_0"]
@@ -369,6 +369,58 @@ def test_bad_metadata(tmp_path, key, value, pattern):
     else:
         write_llama_gguf(path, random_llama_state(np.random.default_rng(0)), metadata={key: value})
     _bad(path, pattern)
+
+
+F32, U32, STR = gguf.GGUFValueType.FLOAT32, gguf.GGUFValueType.UINT32, gguf.GGUFValueType.STRING
+
+
+@pytest.mark.parametrize("metadata,key", [
+    ({"llama.rope.scaling.factor": (4.0, F32)}, "llama.rope.scaling.factor"),
+    ({"llama.rope.scale_linear": (4.0, F32)}, "llama.rope.scale_linear"),
+    ({"llama.rope.scaling.factor": (0.0, F32), "llama.rope.scale_linear": (2.0, F32)}, "llama.rope.scale_linear"),
+    ({"llama.rope.scaling.factor": (0.5, F32), "llama.rope.scale_linear": (1.0, F32)}, "llama.rope.scaling.factor"),
+])
+def test_rope_scaling_factor_without_type_is_refused(tmp_path, metadata, key):
+    """llama.cpp reads a factor without a scaling type as linear RoPE scaling (rope.scaling.factor,
+    else rope.scale_linear), which this library does not compute: refused, naming the key, not
+    loaded unscaled."""
+    path = tmp_path / "rope_factor.gguf"
+    write_llama_gguf(path, random_llama_state(np.random.default_rng(0)), metadata=metadata)
+    _bad(path, re.escape(repr(key)), "linear RoPE scaling")
+
+
+@pytest.mark.parametrize("metadata", [
+    {"llama.rope.scaling.factor": (1.0, F32)},
+    {"llama.rope.scaling.factor": (0.0, F32)},
+    {"llama.rope.scale_linear": (1.0, F32)},
+    {"llama.rope.scaling.factor": (1.0, F32), "llama.rope.scale_linear": (4.0, F32)},  # the factor wins
+    {"llama.rope.scaling.type": ("none", STR), "llama.rope.scaling.factor": (4.0, F32)},  # "none" never scales
+])
+def test_rope_scaling_factor_meaning_none_is_accepted(tmp_path, metadata):
+    state = random_llama_state(np.random.default_rng(0))
+    plain, scaled = tmp_path / "plain.gguf", tmp_path / "factor.gguf"
+    write_llama_gguf(plain, state)
+    write_llama_gguf(scaled, state, metadata=metadata)
+    config = read_gguf(scaled).config
+    assert config == read_gguf(plain).config and config["rope_scaling"] is None
+
+
+@pytest.mark.parametrize("key,value,expected", [
+    ("llama.attention.layer_norm_rms_epsilon", (float("inf"), F32), "a finite number > 0, got inf"),
+    ("llama.attention.layer_norm_rms_epsilon", (float("nan"), F32), "a finite number > 0, got nan"),
+    ("llama.attention.layer_norm_rms_epsilon", (0.0, F32), "a finite number > 0, got 0.0"),
+    ("llama.rope.freq_base", (float("inf"), F32), "a finite number > 0, got inf"),
+    ("llama.rope.freq_base", (-1.0, F32), "a finite number > 0, got -1.0"),
+    ("llama.context_length", (0, U32), "an int >= 1, got 0"),
+    ("tokenizer.ggml.unknown_token_id", (1000, U32), "= 1000 is outside the vocabulary of {vocab}"),
+])
+def test_bad_config_values_name_file_and_key(tmp_path, key, value, expected):
+    """Values LlamaConfig would refuse under its own field names are refused here first, naming
+    the file and the GGUF key."""
+    path = tmp_path / "values.gguf"
+    write_llama_gguf(path, random_llama_state(np.random.default_rng(0)), metadata={key: value})
+    message = _bad(path, re.escape(expected.format(vocab=len(tiny_vocab()[0]))))
+    assert f"GGUF metadata '{key}': expected" in message or f"GGUF metadata {key} =" in message, message
 
 
 def test_random_header_corruption_is_a_value_error(tmp_path, good_tiny):

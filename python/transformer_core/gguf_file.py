@@ -34,6 +34,7 @@ and a page rewritten in place silently changes the weights. Replacing the file b
 
 from __future__ import annotations
 
+import math
 import mmap
 import os
 import struct
@@ -564,8 +565,15 @@ def read_gguf(path) -> GGUFCheckpoint:
     ``llama.attention.head_count_kv``, ``llama.attention.layer_norm_rms_epsilon``,
     ``llama.context_length``, ``llama.rope.freq_base``, ``llama.rope.dimension_count``,
     ``llama.attention.key_length`` / ``value_length``, ``llama.vocab_size``, ``llama.rope.scaling.type``,
-    ``tokenizer.ggml.{bos,eos,padding,unknown}_token_id``, ``tokenizer.ggml.tokens`` (vocabulary size)
-    and ``tokenizer.chat_template``.
+    ``llama.rope.scaling.factor`` / ``llama.rope.scale_linear``,
+    ``tokenizer.ggml.{bos,eos,padding,unknown}_token_id`` (each checked to be in the vocabulary; the
+    unknown token's id is not part of the config), ``tokenizer.ggml.tokens`` (vocabulary size) and
+    ``tokenizer.chat_template``.
+
+    RoPE scaling is not computed, so it is refused, never ignored: a ``llama.rope.scaling.type`` other
+    than "none", and, without a type (which llama.cpp reads as linear), a
+    ``llama.rope.scaling.factor`` (or, where that is missing or 0, ``llama.rope.scale_linear``) other
+    than 0 or 1 (both: no scaling). With the type "none" the factor is ignored, as llama.cpp does.
 
     The file is memory-mapped, not read: the checkpoint's tensors are views of the map (and so are
     the weights of a model built on its blocks), its long metadata arrays are decoded from the map
@@ -586,8 +594,11 @@ def read_gguf(path) -> GGUFCheckpoint:
         ValueError: naming the file, if it is not a GGUF file (magic), is truncated, has a corrupt
             header or metadata, is of another architecture than llama (which one is said), holds a
             tensor of an unsupported ggml type (named; supported: F32, F16, BF16, Q4_0, Q4_1, Q8_0),
-            misses tensors, has unknown ones or one of the wrong shape, or has a config this loader
-            does not support (RoPE scaling, partial rotary dims, biases on some projections only).
+            misses tensors, has unknown ones or one of the wrong shape, has a config value out of
+            range (naming the key: e.g. ``layer_norm_rms_epsilon`` / ``rope.freq_base`` not finite and
+            > 0, ``context_length`` < 1, a special token id outside the vocabulary), or has a config
+            this loader does not support (RoPE scaling, partial rotary dims, biases on some
+            projections only).
     """
     path, buf, metadata, data_start, entries = _open(path)
     arch = metadata.get("general.architecture")
@@ -686,15 +697,28 @@ def _llama_config(path, md: dict, entries: dict) -> dict:
     if value_dim is not None and value_dim != head_dim:
         raise ValueError(f"{path}: GGUF metadata: attention.value_length {value_dim} != key_length {head_dim} "
                          f"is not supported")
-    scaling = _get(path, md, f"{a}.rope.scaling.type", str, "none")
-    if scaling != "none":
+    scaling = _get(path, md, f"{a}.rope.scaling.type", str, None)
+    if scaling is not None and scaling != "none":
         raise ValueError(f"{path}: GGUF metadata: RoPE scaling {scaling!r} ({a}.rope.scaling.type) is not supported")
+    if scaling is None:
+        # llama.cpp reads a missing scaling type as linear, with the factor of rope.scaling.factor, or
+        # of the older rope.scale_linear when that is missing or 0; a factor of 0 or 1 scales nothing.
+        # (An explicit type "none" never scales, whatever the factor.)
+        for key in (f"{a}.rope.scaling.factor", f"{a}.rope.scale_linear"):
+            factor = _get(path, md, key, float, None)
+            if factor is not None and factor != 0:
+                if factor != 1:
+                    raise ValueError(f"{path}: GGUF metadata {key!r}: linear RoPE scaling (factor {factor}) "
+                                     f"is not supported: expected no factor, 0 or 1")
+                break
     eps = _get(path, md, f"{a}.attention.layer_norm_rms_epsilon", float, required=True)
     theta = _get(path, md, f"{a}.rope.freq_base", float, 10000.0)
-    if not (eps > 0 and theta > 0):
-        raise ValueError(f"{path}: GGUF metadata: expected positive layer_norm_rms_epsilon and rope.freq_base, "
-                         f"got {eps} and {theta}")
+    for key, v in (("attention.layer_norm_rms_epsilon", eps), ("rope.freq_base", theta)):
+        if not (math.isfinite(v) and v > 0):
+            raise ValueError(f"{path}: GGUF metadata '{a}.{key}': expected a finite number > 0, got {v}")
     context = _get(path, md, f"{a}.context_length", int, required=True)
+    if context < 1:
+        raise ValueError(f"{path}: GGUF metadata '{a}.context_length': expected an int >= 1, got {context}")
     vocab = _get(path, md, f"{a}.vocab_size", int, None)
     if vocab is None:  # the tokenizer's vocabulary: its length, without decoding its strings
         tokens = md._values.get("tokenizer.ggml.tokens") if isinstance(md, _Metadata) else md.get("tokenizer.ggml.tokens")
@@ -719,11 +743,13 @@ def _llama_config(path, md: dict, entries: dict) -> dict:
                          f"not supported: Llama's attention_bias/mlp_bias cover all of them")
     token_ids = {}
     for hf, key in (("bos_token_id", "bos_token_id"), ("eos_token_id", "eos_token_id"),
-                    ("pad_token_id", "padding_token_id")):
-        token_ids[hf] = _get(path, md, f"tokenizer.ggml.{key}", int, None)
-        if token_ids[hf] is not None and token_ids[hf] >= vocab:
-            raise ValueError(f"{path}: GGUF metadata tokenizer.ggml.{key} = {token_ids[hf]} is outside the "
+                    ("pad_token_id", "padding_token_id"), (None, "unknown_token_id")):
+        token_id = _get(path, md, f"tokenizer.ggml.{key}", int, None)
+        if token_id is not None and token_id >= vocab:
+            raise ValueError(f"{path}: GGUF metadata tokenizer.ggml.{key} = {token_id} is outside the "
                              f"vocabulary of {vocab}")
+        if hf is not None:  # LlamaConfig has no unknown token: it is checked only
+            token_ids[hf] = token_id
     return {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
