@@ -537,6 +537,12 @@ def test_out_that_is_the_input_is_refused_before_anything_is_removed(tmp_path, t
     ({"progress": "yes"}, TypeError, "^progress: expected a bool, got str 'yes'$"),
     ({"overwrite": 1}, TypeError, "^overwrite: expected a bool, got int 1$"),
     ({"quantize": "int4"}, ValueError, "^quantize: expected one of 'int8', got 'int4'$"),
+    # beyond sys.maxsize it used to pass and fail in islice, after the old output was removed
+    ({"chunk_size": 10**30}, ValueError, r"^chunk_size: expected an int in \[1, 2\*\*63 - 1\], got 10{30}$"),
+    ({"chunk_size": 2.0}, TypeError, "^chunk_size: expected an int, got float 2.0$"),
+    ({"model": 5}, TypeError, "^model: expected a str or path, got int$"),
+    ({"model": " "}, ValueError, "^model: expected a model name or path, got ' '$"),
+    ({"model": "no-such-model"}, FileNotFoundError, "^model: 'no-such-model' is neither a model directory"),
 ])
 @pytest.mark.parametrize("kind", ["npy", "parquet"])
 def test_bad_arguments_are_refused_before_anything_is_written(tmp_path, tiny_model_dir, kwargs, error, match, kind):
@@ -544,15 +550,35 @@ def test_bad_arguments_are_refused_before_anything_is_written(tmp_path, tiny_mod
     that overwrite=True would replace is kept as it was (still searchable)."""
     f = write_lines(tmp_path / "c.txt", corpus_lines(6))
     with pytest.raises(error, match=match):
-        corpus.embed_file(f, tmp_path / f"new.{kind}", model=str(tiny_model_dir), **kwargs)
+        corpus.embed_file(f, tmp_path / f"new.{kind}", **{"model": str(tiny_model_dir), **kwargs})
     assert sorted(os.listdir(tmp_path)) == ["c.txt"]
     out = tmp_path / f"e.{kind}"
     corpus.embed_file(f, out, model=str(tiny_model_dir))
     before = {p.name: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
     with pytest.raises(error, match=match):
-        corpus.embed_file(f, out, model=str(tiny_model_dir), **{"overwrite": True, **kwargs})
+        corpus.embed_file(f, out, **{"model": str(tiny_model_dir), "overwrite": True, **kwargs})
     assert {p.name: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
     assert corpus.search(out, corpus_lines(6)[2], k=1)[0][0].id == 2
+
+
+def test_embed_summary_and_search_name_a_bad_model(tmp_path, tiny_model_dir, tiny_encoder):
+    """``model`` is the argument's name in the message (not model_identity's ``name_or_path``);
+    a good one still gives encode()'s rows and scores."""
+    lines = corpus_lines(4)
+    out = tmp_path / "e.npy"
+    corpus.embed_file(lines, out, model=str(tiny_model_dir))
+    for model, error, match in ((5, TypeError, "^model: expected a str or path, got int$"),
+                                ("", ValueError, "^model: expected a model name or path, got ''$"),
+                                ("no-such-model", FileNotFoundError, "^model: 'no-such-model' is neither")):
+        with pytest.raises(error, match=match):
+            corpus.embed_summary(lines, model=model)
+        with pytest.raises(error, match=match):
+            corpus.search(out, lines[1], model=model)
+    s = corpus.embed_summary(lines, model=str(tiny_model_dir))
+    np.testing.assert_array_equal(s.embeddings, tiny_encoder.encode(lines, normalize=True))
+    hit = corpus.search(out, lines[1], k=1, model=str(tiny_model_dir))[0][0]
+    q = tiny_encoder.encode([lines[1]], normalize=True)[0]
+    assert hit.id == 1 and hit.text == lines[1] and abs(hit.score - float(q @ q)) < 1e-6
 
 
 def test_embed_summary_checks_limit(tiny_model_dir):

@@ -296,3 +296,97 @@ def test_distributed_bad_arguments(tmp_path, tiny_model_dir):
     with pytest.raises(ValueError, match=r"^out: .*data\.parquet is the input .*data\.parquet"):
         embed_corpus(data, data, model=str(tiny_model_dir), workers=1, overwrite=True)
     assert {p.name: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
+
+
+def test_bad_arguments_keep_a_complete_output_and_start_no_cluster(tmp_path, tiny_model_dir):
+    """Every argument is checked before anything is removed: with overwrite=True a complete output
+    stays as it was (bitwise, and still encode()'s rows), and resume=True on a complete output does
+    not return success with a bad scheduler / workers. A cluster would have started with workers=1:
+    none does (each call ends at once)."""
+    lines = corpus_lines(30)
+    f = write_lines(tmp_path / "c.txt", lines)
+    model = str(tiny_model_dir)
+    out = tmp_path / "done.parquet"
+    corpus.embed_file(f, out, model=model, chunk_size=10)
+    before = {str(p.relative_to(tmp_path)): p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    bad_address = r"^scheduler: expected a scheduler address such as 'tcp://host:8786', got "
+    cases = [
+        ({"on_chunk": 5, "workers": 1}, TypeError, "^on_chunk: expected a callable or None, got int$"),
+        ({"on_chunk": "x", "scheduler": "tcp://127.0.0.1:1"}, TypeError, "^on_chunk: expected a callable or None, got str$"),
+        ({"chunk_size": 10**30, "workers": 1}, ValueError,
+         r"^chunk_size: expected an int in \[1, 2\*\*63 - 1\], got 10{30}$"),
+        ({"model": 5, "workers": 1}, TypeError, "^model: expected a str or path, got int$"),
+        ({"model": "", "workers": 1}, ValueError, "^model: expected a model name or path, got ''$"),
+        ({"scheduler": 123}, TypeError, "^scheduler: expected an address \\(str\\) or a Client, got int$"),
+        ({"scheduler": "tcp://127.0.0.1:1", "workers": 2}, ValueError, "^scheduler and workers: give one"),
+        ({"scheduler": ""}, ValueError, bad_address + r"'' \(missing port number in address ''\)$"),
+        ({"scheduler": "localhost"}, ValueError, bad_address + "'localhost' \\(missing port number"),
+        ({"scheduler": "foo://x:1"}, ValueError, bad_address + "'foo://x:1' \\(unknown address scheme 'foo'"),
+        ({"scheduler": "tcp://127.0.0.1:99999"}, ValueError, bad_address + ".*port 99999 out of range"),
+    ]
+    for how in ({"overwrite": True}, {"resume": True}):
+        for kwargs, error, match in cases:
+            t0 = time.perf_counter()
+            with pytest.raises(error, match=match):
+                embed_corpus(f, out, **{"model": model, **how, **kwargs})
+            assert time.perf_counter() - t0 < 5, (how, kwargs)  # refused up front, no cluster, no connection
+            assert {str(p.relative_to(tmp_path)): p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
+    r = embed_corpus(f, out, model=model, workers=1, resume=True)  # good arguments: complete, nothing to do
+    assert (r.rows, r.chunks, r.chunks_computed) == (30, 3, 0)
+    encoder = SentenceEncoder.from_pretrained(model)
+    ids, texts, emb = read_sorted(out)
+    ref = np.concatenate([encoder.encode(lines[a:a + 10], normalize=True) for a in (0, 10, 20)])
+    assert ids.tolist() == list(range(30)) and texts == lines
+    np.testing.assert_array_equal(emb, ref)
+
+
+def test_a_malformed_scheduler_address_is_named_by_the_cli(tmp_path, tiny_model_dir):
+    f = write_lines(tmp_path / "c.txt", ["a", "b"])
+    for address in ("localhost", "foo://x:1"):
+        proc = subprocess.run([sys.executable, "-m", "transformer_core", "embed", "--file", str(f), "--out",
+                               str(tmp_path / "e.parquet"), "--model", str(tiny_model_dir), "--scheduler", address,
+                               "--no-progress"], capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+        assert proc.stderr.startswith(f"transformer_core embed: scheduler: expected a scheduler address such as "
+                                      f"'tcp://host:8786', got {address!r} ("), proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.txt"]
+
+
+def test_an_address_dask_refuses_at_connect_names_scheduler(monkeypatch):
+    """An address that passes the syntax check but that Client refuses with a ValueError: named too."""
+    import transformer_core.distributed as tcd
+
+    class Refusing(distributed.Client):
+        def __init__(self, *args, **kwargs):
+            raise ValueError("no such thing")
+
+    monkeypatch.setattr(tcd, "Client", Refusing)
+    with pytest.raises(ValueError, match=r"^scheduler: expected a scheduler address such as 'tcp://host:8786', "
+                                         r"got 'tcp://127.0.0.1:8786' \(no such thing\)$"):
+        tcd._connect("tcp://127.0.0.1:8786", None, None)
+
+
+def test_an_in_process_cluster_leaves_the_callers_thread_count(tmp_path, tiny_model_dir):
+    """LocalCluster(processes=False): the worker runs in this process, whose thread count is
+    process-wide; the job neither lowers it (threads_per_worker=1 here) nor changes the environment,
+    and its rows are embed_file's."""
+    import transformer_core as tc
+
+    f = write_lines(tmp_path / "c.txt", corpus_lines(30))
+    ref = tmp_path / "ref.parquet"
+    corpus.embed_file(f, ref, model=str(tiny_model_dir), chunk_size=10)
+    original = tc.get_num_threads()
+    mine = 3 if original != 3 else 2
+    out = tmp_path / "out.parquet"
+    try:
+        tc.set_num_threads(mine)
+        with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None,
+                                      silence_logs=logging.ERROR) as c, distributed.Client(c) as client:
+            env = dict(os.environ)
+            r = embed_corpus(f, out, model=str(tiny_model_dir), scheduler=client, threads_per_worker=1, chunk_size=10)
+            assert tc.get_num_threads() == mine
+            assert dict(os.environ) == env
+    finally:
+        tc.set_num_threads(original)
+    assert (r.rows, r.chunks_computed) == (30, 3)
+    assert_same_rows(out, ref)

@@ -418,3 +418,34 @@ def test_cosine_similarity_of_rows_whose_norm_overflows(dtype):
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no overflow warning for the rows it now handles
         tc.cosine_similarity(np.array([[1e30, 1e30], [1, 0]], np.float32))
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    ({"quantize": "int4"}, ValueError, r"^quantize: expected one of 'int8', got 'int4'$"),
+    ({"quantize": 8}, TypeError, r"^quantize: expected a str, one of 'int8'; got int"),
+    ({"quantize": "int8", "dtype": np.float64},
+     ValueError, r"^quantize, dtype: quantize='int8' computes in float32, expected dtype=np.float32, got float64$"),
+    ({"dtype": np.int32}, TypeError, r"^dtype: expected float32 or float64, got int32$"),
+])
+def test_from_pretrained_checks_quantize_and_dtype_before_loading(tiny_model_dir, monkeypatch, kwargs, error, match):
+    """quantize and its dtype are refused naming them, before any weight is read (the loader is
+    never called); a good setting then loads once and gives quantize() of the float32 encoder."""
+    import transformer_core.sentence_encoder as se
+
+    calls = []
+    real = se.BertModel.from_pretrained
+
+    def spy(*args, **kw):
+        calls.append(args)
+        return real(*args, **kw)
+
+    monkeypatch.setattr(se.BertModel, "from_pretrained", spy)
+    with pytest.raises(error, match=match):
+        tc.SentenceEncoder.from_pretrained(str(tiny_model_dir), **kwargs)
+    assert calls == []
+    int8 = tc.SentenceEncoder.from_pretrained(str(tiny_model_dir), quantize="int8")
+    assert len(calls) == 1
+    ref = tc.quantize(real(str(tiny_model_dir)), "int8", inplace=True)
+    texts = SENTENCES[:5]
+    expected = tc.SentenceEncoder(ref, int8.tokenizer).encode(texts)
+    np.testing.assert_array_equal(int8.encode(texts), expected)

@@ -81,7 +81,7 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
-from ._validation import check_bool, check_choice, check_positive_int
+from ._validation import check_bool, check_choice, check_int, check_positive_int
 from .hub import DEFAULT_MODEL, JSON_ERRORS, json_problem, read_config, resolve_model_dir
 from .tokenizer import check_unicode
 
@@ -722,6 +722,24 @@ def _check_quantize(quantize) -> None:
         check_choice(quantize, "quantize", QUANTIZED_FORMATS)
 
 
+def _check_model(model) -> Path:
+    """The directory of a run's ``model`` argument (:func:`resolve_model_dir`), its errors naming
+    ``model`` (the argument of :func:`embed_file`, :func:`embed_summary`, :func:`search` and
+    ``distributed.embed_corpus``).
+
+    Raises:
+        TypeError: not a str or path. ValueError: an empty string. FileNotFoundError: no such model.
+    """
+    return resolve_model_dir(model, "model")
+
+
+def _model_identity(model, quantize: str | None = None) -> dict:
+    """:func:`model_identity` of a run's ``model`` argument, a bad one named ``model``
+    (:func:`_check_model`)."""
+    _check_model(model)
+    return model_identity(model, quantize)
+
+
 def _check_run_arguments(batch_size, resume, overwrite, progress, quantize=None) -> None:
     """The arguments of a run that :meth:`EmbedJob.prepare` does not see, checked before it (and so
     before anything is written or removed)."""
@@ -1093,20 +1111,19 @@ class EmbedJob:
                 uninterrupted run gives). None: not recorded, not checked.
 
         Raises:
-            ValueError: a bad ``out`` suffix or ``chunk_size``; ``out`` that is the input file (or
-                holds it: see :func:`_check_not_input`); a resumed run whose model, quantize
-                setting, input, chunk size or batch size differ, or whose manifest is damaged; an input with no
-                text; a bad record (strict mode).
+            TypeError: ``chunk_size`` not an int (None: the default).
+            ValueError: a bad ``out`` suffix; ``chunk_size`` outside ``[1, 2**63 - 1]``; ``out``
+                that is the input file (or holds it: see :func:`_check_not_input`); a resumed run
+                whose model, quantize setting, input, chunk size or batch size differ, or whose
+                manifest is damaged; an input with no text; a bad record (strict mode).
             FileNotFoundError: ``out``'s directory does not exist; ``resume`` with no manifest, or
                 with its data gone.
             FileExistsError: the output exists and neither ``resume`` nor ``overwrite`` was given.
         """
         kind = _output_kind(out)
         out = Path(out)
-        if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int)):
-            raise TypeError(f"chunk_size: expected an int, got {type(chunk_size).__name__}")
-        if chunk_size is not None and chunk_size < 1:
-            raise ValueError(f"chunk_size: expected an int >= 1, got {chunk_size}")
+        if chunk_size is not None:  # bounded as batch_size: a larger one would fail only when a chunk is cut
+            chunk_size = check_int(chunk_size, "chunk_size", 1)
         if resume and overwrite:
             raise ValueError("resume and overwrite: give one or the other")
         _check_not_input(source, out)
@@ -1404,10 +1421,12 @@ def embed_file(input, out, *, model=DEFAULT_MODEL, input_format: str | None = No
     Raises:
         Every argument is checked before anything is written or removed (an existing output that
         ``overwrite`` would replace is kept when an argument is bad):
-        TypeError: ``batch_size`` not an int; ``resume``, ``overwrite`` or ``progress`` not a bool.
-        ValueError: ``batch_size`` < 1; ``quantize`` not None or ``"int8"``; ``out`` that is the
-        input (or a link to it, or holds it); and as :func:`open_source`, :meth:`EmbedJob.prepare`
-        and ``SentenceEncoder.from_pretrained``.
+        TypeError: ``batch_size`` or ``chunk_size`` not an int; ``resume``, ``overwrite`` or
+        ``progress`` not a bool; ``model`` not a str or path.
+        ValueError: ``batch_size`` or ``chunk_size`` outside ``[1, 2**63 - 1]``; ``quantize`` not
+        None or ``"int8"``; ``out`` that is the input (or a link to it, or holds it); and as
+        :func:`open_source`, :meth:`EmbedJob.prepare` and ``SentenceEncoder.from_pretrained``.
+        FileNotFoundError: no such ``model`` (named ``model``).
         OSError: the disk cannot hold the output (a ``.npy`` fails before its first chunk, its
         space being reserved up front; the manifest records only the chunks written);
         KeyboardInterrupt with a message saying what is saved and how to resume.
@@ -1417,7 +1436,7 @@ def embed_file(input, out, *, model=DEFAULT_MODEL, input_format: str | None = No
     t0 = time.perf_counter()
     _check_run_arguments(batch_size, resume, overwrite, progress, quantize)
     source = _as_source(input, input_format, text_field, errors)
-    job = EmbedJob.prepare(source, out, model_identity(model, quantize), chunk_size=chunk_size, resume=resume,
+    job = EmbedJob.prepare(source, out, _model_identity(model, quantize), chunk_size=chunk_size, resume=resume,
                            overwrite=overwrite, batch_size=batch_size)
     encoder = SentenceEncoder.from_pretrained(model, quantize=quantize)
     if job.complete:
@@ -1502,6 +1521,7 @@ def embed_summary(input, *, model=DEFAULT_MODEL, limit: int = 20, input_format=N
         check_positive_int(value, name)
     check_bool(progress, "progress")
     _check_quantize(quantize)
+    _check_model(model)
     source = _as_source(input, input_format, text_field, errors)
     encoder = SentenceEncoder.from_pretrained(model, quantize=quantize)
     it = iter(source)
@@ -1771,7 +1791,7 @@ def search(index, queries, k: int = 5, *, model=None, allow_incomplete: bool = F
     man, data = _open_index(index, allow_incomplete)
     name = man["model"]["name"] if model is None else model
     quantize = man["model"].get("quantize")  # the queries are embedded as the index was
-    if model is not None and model_identity(model, quantize)["fingerprint"] != man["model"]["fingerprint"]:
+    if model is not None and _model_identity(model, quantize)["fingerprint"] != man["model"]["fingerprint"]:
         raise ValueError(f"model: {index} was embedded with {man['model']['name']!r}, not {model!r}; "
                          f"queries must be embedded by the same model")
     encoder = SentenceEncoder.from_pretrained(name, quantize=quantize)

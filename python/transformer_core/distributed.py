@@ -14,7 +14,10 @@ the other's interrupted run.
 * **Threads**: each worker's C++ core runs ``threads_per_worker`` OpenMP threads
   (``transformer_core.set_num_threads``, and ``OMP_NUM_THREADS`` in its environment), by default
   the host's cores divided by the worker processes on that host, so that the workers together do
-  not oversubscribe the cores. A local cluster's workers run one Dask task thread each.
+  not oversubscribe the cores. A local cluster's workers run one Dask task thread each. A worker
+  that runs in the client's own process (``LocalCluster(processes=False)``) keeps the caller's
+  thread count and environment: the thread count is process-wide, and the job does not change
+  the caller's.
 * **Failures**: tasks are idempotent per chunk (same chunk, same part file, atomic rename), so the
   chunks of a worker that dies are recomputed on another worker (Dask reschedules them) with no
   row lost or duplicated.
@@ -41,6 +44,7 @@ import logging
 import os
 import threading
 import time
+import uuid
 from collections import Counter
 from pathlib import Path
 from typing import Callable
@@ -48,7 +52,8 @@ from typing import Callable
 try:
     from distributed import Client, LocalCluster, as_completed
     from distributed.client import FutureCancelledError
-    from distributed.comm import CommClosedError, get_address_host
+    from distributed.comm import CommClosedError, get_address_host, parse_address
+    from distributed.comm.registry import get_backend
     from distributed.diagnostics.plugin import WorkerPlugin
     from distributed.scheduler import KilledWorker
 except ImportError as e:
@@ -63,6 +68,14 @@ __all__ = ["embed_corpus", "EncoderPlugin"]
 # The encoder of this worker process: fingerprint -> (SentenceEncoder, lock).
 _ENCODERS: dict = {}
 _ENCODERS_LOCK = threading.Lock()
+# This process, as a worker plugin can tell it from the client's: the same value in an in-process
+# worker (LocalCluster(processes=False)), another in any worker process (spawned or forked).
+_THIS_PROCESS = uuid.uuid4().hex
+
+
+def _process_id() -> tuple[str, int]:
+    """This process's identity (a random id taken at import, and the pid: a forked child differs)."""
+    return _THIS_PROCESS, os.getpid()
 
 
 def _cores() -> int:
@@ -101,6 +114,9 @@ class EncoderPlugin(WorkerPlugin):
         fingerprint: :func:`transformer_core.corpus.model_identity`'s fingerprint of the client's model.
         threads: OpenMP threads per worker; None = the host's cores / ``workers_per_host[host]``.
         workers_per_host: worker processes per host (by address), from the scheduler.
+
+    A worker in the process that made the plugin (an in-process cluster's, in the client) leaves
+    that process's thread count and ``OMP_NUM_THREADS`` as they are: they are the caller's.
     """
 
     idempotent = False
@@ -111,6 +127,7 @@ class EncoderPlugin(WorkerPlugin):
         self.fingerprint = fingerprint
         self.threads = threads
         self.workers_per_host = dict(workers_per_host or {})
+        self.client_process = _process_id()
 
     def threads_for(self, address: str) -> int:
         """The OpenMP threads of the worker at ``address``."""
@@ -122,12 +139,14 @@ class EncoderPlugin(WorkerPlugin):
 
     def setup(self, worker) -> None:
         """Dask's ``WorkerPlugin`` hook, run once on each worker as it joins: sets the worker's
-        OpenMP threads (:meth:`threads_for`) and loads its encoder (checked against the fingerprint)."""
+        OpenMP threads (:meth:`threads_for`; not in the client's own process) and loads its encoder
+        (checked against the fingerprint)."""
         import transformer_core
 
-        n = self.threads_for(worker.address)
-        os.environ["OMP_NUM_THREADS"] = str(n)  # for anything this worker spawns
-        transformer_core.set_num_threads(n)
+        if self.client_process != _process_id():
+            n = self.threads_for(worker.address)
+            os.environ["OMP_NUM_THREADS"] = str(n)  # for anything this worker spawns
+            transformer_core.set_num_threads(n)
         _worker_encoder(self.model, self.fingerprint)
 
 
@@ -148,19 +167,47 @@ def _embed_chunk(model: str, fingerprint: str, directory: str, run: str, index: 
     return index, len(texts)
 
 
-def _connect(scheduler, workers, threads_per_worker):
-    """(client, cluster or None, whether we own the client, OpenMP threads per worker or None)."""
+def _check_scheduler(scheduler, workers) -> None:
+    """``scheduler`` and ``workers`` as :func:`embed_corpus` takes them, checked without connecting:
+    not both, a ``Client`` or an address Dask can parse (a known scheme; a port for an IP one).
+
+    Raises:
+        ValueError: both given; a malformed address (naming ``scheduler``). TypeError: a
+            ``scheduler`` that is neither a str nor a Client.
+    """
     if scheduler is not None and workers is not None:
         raise ValueError("scheduler and workers: give one (workers starts a local cluster)")
+    if scheduler is None or isinstance(scheduler, Client):
+        return
+    if not isinstance(scheduler, str):
+        raise TypeError(f"scheduler: expected an address (str) or a Client, got {type(scheduler).__name__}")
+    try:
+        scheme, location = parse_address(scheduler)
+        backend = get_backend(scheme)
+        try:
+            _, port = backend.get_address_host_port(location)
+        except NotImplementedError:  # a transport without host and port (inproc)
+            port = None
+        if port is not None and not 0 < port < 65536:
+            raise ValueError(f"port {port} out of range [1, 65535]")
+    except ValueError as e:
+        raise ValueError(f"scheduler: expected a scheduler address such as 'tcp://host:8786', got {scheduler!r} "
+                         f"({e})") from None
+
+
+def _connect(scheduler, workers, threads_per_worker):
+    """(client, cluster or None, whether we own the client, OpenMP threads per worker or None).
+    ``scheduler`` and ``workers`` have passed :func:`_check_scheduler`."""
     if isinstance(scheduler, Client):
         return scheduler, None, False, threads_per_worker
     if scheduler is not None:
-        if not isinstance(scheduler, str):
-            raise TypeError(f"scheduler: expected an address (str) or a Client, got {type(scheduler).__name__}")
         try:
             client = Client(scheduler, timeout="20s")
         except (OSError, TimeoutError) as e:
             raise OSError(f"scheduler: cannot connect to {scheduler!r} ({e})") from None
+        except ValueError as e:  # an address Dask refuses only when it connects
+            raise ValueError(f"scheduler: expected a scheduler address such as 'tcp://host:8786', got "
+                             f"{scheduler!r} ({e})") from None
         return client, None, True, threads_per_worker
     cores = _cores()
     n = workers if workers is not None else cores
@@ -195,12 +242,14 @@ def embed_corpus(input, output, *, model=DEFAULT_MODEL, scheduler=None, workers:
         scheduler: None (start a local cluster of ``workers`` processes), a scheduler address
             (``"tcp://host:8786"``), or a ``distributed.Client`` (used as is, not closed).
         workers: worker processes of the local cluster (default: one per core).
-        threads_per_worker: C++ (OpenMP) threads per worker (default: the host's cores / its workers).
+        threads_per_worker: C++ (OpenMP) threads per worker (default: the host's cores / its workers);
+            not set in a worker that runs in this process (an in-process cluster), whose count is the caller's.
         chunk_size, batch_size, input_format, text_field, errors, resume, overwrite, progress: as
             :func:`transformer_core.corpus.embed_file`.
         max_in_flight: chunks submitted and not finished at once (default 2 per worker + 2): bounds
             the client's memory.
-        on_chunk: called in the client after each chunk is recorded, with (chunk index, chunks done).
+        on_chunk: None, or a callable called in the client after each chunk is recorded, with
+            (chunk index, chunks done).
 
     Returns:
         :class:`transformer_core.corpus.EmbedResult`.
@@ -210,7 +259,12 @@ def embed_corpus(input, output, *, model=DEFAULT_MODEL, scheduler=None, workers:
         starts). As :func:`transformer_core.corpus.embed_file` (TypeError / ValueError: a bad
         ``batch_size``, ``resume``, ``overwrite``, ``progress``; ``output`` that is the input);
         TypeError / ValueError: ``workers``, ``threads_per_worker`` or ``max_in_flight`` not an
-        int >= 1; ValueError: ``output`` not ``.parquet``, both ``scheduler`` and ``workers``;
+        int >= 1, ``chunk_size`` not an int in ``[1, 2**63 - 1]``; ``model`` not a str or path,
+        or an empty one (named ``model``); TypeError: ``scheduler`` neither an address nor a
+        ``Client``, ``on_chunk`` neither None nor callable; ValueError: ``output`` not
+        ``.parquet``, both ``scheduler`` and ``workers``, a malformed ``scheduler`` address (no
+        port, an unknown scheme); FileNotFoundError: no such ``model``. These hold for a
+        complete output with ``resume`` too (which returns without starting a cluster).
         OSError: the scheduler cannot be reached, or a chunk's workers kept dying (Dask's
         ``allowed-failures``); KeyboardInterrupt with what is saved.
     """
@@ -221,9 +275,12 @@ def embed_corpus(input, output, *, model=DEFAULT_MODEL, scheduler=None, workers:
     for name, value in (("workers", workers), ("threads_per_worker", threads_per_worker),
                         ("max_in_flight", max_in_flight)):
         _check_count(name, value)
+    if on_chunk is not None and not callable(on_chunk):
+        raise TypeError(f"on_chunk: expected a callable or None, got {type(on_chunk).__name__}")
+    _check_scheduler(scheduler, workers)
     corpus._check_run_arguments(batch_size, resume, overwrite, progress)
     source = corpus._as_source(input, input_format, text_field, errors)
-    identity = corpus.model_identity(model)
+    identity = corpus._model_identity(model)
     job = corpus.EmbedJob.prepare(source, output, identity, chunk_size=chunk_size, resume=resume, overwrite=overwrite,
                                   batch_size=batch_size)
     if job.complete:

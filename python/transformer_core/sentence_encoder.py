@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from ._runtime import core
-from ._validation import as_bool, as_float, check_allocatable, check_bool, check_int
+from ._validation import as_bool, as_float, check_allocatable, check_bool, check_choice, check_int, resolve_dtype
 from .bert import BertModel
 from .hub import DEFAULT_MODEL, read_json_file
 from .tokenizer import Tokenizer, check_unicode
@@ -195,12 +195,21 @@ class SentenceEncoder:
                 batch-mates (:meth:`encode`).
 
         Raises:
+            ``dtype`` and ``quantize`` are checked first, before any file is read:
+            TypeError: ``dtype`` not float32 or float64; ``quantize`` neither None nor a str.
+            ValueError: an unknown ``quantize`` format, or ``quantize`` with ``dtype`` float64.
             FileNotFoundError, ValueError: as :meth:`BertModel.from_pretrained` and
-                :func:`read_pooling` (a pooling mode or module that is not supported); ValueError:
-                an unknown ``quantize`` format, or ``quantize`` with float64.
+                :func:`read_pooling` (a pooling mode or module that is not supported).
         """
         from .hub import resolve_model_dir
+        from .quantization import QUANTIZED_FORMATS
 
+        dtype = resolve_dtype(dtype)
+        if quantize is not None:
+            check_choice(quantize, "quantize", QUANTIZED_FORMATS)
+            if dtype is not np.float32:
+                raise ValueError(f"quantize, dtype: quantize={quantize!r} computes in float32, expected "
+                                 f"dtype=np.float32, got {np.dtype(dtype).name}")
         settings = read_pooling(resolve_model_dir(name_or_path))
         model = BertModel.from_pretrained(name_or_path, dtype=dtype)
         if quantize is not None:
