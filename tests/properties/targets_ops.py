@@ -820,15 +820,19 @@ def _draw_emb_bw(draw):
 
 def _ref_emb_bw(kw):
     V = read_int(kw["num_embeddings"], "num_embeddings", 1)
-    ids = read_ids(kw["ids"], "ids", V)
-    g = read(kw["grad_output"], "grad_output")
+    raw = np.asarray(to_np(kw["ids"])) if isinstance(kw["ids"], np.ndarray) else None
+    if raw is not None and raw.size == 0 and raw.dtype.kind in "iu":  # no ids: allowed, as torch
+        ids = raw.astype(np.int64)
+    else:
+        ids = read_ids(kw["ids"], "ids", V)
+    g = read(kw["grad_output"], "grad_output", allow_empty=True)  # embedding_dim 0 too, as torch
     if g.ndim < 1 or g.shape[:-1] != ids.shape:
         raise NoReference("shape")
     if np.asarray(to_np(kw["ids"])).dtype.kind == "f":
         raise NoReference("float ids")
     pad = None if kw["padding_idx"] is None else read_int(kw["padding_idx"], "padding_idx", -V, V - 1) % V
     out = np.zeros((V, g.shape[-1]))
-    for i, row in zip(ids.reshape(-1), g.reshape(-1, g.shape[-1])):
+    for i, row in zip(ids.reshape(-1), g.reshape(ids.size, g.shape[-1])):
         if i != pad:
             out[i] += row
     return out
