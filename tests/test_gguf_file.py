@@ -377,13 +377,12 @@ F32, U32, STR = gguf.GGUFValueType.FLOAT32, gguf.GGUFValueType.UINT32, gguf.GGUF
 @pytest.mark.parametrize("metadata,key", [
     ({"llama.rope.scaling.factor": (4.0, F32)}, "llama.rope.scaling.factor"),
     ({"llama.rope.scale_linear": (4.0, F32)}, "llama.rope.scale_linear"),
-    ({"llama.rope.scaling.factor": (0.0, F32), "llama.rope.scale_linear": (2.0, F32)}, "llama.rope.scale_linear"),
     ({"llama.rope.scaling.factor": (0.5, F32), "llama.rope.scale_linear": (1.0, F32)}, "llama.rope.scaling.factor"),
 ])
 def test_rope_scaling_factor_without_type_is_refused(tmp_path, metadata, key):
     """llama.cpp reads a factor without a scaling type as linear RoPE scaling (rope.scaling.factor,
-    else rope.scale_linear), which this library does not compute: refused, naming the key, not
-    loaded unscaled."""
+    or rope.scale_linear where that key is absent), which this library does not compute: refused,
+    naming the key, not loaded unscaled."""
     path = tmp_path / "rope_factor.gguf"
     write_llama_gguf(path, random_llama_state(np.random.default_rng(0)), metadata=metadata)
     _bad(path, re.escape(repr(key)), "linear RoPE scaling")
@@ -394,6 +393,7 @@ def test_rope_scaling_factor_without_type_is_refused(tmp_path, metadata, key):
     {"llama.rope.scaling.factor": (0.0, F32)},
     {"llama.rope.scale_linear": (1.0, F32)},
     {"llama.rope.scaling.factor": (1.0, F32), "llama.rope.scale_linear": (4.0, F32)},  # the factor wins
+    {"llama.rope.scaling.factor": (0.0, F32), "llama.rope.scale_linear": (2.0, F32)},  # even a 0 one: no scaling
     {"llama.rope.scaling.type": ("none", STR), "llama.rope.scaling.factor": (4.0, F32)},  # "none" never scales
 ])
 def test_rope_scaling_factor_meaning_none_is_accepted(tmp_path, metadata):

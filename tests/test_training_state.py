@@ -277,17 +277,23 @@ def _run(code: str, env=None) -> subprocess.CompletedProcess:
                           env={**os.environ, **(env or {})})
 
 
-def test_core_refuses_a_bias_it_would_have_to_convert():
+@pytest.mark.parametrize("call", [
+    "tc._core.linear_f32(np.ones((1, 1), np.float32), np.zeros((4096, 1), np.float32), b, '')",
+    "tc._core.linear_int8(x=np.ones((1, 4), np.float32), qweight=np.zeros((4096, 4), np.int8), "
+    "scales=np.ones(4096, np.float32), bias=b, residual_activations=False)",
+], ids=["linear_f32", "linear_int8"])
+def test_core_refuses_a_bias_it_would_have_to_convert(call):
     """The bindings read an optional array (bias, norm weight, ids) through a converted temporary
-    that was freed before the kernel ran: a strided bias segfaulted _core.linear_f32."""
+    that was freed before the kernel ran: a strided bias segfaulted _core.linear_f32 and gave
+    linear_int8 garbage (off by 2.7e7)."""
     r = _run("import numpy as np, transformer_core as tc\n"
              "b = np.arange(2 * 4096, dtype=np.float32)[::2]\n"
              "try:\n"
-             "    tc._core.linear_f32(np.ones((1, 1), np.float32), np.zeros((4096, 1), np.float32), b, '')\n"
+             f"    {call}\n"
              "except ValueError as e:\n"
              "    print('refused:', e)\n")
     assert r.returncode == 0, r.stderr
-    assert "refused: an optional array" in r.stdout and "C-contiguous" in r.stdout
+    assert "refused: an optional array" in r.stdout and "float32, not C-contiguous" in r.stdout
 
 
 def test_omp_num_threads_above_the_limit_starts_at_the_limit():

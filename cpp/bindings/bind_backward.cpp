@@ -232,9 +232,9 @@ void register_dtype(py::module_& m) {
           const int64_t rows = logits.shape(0), V = logits.shape(1);
           const T* gr = nullptr;
           if (!grad_rows.is_none()) {
-            const auto g = grad_rows.cast<CArray<T>>();
+            gr = optional_data<T>(grad_rows);  // the caller's own array: no temporary to outlive
+            const auto g = grad_rows.cast<py::array>();
             require(g.ndim() == 1 && g.shape(0) == rows, "cross_entropy: grad_output must be [rows]");
-            gr = g.data();
           }
           py::object loss_rows = py::none();
           T* lr = nullptr;

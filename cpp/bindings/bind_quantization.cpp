@@ -10,7 +10,7 @@ namespace {
 
 namespace q = kernels::quant;
 
-const float* optional_bias(const py::object& b) { return b.is_none() ? nullptr : b.cast<CArray<float>>().data(); }
+const float* optional_bias(const py::object& b) { return optional_data<float>(b); }
 
 // A read-only byte view of any buffer (numpy uint8 array, bytes, memoryview, mmap): no copy.
 struct Bytes {

@@ -120,8 +120,8 @@ void register_dtype(py::module_& m) {
           [](layers::Embeddings<T>& self, const CArray<int64_t>& input_ids, const py::object& position_ids,
              const py::object& token_type_ids, double dropout, uint64_t seed) {
             const int64_t rows = static_cast<int64_t>(input_ids.size());
-            const int64_t* pos = position_ids.is_none() ? nullptr : position_ids.cast<CArray<int64_t>>().data();
-            const int64_t* tt = token_type_ids.is_none() ? nullptr : token_type_ids.cast<CArray<int64_t>>().data();
+            const int64_t* pos = optional_data<int64_t>(position_ids);
+            const int64_t* tt = optional_data<int64_t>(token_type_ids);
             self.check(input_ids.data(), pos, tt, rows);
             auto out = like<T>({rows, self.config().hidden_size});
             T* op = out.mutable_data();
@@ -179,8 +179,8 @@ void register_dtype(py::module_& m) {
              const py::object& bool_mask, const py::object& float_mask, const py::object& key_mask, bool is_causal,
              const std::string& path, const layers::RotaryEmbedding<T>* rotary, const py::object& position_ids) {
             const bool self_attention = key.is_none();
-            const T* kp = self_attention ? query.data() : key.cast<CArray<T>>().data();
-            const T* vp = self_attention ? query.data() : value.cast<CArray<T>>().data();
+            const T* kp = self_attention ? query.data() : optional_data<T>(key);
+            const T* vp = self_attention ? query.data() : optional_data<T>(value);
             const int64_t N = query.shape(0), L = query.shape(1);
             const int64_t S = self_attention ? L : key.cast<py::array>().shape(1);
             layers::AttentionInputs<T> in;

@@ -80,9 +80,15 @@ py::array_t<T> new_array(const std::vector<int64_t>& shape, const std::string& n
 template <class T>
 const T* optional_data(const py::object& o) {
   if (o.is_none()) return nullptr;
-  require(py::isinstance<CArray<T>>(o), "an optional array (bias, weight, ids): expected a C-contiguous array of " +
-                                            std::string(py::str(py::dtype::of<T>())) + ", got " +
-                                            std::string(py::str(py::type::of(o))));
+  if (!py::isinstance<CArray<T>>(o)) {
+    std::string got = std::string(py::str(py::type::of(o)));
+    if (py::isinstance<py::array>(o)) {
+      const auto a = o.cast<py::array>();
+      got = std::string(py::str(a.dtype())) + (a.flags() & py::array::c_style ? "" : ", not C-contiguous");
+    }
+    throw std::invalid_argument("an optional array (bias, weight, ids, key, value): expected a C-contiguous array of " +
+                                std::string(py::str(py::dtype::of<T>())) + ", got " + got);
+  }
   return static_cast<const T*>(o.cast<py::array>().data());
 }
 

@@ -572,7 +572,7 @@ def read_gguf(path) -> GGUFCheckpoint:
 
     RoPE scaling is not computed, so it is refused, never ignored: a ``llama.rope.scaling.type`` other
     than "none", and, without a type (which llama.cpp reads as linear), a
-    ``llama.rope.scaling.factor`` (or, where that is missing or 0, ``llama.rope.scale_linear``) other
+    ``llama.rope.scaling.factor`` (or, where that key is absent, ``llama.rope.scale_linear``) other
     than 0 or 1 (both: no scaling). With the type "none" the factor is ignored, as llama.cpp does.
 
     The file is memory-mapped, not read: the checkpoint's tensors are views of the map (and so are
@@ -702,15 +702,16 @@ def _llama_config(path, md: dict, entries: dict) -> dict:
         raise ValueError(f"{path}: GGUF metadata: RoPE scaling {scaling!r} ({a}.rope.scaling.type) is not supported")
     if scaling is None:
         # llama.cpp reads a missing scaling type as linear, with the factor of rope.scaling.factor, or
-        # of the older rope.scale_linear when that is missing or 0; a factor of 0 or 1 scales nothing.
+        # of the older rope.scale_linear when that key is absent; a factor of 0 or 1 scales nothing.
         # (An explicit type "none" never scales, whatever the factor.)
         for key in (f"{a}.rope.scaling.factor", f"{a}.rope.scale_linear"):
             factor = _get(path, md, key, float, None)
-            if factor is not None and factor != 0:
-                if factor != 1:
-                    raise ValueError(f"{path}: GGUF metadata {key!r}: linear RoPE scaling (factor {factor}) "
-                                     f"is not supported: expected no factor, 0 or 1")
-                break
+            if factor is None:
+                continue
+            if factor not in (0, 1):
+                raise ValueError(f"{path}: GGUF metadata {key!r}: linear RoPE scaling (factor {factor}) "
+                                 f"is not supported: expected no factor, 0 or 1")
+            break
     eps = _get(path, md, f"{a}.attention.layer_norm_rms_epsilon", float, required=True)
     theta = _get(path, md, f"{a}.rope.freq_base", float, 10000.0)
     for key, v in (("attention.layer_norm_rms_epsilon", eps), ("rope.freq_base", theta)):
