@@ -431,36 +431,32 @@ def test_chained_schedulers_resume_in_any_load_order_like_torch(name):
     uninterrupted run exactly, whatever the order (a scheduler's load leaves the groups' lr to the
     optimizer's state: a chain's first scheduler holds only its own step of the chain)."""
     torch_lib = torch.optim.lr_scheduler
-    runs = {}
-    for lib in (S, torch_lib):
-        opt, scheds = _chain(lib, name)
-        for _ in range(3):
-            opt.step()
-            for s in scheds:
-                s.step()
-        saved = [opt.state_dict()] + [s.state_dict() for s in scheds]
+
+    def steps(opt, scheds, n):
+        """n chained steps; the groups' lr and each scheduler's last lr after each."""
         lrs = []
-        for _ in range(6):
+        for _ in range(n):
             opt.step()
             for s in scheds:
                 s.step()
             lrs.append(([g["lr"] for g in opt.param_groups], [s.get_last_lr() for s in scheds]))
-        runs[lib] = saved, lrs
+        return lrs
+
+    runs = {}
+    for lib in (S, torch_lib):
+        opt, scheds = _chain(lib, name)
+        steps(opt, scheds, 3)
+        saved = [opt.state_dict()] + [s.state_dict() for s in scheds]
+        runs[lib] = saved, steps(opt, scheds, 6)
     assert runs[S][1] == runs[torch_lib][1], "uninterrupted"
     for order in itertools.permutations(range(len(runs[S][0]))):  # the optimizer is 0, the schedulers 1, 2, ...
         for lib in (S, torch_lib):
-            saved, expected = runs[lib]
+            saved = runs[lib][0]
             opt, scheds = _chain(lib, name)
             objects = [opt] + scheds
             for i in order:
                 objects[i].load_state_dict(copy.deepcopy(saved[i]))
-            got = []
-            for _ in range(6):
-                opt.step()
-                for s in scheds:
-                    s.step()
-                got.append(([g["lr"] for g in opt.param_groups], [s.get_last_lr() for s in scheds]))
-            assert got == runs[torch_lib][1], f"{'ours' if lib is S else 'torch'}: load order {order}"
+            assert steps(opt, scheds, 6) == runs[torch_lib][1], f"{'ours' if lib is S else 'torch'}: load order {order}"
 
 
 def test_scheduler_load_leaves_the_groups_lr_to_the_optimizer():
