@@ -134,9 +134,12 @@ def test_outputs_larger_than_memory(rng):
     ff = tc.nn.FeedForward(1, 2**19)
     with pytest.raises(ValueError, match=r"\bx\b"):
         ff(np.ones((2**22, 1), np.float32))  # hidden (2**22, 2**19) floats
-    with pytest.raises(ValueError, match="combination"):  # two boolean masks combined: (1, 2**20, 2**20)
-        m = np.ones((1, 2**20), bool)
-        F.scaled_dot_product_attention(q, q, q, query_mask=m, key_mask=m)
+    # Two boolean masks combined: (1, 2, 2**20, 2**20). (A key_mask shared by the heads is read in
+    # place, never combined: a per-head one is.)
+    q4 = np.ones((1, 2, 2**20, 1), np.float32)
+    with pytest.raises(ValueError, match="combination"):
+        F.scaled_dot_product_attention(q4, q4, q4, query_mask=np.ones((1, 1, 2**20), bool),
+                                       key_mask=np.ones((1, 2, 2**20), bool))
 
 
 # ------------------------------------------------------------------------------------------------
