@@ -269,6 +269,75 @@ def test_meta_tensors_are_named_type_errors():
         lin.load_state_dict({"weight": torch.empty((2, 3), device="meta"), "bias": torch.zeros(2)})
 
 
+# ------------------------------------------------------------------------ KV cache and quantized copies
+def test_kv_cache_reserve_between_the_layers_of_a_step_keeps_the_step():
+    """Growing the cache copied only [:length] of each layer; in the middle of a step layer 0 had
+    already written the step's positions past the length, which read back as zeros (an incremental
+    decode off by 0.05)."""
+    rng = np.random.default_rng(0)
+    layers = [tc.nn.MultiheadAttention(8, 2) for _ in range(2)]
+    x = rng.standard_normal((1, 6, 8)).astype(np.float32)
+    full = x
+    for a in layers:  # the whole sequence at once, causal: the reference
+        full = a(full, is_causal=True)[0]
+    cache = tc.KVCache(2, 1, 2, 4, capacity=1)
+    steps = []
+    for t in range(6):
+        h = layers[0](x[:, t:t + 1], past_key_values=cache, layer=0)[0]
+        cache.reserve(cache.capacity + 3)  # grows the storage between layer 0 and layer 1
+        steps.append(layers[1](h, past_key_values=cache, layer=1)[0])
+    np.testing.assert_allclose(np.concatenate(steps, axis=1), full, atol=1e-5, rtol=1e-5)
+
+
+def test_kv_cache_from_legacy_checks_memory_before_copying():
+    z = np.broadcast_to(np.float32(0), (1000, 2, 10**6, 4))  # 32 GB as float32 copies, no memory of its own
+    with pytest.raises(ValueError, match=r"past_key_values \(its copy and the cache\).*more than this machine's memory"):
+        tc.KVCache.from_legacy([(z, z)], 2, 4)
+
+
+def test_a_quantized_copy_is_in_eval_mode():
+    """The copy took the float model's ``training`` flag: an int8 copy in training mode ran dropout
+    at inference (two calls differed) and refused backward only after a forward."""
+    m = tc.nn.TransformerEncoderLayer(16, 4, 32, dropout=0.5).train()
+    q = tc.quantize(m)
+    assert m.training and not q.training
+    x = np.random.default_rng(0).standard_normal((2, 3, 16)).astype(np.float32)
+    np.testing.assert_array_equal(q(x), q(x))
+    np.testing.assert_array_equal(q(x), tc.quantize(m.eval())(x))
+
+
+def test_split_heads_state_with_a_0d_first_weight_is_a_named_value_error():
+    from transformer_core import multihead_forms as MF
+
+    E = 4
+    state = {f"{n}.{t}": (np.ones((E, E)) if t == "weight" else np.ones(E))
+             for n in ("W_q", "W_k", "W_v", "W_o") for t in ("weight", "bias")}
+    with pytest.raises(ValueError, match=r"state\['W_q.weight'\]: expected shape \(E, E\), got \(\)"):
+        MF.from_split_heads({**state, "W_q.weight": np.float64(1.0)})
+
+
+@pytest.mark.parametrize("call", ["tc.masks.causal_mask(10**8, 1)", "tc.masks.padding_mask([1], 10**8)"])
+def test_masks_allocate_only_the_mask(call):
+    """The helpers built int64 index arrays 8-16 times the mask's size after checking only the
+    mask's: under a 1 GB address space, a 100 MB mask raised MemoryError."""
+    code = ("import resource; resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))\n"
+            "import numpy as np, transformer_core as tc\n"
+            f"m = {call}\n"
+            "print(m.shape, int(m.sum()))\n")
+    r = _run(code, env={"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split("\n")[0] in ("(100000000, 1) 100000000", "(1, 100000000) 1")
+
+
+def test_masks_match_their_definition():
+    for L, S in [(1, 1), (3, 5), (5, 3), (4, 4)]:
+        for alignment, d in (("top_left", 0), ("bottom_right", S - L)):
+            want = np.arange(S)[None, :] <= np.arange(L)[:, None] + d
+            np.testing.assert_array_equal(tc.masks.causal_mask(L, S, alignment=alignment), want)
+    lengths = np.array([0, 3, 1, 5])
+    np.testing.assert_array_equal(tc.masks.padding_mask(lengths, 6), np.arange(6)[None, :] < lengths[:, None])
+
+
 # ------------------------------------------------------------------------ bindings and runtime
 def _run(code: str, env=None) -> subprocess.CompletedProcess:
     import os

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._runtime import variant
-from ._validation import as_float, check_int, resolve_dtype
+from ._validation import as_float, check_allocatable, check_int, resolve_dtype
 
 __all__ = ["KVCache"]
 
@@ -123,7 +123,8 @@ class KVCache:
 
         Raises:
             TypeError: ``past`` not a tuple or list (message naming ``past_key_values``).
-            ValueError: no pairs, arrays of inconsistent shapes, a bad ``key_order``.
+            ValueError: no pairs, arrays of inconsistent shapes, a bad ``key_order``; arrays whose
+                copies and cache would exceed this machine's memory (checked before any copy).
         """
         dtype = resolve_dtype(dtype)
         num_kv_heads = check_int(num_kv_heads, "num_kv_heads", 1)
@@ -134,6 +135,11 @@ class KVCache:
                             f"values) pairs per layer, got {type(past).__name__}")
         if not past:
             raise ValueError("past_key_values: expected one (keys, values) pair per layer, got none")
+        first = past[0][0] if isinstance(past[0], (list, tuple)) and past[0] else None
+        if first is not None and hasattr(first, "shape") and len(first.shape) == 4:
+            # the copies below and the cache: checked from the shapes before any is made
+            check_allocatable((4, len(past)) + tuple(int(d) for d in first.shape), np.dtype(dtype).itemsize,
+                              "past_key_values (its copy and the cache)")
         pairs, shape = [], None
         for i, pair in enumerate(past):
             if not isinstance(pair, (list, tuple)) or len(pair) != 2:

@@ -91,7 +91,7 @@ def causal_mask(L: int, S: int | None = None, alignment: str = "top_left") -> np
     alignment = check_choice(alignment, "alignment", ("top_left", "bottom_right"))
     check_allocatable((L, S), 1, "L, S")
     diagonal = 0 if alignment == "top_left" else S - L
-    return np.arange(S)[None, :] <= np.arange(L)[:, None] + diagonal
+    return np.tri(L, S, k=diagonal, dtype=bool)  # no index arrays: only the mask is allocated
 
 
 def padding_mask(lengths, max_len: int | None = None) -> np.ndarray:
@@ -125,7 +125,10 @@ def padding_mask(lengths, max_len: int | None = None) -> np.ndarray:
         if longest > max_len:
             raise ValueError(f"max_len: expected >= the longest length {longest}, got {max_len}")
     check_allocatable((arr.shape[0], max_len), 1, "lengths, max_len: the mask (N, max_len)")
-    return np.arange(max_len)[None, :] < arr.astype(np.int64)[:, None]
+    mask = np.zeros((arr.shape[0], max_len), bool)  # only the mask is allocated (no index array)
+    for row, length in zip(mask, arr.tolist()):
+        row[:length] = True
+    return mask
 
 
 def padding_mask_from_ids(input_ids, pad_token_id: int) -> np.ndarray:

@@ -236,7 +236,10 @@ def from_split_heads(state) -> dict[str, np.ndarray]:
         raise ValueError(f"state: expected W_q/W_k/W_v/W_o or "
                          f"q_linear/k_linear/v_linear/out_linear keys, got {sorted(s)}")
     _check_keys(s, [f"{n}.{t}" for n in names for t in ("weight", "bias")])
-    E = s[f"{names[0]}.weight"].shape[0]
+    first = s[f"{names[0]}.weight"]
+    if first.ndim != 2 or first.shape[0] != first.shape[1]:
+        raise ValueError(f"state['{names[0]}.weight']: expected shape (E, E), got {first.shape}")
+    E = first.shape[0]
     for n in names:
         _check_shape(s[f"{n}.weight"], (E, E), f"{n}.weight")
         _check_shape(s[f"{n}.bias"], (E,), f"{n}.bias")

@@ -635,7 +635,7 @@ def _copy(model):
         d = dst[name]
         d.impl.set_parameter(d.core_name, slot.impl.get_parameter(slot.core_name))
     for key, value in vars(model).items():  # loader attributes (source, name_or_path, ...), not its state
-        if key not in vars(new) and key not in ("_parameters_cache", "_saved"):
+        if key not in vars(new) and key not in ("_parameters_cache", "_saved", "training"):  # a copy is in eval
             setattr(new, key, value)
     return new
 

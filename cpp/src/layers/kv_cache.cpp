@@ -32,8 +32,11 @@ void KVCache<T>::reserve(int64_t total) {
                        "total (the KVCache capacity asked for)");
   auto grow = [&](xt::xtensor<T, 4>& old) {
     xt::xtensor<T, 4> fresh = allocate<T, 4>({batch_, num_kv_heads_, new_cap, head_dim_}, "total (the KVCache capacity asked for)");
-    for (int64_t nh = 0; nh < batch_ * num_kv_heads_; ++nh)  // the filled [:length] block of every (n, h)
-      std::copy(old.data() + nh * capacity_ * head_dim_, old.data() + nh * capacity_ * head_dim_ + length_ * head_dim_,
+    // The whole old block of every (n, h), not only [:length]: in the middle of a step (layers called
+    // in order, the length advanced by the last one) the earlier layers already hold the step's
+    // positions past the length, and a reserve between two layers must keep them.
+    for (int64_t nh = 0; nh < batch_ * num_kv_heads_; ++nh)
+      std::copy(old.data() + nh * capacity_ * head_dim_, old.data() + (nh + 1) * capacity_ * head_dim_,
                 fresh.data() + nh * new_cap * head_dim_);
     old = std::move(fresh);
   };
