@@ -124,10 +124,9 @@ class Seq2SeqTransformer(Module):
             vocab = "src_vocab_size" if table is self.src_tok_emb else "tgt_vocab_size"
             raise ValueError(f"{name}: expected ids in [0, {V}) ({vocab}), got {int(ids[pos])} at {pos}")
 
-    def _embed(self, table: Embedding, ids: np.ndarray, name: str):
+    def _embed(self, table: Embedding, ids: np.ndarray):
         """``table[ids] · √E + PE[:L]`` (then dropout in training): ``((N, L, E), seed)``; ``ids``
-        checked first (:meth:`_check_ids`)."""
-        self._check_ids(table, ids, name)
+        already checked (:meth:`_check_ids`)."""
         x = table(ids) * self.dtype(self.scale) + self.pe[:ids.shape[1]]
         seed = None
         if self.training and self.dropout > 0:
@@ -173,8 +172,8 @@ class Seq2SeqTransformer(Module):
         if self.training:  # a new training forward: a loss kept for backward is no longer this one's
             self._saved = None
         try:
-            x, src_seed = self._embed(self.src_tok_emb, src, "src")
-            y, tgt_seed = self._embed(self.tgt_tok_emb, tgt, "tgt")
+            x, src_seed = self._embed(self.src_tok_emb, src)
+            y, tgt_seed = self._embed(self.tgt_tok_emb, tgt)
             out = self.transformer(x, y, src_key_mask=sk, tgt_key_mask=tk, memory_key_mask=sk, tgt_is_causal=True)
             logits = self.generator(out)
         except BaseException:
@@ -267,7 +266,8 @@ class Seq2SeqTransformer(Module):
         self._require_eval("encode")
         src = as_ids(src, "src")
         sk = None if src_key_mask is None else as_bool(src_key_mask, "src_key_mask")
-        x, _ = self._embed(self.src_tok_emb, src, "src")
+        self._check_ids(self.src_tok_emb, src, "src")
+        x, _ = self._embed(self.src_tok_emb, src)
         return self.transformer.encoder(x, src_key_mask=sk)
 
     def decode(self, tgt, memory, src_key_mask=None) -> np.ndarray:
@@ -287,7 +287,8 @@ class Seq2SeqTransformer(Module):
         mem_shape = tuple(np.shape(memory))
         if sk is not None and len(mem_shape) == 3 and sk.shape != mem_shape[:2]:
             raise ValueError(f"src_key_mask: expected shape {mem_shape[:2]} (memory's (N, S)), got {sk.shape}")
-        y, _ = self._embed(self.tgt_tok_emb, tgt, "tgt")
+        self._check_ids(self.tgt_tok_emb, tgt, "tgt")
+        y, _ = self._embed(self.tgt_tok_emb, tgt)
         return self.generator(self.transformer.decoder(y, memory, memory_key_mask=sk, tgt_is_causal=True))
 
     def greedy_decode(self, src, max_len: int, start_token: int, end_token: int | None = None,
