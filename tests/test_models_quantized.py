@@ -334,6 +334,62 @@ def test_weight_bytes_counts_a_tied_heads_int8_copy():
     assert wb(gpt2, "wte.weight") == 50 * 16 * 4 + 50 * 16 + 4 * 50
 
 
+def _int8_storage_bytes(weight_out_in: np.ndarray, dequantized_out_in: np.ndarray) -> int:
+    """The bytes of ``weight_out_in`` (out, in) quantized per output channel, checked to be the
+    storage the model dequantizes (one scale per row of this layout): qweight + float32 scales."""
+    q, scales = tc.quantization.quantize_int8(weight_out_in)
+    np.testing.assert_array_equal(dequantized_out_in, q.astype(np.float32) * scales[:, None])
+    return q.nbytes + scales.nbytes
+
+
+def test_weight_bytes_counts_one_scale_per_output_channel_in_every_layout():
+    """int8: one byte per value + a float32 scale per output channel. GPT-2's Conv1D weights are
+    (in, out) in the checkpoint: their scales are per column (it counted shape[0], the inputs). The
+    reference: the scales quantize_int8 gives the (out, in) matrix, checked to be those the model
+    dequantizes by. Linear-layout weights (Llama, BERT) per row; GGUF blocks: their byte count."""
+    import gguf
+
+    wb = tc.quantization.weight_bytes
+    rng = np.random.default_rng(3)
+    gpt = tc.GPT2LMHeadModel(tc.GPT2Config(vocab_size=45, n_positions=16, n_embd=64, n_layer=1, n_head=4))
+    gpt.load_state_dict({k: rng.normal(0, 0.2, v.shape).astype(np.float32) for k, v in gpt.state_dict().items()})
+    g8, sd = tc.quantize(gpt, "int8"), gpt.state_dict()
+    deq = g8.state_dict()
+    conv1d = {"h.0.attn.c_attn.weight": (64, 192), "h.0.attn.c_proj.weight": (64, 64),
+              "h.0.mlp.c_fc.weight": (64, 256), "h.0.mlp.c_proj.weight": (256, 64)}
+    for name, (n_in, n_out) in conv1d.items():
+        assert g8.parameter_shapes()[name] == (n_in, n_out) and g8.weight_formats()[name] == "int8"
+        real = _int8_storage_bytes(np.ascontiguousarray(sd[name].T), np.ascontiguousarray(deq[name].T))
+        assert wb(g8, name) == real == n_in * n_out + 4 * n_out, name
+    assert wb(g8, list(conv1d)) == sum(n_in * n_out + 4 * n_out for n_in, n_out in conv1d.values())
+    # Linear layout (out, in): Llama's packed [q; k; v] rows and down_proj, BERT's intermediate
+    llama = _tiny_llama(tied=False)
+    llama.load_state_dict({k: rng.normal(0, 0.2, v.shape).astype(np.float32) for k, v in llama.state_dict().items()})
+    l8, sd = tc.quantize(llama, "int8"), llama.state_dict()
+    deq = l8.state_dict()
+    qkv = [f"model.layers.0.self_attn.{p}_proj.weight" for p in "qkv"]
+    packed = np.concatenate([sd[n] for n in qkv])
+    assert wb(l8, qkv) == _int8_storage_bytes(packed, np.concatenate([deq[n] for n in qkv])) == 64 * 32 + 4 * 64
+    down = "model.layers.0.mlp.down_proj.weight"                                  # (32, 48)
+    assert wb(l8, down) == _int8_storage_bytes(sd[down], deq[down]) == 32 * 48 + 4 * 32
+    bert = tc.BertModel(tc.BertConfig(vocab_size=40, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                      intermediate_size=80, max_position_embeddings=16))
+    b8 = tc.quantize(bert, "int8")
+    for name, (n_out, n_in) in (("encoder.layer.0.intermediate.dense.weight", (80, 32)),
+                                ("encoder.layer.0.output.dense.weight", (32, 80))):
+        assert b8.parameter_shapes()[name] == (n_out, n_in)
+        assert wb(b8, name) == _int8_storage_bytes(bert.state_dict()[name], b8.state_dict()[name]) == \
+            n_out * n_in + 4 * n_out
+    # GGUF blocks: the bytes given, for each part of a packed matrix in its own type
+    blocks = {}
+    for name, ggml_type in zip(qkv, ("Q8_0", "Q4_1", "Q4_0")):
+        blocks[name] = (ggml_type, gguf.quants.quantize(sd[name], getattr(gguf.GGMLQuantizationType, ggml_type)))
+    tc.quantization.set_gguf_weights(llama, blocks)
+    for name, (_, raw) in blocks.items():
+        assert wb(llama, name) == raw.nbytes, name
+    assert wb(llama, qkv) == sum(raw.nbytes for _, raw in blocks.values())
+
+
 def test_a_quantized_model_refuses_training():
     model = tc.quantize(tc.GPT2LMHeadModel(tc.GPT2Config(vocab_size=50, n_positions=16, n_embd=16, n_layer=1,
                                                          n_head=2)), "int8")

@@ -766,7 +766,8 @@ _TIED_HEAD_COPY = ":tied_lm_head"
 
 def weight_bytes(model, names=None) -> int:
     """Bytes the weights of ``model`` occupy as stored (float32/float64: 4/8 per value; int8: one
-    byte per value + 4 per output channel; GGUF: the blocks), over ``names`` (default: all) — what a
+    byte per value + 4 per output channel — ``shape[1]`` of a GPT-2 Conv1D weight ``(in, out)``,
+    ``shape[0]`` of a Linear's ``(out, in)``; GGUF: the blocks), over ``names`` (default: all) — what a
     forward pass streams for them.
 
     A causal LM quantized by :func:`quantize` whose LM head is tied to its token embedding holds the
@@ -789,14 +790,17 @@ def weight_bytes(model, names=None) -> int:
         model = model.model
     if not isinstance(model, Module):
         raise TypeError(f"model: expected a transformer_core model, got {type(model).__name__}")
-    shapes, formats = model.parameter_shapes(), model.weight_formats()
-    wanted = list(shapes) if names is None else _name_list(names, "names")
+    slots, formats = model._slots(), model.weight_formats()
+    wanted = list(slots) if names is None else _name_list(names, "names")
     for name in wanted:
-        if name not in shapes:
+        if name not in slots:
             raise ValueError(f"names: unknown weight {name!r} (expected names of model.state_dict())")
+    # the C++ layout, (out, in) for a linear weight: a transposed slot (GPT-2's Conv1D, (in, out) in
+    # the checkpoint) has its scales per column of the checkpoint's shape
+    stored_shape = {name: slot.shape[::-1] if slot.transposed else slot.shape for name, slot in slots.items()}
     total = 0
     for name in wanted:
-        total += _stored_bytes(name, shapes[name], formats[name])
+        total += _stored_bytes(name, stored_shape[name], formats[name])
     # the int8 copies of tied tables, under the table's name
     public, wanted_set = _public_names(model), set(wanted)
     for impl in model._impls():
@@ -805,12 +809,12 @@ def weight_bytes(model, names=None) -> int:
                 continue
             table = public.get((id(impl), core_name[: -len(_TIED_HEAD_COPY)]))
             if table in wanted_set:
-                total += _stored_bytes(table, shapes[table], fmt)
+                total += _stored_bytes(table, stored_shape[table], fmt)
     return total
 
 
 def _stored_bytes(name: str, shape: tuple, fmt: str) -> int:
-    """Bytes of a weight of ``shape`` stored as ``fmt``."""
+    """Bytes of a weight of ``shape`` (the C++ layout: rows are output channels) stored as ``fmt``."""
     count = int(np.prod(shape))
     if fmt in ("float32", "float64"):
         return count * (4 if fmt == "float32" else 8)
