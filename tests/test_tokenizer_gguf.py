@@ -407,3 +407,77 @@ def test_max_length_is_checked_and_refused_for_a_causal_tokenizer():
     assert tc.Tokenizer.from_pretrained("SmolLM2-135M-Instruct").max_length is None
     enc = tc.Tokenizer.from_pretrained("all-MiniLM-L6-v2", max_length=16)
     assert len(enc.encode("word " * 100)) == 16
+
+
+# ------------------------------------------------------------------------------------ apply_chat_template options
+CONTINUED = [
+    [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "The answer is"}],
+    [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "The answer is "}],
+    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+     {"role": "assistant", "content": "  Sure:\n"}],
+    [{"role": "user", "content": "Write"}],
+    [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": ""}],
+]
+PLAIN_TEMPLATE = ("{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}{{ eos_token }}\n{% endfor %}"
+                  "{% if add_generation_prompt %}[assistant]{% endif %}")
+TRIMMING_TEMPLATE = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] | trim }}</s>{% endfor %}"
+
+
+def test_continue_final_message_equals_transformers(ours, hf_smollm2_tokenizer):
+    """continue_final_message=True was passed to the template as a variable and ignored: the last
+    message was closed (``<|im_end|>``). It leaves the message open as transformers does (text and
+    ids), trailing spaces included; the caller's messages are not changed."""
+    hf = hf_smollm2_tokenizer
+    for messages in CONTINUED:
+        before = json.dumps(messages)
+        ref = hf.apply_chat_template(messages, continue_final_message=True, tokenize=False)
+        assert ours.apply_chat_template(messages, continue_final_message=True) == ref
+        assert ref.endswith(messages[-1]["content"]) and not ref.endswith("<|im_end|>\n")
+        assert ours.apply_chat_template(messages, continue_final_message=True, tokenize=True) == hf.apply_chat_template(
+            messages, continue_final_message=True, tokenize=True, return_dict=False)
+        assert json.dumps(messages) == before
+    assert ours.apply_chat_template(CONTINUED[0], continue_final_message=False) == hf.apply_chat_template(
+        CONTINUED[0], tokenize=False)
+
+
+def test_chat_template_argument_equals_transformers(ours, hf_smollm2_tokenizer):
+    """chat_template="..." was a template variable, ignored: the tokenizer's own template rendered."""
+    hf = hf_smollm2_tokenizer
+    for template in (PLAIN_TEMPLATE, TRIMMING_TEMPLATE):
+        for kwargs in ({}, {"add_generation_prompt": True}, {"continue_final_message": True}):
+            for messages in CONTINUED:
+                ref = hf.apply_chat_template(messages, chat_template=template, tokenize=False, **kwargs)
+                assert ours.apply_chat_template(messages, chat_template=template, **kwargs) == ref, (template, kwargs)
+    assert ours.apply_chat_template(CONTINUED[0], chat_template="{{ messages[0].content }}") == "Hi"
+    assert ours.apply_chat_template(CONTINUED[0], chat_template=PLAIN_TEMPLATE).startswith("[user] Hi<|im_end|>")
+    assert ours.chat_template == hf.chat_template  # not replaced by the argument
+
+
+def test_chat_template_options_refused(ours, hf_smollm2_tokenizer):
+    """transformers' tokenizing options were swallowed as template variables: refused, named."""
+    messages = CONTINUED[0]
+    for name, value in (("return_tensors", "np"), ("max_length", 3), ("truncation", True), ("padding", True),
+                        ("return_dict", True), ("return_assistant_tokens_mask", True), ("tokenizer_kwargs", {}),
+                        ("sanitize_control_tokens", True)):
+        with pytest.raises(TypeError, match=rf"^{name}: transformers' apply_chat_template option"):
+            ours.apply_chat_template(messages, tokenize=True, **{name: value})
+    with pytest.raises(TypeError, match="return_tensors, max_length"):
+        ours.apply_chat_template(messages, tokenize=True, return_tensors="np", max_length=3)
+    # what transformers refuses, refused too
+    with pytest.raises(ValueError, match="continue_final_message and add_generation_prompt"):
+        hf_smollm2_tokenizer.apply_chat_template(messages, continue_final_message=True, add_generation_prompt=True,
+                                                 tokenize=False)
+    with pytest.raises(ValueError, match="continue_final_message"):
+        ours.apply_chat_template(messages, continue_final_message=True, add_generation_prompt=True)
+    for template in ("{{ 'x' }}", "{{ messages[-1]['content'][:3] }}"):
+        with pytest.raises(ValueError, match="continue_final_message"):
+            hf_smollm2_tokenizer.apply_chat_template(messages, chat_template=template, continue_final_message=True,
+                                                     tokenize=False)
+        with pytest.raises(ValueError, match="continue_final_message"):
+            ours.apply_chat_template(messages, chat_template=template, continue_final_message=True)
+    with pytest.raises(TypeError, match="continue_final_message"):
+        ours.apply_chat_template(messages, continue_final_message="yes")
+    with pytest.raises(TypeError, match="chat_template"):
+        ours.apply_chat_template(messages, chat_template=3)
+    assert ours.apply_chat_template(messages, tools=None) == hf_smollm2_tokenizer.apply_chat_template(
+        messages, tokenize=False)  # a template variable still passes

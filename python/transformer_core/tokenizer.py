@@ -31,6 +31,14 @@ _CONTROL, _USER_DEFINED = 3, 4
 #: ``tokenizer.json``), then GPT-2's split.
 GGUF_PRE_TOKENIZERS = ("default", "gpt2", "smollm", "starcoder")
 
+#: transformers' apply_chat_template options that Tokenizer.apply_chat_template does not implement:
+#: refused, not passed to the template as variables.
+_HF_CHAT_OPTIONS = ("padding", "truncation", "max_length", "return_tensors", "return_dict",
+                    "return_assistant_tokens_mask", "tokenizer_kwargs", "sanitize_control_tokens")
+
+#: The mark continue_final_message appends to the last message's content (transformers' own).
+_CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "
+
 _CAUSAL_MODEL_TYPES = {"gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3", "gpt_neox", "olmo"}
 
 
@@ -82,20 +90,30 @@ class Tokenizer:
         max_length: an encoder tokenizer truncates to this many tokens (special tokens included)
             and pads batches to their longest member; ``None`` makes a causal-LM tokenizer: no
             truncation, and padding only in :meth:`encode_batch`.
-        pad_token: the padding token (its id pads ``input_ids``; an encoder tokenizer falls back
-            to id 0, a causal one to the EOS id, then 0).
+        pad_token: the padding token (its id pads ``input_ids``), or ``None``. Without one in the
+            vocabulary (``None`` included), an encoder tokenizer pads with id 0, a causal one with the
+            EOS id, then 0.
         bos_token, eos_token, unk_token: the special tokens' strings, or ``None``.
         chat_template: a Jinja2 chat template (see :meth:`apply_chat_template`), or ``None``.
+        do_lower_case: lowercase every text (``str.lower()``) before tokenizing it, in
+            :meth:`encode`, :meth:`tokenize`, :meth:`encode_batch` and :meth:`encode_batches`, as
+            sentence-transformers does for a model whose ``sentence_bert_config.json`` sets
+            ``"do_lower_case": true`` (:meth:`from_pretrained` reads it). Default False.
 
     The ``tokenizers.Tokenizer`` (or the one a ``tokenizers.implementations`` wrapper holds) is
     copied: the truncation and padding set here never reach the caller's object, nor another
     :class:`Tokenizer` built on it (a backend with parts written in Python cannot be copied: it is
     used as is).
 
+    Every argument is checked before the backend is copied or changed: a refused call leaves a
+    backend that cannot be copied as it was.
+
     Raises:
-        TypeError: ``tokenizer`` not a ``tokenizers.Tokenizer``.
-        ValueError: ``max_length`` below 1, or a special token not in the vocabulary (checked
-            before the copy).
+        TypeError: ``tokenizer`` not a ``tokenizers.Tokenizer``; a token or ``chat_template`` not a
+            str or None; ``do_lower_case`` not a bool.
+        ValueError: ``max_length`` below 1 or below the number of special tokens the backend adds
+            to a text (2 for BERT's ``[CLS] ... [SEP]``: it could not truncate to fewer), or a
+            special token not in the vocabulary.
     """
 
     @classmethod
@@ -110,7 +128,7 @@ class Tokenizer:
 
     def __init__(self, tokenizer, max_length: int | None = 512, pad_token: str | None = "[PAD]", *,
                  bos_token: str | None = None, eos_token: str | None = None, unk_token: str | None = None,
-                 chat_template: str | None = None):
+                 chat_template: str | None = None, do_lower_case: bool = False):
         from tokenizers import Tokenizer as HFTokenizer
 
         if not isinstance(tokenizer, HFTokenizer):  # tokenizers.implementations' wrappers hold one
@@ -125,6 +143,12 @@ class Tokenizer:
         for name, token in (("bos_token", bos_token), ("eos_token", eos_token), ("unk_token", unk_token)):
             if token is not None and tokenizer.token_to_id(token) is None:
                 raise ValueError(f"{name}: {token!r} is not in the vocabulary")
+        do_lower_case = check_bool(do_lower_case, "do_lower_case")
+        if max_length is not None:  # the post-processor's tokens are never truncated away: a shorter
+            special = tokenizer.num_special_tokens_to_add(False)  # max_length would not truncate at all
+            if max_length < special:
+                raise ValueError(f"max_length: expected at least {special} (the special tokens the tokenizer adds "
+                                 f"to every text), got {max_length}")
         if getattr(_HANDED_OVER, "backend", None) is not tokenizer:  # checked: now the copy
             tokenizer = _copy_backend(tokenizer)
         self._tok = tokenizer
@@ -132,12 +156,15 @@ class Tokenizer:
         self.max_length = max_length
         self.bos_token, self.eos_token, self.unk_token = bos_token, eos_token, unk_token
         self.chat_template = chat_template
+        self.do_lower_case = do_lower_case
         pad_id = tokenizer.token_to_id(pad_token) if pad_token is not None else None
         if self.max_length is not None:  # an encoder tokenizer: as it always was
             self.pad_token = pad_token
             self.pad_token_id = 0 if pad_id is None else pad_id
             self._tok.enable_truncation(max_length=self.max_length)
-            self._tok.enable_padding(pad_id=self.pad_token_id, pad_token=pad_token)
+            # the package wants a str for the padding token (only Encoding.tokens shows it)
+            pad_text = pad_token if pad_token is not None else (self._tok.id_to_token(self.pad_token_id) or "[PAD]")
+            self._tok.enable_padding(pad_id=self.pad_token_id, pad_token=pad_text)
         else:
             self._tok.no_truncation()
             self._tok.no_padding()
@@ -158,19 +185,26 @@ class Tokenizer:
         ``chat_template.jinja``); any other gives an encoder tokenizer whose ``max_length`` defaults
         to ``sentence_bert_config.json``'s ``max_seq_length`` if present, else
         ``tokenizer_config.json``'s ``model_max_length``, else ``config.json``'s
-        ``max_position_embeddings``, else 512.
+        ``max_position_embeddings``, else 512. A ``sentence_bert_config.json`` with
+        ``"do_lower_case": true`` gives a tokenizer that lowercases every text before tokenizing it
+        (``do_lower_case=True``), as sentence-transformers does.
 
         Raises:
             FileNotFoundError: no such model or no ``tokenizer.json``.
-            ValueError: a corrupt ``tokenizer.json`` or GGUF file (naming it); ``max_length`` below 1,
+            ValueError: a corrupt ``tokenizer.json`` or GGUF file (naming it); a file that is not a
+                GGUF file (a file path must be a ``.gguf`` checkpoint: for a ``tokenizer.json``, pass
+                its directory); ``max_length`` below 1 or below the number of special tokens added,
                 or given for a causal-LM tokenizer, which never truncates (a prompt too long for the
-                model is refused by the model, not cut).
+                model is refused by the model, not cut); a ``do_lower_case`` in
+                ``sentence_bert_config.json`` that is not a bool.
             TypeError: ``max_length`` not an int or None.
         """
         from tokenizers import Tokenizer as HFTokenizer
 
         max_length = check_optional_int(max_length, "max_length", 1)
         location = resolve_model_path(name_or_path)
+        if location.is_file():
+            _check_gguf_magic(location, name_or_path)
         causal = location.is_file() or _is_causal_lm(Path(location))
         if causal and max_length is not None:
             raise ValueError(f"max_length: {name_or_path!r} has a causal-LM tokenizer, which does not truncate; "
@@ -195,7 +229,7 @@ class Tokenizer:
         if max_length is None:
             max_length = _default_max_length(model_dir)
         pad = "[PAD]" if tok.token_to_id("[PAD]") is not None else (tok.id_to_token(0) or "[PAD]")
-        return cls._owning(tok, max_length=max_length, pad_token=pad)
+        return cls._owning(tok, max_length=max_length, pad_token=pad, do_lower_case=_do_lower_case(model_dir))
 
     @classmethod
     def from_gguf(cls, path_or_checkpoint, pre_tokenizer: str | None = None) -> "Tokenizer":
@@ -257,6 +291,8 @@ class Tokenizer:
             add_special_tokens: add the model's template tokens (``[CLS] ... [SEP]`` for BERT; BOS
                 for a GGUF whose ``add_bos_token`` is set; nothing for SmolLM2).
 
+        With ``do_lower_case`` set, ``text.lower()`` is tokenized.
+
         Raises:
             TypeError: ``text`` not a str. ValueError: ``text`` not valid Unicode (a lone
             surrogate; its position is named).
@@ -265,7 +301,7 @@ class Tokenizer:
             raise TypeError(f"text: expected a str, got {type(text).__name__}")
         check_unicode(text, "text")
         add_special_tokens = check_bool(add_special_tokens, "add_special_tokens")
-        return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+        return self._tok.encode(self._cased(text), add_special_tokens=add_special_tokens).ids
 
     def tokenize(self, text: str, add_special_tokens: bool = True) -> list[str]:
         """The tokens (strings, in the vocabulary's spelling) of one text.
@@ -277,18 +313,36 @@ class Tokenizer:
             raise TypeError(f"text: expected a str, got {type(text).__name__}")
         check_unicode(text, "text")
         add_special_tokens = check_bool(add_special_tokens, "add_special_tokens")
-        return self._tok.encode(text, add_special_tokens=add_special_tokens).tokens
+        return self._tok.encode(self._cased(text), add_special_tokens=add_special_tokens).tokens
+
+    def _cased(self, text: str) -> str:
+        """``text`` as tokenized: lowercased (``str.lower()``, as sentence-transformers) with
+        ``do_lower_case``."""
+        return text.lower() if self.do_lower_case else text
+
+    @staticmethod
+    def _check_texts(texts) -> list[str]:
+        """``texts`` as a list, checked: a list (or tuple) of valid-Unicode str."""
+        if not isinstance(texts, (list, tuple)):
+            raise TypeError(f"texts: expected a list of str, got {type(texts).__name__}")
+        for i, t in enumerate(texts):
+            if not isinstance(t, str):
+                raise TypeError(f"texts: expected a list of str, got {type(t).__name__} at index {i}")
+            check_unicode(t, "texts", i)
+        return list(texts)
 
     def decode(self, ids, skip_special_tokens: bool = True) -> str:
         """Text from token ids.
 
         Args:
-            ids: a list (or 1-D array, or one int) of token ids.
+            ids: a list (or 1-D array / tensor, or one int) of token ids: one text.
             skip_special_tokens: leave special tokens out of the text.
 
         Raises:
-            TypeError: an id that is not an int, ``ids`` not a list/array of ints.
-            ValueError: an id outside ``[0, vocab_size)``.
+            TypeError: an id that is not an int, ``ids`` not a list/array of ints (a nested list
+                included).
+            ValueError: an id outside ``[0, vocab_size)``; an array of more than one dimension (a
+                batch: decode its rows one at a time).
         """
         skip_special_tokens = check_bool(skip_special_tokens, "skip_special_tokens")
         return self._tok.decode(self._check_ids(ids), skip_special_tokens=skip_special_tokens)
@@ -306,23 +360,22 @@ class Tokenizer:
             ``{"input_ids", "attention_mask", "token_type_ids"}``, each an ``(N, L)`` int64 array;
             ``attention_mask`` is 1 for real tokens, 0 for padding.
 
+        With ``do_lower_case`` set, each text is lowercased first (``str.lower()``).
+
         Raises:
-            TypeError: ``texts`` not a list of str. ValueError: an empty list, a bad ``padding_side``,
-            a text that is not valid Unicode (a lone surrogate; its index and position are named).
+            TypeError: ``texts`` not a list of str (the first item that is not a str is named by
+            index and type). ValueError: an empty list, a bad ``padding_side``, a text that is not
+            valid Unicode (a lone surrogate; its index and position are named).
         """
-        if not isinstance(texts, (list, tuple)) or not all(isinstance(t, str) for t in texts):
-            raise TypeError(f"texts: expected a list of str, got {type(texts).__name__}")
-        texts = list(texts)
+        texts = self._check_texts(texts)
         if not texts:
             raise ValueError("texts: expected at least one text, got an empty list")
-        for i, t in enumerate(texts):
-            check_unicode(t, "texts", i)
         add_special_tokens = check_bool(add_special_tokens, "add_special_tokens")
         padding_side = check_choice(padding_side, "padding_side", ("right", "left"))
         if padding_side == "left" and self.max_length is not None:
             raise ValueError("padding_side: expected 'right' for an encoder tokenizer ('left' is for a causal-LM "
                              "tokenizer), got 'left'")
-        encs = self._tok.encode_batch(texts, add_special_tokens=add_special_tokens)
+        encs = self._tok.encode_batch([self._cased(t) for t in texts], add_special_tokens=add_special_tokens)
         if self.max_length is not None:  # padded by the tokenizers package
             return {
                 "input_ids": np.array([e.ids for e in encs], dtype=np.int64),
@@ -353,17 +406,15 @@ class Tokenizer:
             ``{"input_ids", "attention_mask", "token_type_ids"}``, each an ``(n, L)`` int64 array.
 
         Raises:
-            TypeError: ``texts`` not a list of str; ``batch_size`` not an int.
+            TypeError: ``texts`` not a list of str (the first item that is not a str is named by
+            index and type); ``batch_size`` not an int.
             ValueError: ``batch_size`` < 1; a text that is not valid Unicode (a lone surrogate;
             its index and position are named), before any batch is yielded.
         """
-        if not isinstance(texts, (list, tuple)) or not all(isinstance(t, str) for t in texts):
-            raise TypeError(f"texts: expected a list of str, got {type(texts).__name__}")
-        for i, t in enumerate(texts):
-            check_unicode(t, "texts", i)
+        texts = self._check_texts(texts)
         batch_size = check_int(batch_size, "batch_size", 1)
         add_special_tokens = check_bool(add_special_tokens, "add_special_tokens")
-        return self._batches(list(texts), batch_size, add_special_tokens)
+        return self._batches(texts, batch_size, add_special_tokens)
 
     TEXTS_PER_CALL = 1024  # texts per call of the tokenizers package in encode_batches
 
@@ -374,7 +425,7 @@ class Tokenizer:
                 self._unpadded.no_padding()
         per_call = max(1, self.TEXTS_PER_CALL // batch_size) * batch_size
         for c0 in range(0, len(texts), per_call):
-            encs = self._unpadded_encodings(texts[c0:c0 + per_call], add_special_tokens)
+            encs = self._unpadded_encodings([self._cased(t) for t in texts[c0:c0 + per_call]], add_special_tokens)
             for b0 in range(0, len(encs), batch_size):
                 yield self._pad(encs[b0:b0 + batch_size], "right")
 
@@ -404,33 +455,71 @@ class Tokenizer:
         return out
 
     # ---------------------------------------------------------------------------- chat and streaming
-    def apply_chat_template(self, messages, add_generation_prompt: bool = False, tokenize: bool = False, **kwargs):
+    def apply_chat_template(self, messages, add_generation_prompt: bool = False, tokenize: bool = False, *,
+                            continue_final_message: bool = False, chat_template: str | None = None, **kwargs):
         """The prompt for a conversation, rendered with this tokenizer's chat template (see
         :func:`transformer_core.chat_template.render_chat_template`; ``bos_token``, ``eos_token``,
-        ``unk_token`` and ``pad_token`` are passed to the template).
+        ``unk_token`` and ``pad_token`` are passed to the template), as transformers'
+        ``apply_chat_template(..., tokenize=False)`` renders it.
 
         Args:
             messages: a list of ``{"role": str, "content": str}``.
             add_generation_prompt: end with the header of the assistant's turn.
-            tokenize: return token ids (encoded without adding special tokens, since the template
-                writes them) instead of the text.
-            **kwargs: more template variables.
+            tokenize: return token ids (a list of int, encoded without adding special tokens, since
+                the template writes them) instead of the text. Unlike transformers' default, False.
+            continue_final_message: end the prompt with the last message's content left open (no
+                end-of-turn tokens after it), for the model to continue it: the prompt is cut where
+                that content ends, as transformers cuts it (it marks the content, renders, and cuts
+                at the mark; a template that strips the message's trailing spaces loses them).
+            chat_template: a Jinja2 template to use instead of this tokenizer's.
+            **kwargs: more template variables (``tools``, ``documents``, ...). transformers'
+                tokenizing options ``padding``, ``truncation``, ``max_length``, ``return_tensors``,
+                ``return_dict``, ``return_assistant_tokens_mask``, ``tokenizer_kwargs`` and
+                ``sanitize_control_tokens`` are not implemented and are refused (they would otherwise
+                become template variables, silently ignored).
 
         Raises:
-            ValueError: no chat template; a bad message (see ``render_chat_template``).
-            TypeError: ``add_generation_prompt`` or ``tokenize`` not a bool.
+            ValueError: no chat template; a bad message (see ``render_chat_template``);
+                ``continue_final_message`` with ``add_generation_prompt``, or with a template that
+                does not write the last message's content.
+            TypeError: ``add_generation_prompt``, ``tokenize`` or ``continue_final_message`` not a
+                bool; ``chat_template`` not a str or None; one of transformers' options above.
         """
-        from .chat_template import render_chat_template
+        from .chat_template import render_chat_template, validate_messages
 
         tokenize = check_bool(tokenize, "tokenize")
-        if self.chat_template is None:
+        add_generation_prompt = check_bool(add_generation_prompt, "add_generation_prompt")
+        continue_final_message = check_bool(continue_final_message, "continue_final_message")
+        unsupported = [name for name in kwargs if name in _HF_CHAT_OPTIONS]
+        if unsupported:
+            raise TypeError(f"{', '.join(unsupported)}: transformers' apply_chat_template option(s) not supported here "
+                            f"(this method returns the text, or with tokenize=True a list of token ids: no padding, "
+                            f"truncation, tensors or dicts); expected none of {', '.join(_HF_CHAT_OPTIONS)}")
+        if chat_template is not None and not isinstance(chat_template, str):
+            raise TypeError(f"chat_template: expected a str or None, got {type(chat_template).__name__}")
+        template = self.chat_template if chat_template is None else chat_template
+        if template is None:
             raise ValueError("chat_template: this tokenizer has no chat template")
+        if continue_final_message and add_generation_prompt:
+            raise ValueError("continue_final_message: expected add_generation_prompt=False with it (one continues the "
+                             "last message, the other starts a new assistant turn), got both True")
         variables = {"bos_token": self.bos_token, "eos_token": self.eos_token, "unk_token": self.unk_token,
                      "pad_token": self.pad_token}
         variables = {k: v for k, v in variables.items() if v is not None}
         variables.update(kwargs)
-        text = render_chat_template(self.chat_template, messages, add_generation_prompt=add_generation_prompt,
-                                    **variables)
+        if continue_final_message:  # transformers' way: mark the end of the content, render, cut at the mark
+            messages = validate_messages(messages)  # new dicts: the caller's are not changed
+            final = messages[-1]["content"]
+            if "content" not in template:
+                raise ValueError("continue_final_message: the chat template does not use the messages' 'content'")
+            messages[-1]["content"] = final + _CONTINUE_TAG
+        text = render_chat_template(template, messages, add_generation_prompt=add_generation_prompt, **variables)
+        if continue_final_message:
+            if final.strip() not in text or _CONTINUE_TAG.strip() not in text:
+                raise ValueError("continue_final_message: the last message's content does not appear in the rendered "
+                                 "prompt (the chat template changes or drops it), so it cannot be left open")
+            end = text.rindex(_CONTINUE_TAG.strip())
+            text = text[:end] if text.startswith(_CONTINUE_TAG, end) else text[:end].rstrip()
         return self.encode(text, add_special_tokens=False) if tokenize else text
 
     def text_stream(self, skip_special_tokens: bool = True) -> "TextStream":
@@ -506,6 +595,9 @@ class Tokenizer:
             arr = to_numpy(ids, "ids")
             if arr.dtype.kind not in "iu":
                 raise TypeError(f"ids: expected integer token ids, got dtype {arr.dtype}")
+            if arr.ndim > 1:  # a batch would run together into one text
+                raise ValueError(f"ids: expected a 1-D array of token ids (one text), got shape {tuple(arr.shape)}; "
+                                 f"decode a batch one row at a time")
             ids = arr.reshape(-1).tolist()
         out = []
         n = self.vocab_size
@@ -539,11 +631,16 @@ class TextStream:
     Args:
         tokenizer: a :class:`Tokenizer`.
         skip_special_tokens: leave special tokens out of the text (default True).
+
+    Raises:
+        TypeError: ``tokenizer`` not a :class:`Tokenizer`; ``skip_special_tokens`` not a bool.
     """
 
     def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = True):
         from tokenizers.decoders import DecodeStream
 
+        if not isinstance(tokenizer, Tokenizer):
+            raise TypeError(f"tokenizer: expected a transformer_core.Tokenizer, got {type(tokenizer).__name__}")
         self._tokenizer = tokenizer
         self._skip = check_bool(skip_special_tokens, "skip_special_tokens")
         self._stream = DecodeStream(skip_special_tokens=self._skip)
@@ -611,6 +708,37 @@ def _is_causal_lm(model_dir: Path) -> bool:
     if any(isinstance(a, str) and a.endswith(("ForCausalLM", "LMHeadModel")) for a in architectures):
         return True
     return config.get("model_type") in _CAUSAL_MODEL_TYPES
+
+
+def _check_gguf_magic(path: Path, name_or_path) -> None:
+    """ValueError naming ``name_or_path`` when the file ``path`` does not start with GGUF's magic:
+    the only file :meth:`Tokenizer.from_pretrained` reads is a GGUF checkpoint."""
+    from .gguf_file import _GGUF_MAGIC
+
+    try:
+        with open(path, "rb") as f:
+            head = f.read(len(_GGUF_MAGIC))
+    except OSError as e:
+        raise ValueError(f"name_or_path: cannot read {path} ({type(e).__name__}: {e})") from None
+    if head != _GGUF_MAGIC:
+        hint = " (for a tokenizer.json, pass the directory that holds it)" if path.suffix == ".json" else ""
+        raise ValueError(f"name_or_path: expected a model directory, a GGUF file or an embedded model name; the file "
+                         f"{str(name_or_path)!r} is not a GGUF file (it starts with {head!r}, not {_GGUF_MAGIC!r}): "
+                         f"a file path must be a GGUF checkpoint{hint}")
+
+
+def _do_lower_case(model_dir: Path) -> bool:
+    """``sentence_bert_config.json``'s ``do_lower_case`` (False when absent): sentence-transformers
+    lowercases every text before tokenizing it when it is true.
+
+    Raises:
+        ValueError: naming the file: a value that is not a JSON bool.
+    """
+    path = model_dir / "sentence_bert_config.json"
+    value = _read_json_object(path).get("do_lower_case", False)
+    if not isinstance(value, bool):
+        raise ValueError(f"{path}: do_lower_case: expected a bool, got {type(value).__name__} {_clip(value)}")
+    return value
 
 
 def _default_max_length(model_dir: Path) -> int:

@@ -1,0 +1,244 @@
+"""tc.Tokenizer's argument checks and loading options that are not GGUF-specific, against the
+``tokenizers`` package (the reference backend) and sentence-transformers' behaviour: max_length
+against the special tokens, pad_token=None, 2-D ids in decode, TextStream's tokenizer, non-str
+items of a batch, a file path that is not a GGUF, and sentence_bert_config.json's do_lower_case.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+import transformer_core as tc
+from conftest import MODEL_NAME, hf_encode, hf_mean_pool
+from transformer_core.tokenizer import TextStream
+
+
+def _backend(model_dir):
+    """A fresh ``tokenizers.Tokenizer`` of all-MiniLM-L6-v2 (truncation to 128 from its file; its
+    padding to 128 off)."""
+    from tokenizers import Tokenizer
+
+    backend = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    backend.no_padding()
+    return backend
+
+
+def _uncopyable(model_dir):
+    """A backend with a pre-tokenizer written in Python: it cannot be serialized, so tc.Tokenizer uses
+    it as is (its truncation and padding are the caller's)."""
+    from tokenizers import pre_tokenizers
+
+    class Split:  # on spaces (BERT's own pre-tokenizer also splits off punctuation)
+        def pre_tokenize(self, pretok):
+            pretok.split(lambda i, s: s.split(" ", "removed"))
+
+    backend = _backend(model_dir)
+    backend.pre_tokenizer = pre_tokenizers.PreTokenizer.custom(Split())
+    return backend
+
+
+# ------------------------------------------------------------------------------------ max_length
+def test_max_length_below_the_special_tokens_is_refused(model_dir):
+    """max_length=1 for BERT (2 special tokens, [CLS] and [SEP]) was accepted and then did not
+    truncate at all: 600 words gave 602 tokens. It is refused at construction; 2 and 3 truncate as
+    the tokenizers package does."""
+    assert _backend(model_dir).num_special_tokens_to_add(False) == 2
+    for bad in (1,):
+        with pytest.raises(ValueError, match=r"max_length: expected at least 2 .*got 1"):
+            tc.Tokenizer.from_pretrained(MODEL_NAME, max_length=bad)
+        with pytest.raises(ValueError, match="max_length"):
+            tc.Tokenizer(_backend(model_dir), bad)
+    text = "word " * 600
+    for n in (2, 3):
+        ref = _backend(model_dir)
+        ref.enable_truncation(max_length=n)
+        ids = tc.Tokenizer.from_pretrained(MODEL_NAME, max_length=n).encode(text)
+        assert ids == ref.encode(text).ids and len(ids) == n
+    assert tc.Tokenizer.from_pretrained(MODEL_NAME, max_length=2).encode(text) == [101, 102]
+
+
+def test_max_length_1_without_special_tokens(model_dir):
+    """A backend that adds no special token truncates to a single token."""
+    backend = _backend(model_dir)
+    backend.post_processor = None
+    assert backend.num_special_tokens_to_add(False) == 0
+    tok = tc.Tokenizer(backend, 1)
+    assert tok.encode("hello world") == [7592]
+
+
+def test_refused_arguments_leave_an_uncopyable_backend_unchanged(model_dir):
+    """Every argument is checked before the backend's truncation or padding is set: a backend used
+    as is (one that cannot be copied) keeps its own after a refused call."""
+    for kwargs, err in (({"max_length": 1}, ValueError), ({"do_lower_case": "yes"}, TypeError),
+                        ({"eos_token": "<nope>"}, ValueError), ({"pad_token": 3}, TypeError)):
+        backend = _uncopyable(model_dir)
+        with pytest.raises(Exception, match="serializ"):
+            backend.to_str()  # tc.Tokenizer cannot copy it
+        before = (backend.truncation, backend.padding)
+        with pytest.raises(err):
+            tc.Tokenizer(backend, **{"max_length": 16, **kwargs})
+        assert (backend.truncation, backend.padding) == before, kwargs
+
+
+# ------------------------------------------------------------------------------------ pad_token=None
+@pytest.mark.parametrize("make", [_backend, _uncopyable])
+def test_pad_token_none_pads_with_id_0(model_dir, make):
+    """pad_token=None (the signature and docstring allow it) raised the tokenizers package's bare
+    TypeError, after the backend's truncation was changed; it pads with id 0."""
+    tok = tc.Tokenizer(make(model_dir), 16, pad_token=None)
+    assert tok.pad_token is None and tok.pad_token_id == 0
+    texts = ["hi", "hello there my friend", "word " * 40]
+    ref = _backend(model_dir)
+    ref.enable_truncation(max_length=16)
+    want_ids, want_mask, want_types = hf_encode(ref, texts)  # padded with 0 to the longest
+    got = tok.encode_batch(texts)
+    np.testing.assert_array_equal(got["input_ids"], want_ids)
+    np.testing.assert_array_equal(got["attention_mask"], want_mask)
+    np.testing.assert_array_equal(got["token_type_ids"], want_types)
+    assert got["input_ids"].shape == (3, 16) and (got["input_ids"][0, 3:] == 0).all()
+
+
+# ------------------------------------------------------------------------------------ decode
+def test_decode_refuses_a_batch_of_ids(model_dir):
+    """A 2-D array / tensor was flattened: the rows ran together into one text. Refused, naming
+    ids and the shape; each row decodes as the tokenizers package decodes it."""
+    tok = tc.Tokenizer.from_pretrained(MODEL_NAME)
+    ref = _backend(model_dir)
+    batch = tok.encode_batch(["hello", "world"])["input_ids"]
+    assert batch.shape == (2, 3)
+    for ids in (batch, torch.from_numpy(batch), batch[None], torch.tensor([[7592], [2088]])):
+        with pytest.raises(ValueError, match=r"ids: expected a 1-D array .*got shape \("):
+            tok.decode(ids)
+    with pytest.raises(TypeError, match="ids"):
+        tok.decode([[7592], [2088]])  # a nested list: refused as before
+    for row in batch:
+        for skip in (True, False):
+            assert tok.decode(row, skip_special_tokens=skip) == ref.decode(row.tolist(), skip_special_tokens=skip)
+    assert tok.decode(torch.tensor([7592, 2088])) == "hello world"
+    assert tok.decode(np.array(7592)) == tok.decode(7592) == "hello"  # one id, 0-D
+
+
+# ------------------------------------------------------------------------------------ TextStream
+@pytest.mark.parametrize("bad", [None, "x", 3])
+def test_text_stream_needs_a_tokenizer(model_dir, bad):
+    """TextStream(None) / TextStream("x") were accepted and failed at the first push with an
+    AttributeError."""
+    with pytest.raises(TypeError, match=r"tokenizer: expected a transformer_core.Tokenizer, got "):
+        TextStream(bad)
+    with pytest.raises(TypeError, match="tokenizer"):
+        TextStream(_backend(model_dir))  # the tokenizers package's own object is not one either
+    stream = TextStream(tc.Tokenizer.from_pretrained(MODEL_NAME))
+    assert stream.push(7592) + stream.finish() == "hello"
+
+
+# ------------------------------------------------------------------------------------ batches
+@pytest.mark.parametrize("method", ["encode_batch", "encode_batches"])
+def test_a_non_str_item_is_named_by_index_and_type(method):
+    """The message said "expected a list of str, got list" for a list with one bad item."""
+    tok = tc.Tokenizer.from_pretrained(MODEL_NAME)
+
+    def call(texts):
+        return tok.encode_batch(texts) if method == "encode_batch" else tok.encode_batches(texts, 2)
+
+    for texts, got in ((["a", 3, None], "int at index 1"), (("a", "b", b"c"), "bytes at index 2"),
+                       ([None], "NoneType at index 0")):
+        with pytest.raises(TypeError, match=f"texts: expected a list of str, got {got}"):
+            call(texts)
+    with pytest.raises(TypeError, match="texts: expected a list of str, got str"):
+        call("a")
+
+
+# ------------------------------------------------------------------------------------ file paths
+def test_a_file_that_is_not_gguf(model_dir):
+    """A path to tokenizer.json was read as a GGUF: with max_length it was said to hold a causal-LM
+    tokenizer. The GGUF magic is checked first, and the message says what a file path must be."""
+    path = model_dir / "tokenizer.json"
+    for kwargs in ({}, {"max_length": 128}):
+        with pytest.raises(ValueError, match=r"not a GGUF file .*a file path must be a GGUF checkpoint "
+                                             r"\(for a tokenizer.json, pass the directory") as info:
+            tc.Tokenizer.from_pretrained(path, **kwargs)
+        assert "causal" not in str(info.value) and str(path) in str(info.value)
+    tok = tc.Tokenizer.from_pretrained(path.parent, max_length=128)  # its directory loads
+    assert tok.encode("hello world") == [101, 7592, 2088, 102]
+
+
+# ------------------------------------------------------------------------------------ do_lower_case
+@pytest.fixture
+def cased_dir(tmp_path, tiny_model_dir):
+    """The tiny BERT with a case-sensitive copy of all-MiniLM-L6-v2's tokenizer.json (its
+    normalizer's lowercase off) and a sentence_bert_config.json with do_lower_case true."""
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(tiny_model_dir / name, tmp_path / name)
+    spec = json.loads((tiny_model_dir / "tokenizer.json").read_text())
+    spec["normalizer"]["lowercase"] = False
+    (tmp_path / "tokenizer.json").write_text(json.dumps(spec))
+    (tmp_path / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 64, "do_lower_case": True}))
+    return tmp_path
+
+
+TEXTS_CASED = ["Hello World", "hello world", "HELLO WORLD", "The Eiffel Tower is in PARIS.", "Straße ÖL İstanbul",
+               "MiXeD CaSe " * 30]
+
+
+def _reference_ids(cased_dir, texts, max_length=64):
+    """sentence-transformers with do_lower_case: str.lower() on each text, then the (case-sensitive)
+    Hugging Face tokenizer, truncating to max_seq_length."""
+    from tokenizers import Tokenizer
+
+    ref = Tokenizer.from_file(str(cased_dir / "tokenizer.json"))
+    ref.no_padding()
+    ref.enable_truncation(max_length=max_length)
+    return ref, [ref.encode(t.lower()).ids for t in texts]
+
+
+def test_do_lower_case_from_sentence_bert_config(cased_dir):
+    """sentence_bert_config.json's "do_lower_case": true was ignored: with a case-sensitive
+    tokenizer.json "Hello World" and "hello world" gave different ids."""
+    ref, want = _reference_ids(cased_dir, TEXTS_CASED)
+    assert ref.encode("Hello World").ids != ref.encode("hello world").ids  # the tokenizer is case-sensitive
+    tok = tc.Tokenizer.from_pretrained(cased_dir)
+    assert tok.do_lower_case is True and tok.max_length == 64
+    assert tok.encode("Hello World") == tok.encode("hello world") == want[0]
+    for text, ids in zip(TEXTS_CASED, want):
+        assert tok.encode(text) == ids, text
+        assert tok.tokenize(text) == ref.encode(text.lower()).tokens, text
+    want_ids, want_mask, _ = hf_encode(ref, [t.lower() for t in TEXTS_CASED])
+    batch = tok.encode_batch(TEXTS_CASED)
+    np.testing.assert_array_equal(batch["input_ids"], want_ids)
+    np.testing.assert_array_equal(batch["attention_mask"], want_mask)
+    for b, got in enumerate(tok.encode_batches(TEXTS_CASED, 4)):
+        ids, mask, _ = hf_encode(ref, [t.lower() for t in TEXTS_CASED[4 * b:4 * b + 4]])
+        np.testing.assert_array_equal(got["input_ids"], ids)
+        np.testing.assert_array_equal(got["attention_mask"], mask)
+
+
+def test_do_lower_case_false_or_absent_keeps_case(cased_dir):
+    ref, _ = _reference_ids(cased_dir, [])
+    for config in ({"max_seq_length": 64}, {"max_seq_length": 64, "do_lower_case": False}):
+        (cased_dir / "sentence_bert_config.json").write_text(json.dumps(config))
+        tok = tc.Tokenizer.from_pretrained(cased_dir)
+        assert tok.do_lower_case is False
+        assert tok.encode("Hello World") == ref.encode("Hello World").ids != ref.encode("hello world").ids
+    for bad in ("true", 1, None):
+        (cased_dir / "sentence_bert_config.json").write_text(json.dumps({"do_lower_case": bad}))
+        with pytest.raises(ValueError, match=r"sentence_bert_config.json: do_lower_case: expected a bool") as info:
+            tc.Tokenizer.from_pretrained(cased_dir)
+        assert str(cased_dir) in str(info.value)
+
+
+def test_sentence_encoder_lowercases_with_do_lower_case(cased_dir):
+    """SentenceEncoder.from_pretrained on such a folder embeds "Hello World" as sentence-transformers
+    does: transformers' BertModel on the lowercased text's ids, mean-pooled and normalised."""
+    from transformers import BertModel
+
+    ref, _ = _reference_ids(cased_dir, [])
+    texts = ["Hello World", "hello world", "The Eiffel Tower is in PARIS."]
+    ids, mask, types = hf_encode(ref, [t.lower() for t in texts])
+    hf = BertModel.from_pretrained(str(cased_dir), attn_implementation="eager").eval()
+    want = hf_mean_pool(hf, ids, mask, types)
+    got = tc.SentenceEncoder.from_pretrained(cased_dir, dtype=np.float64).encode(texts)
+    np.testing.assert_allclose(got, want, atol=1e-6)
+    np.testing.assert_allclose(got[0], got[1], atol=1e-12)
