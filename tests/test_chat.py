@@ -240,3 +240,129 @@ def test_on_text_is_checked_before_the_prompt_runs(tiny_chat):
     assert session.cache.length == 0 and session.messages == []
     with pytest.raises(TypeError, match="^on_text: expected a callable"):
         continue_text(m, tok, "hi", max_new_tokens=2, on_text=42)
+
+
+# ------------------------------------------------------------------------------------------------
+# End tokens of the model's config, a vocabulary padded past the tokenizer's, SentencePiece text
+# ------------------------------------------------------------------------------------------------
+def _tiny_llama(transformers, path, vocab_size=49152, context=128, eos=None, seed=0, tie=True):
+    import torch
+
+    cfg = transformers.LlamaConfig(vocab_size=vocab_size, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                   num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=context,
+                                   initializer_range=0.2, bos_token_id=None, eos_token_id=eos, pad_token_id=None,
+                                   tie_word_embeddings=tie)
+    torch.manual_seed(seed)
+    return transformers.LlamaForCausalLM(cfg).eval()
+
+
+def test_replies_stop_at_the_config_end_ids_as_hf_generate(tmp_path):
+    """A config's ``eos_token_id`` list (Llama-3-Instruct's [128001, 128008, 128009]) ends a reply
+    as in Hugging Face's generate: the session and continue_text stopped only at the tokenizer's
+    EOS and ran to max_new_tokens."""
+    transformers = pytest.importorskip("transformers")
+    import torch
+
+    tok = tc.Tokenizer.from_pretrained("SmolLM2-135M-Instruct")
+    prompt = tok.apply_chat_template([{"role": "user", "content": MESSAGE}], add_generation_prompt=True,
+                                     tokenize=True)
+    text = "Once upon a time"
+    ids = tok.encode(text, add_special_tokens=True)
+    hf = _tiny_llama(transformers, tmp_path)
+    with torch.no_grad():
+        firsts = [int(hf(torch.tensor([p])).logits[0, -1].argmax()) for p in (prompt, ids)]
+    assert tok.eos_token_id not in firsts
+    hf.config.eos_token_id = hf.generation_config.eos_token_id = [2, *firsts]  # the tokenizer's EOS is 2
+    hf.save_pretrained(tmp_path, safe_serialization=True)
+    m = tc.LlamaForCausalLM.from_pretrained(tmp_path)
+    for p, first in zip((prompt, ids), firsts):
+        with torch.no_grad():  # HF's generate with the config's end ids
+            ref = hf.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
+                              max_new_tokens=8, do_sample=False, pad_token_id=0).numpy()[0, len(p):]
+        assert ref.tolist() == [first]
+    session = ChatSession(m, tok, max_new_tokens=8)
+    reply = session.send(MESSAGE)
+    assert reply == tok.decode([firsts[0]]) and session.stats.decode_tokens == 0
+    out, stats = continue_text(m, tok, text, max_new_tokens=8)
+    assert out == tok.decode([firsts[1]]) and stats.decode_tokens == 0
+
+
+def test_ids_past_the_tokenizers_vocabulary_add_no_text(tmp_path):
+    """A model whose embedding is padded past the tokenizer's vocabulary (49216 > 49152 ids): an id
+    of the padding made the reply raise ValueError (outside the vocabulary); HF decodes it as ""."""
+    transformers = pytest.importorskip("transformers")
+    import torch
+
+    tok = tc.Tokenizer.from_pretrained("SmolLM2-135M-Instruct")
+    messages = [{"role": "user", "content": MESSAGE}]
+    prompt = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    hf = _tiny_llama(transformers, tmp_path, vocab_size=49216, tie=False)
+    with torch.no_grad():  # the padding id 49200 wins the first step
+        h = hf.model(torch.tensor([prompt])).last_hidden_state[0, -1]
+        hf.lm_head.weight[49200] = h / h.norm() ** 2 * 100
+        ref = hf.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                          max_new_tokens=3, do_sample=False, pad_token_id=0).numpy()[0, len(prompt):].tolist()
+    hf.save_pretrained(tmp_path, safe_serialization=True)
+    assert ref[0] == 49200 and ref[0] >= tok.vocab_size
+    hf_tok = transformers.PreTrainedTokenizerFast(tokenizer_object=tok.backend)
+    expected = hf_tok.decode(ref, skip_special_tokens=True)
+    m = tc.LlamaForCausalLM.from_pretrained(tmp_path)
+    pieces = []
+    session = ChatSession(m, tok, max_new_tokens=3)
+    assert session.send(MESSAGE, on_text=pieces.append) == expected == "".join(pieces)
+    assert session._cached_ids[len(prompt)] == 49200  # generated and cached as any other id
+    rendered = tok.apply_chat_template(messages, add_generation_prompt=True)
+    out, _ = continue_text(m, tok, rendered, max_new_tokens=3, on_text=pieces.append)
+    assert out == expected
+
+
+def _sentencepiece_llama(transformers, path):
+    """A tiny Llama with a Llama-2-style tokenizer.json (Metaspace; the decoder strips the leading
+    space): (HF model, HF tokenizer)."""
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import decoders, models, pre_tokenizers
+
+    words = ["<unk>", "<s>", "</s>"] + ["▁" + w for w in "Hello world foo bar baz the a of and to in is".split()]
+    words += list("abcdefghijklmnopqrstuvwxyz")
+    backend = HFTokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first")
+    backend.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                         decoders.Strip(" ", 1, 0)])
+    backend.add_special_tokens(["<unk>", "<s>", "</s>"])
+    hf = _tiny_llama(transformers, path, vocab_size=len(words), context=64, eos=2, seed=1)
+    hf.save_pretrained(path, safe_serialization=True)
+    backend.save(str(path / "tokenizer.json"))
+    (path / "tokenizer_config.json").write_text('{"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}')
+    return hf, transformers.PreTrainedTokenizerFast(tokenizer_object=backend)
+
+
+def test_continue_text_keeps_the_space_of_a_sentencepiece_decoder(tmp_path):
+    """The continuation was decoded alone: a Metaspace/Strip decoder dropped the space before its
+    first word ("Hello" + "Hello Hello" for HF's "Hello Hello Hello"). Now text + continuation
+    (streamed or returned) is HF's decode of the whole sequence."""
+    transformers = pytest.importorskip("transformers")
+    import torch
+
+    hf, hf_tok = _sentencepiece_llama(transformers, tmp_path)
+    m, tok = tc.LlamaForCausalLM.from_pretrained(tmp_path), tc.Tokenizer.from_pretrained(tmp_path)
+    for text in ("Hello", "the world"):
+        ids = tok.encode(text, add_special_tokens=True)
+        assert ids == hf_tok.encode(text)
+        with torch.no_grad():
+            full = hf.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                               max_new_tokens=6, do_sample=False, pad_token_id=0)[0].tolist()
+        expected = hf_tok.decode(full, skip_special_tokens=True)
+        pieces = []
+        out, _ = continue_text(m, tok, text, max_new_tokens=6, on_text=pieces.append)
+        assert text + out == text + "".join(pieces) == expected
+        assert out.startswith(" ")
+
+
+def test_a_template_that_renders_an_empty_prompt_is_named(tiny_chat):
+    _, m, smol_tok, _ = tiny_chat
+    tok = tc.Tokenizer(smol_tok.backend, max_length=None, pad_token=None, eos_token="<|im_end|>",
+                       chat_template="{% if false %}never{% endif %}")
+    session = ChatSession(m, tok, max_new_tokens=2)
+    with pytest.raises(ValueError, match="^tokenizer: the chat template rendered an empty prompt"):
+        session.send(MESSAGE)
+    assert session.messages == [] and session.cache.length == 0

@@ -157,3 +157,71 @@ def test_no_template():
     tok = tc.Tokenizer(HFTokenizer(WordLevel({"a": 0}, unk_token="a")), max_length=None, pad_token=None)
     with pytest.raises(ValueError, match="no chat template"):
         tok.apply_chat_template([{"role": "user", "content": "hi"}])
+
+
+# ------------------------------------------------------------------------------------------------
+# What a template can reach: plain copies of the caller's data, never the caller's objects
+# ------------------------------------------------------------------------------------------------
+def test_template_cannot_call_methods_of_the_callers_objects(tmp_path):
+    """A rich object in a message or a variable (a Path, a numpy array) reached the template with its
+    methods: an untrusted template wrote files with ``write_text`` / ``tofile``. Now it sees what
+    transformers shows it, a placeholder naming the type, and writes nothing."""
+    import pathlib
+
+    import numpy as np
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    target = tmp_path / "owned.txt"
+    messages = [{"role": "user", "content": "look", "image": pathlib.Path(target)}]
+    with pytest.raises(ChatTemplateError, match="write_text"):
+        render_chat_template("{% for m in messages %}{{ m.image.write_text('owned') }}{% endfor %}", messages)
+    with pytest.raises(ChatTemplateError, match="tofile"):
+        render_chat_template("{{ extra.tofile(path) }}", messages, extra=np.arange(3), path=str(target))
+    assert not target.exists()
+    assert messages[0]["image"] == pathlib.Path(target)
+    # what the template sees equals transformers': placeholders, numpy scalars as Python's
+    template = ("{{ messages[0].image }}|{{ extra }}|{% if flag %}T{% else %}F{% endif %}|{{ n + 1 }}|"
+                "{{ pair | tojson }}")
+    variables = dict(extra=np.arange(3), flag=np.bool_(False), n=np.int64(41), pair=(1, "a"))
+    (ref,), _ = render_jinja_template(conversations=[messages], chat_template=template, **variables)
+    assert render_chat_template(template, messages, **variables) == ref == f"<{type(target).__name__}>|<ndarray>|F|42|[1, \"a\"]"
+
+
+def test_template_cannot_modify_the_callers_data():
+    """``dict`` was Python's dict type: ``dict.clear(tools[0])`` / ``dict.update(...)`` emptied the
+    caller's tools and changed a message's nested field, past the immutable sandbox."""
+    import copy
+
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    tools = [{"type": "function", "function": {"name": "get_weather"}}]
+    messages = [{"role": "user", "content": "hi", "meta": {"id": 7}}]
+    before = copy.deepcopy((tools, messages))
+    for template in ("{{ dict.clear(tools[0]) }}", "{{ dict.update(messages[0].meta, {'role': 'system'}) }}",
+                     "{{ dict.pop(messages[0], 'content') }}"):
+        with pytest.raises(ChatTemplateError, match="UndefinedError"):
+            render_chat_template(template, messages, tools=tools)
+        with pytest.raises(Exception):  # transformers refuses them too
+            render_jinja_template(conversations=[messages], tools=tools, chat_template=template)
+        assert (tools, messages) == before
+    # what a template may do with dict and namespace still works, as in transformers
+    template = ("{% set ns = namespace(n=0) %}{% for t in tools %}{% set ns.n = ns.n + 1 %}{% endfor %}"
+                "{{ ns.n }} {{ dict(a=1, b=[2]) | tojson }} {{ dict.fromkeys(['x', 'y'], 0) | tojson }}")
+    (ref,), _ = render_jinja_template(conversations=[messages], tools=tools, chat_template=template)
+    assert render_chat_template(template, messages, tools=tools) == ref == '1 {"a": 1, "b": [2]} {"x": 0, "y": 0}'
+    with pytest.raises(ChatTemplateError, match="Security"):
+        render_chat_template("{% set ns = namespace(_hidden=1) %}", messages)
+    with pytest.raises(ChatTemplateError, match="Security"):
+        render_chat_template("{% set ns = namespace() %}{% set ns._hidden = 1 %}", messages)
+
+
+def test_data_that_contains_itself_is_refused_naming_its_path():
+    tools = [{"name": "f", "parameters": {}}]
+    tools[0]["parameters"]["self"] = tools[0]
+    with pytest.raises(ValueError, match=r"^tools\[0\]\['parameters'\]\['self'\]: a value that contains itself"):
+        render_chat_template("x", [{"role": "user", "content": "hi"}], tools=tools)
+    deep = []
+    for _ in range(200):
+        deep = [deep]
+    with pytest.raises(ValueError, match=r"^extra(\[0\]){100}: nested deeper than 100 levels"):
+        render_chat_template("x", [{"role": "user", "content": "hi"}], extra=deep)

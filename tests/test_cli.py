@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -442,3 +443,135 @@ def test_cli_relative_model_path_is_searchable_from_elsewhere(tmp_path, tiny_mod
                         "-k", "2"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert "query: hello" in r.stdout
+
+
+# ------------------------------------------------------------------------------------ chat, generate: review fixes
+CHAT_CONTEXT = 64
+
+
+@pytest.fixture(scope="module")
+def tiny_chat_dirs(tmp_path_factory):
+    """(a tiny random Llama directory with SmolLM2's tokenizer and chat template, the same without
+    a chat template, its HF model, our tokenizer); context CHAT_CONTEXT."""
+    transformers = pytest.importorskip("transformers")
+    import shutil
+
+    import torch
+
+    tok = tc.Tokenizer.from_pretrained("SmolLM2-135M-Instruct")
+    cfg = transformers.LlamaConfig(vocab_size=49152, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                   num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=CHAT_CONTEXT,
+                                   initializer_range=0.2, bos_token_id=None, eos_token_id=None, pad_token_id=None,
+                                   tie_word_embeddings=True)
+    torch.manual_seed(0)
+    hf = transformers.LlamaForCausalLM(cfg).eval()
+    chat = tmp_path_factory.mktemp("tiny_chat")
+    hf.save_pretrained(chat, safe_serialization=True)
+    tok.backend.save(str(chat / "tokenizer.json"))
+    config = {"eos_token": "<|im_end|>", "pad_token": "<|im_end|>", "unk_token": "<|endoftext|>"}
+    (chat / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": tok.chat_template}))
+    plain = tmp_path_factory.mktemp("tiny_plain")
+    shutil.copytree(chat, plain, dirs_exist_ok=True)
+    (plain / "tokenizer_config.json").write_text(json.dumps(config))
+    return chat, plain, hf, tok
+
+
+def test_cli_generate_keeps_the_space_of_a_sentencepiece_decoder(tmp_path):
+    """A Llama-2-style tokenizer (Metaspace; its decoder strips the leading space): the echoed text
+    and the continuation printed "HelloHello Hello ..." for HF's decode "Hello Hello Hello ..."."""
+    transformers = pytest.importorskip("transformers")
+    import torch
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import decoders, models, pre_tokenizers
+
+    words = ["<unk>", "<s>", "</s>"] + ["▁" + w for w in "Hello world foo bar baz the a of and to in is".split()]
+    words += list("abcdefghijklmnopqrstuvwxyz")
+    backend = HFTokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first")
+    backend.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                         decoders.Strip(" ", 1, 0)])
+    backend.add_special_tokens(["<unk>", "<s>", "</s>"])
+    cfg = transformers.LlamaConfig(vocab_size=len(words), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                   num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64,
+                                   initializer_range=0.2, bos_token_id=1, eos_token_id=2, pad_token_id=None,
+                                   tie_word_embeddings=True)
+    torch.manual_seed(1)
+    hf = transformers.LlamaForCausalLM(cfg).eval()
+    hf.save_pretrained(tmp_path, safe_serialization=True)
+    backend.save(str(tmp_path / "tokenizer.json"))
+    (tmp_path / "tokenizer_config.json").write_text('{"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}')
+    hf_tok = transformers.PreTrainedTokenizerFast(tokenizer_object=backend)
+    ids = hf_tok.encode("Hello")
+    with torch.no_grad():
+        full = hf.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                           max_new_tokens=5, do_sample=False, pad_token_id=0)[0].tolist()
+    expected = hf_tok.decode(full, skip_special_tokens=True)
+    assert expected.startswith("Hello ") and len(full) > len(ids)
+    r = _run("generate", "--model", str(tmp_path), "Hello", "--max-new-tokens", "5")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == expected + "\n"
+
+
+def test_cli_chat_stdin_with_invalid_utf8_answers_the_lines_before_it(tiny_chat_dirs):
+    """One invalid UTF-8 byte anywhere in standard input aborted before any turn, with a message
+    naming neither stdin nor the line; now the turns before it are answered, then one line."""
+    chat, _, _, _ = tiny_chat_dirs
+    r = subprocess.run([sys.executable, "-m", "transformer_core", "chat", "--model", str(chat), "--max-new-tokens",
+                        "3"], input=b"hello\nworld\nbad\xff\nnever\n", capture_output=True, timeout=300,
+                       env={**os.environ, "PYTHONIOENCODING": "utf-8:strict"})
+    err = r.stderr.decode()
+    assert r.returncode == 2, err
+    assert err.count("prefill:") == 2 and len(r.stdout.decode().splitlines()) == 2, err
+    assert err.splitlines()[-1] == "transformer_core chat: stdin, line 3: invalid UTF-8 (byte 4 of the line: b'\\xff')"
+    assert "Traceback" not in err
+    # the same turns from valid input: the same replies
+    good = subprocess.run([sys.executable, "-m", "transformer_core", "chat", "--model", str(chat),
+                           "--max-new-tokens", "3"], input=b"\xef\xbb\xbfhello\nworld\n", capture_output=True,
+                          timeout=300)
+    assert good.returncode == 0 and good.stdout == r.stdout, good.stderr
+
+
+@pytest.mark.parametrize("command, fd, message", [
+    (["generate", "hi"], 1, "transformer_core generate: stdout: standard output is closed"),
+    (["chat", "hi"], 1, "transformer_core chat: stdout: standard output is closed"),
+    (["chat"], 0, "transformer_core chat: stdin: standard input is closed"),
+])
+def test_cli_closed_stdout_or_stdin_is_one_line(tiny_chat_dirs, command, fd, message):
+    chat, _, _, _ = tiny_chat_dirs
+    r = subprocess.run([sys.executable, "-m", "transformer_core", *command, "--model", str(chat),
+                        "--max-new-tokens", "3"], stdin=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                       stdout=subprocess.DEVNULL if fd == 0 else None, preexec_fn=lambda: os.close(fd), text=True,
+                       timeout=300)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.startswith(message) and len(r.stderr.splitlines()) == 1, r.stderr
+
+
+def test_cli_generate_default_max_new_tokens_fits_the_context(tiny_chat_dirs):
+    """--max-new-tokens not given: up to 256 new tokens, as many as fit the context (the default
+    refused a text that fits: "prompt length 4 + 256 exceeds the context"); a value given that does
+    not fit is still refused."""
+    import torch
+
+    chat, _, hf, tok = tiny_chat_dirs
+    text = "Once upon a time"
+    ids = tok.encode(text)
+    room = CHAT_CONTEXT - len(ids) + 1
+    with torch.no_grad():
+        ref = hf.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                          max_new_tokens=room, do_sample=False, eos_token_id=tok.eos_token_id,
+                          pad_token_id=0)[0, len(ids):].tolist()
+    r = _run("generate", "--model", str(chat), text)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == text + tok.decode(ref) + "\n"
+    assert f"decode: {len(ref) - 1} tokens" in r.stderr
+    assert_clean_error(_run("generate", "--model", str(chat), text, "--max-new-tokens", str(room + 1)),
+                       f"max_new_tokens: prompt length {len(ids)} + {room + 1} exceeds the context")
+    assert _run("generate", "--model", str(chat), text, "--max-new-tokens", str(room)).stdout == r.stdout
+    help_text = " ".join(_run("generate", "--help").stdout.split())
+    assert "default 256, or as many as fit the model's context after TEXT" in help_text
+
+
+def test_cli_chat_without_a_chat_template_points_to_generate(tiny_chat_dirs):
+    _, plain, _, _ = tiny_chat_dirs
+    msg = assert_clean_error(_run("chat", "--model", str(plain), "hi"), "has no chat template")
+    assert "the `generate` command" in msg and "continue_text" not in msg

@@ -104,10 +104,12 @@ def _add_search(sub) -> None:
     s.add_argument("--json", action="store_true", help="print JSON instead of text")
 
 
-def _add_generation_options(p) -> None:
+def _add_generation_options(p, max_new_tokens_help: str) -> None:
     p.add_argument("--model", default=None,
                    help="a GGUF file, a Hugging Face Llama directory or an embedded name (default SmolLM2-135M-Instruct)")
-    p.add_argument("--max-new-tokens", type=_positive_int, default=256, help="the most tokens of a reply (default 256)")
+    # default None: the command knows whether the value was given (generate refuses a given value
+    # that does not fit the context, and caps its default at the context)
+    p.add_argument("--max-new-tokens", type=_positive_int, default=None, help=max_new_tokens_help)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples")
     p.add_argument("--top-p", type=float, default=None, help="nucleus sampling: keep the smallest set of tokens "
                                                              "whose probability reaches this (with --temperature)")
@@ -125,7 +127,8 @@ def _add_chat(sub) -> None:
     c.set_defaults(run="chat:run_chat")
     c.add_argument("prompt", nargs="?", help="the message (default: read turns from standard input)")
     c.add_argument("--system", help="a system message")
-    _add_generation_options(c)
+    _add_generation_options(c, "the most tokens of a reply (default 256); fewer when the conversation comes near the "
+                               "end of the model's context")
 
 
 def _add_generate(sub) -> None:
@@ -133,7 +136,8 @@ def _add_generate(sub) -> None:
                        description="Continues TEXT without a chat template, streamed, then tokens/s on stderr.")
     g.set_defaults(run="chat:run_generate")
     g.add_argument("text", help="the text to continue")
-    _add_generation_options(g)
+    _add_generation_options(g, "the most new tokens (default 256, or as many as fit the model's context after "
+                               "TEXT); a value given here that does not fit the context is refused")
 
 
 #: The commands, in the order ``--help`` lists them.

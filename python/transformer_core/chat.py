@@ -24,6 +24,9 @@ from .tokenizer import check_unicode
 __all__ = ["ChatSession", "TurnStats", "continue_text", "run_chat", "run_generate"]
 
 DEFAULT_CHAT_MODEL = "SmolLM2-135M-Instruct"
+NO_TEMPLATE = "this model's tokenizer has no chat template"
+#: The CLI's --max-new-tokens when not given (``generate``: fewer when the context ends first).
+DEFAULT_MAX_NEW_TOKENS = 256
 
 
 @dataclass
@@ -58,10 +61,85 @@ class TurnStats:
                 f"decode: {self.decode_tokens} tokens, {self.decode_tokens_per_second:.1f} tokens/s")
 
 
-def _stream(model, tokenizer, ids: np.ndarray, cache, on_text, stats: TurnStats, **options) -> list[int]:
-    """Runs ``model.stream`` over ``ids (1, L)`` with ``cache``, pushing text to ``on_text``;
-    returns the generated ids (an end token included) and fills ``stats``."""
-    text = tokenizer.text_stream()
+def _end_ids(model, tokenizer) -> list[int]:
+    """The ids that end a reply: the tokenizer's EOS and the model config's ``eos_token_id`` (one id
+    or a list, e.g. Llama-3-Instruct's ``[128001, 128008, 128009]``), those inside the model's
+    vocabulary, as Hugging Face's ``generate`` stops at the config's end ids."""
+    vocab = model.config.vocab_size
+    config_eos = getattr(model.config, "eos_token_id", None)
+    config_eos = [config_eos] if isinstance(config_eos, (int, np.integer)) else list(config_eos or [])
+    ids: list[int] = []
+    for e in [tokenizer.eos_token_id, *config_eos]:
+        if isinstance(e, (int, np.integer)) and not isinstance(e, bool) and 0 <= e < vocab and int(e) not in ids:
+            ids.append(int(e))
+    return ids
+
+
+def _known_ids(tokenizer, ids) -> list[int]:
+    """``ids`` without those past the tokenizer's vocabulary: a model's embedding is often padded
+    past it (``vocab_size`` rounded up to a multiple of 64, say), and an id of the padding, which
+    has no text, adds none (as Hugging Face's tokenizers decode it: "")."""
+    n = tokenizer.vocab_size
+    return [i for i in ids if i < n]
+
+
+def _common_prefix(a: str, b: str) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def _text_after(tokenizer, context: list[int], ids: list[int]) -> str:
+    """The text ``ids`` add after ``context``: ``decode(context + ids)`` past ``decode(context)``
+    (ids past the tokenizer's vocabulary left out)."""
+    base = tokenizer.decode(context)
+    full = tokenizer.decode(context + _known_ids(tokenizer, ids))
+    return full[_common_prefix(base, full):]
+
+
+class _TextStream:
+    """Text of generated ids as it becomes complete, read in the decode of ``context + ids``.
+
+    ``tokenizer.text_stream()`` decodes the new ids alone: a SentencePiece decoder (Llama 2's
+    Metaspace and ``Strip``) then drops the space before the first new word ("Hello" + "Hello
+    Hello" for HF's "Hello Hello Hello"). This stream starts from ``context`` (the prompt's ids),
+    and each step decodes the last complete piece and the new ids (the window of ``tokenizers``'
+    ``DecodeStream``): a piece is emitted once its text does not end in U+FFFD (a UTF-8 character
+    split across tokens). Ids past the tokenizer's vocabulary (an embedding's padding) add no text.
+    The pieces and :meth:`finish` together are :func:`_text_after` ``(tokenizer, context, ids)``."""
+
+    def __init__(self, tokenizer, context=()):
+        self._tokenizer = tokenizer
+        self._vocab = tokenizer.vocab_size
+        self._ids = list(context)
+        self._prefix = tokenizer.decode(self._ids)  # the text of _ids as last emitted
+        self._start = len(self._ids)  # _ids[:_start] is the emitted piece before the last: dropped next
+
+    def push(self, token_id: int) -> str:
+        if token_id >= self._vocab:
+            return ""
+        self._ids.append(token_id)
+        text = self._tokenizer.decode(self._ids)
+        if len(text) <= len(self._prefix) or text.endswith("\ufffd"):
+            return ""
+        piece = text[_common_prefix(self._prefix, text):]
+        self._ids = self._ids[self._start:]
+        self._prefix = self._tokenizer.decode(self._ids)
+        self._start = len(self._ids)
+        return piece
+
+    def finish(self) -> str:
+        text = self._tokenizer.decode(self._ids)
+        return text[_common_prefix(self._prefix, text):]
+
+
+def _stream(model, tokenizer, ids: np.ndarray, cache, on_text, stats: TurnStats, context=(), **options) -> list[int]:
+    """Runs ``model.stream`` over ``ids (1, L)`` with ``cache``, pushing text to ``on_text`` (the
+    text the new ids add after ``context``, see :class:`_TextStream`); returns the generated ids
+    (an end token included) and fills ``stats``."""
+    text = _TextStream(tokenizer, context) if on_text is not None else None
     generated: list[int] = []
     stats.prefill_tokens = ids.shape[1] - cache.length
     start = time.perf_counter()
@@ -112,7 +190,11 @@ class ChatSession:
     tokenizer's chat template (``add_generation_prompt=True``), runs only the tokens the KV cache
     does not hold yet (the cache is cut back to the longest common prefix of the cached tokens and
     the new prompt), streams the reply until an end token (the tokenizer's EOS, e.g. SmolLM2's
-    ``<|im_end|>``) or ``max_new_tokens``, and appends the reply to the conversation.
+    ``<|im_end|>``, or one of the model config's ``eos_token_id``, as Hugging Face's ``generate``
+    stops) or ``max_new_tokens``, and appends the reply to the conversation.
+
+    Ids past the tokenizer's vocabulary (a model whose embedding is padded beyond it) are generated
+    and cached as any other but add no text to the reply (Hugging Face decodes them as "").
 
     Args:
         model: a causal LM (:class:`~transformer_core.LlamaForCausalLM`, GPT-2, ...).
@@ -136,7 +218,7 @@ class ChatSession:
                  temperature: float = 0.0, top_p: float | None = None, top_k: int | None = None,
                  seed: int | None = None, repetition_penalty: float | None = None):
         if tokenizer.chat_template is None:
-            raise ValueError("tokenizer: this model's tokenizer has no chat template (use continue_text)")
+            raise ValueError(f"tokenizer: {NO_TEMPLATE} (use continue_text)")
         if system is not None and not isinstance(system, str):
             raise TypeError(f"system: expected a str, got {type(system).__name__}")
         if system is not None:
@@ -171,8 +253,9 @@ class ChatSession:
 
         Raises:
             TypeError: ``message`` not a str, ``on_text`` not callable. ValueError: an empty (or
-            all-whitespace) message, a message that is not valid Unicode, or a conversation whose
-            prompt alone is longer than the model's context (start a new session).
+            all-whitespace) message, a message that is not valid Unicode, a chat template that
+            renders an empty prompt, or a conversation whose prompt alone is longer than the
+            model's context (start a new session).
         """
         if not isinstance(message, str):
             raise TypeError(f"message: expected a str, got {type(message).__name__}")
@@ -180,6 +263,9 @@ class ChatSession:
         _check_on_text(on_text)
         messages = self.messages + [{"role": "user", "content": message}]
         prompt = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        if not prompt:
+            raise ValueError("tokenizer: the chat template rendered an empty prompt (no tokens) for this "
+                             "conversation; there is nothing to answer")
         # the reply's last token is never fed back: a prompt of P tokens leaves room for
         # context - P + 1 new ones (P + new - 1 positions), as model.generate
         room = self.model.context_length - len(prompt) + 1
@@ -197,13 +283,12 @@ class ChatSession:
         # that fails (on_text raising, Ctrl-C) leaves the ids of the prefix it kept, nothing stale.
         self._cached_ids = self._cached_ids[:common]
         options = dict(self.options, max_new_tokens=min(self.options["max_new_tokens"], room))
-        eos = self.tokenizer.eos_token_id
         self.stats = TurnStats()
         generated = _stream(self.model, self.tokenizer, np.array([prompt], np.int64), self.cache, on_text,
-                            self.stats, eos_token_id=[] if eos is None else [eos], **options)
+                            self.stats, eos_token_id=_end_ids(self.model, self.tokenizer), **options)
         # The cache now holds the prompt and every generated token but the last (never fed back).
         self._cached_ids = prompt + generated[:-1]
-        reply = self.tokenizer.decode(generated, skip_special_tokens=True)
+        reply = self.tokenizer.decode(_known_ids(self.tokenizer, generated), skip_special_tokens=True)
         self.messages = messages + [{"role": "assistant", "content": reply}]
         return reply
 
@@ -226,10 +311,16 @@ def continue_text(model, tokenizer, text: str, max_new_tokens: int = 128, on_tex
                   top_p: float | None = None, top_k: int | None = None, seed: int | None = None,
                   repetition_penalty: float | None = None) -> tuple[str, TurnStats]:
     """Continues raw ``text`` (no chat template): its tokens (with the BOS the tokenizer adds, if
-    any), then up to ``max_new_tokens`` new ones, stopping at the tokenizer's EOS.
+    any), then up to ``max_new_tokens`` new ones, stopping at an end token (the tokenizer's EOS or
+    one of the model config's ``eos_token_id``, as Hugging Face's ``generate``).
 
     Returns:
-        ``(the continuation, its TurnStats)``.
+        ``(the continuation, its TurnStats)``. The continuation is the text the new tokens add to
+        the text's tokens, ``decode(ids + new)`` past ``decode(ids)``, as streamed to ``on_text``:
+        ``text + continuation`` reads as the whole sequence's decode, the space before the first
+        new word included for a SentencePiece tokenizer (Llama 2's, whose decoder strips the
+        leading space of what it decodes). Ids past the tokenizer's vocabulary (a padded
+        embedding's) add no text.
 
     Raises:
         TypeError: ``text`` not a str, ``on_text`` not callable. ValueError: empty text or text that
@@ -244,11 +335,11 @@ def continue_text(model, tokenizer, text: str, max_new_tokens: int = 128, on_tex
                      on_text)
 
 
-def _text_ids(model, tokenizer, text, max_new_tokens: int) -> list[int]:
+def _text_ids(model, tokenizer, text, max_new_tokens: int | None) -> list[int]:
     """The ids of the text to continue, checked to leave room for ``max_new_tokens`` in the
     context (``len(ids) + max_new_tokens - 1`` positions: the last new token is never fed back):
     the KV cache is sized for both, so a huge ``max_new_tokens`` must fail here, not after
-    gigabytes have been reserved."""
+    gigabytes have been reserved. ``max_new_tokens=None``: only the text is checked."""
     if not isinstance(text, str):
         raise TypeError(f"text: expected a str, got {type(text).__name__}")
     if not text:
@@ -260,6 +351,8 @@ def _text_ids(model, tokenizer, text, max_new_tokens: int) -> list[int]:
     context = model.context_length
     if len(ids) > context:
         raise ValueError(f"text: {len(ids)} tokens exceed the context ({field} = {context})")
+    if max_new_tokens is None:
+        return ids
     total = len(ids) + max_new_tokens - 1  # the positions the model sees: the last new token is not fed back
     if total > context:
         raise ValueError(f"max_new_tokens: prompt length {len(ids)} + {max_new_tokens} exceeds the context "
@@ -269,12 +362,11 @@ def _text_ids(model, tokenizer, text, max_new_tokens: int) -> list[int]:
 
 def _continue(model, tokenizer, ids: list[int], options: dict, on_text) -> tuple[str, TurnStats]:
     """continue_text's generation, from checked ids and options."""
-    eos = tokenizer.eos_token_id
     stats = TurnStats()
     cache = model.new_cache(1, len(ids) + options["max_new_tokens"] - 1)
-    generated = _stream(model, tokenizer, np.array([ids], np.int64), cache, on_text, stats,
-                        eos_token_id=[] if eos is None else [eos], **options)
-    return tokenizer.decode(generated, skip_special_tokens=True), stats
+    generated = _stream(model, tokenizer, np.array([ids], np.int64), cache, on_text, stats, context=ids,
+                        eos_token_id=_end_ids(model, tokenizer), **options)
+    return _text_after(tokenizer, ids, generated), stats
 
 
 # ------------------------------------------------------------------------------------------------
@@ -300,9 +392,53 @@ def _print(text: str) -> None:
     sys.stdout.flush()
 
 
+def _check_stdout() -> None:
+    """Standard output closed when the command started (``generate ... >&-``: Python's
+    ``sys.stdout`` is None): refused before the model loads, not an AttributeError at the first
+    token."""
+    import sys
+
+    if sys.stdout is None:
+        raise ValueError("stdout: standard output is closed; there is nowhere to write the reply")
+
+
+def _stdin_turns():
+    """The turns read from standard input, one a line, as bytes decoded here one line at a time:
+    the lines before an invalid UTF-8 byte are answered, then ValueError naming the line (the
+    UTF-8 byte-order mark of a first line dropped; line ends ``\n`` or ``\r\n`` removed; blank
+    lines skipped)."""
+    import codecs
+    import sys
+
+    stream = getattr(sys.stdin, "buffer", None)
+    interactive = sys.stdin.isatty()
+    lineno = 0
+    while True:
+        if interactive:
+            print("> ", end="", file=sys.stderr, flush=True)
+        raw = stream.readline() if stream is not None else sys.stdin.readline()  # a text stream: a test's
+        if not raw:
+            return
+        lineno += 1
+        if isinstance(raw, bytes):
+            if lineno == 1 and raw.startswith(codecs.BOM_UTF8):
+                raw = raw[len(codecs.BOM_UTF8):]
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise ValueError(f"stdin, line {lineno}: invalid UTF-8 (byte {e.start + 1} of the line: "
+                                 f"{raw[e.start:e.start + 1]!r})") from None
+        else:
+            line = raw
+        message = line.rstrip("\r\n")  # a CRLF file's turns end in no "\r" either
+        if message.strip():
+            yield message
+
+
 def run_chat(args) -> int:
     """``chat``: one PROMPT, or one turn per line of standard input; replies streamed to stdout,
-    the tokens/s of each turn on stderr."""
+    the tokens/s of each turn on stderr. ``--max-new-tokens`` (default 256) is the most each reply
+    may have: fewer when the conversation comes near the end of the context."""
     import sys
 
     # The arguments are checked before the model is loaded (seconds) and before anything is printed.
@@ -310,38 +446,39 @@ def run_chat(args) -> int:
         _check_message(args.prompt, "prompt")
     if args.system is not None:
         check_unicode(args.system, "system")
-    _options(args.max_new_tokens, args.temperature, args.top_p, None, args.seed, None)
+    max_new_tokens = DEFAULT_MAX_NEW_TOKENS if args.max_new_tokens is None else args.max_new_tokens
+    _options(max_new_tokens, args.temperature, args.top_p, None, args.seed, None)
+    _check_stdout()
+    if args.prompt is None and sys.stdin is None:
+        raise ValueError("stdin: standard input is closed; give the message as PROMPT or pipe the turns in, one "
+                         "a line")
     model, tokenizer = _load(args)
-    session = ChatSession(model, tokenizer, system=args.system, max_new_tokens=args.max_new_tokens,
+    if tokenizer.chat_template is None:
+        raise ValueError(f"model: {args.model or DEFAULT_CHAT_MODEL}: {NO_TEMPLATE}; the `generate` command "
+                         f"continues raw text")
+    session = ChatSession(model, tokenizer, system=args.system, max_new_tokens=max_new_tokens,
                           temperature=args.temperature, top_p=args.top_p, seed=args.seed)
-    turns = [args.prompt] if args.prompt is not None else None
-    interactive = turns is None and sys.stdin.isatty()
-    while True:
-        if turns is not None:
-            if not turns:
-                return 0
-            message = turns.pop(0)
-        else:
-            if interactive:
-                print("> ", end="", file=sys.stderr, flush=True)
-            line = sys.stdin.readline()
-            if not line:
-                return 0
-            message = line.rstrip("\r\n")  # a CRLF file's turns end in no "\r" either
-            if not message.strip():
-                continue
+    for message in [args.prompt] if args.prompt is not None else _stdin_turns():
         session.send(message, on_text=_print)
         _print("\n")
         print(session.stats, file=sys.stderr)
+    return 0
 
 
 def run_generate(args) -> int:
-    """``generate``: TEXT and its continuation streamed to stdout, tokens/s on stderr."""
+    """``generate``: TEXT and its continuation streamed to stdout, tokens/s on stderr. Without
+    ``--max-new-tokens``, up to 256 new tokens, fewer when the context ends first; a value given
+    that does not fit the context after TEXT is refused."""
     import sys
 
-    options = _options(args.max_new_tokens, args.temperature, args.top_p, None, args.seed, None)
+    explicit = args.max_new_tokens is not None
+    options = _options(args.max_new_tokens if explicit else DEFAULT_MAX_NEW_TOKENS, args.temperature, args.top_p,
+                       None, args.seed, None)
+    _check_stdout()
     model, tokenizer = _load(args)
-    ids = _text_ids(model, tokenizer, args.text, options["max_new_tokens"])
+    ids = _text_ids(model, tokenizer, args.text, options["max_new_tokens"] if explicit else None)
+    if not explicit:  # as many as fit: the last new token is never fed back
+        options["max_new_tokens"] = min(options["max_new_tokens"], model.context_length - len(ids) + 1)
     # The text is echoed only now that it and the options are known to be good: an error leaves
     # stdout empty.
     _print(args.text)

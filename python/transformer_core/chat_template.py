@@ -12,17 +12,31 @@ non-ASCII characters, the ``raise_exception(message)`` and ``strftime_now(format
 a ``{% generation %}`` block tag that renders its body. Variables: ``messages``,
 ``add_generation_prompt``, and whatever else the caller passes (``bos_token``, ``eos_token``,
 ``tools``, ...).
+
+**What a template can reach.** Only plain data: the messages and every variable are rebuilt from
+JSON types (dict, list, tuple, str, int, float, bool, None) before rendering, as transformers'
+``render_jinja_template`` rebuilds them, so a template never holds the caller's own objects (it
+cannot change them) nor an object with methods that act outside the sandbox (a ``pathlib.Path``'s
+``write_text``, a numpy array's ``tofile``): such a value becomes a placeholder naming its type
+(``"<PosixPath>"``, ``"<ndarray>"``). The ``dict`` global only builds dicts (``dict(a=1)``,
+``dict.fromkeys``), not Python's ``dict`` type, whose unbound ``dict.update`` / ``dict.clear`` would
+change a dict in place; ``namespace`` refuses attribute names starting with ``_``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from collections.abc import Mapping
 from datetime import datetime
 from functools import lru_cache
 
 from ._validation import check_bool
 
 __all__ = ["render_chat_template", "validate_messages", "ChatTemplateError"]
+
+#: How deeply the data given to a template (messages, tools, variables) may nest.
+MAX_DATA_DEPTH = 100
 
 
 class ChatTemplateError(ValueError):
@@ -75,20 +89,27 @@ def render_chat_template(template: str, messages, add_generation_prompt: bool = 
             ``tools`` and ``documents`` are None unless given, as transformers' ``apply_chat_template``
             passes them (a template testing ``tools is not none`` must see None, not undefined).
 
+    The template sees copies of ``messages`` and ``variables`` made of plain JSON data (see the
+    module's docstring: any other object becomes ``"<TypeName>"``, as in transformers); the
+    caller's objects are never handed to it.
+
     Returns:
         The prompt text.
 
     Raises:
         TypeError: ``template`` not a str; ``add_generation_prompt`` not a bool; a bad message (see
             :func:`validate_messages`).
-        ValueError: a bad message. ChatTemplateError (a ValueError): the template does not parse,
+        ValueError: a bad message; messages or a variable that contain themselves or nest deeper
+            than ``MAX_DATA_DEPTH`` (naming the path, e.g. ``tools[0]['parameters']``).
+            ChatTemplateError (a ValueError): the template does not parse,
             calls ``raise_exception``, or fails while rendering (the sandbox refusing an unsafe
             operation, or an error of the template's own expressions, included).
     """
     if not isinstance(template, str):
         raise TypeError(f"template: expected a str, got {type(template).__name__}")
     add_generation_prompt = check_bool(add_generation_prompt, "add_generation_prompt")
-    messages = validate_messages(messages)
+    messages = _plain_data(validate_messages(messages), "messages")
+    variables = {name: _plain_data(value, name) for name, value in variables.items()}
     compiled = _compile(template)
     import jinja2
 
@@ -100,6 +121,63 @@ def render_chat_template(template: str, messages, add_generation_prompt: bool = 
     except (jinja2.TemplateError, Exception) as e:  # the sandbox's refusals, and Python's errors in the
         # template's own expressions (1 // 0, "a" + 1, range(10**6), a macro calling itself)
         raise ChatTemplateError(f"chat template: {type(e).__name__}: {e}") from None
+
+
+def _plain_data(value, path: str, depth: int = 0, active: frozenset = frozenset()):
+    """``value`` rebuilt from plain JSON types, what a template may see (as transformers'
+    ``_plain_template_data``): exact str/int/float/bool/None as they are, their subclasses (enums,
+    numpy scalars) as the base type, mappings as new dicts, lists as new lists, tuples as new tuples,
+    dataclasses and pydantic models as dicts of their fields, anything else as ``"<TypeName>"``.
+
+    Raises:
+        ValueError: a container that contains itself, or nesting deeper than ``MAX_DATA_DEPTH``
+            (naming ``path``, the value's place in the argument).
+    """
+    import numpy as np
+
+    if value is None or type(value) in (str, int, float, bool):
+        return value
+    if isinstance(value, str):
+        return str.__str__(value)
+    if isinstance(value, int):
+        return int.__int__(value)
+    if isinstance(value, float):
+        return float.__float__(value)
+    if isinstance(value, np.generic):  # np.bool_(False) must stay falsy, not become "<bool_>"
+        return _plain_data(value.item(), path, depth, active)
+    container = isinstance(value, (Mapping, list, tuple)) or (
+        dataclasses.is_dataclass(value) and not isinstance(value, type)) or callable(getattr(value, "model_dump", None))
+    if not container:
+        return f"<{type(value).__name__}>"
+    if id(value) in active:
+        raise ValueError(f"{path}: a value that contains itself (a template can only be given tree-shaped data)")
+    if depth >= MAX_DATA_DEPTH:
+        raise ValueError(f"{path}: nested deeper than {MAX_DATA_DEPTH} levels")
+    active = active | {id(value)}
+    if isinstance(value, Mapping):
+        return {_plain_data(k, f"{path} key {k!r}", depth + 1, active):
+                _plain_data(v, f"{path}[{k!r}]", depth + 1, active) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain_data(v, f"{path}[{i}]", depth + 1, active) for i, v in enumerate(value)]
+    if isinstance(value, tuple):
+        return tuple(_plain_data(v, f"{path}[{i}]", depth + 1, active) for i, v in enumerate(value))
+    if dataclasses.is_dataclass(value):
+        return {f.name: _plain_data(getattr(value, f.name), f"{path}.{f.name}", depth + 1, active)
+                for f in dataclasses.fields(value)}
+    return _plain_data(value.model_dump(), path, depth + 1, active)  # a pydantic model
+
+
+class _TemplateDict:
+    """The template's ``dict``: builds dicts (``dict(a=1)``, ``dict(pairs)``, ``dict.fromkeys(keys)``)
+    and nothing else, unlike Python's ``dict`` type, whose unbound methods (``dict.update(d, x)``,
+    ``dict.clear(d)``) the sandbox lets a template call on any dict."""
+
+    def __call__(self, *args, **kwargs):
+        return dict(*args, **kwargs)
+
+    def fromkeys(self, *args, **kwargs):
+        """``dict.fromkeys``: a new dict."""
+        return dict.fromkeys(*args, **kwargs)
 
 
 def _raise_exception(message):
@@ -133,11 +211,33 @@ def _compile(template: str):
             body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
             return jinja2.nodes.Scope(body).set_lineno(lineno)
 
+    class TemplateNamespace(jinja2.utils.Namespace):
+        """``namespace(...)``, refusing attribute names that start with ``_`` (as transformers'), so
+        that a template cannot store into the names of Python's internals."""
+
+        def __init__(*args, **kwargs):  # Jinja's signature trick: ``namespace(self=...)`` still works
+            self, args = args[0], args[1:]
+            attrs = dict(*args, **kwargs)
+            for name in attrs:
+                TemplateNamespace._check_name(name)
+            jinja2.utils.Namespace.__init__(self, attrs)
+
+        def __setitem__(self, name, value):
+            TemplateNamespace._check_name(name)
+            jinja2.utils.Namespace.__setitem__(self, name, value)
+
+        @staticmethod
+        def _check_name(name):
+            if isinstance(name, str) and name.startswith("_"):
+                raise jinja2.exceptions.SecurityError(f"a namespace attribute may not start with '_', got {name!r}")
+
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
                                         extensions=[GenerationBlock, jinja2.ext.loopcontrols])
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
+    env.globals["dict"] = _TemplateDict()
+    env.globals["namespace"] = TemplateNamespace
     try:
         return env.from_string(template)
     except jinja2.TemplateError as e:
