@@ -1,9 +1,11 @@
-"""transformer_core.generation's sampling filters vs Hugging Face's logits warpers.
+"""transformer_core.generation's logits processing vs Hugging Face's logits processors.
 
 ``next_tokens`` is given a stand-in generator that records the distribution it samples from; the
 tokens it keeps (probability > 0) and their probabilities are compared with transformers'
-``TopKLogitsWarper`` / ``TopPLogitsWarper`` applied to the same float64 scores, tied scores
-included: which of two equal tokens survives a cut is part of the contract.
+``TopKLogitsWarper`` / ``TopPLogitsWarper`` / ``RepetitionPenaltyLogitsProcessor`` applied to the
+same float64 scores, tied scores included: which of two equal tokens survives a cut is part of the
+contract (ours: HF's top-p with a stable sort; HF calls ``torch.sort`` without ``stable=True``, which
+promises no order among ties but gives the stable one on these small CPU tensors).
 """
 from __future__ import annotations
 
@@ -13,7 +15,11 @@ import torch
 from transformer_core.generation import GenerationConfig, next_tokens
 
 transformers = pytest.importorskip("transformers")
-from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsWarper  # noqa: E402
+from transformers.generation.logits_process import (  # noqa: E402
+    RepetitionPenaltyLogitsProcessor,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
 
 
 class _Recorder:
@@ -56,8 +62,9 @@ def _check(scores, **options):
     ([[2.0, 0.5, 2.0, 0.5, 2.0]], 0.5, [[False, False, True, False, True]]),
 ], ids=["0.4-0.3-0.3", "signed-zeros", "four-equal", "two-levels"])
 def test_top_p_ties_broken_as_hf(scores, top_p, kept):
-    """Of tokens tied at the cut, HF's TopPLogitsWarper keeps the later ones (it drops from the
-    bottom of an ascending stable sort); ours kept the earlier ones."""
+    """Of tokens tied at the cut, the later ones are kept: HF's TopPLogitsWarper with a stable sort
+    drops from the bottom of the ascending order (of tied scores, the lower id first); ours kept
+    the earlier ones."""
     probs = _ours(scores, top_p=top_p)
     np.testing.assert_array_equal(probs > 0, kept)
     _check(scores, top_p=top_p)
@@ -82,3 +89,25 @@ def test_top_k_ties_match_hf():
         V = int(rng.integers(1, 10))
         scores = rng.choice(rng.normal(size=3), size=(2, V))
         _check(scores, top_k=int(rng.integers(1, V + 3)))
+
+
+@pytest.mark.parametrize("penalty", [0.7, 1.5])
+def test_repetition_penalty_prompt_ignore_length_matches_hf(penalty):
+    """``prompt_ignore_length`` (each row's left padding) is not penalized, as HF's
+    RepetitionPenaltyLogitsProcessor(prompt_ignore_length=...) that generate builds from the mask;
+    the greedy token and the sampling distribution both follow the penalized scores."""
+    rng = np.random.default_rng(2)
+    for trial in range(100):
+        N, V, T = 3, int(rng.integers(2, 9)), int(rng.integers(1, 8))
+        scores = rng.normal(size=(N, V)) * 3
+        seqs = rng.integers(0, V, size=(N, T))
+        lead = rng.integers(0, T + 1, size=N)
+        ref = RepetitionPenaltyLogitsProcessor(penalty, prompt_ignore_length=torch.from_numpy(lead))(
+            torch.from_numpy(seqs), torch.from_numpy(scores.copy())).numpy()
+        greedy = next_tokens(scores.copy(), seqs, GenerationConfig(1, repetition_penalty=penalty),
+                             np.random.default_rng(), lead)
+        np.testing.assert_array_equal(greedy, ref.argmax(-1))
+        rec = _Recorder()
+        next_tokens(scores.copy(), seqs, GenerationConfig(1, do_sample=True, repetition_penalty=penalty), rec, lead)
+        np.testing.assert_allclose(np.stack(rec.probs), torch.softmax(torch.from_numpy(ref), -1).numpy(),
+                                   rtol=1e-12, atol=1e-15)

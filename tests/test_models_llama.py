@@ -290,6 +290,64 @@ def test_generate_left_padded_batch_equals_each_prompt(llama_gqa):
         np.testing.assert_array_equal(batched[n, L:], m.generate(p[None], max_new_tokens=10)[0, len(p):])
 
 
+def _left_padded_with_repeats(m, prompts, penalty, new):
+    """``prompts`` left-padded into one batch whose pad ids are each row's own tokens generated
+    alone (so a penalty on the padding changes the result), the mask, and those generations."""
+    alone = [m.generate(p[None], max_new_tokens=new, repetition_penalty=penalty)[0, len(p):] for p in prompts]
+    L = max(len(p) for p in prompts) + 3
+    ids = np.zeros((len(prompts), L), np.int64)
+    am = np.zeros((len(prompts), L), np.int64)
+    for n, p in enumerate(prompts):
+        ids[n, :L - len(p)] = np.resize(alone[n], L - len(p))
+        ids[n, L - len(p):], am[n, L - len(p):] = p, 1
+    return ids, am, alone
+
+
+@pytest.mark.parametrize("penalty", [0.8, 1.3, 1e3])
+def test_repetition_penalty_skips_left_padding_as_hf(llama_gqa, penalty):
+    """The repetition penalty counted the ids of the left padding: a padded row's tokens differed
+    from HF's generate with the same mask (which ignores each row's leading masked positions) and
+    from the prompt generated alone."""
+    hf, _, m = llama_gqa
+    prompts = [_ids(61, (1, 9))[0], _ids(62, (1, 2))[0], _ids(63, (1, 6))[0], _ids(64, (1, 1))[0]]
+    ids, am, alone = _left_padded_with_repeats(m, prompts, penalty, 10)
+    ours = m.generate(ids, max_new_tokens=10, attention_mask=am, repetition_penalty=penalty, pad_token_id=0)
+    with torch.no_grad():
+        ref = hf.generate(torch.from_numpy(ids), attention_mask=torch.from_numpy(am), max_new_tokens=10,
+                          do_sample=False, repetition_penalty=penalty, pad_token_id=0).numpy()
+    np.testing.assert_array_equal(ours, ref)
+    for n in range(len(prompts)):
+        np.testing.assert_array_equal(ours[n, ids.shape[1]:], alone[n], err_msg=f"row {n}")
+
+
+def test_repetition_penalty_counts_a_gap_in_the_mask_as_hf(llama_gqa):
+    """Only the positions before a row's first real token are skipped (HF's generate:
+    ``(attention_mask != 0).argmax(1)``); a masked position after it still counts."""
+    hf, _, m = llama_gqa
+    ids = _ids(66, (2, 8))
+    am = np.ones((2, 8), np.int64)
+    am[0, :2] = am[0, 4] = am[1, 5] = 0
+    ids[0, 4] = ids[0, 1] = m.generate(ids[:1], max_new_tokens=1, attention_mask=am[:1])[0, -1]
+    ids[1, 5] = m.generate(ids[1:], max_new_tokens=1, attention_mask=am[1:])[0, -1]
+    ours = m.generate(ids, max_new_tokens=6, attention_mask=am, repetition_penalty=1e3)
+    with torch.no_grad():
+        ref = hf.generate(torch.from_numpy(ids), attention_mask=torch.from_numpy(am), max_new_tokens=6,
+                          do_sample=False, repetition_penalty=1e3, pad_token_id=0).numpy()
+    np.testing.assert_array_equal(ours, ref)
+
+
+def test_sampled_repetition_penalty_skips_left_padding(llama_gqa):
+    """Sampling with a penalty: one left-padded row draws the same tokens as its prompt alone
+    (one row: the same generator draws)."""
+    _, _, m = llama_gqa
+    prompt = _ids(65, (1, 4))[0]
+    opts = dict(max_new_tokens=10, repetition_penalty=5.0, do_sample=True, temperature=0.5, top_k=5, seed=7)
+    ids, am, _ = _left_padded_with_repeats(m, [prompt], 5.0, 10)
+    ids[0, :3] = m.generate(prompt[None], **opts)[0, 4:7]  # the pads: the sampled tokens themselves
+    alone = m.generate(prompt[None], **opts)
+    np.testing.assert_array_equal(m.generate(ids, attention_mask=am, **opts)[0, ids.shape[1]:], alone[0, 4:])
+
+
 def test_generate_options(llama_gqa):
     hf, _, m = llama_gqa
     ids = _ids(2, (2, 4))
@@ -422,6 +480,28 @@ def test_bad_input(llama_gqa, tmp_path):
     with pytest.raises(ValueError, match="rms_norm_eps"):
         tc.LlamaForCausalLM(tc.LlamaConfig(vocab_size=10, hidden_size=8, intermediate_size=8, num_hidden_layers=1,
                                            num_attention_heads=2, rms_norm_eps=-1.0))
+
+
+@pytest.mark.parametrize("ignore_index", [2**63, -2**63 - 1, np.uint64(2**63)], ids=["2**63", "-2**63-1", "u64"])
+def test_loss_ignore_index_outside_int64_refused(llama_gqa, ignore_index):
+    """An ignore_index outside int64 (the targets' dtype) raised a bare OverflowError; now a
+    ValueError naming it, as functional.cross_entropy's. The int64 extremes still work (as torch's
+    loss with no label ignored)."""
+    hf, _, m = llama_gqa
+    ids = _ids(70, (2, 6))
+    with pytest.raises(ValueError, match="ignore_index"):
+        m.loss(ids, ids, ignore_index=ignore_index)
+    with pytest.raises(TypeError, match="ignore_index"):
+        m.loss(ids, ids, ignore_index=True)
+    ref = float(_hf(hf, ids, labels=torch.from_numpy(ids)).loss)
+    for edge in (2**63 - 1, -2**63, np.int64(-2**63)):
+        assert_close(m.loss(ids, ids, ignore_index=edge), ref, atol_=1e-5, rtol_=1e-5,
+                     what=f"loss, ignore_index={edge}")
+    labels = ids.copy()
+    labels[:, :3] = 2**63 - 1  # ignored: as HF's loss with those labels at -100
+    ref = float(_hf(hf, ids, labels=torch.from_numpy(np.where(labels == 2**63 - 1, -100, labels))).loss)
+    assert_close(m.loss(ids, labels, ignore_index=2**63 - 1), ref, atol_=1e-5, rtol_=1e-5,
+                 what="loss, ignored labels")
 
 
 # ------------------------------------------------------- generate at the context limit, legacy caches

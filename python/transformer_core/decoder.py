@@ -282,7 +282,8 @@ class CausalLM(DecoderModel, GenerationMixin):
             attention_mask: ``(N, L)``, 1/True = a real token (left or right padding); positions
                 are counted over the real tokens, as in :meth:`forward`.
             position_ids: ``(N, L)`` explicit positions.
-            ignore_index: the label value that does not count (-100, torch's and HF's).
+            ignore_index: the label value that does not count (-100, torch's and HF's); an int
+                in the int64 range.
             seed: the dropout seed of this call (default: :func:`transformer_core.manual_seed`'s
                 generator; unused without dropout).
 
@@ -293,20 +294,21 @@ class CausalLM(DecoderModel, GenerationMixin):
         Raises:
             NonFiniteLossError: the loss is NaN or inf; nothing is kept and no gradient was touched.
             ValueError: labels of the wrong shape or out of range, ids out of range, too long an
-                input, masks or positions that do not fit. TypeError: non-integer ids or labels.
+                input, masks or positions that do not fit, ``ignore_index`` outside the int64 range.
+                TypeError: non-integer ids, labels or ``ignore_index``.
         """
         from ._validation import check_int
         from .module import NonFiniteLossError
 
-        if isinstance(ignore_index, bool) or not isinstance(ignore_index, (int, np.integer)):
-            raise TypeError(f"ignore_index: expected an int, got {type(ignore_index).__name__}")
+        # an int64 (the targets' dtype), as functional.cross_entropy checks it
+        ignore_index = check_int(ignore_index, "ignore_index", -2**63, 2**63 - 1)
         ids, mask, positions = self._training_inputs(input_ids, attention_mask, position_ids)
-        lab = _check_labels(labels, ids.shape, self.config.vocab_size, int(ignore_index))
-        targets = np.full(ids.shape, int(ignore_index), np.int64)  # position t predicts labels[:, t + 1]
+        lab = _check_labels(labels, ids.shape, self.config.vocab_size, ignore_index)
+        targets = np.full(ids.shape, ignore_index, np.int64)  # position t predicts labels[:, t + 1]
         targets[:, :-1] = lab[:, 1:]
         resid, embed = self._dropout_probs() if self.training else (0.0, 0.0)
         seed = self._dropout_seed(max(resid, embed), None if seed is None else check_int(seed, "seed", 0))
-        value, _count, finite = self._impl.loss(ids, targets, mask, positions, int(ignore_index), self.training,
+        value, _count, finite = self._impl.loss(ids, targets, mask, positions, ignore_index, self.training,
                                                 resid, embed, seed)
         if not finite:
             raise NonFiniteLossError(f"loss: the loss is {value} (non-finite); no gradient was touched and nothing "

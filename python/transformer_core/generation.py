@@ -4,13 +4,16 @@ the prompt once through the model, then one token per step with the KV cache.
 Each step turns the last position's logits into the next token (Hugging Face's order of logits
 processors):
 
-    repetition_penalty   score / p for tokens already in the sequence (score · p if negative)
+    repetition_penalty   score / p for tokens already in the sequence (score · p if negative);
+                         a row's left padding (the positions before its first 1 in
+                         ``attention_mask``) is not counted, as Hugging Face's ``generate``
     greedy               argmax, or, with do_sample:
     temperature          scores / T
     top_k                keep the k highest
     top_p                keep the smallest set of highest-probability tokens whose mass reaches p
-                         (of tokens tied at the cut, the later ids are kept, as Hugging Face's
-                         ``TopPLogitsWarper``)
+                         (of tokens tied at the cut, the later ids are kept: Hugging Face's
+                         ``TopPLogitsWarper`` with a stable sort; its own ``torch.sort`` is not
+                         stable, so its order among ties is unspecified)
     sample               from softmax(scores), numpy's generator seeded with ``seed``
 
 A sequence that emits an end token (``eos_token_id``, one id or several) is finished; it is padded
@@ -87,7 +90,7 @@ def _softmax(scores: np.ndarray) -> np.ndarray:
 
 
 def next_tokens(scores: np.ndarray, sequences: np.ndarray, cfg: GenerationConfig,
-                rng: np.random.Generator) -> np.ndarray:
+                rng: np.random.Generator, prompt_ignore_length: np.ndarray | None = None) -> np.ndarray:
     """The next token of each row from the last position's logits.
 
     Args:
@@ -95,14 +98,24 @@ def next_tokens(scores: np.ndarray, sequences: np.ndarray, cfg: GenerationConfig
         sequences: ``(N, T)`` the ids so far (prompt and generated), for the repetition penalty.
         cfg: the options.
         rng: numpy generator for sampling.
+        prompt_ignore_length: ``(N,)`` int, or None (0 for every row): the leading positions of
+            each row of ``sequences`` that the repetition penalty does not count (the left
+            padding; Hugging Face's ``RepetitionPenaltyLogitsProcessor(prompt_ignore_length=...)``).
 
     Returns:
         ``(N,)`` int64 token ids.
     """
     if cfg.repetition_penalty is not None and cfg.repetition_penalty != 1.0:
-        rows = np.arange(scores.shape[0])[:, None]
-        seen = scores[rows, sequences]
-        scores[rows, sequences] = np.where(seen < 0, seen * cfg.repetition_penalty, seen / cfg.repetition_penalty)
+        N, V = scores.shape
+        counted = sequences
+        if prompt_ignore_length is not None:  # ignored positions point at an extra column, dropped below
+            ignored = np.arange(sequences.shape[1])[None, :] < np.asarray(prompt_ignore_length)[:, None]
+            counted = np.where(ignored, V, sequences)
+        seen = np.zeros((N, V + 1), bool)
+        seen[np.arange(N)[:, None], counted] = True
+        seen = seen[:, :V]
+        hit = scores[seen]
+        scores[seen] = np.where(hit < 0, hit * cfg.repetition_penalty, hit / cfg.repetition_penalty)
     if not cfg.do_sample:
         return scores.argmax(axis=-1).astype(np.int64)
     # softmax(s / T) = softmax((s - max s) / T): the shift first keeps every entry <= 0, so no
@@ -113,9 +126,10 @@ def next_tokens(scores: np.ndarray, sequences: np.ndarray, cfg: GenerationConfig
         kth = np.partition(scores, -k, axis=-1)[:, -k][:, None]
         scores = np.where(scores < kth, -np.inf, scores)
     if cfg.top_p is not None and cfg.top_p < 1.0:
-        # Hugging Face's TopPLogitsWarper: an ascending stable sort (of tied scores, the lower id
-        # first), then drop from the bottom every token whose cumulative mass is <= 1 - top_p; the
-        # highest-ranked token is always kept. Of tokens tied at the cut, the higher ids survive.
+        # Hugging Face's TopPLogitsWarper with a stable sort: an ascending sort (stable here: of
+        # tied scores, the lower id first; HF's torch.sort is not stable, so its order among ties is
+        # unspecified), then drop from the bottom every token whose cumulative mass is <= 1 - top_p;
+        # the highest-ranked token is always kept. Of tokens tied at the cut, the higher ids survive.
         order = np.argsort(scores, axis=-1, kind="stable")
         sorted_probs = _softmax(np.take_along_axis(scores, order, axis=-1))
         drop_sorted = np.cumsum(sorted_probs, axis=-1) <= 1.0 - cfg.top_p
@@ -204,12 +218,16 @@ class GenerationMixin:
         """The decoding loop of :meth:`stream`, from checked arguments."""
         N = ids.shape[0]
         rng = np.random.default_rng(cfg.seed)
+        # the repetition penalty skips each row's left padding: the positions before its first real
+        # token (Hugging Face's generate: (attention_mask != 0).argmax(1); a row without any real
+        # token, or a 0 after the first 1, is counted, as there)
+        lead = None if mask is None else mask.argmax(axis=1)
         out = self(ids[:, cache.length:], attention_mask=mask, past_key_values=cache, use_cache=True,
                    logits_to_keep=1)
         sequences = ids
         finished = np.zeros(N, dtype=bool)
         for step in range(cfg.max_new_tokens):
-            nxt = next_tokens(out.logits[:, -1].astype(np.float64), sequences, cfg, rng)
+            nxt = next_tokens(out.logits[:, -1].astype(np.float64), sequences, cfg, rng, lead)
             if cfg.pad_token_id is not None:
                 nxt = np.where(finished, cfg.pad_token_id, nxt)
             finished |= np.isin(nxt, cfg.eos_ids)
@@ -245,7 +263,9 @@ class GenerationMixin:
             eos_token_id: an id or a list of ids in ``[0, vocab_size)`` that end a sequence;
                 default: the config's (its ids outside the vocabulary dropped).
             repetition_penalty: a finite number >= 1e-6 (``MIN_REPETITION_PENALTY``); 1 = none
-                (Keskar et al. 2019, as Hugging Face).
+                (Keskar et al. 2019, as Hugging Face). The ids of the prompt and the new tokens
+                count, but not a row's left padding: the positions before its first 1 in
+                ``attention_mask`` (as Hugging Face's ``generate``; a 0 after the first 1 counts).
             pad_token_id: an id in ``[0, vocab_size)`` that fills finished sequences; default: the
                 config's ``pad_token_id`` (when it is an id of the vocabulary), else the first end
                 id (Hugging Face's defaults).
