@@ -7,7 +7,8 @@ What lives here (and where the rest lives):
   any byte order (a big-endian ``'>f8'`` array is byte-swapped, never narrowed); every other real
   dtype (float16, float32, integers) becomes ``float32``; ``bool``, complex, object, string,
   datetime and void data are refused with a ``TypeError`` (a bool array is a mask, not numbers).
-  Non-contiguous, Fortran-order and big-endian inputs are copied to C-contiguous native arrays.
+  Non-contiguous, Fortran-order and big-endian inputs are copied to C-contiguous native arrays
+  (a copy larger than this machine's memory, e.g. of an ``np.broadcast_to`` view, is a ValueError).
   Python lists must be rectangular (ragged nesting is a ``ValueError``). torch tensors are read
   without importing torch (bfloat16 is widened to float32 first).
 * **ranks and shapes**: expected rank, agreement with other arguments and with the layer.
@@ -36,6 +37,10 @@ FLOAT_DTYPES = (np.float32, np.float64)
 
 #: The largest size a size argument may have: the C++ core counts in signed 64-bit integers.
 MAX_SIZE = 2**63 - 1
+
+#: Copies of at most this many elements (64 MiB of float64) are not checked against memory: every
+#: machine holds them, and the check (a few microseconds) would slow the small calls of decoding.
+_UNCHECKED_COPY_SIZE = 2**23
 
 
 # ------------------------------------------------------------------------------------------------
@@ -123,13 +128,29 @@ def as_float(x, name: str, dtype=None, *, min_ndim: int = 0, ndim: int | None = 
         raise ValueError(f"{name}: expected at least {min_ndim} dims, got {arr.ndim}-D with shape {arr.shape}")
     if not allow_empty and arr.size == 0:
         raise ValueError(f"{name}: expected a non-empty array, got shape {arr.shape}")
-    return _contiguous(arr, dtype)
+    return _contiguous(arr, dtype, name)
 
 
-def _contiguous(arr: np.ndarray, dtype) -> np.ndarray:
+def _contiguous(arr: np.ndarray, dtype, name: str) -> np.ndarray:
     """``arr`` as a C-contiguous, native-byte-order array of ``dtype``, its shape kept (a 0-d array
-    stays 0-d: ``np.ascontiguousarray`` alone would make it 1-d)."""
+    stays 0-d: ``np.ascontiguousarray`` alone would make it 1-d).
+
+    A copy is checked against this machine's memory first (:func:`check_allocatable`, ValueError
+    naming ``name``): a broadcast view (``np.broadcast_to``, stride 0) holds a few bytes for a shape
+    whose copy no machine can hold, and a narrow dtype widens (int8 to float32: 4 times the bytes).
+    An array that needs no copy is returned as is, unchecked."""
+    if arr.size > _UNCHECKED_COPY_SIZE and not (arr.flags.c_contiguous and arr.dtype == dtype):
+        check_allocatable(arr.shape, np.dtype(dtype).itemsize, name)
     return np.ascontiguousarray(arr, dtype=dtype).reshape(arr.shape)
+
+
+def _unbroadcast(arr: np.ndarray) -> np.ndarray:
+    """The part of ``arr`` that holds its values: each dim of stride 0 (a broadcast dim) cut to size
+    1, a view (``np.broadcast_to(_unbroadcast(a), a.shape)`` has ``a``'s values). ``arr`` itself when
+    it has no such dim."""
+    if 0 not in arr.strides:
+        return arr
+    return arr[tuple(slice(0, 1) if st == 0 else slice(None) for st in arr.strides)]
 
 
 def as_weight(value, name: str, dtype) -> np.ndarray:
@@ -146,7 +167,7 @@ def as_weight(value, name: str, dtype) -> np.ndarray:
     arr = to_numpy(value, name)
     if arr.dtype.kind != "f":
         raise TypeError(f"{name}: expected a floating-point array, got dtype {arr.dtype}")
-    return _contiguous(arr, dtype)
+    return _contiguous(arr, dtype, name)
 
 
 def as_vector(value, name: str, n: int, dtype) -> np.ndarray | None:
@@ -193,18 +214,35 @@ def as_attention_mask(x, name: str, dtype) -> np.ndarray:
     """An attention mask: bool (True = may attend) as is, or float (added to the scores) as
     ``dtype``. Integer masks are refused: 0/1 could mean either convention.
 
+    A conversion (another float dtype, a record array's unaligned field) copies only the values the
+    mask holds: a broadcast view (``np.broadcast_to``, stride 0) stays one, its broadcast dims
+    converted once (a float64 ``(L, S)`` view of one value is 4 or 8 bytes, not ``L · S``); what is
+    copied is checked against this machine's memory first.
+
     Raises:
         TypeError: a dtype that is neither bool nor float, None.
+        ValueError: the values to convert need more than this machine's memory (naming ``name``).
     """
     arr = to_numpy(x, name)
     if arr.dtype.kind == "f":
-        arr = arr.astype(dtype, copy=False)
+        if arr.dtype != dtype:
+            arr = _converted(arr, dtype, name)
     elif arr.dtype != np.bool_:
         raise TypeError(f"{name}: expected bool (True = may attend) or float (added to the scores), got dtype "
                         f"{arr.dtype}")
     if not arr.flags.aligned or any(s % arr.itemsize for s in arr.strides):
-        arr = np.ascontiguousarray(arr)  # a record array's field: the kernels step in whole elements
+        arr = _converted(arr, arr.dtype, name)  # a record array's field: the kernels step in whole elements
     return arr
+
+
+def _converted(arr: np.ndarray, dtype, name: str) -> np.ndarray:
+    """``arr`` as a new C-order array of ``dtype`` (a broadcast view: its values converted, broadcast
+    again), the copy checked against this machine's memory (ValueError naming ``name``)."""
+    own = _unbroadcast(arr)
+    if own.size > _UNCHECKED_COPY_SIZE:
+        check_allocatable(own.shape, np.dtype(dtype).itemsize, name)
+    converted = own.astype(dtype, order="C")
+    return converted if own is arr else np.broadcast_to(converted, arr.shape)
 
 
 def as_ids(x, name: str, *, ndim: int = 2) -> np.ndarray:
@@ -235,7 +273,7 @@ def as_ids(x, name: str, *, ndim: int = 2) -> np.ndarray:
         raise ValueError(f"{name}: expected a {ndim}-D array {dims}, got shape {arr.shape}")
     if arr.size == 0:
         raise ValueError(f"{name}: expected a non-empty array, got shape {arr.shape}")
-    return _contiguous(arr, np.int64)
+    return _contiguous(arr, np.int64, name)
 
 
 def broadcast_mask(mask: np.ndarray, shape: tuple, name: str) -> np.ndarray:

@@ -310,8 +310,37 @@ def _check_scale(scale, E: int) -> float:
     return 1.0 / math.sqrt(E) if scale is None else check_float(scale, "scale")
 
 
-def _as_4d(mask: np.ndarray | None, shape4: tuple) -> np.ndarray | None:
-    return None if mask is None else mask.reshape(shape4)
+def _as_4d(mask: np.ndarray | None, shape4: tuple, name: str = "attn_mask") -> np.ndarray | None:
+    """A mask broadcast to ``lead + (L, S)`` as the kernels' ``shape4 = (n, heads, L, S)``: the dims
+    before ``(heads, L, S)`` merge into ``n``.
+
+    A view where their strides merge (a contiguous mask; dims broadcast together; the usual
+    ``(N, 1, L, S)`` or ``(1, 1, L, S)`` masks). Otherwise (a ``(A, 1, 1, L, S)`` mask of a query
+    ``(A, B, 1, L, E)``: A's stride and B's 0 make no one stride for ``n = A·B``) the mask is copied
+    over those dims only, its broadcast dims among ``(heads, L, S)`` kept broadcast: ``n`` times the
+    values the mask holds per batch entry, checked against this machine's memory first.
+
+    Raises:
+        ValueError: that copy needs more than this machine's memory (naming ``name``).
+    """
+    if mask is None or mask.ndim <= 4:  # one batch dim or none: a view
+        return None if mask is None else mask.reshape(shape4)
+    full, strides = mask.shape, mask.strides
+    k = mask.ndim - 3 if full[-3] == shape4[1] else mask.ndim - 2  # the batch dims
+    inner = None  # the innermost batch dim of size > 1 seen so far
+    for i in range(k):
+        if full[i] == 1:
+            continue
+        if inner is not None and strides[inner] != full[i] * strides[i]:
+            break
+        inner = i
+    else:
+        return mask.reshape(shape4)  # the batch dims merge: a view
+    own = mask[(Ellipsis,) + tuple(slice(0, 1) if st == 0 else slice(None) for st in strides[k:])]
+    own_shape = (shape4[0],) + (1,) * (mask.ndim - k == 2) + own.shape[k:]
+    check_allocatable(own_shape, mask.itemsize, f"{name}: its copy over query's batch dims {full[:k]} (their "
+                                                 f"strides do not merge into one)")
+    return np.broadcast_to(np.ascontiguousarray(own).reshape(own_shape), shape4)
 
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, *, query_mask=None, key_mask=None,
@@ -369,7 +398,9 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, *, query_mas
     Raises:
         ValueError: rank < 2, empty arrays, mismatched leading dims / lengths / feature sizes,
             masks that do not broadcast (or 0/1 masks with other values), bad ``causal_alignment``
-            or ``path``, a NaN or infinite ``scale``.
+            or ``path``, a NaN or infinite ``scale``; an input or mask whose needed copy (a broadcast
+            view made contiguous, a mask over batch dims whose strides do not merge) exceeds this
+            machine's memory.
         TypeError: non-numeric (or bool) arrays, a mask of a dtype that is neither bool nor float,
             flags that are not bools, ``scale`` not a number.
     """
@@ -385,8 +416,12 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, *, query_mas
     v4 = v.reshape(n, kv_heads, S, v.shape[-1])
     bool_mask, float_mask, key_slot = _attention_masks(attn_mask, query_mask, key_mask, lead, L, S, dtype, heads)
     shape4 = (n, heads, L, S)
+    bool_name = "attn_mask" if q.ndim <= 4 else ", ".join(  # up to 4-D the masks are views (_as_4d)
+        name for name, given in (("attn_mask", attn_mask is not None and float_mask is None),
+                                 ("query_mask", query_mask is not None),
+                                 ("key_mask", key_mask is not None and key_slot is None)) if given)
     result = variant("scaled_dot_product_attention", dtype)(
-        q4, k4, v4, _as_4d(bool_mask, shape4), _as_4d(float_mask, shape4), key_slot, is_causal, offset,
+        q4, k4, v4, _as_4d(bool_mask, shape4, bool_name), _as_4d(float_mask, shape4), key_slot, is_causal, offset,
         scale, return_weights, path, return_lse=return_lse)
     if not (return_weights or return_lse):
         return result.reshape(lead + (L, v.shape[-1]))
