@@ -142,6 +142,274 @@ def test_outputs_larger_than_memory(rng):
                                        key_mask=np.ones((1, 2, 2**20), bool))
 
 
+def _under_memory_limit(code: str) -> str:
+    """``code`` run isolated under an address-space limit of 1 GiB more than the interpreter holds:
+    an unchecked copy fails there with MemoryError instead of exhausting the machine."""
+    return run_isolated("import resource\n"
+                        "size = [int(l.split()[1]) * 1024 for l in open('/proc/self/status') if l.startswith('VmSize')][0]\n"
+                        "resource.setrlimit(resource.RLIMIT_AS, (size + 2**30, resource.RLIM_INFINITY))\n" + code,
+                        timeout=120)
+
+
+#: Broadcast views (stride 0: a few bytes) of shapes whose C-contiguous copy no machine holds (64 TiB
+#: and more): the conversion to the ops' contiguous arrays is checked, naming the argument.
+BROADCAST_INPUTS = [
+    ("F.gelu(big)", "x"),
+    ("F.relu(big)", "x"),
+    ("F.softmax(big)", "x"),
+    ("F.rms_norm(big)", "x"),
+    ("F.layer_norm(np.broadcast_to(np.float64(1), (2**22, 2**22)))", "x"),
+    ("F.linear(big, np.ones((4, 2**22), np.float32))", "x"),
+    ("F.linear(np.ones((2, 2**22), np.float32), big)", "weight"),
+    ("F.glu(big, big)", "gate"),
+    ("F.relu(np.broadcast_to(np.int8(3), (2, 4)))", None),  # one that fits: converted as before
+    ("F.dropout(big, 0.5, 0)", "x"),
+    ("F.cross_entropy(big, np.zeros(2**22, np.int64))", "logits"),
+    ("F.scaled_dot_product_attention(np.broadcast_to(np.float32(1), (1, 1, 2**42, 8)), small, small)", "query"),
+    ("F.scaled_dot_product_attention(small, np.broadcast_to(np.float32(1), (1, 1, 2**42, 8)), small)", "key"),
+    ("F.scaled_dot_product_attention(small, small, np.broadcast_to(np.int16(1), (1, 1, 4, 2**42)))", "value"),
+    # Embedding flattened its ids before converting them: reshape(-1) copies all of a broadcast view
+    # whose strides do not merge (a MemoryError), and returns a view of one that holds one value
+    ("tc.nn.Embedding(4, 2)(np.broadcast_to(np.arange(2**20) % 4, (2**20, 2**20)).T)", "input_ids"),
+    ("tc.nn.Embedding(4, 2)(np.broadcast_to(np.arange(2**10, dtype=np.int32)[:, None] % 4, (2**10, 2**30)))",
+     "input_ids"),
+    ("tc.nn.Embedding(4, 2)(np.broadcast_to(np.int64(1), (2**20, 2**20)))", "input_ids"),
+    ("tc.Embeddings(4, 2, 2**21)(np.broadcast_to(np.int64(1), (2**21, 2**21)))", "input_ids"),
+]
+
+
+@pytest.mark.parametrize("code, name", BROADCAST_INPUTS, ids=[c for c, _ in BROADCAST_INPUTS])
+def test_broadcast_inputs_larger_than_memory_are_named(code, name):
+    """A stride-0 view is made C-contiguous by the ops' argument conversion: checked against memory
+    first (it was a numpy MemoryError, or below the machine's size a silent copy of all of it)."""
+    setup = ("big = np.broadcast_to(np.float32(1), (2**22, 2**22))\n"
+             "small = np.ones((1, 1, 4, 8), np.float32)\n")
+    out = _under_memory_limit(setup + f"y = {code}\n"
+                              + ("raise ValueError(f'ok {y.shape} {y.dtype} {y.sum()}')" if name is None else ""))
+    if name is None:  # a broadcast view that fits is converted as before
+        assert out == "ValueError: ok (2, 4) float32 24.0", out
+        return
+    assert out.startswith(f"ValueError: {name}: an array of shape "), out
+    assert "more than this machine's memory" in out, out
+
+
+def test_embedding_broadcast_ids_give_the_contiguous_ids_values():
+    """Broadcast ids (stride 0, any rank, 0-d included) embed as their contiguous copy, in the
+    training forward and its backward too."""
+    emb = tc.nn.Embedding(7, 3, np.float64)
+    (_, weight), = emb.named_parameters()
+    table = weight.data.copy()
+    for ids in (np.broadcast_to(np.array([[4], [0], [6]]), (3, 5)), np.broadcast_to(np.int32(2), (2, 1, 4)),
+                np.broadcast_to(np.arange(7)[:, None, None], (7, 2, 3)).transpose(2, 0, 1), np.int64(5)):
+        np.testing.assert_array_equal(emb(ids), table[np.array(ids)])
+        assert emb(ids).shape == np.shape(ids) + (3,)
+    emb.train()
+    ids = np.broadcast_to(np.array([1, 1, 3]), (4, 3))
+    emb.zero_grad()
+    emb(ids)
+    emb.backward(np.ones((4, 3, 3)))
+    np.testing.assert_array_equal(weight.grad[:4], [[0] * 3, [8] * 3, [0] * 3, [4] * 3])
+
+
+def test_key_mask_shape_is_checked_before_its_values():
+    """An integer key mask's 0/1 check (``arr == 1``) made bool arrays of its whole size before its
+    shape was checked: a broadcast ``(2**20, 2**20)`` one was a numpy MemoryError. Its shape is
+    checked first now (ValueError naming it); one of the right shape, broadcast, is read as its copy."""
+    out = _under_memory_limit("mha = tc.nn.MultiheadAttention(4, 1)\n"
+                              "mha(np.ones((1, 2, 4), np.float32), key_mask=np.broadcast_to(np.int64(1), (2**20, 2**20)))\n")
+    assert out == "ValueError: key_mask: expected shape (1, 2) (batch, key length), got (1048576, 1048576)", out
+    enc = tc.nn.TransformerEncoderLayer(4, 1, 8)
+    src = np.random.default_rng(0).standard_normal((3, 5, 4)).astype(np.float32)
+    keep = np.broadcast_to(np.array([1, 1, 0, 1, 0]), (3, 5))
+    np.testing.assert_array_equal(enc(src, src_key_mask=keep), enc(src, src_key_mask=np.ascontiguousarray(keep)))
+    np.testing.assert_array_equal(enc(src, src_key_mask=keep), enc(src, src_key_mask=keep.astype(bool)))
+
+
+def test_rotary_tables_broadcast_over_heads_are_not_copied_to_the_input_size():
+    """Hugging Face's ``(N, L, D)`` rotary tables for x ``(N, H, L, D)`` (and tables given as
+    ``np.broadcast_to`` views of x's shape) were broadcast to x's size and copied, cos and sin each:
+    under a limit that holds x, its rotation and 1/4 GiB more (not the tables' two copies), a numpy
+    MemoryError. Their rows are gathered a block of x's rows at a time now: values as HF's formula."""
+    code = ("tc.set_num_threads(1)\n"
+            "N, H, L, D = 5, 32, 8192, 64\n"  # x: 320 MiB of float32
+            "rng = np.random.default_rng(0)\n"
+            "small = rng.standard_normal((L, D)).astype(np.float32)\n"
+            "x = np.broadcast_to(small, (N, H, L, D))\n"
+            "cos, sin = (rng.standard_normal((N, L, D)).astype(np.float32) for _ in range(2))\n"
+            "{call}\n"
+            "rot = np.concatenate([-small[:, D // 2:], small[:, :D // 2]], axis=-1)\n"
+            "err = max(float(np.abs(y[n, h] - (small * cos[n] + rot * sin[n])).max()) for n, h in ((0, 0), (4, 31), (2, 7)))\n"
+            "raise ValueError(f'ok {{y.shape}} {{y.dtype}} {{err < 1e-6}}')\n")
+    for call in ("y = tc.positional.apply_rotary(x, cos, sin)",
+                 "y = tc.positional.apply_rotary(x, np.broadcast_to(cos[:, None], (N, H, L, D)), np.broadcast_to(sin[:, None], "
+                 "(N, H, L, D)))"):
+        out = _under_memory_limit(code.format(call=call))
+        assert out == "ValueError: ok (5, 32, 8192, 64) float32 True", (call, out)
+
+
+#: (table shape held, shape given (a broadcast view of it), x's shape): tables shared by every leading
+#: index of x, and tables differing along a leading dim of x and broadcast along another
+BROADCAST_TABLES = [
+    ((1, 5, 8), (4, 5, 8), (4, 3, 5, 8)),  # (N, L, D) given, HF's convention: unsqueezed at dim 1
+    ((1, 1, 5, 8), (2, 3, 5, 8), (2, 3, 5, 8)),
+    ((2, 1, 5, 8), (2, 3, 5, 8), (2, 3, 5, 8)),
+    ((2, 1, 1, 4), (2, 3, 5, 4), (2, 3, 5, 8)),  # D/2 wide, broadcast along L
+    ((1, 8), (5, 8), (2, 3, 5, 8)),
+    ((3, 1, 8), (3, 5, 8), (3, 2, 5, 8)),
+]
+
+
+@pytest.mark.parametrize("held, given, x_shape", BROADCAST_TABLES)
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+def test_broadcast_rotary_tables_give_the_contiguous_tables_values(rng, held, given, x_shape, layout):
+    """Rotary tables that are broadcast views give exactly what their contiguous copies give, in
+    apply_rotary, apply_rotary_pos_emb and the backward; and the values are the formula's."""
+    c0, s0 = (rng.standard_normal(held) for _ in range(2))
+    cos, sin = np.broadcast_to(c0, given), np.broadcast_to(s0, given)
+    x = rng.standard_normal(x_shape)
+    y = tc.positional.apply_rotary(x, cos, sin, layout)
+    np.testing.assert_array_equal(y, tc.positional.apply_rotary(x, np.ascontiguousarray(cos), np.ascontiguousarray(sin), layout))
+    # the reference: the tables broadcast to x (HF's unsqueeze(1) for a table one rank short)
+    c = cos[:, None] if cos.ndim == x.ndim - 1 else cos
+    s = sin[:, None] if sin.ndim == x.ndim - 1 else sin
+    D = x.shape[-1]
+    if layout == "half":
+        c, s = (np.concatenate([t, t], -1) if t.shape[-1] == D // 2 else t for t in (c, s))
+        want = x * c + np.concatenate([-x[..., D // 2:], x[..., :D // 2]], -1) * s
+    else:
+        c, s = c[..., :D // 2], s[..., :D // 2]
+        want = np.empty_like(x)
+        want[..., 0::2] = x[..., 0::2] * c - x[..., 1::2] * s
+        want[..., 1::2] = x[..., 1::2] * c + x[..., 0::2] * s
+    np.testing.assert_allclose(y, want, rtol=1e-12, atol=1e-12)
+    q, k = tc.positional.apply_rotary_pos_emb(x, 2 * x, cos, sin, layout=layout)
+    np.testing.assert_array_equal(q, y)
+    np.testing.assert_array_equal(k, 2 * y)  # a power of 2 scales every product and sum exactly
+    g = tc.backward.rotary_backward(y, cos, sin, layout)
+    np.testing.assert_array_equal(g, tc.backward.rotary_backward(y, np.ascontiguousarray(cos),
+                                                                 np.ascontiguousarray(sin), layout))
+
+
+#: (x's shape, the table's) with more rows than one block (``_GATHER_ROWS``): blocks that each share
+#: one table (HF's (N, L, D)), and blocks too small for that (a range of rows at a time, over dim 0,
+#: then over dim 1 with dim 0 fixed)
+BLOCKED_TABLES = [
+    ((3, 12, 1000, 16), (3, 1000, 16)),
+    ((3000, 4, 3, 8), (3000, 1, 3, 8)),
+    ((3, 5000, 4, 2, 8), (3, 5000, 1, 2, 4)),
+]
+
+
+@pytest.mark.parametrize("x_shape, table_shape", BLOCKED_TABLES)
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+def test_rotary_tables_rotated_in_blocks_match_the_whole_table(rng, x_shape, table_shape, layout):
+    """x with more rows than one block: tables that vary along a leading dim of x and are broadcast
+    along a later one give exactly what the tables broadcast to x's whole shape give (one kernel
+    call), in both layouts and with the head axis elsewhere (unsqueeze_dim)."""
+    assert math.prod(x_shape[:-1]) > 2 * tc.positional._GATHER_ROWS
+    x = rng.standard_normal(x_shape).astype(np.float32)
+    cos, sin = (rng.standard_normal(table_shape).astype(np.float32) for _ in range(2))
+    c4, s4 = (t[:, None] if t.ndim == x.ndim - 1 else t for t in (cos, sin))
+    full_c, full_s = (np.ascontiguousarray(np.broadcast_to(t, x.shape[:-1] + t.shape[-1:])) for t in (c4, s4))
+    y = tc.positional.apply_rotary(x, cos, sin, layout)
+    np.testing.assert_array_equal(y, tc.positional.apply_rotary(x, full_c, full_s, layout))
+    if cos.ndim == x.ndim - 1:
+        x2 = np.ascontiguousarray(x.transpose(0, 2, 1, 3))  # (N, L, H, D): the head axis at unsqueeze_dim=2
+        np.testing.assert_array_equal(tc.positional.apply_rotary(x2, cos, sin, layout, unsqueeze_dim=2),
+                                      y.transpose(0, 2, 1, 3))
+
+
+def test_sdpa_mask_copied_over_unmergeable_batch_dims_is_checked():
+    """A 5-D call whose mask varies along query's first dim and is broadcast along its second
+    (``(A, 1, 1, L, S)`` for a query ``(A, B, 1, L, E)``): the kernels' ``(A·B, 1, L, S)`` cannot be a
+    view of it, and its copy was made unchecked (a numpy MemoryError). The masks here are banded
+    sliding windows (``L + S`` values each, ``sliding_window_view``) whose copy exceeds this machine's
+    memory: a ValueError naming attn_mask, before any allocation, for a boolean and a float mask;
+    and for a float64 mask of a float32 call, whose conversion is checked."""
+    code = ("from numpy.lib.stride_tricks import sliding_window_view\n"
+            "mem = tc._validation.physical_memory_bytes()\n"
+            "L = 1 << ((mem // 4).bit_length() + 2) // 2\n"  # 4 · L · L > 2 · mem; q, k, v: 4 · L floats each
+            "q = np.ones((2, 2, 1, L, 1), np.float32)\n"
+            "m = sliding_window_view(np.ones((2, 2 * L - 1), {dtype}), L, axis=-1)[:, None, None]\n"
+            "assert m.shape == (2, 1, 1, L, L)\n"
+            "F.scaled_dot_product_attention(q, q, q, m)\n")
+    for dtype in ("np.bool_", "np.float32"):
+        out = _under_memory_limit(code.format(dtype=dtype))
+        assert out.startswith("ValueError: attn_mask: its copy over query's batch dims (2, 2) (their strides do "
+                              "not merge into one): an array of shape (4, 1, "), (dtype, out)
+        assert "more than this machine's memory" in out, out
+    out = _under_memory_limit(code.format(dtype="np.float64"))
+    assert out.startswith("ValueError: attn_mask: an array of shape (2, 1, 1, "), out
+
+
+def _torch_sdpa(q, k, v, mask):
+    return torch.nn.functional.scaled_dot_product_attention(
+        torch.from_numpy(q), torch.from_numpy(k), torch.from_numpy(v), attn_mask=torch.from_numpy(np.ascontiguousarray(mask))).numpy()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_sdpa_masks_over_unmergeable_batch_dims_copy_only_their_values(rng, dtype):
+    """Masks of a 5-D call whose batch dims do not merge into one stride are copied over the batch
+    dims only: a key-padding ``(A, 1, 1, 1, S)`` mask becomes ``(A·B, 1, 1, S)`` broadcast over
+    heads and queries (it was copied whole, ``(A·B, H, L, S)``). Values as torch's."""
+    import tracemalloc
+
+    A, B, H, L, S, E = 2, 4, 4, 256, 256, 4
+    q, k, v = (rng.standard_normal((A, B, H, n, E)).astype(dtype) for n in (L, S, S))
+    keep = rng.random((A, 1, 1, 1, S)) > 0.3
+    keep[..., 0] = True  # no query row without keys (torch gives NaN there)
+    tracemalloc.start()
+    try:
+        out = F.scaled_dot_product_attention(q, k, v, keep)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < A * B * H * L * S // 2, f"peak {peak} bytes: the mask was copied whole"
+    np.testing.assert_allclose(out, _torch_sdpa(q, k, v, np.broadcast_to(keep, q.shape[:-1] + (S,))),
+                               rtol=1e-5, atol=1e-6)
+    # float (float64 for float32 queries too) and boolean masks of the other layouts that do not
+    # merge, with query_mask and a per-head key_mask: the same bits as the masks made contiguous
+    add = rng.standard_normal((A, 1, H, 1, S))
+    bias = np.ascontiguousarray(np.broadcast_to(add.astype(dtype), q.shape[:-1] + (S,)))
+    rows = np.ascontiguousarray(np.broadcast_to(keep, q.shape[:-1] + (S,)))
+    np.testing.assert_allclose(F.scaled_dot_product_attention(q, k, v, add), _torch_sdpa(q, k, v, bias),
+                               rtol=1e-5, atol=1e-6)
+    qm = rng.random((A, 1, 1, L)) > 0.2
+    km = rng.random((A, 1, H, S)) > 0.2
+    km[..., 0] = True
+    ours = F.scaled_dot_product_attention(q, k, v, add, query_mask=qm, key_mask=km)
+    full_q = np.ascontiguousarray(np.broadcast_to(qm, (A, B, 1, L)))
+    full_k = np.ascontiguousarray(np.broadcast_to(km, (A, B, H, S)))
+    np.testing.assert_array_equal(ours, F.scaled_dot_product_attention(q, k, v, bias, query_mask=full_q,
+                                                                       key_mask=full_k))
+    np.testing.assert_array_equal(F.scaled_dot_product_attention(q, k, v, keep[:, :, :, :1].repeat(L, 3)),
+                                  F.scaled_dot_product_attention(q, k, v, rows))
+
+
+def test_sdpa_float_mask_of_another_dtype_stays_a_view(rng):
+    """A float64 additive mask broadcast over the queries (``np.broadcast_to(row, (L, S))``) of a
+    float32 call is converted once per value it holds, not copied to ``(L, S)`` (64 GiB for
+    ``L = S = 2**17``: it was a numpy MemoryError). Values as torch's with the mask cast."""
+    import tracemalloc
+
+    L, S, E = 1024, 2048, 8
+    q = rng.standard_normal((1, 2, L, E)).astype(np.float32)
+    k, v = (rng.standard_normal((1, 2, S, E)).astype(np.float32) for _ in range(2))
+    row = rng.standard_normal((1, S)) * 3
+    row[0, 5:9] = -np.inf
+    mask = np.broadcast_to(row, (L, S))
+    tracemalloc.start()
+    try:
+        out = F.scaled_dot_product_attention(q, k, v, mask)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < L * S, f"peak {peak} bytes: the mask was converted whole"
+    want = _torch_sdpa(q, k, v, np.ascontiguousarray(mask, np.float32))
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-6)
+    assert np.isfinite(out).all()
+
+
 # ------------------------------------------------------------------------------------------------
 # 3. wrong-typed config fields name the field
 # ------------------------------------------------------------------------------------------------

@@ -513,3 +513,152 @@ def test_float_key_masks_refused(rng):
     km = np.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]])
     np.testing.assert_array_equal(enc(x, src_key_mask=km), enc(x, src_key_mask=km.astype(bool)))
     np.testing.assert_array_equal(mha(x, key_mask=km)[0], mha(x, key_mask=km.astype(bool))[0])
+
+
+# ------------------------------------------------------------------ Transformer's causal mask helper
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=DTYPE_IDS)
+def test_generate_square_subsequent_mask_matches_torch(rng, dtype):
+    """The module doc points at nn.Transformer.generate_square_subsequent_mask: tc.nn.Transformer
+    has it, as torch's (0 on and below the diagonal, -inf above), and it works as tgt_mask."""
+    td = TORCH_DTYPE[np.dtype(dtype)]
+    for sz in (0, 1, 5, np.int64(3)):
+        ours = tc.nn.Transformer.generate_square_subsequent_mask(sz, dtype)
+        ref = torch.nn.Transformer.generate_square_subsequent_mask(int(sz), dtype=td).numpy()
+        assert ours.dtype == np.dtype(dtype) and ours.shape == (int(sz), int(sz))
+        np.testing.assert_array_equal(ours, ref)
+    default = tc.nn.Transformer.generate_square_subsequent_mask(4)
+    assert default.dtype == np.float32
+    np.testing.assert_array_equal(default, torch.nn.Transformer.generate_square_subsequent_mask(4).numpy())
+    model = tc.nn.Transformer(8, 2, 1, 1, 16, dtype=dtype)
+    src, tgt = randn(rng, (2, 6, 8), dtype), randn(rng, (2, 4, 8), dtype)
+    np.testing.assert_array_equal(model(src, tgt, tgt_mask=model.generate_square_subsequent_mask(4, dtype)),
+                                  model(src, tgt, tgt_mask=np.where(_causal(4), 0.0, -np.inf).astype(dtype)))
+    with pytest.raises(ValueError, match=r"^sz: expected an int in \[0, "):
+        tc.nn.Transformer.generate_square_subsequent_mask(-1)
+    for bad in (2.0, True, "5", None):
+        with pytest.raises(TypeError, match="^sz: expected an int"):
+            tc.nn.Transformer.generate_square_subsequent_mask(bad)
+    with pytest.raises(TypeError, match="^dtype: expected float32 or float64"):
+        tc.nn.Transformer.generate_square_subsequent_mask(3, np.int64)
+    with pytest.raises(ValueError, match="^sz: an array of shape"):
+        tc.nn.Transformer.generate_square_subsequent_mask(2**40)
+
+
+# ------------------------------------------------------------------------- unbatched, as torch
+def _torch_key_mask(km, dtype):
+    """Our key mask (True = real token) as torch's float key_padding_mask (-inf = padding)."""
+    return torch.zeros(km.shape, dtype=TORCH_DTYPE[np.dtype(dtype)]).masked_fill(~to_torch(km), float("-inf"))
+
+
+def _assert_grad(ours, ref, dtype, what):
+    """|ours - ref| <= atol(dtype) · max(1, max|ref|) (fp32 1e-5, fp64 1e-10 on O(1) values)."""
+    ref = ref.detach().numpy() if isinstance(ref, torch.Tensor) else np.asarray(ref)
+    scale = max(1.0, float(np.abs(ref).max(initial=0.0)))
+    assert_close(ours, ref, dtype, atol_=(1e-5 if np.dtype(dtype) == np.float32 else 1e-10) * scale, rtol_=0.0,
+                 what=what)
+
+
+def _unbatched_case(rng, which, norm_first, dtype):
+    """(ours, ref, our inputs, torch's inputs, our masks, torch's masks, grad_output) for an
+    unbatched call of the decoder layer, the decoder stack or the Transformer."""
+    d, h, f, T, S = 8, 2, 12, 5, 7
+    if which == "layer":
+        ours, ref = make_pair(d, h, f, "relu", norm_first, dtype)
+    elif which == "stack":
+        ours, ref = _stack_pair("decoder", d, h, f, "relu", norm_first, 2, True, dtype)
+    else:
+        ref = torch.nn.Transformer(d, h, 2, 2, f, dropout=0.0, batch_first=True, norm_first=norm_first)
+        ref = randomise_(ref.to(TORCH_DTYPE[np.dtype(dtype)])).eval()
+        ours = tc.nn.Transformer(d, h, 2, 2, f, norm_first=norm_first, dtype=dtype)
+        ours.load_state_dict(module_state_to_numpy(ref))
+    tgt, mem, g = randn(rng, (T, d), dtype), randn(rng, (S, d), dtype), randn(rng, (T, d), dtype)
+    tkm, mkm = np.arange(T) < T - 1, np.arange(S) < S - 2
+    tm = np.where(_causal(T), 0.0, -np.inf).astype(dtype) + randn(rng, (T, T), dtype, 0.1)
+    mm = randn(rng, (h, T, S), dtype, 0.5)  # (nhead, T, S): torch's 3-D mask of an unbatched call
+    ours_kw = dict(tgt_mask=tm, memory_mask=mm, tgt_key_mask=tkm, memory_key_mask=mkm)
+    torch_kw = dict(tgt_mask=to_torch(tm), memory_mask=to_torch(mm), tgt_key_padding_mask=_torch_key_mask(tkm, dtype),
+                    memory_key_padding_mask=_torch_key_mask(mkm, dtype))
+    inputs = (tgt, mem)
+    if which == "transformer":
+        sm = randn(rng, (S, S), dtype, 0.5)
+        ours_kw.update(src_mask=sm, src_key_mask=mkm)
+        torch_kw.update(src_mask=to_torch(sm), src_key_padding_mask=_torch_key_mask(mkm, dtype))
+        inputs = (mem, tgt)
+    return ours, ref, inputs, ours_kw, torch_kw, g
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("norm_first", [False, True], ids=["post_norm", "pre_norm"])
+@pytest.mark.parametrize("which", ["layer", "stack", "transformer"])
+@pytest.mark.filterwarnings("ignore:enable_nested_tensor")
+def test_unbatched_matches_torch(rng, which, norm_first, dtype):
+    """tgt (T, E) and memory (S, E) (Transformer: src (S, E), tgt (T, E)), key masks (T,) / (S,),
+    3-D masks (nhead, T, S): torch's result (T, E), and the batched call's row bit for bit (a 2-D
+    tgt was refused)."""
+    ours, ref, inputs, kw, torch_kw, _ = _unbatched_case(rng, which, norm_first, dtype)
+    with torch.no_grad():
+        r = ref(*map(to_torch, inputs), **torch_kw).numpy()
+    out = ours(*inputs, **kw)
+    assert out.shape == inputs[0 if which != "transformer" else 1].shape
+    assert_close(out, r, dtype, what=f"unbatched {which}")
+    batched_kw = {k: (m[None] if k.endswith("key_mask") else m) for k, m in kw.items()}
+    np.testing.assert_array_equal(out, ours(*(x[None] for x in inputs), **batched_kw)[0])
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("norm_first", [False, True], ids=["post_norm", "pre_norm"])
+@pytest.mark.parametrize("which", ["layer", "stack", "transformer"])
+@pytest.mark.filterwarnings("ignore:enable_nested_tensor")
+def test_unbatched_backward_matches_torch(rng, which, norm_first, dtype):
+    """A training forward on unbatched inputs and its backward, as the encoder layer's: grad_output
+    (T, E) -> the inputs' gradients in their own 2-D shapes, and every weight's gradient, as torch's
+    autograd of the same unbatched call."""
+    ours, ref, inputs, kw, torch_kw, g = _unbatched_case(rng, which, norm_first, dtype)
+    leaves = [to_torch(x).requires_grad_(True) for x in inputs]
+    ref.train()
+    out_t = ref(*leaves, **torch_kw)
+    (out_t * to_torch(g)).sum().backward()
+    ours.train()
+    assert_close(ours(*inputs, **kw), out_t.detach(), dtype, what="unbatched training output")
+    with pytest.raises(ValueError, match="grad_output: expected shape"):
+        ours.backward(g[None])
+    grads = ours.backward(g)
+    assert len(grads) == 2
+    for ours_g, leaf, x in zip(grads, leaves, inputs):
+        assert ours_g.shape == x.shape
+        _assert_grad(ours_g, leaf.grad, dtype, "input gradient")
+    mine = ours.gradients()
+    for name, p in ref.named_parameters():
+        _assert_grad(mine[name], p.grad, dtype, name)
+
+
+def test_unbatched_errors_name_the_shapes_given(rng):
+    layer = tc.nn.TransformerDecoderLayer(8, 2, 16)
+    tgt, mem = randn(rng, (4, 8)), randn(rng, (6, 8))
+    with pytest.raises(ValueError, match=r"^memory: expected shape \(S, 8\) as tgt is unbatched \(4, 8\), got "
+                                         r"\(1, 6, 8\)$"):
+        layer(tgt, mem[None])
+    with pytest.raises(ValueError, match=r"^memory: expected shape \(1, S, 8\), got \(6, 8\)$"):
+        layer(tgt[None], mem)
+    with pytest.raises(ValueError, match=r"^tgt: expected last dim 8 \(d_model\), got shape \(4, 7\)$"):
+        layer(randn(rng, (4, 7)), mem)
+    with pytest.raises(ValueError, match=r"^tgt: expected \(N, T, E\) or \(T, E\), got shape \(1, 1, 4, 8\)$"):
+        layer(tgt[None, None], mem)
+    with pytest.raises(ValueError, match=r"^tgt_key_mask: expected shape \(4,\) \(T,\) for an unbatched tgt \(4, 8\) "
+                                         r"\(T, E\) and memory \(6, 8\) \(S, E\), got \(1, 4\)$"):
+        layer(tgt, mem, tgt_key_mask=np.ones((1, 4), bool))
+    with pytest.raises(ValueError, match=r"^memory_key_mask: expected shape \(6,\) \(S,\)"):
+        tc.nn.TransformerDecoder(layer, 2)(tgt, mem, memory_key_mask=np.ones(4, bool))
+    with pytest.raises(ValueError, match=r"^memory_mask: expected a 3-D mask of shape \(2, 4, 6\)"):
+        layer(tgt, mem, memory_mask=np.zeros((4, 4, 6), np.float32))
+    model = tc.nn.Transformer(8, 2, 1, 1, 16)
+    with pytest.raises(ValueError, match=r"^tgt: expected \(T, E\) as src is unbatched \(6, 8\), got shape "
+                                         r"\(1, 4, 8\)$"):
+        model(mem, tgt[None])
+    with pytest.raises(ValueError, match=r"^tgt: expected \(N, T, E\) as src is batched \(1, 6, 8\), got shape "
+                                         r"\(4, 8\)$"):
+        model(mem[None], tgt)
+    with pytest.raises(ValueError, match=r"^src_key_mask: expected shape \(6,\) \(S,\) for an unbatched src"):
+        model(mem, tgt, src_key_mask=np.ones((1, 6), bool))
+    with pytest.raises(ValueError, match=r"^tgt_key_mask: expected shape \(4,\) \(T,\)"):
+        model(mem, tgt, tgt_key_mask=np.ones(6, bool))

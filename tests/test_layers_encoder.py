@@ -283,3 +283,42 @@ def test_unbatched_src_key_mask_shape_is_named():
         ours(x, src_key_mask=np.ones((1, 3), bool))
     km = np.array([True, True, False])
     np.testing.assert_array_equal(ours(x, src_key_mask=km), ours(x[None], src_key_mask=km[None])[0])
+
+
+def test_unbatched_src_shape_errors_quote_the_shape_given():
+    """An unbatched src of the wrong width is named with its own shape (3, 9), not the (1, 3, 9)
+    the layer makes of it; the same for the stack."""
+    ours = tc.nn.TransformerEncoderLayer(8, 2, 16)
+    for call in (ours, tc.nn.TransformerEncoder(ours, 2)):
+        with pytest.raises(ValueError, match=r"^src: expected last dim 8 \(d_model\), got shape \(3, 9\)$"):
+            call(np.ones((3, 9), np.float32))
+        with pytest.raises(ValueError, match=r"^src: expected \(N, L, E\) or \(L, E\), got shape \(2, 3, 4, 8\)$"):
+            call(np.ones((2, 3, 4, 8), np.float32))
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+def test_encoder_stack_mask_errors_name_mask(rng, dtype):
+    """TransformerEncoder's argument is ``mask``: its shape errors name it (they named the layers'
+    src_mask); Transformer's src_mask keeps its own name. A good mask still gives torch's result."""
+    layer = tc.nn.TransformerEncoderLayer(8, 2, 16, dtype=dtype)
+    stack = tc.nn.TransformerEncoder(layer, 2)
+    x = randn(rng, (2, 3, 8), dtype)
+    with pytest.raises(ValueError, match=r"^mask: expected shape \(3, 3\) \(L, S\), got \(4, 3\)$"):
+        stack(x, mask=np.zeros((4, 3), dtype))
+    with pytest.raises(ValueError, match=r"^mask: expected a 3-D mask of shape \(4, 3, 3\)"):
+        stack(x, mask=np.zeros((2, 3, 3), dtype))
+    with pytest.raises(ValueError, match=r"^mask: expected shape \(3, 3\) \(L, S\), got \(2, 2\)$"):
+        stack(x[0], mask=np.zeros((2, 2), dtype))
+    with pytest.raises(ValueError, match=r"^src_mask: expected shape \(3, 3\) \(L, S\), got \(4, 3\)$"):
+        tc.nn.Transformer(8, 2, 1, 1, 16, dtype=dtype)(x, x, src_mask=np.zeros((4, 3), dtype))
+    ref_layer = randomise_(torch.nn.TransformerEncoderLayer(8, 2, 16, 0.0, batch_first=True)
+                           .to(TORCH_DTYPE[np.dtype(dtype)])).eval()
+    ref = torch.nn.TransformerEncoder(ref_layer, 2, enable_nested_tensor=False).eval()
+    stack.load_state_dict(module_state_to_numpy(ref))
+    m = randn(rng, (3, 3), dtype, 0.5)
+    with torch.no_grad():
+        r = ref(to_torch(x), mask=to_torch(m)).numpy()
+    assert_close(stack(x, mask=m), r, dtype)
+    with torch.no_grad():
+        r = ref(to_torch(x[0]), mask=to_torch(m)).numpy()
+    assert_close(stack(x[0], mask=m), r, dtype)

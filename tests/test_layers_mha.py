@@ -418,3 +418,192 @@ def test_training_keeps_a_broadcast_mask_compact(rng):
     while isinstance(owner.base, np.ndarray):  # the array that owns the kept values
         owner = owner.base
     assert owner.size == base.size
+
+
+# ---------------------------------------------------------------- packed checkpoint, kdim/vdim != E
+def _torch_mha_kv(E, H, kdim, vdim, dtype=np.float32):
+    ref = torch.nn.MultiheadAttention(E, H, batch_first=True, kdim=kdim, vdim=vdim)
+    ref = ref.to(TORCH_DTYPE[np.dtype(dtype)]).eval()
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.copy_(torch.randn_like(p) * 0.4)
+    return ref
+
+
+@pytest.mark.parametrize("kdim,vdim", [(8, 6), (4, 8), (4, 6)])
+def test_mha_packed_in_proj_weight_is_refused_when_kdim_or_vdim_differ(rng, kdim, vdim):
+    """With kdim or vdim != embed_dim the weights are torch's separate q/k/v_proj_weight (those load
+    and match torch); an (E + 2·E_kv, E) in_proj_weight can never fill them: a ValueError naming
+    state_dict['in_proj_weight'] (was a k/v_proj_weight shape error for a weight not given), and a
+    value of the wrong kind the TypeError naming the key that every other weight gets (was IndexError
+    for a 0-d or str value), the module unchanged."""
+    ref = _torch_mha_kv(8, 2, kdim, vdim)
+    ours = tc.nn.MultiheadAttention(8, 2, kdim=kdim, vdim=vdim)
+    sd = module_state_to_numpy(ref)
+    assert "in_proj_weight" not in sd
+    ours.load_state_dict(sd)
+    q, k, v = randn(rng, (2, 3, 8)), randn(rng, (2, 5, kdim)), randn(rng, (2, 5, vdim))
+    assert_close(ours(q, k, v)[0], torch_mha(ref, q, k, v)[0], np.float32)
+    before = _snapshot(ours)
+    packed = tc.nn.MultiheadAttention(8, 2).state_dict()  # in_proj_weight (24, 8)
+    for state in (packed, {**sd, "in_proj_weight": packed["in_proj_weight"]}):
+        with pytest.raises(ValueError, match=r"^MultiheadAttention.load_state_dict refused \(module unchanged\): "
+                                             r"state_dict\['in_proj_weight'\] \(24, 8\): a packed q/k/v projection "
+                                             rf"does not fit this module \(kdim={kdim}, vdim={vdim}, embed_dim=8\); "
+                                             rf"expected the separate weights q_proj_weight \(8, 8\), k_proj_weight "
+                                             rf"\(8, {kdim}\) and v_proj_weight \(8, {vdim}\)"):
+            ours.load_state_dict(state)
+    base = {n: w for n, w in sd.items() if not n.endswith("_proj_weight")}
+    for value in ("abc", np.zeros((24, 8), np.int64), torch.zeros(24, 8, dtype=torch.bool), [["x"]]):
+        with pytest.raises(TypeError, match=r"^state_dict\['in_proj_weight'\]: expected"):
+            ours.load_state_dict({**base, "in_proj_weight": value})
+    for value in (np.float32(1), torch.zeros(24, 8, requires_grad=True), torch.zeros(24, 8, dtype=torch.bfloat16)):
+        with pytest.raises(ValueError, match=r"refused \(module unchanged\): state_dict\['in_proj_weight'\] "):
+            ours.load_state_dict({**base, "in_proj_weight": value})
+    assert states_equal(ours.state_dict(), before)
+
+
+# ------------------------------------------------------------------------------ mask dtypes, shapes
+def test_integer_attention_masks_are_refused_offering_float_only():
+    """The nn layers' attention masks are float only (a bool one is refused: torch reads it the other
+    way round), so an integer mask's TypeError offers a float mask, not "bool or float"."""
+    x = np.ones((1, 3, 8), np.float32)
+    enc, dec = tc.nn.TransformerEncoderLayer(8, 2, 16), tc.nn.TransformerDecoderLayer(8, 2, 16)
+    im = np.zeros((3, 3), np.int64)
+    calls = [
+        ("attn_mask", lambda: tc.nn.MultiheadAttention(8, 2)(x, attn_mask=im)),
+        ("attn_mask", lambda: tc.nn.MultiheadAttention(8, 2)(x, attn_mask=torch.zeros(3, 3, dtype=torch.int32))),
+        ("src_mask", lambda: enc(x, src_mask=im)),
+        ("mask", lambda: tc.nn.TransformerEncoder(enc, 2)(x, mask=im)),
+        ("tgt_mask", lambda: dec(x, x, tgt_mask=im)),
+        ("memory_mask", lambda: dec(x, x, memory_mask=im)),
+        ("src_mask", lambda: tc.nn.Transformer(8, 2, 1, 1, 16)(x, x, src_mask=im)),
+        ("memory_mask", lambda: tc.nn.Transformer(8, 2, 1, 1, 16)(x, x, memory_mask=im)),
+    ]
+    for name, call in calls:
+        with pytest.raises(TypeError, match=rf"^{name}: expected a float mask \(added to the scores; -inf where "
+                                            rf"attention is not allowed\), got dtype int(64|32)$"):
+            call()
+
+
+def test_attn_mask_shapes_are_those_documented(rng):
+    """The docstrings say which attn_mask shapes are taken: (L, S), (N·H, L, S), or a 4-D mask
+    broadcastable to (N, H, L, S). (They said "broadcastable to (N, H, L, S)", which (1, S) and
+    (1, L, S) are, and those are refused.)"""
+    for forward in (tc.nn.MultiheadAttention.forward, tc.nn.TransformerEncoderLayer.forward,
+                    tc.nn.TransformerDecoderLayer.forward):
+        doc = " ".join(forward.__doc__.split())
+        assert "4-D broadcastable to" in doc and "or broadcastable to" not in doc, forward.__qualname__
+    N, H, L, S, E = 2, 2, 3, 4, 8
+    ours, ref = make_pair(E, H, np.float32)
+    q, kv = randn(rng, (N, L, E)), randn(rng, (N, S, E))
+    m = randn(rng, (L, S))
+    expected = torch_mha(ref, q, kv, kv, attn_mask=m)[0]
+    for shaped in (m[None, None], np.broadcast_to(m, (N, 1, L, S)), np.broadcast_to(m, (N * H, L, S))):
+        assert_close(ours(q, kv, kv, attn_mask=shaped)[0], expected, np.float32)
+    for shape in ((1, S), (1, L, S), (S,)):
+        with pytest.raises(ValueError, match=r"^attn_mask: expected"):
+            ours(q, kv, kv, attn_mask=np.zeros(shape, np.float32))
+
+
+# ----------------------------------------------------------------------------- unbatched, as torch
+def _assert_grad(ours, ref, dtype, what):
+    """|ours - ref| <= atol(dtype) · max(1, max|ref|)."""
+    ref = ref.detach().numpy() if isinstance(ref, torch.Tensor) else np.asarray(ref)
+    scale = max(1.0, float(np.abs(ref).max(initial=0.0)))
+    assert_close(ours, ref, dtype, atol_=(1e-5 if np.dtype(dtype) == np.float32 else 1e-10) * scale, rtol_=0.0,
+                 what=what)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("case", ["self", "cross", "kdim_vdim"])
+def test_mha_unbatched_matches_torch(rng, case, dtype):
+    """query (L, E), key (S, kdim), value (S, vdim), key_mask (S,), attn_mask (L, S) or (H, L, S):
+    the output (L, E) and weights (L, S) / (H, L, S) are torch's for the same unbatched call, and
+    the batched call's row bit for bit (the query was refused as not 3-D)."""
+    E, H, L = 8, 2, 4
+    kdim, vdim = (5, 3) if case == "kdim_vdim" else (E, E)
+    S = L if case == "self" else 6
+    ref = _torch_mha_kv(E, H, kdim, vdim, dtype)
+    ours = tc.nn.MultiheadAttention(E, H, kdim=kdim, vdim=vdim, dtype=dtype)
+    ours.load_state_dict(module_state_to_numpy(ref))
+    q = randn(rng, (L, E), dtype)
+    k = None if case == "self" else randn(rng, (S, kdim), dtype)
+    v = None if case == "self" else (k if case == "cross" else randn(rng, (S, vdim), dtype))
+    km = np.arange(S) < S - 2
+    for attn_mask in (None, randn(rng, (L, S), dtype, 0.5), randn(rng, (H, L, S), dtype, 0.5)):
+        for key_mask in (None, km):
+            for average in (True, False):
+                out, w = ours(q, k, v, attn_mask=attn_mask, key_mask=key_mask, need_weights=True,
+                              average_attn_weights=average)
+                r_out, r_w = torch_mha(ref, q, k, v, key_mask=key_mask, attn_mask=attn_mask, need_weights=True,
+                                       average=average)
+                assert_close(out, r_out, dtype, what="unbatched output")
+                assert_close(w, r_w, dtype, what="unbatched weights")
+                b_out, b_w = ours(q[None], None if k is None else k[None], None if v is None else v[None],
+                                  attn_mask=attn_mask, key_mask=None if key_mask is None else key_mask[None],
+                                  need_weights=True, average_attn_weights=average)
+                np.testing.assert_array_equal(out, b_out[0])
+                np.testing.assert_array_equal(w, b_w[0])
+    out, w = ours(q, k, v)
+    assert w is None and out.shape == (L, E)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("case", ["self", "cross", "kdim_vdim"])
+def test_mha_unbatched_backward_matches_torch(rng, case, dtype):
+    """A training forward on unbatched inputs and its backward: grad_output (L, E) -> grad_query
+    (L, E) (and grad_key (S, kdim), grad_value (S, vdim)), and every weight's gradient, as torch's
+    autograd of the same unbatched call."""
+    E, H, L = 8, 2, 4
+    kdim, vdim = (5, 3) if case == "kdim_vdim" else (E, E)
+    S = L if case == "self" else 6
+    ref = _torch_mha_kv(E, H, kdim, vdim, dtype)
+    ours = tc.nn.MultiheadAttention(E, H, kdim=kdim, vdim=vdim, dtype=dtype)
+    ours.load_state_dict(module_state_to_numpy(ref))
+    q, g = randn(rng, (L, E), dtype), randn(rng, (L, E), dtype)
+    k = q if case == "self" else randn(rng, (S, kdim), dtype)
+    v = q if case == "self" else randn(rng, (S, vdim), dtype)
+    am = randn(rng, (H, L, S), dtype, 0.5)
+    km = np.arange(S) < S - 1
+    qt = to_torch(q).requires_grad_(True)
+    kt = qt if case == "self" else to_torch(k).requires_grad_(True)
+    vt = qt if case == "self" else to_torch(v).requires_grad_(True)
+    kpm = torch.zeros(S, dtype=TORCH_DTYPE[np.dtype(dtype)]).masked_fill(~to_torch(km), float("-inf"))
+    out_t = ref(qt, kt, vt, attn_mask=to_torch(am), key_padding_mask=kpm, need_weights=False)[0]
+    (out_t * to_torch(g)).sum().backward()
+    ours.train()
+    args = (q,) if case == "self" else (q, k, v)
+    out = ours(*args, attn_mask=am, key_mask=km)[0]
+    assert_close(out, out_t.detach(), dtype, what="unbatched training output")
+    with pytest.raises(ValueError, match=rf"^grad_output: expected shape \({L}, {E}\)"):
+        ours.backward(g[None])
+    grads = ours.backward(g)
+    if case == "self":
+        _assert_grad(grads, qt.grad, dtype, "grad_query")
+    else:
+        for ours_g, t, what in zip(grads, (qt, kt, vt), ("grad_query", "grad_key", "grad_value")):
+            _assert_grad(ours_g, t.grad, dtype, what)
+    mine = ours.gradients()
+    for name, p in ref.named_parameters():
+        _assert_grad(mine[name], p.grad, dtype, name)
+
+
+def test_mha_unbatched_errors_name_the_shapes_given(rng):
+    m = tc.nn.MultiheadAttention(8, 2, kdim=5)
+    q, k = randn(rng, (4, 8)), randn(rng, (6, 5))
+    with pytest.raises(ValueError, match=r"^key: expected \(S, kdim\) as query is unbatched \(4, 8\), got shape "
+                                         r"\(1, 6, 5\)$"):
+        m(q, k[None], randn(rng, (1, 6, 8)))
+    with pytest.raises(ValueError, match=r"^key: expected \(N, S, kdim\) as query is batched \(1, 4, 8\), got shape "
+                                         r"\(6, 5\)$"):
+        m(q[None], k, randn(rng, (6, 8)))
+    with pytest.raises(ValueError, match=r"^value: expected \(S, vdim\) as query is unbatched"):
+        m(q, k, randn(rng, (1, 6, 8)))
+    with pytest.raises(ValueError, match=r"^key_mask: expected shape \(6,\) \(S,\) for an unbatched query \(4, 8\) "
+                                         r"\(L, E\), got \(1, 6\)$"):
+        m(q, k, randn(rng, (6, 8)), key_mask=np.ones((1, 6), bool))
+    with pytest.raises(ValueError, match=r"^query: expected \(N, L, E\) or \(L, E\), got shape \(1, 1, 4, 8\)$"):
+        m(q[None, None])
+    with pytest.raises(ValueError, match=r"^query: expected last dim 8 \(embed_dim\), got shape \(4, 7\)$"):
+        m(randn(rng, (4, 7)), k, randn(rng, (6, 8)))

@@ -16,13 +16,19 @@ bool, True = a real (non-padding) token: the library's one convention (True = ma
 why they do not carry torch's name ``key_padding_mask`` (True = padding). The attention masks keep
 torch's names (``attn_mask``, ``src_mask``, ``tgt_mask``, ``memory_mask``, the stacks' ``mask``) and
 take what means the same in torch and here: a float mask, added to the scores (0 = allowed, -inf =
-blocked; ``nn.Transformer.generate_square_subsequent_mask`` works as is). A bool mask there raises
+blocked; torch's ``nn.Transformer.generate_square_subsequent_mask`` and
+:meth:`Transformer.generate_square_subsequent_mask` work as is). A bool mask there raises
 ``TypeError``: torch's layers read a bool ``attn_mask`` as True = blocked, this library as True = may
 attend, so the same array would mean opposite things. ``is_causal=True`` and the key masks cover
 causal and padding masks; any other bool mask goes through :func:`transformer_core.masks.to_additive`
 (from ours, True = may attend) or ``to_additive(from_torch_mha(m))`` (from torch's, True = blocked).
 The functional :func:`transformer_core.functional.scaled_dot_product_attention` takes bool masks,
 True = may attend, as torch's ``F.scaled_dot_product_attention`` does.
+
+Unbatched inputs, as torch's: the attention, encoder and decoder layers, their stacks and
+:class:`Transformer` also take one sequence without its batch dim (``(L, E)`` for ``(N, L, E)``), with
+key masks ``(L,)`` and 3-D attention masks ``(H, L, S)``; their outputs, and the gradients of a training
+forward's backward, are then without it too.
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ from ._validation import (
     check_eps,
     check_int,
     check_positive_int,
+    resolve_dtype,
     to_numpy,
 )
 from .module import Module, _fill_in_chunks, check_dropout
@@ -86,10 +93,10 @@ def _check_activation(name) -> str:
     return name
 
 
-def _refuse_bool_mask(mask, name: str):
-    """``mask`` as a numpy array (None stays None); ``TypeError`` for a bool one under one of
-    torch's nn-layer mask names (see the module doc: torch reads it as True = blocked, the library
-    as True = may attend)."""
+def _float_mask(mask, name: str):
+    """``mask`` as a numpy array (None stays None) of a float dtype: what the nn layers take under
+    torch's mask names. ``TypeError`` for a bool one (see the module doc: torch reads it as True =
+    blocked, the library as True = may attend) and for any other non-float dtype."""
     if mask is None:
         return None
     mask = to_numpy(mask, name)
@@ -100,7 +107,30 @@ def _refuse_bool_mask(mask, name: str):
             f"True = may attend, so a bool {name} is refused here. Use is_causal / the key masks (True = a real "
             f"token), or pass masks.to_additive(mask) for a mask in this library's convention "
             f"(masks.to_additive(masks.from_torch_mha(mask)) for torch's)")
+    if mask.dtype.kind != "f":
+        raise TypeError(f"{name}: expected a float mask (added to the scores; -inf where attention is not allowed), "
+                        f"got dtype {mask.dtype}")
     return mask
+
+
+def _unbatched_key_mask(key_mask, name: str, n: int, dim: str, what: str):
+    """The key mask of an unbatched call as the ``(1, n)`` of the batched one (None stays None);
+    ``ValueError`` naming ``name`` and the shape given (not the one made of it) unless ``(n,)``.
+    ``dim`` names n (``"L"``); ``what`` describes the unbatched input (``"src (3, 8) (L, E)"``)."""
+    if key_mask is None:
+        return None
+    km = to_numpy(key_mask, name)
+    if km.shape != (n,):
+        raise ValueError(f"{name}: expected shape ({n},) ({dim},) for an unbatched {what}, got {km.shape}")
+    return km[None]
+
+
+def _is_unbatched(x: np.ndarray, name: str, dims: str) -> bool:
+    """Whether ``x`` (converted with ``min_ndim=2``) is an unbatched ``(dims)`` rather than a
+    batched ``(N, dims)``; ``ValueError`` for more than 3 dims."""
+    if x.ndim > 3:
+        raise ValueError(f"{name}: expected (N, {dims}) or ({dims}), got shape {x.shape}")
+    return x.ndim == 2
 
 
 def _layer_masks(attn_mask, key_mask, N: int, H: int, L: int, S: int, dtype, *, mask_name="attn_mask",
@@ -108,14 +138,15 @@ def _layer_masks(attn_mask, key_mask, N: int, H: int, L: int, S: int, dtype, *, 
     """(None, float_mask (N, H, L, S) | None, key_mask (N, S) | None): the C++ layers' three mask
     arguments (their bool slot is the library's own, e.g. ``memory_is_causal``).
 
-    ``attn_mask`` may be ``(L, S)``, ``(N·H, L, S)`` (torch's shapes) or broadcastable to
-    ``(N, H, L, S)``; float, added. A bool ``attn_mask`` raises ``TypeError`` (:func:`_refuse_bool_mask`).
+    ``attn_mask`` may be ``(L, S)``, ``(N·H, L, S)`` (torch's shapes) or 4-D broadcastable to
+    ``(N, H, L, S)`` (e.g. ``(1, 1, L, S)``, ``(N, 1, L, S)``); no other shape (a 1-D or 3-D mask
+    is not broadcast). Float, added; any other dtype raises ``TypeError`` (:func:`_float_mask`).
     ``keep``: for a training forward, whose backward reads the masks again: copies of the caller's
     arrays (or of views of them), made before broadcasting.
     """
     float_mask = None
     if attn_mask is not None:
-        m = as_attention_mask(_refuse_bool_mask(attn_mask, mask_name), mask_name, dtype)
+        m = as_attention_mask(_float_mask(attn_mask, mask_name), mask_name, dtype)
         if keep and (m is attn_mask or not m.flags.owndata):
             m = _own_copy(m)  # the caller's array, or a view of it: the backward reads the forward's mask
         if m.ndim == 2:
@@ -133,9 +164,10 @@ def _layer_masks(attn_mask, key_mask, N: int, H: int, L: int, S: int, dtype, *, 
         float_mask = broadcast_mask(m, (N, H, L, S), mask_name)
     km = None
     if key_mask is not None:
-        km = as_bool(key_mask, key_mask_name)
-        if km.shape != (N, S):
+        km = to_numpy(key_mask, key_mask_name)
+        if km.shape != (N, S):  # before as_bool, whose 0/1 check of integers makes arrays of km's size
             raise ValueError(f"{key_mask_name}: expected shape ({N}, {S}) (batch, key length), got {km.shape}")
+        km = as_bool(km, key_mask_name)
         if keep and (km is key_mask or not km.flags.owndata):
             km = _own_copy(km)
     return None, float_mask, km
@@ -166,7 +198,10 @@ class MultiheadAttention(Module):
     Weights (torch's names): ``in_proj_weight (E + 2·E_kv, E)`` when kdim = vdim = E, else
     ``q_proj_weight (E, E)``, ``k_proj_weight (E_kv, kdim)``, ``v_proj_weight (E_kv, vdim)``;
     ``in_proj_bias (E + 2·E_kv)``, ``out_proj.weight (E, E)``, ``out_proj.bias (E)``, where
-    ``E_kv = num_kv_heads · head_dim``. A packed checkpoint loads into separate weights and back.
+    ``E_kv = num_kv_heads · head_dim``. A checkpoint in the separate layout
+    (``q/k/v_proj_weight``) loads into the packed weight when kdim = vdim = E. When kdim or vdim
+    differs from E only the separate layout fits (torch's has no ``in_proj_weight`` then): a
+    packed ``in_proj_weight`` is refused with a ``ValueError`` naming it.
 
     Raises:
         ValueError: E not divisible by H, H not divisible by num_kv_heads, non-positive sizes.
@@ -206,10 +241,18 @@ class MultiheadAttention(Module):
             for x in "qkv":
                 del state[f"{x}_proj_weight"]
             state["in_proj_weight"] = np.concatenate([parts[x] for x in "qkv"], axis=0)
-        elif not packed and "in_proj_weight" in state and not any(f"{x}_proj_weight" in state for x in "qkv"):
-            w = np.asarray(state.pop("in_proj_weight"))
+        elif not packed and "in_proj_weight" in state:
+            # An (E + 2·E_kv, E) in_proj_weight can never be split into k/v weights of (E_kv, kdim)
+            # and (E_kv, vdim) when kdim or vdim differs from E: refused, the value checked as any
+            # other weight's (a TypeError naming the key for a non-float one).
+            w = as_weight(state["in_proj_weight"], "state_dict['in_proj_weight']", self.dtype)
             e, ekv = self.embed_dim, self.num_kv_heads * self.head_dim
-            state.update(q_proj_weight=w[:e], k_proj_weight=w[e:e + ekv], v_proj_weight=w[e + ekv:])
+            raise ValueError(
+                f"{type(self).__name__}.load_state_dict refused (module unchanged): state_dict['in_proj_weight'] "
+                f"{w.shape}: a packed q/k/v projection does not fit this module (kdim={self.kdim}, "
+                f"vdim={self.vdim}, embed_dim={e}); expected the separate weights q_proj_weight {(e, e)}, "
+                f"k_proj_weight {(ekv, self.kdim)} and v_proj_weight {(ekv, self.vdim)}, as torch's "
+                f"MultiheadAttention has when kdim or vdim differs from embed_dim")
         return state
 
     def forward(self, query, key=None, value=None, *, attn_mask=None, key_mask=None, is_causal: bool = False,
@@ -217,13 +260,19 @@ class MultiheadAttention(Module):
                 past_key_values=None, layer: int = 0, rotary=None, position_ids=None):
         """Attention of ``query`` over ``key``/``value`` (self-attention when both are None).
 
+        Unbatched, as torch's: ``query (L, E)``, ``key (S, kdim)``, ``value (S, vdim)`` (all 2-D),
+        ``key_mask (S,)``, ``attn_mask (L, S)`` or ``(H, L, S)``, ``position_ids (L,)``; the output
+        is ``(L, E)`` and the weights ``(L, S)`` or ``(H, L, S)``.
+
         Args:
-            query: ``(N, L, E)``.
+            query: ``(N, L, E)`` (or ``(L, E)``, unbatched).
             key: ``(N, S, kdim)``; default ``query``.
             value: ``(N, S, vdim)``; default ``key``.
-            attn_mask: ``(L, S)``, ``(N·H, L, S)`` or broadcastable to ``(N, H, L, S)``; float,
-                added to the scores (0 = allowed, -inf = blocked), as torch's. A bool mask raises
-                ``TypeError`` (see the module doc; ``masks.to_additive`` converts one).
+            attn_mask: ``(L, S)``, ``(N·H, L, S)``, or 4-D broadcastable to ``(N, H, L, S)`` (e.g.
+                ``(1, 1, L, S)``, ``(N, 1, L, S)``; other shapes, such as ``(1, S)`` or ``(1, L, S)``,
+                are refused); float, added to the scores (0 = allowed, -inf = blocked), as torch's.
+                A bool mask raises ``TypeError`` (see the module doc; ``masks.to_additive`` converts
+                one), as does any other non-float dtype.
             key_mask: ``(N, S)`` bool/0-1, True = a real key (``~key_padding_mask`` in torch).
             is_causal: apply the causal mask (key s visible to query l iff s <= l).
             need_weights: also return the attention weights.
@@ -243,8 +292,9 @@ class MultiheadAttention(Module):
             position_ids: ``(N, L)`` positions for ``rotary``; default ``past .. past + L - 1``.
 
         Returns:
-            ``(output (N, L, E), weights or None)`` in ``self.dtype``. Fully masked query rows give
-            zeros before the output projection (so the output row is ``out_proj.bias``).
+            ``(output (N, L, E), weights or None)`` in ``self.dtype`` (unbatched: ``(L, E)``). Fully
+            masked query rows give zeros before the output projection (so the output row is
+            ``out_proj.bias``).
 
         In training mode (``train()``) the call keeps what :meth:`backward` needs (the projected q,
         k, v, the context and each row's log-sum-exp); it takes no ``past_key_values`` and no
@@ -256,17 +306,27 @@ class MultiheadAttention(Module):
                 ``position_ids`` without ``rotary``, or positions outside its table.
             TypeError: non-numeric input, a mask of the wrong dtype, a bool ``attn_mask``.
         """
-        q = as_float(query, "query", self.dtype, ndim=3)
+        q = as_float(query, "query", self.dtype, min_ndim=2)
+        unbatched = _is_unbatched(q, "query", "L, E")
         is_causal = check_bool(is_causal, "is_causal")
         need_weights = check_bool(need_weights, "need_weights")
         average_attn_weights = check_bool(average_attn_weights, "average_attn_weights")
         path = attention_path(path)
         layer = check_int(layer, "layer", 0)
-        k = q if key is None else as_float(key, "key", self.dtype, ndim=3)
-        v = k if value is None else as_float(value, "value", self.dtype, ndim=3)
-        N, L, E = q.shape
-        if E != self.embed_dim:
+        k = q if key is None else as_float(key, "key", self.dtype, min_ndim=2)
+        v = k if value is None else as_float(value, "value", self.dtype, min_ndim=2)
+        for arr, name, dims in ((k, "key", "S, kdim"), (v, "value", "S, vdim")):
+            if arr.ndim != q.ndim:  # torch's rule: all three batched, or all three unbatched
+                raise ValueError(f"{name}: expected {'(' if unbatched else '(N, '}{dims}) as query is "
+                                 f"{'unbatched' if unbatched else 'batched'} {q.shape}, got shape {arr.shape}")
+        if q.shape[-1] != self.embed_dim:
             raise ValueError(f"query: expected last dim {self.embed_dim} (embed_dim), got shape {q.shape}")
+        if unbatched:  # a batch of one (query, key and value that were one array stay one)
+            qb = q[None]
+            kb = qb if k is q else k[None]
+            v = qb if v is q else (kb if v is k else v[None])
+            q, k = qb, kb
+        N, L, E = q.shape
         if k.shape[0] != N or v.shape[0] != N:
             raise ValueError(f"key, value: expected batch size {N} (query's), got {k.shape[0]} and {v.shape[0]}")
         if k.shape[-1] != self.kdim:
@@ -321,6 +381,8 @@ class MultiheadAttention(Module):
         elif position_ids is not None:
             raise ValueError("position_ids: given without rotary (the positions are read by a rotary embedding "
                              "only: pass rotary= too, or leave position_ids out)")
+        if unbatched:
+            key_mask = _unbatched_key_mask(key_mask, "key_mask", S, "S", f"query {q.shape[1:]} (L, E)")
         masks = _layer_masks(attn_mask, key_mask, N, self.num_heads, L, S, self.dtype, keep=self.training)
         if self.training:
             if past_key_values is not None or need_weights:
@@ -334,8 +396,8 @@ class MultiheadAttention(Module):
                                            rotary_impl, positions)
             # the C++ layer keeps pointers to these until backward
             self._saved = (q_kept, k_kept, v_kept, masks, rotary, positions, self_attention,
-                           key is not None or value is not None)
-            return out, None
+                           key is not None or value is not None, unbatched)
+            return (out[0] if unbatched else out), None
         if cache_impl is not None:  # every argument checked: now the cache may grow
             past_key_values.reserve(past_key_values.length + L)
         result = self._impl.forward(q, None if self_attention else k, None if self_attention else v, *masks,
@@ -346,13 +408,16 @@ class MultiheadAttention(Module):
             past_key_values._next_layer = 0 if last else layer + 1
             past_key_values._step_length = L
         if not need_weights:
-            return result, None
+            return (result[0] if unbatched else result), None
         out, weights = result
-        return out, (weights.mean(axis=1) if average_attn_weights else weights)
+        weights = weights.mean(axis=1) if average_attn_weights else weights
+        return (out[0], weights[0]) if unbatched else (out, weights)
 
     def backward(self, grad_output):
         """The gradients of the last training forward, given ``grad_output (N, L, E)``, the gradient
-        of a loss with respect to its output; every parameter's gradient is added.
+        of a loss with respect to its output; every parameter's gradient is added. After an
+        unbatched forward every shape here is without its N: ``grad_output (L, E)`` gives
+        ``grad_query (L, E)``, ``grad_key (S, kdim)``, ``grad_value (S, vdim)``.
 
         Returns:
             self-attention (``key``/``value`` not given): ``grad_query (N, L, E)``; otherwise
@@ -364,16 +429,19 @@ class MultiheadAttention(Module):
             NoTrainingStateError: no training forward since the last backward.
             ValueError: ``grad_output`` not of the output's shape. TypeError: non-numeric.
         """
-        q, k, v, _masks, _rotary, _positions, self_attention, explicit_kv = self._peek_saved()
-        g = _grad_output(grad_output, "grad_output", q.shape[:2] + (self.embed_dim,), self.dtype)
+        q, k, v, _masks, _rotary, _positions, self_attention, explicit_kv, unbatched = self._peek_saved()
+        shape = q.shape[:2] + (self.embed_dim,)
+        g = _grad_output(grad_output, "grad_output", shape[1:] if unbatched else shape, self.dtype)
         self._take_saved()  # checked: now consumed
+        g = g[None] if unbatched else g
         if self_attention:
             dq = self._impl.backward(g, None, None)
             if not explicit_kv:
-                return dq
-            return dq, np.zeros(k.shape, self.dtype), np.zeros(v.shape, self.dtype)
-        dq, dk, dv = self._impl.backward(g, list(k.shape), list(v.shape))
-        return dq, dk, dv
+                return dq[0] if unbatched else dq
+            grads = dq, np.zeros(k.shape, self.dtype), np.zeros(v.shape, self.dtype)
+        else:
+            grads = tuple(self._impl.backward(g, list(k.shape), list(v.shape)))
+        return tuple(d[0] for d in grads) if unbatched else grads
 
 
 class Linear(Module):
@@ -459,11 +527,14 @@ class Embedding(Module):
 
         Raises:
             TypeError: non-integer ids. ValueError: an id out of range (named with its flat index),
-            or empty input.
+            empty input, or ids whose conversion to int64 needs more than this machine's memory
+            (e.g. a broadcast view of a huge shape; checked before any copy).
         """
         ids = to_numpy(input_ids, "input_ids")
         shape = ids.shape
-        ids = as_ids(ids.reshape(-1), "input_ids", ndim=1)
+        # converted (a copy checked against memory) before flattening: ``reshape(-1)`` of a broadcast
+        # view (``np.broadcast_to``, stride 0) would copy all of it, unchecked
+        ids = as_ids(ids, "input_ids", ndim=max(ids.ndim, 1)).reshape(-1)
         out = self._impl.forward(ids).reshape(shape + (self.embedding_dim,))
         if self.training:
             self._saved = (ids.copy(), shape)
@@ -640,8 +711,9 @@ class TransformerEncoderLayer(Module):
 
         Args:
             src: ``(N, L, E)`` (or ``(L, E)``, unbatched).
-            src_mask: ``(L, L)`` / ``(N·nhead, L, L)`` / broadcastable to ``(N, nhead, L, L)``; float,
-                added to the scores (0 = allowed, -inf = blocked).
+            src_mask: ``(L, L)``, ``(N·nhead, L, L)`` (``(nhead, L, L)`` unbatched), or 4-D
+                broadcastable to ``(N, nhead, L, L)`` (e.g. ``(1, 1, L, L)``; no other shape is
+                broadcast); float, added to the scores (0 = allowed, -inf = blocked).
             src_key_mask: ``(N, L)`` (``(L,)`` with an unbatched ``src``), True = a real token
                 (``~src_key_padding_mask`` in torch).
             is_causal: apply the causal mask.
@@ -653,24 +725,21 @@ class TransformerEncoderLayer(Module):
             ValueError: wrong rank, wrong last dim, empty input, masks of the wrong shape.
             TypeError: non-numeric input, a mask of the wrong dtype, a bool ``src_mask``.
         """
+        return self._forward(src, src_mask, src_key_mask, is_causal, path, "src_mask")
+
+    def _forward(self, src, src_mask, src_key_mask, is_causal, path, mask_name: str) -> np.ndarray:
+        """:meth:`forward`, naming ``src_mask`` ``mask_name`` in its errors (the stack's ``mask``)."""
         x = as_float(src, "src", self.dtype, min_ndim=2)
         is_causal = check_bool(is_causal, "is_causal")
         path = attention_path(path)
-        unbatched = x.ndim == 2
-        if unbatched:
-            x = x[None]
-            if src_key_mask is not None:
-                src_key_mask = to_numpy(src_key_mask, "src_key_mask")
-                if src_key_mask.shape != (x.shape[1],):
-                    raise ValueError(f"src_key_mask: expected shape ({x.shape[1]},) (L,) for an unbatched src "
-                                     f"{x.shape[1:]} (L, E), got {src_key_mask.shape}")
-                src_key_mask = src_key_mask[None]
-        if x.ndim != 3:
-            raise ValueError(f"src: expected (N, L, E) or (L, E), got shape {x.shape}")
-        N, L, E = x.shape
-        if E != self.d_model:
+        unbatched = _is_unbatched(x, "src", "L, E")
+        if x.shape[-1] != self.d_model:  # the shape as given, before an unbatched src gains its batch dim
             raise ValueError(f"src: expected last dim {self.d_model} (d_model), got shape {x.shape}")
-        masks = _layer_masks(src_mask, src_key_mask, N, self.nhead, L, L, self.dtype, mask_name="src_mask",
+        if unbatched:
+            src_key_mask = _unbatched_key_mask(src_key_mask, "src_key_mask", x.shape[0], "L", f"src {x.shape} (L, E)")
+            x = x[None]
+        N, L, E = x.shape
+        masks = _layer_masks(src_mask, src_key_mask, N, self.nhead, L, L, self.dtype, mask_name=mask_name,
                              key_mask_name="src_key_mask", keep=self.training)
         if self.training:
             x = _kept(x, src)
@@ -833,32 +902,46 @@ class TransformerDecoderLayer(Module):
         one raises ``TypeError`` (torch reads it as True = blocked, this library as True = may attend;
         see the module doc). The key masks are True = a real token.
 
+        Unbatched, as torch's: ``tgt (T, E)`` with ``memory (S, E)`` (both 2-D), key masks ``(T,)``
+        and ``(S,)``, 3-D masks ``(nhead, T, ·)``; the output is ``(T, E)``.
+
         Args:
             tgt: ``(N, T, E)``, the decoder input.
             memory: ``(N, S, E)``, the encoder output.
-            tgt_mask: self-attention mask, ``(T, T)`` / ``(N·nhead, T, T)`` / 4-D; float, added
-                (0 = allowed, -inf = blocked).
-            memory_mask: cross-attention mask, ``(T, S)`` / ``(N·nhead, T, S)`` / 4-D; float, added.
+            tgt_mask: self-attention mask, ``(T, T)``, ``(N·nhead, T, T)`` or 4-D broadcastable to
+                ``(N, nhead, T, T)`` (e.g. ``(1, 1, T, T)``; no other shape is broadcast); float,
+                added (0 = allowed, -inf = blocked).
+            memory_mask: cross-attention mask, ``(T, S)``, ``(N·nhead, T, S)`` or 4-D broadcastable
+                to ``(N, nhead, T, S)``; float, added.
             tgt_key_mask: ``(N, T)``, True = real token. memory_key_mask: ``(N, S)``.
             tgt_is_causal: apply the causal mask to the self-attention.
             memory_is_causal: apply a (top-left) causal mask to the cross-attention.
 
         Returns:
-            ``(N, T, E)`` in ``self.dtype``.
+            ``(N, T, E)`` (or ``(T, E)``) in ``self.dtype``.
 
         Raises:
             ValueError: shapes that disagree, empty input, masks of the wrong shape.
             TypeError: non-numeric input, a mask of the wrong dtype, a bool ``tgt_mask``/``memory_mask``.
         """
-        x = as_float(tgt, "tgt", self.dtype, ndim=3)
-        mem = as_float(memory, "memory", self.dtype, ndim=3)
+        x = as_float(tgt, "tgt", self.dtype, min_ndim=2)
+        mem = as_float(memory, "memory", self.dtype, min_ndim=2)
         tgt_is_causal = check_bool(tgt_is_causal, "tgt_is_causal")
         memory_is_causal = check_bool(memory_is_causal, "memory_is_causal")
         path = attention_path(path)
-        N, T, E = x.shape
-        if E != self.d_model:
+        unbatched = _is_unbatched(x, "tgt", "T, E")
+        if x.shape[-1] != self.d_model:
             raise ValueError(f"tgt: expected last dim {self.d_model} (d_model), got shape {x.shape}")
-        if mem.shape[0] != N or mem.shape[2] != E:
+        if unbatched:
+            if mem.ndim != 2 or mem.shape[1] != self.d_model:
+                raise ValueError(f"memory: expected shape (S, {self.d_model}) as tgt is unbatched {x.shape}, "
+                                 f"got {mem.shape}")
+            what = f"tgt {x.shape} (T, E) and memory {mem.shape} (S, E)"
+            tgt_key_mask = _unbatched_key_mask(tgt_key_mask, "tgt_key_mask", x.shape[0], "T", what)
+            memory_key_mask = _unbatched_key_mask(memory_key_mask, "memory_key_mask", mem.shape[0], "S", what)
+            x, mem = x[None], mem[None]
+        N, T, E = x.shape
+        if mem.ndim != 3 or mem.shape[0] != N or mem.shape[2] != E:
             raise ValueError(f"memory: expected shape ({N}, S, {E}), got {mem.shape}")
         S = mem.shape[1]
         self_masks = _layer_masks(tgt_mask, tgt_key_mask, N, self.nhead, T, T, self.dtype, mask_name="tgt_mask",
@@ -870,27 +953,30 @@ class TransformerDecoderLayer(Module):
 
             cross_masks = (np.broadcast_to(causal_mask(T, S)[None, None], (N, self.nhead, T, S)),) + cross_masks[1:]
         if not self.training:
-            return self._impl.forward(x, mem, *self_masks, bool(tgt_is_causal), *cross_masks, path)
+            out = self._impl.forward(x, mem, *self_masks, bool(tgt_is_causal), *cross_masks, path)
+            return out[0] if unbatched else out
         x, mem = _kept(x, tgt), _kept(mem, memory)
         p = self.dropout
         out = self._impl.forward_train(x, mem, *self_masks, bool(tgt_is_causal), *cross_masks, path, p, p,
                                        self._dropout_seed(p))
-        self._saved = (x, mem, self_masks, cross_masks)  # kept by pointer in C++ until backward
-        return out
+        self._saved = (x, mem, self_masks, cross_masks, unbatched)  # kept by pointer in C++ until backward
+        return out[0] if unbatched else out
 
     def backward(self, grad_output) -> tuple[np.ndarray, np.ndarray]:
         """``grad_output (N, T, E)`` -> ``(grad_tgt (N, T, E), grad_memory (N, S, E))`` of the last
         training forward; adds every weight's gradient. ``grad_memory`` sums the gradients of the
-        cross-attention's keys and values.
+        cross-attention's keys and values. After an unbatched forward: ``(T, E)`` ->
+        ``((T, E), (S, E))``.
 
         Raises:
             NoTrainingStateError: no training forward since the last backward.
             ValueError: ``grad_output`` not of the output's shape.
         """
-        x, mem, _self_masks, _cross_masks = self._peek_saved()
-        g = _grad_output(grad_output, "grad_output", x.shape, self.dtype)
+        x, mem, _self_masks, _cross_masks, unbatched = self._peek_saved()
+        g = _grad_output(grad_output, "grad_output", x.shape[1:] if unbatched else x.shape, self.dtype)
         self._take_saved()  # checked: now consumed
-        return tuple(self._impl.backward(g, mem.shape[1]))
+        grads = tuple(self._impl.backward(g[None] if unbatched else g, mem.shape[1]))
+        return tuple(d[0] for d in grads) if unbatched else grads
 
 
 class _Stack(Module):
@@ -945,18 +1031,19 @@ class TransformerEncoder(_Stack):
 
     def forward(self, src, *, mask=None, src_key_mask=None, is_causal: bool = False,
                 path: str = "auto") -> np.ndarray:
-        """``src (N, L, E) -> (N, L, E)``; ``mask`` (the layers' ``src_mask``: float, added; a bool
-        mask raises ``TypeError``), ``src_key_mask`` (True = a real token) and ``is_causal`` as in
+        """``src (N, L, E) -> (N, L, E)`` (or ``(L, E) -> (L, E)``, unbatched); ``mask`` (the
+        layers' ``src_mask``, named ``mask`` in errors: float, added; a bool mask raises
+        ``TypeError``), ``src_key_mask`` (True = a real token) and ``is_causal`` as in
         :meth:`TransformerEncoderLayer.forward`, keyword-only, applied in every layer."""
-        _refuse_bool_mask(mask, "mask")
+        _float_mask(mask, "mask")
         x = src
         for layer in self.layers:
-            x = layer(x, src_mask=mask, src_key_mask=src_key_mask, is_causal=is_causal, path=path)
+            x = layer._forward(x, mask, src_key_mask, is_causal, path, "mask")
         return x if self.norm is None else self.norm(x)
 
     def backward(self, grad_output) -> np.ndarray:
         """``grad_output (N, L, E)`` -> ``grad_src (N, L, E)`` of the last training forward, through
-        the norm and every layer in reverse; adds every weight's gradient.
+        the norm and every layer in reverse; adds every weight's gradient (unbatched: ``(L, E)``).
 
         Raises:
             NoTrainingStateError: no training forward since the last backward.
@@ -981,7 +1068,8 @@ class TransformerDecoder(_Stack):
 
     def forward(self, tgt, memory, *, tgt_mask=None, memory_mask=None, tgt_key_mask=None, memory_key_mask=None,
                 tgt_is_causal: bool = False, memory_is_causal: bool = False, path: str = "auto") -> np.ndarray:
-        """``tgt (N, T, E)``, ``memory (N, S, E)`` -> ``(N, T, E)``; masks as in
+        """``tgt (N, T, E)``, ``memory (N, S, E)`` -> ``(N, T, E)`` (or, unbatched, ``tgt (T, E)``,
+        ``memory (S, E)`` -> ``(T, E)``); masks as in
         :meth:`TransformerDecoderLayer.forward` (keyword-only; ``tgt_mask``/``memory_mask`` float,
         added; key masks True = a real token), applied in every layer."""
         x = tgt
@@ -993,7 +1081,8 @@ class TransformerDecoder(_Stack):
 
     def backward(self, grad_output) -> tuple[np.ndarray, np.ndarray]:
         """``grad_output (N, T, E)`` -> ``(grad_tgt (N, T, E), grad_memory (N, S, E))`` of the last
-        training forward; ``grad_memory`` sums over the layers (each attends to the memory).
+        training forward; ``grad_memory`` sums over the layers (each attends to the memory). After
+        an unbatched forward: ``(T, E)`` -> ``((T, E), (S, E))``.
 
         Raises:
             NoTrainingStateError: no training forward since the last backward.
@@ -1034,37 +1123,70 @@ class Transformer(Module):
     def _children(self):
         return [("encoder", self.encoder), ("decoder", self.decoder)]
 
+    @staticmethod
+    def generate_square_subsequent_mask(sz: int, dtype=np.float32) -> np.ndarray:
+        """The causal float mask of ``sz`` positions, as torch's
+        ``nn.Transformer.generate_square_subsequent_mask``: ``(sz, sz)`` of ``dtype``, 0 on and below
+        the diagonal (key j visible to query i iff j <= i), -inf above; for ``tgt_mask`` (where
+        ``tgt_is_causal=True`` does the same without the array).
+
+        Raises:
+            TypeError: ``sz`` not an int; ``dtype`` not float32/float64.
+            ValueError: ``sz`` negative, or too large to allocate.
+        """
+        sz = check_int(sz, "sz", 0)
+        dtype = resolve_dtype(dtype)
+        check_allocatable((sz, sz), np.dtype(dtype).itemsize, "sz")
+        return np.triu(np.full((sz, sz), -np.inf, dtype), k=1)
+
     def forward(self, src, tgt, *, src_mask=None, tgt_mask=None, memory_mask=None, src_key_mask=None,
                 tgt_key_mask=None, memory_key_mask=None, src_is_causal: bool = False, tgt_is_causal: bool = False,
                 memory_is_causal: bool = False, path: str = "auto") -> np.ndarray:
-        """Encodes ``src (N, S, E)`` and decodes ``tgt (N, T, E)`` over it -> ``(N, T, E)``.
+        """Encodes ``src (N, S, E)`` and decodes ``tgt (N, T, E)`` over it -> ``(N, T, E)``; or,
+        unbatched as torch's, ``src (S, E)`` and ``tgt (T, E)`` -> ``(T, E)`` (key masks ``(S,)``,
+        ``(T,)``, 3-D masks ``(nhead, ·, ·)``).
 
         Masks as in the layers, keyword-only: ``src_mask (S, S)``, ``tgt_mask (T, T)`` (or
-        ``tgt_is_causal=True``), ``memory_mask (T, S)`` float, added, as torch's (a bool one raises
+        ``tgt_is_causal=True``), ``memory_mask (T, S)`` (or ``(N·nhead, ·, ·)``, or 4-D
+        broadcastable to ``(N, nhead, ·, ·)``) float, added, as torch's (a bool one raises
         ``TypeError``, see the module doc); ``src_key_mask (N, S)``, ``tgt_key_mask (N, T)``,
         ``memory_key_mask (N, S)`` bool, True = a real token.
 
         Raises:
-            ValueError: batch or feature sizes that disagree; masks of the wrong shape.
+            ValueError: batch or feature sizes that disagree, src and tgt not both batched or both
+                unbatched; masks of the wrong shape.
             TypeError: non-numeric input, a mask of the wrong dtype, a bool ``src_mask``/``tgt_mask``/
                 ``memory_mask``.
         """
-        src_arr = as_float(src, "src", self.dtype, ndim=3)
-        tgt_arr = as_float(tgt, "tgt", self.dtype, ndim=3)
-        if src_arr.shape[0] != tgt_arr.shape[0]:
+        src_arr = as_float(src, "src", self.dtype, min_ndim=2)
+        tgt_arr = as_float(tgt, "tgt", self.dtype, min_ndim=2)
+        unbatched = _is_unbatched(src_arr, "src", "S, E")
+        _is_unbatched(tgt_arr, "tgt", "T, E")
+        if tgt_arr.ndim != src_arr.ndim:
+            raise ValueError(f"tgt: expected {'(T, E)' if unbatched else '(N, T, E)'} as src is "
+                             f"{'unbatched' if unbatched else 'batched'} {src_arr.shape}, got shape {tgt_arr.shape}")
+        if not unbatched and src_arr.shape[0] != tgt_arr.shape[0]:
             raise ValueError(f"tgt: expected batch size {src_arr.shape[0]} (src's), got shape {tgt_arr.shape}")
-        if src_arr.shape[2] != self.d_model or tgt_arr.shape[2] != self.d_model:
+        if src_arr.shape[-1] != self.d_model or tgt_arr.shape[-1] != self.d_model:
             raise ValueError(f"src, tgt: expected last dim {self.d_model} (d_model), got {src_arr.shape}, {tgt_arr.shape}")
-        _refuse_bool_mask(src_mask, "src_mask")
-        # The decoder's arguments too, before the encoder runs: a refusal then changes nothing (no
-        # training state kept by the encoder alone, no dropout seed drawn).
-        N, T, S = src_arr.shape[0], tgt_arr.shape[1], src_arr.shape[1]
+        # Every argument, the decoder's too, before the encoder runs: a refusal then changes nothing
+        # (no training state kept by the encoder alone, no dropout seed drawn).
+        N = 1 if unbatched else src_arr.shape[0]
+        S, T = src_arr.shape[-2], tgt_arr.shape[-2]
+        check_bool(src_is_causal, "src_is_causal")
         check_bool(tgt_is_causal, "tgt_is_causal")
         check_bool(memory_is_causal, "memory_is_causal")
-        _layer_masks(tgt_mask, tgt_key_mask, N, self.nhead, T, T, self.dtype, mask_name="tgt_mask",
-                     key_mask_name="tgt_key_mask")
-        _layer_masks(memory_mask, memory_key_mask, N, self.nhead, T, S, self.dtype, mask_name="memory_mask",
-                     key_mask_name="memory_key_mask")
+        key_masks = {"src_key_mask": (src_key_mask, S, "S"), "tgt_key_mask": (tgt_key_mask, T, "T"),
+                     "memory_key_mask": (memory_key_mask, S, "S")}
+        if unbatched:
+            what = f"src {src_arr.shape} (S, E) and tgt {tgt_arr.shape} (T, E)"
+            key_masks = {name: (_unbatched_key_mask(m, name, n, dim, what), n, dim)
+                         for name, (m, n, dim) in key_masks.items()}
+        for mask, key_name, mask_name, L, Sk in ((src_mask, "src_key_mask", "src_mask", S, S),
+                                                 (tgt_mask, "tgt_key_mask", "tgt_mask", T, T),
+                                                 (memory_mask, "memory_key_mask", "memory_mask", T, S)):
+            _layer_masks(mask, key_masks[key_name][0], N, self.nhead, L, Sk, self.dtype, mask_name=mask_name,
+                         key_mask_name=key_name)
         try:
             memory = self.encoder(src_arr, mask=src_mask, src_key_mask=src_key_mask, is_causal=src_is_causal,
                                   path=path)
@@ -1078,7 +1200,8 @@ class Transformer(Module):
 
     def backward(self, grad_output) -> tuple[np.ndarray, np.ndarray]:
         """``grad_output (N, T, E)`` -> ``(grad_src (N, S, E), grad_tgt (N, T, E))`` of the last
-        training forward: the decoder's backward, then the encoder's from the memory's gradient.
+        training forward: the decoder's backward, then the encoder's from the memory's gradient
+        (after an unbatched forward: ``(T, E)`` -> ``((S, E), (T, E))``).
 
         Raises:
             NoTrainingStateError: no training forward since the last backward.

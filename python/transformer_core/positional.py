@@ -22,12 +22,15 @@ dtype; the rotation runs in C++ over rows in parallel.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ._runtime import core, variant
 from ._validation import (
     as_float,
     as_ids,
+    check_allocatable,
     check_eps,
     check_float,
     check_int,
@@ -36,6 +39,7 @@ from ._validation import (
     compute_dtype,
     resolve_dtype,
     rotary_layout,
+    to_numpy,
 )
 from .module import Module
 
@@ -370,7 +374,25 @@ def _rotary_table(t, name: str, x_shape: tuple, D: int, layout: str, dtype, unsq
                   x_name: str = "x") -> np.ndarray:
     """cos or sin (already converted by :func:`_rotary_tables`) as the kernel's 2-D table
     ``(table_rows, W)`` for ``x`` of ``x_shape``: ``W = D`` (half) or ``D/2`` (interleaved); row r
-    of x reads table row ``r % table_rows``.
+    of x reads table row ``r % table_rows``. Checks as :func:`_rotary_values`.
+
+    A table that is not one block shared by every leading index of x (HF's ``(N, L, W)`` for x
+    ``(N, H, L, D)``) is broadcast to x's rows here, a copy checked against this machine's memory
+    first (ValueError naming ``name``); :func:`_rotate` gathers it a block of rows at a time instead."""
+    t = _rotary_values(t, name, x_shape, D, layout, dtype, unsqueeze_dim, x_name)
+    x_lead = x_shape[:-1]
+    if _shared_from(t, x_lead) == 0:
+        return t.reshape(-1, t.shape[-1])
+    check_allocatable(x_lead + (t.shape[-1],), t.itemsize, name)
+    return np.ascontiguousarray(np.broadcast_to(t, x_lead + t.shape[-1:])).reshape(-1, t.shape[-1])
+
+
+def _rotary_values(t, name: str, x_shape: tuple, D: int, layout: str, dtype, unsqueeze_dim: int = 1,
+                   x_name: str = "x") -> np.ndarray:
+    """cos or sin (already converted by :func:`_rotary_tables`; a broadcast view stays one) as the
+    values the kernel reads for ``x`` of ``x_shape``: a C-contiguous array of ``x``'s rank whose dims
+    are ``x``'s or 1 (broadcast), last dim ``W = D`` (half) or ``D/2`` (interleaved). Only the values
+    the table holds are copied, never its broadcast over ``x`` (see :func:`_rotate`).
 
     The table's rank picks its meaning (:func:`apply_rotary`): 2-D ``(L, W)`` is shared by every
     leading index; rank ``x.ndim - 1`` (>= 3) lacks the head axis, which is inserted at
@@ -399,15 +421,34 @@ def _rotary_table(t, name: str, x_shape: tuple, D: int, layout: str, dtype, unsq
         ok = False
     if not ok:
         raise ValueError(f"{name}: {given} does not broadcast to {x_name}'s {x_lead + (W,)} (..., L, {W})")
+    # the values t holds: each broadcast leading dim (size 1 or stride 0) of x's rank cut to size 1
+    t = t.reshape((1,) * (x_ndim - t.ndim) + t.shape)
+    t = t[tuple(slice(0, 1) if n == 1 or st == 0 else slice(None) for n, st in zip(t.shape[:-1], t.strides[:-1]))]
     if layout == "half" and W == D // 2:
-        t = np.concatenate([t, t], axis=-1)  # one value per frequency -> the half-split row
-    elif layout == "interleaved" and W == D:
-        t = np.ascontiguousarray(t[..., :D // 2])  # the half-split row's first half
-    W = t.shape[-1]
-    L = x_shape[-2]
-    if all(s == 1 for s in t.shape[:-2]) and t.shape[-2] == L:
-        return t.reshape(L, W)  # one (L, W) table shared by every leading index
-    return np.ascontiguousarray(np.broadcast_to(t, x_lead + (W,))).reshape(-1, W)
+        return np.concatenate([t, t], axis=-1)  # one value per frequency -> the half-split row
+    if layout == "interleaved" and W == D:
+        t = t[..., :D // 2]  # the half-split row's first half
+    return np.ascontiguousarray(t)
+
+
+#: For a table that is not one block shared by every leading index of x (:func:`_rotate`): an x of
+#: at most this many rows gets the table broadcast to it (one call); a larger one is rotated in blocks
+#: that each share one table when they have at least ``_SHARED_BLOCK_ROWS`` rows (no copy), else a
+#: range of about this many rows at a time with the table broadcast to it.
+_GATHER_ROWS = 2**14
+_SHARED_BLOCK_ROWS = 2**10
+
+
+def _shared_from(t: np.ndarray, x_lead: tuple) -> int:
+    """The number p of x's leading dims to fix so that ``t`` (from :func:`_rotary_values`), for each
+    fixed index, is one table shared by that block of x's rows: row ``r`` of the block reads row
+    ``r % T`` of ``t[index]`` (its dims are 1 up to a point, x's from there on). 0: t is one table for
+    all of x (e.g. a 2-D ``(L, W)``); 1 for HF's ``(N, 1, L, W)`` and x ``(N, H, L, D)``."""
+    lead = t.shape[:-1]
+    j = len(lead)
+    while j > 0 and lead[j - 1] == x_lead[j - 1]:
+        j -= 1
+    return max((k + 1 for k in range(j) if lead[k] != 1), default=0)
 
 
 def apply_rotary(x, cos, sin, layout: str = "half", unsqueeze_dim: int = 1) -> np.ndarray:
@@ -463,12 +504,25 @@ def apply_rotary(x, cos, sin, layout: str = "half", unsqueeze_dim: int = 1) -> n
 
 
 def _rotary_tables(cos, sin, dtype) -> tuple[np.ndarray, np.ndarray]:
-    """cos and sin converted to ``dtype`` (at least 2-D, the same shape)."""
-    c = as_float(cos, "cos", dtype, min_ndim=2)
-    s = as_float(sin, "sin", dtype, min_ndim=2)
+    """cos and sin converted to ``dtype`` (at least 2-D, the same shape). A broadcast table (a view
+    with stride-0 leading dims: ``np.broadcast_to``, torch's ``expand``) has only the values it holds
+    converted, and is returned as a broadcast view of them with the shape given: copied whole it could
+    be any size, whatever x's."""
+    c = _as_table(cos, "cos", dtype)
+    s = _as_table(sin, "sin", dtype)
     if s.shape != c.shape:
         raise ValueError(f"sin: expected the shape of cos {c.shape}, got {s.shape}")
     return c, s
+
+
+def _as_table(value, name: str, dtype) -> np.ndarray:
+    """One rotary table as :func:`_rotary_tables` describes (``as_float``'s errors, naming ``name``)."""
+    arr = to_numpy(value, name)
+    if arr.ndim < 2 or 0 not in arr.strides[:-1]:
+        return as_float(arr, name, dtype, min_ndim=2)
+    held = as_float(arr[tuple(slice(0, 1) if st == 0 else slice(None) for st in arr.strides[:-1])], name, dtype,
+                    min_ndim=2)
+    return np.broadcast_to(held, arr.shape)
 
 
 def _apply_rotary(x, cos, sin, layout: str, name: str, dtype, unsqueeze_dim: int = 1) -> np.ndarray:
@@ -479,10 +533,49 @@ def _apply_rotary(x, cos, sin, layout: str, name: str, dtype, unsqueeze_dim: int
     if D % 2 != 0:
         raise ValueError(f"{name}: expected an even head_dim (last dim), got shape {x.shape}")
     dtype = x.dtype.type
+    return _rotate(variant("apply_rotary", dtype), x, cos, sin, layout, unsqueeze_dim, name)
+
+
+def _rotate(rotate, x: np.ndarray, cos, sin, layout: str, unsqueeze_dim: int, name: str) -> np.ndarray:
+    """``rotate(x, c, s, layout)`` (a kernel taking 2-D tables whose row ``r % table_rows`` goes with
+    row r of x: ``apply_rotary``'s, ``rotary_backward``'s) for ``x`` (converted, D even) and the
+    tables as :func:`apply_rotary` takes them, checked (naming ``cos``, ``sin``, ``unsqueeze_dim``
+    and ``name``, x's). No table is broadcast to all of a large x: one shared by every leading index
+    of x is passed as is, any other a block of x's rows at a time (see ``_GATHER_ROWS``)."""
+    D = x.shape[-1]
+    dtype = x.dtype.type
     cos, sin = _rotary_tables(cos, sin, dtype)
-    c = _rotary_table(cos, "cos", x.shape, D, layout, dtype, unsqueeze_dim, name)
-    s = _rotary_table(sin, "sin", x.shape, D, layout, dtype, unsqueeze_dim, name)
-    return variant("apply_rotary", dtype)(x, c, s, layout)
+    c = _rotary_values(cos, "cos", x.shape, D, layout, dtype, unsqueeze_dim, name)
+    s = _rotary_values(sin, "sin", x.shape, D, layout, dtype, unsqueeze_dim, name)
+    x_lead = x.shape[:-1]
+    W = c.shape[-1]
+    fixed = max(_shared_from(c, x_lead), _shared_from(s, x_lead))
+    if fixed == 0:
+        return rotate(x, c.reshape(-1, W), s.reshape(-1, W), layout)
+    # a table that differs along a leading dim of x and is broadcast along a later one (HF's (N, L, D)
+    # for x (N, H, L, D)): never broadcast to all of x
+    c_all, s_all = (np.broadcast_to(t, x_lead + (W,)) for t in (c, s))
+    inner = [math.prod(x_lead[k:]) for k in range(len(x_lead) + 1)]  # x's rows below dim k
+    if inner[0] <= _GATHER_ROWS:  # a small x: its tables broadcast to it, one call
+        return rotate(x, np.ascontiguousarray(c_all).reshape(-1, W), np.ascontiguousarray(s_all).reshape(-1, W),
+                      layout)
+    out = np.empty_like(x)
+    if inner[fixed] >= _SHARED_BLOCK_ROWS:  # blocks (x's first `fixed` dims fixed) each sharing one table
+        for index in np.ndindex(*x_lead[:fixed]):
+            at = tuple(i if n != 1 else 0 for i, n in zip(index, c.shape))
+            at_s = tuple(i if n != 1 else 0 for i, n in zip(index, s.shape))
+            out[index] = rotate(x[index], c[at].reshape(-1, W), s[at_s].reshape(-1, W), layout)
+        return out
+    # small blocks: the tables broadcast to a range of x's rows at a time (at most 2 · _GATHER_ROWS),
+    # a range along dim `axis` of x's leading dims, the dims before it fixed
+    axis = next(k for k in range(len(x_lead)) if inner[k + 1] <= _GATHER_ROWS)
+    step = max(1, _GATHER_ROWS // inner[axis + 1])
+    for outer in np.ndindex(*x_lead[:axis]):
+        for start in range(0, x_lead[axis], step):
+            block = outer + (slice(start, start + step),)
+            out[block] = rotate(x[block], np.ascontiguousarray(c_all[block]).reshape(-1, W),
+                                np.ascontiguousarray(s_all[block]).reshape(-1, W), layout)
+    return out
 
 
 def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim: int = 1, layout: str = "half") -> tuple[np.ndarray, np.ndarray]:
