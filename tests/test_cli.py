@@ -384,7 +384,13 @@ def test_cli_bad_options_print_nothing_on_stdout():
     for args, fragment in ((["generate", "hi", "--temperature", "-1"], "temperature: expected a value >= 0"),
                            (["generate", "hi", "--temperature", "1", "--top-p", "2"], "top_p:"),
                            (["chat", "hi", "--temperature", "1", "--top-p", "0"], "top_p:"),
-                           (["chat", "hi", "--seed", "-1"], "seed:")):
+                           (["chat", "hi", "--seed", "-1"], "seed:"),
+                           # greedy (temperature 0) would ignore --top-p: refused, not ignored
+                           (["generate", "hi", "--top-p", "0.5"], "top_p: acts only when sampling"),
+                           (["chat", "hi", "--top-p", "0.9", "--temperature", "0"], "top_p: acts only when sampling"),
+                           # a model that is not there is named as the option, as embed names it
+                           (["chat", "hi", "--model", "no-such-model"], "model: 'no-such-model'"),
+                           (["generate", "hi", "--model", "no-such-model"], "model: 'no-such-model'")):
         r = _run(*args)
         assert r.stdout == "", (args, r.stdout)
         assert_clean_error(r, f"transformer_core {args[0]}: {fragment}")

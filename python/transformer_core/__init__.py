@@ -1,7 +1,8 @@
 """transformer_core: a numpy-first Transformer engine.
 
-The core is C++ (OpenMP-parallel, xtensor containers, OpenBLAS for matrix products) behind
-pybind11; this package is its Python face: numpy arrays in, numpy arrays out.
+The core is C++ (OpenMP-parallel, xtensor containers; fp32 matrix products in its own AVX-512 / AVX2 /
+AMX kernels chosen at run time, BLAS for fp64 and CPUs without AVX2) behind pybind11; this package
+is its Python face: numpy arrays in, numpy arrays out.
 
 Layers of the package, from the bottom:
     functional   linear, softmax, layer_norm, gelu, relu, scaled_dot_product_attention

@@ -373,10 +373,12 @@ def _continue(model, tokenizer, ids: list[int], options: dict, on_text) -> tuple
 # The command line (``python -m transformer_core chat|generate``; errors are reported by __main__)
 # ------------------------------------------------------------------------------------------------
 def _load(args):
+    from .hub import resolve_model_path
     from .llama import LlamaForCausalLM
     from .tokenizer import Tokenizer
 
     name = args.model or DEFAULT_CHAT_MODEL
+    resolve_model_path(name, argument="model")  # a missing model is named as the option: "model: ..."
     model = LlamaForCausalLM.from_pretrained(name)  # a GGUF file's blocks kept as stored (fast decode)
     if getattr(args, "quantize", None) is not None:
         from .quantization import quantize
@@ -435,6 +437,14 @@ def _stdin_turns():
             yield message
 
 
+def _check_cli_sampling(args) -> None:
+    """``--top-p`` acts only on sampling: given with ``--temperature 0`` (greedy, the default) it
+    would change nothing, so the command refuses it rather than ignore it."""
+    if args.temperature == 0 and args.top_p is not None:
+        raise ValueError("top_p: acts only when sampling; give --temperature > 0 with --top-p (temperature 0, "
+                         "the default, is greedy)")
+
+
 def run_chat(args) -> int:
     """``chat``: one PROMPT, or one turn per line of standard input; replies streamed to stdout,
     the tokens/s of each turn on stderr. ``--max-new-tokens`` (default 256) is the most each reply
@@ -448,6 +458,7 @@ def run_chat(args) -> int:
         check_unicode(args.system, "system")
     max_new_tokens = DEFAULT_MAX_NEW_TOKENS if args.max_new_tokens is None else args.max_new_tokens
     _options(max_new_tokens, args.temperature, args.top_p, None, args.seed, None)
+    _check_cli_sampling(args)
     _check_stdout()
     if args.prompt is None and sys.stdin is None:
         raise ValueError("stdin: standard input is closed; give the message as PROMPT or pipe the turns in, one "
@@ -474,6 +485,7 @@ def run_generate(args) -> int:
     explicit = args.max_new_tokens is not None
     options = _options(args.max_new_tokens if explicit else DEFAULT_MAX_NEW_TOKENS, args.temperature, args.top_p,
                        None, args.seed, None)
+    _check_cli_sampling(args)
     _check_stdout()
     model, tokenizer = _load(args)
     ids = _text_ids(model, tokenizer, args.text, options["max_new_tokens"] if explicit else None)

@@ -29,7 +29,7 @@ The pieces, in the order a run uses them:
   replaced (a cancelled Dask task that was already running, a second process) can never put its
   rows into another run's output: it fails with ESTALE instead. The last step keeps only the
   parts of the manifest's chunks (anything else in the directory is removed) and the marker goes.
-* **The manifest** ``OUT.manifest.json`` beside the output: the model's identity (name and a
+* **The manifest** ``OUT.npy.manifest.json`` / ``OUT.parquet.manifest.json`` beside the output: the model's identity (name and a
   fingerprint of its config, tokenizer and safetensors header), dim, dtype, the input's identity
   (path, size, mtime, hashes of its first and last MiB, format, field, error mode), the chunk size
   and the chunks completed (as ``[first, stop)`` ranges, so that its size does not grow with the
@@ -526,7 +526,8 @@ def model_identity(name_or_path=DEFAULT_MODEL, quantize: str | None = None) -> d
 
 # ========================================================================================= manifest
 def manifest_path(out) -> Path:
-    """``OUT.manifest.json``: the manifest beside an output."""
+    """The manifest beside an output: the output's path with ``.manifest.json`` appended
+    (``OUT.npy.manifest.json``, ``OUT.parquet.manifest.json``)."""
     return Path(f"{out}.manifest.json")
 
 
@@ -564,7 +565,7 @@ def _atomic_write(path: Path, data: bytes) -> None:
 
 
 def read_manifest(out) -> dict:
-    """The manifest of an output (``OUT.manifest.json``) as a dict, its structure checked.
+    """The manifest of an output (``OUT.npy.manifest.json`` / ``OUT.parquet.manifest.json``) as a dict, its structure checked.
 
     Raises:
         FileNotFoundError: no manifest. ValueError: not a manifest of this package, or a damaged
@@ -1104,7 +1105,7 @@ class EmbedJob:
             out: ``*.npy`` or ``*.parquet``; its directory must exist.
             model: :func:`model_identity` of the model that will embed.
             chunk_size: texts per chunk (default ``DEFAULT_CHUNK_SIZE``; a resumed run keeps its own).
-            resume: continue the run whose manifest is ``OUT.manifest.json``.
+            resume: continue the run whose manifest is ``OUT.npy.manifest.json`` / ``OUT.parquet.manifest.json``.
             overwrite: replace an existing output (removed only when :meth:`start` runs).
             batch_size: texts per forward pass, recorded: a resumed run must use the same (a batch
                 rounds each text by its shape, about 1e-7, so another would not give the bits an
