@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 import transformer_core as tc
-from conftest import SENTENCES, hf_encode
+from conftest import SENTENCES, TORCH_DTYPE, hf_encode
 from safetensors.numpy import load_file, save_file
 
 BERT_ATOL = 1e-4
@@ -269,7 +269,8 @@ def test_small_random_bert_shapes(small_hf, N, L):
 def test_small_random_bert_lengths_at_the_attention_tiles(tmp_path):
     """Padded batches run attention on each sequence's real tokens only (packed end to end): lengths
     at the kernel's edges (1 to 3 rows, Br = 128, Bc = 256), a row of padding only, left padding and
-    a mask with holes all match transformers on the real tokens."""
+    a mask with holes all match transformers on the real tokens, and the pooler on every row (row 3's
+    position 0 is padding: the pooler reads its state as transformers computes it)."""
     from transformers import BertConfig, BertModel
 
     torch.manual_seed(1)
@@ -284,12 +285,57 @@ def test_small_random_bert_lengths_at_the_attention_tiles(tmp_path):
     am[6, 5:60] = 0                                  # holes in the middle of a sequence
     out = tc.BertModel.from_pretrained(str(path))(ids, attention_mask=am)
     ref_h, ref_p = hf_forward(ref, ids, am)
-    first_real = am[:, 0] == 1  # the pooler reads token 0: padding there is zeros in ours
+    assert am[3, 0] == 0
     h = np.asarray(out.last_hidden_state)
     real = am.astype(bool)
     assert np.abs(h[real] - ref_h[real]).max() <= 1e-5
     np.testing.assert_array_equal(h[~real], 0.0)
-    np.testing.assert_allclose(np.asarray(out.pooler_output)[first_real], ref_p[first_real], atol=1e-5, rtol=0)
+    np.testing.assert_allclose(np.asarray(out.pooler_output), ref_p, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
+def test_pooler_reads_position_0_where_it_is_padding(tmp_path, dtype):
+    """The pooler reads position 0's hidden state as transformers computes it even where that
+    position is padding (left padding, a mask with a hole at 0): the query's attention over its
+    sequence's real tokens (such a row was pooled from zeros: tanh(bias), 0.83 off). Real tokens
+    still match and padding rows stay zeros; each row's outputs do not depend on its batch-mates. A
+    row of padding only gives zeros and tanh(pooler bias) (transformers' eager and SDPA attentions
+    disagree there)."""
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(5)
+    hf = BertModel(BertConfig(**SMALL, attn_implementation="eager")).to(TORCH_DTYPE[np.dtype(dtype)]).eval()
+    with torch.no_grad():
+        for p in hf.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    _save_hf(hf, tmp_path)
+    ours = tc.BertModel.from_pretrained(str(tmp_path), dtype=dtype)
+    rng = np.random.default_rng(11)
+    N, L = 7, 9
+    ids = rng.integers(0, 99, (N, L))
+    tt = rng.integers(0, 2, (N, L))
+    am = np.array([[0, 0, 0, 1, 1, 1, 1, 1, 1],    # left padding
+                   [1, 1, 1, 1, 1, 1, 1, 1, 1],    # none
+                   [0, 1, 0, 1, 1, 0, 1, 0, 0],    # holes, position 0 among them
+                   [1, 0, 1, 1, 0, 0, 0, 0, 0],    # a hole, position 0 real
+                   [0, 0, 0, 0, 0, 0, 0, 0, 1],    # one real token, the last
+                   [0, 0, 0, 0, 0, 0, 0, 0, 0],    # padding only
+                   [1, 1, 1, 1, 0, 0, 0, 0, 0]])   # right padding
+    ref_h, ref_p = hf_forward(hf, ids, am, tt)
+    tol = 1e-5 if dtype == np.float32 else 1e-10
+    out = ours(ids, attention_mask=am, token_type_ids=tt)
+    h, pooled = out.last_hidden_state, out.pooler_output
+    assert h.dtype == pooled.dtype == dtype
+    real, some = am.astype(bool), am.astype(bool).any(axis=1)
+    assert np.abs(h[real] - ref_h[real]).max() <= tol
+    np.testing.assert_array_equal(h[~real], 0.0)
+    np.testing.assert_allclose(pooled[some], ref_p[some], rtol=0, atol=tol)
+    bias = ours.state_dict()["pooler.dense.bias"]
+    np.testing.assert_allclose(pooled[~some], np.tanh(bias)[None], rtol=0, atol=tol)
+    for n in range(N):  # each row alone: the same outputs
+        alone = ours(ids[n:n + 1], attention_mask=am[n:n + 1], token_type_ids=tt[n:n + 1])
+        np.testing.assert_allclose(alone.last_hidden_state[0], h[n], rtol=0, atol=tol)
+        np.testing.assert_allclose(alone.pooler_output[0], pooled[n], rtol=0, atol=tol)
 
 
 def test_small_bert_input_id_dtypes(small_hf, small_inputs):
@@ -364,6 +410,31 @@ def test_checkpoint_name_variants_load(small_hf, small_inputs, tmp_path, variant
     ref_h, ref_p = hf_forward(ref, ids, am, tt)
     out = tc.BertModel.from_pretrained(str(d))(ids, attention_mask=am, token_type_ids=tt)
     check_outputs(out, ref_h, ref_p, am, atol=1e-5)
+
+
+def test_pooler_weights_decide_over_config_add_pooling_layer(small_hf, small_inputs, tmp_path):
+    """config.json's "add_pooling_layer": false does not keep transformers from loading a pooler
+    (it is a constructor argument there): the weights decide. Such a checkpoint with pooler weights
+    loads with its pooler (it was refused: "unknown keys: pooler.dense.*"); without them there is
+    none, whatever the key says."""
+    from transformers import BertModel
+
+    path, ref = small_hf
+    d = _rewrite_checkpoint(path, tmp_path / "with_pooler", lambda t: t)
+    config = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({**config, "add_pooling_layer": False}))
+    assert BertModel.from_pretrained(str(d)).pooler is not None
+    ours = tc.BertModel.from_pretrained(str(d))
+    assert ours.config.add_pooling_layer is True
+    ids, am, tt = small_inputs
+    ref_h, ref_p = hf_forward(ref, ids, am, tt)
+    check_outputs(ours(ids, attention_mask=am, token_type_ids=tt), ref_h, ref_p, am, atol=1e-5)
+    d = _rewrite_checkpoint(path, tmp_path / "without_pooler",
+                            lambda t: {k: v for k, v in t.items() if not k.startswith("pooler.")})
+    (d / "config.json").write_text(json.dumps({**config, "add_pooling_layer": True}))
+    ours = tc.BertModel.from_pretrained(str(d))
+    assert ours.config.add_pooling_layer is False
+    check_outputs(ours(ids, attention_mask=am, token_type_ids=tt), ref_h, None, am, atol=1e-5)
 
 
 @pytest.mark.parametrize("name", ["encoder.layer.1.attention.self.key.weight",
@@ -494,6 +565,25 @@ def test_pad_token_id_is_checked(value, error, match):
     with pytest.raises(error, match=match):
         tc.BertModel(tc.BertConfig(**SMALL, pad_token_id=value))
     assert tc.BertModel(tc.BertConfig(**SMALL, pad_token_id=None)).config.pad_token_id is None
+
+
+@pytest.mark.parametrize("field", ["hidden_dropout_prob", "attention_probs_dropout_prob"])
+@pytest.mark.parametrize("value, error", [("x", TypeError), (None, TypeError), (2.0, ValueError),
+                                          (1.0, ValueError), (-0.1, ValueError), (float("nan"), ValueError)])
+def test_dropout_fields_are_checked(field, value, error):
+    """check() and from_dict check the dropout probabilities as every other field (they were
+    accepted, and only a training forward refused them), before a model is built."""
+    match = rf"^{field}: expected a probability"
+    with pytest.raises(error, match=match):
+        tc.BertConfig(**SMALL, **{field: value}).check()
+    with pytest.raises(error, match=match):
+        tc.BertConfig.from_dict({**SMALL, field: value})
+    with pytest.raises(error, match=match):
+        tc.BertModel(tc.BertConfig(**SMALL, **{field: value}))
+    with pytest.raises(error, match=match):
+        tc.BertEmbeddings(tc.BertConfig(**SMALL, **{field: value}))
+    for ok in (0, 0.0, 0.1, np.float32(0.5)):
+        assert getattr(tc.BertConfig.from_dict({**SMALL, field: ok}), field) == ok
 
 
 def test_train_mode_must_be_a_bool(small_hf):

@@ -134,6 +134,38 @@ def test_encode_is_mean_pool_of_the_model_bitwise(encoder):
     np.testing.assert_array_equal(emb, expected)
 
 
+@pytest.mark.filterwarnings("ignore:attention_probs_dropout_prob")
+def test_encode_computes_as_eval_in_training_mode(encoder):
+    """A model in training mode (fine-tuning; all-MiniLM-L6-v2's hidden_dropout_prob is 0.1) is run
+    without dropout by encode, as sentence-transformers' encode (it calls eval()): the same bits as
+    in eval mode (they were 0.05 off, other on every call). The mode stays, and a training forward
+    awaiting its backward keeps its state: the backward gives the gradients it gives without the
+    encode in between."""
+    model = tc.BertModel.from_pretrained(MODEL_NAME)  # its own model: the fixture's stays in eval mode
+    assert model.config.hidden_dropout_prob > 0
+    enc = tc.SentenceEncoder(model, encoder.tokenizer)
+    batch = SENTENCES[:6]
+    ref = enc.encode(batch)
+    np.testing.assert_array_equal(ref, encoder.encode(batch))
+    batch_ids = encoder.tokenizer.encode_batch(SENTENCES[6:9])
+    args = (batch_ids["input_ids"], batch_ids["attention_mask"], batch_ids["token_type_ids"])
+    grads = []
+    for between in (False, True):
+        model.train()
+        model.zero_grad()
+        tc.manual_seed(3)
+        hidden = model(*args).last_hidden_state
+        if between:
+            np.testing.assert_array_equal(enc.encode(batch), ref)
+            np.testing.assert_array_equal(enc.encode(batch, batch_size=2), encoder.encode(batch, batch_size=2))
+            assert model.training
+        model.backward(np.cos(hidden))
+        grads.append({k: np.array(v) for k, v in model.gradients().items()})
+    assert grads[0].keys() == grads[1].keys() and grads[0]
+    for k in grads[0]:
+        np.testing.assert_array_equal(grads[0][k], grads[1][k])
+
+
 def _encode_batch_by_batch(encoder, sentences, batch_size):
     """encode's sort and batches, each batch through the model and mean_pool alone (no scope)."""
     order = np.argsort([-len(t) for t in sentences], kind="stable")

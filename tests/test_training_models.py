@@ -413,6 +413,113 @@ def test_bert_gradients(rng, dtype):
         ours.backward(g)
 
 
+def _bert_pair(dtype, seed=3):
+    cfg = transformers.BertConfig(vocab_size=V, hidden_size=16, num_hidden_layers=2, num_attention_heads=4,
+                                  intermediate_size=24, max_position_embeddings=20, type_vocab_size=2,
+                                  hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, pad_token_id=0,
+                                  attn_implementation="eager")
+    hf = _randomise(transformers.BertModel(cfg).to(TORCH_DTYPE[np.dtype(dtype)]), seed)
+    ours = tc.BertModel(tc.BertConfig.from_dict(cfg.to_dict()), dtype=dtype)
+    ours.load_state_dict({k: v.detach().numpy() for k, v in hf.state_dict().items()})
+    return hf, ours
+
+
+def _assert_close(ours, ref, dtype, what):
+    """|ours - ref| <= tol · max(1, max|ref|): fp32 1e-5, fp64 1e-10."""
+    ref = ref.detach().numpy() if isinstance(ref, torch.Tensor) else np.asarray(ref)
+    assert ours is not None, f"{what}: none"
+    assert ours.shape == ref.shape, f"{what}: shape {ours.shape} != {ref.shape}"
+    tol = 1e-5 if np.dtype(dtype) == np.float32 else 1e-10
+    err = float(np.abs(ours.astype(np.float64) - ref.astype(np.float64)).max(initial=0.0))
+    assert err <= tol * max(1.0, float(np.abs(ref).max(initial=0.0))), f"{what}: max error {err:.3g}"
+
+
+# Each row's mask: right padding, left padding, holes with position 0 masked, one real token at the
+# end, no padding.
+_POSITION_0_MASKS = np.array([[1, 1, 1, 1, 1, 0, 0, 0],
+                              [0, 0, 0, 1, 1, 1, 1, 1],
+                              [0, 1, 0, 1, 1, 0, 1, 1],
+                              [0, 0, 0, 0, 0, 0, 0, 1],
+                              [1, 1, 1, 1, 1, 1, 1, 1]], bool)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
+def test_bert_training_pools_position_0_where_it_is_padding(rng, dtype):
+    """Where position 0 is padding (left padding, a hole there, one real token at the end), the
+    training forward's pooler reads position 0's state as transformers computes it (its attention
+    over the row's real tokens), as the eval forward does, and the backward carries the pooler's
+    gradient through that padding query: pooler_output, the real tokens' states and every
+    parameter's gradient match transformers' BertModel in train mode (dropout 0) with a loss over
+    pooler_output and the real tokens' last_hidden_state."""
+    hf, ours = _bert_pair(dtype)
+    mask = _POSITION_0_MASKS
+    N, L = mask.shape
+    ids = np.where(mask, rng.integers(1, V, (N, L)), 0)  # padding holds pad_token_id (no word gradient)
+    tt = rng.integers(0, 2, (N, L))
+    g = rng.standard_normal((N, L, 16)).astype(dtype) * mask[..., None]  # a loss over the real tokens
+    gp = rng.standard_normal((N, 16)).astype(dtype)
+    hf.train()
+    out = hf(torch.from_numpy(ids), attention_mask=torch.from_numpy(mask.astype(np.int64)),
+             token_type_ids=torch.from_numpy(tt))
+    ((out.last_hidden_state * torch.from_numpy(g)).sum() + (out.pooler_output * torch.from_numpy(gp)).sum()).backward()
+    ours.train()
+    res = ours(ids, attention_mask=mask, token_type_ids=tt)
+    _assert_close(res.pooler_output, out.pooler_output, dtype, "pooler_output")
+    _assert_close(res.last_hidden_state[mask], out.last_hidden_state.detach().numpy()[mask], dtype,
+                  "last_hidden_state")
+    assert np.all(res.last_hidden_state[~mask] == 0), "padding rows are zeros, as in eval mode"
+    ours.backward(g, gp)
+    grads = ours.gradients()
+    names = [name for name, _ in hf.named_parameters()]
+    assert sorted(grads) == sorted(names)
+    for name, p in hf.named_parameters():
+        _assert_close(grads[name], p.grad, dtype, name)
+    # the same outputs as the eval forward
+    ours.eval()
+    ev = ours(ids, attention_mask=mask, token_type_ids=tt)
+    _assert_close(res.pooler_output, ev.pooler_output, dtype, "train vs eval pooler_output")
+    _assert_close(res.last_hidden_state, ev.last_hidden_state, dtype, "train vs eval last_hidden_state")
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
+def test_bert_training_row_of_padding_only(rng, dtype):
+    """A row of padding only has no state in training as in eval: its hidden states are zeros and
+    its pooler output tanh(pooler.dense.bias) (transformers' eager and SDPA attentions give two
+    other values there); its pooler gradient reaches pooler.dense.bias only. The other rows and
+    every other gradient match transformers."""
+    hf, ours = _bert_pair(dtype, seed=5)
+    mask = _POSITION_0_MASKS.copy()
+    mask[3] = False
+    N, L = mask.shape
+    ids = np.where(mask, rng.integers(1, V, (N, L)), 0)
+    g = rng.standard_normal((N, L, 16)).astype(dtype) * mask[..., None]
+    gp = rng.standard_normal((N, 16)).astype(dtype)
+    keep = torch.from_numpy(mask.any(axis=1).astype(np.float64)).to(TORCH_DTYPE[np.dtype(dtype)])[:, None]
+    hf.train()
+    out = hf(torch.from_numpy(ids), attention_mask=torch.from_numpy(mask.astype(np.int64)))
+    loss = (out.last_hidden_state * torch.from_numpy(g)).sum() + (out.pooler_output * torch.from_numpy(gp) * keep).sum()
+    loss.backward()
+    ours.train()
+    res = ours(ids, attention_mask=mask)
+    bias = hf.pooler.dense.bias.detach().numpy()
+    _assert_close(res.pooler_output[3], np.tanh(bias), dtype, "padding-only pooler_output")
+    assert np.all(res.last_hidden_state[3] == 0)
+    real = [0, 1, 2, 4]
+    _assert_close(res.pooler_output[real], out.pooler_output.detach().numpy()[real], dtype, "pooler_output")
+    _assert_close(res.last_hidden_state[mask], out.last_hidden_state.detach().numpy()[mask], dtype,
+                  "last_hidden_state")
+    ours.backward(g, gp)
+    grads = ours.gradients()
+    for name, p in hf.named_parameters():
+        ref = p.grad.detach().numpy()
+        if name == "pooler.dense.bias":  # tanh(0 · Wᵀ + b): d b = gp · (1 - tanh²(b)), nothing else
+            ref = ref + gp[3] * (1 - np.tanh(bias) ** 2)
+        _assert_close(grads[name], ref, dtype, name)
+    ours.eval()
+    ev = ours(ids, attention_mask=mask)
+    _assert_close(res.pooler_output, ev.pooler_output, dtype, "train vs eval pooler_output")
+
+
 # --------------------------------------------------------------------------------------------------
 # The seq2seq Transformer against torch.nn.Transformer + embeddings + Linear
 # --------------------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ import numpy as np
 from ._runtime import core as _core
 from ._validation import activation, as_bool, as_float, as_ids, check_config_fields, check_int, check_mapping
 from .hub import ConfigRule, LayerRule, check_config_against_weights, load_safetensors, read_config, resolve_model_dir
-from .module import Module, skip_weight_init
+from .module import Module, check_dropout, skip_weight_init
 from .positional import _check_embedding_tables
 
 __all__ = ["BertConfig", "BertEmbeddings", "BertModel", "BertOutput"]
@@ -56,7 +56,7 @@ class BertConfig:
                 kin have the same weight names but other positions); ``is_decoder`` or
                 ``add_cross_attention`` set (a causal or cross-attending BERT, which this encoder
                 does not compute); an unsupported ``hidden_act`` or ``position_embedding_type``; a
-                size or ``layer_norm_eps`` out of range (named).
+                size, ``layer_norm_eps`` or dropout probability out of range (named).
         """
         check_mapping(d, "config")
         model_type = d.get("model_type", "bert")
@@ -79,7 +79,8 @@ class BertConfig:
         """Checks every field's type and range, naming the field: sizes are ints >= 1
         (``num_hidden_layers`` >= 0), ``layer_norm_eps`` a finite number >= 0, ``add_pooling_layer``
         a bool, ``pad_token_id`` None or an id in ``[0, vocab_size)``, ``hidden_act`` a name of the
-        library's table. Sizes too large for this machine are the C++ model's to refuse (checked
+        library's table, ``hidden_dropout_prob`` and ``attention_probs_dropout_prob`` numbers in
+        ``[0, 1)``. Sizes too large for this machine are the C++ model's to refuse (checked
         64-bit products against memory, before it allocates).
 
         Raises:
@@ -92,6 +93,8 @@ class BertConfig:
         if self.pad_token_id is not None:  # the embedding row that gets no gradient (torch's padding_idx)
             check_int(self.pad_token_id, "pad_token_id", 0, self.vocab_size - 1)
         activation(self.hidden_act, "hidden_act")
+        check_dropout(self.hidden_dropout_prob, "hidden_dropout_prob")
+        check_dropout(self.attention_probs_dropout_prob, "attention_probs_dropout_prob")
         return self
 
     def _to_core(self):
@@ -196,7 +199,9 @@ class BertModel(Module):
 
         A ``bert.`` prefix (``BertFor*`` checkpoints) and old ``gamma``/``beta`` names are accepted;
         heads other than the pooler are ignored: with the prefix every tensor outside ``bert.*``
-        (``cls.*``, ``classifier.*``, ``qa_outputs.*``), without it ``cls.*``.
+        (``cls.*``, ``classifier.*``, ``qa_outputs.*``), without it ``cls.*``. The model has a
+        pooler iff the checkpoint holds its weights (``pooler.dense.*``), whatever ``config.json``'s
+        ``add_pooling_layer`` says (as transformers, where that is a constructor argument).
 
         Raises:
             FileNotFoundError: no such directory/model, or no ``config.json``/``model.safetensors``.
@@ -213,8 +218,9 @@ class BertModel(Module):
         if any(k.startswith("bert.") for k in raw):  # a BertFor* checkpoint: its heads lie outside bert.*
             raw = {k: v for k, v in raw.items() if k.startswith("bert.")}
         state = {k: v for k, v in _rename_hf(raw).items() if not k.startswith("cls.")}
-        if not any(k.startswith("pooler.") for k in state):
-            config.add_pooling_layer = False
+        # The weights decide whether there is a pooler: transformers' add_pooling_layer is a
+        # constructor argument, and a config.json key of that name does not stop it loading one.
+        config.add_pooling_layer = any(k.startswith("pooler.") for k in state)
         with skip_weight_init():  # no random draw: every weight is loaded (a missing one raises)
             model = cls(config, dtype=dtype)
         model.load_state_dict(state)
@@ -235,12 +241,44 @@ class BertModel(Module):
             :class:`BertOutput` with ``last_hidden_state (N, L, H)`` and ``pooler_output (N, H)``
             (None without a pooler), in ``self.dtype``. With padding, the layers run on the real
             tokens only and the hidden states of padding positions are zeros (as torch's
-            nested-tensor encoder returns them); real tokens match Hugging Face's.
+            nested-tensor encoder returns them); real tokens match Hugging Face's. The pooler reads
+            position 0's state as Hugging Face computes it even where that position is padding
+            (left padding, a mask with a hole there: its attention over the sequence's real tokens),
+            in eval and training mode alike (:meth:`backward` carries the pooler's gradient into
+            that state). A row of padding only has no state: its hidden states are zeros and its
+            pooler output ``tanh(pooler.dense.bias)`` (Hugging Face's eager and SDPA attentions give
+            two other values there); in training its pooler gradient reaches
+            ``pooler.dense.bias`` only.
 
         Raises:
             ValueError: ids out of range, L > max_position_embeddings, shapes that disagree,
                 empty input. TypeError: non-integer ids.
         """
+        ids, mask, tt = self._check_inputs(input_ids, attention_mask, token_type_ids)
+        if self.training:
+            if check_dropout(self.config.attention_probs_dropout_prob, "attention_probs_dropout_prob") > 0:
+                import warnings
+
+                warnings.warn("attention_probs_dropout_prob: dropout on the attention probabilities is not "
+                              "implemented; it is not applied", stacklevel=2)
+            p = check_dropout(self.config.hidden_dropout_prob, "hidden_dropout_prob")
+            hidden, pooled = self._impl.forward_train(ids, mask, tt, p, self._dropout_seed(p))
+            self._saved = ids.shape
+        else:
+            hidden, pooled = self._impl.forward(ids, mask, tt)
+        return BertOutput(last_hidden_state=hidden, pooler_output=pooled)
+
+    def _forward_eval(self, input_ids, attention_mask=None, token_type_ids=None) -> BertOutput:
+        """:meth:`forward` as in eval mode whatever the mode: no dropout, nothing kept; a training
+        forward's state awaiting its backward stays (inference inside a training loop, e.g.
+        :meth:`SentenceEncoder.encode`)."""
+        ids, mask, tt = self._check_inputs(input_ids, attention_mask, token_type_ids)
+        hidden, pooled = self._impl.forward(ids, mask, tt)
+        return BertOutput(last_hidden_state=hidden, pooler_output=pooled)
+
+    def _check_inputs(self, input_ids, attention_mask, token_type_ids):
+        """forward's arguments checked: ``(ids, mask or None, token_type_ids or None)``, ``(N, L)``
+        int64 / bool arrays (the value ranges are the C++ forward's to check)."""
         ids = as_ids(input_ids, "input_ids")
         mask = None
         if attention_mask is not None:
@@ -254,20 +292,7 @@ class BertModel(Module):
             tt = as_ids(token_type_ids, "token_type_ids")
             if tt.shape != ids.shape:
                 raise ValueError(f"token_type_ids: expected shape {ids.shape} (input_ids'), got {tt.shape}")
-        if self.training:
-            from .module import check_dropout
-
-            if check_dropout(self.config.attention_probs_dropout_prob, "attention_probs_dropout_prob") > 0:
-                import warnings
-
-                warnings.warn("attention_probs_dropout_prob: dropout on the attention probabilities is not "
-                              "implemented; it is not applied", stacklevel=2)
-            p = check_dropout(self.config.hidden_dropout_prob, "hidden_dropout_prob")
-            hidden, pooled = self._impl.forward_train(ids, mask, tt, p, self._dropout_seed(p))
-            self._saved = ids.shape
-        else:
-            hidden, pooled = self._impl.forward(ids, mask, tt)
-        return BertOutput(last_hidden_state=hidden, pooler_output=pooled)
+        return ids, mask, tt
 
     def backward(self, grad_last_hidden_state, grad_pooler_output=None) -> None:
         """Fine-tuning's backward pass: given the gradients of a loss with respect to the last
@@ -276,7 +301,10 @@ class BertModel(Module):
         ``last_hidden_state``) is the caller's: e.g. ``tc.nn.Linear`` with its own ``backward``.
 
         In training mode the forward runs on the padded batch (no packing) and returns padding
-        positions as zeros, as in eval mode: their gradients are ignored (the outputs are constants).
+        positions as zeros, as in eval mode: their gradients in ``grad_last_hidden_state`` are
+        ignored (the outputs are constants). ``grad_pooler_output`` reaches position 0's state even
+        where that position is padding (the pooler reads it, as Hugging Face's), except in a row
+        of padding only (its pooler input is zeros).
 
         Args:
             grad_last_hidden_state: ``(N, L, H)``.
@@ -310,8 +338,9 @@ class BertModel(Module):
 
 class BertEmbeddings(Module):
     """BERT's input embeddings (the encoder tutorial's ``Embeddings`` with token types): word +
-    learned position + token type, then LayerNorm (eps from the config, 1e-12 for BERT). Dropout is
-    the identity (inference). The same C++ ``Embeddings`` layer as inside :class:`BertModel`.
+    learned position + token type, then LayerNorm (eps from the config, 1e-12 for BERT). Dropout
+    (``hidden_dropout_prob``, after the LayerNorm, as Hugging Face's) applies in training mode only;
+    in eval mode it is the identity. The same C++ ``Embeddings`` layer as inside :class:`BertModel`.
 
     Args:
         config: :class:`BertConfig` or a ``config.json`` dict.
@@ -376,8 +405,6 @@ class BertEmbeddings(Module):
             tt = tt.ravel()
         positions = np.ascontiguousarray(np.broadcast_to(np.arange(L, dtype=np.int64), (N, L)).ravel())
         if self.training:  # the C++ layer keeps pointers to the ids until backward
-            from .module import check_dropout
-
             flat = ids.ravel().copy()
             tt = None if tt is None else tt.copy()
             p = check_dropout(c.hidden_dropout_prob, "hidden_dropout_prob")

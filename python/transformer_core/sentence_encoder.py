@@ -189,9 +189,10 @@ class SentenceEncoder:
             quantize: None, or ``"int8"``: every linear layer of the encoder int8 per output
                 channel (:func:`transformer_core.quantize`; attention, norms, softmax and pooling
                 stay float32). Needs ``dtype=np.float32``. Measured on all-MiniLM-L6-v2: cosine to
-                the float32 embedding >= 0.994 over the 1000 benchmark sentences
-                (``bench/run.py``), mean 0.997; one-token texts are the worst, 0.981 to 0.994
-                (``"?"``, ``"no"``, ``"ok"``, ``""``). An int8 row also depends slightly on its
+                the float32 embedding >= 0.994 over the benchmark's sentences
+                (``bench/sentences.txt``), mean 0.997; texts of one to three words are the worst:
+                over 300 of them the minimum was 0.977 (``"I love it."``), one-word texts 0.980
+                (``"?"``, ``"no"``, ``"ok"``), mean 0.994. An int8 row also depends slightly on its
                 batch-mates (:meth:`encode`).
 
         Raises:
@@ -236,6 +237,10 @@ class SentenceEncoder:
         can flip a rounding step; measured on all-MiniLM-L6-v2 (the 1000 benchmark sentences and
         one-token texts, batch sizes 1 to 128): up to 0.015 per element, cosine >= 0.996 between
         the same text's rows from different batches.
+
+        The model computes as in eval mode (no dropout) even when it is in training mode, as
+        sentence-transformers' ``encode`` (which calls ``eval()``), but its mode is left as it is and
+        a training forward's state awaiting its backward is kept.
 
         Args:
             sentences: a list (or any iterable) of str, or one str.
@@ -287,7 +292,9 @@ class SentenceEncoder:
             for start, enc in zip(starts, batches):
                 rows = order[start:start + batch_size]
                 mask = enc["attention_mask"] == 1  # (N, L) bool, True = a real token
-                hidden = self.model(enc["input_ids"], mask, enc["token_type_ids"]).last_hidden_state
+                # eval mode's forward whatever the model's mode (as sentence-transformers' encode,
+                # which calls eval()), without switching it: no dropout, a pending training state kept
+                hidden = self.model._forward_eval(enc["input_ids"], mask, enc["token_type_ids"]).last_hidden_state
                 if self.pooling == "cls":
                     out[rows] = hidden[:, 0]                                   # (N, H): [CLS]'s vector
                 elif self.pooling == "max":

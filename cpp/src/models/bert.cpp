@@ -1,5 +1,6 @@
 #include "transformer_core/models/bert.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 #include <string>
@@ -108,10 +109,29 @@ void BertModel<T>::forward(const int64_t* input_ids, const uint8_t* attention_ma
   // Every id is checked, padding's too (as Hugging Face's lookup, and the training forward), and
   // an error names its flat index in input_ids, not in the packed real tokens.
   embeddings_.check(input_ids, nullptr, token_type_ids, N * L);
-  // The real tokens: all of them, or those attention_mask marks (flat positions n · L + l).
+  const bool pool = pooled != nullptr && pooler_ != nullptr;
+  // Sequences that run padded (all L positions through the layers, the padding keys masked): those
+  // whose position 0 is padding but that have a real token, when the pooler is computed. The pooler
+  // reads position 0's hidden state, which Hugging Face computes as any other query's (its attention
+  // over the sequence's real keys) even where it is padding; the packed rows below have no such row.
+  // A sequence of padding only stays packed (no rows): it has no key to attend to.
+  std::vector<uint8_t> run_padded(static_cast<size_t>(N), 0);
+  std::vector<int64_t> padded_seqs;
+  if (attention_mask != nullptr && pool) {
+    for (int64_t n = 0; n < N; ++n) {
+      if (attention_mask[n * L]) continue;
+      if (std::any_of(attention_mask + n * L, attention_mask + (n + 1) * L, [](uint8_t m) { return m != 0; })) {
+        run_padded[static_cast<size_t>(n)] = 1;
+        padded_seqs.push_back(n);
+      }
+    }
+  }
+  // The packed tokens: all of them, or those attention_mask marks outside the padded sequences
+  // (flat positions n · L + l).
   std::vector<int64_t> index;
   for (int64_t r = 0; r < N * L; ++r)
-    if (attention_mask == nullptr || attention_mask[r]) index.push_back(r);
+    if (attention_mask == nullptr || (attention_mask[r] && !run_padded[static_cast<size_t>(r / L)]))
+      index.push_back(r);
   const int64_t count = static_cast<int64_t>(index.size());
   std::vector<int64_t> ids(static_cast<size_t>(count)), positions(ids.size()), types;
   for (int64_t t = 0; t < count; ++t) {
@@ -124,6 +144,8 @@ void BertModel<T>::forward(const int64_t* input_ids, const uint8_t* attention_ma
   }
   const int64_t* tt = token_type_ids != nullptr ? types.data() : nullptr;
 
+  // pooler input [N, H]: hidden[:, 0], or position 0's computed state for the padded sequences
+  std::vector<T> cls(pool ? static_cast<size_t>(N * H) : 0);
   if (count == N * L) {
     embeddings_.forward(ids.data(), positions.data(), tt, count, hidden);
     for (const auto& layer : layers_) layer->forward(hidden, N, L, hidden, {});
@@ -131,21 +153,56 @@ void BertModel<T>::forward(const int64_t* input_ids, const uint8_t* attention_ma
     // Packed: the layers see only the real tokens [count, H], each sequence's end to end, and each
     // token attends to the real tokens of its sequence (attention_mask masks the padding keys);
     // padding rows come back as zeros.
-    std::vector<int64_t> starts(static_cast<size_t>(N + 1), 0);  // sequence n: rows [starts[n], starts[n + 1])
-    for (const int64_t r : index) ++starts[static_cast<size_t>(r / L + 1)];
-    for (int64_t n = 0; n < N; ++n) starts[static_cast<size_t>(n + 1)] += starts[static_cast<size_t>(n)];
-    const layers::PackedTokens tokens{N, count, starts.data()};
-    std::vector<T> packed(static_cast<size_t>(count * H));
-    embeddings_.forward(ids.data(), positions.data(), tt, count, packed.data());
-    for (const auto& layer : layers_) layer->forward_packed(packed.data(), tokens, packed.data());
     std::fill(hidden, hidden + N * L * H, T(0));
-    for (int64_t t = 0; t < count; ++t)
-      std::copy(packed.data() + t * H, packed.data() + (t + 1) * H, hidden + index[static_cast<size_t>(t)] * H);
+    if (count > 0) {
+      std::vector<int64_t> starts(static_cast<size_t>(N + 1), 0);  // sequence n: rows [starts[n], starts[n + 1])
+      for (const int64_t r : index) ++starts[static_cast<size_t>(r / L + 1)];
+      for (int64_t n = 0; n < N; ++n) starts[static_cast<size_t>(n + 1)] += starts[static_cast<size_t>(n)];
+      const layers::PackedTokens tokens{N, count, starts.data()};
+      std::vector<T> packed(static_cast<size_t>(count * H));
+      embeddings_.forward(ids.data(), positions.data(), tt, count, packed.data());
+      for (const auto& layer : layers_) layer->forward_packed(packed.data(), tokens, packed.data());
+      for (int64_t t = 0; t < count; ++t)
+        std::copy(packed.data() + t * H, packed.data() + (t + 1) * H, hidden + index[static_cast<size_t>(t)] * H);
+    }
+    if (!padded_seqs.empty()) {
+      // The padded sequences [M, L] (embeddings of padding ids and positions too, as Hugging Face's),
+      // attention over the real keys; their real rows are copied out, the padding rows stay zeros.
+      const int64_t M = static_cast<int64_t>(padded_seqs.size());
+      std::vector<int64_t> sub_ids(static_cast<size_t>(M * L)), sub_pos(sub_ids.size()), sub_types;
+      std::vector<uint8_t> sub_mask(sub_ids.size());
+      if (token_type_ids != nullptr) sub_types.resize(sub_ids.size());
+      for (int64_t m = 0; m < M; ++m) {
+        const int64_t n = padded_seqs[static_cast<size_t>(m)];
+        for (int64_t l = 0; l < L; ++l) {
+          const auto s = static_cast<size_t>(m * L + l);
+          sub_ids[s] = input_ids[n * L + l];
+          sub_pos[s] = l;
+          sub_mask[s] = attention_mask[n * L + l] ? 1 : 0;
+          if (token_type_ids != nullptr) sub_types[s] = token_type_ids[n * L + l];
+        }
+      }
+      std::vector<T> x(static_cast<size_t>(M * L * H));
+      embeddings_.forward(sub_ids.data(), sub_pos.data(), token_type_ids != nullptr ? sub_types.data() : nullptr,
+                          M * L, x.data());
+      layers::AttentionMasks<T> masks;
+      masks.key_mask = sub_mask.data();
+      masks.key_mask_stride_n = L;
+      masks.key_mask_stride_s = 1;
+      for (const auto& layer : layers_) layer->forward(x.data(), M, L, x.data(), masks);
+      for (int64_t m = 0; m < M; ++m) {
+        const int64_t n = padded_seqs[static_cast<size_t>(m)];
+        for (int64_t l = 0; l < L; ++l)
+          if (sub_mask[static_cast<size_t>(m * L + l)])
+            std::copy(x.data() + (m * L + l) * H, x.data() + (m * L + l + 1) * H, hidden + (n * L + l) * H);
+        std::copy(x.data() + m * L * H, x.data() + m * L * H + H, cls.data() + n * H);
+      }
+    }
   }
-  if (pooled != nullptr && pooler_ != nullptr) {
-    // pooler_output [N, H] = tanh(hidden[:, 0] · Wᵀ + b)
-    std::vector<T> cls(static_cast<size_t>(N * H));  // hidden[:, 0]
-    for (int64_t n = 0; n < N; ++n) std::copy(hidden + n * L * H, hidden + n * L * H + H, cls.data() + n * H);
+  if (pool) {
+    // pooler_output [N, H] = tanh(cls · Wᵀ + b)
+    for (int64_t n = 0; n < N; ++n)
+      if (!run_padded[static_cast<size_t>(n)]) std::copy(hidden + n * L * H, hidden + n * L * H + H, cls.data() + n * H);
     pooler_->forward(cls.data(), N, pooled, Activation::kTanh);
   }
 }

@@ -1,7 +1,12 @@
 // BERT fine-tuning: the training forward on the padded batch and the backward pass.
 //
 //   x_0 = drop(LayerNorm(word + position + token_type))     x_{i+1} = post-LN encoder layer_i(x_i)
-//   last_hidden_state = x_n with padding rows set to zero      pooler = tanh(dense(last_hidden_state[:, 0]))
+//   last_hidden_state = x_n with padding rows set to zero      pooler = tanh(dense(cls))
+//
+// cls = x_n[:, 0], position 0's computed state even where it is padding (left padding, a mask with a
+// hole there), as Hugging Face pools it and the eval forward does: the padded batch computes every
+// query, so the padding query's state is at hand, and the backward carries the pooler's gradient
+// into it. A sequence of padding only has no state: cls = 0 (pooler = tanh(bias)), as in eval mode.
 #include <algorithm>
 #include <stdexcept>
 #include <string>
@@ -15,6 +20,19 @@
 namespace transformer_core::models {
 
 using ops::to_string;
+
+namespace {
+
+// Whether sequence b's pooler input is its computed position-0 state (x_n[b, 0]): every token real,
+// or position 0 real, or padding there but some token of the sequence real. Not for a sequence of
+// padding only (its position 0 sees no key): its cls is zeros, as in the eval forward.
+bool pools_state(const std::vector<uint8_t>& mask, int64_t b, int64_t L) {
+  if (mask.empty()) return true;
+  const auto* row = mask.data() + b * L;
+  return std::any_of(row, row + L, [](uint8_t m) { return m != 0; });
+}
+
+}  // namespace
 
 template <class T>
 void BertModel<T>::forward_train(const int64_t* input_ids, const uint8_t* attention_mask, const int64_t* token_type_ids,
@@ -56,10 +74,13 @@ void BertModel<T>::forward_train(const int64_t* input_ids, const uint8_t* attent
   for (int64_t r = 0; r < rows && !s.mask.empty(); ++r)
     if (!s.mask[static_cast<size_t>(r)]) std::fill(hidden + r * H, hidden + (r + 1) * H, T(0));
   if (pooler_ != nullptr) {
-    // pooler_output [N, H] = tanh(hidden[:, 0] · Wᵀ + b), the product and tanh as two passes
-    s.cls.resize(static_cast<size_t>(N * H));
+    // pooler_output [N, H] = tanh(cls · Wᵀ + b), the product and tanh as two passes; cls = x_n[:, 0]
+    // (zeros for a sequence of padding only)
+    s.cls.assign(static_cast<size_t>(N * H), T(0));
     s.pooler_pre.resize(static_cast<size_t>(N * H));
-    for (int64_t b = 0; b < N; ++b) std::copy(hidden + b * L * H, hidden + b * L * H + H, s.cls.data() + b * H);
+    const T* x_n = s.stream.back().data();
+    for (int64_t b = 0; b < N; ++b)
+      if (pools_state(s.mask, b, L)) std::copy(x_n + b * L * H, x_n + b * L * H + H, s.cls.data() + b * H);
     pooler_->forward(s.cls.data(), N, s.pooler_pre.data());
     if (pooled != nullptr) {
       std::copy(s.pooler_pre.begin(), s.pooler_pre.end(), pooled);
@@ -80,14 +101,17 @@ void BertModel<T>::backward(const T* d_hidden, const T* d_pooled) {
   s.grad_b.resize(static_cast<size_t>(n));
   T* g = s.grad_a.data();
   T* g_next = s.grad_b.data();
-  for (int64_t r = 0; r < rows && !s.mask.empty(); ++r)  // padding rows are constant zeros
+  // padding rows of last_hidden_state are constant zeros (the pooler's gradient may reach one below)
+  for (int64_t r = 0; r < rows && !s.mask.empty(); ++r)
     if (!s.mask[static_cast<size_t>(r)]) std::fill(g + r * H, g + (r + 1) * H, T(0));
   if (d_pooled != nullptr && pooler_ != nullptr) {
     std::vector<T> dpre(static_cast<size_t>(N * H)), dcls(static_cast<size_t>(N * H));
     ops::activation_backward(s.pooler_pre.data(), d_pooled, N * H, Activation::kTanh, dpre.data());
     pooler_->backward(s.cls.data(), dpre.data(), N, dcls.data());
+    // d cls goes into x_n[b, 0], a padding query's state too (the layers' backward carries it through
+    // that query's attention over the real keys); a sequence of padding only pooled zeros: nothing
     for (int64_t b = 0; b < N; ++b) {
-      if (!s.mask.empty() && !s.mask[static_cast<size_t>(b * L)]) continue;  // a padding [CLS] row is zeros
+      if (!pools_state(s.mask, b, L)) continue;
       for (int64_t j = 0; j < H; ++j) g[b * L * H + j] += dcls[static_cast<size_t>(b * H + j)];
     }
   }

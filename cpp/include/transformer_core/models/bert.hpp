@@ -47,6 +47,10 @@ class BertModel : public layers::Module<T> {
   // attention_mask may be nullptr (every token real), token_type_ids nullptr (all zeros). With
   // padding, every GEMM, norm and activation runs on the real tokens only (packed rows), attention
   // on the padded batch with the padding keys masked; padding positions are returned as zeros.
+  // The pooler reads position 0's state as Hugging Face computes it even where that position is
+  // padding (left padding, a mask with a hole there): such a sequence runs padded (all L positions,
+  // the padding keys masked) when pooler_output is asked for. A sequence of padding only has no
+  // state (zeros; pooler_output = tanh(bias)): Hugging Face's eager and SDPA attentions disagree there.
   // Throws std::invalid_argument for ids outside their tables or L > max_position_embeddings.
   void forward(const int64_t* input_ids, const uint8_t* attention_mask, const int64_t* token_type_ids, int64_t N,
                int64_t L, T* last_hidden_state, T* pooler_output) const;
@@ -57,10 +61,13 @@ class BertModel : public layers::Module<T> {
   // As forward, on the padded batch (no packing: padding queries are computed and their rows set
   // to zero in last_hidden_state, as forward returns them), keeping every activation the backward
   // needs; drop.p: hidden_dropout_prob on the embeddings and on both residual branches of every layer.
+  // The pooler reads position 0's computed state even where it is padding (as forward, Hugging
+  // Face); a sequence of padding only pools zeros (pooler_output = tanh(bias)).
   void forward_train(const int64_t* input_ids, const uint8_t* attention_mask, const int64_t* token_type_ids,
                      int64_t N, int64_t L, T* last_hidden_state, T* pooler_output, const layers::Dropout& drop = {});
   // The gradients of a loss given d last_hidden_state [N, L, H] (padding rows ignored: they are
-  // constant zeros) and d pooler_output [N, H] (or nullptr): every parameter's gradient added.
+  // constant zeros) and d pooler_output [N, H] (or nullptr; it reaches position 0's state, padding
+  // or not, except in a sequence of padding only): every parameter's gradient added.
   // Throws std::logic_error without a training forward since the last backward.
   void backward(const T* d_last_hidden_state, const T* d_pooler_output);
   bool has_training_state() const { return train_.valid; }
