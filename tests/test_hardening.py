@@ -175,6 +175,15 @@ BROADCAST_INPUTS = [
      "input_ids"),
     ("tc.nn.Embedding(4, 2)(np.broadcast_to(np.int64(1), (2**20, 2**20)))", "input_ids"),
     ("tc.Embeddings(4, 2, 2**21)(np.broadcast_to(np.int64(1), (2**21, 2**21)))", "input_ids"),
+    # float ids: their whole-number check (isfinite, mod) made arrays of the view's whole size first
+    ("tc.nn.Embedding(4, 2)(np.broadcast_to(np.float64(1), (2**20, 2**20)))", "input_ids"),
+    ("tc.nn.Embedding(4, 2)(np.broadcast_to(np.arange(2**20) % 4.0, (2**20, 2**20)).T)", "input_ids"),
+    ("tc.masks.padding_mask_from_ids(np.broadcast_to(np.float32(0), (2**20, 2**20)), 0)", "input_ids"),
+    ("tc.masks.padding_mask_from_ids(np.broadcast_to(np.arange(2**20, dtype=np.uint64)[:, None], (2**20, 2**20)), 0)",
+     "input_ids"),
+    # an integer 0/1 mask whose rows overlap (no stride 0): its 0/1 check's bool arrays are checked
+    ("F.scaled_dot_product_attention(small, small, small, key_mask=np.lib.stride_tricks.sliding_window_view("
+     "np.arange(2**21 - 1) % 2, 2**20))", "key_mask"),
 ]
 
 
@@ -223,6 +232,69 @@ def test_key_mask_shape_is_checked_before_its_values():
     keep = np.broadcast_to(np.array([1, 1, 0, 1, 0]), (3, 5))
     np.testing.assert_array_equal(enc(src, src_key_mask=keep), enc(src, src_key_mask=np.ascontiguousarray(keep)))
     np.testing.assert_array_equal(enc(src, src_key_mask=keep), enc(src, src_key_mask=keep.astype(bool)))
+
+
+def test_broadcast_integer_masks_are_read_as_their_values():
+    """Integer (and, for attention_mask, float) 0/1 masks that are broadcast views: their 0/1 check
+    (``arr == 1``) made bool arrays of the view's whole size before any shape check, a numpy
+    MemoryError for a ``(2**20, 2**20)`` one. Only the values they hold are read now: a view too large
+    reaches the shape check (a ValueError naming it); one that fits gives its contiguous copy's
+    results, and a value other than 0/1 in it is still refused."""
+    code = ("small = np.ones((1, 1, 4, 8), np.float32)\n"
+            "wide = np.broadcast_to(np.arange(2**20) % 2, (2**20, 2**20)).T\n"
+            "fwide = np.broadcast_to(np.arange(2**20, dtype=np.float32) % 2, (2**20, 2**20)).T\n"
+            "{call}\n")
+    for call, message in [
+        ("F.scaled_dot_product_attention(small, small, small, key_mask=wide)",
+         "key_mask: expected shape (4,) or (1, 4) or (1, 1, 4) (each leading dim may be 1) (key length 4), "
+         "got (1048576, 1048576)"),
+        ("F.scaled_dot_product_attention(small, small, small, query_mask=wide)",
+         "query_mask: expected shape (4,) or (1, 4) or (1, 1, 4) (each leading dim may be 1) (query length 4), "
+         "got (1048576, 1048576)"),
+        ("tc.sentence_encoder.mean_pool(np.ones((1, 2, 4), np.float32), fwide)",
+         "attention_mask: expected shape (1, 2) (last_hidden_state's N, L), got (1048576, 1048576)"),
+        ("tc.sentence_encoder.mean_pool(np.ones((1, 2, 4), np.float32), np.broadcast_to(np.float64(1), (2**20, 2**20)))",
+         "attention_mask: expected shape (1, 2) (last_hidden_state's N, L), got (1048576, 1048576)"),
+    ]:
+        out = _under_memory_limit(code.format(call=call))
+        assert out == f"ValueError: {message}", (call, out)
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((2, 3, n, 4)) for n in (5, 6, 6))
+    for km in (np.broadcast_to(np.array([1, 0, 1, 1, 0, 1]), (2, 6)), np.broadcast_to(np.int8(1), (2, 3, 6)),
+               np.broadcast_to(np.array([[1], [0], [1]], np.uint8), (2, 3, 6)).copy()[:, :, ::1]):
+        np.testing.assert_array_equal(F.scaled_dot_product_attention(q, k, v, key_mask=km),
+                                      F.scaled_dot_product_attention(q, k, v, key_mask=np.ascontiguousarray(km).astype(bool)))
+    h = rng.standard_normal((3, 5, 4))
+    keep = np.broadcast_to(np.array([1.0, 1.0, 0.0, 1.0, 0.0]), (3, 5))
+    np.testing.assert_array_equal(tc.sentence_encoder.mean_pool(h, keep), h[:, [0, 1, 3]].mean(axis=1))
+    for bad in (np.broadcast_to(np.array([1, 2, 0, 1, 0, 1]), (2, 6)), np.broadcast_to(np.int64(-1), (2, 6))):
+        with pytest.raises(ValueError, match=r"key_mask: expected a bool or 0/1 mask, got values such as \[(2|-1)\]"):
+            F.scaled_dot_product_attention(q, k, v, key_mask=bad)
+
+
+def test_broadcast_float_ids_are_checked_on_their_values():
+    """Float ids that are broadcast views embed as their contiguous copy; a NaN, an infinity, a
+    fraction or a value beyond int64 in them is refused as in a contiguous array."""
+    emb = tc.nn.Embedding(7, 3, np.float64)
+    (_, weight), = emb.named_parameters()
+    for ids in (np.broadcast_to(np.array([[4.0], [0.0], [6.0]]), (3, 5)),
+                np.broadcast_to(np.arange(7, dtype=np.float32)[:, None], (7, 4)).T, np.float16(5)):
+        np.testing.assert_array_equal(emb(ids), weight.data[np.array(ids).astype(np.int64)])
+    for value, exc, match in [(np.nan, TypeError, "input_ids: expected integer token ids, got dtype float64"),
+                              (np.inf, TypeError, "input_ids: expected integer token ids, got dtype float64"),
+                              (-np.inf, TypeError, "input_ids: expected integer token ids, got dtype float64"),
+                              (2.5, TypeError, "input_ids: expected integer token ids, got dtype float64"),
+                              (2.0**63, ValueError, "input_ids: expected token ids within int64, got 9.22"),
+                              (-2.0**64, ValueError, "input_ids: expected token ids within int64, got -1.8")]:
+        held = np.array([[1.0], [value], [3.0]])
+        for ids in (held, np.broadcast_to(held, (3, 2**12))):
+            with pytest.raises(exc, match=match):
+                emb(ids)
+    with pytest.raises(TypeError, match="input_ids: expected integer token ids"):  # a fraction beside a huge id
+        emb(np.broadcast_to(np.array([0.5, 2.0**70]), (4, 2)))
+    big = np.broadcast_to(np.array([2**63, 1], np.uint64), (3, 2))
+    with pytest.raises(ValueError, match="input_ids: expected token ids within int64, got 9223372036854775808"):
+        emb(big)
 
 
 def test_rotary_tables_broadcast_over_heads_are_not_copied_to_the_input_size():
@@ -317,6 +389,59 @@ def test_rotary_tables_rotated_in_blocks_match_the_whole_table(rng, x_shape, tab
         x2 = np.ascontiguousarray(x.transpose(0, 2, 1, 3))  # (N, L, H, D): the head axis at unsqueeze_dim=2
         np.testing.assert_array_equal(tc.positional.apply_rotary(x2, cos, sin, layout, unsqueeze_dim=2),
                                       y.transpose(0, 2, 1, 3))
+
+
+@pytest.mark.parametrize("x_shape, table_shape", BLOCKED_TABLES + [(x, g) for _, g, x in BROADCAST_TABLES])
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_rotary_backward_rotates_as_the_whole_table(rng, x_shape, table_shape, layout, dtype):
+    """rotary_backward reads tables that vary along a leading dim of grad_output and are broadcast
+    along another a block of rows at a time (``positional._rotate``): bit for bit what the tables
+    broadcast to grad_output's whole shape give (one kernel call, as it used to compute), and the
+    transpose of the rotation: ``R(-θ) g``."""
+    g = rng.standard_normal(x_shape).astype(dtype)
+    cos, sin = (rng.standard_normal(table_shape).astype(dtype) for _ in range(2))
+    c4, s4 = (t[:, None] if t.ndim == g.ndim - 1 else t for t in (cos, sin))
+    full_c, full_s = (np.ascontiguousarray(np.broadcast_to(t, g.shape[:-1] + t.shape[-1:])) for t in (c4, s4))
+    got = tc.backward.rotary_backward(g, cos, sin, layout)
+    np.testing.assert_array_equal(got, tc.backward.rotary_backward(g, full_c, full_s, layout))
+    D = g.shape[-1]
+    if layout == "half":
+        c, s = (np.concatenate([t, t], -1) if t.shape[-1] == D // 2 else t for t in (full_c, full_s))
+        h = D // 2
+        want = np.concatenate([g[..., :h] * c[..., :h] + g[..., h:] * s[..., h:],
+                               g[..., h:] * c[..., h:] - g[..., :h] * s[..., :h]], -1)
+    else:
+        c, s = full_c[..., :D // 2], full_s[..., :D // 2]
+        want = np.empty_like(g)
+        want[..., 0::2] = g[..., 0::2] * c + g[..., 1::2] * s
+        want[..., 1::2] = g[..., 1::2] * c - g[..., 0::2] * s
+    tol = 1e-5 if dtype == np.float32 else 1e-12
+    np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
+
+
+def test_rotary_backward_does_not_copy_the_tables_to_the_gradient_size(rng):
+    """Hugging Face's ``(N, L, D)`` tables for a gradient ``(N, H, L, D)`` were broadcast to the
+    gradient's size and copied, cos and sin each (twice the gradient's bytes, size-checked but
+    avoidable); they are read a block of rows at a time now, as apply_rotary reads them."""
+    import tracemalloc
+
+    N, H, L, D = 4, 16, 512, 64  # 32768 rows: more than one block (positional._GATHER_ROWS)
+    assert N * H * L > tc.positional._GATHER_ROWS
+    g = rng.standard_normal((N, H, L, D)).astype(np.float32)
+    cos, sin = (rng.standard_normal((N, L, D)).astype(np.float32) for _ in range(2))
+    tracemalloc.start()
+    try:
+        got = tc.backward.rotary_backward(g, cos, sin)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 1.5 * g.nbytes, f"peak {peak} bytes for a gradient of {g.nbytes}: the tables were copied to its size"
+    c, s = cos[:, None], sin[:, None]
+    h = D // 2  # R(-θ) g, with the sine of the other half of each pair (the halves of these tables differ)
+    want = np.concatenate([g[..., :h] * c[..., :h] + g[..., h:] * s[..., h:],
+                           g[..., h:] * c[..., h:] - g[..., :h] * s[..., :h]], -1)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
 def test_sdpa_mask_copied_over_unmergeable_batch_dims_is_checked():

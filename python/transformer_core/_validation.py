@@ -190,9 +190,14 @@ def as_bool(x, name: str, *, allow_float: bool = False) -> np.ndarray:
     everything". The models' ``attention_mask`` passes ``allow_float=True``: Hugging Face's
     ``attention_mask`` is 1/0 = keep/pad in float too (``mask.float()``), the same meaning.
 
+    A bool mask is returned as is. A numeric one has only the values it holds read and converted: a
+    broadcast view (``np.broadcast_to``, stride 0) gives a broadcast bool view of the same shape (its
+    ``(L, S)`` view of one row is ``S`` values, not ``L · S``); the bool array made is checked
+    against this machine's memory first.
+
     Raises:
         TypeError: another dtype (float where not allowed), None. ValueError: values other than 0
-            and 1, a ragged list.
+            and 1, a ragged list, a bool copy larger than this machine's memory (naming ``name``).
     """
     arr = to_numpy(x, name)
     if arr.dtype == np.bool_:
@@ -203,11 +208,14 @@ def as_bool(x, name: str, *, allow_float: bool = False) -> np.ndarray:
                         f"(torch's bool key_padding_mask: ~mask)")
     if arr.dtype.kind not in "iuf":
         raise TypeError(f"{name}: expected a bool or 0/1 mask, got dtype {arr.dtype}")
-    ones = arr == 1
-    if not np.all(ones | (arr == 0)):
-        bad = np.unique(arr[~(ones | (arr == 0))])[:3]
+    own = _unbroadcast(arr)
+    if own.size > _UNCHECKED_COPY_SIZE:  # e.g. a view whose rows overlap (sliding_window_view)
+        check_allocatable(own.shape, 1, name)
+    ones = own == 1
+    if not np.all(ones | (own == 0)):
+        bad = np.unique(own[~(ones | (own == 0))])[:3]
         raise ValueError(f"{name}: expected a bool or 0/1 mask, got values such as {bad.tolist()}")
-    return ones
+    return ones if own is arr else np.broadcast_to(ones, arr.shape)
 
 
 def as_attention_mask(x, name: str, dtype) -> np.ndarray:
@@ -250,22 +258,20 @@ def as_ids(x, name: str, *, ndim: int = 2) -> np.ndarray:
     batch dim). Float arrays of whole numbers are accepted; the range check against a table is the
     C++ op's (it names ``name`` too).
 
+    The dtype and the shape are checked first, then the int64 copy (if one is needed) against this
+    machine's memory, then the values: a broadcast view (``np.broadcast_to``, stride 0) of a shape
+    no machine can hold is a ValueError, never a numpy MemoryError, and only the values a broadcast
+    view holds are read.
+
     Raises:
         TypeError: not integers (bool, non-integral floats, complex, object, str), None.
-        ValueError: the wrong rank, an empty array, ids outside int64.
+        ValueError: the wrong rank, an empty array, ids outside int64, an int64 copy larger than
+            this machine's memory.
     """
     arr = to_numpy(x, name)
     kind = arr.dtype.kind
-    if kind == "f" and arr.size and np.all(np.isfinite(arr)) and np.all(np.mod(arr, 1) == 0):
-        if np.abs(arr).max() >= 2.0**63:
-            raise ValueError(f"{name}: expected token ids within int64, got {arr[np.abs(arr) >= 2.0**63].flat[0]}")
-        arr = arr.astype(np.int64)
-    elif kind == "f" and arr.size == 0:
-        arr = arr.astype(np.int64)
-    elif kind not in "iu":
+    if kind not in "iuf":
         raise TypeError(f"{name}: expected integer token ids, got dtype {arr.dtype}")
-    elif kind == "u" and arr.dtype.itemsize == 8 and arr.size and arr.max() > np.iinfo(np.int64).max:
-        raise ValueError(f"{name}: expected token ids within int64, got {int(arr.max())}")
     if arr.ndim == ndim - 1:
         arr = arr[None]
     if arr.ndim != ndim:
@@ -273,6 +279,25 @@ def as_ids(x, name: str, *, ndim: int = 2) -> np.ndarray:
         raise ValueError(f"{name}: expected a {ndim}-D array {dims}, got shape {arr.shape}")
     if arr.size == 0:
         raise ValueError(f"{name}: expected a non-empty array, got shape {arr.shape}")
+    if arr.size > _UNCHECKED_COPY_SIZE and not (arr.flags.c_contiguous and arr.dtype == np.int64):
+        check_allocatable(arr.shape, 8, name)
+    own = _unbroadcast(arr)  # the values arr holds: reductions and comparisons over them only
+    if kind == "f":
+        # min and max make no temporary arrays, and propagate NaN; widened, as 2**63 is no float16
+        wide = np.result_type(own.dtype, np.float64)
+        low, high = own.min().astype(wide), own.max().astype(wide)
+        if not (np.isfinite(low) and np.isfinite(high)):
+            raise TypeError(f"{name}: expected integer token ids, got dtype {arr.dtype} with non-finite values")
+        if max(-low, high) >= 2.0**63:
+            if np.any(np.mod(own, 1) != 0):  # a fraction elsewhere: not ids at all, the first error
+                raise TypeError(f"{name}: expected integer token ids, got dtype {arr.dtype} with non-integral values")
+            raise ValueError(f"{name}: expected token ids within int64, got {own[np.abs(own) >= 2.0**63].flat[0]}")
+        ids = own.astype(np.int64)  # truncates: equal to own exactly where own is a whole number
+        if not np.all(ids == own):
+            raise TypeError(f"{name}: expected integer token ids, got dtype {arr.dtype} with non-integral values")
+        arr = ids if own is arr else np.broadcast_to(ids, arr.shape)
+    elif kind == "u" and arr.dtype.itemsize == 8 and own.max() > np.iinfo(np.int64).max:
+        raise ValueError(f"{name}: expected token ids within int64, got {int(own.max())}")
     return _contiguous(arr, np.int64, name)
 
 

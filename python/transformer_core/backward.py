@@ -49,7 +49,7 @@ from .functional import (
     _dropped_times_zero,
     _gate_up,
 )
-from .positional import _rotary_table, _rotary_tables
+from .positional import _rotate
 
 __all__ = [
     "linear_backward",
@@ -404,7 +404,10 @@ def rotary_backward(grad_output, cos, sin, layout: str = "half", unsqueeze_dim: 
             ``grad_output.ndim - 1`` (1 for ``(N, H, L, D)``, 2 for ``(N, L, H, D)``).
 
     Returns:
-        ``grad_x``, the shape of ``grad_output``, its dtype (float32 unless float64).
+        ``grad_x``, the shape of ``grad_output``, its dtype (float32 unless float64). Tables that
+        differ along a leading dim of ``grad_output`` and are broadcast along another (HF's
+        ``(N, L, D)``) are read a block of rows at a time, as ``apply_rotary`` reads them: never
+        copied to ``grad_output``'s size.
 
     Raises:
         ValueError: rank < 2, odd D, tables of another width or not broadcastable, unknown layout,
@@ -417,11 +420,7 @@ def rotary_backward(grad_output, cos, sin, layout: str = "half", unsqueeze_dim: 
     D = g.shape[-1]
     if D % 2 != 0:
         raise ValueError(f"grad_output: expected an even head_dim (last dim), got shape {g.shape}")
-    dtype = g.dtype.type
-    cos, sin = _rotary_tables(cos, sin, dtype)
-    c = _rotary_table(cos, "cos", g.shape, D, layout, dtype, unsqueeze_dim, "grad_output")
-    s = _rotary_table(sin, "sin", g.shape, D, layout, dtype, unsqueeze_dim, "grad_output")
-    return variant("rotary_backward", dtype)(g, c, s, layout)
+    return _rotate(variant("rotary_backward", g.dtype.type), g, cos, sin, layout, unsqueeze_dim, "grad_output")
 
 
 def dropout_backward(grad_output, p: float, seed: int) -> np.ndarray:
