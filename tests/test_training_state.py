@@ -6,6 +6,7 @@ Each test computes the uninterrupted run (or the exact value) as its reference."
 
 from __future__ import annotations
 
+import copy
 import subprocess
 import sys
 
@@ -370,3 +371,249 @@ def test_omp_num_threads_above_the_limit_starts_at_the_limit():
              "n = tc.get_num_threads(); tc.set_num_threads(n); print(n)\n", env={"OMP_NUM_THREADS": "2000"})
     assert r.returncode == 0, r.stderr
     assert r.stdout.split()[-1] == "1024"
+
+
+# ------------------------------------------------------------------------ slices of a packed gradient
+def _compare_grads(ours: dict, theirs: dict, atol=1e-10):
+    """``ours``: {name: Parameter}; ``theirs``: {name: torch parameter}: the same None-ness and values."""
+    for name, p in ours.items():
+        ref = theirs[name].grad
+        if ref is None:
+            assert p.grad is None, name
+        else:
+            assert p.grad is not None, name
+            np.testing.assert_allclose(p.to_checkpoint_layout(p.grad), ref.numpy(), rtol=1e-9, atol=atol,
+                                       err_msg=name)
+
+
+def test_clearing_one_slice_of_a_packed_gradient_leaves_its_siblings():
+    """gate/up of a GatedFeedForward are one C++ buffer with one written flag: ``gate.grad = None``
+    (or an optimizer's zero_grad over up alone) used to clear the other too (up read None, a step
+    skipped it, and its gradient was lost). Against torch's separate parameters: each slice clears
+    alone, a cleared one gets exactly the next backward's gradient, the others accumulate."""
+    rng = np.random.default_rng(0)
+    ff = tc.nn.GatedFeedForward(4, 6, dtype=np.float64).train()
+    ref = {n: torch.nn.Parameter(torch.from_numpy(v.copy())) for n, v in ff.state_dict().items()}
+
+    def torch_forward(x):
+        x = torch.from_numpy(x)
+        h = torch.nn.functional.silu(x @ ref["gate_proj.weight"].T) * (x @ ref["up_proj.weight"].T)
+        return h @ ref["down_proj.weight"].T
+
+    P = dict(ff.named_parameters())
+    g_out = rng.standard_normal((3, 4))
+
+    def both_backward():
+        x = rng.standard_normal((3, 4))
+        ff(x)
+        ff.backward(g_out)
+        torch_forward(x).backward(torch.from_numpy(g_out))
+
+    both_backward()
+    P["gate_proj.weight"].grad = None
+    ref["gate_proj.weight"].grad = None
+    _compare_grads(P, ref)
+    assert P["up_proj.weight"].grad is not None
+    tc.optim.SGD([("up_proj.weight", P["up_proj.weight"])], lr=0.1).zero_grad()  # an optimizer over a subset
+    ref["up_proj.weight"].grad = None
+    _compare_grads(P, ref)
+    assert P["down_proj.weight"].grad is not None
+    both_backward()  # gate, up: this backward's gradient alone; down: both
+    _compare_grads(P, ref)
+    P["up_proj.weight"].zero_grad(set_to_none=False)  # zeroes up alone
+    ref["up_proj.weight"].grad.zero_()
+    _compare_grads(P, ref)
+    P["gate_proj.weight"].grad = None
+    ref["gate_proj.weight"].grad = None
+    before = {n: p.data.copy() for n, p in P.items()}
+    tc.optim.SGD(ff.named_parameters(), lr=0.1, momentum=0.9, weight_decay=0.1).step()
+    torch.optim.SGD(ref.values(), lr=0.1, momentum=0.9, weight_decay=0.1).step()
+    for name, p in P.items():
+        np.testing.assert_allclose(p.data, ref[name].detach().numpy(), rtol=1e-12, atol=1e-14, err_msg=name)
+    np.testing.assert_array_equal(P["gate_proj.weight"].data, before["gate_proj.weight"])  # skipped: None
+    assert set(ff.gradients()) == {"up_proj.weight", "down_proj.weight"}
+    P["gate_proj.weight"].grad = np.ones((6, 4))  # set alone: the others keep theirs
+    _compare_grads({k: v for k, v in P.items() if k != "gate_proj.weight"}, ref)
+    np.testing.assert_array_equal(P["gate_proj.weight"].grad, np.ones((6, 4)))
+    ff.zero_grad()
+    assert all(p.grad is None for p in P.values()) and ff.gradients() == {}
+
+
+def test_clearing_q_proj_of_a_llama_model_leaves_k_and_v():
+    """Llama's q/k/v (and gate/up) share one gradient buffer per layer: ``q_proj.weight.grad = None``
+    used to clear k_proj and v_proj too. Against transformers' model: clear q_proj of layer 0, run
+    another backward, every gradient matches (q: the second backward's, the rest: both)."""
+    import transformers
+    from test_models_llama import _true_fp64
+
+    cfg = transformers.LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=24, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
+                                   bos_token_id=None, eos_token_id=None, pad_token_id=None,
+                                   attn_implementation="sdpa")  # eager's softmax rounds to float32
+    torch.manual_seed(0)
+    hf = transformers.LlamaForCausalLM(cfg).double()
+    ours = tc.LlamaForCausalLM(tc.LlamaConfig.from_dict(cfg.to_dict()), dtype=np.float64)
+    ours.load_state_dict({k: v.detach().numpy() for k, v in hf.state_dict().items()})
+    ours.train()
+    P = dict(ours.named_parameters())
+    hp = dict(hf.named_parameters())
+    rng = np.random.default_rng(1)
+
+    def both_backward():
+        ids = rng.integers(0, 32, (2, 7))
+        ours.loss(ids, ids)
+        ours.backward()
+        with _true_fp64():  # transformers' RMSNorm, rotary angles and loss otherwise round to float32
+            logits = hf(torch.from_numpy(ids)).logits[:, :-1]
+            torch.nn.functional.cross_entropy(logits.reshape(-1, 32), torch.from_numpy(ids[:, 1:]).reshape(-1)).backward()
+
+    both_backward()
+    q = "model.layers.0.self_attn.q_proj.weight"
+    P[q].grad = None
+    hp[q].grad = None
+    _compare_grads(P, hp)
+    assert P["model.layers.0.self_attn.k_proj.weight"].grad is not None
+    P["model.layers.1.mlp.up_proj.weight"].zero_grad()
+    hp["model.layers.1.mlp.up_proj.weight"].grad = None
+    both_backward()
+    _compare_grads(P, hp)
+    got = ours.gradients()
+    for name, p in hp.items():
+        np.testing.assert_allclose(got[name], p.grad.numpy(), rtol=1e-9, atol=1e-10, err_msg=name)
+
+
+# ------------------------------------------------------------ weights written between forward and backward
+def _torch_layer(ours):
+    ref = torch.nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True).double()
+    ref.load_state_dict({k: torch.from_numpy(v) for k, v in ours.state_dict().items()})
+    return ref
+
+
+def test_forward_backward_step_cycle_gives_torchs_gradients_and_zero_grad_between_is_allowed():
+    """The normal order, forward -> backward -> step, twice, gives torch's gradients and weights;
+    zero_grad between a forward and its backward is allowed (torch allows it: it writes no weight)."""
+    rng = np.random.default_rng(0)
+    tc.manual_seed(0)
+    ours = tc.nn.TransformerEncoderLayer(8, 2, 16, dtype=np.float64).train()
+    ref = _torch_layer(ours)
+    opt = tc.optim.SGD(ours.named_parameters(), lr=0.5, momentum=0.9)
+    opt_t = torch.optim.SGD(ref.parameters(), lr=0.5, momentum=0.9)
+    for _ in range(2):
+        x, g = rng.standard_normal((2, 3, 8)), rng.standard_normal((2, 3, 8))
+        xt = torch.from_numpy(x).requires_grad_()
+        out_t = ref(xt)
+        ours(x)
+        ours.zero_grad()
+        opt.zero_grad(set_to_none=False)
+        opt_t.zero_grad()
+        gx = ours.backward(g)
+        out_t.backward(torch.from_numpy(g))
+        np.testing.assert_allclose(gx, xt.grad.numpy(), rtol=1e-9, atol=1e-11)
+        _compare_grads(dict(ours.named_parameters()), dict(ref.named_parameters()))
+        opt.step()
+        opt_t.step()
+    for name, p in ref.state_dict().items():
+        np.testing.assert_allclose(ours.state_dict()[name], p.numpy(), rtol=1e-9, atol=1e-12, err_msg=name)
+
+
+def _check_refusal(model, run, backward):
+    """``run(m)`` / ``backward(m)``: the training forward and backward of module ``m``. Between
+    them an SGD step over ``model``'s parameters, then ``load_state_dict``: each refused."""
+    from transformer_core.module import WeightsChangedError
+
+    model.train()
+    opt = tc.optim.SGD(model.named_parameters(), lr=0.1)
+    run(model)
+    backward(model)  # gradients for the step
+    for write in ("step", "load_state_dict"):
+        run(model)
+        if write == "step":
+            opt.step()
+        else:
+            model.load_state_dict({k: v * 0.9 for k, v in model.state_dict().items()})
+        model.zero_grad()
+        with pytest.raises(WeightsChangedError, match="weights changed since the training forward"):
+            backward(model)
+        assert isinstance(WeightsChangedError("x"), tc.NoTrainingStateError)
+        assert model.gradients() == {}  # refused before any gradient was added
+        with pytest.raises(tc.NoTrainingStateError) as second:  # the state was dropped
+            backward(model)
+        assert type(second.value) is tc.NoTrainingStateError
+        # run again: the gradients of the new weights (a copy made at them, forward and backward)
+        fresh = copy.deepcopy(model)
+        fresh.zero_grad()
+        for m in (model, fresh):
+            tc.manual_seed(1)
+            run(m)
+            backward(m)
+        expected = fresh.gradients()
+        assert expected and model.gradients().keys() == expected.keys()
+        for name, g in expected.items():
+            np.testing.assert_array_equal(model.gradients()[name], g, err_msg=name)
+
+
+def _gpt2():
+    return tc.GPT2LMHeadModel(tc.GPT2Config(vocab_size=20, n_positions=8, n_embd=8, n_layer=1, n_head=2),
+                              dtype=np.float64)
+
+
+def _llama():
+    return tc.LlamaForCausalLM(tc.LlamaConfig(vocab_size=20, hidden_size=8, intermediate_size=12, num_hidden_layers=1,
+                                              num_attention_heads=2, num_key_value_heads=1,
+                                              max_position_embeddings=8), dtype=np.float64)
+
+
+def _bert():
+    return tc.BertModel(tc.BertConfig(vocab_size=20, hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
+                                      intermediate_size=12, max_position_embeddings=8, hidden_dropout_prob=0.0,
+                                      attention_probs_dropout_prob=0.0), dtype=np.float64)
+
+
+_X = np.random.default_rng(5).standard_normal((2, 3, 8))
+_IDS = np.array([[1, 2, 3, 4], [5, 6, 7, 8]])
+_CASES = {
+    "encoder_layer": (lambda: tc.nn.TransformerEncoderLayer(8, 2, 16, dtype=np.float64),
+                      lambda m: m(_X), lambda m: m.backward(np.ones_like(_X))),
+    "mha": (lambda: tc.nn.MultiheadAttention(8, 2, dtype=np.float64),
+            lambda m: m(_X, _X * 0.5, _X), lambda m: m.backward(np.ones_like(_X))),
+    "encoder_stack": (lambda: tc.nn.TransformerEncoder(tc.nn.TransformerEncoderLayer(8, 2, 16, dtype=np.float64), 2,
+                                                       tc.nn.LayerNorm(8, dtype=np.float64)),
+                      lambda m: m(_X), lambda m: m.backward(np.ones_like(_X))),
+    "gpt2": (_gpt2, lambda m: m.loss(_IDS, _IDS), lambda m: m.backward()),
+    "llama": (_llama, lambda m: m.loss(_IDS, _IDS), lambda m: m.backward()),
+    "seq2seq": (lambda: tc.Seq2SeqTransformer(10, 12, 8, 2, 1, 1, 16, max_len=10, dtype=np.float64),
+                lambda m: m.loss(SRC, TGT, LAB), lambda m: m.backward()),
+    "bert": (_bert, lambda m: m(_IDS), lambda m: m.backward(np.ones((2, 4, 8)), np.ones((2, 8)))),
+}
+
+
+@pytest.mark.parametrize("case", list(_CASES))
+def test_weights_written_between_forward_and_backward_are_refused(case):
+    """An optimizer step (or load_state_dict) between a training forward and its backward used to be
+    accepted: the backward mixed the forward's activations (old weights) with the new weights (an
+    encoder layer's in_proj_weight gradient off by 72.8 from the old weights' and 71.7 from the new
+    ones'). torch raises ("modified by an inplace operation"); so do we, and drop the state."""
+    build, run, backward = _CASES[case]
+    _check_refusal(build(), run, backward)
+
+
+def test_a_step_over_another_model_or_gradient_writes_do_not_refuse():
+    """Only the weights the forward ran with count: a step over another model's parameters, clipping,
+    zero_grad and the grad setter (gradients only) leave the backward as torch leaves it."""
+    rng = np.random.default_rng(1)
+    a = tc.nn.TransformerEncoderLayer(8, 2, 16, dtype=np.float64).train()
+    b = tc.nn.Linear(8, 8, dtype=np.float64).train()
+    ref = _torch_layer(a)
+    x, g = rng.standard_normal((2, 3, 8)), rng.standard_normal((2, 3, 8))
+    b(x)
+    b.backward(g)
+    opt_b = tc.optim.AdamW(b.named_parameters(), lr=0.1)
+    a(x)
+    opt_b.step()
+    tc.optim.clip_grad_norm_(b.parameters(), 0.1)
+    p = dict(a.named_parameters())["linear1.weight"]
+    p.grad = np.ones_like(p.data)
+    a.zero_grad()
+    a.backward(g)
+    ref(torch.from_numpy(x)).backward(torch.from_numpy(g))
+    _compare_grads(dict(a.named_parameters()), dict(ref.named_parameters()))

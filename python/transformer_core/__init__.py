@@ -29,7 +29,14 @@ from .decoder import CausalLMOutput
 from .gpt2 import GPT2Config, GPT2LMHeadModel, GPT2Model
 from .kv_cache import KVCache
 from .llama import LlamaConfig, LlamaForCausalLM, LlamaModel
-from .module import NonFiniteLossError, NoTrainingStateError, get_rng_state, manual_seed, set_rng_state
+from .module import (
+    NonFiniteLossError,
+    NoTrainingStateError,
+    WeightsChangedError,
+    get_rng_state,
+    manual_seed,
+    set_rng_state,
+)
 from .positional import Embeddings, PositionalEncoding
 from .quantization import quantize
 from .sentence_encoder import SentenceEncoder, cosine_similarity, mean_pool
@@ -55,6 +62,7 @@ __all__ = [
     "get_rng_state",
     "set_rng_state",
     "NoTrainingStateError",
+    "WeightsChangedError",
     "NonFiniteLossError",
     "Seq2SeqTransformer",
     "PositionalEncoding",

@@ -31,12 +31,13 @@ def _mask_and_positions(attention_mask, position_ids, N: int, L: int, past: int,
     Hugging Face's ``generate``), else None (``past .. past + L - 1`` for every row)."""
     mask = positions = None
     if attention_mask is not None:
-        mask = np.ascontiguousarray(as_bool(attention_mask, "attention_mask", allow_float=True))
+        mask = as_bool(attention_mask, "attention_mask", allow_float=True)  # a broadcast view stays one
         if mask.ndim == 1:
             mask = mask[None]
         if mask.shape != (N, past + L):
             raise ValueError(f"attention_mask: expected shape {(N, past + L)} (batch, past + new length), "
                              f"got {mask.shape}")
+        mask = np.ascontiguousarray(mask)  # (N, past + L): checked
         if mask.all():
             mask = None
         else:
@@ -313,6 +314,8 @@ class CausalLM(DecoderModel, GenerationMixin):
         if not finite:
             raise NonFiniteLossError(f"loss: the loss is {value} (non-finite); no gradient was touched and nothing "
                                      "was kept for backward (lower the learning rate, check the inputs)", value)
+        if self.training:
+            self._record_weights()  # the weights this state belongs to (backward refuses others)
         return float(value)
 
     def backward(self) -> None:
@@ -322,12 +325,16 @@ class CausalLM(DecoderModel, GenerationMixin):
         Raises:
             NoTrainingStateError: no training loss since the last backward (eval mode, no loss, or a
                 second backward).
+            WeightsChangedError (a NoTrainingStateError): the weights were written since the loss (an
+                optimizer ``step()``, ``load_state_dict``): the state is dropped, run the loss again.
+                Values assigned into ``p.data`` by hand are not detected.
         """
         from .module import NoTrainingStateError
 
         if not self.training or not self._impl.has_training_state:
             raise NoTrainingStateError("backward: no training loss to differentiate (call model.train(), then "
                                        "model.loss(input_ids, labels); each loss has one backward)")
+        self._check_recorded_weights()
         self._impl.backward()
 
     def save_pretrained(self, directory) -> None:

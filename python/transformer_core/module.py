@@ -20,7 +20,11 @@ Training follows torch's habits where it can, with an explicit backward since th
 * ``layer.backward(grad_output)`` returns the gradient of the input(s) and ADDS every parameter's
   gradient into its buffer, which lives in C++ beside the parameter; gradients accumulate over
   backward calls until ``zero_grad()``. Each training forward has one backward (a second one, or
-  one without a training forward, raises :class:`NoTrainingStateError`).
+  one without a training forward, raises :class:`NoTrainingStateError`), with the weights it ran
+  with: once an optimizer ``step()``, ``load_state_dict`` or in-place quantizing wrote them, its
+  backward raises :class:`WeightsChangedError` (as torch's "modified by an inplace operation") and
+  the forward must run again; ``zero_grad()`` in between is fine (it writes gradients only).
+  Values assigned into ``p.data`` through the numpy views are not detected (numpy keeps no version).
 * ``named_parameters()`` / ``parameters()``: :class:`~transformer_core.parameter.Parameter` objects
   whose ``data`` and ``grad`` are zero-copy numpy views of the C++ buffers, named as ``state_dict()``
   (``grad`` is None until a backward wrote it since the last ``zero_grad()``), for the optimizers of
@@ -40,7 +44,10 @@ the kernels multiply by), :meth:`Module.weight_formats` says how each is stored,
 from __future__ import annotations
 
 import contextlib
+import copy
+import pickle
 import threading
+import weakref
 from collections.abc import Mapping
 from typing import NamedTuple
 
@@ -130,6 +137,17 @@ class NoTrainingStateError(RuntimeError):
     forward (or loss) ran in training mode since the last backward, or it was already consumed."""
 
 
+class WeightsChangedError(NoTrainingStateError):
+    """``backward`` after the weights its training forward ran with were written (an optimizer
+    ``step()``, ``load_state_dict``, quantizing in place): the forward's activations belong to the
+    old weights, so the gradient would mix two models (torch raises too: "modified by an inplace
+    operation"). The training state is dropped: run the forward (or loss) again, then backward.
+
+    Writes the library cannot see are not detected: values assigned into a parameter's ``data``
+    (``p.data[...] = x``, ``np.copyto``, ``+=``) through the numpy views (numpy keeps no version
+    count); don't write weights between a training forward and its backward."""
+
+
 class NonFiniteLossError(ValueError):
     """A loss came out NaN or ±inf. Nothing was kept for a backward and no gradient was touched.
 
@@ -140,6 +158,29 @@ class NonFiniteLossError(ValueError):
     def __init__(self, message: str, loss: float):
         super().__init__(message)
         self.loss = loss
+
+
+# ---- weight versions: a backward refuses weights written since its training forward ------------------
+#: How many times the library wrote weights (optimizer steps, load_state_dict, in-place quantizing).
+_WRITES = [0]
+#: impl (a C++ module) -> the value of ``_WRITES`` at the last write of its weights (absent: never).
+_LAST_WRITE: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def weights_written(impls) -> None:
+    """Records that the library wrote the weights of the C++ modules ``impls`` (an optimizer step,
+    ``load_state_dict``, quantizing in place): a training forward of any of them that has not had
+    its backward yet can no longer have it (:class:`WeightsChangedError`). Gradient writes
+    (``zero_grad``, ``grad = ...``) do not count: they change no weight."""
+    _WRITES[0] += 1
+    for impl in impls:
+        _LAST_WRITE[impl] = _WRITES[0]
+
+
+class _Kept(NamedTuple):
+    """What a training forward kept for its backward (``Module._saved``) and ``_WRITES`` then."""
+    value: object
+    writes: int
 
 
 def _to_checkpoint(value: np.ndarray, transposed: bool, row_permutation) -> np.ndarray:
@@ -222,8 +263,8 @@ class _BoundParameter(Parameter):
     @property
     def grad(self):
         """A zero-copy view of the C++ gradient buffer (the parameter's shape and dtype), or None when no
-        backward wrote it since the last ``zero_grad()``."""
-        if not self._impl.gradient_written(self._core_name):
+        backward wrote it since the last ``zero_grad()`` (or since ``grad = None`` cleared it)."""
+        if not _grad_readable(self._impl, self._core_name):
             return None
         return self._impl.gradient_view(self._core_name)
 
@@ -235,10 +276,9 @@ class _BoundParameter(Parameter):
         None and the next backward writes a fresh gradient instead of adding to the old one. (An
         array read from ``grad`` before is a view of that buffer: it reads zeros afterwards.)
 
-        A weight stored as rows of a larger matrix (Llama's q/k/v and gate/up) shares that matrix's
-        buffer and written flag: setting its ``grad`` while the siblings have none makes theirs read
-        zeros, not None (an optimizer then steps them with a zero gradient: weight decay and
-        momentum still move them). Set every sibling's ``grad``, or run a backward, to avoid that.
+        A weight stored as rows of a larger matrix (Llama's q/k/v and gate/up) behaves as a parameter
+        of its own, as torch's separate ones: setting or clearing its ``grad`` changes only its rows,
+        and leaves what its siblings' ``grad`` read as it was (see :func:`_clear_grad_rows`).
 
         Raises:
             TypeError / ValueError: ``value`` of another type, dtype or shape (nothing changes).
@@ -253,30 +293,162 @@ class _BoundParameter(Parameter):
         if value.shape != self.data.shape:
             raise ValueError(f"grad: expected shape {self.data.shape} (the parameter's), got {value.shape}")
         self._impl.gradient_view(self._core_name)[...] = value  # copied: any strides, byte order, read-only
-        self._impl.set_gradient_written(self._core_name, True)
+        _mark_grad_rows_written(self._impl, self._core_name)
 
     def _clear_grad(self) -> None:
-        """Zeroes the C++ gradient buffer and marks it unwritten (an unwritten buffer is all zeros:
-        the backwards add into it). A weight stored as rows of a larger matrix (Llama's q/k/v and
-        gate/up) shares that matrix's buffer and its written flag: the whole buffer is cleared, so
-        that no sibling keeps old values under a flag that says "unwritten" (its ``grad`` reads None
-        from here on as well)."""
-        if self._impl.gradient_written(self._core_name):
-            self._impl.clear_gradient(self._core_name)
+        """Zeroes this parameter's gradient and marks it unwritten (``grad`` reads None until the next
+        backward, which then writes a fresh gradient); a sibling slice of the same packed buffer keeps
+        its gradient (see :func:`_clear_grad_rows`)."""
+        _clear_grad_rows(self._impl, self._core_name)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """As torch: ``set_to_none=True`` clears the gradient (``grad`` reads None until the next
         backward, as ``p.grad = None``); ``set_to_none=False`` fills a written gradient with zeros in
         place and keeps it (``grad`` reads a zero array, which an optimizer step still uses: momentum
-        and weight decay move the weights), and leaves an unwritten one None.
+        and weight decay move the weights), and leaves an unwritten one None. Either way only this
+        parameter's rows of a packed buffer change.
 
         Raises:
             TypeError: ``set_to_none`` not a bool.
         """
         if check_bool(set_to_none, "set_to_none"):
             self._clear_grad()
-        elif self._impl.gradient_written(self._core_name):
+        elif _grad_readable(self._impl, self._core_name):
             self._impl.gradient_view(self._core_name).fill(0)
+
+
+# ---- gradients of the slices of a packed buffer -----------------------------------------------------
+# The C++ core keeps one gradient buffer and one ``written`` flag per stored matrix: the row slices of
+# a packed weight (Llama's q/k/v and gate/up, GatedFeedForward's gate/up) share them. torch has one
+# parameter per slice, each with its own ``grad``; so that clearing (or setting) one slice leaves its
+# siblings as they were, the slices' own state lives here while they differ:
+#
+# * while every slice holds a gradient, or none does, the core flag says it for all (no record);
+# * otherwise the core flag is unwritten and ``_PARTIAL[impl][group]`` records the slices that hold a
+#   gradient (their rows keep it); the others' rows are zero. A backward adds into the whole buffer
+#   and sets the core flag: from then on every slice holds a gradient, the cleared ones exactly the
+#   new one (they were zero), the others theirs plus the new one, as torch's would; the record is
+#   dropped the next time it is looked at.
+#
+# A flag that is unwritten over a buffer that is not all zeros is safe: the backwards add into the
+# gradient buffers of the slices (only the LM head's, never a slice, copies into an unwritten one).
+
+#: impl -> {core_name: _GradGroup or None (a buffer of one parameter, or of aliases of it)}.
+_GROUPS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+#: impl -> {_GradGroup.key: set of the ranges (units) that hold a gradient}; only while the core flag
+#: of that buffer is unwritten.
+_PARTIAL: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+class _GradGroup(NamedTuple):
+    key: frozenset        # the core names sharing the buffer
+    unit: dict            # core name -> its range (start address, bytes): aliases share one
+    units: frozenset      # every range
+
+
+def _grad_group(impl, core_name: str):
+    """The slices sharing the gradient buffer of ``core_name`` (a :class:`_GradGroup`), or None when
+    that buffer holds one parameter only (possibly under several names). Found once per name by
+    flipping its core flag and seeing which flags follow (the flag is the buffer's), then restored."""
+    cache = _GROUPS.setdefault(impl, {})
+    if core_name in cache:
+        return cache[core_name]
+    names = [n for n, _ in impl.parameter_shapes()]
+    before = {n: impl.gradient_written(n) for n in names}
+    impl.set_gradient_written(core_name, not before[core_name])
+    try:
+        members = [n for n in names if impl.gradient_written(n) != before[n]]
+    finally:
+        impl.set_gradient_written(core_name, before[core_name])
+    unit = {}
+    for n in members:
+        view = impl.gradient_view(n)
+        unit[n] = (view.__array_interface__["data"][0], view.nbytes)
+    ranges = sorted(set(unit.values()))
+    disjoint = all(a[0] + a[1] <= b[0] for a, b in zip(ranges, ranges[1:]))
+    group = _GradGroup(frozenset(members), unit, frozenset(ranges)) if len(ranges) > 1 and disjoint else None
+    for n in members:
+        cache[n] = group
+    return group
+
+
+def _kept_units(impl, group: _GradGroup, name: str) -> set:
+    """The ranges of ``group`` that hold a gradient now (every one once a backward set the core flag:
+    the record of the group is then dropped)."""
+    records = _PARTIAL.get(impl)
+    if impl.gradient_written(name):
+        if records:
+            records.pop(group.key, None)
+        return set(group.units)
+    return set(records.get(group.key, ())) if records else set()
+
+
+def _grad_readable(impl, core_name: str) -> bool:
+    """Whether the gradient of ``core_name`` holds a gradient (its ``grad`` is not None)."""
+    records = _PARTIAL.get(impl)
+    if not records:  # no packed buffer of this module is partly cleared: the core flag says it
+        return impl.gradient_written(core_name)
+    group = _grad_group(impl, core_name)
+    if group is None:
+        return impl.gradient_written(core_name)
+    return group.unit[core_name] in _kept_units(impl, group, core_name)
+
+
+def _set_record(impl, group: _GradGroup, core_name: str, kept: set) -> None:
+    """Stores which ranges of ``group`` hold a gradient: the core flag written when all do (no
+    record), unwritten with a record otherwise (an empty one: none, the buffer all zeros)."""
+    records = _PARTIAL.setdefault(impl, {})
+    if kept == group.units or not kept:
+        records.pop(group.key, None)
+        impl.set_gradient_written(core_name, bool(kept))
+    else:
+        records[group.key] = frozenset(kept)
+        impl.set_gradient_written(core_name, False)
+
+
+def _clear_grad_rows(impl, core_name: str) -> None:
+    """Clears the gradient of ``core_name`` as torch's ``p.grad = None``: its rows are zeroed and its
+    ``grad`` reads None until the next backward; the other slices of a packed buffer keep theirs."""
+    group = _grad_group(impl, core_name) if impl.gradient_written(core_name) or _PARTIAL.get(impl) else None
+    if group is None:
+        if impl.gradient_written(core_name):
+            impl.clear_gradient(core_name)
+        return
+    kept = _kept_units(impl, group, core_name)
+    if group.unit[core_name] not in kept:
+        return  # already cleared: its rows are zero
+    impl.gradient_view(core_name).fill(0)
+    kept.discard(group.unit[core_name])
+    if not kept:
+        impl.clear_gradient(core_name)
+        _PARTIAL.get(impl, {}).pop(group.key, None)
+        return
+    _set_record(impl, group, core_name, kept)
+
+
+def _mark_grad_rows_written(impl, core_name: str) -> None:
+    """Marks the gradient of ``core_name`` written (its rows were just set); the other slices of a
+    packed buffer read as they did (an unwritten one stays None, its rows zero)."""
+    group = _grad_group(impl, core_name)
+    if group is None:
+        impl.set_gradient_written(core_name, True)
+        return
+    kept = _kept_units(impl, group, core_name)
+    kept.add(group.unit[core_name])
+    _set_record(impl, group, core_name, kept)
+
+
+class _IncompatibleKeys(NamedTuple):
+    """What :meth:`Module.load_state_dict` returns (torch's ``_IncompatibleKeys``): the module's
+    weights the state dict did not hold, and the state dict's names the module has no weight for."""
+
+    missing_keys: list
+    unexpected_keys: list
+
+    def __repr__(self) -> str:
+        if not self.missing_keys and not self.unexpected_keys:
+            return "<All keys matched successfully>"
+        return f"_IncompatibleKeys(missing_keys={self.missing_keys}, unexpected_keys={self.unexpected_keys})"
 
 
 class _Slot(NamedTuple):
@@ -314,11 +486,14 @@ def storage_changed(module) -> None:
     quantized copy is made: nothing that existed changed). Its cached Parameters (and its
     children's) are dropped, so that their float32 buffers go once the caller's last view does."""
     _storage_epoch[0] += 1
-    stack = [module]
+    stack, impls = [module], []
     while stack:
         m = stack.pop()
         m.__dict__.pop("_parameters_cache", None)
+        if m._impl is not None:
+            impls.append(m._impl)
         stack.extend(child for _, child in m._children())
+    weights_written(impls)  # rounded to the quantized values: a pending backward's weights are gone
 
 
 _SKIP_INIT = threading.local()
@@ -354,8 +529,6 @@ class Module:
     _impl = None
     dtype: type = np.float32
     training: bool = False
-    _saved = None          # what the last training forward keeps on the Python side (its inputs)
-
     def __new__(cls, *args, **kwargs):
         self = super().__new__(cls)
         self._init_args = (args, kwargs)
@@ -437,25 +610,36 @@ class Module:
             out[name] = _to_checkpoint(slot.impl.get_parameter(slot.core_name), slot.transposed, slot.row_permutation)
         return out
 
-    def load_state_dict(self, state_dict: Mapping) -> None:
+    def load_state_dict(self, state_dict: Mapping, strict: bool = True) -> "_IncompatibleKeys":
         """Copies weights from ``state_dict`` (name -> array-like: numpy arrays, torch tensors, or
         anything ``np.asarray`` takes) of any floating-point dtype (float16, bfloat16, float32,
         float64), converted to ``self.dtype``.
+
+        As torch's: ``strict=True`` (the default) requires the keys to be exactly this module's;
+        ``strict=False`` loads the weights present and ignores the others, a missing weight keeping
+        its value. Either way it returns ``_IncompatibleKeys(missing_keys, unexpected_keys)`` (lists
+        of the names, after a subclass's renaming of the checkpoint's alternative names), and a
+        present weight of another shape or of no floating-point data is refused before anything
+        changes (torch too refuses a mis-shaped one under ``strict=False``).
 
         Unlike torch's ``load_state_dict`` (whose ``copy_`` converts any dtype), a value that is not
         floating-point is refused: an integer or bool tensor under a weight's name means a wrong or
         corrupt checkpoint, not numbers to convert (``.astype(np.float32)`` it if you mean them).
 
         Raises:
-            TypeError: ``state_dict`` is not a mapping, or a value is not a floating-point array
-                (integer, bool, complex, object and string data are refused, naming the key); the
-                module is left unchanged.
-            ValueError: listing every missing, unknown or mis-shaped name; the module is left
-                unchanged. Also when the module holds quantized weights (``weight_formats``): load
+            TypeError: ``state_dict`` is not a mapping, ``strict`` not a bool, or a value is not a
+                floating-point array (integer, bool, complex, object and string data are refused,
+                naming the key); the module is left unchanged.
+            ValueError: listing every mis-shaped name, and (``strict=True``) every missing or unknown
+                one; the module is left unchanged. Also when the module holds quantized weights (``weight_formats``): load
                 the state into a float model and quantize that.
+
+        A training forward still awaiting its backward can no longer have it once weights were loaded
+        (its backward raises :class:`WeightsChangedError`).
         """
         if not isinstance(state_dict, Mapping):
             raise TypeError(f"state_dict: expected a mapping of name -> array, got {type(state_dict).__name__}")
+        strict = check_bool(strict, "strict")
         quantized = {n: f for n, f in self.weight_formats().items() if f not in ("float32", "float64")}
         if quantized:
             first = next(iter(quantized.items()))
@@ -467,9 +651,9 @@ class Module:
         arrays, problems, misshaped = {}, [], []
         missing = [k for k in slots if k not in state]
         unknown = [k for k in state if k not in slots]
-        if missing:
+        if missing and strict:
             problems.append(f"missing keys: {missing}")
-        if unknown:
+        if unknown and strict:
             problems.append(f"unknown keys: {unknown}")
         for name, slot in slots.items():
             if name not in state:
@@ -483,9 +667,97 @@ class Module:
             problems.append(f"mis-shaped: {misshaped}")
         if problems:
             raise ValueError(f"{type(self).__name__}.load_state_dict refused (module unchanged): " + "; ".join(problems))
+        written = {}
         for name, arr in arrays.items():
             slot = slots[name]
+            written[id(slot.impl)] = slot.impl
             slot.impl.set_parameter(slot.core_name, arr)
+        weights_written(written.values())  # a pending backward would mix the old activations with these
+        return _IncompatibleKeys(missing, unknown)
+
+    # ---- copies (copy.copy, copy.deepcopy, pickle) -----------------------------------------------
+    def __copy__(self) -> "Module":
+        """A shallow copy, as torch's: a new Python object over the SAME weights (and gradients)."""
+        new = object.__new__(type(self))
+        new.__dict__.update(self.__dict__)
+        return new
+
+    def __deepcopy__(self, memo: dict) -> "Module":
+        """An independent copy (torch's ``copy.deepcopy(module)``): a module of the same class built
+        again from the arguments this one was built with (``_init_args``; no random init), then
+        given its weights, its gradients (those that hold one), its training mode and the
+        attributes it carries (a loader's ``source``, a dropout probability changed since). What a
+        training forward kept for its backward is not copied: the copy has no backward pending.
+        An attribute that cannot be deep-copied (a memory-mapped checkpoint) is shared.
+
+        Raises:
+            TypeError: a weight is held quantized (copy the float model and quantize the copy), or
+                the module cannot be built again from its arguments (it was changed after it was
+                built): copy it through ``state_dict`` (build a new one, ``load_state_dict``).
+        """
+        payload = self._copy_payload()
+        try:
+            payload["init_args"] = copy.deepcopy(payload["init_args"], memo)
+        except TypeError as e:
+            raise TypeError(f"{type(self).__name__}: cannot be deep-copied, its constructor's arguments cannot "
+                            f"({e}); copy it through state_dict: build a new one and load_state_dict(module."
+                            "state_dict())") from None
+        for attributes in payload["attributes"].values():
+            for key, value in attributes.items():
+                try:
+                    attributes[key] = copy.deepcopy(value, memo)
+                except (TypeError, pickle.PicklingError):
+                    pass  # shared (a read-only checkpoint, say)
+        new = _restore_module(type(self), payload)
+        memo[id(self)] = new
+        return new
+
+    def __reduce_ex__(self, protocol):
+        """Pickling (``pickle.dumps(module)``): the class, the arguments it was built with, the
+        weights, gradients, training mode and attributes; unpickling builds the module again from
+        them (as :meth:`__deepcopy__`).
+
+        Raises:
+            TypeError: as :meth:`__deepcopy__`; also an attribute or argument that cannot be pickled
+                (named): save ``state_dict()`` (``save_pretrained``, ``safetensors``) instead.
+        """
+        payload = self._copy_payload()
+        parts = {"the constructor's arguments": payload["init_args"]}
+        parts.update((f"attribute {prefix + '.' if prefix else ''}{key}", value)
+                     for prefix, attributes in payload["attributes"].items() for key, value in attributes.items())
+        for what, value in parts.items():
+            try:
+                pickle.dumps(value, protocol)
+            except (TypeError, AttributeError, pickle.PicklingError) as e:
+                raise TypeError(f"{type(self).__name__}: cannot be pickled, {what} cannot ({e}); save its "
+                                "state_dict() instead and load it into a new one") from None
+        return _restore_module, (type(self), payload)
+
+    def _copy_payload(self) -> dict:
+        """What :func:`_restore_module` builds a copy from: ``init_args``, ``weights`` and ``grads``
+        (``{name: array}`` in the C++ layout, fresh copies; grads only those that hold one) and
+        ``attributes`` (``{path of the module under this one: {attribute: value}}``, without the C++
+        objects, the child modules and the training state, which the rebuilt module has its own of).
+
+        Raises:
+            TypeError: a weight is held quantized.
+        """
+        quantized = {n: f for n, f in self.weight_formats().items() if not f.startswith("float")}
+        if quantized:
+            name, fmt = next(iter(quantized.items()))
+            raise TypeError(f"{type(self).__name__}: cannot be copied or pickled while weights are held quantized "
+                            f"({len(quantized)}, e.g. {name!r}: {fmt}); copy the float model and quantize the copy, "
+                            "or save its state_dict()")
+        weights, grads = {}, {}
+        for name, slot in self._slots().items():
+            weights[name] = np.array(slot.impl.get_parameter(slot.core_name), copy=True)
+            if _grad_readable(slot.impl, slot.core_name):
+                grads[name] = np.array(slot.impl.gradient_view(slot.core_name), copy=True)
+        attributes = {}
+        for prefix, module in _modules_under(self).items():
+            attributes[prefix] = {k: v for k, v in vars(module).items()
+                                  if k not in _NOT_COPIED and not _holds_core_state(v)}
+        return {"init_args": self._init_args, "weights": weights, "grads": grads, "attributes": attributes}
 
     # ---- training --------------------------------------------------------------------------------
     def train(self, mode: bool = True) -> "Module":
@@ -559,10 +831,11 @@ class Module:
         if check_bool(set_to_none, "set_to_none"):
             for impl in self._impls():
                 impl.zero_grad()
+                _PARTIAL.pop(impl, None)
             return
         for impl in self._impls():
             for core_name, _ in impl.parameter_shapes():
-                if impl.gradient_written(core_name):
+                if _grad_readable(impl, core_name):
                     impl.gradient_view(core_name).fill(0)
 
     def named_parameters(self) -> list[tuple[str, Parameter]]:
@@ -601,7 +874,7 @@ class Module:
         permuted), each a new array of the weight's checkpoint shape and ``self.dtype``."""
         out = {}
         for name, slot in self._slots().items():
-            if not slot.impl.gradient_written(slot.core_name):
+            if not _grad_readable(slot.impl, slot.core_name):
                 continue
             g = slot.impl.gradient_view(slot.core_name)
             if not slot.transposed and slot.row_permutation is None:
@@ -617,9 +890,62 @@ class Module:
             return check_int(seed, "seed", 0)
         return next_seed() if p > 0 else 0
 
+    @property
+    def _saved(self):
+        """What the last training forward keeps on the Python side for its backward (its inputs), or
+        None. Set by the forward, which also records the weights' version then; reading it
+        checks that version: once an optimizer step (or ``load_state_dict``) wrote this module's
+        weights, the state is dropped and :class:`WeightsChangedError` raised (the forward's
+        activations belong to the old weights)."""
+        kept = self.__dict__.get("_saved")
+        if kept is None:
+            return None
+        self._check_weights_unchanged(kept.writes)
+        return kept.value
+
+    @_saved.setter
+    def _saved(self, value) -> None:
+        self.__dict__["_saved"] = None if value is None else _Kept(value, _WRITES[0])
+
+    def _record_weights(self) -> None:
+        """For a model whose training state lives in C++ only (``CausalLM.loss``): records the
+        weights' version (``_saved`` is then True), which :meth:`_check_recorded_weights` checks."""
+        self._saved = True
+
+    def _check_recorded_weights(self) -> None:
+        """The backward of a model of :meth:`_record_weights`: raises :class:`WeightsChangedError`
+        (the state dropped) when its weights were written since, then forgets the record."""
+        kept = self.__dict__.get("_saved")
+        if kept is not None:
+            self._check_weights_unchanged(kept.writes)
+        self._saved = None
+
+    def _check_weights_unchanged(self, writes: int) -> None:
+        """Raises :class:`WeightsChangedError` (after dropping the training state of this module and
+        every module under it) when the library wrote a weight of this module since ``_WRITES`` was
+        ``writes``. Negligible unless some weight, of any module, was written since: then one look
+        per C++ module under this one."""
+        if _WRITES[0] == writes:
+            return
+        stack = [self]
+        while stack:
+            m = stack.pop()
+            if m._impl is not None and _LAST_WRITE.get(m._impl, 0) > writes:
+                self._drop_training_state()
+                raise WeightsChangedError(
+                    f"{type(self).__name__}.backward: the weights changed since the training forward (an optimizer "
+                    "step(), load_state_dict() or quantize ran between them): its activations belong to the old "
+                    "weights; run the forward (or loss) again, then backward (the training state was dropped)")
+            stack.extend(child for _, child in m._children())
+
     def _peek_saved(self):
         """What the last training forward kept, not yet consumed: a backward checks its arguments
-        against it, then consumes it (:meth:`_take_saved`), so a refused call can be retried."""
+        against it, then consumes it (:meth:`_take_saved`), so a refused call can be retried.
+
+        Raises:
+            NoTrainingStateError: nothing kept. WeightsChangedError: the weights were written since
+                the forward (an optimizer step, ``load_state_dict``): the state is dropped.
+        """
         saved = self._saved
         if saved is None:
             mode = "training" if self.training else "eval (call .train() first)"
@@ -659,6 +985,66 @@ class Module:
             bound = 1.0 / np.sqrt(fan_in)
             _fill_in_chunks(_checkpoint_view(slot), lambda size: rng.uniform(-bound, bound, size=size),
                             slot.row_permutation)
+
+
+#: Attributes of a module that a copy does not take from it: the rebuilt module has its own.
+_NOT_COPIED = frozenset({"_impl", "_init_args", "_saved", "_parameters_cache"})
+
+
+def _holds_core_state(value) -> bool:
+    """Whether ``value`` is (or is a container of) a module or a C++ object: rebuilt, not copied."""
+    items = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else (value,)
+    return any(isinstance(v, Module) or type(v).__module__.startswith("transformer_core._core") for v in items)
+
+
+def _modules_under(module) -> dict:
+    """``{path: module}`` of ``module`` (path ``""``) and every module under it (``_children``)."""
+    out, stack = {}, [("", module)]
+    while stack:
+        prefix, m = stack.pop()
+        out[prefix] = m
+        stack.extend((f"{prefix}.{p}" if prefix else p, child) for p, child in m._children())
+    return out
+
+
+def _restore_module(cls, payload: dict):
+    """A module of class ``cls`` from a :meth:`Module._copy_payload` (copy.deepcopy, unpickling): built
+    from its arguments (random init skipped), then given the weights, gradients and attributes (an
+    attribute the constructor did not set, or a scalar one: a flag, a probability, the training mode).
+
+    Raises:
+        TypeError: ``cls`` cannot be built from the arguments, or the module built has other weights.
+    """
+    args, kwargs = payload["init_args"]
+    how = "copy it through state_dict: build a new one and load_state_dict(module.state_dict())"
+    try:
+        with skip_weight_init():
+            new = cls(*args, **kwargs)
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"{cls.__name__}: cannot be copied, building it again from the arguments it was built with "
+                        f"failed ({type(e).__name__}: {e}); {how}") from None
+    slots = new._slots()
+    weights = payload["weights"]
+    if list(slots) != list(weights) or any(np.shape(weights[n]) != tuple(slots[n].impl.parameter_view(
+            slots[n].core_name).shape) for n in slots):
+        raise TypeError(f"{cls.__name__}: cannot be copied, a module built again from the arguments it was built "
+                        f"with does not have its weights (it was changed after it was built); {how}")
+    for name, value in weights.items():
+        slots[name].impl.set_parameter(slots[name].core_name, value)
+    for name, value in payload["grads"].items():
+        slot = slots[name]
+        slot.impl.gradient_view(slot.core_name)[...] = value
+        _mark_grad_rows_written(slot.impl, slot.core_name)
+    modules = _modules_under(new)
+    for prefix, attributes in payload["attributes"].items():
+        module = modules.get(prefix)
+        if module is None:
+            continue
+        own = vars(module)
+        for key, value in attributes.items():
+            if key not in own or isinstance(value, (bool, int, float, str, type(None), np.generic)):
+                own[key] = value
+    return new
 
 
 #: Elements drawn at once by the weight init (8 MiB of float64).

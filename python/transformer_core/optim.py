@@ -13,6 +13,11 @@ flat ``name -> numpy array`` dict that ``safetensors.numpy.save_file`` writes as
     param_groups.{i}.{hyperparameter}           float64 scalars (lr, eps, weight_decay, ...;
                                                 betas as a (2,) array, flags as 0/1)
 
+A step writes the weights: a model's training forward still awaiting its backward can no longer
+have it (its backward raises :class:`~transformer_core.module.WeightsChangedError`, as torch's
+"modified by an inplace operation"); the order is forward, backward, ``step()``. Only the library's
+writes are seen (a step, ``load_state_dict``): values assigned into ``p.data`` by hand are not.
+
 Non-finite gradients: ``step()`` first checks every gradient it is about to use; if any holds NaN or
 ±inf it raises :class:`NonFiniteGradientError` (a ``ValueError``) naming those parameters, and
 NOTHING has changed (no weight, moment or step count). The training loop can catch it, call
@@ -47,7 +52,7 @@ import numpy as np
 
 from ._runtime import variant
 from ._validation import check_bool, check_float
-from .module import _BoundParameter
+from .module import _BoundParameter, weights_written
 from .parameter import Parameter
 
 __all__ = ["Optimizer", "Adam", "AdamW", "SGD", "NonFiniteGradientError", "clip_grad_norm_"]
@@ -259,6 +264,11 @@ class Optimizer:
                 whose array is read-only (named); a state array of another shape or dtype, or not
                 writeable, a step count out of ``[0, 2**63 - 2]`` (named by key: ``state.{name}.step``).
             TypeError: a state entry of the wrong type (a step count not an int, an array not an array).
+
+        A model whose weights a step updates loses the training state of a forward that has not had
+        its backward yet: that backward raises :class:`~transformer_core.module.WeightsChangedError`
+        (its activations belong to the old weights; torch raises too). Run backward before ``step()``.
+        Writes into ``p.data`` made by hand are not detected (numpy keeps no version count).
         """
         checked = [self._checked_group(gi, group) for gi, group in enumerate(self.param_groups)]
         loss = closure() if closure is not None else None
@@ -286,6 +296,9 @@ class Optimizer:
             raise NonFiniteGradientError(
                 f"step: non-finite (NaN or inf) gradient in {', '.join(repr(b) for b in bad)}; nothing was updated "
                 "(zero_grad() and skip the batch, or lower the learning rate)", bad)
+        # the models whose weights this step writes: a training forward of theirs that has not had its
+        # backward can no longer have it (WeightsChangedError), as torch's version counter refuses it
+        weights_written({id(p._impl): p._impl for _, _, p in work if isinstance(p, _BoundParameter)}.values())
         for group, name, p in work:
             self.state[name] = self._update(group, name, p, dict(self.state.get(name, {})))
         return loss

@@ -239,6 +239,9 @@ class Seq2SeqTransformer(Module):
 
         Raises:
             NoTrainingStateError: no training loss since the last backward.
+            WeightsChangedError (a NoTrainingStateError): the weights were written since the loss (an
+                optimizer ``step()``, ``load_state_dict``): the state is dropped, run the loss again.
+                Values assigned into ``p.data`` by hand are not detected.
         """
         if not self.training:
             raise NoTrainingStateError("Seq2SeqTransformer.backward: no training loss to differentiate (mode: eval; "

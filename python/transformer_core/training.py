@@ -42,6 +42,7 @@ from .module import (
     Module,
     NonFiniteLossError,
     NoTrainingStateError,
+    WeightsChangedError,
     _pcg64_of,
     get_rng_state,
     manual_seed,
@@ -49,7 +50,8 @@ from .module import (
 )
 from .optim import Optimizer
 
-__all__ = ["save_checkpoint", "load_checkpoint", "manual_seed", "NoTrainingStateError", "NonFiniteLossError"]
+__all__ = ["save_checkpoint", "load_checkpoint", "manual_seed", "NoTrainingStateError", "WeightsChangedError",
+           "NonFiniteLossError"]
 
 
 def _relaid_parameters(model: Module) -> dict:
