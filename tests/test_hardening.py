@@ -202,6 +202,19 @@ def test_broadcast_inputs_larger_than_memory_are_named(code, name):
     assert "more than this machine's memory" in out, out
 
 
+@pytest.mark.parametrize("model", ["tc.BertModel(tc.BertConfig(vocab_size=8, hidden_size=8, num_hidden_layers=1, "
+                                   "num_attention_heads=2, intermediate_size=8, max_position_embeddings=8))",
+                                   "tc.GPT2LMHeadModel(tc.GPT2Config(vocab_size=8, n_positions=8, n_embd=8, n_layer=1, "
+                                   "n_head=2))"])
+def test_model_attention_mask_shape_is_checked_before_it_is_copied(model):
+    """A broadcast attention_mask of the wrong shape is refused by its shape, not copied whole first
+    (a numpy MemoryError: the models made the mask C-contiguous before comparing shapes)."""
+    out = _under_memory_limit(f"m = {model}\n"
+                              "m(np.ones((2, 3), np.int64), attention_mask=np.broadcast_to("
+                              "(np.arange(2**20) % 2).astype(bool), (2**20, 2**20)).T)\n")
+    assert out.startswith("ValueError: attention_mask: expected shape (2, 3)"), out
+
+
 def test_embedding_broadcast_ids_give_the_contiguous_ids_values():
     """Broadcast ids (stride 0, any rank, 0-d included) embed as their contiguous copy, in the
     training forward and its backward too."""

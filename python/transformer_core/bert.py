@@ -282,11 +282,12 @@ class BertModel(Module):
         ids = as_ids(input_ids, "input_ids")
         mask = None
         if attention_mask is not None:
-            mask = np.ascontiguousarray(as_bool(attention_mask, "attention_mask", allow_float=True), dtype=np.bool_)
+            mask = as_bool(attention_mask, "attention_mask", allow_float=True)  # a broadcast view stays one
             if mask.ndim == 1:
                 mask = mask[None]
             if mask.shape != ids.shape:
                 raise ValueError(f"attention_mask: expected shape {ids.shape} (input_ids'), got {mask.shape}")
+            mask = np.ascontiguousarray(mask, dtype=np.bool_)  # the size of input_ids': checked
         tt = None
         if token_type_ids is not None:
             tt = as_ids(token_type_ids, "token_type_ids")

@@ -30,7 +30,6 @@ from ._runtime import core, variant
 from ._validation import (
     as_float,
     as_ids,
-    check_allocatable,
     check_eps,
     check_float,
     check_int,
@@ -368,23 +367,6 @@ def rotate_half(x) -> np.ndarray:
     if D % 2 != 0:
         raise ValueError(f"x: expected an even last dim, got shape {x.shape}")
     return np.concatenate([-x[..., D // 2:], x[..., :D // 2]], axis=-1)
-
-
-def _rotary_table(t, name: str, x_shape: tuple, D: int, layout: str, dtype, unsqueeze_dim: int = 1,
-                  x_name: str = "x") -> np.ndarray:
-    """cos or sin (already converted by :func:`_rotary_tables`) as the kernel's 2-D table
-    ``(table_rows, W)`` for ``x`` of ``x_shape``: ``W = D`` (half) or ``D/2`` (interleaved); row r
-    of x reads table row ``r % table_rows``. Checks as :func:`_rotary_values`.
-
-    A table that is not one block shared by every leading index of x (HF's ``(N, L, W)`` for x
-    ``(N, H, L, D)``) is broadcast to x's rows here, a copy checked against this machine's memory
-    first (ValueError naming ``name``); :func:`_rotate` gathers it a block of rows at a time instead."""
-    t = _rotary_values(t, name, x_shape, D, layout, dtype, unsqueeze_dim, x_name)
-    x_lead = x_shape[:-1]
-    if _shared_from(t, x_lead) == 0:
-        return t.reshape(-1, t.shape[-1])
-    check_allocatable(x_lead + (t.shape[-1],), t.itemsize, name)
-    return np.ascontiguousarray(np.broadcast_to(t, x_lead + t.shape[-1:])).reshape(-1, t.shape[-1])
 
 
 def _rotary_values(t, name: str, x_shape: tuple, D: int, layout: str, dtype, unsqueeze_dim: int = 1,
