@@ -225,3 +225,28 @@ def test_data_that_contains_itself_is_refused_naming_its_path():
         deep = [deep]
     with pytest.raises(ValueError, match=r"^extra(\[0\]){100}: nested deeper than 100 levels"):
         render_chat_template("x", [{"role": "user", "content": "hi"}], extra=deep)
+
+
+def test_a_tool_given_as_a_function_is_refused_naming_it():
+    """transformers turns a tool function into its JSON schema; the plain-data conversion made it the
+    string "<function>", a silently wrong prompt. It is refused, naming its place; the schema dict
+    renders as transformers renders it."""
+    from transformers.utils import get_json_schema
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    def get_weather(city: str) -> str:
+        """Gets the weather.
+
+        Args:
+            city: the city
+        """
+        return city
+
+    template = "{% if tools %}TOOLS:{{ tools | tojson }}{% endif %}{{ messages[0].content }}"
+    messages = [{"role": "user", "content": "hi"}]
+    with pytest.raises(TypeError, match=r"^tools\[1\]: expected JSON data .* got a callable function"):
+        render_chat_template(template, messages, tools=[{"type": "function"}, get_weather])
+    schema = get_json_schema(get_weather)
+    (ref,), _ = render_jinja_template(conversations=[messages], chat_template=template, tools=[get_weather])
+    assert render_chat_template(template, messages, tools=[schema]) == ref
+    assert '"name": "get_weather"' in ref

@@ -98,7 +98,8 @@ def render_chat_template(template: str, messages, add_generation_prompt: bool = 
 
     Raises:
         TypeError: ``template`` not a str; ``add_generation_prompt`` not a bool; a bad message (see
-            :func:`validate_messages`).
+            :func:`validate_messages`); a callable among the data (a tool given as a function,
+            which transformers would turn into its JSON schema: give the schema).
         ValueError: a bad message; messages or a variable that contain themselves or nest deeper
             than ``MAX_DATA_DEPTH`` (naming the path, e.g. ``tools[0]['parameters']``).
             ChatTemplateError (a ValueError): the template does not parse,
@@ -127,9 +128,11 @@ def _plain_data(value, path: str, depth: int = 0, active: frozenset = frozenset(
     """``value`` rebuilt from plain JSON types, what a template may see (as transformers'
     ``_plain_template_data``): exact str/int/float/bool/None as they are, their subclasses (enums,
     numpy scalars) as the base type, mappings as new dicts, lists as new lists, tuples as new tuples,
-    dataclasses and pydantic models as dicts of their fields, anything else as ``"<TypeName>"``.
+    dataclasses and pydantic models as dicts of their fields, anything else as ``"<TypeName>"``
+    except a callable (refused).
 
     Raises:
+        TypeError: a callable (a function given as a tool), naming ``path``.
         ValueError: a container that contains itself, or nesting deeper than ``MAX_DATA_DEPTH``
             (naming ``path``, the value's place in the argument).
     """
@@ -148,6 +151,10 @@ def _plain_data(value, path: str, depth: int = 0, active: frozenset = frozenset(
     container = isinstance(value, (Mapping, list, tuple)) or (
         dataclasses.is_dataclass(value) and not isinstance(value, type)) or callable(getattr(value, "model_dump", None))
     if not container:
+        if callable(value):  # transformers turns a tool function into its JSON schema: do not render a stand-in
+            raise TypeError(f"{path}: expected JSON data (a tool's JSON schema as a dict), got a callable "
+                            f"{type(value).__name__}; this package does not derive schemas from functions "
+                            "(transformers.utils.get_json_schema(fn) gives the dict transformers would use)")
         return f"<{type(value).__name__}>"
     if id(value) in active:
         raise ValueError(f"{path}: a value that contains itself (a template can only be given tree-shaped data)")

@@ -106,16 +106,17 @@ def next_tokens(scores: np.ndarray, sequences: np.ndarray, cfg: GenerationConfig
         ``(N,)`` int64 token ids.
     """
     if cfg.repetition_penalty is not None and cfg.repetition_penalty != 1.0:
-        N, V = scores.shape
-        counted = sequences
-        if prompt_ignore_length is not None:  # ignored positions point at an extra column, dropped below
-            ignored = np.arange(sequences.shape[1])[None, :] < np.asarray(prompt_ignore_length)[:, None]
-            counted = np.where(ignored, V, sequences)
-        seen = np.zeros((N, V + 1), bool)
-        seen[np.arange(N)[:, None], counted] = True
-        seen = seen[:, :V]
-        hit = scores[seen]
-        scores[seen] = np.where(hit < 0, hit * cfg.repetition_penalty, hit / cfg.repetition_penalty)
+        counted, rows = sequences, np.arange(scores.shape[0])[:, None]
+        if prompt_ignore_length is not None:
+            # an ignored position repeats its row's last id (counted anyway), so it penalizes nothing
+            # more; a row whose every position is ignored is left out
+            ignore = np.asarray(prompt_ignore_length)
+            kept = ignore < sequences.shape[1]
+            ignored = np.arange(sequences.shape[1])[None, :] < ignore[kept, None]
+            counted, rows = np.where(ignored, sequences[kept, -1:], sequences[kept]), rows[kept]
+        # a repeated id is gathered from the unpenalized scores each time: penalized once
+        hit = scores[rows, counted]
+        scores[rows, counted] = np.where(hit < 0, hit * cfg.repetition_penalty, hit / cfg.repetition_penalty)
     if not cfg.do_sample:
         return scores.argmax(axis=-1).astype(np.int64)
     # softmax(s / T) = softmax((s - max s) / T): the shift first keeps every entry <= 0, so no
