@@ -1177,3 +1177,21 @@ def test_norms_of_subnormal_float32_rows_with_eps_0():
     np.testing.assert_allclose(F.layer_norm(x, eps=0.0), F.layer_norm(scaled, eps=0.0), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(F.rms_norm(x, eps=0.0), F.rms_norm(scaled, eps=0.0), rtol=1e-5, atol=1e-6)
     assert np.all(np.isfinite(F.layer_norm(x, eps=0.0))) and np.all(np.isfinite(F.rms_norm(x, eps=0.0)))
+
+
+def test_save_pretrained_with_a_folder_in_a_files_place_writes_nothing(tmp_path):
+    """A folder named config.json made the last rename fail after model.safetensors had moved in: a
+    new weights file without its config. Now refused before anything is written; a bad directory
+    type is named."""
+    model = tc.LlamaForCausalLM(tc.LlamaConfig(vocab_size=20, hidden_size=8, intermediate_size=12,
+                                               num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                                               max_position_embeddings=16))
+    for blocked in ("config.json", "model.safetensors"):
+        d = tmp_path / blocked.replace(".", "_")
+        (d / blocked).mkdir(parents=True)
+        with pytest.raises(IsADirectoryError, match=f"cannot write {blocked}: a folder of that name is in the way"):
+            model.save_pretrained(d)
+        assert sorted(p.name for p in d.iterdir()) == [blocked]  # nothing written, no temporary left
+    for bad in (None, 3, b"/tmp/x"):
+        with pytest.raises(TypeError, match=r"^directory: expected a str or path, got "):
+            model.save_pretrained(bad)

@@ -5,6 +5,7 @@ files so that none is ever half-written (:func:`write_files_atomically`, which e
 
 from __future__ import annotations
 
+import errno
 import os
 import secrets
 from pathlib import Path
@@ -70,10 +71,15 @@ def write_files_atomically(directory, files) -> None:
             permission; the original error chained, its errno kept); the folder holds what it held
             before (a folder created here stays, empty) and no temporary. A failure of the final renames themselves (rare: a rename inside one
             folder) can leave the files renamed before it replaced.
+        IsADirectoryError (an OSError): a folder stands where one of the files goes (before anything
+            is written).
+        TypeError: ``directory`` not a str or path.
         ValueError: a file name that is not a plain name inside the folder, or one given twice.
     """
     from safetensors import SafetensorError
 
+    if not isinstance(directory, (str, os.PathLike)) or isinstance(os.fspath(directory), bytes):
+        raise TypeError(f"directory: expected a str or path, got {type(directory).__name__}")
     path = Path(directory)
     files = list(files)
     names = [name for name, _ in files]
@@ -82,6 +88,10 @@ def write_files_atomically(directory, files) -> None:
             raise ValueError(f"files: expected plain file names inside {path}, got {name!r}")
     if len(set(names)) != len(names):
         raise ValueError(f"files: expected each file once, got {names}")
+    for name in names:  # a folder in a file's place would fail its rename after earlier files moved in
+        if (path / name).is_dir():
+            raise IsADirectoryError(errno.EISDIR, f"cannot write {name}: a folder of that name is in the way "
+                                    f"(nothing written)", str(path / name))
     path.mkdir(parents=True, exist_ok=True)
     written = []  # (temporary, final)
     try:
