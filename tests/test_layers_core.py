@@ -369,3 +369,83 @@ def test_load_state_dict_strict_false_and_its_result_match_torch(rng):
     assert got.unexpected_keys == [] and "lm_head.weight" not in got.missing_keys
     assert len(got.missing_keys) == len(state) - 1
     np.testing.assert_array_equal(model.state_dict()["lm_head.weight"], state["lm_head.weight"] * 2)
+
+
+def test_deepcopy_keeps_shared_module_identity_within_one_call():
+    """copy.deepcopy((enc, enc.layers[0])) gave a layer that was not the copied stack's (torch's:
+    ``a.layers[0] is b``), so loading into it left the copied stack unchanged. Every module under a
+    copied one is registered in the call's memo."""
+    import copy
+
+    te = torch.nn.TransformerEncoder(torch.nn.TransformerEncoderLayer(8, 2, 16, batch_first=True), 2,
+                                     enable_nested_tensor=False)
+    ta, tb = copy.deepcopy((te, te.layers[0]))
+    enc = tc.nn.TransformerEncoder(tc.nn.TransformerEncoderLayer(8, 2, 16, dtype=np.float64), 2,
+                                   tc.nn.LayerNorm(8, dtype=np.float64))
+    a, b, norm = copy.deepcopy((enc, enc.layers[0], enc.norm))
+    assert (a.layers[0] is b) == (ta.layers[0] is tb) is True
+    assert a.norm is norm and b is not enc.layers[0]
+    b.load_state_dict({k: v * 0 for k, v in b.state_dict().items()})
+    np.testing.assert_array_equal(a.state_dict()["layers.0.linear1.weight"], 0)
+    assert np.abs(enc.state_dict()["layers.0.linear1.weight"]).max() > 0  # the original untouched
+    t = tc.nn.Transformer(8, 2, 1, 1, 16, dtype=np.float64)
+    c, layer = copy.deepcopy((t, t.decoder.layers[0]))
+    assert c.decoder.layers[0] is layer
+
+
+def _cfg_models():
+    bert = tc.BertModel(tc.BertConfig(vocab_size=20, hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
+                                      intermediate_size=12, max_position_embeddings=8, hidden_dropout_prob=0.1),
+                        dtype=np.float64)
+    gpt2 = tc.GPT2LMHeadModel(tc.GPT2Config(vocab_size=20, n_positions=8, n_embd=8, n_layer=1, n_head=2,
+                                            resid_pdrop=0.1, embd_pdrop=0.1), dtype=np.float64)
+    llama = tc.LlamaForCausalLM(tc.LlamaConfig(vocab_size=20, hidden_size=8, intermediate_size=12, num_hidden_layers=1,
+                                               num_attention_heads=2, max_position_embeddings=8), dtype=np.float64)
+    return {"bert": (bert, {"hidden_dropout_prob": 0.0}), "gpt2": (gpt2, {"resid_pdrop": 0.0, "embd_pdrop": 0.0}),
+            "llama": (llama, {"rms_norm_eps": 1e-3})}
+
+
+@pytest.mark.parametrize("kind", ["bert", "gpt2", "llama"])
+@pytest.mark.parametrize("how", ["deepcopy", "pickle"])
+def test_deepcopy_and_pickle_carry_a_replaced_config(kind, how):
+    """A config replaced on the model (``m.config = copy.copy(m.config)``, then a field changed)
+    came back as the constructor's in a deepcopy / unpickled copy (BERT's hidden_dropout_prob 0.0 set
+    on the original, 0.1 in the copies: their training forwards dropped what the original's kept).
+    Every attribute carried is restored, non-scalar ones included."""
+    import copy
+    import dataclasses
+    import pickle
+
+    model, changes = _cfg_models()[kind]
+    model.config = dataclasses.replace(model.config, **changes)
+    dup = copy.deepcopy(model) if how == "deepcopy" else pickle.loads(pickle.dumps(model))
+    assert dup.config == model.config and dup.config is not model.config
+    for key, value in changes.items():
+        assert getattr(dup.config, key) == value
+    ids = np.array([[1, 2, 3, 4], [5, 6, 7, 8]])
+    if kind == "bert":  # no dropout now: a training forward is the eval one
+        expected = model(ids).last_hidden_state
+        dup.train()
+        np.testing.assert_array_equal(dup(ids).last_hidden_state, expected)
+    elif kind == "gpt2":
+        expected = model.loss(ids, ids)
+        dup.train()
+        assert dup.loss(ids, ids) == expected
+
+
+@pytest.mark.parametrize("how", ["deepcopy", "pickle"])
+def test_deepcopy_and_pickle_carry_changed_attributes_of_children(how):
+    """The dropout of a stack's layers changed after construction travels with the copy, and its
+    training forward is then the original's (no dropout: the eval output)."""
+    import copy
+    import pickle
+
+    enc = tc.nn.TransformerEncoder(tc.nn.TransformerEncoderLayer(8, 2, 16, dtype=np.float64, dropout=0.3), 2)
+    for layer in enc.layers:
+        layer.dropout = 0.0
+    x = np.random.default_rng(0).standard_normal((2, 3, 8))
+    expected = enc(x)
+    dup = copy.deepcopy(enc) if how == "deepcopy" else pickle.loads(pickle.dumps(enc))
+    assert [layer.dropout for layer in dup.layers] == [0.0, 0.0]
+    dup.train()
+    np.testing.assert_array_equal(dup(x), expected)

@@ -431,12 +431,13 @@ def _torch_mha_kv(E, H, kdim, vdim, dtype=np.float32):
 
 
 @pytest.mark.parametrize("kdim,vdim", [(8, 6), (4, 8), (4, 6)])
-def test_mha_packed_in_proj_weight_is_refused_when_kdim_or_vdim_differ(rng, kdim, vdim):
+def test_mha_packed_in_proj_weight_is_an_unknown_key_when_kdim_or_vdim_differ(rng, kdim, vdim):
     """With kdim or vdim != embed_dim the weights are torch's separate q/k/v_proj_weight (those load
-    and match torch); an (E + 2·E_kv, E) in_proj_weight can never fill them: a ValueError naming
-    state_dict['in_proj_weight'] (was a k/v_proj_weight shape error for a weight not given), and a
-    value of the wrong kind the TypeError naming the key that every other weight gets (was IndexError
-    for a 0-d or str value), the module unchanged."""
+    and match torch); an (E + 2·E_kv, E) in_proj_weight can never fill them. torch's module has no
+    such weight then, so it is an unknown key, as in torch: strict=True refuses it (the message says
+    why), strict=False returns it in unexpected_keys (it raised a ValueError either way) and loads
+    the rest; a value of the wrong kind is the TypeError naming the key that every other weight gets
+    (was IndexError for a 0-d or str value), the module unchanged."""
     ref = _torch_mha_kv(8, 2, kdim, vdim)
     ours = tc.nn.MultiheadAttention(8, 2, kdim=kdim, vdim=vdim)
     sd = module_state_to_numpy(ref)
@@ -448,17 +449,31 @@ def test_mha_packed_in_proj_weight_is_refused_when_kdim_or_vdim_differ(rng, kdim
     packed = tc.nn.MultiheadAttention(8, 2).state_dict()  # in_proj_weight (24, 8)
     for state in (packed, {**sd, "in_proj_weight": packed["in_proj_weight"]}):
         with pytest.raises(ValueError, match=r"^MultiheadAttention.load_state_dict refused \(module unchanged\): "
-                                             r"state_dict\['in_proj_weight'\] \(24, 8\): a packed q/k/v projection "
+                                             r"(missing keys: .*; )?unknown keys: \['in_proj_weight'\] "
+                                             r"\(in_proj_weight: a packed q/k/v projection "
                                              rf"does not fit this module \(kdim={kdim}, vdim={vdim}, embed_dim=8\); "
                                              rf"expected the separate weights q_proj_weight \(8, 8\), k_proj_weight "
                                              rf"\(8, {kdim}\) and v_proj_weight \(8, {vdim}\)"):
             ours.load_state_dict(state)
+    assert states_equal(ours.state_dict(), before)
+    # strict=False: torch's result, the other weights loaded
+    new = {n: w * 0.5 for n, w in sd.items()}
+    for state in ({**new, "in_proj_weight": packed["in_proj_weight"]},
+                  {"in_proj_weight": packed["in_proj_weight"], "out_proj.bias": new["out_proj.bias"]}):
+        theirs = ref.load_state_dict({n: torch.from_numpy(w) for n, w in state.items()}, strict=False)
+        got = ours.load_state_dict(state, strict=False)
+        assert (got.missing_keys, got.unexpected_keys) == (theirs.missing_keys, theirs.unexpected_keys)
+        assert got.unexpected_keys == ["in_proj_weight"]
+        assert states_equal(ours.state_dict(), {n: w.detach().numpy() for n, w in ref.state_dict().items()})
+    ours.load_state_dict(sd)
+    before = _snapshot(ours)
     base = {n: w for n, w in sd.items() if not n.endswith("_proj_weight")}
-    for value in ("abc", np.zeros((24, 8), np.int64), torch.zeros(24, 8, dtype=torch.bool), [["x"]]):
-        with pytest.raises(TypeError, match=r"^state_dict\['in_proj_weight'\]: expected"):
-            ours.load_state_dict({**base, "in_proj_weight": value})
+    for strict in (True, False):
+        for value in ("abc", np.zeros((24, 8), np.int64), torch.zeros(24, 8, dtype=torch.bool), [["x"]]):
+            with pytest.raises(TypeError, match=r"^state_dict\['in_proj_weight'\]: expected"):
+                ours.load_state_dict({**base, "in_proj_weight": value}, strict=strict)
     for value in (np.float32(1), torch.zeros(24, 8, requires_grad=True), torch.zeros(24, 8, dtype=torch.bfloat16)):
-        with pytest.raises(ValueError, match=r"refused \(module unchanged\): state_dict\['in_proj_weight'\] "):
+        with pytest.raises(ValueError, match=r"refused \(module unchanged\): .*in_proj_weight"):
             ours.load_state_dict({**base, "in_proj_weight": value})
     assert states_equal(ours.state_dict(), before)
 

@@ -729,3 +729,21 @@ def test_inplace_quantization_frees_the_float32_weights(tmp_path, case):
         assert freed[0] < 16 and freed[1] > 40, freed   # kept while the view lives, then freed
     else:
         assert freed[0] > 40, freed                      # 64 MiB out, 16 MiB of int8 in
+
+
+def test_a_quantized_copy_carries_a_replaced_config():
+    """The copy took only attributes its constructor did not set: a config replaced after the model was
+    built (here: other end ids, which generate reads) was the constructor's again in the int8 copy.
+    It now carries the original's (a copy of it: changing one leaves the other)."""
+    import copy
+
+    model = tc.LlamaForCausalLM(dict(vocab_size=20, hidden_size=16, intermediate_size=24, num_hidden_layers=1,
+                                     num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=32,
+                                     eos_token_id=2))
+    model.config = copy.copy(model.config)
+    model.config.eos_token_id = [5, 7]
+    q = tc.quantize(model, "int8")
+    assert q.config.eos_token_id == [5, 7] and q.config is not model.config
+    assert not q.training
+    model.config.eos_token_id = [9]
+    assert q.config.eos_token_id == [5, 7]

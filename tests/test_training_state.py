@@ -617,3 +617,154 @@ def test_a_step_over_another_model_or_gradient_writes_do_not_refuse():
     a.backward(g)
     ref(torch.from_numpy(x)).backward(torch.from_numpy(g))
     _compare_grads(dict(a.named_parameters()), dict(ref.named_parameters()))
+
+
+# ------------------------------------------------------------ composite backwards: all or nothing
+def _stack_case(kind):
+    """(model, run, backward, write part of it) for a stack or nn.Transformer of float64."""
+    rng = np.random.default_rng(3)
+    x, mem, g = rng.standard_normal((2, 3, 8)), rng.standard_normal((2, 4, 8)), rng.standard_normal((2, 3, 8))
+    norm = tc.nn.LayerNorm(8, dtype=np.float64)
+    if kind == "encoder":
+        m = tc.nn.TransformerEncoder(tc.nn.TransformerEncoderLayer(8, 2, 16, dtype=np.float64), 2, norm)
+        return m, (lambda m: m(x)), (lambda m: m.backward(g)), m.layers[0]
+    if kind == "decoder":
+        m = tc.nn.TransformerDecoder(tc.nn.TransformerDecoderLayer(8, 2, 16, dtype=np.float64), 2, norm)
+        return m, (lambda m: m(x, mem)), (lambda m: m.backward(g)), m.layers[0]
+    m = tc.nn.Transformer(8, 2, 1, 1, 16, dtype=np.float64)
+    return m, (lambda m: m(mem, x)), (lambda m: m.backward(g)), m.encoder
+
+
+@pytest.mark.parametrize("kind", ["encoder", "decoder", "transformer"])
+def test_a_refused_composite_backward_adds_no_gradient(kind):
+    """A stack's backward ran its children's backwards one by one: with only layer 0's (or the
+    encoder's) weights written since the forward it added the norm's and the later layers' gradients
+    (20 of nn.Transformer's decoder) before layer 0 raised WeightsChangedError, and the forward and
+    backward run again, as the error says, gave those gradients twice. Now every module is checked
+    first: nothing added, and the rerun gives the gradients of one backward (a fresh copy's)."""
+    from transformer_core.module import WeightsChangedError
+
+    model, run, backward, part = _stack_case(kind)
+    model.train()
+    run(model)
+    part.load_state_dict({k: v * 0.9 for k, v in part.state_dict().items()}, strict=False)
+    with pytest.raises(WeightsChangedError, match=rf"^{type(model).__name__}\.backward: the weights changed"):
+        backward(model)
+    assert model.gradients() == {}
+    with pytest.raises(tc.NoTrainingStateError):  # the whole tree's state was dropped
+        backward(model)
+    assert model.gradients() == {}
+    fresh = copy.deepcopy(model)
+    for m in (model, fresh):
+        run(m)
+        backward(m)
+    expected = fresh.gradients()
+    assert expected.keys() == dict(model.named_parameters()).keys()
+    for name, g in expected.items():
+        np.testing.assert_array_equal(model.gradients()[name], g, err_msg=name)
+    # a child's own backward ran in between: the stack's backward adds nothing either
+    model.zero_grad()
+    run(model)
+    (model.layers[-1] if kind != "transformer" else model.decoder).backward(np.ones((2, 3, 8)))
+    before = model.gradients()
+    with pytest.raises(tc.NoTrainingStateError, match="held no training state of this forward"):
+        backward(model)
+    assert model.gradients().keys() == before.keys()
+    for name, g in before.items():
+        np.testing.assert_array_equal(model.gradients()[name], g, err_msg=name)
+
+
+def _copy_cases():
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((2, 3, 8))
+    return {
+        "linear": (lambda: tc.nn.Linear(8, 8, dtype=np.float64), lambda m: m(x), lambda m: m.backward(np.ones_like(x))),
+        "mha": (lambda: tc.nn.MultiheadAttention(8, 2, dtype=np.float64), lambda m: m(x),
+                lambda m: m.backward(np.ones_like(x))),
+        "encoder_layer": _CASES["encoder_layer"],
+        "encoder_stack": _CASES["encoder_stack"],
+        "transformer": (lambda: tc.nn.Transformer(8, 2, 1, 1, 16, dtype=np.float64), lambda m: m(x, x[:, :2]),
+                        lambda m: m.backward(np.ones((2, 2, 8)))),
+        "gpt2": _CASES["gpt2"],
+        "seq2seq": _CASES["seq2seq"],
+        "bert": _CASES["bert"],
+    }
+
+
+@pytest.mark.parametrize("case", list(_copy_cases()))
+def test_a_shallow_copy_has_no_backward_pending(case):
+    """copy.copy(module) shared the forward's training state: the copy's backward after the
+    original's added a Linear's gradients a second time (or raised a plain C++ RuntimeError, MHA and
+    the encoder layer). The copy (same weights, same children, as torch's) has no backward pending:
+    NoTrainingStateError, before or after the original's, which runs once and gives one backward's
+    gradients (a deep copy's)."""
+    build, run, backward = _copy_cases()[case]
+    model = build().train()
+    fresh = copy.deepcopy(model)
+    for m in (model, fresh):
+        tc.manual_seed(2)
+        run(m)
+    shallow = copy.copy(model)
+    assert shallow._impl is model._impl and shallow._slots().keys() == model._slots().keys()
+    with pytest.raises(tc.NoTrainingStateError) as before:
+        backward(shallow)
+    assert type(before.value) is tc.NoTrainingStateError
+    assert model.gradients() == {}
+    backward(model)
+    backward(fresh)
+    with pytest.raises(tc.NoTrainingStateError):
+        backward(shallow)
+    expected = fresh.gradients()
+    assert expected and model.gradients().keys() == expected.keys()
+    for name, g in expected.items():
+        np.testing.assert_array_equal(model.gradients()[name], g, err_msg=name)
+
+
+def test_weights_changed_is_documented_stricter_than_torch():
+    """torch's backward runs after an SGD step over a Linear's bias only (its weight, which the
+    backward reads, was not modified); ours raises, since any weight written counts (one version per
+    C++ module): the docstrings said "as torch's", now they say how it is stricter."""
+    from transformer_core import module
+    from transformer_core.module import WeightsChangedError
+
+    x = np.random.default_rng(0).standard_normal((2, 4))
+    ref = torch.nn.Linear(4, 3).double()
+    out = ref(torch.from_numpy(x))
+    with torch.no_grad():
+        ref.bias.add_(1.0)  # a bias-only write, as a step over the biases only
+    out.sum().backward()  # torch runs: the bias is not read by the backward
+    assert ref.weight.grad is not None
+    ours = tc.nn.Linear(4, 3, dtype=np.float64).train()
+    ours.load_state_dict({k: v.detach().numpy() for k, v in ref.state_dict().items()})
+    ours(x)
+    ours.load_state_dict({"bias": ref.bias.detach().numpy() + 1.0}, strict=False)
+    with pytest.raises(WeightsChangedError):
+        ours.backward(np.ones((2, 3)))
+    doc = " ".join(WeightsChangedError.__doc__.split())
+    assert "Stricter than torch's" in doc and "ANY weight" in doc and "one write version per C++ module" in doc
+    assert '(as torch\'s "modified by an inplace operation")' not in " ".join(module.__doc__.split())
+
+
+def test_seq2seq_backward_after_a_childs_own_backward_adds_nothing():
+    """A child's own backward between loss and backward: the generator's gradients were added, then
+    the transformer refused. Now refused before anything is added; the loss again, then backward,
+    gives a fresh copy's gradients."""
+    model = tc.Seq2SeqTransformer(11, 13, d_model=8, nhead=2, num_encoder_layers=1, num_decoder_layers=1,
+                                  dim_feedforward=16, dtype=np.float64).train()
+    rng = np.random.default_rng(0)
+    src, tgt, labels = rng.integers(0, 11, (2, 5)), rng.integers(0, 13, (2, 4)), rng.integers(0, 13, (2, 4))
+    fresh = copy.deepcopy(model)
+    fresh.loss(src, tgt, labels)
+    fresh.backward()
+    model.loss(src, tgt, labels)
+    model.generator.backward(np.ones((2, 4, 13)))  # the child's own backward consumes its state
+    model.zero_grad()
+    with pytest.raises(tc.NoTrainingStateError, match=r"held no training state of this forward"):
+        model.backward()
+    assert model.gradients() == {}
+    model.loss(src, tgt, labels)
+    model.backward()
+    got, ref = model.gradients(), fresh.gradients()
+    assert got.keys() == ref.keys()
+    for name in ref:
+        np.testing.assert_array_equal(got[name], ref[name], err_msg=name)

@@ -21,9 +21,12 @@ Training follows torch's habits where it can, with an explicit backward since th
   gradient into its buffer, which lives in C++ beside the parameter; gradients accumulate over
   backward calls until ``zero_grad()``. Each training forward has one backward (a second one, or
   one without a training forward, raises :class:`NoTrainingStateError`), with the weights it ran
-  with: once an optimizer ``step()``, ``load_state_dict`` or in-place quantizing wrote them, its
-  backward raises :class:`WeightsChangedError` (as torch's "modified by an inplace operation") and
-  the forward must run again; ``zero_grad()`` in between is fine (it writes gradients only).
+  with: once an optimizer ``step()``, ``load_state_dict`` or in-place quantizing wrote any weight of
+  the module, its backward raises :class:`WeightsChangedError` and the forward must run again
+  (stricter than torch's "modified by an inplace operation", which concerns only the tensors the
+  backward reads: see that class); ``zero_grad()`` in between is fine (it writes gradients only).
+  A composite module's backward (a stack, ``Transformer``) checks every module under it before
+  any of them adds a gradient: a refused backward adds none.
   Values assigned into ``p.data`` through the numpy views are not detected (numpy keeps no version).
 * ``named_parameters()`` / ``parameters()``: :class:`~transformer_core.parameter.Parameter` objects
   whose ``data`` and ``grad`` are zero-copy numpy views of the C++ buffers, named as ``state_dict()``
@@ -140,8 +143,15 @@ class NoTrainingStateError(RuntimeError):
 class WeightsChangedError(NoTrainingStateError):
     """``backward`` after the weights its training forward ran with were written (an optimizer
     ``step()``, ``load_state_dict``, quantizing in place): the forward's activations belong to the
-    old weights, so the gradient would mix two models (torch raises too: "modified by an inplace
-    operation"). The training state is dropped: run the forward (or loss) again, then backward.
+    old weights, so the gradient would mix two models. The training state is dropped (of the whole
+    module the backward was called on: a composite module's backward adds no gradient then): run the
+    forward (or loss) again, then backward.
+
+    Stricter than torch's "modified by an inplace operation": torch refuses only when a tensor that
+    the backward reads was modified, while here a write to ANY weight of a C++ module since the
+    forward counts, even one its backward does not read (an optimizer step over the biases only,
+    say, between a ``Linear``'s forward and backward: torch's backward runs, this one raises). The
+    library records one write version per C++ module (a layer, a whole model), not per tensor.
 
     Writes the library cannot see are not detected: values assigned into a parameter's ``data``
     (``p.data[...] = x``, ``np.copyto``, ``+=``) through the numpy views (numpy keeps no version
@@ -170,8 +180,9 @@ _LAST_WRITE: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 def weights_written(impls) -> None:
     """Records that the library wrote the weights of the C++ modules ``impls`` (an optimizer step,
     ``load_state_dict``, quantizing in place): a training forward of any of them that has not had
-    its backward yet can no longer have it (:class:`WeightsChangedError`). Gradient writes
-    (``zero_grad``, ``grad = ...``) do not count: they change no weight."""
+    its backward yet can no longer have it (:class:`WeightsChangedError`), whichever of its weights
+    were written (the version is per C++ module, not per weight). Gradient writes (``zero_grad``,
+    ``grad = ...``) do not count: they change no weight."""
     _WRITES[0] += 1
     for impl in impls:
         _LAST_WRITE[impl] = _WRITES[0]
@@ -565,6 +576,11 @@ class Module:
         """Maps alternative names of a checkpoint onto ours before loading (default: none)."""
         return state
 
+    def _unknown_key_hint(self, name: str) -> str | None:
+        """Why the checkpoint name ``name``, which this module has no weight for, does not fit (added to
+        ``load_state_dict``'s strict refusal), or None (default: no more to say than "unknown")."""
+        return None
+
     # ---- the registry --------------------------------------------------------------------------
     def _slots(self) -> dict[str, _Slot]:
         """``{name: _Slot}`` over this module and its children, in registration order."""
@@ -654,7 +670,8 @@ class Module:
         if missing and strict:
             problems.append(f"missing keys: {missing}")
         if unknown and strict:
-            problems.append(f"unknown keys: {unknown}")
+            hints = [f"{k}: {hint}" for k in unknown if (hint := self._unknown_key_hint(k)) is not None]
+            problems.append(f"unknown keys: {unknown}" + (f" ({'; '.join(hints)})" if hints else ""))
         for name, slot in slots.items():
             if name not in state:
                 continue
@@ -677,18 +694,35 @@ class Module:
 
     # ---- copies (copy.copy, copy.deepcopy, pickle) -----------------------------------------------
     def __copy__(self) -> "Module":
-        """A shallow copy, as torch's: a new Python object over the SAME weights (and gradients)."""
+        """A shallow copy, as torch's: a new Python object over the SAME weights (and gradients) and
+        the same child modules (shared objects, as torch's shallow copy shares its submodules).
+
+        What a training forward of this module kept for its backward is not the copy's: the copy has
+        no backward pending (its ``backward`` raises :class:`NoTrainingStateError`; the original's
+        still runs, once). The children being shared, what each of them kept is the same object's
+        state: a child's own ``backward`` (``copy.layers[0].backward``) runs the original's forward's,
+        once either way, and a training forward through the copy replaces it (as calling the shared
+        children again would)."""
         new = object.__new__(type(self))
         new.__dict__.update(self.__dict__)
+        new.__dict__.pop("_saved", None)  # the forward was the original's: one backward, through it
         return new
 
     def __deepcopy__(self, memo: dict) -> "Module":
         """An independent copy (torch's ``copy.deepcopy(module)``): a module of the same class built
         again from the arguments this one was built with (``_init_args``; no random init), then
         given its weights, its gradients (those that hold one), its training mode and the
-        attributes it carries (a loader's ``source``, a dropout probability changed since). What a
-        training forward kept for its backward is not copied: the copy has no backward pending.
-        An attribute that cannot be deep-copied (a memory-mapped checkpoint) is shared.
+        attributes it carries (a loader's ``source``, a config replaced, a dropout probability
+        changed since). What a training forward kept for its backward is not copied: the copy has no
+        backward pending. An attribute that cannot be deep-copied (a memory-mapped checkpoint) is
+        shared.
+
+        Identity within one ``copy.deepcopy`` call (its memo), as torch's: every module under this one
+        is registered with its copy, so a later reference to one of them in the same call gets the
+        copy's (``a, b = copy.deepcopy((enc, enc.layers[0]))``: ``a.layers[0] is b``). Not preserved:
+        a child copied BEFORE its parent in the same call (``copy.deepcopy((enc.layers[0], enc))``)
+        stays a separate copy (the parent is rebuilt from its arguments, with children of its own);
+        and pickling preserves no such identity (each module pickles as a whole of its own).
 
         Raises:
             TypeError: a weight is held quantized (copy the float model and quantize the copy), or
@@ -709,7 +743,10 @@ class Module:
                 except (TypeError, pickle.PicklingError):
                     pass  # shared (a read-only checkpoint, say)
         new = _restore_module(type(self), payload)
-        memo[id(self)] = new
+        copies = _modules_under(new)
+        for path, module in _modules_under(self).items():  # later references in this call: the copies
+            memo[id(module)] = copies[path]
+            memo.setdefault(id(memo), []).append(module)  # alive while memo is (copy's own _keep_alive)
         return new
 
     def __reduce_ex__(self, protocol):
@@ -914,29 +951,80 @@ class Module:
 
     def _check_recorded_weights(self) -> None:
         """The backward of a model of :meth:`_record_weights`: raises :class:`WeightsChangedError`
-        (the state dropped) when its weights were written since, then forgets the record."""
+        (the state dropped) when its weights were written since, then forgets the record.
+
+        Raises:
+            NoTrainingStateError: nothing recorded (no loss since the last backward, or a shallow copy's
+                backward: its C++ training state is the original's, see :meth:`__copy__`).
+        """
         kept = self.__dict__.get("_saved")
-        if kept is not None:
-            self._check_weights_unchanged(kept.writes)
+        if kept is None:
+            raise NoTrainingStateError(f"{type(self).__name__}.backward: no training loss to differentiate (each "
+                                       "loss has one backward, through the model it ran on)")
+        self._check_weights_unchanged(kept.writes)
         self._saved = None
 
-    def _check_weights_unchanged(self, writes: int) -> None:
-        """Raises :class:`WeightsChangedError` (after dropping the training state of this module and
-        every module under it) when the library wrote a weight of this module since ``_WRITES`` was
-        ``writes``. Negligible unless some weight, of any module, was written since: then one look
-        per C++ module under this one."""
+    def _weights_written_since(self, writes: int) -> bool:
+        """Whether the library wrote a weight of this module or of a module under it since ``_WRITES``
+        was ``writes``. Negligible unless some weight, of any module, was written since: then one
+        look per C++ module under this one."""
         if _WRITES[0] == writes:
-            return
+            return False
         stack = [self]
         while stack:
             m = stack.pop()
             if m._impl is not None and _LAST_WRITE.get(m._impl, 0) > writes:
-                self._drop_training_state()
-                raise WeightsChangedError(
-                    f"{type(self).__name__}.backward: the weights changed since the training forward (an optimizer "
-                    "step(), load_state_dict() or quantize ran between them): its activations belong to the old "
-                    "weights; run the forward (or loss) again, then backward (the training state was dropped)")
+                return True
             stack.extend(child for _, child in m._children())
+        return False
+
+    def _weights_changed(self) -> WeightsChangedError:
+        """Drops the training state of this module and every module under it; the error to raise."""
+        self._drop_training_state()
+        return WeightsChangedError(
+            f"{type(self).__name__}.backward: the weights changed since the training forward (an optimizer "
+            "step(), load_state_dict() or quantize wrote some weight of the module between them): its activations "
+            "belong to the old weights; run the forward (or loss) again, then backward (the training state was "
+            "dropped, no gradient was added)")
+
+    def _check_weights_unchanged(self, writes: int) -> None:
+        """Raises :class:`WeightsChangedError` (after dropping the training state of this module and
+        every module under it) when the library wrote a weight of this module since ``_WRITES`` was
+        ``writes``."""
+        if self._weights_written_since(writes):
+            raise self._weights_changed()
+
+    def _check_backward_ready(self) -> None:
+        """For a composite module's backward, which runs its children's backwards one after another
+        (each adding its gradients): checks, before the first one adds anything, that this module and
+        every module under it hold what one training forward kept, with no weight written since.
+        Otherwise nothing runs: no gradient is added, so running the forward again, then the
+        backward, adds the gradient once.
+
+        Raises:
+            NoTrainingStateError: this module holds no training state (nothing is dropped: a shallow
+                copy's children are the original's, whose backward may still run); or a module under
+                it holds none (a child's own backward ran since; the state of all of them is dropped).
+            WeightsChangedError: a weight under this module was written since the forward (the state
+                of all of them is dropped).
+        """
+        mode = "training" if self.training else "eval (call .train() first)"
+        message = (f"{type(self).__name__}.backward: no training forward to differentiate (mode: {mode}; each "
+                   "training forward has one backward)")
+        if self.__dict__.get("_saved") is None:
+            raise NoTrainingStateError(message)
+        missing = []
+        for path, m in _modules_under(self).items():
+            kept = m.__dict__.get("_saved")
+            if kept is None:
+                missing.append(path)
+            elif m._weights_written_since(kept.writes):
+                raise self._weights_changed()
+        if not missing:
+            return
+        self._drop_training_state()
+        raise NoTrainingStateError(f"{message}: {missing} held no training state of this forward (a backward of "
+                                   "theirs ran since); the training state was dropped, no gradient was added")
 
     def _peek_saved(self):
         """What the last training forward kept, not yet consumed: a backward checks its arguments
@@ -987,7 +1075,14 @@ class Module:
                             slot.row_permutation)
 
 
-#: Attributes of a module that a copy does not take from it: the rebuilt module has its own.
+#: Attributes of a module that a copy does not take from it: the rebuilt module has its own. The C++
+#: module, the arguments it was built from, a training forward's state (pointers into the original's
+#: C++ activations) and the cached Parameters (numpy views of the ORIGINAL's C++ buffers: copied, they
+#: would write into the original). Child modules and C++ objects held in other attributes (a stack's
+#: ``layers``, a rotary table) are rebuilt with it, not copied (:func:`_holds_core_state`). Everything
+#: else a module carries, set by its constructor or later (its config, a dropout probability, a
+#: loader's ``source``, a Seq2Seq's ``pe`` table: plain values, which no constructor makes views of
+#: C++ memory), is copied over the rebuilt module's (:func:`_restore_module`).
 _NOT_COPIED = frozenset({"_impl", "_init_args", "_saved", "_parameters_cache"})
 
 
@@ -1009,8 +1104,11 @@ def _modules_under(module) -> dict:
 
 def _restore_module(cls, payload: dict):
     """A module of class ``cls`` from a :meth:`Module._copy_payload` (copy.deepcopy, unpickling): built
-    from its arguments (random init skipped), then given the weights, gradients and attributes (an
-    attribute the constructor did not set, or a scalar one: a flag, a probability, the training mode).
+    from its arguments (random init skipped), then given the weights, gradients and every attribute
+    the payload carries (the original's values: a config replaced since, a changed dropout
+    probability, the training mode), over what the constructor set; except a numpy array of the
+    rebuilt module that views C++ memory (none of the library's constructors keeps one; the rebuilt
+    module's own view must stay, a copy of the original's would be detached from its weights).
 
     Raises:
         TypeError: ``cls`` cannot be built from the arguments, or the module built has other weights.
@@ -1042,9 +1140,39 @@ def _restore_module(cls, payload: dict):
             continue
         own = vars(module)
         for key, value in attributes.items():
-            if key not in own or isinstance(value, (bool, int, float, str, type(None), np.generic)):
+            if not _views_core_memory(own.get(key)):
                 own[key] = value
     return new
+
+
+def _carry_attributes(source, target) -> None:
+    """Gives ``target`` (a module built again from ``source``'s arguments) the attributes ``source``
+    and every module under it carry, as :func:`_restore_module` does (a config replaced since, a
+    changed dropout probability, the training mode, a loader's ``source``): deep copies, or the
+    value itself where it cannot be deep-copied (a memory-mapped checkpoint)."""
+    targets = _modules_under(target)
+    for prefix, module in _modules_under(source).items():
+        dst = targets.get(prefix)
+        if dst is None:
+            continue
+        own = vars(dst)
+        for key, value in vars(module).items():
+            if key in _NOT_COPIED or _holds_core_state(value) or _views_core_memory(own.get(key)):
+                continue
+            try:
+                value = copy.deepcopy(value)
+            except (TypeError, pickle.PicklingError):
+                pass  # shared
+            own[key] = value
+
+
+def _views_core_memory(value) -> bool:
+    """Whether ``value`` is a numpy array over memory numpy does not own (a C++ buffer's view)."""
+    if not isinstance(value, np.ndarray):
+        return False
+    while isinstance(value, np.ndarray) and not value.flags.owndata:
+        value = value.base
+    return not isinstance(value, np.ndarray)
 
 
 #: Elements drawn at once by the weight init (8 MiB of float64).

@@ -201,7 +201,9 @@ class MultiheadAttention(Module):
     ``E_kv = num_kv_heads · head_dim``. A checkpoint in the separate layout
     (``q/k/v_proj_weight``) loads into the packed weight when kdim = vdim = E. When kdim or vdim
     differs from E only the separate layout fits (torch's has no ``in_proj_weight`` then): a
-    packed ``in_proj_weight`` is refused with a ``ValueError`` naming it.
+    packed ``in_proj_weight`` is an unknown key, as torch's ``load_state_dict`` has it (refused
+    under ``strict=True`` with a ``ValueError`` saying why; under ``strict=False`` ignored and
+    returned in ``unexpected_keys``); a non-float one is still a ``TypeError`` naming it.
 
     Raises:
         ValueError: E not divisible by H, H not divisible by num_kv_heads, non-positive sizes.
@@ -243,17 +245,21 @@ class MultiheadAttention(Module):
             state["in_proj_weight"] = np.concatenate([parts[x] for x in "qkv"], axis=0)
         elif not packed and "in_proj_weight" in state:
             # An (E + 2·E_kv, E) in_proj_weight can never be split into k/v weights of (E_kv, kdim)
-            # and (E_kv, vdim) when kdim or vdim differs from E: refused, the value checked as any
-            # other weight's (a TypeError naming the key for a non-float one).
-            w = as_weight(state["in_proj_weight"], "state_dict['in_proj_weight']", self.dtype)
-            e, ekv = self.embed_dim, self.num_kv_heads * self.head_dim
-            raise ValueError(
-                f"{type(self).__name__}.load_state_dict refused (module unchanged): state_dict['in_proj_weight'] "
-                f"{w.shape}: a packed q/k/v projection does not fit this module (kdim={self.kdim}, "
-                f"vdim={self.vdim}, embed_dim={e}); expected the separate weights q_proj_weight {(e, e)}, "
-                f"k_proj_weight {(ekv, self.kdim)} and v_proj_weight {(ekv, self.vdim)}, as torch's "
-                f"MultiheadAttention has when kdim or vdim differs from embed_dim")
+            # and (E_kv, vdim) when kdim or vdim differs from E: an unknown key, as in torch (its
+            # module has no in_proj_weight then), which strict=True refuses (_unknown_key_hint says
+            # why) and strict=False returns in unexpected_keys. Its value is still checked as any
+            # weight's (a TypeError naming the key for a non-float one).
+            as_weight(state["in_proj_weight"], "state_dict['in_proj_weight']", self.dtype)
         return state
+
+    def _unknown_key_hint(self, name: str) -> str | None:
+        if name != "in_proj_weight" or self._impl.packed:
+            return None
+        e, ekv = self.embed_dim, self.num_kv_heads * self.head_dim
+        return (f"a packed q/k/v projection does not fit this module (kdim={self.kdim}, vdim={self.vdim}, "
+                f"embed_dim={e}); expected the separate weights q_proj_weight {(e, e)}, k_proj_weight "
+                f"{(ekv, self.kdim)} and v_proj_weight {(ekv, self.vdim)}, as torch's MultiheadAttention has when "
+                f"kdim or vdim differs from embed_dim")
 
     def forward(self, query, key=None, value=None, *, attn_mask=None, key_mask=None, is_causal: bool = False,
                 need_weights: bool = False, average_attn_weights: bool = True, path: str = "auto",
@@ -1011,6 +1017,25 @@ class _Stack(Module):
             children.append(("norm", self.norm))
         return children
 
+    def _run(self, layer_forward, x) -> np.ndarray:
+        """``layer_forward(layer, x)`` through every layer, then the norm. In training mode the layers
+        and the norm keep what their backward needs and the stack marks the forward whole (its own
+        ``_saved``, which a shallow copy does not share); one that fails after a layer kept its part
+        drops the state of all of them (a backward then raises instead of mixing two forwards)."""
+        kept = False
+        try:
+            for layer in self.layers:
+                x = layer_forward(layer, x)
+                kept = self.training
+            out = x if self.norm is None else self.norm(x)
+        except BaseException:
+            if kept:
+                self._drop_training_state()
+            raise
+        if self.training:
+            self._saved = True
+        return out
+
 
 class TransformerEncoder(_Stack):
     """A stack of ``num_layers`` copies of ``encoder_layer`` and an optional final norm, as
@@ -1036,21 +1061,26 @@ class TransformerEncoder(_Stack):
         ``TypeError``), ``src_key_mask`` (True = a real token) and ``is_causal`` as in
         :meth:`TransformerEncoderLayer.forward`, keyword-only, applied in every layer."""
         _float_mask(mask, "mask")
-        x = src
-        for layer in self.layers:
-            x = layer._forward(x, mask, src_key_mask, is_causal, path, "mask")
-        return x if self.norm is None else self.norm(x)
+        return self._run(lambda layer, x: layer._forward(x, mask, src_key_mask, is_causal, path, "mask"), src)
 
     def backward(self, grad_output) -> np.ndarray:
         """``grad_output (N, L, E)`` -> ``grad_src (N, L, E)`` of the last training forward, through
         the norm and every layer in reverse; adds every weight's gradient (unbatched: ``(L, E)``).
+        Every layer and the norm are checked before any of them adds a gradient.
 
         Raises:
-            NoTrainingStateError: no training forward since the last backward.
+            NoTrainingStateError: no training forward since the last backward (or a layer's or the
+                norm's own backward ran since: the state is dropped).
+            WeightsChangedError (a NoTrainingStateError): a weight of the stack (of any layer, or the
+                norm) was written since the forward: the state is dropped, no gradient added.
+            ValueError: ``grad_output`` not of the output's shape (the state is kept).
         """
-        g = grad_output if self.norm is None else self.norm.backward(grad_output)
-        for layer in reversed(self.layers):
-            g = layer.backward(g)
+        self._check_backward_ready()
+        modules = ([self.norm] if self.norm is not None else []) + self.layers[::-1]
+        g = modules[0].backward(grad_output)  # checks grad_output (a refused call keeps the state)
+        self._saved = None  # consumed
+        for module in modules[1:]:
+            g = module.backward(g)
         return g
 
 
@@ -1072,12 +1102,10 @@ class TransformerDecoder(_Stack):
         ``memory (S, E)`` -> ``(T, E)``); masks as in
         :meth:`TransformerDecoderLayer.forward` (keyword-only; ``tgt_mask``/``memory_mask`` float,
         added; key masks True = a real token), applied in every layer."""
-        x = tgt
-        for layer in self.layers:
-            x = layer(x, memory, tgt_mask=tgt_mask, memory_mask=memory_mask, tgt_key_mask=tgt_key_mask,
-                      memory_key_mask=memory_key_mask, tgt_is_causal=tgt_is_causal,
-                      memory_is_causal=memory_is_causal, path=path)
-        return x if self.norm is None else self.norm(x)
+        return self._run(lambda layer, x: layer(
+            x, memory, tgt_mask=tgt_mask, memory_mask=memory_mask, tgt_key_mask=tgt_key_mask,
+            memory_key_mask=memory_key_mask, tgt_is_causal=tgt_is_causal, memory_is_causal=memory_is_causal,
+            path=path), tgt)
 
     def backward(self, grad_output) -> tuple[np.ndarray, np.ndarray]:
         """``grad_output (N, T, E)`` -> ``(grad_tgt (N, T, E), grad_memory (N, S, E))`` of the last
@@ -1085,12 +1113,19 @@ class TransformerDecoder(_Stack):
         an unbatched forward: ``(T, E)`` -> ``((T, E), (S, E))``.
 
         Raises:
-            NoTrainingStateError: no training forward since the last backward.
+            NoTrainingStateError, WeightsChangedError, ValueError: as
+                :meth:`TransformerEncoder.backward` (every layer and the norm checked before any of
+                them adds a gradient).
         """
-        g = grad_output if self.norm is None else self.norm.backward(grad_output)
-        grad_memory = None
+        self._check_backward_ready()
+        g, grad_memory, consumed = grad_output, None, False
+        if self.norm is not None:
+            g = self.norm.backward(g)  # checks grad_output (a refused call keeps the state)
+            self._saved, consumed = None, True
         for layer in reversed(self.layers):
             g, gm = layer.backward(g)
+            if not consumed:
+                self._saved, consumed = None, True
             grad_memory = gm if grad_memory is None else grad_memory + gm
         return g, grad_memory
 
@@ -1190,13 +1225,16 @@ class Transformer(Module):
         try:
             memory = self.encoder(src_arr, mask=src_mask, src_key_mask=src_key_mask, is_causal=src_is_causal,
                                   path=path)
-            return self.decoder(tgt_arr, memory, tgt_mask=tgt_mask, memory_mask=memory_mask,
-                                tgt_key_mask=tgt_key_mask, memory_key_mask=memory_key_mask,
-                                tgt_is_causal=tgt_is_causal, memory_is_causal=memory_is_causal, path=path)
+            out = self.decoder(tgt_arr, memory, tgt_mask=tgt_mask, memory_mask=memory_mask,
+                               tgt_key_mask=tgt_key_mask, memory_key_mask=memory_key_mask,
+                               tgt_is_causal=tgt_is_causal, memory_is_causal=memory_is_causal, path=path)
         except BaseException:
             if self.training:  # nothing half-kept: a backward now raises instead of mixing two forwards
                 self._drop_training_state()
             raise
+        if self.training:
+            self._saved = True  # the mark of a whole forward (the stacks' layers keep the rest)
+        return out
 
     def backward(self, grad_output) -> tuple[np.ndarray, np.ndarray]:
         """``grad_output (N, T, E)`` -> ``(grad_src (N, S, E), grad_tgt (N, T, E))`` of the last
@@ -1204,7 +1242,11 @@ class Transformer(Module):
         (after an unbatched forward: ``(T, E)`` -> ``((S, E), (T, E))``).
 
         Raises:
-            NoTrainingStateError: no training forward since the last backward.
+            NoTrainingStateError, WeightsChangedError, ValueError: as
+                :meth:`TransformerEncoder.backward`; every module of the encoder and the decoder is
+                checked before any of them adds a gradient.
         """
-        grad_tgt, grad_memory = self.decoder.backward(grad_output)
+        self._check_backward_ready()
+        grad_tgt, grad_memory = self.decoder.backward(grad_output)  # checks grad_output first
+        self._saved = None  # consumed
         return self.encoder.backward(grad_memory), grad_tgt

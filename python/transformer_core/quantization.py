@@ -622,7 +622,7 @@ def quantize(model, format: str = "int8", *, inplace: bool = False, keep_float=N
 def _copy(model):
     """A float copy of a module: built again from the arguments it was built with (random init
     skipped), then every weight copied (dequantized when held quantized)."""
-    from .module import skip_weight_init
+    from .module import _carry_attributes, skip_weight_init
 
     args, kwargs = model._init_args
     with skip_weight_init():
@@ -634,10 +634,8 @@ def _copy(model):
     for name, slot in src.items():
         d = dst[name]
         d.impl.set_parameter(d.core_name, slot.impl.get_parameter(slot.core_name))
-    for key, value in vars(model).items():  # loader attributes (source, name_or_path, ...), not its state
-        if key not in vars(new) and key not in ("_parameters_cache", "_saved", "training"):  # a copy is in eval
-            setattr(new, key, value)
-    return new
+    _carry_attributes(model, new)  # a replaced config, loader attributes (source, name_or_path, ...)
+    return new.eval()  # a quantized copy is in eval mode
 
 
 def set_gguf_weights(module, weights) -> None:

@@ -241,11 +241,14 @@ class Seq2SeqTransformer(Module):
             NoTrainingStateError: no training loss since the last backward.
             WeightsChangedError (a NoTrainingStateError): the weights were written since the loss (an
                 optimizer ``step()``, ``load_state_dict``): the state is dropped, run the loss again.
-                Values assigned into ``p.data`` by hand are not detected.
+                Values assigned into ``p.data`` by hand are not detected. Also when a module under it
+                holds no state of this loss (a child's own backward ran since): the state is dropped,
+                no gradient added.
         """
         if not self.training:
             raise NoTrainingStateError("Seq2SeqTransformer.backward: no training loss to differentiate (mode: eval; "
                                        "call .train() first)")
+        self._check_backward_ready()  # before the generator adds anything
         dlogits = self._take_saved()
         g = self.generator.backward(dlogits)
         grad_src, grad_tgt = self.transformer.backward(g)
