@@ -7,6 +7,7 @@ The outputs are read back here with numpy / pyarrow directly, not with the modul
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
 import re
@@ -117,9 +118,9 @@ def test_text_reader_strips_and_skips_blank_lines(tmp_path):
 
 def test_jsonl_reader(tmp_path):
     p = tmp_path / "t.jsonl"
-    rows = [{"text": "a", "n": 1}, {"body": "x", "text": "line\nwith newline"}, {"text": ""}]
+    rows = [{"text": "a", "n": 1}, {"body": "x", "text": "line\nwith newline"}, {"text": " b "}]
     p.write_text("\n".join(json.dumps(r) for r in rows) + "\n\n", encoding="utf-8")
-    assert list(corpus.open_source(p)) == ["a", "line\nwith newline", ""]
+    assert list(corpus.open_source(p)) == ["a", "line\nwith newline", " b "]  # kept as stored
     q = tmp_path / "u.jsonl"
     q.write_text('{"body": "x"}\n{"body": "y"}\n', encoding="utf-8")
     assert list(corpus.open_source(q, text_field="body")) == ["x", "y"]
@@ -1086,3 +1087,177 @@ def test_a_querys_scores_do_not_depend_on_the_other_queries(search_index):
     alone = corpus.search(outs["npy"], ["line 12"], k=5)[0]
     with_others = corpus.search(outs["npy"], ["line 12", "a much longer query " * 20, "x"], k=5)[0]
     assert [(h.id, h.score) for h in alone] == [(h.id, h.score) for h in with_others]
+
+
+# ------------------------------------------------------------------------- concurrent runs, inputs
+def _run_chunks(job, encoder, chunks=None):
+    """Writes and commits ``job``'s pending chunks (the first ``chunks`` of them; all: None)."""
+    writer = job.writer()
+    for n, (index, start, texts) in enumerate(job.pending()):
+        if chunks is not None and n == chunks:
+            break
+        job.commit(index, **writer.write(start, texts, encoder.encode(texts, batch_size=32, normalize=True)))
+    writer.close()
+
+
+def test_a_second_npy_run_is_refused_while_the_first_holds_the_output(tmp_path, tiny_model_dir, tiny_encoder):
+    """Two runs prepared on the same OUT.npy before either started (both pass the "already exists"
+    check while counting): the second's start is refused instead of replacing the first's files
+    (which left an output marked complete whose rows were zeros and whose texts file was empty)."""
+    lines = corpus_lines(6)
+    f = write_lines(tmp_path / "in.txt", lines)
+    out = tmp_path / "out.npy"
+    mid = corpus.model_identity(str(tiny_model_dir))
+    a = corpus.EmbedJob.prepare(corpus.open_source(f), out, mid, chunk_size=3, batch_size=32)
+    b = corpus.EmbedJob.prepare(corpus.open_source(f), out, mid, chunk_size=3, batch_size=32)
+    a.start()
+    _run_chunks(a, tiny_encoder, chunks=1)
+    with pytest.raises(ValueError, match=f"^out: another run holds {re.escape(str(out))} "):
+        b.start()
+    with pytest.raises(ValueError, match="^out: another run holds"):  # and a third, at its prepare
+        corpus.embed_file(f, out, model=str(tiny_model_dir), overwrite=True)
+    _run_chunks(a, tiny_encoder)
+    a.finish()
+    ref = np.concatenate([tiny_encoder.encode(lines[i:i + 3], batch_size=32, normalize=True) for i in (0, 3)])
+    ids, texts, emb = load_output(out)
+    assert texts == lines and np.array_equal(emb, ref) and manifest(out)["complete"]
+    assert sorted(os.listdir(tmp_path)) == ["in.txt", "out.npy", "out.npy.manifest.json", "out.npy.texts.jsonl"]
+    with pytest.raises(FileExistsError, match="out: .*out.npy was created by another run since this one was prepared"):
+        b.start()  # the lock is free now; b still does not replace a's finished output
+    assert np.array_equal(np.load(out), ref) and load_output(out)[1] == lines
+
+
+def test_npy_runs_without_a_lock_fail_stale_never_complete(tmp_path, tiny_model_dir, tiny_encoder, monkeypatch):
+    """Where there are no locks, a run replaced by another fails at its next write, commit or
+    finish (ESTALE), never marking the other run's output complete; the other run finishes right."""
+    monkeypatch.setattr(corpus, "fcntl", None)
+    lines = corpus_lines(6)
+    f = write_lines(tmp_path / "in.txt", lines)
+    out = tmp_path / "out.npy"
+    mid = corpus.model_identity(str(tiny_model_dir))
+    a = corpus.EmbedJob.prepare(corpus.open_source(f), out, mid, chunk_size=3, batch_size=32)
+    b = corpus.EmbedJob.prepare(corpus.open_source(f), out, mid, chunk_size=3, batch_size=32)
+    a.start()
+    writer = a.writer()
+    (index, start, texts), rest = next(a.pending()), list(a.pending())[1:]
+    a.commit(index, **writer.write(start, texts, tiny_encoder.encode(texts, normalize=True)))
+    with pytest.raises(FileExistsError, match="created by another run since this one was prepared"):
+        b.start()
+    b = corpus.EmbedJob.prepare(corpus.open_source(f), out, mid, chunk_size=3, batch_size=32, overwrite=True)
+    b.start()  # replaces a's files
+    index, start, texts = rest[0]
+    with pytest.raises(OSError, match="no longer the file this writer opened") as e:
+        writer.write(start, texts, tiny_encoder.encode(texts, normalize=True))
+    assert e.value.errno == errno.ESTALE
+    writer.close()
+    with pytest.raises(OSError, match=f"the manifest records run {b.run}") as e:
+        a.commit(index)
+    assert e.value.errno == errno.ESTALE
+    a.manifest["completed"] = [[0, 2]]
+    with pytest.raises(OSError, match=f"the manifest records run {b.run}"):
+        a.finish()
+    assert not out.exists() and manifest(out)["run"] == b.run and not manifest(out)["complete"]
+    _run_chunks(b, tiny_encoder)
+    b.finish()
+    ref = np.concatenate([tiny_encoder.encode(lines[i:i + 3], normalize=True) for i in (0, 3)])
+    assert load_output(out)[1] == lines and np.array_equal(np.load(out), ref)
+
+
+def test_the_npy_lock_of_another_process_is_released_when_it_dies(tmp_path, tiny_model_dir, tiny_encoder):
+    lines = corpus_lines(6)
+    f = write_lines(tmp_path / "in.txt", lines)
+    out = tmp_path / "out.npy"
+    code = ("import sys, time\nfrom transformer_core import corpus\n"
+            "job = corpus.EmbedJob.prepare(corpus.open_source(sys.argv[1]), sys.argv[2], "
+            "corpus.model_identity(sys.argv[3]), chunk_size=3, batch_size=32)\n"
+            "job.start()\nprint('started', flush=True)\ntime.sleep(600)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(f), str(out), str(tiny_model_dir)],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline() == "started\n"
+        for kwargs in ({"overwrite": True}, {"resume": True}):
+            with pytest.raises(ValueError, match="^out: another run holds"):
+                corpus.embed_file(f, out, model=str(tiny_model_dir), **kwargs)
+        assert Path(f"{out}.partial").exists() and not manifest(out)["completed"]
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stdout.close()
+    r = corpus.embed_file(f, out, model=str(tiny_model_dir), resume=True)  # the kernel released the lock
+    ref = np.concatenate([tiny_encoder.encode(lines[i:i + 3], normalize=True) for i in (0, 3)])
+    assert r.rows_computed == 6 and load_output(out)[1] == lines and np.array_equal(np.load(out), ref)
+    assert not (tmp_path / ".out.npy.lock").exists()
+
+
+def test_resume_refuses_an_input_edited_in_the_middle(tmp_path, tiny_model_dir):
+    """Same size, same first and last MiB: the hash of the whole file tells them apart. A manifest
+    of an earlier version (no hash of the whole file) resumes only with the same mtime too."""
+    lines = [f"line {i:02d} " + "word " * 20000 for i in range(30)]  # ~3 MiB
+    f = write_lines(tmp_path / "big.txt", lines)
+    out = tmp_path / "big.npy"
+    mid = corpus.model_identity(str(tiny_model_dir))
+    job = corpus.EmbedJob.prepare(corpus.open_source(f), out, mid, chunk_size=10, batch_size=32)
+    job.start()
+    job.close()  # interrupted before its first chunk
+    assert manifest(out)["input"]["sha256"] == hashlib.sha256(f.read_bytes()).hexdigest()
+    original = f.read_bytes()
+    data = bytearray(original)
+    i = data.index(b"line 15 ")
+    data[i:i + 8] = b"LINE XV "
+    f.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match=r"not the one .* content \(SHA-256 of the whole file\) differs"):
+        corpus.EmbedJob.prepare(corpus.open_source(f), out, mid, resume=True, batch_size=32)
+    f.write_bytes(original)
+    st = f.stat()
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # touched, the same bytes: resumes
+    assert corpus.EmbedJob.prepare(corpus.open_source(f), out, mid, resume=True, batch_size=32).num_rows == 30
+    m = manifest(out)
+    del m["input"]["sha256"]
+    Path(f"{out}.manifest.json").write_text(json.dumps(m))
+    with pytest.raises(ValueError, match="its modification time .*holds no hash of the whole file"):
+        corpus.EmbedJob.prepare(corpus.open_source(f), out, mid, resume=True, batch_size=32)
+    os.utime(f, ns=(st.st_atime_ns, m["input"]["mtime_ns"]))
+    assert corpus.EmbedJob.prepare(corpus.open_source(f), out, mid, resume=True, batch_size=32).num_rows == 30
+
+
+def test_finish_removes_only_its_own_temporaries(tmp_path, tiny_model_dir):
+    """Output names holding glob characters: ``a*.npy`` leaves ``ab.npy``'s temporaries alone,
+    ``r[1].npy`` removes its own."""
+    f = write_lines(tmp_path / "in.txt", ["one", "two"])
+    other = tmp_path / ".ab.npy.manifest.json.tmp-999-deadbeef"
+    mine = tmp_path / ".r[1].npy.manifest.json.tmp-999-deadbeef"
+    other.write_text("{}")
+    mine.write_text("{}")
+    corpus.embed_file(f, tmp_path / "a*.npy", model=str(tiny_model_dir))
+    corpus.embed_file(f, tmp_path / "r[1].npy", model=str(tiny_model_dir))
+    assert other.exists() and not mine.exists()
+    assert load_output(tmp_path / "r[1].npy")[1] == ["one", "two"]
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "csv", "parquet"])
+def test_empty_and_whitespace_texts_are_bad_records(tmp_path, tiny_model_dir, tiny_encoder, fmt):
+    """As text input skips blank lines and search refuses a blank query: an empty or whitespace-only
+    field is a bad record (strict: an error naming it; skip: skipped), never a [CLS] [SEP] row."""
+    values = ["", "   ", "ok", "\t\n"]
+    p = tmp_path / f"e.{fmt}"
+    if fmt == "jsonl":
+        p.write_text("".join(json.dumps({"text": v}) + "\n" for v in values), encoding="utf-8")
+        where = ["line 1", "line 2", "line 4"]
+    elif fmt == "csv":
+        p.write_text('id,text\n1,""\n2,   \n3,ok\n4,"\t\n"\n', encoding="utf-8")
+        where = ["line 2", "line 3", "line 6"]
+    else:
+        pq.write_table(pa.table({"text": values}), p)
+        where = ["row 1", "row 2", "row 4"]
+    with pytest.raises(ValueError, match=f"{where[0]}: field 'text' is empty|{where[0]}: column 'text' is empty"):
+        list(corpus.open_source(p))
+    src = corpus.open_source(p, errors="skip")
+    assert list(src) == ["ok"] and src.num_skipped == 3
+    assert [w for w, _ in src.skipped] == where
+    assert [r.split(" is ")[1] for _, r in src.skipped] == ["empty (it would embed to [CLS] [SEP] alone)",
+                                                            "only whitespace (it would embed to [CLS] [SEP] alone)",
+                                                            "only whitespace (it would embed to [CLS] [SEP] alone)"]
+    out = tmp_path / "o.npy"
+    r = corpus.embed_file(p, out, model=str(tiny_model_dir), errors="skip")
+    assert r.rows == 1 and r.num_skipped == 3 and load_output(out)[1] == ["ok"]
+    assert np.array_equal(np.load(out), tiny_encoder.encode(["ok"], normalize=True))
