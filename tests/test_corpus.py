@@ -1261,3 +1261,36 @@ def test_empty_and_whitespace_texts_are_bad_records(tmp_path, tiny_model_dir, ti
     r = corpus.embed_file(p, out, model=str(tiny_model_dir), errors="skip")
     assert r.rows == 1 and r.num_skipped == 3 and load_output(out)[1] == ["ok"]
     assert np.array_equal(np.load(out), tiny_encoder.encode(["ok"], normalize=True))
+
+
+def test_a_full_disk_on_the_texts_sidecar_names_it_and_resumes(tmp_path, tiny_model_dir):
+    """A write of the .npy's texts sidecar that fails (here past RLIMIT_FSIZE, in a child process)
+    left its bytes in the file's buffer; closing the writer flushed them again, failed again, and
+    that unnamed error replaced the one naming the file. Now the named error reaches the caller;
+    nothing looks complete, and a resume with the limit gone gives embed_file's output."""
+    lines = [f"{i} " + "word " * 100 for i in range(30)]  # ~500 B of text a row (a chunk fits the buffer)
+    f = write_lines(tmp_path / "long.txt", lines)
+    out = tmp_path / "o.npy"
+    code = f"""
+import resource, signal, sys
+from transformer_core import corpus
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (8000, 8000))  # the .npy (4 KB) fits, the sidecar's 2nd chunk does not
+try:
+    corpus.embed_file({str(f)!r}, {str(out)!r}, model={str(tiny_model_dir)!r}, chunk_size=10)
+except OSError as e:
+    print("OSError", e)
+    sys.exit(0)
+print("no error")
+sys.exit(1)
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.startswith("OSError [Errno 27]") and "o.npy.texts.jsonl" in r.stdout, r.stdout
+    assert not out.exists()
+    done = corpus.embed_file(f, out, model=str(tiny_model_dir), chunk_size=10, resume=True)
+    assert done.rows == 30 and done.chunks_computed >= 1
+    ref = tmp_path / "ref.npy"
+    corpus.embed_file(f, ref, model=str(tiny_model_dir), chunk_size=10)
+    np.testing.assert_array_equal(np.load(out), np.load(ref))
+    assert (tmp_path / "o.npy.texts.jsonl").read_bytes() == (tmp_path / "ref.npy.texts.jsonl").read_bytes()

@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -361,6 +362,7 @@ def test_an_address_dask_refuses_at_connect_names_scheduler(monkeypatch):
             raise ValueError("no such thing")
 
     monkeypatch.setattr(tcd, "Client", Refusing)
+    monkeypatch.setattr(tcd, "_reach", lambda address: None)  # as if a scheduler answered there
     with pytest.raises(ValueError, match=r"^scheduler: expected a scheduler address such as 'tcp://host:8786', "
                                          r"got 'tcp://127.0.0.1:8786' \(no such thing\)$"):
         tcd._connect("tcp://127.0.0.1:8786", None, None)
@@ -390,3 +392,29 @@ def test_an_in_process_cluster_leaves_the_callers_thread_count(tmp_path, tiny_mo
         tc.set_num_threads(original)
     assert (r.rows, r.chunks_computed) == (30, 3)
     assert_same_rows(out, ref)
+
+
+def test_a_scheduler_that_never_answers_or_needs_tls_is_named_in_bounded_time(tmp_path, tiny_model_dir, monkeypatch):
+    """A port that accepts connections but is not a Dask scheduler: Dask's handshake has no timeout,
+    and Client waited forever. Now an OSError naming ``scheduler`` after CONNECT_TIMEOUT; a tls://
+    address without security settings is a ValueError naming it (was Dask's bare TypeError)."""
+    import socket
+
+    from transformer_core import distributed
+
+    monkeypatch.setattr(distributed, "CONNECT_TIMEOUT", 1.0)
+    f = write_lines(tmp_path / "c.txt", corpus_lines(5))
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(4)
+    accepted = []
+    threading.Thread(target=lambda: accepted.append(listener.accept()), daemon=True).start()
+    address = f"tcp://127.0.0.1:{listener.getsockname()[1]}"
+    t0 = time.perf_counter()
+    with pytest.raises(OSError, match=rf"^scheduler: cannot connect to '{address}' \(no answer within 1 s"):
+        embed_corpus(f, tmp_path / "o.parquet", model=str(tiny_model_dir), scheduler=address)
+    assert time.perf_counter() - t0 < 10
+    listener.close()
+    with pytest.raises(ValueError, match=r"^scheduler: cannot use 'tls://127.0.0.1:1' \(TypeError: .*given as a Client"):
+        embed_corpus(f, tmp_path / "t.parquet", model=str(tiny_model_dir), scheduler="tls://127.0.0.1:1")
+    assert not (tmp_path / "o.parquet").exists() and not (tmp_path / "t.parquet").exists()

@@ -1064,6 +1064,7 @@ class _NpyWriter:
             raise ValueError(f"{self.texts_path}: holds {have} of the {kept} bytes the finished chunks wrote "
                              f"(deleted or truncated); --overwrite starts over")
         self.fd = os.open(self.path, os.O_WRONLY)
+        self.failed = False  # a write failed (and was reported): close() drops what it left buffered
         self.texts = open(self.texts_path, "r+b" if self.texts_path.exists() else "w+b")
         self.texts.truncate(kept)
         self.texts.seek(0, os.SEEK_END)
@@ -1096,21 +1097,33 @@ class _NpyWriter:
                 data, offset = data[written:], offset + written
             os.fsync(self.fd)
         except OSError as e:
+            self.failed = True
             raise _with_filename(e, self.path) from None
         try:
             self.texts.write("".join(json.dumps(t, ensure_ascii=False) + "\n" for t in texts).encode("utf-8"))
             self.texts.flush()
             os.fsync(self.texts.fileno())
         except OSError as e:
+            self.failed = True
             raise _with_filename(e, self.texts_path) from None
         return {"texts_bytes": self.texts.tell()}
 
     def close(self) -> None:
-        """Closes the ``.npy`` and the sidecar (twice is harmless)."""
+        """Closes the ``.npy`` and the sidecar (twice is harmless). After a failed write, the bytes
+        it left in the sidecar's buffer are dropped: flushing them would fail again (a full disk) and
+        hide the error that named the file; a resumed run cuts the sidecar to the manifest's length.
+
+        Raises:
+            OSError: the sidecar's last bytes could not be written (named), when no write failed.
+        """
         if self.fd is not None:
             os.close(self.fd)
             self.fd = None
-        self.texts.close()
+        try:
+            self.texts.close()
+        except OSError as e:
+            if not self.failed:
+                raise _with_filename(e, self.texts_path) from None
 
 
 def _file_id(path) -> tuple[int, int]:

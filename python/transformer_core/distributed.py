@@ -195,6 +195,49 @@ def _check_scheduler(scheduler, workers) -> None:
                          f"({e})") from None
 
 
+#: Seconds a scheduler has to answer: its connection and Dask's handshake (then the Client's own).
+CONNECT_TIMEOUT = 20.0
+
+
+def _reach(address: str) -> None:
+    """Opens and closes one Dask connection to ``address``, the handshake included, within
+    ``CONNECT_TIMEOUT`` seconds. Dask's ``connect`` bounds the TCP connection but not the handshake
+    that follows: a port that accepts and never answers (not a Dask scheduler) made ``Client`` wait
+    forever. Run in a thread of its own, so that a caller inside an event loop (Jupyter) can call it.
+
+    Raises:
+        OSError (TimeoutError included): no answer in time, or the connection refused.
+        ValueError / TypeError: an address or transport Dask refuses.
+    """
+    import asyncio
+
+    from distributed.comm import connect
+
+    async def handshake():
+        comm = await asyncio.wait_for(connect(address, timeout=CONNECT_TIMEOUT), CONNECT_TIMEOUT)
+        await comm.close()
+
+    outcome = []
+
+    def run():
+        try:
+            asyncio.run(handshake())
+            outcome.append(None)
+        except BaseException as e:  # handed to the caller's thread
+            outcome.append(e)
+
+    thread = threading.Thread(target=run, name="transformer_core-reach-scheduler", daemon=True)
+    thread.start()
+    thread.join(CONNECT_TIMEOUT + 5)
+    if not outcome:
+        raise TimeoutError(f"no answer within {CONNECT_TIMEOUT:g} s")
+    if outcome[0] is not None:
+        if isinstance(outcome[0], asyncio.TimeoutError):
+            raise TimeoutError(f"no answer within {CONNECT_TIMEOUT:g} s (a port that accepts but is not a Dask "
+                               "scheduler?)")
+        raise outcome[0]
+
+
 def _connect(scheduler, workers, threads_per_worker):
     """(client, cluster or None, whether we own the client, OpenMP threads per worker or None).
     ``scheduler`` and ``workers`` have passed :func:`_check_scheduler`."""
@@ -202,12 +245,16 @@ def _connect(scheduler, workers, threads_per_worker):
         return scheduler, None, False, threads_per_worker
     if scheduler is not None:
         try:
-            client = Client(scheduler, timeout="20s")
+            _reach(scheduler)
+            client = Client(scheduler, timeout=f"{CONNECT_TIMEOUT}s")
         except (OSError, TimeoutError) as e:
-            raise OSError(f"scheduler: cannot connect to {scheduler!r} ({e})") from None
+            raise OSError(f"scheduler: cannot connect to {scheduler!r} ({e or 'no answer'})") from None
         except ValueError as e:  # an address Dask refuses only when it connects
             raise ValueError(f"scheduler: expected a scheduler address such as 'tcp://host:8786', got "
                              f"{scheduler!r} ({e})") from None
+        except TypeError as e:  # a transport that needs settings an address cannot carry (tls:// and its context)
+            raise ValueError(f"scheduler: cannot use {scheduler!r} ({type(e).__name__}: {e}); a scheduler that "
+                             "needs TLS or other security settings is given as a Client built with them") from None
         return client, None, True, threads_per_worker
     cores = _cores()
     n = workers if workers is not None else cores
@@ -265,8 +312,10 @@ def embed_corpus(input, output, *, model=DEFAULT_MODEL, scheduler=None, workers:
         ``.parquet``, both ``scheduler`` and ``workers``, a malformed ``scheduler`` address (no
         port, an unknown scheme); FileNotFoundError: no such ``model``. These hold for a
         complete output with ``resume`` too (which returns without starting a cluster).
-        OSError: the scheduler cannot be reached, or a chunk's workers kept dying (Dask's
-        ``allowed-failures``); KeyboardInterrupt with what is saved.
+        OSError: the scheduler cannot be reached or does not answer within ``CONNECT_TIMEOUT``
+        (20) seconds, or a chunk's workers kept dying (Dask's ``allowed-failures``); ValueError: a
+        ``scheduler`` address that needs security settings (``tls://``: pass a ``Client`` built
+        with them); KeyboardInterrupt with what is saved.
     """
     t0 = time.perf_counter()
     if corpus._output_kind(output) != "parquet":
