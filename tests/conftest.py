@@ -264,6 +264,23 @@ def tiny_model_dir(tmp_path_factory, model_dir) -> Path:
     return path
 
 
+def sentencepiece_tokenizer():
+    """A tiny Llama-2-style ``tokenizers.Tokenizer`` (WordLevel over "▁word" pieces and letters,
+    Metaspace pre-tokenizer, a decoder that strips the leading space; ``<unk>``/``<s>``/``</s>`` at
+    ids 0-2): the case where a continuation decoded alone loses its first space."""
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import decoders, models, pre_tokenizers
+
+    words = ["<unk>", "<s>", "</s>"] + ["▁" + w for w in "Hello world foo bar baz the a of and to in is".split()]
+    words += list("abcdefghijklmnopqrstuvwxyz")
+    backend = HFTokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first")
+    backend.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                         decoders.Strip(" ", 1, 0)])
+    backend.add_special_tokens(["<unk>", "<s>", "</s>"])
+    return backend
+
+
 def corpus_lines(n: int, offset: int = 0) -> list[str]:
     """``n`` distinct lines of real text, of mixed lengths: a sentence of ``SENTENCES`` and a line
     number, every third line two sentences."""

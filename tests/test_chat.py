@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import transformer_core as tc
+from conftest import sentencepiece_tokenizer
 from transformer_core.chat import ChatSession, continue_text
 
 
@@ -319,17 +320,8 @@ def test_ids_past_the_tokenizers_vocabulary_add_no_text(tmp_path):
 def _sentencepiece_llama(transformers, path):
     """A tiny Llama with a Llama-2-style tokenizer.json (Metaspace; the decoder strips the leading
     space): (HF model, HF tokenizer)."""
-    from tokenizers import Tokenizer as HFTokenizer
-    from tokenizers import decoders, models, pre_tokenizers
-
-    words = ["<unk>", "<s>", "</s>"] + ["▁" + w for w in "Hello world foo bar baz the a of and to in is".split()]
-    words += list("abcdefghijklmnopqrstuvwxyz")
-    backend = HFTokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
-    backend.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first")
-    backend.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
-                                         decoders.Strip(" ", 1, 0)])
-    backend.add_special_tokens(["<unk>", "<s>", "</s>"])
-    hf = _tiny_llama(transformers, path, vocab_size=len(words), context=64, eos=2, seed=1)
+    backend = sentencepiece_tokenizer()
+    hf = _tiny_llama(transformers, path, vocab_size=backend.get_vocab_size(), context=64, eos=2, seed=1)
     hf.save_pretrained(path, safe_serialization=True)
     backend.save(str(path / "tokenizer.json"))
     (path / "tokenizer_config.json").write_text('{"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}')

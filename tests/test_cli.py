@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 import transformer_core as tc
-from conftest import MODEL_NAME, corpus_lines
+from conftest import MODEL_NAME, corpus_lines, sentencepiece_tokenizer
 
 PAIR = ["A man is playing a guitar.", "The stock market crashed today."]
 FILE_SENTENCES = ["The cat sat on the mat.", "A feline rested on the rug.", "Interest rates rose."]
@@ -487,17 +487,8 @@ def test_cli_generate_keeps_the_space_of_a_sentencepiece_decoder(tmp_path):
     and the continuation printed "HelloHello Hello ..." for HF's decode "Hello Hello Hello ..."."""
     transformers = pytest.importorskip("transformers")
     import torch
-    from tokenizers import Tokenizer as HFTokenizer
-    from tokenizers import decoders, models, pre_tokenizers
-
-    words = ["<unk>", "<s>", "</s>"] + ["▁" + w for w in "Hello world foo bar baz the a of and to in is".split()]
-    words += list("abcdefghijklmnopqrstuvwxyz")
-    backend = HFTokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
-    backend.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first")
-    backend.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
-                                         decoders.Strip(" ", 1, 0)])
-    backend.add_special_tokens(["<unk>", "<s>", "</s>"])
-    cfg = transformers.LlamaConfig(vocab_size=len(words), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+    backend = sentencepiece_tokenizer()
+    cfg = transformers.LlamaConfig(vocab_size=backend.get_vocab_size(), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                                    num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64,
                                    initializer_range=0.2, bos_token_id=1, eos_token_id=2, pad_token_id=None,
                                    tie_word_embeddings=True)
