@@ -1,0 +1,209 @@
+"""Copies of modules and partial loads, as torch's: ``copy.copy`` (the same weights, no backward
+pending), ``copy.deepcopy`` and ``pickle`` (an independent module: weights, gradients, training mode
+and the attributes it carries, shared submodules kept within one call), and
+``load_state_dict(strict=False)`` with torch's ``_IncompatibleKeys``; for layers and models (GPT-2,
+Llama, BERT). Not in the sanitizer's reduced build (it has no models)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import transformer_core as tc
+from conftest import module_state_to_numpy, randn, to_torch
+
+
+def _logits(out):
+    return np.asarray(getattr(out, "logits", out))
+
+
+def _tiny_models():
+    gpt2 = tc.GPT2LMHeadModel(tc.GPT2Config(vocab_size=40, n_positions=16, n_embd=16, n_layer=2, n_head=4),
+                              dtype=np.float64)
+    llama = tc.LlamaForCausalLM(tc.LlamaConfig(vocab_size=40, hidden_size=16, intermediate_size=24, num_hidden_layers=2,
+                                               num_attention_heads=4, num_key_value_heads=2,
+                                               max_position_embeddings=16), dtype=np.float64, rope_layout="interleaved")
+    return {"gpt2": gpt2, "llama": llama}
+
+
+@pytest.mark.parametrize("kind", ["linear", "mha", "encoder_layer", "gpt2", "llama"])
+@pytest.mark.parametrize("how", ["deepcopy", "pickle"])
+def test_deepcopy_and_pickle_give_an_independent_module(rng, kind, how):
+    """copy.deepcopy / pickle of any module used to fail ("cannot pickle '..._core...' object"). As
+    torch's: the copy has the same class, outputs (checked against torch for the layers), training
+    mode, gradients and attributes, and changing its weights leaves the original alone."""
+    import copy
+    import pickle
+
+    if kind in ("gpt2", "llama"):
+        ours = _tiny_models()[kind]
+        x = rng.integers(0, 40, (2, 5))
+        reference = _logits(ours(x))
+        ours.train()
+        ours.loss(x, x)
+        ours.backward()
+    else:
+        if kind == "linear":
+            ref = torch.nn.Linear(6, 4).double()
+            ours = tc.nn.Linear(6, 4, dtype=np.float64)
+        elif kind == "mha":
+            ref = torch.nn.MultiheadAttention(8, 2, batch_first=True).double()
+            ours = tc.nn.MultiheadAttention(8, 2, dtype=np.float64)
+        else:
+            ref = torch.nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True).double().eval()
+            ours = tc.nn.TransformerEncoderLayer(8, 2, 16, dtype=np.float64, dropout=0.25)
+            ours.dropout = 0.0  # an attribute changed after construction travels with the copy
+        ours.load_state_dict(module_state_to_numpy(ref))
+        x = randn(rng, (2, 3, 6 if kind == "linear" else 8), np.float64)
+        with torch.no_grad():
+            out = ref(*[to_torch(x)] * (3 if kind == "mha" else 1))
+        reference = (out[0] if kind == "mha" else out).numpy()
+        ours.train()
+        ours(x)
+        ours.backward(np.ones_like(x if kind != "linear" else np.zeros((2, 3, 4))))
+    grads = ours.gradients()
+    assert grads
+    dup = copy.deepcopy(ours) if how == "deepcopy" else pickle.loads(pickle.dumps(ours))
+    assert type(dup) is type(ours) and dup.training and dup.dtype == ours.dtype
+    assert vars(dup).keys() == vars(ours).keys() - {"_parameters_cache", "_saved"} | {"_init_args"}
+    if kind == "encoder_layer":
+        assert dup.dropout == 0.0
+    assert dup.gradients().keys() == grads.keys()
+    for name, g in grads.items():
+        np.testing.assert_array_equal(dup.gradients()[name], g, err_msg=name)
+    with pytest.raises(tc.NoTrainingStateError):  # what the forward kept is not copied
+        dup.backward() if kind in ("gpt2", "llama") else dup.backward(np.ones((2, 3, 4 if kind == "linear" else 8)))
+    ours.eval()
+    dup.eval()
+    run = (lambda m: _logits(m(x))) if kind in ("gpt2", "llama") else (
+        lambda m: np.asarray(m(x, x, x)[0] if kind == "mha" else m(x)))
+    np.testing.assert_allclose(run(dup), reference, rtol=1e-12, atol=1e-12)
+    np.testing.assert_array_equal(run(dup), run(ours))
+    for _, p in dup.named_parameters():
+        p.data[...] = 0.5
+        p.grad = None
+    np.testing.assert_allclose(run(ours), reference, rtol=1e-12, atol=1e-12)
+    assert ours.gradients().keys() == grads.keys()
+    assert not np.allclose(run(dup), reference)
+
+
+def test_deepcopy_of_a_quantized_module_names_the_way_to_copy():
+    import copy
+
+    q = tc.quantize(tc.LlamaForCausalLM(tc.LlamaConfig(vocab_size=40, hidden_size=32, intermediate_size=32,
+                                                       num_hidden_layers=1, num_attention_heads=4,
+                                                       max_position_embeddings=16)))
+    with pytest.raises(TypeError, match="quantized.*state_dict"):
+        copy.deepcopy(q)
+
+
+def test_load_state_dict_strict_false_and_its_result_match_torch(rng):
+    """load_state_dict had no ``strict`` and returned None; torch's takes ``strict=False`` (loads the
+    keys present) and returns ``(missing_keys, unexpected_keys)``."""
+    ref = torch.nn.Linear(5, 3).double()
+    ours = tc.nn.Linear(5, 3, dtype=np.float64)
+    bias_before = ours.state_dict()["bias"]
+    w = rng.standard_normal((3, 5))
+    theirs = ref.load_state_dict({"weight": torch.from_numpy(w), "extra": torch.zeros(2)}, strict=False)
+    got = ours.load_state_dict({"weight": w, "extra": np.zeros(2)}, strict=False)
+    assert (got.missing_keys, got.unexpected_keys) == (theirs.missing_keys, theirs.unexpected_keys)
+    assert got == (["bias"], ["extra"])
+    np.testing.assert_array_equal(ours.state_dict()["weight"], ref.weight.detach().numpy())
+    np.testing.assert_array_equal(ours.state_dict()["bias"], bias_before)
+    full = {k: v.detach().numpy() for k, v in ref.state_dict().items()}
+    result = ours.load_state_dict(full)
+    assert result == ([], []) and repr(result) == repr(ref.load_state_dict(ref.state_dict()))
+    with pytest.raises(ValueError, match="missing keys"):
+        ours.load_state_dict({"weight": w})
+    # strict=False still refuses a mis-shaped weight (as torch), before anything changes
+    with pytest.raises(ValueError, match="mis-shaped"):
+        ours.load_state_dict({"weight": np.zeros((3, 5)), "bias": np.zeros(4)}, strict=False)
+    np.testing.assert_array_equal(ours.state_dict()["weight"], ref.weight.detach().numpy())
+    with pytest.raises(TypeError, match="strict"):
+        ours.load_state_dict(full, strict=1)
+    model = _tiny_models()["llama"]  # a subclass renaming the checkpoint's names: rotary buffers dropped
+    state = model.state_dict()
+    got = model.load_state_dict({"model.layers.0.self_attn.rotary_emb.inv_freq": np.ones(2),
+                                 "lm_head.weight": state["lm_head.weight"] * 2}, strict=False)
+    assert got.unexpected_keys == [] and "lm_head.weight" not in got.missing_keys
+    assert len(got.missing_keys) == len(state) - 1
+    np.testing.assert_array_equal(model.state_dict()["lm_head.weight"], state["lm_head.weight"] * 2)
+
+
+def test_deepcopy_keeps_shared_module_identity_within_one_call():
+    """copy.deepcopy((enc, enc.layers[0])) gave a layer that was not the copied stack's (torch's:
+    ``a.layers[0] is b``), so loading into it left the copied stack unchanged. Every module under a
+    copied one is registered in the call's memo."""
+    import copy
+
+    te = torch.nn.TransformerEncoder(torch.nn.TransformerEncoderLayer(8, 2, 16, batch_first=True), 2,
+                                     enable_nested_tensor=False)
+    ta, tb = copy.deepcopy((te, te.layers[0]))
+    enc = tc.nn.TransformerEncoder(tc.nn.TransformerEncoderLayer(8, 2, 16, dtype=np.float64), 2,
+                                   tc.nn.LayerNorm(8, dtype=np.float64))
+    a, b, norm = copy.deepcopy((enc, enc.layers[0], enc.norm))
+    assert (a.layers[0] is b) == (ta.layers[0] is tb) is True
+    assert a.norm is norm and b is not enc.layers[0]
+    b.load_state_dict({k: v * 0 for k, v in b.state_dict().items()})
+    np.testing.assert_array_equal(a.state_dict()["layers.0.linear1.weight"], 0)
+    assert np.abs(enc.state_dict()["layers.0.linear1.weight"]).max() > 0  # the original untouched
+    t = tc.nn.Transformer(8, 2, 1, 1, 16, dtype=np.float64)
+    c, layer = copy.deepcopy((t, t.decoder.layers[0]))
+    assert c.decoder.layers[0] is layer
+
+
+def _cfg_models():
+    bert = tc.BertModel(tc.BertConfig(vocab_size=20, hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
+                                      intermediate_size=12, max_position_embeddings=8, hidden_dropout_prob=0.1),
+                        dtype=np.float64)
+    gpt2 = tc.GPT2LMHeadModel(tc.GPT2Config(vocab_size=20, n_positions=8, n_embd=8, n_layer=1, n_head=2,
+                                            resid_pdrop=0.1, embd_pdrop=0.1), dtype=np.float64)
+    llama = tc.LlamaForCausalLM(tc.LlamaConfig(vocab_size=20, hidden_size=8, intermediate_size=12, num_hidden_layers=1,
+                                               num_attention_heads=2, max_position_embeddings=8), dtype=np.float64)
+    return {"bert": (bert, {"hidden_dropout_prob": 0.0}), "gpt2": (gpt2, {"resid_pdrop": 0.0, "embd_pdrop": 0.0}),
+            "llama": (llama, {"rms_norm_eps": 1e-3})}
+
+
+@pytest.mark.parametrize("kind", ["bert", "gpt2", "llama"])
+@pytest.mark.parametrize("how", ["deepcopy", "pickle"])
+def test_deepcopy_and_pickle_carry_a_replaced_config(kind, how):
+    """A config replaced on the model (``m.config = copy.copy(m.config)``, then a field changed)
+    came back as the constructor's in a deepcopy / unpickled copy (BERT's hidden_dropout_prob 0.0 set
+    on the original, 0.1 in the copies: their training forwards dropped what the original's kept).
+    Every attribute carried is restored, non-scalar ones included."""
+    import copy
+    import dataclasses
+    import pickle
+
+    model, changes = _cfg_models()[kind]
+    model.config = dataclasses.replace(model.config, **changes)
+    dup = copy.deepcopy(model) if how == "deepcopy" else pickle.loads(pickle.dumps(model))
+    assert dup.config == model.config and dup.config is not model.config
+    for key, value in changes.items():
+        assert getattr(dup.config, key) == value
+    ids = np.array([[1, 2, 3, 4], [5, 6, 7, 8]])
+    if kind == "bert":  # no dropout now: a training forward is the eval one
+        expected = model(ids).last_hidden_state
+        dup.train()
+        np.testing.assert_array_equal(dup(ids).last_hidden_state, expected)
+    elif kind == "gpt2":
+        expected = model.loss(ids, ids)
+        dup.train()
+        assert dup.loss(ids, ids) == expected
+
+
+@pytest.mark.parametrize("how", ["deepcopy", "pickle"])
+def test_deepcopy_and_pickle_carry_changed_attributes_of_children(how):
+    """The dropout of a stack's layers changed after construction travels with the copy, and its
+    training forward is then the original's (no dropout: the eval output)."""
+    import copy
+    import pickle
+
+    enc = tc.nn.TransformerEncoder(tc.nn.TransformerEncoderLayer(8, 2, 16, dtype=np.float64, dropout=0.3), 2)
+    for layer in enc.layers:
+        layer.dropout = 0.0
+    x = np.random.default_rng(0).standard_normal((2, 3, 8))
+    expected = enc(x)
+    dup = copy.deepcopy(enc) if how == "deepcopy" else pickle.loads(pickle.dumps(enc))
+    assert [layer.dropout for layer in dup.layers] == [0.0, 0.0]
+    dup.train()
+    np.testing.assert_array_equal(dup(x), expected)
