@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 import transformer_core as tc
-from conftest import MODEL_NAME, hf_encode, hf_mean_pool
+from conftest import MODEL_NAME, hf_encode, hf_mean_pool, sentencepiece_tokenizer
 from transformer_core.tokenizer import TextStream
 
 
@@ -242,3 +242,21 @@ def test_sentence_encoder_lowercases_with_do_lower_case(cased_dir):
     got = tc.SentenceEncoder.from_pretrained(cased_dir, dtype=np.float64).encode(texts)
     np.testing.assert_allclose(got, want, atol=1e-6)
     np.testing.assert_allclose(got[0], got[1], atol=1e-12)
+
+
+def test_text_stream_after_a_context_reads_the_ids_where_they_stand():
+    """``text_stream(context=prompt ids)``: the pieces are decode(prompt + ids) past decode(prompt),
+    so a decoder that strips a text's leading space (Llama 2's) keeps the space before the first new
+    word, which the stream of the new ids alone drops."""
+    backend = sentencepiece_tokenizer()
+    tok = tc.Tokenizer(backend, 64)
+    prompt, new = backend.encode("Hello").ids, backend.encode("world foo bar").ids
+    full, base = backend.decode(prompt + new), backend.decode(prompt)
+    stream = tok.text_stream(context=prompt)
+    assert "".join(stream.push(i) for i in new) + stream.finish() == full[len(base):] == " world foo bar"
+    alone = tok.text_stream()
+    assert "".join(alone.push(i) for i in new) + alone.finish() == "world foo bar"  # the space lost
+    with pytest.raises(ValueError, match="^context: "):
+        tok.text_stream(context=[10**6])
+    with pytest.raises(TypeError, match="^context: "):
+        tok.text_stream(context=5)

@@ -99,47 +99,13 @@ def _text_after(tokenizer, context: list[int], ids: list[int]) -> str:
     return full[_common_prefix(base, full):]
 
 
-class _TextStream:
-    """Text of generated ids as it becomes complete, read in the decode of ``context + ids``.
-
-    ``tokenizer.text_stream()`` decodes the new ids alone: a SentencePiece decoder (Llama 2's
-    Metaspace and ``Strip``) then drops the space before the first new word ("Hello" + "Hello
-    Hello" for HF's "Hello Hello Hello"). This stream starts from ``context`` (the prompt's ids),
-    and each step decodes the last complete piece and the new ids (the window of ``tokenizers``'
-    ``DecodeStream``): a piece is emitted once its text does not end in U+FFFD (a UTF-8 character
-    split across tokens). Ids past the tokenizer's vocabulary (an embedding's padding) add no text.
-    The pieces and :meth:`finish` together are :func:`_text_after` ``(tokenizer, context, ids)``."""
-
-    def __init__(self, tokenizer, context=()):
-        self._tokenizer = tokenizer
-        self._vocab = tokenizer.vocab_size
-        self._ids = list(context)
-        self._prefix = tokenizer.decode(self._ids)  # the text of _ids as last emitted
-        self._start = len(self._ids)  # _ids[:_start] is the emitted piece before the last: dropped next
-
-    def push(self, token_id: int) -> str:
-        if token_id >= self._vocab:
-            return ""
-        self._ids.append(token_id)
-        text = self._tokenizer.decode(self._ids)
-        if len(text) <= len(self._prefix) or text.endswith("\ufffd"):
-            return ""
-        piece = text[_common_prefix(self._prefix, text):]
-        self._ids = self._ids[self._start:]
-        self._prefix = self._tokenizer.decode(self._ids)
-        self._start = len(self._ids)
-        return piece
-
-    def finish(self) -> str:
-        text = self._tokenizer.decode(self._ids)
-        return text[_common_prefix(self._prefix, text):]
-
-
 def _stream(model, tokenizer, ids: np.ndarray, cache, on_text, stats: TurnStats, context=(), **options) -> list[int]:
     """Runs ``model.stream`` over ``ids (1, L)`` with ``cache``, pushing text to ``on_text`` (the
-    text the new ids add after ``context``, see :class:`_TextStream`); returns the generated ids
-    (an end token included) and fills ``stats``."""
-    text = _TextStream(tokenizer, context) if on_text is not None else None
+    text the new ids add after ``context``: :meth:`Tokenizer.text_stream` primed with it; ids past
+    the tokenizer's vocabulary add none, see :func:`_known_ids`); returns the generated ids (an end
+    token included) and fills ``stats``."""
+    text = tokenizer.text_stream(context=context) if on_text is not None else None
+    vocab = tokenizer.vocab_size
     generated: list[int] = []
     stats.prefill_tokens = ids.shape[1] - cache.length
     start = time.perf_counter()
@@ -154,7 +120,7 @@ def _stream(model, tokenizer, ids: np.ndarray, cache, on_text, stats: TurnStats,
         last = now
         token_id = int(token[0])
         generated.append(token_id)
-        if on_text is not None:
+        if on_text is not None and token_id < vocab:
             piece = text.push(token_id)
             if piece:
                 on_text(piece)

@@ -220,6 +220,7 @@ def _reach(address: str) -> None:
     outcome = []
 
     def run():
+        """The handshake on this thread's own event loop; its outcome (None or the exception) in ``outcome``."""
         try:
             asyncio.run(handshake())
             outcome.append(None)

@@ -522,9 +522,10 @@ class Tokenizer:
             text = text[:end] if text.startswith(_CONTINUE_TAG, end) else text[:end].rstrip()
         return self.encode(text, add_special_tokens=False) if tokenize else text
 
-    def text_stream(self, skip_special_tokens: bool = True) -> "TextStream":
-        """A :class:`TextStream` that turns generated ids into text as it becomes complete."""
-        return TextStream(self, skip_special_tokens=skip_special_tokens)
+    def text_stream(self, skip_special_tokens: bool = True, context=()) -> "TextStream":
+        """A :class:`TextStream` that turns generated ids into text as it becomes complete (after the
+        ids of ``context``, a prompt, when given)."""
+        return TextStream(self, skip_special_tokens=skip_special_tokens, context=context)
 
     # ---------------------------------------------------------------------------- vocabulary
     @property
@@ -626,24 +627,33 @@ class TextStream:
         print(stream.finish())
 
     The concatenation of every ``push`` and ``finish`` equals ``tokenizer.decode(all ids)`` for a
-    byte-level tokenizer.
+    byte-level tokenizer; with ``context``, it equals ``decode(context + ids)`` past
+    ``decode(context)`` (the ids' text read where it stands, as ``DecodeStream(ids=context)``: a
+    SentencePiece decoder that strips a text's leading space, Llama 2's, keeps the space before the
+    first new word, which decoding the new ids alone drops).
 
     Args:
         tokenizer: a :class:`Tokenizer`.
         skip_special_tokens: leave special tokens out of the text (default True).
+        context: ids the pushed ones follow (a prompt), whose own text is not returned; default none.
 
     Raises:
-        TypeError: ``tokenizer`` not a :class:`Tokenizer`; ``skip_special_tokens`` not a bool.
+        TypeError: ``tokenizer`` not a :class:`Tokenizer`; ``skip_special_tokens`` not a bool; a
+            ``context`` id not an int. ValueError: a ``context`` id outside the vocabulary.
     """
 
-    def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = True):
+    def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = True, context=()):
         from tokenizers.decoders import DecodeStream
 
         if not isinstance(tokenizer, Tokenizer):
             raise TypeError(f"tokenizer: expected a transformer_core.Tokenizer, got {type(tokenizer).__name__}")
         self._tokenizer = tokenizer
         self._skip = check_bool(skip_special_tokens, "skip_special_tokens")
-        self._stream = DecodeStream(skip_special_tokens=self._skip)
+        try:
+            context = tokenizer._check_ids(context) if len(context) else []
+        except (TypeError, ValueError) as e:
+            raise type(e)(f"context: {e}") from None
+        self._stream = DecodeStream(ids=list(context), skip_special_tokens=self._skip)
         self._pending: list[int] = []
 
     def push(self, token_id: int) -> str:
