@@ -641,3 +641,45 @@ def test_reference_path_scores_are_checked_against_memory_first():
     q = np.zeros((1, 1, 1 << 20, 1), np.float32)
     with pytest.raises(ValueError, match=r"query, key: the reference path's \(L, S\) scores"):
         tc.functional.scaled_dot_product_attention(q, q, q, path="reference")
+
+
+def test_thread_count_changed_by_another_thread_mid_call(rng):
+    """set_num_threads from one Python thread while another runs attention (the GIL is released):
+    each call sized its per-thread scratch by one reading of the count and handed out thread ids by
+    a second; a count raised in between indexed past the scratch (heap corruption, a crash within
+    seconds). Every path, forward and backward, now gives the same bits as with a fixed count."""
+    import threading
+    import time
+
+    q = randn(rng, (1, 4, 300, 32), np.float32)
+    k = randn(rng, (1, 4, 300, 32), np.float32)
+    v = randn(rng, (1, 4, 300, 32), np.float32)
+
+    def calls():  # flash forward, reference forward, backward (grad_q, grad_k, grad_v)
+        o, lse = F.scaled_dot_product_attention(q, k, v, is_causal=True, path="flash", return_lse=True)
+        reference = F.scaled_dot_product_attention(q, k, v, is_causal=True, path="reference")
+        grads = tc.backward.scaled_dot_product_attention_backward(q, k, v, o, o, lse, is_causal=True)
+        return [o, lse, reference, *grads]
+
+    old = tc.get_num_threads()
+    expected = calls()
+    results, stop = [], threading.Event()
+
+    def worker():
+        while not stop.is_set():
+            results.append(calls())
+
+    t = threading.Thread(target=worker)
+    try:
+        t.start()
+        end = time.monotonic() + 2.0
+        while time.monotonic() < end:
+            tc.set_num_threads(1)
+            tc.set_num_threads(8)
+    finally:
+        stop.set()
+        t.join()
+        tc.set_num_threads(old)
+    assert results
+    for got in results:
+        assert all(np.array_equal(a, b) for a, b in zip(got, expected))

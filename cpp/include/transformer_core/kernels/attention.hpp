@@ -139,7 +139,7 @@ void attention_reference(const AttentionArgs<T>& a) {
   const int64_t L = a.q_len, S = a.kv_len, D = a.head_dim, Dv = a.v_head_dim;
   const int64_t group = a.num_heads / a.num_kv_heads;
   const int64_t tasks = a.batch * a.num_heads;
-  const int num_threads = get_num_threads();
+  const int num_threads = std::max(1, get_num_threads());
   std::vector<std::vector<T>> scratch(static_cast<size_t>(num_threads));
   parallel_tasks(tasks, [&](int64_t task, int tid) {
     const int64_t n = task / a.num_heads, h = task % a.num_heads, hk = h / group;
@@ -178,7 +178,7 @@ void attention_reference(const AttentionArgs<T>& a) {
       T* w = a.weights + task * L * S;
       std::copy(scores.begin(), scores.end(), w);
     }
-  });
+  }, num_threads);
 }
 
 }  // namespace transformer_core::kernels

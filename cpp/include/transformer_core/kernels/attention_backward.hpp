@@ -126,9 +126,9 @@ void compute_delta(const AttentionBackwardArgs<T>& b, T* delta) {
 // The row statistics (see RowStats): m = lse, c = 0, except for the rows with |lse| ≥ kExactRowStats,
 // whose max and log-sum are recomputed here over all their keys, from scores made by the same
 // products as tile_p_ds's (whole query blocks), so that m is exactly one of the row's scores.
-// x: kBlockRows · kBlockKeys per thread.       m, c: [N, H, L]
+// x: kBlockRows · kBlockKeys per thread, for num_threads threads.       m, c: [N, H, L]
 template <class T>
-void compute_row_stats(const AttentionBackwardArgs<T>& b, T* m, T* c, T* x_per_thread) {
+void compute_row_stats(const AttentionBackwardArgs<T>& b, T* m, T* c, T* x_per_thread, int num_threads) {
   constexpr T neg_inf = -std::numeric_limits<T>::infinity();
   const AttentionArgs<T>& a = b.fwd;
   const int64_t H = a.num_heads, L = a.q_len, S = a.kv_len, D = a.head_dim;
@@ -175,7 +175,7 @@ void compute_row_stats(const AttentionBackwardArgs<T>& b, T* m, T* c, T* x_per_t
       m[row0 + i] = row_max[i];  // -inf: the row sees no key after all
       c[row0 + i] = row_max[i] == neg_inf ? T(0) : static_cast<T>(std::log(row_sum[i]));
     }
-  });
+  }, num_threads);
 }
 
 // The tile's probabilities and the softmax gradient, for query rows [l0, l0 + br) of head (n, h)
@@ -257,7 +257,7 @@ void attention_backward(const AttentionBackwardArgs<T>& b) {
   std::vector<T> scratch(static_cast<size_t>(2 * tile * num_threads));  // p | ds per thread
 
   std::vector<T> row_m(delta.size()), row_c(delta.size());
-  if (L > 0) compute_row_stats(b, row_m.data(), row_c.data(), scratch.data());
+  if (L > 0) compute_row_stats(b, row_m.data(), row_c.data(), scratch.data(), num_threads);
   const RowStats<T> stats{row_m.data(), row_c.data()};
 
   // dK, dV of key block kb of kv head (n, hk), summed over the group's heads and all query rows;
@@ -309,14 +309,14 @@ void attention_backward(const AttentionBackwardArgs<T>& b) {
       const int64_t n = task / Hkv, hk = task % Hkv;
       zero_dq(n, hk);
       for (int64_t kb = 0; kb < k_blocks; ++kb) key_block(n, hk, kb, true, tid);
-    });
+    }, num_threads);
     return;
   }
 
   // Pass 1: dK, dV of key block kb of kv head (n, hk).
   parallel_tasks(N * Hkv * k_blocks, [&](int64_t task, int tid) {
     key_block(task / (Hkv * k_blocks), (task / k_blocks) % Hkv, task % k_blocks, false, tid);
-  });
+  }, num_threads);
 
   // Pass 2: dQ of query block qb of head (n, h), summed over the key blocks in order.
   if (D == 0) return;
@@ -337,7 +337,7 @@ void attention_backward(const AttentionBackwardArgs<T>& b) {
       gemm_on_thread(false, false, br, D, cols, ds, kBlockKeys, k + s0 * a.k_stride_s, ld_for(a.k_stride_s, cols, D),
                      dq, ld_for(b.dq_stride_l, br, D), true);
     }
-  });
+  }, num_threads);
 }
 
 }  // namespace transformer_core::kernels

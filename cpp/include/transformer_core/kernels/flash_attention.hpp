@@ -833,7 +833,7 @@ inline void flash_blocks_shared(const AttentionArgs<float>& a, const FlashPlan& 
                      /*use_blas=*/true, &packed, &pf);
     }
     for (int64_t c = 0; c < count; ++c) flash_store(a, qbs[c], accs[c]);
-  });
+  }, threads);
 }
 
 // plan.kv_chunks = 1: one task = one query block against all its keys (or, fp32, up to
@@ -845,13 +845,14 @@ void flash_blocks(const AttentionArgs<T>& a, const FlashPlan& p) {
     if (const sgemm::Kernels* kern = sgemm::active(); kern != nullptr && can_share_key_blocks(a, p))
       return flash_blocks_shared(a, p, *kern);
   }
-  ThreadTiles<T> tiles(p, a.v_head_dim, std::max(1, get_num_threads()));
+  const int threads = std::max(1, get_num_threads());
+  ThreadTiles<T> tiles(p, a.v_head_dim, threads);
   parallel_tasks(p.tasks, [&](int64_t b, int tid) {
     const QueryBlock qb = query_block(p, a.num_heads, a.q_len, b);
     const Accumulator<T> acc = tiles.accumulator(tid);
     flash_block(a, qb, 0, a.kv_len, p.block_keys, tiles.tile(tid), acc, /*use_blas=*/true);
     flash_store(a, qb, acc);
-  });
+  }, threads);
 }
 
 // plan.kv_chunks > 1 (split-KV): task (query block b, chunk c) leaves the partial state of keys
@@ -861,7 +862,8 @@ template <class T>
 void flash_split_kv(const AttentionArgs<T>& a, const FlashPlan& p) {
   const int64_t chunks = p.kv_chunks, blocks = p.tasks / chunks;
   const int64_t part_size = pad64<T>(p.block_rows * (a.v_head_dim + 3));
-  ThreadTiles<T> tiles(p, a.v_head_dim, std::max(1, get_num_threads()));
+  const int threads = std::max(1, get_num_threads());
+  ThreadTiles<T> tiles(p, a.v_head_dim, threads);
   AlignedVector<T> partial_buf(size_t(p.tasks * part_size));
   T* partial = partial_buf.data();
   parallel_tasks(p.tasks, [&](int64_t task, int tid) {
@@ -870,7 +872,7 @@ void flash_split_kv(const AttentionArgs<T>& a, const FlashPlan& p) {
     const int64_t s_begin = c * p.kv_chunk_len, s_end = std::min(a.kv_len, s_begin + p.kv_chunk_len);
     const Accumulator<T> acc = accumulator_at(partial + task * part_size, p.block_rows, a.v_head_dim);
     flash_block(a, qb, s_begin, s_end, p.block_keys, tiles.tile(tid), acc, /*use_blas=*/true);
-  });
+  }, threads);
   const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(1, chunks * part_size));
   parallel_for(0, blocks, grain, [&](int64_t begin, int64_t end) {
     for (int64_t b = begin; b < end; ++b) {
@@ -1087,7 +1089,7 @@ void attention_flash_varlen(const AttentionArgs<T>& a, const int64_t* starts) {
     const Accumulator<T> acc = tiles.accumulator(tid);
     flash_block(s, qb, 0, len, p.block_keys, tiles.tile(tid), acc, /*use_blas=*/true);
     flash_store(s, qb, acc);
-  });
+  }, threads);
 }
 
 }  // namespace transformer_core::kernels
