@@ -599,6 +599,31 @@ def test_cross_entropy_gradient_of_shifted_logits(rng, dtype, shift):
     np.testing.assert_allclose(grad, lt.grad.numpy(), atol=atol(dtype), rtol=0)
 
 
+@pytest.mark.parametrize("label_smoothing", [0.0, 0.1])
+@pytest.mark.parametrize("shift", [1e5, 1e7, -1e9])
+def test_cross_entropy_loss_of_shifted_logits(rng, shift, label_smoothing):
+    """The loss at logits far from 0 keeps float64's 1e-10 against torch: it is (max - x_t) + log Σ.
+    lse - x_t with lse = max + log Σ rounded first lost log Σ's low bits to |max| (9e-10 at 1e7)."""
+    logits = randn(rng, (5, 40), np.float64, 3.0) + shift
+    target = rng.integers(0, 40, size=5)
+    for reduction in ("none", "sum"):
+        _, loss_t = torch_cross_entropy(logits, target, -100, label_smoothing, reduction)
+        loss = FT.cross_entropy(logits, target, label_smoothing=label_smoothing, reduction=reduction)
+        np.testing.assert_allclose(loss, loss_t.detach().numpy(), atol=1e-10, rtol=0)
+
+
+@pytest.mark.parametrize("label_smoothing", [0.0, 0.2])
+def test_cross_entropy_at_float32_max(label_smoothing):
+    """Three equal logits of 3e38 (float32): the loss is log 3, as torch's; it was 0 (log Σ rounded
+    away by the max)."""
+    logits = np.full((2, 3), 3e38, np.float32)
+    target = np.array([1, 0])
+    loss = FT.cross_entropy(logits, target, label_smoothing=label_smoothing, reduction="none")
+    _, loss_t = torch_cross_entropy(logits, target, -100, label_smoothing, "none")
+    np.testing.assert_allclose(loss_t.detach().numpy(), np.log(3.0), rtol=1e-6)
+    np.testing.assert_allclose(loss, np.log(3.0), rtol=1e-6)
+
+
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
 def test_cross_entropy_ignore_index(rng, dtype):
     logits = randn(rng, (4, 6, 10), dtype)

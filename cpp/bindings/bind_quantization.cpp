@@ -69,7 +69,7 @@ void register_quantization(py::module_& m) {
           const int64_t rows = x.shape(0), in = x.shape(1), out = qweight.shape(0);
           require(qweight.shape(1) == in && scales.size() == out, "linear_int8: inconsistent shapes");
           const float* bp = optional_bias(bias);
-          py::array_t<float> y({rows, out});
+          py::array_t<float> y = new_array<float>({rows, out}, "linear_int8: the output (rows of x, out_features)");
           float* yp = y.mutable_data();
           {
             py::gil_scoped_release release;
@@ -88,7 +88,7 @@ void register_quantization(py::module_& m) {
           const Bytes b = bytes_of(blocks);
           const float* bp = optional_bias(bias);
           const int64_t rows = x.shape(0);
-          py::array_t<float> y({rows, out_features});
+          py::array_t<float> y = new_array<float>({rows, out_features}, "linear_gguf: the output (rows of x, out_features)");
           float* yp = y.mutable_data();
           {
             py::gil_scoped_release release;
@@ -115,7 +115,7 @@ void register_quantization(py::module_& m) {
           }
           const float* bp = optional_bias(bias);
           const int64_t rows = x.shape(0);
-          py::array_t<float> y({rows, out});
+          py::array_t<float> y = new_array<float>({rows, out}, "linear_gguf_parts: the output (rows of x, the parts' rows)");
           float* yp = y.mutable_data();
           {
             py::gil_scoped_release release;
@@ -132,7 +132,7 @@ void register_quantization(py::module_& m) {
           const auto type = q::parse_ggml_type(ggml_type);
           const Bytes b = bytes_of(blocks);
           require(rows >= 1 && cols >= 1, "dequantize_gguf: rows and cols must be >= 1");
-          py::array_t<float> out({rows, cols});
+          py::array_t<float> out = new_array<float>({rows, cols}, "dequantize_gguf: the output (rows, cols)");
           float* op = out.mutable_data();
           {
             py::gil_scoped_release release;

@@ -37,12 +37,15 @@ inline double cross_entropy_row(const T* x, int64_t V, int64_t t, double label_s
   double sum = 0;
   for (; j < V; ++j) sum += static_cast<double>(fast_math::exp_nonpos(x[j] - m));
   for (int64_t u = 0; u < W; ++u) sum += lane[u];
-  const double lse = static_cast<double>(m) + std::log(sum);
-  double loss = (1.0 - label_smoothing) * (lse - static_cast<double>(x[t]));
+  // lse - x_t as (m - x_t) + log Σ: m - x_t is exact in double, and log Σ (≤ log V) is not rounded
+  // away by a large m (logits of 3e38: m + log Σ - x_t would give 0 instead of log 3)
+  const double log_sum = std::log(sum);
+  double loss = (1.0 - label_smoothing) * ((static_cast<double>(m) - static_cast<double>(x[t])) + log_sum);
   if (label_smoothing != 0.0) {
-    double sx = 0;
-    for (int64_t k = 0; k < V; ++k) sx += static_cast<double>(x[k]);
-    loss += label_smoothing / static_cast<double>(V) * (static_cast<double>(V) * lse - sx);
+    // Σ_k (lse - x_k) = Σ_k (m - x_k) + V log Σ, each m - x_k exact in double
+    double sd = 0;
+    for (int64_t k = 0; k < V; ++k) sd += static_cast<double>(m) - static_cast<double>(x[k]);
+    loss += label_smoothing / static_cast<double>(V) * (sd + static_cast<double>(V) * log_sum);
   }
   if (dx != nullptr) {
     // x_j - lse as (x_j - m) - log Σ: x_j - m is exact near the max (Sterbenz) and log Σ is small
