@@ -354,6 +354,37 @@ def test_a_refused_call_does_not_grow_the_cache(rng):
     assert cache.capacity == capacity and cache.length == 0
 
 
+def test_a_kv_cache_of_another_dtype_is_named_by_its_dtype(rng):
+    """A float32 cache given to a float64 layer: the message said "got KVCache" (its class, which
+    is right); it names the cache's dtype now. A cache of the layer's dtype decodes as without it."""
+    m = tc.nn.MultiheadAttention(8, 2, dtype=np.float64)
+    x = rng.standard_normal((1, 3, 8))
+    with pytest.raises(TypeError, match=r"^past_key_values: expected a KVCache of float64, got a KVCache of float32$"):
+        m(x, past_key_values=tc.KVCache(1, 1, 2, 4))
+    with pytest.raises(TypeError, match=r"^past_key_values: expected a KVCache of float64, got tuple$"):
+        m(x, past_key_values=())
+    cache = tc.KVCache(1, 1, 2, 4, dtype=np.float64)
+    steps = [m(x[:, t:t + 1], is_causal=True, past_key_values=cache)[0] for t in range(3)]
+    np.testing.assert_allclose(np.concatenate(steps, axis=1), m(x, is_causal=True)[0], rtol=0, atol=1e-12)
+
+
+def test_kv_cache_from_legacy_refuses_batch_0_naming_the_pair(rng):
+    """Legacy (keys, values) arrays of batch 0 were refused as "batch: expected an int in [1, ...]",
+    an argument the caller never gave: the pair and its shape are named now."""
+    z = np.zeros((0, 2, 3, 4))
+    with pytest.raises(ValueError, match=r"^past_key_values\[0\]: expected keys and values of batch N >= 1, "
+                                         r"got shape \(0, 2, 3, 4\)$"):
+        tc.KVCache.from_legacy(((z, z),), 2, 4)
+    k, v = rng.standard_normal((2, 1, 2, 3, 4))
+    with pytest.raises(ValueError, match=r"^past_key_values\[1\]: expected keys and values of batch N >= 1"):
+        tc.KVCache.from_legacy(((k, v), (z, z)), 2, 4, np.float64)
+    cache = tc.KVCache.from_legacy(((k, v),), 2, 4, np.float64)
+    assert (cache.batch, cache.length) == (1, 3)
+    (k2, v2), = cache.to_legacy()
+    np.testing.assert_array_equal(k2, k)
+    np.testing.assert_array_equal(v2, v)
+
+
 # ------------------------------------------------------------------------------- masks, by address
 def test_a_record_array_field_as_mask_reads_its_own_values(rng):
     """A float mask whose strides are not whole elements (a field of a record array): read as the

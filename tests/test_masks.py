@@ -3,13 +3,16 @@ CausalBias (upper-left / lower-right), nn.MultiheadAttention's key_padding_mask 
 F.scaled_dot_product_attention with the converted masks."""
 from __future__ import annotations
 
+import tracemalloc
+
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+import transformer_core._validation as tcv
 import transformer_core.functional as tcf
 import transformer_core.nn as tcnn
-from conftest import DTYPE_IDS, FLOAT_DTYPES, assert_close, module_state_to_numpy, randn, to_torch
+from conftest import DTYPE_IDS, FLOAT_DTYPES, TORCH_DTYPE, assert_close, module_state_to_numpy, randn, to_torch
 from torch.nn.attention.bias import causal_lower_right, causal_upper_left
 from transformer_core import masks as M
 
@@ -230,3 +233,123 @@ def test_hf_mask_in_our_mha_equals_torch(dtype, rng):
                       need_weights=False)
     out, _ = ours(x, key_mask=M.from_hf(am))
     assert_close(out, ref, dtype)
+
+
+# --------------------------------------------------------------------------------------------------
+# memory: the converters on broadcast views, nn.Transformer.generate_square_subsequent_mask
+# --------------------------------------------------------------------------------------------------
+
+
+def _traced_peak(f, *args):
+    """``f(*args)`` and the peak bytes numpy allocated meanwhile (numpy reports to tracemalloc)."""
+    tracemalloc.start()
+    try:
+        out = f(*args)
+        return out, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+HUGE = (10**6, 10**6)  # a broadcast view of it holds one value; any full-size array is > 900 GB
+
+
+@pytest.mark.parametrize("convert, mask", [
+    (M.to_additive, np.broadcast_to(True, HUGE)),
+    (lambda m: M.to_additive(m, np.float64), np.broadcast_to(True, HUGE)),
+    (M.from_torch_mha, np.broadcast_to(True, HUGE)),
+    (M.from_torch_mha, np.broadcast_to(np.float32(0), HUGE)),
+    (M.from_torch_mha, torch.zeros(1, dtype=torch.bool).expand(*HUGE)),
+    (M.from_additive, np.broadcast_to(np.float32(0), HUGE)),
+    (M.from_hf, np.broadcast_to(np.int64(1), HUGE)),
+    (M.from_hf, np.broadcast_to(np.float32(1), HUGE)),
+    (M.from_hf, np.broadcast_to(True, HUGE)),
+], ids=["to_additive", "to_additive-f64", "from_torch_mha-bool", "from_torch_mha-float", "from_torch_mha-torch",
+        "from_additive", "from_hf-int", "from_hf-float", "from_hf-bool"])
+def test_converters_refuse_a_huge_broadcast_view_before_allocating(convert, mask):
+    """A broadcast view of a huge shape: a ValueError naming mask, before any allocation (numpy
+    raised MemoryError from the first full-size temporary)."""
+    with pytest.raises(ValueError, match=r"^mask \(.*\): an array of shape \(1000000, 1000000\) needs \d+ bytes, "
+                                         r"more than this machine's memory"):
+        convert(mask)
+
+
+def _torch_to_additive(m, dtype):
+    return torch.zeros(m.shape, dtype=TORCH_DTYPE[np.dtype(dtype)]).masked_fill(~m, float("-inf"))
+
+
+# (our converter, the row broadcast to (1000, 1000), torch's conversion, bytes per mask entry the
+# converter allocates at its peak: its result, plus one bool array for from_hf's check)
+_ROW = np.arange(1000)
+PEAK_CASES = {
+    "to_additive": (M.to_additive, _ROW % 3 > 0, lambda t: _torch_to_additive(t, np.float32), 4),
+    "to_additive-f64": (lambda m: M.to_additive(m, np.float64), _ROW % 3 > 0,
+                        lambda t: _torch_to_additive(t, np.float64), 8),
+    "from_torch_mha-bool": (M.from_torch_mha, _ROW % 3 > 0, lambda t: ~t, 1),
+    "from_torch_mha-float": (M.from_torch_mha, np.where(_ROW % 3 > 0, 0, -np.inf).astype(np.float32), lambda t: t, 4),
+    "from_additive": (M.from_additive, np.array([0.0, -np.inf, -1e9, -3.5], np.float32)[_ROW % 4],
+                      lambda t: t > -1e4, 1),
+    "from_hf": (M.from_hf, (_ROW % 3 > 0).astype(np.int64), lambda t: t == 1, 2),
+    "from_hf-bool": (M.from_hf, _ROW % 3 > 0, lambda t: t.clone(), 1),
+}
+
+
+@pytest.mark.parametrize("case", list(PEAK_CASES))
+def test_converters_memory_check_counts_their_real_peak(case, monkeypatch):
+    """The check counts every full-size array a converter makes, and it makes no other: numpy's
+    traced peak stays within the count (from_additive's NaN / +inf check made 3 bool arrays of the
+    mask's size, from_hf's made 3), and a machine of one byte less refuses the mask."""
+    convert, row, torch_convert, per_entry = PEAK_CASES[case]
+    mask = np.broadcast_to(row, (1000, 1000))
+    need = mask.size * per_entry
+    out, peak = _traced_peak(convert, mask)
+    np.testing.assert_array_equal(out, torch_convert(torch.from_numpy(mask.copy())).numpy())
+    assert peak <= 1.1 * need, f"peak {peak} bytes, {peak / need:.2f} x the {need} the check counts"
+    monkeypatch.setattr(tcv, "physical_memory_bytes", lambda: need - 1)
+    with pytest.raises(ValueError, match=rf"^mask \(.*\): an array of shape \(1000, 1000\) needs {need} bytes"):
+        convert(mask)
+    monkeypatch.setattr(tcv, "physical_memory_bytes", lambda: need)
+    np.testing.assert_array_equal(convert(mask), out)
+
+
+def test_from_hf_names_the_smallest_bad_values_without_copying_them():
+    """The 5 smallest distinct values other than 0 and 1, as np.unique(mask[bad])[:5] gives them,
+    read in blocks: with nearly every entry bad, no copy of the mask's size is made for the message."""
+    mask = np.random.default_rng(0).integers(2, 10**6, (600, 1000)).astype(np.float32)
+    mask[-1, -1] = -7.0  # the smallest, in the last block
+    mask[0, :4] = [0.0, 1.0, np.nan, 0.5]
+    bad = (mask != 0) & (mask != 1)
+    want = np.unique(mask[bad])[:5].tolist()
+    assert want[:2] == [-7.0, 0.5]
+    tracemalloc.start()
+    try:
+        with pytest.raises(ValueError, match=r"^mask: expected only 0 \(padding\) and 1 \(real token\)") as info:
+            M.from_hf(mask)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert info.value.args[0].endswith(f"got values such as {want}")
+    assert peak <= 2 * mask.size + 2**21, f"peak {peak} bytes for a mask of {mask.size} entries"
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("sz", [0, 1, 2, 5, 64])
+def test_generate_square_subsequent_mask_equals_torch(sz, dtype):
+    ours = tcnn.Transformer.generate_square_subsequent_mask(sz, dtype)
+    ref = torch.nn.Transformer.generate_square_subsequent_mask(sz, dtype=TORCH_DTYPE[np.dtype(dtype)]).numpy()
+    assert ours.dtype == np.dtype(dtype) and ours.shape == (sz, sz) and ours.flags.c_contiguous
+    np.testing.assert_array_equal(ours, ref)
+    assert np.array_equal(np.signbit(ours), np.signbit(ref))  # +0 below the diagonal, as torch's
+
+
+def test_generate_square_subsequent_mask_allocates_only_what_is_checked(monkeypatch):
+    """The check counts sz² values; the mask was built as np.full + np.triu's bool mask + the result
+    (2.25 x that, float32). Now the result is the only allocation, and the check is exact."""
+    sz = 1000
+    out, peak = _traced_peak(tcnn.Transformer.generate_square_subsequent_mask, sz)
+    np.testing.assert_array_equal(out, torch.nn.Transformer.generate_square_subsequent_mask(sz).numpy())
+    assert peak <= 1.1 * out.nbytes, f"peak {peak} bytes for a {out.nbytes}-byte mask"
+    monkeypatch.setattr(tcv, "physical_memory_bytes", lambda: out.nbytes - 1)
+    with pytest.raises(ValueError, match=rf"^sz: an array of shape \(1000, 1000\) needs {out.nbytes} bytes"):
+        tcnn.Transformer.generate_square_subsequent_mask(sz)
+    monkeypatch.setattr(tcv, "physical_memory_bytes", lambda: out.nbytes)
+    np.testing.assert_array_equal(tcnn.Transformer.generate_square_subsequent_mask(sz), out)

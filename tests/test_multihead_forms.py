@@ -406,3 +406,31 @@ def test_bias_free_mha_converts_with_zero_biases():
     mha = tcnn.MultiheadAttention(8, 2, bias=False)
     per_head = MF.to_per_head(mha.state_dict(), 2)
     assert np.all(per_head["heads.1.v.bias"] == 0) and np.all(per_head["output_linear.bias"] == 0)
+
+
+def test_empty_state_is_refused():
+    """embed_dim 0: torch's nn.MultiheadAttention and ours refuse it, so no conversion accepts an
+    empty state (each returned empty arrays, a state no layer loads): a ValueError naming the
+    weight that gives E."""
+    with pytest.raises(ValueError, match="embed_dim"):
+        torch.nn.MultiheadAttention(0, 1)
+    with pytest.raises(ValueError, match="embed_dim"):
+        tcnn.MultiheadAttention(0, 1)
+    z2, z1 = np.zeros((0, 0)), np.zeros(0)
+    ours = {"in_proj_weight": z2, "in_proj_bias": z1, "out_proj.weight": z2, "out_proj.bias": z1}
+    for state in (ours, {"in_proj_weight": z2, "out_proj.weight": z2}):  # with and without biases
+        for convert in (lambda s: MF.to_per_head(s, 1), MF.to_split_heads, lambda s: MF.to_einsum_shared(s, 1)):
+            with pytest.raises(ValueError, match=r"state\['in_proj_weight'\]: .*E >= 1, got \(0, 0\)"):
+                convert(state)
+    per_head = {f"heads.0.{p}.{t}": (z2 if t == "weight" else z1) for p in "qkv" for t in ("weight", "bias")}
+    with pytest.raises(ValueError, match=r"state\['output_linear.weight'\]: .*E >= 1, got \(0, 0\)"):
+        MF.from_per_head({**per_head, "output_linear.weight": z2, "output_linear.bias": z1})
+    for names in (("W_q", "W_k", "W_v", "W_o"), ("q_linear", "k_linear", "v_linear", "out_linear")):
+        split = {f"{n}.{t}": (z2 if t == "weight" else z1) for n in names for t in ("weight", "bias")}
+        with pytest.raises(ValueError, match=rf"state\['{names[0]}.weight'\]: .*E >= 1, got \(0, 0\)"):
+            MF.from_split_heads(split)
+    einsum = {"fc_out.weight": z2, "fc_out.bias": z1}
+    with pytest.raises(ValueError, match=r"state\['fc_out.weight'\]: .*E >= 1, got \(0, 0\)"):
+        MF.from_einsum_as_written(einsum, 3)
+    with pytest.raises(ValueError, match=r"state\['fc_out.weight'\]: .*E >= 1, got \(0, 0\)"):
+        MF.from_einsum_shared({**einsum, "queries.weight": z2, "keys.weight": z2, "values.weight": z2}, 1)

@@ -123,7 +123,7 @@ class KVCache:
 
         Raises:
             TypeError: ``past`` not a tuple or list (message naming ``past_key_values``).
-            ValueError: no pairs, arrays of inconsistent shapes, a bad ``key_order``; arrays whose
+            ValueError: no pairs, arrays of inconsistent shapes or of batch 0, a bad ``key_order``; arrays whose
                 copies and cache would exceed this machine's memory (checked before any copy).
         """
         dtype = resolve_dtype(dtype)
@@ -149,6 +149,8 @@ class KVCache:
             if k.ndim != 4 or k.shape != v.shape or k.shape[1] != num_kv_heads or k.shape[3] != head_dim:
                 raise ValueError(f"past_key_values[{i}]: expected keys and values of shape (N, {num_kv_heads}, S, "
                                  f"{head_dim}), got {k.shape} and {v.shape}")
+            if k.shape[0] < 1:
+                raise ValueError(f"past_key_values[{i}]: expected keys and values of batch N >= 1, got shape {k.shape}")
             if shape is not None and k.shape != shape:
                 raise ValueError(f"past_key_values[{i}]: shape {k.shape} differs from layer 0's {shape}")
             shape = k.shape

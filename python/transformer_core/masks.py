@@ -166,12 +166,13 @@ def from_torch_mha(mask) -> np.ndarray:
     Raises:
         TypeError: None, or a dtype other than bool/float (torch deprecated byte masks: say which
             meaning you want by converting to bool first).
+        ValueError: a result larger than this machine's memory (e.g. a broadcast view of a huge
+            shape), checked before it is allocated.
     """
     m = _to_numpy(mask, "mask")
-    if m.dtype == np.bool_:
-        return ~m
-    if m.dtype.kind == "f":
-        return m.copy()
+    if m.dtype == np.bool_ or m.dtype.kind == "f":
+        check_allocatable(m.shape, m.dtype.itemsize, "mask (the result)")  # the only allocation
+        return ~m if m.dtype == np.bool_ else m.copy()
     raise TypeError(f"mask: expected a bool (True = blocked) or float (additive) mask, got dtype {m.dtype}")
 
 
@@ -193,13 +194,16 @@ def from_additive(mask, blocked_at: float = ADDITIVE_BLOCKED_AT) -> np.ndarray:
 
     Raises:
         TypeError: not a float mask (a bool mask is already a mask: use it, or :func:`from_torch_mha`).
-        ValueError: NaN or +inf entries, or a non-finite ``blocked_at``.
+        ValueError: NaN or +inf entries, a non-finite ``blocked_at``, or a result larger than this
+            machine's memory (e.g. a broadcast view of a huge shape), checked before any allocation.
     """
     m = _to_numpy(mask, "mask")
     if m.dtype.kind != "f":
         raise TypeError(f"mask: expected a float (additive) mask, got dtype {m.dtype}")
     blocked_at = check_float(blocked_at, "blocked_at")
-    if np.isnan(m).any() or np.isposinf(m).any():
+    check_allocatable(m.shape, 1, "mask (the bool result)")  # the only full-size allocation
+    # max propagates NaN: one reduction finds NaN and +inf without a full-size temporary
+    if m.size and not m.max() < np.inf:
         raise ValueError("mask: expected 0 (allowed) or very negative (blocked) values, got NaN or +inf entries")
     return m > blocked_at
 
@@ -216,18 +220,36 @@ def from_hf(mask) -> np.ndarray:
 
     Raises:
         TypeError: a non-numeric dtype. ValueError: values other than 0 and 1 (e.g. an additive
-            mask: use :func:`from_additive`).
+            mask: use :func:`from_additive`), or arrays larger than this machine's memory (the
+            result and one bool array of its size; e.g. a broadcast view of a huge shape), checked
+            before any allocation.
     """
     m = _to_numpy(mask, "mask")
     if m.dtype == np.bool_:
+        check_allocatable(m.shape, 1, "mask (the result)")
         return m.copy()
     if m.dtype.kind not in "iuf":
         raise TypeError(f"mask: expected a 0/1 attention_mask, got dtype {m.dtype}")
-    ones = m == 1
-    if not np.all(ones | (m == 0)):
-        bad = np.unique(m[~(ones | (m == 0))])[:5]
-        raise ValueError(f"mask: expected only 0 (padding) and 1 (real token), got values such as {bad.tolist()}")
+    # the result and the validity check: two bool arrays of the mask's size, no other full-size one
+    check_allocatable(m.shape, 2, "mask (the result and its check, 2 bool arrays)")
+    ones = np.asarray(m == 1)  # (a 0-d mask compares to a scalar)
+    bad = np.asarray(m == 0)
+    bad |= ones
+    np.logical_not(bad, out=bad)  # True where neither 0 nor 1
+    if bad.any():
+        raise ValueError(f"mask: expected only 0 (padding) and 1 (real token), got values such as "
+                         f"{_smallest_values(m, bad)}")
     return ones
+
+
+def _smallest_values(m: np.ndarray, where: np.ndarray, count: int = 5) -> list:
+    """The ``count`` smallest distinct values of ``m`` where ``where`` is True, read in bounded
+    blocks (no copy of the mask's size, whatever the number of such entries)."""
+    found = np.empty(0, m.dtype)
+    it = np.nditer([m, where], flags=["external_loop", "buffered", "zerosize_ok"], buffersize=1 << 16)
+    for values, selected in it:
+        found = np.unique(np.concatenate([found, values[selected]]))[:count]
+    return found.tolist()
 
 
 def to_additive(mask, dtype=np.float32) -> np.ndarray:
@@ -244,9 +266,12 @@ def to_additive(mask, dtype=np.float32) -> np.ndarray:
     Raises:
         TypeError: a non-bool mask (0/1 integers are ambiguous between conventions: convert with
             :func:`from_hf` or ``mask.astype(bool)`` first), or a dtype other than float32/float64.
+        ValueError: a result larger than this machine's memory (e.g. a broadcast view of a huge
+            shape), checked before it is allocated.
     """
     m = _to_numpy(mask, "mask")
     if m.dtype != np.bool_:
         raise TypeError(f"mask: expected a bool mask (True = may attend), got dtype {m.dtype}")
     dtype = resolve_dtype(dtype)
+    check_allocatable(m.shape, np.dtype(dtype).itemsize, "mask (the result)")  # np.where's output only
     return np.where(m, dtype(0), dtype(-np.inf)).astype(dtype, copy=False)

@@ -44,8 +44,9 @@ The forms (``E = embed_dim``, ``H = num_heads``, ``d = E / H``):
 
 Every function takes a mapping of name -> array-like (numpy arrays, or torch tensors from
 ``module.state_dict()``), checks every name and shape, and returns a new dict of numpy arrays
-(float64 stays float64, other dtypes become float32). Missing / unexpected names or inconsistent
-shapes raise ``ValueError`` listing them; a non-mapping ``state`` raises ``TypeError``.
+(float64 stays float64, other dtypes become float32). Missing / unexpected names, inconsistent
+shapes or an empty state (``embed_dim`` 0: ``nn.MultiheadAttention`` needs ``E >= 1``) raise
+``ValueError`` naming them; a non-mapping ``state`` raises ``TypeError``.
 """
 
 from __future__ import annotations
@@ -105,8 +106,8 @@ def _mha(state, num_heads: int | None = None) -> tuple[dict, int]:
         s = {**s, "in_proj_bias": None, "out_proj.bias": None}
     _check_keys(s, _MHA_KEYS)
     w = s["in_proj_weight"]
-    if w.ndim != 2 or w.shape[0] != 3 * w.shape[1]:
-        raise ValueError(f"state['in_proj_weight']: expected shape (3E, E), got {w.shape}")
+    if w.ndim != 2 or w.shape[0] != 3 * w.shape[1] or w.shape[1] == 0:
+        raise ValueError(f"state['in_proj_weight']: expected shape (3E, E) with embed_dim E >= 1, got {w.shape}")
     E = w.shape[1]
     if num_heads is not None and E % num_heads != 0:
         raise ValueError(f"num_heads: expected a divisor of embed_dim {E}, got {num_heads}")
@@ -163,8 +164,8 @@ def from_per_head(state) -> dict[str, np.ndarray]:
     expected += ["output_linear.weight", "output_linear.bias"]
     _check_keys(s, expected)
     wo = s["output_linear.weight"]
-    if wo.ndim != 2 or wo.shape[0] != wo.shape[1]:
-        raise ValueError(f"state['output_linear.weight']: expected shape (E, E), got {wo.shape}")
+    if wo.ndim != 2 or wo.shape[0] != wo.shape[1] or wo.shape[0] == 0:
+        raise ValueError(f"state['output_linear.weight']: expected shape (E, E) with embed_dim E >= 1, got {wo.shape}")
     E = wo.shape[0]
     if E % H != 0:
         raise ValueError(f"state: embed_dim {E} (output_linear) is not a multiple of the {H} heads")
@@ -237,8 +238,8 @@ def from_split_heads(state) -> dict[str, np.ndarray]:
                          f"q_linear/k_linear/v_linear/out_linear keys, got {sorted(s)}")
     _check_keys(s, [f"{n}.{t}" for n in names for t in ("weight", "bias")])
     first = s[f"{names[0]}.weight"]
-    if first.ndim != 2 or first.shape[0] != first.shape[1]:
-        raise ValueError(f"state['{names[0]}.weight']: expected shape (E, E), got {first.shape}")
+    if first.ndim != 2 or first.shape[0] != first.shape[1] or first.shape[0] == 0:
+        raise ValueError(f"state['{names[0]}.weight']: expected shape (E, E) with embed_dim E >= 1, got {first.shape}")
     E = first.shape[0]
     for n in names:
         _check_shape(s[f"{n}.weight"], (E, E), f"{n}.weight")
@@ -276,8 +277,8 @@ def to_split_heads(state, naming: str = "W_q") -> dict[str, np.ndarray]:
 
 def _einsum_fc_out(s: dict, num_heads: int) -> int:
     wo = s["fc_out.weight"]
-    if wo.ndim != 2 or wo.shape[0] != wo.shape[1]:
-        raise ValueError(f"state['fc_out.weight']: expected shape (E, E), got {wo.shape}")
+    if wo.ndim != 2 or wo.shape[0] != wo.shape[1] or wo.shape[0] == 0:
+        raise ValueError(f"state['fc_out.weight']: expected shape (E, E) with embed_dim E >= 1, got {wo.shape}")
     E = wo.shape[0]
     if E % num_heads != 0:
         raise ValueError(f"num_heads: expected a divisor of embed_dim {E} (fc_out), got {num_heads}")

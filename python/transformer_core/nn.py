@@ -353,8 +353,9 @@ class MultiheadAttention(Module):
             from .kv_cache import KVCache
 
             if not isinstance(past_key_values, KVCache) or past_key_values.dtype != self.dtype:
-                raise TypeError(f"past_key_values: expected a KVCache of {np.dtype(self.dtype).name}, "
-                                f"got {type(past_key_values).__name__}")
+                got = (f"a KVCache of {np.dtype(past_key_values.dtype).name}" if isinstance(past_key_values, KVCache)
+                       else type(past_key_values).__name__)
+                raise TypeError(f"past_key_values: expected a KVCache of {np.dtype(self.dtype).name}, got {got}")
             c = past_key_values
             if (c.batch, c.num_kv_heads, c.head_dim) != (N, self.num_kv_heads, self.head_dim) or layer >= len(c):
                 raise ValueError(f"past_key_values: a cache of batch {c.batch}, {c.num_kv_heads} heads of {c.head_dim} "
@@ -1171,8 +1172,11 @@ class Transformer(Module):
         """
         sz = check_int(sz, "sz", 0)
         dtype = resolve_dtype(dtype)
-        check_allocatable((sz, sz), np.dtype(dtype).itemsize, "sz")
-        return np.triu(np.full((sz, sz), -np.inf, dtype), k=1)
+        check_allocatable((sz, sz), np.dtype(dtype).itemsize, "sz")  # the result is the only allocation
+        mask = np.zeros((sz, sz), dtype)
+        for i in range(sz - 1):  # row by row: no full-size temporary (np.triu's would be 1.25x more)
+            mask[i, i + 1:] = -np.inf
+        return mask
 
     def forward(self, src, tgt, *, src_mask=None, tgt_mask=None, memory_mask=None, src_key_mask=None,
                 tgt_key_mask=None, memory_key_mask=None, src_is_causal: bool = False, tgt_is_causal: bool = False,
