@@ -477,3 +477,15 @@ def test_scheduler_load_leaves_the_groups_lr_to_the_optimizer():
         assert [g["lr"] for g in fresh.param_groups] == before == [0.2 * lr for lr in LRS]
         assert sched2.get_last_lr() == sched.get_last_lr() and sched2.last_epoch == 3
         assert [g["initial_lr"] for g in fresh.param_groups] == LRS
+
+
+@pytest.mark.parametrize("optimizer", [None, object(), "adam"], ids=["None", "object", "str"])
+@pytest.mark.parametrize("as_list", [True, False], ids=["list", "function"])
+def test_lambda_lr_checks_the_optimizer_first(optimizer, as_list):
+    """Not an optimizer (torch raises AttributeError: no param_groups): a TypeError naming
+    ``optimizer``, whatever lr_lambda is, not a complaint about the number of functions."""
+    with pytest.raises(AttributeError, match="param_groups"):
+        torch.optim.lr_scheduler.LambdaLR(optimizer, [lambda t: 1.0])
+    lr_lambda = [lambda t: 1.0] if as_list else (lambda t: 1.0)
+    with pytest.raises(TypeError, match=rf"optimizer: expected an optimizer with param_groups, got {type(optimizer).__name__}"):
+        S.LambdaLR(optimizer, lr_lambda)

@@ -977,3 +977,139 @@ def test_clip_grad_norm_overflow_of_finite_gradients_says_so():
 def test_clip_grad_norm_names_its_parameters_argument(bad, match):
     with pytest.raises(TypeError, match=match):
         optim.clip_grad_norm_(bad, 1.0)
+
+
+def test_adamw_loads_an_adam_state_dict_as_adamw_like_torch(rng):
+    """An Adam's state dict (decoupled_weight_decay saved as 0) loaded into an AdamW keeps AdamW's
+    decoupled decay, as torch's AdamW (whose __setstate__ forces it): the run then follows torch's
+    AdamW that loaded torch's Adam state dict. A group that asks an AdamW for
+    decoupled_weight_decay=False (add_param_group, or written before a step) is refused, unchanged."""
+    ours, theirs = make_params(rng, np.float64)
+    grads = grad_sequence(rng, np.float64, steps=6)
+    config = dict(lr=1e-2, weight_decay=0.5)
+    src, t_src = optim.Adam(ours, **config), torch.optim.Adam(theirs, foreach=False, **config)
+    run_both(src, ours, t_src, theirs, grads[:3])
+    sd = src.state_dict()
+    assert sd["param_groups.0.decoupled_weight_decay"] == 0
+    opt = optim.AdamW(ours, **config)
+    t_opt = torch.optim.AdamW(theirs, foreach=False, **config)
+    opt.load_state_dict(sd)
+    t_opt.load_state_dict(t_src.state_dict())
+    assert opt.param_groups[0]["decoupled_weight_decay"] is True is t_opt.param_groups[0]["decoupled_weight_decay"]
+    run_both(opt, ours, t_opt, theirs, grads[3:])
+    for p, q in zip(ours, theirs):
+        assert opt.state[p.name]["step"] == int(t_opt.state[q]["step"]) == 6
+    extra = Parameter(np.ones(2), name="extra")
+    with pytest.raises(ValueError, match=r"decoupled_weight_decay: AdamW's weight decay is always decoupled"):
+        opt.add_param_group({"params": [extra], "decoupled_weight_decay": False})
+    assert len(opt.param_groups) == 1 and "extra" not in dict(opt.named_parameters())
+    opt.param_groups[0]["decoupled_weight_decay"] = False
+    for p, g in zip(ours, grads[0]):
+        p.grad = g.copy()
+    before = snapshot(opt, ours)
+    with pytest.raises(ValueError, match=r"step: param_groups\[0\]: decoupled_weight_decay"):
+        opt.step()
+    assert_unchanged(opt, ours, before)
+
+
+DTYPE_CASES = [
+    ("Adam", dict(lr=1e-3, eps=1e-50), r"eps: 1e-50 rounds to 0 in float32"),
+    ("SGD", dict(lr=1e39), r"lr: 1e\+39 overflows float32"),
+    ("SGD", dict(lr=0.1, momentum=1e39), r"momentum: 1e\+39 overflows float32"),
+    ("SGD", dict(lr=0.1, momentum=0.5, dampening=1e39), r"1 - dampening: -1e\+39 overflows float32"),
+    ("Adam", dict(lr=0.1, weight_decay=1e39), r"weight_decay: 1e\+39 overflows float32"),
+    ("Adam", dict(lr=1e38, betas=(0.99, 0.999)), r"lr / \(1 - betas\[0\]\) \(the first step's size\): [\d.e+]+ overflows float32"),
+    ("AdamW", dict(lr=1e30, weight_decay=1e10), r"lr \* weight_decay \(the decoupled decay\): 1e\+40 overflows"),
+]
+
+
+@pytest.mark.parametrize("kind,config,match", DTYPE_CASES, ids=[f"{k}-{'-'.join(c)}" for k, c, _ in DTYPE_CASES])
+def test_step_refuses_hyperparameters_degenerate_in_the_parameters_dtype(kind, config, match):
+    """Hyperparameters that are finite (eps > 0) as Python floats but round to 0 or overflow in
+    float32, where the update takes them: torch's float32 steps either write NaN / inf into the
+    weights (0 / 0, inf · 0) or raise RuntimeError where the scalar is a checked argument ("cannot be
+    converted to type float without overflow"); ours refuses before any update (ValueError naming
+    the hyperparameter and the dtype), nothing changes. The same values in float64 stay in range
+    there: ours steps as torch's."""
+    w0 = np.array([1.0, 0.0, -2.0])
+    g = np.array([0.5, 0.0, -0.25])  # the zero element: 0 / 0 (eps) or inf · 0 (overflowed scalars)
+    q = torch.tensor(w0.astype(np.float32), requires_grad=True)
+    t32 = getattr(torch.optim, kind)([q], foreach=False, **config)
+    try:
+        for _ in range(2):
+            q.grad = torch.tensor(g.astype(np.float32))
+            t32.step()
+    except RuntimeError as e:
+        assert "without overflow" in str(e)
+    else:
+        assert not np.all(np.isfinite(q.detach().numpy()))  # torch's float32 steps: NaN or inf
+    p = Parameter(w0.astype(np.float32), name="w")
+    opt = getattr(optim, kind)([p], **config)
+    p.grad = g.astype(np.float32)
+    with pytest.raises(ValueError, match=r"step: param_groups\[0\]: " + match) as info:
+        opt.step()
+    assert "(the dtype of parameter 'w'" in str(info.value)
+    assert np.array_equal(p.data, w0.astype(np.float32)) and opt.state == {}
+    p64, q64 = Parameter(w0.copy(), name="w"), torch.tensor(w0.copy(), requires_grad=True)
+    ours, theirs = getattr(optim, kind)([p64], **config), getattr(torch.optim, kind)([q64], foreach=False, **config)
+    run_both(ours, [p64], theirs, [q64], [[g], [g * 3]])
+    assert np.all(np.isfinite(p64.data))
+
+
+def test_float64_hyperparameters_that_overflow_only_in_double_arithmetic_are_refused():
+    """AdamW's decay lr · weight_decay overflows even float64 (1e200 · 1e200): refused as well."""
+    p = Parameter(np.ones(2), name="w")
+    opt = optim.AdamW([p], lr=1e200, weight_decay=1e200)
+    p.grad = np.ones(2)
+    with pytest.raises(ValueError, match=r"lr \* weight_decay \(the decoupled decay\): inf overflows float64"):
+        opt.step()
+    assert np.array_equal(p.data, np.ones(2)) and opt.state == {}
+
+
+@pytest.mark.parametrize("field", ["step", "exp_avg", "exp_avg_sq"])
+def test_step_refuses_a_state_missing_a_field_before_updating_any(rng, field):
+    """A state entry missing a field the update reads (deleted by hand) is refused with a ValueError
+    naming it before any parameter is updated (layer0, earlier in the group, keeps its weights and
+    step count); put back, the run goes on as torch's."""
+    ours, theirs = make_params(rng, np.float64)
+    grads = grad_sequence(rng, np.float64, steps=4)
+    opt, t_opt = optim.Adam(ours, lr=1e-2), torch.optim.Adam(theirs, lr=1e-2, foreach=False)
+    run_both(opt, ours, t_opt, theirs, grads[:2])
+    removed = opt.state["layer1.weight"].pop(field)
+    set_grads(ours, theirs, grads[2])
+    before = snapshot(opt, ours)
+    with pytest.raises(ValueError, match=rf"step: state\.layer1\.weight: missing \['{field}'\]"):
+        opt.step()
+    assert_unchanged(opt, ours, before)
+    opt.state["layer1.weight"][field] = removed
+    run_both(opt, ours, t_opt, theirs, grads[2:])
+    assert all(opt.state[p.name]["step"] == 4 for p in ours)
+
+
+def test_adam_state_saved_after_amsgrad_is_switched_on_loads_and_goes_on_bitwise(rng):
+    """amsgrad switched on mid-run: the state has no max_exp_avg_sq yet, which step() creates at
+    zeros. The optimizer's state dict saved then loads into an Adam(amsgrad=True), which creates it
+    the same way: both runs go on bit for bit alike."""
+    ours, _ = make_params(rng, np.float64)
+    grads = grad_sequence(rng, np.float64, steps=5)
+    opt = optim.Adam(ours, lr=1e-2)
+    for gs in grads[:2]:
+        for p, g in zip(ours, gs):
+            p.grad = g.copy()
+        opt.step()
+    opt.param_groups[0]["amsgrad"] = True
+    sd = opt.state_dict()
+    assert not any(k.endswith("max_exp_avg_sq") for k in sd)
+    clones = [Parameter(p.data.copy(), name=p.name) for p in ours]
+    loaded = optim.Adam(clones, lr=1e-2, amsgrad=True)
+    loaded.load_state_dict(sd)
+    for gs in grads[2:]:
+        for p, q, g in zip(ours, clones, gs):
+            p.grad, q.grad = g.copy(), g.copy()
+        opt.step()
+        loaded.step()
+        for p, q in zip(ours, clones):
+            assert np.array_equal(p.data, q.data)
+    a, b = opt.state_dict(), loaded.state_dict()
+    assert sorted(a) == sorted(b) and all(np.array_equal(a[k], b[k]) for k in a)
+    assert "state.layer0.weight.max_exp_avg_sq" in a

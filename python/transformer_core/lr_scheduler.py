@@ -8,7 +8,10 @@
 * ``get_last_lr()`` returns the learning rates last written;
 * a ``step()`` (or a ``load_state_dict``) that raises changes nothing: the new learning rates are
   computed first, then written with the counters; a param group added to the optimizer after the
-  scheduler was built makes ``step()`` raise (as torch's), as it has no schedule.
+  scheduler was built makes ``step()`` raise, as it has no schedule. That refusal is deliberate
+  here, for every scheduler: torch 2.x raises only in ``LambdaLR`` (its ``zip(..., strict=True)``
+  over the functions); its ``LinearLR`` and ``CosineAnnealingLR`` go on, rescaling the new group's
+  lr recursively although they have no base lr for it.
 
 A scheduler can be copied (``copy.deepcopy``, with its optimizer) and pickled (but for a LambdaLR of
 a lambda, which pickle cannot write: as torch; and not over a model's parameters, see
@@ -95,6 +98,14 @@ def _loaded_lr(value, key: str) -> float:
         raise ValueError(f"load_state_dict: {e}") from None
 
 
+def _param_groups(optimizer) -> list[dict]:
+    """``optimizer.param_groups``: a list of dicts holding ``"lr"``, or TypeError naming ``optimizer``."""
+    groups = getattr(optimizer, "param_groups", None)
+    if not isinstance(groups, list) or not all(isinstance(g, dict) and "lr" in g for g in groups):
+        raise TypeError(f"optimizer: expected an optimizer with param_groups, got {type(optimizer).__name__}")
+    return groups
+
+
 class LRScheduler:
     """Base class (torch's ``LRScheduler``): subclasses define :meth:`get_lr`.
 
@@ -115,9 +126,7 @@ class LRScheduler:
     _INT_HYPER: tuple = ()
 
     def __init__(self, optimizer, last_epoch: int = -1):
-        groups = getattr(optimizer, "param_groups", None)
-        if not isinstance(groups, list) or not all(isinstance(g, dict) and "lr" in g for g in groups):
-            raise TypeError(f"optimizer: expected an optimizer with param_groups, got {type(optimizer).__name__}")
+        groups = _param_groups(optimizer)
         last_epoch = _check_int(last_epoch, "last_epoch", -1)
         self.optimizer = optimizer
         added = []  # the groups given an initial_lr here: taken back if the first step raises
@@ -162,8 +171,9 @@ class LRScheduler:
         Raises:
             ValueError: the optimizer has another number of param groups than the scheduler has
                 base learning rates (a group added with ``add_param_group`` after the scheduler was
-                built: as torch, which raises too; build the scheduler again), or ``get_lr`` gave
-                another number of rates.
+                built: build the scheduler again), or ``get_lr`` gave another number of rates. The
+                refusal is deliberate, for every scheduler: torch's LambdaLR raises too, but its
+                LinearLR and CosineAnnealingLR step on, scheduling the new group without a base lr.
             Whatever ``get_lr`` raises (nothing changes).
         """
         groups = self.optimizer.param_groups
@@ -272,11 +282,12 @@ class LambdaLR(LRScheduler):
         last_epoch: see :class:`LRScheduler`.
 
     Raises:
-        TypeError: ``lr_lambda`` not callable. ValueError: a list of the wrong length.
+        TypeError: ``optimizer`` without ``param_groups`` (checked first); ``lr_lambda`` not
+        callable. ValueError: a list of the wrong length.
     """
 
     def __init__(self, optimizer, lr_lambda: Callable[[int], float] | list, last_epoch: int = -1):
-        groups = getattr(optimizer, "param_groups", [])
+        groups = _param_groups(optimizer)
         if isinstance(lr_lambda, (list, tuple)):
             if len(lr_lambda) != len(groups):
                 raise ValueError(f"lr_lambda: expected {len(groups)} functions (one per param group), "

@@ -22,7 +22,24 @@ Non-finite gradients: ``step()`` first checks every gradient it is about to use;
 ±inf it raises :class:`NonFiniteGradientError` (a ``ValueError``) naming those parameters, and
 NOTHING has changed (no weight, moment or step count). The training loop can catch it, call
 ``zero_grad()`` and go on with the next batch (what ``torch.amp.GradScaler`` does on overflow), or
-stop. Weights never silently become NaN (hence Adam's ``eps`` must be > 0, where torch allows 0).
+stop.
+
+Hyperparameters degenerate in the parameters' dtype: the C++ update rounds its scalars to the
+parameter's dtype once (as torch's kernels take Python floats), so ``step()`` also refuses, before
+any update, a hyperparameter that becomes degenerate there, with a ValueError naming it and the
+dtype: an Adam ``eps`` that rounds to 0 (``eps=1e-50`` in float32: an element whose gradient has
+been zero at every step would get 0 / 0 = NaN; for the same reason ``eps`` must be > 0, where torch
+allows 0), or a scalar that overflows to ±inf (``lr``, ``weight_decay``, SGD's ``momentum`` and
+``1 - dampening``, Adam's first step size ``lr / (1 - β1)``, AdamW's ``lr · weight_decay``: inf
+times a zero element is NaN). These are scalar checks, once per group and dtype. torch checks none
+of them: its float32 step then writes NaN / inf into the weights, or raises RuntimeError ("cannot be
+converted to type float without overflow") where the scalar is an ``alpha`` / ``value`` argument.
+
+What is not checked is overflow of the values themselves: with finite gradients and hyperparameters
+that pass these checks, a step can still write ±inf into the weights when an intermediate exceeds
+the dtype's range (float32's max is 3.4e38: e.g. SGD with ``lr=1e10`` and a gradient of 1e30, or a
+weight times a huge L2 term), as torch's does, and NaN can follow at the next step (inf - inf). The
+gradients of the next backward are then non-finite as a rule, and that ``step()`` refuses them.
 
 An optimizer over parameters that own their arrays (``Parameter(np.array(...))``) can be copied
 (``copy.deepcopy``) and pickled, alone or with a learning-rate scheduler that holds it: the copy
@@ -252,7 +269,8 @@ class Optimizer:
         re-evaluates the model and returns the loss, which ``step`` returns.
 
         Every group's hyperparameters are checked first (before ``closure`` runs), then, for every
-        parameter to update, its gradient, its array (writeable) and its state (arrays of its shape
+        parameter to update, its gradient, its array (writeable), the group's hyperparameters in its
+        dtype (see the module doc) and its state (every field the update reads, arrays of its shape
         and dtype, a step count the C++ update takes); only then is anything updated, so a step that
         raises changes nothing: no weight, optimizer state or step count.
 
@@ -261,7 +279,11 @@ class Optimizer:
                 written by a scheduler), named with its group: ``"step: param_groups[1]: lr: ..."``.
             NonFiniteGradientError: a gradient holds NaN/inf (nothing was updated; see the module doc).
             ValueError: a gradient whose shape or dtype differs from its parameter's; a parameter
-                whose array is read-only (named); a state array of another shape or dtype, or not
+                whose array is read-only (named); a hyperparameter degenerate in the dtype of a
+                parameter to update (an ``eps`` that rounds to 0, an ``lr`` that overflows: named
+                with its group and the dtype, ``"step: param_groups[0]: eps: 1e-50 rounds to 0 in
+                float32 ..."``); a state entry missing a field the update reads (``state.{name}:
+                missing ['exp_avg_sq']``), a state array of another shape or dtype, or not
                 writeable, a step count out of ``[0, 2**63 - 2]`` (named by key: ``state.{name}.step``).
             TypeError: a state entry of the wrong type (a step count not an int, an array not an array).
 
@@ -274,7 +296,8 @@ class Optimizer:
         loss = closure() if closure is not None else None
         work = []
         bad = []
-        for group in checked:
+        for gi, group in enumerate(checked):
+            dtypes = set()  # the dtypes this group's hyperparameters were checked in
             for p in group["params"]:
                 g = p.grad
                 if g is None:
@@ -288,7 +311,10 @@ class Optimizer:
                 if not p.data.flags.writeable:
                     raise ValueError(f"step: {name}: expected a writeable parameter array (it is updated in "
                                      "place), got a read-only one; nothing was updated")
-                self._check_state_ready(name, p, self.state.get(name, {}))
+                if p.data.dtype not in dtypes:
+                    self._check_in_dtype(gi, group, p.data.dtype, name)
+                    dtypes.add(p.data.dtype)
+                self._check_state_ready(name, p, self.state.get(name, {}), group)
                 if variant("count_nonfinite", p.data.dtype)(g):
                     bad.append(name)
                 work.append((group, name, p))
@@ -303,11 +329,36 @@ class Optimizer:
             self.state[name] = self._update(group, name, p, dict(self.state.get(name, {})))
         return loss
 
-    @staticmethod
-    def _check_state_ready(name: str, p: Parameter, state: dict) -> None:
+    def _check_in_dtype(self, index: int, group: dict, dtype: np.dtype, name: str) -> None:
+        """Refuses (ValueError naming the hyperparameter, the group and ``dtype``) the scalars of
+        ``_scalars_in_dtype`` that the C++ update, which rounds them to the parameter's dtype, would
+        make degenerate: ±inf, or 0 where the update needs them > 0 (see the module doc)."""
+        if dtype.kind != "f":
+            return
+        for what, value, positive in self._scalars_in_dtype(group):
+            with np.errstate(over="ignore", under="ignore"):
+                rounded = dtype.type(value)
+            if not np.isfinite(rounded):
+                raise ValueError(
+                    f"step: param_groups[{index}]: {what}: {value!r} overflows {dtype} (the dtype of parameter "
+                    f"{name!r}, max {float(np.finfo(dtype).max):.4g}) to {rounded}: the update would write inf "
+                    "or NaN; nothing was updated")
+            if positive and rounded == 0:
+                raise ValueError(
+                    f"step: param_groups[{index}]: {what}: {value!r} rounds to 0 in {dtype} (the dtype of parameter "
+                    f"{name!r}, smallest positive {float(np.finfo(dtype).smallest_subnormal):.4g}): the update would "
+                    "divide 0 by 0 (NaN); nothing was updated")
+
+    def _check_state_ready(self, name: str, p: Parameter, state: dict, group: dict) -> None:
         """Refuses (before any update) a state the C++ update would refuse half-way through a step:
-        a step count not an int in ``[0, _MAX_STEP]``, an array not of ``p``'s shape and dtype,
-        C-contiguous and writeable (a caller may have written into ``state``)."""
+        a non-empty state missing a field the update reads (``_state_fields``), a step count not an
+        int in ``[0, _MAX_STEP]``, an array not of ``p``'s shape and dtype, C-contiguous and
+        writeable (a caller may have written into ``state``)."""
+        required, _ = self._state_fields(group)
+        missing = [field for field in required if field not in state]
+        if state and missing:
+            raise ValueError(f"step: state.{name}: missing {missing} (a state entry holds {list(required)}, "
+                             f"got {sorted(state)}); nothing was updated")
         for field, value in state.items():
             key = f"state.{name}.{field}"
             if field == "step":
@@ -340,8 +391,18 @@ class Optimizer:
         raise NotImplementedError
 
     def _state_fields(self, group: dict) -> tuple[tuple[str, ...], tuple[str, ...]]:
-        """(array fields every state entry has, array fields it may have)."""
+        """(fields every non-empty state entry has, ``step`` included where there is one; array
+        fields it may have)."""
         raise NotImplementedError
+
+    def _scalars_in_dtype(self, group: dict) -> list[tuple[str, float, bool]]:
+        """``(what, value, positive)`` of each scalar the C++ update rounds to the parameter's dtype
+        (``group`` checked): it must stay finite there, and > 0 where ``positive``."""
+        raise NotImplementedError
+
+    def _loaded_group(self, group: dict) -> None:
+        """Adjusts, in place, a group's hyperparameters read by :meth:`load_state_dict`, before they
+        are checked (AdamW: the decay is decoupled, whatever was saved)."""
 
     def _update(self, group: dict, name: str, p: Parameter, state: dict) -> dict:
         """Updates ``p.data`` in place from ``p.grad`` and returns its new state. ``state`` is a
@@ -377,8 +438,11 @@ class Optimizer:
         parameter names in the same groups. Arrays are copied (cast to each parameter's dtype).
         Everything is checked before anything changes.
 
-        Adam's ``max_exp_avg_sq`` is required where the group's ``amsgrad`` is on and optional (kept
-        as loaded) where it is off: a run that turned amsgrad off keeps it, as torch does.
+        Adam's ``max_exp_avg_sq`` is optional: kept as loaded (where ``amsgrad`` is off too: a run
+        that turned amsgrad off keeps it, as torch does), and, where amsgrad is on and it was not
+        saved (a run that turned amsgrad on after its last step), created at zeros by the next step,
+        as ``step()`` does for such a state. :class:`AdamW` loads every group with
+        ``decoupled_weight_decay`` on, whatever was saved (an Adam's state dict included), as torch's.
 
         Every message names the key (``param_groups.1.lr``, ``state.{name}.exp_avg``, ...) with what
         was expected and what was given.
@@ -468,6 +532,7 @@ class Optimizer:
                 if value.shape != shape:
                     raise ValueError(f"load_state_dict: {key}: expected an array of shape {shape}, got {value.shape}")
                 g[field] = float(value) if shape == () else tuple(float(x) for x in value)
+            self._loaded_group(g)
             try:
                 self._check_group(g)
             except (TypeError, ValueError) as e:  # "lr: ..." -> "param_groups.1.lr: ..."
@@ -535,7 +600,9 @@ class Adam(Optimizer):
         params: see :class:`Optimizer`.
         lr: >= 0.  betas: ``(β1, β2)``, each in [0, 1).  weight_decay: >= 0.
         eps: > 0. Stricter than torch, which allows 0: with eps = 0 a gradient element that has been
-            zero at every step gives m = v = 0 and the update 0 / 0 = NaN (see the module doc).
+            zero at every step gives m = v = 0 and the update 0 / 0 = NaN (see the module doc); for
+            the same reason ``step()`` refuses an eps that rounds to 0 in the parameters' dtype
+            (below float32's smallest positive 1.4e-45).
         amsgrad: keep the running max of v (Reddi et al. 2018).  maximize: ascend instead.
         decoupled_weight_decay: AdamW's decay. The flags are bools (True / False; anything else,
             ``"False"`` or 0 included, is a TypeError).
@@ -567,10 +634,19 @@ class Adam(Optimizer):
             group[flag] = check_bool(group[flag], flag)
 
     def _state_fields(self, group: dict):
-        # amsgrad off: a max_exp_avg_sq (of a run that had it on) is kept, as torch keeps it
-        if group["amsgrad"]:
-            return ("step", "exp_avg", "exp_avg_sq", "max_exp_avg_sq"), ()
+        # max_exp_avg_sq is optional whatever amsgrad is: with amsgrad off, one (of a run that had it
+        # on) is kept, as torch keeps it; with amsgrad on, a missing one (amsgrad turned on mid-run)
+        # is created at zeros by _update
         return ("step", "exp_avg", "exp_avg_sq"), ("max_exp_avg_sq",)
+
+    def _scalars_in_dtype(self, group: dict):
+        # as the C++ kernel rounds them: the step size lr / (1 - β1ᵗ) is largest at t = 1
+        lr, wd = group["lr"], group["weight_decay"]
+        out = [("lr", lr, False), ("eps", group["eps"], True), ("weight_decay", wd, False),
+               ("lr / (1 - betas[0]) (the first step's size)", lr / (1.0 - group["betas"][0]), False)]
+        if group["decoupled_weight_decay"]:
+            out.append(("lr * weight_decay (the decoupled decay)", lr * wd, False))
+        return out
 
     def _update(self, group: dict, name: str, p: Parameter, state: dict) -> dict:
         data = p.data
@@ -599,12 +675,27 @@ class AdamW(Adam):
         p ← p - step_size · m / denom                                  (amsgrad: v_max = max(v_max, v))
 
     Args: as :class:`Adam`, with ``weight_decay=1e-2`` by default (torch's).
+
+    Its decay is always decoupled: :meth:`~Optimizer.load_state_dict` sets every group's
+    ``decoupled_weight_decay`` to True whatever was saved (an Adam's state dict loads as AdamW, as
+    torch's AdamW does), and a group given ``decoupled_weight_decay=False`` (``add_param_group``,
+    or written into ``param_groups`` before a ``step()``) is refused with a ValueError (torch's
+    would silently step that group as Adam): use :class:`Adam` for the L2 penalty.
     """
 
     def __init__(self, params, lr: float = 1e-3, betas: tuple = (0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 1e-2, amsgrad: bool = False, *, maximize: bool = False):
         super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
                          maximize=maximize, decoupled_weight_decay=True)
+
+    def _check_group(self, group: dict) -> None:
+        super()._check_group(group)
+        if not group["decoupled_weight_decay"]:
+            raise ValueError("decoupled_weight_decay: AdamW's weight decay is always decoupled, expected True, "
+                             "got False (use Adam for the L2 penalty)")
+
+    def _loaded_group(self, group: dict) -> None:
+        group["decoupled_weight_decay"] = True  # as torch's AdamW.__setstate__
 
 
 class SGD(Optimizer):
@@ -645,6 +736,11 @@ class SGD(Optimizer):
 
     def _state_fields(self, group: dict):
         return (), ("momentum_buffer",)
+
+    def _scalars_in_dtype(self, group: dict):
+        return [("lr", group["lr"], False), ("momentum", group["momentum"], False),
+                ("weight_decay", group["weight_decay"], False),
+                ("1 - dampening", 1.0 - group["dampening"], False)]
 
     def _update(self, group: dict, name: str, p: Parameter, state: dict) -> dict:
         data = p.data
