@@ -313,7 +313,7 @@ def test_split_heads_state_with_a_0d_first_weight_is_a_named_value_error():
     E = 4
     state = {f"{n}.{t}": (np.ones((E, E)) if t == "weight" else np.ones(E))
              for n in ("W_q", "W_k", "W_v", "W_o") for t in ("weight", "bias")}
-    with pytest.raises(ValueError, match=r"state\['W_q.weight'\]: expected shape \(E, E\), got \(\)"):
+    with pytest.raises(ValueError, match=r"state\['W_q.weight'\]: expected shape \(E, E\) with embed_dim E >= 1, got \(\)"):
         MF.from_split_heads({**state, "W_q.weight": np.float64(1.0)})
 
 
