@@ -997,6 +997,83 @@ def test_parquet_write_error_names_the_part(tmp_path, tiny_model_dir, monkeypatc
     assert leftover_temps(Path(f"{out}.partial")) == []
 
 
+# ------------------------------------------------------------------------------ paths given to the CLI and API
+@pytest.mark.parametrize("args, flag", [
+    (["embed", "--file", "{f}", "--out", ""], "--out"),
+    (["embed", "--file", "{f}", "--out=", "--resume"], "--out"),
+    (["embed", "--file", "", "hello"], "--file"),
+    (["embed", "--file=", "--out", "e.npy"], "--file"),
+    (["search", "--index", "", "hello"], "--index"),
+])
+def test_cli_refuses_an_empty_path(tmp_path, tiny_model_dir, monkeypatch, capsys, args, flag):
+    """An empty path is a usage error naming its flag (exit 2, nothing printed on stdout, nothing
+    written), not a flag left out: `--out ''` does not fall back to printing the similarity matrix,
+    `--file '' hello` does not embed "hello"."""
+    write_lines(tmp_path / "c.txt", ["one", "two"])
+    monkeypatch.chdir(tmp_path)
+    rc, stdout, stderr = _cli(capsys, *[a.replace("{f}", "c.txt") for a in args], "--model", tiny_model_dir,
+                              *(["--no-progress"] if args[0] == "embed" else []))
+    assert (rc, stdout) == (2, "")
+    assert stderr == f"transformer_core {args[0]}: {flag}: expected a path, got ''\n"
+    assert os.listdir(tmp_path) == ["c.txt"]
+
+
+def test_paths_starting_with_a_tilde_are_in_the_home_directory(tmp_path, tiny_model_dir, tiny_encoder, monkeypatch,
+                                                               capsys):
+    """``~`` is expanded in the corpus paths as in --model (the shell does not expand ``--out=~/x``):
+    the CLI's --file, --out and --index, and the path arguments of the Python functions."""
+    home, work = tmp_path / "home", tmp_path / "work"
+    home.mkdir()
+    work.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(work)
+    lines = corpus_lines(20)
+    write_lines(home / "c.txt", lines)
+    ref = tiny_encoder.encode(lines)
+    rc, stdout, stderr = _cli(capsys, "embed", "--file=~/c.txt", "--out=~/e.npy", "--model", tiny_model_dir,
+                              "--chunk-size", 10, "--no-progress", "--json")
+    assert rc == 0, stderr
+    assert json.loads(stdout)["out"] == str(home / "e.npy")
+    _, texts, emb = load_output(home / "e.npy")
+    assert texts == lines
+    np.testing.assert_allclose(emb, ref, atol=1e-6)
+    assert manifest(home / "e.npy")["input"]["path"] == str(home / "c.txt")
+    rc, stdout, stderr = _cli(capsys, "search", "--index=~/e.npy", lines[7], "-k", 1, "--json")
+    assert rc == 0, stderr
+    assert [h["id"] for h in json.loads(stdout)[0]["hits"]] == [7]
+    # the Python API
+    assert corpus.manifest_path("~/e.npy") == home / "e.npy.manifest.json"
+    assert corpus.read_manifest("~/e.npy") == manifest(home / "e.npy")
+    assert list(corpus.open_source("~/c.txt")) == lines
+    result = corpus.embed_file("~/c.txt", "~/e.parquet", model=str(tiny_model_dir), chunk_size=10)
+    assert result.out == home / "e.parquet"
+    _, texts, emb = load_output(home / "e.parquet")
+    assert texts == lines
+    np.testing.assert_allclose(emb, ref, atol=1e-6)
+    assert [h.id for h in corpus.search("~/e.parquet", lines[3], k=1)[0]] == [3]
+    summary = corpus.embed_summary("~/c.txt", model=str(tiny_model_dir))
+    np.testing.assert_allclose(summary.embeddings, ref, atol=1e-6)
+    assert os.listdir(work) == []  # no directory named "~"
+
+
+def test_out_under_a_regular_file_says_it_is_not_a_directory(tmp_path, tiny_model_dir, capsys):
+    f = write_lines(tmp_path / "c.txt", ["one", "two"])
+    afile = tmp_path / "afile"
+    afile.write_text("x\n")
+    for out in (afile / "x.npy", afile / "sub" / "x.parquet"):
+        with pytest.raises(NotADirectoryError, match=f"^out: {re.escape(str(afile))} is not a directory "
+                                                     f"\\(for {re.escape(str(out))}\\)$"):
+            corpus.embed_file(f, out, model=str(tiny_model_dir))
+    rc, stdout, stderr = _cli(capsys, "embed", "--file", f, "--out", afile / "x.npy", "--model", tiny_model_dir,
+                              "--no-progress")
+    assert (rc, stdout) == (2, "")
+    assert stderr == f"transformer_core embed: out: {afile} is not a directory (for {afile / 'x.npy'})\n"
+    # a directory that does not exist is still named as such
+    with pytest.raises(FileNotFoundError, match=f"^out: the directory {re.escape(str(tmp_path / 'no'))} does not "
+                                                f"exist"):
+        corpus.embed_file(f, tmp_path / "no" / "x.npy", model=str(tiny_model_dir))
+    assert afile.read_text() == "x\n" and sorted(os.listdir(tmp_path)) == ["afile", "c.txt"]
+
 # ------------------------------------------------------------------- inputs read twice, records cut short
 def test_a_pipe_as_input_is_refused_before_anything_is_read(tmp_path):
     """A FIFO (as /dev/stdin or <(...)): refused, naming it, before any read (the first 8 KiB went

@@ -60,8 +60,8 @@ The pieces, in the order a run uses them:
   number of stored rows beside it), so scores and rankings are bitwise the same for any
   ``block_rows``, and for a ``.npy`` and a ``.parquet`` output of the same rows.
 * **Bits**: an output holds ``SentenceEncoder.encode``'s rows for the chunk's texts, in batches of
-  ``batch_size``; an embedding depends on the other texts of its batch by float rounding (up to
-  about 1.5e-7 per element: the padding changes the order of some sums), so another
+  ``batch_size``; an embedding depends on the other texts of its batch by float rounding (a few
+  1e-7 per element: the padding changes the order of some sums), so another
   ``batch_size`` or ``chunk_size`` (the chunks are cut into batches separately) changes the last
   bits. The same settings give the same bits, whether one process or a Dask cluster runs them.
 
@@ -448,7 +448,7 @@ def open_source(path, input_format: str | None = None, text_field: str | None = 
     """A file's texts as a :class:`TextSource` (streamed; see the module docstring).
 
     Args:
-        path: the input file.
+        path: the input file (a leading ``~`` is the home directory).
         input_format: one of ``INPUT_FORMATS``; None = from the extension (``.jsonl``/``.ndjson``,
             ``.csv``, ``.parquet``/``.pq``; anything else is text, one per line).
         text_field: the JSON field or column holding the text (jsonl, csv, parquet); default ``"text"``.
@@ -464,7 +464,7 @@ def open_source(path, input_format: str | None = None, text_field: str | None = 
         raise TypeError(f"input: expected a path, got {type(path).__name__}")
     if errors not in ("strict", "skip"):
         raise ValueError(f"errors: expected 'strict' or 'skip', got {errors!r}")
-    p = Path(path)
+    p = _user_path(path)
     if input_format is None:
         input_format = _EXTENSIONS.get(p.suffix.lower(), "text")
     if input_format not in INPUT_FORMATS:
@@ -491,6 +491,13 @@ def open_source(path, input_format: str | None = None, text_field: str | None = 
             raise ValueError(f"input: {p} looks like a binary file (a NUL byte at offset {nul}), expected UTF-8 "
                              f"text ({input_format}); a UTF-16 file must be converted to UTF-8 first")
     return TextSource(p, input_format, text_field, errors)
+
+
+def _user_path(path) -> Path:
+    """``path`` as a Path, a leading ``~`` or ``~user`` expanded as :func:`os.path.expanduser` does
+    (as ``--model`` is; the shell does not expand ``--out=~/x``). A ``~user`` with no such user
+    stays as written."""
+    return Path(os.path.expanduser(path))
 
 
 def _chunks(texts: Iterable[str], chunk_size: int) -> Iterator[tuple[int, int, list[str]]]:
@@ -567,8 +574,8 @@ def model_identity(name_or_path=DEFAULT_MODEL, quantize: str | None = None) -> d
 # ========================================================================================= manifest
 def manifest_path(out) -> Path:
     """The manifest beside an output: the output's path with ``.manifest.json`` appended
-    (``OUT.npy.manifest.json``, ``OUT.parquet.manifest.json``)."""
-    return Path(f"{out}.manifest.json")
+    (``OUT.npy.manifest.json``, ``OUT.parquet.manifest.json``); a leading ``~`` is expanded."""
+    return Path(f"{_user_path(out)}.manifest.json")
 
 
 def _partial_path(out) -> Path:
@@ -1253,7 +1260,8 @@ class EmbedJob:
 
         Args:
             source: a :class:`TextSource` or :class:`ListSource`.
-            out: ``*.npy`` or ``*.parquet``; its directory must exist.
+            out: ``*.npy`` or ``*.parquet`` (a leading ``~`` is the home directory); its directory
+                must exist.
             model: :func:`model_identity` of the model that will embed.
             chunk_size: texts per chunk (default ``DEFAULT_CHUNK_SIZE``; a resumed run keeps its own).
             resume: continue the run whose manifest is ``OUT.npy.manifest.json`` / ``OUT.parquet.manifest.json``.
@@ -1270,11 +1278,11 @@ class EmbedJob:
                 manifest is damaged; an input with no text; a bad record (strict mode); another run
                 holding a ``.npy`` output now (its lock, see :meth:`start`).
             FileNotFoundError: ``out``'s directory does not exist; ``resume`` with no manifest, or
-                with its data gone.
+                with its data gone. NotADirectoryError: ``out``'s directory is a file (or below one).
             FileExistsError: the output exists and neither ``resume`` nor ``overwrite`` was given.
         """
         kind = _output_kind(out)
-        out = Path(out)
+        out = _user_path(out)
         if chunk_size is not None:  # bounded as batch_size: a larger one would fail only when a chunk is cut
             chunk_size = check_int(chunk_size, "chunk_size", 1)
         if resume and overwrite:
@@ -1282,6 +1290,9 @@ class EmbedJob:
         _check_not_input(source, out)
         parent = out.parent
         if not parent.is_dir():
+            existing = next((p for p in (parent, *parent.parents) if p.exists()), None)
+            if existing is not None and not existing.is_dir():  # afile/x.npy, afile/sub/x.npy
+                raise NotADirectoryError(f"out: {existing} is not a directory (for {out})")
             raise FileNotFoundError(f"out: the directory {parent} does not exist (for {out})")
         if kind == "npy":
             _check_not_locked(out)
@@ -1647,7 +1658,7 @@ def embed_file(input, out, *, model=DEFAULT_MODEL, input_format: str | None = No
 
     Args:
         input: a path (read with :func:`open_source`), a :class:`TextSource` or a list of str.
-        out: ``*.npy`` or ``*.parquet``.
+        out: ``*.npy`` or ``*.parquet``. In both paths a leading ``~`` is the home directory.
         model: model directory or embedded name (default all-MiniLM-L6-v2).
         input_format, text_field, errors: as :func:`open_source`.
         chunk_size: texts per chunk (default 1000; a resumed run keeps its own).
@@ -1662,7 +1673,7 @@ def embed_file(input, out, *, model=DEFAULT_MODEL, input_format: str | None = No
         :class:`EmbedResult`. Row ``i`` of the output is ``SentenceEncoder.encode`` of text ``i``
         (L2-normalised whatever the model's own setting, float32), computed with the other texts
         of its chunk in batches of ``batch_size``: another batch or chunk size changes the last
-        bits (up to about 1.5e-7; see the module docstring), the same ones give the same bits.
+        bits (a few 1e-7 per element; see the module docstring), the same ones give the same bits.
 
     Raises:
         Every argument is checked before anything is written or removed (an existing output that
@@ -1673,6 +1684,7 @@ def embed_file(input, out, *, model=DEFAULT_MODEL, input_format: str | None = No
         None or ``"int8"``; ``out`` that is the input (or a link to it, or holds it); and as
         :func:`open_source`, :meth:`EmbedJob.prepare` and ``SentenceEncoder.from_pretrained``.
         FileNotFoundError: no such ``model`` (named ``model``).
+        NotADirectoryError: ``out``'s directory is a regular file.
         OSError: the disk cannot hold the output (a ``.npy`` fails before its first chunk, its
         space being reserved up front; the manifest records only the chunks written);
         KeyboardInterrupt with a message saying what is saved and how to resume.
@@ -1847,7 +1859,7 @@ def _cosine_scores(q: np.ndarray, emb: np.ndarray) -> np.ndarray:
 
 
 def _open_index(index, allow_incomplete: bool) -> tuple[dict, Path]:
-    index = Path(index)
+    index = _user_path(index)
     try:
         man = read_manifest(index)
     except FileNotFoundError:
@@ -1997,7 +2009,8 @@ def search(index, queries, k: int = 5, *, model=None, allow_incomplete: bool = F
     the same for any ``block_rows`` and for a ``.npy`` and a ``.parquet`` output of the same rows.
 
     Args:
-        index: the ``out`` of the embedding run (``*.npy`` or ``*.parquet``; its manifest beside it).
+        index: the ``out`` of the embedding run (``*.npy`` or ``*.parquet``; its manifest beside it; a
+            leading ``~`` is the home directory).
         queries: one str or a list of str.
         k: results per query (fewer if the index holds fewer rows).
         model: the model that embeds the queries; default the index's own. Another model is refused.
@@ -2044,11 +2057,11 @@ def search(index, queries, k: int = 5, *, model=None, allow_incomplete: bool = F
     encoder = SentenceEncoder.from_pretrained(name, quantize=quantize)
     q = encoder.encode(queries, batch_size=batch_size, normalize=True, progress=False)  # (Q, dim)
     best = [(np.empty(0, DTYPE), np.empty(0, np.int64)) for _ in queries]
-    for ids, emb in _iter_blocks(man, data, Path(index), block_rows):
+    for ids, emb in _iter_blocks(man, data, _user_path(index), block_rows):
         scores = _cosine_scores(q, emb)  # (Q, B)
         for j in range(len(queries)):
             best[j] = _merge_topk(best[j][0], best[j][1], scores[j], ids, k)
-    texts = _texts_of(man, data, Path(index), {int(i) for _, ids in best for i in ids})
+    texts = _texts_of(man, data, _user_path(index), {int(i) for _, ids in best for i in ids})
     return [[Hit(int(i), float(s), texts.get(int(i))) for s, i in zip(*b)] for b in best]
 
 
@@ -2058,24 +2071,32 @@ def _short(text: str, width: int) -> str:
     return text if len(text) <= width else text[:width - 3] + "..."
 
 
+def _check_paths_given(**flags) -> None:
+    """Refuses an empty path argument (``--out ''``): it is not the flag left out."""
+    for flag, value in flags.items():
+        if value is not None and not value:
+            raise ValueError(f"--{flag}: expected a path, got {value!r}")
+
+
 def run_embed(args) -> int:
     """``python -m transformer_core embed``: see ``__main__``. Prints to stdout; errors propagate
     (the CLI's one handler reports them)."""
-    if args.file and args.sentences:
+    _check_paths_given(file=args.file, out=args.out)
+    if args.file is not None and args.sentences:
         raise ValueError("give sentences as arguments or --file, not both")
-    if not args.file and not args.sentences:
+    if args.file is None and not args.sentences:
         raise ValueError("give sentences as arguments or with --file")
     distributed = args.scheduler is not None or args.workers is not None
     if distributed and args.quantize is not None:
         raise ValueError("--quantize: not supported with --scheduler/--workers (the workers load float32 models)")
     if args.threads_per_worker is not None and not distributed:
         raise ValueError("--threads-per-worker needs --workers or --scheduler")
-    if not args.file:  # options of --file's reader, which sentence arguments do not use
+    if args.file is None:  # options of --file's reader, which sentence arguments do not use
         for flag, given in (("--format", args.format is not None), ("--text-field", args.text_field is not None),
                             ("--errors", args.errors != "strict")):
             if given:
                 raise ValueError(f"{flag} needs --file")
-    if not args.out:
+    if args.out is None:
         for flag, value in (("--resume", args.resume), ("--overwrite", args.overwrite),
                             ("--scheduler/--workers", distributed)):
             if value:
@@ -2083,8 +2104,8 @@ def run_embed(args) -> int:
     progress = not args.no_progress
     source = ListSource(args.sentences) if args.sentences else open_source(
         args.file, args.format, args.text_field, args.errors)
-    if args.out and distributed:
-        if not args.file:
+    if args.out is not None and distributed:
+        if args.file is None:
             raise ValueError("--scheduler/--workers: the distributed job reads --file")
         from .distributed import embed_corpus
 
@@ -2092,7 +2113,7 @@ def run_embed(args) -> int:
                               threads_per_worker=args.threads_per_worker, chunk_size=args.chunk_size,
                               batch_size=args.batch_size, resume=args.resume, overwrite=args.overwrite,
                               progress=progress)
-    elif args.out:
+    elif args.out is not None:
         result = embed_file(source, args.out, model=args.model, chunk_size=args.chunk_size,
                             batch_size=args.batch_size, resume=args.resume, overwrite=args.overwrite,
                             progress=progress, quantize=args.quantize)
@@ -2160,6 +2181,7 @@ def _print_summary(args, s: EmbedSummary) -> int:
 
 def run_search(args) -> int:
     """``python -m transformer_core search``: see ``__main__``."""
+    _check_paths_given(index=args.index)
     results = search(args.index, args.queries, args.k, model=args.model, allow_incomplete=args.allow_incomplete)
     if args.json:
         print(json.dumps([{"query": q, "hits": [dataclasses.asdict(h) for h in hits]}
