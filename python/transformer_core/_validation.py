@@ -3,14 +3,23 @@ user can get wrong about arguments as Python objects.
 
 What lives here (and where the rest lives):
 
-* **types and dtypes**: every array-like is converted here, once. ``float64`` stays ``float64`` in
-  any byte order (a big-endian ``'>f8'`` array is byte-swapped, never narrowed); every other real
-  dtype (float16, float32, integers) becomes ``float32``; ``bool``, complex, object, string,
-  datetime and void data are refused with a ``TypeError`` (a bool array is a mask, not numbers).
+* **types and dtypes**: every array-like is converted here, once. An op computes in ``float64``
+  if ANY of its float data arguments (inputs, weights, biases, query/key/value, gate/up, output
+  gradients) is ``float64`` in any byte order or a wider float (``np.longdouble``: computed in
+  float64, the widest the core has), else in ``float32`` (:func:`common_dtype`): a float64
+  argument is never narrowed to another argument's float32, whichever comes first. Masks, rotary
+  tables and other non-data arguments follow that dtype. float16, float32 and integers alone
+  compute in ``float32``; a nested list of Python floats counts as float64 (numpy reads it so).
+  Narrowing a float64 value to float32 refuses finite values beyond float32's range (which would
+  become inf) with a ``ValueError`` naming the argument; an inf or NaN given stays one.
+  ``bool``, complex, object, string, datetime and void data are refused with a ``TypeError`` (a
+  bool array is a mask, not numbers). ndarray subclasses (``np.matrix``, ``np.memmap``) are read
+  as plain ndarrays; a ``np.ma.MaskedArray`` is refused (its mask would be ignored).
   Non-contiguous, Fortran-order and big-endian inputs are copied to C-contiguous native arrays
   (a copy larger than this machine's memory, e.g. of an ``np.broadcast_to`` view, is a ValueError).
   Python lists must be rectangular (ragged nesting is a ``ValueError``). torch tensors are read
-  without importing torch (bfloat16 is widened to float32 first).
+  without importing torch (bfloat16 is widened to float32 first: only the values a tensor holds,
+  an expanded view staying a broadcast view).
 * **ranks and shapes**: expected rank, agreement with other arguments and with the layer.
 * **scalar ranges**: sizes (ints, not bools, within ``[minimum, 2**63)``), epsilons (finite,
   >= 0), probabilities, ``top_p`` in (0, 1], ...
@@ -55,13 +64,19 @@ def _describe(x) -> str:
 
 
 def to_numpy(x, name: str) -> np.ndarray:
-    """``x`` (a numpy array, a torch tensor, a nested list of numbers, a scalar) as a numpy array,
-    without copying what need not be copied and without checking its dtype.
+    """``x`` (a numpy array, a torch tensor, a nested list of numbers, a scalar) as a plain numpy
+    array, without copying what need not be copied and without checking its dtype.
+
+    An ndarray subclass is viewed as a plain ndarray, its values and shape (an ``np.matrix`` would
+    stay 2-D when reshaped, and multiply as matrices). A torch bfloat16 tensor is widened to
+    float32 (numpy has no bfloat16); an expanded one (stride 0) has only the values it holds
+    widened, and is returned as a broadcast view of them, as a tensor on another device is moved.
 
     Raises:
-        TypeError: ``x`` is None, a str/bytes/dict/set, or converts to an object array (a list of
-            objects that are not numbers).
-        ValueError: a ragged nested list.
+        TypeError: ``x`` is None, a str/bytes/dict/set, a ``np.ma.MaskedArray`` (its mask would be
+            ignored), or converts to an object array (a list of objects that are not numbers).
+        ValueError: a ragged nested list; a bfloat16 tensor whose float32 copy would exceed this
+            machine's memory.
     """
     if x is None:
         raise TypeError(f"{name}: expected an array, got None")
@@ -72,14 +87,24 @@ def to_numpy(x, name: str) -> np.ndarray:
             raise TypeError(f"{name}: expected a tensor with data, got a meta tensor of shape {tuple(x.shape)} "
                             "(load the weights before passing them)")
         try:
-            t = x.detach().cpu()
-            if str(t.dtype) == "torch.bfloat16":  # numpy has no bfloat16: widen exactly
-                t = t.float()
-            return t.numpy()
+            t = x.detach()
+            widen = str(t.dtype) == "torch.bfloat16"  # numpy has no bfloat16: widened exactly to float32
+            stride = t.stride()
+            if 0 in stride and (widen or getattr(t.device, "type", "cpu") != "cpu"):
+                # an expanded view: only the values it holds are moved and widened, then broadcast
+                # again (torch's .float() or .cpu() of the view would first make its full copy)
+                held = t[tuple(slice(0, 1) if st == 0 else slice(None) for st in stride)]
+                return np.broadcast_to(_tensor_numpy(held, widen, name), tuple(t.shape))
+            return _tensor_numpy(t, widen, name)
         except (TypeError, RuntimeError, NotImplementedError) as e:
             raise TypeError(f"{name}: expected a tensor numpy can read, got {x.dtype} on {x.device} ({e})") from None
     if isinstance(x, np.ndarray):
-        return x
+        if type(x) is np.ndarray:
+            return x
+        if isinstance(x, np.ma.MaskedArray):
+            raise TypeError(f"{name}: expected an array, got a numpy masked array (its mask would be ignored): "
+                            f"pass .filled(value) to say what the masked entries are")
+        return x.view(np.ndarray)  # np.matrix (always 2-D, reshape keeps it so), np.memmap, ...: its values
     try:
         arr = np.asarray(x)
     except (ValueError, TypeError) as e:  # ragged lists (numpy >= 1.24 refuses them), odd objects
@@ -92,9 +117,22 @@ def to_numpy(x, name: str) -> np.ndarray:
     return arr
 
 
+def _tensor_numpy(t, widen: bool, name: str) -> np.ndarray:
+    """A torch tensor's values as a numpy array (moved to the CPU; widened to float32 if
+    ``widen``, bfloat16's case: that copy is checked against this machine's memory first, naming
+    ``name``, as a view whose elements overlap has more elements than values)."""
+    t = t.cpu()
+    if widen:
+        if t.numel() > _UNCHECKED_COPY_SIZE:
+            check_allocatable(tuple(t.shape), 4, name)
+        t = t.float()
+    return t.numpy()
+
+
 def compute_dtype(x, name: str) -> type:
-    """The float dtype an op computes in for input ``x``: float64 for float64 (either byte order),
-    else float32.
+    """The float dtype an op computes in for input ``x``: float64 for float64 (either byte order)
+    and wider floats (``np.longdouble``), else float32. For several data arguments:
+    :func:`common_dtype`.
 
     Raises:
         TypeError: ``x`` is not real numeric data (bool, complex, object, str, datetime, void).
@@ -106,18 +144,46 @@ def compute_dtype(x, name: str) -> type:
                         f"convert it with .astype(np.float32) if you mean 0/1 values)")
     if kind not in "iuf":
         raise TypeError(f"{name}: expected a real numeric array, got dtype {arr.dtype}")
-    return np.float64 if kind == "f" and arr.dtype.itemsize == 8 else np.float32
+    return np.float64 if kind == "f" and arr.dtype.itemsize >= 8 else np.float32
+
+
+def common_dtype(*named) -> tuple:
+    """The float dtype an op with several float data arguments (inputs, weights, biases,
+    query/key/value, gate/up, output gradients) computes in: float64 if ANY of them is float64 or
+    a wider float (:func:`compute_dtype`), else float32, whichever argument comes first: as torch's
+    type promotion, a float64 argument is never narrowed to another's float32. The op's other
+    arguments (masks, rotary tables) follow the result. Nothing is copied or allocated (but a
+    Python list's conversion): the ops' shape and size checks run on the converted arguments.
+
+    Args:
+        named: ``(value, name)`` pairs; a None value (an optional argument not given) is skipped.
+
+    Returns:
+        ``(dtype, arrays)``: ``arrays`` the values as :func:`to_numpy` gives them (None stays
+        None), in order, to pass on to :func:`as_float` without reading them a second time.
+
+    Raises:
+        TypeError: a value that is not real numeric data (see :func:`compute_dtype`), None
+            excepted. ValueError: a ragged list.
+    """
+    arrays = [None if value is None else to_numpy(value, name) for value, name in named]
+    dtype = np.float32
+    for arr, (_, name) in zip(arrays, named):
+        if arr is not None and compute_dtype(arr, name) is np.float64:
+            dtype = np.float64
+    return dtype, arrays
 
 
 def as_float(x, name: str, dtype=None, *, min_ndim: int = 0, ndim: int | None = None,
              allow_empty: bool = False) -> np.ndarray:
     """``x`` as a C-contiguous, native-byte-order float array of ``dtype`` (default:
-    :func:`compute_dtype`: float64 stays float64, any other real dtype becomes float32).
+    :func:`compute_dtype`: float64 and wider floats compute in float64, any other real dtype in
+    float32).
 
     Raises:
         TypeError: not real numeric data (see :func:`compute_dtype`), None.
-        ValueError: a ragged list, the wrong rank (``ndim``, ``min_ndim``), or an empty array
-            unless ``allow_empty``.
+        ValueError: a ragged list, the wrong rank (``ndim``, ``min_ndim``), an empty array unless
+            ``allow_empty``; a finite value beyond ``dtype``'s range (float64 narrowed to float32).
     """
     arr = to_numpy(x, name)
     own = compute_dtype(arr, name)
@@ -138,10 +204,28 @@ def _contiguous(arr: np.ndarray, dtype, name: str) -> np.ndarray:
     A copy is checked against this machine's memory first (:func:`check_allocatable`, ValueError
     naming ``name``): a broadcast view (``np.broadcast_to``, stride 0) holds a few bytes for a shape
     whose copy no machine can hold, and a narrow dtype widens (int8 to float32: 4 times the bytes).
-    An array that needs no copy is returned as is, unchecked."""
+    An array that needs no copy is returned as is, unchecked.
+
+    A float narrowed (float64 or longdouble to float32, longdouble to float64) must stay finite: a
+    finite value beyond ``dtype``'s range, which the cast would make inf, is a ValueError naming
+    ``name`` (an inf or NaN given stays one). One pass: the sum of the copy, finite unless some
+    value is not (or the sum overflows); the values are looked at one by one only then."""
     if arr.size > _UNCHECKED_COPY_SIZE and not (arr.flags.c_contiguous and arr.dtype == dtype):
         check_allocatable(arr.shape, np.dtype(dtype).itemsize, name)
-    return np.ascontiguousarray(arr, dtype=dtype).reshape(arr.shape)
+    target = np.dtype(dtype)
+    if arr.dtype.kind != "f" or target.kind != "f" or arr.dtype.itemsize <= target.itemsize:
+        return np.ascontiguousarray(arr, dtype=dtype).reshape(arr.shape)
+    with np.errstate(over="ignore", invalid="ignore"):  # reported below, not as a RuntimeWarning
+        out = np.ascontiguousarray(arr, dtype=dtype).reshape(arr.shape)
+        look = not np.isfinite(out.sum())
+    if look:
+        overflowed = np.isinf(out) & np.isfinite(arr)
+        if overflowed.any():
+            where = tuple(int(i) for i in np.argwhere(overflowed)[0])
+            raise ValueError(f"{name}: expected values within {target.name}'s range (|v| <= "
+                             f"{float(np.finfo(target).max):.8g}), got {arr[where]} at index {where} (which "
+                             f"overflows {target.name})")
+    return out
 
 
 def _unbroadcast(arr: np.ndarray) -> np.ndarray:
@@ -222,6 +306,9 @@ def as_attention_mask(x, name: str, dtype) -> np.ndarray:
     """An attention mask: bool (True = may attend) as is, or float (added to the scores) as
     ``dtype``. Integer masks are refused: 0/1 could mean either convention.
 
+    A float64 mask narrowed to float32 keeps its values beyond float32's range as ±inf (unlike a
+    data argument's, refused by :func:`as_float`): ``-1e300`` and ``-inf`` both mean "never attend".
+
     A conversion (another float dtype, a record array's unaligned field) copies only the values the
     mask holds: a broadcast view (``np.broadcast_to``, stride 0) stays one, its broadcast dims
     converted once (a float64 ``(L, S)`` view of one value is 4 or 8 bytes, not ``L · S``); what is
@@ -249,7 +336,8 @@ def _converted(arr: np.ndarray, dtype, name: str) -> np.ndarray:
     own = _unbroadcast(arr)
     if own.size > _UNCHECKED_COPY_SIZE:
         check_allocatable(own.shape, np.dtype(dtype).itemsize, name)
-    converted = own.astype(dtype, order="C")
+    with np.errstate(over="ignore"):  # a float64 mask's -1e300 is float32's -inf, as documented
+        converted = own.astype(dtype, order="C")
     return converted if own is arr else np.broadcast_to(converted, arr.shape)
 
 
@@ -322,7 +410,8 @@ def grad_buffer(buf, name: str, shape: tuple, dtype):
     if not isinstance(buf, np.ndarray):
         raise TypeError(f"{name}: expected a numpy array to accumulate into, got {type(buf).__name__}")
     if buf.dtype != np.dtype(dtype):
-        raise TypeError(f"{name}: expected dtype {np.dtype(dtype)} (the input's), got {buf.dtype}")
+        raise TypeError(f"{name}: expected dtype {np.dtype(dtype)} (the op's compute dtype: float64 if any float "
+                        f"data argument is float64), got {buf.dtype}")
     if buf.shape != tuple(shape):
         raise ValueError(f"{name}: expected shape {tuple(shape)}, got {buf.shape}")
     if not buf.flags.c_contiguous or not buf.flags.writeable:

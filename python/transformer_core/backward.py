@@ -3,13 +3,16 @@ respect to its output, the gradients with respect to its inputs and parameters (
 explicit backward per layer). Every result equals ``torch.autograd``'s for the same forward (the
 tests compare them: fp64 to 1e-10, fp32 to 1e-4 relative).
 
-Conventions: array-likes are converted once (float64 stays float64, any other real dtype becomes
-float32; non-contiguous inputs are copied), arguments are checked first (``TypeError`` /
-``ValueError`` naming the argument, expected vs got), and the C++ core computes with the GIL
-released. Parameter gradients can be accumulated in place: pass ``grad_weight=`` / ``grad_bias=``
-arrays (C-contiguous, writeable, of the input's dtype and the parameter's shape) and the new
-gradient is ADDED to them (gradient accumulation over micro-batches, tied weights); otherwise new
-arrays are returned.
+Conventions: array-likes are converted once (non-contiguous inputs are copied), arguments are
+checked first (``TypeError`` / ``ValueError`` naming the argument, expected vs got), and the C++
+core computes with the GIL released. Dtypes follow ``functional``'s rule: a backward computes in
+float64 if ANY of its float data arguments (the forward's inputs, weights, outputs, and the output
+gradient) is float64 or a wider float, else in float32 (float16, float32, integers), and every
+gradient it returns has that dtype; a float64 argument is never narrowed to another's float32.
+Parameter gradients can be accumulated in place: pass ``grad_weight=`` / ``grad_bias=`` arrays
+(C-contiguous, writeable, of that compute dtype and the parameter's shape) and the new gradient is
+ADDED to them (gradient accumulation over micro-batches, tied weights); otherwise new arrays are
+returned.
 
 Determinism: the sums over rows (weight and bias gradients, the embedding scatter-add, dK and dV of
 attention) are each owned by one task and summed in a fixed order: the results are bitwise the same
@@ -33,11 +36,13 @@ from ._validation import (
     check_choice,
     check_eps,
     check_int,
+    common_dtype,
     grad_buffer,
     rotary_layout,
     to_numpy,
 )
 from ._validation import activation as activation_of
+from ._validation import reduction as reduction_of
 from .functional import (
     _as_4d,
     _attention_inputs,
@@ -107,7 +112,8 @@ def linear_backward(x, weight, grad_output, bias: bool = True, *, grad_weight=No
 
     Returns:
         ``(grad_x (..., in_features) or None, grad_weight (weight's shape), grad_bias
-        (out_features,) or None)``, dtype of ``x`` (float32 unless float64).
+        (out_features,) or None)``, float64 if any of ``x``, ``weight``, ``grad_output`` is float64
+        (or wider), else float32.
 
     Raises:
         ValueError: shapes that do not match (``weight`` not 2-D, feature sizes, leading dims of
@@ -118,8 +124,8 @@ def linear_backward(x, weight, grad_output, bias: bool = True, *, grad_weight=No
     weight_layout = check_choice(weight_layout, "weight_layout", ("out_in", "in_out"))
     bias = check_bool(bias, "bias")
     need_grad_input = check_bool(need_grad_input, "need_grad_input")
-    x = as_float(x, "x", min_ndim=1, allow_empty=True)
-    dtype = x.dtype.type
+    dtype, (x, weight, grad_output) = common_dtype((x, "x"), (weight, "weight"), (grad_output, "grad_output"))
+    x = as_float(x, "x", dtype, min_ndim=1, allow_empty=True)
     w = as_float(weight, "weight", dtype, ndim=2, allow_empty=True)
     in_features = x.shape[-1]
     w_in_out = weight_layout == "in_out"
@@ -165,14 +171,15 @@ def layer_norm_backward(x, weight, grad_output, eps: float = 1e-5, bias: bool = 
         grad_weight, grad_bias: arrays to add the gradients into, in place; None: new arrays.
 
     Returns:
-        ``(grad_x (..., E), grad_weight (E,) or None, grad_bias (E,) or None)``, dtype of ``x``.
+        ``(grad_x (..., E), grad_weight (E,) or None, grad_bias (E,) or None)``, float64 if any of
+        ``x``, ``weight``, ``grad_output`` is float64 (or wider), else float32.
 
     Raises:
         ValueError: shapes that do not match, ``eps`` < 0, empty ``x``, bad buffers.
         TypeError: non-numeric arrays, buffers of another dtype.
     """
-    x = as_float(x, "x", min_ndim=1)
-    dtype = x.dtype.type
+    dtype, (x, weight, grad_output) = common_dtype((x, "x"), (weight, "weight"), (grad_output, "grad_output"))
+    x = as_float(x, "x", dtype, min_ndim=1)
     e = x.shape[-1]
     w = as_vector(weight, "weight", e, dtype)
     g = _grad_like(grad_output, "grad_output", x.shape, dtype)
@@ -206,14 +213,15 @@ def rms_norm_backward(x, weight, grad_output, eps: float = 1e-6, *, grad_weight=
         grad_weight: array to add the weight gradient into, in place; None: a new array.
 
     Returns:
-        ``(grad_x (..., E), grad_weight (E,) or None)``, dtype of ``x``.
+        ``(grad_x (..., E), grad_weight (E,) or None)``, float64 if any of ``x``, ``weight``,
+        ``grad_output`` is float64 (or wider), else float32.
 
     Raises:
         ValueError: shapes that do not match, ``eps`` < 0, empty ``x``, bad buffer.
         TypeError: non-numeric arrays, a buffer of another dtype.
     """
-    x = as_float(x, "x", min_ndim=1)
-    dtype = x.dtype.type
+    dtype, (x, weight, grad_output) = common_dtype((x, "x"), (weight, "weight"), (grad_output, "grad_output"))
+    x = as_float(x, "x", dtype, min_ndim=1)
     e = x.shape[-1]
     w = as_vector(weight, "weight", e, dtype)
     g = _grad_like(grad_output, "grad_output", x.shape, dtype)
@@ -230,9 +238,10 @@ def rms_norm_backward(x, weight, grad_output, eps: float = 1e-6, *, grad_weight=
 # --------------------------------------------------------------------------------------------------
 
 def _activation_backward(x, grad_output, name: str) -> np.ndarray:
-    x = as_float(x, "x")
-    g = _grad_like(grad_output, "grad_output", x.shape, x.dtype.type)
-    return variant("activation_backward", x.dtype.type)(x, g, name)
+    dtype, (x, grad_output) = common_dtype((x, "x"), (grad_output, "grad_output"))
+    x = as_float(x, "x", dtype)
+    g = _grad_like(grad_output, "grad_output", x.shape, dtype)
+    return variant("activation_backward", dtype)(x, g, name)
 
 
 def gelu_backward(x, grad_output, approximate: str = "none") -> np.ndarray:
@@ -247,7 +256,8 @@ def gelu_backward(x, grad_output, approximate: str = "none") -> np.ndarray:
         approximate: ``"none"`` or ``"tanh"``.
 
     Returns:
-        ``grad_x``, same shape, dtype of ``x`` (float32 unless float64).
+        ``grad_x``, the shape of ``x``; float64 if ``x`` or ``grad_output`` is float64 (or wider),
+        else float32.
 
     Raises:
         ValueError: shapes differ, empty ``x``, unknown ``approximate``. TypeError: non-numeric arrays.
@@ -260,7 +270,8 @@ def silu_backward(x, grad_output) -> np.ndarray:
     """Backward of SiLU (``functional.silu``): ``grad_x = grad_y · σ(x) (1 + x (1 - σ(x)))``.
 
     Args: ``x`` the forward's input, any shape; ``grad_output`` the same shape.
-    Returns: ``grad_x``, same shape, dtype of ``x``.
+    Returns: ``grad_x``, the shape of ``x``; float64 if ``x`` or ``grad_output`` is float64 (or
+    wider), else float32.
     Raises: ValueError (shapes differ, empty), TypeError (non-numeric).
     """
     return _activation_backward(x, grad_output, "silu")
@@ -271,7 +282,8 @@ def relu_backward(x, grad_output) -> np.ndarray:
     ``threshold_backward``: a NaN input passes the gradient through).
 
     Args: ``x`` the forward's input, any shape; ``grad_output`` the same shape.
-    Returns: ``grad_x``, same shape, dtype of ``x``.
+    Returns: ``grad_x``, the shape of ``x``; float64 if ``x`` or ``grad_output`` is float64 (or
+    wider), else float32.
     Raises: ValueError (shapes differ, empty), TypeError (non-numeric).
     """
     return _activation_backward(x, grad_output, "relu")
@@ -288,13 +300,14 @@ def glu_backward(gate, up, grad_output, activation: str = "silu"):
         activation: ``"silu"``, ``"gelu"``, ``"gelu_tanh"`` or ``"relu"``.
 
     Returns:
-        ``(grad_gate, grad_up)``, the shape of ``gate``, its dtype.
+        ``(grad_gate, grad_up)``, the shape of ``gate``; float64 if any of ``gate``, ``up``,
+        ``grad_output`` is float64 (or wider), else float32.
 
     Raises:
         ValueError: shapes differ, empty arrays, unknown ``activation``. TypeError: non-numeric arrays.
     """
     activation_of(activation, "activation")
-    g, u = _gate_up(gate, up)
+    g, u = _gate_up(gate, up, ((grad_output, "grad_output"),))
     dh = _grad_like(grad_output, "grad_output", g.shape, g.dtype.type, of="gate, up")
     return variant("glu_backward", g.dtype.type)(g, u, dh, activation)
 
@@ -315,13 +328,15 @@ def softmax_backward(output, grad_output, axis: int = -1) -> np.ndarray:
         axis: the axis the softmax normalised over.
 
     Returns:
-        ``grad_x``, same shape, dtype of ``output`` (float32 unless float64).
+        ``grad_x``, the shape of ``output``; float64 if ``output`` or ``grad_output`` is float64 (or
+        wider), else float32.
 
     Raises:
         ValueError: shapes differ, empty arrays, ``axis`` out of range. TypeError: non-numeric arrays.
     """
-    p = as_float(output, "output", min_ndim=1)
-    g = _grad_like(grad_output, "grad_output", p.shape, p.dtype.type, of="output")
+    dtype, (output, grad_output) = common_dtype((output, "output"), (grad_output, "grad_output"))
+    p = as_float(output, "output", dtype, min_ndim=1)
+    g = _grad_like(grad_output, "grad_output", p.shape, dtype, of="output")
     axis = check_int(axis, "axis", -p.ndim, p.ndim - 1)
     pm = np.ascontiguousarray(np.moveaxis(p, axis, -1))
     gm = np.ascontiguousarray(np.moveaxis(g, axis, -1))
@@ -349,7 +364,8 @@ def embedding_backward(ids, grad_output, num_embeddings: int, padding_idx: int |
             embeddings); None: a new array.
 
     Returns:
-        ``grad_weight``, ``(V, embedding_dim)``, dtype of ``grad_output`` (float32 unless float64).
+        ``grad_weight``, ``(V, embedding_dim)``; float64 if ``grad_output`` is float64 (or wider),
+        else float32.
         Empty inputs are allowed, as torch's: no ids (``grad_output`` of shape ``ids.shape + (E,)``
         with ``ids.size == 0``) give zeros (or ``grad_weight`` unchanged), ``embedding_dim`` 0 an
         empty ``(V, 0)`` gradient.
@@ -404,7 +420,8 @@ def rotary_backward(grad_output, cos, sin, layout: str = "half", unsqueeze_dim: 
             ``grad_output.ndim - 1`` (1 for ``(N, H, L, D)``, 2 for ``(N, L, H, D)``).
 
     Returns:
-        ``grad_x``, the shape of ``grad_output``, its dtype (float32 unless float64). Tables that
+        ``grad_x``, the shape of ``grad_output``; float64 if ``grad_output`` is float64 (or wider),
+        else float32: the tables follow it, as ``apply_rotary``'s follow ``x``. Tables that
         differ along a leading dim of ``grad_output`` and are broadcast along another (HF's
         ``(N, L, D)``) are read a block of rows at a time, as ``apply_rotary`` reads them: never
         copied to ``grad_output``'s size.
@@ -434,7 +451,7 @@ def dropout_backward(grad_output, p: float, seed: int) -> np.ndarray:
         seed: the forward's seed, an int in [0, 2**64).
 
     Returns:
-        ``grad_x``, same shape, dtype of ``grad_output`` (float32 unless float64).
+        ``grad_x``, the shape of ``grad_output``; float64 if it is float64 (or wider), else float32.
 
     Raises:
         ValueError: ``p`` outside [0, 1], ``seed`` out of range, empty input.
@@ -451,12 +468,17 @@ def dropout_backward(grad_output, p: float, seed: int) -> np.ndarray:
 # --------------------------------------------------------------------------------------------------
 
 def _cross_entropy_call(logits, target, grad_output, ignore_index, label_smoothing, reduction):
+    # grad_output is a data argument (its float64 makes the call float64) when it is an array, of
+    # reduction "none"; a scalar is a scale, of any reduction
+    reduction = reduction_of(reduction, "reduction")
+    scalar = isinstance(grad_output, numbers.Real) and not isinstance(grad_output, bool)
+    rows_given = reduction == "none" and not scalar
+    dtype, (logits, rows) = common_dtype((logits, "logits"), (grad_output if rows_given else None, "grad_output"))
     x, t, lead, ignore_index, label_smoothing, reduction = _cross_entropy_args(
-        logits, target, ignore_index, label_smoothing, reduction)
-    dtype = x.dtype.type
+        logits, target, ignore_index, label_smoothing, reduction, dtype)
     grad_scale, grad_rows = 1.0, None
-    if reduction == "none" and not (isinstance(grad_output, numbers.Real) and not isinstance(grad_output, bool)):
-        grad_rows = _grad_like(grad_output, "grad_output", lead, dtype, of="logits, target").reshape(-1)
+    if rows_given:
+        grad_rows = _grad_like(rows, "grad_output", lead, dtype, of="logits, target").reshape(-1)
     else:
         if isinstance(grad_output, np.ndarray) and grad_output.ndim == 0 and grad_output.dtype.kind in "iuf":
             grad_output = grad_output.item()
@@ -488,7 +510,9 @@ def cross_entropy_backward(logits, target, grad_output=1.0, ignore_index: int = 
         ignore_index, label_smoothing, reduction: as the forward's.
 
     Returns:
-        ``grad_logits``, ``(..., V)``, dtype of ``logits`` (float32 unless float64).
+        ``grad_logits``, ``(..., V)``; float64 if ``logits`` (or, for ``"none"``, an array
+        ``grad_output``) is float64 (or wider), else float32. A scalar ``grad_output`` is a scale,
+        of no dtype.
 
     Raises:
         ValueError / TypeError: as ``cross_entropy``; ``grad_output`` of the wrong shape.
@@ -503,7 +527,8 @@ def cross_entropy_with_grad(logits, target, ignore_index: int = -100, label_smoo
     price of one. See those two functions for the formulas, shapes and errors.
 
     Returns:
-        ``(loss, grad_logits)``: loss a numpy scalar of the logits' dtype (or ``target``-shaped for
+        ``(loss, grad_logits)``: loss a numpy scalar of the compute dtype (``cross_entropy_backward``'s
+        rule; or ``target``-shaped for
         ``"none"``; NaN if a logit is NaN: check it), grad ``(..., V)``.
     """
     return _cross_entropy_call(logits, target, grad_output, ignore_index, label_smoothing, reduction)
@@ -548,8 +573,9 @@ def scaled_dot_product_attention_backward(query, key, value, out, grad_out, lse,
             the forward's.
 
     Returns:
-        ``(grad_query (..., L, E), grad_key (..., S, E), grad_value (..., S, Ev))``, dtype of
-        ``query`` (float32 unless float64).
+        ``(grad_query (..., L, E), grad_key (..., S, E), grad_value (..., S, Ev))``, float64 if any
+        of ``query``, ``key``, ``value``, ``out``, ``grad_out``, ``lse`` is float64 (or wider), else
+        float32 (a float ``attn_mask`` is converted to it).
 
     Raises:
         ValueError: shapes that do not match the forward's rules, ``out``/``grad_out``/``lse`` of the
@@ -557,7 +583,7 @@ def scaled_dot_product_attention_backward(query, key, value, out, grad_out, lse,
         TypeError: non-numeric arrays, masks neither bool nor float.
     """
     q, k, v, dtype, lead, L, S, E, heads, n, kv_heads, offset = _attention_inputs(
-        query, key, value, enable_gqa, causal_alignment)
+        query, key, value, enable_gqa, causal_alignment, ((out, "out"), (grad_out, "grad_out"), (lse, "lse")))
     scale = _check_scale(scale, E)
     is_causal = check_bool(is_causal, "is_causal")
     Ev = v.shape[-1]

@@ -1,9 +1,15 @@
 """Functional ops, computed by the C++ core: linear, softmax, layer_norm, gelu, relu and
 scaled dot-product attention.
 
-Every op takes array-likes, converts them once (float64 stays float64; any other real dtype
-becomes float32; non-contiguous inputs are copied), checks their shapes, and returns new numpy
-arrays. The GIL is released while the C++ core computes.
+Every op takes array-likes, converts them once (non-contiguous inputs are copied), checks their
+shapes, and returns new numpy arrays. The GIL is released while the C++ core computes.
+
+Dtypes, one rule for every op (``_validation.common_dtype``): an op computes in float64 if ANY of
+its float data arguments (inputs, weights, biases, query/key/value, gate/up) is float64 or a wider
+float (``np.longdouble``), else in float32 (float16, float32, integers); its result has that dtype.
+A float64 argument is never narrowed to another argument's float32, whichever comes first; masks
+and rotary tables follow the op's dtype. A finite float64 value beyond float32's range that would
+be narrowed (e.g. by a float32 layer) is a ValueError, never a silent inf.
 
 Masks, one convention in the whole library (the encoder tutorial's ``mask == 0 -> -inf``, torch's
 ``F.scaled_dot_product_attention``): a boolean mask is True where attention is allowed; a float
@@ -31,7 +37,7 @@ from ._validation import (
     check_eps,
     check_float,
     check_int,
-    compute_dtype,
+    common_dtype,
     to_numpy,
 )
 from ._validation import reduction as reduction_of
@@ -72,15 +78,16 @@ def linear(x, weight, bias=None) -> np.ndarray:
         bias: ``(out_features,)`` or None.
 
     Returns:
-        ``(..., out_features)``, dtype of ``x`` (float32 unless ``x`` is float64).
+        ``(..., out_features)``, float64 if any of ``x``, ``weight``, ``bias`` is float64 (or
+        wider), else float32 (the module doc's rule).
 
     Raises:
         ValueError: ``x`` empty or of rank 0; ``weight`` not 2-D or its in_features differ from
             ``x``'s last dim; ``bias`` of the wrong shape.
         TypeError: a non-numeric array.
     """
-    x = as_float(x, "x", min_ndim=1)
-    dtype = x.dtype.type
+    dtype, (x, weight, bias) = common_dtype((x, "x"), (weight, "weight"), (bias, "bias"))
+    x = as_float(x, "x", dtype, min_ndim=1)
     weight = as_float(weight, "weight", dtype, ndim=2)
     if weight.shape[1] != x.shape[-1]:
         raise ValueError(
@@ -102,7 +109,8 @@ def softmax(x, axis: int = -1) -> np.ndarray:
         axis: the axis to normalise over.
 
     Returns:
-        Same shape and dtype as ``x``; each slice along ``axis`` sums to 1. A slice that is all
+        The shape of ``x``, float64 if ``x`` is float64 (or wider) else float32; each slice along
+        ``axis`` sums to 1. A slice that is all
         ``-inf`` (fully masked) gives zeros, where torch gives NaN; NaN in a slice gives NaN.
 
     Raises:
@@ -128,14 +136,15 @@ def layer_norm(x, weight=None, bias=None, eps: float = 1e-5) -> np.ndarray:
         eps: added to the variance, > 0 not required but must be >= 0.
 
     Returns:
-        ``(..., E)``, dtype of ``x``.
+        ``(..., E)``, float64 if any of ``x``, ``weight``, ``bias`` is float64 (or wider), else
+        float32.
 
     Raises:
         ValueError: empty ``x``; weight/bias not of shape ``(E,)``; ``eps`` negative.
         TypeError: non-numeric arrays.
     """
-    x = as_float(x, "x", min_ndim=1)
-    dtype = x.dtype.type
+    dtype, (x, weight, bias) = common_dtype((x, "x"), (weight, "weight"), (bias, "bias"))
+    x = as_float(x, "x", dtype, min_ndim=1)
     e = x.shape[-1]
     params = [as_vector(weight, "weight", e, dtype), as_vector(bias, "bias", e, dtype)]
     y = variant("norm", dtype)(x.reshape(-1, e), "layer_norm", params[0], params[1], check_eps(eps, "eps"))
@@ -155,14 +164,14 @@ def rms_norm(x, weight=None, eps: float = 1e-6) -> np.ndarray:
         eps: added to the mean square, >= 0 (Llama: 1e-5 or 1e-6).
 
     Returns:
-        ``(..., E)``, dtype of ``x``.
+        ``(..., E)``, float64 if ``x`` or ``weight`` is float64 (or wider), else float32.
 
     Raises:
         ValueError: empty ``x``; weight not of shape ``(E,)``; ``eps`` negative or NaN.
         TypeError: non-numeric arrays.
     """
-    x = as_float(x, "x", min_ndim=1)
-    dtype = x.dtype.type
+    dtype, (x, weight) = common_dtype((x, "x"), (weight, "weight"))
+    x = as_float(x, "x", dtype, min_ndim=1)
     e = x.shape[-1]
     weight = as_vector(weight, "weight", e, dtype)
     y = variant("norm", dtype)(x.reshape(-1, e), "rms_norm", weight, None, check_eps(eps, "eps"))
@@ -173,7 +182,8 @@ def gelu(x, approximate: str = "none") -> np.ndarray:
     """GELU (Hendrycks & Gimpel 2016), as ``torch.nn.functional.gelu``.
 
     ``approximate="none"``: ``0.5 x (1 + erf(x / √2))`` (BERT); ``"tanh"``:
-    ``0.5 x (1 + tanh(√(2/π) (x + 0.044715 x³)))`` (GPT-2). Same shape and dtype as ``x``.
+    ``0.5 x (1 + tanh(√(2/π) (x + 0.044715 x³)))`` (GPT-2). The shape of ``x``; float64 if ``x`` is
+    float64 (or wider), else float32.
 
     Raises:
         ValueError: ``approximate`` not "none" or "tanh"; empty ``x``.
@@ -185,7 +195,8 @@ def gelu(x, approximate: str = "none") -> np.ndarray:
 
 def silu(x) -> np.ndarray:
     """SiLU / swish (Elfwing et al. 2018), as ``torch.nn.functional.silu``: ``x · σ(x) = x / (1 + e^-x)``,
-    the gate of Llama's SwiGLU feed-forward. Same shape and dtype as ``x``.
+    the gate of Llama's SwiGLU feed-forward. The shape of ``x``; float64 if ``x`` is float64 (or
+    wider), else float32.
 
     Raises:
         ValueError: empty ``x``. TypeError: non-numeric ``x``.
@@ -195,7 +206,8 @@ def silu(x) -> np.ndarray:
 
 
 def relu(x) -> np.ndarray:
-    """``max(x, 0)`` element-wise (NaN stays NaN). Same shape and dtype as ``x``.
+    """``max(x, 0)`` element-wise (NaN stays NaN). The shape of ``x``; float64 if ``x`` is float64
+    (or wider), else float32.
 
     Raises:
         ValueError: empty ``x``.
@@ -266,11 +278,13 @@ def _attention_masks(attn_mask, query_mask, key_mask, lead: tuple, L: int, S: in
     return bool_mask, float_mask, key_slot
 
 
-def _attention_inputs(query, key, value, enable_gqa, causal_alignment):
+def _attention_inputs(query, key, value, enable_gqa, causal_alignment, extra=()):
     """The checked arrays and sizes of an attention call (the forward and the backward share them):
     ``(q, k, v, dtype, lead, L, S, E, heads, n, kv_heads, offset)``; q/k/v C-contiguous of
-    ``dtype`` (query's: float64 stays float64), ``lead`` = query's dims before ``(L, E)``."""
-    dtype = compute_dtype(query, "query")
+    ``dtype`` (float64 if any of them is float64, or any of ``extra``'s ``(value, name)`` pairs:
+    the backward's ``out``, ``grad_out``, ``lse``), ``lead`` = query's dims before ``(L, E)``."""
+    dtype, arrays = common_dtype((query, "query"), (key, "key"), (value, "value"), *extra)
+    query, key, value = arrays[:3]
     q = as_float(query, "query", dtype, min_ndim=2)
     k = as_float(key, "key", dtype, min_ndim=2)
     v = as_float(value, "value", dtype, min_ndim=2)
@@ -384,7 +398,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, *, query_mas
             weights from, ``weights = exp(x - lse)``.
 
     Returns:
-        ``(..., L, Ev)``, dtype of ``query`` (float32 unless query is float64); with
+        ``(..., L, Ev)``, float64 if any of ``query``, ``key``, ``value`` is float64 (or wider),
+        else float32 (a float ``attn_mask`` is converted to it); with
         ``return_weights`` and/or ``return_lse``, a tuple ``(output[, weights][, lse])`` in that
         order, weights ``(..., L, S)``, lse ``(..., L)``. A query row whose keys are all masked
         gives zeros in output and weights and ``-inf`` in lse; NaN in the inputs still gives NaN
@@ -460,7 +475,8 @@ def varlen_attention(query, key, value, cu_seqlens, *, is_causal: bool = False, 
             oracle).
 
     Returns:
-        ``(T, H, Ev)``, dtype of ``query`` (float32 unless query is float64). A sequence's rows are
+        ``(T, H, Ev)``, float64 if any of ``query``, ``key``, ``value`` is float64 (or wider),
+        else float32. A sequence's rows are
         the same bit for bit whatever the other sequences and the thread count.
 
     Raises:
@@ -470,7 +486,7 @@ def varlen_attention(query, key, value, cu_seqlens, *, is_causal: bool = False, 
         TypeError: non-numeric arrays, non-integer ``cu_seqlens``, ``is_causal`` not a bool,
             ``scale`` not a number.
     """
-    dtype = compute_dtype(query, "query")
+    dtype, (query, key, value) = common_dtype((query, "query"), (key, "key"), (value, "value"))
     q = as_float(query, "query", dtype, ndim=3)
     k = as_float(key, "key", dtype, ndim=3)
     v = as_float(value, "value", dtype, ndim=3)
@@ -502,10 +518,13 @@ def varlen_attention(query, key, value, cu_seqlens, *, is_causal: bool = False, 
 # --------------------------------------------------------------------------------------------------
 
 
-def _gate_up(gate, up):
+def _gate_up(gate, up, extra=()):
     # The C++ op splits its inputs into rows of the last dim: a 0-d array has none (it read shape(-1)).
-    g = as_float(gate, "gate", min_ndim=1)
-    u = as_float(up, "up", g.dtype.type, min_ndim=1)
+    # The dtype: float64 if gate, up or one of extra's (value, name) pairs (the backward's grad_output) is.
+    dtype, arrays = common_dtype((gate, "gate"), (up, "up"), *extra)
+    gate, up = arrays[:2]
+    g = as_float(gate, "gate", dtype, min_ndim=1)
+    u = as_float(up, "up", dtype, min_ndim=1)
     if u.shape != g.shape:
         raise ValueError(f"up: expected the shape of gate {g.shape}, got {u.shape}")
     return g, u
@@ -523,7 +542,7 @@ def glu(gate, up, activation: str = "silu") -> np.ndarray:
             ``"gelu_tanh"``, ``"relu"``, ...).
 
     Returns:
-        The shape of ``gate``, its dtype (float32 unless float64).
+        The shape of ``gate``; float64 if ``gate`` or ``up`` is float64 (or wider), else float32.
 
     Raises:
         ValueError: shapes differ, empty or 0-d arrays, unknown ``activation``. TypeError: non-numeric
@@ -564,7 +583,7 @@ def dropout(x, p: float, seed: int, training: bool = True) -> np.ndarray:
         training: False returns a copy of ``x`` (no dropout), as ``F.dropout(training=False)``.
 
     Returns:
-        Same shape and dtype as ``x`` (float32 unless float64).
+        The shape of ``x``; float64 if ``x`` is float64 (or wider), else float32.
 
     Raises:
         ValueError: ``p`` outside [0, 1], ``seed`` out of range, empty ``x``.
@@ -593,13 +612,14 @@ def _dropped_times_zero(x: np.ndarray, y: np.ndarray, p: float) -> np.ndarray:
     return y
 
 
-def _cross_entropy_args(logits, target, ignore_index, label_smoothing, reduction):
-    """Checks and converts the arguments of the cross-entropy functions: returns
+def _cross_entropy_args(logits, target, ignore_index, label_smoothing, reduction, dtype=None):
+    """Checks and converts the arguments of the cross-entropy functions (the logits to ``dtype``;
+    None: the logits' compute dtype): returns
     ``(logits2d [rows, V], target1d [rows] int64, lead shape, ignore_index, label_smoothing, reduction)``."""
     reduction = reduction_of(reduction, "reduction")
     ignore_index = check_int(ignore_index, "ignore_index", -2**63, 2**63 - 1)
     label_smoothing = check_float(label_smoothing, "label_smoothing", minimum=0.0, maximum=1.0)
-    x = as_float(logits, "logits", min_ndim=1)
+    x = as_float(logits, "logits", dtype, min_ndim=1)
     t = to_numpy(target, "target")
     if t.dtype.kind not in "iu":
         raise TypeError(f"target: expected integer class indices, got dtype {t.dtype}")
@@ -642,7 +662,8 @@ def cross_entropy(logits, target, ignore_index: int = -100, label_smoothing: flo
         reduction: ``"mean"``, ``"sum"`` or ``"none"``.
 
     Returns:
-        ``"mean"``/``"sum"``: a numpy scalar of the logits' dtype (float32 unless float64);
+        ``"mean"``/``"sum"``: a numpy scalar of the logits' compute dtype (float64 if they are
+        float64 or wider, else float32);
         ``"none"``: an array of ``target``'s shape. Sums are accumulated in double.
 
     Raises:
