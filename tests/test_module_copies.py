@@ -207,3 +207,145 @@ def test_deepcopy_and_pickle_carry_changed_attributes_of_children(how):
     assert [layer.dropout for layer in dup.layers] == [0.0, 0.0]
     dup.train()
     np.testing.assert_array_equal(dup(x), expected)
+
+
+def _built_models():
+    """``{kind: (model, its config, {field: a value of the same shapes})}``: float64 GPT-2, Llama, BERT."""
+    gpt2_cfg = tc.GPT2Config(vocab_size=40, n_positions=16, n_embd=16, n_layer=1, n_head=4)
+    llama_cfg = tc.LlamaConfig(vocab_size=40, hidden_size=16, intermediate_size=24, num_hidden_layers=1,
+                               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=16)
+    bert_cfg = tc.BertConfig(vocab_size=40, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                             intermediate_size=24, max_position_embeddings=16)
+    return {"gpt2": (tc.GPT2LMHeadModel(gpt2_cfg, dtype=np.float64), gpt2_cfg, {"layer_norm_epsilon": 0.5}),
+            "llama": (tc.LlamaForCausalLM(llama_cfg, dtype=np.float64), llama_cfg,
+                      {"rms_norm_eps": 0.5, "rope_theta": 7.0}),
+            "bert": (tc.BertModel(bert_cfg, dtype=np.float64), bert_cfg, {"layer_norm_eps": 0.5})}
+
+
+def _hidden(model, ids):
+    out = model(ids)
+    return np.asarray(out.last_hidden_state if hasattr(out, "last_hidden_state") else _logits(out))
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama", "bert"])
+@pytest.mark.parametrize("how", ["deepcopy", "pickle", "quantize"])
+def test_copies_compute_as_the_original_after_the_callers_config_changed(kind, how):
+    """The module kept its constructor's config BY REFERENCE (``model.config is cfg``) and copies were
+    built from it when made: a caller that changed its config object afterwards (a norm's eps, the
+    rope base) got a deepcopy / unpickled copy that computed otherwise (max diff 1.3 on Llama), and a
+    quantized copy built from the changed config. As torch's deepcopy, the copy computes bit for bit
+    as the original (whose computation the change does not touch either); the arguments are a
+    snapshot taken when the module is built."""
+    import copy
+    import pickle
+
+    model, cfg, changes = _built_models()[kind]
+    ids = np.array([[1, 5, 7, 3], [2, 9, 4, 0]])
+    reference = _hidden(model, ids)
+    if how == "quantize":
+        model = tc.BertModel(cfg) if kind == "bert" else type(model)(cfg)  # float32: quantize's input
+        model.load_state_dict(_built_models()[kind][0].state_dict())
+        reference = _hidden(tc.quantize(model), ids)
+    for field, value in changes.items():
+        setattr(cfg, field, value)
+    assert model.config is cfg  # as Hugging Face's: the model's config is the caller's object
+    if how == "quantize":
+        np.testing.assert_array_equal(_hidden(tc.quantize(model), ids), reference)
+        return
+    np.testing.assert_array_equal(_hidden(model, ids), reference)
+    dup = copy.deepcopy(model) if how == "deepcopy" else pickle.loads(pickle.dumps(model))
+    np.testing.assert_array_equal(_hidden(dup, ids), reference)
+    assert dup.config == model.config and dup.config is not cfg  # the attribute: a copy of the original's
+    again = copy.deepcopy(dup)  # a copy of the copy too: its snapshot is the original's
+    np.testing.assert_array_equal(_hidden(again, ids), reference)
+
+
+def test_snapshot_keeps_modules_and_arrays_by_reference():
+    """The snapshot deep-copies configs, not the weights a loader passes (BertEmbeddings' ``weights``)
+    nor the modules a stack is built from."""
+    bert = _built_models()["bert"][0]
+    sd = {k: v for k, v in bert.state_dict().items() if k.startswith("embeddings.")}
+    emb = tc.BertEmbeddings(bert.config, np.float64, weights=sd)
+    args, kwargs = emb._init_args
+    assert kwargs["weights"] is not sd and all(kwargs["weights"][k] is sd[k] for k in sd)
+    assert args[0] == bert.config and args[0] is not bert.config
+    norm = tc.nn.LayerNorm(8, dtype=np.float64)
+    layer = tc.nn.TransformerEncoderLayer(8, 2, 16, dtype=np.float64)
+    enc = tc.nn.TransformerEncoder(layer, 2, norm)
+    assert enc._init_args[0][0] is layer and enc._init_args[0][2] is norm is enc.norm
+
+
+@pytest.mark.parametrize("how", ["deepcopy", "pickle", "quantize"])
+def test_copies_keep_modules_attached_by_the_caller(how):
+    """A module attribute holding a module that is not one of its children (torch's
+    ``model.classifier = nn.Linear(...)``, a dict of heads) was silently dropped by deepcopy, pickle
+    and quantize's copy. As torch's deepcopy: the copy has its own equal head (the same outputs;
+    training it leaves the original's alone), a head referred to twice is copied once, and an
+    attribute referring to a module under the copied one refers to the copy's."""
+    import copy
+    import pickle
+
+    bert = tc.BertModel(tc.BertConfig(vocab_size=40, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                      intermediate_size=24, max_position_embeddings=16))
+    bert.classifier = tc.nn.Linear(16, 2)
+    bert.heads = {"a": bert.classifier, "b": tc.nn.Linear(16, 3)}
+    bert.pair = (bert.heads["b"], bert)
+    dup = {"deepcopy": copy.deepcopy, "pickle": lambda m: pickle.loads(pickle.dumps(m)), "quantize": tc.quantize}[how](
+        bert)
+    assert dup.classifier is not bert.classifier and dup.heads["b"] is not bert.heads["b"]
+    assert dup.heads["a"] is dup.classifier and dup.pair[0] is dup.heads["b"] and dup.pair[1] is dup
+    ids = np.array([[1, 5, 7, 3]])
+    h = bert(ids).last_hidden_state
+    for name in ("a", "b"):
+        np.testing.assert_array_equal(dup.heads[name](h), bert.heads[name](h))
+    for name, value in bert.classifier.state_dict().items():
+        np.testing.assert_array_equal(dup.classifier.state_dict()[name], value)
+    # torch's: a step on the copy's head leaves the original's unchanged
+    ref = torch.nn.Linear(16, 2).double()
+    with torch.no_grad():
+        ref.weight.copy_(torch.from_numpy(bert.classifier.state_dict()["weight"]))
+        ref.bias.copy_(torch.from_numpy(bert.classifier.state_dict()["bias"]))
+    twin = copy.deepcopy(ref)
+    before = bert.classifier.state_dict()
+    head = dup.classifier.train()
+    opt = tc.optim.SGD(head.parameters(), lr=0.5)
+    head.backward(np.ones_like(head(h)))
+    opt.step()
+    twin(torch.from_numpy(h.astype(np.float64))).sum().backward()
+    with torch.no_grad():
+        for p in twin.parameters():
+            p -= 0.5 * p.grad
+    for name, value in before.items():
+        np.testing.assert_array_equal(bert.classifier.state_dict()[name], value)
+        np.testing.assert_allclose(head.state_dict()[name], twin.state_dict()[name].numpy(), rtol=1e-5, atol=1e-6)
+    assert not np.array_equal(head.state_dict()["bias"], before["bias"])
+    np.testing.assert_array_equal(dup.heads["a"].state_dict()["bias"], head.state_dict()["bias"])
+
+
+@pytest.mark.parametrize("how", ["deepcopy", "pickle"])
+def test_copies_keep_attributes_referring_to_modules_under_the_copied_one(how):
+    """``enc.first = enc.layers[0]`` refers, in the copy, to the copy's first layer (not dropped, not
+    a module of its own)."""
+    import copy
+    import pickle
+
+    enc = tc.nn.TransformerEncoder(tc.nn.TransformerEncoderLayer(8, 2, 16, dtype=np.float64), 2)
+    enc.first = enc.layers[0]
+    enc.by_name = {"last": enc.layers[1]}
+    dup = copy.deepcopy(enc) if how == "deepcopy" else pickle.loads(pickle.dumps(enc))
+    assert dup.first is dup.layers[0] and dup.by_name["last"] is dup.layers[1]
+    assert dup.layers is not enc.layers and dup.layers[0] is not enc.layers[0]
+
+
+def test_quantized_copy_of_a_stack_has_a_norm_of_its_own():
+    """quantize's copy of a stack was built from the stack's arguments as they were, its LayerNorm the
+    ORIGINAL's object: loading into the copy's norm changed the original. The arguments' modules are
+    deep-copied for the copy."""
+    enc = tc.nn.TransformerEncoder(tc.nn.TransformerEncoderLayer(32, 2, 32), 2, tc.nn.LayerNorm(32))
+    x = np.random.default_rng(0).standard_normal((2, 3, 32)).astype(np.float32)
+    expected = enc(x)
+    q = tc.quantize(enc)
+    assert q.norm is not enc.norm and q.norm is q._children()[-1][1]
+    q.norm.load_state_dict({"weight": np.full(32, 2.0), "bias": np.zeros(32)})
+    np.testing.assert_array_equal(enc(x), expected)
+    np.testing.assert_array_equal(enc.norm.state_dict()["weight"], np.ones(32))

@@ -811,3 +811,37 @@ def test_quantize_int8_float64_beyond_float32(recwarn):
     assert q[0, 0] == 127 and -33 <= q[0, 1] <= -31 and np.isfinite(s).all()
     assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]
 
+
+
+def test_outputs_beyond_memory_are_value_errors_naming_the_arguments():
+    """An output no machine's memory holds was a numpy MemoryError from the core's allocation
+    (linear_int8, linear_gguf, linear_gguf_parts, dequantize_gguf), and the contiguous copy of a
+    broadcast qweight was made unchecked: each is a ValueError naming the arguments, raised before
+    anything is allocated (as ``functional.linear``'s). The inputs are np.zeros: pages never touched."""
+    mem = tc._validation.physical_memory_bytes()
+    rows = 4096
+    out = (mem // (rows * 4) // 32 + 1) * 32                  # (rows, out) float32: more than mem
+    x = np.ones((rows, 32), np.float32)
+    beyond = r"more than this machine's memory"
+    blocks = np.zeros(out * TYPE_SIZE["Q4_0"], np.uint8)      # out rows of one Q4_0 block
+    with pytest.raises(ValueError, match=rf"x, out_features: the output \({rows} rows x {out} .*{beyond}"):
+        Q.linear_gguf(x, blocks, "Q4_0", out, 32)
+    with pytest.raises(ValueError, match=rf"x, parts: the output \({rows} rows x {out} .*{beyond}"):
+        Q.linear_gguf_parts(x, [(blocks[:18], "Q4_0", 1), (blocks[18:], "Q4_0", out - 1)], 32)
+    with pytest.raises(ValueError, match=rf"x, qweight: the output \({rows} rows x {out} .*{beyond}"):
+        Q.linear_int8(x, np.zeros((out, 32), np.int8), np.zeros(out, np.float32))
+    cols = 4096
+    deq_rows = mem // (cols * 4) + 1                          # (deq_rows, cols) float32: more than mem
+    with pytest.raises(ValueError, match=rf"rows, cols: the float32 output: an array of shape \({deq_rows}, "
+                                         rf"{cols}\).*{beyond}"):
+        Q.dequantize_gguf(np.zeros(deq_rows * cols // 32 * TYPE_SIZE["Q4_0"], np.uint8), "Q4_0", deq_rows, cols)
+    in_features = Q.INT8_MAX_IN_FEATURES
+    qrows = mem // in_features + 1                            # its contiguous copy: more than mem
+    qweight = np.broadcast_to(np.ones((1, in_features), np.int8), (qrows, in_features))
+    with pytest.raises(ValueError, match=rf"qweight: its contiguous copy .*\({qrows}, {in_features}\).*{beyond}"):
+        Q.linear_int8(np.ones((1, in_features), np.float32), qweight, np.zeros(qrows, np.float32))
+    # a broadcast qweight that fits is copied and computes as its contiguous copy
+    small = np.broadcast_to(np.arange(-3, 5, dtype=np.int8), (6, 8))
+    xs = np.linspace(-1, 1, 16, dtype=np.float32).reshape(2, 8)
+    s = np.linspace(0.5, 1, 6, dtype=np.float32)
+    np.testing.assert_array_equal(Q.linear_int8(xs, small, s), Q.linear_int8(xs, np.ascontiguousarray(small), s))

@@ -528,13 +528,55 @@ def skip_weight_init():
         core.defer_weight_init(old)
 
 
+#: Argument types a snapshot keeps as they are (immutable): most layers are built from these alone.
+_IMMUTABLE_ARGS = frozenset({int, float, bool, str, bytes, complex, type, type(None)})
+
+
+def _kept_by_reference(value) -> bool:
+    """Whether a constructor argument is kept by reference in a snapshot rather than deep-copied: a
+    module (a stack's layer and norm: copied with its own snapshot when the module holding it is
+    copied) or an array (numpy arrays, tensors, buffers: a loader's weights, which a copy takes from
+    the module's own weights, never from the argument; deep copies would duplicate them)."""
+    return (isinstance(value, (Module, np.ndarray, memoryview)) or hasattr(value, "__dlpack__")
+            or hasattr(value, "__array_interface__"))
+
+
+def _snapshot_args(args: tuple, kwargs: dict) -> tuple:
+    """``(args, kwargs)`` of a constructor as a module keeps them to be built again: deep copies, so
+    that a config the caller changes after the module was built (``cfg.rms_norm_eps = 0.5``) does not
+    change what a copy is built from (torch's deepcopy copies a module as it is). Modules and arrays
+    in the arguments (also inside lists, tuples and dicts) are kept by reference
+    (:func:`_kept_by_reference`); arguments that cannot be deep-copied are kept as they are (the copy
+    then raises, naming them, as it would have)."""
+    if (all(type(a) in _IMMUTABLE_ARGS for a in args)
+            and all(type(v) in _IMMUTABLE_ARGS for v in kwargs.values())):
+        return args, kwargs  # nothing mutable: no copy (the common case, every layer of a stack)
+    memo, stack, seen = {}, [args, kwargs], set()
+    while stack:  # the shared objects: the deep copy maps each of them onto itself
+        value = stack.pop()
+        if id(value) in seen:
+            continue
+        seen.add(id(value))
+        if _kept_by_reference(value):
+            memo[id(value)] = value
+        elif isinstance(value, dict):
+            stack.extend(value.values())
+        elif isinstance(value, (list, tuple, set, frozenset)):
+            stack.extend(value)
+    try:
+        return copy.deepcopy((args, kwargs), memo)
+    except (TypeError, AttributeError, ValueError, RecursionError, copy.Error, pickle.PicklingError):
+        return args, kwargs
+
+
 class Module:
     """Base class of every layer and model: weights by name, ``state_dict``/``load_state_dict``.
 
     Subclasses set ``self._impl`` (the C++ object) and ``self.dtype`` (``np.float32`` or
     ``np.float64``) and implement ``forward``; calling the module calls ``forward``. The arguments a
-    module was built with are kept (``_init_args``), so that :func:`transformer_core.quantize` can
-    build a copy of it.
+    module was built with are kept (``_init_args``: a snapshot taken when it is built, see
+    :func:`_snapshot_args`), so that ``copy.deepcopy``, pickling and :func:`transformer_core.quantize`
+    build copies of it that compute as it does, whatever the caller does to its config since.
     """
 
     _impl = None
@@ -542,7 +584,7 @@ class Module:
     training: bool = False
     def __new__(cls, *args, **kwargs):
         self = super().__new__(cls)
-        self._init_args = (args, kwargs)
+        self._init_args = _snapshot_args(args, kwargs)
         return self
 
     def __call__(self, *args, **kwargs):
@@ -713,13 +755,17 @@ class Module:
         again from the arguments this one was built with (``_init_args``; no random init), then
         given its weights, its gradients (those that hold one), its training mode and the
         attributes it carries (a loader's ``source``, a config replaced, a dropout probability
-        changed since). What a training forward kept for its backward is not copied: the copy has no
-        backward pending. An attribute that cannot be deep-copied (a memory-mapped checkpoint) is
-        shared.
+        changed since, a module attached by the caller: ``bert.classifier = nn.Linear(...)``, deep-
+        copied in turn). The arguments are those it was built with, as they were then (a snapshot):
+        a config the caller changed since does not change the copy's computation. What a training
+        forward kept for its backward is not copied: the copy has no backward pending. An attribute
+        that cannot be deep-copied (a memory-mapped checkpoint) is shared.
 
         Identity within one ``copy.deepcopy`` call (its memo), as torch's: every module under this one
         is registered with its copy, so a later reference to one of them in the same call gets the
-        copy's (``a, b = copy.deepcopy((enc, enc.layers[0]))``: ``a.layers[0] is b``). Not preserved:
+        copy's (``a, b = copy.deepcopy((enc, enc.layers[0]))``: ``a.layers[0] is b``), and an attribute
+        that refers to a module under this one (``enc.first = enc.layers[0]``) refers to the copy's
+        (``copy.first is copy.layers[0]``), in pickles too. Not preserved:
         a child copied BEFORE its parent in the same call (``copy.deepcopy((enc.layers[0], enc))``)
         stays a separate copy (the parent is rebuilt from its arguments, with children of its own);
         and pickling preserves no such identity (each module pickles as a whole of its own).
@@ -742,11 +788,19 @@ class Module:
                     attributes[key] = copy.deepcopy(value, memo)
                 except (TypeError, pickle.PicklingError):
                     pass  # shared (a read-only checkpoint, say)
+        held = payload.pop("modules")
         new = _restore_module(type(self), payload)
         copies = _modules_under(new)
         for path, module in _modules_under(self).items():  # later references in this call: the copies
             memo[id(module)] = copies[path]
             memo.setdefault(id(memo), []).append(module)  # alive while memo is (copy's own _keep_alive)
+        for attributes in held.values():  # after the memo knows the copies: a module attached by the
+            for key, value in attributes.items():  # caller may refer back to this one
+                try:
+                    attributes[key] = copy.deepcopy(value, memo)
+                except (TypeError, pickle.PicklingError):
+                    pass  # shared, as any attribute that cannot be deep-copied (quantized weights)
+        _set_module_attributes(copies, held)
         return new
 
     def __reduce_ex__(self, protocol):
@@ -761,11 +815,12 @@ class Module:
         payload = self._copy_payload()
         parts = {"the constructor's arguments": payload["init_args"]}
         parts.update((f"attribute {prefix + '.' if prefix else ''}{key}", value)
-                     for prefix, attributes in payload["attributes"].items() for key, value in attributes.items())
+                     for group in ("attributes", "modules") for prefix, attributes in payload[group].items()
+                     for key, value in attributes.items())
         for what, value in parts.items():
             try:
                 pickle.dumps(value, protocol)
-            except (TypeError, AttributeError, pickle.PicklingError) as e:
+            except (TypeError, AttributeError, RecursionError, pickle.PicklingError) as e:
                 raise TypeError(f"{type(self).__name__}: cannot be pickled, {what} cannot ({e}); save its "
                                 "state_dict() instead and load it into a new one") from None
         return _restore_module, (type(self), payload)
@@ -774,7 +829,10 @@ class Module:
         """What :func:`_restore_module` builds a copy from: ``init_args``, ``weights`` and ``grads``
         (``{name: array}`` in the C++ layout, fresh copies; grads only those that hold one) and
         ``attributes`` (``{path of the module under this one: {attribute: value}}``, without the C++
-        objects, the child modules and the training state, which the rebuilt module has its own of).
+        objects, the modules and the training state, which the rebuilt module has its own of) and
+        ``modules`` (the same for the attributes that hold modules, directly or in a list, tuple or
+        dict: a child, a module attached by the caller; each module under this one replaced by a
+        :class:`_ModuleRef` to its path, which :func:`_set_module_attributes` maps onto the copy's).
 
         Raises:
             TypeError: a weight is held quantized.
@@ -790,11 +848,16 @@ class Module:
             weights[name] = np.array(slot.impl.get_parameter(slot.core_name), copy=True)
             if _grad_readable(slot.impl, slot.core_name):
                 grads[name] = np.array(slot.impl.gradient_view(slot.core_name), copy=True)
-        attributes = {}
-        for prefix, module in _modules_under(self).items():
-            attributes[prefix] = {k: v for k, v in vars(module).items()
-                                  if k not in _NOT_COPIED and not _holds_core_state(v)}
-        return {"init_args": self._init_args, "weights": weights, "grads": grads, "attributes": attributes}
+        attributes, held = {}, {}
+        modules = _modules_under(self)
+        paths = {id(m): path for path, m in modules.items()}
+        for prefix, module in modules.items():
+            own = {k: v for k, v in vars(module).items() if k not in _NOT_COPIED}
+            attributes[prefix] = {k: v for k, v in own.items() if not _holds_core_state(v)}
+            held[prefix] = {k: _map_items(v, lambda m: _ModuleRef(paths[id(m)]) if id(m) in paths else m)
+                            for k, v in own.items() if _holds_modules_only(v)}
+        return {"init_args": self._init_args, "weights": weights, "grads": grads, "attributes": attributes,
+                "modules": held}
 
     # ---- training --------------------------------------------------------------------------------
     def train(self, mode: bool = True) -> "Module":
@@ -1078,11 +1141,13 @@ class Module:
 #: Attributes of a module that a copy does not take from it: the rebuilt module has its own. The C++
 #: module, the arguments it was built from, a training forward's state (pointers into the original's
 #: C++ activations) and the cached Parameters (numpy views of the ORIGINAL's C++ buffers: copied, they
-#: would write into the original). Child modules and C++ objects held in other attributes (a stack's
-#: ``layers``, a rotary table) are rebuilt with it, not copied (:func:`_holds_core_state`). Everything
-#: else a module carries, set by its constructor or later (its config, a dropout probability, a
-#: loader's ``source``, a Seq2Seq's ``pe`` table: plain values, which no constructor makes views of
-#: C++ memory), is copied over the rebuilt module's (:func:`_restore_module`).
+#: would write into the original). C++ objects held in other attributes (a rotary table) are rebuilt
+#: with it, not copied (:func:`_holds_core_state`); attributes holding modules (a stack's ``layers``, a
+#: head attached by the caller) refer to the rebuilt module's own where they held the original's
+#: (its children, those under them) and to deep copies of the others (:func:`_set_module_attributes`).
+#: Everything else a module carries, set by its constructor or later (its config, a dropout
+#: probability, a loader's ``source``, a Seq2Seq's ``pe`` table: plain values, which no constructor
+#: makes views of C++ memory), is copied over the rebuilt module's (:func:`_restore_module`).
 _NOT_COPIED = frozenset({"_impl", "_init_args", "_saved", "_parameters_cache"})
 
 
@@ -1090,6 +1155,67 @@ def _holds_core_state(value) -> bool:
     """Whether ``value`` is (or is a container of) a module or a C++ object: rebuilt, not copied."""
     items = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else (value,)
     return any(isinstance(v, Module) or type(v).__module__.startswith("transformer_core._core") for v in items)
+
+
+def _holds_modules_only(value) -> bool:
+    """Whether ``value`` is (or is a list, tuple or dict of) modules and no C++ object: an attribute
+    that a copy points at modules of its own (:func:`_set_module_attributes`)."""
+    items = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else (value,)
+    items = list(items)
+    return (any(isinstance(v, Module) for v in items)
+            and not any(type(v).__module__.startswith("transformer_core._core") for v in items))
+
+
+def _map_items(value, fn):
+    """``value`` (a module, or a list, tuple or dict of them) with ``fn`` applied to each of its items
+    that is a module or a :class:`_ModuleRef`; a new container of the same type, ``value`` unchanged."""
+    def one(v):
+        return fn(v) if isinstance(v, (Module, _ModuleRef)) else v
+
+    if isinstance(value, dict):
+        out = copy.copy(value)  # its type (an OrderedDict, a defaultdict's factory) kept
+        for k, v in value.items():
+            out[k] = one(v)
+        return out
+    if isinstance(value, list):
+        out = copy.copy(value)
+        out[:] = [one(v) for v in value]
+        return out
+    if isinstance(value, tuple) and not isinstance(value, _ModuleRef):
+        items = [one(v) for v in value]
+        return type(value)._make(items) if hasattr(type(value), "_make") else type(value)(items)
+    return one(value)
+
+
+class _ModuleRef(NamedTuple):
+    """In a copy's payload: the module at ``path`` under the module copied (``""`` itself), which the
+    copy's attributes refer to as its own module at that path."""
+
+    path: str
+
+
+def _set_module_attributes(modules: dict, held: dict) -> None:
+    """Sets the attributes that hold modules (``held``: a payload's ``modules``, each module under
+    the original a :class:`_ModuleRef`, the others already copies) on the rebuilt modules
+    (``modules``: :func:`_modules_under` of the copy), each reference the copy's module at its path.
+    One that refers to a path the copy lacks is left as the constructor set it."""
+    for prefix, attributes in held.items():
+        module = modules.get(prefix)
+        if module is None:
+            continue
+        for key, value in attributes.items():
+            missing = []
+
+            def resolve(v):
+                if not isinstance(v, _ModuleRef):
+                    return v
+                if v.path not in modules:
+                    missing.append(v.path)
+                return modules.get(v.path)
+
+            resolved = _map_items(value, resolve)
+            if not missing:
+                vars(module)[key] = resolved
 
 
 def _modules_under(module) -> dict:
@@ -1106,9 +1232,10 @@ def _restore_module(cls, payload: dict):
     """A module of class ``cls`` from a :meth:`Module._copy_payload` (copy.deepcopy, unpickling): built
     from its arguments (random init skipped), then given the weights, gradients and every attribute
     the payload carries (the original's values: a config replaced since, a changed dropout
-    probability, the training mode), over what the constructor set; except a numpy array of the
-    rebuilt module that views C++ memory (none of the library's constructors keeps one; the rebuilt
-    module's own view must stay, a copy of the original's would be detached from its weights).
+    probability, the training mode, a module attached by the caller), over what the constructor
+    set; except a numpy array of the rebuilt module that views C++ memory (none of the library's
+    constructors keeps one; the rebuilt module's own view must stay, a copy of the original's would
+    be detached from its weights).
 
     Raises:
         TypeError: ``cls`` cannot be built from the arguments, or the module built has other weights.
@@ -1142,25 +1269,32 @@ def _restore_module(cls, payload: dict):
         for key, value in attributes.items():
             if not _views_core_memory(own.get(key)):
                 own[key] = value
+    _set_module_attributes(modules, payload.get("modules", {}))
     return new
 
 
 def _carry_attributes(source, target) -> None:
     """Gives ``target`` (a module built again from ``source``'s arguments) the attributes ``source``
     and every module under it carry, as :func:`_restore_module` does (a config replaced since, a
-    changed dropout probability, the training mode, a loader's ``source``): deep copies, or the
-    value itself where it cannot be deep-copied (a memory-mapped checkpoint)."""
+    changed dropout probability, the training mode, a loader's ``source``, a module attached by the
+    caller): deep copies (one memo: a module referred to twice is copied once, and a reference to a
+    module under ``source`` is one to ``target``'s at its path), or the value itself where it cannot
+    be deep-copied (a memory-mapped checkpoint)."""
     targets = _modules_under(target)
-    for prefix, module in _modules_under(source).items():
+    sources = _modules_under(source)
+    memo = {id(m): targets[path] for path, m in sources.items() if path in targets}
+    memo[id(memo)] = list(sources.values())  # alive while memo is (deepcopy's own _keep_alive)
+    for prefix, module in sources.items():
         dst = targets.get(prefix)
         if dst is None:
             continue
         own = vars(dst)
         for key, value in vars(module).items():
-            if key in _NOT_COPIED or _holds_core_state(value) or _views_core_memory(own.get(key)):
+            if (key in _NOT_COPIED or (_holds_core_state(value) and not _holds_modules_only(value))
+                    or _views_core_memory(own.get(key))):
                 continue
             try:
-                value = copy.deepcopy(value)
+                value = copy.deepcopy(value, memo)
             except (TypeError, pickle.PicklingError):
                 pass  # shared
             own[key] = value

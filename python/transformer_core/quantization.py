@@ -48,7 +48,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._runtime import core as _core
-from ._validation import as_float, check_bool, check_positive_int
+from ._validation import as_float, check_allocatable, check_bool, check_positive_int
 
 __all__ = [
     "GGML_TYPES",
@@ -150,6 +150,10 @@ def _block_bytes(blocks, expected: int, what: str) -> np.ndarray:
         if blocks.dtype != np.uint8:
             raise TypeError(f"blocks: expected raw bytes (a uint8 array or a bytes-like object), "
                             f"got an array of dtype {blocks.dtype}")
+        if blocks.size != expected:  # before a copy of bytes that are refused anyway
+            raise ValueError(f"blocks: expected {expected} bytes ({what}), got {blocks.size}")
+        if not blocks.flags.c_contiguous:
+            check_allocatable(blocks.shape, 1, "blocks: its contiguous copy")
         arr = np.ascontiguousarray(blocks).reshape(-1)
     else:
         try:
@@ -182,6 +186,13 @@ def _bias(bias, out_features: int):
     if b.shape != (out_features,):
         raise ValueError(f"bias: expected shape ({out_features},), got {b.shape}")
     return b
+
+
+def _check_output(rows: int, out_features: int, names: str) -> None:
+    """ValueError naming ``names`` when the ``(rows, out_features)`` float32 output could not fit in
+    this machine's memory: checked before the C++ core allocates it (a MemoryError otherwise)."""
+    check_allocatable((rows, out_features), 4, f"{names}: the output ({rows} rows x {out_features} out_features, "
+                                                f"float32)")
 
 
 def _rows(x, in_features: int | None, in_name: str):
@@ -261,7 +272,8 @@ def linear_int8(x, qweight, scales, bias=None, *, residual_activations: bool = F
     Raises:
         TypeError: ``qweight`` not an int8 numpy array; a non-numeric ``x``/``scales``/``bias``;
             ``residual_activations`` not a bool.
-        ValueError: shapes that disagree; ``x`` empty; ``in_features`` > 131072.
+        ValueError: shapes that disagree; ``x`` empty; ``in_features`` > 131072; an output (or the
+            contiguous copy of a broadcast or strided ``qweight``) larger than this machine's memory.
     """
     residual_activations = check_bool(residual_activations, "residual_activations")
     if not isinstance(qweight, np.ndarray) or qweight.dtype != np.int8:
@@ -278,6 +290,9 @@ def linear_int8(x, qweight, scales, bias=None, *, residual_activations: bool = F
     if s.shape != (out_features,):
         raise ValueError(f"scales: expected shape ({out_features},), got {s.shape}")
     b = _bias(bias, out_features)
+    _check_output(x2.shape[0], out_features, "x, qweight")
+    if not qweight.flags.c_contiguous:  # a broadcast or strided view: copied for the core
+        check_allocatable(qweight.shape, 1, "qweight: its contiguous copy (a broadcast or strided view)")
     y = _core.linear_int8(x=x2, qweight=np.ascontiguousarray(qweight), scales=s, bias=b,
                           residual_activations=residual_activations)
     return y.reshape(*lead, out_features)
@@ -336,7 +351,7 @@ def linear_gguf(x, blocks, ggml_type, out_features: int, in_features: int, bias=
             not ints; a non-numeric ``x``/``bias``; ``quantize_activations`` not a bool.
         ValueError: unknown ``ggml_type``; ``in_features`` not a multiple of 32; ``blocks`` of the
             wrong length or not contiguous (a strided memoryview); ``x`` empty or its last dim !=
-            ``in_features``; ``bias`` of the wrong shape.
+            ``in_features``; ``bias`` of the wrong shape; an output larger than this machine's memory.
 
     Source: the GGUF specification (ggml's ``docs/gguf.md``) and ``ggml-common.h``'s block structs;
     gguf-py's ``gguf.quants`` (numpy) decodes the same bytes to the same values.
@@ -349,6 +364,7 @@ def linear_gguf(x, blocks, ggml_type, out_features: int, in_features: int, bias=
     data = _block_bytes(blocks, expected, f"{out_features} x {in_features} {name}")
     x2, lead = _rows(x, in_features, "in_features")
     b = _bias(bias, out_features)
+    _check_output(x2.shape[0], out_features, "x, out_features")
     y = _core.linear_gguf(x=x2, blocks=data, ggml_type=name, out_features=out_features, in_features=in_features,
                           bias=b, quantize_activations=quantize_activations)
     return y.reshape(*lead, out_features)
@@ -394,6 +410,7 @@ def linear_gguf_parts(x, parts, in_features: int, bias=None, quantize_activation
         out_features += rows
     x2, lead = _rows(x, in_features, "in_features")
     b = _bias(bias, out_features)
+    _check_output(x2.shape[0], out_features, "x, parts")
     y = _core.linear_gguf_parts(x=x2, parts=runs, in_features=in_features, bias=b,
                                 quantize_activations=quantize_activations)
     return y.reshape(*lead, out_features)
@@ -413,13 +430,15 @@ def dequantize_gguf(blocks, ggml_type, rows: int, cols: int) -> np.ndarray:
 
     Raises:
         TypeError: ``blocks`` not bytes; ``ggml_type`` not a str; ``rows``/``cols`` not ints.
-        ValueError: unknown ``ggml_type``; ``cols`` not a multiple of 32; the wrong byte count.
+        ValueError: unknown ``ggml_type``; ``cols`` not a multiple of 32; the wrong byte count; an
+            output larger than this machine's memory.
     """
     name = _ggml_type(ggml_type)
     rows = check_positive_int(rows, "rows")
     cols = check_positive_int(cols, "cols")
     expected = _check_block_dims(name, rows, cols, "rows", "cols")
     data = _block_bytes(blocks, expected, f"{rows} x {cols} {name}")
+    check_allocatable((rows, cols), 4, "rows, cols: the float32 output")
     return _core.dequantize_gguf(blocks=data, ggml_type=name, rows=rows, cols=cols)
 
 
@@ -620,11 +639,18 @@ def quantize(model, format: str = "int8", *, inplace: bool = False, keep_float=N
 
 
 def _copy(model):
-    """A float copy of a module: built again from the arguments it was built with (random init
-    skipped), then every weight copied (dequantized when held quantized)."""
+    """A float copy of a module: built again from the arguments it was built with (its snapshot of
+    them: a config the caller changed since does not change the copy; random init skipped), then
+    every weight copied (dequantized when held quantized) and the attributes carried over (modules
+    attached by the caller deep-copied)."""
+    import copy
+
     from .module import _carry_attributes, skip_weight_init
 
-    args, kwargs = model._init_args
+    try:  # a module among them (a stack's norm) is copied: the copy must not hold the original's
+        args, kwargs = copy.deepcopy(model._init_args)
+    except TypeError:
+        args, kwargs = model._init_args
     with skip_weight_init():
         new = type(model)(*args, **kwargs)
     src, dst = model._slots(), new._slots()
