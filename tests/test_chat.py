@@ -358,3 +358,55 @@ def test_a_template_that_renders_an_empty_prompt_is_named(tiny_chat):
     with pytest.raises(ValueError, match="^tokenizer: the chat template rendered an empty prompt"):
         session.send(MESSAGE)
     assert session.messages == [] and session.cache.length == 0
+
+
+def _byte_run_llama(transformers, backend, chain):
+    """(a tiny HF Llama, ours with its weights) whose greedy step from ``chain[j]`` is
+    ``chain[j + 1]``: token ``chain[j]``'s embedding is 10 along dimension j and the head's row of
+    ``chain[j + 1]`` is 10 there; the attention and MLP outputs are zero, so the last hidden state
+    is the last token's embedding."""
+    import torch
+
+    cfg = dict(vocab_size=backend.get_vocab_size(), hidden_size=16, intermediate_size=8, num_hidden_layers=1,
+               num_attention_heads=2, max_position_embeddings=32, tie_word_embeddings=False)
+    hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(**cfg, bos_token_id=1, eos_token_id=2)).double().eval()
+    state = {k: v.detach().numpy().copy() for k, v in hf.state_dict().items()}
+    for k in state:
+        if k.endswith(("o_proj.weight", "down_proj.weight", "embed_tokens.weight", "lm_head.weight")):
+            state[k][...] = 0
+    for j, t in enumerate(chain[:-1]):
+        state["model.embed_tokens.weight"][t, j] = 10.0
+        state["lm_head.weight"][chain[j + 1], j] = 10.0
+    hf.load_state_dict({k: torch.from_numpy(v) for k, v in state.items()})
+    m = tc.LlamaForCausalLM(tc.LlamaConfig(**cfg), dtype=np.float64)
+    m.load_state_dict(state)
+    return hf, m
+
+
+def test_a_streamed_run_of_byte_tokens_that_a_later_byte_rewrites():
+    """A byte-fallback (Llama 2) model that generates the valid byte "f", a lone continuation byte
+    0xBA and a word: decode reads the byte run as two U+FFFD. With on_text, continue_text (and the
+    CLI's generate and chat) raised tokenizers' bare ``Exception: Invalid prefix`` at the word; now
+    the streamed pieces join to the returned text, the decode of the whole sequence past the prompt."""
+    transformers = pytest.importorskip("transformers")
+    import torch
+    from test_tokenizer_inputs import _byte_fallback_backend
+
+    backend = _byte_fallback_backend()
+    tok = tc.Tokenizer(backend, 64, eos_token="</s>",
+                       chat_template="{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    prompt = tok.encode("a", add_special_tokens=True)
+    new = [backend.token_to_id(t) for t in ("<0x66>", "<0xBA>", "▁H", "</s>")]
+    hf, m = _byte_run_llama(transformers, backend, [prompt[-1]] + new)
+    with torch.no_grad():
+        ref = hf.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                          max_new_tokens=6, do_sample=False, pad_token_id=0)[0, len(prompt):].tolist()
+    assert ref == new  # HF's greedy run: the byte run, the word, the end token
+    expected = backend.decode(prompt + new)[len(backend.decode(prompt)):]
+    assert expected == "\ufffd\ufffd H"
+    pieces = []
+    out, _ = continue_text(m, tok, "a", max_new_tokens=6, on_text=pieces.append)
+    assert out == "".join(pieces) == expected == continue_text(m, tok, "a", max_new_tokens=6)[0]
+    pieces = []
+    session = ChatSession(m, tok, max_new_tokens=6)  # its prompt is the message: "a"
+    assert session.send("a", on_text=pieces.append) == "".join(pieces) == backend.decode(new) == expected

@@ -260,3 +260,194 @@ def test_text_stream_after_a_context_reads_the_ids_where_they_stand():
         tok.text_stream(context=[10**6])
     with pytest.raises(TypeError, match="^context: "):
         tok.text_stream(context=5)
+
+
+# ------------------------------------------------------------------------------------ TextStream: held text
+def _byte_fallback_backend():
+    """A tiny Llama-2-style ``tokenizers.Tokenizer``: BPE with ``byte_fallback`` (the 256 ``<0xNN>``
+    tokens at ids 3-258), a few "▁word" merges, and Llama 2's decoder (Replace, ByteFallback, Fuse,
+    Strip of the leading space); ``<unk>``/``<s>``/``</s>`` at ids 0-2."""
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import decoders, models, normalizers
+
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2} | {f"<0x{b:02X}>": 3 + b for b in range(256)}
+    merges = [("▁", "H"), ("▁H", "i"), ("▁", "w"), ("▁w", "o"), ("l", "l"), ("▁", "é")]
+    for piece in ["▁", "H", "i", "w", "o", "l", "e", "a", "é", "€"] + ["".join(m) for m in merges]:
+        vocab.setdefault(piece, len(vocab))
+    backend = HFTokenizer(models.BPE(vocab, merges, unk_token="<unk>", byte_fallback=True, fuse_unk=True))
+    backend.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    backend.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                         decoders.Strip(" ", 1, 0)])
+    backend.add_special_tokens(["<unk>", "<s>", "</s>"])
+    return backend
+
+
+def _byte_level_backend():
+    """A tiny GPT-2-style ``tokenizers.Tokenizer``: byte-level BPE (the 256 byte symbols, a few
+    merges), ``<|endoftext|>`` special at id 256."""
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import decoders, models, pre_tokenizers
+
+    vocab = {c: i for i, c in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
+    vocab["<|endoftext|>"] = len(vocab)
+    merges = [("Ġ", "w"), ("Ġw", "o"), ("H", "i")]
+    for a, b in merges:
+        vocab[a + b] = len(vocab)
+    backend = HFTokenizer(models.BPE(vocab, merges))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    backend.add_special_tokens(["<|endoftext|>"])
+    return backend
+
+
+def _streamed(tok, context, ids, skip=True):
+    """(the pieces of a stream over ``ids`` after ``context``, its finish)."""
+    stream = tok.text_stream(context=context, skip_special_tokens=skip)
+    return [stream.push(i) for i in ids], stream.finish()
+
+
+def _text_after(backend, context, ids, skip=True):
+    """The reference: ``decode(context + ids)`` past its longest common prefix with
+    ``decode(context)`` (the tokenizers package's decode of the whole sequence)."""
+    base, full = backend.decode(context, skip_special_tokens=skip), backend.decode(context + ids, skip_special_tokens=skip)
+    k = 0
+    while k < min(len(base), len(full)) and base[k] == full[k]:
+        k += 1
+    return full[k:]
+
+
+def test_text_stream_holds_a_run_of_byte_tokens_that_a_later_byte_rewrites():
+    """Ids giving the valid byte ``f``, then a lone continuation byte 0xBA, then a word: the
+    tokenizers package decodes the byte run as a whole, invalid, so as two U+FFFD (the ``f`` too).
+    ``DecodeStream`` had returned ``f`` and then raised a bare ``Exception: Invalid prefix`` at the
+    word; the stream now holds an open run of byte tokens and returns the decode's text."""
+    backend = _byte_fallback_backend()
+    tok = tc.Tokenizer(backend, 64)
+    ids = [backend.token_to_id(t) for t in ("<0x66>", "<0xBA>", "▁H")]
+    assert backend.decode(ids[:1]) == "f" and backend.decode(ids) == "\ufffd\ufffd H"
+    assert _streamed(tok, [], ids) == (["", "", "\ufffd\ufffd H"], "")
+    # an invalid run that generation stops in: the text comes with finish, as decode reads it (it
+    # had streamed "=\x16\x17" for the run's valid head, then one U+FFFD per byte of the rest)
+    run = [backend.token_to_id(f"<0x{b:02X}>") for b in (0x3D, 0x16, 0x17, 0x83, 0x3F, 0x83)]
+    assert backend.decode(run) == "\ufffd" * 6
+    assert _streamed(tok, [], run) == ([""] * 6, "\ufffd" * 6)
+    # a valid run: an emoji of four byte tokens comes whole when a word closes the run
+    emoji = backend.encode("😀 Hi", add_special_tokens=False).ids
+    assert [backend.id_to_token(i) for i in emoji] == ["▁", "<0xF0>", "<0x9F>", "<0x98>", "<0x80>", "▁Hi"]
+    assert _streamed(tok, [], emoji) == (["", "", "", "", "", "😀 Hi"], "")
+    assert _streamed(tok, [], emoji[:-1]) == ([""] * 5, "😀")
+    # a special token skipped inside a run neither closes it nor lets the valid head out
+    eos = backend.token_to_id("</s>")
+    assert _streamed(tok, [], [ids[0], eos, ids[1], ids[2]]) == (["", "", "", "\ufffd\ufffd H"], "")
+    assert _streamed(tok, [], [ids[0], eos], skip=False) == (["", "f</s>"], "")
+
+
+@pytest.mark.parametrize("which", ["byte_level", "byte_fallback"])
+def test_text_stream_after_a_context_that_ends_inside_a_character(which):
+    """A context whose text ends inside a character ("Hi 中 wo" cut after the first or second of
+    中's three bytes): the first piece repeated the context's text ("Hi 中" for "中"). Only what the
+    new ids add comes now, for a byte-level vocabulary and a byte-fallback one (whose byte run is
+    held until the word after it closes it)."""
+    backend = _byte_level_backend() if which == "byte_level" else _byte_fallback_backend()
+    tok = tc.Tokenizer(backend, 64)
+    ids = backend.encode("Hi 中 wo", add_special_tokens=False).ids
+    cuts = [k for k in range(1, len(ids)) if backend.decode(ids[:k]).endswith("\ufffd")]
+    assert len(cuts) == 2 and backend.decode(ids[:cuts[0]]) == "Hi \ufffd"
+    for cut in cuts:
+        pieces, tail = _streamed(tok, ids[:cut], ids[cut:])
+        assert "".join(pieces) + tail == "中 wo" == _text_after(backend, ids[:cut], ids[cut:])
+        assert pieces[-1] == (" wo" if which == "byte_level" else "中 wo") and tail == ""
+        # the cut bytes followed by a word: they stay the context's U+FFFD, the word alone is new
+        word = ids[-1:]  # " wo": one token
+        assert "".join(_streamed(tok, ids[:cut], word)[0]) == " wo" == _text_after(backend, ids[:cut], word)
+        # a long context (cut to a window in front of the new ids): the same
+        long = backend.encode("Hi wo " * 40, add_special_tokens=False).ids + ids[:cut]
+        assert len(long) > 2 * TextStream._CONTEXT_IDS  # long enough to be cut
+        pieces, tail = _streamed(tok, long, ids[cut:])
+        assert "".join(pieces) + tail == "中 wo" == _text_after(backend, long, ids[cut:])
+
+
+def test_text_stream_keeps_a_long_contexts_open_run_of_byte_tokens():
+    """A long context is cut to a window in front of the new ids, never inside the run of byte
+    tokens it ends with: a lone 0xBA at the head of the run makes the whole run U+FFFD (one per
+    byte), 中 after 中 or ASCII bytes included, once an id past the run closes it; with a skipped
+    special token inside the run, and with a byte-level tokenizer whose character is split by
+    special tokens. Nor where the window would have no text (a Strip decoder would eat the space
+    of the next word)."""
+    backend = _byte_fallback_backend()
+    tok = tc.Tokenizer(backend, 64)
+    words = backend.encode("Hi wo " * 8, add_special_tokens=False).ids
+    zhong = backend.encode("中" * 8, add_special_tokens=False).ids[1:]  # 24 byte tokens
+    bad, eos, word = backend.token_to_id("<0xBA>"), backend.token_to_id("</s>"), backend.token_to_id("▁wo")
+    ascii_ = [backend.token_to_id("<0x78>")] * 24  # "x" each, valid alone
+    for run in (zhong, zhong[:5] + [eos] + zhong[5:], ascii_):
+        context, new = words + [bad] + run[:-1], run[-1:] + [word]
+        want = _text_after(backend, context, new)
+        assert want == "\ufffd" + " wo"  # the run's last byte, and the word
+        pieces, tail = _streamed(tok, context, new)
+        assert pieces == ["", want] and tail == ""
+    backend = _byte_level_backend()
+    tok = tc.Tokenizer(backend, 64)
+    words = backend.encode("Hi wo " * 8, add_special_tokens=False).ids
+    zhong, eos = backend.encode("中", add_special_tokens=False).ids, backend.token_to_id("<|endoftext|>")
+    context, new = words + zhong[:1] + [eos] * 40 + zhong[1:2], zhong[2:] + [eos]
+    assert _text_after(backend, context, new) == "中" == "".join(_streamed(tok, context, new)[0])
+    for backend, word in ((_byte_fallback_backend(), "▁wo"), (sentencepiece_tokenizer(), "▁world")):
+        tok = tc.Tokenizer(backend, 64)
+        context = backend.encode(word.replace("▁", " ") * 8, add_special_tokens=False).ids
+        context += [backend.token_to_id("</s>")] * 40
+        new = [backend.token_to_id(word)]
+        assert _text_after(backend, context, new) == word.replace("▁", " ") == "".join(_streamed(tok, context, new)[0])
+
+
+def _stream_cases(backends):
+    """A hypothesis strategy of (backend name, context ids, new ids, skip_special_tokens)."""
+    from hypothesis import strategies as st
+
+    letters = st.sampled_from(list("Hi wo le") + ["é", "€", "😀", "中", "  ", "\n"])
+    texts = st.lists(letters, min_size=1, max_size=40).map("".join)
+
+    @st.composite
+    def case(draw):
+        name = draw(st.sampled_from(sorted(backends)))
+        backend = backends[name]
+        if draw(st.booleans()):  # any ids: invalid byte runs, special tokens anywhere
+            ids = draw(st.lists(st.integers(0, backend.get_vocab_size() - 1), min_size=1, max_size=80))
+        else:
+            ids = backend.encode(draw(texts), add_special_tokens=draw(st.booleans())).ids
+        cut = draw(st.integers(0, len(ids)))
+        return name, ids[:cut], ids[cut:], draw(st.booleans())
+
+    return case()
+
+
+def test_text_stream_is_the_decode_of_the_whole_sequence():
+    """Property: for a byte-level, a byte-fallback and a SentencePiece (Strip) tokenizer, any ids
+    after any context (long ones included), special tokens skipped or not: the pieces and finish
+    join to the decode of ``context + ids`` past the context's text, each prefix of the pieces is a
+    prefix of the text decoded so far (nothing returned is rewritten later), and nothing raises."""
+    from hypothesis import HealthCheck, given, settings
+
+    backends = {"byte_level": _byte_level_backend(), "byte_fallback": _byte_fallback_backend(),
+                "sentencepiece": sentencepiece_tokenizer()}
+    toks = {name: tc.Tokenizer(b, 64) for name, b in backends.items()}
+
+    @settings(max_examples=400, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+    @given(_stream_cases(backends))
+    def check(case):
+        name, context, ids, skip = case
+        backend = backends[name]
+        stream = toks[name].text_stream(context=context, skip_special_tokens=skip)
+        sofar = ""
+        for k, i in enumerate(ids, 1):
+            sofar += stream.push(i)
+            assert _text_after(backend, context, ids[:k], skip).startswith(sofar)
+        want = _text_after(backend, context, ids, skip)
+        assert sofar + stream.finish() == want
+        base, full = backend.decode(context, skip_special_tokens=skip), backend.decode(context + ids, skip_special_tokens=skip)
+        if full.startswith(base):
+            assert want == full[len(base):]
+        if ids:  # finish reset the stream: no context now
+            assert stream.push(ids[0]) + stream.finish() == backend.decode(ids[:1], skip_special_tokens=skip)
+
+    check()

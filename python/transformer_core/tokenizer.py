@@ -613,24 +613,40 @@ class Tokenizer:
 
 class TextStream:
     """Incremental detokenization for streaming generation: push ids one at a time, get back only
-    complete text.
+    text that later ids cannot change.
 
-    Byte-level BPE pieces are bytes, and one UTF-8 character (an emoji, a CJK ideograph) can span
-    several tokens; decoding such a token alone gives U+FFFD. The ``tokenizers`` package's
-    ``DecodeStream`` holds those tokens back until the character is complete (it decodes a short
-    window of recent ids and emits the new suffix unless it ends in U+FFFD); this class keeps the
-    ids it holds so :meth:`finish` can flush them when generation stops mid-character.
+    A UTF-8 character can span several tokens (byte-level BPE pieces are bytes; an emoji is several
+    ``<0xNN>`` tokens of a byte-fallback vocabulary, Llama 2's), and the text of such a token alone
+    is U+FFFD. Each :meth:`push` decodes a short window of recent ids (one piece of already returned
+    text in front of the new ids, read where it stands, as ``tokenizers``' ``DecodeStream``) and
+    returns what that adds past the text already returned, holding it back while
+
+    - the window's text ends in U+FFFD (a character split across tokens, or an invalid byte that a
+      later one may yet turn into a character), or
+    - the last id (special tokens skipped, when they are) is a byte-fallback ``<0xNN>`` token: a
+      run of byte tokens is decoded as a whole, and one invalid byte turns the whole run into
+      U+FFFD, one per byte (ids giving ``f`` then a lone ``0xBA`` decode as two U+FFFD, the ``f``
+      included), so a run's text is returned once an id past the run closes it.
+
+    Held text comes with the id that completes it, or with :meth:`finish` (U+FFFD for an incomplete
+    character) when generation stops.
 
         stream = tokenizer.text_stream()
         for token_id in generated:
             print(stream.push(token_id), end="")
         print(stream.finish())
 
-    The concatenation of every ``push`` and ``finish`` equals ``tokenizer.decode(all ids)`` for a
-    byte-level tokenizer; with ``context``, it equals ``decode(context + ids)`` past
-    ``decode(context)`` (the ids' text read where it stands, as ``DecodeStream(ids=context)``: a
-    SentencePiece decoder that strips a text's leading space, Llama 2's, keeps the space before the
-    first new word, which decoding the new ids alone drops).
+    What is guaranteed: the concatenation of every ``push`` and ``finish`` is ``decode(context +
+    ids)`` past its longest common prefix with ``decode(context)`` (``decode(context + ids)
+    [len(decode(context)):]`` when ``decode(context)`` is a prefix of it; with no context,
+    ``decode(ids)``), for every decoder whose text of earlier ids changes only as above (the
+    ``tokenizers`` decoders: ByteLevel, ByteFallback with Fuse/Strip/Replace, Metaspace,
+    WordPiece, ...). With ``context``, a SentencePiece decoder that strips a text's leading space
+    (Llama 2's) keeps the space before the first new word, which decoding the new ids alone drops;
+    a context that ends inside a character (or in an open run of byte tokens) is read with the ids
+    that complete it, and only the text they add is returned. Returned text is never taken back: a
+    decoder that rewrote text already returned would make the later pieces restart where the two
+    texts part; ``push`` never raises for it.
 
     Args:
         tokenizer: a :class:`Tokenizer`.
@@ -642,9 +658,11 @@ class TextStream:
             ``context`` id not an int. ValueError: a ``context`` id outside the vocabulary.
     """
 
-    def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = True, context=()):
-        from tokenizers.decoders import DecodeStream
+    #: Ids of a long context kept in front of the new ones (at least; more where the cut would
+    #: fall inside a character or a run of byte tokens).
+    _CONTEXT_IDS = 16
 
+    def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = True, context=()):
         if not isinstance(tokenizer, Tokenizer):
             raise TypeError(f"tokenizer: expected a transformer_core.Tokenizer, got {type(tokenizer).__name__}")
         self._tokenizer = tokenizer
@@ -653,31 +671,103 @@ class TextStream:
             context = tokenizer._check_ids(context) if len(context) else []
         except (TypeError, ValueError) as e:
             raise type(e)(f"context: {e}") from None
-        self._stream = DecodeStream(ids=list(context), skip_special_tokens=self._skip)
-        self._pending: list[int] = []
+        backend = tokenizer.backend
+        self._byte_ids = _byte_fallback_ids(backend)
+        # the ids decode leaves out: they neither extend nor close a run of byte tokens
+        self._skipped = frozenset(i for i, t in backend.get_added_tokens_decoder().items() if t.special) \
+            if self._byte_ids and self._skip else frozenset()
+        self._start(context)
+
+    def _decode(self, ids: list[int]) -> str:
+        return self._tokenizer.backend.decode(ids, skip_special_tokens=self._skip)
+
+    def _start(self, context: list[int]) -> None:
+        """The state after ``context``: the window ``_ids`` (the context's last ids, from a point
+        where its text is settled), ``_prefix`` the text of ``_ids[:_read]`` as accounted for (the
+        context's, then what was returned), ``_prev`` where the piece before the last one starts."""
+        cut = self._context_cut(context)
+        self._ids = context[cut:]
+        self._prefix = self._decode(self._ids)
+        if cut and not self._prefix:  # a window with no text: a decoder's Strip would eat the next space
+            self._ids, self._prefix = list(context), self._decode(context)
+        self._read = len(self._ids)
+        self._prev = 0
+        self._open = False  # the last id not skipped is a byte token: the run may still change
+        for i in reversed(context):
+            if i not in self._skipped:
+                self._open = i in self._byte_ids
+                break
+
+    def _context_cut(self, context: list[int]) -> int:
+        """Where a long context may be cut without changing the text after it: past an id that
+        closes any run of byte tokens and whose own text ends in a whole character (0: no cut)."""
+        n = len(context)
+        if n <= 2 * self._CONTEXT_IDS:
+            return 0
+        for j in range(n - self._CONTEXT_IDS, max(n - 4 * self._CONTEXT_IDS, 0), -1):
+            i = context[j - 1]
+            if i in self._byte_ids:
+                continue
+            text = self._decode([i])
+            if text and not text.endswith("\ufffd"):
+                return j
+        return 0
 
     def push(self, token_id: int) -> str:
-        """Adds one generated id; returns the text it completes (``""`` while a character is split).
+        """Adds one generated id; returns the text it completes (``""`` while it is held back).
 
         Raises:
             TypeError: not an int. ValueError: outside the vocabulary.
         """
         (token_id,) = self._tokenizer._check_ids([token_id])
-        self._pending.append(token_id)
-        text = self._stream.step(self._tokenizer.backend, token_id)
-        if text is None:
+        self._ids.append(token_id)
+        if token_id not in self._skipped:
+            self._open = token_id in self._byte_ids
+        if self._open:
             return ""
-        self._pending.clear()
-        return text
+        text = self._decode(self._ids)
+        if text.endswith("\ufffd"):
+            return ""
+        piece = text[_common_prefix(self._prefix, text):]
+        if not piece:
+            return ""
+        # Keep the last piece in front of the new ids: its ids are settled (it ended in a whole
+        # character, past any run of byte tokens), and a decoder's leading-space Strip sees text.
+        read, cut = len(self._ids), self._prev
+        prefix = self._decode(self._ids[cut:]) if cut else ""
+        if prefix:
+            self._ids = self._ids[cut:]
+            self._prefix, self._prev, self._read = prefix, self._read - cut, read - cut
+        else:
+            self._prefix, self._prev, self._read = text, self._read, read
+        return piece
 
     def finish(self) -> str:
-        """Text of the ids still held back (U+FFFD for an incomplete character); resets the stream."""
-        from tokenizers.decoders import DecodeStream
+        """Text of the ids still held back (U+FFFD for an incomplete character); resets the stream
+        (to no context)."""
+        text = self._decode(self._ids) if len(self._ids) > self._read else self._prefix
+        piece = text[_common_prefix(self._prefix, text):]
+        self._start([])
+        return piece
 
-        text = self._tokenizer.decode(self._pending, skip_special_tokens=self._skip) if self._pending else ""
-        self._pending.clear()
-        self._stream = DecodeStream(skip_special_tokens=self._skip)
-        return text
+
+def _byte_fallback_ids(backend) -> frozenset[int]:
+    """The ids of the ``<0xNN>`` tokens of a byte-fallback vocabulary whose decoder turns them into
+    bytes (SentencePiece's, Llama 2's ``ByteFallback``); none for any other tokenizer."""
+    probe = backend.token_to_id("<0x41>")
+    if probe is None or backend.decode([probe], skip_special_tokens=False) != "A":
+        return frozenset()
+    ids = (backend.token_to_id(f"<0x{b:02X}>") for b in range(256))
+    return frozenset(i for i in ids if i is not None)
+
+
+def _common_prefix(a: str, b: str) -> int:
+    """The length of the longest common prefix of ``a`` and ``b``."""
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
 
 
 # ------------------------------------------------------------------------------------------------
