@@ -318,6 +318,7 @@ def test_failed_save_pretrained_keeps_the_old_pair(tmp_path, monkeypatch):
 def test_save_pretrained_past_a_file_size_limit(tmp_path):
     """A real failure, in a child process: RLIMIT_FSIZE below the weights' size (SIGXFSZ ignored, so
     the write fails with EFBIG). The save raises OSError and leaves the old consistent pair."""
+    import errno
     import os
     import subprocess
     import sys
@@ -335,7 +336,7 @@ resource.setrlimit(resource.RLIMIT_FSIZE, ({limit}, {limit}))
 try:
     model.save_pretrained({str(folder)!r})
 except OSError as e:
-    print("OSError", e)
+    print("OSError", e.errno, e)
     sys.exit(0)
 except BaseException as e:
     print("other", type(e).__name__, e)
@@ -347,7 +348,99 @@ sys.exit(1)
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "OSError" in done.stdout and str(folder / "model.safetensors") in done.stdout, done.stdout
+    # the errno survives the safetensors writer, which reports it only in its message
+    assert done.stdout.startswith(f"OSError {errno.EFBIG} "), done.stdout
     assert _folder(folder) == before
+
+
+def test_errno_of_the_safetensors_writer_is_kept(tmp_path):
+    """SafetensorError has no errno: the "(os error N)" of its message becomes the OSError's."""
+    import errno
+
+    from safetensors import SafetensorError
+    from transformer_core.checkpoints import write_files_atomically
+
+    def full(path):
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    with pytest.raises(OSError, match="cannot write model.safetensors") as info:
+        write_files_atomically(tmp_path, [("model.safetensors", full)])
+    assert info.value.errno == errno.ENOSPC == 28 and info.value.filename == str(tmp_path / "model.safetensors")
+    assert "No space left on device (os error 28)" in str(info.value)
+    assert isinstance(info.value.__cause__, SafetensorError)
+
+    def odd(path):
+        raise SafetensorError("Error while serializing: something else")
+
+    with pytest.raises(OSError, match="cannot write the file") as info:
+        write_files_atomically(tmp_path, [("model.safetensors", odd)])
+    assert info.value.errno is None
+    assert _folder(tmp_path) == {}
+
+
+def test_save_pretrained_expands_home(tmp_path, monkeypatch):
+    """save_pretrained("~/m") writes $HOME/m (which from_pretrained("~/m") reads), not ./~/m."""
+    import transformer_core as tc
+
+    home, cwd = tmp_path / "home", tmp_path / "cwd"
+    home.mkdir()
+    cwd.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(cwd)
+    model = _llama(3)
+    model.save_pretrained("~/m")
+    assert sorted(p.name for p in (home / "m").iterdir()) == ["config.json", "model.safetensors"]
+    assert list(cwd.iterdir()) == []
+    loaded = tc.LlamaForCausalLM.from_pretrained("~/m")
+    want = model.state_dict()
+    assert all(np.array_equal(v, want[k]) for k, v in loaded.state_dict().items())
+
+
+def _bert_folder(tmp_path, model_dir, **changes):
+    """all-MiniLM-L6-v2's files linked into a folder, with its own config.json (``changes`` applied)."""
+    import os
+
+    d = tmp_path / "bert"
+    d.mkdir()
+    for f in model_dir.iterdir():
+        if f.name != "config.json":
+            os.symlink(f, d / f.name)
+    (d / "config.json").write_text(json.dumps({**json.loads((model_dir / "config.json").read_text()), **changes}))
+    return d
+
+
+@pytest.mark.parametrize("changes, says", [
+    ({"hidden_size": "384"}, "hidden_size: expected an int, got str '384'"),
+    ({"layer_norm_eps": -1}, "layer_norm_eps: expected a finite number >= 0.0, got -1"),
+    ({"num_attention_heads": 7}, "hidden_size: expected a multiple of num_attention_heads (7), got 384"),
+    ({"model_type": "roberta"}, "model_type 'roberta' is not supported here"),
+])
+def test_bad_bert_config_field_names_the_file(tmp_path, model_dir, changes, says):
+    import re
+
+    import transformer_core as tc
+
+    d = _bert_folder(tmp_path, model_dir, **changes)
+    match = "^" + re.escape(f"{d / 'config.json'}: {says}")
+    for load in (tc.BertModel.from_pretrained, tc.SentenceEncoder.from_pretrained):
+        with pytest.raises(ValueError, match=match):
+            load(d)
+
+
+def test_bad_llama_config_field_names_the_file(tmp_path):
+    import re
+
+    import transformer_core as tc
+
+    folder = tmp_path / "m"
+    _llama(1).save_pretrained(folder)
+    config = json.loads((folder / "config.json").read_text())
+    for key, value, says in (("num_key_value_heads", "1", "num_key_value_heads: expected an int, got str '1'"),
+                             ("rms_norm_eps", -1.0, "rms_norm_eps: expected a finite number >= 0.0"),
+                             ("model_type", "mistral", "model_type 'mistral' is not supported here")):
+        (folder / "config.json").write_text(json.dumps({**config, key: value}))
+        with pytest.raises(ValueError, match="^" + re.escape(f"{folder / 'config.json'}: {says}")):
+            tc.LlamaForCausalLM.from_pretrained(folder)
 
 
 def test_write_files_atomically(tmp_path):

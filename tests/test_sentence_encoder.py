@@ -360,6 +360,133 @@ def test_pooling_enters_the_fingerprint(tmp_path, model_dir):
     assert len({base, cls, raw}) == 3
 
 
+
+# ---------------------------------------------------------- prompts (config_sentence_transformers.json)
+def _prompt_folder(tmp_path, model_dir, name, st_config, pooling="pooling_mode_mean_tokens", include_prompt=None):
+    """_st_folder with its own config_sentence_transformers.json (``st_config``: a dict, or raw
+    text) and, when ``include_prompt`` is given, that key in 1_Pooling/config.json. The linked
+    file is unlinked first: writing through the link would rewrite the installed model's file."""
+    import json
+
+    d = _st_folder(tmp_path, model_dir, name, [pooling])
+    st = d / "config_sentence_transformers.json"
+    if st.is_symlink():
+        st.unlink()
+    st.write_text(st_config if isinstance(st_config, str) else json.dumps(st_config))
+    if include_prompt is not None:
+        pc = d / "1_Pooling" / "config.json"
+        pc.write_text(json.dumps({**json.loads(pc.read_text()), "include_prompt": include_prompt}))
+    return d
+
+
+def _hf_prompted(hf_bert, hf_tokenizer, texts, prompt, pooling="mean", skip=0):
+    """transformers' BertModel on ``prompt + text``, pooled as sentence-transformers' Pooling (the
+    first ``skip`` positions out of the pooling mask: include_prompt=False), L2-normalised."""
+    import torch
+
+    ids, am, tt = hf_encode(hf_tokenizer, [prompt + t for t in texts])
+    with torch.no_grad():
+        h = hf_bert(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(am),
+                    token_type_ids=torch.from_numpy(tt)).last_hidden_state.double().numpy()
+    m = am.astype(np.float64)
+    m[:, :skip] = 0
+    if pooling == "max":
+        e = np.where(m[..., None] > 0, h, -1e9).max(axis=1)
+    else:
+        e = (h * m[..., None]).sum(1) / np.clip(m.sum(1), 1e-9, None)[:, None]
+    return e / np.linalg.norm(e, axis=1, keepdims=True)
+
+
+def test_default_prompt_of_the_folder_is_put_before_every_text(tmp_path, model_dir, hf_bert, hf_tokenizer):
+    """A folder whose config_sentence_transformers.json names a default prompt embeds
+    ``prompt + text``, as SentenceTransformer.encode; prompt_name= and prompt= pick another."""
+    from transformer_core.sentence_encoder import read_prompts
+
+    d = _prompt_folder(tmp_path, model_dir, "m", {"prompts": {"query": "query: ", "document": "", "p": "passage: "},
+                                                   "default_prompt_name": "query", "__version__": {}})
+    assert read_prompts(d) == {"prompts": {"query": "query: ", "document": "", "p": "passage: "},
+                               "default_prompt_name": "query", "include_prompt": True}
+    enc = tc.SentenceEncoder.from_pretrained(d)
+    texts = ["What is the capital of France?", "ok", SENTENCES[3]]
+    np.testing.assert_allclose(enc.encode(texts, batch_size=2), _hf_prompted(hf_bert, hf_tokenizer, texts, "query: "),
+                               atol=1e-5)
+    np.testing.assert_allclose(enc.encode("ok"), _hf_prompted(hf_bert, hf_tokenizer, ["ok"], "query: "), atol=1e-5)
+    plain = _hf_prompted(hf_bert, hf_tokenizer, texts, "")
+    np.testing.assert_allclose(enc.encode(texts, prompt_name="document"), plain, atol=1e-5)  # "" adds nothing
+    np.testing.assert_allclose(enc.encode(texts, prompt=""), plain, atol=1e-5)
+    np.testing.assert_allclose(enc.encode(texts, prompt_name="p"),
+                               _hf_prompted(hf_bert, hf_tokenizer, texts, "passage: "), atol=1e-5)
+    np.testing.assert_allclose(enc.encode(texts, prompt="title: "),
+                               _hf_prompted(hf_bert, hf_tokenizer, texts, "title: "), atol=1e-5)
+    with pytest.raises(ValueError, match=r"^prompt_name: expected one of the encoder's prompts "
+                                         r"\['query', 'document', 'p'\], got 'nope'$"):
+        enc.encode(texts, prompt_name="nope")
+    with pytest.raises(ValueError, match=r"^prompt_name, prompt: expected at most one"):
+        enc.encode(texts, prompt_name="p", prompt="x: ")
+    with pytest.raises(TypeError, match=r"^prompt: expected None or a str, got int$"):
+        enc.encode(texts, prompt=3)
+    # a folder without prompts (the embedded model's file holds only __version__) adds nothing
+    assert read_prompts(model_dir) == {"prompts": {}, "default_prompt_name": None, "include_prompt": True}
+    d2 = _prompt_folder(tmp_path, model_dir, "none", {"prompts": {"query": "query: "}})
+    np.testing.assert_allclose(tc.SentenceEncoder.from_pretrained(d2).encode(texts), plain, atol=1e-5)
+
+
+@pytest.mark.parametrize("pooling", ["mean", "max"])
+def test_prompt_left_out_of_the_pooling_when_include_prompt_is_false(tmp_path, model_dir, hf_bert, hf_tokenizer,
+                                                                      pooling):
+    """include_prompt false in the Pooling config: the prompt is attended to but its positions
+    ([CLS] and the prompt's tokens: sentence-transformers' prompt_length) are not pooled."""
+    mode = {"mean": "pooling_mode_mean_tokens", "max": "pooling_mode_max_tokens"}[pooling]
+    d = _prompt_folder(tmp_path, model_dir, "m", {"prompts": {"q": "Represent this question: "},
+                                                   "default_prompt_name": "q"}, mode, include_prompt=False)
+    enc = tc.SentenceEncoder.from_pretrained(d)
+    assert enc.include_prompt is False
+    texts = ["What is the capital of France?", "ok", SENTENCES[5]]
+    skip = len(hf_tokenizer.encode("Represent this question: ").ids) - 1
+    assert skip > 1
+    ref = _hf_prompted(hf_bert, hf_tokenizer, texts, "Represent this question: ", pooling, skip)
+    np.testing.assert_allclose(enc.encode(texts, batch_size=2), ref, atol=1e-5)
+    assert not np.allclose(ref, _hf_prompted(hf_bert, hf_tokenizer, texts, "Represent this question: ", pooling),
+                           atol=1e-3)
+
+
+@pytest.mark.parametrize("text, match", [
+    ("{not json", r"config_sentence_transformers.json: not valid JSON"),
+    ("[1]", r"config_sentence_transformers.json: expected a JSON object, got list"),
+    ('{"prompts": ["query: "]}', r"config_sentence_transformers.json: prompts: expected an object"),
+    ('{"prompts": {"q": 1}}', r"config_sentence_transformers.json: prompts: expected an object"),
+    ('{"prompts": {"q": "q: "}, "default_prompt_name": "query"}',
+     r"config_sentence_transformers.json: default_prompt_name: expected null or one of the prompts' names "
+     r"\['q'\], got 'query'"),
+])
+def test_malformed_prompts_file_is_refused_naming_it(tmp_path, model_dir, text, match):
+    from transformer_core.sentence_encoder import read_prompts
+
+    d = _prompt_folder(tmp_path, model_dir, "m", text)
+    with pytest.raises(ValueError, match=match):
+        read_prompts(d)
+    with pytest.raises(ValueError, match=match):
+        tc.SentenceEncoder.from_pretrained(d)
+
+
+def test_include_prompt_that_is_not_a_bool_is_refused(tmp_path, model_dir):
+    d = _prompt_folder(tmp_path, model_dir, "m", {}, include_prompt="no")
+    with pytest.raises(ValueError, match=r"1_Pooling/config.json: include_prompt: expected true or false, got 'no'"):
+        tc.SentenceEncoder.from_pretrained(d)
+
+
+def test_encode_takes_a_0d_string_array_as_one_text(encoder, hf_bert, hf_tokenizer):
+    """np.array("text") (0-d) is one text, as a str; a 0-d array of something else is refused."""
+    got = encoder.encode(np.array("a sentence"))
+    assert got.shape == (1, 384)
+    np.testing.assert_array_equal(got, encoder.encode("a sentence"))
+    np.testing.assert_allclose(got, _hf_prompted(hf_bert, hf_tokenizer, ["a sentence"], ""), atol=1e-5)
+    np.testing.assert_array_equal(encoder.encode(np.array("a sentence", dtype=object)), got)
+    with pytest.raises(TypeError, match=r"^sentences: expected a str or an iterable of str, got a 0-d numpy array "
+                                        r"of int64$"):
+        encoder.encode(np.array(5, dtype=np.int64))
+
+
 # ------------------------------------------------------------------------- the tokenizer's backend
 def test_tokenizers_on_one_backend_keep_their_own_truncation(tc_tokenizer):
     """Two Tokenizers built on one tokenizers.Tokenizer: each keeps its max_length (the second one's

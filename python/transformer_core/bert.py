@@ -209,10 +209,14 @@ class BertModel(Module):
                 ``max_position_embeddings``, ``type_vocab_size``, ``intermediate_size``,
                 ``num_hidden_layers``) the weights contradict (naming the file and the fields,
                 before the model is built); a missing, unknown or mis-shaped tensor (listed); an
-                unsupported config.
+                unsupported config, a field of the wrong type or out of range, or sizes the model
+                refuses together (each naming the ``config.json`` and the field:
+                :func:`~transformer_core.checkpoints.config_from_file`).
         """
+        from .checkpoints import config_from_file
+
         model_dir = resolve_model_dir(name_or_path)
-        config = BertConfig.from_dict(read_config(model_dir))
+        config = config_from_file(BertConfig, read_config(model_dir), model_dir / "config.json")
         raw = load_safetensors(model_dir, dtype)  # float64 read as float64: not rounded through float32
         _check_config_against_weights(model_dir, config, raw)  # before the model of that config is built
         if any(k.startswith("bert.") for k in raw):  # a BertFor* checkpoint: its heads lie outside bert.*
@@ -221,8 +225,11 @@ class BertModel(Module):
         # The weights decide whether there is a pooler: transformers' add_pooling_layer is a
         # constructor argument, and a config.json key of that name does not stop it loading one.
         config.add_pooling_layer = any(k.startswith("pooler.") for k in state)
-        with skip_weight_init():  # no random draw: every weight is loaded (a missing one raises)
-            model = cls(config, dtype=dtype)
+        try:
+            with skip_weight_init():  # no random draw: every weight is loaded (a missing one raises)
+                model = cls(config, dtype=dtype)
+        except ValueError as e:  # sizes the model refuses together (hidden_size not a multiple of the heads)
+            raise ValueError(f"{model_dir / 'config.json'}: {e}") from e
         model.load_state_dict(state)
         model.name_or_path = str(name_or_path)
         return model

@@ -1,12 +1,14 @@
 """Checkpoints of a causal LM, read and written without torch: reading (config, weights) from a
-Hugging Face directory (``config.json`` + safetensors) or a GGUF file, and writing a directory's
-files so that none is ever half-written (:func:`write_files_atomically`, which every
-``save_pretrained`` goes through)."""
+Hugging Face directory (``config.json`` + safetensors) or a GGUF file, reading a config dict so
+that its errors name the file it came from (:func:`config_from_file`, for every model's
+``from_pretrained``), and writing a directory's files so that none is ever half-written
+(:func:`write_files_atomically`, which every ``save_pretrained`` goes through)."""
 
 from __future__ import annotations
 
 import errno
 import os
+import re
 import secrets
 from pathlib import Path
 
@@ -15,7 +17,23 @@ import numpy as np
 from ._validation import resolve_dtype
 from .hub import load_safetensors, read_config, resolve_model_path
 
-__all__ = ["load_llama_checkpoint", "write_files_atomically", "save_pretrained_files"]
+__all__ = ["load_llama_checkpoint", "config_from_file", "write_files_atomically", "save_pretrained_files"]
+
+
+def config_from_file(config_class, config: dict, path):
+    """``config_class.from_dict(config)`` for a config read from the file ``path`` (a model
+    directory's ``config.json``, or a ``.gguf`` file), its errors naming that file.
+
+    Raises:
+        ValueError: ``"{path}: {what from_dict said}"`` for any TypeError or ValueError of
+            ``from_dict`` (a field of the wrong type or out of range, an unsupported option): the
+            file's content is wrong, not an argument of the caller, so a wrong type is a ValueError
+            here as every other malformed file; the original error is chained.
+    """
+    try:
+        return config_class.from_dict(config)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{path}: {str(e).removeprefix('config.json: ')}") from e
 
 
 def load_llama_checkpoint(name_or_path, dtype=np.float32):
@@ -28,7 +46,8 @@ def load_llama_checkpoint(name_or_path, dtype=np.float32):
 
     Raises:
         FileNotFoundError: nothing at ``name_or_path``.
-        ValueError: an unsupported or malformed checkpoint, naming the file.
+        ValueError: an unsupported or malformed checkpoint, naming the file (a config field of the
+            wrong type or out of range too: :func:`config_from_file`).
     """
     from .llama import LlamaConfig
 
@@ -38,16 +57,27 @@ def load_llama_checkpoint(name_or_path, dtype=np.float32):
         from .gguf_file import read_gguf
 
         checkpoint = read_gguf(location)
-        return LlamaConfig.from_dict(checkpoint.config), checkpoint.state_dict(dtype), checkpoint
-    config = LlamaConfig.from_dict(read_config(location))
+        return config_from_file(LlamaConfig, checkpoint.config, location), checkpoint.state_dict(dtype), checkpoint
+    config = config_from_file(LlamaConfig, read_config(location), location / "config.json")
     return config, load_safetensors(location, dtype), location
 
 
+#: How the safetensors writer (Rust) reports the OS error under its SafetensorError, which has no
+#: errno attribute: "... I/O error: File too large (os error 27)".
+_RUST_OS_ERROR = re.compile(r"\(os error (\d+)\)")
+
+
 def _write_error(path: Path, error: BaseException) -> OSError:
-    """The OSError that names ``path`` for a failed write (``error``'s errno kept when it has one:
-    ENOSPC for a full disk, EFBIG past a file-size limit)."""
+    """The OSError that names ``path`` for a failed write, with ``error``'s errno (ENOSPC for a
+    full disk, EFBIG past a file-size limit): an OSError's own, or the ``(os error N)`` that the
+    safetensors writer's SafetensorError message carries."""
     if isinstance(error, OSError) and error.errno is not None:
         return OSError(error.errno, f"cannot write {path.name} ({error.strerror})", str(path))
+    found = _RUST_OS_ERROR.search(str(error))
+    if found:
+        code = int(found.group(1))
+        return OSError(code, f"cannot write {path.name} ({os.strerror(code)}; {type(error).__name__}: {error})",
+                       str(path))
     return OSError(f"{path}: cannot write the file ({type(error).__name__}: {error})")
 
 
@@ -68,7 +98,8 @@ def write_files_atomically(directory, files) -> None:
 
     Raises:
         OSError: naming the file that could not be written (a full disk, a file-size limit, no
-            permission; the original error chained, its errno kept); the folder holds what it held
+            permission; the original error chained, its errno kept: ENOSPC, EFBIG, ... also when
+            the safetensors writer reported it, in its message); the folder holds what it held
             before (a folder created here stays, empty) and no temporary. A failure of the final renames themselves (rare: a rename inside one
             folder) can leave the files renamed before it replaced.
         IsADirectoryError (an OSError): a folder stands where one of the files goes (before anything
@@ -140,14 +171,20 @@ def save_pretrained_files(directory, config: dict, state: dict, metadata: dict |
     array, with ``metadata`` in its header; default ``{"format": "np"}``) and ``config.json``
     (``config``), through :func:`write_files_atomically`: the weights first, ``config.json`` last,
     so that a failed save leaves the old pair (or nothing) and never a new config beside old weights.
+    A leading ``~`` of ``directory`` is expanded to the home directory, as ``from_pretrained``
+    does (``save_pretrained("~/m")`` writes ``$HOME/m``, which ``from_pretrained("~/m")`` reads).
 
     Raises:
-        OSError: a file cannot be written (named; the folder keeps its old files).
-        TypeError: ``config`` not JSON-serializable (before anything is written).
+        OSError: a file cannot be written (named, with its errno; the folder keeps its old files).
+        TypeError: ``config`` not JSON-serializable (before anything is written); ``directory``
+            not a str or path.
     """
     import json
 
     from safetensors.numpy import save_file
+
+    if isinstance(directory, (str, os.PathLike)) and not isinstance(os.fspath(directory), bytes):
+        directory = Path(directory).expanduser()  # else write_files_atomically's TypeError
 
     text = json.dumps(config, indent=2) + "\n"  # a config that cannot be written fails before any file
     metadata = {"format": "np"} if metadata is None else metadata

@@ -1,6 +1,7 @@
 """Sentence embeddings from a BERT encoder, as sentence-transformers computes them
 (all-MiniLM-L6-v2: mean pooling over the attention mask, then L2 normalisation; other folders:
-the pooling and normalisation their ``modules.json`` and ``1_Pooling/config.json`` name)."""
+the pooling and normalisation their ``modules.json`` and ``1_Pooling/config.json`` name, and the
+prompts their ``config_sentence_transformers.json`` names)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from .bert import BertModel
 from .hub import DEFAULT_MODEL, read_json_file
 from .tokenizer import Tokenizer, check_unicode
 
-__all__ = ["SentenceEncoder", "mean_pool", "cosine_similarity", "read_pooling"]
+__all__ = ["SentenceEncoder", "mean_pool", "cosine_similarity", "read_pooling", "read_prompts"]
 
 #: Pooling modes :class:`SentenceEncoder` computes: sentence-transformers' ``pooling_mode_<x>_token(s)``.
 POOLING_MODES = {"pooling_mode_mean_tokens": "mean", "pooling_mode_cls_token": "cls",
@@ -22,26 +23,13 @@ POOLING_MODES = {"pooling_mode_mean_tokens": "mean", "pooling_mode_cls_token": "
 _ST_MODULES = "sentence_transformers.models."
 
 
-def read_pooling(model_dir) -> dict:
-    """The pooling and normalisation of a sentence-transformers folder, read from its plain JSON
-    (no torch): ``{"pooling": "mean" | "cls" | "max", "normalize": bool}``.
-
-    ``modules.json`` must list a ``Transformer`` module, one ``Pooling`` module (its folder's
-    ``config.json`` with exactly one of ``pooling_mode_mean_tokens``, ``pooling_mode_cls_token``,
-    ``pooling_mode_max_tokens`` true), and at most a ``Normalize`` module after it (listed:
-    ``normalize`` true). A folder without ``modules.json`` (a plain Hugging Face BERT folder) gets
-    ``{"pooling": "mean", "normalize": True}``, all-MiniLM-L6-v2's.
-
-    Raises:
-        ValueError: a ``modules.json`` or pooling ``config.json`` that is not valid JSON of that
-            shape; a module type other than Transformer, Pooling and Normalize (e.g. Dense); a
-            pooling mode other than those three, or several at once (naming the file and setting).
-        FileNotFoundError: a listed Pooling module whose ``config.json`` is missing.
-    """
-    model_dir = Path(model_dir)
+def _pooling_config(model_dir: Path) -> tuple[list, Path | None, dict | None]:
+    """``(module kinds, pooling config path, pooling config)`` of a sentence-transformers folder
+    (``([], None, None)`` without ``modules.json``), the modules' order checked (see
+    :func:`read_pooling`)."""
     path = model_dir / "modules.json"
     if not path.is_file():
-        return {"pooling": "mean", "normalize": True}
+        return [], None, None
     modules = read_json_file(path)
     if not isinstance(modules, list) or not all(isinstance(m, dict) for m in modules):
         raise ValueError(f"{path}: expected a JSON list of module objects, got {type(modules).__name__}")
@@ -68,6 +56,30 @@ def read_pooling(model_dir) -> dict:
     config = read_json_file(cpath)
     if not isinstance(config, dict):
         raise ValueError(f"{cpath}: expected a JSON object, got {type(config).__name__}")
+    return kinds, cpath, config
+
+
+def read_pooling(model_dir) -> dict:
+    """The pooling and normalisation of a sentence-transformers folder, read from its plain JSON
+    (no torch): ``{"pooling": "mean" | "cls" | "max", "normalize": bool}``.
+
+    ``modules.json`` must list a ``Transformer`` module, one ``Pooling`` module (its folder's
+    ``config.json`` with exactly one of ``pooling_mode_mean_tokens``, ``pooling_mode_cls_token``,
+    ``pooling_mode_max_tokens`` true), and at most a ``Normalize`` module after it (listed:
+    ``normalize`` true). A folder without ``modules.json`` (a plain Hugging Face BERT folder) gets
+    ``{"pooling": "mean", "normalize": True}``, all-MiniLM-L6-v2's. A leading ``~`` of
+    ``model_dir`` is expanded. (The prompts, and the pooling config's ``include_prompt``, are
+    :func:`read_prompts`'.)
+
+    Raises:
+        ValueError: a ``modules.json`` or pooling ``config.json`` that is not valid JSON of that
+            shape; a module type other than Transformer, Pooling and Normalize (e.g. Dense); a
+            pooling mode other than those three, or several at once (naming the file and setting).
+        FileNotFoundError: a listed Pooling module whose ``config.json`` is missing.
+    """
+    kinds, cpath, config = _pooling_config(Path(model_dir).expanduser())
+    if cpath is None:
+        return {"pooling": "mean", "normalize": True}
     on = [k for k, v in config.items() if k.startswith("pooling_mode_") and v]
     unsupported = [k for k in on if k not in POOLING_MODES]
     if unsupported:
@@ -77,6 +89,51 @@ def read_pooling(model_dir) -> dict:
         raise ValueError(f"{cpath}: expected exactly one of {', '.join(POOLING_MODES)} true, got "
                          f"{on or 'none'}")
     return {"pooling": POOLING_MODES[on[0]], "normalize": kinds[-1] == "Normalize"}
+
+
+def read_prompts(model_dir) -> dict:
+    """The prompts of a sentence-transformers folder, as ``SentenceTransformer`` loads them (no
+    torch): ``{"prompts": {name: text}, "default_prompt_name": str | None, "include_prompt": bool}``.
+
+    ``prompts`` and ``default_prompt_name`` come from ``config_sentence_transformers.json`` (both
+    optional; a folder without the file has none: ``{}`` and None); ``include_prompt`` from the
+    Pooling module's ``config.json`` (default true: the prompt's tokens are pooled with the text's;
+    false: they are left out of the pooling, as sentence-transformers' ``Pooling`` does for
+    INSTRUCTOR-style models). Other keys of either file (``__version__``, ``similarity_fn_name``,
+    ...) are ignored. A leading ``~`` of ``model_dir`` is expanded.
+
+    Raises:
+        ValueError: naming the file: ``config_sentence_transformers.json`` not valid JSON, not an
+            object, ``prompts`` not an object of str -> str, ``default_prompt_name`` neither null nor
+            a str naming one of ``prompts`` (sentence-transformers refuses it too); a pooling
+            ``config.json`` whose ``include_prompt`` is not a bool; as :func:`read_pooling` for
+            ``modules.json``.
+    """
+    model_dir = Path(model_dir).expanduser()
+    out = {"prompts": {}, "default_prompt_name": None, "include_prompt": True}
+    path = model_dir / "config_sentence_transformers.json"
+    if path.is_file():
+        config = read_json_file(path)
+        if not isinstance(config, dict):
+            raise ValueError(f"{path}: expected a JSON object, got {type(config).__name__}")
+        prompts = config.get("prompts")
+        prompts = {} if prompts is None else prompts
+        if not isinstance(prompts, dict) or not all(isinstance(v, str) for v in prompts.values()):
+            raise ValueError(f"{path}: prompts: expected an object of prompt name -> str, got {prompts!r}")
+        for name, text in prompts.items():
+            check_unicode(text, f"{path}: prompts[{name!r}]")
+        default = config.get("default_prompt_name")
+        if default is not None and (not isinstance(default, str) or default not in prompts):
+            raise ValueError(f"{path}: default_prompt_name: expected null or one of the prompts' names "
+                             f"{list(prompts)}, got {default!r}")
+        out["prompts"], out["default_prompt_name"] = dict(prompts), default
+    _, cpath, pooling = _pooling_config(model_dir)
+    if cpath is not None:
+        include = pooling.get("include_prompt", True)
+        if not isinstance(include, bool):
+            raise ValueError(f"{cpath}: include_prompt: expected true or false, got {include!r}")
+        out["include_prompt"] = include
+    return out
 
 
 def mean_pool(last_hidden_state: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
@@ -152,14 +209,25 @@ class SentenceEncoder:
         pooling: ``"mean"`` (over real tokens, default), ``"cls"`` (the first token's vector) or
             ``"max"`` (per feature, over real tokens).
         normalize: the default of :meth:`encode`'s ``normalize`` (L2-normalise each embedding).
+        prompts: named prompts (``{name: text}``, sentence-transformers' ``prompts``) that
+            :meth:`encode`'s ``prompt_name`` picks from; None = none.
+        default_prompt_name: the prompt :meth:`encode` puts before every text when given neither
+            ``prompt_name`` nor ``prompt`` (sentence-transformers' ``default_prompt_name``); None =
+            no prompt by default.
+        include_prompt: pool the prompt's tokens with the text's (True, default), or leave them out
+            of the pooling (False: sentence-transformers' Pooling ``include_prompt``; ``"cls"``
+            pooling takes the first token either way).
 
     Raises:
-        TypeError: ``model`` or ``tokenizer`` of another class, ``normalize`` not a bool.
+        TypeError: ``model`` or ``tokenizer`` of another class, ``normalize`` or ``include_prompt``
+            not a bool, ``prompts`` not a dict of str -> str, ``default_prompt_name`` not a str.
         ValueError: a tokenizer that would let sequences longer than the model's positions
-            through; an unknown ``pooling``.
+            through; an unknown ``pooling``; a ``default_prompt_name`` that is not in ``prompts``;
+            a prompt that is not valid Unicode.
     """
 
-    def __init__(self, model: BertModel, tokenizer: Tokenizer, pooling: str = "mean", normalize: bool = True):
+    def __init__(self, model: BertModel, tokenizer: Tokenizer, pooling: str = "mean", normalize: bool = True,
+                 prompts: dict | None = None, default_prompt_name: str | None = None, include_prompt: bool = True):
         if not isinstance(model, BertModel):
             raise TypeError(f"model: expected a transformer_core.BertModel, got {type(model).__name__}")
         if not isinstance(tokenizer, Tokenizer):
@@ -170,10 +238,27 @@ class SentenceEncoder:
                              f"(the model's max_position_embeddings), got max_length={tokenizer.max_length}")
         if pooling not in ("mean", "cls", "max"):
             raise ValueError(f"pooling: expected 'mean', 'cls' or 'max', got {pooling!r}")
+        prompts = {} if prompts is None else prompts
+        if not isinstance(prompts, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                                    for k, v in prompts.items()):
+            raise TypeError(f"prompts: expected None or a dict of prompt name (str) -> prompt (str), got {prompts!r}")
+        for name, text in prompts.items():
+            check_unicode(text, f"prompts[{name!r}]")
+        if default_prompt_name is not None:
+            if not isinstance(default_prompt_name, str):
+                raise TypeError(f"default_prompt_name: expected None or a str, got "
+                                f"{type(default_prompt_name).__name__}")
+            if default_prompt_name not in prompts:
+                raise ValueError(f"default_prompt_name: expected None or one of the prompts' names "
+                                 f"{list(prompts)}, got {default_prompt_name!r}")
+        include_prompt = check_bool(include_prompt, "include_prompt")
         self.model = model
         self.tokenizer = tokenizer
         self.pooling = pooling
         self.normalize = check_bool(normalize, "normalize")
+        self.prompts = dict(prompts)
+        self.default_prompt_name = default_prompt_name
+        self.include_prompt = include_prompt
 
     @classmethod
     def from_pretrained(cls, name_or_path=DEFAULT_MODEL, dtype=np.float32, quantize: str | None = None
@@ -181,7 +266,9 @@ class SentenceEncoder:
         """Loads model and tokenizer from a Hugging Face directory or an embedded model name, with the
         pooling and normalisation of a sentence-transformers folder (:func:`read_pooling`: its
         ``modules.json`` and ``1_Pooling/config.json``; without ``modules.json``, mean pooling and
-        L2 normalisation).
+        L2 normalisation) and its prompts (:func:`read_prompts`: ``config_sentence_transformers.json``'s
+        ``prompts`` and ``default_prompt_name``, which :meth:`encode` puts before every text as
+        ``SentenceTransformer.encode`` does, and the pooling config's ``include_prompt``).
 
         Args:
             name_or_path: a directory or an embedded model's name (default all-MiniLM-L6-v2).
@@ -199,8 +286,9 @@ class SentenceEncoder:
             ``dtype`` and ``quantize`` are checked first, before any file is read:
             TypeError: ``dtype`` not float32 or float64; ``quantize`` neither None nor a str.
             ValueError: an unknown ``quantize`` format, or ``quantize`` with ``dtype`` float64.
-            FileNotFoundError, ValueError: as :meth:`BertModel.from_pretrained` and
-                :func:`read_pooling` (a pooling mode or module that is not supported).
+            FileNotFoundError, ValueError: as :meth:`BertModel.from_pretrained`,
+                :func:`read_pooling` (a pooling mode or module that is not supported) and
+                :func:`read_prompts` (a malformed ``config_sentence_transformers.json``, named).
         """
         from .hub import resolve_model_dir
         from .quantization import QUANTIZED_FORMATS
@@ -211,7 +299,8 @@ class SentenceEncoder:
             if dtype is not np.float32:
                 raise ValueError(f"quantize, dtype: quantize={quantize!r} computes in float32, expected "
                                  f"dtype=np.float32, got {np.dtype(dtype).name}")
-        settings = read_pooling(resolve_model_dir(name_or_path))
+        model_dir = resolve_model_dir(name_or_path)
+        settings = {**read_pooling(model_dir), **read_prompts(model_dir)}
         model = BertModel.from_pretrained(name_or_path, dtype=dtype)
         if quantize is not None:
             from .quantization import quantize as _quantize
@@ -225,8 +314,18 @@ class SentenceEncoder:
         return self.model.config.hidden_size
 
     def encode(self, sentences, batch_size: int = 32, normalize: bool | None = None,
-               progress: bool | None = None) -> np.ndarray:
+               progress: bool | None = None, *, prompt_name: str | None = None,
+               prompt: str | None = None) -> np.ndarray:
         """Embeds sentences.
+
+        A prompt is put before every text, as sentence-transformers' ``SentenceTransformer.encode``
+        does: ``prompt`` if given, else ``prompts[prompt_name]``, else the encoder's default prompt
+        (``prompts[default_prompt_name]``, from the folder's ``config_sentence_transformers.json``);
+        the embedding of ``"query: " + text`` for a default prompt ``"query: "``. An empty prompt
+        adds nothing (``prompt=""`` encodes the texts alone, whatever the default). With
+        ``include_prompt`` false the prompt's tokens (and ``[CLS]``: the first ``len(prompt's ids)
+        - 1`` positions, sentence-transformers' ``prompt_length``) are left out of the mean or max
+        pooling; they are still attended to.
 
         The sentences are sorted by length (characters, longest first, as sentence-transformers'
         ``SentenceTransformer.encode`` does) before they are cut into batches, so that each batch
@@ -243,12 +342,17 @@ class SentenceEncoder:
         a training forward's state awaiting its backward is kept.
 
         Args:
-            sentences: a list (or any iterable) of str, or one str.
+            sentences: a list (or any iterable) of str, or one str (a str, or a 0-d numpy array
+                holding one).
             batch_size: sentences per forward pass; each batch is padded to its longest member.
             normalize: L2-normalise each embedding (cosine similarity = dot product); None = the
                 encoder's ``normalize`` (from :meth:`from_pretrained`: true iff the folder lists a
                 Normalize module, or has no ``modules.json``).
             progress: show a tqdm bar (on stderr); None = only for more than 4 batches.
+            prompt_name: the name of one of the encoder's ``prompts`` to put before every text;
+                None = the default prompt (if any).
+            prompt: a prompt text to put before every text; None = ``prompt_name``'s or the
+                default. At most one of ``prompt_name`` and ``prompt``.
 
         Returns:
             ``(N, H)`` in the model's dtype (float32 by default; ``(N, 384)`` for
@@ -257,10 +361,17 @@ class SentenceEncoder:
         Raises:
             TypeError: ``sentences`` not str or an iterable of str (the first offending index is
                 named); ``batch_size`` not an int; ``normalize`` not a bool or None; ``progress`` not a
-                bool or None.
-            ValueError: ``batch_size`` < 1; a sentence that is not valid Unicode (a lone
-                surrogate, from bytes that were not UTF-8; its index and position are named).
+                bool or None; ``prompt_name`` or ``prompt`` neither None nor a str.
+            ValueError: ``batch_size`` < 1; a sentence or ``prompt`` that is not valid Unicode (a
+                lone surrogate, from bytes that were not UTF-8; its index and position are named);
+                a ``prompt_name`` not in the encoder's ``prompts``; both ``prompt_name`` and
+                ``prompt`` given.
         """
+        if isinstance(sentences, np.ndarray) and sentences.ndim == 0:  # np.array("text"): one text
+            if sentences.dtype.kind != "U" and not isinstance(sentences.item(), str):
+                raise TypeError(f"sentences: expected a str or an iterable of str, got a 0-d numpy array of "
+                                f"{sentences.dtype}")
+            sentences = str(sentences.item())
         if isinstance(sentences, str):
             sentences = [sentences]
         elif sentences is None or isinstance(sentences, (bytes, bytearray, dict)) or not hasattr(sentences, "__iter__"):
@@ -274,6 +385,12 @@ class SentenceEncoder:
         normalize = self.normalize if normalize is None else check_bool(normalize, "normalize")
         if progress is not None:
             progress = check_bool(progress, "progress")
+        prompt = self._prompt(prompt_name, prompt)
+        skip = 0  # leading positions left out of the pooling: [CLS] and the prompt's tokens
+        if prompt:
+            sentences = [prompt + s for s in sentences]
+            if not self.include_prompt:
+                skip = len(self.tokenizer.encode(prompt)) - 1  # sentence-transformers' prompt_length
         out = np.zeros((len(sentences), self.dim), dtype=self.model.dtype)
         if not sentences:
             return out
@@ -295,11 +412,18 @@ class SentenceEncoder:
                 # eval mode's forward whatever the model's mode (as sentence-transformers' encode,
                 # which calls eval()), without switching it: no dropout, a pending training state kept
                 hidden = self.model._forward_eval(enc["input_ids"], mask, enc["token_type_ids"]).last_hidden_state
+                pooled = mask
+                if skip:  # include_prompt false: the prompt attended to, not pooled
+                    pooled = mask.copy()
+                    pooled[:, :skip] = False
                 if self.pooling == "cls":
                     out[rows] = hidden[:, 0]                                   # (N, H): [CLS]'s vector
                 elif self.pooling == "max":
                     # sentence-transformers: padding set to -1e9, then the max over L
-                    out[rows] = np.where(mask[..., None], hidden, hidden.dtype.type(-1e9)).max(axis=1)
+                    out[rows] = np.where(pooled[..., None], hidden, hidden.dtype.type(-1e9)).max(axis=1)
+                elif skip:
+                    counts = np.maximum(pooled.sum(axis=1, keepdims=True), 1).astype(hidden.dtype)
+                    out[rows] = np.where(pooled[..., None], hidden, 0).sum(axis=1) / counts
                 else:
                     # mean_pool's sum: the model's hidden states at padding positions are zeros, so
                     # the plain sum over L is the masked sum (the same values added in the same order)
@@ -308,3 +432,22 @@ class SentenceEncoder:
         if normalize:
             out /= np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-12)
         return out
+
+    def _prompt(self, prompt_name, prompt) -> str:
+        """The prompt :meth:`encode` puts before each text ("" for none), from its arguments."""
+        if prompt is not None:
+            if prompt_name is not None:
+                raise ValueError(f"prompt_name, prompt: expected at most one, got prompt_name={prompt_name!r} and "
+                                 f"prompt={prompt!r}")
+            if not isinstance(prompt, str):
+                raise TypeError(f"prompt: expected None or a str, got {type(prompt).__name__}")
+            check_unicode(prompt, "prompt")
+            return prompt
+        if prompt_name is not None:
+            if not isinstance(prompt_name, str):
+                raise TypeError(f"prompt_name: expected None or a str, got {type(prompt_name).__name__}")
+            if prompt_name not in self.prompts:
+                raise ValueError(f"prompt_name: expected one of the encoder's prompts {list(self.prompts)}, got "
+                                 f"{prompt_name!r}")
+            return self.prompts[prompt_name]
+        return "" if self.default_prompt_name is None else self.prompts[self.default_prompt_name]
