@@ -1124,7 +1124,7 @@ LLAMA_CONFIG_VS_WEIGHTS = [
      r"num_attention_heads = 4 with head_dim = 4 \(q_proj's 16 rows\), but model\.layers\.0\.self_attn\.q_proj\.weight "
      r"in model\.safetensors has 8 rows \(and 1 more tensor agrees\)"),
     ({"tie_word_embeddings": True}, r"tie_word_embeddings = True, but lm_head\.weight in model\.safetensors differs "
-                                    r"from the token embedding \(an untied head, which a tied model would drop\)"),
+                                    r"from the token embedding \(an untied head, which a tied model cannot hold\)"),
 ]
 
 

@@ -640,3 +640,131 @@ def test_seq2seq_out_of_range_ids_name_src_or_tgt():
     for call, match in cases:
         with pytest.raises(ValueError, match=match):
             call()
+
+
+# ------------------------------------------------------- tied head, config fields, too large a batch
+def test_tied_head_without_wte_loads_into_wte_as_hf(gpt2_h4):
+    """An ``lm_head.weight`` given without ``wte.weight`` (strict=False) is the tied embedding, as in
+    torch's GPT2LMHeadModel (one parameter under two names): it loads into wte (it was dropped,
+    reported nowhere). Given beside wte it must still equal it; unknown keys keep the names given."""
+    hf, path, _ = gpt2_h4
+    new_head = torch.from_numpy(np.random.default_rng(3).standard_normal((VOCAB, 32)).astype(np.float32))
+    sd = {k: v.clone() for k, v in hf.state_dict().items() if k != "transformer.wte.weight"}
+    sd["lm_head.weight"] = new_head
+    hf2 = transformers.GPT2LMHeadModel(hf.config).eval()
+    hf2.load_state_dict(hf.state_dict())
+    r_hf = hf2.load_state_dict(sd, strict=False)
+    assert r_hf.unexpected_keys == [] and torch.equal(hf2.transformer.wte.weight, new_head)
+    ids = _ids(40, (2, 9))
+    for strict in (False, True):  # the weight is given (under its tied name): nothing is missing
+        m = tc.GPT2LMHeadModel.from_pretrained(path)
+        r = m.load_state_dict({k: v.numpy() for k, v in sd.items()}, strict=strict)
+        assert r.missing_keys == [] and r.unexpected_keys == []
+        np.testing.assert_array_equal(m.state_dict()["wte.weight"], new_head.numpy())
+        assert_close(m(ids).logits, _hf(hf2, ids).logits.numpy(), atol_=LOGITS_ATOL, what="head-loaded logits")
+    # the base model too (HF's GPT2Model has no head: ours accepts the tied one)
+    base = tc.GPT2Model.from_pretrained(path)
+    base.load_state_dict({"lm_head.weight": new_head}, strict=False)
+    np.testing.assert_array_equal(base.state_dict()["wte.weight"], new_head.numpy())
+    # a head of another shape is named, before anything changes
+    m = tc.GPT2LMHeadModel.from_pretrained(path)
+    before = m.state_dict()["wte.weight"]
+    with pytest.raises(ValueError, match=r"^lm_head.weight: expected shape \(101, 32\)"):
+        m.load_state_dict({"lm_head.weight": np.zeros((VOCAB, 31), np.float32)}, strict=False)
+    np.testing.assert_array_equal(m.state_dict()["wte.weight"], before)
+    # unknown keys are reported as given, as torch reports them ('transformer.extra' was 'extra')
+    extras = {"transformer.extra": torch.zeros(1), "score.weight": torch.zeros(2, 32)}
+    r_hf = hf2.load_state_dict({**hf.state_dict(), **extras}, strict=False)
+    r = m.load_state_dict({k: v.numpy() for k, v in {**hf.state_dict(), **extras}.items()}, strict=False)
+    assert r.unexpected_keys == ["transformer.extra", "score.weight"]  # in the order given
+    assert sorted(r_hf.unexpected_keys) == sorted(r.unexpected_keys)  # torch: in its modules' order
+    with pytest.raises(ValueError, match=r"unknown keys: \['transformer.extra', 'score.weight'\]"):
+        m.load_state_dict({k: v.numpy() for k, v in {**hf.state_dict(), **extras}.items()})
+
+
+@pytest.mark.parametrize("field", ["resid_pdrop", "embd_pdrop", "attn_pdrop"])
+def test_config_check_refuses_bad_dropout(field):
+    """check() checks every field: the dropout probabilities too (a bad one was accepted by check(),
+    from_dict and the constructor, and refused only at the first training loss)."""
+    small = dict(vocab_size=11, n_positions=8, n_embd=8, n_layer=1, n_head=2)
+    for bad, error in ((2.0, ValueError), (1.0, ValueError), (-0.5, ValueError), ("abc", TypeError),
+                       (True, TypeError), (None, TypeError)):
+        cfg = tc.GPT2Config(**small, **{field: bad})
+        with pytest.raises(error, match=f"^{field}: expected a probability"):
+            cfg.check()
+        with pytest.raises(error, match=f"^{field}: "):
+            tc.GPT2Config.from_dict({**small, field: bad})
+        with pytest.raises(error, match=f"^{field}: "):
+            tc.GPT2LMHeadModel(cfg)
+    assert tc.GPT2Config(**small, **{field: 0.1}).check() is not None  # HF's default is accepted
+
+
+def test_save_pretrained_keeps_bos_token_id_and_other_keys(tmp_path):
+    """save_pretrained's config.json is the one read: bos_token_id (it was dropped, so transformers
+    reloaded its default 50256) and the keys GPT2Config has no field for (kept in ``extra``)."""
+    hf_cfg = transformers.GPT2Config(**CFGS["h4"], bos_token_id=3, eos_token_id=4, summary_type="mean",
+                                     my_key={"a": [1, 2]})
+    torch.manual_seed(2)
+    transformers.GPT2LMHeadModel(hf_cfg).save_pretrained(tmp_path / "hf")
+    m = tc.GPT2LMHeadModel.from_pretrained(tmp_path / "hf")
+    assert m.config.bos_token_id == 3 and m.config.extra["my_key"] == {"a": [1, 2]}
+    m.save_pretrained(tmp_path / "ours")
+    saved = json.loads((tmp_path / "ours" / "config.json").read_text())
+    assert saved["bos_token_id"] == 3 and saved["eos_token_id"] == 4 and "transformers_version" not in saved
+    ref = transformers.GPT2Config.from_pretrained(tmp_path / "hf").to_dict()
+    back = transformers.GPT2Config.from_pretrained(tmp_path / "ours").to_dict()
+    assert back["bos_token_id"] == 3
+    differ = {k for k in set(ref) | set(back) if ref.get(k) != back.get(k)}
+    assert differ <= {"n_ctx", "dtype", "torch_dtype"}, differ  # n_ctx: GPT-2's alias, written as n_positions
+    # to_dict / from_dict: the same config; to_dict's copies are not the config's
+    cfg = tc.GPT2Config.from_dict(saved)
+    assert cfg == m.config and cfg.to_dict() == saved
+    cfg.to_dict()["my_key"]["a"].append(3)
+    assert cfg.extra["my_key"] == {"a": [1, 2]}
+    assert tc.GPT2Config().to_dict()["bos_token_id"] == transformers.GPT2Config().bos_token_id == 50256
+    with pytest.raises(ValueError, match="^bos_token_id"):
+        tc.GPT2Config(bos_token_id=-2).check()
+
+
+def test_a_batch_too_large_for_the_kv_cache_names_input_ids():
+    """A batch whose KV cache exceeds this machine's memory: the ValueError names input_ids, its
+    batch size (and for generate max_new_tokens), raised before the cache is allocated (it named
+    KVCache's own arguments: num_layers, batch, num_kv_heads, head_dim, capacity)."""
+    from transformer_core._validation import physical_memory_bytes
+
+    cfg = tc.GPT2Config(vocab_size=11, n_positions=1024, n_embd=64, n_layer=16, n_head=1)
+    m = tc.GPT2LMHeadModel(cfg)
+    per_position = 2 * cfg.n_layer * cfg.n_embd * 4  # keys and values, float32
+    N = 2 * physical_memory_bytes() // per_position  # one position each: twice this machine's memory
+    ids = np.broadcast_to(np.array([[1]]), (N, 1))  # the int64 copy is 1/1024 of that
+    with pytest.raises(ValueError, match=rf"^input_ids: a batch of {N} sequences of length 1 needs a KV cache too "
+                                         r"large for this machine \(.*memory.*\); pass fewer sequences"):
+        m(ids)
+    with pytest.raises(ValueError, match=rf"^input_ids: a batch of {N} sequences"):
+        tc.GPT2Model(cfg)(ids)
+    N = 2 * physical_memory_bytes() // (per_position * 1000)
+    ids = np.broadcast_to(np.array([[1]]), (N, 1))
+    with pytest.raises(ValueError, match=rf"^input_ids: a batch of {N} sequences of prompt length 1 and "
+                                         r"max_new_tokens = 1000 \(1000 positions each\) needs a KV cache too large"):
+        m.generate(ids, 1000)
+    with pytest.raises(ValueError, match=rf"^input_ids: a batch of {N} sequences .* max_new_tokens = 1000"):
+        next(m.stream(ids, 1000))
+    # a caller's cache that would have to grow past the memory: the same, the cache left as it was
+    small = tc.GPT2LMHeadModel(tc.GPT2Config(vocab_size=11, n_positions=2**20, n_embd=1, n_layer=1, n_head=1))
+    N = 4 * physical_memory_bytes() // (8 * 2**20)  # 8 bytes a position: 2**20 positions twice the memory
+    cache = small.new_cache(N)
+    with pytest.raises(ValueError, match=rf"^input_ids: a batch of {N} sequences .* max_new_tokens = {2**20} "):
+        small.generate(np.broadcast_to(np.array([[1]]), (N, 1)), 2**20, past_key_values=cache)
+    assert cache.capacity == 1 and cache.length == 0
+
+
+def test_positions_from_mask_padding():
+    """positions_from_mask: leading padding takes position 0, trailing padding the last real
+    token's position (what its docstring now says; it said every padding position was 0)."""
+    from transformer_core.decoder import positions_from_mask
+
+    mask = np.array([[1, 1, 1, 0, 0], [0, 0, 1, 1, 1], [1, 0, 1, 0, 1]], bool)
+    np.testing.assert_array_equal(positions_from_mask(mask, 0), [[0, 1, 2, 2, 2], [0, 0, 0, 1, 2], [0, 0, 1, 1, 2]])
+    np.testing.assert_array_equal(positions_from_mask(mask, 3), [[2, 2], [1, 2], [1, 2]])
+    doc = " ".join(positions_from_mask.__doc__.split())
+    assert "trailing padding repeats the last real position" in doc

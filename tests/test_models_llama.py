@@ -613,3 +613,92 @@ def test_stream_checks_ids_before_reserving_the_cache(llama_gqa):
     assert cache.capacity == capacity and cache.length == 2
     with pytest.raises(ValueError, match="^input_ids: id -1 at flat index 0"):
         m.generate(np.array([[-1, 3]]), 2)
+
+
+# ------------------------------------------------------------------- load_state_dict: names, tied head
+@pytest.mark.parametrize("cls", ["LlamaForCausalLM", "LlamaModel"])
+def test_unknown_keys_reported_under_the_names_given(llama_gqa, cls):
+    """load_state_dict reports the keys it has no weight for under the names the caller passed, as
+    torch's does (it reported 'model.score.weight' and 'model.extra' for 'score.weight' and 'extra',
+    names not in the dict given), with strict=False and in strict=True's error."""
+    hf_lm, path, _ = llama_gqa
+    hf = hf_lm if cls == "LlamaForCausalLM" else hf_lm.model
+    m = getattr(tc, cls).from_pretrained(path)
+    extras = {"score.weight": torch.zeros(2, 48), "extra": torch.zeros(1), "model.extra2": torch.zeros(1)}
+    given = {**hf.state_dict(), **extras}
+    ref = type(hf)(hf.config).load_state_dict(given, strict=False)
+    r = m.load_state_dict({k: v.numpy() for k, v in given.items()}, strict=False)
+    assert r.missing_keys == []
+    assert r.unexpected_keys == list(extras) and set(r.unexpected_keys) == set(ref.unexpected_keys)
+    assert all(k in given for k in r.unexpected_keys)
+    with pytest.raises(ValueError, match=r"unknown keys: \['score.weight', 'extra', 'model.extra2'\]"):
+        m.load_state_dict({k: v.numpy() for k, v in given.items()})
+    # the alternative names still load (no model. prefix for the LM; model. prefix for the base model)
+    alt = {(k.removeprefix("model.") if cls == "LlamaForCausalLM" else "model." + k): v.numpy()
+           for k, v in hf.state_dict().items()}
+    assert m.load_state_dict(alt).missing_keys == []
+    # an alternative name given beside the exact one is not loaded over it: it is reported as given
+    exact = {k: v.numpy() for k, v in hf.state_dict().items()}
+    name = "model.norm.weight" if cls == "LlamaForCausalLM" else "norm.weight"
+    other = "norm.weight" if cls == "LlamaForCausalLM" else "model.norm.weight"
+    r = m.load_state_dict({**exact, other: np.zeros_like(exact[name])}, strict=False)
+    assert r.unexpected_keys == [other]
+    np.testing.assert_array_equal(m.state_dict()[name], exact[name])
+
+
+def test_tied_head_as_hf_or_refused_as_gpt2(tmp_path_factory):
+    """tie_word_embeddings=True: lm_head.weight IS model.embed_tokens.weight. Given without it
+    (strict=False), it loads into it, as HF's LlamaForCausalLM (whose lm_head and embed_tokens are
+    one parameter) does; it was dropped, reported nowhere. Given beside it and different, it is
+    refused naming lm_head.weight, as GPT-2's (HF silently keeps whichever it copies last; it was
+    dropped under strict=True)."""
+    hf, path = _build(tmp_path_factory, "mha_tied")
+    assert hf.lm_head.weight is hf.model.embed_tokens.weight
+    head = torch.from_numpy(0.2 * np.random.default_rng(5).standard_normal((VOCAB, 32)).astype(np.float32))
+    hf2 = transformers.LlamaForCausalLM(hf.config).eval()
+    hf2.load_state_dict(hf.state_dict())
+    ref = hf2.load_state_dict({"lm_head.weight": head}, strict=False)
+    assert ref.unexpected_keys == [] and torch.equal(hf2.model.embed_tokens.weight, head)
+    m = tc.LlamaForCausalLM.from_pretrained(path)
+    r = m.load_state_dict({"lm_head.weight": head.numpy()}, strict=False)
+    assert r.unexpected_keys == [] and "model.embed_tokens.weight" not in r.missing_keys
+    np.testing.assert_array_equal(m.state_dict()["model.embed_tokens.weight"], head.numpy())
+    ids = _ids(6, (2, 9))
+    assert_close(m(ids).logits, _hf(hf2, ids).logits.numpy(), np.float32, what="tied head loaded logits")
+    # a full state dict whose head differs from its embedding: refused, the model unchanged
+    before = m(ids).logits
+    bad = {k: v.numpy() for k, v in hf.state_dict().items()}
+    assert "lm_head.weight" in bad
+    bad["lm_head.weight"] = bad["lm_head.weight"] + 1
+    for strict in (True, False):
+        with pytest.raises(ValueError, match=r"^lm_head.weight: differs from model.embed_tokens.weight .*"
+                                             r"tie_word_embeddings"):
+            m.load_state_dict(bad, strict=strict)
+    np.testing.assert_array_equal(m(ids).logits, before)
+    # HF's own state dict (head == embedding) loads as before
+    assert m.load_state_dict({k: v.numpy() for k, v in hf.state_dict().items()}).missing_keys == []
+    assert_close(m(ids).logits, _hf(hf, ids).logits.numpy(), np.float32, what="tied logits")
+    with pytest.raises(ValueError, match=r"^lm_head.weight: expected shape \(97, 32\)"):
+        m.load_state_dict({"lm_head.weight": np.zeros((VOCAB, 3), np.float32)}, strict=False)
+    with pytest.raises(TypeError, match="lm_head.weight"):
+        m.load_state_dict({"lm_head.weight": np.zeros((VOCAB, 32), np.int64)}, strict=False)
+    # untied: lm_head.weight is a weight of its own, loaded as given
+    hf_u, path_u = _build(tmp_path_factory, "gqa3_untied")
+    mu = tc.LlamaForCausalLM.from_pretrained(path_u)
+    head_u = np.random.default_rng(6).standard_normal((VOCAB, 48)).astype(np.float32)
+    embed = mu.state_dict()["model.embed_tokens.weight"]
+    assert mu.load_state_dict({"lm_head.weight": head_u}, strict=False).unexpected_keys == []
+    np.testing.assert_array_equal(mu.state_dict()["lm_head.weight"], head_u)
+    np.testing.assert_array_equal(mu.state_dict()["model.embed_tokens.weight"], embed)
+
+
+def test_config_check_refuses_bad_attention_dropout():
+    """check() checks every field, attention_dropout too (it was refused only at the first training
+    loss)."""
+    for bad, error in ((1.5, ValueError), (-0.1, ValueError), ("0.1", TypeError)):
+        cfg = tc.LlamaConfig(vocab_size=11, hidden_size=8, intermediate_size=8, num_hidden_layers=1,
+                             num_attention_heads=2, max_position_embeddings=8, attention_dropout=bad)
+        with pytest.raises(error, match="^attention_dropout: expected a probability"):
+            cfg.check()
+        with pytest.raises(error, match="^attention_dropout: "):
+            tc.LlamaForCausalLM(cfg)

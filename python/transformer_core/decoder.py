@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._validation import as_bool, as_ids, check_bool
-from .generation import GenerationMixin
+from ._validation import as_bool, as_ids, check_bool, to_numpy
+from .generation import GenerationMixin, cache_too_large
 from .kv_cache import KVCache
 from .module import Module
 
@@ -69,7 +69,9 @@ class CausalLMOutput:
 
 def positions_from_mask(attention_mask: np.ndarray, past: int) -> np.ndarray:
     """Positions of the new tokens counted over real tokens only: ``cumsum(mask) - 1`` over the
-    whole ``(N, past + L)`` mask, its last L columns, padding positions clamped to 0.
+    whole ``(N, past + L)`` mask, its last L columns, clamped at 0. A padding position takes the
+    position of the last real token before it (so trailing padding repeats the last real
+    position), or 0 when no real token comes before it (leading padding).
 
     Args:
         attention_mask: ``(N, past + L)`` bool, True = a real token.
@@ -80,6 +82,54 @@ def positions_from_mask(attention_mask: np.ndarray, past: int) -> np.ndarray:
     """
     counts = np.cumsum(attention_mask, axis=1, dtype=np.int64) - 1
     return np.ascontiguousarray(np.maximum(counts[:, past:], 0))
+
+
+def _float_weight(value, name: str) -> np.ndarray:
+    """A checkpoint value as a numpy array of its own float dtype, to compare (a torch tensor read
+    as :meth:`~transformer_core.module.Module.load_state_dict` reads it: bfloat16 widened exactly).
+
+    Raises:
+        TypeError: not floating-point data, naming ``state_dict[name]``.
+    """
+    arr = to_numpy(value, f"state_dict[{name!r}]")
+    if arr.dtype.kind != "f":
+        raise TypeError(f"state_dict[{name!r}]: expected a floating-point array, got dtype {arr.dtype}")
+    return arr
+
+
+def _rename_known(state: dict, names, rename) -> dict:
+    """``state`` with each key that ``rename`` maps onto one of the model's weight ``names``
+    renamed, unless that name is given too; every other key kept as given, so that
+    ``load_state_dict`` reports an unknown key (and a duplicate alternative name) under the
+    caller's own name, as torch's."""
+    out = {}
+    for key, value in state.items():
+        ours = rename(key)
+        out[ours if ours != key and ours in names and ours not in state else key] = value
+    return out
+
+
+def _load_tied_head(state: dict, head, embed_name: str, shape: tuple, head_name: str = "lm_head.weight",
+                    untied: str = "an untied head") -> None:
+    """A tied LM head ``head`` (given as ``state_dict[head_name]``) into the renamed ``state``: the
+    head IS the token embedding ``embed_name`` (as torch's tied parameter), so without one beside it,
+    it loads into it; with one, it must equal it (values, NaN equal to NaN).
+
+    Raises:
+        TypeError: ``head`` not floating-point data (naming ``head_name``).
+        ValueError: a head of another shape than the embedding's ``shape``, or one that differs from
+            the embedding given beside it (``untied`` says why that cannot be loaded).
+    """
+    arr = _float_weight(head, head_name)
+    if arr.shape != tuple(shape):
+        raise ValueError(f"{head_name}: expected shape {tuple(shape)} (the tied {embed_name}'s), got {arr.shape}")
+    if embed_name not in state:
+        state[embed_name] = arr
+        return
+    embed = _float_weight(state[embed_name], embed_name)
+    if embed.shape == arr.shape and not np.array_equal(arr, embed, equal_nan=True):  # (a mis-shaped
+        # embedding is load_state_dict's to refuse)
+        raise ValueError(f"{head_name}: differs from {embed_name} ({untied})")
 
 
 def _renamed(message: str, names: dict) -> str:
@@ -172,7 +222,13 @@ class DecoderModel(Module):
         """Checked ``(ids (N, L), mask (N, past + L) or None, positions (N, L) or None, cache)``."""
         ids = as_ids(input_ids, "input_ids")
         N, L = ids.shape
-        cache = self.new_cache(N, L) if past_key_values is None else self._model_cache(past_key_values, N)
+        if past_key_values is None:
+            try:
+                cache = self.new_cache(N, L)
+            except ValueError as e:  # KVCache names its own arguments: name the caller's
+                raise cache_too_large(e, f"a batch of {N} sequences of length {L}") from None
+        else:
+            cache = self._model_cache(past_key_values, N)
         past = cache.length
         if past + L > self.context_length:
             raise ValueError(f"input_ids: past length {past} + new length {L} exceeds the context "
@@ -200,8 +256,9 @@ class DecoderModel(Module):
 
         Raises:
             ValueError: ids out of range, too long a sequence, masks, positions or caches that do
-                not fit. TypeError: non-integer ids; a ``past_key_values`` cache of another dtype
-                than the model's.
+                not fit; a batch whose KV cache would exceed this machine's memory (naming
+                ``input_ids`` and its batch size, before the cache is allocated). TypeError:
+                non-integer ids; a ``past_key_values`` cache of another dtype than the model's.
         """
         use_cache = check_bool(use_cache, "use_cache")
         ids, mask, positions, cache = self._prepare(input_ids, attention_mask, position_ids, past_key_values)

@@ -41,6 +41,14 @@ MIN_TEMPERATURE = 1e-6
 MIN_REPETITION_PENALTY = 1e-6
 
 
+def cache_too_large(error: ValueError, what: str) -> ValueError:
+    """The error for a KV cache that ``input_ids`` (``what``: its batch, and the lengths that size
+    the cache) needs and this machine cannot hold: KVCache's own ``error`` names its arguments
+    (num_layers, batch, ...), which the caller never passed."""
+    return ValueError(f"input_ids: {what} needs a KV cache too large for this machine ({error}); pass fewer "
+                      f"sequences at a time")
+
+
 class GenerationConfig:
     """Checked generation options (see :meth:`GenerationMixin.generate` for their meaning).
 
@@ -172,8 +180,8 @@ class GenerationMixin:
         """
         ids = as_ids(input_ids, "input_ids")
         vocab = self.config.vocab_size
-        bad = np.flatnonzero((ids < 0) | (ids >= vocab))
-        if bad.size:  # here, not at the first step: before a cache is reserved or grown
+        if ids.min() < 0 or ids.max() >= vocab:  # here, not at the first step: before a cache is reserved or
+            bad = np.flatnonzero((ids < 0) | (ids >= vocab))  # grown (min/max: no temporary of ids' size)
             raise ValueError(f"input_ids: id {ids.flat[bad[0]]} at flat index {bad[0]} is outside the vocabulary "
                              f"[0, {vocab})")
         cfg = self._generation_config(max_new_tokens, do_sample, temperature, top_k, top_p, repetition_penalty,
@@ -193,11 +201,19 @@ class GenerationMixin:
             mask = mask[None] if mask.ndim == 1 else mask
             if mask.shape != ids.shape:
                 raise ValueError(f"attention_mask: expected shape {ids.shape} (input_ids'), got {mask.shape}")
+        what = (f"a batch of {N} sequences of prompt length {L} and max_new_tokens = {cfg.max_new_tokens} ({total} "
+                f"positions each)")
         if past_key_values is None:
-            cache = self.new_cache(N, total)
+            try:
+                cache = self.new_cache(N, total)
+            except ValueError as e:  # KVCache names its own arguments: name the caller's
+                raise cache_too_large(e, what) from None
         else:
             cache = self._generation_cache(past_key_values, N, L)
-            cache.reserve(total)
+            try:
+                cache.reserve(total)
+            except ValueError as e:
+                raise cache_too_large(e, what) from None
         return self._steps(ids, mask, cache, cfg)
 
     def _generation_cache(self, past_key_values, N: int, L: int) -> KVCache:
@@ -286,7 +302,9 @@ class GenerationMixin:
             the context; naming ``max_new_tokens``: ``L + max_new_tokens - 1`` over the context.
             TypeError naming ``past_key_values``: neither None, a KVCache nor a legacy tuple/list,
             or a cache of another dtype than the model's; ValueError: a cache of another batch or
-            layer count, or one that holds ``L`` positions or more.
+            layer count, or one that holds ``L`` positions or more. ValueError naming ``input_ids``
+            (its batch size, prompt length and ``max_new_tokens``): a KV cache for them larger than
+            this machine's memory (before it is allocated).
         """
         ids = as_ids(input_ids, "input_ids")
         if streamer is not None and not callable(streamer):

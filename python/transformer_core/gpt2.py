@@ -5,17 +5,18 @@ GPT-2's config and weight names; Hugging Face checkpoints load without torch.
 
 from __future__ import annotations
 
+import copy
 import re
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from ._runtime import core as _core
-from ._validation import activation, check_config_fields, check_eps, check_mapping, check_token_ids, to_numpy
-from .decoder import CausalLM, CausalLMOutput, DecoderModel
+from ._validation import activation, check_config_fields, check_eps, check_mapping, check_token_ids
+from .decoder import CausalLM, CausalLMOutput, DecoderModel, _load_tied_head, _rename_known
 from .hub import ConfigRule, LayerRule, check_config_against_weights, load_safetensors, read_config, resolve_model_dir
 from .kv_cache import KVCache
-from .module import skip_weight_init
+from .module import check_dropout, skip_weight_init
 
 __all__ = ["GPT2Config", "GPT2Model", "GPT2LMHeadModel", "KVCache", "CausalLMOutput"]
 
@@ -23,6 +24,12 @@ __all__ = ["GPT2Config", "GPT2Model", "GPT2LMHeadModel", "KVCache", "CausalLMOut
 _IGNORED = re.compile(r"(^|\.)attn\.(bias|masked_bias)$")
 # HF's Conv1D weights, stored (in, out): the transpose of nn.Linear's (out, in) that the C++ layers use.
 _CONV1D = re.compile(r"(^|\.)(attn\.c_attn|attn\.c_proj|mlp\.c_fc|mlp\.c_proj)\.weight$")
+
+
+#: Keys of a ``config.json`` that ``GPT2Config.extra`` does not keep: those ``to_dict`` writes itself
+#: (``n_ctx`` = ``n_positions``) and those that describe the file read (the dtype of its weights, the
+#: library that wrote it), not the one ``save_pretrained`` writes.
+_NOT_KEPT = frozenset({"model_type", "architectures", "n_ctx", "transformers_version", "torch_dtype", "dtype"})
 
 
 @dataclass
@@ -49,11 +56,18 @@ class GPT2Config:
     resid_pdrop: float = 0.0
     embd_pdrop: float = 0.0
     attn_pdrop: float = 0.0
+    #: Hugging Face's default; not used here (``generate`` starts from the prompt given), kept so
+    #: that ``save_pretrained`` writes it back.
+    bos_token_id: int | None = 50256
+    #: the other keys of the ``config.json`` read (``from_dict``), written back by ``to_dict`` so
+    #: that a saved model's config reloads as it was (not kept: ``transformers_version``,
+    #: ``torch_dtype`` and ``dtype``, which describe the file read, not the one written, and the keys
+    #: ``to_dict`` writes itself: ``model_type``, ``architectures``, ``n_ctx``).
     extra: dict = field(default_factory=dict, repr=False)
 
     @classmethod
     def from_dict(cls, d: dict) -> "GPT2Config":
-        """Reads a ``config.json`` dict.
+        """Reads a ``config.json`` dict; the keys that are not fields go to ``extra``.
 
         Raises:
             TypeError: ``d`` not a dict. ValueError: options this implementation does not support
@@ -71,7 +85,8 @@ class GPT2Config:
             if d.get(key, False):
                 raise ValueError(f"config.json: {key}=True is not supported")
         fields = {k: d[k] for k in cls.__dataclass_fields__ if k in d and k != "extra"}
-        config = cls(**fields)
+        extra = {k: copy.deepcopy(v) for k, v in d.items() if k not in cls.__dataclass_fields__ and k not in _NOT_KEPT}
+        config = cls(**fields, extra=extra)
         config.check()
         return config
 
@@ -85,7 +100,9 @@ class GPT2Config:
         """Checks every field's type and range, naming the field: sizes are ints >= 1 (``n_layer``
         >= 0, ``n_inner`` None or >= 0: 0/None = 4 · n_embd), ``layer_norm_epsilon`` a finite number
         >= 0, ``activation_function`` a name of the library's table, ``eos_token_id`` None, an id or a
-        list of ids (``pad_token_id`` too). Sizes too large for this machine are the C++ model's to refuse.
+        list of ids (``bos_token_id`` and ``pad_token_id`` too), ``resid_pdrop``, ``embd_pdrop`` and
+        ``attn_pdrop`` probabilities in [0, 1), ``extra`` a dict. Sizes too large for this machine are
+        the C++ model's to refuse.
 
         Raises:
             TypeError / ValueError: naming the field.
@@ -93,13 +110,18 @@ class GPT2Config:
         check_config_fields(self, ints=("vocab_size", "n_positions", "n_embd", "n_head"),
                             nonnegative_ints=("n_layer",), optional_ints=("n_inner",), eps=("layer_norm_epsilon",))
         activation(self.activation_function, "activation_function")
-        for name in ("eos_token_id", "pad_token_id"):
+        for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
             check_token_ids(getattr(self, name), name)
+        for name in ("resid_pdrop", "embd_pdrop", "attn_pdrop"):
+            check_dropout(getattr(self, name), name)
+        check_mapping(self.extra, "extra")
         return self
 
     def to_dict(self) -> dict:
-        """The ``config.json`` object Hugging Face's ``GPT2Config`` reads."""
-        d = {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "extra"}
+        """The ``config.json`` object Hugging Face's ``GPT2Config`` reads: ``extra``'s keys (copies),
+        then the fields."""
+        d = {k: copy.deepcopy(v) for k, v in self.extra.items() if k not in _NOT_KEPT}
+        d.update({k: getattr(self, k) for k in self.__dataclass_fields__ if k != "extra"})
         d.update(model_type="gpt2", architectures=["GPT2LMHeadModel"], n_ctx=self.n_positions)
         return d
 
@@ -141,26 +163,17 @@ def _check_config_against_weights(model_dir, config: GPT2Config, state: dict) ->
     check_config_against_weights(model_dir, {k: v.shape for k, v in state.items()}, rules, layers)
 
 
-def _float_weight(value, name: str) -> np.ndarray:
-    """A checkpoint value as a numpy array of its own float dtype, to compare (a torch tensor read
-    as :meth:`~transformer_core.module.Module.load_state_dict` reads it: bfloat16 widened exactly).
-
-    Raises:
-        TypeError: not floating-point data, naming ``state_dict[name]``.
-    """
-    arr = to_numpy(value, f"state_dict[{name!r}]")
-    if arr.dtype.kind != "f":
-        raise TypeError(f"state_dict[{name!r}]: expected a floating-point array, got dtype {arr.dtype}")
-    return arr
-
-
 class GPT2Model(DecoderModel):
     """The GPT-2 transformer: token + position embeddings, pre-LN blocks, final ``ln_f``.
 
     Weights: Hugging Face's ``GPT2Model`` names (``wte.weight``, ``wpe.weight``,
     ``h.{i}.attn.c_attn.weight (E, 3E)`` — Conv1D, ``(in, out)`` —, ``h.{i}.ln_1.*``,
     ``h.{i}.mlp.c_fc.*``, ``ln_f.*``, ...). A ``transformer.`` prefix and a tied ``lm_head.weight``
-    (equal to ``wte.weight``; a different one raises ValueError) are accepted when loading.
+    are accepted when loading: the head is ``wte.weight`` (as Hugging Face's tied parameter), so
+    given beside it, it must equal it (a different one raises ValueError, naming it), and given
+    without it, it loads into ``wte.weight`` (which is then not among ``missing_keys``; torch
+    lists the key there while loading the tensor through the head). Unknown keys are reported
+    under the names given.
 
     Args:
         config: :class:`GPT2Config` or a ``config.json`` dict.
@@ -175,19 +188,14 @@ class GPT2Model(DecoderModel):
         return _CONV1D.search(name) is not None
 
     def _rename_state_dict(self, state: dict) -> dict:
-        out, head = {}, None
-        for name, value in state.items():
-            if _IGNORED.search(name):  # buffers
-                continue
-            if name == "lm_head.weight":  # the head is wte: a copy of it is dropped, any other head refused
-                head = value
-                continue
-            out[name.removeprefix("transformer.")] = value
-        wte = out.get("wte.weight")
-        if head is not None and wte is not None and not np.array_equal(_float_weight(head, "lm_head.weight"),
-                                                                       _float_weight(wte, "wte.weight")):
-            raise ValueError("lm_head.weight: differs from wte.weight (an untied head); only an LM head tied to the "
-                             "token embedding is supported")
+        state = {k: v for k, v in state.items() if not _IGNORED.search(k)}  # buffers
+        has_head = "lm_head.weight" in state
+        head = state.pop("lm_head.weight", None)
+        shapes = self.parameter_shapes()
+        out = _rename_known(state, shapes, lambda k: k.removeprefix("transformer."))
+        if has_head:  # the head is wte: loaded into it without one, else checked equal to it
+            _load_tied_head(out, head, "wte.weight", shapes["wte.weight"],
+                            untied="an untied head; only an LM head tied to the token embedding is supported")
         return out
 
     @classmethod
@@ -223,8 +231,6 @@ class GPT2LMHeadModel(GPT2Model, CausalLM):
     prefix. Training uses the config's ``resid_pdrop`` and ``embd_pdrop``."""
 
     def _dropout_probs(self) -> tuple[float, float]:
-        from .module import check_dropout
-
         c = self.config
         if check_dropout(c.attn_pdrop, "attn_pdrop") > 0:
             import warnings

@@ -13,9 +13,9 @@ import numpy as np
 
 from ._runtime import core as _core
 from ._validation import activation, check_bool, check_config_fields, check_eps, check_mapping, check_token_ids
-from .decoder import CausalLM, DecoderModel
+from .decoder import CausalLM, DecoderModel, _load_tied_head, _rename_known
 from .hub import ConfigRule, LayerRule, check_config_against_weights, weights_file_label
-from .module import skip_weight_init
+from .module import check_dropout, skip_weight_init
 
 __all__ = ["LlamaConfig", "LlamaModel", "LlamaForCausalLM"]
 
@@ -100,7 +100,8 @@ class LlamaConfig:
         (``num_hidden_layers`` >= 0; ``num_key_value_heads``, ``head_dim`` None or >= 0: the
         defaults), ``rms_norm_eps`` a finite number >= 0, ``rope_theta`` a finite number > 0, the
         flags bools, ``hidden_act`` a name of the library's table, the token ids None, ids or lists
-        of ids. Sizes too large for this machine are the C++ model's to refuse.
+        of ids, ``attention_dropout`` a probability in [0, 1). Sizes too large for this machine are
+        the C++ model's to refuse.
 
         Raises:
             TypeError / ValueError: naming the field.
@@ -113,6 +114,7 @@ class LlamaConfig:
         activation(self.hidden_act, "hidden_act")
         for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
             check_token_ids(getattr(self, name), name)
+        check_dropout(self.attention_dropout, "attention_dropout")
         return self
 
     def to_dict(self) -> dict:
@@ -156,7 +158,8 @@ class LlamaModel(DecoderModel):
     Weights: Hugging Face's ``LlamaModel`` names — ``embed_tokens.weight (V, E)``,
     ``layers.{i}.input_layernorm.weight``, ``layers.{i}.self_attn.{q,k,v,o}_proj.weight``,
     ``layers.{i}.post_attention_layernorm.weight``, ``layers.{i}.mlp.{gate,up,down}_proj.weight``,
-    ``norm.weight``; a ``model.`` prefix is accepted when loading.
+    ``norm.weight``; a ``model.`` prefix is accepted when loading (an ``lm_head.weight`` is
+    ignored: hidden states need no head); unknown keys are reported under the names given.
 
     Args:
         config: :class:`LlamaConfig` or a ``config.json`` dict.
@@ -227,8 +230,8 @@ class LlamaModel(DecoderModel):
         return None if core_name == "lm_head.weight" else core_name  # hidden states need no head
 
     def _rename_state_dict(self, state: dict) -> dict:
-        return {k.removeprefix("model."): v for k, v in state.items()
-                if not k.endswith("rotary_emb.inv_freq") and k != "lm_head.weight"}
+        state = {k: v for k, v in state.items() if not k.endswith("rotary_emb.inv_freq") and k != "lm_head.weight"}
+        return _rename_known(state, self.parameter_shapes(), lambda k: k.removeprefix("model."))
 
     @classmethod
     def from_pretrained(cls, name_or_path, dtype=None, *, quantize_activations: bool = False):
@@ -293,7 +296,7 @@ class LlamaModel(DecoderModel):
         :func:`transformer_core.hub.check_config_against_weights`), on the file's names; with an LM
         head (:class:`LlamaForCausalLM`), ``tie_word_embeddings`` too: false without an
         ``lm_head.weight`` in the file, or true with one that differs from the token embedding
-        (an untied head that loading would drop)."""
+        (an untied head, which a tied model cannot hold)."""
         c, p = config, r"^(?:model\.)?"
         attn = p + r"layers\.\d+\.self_attn\."
         rules = [
@@ -326,7 +329,7 @@ class LlamaModel(DecoderModel):
                             f"{'hold' if plural else 'holds'} no lm_head.weight")
             elif c.tie_word_embeddings and head is not None and embed is not None and not _same_bits(head, embed):
                 more.append(f"tie_word_embeddings = True, but lm_head.weight in {weights} differs from the token "
-                            f"embedding (an untied head, which a tied model would drop)")
+                            f"embedding (an untied head, which a tied model cannot hold)")
         check_config_against_weights(model_dir, {k: v.shape for k, v in state.items()}, rules, layers, more)
 
     @classmethod
@@ -373,11 +376,15 @@ class LlamaForCausalLM(LlamaModel, CausalLM):
     ``model.embed_tokens.weight``'s), as Hugging Face's ``LlamaForCausalLM``.
 
     Weights: ``model.*`` (the :class:`LlamaModel` names) and, untied, ``lm_head.weight (V, E)``.
+    Loading also accepts the :class:`LlamaModel` names without ``model.``; tied
+    (``tie_word_embeddings=True``), an ``lm_head.weight`` is ``model.embed_tokens.weight`` (as Hugging
+    Face's tied parameter): given beside it, it must equal it (a different one raises ValueError,
+    naming it, as GPT-2's), and given without it, it loads into it (which is then not among
+    ``missing_keys``; torch lists the key there while loading the tensor through the head). Unknown
+    keys are reported under the names given.
     """
 
     def _dropout_probs(self) -> tuple[float, float]:
-        from .module import check_dropout
-
         if check_dropout(self.config.attention_dropout, "attention_dropout") > 0:
             import warnings
 
@@ -389,11 +396,13 @@ class LlamaForCausalLM(LlamaModel, CausalLM):
         return core_name if core_name == "lm_head.weight" else "model." + core_name
 
     def _rename_state_dict(self, state: dict) -> dict:
-        out = {}
-        for name, value in state.items():
-            if name.endswith("rotary_emb.inv_freq"):
-                continue
-            if name == "lm_head.weight" and self.config.tie_word_embeddings:
-                continue  # tied to model.embed_tokens.weight
-            out[name if name.startswith("model.") or name == "lm_head.weight" else "model." + name] = value
+        state = {k: v for k, v in state.items() if not k.endswith("rotary_emb.inv_freq")}
+        tied_head = self.config.tie_word_embeddings and "lm_head.weight" in state
+        head = state.pop("lm_head.weight") if tied_head else None
+        shapes = self.parameter_shapes()
+        out = _rename_known(state, shapes, lambda k: "model." + k)
+        if tied_head:  # the head is the token embedding: loaded into it without one, else checked equal to it
+            _load_tied_head(out, head, "model.embed_tokens.weight", shapes["model.embed_tokens.weight"],
+                            untied="an untied head, while tie_word_embeddings=True; load it into a model of "
+                                   "tie_word_embeddings=False")
         return out
