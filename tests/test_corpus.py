@@ -980,6 +980,25 @@ def test_model_identity_stores_an_existing_path_absolute(tmp_path, tiny_model_di
     assert corpus.model_identity(MODEL_NAME)["name"] == MODEL_NAME
 
 
+def test_model_identity_covers_a_default_prompt(tmp_path, tiny_model_dir):
+    """A folder whose config_sentence_transformers.json names a non-empty default prompt (which
+    encode puts before every text) has another fingerprint, so an output embedded without the
+    prompt is not resumed or searched with it; an empty prompt or none keeps the fingerprint."""
+    import shutil
+
+    base = corpus.model_identity(tiny_model_dir)["fingerprint"]
+    prints = {}
+    for name, st in {"none": {"prompts": {"q": "query: "}}, "empty": {"prompts": {"q": ""}, "default_prompt_name": "q"},
+                     "query": {"prompts": {"q": "query: "}, "default_prompt_name": "q"},
+                     "passage": {"prompts": {"q": "passage: "}, "default_prompt_name": "q"}}.items():
+        d = tmp_path / name
+        shutil.copytree(tiny_model_dir, d)
+        (d / "config_sentence_transformers.json").write_text(json.dumps(st))
+        prints[name] = corpus.model_identity(d)["fingerprint"]
+    assert prints["none"] == prints["empty"] == base
+    assert len({base, prints["query"], prints["passage"]}) == 3
+
+
 def test_parquet_write_error_names_the_part(tmp_path, tiny_model_dir, monkeypatch, capsys):
     """A Parquet part the disk refuses (EFBIG, e.g. `ulimit -f`) is one error line naming the part,
     and no temp file is left behind."""

@@ -14,6 +14,7 @@ and with each prompt run alone, unpadded.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import numpy as np
@@ -768,3 +769,18 @@ def test_positions_from_mask_padding():
     np.testing.assert_array_equal(positions_from_mask(mask, 3), [[2, 2], [1, 2], [1, 2]])
     doc = " ".join(positions_from_mask.__doc__.split())
     assert "trailing padding repeats the last real position" in doc
+
+
+@pytest.mark.parametrize("field, value, error", [("n_embd", "32", "n_embd"), ("resid_pdrop", 2.0, "resid_pdrop")])
+def test_bad_config_field_names_the_file(gpt2_h4, tmp_path, field, value, error):
+    """A config.json field of the wrong type or out of range: a ValueError naming the file (it named
+    only the field, so the CLI's one line did not say which file is wrong), raised before loading."""
+    import shutil
+
+    _, path, _ = gpt2_h4
+    d = tmp_path / "gpt2"
+    shutil.copytree(path, d)
+    config = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({**config, field: value}))
+    with pytest.raises(ValueError, match=f"^{re.escape(str(d / 'config.json'))}: {error}"):
+        tc.GPT2LMHeadModel.from_pretrained(d)

@@ -397,6 +397,20 @@ def _hf_prompted(hf_bert, hf_tokenizer, texts, prompt, pooling="mean", skip=0):
     return e / np.linalg.norm(e, axis=1, keepdims=True)
 
 
+def test_quantized_copy_keeps_the_prompts(tmp_path, model_dir):
+    """quantize(encoder) (a copy) keeps the folder's prompts and include_prompt: its embeddings
+    stay those of ``prompt + text`` (int8's accuracy), not of the bare text."""
+    d = _prompt_folder(tmp_path, model_dir, "q", {"prompts": {"query": "query: "}, "default_prompt_name": "query"},
+                       include_prompt=False)
+    enc = tc.SentenceEncoder.from_pretrained(d)
+    q = tc.quantize(enc)
+    assert (q.prompts, q.default_prompt_name, q.include_prompt) == ({"query": "query: "}, "query", False)
+    texts = ["What is the capital of France?", "ok"]
+    cos = np.sum(q.encode(texts) * enc.encode(texts), axis=1)
+    bare = np.sum(q.encode(texts) * enc.encode(texts, prompt=""), axis=1)
+    assert cos.min() > 0.99 and bare.max() < cos.min() - 0.01, (cos, bare)
+
+
 def test_default_prompt_of_the_folder_is_put_before_every_text(tmp_path, model_dir, hf_bert, hf_tokenizer):
     """A folder whose config_sentence_transformers.json names a default prompt embeds
     ``prompt + text``, as SentenceTransformer.encode; prompt_name= and prompt= pick another."""

@@ -768,3 +768,28 @@ def test_seq2seq_backward_after_a_childs_own_backward_adds_nothing():
     assert got.keys() == ref.keys()
     for name in ref:
         np.testing.assert_array_equal(got[name], ref[name], err_msg=name)
+
+
+def test_checkpoint_directory_with_a_tilde_is_in_the_home_directory(tmp_path, monkeypatch):
+    """save_checkpoint("~/run") / load_checkpoint("~/run") use $HOME/run, as save_pretrained does
+    (they wrote ./~/run); the loaded model and optimizer go on as the saved ones."""
+    home, cwd = tmp_path / "home", tmp_path / "cwd"
+    home.mkdir()
+    cwd.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(cwd)
+    rng = np.random.default_rng(0)
+    model = tc.nn.Linear(3, 2)
+    opt = tc.optim.AdamW(model.parameters(), lr=0.1)
+    for p in model.parameters():
+        p.grad = rng.standard_normal(p.data.shape).astype(np.float32)
+    opt.step()
+    tc.training.save_checkpoint("~/run", model, opt)
+    assert sorted(p.name for p in (home / "run").iterdir()) == ["model.safetensors", "optimizer.safetensors"]
+    assert list(cwd.iterdir()) == []
+    other = tc.nn.Linear(3, 2)
+    other_opt = tc.optim.AdamW(other.parameters(), lr=0.1)
+    tc.training.load_checkpoint("~/run", other, other_opt)
+    assert all(np.array_equal(v, model.state_dict()[k]) for k, v in other.state_dict().items())
+    got, want = other_opt.state_dict(), opt.state_dict()
+    assert got.keys() == want.keys() and all(np.array_equal(got[k], want[k]) for k in want)

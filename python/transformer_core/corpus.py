@@ -521,7 +521,9 @@ def model_identity(name_or_path=DEFAULT_MODEL, quantize: str | None = None) -> d
     enters the fingerprint too, so an output embedded in int8 is not resumed or searched in float32.
     So does a sentence-transformers folder's pooling (:func:`transformer_core.sentence_encoder.read_pooling`)
     when it is not all-MiniLM-L6-v2's mean pooling + Normalize (whose fingerprints stay as before),
-    so a CLS-pooled output is not resumed or searched with a mean-pooled model.
+    so a CLS-pooled output is not resumed or searched with a mean-pooled model; and a folder's
+    default prompt (``config_sentence_transformers.json``'s ``default_prompt_name``, put before
+    every text, and whether the pooling includes it), when it has a non-empty one.
 
     Returns:
         ``{"name", "fingerprint", "dim"}`` (``dim`` = ``config.json``'s ``hidden_size``), and
@@ -533,7 +535,7 @@ def model_identity(name_or_path=DEFAULT_MODEL, quantize: str | None = None) -> d
         ValueError: ``config.json`` without ``hidden_size``, a weight file that is not safetensors,
             or a pooling setup :class:`SentenceEncoder` does not support.
     """
-    from .sentence_encoder import read_pooling
+    from .sentence_encoder import read_pooling, read_prompts
 
     model_dir = resolve_model_dir(name_or_path)
     pooling = read_pooling(model_dir)
@@ -564,6 +566,10 @@ def model_identity(name_or_path=DEFAULT_MODEL, quantize: str | None = None) -> d
         h.update(b"quantize=" + str(quantize).encode())
     if pooling != {"pooling": "mean", "normalize": True}:
         h.update(f"pooling={pooling['pooling']};normalize={pooling['normalize']}".encode())
+    prompts = read_prompts(model_dir)
+    if prompts["default_prompt_name"] is not None and prompts["prompts"][prompts["default_prompt_name"]]:
+        prompt = prompts["prompts"][prompts["default_prompt_name"]]
+        h.update(f"prompt={json.dumps(prompt)};include_prompt={prompts['include_prompt']}".encode())
     name = str(Path(name_or_path).resolve()) if Path(name_or_path).exists() else str(name_or_path)
     out = {"name": name, "fingerprint": h.hexdigest()[:32], "dim": dim}
     if quantize is not None:

@@ -206,15 +206,18 @@ class GPT2Model(DecoderModel):
 
         Raises:
             FileNotFoundError: no directory, ``config.json`` or ``model.safetensors``.
-            ValueError: a ``config.json`` whose sizes (``vocab_size``, ``n_embd``, ``n_positions``,
+            ValueError: a ``config.json`` field of the wrong type or out of range (naming the
+                file); a ``config.json`` whose sizes (``vocab_size``, ``n_embd``, ``n_positions``,
                 ``n_inner``, ``n_layer``) the weights contradict (naming the file and the fields,
                 before the model is built); a missing, unknown or mis-shaped tensor (listed); an
                 unsupported config (e.g. ``tie_word_embeddings=False``) or an ``lm_head.weight``
                 other than ``wte.weight``.
             TypeError: ``dtype`` not float32/float64.
         """
+        from .checkpoints import config_from_file
+
         model_dir = resolve_model_dir(name_or_path)
-        config = GPT2Config.from_dict(read_config(model_dir))
+        config = config_from_file(GPT2Config, read_config(model_dir), model_dir / "config.json")
         state = load_safetensors(model_dir, dtype)  # float64 read as float64: not rounded through float32
         _check_config_against_weights(model_dir, config, state)  # before the model of that config is built
         with skip_weight_init():  # no random draw: every weight is loaded (a missing one raises)

@@ -607,7 +607,9 @@ def quantize(model, format: str = "int8", *, inplace: bool = False, keep_float=N
         bert = quantize(model.model, format, inplace=inplace, keep_float=keep,
                         residual_activations=residual_activations)
         return model if inplace else SentenceEncoder(bert, model.tokenizer, pooling=model.pooling,
-                                                     normalize=model.normalize)
+                                                     normalize=model.normalize, prompts=model.prompts,
+                                                     default_prompt_name=model.default_prompt_name,
+                                                     include_prompt=model.include_prompt)
     if not isinstance(model, Module):
         raise TypeError(f"model: expected a transformer_core model or layer (BertModel, GPT2LMHeadModel, "
                         f"LlamaForCausalLM, nn.Linear, ...) or a SentenceEncoder, got {type(model).__name__}")

@@ -110,7 +110,8 @@ def save_checkpoint(directory, model: Module, optimizer=None, scheduler=None) ->
     every state is taken before any file is written, the files go through
     :func:`~transformer_core.checkpoints.write_files_atomically` (each written whole under a
     temporary name, then moved into place), and each carries the same new random
-    ``checkpoint_id`` in its metadata, which :func:`load_checkpoint` checks.
+    ``checkpoint_id`` in its metadata, which :func:`load_checkpoint` checks. A leading ``~`` of
+    ``directory`` is the home directory (as for ``save_pretrained`` and :func:`load_checkpoint`).
 
     A file of a component not given (``optimizer=None``) is not written, and one left in
     ``directory`` by an earlier save stays: :func:`load_checkpoint` refuses to read it with this save's
@@ -145,7 +146,7 @@ def save_checkpoint(directory, model: Module, optimizer=None, scheduler=None) ->
         arrays = {k: np.asarray(v, order="C") for k, v in state.items()}
         meta = dict(metadata, **({RNG_STATE_KEY: json.dumps(get_rng_state())} if name == "model.safetensors" else {}))
         files.append((name, lambda p, arrays=arrays, meta=meta: save_file(arrays, p, metadata=meta)))
-    write_files_atomically(directory, files)
+    write_files_atomically(Path(directory).expanduser(), files)  # "~/run" is the home's, as save_pretrained's
 
 
 def _read_safetensors(path: Path, arrays: bool) -> tuple[dict, dict]:
@@ -236,7 +237,7 @@ def load_checkpoint(directory, model: Module, optimizer=None, scheduler=None) ->
         OSError: a file that cannot be read (naming it).
     """
     _check_arguments(model, optimizer, scheduler)
-    path = Path(directory)
+    path = Path(directory).expanduser()
     wanted = [name for name, given in zip(_FILES, (True, optimizer is not None, scheduler is not None)) if given]
     for name in wanted:
         if not (path / name).is_file():
