@@ -347,6 +347,19 @@ def test_apply_rotary_half_matches_seed(q_shape, k_shape, offset, dtype, rng):
     assert_close(q_rot, rq64, dtype, what="q vs f64 table", rtol_=1e-5 if dtype == np.float32 else None)
 
 
+@pytest.mark.parametrize("q_dtype, k_dtype", [(np.float32, np.float64), (np.float64, np.float32)])
+def test_apply_rotary_pos_emb_rotates_q_and_k_each_in_its_dtype(q_dtype, k_dtype, rng):
+    """A float64 k beside a float32 q (or the reverse) keeps float64 and its 1e-10 against torch
+    (q * cos + rotate_half(q) * sin with float32 tables): it was narrowed to q's dtype (8.7e-8 off)."""
+    q, k = randn(rng, (1, 2, 5, 8), q_dtype), randn(rng, (1, 2, 5, 8), k_dtype)
+    cos, sin = P.rotary_cos_sin(5, 8)
+    q_rot, k_rot = P.apply_rotary_pos_emb(q, k, cos, sin)
+    rq, rk = seed_apply_rotary_pos_emb(to_torch(q), to_torch(k), to_torch(cos), to_torch(sin))
+    assert (q_rot.dtype, k_rot.dtype) == (np.dtype(q_dtype), np.dtype(k_dtype))
+    assert_close(q_rot, rq, q_dtype, what="q")
+    assert_close(k_rot, rk, k_dtype, what="k")
+
+
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
 def test_apply_rotary_hf_position_ids_broadcast(dtype, rng):
     """HF passes cos/sin as (N, L, D) per batch (position_ids), unsqueezed to (N, 1, L, D)."""

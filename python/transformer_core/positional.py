@@ -571,8 +571,10 @@ def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim: int = 1, layout: str = "
     (``LlamaRotaryEmbedding``'s output, per-row ``position_ids``) get the head axis at
     ``unsqueeze_dim``, as in HF; 2-D ``(L, D)`` tables (:func:`rotary_cos_sin`) are shared by
     every row; tables of the inputs' rank (``(N, 1, L, D)``) broadcast as is. ``q`` and ``k`` may
-    have different head counts (GQA) as long as the tables broadcast to both; ``k`` is computed in
-    ``q``'s dtype.
+    have different head counts (GQA) as long as the tables broadcast to both. Each of ``q`` and
+    ``k`` is rotated in its own dtype (float32 unless float64; the tables follow it), as torch's
+    ``q * cos + ...`` and ``k * cos + ...`` with float32 tables: a float64 ``k`` is not narrowed to a
+    float32 ``q``'s dtype.
 
     Args:
         q: ``(..., L, D)``, e.g. ``(N, H, L, D)``.  k: ``(..., L, D)``, e.g. ``(N, H_kv, L, D)``.
@@ -583,12 +585,12 @@ def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim: int = 1, layout: str = "
         layout: ``"half"`` (default) or ``"interleaved"`` (keyword; not in HF's signature).
 
     Returns:
-        ``(q_rot, k_rot)``, shapes of ``q`` and ``k``, dtype of ``q`` (float32 unless float64).
+        ``(q_rot, k_rot)``, shapes and dtypes of ``q`` and ``k`` (float32 unless float64).
 
     Raises:
         ValueError / TypeError: as :func:`apply_rotary` (the message names ``q``, ``k``, ``cos``,
         ``sin`` or ``unsqueeze_dim``).
     """
-    dtype = compute_dtype(q, "q")
-    return (_apply_rotary(q, cos, sin, layout, "q", dtype, unsqueeze_dim),
-            _apply_rotary(k, cos, sin, layout, "k", dtype, unsqueeze_dim))
+    q_dtype, k_dtype = compute_dtype(q, "q"), compute_dtype(k, "k")  # both checked before either is rotated
+    return (_apply_rotary(q, cos, sin, layout, "q", q_dtype, unsqueeze_dim),
+            _apply_rotary(k, cos, sin, layout, "k", k_dtype, unsqueeze_dim))
