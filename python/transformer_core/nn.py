@@ -4,10 +4,10 @@ Each layer owns its weights in C++ and runs in one C++ call; weights load from t
 ``state_dict`` names.
 
 Dtypes. A layer computes in its own ``dtype`` (float32 by default, or float64): its inputs and the
-weights it loads are converted to it (torch's layers refuse another dtype instead). Narrowing a float64 value to a
-float32 layer refuses a finite value beyond float32's range (it would become inf) with a
-``ValueError`` naming the argument or weight (``x: expected values within float32's range``); an inf
-or NaN given stays one (see :mod:`transformer_core._validation`).
+weights it loads are converted to it (torch's layers refuse another dtype instead). Narrowing a
+float64 value to a float32 layer refuses a finite value beyond float32's range (it would become
+inf) with a ``ValueError`` naming the argument or weight (``x: expected values within float32's
+range``); an inf or NaN given stays one (see :mod:`transformer_core._validation`).
 
 Training (see :mod:`transformer_core.module`): after ``layer.train()`` a forward keeps what its
 backward needs, and ``layer.backward(grad_output)`` returns the gradient of the input(s) and adds
