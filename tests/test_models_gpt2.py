@@ -757,6 +757,13 @@ def test_a_batch_too_large_for_the_kv_cache_names_input_ids():
     with pytest.raises(ValueError, match=rf"^input_ids: a batch of {N} sequences .* max_new_tokens = {2**20} "):
         small.generate(np.broadcast_to(np.array([[1]]), (N, 1)), 2**20, past_key_values=cache)
     assert cache.capacity == 1 and cache.length == 0
+    # a forward with a caller's cache too small for the step: it named KVCache's `total`
+    N = 2 * physical_memory_bytes() // (per_position * 1000)
+    cache = m.new_cache(N)
+    with pytest.raises(ValueError, match=rf"^input_ids: a batch of {N} sequences of length 1000 after 0 cached "
+                                         r"positions needs a KV cache too large"):
+        m(np.broadcast_to(np.array([[1]]), (N, 1000)), past_key_values=cache)
+    assert cache.capacity == 1 and cache.length == 0
 
 
 def test_positions_from_mask_padding():
@@ -771,7 +778,8 @@ def test_positions_from_mask_padding():
     assert "trailing padding repeats the last real position" in doc
 
 
-@pytest.mark.parametrize("field, value, error", [("n_embd", "32", "n_embd"), ("resid_pdrop", 2.0, "resid_pdrop")])
+@pytest.mark.parametrize("field, value, error", [("n_embd", "32", "n_embd"), ("resid_pdrop", 2.0, "resid_pdrop"),
+                                                 ("n_head", 5, "n_embd: expected a multiple of n_head")])
 def test_bad_config_field_names_the_file(gpt2_h4, tmp_path, field, value, error):
     """A config.json field of the wrong type or out of range: a ValueError naming the file (it named
     only the field, so the CLI's one line did not say which file is wrong), raised before loading."""

@@ -234,6 +234,12 @@ class DecoderModel(Module):
             raise ValueError(f"input_ids: past length {past} + new length {L} exceeds the context "
                              f"({self._context_field} = {self.context_length})")
         mask, positions = _mask_and_positions(attention_mask, position_ids, N, L, past, self.context_length)
+        if past + L > cache.capacity:  # the caller's cache grows now, after every check, as the step would
+            try:
+                cache.reserve(past + L)
+            except ValueError as e:
+                raise cache_too_large(e, f"a batch of {N} sequences of length {L} after {past} cached "
+                                      "positions") from None
         return ids, mask, positions, cache
 
     def forward(self, input_ids, attention_mask=None, position_ids=None, past_key_values=None,

@@ -220,8 +220,11 @@ class GPT2Model(DecoderModel):
         config = config_from_file(GPT2Config, read_config(model_dir), model_dir / "config.json")
         state = load_safetensors(model_dir, dtype)  # float64 read as float64: not rounded through float32
         _check_config_against_weights(model_dir, config, state)  # before the model of that config is built
-        with skip_weight_init():  # no random draw: every weight is loaded (a missing one raises)
-            model = cls(config, dtype=dtype)
+        try:
+            with skip_weight_init():  # no random draw: every weight is loaded (a missing one raises)
+                model = cls(config, dtype=dtype)
+        except ValueError as e:  # sizes the model refuses together (n_embd not a multiple of n_head)
+            raise ValueError(f"{model_dir / 'config.json'}: {e}") from e
         model.load_state_dict(state)
         return model
 
