@@ -349,3 +349,116 @@ def test_quantized_copy_of_a_stack_has_a_norm_of_its_own():
     q.norm.load_state_dict({"weight": np.full(32, 2.0), "bias": np.zeros(32)})
     np.testing.assert_array_equal(enc(x), expected)
     np.testing.assert_array_equal(enc.norm.state_dict()["weight"], np.ones(32))
+
+
+def _torch_twin(enc):
+    """A torch TransformerEncoder (batch-first, float64, eval) holding ``enc``'s weights."""
+    te = torch.nn.TransformerEncoder(torch.nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True),
+                                     len(enc.layers), torch.nn.LayerNorm(8), enable_nested_tensor=False).double()
+    te.load_state_dict({k: to_torch(v) for k, v in enc.state_dict().items()})
+    return te.eval()
+
+
+@pytest.mark.parametrize("how", ["deepcopy", "pickle"])
+def test_copies_keep_identity_at_any_depth_of_the_attributes(how):
+    """A child referred to one container deeper (``enc.groups = {"a": [enc.layers[1]]}``) was, in a
+    deepcopy or unpickled copy, a second full copy of the layer (writes through it left the copy's
+    stack unchanged), and ``enc.meta = {"x": {"owner": enc}}`` referred to another copy of the stack
+    (pickle raised a 20,000-character TypeError). As torch's: the copy's own layer and the copy
+    itself, and the copy computes as torch's with the same write through ``groups``."""
+    import copy
+    import pickle
+
+    def dup(m):
+        return copy.deepcopy(m) if how == "deepcopy" else pickle.loads(pickle.dumps(m))
+
+    enc = tc.nn.TransformerEncoder(tc.nn.TransformerEncoderLayer(8, 2, 16, dtype=np.float64), 2,
+                                   tc.nn.LayerNorm(8, dtype=np.float64))
+    te = _torch_twin(enc)
+    for m in (enc, te):
+        m.groups = {"a": [m.layers[1]]}
+        m.meta = {"x": {"owner": m, "norm": (m.norm,)}}
+    tc_copy, t_copy = dup(enc), dup(te)
+    for c in (tc_copy, t_copy):
+        assert c.groups["a"][0] is c.layers[1] and c.meta["x"]["owner"] is c and c.meta["x"]["norm"][0] is c.norm
+        assert c.layers[1] is not (enc if c is tc_copy else te).layers[1]
+    state = tc_copy.groups["a"][0].state_dict()
+    tc_copy.groups["a"][0].load_state_dict({**state, "linear2.weight": state["linear2.weight"] * -2})
+    with torch.no_grad():
+        t_copy.groups["a"][0].linear2.weight.mul_(-2)
+    x = np.random.default_rng(3).standard_normal((2, 5, 8))
+    expected = t_copy(to_torch(x)).detach().numpy()
+    np.testing.assert_allclose(tc_copy(x), expected, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(tc_copy.meta["x"]["owner"](x), expected, rtol=1e-10, atol=1e-12)
+    assert np.abs(enc(x) - expected).max() > 1e-3  # the original's layer unchanged
+    np.testing.assert_allclose(enc(x), te(to_torch(x)).detach().numpy(), rtol=1e-10, atol=1e-12)
+
+
+def test_pickle_keeps_a_module_attached_that_refers_back_to_its_owner():
+    """``enc.head = Linear``, ``head.backbone = enc``: pickling raised a TypeError of 57,760
+    characters (each part was test-pickled on its own, re-entering the owner without pickle's memo).
+    As torch's: the unpickled head's ``backbone`` is the unpickled stack, which computes as the
+    original; an attribute that truly cannot be pickled is still named in a short TypeError."""
+    import pickle
+    import threading
+
+    enc = tc.nn.TransformerEncoder(tc.nn.TransformerEncoderLayer(8, 2, 16, dtype=np.float64), 1,
+                                   tc.nn.LayerNorm(8, dtype=np.float64))
+    enc.head = tc.nn.Linear(8, 3, dtype=np.float64)
+    enc.head.backbone = enc
+    te = _torch_twin(enc)
+    te.head = torch.nn.Linear(8, 3).double()
+    te.head.__dict__["backbone"] = te  # a plain attribute (torch's __setattr__ would make it a child)
+    t = pickle.loads(pickle.dumps(te))
+    c = pickle.loads(pickle.dumps(enc))
+    assert (c.head.backbone is c) == (t.head.backbone is t) is True
+    assert c.head is not enc.head and c.head.backbone is not enc
+    x = np.random.default_rng(4).standard_normal((2, 5, 8))
+    np.testing.assert_array_equal(c.head(c.head.backbone(x)), enc.head(enc(x)))
+    with torch.no_grad():
+        t.head.weight.copy_(to_torch(enc.head.state_dict()["weight"]))
+        t.head.bias.copy_(to_torch(enc.head.state_dict()["bias"]))
+        np.testing.assert_allclose(c.head(c(x)), t.head(t(to_torch(x))).numpy(), rtol=1e-10, atol=1e-12)
+    enc.head.lock = threading.Lock()
+    with pytest.raises(TypeError, match=r"Linear: cannot be pickled, attribute lock cannot") as err:
+        pickle.dumps(enc)
+    assert len(str(err.value)) < 300
+    del enc.head.lock
+    enc.lock = threading.Lock()
+    with pytest.raises(TypeError, match=r"TransformerEncoder: cannot be pickled, attribute lock cannot") as err:
+        pickle.dumps(enc)
+    assert len(str(err.value)) < 300
+
+
+@pytest.mark.parametrize("how", ["deepcopy", "quantize"])
+def test_copies_share_the_arrays_and_template_layer_of_the_arguments(how):
+    """quantize's copy deep-copied the arguments it was built from: its snapshot held a second float
+    copy of a stack's template layer (12.6 MB for TransformerEncoderLayer(512, 8, 2048)) and of the
+    weights a BertEmbeddings was loaded from. They are shared, as the original's snapshot shares
+    them; only a module that becomes the model's own (a stack's norm) is copied."""
+    import copy
+
+    make = copy.deepcopy if how == "deepcopy" else tc.quantize
+    layer = tc.nn.TransformerEncoderLayer(32, 2, 32)
+    enc = tc.nn.TransformerEncoder(layer, 2, tc.nn.LayerNorm(32))
+    x = np.random.default_rng(0).standard_normal((2, 3, 32)).astype(np.float32)
+    expected = enc(x)
+    q = make(enc)
+    assert q._init_args[0][0] is layer and q._init_args[0][2] is q.norm is not enc.norm
+    q.norm.load_state_dict({"weight": np.full(32, 2.0), "bias": np.zeros(32)})
+    np.testing.assert_array_equal(enc(x), expected)
+    np.testing.assert_array_equal(enc.norm.state_dict()["weight"], np.ones(32))
+    bert = tc.BertModel(tc.BertConfig(vocab_size=40, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                      intermediate_size=24, max_position_embeddings=16))
+    emb = tc.BertEmbeddings.from_model(bert)
+    given = emb._init_args[1]["weights"]
+    ids = np.array([[1, 5, 7, 3]])
+    copied = make(emb)
+    held = copied._init_args[1]["weights"]
+    assert set(held) == set(given) and all(np.shares_memory(held[k], given[k]) for k in given)
+    for name, value in emb.state_dict().items():  # the copy's own weights: equal, not shared
+        assert not np.shares_memory(copied.state_dict()[name], value)
+    if how == "deepcopy":
+        np.testing.assert_array_equal(copied(ids), emb(ids))
+    else:
+        np.testing.assert_allclose(copied(ids), emb(ids), atol=0.05)

@@ -541,6 +541,31 @@ def _kept_by_reference(value) -> bool:
             or hasattr(value, "__array_interface__"))
 
 
+def _immutable_args(args: tuple, kwargs: dict) -> bool:
+    """Whether a constructor's arguments are all immutable (:data:`_IMMUTABLE_ARGS`): nothing to copy."""
+    return (all(type(a) in _IMMUTABLE_ARGS for a in args)
+            and all(type(v) in _IMMUTABLE_ARGS for v in kwargs.values()))
+
+
+def _args_kept(args: tuple, kwargs: dict) -> dict:
+    """``{id: value}`` of the values in a constructor's arguments (also inside lists, tuples, sets and
+    dicts) that copies of them keep by reference (:func:`_kept_by_reference`): a deep copy's memo
+    mapping each of them onto itself."""
+    kept, stack, seen = {}, [args, kwargs], set()
+    while stack:
+        value = stack.pop()
+        if id(value) in seen:
+            continue
+        seen.add(id(value))
+        if _kept_by_reference(value):
+            kept[id(value)] = value
+        elif isinstance(value, dict):
+            stack.extend(value.values())
+        elif isinstance(value, (list, tuple, set, frozenset)):
+            stack.extend(value)
+    return kept
+
+
 def _snapshot_args(args: tuple, kwargs: dict) -> tuple:
     """``(args, kwargs)`` of a constructor as a module keeps them to be built again: deep copies, so
     that a config the caller changes after the module was built (``cfg.rms_norm_eps = 0.5``) does not
@@ -548,25 +573,37 @@ def _snapshot_args(args: tuple, kwargs: dict) -> tuple:
     in the arguments (also inside lists, tuples and dicts) are kept by reference
     (:func:`_kept_by_reference`); arguments that cannot be deep-copied are kept as they are (the copy
     then raises, naming them, as it would have)."""
-    if (all(type(a) in _IMMUTABLE_ARGS for a in args)
-            and all(type(v) in _IMMUTABLE_ARGS for v in kwargs.values())):
+    if _immutable_args(args, kwargs):
         return args, kwargs  # nothing mutable: no copy (the common case, every layer of a stack)
-    memo, stack, seen = {}, [args, kwargs], set()
-    while stack:  # the shared objects: the deep copy maps each of them onto itself
-        value = stack.pop()
-        if id(value) in seen:
-            continue
-        seen.add(id(value))
-        if _kept_by_reference(value):
-            memo[id(value)] = value
-        elif isinstance(value, dict):
-            stack.extend(value.values())
-        elif isinstance(value, (list, tuple, set, frozenset)):
-            stack.extend(value)
     try:
-        return copy.deepcopy((args, kwargs), memo)
+        return copy.deepcopy((args, kwargs), _args_kept(args, kwargs))
     except (TypeError, AttributeError, ValueError, RecursionError, copy.Error, pickle.PicklingError):
         return args, kwargs
+
+
+def _copy_init_args(module, memo: dict | None = None) -> tuple:
+    """The arguments a copy of ``module`` is built from: its snapshot (``_init_args``) deep-copied
+    (in ``memo``, a ``copy.deepcopy`` call's, where given), except what the snapshot keeps by
+    reference (:func:`_kept_by_reference`: a loader's arrays, the layer a stack copies its layers
+    from), which the copy's snapshot shares in turn (no second copy of the weights); a module among
+    them that is under ``module`` (a stack's norm, the constructor's child) is deep-copied: the copy
+    has its own.
+
+    Raises:
+        TypeError: an argument cannot be deep-copied.
+    """
+    args, kwargs = module._init_args
+    if _immutable_args(args, kwargs):
+        return module._init_args
+    memo = {} if memo is None else memo
+    under = {id(m) for m in _modules_under(module).values()}
+    added = {key: value for key, value in _args_kept(args, kwargs).items() if key not in under and key not in memo}
+    memo.update(added)  # onto themselves, for this copy only: the rest of the call copies them as usual
+    try:
+        return copy.deepcopy(module._init_args, memo)
+    finally:
+        for key in added:
+            memo.pop(key, None)
 
 
 class Module:
@@ -757,18 +794,21 @@ class Module:
         attributes it carries (a loader's ``source``, a config replaced, a dropout probability
         changed since, a module attached by the caller: ``bert.classifier = nn.Linear(...)``, deep-
         copied in turn). The arguments are those it was built with, as they were then (a snapshot):
-        a config the caller changed since does not change the copy's computation. What a training
-        forward kept for its backward is not copied: the copy has no backward pending. An attribute
-        that cannot be deep-copied (a memory-mapped checkpoint) is shared.
+        a config the caller changed since does not change the copy's computation; the arrays and the
+        modules the snapshot keeps by reference (a loader's weights, the layer a stack was built
+        from) the copy's snapshot shares (:func:`_copy_init_args`). What a training forward kept for
+        its backward is not copied: the copy has no backward pending. An attribute that cannot be
+        deep-copied (a memory-mapped checkpoint) is shared.
 
         Identity within one ``copy.deepcopy`` call (its memo), as torch's: every module under this one
-        is registered with its copy, so a later reference to one of them in the same call gets the
-        copy's (``a, b = copy.deepcopy((enc, enc.layers[0]))``: ``a.layers[0] is b``), and an attribute
-        that refers to a module under this one (``enc.first = enc.layers[0]``) refers to the copy's
-        (``copy.first is copy.layers[0]``), in pickles too. Not preserved:
-        a child copied BEFORE its parent in the same call (``copy.deepcopy((enc.layers[0], enc))``)
-        stays a separate copy (the parent is rebuilt from its arguments, with children of its own);
-        and pickling preserves no such identity (each module pickles as a whole of its own).
+        is registered with its copy before the attributes are copied, so a reference to one of them,
+        at any depth of the attributes (``enc.first = enc.layers[0]``, ``enc.groups = {"a":
+        [enc.layers[1]]}``, ``enc.meta = {"owner": enc}``, ``head.backbone = enc``), is one to the
+        copy's (``copy.groups["a"][0] is copy.layers[1]``), and so is a later reference in the same
+        call (``a, b = copy.deepcopy((enc, enc.layers[0]))``: ``a.layers[0] is b``); pickles keep the
+        same identities (:meth:`__reduce_ex__`). Not preserved: a child copied BEFORE its parent in
+        the same call (``copy.deepcopy((enc.layers[0], enc))``) stays a separate copy (the parent is
+        rebuilt from its arguments, with children of its own).
 
         Raises:
             TypeError: a weight is held quantized (copy the float model and quantize the copy), or
@@ -776,63 +816,65 @@ class Module:
                 built): copy it through ``state_dict`` (build a new one, ``load_state_dict``).
         """
         payload = self._copy_payload()
+        attributes = payload.pop("attributes")
         try:
-            payload["init_args"] = copy.deepcopy(payload["init_args"], memo)
+            payload["init_args"] = _copy_init_args(self, memo)
         except TypeError as e:
             raise TypeError(f"{type(self).__name__}: cannot be deep-copied, its constructor's arguments cannot "
                             f"({e}); copy it through state_dict: build a new one and load_state_dict(module."
                             "state_dict())") from None
-        for attributes in payload["attributes"].values():
-            for key, value in attributes.items():
-                try:
-                    attributes[key] = copy.deepcopy(value, memo)
-                except (TypeError, pickle.PicklingError):
-                    pass  # shared (a read-only checkpoint, say)
-        held = payload.pop("modules")
         new = _restore_module(type(self), payload)
         copies = _modules_under(new)
-        for path, module in _modules_under(self).items():  # later references in this call: the copies
+        for path, module in _modules_under(self).items():  # references to them in this call: the copies
             memo[id(module)] = copies[path]
             memo.setdefault(id(memo), []).append(module)  # alive while memo is (copy's own _keep_alive)
-        for attributes in held.values():  # after the memo knows the copies: a module attached by the
-            for key, value in attributes.items():  # caller may refer back to this one
+        for values in attributes.values():  # after the memo knows the copies, at any depth
+            for key, value in values.items():
                 try:
-                    attributes[key] = copy.deepcopy(value, memo)
+                    values[key] = copy.deepcopy(value, memo)
                 except (TypeError, pickle.PicklingError):
-                    pass  # shared, as any attribute that cannot be deep-copied (quantized weights)
-        _set_module_attributes(copies, held)
+                    pass  # shared (a read-only checkpoint, say)
+        _set_attributes(new, attributes)
         return new
 
     def __reduce_ex__(self, protocol):
         """Pickling (``pickle.dumps(module)``): the class, the arguments it was built with, the
-        weights, gradients, training mode and attributes; unpickling builds the module again from
-        them (as :meth:`__deepcopy__`).
+        weights and gradients (unpickling builds the module again from them, as :meth:`__deepcopy__`),
+        then, as its state, the training mode and attributes. The module being in the pickle's memo
+        before its state, an attribute referring back to it (``head.backbone = enc``, ``enc.meta =
+        {"owner": enc}``) unpickles as the module rebuilt, as torch's; so does one referring to a
+        module under it, at any depth (``enc.groups = {"a": [enc.layers[1]]}``: the rebuilt
+        ``layers[1]``, see :class:`_ChildScope`).
 
         Raises:
             TypeError: as :meth:`__deepcopy__`; also an attribute or argument that cannot be pickled
                 (named): save ``state_dict()`` (``save_pretrained``, ``safetensors``) instead.
         """
+        registered = _pickled_children().get(id(self))
+        if registered is not None:  # in the state of the module above this one: its rebuilt child
+            return _child_at, registered
         payload = self._copy_payload()
+        attributes = payload.pop("attributes")
         parts = {"the constructor's arguments": payload["init_args"]}
         parts.update((f"attribute {prefix + '.' if prefix else ''}{key}", value)
-                     for group in ("attributes", "modules") for prefix, attributes in payload[group].items()
-                     for key, value in attributes.items())
+                     for prefix, values in attributes.items() for key, value in values.items())
         for what, value in parts.items():
             try:
-                pickle.dumps(value, protocol)
+                _PartPickler(_Discard(), protocol).dump(value)
             except (TypeError, AttributeError, RecursionError, pickle.PicklingError) as e:
                 raise TypeError(f"{type(self).__name__}: cannot be pickled, {what} cannot ({e}); save its "
                                 "state_dict() instead and load it into a new one") from None
-        return _restore_module, (type(self), payload)
+        children = [(path, module) for path, module in _modules_under(self).items() if path]
+        state = (_ChildScope(self, children, True), [module for _, module in children],
+                 _ChildScope(self, children, False), attributes)
+        return _restore_module, (type(self), payload), state, None, None, _restore_state
 
     def _copy_payload(self) -> dict:
         """What :func:`_restore_module` builds a copy from: ``init_args``, ``weights`` and ``grads``
         (``{name: array}`` in the C++ layout, fresh copies; grads only those that hold one) and
-        ``attributes`` (``{path of the module under this one: {attribute: value}}``, without the C++
-        objects, the modules and the training state, which the rebuilt module has its own of) and
-        ``modules`` (the same for the attributes that hold modules, directly or in a list, tuple or
-        dict: a child, a module attached by the caller; each module under this one replaced by a
-        :class:`_ModuleRef` to its path, which :func:`_set_module_attributes` maps onto the copy's).
+        ``attributes`` (``{path of the module under this one: {attribute: value}}``, the original
+        values, without the C++ objects and the training state, which the rebuilt module has its own
+        of, see :data:`_NOT_COPIED`), which :func:`_set_attributes` sets on the copy.
 
         Raises:
             TypeError: a weight is held quantized.
@@ -848,16 +890,10 @@ class Module:
             weights[name] = np.array(slot.impl.get_parameter(slot.core_name), copy=True)
             if _grad_readable(slot.impl, slot.core_name):
                 grads[name] = np.array(slot.impl.gradient_view(slot.core_name), copy=True)
-        attributes, held = {}, {}
-        modules = _modules_under(self)
-        paths = {id(m): path for path, m in modules.items()}
-        for prefix, module in modules.items():
-            own = {k: v for k, v in vars(module).items() if k not in _NOT_COPIED}
-            attributes[prefix] = {k: v for k, v in own.items() if not _holds_core_state(v)}
-            held[prefix] = {k: _map_items(v, lambda m: _ModuleRef(paths[id(m)]) if id(m) in paths else m)
-                            for k, v in own.items() if _holds_modules_only(v)}
-        return {"init_args": self._init_args, "weights": weights, "grads": grads, "attributes": attributes,
-                "modules": held}
+        attributes = {prefix: {k: v for k, v in vars(module).items()
+                               if k not in _NOT_COPIED and not _holds_core_objects(v)}
+                      for prefix, module in _modules_under(self).items()}
+        return {"init_args": self._init_args, "weights": weights, "grads": grads, "attributes": attributes}
 
     # ---- training --------------------------------------------------------------------------------
     def train(self, mode: bool = True) -> "Module":
@@ -1142,80 +1178,36 @@ class Module:
 #: module, the arguments it was built from, a training forward's state (pointers into the original's
 #: C++ activations) and the cached Parameters (numpy views of the ORIGINAL's C++ buffers: copied, they
 #: would write into the original). C++ objects held in other attributes (a rotary table) are rebuilt
-#: with it, not copied (:func:`_holds_core_state`); attributes holding modules (a stack's ``layers``, a
-#: head attached by the caller) refer to the rebuilt module's own where they held the original's
-#: (its children, those under them) and to deep copies of the others (:func:`_set_module_attributes`).
-#: Everything else a module carries, set by its constructor or later (its config, a dropout
-#: probability, a loader's ``source``, a Seq2Seq's ``pe`` table: plain values, which no constructor
-#: makes views of C++ memory), is copied over the rebuilt module's (:func:`_restore_module`).
+#: with it, not copied (:func:`_holds_core_objects`). Everything else a module carries, set by its
+#: constructor or later (its config, a dropout probability, a loader's ``source``, a Seq2Seq's ``pe``
+#: table, a stack's ``layers``, a head attached by the caller), is copied over the rebuilt module's
+#: (:func:`_set_attributes`): a reference to a module under the one copied, or to that one, at any
+#: depth, as one to the copy's own (deepcopy's memo, pickle's memo: :class:`_ChildScope`), any other
+#: module a copy of its own.
 _NOT_COPIED = frozenset({"_impl", "_init_args", "_saved", "_parameters_cache"})
 
 
-def _holds_core_state(value) -> bool:
-    """Whether ``value`` is (or is a container of) a module or a C++ object: rebuilt, not copied."""
+def _holds_core_objects(value) -> bool:
+    """Whether ``value`` is (or is a list, tuple or dict of) C++ objects: rebuilt, not copied."""
     items = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else (value,)
-    return any(isinstance(v, Module) or type(v).__module__.startswith("transformer_core._core") for v in items)
+    return any(type(v).__module__.startswith("transformer_core._core") for v in items)
 
 
-def _holds_modules_only(value) -> bool:
-    """Whether ``value`` is (or is a list, tuple or dict of) modules and no C++ object: an attribute
-    that a copy points at modules of its own (:func:`_set_module_attributes`)."""
-    items = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else (value,)
-    items = list(items)
-    return (any(isinstance(v, Module) for v in items)
-            and not any(type(v).__module__.startswith("transformer_core._core") for v in items))
-
-
-def _map_items(value, fn):
-    """``value`` (a module, or a list, tuple or dict of them) with ``fn`` applied to each of its items
-    that is a module or a :class:`_ModuleRef`; a new container of the same type, ``value`` unchanged."""
-    def one(v):
-        return fn(v) if isinstance(v, (Module, _ModuleRef)) else v
-
-    if isinstance(value, dict):
-        out = copy.copy(value)  # its type (an OrderedDict, a defaultdict's factory) kept
-        for k, v in value.items():
-            out[k] = one(v)
-        return out
-    if isinstance(value, list):
-        out = copy.copy(value)
-        out[:] = [one(v) for v in value]
-        return out
-    if isinstance(value, tuple) and not isinstance(value, _ModuleRef):
-        items = [one(v) for v in value]
-        return type(value)._make(items) if hasattr(type(value), "_make") else type(value)(items)
-    return one(value)
-
-
-class _ModuleRef(NamedTuple):
-    """In a copy's payload: the module at ``path`` under the module copied (``""`` itself), which the
-    copy's attributes refer to as its own module at that path."""
-
-    path: str
-
-
-def _set_module_attributes(modules: dict, held: dict) -> None:
-    """Sets the attributes that hold modules (``held``: a payload's ``modules``, each module under
-    the original a :class:`_ModuleRef`, the others already copies) on the rebuilt modules
-    (``modules``: :func:`_modules_under` of the copy), each reference the copy's module at its path.
-    One that refers to a path the copy lacks is left as the constructor set it."""
-    for prefix, attributes in held.items():
-        module = modules.get(prefix)
-        if module is None:
+def _set_attributes(module, attributes: dict) -> None:
+    """Sets ``attributes`` (a payload's: ``{path: {attribute: value}}``, the values already the
+    copy's) on the modules under ``module`` (a copy) at their paths, over what the constructor set;
+    except a numpy array of the rebuilt module that views C++ memory (none of the library's
+    constructors keeps one; the rebuilt module's own view must stay, a copy of the original's would
+    be detached from its weights)."""
+    modules = _modules_under(module)
+    for prefix, values in attributes.items():
+        target = modules.get(prefix)
+        if target is None:
             continue
-        for key, value in attributes.items():
-            missing = []
-
-            def resolve(v):
-                if not isinstance(v, _ModuleRef):
-                    return v
-                if v.path not in modules:
-                    missing.append(v.path)
-                return modules.get(v.path)
-
-            resolved = _map_items(value, resolve)
-            if not missing:
-                vars(module)[key] = resolved
+        own = vars(target)
+        for key, value in values.items():
+            if not _views_core_memory(own.get(key)):
+                own[key] = value
 
 
 def _modules_under(module) -> dict:
@@ -1230,12 +1222,8 @@ def _modules_under(module) -> dict:
 
 def _restore_module(cls, payload: dict):
     """A module of class ``cls`` from a :meth:`Module._copy_payload` (copy.deepcopy, unpickling): built
-    from its arguments (random init skipped), then given the weights, gradients and every attribute
-    the payload carries (the original's values: a config replaced since, a changed dropout
-    probability, the training mode, a module attached by the caller), over what the constructor
-    set; except a numpy array of the rebuilt module that views C++ memory (none of the library's
-    constructors keeps one; the rebuilt module's own view must stay, a copy of the original's would
-    be detached from its weights).
+    from its arguments (random init skipped), then given the weights and gradients; and the
+    attributes, where the payload carries them (a pickle's come in its state, :func:`_restore_state`).
 
     Raises:
         TypeError: ``cls`` cannot be built from the arguments, or the module built has other weights.
@@ -1260,22 +1248,90 @@ def _restore_module(cls, payload: dict):
         slot = slots[name]
         slot.impl.gradient_view(slot.core_name)[...] = value
         _mark_grad_rows_written(slot.impl, slot.core_name)
-    modules = _modules_under(new)
-    for prefix, attributes in payload["attributes"].items():
-        module = modules.get(prefix)
-        if module is None:
-            continue
-        own = vars(module)
-        for key, value in attributes.items():
-            if not _views_core_memory(own.get(key)):
-                own[key] = value
-    _set_module_attributes(modules, payload.get("modules", {}))
+    if "attributes" in payload:  # pickles written before the attributes moved into the state
+        _set_attributes(new, payload["attributes"])
     return new
+
+
+def _restore_state(module, state: tuple) -> None:
+    """Unpickling: gives ``module`` (:func:`_restore_module`'s) the attributes of the state
+    :meth:`Module.__reduce_ex__` wrote (``(None, [its modules], None, attributes)`` once read)."""
+    _set_attributes(module, state[3])
+
+
+def _pickled_children() -> dict:
+    """This thread's ``{id(module): (module above it, its path)}`` of the modules that pickle as a
+    reference to the rebuilt module's (:class:`_ChildScope`)."""
+    registry = getattr(_PICKLE_SCOPE, "children", None)
+    if registry is None:
+        registry = _PICKLE_SCOPE.children = {}
+    return registry
+
+
+_PICKLE_SCOPE = threading.local()
+
+
+class _ChildScope:
+    """A mark in a module's pickle state, around the modules under it: ``(opening mark, [modules],
+    closing mark, attributes)``. The opening mark, pickled, registers each of them
+    (:func:`_pickled_children`), so that each pickles as its path in the rebuilt module
+    (:func:`_child_at`: the module is in the pickle's memo by then) rather than as a module of its
+    own; pickle's memo then gives every reference to it in the attributes, at any depth, the rebuilt
+    module's. The closing mark drops the registrations (those of modules already in the pickle's memo,
+    not pickled here: the norm a stack was built from, in its arguments). Both unpickle as None."""
+
+    def __init__(self, module, children: list, opening: bool):
+        self.module, self.children, self.opening = module, children, opening
+
+    def __reduce_ex__(self, protocol):
+        registry = _pickled_children()
+        for path, child in self.children:
+            if self.opening:
+                registry[id(child)] = (self.module, path)
+            else:
+                registry.pop(id(child), None)
+        return _nothing, ()
+
+
+def _nothing() -> None:
+    """What a :class:`_ChildScope` unpickles as."""
+    return None
+
+
+def _child_at(module, path: str):
+    """Unpickling: the module at ``path`` under ``module`` (rebuilt: its own child there).
+
+    Raises:
+        TypeError: the rebuilt module has no module at ``path`` (it was changed after it was built).
+    """
+    modules = _modules_under(module)
+    if path not in modules:
+        raise TypeError(f"{type(module).__name__}: cannot be unpickled, the module built again from the arguments it "
+                        f"was built with has no module {path!r} (it was changed after it was built)")
+    return modules[path]
+
+
+class _Discard:
+    """A file that keeps nothing: what :meth:`Module.__reduce_ex__` pickles each part into, to see
+    that it can be pickled."""
+
+    @staticmethod
+    def write(data) -> int:
+        return len(data)
+
+
+class _PartPickler(pickle.Pickler):
+    """Pickles a part of a module's pickle to see that it can be: the modules in it are not followed
+    (each checks its own parts when it is pickled), so one referring back to the module being
+    pickled (``head.backbone = enc``) does not re-enter it."""
+
+    def persistent_id(self, obj):
+        return "module" if isinstance(obj, Module) else None
 
 
 def _carry_attributes(source, target) -> None:
     """Gives ``target`` (a module built again from ``source``'s arguments) the attributes ``source``
-    and every module under it carry, as :func:`_restore_module` does (a config replaced since, a
+    and every module under it carry, as :func:`_set_attributes` does (a config replaced since, a
     changed dropout probability, the training mode, a loader's ``source``, a module attached by the
     caller): deep copies (one memo: a module referred to twice is copied once, and a reference to a
     module under ``source`` is one to ``target``'s at its path), or the value itself where it cannot
@@ -1290,8 +1346,7 @@ def _carry_attributes(source, target) -> None:
             continue
         own = vars(dst)
         for key, value in vars(module).items():
-            if (key in _NOT_COPIED or (_holds_core_state(value) and not _holds_modules_only(value))
-                    or _views_core_memory(own.get(key))):
+            if key in _NOT_COPIED or _holds_core_objects(value) or _views_core_memory(own.get(key)):
                 continue
             try:
                 value = copy.deepcopy(value, memo)

@@ -644,13 +644,14 @@ def _copy(model):
     """A float copy of a module: built again from the arguments it was built with (its snapshot of
     them: a config the caller changed since does not change the copy; random init skipped), then
     every weight copied (dequantized when held quantized) and the attributes carried over (modules
-    attached by the caller deep-copied)."""
-    import copy
+    attached by the caller deep-copied). Of the arguments, the modules that are the model's own (a
+    stack's norm) are deep-copied, the copy must not hold the original's; the arrays and the other
+    modules (a loader's weights, the layer a stack copies its layers from) are shared with the
+    original's snapshot, not copied again."""
+    from .module import _carry_attributes, _copy_init_args, skip_weight_init
 
-    from .module import _carry_attributes, skip_weight_init
-
-    try:  # a module among them (a stack's norm) is copied: the copy must not hold the original's
-        args, kwargs = copy.deepcopy(model._init_args)
+    try:
+        args, kwargs = _copy_init_args(model)
     except TypeError:
         args, kwargs = model._init_args
     with skip_weight_init():
