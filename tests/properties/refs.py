@@ -145,13 +145,19 @@ def read_choice(v, name, choices) -> str:
 
 def lib_dtype(v):
     """The dtype the library computes in for an input: float64 for float64 data (any byte order,
-    Python floats included), else float32."""
+    Python floats included) and wider floats (longdouble), else float32."""
     v = to_np(v)
     try:
         a = np.asarray(v)
     except (ValueError, TypeError):
         return np.float32
-    return np.float64 if a.dtype.kind == "f" and a.dtype.itemsize == 8 else np.float32
+    return np.float64 if a.dtype.kind == "f" and a.dtype.itemsize >= 8 else np.float32
+
+
+def common_dtype(*values):
+    """The dtype an op with several float data arguments computes in: float64 if any of them is
+    (:func:`lib_dtype`; None, an argument not given, skipped), else float32."""
+    return np.float64 if any(v is not None and lib_dtype(v) == np.float64 for v in values) else np.float32
 
 
 def t(a) -> torch.Tensor:

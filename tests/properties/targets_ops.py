@@ -4,6 +4,7 @@ re-exports), masks, backward, quantization and multihead_forms."""
 from __future__ import annotations
 
 import math
+import numbers
 
 import numpy as np
 import torch
@@ -14,6 +15,7 @@ from .harness import Arg, NoReference, Target, assert_close
 from .refs import (
     DTYPES,
     attention,
+    common_dtype,
     dims,
     layer_norm,
     layer_norm_t,
@@ -45,6 +47,11 @@ def x_dtype(name="x"):
     return lambda kw: lib_dtype(kw[name])
 
 
+def data_dtype(*names):
+    """The op computes in float64 if any of its float data arguments ``names`` is float64."""
+    return lambda kw: common_dtype(*(kw.get(n) for n in names))
+
+
 # ------------------------------------------------------------------------------------------------
 # functional
 # ------------------------------------------------------------------------------------------------
@@ -65,7 +72,7 @@ def _ref_linear(kw):
 
 
 target(name="functional.linear", draw=_draw_linear, call=lambda kw: F.linear(kw["x"], kw["weight"], kw["bias"]),
-       reference=_ref_linear, out_dtype=x_dtype(),
+       reference=_ref_linear, out_dtype=data_dtype("x", "weight", "bias"),
        args={"x": Arg("array"), "weight": Arg("array"), "bias": Arg("array", optional=True)})
 
 
@@ -127,11 +134,13 @@ def _norm_args(bias=True):
 # eps = 0 on a constant row divides 0 by 0 (NaN in torch and here alike); rows of one value are avoided
 target(name="functional.layer_norm", draw=_draw_norm,
        call=lambda kw: F.layer_norm(kw["x"], kw["weight"], kw["bias"], eps=kw["eps"]),
-       reference=lambda kw: _ref_norm(kw, "layer_norm"), out_dtype=x_dtype(), args=_norm_args(), atol=1e-4,
+       reference=lambda kw: _ref_norm(kw, "layer_norm"), out_dtype=data_dtype("x", "weight", "bias"), args=_norm_args(),
+       atol=1e-4,
        rtol=1e-4)
 target(name="functional.rms_norm", draw=lambda d: _draw_norm(d, bias=False),
        call=lambda kw: F.rms_norm(kw["x"], kw["weight"], eps=kw["eps"]),
-       reference=lambda kw: _ref_norm(kw, "rms_norm"), out_dtype=x_dtype(), args=_norm_args(False), atol=1e-4,
+       reference=lambda kw: _ref_norm(kw, "rms_norm"), out_dtype=data_dtype("x", "weight"), args=_norm_args(False),
+       atol=1e-4,
        rtol=1e-4)
 
 
@@ -177,7 +186,7 @@ def _ref_glu(kw):
 
 
 target(name="functional.glu", draw=_draw_glu, call=lambda kw: F.glu(kw["gate"], kw["up"], kw["activation"]),
-       reference=_ref_glu, out_dtype=x_dtype("gate"),
+       reference=_ref_glu, out_dtype=data_dtype("gate", "up"),
        args={"gate": Arg("array"), "up": Arg("array"), "activation": Arg("choice", choices=("silu", "gelu"))})
 
 
@@ -288,8 +297,13 @@ def _draw_sdpa(draw):
     return kw
 
 
+def _sdpa_bw_dtype(kw):
+    """The attention backward computes in float64 if any of its float data arguments is."""
+    return common_dtype(*(kw[n] for n in ("query", "key", "value", "out", "grad_out", "lse")))
+
+
 def _ref_sdpa(kw):
-    dtype = lib_dtype(kw["query"])
+    dtype = common_dtype(kw["query"], kw["key"], kw["value"])
     q, k, v = read(kw["query"], "query"), read(kw["key"], "key"), read(kw["value"], "value")
     if q.ndim < 2 or k.ndim != q.ndim or v.ndim != q.ndim or k.shape[-1] != q.shape[-1] or \
             v.shape[-2] != k.shape[-2] or k.shape[:-2] != q.shape[:-2] or v.shape[:-2] != q.shape[:-2]:
@@ -341,7 +355,7 @@ target(name="functional.scaled_dot_product_attention", draw=_draw_sdpa,
            key_mask=kw["key_mask"], is_causal=kw["is_causal"], scale=kw["scale"],
            return_weights=kw["return_weights"], causal_alignment=kw["causal_alignment"],
            enable_gqa=kw["enable_gqa"], path=kw["path"], return_lse=kw["return_lse"]),
-       reference=_ref_sdpa, out_dtype=x_dtype("query"), atol=1e-4, rtol=1e-4, weight=2.0,
+       reference=_ref_sdpa, out_dtype=data_dtype("query", "key", "value"), atol=1e-4, rtol=1e-4, weight=2.0,
        args={"query": Arg("array"), "key": Arg("array"), "value": Arg("array"),
              "attn_mask": Arg("attn_mask", optional=True), "key_mask": Arg("keep_mask", optional=True),
              "query_mask": Arg("keep_mask", optional=True), "is_causal": Arg("bool"), "return_weights": Arg("bool"),
@@ -367,7 +381,7 @@ def _draw_varlen(draw):
 
 
 def _ref_varlen(kw):
-    dtype = lib_dtype(kw["query"])
+    dtype = common_dtype(kw["query"], kw["key"], kw["value"])
     q, k, v = read(kw["query"], "query"), read(kw["key"], "key"), read(kw["value"], "value")
     if q.ndim != 3 or k.ndim != 3 or v.ndim != 3 or k.shape[0] != q.shape[0] or v.shape[0] != q.shape[0] or \
             k.shape[2] != q.shape[2] or v.shape[1] != k.shape[1] or q.shape[1] % k.shape[1] != 0:
@@ -397,7 +411,7 @@ def _ref_varlen(kw):
 target(name="functional.varlen_attention", draw=_draw_varlen,
        call=lambda kw: F.varlen_attention(kw["query"], kw["key"], kw["value"], kw["cu_seqlens"],
                                           is_causal=kw["is_causal"], scale=kw["scale"], path=kw["path"]),
-       reference=_ref_varlen, out_dtype=x_dtype("query"), atol=1e-4, rtol=1e-4,
+       reference=_ref_varlen, out_dtype=data_dtype("query", "key", "value"), atol=1e-4, rtol=1e-4,
        args={"query": Arg("array"), "key": Arg("array"), "value": Arg("array"),
              "cu_seqlens": Arg("ids", high=10**6, floats_as_ids=False), "is_causal": Arg("bool"),
              "scale": Arg("float", optional=True), "path": Arg("choice", choices=("auto", "flash", "reference"))})
@@ -522,9 +536,9 @@ def _draw_rope_qk(draw):
 
 target(name="positional.apply_rotary_pos_emb", draw=_draw_rope_qk,
        call=lambda kw: F.apply_rotary_pos_emb(kw["q"], kw["k"], kw["cos"], kw["sin"], layout=kw["layout"]),
-       # k is computed in q's dtype (positional.apply_rotary_pos_emb), whatever its own
-       reference=lambda kw: (_ref_rotary(kw, "q"), _ref_rotary(kw, "k", lib_dtype(kw["q"]))),
-       out_dtype=lambda kw: (lib_dtype(kw["q"]), lib_dtype(kw["q"])), atol=1e-5,
+       # q and k are each rotated in their own dtype (positional.apply_rotary_pos_emb)
+       reference=lambda kw: (_ref_rotary(kw, "q"), _ref_rotary(kw, "k")),
+       out_dtype=lambda kw: (lib_dtype(kw["q"]), lib_dtype(kw["k"])), atol=1e-5,
        args={"q": Arg("array"), "k": Arg("array"), **_ROT_ARGS})
 target(name="positional.rotate_half", draw=lambda d: {"x": rng_array(d, dims(d, d(st.integers(1, 3)), 1, 3)[:-1] +
                                                                      (2 * d(st.integers(1, 4)),), d(DTYPES))},
@@ -683,7 +697,8 @@ def _ref_lin_bw(kw):
 target(name="backward.linear_backward", draw=_draw_lin_bw,
        call=lambda kw: B.linear_backward(kw["x"], kw["weight"], kw["grad_output"], kw["bias"],
                                          need_grad_input=kw["need_grad_input"]),
-       reference=_ref_lin_bw, out_dtype=lambda kw: (lib_dtype(kw["x"]),) * 3, atol=1e-4, rtol=1e-4,
+       reference=_ref_lin_bw, out_dtype=lambda kw: (data_dtype("x", "weight", "grad_output")(kw),) * 3, atol=1e-4,
+       rtol=1e-4,
        args={"x": Arg("array"), "weight": Arg("array"), "grad_output": Arg("array"), "bias": Arg("bool"),
              "need_grad_input": Arg("bool")})
 
@@ -722,13 +737,15 @@ def _ref_norm_bw(kw, kind):
 
 target(name="backward.layer_norm_backward", draw=lambda d: _draw_norm_bw(d, "layer_norm"),
        call=lambda kw: B.layer_norm_backward(kw["x"], kw["weight"], kw["grad_output"], kw["eps"], kw["bias"]),
-       reference=lambda kw: _ref_norm_bw(kw, "layer_norm"), out_dtype=lambda kw: (lib_dtype(kw["x"]),) * 3,
+       reference=lambda kw: _ref_norm_bw(kw, "layer_norm"),
+       out_dtype=lambda kw: (data_dtype("x", "weight", "grad_output")(kw),) * 3,
        atol=1e-4, rtol=1e-3,
        args={"x": Arg("array"), "weight": Arg("array", optional=True), "grad_output": Arg("array"),
              "eps": Arg("float", low=0.0), "bias": Arg("bool")})
 target(name="backward.rms_norm_backward", draw=lambda d: _draw_norm_bw(d, "rms_norm"),
        call=lambda kw: B.rms_norm_backward(kw["x"], kw["weight"], kw["grad_output"], kw["eps"]),
-       reference=lambda kw: _ref_norm_bw(kw, "rms_norm"), out_dtype=lambda kw: (lib_dtype(kw["x"]),) * 2,
+       reference=lambda kw: _ref_norm_bw(kw, "rms_norm"),
+       out_dtype=lambda kw: (data_dtype("x", "weight", "grad_output")(kw),) * 2,
        atol=1e-4, rtol=1e-3,
        args={"x": Arg("array"), "weight": Arg("array", optional=True), "grad_output": Arg("array"),
              "eps": Arg("float", low=0.0)})
@@ -763,7 +780,7 @@ def _grad_unit(kw):
 
 
 target(name="backward.activation_backward", draw=_draw_act_bw, call=_call_act_bw, reference=_ref_act_bw,
-       out_dtype=x_dtype(), atol=1e-5, rtol=1e-4, atol_scale=_grad_unit,
+       out_dtype=data_dtype("x", "grad_output"), atol=1e-5, rtol=1e-4, atol_scale=_grad_unit,
        args={"x": Arg("array"), "grad_output": Arg("array")})
 
 
@@ -782,7 +799,8 @@ def _ref_glu_bw(kw):
 
 target(name="backward.glu_backward", draw=_draw_glu_bw,
        call=lambda kw: B.glu_backward(kw["gate"], kw["up"], kw["grad_output"], kw["activation"]),
-       reference=_ref_glu_bw, out_dtype=lambda kw: (lib_dtype(kw["gate"]),) * 2, atol=1e-5, rtol=1e-4,
+       reference=_ref_glu_bw, out_dtype=lambda kw: (data_dtype("gate", "up", "grad_output")(kw),) * 2, atol=1e-5,
+       rtol=1e-4,
        args={"gate": Arg("array"), "up": Arg("array"), "grad_output": Arg("array"),
              "activation": Arg("choice", choices=("silu",))})
 
@@ -804,7 +822,7 @@ def _ref_softmax_bw(kw):
 
 target(name="backward.softmax_backward", draw=_draw_softmax_bw,
        call=lambda kw: B.softmax_backward(kw["output"], kw["grad_output"], kw["axis"]), reference=_ref_softmax_bw,
-       out_dtype=x_dtype("output"), atol=1e-5, rtol=1e-4,
+       out_dtype=data_dtype("output", "grad_output"), atol=1e-5, rtol=1e-4,
        args={"output": Arg("array"), "grad_output": Arg("array"), "axis": Arg("int", low=-1, high=0)})
 
 
@@ -924,6 +942,14 @@ def _ref_ce_bw(kw):
     return grad if kw["fn"] == "cross_entropy_backward" else (loss, grad)
 
 
+def _ce_bw_dtype(kw):
+    """float64 if the logits are, or if grad_output is an array of rows (reduction "none") that is;
+    a scalar grad_output is a scale and does not count (backward._cross_entropy_call)."""
+    g = kw["grad_output"]
+    rows = kw["reduction"] == "none" and not (isinstance(g, numbers.Real) and not isinstance(g, bool))
+    return common_dtype(kw["logits"], g if rows else None)
+
+
 def _call_ce_bw(kw):
     args = dict(ignore_index=kw["ignore_index"], label_smoothing=kw["label_smoothing"], reduction=kw["reduction"],
                 grad_output=kw["grad_output"])
@@ -931,8 +957,8 @@ def _call_ce_bw(kw):
 
 
 target(name="backward.cross_entropy_backward", draw=_draw_ce_bw, call=_call_ce_bw, reference=_ref_ce_bw,
-       out_dtype=lambda kw: lib_dtype(kw["logits"]) if kw["fn"] == "cross_entropy_backward"
-       else (lib_dtype(kw["logits"]),) * 2, atol=1e-4, rtol=1e-4,
+       out_dtype=lambda kw: _ce_bw_dtype(kw) if kw["fn"] == "cross_entropy_backward" else (_ce_bw_dtype(kw),) * 2,
+       atol=1e-4, rtol=1e-4,
        args={"logits": Arg("array"), "target": Arg("ids", high=1, floats_as_ids=False),
              "grad_output": Arg("float", optional=False),
              "label_smoothing": Arg("float", low=0.0, high=1.0),
@@ -983,7 +1009,7 @@ def _ref_sdpa_bw(kw):
     for a, shape in ((out, q.shape[:-1] + (v.shape[-1],)), (go, q.shape[:-1] + (v.shape[-1],)), (lse, q.shape[:-1])):
         if a.shape != shape:
             raise NoReference("out / grad_out / lse shape")
-    dtype = lib_dtype(kw["query"])
+    dtype = _sdpa_bw_dtype(kw)
     with np.errstate(over="ignore"):  # float64 values beyond float32 become inf, as the library reads them
         q, k, v, go, out, lse = (a.astype(dtype).astype(np.float64) for a in (q, k, v, go, out, lse))
     L, S = q.shape[-2], k.shape[-2]
@@ -1055,7 +1081,7 @@ def _cmp_sdpa_bw(result, expected, kw):
                 c = np.where(np.isnan(d) & np.isnan(r), np.nan, c)
             merged.append(c)
         clean = tuple(merged)
-    return assert_close(result, clean, dtype=(lib_dtype(kw["query"]),) * 3, atol=_SDPA_BW_ATOL, rtol=_SDPA_BW_RTOL,
+    return assert_close(result, clean, dtype=(_sdpa_bw_dtype(kw),) * 3, atol=_SDPA_BW_ATOL, rtol=_SDPA_BW_RTOL,
                         loose=kw.get("_loose", False), atol_scale=units)
 
 
