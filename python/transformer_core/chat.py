@@ -19,7 +19,7 @@ import numpy as np
 
 from ._validation import check_int
 from .generation import GenerationConfig
-from .tokenizer import check_unicode
+from .tokenizer import _common_prefix, check_unicode
 
 __all__ = ["ChatSession", "TurnStats", "continue_text", "run_chat", "run_generate"]
 
@@ -81,14 +81,6 @@ def _known_ids(tokenizer, ids) -> list[int]:
     has no text, adds none (as Hugging Face's tokenizers decode it: "")."""
     n = tokenizer.vocab_size
     return [i for i in ids if i < n]
-
-
-def _common_prefix(a: str, b: str) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 def _text_after(tokenizer, context: list[int], ids: list[int]) -> str:

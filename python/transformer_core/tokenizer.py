@@ -11,6 +11,7 @@ knows its BOS/EOS tokens and chat template, and streams text with :class:`TextSt
 
 from __future__ import annotations
 
+import os
 import threading
 from pathlib import Path
 
@@ -763,11 +764,7 @@ def _byte_fallback_ids(backend) -> frozenset[int]:
 
 def _common_prefix(a: str, b: str) -> int:
     """The length of the longest common prefix of ``a`` and ``b``."""
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
+    return len(os.path.commonprefix([a, b]))
 
 
 # ------------------------------------------------------------------------------------------------
