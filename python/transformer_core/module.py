@@ -1317,6 +1317,7 @@ class _Discard:
 
     @staticmethod
     def write(data) -> int:
+        """Drops ``data`` (bytes from the pickler) and returns its length, as a file's ``write``."""
         return len(data)
 
 
@@ -1326,6 +1327,8 @@ class _PartPickler(pickle.Pickler):
     pickled (``head.backbone = enc``) does not re-enter it."""
 
     def persistent_id(self, obj):
+        """``"module"`` for a :class:`Module` (pickled as a reference, not followed), None for any
+        other object (pickled as usual): pickle's hook for objects stored outside the pickle."""
         return "module" if isinstance(obj, Module) else None
 
 
