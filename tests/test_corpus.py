@@ -1196,16 +1196,23 @@ def _run_chunks(job, encoder, chunks=None):
     writer.close()
 
 
-def test_a_second_npy_run_is_refused_while_the_first_holds_the_output(tmp_path, tiny_model_dir, tiny_encoder):
-    """Two runs prepared on the same OUT.npy before either started (both pass the "already exists"
-    check while counting): the second's start is refused instead of replacing the first's files
-    (which left an output marked complete whose rows were zeros and whose texts file was empty)."""
+def _two_runs_prepared(tmp_path, tiny_model_dir):
+    """Six lines in in.txt and two runs prepared on the same out.npy before either started:
+    ``(lines, input path, out, run a, run b)``."""
     lines = corpus_lines(6)
     f = write_lines(tmp_path / "in.txt", lines)
     out = tmp_path / "out.npy"
     mid = corpus.model_identity(str(tiny_model_dir))
     a = corpus.EmbedJob.prepare(corpus.open_source(f), out, mid, chunk_size=3, batch_size=32)
     b = corpus.EmbedJob.prepare(corpus.open_source(f), out, mid, chunk_size=3, batch_size=32)
+    return lines, f, out, a, b
+
+
+def test_a_second_npy_run_is_refused_while_the_first_holds_the_output(tmp_path, tiny_model_dir, tiny_encoder):
+    """Two runs prepared on the same OUT.npy before either started (both pass the "already exists"
+    check while counting): the second's start is refused instead of replacing the first's files
+    (which left an output marked complete whose rows were zeros and whose texts file was empty)."""
+    lines, f, out, a, b = _two_runs_prepared(tmp_path, tiny_model_dir)
     a.start()
     _run_chunks(a, tiny_encoder, chunks=1)
     with pytest.raises(ValueError, match=f"^out: another run holds {re.escape(str(out))} "):
@@ -1227,19 +1234,15 @@ def test_npy_runs_without_a_lock_fail_stale_never_complete(tmp_path, tiny_model_
     """Where there are no locks, a run replaced by another fails at its next write, commit or
     finish (ESTALE), never marking the other run's output complete; the other run finishes right."""
     monkeypatch.setattr(corpus, "fcntl", None)
-    lines = corpus_lines(6)
-    f = write_lines(tmp_path / "in.txt", lines)
-    out = tmp_path / "out.npy"
-    mid = corpus.model_identity(str(tiny_model_dir))
-    a = corpus.EmbedJob.prepare(corpus.open_source(f), out, mid, chunk_size=3, batch_size=32)
-    b = corpus.EmbedJob.prepare(corpus.open_source(f), out, mid, chunk_size=3, batch_size=32)
+    lines, f, out, a, b = _two_runs_prepared(tmp_path, tiny_model_dir)
     a.start()
     writer = a.writer()
     (index, start, texts), rest = next(a.pending()), list(a.pending())[1:]
     a.commit(index, **writer.write(start, texts, tiny_encoder.encode(texts, normalize=True)))
     with pytest.raises(FileExistsError, match="created by another run since this one was prepared"):
         b.start()
-    b = corpus.EmbedJob.prepare(corpus.open_source(f), out, mid, chunk_size=3, batch_size=32, overwrite=True)
+    b = corpus.EmbedJob.prepare(corpus.open_source(f), out, corpus.model_identity(str(tiny_model_dir)), chunk_size=3,
+                                batch_size=32, overwrite=True)
     b.start()  # replaces a's files
     index, start, texts = rest[0]
     with pytest.raises(OSError, match="no longer the file this writer opened") as e:

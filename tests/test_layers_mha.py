@@ -561,18 +561,26 @@ def _assert_grad(ours, ref, dtype, what):
                  what=what)
 
 
-@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
-@pytest.mark.parametrize("case", ["self", "cross", "kdim_vdim"])
-def test_mha_unbatched_matches_torch(rng, case, dtype):
-    """query (L, E), key (S, kdim), value (S, vdim), key_mask (S,), attn_mask (L, S) or (H, L, S):
-    the output (L, E) and weights (L, S) / (H, L, S) are torch's for the same unbatched call, and
-    the batched call's row bit for bit (the query was refused as not 3-D)."""
+def _unbatched_pair(case: str, dtype):
+    """torch's and our MultiheadAttention with the same weights for the unbatched tests (E 8, 2
+    heads, L 4; ``case`` "self", "cross" (S 6) or "kdim_vdim" (kdim 5, vdim 3)):
+    ``(E, H, L, S, kdim, vdim, torch's, ours)``."""
     E, H, L = 8, 2, 4
     kdim, vdim = (5, 3) if case == "kdim_vdim" else (E, E)
     S = L if case == "self" else 6
     ref = _torch_mha_kv(E, H, kdim, vdim, dtype)
     ours = tc.nn.MultiheadAttention(E, H, kdim=kdim, vdim=vdim, dtype=dtype)
     ours.load_state_dict(module_state_to_numpy(ref))
+    return E, H, L, S, kdim, vdim, ref, ours
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("case", ["self", "cross", "kdim_vdim"])
+def test_mha_unbatched_matches_torch(rng, case, dtype):
+    """query (L, E), key (S, kdim), value (S, vdim), key_mask (S,), attn_mask (L, S) or (H, L, S):
+    the output (L, E) and weights (L, S) / (H, L, S) are torch's for the same unbatched call, and
+    the batched call's row bit for bit (the query was refused as not 3-D)."""
+    E, H, L, S, kdim, vdim, ref, ours = _unbatched_pair(case, dtype)
     q = randn(rng, (L, E), dtype)
     k = None if case == "self" else randn(rng, (S, kdim), dtype)
     v = None if case == "self" else (k if case == "cross" else randn(rng, (S, vdim), dtype))
@@ -601,12 +609,7 @@ def test_mha_unbatched_backward_matches_torch(rng, case, dtype):
     """A training forward on unbatched inputs and its backward: grad_output (L, E) -> grad_query
     (L, E) (and grad_key (S, kdim), grad_value (S, vdim)), and every weight's gradient, as torch's
     autograd of the same unbatched call."""
-    E, H, L = 8, 2, 4
-    kdim, vdim = (5, 3) if case == "kdim_vdim" else (E, E)
-    S = L if case == "self" else 6
-    ref = _torch_mha_kv(E, H, kdim, vdim, dtype)
-    ours = tc.nn.MultiheadAttention(E, H, kdim=kdim, vdim=vdim, dtype=dtype)
-    ours.load_state_dict(module_state_to_numpy(ref))
+    E, H, L, S, kdim, vdim, ref, ours = _unbatched_pair(case, dtype)
     q, g = randn(rng, (L, E), dtype), randn(rng, (L, E), dtype)
     k = q if case == "self" else randn(rng, (S, kdim), dtype)
     v = q if case == "self" else randn(rng, (S, vdim), dtype)
