@@ -77,6 +77,13 @@ __all__ = [
 _grad_buffer = grad_buffer
 
 
+def _read_once(value, name: str):
+    """``value`` as numpy reads it (:func:`to_numpy`; None stays None), before both the dtype rule
+    (``common_dtype``) and the shape check (:func:`_grad_like`) look at it: a list is parsed, a
+    torch bfloat16 tensor widened, once."""
+    return None if value is None else to_numpy(value, name)
+
+
 def _grad_like(grad_output, name: str, shape: tuple, dtype, allow_empty: bool = False, of: str = "x") -> np.ndarray:
     """``grad_output`` converted, of ``shape`` (the shape the op's output has for its input ``of``)."""
     g = as_float(grad_output, name, dtype, allow_empty=allow_empty)
@@ -307,6 +314,7 @@ def glu_backward(gate, up, grad_output, activation: str = "silu"):
         ValueError: shapes differ, empty arrays, unknown ``activation``. TypeError: non-numeric arrays.
     """
     activation_of(activation, "activation")
+    grad_output = _read_once(grad_output, "grad_output")
     g, u = _gate_up(gate, up, ((grad_output, "grad_output"),))
     dh = _grad_like(grad_output, "grad_output", g.shape, g.dtype.type, of="gate, up")
     return variant("glu_backward", g.dtype.type)(g, u, dh, activation)
@@ -582,6 +590,7 @@ def scaled_dot_product_attention_backward(query, key, value, out, grad_out, lse,
             wrong shape, masks that do not broadcast, bad ``causal_alignment``.
         TypeError: non-numeric arrays, masks neither bool nor float.
     """
+    out, grad_out, lse = _read_once(out, "out"), _read_once(grad_out, "grad_out"), _read_once(lse, "lse")
     q, k, v, dtype, lead, L, S, E, heads, n, kv_heads, offset = _attention_inputs(
         query, key, value, enable_gqa, causal_alignment, ((out, "out"), (grad_out, "grad_out"), (lse, "lse")))
     scale = _check_scale(scale, E)
