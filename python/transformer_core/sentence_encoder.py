@@ -413,7 +413,7 @@ class SentenceEncoder:
                 # which calls eval()), without switching it: no dropout, a pending training state kept
                 hidden = self.model._forward_eval(enc["input_ids"], mask, enc["token_type_ids"]).last_hidden_state
                 pooled = mask
-                if skip:  # include_prompt false: the prompt attended to, not pooled
+                if skip and self.pooling != "cls":  # include_prompt false: the prompt attended to, not pooled
                     pooled = mask.copy()
                     pooled[:, :skip] = False
                 if self.pooling == "cls":
@@ -422,8 +422,7 @@ class SentenceEncoder:
                     # sentence-transformers: padding set to -1e9, then the max over L
                     out[rows] = np.where(pooled[..., None], hidden, hidden.dtype.type(-1e9)).max(axis=1)
                 elif skip:
-                    counts = np.maximum(pooled.sum(axis=1, keepdims=True), 1).astype(hidden.dtype)
-                    out[rows] = np.where(pooled[..., None], hidden, 0).sum(axis=1) / counts
+                    out[rows] = mean_pool(hidden, pooled)
                 else:
                     # mean_pool's sum: the model's hidden states at padding positions are zeros, so
                     # the plain sum over L is the masked sum (the same values added in the same order)
