@@ -16,7 +16,7 @@ import numpy as np
 from ._runtime import core as _core
 from ._validation import activation, as_bool, as_float, as_ids, check_config_fields, check_int, check_mapping
 from .hub import ConfigRule, LayerRule, check_config_against_weights, load_safetensors, read_config, resolve_model_dir
-from .module import Module, check_dropout, skip_weight_init
+from .module import Module, check_dropout
 from .positional import _check_embedding_tables
 
 __all__ = ["BertConfig", "BertEmbeddings", "BertModel", "BertOutput"]
@@ -213,7 +213,7 @@ class BertModel(Module):
                 refuses together (each naming the ``config.json`` and the field:
                 :func:`~transformer_core.checkpoints.config_from_file`).
         """
-        from .checkpoints import config_from_file
+        from .checkpoints import build_for_checkpoint, config_from_file
 
         model_dir = resolve_model_dir(name_or_path)
         config = config_from_file(BertConfig, read_config(model_dir), model_dir / "config.json")
@@ -225,12 +225,8 @@ class BertModel(Module):
         # The weights decide whether there is a pooler: transformers' add_pooling_layer is a
         # constructor argument, and a config.json key of that name does not stop it loading one.
         config.add_pooling_layer = any(k.startswith("pooler.") for k in state)
-        try:
-            with skip_weight_init():  # no random draw: every weight is loaded (a missing one raises)
-                model = cls(config, dtype=dtype)
-        except ValueError as e:  # sizes the model refuses together (hidden_size not a multiple of the heads)
-            raise ValueError(f"{model_dir / 'config.json'}: {e}") from e
-        model.load_state_dict(state)
+        model = build_for_checkpoint(cls, config, dtype, model_dir / "config.json")
+        model.load_state_dict(state)  # every weight (a missing one raises)
         model.name_or_path = str(name_or_path)
         return model
 

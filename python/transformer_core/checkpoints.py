@@ -17,7 +17,7 @@ import numpy as np
 from ._validation import resolve_dtype
 from .hub import load_safetensors, read_config, resolve_model_path
 
-__all__ = ["load_llama_checkpoint", "config_from_file", "write_files_atomically", "save_pretrained_files"]
+__all__ = ["load_llama_checkpoint", "config_from_file", "build_for_checkpoint", "write_files_atomically", "save_pretrained_files"]
 
 
 def config_from_file(config_class, config: dict, path):
@@ -34,6 +34,24 @@ def config_from_file(config_class, config: dict, path):
         return config_class.from_dict(config)
     except (TypeError, ValueError) as e:
         raise ValueError(f"{path}: {str(e).removeprefix('config.json: ')}") from e
+
+
+def build_for_checkpoint(cls, config, dtype, path):
+    """``cls(config, dtype=dtype)`` without its random initialisation (every weight is loaded
+    next), for a config read from the file ``path``, its errors naming that file.
+
+    Raises:
+        ValueError: ``"{path}: {what the model said}"``: sizes the model refuses together
+            (``hidden_size`` not a multiple of the heads, say), which the config's own checks let
+            through; the original error is chained.
+    """
+    from .module import skip_weight_init
+
+    try:
+        with skip_weight_init():
+            return cls(config, dtype=dtype)
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from e
 
 
 def load_llama_checkpoint(name_or_path, dtype=np.float32):

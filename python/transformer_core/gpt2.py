@@ -16,7 +16,7 @@ from ._validation import activation, check_config_fields, check_eps, check_mappi
 from .decoder import CausalLM, CausalLMOutput, DecoderModel, _load_tied_head, _rename_known
 from .hub import ConfigRule, LayerRule, check_config_against_weights, load_safetensors, read_config, resolve_model_dir
 from .kv_cache import KVCache
-from .module import check_dropout, skip_weight_init
+from .module import check_dropout
 
 __all__ = ["GPT2Config", "GPT2Model", "GPT2LMHeadModel", "KVCache", "CausalLMOutput"]
 
@@ -214,18 +214,14 @@ class GPT2Model(DecoderModel):
                 other than ``wte.weight``.
             TypeError: ``dtype`` not float32/float64.
         """
-        from .checkpoints import config_from_file
+        from .checkpoints import build_for_checkpoint, config_from_file
 
         model_dir = resolve_model_dir(name_or_path)
         config = config_from_file(GPT2Config, read_config(model_dir), model_dir / "config.json")
         state = load_safetensors(model_dir, dtype)  # float64 read as float64: not rounded through float32
         _check_config_against_weights(model_dir, config, state)  # before the model of that config is built
-        try:
-            with skip_weight_init():  # no random draw: every weight is loaded (a missing one raises)
-                model = cls(config, dtype=dtype)
-        except ValueError as e:  # sizes the model refuses together (n_embd not a multiple of n_head)
-            raise ValueError(f"{model_dir / 'config.json'}: {e}") from e
-        model.load_state_dict(state)
+        model = build_for_checkpoint(cls, config, dtype, model_dir / "config.json")
+        model.load_state_dict(state)  # every weight (a missing one raises)
         return model
 
 

@@ -269,7 +269,7 @@ class LlamaModel(DecoderModel):
             TypeError: ``dtype`` not None, float32 or float64; ``quantize_activations`` not a bool
                 (``"False"`` or 0 included).
         """
-        from .checkpoints import load_llama_checkpoint
+        from .checkpoints import build_for_checkpoint, load_llama_checkpoint
         from .hub import resolve_model_path
 
         quantize_activations = check_bool(quantize_activations, "quantize_activations")
@@ -284,9 +284,9 @@ class LlamaModel(DecoderModel):
         config, state, source = load_llama_checkpoint(name_or_path, dtype)
         if isinstance(source, Path):  # a Hugging Face directory (not a GGUF file): config.json against its weights
             cls._check_config_against_weights(source, config, state)  # before the model is built
-        with skip_weight_init():
-            model = cls(config, dtype=dtype)  # every weight loaded below
-        model.load_state_dict(state)
+        model = build_for_checkpoint(cls, config, dtype, source / "config.json" if isinstance(source, Path)
+                                     else name_or_path)
+        model.load_state_dict(state)  # every weight
         model.source = source
         return model
 
