@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import shutil
 
 import numpy as np
@@ -702,3 +703,17 @@ def test_config_check_refuses_bad_attention_dropout():
             cfg.check()
         with pytest.raises(error, match="^attention_dropout: "):
             tc.LlamaForCausalLM(cfg)
+
+
+def test_sizes_the_model_refuses_name_config_json(tmp_path):
+    """A config.json whose heads do not divide hidden_size (each field valid alone): the ValueError
+    names the file, before any weight is loaded (it named only the field)."""
+    cfg = tc.LlamaConfig(vocab_size=40, hidden_size=16, intermediate_size=24, num_hidden_layers=1,
+                         num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=16)
+    tc.LlamaForCausalLM(cfg).save_pretrained(tmp_path / "m")
+    config = json.loads((tmp_path / "m" / "config.json").read_text())
+    (tmp_path / "m" / "config.json").write_text(json.dumps({**config, "num_attention_heads": 3,
+                                                             "num_key_value_heads": 3}))
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(tmp_path / 'm' / 'config.json'))}: hidden_size: expected "
+                                         r"a multiple of num_attention_heads \(3\), got 16$"):
+        tc.LlamaForCausalLM.from_pretrained(tmp_path / "m")
