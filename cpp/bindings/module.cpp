@@ -20,6 +20,9 @@ PYBIND11_MODULE(_core, m) {
   m.def("set_num_threads", &transformer_core::set_num_threads, py::arg("n"),
         "Sets the threads used by the C++ core, process-wide.");
   m.attr("max_num_threads") = transformer_core::kMaxThreads;
+  m.def("set_fixed_teams", &transformer_core::set_fixed_teams, py::arg("fixed"),
+        "For bench/threads.py: False sizes each parallel region's team to its tasks, as before "
+        "2026-11-26 (kernels/parallel.hpp). Returns the previous setting.");
   m.def("physical_memory_bytes", &transformer_core::ops::physical_memory_bytes,
         "This machine's physical memory: the bound of every allocation check.");
   m.def("blas_config", []() { return std::string(openblas_get_config()); }, "OpenBLAS build configuration.");

@@ -29,6 +29,8 @@ const int g_omp_default = omp_get_max_threads();
 std::atomic<int> g_num_threads{std::min(g_omp_default, kMaxThreads)};
 // The OpenMP count this library put in the calling thread (-1: none, the default applies).
 thread_local int t_known_omp = -1;
+// kernels::team_size's setting (parallel.hpp).
+std::atomic<bool> g_fixed_teams{true};
 }  // namespace
 
 int get_num_threads() {
@@ -47,5 +49,9 @@ void set_num_threads(int64_t n) {
   omp_set_num_threads(static_cast<int>(n));
   t_known_omp = static_cast<int>(n);
 }
+
+bool fixed_teams() { return g_fixed_teams.load(std::memory_order_relaxed); }
+
+bool set_fixed_teams(bool fixed) { return g_fixed_teams.exchange(fixed, std::memory_order_relaxed); }
 
 }  // namespace transformer_core

@@ -20,18 +20,41 @@ constexpr int kMaxThreads = 1024;
 int get_num_threads();
 void set_num_threads(int64_t n);
 
+// Every parallel region runs on a team of all get_num_threads() threads, also when it has fewer
+// tasks or chunks than threads: the threads left without work wait at the region's end. A team
+// sized to each region's task count would change size from region to region, and libgomp ends the
+// threads a smaller team leaves out and starts new ones when a team grows again. Measured on 16
+// vCPUs of a KVM guest (Emerald Rapids, 16 threads, bench/threads.py): one sentence of MiniLM,
+// whose regions have 4, 12 and 16 tasks, took 5.3 ms on teams sized to the tasks and 1.2 ms on
+// fixed teams (1.4 ms on 4 threads); decoding a SmolLM2-shaped model ran 44 tokens/s against 393.
+// fixed_teams(false) sizes teams to the tasks again, for that comparison only (bench/threads.py);
+// the teams never change a result (each caller's tasks are fixed by the sizes).
+bool fixed_teams();
+bool set_fixed_teams(bool fixed);  // returns the previous setting
+
 namespace kernels {
 
-// fn(begin, end) is called on disjoint chunks that cover [begin, end).
-// grain: the smallest number of iterations worth a thread of its own.
+// The team for a region with `wanted` chunks or tasks (> 1) and max_threads threads.
+inline int team_size(int64_t wanted, int max_threads) {
+  max_threads = std::max(max_threads, 1);
+  return fixed_teams() ? max_threads : static_cast<int>(std::min<int64_t>(max_threads, wanted));
+}
+
+// fn(begin, end) is called on disjoint chunks that cover [begin, end), one per thread of the team
+// (a thread past the end gets none).
+// grain: the smallest number of iterations worth a parallel region: fewer than 2 · grain run on
+// the calling thread.
 template <class F>
 void parallel_for(int64_t begin, int64_t end, int64_t grain, const F& fn) {
   const int64_t n = end - begin;
   if (n <= 0) return;
-  const int max_threads = get_num_threads();
-  const int64_t by_grain = std::max<int64_t>(1, n / std::max<int64_t>(grain, 1));
-  const int num_threads = static_cast<int>(std::min<int64_t>(max_threads, by_grain));
-  if (num_threads <= 1 || omp_in_parallel()) {
+  const int64_t by_grain = n / std::max<int64_t>(grain, 1);
+  if (by_grain <= 1 || omp_in_parallel()) {
+    fn(begin, end);
+    return;
+  }
+  const int num_threads = team_size(by_grain, get_num_threads());
+  if (num_threads <= 1) {
     fn(begin, end);
     return;
   }
@@ -63,7 +86,7 @@ void parallel_for(int64_t begin, int64_t end, int64_t grain, const F& fn) {
 template <class F>
 void parallel_tasks(int64_t num_tasks, const F& fn, int max_threads = get_num_threads()) {
   if (num_tasks <= 0) return;
-  const int num_threads = static_cast<int>(std::min<int64_t>(std::max(max_threads, 1), num_tasks));
+  const int num_threads = num_tasks == 1 ? 1 : team_size(num_tasks, max_threads);
   if (num_threads <= 1 || omp_in_parallel()) {
     for (int64_t i = 0; i < num_tasks; ++i) fn(i, 0);
     return;
