@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import math
+import textwrap
 from types import SimpleNamespace
 
 import numpy as np
@@ -587,3 +588,59 @@ def test_apply_rotary_pos_emb_table_shapes_are_checked(rng):
     # (L, D) tables keep their meaning: one table for every row (unsqueeze_dim is not used)
     a, b = P.apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=3)
     assert np.array_equal(a, P.apply_rotary_pos_emb(q, k, c3, s3)[0])
+
+
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+def test_rotary_layer_tables_past_the_first_block_of_positions(layout, rng):
+    """RotaryEmbedding builds its interleaved tables 256 positions at a time (so that they never take
+    more than P · D values): attention through it at positions on both sides of the block edges equals
+    the same attention written out with apply_rotary and rotary_cos_sin's full table."""
+    import transformer_core as tc
+    import transformer_core.functional as F
+
+    E, H, P_max = 16, 2, 600
+    D = E // H
+    mha = tc.nn.MultiheadAttention(E, H, dtype=np.float64)
+    rope = P.RotaryEmbedding(D, P_max, layout=layout, dtype=np.float64)
+    positions = np.array([[0, 1, 255, 256, 257, 511, 512, 599]])
+    x = randn(rng, (1, positions.shape[1], E), np.float64)
+    out, _ = mha(x, need_weights=False, rotary=rope, position_ids=positions)
+
+    sd = mha.state_dict()
+    w, b = sd["in_proj_weight"], sd["in_proj_bias"]
+    q, k, v = np.split(x[0] @ w.T + b, 3, axis=-1)
+    heads = lambda t: t.reshape(-1, H, D).transpose(1, 0, 2)  # noqa: E731  (H, L, D)
+    cos, sin = P.rotary_cos_sin(P_max, D, dtype=np.float64)
+    cos, sin = cos[positions[0]], sin[positions[0]]
+    q, k = P.apply_rotary(heads(q), cos, sin, layout), P.apply_rotary(heads(k), cos, sin, layout)
+    attn = F.scaled_dot_product_attention(q, k, heads(v)).transpose(1, 0, 2).reshape(-1, E)
+    ref = attn @ sd["out_proj.weight"].T + sd["out_proj.bias"]
+    np.testing.assert_allclose(out[0], ref, atol=1e-10, rtol=0)
+
+
+def test_model_size_check_counts_both_rotary_tables():
+    """A Llama's memory check counts the cos and the sin table (P · D each): a context whose two
+    tables exceed this machine's memory, though one would fit, is refused before any allocation.
+    Run under an address-space limit, so that a check that let it through fails with MemoryError
+    instead of exhausting the machine."""
+    import subprocess
+    import sys
+
+    code = textwrap.dedent("""
+        import resource
+        import transformer_core as tc
+        from transformer_core import _core
+        D = 16
+        P = int(0.6 * _core.physical_memory_bytes() / (4 * D))  # one table: 0.6 of memory, both: 1.2
+        limit = 4 << 30
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+        cfg = tc.LlamaConfig(vocab_size=11, hidden_size=4 * D, intermediate_size=8, num_hidden_layers=1,
+                             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=P)
+        try:
+            tc.LlamaForCausalLM(cfg)
+        except ValueError as e:
+            print("refused:", e)
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.startswith("refused:") and "max_position_embeddings" in out.stdout, out.stdout

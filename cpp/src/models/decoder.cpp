@@ -40,8 +40,9 @@ const DecoderConfig& checked(const DecoderConfig& c) {
 }
 
 // Every weight of the model, checked (64-bit, against memory) before the first is allocated: the
-// token (and position) tables and the LM head, then per layer q/out (H · heads·D each), k/v
-// (H · kv_heads·D each), the MLP (2 or 3 H·I) and the norms.
+// token (and position) tables and the LM head, the rotary cos and sin tables (P · D each, or
+// P · D/2 interleaved), then per layer q/out (H · heads·D each), k/v (H · kv_heads·D each), the
+// MLP (2 or 3 H·I) and the norms.
 template <class T>
 const DecoderConfig& checked_sizes(const DecoderConfig& c) {
   const int64_t H = c.hidden_size, I = c.intermediate_size, Lyr = c.num_layers;
@@ -49,7 +50,8 @@ const DecoderConfig& checked_sizes(const DecoderConfig& c) {
   const int64_t kv = c.num_kv_heads > 0 ? c.num_kv_heads : c.num_heads;
   ops::require_weights({{2, c.vocab_size, H},
                         {c.learned_positions ? c.max_positions : 0, H},
-                        {c.learned_positions ? 0 : c.max_positions, D},
+                        {c.learned_positions ? 0 : 2, c.max_positions,
+                         c.rope_layout == ops::RotaryLayout::kHalf ? D : D / 2},
                         {Lyr, 2, c.num_heads, D, H},
                         {Lyr, 2, kv, D, H},
                         {Lyr, c.gated_mlp ? 3 : 2, H, I},
