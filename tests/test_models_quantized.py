@@ -479,6 +479,74 @@ def test_quantize_checks_every_layers_size_before_converting_any():
     assert kept.weight_formats()["linear2.weight"] == "float32" and kept.weight_formats()["linear1.weight"] == "int8"
 
 
+@pytest.mark.parametrize("inplace", [False, True], ids=["copy", "inplace"])
+def test_quantize_refuses_non_finite_weights_before_converting_any(inplace):
+    """A float32 linear weight holding inf or NaN would quantize to NaN rows (quantize_int8 refuses
+    the same matrix): refused naming it (its state_dict name: the row slice of a packed matrix, a
+    GPT-2 Conv1D stored transposed), nothing converted; kept float it is not quantized, so allowed."""
+    w = np.arange(12, dtype=np.float32).reshape(3, 4) / 10
+    w[1, 2] = np.inf
+    with pytest.raises(ValueError, match="weight: expected finite values, got inf"):
+        tc.quantization.quantize_int8(w)                      # the reference: the kernel's own rule
+    lin = tc.nn.Linear(4, 3)
+    lin.load_state_dict({"weight": w, "bias": np.zeros(3, np.float32)})
+    with pytest.raises(ValueError, match=r"model: 'weight' holds 1 NaN or inf value \(of 12; first: inf\).*"
+                                         r"nothing was converted"):
+        tc.quantize(lin, "int8", inplace=inplace)
+    assert lin.weight_formats() == {"weight": "float32", "bias": "float32"}
+    np.testing.assert_array_equal(lin.state_dict()["weight"], w)
+
+    model = _tiny_llama(tied=False)
+    sd = model.state_dict()
+    k_proj = "model.layers.1.self_attn.k_proj.weight"    # the middle rows of the packed [q; k; v]
+    sd[k_proj][3, 5], sd[k_proj][0, 1] = np.nan, -np.inf
+    model.load_state_dict(sd)
+    with pytest.raises(ValueError, match=rf"model: '{k_proj}' holds 2 NaN or inf values \(of {sd[k_proj].size}; "
+                                         r"first: -inf\)"):
+        tc.quantize(model, "int8", inplace=inplace)
+    assert set(model.weight_formats().values()) == {"float32"}             # layer 0 not converted either
+    after = model.state_dict()
+    for name in sd:
+        np.testing.assert_array_equal(after[name], sd[name])                 # NaN and inf where they were
+    qkv = [k_proj.replace("k_proj", p) for p in ("q_proj", "k_proj", "v_proj")]
+    kept = tc.quantize(model, "int8", inplace=inplace, keep_float=qkv)     # not converted: allowed
+    formats = kept.weight_formats()
+    assert [formats[n] for n in qkv] == ["float32"] * 3 and formats["model.layers.0.self_attn.k_proj.weight"] == "int8"
+    np.testing.assert_array_equal(kept.state_dict()[k_proj], sd[k_proj])
+
+    gpt2 = tc.GPT2LMHeadModel(tc.GPT2Config(vocab_size=50, n_positions=16, n_embd=16, n_layer=1, n_head=2))
+    sd = gpt2.state_dict()
+    sd["h.0.mlp.c_proj.weight"][7, 2] = np.nan                            # (in, out): stored transposed
+    gpt2.load_state_dict(sd)
+    with pytest.raises(ValueError, match=r"model: 'h.0.mlp.c_proj.weight' holds 1 NaN or inf value \(of 1024; "
+                                         r"first: nan\)"):
+        tc.quantize(gpt2, "int8", inplace=inplace)
+    assert set(gpt2.weight_formats().values()) == {"float32"}
+
+
+def test_inplace_keep_float_refuses_a_layer_already_int8():
+    """quantize(inplace=True) cannot keep float32 what is int8 already (the float32 is gone): refused
+    naming keep_float and the layer, nothing changed; a copy keeps it as the dequantized float32
+    weight, and a layer kept float32 before can be kept again in place."""
+    model = _tiny_llama(tied=False)
+    down0, down1 = "model.layers.0.mlp.down_proj.weight", "model.layers.1.mlp.down_proj.weight"
+    tc.quantize(model, "int8", inplace=True, keep_float=[down1])
+    before, formats = model.state_dict(), model.weight_formats()
+    assert formats[down0] == "int8" and formats[down1] == "float32"
+    with pytest.raises(ValueError, match=rf"keep_float: '{down0}' is already int8: with inplace=True there is no "
+                                         r"float32 weight left to keep; quantize a copy \(inplace=False\)"):
+        tc.quantize(model, "int8", inplace=True, keep_float=[down1, down0])
+    assert model.weight_formats() == formats
+    after = model.state_dict()
+    for name in before:
+        np.testing.assert_array_equal(after[name], before[name])
+    copy = tc.quantize(model, "int8", keep_float=[down0])                 # the copy path: float32 again
+    assert copy.weight_formats()[down0] == "float32" and copy.weight_formats()[down1] == "int8"
+    np.testing.assert_array_equal(copy.state_dict()[down0], before[down0])  # scale · q, as dequantized
+    assert tc.quantize(model, "int8", inplace=True, keep_float=[down1]) is model
+    assert model.weight_formats()[down1] == "float32"
+
+
 @pytest.mark.parametrize("float_tensor", ["blk.0.attn_k.weight", "blk.1.ffn_up.weight"])
 def test_a_packed_matrix_with_a_float_part_loads_in_float32(tmp_path, float_tensor):
     """A GGUF whose k (or up) projection is stored F32 while q and v (gate) are Q8_0: the packed

@@ -546,6 +546,29 @@ def _check_int8_in_features(model, keep: list) -> None:
                              f"was converted")
 
 
+def _check_finite_weights(model, keep: list) -> None:
+    """ValueError naming the first float32 linear weight that quantize would convert (not in
+    ``keep``) holding NaN or inf (its int8 rows would be NaN: :func:`quantize_int8` refuses such a
+    matrix): checked before any is converted, without copying a weight (the core's count of
+    non-finite values, over the weight's own buffer)."""
+    formats = model.weight_formats()
+    slots = model._slots()
+    for names in _linear_weight_groups(model).values():
+        if any(n in keep for n in names):
+            continue
+        for name in names:  # each row slice of a packed matrix, to name the one that holds it
+            if formats[name] != "float32":
+                continue
+            slot = slots[name]
+            view = slot.impl.parameter_view(slot.core_name)
+            bad = int(_core.count_nonfinite_f32(view))
+            if bad:
+                first = view[~np.isfinite(view)].flat[0]
+                raise ValueError(f"model: {name!r} holds {bad} NaN or inf value{'s' if bad > 1 else ''} "
+                                 f"(of {view.size}; first: {first}), expected finite values for int8 "
+                                 f"(its rows would be NaN); nothing was converted")
+
+
 def quantize(model, format: str = "int8", *, inplace: bool = False, keep_float=None,
              residual_activations: bool = False):
     """A copy of ``model`` whose linear layers hold int8 weights (as ``torch.ao.quantization.quantize_dynamic``
@@ -577,7 +600,8 @@ def quantize(model, format: str = "int8", *, inplace: bool = False, keep_float=N
             al. 2022, "LLM.int8()"). Where several names are the row slices of one packed matrix
             (a Llama layer's ``q_proj``/``k_proj``/``v_proj``, its ``gate_proj``/``up_proj``; the
             matrix is quantized as one), name all of them. A tied LM head has no weight of its own
-            to name: it is always int8. Default: none.
+            to name: it is always int8. With ``inplace``, a named layer must still be float32 (a
+            copy keeps a layer already int8 as its dequantized float32 weight). Default: none.
         residual_activations: multiply every int8 layer's activations in two int8 passes, value and
             rounding residual (:func:`linear_int8`; :func:`set_residual_activations` changes it
             later): twice the integer products, about 250× less activation error.
@@ -592,8 +616,10 @@ def quantize(model, format: str = "int8", *, inplace: bool = False, keep_float=N
             build the model in float32); ``inplace`` on a model in training mode or holding GGUF
             blocks; a
             ``keep_float`` name that is unknown, not a linear layer's weight, or one part of a
-            packed matrix without the others (the message lists them); a linear layer to convert
-            with more than ``INT8_MAX_IN_FEATURES`` inputs. Nothing is converted then.
+            packed matrix without the others (the message lists them), or (with ``inplace``) a
+            layer already int8, which has no float32 weight left to keep; a linear layer to convert
+            with more than ``INT8_MAX_IN_FEATURES`` inputs, or whose float32 weight holds NaN or
+            inf (the message names the weight). Nothing is converted then.
     """
     Module, SentenceEncoder = _model_classes()
     if not isinstance(format, str):
@@ -623,7 +649,15 @@ def quantize(model, format: str = "int8", *, inplace: bool = False, keep_float=N
         raise ValueError("model: holds GGUF blocks; quantize a copy (inplace=False), which starts from the "
                          "dequantized weights")
     _check_keep_float(model, keep)
+    if inplace:
+        formats = model.weight_formats()
+        for name in keep:
+            if formats[name] != "float32":
+                raise ValueError(f"keep_float: {name!r} is already {formats[name]}: with inplace=True there is no "
+                                 f"float32 weight left to keep; quantize a copy (inplace=False), which keeps it "
+                                 f"as the dequantized float32 weight")
     _check_int8_in_features(model, keep)
+    _check_finite_weights(model, keep)
     target = model if inplace else _copy(model)
     from .decoder import CausalLM
     from .module import storage_changed
