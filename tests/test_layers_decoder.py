@@ -466,6 +466,31 @@ def test_transformer_state_dict_and_bad_input(rng):
         ours(src, tgt, memory_mask=np.zeros((4, 4), np.float32))
 
 
+@pytest.mark.parametrize("counts,error,match", [
+    ({"num_encoder_layers": 0}, ValueError, r"^num_encoder_layers: expected an int in \[1, 2\*\*63 - 1\], got 0$"),
+    ({"num_decoder_layers": -2}, ValueError, r"^num_decoder_layers: expected an int in \[1, 2\*\*63 - 1\], got -2$"),
+    ({"num_encoder_layers": 1.5}, TypeError, r"^num_encoder_layers: expected an int, got float 1.5$"),
+    ({"num_decoder_layers": True}, TypeError, r"^num_decoder_layers: expected an int, got bool"),
+    ({"num_decoder_layers": 2**60}, ValueError, r"^num_decoder_layers: an array of shape \(1152921504606846976, "),
+], ids=["enc0", "dec-2", "enc1.5", "dec_bool", "dec_past_memory"])
+def test_transformer_names_its_layer_counts(monkeypatch, counts, error, match):
+    """Both counts were checked by the stacks, both named ``num_layers`` (a bad num_decoder_layers
+    too, after the encoder stack was built). Now each is named, before either stack is built."""
+    built = []
+    init = tc.nn.TransformerEncoder.__init__
+
+    def recording_init(self, layer, num_layers, norm=None):
+        built.append(num_layers)
+        init(self, layer, num_layers, norm)
+
+    monkeypatch.setattr(tc.nn.TransformerEncoder, "__init__", recording_init)
+    with pytest.raises(error, match=match):
+        tc.nn.Transformer(8, 2, dim_feedforward=16, **counts)
+    assert built == []
+    model = tc.nn.Transformer(8, 2, 2, 3, 16)
+    assert built == [2] and len(model.encoder.layers) == 2 and len(model.decoder.layers) == 3
+
+
 # ------------------------------------------------------------------ masks are keyword-only
 def test_masks_are_keyword_only(rng):
     """torch's positions after the tensors are (attn_mask, key_padding_mask) with True = blocked/padding;

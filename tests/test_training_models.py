@@ -994,6 +994,28 @@ def test_checkpoint_arguments_are_checked_before_anything_is_written_or_changed(
     assert [g["lr"] for g in target[1].param_groups] == [g["lr"] for g in opt.param_groups]
 
 
+@pytest.mark.parametrize("directory", [None, 5, ["a"], b"run"], ids=["None", "int", "list", "bytes"])
+def test_checkpoint_directory_must_be_a_path(tmp_path, monkeypatch, directory):
+    """A ``directory`` that is no path was a bare TypeError of pathlib's ("expected str, bytes or
+    os.PathLike object, not NoneType"), not naming the argument. Now a TypeError naming it, before
+    anything is written or loaded."""
+    monkeypatch.chdir(tmp_path)
+    model, opt, sched = _training_set(1)
+    full = tmp_path / "full"
+    tc.training.save_checkpoint(full, model, opt, sched)
+    target = _training_set(2)
+    before = _states(*target)
+    match = rf"^directory: expected a str or os\.PathLike, got {type(directory).__name__}$"
+    with pytest.raises(TypeError, match=match):
+        tc.training.save_checkpoint(directory, model, opt, sched)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["full"]
+    with pytest.raises(TypeError, match=match):
+        tc.training.load_checkpoint(directory, *target)
+    _assert_states_equal(_states(*target), before)
+    assert "TypeError: ``directory`` not a str or ``os.PathLike``" in " ".join(tc.training.save_checkpoint.__doc__.split())
+    assert "TypeError: ``directory``, ``model``" in " ".join(tc.training.load_checkpoint.__doc__.split())
+
+
 def test_gradients_are_bitwise_the_same_for_any_thread_count(rng):
     """Every sum of the backward passes is owned by one task in a fixed order: 1 and 2 threads give the
     same bits (a model large enough that the ops split their work)."""

@@ -63,14 +63,12 @@ def test_seq2seq_refused_call_changes_nothing(refused):
     assert m.loss(SRC, TGT, LAB) == clean_next  # the same dropout draws: no seed was taken
 
 
-def test_seq2seq_loads_the_translation_tutorials_own_names():
-    """The tutorial wraps its embeddings in TokenEmbedding (``src_tok_emb.embedding.weight``) and
-    keeps its sinusoidal table as the buffer ``positional_encoding.pos_embedding``: its state_dict
-    was refused. Built as the tutorial builds it (its table formula, in float32), it loads and gives
-    the tutorial's logits."""
+def _translation_tutorial(E: int, maxlen: int, src_vocab: int = 13, tgt_vocab: int = 11) -> torch.nn.Module:
+    """PyTorch's "Language Translation with nn.Transformer" tutorial's ``Seq2SeqTransformer`` as it
+    builds it (batch-first, dropout 0, 1 + 1 layers of 2 heads, feed-forward 16): its embeddings
+    wrapped in ``TokenEmbedding``, its sinusoidal table computed in float32 as the buffer
+    ``positional_encoding.pos_embedding (maxlen, 1, E)``."""
     import math
-
-    E, maxlen = 8, 64
 
     class TokenEmbedding(torch.nn.Module):
         def __init__(self, vocab, emb):
@@ -97,18 +95,27 @@ def test_seq2seq_loads_the_translation_tutorials_own_names():
         def __init__(self):
             super().__init__()
             self.transformer = torch.nn.Transformer(E, 2, 1, 1, 16, 0.0, batch_first=True)
-            self.generator = torch.nn.Linear(E, 11)
-            self.src_tok_emb, self.tgt_tok_emb = TokenEmbedding(13, E), TokenEmbedding(11, E)
+            self.generator = torch.nn.Linear(E, tgt_vocab)
+            self.src_tok_emb, self.tgt_tok_emb = TokenEmbedding(src_vocab, E), TokenEmbedding(tgt_vocab, E)
             self.positional_encoding = PositionalEncoding(E, maxlen)
 
         def forward(self, src, tgt):
-            mask = self.transformer.generate_square_subsequent_mask(tgt.size(1))
+            mask = self.transformer.generate_square_subsequent_mask(tgt.size(1), dtype=self.generator.weight.dtype)
             x = self.positional_encoding(self.src_tok_emb(src))
             y = self.positional_encoding(self.tgt_tok_emb(tgt))
             return self.generator(self.transformer(x, y, tgt_mask=mask))
 
+    return Tutorial()
+
+
+def test_seq2seq_loads_the_translation_tutorials_own_names():
+    """The tutorial wraps its embeddings in TokenEmbedding (``src_tok_emb.embedding.weight``) and
+    keeps its sinusoidal table as the buffer ``positional_encoding.pos_embedding``: its state_dict
+    was refused. Built as the tutorial builds it (its table formula, in float32), it loads and gives
+    the tutorial's logits."""
+    E, maxlen = 8, 64
     torch.manual_seed(0)
-    ref = Tutorial().eval()
+    ref = _translation_tutorial(E, maxlen).eval()
     ours = tc.Seq2SeqTransformer(13, 11, E, 2, 1, 1, 16, max_len=maxlen)
     state = {k: v.numpy() for k, v in ref.state_dict().items()}
     ours.load_state_dict(state)
@@ -119,6 +126,150 @@ def test_seq2seq_loads_the_translation_tutorials_own_names():
     state["positional_encoding.pos_embedding"] = state["positional_encoding.pos_embedding"] + 0.01
     with pytest.raises(ValueError, match=r"pos_embedding'\]: not the sinusoidal table this model adds"):
         ours.load_state_dict(state)
+
+
+@pytest.mark.parametrize("dtype,L,atol", [(np.float64, 500, 1e-10), (np.float32, 2000, 4e-6)], ids=["f64", "f32"])
+def test_seq2seq_keeps_the_translation_tutorials_position_table(dtype, L, atol):
+    """The tutorial's float32 ``pos_embedding`` was checked, then dropped for the model's exact
+    table: the logits of its loaded weights differed from the tutorial's (f64: by 2e-6 at length
+    500; f32: by 1.2e-5 at length 2000). Now the loaded rows are kept (cast): the tutorial's logits,
+    to the dtype's tolerance; its rows go with ``state_dict()`` (a saved model loads them back, and
+    the tutorial loads ours), and a strict load without them sets the exact table back."""
+    E = 8
+    torch.manual_seed(0)
+    ref = _translation_tutorial(E, L).eval().to(torch.float64 if dtype == np.float64 else torch.float32)
+    ours = tc.Seq2SeqTransformer(13, 11, E, 2, 1, 1, 16, max_len=L, dtype=dtype)
+    fresh = copy.deepcopy(ours)
+    state = {k: v.numpy() for k, v in ref.state_dict().items()}
+    ours.load_state_dict(state)
+    rng = np.random.default_rng(0)
+    src, tgt = rng.integers(0, 13, (1, L)), rng.integers(0, 11, (1, L))
+    with torch.no_grad():
+        want = ref(torch.from_numpy(src), torch.from_numpy(tgt)).numpy()
+    got = ours(src, tgt)
+    np.testing.assert_allclose(got, want, atol=atol, rtol=0)
+    table = ref.positional_encoding.pos_embedding.numpy()[:, 0]
+    np.testing.assert_array_equal(ours.pe, table.astype(dtype))
+    # the table goes with the state_dict: a model loaded from it is the same, and the tutorial loads it
+    saved = ours.state_dict()
+    assert saved["positional_encoding.pos_embedding"].shape == (L, 1, E)
+    again = copy.deepcopy(fresh)
+    again.load_state_dict(saved)
+    np.testing.assert_array_equal(again(src, tgt), got)
+    back = _translation_tutorial(E, L).to(ref.generator.weight.dtype)
+    wrapped = {"src_tok_emb.weight": "src_tok_emb.embedding.weight", "tgt_tok_emb.weight": "tgt_tok_emb.embedding.weight"}
+    back.load_state_dict({wrapped.get(k, k): torch.from_numpy(v) for k, v in saved.items()})
+    with torch.no_grad():
+        np.testing.assert_array_equal(back.eval()(torch.from_numpy(src), torch.from_numpy(tgt)).numpy(), want)
+    # a refused load keeps the table it had; a strict load without one: the exact table, as a model
+    # built anew (strict=False: the table it holds)
+    refused = copy.deepcopy(fresh)
+    with pytest.raises(ValueError, match="mis-shaped"):
+        refused.load_state_dict(dict(saved, **{"generator.bias": np.zeros(3)}))
+    assert not np.array_equal(fresh.pe, ours.pe)
+    np.testing.assert_array_equal(refused.pe, fresh.pe)
+    plain = {k: v for k, v in saved.items() if k != "positional_encoding.pos_embedding"}
+    again.load_state_dict(plain, strict=False)
+    np.testing.assert_array_equal(again.pe, ours.pe)
+    again.load_state_dict(plain)
+    np.testing.assert_array_equal(again.pe, fresh.pe)
+    assert "positional_encoding.pos_embedding" not in again.state_dict()
+
+
+@pytest.mark.parametrize("ignore_index", [2**70, np.uint64(2**64 - 1), -2**63 - 1], ids=["2**70", "uint64", "-2**63-1"])
+def test_seq2seq_loss_refuses_an_ignore_index_past_int64_before_the_forward(ignore_index):
+    """Only the type of ``ignore_index`` was checked before the forward: one past the int64 range
+    ran it, then the cross-entropy refused it, dropping the pending loss (backward raised) and
+    drawing dropout seeds (the next loss differed)."""
+    clean = _seq2seq(dropout=0.3)
+    clean.loss(SRC, TGT, LAB)
+    clean.backward()
+    clean_next = clean.loss(SRC, TGT, LAB)
+
+    m = _seq2seq(dropout=0.3)
+    m.loss(SRC, TGT, LAB)
+    with pytest.raises(ValueError, match=r"^ignore_index: expected an int in \[-9223372036854775808, 2\*\*63 - 1\], "
+                                         rf"got {int(ignore_index)}$"):
+        m.loss(SRC, TGT, LAB, ignore_index=ignore_index)
+    with pytest.raises(TypeError, match=r"^ignore_index: expected an int, got float"):
+        m.loss(SRC, TGT, LAB, ignore_index=-100.0)
+    m.backward()
+    for name, g in clean.gradients().items():
+        np.testing.assert_array_equal(m.gradients()[name], g, err_msg=name)
+    assert m.loss(SRC, TGT, LAB) == clean_next  # the same dropout draws: no seed was taken
+
+
+@pytest.mark.parametrize("bad,error,match", [
+    ({"nhead": 3}, ValueError, r"^d_model: expected a multiple of nhead \(3\), got 8"),
+    ({"activation": "bogus"}, ValueError, r"^activation: "),
+    ({"dim_feedforward": 0}, ValueError, r"^dim_feedforward: "),
+    ({"layer_norm_eps": -1.0}, ValueError, r"^layer_norm_eps: "),
+    ({"norm_first": "yes"}, TypeError, r"^norm_first: "),
+    ({"bias": 2}, TypeError, r"^bias: "),
+    ({"num_encoder_layers": 0}, ValueError, r"^num_encoder_layers: expected an int in \[1, 2\*\*63 - 1\], got 0"),
+    ({"num_decoder_layers": 1.5}, TypeError, r"^num_decoder_layers: expected an int, got float 1.5"),
+], ids=["nhead", "activation", "dim_feedforward", "layer_norm_eps", "norm_first", "bias", "num_encoder_layers",
+        "num_decoder_layers"])
+def test_seq2seq_checks_the_transformers_arguments_before_building_the_embeddings(monkeypatch, bad, error, match):
+    """The embedding tables were built and randomly filled before the Transformer's arguments were
+    checked (with large vocabularies, hundreds of MB for a typo in nhead); a bad layer count was
+    named ``num_layers``. Now no embedding is built before the refusal, and the weights of a model
+    built in the new order are those a standalone Embedding / Transformer gets (each module's init
+    has its own seed)."""
+    import transformer_core.seq2seq as seq2seq_module
+
+    built = []
+
+    class RecordingEmbedding(tc.nn.Embedding):
+        def __init__(self, *args, **kwargs):
+            built.append(args[:2])
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(seq2seq_module, "Embedding", RecordingEmbedding)
+    args = dict(src_vocab_size=10, tgt_vocab_size=12, d_model=8, nhead=2, num_encoder_layers=1, num_decoder_layers=1,
+                dim_feedforward=16, max_len=10)
+    with pytest.raises(error, match=match):
+        tc.Seq2SeqTransformer(**dict(args, **bad))
+    assert built == []
+    model = tc.Seq2SeqTransformer(**args)
+    assert built == [(10, 8), (12, 8)]
+    state = model.state_dict()
+    np.testing.assert_array_equal(state["src_tok_emb.weight"], tc.nn.Embedding(10, 8).state_dict()["weight"])
+    np.testing.assert_array_equal(state["tgt_tok_emb.weight"], tc.nn.Embedding(12, 8).state_dict()["weight"])
+    for name, value in tc.nn.Transformer(8, 2, 1, 1, 16).state_dict().items():
+        np.testing.assert_array_equal(state["transformer." + name], value, err_msg=name)
+
+
+def test_backward_after_eval_says_to_run_the_loss_again():
+    """eval() drops what the training loss kept, so "call .train() first" could not help: following
+    it, backward raised again. The message says to run the loss (or forward) again, and doing so
+    gives the uninterrupted run's gradients."""
+    clean = _seq2seq()
+    clean.loss(SRC, TGT, LAB)
+    clean.backward()
+    m = _seq2seq()
+    m.loss(SRC, TGT, LAB)
+    m.eval()
+    with pytest.raises(tc.NoTrainingStateError, match=r"\(mode: eval; call \.train\(\), then run the loss again\)"):
+        m.backward()
+    m.train()
+    m.loss(SRC, TGT, LAB)
+    m.backward()
+    for name, g in clean.gradients().items():
+        np.testing.assert_array_equal(m.gradients()[name], g, err_msg=name)
+    # the generic text: a module's own backward (Linear) and a composite's (a stack)
+    x = np.ones((1, 3, 8), np.float32)
+    for module, inp, grad in [(tc.nn.Linear(3, 2), np.ones((1, 3), np.float32), np.ones((1, 2), np.float32)),
+                              (tc.nn.TransformerEncoder(tc.nn.TransformerEncoderLayer(8, 2, 16), 2), x, x)]:
+        module.train()
+        module(inp)
+        module.eval()
+        with pytest.raises(tc.NoTrainingStateError,
+                           match=r"\(mode: eval \(call \.train\(\), then run the loss \(or forward\) again\); "):
+            module.backward(grad)
+        module.train()
+        module(inp)
+        assert module.backward(grad).shape == inp.shape
 
 
 def test_seq2seq_sizes_past_memory_name_its_own_arguments():

@@ -1107,7 +1107,7 @@ class Module:
             WeightsChangedError: a weight under this module was written since the forward (the state
                 of all of them is dropped).
         """
-        mode = "training" if self.training else "eval (call .train() first)"
+        mode = "training" if self.training else "eval (call .train(), then run the loss (or forward) again)"
         message = (f"{type(self).__name__}.backward: no training forward to differentiate (mode: {mode}; each "
                    "training forward has one backward)")
         if self.__dict__.get("_saved") is None:
@@ -1135,7 +1135,7 @@ class Module:
         """
         saved = self._saved
         if saved is None:
-            mode = "training" if self.training else "eval (call .train() first)"
+            mode = "training" if self.training else "eval (call .train(), then run the loss (or forward) again)"
             raise NoTrainingStateError(f"{type(self).__name__}.backward: no training forward to differentiate "
                                        f"(mode: {mode}; each training forward has one backward)")
         return saved

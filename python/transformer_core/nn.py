@@ -1147,6 +1147,10 @@ class Transformer(Module):
     as torch, ``dtype``, and ``dropout`` (keyword, default 0: torch's default is 0.1; training
     forwards only, see the module doc).
 
+    Raises: TypeError / ValueError naming ``num_encoder_layers`` or ``num_decoder_layers``: not an
+    int or < 1 (before any layer is built), more layers than this machine's memory holds (before
+    either stack is built); as :class:`TransformerEncoderLayer` for the layers' arguments.
+
     Weights (torch's names): ``encoder.layers.{i}.*``, ``encoder.norm.*``,
     ``decoder.layers.{i}.*``, ``decoder.norm.*``.
     """
@@ -1155,11 +1159,21 @@ class Transformer(Module):
                  dim_feedforward: int = 2048, activation: str = "relu", layer_norm_eps: float = 1e-5,
                  norm_first: bool = False, bias: bool = True, dtype=np.float32, *, dropout: float = 0.0):
         self._init_dtype(dtype)
+        # the layer counts under their own names (the stacks would name both ``num_layers``), before
+        # anything is built
+        num_encoder_layers = check_positive_int(num_encoder_layers, "num_encoder_layers")
+        num_decoder_layers = check_positive_int(num_decoder_layers, "num_decoder_layers")
         args = (d_model, nhead, dim_feedforward, activation, layer_norm_eps, norm_first, bias, self.dtype)
+        encoder_layer = TransformerEncoderLayer(*args, dropout=dropout)  # checks the layer's arguments
+        decoder_layer = TransformerDecoderLayer(*args, dropout=dropout)
+        for name, count, layer in (("num_encoder_layers", num_encoder_layers, encoder_layer),
+                                   ("num_decoder_layers", num_decoder_layers, decoder_layer)):
+            per_layer = sum(int(np.prod(shape)) for shape in layer.parameter_shapes().values())
+            check_allocatable((count, per_layer), np.dtype(self.dtype).itemsize, name)  # before either stack
         self.d_model, self.nhead = d_model, nhead
-        self.encoder = TransformerEncoder(TransformerEncoderLayer(*args, dropout=dropout), num_encoder_layers,
+        self.encoder = TransformerEncoder(encoder_layer, num_encoder_layers,
                                           LayerNorm(d_model, layer_norm_eps, bias, self.dtype))
-        self.decoder = TransformerDecoder(TransformerDecoderLayer(*args, dropout=dropout), num_decoder_layers,
+        self.decoder = TransformerDecoder(decoder_layer, num_decoder_layers,
                                           LayerNorm(d_model, layer_norm_eps, bias, self.dtype))
 
     def _children(self):

@@ -11,6 +11,7 @@ the encoder–decoder tutorial; PyTorch's "Language Translation with nn.Transfor
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -41,8 +42,15 @@ class Seq2SeqTransformer(Module):
     ``tgt_tok_emb.weight (tgt_vocab, E)``, ``transformer.*`` (torch's ``nn.Transformer`` names),
     ``generator.weight (tgt_vocab, E)``, ``generator.bias``. A torch module built the same way loads
     its ``state_dict`` as is: the tutorial's own ``TokenEmbedding`` names
-    (``src_tok_emb.embedding.weight``) too, and its ``positional_encoding.pos_embedding`` buffer is
-    checked and dropped (see :meth:`_rename_state_dict`).
+    (``src_tok_emb.embedding.weight``) too, and its ``positional_encoding.pos_embedding`` buffer,
+    which is checked to be the sinusoidal table and then kept: the model adds the tutorial's
+    float32-computed rows, so its outputs are the tutorial's (see :meth:`load_state_dict`), and its
+    :meth:`state_dict` holds that table as well.
+
+    Raises (the constructor): TypeError / ValueError naming the argument; the Transformer's
+    arguments (``nhead`` dividing ``d_model``, ``activation``, ``dim_feedforward``,
+    ``layer_norm_eps``, ``norm_first``, ``bias``, the layer counts) are checked before the
+    embedding tables are built.
 
     Training: ``model.train(); loss = model.loss(src, tgt_in, labels); model.backward()``.
     """
@@ -65,42 +73,91 @@ class Seq2SeqTransformer(Module):
                                    self.d_model),
                                   ("max_len, d_model", "the sinusoidal position table", self.max_len, self.d_model)],
                                  self.dtype)
-        self.src_tok_emb = Embedding(self.src_vocab_size, d_model, self.dtype)
-        self.tgt_tok_emb = Embedding(self.tgt_vocab_size, d_model, self.dtype)
+        # the Transformer first: its constructor checks its arguments before it builds anything, so a bad
+        # nhead or layer count is refused before the (possibly large) embedding tables are built and
+        # filled (each module's init draws from its own seed: the order does not change the weights)
         self.transformer = Transformer(d_model, nhead, num_encoder_layers, num_decoder_layers, dim_feedforward,
                                        activation, layer_norm_eps, norm_first, bias, self.dtype, dropout=dropout)
+        self.src_tok_emb = Embedding(self.src_vocab_size, d_model, self.dtype)
+        self.tgt_tok_emb = Embedding(self.tgt_vocab_size, d_model, self.dtype)
         self.generator = Linear(d_model, self.tgt_vocab_size, True, self.dtype)
         self.pe = sinusoidal_positional_encoding(self.max_len, d_model, dtype=self.dtype)  # (max_len, E)
+        self.pe_loaded = False  # True while self.pe holds a loaded tutorial's table (see load_state_dict)
         self.scale = math.sqrt(d_model)
+
+    _PE_NAME = "positional_encoding.pos_embedding"
 
     def _rename_state_dict(self, state: dict) -> dict:
         """The translation tutorial's own names: its ``TokenEmbedding`` wrappers'
-        ``{src,tgt}_tok_emb.embedding.weight``, and its ``positional_encoding.pos_embedding`` buffer
-        ``(maxlen, 1, E)``, which is checked to be the sinusoidal table this model adds (to 1e-3:
-        the tutorial computes it in float32) and not stored.
-
-        Raises:
-            ValueError: a ``pos_embedding`` of another width, or not the sinusoidal table.
-        """
+        ``{src,tgt}_tok_emb.embedding.weight`` (its ``pos_embedding`` buffer: :meth:`load_state_dict`)."""
         for side in ("src", "tgt"):
             wrapped = f"{side}_tok_emb.embedding.weight"
             if wrapped in state and f"{side}_tok_emb.weight" not in state:
                 state[f"{side}_tok_emb.weight"] = state.pop(wrapped)
-        name = "positional_encoding.pos_embedding"
-        if name in state:
-            table = as_float(state.pop(name), f"state_dict['{name}']", np.float64)
-            if table.ndim == 3 and table.shape[1] == 1:
-                table = table[:, 0]
-            if table.ndim != 2 or table.shape[1] != self.d_model:
-                raise ValueError(f"state_dict['{name}']: expected shape (maxlen, 1, {self.d_model}) (the tutorial's "
-                                 f"sinusoidal table of d_model {self.d_model}), got {np.shape(table)}")
-            n = min(len(table), self.max_len)
-            expected = sinusoidal_positional_encoding(n, self.d_model, dtype=np.float64)
-            err = float(np.abs(table[:n] - expected).max()) if n else 0.0
-            if not err <= 1e-3:
-                raise ValueError(f"state_dict['{name}']: not the sinusoidal table this model adds (off by {err:.3g} "
-                                 f"in its first {n} rows)")
         return state
+
+    def _loaded_table(self, value) -> np.ndarray:
+        """The model's position table ``(max_len, E)`` of ``self.dtype`` from a tutorial's
+        ``pos_embedding`` ``(maxlen, 1, E)`` (or ``(maxlen, E)``): its first ``min(maxlen, max_len)``
+        rows as they are (cast), the exact sinusoidal rows after them.
+
+        Raises:
+            ValueError: a table of another width, or not the sinusoidal table (to 1e-3: the tutorial
+                computes it in float32). TypeError: not floating-point data.
+        """
+        name = self._PE_NAME
+        table = as_float(value, f"state_dict['{name}']", np.float64)
+        if table.ndim == 3 and table.shape[1] == 1:
+            table = table[:, 0]
+        if table.ndim != 2 or table.shape[1] != self.d_model:
+            raise ValueError(f"state_dict['{name}']: expected shape (maxlen, 1, {self.d_model}) (the tutorial's "
+                             f"sinusoidal table of d_model {self.d_model}), got {np.shape(table)}")
+        exact = sinusoidal_positional_encoding(self.max_len, self.d_model, dtype=np.float64)
+        n = min(len(table), self.max_len)
+        err = float(np.abs(table[:n] - exact[:n]).max()) if n else 0.0
+        if not err <= 1e-3:
+            raise ValueError(f"state_dict['{name}']: not the sinusoidal table this model adds (off by {err:.3g} "
+                             f"in its first {n} rows)")
+        exact[:n] = table[:n]
+        return exact.astype(self.dtype)
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """Every weight (:meth:`Module.state_dict`), and, while the model holds a table loaded from a
+        tutorial's ``state_dict`` (``pe_loaded``), that table as ``positional_encoding.pos_embedding``
+        ``(max_len, 1, E)`` (the tutorial's buffer), so that a model saved and loaded again (or a
+        :func:`~transformer_core.training.save_checkpoint`) keeps it."""
+        out = super().state_dict()
+        if self.pe_loaded:
+            out[self._PE_NAME] = self.pe[:, None, :].copy()
+        return out
+
+    def load_state_dict(self, state_dict: Mapping, strict: bool = True):
+        """:meth:`Module.load_state_dict`, with the translation tutorial's names (see
+        :meth:`_rename_state_dict`) and its ``positional_encoding.pos_embedding`` buffer ``(maxlen,
+        1, E)``: checked to be the sinusoidal table (to 1e-3), then kept (cast to ``self.dtype``):
+        the model adds its first ``min(maxlen, max_len)`` rows as the tutorial computed them (in
+        float32), so that its outputs are the tutorial's, and the exact rows past them. (With the
+        exact table instead, a float32 model of the tutorial's weights gave logits 1.9e-5 off the
+        tutorial's at target length 3000: the float32 table is off the exact one by up to ~1e-4 at
+        positions in the thousands.) Without that key, ``strict=True`` sets the exact table back (as
+        a model built anew has it), and ``strict=False`` keeps the table the model holds. The table
+        is set only once every weight was loaded.
+
+        Raises:
+            ValueError: a ``pos_embedding`` of another width, or not the sinusoidal table; as
+                :meth:`Module.load_state_dict`. Nothing is changed.
+        """
+        table = None
+        if isinstance(state_dict, Mapping) and self._PE_NAME in state_dict:
+            state_dict = dict(state_dict)
+            table = self._loaded_table(state_dict.pop(self._PE_NAME))  # checked before anything changes
+        result = super().load_state_dict(state_dict, strict)
+        if table is not None:
+            self.pe, self.pe_loaded = table, True
+        elif strict and self.pe_loaded:
+            self.pe = sinusoidal_positional_encoding(self.max_len, self.d_model, dtype=self.dtype)
+            self.pe_loaded = False
+        return result
 
     def _children(self):
         return [("src_tok_emb", self.src_tok_emb), ("tgt_tok_emb", self.tgt_tok_emb),
@@ -199,10 +256,12 @@ class Seq2SeqTransformer(Module):
 
         Raises:
             NonFiniteLossError: the loss is NaN or inf; nothing is kept, no gradient was touched.
-            ValueError: labels of the wrong shape or out of range; as :meth:`forward`.
+            ValueError: labels of the wrong shape or out of range, ``ignore_index`` outside the int64
+                range; as :meth:`forward` (all before the forward runs: a pending backward stays).
+            TypeError: ``ignore_index`` not an int; as :meth:`forward`.
         """
-        if isinstance(ignore_index, bool) or not isinstance(ignore_index, (int, np.integer)):
-            raise TypeError(f"ignore_index: expected an int, got {type(ignore_index).__name__}")
+        # an int64 (the labels' dtype), as functional.cross_entropy checks it: before the forward
+        ignore_index = check_int(ignore_index, "ignore_index", -2**63, 2**63 - 1)
         label_smoothing = check_float(label_smoothing, "label_smoothing", minimum=0.0, maximum=1.0)
         lab = as_ids(labels, "labels")
         tgt_shape = as_ids(tgt, "tgt").shape
@@ -215,7 +274,7 @@ class Seq2SeqTransformer(Module):
                              f"({ignore_index}), got {int(lab[pos])} at {pos}")
         logits = self.forward(src, tgt, src_key_mask, tgt_key_mask)
         try:
-            value, dlogits = cross_entropy_with_grad(logits, lab, int(ignore_index), label_smoothing)
+            value, dlogits = cross_entropy_with_grad(logits, lab, ignore_index, label_smoothing)
         except BaseException:
             self._discard()
             raise
@@ -247,7 +306,7 @@ class Seq2SeqTransformer(Module):
         """
         if not self.training:
             raise NoTrainingStateError("Seq2SeqTransformer.backward: no training loss to differentiate (mode: eval; "
-                                       "call .train() first)")
+                                       "call .train(), then run the loss again)")
         self._check_backward_ready()  # before the generator adds anything
         dlogits = self._take_saved()
         g = self.generator.backward(dlogits)

@@ -30,6 +30,7 @@ before it changes anything.
 from __future__ import annotations
 
 import json
+import os
 import secrets
 from pathlib import Path
 
@@ -88,9 +89,11 @@ RNG_STATE_KEY = "rng_state"
 _FILES = ("model.safetensors", "optimizer.safetensors", "scheduler.safetensors")
 
 
-def _check_arguments(model, optimizer, scheduler) -> None:
+def _check_arguments(directory, model, optimizer, scheduler) -> None:
     """The arguments of :func:`save_checkpoint` / :func:`load_checkpoint`, checked before anything is
     read, written or changed: TypeError / ValueError naming the argument."""
+    if not isinstance(directory, (str, os.PathLike)) or isinstance(os.fspath(directory), bytes):
+        raise TypeError(f"directory: expected a str or os.PathLike, got {type(directory).__name__}")
     if not isinstance(model, Module):
         raise TypeError(f"model: expected a transformer_core Module, got {type(model).__name__}")
     if optimizer is not None and not isinstance(optimizer, Optimizer):
@@ -118,7 +121,8 @@ def save_checkpoint(directory, model: Module, optimizer=None, scheduler=None) ->
     model (another ``checkpoint_id``).
 
     Raises:
-        TypeError: ``model`` not a :class:`~transformer_core.module.Module`, ``optimizer`` not a
+        TypeError: ``directory`` not a str or ``os.PathLike`` (of a str path), ``model`` not a
+            :class:`~transformer_core.module.Module`, ``optimizer`` not a
             :class:`~transformer_core.optim.Optimizer` (or None), ``scheduler`` not a
             :class:`~transformer_core.lr_scheduler.LRScheduler` (or None): nothing is written.
         ValueError: a ``scheduler`` whose optimizer is not ``optimizer`` (None included: the groups'
@@ -130,7 +134,7 @@ def save_checkpoint(directory, model: Module, optimizer=None, scheduler=None) ->
     """
     from safetensors.numpy import save_file
 
-    _check_arguments(model, optimizer, scheduler)
+    _check_arguments(directory, model, optimizer, scheduler)
     metadata = {"format": "np", CHECKPOINT_ID_KEY: secrets.token_hex(16)}
     states = []  # (file name, state): all taken before anything is written
     if optimizer is not None:
@@ -226,7 +230,7 @@ def load_checkpoint(directory, model: Module, optimizer=None, scheduler=None) ->
     stored leaves the generator alone).
 
     Raises:
-        TypeError: ``model``, ``optimizer`` or ``scheduler`` of the wrong type (as
+        TypeError: ``directory``, ``model``, ``optimizer`` or ``scheduler`` of the wrong type (as
             :func:`save_checkpoint`); nothing is read or changed.
         ValueError: a ``scheduler`` whose optimizer is not ``optimizer`` (None included: the groups'
             learning rates are restored from the optimizer's file); nothing is read or changed.
@@ -236,7 +240,7 @@ def load_checkpoint(directory, model: Module, optimizer=None, scheduler=None) ->
             a model tensor that is not floating-point (naming it).
         OSError: a file that cannot be read (naming it).
     """
-    _check_arguments(model, optimizer, scheduler)
+    _check_arguments(directory, model, optimizer, scheduler)
     path = Path(directory).expanduser()
     wanted = [name for name, given in zip(_FILES, (True, optimizer is not None, scheduler is not None)) if given]
     for name in wanted:
