@@ -405,6 +405,23 @@ def test_cli_empty_prompt_or_query_is_refused(tmp_path):
                        "transformer_core search: queries: expected some text, got an empty query at index 1")
 
 
+def test_cli_embed_refuses_an_empty_or_blank_sentence(tmp_path, tiny_model_dir):
+    """As every file reader refuses a blank record and `search` a blank query: `embed "" x` is one
+    error naming the sentence's index, nothing written (no output with a [CLS] [SEP] row)."""
+    model = str(tiny_model_dir)
+    r = assert_clean_error(run_cli_any("embed", "--model", model, "", "x", "--out", tmp_path / "e.npy",
+                                       "--no-progress"),
+                           "transformer_core embed: texts: expected some text, got an empty text at index 0")
+    assert r == "transformer_core embed: texts: expected some text, got an empty text at index 0"
+    r = run_cli_any("embed", "--model", model, "x", "   ", "--json")
+    assert r.stdout == ""
+    assert_clean_error(r, "transformer_core embed: texts: expected some text, got an all-whitespace text at index 1")
+    assert os.listdir(tmp_path) == []
+    data = json.loads(run_cli("embed", "--model", model, "x", "y z", "--json"))
+    ref = tc.SentenceEncoder.from_pretrained(model).encode(["x", "y z"], normalize=True)
+    np.testing.assert_allclose(np.asarray(data["embeddings"], np.float32), ref, atol=1e-6, rtol=0)
+
+
 def test_cli_arguments_that_are_not_utf8_are_named():
     # the shell's $'caf\xe9': Python decodes the byte as the lone surrogate U+DCE9
     r = assert_clean_error(_run("embed", "caf\udce9", "b"), "transformer_core embed: texts:",
@@ -572,3 +589,32 @@ def test_cli_chat_without_a_chat_template_points_to_generate(tiny_chat_dirs):
     _, plain, _, _ = tiny_chat_dirs
     msg = assert_clean_error(_run("chat", "--model", str(plain), "hi"), "has no chat template")
     assert "the `generate` command" in msg and "continue_text" not in msg
+
+
+def test_cli_model_errors_of_hostile_files_and_names_are_one_line(tmp_path):
+    """``~nosuchuser/m``, a name too long for the file system, a config.json float field holding
+    an integer beyond float range, and a GGUF file without a tokenizer: one error line each
+    (exit 2) naming the option or file, not a traceback (RuntimeError, OSError, OverflowError) or
+    "GGUF tokenizer model None"."""
+    import gguf
+    from gguf_fakes import random_llama_state, write_llama_gguf
+
+    r = _run("generate", "hi", "--model", "~tc-no-such-user-4f2a9/m", "--max-new-tokens", "1")
+    assert_clean_error(r, "model: cannot expand the home directory of '~tc-no-such-user-4f2a9/m'")
+    r = _run("generate", "hi", "--model", "x" * 5000, "--max-new-tokens", "1")
+    assert_clean_error(r, "model: no model at 'xxx", "the name is too long for the file system")
+
+    folder = tmp_path / "m"
+    tc.LlamaForCausalLM(dict(vocab_size=16, hidden_size=8, intermediate_size=8, num_hidden_layers=1,
+                             num_attention_heads=2, max_position_embeddings=8)).save_pretrained(folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "rms_norm_eps": 10**400}))
+    r = _run("generate", "hi", "--model", str(folder), "--max-new-tokens", "1")
+    assert_clean_error(r, f"{folder / 'config.json'}: rms_norm_eps: expected a finite float, got int of 1329 bits")
+
+    path = tmp_path / "notok.gguf"
+    write_llama_gguf(path, random_llama_state(np.random.default_rng(0)), tokenizer=False,
+                     metadata={"llama.context_length": (64, gguf.GGUFValueType.UINT32)})
+    r = _run("generate", "hi", "--model", str(path), "--max-new-tokens", "1")
+    line = assert_clean_error(r, f"{path}: the GGUF file has no tokenizer (tokenizer.ggml.model missing)")
+    assert "None" not in line

@@ -1393,3 +1393,125 @@ sys.exit(1)
     corpus.embed_file(f, ref, model=str(tiny_model_dir), chunk_size=10)
     np.testing.assert_array_equal(np.load(out), np.load(ref))
     assert (tmp_path / "o.npy.texts.jsonl").read_bytes() == (tmp_path / "ref.npy.texts.jsonl").read_bytes()
+
+
+def test_list_input_with_an_empty_or_blank_text_is_refused(tmp_path, tiny_model_dir, tiny_encoder):
+    """As every file reader refuses a blank record and search a blank query: a list's empty or
+    whitespace-only text is a ValueError naming its index, before anything is written; the list
+    without it gives encode()'s rows."""
+    model = str(tiny_model_dir)
+    for texts, match in ((["fine", ""], "^texts: expected some text, got an empty text at index 1$"),
+                         ([" \t\n", "fine"], "^texts: expected some text, got an all-whitespace text at index 0$")):
+        with pytest.raises(ValueError, match=match):
+            corpus.embed_file(texts, tmp_path / "e.npy", model=model)
+        with pytest.raises(ValueError, match=match):
+            corpus.embed_summary(texts, model=model)
+        with pytest.raises(ValueError, match=match):
+            corpus.ListSource(texts)
+    assert os.listdir(tmp_path) == []
+    corpus.embed_file(["fine", " spaced "], tmp_path / "e.npy", model=model)
+    assert load_output(tmp_path / "e.npy")[1] == ["fine", " spaced "]  # kept as given
+    np.testing.assert_array_equal(np.load(tmp_path / "e.npy"), tiny_encoder.encode(["fine", " spaced "], normalize=True))
+
+
+def test_reader_arguments_are_checked_whatever_the_input(tmp_path, tiny_model_dir):
+    """input_format / text_field apply to a path only: with a list or a TextSource they are refused
+    (as the CLI refuses --format / --text-field without --file), and errors is checked for every
+    input; nothing is written."""
+    model = str(tiny_model_dir)
+    f = write_lines(tmp_path / "c.jsonl", [json.dumps({"body": "x"})])
+    source = corpus.open_source(f, text_field="body")
+    for input, what in ((["a"], "texts given as a list"), (source, "a TextSource")):
+        for kwargs, match in (({"text_field": "x"}, f"^text_field: only for a path input, got 'x' with {what}"),
+                              ({"input_format": "jsonl"}, f"^input_format: only for a path input, got 'jsonl' with {what}"),
+                              ({"errors": "bad"}, "^errors: expected 'strict' or 'skip', got 'bad'$")):
+            with pytest.raises(ValueError, match=match):
+                corpus.embed_file(input, tmp_path / "e.npy", model=model, **kwargs)
+            with pytest.raises(ValueError, match=match):
+                corpus.embed_summary(input, model=model, **kwargs)
+    assert sorted(os.listdir(tmp_path)) == ["c.jsonl"]
+    assert corpus.embed_summary(source, model=model, errors="skip").texts == ["x"]  # a valid mode: as opened
+
+
+def test_path_arguments_of_the_wrong_type_are_named(tmp_path, tiny_model_dir, search_index):
+    model = str(tiny_model_dir)
+    for value, got in ((5, "int"), (None, "NoneType")):
+        with pytest.raises(TypeError, match=f"^out: expected a str or os.PathLike, got {got}$"):
+            corpus.embed_file(["a"], value, model=model)
+        with pytest.raises(TypeError, match=f"^index: expected a str or os.PathLike, got {got}$"):
+            corpus.search(value, "a")
+        with pytest.raises(TypeError, match=f"^out: expected a str or os.PathLike, got {got}$"):
+            corpus.read_manifest(value)
+    assert os.listdir(tmp_path) == []
+    _, outs = search_index
+    assert corpus.read_manifest(str(outs["npy"]))["complete"] is True
+
+
+def test_search_checks_block_rows_like_k_and_allow_incomplete(search_index):
+    """block_rows: a numpy integer is an int (as for k), a float a TypeError; allow_incomplete a
+    bool, not any truthy value. The scores do not depend on block_rows."""
+    lines, outs = search_index
+    ref = corpus.search(outs["npy"], lines[7], k=4, block_rows=4)
+    assert ref[0][0].id == 7
+    assert corpus.search(outs["npy"], lines[7], k=np.int64(4), block_rows=np.int64(4)) == ref
+    assert corpus.search(outs["npy"], lines[7], k=4, block_rows=np.int32(4), allow_incomplete=np.True_) == ref
+    for kwargs, error, match in (({"block_rows": 2.0}, TypeError, "^block_rows: expected an int, got float$"),
+                                 ({"block_rows": True}, TypeError, "^block_rows: expected an int, got bool$"),
+                                 ({"block_rows": np.int64(0)}, ValueError, "^block_rows: expected an int >= 1, got 0$"),
+                                 ({"allow_incomplete": "yes"}, TypeError,
+                                  "^allow_incomplete: expected a bool, got str 'yes'$"),
+                                 ({"allow_incomplete": 1}, TypeError, "^allow_incomplete: expected a bool, got int 1$")):
+        with pytest.raises(error, match=match):
+            corpus.search(outs["npy"], lines[7], k=4, **kwargs)
+
+
+def test_text_reader_splits_lines_as_universal_newlines(tmp_path, tiny_model_dir, tiny_encoder):
+    """A line of text input ends at \\n, \\r\\n (one line end) or a lone \\r, as Python's universal
+    newlines: a file of classic-Mac \\r line ends is read line by line (not as one text), the
+    texts otherwise as stored, and an error's line number counts those lines."""
+    cr = tmp_path / "cr.txt"
+    cr.write_bytes(b"one\rtwo\rthree\r")
+    assert list(corpus.open_source(cr)) == ["one", "two", "three"]
+    mixed = tmp_path / "mixed.txt"
+    data = b"\xef\xbb\xbfa\r\nb\rc\n\r\n\rd  e\r\r\nlast"
+    mixed.write_bytes(data)
+    ref = [t.strip() for t in data.decode("utf-8-sig").replace("\r\n", "\n").replace("\r", "\n").split("\n")]
+    assert list(corpus.open_source(mixed)) == [t for t in ref if t] == ["a", "b", "c", "d  e", "last"]
+    # a \r\n that falls across two reads of the file stays one line end
+    long = tmp_path / "long.txt"
+    lines = [f"{i} " + "x" * (8189 + i % 5) for i in range(12)]
+    long.write_bytes("".join(t + ("\r\n" if i % 2 else "\r") for i, t in enumerate(lines)).encode())
+    assert list(corpus.open_source(long)) == lines
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"ok\rstill ok\r\nbad \xff\rafter")
+    with pytest.raises(ValueError, match=r"line 3: invalid UTF-8 \(byte 5"):
+        list(corpus.open_source(bad))
+    src = corpus.open_source(bad, errors="skip")
+    assert list(src) == ["ok", "still ok", "after"] and [w for w, _ in src.skipped] == ["line 3"]
+    out = tmp_path / "cr.npy"
+    assert corpus.embed_file(cr, out, model=str(tiny_model_dir)).rows == 3
+    np.testing.assert_array_equal(np.load(out), tiny_encoder.encode(["one", "two", "three"], normalize=True))
+
+
+@pytest.mark.parametrize("arrow_type", ["string_view", "large_string", "binary_view"])
+def test_parquet_view_and_large_string_columns_are_text(tmp_path, tiny_model_dir, tiny_encoder, arrow_type):
+    """pyarrow writes a string_view column (and stores its schema): read as text like a string
+    column, nulls and blank values still bad records by row."""
+    if not hasattr(pa, arrow_type):
+        pytest.skip(f"pyarrow {pa.__version__} has no {arrow_type}")
+    values = ["first", "é second", None, "  ", "third"]
+    typ = getattr(pa, arrow_type)()
+    raw = [v.encode() if v is not None and "binary" in arrow_type else v for v in values]
+    p = tmp_path / "v.parquet"
+    pq.write_table(pa.table({"text": pa.array(raw, typ)}), p, row_group_size=2)
+    assert pq.ParquetFile(p).schema_arrow.field("text").type == typ
+    with pytest.raises(ValueError, match="row 3: column 'text' is null"):
+        list(corpus.open_source(p))
+    src = corpus.open_source(p, errors="skip")
+    kept = ["first", "é second", "third"]
+    assert list(src) == kept and [w for w, _ in src.skipped] == ["row 3", "row 4"]
+    out = tmp_path / "o.parquet"
+    corpus.embed_file(p, out, model=str(tiny_model_dir), errors="skip")
+    ids, texts, emb = load_output(out)
+    assert texts == kept
+    np.testing.assert_array_equal(emb, tiny_encoder.encode(kept, normalize=True))

@@ -418,3 +418,37 @@ def test_a_scheduler_that_never_answers_or_needs_tls_is_named_in_bounded_time(tm
     with pytest.raises(ValueError, match=r"^scheduler: cannot use 'tls://127.0.0.1:1' \(TypeError: .*given as a Client"):
         embed_corpus(f, tmp_path / "t.parquet", model=str(tiny_model_dir), scheduler="tls://127.0.0.1:1")
     assert not (tmp_path / "o.parquet").exists() and not (tmp_path / "t.parquet").exists()
+
+
+def test_an_interrupt_before_the_run_started_says_nothing_was_written(tmp_path, tiny_model_dir, cluster,
+                                                                      monkeypatch):
+    """Ctrl-C while the workers are set up (here: while the encoder plugin is registered) comes
+    before anything is written: the message says so instead of pointing --resume at chunks that do
+    not exist, and a complete output that overwrite was to replace is the old one, unchanged."""
+    c, client = cluster
+    model = str(tiny_model_dir)
+    f = write_lines(tmp_path / "c.txt", corpus_lines(30))
+
+    def ctrl_c(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(client, "register_plugin", ctrl_c)
+    out = tmp_path / "e.parquet"
+    with pytest.raises(KeyboardInterrupt) as info:
+        embed_corpus(f, out, model=model, scheduler=client, chunk_size=10)
+    assert str(info.value) == (f"interrupted before the run started (while the cluster and its workers were set "
+                               f"up): nothing was written to {out}")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.txt"]
+    ref = tmp_path / "ref.parquet"
+    corpus.embed_file(corpus_lines(30, 100), ref, model=model, chunk_size=10)
+    before = {p.relative_to(tmp_path): p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    with pytest.raises(KeyboardInterrupt, match="^interrupted before the run started .*nothing was written to "):
+        embed_corpus(f, ref, model=model, scheduler=client, chunk_size=10, overwrite=True)
+    assert {p.relative_to(tmp_path): p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
+    assert read_sorted(ref)[1] == corpus_lines(30, 100)
+    monkeypatch.undo()
+    r = embed_corpus(f, out, model=model, scheduler=client, chunk_size=10)
+    expected = tmp_path / "expected.parquet"
+    corpus.embed_file(f, expected, model=model, chunk_size=10)
+    assert r.rows == 30 and r.chunks_computed == 3
+    assert_same_rows(out, expected)

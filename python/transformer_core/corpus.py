@@ -3,8 +3,9 @@
 The pieces, in the order a run uses them:
 
 * **Sources** (:func:`open_source`): the texts of a file, streamed in input order (never read into
-  one list). Formats: ``text`` (one text per line; blank lines skipped; surrounding whitespace
-  stripped), ``jsonl`` (one JSON object per line, the text in ``text_field``), ``csv`` (a header
+  one list). Formats: ``text`` (one text per line; a line ends at ``\n``, ``\r\n`` or a lone
+  ``\r``, as in Python's universal newlines, so a file of classic-Mac ``\r`` line ends is read line
+  by line too; blank lines skipped; surrounding whitespace stripped), ``jsonl`` (one JSON object per line, the text in ``text_field``), ``csv`` (a header
   row, the text in the column ``text_field``) and ``parquet`` (the string column ``text_field``,
   read in record batches with pyarrow). ``text_field`` defaults to ``"text"``. A record that
   cannot be read (invalid UTF-8, invalid JSON, a missing or non-string field) is an error naming
@@ -162,8 +163,10 @@ class ListSource:
         texts: a list of str, kept as given (no stripping, nothing skipped).
 
     Raises:
-        TypeError: not a list of str. ValueError: a text that is not valid Unicode (a lone
-        surrogate; its index and position are named), found here, before anything is written.
+        TypeError: not a list of str. ValueError: an empty or whitespace-only text (it would embed
+        to ``[CLS] [SEP]`` alone: every file reader refuses such a record, and :func:`search` such
+        a query), or a text that is not valid Unicode (a lone surrogate); its index (and position)
+        named, found here, before anything is written.
     """
 
     format = "list"
@@ -177,6 +180,9 @@ class ListSource:
         for i, t in enumerate(self.texts):
             if not isinstance(t, str):
                 raise TypeError(f"texts: expected a list of str, got {type(t).__name__} at index {i}")
+            if not t.strip():  # as a file reader's blank record and search's blank query
+                raise ValueError(f"texts: expected some text, got {'an empty' if not t else 'an all-whitespace'} "
+                                 f"text at index {i}")
             check_unicode(t, "texts", i)
         self.skipped: list[tuple[int, str]] = []
         self.num_skipped = 0
@@ -251,10 +257,16 @@ class TextSource:
                   "parquet": self._iter_parquet}[self.format]
         return reader()
 
-    def _lines(self) -> Iterator[tuple[int, bytes]]:
-        """(line number, raw line) of the file, the UTF-8 byte-order mark dropped."""
-        with open(self.path, "rb") as f:
-            for lineno, raw in enumerate(f, 1):
+    def _lines(self, universal: bool = False) -> Iterator[tuple[int, bytes]]:
+        """(line number, raw line) of the file, the UTF-8 byte-order mark dropped. A line ends at
+        ``\n``; with ``universal`` (text input) at ``\n``, ``\r\n`` (one line end) or a lone ``\r``,
+        as Python's universal newlines, and the line numbers count those lines. Streamed either way
+        (a file of ``\r`` line ends is not read as one line); the bytes of a line are the file's."""
+        # latin-1 maps each byte to one character and back: newline="" splits on \n, \r\n and \r
+        # (a \r\n across two reads included) and leaves the line ends in place
+        with (open(self.path, encoding="latin-1", newline="") if universal else open(self.path, "rb")) as f:
+            lines = (line.encode("latin-1") for line in f) if universal else f
+            for lineno, raw in enumerate(lines, 1):
                 if lineno == 1 and raw.startswith(codecs.BOM_UTF8):
                     raw = raw[len(codecs.BOM_UTF8):]
                 yield lineno, raw
@@ -267,7 +279,7 @@ class TextSource:
             return None
 
     def _iter_text(self) -> Iterator[str]:
-        for lineno, raw in self._lines():
+        for lineno, raw in self._lines(universal=True):
             line = self._decode(lineno, raw)
             if line is not None:
                 text = line.strip()
@@ -382,8 +394,7 @@ class TextSource:
         ftype = schema.field(field).type
         # A dictionary-encoded column (a pandas categorical) is read through its dictionary.
         vtype = ftype.value_type if pa.types.is_dictionary(ftype) else ftype
-        if not (pa.types.is_string(vtype) or pa.types.is_large_string(vtype)
-                or pa.types.is_binary(vtype) or pa.types.is_large_binary(vtype)):
+        if not _is_text_type(pa, vtype):
             raise ValueError(f"{self.path}: column {field!r} has type {ftype}, expected a string column "
                              f"(or a dictionary-encoded one)")
         row = 0
@@ -404,6 +415,14 @@ class TextSource:
                     continue
                 if self._not_blank(f"row {row}", text, "column"):
                     yield text
+
+
+def _is_text_type(pa, t) -> bool:
+    """Whether a Parquet column of Arrow type ``t`` holds text: string, large_string, string_view
+    (pyarrow >= 16 writes it, its schema stored) or their binary forms (decoded as UTF-8 by row)."""
+    checks = (pa.types.is_string, pa.types.is_large_string, pa.types.is_binary, pa.types.is_large_binary,
+              getattr(pa.types, "is_string_view", None), getattr(pa.types, "is_binary_view", None))
+    return any(check is not None and check(t) for check in checks)
 
 
 def _parquet_batches(pf, field: str, path, rows_read):
@@ -491,6 +510,12 @@ def open_source(path, input_format: str | None = None, text_field: str | None = 
             raise ValueError(f"input: {p} looks like a binary file (a NUL byte at offset {nul}), expected UTF-8 "
                              f"text ({input_format}); a UTF-16 file must be converted to UTF-8 first")
     return TextSource(p, input_format, text_field, errors)
+
+
+def _check_path_type(value, name: str) -> None:
+    """Refuses a path argument that is not a str or ``os.PathLike`` (None, a number), naming it."""
+    if not isinstance(value, (str, os.PathLike)):
+        raise TypeError(f"{name}: expected a str or os.PathLike, got {type(value).__name__}")
 
 
 def _user_path(path) -> Path:
@@ -621,12 +646,14 @@ def read_manifest(out) -> dict:
     """The manifest of an output (``OUT.npy.manifest.json`` / ``OUT.parquet.manifest.json``) as a dict, its structure checked.
 
     Raises:
+        TypeError: ``out`` not a str or path.
         FileNotFoundError: no manifest. ValueError: not a manifest of this package, or a damaged
         one (the file and the first bad field are named): a field missing or of the wrong type,
         ``num_chunks`` that does not match ``num_rows`` and ``chunk_size``, ``completed`` ranges
         not sorted, overlapping, touching or outside ``[0, num_chunks]``, or ``complete`` with
         chunks not done.
     """
+    _check_path_type(out, "out")
     path = manifest_path(out)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such file (not an output of `embed --out`, or never started)")
@@ -745,13 +772,19 @@ def _add_to_ranges(ranges: list, i: int) -> None:
         ranges.insert(k, [i, i + 1])
 
 
-def _output_kind(out) -> str:
+def _output_kind(out, name: str = "out") -> str:
+    """``"npy"`` or ``"parquet"``, from the suffix of the output path ``out`` (the argument ``name``).
+
+    Raises:
+        TypeError: not a str or path. ValueError: another suffix.
+    """
+    _check_path_type(out, name)
     suffix = Path(out).suffix.lower()
     if suffix == ".npy":
         return "npy"
     if suffix == ".parquet":
         return "parquet"
-    raise ValueError(f"out: expected a path ending in .npy or .parquet, got {str(out)!r}")
+    raise ValueError(f"{name}: expected a path ending in .npy or .parquet, got {str(out)!r}")
 
 
 def _part_name(index: int, width: int) -> str:
@@ -1277,7 +1310,7 @@ class EmbedJob:
                 uninterrupted run gives). None: not recorded, not checked.
 
         Raises:
-            TypeError: ``chunk_size`` not an int (None: the default).
+            TypeError: ``chunk_size`` not an int (None: the default); ``out`` not a str or path.
             ValueError: a bad ``out`` suffix; ``chunk_size`` outside ``[1, 2**63 - 1]``; ``out``
                 that is the input file (or holds it: see :func:`_check_not_input`); a resumed run
                 whose model, quantize setting, input, chunk size or batch size differ, or whose
@@ -1666,7 +1699,8 @@ def embed_file(input, out, *, model=DEFAULT_MODEL, input_format: str | None = No
         input: a path (read with :func:`open_source`), a :class:`TextSource` or a list of str.
         out: ``*.npy`` or ``*.parquet``. In both paths a leading ``~`` is the home directory.
         model: model directory or embedded name (default all-MiniLM-L6-v2).
-        input_format, text_field, errors: as :func:`open_source`.
+        input_format, text_field, errors: as :func:`open_source`, for a path input (``errors`` is
+            checked whatever the input; a :class:`TextSource` keeps the settings it was opened with).
         chunk_size: texts per chunk (default 1000; a resumed run keeps its own).
         batch_size: texts per forward pass (:meth:`SentenceEncoder.encode`).
         resume: continue an interrupted run (checks model and input first).
@@ -1685,10 +1719,14 @@ def embed_file(input, out, *, model=DEFAULT_MODEL, input_format: str | None = No
         Every argument is checked before anything is written or removed (an existing output that
         ``overwrite`` would replace is kept when an argument is bad):
         TypeError: ``batch_size`` or ``chunk_size`` not an int; ``resume``, ``overwrite`` or
-        ``progress`` not a bool; ``model`` not a str or path.
+        ``progress`` not a bool; ``model`` or ``out`` not a str or path.
         ValueError: ``batch_size`` or ``chunk_size`` outside ``[1, 2**63 - 1]``; ``quantize`` not
-        None or ``"int8"``; ``out`` that is the input (or a link to it, or holds it); and as
-        :func:`open_source`, :meth:`EmbedJob.prepare` and ``SentenceEncoder.from_pretrained``.
+        None or ``"int8"``; ``out`` that is the input (or a link to it, or holds it);
+        ``input_format`` or ``text_field`` given with an input that is not a path (a list or a
+        :class:`TextSource`, read as given or as it was opened); ``errors`` not ``"strict"`` or
+        ``"skip"`` (whatever the input); an empty or whitespace-only text in a list (as
+        :class:`ListSource`); and as :func:`open_source`, :meth:`EmbedJob.prepare` and
+        ``SentenceEncoder.from_pretrained``.
         FileNotFoundError: no such ``model`` (named ``model``).
         NotADirectoryError: ``out``'s directory is a regular file.
         OSError: the disk cannot hold the output (a ``.npy`` fails before its first chunk, its
@@ -1733,11 +1771,19 @@ def embed_file(input, out, *, model=DEFAULT_MODEL, input_format: str | None = No
 
 
 def _as_source(input, input_format, text_field, errors):
-    if isinstance(input, (TextSource, ListSource)):
-        return input
-    if isinstance(input, (list, tuple)):
-        return ListSource(input)
-    return open_source(input, input_format, text_field, errors)
+    """The source of a run's ``input`` (a path, a :class:`TextSource`, a list of str), every reader
+    argument checked: ``errors`` always, and ``input_format``/``text_field`` refused unless the
+    input is a path they apply to (as the CLI refuses ``--format``/``--text-field`` without ``--file``)."""
+    if not isinstance(input, (TextSource, ListSource, list, tuple)):
+        return open_source(input, input_format, text_field, errors)
+    if errors not in ("strict", "skip"):
+        raise ValueError(f"errors: expected 'strict' or 'skip', got {errors!r}")
+    what = ("a TextSource (read as it was opened)" if isinstance(input, TextSource)
+            else "texts given as a list (read as given)")
+    for name, value in (("input_format", input_format), ("text_field", text_field)):
+        if value is not None:
+            raise ValueError(f"{name}: only for a path input, got {value!r} with {what}")
+    return input if isinstance(input, (TextSource, ListSource)) else ListSource(input)
 
 
 def _result(job: EmbedJob, chunks_computed: int, rows_computed: int, seconds: float) -> EmbedResult:
@@ -1777,7 +1823,8 @@ def embed_summary(input, *, model=DEFAULT_MODEL, limit: int = 20, input_format=N
     Raises:
         TypeError: ``limit``, ``chunk_size`` or ``batch_size`` not an int, ``progress`` not a bool.
         ValueError: ``limit``, ``chunk_size`` or ``batch_size`` < 1, ``quantize`` not None or
-        ``"int8"``; no text; and as :func:`open_source` and ``SentenceEncoder.from_pretrained``.
+        ``"int8"``; no text; ``input_format``, ``text_field``, ``errors`` and a list's texts as
+        :func:`embed_file`; and as :func:`open_source` and ``SentenceEncoder.from_pretrained``.
     """
     from .sentence_encoder import SentenceEncoder
 
@@ -2034,7 +2081,8 @@ def search(index, queries, k: int = 5, *, model=None, allow_incomplete: bool = F
         its chunk and the dataset). ValueError: no manifest or a damaged one, a truncated ``.npy``
         or an unreadable part (named), an incomplete index (unless ``allow_incomplete``), another
         model, ``k`` or ``block_rows`` < 1, an empty (or all-whitespace) query, a query that is not
-        valid Unicode. TypeError: queries not str, ``k`` not an int.
+        valid Unicode. TypeError: queries not str, ``k`` or ``block_rows`` not an int (a numpy
+        integer is one), ``allow_incomplete`` not a bool, ``index`` not a str or path.
     """
     from .sentence_encoder import SentenceEncoder
 
@@ -2052,8 +2100,13 @@ def search(index, queries, k: int = 5, *, model=None, allow_incomplete: bool = F
         raise TypeError(f"k: expected an int, got {type(k).__name__}")
     if k < 1:
         raise ValueError(f"k: expected an int >= 1, got {k}")
-    if isinstance(block_rows, bool) or not isinstance(block_rows, int) or block_rows < 1:
-        raise ValueError(f"block_rows: expected an int >= 1, got {block_rows!r}")
+    if isinstance(block_rows, bool) or not isinstance(block_rows, (int, np.integer)):
+        raise TypeError(f"block_rows: expected an int, got {type(block_rows).__name__}")
+    if block_rows < 1:
+        raise ValueError(f"block_rows: expected an int >= 1, got {block_rows}")
+    block_rows = int(block_rows)
+    check_bool(allow_incomplete, "allow_incomplete")
+    _check_path_type(index, "index")
     man, data = _open_index(index, allow_incomplete)
     name = man["model"]["name"] if model is None else model
     quantize = man["model"].get("quantize")  # the queries are embedded as the index was

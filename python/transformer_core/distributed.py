@@ -316,10 +316,11 @@ def embed_corpus(input, output, *, model=DEFAULT_MODEL, scheduler=None, workers:
         OSError: the scheduler cannot be reached or does not answer within ``CONNECT_TIMEOUT``
         (20) seconds, or a chunk's workers kept dying (Dask's ``allowed-failures``); ValueError: a
         ``scheduler`` address that needs security settings (``tls://``: pass a ``Client`` built
-        with them); KeyboardInterrupt with what is saved.
+        with them); KeyboardInterrupt with what is saved (once the run has started; before, while
+        the cluster is set up and the workers load the model, one saying that nothing was written).
     """
     t0 = time.perf_counter()
-    if corpus._output_kind(output) != "parquet":
+    if corpus._output_kind(output, "output") != "parquet":
         raise ValueError(f"output: the distributed job writes a Parquet dataset, expected a path ending in "
                          f".parquet, got {str(output)!r}")
     for name, value in (("workers", workers), ("threads_per_worker", threads_per_worker),
@@ -342,6 +343,7 @@ def embed_corpus(input, output, *, model=DEFAULT_MODEL, scheduler=None, workers:
     client, cluster, own, threads = _connect(scheduler, workers, threads_per_worker)
     futures: set = set()
     bar = None
+    started = False  # whether job.start() created (or took over) the output
     try:
         if own and cluster is None:
             client.wait_for_workers(1, timeout=60)
@@ -351,6 +353,7 @@ def embed_corpus(input, output, *, model=DEFAULT_MODEL, scheduler=None, workers:
         plugin = EncoderPlugin(str(model), fingerprint, threads, per_host)
         client.register_plugin(plugin, name=f"transformer_core-encoder-{fingerprint[:12]}")
         job.start()
+        started = True
         directory = str(job.data_path.resolve())
         width = job.manifest["part_width"]
         normalize = job.manifest.get("normalize", True)
@@ -395,7 +398,12 @@ def embed_corpus(input, output, *, model=DEFAULT_MODEL, scheduler=None, workers:
         job.finish()
         return corpus._result(job, chunks_computed, rows_computed, time.perf_counter() - t0)
     except KeyboardInterrupt:
-        raise KeyboardInterrupt(job.interrupted_message()) from None
+        if started:
+            raise KeyboardInterrupt(job.interrupted_message()) from None
+        # before the run started (connecting, the workers loading the model): nothing of it exists
+        # to resume, and an output that ``overwrite`` was to replace is still the old one
+        raise KeyboardInterrupt(f"interrupted before the run started (while the cluster and its workers were "
+                                f"set up): nothing was written to {job.out}") from None
     finally:
         if futures:
             client.cancel(list(futures))
