@@ -250,3 +250,83 @@ def test_a_tool_given_as_a_function_is_refused_naming_it():
     (ref,), _ = render_jinja_template(conversations=[messages], chat_template=template, tools=[get_weather])
     assert render_chat_template(template, messages, tools=[schema]) == ref
     assert '"name": "get_weather"' in ref
+
+
+REASONING = ("{% for m in messages %}<{{ m.role }}>"
+             "{% if m.reasoning_content %}<think>{{ m.reasoning_content }}</think>{% endif %}"
+             "{% if m.thinking %}<thinking>{{ m.thinking }}</thinking>{% endif %}{{ m.content }}|{{ m | tojson }}\n"
+             "{% endfor %}")
+
+
+@pytest.mark.parametrize("fields", [
+    {"reasoning": "2+2"},
+    {"thinking": "2+2"},
+    {"reasoning_content": "2+2"},
+    {"reasoning_content": None, "thinking": None, "reasoning": "r"},
+    {"reasoning_content": "rc", "thinking": "t", "reasoning": "r"},
+    {"thinking": "t", "reasoning": "r"},
+    {"thinking": None, "reasoning": "r"},
+    {"reasoning_content": None},
+    {"reasoning": ""},
+], ids=["reasoning", "thinking", "reasoning_content", "nones-then-reasoning", "all-three", "thinking-and-reasoning",
+        "thinking-none", "only-none", "empty-str"])
+def test_reasoning_fields_aliased_as_transformers(fields):
+    """transformers gives a message's reasoning (the first non-None of reasoning_content, thinking,
+    reasoning) to the template as reasoning_content and thinking; a template reading
+    m.reasoning_content rendered nothing for a message carrying "reasoning". The caller's messages
+    are not changed."""
+    import copy
+
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "4", **fields}]
+    before = copy.deepcopy(messages)
+    (ref,), _ = render_jinja_template(conversations=[messages], chat_template=REASONING)
+    assert render_chat_template(REASONING, messages) == ref
+    assert messages == before
+    if fields == {"reasoning": "2+2"}:
+        assert "<think>2+2</think><thinking>2+2</thinking>4" in ref
+
+
+TOOL_USE = """{%- if tools %}<tools>{% for t in tools %}{{ t.function.name }};{% endfor %}</tools>
+{% endif %}
+{%- for m in messages %}
+{%- if m.role == 'assistant' and m.tool_calls %}<assistant>{% if m.content %}{{ m.content }}{% endif %}
+{%- for c in m.tool_calls %}<call>{{ c.function | tojson }}</call>{% endfor %}[{{ m.content }}]
+{% elif m.role == 'tool' %}<response>{{ m.content }}</response>
+{% else %}<{{ m.role }}>{{ m.content }}
+{% endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}<assistant>{% endif %}"""
+
+
+@pytest.mark.parametrize("content", ["missing", None, "Let me check."])
+def test_tool_call_turn_without_content_renders_as_transformers(ours, content):
+    """An assistant's tool-call turn with no content (or None) was refused by validate_messages;
+    transformers renders it. A message without tool calls still needs a str content."""
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    call = {"role": "assistant", "tool_calls": [
+        {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}},
+        {"type": "function", "function": {"name": "get_time", "arguments": {"zone": "CET"}}}]}
+    if content != "missing":
+        call["content"] = content
+    messages = [{"role": "user", "content": "Weather in Paris?"}, call,
+                {"role": "tool", "content": "22C"}, {"role": "tool", "content": "14:00"}]
+    tools = [{"type": "function", "function": {"name": "get_weather"}},
+             {"type": "function", "function": {"name": "get_time"}}]
+    for add in (True, False):
+        (ref,), _ = render_jinja_template(conversations=[messages], chat_template=TOOL_USE, tools=tools,
+                                          add_generation_prompt=add)
+        assert render_chat_template(TOOL_USE, messages, add_generation_prompt=add, tools=tools) == ref
+        assert ours.apply_chat_template(messages, add_generation_prompt=add, chat_template=TOOL_USE,
+                                        tools=tools) == ref
+    assert validate_messages(messages)[1] == call
+    if content != "Let me check.":
+        assert '<call>{"name": "get_weather", "arguments": {"city": "Paris"}}</call>' in ref
+        for bad in ({"role": "assistant"}, {"role": "assistant", "tool_calls": []},
+                    {"role": "assistant", "tool_calls": None}):
+            with pytest.raises(ValueError, match=r"^messages\[1\]: missing the 'content' field"):
+                validate_messages([messages[0], bad])
+        with pytest.raises(TypeError, match=r"^messages\[1\]\['content'\]: expected a str, got NoneType"):
+            validate_messages([messages[0], {"role": "assistant", "content": None, "tool_calls": []}])

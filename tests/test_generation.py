@@ -111,3 +111,63 @@ def test_repetition_penalty_prompt_ignore_length_matches_hf(penalty):
         next_tokens(scores.copy(), seqs, GenerationConfig(1, do_sample=True, repetition_penalty=penalty), rec, lead)
         np.testing.assert_allclose(np.stack(rec.probs), torch.softmax(torch.from_numpy(ref), -1).numpy(),
                                    rtol=1e-12, atol=1e-15)
+
+
+# ------------------------------------------------------------------------------- padding side
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory):
+    """(hf model, our model): a tiny random Llama saved by transformers and loaded from the checkpoint."""
+    import transformer_core as tc
+
+    cfg = transformers.LlamaConfig(vocab_size=97, max_position_embeddings=64, rms_norm_eps=1e-5,
+                                   initializer_range=0.2, bos_token_id=None, eos_token_id=None, pad_token_id=None,
+                                   hidden_size=48, intermediate_size=80, num_hidden_layers=2, num_attention_heads=6,
+                                   num_key_value_heads=2, attn_implementation="eager")
+    torch.manual_seed(1)
+    hf = transformers.LlamaForCausalLM(cfg).eval()
+    path = tmp_path_factory.mktemp("tiny_llama")
+    hf.save_pretrained(path, safe_serialization=True)
+    return hf, tc.LlamaForCausalLM.from_pretrained(path)
+
+
+def _hf_generate(hf, ids, am, new):
+    with torch.no_grad():
+        return hf.generate(torch.from_numpy(ids), attention_mask=torch.from_numpy(am), max_new_tokens=new,
+                           do_sample=False, pad_token_id=0).numpy()
+
+
+def test_right_padded_prompt_refused_naming_the_row(tiny_llama):
+    """A right-padded row (0 at the last position after real tokens) was generated from its pad
+    position: other tokens than the prompt alone gives (Hugging Face only warns). It is refused,
+    naming attention_mask and the row, by generate and stream (ChatSession's path), before any
+    cache grows; left padding, a gap inside a row and an all-pad row are still accepted and match
+    transformers' generate."""
+    hf, m = tiny_llama
+    ids = np.random.default_rng(0).integers(0, 97, size=(2, 7)).astype(np.int64)
+    am = np.ones((2, 7), np.int64)
+    am[1, 5:] = 0
+    msg = r"^attention_mask: expected left padding .* got row 1 right-padded \(its last real token at position 4"
+    with pytest.raises(ValueError, match=msg):
+        m.generate(ids, 6, attention_mask=am)
+    with pytest.raises(ValueError, match=msg):
+        m.stream(ids, 6, attention_mask=am.astype(np.float32))
+    cache = m(ids[:, :3], use_cache=True).past_key_values
+    capacity = cache.capacity
+    with pytest.raises(ValueError, match=msg):
+        m.generate(ids, 6, attention_mask=am, past_key_values=cache)
+    assert (cache.length, cache.capacity) == (3, capacity)
+    with pytest.raises(ValueError, match=r"^attention_mask: .* got row 0 right-padded"):
+        m.generate(ids[0], 2, attention_mask=[1, 1, 1, 1, 1, 1, 0])  # one unbatched row
+    # the same row left-padded: the tokens of the prompt alone, as transformers
+    left = np.concatenate([ids[1:, 5:], ids[1:, :5]], axis=1)
+    left_am = np.array([[0, 0, 1, 1, 1, 1, 1]])
+    alone = m.generate(ids[1:, :5], 6)[0, 5:]
+    np.testing.assert_array_equal(m.generate(left, 6, attention_mask=left_am)[0, 7:], alone)
+    np.testing.assert_array_equal(_hf_generate(hf, left, left_am, 6)[0, 7:], alone)
+    # a gap inside a row (its last position real) and a row without a real token are not right padding
+    gap = np.ones((3, 7), np.int64)
+    gap[0, :2] = gap[0, 4] = 0
+    gap[2] = 0
+    x = np.concatenate([ids, ids[:1]])
+    ours = m.generate(x, 5, attention_mask=gap)
+    np.testing.assert_array_equal(ours[:2], _hf_generate(hf, x[:2], gap[:2], 5))

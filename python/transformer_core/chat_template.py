@@ -46,7 +46,9 @@ class ChatTemplateError(ValueError):
 
 def validate_messages(messages) -> list[dict]:
     """Checks a conversation: a list of dicts, each with a str ``"role"`` and a str ``"content"``
-    (other keys are passed to the template as they are).
+    (other keys are passed to the template as they are). A message that calls tools (a non-empty
+    list of ``"tool_calls"``, as an assistant's tool-use turn) may have no ``"content"`` or None, as
+    transformers renders it.
 
     Returns:
         A shallow copy (a new list of new dicts).
@@ -54,8 +56,8 @@ def validate_messages(messages) -> list[dict]:
     Raises:
         TypeError: ``messages`` not a list (or tuple), a message not a dict, or a role/content
             that is not a str (naming the message's index and field).
-        ValueError: no messages (as transformers), a message without ``"role"`` or ``"content"``, or
-            an empty role.
+        ValueError: no messages (as transformers), a message without ``"role"``, one without
+            ``"content"`` (unless it has ``"tool_calls"``), or an empty role.
     """
     if not isinstance(messages, (list, tuple)):
         raise TypeError(f"messages: expected a list of {{'role': str, 'content': str}} dicts, "
@@ -67,6 +69,8 @@ def validate_messages(messages) -> list[dict]:
         if not isinstance(message, dict):
             raise TypeError(f"messages[{i}]: expected a dict with 'role' and 'content', got {type(message).__name__}")
         for field in ("role", "content"):
+            if field == "content" and message.get("content") is None and _calls_tools(message):
+                continue  # a tool call's turn: transformers passes it as it is
             if field not in message:
                 raise ValueError(f"messages[{i}]: missing the {field!r} field (keys: {sorted(map(str, message))})")
             if not isinstance(message[field], str):
@@ -77,13 +81,42 @@ def validate_messages(messages) -> list[dict]:
     return out
 
 
+def _calls_tools(message: dict) -> bool:
+    """Whether ``message`` carries tool calls (a non-empty list or tuple under ``"tool_calls"``)."""
+    calls = message.get("tool_calls")
+    return isinstance(calls, (list, tuple)) and len(calls) > 0
+
+
+#: The names a message's reasoning is passed under (transformers' ``_REASONING_FIELDS``): the first
+#: is the one chat templates read; gpt-oss templates read ``thinking``.
+REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
+
+
+def _alias_reasoning(messages: list) -> list:
+    """transformers' ``_alias_reasoning_fields``: a message with reasoning (the first non-None of
+    ``REASONING_FIELDS``) gets it as ``reasoning_content`` (set) and ``thinking`` (unless the message
+    has that key, even as None), in a new dict (the first key ``thinking`` when added, as there)."""
+    out = []
+    for message in messages:
+        reasoning = next((message[k] for k in REASONING_FIELDS if message.get(k) is not None), None)
+        if reasoning is not None:
+            message = {"thinking": reasoning, **message, "reasoning_content": reasoning}
+        out.append(message)
+    return out
+
+
 def render_chat_template(template: str, messages, add_generation_prompt: bool = False, **variables) -> str:
     """Renders ``template`` for a conversation.
 
     Args:
         template: the Jinja2 source (``tokenizer.chat_template`` in GGUF metadata, ``chat_template``
             in ``tokenizer_config.json``).
-        messages: a list of ``{"role": str, "content": str}`` (see :func:`validate_messages`).
+        messages: a list of ``{"role": str, "content": str}`` (see :func:`validate_messages`; an
+            assistant's tool-call turn ``{"role": "assistant", "tool_calls": [...]}`` may have no
+            content). A message's reasoning under ``reasoning_content``, ``thinking`` or
+            ``reasoning`` (the first that is not None) is given to the template under both
+            ``reasoning_content`` and ``thinking`` (an existing ``thinking`` kept), as transformers
+            aliases it; the caller's dicts are not changed.
         add_generation_prompt: end with the header of the assistant's turn, for generation.
         **variables: more template variables: ``bos_token``, ``eos_token``, ``tools``, ...
             ``tools`` and ``documents`` are None unless given, as transformers' ``apply_chat_template``
@@ -109,7 +142,7 @@ def render_chat_template(template: str, messages, add_generation_prompt: bool = 
     if not isinstance(template, str):
         raise TypeError(f"template: expected a str, got {type(template).__name__}")
     add_generation_prompt = check_bool(add_generation_prompt, "add_generation_prompt")
-    messages = _plain_data(validate_messages(messages), "messages")
+    messages = _alias_reasoning(_plain_data(validate_messages(messages), "messages"))
     variables = {name: _plain_data(value, name) for name, value in variables.items()}
     compiled = _compile(template)
     import jinja2

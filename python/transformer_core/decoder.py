@@ -222,19 +222,23 @@ class DecoderModel(Module):
         """Checked ``(ids (N, L), mask (N, past + L) or None, positions (N, L) or None, cache)``."""
         ids = as_ids(input_ids, "input_ids")
         N, L = ids.shape
-        if past_key_values is None:
-            try:
-                cache = self.new_cache(N, L)
-            except ValueError as e:  # KVCache names its own arguments: name the caller's
-                raise cache_too_large(e, f"a batch of {N} sequences of length {L}") from None
-        else:
-            cache = self._model_cache(past_key_values, N)
-        past = cache.length
+        vocab = self.config.vocab_size
+        if ids.min() < 0 or ids.max() >= vocab:  # here, before a cache is made or grown (min/max: no
+            bad = np.flatnonzero((ids < 0) | (ids >= vocab))  # temporary of ids' size when all are in range)
+            raise ValueError(f"input_ids: id {ids.flat[bad[0]]} at flat index {bad[0]} is outside [0, {vocab})")
+        # the caller's cache is checked, not changed; a new one is made after every check
+        cache = None if past_key_values is None else self._model_cache(past_key_values, N)
+        past = 0 if cache is None else cache.length
         if past + L > self.context_length:
             raise ValueError(f"input_ids: past length {past} + new length {L} exceeds the context "
                              f"({self._context_field} = {self.context_length})")
         mask, positions = _mask_and_positions(attention_mask, position_ids, N, L, past, self.context_length)
-        if past + L > cache.capacity:  # the caller's cache grows now, after every check, as the step would
+        if cache is None:
+            try:
+                cache = self.new_cache(N, L)
+            except ValueError as e:  # KVCache names its own arguments: name the caller's
+                raise cache_too_large(e, f"a batch of {N} sequences of length {L}") from None
+        elif past + L > cache.capacity:  # the caller's cache grows now, after every check, as the step would
             try:
                 cache.reserve(past + L)
             except ValueError as e:
@@ -265,6 +269,8 @@ class DecoderModel(Module):
                 not fit; a batch whose KV cache would exceed this machine's memory (naming
                 ``input_ids`` and its batch size, before the cache is allocated). TypeError:
                 non-integer ids; a ``past_key_values`` cache of another dtype than the model's.
+                Every check runs before a cache is made or the caller's grows: a refused call
+                leaves ``past_key_values``' length and capacity as they were.
         """
         use_cache = check_bool(use_cache, "use_cache")
         ids, mask, positions, cache = self._prepare(input_ids, attention_mask, position_ids, past_key_values)

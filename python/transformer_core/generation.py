@@ -201,6 +201,15 @@ class GenerationMixin:
             mask = mask[None] if mask.ndim == 1 else mask
             if mask.shape != ids.shape:
                 raise ValueError(f"attention_mask: expected shape {ids.shape} (input_ids'), got {mask.shape}")
+            # the first new token is predicted from the last position: it must be a real token of
+            # every row that has one (a right-padded row would continue from a pad)
+            right = np.flatnonzero(~mask[:, -1] & mask.any(axis=1))
+            if right.size:
+                r = int(right[0])
+                raise ValueError(f"attention_mask: expected left padding (each row's pads before its tokens), got "
+                                 f"row {r} right-padded (its last real token at position "
+                                 f"{int(np.flatnonzero(mask[r])[-1])}, 0s after it to {L - 1}); the first new token "
+                                 f"is predicted from the last position")
         what = (f"a batch of {N} sequences of prompt length {L} and max_new_tokens = {cfg.max_new_tokens} ({total} "
                 f"positions each)")
         if past_key_values is None:
@@ -276,7 +285,9 @@ class GenerationMixin:
             temperature, top_k, top_p: sampling controls (temperature a finite number >= 1e-6
                 (``MIN_TEMPERATURE``), top_k >= 1, 0 < top_p <= 1).
             seed: seeds numpy's generator for sampling (the same seed, the same tokens).
-            attention_mask: ``(N, L)``, 1 = a real prompt token.
+            attention_mask: ``(N, L)``, 1 = a real prompt token; left padding only (the first
+                new token is predicted from the last position, which must be real in every row
+                that has a real token).
             eos_token_id: an id or a list of ids in ``[0, vocab_size)`` that end a sequence;
                 default: the config's (its ids outside the vocabulary dropped).
             repetition_penalty: a finite number >= 1e-6 (``MIN_REPETITION_PENALTY``); 1 = none
@@ -298,7 +309,10 @@ class GenerationMixin:
         Raises:
             All before the first token and before any memory is reserved for the generation:
             ValueError / TypeError: bad options (named; ``pad_token_id`` and ``eos_token_id`` ids
-            outside ``[0, vocab_size)`` too); ValueError naming ``input_ids``: a prompt longer than
+            outside ``[0, vocab_size)`` too); ValueError naming ``attention_mask``: not of
+            ``input_ids``' shape, or a right-padded row (0 at its last position after a real token,
+            naming the row: Hugging Face only warns, and predicts from the pad); ValueError naming
+            ``input_ids``: an id outside ``[0, vocab_size)``, a prompt longer than
             the context; naming ``max_new_tokens``: ``L + max_new_tokens - 1`` over the context.
             TypeError naming ``past_key_values``: neither None, a KVCache nor a legacy tuple/list,
             or a cache of another dtype than the model's; ValueError: a cache of another batch or

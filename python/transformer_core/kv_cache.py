@@ -143,7 +143,9 @@ class KVCache:
         pairs, shape = [], None
         for i, pair in enumerate(past):
             if not isinstance(pair, (list, tuple)) or len(pair) != 2:
-                raise ValueError(f"past_key_values[{i}]: expected a (keys, values) pair, got {type(pair).__name__}")
+                got = (f"a {type(pair).__name__} of {len(pair)}" if isinstance(pair, (list, tuple))
+                       else type(pair).__name__)
+                raise ValueError(f"past_key_values[{i}]: expected a (keys, values) pair, got {got}")
             k = as_float(pair[0], f"past_key_values[{i}][0]", dtype, ndim=4, allow_empty=True)
             v = as_float(pair[1], f"past_key_values[{i}][1]", dtype, ndim=4, allow_empty=True)
             if k.ndim != 4 or k.shape != v.shape or k.shape[1] != num_kv_heads or k.shape[3] != head_dim:

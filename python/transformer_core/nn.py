@@ -692,8 +692,10 @@ class TransformerEncoderLayer(Module):
         norm_first=True  (pre-LN):   x = x + SA(norm1(x));   x = x + FFN(norm2(x))
 
     Args:
-        d_model, nhead, dim_feedforward, activation ("relu" | "gelu"), layer_norm_eps,
-        norm_first, bias: as torch (defaults 2048, "relu", 1e-5, False, True).
+        d_model, nhead, dim_feedforward, activation, layer_norm_eps, norm_first, bias: as torch
+            (defaults 2048, "relu", 1e-5, False, True); ``activation`` is torch's "relu" or "gelu"
+            or any other name of the library's table (``_core.activation_names()``: "silu",
+            "gelu_tanh", ...), a ValueError listing them for an unknown one.
         dtype: ``np.float32`` or ``np.float64``.
         dropout: (keyword) torch's dropout1/2 and the feed-forward's, in training forwards only
             (default 0; torch's is 0.1). Attention-probability dropout is not implemented.
