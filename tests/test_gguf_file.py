@@ -448,3 +448,68 @@ def test_random_header_corruption_is_a_value_error(tmp_path, good_tiny):
                 assert str(path) in str(e)
                 outcomes["ValueError"] += 1
     assert outcomes["ValueError"] > 300
+
+
+# ------------------------------------------------------------------------------------ argument and metadata checks
+def test_odd_key_length_is_named(tmp_path):
+    """An odd llama.attention.key_length: the error names that key and its value (it named only
+    rope.dimension_count, embedding_length and head_count, none of which is wrong)."""
+    path = tmp_path / "keylen.gguf"
+    write_llama_gguf(path, random_llama_state(np.random.default_rng(0)),
+                     metadata={"llama.attention.key_length": (15, U32)})
+    _bad(path, re.escape("cannot find an even head_dim >= 2 (attention.key_length 15, rope.dimension_count 16, "
+                         "embedding_length 64, head_count 4)"))
+    # no key_length, and embedding_length not a multiple of head_count: said absent
+    path = tmp_path / "nokeylen.gguf"
+    write_llama_gguf(path, random_llama_state(np.random.default_rng(0), hidden=64, heads=4),
+                     metadata={"llama.attention.head_count": (5, U32), "llama.attention.head_count_kv": (5, U32)})
+    _bad(path, re.escape("(attention.key_length absent, rope.dimension_count 16, embedding_length 64, head_count 5)"))
+
+
+@pytest.mark.parametrize("args,error,says", [
+    ((2.5, 4), TypeError, "num_heads: expected an int, got float 2.5"),
+    ((2, 4.0), TypeError, "head_dim: expected an int, got float 4.0"),
+    (("2", 4), TypeError, "num_heads: expected an int, got str '2'"),
+    ((True, 2), TypeError, "num_heads: expected an int, got bool True"),
+    ((2, None), TypeError, "head_dim: expected an int, got NoneType None"),
+    ((0, 4), ValueError, "num_heads: expected an int in [1, 4294967296], got 0"),
+    ((2, 0), ValueError, "head_dim: expected an int in [2, 4294967296], got 0"),
+    ((2**62, 2), ValueError, "num_heads: expected an int in [1, 4294967296], got 4611686018427387904"),
+    ((2**31, 4), ValueError, "num_heads, head_dim: expected at most 4294967296 rows in all"),
+    ((2, 5), ValueError, "head_dim: expected an even int (RoPE rotates pairs of rows), got 5"),
+])
+def test_rope_row_permutation_checks_its_arguments(args, error, says):
+    """Arguments are checked as the library's ints are (numpy raised its own errors, or for
+    (2**62, 2) tried to build the array)."""
+    with pytest.raises(error) as info:
+        rope_row_permutation(*args)
+    assert str(info.value).startswith(says), str(info.value)
+
+
+def test_rope_row_permutation_takes_numpy_ints():
+    perm = rope_row_permutation(np.int64(3), np.int32(8))
+    assert perm.dtype == np.int64 and perm.tolist() == rope_row_permutation(3, 8).tolist()
+    w = np.arange(24, dtype=np.float64)[:, None]
+    np.testing.assert_array_equal(converter_permute(w, 3)[perm], w)
+
+
+@pytest.mark.parametrize("value,got", [
+    ((3, gguf.GGUFValueType.UINT32), "got int 3"),
+    ((["a", "b"], gguf.GGUFValueType.ARRAY), "got an array of 2 values"),
+    ((True, gguf.GGUFValueType.BOOL), "got bool True"),
+])
+def test_chat_template_that_is_not_a_string_is_refused(tmp_path, value, got):
+    """GGUFCheckpoint.chat_template is documented "a Jinja2 string or None": any other type is
+    refused when the file is opened, naming the file and the key (it was handed on as it was)."""
+    path = tmp_path / "template.gguf"
+    write_llama_gguf(path, random_llama_state(np.random.default_rng(0)),
+                     metadata={"tokenizer.chat_template": value})
+    message = _bad(path, re.escape("GGUF metadata tokenizer.chat_template: expected a string (a Jinja2 template), "
+                                   + got))
+    assert message.startswith(f"{path}: "), message
+    # a string, or no template at all, is kept as it is
+    write_llama_gguf(path, random_llama_state(np.random.default_rng(0)),
+                     metadata={"tokenizer.chat_template": ("{{ x }}", STR)})
+    assert read_gguf(path).chat_template == "{{ x }}"
+    write_llama_gguf(path, random_llama_state(np.random.default_rng(0)), metadata={"tokenizer.chat_template": None})
+    assert read_gguf(path).chat_template is None

@@ -592,6 +592,50 @@ def test_config_not_a_mapping(config):
             cls(config)
 
 
+@pytest.mark.parametrize("value, got", [
+    (10**400, "got int of 1329 bits (too large for a float)"),
+    (-(10**400), "got int of 1329 bits (too large for a float)"),
+    (Fraction(10**400, 3), "got Fraction (too large for a float)"),
+], ids=["int", "negative_int", "fraction"])
+def test_check_float_of_a_number_too_large_for_a_float(value, got):
+    """float(10**400) raises OverflowError: a ValueError naming the field instead, without
+    printing the number (a long int's digits may not even convert to a string)."""
+    from transformer_core._validation import check_eps, check_float
+
+    with pytest.raises(ValueError) as info:
+        check_float(value, "rope_theta", minimum=0.0, min_open=True)
+    assert str(info.value) == f"rope_theta: expected a finite float, {got}"
+    with pytest.raises(ValueError) as info:
+        check_float(value, "x", finite=False)
+    assert str(info.value) == f"x: expected a float, {got}"
+    with pytest.raises(ValueError, match="^rms_norm_eps: expected a finite float"):
+        check_eps(value, "rms_norm_eps")
+    # the largest ints a float holds are still read, exactly as float() does
+    big = int(np.finfo(np.float64).max)
+    assert check_float(big, "x") == float(big) and check_float(-big, "x", finite=False) == -float(big)
+
+
+@pytest.mark.parametrize("cls, field", [
+    (tc.BertModel, "layer_norm_eps"), (tc.GPT2Model, "layer_norm_epsilon"),
+    (tc.LlamaModel, "rms_norm_eps"), (tc.LlamaModel, "rope_theta"),
+])
+def test_config_field_too_large_for_a_float_names_the_file(tmp_path, cls, field):
+    """A config.json float field holding an integer beyond float range (valid JSON): a ValueError
+    naming the file and the field (was an OverflowError naming neither)."""
+    from transformer_core.checkpoints import config_from_file
+
+    small = (BERT if cls is tc.BertModel else
+             {"vocab_size": 8, "n_positions": 8, "n_embd": 8, "n_layer": 1, "n_head": 2} if cls is tc.GPT2Model else
+             {"vocab_size": 8, "hidden_size": 8, "intermediate_size": 8, "num_hidden_layers": 1,
+              "num_attention_heads": 2, "max_position_embeddings": 8})
+    config_class = type(cls(dict(small)).config)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(dict(small, **{field: 10**400})))
+    with pytest.raises(ValueError) as info:
+        config_from_file(config_class, json.loads(path.read_text()), path)
+    assert str(info.value) == f"{path}: {field}: expected a finite float, got int of 1329 bits (too large for a float)"
+
+
 def test_config_json_list(tmp_path):
     shutil.copytree(MODEL_DIR, tmp_path / "m", dirs_exist_ok=True)
     (tmp_path / "m" / "config.json").write_text("[1, 2]")

@@ -53,6 +53,49 @@ def test_home_is_expanded(tmp_path, monkeypatch):
     assert resolve_model_path("~/m") == tmp_path / "m"
 
 
+NO_SUCH_USER = "~tc-no-such-user-4f2a9"  # a ~user without a passwd entry: expanduser raises RuntimeError
+
+
+def test_unknown_user_and_too_long_names_are_file_not_found(tmp_path, monkeypatch):
+    """``~nosuchuser/m`` raised RuntimeError("Could not determine home directory"), and a name too
+    long for the file system an OSError (ENAMETOOLONG) from is_dir(): both the documented
+    FileNotFoundError, naming the argument and the path."""
+    import pwd
+
+    import transformer_core as tc
+
+    with pytest.raises(KeyError):
+        pwd.getpwnam(NO_SUCH_USER[1:])
+    monkeypatch.chdir(tmp_path)
+    for call, argument in ((lambda n: resolve_model_path(n, "model"), "model"), (resolve_model_dir, "name_or_path"),
+                           (tc.LlamaForCausalLM.from_pretrained, "name_or_path"),
+                           (lambda n: tc.LlamaForCausalLM.from_pretrained(n, dtype=np.float32), "name_or_path"),
+                           (tc.BertModel.from_pretrained, "name_or_path"),
+                           (tc.Tokenizer.from_pretrained, "name_or_path")):
+        with pytest.raises(FileNotFoundError) as info:
+            call(NO_SUCH_USER + "/m")
+        assert str(info.value) == (f"{argument}: cannot expand the home directory of '{NO_SUCH_USER}/m' "
+                                   f"(no such user, or no home directory)")
+        with pytest.raises(FileNotFoundError) as info:
+            call("x" * 5000)
+        assert str(info.value) == (f"{argument}: no model at {repr('x' * 5000)[:120]}... (5000 characters): the "
+                                   f"name is too long for the file system (File name too long)")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_save_pretrained_to_an_unknown_user_is_file_not_found(tmp_path, monkeypatch):
+    from transformer_core.checkpoints import save_pretrained_files
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(FileNotFoundError) as info:
+        _llama(0).save_pretrained(NO_SUCH_USER + "/m")
+    assert str(info.value) == (f"directory: cannot expand the home directory of '{NO_SUCH_USER}/m' "
+                               f"(no such user, or no home directory)")
+    with pytest.raises(FileNotFoundError, match="^directory: cannot expand the home directory"):
+        save_pretrained_files(NO_SUCH_USER, {"a": 1}, {"w": np.zeros(2, np.float32)})
+    assert list(tmp_path.iterdir()) == []  # nothing written, no ./~user folder
+
+
 # ------------------------------------------------------------------------------------ config.json
 def test_read_config(tmp_path):
     (tmp_path / "config.json").write_text('{"hidden_size": 8}')
@@ -241,6 +284,22 @@ def test_deeply_nested_json_is_a_value_error(tmp_path):
     assert str(path) in str(info.value)
 
 
+def test_json_integer_of_too_many_digits_is_a_value_error_naming_the_file(tmp_path):
+    """Python refuses to parse an integer of more than 4300 digits (a plain ValueError, not a
+    JSONDecodeError): read as every other malformed JSON, naming the file."""
+    digits = "1" + "0" * 5000
+    (tmp_path / "config.json").write_text('{"vocab_size": ' + digits + "}")
+    with pytest.raises(ValueError) as info:
+        read_config(tmp_path)
+    message = str(info.value)
+    assert message.startswith(f"{tmp_path / 'config.json'}: not valid JSON: Exceeds the limit (4300 digits)"), message
+    index = tmp_path / "model.safetensors.index.json"
+    index.write_text('{"weight_map": {"w": "a.safetensors"}, "metadata": {"total_size": ' + digits + "}}")
+    with pytest.raises(ValueError) as info:
+        load_safetensors(tmp_path)
+    assert str(info.value).startswith(f"{index}: not valid JSON: Exceeds the limit"), str(info.value)
+
+
 # ------------------------------------------------------------------------------------ atomic saves
 _TINY_LLAMA = dict(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
                    num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=True)
@@ -412,6 +471,7 @@ def _bert_folder(tmp_path, model_dir, **changes):
 @pytest.mark.parametrize("changes, says", [
     ({"hidden_size": "384"}, "hidden_size: expected an int, got str '384'"),
     ({"layer_norm_eps": -1}, "layer_norm_eps: expected a finite number >= 0.0, got -1"),
+    ({"layer_norm_eps": 10**400}, "layer_norm_eps: expected a finite float, got int of 1329 bits (too large for a float)"),
     ({"num_attention_heads": 7}, "hidden_size: expected a multiple of num_attention_heads (7), got 384"),
     ({"model_type": "roberta"}, "model_type 'roberta' is not supported here"),
 ])
@@ -437,6 +497,9 @@ def test_bad_llama_config_field_names_the_file(tmp_path):
     config = json.loads((folder / "config.json").read_text())
     for key, value, says in (("num_key_value_heads", "1", "num_key_value_heads: expected an int, got str '1'"),
                              ("rms_norm_eps", -1.0, "rms_norm_eps: expected a finite number >= 0.0"),
+                             ("rms_norm_eps", 10**400, "rms_norm_eps: expected a finite float, got int of 1329 bits"),
+                             ("rope_parameters", {"rope_type": "default", "rope_theta": 10**400},
+                              "rope_theta: expected a finite float, got int of 1329 bits"),
                              ("model_type", "mistral", "model_type 'mistral' is not supported here")):
         (folder / "config.json").write_text(json.dumps({**config, key: value}))
         with pytest.raises(ValueError, match="^" + re.escape(f"{folder / 'config.json'}: {says}")):

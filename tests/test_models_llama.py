@@ -616,6 +616,52 @@ def test_stream_checks_ids_before_reserving_the_cache(llama_gqa):
         m.generate(np.array([[-1, 3]]), 2)
 
 
+def test_forward_checks_before_growing_or_making_a_cache(llama_gqa, monkeypatch):
+    """forward grew the caller's cache (reserve) before the C++ step refused an id outside the
+    vocabulary, and without a cache made one of the batch's size before checking the mask and the
+    positions. Every check now runs first: a refused call leaves the cache's length and capacity
+    as they were, and makes none; an accepted one still matches Hugging Face."""
+    hf, _, m = llama_gqa
+    ids = _ids(3, (2, 8))
+    cache = m.new_cache(2)
+    m(ids[:, :6], past_key_values=cache, use_cache=True)
+    before = (cache.length, cache.capacity)
+    assert before == (6, 6)
+    for kwargs, pattern in [
+        (dict(input_ids=np.array([[1, 2], [3, 500]])), r"^input_ids: id 500 at flat index 3 is outside \[0, 97\)"),
+        (dict(input_ids=np.array([[1, -2], [3, 4]])), r"^input_ids: id -2 at flat index 1 is outside \[0, 97\)"),
+        (dict(input_ids=ids[:, 6:], attention_mask=np.ones((2, 7))), r"^attention_mask: expected shape \(2, 8\)"),
+        (dict(input_ids=ids[:, 6:], position_ids=np.full((2, 2), 64)), r"^position_ids: expected positions in"),
+    ]:
+        with pytest.raises(ValueError, match=pattern):
+            m(past_key_values=cache, use_cache=True, **kwargs)
+        assert (cache.length, cache.capacity) == before, kwargs
+    made = []
+    new_cache = m.new_cache
+    monkeypatch.setattr(m, "new_cache", lambda *a: made.append(a) or new_cache(*a))
+    for kwargs in (dict(input_ids=np.array([[1, 97]])), dict(input_ids=ids, attention_mask=np.ones((2, 7))),
+                   dict(input_ids=ids, position_ids=np.full((2, 8), -1))):
+        with pytest.raises(ValueError):
+            m(**kwargs)
+    assert made == []
+    out = m(ids[:, 6:], past_key_values=cache, use_cache=True).logits
+    assert (cache.length, cache.capacity) == (8, 12)
+    assert_close(out, _hf(hf, ids).logits.numpy()[:, 6:], np.float32, what="logits after the refused calls")
+
+
+def test_legacy_cache_of_a_bad_pair_names_its_length(llama_gqa):
+    """A layer given as a 3-tuple was reported as "got tuple": the length is named."""
+    _, _, m = llama_gqa
+    legacy = m(_ids(4, (1, 3)), use_cache=True).past_key_values.to_legacy()
+    k, v = legacy[0]
+    with pytest.raises(ValueError, match=r"^past_key_values\[0\]: expected a \(keys, values\) pair, got a tuple of 3$"):
+        m(_ids(5, (1, 2)), past_key_values=((k, v, v),) + legacy[1:])
+    with pytest.raises(ValueError, match=r"^past_key_values\[1\]: expected a \(keys, values\) pair, got a list of 1$"):
+        m(_ids(5, (1, 2)), past_key_values=(legacy[0], [k]))
+    with pytest.raises(ValueError, match=r"^past_key_values\[0\]: expected a \(keys, values\) pair, got ndarray$"):
+        tc.KVCache.from_legacy((k,), 2, m.head_dim)
+
+
 # ------------------------------------------------------------------- load_state_dict: names, tied head
 @pytest.mark.parametrize("cls", ["LlamaForCausalLM", "LlamaModel"])
 def test_unknown_keys_reported_under_the_names_given(llama_gqa, cls):
@@ -717,3 +763,30 @@ def test_sizes_the_model_refuses_name_config_json(tmp_path):
     with pytest.raises(ValueError, match=rf"^{re.escape(str(tmp_path / 'm' / 'config.json'))}: hidden_size: expected "
                                          r"a multiple of num_attention_heads \(3\), got 16$"):
         tc.LlamaForCausalLM.from_pretrained(tmp_path / "m")
+
+
+# ------------------------------------------------------------------------------------ GGUF errors name the file
+def test_gguf_sizes_the_model_refuses_name_the_file(tmp_path, monkeypatch):
+    """A GGUF whose llama.context_length no machine can hold: both loaders (blocks kept, dtype=None;
+    dequantized, np.float32) refuse it with a ValueError naming the resolved file (the blocks'
+    path did not name it; the float32 path named the argument as given, here "~/ctx.gguf")."""
+    import gguf
+    from gguf_fakes import random_llama_state, write_llama_gguf
+
+    path = tmp_path / "ctx.gguf"
+    write_llama_gguf(path, random_llama_state(np.random.default_rng(0)),
+                     metadata={"llama.context_length": (2**40, gguf.GGUFValueType.UINT64)})
+    monkeypatch.setenv("HOME", str(tmp_path))
+    for cls in (tc.LlamaForCausalLM, tc.LlamaModel):
+        for dtype in (None, np.float32):
+            with pytest.raises(ValueError) as info:
+                cls.from_pretrained("~/ctx.gguf", dtype=dtype)
+            message = str(info.value)
+            assert message.startswith(f"{path}: "), (cls, dtype, message)
+            assert "max_position_embeddings" in message and "exceed this machine's memory" in message, message
+    # the same file with a context that fits: both paths load it, from the same "~/" name, alike
+    write_llama_gguf(path, random_llama_state(np.random.default_rng(0)))
+    blocks, dense = (tc.LlamaForCausalLM.from_pretrained("~/ctx.gguf", dtype=d) for d in (None, np.float32))
+    assert blocks.source.path == dense.source.path == path and blocks.config.max_position_embeddings == 256
+    ids = np.array([[1, 5, 9, 2]])
+    np.testing.assert_allclose(blocks(ids).logits, dense(ids).logits, rtol=1e-5, atol=1e-5)

@@ -269,6 +269,44 @@ def test_llama_directory(tmp_path, hf_smollm2_tokenizer, ours):
     assert tc.Tokenizer.from_pretrained(tmp_path).apply_chat_template(messages) == "Hi"
 
 
+@pytest.mark.parametrize("config,says", [
+    ({"architectures": 5}, "architectures: expected a list of class names (strings), got int 5"),
+    # a single string: transformers expects a list; it was read as no architecture (an encoder)
+    ({"architectures": "LlamaForCausalLM"}, "architectures: expected a list of class names (strings), got str "
+                                            "'LlamaForCausalLM'"),
+    ({"architectures": {"LlamaForCausalLM": 1}}, "architectures: expected a list of class names (strings), got dict"),
+    ({"architectures": ["BertModel", 3]}, "architectures: expected a list of class names (strings), got list"),
+    ({"model_type": ["llama"]}, "model_type: expected a string, got list ['llama']"),
+    ({"architectures": ["BertModel"], "model_type": {"a": 1}}, "model_type: expected a string, got dict {'a': 1}"),
+])
+def test_directory_config_of_the_wrong_shape_is_named(tmp_path, hf_smollm2_tokenizer, config, says):
+    """config.json decides whether a directory's tokenizer is a causal LM's: an ``architectures``
+    that is not a list of strings or a ``model_type`` that is not a string is a ValueError naming
+    the file (was a bare TypeError, or for a string, silently an encoder's tokenizer)."""
+    hf_smollm2_tokenizer.backend_tokenizer.save(str(tmp_path / "tokenizer.json"))
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError) as info:
+        tc.Tokenizer.from_pretrained(tmp_path)
+    assert str(info.value).startswith(f"{tmp_path / 'config.json'}: {says}"), str(info.value)
+
+
+def test_directory_config_kinds():
+    """What decides a causal LM: an architecture ending in ForCausalLM / LMHeadModel, else the
+    model_type; null and absent keys are no information."""
+    import tempfile
+    from pathlib import Path
+
+    from transformer_core.tokenizer import _is_causal_lm
+
+    for config, causal in (({"architectures": ["LlamaForCausalLM"]}, True), ({"architectures": ["GPT2LMHeadModel"]}, True),
+                           ({"architectures": None, "model_type": "llama"}, True), ({"architectures": []}, False),
+                           ({"architectures": ["BertModel"], "model_type": "bert"}, False),
+                           ({"model_type": None}, False), ({}, False)):
+        with tempfile.TemporaryDirectory() as d:
+            (Path(d) / "config.json").write_text(json.dumps(config))
+            assert _is_causal_lm(Path(d)) is causal, config
+
+
 # ------------------------------------------------------------------------------------ tiny GGUF tokenizers
 def _tiny(tmp_path, name="tok.gguf", **kwargs):
     path = tmp_path / name
@@ -481,3 +519,18 @@ def test_chat_template_options_refused(ours, hf_smollm2_tokenizer):
         ours.apply_chat_template(messages, chat_template=3)
     assert ours.apply_chat_template(messages, tools=None) == hf_smollm2_tokenizer.apply_chat_template(
         messages, tokenize=False)  # a template variable still passes
+
+
+def test_gguf_without_a_tokenizer_says_so(tmp_path):
+    """A GGUF file with no tokenizer.ggml.* keys: the error says the file has no tokenizer (it said
+    "GGUF tokenizer model None ... is not supported"); the model itself still loads."""
+    from transformer_core.gguf_file import read_gguf
+
+    path = _tiny(tmp_path, "notok.gguf", tokenizer=False)
+    assert read_gguf(path).config["vocab_size"] == 111
+    for load in (tc.Tokenizer.from_gguf, lambda p: tc.Tokenizer.from_gguf(read_gguf(p)), tc.Tokenizer.from_pretrained):
+        with pytest.raises(ValueError) as info:
+            load(path)
+        message = str(info.value)
+        assert message.startswith(f"{path}: the GGUF file has no tokenizer (tokenizer.ggml.model missing)"), message
+        assert "None" not in message

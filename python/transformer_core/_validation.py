@@ -465,11 +465,17 @@ def check_float(value, name: str, *, minimum: float | None = None, maximum: floa
     unless ``finite=False``.
 
     Raises:
-        TypeError: not a real number. ValueError: NaN, infinite, out of range.
+        TypeError: not a real number. ValueError: NaN, infinite, out of range; an int (or other
+            real) too large for a float (``10**400``: float() would raise OverflowError).
     """
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name}: expected a number, got {type(value).__name__} {value!r}")
-    value = float(value)
+    try:
+        value = float(value)
+    except OverflowError:  # not printed: a huge int's decimal form can be too long to write (or build)
+        size = f" of {abs(int(value)).bit_length()} bits" if isinstance(value, numbers.Integral) else ""
+        raise ValueError(f"{name}: expected a {'finite ' if finite else ''}float, got {type(value).__name__}"
+                         f"{size} (too large for a float)") from None
     low_bad = minimum is not None and (value <= minimum if min_open else value < minimum)
     high_bad = maximum is not None and (value >= maximum if max_open else value > maximum)
     if math.isnan(value) or (finite and math.isinf(value)) or low_bad or high_bad:

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from ._validation import resolve_dtype
-from .hub import load_safetensors, read_config, resolve_model_path
+from .hub import expand_home, load_safetensors, read_config, resolve_model_path
 
 __all__ = ["load_llama_checkpoint", "config_from_file", "build_for_checkpoint", "write_files_atomically", "save_pretrained_files"]
 
@@ -36,9 +36,9 @@ def config_from_file(config_class, config: dict, path):
         raise ValueError(f"{path}: {str(e).removeprefix('config.json: ')}") from e
 
 
-def build_for_checkpoint(cls, config, dtype, path):
-    """``cls(config, dtype=dtype)`` without its random initialisation (every weight is loaded
-    next), for a config read from the file ``path``, its errors naming that file.
+def build_for_checkpoint(cls, config, dtype, path, **options):
+    """``cls(config, dtype=dtype, **options)`` without its random initialisation (every weight is
+    loaded next), for a config read from the file ``path``, its errors naming that file.
 
     Raises:
         ValueError: ``"{path}: {what the model said}"``: sizes the model refuses together
@@ -49,7 +49,7 @@ def build_for_checkpoint(cls, config, dtype, path):
 
     try:
         with skip_weight_init():
-            return cls(config, dtype=dtype)
+            return cls(config, dtype=dtype, **options)
     except ValueError as e:
         raise ValueError(f"{path}: {e}") from e
 
@@ -194,6 +194,8 @@ def save_pretrained_files(directory, config: dict, state: dict, metadata: dict |
 
     Raises:
         OSError: a file cannot be written (named, with its errno; the folder keeps its old files).
+        FileNotFoundError (an OSError): a ``~user`` of no known user, naming ``directory`` (nothing
+            written).
         TypeError: ``config`` not JSON-serializable (before anything is written); ``directory``
             not a str or path.
     """
@@ -202,7 +204,7 @@ def save_pretrained_files(directory, config: dict, state: dict, metadata: dict |
     from safetensors.numpy import save_file
 
     if isinstance(directory, (str, os.PathLike)) and not isinstance(os.fspath(directory), bytes):
-        directory = Path(directory).expanduser()  # else write_files_atomically's TypeError
+        directory = expand_home(directory, "directory")  # else write_files_atomically's TypeError
 
     text = json.dumps(config, indent=2) + "\n"  # a config that cannot be written fails before any file
     metadata = {"format": "np"} if metadata is None else metadata

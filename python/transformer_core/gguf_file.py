@@ -45,7 +45,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ._validation import resolve_dtype
+from ._validation import check_int, resolve_dtype
 
 __all__ = ["GGUFCheckpoint", "GGUFTensorInfo", "read_gguf", "read_gguf_metadata", "rope_row_permutation",
            "SUPPORTED_GGML_TYPES", "SUPPORTED_ARCHITECTURES"]
@@ -356,6 +356,10 @@ _LLAMA_GLOBAL_NAMES = {
 }
 
 
+#: The most rows :func:`rope_row_permutation` indexes (its result: 8 bytes a row).
+_MAX_ROPE_ROWS = 2**32
+
+
 def rope_row_permutation(num_heads: int, head_dim: int) -> np.ndarray:
     """Row indices that undo llama.cpp's query/key permutation: ``hf_rows = gguf_rows[perm]``.
 
@@ -377,11 +381,17 @@ def rope_row_permutation(num_heads: int, head_dim: int) -> np.ndarray:
         ``(num_heads * head_dim,)`` int64.
 
     Raises:
-        ValueError: ``head_dim`` odd or a size below 1.
+        TypeError: ``num_heads`` or ``head_dim`` not an int (a bool or a float included).
+        ValueError: ``head_dim`` odd or below 2, ``num_heads`` below 1, or more than
+            ``2**32`` rows in all (``num_heads * head_dim``: no projection has as many).
     """
-    if num_heads < 1 or head_dim < 2 or head_dim % 2:
-        raise ValueError(f"rope_row_permutation: expected num_heads >= 1 and an even head_dim >= 2, "
-                         f"got num_heads={num_heads}, head_dim={head_dim}")
+    num_heads = check_int(num_heads, "num_heads", 1, _MAX_ROPE_ROWS)
+    head_dim = check_int(head_dim, "head_dim", 2, _MAX_ROPE_ROWS)
+    if head_dim % 2:
+        raise ValueError(f"head_dim: expected an even int (RoPE rotates pairs of rows), got {head_dim}")
+    if num_heads * head_dim > _MAX_ROPE_ROWS:
+        raise ValueError(f"num_heads, head_dim: expected at most {_MAX_ROPE_ROWS} rows in all (num_heads * head_dim), "
+                         f"got {num_heads} * {head_dim} = {num_heads * head_dim}")
     gguf_rows = np.arange(num_heads * head_dim, dtype=np.int64).reshape(num_heads, head_dim // 2, 2)
     return np.ascontiguousarray(gguf_rows.swapaxes(1, 2)).reshape(-1)
 
@@ -596,7 +606,8 @@ def read_gguf(path) -> GGUFCheckpoint:
             tensor of an unsupported ggml type (named; supported: F32, F16, BF16, Q4_0, Q4_1, Q8_0),
             misses tensors, has unknown ones or one of the wrong shape, has a config value out of
             range (naming the key: e.g. ``layer_norm_rms_epsilon`` / ``rope.freq_base`` not finite and
-            > 0, ``context_length`` < 1, a special token id outside the vocabulary), or has a config
+            > 0, ``context_length`` < 1, a special token id outside the vocabulary, an odd
+            ``attention.key_length``, a ``tokenizer.chat_template`` that is not a string), or has a config
             this loader does not support (RoPE scaling, partial rotary dims, biases on some
             projections only).
     """
@@ -609,6 +620,12 @@ def read_gguf(path) -> GGUFCheckpoint:
         raise ValueError(f"{path}: GGUF architecture {arch!r} is not supported "
                          f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})")
     config = _llama_config(path, metadata, {e.name: e for e in entries})
+    template = metadata.get("tokenizer.chat_template")
+    if template is not None and not isinstance(template, str):
+        got = f"an array of {len(template)} values" if isinstance(template, list) else \
+            f"{type(template).__name__} {template!r}"
+        raise ValueError(f"{path}: GGUF metadata tokenizer.chat_template: expected a string (a Jinja2 template), "
+                         f"got {got}")
     infos = _llama_tensor_infos(path, config, entries, buf, data_start)
     return GGUFCheckpoint(path, buf, metadata, infos, config)
 
@@ -686,11 +703,13 @@ def _llama_config(path, md: dict, entries: dict) -> dict:
     head_dim = _get(path, md, f"{a}.attention.key_length", int, None)
     rope_dim = _get(path, md, f"{a}.rope.dimension_count", int, None)
     value_dim = _get(path, md, f"{a}.attention.value_length", int, None)
+    key_length = head_dim
     if head_dim is None and hidden % heads == 0:  # llama.cpp's default: embedding_length / head_count
         head_dim = hidden // heads
     if head_dim is None or head_dim < 2 or head_dim % 2:
-        raise ValueError(f"{path}: GGUF metadata: cannot find an even head_dim (rope.dimension_count "
-                         f"{rope_dim}, embedding_length {hidden}, head_count {heads})")
+        raise ValueError(f"{path}: GGUF metadata: cannot find an even head_dim >= 2 (attention.key_length "
+                         f"{'absent' if key_length is None else key_length}, rope.dimension_count {rope_dim}, "
+                         f"embedding_length {hidden}, head_count {heads})")
     if rope_dim is not None and rope_dim != head_dim:
         raise ValueError(f"{path}: GGUF metadata: partial rotary embeddings (rope.dimension_count {rope_dim} "
                          f"!= head_dim {head_dim}) are not supported")

@@ -14,9 +14,11 @@ end of the header.
 
 from __future__ import annotations
 
+import errno
 import importlib.util
 import json
 import math
+import os
 import re
 import struct
 from pathlib import Path
@@ -43,9 +45,11 @@ _INTEGER_BUFFERS = re.compile(r"(^|\.)(position_ids|token_type_ids|attn\.bias|at
 _FLOAT_DTYPES = {"F64": ("<f8", 8), "F32": ("<f4", 4), "F16": ("<f2", 2), "BF16": ("<u2", 2)}
 _INT_DTYPES = {"BOOL": 1, "U8": 1, "I8": 1, "U16": 2, "I16": 2, "U32": 4, "I32": 4, "U64": 8, "I64": 8}
 _MAX_HEADER = 100_000_000  # the safetensors library's own limit on the JSON header
-#: What json.loads raises for text that is not valid (UTF-8) JSON, or nested deeper than Python's
-#: recursion limit (RecursionError: ``"[" * 100000``); turned into a ValueError naming the file.
-JSON_ERRORS = (json.JSONDecodeError, UnicodeDecodeError, RecursionError)
+#: What json.loads raises for text that is not valid (UTF-8) JSON (JSONDecodeError,
+#: UnicodeDecodeError: both ValueErrors), holds an integer of more digits than Python converts
+#: (a plain ValueError: 4300 by default, ``sys.set_int_max_str_digits``), or is nested deeper than
+#: Python's recursion limit (RecursionError: ``"[" * 100000``); turned into a ValueError naming the file.
+JSON_ERRORS = (ValueError, RecursionError)
 
 
 def json_problem(error: BaseException) -> str:
@@ -68,6 +72,26 @@ def read_json_file(path):
         raise ValueError(f"{path}: not valid JSON: {json_problem(e)}") from None
 
 
+def _clip_path(path, limit: int = 120) -> str:
+    """``repr(str(path))``, cut to about ``limit`` characters for an error message."""
+    r = repr(str(path))
+    return r if len(r) <= limit else f"{r[:limit]}... ({len(str(path))} characters)"
+
+
+def expand_home(path, argument: str) -> Path:
+    """``Path(path).expanduser()``: a leading ``~`` or ``~user`` replaced by that home directory.
+
+    Raises:
+        FileNotFoundError: naming ``argument`` and ``path``: a ``~user`` of no known user, or a
+            ``~`` without a home directory (expanduser's RuntimeError).
+    """
+    try:
+        return Path(path).expanduser()
+    except RuntimeError:
+        raise FileNotFoundError(f"{argument}: cannot expand the home directory of "
+                                f"{_clip_path(path)} (no such user, or no home directory)") from None
+
+
 def resolve_model_path(name_or_path, argument: str = "name_or_path") -> Path:
     """The location of a model: ``name_or_path`` itself if it is a directory or a file, else the
     directory or file of an embedded model of that name (see ``EMBEDDED_MODELS``).
@@ -79,7 +103,9 @@ def resolve_model_path(name_or_path, argument: str = "name_or_path") -> Path:
     Errors name ``argument`` (the caller's own name for ``name_or_path``, e.g. ``model``).
 
     Raises:
-        FileNotFoundError: neither a path nor an embedded model, or its package is missing.
+        FileNotFoundError: neither a path nor an embedded model, or its package is missing; a
+            ``~user`` of no known user (no home directory to expand it to); a name too long for
+            the file system (ENAMETOOLONG).
         TypeError: ``name_or_path`` not a str or path. ValueError: an empty string (it would name the
             current directory).
     """
@@ -87,9 +113,15 @@ def resolve_model_path(name_or_path, argument: str = "name_or_path") -> Path:
         raise TypeError(f"{argument}: expected a str or path, got {type(name_or_path).__name__}")
     if isinstance(name_or_path, str) and not name_or_path.strip():
         raise ValueError(f"{argument}: expected a model name or path, got {name_or_path!r}")
-    path = Path(name_or_path).expanduser()
-    if path.is_dir() or path.is_file():
-        return path
+    path = expand_home(name_or_path, argument)
+    try:
+        if path.is_dir() or path.is_file():
+            return path
+    except OSError as e:
+        if e.errno != errno.ENAMETOOLONG:
+            raise
+        raise FileNotFoundError(f"{argument}: no model at {_clip_path(path)}: the name is too long for the "
+                                f"file system ({os.strerror(e.errno)})") from None
     key = str(name_or_path)
     if key in EMBEDDED_MODELS:
         package, inside = EMBEDDED_MODELS[key]

@@ -15,7 +15,7 @@ from ._runtime import core as _core
 from ._validation import activation, check_bool, check_config_fields, check_eps, check_mapping, check_token_ids
 from .decoder import CausalLM, DecoderModel, _load_tied_head, _rename_known
 from .hub import ConfigRule, LayerRule, check_config_against_weights, weights_file_label
-from .module import check_dropout, skip_weight_init
+from .module import check_dropout
 
 __all__ = ["LlamaConfig", "LlamaModel", "LlamaForCausalLM"]
 
@@ -285,7 +285,7 @@ class LlamaModel(DecoderModel):
         if isinstance(source, Path):  # a Hugging Face directory (not a GGUF file): config.json against its weights
             cls._check_config_against_weights(source, config, state)  # before the model is built
         model = build_for_checkpoint(cls, config, dtype, source / "config.json" if isinstance(source, Path)
-                                     else name_or_path)
+                                     else source.path)  # the file, also for an embedded model's name
         model.load_state_dict(state)  # every weight
         model.source = source
         return model
@@ -335,10 +335,12 @@ class LlamaModel(DecoderModel):
     @classmethod
     def _from_gguf_blocks(cls, checkpoint, quantize_activations: bool):
         """The model of a GGUF checkpoint with its block-format matrices kept as they are stored."""
+        from .checkpoints import build_for_checkpoint, config_from_file
         from .quantization import GGML_TYPES, _linear_weight_groups, set_gguf_weights, set_quantize_activations
 
-        with skip_weight_init():  # every weight loaded or replaced below
-            model = cls(LlamaConfig.from_dict(checkpoint.config), dtype=np.float32, rope_layout="interleaved")
+        # every weight loaded or replaced below; errors name the file, as the float32 path's
+        config = config_from_file(LlamaConfig, checkpoint.config, checkpoint.path)
+        model = build_for_checkpoint(cls, config, np.float32, checkpoint.path, rope_layout="interleaved")
         slots = model._slots()
         names = model._rename_state_dict({name: name for name in checkpoint.tensor_names})  # ours -> file's
         missing = [n for n in slots if n not in names]

@@ -197,7 +197,8 @@ class Tokenizer:
                 its directory); ``max_length`` below 1 or below the number of special tokens added,
                 or given for a causal-LM tokenizer, which never truncates (a prompt too long for the
                 model is refused by the model, not cut); a ``do_lower_case`` in
-                ``sentence_bert_config.json`` that is not a bool.
+                ``sentence_bert_config.json`` that is not a bool; a ``config.json`` whose
+                ``architectures`` is not a list of strings or ``model_type`` not a string.
             TypeError: ``max_length`` not an int or None.
         """
         from tokenizers import Tokenizer as HFTokenizer
@@ -800,11 +801,27 @@ def _chat_template_of_dir(model_dir: Path, tokenizer_config: dict) -> str | None
 
 
 def _is_causal_lm(model_dir: Path) -> bool:
-    config = _read_json_object(model_dir / "config.json")
-    architectures = config.get("architectures") or []
-    if any(isinstance(a, str) and a.endswith(("ForCausalLM", "LMHeadModel")) for a in architectures):
+    """Whether ``config.json`` (if any) names a causal LM: an ``architectures`` entry ending in
+    ``ForCausalLM`` / ``LMHeadModel``, or a ``model_type`` of ``_CAUSAL_MODEL_TYPES``.
+
+    Raises:
+        ValueError: naming ``config.json``: ``architectures`` not a list of strings (a single string
+            included: transformers expects a list), or ``model_type`` not a string.
+    """
+    path = model_dir / "config.json"
+    config = _read_json_object(path)
+    architectures = config.get("architectures")
+    if architectures is None:
+        architectures = []
+    if not isinstance(architectures, list) or not all(isinstance(a, str) for a in architectures):
+        raise ValueError(f"{path}: architectures: expected a list of class names (strings), got "
+                         f"{type(architectures).__name__} {_clip(architectures)}")
+    if any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in architectures):
         return True
-    return config.get("model_type") in _CAUSAL_MODEL_TYPES
+    model_type = config.get("model_type")
+    if model_type is not None and not isinstance(model_type, str):
+        raise ValueError(f"{path}: model_type: expected a string, got {type(model_type).__name__} {_clip(model_type)}")
+    return model_type in _CAUSAL_MODEL_TYPES
 
 
 def _check_gguf_magic(path: Path, name_or_path) -> None:
@@ -899,6 +916,9 @@ def _tokenizer_from_gguf(path, meta: dict):
     from tokenizers import AddedToken, Tokenizer, decoders, models, processors
 
     model = meta.get("model")
+    if model is None:
+        raise ValueError(f"{path}: the GGUF file has no tokenizer (tokenizer.ggml.model missing): a tokenizer needs "
+                         f"its tokenizer.ggml.* metadata (supported: model 'gpt2', byte-level BPE)")
     if model != "gpt2":
         raise ValueError(f"{path}: GGUF tokenizer model {model!r} (tokenizer.ggml.model) is not supported "
                          f"(supported: 'gpt2', byte-level BPE)")
