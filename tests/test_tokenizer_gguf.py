@@ -534,3 +534,18 @@ def test_gguf_without_a_tokenizer_says_so(tmp_path):
         message = str(info.value)
         assert message.startswith(f"{path}: the GGUF file has no tokenizer (tokenizer.ggml.model missing)"), message
         assert "None" not in message
+
+
+TOOL_CALLS = [{"type": "function", "function": {"name": "f", "arguments": {}}}]
+
+
+@pytest.mark.parametrize("final", [{"role": "assistant", "tool_calls": TOOL_CALLS},
+                                   {"role": "assistant", "content": None, "tool_calls": TOOL_CALLS}])
+def test_continue_final_message_of_a_tool_call_turn_without_content(ours, hf_smollm2_tokenizer, final):
+    """A tool-call turn may have no content (chat_template accepts it): there is nothing to continue,
+    a ValueError as transformers raises, not a KeyError or TypeError."""
+    messages = [{"role": "user", "content": "Hi"}, final]
+    with pytest.raises(ValueError, match="continue_final_message: the last message has no 'content' to continue"):
+        ours.apply_chat_template(messages, continue_final_message=True)
+    with pytest.raises(ValueError):
+        hf_smollm2_tokenizer.apply_chat_template(messages, continue_final_message=True, tokenize=False)

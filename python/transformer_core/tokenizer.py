@@ -511,7 +511,10 @@ class Tokenizer:
         variables.update(kwargs)
         if continue_final_message:  # transformers' way: mark the end of the content, render, cut at the mark
             messages = validate_messages(messages)  # new dicts: the caller's are not changed
-            final = messages[-1]["content"]
+            final = messages[-1].get("content")
+            if not isinstance(final, str):  # a tool-call turn may have none
+                raise ValueError("continue_final_message: the last message has no 'content' to continue (got "
+                                 f"{'none' if final is None else type(final).__name__})")
             if "content" not in template:
                 raise ValueError("continue_final_message: the chat template does not use the messages' 'content'")
             messages[-1]["content"] = final + _CONTINUE_TAG
