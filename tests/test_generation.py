@@ -171,3 +171,41 @@ def test_right_padded_prompt_refused_naming_the_row(tiny_llama):
     x = np.concatenate([ids, ids[:1]])
     ours = m.generate(x, 5, attention_mask=gap)
     np.testing.assert_array_equal(ours[:2], _hf_generate(hf, x[:2], gap[:2], 5))
+
+
+# ------------------------------------------------------------------------ generation_config.json
+def test_generation_config_end_ids_stop_as_transformers(tiny_llama, tmp_path):
+    """A directory's generation_config.json may list end ids that config.json does not (Llama-3-
+    Instruct: config.json 128001, generation_config.json [128001, 128009]); transformers' generate
+    stops at them, and so do ours and chat's end ids. save_pretrained writes the file back, and a
+    malformed one is refused naming it."""
+    import json
+
+    import transformer_core as tc
+    from transformer_core.chat import _end_ids
+
+    hf, ours = tiny_llama
+    x = np.array([[5, 17, 42, 8, 61, 3]])
+    free = ours.generate(x, 10)[0, 6:]
+    stop = int(free[3])  # the 4th new token: an end id in the generation config only
+    hf.config.eos_token_id = 96
+    hf.generation_config.eos_token_id = [96, stop]
+    hf.generation_config.pad_token_id = 0
+    hf.save_pretrained(tmp_path / "gc", safe_serialization=True)
+    assert json.loads((tmp_path / "gc" / "config.json").read_text())["eos_token_id"] == 96
+    ref = hf.generate(torch.from_numpy(x), attention_mask=torch.ones(1, 6, dtype=torch.long), max_new_tokens=10,
+                      do_sample=False).numpy()
+    model = tc.LlamaForCausalLM.from_pretrained(tmp_path / "gc")
+    assert model.generation_config == {"eos_token_id": [96, stop], "pad_token_id": 0}
+    got = model.generate(x, 10)
+    assert ref.shape[1] < 6 + 10 and np.array_equal(got[:, :ref.shape[1]], ref)  # stopped where transformers did
+    assert (got[0, ref.shape[1]:] == 0).all()  # then the generation config's pad id
+    tokenizer = type("Tok", (), {"eos_token_id": None})()
+    assert _end_ids(model, tokenizer) == [96, stop]
+
+    model.save_pretrained(tmp_path / "again")
+    assert tc.LlamaForCausalLM.from_pretrained(tmp_path / "again").generation_config == model.generation_config
+    for bad in ({"eos_token_id": "x"}, {"pad_token_id": [1]}, {"eos_token_id": [1, True]}, [1]):
+        (tmp_path / "gc" / "generation_config.json").write_text(json.dumps(bad))
+        with pytest.raises(ValueError, match="generation_config.json"):
+            tc.LlamaForCausalLM.from_pretrained(tmp_path / "gc")

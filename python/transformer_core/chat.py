@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ._validation import check_int
-from .generation import GenerationConfig
+from .generation import GenerationConfig, generation_ids
 from .tokenizer import _common_prefix, check_unicode
 
 __all__ = ["ChatSession", "TurnStats", "continue_text", "run_chat", "run_generate"]
@@ -62,11 +62,12 @@ class TurnStats:
 
 
 def _end_ids(model, tokenizer) -> list[int]:
-    """The ids that end a reply: the tokenizer's EOS and the model config's ``eos_token_id`` (one id
-    or a list, e.g. Llama-3-Instruct's ``[128001, 128008, 128009]``), those inside the model's
-    vocabulary, as Hugging Face's ``generate`` stops at the config's end ids."""
+    """The ids that end a reply: the tokenizer's EOS and the model's ``eos_token_id`` (one id or a
+    list, e.g. Llama-3-Instruct's ``[128001, 128008, 128009]``; its ``generation_config.json``'s
+    where it has one, else its ``config.json``'s), those inside the model's vocabulary, as Hugging
+    Face's ``generate`` stops at the generation config's end ids."""
     vocab = model.config.vocab_size
-    config_eos = getattr(model.config, "eos_token_id", None)
+    config_eos = generation_ids(model)["eos_token_id"]
     config_eos = [config_eos] if isinstance(config_eos, (int, np.integer)) else list(config_eos or [])
     ids: list[int] = []
     for e in [tokenizer.eos_token_id, *config_eos]:

@@ -184,11 +184,13 @@ def write_files_atomically(directory, files) -> None:
             pass
 
 
-def save_pretrained_files(directory, config: dict, state: dict, metadata: dict | None = None) -> None:
+def save_pretrained_files(directory, config: dict, state: dict, metadata: dict | None = None,
+                          generation_config: dict | None = None) -> None:
     """Writes a Hugging Face model directory: ``model.safetensors`` (``state``, name -> C-contiguous
-    array, with ``metadata`` in its header; default ``{"format": "np"}``) and ``config.json``
-    (``config``), through :func:`write_files_atomically`: the weights first, ``config.json`` last,
-    so that a failed save leaves the old pair (or nothing) and never a new config beside old weights.
+    array, with ``metadata`` in its header; default ``{"format": "np"}``), ``generation_config.json``
+    (``generation_config``, when given and not empty) and ``config.json`` (``config``), through
+    :func:`write_files_atomically`: the weights first, ``config.json`` last, so that a failed save
+    leaves the old files (or nothing) and never a new config beside old weights.
     A leading ``~`` of ``directory`` is expanded to the home directory, as ``from_pretrained``
     does (``save_pretrained("~/m")`` writes ``$HOME/m``, which ``from_pretrained("~/m")`` reads).
 
@@ -207,8 +209,10 @@ def save_pretrained_files(directory, config: dict, state: dict, metadata: dict |
         directory = expand_home(directory, "directory")  # else write_files_atomically's TypeError
 
     text = json.dumps(config, indent=2) + "\n"  # a config that cannot be written fails before any file
+    generation = json.dumps(generation_config, indent=2) + "\n" if generation_config else None
     metadata = {"format": "np"} if metadata is None else metadata
-    write_files_atomically(directory, [
-        ("model.safetensors", lambda p: save_file(state, p, metadata=metadata)),
-        ("config.json", lambda p: Path(p).write_text(text, encoding="utf-8")),
-    ])
+    files = [("model.safetensors", lambda p: save_file(state, p, metadata=metadata))]
+    if generation is not None:
+        files.append(("generation_config.json", lambda p: Path(p).write_text(generation, encoding="utf-8")))
+    files.append(("config.json", lambda p: Path(p).write_text(text, encoding="utf-8")))
+    write_files_atomically(directory, files)

@@ -408,8 +408,9 @@ class CausalLM(DecoderModel, GenerationMixin):
 
     def save_pretrained(self, directory) -> None:
         """Writes ``config.json`` and ``model.safetensors`` (the checkpoint's names and layouts, as
-        Hugging Face's ``save_pretrained``): ``transformers``' ``from_pretrained`` loads the
-        directory, and so does this class's.
+        Hugging Face's ``save_pretrained``), and ``generation_config.json`` when the model holds
+        one (``model.generation_config``, from ``from_pretrained``): ``transformers``'
+        ``from_pretrained`` loads the directory, and so does this class's.
 
         The save is all or nothing (see :func:`transformer_core.checkpoints.save_pretrained_files`):
         each file is written whole under a temporary name in ``directory``, then renamed into place,
@@ -422,7 +423,8 @@ class CausalLM(DecoderModel, GenerationMixin):
         """
         from .checkpoints import save_pretrained_files
 
-        save_pretrained_files(directory, self.config.to_dict(), self._checkpoint_state())
+        save_pretrained_files(directory, self.config.to_dict(), self._checkpoint_state(),
+                              generation_config=getattr(self, "generation_config", None))
 
     def _checkpoint_state(self) -> dict:
         return self.state_dict()

@@ -150,6 +150,15 @@ def next_tokens(scores: np.ndarray, sequences: np.ndarray, cfg: GenerationConfig
     return np.array([rng.choice(probs.shape[-1], p=p / p.sum()) for p in probs], dtype=np.int64)
 
 
+def generation_ids(model) -> dict:
+    """``eos_token_id`` and ``pad_token_id`` as Hugging Face's ``generate`` takes them: from the
+    model's ``generation_config`` (a directory's ``generation_config.json``, kept by
+    ``from_pretrained``) where it has them, else from ``model.config``."""
+    own = getattr(model, "generation_config", None) or {}
+    return {key: own[key] if key in own else getattr(model.config, key, None)
+            for key in ("eos_token_id", "pad_token_id")}
+
+
 class GenerationMixin:
     """``generate`` and ``stream`` for a causal LM whose ``forward(ids, attention_mask=...,
     past_key_values=..., use_cache=True, logits_to_keep=1)`` returns logits, with ``new_cache``,
@@ -336,12 +345,13 @@ class GenerationMixin:
     def _generation_config(self, max_new_tokens, do_sample, temperature, top_k, top_p, repetition_penalty, seed,
                            eos_token_id, pad_token_id) -> GenerationConfig:
         vocab = self.config.vocab_size
+        ids = generation_ids(self)
         if eos_token_id is None:
-            eos = getattr(self.config, "eos_token_id", None)
+            eos = ids["eos_token_id"]
             eos_list = [eos] if isinstance(eos, (int, np.integer)) else list(eos or [])
             eos_token_id = [e for e in eos_list if 0 <= e < vocab]
         if pad_token_id is None:  # as eos: the config's, if it is an id of the vocabulary
-            pad = getattr(self.config, "pad_token_id", None)
+            pad = ids["pad_token_id"]
             if isinstance(pad, (int, np.integer)) and not isinstance(pad, bool) and 0 <= pad < vocab:
                 pad_token_id = int(pad)
         cfg = GenerationConfig(max_new_tokens, do_sample, temperature, top_k, top_p, repetition_penalty, seed,

@@ -14,7 +14,15 @@ import numpy as np
 from ._runtime import core as _core
 from ._validation import activation, check_config_fields, check_eps, check_mapping, check_token_ids
 from .decoder import CausalLM, CausalLMOutput, DecoderModel, _load_tied_head, _rename_known
-from .hub import ConfigRule, LayerRule, check_config_against_weights, load_safetensors, read_config, resolve_model_dir
+from .hub import (
+    ConfigRule,
+    LayerRule,
+    check_config_against_weights,
+    load_safetensors,
+    read_config,
+    read_generation_config,
+    resolve_model_dir,
+)
 from .kv_cache import KVCache
 from .module import check_dropout
 
@@ -203,6 +211,8 @@ class GPT2Model(DecoderModel):
         """Loads a Hugging Face GPT-2 directory (``config.json`` + ``model.safetensors``) with the
         ``safetensors`` package: no torch. The tensors are read in ``dtype`` (``np.float32`` or
         ``np.float64``): a float64 checkpoint loads bit for bit with ``dtype=np.float64``.
+        ``model.generation_config`` keeps the ids of the directory's ``generation_config.json``,
+        which ``generate`` uses before ``config.json``'s (:func:`transformer_core.hub.read_generation_config`).
 
         Raises:
             FileNotFoundError: no directory, ``config.json`` or ``model.safetensors``.
@@ -211,7 +221,7 @@ class GPT2Model(DecoderModel):
                 ``n_inner``, ``n_layer``) the weights contradict (naming the file and the fields,
                 before the model is built); a missing, unknown or mis-shaped tensor (listed); an
                 unsupported config (e.g. ``tie_word_embeddings=False``) or an ``lm_head.weight``
-                other than ``wte.weight``.
+                other than ``wte.weight``; a malformed ``generation_config.json`` (named).
             TypeError: ``dtype`` not float32/float64.
         """
         from .checkpoints import build_for_checkpoint, config_from_file
@@ -220,8 +230,10 @@ class GPT2Model(DecoderModel):
         config = config_from_file(GPT2Config, read_config(model_dir), model_dir / "config.json")
         state = load_safetensors(model_dir, dtype)  # float64 read as float64: not rounded through float32
         _check_config_against_weights(model_dir, config, state)  # before the model of that config is built
+        generation_ids = read_generation_config(model_dir)
         model = build_for_checkpoint(cls, config, dtype, model_dir / "config.json")
         model.load_state_dict(state)  # every weight (a missing one raises)
+        model.generation_config = generation_ids
         return model
 
 

@@ -154,6 +154,39 @@ def resolve_model_dir(name_or_path, argument: str = "name_or_path") -> Path:
     return path
 
 
+#: The keys of ``generation_config.json`` read (``read_generation_config``).
+GENERATION_IDS = ("bos_token_id", "eos_token_id", "pad_token_id")
+
+
+def read_generation_config(model_dir: Path) -> dict:
+    """The token ids of a model directory's ``generation_config.json``: ``bos_token_id``,
+    ``eos_token_id`` (an id or a list of ids) and ``pad_token_id``, those present and not null, as
+    Hugging Face's ``generate`` reads them in place of ``config.json``'s (Llama-3-Instruct's config
+    ends at 128001, its generation config at 128001 and 128009). ``{}`` without the file.
+
+    Raises:
+        ValueError: naming the file: not valid JSON or not an object, or one of those keys not an
+            id (an int >= 0) or, for ``eos_token_id``, a list of ids.
+    """
+    path = Path(model_dir) / "generation_config.json"
+    if not path.is_file():
+        return {}
+    config = read_json_file(path)
+    if not isinstance(config, dict):
+        raise ValueError(f"{path}: expected a JSON object, got a JSON {type(config).__name__}")
+    ids = {}
+    for key in GENERATION_IDS:
+        value = config.get(key)
+        if value is None:
+            continue
+        values = value if key == "eos_token_id" and isinstance(value, list) else [value]
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
+            expected = "an id (an int >= 0) or a list of ids" if key == "eos_token_id" else "an id (an int >= 0)"
+            raise ValueError(f"{path}: {key}: expected {expected}, got {value!r}"[:300])
+        ids[key] = value
+    return ids
+
+
 def read_config(model_dir: Path) -> dict:
     """``config.json`` of a model directory as a dict.
 

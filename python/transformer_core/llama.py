@@ -239,7 +239,9 @@ class LlamaModel(DecoderModel):
         sharded ``model.safetensors.index.json``; float16/bfloat16 tensors converted to ``dtype``)
         or a ``.gguf`` file (see :func:`transformer_core.gguf_file.read_gguf`), or the embedded
         ``"SmolLM2-135M-Instruct"`` (a GGUF file: Q4_1 layers, a Q8_0 token embedding).
-        ``model.source`` keeps the checkpoint (a ``GGUFCheckpoint`` or the directory).
+        ``model.source`` keeps the checkpoint (a ``GGUFCheckpoint`` or the directory), and
+        ``model.generation_config`` a directory's ``generation_config.json`` ids, which ``generate``
+        and chat use before ``config.json``'s (:func:`transformer_core.hub.read_generation_config`).
 
         A GGUF file's ``Q8_0``/``Q4_0``/``Q4_1`` matrices stay in their blocks by default
         (``dtype=None``): every weight is read in place from the memory-mapped file (no copy: the
@@ -261,7 +263,8 @@ class LlamaModel(DecoderModel):
 
         Raises:
             FileNotFoundError: nothing at ``name_or_path``.
-            ValueError: an unsupported or malformed checkpoint (named); a directory's
+            ValueError: an unsupported or malformed checkpoint (named; a directory's
+                ``generation_config.json`` too); a directory's
                 ``config.json`` whose sizes (``vocab_size``, ``hidden_size``, ``intermediate_size``,
                 ``num_hidden_layers``, the heads times ``head_dim``) or ``tie_word_embeddings`` the
                 weights contradict (naming the file and the fields, before the model is built); a
@@ -270,7 +273,7 @@ class LlamaModel(DecoderModel):
                 (``"False"`` or 0 included).
         """
         from .checkpoints import build_for_checkpoint, load_llama_checkpoint
-        from .hub import resolve_model_path
+        from .hub import read_generation_config, resolve_model_path
 
         quantize_activations = check_bool(quantize_activations, "quantize_activations")
 
@@ -282,12 +285,15 @@ class LlamaModel(DecoderModel):
                 return cls._from_gguf_blocks(read_gguf(location), quantize_activations)
             dtype = np.float32
         config, state, source = load_llama_checkpoint(name_or_path, dtype)
+        generation_ids = {}
         if isinstance(source, Path):  # a Hugging Face directory (not a GGUF file): config.json against its weights
             cls._check_config_against_weights(source, config, state)  # before the model is built
+            generation_ids = read_generation_config(source)
         model = build_for_checkpoint(cls, config, dtype, source / "config.json" if isinstance(source, Path)
                                      else source.path)  # the file, also for an embedded model's name
         model.load_state_dict(state)  # every weight
         model.source = source
+        model.generation_config = generation_ids
         return model
 
     @classmethod
