@@ -622,3 +622,13 @@ def test_from_pretrained_checks_quantize_and_dtype_before_loading(tiny_model_dir
     texts = SENTENCES[:5]
     expected = tc.SentenceEncoder(ref, int8.tokenizer).encode(texts)
     np.testing.assert_array_equal(int8.encode(texts), expected)
+
+
+def test_pooling_and_prompts_of_an_unknown_users_folder_are_file_not_found():
+    """``read_pooling`` / ``read_prompts`` of ``~nosuchuser/m`` raised pathlib's RuntimeError; now
+    FileNotFoundError naming ``model_dir``, as from_pretrained's lookups."""
+    from transformer_core.sentence_encoder import read_pooling, read_prompts
+
+    for read in (read_pooling, read_prompts):
+        with pytest.raises(FileNotFoundError, match=r"^model_dir: cannot expand the home directory of '~no_such"):
+            read("~no_such_user_tc_39/m")

@@ -1115,3 +1115,20 @@ def test_quantizing_a_model_in_training_mode_in_place_is_refused():
     with pytest.raises(ValueError, match="^module: in training mode"):
         tc.quantization.set_gguf_weights(model, {})
     assert tc.quantize(model, "int8").weight_formats()["h.0.mlp.c_fc.weight"] == "int8"  # a copy is fine
+
+
+def test_checkpoint_directory_of_an_unknown_user_is_file_not_found(tmp_path, monkeypatch):
+    """``~nosuchuser/run`` was pathlib's RuntimeError ("Could not determine home directory"), raised
+    by save_checkpoint after every state was taken: now FileNotFoundError naming ``directory``,
+    before anything is written or loaded."""
+    monkeypatch.chdir(tmp_path)
+    model, opt, sched = _training_set(1)
+    target = _training_set(2)
+    before = _states(*target)
+    match = r"^directory: cannot expand the home directory of '~no_such_user_tc_39/run'"
+    with pytest.raises(FileNotFoundError, match=match):
+        tc.training.save_checkpoint("~no_such_user_tc_39/run", model, opt, sched)
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(FileNotFoundError, match=match):
+        tc.training.load_checkpoint("~no_such_user_tc_39/run", *target)
+    _assert_states_equal(_states(*target), before)

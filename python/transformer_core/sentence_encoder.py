@@ -12,7 +12,7 @@ import numpy as np
 from ._runtime import core
 from ._validation import as_bool, as_float, check_allocatable, check_bool, check_choice, check_int, resolve_dtype
 from .bert import BertModel
-from .hub import DEFAULT_MODEL, read_json_file
+from .hub import DEFAULT_MODEL, expand_home, read_json_file
 from .tokenizer import Tokenizer, check_unicode
 
 __all__ = ["SentenceEncoder", "mean_pool", "cosine_similarity", "read_pooling", "read_prompts"]
@@ -75,9 +75,10 @@ def read_pooling(model_dir) -> dict:
         ValueError: a ``modules.json`` or pooling ``config.json`` that is not valid JSON of that
             shape; a module type other than Transformer, Pooling and Normalize (e.g. Dense); a
             pooling mode other than those three, or several at once (naming the file and setting).
-        FileNotFoundError: a listed Pooling module whose ``config.json`` is missing.
+        FileNotFoundError: a listed Pooling module whose ``config.json`` is missing; a ``~user`` of
+            no known user in ``model_dir``.
     """
-    kinds, cpath, config = _pooling_config(Path(model_dir).expanduser())
+    kinds, cpath, config = _pooling_config(expand_home(model_dir, "model_dir"))
     if cpath is None:
         return {"pooling": "mean", "normalize": True}
     on = [k for k, v in config.items() if k.startswith("pooling_mode_") and v]
@@ -108,8 +109,9 @@ def read_prompts(model_dir) -> dict:
             a str naming one of ``prompts`` (sentence-transformers refuses it too); a pooling
             ``config.json`` whose ``include_prompt`` is not a bool; as :func:`read_pooling` for
             ``modules.json``.
+        FileNotFoundError: a ``~user`` of no known user in ``model_dir``.
     """
-    model_dir = Path(model_dir).expanduser()
+    model_dir = expand_home(model_dir, "model_dir")
     out = {"prompts": {}, "default_prompt_name": None, "include_prompt": True}
     path = model_dir / "config_sentence_transformers.json"
     if path.is_file():

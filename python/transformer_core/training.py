@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from .checkpoints import write_files_atomically
-from .hub import _read_header, load_safetensors
+from .hub import _read_header, expand_home, load_safetensors
 from .lr_scheduler import LRScheduler
 from .module import (
     Module,
@@ -127,6 +127,7 @@ def save_checkpoint(directory, model: Module, optimizer=None, scheduler=None) ->
             :class:`~transformer_core.lr_scheduler.LRScheduler` (or None): nothing is written.
         ValueError: a ``scheduler`` whose optimizer is not ``optimizer`` (None included: the groups'
             learning rates are saved in the optimizer's state, not the scheduler's); nothing is written.
+        FileNotFoundError: a ``~user`` of no known user in ``directory`` (nothing written).
         OSError: a file cannot be written (naming it); ``directory`` keeps the files it held before
             (the previous set, whole) and no temporary. (Should one of the final renames itself fail,
             a rare failure inside one folder, the files renamed before it are of the new save:
@@ -135,6 +136,7 @@ def save_checkpoint(directory, model: Module, optimizer=None, scheduler=None) ->
     from safetensors.numpy import save_file
 
     _check_arguments(directory, model, optimizer, scheduler)
+    directory = expand_home(directory, "directory")  # "~/run" is the home's, as save_pretrained's
     metadata = {"format": "np", CHECKPOINT_ID_KEY: secrets.token_hex(16)}
     states = []  # (file name, state): all taken before anything is written
     if optimizer is not None:
@@ -150,7 +152,7 @@ def save_checkpoint(directory, model: Module, optimizer=None, scheduler=None) ->
         arrays = {k: np.asarray(v, order="C") for k, v in state.items()}
         meta = dict(metadata, **({RNG_STATE_KEY: json.dumps(get_rng_state())} if name == "model.safetensors" else {}))
         files.append((name, lambda p, arrays=arrays, meta=meta: save_file(arrays, p, metadata=meta)))
-    write_files_atomically(Path(directory).expanduser(), files)  # "~/run" is the home's, as save_pretrained's
+    write_files_atomically(directory, files)
 
 
 def _read_safetensors(path: Path, arrays: bool) -> tuple[dict, dict]:
@@ -234,14 +236,14 @@ def load_checkpoint(directory, model: Module, optimizer=None, scheduler=None) ->
             :func:`save_checkpoint`); nothing is read or changed.
         ValueError: a ``scheduler`` whose optimizer is not ``optimizer`` (None included: the groups'
             learning rates are restored from the optimizer's file); nothing is read or changed.
-        FileNotFoundError: a file is missing.
+        FileNotFoundError: a file is missing, or a ``~user`` of no known user in ``directory``.
         ValueError: a file that is truncated or has a corrupt header (naming it); files of
             different saves (naming them); names, shapes or values that do not match (listed),
             a model tensor that is not floating-point (naming it).
         OSError: a file that cannot be read (naming it).
     """
     _check_arguments(directory, model, optimizer, scheduler)
-    path = Path(directory).expanduser()
+    path = expand_home(directory, "directory")
     wanted = [name for name, given in zip(_FILES, (True, optimizer is not None, scheduler is not None)) if given]
     for name in wanted:
         if not (path / name).is_file():
