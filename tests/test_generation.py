@@ -177,26 +177,37 @@ def test_right_padded_prompt_refused_naming_the_row(tiny_llama):
 def test_generation_config_end_ids_stop_as_transformers(tiny_llama, tmp_path):
     """A directory's generation_config.json may list end ids that config.json does not (Llama-3-
     Instruct: config.json 128001, generation_config.json [128001, 128009]); transformers' generate
-    stops at them, and so do ours and chat's end ids. save_pretrained writes the file back, and a
-    malformed one is refused naming it."""
+    stops at them, and so do ours and chat's end ids. A generation config without end ids (or with
+    null) has none: no fallback to config.json's, as transformers. save_pretrained writes the file
+    back whole, removes an earlier save's when the model has none, and a malformed one is refused
+    naming it."""
     import json
 
     import transformer_core as tc
     from transformer_core.chat import _end_ids
 
     hf, ours = tiny_llama
+    assert ours.generation_config is not None  # transformers saved one (its ids all null here)
     x = np.array([[5, 17, 42, 8, 61, 3]])
+    mask = torch.ones(1, 6, dtype=torch.long)
     free = ours.generate(x, 10)[0, 6:]
     stop = int(free[3])  # the 4th new token: an end id in the generation config only
+
+    def hf_generate(path):
+        model = transformers.LlamaForCausalLM.from_pretrained(path).eval()
+        with torch.no_grad():
+            return model.generate(torch.from_numpy(x), attention_mask=mask, max_new_tokens=10, do_sample=False,
+                                  pad_token_id=0).numpy()
+
     hf.config.eos_token_id = 96
     hf.generation_config.eos_token_id = [96, stop]
     hf.generation_config.pad_token_id = 0
+    hf.generation_config.max_new_tokens = 50  # a field our generate does not read: written back as it was
     hf.save_pretrained(tmp_path / "gc", safe_serialization=True)
     assert json.loads((tmp_path / "gc" / "config.json").read_text())["eos_token_id"] == 96
-    ref = hf.generate(torch.from_numpy(x), attention_mask=torch.ones(1, 6, dtype=torch.long), max_new_tokens=10,
-                      do_sample=False).numpy()
+    ref = hf_generate(tmp_path / "gc")
     model = tc.LlamaForCausalLM.from_pretrained(tmp_path / "gc")
-    assert model.generation_config == {"eos_token_id": [96, stop], "pad_token_id": 0}
+    assert model.generation_config["eos_token_id"] == [96, stop] and model.generation_config["pad_token_id"] == 0
     got = model.generate(x, 10)
     assert ref.shape[1] < 6 + 10 and np.array_equal(got[:, :ref.shape[1]], ref)  # stopped where transformers did
     assert (got[0, ref.shape[1]:] == 0).all()  # then the generation config's pad id
@@ -204,8 +215,30 @@ def test_generation_config_end_ids_stop_as_transformers(tiny_llama, tmp_path):
     assert _end_ids(model, tokenizer) == [96, stop]
 
     model.save_pretrained(tmp_path / "again")
+    assert json.loads((tmp_path / "again" / "generation_config.json").read_text()) == model.generation_config
+    assert json.loads((tmp_path / "again" / "generation_config.json").read_text())["max_new_tokens"] == 50
     assert tc.LlamaForCausalLM.from_pretrained(tmp_path / "again").generation_config == model.generation_config
-    for bad in ({"eos_token_id": "x"}, {"pad_token_id": [1]}, {"eos_token_id": [1, True]}, [1]):
+
+    # end ids in config.json only, the generation config without them: neither stops
+    cfg = json.loads((tmp_path / "gc" / "config.json").read_text())
+    cfg["eos_token_id"] = stop
+    (tmp_path / "gc" / "config.json").write_text(json.dumps(cfg))
+    for gen in ({"pad_token_id": 0}, {"eos_token_id": None, "pad_token_id": -1}):
+        (tmp_path / "gc" / "generation_config.json").write_text(json.dumps(gen))
+        ref = hf_generate(tmp_path / "gc")
+        assert ref.shape[1] == 6 + 10
+        assert np.array_equal(tc.LlamaForCausalLM.from_pretrained(tmp_path / "gc").generate(x, 10), ref)
+    (tmp_path / "gc" / "generation_config.json").unlink()  # no file: config.json's end id stops it
+    assert tc.LlamaForCausalLM.from_pretrained(tmp_path / "gc").generate(x, 10).shape[1] == 6 + 4
+
+    # a model without a generation config saved over a directory with one: the old file goes
+    plain = tc.LlamaForCausalLM(model.config)
+    assert plain.generation_config is None
+    plain.save_pretrained(tmp_path / "again")
+    assert not (tmp_path / "again" / "generation_config.json").exists()
+    assert tc.LlamaForCausalLM.from_pretrained(tmp_path / "again").generation_config is None
+
+    for bad in ({"eos_token_id": "x"}, {"pad_token_id": [1]}, {"eos_token_id": [1, True]}, {"bos_token_id": 2.0}, [1]):
         (tmp_path / "gc" / "generation_config.json").write_text(json.dumps(bad))
         with pytest.raises(ValueError, match="generation_config.json"):
             tc.LlamaForCausalLM.from_pretrained(tmp_path / "gc")

@@ -188,9 +188,11 @@ def save_pretrained_files(directory, config: dict, state: dict, metadata: dict |
                           generation_config: dict | None = None) -> None:
     """Writes a Hugging Face model directory: ``model.safetensors`` (``state``, name -> C-contiguous
     array, with ``metadata`` in its header; default ``{"format": "np"}``), ``generation_config.json``
-    (``generation_config``, when given and not empty) and ``config.json`` (``config``), through
+    (``generation_config``, when given) and ``config.json`` (``config``), through
     :func:`write_files_atomically`: the weights first, ``config.json`` last, so that a failed save
-    leaves the old files (or nothing) and never a new config beside old weights.
+    leaves the old files (or nothing) and never a new config beside old weights. Without a
+    ``generation_config``, a ``generation_config.json`` left by an earlier save is removed after
+    the new files are in place (it would give the new model the old one's end ids).
     A leading ``~`` of ``directory`` is expanded to the home directory, as ``from_pretrained``
     does (``save_pretrained("~/m")`` writes ``$HOME/m``, which ``from_pretrained("~/m")`` reads).
 
@@ -198,8 +200,8 @@ def save_pretrained_files(directory, config: dict, state: dict, metadata: dict |
         OSError: a file cannot be written (named, with its errno; the folder keeps its old files).
         FileNotFoundError (an OSError): a ``~user`` of no known user, naming ``directory`` (nothing
             written).
-        TypeError: ``config`` not JSON-serializable (before anything is written); ``directory``
-            not a str or path.
+        TypeError: ``config`` or ``generation_config`` not JSON-serializable (before anything is
+            written); ``directory`` not a str or path.
     """
     import json
 
@@ -209,10 +211,16 @@ def save_pretrained_files(directory, config: dict, state: dict, metadata: dict |
         directory = expand_home(directory, "directory")  # else write_files_atomically's TypeError
 
     text = json.dumps(config, indent=2) + "\n"  # a config that cannot be written fails before any file
-    generation = json.dumps(generation_config, indent=2) + "\n" if generation_config else None
+    generation = json.dumps(generation_config, indent=2) + "\n" if generation_config is not None else None
     metadata = {"format": "np"} if metadata is None else metadata
     files = [("model.safetensors", lambda p: save_file(state, p, metadata=metadata))]
     if generation is not None:
         files.append(("generation_config.json", lambda p: Path(p).write_text(generation, encoding="utf-8")))
     files.append(("config.json", lambda p: Path(p).write_text(text, encoding="utf-8")))
     write_files_atomically(directory, files)
+    if generation is None:
+        stale = Path(directory) / "generation_config.json"
+        try:
+            stale.unlink(missing_ok=True)
+        except OSError as e:
+            raise OSError(e.errno, f"{stale}: cannot remove the earlier save's file ({e.strerror})") from e

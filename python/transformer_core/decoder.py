@@ -296,6 +296,10 @@ class CausalLM(DecoderModel, GenerationMixin):
     ``forward`` and ``generate`` always run the inference path and keep nothing.
     """
 
+    #: A Hugging Face directory's ``generation_config.json`` (a dict, set by ``from_pretrained``),
+    #: whose end and padding ids ``generate`` takes in place of ``config``'s; None: none.
+    generation_config: dict | None = None
+
     def forward(self, input_ids, attention_mask=None, position_ids=None, past_key_values=None,
                 use_cache: bool = False, logits_to_keep: int = 0) -> CausalLMOutput:
         """Next-token logits.
@@ -409,8 +413,9 @@ class CausalLM(DecoderModel, GenerationMixin):
     def save_pretrained(self, directory) -> None:
         """Writes ``config.json`` and ``model.safetensors`` (the checkpoint's names and layouts, as
         Hugging Face's ``save_pretrained``), and ``generation_config.json`` when the model holds
-        one (``model.generation_config``, from ``from_pretrained``): ``transformers``'
-        ``from_pretrained`` loads the directory, and so does this class's.
+        one (``model.generation_config``, from ``from_pretrained``; without one, an earlier save's
+        file is removed): ``transformers``' ``from_pretrained`` loads the directory, and so does
+        this class's.
 
         The save is all or nothing (see :func:`transformer_core.checkpoints.save_pretrained_files`):
         each file is written whole under a temporary name in ``directory``, then renamed into place,

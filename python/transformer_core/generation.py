@@ -153,10 +153,12 @@ def next_tokens(scores: np.ndarray, sequences: np.ndarray, cfg: GenerationConfig
 def generation_ids(model) -> dict:
     """``eos_token_id`` and ``pad_token_id`` as Hugging Face's ``generate`` takes them: from the
     model's ``generation_config`` (a directory's ``generation_config.json``, kept by
-    ``from_pretrained``) where it has them, else from ``model.config``."""
-    own = getattr(model, "generation_config", None) or {}
-    return {key: own[key] if key in own else getattr(model.config, key, None)
-            for key in ("eos_token_id", "pad_token_id")}
+    ``from_pretrained``) when it has one, a key it leaves out or null meaning none; from
+    ``model.config`` when it has none (``generation_config`` None or absent)."""
+    own = getattr(model, "generation_config", None)
+    if own is None:
+        return {key: getattr(model.config, key, None) for key in ("eos_token_id", "pad_token_id")}
+    return {key: own.get(key) for key in ("eos_token_id", "pad_token_id")}
 
 
 class GenerationMixin:

@@ -211,8 +211,9 @@ class GPT2Model(DecoderModel):
         """Loads a Hugging Face GPT-2 directory (``config.json`` + ``model.safetensors``) with the
         ``safetensors`` package: no torch. The tensors are read in ``dtype`` (``np.float32`` or
         ``np.float64``): a float64 checkpoint loads bit for bit with ``dtype=np.float64``.
-        ``model.generation_config`` keeps the ids of the directory's ``generation_config.json``,
-        which ``generate`` uses before ``config.json``'s (:func:`transformer_core.hub.read_generation_config`).
+        ``model.generation_config`` keeps the directory's ``generation_config.json`` (None without
+        one), whose end and padding ids ``generate`` uses in place of ``config.json``'s
+        (:func:`transformer_core.hub.read_generation_config`).
 
         Raises:
             FileNotFoundError: no directory, ``config.json`` or ``model.safetensors``.
@@ -230,10 +231,10 @@ class GPT2Model(DecoderModel):
         config = config_from_file(GPT2Config, read_config(model_dir), model_dir / "config.json")
         state = load_safetensors(model_dir, dtype)  # float64 read as float64: not rounded through float32
         _check_config_against_weights(model_dir, config, state)  # before the model of that config is built
-        generation_ids = read_generation_config(model_dir)
+        generation_config = read_generation_config(model_dir)
         model = build_for_checkpoint(cls, config, dtype, model_dir / "config.json")
         model.load_state_dict(state)  # every weight (a missing one raises)
-        model.generation_config = generation_ids
+        model.generation_config = generation_config
         return model
 
 

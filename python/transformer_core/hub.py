@@ -154,37 +154,36 @@ def resolve_model_dir(name_or_path, argument: str = "name_or_path") -> Path:
     return path
 
 
-#: The keys of ``generation_config.json`` read (``read_generation_config``).
+#: The token ids of ``generation_config.json`` that ``generate`` reads (``read_generation_config``).
 GENERATION_IDS = ("bos_token_id", "eos_token_id", "pad_token_id")
 
 
-def read_generation_config(model_dir: Path) -> dict:
-    """The token ids of a model directory's ``generation_config.json``: ``bos_token_id``,
-    ``eos_token_id`` (an id or a list of ids) and ``pad_token_id``, those present and not null, as
-    Hugging Face's ``generate`` reads them in place of ``config.json``'s (Llama-3-Instruct's config
-    ends at 128001, its generation config at 128001 and 128009). ``{}`` without the file.
+def read_generation_config(model_dir: Path) -> dict | None:
+    """A model directory's ``generation_config.json``, the whole JSON object (``save_pretrained``
+    writes it back as it was), or None without the file. Hugging Face's ``generate`` takes its end
+    and padding ids from it in place of ``config.json``'s, also when it leaves them out or null
+    (then there are none): Llama-3-Instruct's config ends at 128001, its generation config at 128001
+    and 128009.
 
     Raises:
-        ValueError: naming the file: not valid JSON or not an object, or one of those keys not an
-            id (an int >= 0) or, for ``eos_token_id``, a list of ids.
+        ValueError: naming the file: not valid JSON or not an object, or ``bos_token_id``,
+            ``eos_token_id`` or ``pad_token_id`` neither null nor an int (nor, for
+            ``eos_token_id``, a list of ints). An int outside the vocabulary (``-1``, say) is
+            kept: ``generate`` leaves such ids out, as it does ``config.json``'s.
     """
     path = Path(model_dir) / "generation_config.json"
     if not path.is_file():
-        return {}
+        return None
     config = read_json_file(path)
     if not isinstance(config, dict):
         raise ValueError(f"{path}: expected a JSON object, got a JSON {type(config).__name__}")
-    ids = {}
     for key in GENERATION_IDS:
         value = config.get(key)
-        if value is None:
-            continue
         values = value if key == "eos_token_id" and isinstance(value, list) else [value]
-        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
-            expected = "an id (an int >= 0) or a list of ids" if key == "eos_token_id" else "an id (an int >= 0)"
+        if value is not None and not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+            expected = "null, an int or a list of ints" if key == "eos_token_id" else "null or an int"
             raise ValueError(f"{path}: {key}: expected {expected}, got {value!r}"[:300])
-        ids[key] = value
-    return ids
+    return config
 
 
 def read_config(model_dir: Path) -> dict:

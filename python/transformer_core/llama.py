@@ -240,8 +240,9 @@ class LlamaModel(DecoderModel):
         or a ``.gguf`` file (see :func:`transformer_core.gguf_file.read_gguf`), or the embedded
         ``"SmolLM2-135M-Instruct"`` (a GGUF file: Q4_1 layers, a Q8_0 token embedding).
         ``model.source`` keeps the checkpoint (a ``GGUFCheckpoint`` or the directory), and
-        ``model.generation_config`` a directory's ``generation_config.json`` ids, which ``generate``
-        and chat use before ``config.json``'s (:func:`transformer_core.hub.read_generation_config`).
+        ``model.generation_config`` a directory's ``generation_config.json`` (None without one, and
+        for a GGUF file), whose end and padding ids ``generate`` and chat use in place of
+        ``config.json``'s (:func:`transformer_core.hub.read_generation_config`).
 
         A GGUF file's ``Q8_0``/``Q4_0``/``Q4_1`` matrices stay in their blocks by default
         (``dtype=None``): every weight is read in place from the memory-mapped file (no copy: the
@@ -285,15 +286,15 @@ class LlamaModel(DecoderModel):
                 return cls._from_gguf_blocks(read_gguf(location), quantize_activations)
             dtype = np.float32
         config, state, source = load_llama_checkpoint(name_or_path, dtype)
-        generation_ids = {}
+        generation_config = None
         if isinstance(source, Path):  # a Hugging Face directory (not a GGUF file): config.json against its weights
             cls._check_config_against_weights(source, config, state)  # before the model is built
-            generation_ids = read_generation_config(source)
+            generation_config = read_generation_config(source)
         model = build_for_checkpoint(cls, config, dtype, source / "config.json" if isinstance(source, Path)
                                      else source.path)  # the file, also for an embedded model's name
         model.load_state_dict(state)  # every weight
         model.source = source
-        model.generation_config = generation_ids
+        model.generation_config = generation_config
         return model
 
     @classmethod
@@ -374,6 +375,7 @@ class LlamaModel(DecoderModel):
         if quantize_activations:
             set_quantize_activations(model, True)
         model.source = checkpoint
+        model.generation_config = None  # a GGUF file has none
         return model
 
 
