@@ -1319,6 +1319,37 @@ def test_resume_refuses_an_input_edited_in_the_middle(tmp_path, tiny_model_dir):
     assert corpus.EmbedJob.prepare(corpus.open_source(f), out, mid, resume=True, batch_size=32).num_rows == 30
 
 
+@pytest.mark.parametrize("data, refused", [
+    (b"one\ntwo\nfirst half\rsecond half\nfour\n", True),  # a \r inside a line: two texts now, one before
+    (b"one\r\ntwo\r\nthree\r\n", False),  # CRLF: the same texts either way
+    (b"one\r\r\ntwo\nthree\r", False),  # \r before a line end: the same texts either way
+])
+def test_resume_of_a_run_that_split_lines_at_newline_only(tmp_path, tiny_model_dir, data, refused):
+    """Text files split as universal newlines since a run's manifest records it ("newlines"); a
+    run started before (its manifest without the key) on a file holding a \r inside a line read
+    other texts: resuming it is refused before anything is embedded, naming the cause. Other files
+    resume."""
+    f = tmp_path / "in.txt"
+    f.write_bytes(data)
+    out = tmp_path / "o.npy"
+    mid = corpus.model_identity(str(tiny_model_dir))
+    job = corpus.EmbedJob.prepare(corpus.open_source(f), out, mid, chunk_size=1, batch_size=32)
+    job.start()
+    job.close()  # interrupted before its first chunk
+    assert manifest(out)["input"]["newlines"] == "universal"
+    m = manifest(out)
+    del m["input"]["newlines"]  # as an earlier version wrote it
+    Path(f"{out}.manifest.json").write_text(json.dumps(m))
+    if refused:
+        with pytest.raises(ValueError, match=r"started by an earlier version, which split .*lines at \\n only; .*"
+                                             r"carriage return inside a line"):
+            corpus.EmbedJob.prepare(corpus.open_source(f), out, mid, resume=True, batch_size=32)
+        assert manifest(out) == m
+    else:
+        job = corpus.EmbedJob.prepare(corpus.open_source(f), out, mid, resume=True, batch_size=32)
+        assert job.num_rows == 3
+
+
 def test_finish_removes_only_its_own_temporaries(tmp_path, tiny_model_dir):
     """Output names holding glob characters: ``a*.npy`` leaves ``ab.npy``'s temporaries alone,
     ``r[1].npy`` removes its own."""
@@ -1430,7 +1461,14 @@ def test_reader_arguments_are_checked_whatever_the_input(tmp_path, tiny_model_di
             with pytest.raises(ValueError, match=match):
                 corpus.embed_summary(input, model=model, **kwargs)
     assert sorted(os.listdir(tmp_path)) == ["c.jsonl"]
-    assert corpus.embed_summary(source, model=model, errors="skip").texts == ["x"]  # a valid mode: as opened
+    # errors="skip" with a source opened strict was ignored, and a bad record then told the user to
+    # pass errors='skip': refused, naming how to open the source instead
+    with pytest.raises(ValueError, match=r"^errors: 'skip' with a TextSource opened with errors='strict'.*"
+                                         r"open_source\(\.\.\., errors='skip'\)"):
+        corpus.embed_summary(source, model=model, errors="skip")
+    skipping = corpus.open_source(f, text_field="body", errors="skip")
+    assert corpus.embed_summary(skipping, model=model, errors="skip").texts == ["x"]
+    assert corpus.embed_summary(skipping, model=model).texts == ["x"]  # the default: as opened
 
 
 def test_path_arguments_of_the_wrong_type_are_named(tmp_path, tiny_model_dir, search_index):

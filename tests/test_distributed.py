@@ -7,6 +7,7 @@ import errno
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -446,6 +447,13 @@ def test_an_interrupt_before_the_run_started_says_nothing_was_written(tmp_path, 
         embed_corpus(f, ref, model=model, scheduler=client, chunk_size=10, overwrite=True)
     assert {p.relative_to(tmp_path): p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
     assert read_sorted(ref)[1] == corpus_lines(30, 100)
+    monkeypatch.undo()
+    # Ctrl-C inside job.start() (here: while it removes the output overwrite replaces): the old
+    # output may be gone, and the message says so instead of "nothing was written"
+    monkeypatch.setattr(corpus, "_remove_trash", ctrl_c)
+    with pytest.raises(KeyboardInterrupt, match=rf"^interrupted while the output was being prepared: "
+                                                rf"{re.escape(str(ref))} may be partly removed or made"):
+        embed_corpus(f, ref, model=model, scheduler=client, chunk_size=10, overwrite=True)
     monkeypatch.undo()
     r = embed_corpus(f, out, model=model, scheduler=client, chunk_size=10)
     expected = tmp_path / "expected.parquet"

@@ -85,6 +85,7 @@ import hashlib
 import itertools
 import json
 import os
+import re
 import shutil
 import stat
 import sys
@@ -239,9 +240,26 @@ class TextSource:
                 whole.update(block)
             f.seek(max(0, st.st_size - _HASH_BYTES))
             tail = hashlib.sha256(f.read(_HASH_BYTES)).hexdigest()
-        return {"format": self.format, "path": str(self.path.resolve()), "text_field": self.text_field,
-                "errors": self.errors, "size": st.st_size, "mtime_ns": st.st_mtime_ns,
-                "head_sha256": hashlib.sha256(head).hexdigest(), "tail_sha256": tail, "sha256": whole.hexdigest()}
+        identity = {"format": self.format, "path": str(self.path.resolve()), "text_field": self.text_field,
+                    "errors": self.errors, "size": st.st_size, "mtime_ns": st.st_mtime_ns,
+                    "head_sha256": hashlib.sha256(head).hexdigest(), "tail_sha256": tail, "sha256": whole.hexdigest()}
+        if self.format == "text":  # lines end at \n, \r\n or a lone \r (earlier versions: \n only)
+            identity["newlines"] = "universal"
+        return identity
+
+    def splits_inside_lines(self) -> bool:
+        """Whether the file holds a ``\r`` followed by a character other than ``\r`` or ``\n``: a
+        line end for the text reader since it splits lines as universal newlines, a character
+        inside a line for the versions before (a run started by one of them reads other texts)."""
+        lone = re.compile(rb"\r[^\r\n]")
+        with open(self.path, "rb") as f:
+            carry = b""
+            for block in iter(lambda: f.read(_HASH_BYTES), b""):
+                data = carry + block
+                if lone.search(data):
+                    return True
+                carry = data[-1:]  # a \r that ends the block meets its next byte in the next one
+        return False
 
     # ---------------------------------------------------------------------------------- reading
     def _bad(self, where: str, reason: str) -> None:
@@ -1390,6 +1408,11 @@ class EmbedJob:
                                  f"{model['fingerprint'][:12]}); --model {old_model['name']} continues it, "
                                  f"--overwrite starts over")
             old_in, new_in = man["input"], source.identity()
+            if (new_in.get("newlines") and not old_in.get("newlines") and old_in.get("format") == "text"
+                    and source.splits_inside_lines()):
+                raise ValueError(f"resume: {out} was started by an earlier version, which split {source.path}'s "
+                                 f"lines at \\n only; the file holds a carriage return inside a line, a line end "
+                                 f"now, so the texts would not line up with the saved rows; --overwrite starts over")
             keys = ["format", "text_field", "errors", "size", "head_sha256", "tail_sha256", "count", "sha256"]
             if "size" in old_in and "sha256" not in old_in:
                 # A file's manifest of an earlier version, which hashed only the first and last MiB:
@@ -1772,12 +1795,16 @@ def embed_file(input, out, *, model=DEFAULT_MODEL, input_format: str | None = No
 
 def _as_source(input, input_format, text_field, errors):
     """The source of a run's ``input`` (a path, a :class:`TextSource`, a list of str), every reader
-    argument checked: ``errors`` always, and ``input_format``/``text_field`` refused unless the
-    input is a path they apply to (as the CLI refuses ``--format``/``--text-field`` without ``--file``)."""
+    argument checked: ``errors`` always (``"skip"`` refused with a TextSource opened strict: it is
+    read as it was opened), and ``input_format``/``text_field`` refused unless the input is a path
+    they apply to (as the CLI refuses ``--format``/``--text-field`` without ``--file``)."""
     if not isinstance(input, (TextSource, ListSource, list, tuple)):
         return open_source(input, input_format, text_field, errors)
     if errors not in ("strict", "skip"):
         raise ValueError(f"errors: expected 'strict' or 'skip', got {errors!r}")
+    if isinstance(input, TextSource) and errors == "skip" and input.errors != "skip":
+        raise ValueError(f"errors: 'skip' with a TextSource opened with errors={input.errors!r}, which is read as "
+                         f"it was opened: open it with open_source(..., errors='skip')")
     what = ("a TextSource (read as it was opened)" if isinstance(input, TextSource)
             else "texts given as a list (read as given)")
     for name, value in (("input_format", input_format), ("text_field", text_field)):

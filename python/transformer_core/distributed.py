@@ -343,7 +343,7 @@ def embed_corpus(input, output, *, model=DEFAULT_MODEL, scheduler=None, workers:
     client, cluster, own, threads = _connect(scheduler, workers, threads_per_worker)
     futures: set = set()
     bar = None
-    started = False  # whether job.start() created (or took over) the output
+    starting = started = False  # whether job.start() was entered, and whether it created (or took over) the output
     try:
         if own and cluster is None:
             client.wait_for_workers(1, timeout=60)
@@ -352,6 +352,7 @@ def embed_corpus(input, output, *, model=DEFAULT_MODEL, scheduler=None, workers:
         fingerprint = identity["fingerprint"]
         plugin = EncoderPlugin(str(model), fingerprint, threads, per_host)
         client.register_plugin(plugin, name=f"transformer_core-encoder-{fingerprint[:12]}")
+        starting = True
         job.start()
         started = True
         directory = str(job.data_path.resolve())
@@ -400,6 +401,10 @@ def embed_corpus(input, output, *, model=DEFAULT_MODEL, scheduler=None, workers:
     except KeyboardInterrupt:
         if started:
             raise KeyboardInterrupt(job.interrupted_message()) from None
+        if starting:  # inside job.start(): removing an output that overwrite replaces, or making the new one
+            raise KeyboardInterrupt(f"interrupted while the output was being prepared: {job.out} may be partly "
+                                    f"removed or made (nothing was embedded); the same command with --overwrite "
+                                    f"starts over") from None
         # before the run started (connecting, the workers loading the model): nothing of it exists
         # to resume, and an output that ``overwrite`` was to replace is still the old one
         raise KeyboardInterrupt(f"interrupted before the run started (while the cluster and its workers were "
