@@ -815,3 +815,24 @@ def test_a_quantized_copy_carries_a_replaced_config():
     assert not q.training
     model.config.eos_token_id = [9]
     assert q.config.eos_token_id == [5, 7]
+
+
+def test_quantize_refuses_gguf_blocks_that_dequantize_to_inf():
+    """A copy quantizes a layer held as GGUF blocks from its dequantized values: a block scale of
+    inf made its int8 row NaN, silently, while the same values held as float32 are refused. Now
+    refused alike, naming the weight."""
+    gguf = pytest.importorskip("gguf")
+    w = np.random.default_rng(0).standard_normal((4, 64)).astype(np.float32)
+    blocks = np.array(gguf.quants.quantize(w, gguf.GGMLQuantizationType.Q8_0), copy=True).view(np.uint8).reshape(4, -1)
+    blocks[1, 0:2] = np.frombuffer(np.float16(np.inf).tobytes(), np.uint8)  # the scale of row 1's first block
+    lin = tc.nn.Linear(64, 4)
+    tc.quantization.set_gguf_weights(lin, {"weight": ("Q8_0", blocks)})
+    dequantized = lin.state_dict()["weight"]
+    assert (~np.isfinite(dequantized)).sum() == 32  # the block's 32 values: inf, -inf or NaN (0 · inf)
+    with pytest.raises(ValueError, match=r"model: 'weight' holds 32 NaN or inf values \(of 256; first: "):
+        tc.quantize(lin)
+    assert lin.weight_formats()["weight"] == "Q8_0"
+    float_lin = tc.nn.Linear(64, 4)
+    float_lin.load_state_dict({"weight": dequantized, "bias": lin.state_dict()["bias"]})
+    with pytest.raises(ValueError, match=r"model: 'weight' holds 32 NaN or inf values"):
+        tc.quantize(float_lin)

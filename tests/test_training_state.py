@@ -128,6 +128,23 @@ def test_seq2seq_loads_the_translation_tutorials_own_names():
         ours.load_state_dict(state)
 
 
+def test_seq2seq_loads_a_bfloat16_tutorials_table():
+    """Module.load_state_dict takes bfloat16 tensors, but the tutorial's table cast to bfloat16
+    (rounded by up to 2^-9) failed the 1e-3 check: refused as "not the sinusoidal table". Now
+    loaded: the bfloat16 values, as the tutorial in bfloat16 holds them."""
+    E, maxlen = 8, 64
+    torch.manual_seed(0)
+    ref = _translation_tutorial(E, maxlen).to(torch.bfloat16).eval()
+    ours = tc.Seq2SeqTransformer(13, 11, E, 2, 1, 1, 16, max_len=maxlen)
+    ours.load_state_dict(ref.state_dict())
+    table = ref.state_dict()["positional_encoding.pos_embedding"].float().numpy()[:, 0]
+    assert np.array_equal(ours.state_dict()["positional_encoding.pos_embedding"][:, 0], table)
+    bad = {k: v.clone() for k, v in ref.state_dict().items()}
+    bad["positional_encoding.pos_embedding"] += 0.01
+    with pytest.raises(ValueError, match=r"pos_embedding'\]: not the sinusoidal table this model adds"):
+        ours.load_state_dict(bad)
+
+
 @pytest.mark.parametrize("dtype,L,atol", [(np.float64, 500, 1e-10), (np.float32, 2000, 4e-6)], ids=["f64", "f32"])
 def test_seq2seq_keeps_the_translation_tutorials_position_table(dtype, L, atol):
     """The tutorial's float32 ``pos_embedding`` was checked, then dropped for the model's exact

@@ -547,20 +547,25 @@ def _check_int8_in_features(model, keep: list) -> None:
 
 
 def _check_finite_weights(model, keep: list) -> None:
-    """ValueError naming the first float32 linear weight that quantize would convert (not in
-    ``keep``) holding NaN or inf (its int8 rows would be NaN: :func:`quantize_int8` refuses such a
-    matrix): checked before any is converted, without copying a weight (the core's count of
-    non-finite values, over the weight's own buffer)."""
+    """ValueError naming the first linear weight that quantize would convert (not in ``keep``)
+    holding NaN or inf (its int8 rows would be NaN: :func:`quantize_int8` refuses such a matrix):
+    checked before any is converted. A float32 weight is counted in place (the core's count of
+    non-finite values, over the weight's own buffer); one held as GGUF blocks, which a copy
+    converts from its dequantized values, is dequantized one weight at a time to be checked (a
+    block scale of inf or NaN, say)."""
     formats = model.weight_formats()
     slots = model._slots()
     for names in _linear_weight_groups(model).values():
         if any(n in keep for n in names):
             continue
         for name in names:  # each row slice of a packed matrix, to name the one that holds it
-            if formats[name] != "float32":
+            if formats[name] == "int8":
                 continue
             slot = slots[name]
-            view = slot.impl.parameter_view(slot.core_name)
+            if formats[name] == "float32":
+                view = slot.impl.parameter_view(slot.core_name)
+            else:  # GGUF blocks (a copy only: inplace refuses them before)
+                view = np.ascontiguousarray(slot.impl.get_parameter(slot.core_name), dtype=np.float32)
             bad = int(_core.count_nonfinite_f32(view))
             if bad:
                 first = view[~np.isfinite(view)].flat[0]
