@@ -42,6 +42,23 @@ def test_seq2seq_refused_call_changes_nothing(refused):
     """A refused call (checked only after the forward ran, or after src's embedding drew its
     dropout seed) used to leave the children's state and the generator changed: the pending
     backward mixed two forwards, and the next loss under the same seed differed."""
+    def refused_call(m):
+        with pytest.raises(ValueError, match={"label_smoothing": "label_smoothing", "tgt id": "tgt: expected ids",
+                                              "tgt length": "tgt: length"}[refused]):
+            if refused == "label_smoothing":
+                m.loss(np.array([[4, 5, 6]]), np.array([[7, 8]]), LAB, label_smoothing=2.0)
+            elif refused == "tgt id":
+                m(np.array([[4, 5, 6]]), np.array([[7, 99]]))
+            else:
+                m(np.array([[4, 5, 6]]), np.ones((1, 11), np.int64))
+
+    _assert_refused_between_loss_and_backward_changes_nothing(refused_call)
+
+
+def _assert_refused_between_loss_and_backward_changes_nothing(refused_calls) -> None:
+    """A loss, ``refused_calls(model)`` (each call in it refused), then backward and the next loss:
+    the gradients and the next loss of a run without the refused calls, bit for bit (no pending
+    state dropped, no dropout seed drawn)."""
     clean = _seq2seq(dropout=0.3)
     clean.loss(SRC, TGT, LAB)
     clean.backward()
@@ -49,14 +66,7 @@ def test_seq2seq_refused_call_changes_nothing(refused):
 
     m = _seq2seq(dropout=0.3)
     m.loss(SRC, TGT, LAB)
-    with pytest.raises(ValueError, match={"label_smoothing": "label_smoothing", "tgt id": "tgt: expected ids",
-                                          "tgt length": "tgt: length"}[refused]):
-        if refused == "label_smoothing":
-            m.loss(np.array([[4, 5, 6]]), np.array([[7, 8]]), LAB, label_smoothing=2.0)
-        elif refused == "tgt id":
-            m(np.array([[4, 5, 6]]), np.array([[7, 99]]))
-        else:
-            m(np.array([[4, 5, 6]]), np.ones((1, 11), np.int64))
+    refused_calls(m)
     m.backward()
     for name, g in clean.gradients().items():
         np.testing.assert_array_equal(m.gradients()[name], g, err_msg=name)
@@ -198,22 +208,14 @@ def test_seq2seq_loss_refuses_an_ignore_index_past_int64_before_the_forward(igno
     """Only the type of ``ignore_index`` was checked before the forward: one past the int64 range
     ran it, then the cross-entropy refused it, dropping the pending loss (backward raised) and
     drawing dropout seeds (the next loss differed)."""
-    clean = _seq2seq(dropout=0.3)
-    clean.loss(SRC, TGT, LAB)
-    clean.backward()
-    clean_next = clean.loss(SRC, TGT, LAB)
+    def refused_calls(m):
+        with pytest.raises(ValueError, match=r"^ignore_index: expected an int in \[-9223372036854775808, "
+                                             rf"2\*\*63 - 1\], got {int(ignore_index)}$"):
+            m.loss(SRC, TGT, LAB, ignore_index=ignore_index)
+        with pytest.raises(TypeError, match=r"^ignore_index: expected an int, got float"):
+            m.loss(SRC, TGT, LAB, ignore_index=-100.0)
 
-    m = _seq2seq(dropout=0.3)
-    m.loss(SRC, TGT, LAB)
-    with pytest.raises(ValueError, match=r"^ignore_index: expected an int in \[-9223372036854775808, 2\*\*63 - 1\], "
-                                         rf"got {int(ignore_index)}$"):
-        m.loss(SRC, TGT, LAB, ignore_index=ignore_index)
-    with pytest.raises(TypeError, match=r"^ignore_index: expected an int, got float"):
-        m.loss(SRC, TGT, LAB, ignore_index=-100.0)
-    m.backward()
-    for name, g in clean.gradients().items():
-        np.testing.assert_array_equal(m.gradients()[name], g, err_msg=name)
-    assert m.loss(SRC, TGT, LAB) == clean_next  # the same dropout draws: no seed was taken
+    _assert_refused_between_loss_and_backward_changes_nothing(refused_calls)
 
 
 @pytest.mark.parametrize("bad,error,match", [
