@@ -451,3 +451,39 @@ def test_text_stream_is_the_decode_of_the_whole_sequence():
             assert stream.push(ids[0]) + stream.finish() == backend.decode(ids[:1], skip_special_tokens=skip)
 
     check()
+
+
+# ------------------------------------------------------------------ what the backend is given
+def test_split_special_tokens_of_a_transformers_tokenizer_is_kept(model_dir):
+    """transformers' split_special_tokens=True sets the backend's encode_special_tokens, a runtime
+    flag that the JSON copy dropped: "[MASK]" became the special id 103 where transformers splits
+    it into "[", "mask", "]". The copy keeps the flag: the ids are transformers'."""
+    from transformers import AutoTokenizer
+
+    hf = AutoTokenizer.from_pretrained(str(model_dir), split_special_tokens=True)
+    tok = tc.Tokenizer(hf.backend_tokenizer, 256)
+    assert tok.encode("x [MASK] y") == hf("x [MASK] y")["input_ids"] == [101, 1060, 1031, 7308, 1033, 1061, 102]
+    np.testing.assert_array_equal(tok.encode_batch(["x [MASK] y", "z"])["input_ids"][0],
+                                  hf(["x [MASK] y", "z"], padding=True)["input_ids"][0])
+    plain = tc.Tokenizer(AutoTokenizer.from_pretrained(str(model_dir)).backend_tokenizer, 256)
+    assert plain.encode("x [MASK] y") == [101, 1060, 103, 1061, 102]
+
+
+def test_encoder_tokenizer_names_its_unknown_and_padding_tokens(model_dir):
+    """from_pretrained gave an encoder tokenizer no unknown token (unk_token None, transformers'
+    is "[UNK]", id 100); a pad_token outside the vocabulary stayed pad_token while id 0 padded."""
+    from transformers import AutoTokenizer
+
+    hf = AutoTokenizer.from_pretrained(str(model_dir))
+    tok = tc.Tokenizer.from_pretrained(model_dir)
+    assert (tok.unk_token, tok.unk_token_id) == (hf.unk_token, hf.unk_token_id) == ("[UNK]", 100)
+    odd = tc.Tokenizer(_backend(model_dir), 16, pad_token="<pad>")
+    assert (odd.pad_token, odd.pad_token_id) == ("[PAD]", 0) and odd.token_to_id(odd.pad_token) == 0
+
+
+def test_text_stream_push_names_token_id(model_dir):
+    stream = tc.Tokenizer.from_pretrained(model_dir).text_stream()
+    with pytest.raises(TypeError, match="^token_id: expected int token ids, got str"):
+        stream.push("a")
+    with pytest.raises(ValueError, match=r"^token_id: token id -1 is outside the vocabulary \[0, 30522\)"):
+        stream.push(-1)

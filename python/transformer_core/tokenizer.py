@@ -78,9 +78,12 @@ def _copy_backend(backend):
     """A copy of a ``tokenizers.Tokenizer``; the backend itself when it cannot be serialized (a
     pre-tokenizer or decoder written in Python): then its truncation and padding are shared."""
     try:
-        return type(backend).from_str(backend.to_str())
+        copy = type(backend).from_str(backend.to_str())
     except Exception:  # noqa: BLE001 - the Rust library's "cannot be serialized"
         return backend
+    # a runtime setting that the JSON does not hold (transformers' split_special_tokens=True sets it)
+    copy.encode_special_tokens = backend.encode_special_tokens
+    return copy
 
 
 class Tokenizer:
@@ -92,8 +95,9 @@ class Tokenizer:
             and pads batches to their longest member; ``None`` makes a causal-LM tokenizer: no
             truncation, and padding only in :meth:`encode_batch`.
         pad_token: the padding token (its id pads ``input_ids``), or ``None``. Without one in the
-            vocabulary (``None`` included), an encoder tokenizer pads with id 0, a causal one with the
-            EOS id, then 0.
+            vocabulary (``None`` included), an encoder tokenizer pads with id 0 (a ``pad_token``
+            not in the vocabulary is then replaced by id 0's token), a causal one with the EOS id,
+            then 0.
         bos_token, eos_token, unk_token: the special tokens' strings, or ``None``.
         chat_template: a Jinja2 chat template (see :meth:`apply_chat_template`), or ``None``.
         do_lower_case: lowercase every text (``str.lower()``) before tokenizing it, in
@@ -102,7 +106,8 @@ class Tokenizer:
             ``"do_lower_case": true`` (:meth:`from_pretrained` reads it). Default False.
 
     The ``tokenizers.Tokenizer`` (or the one a ``tokenizers.implementations`` wrapper holds) is
-    copied: the truncation and padding set here never reach the caller's object, nor another
+    copied, its ``encode_special_tokens`` setting with it (transformers' ``split_special_tokens``):
+    the truncation and padding set here never reach the caller's object, nor another
     :class:`Tokenizer` built on it (a backend with parts written in Python cannot be copied: it is
     used as is).
 
@@ -160,8 +165,11 @@ class Tokenizer:
         self.do_lower_case = do_lower_case
         pad_id = tokenizer.token_to_id(pad_token) if pad_token is not None else None
         if self.max_length is not None:  # an encoder tokenizer: as it always was
-            self.pad_token = pad_token
             self.pad_token_id = 0 if pad_id is None else pad_id
+            # the token that pads: pad_token, or id 0's when pad_token is not in the vocabulary
+            if pad_token is not None and pad_id is None:
+                pad_token = self._tok.id_to_token(0)
+            self.pad_token = pad_token
             self._tok.enable_truncation(max_length=self.max_length)
             # the package wants a str for the padding token (only Encoding.tokens shows it)
             pad_text = pad_token if pad_token is not None else (self._tok.id_to_token(self.pad_token_id) or "[PAD]")
@@ -231,7 +239,12 @@ class Tokenizer:
         if max_length is None:
             max_length = _default_max_length(model_dir)
         pad = "[PAD]" if tok.token_to_id("[PAD]") is not None else (tok.id_to_token(0) or "[PAD]")
-        return cls._owning(tok, max_length=max_length, pad_token=pad, do_lower_case=_do_lower_case(model_dir))
+        # the unknown token: tokenizer_config.json's, else the WordPiece/BPE model's own, if in the vocabulary
+        unk = _token_content(_read_json_object(model_dir / "tokenizer_config.json").get("unk_token"))
+        unk = unk if unk is not None else getattr(tok.model, "unk_token", None)
+        unk = unk if isinstance(unk, str) and tok.token_to_id(unk) is not None else None
+        return cls._owning(tok, max_length=max_length, pad_token=pad, unk_token=unk,
+                           do_lower_case=_do_lower_case(model_dir))
 
     @classmethod
     def from_gguf(cls, path_or_checkpoint, pre_tokenizer: str | None = None) -> "Tokenizer":
@@ -592,26 +605,26 @@ class Tokenizer:
         """The underlying ``tokenizers.Tokenizer``."""
         return self._tok
 
-    def _check_ids(self, ids) -> list[int]:
+    def _check_ids(self, ids, name: str = "ids") -> list[int]:
         if isinstance(ids, (int, np.integer)) and not isinstance(ids, bool):
             ids = [ids]
         elif isinstance(ids, (str, bytes, dict)) or ids is None or not hasattr(ids, "__iter__"):
-            raise TypeError(f"ids: expected a list of int token ids, got {type(ids).__name__}")
+            raise TypeError(f"{name}: expected a list of int token ids, got {type(ids).__name__}")
         elif not isinstance(ids, (list, tuple)):  # numpy arrays, torch tensors
-            arr = to_numpy(ids, "ids")
+            arr = to_numpy(ids, name)
             if arr.dtype.kind not in "iu":
-                raise TypeError(f"ids: expected integer token ids, got dtype {arr.dtype}")
+                raise TypeError(f"{name}: expected integer token ids, got dtype {arr.dtype}")
             if arr.ndim > 1:  # a batch would run together into one text
-                raise ValueError(f"ids: expected a 1-D array of token ids (one text), got shape {tuple(arr.shape)}; "
-                                 f"decode a batch one row at a time")
+                raise ValueError(f"{name}: expected a 1-D array of token ids (one text), got shape "
+                                 f"{tuple(arr.shape)}; decode a batch one row at a time")
             ids = arr.reshape(-1).tolist()
         out = []
         n = self.vocab_size
         for i in ids:
             if isinstance(i, bool) or not isinstance(i, (int, np.integer)):
-                raise TypeError(f"ids: expected int token ids, got {type(i).__name__}")
+                raise TypeError(f"{name}: expected int token ids, got {type(i).__name__}")
             if not 0 <= i < n:
-                raise ValueError(f"ids: token id {int(i)} is outside the vocabulary [0, {n})")
+                raise ValueError(f"{name}: token id {int(i)} is outside the vocabulary [0, {n})")
             out.append(int(i))
         return out
 
@@ -724,7 +737,7 @@ class TextStream:
         Raises:
             TypeError: not an int. ValueError: outside the vocabulary.
         """
-        (token_id,) = self._tokenizer._check_ids([token_id])
+        (token_id,) = self._tokenizer._check_ids([token_id], "token_id")
         self._ids.append(token_id)
         if token_id not in self._skipped:
             self._open = token_id in self._byte_ids
