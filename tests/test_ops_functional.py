@@ -339,3 +339,100 @@ def test_linear_bias_mismatch_names_the_weight_too(rng):
     x, w, b = randn(rng, (2, 4), np.float32), randn(rng, (3, 4), np.float32), randn(rng, (2,), np.float32)
     with pytest.raises(ValueError, match=r"^bias: expected shape \(3,\) to match weight's out_features 3, got \(2,\)"):
         tc.functional.linear(x, w, b)
+
+
+# ----------------------------------------------------------------------- cross_entropy targets
+@pytest.mark.parametrize("label_smoothing", [0.0, 0.1])
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("tdtype", [np.int64, np.uint64, np.uint32, np.uint8], ids=lambda t: t.__name__)
+def test_cross_entropy_unsigned_target_with_ignore_index_beyond_classes(rng, tdtype, reduction, label_smoothing):
+    """An ignore_index >= V (the classes) in an unsigned target is ignored, as in an int64 one: a
+    uint64 target was refused ("got 7") where int64 and uint32 gave torch's loss."""
+    logits = randn(rng, (4, 5), np.float32)
+    t = np.array([0, 7, 2, 3])
+    ref = TF.cross_entropy(to_torch(logits), torch.from_numpy(t), ignore_index=7, reduction=reduction,
+                           label_smoothing=label_smoothing)
+    ours = F.cross_entropy(logits, t.astype(tdtype), ignore_index=7, reduction=reduction,
+                           label_smoothing=label_smoothing)
+    assert_close(ours, ref, np.float32, what=f"cross_entropy {tdtype.__name__} target")
+    if reduction == "none":
+        assert ours[1] == 0
+
+
+def test_cross_entropy_uint64_target_out_of_range_is_refused(rng):
+    """A uint64 value beyond int64's range is refused (not wrapped to a negative index, which could
+    then equal ignore_index); other out-of-range values get the general message with the index."""
+    logits = randn(rng, (3, 5), np.float32)
+    big = np.array([0, 2**64 - 1, 1], np.uint64)  # as int64 it would be -1
+    with pytest.raises(ValueError, match=r"^target: expected class indices in \[0, 5\) or ignore_index \(-1\), "
+                                         r"got 18446744073709551615 at index \(1,\)"):
+        F.cross_entropy(logits, big, ignore_index=-1)
+    with pytest.raises(ValueError, match=r"^target: expected class indices in \[0, 5\) or ignore_index \(7\), "
+                                         r"got 6 at index \(2,\)"):
+        F.cross_entropy(logits, np.array([0, 7, 6], np.uint64), ignore_index=7)
+
+
+# ------------------------------------------------ scalar arguments are checked before any copy
+def _peak_bytes(fn):
+    """``fn()``'s error and the peak bytes traced while it ran (numpy's arrays included)."""
+    import tracemalloc
+
+    tracemalloc.start()
+    tracemalloc.reset_peak()
+    try:
+        with pytest.raises((TypeError, ValueError)) as err:
+            fn()
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    return err, peak
+
+
+_X16 = np.ones((2048, 2048), np.float16)  # 8 MiB; its float32 copy is 16 MiB
+_Q16 = _X16.reshape(1, 1, 2048, 2048)
+_KV16 = _Q16[..., :8, :]
+_BAD_SCALARS = {
+    "softmax axis=True": (lambda: F.softmax(_X16, axis=True), TypeError, r"^axis: expected an int, got bool"),
+    "softmax axis=2": (lambda: F.softmax(_X16, axis=2), ValueError, r"^axis: expected an int in \[-2, 1\], got 2"),
+    "layer_norm eps=-1": (lambda: F.layer_norm(_X16, eps=-1.0), ValueError, r"^eps: expected a finite number >= 0"),
+    "layer_norm eps='a'": (lambda: F.layer_norm(_X16, eps="a"), TypeError, r"^eps: expected a number, got str"),
+    "rms_norm eps='a'": (lambda: F.rms_norm(_X16, eps="a"), TypeError, r"^eps: expected a number, got str"),
+    "rms_norm eps=nan": (lambda: F.rms_norm(_X16, eps=float("nan")), ValueError, r"^eps: expected a finite"),
+    "dropout p=2": (lambda: F.dropout(_X16, 2.0, 0), ValueError, r"^p: expected a finite number in \[0.0, 1.0\]"),
+    "dropout seed=-1": (lambda: F.dropout(_X16, 0.5, -1), ValueError, r"^seed: expected an int in \[0, "),
+    "dropout training=1": (lambda: F.dropout(_X16, 0.5, 0, training=1), TypeError,
+                           r"^training: expected a bool, got int"),
+    "sdpa is_causal=1": (lambda: F.scaled_dot_product_attention(_Q16, _KV16, _KV16, is_causal=1), TypeError,
+                         r"^is_causal: expected a bool, got int"),
+    "sdpa path='x'": (lambda: F.scaled_dot_product_attention(_Q16, _KV16, _KV16, path="x"), ValueError, r"^path: "),
+    "sdpa scale=nan": (lambda: F.scaled_dot_product_attention(_Q16, _KV16, _KV16, scale=float("nan")), ValueError,
+                       r"^scale: expected a finite number, got nan"),
+    "sdpa scale='a'": (lambda: F.scaled_dot_product_attention(_Q16, _KV16, _KV16, scale="a"), TypeError,
+                       r"^scale: expected a number, got str"),
+    "sdpa return_weights=0": (lambda: F.scaled_dot_product_attention(_Q16, _KV16, _KV16, return_weights=0),
+                              TypeError, r"^return_weights: expected a bool"),
+    "sdpa return_lse=None": (lambda: F.scaled_dot_product_attention(_Q16, _KV16, _KV16, return_lse=None),
+                             TypeError, r"^return_lse: expected a bool"),
+    "sdpa enable_gqa='y'": (lambda: F.scaled_dot_product_attention(_Q16, _KV16, _KV16, enable_gqa="y"),
+                            TypeError, r"^enable_gqa: expected a bool"),
+    "sdpa causal_alignment='x'": (lambda: F.scaled_dot_product_attention(_Q16, _KV16, _KV16, causal_alignment="x"),
+                                  ValueError, r"^causal_alignment: expected one of 'top_left', 'bottom_right'"),
+    "varlen is_causal=1": (lambda: F.varlen_attention(_X16.reshape(2048, 1, 2048), _X16[:, None, :],
+                                                      _X16[:, None, :], [0, 2048], is_causal=1),
+                           TypeError, r"^is_causal: expected a bool"),
+    "varlen path='x'": (lambda: F.varlen_attention(_X16.reshape(2048, 1, 2048), _X16[:, None, :],
+                                                   _X16[:, None, :], [0, 2048], path="x"), ValueError, r"^path: "),
+    "gelu approximate='x'": (lambda: F.gelu(_X16, approximate="x"), ValueError, r"^approximate: expected one of"),
+}
+
+
+@pytest.mark.parametrize("case", list(_BAD_SCALARS))
+def test_bad_scalar_argument_is_refused_before_the_inputs_are_copied(case):
+    """A bad scalar or str argument is refused before the array inputs are converted: a float16
+    (2048, 2048) input's float32 copy (16 MiB) was made first, only to be thrown away. The error
+    names the argument, as before."""
+    fn, kind, message = _BAD_SCALARS[case]
+    err, peak = _peak_bytes(fn)
+    assert err.type is kind, err.value
+    assert err.match(message)
+    assert peak < 2**20, f"{case}: {peak / 2**20:.1f} MiB traced before the error"

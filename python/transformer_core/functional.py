@@ -117,8 +117,13 @@ def softmax(x, axis: int = -1) -> np.ndarray:
         ValueError: empty ``x`` or ``axis`` out of range. TypeError: ``axis`` not an int,
             non-numeric ``x``.
     """
-    x = as_float(x, "x", min_ndim=1)
-    axis = check_int(axis, "axis", -x.ndim, x.ndim - 1)
+    # axis is checked before x's float copy (a float16 or integer x is widened): its type first, its
+    # range on the rank of x as given (a 0-d x is refused by as_float)
+    axis = check_int(axis, "axis", None, None)
+    given = to_numpy(x, "x")
+    if given.ndim >= 1:
+        axis = check_int(axis, "axis", -given.ndim, given.ndim - 1)
+    x = as_float(given, "x", min_ndim=1)
     moved = np.ascontiguousarray(np.moveaxis(x, axis, -1))
     y = variant("softmax", x.dtype.type)(moved.reshape(-1, moved.shape[-1]))
     return np.moveaxis(y.reshape(moved.shape), -1, axis)
@@ -143,11 +148,12 @@ def layer_norm(x, weight=None, bias=None, eps: float = 1e-5) -> np.ndarray:
         ValueError: empty ``x``; weight/bias not of shape ``(E,)``; ``eps`` negative.
         TypeError: non-numeric arrays.
     """
+    eps = check_eps(eps, "eps")  # before any copy of the arrays
     dtype, (x, weight, bias) = common_dtype((x, "x"), (weight, "weight"), (bias, "bias"))
     x = as_float(x, "x", dtype, min_ndim=1)
     e = x.shape[-1]
     params = [as_vector(weight, "weight", e, dtype), as_vector(bias, "bias", e, dtype)]
-    y = variant("norm", dtype)(x.reshape(-1, e), "layer_norm", params[0], params[1], check_eps(eps, "eps"))
+    y = variant("norm", dtype)(x.reshape(-1, e), "layer_norm", params[0], params[1], eps)
     return y.reshape(x.shape)
 
 
@@ -170,11 +176,12 @@ def rms_norm(x, weight=None, eps: float = 1e-6) -> np.ndarray:
         ValueError: empty ``x``; weight not of shape ``(E,)``; ``eps`` negative or NaN.
         TypeError: non-numeric arrays.
     """
+    eps = check_eps(eps, "eps")  # before any copy of the arrays
     dtype, (x, weight) = common_dtype((x, "x"), (weight, "weight"))
     x = as_float(x, "x", dtype, min_ndim=1)
     e = x.shape[-1]
     weight = as_vector(weight, "weight", e, dtype)
-    y = variant("norm", dtype)(x.reshape(-1, e), "rms_norm", weight, None, check_eps(eps, "eps"))
+    y = variant("norm", dtype)(x.reshape(-1, e), "rms_norm", weight, None, eps)
     return y.reshape(x.shape)
 
 
@@ -282,14 +289,15 @@ def _attention_inputs(query, key, value, enable_gqa, causal_alignment, extra=())
     """The checked arrays and sizes of an attention call (the forward and the backward share them):
     ``(q, k, v, dtype, lead, L, S, E, heads, n, kv_heads, offset)``; q/k/v C-contiguous of
     ``dtype`` (float64 if any of them is float64, or any of ``extra``'s ``(value, name)`` pairs:
-    the backward's ``out``, ``grad_out``, ``lse``), ``lead`` = query's dims before ``(L, E)``."""
+    the backward's ``out``, ``grad_out``, ``lse``), ``lead`` = query's dims before ``(L, E)``. The
+    flags are checked before the arrays are converted (a float16 query's float32 copy)."""
+    enable_gqa = check_bool(enable_gqa, "enable_gqa")
+    causal_alignment = check_choice(causal_alignment, "causal_alignment", ("top_left", "bottom_right"))
     dtype, arrays = common_dtype((query, "query"), (key, "key"), (value, "value"), *extra)
     query, key, value = arrays[:3]
     q = as_float(query, "query", dtype, min_ndim=2)
     k = as_float(key, "key", dtype, min_ndim=2)
     v = as_float(value, "value", dtype, min_ndim=2)
-    enable_gqa = check_bool(enable_gqa, "enable_gqa")
-    causal_alignment = check_choice(causal_alignment, "causal_alignment", ("top_left", "bottom_right"))
     if k.ndim != q.ndim or v.ndim != q.ndim:
         raise ValueError(f"key, value: expected the rank of query ({q.ndim}-D), got key {k.ndim}-D, value {v.ndim}-D")
     L, E = q.shape[-2:]
@@ -322,6 +330,12 @@ def _attention_inputs(query, key, value, enable_gqa, causal_alignment, extra=())
 def _check_scale(scale, E: int) -> float:
     """``scale`` (a finite real number) or ``1 / sqrt(E)`` for None."""
     return 1.0 / math.sqrt(E) if scale is None else check_float(scale, "scale")
+
+
+def _given_scale(scale) -> float | None:
+    """``scale`` checked (a finite real number) before the arrays are read, None kept (``E`` is not
+    known yet): :func:`_check_scale` gives the default then."""
+    return None if scale is None else check_float(scale, "scale")
 
 
 def _as_4d(mask: np.ndarray | None, shape4: tuple, name: str = "attn_mask") -> np.ndarray | None:
@@ -419,13 +433,15 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, *, query_mas
         TypeError: non-numeric (or bool) arrays, a mask of a dtype that is neither bool nor float,
             flags that are not bools, ``scale`` not a number.
     """
-    q, k, v, dtype, lead, L, S, E, heads, n, kv_heads, offset = _attention_inputs(
-        query, key, value, enable_gqa, causal_alignment)
+    # the scalar and str arguments first, before any copy of the arrays
     path = attention_path(path)
-    scale = _check_scale(scale, E)
+    scale = _given_scale(scale)
     is_causal = check_bool(is_causal, "is_causal")
     return_weights = check_bool(return_weights, "return_weights")
     return_lse = check_bool(return_lse, "return_lse")
+    q, k, v, dtype, lead, L, S, E, heads, n, kv_heads, offset = _attention_inputs(
+        query, key, value, enable_gqa, causal_alignment)
+    scale = _check_scale(scale, E)
     q4 = q.reshape(n, heads, L, E)
     k4 = k.reshape(n, kv_heads, S, E)
     v4 = v.reshape(n, kv_heads, S, v.shape[-1])
@@ -486,6 +502,9 @@ def varlen_attention(query, key, value, cu_seqlens, *, is_causal: bool = False, 
         TypeError: non-numeric arrays, non-integer ``cu_seqlens``, ``is_causal`` not a bool,
             ``scale`` not a number.
     """
+    is_causal = check_bool(is_causal, "is_causal")  # the scalar and str arguments before any copy
+    scale = _given_scale(scale)
+    path = attention_path(path)
     dtype, (query, key, value) = common_dtype((query, "query"), (key, "key"), (value, "value"))
     q = as_float(query, "query", dtype, ndim=3)
     k = as_float(key, "key", dtype, ndim=3)
@@ -507,9 +526,7 @@ def varlen_attention(query, key, value, cu_seqlens, *, is_causal: bool = False, 
     if cu[0] != 0 or cu[-1] != T or np.any(cu[1:] < cu[:-1]):
         raise ValueError(f"cu_seqlens: expected 0 first, non-decreasing, {T} (the tokens) last; got {cu.tolist()}")
     cu = np.ascontiguousarray(cu, dtype=np.int64)
-    is_causal = check_bool(is_causal, "is_causal")
     scale = _check_scale(scale, E)
-    path = attention_path(path)
     return variant("varlen_attention", dtype)(q, k, v, cu, is_causal, scale, path)
 
 
@@ -589,10 +606,11 @@ def dropout(x, p: float, seed: int, training: bool = True) -> np.ndarray:
         ValueError: ``p`` outside [0, 1], ``seed`` out of range, empty ``x``.
         TypeError: non-numeric ``x``, ``p`` not a real number, ``seed`` not an int.
     """
-    x = as_float(x, "x")
-    p = _check_p(p)
+    p = _check_p(p)  # the scalar arguments before x's (float32) copy
     seed = _check_seed(seed)
-    if not check_bool(training, "training"):
+    training = check_bool(training, "training")
+    x = as_float(x, "x")
+    if not training:
         return x.copy()
     return _dropped_times_zero(x, variant("dropout", x.dtype.type)(x, p, seed), p)
 
@@ -626,9 +644,12 @@ def _cross_entropy_args(logits, target, ignore_index, label_smoothing, reduction
     lead, V = x.shape[:-1], x.shape[-1]
     if t.shape != lead:
         raise ValueError(f"target: expected shape {lead} (logits' shape without the class dim), got {t.shape}")
-    if t.dtype.kind == "u" and t.dtype.itemsize == 8 and t.size and t.max() >= V:
+    if t.dtype.kind == "u" and t.dtype.itemsize == 8 and t.size and t.max() > np.iinfo(np.int64).max:
+        # a uint64 beyond int64's range would wrap to a negative index (maybe ignore_index): refused
+        # here, any other value (ignore_index >= V included) is left to the check below
+        where = tuple(int(i) for i in np.argwhere(t > np.iinfo(np.int64).max)[0])
         raise ValueError(f"target: expected class indices in [0, {V}) or ignore_index ({ignore_index}), "
-                         f"got {int(t.max())}")
+                         f"got {int(t[where])} at index {where}")
     t = np.ascontiguousarray(t, dtype=np.int64)
     bad = (t != ignore_index) & ((t < 0) | (t >= V))
     if bad.any():
