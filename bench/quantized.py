@@ -12,7 +12,10 @@ What it measures:
       GGUF Q8_0/Q4_0/Q4_1 with fp32 activations ("f32") and with Q8 activations ("q8x")), every
       instruction set the CPU supports, and fp32 (what ``tc.functional.linear`` runs with one row:
       our few-row kernel, kernels/linear_small.hpp). GB/s = bytes of weights / time; GFLOP/s = 2·out·in / time;
-      "vs fp32" = fp32 time / this time (> 1: faster than fp32).
+      "vs fp32" = fp32 time / this time (> 1: faster than fp32). The fp32 baseline always runs on the
+      ISA active when the script starts (``tc.quantization.isa()``: ``TC_ISA`` or the best one; it chooses
+      the fp32 GEMM kernels too), set again before each baseline and restored at the end; the header
+      and the fp32 rows' isa column name it.
     * The weights stream from memory as in decoding: each case cycles through enough copies of its
       weights to cover ``--working-set-mib`` (default 512 MiB), so they are not cache-resident.
     * matrix-matrix products (prefill) at 128 and 512 rows: GFLOP/s and the ratio to our fp32 GEMM.
@@ -23,7 +26,9 @@ What it measures:
     * ``--models``: whole models instead of kernels (:func:`bench_models`), one process, ``--threads``'
       last value (default 2): SmolLM2-135M-Instruct decode tokens/s — ours with the GGUF file's Q4_1
       blocks, ours dequantized to fp32, llama.cpp on the same file through ``llama-cpp-python`` (when
-      installed; the table says so when not) — with GB/s of weights streamed per decoded token; and
+      installed; the table says so when not) — with GB/s of weights streamed per decoded token (after
+      one warm-up call: steps / (min(t1) - min(t0)), t0 the time of prefill + 1 token, t1 of prefill +
+      1 + steps tokens, each minimum over 3 repeats, so the prefill is not counted); and
       all-MiniLM-L6-v2 sentences/s on bench/run.py's 1,000 sentences — ours int8 (one activation pass,
       and with residual activations: ``quantize(..., residual_activations=True)``) vs ours fp32 vs ONNX
       Runtime's dynamic int8 (per-channel) and CTranslate2's int8 (when installed), with each one's
@@ -134,9 +139,12 @@ def main() -> None:
     shapes = {k: SHAPES[k] for k in (QUICK_SHAPES if args.quick else SHAPES)}
     matmat_rows = [128] if args.quick else [128, 512]
     rng = np.random.default_rng(0)
+    # the fp32 baseline's ISA: the one active at start (set_isa below also picks the fp32 kernels)
+    base_isa = tc.quantization.isa()
 
     lines: list[str] = []
-    emit = _report_start(lines, "Quantized linear kernels", f"ISAs: {', '.join(tc.quantization.supported_isas())}",
+    emit = _report_start(lines, "Quantized linear kernels",
+                         f"ISAs: {', '.join(tc.quantization.supported_isas())}; fp32 baseline on {base_isa}",
                          "memory bandwidth (numpy copy of 512 MiB, 1 thread, read + write)")
     emit(f"- matrix-vector: weights cycled through a {working_set // MIB} MiB working set; median single calls; "
          "compiled functions called directly")
@@ -155,10 +163,11 @@ def main() -> None:
         flops = 2.0 * n * k
         for nt in threads:
             tc.set_num_threads(nt)
+            tc.quantization.set_isa(base_isa)
             ws = [w] + [w.copy() for _ in range(copies_for(w.nbytes, working_set) - 1)]
             t32 = median_call([lambda ww=ww: core.linear_f32(x, ww, None, "") for ww in ws], args.budget)
             del ws
-            emit(f"| {name} | fp32 (ours) | — | {nt} | {t32 * 1e6:.1f} | {w.nbytes / t32 / 1e9:.1f} | "
+            emit(f"| {name} | fp32 (ours) | {base_isa} | {nt} | {t32 * 1e6:.1f} | {w.nbytes / t32 / 1e9:.1f} | "
                  f"{flops / t32 / 1e9:.1f} | 1.00 |")
             cases = [("int8", qw.nbytes, [qw] + [qw.copy() for _ in range(copies_for(qw.nbytes, working_set) - 1)],
                       lambda q: core.linear_int8(x=x, qweight=q, scales=scales, bias=None,
@@ -196,8 +205,9 @@ def main() -> None:
             flops = 2.0 * rows * n * k
             for nt in threads:
                 tc.set_num_threads(nt)
+                tc.quantization.set_isa(base_isa)
                 t32 = median_call([lambda: core.linear_f32(x, w, None, "")], args.budget)
-                emit(f"| {name} | {rows} | fp32 (ours) | — | {nt} | {t32 * 1e3:.2f} | "
+                emit(f"| {name} | {rows} | fp32 (ours) | {base_isa} | {nt} | {t32 * 1e3:.2f} | "
                      f"{flops / t32 / 1e9:.1f} | 1.00 |")
                 for isa in simd:
                     tc.quantization.set_isa(isa)
@@ -213,6 +223,7 @@ def main() -> None:
                         emit(f"| {name} | {rows} | {label} | {isa} | {nt} | {tt * 1e3:.2f} | "
                              f"{flops / tt / 1e9:.1f} | {t32 / tt:.2f} |")
 
+    tc.quantization.set_isa(base_isa)
     RESULTS_FILE.parent.mkdir(exist_ok=True)
     RESULTS_FILE.write_text("\n".join(lines) + "\n", encoding="utf-8")
     print(f"\nwritten to {RESULTS_FILE}")
@@ -244,14 +255,14 @@ def _report_start(lines: list, title: str, isa_text: str, bandwidth_text: str):
 
 
 def _decode_rate(generate, ids, steps: int, repeats: int = 3) -> float:
-    """Decoded tokens/s: (time of prefill + 1 + steps tokens) - (time of prefill + 1 token), best of
-    ``repeats``, so the prompt's prefill is not counted."""
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = _timed(lambda: generate(ids, 1))
-        t1 = _timed(lambda: generate(ids, 1 + steps))
-        best = min(best, t1 - t0)
-    return steps / best
+    """Decoded tokens/s: ``steps / (min(t1) - min(t0))``, t0 the time of ``generate(ids, 1)`` (prefill
+    + 1 token), t1 that of ``generate(ids, 1 + steps)``, each minimum over ``repeats`` after one
+    warm-up call, so the prompt's prefill is not counted. (The minimum of each time separately: the
+    minimum of the differences would pick the repeat whose t0 was slowest.)"""
+    generate(ids, 1 + steps)                                  # warm-up
+    t0 = min(_timed(lambda: generate(ids, 1)) for _ in range(repeats))
+    t1 = min(_timed(lambda: generate(ids, 1 + steps)) for _ in range(repeats))
+    return steps / (t1 - t0)
 
 
 _LLAMA_CPP_WORKER = """
@@ -268,17 +279,19 @@ def run(n):
     for _ in range(n):
         llm.eval([int(np.argmax(llm.scores[llm.n_tokens - 1]))])
 
-best = float("inf")
-for _ in range(repeats):
-    t = time.perf_counter(); run(1); t0 = time.perf_counter() - t
-    t = time.perf_counter(); run(1 + steps); t1 = time.perf_counter() - t
-    best = min(best, t1 - t0)
-print(json.dumps({"tokens_per_s": steps / best}))
+def timed(n):
+    t = time.perf_counter(); run(n); return time.perf_counter() - t
+
+run(1 + steps)  # warm-up
+t0 = min(timed(1) for _ in range(repeats))
+t1 = min(timed(1 + steps) for _ in range(repeats))
+print(json.dumps({"tokens_per_s": steps / (t1 - t0)}))
 """
 
 
 def _llama_cpp_rate(path, ids, steps: int, threads: int, repeats: int = 3):
-    """llama.cpp's decoded tokens/s on the GGUF file (greedy, the same timing as ours), run in its own
+    """llama.cpp's decoded tokens/s on the GGUF file (greedy, the same timing as ours: one warm-up, then
+    ``steps / (min(t1) - min(t0))``, see :func:`_decode_rate`), run in its own
     process (a crash of the peer must not end the bench): a float, or a string saying why there is none."""
     try:
         import llama_cpp  # noqa: F401
@@ -376,7 +389,8 @@ def bench_models(threads: int, quick: bool) -> None:
     ids = np.array([tok.encode(PROMPT)], np.int64)
     path = resolve_model_path("SmolLM2-135M-Instruct")
     emit(f"## SmolLM2-135M-Instruct decode ({path.name}, {path.stat().st_size / 1e6:.1f} MB; prompt "
-         f"{ids.shape[1]} tokens, {steps} greedy steps, best of 3)")
+         f"{ids.shape[1]} tokens, {steps} greedy steps; one warm-up, then steps / (min t1 - min t0) "
+         "over 3 repeats, t0 = prefill + 1 token, t1 = prefill + 1 + steps tokens)")
     emit()
     emit("| engine | weights | tokens/s | MB of weights per token | GB/s streamed | vs ours Q4_1 |")
     emit("|---|---|---:|---:|---:|---:|")

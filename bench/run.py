@@ -492,8 +492,9 @@ def case_peers(b: Bench) -> list[Row]:
 
     n = 100 if b.quick else 1000
     names = ["ours", "ours+torch", "torch", "onnxruntime", "ctranslate2"]
+    repeats, _ = b.plan("peers")  # each engine worker's timed repeats (--repeats overrides them)
     res = E.run_engines(names, threads=b.threads, n=n, rounds=1 if b.quick else 2,
-                        repeats=1 if b.quick else 3, latency_calls=30 if b.quick else 200,
+                        repeats=repeats, latency_calls=30 if b.quick else 200,
                         quiet_load=float("inf"), max_wait=0)
     ours = res.get("ours", {})
     ref = res.get("torch", {})
@@ -852,7 +853,8 @@ def parse_args(argv=None):
                    help=f"comma-separated cases to run (sgemm always runs): {', '.join(CASES)}")
     p.add_argument("--threads", type=int, default=2, help="threads for ours and torch (default 2)")
     p.add_argument("--repeats", type=int, default=None,
-                   help="timed repeats of every case (default: per case)")
+                   help="timed repeats of every case (default: per case; peers: each engine "
+                        "worker's repeats, its rounds stay 1 quick / 2)")
     p.add_argument("--mem-probe", choices=("ours", "torch"), help=argparse.SUPPRESS)
     p.add_argument("--mem-shape", help=argparse.SUPPRESS)
     args = p.parse_args(argv)

@@ -131,6 +131,9 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=256)
     ap.add_argument("--side", choices=["ours", "torch"], help=argparse.SUPPRESS)  # the subprocess
     args = ap.parse_args()
+    for name, least in (("threads", 1), ("steps", 1), ("warmup", 0), ("layers", 1), ("batch", 1), ("context", 1)):
+        if getattr(args, name) < least:  # before either model is built
+            ap.error(f"--{name}: expected an integer >= {least}, got {getattr(args, name)}")
     if args.side:
         run_side(args.side, args)
         return
