@@ -391,6 +391,13 @@ def _peak_bytes(fn):
 _X16 = np.ones((2048, 2048), np.float16)  # 8 MiB; its float32 copy is 16 MiB
 _Q16 = _X16.reshape(1, 1, 2048, 2048)
 _KV16 = _Q16[..., :8, :]
+def _sdpa_backward(**kwargs):
+    from transformer_core import backward as B
+
+    lse = np.zeros((1, 1, 2048), np.float32)
+    return B.scaled_dot_product_attention_backward(_Q16, _KV16, _KV16, _Q16, _Q16, lse, **kwargs)
+
+
 _BAD_SCALARS = {
     "softmax axis=True": (lambda: F.softmax(_X16, axis=True), TypeError, r"^axis: expected an int, got bool"),
     "softmax axis=2": (lambda: F.softmax(_X16, axis=2), ValueError, r"^axis: expected an int in \[-2, 1\], got 2"),
@@ -423,6 +430,8 @@ _BAD_SCALARS = {
     "varlen path='x'": (lambda: F.varlen_attention(_X16.reshape(2048, 1, 2048), _X16[:, None, :],
                                                    _X16[:, None, :], [0, 2048], path="x"), ValueError, r"^path: "),
     "gelu approximate='x'": (lambda: F.gelu(_X16, approximate="x"), ValueError, r"^approximate: expected one of"),
+    "sdpa backward scale='a'": (lambda: _sdpa_backward(scale="a"), TypeError, r"^scale: expected a number, got str"),
+    "sdpa backward is_causal=1": (lambda: _sdpa_backward(is_causal=1), TypeError, r"^is_causal: expected a bool"),
 }
 
 

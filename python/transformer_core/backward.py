@@ -53,6 +53,7 @@ from .functional import (
     _cross_entropy_args,
     _dropped_times_zero,
     _gate_up,
+    _given_scale,
 )
 from .positional import _rotate
 
@@ -590,11 +591,11 @@ def scaled_dot_product_attention_backward(query, key, value, out, grad_out, lse,
             wrong shape, masks that do not broadcast, bad ``causal_alignment``.
         TypeError: non-numeric arrays, masks neither bool nor float.
     """
+    scale, is_causal = _given_scale(scale), check_bool(is_causal, "is_causal")  # before any array is copied
     out, grad_out, lse = _read_once(out, "out"), _read_once(grad_out, "grad_out"), _read_once(lse, "lse")
     q, k, v, dtype, lead, L, S, E, heads, n, kv_heads, offset = _attention_inputs(
         query, key, value, enable_gqa, causal_alignment, ((out, "out"), (grad_out, "grad_out"), (lse, "lse")))
     scale = _check_scale(scale, E)
-    is_causal = check_bool(is_causal, "is_causal")
     Ev = v.shape[-1]
     o = _grad_like(out, "out", lead + (L, Ev), dtype, of="query, value")
     go = _grad_like(grad_out, "grad_out", lead + (L, Ev), dtype, of="query, value")
