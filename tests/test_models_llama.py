@@ -14,6 +14,7 @@ import contextlib
 import json
 import re
 import shutil
+import textwrap
 
 import numpy as np
 import pytest
@@ -790,3 +791,31 @@ def test_gguf_sizes_the_model_refuses_name_the_file(tmp_path, monkeypatch):
     assert blocks.source.path == dense.source.path == path and blocks.config.max_position_embeddings == 256
     ids = np.array([[1, 5, 9, 2]])
     np.testing.assert_allclose(blocks(ids).logits, dense(ids).logits, rtol=1e-5, atol=1e-5)
+
+
+def test_model_size_check_counts_both_rotary_tables():
+    """A Llama's memory check counts the cos and the sin table (P · D each): a context whose two
+    tables exceed this machine's memory, though one would fit, is refused before any allocation.
+    Run under an address-space limit, so that a check that let it through fails with MemoryError
+    instead of exhausting the machine."""
+    import subprocess
+    import sys
+
+    code = textwrap.dedent("""
+        import resource
+        import transformer_core as tc
+        from transformer_core import _core
+        D = 16
+        P = int(0.6 * _core.physical_memory_bytes() / (4 * D))  # one table: 0.6 of memory, both: 1.2
+        limit = 4 << 30
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+        cfg = tc.LlamaConfig(vocab_size=11, hidden_size=4 * D, intermediate_size=8, num_hidden_layers=1,
+                             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=P)
+        try:
+            tc.LlamaForCausalLM(cfg)
+        except ValueError as e:
+            print("refused:", e)
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.startswith("refused:") and "max_position_embeddings" in out.stdout, out.stdout
