@@ -69,8 +69,9 @@ def linear(x, weight, bias=None) -> np.ndarray:
 
     fp32 with more than 32 rows runs our GEMM kernels (AVX-512 or AVX2, chosen at run time; the
     weight packed into column panels once per call, GotoBLAS's design); fp64, a CPU without AVX2,
-    runs BLAS; up to 32 rows stream the weight once (decoding, one short sentence). Bitwise the
-    same for any thread count.
+    runs BLAS; up to 32 rows stream the weight once (decoding, one short sentence). Our GEMM sums
+    ``in_features`` in blocks of 512 and adds the blocks' sums in order, which keeps the rounding
+    error of long sums near torch's (kernels/linear.hpp). Bitwise the same for any thread count.
 
     Args:
         x: ``(..., in_features)`` float array.

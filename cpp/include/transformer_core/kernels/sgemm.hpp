@@ -16,10 +16,11 @@
 // 64-row tile. Packing B once per call and sharing it between the tiles removes that, and the
 // tiles can take any shape.
 //
-// Every C[i, j] is one FMA chain in the order p = 0, 1, …, k − 1 starting from 0:
+// Every C[i, j] of one call is one FMA chain in the order p = 0, 1, …, k − 1 starting from 0:
 //   acc = fma(A[i, p], B[p, j], acc)
 // whatever the ISA, the tile or the thread, so the AVX2 and AVX-512 kernels give the same bits,
-// and so does any split of the work. (BLAS gives other bits: its order is its own.)
+// and so does any split of the work. (BLAS gives other bits: its order is its own.) The linear
+// layer calls it per depth block of k and adds the blocks' sums in order (linear.hpp).
 #pragma once
 
 #include <cstdint>
