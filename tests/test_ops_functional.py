@@ -391,6 +391,12 @@ def _peak_bytes(fn):
 _X16 = np.ones((2048, 2048), np.float16)  # 8 MiB; its float32 copy is 16 MiB
 _Q16 = _X16.reshape(1, 1, 2048, 2048)
 _KV16 = _Q16[..., :8, :]
+def _backward():
+    from transformer_core import backward
+
+    return backward
+
+
 def _sdpa_backward(**kwargs):
     from transformer_core import backward as B
 
@@ -432,6 +438,17 @@ _BAD_SCALARS = {
     "gelu approximate='x'": (lambda: F.gelu(_X16, approximate="x"), ValueError, r"^approximate: expected one of"),
     "sdpa backward scale='a'": (lambda: _sdpa_backward(scale="a"), TypeError, r"^scale: expected a number, got str"),
     "sdpa backward is_causal=1": (lambda: _sdpa_backward(is_causal=1), TypeError, r"^is_causal: expected a bool"),
+    "layer_norm_backward eps=-1": (lambda: _backward().layer_norm_backward(_X16, None, _X16, eps=-1.0), ValueError,
+                                   r"^eps: expected a finite number >= 0"),
+    "rms_norm_backward eps='a'": (lambda: _backward().rms_norm_backward(_X16, None, _X16, eps="a"), TypeError,
+                                  r"^eps: expected a number, got str"),
+    "softmax_backward axis=True": (lambda: _backward().softmax_backward(_X16, _X16, axis=True), TypeError,
+                                   r"^axis: expected an int, got bool"),
+    "dropout_backward p=2": (lambda: _backward().dropout_backward(_X16, 2.0, 0), ValueError,
+                             r"^p: expected a finite number in \[0.0, 1.0\]"),
+    "embedding_backward padding_idx=9": (lambda: _backward().embedding_backward(np.zeros(2048, np.int64), _X16, 4,
+                                                                                padding_idx=9),
+                                         ValueError, r"^padding_idx: expected an int in \[-4, 3\], got 9"),
 }
 
 

@@ -186,13 +186,12 @@ def layer_norm_backward(x, weight, grad_output, eps: float = 1e-5, bias: bool = 
         ValueError: shapes that do not match, ``eps`` < 0, empty ``x``, bad buffers.
         TypeError: non-numeric arrays, buffers of another dtype.
     """
+    eps, bias = check_eps(eps, "eps"), check_bool(bias, "bias")  # before any array is copied
     dtype, (x, weight, grad_output) = common_dtype((x, "x"), (weight, "weight"), (grad_output, "grad_output"))
     x = as_float(x, "x", dtype, min_ndim=1)
     e = x.shape[-1]
     w = as_vector(weight, "weight", e, dtype)
     g = _grad_like(grad_output, "grad_output", x.shape, dtype)
-    eps = check_eps(eps, "eps")
-    bias = check_bool(bias, "bias")
     if w is None and (grad_weight is not None or grad_bias is not None):
         raise ValueError("grad_weight, grad_bias: given for a LayerNorm without weight (weight=None)")
     gw = _grad_buffer(grad_weight, "grad_weight", (e,), dtype)
@@ -228,12 +227,12 @@ def rms_norm_backward(x, weight, grad_output, eps: float = 1e-6, *, grad_weight=
         ValueError: shapes that do not match, ``eps`` < 0, empty ``x``, bad buffer.
         TypeError: non-numeric arrays, a buffer of another dtype.
     """
+    eps = check_eps(eps, "eps")  # before any array is copied
     dtype, (x, weight, grad_output) = common_dtype((x, "x"), (weight, "weight"), (grad_output, "grad_output"))
     x = as_float(x, "x", dtype, min_ndim=1)
     e = x.shape[-1]
     w = as_vector(weight, "weight", e, dtype)
     g = _grad_like(grad_output, "grad_output", x.shape, dtype)
-    eps = check_eps(eps, "eps")
     if w is None and grad_weight is not None:
         raise ValueError("grad_weight: given for an RMSNorm without weight (weight=None)")
     gw = _grad_buffer(grad_weight, "grad_weight", (e,), dtype)
@@ -343,10 +342,11 @@ def softmax_backward(output, grad_output, axis: int = -1) -> np.ndarray:
     Raises:
         ValueError: shapes differ, empty arrays, ``axis`` out of range. TypeError: non-numeric arrays.
     """
+    axis = check_int(axis, "axis", None, None)  # its type before any array is copied; its range below
     dtype, (output, grad_output) = common_dtype((output, "output"), (grad_output, "grad_output"))
     p = as_float(output, "output", dtype, min_ndim=1)
-    g = _grad_like(grad_output, "grad_output", p.shape, dtype, of="output")
     axis = check_int(axis, "axis", -p.ndim, p.ndim - 1)
+    g = _grad_like(grad_output, "grad_output", p.shape, dtype, of="output")
     pm = np.ascontiguousarray(np.moveaxis(p, axis, -1))
     gm = np.ascontiguousarray(np.moveaxis(g, axis, -1))
     n = pm.shape[-1]
@@ -386,6 +386,7 @@ def embedding_backward(ids, grad_output, num_embeddings: int, padding_idx: int |
         TypeError: non-integer ids, non-numeric ``grad_output``, non-int ``num_embeddings``.
     """
     V = check_int(num_embeddings, "num_embeddings", 1)
+    pad = -1 if padding_idx is None else check_int(padding_idx, "padding_idx", -V, V - 1) % V
     t = to_numpy(ids, "ids")
     if t.dtype.kind not in "iu":
         raise TypeError(f"ids: expected integer token ids, got dtype {t.dtype}")
@@ -397,9 +398,6 @@ def embedding_backward(ids, grad_output, num_embeddings: int, padding_idx: int |
     if t.size and (t.min() < 0 or t.max() >= V):
         bad = tuple(int(i) for i in np.argwhere((t < 0) | (t >= V))[0])
         raise ValueError(f"ids: expected values in [0, {V}), got {int(t[bad])} at index {bad}")
-    pad = -1
-    if padding_idx is not None:
-        pad = check_int(padding_idx, "padding_idx", -V, V - 1) % V
     H = g.shape[-1]
     dtype = g.dtype.type
     if H == 0 and V > MAX_SIZE // np.dtype(dtype).itemsize:  # numpy cannot make even an empty (V, 0) array
@@ -466,9 +464,8 @@ def dropout_backward(grad_output, p: float, seed: int) -> np.ndarray:
         ValueError: ``p`` outside [0, 1], ``seed`` out of range, empty input.
         TypeError: non-numeric ``grad_output``, ``p`` not a number, ``seed`` not an int.
     """
+    p, seed = _check_p(p), _check_seed(seed)  # before any array is copied
     g = as_float(grad_output, "grad_output")
-    p = _check_p(p)
-    seed = _check_seed(seed)
     return _dropped_times_zero(g, variant("dropout", g.dtype.type)(g, p, seed), p)
 
 
