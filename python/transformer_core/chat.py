@@ -67,8 +67,7 @@ def _end_ids(model, tokenizer) -> list[int]:
     where it has one, else its ``config.json``'s), those inside the model's vocabulary, as Hugging
     Face's ``generate`` stops at the generation config's end ids."""
     vocab = model.config.vocab_size
-    config_eos = generation_ids(model)["eos_token_id"]
-    config_eos = [config_eos] if isinstance(config_eos, (int, np.integer)) else list(config_eos or [])
+    config_eos, _ = generation_ids(model)
     ids: list[int] = []
     for e in [tokenizer.eos_token_id, *config_eos]:
         if isinstance(e, (int, np.integer)) and not isinstance(e, bool) and 0 <= e < vocab and int(e) not in ids:

@@ -150,15 +150,16 @@ def next_tokens(scores: np.ndarray, sequences: np.ndarray, cfg: GenerationConfig
     return np.array([rng.choice(probs.shape[-1], p=p / p.sum()) for p in probs], dtype=np.int64)
 
 
-def generation_ids(model) -> dict:
-    """``eos_token_id`` and ``pad_token_id`` as Hugging Face's ``generate`` takes them: from the
-    model's ``generation_config`` (a directory's ``generation_config.json``, kept by
-    ``from_pretrained``) when it has one, a key it leaves out or null meaning none; from
-    ``model.config`` when it has none (``generation_config`` None or absent)."""
+def generation_ids(model) -> tuple[list, object]:
+    """``(eos ids, pad id)`` as Hugging Face's ``generate`` takes them: from the model's
+    ``generation_config`` (a directory's ``generation_config.json``, kept by ``from_pretrained``)
+    when it has one, a key it leaves out or null meaning none; from ``model.config`` when it has
+    none (``generation_config`` None or absent). The end ids as a list (one id, a list of ids, or
+    none: ``[]``), as given (callers keep those of the vocabulary); the pad id as given, or None."""
     own = getattr(model, "generation_config", None)
-    if own is None:
-        return {key: getattr(model.config, key, None) for key in ("eos_token_id", "pad_token_id")}
-    return {key: own.get(key) for key in ("eos_token_id", "pad_token_id")}
+    source = (lambda key: getattr(model.config, key, None)) if own is None else own.get
+    eos = source("eos_token_id")
+    return ([eos] if isinstance(eos, (int, np.integer)) else list(eos or [])), source("pad_token_id")
 
 
 class GenerationMixin:
@@ -347,13 +348,10 @@ class GenerationMixin:
     def _generation_config(self, max_new_tokens, do_sample, temperature, top_k, top_p, repetition_penalty, seed,
                            eos_token_id, pad_token_id) -> GenerationConfig:
         vocab = self.config.vocab_size
-        ids = generation_ids(self)
+        eos_list, pad = generation_ids(self)
         if eos_token_id is None:
-            eos = ids["eos_token_id"]
-            eos_list = [eos] if isinstance(eos, (int, np.integer)) else list(eos or [])
             eos_token_id = [e for e in eos_list if 0 <= e < vocab]
         if pad_token_id is None:  # as eos: the config's, if it is an id of the vocabulary
-            pad = ids["pad_token_id"]
             if isinstance(pad, (int, np.integer)) and not isinstance(pad, bool) and 0 <= pad < vocab:
                 pad_token_id = int(pad)
         cfg = GenerationConfig(max_new_tokens, do_sample, temperature, top_k, top_p, repetition_penalty, seed,

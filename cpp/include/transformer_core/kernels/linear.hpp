@@ -59,23 +59,21 @@ constexpr int64_t kPackedChunkFloats = int64_t(1) << 21;
 constexpr int64_t kLinearDepthBlock = 512;
 
 // The panels of w's columns [0, cols) for the FMA kernels, a depth block at a time: block
-// [p0, p0 + kb) at packed + p0 · round_up(cols, kPanel), packed as its own k = kb panels (the
-// same floats in all as one packing: sgemm::packed_floats(k, cols)). w_rows: the rows of w
-// (row stride k), column j of the product being row j of w.
+// [p0, p0 + kb) packed as its own k = kb panels, after the blocks before it (at
+// packed + sgemm::packed_floats(p0, cols); the same floats in all as one packing of k). w_rows: the
+// rows of w (row stride k), column j of the product being row j of w.
 inline void pack_depth_blocks(const sgemm::Kernels& kern, int64_t k, int64_t cols, const float* w_rows, float* packed) {
-  const int64_t width = (cols + sgemm::kPanel - 1) / sgemm::kPanel * sgemm::kPanel;
   for (int64_t p0 = 0; p0 < k; p0 += kLinearDepthBlock)
-    kern.pack_b(std::min(kLinearDepthBlock, k - p0), cols, w_rows + p0, 1, k, packed + p0 * width);
+    kern.pack_b(std::min(kLinearDepthBlock, k - p0), cols, w_rows + p0, 1, k, packed + sgemm::packed_floats(p0, cols));
 }
 
 // c[rows, cols] (row stride ldc) = a[rows, k] (row stride lda) · the panels of pack_depth_blocks,
 // block by block: each block's sum added to c, in the order of the blocks.
 inline void multiply_depth_blocks(const sgemm::Kernels& kern, int64_t rows, int64_t cols, int64_t k, const float* a,
                                   int64_t lda, const float* packed, float* c, int64_t ldc) {
-  const int64_t width = (cols + sgemm::kPanel - 1) / sgemm::kPanel * sgemm::kPanel;
   for (int64_t p0 = 0; p0 < k; p0 += kLinearDepthBlock)
-    kern.multiply(rows, cols, std::min(kLinearDepthBlock, k - p0), a + p0, lda, 1, packed + p0 * width, c, ldc,
-                  /*accumulate=*/p0 > 0);
+    kern.multiply(rows, cols, std::min(kLinearDepthBlock, k - p0), a + p0, lda, 1,
+                  packed + sgemm::packed_floats(p0, cols), c, ldc, /*accumulate=*/p0 > 0);
 }
 
 // The weight operand of linear_packed and linear_split: w [n, k] in fp32, read in place. Another

@@ -49,12 +49,8 @@ void parallel_for(int64_t begin, int64_t end, int64_t grain, const F& fn) {
   const int64_t n = end - begin;
   if (n <= 0) return;
   const int64_t by_grain = n / std::max<int64_t>(grain, 1);
-  if (by_grain <= 1 || omp_in_parallel()) {
-    fn(begin, end);
-    return;
-  }
-  const int num_threads = team_size(by_grain, get_num_threads());
-  if (num_threads <= 1) {
+  const int num_threads = by_grain <= 1 ? 1 : team_size(by_grain, get_num_threads());
+  if (num_threads <= 1 || omp_in_parallel()) {
     fn(begin, end);
     return;
   }
