@@ -489,3 +489,234 @@ def test_lambda_lr_checks_the_optimizer_first(optimizer, as_list):
     lr_lambda = [lambda t: 1.0] if as_list else (lambda t: 1.0)
     with pytest.raises(TypeError, match=rf"optimizer: expected an optimizer with param_groups, got {type(optimizer).__name__}"):
         S.LambdaLR(optimizer, lr_lambda)
+
+
+# --------------------------------------------------------------------------------------------------
+# SequentialLR
+# --------------------------------------------------------------------------------------------------
+
+SEQUENCES = {
+    # name: (schedulers of lib on optimizer o, milestones)
+    "warmup+cosine": (lambda L, o: [L.LinearLR(o, 0.1, 1.0, 5), L.CosineAnnealingLR(o, 12, 1e-4)], [5]),
+    "warmup+cosine+linear": (lambda L, o: [L.LinearLR(o, 0.1, 1.0, 4), L.CosineAnnealingLR(o, 7, 1e-4),
+                                           L.LinearLR(o, 1.0, 0.5, 3)], [4, 11]),
+    "milestone_0": (lambda L, o: [L.LinearLR(o, 0.1, 1.0, 4), L.CosineAnnealingLR(o, 7)], [0]),
+    "early_milestones": (lambda L, o: [L.LinearLR(o, 0.1, 1.0, 4), L.CosineAnnealingLR(o, 7, 1e-4),
+                                       L.LinearLR(o, 1.0, 0.5, 3)], [1, 2]),
+    "lambda+cosine": (lambda L, o: [L.LambdaLR(o, _decay), L.CosineAnnealingLR(o, 6, 1e-3)], [3]),
+    "cosine+lambda": (lambda L, o: [L.CosineAnnealingLR(o, 6, 1e-3), L.LambdaLR(o, _decay)], [8]),
+    "one_scheduler": (lambda L, o: [L.CosineAnnealingLR(o, 6, 1e-3)], []),
+}
+
+
+def _sequence(lib, name, last_epoch=-1):
+    """(optimizer, SequentialLR) of ``lib`` (ours: S, or torch's lr_scheduler) for SEQUENCES[name]."""
+    opt = both_optimizers()[0 if lib is S else 1]
+    make, milestones = SEQUENCES[name]
+    return opt, lib.SequentialLR(opt, make(lib, opt), milestones, last_epoch)
+
+
+@pytest.mark.parametrize("name", list(SEQUENCES))
+def test_sequential_lr_matches_torch(name):
+    """SequentialLR of LinearLR, CosineAnnealingLR and LambdaLR schedules, with one or several
+    milestones (0 included: the second scheduler from the start): the groups' lr and get_last_lr()
+    of 40 steps, past every milestone and the ends of the schedules, equal torch's exactly."""
+    ours_opt, ours = _sequence(S, name)
+    torch_opt, theirs = _sequence(torch.optim.lr_scheduler, name)
+    compare(ours, ours_opt, theirs, torch_opt, 40)
+
+
+def test_sequential_lr_with_last_epoch_matches_torch():
+    """``last_epoch`` other than -1: as torch, it shifts the sequence's step count only."""
+    ours_opt, ours = _sequence(S, "warmup+cosine+linear", last_epoch=2)
+    torch_opt, theirs = _sequence(torch.optim.lr_scheduler, "warmup+cosine+linear", last_epoch=2)
+    assert ours.last_epoch == theirs.last_epoch == 3
+    compare(ours, ours_opt, theirs, torch_opt, 25)
+
+
+@pytest.mark.parametrize("stop", [0, 3, 4, 5, 10, 11, 12, 20])
+@pytest.mark.parametrize("optimizer_first", [True, False], ids=["optimizer_first", "scheduler_first"])
+def test_sequential_lr_resumes_mid_run_like_torch(tmp_path, stop, optimizer_first):
+    """A SequentialLR (LinearLR warmup, CosineAnnealingLR, LinearLR; milestones 4 and 11) saved
+    after ``stop`` steps (before, at and after each milestone) through safetensors and loaded into a
+    fresh one (built first, as torch's; loaded before or after the optimizer): every lr from then on
+    equals torch's uninterrupted run exactly. The state nests the schedulers' counters as torch's
+    does (its ``_schedulers`` list)."""
+    torch_opt, theirs = _sequence(torch.optim.lr_scheduler, "warmup+cosine+linear")
+    reference = []
+    for _ in range(30):
+        torch_opt.step()
+        theirs.step()
+        reference.append(([g["lr"] for g in torch_opt.param_groups], theirs.get_last_lr()))
+    torch_opt, theirs = _sequence(torch.optim.lr_scheduler, "warmup+cosine+linear")
+    opt, sched = _sequence(S, "warmup+cosine+linear")
+    got = []
+    for _ in range(stop):
+        opt.step()
+        sched.step()
+        torch_opt.step()
+        theirs.step()
+        got.append(([g["lr"] for g in opt.param_groups], sched.get_last_lr()))
+    sd, torch_sd = sched.state_dict(), theirs.state_dict()
+    assert int(sd["last_epoch"]) == torch_sd["last_epoch"] == stop
+    assert sd["milestones"].tolist() == torch_sd["_milestones"] == [4, 11]
+    assert sd["last_lr"].tolist() == torch_sd["_last_lr"]
+    for i, inner in enumerate(torch_sd["_schedulers"]):
+        assert int(sd[f"schedulers.{i}.last_epoch"]) == inner["last_epoch"], i
+        assert int(sd[f"schedulers.{i}.step_count"]) == inner["_step_count"], i
+        assert sd[f"schedulers.{i}.last_lr"].tolist() == inner["_last_lr"], i
+    save_file(sd, str(tmp_path / "sched.safetensors"))
+    save_file(opt.state_dict(), str(tmp_path / "opt.safetensors"))
+    opt2, sched2 = _sequence(S, "warmup+cosine+linear")
+    loads = [lambda: opt2.load_state_dict(load_file(str(tmp_path / "opt.safetensors"))),
+             lambda: sched2.load_state_dict(load_file(str(tmp_path / "sched.safetensors")))]
+    for load in loads if optimizer_first else loads[::-1]:
+        load()
+    assert sched2.get_last_lr() == sched.get_last_lr()
+    for _ in range(30 - stop):
+        opt2.step()
+        sched2.step()
+        got.append(([g["lr"] for g in opt2.param_groups], sched2.get_last_lr()))
+    assert got == reference
+
+
+def test_sequential_lr_arguments_are_checked_and_change_nothing():
+    """Bad ``schedulers``, ``milestones`` or ``last_epoch``: a TypeError / ValueError naming the
+    argument (torch raises a ValueError too for a wrong number of milestones, a scheduler of another
+    optimizer and no scheduler), and the optimizer's groups and the schedulers are left as they were."""
+    opt, _ = both_optimizers()
+    other, _ = both_optimizers()
+    warmup, cosine = S.LinearLR(opt, 0.1, 1.0, 4), S.CosineAnnealingLR(opt, 7)
+    nested = S.SequentialLR(opt, [warmup, cosine], [4])
+    warmup, cosine = S.LinearLR(opt, 0.1, 1.0, 4), S.CosineAnnealingLR(opt, 7)
+    cases = [
+        ("schedulers", warmup, [], TypeError, r"^schedulers: expected a list or tuple of LRSchedulers, got LinearLR"),
+        ("schedulers", [], [], ValueError, r"^schedulers: expected at least one scheduler"),
+        ("schedulers", [warmup, "cosine"], [4], TypeError, r"^schedulers\[1\]: expected a transformer_core"),
+        ("schedulers", [warmup, S.CosineAnnealingLR(other, 7)], [4], ValueError,
+         r"^schedulers\[1\]: expected a scheduler of `optimizer`"),
+        ("schedulers", [warmup, warmup], [4], ValueError, r"^schedulers\[1\]: expected each scheduler once"),
+        ("schedulers", [warmup, nested], [4], TypeError, r"^schedulers\[1\]: .* SequentialLR cannot be nested"),
+        ("milestones", [warmup, cosine], [], ValueError, r"^milestones: expected len\(schedulers\) - 1 = 1"),
+        ("milestones", [warmup, cosine], [4, 8], ValueError, r"^milestones: expected len\(schedulers\) - 1 = 1"),
+        ("milestones", [warmup, cosine], 4, TypeError, r"^milestones: expected a list or tuple of ints, got int"),
+        ("milestones", [warmup, cosine], [4.0], TypeError, r"^milestones\[0\]: expected an int"),
+        ("milestones", [warmup, cosine], [-1], ValueError, r"^milestones\[0\]: expected an int in \[0, "),
+        ("milestones", [warmup, cosine, S.LinearLR(opt)], [6, 6], ValueError,
+         r"^milestones: expected increasing steps, got \[6, 6\]"),
+        ("milestones", [warmup, cosine, S.LinearLR(opt)], [6, 2], ValueError, r"^milestones: expected increasing"),
+    ]
+    groups = [dict(g) for g in opt.param_groups]
+    states = [s.state_dict() for s in (warmup, cosine)]
+    for argument, schedulers, milestones, error, match in cases:
+        with pytest.raises(error, match=match):
+            S.SequentialLR(opt, schedulers, milestones)
+        assert [dict(g) for g in opt.param_groups] == groups, argument
+        for s, sd in zip((warmup, cosine), states):
+            assert all(np.array_equal(s.state_dict()[k], v) for k, v in sd.items()), argument
+    with pytest.raises(TypeError, match=r"^last_epoch: expected an int"):
+        S.SequentialLR(opt, [warmup, cosine], [4], last_epoch="0")
+    with pytest.raises(TypeError, match=r"^optimizer: expected an optimizer with param_groups"):
+        S.SequentialLR("adam", [warmup, cosine], [4])
+    # torch refuses these too
+    L, (_, torch_opt), (_, torch_other) = torch.optim.lr_scheduler, both_optimizers(), both_optimizers()
+    for schedulers, milestones in [([L.LinearLR(torch_opt)], [3]), ([], []),
+                                   ([L.LinearLR(torch_opt), L.LinearLR(torch_other)], [3])]:
+        with pytest.raises(ValueError):
+            L.SequentialLR(torch_opt, schedulers, milestones)
+    # a group added after the schedulers were built has no schedule
+    opt.add_param_group({"params": [Parameter(np.zeros(1), name="c")], "lr": 0.5})
+    groups = [dict(g) for g in opt.param_groups]
+    with pytest.raises(ValueError, match=r"^schedulers\[0\]: built for 2 param groups, the optimizer has 3"):
+        S.SequentialLR(opt, [warmup, cosine], [4])
+    assert [dict(g) for g in opt.param_groups] == groups
+
+
+def test_sequential_lr_failed_construction_or_step_changes_nothing():
+    """A schedule function that raises during the SequentialLR's initial step, or during a later
+    step: the error propagates, and the groups, the SequentialLR and its schedulers are as before."""
+    calls = []
+
+    def fails_on_second_step(t):  # called once per group: twice by the LambdaLR's own constructor
+        calls.append(t)
+        if len(calls) == 3:
+            raise ZeroDivisionError("schedule")
+        return 0.5
+
+    opt, _ = both_optimizers()
+    first, second = S.LambdaLR(opt, fails_on_second_step), S.CosineAnnealingLR(opt, 5)
+    groups = [dict(g) for g in opt.param_groups]
+    states = [s.state_dict() for s in (first, second)]
+    with pytest.raises(ZeroDivisionError):
+        S.SequentialLR(opt, [first, second], [3])
+    assert [dict(g) for g in opt.param_groups] == groups
+    for s, sd in zip((first, second), states):
+        assert all(np.array_equal(s.state_dict()[k], v) for k, v in sd.items())
+
+    def fails_at_2(t):
+        if t == 2:
+            raise ZeroDivisionError("schedule")
+        return 0.5 ** t
+
+    opt, _ = both_optimizers()
+    sched = S.SequentialLR(opt, [S.LambdaLR(opt, fails_at_2), S.CosineAnnealingLR(opt, 5)], [4])
+    opt.step()
+    sched.step()
+    groups, sd = [dict(g) for g in opt.param_groups], sched.state_dict()
+    with pytest.raises(ZeroDivisionError):
+        sched.step()
+    _assert_unchanged(sched, sd, opt, groups)
+    assert sched.get_last_lr() == [0.5 * lr for lr in LRS]
+
+
+LOAD_SEQUENCE_CASES = [
+    (lambda sd: sd.pop("milestones"), ValueError, r"missing keys \['milestones'\]"),
+    (lambda sd: sd.update({"schedulers.2.last_epoch": np.array(1)}), ValueError,
+     r"missing keys \[\], unknown keys \['schedulers\.2\.last_epoch'\]"),
+    (lambda sd: sd.update(milestones=np.array([4, 8])), ValueError, r"milestones: expected len\(schedulers\) - 1"),
+    (lambda sd: sd.update(milestones=np.array([2.5])), ValueError, r"milestones\[0\]: expected a whole number"),
+    (lambda sd: sd.update(last_epoch=np.array(-1)), ValueError, r"last_epoch: expected an int >= 0"),
+    (lambda sd: sd.update(last_lr=np.array([0.1])), ValueError, r"last_lr: expected 2 learning rates"),
+    (lambda sd: sd.pop("schedulers.1.T_max"), ValueError, r"schedulers\.1: missing keys \['T_max'\]"),
+    (lambda sd: sd.update({"schedulers.1.T_max": np.array(0.0)}), ValueError, r"schedulers\.1: T_max"),
+    (lambda sd: sd.update({"schedulers.1.base_lrs": np.array(["a", "b"])}), TypeError, r"schedulers\.1: base_lrs"),
+]
+
+
+@pytest.mark.parametrize("edit,error,match", LOAD_SEQUENCE_CASES, ids=[m[:30] for _, _, m in LOAD_SEQUENCE_CASES])
+def test_sequential_lr_load_state_dict_refused_changes_nothing(edit, error, match):
+    """A state the SequentialLR refuses (its own values, or an inner scheduler's: the second one
+    refused after the first would have loaded): an error naming the key (``schedulers.{i}``), and
+    neither it, its schedulers nor the optimizer's groups change."""
+    opt, sched = _sequence(S, "warmup+cosine")
+    for _ in range(3):
+        opt.step()
+        sched.step()
+    saved = sched.state_dict()
+    other_opt, target = _sequence(S, "warmup+cosine")
+    for _ in range(7):  # past the milestone: every counter differs from the saved ones
+        other_opt.step()
+        target.step()
+    before, groups = target.state_dict(), [dict(g) for g in other_opt.param_groups]
+    edit(saved)
+    with pytest.raises(error, match=f"^load_state_dict: {match}"):
+        target.load_state_dict(saved)
+    _assert_unchanged(target, before, other_opt, groups)
+    assert sorted(target.state_dict()) == sorted(before)
+
+
+@pytest.mark.parametrize("how", ["deepcopy", "pickle"])
+def test_copied_sequential_lr_goes_on_like_the_original(how):
+    """A copy (with its optimizer and schedulers, copied together) goes on as the original does."""
+    opt, sched = _sequence(S, "warmup+cosine+linear")
+    for _ in range(6):
+        opt.step()
+        sched.step()
+    twin = copy.deepcopy(sched) if how == "deepcopy" else pickle.loads(pickle.dumps(sched))
+    assert twin.optimizer is not opt and all(s.optimizer is twin.optimizer for s in twin._schedulers)
+    for _ in range(10):
+        for s in (sched, twin):
+            s.optimizer.step()
+            s.step()
+        assert twin.get_last_lr() == sched.get_last_lr()
+        assert [g["lr"] for g in twin.optimizer.param_groups] == [g["lr"] for g in opt.param_groups]

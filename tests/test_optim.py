@@ -1113,3 +1113,70 @@ def test_adam_state_saved_after_amsgrad_is_switched_on_loads_and_goes_on_bitwise
     a, b = opt.state_dict(), loaded.state_dict()
     assert sorted(a) == sorted(b) and all(np.array_equal(a[k], b[k]) for k in a)
     assert "state.layer0.weight.max_exp_avg_sq" in a
+
+
+@pytest.mark.parametrize("params,names", [
+    (lambda P: [P("1"), P()], ["1", "2"]),
+    (lambda P: [P(), P("0")], ["1", "0"]),
+    (lambda P: [P(), P("1"), P()], ["0", "1", "2"]),
+    (lambda P: [P("2"), P(), P()], ["2", "1", "3"]),
+    (lambda P: [("3", P()), P(), P(), P()], ["3", "1", "2", "4"]),
+], ids=["named_1_then_unnamed", "unnamed_then_named_0", "between", "skips_a_taken_number", "pair"])
+def test_unnamed_parameters_get_a_free_name(rng, params, names):
+    """A Parameter without a name is named by its position, or by the next number no parameter of
+    the optimizer has (it clashed with a given name: "two parameters are named '1'"); the optimizer
+    then steps as torch's and its state dict loads into one built the same way."""
+    values = iter([rng.standard_normal(3) for _ in range(4)])
+
+    def P(name=None):
+        return Parameter(next(values), name=name)
+
+    given = params(P)
+    ours = [p[1] if isinstance(p, tuple) else p for p in given]
+    theirs = [torch.tensor(p.data.copy(), requires_grad=True) for p in ours]
+    opt = optim.Adam(given, lr=0.1)
+    assert [n for n, _ in opt.named_parameters()] == names
+    run_both(opt, ours, torch.optim.Adam(theirs, lr=0.1, foreach=False), theirs,
+             grad_sequence(rng, np.float64, [(3,)] * len(ours), steps=3))
+    again = params(lambda name=None: Parameter(np.zeros(3), name=name))
+    twin = optim.Adam(again, lr=0.1)
+    twin.load_state_dict(opt.state_dict())
+    assert [n for n, _ in twin.named_parameters()] == names
+
+
+def test_unnamed_parameter_of_a_later_group_skips_the_names_taken():
+    """add_param_group: an unnamed parameter skips the names of the groups before too; one given
+    twice is still refused, and a given name that an earlier group's unnamed parameter was given is
+    a clash (that name is in the earlier state)."""
+    opt = optim.SGD([Parameter(np.zeros(2), name="1")], lr=0.1)
+    opt.add_param_group({"params": [Parameter(np.zeros(2))]})
+    assert [n for n, _ in opt.named_parameters()] == ["1", "2"]
+    p = Parameter(np.zeros(2))
+    with pytest.raises(ValueError, match=r"^params\[1\]: the unnamed parameter of params\[0\] is given twice"):
+        opt.add_param_group({"params": [p, p]})
+    with pytest.raises(ValueError, match=r"^params: two parameters are named '2'"):
+        opt.add_param_group({"params": [Parameter(np.zeros(2), name="2")]})
+    assert [n for n, _ in opt.named_parameters()] == ["1", "2"]
+
+
+@pytest.mark.parametrize("foreach", [None, True, False, np.bool_(True)], ids=["None", "True", "False", "np_True"])
+def test_clip_grad_norm_takes_torchs_foreach(rng, foreach):
+    """torch's ``foreach`` (a bool or None) is accepted and changes nothing: the norm and the
+    clipped gradients are torch's (with the same ``foreach``), whatever its value."""
+    ours, theirs = make_params(rng, np.float64)
+    for p, q in zip(ours, theirs):
+        g = rng.standard_normal(p.shape)
+        p.grad, q.grad = g.copy(), torch.tensor(g.copy())
+    total = optim.clip_grad_norm_(ours, 0.5, foreach=foreach)
+    total_t = torch.nn.utils.clip_grad_norm_(theirs, 0.5, foreach=None if foreach is None else bool(foreach))
+    assert math.isclose(total, float(total_t), rel_tol=1e-12)
+    for p, q in zip(ours, theirs):
+        np.testing.assert_allclose(p.grad, q.grad.numpy(), rtol=1e-12, atol=0)
+
+
+@pytest.mark.parametrize("foreach", ["yes", 1, 0, 1.0], ids=["str", "1", "0", "float"])
+def test_clip_grad_norm_refuses_a_foreach_that_is_no_bool(rng, foreach):
+    p = Parameter(np.ones(3), name="w", grad=np.full(3, 2.0))
+    with pytest.raises(TypeError, match=rf"^foreach: expected a bool or None, got {type(foreach).__name__}"):
+        optim.clip_grad_norm_([p], 0.5, foreach=foreach)
+    np.testing.assert_array_equal(p.grad, np.full(3, 2.0))  # nothing scaled

@@ -963,3 +963,181 @@ def test_checkpoint_directory_with_a_tilde_is_in_the_home_directory(tmp_path, mo
     assert all(np.array_equal(v, model.state_dict()[k]) for k, v in other.state_dict().items())
     got, want = other_opt.state_dict(), opt.state_dict()
     assert got.keys() == want.keys() and all(np.array_equal(got[k], want[k]) for k in want)
+
+
+# ------------------------------------------------------------------------ checkpoints of several schedulers
+_W = np.random.default_rng(7).standard_normal((2, 3))
+_B = np.random.default_rng(8).standard_normal(2)
+_GRADS = [(np.random.default_rng(100 + t).standard_normal((2, 3)), np.random.default_rng(200 + t).standard_normal(2))
+          for t in range(12)]
+
+
+def _schedules(lib, opt, form):
+    """The schedulers of ``form`` on ``opt`` (lib: transformer_core's lr_scheduler or torch's), as
+    save_checkpoint takes them: "list" / "tuple" of a LinearLR warmup and a CosineAnnealingLR
+    chained (each stepped), or one SequentialLR of them."""
+    if form == "sequential":
+        return lib.SequentialLR(opt, [lib.LinearLR(opt, 0.1, 1.0, 4), lib.CosineAnnealingLR(opt, 8, 1e-3)], [4])
+    chain = [lib.LinearLR(opt, 0.1, 1.0, 4), lib.CosineAnnealingLR(opt, 12, 1e-3)]
+    return tuple(chain) if form == "tuple" else chain
+
+
+def _ours(form):
+    model = tc.nn.Linear(3, 2)
+    model.load_state_dict({"weight": _W, "bias": _B})
+    opt = tc.optim.AdamW(model.named_parameters(), lr=0.1)
+    return model, opt, _schedules(tc.lr_scheduler, opt, form)
+
+
+def _steps(params, opt, scheduler, start, stop, to_grad=np.asarray):
+    """Steps ``start`` to ``stop`` of the fixed gradients; each step's learning rate."""
+    lrs = []
+    for t in range(start, stop):
+        for p, g in zip(params, _GRADS[t]):
+            p.grad = to_grad(g.astype(np.float32))
+        opt.step()
+        for s in scheduler if isinstance(scheduler, (list, tuple)) else [scheduler]:
+            s.step()
+        lrs.append(opt.param_groups[0]["lr"])
+    return lrs
+
+
+def _training_states(model, opt, scheduler):
+    scheds = scheduler if isinstance(scheduler, (list, tuple)) else [scheduler]
+    return ([model.state_dict(), opt.state_dict()] + [s.state_dict() for s in scheds]
+            + [{k: np.asarray(v) for g in opt.param_groups for k, v in g.items() if k != "params"}])
+
+
+def _assert_same_states(got, expected):
+    assert len(got) == len(expected)
+    for g, e in zip(got, expected):
+        assert sorted(g) == sorted(e)
+        for k in e:
+            np.testing.assert_array_equal(g[k], e[k], err_msg=k)
+
+
+@pytest.mark.parametrize("stop", [3, 4, 6])
+@pytest.mark.parametrize("form", ["list", "tuple", "sequential"])
+def test_checkpoint_of_several_schedulers_resumes_like_torch(tmp_path, form, stop):
+    """A LinearLR warmup and a CosineAnnealingLR chained on one optimizer (a list or tuple of
+    both), or run one after the other by a SequentialLR: saved by save_checkpoint after ``stop``
+    steps, loaded into a fresh set, the run goes on with torch's learning rates, exactly (those of
+    torch's uninterrupted run), and with the uninterrupted run's weights, bitwise. (A list was
+    refused; saving only the cosine made the unsaved warmup start again: lr above the base lr.)"""
+    weight = torch.nn.Parameter(torch.tensor(_W, dtype=torch.float32))
+    bias = torch.nn.Parameter(torch.tensor(_B, dtype=torch.float32))
+    torch_opt = torch.optim.AdamW([weight, bias], lr=0.1, foreach=False)
+    reference = _steps([weight, bias], torch_opt, _schedules(torch.optim.lr_scheduler, torch_opt, form), 0, 12,
+                       to_grad=torch.tensor)
+    model, opt, scheduler = _ours(form)
+    uninterrupted = _steps(model.parameters(), opt, scheduler, 0, 12)
+    assert uninterrupted == reference
+    final = model.state_dict()
+    model, opt, scheduler = _ours(form)
+    got = _steps(model.parameters(), opt, scheduler, 0, stop)
+    tc.training.save_checkpoint(tmp_path, model, opt, scheduler)
+    model, opt, scheduler = _ours(form)
+    tc.training.load_checkpoint(tmp_path, model, opt, scheduler)
+    got += _steps(model.parameters(), opt, scheduler, stop, 12)
+    assert got == reference
+    assert max(got) <= 0.1
+    for k, v in final.items():
+        np.testing.assert_array_equal(model.state_dict()[k], v, err_msg=k)
+
+
+def test_checkpoint_number_of_schedulers_must_match(tmp_path):
+    """load_checkpoint takes the schedulers the save was given: another number of them is a
+    ValueError naming ``scheduler``, before anything changes; one scheduler and a list of one are
+    interchangeable."""
+    model, opt, chain = _ours("list")
+    _steps(model.parameters(), opt, chain, 0, 3)
+    tc.training.save_checkpoint(tmp_path / "two", model, opt, chain)
+    tc.training.save_checkpoint(tmp_path / "one", model, opt, chain[1])
+    tc.training.save_checkpoint(tmp_path / "list_of_one", model, opt, [chain[1]])
+    target = _ours("list")
+    _steps(target[0].parameters(), target[1], target[2], 0, 5)
+    before = _training_states(*target)
+    for directory, given, match in [
+        ("two", target[2][1], r"^scheduler: the checkpoint holds the states of 2 scheduler\(s\), got 1"),
+        ("two", [target[2][1]], r"^scheduler: the checkpoint holds the states of 2 scheduler\(s\), got 1"),
+        ("one", target[2], r"^scheduler: the checkpoint holds the states of 1 scheduler\(s\), got 2"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            tc.training.load_checkpoint(tmp_path / directory, target[0], target[1], given)
+        _assert_same_states(_training_states(*target), before)
+    for directory, given in [("one", [target[2][1]]), ("list_of_one", target[2][1])]:
+        tc.training.load_checkpoint(tmp_path / directory, target[0], target[1], given)
+        _assert_same_states(_training_states(target[0], target[1], given), _training_states(model, opt, chain[1]))
+
+
+def _rewrite_file(path, edit_arrays=None, edit_metadata=None):
+    from safetensors import safe_open
+    from safetensors.numpy import save_file
+
+    with safe_open(str(path), framework="numpy") as f:
+        metadata = dict(f.metadata())
+        arrays = {k: f.get_tensor(k) for k in f.keys()}
+    (edit_arrays or (lambda a: None))(arrays)
+    (edit_metadata or (lambda m: None))(metadata)
+    save_file(arrays, str(path), metadata=metadata)
+
+
+@pytest.mark.parametrize("form,file,edit_arrays,edit_metadata,error,match", [
+    ("list", "scheduler", lambda a: a.pop("1.T_max"), None, ValueError,
+     r"^scheduler\[1\]: load_state_dict: missing keys \['T_max'\]"),
+    ("list", "scheduler", lambda a: a.update({"1.T_max": np.array(0.0)}), None, ValueError, r"^scheduler\[1\]: .*T_max"),
+    ("list", "scheduler", None, lambda m: m.update(num_schedulers="two"), ValueError,
+     r"scheduler\.safetensors: metadata num_schedulers: expected a positive int, got 'two'"),
+    ("list", "scheduler", lambda a: a.update({"2.T_max": np.array(3.0)}), None, ValueError,
+     r"scheduler\.safetensors: key '2\.T_max': expected"),
+    ("list", "model", lambda a: a.update(weight=a["weight"][:1]), None, ValueError, r"weight"),
+    ("sequential", "scheduler", lambda a: a.pop("schedulers.1.T_max"), None, ValueError,
+     r"^load_state_dict: schedulers\.1: missing keys \['T_max'\]"),
+    ("sequential", "model", lambda a: a.update(weight=a["weight"][:1]), None, ValueError, r"weight"),
+], ids=["second_key_missing", "second_bad_setting", "bad_count", "key_of_no_scheduler", "list_model_misshaped",
+        "sequential_inner_key_missing", "sequential_model_misshaped"])
+def test_checkpoint_of_several_schedulers_refused_changes_nothing(tmp_path, form, file, edit_arrays, edit_metadata,
+                                                                   error, match):
+    """A checkpoint of several schedulers (a list, or a SequentialLR) refused for any file: the
+    model, the optimizer (its groups' lr and initial_lr) and every scheduler, the first of a list
+    and the inner ones of a SequentialLR included, are left as they were."""
+    model, opt, scheduler = _ours(form)
+    _steps(model.parameters(), opt, scheduler, 0, 3)
+    tc.training.save_checkpoint(tmp_path, model, opt, scheduler)
+    _rewrite_file(tmp_path / f"{file}.safetensors", edit_arrays, edit_metadata)
+    target = _ours(form)
+    _steps(target[0].parameters(), target[1], target[2], 0, 6)
+    before = _training_states(*target)
+    with pytest.raises(error, match=match):
+        tc.training.load_checkpoint(tmp_path, *target)
+    _assert_same_states(_training_states(*target), before)
+
+
+def test_checkpoint_scheduler_lists_are_checked_before_anything_is_written_or_changed(tmp_path):
+    """A list or tuple of schedulers: an entry that is no scheduler is a TypeError naming
+    ``scheduler[i]``, an empty one, a scheduler listed twice or of another optimizer a ValueError;
+    nothing is written or loaded."""
+    model, opt, chain = _ours("list")
+    other = tc.optim.AdamW(model.named_parameters(), lr=0.1)
+    bad = [
+        ([], ValueError, r"^scheduler: expected at least one scheduler, got an empty list"),
+        ((), ValueError, r"^scheduler: expected at least one scheduler, got an empty tuple"),
+        ([chain[0], "cosine"], TypeError, r"^scheduler\[1\]: expected a transformer_core\.lr_scheduler LRScheduler, "
+                                          r"got str"),
+        ([chain[0], chain[0]], ValueError, r"^scheduler\[1\]: expected each scheduler once"),
+        ([tc.lr_scheduler.LinearLR(other), chain[0]], ValueError, r"^scheduler\[0\]: expected a scheduler of "
+                                                                  r"`optimizer`"),
+        ({"a": chain[0]}, TypeError, r"^scheduler: expected a transformer_core\.lr_scheduler LRScheduler or None, "
+                                     r"got dict; or a list or tuple"),
+    ]
+    for scheduler, error, match in bad:
+        with pytest.raises(error, match=match):
+            tc.training.save_checkpoint(tmp_path / "none", model, opt, scheduler)
+        assert not (tmp_path / "none").exists()
+    tc.training.save_checkpoint(tmp_path / "full", model, opt, chain)
+    _steps(model.parameters(), opt, chain, 0, 2)
+    before = _training_states(model, opt, chain)
+    for scheduler, error, match in bad:
+        with pytest.raises(error, match=match):
+            tc.training.load_checkpoint(tmp_path / "full", model, opt, scheduler)
+        _assert_same_states(_training_states(model, opt, chain), before)

@@ -17,20 +17,29 @@ A scheduler can be copied (``copy.deepcopy``, with its optimizer) and pickled (b
 a lambda, which pickle cannot write: as torch; and not over a model's parameters, see
 :mod:`transformer_core.optim`).
 
-Resuming: build the optimizer and its scheduler(s) as at the start, then load their state dicts in
-any order. The groups' learning rates come from the optimizer's state dict; a scheduler's
-``load_state_dict`` restores its counters and settings and leaves the groups' ``lr`` alone (as
-torch's), so that several schedulers chained on one optimizer (each ``step()`` called in turn)
-resume the uninterrupted run whatever order they are loaded in.
+Composing schedules, as torch: :class:`SequentialLR` runs schedulers one after the other (a
+LinearLR warmup, then a CosineAnnealingLR from the warmup's end: the usual warmup + cosine); or
+several schedulers are chained on one optimizer, each ``step()`` called in turn, their factors
+multiplying (a LinearLR warmup with a CosineAnnealingLR over the whole run).
 
-``LambdaLR``, ``LinearLR`` and ``CosineAnnealingLR`` reproduce torch's own formulas (the recursive,
-"chainable" forms of torch 2.x for LinearLR and CosineAnnealingLR, so that the values agree with
-torch's to the last bit of rounding). ``state_dict()`` is a flat ``name -> numpy array`` dict (for
-safetensors); a LambdaLR's functions are not saved (as torch).
+Resuming: build the optimizer and its scheduler(s) as at the start, then load their state dicts in
+any order (:func:`~transformer_core.training.save_checkpoint` / ``load_checkpoint`` take a list of
+chained schedulers, and a SequentialLR, whose state holds its schedulers'). The groups' learning
+rates come from the optimizer's state dict; a scheduler's ``load_state_dict`` restores its counters
+and settings and leaves the groups' ``lr`` alone (as torch's), so that several schedulers chained on
+one optimizer resume the uninterrupted run whatever order they are loaded in. Every scheduler of a
+chain must be loaded: one left as built starts its schedule again.
+
+``LambdaLR``, ``LinearLR``, ``CosineAnnealingLR`` and ``SequentialLR`` reproduce torch's own
+formulas and steps (the recursive, "chainable" forms of torch 2.x for LinearLR and
+CosineAnnealingLR, so that the values agree with torch's to the last bit of rounding).
+``state_dict()`` is a flat ``name -> numpy array`` dict (for safetensors); a LambdaLR's functions are
+not saved (as torch).
 """
 
 from __future__ import annotations
 
+import bisect
 import functools
 import math
 from typing import Callable
@@ -44,6 +53,7 @@ __all__ = [
     "LambdaLR",
     "LinearLR",
     "CosineAnnealingLR",
+    "SequentialLR",
     "get_linear_schedule_with_warmup",
     "get_cosine_schedule_with_warmup",
 ]
@@ -143,12 +153,24 @@ class LRScheduler:
         self.base_lrs: list[float] = [float(g["initial_lr"]) for g in groups]
         self.last_epoch = last_epoch
         self._step_count = 0
+        try:
+            self._initial_step()
+        except BaseException:
+            for g in added:
+                g.pop("initial_lr", None)
+            raise
+
+    def _initial_step(self) -> None:
+        """torch's ``_initial_step``: the step count back to 0, then one step in "initial mode" (the
+        constructor's step; :class:`SequentialLR` also makes it for the scheduler that starts the
+        sequence). A step that raises leaves the step count as it was."""
+        step_count = self._step_count
+        self._step_count = 0
         self._is_initial = True
         try:
             self.step()
         except BaseException:
-            for g in added:
-                g.pop("initial_lr", None)
+            self._step_count = step_count
             raise
         finally:
             self._is_initial = False
@@ -156,6 +178,12 @@ class LRScheduler:
     def get_lr(self) -> list[float]:
         """The learning rates for ``self.last_epoch`` (called by :meth:`step`)."""
         raise NotImplementedError
+
+    def _closed_form_lr(self) -> list[float]:
+        """The learning rates for ``self.last_epoch`` from ``base_lrs`` alone (torch's
+        ``_get_closed_form_lr``; :meth:`get_lr` where torch has none, as for LambdaLR, whose
+        ``get_lr`` is a closed form). Used by :meth:`_restart`."""
+        return self.get_lr()
 
     def _check_settings(self, **settings) -> dict:
         """The schedule's own settings (the ``_HYPER`` keyword arguments) checked as the constructor
@@ -176,20 +204,39 @@ class LRScheduler:
                 LinearLR and CosineAnnealingLR step on, scheduling the new group without a base lr.
             Whatever ``get_lr`` raises (nothing changes).
         """
+        self._check_group_count()
+        counters = self.last_epoch, self._step_count
+        self._step_count += 1  # get_lr reads the new counters
+        self.last_epoch += 1
+        self._write_lrs(self.get_lr, counters)
+
+    def _restart(self) -> None:
+        """Restarts the schedule at epoch 0 from ``base_lrs`` (torch's ``_update_lr(0)``, which
+        :class:`SequentialLR` calls when a scheduler's milestone comes): ``last_epoch = 0``, the
+        learning rates of :meth:`_closed_form_lr`; the step count is left as it is (as torch).
+        Raises as :meth:`step` does, changing nothing."""
+        self._check_group_count()
+        counters = self.last_epoch, self._step_count
+        self.last_epoch = 0
+        self._write_lrs(self._closed_form_lr, counters)
+
+    def _check_group_count(self) -> None:
         groups = self.optimizer.param_groups
         if len(groups) != len(self.base_lrs):
             raise ValueError(f"step: the optimizer has {len(groups)} param groups, this scheduler has "
                              f"{len(self.base_lrs)} base_lrs (one per group when it was built): a group added "
                              "since has no schedule; build the scheduler again")
-        last_epoch, step_count = self.last_epoch, self._step_count
-        self._step_count += 1  # get_lr reads the new counters
-        self.last_epoch += 1
+
+    def _write_lrs(self, compute: Callable[[], list], counters: tuple[int, int]) -> None:
+        """Writes ``compute()`` (the new counters set) into the groups' ``lr``; if it raises or gives
+        another number of rates, the counters go back to ``counters`` and nothing is written."""
+        groups = self.optimizer.param_groups
         try:
-            values = list(self.get_lr())
+            values = list(compute())
             if len(values) != len(groups):
                 raise ValueError(f"step: get_lr gave {len(values)} learning rates for {len(groups)} param groups")
         except BaseException:
-            self.last_epoch, self._step_count = last_epoch, step_count
+            self.last_epoch, self._step_count = counters
             raise
         for g, lr in zip(groups, values):
             g["lr"] = lr
@@ -354,6 +401,13 @@ class LinearLR(LRScheduler):
         return [g["lr"] * (1.0 + delta / (self.total_iters * self.start_factor + (self.last_epoch - 1) * delta))
                 for g in groups]
 
+    def _closed_form_lr(self) -> list[float]:
+        """``base_lr · (start + (end - start) · min(total_iters, last_epoch) / total_iters)`` (torch's
+        ``_get_closed_form_lr``, the same arithmetic)."""
+        return [base_lr * (self.start_factor + (self.end_factor - self.start_factor)
+                           * min(self.total_iters, self.last_epoch) / self.total_iters)
+                for base_lr in self.base_lrs]
+
 
 class CosineAnnealingLR(LRScheduler):
     """Cosine annealing from the initial lr to ``eta_min`` over ``T_max`` steps (Loshchilov & Hutter
@@ -396,6 +450,231 @@ class CosineAnnealingLR(LRScheduler):
             return [g["lr"] + (base - eta) * (1 - math.cos(math.pi / T)) / 2 for base, g in zip(self.base_lrs, groups)]
         return [(1 + math.cos(math.pi * t / T)) / (1 + math.cos(math.pi * (t - 1) / T)) * (g["lr"] - eta) + eta
                 for g in groups]
+
+    def _closed_form_lr(self) -> list[float]:
+        """The class docstring's formula at ``last_epoch`` (torch's ``_get_closed_form_lr``, the same
+        arithmetic)."""
+        return [self.eta_min + (base_lr - self.eta_min) * (1 + math.cos(math.pi * self.last_epoch / self.T_max)) / 2
+                for base_lr in self.base_lrs]
+
+
+class SequentialLR(LRScheduler):
+    """Runs ``schedulers`` one after the other on one optimizer, each from its milestone on, as
+    ``torch.optim.lr_scheduler.SequentialLR`` (torch 2.x: the same steps, hence the same learning
+    rates to the last bit). The usual warmup then cosine decay::
+
+        warmup = LinearLR(opt, start_factor=0.1, total_iters=w)
+        cosine = CosineAnnealingLR(opt, T_max=total - w)
+        sched = SequentialLR(opt, [warmup, cosine], milestones=[w])
+
+    Steps (``milestones`` m_1 < m_2 < ..., the scheduler of step t is ``schedulers[i]``, i the
+    number of milestones <= t)::
+
+        construction: every group's lr back to its initial_lr, every scheduler's last_epoch one
+                      back (undoing the step its own constructor made), then the initial step of
+                      the scheduler of step 0
+        t == m_i:     schedulers[i] restarts at its epoch 0, from its base lrs (its closed form:
+                      cosine's base lr, LinearLR's base lr · start_factor)
+        otherwise:    schedulers[i].step()
+
+    ``get_last_lr()`` is the learning rates the scheduler of the last step wrote. ``state_dict()``
+    nests the schedulers' states as torch's does (its ``_schedulers`` list), flat for safetensors:
+    ``last_epoch`` (int64), ``last_lr`` (float64, one per group), ``milestones`` (int64, shape
+    ``(len(schedulers) - 1,)``) and ``schedulers.{i}.{key}`` for each key of ``schedulers[i]``'s.
+    To resume, build the optimizer, the schedulers and the SequentialLR as at the start, then load the
+    optimizer's state and this one's (not the inner schedulers' separately: this one holds theirs).
+
+    Args:
+        optimizer: see :class:`LRScheduler`.
+        schedulers: a list or tuple of at least one scheduler of this module, all built on
+            ``optimizer`` (each once, none a SequentialLR itself).
+        milestones: a list or tuple of ``len(schedulers) - 1`` increasing ints >= 0: the steps at
+            which ``schedulers[1]``, ``schedulers[2]``, ... take over.
+        last_epoch: -1 (the default) to start; as torch, another value only shifts the step count
+            (the schedulers start as at -1): resume with :meth:`load_state_dict` instead.
+
+    Raises:
+        TypeError: ``optimizer`` without ``param_groups``; ``schedulers`` or ``milestones`` not a
+            list or tuple; an entry of ``schedulers`` that is not an :class:`LRScheduler`, or is a
+            SequentialLR (stricter than torch, which cannot restart a nested one at its milestone);
+            a milestone or ``last_epoch`` not an int.
+        ValueError: no scheduler; a scheduler of another optimizer, one given twice, or one built
+            for another number of param groups (a group added since); ``len(milestones) !=
+            len(schedulers) - 1``; milestones negative or not increasing (torch does not check the
+            order, and bisects a disordered list into a meaningless schedule). Nothing changes.
+
+    Source: torch.optim.lr_scheduler.SequentialLR (torch/optim/lr_scheduler.py;
+    https://pytorch.org/docs/stable/generated/torch.optim.lr_scheduler.SequentialLR.html).
+    """
+
+    def __init__(self, optimizer, schedulers, milestones, last_epoch: int = -1):
+        groups = _param_groups(optimizer)
+        schedulers = _check_schedulers(schedulers, optimizer, len(groups))
+        milestones = _check_milestones(milestones, len(schedulers))
+        last_epoch = _check_int(last_epoch, "last_epoch", -1)
+        for i, g in enumerate(groups):
+            if "initial_lr" not in g:  # the schedulers' constructors put it in every group of theirs
+                raise ValueError(f"optimizer: param_groups[{i}] has no 'initial_lr'; expected the optimizer the "
+                                 "schedulers were built on, with the groups they were built for")
+        self.optimizer = optimizer
+        self._schedulers = schedulers
+        self._milestones = milestones
+        self.last_epoch = last_epoch + 1
+        saved = _snapshot_schedulers(schedulers, optimizer)
+        try:
+            for g in groups:
+                g["lr"] = g["initial_lr"]
+            for s in schedulers:  # torch's recursive_undo (no nesting here)
+                s.last_epoch -= 1
+            first = schedulers[bisect.bisect_right(milestones, 0)]
+            first._initial_step()
+        except BaseException:
+            _restore_schedulers(saved)
+            raise
+        self._last_lr = first.get_last_lr()
+
+    def step(self) -> None:
+        """Advances by one step: the scheduler of the new step steps, or restarts at its epoch 0 if
+        the step is its milestone (see the class docstring). A step that raises changes nothing.
+
+        Raises:
+            What the scheduler's step raises (e.g. a param group added since: ValueError).
+        """
+        self.last_epoch += 1
+        i = bisect.bisect_right(self._milestones, self.last_epoch)
+        scheduler = self._schedulers[i]
+        try:
+            if i > 0 and self._milestones[i - 1] == self.last_epoch:
+                scheduler._restart()
+            else:
+                scheduler.step()
+        except BaseException:
+            self.last_epoch -= 1
+            raise
+        self._last_lr = scheduler.get_last_lr()
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """``last_epoch``, ``last_lr``, ``milestones`` and each scheduler's state under
+        ``schedulers.{i}.`` (see the class docstring), as numpy arrays (safetensors-ready)."""
+        out = {
+            "last_epoch": np.array(self.last_epoch, dtype=np.int64),
+            "last_lr": np.array(self._last_lr, dtype=np.float64),
+            "milestones": np.array(self._milestones, dtype=np.int64),
+        }
+        for i, s in enumerate(self._schedulers):
+            out.update({f"schedulers.{i}.{key}": value for key, value in s.state_dict().items()})
+        return out
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Restores a :meth:`state_dict`: this scheduler's step count, milestones and last learning
+        rates and every inner scheduler's state (with its ``load_state_dict``, which does not write
+        the groups' ``lr``: load the optimizer's state too, in either order).
+
+        Everything is checked before anything stays changed: this scheduler's values first, then
+        each inner scheduler's state is loaded, and if one is refused the ones before it are put
+        back (their counters and settings, the groups' ``initial_lr``).
+
+        Raises:
+            TypeError: ``state_dict`` not a mapping; a value that is not numbers (named by its key).
+            ValueError: missing or unknown keys (a ``schedulers.{i}.`` of no scheduler among them),
+                another number of param groups or of milestones, milestones negative, not whole
+                or not increasing, ``last_epoch`` < 0; an inner scheduler's refusal, prefixed with
+                ``schedulers.{i}``.
+        """
+        if not hasattr(state_dict, "items"):
+            raise TypeError(f"state_dict: expected a mapping of names to arrays, got {type(state_dict).__name__}")
+        n = len(self._schedulers)
+        own, inner = {}, [{} for _ in range(n)]
+        for key, value in state_dict.items():
+            head, _, rest = str(key).partition(".")
+            index, _, name = rest.partition(".")
+            if head == "schedulers" and index.isdecimal() and int(index) < n and name:
+                inner[int(index)][name] = value
+            else:
+                own[key] = value
+        expected = {"last_epoch", "last_lr", "milestones"}
+        if set(own) != expected:
+            raise ValueError(f"load_state_dict: missing keys {sorted(expected - set(own))}, unknown keys "
+                             f"{sorted(map(str, set(own) - expected))} (expected {sorted(expected)} and "
+                             f"schedulers.{{i}}.* for i < {n})")
+        last_epoch = _loaded_int(own["last_epoch"], "last_epoch", 0)
+        groups = self.optimizer.param_groups
+        last = _loaded_array(own["last_lr"], "last_lr").reshape(-1)
+        if last.size != len(groups):
+            raise ValueError(f"load_state_dict: last_lr: expected {len(groups)} learning rates (one per param group), "
+                             f"got {last.size}")
+        last_lr = [_loaded_lr(x, f"last_lr[{i}]") for i, x in enumerate(last)]
+        saved = _loaded_array(own["milestones"], "milestones").reshape(-1)
+        try:
+            milestones = _check_milestones([_loaded_int(x, f"milestones[{i}]", 0) for i, x in enumerate(saved)], n)
+        except ValueError as e:
+            raise ValueError(f"load_state_dict: {str(e).removeprefix('load_state_dict: ')}") from None
+        snapshot = _snapshot_schedulers(self._schedulers, self.optimizer)
+        try:
+            for i, (s, state) in enumerate(zip(self._schedulers, inner)):
+                try:
+                    s.load_state_dict(state)
+                except (TypeError, ValueError) as e:
+                    raise type(e)(f"load_state_dict: schedulers.{i}: {str(e).removeprefix('load_state_dict: ')}") \
+                        from None
+        except BaseException:
+            _restore_schedulers(snapshot)
+            raise
+        self.last_epoch = last_epoch
+        self._milestones = milestones
+        self._last_lr = last_lr
+
+
+def _check_schedulers(schedulers, optimizer, n_groups: int) -> list[LRScheduler]:
+    """SequentialLR's ``schedulers``, checked (see its Raises): a new list."""
+    if not isinstance(schedulers, (list, tuple)):
+        raise TypeError(f"schedulers: expected a list or tuple of LRSchedulers, got {type(schedulers).__name__}")
+    if not schedulers:
+        raise ValueError("schedulers: expected at least one scheduler, got none")
+    for i, s in enumerate(schedulers):
+        if not isinstance(s, LRScheduler):
+            raise TypeError(f"schedulers[{i}]: expected a transformer_core.lr_scheduler LRScheduler, "
+                            f"got {type(s).__name__}")
+        if isinstance(s, SequentialLR):
+            raise TypeError(f"schedulers[{i}]: expected a scheduler that steps by itself, got a SequentialLR "
+                            "(a SequentialLR cannot be nested: list its schedulers in this one)")
+        if s.optimizer is not optimizer:
+            raise ValueError(f"schedulers[{i}]: expected a scheduler of `optimizer` (all schedulers must belong to "
+                             f"the same optimizer), got a {type(s).__name__} of another optimizer")
+        first = next(j for j, other in enumerate(schedulers) if other is s)
+        if first != i:
+            raise ValueError(f"schedulers[{i}]: expected each scheduler once, got the same {type(s).__name__} "
+                             f"as schedulers[{first}]")
+        if len(s.base_lrs) != n_groups:
+            raise ValueError(f"schedulers[{i}]: built for {len(s.base_lrs)} param groups, the optimizer has "
+                             f"{n_groups} (a group added since has no schedule: build the schedulers again)")
+    return list(schedulers)
+
+
+def _check_milestones(milestones, n_schedulers: int) -> list[int]:
+    """SequentialLR's ``milestones``: ``n_schedulers - 1`` increasing ints >= 0, as a new list."""
+    if not isinstance(milestones, (list, tuple)):
+        raise TypeError(f"milestones: expected a list or tuple of ints, got {type(milestones).__name__}")
+    if len(milestones) != n_schedulers - 1:
+        raise ValueError(f"milestones: expected len(schedulers) - 1 = {n_schedulers - 1} milestones (the steps at "
+                         f"which the schedulers after the first take over), got {len(milestones)}")
+    milestones = [_check_int(m, f"milestones[{i}]", 0) for i, m in enumerate(milestones)]
+    if any(b <= a for a, b in zip(milestones, milestones[1:])):
+        raise ValueError(f"milestones: expected increasing steps, got {milestones}")
+    return milestones
+
+
+def _snapshot_schedulers(schedulers, optimizer) -> list:
+    """What stepping or loading ``schedulers`` may change: their attributes and the optimizer's
+    param-group dicts (``lr``, ``initial_lr``), for :func:`_restore_schedulers`."""
+    return [(s, dict(vars(s))) for s in schedulers] + [(g, dict(g)) for g in optimizer.param_groups]
+
+
+def _restore_schedulers(snapshot: list) -> None:
+    for obj, saved in snapshot:
+        target = obj if isinstance(obj, dict) else vars(obj)
+        target.clear()
+        target.update(saved)
 
 
 def _linear_warmup_decay(current_step: int, *, num_warmup_steps: int, num_training_steps: int) -> float:

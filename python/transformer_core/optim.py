@@ -140,7 +140,9 @@ class Optimizer:
             ``named_parameters()``), a ``{name: Parameter}`` dict, or of param-group dicts
             ``{"params": [...], "lr": ..., ...}`` (torch's form: per-group hyperparameters override
             the defaults). A Parameter without a name (and not in a pair) is named by its position,
-            ``"0"``, ``"1"``, ...
+            ``"0"``, ``"1"``, ..., or, when a named parameter of the optimizer already has that name,
+            by the next number no parameter has (``[Parameter(x, name="1"), Parameter(y)]``: ``"1"``,
+            ``"2"``).
         defaults: the hyperparameters of every group.
 
     Raises:
@@ -198,18 +200,30 @@ class Optimizer:
         self._check_group(group)
         taken = set(self._names.values())
         added: dict[int, str] = {}  # id(Parameter) -> name, registered only once all are checked
+        unnamed: list[tuple[int, Parameter]] = []  # named once every given name is known (below)
         for i, (name, p) in enumerate(named):
             if name == "":
                 raise ValueError(f"params[{i}]: expected a non-empty parameter name, got '' (the state dict's keys "
                                  "are made of the names, params.{name}.group: an empty one could not be read back)")
             if id(p) in self._names or id(p) in added:
                 raise ValueError(f"params: parameter {self._names.get(id(p), added.get(id(p)))!r} is given twice")
+            first = next((j for j, q in unnamed if q is p), None)
+            if first is not None:
+                raise ValueError(f"params[{i}]: the unnamed parameter of params[{first}] is given twice")
             if name is None:
-                name = str(len(self._names) + len(added))
+                unnamed.append((i, p))
+                continue
             if name in taken:
                 raise ValueError(f"params: two parameters are named {name!r}")
             taken.add(name)
             added[id(p)] = name
+        for i, p in unnamed:
+            # its position among all the optimizer's parameters, or the next number no parameter is named
+            position = len(self._names) + i
+            while str(position) in taken:
+                position += 1
+            taken.add(str(position))
+            added[id(p)] = str(position)
         group["params"] = [p for _, p in named]
         self._names.update(added)
         self.param_groups.append(group)
@@ -777,7 +791,8 @@ def _vector_norm_nonpositive(x: np.ndarray, norm_type: float) -> float:
         return float(np.sum(a ** norm_type) ** (1.0 / norm_type))
 
 
-def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0, error_if_nonfinite: bool = False) -> float:
+def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0, error_if_nonfinite: bool = False,
+                    foreach: bool | None = None) -> float:
     """Scales the gradients in place so that their total norm is at most ``max_norm``, as
     ``torch.nn.utils.clip_grad_norm_``::
 
@@ -802,6 +817,10 @@ def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0, error_i
             overflowed: ``names`` is then empty).
             Otherwise the gradients are scaled anyway (NaN spreads; :meth:`Optimizer.step` will
             refuse them).
+        foreach: None (the default), True or False, accepted for torch's signature (torch 2.x: its
+            foreach implementation, batched over the gradients, or the loop over them; the same
+            norm). It changes nothing here: there is one implementation, the C++ norms above, for
+            any value.
 
     Returns:
         The total norm of the gradients before clipping (a float; 0.0 when no parameter has a gradient).
@@ -810,11 +829,14 @@ def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0, error_i
         ValueError: ``max_norm`` < 0 or NaN, ``norm_type`` NaN, a negative or -inf ``norm_type``
             with an empty gradient (undefined: torch raises too); NonFiniteGradientError (see above).
         TypeError: bad ``parameters`` (the message names ``parameters``), non-numeric ``max_norm`` /
-            ``norm_type``, ``error_if_nonfinite`` not a bool. Nothing is scaled when it raises.
+            ``norm_type``, ``error_if_nonfinite`` not a bool, ``foreach`` not a bool or None. Nothing
+            is scaled when it raises.
     """
     params = _parameters_of(parameters)
     max_norm = check_float(max_norm, "max_norm", minimum=0.0, finite=False)
     error_if_nonfinite = check_bool(error_if_nonfinite, "error_if_nonfinite")
+    if foreach is not None and not isinstance(foreach, (bool, np.bool_)):  # as torch's; one implementation either way
+        raise TypeError(f"foreach: expected a bool or None, got {type(foreach).__name__} {foreach!r}")
     if isinstance(norm_type, str) and norm_type.strip().lower() in ("inf", "+inf", "-inf"):
         norm_type = float(norm_type)
     if isinstance(norm_type, (bool, np.bool_)) or not isinstance(norm_type, numbers.Real):

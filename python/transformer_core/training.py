@@ -8,7 +8,10 @@ written by ``save_pretrained``) and back.
                                       "model.layers.0..."), the state of the dropout seeds'
                                       generator (get_rng_state) in its metadata
     directory/optimizer.safetensors   optimizer.state_dict() (see transformer_core.optim)
-    directory/scheduler.safetensors   scheduler.state_dict() (see transformer_core.lr_scheduler)
+    directory/scheduler.safetensors   scheduler.state_dict() (see transformer_core.lr_scheduler); for
+                                      a list of schedulers chained on the optimizer, each one's
+                                      state under "{i}." ("0.last_epoch", "1.last_epoch", ...) and
+                                      their number in the metadata key "num_schedulers"
 
 A resumed run (load_checkpoint, then the same calls) is bitwise the uninterrupted one, dropout
 included: the generator of the dropout seeds is restored with the weights.
@@ -89,23 +92,52 @@ RNG_STATE_KEY = "rng_state"
 _FILES = ("model.safetensors", "optimizer.safetensors", "scheduler.safetensors")
 
 
-def _check_arguments(directory, model, optimizer, scheduler) -> None:
+#: The scheduler file's metadata key holding the number of schedulers of a save of a list of them
+#: (absent from the save of one scheduler, whose state is stored with no prefix).
+NUM_SCHEDULERS_KEY = "num_schedulers"
+
+
+def _schedulers_of(scheduler, optimizer) -> list[LRScheduler]:
+    """``scheduler`` (None, an LRScheduler, or a list or tuple of them) as a list, checked: a
+    TypeError / ValueError naming ``scheduler`` (``scheduler[i]`` for an entry)."""
+    if scheduler is None:
+        return []
+    if isinstance(scheduler, LRScheduler):
+        schedulers, names = [scheduler], ["scheduler"]
+    elif isinstance(scheduler, (list, tuple)):
+        if not scheduler:
+            raise ValueError(f"scheduler: expected at least one scheduler, got an empty {type(scheduler).__name__} "
+                             "(pass None for no scheduler)")
+        schedulers, names = list(scheduler), [f"scheduler[{i}]" for i in range(len(scheduler))]
+    else:
+        raise TypeError(f"scheduler: expected a transformer_core.lr_scheduler LRScheduler or None, "
+                        f"got {type(scheduler).__name__}; or a list or tuple of LRSchedulers chained on `optimizer`")
+    for i, (s, name) in enumerate(zip(schedulers, names)):
+        if not isinstance(s, LRScheduler):
+            raise TypeError(f"{name}: expected a transformer_core.lr_scheduler LRScheduler, got {type(s).__name__}")
+        if s.optimizer is not optimizer:
+            # the learning rates a scheduler sets live in its optimizer's state (param_groups.{i}.lr)
+            got = "optimizer=None" if optimizer is None else "a scheduler of another optimizer than `optimizer`"
+            raise ValueError(f"{name}: expected a scheduler of `optimizer` (the groups' learning rates are saved and "
+                             f"restored with the optimizer's state), got {got}; pass scheduler.optimizer as optimizer")
+        first = next(j for j, other in enumerate(schedulers) if other is s)
+        if first != i:
+            raise ValueError(f"{name}: expected each scheduler once, got the same {type(s).__name__} as "
+                             f"scheduler[{first}]")
+    return schedulers
+
+
+def _check_arguments(directory, model, optimizer, scheduler) -> list[LRScheduler]:
     """The arguments of :func:`save_checkpoint` / :func:`load_checkpoint`, checked before anything is
-    read, written or changed: TypeError / ValueError naming the argument."""
+    read, written or changed: TypeError / ValueError naming the argument. Returns the schedulers as
+    a list (empty for None)."""
     if not isinstance(directory, (str, os.PathLike)) or isinstance(os.fspath(directory), bytes):
         raise TypeError(f"directory: expected a str or os.PathLike, got {type(directory).__name__}")
     if not isinstance(model, Module):
         raise TypeError(f"model: expected a transformer_core Module, got {type(model).__name__}")
     if optimizer is not None and not isinstance(optimizer, Optimizer):
         raise TypeError(f"optimizer: expected a transformer_core.optim Optimizer or None, got {type(optimizer).__name__}")
-    if scheduler is not None and not isinstance(scheduler, LRScheduler):
-        raise TypeError(f"scheduler: expected a transformer_core.lr_scheduler LRScheduler or None, "
-                        f"got {type(scheduler).__name__}")
-    if scheduler is not None and scheduler.optimizer is not optimizer:
-        # the learning rates a scheduler sets live in its optimizer's state (param_groups.{i}.lr)
-        got = "optimizer=None" if optimizer is None else "a scheduler of another optimizer than `optimizer`"
-        raise ValueError(f"scheduler: expected a scheduler of `optimizer` (the groups' learning rates are saved and "
-                         f"restored with the optimizer's state), got {got}; pass scheduler.optimizer as optimizer")
+    return _schedulers_of(scheduler, optimizer)
 
 
 def save_checkpoint(directory, model: Module, optimizer=None, scheduler=None) -> None:
@@ -116,6 +148,13 @@ def save_checkpoint(directory, model: Module, optimizer=None, scheduler=None) ->
     ``checkpoint_id`` in its metadata, which :func:`load_checkpoint` checks. A leading ``~`` of
     ``directory`` is the home directory (as for ``save_pretrained`` and :func:`load_checkpoint`).
 
+    ``scheduler`` is one scheduler, or a list or tuple of the schedulers chained on ``optimizer``
+    (each ``step()`` called in turn, e.g. a LinearLR warmup and a CosineAnnealingLR: save them all,
+    as a scheduler left out would start its schedule again on resuming), each one's state stored
+    separately in ``scheduler.safetensors`` (see the module doc). A
+    :class:`~transformer_core.lr_scheduler.SequentialLR` is one scheduler (its state holds its
+    schedulers').
+
     A file of a component not given (``optimizer=None``) is not written, and one left in
     ``directory`` by an earlier save stays: :func:`load_checkpoint` refuses to read it with this save's
     model (another ``checkpoint_id``).
@@ -124,9 +163,11 @@ def save_checkpoint(directory, model: Module, optimizer=None, scheduler=None) ->
         TypeError: ``directory`` not a str or ``os.PathLike`` (of a str path), ``model`` not a
             :class:`~transformer_core.module.Module`, ``optimizer`` not a
             :class:`~transformer_core.optim.Optimizer` (or None), ``scheduler`` not a
-            :class:`~transformer_core.lr_scheduler.LRScheduler` (or None): nothing is written.
+            :class:`~transformer_core.lr_scheduler.LRScheduler` (or None, or a list or tuple of them; an
+            entry is named ``scheduler[i]``): nothing is written.
         ValueError: a ``scheduler`` whose optimizer is not ``optimizer`` (None included: the groups'
-            learning rates are saved in the optimizer's state, not the scheduler's); nothing is written.
+            learning rates are saved in the optimizer's state, not the scheduler's), an empty list,
+            a scheduler listed twice; nothing is written.
         FileNotFoundError: a ``~user`` of no known user in ``directory`` (nothing written).
         OSError: a file cannot be written (naming it); ``directory`` keeps the files it held before
             (the previous set, whole) and no temporary. (Should one of the final renames itself fail,
@@ -135,22 +176,25 @@ def save_checkpoint(directory, model: Module, optimizer=None, scheduler=None) ->
     """
     from safetensors.numpy import save_file
 
-    _check_arguments(directory, model, optimizer, scheduler)
+    schedulers = _check_arguments(directory, model, optimizer, scheduler)
     directory = expand_home(directory, "directory")  # "~/run" is the home's, as save_pretrained's
     metadata = {"format": "np", CHECKPOINT_ID_KEY: secrets.token_hex(16)}
-    states = []  # (file name, state): all taken before anything is written
+    states = []  # (file name, state, its own metadata): all taken before anything is written
     if optimizer is not None:
         state = _optimizer_layout(optimizer.state_dict(), _relaid_parameters(model), to_checkpoint=True)
-        states.append(("optimizer.safetensors", state))
-    if scheduler is not None:
-        states.append(("scheduler.safetensors", scheduler.state_dict()))
+        states.append(("optimizer.safetensors", state, {}))
+    if isinstance(scheduler, LRScheduler):
+        states.append(("scheduler.safetensors", scheduler.state_dict(), {}))
+    elif schedulers:  # a list: each state under its index, and their number
+        state = {f"{i}.{key}": value for i, s in enumerate(schedulers) for key, value in s.state_dict().items()}
+        states.append(("scheduler.safetensors", state, {NUM_SCHEDULERS_KEY: str(len(schedulers))}))
     # last: the file a reader starts from, under the names save_pretrained writes (transformers loads it)
     checkpoint_state = getattr(model, "_checkpoint_state", model.state_dict)
-    states.append(("model.safetensors", checkpoint_state()))
+    states.append(("model.safetensors", checkpoint_state(), {RNG_STATE_KEY: json.dumps(get_rng_state())}))
     files = []
-    for name, state in states:
+    for name, state, own in states:
         arrays = {k: np.asarray(v, order="C") for k, v in state.items()}
-        meta = dict(metadata, **({RNG_STATE_KEY: json.dumps(get_rng_state())} if name == "model.safetensors" else {}))
+        meta = dict(metadata, **own)
         files.append((name, lambda p, arrays=arrays, meta=meta: save_file(arrays, p, metadata=meta)))
     write_files_atomically(directory, files)
 
@@ -203,6 +247,46 @@ def _rng_state(path: Path, metadata: dict):
     return state
 
 
+def _scheduler_states(path: Path, arrays: dict, metadata: dict, count: int) -> list[dict]:
+    """The scheduler file's states, one per scheduler (see the module doc), for ``count`` schedulers
+    given to :func:`load_checkpoint`.
+
+    Raises:
+        ValueError: naming ``scheduler``: the file holds the states of another number of schedulers;
+            naming the file: a ``num_schedulers`` that is not a positive int, a key of no scheduler.
+    """
+    text = metadata.get(NUM_SCHEDULERS_KEY)
+    if text is None:
+        saved, states = 1, [arrays]  # the save of one scheduler: its state as is
+    else:
+        saved = int(text) if text.isdecimal() else 0
+        if saved < 1:
+            raise ValueError(f"{path}: metadata {NUM_SCHEDULERS_KEY}: expected a positive int, got {text!r}; "
+                             "nothing was loaded")
+        states = [{} for _ in range(saved)]
+        for key, value in arrays.items():
+            index, _, name = key.partition(".")
+            if not (index.isdecimal() and int(index) < saved and name):
+                raise ValueError(f"{path}: key {key!r}: expected '{{i}}.{{name}}' with i < {saved} (the state of "
+                                 f"scheduler i of {saved}); nothing was loaded")
+            states[int(index)][name] = value
+    if saved != count:
+        raise ValueError(f"scheduler: the checkpoint holds the states of {saved} scheduler(s), got {count}; expected "
+                         "the schedulers it was saved with, in the same order (a scheduler chained on the optimizer "
+                         "and not restored would start its schedule again); nothing was loaded")
+    return states
+
+
+def _with_inner(schedulers) -> list:
+    """``schedulers`` and, recursively, those a SequentialLR holds (its ``load_state_dict`` loads
+    theirs)."""
+    out = []
+    for s in schedulers:
+        out.append(s)
+        out.extend(_with_inner(getattr(s, "_schedulers", ())))
+    return out
+
+
 def _snapshot(objects) -> list:
     """What ``load_state_dict`` of an optimizer or a scheduler changes: the objects' attributes
     (which they rebind: ``state``, ``last_epoch``, ...) and the optimizers' param-group dicts (which
@@ -221,7 +305,9 @@ def _restore(snapshot: list) -> None:
 
 def load_checkpoint(directory, model: Module, optimizer=None, scheduler=None) -> None:
     """Reads what :func:`save_checkpoint` wrote into ``model`` (and ``optimizer``, ``scheduler``,
-    which must hold the same parameters by name: see ``Optimizer.load_state_dict``).
+    which must hold the same parameters by name: see ``Optimizer.load_state_dict``). ``scheduler``
+    is what the save was given: one scheduler, or a list or tuple of as many schedulers, in the same
+    order (a list of one and one scheduler are interchangeable).
 
     Every file is read and checked (headers, the ``checkpoint_id`` stamps of one save) before
     anything changes; the optimizer's and scheduler's states are then loaded (each checks all of its
@@ -235,16 +321,19 @@ def load_checkpoint(directory, model: Module, optimizer=None, scheduler=None) ->
         TypeError: ``directory``, ``model``, ``optimizer`` or ``scheduler`` of the wrong type (as
             :func:`save_checkpoint`); nothing is read or changed.
         ValueError: a ``scheduler`` whose optimizer is not ``optimizer`` (None included: the groups'
-            learning rates are restored from the optimizer's file); nothing is read or changed.
+            learning rates are restored from the optimizer's file), an empty list, a scheduler listed
+            twice; nothing is read or changed.
+        ValueError: another number of schedulers than the checkpoint holds (naming ``scheduler``);
+            nothing is changed.
         FileNotFoundError: a file is missing, or a ``~user`` of no known user in ``directory``.
         ValueError: a file that is truncated or has a corrupt header (naming it); files of
             different saves (naming them); names, shapes or values that do not match (listed),
             a model tensor that is not floating-point (naming it).
         OSError: a file that cannot be read (naming it).
     """
-    _check_arguments(directory, model, optimizer, scheduler)
+    schedulers = _check_arguments(directory, model, optimizer, scheduler)
     path = expand_home(directory, "directory")
-    wanted = [name for name, given in zip(_FILES, (True, optimizer is not None, scheduler is not None)) if given]
+    wanted = [name for name, given in zip(_FILES, (True, optimizer is not None, bool(schedulers))) if given]
     for name in wanted:
         if not (path / name).is_file():
             raise FileNotFoundError(f"directory: no {name} in {path}")
@@ -258,16 +347,25 @@ def load_checkpoint(directory, model: Module, optimizer=None, scheduler=None) ->
         _read_header(path / name)  # truncated or corrupt: a ValueError naming the file
         states[name], metadata[name] = _read_safetensors(path / name, arrays=True)
     _check_one_save(path, metadata)
+    scheduler_states = []
+    if schedulers:
+        name = "scheduler.safetensors"
+        scheduler_states = _scheduler_states(path / name, states[name], metadata[name], len(schedulers))
     # then load: each load_state_dict checks all of its input before it changes anything, so only a
     # later component's refusal needs the earlier ones put back
-    objects = {id(o): o for o in (optimizer, scheduler, getattr(scheduler, "optimizer", None)) if o is not None}
+    objects = {id(o): o for o in (optimizer, *_with_inner(schedulers)) if o is not None}
     snapshot = _snapshot(objects.values())
     try:
         if optimizer is not None:
             relaid = _relaid_parameters(model)
             optimizer.load_state_dict(_optimizer_layout(states["optimizer.safetensors"], relaid, to_checkpoint=False))
-        if scheduler is not None:
-            scheduler.load_state_dict(states["scheduler.safetensors"])
+        for i, (s, state) in enumerate(zip(schedulers, scheduler_states)):
+            try:
+                s.load_state_dict(state)
+            except (TypeError, ValueError) as e:
+                if not isinstance(scheduler, (list, tuple)):
+                    raise
+                raise type(e)(f"scheduler[{i}]: {e}") from None
         model.load_state_dict(model_state)
     except BaseException:
         _restore(snapshot)
