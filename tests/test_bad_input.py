@@ -433,3 +433,71 @@ def test_as_bool_float_masks():
     np.testing.assert_array_equal(as_bool([1, 0], "key_mask"), [True, False])
     with pytest.raises(ValueError, match="attention_mask"):
         as_bool(np.array([0.5]), "attention_mask", allow_float=True)
+
+
+# ------------------------------------------------- nn layers: a wrong shape is refused before any copy
+_WIDE = 2**17  # rows of 9 float64 values: 9 MiB, whose float32 copy would be 4.5 MiB
+
+
+def _refusal_peak(fn):
+    """``fn()``'s error and the peak bytes traced while it ran (numpy's arrays included)."""
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        with pytest.raises(ERR) as err:
+            fn()
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    return err, peak
+
+
+def _wrong_shape_cases():
+    q = np.zeros((1, 3, 8), np.float32)
+    wide = np.zeros((1, _WIDE, 9))  # float64, last dim 9 where the layers take 8
+    big_mask = np.zeros((1024, 1024))  # float64, (L, S) = (3, 3) expected
+    mask_3d, mask_4d = np.zeros((3, 512, 512)), np.zeros((1, 4, 512, 512))  # not (N·H, L, S), not (N, H, L, S)
+    q_long = np.zeros((1, 1024, 8), np.float32)  # big_mask is its (L, S)
+    return {
+        "mha_attn_mask": (lambda: tc.nn.MultiheadAttention(8, 2), lambda m: m(q, attn_mask=big_mask), "attn_mask"),
+        "mha_attn_mask_3d": (lambda: tc.nn.MultiheadAttention(8, 2),
+                             lambda m: m(q, attn_mask=mask_3d), "attn_mask"),
+        "mha_attn_mask_4d": (lambda: tc.nn.MultiheadAttention(8, 2),
+                             lambda m: m(q, attn_mask=mask_4d), "attn_mask"),
+        "mha_key_mask_then_attn_mask": (  # the key mask's shape, before the right-shaped attn_mask is converted
+            lambda: tc.nn.MultiheadAttention(8, 2),
+            lambda m: m(q_long, attn_mask=big_mask, key_mask=np.ones((1, 5), bool)), "key_mask"),
+        "mha_query": (lambda: tc.nn.MultiheadAttention(8, 2), lambda m: m(wide), "query"),
+        "mha_key": (lambda: tc.nn.MultiheadAttention(8, 2), lambda m: m(q, wide, wide), "key"),
+        "mha_value_length": (lambda: tc.nn.MultiheadAttention(8, 2, vdim=9),
+                             lambda m: m(q, q, wide), "value"),
+        "linear": (lambda: tc.nn.Linear(8, 4), lambda m: m(wide), r"\bx\b"),
+        "feed_forward": (lambda: tc.nn.FeedForward(8, 16), lambda m: m(wide), r"\bx\b"),
+        "gated_feed_forward": (lambda: tc.nn.GatedFeedForward(8, 16), lambda m: m(wide), r"\bx\b"),
+        "layer_norm": (lambda: tc.nn.LayerNorm(8), lambda m: m(wide), r"\bx\b"),
+        "rms_norm": (lambda: tc.nn.RMSNorm(8), lambda m: m(wide), r"\bx\b"),
+        "encoder_layer_src": (lambda: tc.nn.TransformerEncoderLayer(8, 2, 16), lambda m: m(wide), r"\bsrc\b"),
+        "encoder_layer_src_mask": (lambda: tc.nn.TransformerEncoderLayer(8, 2, 16),
+                                   lambda m: m(q, src_mask=big_mask), "src_mask"),
+        "decoder_layer_memory": (lambda: tc.nn.TransformerDecoderLayer(8, 2, 16), lambda m: m(q, wide), "memory"),
+        "decoder_layer_tgt": (lambda: tc.nn.TransformerDecoderLayer(8, 2, 16), lambda m: m(wide, q), r"\btgt\b"),
+        "decoder_layer_memory_mask": (lambda: tc.nn.TransformerDecoderLayer(8, 2, 16),
+                                      lambda m: m(q, q, memory_mask=big_mask), "memory_mask"),
+        "transformer_tgt": (lambda: tc.nn.Transformer(8, 2, 1, 1, 16), lambda m: m(q, wide), r"\btgt\b"),
+        "transformer_src_mask": (lambda: tc.nn.Transformer(8, 2, 1, 1, 16),
+                                 lambda m: m(q, q, src_mask=big_mask), "src_mask"),
+    }
+
+
+@pytest.mark.parametrize("case", list(_wrong_shape_cases()))
+def test_nn_wrong_shapes_are_refused_before_any_copy(case):
+    """A wrong-shaped float64 input or mask of a float32 layer was converted (a copy of its size)
+    before its shape was checked: MultiheadAttention(8, 2)(q, attn_mask=np.zeros((1024, 1024)))
+    peaked at 4 MiB (34 MiB for a 3000 x 3000 mask) before its ValueError. Now the shape is checked
+    on the array as given."""
+    build, call, match = _wrong_shape_cases()[case]
+    module = build()
+    err, peak = _refusal_peak(lambda: call(module))
+    assert err.type is ValueError and err.match(match)
+    assert peak < 2**16, f"{case}: the refusal allocated {peak} bytes"

@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 import transformer_core as tc
-from conftest import DTYPE_IDS, FLOAT_DTYPES, TORCH_DTYPE, assert_close, randn, to_torch
+from conftest import DTYPE_IDS, FLOAT_DTYPES, TORCH_DTYPE, assert_close, module_state_to_numpy, randn, to_torch
 from transformers.models.llama.configuration_llama import LlamaConfig as HFLlamaConfig
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, apply_rotary_pos_emb
 
@@ -111,6 +111,52 @@ def test_rms_norm_bad_input():
         tc.functional.rms_norm(np.ones((2, 4)), weight=np.ones(3))
     with pytest.raises(ValueError, match="last dim"):
         tc.nn.RMSNorm(4)(np.ones((2, 5)))
+
+
+# ----------------------------------------------------------------- norms without elementwise_affine
+def _norm_pairs(E, dtype):
+    """(ours, torch's) built with the same positional arguments, torch's signatures: LayerNorm
+    (normalized_shape, eps, elementwise_affine, bias), RMSNorm (normalized_shape, eps,
+    elementwise_affine)."""
+    tdt = TORCH_DTYPE[np.dtype(dtype)]
+    return [(tc.nn.LayerNorm(E, 1e-5, False, dtype=dtype), torch.nn.LayerNorm(E, 1e-5, False, dtype=tdt)),
+            (tc.nn.LayerNorm(E, 1e-3, False, True, dtype=dtype), torch.nn.LayerNorm(E, 1e-3, False, True, dtype=tdt)),
+            (tc.nn.LayerNorm(E, 1e-5, True, False, dtype=dtype), torch.nn.LayerNorm(E, 1e-5, True, False, dtype=tdt)),
+            (tc.nn.RMSNorm(E, 1e-6, False, dtype=dtype), torch.nn.RMSNorm(E, 1e-6, False, dtype=tdt)),
+            (tc.nn.RMSNorm(E, None, False, dtype=dtype), torch.nn.RMSNorm(E, None, False, dtype=tdt))]
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("E", [1, 7, 64])
+def test_norms_take_torchs_elementwise_affine(rng, dtype, E):
+    """torch's third positional argument of LayerNorm and RMSNorm is elementwise_affine (LayerNorm's
+    bias comes after it): LayerNorm(E, 1e-5, False) was LayerNorm(E, 1e-5, bias=False) here, with a
+    weight torch's has not. Without it: no parameters at all (torch's state_dict, loadable both
+    ways), the forward and the backward's grad_x are torch's, and no gradient is exposed."""
+    x, g = randn(rng, (3, 5, E), dtype, scale=2.0) + 1.0, randn(rng, (3, 5, E), dtype)
+    for ours, ref in _norm_pairs(E, dtype):
+        what = repr(ref)
+        ref_state = module_state_to_numpy(ref)
+        assert list(ours.state_dict()) == list(ref_state), what
+        assert [n for n, _ in ours.named_parameters()] == [n for n, _ in ref.named_parameters()], what
+        ours.load_state_dict(ref_state)  # torch's state_dict loads (an empty one where it has no parameters)
+        xt = to_torch(x).requires_grad_(True)
+        ref_out = ref(xt)
+        (ref_out * to_torch(g)).sum().backward()
+        assert_close(ours(x), ref_out.detach(), dtype, what=f"{what} forward")
+        ours.train()
+        ours(x)
+        assert_close(ours.backward(g), xt.grad, dtype, what=f"{what} grad_x")
+        grads = ours.gradients()
+        assert list(grads) == [n for n, _ in ref.named_parameters()], what
+        for n, p in ref.named_parameters():
+            assert_close(grads[n], p.grad, dtype, atol_=1e-4 if dtype == np.float32 else 1e-10, what=f"{what} {n}")
+        ours.eval()
+    without = tc.nn.LayerNorm(E, elementwise_affine=False, dtype=dtype)
+    with pytest.raises(ValueError, match="weight"):  # a key it has no parameter for, as torch's strict load
+        without.load_state_dict({"weight": np.ones(E, dtype)})
+    with pytest.raises(TypeError, match="elementwise_affine"):
+        tc.nn.RMSNorm(E, 1e-6, np.float64)  # the old third positional argument (dtype) is refused by name
 
 
 # ------------------------------------------------------------------------- fresh layers' weights

@@ -297,7 +297,7 @@ def test_decoder_layer_bad_input(rng):
 def test_layer_norm_matches_torch(rng, shape, eps, bias, dtype):
     E = shape[-1]
     ref = randomise_(torch.nn.LayerNorm(E, eps=eps, bias=bias).to(TORCH_DTYPE[np.dtype(dtype)]))
-    ours = tc.nn.LayerNorm(E, eps, bias, dtype)
+    ours = tc.nn.LayerNorm(E, eps, bias=bias, dtype=dtype)
     sd = module_state_to_numpy(ref)
     assert set(ours.state_dict()) == set(sd)
     ours.load_state_dict(sd)

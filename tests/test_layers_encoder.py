@@ -5,6 +5,8 @@ no_grad with the MHA fast path disabled (conftest); a separate test checks again
 """
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -322,3 +324,46 @@ def test_encoder_stack_mask_errors_name_mask(rng, dtype):
     with torch.no_grad():
         r = ref(to_torch(x[0]), mask=to_torch(m)).numpy()
     assert_close(stack(x[0], mask=m), r, dtype)
+
+
+def test_torch_key_padding_masks_are_refused_naming_the_replacement(rng):
+    """torch's src/tgt/memory_key_padding_mask (True = padding) were a bare "unexpected keyword
+    argument" on every layer, stack and Transformer: now a TypeError naming the library's key mask
+    and the inversion; the replacement gives torch's output for torch's mask."""
+    d, h, f = 8, 2, 16
+    x, mem = randn(rng, (2, 3, d)), randn(rng, (2, 4, d))
+    pad3, pad4 = np.zeros((2, 3), bool), np.zeros((2, 4), bool)
+    pad3[0, 2:] = pad4[1, 1:] = True
+    enc, ref = make_pair(d, h, f, "relu", False, np.float32)
+    dec = tc.nn.TransformerDecoderLayer(d, h, f)
+    calls = {
+        "encoder layer": lambda name, m: enc(x, **{name: m}),
+        "encoder stack": lambda name, m: tc.nn.TransformerEncoder(enc, 2)(x, **{name: m}),
+        "decoder layer": lambda name, m: dec(x, mem, **{name: m}),
+        "decoder stack": lambda name, m: tc.nn.TransformerDecoder(dec, 2)(x, mem, **{name: m}),
+        "transformer": lambda name, m: tc.nn.Transformer(d, h, 1, 1, f)(mem, x, **{name: m}),
+    }
+    names = {"encoder layer": ["src_key_padding_mask"], "encoder stack": ["src_key_padding_mask"],
+             "decoder layer": ["tgt_key_padding_mask", "memory_key_padding_mask"],
+             "decoder stack": ["tgt_key_padding_mask", "memory_key_padding_mask"],
+             "transformer": ["src_key_padding_mask", "tgt_key_padding_mask", "memory_key_padding_mask"]}
+    for where, call in calls.items():
+        for name in names[where]:
+            replacement = name.replace("_padding", "")
+            expected = (f"{name}: not supported (torch's True = padding, ignored); pass {replacement}=~{name} "
+                        f"(True = a real token)")
+            with pytest.raises(TypeError, match=f"^{re.escape(expected)}$"):
+                call(name, pad3)
+            call(name, None)  # None (no mask, in both conventions) passes
+    with torch.no_grad():
+        torch_out = ref(to_torch(x), src_key_padding_mask=to_torch(pad3)).numpy()
+    assert_close(enc(x, src_key_mask=~pad3), torch_out, np.float32, what="src_key_mask=~src_key_padding_mask")
+
+
+def test_layer_constructors_name_torchs_positional_dropout():
+    """torch's fourth positional argument of the encoder/decoder layers is dropout, this library's
+    activation: a float there says so (it was "activation: expected a str")."""
+    for layer in (tc.nn.TransformerEncoderLayer, tc.nn.TransformerDecoderLayer):
+        with pytest.raises(TypeError, match=re.escape("activation: expected a str, got float 0.1 (torch's fourth "
+                                                      "positional argument is dropout")):
+            layer(8, 2, 16, 0.1)

@@ -76,13 +76,74 @@ def _padding(rng, N, S, min_real=1):
 def test_mha_self_attention(rng, E, H, N, L, bias, dtype):
     ours, ref = make_pair(E, H, dtype, bias)
     x = randn(rng, (N, L, E), dtype)
-    out, w = ours(x)
+    out, w = ours(x, need_weights=False)
     assert w is None
     ref_out, _ = torch_mha(ref, x)
     assert_close(out, ref_out, dtype, what="mha self-attention")
     # explicit key=value=query gives the same
-    out2, _ = ours(x, x, x)
+    out2, _ = ours(x, x, x, need_weights=False)
     np.testing.assert_allclose(out2, out, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("unbatched", [False, True], ids=["batched", "unbatched"])
+def test_mha_default_returns_torchs_weights(rng, unbatched, dtype):
+    """Ported code ``out, w = mha(q, k, v)``: torch's defaults are need_weights=True,
+    average_attn_weights=True, so w is the head-averaged weights, here as in torch (they were None
+    here: need_weights defaulted to False)."""
+    ours, ref = make_pair(8, 2, dtype)
+    shape = (5, 8) if unbatched else (2, 5, 8)
+    q, kv = randn(rng, shape, dtype), randn(rng, shape[:-2] + (7, 8), dtype)
+    out, w = ours(q, kv, kv)
+    qt, kvt = to_torch(q), to_torch(kv)
+    with torch.no_grad():
+        ref_out, ref_w = ref(qt, kvt, kvt)  # torch's defaults
+    assert w is not None and w.shape == tuple(ref_w.shape) == shape[:-2] + (5, 7)
+    assert_close(out, ref_out.numpy(), dtype, what="default output")
+    assert_close(w, ref_w.numpy(), dtype, what="default weights")
+
+
+def test_mha_torch_key_padding_mask_is_refused_naming_key_mask(rng):
+    """torch's key_padding_mask (True = padding) was a bare "unexpected keyword argument": now a
+    TypeError naming the replacement, key_mask=~key_padding_mask, which gives torch's output."""
+    ours, ref = make_pair(8, 2, np.float32)
+    q, kv = randn(rng, (2, 3, 8)), randn(rng, (2, 5, 8))
+    kpm = np.zeros((2, 5), bool)
+    kpm[0, 3:] = True
+    with pytest.raises(TypeError, match=re.escape("key_padding_mask: not supported (torch's True = padding, "
+                                                  "ignored); pass key_mask=~key_padding_mask (True = a real token)")):
+        ours(q, kv, kv, key_padding_mask=kpm)
+    out, w = ours(q, kv, kv, key_mask=~kpm)
+    with torch.no_grad():
+        ref_out, ref_w = ref(to_torch(q), to_torch(kv), to_torch(kv), key_padding_mask=to_torch(kpm))
+    assert_close(out, ref_out, np.float32, what="key_mask=~key_padding_mask")
+    assert_close(w, ref_w, np.float32, what="its weights")
+    np.testing.assert_array_equal(ours(q, kv, kv, key_padding_mask=None)[0], ours(q, kv, kv)[0])  # None: no mask
+
+
+def test_mha_torch_constructor_arguments(rng):
+    """torch's dropout / batch_first / add_bias_kv / add_zero_attn were bare "unexpected keyword"
+    TypeErrors: taken at the values this layer implements (then the layer is torch's), refused by
+    name otherwise; a float third positional argument (torch's dropout, this layer's bias) says so."""
+    ref = make_torch_mha(8, 2, np.float32)
+    ours = tc.nn.MultiheadAttention(8, 2, dropout=0.0, batch_first=True, add_bias_kv=False, add_zero_attn=False)
+    ours.load_state_dict(module_state_to_numpy(ref))
+    x = randn(rng, (2, 3, 8))
+    ref_out, ref_w = torch_mha(ref, x, need_weights=True)
+    out, w = ours(x)
+    assert_close(out, ref_out, np.float32, what="torch's arguments at their defaults")
+    assert_close(w, ref_w, np.float32, what="weights")
+    for kw, match in [({"dropout": 0.1}, "dropout: expected 0.0, got 0.1: attention-probability dropout is not"),
+                      ({"batch_first": False}, "batch_first: expected True, got False"),
+                      ({"add_bias_kv": True}, "add_bias_kv: expected False, got True: not implemented"),
+                      ({"add_zero_attn": True}, "add_zero_attn: expected False, got True: not implemented")]:
+        with pytest.raises(ValueError, match=re.escape(match)):
+            tc.nn.MultiheadAttention(8, 2, **kw)
+    with pytest.raises(TypeError, match="batch_first: expected a bool"):
+        tc.nn.MultiheadAttention(8, 2, batch_first=1)
+    with pytest.raises(TypeError, match=re.escape("bias: expected a bool, got float 0.1 (torch's third positional "
+                                                  "argument is dropout")):
+        tc.nn.MultiheadAttention(8, 2, 0.1)
 
 
 @pytest.mark.parametrize("E,H", [(64, 2), (40, 2), (48, 3)], ids=["D32", "D20", "D16"])
@@ -599,7 +660,7 @@ def test_mha_unbatched_matches_torch(rng, case, dtype):
                                   need_weights=True, average_attn_weights=average)
                 np.testing.assert_array_equal(out, b_out[0])
                 np.testing.assert_array_equal(w, b_w[0])
-    out, w = ours(q, k, v)
+    out, w = ours(q, k, v, need_weights=False)
     assert w is None and out.shape == (L, E)
 
 

@@ -223,7 +223,7 @@ def test_per_head_attention_heads(E, H, seq, dtype, rng):
     q, k, v = randn(rng, (N, L, E), dtype), randn(rng, (N, S, E), dtype), randn(rng, (N, S, E), dtype)
     with torch.no_grad():
         expected = ref(to_torch(q), to_torch(k), to_torch(v))
-    out, weights = ours(q, k, v)
+    out, weights = ours(q, k, v, need_weights=False)
     assert weights is None
     assert_close(out, expected, dtype)
     # with a padding mask (the tutorial's `mask`, (N, L, S), 0 = blocked)
@@ -434,3 +434,40 @@ def test_empty_state_is_refused():
         MF.from_einsum_as_written(einsum, 3)
     with pytest.raises(ValueError, match=r"state\['fc_out.weight'\]: .*E >= 1, got \(0, 0\)"):
         MF.from_einsum_shared({**einsum, "queries.weight": z2, "keys.weight": z2, "values.weight": z2}, 1)
+
+
+@pytest.mark.parametrize("dtype, want", [(np.float64, np.float64), (np.float16, np.float32), (np.float32, np.float32)])
+def test_split_heads_and_einsum_returns_as_documented(rng, dtype, want):
+    """The Returns sections of from_split_heads, to_split_heads and to_einsum_shared: the names,
+    shapes (E = 6, H = 3, d = 2) and dtypes (float64 kept, others float32) they document, the
+    blocks being in_proj's rows in order; torch tensors are read as arrays; a bias-free state
+    gives zero biases."""
+    E, H, d = 6, 3, 2
+    w = rng.standard_normal((3 * E, E)).astype(dtype)
+    b = rng.standard_normal(3 * E).astype(dtype)
+    wo, bo = rng.standard_normal((E, E)).astype(dtype), rng.standard_normal(E).astype(dtype)
+    mha = {"in_proj_weight": w, "in_proj_bias": b, "out_proj.weight": wo, "out_proj.bias": bo}
+    split = MF.to_split_heads(mha, naming="q_linear")
+    assert {k: (v.shape, v.dtype) for k, v in split.items()} == {
+        f"{n}.{t}": ((E, E) if t == "weight" else (E,), np.dtype(want))
+        for n in ("q_linear", "k_linear", "v_linear", "out_linear") for t in ("weight", "bias")}
+    np.testing.assert_array_equal(split["k_linear.weight"], w[E:2 * E].astype(want))
+    np.testing.assert_array_equal(split["v_linear.bias"], b[2 * E:].astype(want))
+    np.testing.assert_array_equal(split["out_linear.weight"], wo.astype(want))
+    back = MF.from_split_heads({k: torch.from_numpy(v) for k, v in split.items()})
+    assert {k: (v.shape, v.dtype) for k, v in back.items()} == {
+        "in_proj_weight": ((3 * E, E), want), "in_proj_bias": ((3 * E,), want),
+        "out_proj.weight": ((E, E), want), "out_proj.bias": ((E,), want)}
+    np.testing.assert_array_equal(back["in_proj_weight"], w.astype(want))
+    no_bias = MF.to_split_heads({"in_proj_weight": w, "out_proj.weight": wo})
+    assert np.all(no_bias["W_q.bias"] == 0) and np.all(no_bias["W_o.bias"] == 0)
+    blocks = [rng.standard_normal((d, d)).astype(dtype) for _ in range(3)]
+    shared = {"in_proj_weight": np.concatenate([np.kron(np.eye(H, dtype=dtype), m) for m in blocks]),
+              "in_proj_bias": np.zeros(3 * E, dtype), "out_proj.weight": wo, "out_proj.bias": bo}
+    einsum = MF.to_einsum_shared(shared, H)
+    assert {k: (v.shape, v.dtype) for k, v in einsum.items()} == {
+        "queries.weight": ((d, d), want), "keys.weight": ((d, d), want), "values.weight": ((d, d), want),
+        "fc_out.weight": ((E, E), want), "fc_out.bias": ((E,), want)}
+    for name, m in zip(("queries", "keys", "values"), blocks):
+        np.testing.assert_array_equal(einsum[f"{name}.weight"], m.astype(want))
+    np.testing.assert_array_equal(einsum["fc_out.bias"], bo.astype(want))

@@ -234,7 +234,7 @@ def run_mha(rng, dtype, *, E=12, H=4, Hkv=None, N=2, L=5, S=None, bias=True, kdi
     rotary = tc.positional.RotaryEmbedding(E // H, 32, dtype=dtype) if rope else None
     # the layer's attn_mask is float (torch's name): a bool pattern (True = may attend) goes in as 0 / -inf
     kw = dict(attn_mask=tc.masks.to_additive(bool_mask, dtype) if bool_mask is not None else float_mask,
-              key_mask=key_mask, is_causal=causal, rotary=rotary)
+              key_mask=key_mask, is_causal=causal, rotary=rotary, need_weights=False)
     ours.train()
     out = ours(q, k, v, **kw)[0]
     if not rope:  # the eval forward: the same output bit for bit
@@ -604,10 +604,27 @@ def test_training_forward_keeps_a_copy_of_the_input(rng):
     np.testing.assert_allclose(m.gradients()["weight"], np.ones((2, 4)) @ x_before)
 
 
-def test_training_refuses_cache_and_weights():
+def test_training_refuses_cache_and_weights_are_torchs(rng):
+    """A training forward takes no KV cache. Its weights (need_weights, True by default as torch's)
+    are torch's training forward's, and computing them changes neither the output nor the backward."""
     m = tc.nn.MultiheadAttention(4, 2).train()
-    with pytest.raises(ValueError, match="need_weights"):
-        m(np.ones((1, 2, 4)), need_weights=True)
+    with pytest.raises(ValueError, match="past_key_values"):
+        m(np.ones((1, 2, 4)), past_key_values=tc.KVCache(1, 1, 2, 2))
+    m = tc.nn.MultiheadAttention(8, 2, dtype=np.float64)
+    ref = torch.nn.MultiheadAttention(8, 2, batch_first=True).double().train()
+    m.load_state_dict({k: v.detach().numpy() for k, v in ref.state_dict().items()})
+    q, kv, g = randn(rng, (2, 3, 8), np.float64), randn(rng, (2, 5, 8), np.float64), randn(rng, (2, 3, 8), np.float64)
+    ref_out, ref_w = ref(to_torch(q), to_torch(kv), to_torch(kv))  # torch's defaults, in training mode
+    m.train()
+    out_plain, none = m(q, kv, kv, need_weights=False)
+    grads_plain = m.backward(g)
+    assert none is None
+    out, w = m(q, kv, kv)
+    np.testing.assert_array_equal(out, out_plain)
+    np.testing.assert_allclose(out, ref_out.detach().numpy(), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(w, ref_w.detach().numpy(), rtol=1e-12, atol=1e-12)
+    for a, b in zip(m.backward(g), grads_plain):
+        np.testing.assert_array_equal(a, b)
 
 
 def test_dropout_seeded_and_its_backward_is_the_forwards_derivative(rng):

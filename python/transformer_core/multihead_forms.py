@@ -223,11 +223,22 @@ def from_split_heads(state) -> dict[str, np.ndarray]:
 
     Each is an ``nn.Linear(E, E)`` (``.weight (E, E)``, ``.bias (E)``) whose output is viewed as
     ``(N, L, H, d)``; our ``in_proj_weight`` is ``[W_q.weight; W_k.weight; W_v.weight]``.
-    The naming is detected from the keys.
+    The naming is detected from the keys. The split into heads is a view of the same rows, so H
+    is not needed here: ``nn.MultiheadAttention(E, H)`` with the tutorial's H computes the same.
+
+    Args:
+        state: mapping with exactly the eight names of one naming: ``W_q.weight (E, E)``,
+            ``W_q.bias (E)``, likewise ``W_k``, ``W_v``, ``W_o``; or ``q_linear``, ``k_linear``,
+            ``v_linear``, ``out_linear`` with the same shapes. Arrays or torch tensors.
+
+    Returns:
+        ``{"in_proj_weight" (3E, E), "in_proj_bias" (3E), "out_proj.weight" (E, E),
+        "out_proj.bias" (E)}``, new numpy arrays (float64 stays float64, other dtypes float32).
 
     Raises:
-        TypeError: non-mapping ``state``. ValueError: neither naming matches exactly, or shapes
-            are not ``(E, E)`` / ``(E,)``.
+        TypeError: non-mapping ``state``, non-numeric values. ValueError: neither naming matches
+            exactly (missing / unknown names), or shapes are not ``(E, E)`` / ``(E,)`` with
+            ``E >= 1``.
     """
     s = _arrays(state)
     for naming, names in _SPLIT_NAMES.items():
@@ -254,8 +265,21 @@ def to_split_heads(state, naming: str = "W_q") -> dict[str, np.ndarray]:
     or (``"q_linear"``: ``q_linear, k_linear, v_linear, out_linear``) names; the reverse of
     :func:`from_split_heads`. A bias-free state gives zero biases.
 
+    Args:
+        state: ``in_proj_weight (3E, E)``, ``in_proj_bias (3E)``, ``out_proj.weight (E, E)``,
+            ``out_proj.bias (E)`` (both biases absent: a bias-free MHA, zero biases given; the
+            tutorials' Linears always have one).
+        naming: ``"W_q"`` (default) or ``"q_linear"``.
+
+    Returns:
+        ``{"W_q.weight" (E, E), "W_q.bias" (E), ..., "W_o.weight" (E, E), "W_o.bias" (E)}`` (or
+        the ``q_linear`` .. ``out_linear`` names): eight new numpy arrays, Q/K/V being the three
+        ``E``-row blocks of ``in_proj_weight`` / ``in_proj_bias`` in order, the output Linear
+        ``out_proj``; float64 stays float64, other dtypes float32.
+
     Raises:
-        TypeError: non-mapping ``state``. ValueError: unknown ``naming``, wrong names or shapes.
+        TypeError: non-mapping ``state``, non-numeric values, ``naming`` not a str.
+        ValueError: unknown ``naming``, wrong names or shapes.
     """
     naming = check_choice(naming, "naming", tuple(_SPLIT_NAMES))
     s, E = _mha(state)
@@ -350,9 +374,15 @@ def to_einsum_shared(state, num_heads: int) -> dict[str, np.ndarray]:
     block-diagonal with ``H`` equal ``(d, d)`` blocks, and zero in-projection biases (checked
     exactly).
 
+    Args:
+        state: ``in_proj_weight (3E, E)``, ``in_proj_bias (3E)`` (all zeros), ``out_proj.weight
+            (E, E)``, ``out_proj.bias (E)`` (both biases absent: a bias-free MHA, zero biases).
+        num_heads: H, dividing E; ``d = E / H``.
+
     Returns:
-        ``queries.weight``, ``keys.weight``, ``values.weight`` ``(d, d)``, ``fc_out.weight``,
-        ``fc_out.bias``.
+        ``{"queries.weight" (d, d), "keys.weight" (d, d), "values.weight" (d, d),
+        "fc_out.weight" (E, E), "fc_out.bias" (E)}``: new numpy arrays, each ``(d, d)`` weight the
+        first diagonal block of its projection; float64 stays float64, other dtypes float32.
 
     Raises:
         TypeError: non-mapping ``state``, non-int ``num_heads``. ValueError: wrong names or

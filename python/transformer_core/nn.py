@@ -56,6 +56,7 @@ from ._validation import (
     check_eps,
     check_int,
     check_positive_int,
+    compute_dtype,
     resolve_dtype,
     to_numpy,
 )
@@ -91,6 +92,29 @@ def _grad_output(grad_output, name: str, shape: tuple, dtype) -> np.ndarray:
     if g.shape != tuple(shape):
         raise ValueError(f"{name}: expected shape {tuple(shape)} (the forward's output), got {g.shape}")
     return g
+
+
+def _unconverted(x, name: str, min_ndim: int) -> np.ndarray:
+    """``x`` as :func:`to_numpy` gives it (a numpy array is itself: no copy, no dtype converted),
+    with the checks :func:`as_float` makes before its copy: a real numeric dtype (``TypeError``), at
+    least ``min_ndim`` dims and not empty (``ValueError``). A layer checks the shape of this array,
+    then converts it: a wrong-shaped input is refused before any allocation."""
+    arr = to_numpy(x, name)
+    compute_dtype(arr, name)
+    if arr.ndim < min_ndim:
+        raise ValueError(f"{name}: expected at least {min_ndim} dims, got {arr.ndim}-D with shape {arr.shape}")
+    if arr.size == 0:
+        raise ValueError(f"{name}: expected a non-empty array, got shape {arr.shape}")
+    return arr
+
+
+def _refuse_padding_mask(value, name: str, replacement: str) -> None:
+    """torch's padding masks (``key_padding_mask``, ``src_key_padding_mask``, ...: True = padding,
+    ignored) are keyword parameters of the layers only to be refused by name: the library's key masks
+    (``replacement``) mean the opposite, True = a real token. None (no mask, in both) passes."""
+    if value is not None:
+        raise TypeError(f"{name}: not supported (torch's True = padding, ignored); pass {replacement}=~{name} "
+                        f"(True = a real token)")
 
 
 def _check_activation(name) -> str:
@@ -149,34 +173,47 @@ def _layer_masks(attn_mask, key_mask, N: int, H: int, L: int, S: int, dtype, *, 
     is not broadcast). Float, added; any other dtype raises ``TypeError`` (:func:`_float_mask`).
     ``keep``: for a training forward, whose backward reads the masks again: copies of the caller's
     arrays (or of views of them), made before broadcasting.
+
+    Both masks' shapes are checked as given, before either is converted (a copy).
     """
+    m = None if attn_mask is None else _float_mask(attn_mask, mask_name)
+    if m is not None:
+        _check_attn_mask_shape(m, N, H, L, S, mask_name)
+    km = None if key_mask is None else to_numpy(key_mask, key_mask_name)
+    if km is not None and km.shape != (N, S):  # before as_bool, whose 0/1 check of integers makes arrays of km's size
+        raise ValueError(f"{key_mask_name}: expected shape ({N}, {S}) (batch, key length), got {km.shape}")
     float_mask = None
-    if attn_mask is not None:
-        m = as_attention_mask(_float_mask(attn_mask, mask_name), mask_name, dtype)
+    if m is not None:
+        m = as_attention_mask(m, mask_name, dtype)
         if keep and (m is attn_mask or not m.flags.owndata):
             m = _own_copy(m)  # the caller's array, or a view of it: the backward reads the forward's mask
         if m.ndim == 2:
-            if m.shape != (L, S):
-                raise ValueError(f"{mask_name}: expected shape ({L}, {S}) (L, S), got {m.shape}")
             m = m[None, None]
         elif m.ndim == 3:
-            if m.shape != (N * H, L, S):
-                raise ValueError(f"{mask_name}: expected a 3-D mask of shape ({N * H}, {L}, {S}) (N·num_heads, L, S), "
-                                 f"got {m.shape}")
             m = m.reshape(N, H, L, S)
-        elif m.ndim != 4:
-            raise ValueError(f"{mask_name}: expected shape (L, S), (N·num_heads, L, S) or (N, num_heads, L, S), "
-                             f"got {m.shape}")
         float_mask = broadcast_mask(m, (N, H, L, S), mask_name)
-    km = None
-    if key_mask is not None:
-        km = to_numpy(key_mask, key_mask_name)
-        if km.shape != (N, S):  # before as_bool, whose 0/1 check of integers makes arrays of km's size
-            raise ValueError(f"{key_mask_name}: expected shape ({N}, {S}) (batch, key length), got {km.shape}")
+    if km is not None:
         km = as_bool(km, key_mask_name)
         if keep and (km is key_mask or not km.flags.owndata):
             km = _own_copy(km)
     return None, float_mask, km
+
+
+def _check_attn_mask_shape(m: np.ndarray, N: int, H: int, L: int, S: int, name: str) -> None:
+    """``ValueError`` naming ``name`` unless ``m`` is ``(L, S)``, ``(N·H, L, S)`` or 4-D broadcastable
+    to ``(N, H, L, S)``; nothing is allocated."""
+    if m.ndim == 2:
+        if m.shape != (L, S):
+            raise ValueError(f"{name}: expected shape ({L}, {S}) (L, S), got {m.shape}")
+    elif m.ndim == 3:
+        if m.shape != (N * H, L, S):
+            raise ValueError(f"{name}: expected a 3-D mask of shape ({N * H}, {L}, {S}) (N·num_heads, L, S), "
+                             f"got {m.shape}")
+    elif m.ndim == 4:
+        broadcast_mask(m, (N, H, L, S), name)  # a view: only checks that it broadcasts
+    else:
+        raise ValueError(f"{name}: expected shape (L, S), (N·num_heads, L, S) or (N, num_heads, L, S), "
+                         f"got {m.shape}")
 
 
 def _own_copy(m: np.ndarray) -> np.ndarray:
@@ -184,6 +221,23 @@ def _own_copy(m: np.ndarray) -> np.ndarray:
     (torch's ``mask.expand(N * H, L, S)`` is one: copied whole it would be N·H times larger)."""
     compact = tuple(slice(0, 1) if stride == 0 else slice(None) for stride in m.strides)
     return np.broadcast_to(m[compact].copy(), m.shape)
+
+
+def _check_torch_mha_args(bias, dropout, batch_first, add_bias_kv, add_zero_attn) -> None:
+    """torch's MultiheadAttention arguments that this layer takes only at what it does, each refused
+    otherwise by name; and a float ``bias``: torch's third positional argument is ``dropout``."""
+    if isinstance(bias, (float, np.floating)):
+        raise TypeError(f"bias: expected a bool, got float {bias} (torch's third positional argument is dropout, "
+                        f"this layer's is bias: pass dropout= by keyword)")
+    if check_dropout(dropout) != 0.0:
+        raise ValueError(f"dropout: expected 0.0, got {dropout}: attention-probability dropout is not implemented "
+                         f"(the encoder/decoder layers' dropout= is torch's dropout1/2/3)")
+    if not check_bool(batch_first, "batch_first"):
+        raise ValueError("batch_first: expected True, got False: this layer takes batch-first (N, L, E) inputs only "
+                         "(pass x.transpose(1, 0, 2) of torch's (L, N, E) ones)")
+    for name, value in (("add_bias_kv", add_bias_kv), ("add_zero_attn", add_zero_attn)):
+        if check_bool(value, name):
+            raise ValueError(f"{name}: expected False, got True: not implemented")
 
 
 class MultiheadAttention(Module):
@@ -200,6 +254,11 @@ class MultiheadAttention(Module):
             None = ``num_heads`` (ordinary multi-head attention).
         kdim, vdim: feature sizes of key and value (default E).
         dtype: ``np.float32`` (default) or ``np.float64``; inputs are cast to it.
+        dropout, batch_first, add_bias_kv, add_zero_attn: (keyword) torch's, taken only at what this
+            layer does: ``dropout=0.0`` (attention-probability dropout is not implemented),
+            ``batch_first=True``, ``add_bias_kv=False``, ``add_zero_attn=False``; another value is a
+            ``ValueError`` naming it. (torch's third positional argument is ``dropout``, this
+            layer's ``bias``: a float there is a ``TypeError`` saying so.)
 
     Weights (torch's names): ``in_proj_weight (E + 2·E_kv, E)`` when kdim = vdim = E, else
     ``q_proj_weight (E, E)``, ``k_proj_weight (E_kv, kdim)``, ``v_proj_weight (E_kv, vdim)``;
@@ -212,12 +271,15 @@ class MultiheadAttention(Module):
     returned in ``unexpected_keys``); a non-float one is still a ``TypeError`` naming it.
 
     Raises:
-        ValueError: E not divisible by H, H not divisible by num_kv_heads, non-positive sizes.
+        ValueError: E not divisible by H, H not divisible by num_kv_heads, non-positive sizes; a
+            torch argument this layer does not implement (see above).
     """
 
     def __init__(self, embed_dim: int, num_heads: int, bias: bool = True, *, num_kv_heads: int | None = None,
-                 kdim: int | None = None, vdim: int | None = None, dtype=np.float32):
+                 kdim: int | None = None, vdim: int | None = None, dtype=np.float32, dropout: float = 0.0,
+                 batch_first: bool = True, add_bias_kv: bool = False, add_zero_attn: bool = False):
         sfx = self._init_dtype(dtype)
+        _check_torch_mha_args(bias, dropout, batch_first, add_bias_kv, add_zero_attn)
         self.embed_dim = check_positive_int(embed_dim, "embed_dim")
         self.num_heads = check_positive_int(num_heads, "num_heads")
         if embed_dim % num_heads != 0:
@@ -268,8 +330,8 @@ class MultiheadAttention(Module):
                 f"kdim or vdim differs from embed_dim")
 
     def forward(self, query, key=None, value=None, *, attn_mask=None, key_mask=None, is_causal: bool = False,
-                need_weights: bool = False, average_attn_weights: bool = True, path: str = "auto",
-                past_key_values=None, layer: int = 0, rotary=None, position_ids=None):
+                need_weights: bool = True, average_attn_weights: bool = True, path: str = "auto",
+                past_key_values=None, layer: int = 0, rotary=None, position_ids=None, key_padding_mask=None):
         """Attention of ``query`` over ``key``/``value`` (self-attention when both are None).
 
         Unbatched, as torch's: ``query (L, E)``, ``key (S, kdim)``, ``value (S, vdim)`` (all 2-D),
@@ -287,7 +349,9 @@ class MultiheadAttention(Module):
                 one), as does any other non-float dtype.
             key_mask: ``(N, S)`` bool/0-1, True = a real key (``~key_padding_mask`` in torch).
             is_causal: apply the causal mask (key s visible to query l iff s <= l).
-            need_weights: also return the attention weights.
+            need_weights: also return the attention weights (default True, as torch's); False skips
+                computing them (``(N, H, L, S)`` values), the faster call when only the output is
+                used (``out, _ = mha(x, need_weights=False)``).
             average_attn_weights: average the weights over heads ``(N, L, S)``; else
                 ``(N, H, L, S)``.
             path: attention kernel, ``"auto"``, ``"flash"`` or ``"reference"``.
@@ -302,31 +366,38 @@ class MultiheadAttention(Module):
                 and k are rotated by each token's position inside the call (the RoPE section of the
                 tutorials).
             position_ids: ``(N, L)`` positions for ``rotary``; default ``past .. past + L - 1``.
+            key_padding_mask: torch's name, refused (``TypeError``): its True = padding is
+                ``key_mask``'s False; pass ``key_mask=~key_padding_mask``.
 
         Returns:
-            ``(output (N, L, E), weights or None)`` in ``self.dtype`` (unbatched: ``(L, E)``). Fully
-            masked query rows give zeros before the output projection (so the output row is
-            ``out_proj.bias``).
+            ``(output (N, L, E), weights or None)`` in ``self.dtype`` (unbatched: ``(L, E)``);
+            weights None when ``need_weights=False``. Fully masked query rows give zeros before the
+            output projection (so the output row is ``out_proj.bias``) and weights of zeros.
 
         In training mode (``train()``) the call keeps what :meth:`backward` needs (the projected q,
-        k, v, the context and each row's log-sum-exp); it takes no ``past_key_values`` and no
-        ``need_weights`` then.
+        k, v, the context and each row's log-sum-exp); it takes no ``past_key_values`` then. Its
+        weights (``need_weights``) come from an inference forward of the same inputs (the same
+        probabilities: attention-probability dropout is not implemented), run first.
+
+        Every shape is checked before anything is converted or copied.
 
         Raises:
             ValueError: wrong ranks, mismatched batch/length/feature sizes, empty arrays, masks
-                of the wrong shape; a KV cache or attention weights in training mode;
-                ``position_ids`` without ``rotary``, or positions outside its table.
-            TypeError: non-numeric input, a mask of the wrong dtype, a bool ``attn_mask``.
+                of the wrong shape; a KV cache in training mode; ``position_ids`` without
+                ``rotary``, or positions outside its table.
+            TypeError: non-numeric input, a mask of the wrong dtype, a bool ``attn_mask``,
+                ``key_padding_mask``.
         """
-        q = as_float(query, "query", self.dtype, min_ndim=2)
+        _refuse_padding_mask(key_padding_mask, "key_padding_mask", "key_mask")
+        q = _unconverted(query, "query", 2)  # converted once every shape is checked
         unbatched = _is_unbatched(q, "query", "L, E")
         is_causal = check_bool(is_causal, "is_causal")
         need_weights = check_bool(need_weights, "need_weights")
         average_attn_weights = check_bool(average_attn_weights, "average_attn_weights")
         path = attention_path(path)
         layer = check_int(layer, "layer", 0)
-        k = q if key is None else as_float(key, "key", self.dtype, min_ndim=2)
-        v = k if value is None else as_float(value, "value", self.dtype, min_ndim=2)
+        k = q if key is None else _unconverted(key, "key", 2)
+        v = k if value is None else _unconverted(value, "value", 2)
         for arr, name, dims in ((k, "key", "S, kdim"), (v, "value", "S, vdim")):
             if arr.ndim != q.ndim:  # torch's rule: all three batched, or all three unbatched
                 raise ValueError(f"{name}: expected {'(' if unbatched else '(N, '}{dims}) as query is "
@@ -350,6 +421,8 @@ class MultiheadAttention(Module):
             raise ValueError(f"value: expected length {S} (key's length), got shape {v.shape}")
         self_attention = k is q and v is q
         cache_impl, positions, rotary_impl = None, None, None
+        if self.training and past_key_values is not None:
+            raise ValueError("past_key_values: the training forward takes no KV cache (call .eval() for inference)")
         if past_key_values is not None or rotary is not None:
             if not self_attention:
                 raise ValueError("key, value: a KV cache or a rotary embedding needs self-attention (key and value None)")
@@ -397,34 +470,40 @@ class MultiheadAttention(Module):
         if unbatched:
             key_mask = _unbatched_key_mask(key_mask, "key_mask", S, "S", f"query {q.shape[1:]} (L, E)")
         masks = _layer_masks(attn_mask, key_mask, N, self.num_heads, L, S, self.dtype, keep=self.training)
+        # every shape checked: now the inputs are converted (query, key and value that are one array stay one)
+        qc = as_float(q, "query", self.dtype)
+        kc = qc if k is q else as_float(k, "key", self.dtype)
+        v = qc if v is q else (kc if v is k else as_float(v, "value", self.dtype))
+        q, k = qc, kc
+        weights = None
         if self.training:
-            if past_key_values is not None or need_weights:
-                raise ValueError("past_key_values, need_weights: the training forward takes no KV cache and returns "
-                                 "no attention weights (call .eval() for inference)")
             q_kept = _kept(q, query)
             k_kept = q_kept if self_attention else _kept(k, key)
             v_kept = q_kept if self_attention else (k_kept if v is k else _kept(v, value))
-            out = self._impl.forward_train(q_kept, None if self_attention else k_kept,
-                                           None if self_attention else v_kept, *masks, bool(is_causal), path,
-                                           rotary_impl, positions)
+            kv = (None, None) if self_attention else (k_kept, v_kept)
+            if need_weights:  # the training forward computes none: an inference forward's, before any state is kept
+                weights = self._impl.forward(q_kept, *kv, *masks, bool(is_causal), 0, True, path, None, 0,
+                                             rotary_impl, positions)[1]
+            out = self._impl.forward_train(q_kept, *kv, *masks, bool(is_causal), path, rotary_impl, positions)
             # the C++ layer keeps pointers to these until backward
             self._saved = (q_kept, k_kept, v_kept, masks, rotary, positions, self_attention,
                            key is not None or value is not None, unbatched)
-            return (out[0] if unbatched else out), None
-        if cache_impl is not None:  # every argument checked: now the cache may grow
-            past_key_values.reserve(past_key_values.length + L)
-        result = self._impl.forward(q, None if self_attention else k, None if self_attention else v, *masks,
-                                    is_causal, 0, need_weights, path, cache_impl, layer,
-                                    rotary_impl, positions)
-        if cache_impl is not None:
-            last = layer == len(past_key_values) - 1
-            past_key_values._next_layer = 0 if last else layer + 1
-            past_key_values._step_length = L
-        if not need_weights:
-            return (result[0] if unbatched else result), None
-        out, weights = result
-        weights = weights.mean(axis=1) if average_attn_weights else weights
-        return (out[0], weights[0]) if unbatched else (out, weights)
+        else:
+            if cache_impl is not None:  # every argument checked: now the cache may grow
+                past_key_values.reserve(past_key_values.length + L)
+            out = self._impl.forward(q, None if self_attention else k, None if self_attention else v, *masks,
+                                     is_causal, 0, need_weights, path, cache_impl, layer, rotary_impl, positions)
+            if cache_impl is not None:
+                last = layer == len(past_key_values) - 1
+                past_key_values._next_layer = 0 if last else layer + 1
+                past_key_values._step_length = L
+            if need_weights:
+                out, weights = out
+        if weights is not None and average_attn_weights:
+            weights = weights.mean(axis=1)
+        if unbatched:
+            return out[0], (None if weights is None else weights[0])
+        return out, weights
 
     def backward(self, grad_output):
         """The gradients of the last training forward, given ``grad_output (N, L, E)``, the gradient
@@ -481,9 +560,10 @@ class Linear(Module):
         Raises:
             ValueError: empty ``x`` or last dim not ``in_features``. TypeError: non-numeric ``x``.
         """
-        xa = as_float(x, "x", self.dtype, min_ndim=1)
-        if xa.shape[-1] != self.in_features:
+        xa = _unconverted(x, "x", 1)
+        if xa.shape[-1] != self.in_features:  # before the conversion (a copy)
             raise ValueError(f"x: expected last dim {self.in_features} (in_features), got shape {xa.shape}")
+        xa = as_float(xa, "x", self.dtype)
         x2 = xa.reshape(-1, self.in_features)
         if self.training:
             self._saved = (_kept(x2, x), xa.shape)
@@ -616,9 +696,10 @@ class FeedForward(Module):
 
 
 def _mlp_forward(self, x) -> np.ndarray:
-    xa = as_float(x, "x", self.dtype, min_ndim=1)
-    if xa.shape[-1] != self.d_model:
+    xa = _unconverted(x, "x", 1)
+    if xa.shape[-1] != self.d_model:  # before the conversion (a copy)
         raise ValueError(f"x: expected last dim {self.d_model} (d_model), got shape {xa.shape}")
+    xa = as_float(xa, "x", self.dtype)
     x2 = xa.reshape(-1, self.d_model)
     if not self.training:
         return self._impl.forward(x2).reshape(xa.shape)
@@ -717,7 +798,7 @@ class TransformerEncoderLayer(Module):
         self._init_weights()
 
     def forward(self, src, *, src_mask=None, src_key_mask=None, is_causal: bool = False,
-                path: str = "auto") -> np.ndarray:
+                path: str = "auto", src_key_padding_mask=None) -> np.ndarray:
         """Runs the layer.
 
         Masks are keyword-only. ``src_mask`` is float, added, as torch's; a bool ``src_mask`` raises
@@ -732,19 +813,24 @@ class TransformerEncoderLayer(Module):
             src_key_mask: ``(N, L)`` (``(L,)`` with an unbatched ``src``), True = a real token
                 (``~src_key_padding_mask`` in torch).
             is_causal: apply the causal mask.
+            src_key_padding_mask: torch's name, refused (``TypeError``): pass
+                ``src_key_mask=~src_key_padding_mask``.
 
         Returns:
             ``(N, L, E)`` (or ``(L, E)``) in ``self.dtype``.
 
         Raises:
-            ValueError: wrong rank, wrong last dim, empty input, masks of the wrong shape.
-            TypeError: non-numeric input, a mask of the wrong dtype, a bool ``src_mask``.
+            ValueError: wrong rank, wrong last dim, empty input, masks of the wrong shape (all
+                checked before ``src`` is converted).
+            TypeError: non-numeric input, a mask of the wrong dtype, a bool ``src_mask``,
+                ``src_key_padding_mask``.
         """
+        _refuse_padding_mask(src_key_padding_mask, "src_key_padding_mask", "src_key_mask")
         return self._forward(src, src_mask, src_key_mask, is_causal, path, "src_mask")
 
     def _forward(self, src, src_mask, src_key_mask, is_causal, path, mask_name: str) -> np.ndarray:
         """:meth:`forward`, naming ``src_mask`` ``mask_name`` in its errors (the stack's ``mask``)."""
-        x = as_float(src, "src", self.dtype, min_ndim=2)
+        x = _unconverted(src, "src", 2)  # converted once every shape is checked
         is_causal = check_bool(is_causal, "is_causal")
         path = attention_path(path)
         unbatched = _is_unbatched(x, "src", "L, E")
@@ -756,6 +842,7 @@ class TransformerEncoderLayer(Module):
         N, L, E = x.shape
         masks = _layer_masks(src_mask, src_key_mask, N, self.nhead, L, L, self.dtype, mask_name=mask_name,
                              key_mask_name="src_key_mask", keep=self.training)
+        x = as_float(x, "src", self.dtype)
         if self.training:
             x = _kept(x, src)
             p = self.dropout
@@ -786,6 +873,9 @@ def _check_layer_args(self, d_model, nhead, dim_feedforward, activation, layer_n
     if d_model % nhead != 0:
         raise ValueError(f"d_model: expected a multiple of nhead ({nhead}), got {d_model}")
     self.dim_feedforward = check_positive_int(dim_feedforward, "dim_feedforward")
+    if isinstance(activation, (float, np.floating)):
+        raise TypeError(f"activation: expected a str, got float {activation} (torch's fourth positional argument is "
+                        f"dropout, this layer's is activation: pass dropout= by keyword)")
     self.activation = _check_activation(activation)
     self.layer_norm_eps = check_eps(layer_norm_eps, "layer_norm_eps")
     self.norm_first = check_bool(norm_first, "norm_first")
@@ -807,9 +897,19 @@ def _normalized_size(normalized_shape) -> int:
 
 
 class _Norm(Module):
-    """What LayerNorm and RMSNorm share: rows of the last dim E through the C++ layer, and its backward."""
+    """What LayerNorm and RMSNorm share: rows of the last dim E through the C++ layer, and its backward.
+
+    ``elementwise_affine=False`` (torch's): no parameters at all (empty ``state_dict``,
+    ``named_parameters`` and ``gradients``). The C++ layer keeps its weight, ones (y · 1 = y), and
+    its gradient, which its backward still writes; both are hidden here (:meth:`_public_name`),
+    so no loader or optimizer reaches them.
+    """
 
     normalized_size: int
+    elementwise_affine: bool = True
+
+    def _public_name(self, core_name: str) -> str | None:
+        return core_name if self.elementwise_affine else None
 
     def forward(self, x) -> np.ndarray:
         """``x (..., E) -> (..., E)`` in ``self.dtype``.
@@ -817,9 +917,10 @@ class _Norm(Module):
         Raises:
             ValueError: empty ``x`` or last dim not E. TypeError: non-numeric ``x``.
         """
-        xa = as_float(x, "x", self.dtype, min_ndim=1)
-        if xa.shape[-1] != self.normalized_size:
+        xa = _unconverted(x, "x", 1)
+        if xa.shape[-1] != self.normalized_size:  # before the conversion (a copy)
             raise ValueError(f"x: expected last dim {self.normalized_size}, got shape {xa.shape}")
+        xa = as_float(xa, "x", self.dtype)
         x2 = xa.reshape(-1, self.normalized_size)
         if self.training:
             self._saved = (_kept(x2, x), xa.shape)
@@ -844,20 +945,25 @@ class LayerNorm(_Norm):
 
         y = (x - mean) / sqrt(var + eps) * weight + bias
 
-    Args:
+    Args (torch's, in torch's order):
         normalized_shape: E (an int, or a 1-tuple).
         eps: added to the variance (torch's default 1e-5).
+        elementwise_affine: learn ``weight`` (and ``bias``); False: no parameters, y is the
+            normalised x (torch's ``bias`` is then ignored, as here).
         bias: learn a bias (``bias=False`` as torch).
         dtype: ``np.float32`` or ``np.float64``.
 
-    Weights: ``weight (E,)`` (ones), ``bias (E,)`` (zeros).
+    Weights: ``weight (E,)`` (ones), ``bias (E,)`` (zeros); none without ``elementwise_affine``.
     """
 
-    def __init__(self, normalized_shape, eps: float = 1e-5, bias: bool = True, dtype=np.float32):
+    def __init__(self, normalized_shape, eps: float = 1e-5, elementwise_affine: bool = True, bias: bool = True,
+                 dtype=np.float32):
         sfx = self._init_dtype(dtype)
         self.normalized_size = _normalized_size(normalized_shape)
         self.eps = check_eps(eps, "eps")
-        self._impl = getattr(_core, "LayerNorm" + sfx)(self.normalized_size, self.eps, check_bool(bias, "bias"))
+        self.elementwise_affine = check_bool(elementwise_affine, "elementwise_affine")
+        bias = check_bool(bias, "bias") and self.elementwise_affine
+        self._impl = getattr(_core, "LayerNorm" + sfx)(self.normalized_size, self.eps, bias)
 
 
 class RMSNorm(_Norm):
@@ -870,15 +976,18 @@ class RMSNorm(_Norm):
         normalized_shape: E (an int, or a 1-tuple).
         eps: added to the mean square (torch's default: the dtype's machine epsilon; Llama 1e-5 or
             1e-6). None = ``np.finfo(dtype).eps``, as torch.
+        elementwise_affine: learn ``weight``; False: no parameters, as torch.
         dtype: ``np.float32`` or ``np.float64``.
 
-    Weights: ``weight (E,)`` (ones).
+    Weights: ``weight (E,)`` (ones); none without ``elementwise_affine``.
     """
 
-    def __init__(self, normalized_shape, eps: float | None = None, dtype=np.float32):
+    def __init__(self, normalized_shape, eps: float | None = None, elementwise_affine: bool = True,
+                 dtype=np.float32):
         sfx = self._init_dtype(dtype)
         self.normalized_size = _normalized_size(normalized_shape)
         self.eps = float(np.finfo(self.dtype).eps) if eps is None else check_eps(eps, "eps")
+        self.elementwise_affine = check_bool(elementwise_affine, "elementwise_affine")
         self._impl = getattr(_core, "RMSNorm" + sfx)(self.normalized_size, self.eps)
         self._init_weights()
 
@@ -910,7 +1019,8 @@ class TransformerDecoderLayer(Module):
         self._init_weights()
 
     def forward(self, tgt, memory, *, tgt_mask=None, memory_mask=None, tgt_key_mask=None, memory_key_mask=None,
-                tgt_is_causal: bool = False, memory_is_causal: bool = False, path: str = "auto") -> np.ndarray:
+                tgt_is_causal: bool = False, memory_is_causal: bool = False, path: str = "auto",
+                tgt_key_padding_mask=None, memory_key_padding_mask=None) -> np.ndarray:
         """Runs the layer.
 
         Masks are keyword-only. ``tgt_mask`` and ``memory_mask`` are float, added, as torch's; a bool
@@ -931,16 +1041,22 @@ class TransformerDecoderLayer(Module):
             tgt_key_mask: ``(N, T)``, True = real token. memory_key_mask: ``(N, S)``.
             tgt_is_causal: apply the causal mask to the self-attention.
             memory_is_causal: apply a (top-left) causal mask to the cross-attention.
+            tgt_key_padding_mask, memory_key_padding_mask: torch's names, refused (``TypeError``):
+                pass ``tgt_key_mask=~tgt_key_padding_mask``, ``memory_key_mask=~memory_key_padding_mask``.
 
         Returns:
             ``(N, T, E)`` (or ``(T, E)``) in ``self.dtype``.
 
         Raises:
-            ValueError: shapes that disagree, empty input, masks of the wrong shape.
-            TypeError: non-numeric input, a mask of the wrong dtype, a bool ``tgt_mask``/``memory_mask``.
+            ValueError: shapes that disagree, empty input, masks of the wrong shape (all checked
+                before ``tgt`` and ``memory`` are converted).
+            TypeError: non-numeric input, a mask of the wrong dtype, a bool ``tgt_mask``/``memory_mask``,
+                a torch ``*_key_padding_mask``.
         """
-        x = as_float(tgt, "tgt", self.dtype, min_ndim=2)
-        mem = as_float(memory, "memory", self.dtype, min_ndim=2)
+        _refuse_padding_mask(tgt_key_padding_mask, "tgt_key_padding_mask", "tgt_key_mask")
+        _refuse_padding_mask(memory_key_padding_mask, "memory_key_padding_mask", "memory_key_mask")
+        x = _unconverted(tgt, "tgt", 2)  # both converted once every shape is checked
+        mem = _unconverted(memory, "memory", 2)
         tgt_is_causal = check_bool(tgt_is_causal, "tgt_is_causal")
         memory_is_causal = check_bool(memory_is_causal, "memory_is_causal")
         path = attention_path(path)
@@ -963,6 +1079,7 @@ class TransformerDecoderLayer(Module):
                                   key_mask_name="tgt_key_mask", keep=self.training)
         cross_masks = _layer_masks(memory_mask, memory_key_mask, N, self.nhead, T, S, self.dtype,
                                    mask_name="memory_mask", key_mask_name="memory_key_mask", keep=self.training)
+        x, mem = as_float(x, "tgt", self.dtype), as_float(mem, "memory", self.dtype)
         if memory_is_causal:  # the C++ layer's bool slot (the user's masks are float)
             from .masks import causal_mask
 
@@ -1064,11 +1181,13 @@ class TransformerEncoder(_Stack):
         super().__init__(encoder_layer, num_layers, norm)
 
     def forward(self, src, *, mask=None, src_key_mask=None, is_causal: bool = False,
-                path: str = "auto") -> np.ndarray:
+                path: str = "auto", src_key_padding_mask=None) -> np.ndarray:
         """``src (N, L, E) -> (N, L, E)`` (or ``(L, E) -> (L, E)``, unbatched); ``mask`` (the
         layers' ``src_mask``, named ``mask`` in errors: float, added; a bool mask raises
         ``TypeError``), ``src_key_mask`` (True = a real token) and ``is_causal`` as in
-        :meth:`TransformerEncoderLayer.forward`, keyword-only, applied in every layer."""
+        :meth:`TransformerEncoderLayer.forward`, keyword-only, applied in every layer. torch's
+        ``src_key_padding_mask`` is refused (``TypeError``: pass ``src_key_mask=~src_key_padding_mask``)."""
+        _refuse_padding_mask(src_key_padding_mask, "src_key_padding_mask", "src_key_mask")
         _float_mask(mask, "mask")
         return self._run(lambda layer, x: layer._forward(x, mask, src_key_mask, is_causal, path, "mask"), src)
 
@@ -1106,11 +1225,15 @@ class TransformerDecoder(_Stack):
         super().__init__(decoder_layer, num_layers, norm)
 
     def forward(self, tgt, memory, *, tgt_mask=None, memory_mask=None, tgt_key_mask=None, memory_key_mask=None,
-                tgt_is_causal: bool = False, memory_is_causal: bool = False, path: str = "auto") -> np.ndarray:
+                tgt_is_causal: bool = False, memory_is_causal: bool = False, path: str = "auto",
+                tgt_key_padding_mask=None, memory_key_padding_mask=None) -> np.ndarray:
         """``tgt (N, T, E)``, ``memory (N, S, E)`` -> ``(N, T, E)`` (or, unbatched, ``tgt (T, E)``,
         ``memory (S, E)`` -> ``(T, E)``); masks as in
         :meth:`TransformerDecoderLayer.forward` (keyword-only; ``tgt_mask``/``memory_mask`` float,
-        added; key masks True = a real token), applied in every layer."""
+        added; key masks True = a real token; torch's ``*_key_padding_mask`` refused), applied in
+        every layer."""
+        _refuse_padding_mask(tgt_key_padding_mask, "tgt_key_padding_mask", "tgt_key_mask")
+        _refuse_padding_mask(memory_key_padding_mask, "memory_key_padding_mask", "memory_key_mask")
         return self._run(lambda layer, x: layer(
             x, memory, tgt_mask=tgt_mask, memory_mask=memory_mask, tgt_key_mask=tgt_key_mask,
             memory_key_mask=memory_key_mask, tgt_is_causal=tgt_is_causal, memory_is_causal=memory_is_causal,
@@ -1174,9 +1297,9 @@ class Transformer(Module):
             check_allocatable((count, per_layer), np.dtype(self.dtype).itemsize, name)  # before either stack
         self.d_model, self.nhead = d_model, nhead
         self.encoder = TransformerEncoder(encoder_layer, num_encoder_layers,
-                                          LayerNorm(d_model, layer_norm_eps, bias, self.dtype))
+                                          LayerNorm(d_model, layer_norm_eps, bias=bias, dtype=self.dtype))
         self.decoder = TransformerDecoder(decoder_layer, num_decoder_layers,
-                                          LayerNorm(d_model, layer_norm_eps, bias, self.dtype))
+                                          LayerNorm(d_model, layer_norm_eps, bias=bias, dtype=self.dtype))
 
     def _children(self):
         return [("encoder", self.encoder), ("decoder", self.decoder)]
@@ -1202,7 +1325,8 @@ class Transformer(Module):
 
     def forward(self, src, tgt, *, src_mask=None, tgt_mask=None, memory_mask=None, src_key_mask=None,
                 tgt_key_mask=None, memory_key_mask=None, src_is_causal: bool = False, tgt_is_causal: bool = False,
-                memory_is_causal: bool = False, path: str = "auto") -> np.ndarray:
+                memory_is_causal: bool = False, path: str = "auto", src_key_padding_mask=None,
+                tgt_key_padding_mask=None, memory_key_padding_mask=None) -> np.ndarray:
         """Encodes ``src (N, S, E)`` and decodes ``tgt (N, T, E)`` over it -> ``(N, T, E)``; or,
         unbatched as torch's, ``src (S, E)`` and ``tgt (T, E)`` -> ``(T, E)`` (key masks ``(S,)``,
         ``(T,)``, 3-D masks ``(nhead, ·, ·)``).
@@ -1211,16 +1335,22 @@ class Transformer(Module):
         ``tgt_is_causal=True``), ``memory_mask (T, S)`` (or ``(N·nhead, ·, ·)``, or 4-D
         broadcastable to ``(N, nhead, ·, ·)``) float, added, as torch's (a bool one raises
         ``TypeError``, see the module doc); ``src_key_mask (N, S)``, ``tgt_key_mask (N, T)``,
-        ``memory_key_mask (N, S)`` bool, True = a real token.
+        ``memory_key_mask (N, S)`` bool, True = a real token. torch's ``src_key_padding_mask``,
+        ``tgt_key_padding_mask`` and ``memory_key_padding_mask`` (True = padding) are refused with a
+        ``TypeError`` naming the replacement (``src_key_mask=~src_key_padding_mask``, ...).
 
         Raises:
             ValueError: batch or feature sizes that disagree, src and tgt not both batched or both
-                unbatched; masks of the wrong shape.
+                unbatched; masks of the wrong shape (all checked before src and tgt are converted).
             TypeError: non-numeric input, a mask of the wrong dtype, a bool ``src_mask``/``tgt_mask``/
-                ``memory_mask``.
+                ``memory_mask``, a torch ``*_key_padding_mask``.
         """
-        src_arr = as_float(src, "src", self.dtype, min_ndim=2)
-        tgt_arr = as_float(tgt, "tgt", self.dtype, min_ndim=2)
+        for name, value in (("src_key_padding_mask", src_key_padding_mask),
+                            ("tgt_key_padding_mask", tgt_key_padding_mask),
+                            ("memory_key_padding_mask", memory_key_padding_mask)):
+            _refuse_padding_mask(value, name, name.replace("_padding", ""))
+        src_arr = _unconverted(src, "src", 2)  # both converted once every shape is checked
+        tgt_arr = _unconverted(tgt, "tgt", 2)
         unbatched = _is_unbatched(src_arr, "src", "S, E")
         _is_unbatched(tgt_arr, "tgt", "T, E")
         if tgt_arr.ndim != src_arr.ndim:
@@ -1248,6 +1378,7 @@ class Transformer(Module):
                                                  (memory_mask, "memory_key_mask", "memory_mask", T, S)):
             _layer_masks(mask, key_masks[key_name][0], N, self.nhead, L, Sk, self.dtype, mask_name=mask_name,
                          key_mask_name=key_name)
+        src_arr, tgt_arr = as_float(src_arr, "src", self.dtype), as_float(tgt_arr, "tgt", self.dtype)
         try:
             memory = self.encoder(src_arr, mask=src_mask, src_key_mask=src_key_mask, is_causal=src_is_causal,
                                   path=path)

@@ -190,7 +190,7 @@ def _draw_norm(draw, kind):
 
 def _call_norm(kw):
     if kw["kind"] == "LayerNorm":
-        m = nn.LayerNorm(kw["normalized_shape"], kw["eps"], kw["bias"], dtype=kw["dtype"])
+        m = nn.LayerNorm(kw["normalized_shape"], kw["eps"], bias=kw["bias"], dtype=kw["dtype"])
     else:
         m = nn.RMSNorm(kw["normalized_shape"], kw["eps"], dtype=kw["dtype"])
     m.load_state_dict(kw["state"])
@@ -539,7 +539,7 @@ def _call_enc(kw):
     if "num_layers" in kw:
         norm = None
         if kw["final_norm"]:
-            norm = nn.LayerNorm(kw["d_model"], kw["layer_norm_eps"], kw["bias"], dtype=kw["dtype"])
+            norm = nn.LayerNorm(kw["d_model"], kw["layer_norm_eps"], bias=kw["bias"], dtype=kw["dtype"])
         layer = (nn.TransformerDecoder if kw["decoder"] else nn.TransformerEncoder)(layer, kw["num_layers"], norm)
     if kw["decoder"]:
         return layer(kw["src"], kw["memory"], tgt_mask=kw["src_mask"], memory_mask=kw["memory_mask"],
