@@ -683,3 +683,122 @@ def test_thread_count_changed_by_another_thread_mid_call(rng):
     assert results
     for got in results:
         assert all(np.array_equal(a, b) for a, b in zip(got, expected))
+
+
+# --------------------------------------------------------------------------------------------------
+# A float64 mask of a float32 call; torch's call style (dropout_p); attn_mask with is_causal
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", ["flash", "reference"])
+def test_float64_mask_beyond_float32_range_means_the_same_in_float32(rng, path):
+    """A float64 mask of float32 q/k/v is narrowed to float32. Its finite values beyond float32's
+    range became -inf there, so a row masked everywhere by -1e300 gave zeros in float32 but the
+    average of the values in float64 and in torch. They are clamped to float32's range now: the
+    float32 result is torch's float64 one (rounded), whatever the mask's dtype."""
+    lead, L, S, E, Ev = (2, 3), 4, 6, 8, 5
+    q, k, v = make_qkv(rng, lead, L, S, E, Ev, np.float64)
+    mask = np.zeros((L, S))
+    mask[0, :] = -1e300           # a whole row: every score the same, the values averaged
+    mask[1, 2] = -1e39            # beyond float32's range: a weight of 0, as -inf
+    mask[2, 3] = 1e39             # beyond float32's range the other way: all the weight on key 3
+    mask[3, 1] = -np.inf          # an inf given stays one
+    want = TF.scaled_dot_product_attention(to_torch(q), to_torch(k), to_torch(v), attn_mask=to_torch(mask)).numpy()
+    np.testing.assert_allclose(want[..., 0, :], np.broadcast_to(v.mean(-2), want[..., 0, :].shape), atol=1e-12)
+    q32, k32, v32 = (a.astype(np.float32) for a in (q, k, v))
+    out = F.scaled_dot_product_attention(q32, k32, v32, mask, path=path)
+    assert out.dtype == np.float32
+    assert_close(out, want, np.float32)
+    assert_close(F.scaled_dot_product_attention(q, k, v, mask, path=path), want, np.float64)
+    _, weights = F.scaled_dot_product_attention(q32, k32, v32, mask, return_weights=True)
+    np.testing.assert_allclose(weights[..., 0, :], 1.0 / S, rtol=1e-6)
+    assert np.all(weights[..., 1, 2] == 0) and np.all(weights[..., 3, 1] == 0)
+    np.testing.assert_allclose(weights[..., 2, 3], 1.0, rtol=1e-6)
+
+
+def test_float64_mask_narrowing_clamps_only_overflowed_finite_values():
+    """The helper's conversion: finite values beyond float32's range clamp to ±finfo(float32).max,
+    ±inf and NaN stay, values within the range are rounded as numpy rounds them; a broadcast view
+    stays one."""
+    from transformer_core._validation import as_attention_mask
+
+    big = np.finfo(np.float32).max
+    m = np.array([-1e300, 1e300, -1e39, 3.5e38, -np.inf, np.inf, np.nan, -1e30, 0.5, -0.0])
+    got = as_attention_mask(m, "attn_mask", np.float32)
+    assert got.dtype == np.float32
+    want = np.array([-big, big, -big, big, -np.inf, np.inf, np.nan, -1e30, 0.5, -0.0], np.float32)
+    np.testing.assert_array_equal(got, want)
+    view = np.broadcast_to(np.array([[-1e300, 0.0]]), (1000, 2))
+    got = as_attention_mask(view, "attn_mask", np.float32)
+    assert got.shape == (1000, 2) and got.strides[0] == 0 and got[0, 0] == -big
+    same = np.array([-1e300, 0.0])
+    assert as_attention_mask(same, "attn_mask", np.float64) is same  # no conversion, values as given
+
+
+def test_sdpa_accepts_torch_call_style(rng):
+    """torch's signature ``(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
+    scale=None, enable_gqa=False)``, by keyword and by position: ``dropout_p`` was refused as an
+    unknown keyword. Values as torch's."""
+    q, k, v = make_qkv(rng, (2, 4), 5, 7, 8, 6, np.float64)
+    kv = (k[:, :2], v[:, :2])  # 2 key/value heads for 4 query heads
+    mask = rng.standard_normal((5, 7))
+    qt, kt, vt, mt = (to_torch(a) for a in (q, *kv, mask))
+    want = TF.scaled_dot_product_attention(qt, kt, vt, attn_mask=mt, dropout_p=0.0, is_causal=False, scale=0.3,
+                                           enable_gqa=True).numpy()
+    got = F.scaled_dot_product_attention(q, *kv, attn_mask=mask, dropout_p=0.0, is_causal=False, scale=0.3,
+                                         enable_gqa=True)
+    assert_close(got, want, np.float64)
+    assert_close(F.scaled_dot_product_attention(q, *kv, mask, 0.0, False, 0.3, True), want, np.float64)
+    want = TF.scaled_dot_product_attention(to_torch(q), to_torch(k), to_torch(v), None, 0.0, True).numpy()
+    assert_close(F.scaled_dot_product_attention(q, k, v, None, 0.0, True), want, np.float64)
+
+
+@pytest.mark.parametrize("dropout_p, exc, match", [
+    (0.1, ValueError, r"dropout_p: expected 0\.0, got 0\.1: dropout on the attention probabilities is not supported"
+                      r".*transformer_core\.functional\.dropout.*dropout="),
+    (1.0, ValueError, r"dropout_p: expected 0\.0, got 1\.0"),
+    (-0.5, ValueError, r"dropout_p: expected 0\.0"),
+    (float("nan"), ValueError, r"dropout_p: expected a finite number"),
+    ("0", TypeError, r"dropout_p: expected a number"),
+    (None, TypeError, r"dropout_p: expected a number"),
+    (True, TypeError, r"dropout_p: expected a number"),  # is_causal given in dropout_p's place
+])
+def test_sdpa_dropout_p_other_than_zero_is_refused(rng, dropout_p, exc, match):
+    q, k, v = make_qkv(rng, (2,), 3, 4, 8, 8, np.float32)
+    with pytest.raises(exc, match=match):
+        F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)
+    assert F.dropout(np.ones(4, np.float32), 0.5, seed=1).shape == (4,)  # the function the message names
+
+
+@pytest.mark.parametrize("path", ["flash", "reference"])
+@pytest.mark.parametrize("kind", ["bool", "float"])
+def test_attn_mask_and_is_causal_combine_by_logical_and(rng, path, kind):
+    """``attn_mask`` with ``is_causal``: a key is visible where both allow it (a float mask added on
+    the keys causality leaves), as documented; the same as torch given the combined mask."""
+    q, k, v = make_qkv(rng, (2, 3), 6, 6, 8, 4, np.float64)
+    causal = np.tril(np.ones((6, 6), bool))
+    if kind == "bool":
+        mask = rng.random((6, 6)) > 0.3
+        mask[:, 0] = True  # every row sees key 0 (causality lets it)
+        combined = to_torch(mask & causal)
+    else:
+        mask = rng.standard_normal((6, 6))
+        mask[2, 1] = -np.inf
+        combined = to_torch(np.where(causal, mask, -np.inf))
+    want = TF.scaled_dot_product_attention(to_torch(q), to_torch(k), to_torch(v), attn_mask=combined).numpy()
+    got = F.scaled_dot_product_attention(q, k, v, mask, is_causal=True, path=path)
+    assert_close(got, want, np.float64)
+    alone = F.scaled_dot_product_attention(q, k, v, mask, path=path)
+    assert np.abs(alone - want).max() > 1e-3  # the causal part matters: the test can tell
+
+
+def test_key_leading_dims_are_not_broadcast(rng):
+    """A ``(1, H, S, E)`` key/value with a ``(N, H, L, E)`` query is refused (torch's CPU path
+    broadcasts it), as documented; ``np.broadcast_to`` gives torch's result."""
+    q = randn(rng, (3, 2, 4, 8), np.float64)
+    k, v = randn(rng, (1, 2, 5, 8), np.float64), randn(rng, (1, 2, 5, 8), np.float64)
+    with pytest.raises(ValueError, match=r"key, value: expected leading dims \(3, 2\)"):
+        F.scaled_dot_product_attention(q, k, v)
+    want = TF.scaled_dot_product_attention(to_torch(q), to_torch(k), to_torch(v)).numpy()
+    got = F.scaled_dot_product_attention(q, np.broadcast_to(k, (3, 2, 5, 8)), np.broadcast_to(v, (3, 2, 5, 8)))
+    assert_close(got, want, np.float64)

@@ -198,6 +198,34 @@ def test_positional_encoding_too_long_and_bad_input(rng):
         P.PositionalEncoding(0)
 
 
+@pytest.mark.parametrize("case", ["too_long", "offset_past_max_len", "wrong_width", "wrong_rank", "offset_type"])
+def test_positional_encoding_refusal_copies_nothing(rng, case):
+    """A refused call is refused before ``x`` is copied: ``x`` was converted to the layer's dtype
+    (a float64 ``x`` of a float32 layer: half its bytes) before its length and ``offset`` were
+    checked. Now the checks read the given array's shape; numpy allocates (nearly) nothing."""
+    import tracemalloc
+
+    layer = P.PositionalEncoding(64, max_len=1000)  # float32
+    x, offset, exc, match = {
+        "too_long": (np.zeros((16, 1001, 64)), 0, ValueError, r"x: sequence length 1001 \(\+ offset 0\) exceeds max_len 1000"),
+        "offset_past_max_len": (np.zeros((16, 600, 64)), 500, ValueError, r"x: sequence length 600 \(\+ offset 500\)"),
+        "wrong_width": (np.zeros((16, 1000, 65)), 0, ValueError, r"x: expected last dim 64 \(d_model\)"),
+        "wrong_rank": (np.zeros((4, 8, 500, 64)), 0, ValueError, r"x: expected \(N, L, E\) or \(L, E\), got 4-D"),
+        "offset_type": (np.zeros((16, 600, 64)), 1.5, TypeError, r"offset"),
+    }[case]
+    assert x.nbytes >= 4 * 2**20  # a float32 copy would be >= 2 MiB
+    tracemalloc.start()
+    try:
+        with pytest.raises(exc, match=match):
+            layer(x, offset=offset)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 64 * 1024, f"{case}: {peak} bytes allocated before the refusal (x is {x.nbytes})"
+    ok = randn(rng, (2, 600, 64), np.float64)  # the same layer accepts a fitting call, values as before
+    np.testing.assert_array_equal(layer(ok, offset=400), ok.astype(np.float32) + layer.pe[400:1000])
+
+
 @pytest.mark.parametrize("kwargs, exc, match", [
     (dict(max_len=0, d_model=4), ValueError, "max_len"),
     (dict(max_len=4, d_model=0), ValueError, "d_model"),
@@ -293,6 +321,28 @@ def test_rotary_cos_sin_hf_transformers():
     cos, sin = P.rotary_cos_sin(20, 16)
     assert_close(cos, hc[0], np.float32)
     assert_close(sin, hs[0], np.float32)
+
+
+def test_rotary_cos_sin_long_positions_more_accurate_than_hf():
+    """The documented, deliberate difference: our tables are computed in float64 and rounded once
+    (float32 within half an ulp, 2**-25, of the float64 values), HF's from float32 angles, whose
+    error grows with the position: for head_dim 128 up to ~6e-5 over positions 0..1024 and ~5e-4
+    over 0..8192 (the numbers rotary_cos_sin's docstring gives)."""
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    n, D = 8193, 128
+    cfg = LlamaConfig(hidden_size=4 * D, num_attention_heads=4, max_position_embeddings=n, rope_theta=10000.0)
+    hc, hs = (t[0].numpy() for t in LlamaRotaryEmbedding(cfg)(torch.zeros(1, n, D), torch.arange(n)[None]))
+    cos, sin = P.rotary_cos_sin(n, D)
+    exact_cos, exact_sin = (t.numpy() for t in torch_rope_table(torch.arange(n), D))  # HF's formula, float64
+    assert_close(P.rotary_cos_sin(n, D, dtype=np.float64)[0], exact_cos, np.float64)
+    ours = max(np.abs(cos - exact_cos).max(), np.abs(sin - exact_sin).max())
+    assert ours <= 2.0**-25 * (1 + 1e-9)
+    hf = np.maximum(np.abs(hc - exact_cos).max(1), np.abs(hs - exact_sin).max(1))  # per position
+    assert 2e-5 < hf[:1025].max() < 1e-4
+    assert 2e-4 < hf.max() < 1e-3
+    assert np.abs(cos - hc).max() > 100 * ours  # the two tables differ, by HF's error
 
 
 @pytest.mark.parametrize("kwargs, exc, match", [

@@ -11,7 +11,8 @@ What lives here (and where the rest lives):
   tables and other non-data arguments follow that dtype. float16, float32 and integers alone
   compute in ``float32``; a nested list of Python floats counts as float64 (numpy reads it so).
   Narrowing a float64 value to float32 refuses finite values beyond float32's range (which would
-  become inf) with a ``ValueError`` naming the argument; an inf or NaN given stays one.
+  become inf) with a ``ValueError`` naming the argument; an inf or NaN given stays one. A float
+  attention mask's such values are clamped to float32's largest instead (:func:`as_attention_mask`).
   ``bool``, complex, object, string, datetime and void data are refused with a ``TypeError`` (a
   bool array is a mask, not numbers). ndarray subclasses (``np.matrix``, ``np.memmap``) are read
   as plain ndarrays; a ``np.ma.MaskedArray`` is refused (its mask would be ignored).
@@ -306,8 +307,13 @@ def as_attention_mask(x, name: str, dtype) -> np.ndarray:
     """An attention mask: bool (True = may attend) as is, or float (added to the scores) as
     ``dtype``. Integer masks are refused: 0/1 could mean either convention.
 
-    A float64 mask narrowed to float32 keeps its values beyond float32's range as ±inf (unlike a
-    data argument's, refused by :func:`as_float`): ``-1e300`` and ``-inf`` both mean "never attend".
+    A float mask narrowed (float64 to float32, longdouble to float64) has its finite values beyond
+    ``dtype``'s range clamped to ``[finfo(dtype).min, finfo(dtype).max]`` (``-1e300`` becomes
+    float32's ``-3.4028235e38``); ``±inf`` and NaN stay as given. A data argument's such value is refused
+    instead (:func:`as_float`); a mask's is a legitimate "never attend" value, and clamping keeps
+    its meaning the same in either dtype: beside finite scores it still gives a weight of 0, and a
+    row masked by it everywhere averages the values, as in float64 and torch (an inf would have
+    made it a fully masked row: zeros).
 
     A conversion (another float dtype, a record array's unaligned field) copies only the values the
     mask holds: a broadcast view (``np.broadcast_to``, stride 0) stays one, its broadcast dims
@@ -332,13 +338,35 @@ def as_attention_mask(x, name: str, dtype) -> np.ndarray:
 
 def _converted(arr: np.ndarray, dtype, name: str) -> np.ndarray:
     """``arr`` as a new C-order array of ``dtype`` (a broadcast view: its values converted, broadcast
-    again), the copy checked against this machine's memory (ValueError naming ``name``)."""
+    again), the copy checked against this machine's memory (ValueError naming ``name``). A float
+    narrowed to a smaller float has its finite values beyond ``dtype``'s range clamped into it
+    (:func:`_clamp_overflowed`)."""
     own = _unbroadcast(arr)
-    if own.size > _UNCHECKED_COPY_SIZE:
-        check_allocatable(own.shape, np.dtype(dtype).itemsize, name)
-    with np.errstate(over="ignore"):  # a float64 mask's -1e300 is float32's -inf, as documented
-        converted = own.astype(dtype, order="C")
+    target = np.dtype(dtype)
+    narrowing = own.dtype.kind == "f" and own.dtype.itemsize > target.itemsize
+    if own.size > _UNCHECKED_COPY_SIZE:  # narrowing: and the clamp's bool array, one byte a value
+        check_allocatable(own.shape, target.itemsize + narrowing, name)
+    with np.errstate(over="ignore"):  # values beyond dtype's range become ±inf here, clamped below
+        converted = own.astype(target, order="C")
+    if narrowing:
+        _clamp_overflowed(converted, own)
     return converted if own is arr else np.broadcast_to(converted, arr.shape)
+
+
+def _clamp_overflowed(narrowed: np.ndarray, source: np.ndarray) -> None:
+    """Sets, in place, each value of ``narrowed`` (``source`` cast to a smaller float dtype) that
+    the cast made ±inf from a finite value of ``source`` to ``narrowed``'s largest finite value of
+    that sign: ``-1e300`` becomes float32's ``-3.4028235e38``; ``±inf`` and NaN given stay.
+
+    One pass when every value is finite after the cast (their sum is finite); the values are looked
+    at one by one only otherwise."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        if np.isfinite(narrowed.sum()):
+            return
+    overflowed = np.isinf(narrowed)
+    overflowed &= np.isfinite(source)
+    big = np.finfo(narrowed.dtype).max
+    np.clip(narrowed, -big, big, out=narrowed, where=overflowed)
 
 
 def as_ids(x, name: str, *, ndim: int = 2) -> np.ndarray:

@@ -9,7 +9,10 @@ its float data arguments (inputs, weights, biases, query/key/value, gate/up) is 
 float (``np.longdouble``), else in float32 (float16, float32, integers); its result has that dtype.
 A float64 argument is never narrowed to another argument's float32, whichever comes first; masks
 and rotary tables follow the op's dtype. A finite float64 value beyond float32's range that would
-be narrowed (e.g. by a float32 layer) is a ValueError, never a silent inf.
+be narrowed (e.g. by a float32 layer) is a ValueError, never a silent inf; but a float mask's is
+clamped to float32's range (``-1e300`` becomes ``-3.4028235e38``, ``±inf`` and NaN stay as given),
+so that a mask means the same in either dtype: a row masked everywhere by ``-1e300`` averages the
+values in float32 as in float64 (and torch), where an inf would have made it a fully masked row.
 
 Masks, one convention in the whole library (the encoder tutorial's ``mask == 0 -> -inf``, torch's
 ``F.scaled_dot_product_attention``): a boolean mask is True where attention is allowed; a float
@@ -328,6 +331,17 @@ def _attention_inputs(query, key, value, enable_gqa, causal_alignment, extra=())
     return q, k, v, dtype, lead, L, S, E, heads, n, kv_heads, offset
 
 
+def _check_no_attention_dropout(dropout_p) -> None:
+    """``dropout_p`` (torch's argument of ``F.scaled_dot_product_attention``) must be 0: a TypeError
+    for a non-number (a bool too), a ValueError for any other value, saying where dropout is."""
+    p = check_float(dropout_p, "dropout_p")
+    if p != 0.0:
+        raise ValueError(f"dropout_p: expected 0.0, got {p}: dropout on the attention probabilities is not "
+                         f"supported by scaled_dot_product_attention (torch's dropout_p > 0 drops weights at "
+                         f"random). Use transformer_core.functional.dropout on activations, or the layers' "
+                         f"dropout= (nn.TransformerEncoderLayer, nn.TransformerDecoderLayer)")
+
+
 def _check_scale(scale, E: int) -> float:
     """``scale`` (a finite real number) or ``1 / sqrt(E)`` for None."""
     return 1.0 / math.sqrt(E) if scale is None else check_float(scale, "scale")
@@ -372,24 +386,36 @@ def _as_4d(mask: np.ndarray | None, shape4: tuple, name: str = "attn_mask") -> n
     return np.broadcast_to(np.ascontiguousarray(own).reshape(own_shape), shape4)
 
 
-def scaled_dot_product_attention(query, key, value, attn_mask=None, *, query_mask=None, key_mask=None,
-                                 is_causal: bool = False, scale: float | None = None,
-                                 return_weights: bool = False, causal_alignment: str = "top_left",
-                                 enable_gqa: bool = False, path: str = "auto", return_lse: bool = False):
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: float = 0.0, is_causal: bool = False,
+                                 scale: float | None = None, enable_gqa: bool = False, *, query_mask=None,
+                                 key_mask=None, return_weights: bool = False, causal_alignment: str = "top_left",
+                                 path: str = "auto", return_lse: bool = False):
     """Scaled dot-product attention (Vaswani et al. 2017, eq. 1; the encoder tutorial's "Scaled Dot-product
     Attention")::
 
         Attention(Q, K, V) = softmax(Q Kᵀ · scale + mask) V,      scale = 1 / sqrt(E) by default
 
+    The first eight arguments are torch's ``F.scaled_dot_product_attention``'s, in its order
+    (positional or keyword); the rest are keyword-only.
+
     Args:
         query: ``(..., L, E)``.
-        key: ``(..., S, E)``; the same leading dims as ``query`` (with ``enable_gqa``, the
-            head dim, third from the end, may be a divisor of query's: grouped-query attention,
-            as torch's ``enable_gqa``; 3-D inputs are then ``(heads, L, E)``, query head ``h``
-            attending with key/value head ``h // (Hq / Hkv)``).
-        value: ``(..., S, Ev)``.
+        key: ``(..., S, E)``; exactly the leading dims of ``query``: they are not broadcast (a
+            ``(1, H, S, E)`` key with a ``(N, H, L, E)`` query is a ValueError, where torch's CPU
+            path broadcasts it; pass ``np.broadcast_to(key, (N, H, S, E))``, which is copied to
+            ``N`` entries). With ``enable_gqa`` the head dim, third from the end, may be a divisor
+            of query's: grouped-query attention, as torch's ``enable_gqa``; 3-D inputs are then
+            ``(heads, L, E)``, query head ``h`` attending with key/value head ``h // (Hq / Hkv)``.
+        value: ``(..., S, Ev)``, the leading dims of ``key``.
         attn_mask: bool (True = may attend) or float (added to the scores), broadcastable to
-            ``(..., L, S)``. Integer masks are refused: say which you mean.
+            ``(..., L, S)``. Integer masks are refused: say which you mean. A float mask is
+            converted to the computing dtype; narrowed from float64 to float32, its finite values
+            beyond float32's range are clamped to it (``-1e300`` becomes ``-3.4028235e38``; ``±inf``
+            and NaN stay): the mask means the same in float32 as in float64.
+        dropout_p: must be 0.0 (torch's default; accepted so that torch's calls run as they are).
+            Dropout on the attention probabilities is not supported here: any other value is a
+            ValueError. For dropout use :func:`dropout` on activations, or the layers'
+            ``dropout=`` (``nn.TransformerEncoderLayer``, ``nn.TransformerDecoderLayer``).
         query_mask: ``(L,)``, ``(N, L)`` or query's leading dims + ``(L,)``; bool or integer
             1/True = a real query token (the encoder tutorial). A masked query row attends to
             nothing and gives zeros. A 2-D mask with 4-D query ``(N, H, L, E)`` is per batch entry
@@ -402,9 +428,13 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, *, query_mas
             (no ``(..., L, S)`` array is made for it).
         is_causal: key ``s`` is visible to query ``l`` only if ``s <= l`` (``causal_alignment=
             "top_left"``, torch's) or ``s <= l + S - L`` (``"bottom_right"``, for a KV cache).
+            Combined with ``attn_mask`` (and the token masks) by logical AND: a key is visible only
+            where causality and every mask allow it, a float mask being added on the keys causality
+            leaves. torch's documentation says it raises for ``attn_mask`` with ``is_causal``
+            (its CPU implementation, 2.13, combines them as here).
         scale: multiplies the scores; default ``1 / sqrt(E)``.
-        return_weights: also return the attention probabilities.
         enable_gqa: key/value may have fewer heads (dim -3) than query: see ``key``.
+        return_weights: also return the attention probabilities.
         path: ``"auto"`` (tiled flash kernel; the reference when weights are asked for),
             ``"flash"`` or ``"reference"`` (the unfused oracle).
         return_lse: also return the log-sum-exp of each query row's scores,
@@ -428,13 +458,14 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, *, query_mas
     Raises:
         ValueError: rank < 2, empty arrays, mismatched leading dims / lengths / feature sizes,
             masks that do not broadcast (or 0/1 masks with other values), bad ``causal_alignment``
-            or ``path``, a NaN or infinite ``scale``; an input or mask whose needed copy (a broadcast
-            view made contiguous, a mask over batch dims whose strides do not merge) exceeds this
-            machine's memory.
+            or ``path``, a NaN or infinite ``scale``, ``dropout_p`` other than 0; an input or mask
+            whose needed copy (a broadcast view made contiguous, a mask over batch dims whose
+            strides do not merge) exceeds this machine's memory.
         TypeError: non-numeric (or bool) arrays, a mask of a dtype that is neither bool nor float,
-            flags that are not bools, ``scale`` not a number.
+            flags that are not bools, ``scale`` or ``dropout_p`` not a number.
     """
     # the scalar and str arguments first, before any copy of the arrays
+    _check_no_attention_dropout(dropout_p)
     path = attention_path(path)
     scale = _given_scale(scale)
     is_causal = check_bool(is_causal, "is_causal")
