@@ -999,6 +999,31 @@ def test_model_identity_covers_a_default_prompt(tmp_path, tiny_model_dir):
     assert len({base, prints["query"], prints["passage"]}) == 3
 
 
+def test_model_identity_covers_an_empty_prompt_left_out_of_the_pooling(tmp_path, tiny_model_dir):
+    """An empty default prompt with the Pooling module's include_prompt false leaves [CLS] out of
+    the pooling (sentence-transformers' rule), so it embeds differently from no prompt: its
+    fingerprint differs; the same folder without a default prompt keeps the plain fingerprint."""
+    import shutil
+
+    from transformer_core import SentenceEncoder
+
+    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+               {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
+    prints, embeddings = {}, {}
+    for name, st in {"none": {"prompts": {"q": ""}}, "empty": {"prompts": {"q": ""}, "default_prompt_name": "q"}}.items():
+        d = tmp_path / name
+        shutil.copytree(tiny_model_dir, d)
+        (d / "config_sentence_transformers.json").write_text(json.dumps(st))
+        (d / "modules.json").write_text(json.dumps(modules))
+        (d / "1_Pooling").mkdir()
+        (d / "1_Pooling" / "config.json").write_text(json.dumps(
+            {"word_embedding_dimension": 32, "pooling_mode_mean_tokens": True, "include_prompt": False}))
+        prints[name] = corpus.model_identity(d)["fingerprint"]
+        embeddings[name] = SentenceEncoder.from_pretrained(d).encode(["a man plays a guitar"])
+    assert np.abs(embeddings["none"] - embeddings["empty"]).max() > 1e-3  # [CLS] left out: another embedding
+    assert prints["none"] != prints["empty"]
+
+
 def test_parquet_write_error_names_the_part(tmp_path, tiny_model_dir, monkeypatch, capsys):
     """A Parquet part the disk refuses (EFBIG, e.g. `ulimit -f`) is one error line naming the part,
     and no temp file is left behind."""

@@ -46,6 +46,24 @@ def test_default_model_attributes(tc_bert):
     assert callable(tc.BertEmbeddings)
 
 
+def test_from_pretrained_default_is_the_embedded_model(tc_bert, hf_bert, hf_tokenizer):
+    """The docstring called all-MiniLM-L6-v2 "the default", but name_or_path was required
+    (TypeError). BertModel.from_pretrained() now loads it, the default SentenceEncoder has too."""
+    import inspect
+
+    default = inspect.signature(tc.BertModel.from_pretrained).parameters["name_or_path"].default
+    assert default == tc.hub.DEFAULT_MODEL == "all-MiniLM-L6-v2"
+    assert default == inspect.signature(tc.SentenceEncoder.from_pretrained).parameters["name_or_path"].default
+    model = tc.BertModel.from_pretrained()
+    assert model.name_or_path == "all-MiniLM-L6-v2"
+    ours, theirs = model.state_dict(), tc_bert.state_dict()
+    assert ours.keys() == theirs.keys()
+    for k in ours:
+        np.testing.assert_array_equal(np.asarray(ours[k]), np.asarray(theirs[k]), err_msg=k)
+    ids, am, tt = hf_encode(hf_tokenizer, SENTENCES[:4])
+    check_outputs(model(ids, am, tt), *hf_forward(hf_bert, ids, am, tt), am)
+
+
 @pytest.mark.parametrize("batch_start", [0, 8, 16])
 def test_minilm_matches_hf_padded_batches(tc_bert, hf_bert, hf_tokenizer, batch_start):
     batch = SENTENCES[batch_start:batch_start + 8]

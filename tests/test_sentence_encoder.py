@@ -632,3 +632,163 @@ def test_pooling_and_prompts_of_an_unknown_users_folder_are_file_not_found():
     for read in (read_pooling, read_prompts):
         with pytest.raises(FileNotFoundError, match=r"^model_dir: cannot expand the home directory of '~no_such"):
             read("~no_such_user_tc_39/m")
+
+
+# ----------------------------------------------------------- settings assigned after construction
+def _fresh_encoder(encoder):
+    """An encoder of its own (its own Tokenizer; the model shared, never changed) for tests that
+    assign its settings: the module's ``encoder`` fixture stays as loaded."""
+    return tc.SentenceEncoder(encoder.model, tc.Tokenizer.from_pretrained(MODEL_NAME))
+
+
+def _hf_mean_truncated(hf_bert, model_dir, texts, max_length, normalize=True):
+    """transformers' BertModel + sentence-transformers' mean pooling, the texts truncated to
+    ``max_length`` tokens by the tokenizers package (sentence-transformers' max_seq_length)."""
+    from tokenizers import Tokenizer
+
+    backend = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    backend.no_padding()
+    backend.enable_truncation(max_length=max_length)
+    ids, am, tt = hf_encode(backend, texts)
+    assert ids.shape[1] == max_length  # the long text really is cut there
+    return hf_mean_pool(hf_bert, ids, am, tt, normalize=normalize)
+
+
+def test_max_seq_length_assigned_later_truncates_as_sentence_transformers(encoder, hf_bert, model_dir):
+    """sentence-transformers' ``model.max_seq_length = 512`` truncates later encodes at 512. Here
+    the tokenizer's max_length was a plain attribute read once: assigning it (there was no
+    max_seq_length) left the truncation at 256 (a difference of 0.074 from the 512-token result)."""
+    enc = _fresh_encoder(encoder)
+    texts = [" ".join(f"word{i}" for i in range(600)), "short one", SENTENCES[4]]
+    assert enc.max_seq_length == 256  # sentence_bert_config.json's
+    np.testing.assert_allclose(enc.encode(texts), _hf_mean_truncated(hf_bert, model_dir, texts, 256), atol=1e-5)
+    enc.max_seq_length = 512
+    assert enc.max_seq_length == 512 and enc.tokenizer.max_length == 512
+    ref512 = _hf_mean_truncated(hf_bert, model_dir, texts, 512)
+    assert np.abs(ref512[0] - _hf_mean_truncated(hf_bert, model_dir, texts, 256)[0]).max() > 0.01
+    np.testing.assert_allclose(enc.encode(texts, batch_size=2), ref512, atol=1e-5)
+    enc.tokenizer.max_length = 64  # the tokenizer's own property: the same setting
+    assert enc.max_seq_length == 64
+    np.testing.assert_allclose(enc.encode(texts), _hf_mean_truncated(hf_bert, model_dir, texts, 64), atol=1e-5)
+
+
+def test_max_seq_length_is_checked_against_the_model(encoder):
+    """max_seq_length above the model's 512 positions is refused naming it, and leaves the setting
+    as it was; a tokenizer whose max_length was raised past them directly (the tokenizer does not
+    know the model) is refused by encode, before any forward pass."""
+    enc = _fresh_encoder(encoder)
+    with pytest.raises(ValueError, match=r"^max_seq_length: expected at most 512 \(the model's "
+                                         r"max_position_embeddings\), got 513$"):
+        enc.max_seq_length = 513
+    with pytest.raises(TypeError, match=r"^max_seq_length: expected an int, got float 512.0$"):
+        enc.max_seq_length = 512.0
+    with pytest.raises(TypeError, match=r"^max_seq_length: expected an int, got NoneType"):
+        enc.max_seq_length = None
+    with pytest.raises(ValueError, match=r"^max_length: expected at least 2 "):  # [CLS] and [SEP]
+        enc.max_seq_length = 1
+    assert enc.max_seq_length == 256
+    enc.tokenizer.max_length = 600
+    with pytest.raises(ValueError, match=r"^tokenizer: expected an encoder tokenizer truncating to at most 512 "
+                                         r"tokens .*got max_length=600$"):
+        enc.encode(["hello"])
+
+
+def test_pooling_and_normalize_assigned_later_are_checked(encoder, hf_bert, hf_tokenizer, reference_embeddings):
+    """``enc.pooling = "CLS"`` silently gave mean pooling and ``enc.normalize = "no"`` still
+    normalised: both are checked as the constructor checks them; valid assignments take effect."""
+    enc = _fresh_encoder(encoder)
+    with pytest.raises(ValueError, match=r"^pooling: expected one of 'mean', 'cls', 'max', got 'CLS'$"):
+        enc.pooling = "CLS"
+    with pytest.raises(TypeError, match=r"^pooling: expected a str"):
+        enc.pooling = None
+    with pytest.raises(TypeError, match=r"^normalize: expected a bool, got str 'no'$"):
+        enc.normalize = "no"
+    with pytest.raises(TypeError, match=r"^normalize: expected a bool, got int 0$"):
+        enc.normalize = 0
+    with pytest.raises(ValueError, match=r"^pooling: expected one of 'mean', 'cls', 'max', got 'CLS'$"):
+        tc.SentenceEncoder(encoder.model, enc.tokenizer, pooling="CLS")
+    assert (enc.pooling, enc.normalize) == ("mean", True)
+    texts = SENTENCES[:6]
+    enc.normalize = False
+    np.testing.assert_allclose(enc.encode(texts), reference_embeddings[1][:6], atol=1e-4)
+    enc.pooling = "cls"
+    np.testing.assert_allclose(enc.encode(texts), _hf_pool(hf_bert, hf_tokenizer, texts, "cls", False), atol=1e-5)
+    enc.pooling, enc.normalize = "max", True
+    np.testing.assert_allclose(enc.encode(texts), _hf_pool(hf_bert, hf_tokenizer, texts, "max", True), atol=1e-5)
+
+
+@pytest.mark.parametrize("pooling", ["mean", "max"])
+def test_empty_prompt_with_include_prompt_false_leaves_cls_out(tmp_path, model_dir, hf_bert, hf_tokenizer, pooling):
+    """sentence-transformers tests ``prompt is not None``: an empty prompt (given, or the default)
+    has prompt_length len(ids("")) - 1 = 1, so with include_prompt false [CLS] is not pooled. Here
+    ``if prompt:`` kept it (a difference of 3.7 unnormalised). No prompt at all pools [CLS]."""
+    mode = {"mean": "pooling_mode_mean_tokens", "max": "pooling_mode_max_tokens"}[pooling]
+    assert len(hf_tokenizer.encode("").ids) - 1 == 1
+    texts = ["What is the capital of France?", "ok", "", SENTENCES[5]]
+    without_cls = _hf_prompted(hf_bert, hf_tokenizer, texts, "", pooling, skip=1)
+    with_cls = _hf_prompted(hf_bert, hf_tokenizer, texts, "", pooling, skip=0)
+    assert np.abs(without_cls - with_cls).max() > 0.01
+    d = _prompt_folder(tmp_path, model_dir, "e", {"prompts": {"empty": "", "q": "query: "},
+                                                   "default_prompt_name": "empty"}, mode, include_prompt=False)
+    enc = tc.SentenceEncoder.from_pretrained(d)
+    np.testing.assert_allclose(enc.encode(texts, batch_size=3), without_cls, atol=1e-5)  # the default ""
+    np.testing.assert_allclose(enc.encode(texts, prompt=""), without_cls, atol=1e-5)
+    np.testing.assert_allclose(enc.encode(texts, prompt_name="empty"), without_cls, atol=1e-5)
+    enc.default_prompt_name = None  # no prompt at all: every real token pooled
+    np.testing.assert_allclose(enc.encode(texts), with_cls, atol=1e-5)
+
+
+def test_sentence_transformers_argument_names(encoder, reference_embeddings, capsys):
+    """encode takes sentence-transformers' normalize_embeddings and show_progress_bar too. With
+    sentence-transformers' meaning: normalize_embeddings=False does not undo a folder's Normalize
+    module (all-MiniLM-L6-v2 stays normalised), True normalises. Both names of one option may be
+    given only when they agree."""
+    ref_norm, ref_raw = reference_embeddings
+    texts = SENTENCES[:6]
+    raw = _fresh_encoder(encoder)
+    raw.normalize = False
+    np.testing.assert_allclose(encoder.encode(texts, normalize_embeddings=False), ref_norm[:6], atol=1e-4)
+    np.testing.assert_allclose(encoder.encode(texts, normalize_embeddings=True), ref_norm[:6], atol=1e-4)
+    np.testing.assert_allclose(raw.encode(texts, normalize_embeddings=False), ref_raw[:6], atol=1e-4)
+    np.testing.assert_allclose(raw.encode(texts, normalize_embeddings=True), ref_norm[:6], atol=1e-4)
+    np.testing.assert_allclose(raw.encode(texts, normalize=True, normalize_embeddings=True), ref_norm[:6], atol=1e-4)
+    np.testing.assert_allclose(encoder.encode(texts, normalize=True, normalize_embeddings=False), ref_norm[:6],
+                               atol=1e-4)
+    with pytest.raises(TypeError, match=r"^normalize, normalize_embeddings: .*got normalize=False and "
+                                        r"normalize_embeddings=True"):
+        encoder.encode(texts, normalize=False, normalize_embeddings=True)
+    with pytest.raises(TypeError, match=r"^normalize, normalize_embeddings: .*got normalize=True and "
+                                        r"normalize_embeddings=False \(which means normalize=False"):
+        raw.encode(texts, normalize=True, normalize_embeddings=False)
+    with pytest.raises(TypeError, match=r"^normalize_embeddings: expected a bool, got str 'yes'$"):
+        encoder.encode(texts, normalize_embeddings="yes")
+    capsys.readouterr()
+    encoder.encode(texts, batch_size=1, show_progress_bar=False)  # 6 batches: a bar by default
+    assert "encode" not in capsys.readouterr().err
+    encoder.encode(texts, batch_size=32, show_progress_bar=True)  # 1 batch: none by default
+    assert "encode" in capsys.readouterr().err
+    encoder.encode(texts, batch_size=32, progress=True, show_progress_bar=True)
+    assert "encode" in capsys.readouterr().err
+    with pytest.raises(TypeError, match=r"^progress, show_progress_bar: .*got progress=True and "
+                                        r"show_progress_bar=False$"):
+        encoder.encode(texts, progress=True, show_progress_bar=False)
+    with pytest.raises(TypeError, match=r"^show_progress_bar: expected a bool, got int 1$"):
+        encoder.encode(texts, show_progress_bar=1)
+
+
+def test_int8_accuracy_figures_in_the_docstring_are_what_is_measured(encoder):
+    """from_pretrained's docstring said texts of one to three words reach a cosine of 0.977 at
+    worst; "Thanks" gives 0.967. The figures it states are measured here: the minimum over the
+    benchmark's sentences, and "Thanks"'s."""
+    from pathlib import Path
+
+    doc = " ".join(tc.SentenceEncoder.from_pretrained.__doc__.split())
+    int8 = tc.quantize(encoder)
+    bench = [s.strip() for s in (Path(__file__).parents[1] / "bench" / "sentences.txt").read_text(
+        encoding="utf-8").splitlines() if s.strip()]
+    cos = np.sum(encoder.encode(bench) * int8.encode(bench), axis=1)
+    assert len(bench) == 66 and "over the 66 sentences of ``bench/sentences.txt``" in doc
+    assert abs(float(cos.min()) - 0.994) < 0.001 and "0.994 at least" in doc, cos.min()
+    thanks = float(np.sum(encoder.encode("Thanks") * int8.encode("Thanks")))
+    assert abs(thanks - 0.967) < 0.002, thanks
+    assert 'minimum 0.967 (``"Thanks"``' in doc and "not bounds" in doc

@@ -83,6 +83,54 @@ def test_refused_arguments_leave_an_uncopyable_backend_unchanged(model_dir):
         assert (backend.truncation, backend.padding) == before, kwargs
 
 
+
+@pytest.mark.parametrize("make", [_backend, _uncopyable])
+def test_max_length_assigned_later_truncates_as_the_tokenizers_package(model_dir, make):
+    """max_length was a plain attribute: the backend's truncation was set once in __init__, so
+    ``tok.max_length = 512`` (or 5) changed nothing (256 tokens still). Every encoding method now
+    truncates to the assigned length, encode_batches' unpadded copy (made on first use) included."""
+    tok = tc.Tokenizer(make(model_dir), 256)
+    texts = [" ".join(f"word{i}" for i in range(600)), "short one", "time flies like an arrow"]
+    assert list(tok.encode_batches(texts, 2))[0]["input_ids"].shape[1] == 256  # the unpadded copy exists
+    for n in (512, 5, 300):
+        tok.max_length = n
+        assert tok.max_length == n
+        ref = _backend(model_dir)
+        ref.enable_truncation(max_length=n)
+        assert tok.encode(texts[0]) == ref.encode(texts[0]).ids and len(tok.encode(texts[0])) == n
+        assert tok.tokenize(texts[0]) == ref.encode(texts[0]).tokens
+        want = hf_encode(ref, texts)
+        got = tok.encode_batch(texts)
+        batches = list(tok.encode_batches(texts, 3))
+        assert len(batches) == 1
+        for key, w in zip(("input_ids", "attention_mask", "token_type_ids"), want):
+            np.testing.assert_array_equal(got[key], w, err_msg=f"encode_batch {key}, max_length={n}")
+            np.testing.assert_array_equal(batches[0][key], w, err_msg=f"encode_batches {key}, max_length={n}")
+
+
+def test_max_length_assignment_is_checked(model_dir):
+    """An assigned max_length is checked as the constructor's: not an int -> TypeError, below the
+    special tokens -> ValueError; whether the tokenizer truncates at all is fixed at construction
+    (None on an encoder tokenizer, an int on a causal-LM one: ValueError). A refused value changes
+    nothing, the backend's truncation included."""
+    tok = tc.Tokenizer(_backend(model_dir), 64)
+    text = "word " * 100
+    for bad, err, match in (("512", TypeError, r"^max_length: expected an int, got str '512'$"),
+                            (64.0, TypeError, r"^max_length: expected an int, got float"),
+                            (True, TypeError, r"^max_length: expected an int, got bool"),
+                            (0, ValueError, r"^max_length: expected an int in \[1, .*\], got 0$"),
+                            (1, ValueError, r"^max_length: expected at least 2 \(the special tokens"),
+                            (None, ValueError, r"^max_length: this is an encoder tokenizer, which truncates")):
+        with pytest.raises(err, match=match):
+            tok.max_length = bad
+        assert tok.max_length == 64 and len(tok.encode(text)) == 64, bad
+    causal = tc.Tokenizer(sentencepiece_tokenizer(), max_length=None)
+    with pytest.raises(ValueError, match=r"^max_length: this is a causal-LM tokenizer, which does not truncate"):
+        causal.max_length = 8
+    causal.max_length = None  # what it is: allowed
+    assert causal.max_length is None and causal.backend.truncation is None
+
+
 # ------------------------------------------------------------------------------------ pad_token=None
 @pytest.mark.parametrize("make", [_backend, _uncopyable])
 def test_pad_token_none_pads_with_id_0(model_dir, make):

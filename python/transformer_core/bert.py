@@ -15,7 +15,15 @@ import numpy as np
 
 from ._runtime import core as _core
 from ._validation import activation, as_bool, as_float, as_ids, check_config_fields, check_int, check_mapping
-from .hub import ConfigRule, LayerRule, check_config_against_weights, load_safetensors, read_config, resolve_model_dir
+from .hub import (
+    DEFAULT_MODEL,
+    ConfigRule,
+    LayerRule,
+    check_config_against_weights,
+    load_safetensors,
+    read_config,
+    resolve_model_dir,
+)
 from .module import Module, check_dropout
 from .positional import _check_embedding_tables
 
@@ -192,10 +200,11 @@ class BertModel(Module):
         return _rename_hf(state)
 
     @classmethod
-    def from_pretrained(cls, name_or_path, dtype=np.float32) -> "BertModel":
+    def from_pretrained(cls, name_or_path=DEFAULT_MODEL, dtype=np.float32) -> "BertModel":
         """Loads a Hugging Face BERT directory (``config.json`` + ``model.safetensors``) or an
-        embedded model by name (``"all-MiniLM-L6-v2"``, the default), with the ``safetensors``
-        package's numpy API: no torch.
+        embedded model by name (``"all-MiniLM-L6-v2"``, the default: ``hub.DEFAULT_MODEL``, as
+        :meth:`SentenceEncoder.from_pretrained`), with the ``safetensors`` package's numpy API: no
+        torch.
 
         A ``bert.`` prefix (``BertFor*`` checkpoints) and old ``gamma``/``beta`` names are accepted;
         heads other than the pooler are ignored: with the prefix every tensor outside ``bert.*``

@@ -610,8 +610,10 @@ def model_identity(name_or_path=DEFAULT_MODEL, quantize: str | None = None) -> d
     if pooling != {"pooling": "mean", "normalize": True}:
         h.update(f"pooling={pooling['pooling']};normalize={pooling['normalize']}".encode())
     prompts = read_prompts(model_dir)
-    if prompts["default_prompt_name"] is not None and prompts["prompts"][prompts["default_prompt_name"]]:
-        prompt = prompts["prompts"][prompts["default_prompt_name"]]
+    # A default prompt changes the embeddings when it has tokens, or when it is empty but
+    # include_prompt is false (its one position, [CLS], is left out of the pooling).
+    prompt = None if prompts["default_prompt_name"] is None else prompts["prompts"][prompts["default_prompt_name"]]
+    if prompt is not None and (prompt or not prompts["include_prompt"]):
         h.update(f"prompt={json.dumps(prompt)};include_prompt={prompts['include_prompt']}".encode())
     name = str(Path(name_or_path).resolve()) if Path(name_or_path).exists() else str(name_or_path)
     out = {"name": name, "fingerprint": h.hexdigest()[:32], "dim": dim}

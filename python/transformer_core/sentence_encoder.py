@@ -201,6 +201,26 @@ def _unit_rows(x: np.ndarray) -> np.ndarray:
     return out
 
 
+def _check_pooling(pooling) -> str:
+    """``pooling`` checked: one of ``"mean"``, ``"cls"``, ``"max"`` (TypeError for a non-str,
+    ValueError for another str)."""
+    return check_choice(pooling, "pooling", ("mean", "cls", "max"))
+
+
+def _check_truncation(max_length, model: BertModel, name: str) -> None:
+    """ValueError naming ``name`` unless ``max_length`` (a tokenizer's truncation length) is an int
+    of at most ``model``'s ``max_position_embeddings``: longer sequences would reach positions the
+    model has no embedding for."""
+    positions = model.config.max_position_embeddings
+    if max_length is not None and max_length <= positions:
+        return
+    if name == "max_seq_length":
+        raise ValueError(f"max_seq_length: expected at most {positions} (the model's max_position_embeddings), "
+                         f"got {max_length}")
+    raise ValueError(f"{name}: expected an encoder tokenizer truncating to at most {positions} tokens (the model's "
+                     f"max_position_embeddings), got max_length={max_length}")
+
+
 class SentenceEncoder:
     """Sentence embeddings: tokenizer -> :class:`BertModel` -> pooling -> L2 normalisation (by default).
 
@@ -220,9 +240,14 @@ class SentenceEncoder:
             of the pooling (False: sentence-transformers' Pooling ``include_prompt``; ``"cls"``
             pooling takes the first token either way).
 
+    ``pooling``, ``normalize`` and :attr:`max_seq_length` are properties: assigning one later is
+    checked as the constructor checks it (``enc.pooling = "CLS"`` raises, it does not fall back to
+    mean pooling).
+
     Raises:
-        TypeError: ``model`` or ``tokenizer`` of another class, ``normalize`` or ``include_prompt``
-            not a bool, ``prompts`` not a dict of str -> str, ``default_prompt_name`` not a str.
+        TypeError: ``model`` or ``tokenizer`` of another class, ``pooling`` not a str,
+            ``normalize`` or ``include_prompt`` not a bool, ``prompts`` not a dict of str -> str,
+            ``default_prompt_name`` not a str.
         ValueError: a tokenizer that would let sequences longer than the model's positions
             through; an unknown ``pooling``; a ``default_prompt_name`` that is not in ``prompts``;
             a prompt that is not valid Unicode.
@@ -234,12 +259,9 @@ class SentenceEncoder:
             raise TypeError(f"model: expected a transformer_core.BertModel, got {type(model).__name__}")
         if not isinstance(tokenizer, Tokenizer):
             raise TypeError(f"tokenizer: expected a transformer_core.Tokenizer, got {type(tokenizer).__name__}")
-        positions = model.config.max_position_embeddings
-        if tokenizer.max_length is None or tokenizer.max_length > positions:
-            raise ValueError(f"tokenizer: expected an encoder tokenizer truncating to at most {positions} tokens "
-                             f"(the model's max_position_embeddings), got max_length={tokenizer.max_length}")
-        if pooling not in ("mean", "cls", "max"):
-            raise ValueError(f"pooling: expected 'mean', 'cls' or 'max', got {pooling!r}")
+        _check_truncation(tokenizer.max_length, model, "tokenizer")
+        pooling = _check_pooling(pooling)
+        normalize = check_bool(normalize, "normalize")
         prompts = {} if prompts is None else prompts
         if not isinstance(prompts, dict) or not all(isinstance(k, str) and isinstance(v, str)
                                                     for k, v in prompts.items()):
@@ -256,8 +278,8 @@ class SentenceEncoder:
         include_prompt = check_bool(include_prompt, "include_prompt")
         self.model = model
         self.tokenizer = tokenizer
-        self.pooling = pooling
-        self.normalize = check_bool(normalize, "normalize")
+        self._pooling = pooling
+        self._normalize = normalize
         self.prompts = dict(prompts)
         self.default_prompt_name = default_prompt_name
         self.include_prompt = include_prompt
@@ -277,12 +299,14 @@ class SentenceEncoder:
             dtype: ``np.float32`` or ``np.float64``.
             quantize: None, or ``"int8"``: every linear layer of the encoder int8 per output
                 channel (:func:`transformer_core.quantize`; attention, norms, softmax and pooling
-                stay float32). Needs ``dtype=np.float32``. Measured on all-MiniLM-L6-v2: cosine to
-                the float32 embedding >= 0.994 over the benchmark's sentences
-                (``bench/sentences.txt``), mean 0.997; texts of one to three words are the worst:
-                over 300 of them the minimum was 0.977 (``"I love it."``), one-word texts 0.980
-                (``"?"``, ``"no"``, ``"ok"``), mean 0.994. An int8 row also depends slightly on its
-                batch-mates (:meth:`encode`).
+                stay float32). Needs ``dtype=np.float32``. What was measured, on all-MiniLM-L6-v2
+                (samples, not bounds): the cosine of the int8 embedding to the float32 one was
+                0.994 at least and 0.997 on average over the 66 sentences of
+                ``bench/sentences.txt`` (and over 1000 texts made of them and their pairs); very
+                short texts lose more: over the 490 distinct words of those sentences, each as a
+                text, minimum 0.978 (``"Please"``), mean 0.993; over 79 everyday one-to-three-word
+                texts, minimum 0.967 (``"Thanks"``; ``"Thank you"`` 0.968, ``"Thanks!"`` 0.969),
+                mean 0.983. An int8 row also depends slightly on its batch-mates (:meth:`encode`).
 
         Raises:
             ``dtype`` and ``quantize`` are checked first, before any file is read:
@@ -315,19 +339,68 @@ class SentenceEncoder:
         """Embedding width H (384 for all-MiniLM-L6-v2)."""
         return self.model.config.hidden_size
 
+    @property
+    def pooling(self) -> str:
+        """``"mean"``, ``"cls"`` or ``"max"``: how :meth:`encode` pools the token vectors.
+
+        Raises (on assignment):
+            TypeError: not a str. ValueError: another str (``"CLS"`` included).
+        """
+        return self._pooling
+
+    @pooling.setter
+    def pooling(self, value: str) -> None:
+        self._pooling = _check_pooling(value)
+
+    @property
+    def normalize(self) -> bool:
+        """The default of :meth:`encode`'s ``normalize``: L2-normalise each embedding.
+
+        Raises (on assignment):
+            TypeError: not a bool (``"no"``, 0 and 1 included).
+        """
+        return self._normalize
+
+    @normalize.setter
+    def normalize(self, value: bool) -> None:
+        self._normalize = check_bool(value, "normalize")
+
+    @property
+    def max_seq_length(self) -> int:
+        """The number of tokens (``[CLS]`` and ``[SEP]`` included) a text is truncated to:
+        sentence-transformers' ``max_seq_length`` (256 for all-MiniLM-L6-v2, from its
+        ``sentence_bert_config.json``). It is the tokenizer's :attr:`Tokenizer.max_length`; assigning
+        it (``enc.max_seq_length = 512``) truncates every later :meth:`encode` to the new length.
+
+        Raises (on assignment):
+            TypeError: not an int.
+            ValueError: above the model's ``max_position_embeddings`` (512 for BERT), below 1 or
+                below the tokenizer's special tokens (2).
+        """
+        return self.tokenizer.max_length
+
+    @max_seq_length.setter
+    def max_seq_length(self, value: int) -> None:
+        _check_truncation(check_int(value, "max_seq_length", 1), self.model, "max_seq_length")
+        self.tokenizer.max_length = value
+
     def encode(self, sentences, batch_size: int = 32, normalize: bool | None = None,
                progress: bool | None = None, *, prompt_name: str | None = None,
-               prompt: str | None = None) -> np.ndarray:
+               prompt: str | None = None, normalize_embeddings: bool | None = None,
+               show_progress_bar: bool | None = None) -> np.ndarray:
         """Embeds sentences.
 
         A prompt is put before every text, as sentence-transformers' ``SentenceTransformer.encode``
         does: ``prompt`` if given, else ``prompts[prompt_name]``, else the encoder's default prompt
         (``prompts[default_prompt_name]``, from the folder's ``config_sentence_transformers.json``);
         the embedding of ``"query: " + text`` for a default prompt ``"query: "``. An empty prompt
-        adds nothing (``prompt=""`` encodes the texts alone, whatever the default). With
+        adds no text (``prompt=""`` encodes the texts alone, whatever the default). With
         ``include_prompt`` false the prompt's tokens (and ``[CLS]``: the first ``len(prompt's ids)
         - 1`` positions, sentence-transformers' ``prompt_length``) are left out of the mean or max
-        pooling; they are still attended to.
+        pooling; they are still attended to. Any prompt given counts, an empty one included, as in
+        sentence-transformers (which tests ``prompt is not None``): ``prompt=""`` (or an empty
+        default prompt) then leaves out ``len(ids("")) - 1 = 1`` position, ``[CLS]``; with no
+        prompt at all every real token is pooled.
 
         The sentences are sorted by length (characters, longest first, as sentence-transformers'
         ``SentenceTransformer.encode`` does) before they are cut into batches, so that each batch
@@ -355,6 +428,14 @@ class SentenceEncoder:
                 None = the default prompt (if any).
             prompt: a prompt text to put before every text; None = ``prompt_name``'s or the
                 default. At most one of ``prompt_name`` and ``prompt``.
+            normalize_embeddings: sentence-transformers' name for normalising, with its meaning:
+                True = ``normalize=True``; False = ``normalize=None`` (the encoder's own setting:
+                in sentence-transformers False does not undo a folder's Normalize module, so
+                all-MiniLM-L6-v2's embeddings stay unit vectors); None = not given.
+            show_progress_bar: sentence-transformers' name for ``progress`` (the same values).
+
+        ``normalize`` and ``normalize_embeddings``, or ``progress`` and ``show_progress_bar``, may be
+        given together only when they ask for the same thing.
 
         Returns:
             ``(N, H)`` in the model's dtype (float32 by default; ``(N, 384)`` for
@@ -363,7 +444,9 @@ class SentenceEncoder:
         Raises:
             TypeError: ``sentences`` not str or an iterable of str (the first offending index is
                 named); ``batch_size`` not an int; ``normalize`` not a bool or None; ``progress`` not a
-                bool or None; ``prompt_name`` or ``prompt`` neither None nor a str.
+                bool or None; ``prompt_name`` or ``prompt`` neither None nor a str;
+                ``normalize_embeddings`` or ``show_progress_bar`` not a bool or None; both names of
+                one option given with settings that differ (both names are named).
             ValueError: ``batch_size`` < 1; a sentence or ``prompt`` that is not valid Unicode (a
                 lone surrogate, from bytes that were not UTF-8; its index and position are named);
                 a ``prompt_name`` not in the encoder's ``prompts``; both ``prompt_name`` and
@@ -384,12 +467,13 @@ class SentenceEncoder:
                 raise TypeError(f"sentences: expected a list of str, got {type(s).__name__} at index {i}")
             check_unicode(s, "sentences", i)
         batch_size = check_int(batch_size, "batch_size", 1)
-        normalize = self.normalize if normalize is None else check_bool(normalize, "normalize")
-        if progress is not None:
-            progress = check_bool(progress, "progress")
+        normalize = self._normalize_setting(normalize, normalize_embeddings)
+        progress = _one_of_two_names(progress, "progress", show_progress_bar, "show_progress_bar")
         prompt = self._prompt(prompt_name, prompt)
+        # the tokenizer (or its max_length) may have been replaced since __init__
+        _check_truncation(self.tokenizer.max_length, self.model, "tokenizer")
         skip = 0  # leading positions left out of the pooling: [CLS] and the prompt's tokens
-        if prompt:
+        if prompt is not None:  # as sentence-transformers: an empty prompt counts too
             sentences = [prompt + s for s in sentences]
             if not self.include_prompt:
                 skip = len(self.tokenizer.encode(prompt)) - 1  # sentence-transformers' prompt_length
@@ -434,8 +518,25 @@ class SentenceEncoder:
             out /= np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-12)
         return out
 
-    def _prompt(self, prompt_name, prompt) -> str:
-        """The prompt :meth:`encode` puts before each text ("" for none), from its arguments."""
+    def _normalize_setting(self, normalize, normalize_embeddings) -> bool:
+        """Whether :meth:`encode` normalises, from its ``normalize`` and sentence-transformers'
+        ``normalize_embeddings`` (True: normalise; False: the encoder's own setting)."""
+        if normalize is not None:
+            normalize = check_bool(normalize, "normalize")
+        if normalize_embeddings is None:
+            return self.normalize if normalize is None else normalize
+        st = check_bool(normalize_embeddings, "normalize_embeddings")
+        meant = True if st else self.normalize
+        if normalize is not None and normalize != meant:
+            raise TypeError(f"normalize, normalize_embeddings: expected one of the two names, or settings that "
+                            f"agree, got normalize={normalize} and normalize_embeddings={st} (which means "
+                            f"normalize={meant}: False keeps the encoder's own normalize, as in "
+                            f"sentence-transformers)")
+        return meant
+
+    def _prompt(self, prompt_name, prompt) -> str | None:
+        """The prompt :meth:`encode` puts before each text (None for none; "" is a prompt, as in
+        sentence-transformers), from its arguments."""
         if prompt is not None:
             if prompt_name is not None:
                 raise ValueError(f"prompt_name, prompt: expected at most one, got prompt_name={prompt_name!r} and "
@@ -451,4 +552,15 @@ class SentenceEncoder:
                 raise ValueError(f"prompt_name: expected one of the encoder's prompts {list(self.prompts)}, got "
                                  f"{prompt_name!r}")
             return self.prompts[prompt_name]
-        return "" if self.default_prompt_name is None else self.prompts[self.default_prompt_name]
+        return None if self.default_prompt_name is None else self.prompts[self.default_prompt_name]
+
+
+def _one_of_two_names(value, name: str, alias, alias_name: str) -> bool | None:
+    """The bool-or-None option given as ``name`` or as its sentence-transformers spelling
+    ``alias_name`` (None: not given); TypeError naming both when both are given and differ."""
+    value = None if value is None else check_bool(value, name)
+    alias = None if alias is None else check_bool(alias, alias_name)
+    if value is not None and alias is not None and value != alias:
+        raise TypeError(f"{name}, {alias_name}: expected one of the two names (the same option), or the same "
+                        f"value under both, got {name}={value} and {alias_name}={alias}")
+    return alias if value is None else value

@@ -56,6 +56,16 @@ def check_unicode(text: str, name: str, index: int | None = None) -> None:
                          f"(bytes that are not valid UTF-8, e.g. in a command-line argument)") from None
 
 
+def _check_room_for_special_tokens(backend, max_length: int) -> None:
+    """ValueError naming ``max_length`` when it is below the number of special tokens ``backend``
+    adds to every text: the post-processor's tokens are never truncated away, so a shorter
+    ``max_length`` would not truncate at all."""
+    special = backend.num_special_tokens_to_add(False)
+    if max_length < special:
+        raise ValueError(f"max_length: expected at least {special} (the special tokens the tokenizer adds "
+                         f"to every text), got {max_length}")
+
+
 def _bytes_to_unicode() -> dict[int, str]:
     """GPT-2's byte -> printable character map used by byte-level BPE vocabularies (Radford et al.
     2019, ``encoder.py``): printable Latin-1 bytes map to themselves, the other 68 bytes to U+0100..."""
@@ -93,7 +103,8 @@ class Tokenizer:
         tokenizer: a ``tokenizers.Tokenizer``.
         max_length: an encoder tokenizer truncates to this many tokens (special tokens included)
             and pads batches to their longest member; ``None`` makes a causal-LM tokenizer: no
-            truncation, and padding only in :meth:`encode_batch`.
+            truncation, and padding only in :meth:`encode_batch`. An encoder tokenizer's length
+            can be assigned later (the :attr:`max_length` property, checked the same way).
         pad_token: the padding token (its id pads ``input_ids``), or ``None``. Without one in the
             vocabulary (``None`` included), an encoder tokenizer pads with id 0 (a ``pad_token``
             not in the vocabulary is then replaced by id 0's token), a causal one with the EOS id,
@@ -150,16 +161,13 @@ class Tokenizer:
             if token is not None and tokenizer.token_to_id(token) is None:
                 raise ValueError(f"{name}: {token!r} is not in the vocabulary")
         do_lower_case = check_bool(do_lower_case, "do_lower_case")
-        if max_length is not None:  # the post-processor's tokens are never truncated away: a shorter
-            special = tokenizer.num_special_tokens_to_add(False)  # max_length would not truncate at all
-            if max_length < special:
-                raise ValueError(f"max_length: expected at least {special} (the special tokens the tokenizer adds "
-                                 f"to every text), got {max_length}")
+        if max_length is not None:
+            _check_room_for_special_tokens(tokenizer, max_length)
         if getattr(_HANDED_OVER, "backend", None) is not tokenizer:  # checked: now the copy
             tokenizer = _copy_backend(tokenizer)
         self._tok = tokenizer
         self._unpadded = None  # _batches' copy of it without padding, made on first use
-        self.max_length = max_length
+        self._max_length = max_length
         self.bos_token, self.eos_token, self.unk_token = bos_token, eos_token, unk_token
         self.chat_template = chat_template
         self.do_lower_case = do_lower_case
@@ -182,6 +190,40 @@ class Tokenizer:
             self.pad_token = pad_token
             self.pad_token_id = 0 if pad_id is None else pad_id
 
+    @property
+    def max_length(self) -> int | None:
+        """The length an encoder tokenizer truncates every text to (special tokens included); None
+        for a causal-LM tokenizer, which never truncates.
+
+        Assignable on an encoder tokenizer (sentence-transformers' ``model.max_seq_length = 512``):
+        every later :meth:`encode`, :meth:`tokenize`, :meth:`encode_batch` and
+        :meth:`encode_batches` truncates to the new length. Whether the tokenizer truncates at all
+        is fixed when it is built: None cannot be assigned to an encoder tokenizer, nor an int to
+        a causal-LM one.
+
+        Raises:
+            TypeError: not an int (a bool or float included) or None.
+            ValueError: below 1 or below the number of special tokens the backend adds to a text
+                (2 for BERT's ``[CLS] ... [SEP]``); None for an encoder tokenizer, or an int for
+                a causal-LM tokenizer.
+        """
+        return self._max_length
+
+    @max_length.setter
+    def max_length(self, value: int | None) -> None:
+        value = check_optional_int(value, "max_length", 1)
+        if value is None and self._max_length is not None:
+            raise ValueError("max_length: this is an encoder tokenizer, which truncates (fixed when it was built); "
+                             "expected an int, got None")
+        if value is not None and self._max_length is None:
+            raise ValueError(f"max_length: this is a causal-LM tokenizer, which does not truncate (fixed when it was "
+                             f"built); expected None, got {value}")
+        if value is not None:
+            _check_room_for_special_tokens(self._tok, value)
+            self._tok.enable_truncation(max_length=value)
+            self._unpadded = None  # copied from _tok with the old truncation: made again on next use
+        self._max_length = value
+
     # ---------------------------------------------------------------------------- construction
     @classmethod
     def from_pretrained(cls, name_or_path, max_length: int | None = None) -> "Tokenizer":
@@ -197,6 +239,14 @@ class Tokenizer:
         ``max_position_embeddings``, else 512. A ``sentence_bert_config.json`` with
         ``"do_lower_case": true`` gives a tokenizer that lowercases every text before tokenizing it
         (``do_lower_case=True``), as sentence-transformers does.
+
+        Args:
+            name_or_path: a model directory, a ``.gguf`` file or an embedded model's name; required
+                (no default: this class serves BERT encoders and causal LMs alike; the embedding
+                default, all-MiniLM-L6-v2, is :meth:`SentenceEncoder.from_pretrained`'s and
+                :meth:`BertModel.from_pretrained`'s).
+            max_length: an encoder tokenizer's truncation length (None: the default above; it can
+                be changed later through the :attr:`max_length` property). None for a causal LM.
 
         Raises:
             FileNotFoundError: no such model or no ``tokenizer.json``.
