@@ -260,9 +260,12 @@ def test_copies_compute_as_the_original_after_the_callers_config_changed(kind, h
     np.testing.assert_array_equal(_hidden(again, ids), reference)
 
 
-def test_snapshot_keeps_modules_and_arrays_by_reference():
-    """The snapshot deep-copies configs, not the weights a loader passes (BertEmbeddings' ``weights``)
-    nor the modules a stack is built from."""
+def test_snapshot_keeps_arrays_by_reference_and_modules_as_recipes():
+    """The snapshot deep-copies configs, not the weights a loader passes (BertEmbeddings' ``weights``).
+    The modules a stack is built from are kept as what it takes to build them again (class,
+    arguments, attributes), not as the modules: their weights are in no copy's snapshot."""
+    from transformer_core.module import _Recipe
+
     bert = _built_models()["bert"][0]
     sd = {k: v for k, v in bert.state_dict().items() if k.startswith("embeddings.")}
     emb = tc.BertEmbeddings(bert.config, np.float64, weights=sd)
@@ -270,9 +273,12 @@ def test_snapshot_keeps_modules_and_arrays_by_reference():
     assert kwargs["weights"] is not sd and all(kwargs["weights"][k] is sd[k] for k in sd)
     assert args[0] == bert.config and args[0] is not bert.config
     norm = tc.nn.LayerNorm(8, dtype=np.float64)
-    layer = tc.nn.TransformerEncoderLayer(8, 2, 16, dtype=np.float64)
+    layer = tc.nn.TransformerEncoderLayer(8, 2, 16, dtype=np.float64, dropout=0.25)
     enc = tc.nn.TransformerEncoder(layer, 2, norm)
-    assert enc._init_args[0][0] is layer and enc._init_args[0][2] is norm is enc.norm
+    recipe, _, norm_recipe = enc._init_args[0]
+    assert type(recipe) is _Recipe and recipe.cls is tc.nn.TransformerEncoderLayer
+    assert recipe.init_args is layer._init_args and recipe.attributes["dropout"] == 0.25
+    assert type(norm_recipe) is _Recipe and norm_recipe.cls is tc.nn.LayerNorm and enc.norm is norm
 
 
 @pytest.mark.parametrize("how", ["deepcopy", "pickle", "quantize"])
@@ -281,7 +287,9 @@ def test_copies_keep_modules_attached_by_the_caller(how):
     ``model.classifier = nn.Linear(...)``, a dict of heads) was silently dropped by deepcopy, pickle
     and quantize's copy. As torch's deepcopy: the copy has its own equal head (the same outputs;
     training it leaves the original's alone), a head referred to twice is copied once, and an
-    attribute referring to a module under the copied one refers to the copy's."""
+    attribute referring to a module under the copied one refers to the copy's. The classifier,
+    assigned to an attribute, is a registered child (as torch's): quantize's copy quantizes it with
+    the rest, as torch's ``quantize_dynamic`` does; the head in a dict is not one."""
     import copy
     import pickle
 
@@ -296,8 +304,12 @@ def test_copies_keep_modules_attached_by_the_caller(how):
     assert dup.heads["a"] is dup.classifier and dup.pair[0] is dup.heads["b"] and dup.pair[1] is dup
     ids = np.array([[1, 5, 7, 3]])
     h = bert(ids).last_hidden_state
-    for name in ("a", "b"):
-        np.testing.assert_array_equal(dup.heads[name](h), bert.heads[name](h))
+    np.testing.assert_array_equal(dup.heads["b"](h), bert.heads["b"](h))
+    if how == "quantize":
+        assert dup.weight_formats()["classifier.weight"] == "int8" and "heads" not in dup.weight_formats()
+        np.testing.assert_allclose(dup.classifier(h), bert.classifier(h), atol=0.05)
+        return
+    np.testing.assert_array_equal(dup.heads["a"](h), bert.heads["a"](h))
     for name, value in bert.classifier.state_dict().items():
         np.testing.assert_array_equal(dup.classifier.state_dict()[name], value)
     # torch's: a step on the copy's head leaves the original's unchanged
@@ -404,9 +416,9 @@ def test_pickle_keeps_a_module_attached_that_refers_back_to_its_owner():
 
     enc = tc.nn.TransformerEncoder(tc.nn.TransformerEncoderLayer(8, 2, 16, dtype=np.float64), 1,
                                    tc.nn.LayerNorm(8, dtype=np.float64))
+    te = _torch_twin(enc)
     enc.head = tc.nn.Linear(8, 3, dtype=np.float64)
     enc.head.backbone = enc
-    te = _torch_twin(enc)
     te.head = torch.nn.Linear(8, 3).double()
     te.head.__dict__["backbone"] = te  # a plain attribute (torch's __setattr__ would make it a child)
     t = pickle.loads(pickle.dumps(te))
@@ -420,7 +432,7 @@ def test_pickle_keeps_a_module_attached_that_refers_back_to_its_owner():
         t.head.bias.copy_(to_torch(enc.head.state_dict()["bias"]))
         np.testing.assert_allclose(c.head(c(x)), t.head(t(to_torch(x))).numpy(), rtol=1e-10, atol=1e-12)
     enc.head.lock = threading.Lock()
-    with pytest.raises(TypeError, match=r"Linear: cannot be pickled, attribute lock cannot") as err:
+    with pytest.raises(TypeError, match=r"TransformerEncoder: cannot be pickled, attribute head\.lock cannot") as err:
         pickle.dumps(enc)
     assert len(str(err.value)) < 300
     del enc.head.lock
@@ -434,8 +446,9 @@ def test_pickle_keeps_a_module_attached_that_refers_back_to_its_owner():
 def test_copies_share_the_arrays_and_template_layer_of_the_arguments(how):
     """quantize's copy deep-copied the arguments it was built from: its snapshot held a second float
     copy of a stack's template layer (12.6 MB for TransformerEncoderLayer(512, 8, 2048)) and of the
-    weights a BertEmbeddings was loaded from. They are shared, as the original's snapshot shares
-    them; only a module that becomes the model's own (a stack's norm) is copied."""
+    weights a BertEmbeddings was loaded from. The arrays are shared, as the original's snapshot
+    shares them; the template is a recipe (no weights) equal to the original's; the copy's norm is
+    its own."""
     import copy
 
     make = copy.deepcopy if how == "deepcopy" else tc.quantize
@@ -444,7 +457,7 @@ def test_copies_share_the_arrays_and_template_layer_of_the_arguments(how):
     x = np.random.default_rng(0).standard_normal((2, 3, 32)).astype(np.float32)
     expected = enc(x)
     q = make(enc)
-    assert q._init_args[0][0] is layer and q._init_args[0][2] is q.norm is not enc.norm
+    assert q._init_args[0][0] == enc._init_args[0][0] and q.norm is not enc.norm
     q.norm.load_state_dict({"weight": np.full(32, 2.0), "bias": np.zeros(32)})
     np.testing.assert_array_equal(enc(x), expected)
     np.testing.assert_array_equal(enc.norm.state_dict()["weight"], np.ones(32))

@@ -12,6 +12,11 @@ order, e.g. the q/k rows of a Llama model of ``rope_layout="interleaved"``). ``s
 ``load_state_dict``, ``gradients`` and the optimizer moments of ``training.save_checkpoint`` all
 speak the checkpoint's layout.
 
+The modules under a module are its built-in children (a stack's layers and norm) and, as torch
+registers them, the modules the caller assigns to its attributes (``model.head = nn.Linear(8, 3)``):
+``state_dict``, ``named_parameters``, ``train()``/``eval()``, ``zero_grad`` and the copies reach them
+(``Module._registered_children``).
+
 Training follows torch's habits where it can, with an explicit backward since there is no autograd
 (llm.c's layout: one forward and one backward per layer, both in C++):
 
@@ -26,11 +31,13 @@ Training follows torch's habits where it can, with an explicit backward since th
   (stricter than torch's "modified by an inplace operation", which concerns only the tensors the
   backward reads: see that class); ``zero_grad()`` in between is fine (it writes gradients only).
   A composite module's backward (a stack, ``Transformer``) checks every module under it before
-  any of them adds a gradient: a refused backward adds none.
+  any of them adds a gradient: a refused backward adds none. A module at two places in it
+  (``enc.layers[1] = enc.layers[0]``) is refused there: its forward kept the last place's state only.
   Values assigned into ``p.data`` through the numpy views are not detected (numpy keeps no version).
 * ``named_parameters()`` / ``parameters()``: :class:`~transformer_core.parameter.Parameter` objects
   whose ``data`` and ``grad`` are zero-copy numpy views of the C++ buffers, named as ``state_dict()``
-  (``grad`` is None until a backward wrote it since the last ``zero_grad()``), for the optimizers of
+  (``grad`` is None until a backward wrote it since the last ``zero_grad()``; a module at two places
+  once, under its first names, as torch's), for the optimizers of
   :mod:`transformer_core.optim`. Being views, they have the C++ layout; where it is not the
   checkpoint's the parameter says so (``transposed``, ``row_permutation``) and maps an array of its
   layout to the checkpoint's and back (``to_checkpoint_layout`` / ``from_checkpoint_layout``).
@@ -238,6 +245,34 @@ class _BoundParameter(Parameter):
         self.transposed = transposed
         self.row_permutation = row_permutation
         super().__init__(impl.parameter_view(core_name), name)
+
+    def __copy__(self) -> "_BoundParameter":
+        """A shallow copy, as torch's ``copy.copy(param)``: a Parameter over the same C++ buffers (a
+        write through either reaches the model)."""
+        return _BoundParameter(self._impl, self._core_name, self.name, self.transposed, self.row_permutation)
+
+    def __deepcopy__(self, memo: dict) -> Parameter:
+        """As torch's ``copy.deepcopy(param)``. Copied in the same call as its model, after it
+        (``copy.deepcopy((model, model.named_parameters()))``): the copy model's parameter, a
+        Parameter over the copy's C++ buffers (the memo maps this one's C++ module to the copy's,
+        see :func:`_copy_into`). Otherwise an independent plain :class:`Parameter`: a copy of
+        ``data`` (in its layout, the C++ one) and the name; writes to it do not reach the model.
+        Unlike torch's, which drops ``.grad``, a copy of ``grad`` too (None when it reads None), as
+        this library's module copies keep their gradients."""
+        copied_impl = memo.get(id(self._impl))
+        if copied_impl is not None:
+            return _BoundParameter(copied_impl, self._core_name, self.name, self.transposed, self.row_permutation)
+        return self._detached()
+
+    def _detached(self) -> Parameter:
+        """A plain :class:`Parameter` holding copies of ``data`` and ``grad`` (None when it reads None)."""
+        grad = self.grad
+        return Parameter(np.array(self.data, copy=True), self.name, None if grad is None else np.array(grad, copy=True))
+
+    def __reduce_ex__(self, protocol):
+        """Pickling: a plain :class:`Parameter` of copies of ``data`` and ``grad`` (the C++ buffers
+        themselves cannot be pickled)."""
+        return self._detached().__reduce_ex__(protocol)
 
     @property
     def checkpoint_layout(self) -> bool:
@@ -476,11 +511,11 @@ class _Slot(NamedTuple):
 _storage_epoch = [0]
 
 
-def _still_viewing(cache: list) -> bool:
-    """Whether every cached Parameter still views its weight's float buffer (none was quantized or
-    given a new buffer since it was made)."""
+def _still_viewing(parameters) -> bool:
+    """Whether every one of ``parameters`` (cached :class:`_BoundParameter` objects) still views its
+    weight's float buffer (none was quantized or given a new buffer since it was made)."""
     storage = {}
-    for _, p in cache:
+    for p in parameters:
         key = id(p._impl)
         if key not in storage:
             storage[key] = dict(p._impl.parameter_storage())
@@ -494,16 +529,14 @@ def _still_viewing(cache: list) -> bool:
 
 def storage_changed(module) -> None:
     """Called after weights of ``module`` were replaced in place by a quantized format (not after a
-    quantized copy is made: nothing that existed changed). Its cached Parameters (and its
-    children's) are dropped, so that their float32 buffers go once the caller's last view does."""
+    quantized copy is made: nothing that existed changed). Its cached Parameters (and those of every
+    module under it) are dropped, so that their float32 buffers go once the caller's last view does."""
     _storage_epoch[0] += 1
-    stack, impls = [module], []
-    while stack:
-        m = stack.pop()
+    impls = []
+    for _, m in _module_tree(module, duplicates=False):
         m.__dict__.pop("_parameters_cache", None)
         if m._impl is not None:
             impls.append(m._impl)
-        stack.extend(child for _, child in m._children())
     weights_written(impls)  # rounded to the quantized values: a pending backward's weights are gone
 
 
@@ -532,13 +565,16 @@ def skip_weight_init():
 _IMMUTABLE_ARGS = frozenset({int, float, bool, str, bytes, complex, type, type(None)})
 
 
-def _kept_by_reference(value) -> bool:
-    """Whether a constructor argument is kept by reference in a snapshot rather than deep-copied: a
-    module (a stack's layer and norm: copied with its own snapshot when the module holding it is
-    copied) or an array (numpy arrays, tensors, buffers: a loader's weights, which a copy takes from
-    the module's own weights, never from the argument; deep copies would duplicate them)."""
-    return (isinstance(value, (Module, np.ndarray, memoryview)) or hasattr(value, "__dlpack__")
+def _is_array(value) -> bool:
+    """Whether a constructor argument is an array (numpy arrays, tensors, buffers: a loader's
+    weights), which a snapshot keeps by reference: a copy takes its weights from the module's own,
+    never from the argument, and a deep copy would duplicate them."""
+    return (isinstance(value, (np.ndarray, memoryview)) or hasattr(value, "__dlpack__")
             or hasattr(value, "__array_interface__"))
+
+
+def _is_module(value) -> bool:
+    return isinstance(value, Module)
 
 
 def _immutable_args(args: tuple, kwargs: dict) -> bool:
@@ -547,63 +583,150 @@ def _immutable_args(args: tuple, kwargs: dict) -> bool:
             and all(type(v) in _IMMUTABLE_ARGS for v in kwargs.values()))
 
 
-def _args_kept(args: tuple, kwargs: dict) -> dict:
-    """``{id: value}`` of the values in a constructor's arguments (also inside lists, tuples, sets and
-    dicts) that copies of them keep by reference (:func:`_kept_by_reference`): a deep copy's memo
-    mapping each of them onto itself."""
-    kept, stack, seen = {}, [args, kwargs], set()
+def _found_in(value, wanted) -> list:
+    """The objects in ``value``, itself included, also inside lists, tuples, sets and dicts (each
+    object once), for which ``wanted(object)`` holds; those are not looked into."""
+    found, stack, seen = [], [value], set()
     while stack:
-        value = stack.pop()
-        if id(value) in seen:
+        v = stack.pop()
+        if id(v) in seen:
             continue
-        seen.add(id(value))
-        if _kept_by_reference(value):
-            kept[id(value)] = value
-        elif isinstance(value, dict):
-            stack.extend(value.values())
-        elif isinstance(value, (list, tuple, set, frozenset)):
-            stack.extend(value)
-    return kept
+        seen.add(id(v))
+        if wanted(v):
+            found.append(v)
+        elif isinstance(v, dict):
+            stack.extend(v.values())
+        elif isinstance(v, (list, tuple, set, frozenset)):
+            stack.extend(v)
+    return found
+
+
+def _deep_copied(value, memo: dict | None = None):
+    """A deep copy of ``value`` (in ``memo``, a ``copy.deepcopy`` call's, where given), or ``value``
+    itself where it cannot be deep-copied (a memory-mapped checkpoint, a lock): shared."""
+    try:
+        return copy.deepcopy(value, memo)
+    except (TypeError, pickle.PicklingError, copy.Error):
+        return value
+
+
+class _Recipe:
+    """A module given to a constructor (the layer a stack copies its layers from, the stack's norm) as
+    the constructor's snapshot keeps it (:func:`_snapshot_args`): what it takes to build it again,
+    not the module. That is its class, the arguments it was built with (its own snapshot) and the
+    attributes it had then (those a copy takes, :func:`_carried_attributes`, modules left out: the
+    constructors read plain values, ``layer.dropout``, ``layer.norm_first``). So a copy or a pickle
+    of the module built from it holds no second set of weights (the template's), and what the
+    caller does to the given module afterwards (``layer.norm_first = True``, quantizing it) changes
+    no copy.
+
+    Equal recipes (:meth:`__eq__`) build modules that compute alike; a recipe is never changed once
+    made (copies share it)."""
+
+    def __init__(self, module: "Module"):
+        self.cls = type(module)
+        self.init_args = module._init_args
+        self.attributes = {key: _deep_copied(value) for key, value in _carried_attributes(module).items()
+                           if not _found_in(value, _is_module)}
+
+    def build(self) -> "Module":
+        """A module built again from the recipe (random init skipped: its weights are the caller's to
+        give), with the recipe's attributes.
+
+        Raises:
+            TypeError: as :func:`_build`.
+        """
+        module = _build(self.cls, self.init_args)
+        _set_attributes(module, {key: _deep_copied(value) for key, value in self.attributes.items()})
+        return module
+
+    def __eq__(self, other) -> bool:
+        return (type(other) is _Recipe and self.cls is other.cls and _same_value(self.init_args, other.init_args)
+                and _same_value(self.attributes, other.attributes))
+
+    __hash__ = None
+
+    def __deepcopy__(self, memo: dict) -> "_Recipe":
+        return self  # never changed once made
+
+    def __repr__(self) -> str:
+        return f"_Recipe({self.cls.__name__}, init_args={self.init_args!r})"
+
+
+def _same_value(a, b) -> bool:
+    """Whether two values of snapshots (the arguments a module was built with, a recipe's attributes)
+    are equal: of the same type and ``==``, containers item by item, arrays element by element (of
+    the same dtype and shape); False where ``==`` cannot say (it raises or gives no truth value: an
+    array in a config). Two modules are never equal (a snapshot holds :class:`_Recipe` objects)."""
+    if a is b:
+        return True
+    if type(a) is not type(b) or isinstance(a, Module):
+        return False
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(_same_value(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_same_value(a[k], b[k]) for k in a)
+    if isinstance(a, np.ndarray):
+        return a.dtype == b.dtype and a.shape == b.shape and bool(np.array_equal(a, b))
+    try:
+        return bool(a == b)
+    except Exception:  # no truth value (a tensor, an array inside a dataclass) or no comparison at all
+        return False
 
 
 def _snapshot_args(args: tuple, kwargs: dict) -> tuple:
     """``(args, kwargs)`` of a constructor as a module keeps them to be built again: deep copies, so
     that a config the caller changes after the module was built (``cfg.rms_norm_eps = 0.5``) does not
-    change what a copy is built from (torch's deepcopy copies a module as it is). Modules and arrays
-    in the arguments (also inside lists, tuples and dicts) are kept by reference
-    (:func:`_kept_by_reference`); arguments that cannot be deep-copied are kept as they are (the copy
-    then raises, naming them, as it would have)."""
+    change what a copy is built from (torch's deepcopy copies a module as it is). In the arguments
+    (also inside lists, tuples and dicts), arrays are kept by reference (:func:`_is_array`) and
+    modules as a :class:`_Recipe`; arguments that cannot be deep-copied are kept as they are (the
+    copy then raises, naming them, as it would have)."""
     if _immutable_args(args, kwargs):
         return args, kwargs  # nothing mutable: no copy (the common case, every layer of a stack)
+    memo = {id(v): _Recipe(v) if _is_module(v) else v
+            for v in _found_in((args, kwargs), lambda v: _is_module(v) or _is_array(v))}
     try:
-        return copy.deepcopy((args, kwargs), _args_kept(args, kwargs))
+        return copy.deepcopy((args, kwargs), memo)
     except (TypeError, AttributeError, ValueError, RecursionError, copy.Error, pickle.PicklingError):
         return args, kwargs
 
 
-def _copy_init_args(module, memo: dict | None = None) -> tuple:
-    """The arguments a copy of ``module`` is built from: its snapshot (``_init_args``) deep-copied
-    (in ``memo``, a ``copy.deepcopy`` call's, where given), except what the snapshot keeps by
-    reference (:func:`_kept_by_reference`: a loader's arrays, the layer a stack copies its layers
-    from), which the copy's snapshot shares in turn (no second copy of the weights); a module among
-    them that is under ``module`` (a stack's norm, the constructor's child) is deep-copied: the copy
-    has its own.
+def _constructor_args(snapshot: tuple) -> tuple:
+    """The arguments to build a module again from its snapshot (``_init_args``): a deep copy (the
+    constructor may keep what it is given, the snapshot must stay as it is), the arrays shared, and
+    each :class:`_Recipe` built into a module of its own.
 
     Raises:
-        TypeError: an argument cannot be deep-copied.
+        TypeError (and whatever ``copy.deepcopy`` raises): an argument cannot be deep-copied, or a
+            recipe cannot be built.
     """
-    args, kwargs = module._init_args
+    args, kwargs = snapshot
     if _immutable_args(args, kwargs):
-        return module._init_args
-    memo = {} if memo is None else memo
-    under = {id(m) for m in _modules_under(module).values()}
-    added = {key: value for key, value in _args_kept(args, kwargs).items() if key not in under and key not in memo}
-    memo.update(added)  # onto themselves, for this copy only: the rest of the call copies them as usual
+        return snapshot
+    memo = {id(v): v.build() if isinstance(v, _Recipe) else v
+            for v in _found_in(snapshot, lambda v: isinstance(v, _Recipe) or _is_array(v))}
+    return copy.deepcopy(snapshot, memo)
+
+
+def _build(cls, snapshot: tuple) -> "Module":
+    """A module of class ``cls`` built again from ``snapshot`` (the ``_init_args`` of the module
+    copied, see :func:`_constructor_args`), random init skipped (its weights are the caller's to
+    give).
+
+    Raises:
+        TypeError: the arguments cannot be deep-copied, or ``cls`` cannot be built from them.
+    """
+    how = "copy it through state_dict: build a new one and load_state_dict(module.state_dict())"
     try:
-        return copy.deepcopy(module._init_args, memo)
-    finally:
-        for key in added:
-            memo.pop(key, None)
+        args, kwargs = _constructor_args(snapshot)
+    except (TypeError, AttributeError, ValueError, RecursionError, copy.Error, pickle.PicklingError) as e:
+        raise TypeError(f"{cls.__name__}: cannot be copied, its constructor's arguments cannot ({e}); {how}") from None
+    try:
+        with skip_weight_init():
+            return cls(*args, **kwargs)
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"{cls.__name__}: cannot be copied, building it again from the arguments it was built with "
+                        f"failed ({type(e).__name__}: {e}); {how}") from None
 
 
 class Module:
@@ -614,6 +737,11 @@ class Module:
     module was built with are kept (``_init_args``: a snapshot taken when it is built, see
     :func:`_snapshot_args`), so that ``copy.deepcopy``, pickling and :func:`transformer_core.quantize`
     build copies of it that compute as it does, whatever the caller does to its config since.
+
+    The modules under a module are its built-in children (:meth:`_children`: a stack's layers and
+    norm, a ``Transformer``'s encoder and decoder) and, as torch registers them, the modules the
+    caller assigns to its attributes (``model.head = nn.Linear(8, 3)``): see
+    :meth:`_registered_children`.
     """
 
     _impl = None
@@ -623,6 +751,30 @@ class Module:
         self = super().__new__(cls)
         self._init_args = _snapshot_args(args, kwargs)
         return self
+
+    def __setattr__(self, name: str, value) -> None:
+        """Sets an attribute. A module assigned where no module was becomes the last of the modules
+        attached (torch's registration order, see :meth:`_registered_children`); one replacing
+        another keeps its place.
+
+        Raises:
+            ValueError: ``value`` is a module and ``name`` is a name this module's own C++ weights
+                already live under (``llama.lm_head = nn.Linear(...)`` where ``lm_head.weight`` is
+                the model's own): the forward runs the C++ model, which would never use the new
+                module, while ``state_dict``, ``load_state_dict`` and the optimizers would reach it
+                instead of the real weights. Nothing is set.
+        """
+        if isinstance(value, Module):
+            taken = [key for key in self._own_slots() if key.startswith(name + ".")]
+            if taken:
+                raise ValueError(
+                    f"{type(self).__name__}.{name}: cannot assign a {type(value).__name__} here: this module's own "
+                    f"weights already use the name {name!r} ({', '.join(taken[:3])}{', ...' if len(taken) > 3 else ''})"
+                    " and its forward would not use the new module; load new values into them instead "
+                    f"(load_state_dict), or use another attribute name")
+            if not isinstance(self.__dict__.get(name), Module):
+                self.__dict__.pop(name, None)  # a new child: its entry goes last
+        object.__setattr__(self, name, value)
 
     def __call__(self, *args, **kwargs):
         return self.forward(*args, **kwargs)
@@ -661,8 +813,23 @@ class Module:
         return None
 
     # ---- the registry --------------------------------------------------------------------------
-    def _slots(self) -> dict[str, _Slot]:
-        """``{name: _Slot}`` over this module and its children, in registration order."""
+    def _registered_children(self) -> list[tuple[str, "Module"]]:
+        """``[(name, child)]``: the built-in children (:meth:`_children`), then each module held by an
+        attribute of this one that is not one of them, under the attribute's name, in the order they
+        were assigned. As torch registers a module assigned to an attribute: ``model.head =
+        nn.Linear(8, 3)`` is in ``state_dict``, ``named_parameters``, ``train()``/``eval()``,
+        ``zero_grad`` and the copies; deleting the attribute, or setting it to anything but a
+        module, removes it. An attribute referring to a built-in child (``enc.first =
+        enc.layers[0]``) adds no second child. A module met again under itself (``head.backbone =
+        model`` where ``model.head = head``) is not followed (:func:`_module_tree`)."""
+        children = self._children()
+        built_in = {id(child) for _, child in children}
+        return children + [(name, value) for name, value in vars(self).items()
+                           if isinstance(value, Module) and id(value) not in built_in]
+
+    def _own_slots(self) -> dict[str, _Slot]:
+        """``{name: _Slot}`` of this module's own C++ weights (``self._impl``'s, not those of the
+        modules under it), in registration order."""
         slots = {}
         if self._impl is not None:
             for core_name, shape in self._impl.parameter_shapes():
@@ -673,9 +840,25 @@ class Module:
                 shape = tuple(shape)
                 slots[name] = _Slot(self._impl, core_name, shape[::-1] if transposed else shape, transposed,
                                     self._row_permutation(name))
-        for prefix, child in self._children():
-            for name, slot in child._slots().items():
-                slots[f"{prefix}.{name}"] = slot
+        return slots
+
+    def _slots(self) -> dict[str, _Slot]:
+        """``{name: _Slot}`` over this module and every module under it (:func:`_module_tree`), in
+        registration order. A module at two places is there under both names, as in torch's
+        ``state_dict``.
+
+        Raises:
+            ValueError: two different weights would take one name (``__setattr__`` refuses the
+                assignments that lead there; this is the guard that no name ever hides a weight).
+        """
+        slots = {}
+        for path, module in _module_tree(self):
+            for name, slot in module._own_slots().items():
+                key = f"{path}.{name}" if path else name
+                earlier = slots.setdefault(key, slot)
+                if earlier is not slot and (earlier.impl is not slot.impl or earlier.core_name != slot.core_name):
+                    raise ValueError(f"{type(self).__name__}: two different weights are named {key!r} (a module "
+                                     "was attached under a name its parent's own weights use); rename the attribute")
         return slots
 
     def parameter_shapes(self) -> dict[str, tuple[int, ...]]:
@@ -788,112 +971,79 @@ class Module:
         return new
 
     def __deepcopy__(self, memo: dict) -> "Module":
-        """An independent copy (torch's ``copy.deepcopy(module)``): a module of the same class built
-        again from the arguments this one was built with (``_init_args``; no random init), then
-        given its weights, its gradients (those that hold one), its training mode and the
-        attributes it carries (a loader's ``source``, a config replaced, a dropout probability
-        changed since, a module attached by the caller: ``bert.classifier = nn.Linear(...)``, deep-
-        copied in turn). The arguments are those it was built with, as they were then (a snapshot):
-        a config the caller changed since does not change the copy's computation; the arrays and the
-        modules the snapshot keeps by reference (a loader's weights, the layer a stack was built
-        from) the copy's snapshot shares (:func:`_copy_init_args`). What a training forward kept for
-        its backward is not copied: the copy has no backward pending. An attribute that cannot be
-        deep-copied (a memory-mapped checkpoint) is shared.
+        """An independent copy (torch's ``copy.deepcopy(module)``) that computes as this one does: a
+        module of the same class built again from the arguments this one was built with
+        (``_init_args``, a snapshot taken then: a config the caller changed since does not change
+        the copy; no random init), given this module's weights, gradients (those that hold one) and
+        attributes (its training mode, a loader's ``source``, a config replaced, a dropout
+        probability changed since); then the same, recursively, for every module under it
+        (:meth:`_registered_children`). A child that the rebuilt module built at the same place
+        from equal arguments (same class, :func:`_same_value`) is given the original's weights,
+        unless it is already the copy of another place (a constructor's ``self.b = self.a`` that
+        the user untied since); any other (replaced since: ``enc.layers[1] = TransformerEncoderLayer(..., norm_first=True)``,
+        ``enc.norm = LayerNorm(8, eps=0.5)``; attached by the caller: ``bert.classifier =
+        nn.Linear(...)``) is copied from its own arguments in its place. What a training forward
+        kept for its backward is not copied: the copy has no backward pending. An attribute that
+        cannot be deep-copied (a memory-mapped checkpoint) is shared.
 
-        Identity within one ``copy.deepcopy`` call (its memo), as torch's: every module under this one
-        is registered with its copy before the attributes are copied, so a reference to one of them,
-        at any depth of the attributes (``enc.first = enc.layers[0]``, ``enc.groups = {"a":
-        [enc.layers[1]]}``, ``enc.meta = {"owner": enc}``, ``head.backbone = enc``), is one to the
-        copy's (``copy.groups["a"][0] is copy.layers[1]``), and so is a later reference in the same
-        call (``a, b = copy.deepcopy((enc, enc.layers[0]))``: ``a.layers[0] is b``); pickles keep the
-        same identities (:meth:`__reduce_ex__`). Not preserved: a child copied BEFORE its parent in
-        the same call (``copy.deepcopy((enc.layers[0], enc))``) stays a separate copy (the parent is
-        rebuilt from its arguments, with children of its own).
+        Identity within one ``copy.deepcopy`` call (its memo), as torch's: a module at two places
+        (``enc.layers[1] = enc.layers[0]``) is copied once, and a reference to a module under this
+        one, or to this one, at any depth of the attributes (``enc.groups = {"a": [enc.layers[1]]}``,
+        ``enc.meta = {"owner": enc}``, ``head.backbone = enc``), is one to the copy's
+        (``copy.groups["a"][0] is copy.layers[1]``), as is one made elsewhere in the same call
+        (``a, b = copy.deepcopy((enc, enc.layers[0]))``: ``a.layers[0] is b``, in either order).
+        Pickles keep the same identities (:meth:`__reduce_ex__`).
 
         Raises:
             TypeError: a weight is held quantized (copy the float model and quantize the copy), or
-                the module cannot be built again from its arguments (it was changed after it was
-                built): copy it through ``state_dict`` (build a new one, ``load_state_dict``).
+                a module cannot be built again from its arguments: copy it through ``state_dict``
+                (build a new one, ``load_state_dict``).
         """
-        payload = self._copy_payload()
-        attributes = payload.pop("attributes")
-        try:
-            payload["init_args"] = _copy_init_args(self, memo)
-        except TypeError as e:
-            raise TypeError(f"{type(self).__name__}: cannot be deep-copied, its constructor's arguments cannot "
-                            f"({e}); copy it through state_dict: build a new one and load_state_dict(module."
-                            "state_dict())") from None
-        new = _restore_module(type(self), payload)
-        copies = _modules_under(new)
-        for path, module in _modules_under(self).items():  # references to them in this call: the copies
-            memo[id(module)] = copies[path]
-            memo.setdefault(id(memo), []).append(module)  # alive while memo is (copy's own _keep_alive)
-        for values in attributes.values():  # after the memo knows the copies, at any depth
-            for key, value in values.items():
-                try:
-                    values[key] = copy.deepcopy(value, memo)
-                except (TypeError, pickle.PicklingError):
-                    pass  # shared (a read-only checkpoint, say)
-        _set_attributes(new, attributes)
-        return new
+        _check_not_quantized(self)
+        return _rebuilt_copy(self, memo)
 
     def __reduce_ex__(self, protocol):
-        """Pickling (``pickle.dumps(module)``): the class, the arguments it was built with, the
+        """Pickling (``pickle.dumps(module)``): the class, the arguments it was built with, its own
         weights and gradients (unpickling builds the module again from them, as :meth:`__deepcopy__`),
-        then, as its state, the training mode and attributes. The module being in the pickle's memo
-        before its state, an attribute referring back to it (``head.backbone = enc``, ``enc.meta =
-        {"owner": enc}``) unpickles as the module rebuilt, as torch's; so does one referring to a
-        module under it, at any depth (``enc.groups = {"a": [enc.layers[1]]}``: the rebuilt
-        ``layers[1]``, see :class:`_ChildScope`).
+        then, as its state, the modules under it and its attributes. Each module under it pickles
+        its own part the same way, as the module at its place (``layers.0``, ``head``): unpickled,
+        it is the module the rebuilt parent built there when that one was built from equal
+        arguments (given the weights), else a module built from its own (a child replaced or
+        attached since). So the modules' weights are pickled once each, and none of the layer a
+        stack was built from (:class:`_Recipe`); arrays among the constructor's arguments are
+        pickled as they are (``BertEmbeddings(config, weights=sd)`` holds ``sd`` too: a second
+        copy of those weights).
+
+        The module being in the pickle's memo before its state, an attribute referring back to it
+        (``head.backbone = enc``, ``enc.meta = {"owner": enc}``) unpickles as the module rebuilt, as
+        torch's; so does one referring to a module under it, at any depth (``enc.groups = {"a":
+        [enc.layers[1]]}``: the rebuilt ``layers[1]``, see :class:`_ChildMark`).
 
         Raises:
             TypeError: as :meth:`__deepcopy__`; also an attribute or argument that cannot be pickled
                 (named): save ``state_dict()`` (``save_pretrained``, ``safetensors``) instead.
         """
-        registered = _pickled_children().get(id(self))
-        if registered is not None:  # in the state of the module above this one: its rebuilt child
-            return _child_at, registered
-        payload = self._copy_payload()
-        attributes = payload.pop("attributes")
-        parts = {"the constructor's arguments": payload["init_args"]}
-        parts.update((f"attribute {prefix + '.' if prefix else ''}{key}", value)
-                     for prefix, values in attributes.items() for key, value in values.items())
+        place = _pickled_children().get(id(self))
+        if place is None:  # not a part of a module being pickled: the whole of it is checked once here
+            _check_not_quantized(self)
+        payload = {"format": _PICKLE_FORMAT, "init_args": self._init_args, **_own_state(self)}
+        attributes = _carried_attributes(self)
+        top, path = _pickle_path(self)  # named from the module the pickle started at: "layers.1.bad"
+        parts = {f"the constructor's arguments{f' of {path}' if path else ''}": payload["init_args"]}
+        parts.update((f"attribute {path + '.' if path else ''}{key}", value) for key, value in attributes.items())
         for what, value in parts.items():
             try:
                 _PartPickler(_Discard(), protocol).dump(value)
             except (TypeError, AttributeError, RecursionError, pickle.PicklingError) as e:
-                raise TypeError(f"{type(self).__name__}: cannot be pickled, {what} cannot ({e}); save its "
+                raise TypeError(f"{type(top).__name__}: cannot be pickled, {what} cannot ({e}); save its "
                                 "state_dict() instead and load it into a new one") from None
-        children = [(path, module) for path, module in _modules_under(self).items() if path]
-        state = (_ChildScope(self, children, True), [module for _, module in children],
-                 _ChildScope(self, children, False), attributes)
+        scope = _PickleScope()
+        marked = [item for name, child in self._registered_children()
+                  for item in (_ChildMark(scope, _Place(self, name, child)), child)]
+        state = (marked + [_ChildMark(scope)], attributes)
+        if place is not None:
+            return _adopt_child, (place.parent, place.name, type(self), payload), state, None, None, _restore_state
         return _restore_module, (type(self), payload), state, None, None, _restore_state
-
-    def _copy_payload(self) -> dict:
-        """What :func:`_restore_module` builds a copy from: ``init_args``, ``weights`` and ``grads``
-        (``{name: array}`` in the C++ layout, fresh copies; grads only those that hold one) and
-        ``attributes`` (``{path of the module under this one: {attribute: value}}``, the original
-        values, without the C++ objects and the training state, which the rebuilt module has its own
-        of, see :data:`_NOT_COPIED`), which :func:`_set_attributes` sets on the copy.
-
-        Raises:
-            TypeError: a weight is held quantized.
-        """
-        quantized = {n: f for n, f in self.weight_formats().items() if not f.startswith("float")}
-        if quantized:
-            name, fmt = next(iter(quantized.items()))
-            raise TypeError(f"{type(self).__name__}: cannot be copied or pickled while weights are held quantized "
-                            f"({len(quantized)}, e.g. {name!r}: {fmt}); copy the float model and quantize the copy, "
-                            "or save its state_dict()")
-        weights, grads = {}, {}
-        for name, slot in self._slots().items():
-            weights[name] = np.array(slot.impl.get_parameter(slot.core_name), copy=True)
-            if _grad_readable(slot.impl, slot.core_name):
-                grads[name] = np.array(slot.impl.gradient_view(slot.core_name), copy=True)
-        attributes = {prefix: {k: v for k, v in vars(module).items()
-                               if k not in _NOT_COPIED and not _holds_core_objects(v)}
-                      for prefix, module in _modules_under(self).items()}
-        return {"init_args": self._init_args, "weights": weights, "grads": grads, "attributes": attributes}
 
     # ---- training --------------------------------------------------------------------------------
     def train(self, mode: bool = True) -> "Module":
@@ -915,12 +1065,12 @@ class Module:
         return self
 
     def _set_training(self, mode: bool) -> None:
-        """The mode of this module and its children (train() checked the weights once, for all of them)."""
-        self.training = mode
-        for _, child in self._children():
-            child._set_training(mode)
-        if not mode:
-            self._release()
+        """The mode of this module and of every module under it, attached ones included, as torch's
+        (train() checked the weights once, for all of them)."""
+        for _, module in _module_tree(self, duplicates=False):
+            module.training = mode
+            if not mode:
+                module._release()
 
     def eval(self) -> "Module":
         """Eval mode (``train(False)``): frees what training forwards kept; forwards keep nothing."""
@@ -932,17 +1082,15 @@ class Module:
             self._impl.release_activations()
 
     def _drop_training_state(self) -> None:
-        """Drops what the training forwards of this module and every module under it kept, so that
-        a backward raises :class:`NoTrainingStateError` (after a forward refused or failed half-way,
-        whose children kept their part: a backward would mix two forwards)."""
-        stack = [self]
-        while stack:
-            m = stack.pop()
-            m._release()
-            stack.extend(child for _, child in m._children())
+        """Drops what the training forwards of this module and of its built-in children (at any
+        depth: the modules its forward runs) kept, so that a backward raises
+        :class:`NoTrainingStateError` (after a forward refused or failed half-way, whose children
+        kept their part: a backward would mix two forwards)."""
+        for _, module in _module_tree(self, attached=False, duplicates=False):
+            module._release()
 
     def _impls(self) -> list:
-        """The C++ modules of this module and its children (each once)."""
+        """The C++ modules of this module and of every module under it (each once)."""
         out, seen = [], set()
         for slot in self._slots().values():
             if id(slot.impl) not in seen:
@@ -975,11 +1123,15 @@ class Module:
                     impl.gradient_view(core_name).fill(0)
 
     def named_parameters(self) -> list[tuple[str, Parameter]]:
-        """``[(name, Parameter)]`` of every weight, named as :meth:`state_dict`, in registration order.
-        The same Parameter objects on every call; their ``data``/``grad`` are zero-copy views of the
-        C++ buffers, so they have the C++ layout: where that is not the checkpoint's, the parameter's
-        ``transposed`` / ``row_permutation`` say how, and ``p.to_checkpoint_layout(p.grad)`` gives
-        the checkpoint's (as :meth:`gradients` and :meth:`state_dict` do). Hand them to an optimizer::
+        """``[(name, Parameter)]`` of every weight, named as :meth:`state_dict`, in registration order;
+        a module at two places (``enc.layers[1] = enc.layers[0]``) gives its weights once, under
+        their first names (torch's ``remove_duplicate``: an optimizer steps them once), while
+        ``state_dict`` has both names. The same Parameter objects on every call while a weight stays
+        at its name (a child replaced since, ``enc.norm = LayerNorm(8)``, gives its own); their
+        ``data``/``grad`` are zero-copy views of the C++ buffers, so they have the C++ layout: where
+        that is not the checkpoint's, the parameter's ``transposed`` / ``row_permutation`` say how,
+        and ``p.to_checkpoint_layout(p.grad)`` gives the checkpoint's (as :meth:`gradients` and
+        :meth:`state_dict` do). Hand them to an optimizer::
 
             opt = tc.optim.AdamW(model.named_parameters(), lr=3e-4)
 
@@ -990,15 +1142,25 @@ class Module:
         Raises:
             ValueError: a weight is held quantized (it has no float buffer to view).
         """
-        epoch, cache = self.__dict__.get("_parameters_cache", (None, None))
-        if cache is not None and epoch != _storage_epoch[0] and _still_viewing(cache):
-            epoch = _storage_epoch[0]  # some weights changed storage, none of these: the same objects
-            self.__dict__["_parameters_cache"] = (epoch, cache)
-        if cache is None or epoch != _storage_epoch[0]:  # built again once any of its weights changed storage
-            cache = [(name, _BoundParameter(slot.impl, slot.core_name, name, slot.transposed, slot.row_permutation))
-                     for name, slot in self._slots().items()]
-            self.__dict__["_parameters_cache"] = (_storage_epoch[0], cache)
-        return list(cache)
+        # The cache: {(name, id(C++ module), its name there): Parameter} (each Parameter holds its C++
+        # module: no other can take its id while it is cached), of the storage epoch it was made in.
+        epoch, cache = self.__dict__.get("_parameters_cache", (None, {}))
+        if epoch != _storage_epoch[0] and not _still_viewing(cache.values()):
+            cache = {}  # a weight of this module changed storage: all built again (a quantized one raises)
+        parameters, current, listed = [], {}, set()
+        for name, slot in self._slots().items():
+            weight = (id(slot.impl), slot.core_name)
+            if weight in listed:
+                continue  # the same module at a second place
+            listed.add(weight)
+            key = (name, *weight)
+            p = cache.get(key)
+            if p is None:
+                p = _BoundParameter(slot.impl, slot.core_name, name, slot.transposed, slot.row_permutation)
+            current[key] = p
+            parameters.append((name, p))
+        self.__dict__["_parameters_cache"] = (_storage_epoch[0], current)
+        return parameters
 
     def parameters(self) -> list[Parameter]:
         """The :class:`Parameter` objects of :meth:`named_parameters`, in order."""
@@ -1064,18 +1226,13 @@ class Module:
         self._saved = None
 
     def _weights_written_since(self, writes: int) -> bool:
-        """Whether the library wrote a weight of this module or of a module under it since ``_WRITES``
-        was ``writes``. Negligible unless some weight, of any module, was written since: then one
-        look per C++ module under this one."""
+        """Whether the library wrote a weight of this module or of one of its built-in children (at any
+        depth: the modules its forward runs) since ``_WRITES`` was ``writes``. Negligible unless
+        some weight, of any module, was written since: then one look per C++ module under this one."""
         if _WRITES[0] == writes:
             return False
-        stack = [self]
-        while stack:
-            m = stack.pop()
-            if m._impl is not None and _LAST_WRITE.get(m._impl, 0) > writes:
-                return True
-            stack.extend(child for _, child in m._children())
-        return False
+        return any(m._impl is not None and _LAST_WRITE.get(m._impl, 0) > writes
+                   for _, m in _module_tree(self, attached=False, duplicates=False))
 
     def _weights_changed(self) -> WeightsChangedError:
         """Drops the training state of this module and every module under it; the error to raise."""
@@ -1096,14 +1253,17 @@ class Module:
     def _check_backward_ready(self) -> None:
         """For a composite module's backward, which runs its children's backwards one after another
         (each adding its gradients): checks, before the first one adds anything, that this module and
-        every module under it hold what one training forward kept, with no weight written since.
-        Otherwise nothing runs: no gradient is added, so running the forward again, then the
-        backward, adds the gradient once.
+        each of its built-in children (at any depth) hold what one training forward kept, with no
+        weight written since, and that no module sits at two places (``enc.layers[1] =
+        enc.layers[0]``: its forward ran at each and kept the last one only, a backward through both
+        is not supported). Otherwise nothing runs: no gradient is added, so running the forward
+        again, then the backward, adds the gradient once.
 
         Raises:
             NoTrainingStateError: this module holds no training state (nothing is dropped: a shallow
-                copy's children are the original's, whose backward may still run); or a module under
-                it holds none (a child's own backward ran since; the state of all of them is dropped).
+                copy's children are the original's, whose backward may still run); a module under it
+                holds none (a child's own backward ran since), or sits at two places (the state of
+                all of them is dropped).
             WeightsChangedError: a weight under this module was written since the forward (the state
                 of all of them is dropped).
         """
@@ -1112,8 +1272,20 @@ class Module:
                    "training forward has one backward)")
         if self.__dict__.get("_saved") is None:
             raise NoTrainingStateError(message)
+        modules = _module_tree(self, attached=False)
+        places: dict = {}
+        for path, m in modules:
+            places.setdefault(id(m), []).append(path)
+        shared = next((paths for paths in places.values() if len(paths) > 1), None)
+        if shared is not None:
+            self._drop_training_state()
+            raise NoTrainingStateError(
+                f"{type(self).__name__}.backward: the same module is at {' and '.join(map(repr, shared))}; its "
+                "training forward ran at each place and kept only the last, so a backward through both is not "
+                "supported: give each place a module of its own (copy.deepcopy) to train it; the training state "
+                "was dropped, no gradient was added")
         missing = []
-        for path, m in _modules_under(self).items():
+        for path, m in modules:
             kept = m.__dict__.get("_saved")
             if kept is None:
                 missing.append(path)
@@ -1181,8 +1353,8 @@ class Module:
 #: with it, not copied (:func:`_holds_core_objects`). Everything else a module carries, set by its
 #: constructor or later (its config, a dropout probability, a loader's ``source``, a Seq2Seq's ``pe``
 #: table, a stack's ``layers``, a head attached by the caller), is copied over the rebuilt module's
-#: (:func:`_set_attributes`): a reference to a module under the one copied, or to that one, at any
-#: depth, as one to the copy's own (deepcopy's memo, pickle's memo: :class:`_ChildScope`), any other
+#: (:func:`_carried_attributes`): a reference to a module under the one copied, or to that one, at any
+#: depth, as one to the copy's own (deepcopy's memo, pickle's memo: :class:`_ChildMark`), any other
 #: module a copy of its own.
 _NOT_COPIED = frozenset({"_impl", "_init_args", "_saved", "_parameters_cache"})
 
@@ -1193,75 +1365,233 @@ def _holds_core_objects(value) -> bool:
     return any(type(v).__module__.startswith("transformer_core._core") for v in items)
 
 
+def _carried_attributes(module) -> dict:
+    """``{attribute: value}`` of ``module`` that a copy takes from it (the original values; not those
+    of :data:`_NOT_COPIED`, nor C++ objects)."""
+    return {key: value for key, value in vars(module).items()
+            if key not in _NOT_COPIED and not _holds_core_objects(value)}
+
+
 def _set_attributes(module, attributes: dict) -> None:
-    """Sets ``attributes`` (a payload's: ``{path: {attribute: value}}``, the values already the
-    copy's) on the modules under ``module`` (a copy) at their paths, over what the constructor set;
-    except a numpy array of the rebuilt module that views C++ memory (none of the library's
-    constructors keeps one; the rebuilt module's own view must stay, a copy of the original's would
-    be detached from its weights)."""
-    modules = _modules_under(module)
-    for prefix, values in attributes.items():
-        target = modules.get(prefix)
-        if target is None:
-            continue
-        own = vars(target)
-        for key, value in values.items():
-            if not _views_core_memory(own.get(key)):
-                own[key] = value
+    """Sets ``attributes`` (``{attribute: value}``, the values already the copy's) on ``module`` (a
+    copy), over what its constructor set; except a numpy array of the rebuilt module that views C++
+    memory (none of the library's constructors keeps one; the rebuilt module's own view must stay, a
+    copy of the original's would be detached from its weights)."""
+    own = vars(module)
+    for key, value in attributes.items():
+        if not _views_core_memory(own.get(key)):
+            own[key] = value
 
 
-def _modules_under(module) -> dict:
-    """``{path: module}`` of ``module`` (path ``""``) and every module under it (``_children``)."""
-    out, stack = {}, [("", module)]
-    while stack:
-        prefix, m = stack.pop()
-        out[prefix] = m
-        stack.extend((f"{prefix}.{p}" if prefix else p, child) for p, child in m._children())
+def _module_tree(module, *, attached: bool = True, duplicates: bool = True) -> list:
+    """``[(path, module)]``: ``module`` (path ``""``) and every module under it, depth first in
+    registration order (:meth:`Module._registered_children`; with ``attached=False`` the built-in
+    children only, :meth:`Module._children`: the modules a composite's forward runs). A module met
+    again under itself (``head.backbone = model`` where ``model.head = head``) is not followed, so
+    no path is endless. A module at two places is listed at both (as torch's ``state_dict`` names
+    it), or, with ``duplicates=False``, at its first only (torch's ``named_modules``)."""
+    out, seen = [], set()
+
+    def visit(path: str, m, above: frozenset) -> None:
+        out.append((path, m))
+        seen.add(id(m))
+        for name, child in (m._registered_children() if attached else m._children()):
+            if id(child) in above or (not duplicates and id(child) in seen):
+                continue
+            visit(f"{path}.{name}" if path else name, child, above | {id(child)})
+
+    visit("", module, frozenset({id(module)}))
     return out
 
 
+def _check_not_quantized(module) -> None:
+    """Raises TypeError when a weight of ``module`` (or of a module under it) is held quantized:
+    copies and pickles are of float modules."""
+    quantized = {n: f for n, f in module.weight_formats().items() if not f.startswith("float")}
+    if quantized:
+        name, fmt = next(iter(quantized.items()))
+        raise TypeError(f"{type(module).__name__}: cannot be copied or pickled while weights are held quantized "
+                        f"({len(quantized)}, e.g. {name!r}: {fmt}); copy the float model and quantize the copy, "
+                        "or save its state_dict()")
+
+
+def _own_state(module, gradients: bool = True) -> dict:
+    """``{"weights": {name: array}, "grads": {name: array}}`` of ``module``'s own C++ weights
+    (:meth:`Module._own_slots`, not those of the modules under it), in the C++ layout, fresh copies
+    (a quantized weight dequantized to float32); the gradients only those that hold one, none when
+    not ``gradients``."""
+    weights, grads = {}, {}
+    for name, slot in module._own_slots().items():
+        weights[name] = np.array(slot.impl.get_parameter(slot.core_name), copy=True)
+        if gradients and _grad_readable(slot.impl, slot.core_name):
+            grads[name] = np.array(slot.impl.gradient_view(slot.core_name), copy=True)
+    return {"weights": weights, "grads": grads}
+
+
+def _load_own_state(module, state: dict) -> None:
+    """Gives ``module`` (built again) the weights and gradients of an :func:`_own_state`.
+
+    Raises:
+        TypeError: ``module`` has other weights (names or shapes): the one copied was changed after
+            it was built in a way its arguments do not say.
+    """
+    slots, weights = module._own_slots(), state["weights"]
+    if list(slots) != list(weights) or any(np.shape(weights[n]) != tuple(slots[n].impl.parameter_view(
+            slots[n].core_name).shape) for n in slots):
+        raise TypeError(f"{type(module).__name__}: cannot be copied, a module built again from the arguments it was "
+                        "built with does not have its weights (it was changed after it was built); copy it through "
+                        "state_dict: build a new one and load_state_dict(module.state_dict())")
+    for name, value in weights.items():
+        slots[name].impl.set_parameter(slots[name].core_name, value)
+    for name, value in state["grads"].items():
+        slot = slots[name]
+        slot.impl.gradient_view(slot.core_name)[...] = value
+        _mark_grad_rows_written(slot.impl, slot.core_name)
+
+
+def _built_alike(module, cls, init_args: tuple) -> bool:
+    """Whether ``module`` is of class ``cls`` and was built from arguments equal to ``init_args`` (a
+    snapshot, :func:`_same_value`): then it computes as a module so built, given its weights."""
+    return type(module) is cls and _same_value(module._init_args, init_args)
+
+
+# How a copy is made (deepcopy, quantize; pickles the same way, see Module.__reduce_ex__): the module
+# is built again from the arguments it was built with, which builds its built-in children too (a
+# stack's layers). Then, for each module under the original, the copy either REUSES the module the
+# rebuilt parent made at the same place (when that one was built alike and is not already the copy
+# of another original: a constructor may tie two places, ``self.b = self.a``, that the user untied
+# since) or BUILDS a copy of its own. Each copy is put in the deepcopy memo under the original's id,
+# so that the last step, deep-copying the original's attributes (``layers``, ``head``, any list or
+# dict holding modules), puts every copy at its place: the memo answers each module with its copy.
+
+
+def _rebuilt_copy(module, memo: dict | None = None, *, gradients: bool = True,
+                  used: set | None = None) -> "Module":
+    """A copy of ``module`` built again from its arguments, as :meth:`Module.__deepcopy__` describes
+    (weights, gradients unless not ``gradients``, the modules under it, attributes), in ``memo`` (a
+    ``copy.deepcopy`` call's, where given). ``used``: the ids of the modules already made copies in
+    this copy (:func:`_copy_into`). Weights held quantized are copied dequantized (float32), as
+    :func:`transformer_core.quantize` copies a model (``copy.deepcopy`` refuses them before).
+
+    Raises:
+        TypeError: a module cannot be built again from its arguments, or has other weights then.
+    """
+    new = _build(type(module), module._init_args)
+    _copy_into(module, new, {} if memo is None else memo, gradients, set() if used is None else used)
+    return new
+
+
+def _copy_into(original, new, memo: dict, gradients: bool, used: set) -> None:
+    """Makes ``new`` (built from ``original``'s arguments, or by its own parent at ``original``'s
+    place from equal ones) a copy of ``original``: its own weights and gradients; each module under
+    it in its place, the one ``new`` built there when built alike (:func:`_built_alike`) and not yet
+    the copy of another module (``used``: the ids of the modules made copies so far), else a copy
+    built from its own arguments (a child replaced or attached since, or untied); then its
+    attributes, deep copies in ``memo``, where each module copied in this call is its copy.
+
+    ``memo`` is keyed by ids: every original put there is reachable from the module being copied,
+    which ``copy.deepcopy`` keeps alive for the whole call, so no id is reused meanwhile. The C++
+    module of ``original`` maps to ``new``'s too, for the Parameters copied in the same call
+    (:meth:`_BoundParameter.__deepcopy__`)."""
+    memo[id(original)] = new
+    used.add(id(new))
+    if original._impl is not None:
+        memo[id(original._impl)] = new._impl
+    _load_own_state(new, _own_state(original, gradients))
+    built = dict(new._registered_children())
+    for name, child in original._registered_children():
+        if id(child) in memo:
+            continue  # copied already: at another place, above this one, or earlier in the same call
+        candidate = built.get(name)
+        if (candidate is not None and id(candidate) not in used
+                and _built_alike(candidate, type(child), child._init_args)):
+            _copy_into(child, candidate, memo, gradients, used)
+        else:
+            _rebuilt_copy(child, memo, gradients=gradients, used=used)  # put at its place by the attributes' copy
+    _set_attributes(new, {key: _deep_copied(value, memo) for key, value in _carried_attributes(original).items()})
+
+
 def _restore_module(cls, payload: dict):
-    """A module of class ``cls`` from a :meth:`Module._copy_payload` (copy.deepcopy, unpickling): built
-    from its arguments (random init skipped), then given the weights and gradients; and the
-    attributes, where the payload carries them (a pickle's come in its state, :func:`_restore_state`).
+    """Unpickling: a module of class ``cls`` built again from the arguments of ``payload``
+    (:meth:`Module.__reduce_ex__`), given its own weights and gradients; the modules under it and
+    its attributes come in its state (:func:`_restore_state`).
 
     Raises:
         TypeError: ``cls`` cannot be built from the arguments, or the module built has other weights.
     """
-    args, kwargs = payload["init_args"]
-    how = "copy it through state_dict: build a new one and load_state_dict(module.state_dict())"
-    try:
-        with skip_weight_init():
-            new = cls(*args, **kwargs)
-    except (TypeError, ValueError) as e:
-        raise TypeError(f"{cls.__name__}: cannot be copied, building it again from the arguments it was built with "
-                        f"failed ({type(e).__name__}: {e}); {how}") from None
-    slots = new._slots()
-    weights = payload["weights"]
-    if list(slots) != list(weights) or any(np.shape(weights[n]) != tuple(slots[n].impl.parameter_view(
-            slots[n].core_name).shape) for n in slots):
-        raise TypeError(f"{cls.__name__}: cannot be copied, a module built again from the arguments it was built "
-                        f"with does not have its weights (it was changed after it was built); {how}")
-    for name, value in weights.items():
-        slots[name].impl.set_parameter(slots[name].core_name, value)
-    for name, value in payload["grads"].items():
-        slot = slots[name]
-        slot.impl.gradient_view(slot.core_name)[...] = value
-        _mark_grad_rows_written(slot.impl, slot.core_name)
-    if "attributes" in payload:  # pickles written before the attributes moved into the state
-        _set_attributes(new, payload["attributes"])
+    new = _build(cls, payload["init_args"])
+    _load_pickled_state(new, payload)
     return new
 
 
+#: The layout of a module's pickle (:meth:`Module.__reduce_ex__`); pickles of the versions before
+#: had none, and their composite modules held every weight in the top module's payload.
+_PICKLE_FORMAT = 2
+
+
+def _load_pickled_state(module, payload: dict) -> None:
+    """:func:`_load_own_state` for an unpickled module: a payload of another layout (a pickle of
+    another version of the library) is named as such rather than as a module changed.
+
+    Raises:
+        TypeError: the payload does not fit ``module`` (see :func:`_load_own_state`).
+    """
+    try:
+        _load_own_state(module, payload)
+    except TypeError:
+        if payload.get("format") == _PICKLE_FORMAT:
+            raise
+        raise TypeError(f"{type(module).__name__}: cannot be unpickled, the pickle comes from another version of "
+                        "transformer_core (its weights are laid out otherwise); load it with that version and "
+                        "save its state_dict() instead (save_pretrained, safetensors), then load_state_dict() "
+                        "it into a new module") from None
+
+
+#: Modules built again while unpickling that were given the part of a pickled module
+#: (:func:`_adopt_child`): none is given a second one (a constructor that tied two places,
+#: ``self.b = self.a``, builds one module for both; the user may have untied them since).
+_ADOPTED: "weakref.WeakSet" = weakref.WeakSet()
+
+
+def _adopt_child(parent, name: str, cls, payload: dict):
+    """Unpickling a module pickled as the part of ``parent`` (already rebuilt) at its place ``name``:
+    the module ``parent`` built there, given its weights and gradients, when built alike
+    (:func:`_built_alike`) and not given another part already, else one built from its own arguments
+    (a child replaced or attached since, or untied), as :meth:`Module.__deepcopy__` does."""
+    built = dict(parent._registered_children()).get(name)
+    if built is not None and built not in _ADOPTED and _built_alike(built, cls, payload["init_args"]):
+        _load_pickled_state(built, payload)
+        _ADOPTED.add(built)
+        return built
+    return _restore_module(cls, payload)
+
+
 def _restore_state(module, state: tuple) -> None:
-    """Unpickling: gives ``module`` (:func:`_restore_module`'s) the attributes of the state
-    :meth:`Module.__reduce_ex__` wrote (``(None, [its modules], None, attributes)`` once read)."""
-    _set_attributes(module, state[3])
+    """Unpickling: gives ``module`` the attributes of the state :meth:`Module.__reduce_ex__` wrote
+    (``([marks and modules under it], attributes)`` once read: the modules are in place by then)."""
+    _set_attributes(module, state[-1])
+
+
+class _Place(NamedTuple):
+    """Where a module being pickled sits: ``parent._registered_children()`` holds it as ``name``."""
+    parent: object
+    name: str
+    child: object
+
+
+# Why a registry: a module under the one pickled must be pickled AS ITSELF (so that pickle's memo
+# maps every other reference to it, ``enc.groups = [enc.layers[1]]``, to the one unpickled), yet
+# unpickle as the part of its rebuilt parent (_adopt_child). Its own __reduce_ex__ can only tell it
+# is such a part by looking it up here: the parent's pickle state registers each child just before
+# the child is pickled (_ChildMark) and drops the registrations at its end. A pickle that fails
+# half-way never reaches that end: its scope (_PickleScope) then drops them when the pickler lets go
+# of the state, so nothing outlives the failed pickle (no model kept alive, no later pickle of a
+# module pickled as a stale part).
 
 
 def _pickled_children() -> dict:
-    """This thread's ``{id(module): (module above it, its path)}`` of the modules that pickle as a
-    reference to the rebuilt module's (:class:`_ChildScope`)."""
+    """This thread's ``{id(module): _Place}`` of the modules that pickle as the part of a module
+    being pickled (:class:`_ChildMark`)."""
     registry = getattr(_PICKLE_SCOPE, "children", None)
     if registry is None:
         registry = _PICKLE_SCOPE.children = {}
@@ -1271,44 +1601,73 @@ def _pickled_children() -> dict:
 _PICKLE_SCOPE = threading.local()
 
 
-class _ChildScope:
-    """A mark in a module's pickle state, around the modules under it: ``(opening mark, [modules],
-    closing mark, attributes)``. The opening mark, pickled, registers each of them
-    (:func:`_pickled_children`), so that each pickles as its path in the rebuilt module
-    (:func:`_child_at`: the module is in the pickle's memo by then) rather than as a module of its
-    own; pickle's memo then gives every reference to it in the attributes, at any depth, the rebuilt
-    module's. The closing mark drops the registrations (those of modules already in the pickle's memo,
-    not pickled here: the norm a stack was built from, in its arguments). Both unpickle as None."""
+def _pickle_path(module) -> tuple:
+    """``(top, path)``: the module a pickle started from and the path of ``module`` under it
+    (``"layers.1"``; ``""`` for ``module`` itself), from the registered places."""
+    registry, names, seen = _pickled_children(), [], {id(module)}
+    place = registry.get(id(module))
+    while place is not None:
+        names.append(place.name)
+        module = place.parent
+        if id(module) in seen:
+            break
+        seen.add(id(module))
+        place = registry.get(id(module))
+    return module, ".".join(reversed(names))
 
-    def __init__(self, module, children: list, opening: bool):
-        self.module, self.children, self.opening = module, children, opening
+
+def _unregister(registry: dict, places: dict) -> None:
+    """Drops from ``registry`` (a thread's :func:`_pickled_children`) the ``places`` a scope
+    registered (those still its own), and forgets them."""
+    for key, place in places.items():
+        if registry.get(key) is place:
+            del registry[key]
+    places.clear()
+
+
+class _PickleScope:
+    """The registrations made while one module's pickle state is pickled (:class:`_ChildMark`).
+    Dropped by the state's last mark, or, when the pickle fails before reaching it, as soon as the
+    pickler drops the state, which holds the only references to this scope (a finalizer)."""
+
+    def __init__(self):
+        self.registry = _pickled_children()
+        self.places: dict = {}
+        weakref.finalize(self, _unregister, self.registry, self.places)
+
+    def register(self, place: "_Place") -> None:
+        """Registers ``place.child`` as the part of ``place.parent``, unless it is registered already
+        (it is in the pickle's memo then: pickled at another place, not here)."""
+        key = id(place.child)
+        if key not in self.registry:
+            self.registry[key] = self.places[key] = place
+
+    def close(self) -> None:
+        _unregister(self.registry, self.places)
+
+
+class _ChildMark:
+    """A mark in a module's pickle state before each module under it (:meth:`Module.__reduce_ex__`).
+    Pickled, it registers that child with its place (:meth:`_PickleScope.register`), so that the
+    child pickles as the part of the module at that place (:func:`_adopt_child`: the module is in
+    the pickle's memo by then) rather than as a module of its own; pickle's memo then gives every
+    reference to it in the attributes, at any depth, the rebuilt one. The last mark, of no child,
+    closes the scope. Each unpickles as None."""
+
+    def __init__(self, scope: _PickleScope, place: _Place | None = None):
+        self.scope, self.place = scope, place
 
     def __reduce_ex__(self, protocol):
-        registry = _pickled_children()
-        for path, child in self.children:
-            if self.opening:
-                registry[id(child)] = (self.module, path)
-            else:
-                registry.pop(id(child), None)
+        if self.place is None:
+            self.scope.close()
+        else:
+            self.scope.register(self.place)
         return _nothing, ()
 
 
 def _nothing() -> None:
-    """What a :class:`_ChildScope` unpickles as."""
+    """What a :class:`_ChildMark` unpickles as."""
     return None
-
-
-def _child_at(module, path: str):
-    """Unpickling: the module at ``path`` under ``module`` (rebuilt: its own child there).
-
-    Raises:
-        TypeError: the rebuilt module has no module at ``path`` (it was changed after it was built).
-    """
-    modules = _modules_under(module)
-    if path not in modules:
-        raise TypeError(f"{type(module).__name__}: cannot be unpickled, the module built again from the arguments it "
-                        f"was built with has no module {path!r} (it was changed after it was built)")
-    return modules[path]
 
 
 class _Discard:
@@ -1330,32 +1689,6 @@ class _PartPickler(pickle.Pickler):
         """``"module"`` for a :class:`Module` (pickled as a reference, not followed), None for any
         other object (pickled as usual): pickle's hook for objects stored outside the pickle."""
         return "module" if isinstance(obj, Module) else None
-
-
-def _carry_attributes(source, target) -> None:
-    """Gives ``target`` (a module built again from ``source``'s arguments) the attributes ``source``
-    and every module under it carry, as :func:`_set_attributes` does (a config replaced since, a
-    changed dropout probability, the training mode, a loader's ``source``, a module attached by the
-    caller): deep copies (one memo: a module referred to twice is copied once, and a reference to a
-    module under ``source`` is one to ``target``'s at its path), or the value itself where it cannot
-    be deep-copied (a memory-mapped checkpoint)."""
-    targets = _modules_under(target)
-    sources = _modules_under(source)
-    memo = {id(m): targets[path] for path, m in sources.items() if path in targets}
-    memo[id(memo)] = list(sources.values())  # alive while memo is (deepcopy's own _keep_alive)
-    for prefix, module in sources.items():
-        dst = targets.get(prefix)
-        if dst is None:
-            continue
-        own = vars(dst)
-        for key, value in vars(module).items():
-            if key in _NOT_COPIED or _holds_core_objects(value) or _views_core_memory(own.get(key)):
-                continue
-            try:
-                value = copy.deepcopy(value, memo)
-            except (TypeError, pickle.PicklingError):
-                pass  # shared
-            own[key] = value
 
 
 def _views_core_memory(value) -> bool:

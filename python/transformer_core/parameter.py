@@ -109,6 +109,12 @@ class Parameter:
         elif self._grad is not None:
             self._grad.fill(0)
 
+    def __reduce_ex__(self, protocol):
+        """Copies and pickles: a plain :class:`Parameter` of ``data``, ``name`` and ``grad``; over the
+        same arrays for ``copy.copy`` (as torch's shares the data), over copies of them for
+        ``copy.deepcopy`` and pickle (any protocol; torch's drop ``.grad``, these keep a copy)."""
+        return Parameter, (self._data, self.name, self._grad)
+
     def __repr__(self) -> str:
         grad = "None" if self._grad is None else "array"
         return f"Parameter(name={self.name!r}, shape={self.shape}, dtype={self.dtype}, grad={grad})"

@@ -680,30 +680,13 @@ def quantize(model, format: str = "int8", *, inplace: bool = False, keep_float=N
 
 
 def _copy(model):
-    """A float copy of a module: built again from the arguments it was built with (its snapshot of
-    them: a config the caller changed since does not change the copy; random init skipped), then
-    every weight copied (dequantized when held quantized) and the attributes carried over (modules
-    attached by the caller deep-copied). Of the arguments, the modules that are the model's own (a
-    stack's norm) are deep-copied, the copy must not hold the original's; the arrays and the other
-    modules (a loader's weights, the layer a stack copies its layers from) are shared with the
-    original's snapshot, not copied again."""
-    from .module import _carry_attributes, _copy_init_args, skip_weight_init
+    """A float copy of a module as ``copy.deepcopy`` makes it (built again from the arguments it was
+    built with, a snapshot: a config the caller changed since does not change the copy; a child
+    replaced or a module attached since copied as it is), every weight copied (dequantized when held
+    quantized), without the gradients, in eval mode."""
+    from .module import _rebuilt_copy
 
-    try:
-        args, kwargs = _copy_init_args(model)
-    except TypeError:
-        args, kwargs = model._init_args
-    with skip_weight_init():
-        new = type(model)(*args, **kwargs)
-    src, dst = model._slots(), new._slots()
-    if list(src) != list(dst):
-        raise ValueError(f"model: a copy of this {type(model).__name__} does not have its weights "
-                         f"(it was changed after it was built)")
-    for name, slot in src.items():
-        d = dst[name]
-        d.impl.set_parameter(d.core_name, slot.impl.get_parameter(slot.core_name))
-    _carry_attributes(model, new)  # a replaced config, loader attributes (source, name_or_path, ...)
-    return new.eval()  # a quantized copy is in eval mode
+    return _rebuilt_copy(model, gradients=False).eval()  # a quantized copy is in eval mode
 
 
 def set_gguf_weights(module, weights) -> None:
