@@ -149,7 +149,10 @@ def test_linear_propagates_nan_and_inf_as_torch(where):
 # block of up to 8 rows with 3 rows of w on AVX-512, blocks of 4 × 4 above; 2 × 4 on AVX2) and the
 # 96-column tasks (kLinearSmallCols), k across the SIMD width (the tail after the last full vector).
 SMALL_ROWS = [1, 2, 3, 4, 5, 7, 8, 9, 12, 13, 31, 32]
-SMALL_SHAPES = [(1, 1), (2, 15), (3, 16), (4, 17), (5, 33), (7, 64), (64, 384), (65, 100), (67, 31), (130, 385)]
+# (97, 1536), (5, 1543) and (3, 6200): rows × k past kSmallL1Floats, so the columns are swept once per
+# depth block of 512 with the accumulators kept in between (MiniLM's FFN2 has k = 1536).
+SMALL_SHAPES = [(1, 1), (2, 15), (3, 16), (4, 17), (5, 33), (7, 64), (64, 384), (65, 100), (67, 31), (130, 385),
+                (97, 1536), (5, 1543), (3, 6200)]
 
 
 @pytest.mark.parametrize("m", SMALL_ROWS)
@@ -166,6 +169,22 @@ def test_linear_small_rows_every_block_shape(m, dtype):
             np.testing.assert_allclose(y, ref, rtol=0, atol=1e-10 * max(1.0, np.abs(ref).max()))
         else:
             _close_to_fp64(y, ref)
+
+
+@pytest.mark.parametrize("k", [384, 1536, 1543])
+def test_linear_small_rows_a_row_gives_the_same_bits_alone_or_with_others(k):
+    """Each output of the small-row kernel is one chain of SIMD accumulators, whatever the block of
+    rows it is computed in and whether the depth is swept in blocks (rows × k past 24 KiB): a row
+    alone (never depth-blocked) and the same row among 9 or 32 (depth-blocked for k ≥ 1536) give the
+    same bits."""
+    rng = np.random.default_rng(k)
+    x = rng.standard_normal((32, k)).astype(np.float32)
+    w = rng.standard_normal((200, k)).astype(np.float32)
+    b = rng.standard_normal(200).astype(np.float32)
+    alone = np.concatenate([functional.linear(x[i:i + 1], w, b) for i in range(32)])
+    np.testing.assert_array_equal(functional.linear(x[:9], w, b), alone[:9])
+    np.testing.assert_array_equal(functional.linear(x, w, b), alone)
+    _close_to_fp64(alone, x.astype(np.float64) @ w.astype(np.float64).T + b)
 
 
 needs_amx = pytest.mark.skipif("amx" not in ISAS, reason="the CPU has no AMX (or Linux did not grant the tile state)")
