@@ -836,3 +836,69 @@ def test_quantize_refuses_gguf_blocks_that_dequantize_to_inf():
     float_lin.load_state_dict({"weight": dequantized, "bias": lin.state_dict()["bias"]})
     with pytest.raises(ValueError, match=r"model: 'weight' holds 32 NaN or inf values"):
         tc.quantize(float_lin)
+
+
+def _tied_and_untied_llama(rng):
+    """A random tied Llama (float32) and its untied twin with the same weights."""
+    from transformer_core.llama import LlamaConfig
+
+    cfg = LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True,
+                      max_position_embeddings=64)
+    tied = tc.LlamaForCausalLM(cfg).eval()
+    tied.load_state_dict({k: (rng.standard_normal(v.shape) * 0.1).astype(np.float32)
+                          for k, v in tied.state_dict().items()})
+    untied = tc.LlamaForCausalLM(LlamaConfig(**{**cfg.__dict__, "tie_word_embeddings": False})).eval()
+    return tied, untied
+
+
+def test_tied_head_copy_takes_residual_activations_and_guards():
+    """The int8 copy a tied LM head multiplies by is an int8 weight like the others: residual
+    activations reach it (the logits come within ~1e-5 of the float model holding the dequantized
+    weights and head, as an untied model's do), and load_state_dict, train() and copies refuse a
+    model whose only int8 weight is that copy (a weight written later would not reach it)."""
+    import copy
+
+    rng = np.random.default_rng(0)
+    tied, untied = _tied_and_untied_llama(rng)
+    ids = rng.integers(0, 96, (1, 7))
+    q = tc.quantize(tied, residual_activations=True)
+    assert tc.quantization.set_residual_activations(q, True) == 2 * 4 + 1  # 4 per layer + the head's copy
+    state = q.state_dict()
+    head_q, head_scale = tc.quantization.quantize_int8(tied.state_dict()["model.embed_tokens.weight"])
+    state["lm_head.weight"] = (head_scale[:, None] * head_q).astype(np.float32)
+    untied.load_state_dict(state)
+    assert np.abs(q(ids).logits - untied(ids).logits).max() < 1e-4
+
+    body = [n for n, f in q.weight_formats().items() if f == "int8"]
+    head_only = tc.quantize(tied, keep_float=body)
+    assert set(head_only.weight_formats().values()) == {"float32"}
+    with pytest.raises(ValueError, match="tied_lm_head"):
+        head_only.load_state_dict(tied.state_dict())
+    with pytest.raises(ValueError, match="tied_lm_head"):
+        head_only.train()
+    with pytest.raises(TypeError, match="tied_lm_head"):
+        copy.deepcopy(head_only)
+
+
+def test_tied_head_table_with_inf_is_refused_before_anything_is_converted():
+    rng = np.random.default_rng(1)
+    tied, _ = _tied_and_untied_llama(rng)
+    state = tied.state_dict()
+    state["model.embed_tokens.weight"][50, 7] = np.inf
+    tied.load_state_dict(state)
+    with pytest.raises(ValueError, match=r"'model.embed_tokens.weight' holds 1 NaN or inf value"):
+        tc.quantize(tied)
+    with pytest.raises(ValueError, match=r"'model.embed_tokens.weight' holds 1 NaN or inf value"):
+        tc.quantize(tied, inplace=True)
+    assert set(tied.weight_formats().values()) == {"float32"}  # nothing converted
+
+
+def test_quantized_sentence_encoder_has_its_own_tokenizer():
+    """quantize(encoder) returns a new encoder (torch's quantize_dynamic deep-copies): setting its
+    max_seq_length leaves the original's tokenizer alone."""
+    enc = tc.SentenceEncoder.from_pretrained()
+    q = tc.quantize(enc)
+    assert q.tokenizer is not enc.tokenizer
+    q.max_seq_length = 16
+    assert enc.max_seq_length == 256 and q.max_seq_length == 16

@@ -918,7 +918,7 @@ class Module:
         if not isinstance(state_dict, Mapping):
             raise TypeError(f"state_dict: expected a mapping of name -> array, got {type(state_dict).__name__}")
         strict = check_bool(strict, "strict")
-        quantized = {n: f for n, f in self.weight_formats().items() if f not in ("float32", "float64")}
+        quantized = _quantized_weights(self)
         if quantized:
             first = next(iter(quantized.items()))
             raise ValueError(f"{type(self).__name__}.load_state_dict refused (module unchanged): {len(quantized)} "
@@ -1056,7 +1056,7 @@ class Module:
         """
         mode = check_bool(mode, "mode")
         if mode:
-            quantized = {n: f for n, f in self.weight_formats().items() if not f.startswith("float")}
+            quantized = _quantized_weights(self)
             if quantized:
                 name, fmt = next(iter(quantized.items()))
                 raise ValueError(f"train: {len(quantized)} weights are quantized (e.g. {name!r}: {fmt}); only float "
@@ -1404,10 +1404,27 @@ def _module_tree(module, *, attached: bool = True, duplicates: bool = True) -> l
     return out
 
 
+def _quantized_weights(module) -> dict[str, str]:
+    """``{name: storage}`` of the weights of ``module`` held quantized (:meth:`Module.weight_formats`
+    not float), and of the int8 copy a tied LM head multiplies by (``quantize`` of a causal LM whose
+    head is its token embedding: the table stays float32 for the lookups; the copy is named
+    ``"<table>:tied_lm_head"``, as the core's ``parameter_storage`` names it). A weight written
+    later would not reach the copy, so the copy counts as quantized for the guards."""
+    out = {n: f for n, f in module.weight_formats().items() if not f.startswith("float")}
+    storage_of = {}
+    for name, slot in module._slots().items():
+        if id(slot.impl) not in storage_of:
+            storage_of[id(slot.impl)] = dict(slot.impl.parameter_storage())
+        tied_copy = storage_of[id(slot.impl)].get(slot.core_name + ":tied_lm_head")
+        if tied_copy is not None:
+            out[name + ":tied_lm_head"] = tied_copy
+    return out
+
+
 def _check_not_quantized(module) -> None:
     """Raises TypeError when a weight of ``module`` (or of a module under it) is held quantized:
     copies and pickles are of float modules."""
-    quantized = {n: f for n, f in module.weight_formats().items() if not f.startswith("float")}
+    quantized = _quantized_weights(module)
     if quantized:
         name, fmt = next(iter(quantized.items()))
         raise TypeError(f"{type(module).__name__}: cannot be copied or pickled while weights are held quantized "

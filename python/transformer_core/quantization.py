@@ -40,10 +40,12 @@ Models (:func:`quantize`, :func:`set_quantize_activations`, :func:`set_residual_
 :func:`weight_bytes`): a layer's weight
 may itself be held in these formats — every ``Linear`` (attention projections, feed-forward, LM
 heads, poolers) computes through the products above, embedding tables in GGUF blocks decode only the
-rows they look up. Attention, norms, softmax and activations stay float32.
+rows they look up. Attention, norms, softmax and the activation functions (GELU, SiLU) stay float32.
 """
 
 from __future__ import annotations
+
+import copy
 
 import numpy as np
 
@@ -566,12 +568,32 @@ def _check_finite_weights(model, keep: list) -> None:
                 view = slot.impl.parameter_view(slot.core_name)
             else:  # GGUF blocks (a copy only: inplace refuses them before)
                 view = np.ascontiguousarray(slot.impl.get_parameter(slot.core_name), dtype=np.float32)
-            bad = int(_core.count_nonfinite_f32(view))
-            if bad:
-                first = view[~np.isfinite(view)].flat[0]
-                raise ValueError(f"model: {name!r} holds {bad} NaN or inf value{'s' if bad > 1 else ''} "
-                                 f"(of {view.size}; first: {first}), expected finite values for int8 "
-                                 f"(its rows would be NaN); nothing was converted")
+            _check_finite_view(name, view)
+    table = _tied_head_table(model)
+    if table is not None and formats[table] == "float32":  # the head's int8 copy is made from it
+        slot = slots[table]
+        _check_finite_view(table, slot.impl.parameter_view(slot.core_name))
+
+
+def _check_finite_view(name: str, view: np.ndarray) -> None:
+    """ValueError naming weight ``name`` when its float32 values hold NaN or inf."""
+    bad = int(_core.count_nonfinite_f32(view))
+    if bad:
+        first = view[~np.isfinite(view)].flat[0]
+        raise ValueError(f"model: {name!r} holds {bad} NaN or inf value{'s' if bad > 1 else ''} "
+                         f"(of {view.size}; first: {first}), expected finite values for int8 "
+                         f"(its rows would be NaN); nothing was converted")
+
+
+def _tied_head_table(model) -> str | None:
+    """The name of the token embedding that :func:`quantize` gives an int8 copy for the LM head
+    (a causal LM whose head is tied to it: no ``lm_head.weight`` of its own), or None."""
+    from .decoder import CausalLM
+
+    if not isinstance(model, CausalLM) or "lm_head.weight" in model._slots():
+        return None
+    tables = [n for n in model._slots() if n.endswith("embed_tokens.weight") or n.endswith("wte.weight")]
+    return tables[0] if tables else None
 
 
 def quantize(model, format: str = "int8", *, inplace: bool = False, keep_float=None,
@@ -585,12 +607,16 @@ def quantize(model, format: str = "int8", *, inplace: bool = False, keep_float=N
     row on the fly, int32 accumulation). A causal LM whose head is tied to its token embedding
     (GPT-2, SmolLM2) gets an int8 copy of the table for the head (counted by :func:`weight_bytes`
     under the table's name); the lookups stay float32, as torch's ``quantize_dynamic`` leaves
-    ``nn.Embedding`` alone. Embeddings, attention, norms, softmax and activations stay float32.
-    The fp32 weights of the converted layers are freed (a weight whose ``Parameter.data`` view is
-    still held is freed when the last such view is).
+    ``nn.Embedding`` alone. Embeddings, attention, norms, softmax and the activation functions
+    (GELU, SiLU) stay float32. The fp32 weights of the converted layers are freed (a weight whose
+    ``Parameter.data`` view is still held is freed when the last such view is). Unlike torch's
+    ``quantize_dynamic`` (activations per tensor, asymmetric quint8), the activations are quantized
+    per row and symmetric, and the weights use the full int8 range [-127, 127].
 
-    After quantizing, ``state_dict()`` returns the dequantized weights (``scale · q``), and
-    ``load_state_dict`` is refused (load into a float model, then quantize).
+    After quantizing, ``state_dict()`` returns the dequantized weights (``scale · q``), so
+    ``save_pretrained`` writes float32 weights (a model loaded from them is a float model: quantize
+    it again); ``load_state_dict``, ``train()``, ``copy.deepcopy`` and pickling are refused (load or
+    train a float model, then quantize), also when the only int8 weight is a tied head's copy.
 
     Args:
         model: a float32 transformer_core model or layer (:class:`~transformer_core.BertModel`,
@@ -637,7 +663,8 @@ def quantize(model, format: str = "int8", *, inplace: bool = False, keep_float=N
     if isinstance(model, SentenceEncoder):
         bert = quantize(model.model, format, inplace=inplace, keep_float=keep,
                         residual_activations=residual_activations)
-        return model if inplace else SentenceEncoder(bert, model.tokenizer, pooling=model.pooling,
+        tokenizer = model.tokenizer if inplace else copy.deepcopy(model.tokenizer)  # the copy's own settings
+        return model if inplace else SentenceEncoder(bert, tokenizer, pooling=model.pooling,
                                                      normalize=model.normalize, prompts=model.prompts,
                                                      default_prompt_name=model.default_prompt_name,
                                                      include_prompt=model.include_prompt)

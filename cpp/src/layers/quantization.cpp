@@ -110,13 +110,15 @@ void load_gguf_weights(Module<float>& root, const std::vector<GgufTensor>& tenso
 
 namespace {
 
-// Every quantized matrix of a given format inside root (Linear weights, embedding tables).
+// Every quantized matrix of a given format inside root (Linear weights, embedding tables, and the
+// int8 copy of a float table that a tied LM head multiplies by).
 std::vector<QuantizedMatrix*> quantized_matrices(Module<float>& root, QuantizedMatrix::Format format) {
   std::vector<QuantizedMatrix*> out;
   for (Module<float>* m : owners(root)) {
     QuantizedMatrix* w = nullptr;
     if (auto* linear = dynamic_cast<Linear<float>*>(m)) w = linear->quantized_weight();
-    if (auto* embedding = dynamic_cast<Embedding<float>*>(m)) w = embedding->quantized_weight();
+    if (auto* embedding = dynamic_cast<Embedding<float>*>(m))
+      w = embedding->quantized_weight() != nullptr ? embedding->quantized_weight() : embedding->output_int8();
     if (w != nullptr && w->format() == format) out.push_back(w);
   }
   return out;

@@ -61,6 +61,7 @@ class Embedding : public Module<T> {
   const QuantizedMatrix* quantized_weight() const { return quantized_.get(); }
   QuantizedMatrix* quantized_weight() { return quantized_.get(); }
   const QuantizedMatrix* output_int8() const { return output_int8_.get(); }
+  QuantizedMatrix* output_int8() { return output_int8_.get(); }
 
   bool quantized(const std::string& name) const override;
   std::string storage(const std::string& name, int64_t row0 = 0, int64_t rows = -1) const override;
