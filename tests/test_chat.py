@@ -82,8 +82,8 @@ def test_continue_text_checks_the_context_before_making_the_cache(smol, monkeypa
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    ({"top_k": 0}, "top_k"),
-    ({"top_k": 0, "temperature": 0.7}, "top_k"),
+    ({"top_k": -1}, "top_k"),
+    ({"top_k": -1, "temperature": 0.7}, "top_k"),
     ({"top_p": 1.5, "temperature": 0.7}, "top_p"),
     ({"top_p": 0.0, "temperature": 0.7}, "top_p"),
     ({"repetition_penalty": 0.0}, "repetition_penalty"),

@@ -34,6 +34,7 @@ class _Recorder:
 
 
 def _ours(scores, **options) -> np.ndarray:
+    options.setdefault("top_k", None)  # as _hf: no top-k filter unless given
     rec = _Recorder()
     cfg = GenerationConfig(1, do_sample=True, **options)
     next_tokens(np.array(scores, np.float64), np.zeros((len(scores), 1), np.int64), cfg, rec)
@@ -53,6 +54,23 @@ def _check(scores, **options):
     ours, ref = _ours(scores, **options), _hf(scores, **options)
     np.testing.assert_array_equal(ours > 0, ref > 0, err_msg=f"kept tokens differ for {options}")
     np.testing.assert_allclose(ours, ref, rtol=1e-12, atol=1e-15)
+
+
+def test_sampling_defaults_to_hf_top_k_of_50_and_0_keeps_every_token():
+    """generate(do_sample=True) samples among the 50 highest scores, as Hugging Face's generate
+    (GenerationConfig's default top_k); top_k=0 turns the filter off there, and here (None too)."""
+    from transformers import GenerationConfig as HFGenerationConfig
+
+    hf_default = HFGenerationConfig._get_default_generation_params()["top_k"]
+    assert hf_default == 50 and GenerationConfig(1, do_sample=True).top_k == hf_default
+    scores = np.random.default_rng(0).standard_normal((3, 200))
+    rec = _Recorder()
+    next_tokens(scores, np.zeros((3, 1), np.int64), GenerationConfig(1, do_sample=True), rec)
+    default = np.stack(rec.probs)
+    np.testing.assert_array_equal((default > 0).sum(axis=-1), [50, 50, 50])
+    np.testing.assert_allclose(default, _hf(scores, top_k=50), rtol=1e-12, atol=1e-15)
+    for off in (0, None):
+        np.testing.assert_allclose(_ours(scores, top_k=off), _hf(scores), rtol=1e-12, atol=1e-15)
 
 
 @pytest.mark.parametrize("scores, top_p, kept", [
@@ -242,3 +260,32 @@ def test_generation_config_end_ids_stop_as_transformers(tiny_llama, tmp_path):
         (tmp_path / "gc" / "generation_config.json").write_text(json.dumps(bad))
         with pytest.raises(ValueError, match="generation_config.json"):
             tc.LlamaForCausalLM.from_pretrained(tmp_path / "gc")
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_activations_too_large_are_refused_naming_input_ids_before_the_cache_grows(family):
+    """A batch whose feed-forward activations exceed this machine's memory is a ValueError naming
+    input_ids and the config field that sets the width, raised before the caller's cache is grown
+    (forward and generate), not the core's message about an internal ``x`` mid-forward."""
+    import transformer_core as tc
+    from transformer_core._validation import physical_memory_bytes
+    from transformer_core.gpt2 import GPT2Config
+    from transformer_core.llama import LlamaConfig
+
+    if family == "llama":
+        model = tc.LlamaForCausalLM(LlamaConfig(vocab_size=32, hidden_size=8, intermediate_size=2**20,
+                                                num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=1,
+                                                max_position_embeddings=64))
+        width, field = 3 * 2**20, "3 · intermediate_size"
+    else:
+        model = tc.GPT2LMHeadModel(GPT2Config(vocab_size=32, n_embd=8, n_layer=1, n_head=2, n_positions=64,
+                                              n_inner=2**20))
+        width, field = 2**20, "n_inner"
+    N = physical_memory_bytes() // (width * 4) + 1  # one row more than fits, at one position each
+    cache = model.new_cache(N, 1)  # empty, capacity 1: a call that ran would grow it
+    before = (cache.length, cache.capacity)
+    ids = np.zeros((N, 2), np.int64)
+    for call in (lambda: model(ids, past_key_values=cache), lambda: model.generate(ids, 2, past_key_values=cache)):
+        with pytest.raises(ValueError, match=rf"^input_ids: a batch of {N} sequences .* \({2 * N}, {field} = {width}\)"):
+            call()
+        assert (cache.length, cache.capacity) == before

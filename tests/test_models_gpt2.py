@@ -372,7 +372,7 @@ def test_bad_input(gpt2_h4):
     with pytest.raises(ValueError, match="temperature"):
         m.generate(_ids(0, (1, 3)), max_new_tokens=2, do_sample=True, temperature=0.0)
     with pytest.raises(ValueError, match="top_k"):
-        m.generate(_ids(0, (1, 3)), max_new_tokens=2, do_sample=True, top_k=0)
+        m.generate(_ids(0, (1, 3)), max_new_tokens=2, do_sample=True, top_k=-1)
     with pytest.raises(ValueError, match="top_p"):
         m.generate(_ids(0, (1, 3)), max_new_tokens=2, do_sample=True, top_p=1.5)
 

@@ -161,19 +161,20 @@ class ChatSession:
         max_new_tokens: the most tokens one reply may have (>= 1).
         temperature: 0 (default) = greedy; >= 1e-6 samples from ``softmax(logits / temperature)``
             (between 0 and 1e-6: ValueError naming ``temperature``).
-        top_p, top_k: sampling filters (with ``temperature`` > 0).
+        top_p, top_k: sampling filters (with ``temperature`` > 0; ``top_k`` 50 by default, as
+            Hugging Face's ``generate``; 0 or None: no top-k filter).
         seed: seeds sampling (reproducible replies).
         repetition_penalty: >= 1e-6 (``MIN_REPETITION_PENALTY``); 1 or None = none.
 
     Raises:
         ValueError: a tokenizer without a chat template; bad options (named: ``max_new_tokens`` < 1,
-            ``temperature`` < 0, ``top_k`` < 1, ``top_p`` outside (0, 1], ...), whatever the
+            ``temperature`` < 0, ``top_k`` < 0, ``top_p`` outside (0, 1], ...), whatever the
             temperature; a ``system`` message that is not valid Unicode.
         TypeError: ``system`` not a str or None; options of the wrong type (named).
     """
 
     def __init__(self, model, tokenizer, system: str | None = None, max_new_tokens: int = 256,
-                 temperature: float = 0.0, top_p: float | None = None, top_k: int | None = None,
+                 temperature: float = 0.0, top_p: float | None = None, top_k: int | None = 50,
                  seed: int | None = None, repetition_penalty: float | None = None):
         if tokenizer.chat_template is None:
             raise ValueError(f"tokenizer: {NO_TEMPLATE} (use continue_text)")
@@ -266,7 +267,7 @@ def _check_message(text: str, name: str) -> None:
 
 
 def continue_text(model, tokenizer, text: str, max_new_tokens: int = 128, on_text=None, temperature: float = 0.0,
-                  top_p: float | None = None, top_k: int | None = None, seed: int | None = None,
+                  top_p: float | None = None, top_k: int | None = 50, seed: int | None = None,
                   repetition_penalty: float | None = None) -> tuple[str, TurnStats]:
     """Continues raw ``text`` (no chat template): its tokens (with the BOS the tokenizer adds, if
     any), then up to ``max_new_tokens`` new ones, stopping at an end token (the tokenizer's EOS or

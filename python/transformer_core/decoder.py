@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._validation import as_bool, as_ids, check_bool, to_numpy
+from ._validation import as_bool, as_ids, check_bool, physical_memory_bytes, to_numpy
 from .generation import GenerationMixin, cache_too_large
 from .kv_cache import KVCache
 from .module import Module
@@ -233,6 +233,7 @@ class DecoderModel(Module):
             raise ValueError(f"input_ids: past length {past} + new length {L} exceeds the context "
                              f"({self._context_field} = {self.context_length})")
         mask, positions = _mask_and_positions(attention_mask, position_ids, N, L, past, self.context_length)
+        self.check_activations(N, L, f"a batch of {N} sequences of length {L}")
         if cache is None:
             try:
                 cache = self.new_cache(N, L)
@@ -245,6 +246,23 @@ class DecoderModel(Module):
                 raise cache_too_large(e, f"a batch of {N} sequences of length {L} after {past} cached "
                                       "positions") from None
         return ids, mask, positions, cache
+
+    def _ffn_width(self) -> tuple[int, str]:
+        """Values per row of the feed-forward's hidden activations, and the config fields that set
+        them (a gated feed-forward: gate | up, then their product, 3 · intermediate_size)."""
+        return 3 * int(self.config.intermediate_size), "3 · intermediate_size"
+
+    def check_activations(self, N: int, L: int, what: str) -> None:
+        """ValueError naming ``input_ids`` when a step over ``N × L`` positions would need more
+        memory for its widest activations (the feed-forward's hidden ones) than this machine has:
+        checked before a cache is made or grown. ``what`` describes the call."""
+        width, fields = self._ffn_width()
+        need = N * L * width * np.dtype(self.dtype).itemsize
+        limit = physical_memory_bytes()
+        if need > limit:
+            raise ValueError(f"input_ids: {what} needs feed-forward activations of ({N * L}, {fields} = {width}) "
+                             f"values, {need} bytes, more than this machine's memory ({limit} bytes): use a "
+                             "smaller batch or shorter prompts")
 
     def forward(self, input_ids, attention_mask=None, position_ids=None, past_key_values=None,
                 use_cache: bool = False):
@@ -266,8 +284,9 @@ class DecoderModel(Module):
 
         Raises:
             ValueError: ids out of range, too long a sequence, masks, positions or caches that do
-                not fit; a batch whose KV cache would exceed this machine's memory (naming
-                ``input_ids`` and its batch size, before the cache is allocated). TypeError:
+                not fit; a batch whose KV cache or feed-forward activations would exceed this
+                machine's memory (naming ``input_ids`` and its batch size, before the cache is
+                allocated). TypeError:
                 non-integer ids; a ``past_key_values`` cache of another dtype than the model's.
                 Every check runs before a cache is made or the caller's grows: a refused call
                 leaves ``past_key_values``' length and capacity as they were.

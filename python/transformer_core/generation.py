@@ -9,7 +9,8 @@ processors):
                          ``attention_mask``) is not counted, as Hugging Face's ``generate``
     greedy               argmax, or, with do_sample:
     temperature          scores / T
-    top_k                keep the k highest
+    top_k                keep the k highest (default 50, Hugging Face's ``GenerationConfig``; 0 or
+                         None: no top-k filter)
     top_p                keep the smallest set of highest-probability tokens whose mass reaches p
                          (of tokens tied at the cut, the later ids are kept: Hugging Face's
                          ``TopPLogitsWarper`` with a stable sort; its own ``torch.sort`` is not
@@ -54,14 +55,14 @@ class GenerationConfig:
 
     Raises:
         TypeError / ValueError: naming the option (``max_new_tokens`` < 1, ``temperature`` not a
-        finite number >= ``MIN_TEMPERATURE`` (1e-6), ``top_k`` < 1, ``top_p`` outside (0, 1],
+        finite number >= ``MIN_TEMPERATURE`` (1e-6), ``top_k`` < 0, ``top_p`` outside (0, 1],
         ``repetition_penalty`` not a finite number >= ``MIN_REPETITION_PENALTY`` (1e-6), ids that
         are not ints >= 0). Ids are checked against a
         vocabulary by :meth:`GenerationMixin.generate`, which knows it.
     """
 
     def __init__(self, max_new_tokens: int, do_sample: bool = False, temperature: float = 1.0,
-                 top_k: int | None = None, top_p: float | None = None, repetition_penalty: float | None = None,
+                 top_k: int | None = 50, top_p: float | None = None, repetition_penalty: float | None = None,
                  seed: int | None = None, eos_token_id=None, pad_token_id: int | None = None):
         self.max_new_tokens = check_int(max_new_tokens, "max_new_tokens", 1)
         self.do_sample = check_bool(do_sample, "do_sample")
@@ -69,7 +70,8 @@ class GenerationConfig:
         if self.temperature < MIN_TEMPERATURE:
             raise ValueError(f"temperature: expected a finite number >= {MIN_TEMPERATURE} (smaller ones overflow "
                              f"logits / temperature; do_sample=False is the greedy limit), got {self.temperature!r}")
-        self.top_k = None if top_k is None else check_int(top_k, "top_k", 1)
+        # Hugging Face's default 50; 0 turns the filter off there, None does here too
+        self.top_k = None if top_k is None else check_int(top_k, "top_k", 0) or None
         self.top_p = None if top_p is None else _check_float(top_p, "top_p", low_open=0.0, high=1.0)
         self.repetition_penalty = (None if repetition_penalty is None
                                    else _check_float(repetition_penalty, "repetition_penalty", low_open=0.0))
@@ -175,7 +177,7 @@ class GenerationMixin:
     fills the context and one new token)."""
 
     def stream(self, input_ids, max_new_tokens: int, *, do_sample: bool = False, temperature: float = 1.0,
-               top_k: int | None = None, top_p: float | None = None, repetition_penalty: float | None = None,
+               top_k: int | None = 50, top_p: float | None = None, repetition_penalty: float | None = None,
                seed: int | None = None, attention_mask=None, eos_token_id=None, pad_token_id: int | None = None,
                past_key_values=None) -> Iterator[np.ndarray]:
         """Yields the next token of every sequence, ``(N,)`` int64, one step at a time (finished
@@ -224,6 +226,7 @@ class GenerationMixin:
                                  f"is predicted from the last position")
         what = (f"a batch of {N} sequences of prompt length {L} and max_new_tokens = {cfg.max_new_tokens} ({total} "
                 f"positions each)")
+        self.check_activations(N, L, what)  # the prompt's step is the widest
         if past_key_values is None:
             try:
                 cache = self.new_cache(N, total)
@@ -278,7 +281,7 @@ class GenerationMixin:
             out = self(nxt[:, None], attention_mask=mask, past_key_values=cache, use_cache=True, logits_to_keep=1)
 
     def generate(self, input_ids, max_new_tokens: int, do_sample: bool = False, temperature: float = 1.0,
-                 top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
+                 top_k: int | None = 50, top_p: float | None = None, seed: int | None = None,
                  attention_mask=None, eos_token_id=None, *, repetition_penalty: float | None = None,
                  pad_token_id: int | None = None, streamer: Callable[[np.ndarray], None] | None = None,
                  past_key_values=None) -> np.ndarray:
@@ -295,7 +298,9 @@ class GenerationMixin:
             do_sample: sample from ``softmax(logits / temperature)`` after top-k / top-p
                 filtering; else greedy (argmax).
             temperature, top_k, top_p: sampling controls (temperature a finite number >= 1e-6
-                (``MIN_TEMPERATURE``), top_k >= 1, 0 < top_p <= 1).
+                (``MIN_TEMPERATURE``), top_k >= 0, 0 < top_p <= 1). ``top_k`` defaults to 50 as
+                Hugging Face's ``generate`` (``do_sample=True`` samples among the 50 highest); 0 or
+                None keeps every token.
             seed: seeds numpy's generator for sampling (the same seed, the same tokens).
             attention_mask: ``(N, L)``, 1 = a real prompt token; left padding only (the first
                 new token is predicted from the last position, which must be real in every row

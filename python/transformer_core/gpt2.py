@@ -192,6 +192,11 @@ class GPT2Model(DecoderModel):
     _core_class = "GPT2Model"
     _context_field = "n_positions"
 
+    def _ffn_width(self) -> tuple[int, str]:
+        """GPT-2's feed-forward: one hidden activation of n_inner values a row (None or 0: 4 · n_embd)."""
+        return (int(self.config.n_inner), "n_inner") if self.config.n_inner else (4 * int(self.config.n_embd),
+                                                                                  "4 · n_embd")
+
     def _transposed(self, name: str) -> bool:
         return _CONV1D.search(name) is not None
 
