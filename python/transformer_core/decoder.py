@@ -372,8 +372,12 @@ class CausalLM(DecoderModel, GenerationMixin):
         Args:
             input_ids: ``(N, L)`` (or ``(L,)``) token ids in ``[0, vocab_size)``, L within the context.
             labels: ``(N, L)`` int: usually ``input_ids`` with padding set to ``ignore_index``.
+                Set them so: a label at a padding position counts, predicted from a padding
+                position's logits, which follow this library's positions (below) and not Hugging
+                Face's (0 .. L-1 whatever the mask), so such a loss differs from HF's.
             attention_mask: ``(N, L)``, 1/True = a real token (left or right padding); positions
-                are counted over the real tokens, as in :meth:`forward`.
+                are counted over the real tokens, as in :meth:`forward` (trailing padding takes
+                the last real token's position).
             position_ids: ``(N, L)`` explicit positions.
             ignore_index: the label value that does not count (-100, torch's and HF's); an int
                 in the int64 range.
