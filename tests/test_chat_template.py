@@ -131,8 +131,8 @@ def test_syntax_error():
     ([{"role": "user", "content": "a"}, "b"], TypeError, r"messages\[1\]: expected a dict"),
     ([{"content": "a"}], ValueError, r"messages\[0\]: missing the 'role' field"),
     ([{"role": "user"}], ValueError, r"messages\[0\]: missing the 'content' field"),
-    ([{"role": "user", "content": "a"}, {"role": "user", "content": 3}], TypeError,
-     r"messages\[1\]\['content'\]: expected a str, got int"),
+    ([{"role": "user", "content": "a"}, {"role": "user", "text": "b"}], ValueError,
+     r"messages\[1\]: missing the 'content' field \(keys: \['role', 'text'\]\)"),
     ([{"role": None, "content": "a"}], TypeError, r"messages\[0\]\['role'\]: expected a str"),
     ([{"role": "", "content": "a"}], ValueError, r"messages\[0\]\['role'\]: expected a non-empty str"),
 ])
@@ -270,18 +270,17 @@ REASONING = ("{% for m in messages %}<{{ m.role }}>"
     {"reasoning": ""},
 ], ids=["reasoning", "thinking", "reasoning_content", "nones-then-reasoning", "all-three", "thinking-and-reasoning",
         "thinking-none", "only-none", "empty-str"])
-def test_reasoning_fields_aliased_as_transformers(fields):
+def test_reasoning_fields_aliased_as_transformers(hf_smollm2_tokenizer, fields):
     """transformers gives a message's reasoning (the first non-None of reasoning_content, thinking,
     reasoning) to the template as reasoning_content and thinking; a template reading
     m.reasoning_content rendered nothing for a message carrying "reasoning". The caller's messages
-    are not changed."""
+    are not changed. (transformers' apply_chat_template first drops the None-valued keys, as
+    render_chat_template does: its render_jinja_template alone would keep a "thinking": None.)"""
     import copy
-
-    from transformers.utils.chat_template_utils import render_jinja_template
 
     messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "4", **fields}]
     before = copy.deepcopy(messages)
-    (ref,), _ = render_jinja_template(conversations=[messages], chat_template=REASONING)
+    ref = hf_smollm2_tokenizer.apply_chat_template(messages, chat_template=REASONING, tokenize=False)
     assert render_chat_template(REASONING, messages) == ref
     assert messages == before
     if fields == {"reasoning": "2+2"}:
@@ -301,11 +300,9 @@ TOOL_USE = """{%- if tools %}<tools>{% for t in tools %}{{ t.function.name }};{%
 
 
 @pytest.mark.parametrize("content", ["missing", None, "Let me check."])
-def test_tool_call_turn_without_content_renders_as_transformers(ours, content):
+def test_tool_call_turn_without_content_renders_as_transformers(ours, hf_smollm2_tokenizer, content):
     """An assistant's tool-call turn with no content (or None) was refused by validate_messages;
-    transformers renders it. A message without tool calls still needs a str content."""
-    from transformers.utils.chat_template_utils import render_jinja_template
-
+    transformers renders it. A message without tool calls still needs a "content" key (None allowed)."""
     call = {"role": "assistant", "tool_calls": [
         {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}},
         {"type": "function", "function": {"name": "get_time", "arguments": {"zone": "CET"}}}]}
@@ -315,18 +312,244 @@ def test_tool_call_turn_without_content_renders_as_transformers(ours, content):
                 {"role": "tool", "content": "22C"}, {"role": "tool", "content": "14:00"}]
     tools = [{"type": "function", "function": {"name": "get_weather"}},
              {"type": "function", "function": {"name": "get_time"}}]
-    for add in (True, False):
-        (ref,), _ = render_jinja_template(conversations=[messages], chat_template=TOOL_USE, tools=tools,
-                                          add_generation_prompt=add)
+    for add in (True, False):  # apply_chat_template: it drops a "content": None, render_jinja_template alone does not
+        ref = hf_smollm2_tokenizer.apply_chat_template(messages, chat_template=TOOL_USE, tools=tools,
+                                                       add_generation_prompt=add, tokenize=False)
         assert render_chat_template(TOOL_USE, messages, add_generation_prompt=add, tools=tools) == ref
         assert ours.apply_chat_template(messages, add_generation_prompt=add, chat_template=TOOL_USE,
                                         tools=tools) == ref
-    assert validate_messages(messages)[1] == call
+    assert validate_messages(messages)[1] == {k: v for k, v in call.items() if v is not None}
     if content != "Let me check.":
         assert '<call>{"name": "get_weather", "arguments": {"city": "Paris"}}</call>' in ref
         for bad in ({"role": "assistant"}, {"role": "assistant", "tool_calls": []},
                     {"role": "assistant", "tool_calls": None}):
             with pytest.raises(ValueError, match=r"^messages\[1\]: missing the 'content' field"):
                 validate_messages([messages[0], bad])
-        with pytest.raises(TypeError, match=r"^messages\[1\]\['content'\]: expected a str, got NoneType"):
-            validate_messages([messages[0], {"role": "assistant", "content": None, "tool_calls": []}])
+        # content None is dropped as transformers drops it (it was a TypeError): the turn renders without it
+        turn = {"role": "assistant", "content": None, "tool_calls": []}
+        assert validate_messages([messages[0], turn])[1] == {"role": "assistant", "tool_calls": []}
+
+
+# ------------------------------------------------------------------------------------ named chat templates
+NAMED = {"default": "D:{% for m in messages %}{{ m.content }};{% endfor %}{{ eos_token }}",
+         "tool_use": "T:{{ tools | length if tools is not none else '-' }}:{% for m in messages %}{{ m.content }};{% endfor %}",
+         "rag": "R:{{ documents | tojson }}:{{ messages[0].content }}"}
+
+
+def _named_template_dirs(tmp_path, templates):
+    """Two saves of one tiny causal-LM tokenizer with named ``templates``, as transformers writes
+    them: ``chat_template.jinja`` + ``additional_chat_templates/*.jinja``, and the list
+    ``[{"name", "template"}]`` in ``tokenizer_config.json``."""
+    import json
+
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import Whitespace
+    from transformers import PreTrainedTokenizerFast
+
+    backend = HFTokenizer(WordLevel({"<s>": 0, "</s>": 1, "<unk>": 2, "hi": 3}, unk_token="<unk>"))
+    backend.pre_tokenizer = Whitespace()
+    hf = PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
+                                 chat_template=templates)
+    dirs = {"files": tmp_path / "files", "config": tmp_path / "config"}
+    hf.save_pretrained(dirs["files"])
+    hf.save_pretrained(dirs["config"], save_jinja_files=False)
+    for d in dirs.values():
+        (d / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
+    return dirs
+
+
+@pytest.mark.parametrize("saved_as", ["files", "config"])
+def test_named_chat_templates_equal_transformers(tmp_path, saved_as):
+    """tokenizer_config.json's list of named templates: only "default" was read (the "tool_use"
+    template never used, a name given as chat_template rendered as a literal template). They are
+    kept and chosen as transformers' get_chat_template chooses: a stored name selects its template,
+    any other str is a template; tools pick "tool_use"; else "default"."""
+    from transformers import AutoTokenizer
+
+    model_dir = _named_template_dirs(tmp_path, NAMED)[saved_as]
+    if saved_as == "config":
+        assert not (model_dir / "chat_template.jinja").exists()
+    ref, ours = AutoTokenizer.from_pretrained(model_dir), tc.Tokenizer.from_pretrained(model_dir)
+    assert ours.chat_template == ref.chat_template == NAMED
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
+    tools = [{"type": "function", "function": {"name": "f"}}, {"type": "function", "function": {"name": "g"}}]
+    seen = set()
+    for chosen in (None, "default", "tool_use", "rag", "{{ 'literal' }}", "tool_use "):
+        for extra in ({}, {"tools": tools}, {"documents": [{"title": "t", "text": "x"}]}):
+            want = ref.apply_chat_template(messages, chat_template=chosen, tokenize=False, **extra)
+            assert ours.apply_chat_template(messages, chat_template=chosen, **extra) == want, (chosen, extra)
+            assert ours.get_chat_template(chosen, extra.get("tools")) == ref.get_chat_template(chosen, extra.get("tools"))
+            seen.add(want)
+    assert {"D:hi;yo;</s>", "T:2:hi;yo;", "T:-:hi;yo;", 'R:[{"title": "t", "text": "x"}]:hi', "literal", "tool_use "} <= seen
+    assert ours.apply_chat_template(messages, tools=tools, chat_template="default") == "D:hi;yo;</s>"
+
+
+def test_named_chat_templates_without_default(tmp_path):
+    """Without "default" and no name chosen, a ValueError listing the names (transformers' too)."""
+    from transformers import AutoTokenizer
+
+    named = {"chat": NAMED["default"], "tool_use": NAMED["tool_use"]}
+    model_dir = _named_template_dirs(tmp_path, named)["config"]
+    ref, ours = AutoTokenizer.from_pretrained(model_dir), tc.Tokenizer.from_pretrained(model_dir)
+    messages = [{"role": "user", "content": "hi"}]
+    with pytest.raises(ValueError, match=r"no default"):
+        ref.apply_chat_template(messages, tokenize=False)
+    with pytest.raises(ValueError, match=r"no 'default'.*names: \['chat', 'tool_use'\]"):
+        ours.apply_chat_template(messages)
+    for chosen, extra in (("chat", {}), (None, {"tools": [{"name": "f"}]})):
+        want = ref.apply_chat_template(messages, chat_template=chosen, tokenize=False, **extra)
+        assert ours.apply_chat_template(messages, chat_template=chosen, **extra) == want
+    assert want == "T:1:hi;"
+
+
+def test_named_chat_templates_given_to_the_constructor():
+    """A dict or tokenizer_config.json's list; anything else refused naming the argument."""
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers.models import WordLevel
+
+    backend = HFTokenizer(WordLevel({"a": 0}, unk_token="a"))
+    listed = [{"name": name, "template": template} for name, template in NAMED.items()]
+    for given in (NAMED, listed):
+        tok = tc.Tokenizer(backend, max_length=None, pad_token=None, chat_template=given)
+        assert tok.chat_template == NAMED and tok.chat_template is not given
+    for bad, says in (([{"name": "default"}], r"chat_template\[0\]: expected a named template"),
+                      ({"default": 3}, "chat_template: expected named templates as a dict of str to str"),
+                      (3, "chat_template: expected a str")):
+        with pytest.raises(TypeError, match=says):
+            tc.Tokenizer(backend, max_length=None, pad_token=None, chat_template=bad)
+
+
+def test_malformed_named_templates_in_tokenizer_config(tmp_path):
+    import json
+
+    model_dir = _named_template_dirs(tmp_path, NAMED)["config"]
+    config = json.loads((model_dir / "tokenizer_config.json").read_text())
+    config["chat_template"] = [{"name": "default", "template": "x"}, {"template": "no name"}]
+    (model_dir / "tokenizer_config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=r"tokenizer_config.json: chat_template\[1\]: expected a named template"):
+        tc.Tokenizer.from_pretrained(model_dir)
+
+
+# ------------------------------------------------------------------------------------ None-valued keys
+NONE_AWARE = ("{% for m in messages %}{{ m.role }}:{{ m.content }}"
+              "{% if m.tool_calls is defined %}[{% for t in m.tool_calls %}{{ t.function.name }}{% endfor %}]{% endif %}"
+              "{% if m.name is defined %}({{ m.name }}){% endif %}|{{ m | tojson }}\n{% endfor %}")
+
+
+def test_none_valued_keys_dropped_as_transformers(ours, hf_smollm2_tokenizer):
+    """transformers drops a message's None-valued keys before rendering (OpenAI-SDK messages carry
+    "tool_calls": None, "content": None); they were passed on: a TypeError iterating None, a literal
+    "None" in the prompt, or our own TypeError for content None. The caller's messages keep them."""
+    import copy
+
+    call = [{"type": "function", "function": {"name": "get_weather", "arguments": "{}"}}]
+    messages = [{"role": "system", "content": "Be brief.", "name": None},
+                {"role": "user", "content": "Weather?", "tool_calls": None},
+                {"role": "assistant", "content": None, "tool_calls": call, "refusal": None},
+                {"role": "tool", "content": "22C", "name": "get_weather"},
+                {"role": "assistant", "content": None}]
+    before = copy.deepcopy(messages)
+    for add in (False, True):
+        want = hf_smollm2_tokenizer.apply_chat_template(messages, chat_template=NONE_AWARE, tokenize=False,
+                                                        add_generation_prompt=add)
+        assert ours.apply_chat_template(messages, chat_template=NONE_AWARE, add_generation_prompt=add) == want
+        assert render_chat_template(NONE_AWARE, messages, add_generation_prompt=add) == want
+    assert "None" not in want and "null" not in want and "user:Weather?|" in want and "[get_weather]" in want
+    assert messages == before
+    assert validate_messages(messages)[2] == {"role": "assistant", "tool_calls": call}
+
+
+# ------------------------------------------------------------------------------------ content that is not a str
+PARTS = """{%- for m in messages %}<|{{ m.role }}|>
+{%- if m.content is string %}{{ m.content }}
+{%- elif m.content is mapping %}{{ m.content | tojson }}
+{%- elif m.content is iterable %}{% for p in m.content %}{% if p.type == 'text' %}{{ p.text }}{% else %}<{{ p.type }}>{% endif %}{% endfor %}
+{%- elif m.content is defined %}#{{ m.content }}
+{%- endif %}
+{%- if m.reasoning_content is defined %}<think>{{ m.reasoning_content }}</think>{% endif %}
+{%- if m.draft is defined %}<draft>{{ m.draft }}</draft>{% endif %}<end>
+{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}"""
+
+LIST_CONTENT = [
+    {"role": "system", "content": [{"type": "text", "text": "Be brief."}]},
+    {"role": "user", "content": [{"type": "image", "url": "cat.png"}, {"type": "text", "text": "What is it?"},
+                                 {"type": "text", "text": " Réponds 😀"}]},
+    {"role": "assistant", "content": 42},
+    {"role": "user", "content": {"type": "text", "text": "a dict"}},
+    {"role": "user", "content": ("tuple", "parts")},
+]
+
+
+def test_content_that_is_not_a_str_renders_as_transformers(ours, hf_smollm2_tokenizer):
+    """A list of content parts (as Qwen3, Llama 4, SmolLM3 and Mistral templates read them), a number
+    or a dict was refused (TypeError: expected a str); transformers renders any JSON data."""
+    hf = hf_smollm2_tokenizer
+    for add in (False, True):
+        want = hf.apply_chat_template(LIST_CONTENT, chat_template=PARTS, tokenize=False, add_generation_prompt=add)
+        assert ours.apply_chat_template(LIST_CONTENT, chat_template=PARTS, add_generation_prompt=add) == want
+        ids = hf.apply_chat_template(LIST_CONTENT, chat_template=PARTS, add_generation_prompt=add, return_dict=False)
+        assert ours.apply_chat_template(LIST_CONTENT, chat_template=PARTS, add_generation_prompt=add,
+                                        tokenize=True) == ids
+    assert "<|user|><image>What is it? Réponds 😀<end>" in want and "<|assistant|>#42<end>" in want
+    # a role is still checked
+    with pytest.raises(TypeError, match=r"messages\[0\]\['role'\]: expected a str, got list"):
+        ours.apply_chat_template([{"role": ["user"], "content": [{"type": "text", "text": "x"}]}], chat_template=PARTS)
+
+
+@pytest.mark.parametrize("final", [
+    [{"type": "text", "text": "The answer is "}],
+    [{"type": "text", "text": "First."}, {"type": "image"}, {"type": "text", "text": " Then"}],
+    [{"type": "text", "text": "Look:"}, {"type": "image"}],
+    ({"type": "text", "text": "tuple"},),
+], ids=["one-part", "last-text-part", "text-before-image", "tuple"])
+def test_continue_final_message_of_content_parts_equals_transformers(ours, hf_smollm2_tokenizer, final):
+    """continue_final_message with list content: the last part with a "text" is continued (it was a
+    ValueError: no str content); the caller's parts are not changed."""
+    import copy
+
+    messages = [{"role": "user", "content": [{"type": "text", "text": "Hi"}]}, {"role": "assistant", "content": final}]
+    before = copy.deepcopy(messages)
+    want = hf_smollm2_tokenizer.apply_chat_template(messages, chat_template=PARTS, continue_final_message=True,
+                                                    tokenize=False)
+    assert ours.apply_chat_template(messages, chat_template=PARTS, continue_final_message=True) == want
+    assert render_chat_template(PARTS, messages, continue_final_message=True) == want
+    assert not want.endswith("<end>\n") and messages == before
+    assert want.endswith([p["text"] for p in final if "text" in p][-1])
+
+
+@pytest.mark.parametrize("field, fields", [
+    ("reasoning_content", {"reasoning_content": "Let me think  "}),
+    ("reasoning", {"reasoning": "aliased"}),
+    ("thinking", {"thinking": "as thinking"}),
+    ("draft", {"draft": "a draft"}),
+    ("content", {}),
+])
+def test_continue_final_message_names_a_field_as_transformers(ours, hf_smollm2_tokenizer, field, fields):
+    """transformers' continue_final_message may name the field to continue (the reasoning, under
+    each name it is aliased to): a str was refused as not a bool."""
+    messages = [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4", **fields}]
+    want = hf_smollm2_tokenizer.apply_chat_template(messages, chat_template=PARTS, continue_final_message=field,
+                                                    tokenize=False)
+    assert ours.apply_chat_template(messages, chat_template=PARTS, continue_final_message=field) == want
+    assert want.endswith((fields or {"content": "4"}).popitem()[1])
+
+
+@pytest.mark.parametrize("messages, option, template, error, says", [
+    ([{"role": "assistant", "content": [{"type": "image"}]}], True, PARTS, ValueError, "no part with a 'text'"),
+    ([{"role": "assistant", "content": "x"}], "draft", PARTS, ValueError, "the last message has no 'draft'"),
+    ([{"role": "assistant", "content": "x", "draft": "d"}], "draft", "{{ messages[0].content }}", ValueError,
+     "does not use the messages' 'draft'"),
+    ([{"role": "assistant", "content": 42}], True, PARTS, TypeError, "expected a str or a list of content parts"),
+], ids=["no-text-part", "missing-field", "template-lacks-field", "int-content"])
+def test_continue_final_message_errors_as_transformers(ours, hf_smollm2_tokenizer, messages, option, template,
+                                                       error, says):
+    """What transformers refuses is refused, naming continue_final_message."""
+    with pytest.raises((ValueError, TypeError)):
+        hf_smollm2_tokenizer.apply_chat_template(messages, chat_template=template, continue_final_message=option,
+                                                 tokenize=False)
+    with pytest.raises(error, match=f"^continue_final_message: .*{says}"):
+        ours.apply_chat_template(messages, chat_template=template, continue_final_message=option)
+    for bad, err in (("", ValueError), (1, TypeError), (None, TypeError)):
+        with pytest.raises(err, match="^continue_final_message: expected a bool or the name of a message field"):
+            ours.apply_chat_template(messages, chat_template=template, continue_final_message=bad)

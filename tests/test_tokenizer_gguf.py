@@ -514,7 +514,7 @@ def test_chat_template_options_refused(ours, hf_smollm2_tokenizer):
         with pytest.raises(ValueError, match="continue_final_message"):
             ours.apply_chat_template(messages, chat_template=template, continue_final_message=True)
     with pytest.raises(TypeError, match="continue_final_message"):
-        ours.apply_chat_template(messages, continue_final_message="yes")
+        ours.apply_chat_template(messages, continue_final_message=1)
     with pytest.raises(TypeError, match="chat_template"):
         ours.apply_chat_template(messages, chat_template=3)
     assert ours.apply_chat_template(messages, tools=None) == hf_smollm2_tokenizer.apply_chat_template(

@@ -11,7 +11,9 @@ modified (templates come with downloaded models and are untrusted code), ``trim_
 non-ASCII characters, the ``raise_exception(message)`` and ``strftime_now(format)`` functions, and
 a ``{% generation %}`` block tag that renders its body. Variables: ``messages``,
 ``add_generation_prompt``, and whatever else the caller passes (``bos_token``, ``eos_token``,
-``tools``, ...).
+``tools``, ...). As transformers' ``apply_chat_template``, a message's keys whose value is None are
+left out (``"tool_calls": None`` is no tool calls), and its content may be a str, a list of content
+parts (``[{"type": "text", "text": "..."}]``) or other JSON data, for the template to read.
 
 **What a template can reach.** Only plain data: the messages and every variable are rebuilt from
 JSON types (dict, list, tuple, str, int, float, bool, None) before rendering, as transformers'
@@ -45,22 +47,29 @@ class ChatTemplateError(ValueError):
 
 
 def validate_messages(messages) -> list[dict]:
-    """Checks a conversation: a list of dicts, each with a str ``"role"`` and a str ``"content"``
-    (other keys are passed to the template as they are). A message that calls tools (a non-empty
-    list of ``"tool_calls"``, as an assistant's tool-use turn) may have no ``"content"`` or None, as
-    transformers renders it.
+    """Checks a conversation and returns it as transformers' ``apply_chat_template`` hands it to the
+    template: each message without its keys whose value is None (the OpenAI SDK's messages carry
+    ``"content": None`` and ``"tool_calls": None``; templates test whether a key is defined, and
+    would render a literal ``None`` or fail on it).
+
+    A message is a dict with a non-empty str ``"role"`` and a ``"content"``: a str, a list of
+    content parts (``[{"type": "text", "text": "..."}, ...]``, as Qwen3, Llama 4 and Mistral
+    templates read them) or any other JSON data, which the template reads as it is. ``"content"``
+    may be None (then dropped), and absent from a message that calls tools (a non-empty list of
+    ``"tool_calls"``, an assistant's tool-use turn); other keys are passed to the template as they are.
 
     Returns:
-        A shallow copy (a new list of new dicts).
+        A new list of new dicts (the caller's are not changed), None-valued keys left out.
 
     Raises:
-        TypeError: ``messages`` not a list (or tuple), a message not a dict, or a role/content
-            that is not a str (naming the message's index and field).
-        ValueError: no messages (as transformers), a message without ``"role"``, one without
-            ``"content"`` (unless it has ``"tool_calls"``), or an empty role.
+        TypeError: ``messages`` not a list (or tuple), a message not a dict, or a role that is not a
+            str (naming the message's index).
+        ValueError: no messages (as transformers), a message without ``"role"``, one without a
+            ``"content"`` key (unless it calls tools; a misspelt key, e.g. ``"text"``, would render
+            an empty turn), or an empty role.
     """
     if not isinstance(messages, (list, tuple)):
-        raise TypeError(f"messages: expected a list of {{'role': str, 'content': str}} dicts, "
+        raise TypeError(f"messages: expected a list of {{'role': str, 'content': ...}} dicts, "
                         f"got {type(messages).__name__}")
     if not messages:
         raise ValueError("messages: expected at least one message, got an empty list")
@@ -68,16 +77,16 @@ def validate_messages(messages) -> list[dict]:
     for i, message in enumerate(messages):
         if not isinstance(message, dict):
             raise TypeError(f"messages[{i}]: expected a dict with 'role' and 'content', got {type(message).__name__}")
-        for field in ("role", "content"):
-            if field == "content" and message.get("content") is None and _calls_tools(message):
-                continue  # a tool call's turn: transformers passes it as it is
-            if field not in message:
-                raise ValueError(f"messages[{i}]: missing the {field!r} field (keys: {sorted(map(str, message))})")
-            if not isinstance(message[field], str):
-                raise TypeError(f"messages[{i}][{field!r}]: expected a str, got {type(message[field]).__name__}")
+        if "role" not in message:
+            raise ValueError(f"messages[{i}]: missing the 'role' field (keys: {sorted(map(str, message))})")
+        if not isinstance(message["role"], str):
+            raise TypeError(f"messages[{i}]['role']: expected a str, got {type(message['role']).__name__}")
         if not message["role"]:
             raise ValueError(f"messages[{i}]['role']: expected a non-empty str")
-        out.append(dict(message))
+        if "content" not in message and not _calls_tools(message):
+            raise ValueError(f"messages[{i}]: missing the 'content' field (keys: {sorted(map(str, message))}); "
+                             "only a message with 'tool_calls' may have none")
+        out.append({key: value for key, value in message.items() if value is not None})
     return out
 
 
@@ -105,19 +114,33 @@ def _alias_reasoning(messages: list) -> list:
     return out
 
 
-def render_chat_template(template: str, messages, add_generation_prompt: bool = False, **variables) -> str:
-    """Renders ``template`` for a conversation.
+#: The mark ``continue_final_message`` appends to the text it leaves open (transformers' own).
+CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "
+
+
+def render_chat_template(template: str, messages, add_generation_prompt: bool = False, *,
+                         continue_final_message: bool | str = False, **variables) -> str:
+    """Renders ``template`` for a conversation, as transformers' ``render_jinja_template``.
 
     Args:
         template: the Jinja2 source (``tokenizer.chat_template`` in GGUF metadata, ``chat_template``
             in ``tokenizer_config.json``).
-        messages: a list of ``{"role": str, "content": str}`` (see :func:`validate_messages`; an
-            assistant's tool-call turn ``{"role": "assistant", "tool_calls": [...]}`` may have no
-            content). A message's reasoning under ``reasoning_content``, ``thinking`` or
+        messages: a list of ``{"role": str, "content": ...}`` dicts (see :func:`validate_messages`):
+            content a str, a list of parts ``[{"type": "text", "text": "..."}, ...]`` or other JSON
+            data; keys whose value is None are left out, as transformers' ``apply_chat_template``
+            drops them; an assistant's tool-call turn ``{"role": "assistant", "tool_calls": [...]}``
+            may have no content. A message's reasoning under ``reasoning_content``, ``thinking`` or
             ``reasoning`` (the first that is not None) is given to the template under both
             ``reasoning_content`` and ``thinking`` (an existing ``thinking`` kept), as transformers
             aliases it; the caller's dicts are not changed.
         add_generation_prompt: end with the header of the assistant's turn, for generation.
+        continue_final_message: end the prompt with the last message's text left open (no
+            end-of-turn tokens after it), for the model to continue it. True continues its
+            ``"content"`` (a str, or the last ``{"text": ...}`` part of a list of parts); a str
+            names the field to continue instead (``"reasoning_content"``: the message's reasoning,
+            under every name it is aliased to). As transformers, the text is marked, the prompt
+            rendered and cut at the mark (a template that strips the text's trailing spaces loses
+            them). Not with ``add_generation_prompt``.
         **variables: more template variables: ``bos_token``, ``eos_token``, ``tools``, ...
             ``tools`` and ``documents`` are None unless given, as transformers' ``apply_chat_template``
             passes them (a template testing ``tools is not none`` must see None, not undefined).
@@ -130,11 +153,15 @@ def render_chat_template(template: str, messages, add_generation_prompt: bool = 
         The prompt text.
 
     Raises:
-        TypeError: ``template`` not a str; ``add_generation_prompt`` not a bool; a bad message (see
-            :func:`validate_messages`); a callable among the data (a tool given as a function,
-            which transformers would turn into its JSON schema: give the schema).
+        TypeError: ``template`` not a str; ``add_generation_prompt`` not a bool;
+            ``continue_final_message`` not a bool or str, or the text it continues not a str; a bad
+            message (see :func:`validate_messages`); a callable among the data (a tool given as a
+            function, which transformers would turn into its JSON schema: give the schema).
         ValueError: a bad message; messages or a variable that contain themselves or nest deeper
-            than ``MAX_DATA_DEPTH`` (naming the path, e.g. ``tools[0]['parameters']``).
+            than ``MAX_DATA_DEPTH`` (naming the path, e.g. ``tools[0]['parameters']``);
+            ``continue_final_message`` with ``add_generation_prompt``, or an empty field name, or a
+            last message without that field (or without a text part), or a template that does not
+            name the field or does not write the text.
             ChatTemplateError (a ValueError): the template does not parse,
             calls ``raise_exception``, or fails while rendering (the sandbox refusing an unsafe
             operation, or an error of the template's own expressions, included).
@@ -142,19 +169,103 @@ def render_chat_template(template: str, messages, add_generation_prompt: bool = 
     if not isinstance(template, str):
         raise TypeError(f"template: expected a str, got {type(template).__name__}")
     add_generation_prompt = check_bool(add_generation_prompt, "add_generation_prompt")
+    field = _continued_field(continue_final_message)
+    if field is not None and add_generation_prompt:
+        raise ValueError("continue_final_message: expected add_generation_prompt=False with it (one continues the "
+                         "last message, the other starts a new assistant turn), got both True")
     messages = _alias_reasoning(_plain_data(validate_messages(messages), "messages"))
     variables = {name: _plain_data(value, name) for name, value in variables.items()}
     compiled = _compile(template)
     import jinja2
 
+    if field is not None:
+        continued = _mark_continued_text(messages, field, template)
     variables = {"tools": None, "documents": None, **variables}
     try:
-        return compiled.render(messages=messages, add_generation_prompt=add_generation_prompt, **variables)
+        text = compiled.render(messages=messages, add_generation_prompt=add_generation_prompt, **variables)
     except ChatTemplateError:
         raise
     except (jinja2.TemplateError, Exception) as e:  # the sandbox's refusals, and Python's errors in the
         # template's own expressions (1 // 0, "a" + 1, range(10**6), a macro calling itself)
         raise ChatTemplateError(f"chat template: {type(e).__name__}: {e}") from None
+    return text if field is None else _cut_at_mark(text, continued)
+
+
+def _continued_field(continue_final_message) -> str | None:
+    """The message field ``continue_final_message`` continues: None (off), ``"content"`` (True), or
+    the field it names.
+
+    Raises:
+        TypeError: not a bool or str.
+        ValueError: an empty str.
+    """
+    if isinstance(continue_final_message, str):
+        if not continue_final_message:
+            raise ValueError("continue_final_message: expected a bool or the name of a message field, got ''")
+        return continue_final_message
+    if not isinstance(continue_final_message, bool):
+        raise TypeError(f"continue_final_message: expected a bool or the name of a message field (a str), got "
+                        f"{type(continue_final_message).__name__} {continue_final_message!r}")
+    return "content" if continue_final_message else None
+
+
+def _mark_continued_text(messages: list, field: str, template: str) -> str:
+    """Appends ``CONTINUE_TAG`` to the text of the last message's ``field`` (in place: ``messages``
+    is the renderer's own copy) and returns that text, as transformers' ``render_jinja_template``:
+    a str field is marked (a reasoning field under each of its aliases holding the same value), a
+    list of content parts has its last part with a ``"text"`` marked.
+
+    Raises:
+        ValueError: the message has no ``field`` (or None); the template's source does not name
+            ``field`` (nor an alias); a list without a text part.
+        TypeError: the field (or the part's ``"text"``) is not a str.
+    """
+    where = f"messages[{len(messages) - 1}][{field!r}]"
+    message = messages[-1]
+    final = message.get(field)
+    if final is None:
+        raise ValueError(f"continue_final_message: the last message has no {field!r} to continue "
+                         f"(keys: {sorted(map(str, message))})")
+    fields = [field]
+    if field in REASONING_FIELDS:  # the reasoning is aliased: mark each copy, accept whichever the template reads
+        fields = [name for name in REASONING_FIELDS if message.get(name) == final]
+    if not any(name in template for name in fields):
+        raise ValueError(f"continue_final_message: the chat template does not use the messages' {field!r}")
+    if isinstance(final, (list, tuple)):  # content parts: continue the last one with a text
+        for i in reversed(range(len(final))):
+            part = final[i]
+            if isinstance(part, dict) and "text" in part:
+                if not isinstance(part["text"], str):
+                    raise TypeError(f"continue_final_message: {where}[{i}]['text']: expected a str, got "
+                                    f"{type(part['text']).__name__}")
+                text = part["text"]
+                part["text"] = text + CONTINUE_TAG
+                return text
+        raise ValueError(f"continue_final_message: {where}: no part with a 'text' to continue (expected a "
+                         "{'type': 'text', 'text': ...} part)")
+    if not isinstance(final, str):
+        raise TypeError(f"continue_final_message: {where}: expected a str or a list of content parts, got "
+                        f"{type(final).__name__}")
+    for name in fields:
+        message[name] = final + CONTINUE_TAG
+    return final
+
+
+def _cut_at_mark(text: str, continued: str) -> str:
+    """The rendered ``text`` cut where ``CONTINUE_TAG`` marks the end of the ``continued`` text, as
+    transformers cuts it: right at the mark when the template kept it whole, else (the template
+    trimmed the text's trailing spaces) at the mark with the spaces before it removed.
+
+    Raises:
+        ValueError: the continued text or the mark is not in ``text`` (the template changes or
+            drops the text).
+    """
+    mark = CONTINUE_TAG.strip()
+    if continued.strip() not in text or mark not in text:
+        raise ValueError("continue_final_message: the last message's text does not appear in the rendered prompt "
+                         "(the chat template changes or drops it), so it cannot be left open")
+    end = text.rindex(mark)
+    return text[:end] if text.startswith(CONTINUE_TAG, end) else text[:end].rstrip()
 
 
 def _plain_data(value, path: str, depth: int = 0, active: frozenset = frozenset()):

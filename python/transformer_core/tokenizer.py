@@ -37,9 +37,6 @@ GGUF_PRE_TOKENIZERS = ("default", "gpt2", "smollm", "starcoder")
 _HF_CHAT_OPTIONS = ("padding", "truncation", "max_length", "return_tensors", "return_dict",
                     "return_assistant_tokens_mask", "tokenizer_kwargs", "sanitize_control_tokens")
 
-#: The mark continue_final_message appends to the last message's content (transformers' own).
-_CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "
-
 _CAUSAL_MODEL_TYPES = {"gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3", "gpt_neox", "olmo"}
 
 
@@ -110,7 +107,10 @@ class Tokenizer:
             not in the vocabulary is then replaced by id 0's token), a causal one with the EOS id,
             then 0.
         bos_token, eos_token, unk_token: the special tokens' strings, or ``None``.
-        chat_template: a Jinja2 chat template (see :meth:`apply_chat_template`), or ``None``.
+        chat_template: a Jinja2 chat template (see :meth:`apply_chat_template`), named templates
+            (a dict ``{name: template}``, or ``tokenizer_config.json``'s list
+            ``[{"name": ..., "template": ...}]``, kept as a dict, as transformers keeps them:
+            ``"default"`` is used unless another is chosen, see :meth:`get_chat_template`), or ``None``.
         do_lower_case: lowercase every text (``str.lower()``) before tokenizing it, in
             :meth:`encode`, :meth:`tokenize`, :meth:`encode_batch` and :meth:`encode_batches`, as
             sentence-transformers does for a model whose ``sentence_bert_config.json`` sets
@@ -126,8 +126,9 @@ class Tokenizer:
     backend that cannot be copied as it was.
 
     Raises:
-        TypeError: ``tokenizer`` not a ``tokenizers.Tokenizer``; a token or ``chat_template`` not a
-            str or None; ``do_lower_case`` not a bool.
+        TypeError: ``tokenizer`` not a ``tokenizers.Tokenizer``; a token not a str or None; a
+            ``chat_template`` not a str, None, a dict of str to str or a list of ``{"name": str,
+            "template": str}``; ``do_lower_case`` not a bool.
         ValueError: ``max_length`` below 1 or below the number of special tokens the backend adds
             to a text (2 for BERT's ``[CLS] ... [SEP]``: it could not truncate to fewer), or a
             special token not in the vocabulary.
@@ -145,7 +146,7 @@ class Tokenizer:
 
     def __init__(self, tokenizer, max_length: int | None = 512, pad_token: str | None = "[PAD]", *,
                  bos_token: str | None = None, eos_token: str | None = None, unk_token: str | None = None,
-                 chat_template: str | None = None, do_lower_case: bool = False):
+                 chat_template: str | dict | list | None = None, do_lower_case: bool = False):
         from tokenizers import Tokenizer as HFTokenizer
 
         if not isinstance(tokenizer, HFTokenizer):  # tokenizers.implementations' wrappers hold one
@@ -154,12 +155,13 @@ class Tokenizer:
             raise TypeError(f"tokenizer: expected a tokenizers.Tokenizer, got {type(tokenizer).__name__}")
         max_length = check_optional_int(max_length, "max_length", 1)
         for name, token in (("pad_token", pad_token), ("bos_token", bos_token), ("eos_token", eos_token),
-                            ("unk_token", unk_token), ("chat_template", chat_template)):
+                            ("unk_token", unk_token)):
             if token is not None and not isinstance(token, str):
                 raise TypeError(f"{name}: expected a str or None, got {type(token).__name__}")
         for name, token in (("bos_token", bos_token), ("eos_token", eos_token), ("unk_token", unk_token)):
             if token is not None and tokenizer.token_to_id(token) is None:
                 raise ValueError(f"{name}: {token!r} is not in the vocabulary")
+        chat_template = _check_chat_templates(chat_template, "chat_template")
         do_lower_case = check_bool(do_lower_case, "do_lower_case")
         if max_length is not None:
             _check_room_for_special_tokens(tokenizer, max_length)
@@ -233,7 +235,8 @@ class Tokenizer:
         A directory whose ``config.json`` names a causal LM (``architectures`` ending in
         ``ForCausalLM`` / ``LMHeadModel``, or a decoder ``model_type``) gives a causal-LM tokenizer,
         with its special tokens and chat template from ``tokenizer_config.json`` (or
-        ``chat_template.jinja``); any other gives an encoder tokenizer whose ``max_length`` defaults
+        ``chat_template.jinja``; named templates from its list or ``additional_chat_templates/``,
+        see :meth:`get_chat_template`); any other gives an encoder tokenizer whose ``max_length`` defaults
         to ``sentence_bert_config.json``'s ``max_seq_length`` if present, else
         ``tokenizer_config.json``'s ``model_max_length``, else ``config.json``'s
         ``max_position_embeddings``, else 512. A ``sentence_bert_config.json`` with
@@ -256,7 +259,9 @@ class Tokenizer:
                 or given for a causal-LM tokenizer, which never truncates (a prompt too long for the
                 model is refused by the model, not cut); a ``do_lower_case`` in
                 ``sentence_bert_config.json`` that is not a bool; a ``config.json`` whose
-                ``architectures`` is not a list of strings or ``model_type`` not a string.
+                ``architectures`` is not a list of strings or ``model_type`` not a string; a
+                ``chat_template`` in ``tokenizer_config.json`` that is not a str or a list of
+                ``{"name": str, "template": str}``.
             TypeError: ``max_length`` not an int or None.
         """
         from tokenizers import Tokenizer as HFTokenizer
@@ -520,23 +525,61 @@ class Tokenizer:
         return out
 
     # ---------------------------------------------------------------------------- chat and streaming
+    def get_chat_template(self, chat_template: str | None = None, tools=None) -> str:
+        """The template :meth:`apply_chat_template` renders, chosen as transformers'
+        ``get_chat_template`` chooses it. With named templates (``self.chat_template`` a dict): a
+        ``chat_template`` that names one selects it, any other str is itself the template; without
+        one, the ``"tool_use"`` template when ``tools`` is given (not None) and stored, else
+        ``"default"``. With a single template: ``chat_template`` if given, else the tokenizer's.
+
+        Raises:
+            TypeError: ``chat_template`` not a str or None.
+            ValueError: no template at all; named templates without ``"default"`` and none chosen
+                (listing the names).
+        """
+        if chat_template is not None and not isinstance(chat_template, str):
+            raise TypeError(f"chat_template: expected a str (a template or a template's name) or None, "
+                            f"got {type(chat_template).__name__}")
+        stored = self.chat_template
+        if isinstance(stored, dict):
+            if chat_template is not None:
+                return stored.get(chat_template, chat_template)
+            if tools is not None and "tool_use" in stored:
+                return stored["tool_use"]
+            if "default" in stored:
+                return stored["default"]
+            raise ValueError(f"chat_template: this tokenizer has named chat templates but no 'default'; pass the name "
+                             f"of one (or a template) as chat_template; names: {sorted(stored)}")
+        if chat_template is not None:
+            return chat_template
+        if stored is None:
+            raise ValueError("chat_template: this tokenizer has no chat template")
+        return stored
+
     def apply_chat_template(self, messages, add_generation_prompt: bool = False, tokenize: bool = False, *,
-                            continue_final_message: bool = False, chat_template: str | None = None, **kwargs):
+                            continue_final_message: bool | str = False, chat_template: str | None = None, **kwargs):
         """The prompt for a conversation, rendered with this tokenizer's chat template (see
         :func:`transformer_core.chat_template.render_chat_template`; ``bos_token``, ``eos_token``,
         ``unk_token`` and ``pad_token`` are passed to the template), as transformers'
         ``apply_chat_template(..., tokenize=False)`` renders it.
 
         Args:
-            messages: a list of ``{"role": str, "content": str}``.
+            messages: a list of ``{"role": str, "content": ...}``: content a str, a list of content
+                parts (``[{"type": "text", "text": "..."}]``) or other JSON data, as the template
+                reads it. Keys whose value is None are left out first, as transformers does (the
+                OpenAI SDK's ``"content": None``, ``"tool_calls": None``).
             add_generation_prompt: end with the header of the assistant's turn.
             tokenize: return token ids (a list of int, encoded without adding special tokens, since
                 the template writes them) instead of the text. Unlike transformers' default, False.
             continue_final_message: end the prompt with the last message's content left open (no
                 end-of-turn tokens after it), for the model to continue it: the prompt is cut where
                 that content ends, as transformers cuts it (it marks the content, renders, and cuts
-                at the mark; a template that strips the message's trailing spaces loses them).
-            chat_template: a Jinja2 template to use instead of this tokenizer's.
+                at the mark; a template that strips the message's trailing spaces loses them). For
+                a list of content parts, the last part with a ``"text"`` is continued; a str names
+                another field to continue (``"reasoning_content"``).
+            chat_template: a Jinja2 template to use instead of this tokenizer's, or the name of one
+                of its named templates (see :meth:`get_chat_template`; with ``tools`` given, a
+                stored ``"tool_use"`` template is chosen by default).
             **kwargs: more template variables (``tools``, ``documents``, ...). transformers'
                 tokenizing options ``padding``, ``truncation``, ``max_length``, ``return_tensors``,
                 ``return_dict``, ``return_assistant_tokens_mask``, ``tokenizer_kwargs`` and
@@ -544,50 +587,29 @@ class Tokenizer:
                 become template variables, silently ignored).
 
         Raises:
-            ValueError: no chat template; a bad message (see ``render_chat_template``);
-                ``continue_final_message`` with ``add_generation_prompt``, or with a template that
-                does not write the last message's content.
-            TypeError: ``add_generation_prompt``, ``tokenize`` or ``continue_final_message`` not a
-                bool; ``chat_template`` not a str or None; one of transformers' options above.
+            ValueError: no chat template (or named ones without a default and none chosen); a bad
+                message (see ``render_chat_template``); ``continue_final_message`` with
+                ``add_generation_prompt``, naming a field the last message lacks, or with a template
+                that does not write the continued text.
+            TypeError: ``add_generation_prompt`` or ``tokenize`` not a bool; ``continue_final_message``
+                not a bool or str; ``chat_template`` not a str or None; one of transformers' options
+                above.
         """
-        from .chat_template import render_chat_template, validate_messages
+        from .chat_template import render_chat_template
 
         tokenize = check_bool(tokenize, "tokenize")
-        add_generation_prompt = check_bool(add_generation_prompt, "add_generation_prompt")
-        continue_final_message = check_bool(continue_final_message, "continue_final_message")
         unsupported = [name for name in kwargs if name in _HF_CHAT_OPTIONS]
         if unsupported:
             raise TypeError(f"{', '.join(unsupported)}: transformers' apply_chat_template option(s) not supported here "
                             f"(this method returns the text, or with tokenize=True a list of token ids: no padding, "
                             f"truncation, tensors or dicts); expected none of {', '.join(_HF_CHAT_OPTIONS)}")
-        if chat_template is not None and not isinstance(chat_template, str):
-            raise TypeError(f"chat_template: expected a str or None, got {type(chat_template).__name__}")
-        template = self.chat_template if chat_template is None else chat_template
-        if template is None:
-            raise ValueError("chat_template: this tokenizer has no chat template")
-        if continue_final_message and add_generation_prompt:
-            raise ValueError("continue_final_message: expected add_generation_prompt=False with it (one continues the "
-                             "last message, the other starts a new assistant turn), got both True")
+        template = self.get_chat_template(chat_template, kwargs.get("tools"))
         variables = {"bos_token": self.bos_token, "eos_token": self.eos_token, "unk_token": self.unk_token,
                      "pad_token": self.pad_token}
         variables = {k: v for k, v in variables.items() if v is not None}
         variables.update(kwargs)
-        if continue_final_message:  # transformers' way: mark the end of the content, render, cut at the mark
-            messages = validate_messages(messages)  # new dicts: the caller's are not changed
-            final = messages[-1].get("content")
-            if not isinstance(final, str):  # a tool-call turn may have none
-                raise ValueError("continue_final_message: the last message has no 'content' to continue (got "
-                                 f"{'none' if final is None else type(final).__name__})")
-            if "content" not in template:
-                raise ValueError("continue_final_message: the chat template does not use the messages' 'content'")
-            messages[-1]["content"] = final + _CONTINUE_TAG
-        text = render_chat_template(template, messages, add_generation_prompt=add_generation_prompt, **variables)
-        if continue_final_message:
-            if final.strip() not in text or _CONTINUE_TAG.strip() not in text:
-                raise ValueError("continue_final_message: the last message's content does not appear in the rendered "
-                                 "prompt (the chat template changes or drops it), so it cannot be left open")
-            end = text.rindex(_CONTINUE_TAG.strip())
-            text = text[:end] if text.startswith(_CONTINUE_TAG, end) else text[:end].rstrip()
+        text = render_chat_template(template, messages, add_generation_prompt=add_generation_prompt,
+                                    continue_final_message=continue_final_message, **variables)
         return self.encode(text, add_special_tokens=False) if tokenize else text
 
     def text_stream(self, skip_special_tokens: bool = True, context=()) -> "TextStream":
@@ -855,15 +877,60 @@ def _token_content(value) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def _chat_template_of_dir(model_dir: Path, tokenizer_config: dict) -> str | None:
+def _chat_template_of_dir(model_dir: Path, tokenizer_config: dict) -> str | dict | None:
+    """A model directory's chat template(s), read as transformers reads them: the files
+    ``chat_template.jinja`` (the ``"default"``) and ``additional_chat_templates/<name>.jinja`` first,
+    else ``tokenizer_config.json``'s ``chat_template`` (a str, or named templates
+    ``[{"name": ..., "template": ...}, ...]``). Named templates come back as a dict ``{name: template}``
+    (a lone ``chat_template.jinja`` as its str).
+
+    Raises:
+        ValueError: a ``chat_template`` in ``tokenizer_config.json`` that is not a str or such a list
+            (naming the file and the entry).
+    """
+    templates = {}
     jinja = model_dir / "chat_template.jinja"
     if jinja.is_file():
-        return jinja.read_text(encoding="utf-8")
-    template = tokenizer_config.get("chat_template")
-    if isinstance(template, list):  # named templates: [{"name": "default", "template": ...}, ...]
-        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
-        template = named.get("default")
-    return template if isinstance(template, str) else None
+        templates["default"] = jinja.read_text(encoding="utf-8")
+    extra = model_dir / "additional_chat_templates"
+    if extra.is_dir():
+        for path in sorted(extra.glob("*.jinja")):
+            templates[path.name.removesuffix(".jinja")] = path.read_text(encoding="utf-8")
+    if templates:
+        return templates["default"] if list(templates) == ["default"] else templates
+    try:
+        return _check_chat_templates(tokenizer_config.get("chat_template"), "chat_template")
+    except TypeError as e:
+        raise ValueError(f"{model_dir / 'tokenizer_config.json'}: {e}") from None
+
+
+def _check_chat_templates(value, name: str) -> str | dict | None:
+    """``value`` as a chat template: a str, None, or named templates as a new dict ``{name:
+    template}`` (from a dict, or from a list of ``{"name": str, "template": str}``, as
+    ``tokenizer_config.json`` stores them; a later entry of a name wins, as in transformers).
+
+    Raises:
+        TypeError: anything else, naming ``name`` (and the entry).
+    """
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, (list, tuple)):
+        pairs = []
+        for i, entry in enumerate(value):
+            if not (isinstance(entry, dict) and isinstance(entry.get("name"), str)
+                    and isinstance(entry.get("template"), str)):
+                raise TypeError(f"{name}[{i}]: expected a named template {{'name': str, 'template': str}}, got "
+                                f"{type(entry).__name__} {_clip(entry)}")
+            pairs.append((entry["name"], entry["template"]))
+        return dict(pairs)
+    if isinstance(value, dict):
+        for key, template in value.items():
+            if not isinstance(key, str) or not isinstance(template, str):
+                raise TypeError(f"{name}: expected named templates as a dict of str to str, got the entry "
+                                f"{_clip(key)}: {type(template).__name__}")
+        return dict(value)
+    raise TypeError(f"{name}: expected a str (a Jinja2 template), named templates (a dict or a list of "
+                    f"{{'name', 'template'}} dicts) or None, got {type(value).__name__}")
 
 
 def _is_causal_lm(model_dir: Path) -> bool:
