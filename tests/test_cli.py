@@ -388,6 +388,10 @@ def test_cli_bad_options_print_nothing_on_stdout():
                            # greedy (temperature 0) would ignore --top-p: refused, not ignored
                            (["generate", "hi", "--top-p", "0.5"], "top_p: acts only when sampling"),
                            (["chat", "hi", "--top-p", "0.9", "--temperature", "0"], "top_p: acts only when sampling"),
+                           # ... and so would --seed
+                           (["generate", "hi", "--seed", "3"], "seed: acts only when sampling; give --temperature > 0 "
+                                                               "with --seed"),
+                           (["chat", "hi", "--seed", "0", "--temperature", "0"], "seed: acts only when sampling"),
                            # a model that is not there is named as the option, as embed names it
                            (["chat", "hi", "--model", "no-such-model"], "model: 'no-such-model'"),
                            (["generate", "hi", "--model", "no-such-model"], "model: 'no-such-model'")):

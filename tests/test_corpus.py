@@ -1578,3 +1578,165 @@ def test_parquet_view_and_large_string_columns_are_text(tmp_path, tiny_model_dir
     ids, texts, emb = load_output(out)
     assert texts == kept
     np.testing.assert_array_equal(emb, tiny_encoder.encode(kept, normalize=True))
+
+
+
+# ------------------------------------------------------- names pyarrow would take for URIs, line ends
+def _read_parts(directory: Path):
+    """The rows of a Parquet output, its parts read through open files (pyarrow takes a path
+    string for a URI): (ids, texts, embeddings (N, dim))."""
+    tables = []
+    for part in sorted(directory.glob("part-*.parquet")):
+        with open(part, "rb") as fh:
+            tables.append(pq.read_table(fh))
+    table = pa.concat_tables(tables).sort_by("id")
+    emb = table.column("embedding").combine_chunks().flatten().to_numpy().reshape(table.num_rows, -1)
+    return table.column("id").to_numpy(), table.column("text").to_pylist(), emb
+
+
+@pytest.mark.parametrize("name", ["out-2024-01-01T12:30:00", "hdfs:/out", os.fsdecode(b"out-\xff")],
+                         ids=["colon", "hdfs-dir", "not-utf8"])
+def test_parquet_names_that_look_like_uris_are_local_files(tmp_path, tiny_model_dir, tiny_encoder, monkeypatch,
+                                                           name):
+    """pyarrow reads a relative path string as a URI: an output named with a timestamp was written
+    but not searchable ("Unrecognized filesystem type in URI"), nor readable as Parquet input; a
+    folder "hdfs:" went to HDFS (a JVM error); a name that is not UTF-8 was a UnicodeEncodeError.
+    Now pyarrow gets open files: the rows are the encoder's, search finds them."""
+    monkeypatch.chdir(tmp_path)
+    Path(name).parent.mkdir(exist_ok=True)
+    lines = corpus_lines(12)
+    ref = np.concatenate([tiny_encoder.encode(lines[i:i + 5], normalize=True) for i in range(0, 12, 5)])
+    out = Path(f"{name}.parquet")
+    r = corpus.embed_file(write_lines(Path("in.txt"), lines), out, model=str(tiny_model_dir), chunk_size=5)
+    assert (r.rows, r.chunks) == (12, 3)
+    ids, texts, emb = _read_parts(out)
+    assert ids.tolist() == list(range(12)) and texts == lines
+    np.testing.assert_array_equal(emb, ref)
+    hits = corpus.search(out, [lines[7], lines[2]], k=2)
+    assert [(h[0].id, h[0].text) for h in hits] == [(7, lines[7]), (2, lines[2])]
+    np.testing.assert_allclose([h[0].score for h in hits], 1.0, atol=1e-5)
+    # the same texts as a Parquet input of such a name (its rows in two row groups)
+    source = Path(f"{name}-in.parquet")
+    with open(source, "wb") as fh:
+        pq.write_table(pa.table({"text": lines}), fh, row_group_size=7)
+    assert list(corpus.open_source(source)) == lines
+    out2 = Path(f"{name}-2.npy")
+    corpus.embed_file(source, out2, model=str(tiny_model_dir), chunk_size=5)
+    np.testing.assert_array_equal(np.load(out2), ref)
+
+
+def test_jsonl_and_csv_with_lone_cr_line_ends_say_so(tmp_path):
+    """JSONL and CSV lines end at \\n (or \\r\\n): a file of classic-Mac \\r line ends reads as one
+    line, which gave "Extra data" or the csv module's "open the file in universal-newline mode?".
+    Now the error says what the line ends are and what to do, whatever --errors (it is the file's,
+    not a record's); a lone \\r inside one record of a \\n file names that record."""
+    files = {"jsonl": (b'{"text": "one"}\r{"text": "two"}\r', b'{"text": "one"}\n{"text": "two"}\r{"text": "3"}\n'),
+             "csv": (b"id,text\r1,one\r2,two\r", b"id,text\n1,one\n2,two\r3,three\n")}
+    for fmt, (mac, mixed) in files.items():
+        p = tmp_path / f"mac.{fmt}"
+        p.write_bytes(mac)
+        for errors in ("strict", "skip"):
+            with pytest.raises(ValueError, match=rf"^{re.escape(str(p))}: its line ends are lone \\r \(carriage "
+                                                 rf"returns, as classic Mac OS wrote them\), which {fmt} input does "
+                                                 rf"not split lines at; convert them to \\n or \\r\\n$"):
+                list(corpus.open_source(p, errors=errors))
+        for ends in (b"\n", b"\r\n"):  # converted, it reads
+            p.write_bytes(mac.replace(b"\r", ends))
+            assert list(corpus.open_source(p)) == ["one", "two"]
+        p.write_bytes(mixed)
+        record = ("line 2: not valid JSON \\(Extra data, column 17\\); the line holds a lone \\\\r, not a line end "
+                  "here \\(\\\\n or \\\\r\\\\n\\)" if fmt == "jsonl" else
+                  "line 3: not valid CSV \\(a lone \\\\r in an unquoted field; a line ends at \\\\n or \\\\r\\\\n\\)")
+        with pytest.raises(ValueError, match=rf"^{re.escape(str(p))}, {record} \(--errors skip"):
+            list(corpus.open_source(p))
+        src = corpus.open_source(p, errors="skip")
+        assert list(src) == ["one"] and [w for w, _ in src.skipped] == ["line 2" if fmt == "jsonl" else "line 3"]
+    # one record ended by a \r is valid JSON (\r is whitespace): read, not refused
+    one = tmp_path / "one.jsonl"
+    one.write_bytes(b'{"text": "only"}\r')
+    assert list(corpus.open_source(one)) == ["only"]
+
+
+@pytest.mark.parametrize("kind", ["npy", "parquet"])
+def test_a_full_disk_while_saving_the_manifest_names_it(tmp_path, tiny_model_dir, monkeypatch, capsys, kind):
+    """ENOSPC from the manifest's write or fsync names no file: it was "[Errno 28] No space left on
+    device" alone. Now the manifest is named, with what to do: run again (a new run's first
+    manifest: nothing kept) or --resume (later: the chunks recorded before are kept), and the
+    resumed output is the uninterrupted one's."""
+    lines = corpus_lines(40)
+    f = write_lines(tmp_path / "c.txt", lines)
+    out = tmp_path / f"e.{kind}"
+    fsync = os.fsync
+
+    def full_disk_at(n):
+        """os.fsync that fails the ``n``-th fsync of a manifest's temporary file with ENOSPC."""
+        saves = []
+
+        def fake(fd):
+            if ".manifest.json.tmp-" in os.readlink(f"/proc/self/fd/{fd}"):
+                saves.append(fd)
+                if len(saves) == n:
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            return fsync(fd)
+        return fake
+
+    args = ("embed", "--file", f, "--out", out, "--model", tiny_model_dir, "--chunk-size", 10, "--no-progress")
+    monkeypatch.setattr(os, "fsync", full_disk_at(1))  # the new run's manifest
+    rc, stdout, stderr = _cli(capsys, *args)
+    assert (rc, stdout) == (2, "")
+    assert stderr == (f"transformer_core embed: {out}.manifest.json: No space left on device (writing the manifest "
+                      f"of a new run, nothing was kept: free some space and run again)\n")
+    assert sorted(os.listdir(tmp_path)) == ["c.txt"]
+    resume_hint = ("writing the manifest; what it recorded before is kept: free some space, then the same command "
+                   "with --resume goes on")
+    # saves: 1 the new run, 2-5 after chunks 0-3, 6 the finish
+    for n, completed in ((3, [[0, 1]]), (6, [[0, 4]])):
+        monkeypatch.setattr(os, "fsync", full_disk_at(n))
+        rc, stdout, stderr = _cli(capsys, *args, "--overwrite")
+        assert (rc, stdout) == (2, "")
+        assert stderr == f"transformer_core embed: {out}.manifest.json: No space left on device ({resume_hint})\n"
+        assert manifest(out)["completed"] == completed and not manifest(out)["complete"]
+        assert leftover_temps(tmp_path) == []
+        monkeypatch.setattr(os, "fsync", fsync)
+        rc, stdout, stderr = _cli(capsys, *args, "--resume")
+        assert rc == 0 and stderr == "", stderr
+        assert manifest(out)["complete"]
+    ref = tmp_path / f"ref.{kind}"
+    corpus.embed_file(f, ref, model=str(tiny_model_dir), chunk_size=10)
+    ids, texts, emb = load_output(out)
+    ref_ids, ref_texts, ref_emb = load_output(ref)
+    assert ids.tolist() == ref_ids.tolist() and texts == ref_texts == lines
+    np.testing.assert_array_equal(emb, ref_emb)
+
+
+def test_cli_resume_keeps_the_runs_batch_size(tmp_path, tiny_model_dir, monkeypatch, capsys):
+    """--resume "(same input and model)" refused a run started with --batch-size 16 unless
+    --batch-size 16 was given again (the option's default, 32, was always passed). Now a resume
+    without --batch-size takes the run's, as it takes its chunk size; another given is refused."""
+    lines = corpus_lines(50)
+    f = write_lines(tmp_path / "c.txt", lines)
+    out = tmp_path / "r.npy"
+    write = corpus._NpyWriter.write
+    calls = []
+
+    def failing(self, *args):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt  # as Ctrl-C during the third chunk
+        return write(self, *args)
+
+    args = ("embed", "--file", f, "--out", out, "--model", tiny_model_dir, "--no-progress")
+    monkeypatch.setattr(corpus._NpyWriter, "write", failing)
+    rc, _, stderr = _cli(capsys, *args, "--chunk-size", 10, "--batch-size", 16)
+    assert rc == 2 and "interrupted: 2 of 5 chunks" in stderr, stderr
+    monkeypatch.setattr(corpus._NpyWriter, "write", write)
+    assert manifest(out)["batch_size"] == 16
+    rc, _, stderr = _cli(capsys, *args, "--resume", "--batch-size", 8)
+    assert rc == 2 and "batch_size: " in stderr and "started with batch size 16, got 8" in stderr, stderr
+    rc, stdout, stderr = _cli(capsys, *args, "--resume")
+    assert rc == 0 and stderr == "", stderr
+    assert f"{out}: 50 rows x 32 float32 in 5 chunks (30 embedded now" in stdout
+    ref = tmp_path / "ref.npy"
+    corpus.embed_file(f, ref, model=str(tiny_model_dir), chunk_size=10, batch_size=16)
+    np.testing.assert_array_equal(np.load(out), np.load(ref))
+    assert Path(f"{out}.texts.jsonl").read_bytes() == Path(f"{ref}.texts.jsonl").read_bytes()

@@ -460,3 +460,25 @@ def test_an_interrupt_before_the_run_started_says_nothing_was_written(tmp_path, 
     corpus.embed_file(f, expected, model=model, chunk_size=10)
     assert r.rows == 30 and r.chunks_computed == 3
     assert_same_rows(out, expected)
+
+
+def test_a_refused_scheduler_port_is_named_at_once(tmp_path, tiny_model_dir):
+    """Nothing listens on the port: Dask's connect retried the refused connection for
+    CONNECT_TIMEOUT (20 s) and then blamed "a port that accepts but is not a Dask scheduler". Now a
+    plain TCP connection first: "connection refused" at once, nothing written."""
+    import socket
+
+    f = write_lines(tmp_path / "c.txt", corpus_lines(5))
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))  # bound, never listening: the kernel refuses connections to it
+    port = closed.getsockname()[1]
+    try:
+        for address in (f"tcp://127.0.0.1:{port}", f"127.0.0.1:{port}"):
+            t0 = time.perf_counter()
+            with pytest.raises(OSError, match=rf"^scheduler: cannot connect to '{re.escape(address)}' \(connection "
+                                              rf"refused: nothing listens at 127\.0\.0\.1:{port}\)$"):
+                embed_corpus(f, tmp_path / "o.parquet", model=str(tiny_model_dir), scheduler=address)
+            assert time.perf_counter() - t0 < 5
+    finally:
+        closed.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.txt"]

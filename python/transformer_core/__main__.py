@@ -74,12 +74,16 @@ def _add_embed(sub) -> None:
     out = e.add_argument_group("output")
     out.add_argument("--out", help="write the embeddings to OUT.npy (float32, texts in OUT.npy.texts.jsonl) or "
                                    "OUT.parquet (a directory: id, text, embedding), with OUT.npy.manifest.json / OUT.parquet.manifest.json beside")
-    out.add_argument("--resume", action="store_true", help="continue an interrupted --out run (same input and model)")
+    out.add_argument("--resume", action="store_true",
+                     help="continue an interrupted --out run (same input and model; its chunk and batch sizes are "
+                          "kept)")
     out.add_argument("--overwrite", action="store_true", help="replace an existing --out")
     out.add_argument("--chunk-size", type=_positive_int, default=None,
                      help="texts per chunk, the unit of saving, resuming and memory (default 1000)")
     e.add_argument("--model", default=DEFAULT_MODEL, help="model directory or embedded name")
-    e.add_argument("--batch-size", type=_positive_int, default=32, help="texts per forward pass (default 32)")
+    # default None: --resume takes the batch size its run recorded (another would change the rows' last bits)
+    e.add_argument("--batch-size", type=_positive_int, default=None,
+                   help="texts per forward pass (default 32; with --resume, the interrupted run's)")
     e.add_argument("--quantize", choices=("int8",), default=None,
                    help="int8: the encoder's linear layers int8 per output channel (faster; cosine to float32, measured on "
                         "all-MiniLM-L6-v2: >= 0.994 for the benchmark's sentences, down to 0.977 for texts of one to three words "

@@ -397,11 +397,19 @@ def _stdin_turns():
 
 
 def _check_cli_sampling(args) -> None:
-    """``--top-p`` acts only on sampling: given with ``--temperature 0`` (greedy, the default) it
-    would change nothing, so the command refuses it rather than ignore it."""
-    if args.temperature == 0 and args.top_p is not None:
-        raise ValueError("top_p: acts only when sampling; give --temperature > 0 with --top-p (temperature 0, "
-                         "the default, is greedy)")
+    """``--top-p`` and ``--seed`` act only on sampling: given with ``--temperature 0`` (greedy, the
+    default) they would change nothing, so the command refuses them rather than ignore them.
+
+    Raises:
+        ValueError: ``--top-p`` or ``--seed`` given with ``--temperature 0`` (the option named).
+    """
+    if args.temperature != 0:
+        return
+    for name, value in (("top_p", args.top_p), ("seed", args.seed)):
+        if value is not None:
+            flag = "--" + name.replace("_", "-")
+            raise ValueError(f"{name}: acts only when sampling; give --temperature > 0 with {flag} (temperature 0, "
+                             f"the default, is greedy)")
 
 
 def run_chat(args) -> int:

@@ -6,7 +6,8 @@ The pieces, in the order a run uses them:
   one list). Formats: ``text`` (one text per line; a line ends at ``\n``, ``\r\n`` or a lone
   ``\r``, as in Python's universal newlines, so a file of classic-Mac ``\r`` line ends is read line
   by line too; blank lines skipped; surrounding whitespace stripped), ``jsonl`` (one JSON object per line, the text in ``text_field``), ``csv`` (a header
-  row, the text in the column ``text_field``) and ``parquet`` (the string column ``text_field``,
+  row, the text in the column ``text_field``; JSONL and CSV lines end at ``\n`` or ``\r\n``, and a
+  file of lone ``\r`` line ends is refused as such) and ``parquet`` (the string column ``text_field``,
   read in record batches with pyarrow). ``text_field`` defaults to ``"text"``. A record that
   cannot be read (invalid UTF-8, invalid JSON, a missing or non-string field) is an error naming
   its line (row) number, or is skipped with ``errors="skip"``. Ids are the positions of the texts
@@ -142,6 +143,7 @@ _EXTENSIONS = {".txt": "text", ".text": "text", ".jsonl": "jsonl", ".ndjson": "j
 _SNIFF_BYTES = 8192          # bytes read to tell a binary file from text
 _HASH_BYTES = 1 << 20        # bytes hashed at the head and the tail of the input
 _MAX_SKIPPED_KEPT = 20       # skipped records listed in the manifest (the count is always kept)
+_LONE_CR = re.compile(r"\r(?!\n)")  # a carriage return that is not the start of a \r\n line end
 # The largest csv.field_size_limit: it takes a C long (32 bits on Windows, where sys.maxsize is not).
 _CSV_FIELD_LIMIT = min(sys.maxsize, 2 ** (8 * ctypes.sizeof(ctypes.c_long) - 1) - 1)
 _CSV_LIMIT_LOCK = threading.Lock()
@@ -296,6 +298,29 @@ class TextSource:
             self._bad(f"line {lineno}", f"invalid UTF-8 (byte {e.start + 1} of the line: {raw[e.start:e.start + 1]!r})")
             return None
 
+    def _cr_line_ends(self) -> bool:
+        """Whether the file's line ends are lone ``\r`` (classic Mac OS): a ``\r`` not followed by
+        ``\n`` comes before the first ``\n``. JSONL and CSV input split lines at ``\n`` only, so
+        such a file reads as one line; asked only once that line failed to parse."""
+        with open(self.path, "rb") as f:
+            carry = b""
+            for block in iter(lambda: f.read(_HASH_BYTES), b""):
+                data = carry + block
+                newline = data.find(b"\n")
+                head = data if newline < 0 else data[:newline]
+                if _LONE_CR.search(head.decode("latin-1")):
+                    return True
+                if newline >= 0:
+                    return False
+                carry = data[-1:]  # a \r that ends the block meets its next byte in the next one
+        return False
+
+    def _cr_error(self) -> ValueError:
+        """The error of a JSONL or CSV file whose line ends are lone ``\r`` (the whole file one line)."""
+        return ValueError(f"{self.path}: its line ends are lone \\r (carriage returns, as classic Mac OS wrote "
+                          f"them), which {self.format} input does not split lines at; convert them to \\n or "
+                          f"\\r\\n")
+
     def _iter_text(self) -> Iterator[str]:
         for lineno, raw in self._lines(universal=True):
             line = self._decode(lineno, raw)
@@ -333,7 +358,10 @@ class TextSource:
             try:
                 obj = json.loads(line)
             except json.JSONDecodeError as e:
-                self._bad(f"line {lineno}", f"not valid JSON ({e.msg}, column {e.colno})")
+                if lineno == 1 and self._cr_line_ends():
+                    raise self._cr_error() from None
+                cr = "; the line holds a lone \\r, not a line end here (\\n or \\r\\n)" if _LONE_CR.search(line) else ""
+                self._bad(f"line {lineno}", f"not valid JSON ({e.msg}, column {e.colno}){cr}")
                 continue
             except RecursionError:
                 self._bad(f"line {lineno}", "not valid JSON (nested too deeply)")
@@ -373,7 +401,8 @@ class TextSource:
                 try:
                     row = _next_csv_row(reader)
                 except csv.Error as e:
-                    self._bad(f"line {start}", f"not valid CSV ({e})")  # strict: raises; skip: the next record
+                    # strict: raises; skip: the next record
+                    self._bad(f"line {start}", f"not valid CSV ({_csv_problem(e)})")
                     continue
                 if row is None:
                     break
@@ -392,47 +421,52 @@ class TextSource:
                 if self._not_blank(where, text, "column"):
                     yield text
         except csv.Error as e:
-            raise ValueError(f"{self.path}, line {reader.line_num}: not valid CSV ({e})") from None
+            if reader.line_num <= 1 and self._cr_line_ends():
+                raise self._cr_error() from None
+            raise ValueError(f"{self.path}, line {reader.line_num}: not valid CSV ({_csv_problem(e)})") from None
 
     def _iter_parquet(self) -> Iterator[str]:
         pa = _need_pyarrow("Parquet input")
         import pyarrow.parquet as pq
 
-        try:
-            pf = pq.ParquetFile(str(self.path))
-        except (pa.ArrowException, OSError) as e:
-            raise ValueError(f"{self.path}: not a readable Parquet file ({e})") from None
-        field = self.text_field
-        schema = pf.schema_arrow
-        if field not in schema.names:
-            raise ValueError(f"{self.path}: no column {field!r} (columns: "
-                             f"{', '.join(repr(n) for n in schema.names[:12])}); --text-field picks one")
-        if schema.names.count(field) > 1:
-            raise ValueError(f"{self.path}: column {field!r} appears {schema.names.count(field)} times; expected one")
-        ftype = schema.field(field).type
-        # A dictionary-encoded column (a pandas categorical) is read through its dictionary.
-        vtype = ftype.value_type if pa.types.is_dictionary(ftype) else ftype
-        if not _is_text_type(pa, vtype):
-            raise ValueError(f"{self.path}: column {field!r} has type {ftype}, expected a string column "
-                             f"(or a dictionary-encoded one)")
-        row = 0
-        for batch in _parquet_batches(pf, field, self.path, lambda: row):
-            column = batch.column(0)
-            if pa.types.is_dictionary(column.type):
-                column = column.dictionary_decode()
-            # As bytes, decoded here: invalid UTF-8 is reported with its row, never passed on.
-            for value in column.cast(pa.large_binary()).to_pylist():
-                row += 1
-                if value is None:
-                    self._bad(f"row {row}", f"column {field!r} is null")
-                    continue
-                try:
-                    text = value.decode("utf-8")
-                except UnicodeDecodeError as e:
-                    self._bad(f"row {row}", f"invalid UTF-8 in column {field!r} (byte {e.start + 1})")
-                    continue
-                if self._not_blank(f"row {row}", text, "column"):
-                    yield text
+        # An open file, never the path: pyarrow takes a path string for a URI, so a name such as
+        # "in-12:30.parquet" or "hdfs:/x" would be refused or sent to another filesystem.
+        with open(self.path, "rb") as f:
+            try:
+                pf = pq.ParquetFile(f)
+            except (pa.ArrowException, OSError) as e:
+                raise ValueError(f"{self.path}: not a readable Parquet file ({e})") from None
+            field = self.text_field
+            schema = pf.schema_arrow
+            if field not in schema.names:
+                raise ValueError(f"{self.path}: no column {field!r} (columns: "
+                                 f"{', '.join(repr(n) for n in schema.names[:12])}); --text-field picks one")
+            if schema.names.count(field) > 1:
+                raise ValueError(f"{self.path}: column {field!r} appears {schema.names.count(field)} times; expected one")
+            ftype = schema.field(field).type
+            # A dictionary-encoded column (a pandas categorical) is read through its dictionary.
+            vtype = ftype.value_type if pa.types.is_dictionary(ftype) else ftype
+            if not _is_text_type(pa, vtype):
+                raise ValueError(f"{self.path}: column {field!r} has type {ftype}, expected a string column "
+                                 f"(or a dictionary-encoded one)")
+            row = 0
+            for batch in _parquet_batches(pf, field, self.path, lambda: row):
+                column = batch.column(0)
+                if pa.types.is_dictionary(column.type):
+                    column = column.dictionary_decode()
+                # As bytes, decoded here: invalid UTF-8 is reported with its row, never passed on.
+                for value in column.cast(pa.large_binary()).to_pylist():
+                    row += 1
+                    if value is None:
+                        self._bad(f"row {row}", f"column {field!r} is null")
+                        continue
+                    try:
+                        text = value.decode("utf-8")
+                    except UnicodeDecodeError as e:
+                        self._bad(f"row {row}", f"invalid UTF-8 in column {field!r} (byte {e.start + 1})")
+                        continue
+                    if self._not_blank(f"row {row}", text, "column"):
+                        yield text
 
 
 def _is_text_type(pa, t) -> bool:
@@ -457,6 +491,15 @@ def _parquet_batches(pf, field: str, path, rows_read):
         if batch is None:
             return
         yield batch
+
+
+def _csv_problem(error: Exception) -> str:
+    """A ``csv.Error``'s message, its hint about universal-newline mode (about a lone ``\r`` in an
+    unquoted field, where a file opened by the csv module's rules never has one) said plainly."""
+    text = str(error)
+    if text.startswith("new-line character seen in unquoted field"):
+        return "a lone \\r in an unquoted field; a line ends at \\n or \\r\\n"
+    return text
 
 
 def _next_csv_row(reader) -> list[str] | None:
@@ -648,8 +691,14 @@ def _remove_temps(directory: Path, name: str) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    """Writes ``data`` to ``path`` all or nothing: a temp file, fsynced, then ``os.replace``."""
+def _atomic_write(path: Path, data: bytes, hint: str | None = None) -> None:
+    """Writes ``data`` to ``path`` all or nothing: a temp file, fsynced, then ``os.replace``.
+
+    Raises:
+        OSError: the disk refused the write (``ENOSPC``, ...): the error of the OS, naming ``path``
+        (not the temp file, which is removed; ``write`` and ``fsync`` name no file), with ``hint``
+        (what to do about it) after its message.
+    """
     tmp = _temp_name(path)
     try:
         with open(tmp, "wb") as f:
@@ -657,6 +706,10 @@ def _atomic_write(path: Path, data: bytes) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        strerror = e.strerror or str(e)
+        raise OSError(e.errno, f"{strerror} ({hint})" if hint else strerror, str(path)) from None
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
@@ -1518,7 +1571,7 @@ class EmbedJob:
                 _need_pyarrow("Parquet output")
                 data.mkdir()
                 (data / _run_marker(self.run)).touch()
-            self._save()
+            self._save(new_run=True)
         except BaseException:
             _remove(paths)
             raise
@@ -1653,8 +1706,16 @@ class EmbedJob:
         return (f"interrupted: {done} of {self.num_chunks} chunks ({self.rows_done()} of {self.num_rows} texts) "
                 f"are saved in {_partial_path(self.out)}; the same command with --resume finishes the rest")
 
-    def _save(self) -> None:
-        _atomic_write(manifest_path(self.out), json.dumps(self.manifest, indent=1).encode("utf-8"))
+    def _save(self, new_run: bool = False) -> None:
+        """Writes the manifest, atomically. An OSError (a full disk) names the manifest and says how
+        to go on: run again (``new_run``: nothing was kept) or ``--resume`` (the chunks recorded
+        before are kept, the manifest on disk is the one before this save)."""
+        if new_run:
+            hint = "writing the manifest of a new run, nothing was kept: free some space and run again"
+        else:
+            hint = ("writing the manifest; what it recorded before is kept: free some space, then the same "
+                    "command with --resume goes on")
+        _atomic_write(manifest_path(self.out), json.dumps(self.manifest, indent=1).encode("utf-8"), hint)
 
 
 def _remove(paths) -> None:
@@ -2014,7 +2075,9 @@ def _read_part(man: dict, data: Path, index: Path, chunk: int, columns: list[str
                                 f"dataset {data}, which its manifest {manifest_path(index)} records as done; "
                                 f"`embed --overwrite` remakes it")
     try:
-        return pq.read_table(part, columns=columns)
+        # an open file, never the path string, which pyarrow would take for a URI ("out-12:30.parquet")
+        with open(part, "rb") as f:
+            return pq.read_table(f, columns=columns)
     except (pa.ArrowException, OSError, KeyError) as e:
         raise ValueError(f"index: {part} (chunk {chunk}, rows {first}..{last}, of the dataset {data}) is not a "
                          f"readable part with the columns {columns} ({e})") from None
@@ -2166,6 +2229,20 @@ def _check_paths_given(**flags) -> None:
             raise ValueError(f"--{flag}: expected a path, got {value!r}")
 
 
+def _cli_batch_size(args) -> int:
+    """``--batch-size``: the value given; left out, the batch size that the run ``--resume``
+    continues recorded in its manifest (a resumed run must keep it: another changes the rows' last
+    bits), else 32. A manifest that cannot be read gives 32: the resume's own checks name it."""
+    if args.batch_size is not None:
+        return args.batch_size
+    if args.resume and args.out:
+        try:
+            return read_manifest(args.out).get("batch_size", 32)
+        except (OSError, ValueError):
+            pass
+    return 32
+
+
 def run_embed(args) -> int:
     """``python -m transformer_core embed``: see ``__main__``. Prints to stdout; errors propagate
     (the CLI's one handler reports them)."""
@@ -2190,6 +2267,7 @@ def run_embed(args) -> int:
             if value:
                 raise ValueError(f"{flag} needs --out")
     progress = not args.no_progress
+    batch_size = _cli_batch_size(args)
     source = ListSource(args.sentences) if args.sentences else open_source(
         args.file, args.format, args.text_field, args.errors)
     if args.out is not None and distributed:
@@ -2199,15 +2277,15 @@ def run_embed(args) -> int:
 
         result = embed_corpus(source, args.out, model=args.model, scheduler=args.scheduler, workers=args.workers,
                               threads_per_worker=args.threads_per_worker, chunk_size=args.chunk_size,
-                              batch_size=args.batch_size, resume=args.resume, overwrite=args.overwrite,
+                              batch_size=batch_size, resume=args.resume, overwrite=args.overwrite,
                               progress=progress)
     elif args.out is not None:
         result = embed_file(source, args.out, model=args.model, chunk_size=args.chunk_size,
-                            batch_size=args.batch_size, resume=args.resume, overwrite=args.overwrite,
+                            batch_size=batch_size, resume=args.resume, overwrite=args.overwrite,
                             progress=progress, quantize=args.quantize)
     else:
         return _print_summary(args, embed_summary(source, model=args.model, chunk_size=args.chunk_size or
-                                                  DEFAULT_CHUNK_SIZE, batch_size=args.batch_size, progress=progress,
+                                                  DEFAULT_CHUNK_SIZE, batch_size=batch_size, progress=progress,
                                                   quantize=args.quantize))
     _report_skipped(result.num_skipped, result.skipped)
     info = {"out": str(result.out), "rows": result.rows, "dim": result.dim, "chunks": result.chunks,

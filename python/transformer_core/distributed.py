@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import threading
 import time
 import uuid
@@ -199,11 +200,40 @@ def _check_scheduler(scheduler, workers) -> None:
 CONNECT_TIMEOUT = 20.0
 
 
+def _tcp_probe(address: str, timeout: float) -> None:
+    """Opens and closes a plain TCP connection to a ``tcp://`` (the default scheme) or ``ws://``
+    address: a refused connection (nothing listens on the port) is reported at once, where Dask's
+    ``connect`` retries it until its timeout. Other transports are left to Dask (``tls://`` and
+    ``wss://`` need security settings, checked first; ``inproc://`` and ``ucx://`` are not TCP).
+
+    Raises:
+        ConnectionRefusedError: nothing listens at the address.
+        TimeoutError: no TCP connection within ``timeout`` seconds.
+        OSError: another failure of the connection (an unknown host, an unreachable network).
+    """
+    scheme, location = parse_address(address)
+    if scheme not in ("tcp", "ws"):
+        return
+    host, port = get_backend(scheme).get_address_host_port(location)
+    where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"  # an IPv6 host in brackets
+    try:
+        socket.create_connection((host, port), timeout=timeout).close()
+    except ConnectionRefusedError:
+        raise ConnectionRefusedError(f"connection refused: nothing listens at {where}") from None
+    except TimeoutError:
+        raise TimeoutError(f"no TCP connection within {timeout:g} s (the host down, or the port "
+                           f"filtered?)") from None
+    except socket.gaierror as e:
+        raise OSError(f"cannot resolve the host {host!r} ({e.strerror})") from None
+
+
 def _reach(address: str) -> None:
     """Opens and closes one Dask connection to ``address``, the handshake included, within
-    ``CONNECT_TIMEOUT`` seconds. Dask's ``connect`` bounds the TCP connection but not the handshake
-    that follows: a port that accepts and never answers (not a Dask scheduler) made ``Client`` wait
-    forever. Run in a thread of its own, so that a caller inside an event loop (Jupyter) can call it.
+    ``CONNECT_TIMEOUT`` seconds, after a plain TCP connection (:func:`_tcp_probe`, within
+    ``CONNECT_TIMEOUT`` too) that reports a refused one at once. Dask's ``connect`` bounds the TCP
+    connection but not the handshake that follows: a port that accepts and never answers (not a
+    Dask scheduler) made ``Client`` wait forever. Run in a thread of its own, so that a caller
+    inside an event loop (Jupyter) can call it.
 
     Raises:
         OSError (TimeoutError included): no answer in time, or the connection refused.
@@ -212,6 +242,8 @@ def _reach(address: str) -> None:
     import asyncio
 
     from distributed.comm import connect
+
+    _tcp_probe(address, CONNECT_TIMEOUT)
 
     async def handshake():
         comm = await asyncio.wait_for(connect(address, timeout=CONNECT_TIMEOUT), CONNECT_TIMEOUT)
