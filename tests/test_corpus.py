@@ -1167,25 +1167,32 @@ def test_parquet_duplicated_or_damaged_columns_are_named(tmp_path):
         list(corpus.open_source(bad, errors="skip"))
 
 
-def test_resume_refuses_a_lost_texts_file_and_another_batch_size(tmp_path, tiny_model_dir, monkeypatch):
-    """An interrupted .npy run whose texts file was deleted: the resume refuses it (it padded the
-    file with NUL bytes, and search gave ids the texts of other rows); another batch size is
-    refused (its rows would differ from an uninterrupted run's in the last bits)."""
-    f = write_lines(tmp_path / "c.txt", [f"sentence {i}" for i in range(50)])
-    out = tmp_path / "r.npy"
+def _fail_third_chunk(monkeypatch, error: BaseException):
+    """Makes the .npy writer raise ``error`` at its third chunk; returns a function that puts the
+    real writer back."""
     write = corpus._NpyWriter.write
     calls = []
 
     def failing(self, *args):
         calls.append(1)
         if len(calls) == 3:
-            raise OSError(errno.ENOSPC, "No space left on device")
+            raise error
         return write(self, *args)
 
     monkeypatch.setattr(corpus._NpyWriter, "write", failing)
+    return lambda: monkeypatch.setattr(corpus._NpyWriter, "write", write)
+
+
+def test_resume_refuses_a_lost_texts_file_and_another_batch_size(tmp_path, tiny_model_dir, monkeypatch):
+    """An interrupted .npy run whose texts file was deleted: the resume refuses it (it padded the
+    file with NUL bytes, and search gave ids the texts of other rows); another batch size is
+    refused (its rows would differ from an uninterrupted run's in the last bits)."""
+    f = write_lines(tmp_path / "c.txt", [f"sentence {i}" for i in range(50)])
+    out = tmp_path / "r.npy"
+    restore = _fail_third_chunk(monkeypatch, OSError(errno.ENOSPC, "No space left on device"))
     with pytest.raises(OSError):
         corpus.embed_file(f, out, model=str(tiny_model_dir), chunk_size=10, batch_size=4)
-    monkeypatch.setattr(corpus._NpyWriter, "write", write)
+    restore()
     assert manifest(out)["batch_size"] == 4
     with pytest.raises(ValueError, match="batch_size: .* started with batch size 4, got 32"):
         corpus.embed_file(f, out, model=str(tiny_model_dir), resume=True)
@@ -1716,20 +1723,11 @@ def test_cli_resume_keeps_the_runs_batch_size(tmp_path, tiny_model_dir, monkeypa
     lines = corpus_lines(50)
     f = write_lines(tmp_path / "c.txt", lines)
     out = tmp_path / "r.npy"
-    write = corpus._NpyWriter.write
-    calls = []
-
-    def failing(self, *args):
-        calls.append(1)
-        if len(calls) == 3:
-            raise KeyboardInterrupt  # as Ctrl-C during the third chunk
-        return write(self, *args)
-
     args = ("embed", "--file", f, "--out", out, "--model", tiny_model_dir, "--no-progress")
-    monkeypatch.setattr(corpus._NpyWriter, "write", failing)
+    restore = _fail_third_chunk(monkeypatch, KeyboardInterrupt())  # as Ctrl-C during the third chunk
     rc, _, stderr = _cli(capsys, *args, "--chunk-size", 10, "--batch-size", 16)
     assert rc == 2 and "interrupted: 2 of 5 chunks" in stderr, stderr
-    monkeypatch.setattr(corpus._NpyWriter, "write", write)
+    restore()
     assert manifest(out)["batch_size"] == 16
     rc, _, stderr = _cli(capsys, *args, "--resume", "--batch-size", 8)
     assert rc == 2 and "batch_size: " in stderr and "started with batch size 16, got 8" in stderr, stderr
