@@ -1393,6 +1393,7 @@ def _module_tree(module, *, attached: bool = True, duplicates: bool = True) -> l
     out, seen = [], set()
 
     def visit(path: str, m, above: frozenset) -> None:
+        """Lists ``m`` at ``path``, then its children; ``above``: the ids of the modules on the path."""
         out.append((path, m))
         seen.add(id(m))
         for name, child in (m._registered_children() if attached else m._children()):
@@ -1660,6 +1661,7 @@ class _PickleScope:
             self.registry[key] = self.places[key] = place
 
     def close(self) -> None:
+        """Removes what this scope registered from the thread's registry (the pickle is done)."""
         _unregister(self.registry, self.places)
 
 

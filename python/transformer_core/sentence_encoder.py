@@ -350,6 +350,7 @@ class SentenceEncoder:
 
     @pooling.setter
     def pooling(self, value: str) -> None:
+        """Sets the pooling of later :meth:`encode` calls, checked (see the getter for the errors)."""
         self._pooling = _check_pooling(value)
 
     @property
@@ -363,6 +364,7 @@ class SentenceEncoder:
 
     @normalize.setter
     def normalize(self, value: bool) -> None:
+        """Sets :meth:`encode`'s default ``normalize``, checked (see the getter for the errors)."""
         self._normalize = check_bool(value, "normalize")
 
     @property
@@ -381,6 +383,7 @@ class SentenceEncoder:
 
     @max_seq_length.setter
     def max_seq_length(self, value: int) -> None:
+        """Sets the tokenizer's truncation length, checked against the model (see the getter)."""
         _check_truncation(check_int(value, "max_seq_length", 1), self.model, "max_seq_length")
         self.tokenizer.max_length = value
 

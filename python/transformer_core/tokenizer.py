@@ -213,6 +213,7 @@ class Tokenizer:
 
     @max_length.setter
     def max_length(self, value: int | None) -> None:
+        """Truncates every later encode to ``value`` tokens (see the getter for the errors)."""
         value = check_optional_int(value, "max_length", 1)
         if value is None and self._max_length is not None:
             raise ValueError("max_length: this is an encoder tokenizer, which truncates (fixed when it was built); "
