@@ -1411,15 +1411,22 @@ def _quantized_weights(module) -> dict[str, str]:
     head is its token embedding: the table stays float32 for the lookups; the copy is named
     ``"<table>:tied_lm_head"``, as the core's ``parameter_storage`` names it). A weight written
     later would not reach the copy, so the copy counts as quantized for the guards."""
-    out = {n: f for n, f in module.weight_formats().items() if not f.startswith("float")}
-    storage_of = {}
+    out, storage_of = {}, {}
     for name, slot in module._slots().items():
         if id(slot.impl) not in storage_of:
             storage_of[id(slot.impl)] = dict(slot.impl.parameter_storage())
-        tied_copy = storage_of[id(slot.impl)].get(slot.core_name + ":tied_lm_head")
+        storage = storage_of[id(slot.impl)]
+        if not storage[slot.core_name].startswith("float"):
+            out[name] = storage[slot.core_name]
+        tied_copy = storage.get(slot.core_name + TIED_HEAD_COPY)
         if tied_copy is not None:
-            out[name + ":tied_lm_head"] = tied_copy
+            out[name + TIED_HEAD_COPY] = tied_copy
     return out
+
+
+#: The suffix of the entry that the core's ``parameter_storage()`` adds for an embedding table
+#: whose tied LM head multiplies by an int8 copy of it: ``"<table>" + TIED_HEAD_COPY``.
+TIED_HEAD_COPY = ":tied_lm_head"
 
 
 def _check_not_quantized(module) -> None:

@@ -590,9 +590,10 @@ def _tied_head_table(model) -> str | None:
     (a causal LM whose head is tied to it: no ``lm_head.weight`` of its own), or None."""
     from .decoder import CausalLM
 
-    if not isinstance(model, CausalLM) or "lm_head.weight" in model._slots():
+    slots = model._slots()
+    if not isinstance(model, CausalLM) or "lm_head.weight" in slots:
         return None
-    tables = [n for n in model._slots() if n.endswith("embed_tokens.weight") or n.endswith("wte.weight")]
+    tables = [n for n in slots if n.endswith("embed_tokens.weight") or n.endswith("wte.weight")]
     return tables[0] if tables else None
 
 
@@ -835,9 +836,6 @@ def set_residual_activations(model, on: bool = True) -> int:
     return _set_activation_mode(model, on, "set_residual_activations")
 
 
-#: The suffix of the entry that ``parameter_storage()`` (the C++ registry's storage, per name) adds
-#: for an embedding table whose tied LM head multiplies by an int8 copy of it: ``"<table>" + suffix``.
-_TIED_HEAD_COPY = ":tied_lm_head"
 
 
 def weight_bytes(model, names=None) -> int:
@@ -861,6 +859,8 @@ def weight_bytes(model, names=None) -> int:
         TypeError: not a transformer_core model; ``names`` not a str or a list of str.
         ValueError: an unknown name.
     """
+    from .module import TIED_HEAD_COPY
+
     Module, SentenceEncoder = _model_classes()
     if isinstance(model, SentenceEncoder):
         model = model.model
@@ -881,9 +881,9 @@ def weight_bytes(model, names=None) -> int:
     public, wanted_set = _public_names(model), set(wanted)
     for impl in model._impls():
         for core_name, fmt in impl.parameter_storage():
-            if not core_name.endswith(_TIED_HEAD_COPY):
+            if not core_name.endswith(TIED_HEAD_COPY):
                 continue
-            table = public.get((id(impl), core_name[: -len(_TIED_HEAD_COPY)]))
+            table = public.get((id(impl), core_name[: -len(TIED_HEAD_COPY)]))
             if table in wanted_set:
                 total += _stored_bytes(table, stored_shape[table], fmt)
     return total
