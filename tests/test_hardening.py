@@ -72,7 +72,6 @@ HUGE = [
     ("tc.nn.Linear(2**63, 1)", "in_features"),  # not an int64 at all
     ("F.rotary_cos_sin(2**40, 2)", "seq_len"),
     ("F.sinusoidal_positional_encoding(2**40, 8)", "max_len"),
-    ("tc.positional.RotaryEmbedding(2, 2**40)", "max_position_embeddings"),
     ("tc.masks.causal_mask(2**31)", "L"),
     ("tc.masks.causal_mask(4, 2**62)", "S"),
     ("tc.masks.padding_mask([1, 2**40])", "lengths"),

@@ -767,42 +767,41 @@ def test_sizes_the_model_refuses_name_config_json(tmp_path):
 
 
 # ------------------------------------------------------------------------------------ GGUF errors name the file
-def test_gguf_sizes_the_model_refuses_name_the_file(tmp_path, monkeypatch):
-    """A GGUF whose llama.context_length no machine can hold: both loaders (blocks kept, dtype=None;
-    dequantized, np.float32) refuse it with a ValueError naming the resolved file (the blocks'
-    path did not name it; the float32 path named the argument as given, here "~/ctx.gguf")."""
+def test_gguf_context_length_costs_no_memory_until_used(tmp_path, monkeypatch):
+    """A GGUF may claim any llama.context_length (a 155 KB file claiming 2**26 positions once took
+    20 s and 4.4 GB to load: RoPE's tables were built for every position). The tables are now built
+    for the first 4,096 positions and grow when a longer sequence runs, so a file claiming 2**40
+    loads at once through both loaders (blocks kept, dtype=None; dequantized, np.float32), from a
+    "~/" name, and gives the logits of the same file with a context of 256."""
     import gguf
     from gguf_fakes import random_llama_state, write_llama_gguf
 
-    path = tmp_path / "ctx.gguf"
-    write_llama_gguf(path, random_llama_state(np.random.default_rng(0)),
-                     metadata={"llama.context_length": (2**40, gguf.GGUFValueType.UINT64)})
+    state = random_llama_state(np.random.default_rng(0))
+    huge, small = tmp_path / "huge.gguf", tmp_path / "small.gguf"
+    write_llama_gguf(huge, state, metadata={"llama.context_length": (2**40, gguf.GGUFValueType.UINT64)})
+    write_llama_gguf(small, state)
     monkeypatch.setenv("HOME", str(tmp_path))
-    for cls in (tc.LlamaForCausalLM, tc.LlamaModel):
-        for dtype in (None, np.float32):
-            with pytest.raises(ValueError) as info:
-                cls.from_pretrained("~/ctx.gguf", dtype=dtype)
-            message = str(info.value)
-            assert message.startswith(f"{path}: "), (cls, dtype, message)
-            assert "max_position_embeddings" in message and "exceed this machine's memory" in message, message
-    # the same file with a context that fits: both paths load it, from the same "~/" name, alike
-    write_llama_gguf(path, random_llama_state(np.random.default_rng(0)))
-    blocks, dense = (tc.LlamaForCausalLM.from_pretrained("~/ctx.gguf", dtype=d) for d in (None, np.float32))
-    assert blocks.source.path == dense.source.path == path and blocks.config.max_position_embeddings == 256
     ids = np.array([[1, 5, 9, 2]])
-    np.testing.assert_allclose(blocks(ids).logits, dense(ids).logits, rtol=1e-5, atol=1e-5)
+    for dtype in (None, np.float32):
+        model = tc.LlamaForCausalLM.from_pretrained("~/huge.gguf", dtype=dtype)
+        reference = tc.LlamaForCausalLM.from_pretrained("~/small.gguf", dtype=dtype)
+        assert model.source.path == huge and model.config.max_position_embeddings == 2**40
+        assert reference.config.max_position_embeddings == 256
+        np.testing.assert_array_equal(model(ids).logits, reference(ids).logits)
 
 
-def test_model_size_check_counts_both_rotary_tables():
-    """A Llama's memory check counts the cos and the sin table (P · D each): a context whose two
-    tables exceed this machine's memory, though one would fit, is refused before any allocation.
-    Run under an address-space limit, so that a check that let it through fails with MemoryError
+def test_rotary_tables_beyond_memory_are_refused_when_a_position_needs_them():
+    """A context whose two RoPE tables exceed this machine's memory, though one would fit, builds at
+    once (the tables start at 4,096 positions); a position that needs them all is refused with a
+    ValueError before any allocation, and the model still runs at the positions it has. Run under
+    an address-space limit, so that a check that let the tables through fails with MemoryError
     instead of exhausting the machine."""
     import subprocess
     import sys
 
     code = textwrap.dedent("""
         import resource
+        import numpy as np
         import transformer_core as tc
         from transformer_core import _core
         D = 16
@@ -811,11 +810,16 @@ def test_model_size_check_counts_both_rotary_tables():
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
         cfg = tc.LlamaConfig(vocab_size=11, hidden_size=4 * D, intermediate_size=8, num_hidden_layers=1,
                              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=P)
+        model = tc.LlamaForCausalLM(cfg)
+        ids = np.array([[1, 2, 3]])
+        before = model(ids).logits
         try:
-            tc.LlamaForCausalLM(cfg)
+            model(ids, position_ids=np.array([[0, 1, P - 1]]))
         except ValueError as e:
             print("refused:", e)
+        assert (model(ids).logits == before).all()
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.startswith("refused:") and "max_position_embeddings" in out.stdout, out.stdout
+    assert out.stdout.startswith("refused: rotary tables") and "max_position_embeddings" in out.stdout, out.stdout
+    assert "exceed this machine's memory" in out.stdout, out.stdout

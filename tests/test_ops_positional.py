@@ -666,3 +666,38 @@ def test_rotary_layer_tables_past_the_first_block_of_positions(layout, rng):
     ref = attn @ sd["out_proj.weight"].T + sd["out_proj.bias"]
     np.testing.assert_allclose(out[0], ref, atol=1e-10, rtol=0)
 
+
+def test_rotary_layer_grows_its_tables_to_the_positions_used(rng):
+    """RotaryEmbedding builds the tables of the first 4,096 positions, then grows them (doubling, or
+    to the position asked for) when a call reaches further: a max_position_embeddings of 2**40 costs
+    nothing until used. Attention at positions past each growth equals the same attention written
+    out with rotary_cos_sin's full table, and a position at or past max_position_embeddings, or one
+    whose tables cannot fit this machine's memory, is refused with a ValueError."""
+    import transformer_core as tc
+    import transformer_core.functional as F
+
+    E, H = 8, 2
+    D = E // H
+    mha = tc.nn.MultiheadAttention(E, H, dtype=np.float64)
+    rope = P.RotaryEmbedding(D, 2**40, dtype=np.float64)
+    assert rope._impl.built_positions == 4096
+    sd = mha.state_dict()
+    for positions, built in (([0, 4095, 17], 4096), ([4096, 1, 5000], 8192), ([3, 20000, 8192], 20001)):
+        positions = np.array([positions])
+        x = randn(rng, (1, 3, E), np.float64)
+        out, _ = mha(x, need_weights=False, rotary=rope, position_ids=positions)
+        assert rope._impl.built_positions == built
+        q, k, v = np.split(x[0] @ sd["in_proj_weight"].T + sd["in_proj_bias"], 3, axis=-1)
+        heads = lambda t: t.reshape(-1, H, D).transpose(1, 0, 2)  # noqa: E731  (H, L, D)
+        cos, sin = P.rotary_cos_sin(int(positions.max()) + 1, D, dtype=np.float64)
+        cos, sin = cos[positions[0]], sin[positions[0]]
+        q, k = P.apply_rotary(heads(q), cos, sin), P.apply_rotary(heads(k), cos, sin)
+        attn = F.scaled_dot_product_attention(q, k, heads(v)).transpose(1, 0, 2).reshape(-1, E)
+        np.testing.assert_allclose(out[0], attn @ sd["out_proj.weight"].T + sd["out_proj.bias"], atol=1e-10, rtol=0)
+    x = randn(rng, (1, 2, E), np.float64)
+    with pytest.raises(ValueError, match=r"rotary tables .*exceed this machine's memory"):
+        mha(x, need_weights=False, rotary=rope, position_ids=[[0, 2**39]])
+    small = P.RotaryEmbedding(D, 16, dtype=np.float64)
+    with pytest.raises(ValueError, match=r"position 16 .* outside the rotary table \[0, 16\)"):
+        mha(x, need_weights=False, rotary=small, position_ids=[[0, 16]])
+    assert rope._impl.built_positions == 20001 and small._impl.built_positions == 16

@@ -161,7 +161,8 @@ void register_dtype(py::module_& m) {
       .def(py::init([](int64_t head_dim, int64_t max_positions, double base, const std::string& layout) {
              return std::make_unique<Rotary>(head_dim, max_positions, base, ops::parse_rotary_layout(layout));
            }),
-           py::arg("head_dim"), py::arg("max_positions"), py::arg("base"), py::arg("layout"));
+           py::arg("head_dim"), py::arg("max_positions"), py::arg("base"), py::arg("layout"))
+      .def_property_readonly("built_positions", &Rotary::built_positions);
 
   py::class_<MHA, Module<T>>(m, ("MultiheadAttention" + sfx).c_str())
       .def(py::init<int64_t, int64_t, bool, int64_t, int64_t, int64_t, int64_t>(), py::arg("embed_dim"),

@@ -282,20 +282,25 @@ class Embeddings(Module):
 
 
 class RotaryEmbedding:
-    """The RoPE tables of every position up to ``max_position_embeddings`` (Su et al. 2021; the RoPE
-    section of the tutorials), computed once in C++ (double precision, rounded to ``dtype``: more
+    """The RoPE tables of the positions below ``max_position_embeddings`` (Su et al. 2021; the RoPE
+    section of the tutorials), computed in C++ (double precision, rounded to ``dtype``: more
     accurate than Hugging Face's float32 angles, see :func:`rotary_cos_sin`), for
     :class:`transformer_core.nn.MultiheadAttention` to rotate q and k inside its call.
 
+    The tables of the first 4,096 positions are built here; a call that reaches a later position
+    grows them (doubling, up to ``max_position_embeddings``), so a long context costs memory only
+    once a sequence that long runs. Several threads may use one instance at once.
+
     Args:
         head_dim: D, even, >= 2.
-        max_position_embeddings: the positions the tables cover (>= 1).
+        max_position_embeddings: the positions the tables may cover (>= 1).
         base: rotary base θ (10000 in RoFormer / Llama 1-2; SmolLM2 100000), finite > 0.
         layout: ``"half"`` (GPT-NeoX, Hugging Face Llama) or ``"interleaved"`` (GPT-J, Meta's Llama).
         dtype: ``np.float32`` or ``np.float64``.
 
     Raises:
-        TypeError / ValueError: as :func:`rotary_cos_sin`; tables larger than this machine's memory.
+        TypeError / ValueError: as :func:`rotary_cos_sin`. A call that would grow the tables beyond
+            this machine's memory raises ValueError then.
     """
 
     def __init__(self, head_dim: int, max_position_embeddings: int, base: float = 10000.0, layout: str = "half",

@@ -1,9 +1,14 @@
 #include "transformer_core/layers/rotary.hpp"
 
 #include <algorithm>
+#include <atomic>
+#include <mutex>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "transformer_core/layers/module.hpp"
+#include "transformer_core/ops/checks.hpp"
 
 namespace transformer_core::layers {
 
@@ -11,35 +16,76 @@ template <class T>
 RotaryEmbedding<T>::RotaryEmbedding(int64_t head_dim, int64_t max_positions, double base, RotaryLayout layout)
     : head_dim_(head_dim), max_positions_(max_positions), base_(base), layout_(layout) {
   ops::require_positive(max_positions, "max_position_embeddings");
-  if (layout == RotaryLayout::kHalf) {  // half-split rows [P, D]
-    cos_ = allocate<T, 2>({max_positions, head_dim}, "rotary table (max_position_embeddings, head_dim)");
-    sin_ = allocate<T, 2>({max_positions, head_dim}, "rotary table (max_position_embeddings, head_dim)");
-    ops::rotary_cos_sin(cos_.data(), sin_.data(), max_positions, head_dim, base, 0);
-    return;
+  tables_ = build(std::min(max_positions, kFirstPositions));
+}
+
+template <class T>
+std::shared_ptr<const typename RotaryEmbedding<T>::Tables> RotaryEmbedding<T>::build(int64_t positions) const {
+  // both tables at once: one may fit this machine's memory where the two do not
+  const int64_t width = layout_ == RotaryLayout::kHalf ? head_dim_ : head_dim_ / 2;
+  ops::require_weights({{2, positions, width}}, sizeof(T),
+                       "rotary tables (cos and sin of " + std::to_string(positions) + " positions; "
+                       "max_position_embeddings " + std::to_string(max_positions_) + ")");
+  auto t = std::make_shared<Tables>();
+  t->positions = positions;
+  if (layout_ == RotaryLayout::kHalf) {  // half-split rows [P, D]
+    t->cos = allocate<T, 2>({positions, head_dim_}, "rotary table (positions, head_dim)");
+    t->sin = allocate<T, 2>({positions, head_dim_}, "rotary table (positions, head_dim)");
+    ops::rotary_cos_sin(t->cos.data(), t->sin.data(), positions, head_dim_, base_, 0);
+    return t;
   }
   // one value per frequency: the first half of each half-split row, computed a block of positions
   // at a time (the tables take P · D values in all, never more)
-  const int64_t half = head_dim / 2;
-  cos_ = allocate<T, 2>({max_positions, half}, "rotary table (max_position_embeddings, head_dim / 2)");
-  sin_ = allocate<T, 2>({max_positions, half}, "rotary table (max_position_embeddings, head_dim / 2)");
+  const int64_t half = head_dim_ / 2;
+  t->cos = allocate<T, 2>({positions, half}, "rotary table (positions, head_dim / 2)");
+  t->sin = allocate<T, 2>({positions, half}, "rotary table (positions, head_dim / 2)");
   constexpr int64_t kBlock = 256;
-  const int64_t block = std::min(kBlock, max_positions);
-  std::vector<T> cos(static_cast<size_t>(block * head_dim)), sin(cos.size());
-  for (int64_t p0 = 0; p0 < max_positions; p0 += block) {
-    const int64_t rows = std::min(block, max_positions - p0);
-    ops::rotary_cos_sin(cos.data(), sin.data(), rows, head_dim, base, p0);
+  const int64_t block = std::min(kBlock, positions);
+  std::vector<T> cos(static_cast<size_t>(block * head_dim_)), sin(cos.size());
+  for (int64_t p0 = 0; p0 < positions; p0 += block) {
+    const int64_t rows = std::min(block, positions - p0);
+    ops::rotary_cos_sin(cos.data(), sin.data(), rows, head_dim_, base_, p0);
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t i = 0; i < half; ++i) {
-        cos_(p0 + r, i) = cos[static_cast<size_t>(r * head_dim + i)];
-        sin_(p0 + r, i) = sin[static_cast<size_t>(r * head_dim + i)];
+        t->cos(p0 + r, i) = cos[static_cast<size_t>(r * head_dim_ + i)];
+        t->sin(p0 + r, i) = sin[static_cast<size_t>(r * head_dim_ + i)];
       }
   }
+  return t;
+}
+
+template <class T>
+std::shared_ptr<const typename RotaryEmbedding<T>::Tables> RotaryEmbedding<T>::tables_for(const int64_t* positions,
+                                                                                           int64_t rows) const {
+  int64_t needed = 0;  // 1 + the largest position
+  for (int64_t r = 0; r < rows; ++r) {
+    if (positions[r] < 0 || positions[r] >= max_positions_)
+      throw std::invalid_argument("position_ids: position " + std::to_string(positions[r]) + " at flat index " +
+                                  std::to_string(r) + " is outside the rotary table [0, " +
+                                  std::to_string(max_positions_) + ") (max_position_embeddings)");
+    needed = std::max(needed, positions[r] + 1);
+  }
+  std::shared_ptr<const Tables> t = std::atomic_load(&tables_);
+  if (t->positions >= needed) return t;
+  static std::mutex growing;  // one thread builds; the others wait, then take its tables
+  std::lock_guard<std::mutex> lock(growing);
+  t = std::atomic_load(&tables_);
+  if (t->positions >= needed) return t;
+  t = build(std::min(max_positions_, std::max(needed, 2 * t->positions)));
+  std::atomic_store(&tables_, t);
+  return t;
+}
+
+template <class T>
+int64_t RotaryEmbedding<T>::built_positions() const {
+  return std::atomic_load(&tables_)->positions;
 }
 
 template <class T>
 void RotaryEmbedding<T>::apply(T* x, int64_t rows, int64_t ld, int64_t col0, int64_t heads,
                                const int64_t* positions) const {
-  ops::apply_rotary_heads(x, rows, ld, col0, heads, head_dim_, positions, cos_.data(), sin_.data(), max_positions_,
+  const std::shared_ptr<const Tables> t = tables_for(positions, rows);
+  ops::apply_rotary_heads(x, rows, ld, col0, heads, head_dim_, positions, t->cos.data(), t->sin.data(), t->positions,
                           layout_);
 }
 

@@ -8,8 +8,9 @@ namespace transformer_core::layers {
 template <class T>
 void RotaryEmbedding<T>::apply_backward(T* d, int64_t rows, int64_t ld, int64_t col0, int64_t heads,
                                         const int64_t* positions) const {
-  ops::rotary_heads_backward(d, rows, ld, col0, heads, head_dim_, positions, cos_.data(), sin_.data(),
-                             max_positions_, layout_);
+  const std::shared_ptr<const Tables> t = tables_for(positions, rows);
+  ops::rotary_heads_backward(d, rows, ld, col0, heads, head_dim_, positions, t->cos.data(), t->sin.data(),
+                             t->positions, layout_);
 }
 
 template void RotaryEmbedding<float>::apply_backward(float*, int64_t, int64_t, int64_t, int64_t, const int64_t*) const;

@@ -1,5 +1,6 @@
 #include "transformer_core/models/decoder.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 #include <string>
@@ -50,7 +51,9 @@ const DecoderConfig& checked_sizes(const DecoderConfig& c) {
   const int64_t kv = c.num_kv_heads > 0 ? c.num_kv_heads : c.num_heads;
   ops::require_weights({{2, c.vocab_size, H},
                         {c.learned_positions ? c.max_positions : 0, H},
-                        {c.learned_positions ? 0 : 2, c.max_positions,
+                        // RoPE's tables are built for the first positions, grown as sequences need
+                        {c.learned_positions ? 0 : 2,
+                         std::min(c.max_positions, layers::RotaryEmbedding<T>::kFirstPositions),
                          c.rope_layout == ops::RotaryLayout::kHalf ? D : D / 2},
                         {Lyr, 2, c.num_heads, D, H},
                         {Lyr, 2, kv, D, H},

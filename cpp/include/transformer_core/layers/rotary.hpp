@@ -2,11 +2,15 @@
 //
 //   θ_i = base^(-2i / head_dim),   RoPE(x, m) = x · cos(m θ) + rotate_half(x) · sin(m θ)
 //
-// The cos/sin tables of every position up to max_positions, computed once (in double, rounded to T);
-// an attention layer rotates its q and k heads with them, each token at its own position.
+// The cos/sin tables of the positions (computed in double, rounded to T); an attention layer rotates
+// its q and k heads with them, each token at its own position. The tables are built for the first
+// kFirstPositions positions, and grow (doubling) when a longer sequence comes: a model's
+// max_position_embeddings (131,072 for Llama 3.1, anything a GGUF file claims) costs no memory until
+// a sequence that long runs. Hugging Face computes the angles per call instead; llama.cpp too.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <xtensor/xtensor.hpp>
 
 #include "transformer_core/ops/positional.hpp"
@@ -21,8 +25,12 @@ class RotaryEmbedding {
   // layout: kHalf (GPT-NeoX, Hugging Face Llama) or kInterleaved (GPT-J, Meta's Llama).
   RotaryEmbedding(int64_t head_dim, int64_t max_positions, double base, RotaryLayout layout);
 
+  // Positions whose tables are built with the layer (fewer if max_positions is smaller).
+  static constexpr int64_t kFirstPositions = 4096;
+
   // Rotates, in each row r of x [rows, ld], the `heads` heads of head_dim values that start at
-  // column col0, by position positions[r] (< max_positions, else std::invalid_argument).
+  // column col0, by position positions[r] (in [0, max_positions), else std::invalid_argument).
+  // Safe to call from several threads at once, also while the tables grow.
   void apply(T* x, int64_t rows, int64_t ld, int64_t col0, int64_t heads, const int64_t* positions) const;
 
   // The transpose of apply (a rotation by -θ), for the backward pass (rotary_backward.cpp).
@@ -33,11 +41,26 @@ class RotaryEmbedding {
   double base() const { return base_; }
   RotaryLayout layout() const { return layout_; }
 
+  // Positions whose tables are built now (kFirstPositions or more, at most max_positions).
+  int64_t built_positions() const;
+
  private:
+  // cos and sin [positions, W] (W = head_dim for kHalf, head_dim / 2 for kInterleaved) of positions
+  // 0 … positions − 1. Never changed once built: a larger set replaces it, and a call that holds the
+  // old one reads it to its end.
+  struct Tables {
+    xt::xtensor<T, 2> cos, sin;
+    int64_t positions = 0;
+  };
+  std::shared_ptr<const Tables> build(int64_t positions) const;
+  // The tables, checked to cover positions[0 … rows − 1] (grown first if they do not); throws
+  // std::invalid_argument for a position outside [0, max_positions).
+  std::shared_ptr<const Tables> tables_for(const int64_t* positions, int64_t rows) const;
+
   int64_t head_dim_, max_positions_;
   double base_;
   RotaryLayout layout_;
-  xt::xtensor<T, 2> cos_, sin_;  // [max_positions, W]: W = head_dim (kHalf) or head_dim / 2
+  mutable std::shared_ptr<const Tables> tables_;  // read and replaced through std::atomic_load / atomic_store
 };
 
 }  // namespace transformer_core::layers
