@@ -446,6 +446,56 @@ def test_kv_cache_from_legacy_refuses_batch_0_naming_the_pair(rng):
     np.testing.assert_array_equal(v2, v)
 
 
+def test_kv_cache_from_legacy_names_what_it_takes():
+    """from_legacy takes the legacy tuple/list only: it said "expected None, a KVCache or ..." (the
+    models' forward's message), offering two things it refuses."""
+    from transformers import DynamicCache
+
+    hf = DynamicCache()
+    hf.update(torch.zeros(1, 2, 3, 4), torch.zeros(1, 2, 3, 4), 0)
+    for bad, name in ((None, "NoneType"), (tc.KVCache(1, 1, 2, 4), "KVCache"), (hf, "DynamicCache"),
+                      (np.zeros((1, 2, 3, 4)), "ndarray")):
+        with pytest.raises(TypeError, match=r"^past_key_values: expected Hugging Face's legacy tuple or list of "
+                                            rf"\(keys, values\) pairs per layer, got {name}$"):
+            tc.KVCache.from_legacy(bad, 2, 4)
+    # what it takes: HF's own legacy pairs (torch tensors), as a tuple or a list
+    k, v = torch.randn(1, 2, 3, 4, dtype=torch.float64), torch.randn(1, 2, 3, 4, dtype=torch.float64)
+    for past in (((k, v),), [[k, v]]):
+        (k2, v2), = tc.KVCache.from_legacy(past, 2, 4, np.float64).to_legacy()
+        np.testing.assert_array_equal(k2, k.numpy())
+        np.testing.assert_array_equal(v2, v.numpy())
+
+
+@pytest.mark.parametrize("key_order, problem", [
+    ([0, 1, 2, 2], r"\[2\] repeated; \[3\] missing"),
+    ([3, 3, 0, 0], r"\[0, 3\] repeated; \[1, 2\] missing"),
+    ([0, 1, 2, 4], r"\[4\] outside range\(4\); \[3\] missing"),
+    ([-1, 1, 2, 3], r"\[-1\] outside range\(4\); \[0\] missing"),
+    (np.array([0, 1, 2, 2], np.uint8), r"\[2\] repeated; \[3\] missing"),
+    ([0, 1, 2], r"shape \(4,\), got an array of shape \(3,\)"),
+    ([[0, 1], [2, 3]], r"shape \(4,\), got an array of shape \(2, 2\)"),
+])
+def test_kv_cache_key_order_names_its_bad_indices(key_order, problem):
+    """A key_order of the right shape but not a permutation said "got an array of shape (4,)" (its
+    right shape): the repeated, missing and out-of-range indices are named now; the shape only when
+    it is the shape that is wrong. The same check serves from_legacy."""
+    want = rf"^key_order: expected a permutation of range\(4\), {'' if 'shape' in problem else 'got '}{problem}$"
+    with pytest.raises(ValueError, match=want):
+        tc.KVCache(1, 1, 1, 4, key_order=key_order)
+    with pytest.raises(ValueError, match=want):
+        tc.KVCache.from_legacy(((np.zeros((1, 1, 2, 4)),) * 2,), 1, 4, key_order=key_order)
+
+
+def test_kv_cache_key_order_lists_at_most_8_indices():
+    p = np.zeros(20, np.int64)  # 0 twenty times: 1..19 missing
+    with pytest.raises(ValueError, match=r"^key_order: expected a permutation of range\(20\), got \[0\] repeated; "
+                                         r"\[1, 2, 3, 4, 5, 6, 7, 8, \.\.\.\] missing$"):
+        tc.KVCache(1, 1, 1, 20, key_order=p)
+    order = np.array([1, 0, 3, 2])  # a permutation: kept, read-only
+    cache = tc.KVCache(1, 1, 1, 4, key_order=order)
+    assert np.array_equal(cache.key_order, order) and not cache.key_order.flags.writeable
+
+
 # ------------------------------------------------------------------------------- masks, by address
 def test_a_record_array_field_as_mask_reads_its_own_values(rng):
     """A float mask whose strides are not whole elements (a field of a record array): read as the

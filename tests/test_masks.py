@@ -158,6 +158,11 @@ def test_from_torch_mha_float_is_passed_through():
     m = torch.tensor([[0.0, float("-inf")], [-0.5, 0.0]])
     out = M.from_torch_mha(m)
     assert out.dtype == np.float32 and np.array_equal(out, m.numpy())
+    # float16 / float64 keep their dtype; bfloat16 (not a numpy dtype) becomes float32, values exact
+    for dt, want in ((torch.float16, np.float16), (torch.float64, np.float64), (torch.bfloat16, np.float32)):
+        t = torch.tensor([[0.0, -9984.0], [-0.5, float("-inf")]], dtype=dt)
+        out = M.from_torch_mha(t)
+        assert out.dtype == want and np.array_equal(out, t.float().numpy().astype(want))
     assert np.array_equal(M.from_torch_mha(np.array([True, False])), [False, True])
     with pytest.raises(TypeError, match="mask"):
         M.from_torch_mha(np.array([1, 0], np.uint8))
@@ -175,8 +180,12 @@ def test_from_additive_hf_extended_mask_and_threshold():
     am = torch.tensor([[1, 1, 0], [1, 0, 0]])
     extended = (1.0 - am[:, None, None, :].float()) * torch.finfo(torch.float32).min  # HF's
     assert np.array_equal(M.from_additive(extended)[:, 0, 0], am.numpy() == 1)
-    bert_old = (1.0 - am.double()) * -10000.0  # the original BERT's
-    assert np.array_equal(M.from_additive(bert_old), am.numpy() == 1)
+    for dt in (torch.float64, torch.float32, torch.float16, torch.bfloat16):
+        bert_old = (1.0 - am.to(dt)) * -10000.0  # the original BERT's (bfloat16 rounds it to -9984)
+        assert bert_old.dtype == dt and bert_old.min().item() == (-9984.0 if dt == torch.bfloat16 else -10000.0)
+        assert np.array_equal(M.from_additive(bert_old), am.numpy() == 1)
+        hf_min = (1.0 - am.to(dt)) * torch.finfo(dt).min  # HF's, in this dtype
+        assert np.array_equal(M.from_additive(hf_min), am.numpy() == 1)
     assert np.array_equal(M.from_additive(np.array([-50.0, -200.0]), blocked_at=-100.0), [True, False])
     with pytest.raises(ValueError, match="mask"):
         M.from_additive(np.array([0.0, np.nan]))
@@ -186,6 +195,21 @@ def test_from_additive_hf_extended_mask_and_threshold():
         M.from_additive(np.array([True]))
     with pytest.raises(ValueError, match="blocked_at"):
         M.from_additive(np.array([0.0]), blocked_at=float("-inf"))
+
+
+@pytest.mark.parametrize("num_heads", [1, 8, 12, 112])
+def test_from_additive_keeps_alibi_biases_allowed(num_heads):
+    """The default cut (-9000) lies below ALiBi's biases ``-m·|i - j|`` for keys up to 8999 positions
+    away, the slopes m taken from Hugging Face's BLOOM (largest: 2^(-8/H); 0.958 for its 112 heads)."""
+    from transformers.models.bloom.modeling_bloom import build_alibi_tensor
+
+    slopes = build_alibi_tensor(torch.ones(1, 2), num_heads, torch.float32)[:, 0, 1]  # (H,): m · position 1
+    assert 0 < slopes.max().item() < 1
+    distance = torch.arange(9000, dtype=torch.float32)
+    for dt in (torch.float32, torch.bfloat16):
+        alibi = (-slopes[:, None] * distance).to(dt)  # (H, S): one query's biases to keys 0..8999 away
+        assert M.from_additive(alibi).all()
+    assert M.ADDITIVE_BLOCKED_AT == -9000.0
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)

@@ -548,6 +548,35 @@ class TorchSeq2Seq(torch.nn.Module):
                                tgt_is_causal=True)
         return self.generator(out)
 
+    # the tutorial's encode / decode (no padding), for its greedy_decode
+    def _embed(self, table, ids):
+        pe = torch.from_numpy(tc.positional.sinusoidal_positional_encoding(64, self.d_model, dtype=np.float64))
+        return table(ids) * math.sqrt(self.d_model) + pe.to(self.generator.weight.dtype)[:ids.shape[1]]
+
+    def encode(self, src):
+        return self.transformer.encoder(self._embed(self.src_tok_emb, src))
+
+    def decode(self, tgt, memory):
+        causal = torch.nn.Transformer.generate_square_subsequent_mask(tgt.shape[1], dtype=memory.dtype)
+        return self.transformer.decoder(self._embed(self.tgt_tok_emb, tgt), memory, tgt_mask=causal,
+                                        tgt_is_causal=True)
+
+
+def tutorial_greedy_decode(model, src, max_len, start_symbol, eos_idx):
+    """PyTorch's translation tutorial's greedy_decode (one sequence), batch-first: its ys is (T, 1),
+    here (1, T). Its loop runs max_len - 1 times: max_len tokens at most, the start symbol included."""
+    memory = model.encode(src)
+    ys = torch.ones(1, 1).fill_(start_symbol).type(torch.long)
+    for _ in range(max_len - 1):
+        out = model.decode(ys, memory)
+        prob = model.generator(out[:, -1])
+        _, next_word = torch.max(prob, dim=1)
+        next_word = next_word.item()
+        ys = torch.cat([ys, torch.ones(1, 1).type_as(src.data).fill_(next_word)], dim=1)
+        if next_word == eos_idx:
+            break
+    return ys
+
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
 @pytest.mark.parametrize("norm_first", [False, True], ids=["post_ln", "pre_ln"])
@@ -575,7 +604,36 @@ def test_seq2seq_transformer(rng, dtype, norm_first):
     np.testing.assert_allclose(ours(src, tgt, src_key_mask=src_key), logits.detach().numpy(),
                                atol=1e-4 if dtype == np.float32 else 1e-10)
     ys = ours.greedy_decode(src, 4, start_token=1, src_key_mask=src_key)
-    assert ys.shape == (N, 5) and np.all(ys[:, 0] == 1)
+    assert ys.shape == (N, 4) and np.all(ys[:, 0] == 1)  # max_len counts the start token
+
+
+def test_seq2seq_greedy_decode_is_the_tutorials(rng):
+    """greedy_decode(max_len) against the translation tutorial's loop on the same weights: at most
+    max_len tokens, the start token included (it returned max_len + 1), the same ids, the same stop
+    at the end token; batched rows are the tutorial's, padded with the end token."""
+    ref = _randomise(TorchSeq2Seq(13, 11, 8, 2, 2, 2, 16, False), 1).double().eval()  # (seed 1: varied ids)
+    ours = tc.Seq2SeqTransformer(13, 11, 8, 2, 2, 2, 16, max_len=64, dtype=np.float64).eval()
+    ours.load_state_dict({k: v.detach().numpy() for k, v in ref.state_dict().items()})
+    srcs = rng.integers(0, 13, (4, 5))
+    with torch.no_grad():
+        for src in srcs:
+            for max_len in (1, 2, 6, 12):
+                want = tutorial_greedy_decode(ref, torch.from_numpy(src[None]), max_len, 1, None).numpy()
+                assert want.shape == (1, max_len)
+                np.testing.assert_array_equal(ours.greedy_decode(src[None], max_len, 1), want)
+            # an end token the sequence emits at its 3rd step: both stop there, end token included
+            eos = int(want[0, 3])
+            stop = tutorial_greedy_decode(ref, torch.from_numpy(src[None]), 12, 1, eos).numpy()
+            assert stop.shape[1] <= 4 and stop[0, -1] == eos
+            np.testing.assert_array_equal(ours.greedy_decode(src[None], 12, 1, eos), stop)
+        eos = int(tutorial_greedy_decode(ref, torch.from_numpy(srcs[:1]), 4, 1, None)[0, 3])  # row 0 stops
+        rows = [tutorial_greedy_decode(ref, torch.from_numpy(src[None]), 9, 1, eos).numpy()[0] for src in srcs]
+    assert len({len(r) for r in rows}) > 1  # rows that stop at different steps: the padding is exercised
+    batched = ours.greedy_decode(srcs, 9, 1, eos)
+    assert batched.shape == (4, max(len(r) for r in rows)) and batched.shape[1] <= 9
+    for row, want in zip(batched, rows):
+        np.testing.assert_array_equal(row[:len(want)], want)
+        assert np.all(row[len(want):] == eos)
 
 
 def test_seq2seq_greedy_decode_checks_its_arguments_first(rng):
@@ -591,8 +649,11 @@ def test_seq2seq_greedy_decode_checks_its_arguments_first(rng):
             m.greedy_decode(src, 3, 1, end)
     with pytest.raises(ValueError, match=r"^max_len: expected <= the model's max_len \(6\)"):
         m.greedy_decode(src, 7, 1)
+    with pytest.raises(ValueError, match=r"^max_len: expected an int in \[1, "):
+        m.greedy_decode(src, 0, 1)
     ys = m.greedy_decode(src, 6, 1, 11)
-    assert ys.dtype == np.int64 and ys.shape[0] == 1 and 2 <= ys.shape[1] <= 7
+    assert ys.dtype == np.int64 and ys.shape[0] == 1 and 2 <= ys.shape[1] <= 6
+    np.testing.assert_array_equal(m.greedy_decode(src, 1, 4), [[4]])  # the start token alone
 
 
 # --------------------------------------------------------------------------------------------------

@@ -199,6 +199,9 @@ class DecoderModel(Module):
         cache = past_key_values
         order = self._key_order
         if not isinstance(cache, KVCache):
+            if not isinstance(cache, (list, tuple)):  # the model's message: it takes a KVCache too
+                raise TypeError(f"past_key_values: expected None, a KVCache or Hugging Face's legacy tuple of (keys, "
+                                f"values) pairs per layer, got {type(cache).__name__}")
             cache = KVCache.from_legacy(cache, self.config.num_kv_heads, self.head_dim, self.dtype, key_order=order)
         if np.dtype(cache.dtype) != np.dtype(self.dtype):
             raise TypeError(f"past_key_values: expected a cache of this model's dtype {np.dtype(self.dtype).name}, "

@@ -122,7 +122,8 @@ class KVCache:
         Face's order; ``key_order``: the cache's own (see the class), the keys stored reordered.
 
         Raises:
-            TypeError: ``past`` not a tuple or list (message naming ``past_key_values``).
+            TypeError: ``past`` not a tuple or list (e.g. None, a KVCache, a Hugging Face
+                ``DynamicCache``; the message names ``past_key_values``, Hugging Face's name for it).
             ValueError: no pairs, arrays of inconsistent shapes or of batch 0, a bad ``key_order``; arrays whose
                 copies and cache would exceed this machine's memory (checked before any copy).
         """
@@ -131,8 +132,8 @@ class KVCache:
         head_dim = check_int(head_dim, "head_dim", 1)
         key_order = _check_key_order(key_order, head_dim)
         if not isinstance(past, (list, tuple)):
-            raise TypeError(f"past_key_values: expected None, a KVCache or Hugging Face's legacy tuple of (keys, "
-                            f"values) pairs per layer, got {type(past).__name__}")
+            raise TypeError(f"past_key_values: expected Hugging Face's legacy tuple or list of (keys, values) pairs "
+                            f"per layer, got {type(past).__name__}")
         if not past:
             raise ValueError("past_key_values: expected one (keys, values) pair per layer, got none")
         first = past[0][0] if isinstance(past[0], (list, tuple)) and past[0] else None
@@ -178,8 +179,27 @@ def _check_key_order(key_order, head_dim: int):
     p = np.asarray(key_order)
     if p.dtype.kind not in "iu":
         raise TypeError(f"key_order: expected integers (a permutation of range({head_dim})), got dtype {p.dtype}")
-    if p.shape != (head_dim,) or not np.array_equal(np.sort(p), np.arange(head_dim)):
-        raise ValueError(f"key_order: expected a permutation of range({head_dim}), got an array of shape {p.shape}")
+    if p.shape != (head_dim,):
+        raise ValueError(f"key_order: expected a permutation of range({head_dim}), shape ({head_dim},), got an "
+                         f"array of shape {p.shape}")
+    # right shape: say which indices break it (head_dim values at most: small)
+    counts = np.bincount(p[(p >= 0) & (p < head_dim)].astype(np.int64), minlength=head_dim)
+    problems = []
+    outside = p[(p < 0) | (p >= head_dim)]
+    if outside.size:
+        problems.append(f"{_some(np.unique(outside))} outside range({head_dim})")
+    if (counts > 1).any():
+        problems.append(f"{_some(np.flatnonzero(counts > 1))} repeated")
+    if (counts == 0).any():
+        problems.append(f"{_some(np.flatnonzero(counts == 0))} missing")
+    if problems:
+        raise ValueError(f"key_order: expected a permutation of range({head_dim}), got {'; '.join(problems)}")
     p = p.astype(np.int64)
     p.flags.writeable = False
     return p
+
+
+def _some(values: np.ndarray, count: int = 8) -> str:
+    """The first ``count`` of ``values`` as a list, "..." after them when there are more."""
+    shown = ", ".join(str(int(v)) for v in values[:count])
+    return f"[{shown}{', ...' if len(values) > count else ''}]"

@@ -9,7 +9,7 @@ bool mask there as True = blocked. Elsewhere the meanings differ, hence the conv
 
 * torch ``nn.MultiheadAttention`` / ``nn.Transformer*`` bool masks: True = blocked (padding in
   ``key_padding_mask``) -> :func:`from_torch_mha` (``~mask``);
-* additive float masks: 0 = allowed, -inf (or any value <= -1e4) = blocked -> :func:`from_additive`;
+* additive float masks: 0 = allowed, -inf (or any value <= -9000) = blocked -> :func:`from_additive`;
 * Hugging Face ``attention_mask``: 1 = real token, 0 = padding -> :func:`from_hf`;
 
 and :func:`to_additive` goes back to a 0 / -inf float mask.
@@ -43,11 +43,15 @@ __all__ = [
     "to_additive",
 ]
 
-#: Default cut of :func:`from_additive`: entries <= this value are "blocked". -1e4 catches
+#: Default cut of :func:`from_additive`: entries <= this value are "blocked". -9000 catches
 #: -inf, ``torch.finfo(dtype).min`` (Hugging Face), -1e9 / -1e20 (the tutorials) and the
-#: ``(1 - mask) * -10000.0`` of the original BERT, while leaving ordinary additive biases
-#: (ALiBi, T5 relative positions, which stay well above -1e4) allowed.
-ADDITIVE_BLOCKED_AT = -1e4
+#: ``(1 - mask) * -10000.0`` of the original BERT in every float dtype: float16 holds -10000
+#: exactly, bfloat16 rounds it to -9984 (its spacing there is 64), which a cut of -1e4 would
+#: have let through. Ordinary additive biases stay above it, so they stay allowed: ALiBi's
+#: ``-m·|i - j|`` has slopes m < 1 (2^(-8/H) and, for H not a power of 2, up to 2^(-4/H'),
+#: H' the largest power of 2 below H; BLOOM's 112 heads: 0.958), so above -9000 for keys less than
+#: 9000 positions away; T5's learned relative-position biases are small (tens).
+ADDITIVE_BLOCKED_AT = -9000.0
 
 
 _to_numpy = to_numpy
@@ -154,14 +158,16 @@ def from_torch_mha(mask) -> np.ndarray:
 
     * bool (``attn_mask`` or ``key_padding_mask``; True = **not** allowed / padding) ->
       ``~mask`` (True = may attend / real token).
-    * float (additive, added to the scores; the same meaning in torch and here) -> returned as is
-      (a numpy copy, dtype kept).
+    * float (additive, added to the scores; the same meaning in torch and here) -> the same values
+      (a numpy copy): float16, float32 and float64 keep their dtype; bfloat16, which numpy lacks,
+      becomes float32 (exactly: every bfloat16 value is a float32 value).
 
     Args:
         mask: torch tensor or array-like, any shape (``(L, S)``, ``(N·H, L, S)``, ``(N, S)``).
 
     Returns:
-        bool array (from a bool mask) or float array (from a float mask), same shape.
+        bool array (from a bool mask) or float array (from a float mask; bfloat16 -> float32), same
+        shape.
 
     Raises:
         TypeError: None, or a dtype other than bool/float (torch deprecated byte masks: say which
@@ -179,11 +185,13 @@ def from_torch_mha(mask) -> np.ndarray:
 def from_additive(mask, blocked_at: float = ADDITIVE_BLOCKED_AT) -> np.ndarray:
     """An additive float mask (0 = allowed, a very negative value = blocked) as a bool mask::
 
-        ours = mask > blocked_at          (default blocked_at = -1e4)
+        ours = mask > blocked_at          (default blocked_at = ADDITIVE_BLOCKED_AT = -9000)
 
-    so -inf, ``torch.finfo(dtype).min``, -1e9, -1e20 and BERT's -10000.0 all mean blocked, and 0
-    means allowed. The conversion is lossy: a finite bias above ``blocked_at`` (ALiBi, T5 relative
-    positions) becomes plain True; keep the float mask to keep the bias.
+    so -inf, ``torch.finfo(dtype).min``, -1e9, -1e20 and BERT's -10000.0 (also as bfloat16 rounds
+    it, -9984) all mean blocked, and 0 means allowed. The conversion is lossy: a finite bias above
+    ``blocked_at`` (ALiBi for keys less than 9000 positions away, T5 relative positions) becomes
+    plain True; keep the float mask to keep the bias. A bias that may reach -9000 (ALiBi over
+    longer contexts) needs a lower ``blocked_at``.
 
     Args:
         mask: float array-like or torch tensor, any shape.

@@ -359,24 +359,36 @@ class Seq2SeqTransformer(Module):
 
     def greedy_decode(self, src, max_len: int, start_token: int, end_token: int | None = None,
                       src_key_mask=None) -> np.ndarray:
-        """Greedy decoding (the translation tutorial's ``greedy_decode``): from ``start_token``, append
-        the argmax of the last position's logits, ``max_len`` tokens at most or until every sequence
-        emitted ``end_token`` (later tokens of a finished sequence are ``end_token``).
+        """Greedy decoding, as the translation tutorial's ``greedy_decode``: from ``start_token``,
+        append the argmax of the last position's logits until the sequence holds ``max_len`` tokens
+        **counting the start token** (the tutorial's ``for i in range(max_len - 1)``: ``max_len - 1``
+        decoder steps at most) or until every sequence emitted ``end_token``. Batched: a sequence
+        that emitted ``end_token`` goes on with ``end_token`` until all have (with N = 1, the
+        tutorial's ``break``).
+
+        Args:
+            src: ``(N, S)`` source ids.  src_key_mask: ``(N, S)``, True = a real source token.
+            max_len: tokens to return at most, the start token included; 1 <= ``max_len`` <= the
+                model's ``max_len`` (so the result is a target the model reads); 1 returns the start
+                token alone.
+            start_token: the first target id (BOS).  end_token: stops a sequence (EOS); None = run
+                all ``max_len - 1`` steps.
 
         Returns:
-            ``(N, 1 + steps)`` int64 ids, the start token first.
+            ``(N, T)`` int64 ids, ``1 <= T <= max_len``, the start token first (the tutorial's ``ys``
+            is ``(T, 1)``, sequence first).
 
         Raises:
             ValueError: in training mode (call ``.eval()``), ``max_len`` < 1 or over the model's
-            ``max_len`` (the decoder reads up to ``max_len`` target positions), ``start_token`` /
-            ``end_token`` out of ``[0, tgt_vocab_size)`` — all before any decoding.
+            ``max_len``, ``start_token`` / ``end_token`` out of ``[0, tgt_vocab_size)``; as
+            :meth:`encode` — all before any decoding.
             TypeError: ``max_len``, ``start_token`` or ``end_token`` not an int.
         """
         self._require_eval("greedy_decode")
         max_len = check_positive_int(max_len, "max_len")
         if max_len > self.max_len:
-            raise ValueError(f"max_len: expected <= the model's max_len ({self.max_len}), the target positions the "
-                             f"decoder reads, got {max_len}")
+            raise ValueError(f"max_len: expected <= the model's max_len ({self.max_len}), the longest target it "
+                             f"reads, got {max_len}")
         start_token = check_int(start_token, "start_token", 0)
         if start_token >= self.tgt_vocab_size:
             raise ValueError(f"start_token: expected an id in [0, {self.tgt_vocab_size}), got {start_token}")
@@ -388,7 +400,7 @@ class Seq2SeqTransformer(Module):
         N = memory.shape[0]
         ys = np.full((N, 1), start_token, np.int64)
         done = np.zeros(N, bool)
-        for _ in range(max_len):
+        for _ in range(max_len - 1):  # the tutorial's loop: max_len tokens at most, the start token included
             nxt = self.decode(ys, memory, src_key_mask)[:, -1].argmax(-1)
             if end_token is not None:
                 nxt = np.where(done, end_token, nxt)

@@ -609,7 +609,8 @@ def _draw_mask_conv(draw):
     if fn == "from_torch_mha":
         m = draw(st.sampled_from([b, np.where(b, 0.0, -np.inf).astype(np.float32)]))
     elif fn == "from_additive":
-        m = np.where(b, 0.0, draw(st.sampled_from([-np.inf, -1e9, -10000.0]))).astype(draw(DTYPES))
+        # -9984.0: BERT's -10000.0 as bfloat16 rounds it
+        m = np.where(b, 0.0, draw(st.sampled_from([-np.inf, -1e9, -10000.0, -9984.0]))).astype(draw(DTYPES))
     elif fn == "from_hf":
         m = draw(st.sampled_from([b, b.astype(np.int64), b.astype(np.float32)]))
     else:
@@ -634,7 +635,7 @@ def _ref_mask_conv(kw):
     if fn == "from_additive":
         if a.dtype.kind != "f" or np.isnan(a).any() or np.isposinf(a).any():
             raise NoReference("dtype")
-        return a > -1e4
+        return a > -9000.0  # the documented default cut (masks.ADDITIVE_BLOCKED_AT)
     if fn == "from_hf":
         return read_keep(a)
     if a.dtype != np.bool_:
