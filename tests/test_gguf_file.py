@@ -136,6 +136,10 @@ def test_tensor_api_errors(smollm2_checkpoint):
         smollm2_checkpoint.tensor("blk.0.attn_q.weight")  # GGUF names are not the API's
     with pytest.raises(TypeError, match="dtype"):
         smollm2_checkpoint.tensor("model.norm.weight", dtype=np.int32)
+    with pytest.raises(TypeError, match="^name: expected a str, got list$"):
+        smollm2_checkpoint.tensor_info(["model.norm.weight"])
+    with pytest.raises(TypeError, match="^name: expected a str, got int$"):
+        smollm2_checkpoint.tensor(3)
     assert "lm_head.weight" not in smollm2_checkpoint.tensor_names
     assert "Q4_1" in repr(smollm2_checkpoint)
 
@@ -178,6 +182,64 @@ def test_tiny_attention_bias(tiny_dir):
     assert set(ours) == set(truth)
     for name in truth:  # the q/k biases are permuted with their rows
         np.testing.assert_array_equal(ours[name], truth[name], err_msg=name)
+    for name in truth:  # the raw bytes in Hugging Face order: for a bias, 4 bytes a value
+        info = ckpt.tensor_info(name)
+        rows = info.raw_hf_rows()
+        assert rows.shape == info.raw.shape and rows.dtype == np.uint8, name
+        np.testing.assert_array_equal(rows.view("<f4").reshape(info.shape), truth[name], err_msg=name)
+    assert ckpt.tensor_info("model.layers.0.self_attn.q_proj.bias").row_permutation.shape == (64,)
+
+
+def _retyped(tmp_path, source, gguf_name: str, type_id: int, label: str):
+    """A copy of the GGUF ``source`` whose tensor ``gguf_name`` is declared of ggml type ``type_id``
+    (its data left as is: a type of fewer bytes than F32 reads the first part of it)."""
+    data = bytearray(source.read_bytes())
+    name = gguf_name.encode()
+    at = data.index(struct.pack("<Q", len(name)) + name) + 8 + len(name)  # -> n_dims
+    n_dims = struct.unpack_from("<I", data, at)[0]
+    struct.pack_into("<I", data, at + 4 + 8 * n_dims, type_id)
+    path = tmp_path / f"{label}.gguf"
+    path.write_bytes(bytes(data))
+    return path
+
+
+def _decoded_rows(info, rows: np.ndarray) -> np.ndarray:
+    """Float32 values of raw F16 / BF16 bytes ``rows`` (shape ``info.shape``)."""
+    if info.ggml_type == "F16":
+        return rows.view("<f2").astype(np.float32).reshape(info.shape)
+    return (rows.view("<u2").astype(np.uint32) << 16).view(np.float32).reshape(info.shape)
+
+
+@pytest.mark.parametrize("ggml_type", ["F16", "BF16"])
+def test_raw_hf_rows_of_a_two_byte_bias(tmp_path, tiny_dir, ggml_type):
+    """A q/k bias stored in 2 bytes a value (patched into the table of an F32 file): raw_hf_rows()
+    moves each value's 2 bytes whole, as tensor() reorders the dequantized values."""
+    source = tiny_dir / "bias-src.gguf"
+    write_llama_gguf(source, random_llama_state(np.random.default_rng(8), attention_bias=True))
+    path = _retyped(tmp_path, source, "blk.1.attn_k.bias", gguf.GGMLQuantizationType[ggml_type].value, ggml_type)
+    ckpt = read_gguf(path)
+    info = ckpt.tensor_info("model.layers.1.self_attn.k_proj.bias")
+    assert info.ggml_type == ggml_type and info.raw.shape == (2 * 32,) and info.row_permutation.shape == (32,)
+    rows = info.raw_hf_rows()
+    assert rows.shape == info.raw.shape
+    np.testing.assert_array_equal(_decoded_rows(info, rows), ckpt.tensor(info.name))
+    unpermuted = _decoded_rows(info, info.raw)
+    assert not np.array_equal(unpermuted, ckpt.tensor(info.name), equal_nan=True)  # the order matters
+
+
+def test_raw_hf_rows_of_a_block_quantized_bias_is_refused(tmp_path, tiny_dir):
+    """A Q8_0 q bias: its values lie inside 32-value blocks, so its raw rows cannot be reordered;
+    tensor() still gives its values in Hugging Face order."""
+    source = tiny_dir / "bias-src-q.gguf"
+    write_llama_gguf(source, random_llama_state(np.random.default_rng(9), attention_bias=True))
+    path = _retyped(tmp_path, source, "blk.0.attn_q.bias", gguf.GGMLQuantizationType.Q8_0.value, "q8bias")
+    ckpt = read_gguf(path)
+    info = ckpt.tensor_info("model.layers.0.self_attn.q_proj.bias")
+    assert info.ggml_type == "Q8_0" and info.raw.shape == (2 * 34,)
+    with pytest.raises(ValueError, match="q_proj.bias .*1-D Q8_0 tensor .*blocks of 32.*GGUFCheckpoint.tensor"):
+        info.raw_hf_rows()
+    values = np.asarray(gguf.quants.dequantize(info.raw, gguf.GGMLQuantizationType.Q8_0), np.float32)
+    np.testing.assert_array_equal(ckpt.tensor(info.name), values[rope_row_permutation(4, 16)])
 
 
 def test_read_gguf_accepts_str_and_closes(tiny_dir):
@@ -306,7 +368,7 @@ def test_corrupt_tensor_table(tmp_path, good_tiny):
     n_dims = struct.unpack_from("<I", data, at)[0]
     type_at = at + 4 + 8 * n_dims
     for label, offset, patch, pattern in (
-            ("type", type_at, struct.pack("<I", 250), "unknown ggml type id 250"),
+            ("type", type_at, struct.pack("<I", 250), "ggml type id 250 is unknown to the installed gguf package"),
             ("offset", type_at + 4, struct.pack("<Q", 3), "not a multiple of the alignment"),
             ("dims", at + 4, struct.pack("<Q", 0), "dimensions"),
             ("ndims", at, struct.pack("<I", 9), "9 dimensions")):
@@ -315,6 +377,43 @@ def test_corrupt_tensor_table(tmp_path, good_tiny):
         path = tmp_path / f"table-{label}.gguf"
         path.write_bytes(bytes(bad))
         _bad(path, pattern)
+
+
+def test_a_ggml_type_unknown_to_the_gguf_package(tmp_path, good_tiny):
+    """A tensor of ggml type id 42 (newer than the installed gguf package): the metadata and the
+    tokenizer still read; a full read says the type is unknown to the package, not a corrupt header."""
+    import importlib.metadata
+
+    import transformer_core as tc
+    from transformer_core.gguf_file import read_gguf_metadata
+
+    assert 42 not in {t.value for t in gguf.GGMLQuantizationType}
+    path = _retyped(tmp_path, good_tiny, "blk.0.ffn_up.weight", 42, "newtype")
+    assert dict(read_gguf_metadata(path)) == dict(read_gguf_metadata(good_tiny))
+    assert tc.Tokenizer.from_gguf(path).encode("hello world") == tc.Tokenizer.from_gguf(good_tiny).encode("hello world")
+    version = re.escape(importlib.metadata.version("gguf"))
+    message = _bad(path, rf"tensor 'blk\.0\.ffn_up\.weight': ggml type id 42 is unknown to the installed gguf "
+                         rf"package \(version {version}\)")
+    assert "corrupt" not in message
+
+
+def test_metadata_read_does_not_need_the_tensor_data(tmp_path, good_tiny):
+    """read_gguf_metadata walks the tensor table but not the data: a file cut in its tensor data
+    still gives its metadata; cut in the header or the table, it is truncated all the same."""
+    from transformer_core.gguf_file import read_gguf_metadata
+
+    data = good_tiny.read_bytes()
+    cut = tmp_path / "cut-data.gguf"
+    cut.write_bytes(data[:len(data) - 1])
+    _bad(cut, "truncated")
+    assert dict(read_gguf_metadata(cut)) == dict(read_gguf_metadata(good_tiny))
+    name = b"output_norm.weight"  # a name in the tensor table, after the metadata
+    in_table = data.index(struct.pack("<Q", len(name)) + name) + 8
+    for end in (in_table, 30):
+        path = tmp_path / f"cut{end}.gguf"
+        path.write_bytes(data[:end])
+        with pytest.raises(ValueError, match="truncated"):
+            read_gguf_metadata(path)
 
 
 def test_other_architecture(tmp_path):

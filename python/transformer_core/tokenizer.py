@@ -37,6 +37,10 @@ GGUF_PRE_TOKENIZERS = ("default", "gpt2", "smollm", "starcoder")
 _HF_CHAT_OPTIONS = ("padding", "truncation", "max_length", "return_tensors", "return_dict",
                     "return_assistant_tokens_mask", "tokenizer_kwargs", "sanitize_control_tokens")
 
+#: transformers' named special tokens, in the order of its ``SPECIAL_TOKENS_ATTRIBUTES`` (the order of
+#: ``all_special_tokens`` / ``all_special_ids``, before the extra special tokens).
+_NAMED_SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
+
 _CAUSAL_MODEL_TYPES = {"gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3", "gpt_neox", "olmo"}
 
 
@@ -106,7 +110,11 @@ class Tokenizer:
             vocabulary (``None`` included), an encoder tokenizer pads with id 0 (a ``pad_token``
             not in the vocabulary is then replaced by id 0's token), a causal one with the EOS id,
             then 0.
-        bos_token, eos_token, unk_token: the special tokens' strings, or ``None``.
+        bos_token, eos_token, unk_token, sep_token, cls_token, mask_token: the special tokens'
+            strings, or ``None``.
+        extra_special_tokens: more special tokens (transformers' ``extra_special_tokens``, formerly
+            ``additional_special_tokens``: a list of strings), or ``None``. With the named ones they
+            make :attr:`all_special_tokens` / :attr:`all_special_ids`.
         chat_template: a Jinja2 chat template (see :meth:`apply_chat_template`), named templates
             (a dict ``{name: template}``, or ``tokenizer_config.json``'s list
             ``[{"name": ..., "template": ...}]``, kept as a dict, as transformers keeps them:
@@ -126,12 +134,13 @@ class Tokenizer:
     backend that cannot be copied as it was.
 
     Raises:
-        TypeError: ``tokenizer`` not a ``tokenizers.Tokenizer``; a token not a str or None; a
+        TypeError: ``tokenizer`` not a ``tokenizers.Tokenizer``; a token not a str or None;
+            ``extra_special_tokens`` not a list or tuple of str, or None; a
             ``chat_template`` not a str, None, a dict of str to str or a list of ``{"name": str,
             "template": str}``; ``do_lower_case`` not a bool.
         ValueError: ``max_length`` below 1 or below the number of special tokens the backend adds
             to a text (2 for BERT's ``[CLS] ... [SEP]``: it could not truncate to fewer), or a
-            special token not in the vocabulary.
+            special token (``pad_token`` aside) not in the vocabulary.
     """
 
     @classmethod
@@ -146,6 +155,8 @@ class Tokenizer:
 
     def __init__(self, tokenizer, max_length: int | None = 512, pad_token: str | None = "[PAD]", *,
                  bos_token: str | None = None, eos_token: str | None = None, unk_token: str | None = None,
+                 sep_token: str | None = None, cls_token: str | None = None, mask_token: str | None = None,
+                 extra_special_tokens: list[str] | tuple[str, ...] | None = None,
                  chat_template: str | dict | list | None = None, do_lower_case: bool = False):
         from tokenizers import Tokenizer as HFTokenizer
 
@@ -154,11 +165,20 @@ class Tokenizer:
         if not isinstance(tokenizer, HFTokenizer):
             raise TypeError(f"tokenizer: expected a tokenizers.Tokenizer, got {type(tokenizer).__name__}")
         max_length = check_optional_int(max_length, "max_length", 1)
-        for name, token in (("pad_token", pad_token), ("bos_token", bos_token), ("eos_token", eos_token),
-                            ("unk_token", unk_token)):
+        special = {"bos_token": bos_token, "eos_token": eos_token, "unk_token": unk_token, "sep_token": sep_token,
+                   "cls_token": cls_token, "mask_token": mask_token}  # each must be in the vocabulary
+        for name, token in (("pad_token", pad_token), *special.items()):
             if token is not None and not isinstance(token, str):
                 raise TypeError(f"{name}: expected a str or None, got {type(token).__name__}")
-        for name, token in (("bos_token", bos_token), ("eos_token", eos_token), ("unk_token", unk_token)):
+        if extra_special_tokens is not None:
+            if not isinstance(extra_special_tokens, (list, tuple)):
+                raise TypeError(f"extra_special_tokens: expected a list of str or None, got "
+                                f"{type(extra_special_tokens).__name__}")
+            for i, token in enumerate(extra_special_tokens):
+                if not isinstance(token, str):
+                    raise TypeError(f"extra_special_tokens[{i}]: expected a str, got {type(token).__name__}")
+                special[f"extra_special_tokens[{i}]"] = token
+        for name, token in special.items():
             if token is not None and tokenizer.token_to_id(token) is None:
                 raise ValueError(f"{name}: {token!r} is not in the vocabulary")
         chat_template = _check_chat_templates(chat_template, "chat_template")
@@ -171,6 +191,8 @@ class Tokenizer:
         self._unpadded = None  # _batches' copy of it without padding, made on first use
         self._max_length = max_length
         self.bos_token, self.eos_token, self.unk_token = bos_token, eos_token, unk_token
+        self.sep_token, self.cls_token, self.mask_token = sep_token, cls_token, mask_token
+        self.extra_special_tokens = list(extra_special_tokens or [])
         self.chat_template = chat_template
         self.do_lower_case = do_lower_case
         pad_id = tokenizer.token_to_id(pad_token) if pad_token is not None else None
@@ -244,6 +266,13 @@ class Tokenizer:
         ``"do_lower_case": true`` gives a tokenizer that lowercases every text before tokenizing it
         (``do_lower_case=True``), as sentence-transformers does.
 
+        Either kind takes its named special tokens (``bos_token``, ``eos_token``, ``unk_token``,
+        ``sep_token``, ``cls_token``, ``mask_token``, and a causal LM's ``pad_token``) and its extra
+        special tokens (other ``*_token`` keys, ``extra_special_tokens``, ``additional_special_tokens``)
+        from ``tokenizer_config.json`` as transformers 5 reads them, those in the vocabulary (see
+        :attr:`all_special_ids`). An encoder pads with ``[PAD]``, else id 0's token, and without an
+        ``unk_token`` in ``tokenizer_config.json`` takes the WordPiece/BPE model's own.
+
         Args:
             name_or_path: a model directory, a ``.gguf`` file or an embedded model's name; required
                 (no default: this class serves BERT encoders and causal LMs alike; the embedding
@@ -285,22 +314,18 @@ class Tokenizer:
             tok = HFTokenizer.from_file(str(path))
         except Exception as e:  # the Rust parser's errors: name the file
             raise ValueError(f"{path}: cannot read tokenizer.json ({type(e).__name__}: {e})") from None
+        cfg = _read_json_object(model_dir / "tokenizer_config.json")
+        tokens = _special_tokens_of_config(cfg, tok)
         if causal:
-            cfg = _read_json_object(model_dir / "tokenizer_config.json")
-            tokens = {key: _token_content(cfg.get(key)) for key in ("bos_token", "eos_token", "unk_token", "pad_token")}
-            tokens = {k: (v if v is not None and tok.token_to_id(v) is not None else None) for k, v in tokens.items()}
-            return cls._owning(tok, max_length=None, pad_token=tokens["pad_token"], bos_token=tokens["bos_token"],
-                       eos_token=tokens["eos_token"], unk_token=tokens["unk_token"],
-                       chat_template=_chat_template_of_dir(model_dir, cfg))
+            return cls._owning(tok, max_length=None, **tokens, chat_template=_chat_template_of_dir(model_dir, cfg))
         if max_length is None:
             max_length = _default_max_length(model_dir)
-        pad = "[PAD]" if tok.token_to_id("[PAD]") is not None else (tok.id_to_token(0) or "[PAD]")
+        tokens["pad_token"] = "[PAD]" if tok.token_to_id("[PAD]") is not None else (tok.id_to_token(0) or "[PAD]")
         # the unknown token: tokenizer_config.json's, else the WordPiece/BPE model's own, if in the vocabulary
-        unk = _token_content(_read_json_object(model_dir / "tokenizer_config.json").get("unk_token"))
-        unk = unk if unk is not None else getattr(tok.model, "unk_token", None)
-        unk = unk if isinstance(unk, str) and tok.token_to_id(unk) is not None else None
-        return cls._owning(tok, max_length=max_length, pad_token=pad, unk_token=unk,
-                           do_lower_case=_do_lower_case(model_dir))
+        unk = getattr(tok.model, "unk_token", None)
+        if "unk_token" not in cfg and isinstance(unk, str) and tok.token_to_id(unk) is not None:
+            tokens["unk_token"] = unk
+        return cls._owning(tok, max_length=max_length, **tokens, do_lower_case=_do_lower_case(model_dir))
 
     @classmethod
     def from_gguf(cls, path_or_checkpoint, pre_tokenizer: str | None = None) -> "Tokenizer":
@@ -323,24 +348,40 @@ class Tokenizer:
                 (``"x  1"``, indented numbers in code) or a non-ASCII numeral after a space
                 (``" ½"``) differently; ``pre_tokenizer="gpt2"`` reproduces transformers.
 
+        :attr:`all_special_tokens` / :attr:`all_special_ids` are the file's BOS, EOS, unknown and
+        padding tokens (those it names, each once), as transformers' GGUF loading gives them.
+
         Raises:
-            ValueError: naming the file: an unreadable GGUF (see ``read_gguf_metadata``; given a path,
-                only the metadata is read and checked), a tokenizer model or pre-tokenizer that is
-                not supported, or inconsistent or wrongly typed tokenizer metadata, naming the key:
-                ``tokens`` not distinct strings (a duplicate is named with both ids; an empty token
-                is named ``"[EMPTY_<id>]"``, as llama.cpp does), ``token_type`` not one int per
-                token, ``add_bos_token`` / ``add_eos_token`` not a GGUF bool (a string
-                ``"false"`` is refused, not read as True), a special token id outside the
-                vocabulary, merges of unknown tokens, a ``chat_template`` that is not a string.
+            TypeError: ``path_or_checkpoint`` not a str, ``os.PathLike`` or ``GGUFCheckpoint``;
+                ``pre_tokenizer`` not a str or None.
+            FileNotFoundError: no file at ``path_or_checkpoint`` (or a directory).
+            ValueError: ``pre_tokenizer`` not one of ``GGUF_PRE_TOKENIZERS``. Naming the file: an
+                unreadable GGUF (see ``read_gguf_metadata``; given a path, only the metadata is read
+                and checked, not the tensors, whose ggml types may be any), a tokenizer model or
+                pre-tokenizer that is not supported, or inconsistent or wrongly typed tokenizer
+                metadata, naming the key: ``tokens`` not distinct strings (a duplicate is named
+                with both ids; an empty token is named ``"[EMPTY_<id>]"``, as llama.cpp does),
+                ``token_type`` not one int per token, ``add_bos_token`` / ``add_eos_token`` not a
+                GGUF bool (a string ``"false"`` is refused, not read as True), a special token id
+                outside the vocabulary, merges of unknown tokens, a ``chat_template`` that is not a
+                string.
         """
         from .gguf_file import GGUFCheckpoint, read_gguf_metadata
 
+        if not isinstance(path_or_checkpoint, (str, os.PathLike, GGUFCheckpoint)):
+            raise TypeError(f"path_or_checkpoint: expected a str, os.PathLike or GGUFCheckpoint, got "
+                            f"{type(path_or_checkpoint).__name__}")
+        if pre_tokenizer is not None and not isinstance(pre_tokenizer, str):
+            raise TypeError(f"pre_tokenizer: expected a str or None, got {type(pre_tokenizer).__name__}")
         if pre_tokenizer is not None and pre_tokenizer not in GGUF_PRE_TOKENIZERS:
             raise ValueError(f"pre_tokenizer: expected one of {GGUF_PRE_TOKENIZERS} or None, got {pre_tokenizer!r}")
         if isinstance(path_or_checkpoint, GGUFCheckpoint):
             path, metadata = path_or_checkpoint.path, path_or_checkpoint.metadata
         else:  # metadata only: a tokenizer does not need the tensors (nor their types) to be supported
-            path, metadata = Path(path_or_checkpoint), read_gguf_metadata(path_or_checkpoint)
+            path = Path(path_or_checkpoint)
+            if not path.is_file():
+                raise FileNotFoundError(f"path_or_checkpoint: no GGUF file at {path}")
+            metadata = read_gguf_metadata(path)
         prefix = "tokenizer.ggml."
         meta = {k[len(prefix):]: v for k, v in metadata.items() if k.startswith(prefix)}
         if pre_tokenizer is not None:
@@ -560,8 +601,9 @@ class Tokenizer:
     def apply_chat_template(self, messages, add_generation_prompt: bool = False, tokenize: bool = False, *,
                             continue_final_message: bool | str = False, chat_template: str | None = None, **kwargs):
         """The prompt for a conversation, rendered with this tokenizer's chat template (see
-        :func:`transformer_core.chat_template.render_chat_template`; ``bos_token``, ``eos_token``,
-        ``unk_token`` and ``pad_token`` are passed to the template), as transformers'
+        :func:`transformer_core.chat_template.render_chat_template`; the named special tokens that
+        are set, ``bos_token``, ``eos_token``, ``unk_token``, ``sep_token``, ``pad_token``,
+        ``cls_token`` and ``mask_token``, are passed to the template), as transformers'
         ``apply_chat_template(..., tokenize=False)`` renders it.
 
         Args:
@@ -605,8 +647,7 @@ class Tokenizer:
                             f"(this method returns the text, or with tokenize=True a list of token ids: no padding, "
                             f"truncation, tensors or dicts); expected none of {', '.join(_HF_CHAT_OPTIONS)}")
         template = self.get_chat_template(chat_template, kwargs.get("tools"))
-        variables = {"bos_token": self.bos_token, "eos_token": self.eos_token, "unk_token": self.unk_token,
-                     "pad_token": self.pad_token}
+        variables = {name: getattr(self, name) for name in _NAMED_SPECIAL_TOKENS}
         variables = {k: v for k, v in variables.items() if v is not None}
         variables.update(kwargs)
         text = render_chat_template(template, messages, add_generation_prompt=add_generation_prompt,
@@ -641,15 +682,29 @@ class Tokenizer:
 
     @property
     def special_tokens(self) -> list[str]:
-        """Every special added token (``<|im_start|>``, ``[CLS]``, ...), by id."""
+        """Every special added token of the backend (``<|im_start|>``, ``[CLS]``, ...), by id: the
+        tokens ``decode(..., skip_special_tokens=True)`` drops (SmolLM2's GGUF: all 17 control
+        tokens). Not transformers' :attr:`all_special_tokens`, which holds the named ones only."""
         decoder = self._tok.get_added_tokens_decoder()
         return [decoder[i].content for i in sorted(decoder) if decoder[i].special]
 
     @property
+    def all_special_tokens(self) -> list[str]:
+        """The special tokens this tokenizer names, as transformers' ``all_special_tokens`` lists
+        them: ``bos_token``, ``eos_token``, ``unk_token``, ``sep_token``, ``pad_token``,
+        ``cls_token``, ``mask_token`` (those that are set), then ``extra_special_tokens``, each
+        once (SmolLM2's GGUF: ``["<|im_start|>", "<|im_end|>", "<|endoftext|>"]``; its pad token is
+        its end token)."""
+        named = [getattr(self, name) for name in _NAMED_SPECIAL_TOKENS]
+        tokens = [t for t in (*named, *self.extra_special_tokens) if t is not None]
+        return list(dict.fromkeys(tokens))
+
+    @property
     def all_special_ids(self) -> list[int]:
-        """Ids of :attr:`special_tokens`."""
-        decoder = self._tok.get_added_tokens_decoder()
-        return [i for i in sorted(decoder) if decoder[i].special]
+        """Ids of :attr:`all_special_tokens`, in its order, as transformers' ``all_special_ids``
+        (SmolLM2's GGUF: ``[1, 2, 0]``). For every special added token of the backend, see
+        :attr:`special_tokens`."""
+        return [self._tok.token_to_id(t) for t in self.all_special_tokens]
 
     def token_to_id(self, token: str) -> int | None:
         """Id of a token (vocabulary spelling), or None.
@@ -876,6 +931,36 @@ def _token_content(value) -> str | None:
     if isinstance(value, dict):
         value = value.get("content")
     return value if isinstance(value, str) else None
+
+
+def _special_tokens_of_config(cfg: dict, backend) -> dict:
+    """The special tokens of ``tokenizer_config.json`` (the object ``cfg``) that are in ``backend``'s
+    vocabulary, as :class:`Tokenizer`'s keyword arguments, read as transformers 5 reads them:
+
+    * each of ``_NAMED_SPECIAL_TOKENS`` (None when absent or not in the vocabulary);
+    * ``extra_special_tokens``: first the model-specific named tokens (any other ``*_token`` key,
+      such as a multimodal model's ``image_token``, then the values of an ``extra_special_tokens``
+      dict), then the list ``extra_special_tokens``, or, without one, transformers 4's
+      ``additional_special_tokens``.
+
+    A token is a str or an AddedToken dict ``{"content": ...}``; a value of another kind counts as
+    absent. Tokens outside the vocabulary are left out (transformers would add them to it).
+    """
+    def known(token: str | None) -> str | None:
+        return token if token is not None and backend.token_to_id(token) is not None else None
+
+    tokens = {name: known(_token_content(cfg.get(name))) for name in _NAMED_SPECIAL_TOKENS}
+    extra = [value for key, value in cfg.items() if key.endswith("_token") and key not in _NAMED_SPECIAL_TOKENS]
+    listed = cfg.get("extra_special_tokens")
+    if isinstance(listed, dict):  # transformers 5's model-specific named tokens
+        extra += list(listed.values())
+    if not isinstance(listed, list):
+        listed = cfg.get("additional_special_tokens")
+    if isinstance(listed, list):
+        extra += listed
+    extra = [known(_token_content(t)) for t in extra]
+    tokens["extra_special_tokens"] = [t for t in extra if t is not None]
+    return tokens
 
 
 def _chat_template_of_dir(model_dir: Path, tokenizer_config: dict) -> str | dict | None:
