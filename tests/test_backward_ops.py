@@ -269,17 +269,32 @@ def test_activation_backward(rng, dtype, shape, name):
         check(FT.silu(x), yt, dtype, "silu forward")
 
 
+#: torch's function of each name of the library's table of activations (``_core.activation_names()``).
+_TORCH_ACTIVATIONS = {"silu": TF.silu, "swish": TF.silu, "gelu": TF.gelu, "relu": TF.relu, "tanh": torch.tanh,
+                      "gelu_tanh": lambda t: TF.gelu(t, approximate="tanh"),
+                      "gelu_new": lambda t: TF.gelu(t, approximate="tanh"),
+                      "gelu_pytorch_tanh": lambda t: TF.gelu(t, approximate="tanh")}
+
+
+def test_glu_is_tested_for_the_whole_activation_table():
+    """glu / glu_backward take every name of the core's table (documented so): each is tested below."""
+    from transformer_core._runtime import core
+
+    assert sorted(core.activation_names()) == sorted(_TORCH_ACTIVATIONS)
+    doc = " ".join(B.glu_backward.__doc__.split())
+    assert "a name of the library's table of activations" in doc
+    assert all(f'"{name}"' in doc for name in _TORCH_ACTIVATIONS)
+
+
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
-@pytest.mark.parametrize("activation", ["silu", "gelu", "gelu_tanh", "relu", "tanh"])
+@pytest.mark.parametrize("activation", list(_TORCH_ACTIVATIONS))
 @pytest.mark.parametrize("shape", [(3, 11), (2, 4, 130)], ids=["2d", "3d"])
 def test_glu_forward_backward(rng, dtype, activation, shape):
     gate = randn(rng, shape, dtype, 2.0)
     up = randn(rng, shape, dtype)
     gh = randn(rng, shape, dtype)
     gt, ut = leaf(gate), leaf(up)
-    act = {"silu": TF.silu, "gelu": TF.gelu, "gelu_tanh": lambda t: TF.gelu(t, approximate="tanh"), "tanh": torch.tanh,
-           "relu": TF.relu}[activation]
-    ht = act(gt) * ut
+    ht = _TORCH_ACTIVATIONS[activation](gt) * ut
     ht.backward(to_torch(gh))
     check(FT.glu(gate, up, activation), ht, dtype, "glu forward")
     dg, du = B.glu_backward(gate, up, gh, activation)
@@ -293,8 +308,10 @@ def test_activation_bad_input(rng):
         B.silu_backward(x, x[:, :2])
     with pytest.raises(ValueError, match="approximate"):
         B.gelu_backward(x, x, approximate="erf")
-    with pytest.raises(ValueError, match="activation"):
+    with pytest.raises(ValueError, match=r"^activation: expected one of 'relu', .*got 'sigmoid'"):
         B.glu_backward(x, x, x, "sigmoid")
+    with pytest.raises(TypeError, match=r"^activation: expected a str, got int"):
+        B.glu_backward(x, x, x, 1)
     with pytest.raises(ValueError, match="up"):
         FT.glu(x, x[:1])
 

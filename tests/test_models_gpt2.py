@@ -792,3 +792,50 @@ def test_bad_config_field_names_the_file(gpt2_h4, tmp_path, field, value, error)
     (d / "config.json").write_text(json.dumps({**config, field: value}))
     with pytest.raises(ValueError, match=f"^{re.escape(str(d / 'config.json'))}: {error}"):
         tc.GPT2LMHeadModel.from_pretrained(d)
+
+
+def test_config_of_another_model_type_is_refused(gpt2_h4, tmp_path):
+    """model_type is checked, as Llama's and BERT's configs check theirs: a Llama config.json was
+    read as GPT-2's defaults (n_layer 12), silently. Accepted: "gpt2", the only model_type of
+    Hugging Face's GPT2Config, and a config without one, read as transformers reads it."""
+    _, path, _ = gpt2_h4
+    assert transformers.GPT2Config.model_type == "gpt2"
+    for model_type in ["llama", "bert", None, "GPT2"]:
+        with pytest.raises(ValueError, match=rf"^config\.json: model_type {re.escape(repr(model_type))} is not "
+                                             r"supported here \(expected 'gpt2'\)$"):
+            tc.GPT2Config.from_dict({"model_type": model_type, "hidden_size": 16, "num_hidden_layers": 1})
+    fields = ["vocab_size", "n_positions", "n_embd", "n_layer", "n_head", "n_inner", "activation_function",
+              "layer_norm_epsilon", "eos_token_id", "bos_token_id"]
+    for given in [CFGS["h1_inner"], {**CFGS["h1_inner"], "model_type": "gpt2"}]:
+        ours, theirs = tc.GPT2Config.from_dict(given), transformers.GPT2Config(**given)
+        assert [getattr(ours, f) for f in fields] == [getattr(theirs, f) for f in fields]
+    d = tmp_path / "llama_typed"
+    shutil.copytree(path, d)
+    config = json.loads((d / "config.json").read_text())
+    assert config["model_type"] == "gpt2"  # what transformers writes
+    (d / "config.json").write_text(json.dumps({**config, "model_type": "llama"}))
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(d / 'config.json'))}: model_type 'llama' is not "
+                                         r"supported here \(expected 'gpt2'\)"):
+        tc.GPT2LMHeadModel.from_pretrained(d)
+
+
+@pytest.mark.parametrize("where", ["a_file", "under_a_file"])
+def test_save_pretrained_into_a_file_names_directory(gpt2_h4, tmp_path, where):
+    """save_pretrained to a path that is a file, or lies under one: a NotADirectoryError naming
+    ``directory`` (it was mkdir's bare FileExistsError / NotADirectoryError); nothing is written."""
+    import errno
+
+    _, _, ours = gpt2_h4
+    blocker = tmp_path / "afile"
+    blocker.write_bytes(b"x")
+    directory = blocker if where == "a_file" else blocker / "model"
+    got = "a file" if where == "a_file" else rf"a path under {re.escape(str(blocker))}, which is a file"
+    with pytest.raises(NotADirectoryError, match=rf"directory: expected a folder \(or a path where one can be "
+                                                 rf"made\), got {got} \(nothing written\)") as info:
+        ours.save_pretrained(directory)
+    assert info.value.errno == errno.ENOTDIR and info.value.filename == str(directory)
+    assert [p.name for p in tmp_path.iterdir()] == ["afile"] and blocker.read_bytes() == b"x"
+    ours.save_pretrained(tmp_path / "ok")  # a folder: saved, and it loads back the same
+    back = tc.GPT2LMHeadModel.from_pretrained(tmp_path / "ok")
+    for k, v in ours.state_dict().items():
+        np.testing.assert_array_equal(back.state_dict()[k], v, err_msg=k)

@@ -52,3 +52,38 @@ def test_reference_bert_matches_ours_on_minilm(tc_bert):
     real = enc["attention_mask"].astype(bool)
     np.testing.assert_allclose(out.last_hidden_state[real], hidden[real], atol=1e-4)
     np.testing.assert_allclose(out.pooler_output, pooled, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype,tol", [(np.float32, 2e-6), (np.float64, 1e-13)], ids=["fp32", "fp64"])
+def test_reference_softmax_gelu_linear_match_torch_and_keep_the_dtype(dtype, tol):
+    """The oracle's small functions against torch's, computed here: the documented shapes and dtype
+    (float32 stays float32), an all -inf softmax slice gives zeros (torch: NaN), and an unknown
+    ``approximate`` is refused as torch refuses it."""
+    import torch.nn.functional as F
+
+    rng = np.random.default_rng(3)
+    x = (2 * rng.standard_normal((2, 5, 7))).astype(dtype)
+    w, b = rng.standard_normal((4, 7)).astype(dtype), rng.standard_normal(4).astype(dtype)
+    t = torch.from_numpy(x)
+    for axis in (-1, 0, 1):
+        got = ref.softmax(x, axis)
+        assert got.dtype == dtype and got.shape == x.shape
+        np.testing.assert_allclose(got, torch.softmax(t, axis).numpy(), rtol=tol, atol=tol)
+    for approximate in ("none", "tanh"):
+        got = ref.gelu(x, approximate)
+        assert got.dtype == dtype and got.shape == x.shape
+        np.testing.assert_allclose(got, F.gelu(t, approximate=approximate).numpy(), rtol=tol, atol=tol)
+    for bias in (b, None):
+        got = ref.linear(x, w, bias)
+        assert got.dtype == dtype and got.shape == (2, 5, 4)
+        expected = F.linear(t, torch.from_numpy(w), None if bias is None else torch.from_numpy(bias)).numpy()
+        np.testing.assert_allclose(got, expected, rtol=tol, atol=tol)
+    masked = np.full((2, 3), -np.inf, dtype=dtype)
+    masked[0] = [0.0, 1.0, -np.inf]
+    got = ref.softmax(masked)
+    assert np.all(got[1] == 0) and np.isnan(torch.softmax(torch.from_numpy(masked), -1).numpy()[1]).all()
+    np.testing.assert_allclose(got[0], torch.softmax(torch.from_numpy(masked[0]), -1).numpy(), rtol=tol)
+    with pytest.raises(ValueError, match=r"^approximate: expected 'none' or 'tanh', got 'erf'$"):
+        ref.gelu(x, "erf")
+    with pytest.raises(RuntimeError):
+        F.gelu(t, approximate="erf")

@@ -1084,16 +1084,20 @@ def _rewrite_file(path, edit_arrays=None, edit_metadata=None):
 
 @pytest.mark.parametrize("form,file,edit_arrays,edit_metadata,error,match", [
     ("list", "scheduler", lambda a: a.pop("1.T_max"), None, ValueError,
-     r"^scheduler\[1\]: load_state_dict: missing keys \['T_max'\]"),
-    ("list", "scheduler", lambda a: a.update({"1.T_max": np.array(0.0)}), None, ValueError, r"^scheduler\[1\]: .*T_max"),
+     r"/scheduler\.safetensors: scheduler\[1\]: load_state_dict: missing keys \['T_max'\]"),
+    ("list", "scheduler", lambda a: a.update({"1.T_max": np.array(0.0)}), None, ValueError,
+     r"/scheduler\.safetensors: scheduler\[1\]: .*T_max"),
     ("list", "scheduler", None, lambda m: m.update(num_schedulers="two"), ValueError,
      r"scheduler\.safetensors: metadata num_schedulers: expected a positive int, got 'two'"),
     ("list", "scheduler", lambda a: a.update({"2.T_max": np.array(3.0)}), None, ValueError,
      r"scheduler\.safetensors: key '2\.T_max': expected"),
-    ("list", "model", lambda a: a.update(weight=a["weight"][:1]), None, ValueError, r"weight"),
+    ("list", "model", lambda a: a.update(weight=a["weight"][:1]), None, ValueError,
+     r"/model\.safetensors: the checkpoint's weights do not match the model \(Linear; .*mis-shaped: "
+     r"\['weight: expected \(2, 3\), got \(1, 3\)'\]"),
     ("sequential", "scheduler", lambda a: a.pop("schedulers.1.T_max"), None, ValueError,
-     r"^load_state_dict: schedulers\.1: missing keys \['T_max'\]"),
-    ("sequential", "model", lambda a: a.update(weight=a["weight"][:1]), None, ValueError, r"weight"),
+     r"/scheduler\.safetensors: load_state_dict: schedulers\.1: missing keys \['T_max'\]"),
+    ("sequential", "model", lambda a: a.update(weight=a["weight"][:1]), None, ValueError,
+     r"/model\.safetensors: .*mis-shaped: \['weight: expected \(2, 3\), got \(1, 3\)'\]"),
 ], ids=["second_key_missing", "second_bad_setting", "bad_count", "key_of_no_scheduler", "list_model_misshaped",
         "sequential_inner_key_missing", "sequential_model_misshaped"])
 def test_checkpoint_of_several_schedulers_refused_changes_nothing(tmp_path, form, file, edit_arrays, edit_metadata,
@@ -1141,3 +1145,177 @@ def test_checkpoint_scheduler_lists_are_checked_before_anything_is_written_or_ch
         with pytest.raises(error, match=match):
             tc.training.load_checkpoint(tmp_path / "full", model, opt, scheduler)
         _assert_same_states(_training_states(model, opt, chain), before)
+
+
+# ------------------------------------------------------------------------ forged and mismatched checkpoint files
+@pytest.mark.parametrize("forged", ["3", "10000000", "9" * 5000], ids=["3", "1e7", "5000_digits"])
+def test_checkpoint_forged_number_of_schedulers_is_refused_before_anything_is_built(tmp_path, forged):
+    """A scheduler file whose num_schedulers says another number than the schedulers given is refused,
+    naming ``scheduler`` and the file, before anything is built from that number: it built a list of
+    that many dicts first (10**7: 700 MB; a larger one used up the memory), and a number of over
+    4300 digits gave int()'s bare ValueError. Nothing changes."""
+    import re
+    import tracemalloc
+
+    model, opt, chain = _ours("list")
+    _steps(model.parameters(), opt, chain, 0, 3)
+    tc.training.save_checkpoint(tmp_path, model, opt, chain)
+    _rewrite_file(tmp_path / "scheduler.safetensors", edit_metadata=lambda m: m.update(num_schedulers=forged))
+    target = _ours("list")
+    _steps(target[0].parameters(), target[1], target[2], 0, 5)
+    before = _training_states(*target)
+    shown = forged if len(forged) <= 40 else f"{forged[:40]}... (5000 digits)"
+    tracemalloc.start()
+    try:
+        with pytest.raises(ValueError, match=rf"^scheduler: the checkpoint holds the states of {re.escape(shown)} "
+                                             r"scheduler\(s\), got 2; expected the schedulers it was saved with "
+                                             rf"\({re.escape(str(tmp_path / 'scheduler.safetensors'))}\)"):
+            tc.training.load_checkpoint(tmp_path, *target)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 * 2**20, f"peak {peak} bytes"
+    _assert_same_states(_training_states(*target), before)
+
+
+def _small_llama(hidden):
+    return tc.LlamaForCausalLM(tc.LlamaConfig(vocab_size=50, hidden_size=hidden, intermediate_size=24,
+                                              num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
+                                              max_position_embeddings=16))
+
+
+def _stepped_adamw(model):
+    """An AdamW over the model after one step of gradients 0.5 (moments of every parameter's shape)."""
+    opt = tc.optim.AdamW(model.named_parameters(), lr=1e-3)
+    for p in model.parameters():
+        p.grad = np.full(p.shape, 0.5, dtype=p.dtype)
+    opt.step()
+    model.zero_grad()
+    return opt
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "wider_llama", "linear_without_bias"])
+def test_checkpoint_of_another_model_is_named_by_the_model_file_first(tmp_path, kind):
+    """A checkpoint of another architecture or size, loaded with an optimizer: the model file's names
+    and shapes are checked first, so the error names model.safetensors and lists what differs
+    (it was the optimizer's "unknown parameter names" / "exp_avg: expected shape", naming neither
+    the file nor the model); nothing changes."""
+    import re
+
+    if kind == "linear_without_bias":
+        source, target = tc.nn.Linear(3, 2), tc.nn.Linear(3, 2, bias=False)
+        what = r"\(Linear; .*\): unknown keys: \['bias'\]; nothing was loaded$"
+    else:
+        source = _small_llama(16)
+        if kind == "gpt2":
+            target = tc.GPT2LMHeadModel(tc.GPT2Config(vocab_size=50, n_positions=16, n_embd=16, n_layer=1, n_head=4))
+            # (Llama's untied lm_head.weight is taken for GPT-2's tied head, wte, as load_state_dict does)
+            what = (r"\(GPT2LMHeadModel; .*\): missing keys: \['wpe\.weight', 'h\.0\.ln_1\.weight', .*"
+                    r"; unknown keys: \['model\.embed_tokens\.weight', ")
+        else:
+            target = _small_llama(32)
+            what = (r"\(LlamaForCausalLM; .*\): mis-shaped: \['model\.embed_tokens\.weight: expected \(50, 32\), "
+                    r"got \(50, 16\)'")
+    tc.training.save_checkpoint(tmp_path, source, _stepped_adamw(source))
+    opt = _stepped_adamw(target)
+    before = [target.state_dict(), opt.state_dict()]
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(tmp_path / 'model.safetensors'))}: the checkpoint's "
+                                         rf"weights do not match the model {what}"):
+        tc.training.load_checkpoint(tmp_path, target, opt)
+    _assert_same_states([target.state_dict(), opt.state_dict()], before)
+
+
+def _step_as_bool(arrays):
+    arrays["state.weight.step"] = np.array(True)
+
+
+@pytest.mark.parametrize("edit,error,message", [
+    (lambda a: a.pop("state.weight.step"), ValueError, r"load_state_dict: state of 'weight': missing \['step'\]"),
+    (_step_as_bool, TypeError, r"load_state_dict: state\.weight\.step: expected"),
+], ids=["key_missing", "bool_step"])
+def test_checkpoint_optimizer_errors_name_the_optimizer_file(tmp_path, edit, error, message):
+    """The optimizer's refusal of its file is prefixed with that file, and keeps its kind (a
+    TypeError for a value of no number); nothing changes."""
+    import re
+
+    model, opt, chain = _ours("list")
+    _steps(model.parameters(), opt, chain, 0, 3)
+    tc.training.save_checkpoint(tmp_path, model, opt)
+    _rewrite_file(tmp_path / "optimizer.safetensors", edit)
+    target = _ours("list")
+    _steps(target[0].parameters(), target[1], target[2], 0, 5)
+    before = _training_states(*target)
+    with pytest.raises(error, match=rf"^{re.escape(str(tmp_path / 'optimizer.safetensors'))}: {message}"):
+        tc.training.load_checkpoint(tmp_path, target[0], target[1])
+    _assert_same_states(_training_states(*target), before)
+
+
+@pytest.mark.parametrize("where", ["a_file", "under_a_file"])
+def test_save_checkpoint_into_a_file_names_directory(tmp_path, where):
+    """A ``directory`` that is a file, or lies under one: a NotADirectoryError naming ``directory``
+    and the file in the way (it was mkdir's bare FileExistsError / NotADirectoryError); nothing is
+    written and the file is left as it was."""
+    import errno
+    import re
+
+    blocker = tmp_path / "afile"
+    blocker.write_bytes(b"not a folder")
+    directory = blocker if where == "a_file" else blocker / "run" / "1"
+    got = "a file" if where == "a_file" else rf"a path under {re.escape(str(blocker))}, which is a file"
+    model = tc.nn.Linear(3, 2)
+    with pytest.raises(NotADirectoryError, match=rf"directory: expected a folder \(or a path where one can be "
+                                                 rf"made\), got {got} \(nothing written\)") as info:
+        tc.training.save_checkpoint(directory, model, tc.optim.AdamW(model.named_parameters()))
+    assert info.value.errno == errno.ENOTDIR and info.value.filename == str(directory)
+    assert [p.name for p in tmp_path.iterdir()] == ["afile"] and blocker.read_bytes() == b"not a folder"
+    assert "NotADirectoryError (an OSError): ``directory`` is a file" in tc.training.save_checkpoint.__doc__
+
+
+# ------------------------------------------------------------------------ a Parameter is array-like
+def test_a_parameter_is_array_like_as_torchs():
+    """numpy and this library's ops take a Parameter for its data, as torch's ops take an
+    nn.Parameter: np.asarray(p) is ``p.data`` itself (it was a 0-d object array, and np.sum(p)
+    returned the Parameter), linear and its backward give torch's values; a dtype or copy=True
+    gives a copy, copy=False with another dtype is numpy's ValueError."""
+    from transformer_core import backward as B
+    from transformer_core.parameter import Parameter
+
+    rng = np.random.default_rng(11)
+    w, b = rng.standard_normal((2, 3)), rng.standard_normal(2)
+    x, gy = rng.standard_normal((4, 3)), rng.standard_normal((4, 2))
+    p, pb = Parameter(w.copy(), "weight"), Parameter(b.copy(), "bias")
+    tw, tb = torch.nn.Parameter(torch.from_numpy(w.copy())), torch.nn.Parameter(torch.from_numpy(b.copy()))
+    tx = torch.from_numpy(x.copy()).requires_grad_(True)
+
+    assert np.asarray(p) is p.data and np.asarray(p, dtype=np.float64) is p.data
+    total = np.sum(p)
+    assert type(total) is np.float64
+    np.testing.assert_allclose(total, torch.sum(tw).item(), rtol=1e-15)
+    y = torch.nn.functional.linear(tx, tw, tb)
+    np.testing.assert_allclose(tc.functional.linear(x, p, pb), y.detach().numpy(), rtol=0, atol=1e-12)
+    y.backward(torch.from_numpy(gy))
+    gx, gw, gb = B.linear_backward(x, p, gy)
+    for ours, theirs in [(gx, tx.grad), (gw, tw.grad), (gb, tb.grad)]:
+        np.testing.assert_allclose(ours, theirs.numpy(), rtol=0, atol=1e-12)
+
+    copied = np.array(p, copy=True)
+    assert not np.shares_memory(copied, p.data) and np.array_equal(copied, w)
+    single = np.asarray(p, dtype=np.float32)
+    assert single.dtype == np.float32 and np.array_equal(single, w.astype(np.float32))
+    with pytest.raises(ValueError, match=r"copy=False, but dtype float32 needs a copy of the float64 data"):
+        np.asarray(p, dtype=np.float32, copy=False)
+    np.asarray(p)[0, 0] = 7.0  # no copy: a write reaches the parameter
+    assert p.data[0, 0] == 7.0
+
+    lin = tc.nn.Linear(3, 2)  # a model's Parameter: its data is a view of the C++ buffer
+    weight = dict(lin.named_parameters())["weight"]
+    np.asarray(weight)[1, 2] = 5.0
+    assert lin.state_dict()["weight"][1, 2] == 5.0
+
+
+def test_parameter_documents_its_type_errors():
+    from transformer_core.parameter import Parameter
+
+    with pytest.raises(TypeError, match=r"^name: expected a str or None, got int"):
+        Parameter(np.zeros(2), name=3)
+    assert "``name``\n            neither a str nor None" in Parameter.__doc__

@@ -304,14 +304,17 @@ def glu_backward(gate, up, grad_output, activation: str = "silu"):
 
     Args:
         gate, up: the forward's inputs, the same shape.  grad_output: ``grad_h``, the same shape.
-        activation: ``"silu"``, ``"gelu"``, ``"gelu_tanh"`` or ``"relu"``.
+        activation: a name of the library's table of activations (``_core.activation_names()``),
+            as :func:`~transformer_core.functional.glu`'s: ``"silu"`` (= ``"swish"``), ``"gelu"``,
+            ``"gelu_tanh"`` (= ``"gelu_new"``, ``"gelu_pytorch_tanh"``), ``"relu"`` or ``"tanh"``.
 
     Returns:
         ``(grad_gate, grad_up)``, the shape of ``gate``; float64 if any of ``gate``, ``up``,
         ``grad_output`` is float64 (or wider), else float32.
 
     Raises:
-        ValueError: shapes differ, empty arrays, unknown ``activation``. TypeError: non-numeric arrays.
+        ValueError: shapes differ, empty arrays, an ``activation`` not in the table (the message
+        lists the names). TypeError: non-numeric arrays, an ``activation`` that is not a str.
     """
     activation_of(activation, "activation")
     grad_output = _read_once(grad_output, "grad_output")

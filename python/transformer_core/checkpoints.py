@@ -99,6 +99,19 @@ def _write_error(path: Path, error: BaseException) -> OSError:
     return OSError(f"{path}: cannot write the file ({type(error).__name__}: {error})")
 
 
+def _not_a_folder(path: Path) -> NotADirectoryError:
+    """The error for a ``directory`` that cannot be a folder: ``path`` itself, or the nearest folder
+    above it that exists, is a file (or anything else that is not a folder)."""
+    blocker = next((p for p in (path, *path.parents) if p.exists() or p.is_symlink()), path)
+    is_file = blocker.is_file()
+    if blocker == path:
+        what = "a file" if is_file else "something that is not a folder"
+    else:
+        what = f"a path under {blocker}, which is {'a file' if is_file else 'not a folder'}"
+    return NotADirectoryError(errno.ENOTDIR, f"directory: expected a folder (or a path where one can be made), got "
+                              f"{what} (nothing written)", str(path))
+
+
 def write_files_atomically(directory, files) -> None:
     """Writes files into ``directory`` so that no reader ever sees one half-written, and a failure
     while writing leaves the folder as it was.
@@ -122,6 +135,8 @@ def write_files_atomically(directory, files) -> None:
             folder) can leave the files renamed before it replaced.
         IsADirectoryError (an OSError): a folder stands where one of the files goes (before anything
             is written).
+        NotADirectoryError (an OSError): ``directory`` is a file, or lies under one (naming
+            ``directory``; nothing is written).
         TypeError: ``directory`` not a str or path.
         ValueError: a file name that is not a plain name inside the folder, or one given twice.
     """
@@ -141,7 +156,10 @@ def write_files_atomically(directory, files) -> None:
         if (path / name).is_dir():
             raise IsADirectoryError(errno.EISDIR, f"cannot write {name}: a folder of that name is in the way "
                                     f"(nothing written)", str(path / name))
-    path.mkdir(parents=True, exist_ok=True)
+    try:
+        path.mkdir(parents=True, exist_ok=True)  # the first change made: it fails before creating anything
+    except (FileExistsError, NotADirectoryError) as e:  # a file where the folder (or one above it) goes
+        raise _not_a_folder(path) from e
     written = []  # (temporary, final)
     try:
         for name, write in files:
@@ -200,6 +218,8 @@ def save_pretrained_files(directory, config: dict, state: dict, metadata: dict |
         OSError: a file cannot be written (named, with its errno; the folder keeps its old files).
         FileNotFoundError (an OSError): a ``~user`` of no known user, naming ``directory`` (nothing
             written).
+        NotADirectoryError (an OSError): ``directory`` is a file, or lies under one (naming
+            ``directory``; nothing written).
         TypeError: ``config`` or ``generation_config`` not JSON-serializable (before anything is
             written); ``directory`` not a str or path.
     """

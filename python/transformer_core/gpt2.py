@@ -78,12 +78,18 @@ class GPT2Config:
         """Reads a ``config.json`` dict; the keys that are not fields go to ``extra``.
 
         Raises:
-            TypeError: ``d`` not a dict. ValueError: options this implementation does not support
-            (``scale_attn_weights=False``, ``tie_word_embeddings=False`` — the LM head is always
-            ``wte`` —, ``scale_attn_by_inverse_layer_idx``, ``reorder_and_upcast_attn``,
+            TypeError: ``d`` not a dict. ValueError: a ``model_type`` other than ``"gpt2"`` (the
+            only one of Hugging Face's ``GPT2Config``; a config without one is read as GPT-2's),
+            whose fields would otherwise be dropped for GPT-2's defaults; options this
+            implementation does not support (``scale_attn_weights=False``,
+            ``tie_word_embeddings=False`` — the LM head is always ``wte`` —,
+            ``scale_attn_by_inverse_layer_idx``, ``reorder_and_upcast_attn``,
             ``add_cross_attention``, an activation outside the library's table).
         """
         check_mapping(d, "config")
+        model_type = d.get("model_type", "gpt2")
+        if model_type != "gpt2":
+            raise ValueError(f"config.json: model_type {model_type!r} is not supported here (expected 'gpt2')")
         if d.get("scale_attn_weights", True) is not True:
             raise ValueError("config.json: scale_attn_weights=False is not supported")
         if d.get("tie_word_embeddings", True) is not True:

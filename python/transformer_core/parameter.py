@@ -48,8 +48,13 @@ class Parameter:
         grad: the gradient or None; may be reassigned (checked) or set to None.
         name: str or None.
 
+    A Parameter is array-like (``__array__``), as torch's ``nn.Parameter`` is a tensor: numpy
+    functions and this library's ops take it for its ``data`` (``np.sum(p)``, ``p.data @ x`` or
+    ``functional.linear(x, p)``), with no copy unless a dtype or ``copy=True`` asks for one.
+
     Raises:
-        TypeError: ``data``/``grad`` not numpy float arrays, or ``grad`` of another dtype.
+        TypeError: ``data``/``grad`` not numpy float arrays, or ``grad`` of another dtype; ``name``
+            neither a str nor None.
         ValueError: ``grad`` of another shape; an array not C-contiguous or not writeable.
     """
 
@@ -96,6 +101,22 @@ class Parameter:
     def size(self) -> int:
         """``data.size``: the number of values."""
         return self._data.size
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        """``data`` for numpy (``np.asarray(p)``, ``np.sum(p)``, ...), by numpy 2's protocol:
+        ``data`` itself (no copy: writes through it change the parameter) when neither ``dtype``
+        (another dtype than ``data``'s) nor ``copy=True`` asks for a copy, else a new array.
+
+        Raises:
+            ValueError: ``copy=False`` with a ``dtype`` that needs a copy (numpy's rule).
+        """
+        same = dtype is None or np.dtype(dtype) == self._data.dtype
+        if copy is False and not same:
+            raise ValueError(f"Parameter.__array__: copy=False, but dtype {np.dtype(dtype)} needs a copy of the "
+                             f"{self._data.dtype} data")
+        if copy:
+            return np.array(self._data, dtype=dtype, copy=True)
+        return self._data if same else self._data.astype(dtype)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Drops the gradient (``set_to_none``, torch's default: ``grad`` becomes None) or fills it

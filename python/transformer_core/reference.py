@@ -17,7 +17,14 @@ __all__ = ["softmax", "layer_norm", "gelu", "linear", "scaled_dot_product_attent
 
 
 def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
-    """``exp(x - max) / Σ exp(x - max)``; an all ``-inf`` slice gives zeros."""
+    """``exp(x - max) / Σ exp(x - max)`` along ``axis`` (torch's ``softmax``); an all ``-inf``
+    slice gives zeros (a fully masked row), where torch gives NaN.
+
+    Args: ``x`` a float array of any shape; ``axis`` the axis normalised over.
+    Returns: ``x``'s shape and float dtype (float32 stays float32).
+    Raises: no checks of its own (an oracle): numpy's ``AxisError`` (a ValueError) for an ``axis``
+    outside ``x``'s dimensions, its ValueError for an empty ``axis``.
+    """
     m = np.max(x, axis=axis, keepdims=True)
     m = np.where(np.isneginf(m), 0.0, m)
     e = np.exp(x - m)
@@ -34,7 +41,16 @@ def layer_norm(x: np.ndarray, weight=None, bias=None, eps: float = 1e-5) -> np.n
 
 
 def gelu(x: np.ndarray, approximate: str = "none") -> np.ndarray:
-    """GELU: ``0.5 x (1 + erf(x / √2))``, or its tanh form (GPT-2)."""
+    """GELU (Hendrycks & Gimpel 2016): ``0.5 x (1 + erf(x / √2))`` (``approximate="none"``), or its
+    tanh form ``0.5 x (1 + tanh(√(2/π) (x + 0.044715 x³)))`` (``"tanh"``: GPT-2's), as torch's
+    ``gelu(x, approximate=...)``.
+
+    Args: ``x`` a float numpy array of any shape; ``approximate`` ``"none"`` or ``"tanh"``.
+    Returns: ``x``'s shape and float dtype (float32 stays float32).
+    Raises: ValueError: another ``approximate`` (torch refuses it too).
+    """
+    if approximate not in ("none", "tanh"):
+        raise ValueError(f"approximate: expected 'none' or 'tanh', got {approximate!r}")
     if approximate == "tanh":
         return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
     erf = np.vectorize(math.erf, otypes=[x.dtype])
@@ -42,7 +58,13 @@ def gelu(x: np.ndarray, approximate: str = "none") -> np.ndarray:
 
 
 def linear(x: np.ndarray, weight: np.ndarray, bias=None) -> np.ndarray:
-    """``x Wᵀ + b`` with ``weight (out, in)`` (torch's layout)."""
+    """``x Wᵀ + b`` (torch's ``F.linear``).
+
+    Args: ``x`` ``(..., in)``; ``weight`` ``(out, in)`` (torch's layout); ``bias`` ``(out,)`` or None.
+    Returns: ``(..., out)``, of numpy's promotion of the dtypes (float32 inputs give float32).
+    Raises: no checks of its own (an oracle): numpy's ValueError for an ``in`` that differs between
+    ``x`` and ``weight``, or a ``bias`` that does not broadcast against ``(..., out)``.
+    """
     y = x @ weight.T
     return y if bias is None else y + bias
 

@@ -32,8 +32,10 @@ before it changes anything.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import secrets
 from pathlib import Path
 
@@ -169,6 +171,8 @@ def save_checkpoint(directory, model: Module, optimizer=None, scheduler=None) ->
             learning rates are saved in the optimizer's state, not the scheduler's), an empty list,
             a scheduler listed twice; nothing is written.
         FileNotFoundError: a ``~user`` of no known user in ``directory`` (nothing written).
+        NotADirectoryError (an OSError): ``directory`` is a file, or lies under one (naming
+            ``directory``; nothing written).
         OSError: a file cannot be written (naming it); ``directory`` keeps the files it held before
             (the previous set, whole) and no temporary. (Should one of the final renames itself fail,
             a rare failure inside one folder, the files renamed before it are of the new save:
@@ -247,34 +251,89 @@ def _rng_state(path: Path, metadata: dict):
     return state
 
 
+def _shown(text: str, limit: int = 40) -> str:
+    """``repr(text)``, cut to ``limit`` characters (a forged metadata value may be megabytes long)."""
+    return repr(text) if len(text) <= limit else repr(text[:limit]) + f"... ({len(text)} characters)"
+
+
 def _scheduler_states(path: Path, arrays: dict, metadata: dict, count: int) -> list[dict]:
     """The scheduler file's states, one per scheduler (see the module doc), for ``count`` schedulers
-    given to :func:`load_checkpoint`.
+    given to :func:`load_checkpoint`. The number the file says it holds is checked against
+    ``count`` before anything is built from it (a forged ``num_schedulers`` of 10**20 is refused,
+    not allocated).
 
     Raises:
-        ValueError: naming ``scheduler``: the file holds the states of another number of schedulers;
-            naming the file: a ``num_schedulers`` that is not a positive int, a key of no scheduler.
+        ValueError: naming ``scheduler`` and the file: the file holds the states of another number
+            of schedulers; naming the file: a ``num_schedulers`` that is not a positive int (ASCII
+            digits), a key of no scheduler.
     """
     text = metadata.get(NUM_SCHEDULERS_KEY)
+    saved = "1" if text is None else text  # no key: the save of one scheduler, its state with no prefix
+    if not re.fullmatch(r"[1-9][0-9]*", saved):
+        raise ValueError(f"{path}: metadata {NUM_SCHEDULERS_KEY}: expected a positive int, got {_shown(text)}; "
+                         "nothing was loaded")
+    if saved != str(count):  # compared as text: a forged 10**20 is neither converted nor allocated
+        shown = saved if len(saved) <= 40 else f"{saved[:40]}... ({len(saved)} digits)"
+        raise ValueError(f"scheduler: the checkpoint holds the states of {shown} scheduler(s), got {count}; expected "
+                         f"the schedulers it was saved with ({path}), in the same order (a scheduler chained on the "
+                         "optimizer and not restored would start its schedule again); nothing was loaded")
     if text is None:
-        saved, states = 1, [arrays]  # the save of one scheduler: its state as is
-    else:
-        saved = int(text) if text.isdecimal() else 0
-        if saved < 1:
-            raise ValueError(f"{path}: metadata {NUM_SCHEDULERS_KEY}: expected a positive int, got {text!r}; "
-                             "nothing was loaded")
-        states = [{} for _ in range(saved)]
-        for key, value in arrays.items():
-            index, _, name = key.partition(".")
-            if not (index.isdecimal() and int(index) < saved and name):
-                raise ValueError(f"{path}: key {key!r}: expected '{{i}}.{{name}}' with i < {saved} (the state of "
-                                 f"scheduler i of {saved}); nothing was loaded")
-            states[int(index)][name] = value
-    if saved != count:
-        raise ValueError(f"scheduler: the checkpoint holds the states of {saved} scheduler(s), got {count}; expected "
-                         "the schedulers it was saved with, in the same order (a scheduler chained on the optimizer "
-                         "and not restored would start its schedule again); nothing was loaded")
+        return [arrays]
+    states = [{} for _ in range(count)]  # count: the schedulers given, not a number read from the file
+    index_of = {str(i): i for i in range(count)}  # "0", "1", ...: the prefixes save_checkpoint writes
+    for key, value in arrays.items():
+        index, _, name = key.partition(".")
+        if index not in index_of or not name:
+            raise ValueError(f"{path}: key {_shown(key)}: expected '{{i}}.{{name}}' with i < {count} (the state of "
+                             f"scheduler i of {count}); nothing was loaded")
+        states[index_of[index]][name] = value
     return states
+
+
+def _check_model_state(path: Path, model: Module, state: dict) -> None:
+    """Refuses a model file whose names or shapes are not ``model``'s, before anything is loaded:
+    the checks ``Module.load_state_dict`` makes on names and shapes (after the model's renaming of
+    a checkpoint's alternative names), made first so that a checkpoint of another architecture or
+    size is reported as such, and not by the optimizer's state (loaded before the model, and keyed
+    by the same parameter names). Names the model has no weight for are left to the model's own
+    ``load_state_dict`` when it overrides it (a seq2seq model reads a buffer under its own name).
+
+    Raises:
+        ValueError: ``"{path}: ... does not match the model"``, listing the missing, unknown and
+            mis-shaped names; a TypeError or ValueError of the model's renaming (a tied head that
+            differs from the embedding), prefixed with the file.
+    """
+    with _naming(path):
+        renamed = model._rename_state_dict(dict(state))  # (a copy: a model may rename in place)
+    shapes = model.parameter_shapes()
+    problems = []
+    missing = [name for name in shapes if name not in renamed]
+    if missing:
+        problems.append(f"missing keys: {missing}")
+    if type(model).load_state_dict is Module.load_state_dict:
+        unknown = [name for name in renamed if name not in shapes]
+        if unknown:
+            problems.append(f"unknown keys: {unknown}")
+    misshaped = [f"{name}: expected {shape}, got {np.shape(renamed[name])}" for name, shape in shapes.items()
+                 if name in renamed and np.shape(renamed[name]) != shape]
+    if misshaped:
+        problems.append(f"mis-shaped: {misshaped}")
+    if problems:
+        raise ValueError(f"{path}: the checkpoint's weights do not match the model ({type(model).__name__}; a "
+                         f"checkpoint of another architecture or size?): " + "; ".join(problems)
+                         + "; nothing was loaded")
+
+
+@contextlib.contextmanager
+def _naming(path: Path, what: str = ""):
+    """Prefixes a TypeError or ValueError raised inside with the file it concerns (``"{path}: "``,
+    then ``what``), keeping its kind (TypeError stays TypeError, any other ValueError becomes a plain
+    ValueError); the original is chained."""
+    try:
+        yield
+    except (TypeError, ValueError) as e:
+        kind = TypeError if isinstance(e, TypeError) else ValueError
+        raise kind(f"{path}: {what}{e}") from e
 
 
 def _with_inner(schedulers) -> list:
@@ -309,10 +368,11 @@ def load_checkpoint(directory, model: Module, optimizer=None, scheduler=None) ->
     is what the save was given: one scheduler, or a list or tuple of as many schedulers, in the same
     order (a list of one and one scheduler are interchangeable).
 
-    Every file is read and checked (headers, the ``checkpoint_id`` stamps of one save) before
-    anything changes; the optimizer's and scheduler's states are then loaded (each checks all of its
-    values first), and the model's last (it checks names and shapes first). On any error the model,
-    the optimizer and the scheduler are left as they were. Then the generator of the dropout seeds
+    Every file is read and checked (headers, the ``checkpoint_id`` stamps of one save, the model
+    file's names and shapes against ``model``'s) before anything changes; the optimizer's and
+    scheduler's states are then loaded (each checks all of its values first), and the model's last.
+    On any error the model, the optimizer and the scheduler are left as they were, and the error
+    names the file it concerns. Then the generator of the dropout seeds
     (process-wide: :func:`~transformer_core.manual_seed`) is set to the state the save stored, so
     that a resumed run draws what the uninterrupted one would (a checkpoint written before it was
     stored leaves the generator alone).
@@ -323,12 +383,17 @@ def load_checkpoint(directory, model: Module, optimizer=None, scheduler=None) ->
         ValueError: a ``scheduler`` whose optimizer is not ``optimizer`` (None included: the groups'
             learning rates are restored from the optimizer's file), an empty list, a scheduler listed
             twice; nothing is read or changed.
-        ValueError: another number of schedulers than the checkpoint holds (naming ``scheduler``);
-            nothing is changed.
+        ValueError: another number of schedulers than the checkpoint holds (naming ``scheduler``
+            and the file); nothing is changed.
         FileNotFoundError: a file is missing, or a ``~user`` of no known user in ``directory``.
-        ValueError: a file that is truncated or has a corrupt header (naming it); files of
-            different saves (naming them); names, shapes or values that do not match (listed),
-            a model tensor that is not floating-point (naming it).
+        ValueError: naming the file: one that is truncated or has a corrupt header; files of
+            different saves (naming them); a model file whose names or shapes are not the model's
+            (a checkpoint of another architecture or size: listed, before any state is loaded); an
+            optimizer or scheduler state that does not fit (the ``load_state_dict`` message,
+            prefixed with the file, and ``scheduler[i]: `` for an entry of a list); a model tensor
+            that is not floating-point; a ``num_schedulers`` that is not a positive int.
+        TypeError: a value the optimizer's, a scheduler's or the model's ``load_state_dict``
+            refuses by type, prefixed with the file.
         OSError: a file that cannot be read (naming it).
     """
     schedulers = _check_arguments(directory, model, optimizer, scheduler)
@@ -351,6 +416,9 @@ def load_checkpoint(directory, model: Module, optimizer=None, scheduler=None) ->
     if schedulers:
         name = "scheduler.safetensors"
         scheduler_states = _scheduler_states(path / name, states[name], metadata[name], len(schedulers))
+    # the model's names and shapes first: a checkpoint of another model is named as such, not by
+    # the optimizer's state (keyed by the same names, loaded before the model)
+    _check_model_state(model_file, model, model_state)
     # then load: each load_state_dict checks all of its input before it changes anything, so only a
     # later component's refusal needs the earlier ones put back
     objects = {id(o): o for o in (optimizer, *_with_inner(schedulers)) if o is not None}
@@ -358,15 +426,15 @@ def load_checkpoint(directory, model: Module, optimizer=None, scheduler=None) ->
     try:
         if optimizer is not None:
             relaid = _relaid_parameters(model)
-            optimizer.load_state_dict(_optimizer_layout(states["optimizer.safetensors"], relaid, to_checkpoint=False))
+            with _naming(path / "optimizer.safetensors"):
+                optimizer.load_state_dict(_optimizer_layout(states["optimizer.safetensors"], relaid,
+                                                            to_checkpoint=False))
         for i, (s, state) in enumerate(zip(schedulers, scheduler_states)):
-            try:
+            with _naming(path / "scheduler.safetensors", f"scheduler[{i}]: " if isinstance(scheduler, (list, tuple))
+                         else ""):
                 s.load_state_dict(state)
-            except (TypeError, ValueError) as e:
-                if not isinstance(scheduler, (list, tuple)):
-                    raise
-                raise type(e)(f"scheduler[{i}]: {e}") from None
-        model.load_state_dict(model_state)
+        with _naming(model_file):
+            model.load_state_dict(model_state)
     except BaseException:
         _restore(snapshot)
         raise
