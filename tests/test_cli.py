@@ -622,3 +622,23 @@ def test_cli_model_errors_of_hostile_files_and_names_are_one_line(tmp_path):
     r = _run("generate", "hi", "--model", str(path), "--max-new-tokens", "1")
     line = assert_clean_error(r, f"{path}: the GGUF file has no tokenizer (tokenizer.ggml.model missing)")
     assert "None" not in line
+
+
+def test_cli_bounds_workers_and_threads_per_worker(capsys):
+    """--workers had no upper bound (10**9 reached Dask's LocalCluster) and --threads-per-worker
+    above 1024 failed only inside every worker once the cluster had started: both are usage errors
+    now, naming the range, and --help states it."""
+    from transformer_core.__main__ import main
+
+    for flag in ("--workers", "--threads-per-worker"):
+        for value in ("1025", "1000000000", "0", "x"):
+            with pytest.raises(SystemExit) as e:
+                main(["embed", "--file", "c.txt", "--out", "e.parquet", flag, value])
+            assert e.value.code == 2
+            err = capsys.readouterr().err
+            shown = repr(value) if value == "x" else value
+            assert f"argument {flag}: expected an int in [1, 1024], got {shown}" in err, err
+    with pytest.raises(SystemExit):
+        main(["embed", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "worker processes (1 to 1024)" in help_text and "C++ threads in each worker, 1 to 1024" in help_text

@@ -760,7 +760,7 @@ def test_search_errors(search_index, tmp_path, tiny_model_dir):
     assert corpus.search(outs["npy"], "q", model=str(tiny_model_dir), k=2)[0][0].id >= 0
     with pytest.raises(ValueError, match="k: expected an int >= 1"):
         corpus.search(outs["npy"], "q", k=0)
-    with pytest.raises(TypeError, match="queries"):
+    with pytest.raises(ValueError, match="^queries: expected a str or a non-empty list of str, got an empty list$"):
         corpus.search(outs["npy"], [])
 
 
@@ -1738,3 +1738,276 @@ def test_cli_resume_keeps_the_runs_batch_size(tmp_path, tiny_model_dir, monkeypa
     corpus.embed_file(f, ref, model=str(tiny_model_dir), chunk_size=10, batch_size=16)
     np.testing.assert_array_equal(np.load(out), np.load(ref))
     assert Path(f"{out}.texts.jsonl").read_bytes() == Path(f"{ref}.texts.jsonl").read_bytes()
+
+
+# ------------------------------------------------------- the whole weights fingerprinted, CRLF first lines
+def _fine_tuned_copy(tiny_model_dir: Path, dest: Path) -> tuple[Path, str]:
+    """A copy of the tiny model with one row of its word embeddings changed in place, in the middle
+    of model.safetensors (more than 1 MiB from either end: what a fingerprint of the header and the
+    first and last MiB never saw), the file's size, header and every shape unchanged; and a word
+    whose embedding row that is."""
+    import shutil
+
+    from transformer_core import Tokenizer
+
+    shutil.copytree(tiny_model_dir, dest)
+    weights = dest / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    header_len = int.from_bytes(data[:8], "little")
+    entry = json.loads(data[8:8 + header_len])["embeddings.word_embeddings.weight"]
+    rows, dim = entry["shape"]
+    tok = Tokenizer.from_pretrained(str(tiny_model_dir))
+    row = next(i for i in range(rows // 2, rows) if tok.id_to_token(i).isalpha())  # a whole word, not ##x
+    start = 8 + header_len + entry["data_offsets"][0] + row * dim * 4
+    assert (1 << 20) < start and start + dim * 4 < len(data) - (1 << 20)  # the middle, far from both ends
+    # not a constant shift, which the embeddings' LayerNorm would take out again
+    values = np.frombuffer(bytes(data[start:start + dim * 4]), np.float32) + np.linspace(-1, 1, dim, dtype=np.float32)
+    data[start:start + dim * 4] = values.tobytes()
+    size = weights.stat().st_size
+    weights.write_bytes(bytes(data))
+    assert weights.stat().st_size == size
+    return dest, tok.id_to_token(row)
+
+
+def test_a_fine_tune_of_the_same_size_is_another_model(tmp_path, tiny_model_dir, tiny_encoder, monkeypatch):
+    """model_identity hashed only the safetensors header, the size and the first and last MiB: a
+    fine-tune that changed a middle tensor (a merged LoRA update) kept the fingerprint, so resume
+    mixed the two models' rows in one output and search(model=) embedded the queries with the other
+    model. The whole weight file is hashed now: both are refused."""
+    tuned, word = _fine_tuned_copy(tiny_model_dir, tmp_path / "tuned")
+    other = tc.SentenceEncoder.from_pretrained(str(tuned)).encode([f"a {word} here"])
+    assert np.abs(other - tiny_encoder.encode([f"a {word} here"])).max() > 1e-3  # really another model
+    base_id, tuned_id = corpus.model_identity(str(tiny_model_dir)), corpus.model_identity(str(tuned))
+    assert base_id["fingerprint"] != tuned_id["fingerprint"]
+    assert base_id["fingerprint_version"] == tuned_id["fingerprint_version"] == corpus.FINGERPRINT_VERSION == 2
+    # the fingerprint: SHA-256 over the config, the tokenizer files and the whole file's SHA-256
+    h = hashlib.sha256()
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json", "sentence_bert_config.json",
+                 "special_tokens_map.json"):
+        if (tuned / name).is_file():
+            h.update(name.encode() + b"\0" + (tuned / name).read_bytes() + b"\0")
+    h.update(b"model.safetensors sha256=" + hashlib.sha256((tuned / "model.safetensors").read_bytes()).hexdigest().encode())
+    assert tuned_id["fingerprint"] == h.hexdigest()[:32]
+
+    f = write_lines(tmp_path / "c.txt", corpus_lines(50))
+    out = tmp_path / "r.npy"
+    restore = _fail_third_chunk(monkeypatch, KeyboardInterrupt())
+    with pytest.raises(KeyboardInterrupt):
+        corpus.embed_file(f, out, model=str(tiny_model_dir), chunk_size=10)
+    restore()
+    before = out.with_name(out.name + ".partial").read_bytes(), manifest_text(out)
+    with pytest.raises(ValueError, match=r"^resume: .*r\.npy was made by another model: .*tiny.* \(fingerprint "
+                                         rf"{base_id['fingerprint'][:12]}\), not '{re.escape(str(tuned))}'"):
+        corpus.embed_file(f, out, model=str(tuned), resume=True)
+    assert (out.with_name(out.name + ".partial").read_bytes(), manifest_text(out)) == before  # untouched
+    r = corpus.embed_file(f, out, model=str(tiny_model_dir), resume=True)  # its own model continues it
+    assert r.rows_computed == 30
+    with pytest.raises(ValueError, match=rf"^model: .*r\.npy was embedded with .*, not '{re.escape(str(tuned))}'; "
+                                         "queries must be embedded by the same model$"):
+        corpus.search(out, "line", model=str(tuned))
+    assert corpus.search(out, "line", model=str(tiny_model_dir), k=1)[0][0].id >= 0
+
+
+def manifest_text(out) -> str:
+    return Path(f"{out}.manifest.json").read_text()
+
+
+def test_a_manifest_of_the_older_fingerprint_is_refused_as_such(tmp_path, tiny_model_dir, monkeypatch):
+    """A manifest written before the whole weights were hashed (no model.fingerprint_version, a
+    fingerprint of the header and first and last MiB): its fingerprint cannot be compared, so a
+    resume and a search with model= say so, not "another model" or a KeyError; a search without
+    model= (the index's own model) still reads it."""
+    f = write_lines(tmp_path / "c.txt", corpus_lines(50))
+    out = tmp_path / "r.npy"
+    restore = _fail_third_chunk(monkeypatch, KeyboardInterrupt())
+    with pytest.raises(KeyboardInterrupt):
+        corpus.embed_file(f, out, model=str(tiny_model_dir), chunk_size=10)
+    restore()
+    man = manifest(out)
+    assert man["model"]["fingerprint_version"] == 2
+    del man["model"]["fingerprint_version"]
+    man["model"]["fingerprint"] = "3674a5507c91a2ee9c6a610ce0f3512e"  # as an earlier version wrote it
+    Path(f"{out}.manifest.json").write_text(json.dumps(man))
+    assert corpus.read_manifest(out)["model"] == man["model"]  # still a readable manifest
+    older = "made by another model or with an older fingerprint: its manifest holds the fingerprint of an earlier " \
+            r"version \(of the weights' header and first and last MiB only, not the whole file\)"
+    with pytest.raises(ValueError, match=rf"^resume: .*r\.npy was {older}, which cannot be compared with the "
+                                         rf"fingerprint of '.*tiny.*'; --overwrite starts over$"):
+        corpus.embed_file(f, out, model=str(tiny_model_dir), resume=True)
+    with pytest.raises(ValueError, match=r"^index: .* is incomplete"):
+        corpus.search(out, "line")
+    with pytest.raises(ValueError, match=r"^model: .*r\.npy was embedded with another model or with an older "
+                                         r"fingerprint: .*leave model out to embed the queries with the index's own"):
+        corpus.search(out, "line", model=str(tiny_model_dir), allow_incomplete=True)
+    hits = corpus.search(out, "line", allow_incomplete=True, k=3)[0]
+    assert len(hits) == 3 and all(h.id < 20 for h in hits)  # the two chunks done
+    man["model"]["fingerprint_version"] = "2"
+    Path(f"{out}.manifest.json").write_text(json.dumps(man))
+    with pytest.raises(ValueError, match="a damaged manifest: model.fingerprint_version: expected an int >= 1, got '2'"):
+        corpus.read_manifest(out)
+
+
+def test_model_identity_checks_quantize():
+    with pytest.raises(ValueError, match="^quantize: expected one of 'int8', got 'int4'$"):
+        corpus.model_identity(MODEL_NAME, quantize="int4")
+    with pytest.raises(TypeError, match="^quantize: expected a str, one of 'int8'; got int"):
+        corpus.model_identity(MODEL_NAME, quantize=5)
+    plain, int8 = corpus.model_identity(MODEL_NAME), corpus.model_identity(MODEL_NAME, quantize="int8")
+    assert int8["quantize"] == "int8" and "quantize" not in plain and int8["fingerprint"] != plain["fingerprint"]
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "csv"])
+def test_a_bad_first_record_of_a_crlf_file_is_that_records_error(tmp_path, fmt):
+    """The lone-\\r check read the first line without its \\n, so the \\r of a \\r\\n line end looked
+    lone: a CRLF file whose first record was bad was "its line ends are lone \\r", and errors='skip'
+    refused the whole file. Now it is that record's error (JSONL: skipped with 'skip'; CSV: the
+    header, an error either way), also when the first line's \\r\\n straddles the 1 MiB block the
+    check reads; lone-\\r files are still refused as such."""
+    first = b"not json" if fmt == "jsonl" else b'"a"b,text'
+    rest = b'{"text": "a"}\r\n' if fmt == "jsonl" else b"x,y\r\n"
+    record = (r"line 1: not valid JSON \(Expecting value, column 1\)" if fmt == "jsonl" else
+              r"line 1: not valid CSV \(',' expected after '\"'\)")
+    long_first = first + b" " * ((1 << 20) - 1 - len(first))  # its \r is the last byte of the first MiB
+    for name, data in (("short", first + b"\r\n" + rest), ("straddling", long_first + b"\r\n" + rest)):
+        p = tmp_path / f"{name}.{fmt}"
+        p.write_bytes(data)
+        if name == "straddling":
+            assert data.index(b"\r\n") == (1 << 20) - 1
+        hint = r" \(--errors skip / errors='skip' skips such records\)" if fmt == "jsonl" else ""
+        with pytest.raises(ValueError, match=rf"^{re.escape(str(p))}, {record}{hint}$"):
+            list(corpus.open_source(p))
+        if fmt == "jsonl":
+            src = corpus.open_source(p, errors="skip")
+            assert list(src) == ["a"] and src.num_skipped == 1 and src.skipped[0][0] == "line 1"
+        else:  # a bad header is the file's error, whatever --errors
+            with pytest.raises(ValueError, match=rf"^{re.escape(str(p))}, {record}$"):
+                list(corpus.open_source(p, errors="skip"))
+    # a \r at the end of the first MiB that is not followed by \n is lone: the file is refused as such
+    p = tmp_path / f"mac.{fmt}"
+    p.write_bytes(long_first + b"\r" + rest.replace(b"\r\n", b"\r"))
+    for errors in ("strict", "skip"):
+        with pytest.raises(ValueError, match=rf"^{re.escape(str(p))}: its line ends are lone \\r"):
+            list(corpus.open_source(p, errors=errors))
+    p.write_bytes(first + b"\r")  # one line, ended by a lone \r at the end of the file
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(p))}: its line ends are lone \\r"):
+        list(corpus.open_source(p))
+
+
+def test_csv_header_after_blank_lines_and_a_duplicated_text_column(tmp_path):
+    """Blank lines before the CSV header gave "no column 'text' (columns: )"; a header naming the
+    text column twice used the first silently. The blank lines are skipped (the line numbers stay
+    the file's); a duplicated column is refused, as for Parquet input."""
+    p = tmp_path / "blank.csv"
+    p.write_bytes(b"\n\r\n\nid,text\n1,one\n2,\"two\n\"\n3,\n")
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(p))}, line 8: column 'text' is empty"):
+        list(corpus.open_source(p))
+    src = corpus.open_source(p, errors="skip")
+    assert list(src) == ["one", "two\n"] and src.skipped == [("line 8", "column 'text' is empty (it would embed "
+                                                               "to [CLS] [SEP] alone)")]
+    dup = tmp_path / "dup.csv"
+    dup.write_bytes(b"\ntext,id,text\na,1,b\n")
+    for errors in ("strict", "skip"):
+        with pytest.raises(ValueError, match=rf"^{re.escape(str(dup))}: column 'text' appears 2 times in the CSV "
+                                             r"header \(line 2\); expected one$"):
+            list(corpus.open_source(dup, errors=errors))
+    assert list(corpus.open_source(dup, text_field="id")) == ["1"]
+    only_blank = tmp_path / "blank_only.csv"
+    only_blank.write_bytes(b"\n\n")
+    assert list(corpus.open_source(only_blank)) == []
+
+
+def test_write_parquet_part_checks_its_arguments_first(tmp_path):
+    """write_parquet_part is public and checked nothing: index=-1 wrote part--0001, texts and
+    embeddings of different lengths or a 1-D array failed in pyarrow or numpy, a missing directory
+    was named as the temp file. Each is refused naming the argument, before anything is written."""
+    d = tmp_path / "ds"
+    d.mkdir()
+    emb = np.arange(12, dtype=np.float32).reshape(3, 4)
+    texts = ["a", "b", "c"]
+    cases = [
+        ((d, -1, 5, 0, texts, emb), ValueError, r"^index: expected an int in \[0, 2\*\*63 - 1\], got -1$"),
+        ((d, 1.0, 5, 0, texts, emb), TypeError, "^index: expected an int, got float 1.0$"),
+        ((d, 1, 0, 0, texts, emb), ValueError, r"^width: expected an int in \[1, 19\], got 0$"),
+        ((d, 1, 10**9, 0, texts, emb), ValueError, r"^width: expected an int in \[1, 19\], got 1000000000$"),
+        ((d, 1, 5, -3, texts, emb), ValueError, r"^start: expected an int in \[0, 2\*\*63 - 1\], got -3$"),
+        ((d, 1, 5, 0, ["a", "b"], emb), ValueError, r"^embeddings: expected shape \(2, dim\) with dim >= 1 \(one row "
+                                                    r"per text\), got \(3, 4\)$"),
+        ((d, 1, 5, 0, texts, emb[0]), ValueError, r"^embeddings: expected shape \(3, dim\) .*got \(4,\)$"),
+        ((d, 1, 5, 0, texts, np.zeros((3, 0), np.float32)), ValueError, r"^embeddings: .*got \(3, 0\)$"),
+        ((d, 1, 5, 0, texts, emb.astype(np.int32)), TypeError, "^embeddings: expected an array of floats, got dtype int32$"),
+        ((d, 1, 5, 0, [1, 2, 3], emb), TypeError, "^texts: expected a list of str, got int at index 0$"),
+        ((d, 1, 5, 0, "abc", emb), TypeError, "^texts: expected a list of str, got str$"),
+        ((d, 1, 5, 0, [], emb[:0]), ValueError, "^texts: expected at least one text"),
+        ((d, 1, 5, 0, ["a", "\udcff", "c"], emb), ValueError, "^texts: expected valid Unicode text, got a lone "
+                                                              "surrogate '\\\\udcff' at position 0 of the text at index 1"),
+        ((None, 1, 5, 0, texts, emb), TypeError, "^directory: expected a str or os.PathLike, got NoneType$"),
+        ((tmp_path / "missing", 1, 5, 0, texts, emb), FileNotFoundError,
+         rf"^directory: {re.escape(str(tmp_path / 'missing'))} does not exist$"),
+        ((tmp_path / "f.txt", 1, 5, 0, texts, emb), NotADirectoryError,
+         rf"^directory: {re.escape(str(tmp_path / 'f.txt'))} is not a directory$"),
+    ]
+    (tmp_path / "f.txt").write_text("x")
+    for args, error, match in cases:
+        with pytest.raises(error, match=match):
+            corpus.write_parquet_part(*args)
+    for run, error, match in ((5, TypeError, "^run: expected None or a run id"),
+                              ("../x", ValueError, r"^run: expected a run id \(letters and digits, at most 64\), got "
+                                                   "'../x'$")):
+        with pytest.raises(error, match=match):
+            corpus.write_parquet_part(d, 1, 5, 0, texts, emb, run=run)
+    assert sorted(os.listdir(tmp_path)) == ["ds", "f.txt"] and os.listdir(d) == []
+    path = corpus.write_parquet_part(d, 7, 5, 70, texts, emb.astype(np.float64))  # floats are stored as float32
+    assert path == d / "part-00007.parquet" and os.listdir(d) == ["part-00007.parquet"]
+    table = pq.read_table(path)
+    assert table.column("id").to_pylist() == [70, 71, 72] and table.column("text").to_pylist() == texts
+    stored = table.column("embedding").combine_chunks().flatten().to_numpy().reshape(3, 4)
+    assert stored.dtype == np.float32 and np.array_equal(stored, emb)
+
+
+def test_write_parquet_part_names_the_part_when_the_directory_goes(tmp_path, monkeypatch):
+    """An OS error while the part is written names the part (the documented contract), never the
+    hidden temp file: here the directory removed between the checks and the write."""
+    d = tmp_path / "ds"
+    d.mkdir()
+    real_open = open
+
+    def open_after_rmdir(file, *args, **kwargs):
+        if ".tmp-" in str(file):
+            d.rmdir()
+        return real_open(file, *args, **kwargs)
+
+    monkeypatch.setattr("builtins.open", open_after_rmdir)
+    with pytest.raises(FileNotFoundError) as e:
+        corpus.write_parquet_part(d, 3, 5, 0, ["a"], np.ones((1, 2), np.float32))
+    assert e.value.filename == str(d / "part-00003.parquet") and e.value.errno == errno.ENOENT
+
+
+def test_path_and_query_arguments_are_named(tmp_path, search_index, tiny_model_dir):
+    """search(index, 5) said "'int' object is not iterable", manifest_path(None) "expected str,
+    bytes or os.PathLike object", a path holding a NUL "embedded null byte" (no argument named)."""
+    _, outs = search_index
+    for queries, error, match in ((5, TypeError, "^queries: expected a str or a non-empty list of str, got int$"),
+                                  (b"q", TypeError, "^queries: expected a str or a non-empty list of str, got bytes$"),
+                                  (["a", 5], TypeError, "^queries: expected a list of str, got int at index 1$"),
+                                  ([], ValueError, "^queries: expected a str or a non-empty list of str, got an empty "
+                                                   "list$")):
+        with pytest.raises(error, match=match):
+            corpus.search(outs["npy"], queries)
+    for bad, error, match in ((None, TypeError, "^out: expected a str or os.PathLike, got NoneType$"),
+                              (5, TypeError, "^out: expected a str or os.PathLike, got int$"),
+                              ("x\0.npy", ValueError, r"^out: expected a path, got 'x\\x00.npy', which holds a NUL")):
+        with pytest.raises(error, match=match):
+            corpus.manifest_path(bad)
+    nul = str(tmp_path / "x\0.npy")
+    for call, name in ((lambda: corpus.embed_file(["a"], nul, model=str(tiny_model_dir)), "out"),
+                       (lambda: corpus.search(nul, "q"), "index"),
+                       (lambda: corpus.open_source(nul), "input"),
+                       (lambda: corpus.embed_file(nul, tmp_path / "e.npy", model=str(tiny_model_dir)), "input"),
+                       (lambda: corpus.read_manifest(nul), "out")):
+        with pytest.raises(ValueError, match=rf"^{name}: expected a path, got '.*x\\x00\.npy', which holds a NUL "
+                                             r"character \(no file name can\)$"):
+            call()
+    for batch_size, error in ((0, ValueError), (True, TypeError), ("2", TypeError)):
+        with pytest.raises(error, match="^batch_size: expected an int"):
+            corpus.search(tmp_path / "not-opened.npy", "q", batch_size=batch_size)  # before the index is opened
+    assert os.listdir(tmp_path) == []

@@ -275,7 +275,7 @@ def test_distributed_bad_arguments(tmp_path, tiny_model_dir):
         embed_corpus(f, tmp_path / "e.npy", model=str(tiny_model_dir), workers=1)
     with pytest.raises(ValueError, match="scheduler and workers"):
         embed_corpus(f, tmp_path / "e.parquet", model=str(tiny_model_dir), workers=1, scheduler="tcp://x:1")
-    with pytest.raises(ValueError, match="workers: expected an int >= 1"):
+    with pytest.raises(ValueError, match=r"^workers: expected an int in \[1, 1024\], got 0$"):
         embed_corpus(f, tmp_path / "e.parquet", model=str(tiny_model_dir), workers=0)
     with pytest.raises(FileNotFoundError, match="no such file"):
         embed_corpus(tmp_path / "missing.txt", tmp_path / "e.parquet", model=str(tiny_model_dir), workers=1)
@@ -482,3 +482,66 @@ def test_a_refused_scheduler_port_is_named_at_once(tmp_path, tiny_model_dir):
     finally:
         closed.close()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.txt"]
+
+
+def _no_cluster(*args, **kwargs):
+    raise AssertionError("a cluster was started")
+
+
+def test_counts_beyond_their_bounds_are_refused_before_a_cluster_starts(tmp_path, tiny_model_dir, monkeypatch):
+    """threads_per_worker above the core's 1024 threads was refused only inside every worker,
+    after the cluster had started (a traceback on stderr, the error naming set_num_threads' `n`),
+    and workers had no bound at all (10**9 reached LocalCluster). Both are refused up front."""
+    import transformer_core.distributed as dist
+
+    monkeypatch.setattr(dist, "LocalCluster", _no_cluster)
+    f = write_lines(tmp_path / "c.txt", ["a", "b"])
+    out = tmp_path / "e.parquet"
+    for kwargs, error, match in (({"workers": 10**9}, ValueError, r"^workers: expected an int in \[1, 1024\], got 10{9}$"),
+                                 ({"workers": 1025}, ValueError, r"^workers: expected an int in \[1, 1024\], got 1025$"),
+                                 ({"workers": 2.0}, TypeError, "^workers: expected an int, got float 2.0$"),
+                                 ({"workers": 1, "threads_per_worker": 1025}, ValueError,
+                                  r"^threads_per_worker: expected an int in \[1, 1024\], got 1025$"),
+                                 ({"workers": 1, "threads_per_worker": True}, TypeError,
+                                  "^threads_per_worker: expected an int, got bool True$"),
+                                 ({"scheduler": "tcp://127.0.0.1:1", "threads_per_worker": 2000}, ValueError,
+                                  r"^threads_per_worker: expected an int in \[1, 1024\], got 2000$"),
+                                 ({"workers": 1, "max_in_flight": 0}, ValueError, r"^max_in_flight: expected an int in "
+                                                                                  r"\[1, 2\*\*63 - 1\], got 0$")):
+        t0 = time.perf_counter()
+        with pytest.raises(error, match=match):
+            embed_corpus(f, out, model=str(tiny_model_dir), **kwargs)
+        assert time.perf_counter() - t0 < 5, kwargs
+    assert dist.MAX_WORKERS == 1024
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.txt"]
+
+
+def test_a_model_that_cannot_be_loaded_is_one_error_before_a_cluster_starts(tmp_path, tiny_model_dir, monkeypatch):
+    """The client never loaded the model: a truncated model.safetensors or a missing tokenizer.json
+    started a cluster whose every worker printed a traceback. The client loads it first, as
+    embed_file does: the same error, before any cluster starts and before anything is written."""
+    import shutil
+
+    import transformer_core.distributed as dist
+
+    truncated = tmp_path / "truncated"
+    shutil.copytree(tiny_model_dir, truncated)
+    weights = truncated / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:2_000_000])
+    no_tokenizer = tmp_path / "no_tokenizer"
+    shutil.copytree(tiny_model_dir, no_tokenizer)
+    (no_tokenizer / "tokenizer.json").unlink()
+    data = tmp_path / "data"
+    data.mkdir()
+    f = write_lines(data / "c.txt", corpus_lines(30))
+    monkeypatch.setattr(dist, "LocalCluster", _no_cluster)
+    for model, error, match in ((truncated, ValueError, r"model\.safetensors: corrupt or truncated safetensors file"),
+                                (no_tokenizer, FileNotFoundError, "^tokenizer.json: not found in model directory")):
+        with pytest.raises(error, match=match) as single:
+            corpus.embed_file(f, data / "single.parquet", model=str(model))
+        with pytest.raises(error, match=match) as dask:
+            embed_corpus(f, data / "dask.parquet", model=str(model), workers=1)
+        assert str(dask.value) == str(single.value)
+        with pytest.raises(error, match=match):  # a scheduler address: refused before connecting
+            embed_corpus(f, data / "dask.parquet", model=str(model), scheduler="tcp://127.0.0.1:1")
+    assert sorted(p.name for p in data.iterdir()) == ["c.txt"]

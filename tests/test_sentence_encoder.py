@@ -792,3 +792,215 @@ def test_int8_accuracy_figures_in_the_docstring_are_what_is_measured(encoder):
     thanks = float(np.sum(encoder.encode("Thanks") * int8.encode("Thanks")))
     assert abs(thanks - 0.967) < 0.002, thanks
     assert 'minimum 0.967 (``"Thanks"``' in doc and "not bounds" in doc
+
+
+# ------------------------------------------------------------------- long texts: a prefix tokenized
+# Fragments of texts that BERT's tokenizer treats specially: whitespace of several kinds, runs of
+# punctuation (each mark its own word), CJK characters (spaced out one by one), combining accents
+# (stripped after NFD; some after a space), words longer than max_input_chars_per_word = 100 (one
+# [UNK]), special tokens written in the text, characters whose lowercase is longer (U+0130) or
+# depends on the context (a final sigma), control and zero-width characters, spacing accents
+# whose NFKC form holds a space.
+_LONG_TEXT_FRAGMENTS = [
+    "word", "Hello", "the", " ", "  ", "\t", "\n", "\u00a0", "\u3000", "...", "!?", "\u2014", "()", "'", "-",
+    "\u6f22\u5b57", "\u65e5\u672c\u8a9e", "\ud55c\uad6d\uc5b4", "e\u0301", "\u0301", " \u0301", "caf\u00e9",
+    "\u00c5ngstr\u00f6m", "\u0308", "a" * 101, "x" * 150, "supercalifragilistic" * 6, "12345", "[MASK]",
+    "[SEP]", "[UNK]", "\u03a3\u0391\u03a3", "\u03a3", "\u0130", "\U0001F600", "\x00", "\x7f", "\u200b", "\u00b4",
+    "\u00a8", "##", "ab", "Z",
+]
+
+
+def _long_text_tokenizers(model_dir):
+    """tc Tokenizers whose pipelines the shortcut accepts, with small max_length (so that texts of a
+    few hundred characters are "long"): all-MiniLM-L6-v2's (BERT normalizer and pre-tokenizer,
+    WordPiece), with and without do_lower_case, and one whose normalizer is a sequence (NFD,
+    lowercase, accents stripped) and pre-tokenizer is Whitespace then single digits."""
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import normalizers, pre_tokenizers
+
+    out = []
+    for max_length in (4, 8, 16):
+        for lower in (False, True):
+            tok = tc.Tokenizer.from_pretrained(MODEL_NAME, max_length=max_length)
+            tok.do_lower_case = lower
+            out.append(tok)
+    backend = HFTokenizer.from_file(str(model_dir / "tokenizer.json"))
+    backend.normalizer = normalizers.Sequence([normalizers.NFD(), normalizers.Lowercase(), normalizers.StripAccents()])
+    backend.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Whitespace(), pre_tokenizers.Digits(True)])
+    out.append(tc.Tokenizer(backend, max_length=8))
+    return out
+
+
+def _reference_backend(tok):
+    """A copy of a tc Tokenizer's backend by the tokenizers package itself, with its truncation and
+    no padding: the reference, which tokenizes every text whole."""
+    from tokenizers import Tokenizer as HFTokenizer
+
+    backend = HFTokenizer.from_str(tok.backend.to_str())
+    backend.no_padding()
+    backend.enable_truncation(max_length=tok.max_length)
+    return backend
+
+
+def _check_prefix(tok, reference, text, counts):
+    """The text encode gives the tokenizer (a prefix, or the text itself) yields the ids, type ids
+    and mask of the whole text by the reference backend."""
+    from transformer_core.sentence_encoder import _texts_to_tokenize
+
+    given = _texts_to_tokenize(tok, [text])[0]
+    assert text.startswith(given)
+    counts["cut" if len(given) < len(text) else "whole"] += 1
+    got = tok.encode_batch([given])
+    enc = reference.encode(text.lower() if tok.do_lower_case else text)
+    ids, type_ids, mask = enc.ids, enc.type_ids, enc.attention_mask
+    assert got["input_ids"][0].tolist() == ids, (text, given)
+    assert got["token_type_ids"][0].tolist() == type_ids and got["attention_mask"][0].tolist() == mask
+
+
+def test_a_long_text_is_tokenized_from_a_prefix_with_the_same_ids_random(model_dir):
+    """encode tokenized every text whole before truncating it (a 20 MB line cost gigabytes): a long
+    text is now given as a prefix cut at a space when that provably keeps every kept token. Over
+    random texts of the fragments above, each tokenizer's ids for the text given are the tokenizers
+    package's for the whole text; most texts are cut, some (no space early enough, mostly
+    whitespace) are given whole."""
+    import random
+
+    rng = random.Random(20240601)
+    toks = _long_text_tokenizers(model_dir)
+    references = [_reference_backend(tok) for tok in toks]
+    counts = {"cut": 0, "whole": 0}
+    for i in range(4000):
+        tok = toks[i % len(toks)]
+        weights = [rng.random() ** 3 for _ in _LONG_TEXT_FRAGMENTS]  # each text its own mix
+        text = "".join(rng.choices(_LONG_TEXT_FRAGMENTS, weights=weights, k=rng.randint(40, 300)))
+        if len(text) > 16 * tok.max_length:
+            _check_prefix(tok, references[i % len(toks)], text, counts)
+    assert counts["cut"] > 1500 and counts["whole"] > 50, counts
+
+
+def test_a_long_text_is_tokenized_from_a_prefix_with_the_same_ids_hypothesis(model_dir):
+    """As above, texts searched by hypothesis (fragments and arbitrary short strings)."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    toks = _long_text_tokenizers(model_dir)
+    references = [_reference_backend(tok) for tok in toks]
+    counts = {"cut": 0, "whole": 0}
+    fragment = st.sampled_from(_LONG_TEXT_FRAGMENTS) | st.text(max_size=3)
+
+    @settings(max_examples=300, deadline=None, derandomize=True, database=None,
+              suppress_health_check=list(HealthCheck))
+    @given(st.lists(fragment, min_size=40, max_size=200).map("".join), st.sampled_from(range(len(toks))))
+    def check(text, which):
+        tok = toks[which]
+        if len(text) > 16 * tok.max_length:
+            _check_prefix(tok, references[which], text, counts)
+
+    check()
+    assert counts["cut"] > 50, counts
+
+
+def test_long_texts_embed_bitwise_as_when_tokenized_whole(tiny_model_dir, monkeypatch):
+    """The embeddings of long texts (and short ones beside them in the batches) are bitwise those
+    of tokenizing every text whole."""
+    import random
+
+    from transformer_core import sentence_encoder
+
+    rng = random.Random(7)
+    texts = ["".join(rng.choices(_LONG_TEXT_FRAGMENTS, k=rng.randint(100, 400))) for _ in range(40)]
+    texts += ["a short one", "word " * 30, "x" * 5000, "a" + " b" * 3000]
+    enc = tc.SentenceEncoder.from_pretrained(tiny_model_dir)
+    enc.max_seq_length = 16
+    given = []
+    real = sentence_encoder._texts_to_tokenize
+    monkeypatch.setattr(sentence_encoder, "_texts_to_tokenize", lambda tok, t: given.extend(real(tok, t)) or real(tok, t))
+    fast = enc.encode(texts, batch_size=8)
+    cut = sum(len(g) < len(t) for g, t in zip(given, sorted(texts, key=len, reverse=True)))
+    assert cut > 30, cut
+    monkeypatch.setattr(sentence_encoder, "_texts_to_tokenize", lambda tok, t: t)
+    whole = enc.encode(texts, batch_size=8)
+    assert np.array_equal(fast, whole)
+
+
+def test_a_long_text_embeds_as_sentence_transformers(encoder, hf_bert, hf_tokenizer):
+    """A text of 60,000 characters (given as a prefix): the reference tokenizes it whole, truncated
+    to 256 tokens (sentence-transformers' max_seq_length), and pools transformers' BertModel."""
+    text = " ".join(f"Sentence {i} says \u00c9t\u00e9 caf\u00e9, \u6f22\u5b57 and more." for i in range(1500))
+    assert len(text) > 60_000
+    from tokenizers import Tokenizer as HFTokenizer
+
+    ref_tok = HFTokenizer.from_str(hf_tokenizer.to_str())
+    ref_tok.enable_truncation(max_length=256)
+    ids, am, tt = hf_encode(ref_tok, [text])
+    assert ids.shape == (1, 256)
+    ref = hf_mean_pool(hf_bert, ids, am, tt)
+    np.testing.assert_allclose(encoder.encode([text])[0], ref[0], atol=2e-5)
+
+
+def test_tokenizers_the_prefix_would_not_be_exact_for_get_the_whole_text(model_dir):
+    """Pipelines outside what the shortcut is proven for are given every text whole: a pre-tokenizer
+    written in Python (cannot be inspected), Metaspace (SentencePiece: the space is part of a
+    token), a normalizer that replaces spaces, truncation that keeps the end, an added token
+    holding a space (it could match across the cut)."""
+    from tokenizers import AddedToken, normalizers, pre_tokenizers
+    from tokenizers import Tokenizer as HFTokenizer
+    from transformer_core.sentence_encoder import _splits_at_spaces, _texts_to_tokenize
+
+    class Split:
+        def pre_tokenize(self, pretok):
+            pretok.split(lambda i, s: s.split(" ", "removed"))
+
+    def fresh():
+        backend = HFTokenizer.from_file(str(model_dir / "tokenizer.json"))
+        backend.no_padding()
+        return backend
+
+    cases = {}
+    b = fresh()
+    b.pre_tokenizer = pre_tokenizers.PreTokenizer.custom(Split())
+    cases["custom"] = tc.Tokenizer(b, max_length=8)
+    b = fresh()
+    b.pre_tokenizer = pre_tokenizers.Metaspace()
+    cases["metaspace"] = tc.Tokenizer(b, max_length=8)
+    b = fresh()
+    b.normalizer = normalizers.Sequence([normalizers.Replace(" ", "_"), normalizers.Lowercase()])
+    cases["replace"] = tc.Tokenizer(b, max_length=8)
+    cases["left"] = tc.Tokenizer.from_pretrained(MODEL_NAME, max_length=8)
+    cases["left"].backend.enable_truncation(max_length=8, direction="left")
+    b = fresh()
+    b.add_tokens([AddedToken("new york", normalized=False)])
+    cases["spaced added token"] = tc.Tokenizer(b, max_length=8)
+    text = "new york is a city " * 50
+    for name, tok in cases.items():
+        assert not _splits_at_spaces(tok), name
+        texts = [text]
+        assert _texts_to_tokenize(tok, texts) is texts, name
+    assert _splits_at_spaces(tc.Tokenizer.from_pretrained(MODEL_NAME, max_length=8))
+    assert _texts_to_tokenize(tc.Tokenizer.from_pretrained(MODEL_NAME, max_length=8), [text])[0] == text[:128]
+
+
+def test_a_20_mb_line_is_encoded_in_bounded_memory(tiny_model_dir):
+    """One huge line cost ~140 MB of memory per MB of text (the whole text tokenized, then all but
+    max_seq_length tokens dropped): a 20 MB line needed ~2.8 GB. Its prefix is tokenized now: the
+    peak grows by little more than the text itself, and the embedding is that of the text's start."""
+    code = (
+        "import resource, sys, numpy as np\n"
+        "from transformer_core import SentenceEncoder\n"
+        "enc = SentenceEncoder.from_pretrained(sys.argv[1])\n"
+        "enc.encode(['warm up'])\n"
+        "text = 'word ' * 4_000_000\n"
+        "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+        "e = enc.encode([text])\n"
+        "grown = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) // 1024\n"
+        "same = np.array_equal(e, enc.encode([text[:5000]]))\n"
+        "print(grown, same, len(text))\n"
+    )
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", code, str(tiny_model_dir)], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    grown, same, length = proc.stdout.split()
+    assert int(grown) < 100 and same == "True" and length == "20000000", proc.stdout  # MB; whole: ~2,800

@@ -56,6 +56,21 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _count_up_to(maximum: int):
+    """An argparse ``type``: an int in ``[1, maximum]`` (the message names the range)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an int in [1, {maximum}], got {text!r}") from None
+        if not 1 <= value <= maximum:
+            raise argparse.ArgumentTypeError(f"expected an int in [1, {maximum}], got {value}")
+        return value
+
+    return parse
+
+
 def _add_embed(sub) -> None:
     e = sub.add_parser("embed", help="sentence embeddings: a similarity matrix, or a corpus into .npy/.parquet",
                        description="Embeds sentences with a sentence encoder (default all-MiniLM-L6-v2). Up to 20 "
@@ -92,9 +107,12 @@ def _add_embed(sub) -> None:
     e.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     dist = e.add_argument_group("distributed (needs transformer_core[distributed]; --out must be .parquet)")
     dist.add_argument("--scheduler", metavar="ADDRESS", help="run the chunks on this Dask scheduler's workers")
-    dist.add_argument("--workers", type=_positive_int, help="start a local Dask cluster of N worker processes")
-    dist.add_argument("--threads-per-worker", type=_positive_int,
-                      help="C++ threads in each worker (default: the host's cores / its workers)")
+    # the bounds of distributed.MAX_WORKERS and the core's most threads (not imported here: the
+    # distributed module needs dask, and --help must work without it)
+    dist.add_argument("--workers", type=_count_up_to(1024),
+                      help="start a local Dask cluster of N worker processes (1 to 1024)")
+    dist.add_argument("--threads-per-worker", type=_count_up_to(1024),
+                      help="C++ threads in each worker, 1 to 1024 (default: the host's cores / its workers)")
 
 
 def _add_search(sub) -> None:

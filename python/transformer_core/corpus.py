@@ -6,7 +6,8 @@ The pieces, in the order a run uses them:
   one list). Formats: ``text`` (one text per line; a line ends at ``\n``, ``\r\n`` or a lone
   ``\r``, as in Python's universal newlines, so a file of classic-Mac ``\r`` line ends is read line
   by line too; blank lines skipped; surrounding whitespace stripped), ``jsonl`` (one JSON object per line, the text in ``text_field``), ``csv`` (a header
-  row, the text in the column ``text_field``; JSONL and CSV lines end at ``\n`` or ``\r\n``, and a
+  row, blank lines before it skipped, the text in the column ``text_field``, which the header must
+  name once; JSONL and CSV lines end at ``\n`` or ``\r\n``, and a
   file of lone ``\r`` line ends is refused as such) and ``parquet`` (the string column ``text_field``,
   read in record batches with pyarrow). ``text_field`` defaults to ``"text"``. A record that
   cannot be read (invalid UTF-8, invalid JSON, a missing or non-string field) is an error naming
@@ -17,7 +18,13 @@ The pieces, in the order a run uses them:
   for every one of them. The text kept is the value as stored (only text input strips it).
 * **Chunks**: the texts cut into consecutive runs of ``chunk_size``; chunk ``i`` holds ids
   ``[i * chunk_size, (i + 1) * chunk_size)``. Memory is bounded by one chunk (its texts, its
-  embeddings, one batch's activations), whatever the size of the input.
+  embeddings, one batch's activations), whatever the size of the input. A long text costs its own
+  size, not more: only its first ``max_seq_length`` tokens are kept, and
+  :meth:`SentenceEncoder.encode` gives a BERT-style tokenizer only a prefix of it, cut at a space,
+  that yields those same tokens (bitwise the same embedding). A text with no such prefix (no space
+  in it but near its end, e.g. a long line of Chinese or Japanese, or a base64 blob), or a tokenizer
+  of another kind, is tokenized whole, as the tokenizers package does it: about 140 MB of memory
+  per MB of that one text.
 * **Outputs**: ``OUT.npy`` (one ``(N, dim)`` float32 array, its disk space reserved when it is
   created, each chunk's rows written with ``os.pwrite``, and the texts in ``OUT.npy.texts.jsonl``,
   one JSON string per line) or ``OUT.parquet`` (a directory
@@ -42,7 +49,7 @@ The pieces, in the order a run uses them:
   at its next write, commit or finish with ESTALE (the manifest records another run, the file at
   ``OUT.npy.partial`` is not the one it opened), never marking the other's output complete.
 * **The manifest** ``OUT.npy.manifest.json`` / ``OUT.parquet.manifest.json`` beside the output: the model's identity (name and a
-  fingerprint of its config, tokenizer and safetensors header), dim, dtype, the input's identity
+  fingerprint of its config, tokenizer and whole weight file), dim, dtype, the input's identity
   (path, size, mtime, SHA-256 of the whole file (``"sha256"``) and of its first and last MiB, format,
   field, error mode), the chunk size
   and the chunks completed (as ``[first, stop)`` ranges, so that its size does not grow with the
@@ -135,6 +142,12 @@ DEFAULT_CHUNK_SIZE = 1000
 #: only when the input's mtime is the same as well; see the module docstring.)
 MANIFEST_FORMAT = "transformer_core.embeddings"
 MANIFEST_VERSION = 1
+#: How :func:`model_identity` fingerprints a model, recorded beside the fingerprint (a manifest's
+#: ``model.fingerprint_version``). 2: the SHA-256 of the whole weight file. A manifest without the
+#: field was written by an earlier version, whose fingerprint hashed only the safetensors header and
+#: the first and last MiB of the weights (a fine-tune changing only middle tensors kept it): it is
+#: never taken for this version's, and a resumed run or a search with ``model=`` refuses it as such.
+FINGERPRINT_VERSION = 2
 #: The embeddings are stored as float32.
 DTYPE = np.dtype(np.float32)
 
@@ -300,20 +313,25 @@ class TextSource:
 
     def _cr_line_ends(self) -> bool:
         """Whether the file's line ends are lone ``\r`` (classic Mac OS): a ``\r`` not followed by
-        ``\n`` comes before the first ``\n``. JSONL and CSV input split lines at ``\n`` only, so
-        such a file reads as one line; asked only once that line failed to parse."""
+        ``\n`` comes before the first ``\n`` (or, in a file with no ``\n``, anywhere, a ``\r``
+        that ends the file included). JSONL and CSV input split lines at ``\n`` only, so such a
+        file reads as one line; asked only once that line failed to parse. The first line's own
+        ``\r\n`` is its line end, not a lone ``\r``, even when the block read ends between the two."""
+        lone_cr = re.compile(rb"\r(?!\n)")
         with open(self.path, "rb") as f:
             carry = b""
-            for block in iter(lambda: f.read(_HASH_BYTES), b""):
+            while True:
+                block = f.read(_HASH_BYTES)
                 data = carry + block
                 newline = data.find(b"\n")
-                head = data if newline < 0 else data[:newline]
-                if _LONE_CR.search(head.decode("latin-1")):
+                if newline >= 0:  # the first line, its \n included (a \r\n there is not lone)
+                    return lone_cr.search(data, 0, newline + 1) is not None
+                if not block:     # the end of a file with no \n: a \r left at its end is lone
+                    return lone_cr.search(data) is not None
+                # a \r that ends the block may be the start of a \r\n: the next block decides
+                if lone_cr.search(data, 0, len(data) - 1) is not None:
                     return True
-                if newline >= 0:
-                    return False
-                carry = data[-1:]  # a \r that ends the block meets its next byte in the next one
-        return False
+                carry = data[-1:]
 
     def _cr_error(self) -> ValueError:
         """The error of a JSONL or CSV file whose line ends are lone ``\r`` (the whole file one line)."""
@@ -389,12 +407,17 @@ class TextSource:
         reader = csv.reader(lines, strict=True)
         try:
             header = _next_csv_row(reader)
+            while header == []:  # blank lines before the header: the header is the first record
+                header = _next_csv_row(reader)
             if header is None:
                 return
             field = self.text_field
             if field not in header:
                 raise ValueError(f"{self.path}: no column {field!r} in the CSV header (columns: "
                                  f"{', '.join(repr(h) for h in header[:12])}); --text-field picks one")
+            if header.count(field) > 1:  # as Parquet input: which of them holds the text is anyone's guess
+                raise ValueError(f"{self.path}: column {field!r} appears {header.count(field)} times in the CSV "
+                                 f"header (line {reader.line_num}); expected one")
             col = header.index(field)
             while True:
                 start = reader.line_num + 1
@@ -542,6 +565,7 @@ def open_source(path, input_format: str | None = None, text_field: str | None = 
     """
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"input: expected a path, got {type(path).__name__}")
+    _check_path_type(path, "input")
     if errors not in ("strict", "skip"):
         raise ValueError(f"errors: expected 'strict' or 'skip', got {errors!r}")
     p = _user_path(path)
@@ -574,9 +598,18 @@ def open_source(path, input_format: str | None = None, text_field: str | None = 
 
 
 def _check_path_type(value, name: str) -> None:
-    """Refuses a path argument that is not a str or ``os.PathLike`` (None, a number), naming it."""
+    """Refuses a path argument that is not a str or ``os.PathLike`` (None, a number), or that holds
+    a NUL character (which no file name can: the OS call would fail with "embedded null byte",
+    naming nothing), naming it.
+
+    Raises:
+        TypeError: not a str or path. ValueError: a NUL in it.
+    """
     if not isinstance(value, (str, os.PathLike)):
         raise TypeError(f"{name}: expected a str or os.PathLike, got {type(value).__name__}")
+    path = os.fspath(value)
+    if (b"\0" if isinstance(path, bytes) else "\0") in path:
+        raise ValueError(f"{name}: expected a path, got {path!r}, which holds a NUL character (no file name can)")
 
 
 def _user_path(path) -> Path:
@@ -600,29 +633,39 @@ def _chunks(texts: Iterable[str], chunk_size: int) -> Iterator[tuple[int, int, l
 def model_identity(name_or_path=DEFAULT_MODEL, quantize: str | None = None) -> dict:
     """Name, width and a fingerprint of a model, read from its files without loading it.
 
-    The fingerprint is a SHA-256 over ``config.json``, the tokenizer files, the safetensors header
-    (every tensor's name, dtype, shape and offsets), the weight file's size and its first and last
-    MiB of data: two models that differ in architecture, tokenizer or (in practice) weights differ.
-    ``quantize`` (``"int8"``: the encoder's linear layers int8, :func:`transformer_core.quantize`)
+    The fingerprint is a SHA-256 over ``config.json``, the tokenizer files and the SHA-256 of the
+    whole weight file ``model.safetensors`` (read in 1 MiB blocks: about 0.5 s per GB), so two
+    models that differ in architecture, tokenizer or any weight differ: a fine-tune of the same
+    size and shapes (a merged LoRA update of a middle layer) included. ``quantize`` (``"int8"``:
+    the encoder's linear layers int8, :func:`transformer_core.quantize`)
     enters the fingerprint too, so an output embedded in int8 is not resumed or searched in float32.
     So does a sentence-transformers folder's pooling (:func:`transformer_core.sentence_encoder.read_pooling`)
-    when it is not all-MiniLM-L6-v2's mean pooling + Normalize (whose fingerprints stay as before),
+    when it is not all-MiniLM-L6-v2's mean pooling + Normalize,
     so a CLS-pooled output is not resumed or searched with a mean-pooled model; and a folder's
     default prompt (``config_sentence_transformers.json``'s ``default_prompt_name``, put before
     every text, and whether the pooling includes it), when it has a non-empty one.
 
+    Earlier versions hashed only the safetensors header, the file's size and its first and last
+    MiB (their manifests hold no ``"fingerprint_version"``): such a fingerprint never equals one
+    of this version, and a run or search that compares them says so (``FINGERPRINT_VERSION``).
+
     Returns:
-        ``{"name", "fingerprint", "dim"}`` (``dim`` = ``config.json``'s ``hidden_size``), and
-        ``"quantize"`` when given. ``name``: an existing path as an absolute, resolved path (so a
-        manifest's model is found from any working directory), else the embedded model's name.
+        ``{"name", "fingerprint", "fingerprint_version", "dim"}`` (``dim`` = ``config.json``'s
+        ``hidden_size``; ``fingerprint_version`` = ``FINGERPRINT_VERSION``), and ``"quantize"``
+        when given. ``name``: an existing path as an absolute, resolved path (so a manifest's
+        model is found from any working directory), else the embedded model's name.
 
     Raises:
+        TypeError: ``quantize`` neither None nor a str. ValueError: ``quantize`` not one of
+            :data:`transformer_core.quantization.QUANTIZED_FORMATS` (``"int8"``).
         FileNotFoundError: no such model, or no ``config.json`` / ``model.safetensors``.
-        ValueError: ``config.json`` without ``hidden_size``, a weight file that is not safetensors,
-            or a pooling setup :class:`SentenceEncoder` does not support.
+        ValueError: ``config.json`` without ``hidden_size``, a weight file that is not safetensors
+            (its header length impossible for its size), or a pooling setup
+            :class:`SentenceEncoder` does not support.
     """
     from .sentence_encoder import read_pooling, read_prompts
 
+    _check_quantize(quantize)
     model_dir = resolve_model_dir(name_or_path)
     pooling = read_pooling(model_dir)
     config = read_config(model_dir)
@@ -638,18 +681,20 @@ def model_identity(name_or_path=DEFAULT_MODEL, quantize: str | None = None) -> d
     weights = model_dir / "model.safetensors"
     if not weights.is_file():
         raise FileNotFoundError(f"model.safetensors: not found in model directory {model_dir}")
-    size = weights.stat().st_size
+    whole = hashlib.sha256()
     with open(weights, "rb") as f:
-        n = int.from_bytes(f.read(8), "little")
-        if not 0 < n <= min(size - 8, 100 << 20):
-            raise ValueError(f"model.safetensors: not a safetensors file (header length {n}, file size {size})")
-        h.update(f.read(n))
-        h.update(str(size).encode())
-        h.update(f.read(_HASH_BYTES))
-        f.seek(max(8 + n, size - _HASH_BYTES))
-        h.update(f.read(_HASH_BYTES))
+        size = os.fstat(f.fileno()).st_size
+        head = f.read(8)
+        n = int.from_bytes(head, "little")
+        if len(head) < 8 or not 0 < n <= min(size - 8, 100 << 20):
+            raise ValueError(f"model.safetensors: not a safetensors file (header length {n}, file size {size}) "
+                             f"({model_dir})")
+        whole.update(head)
+        for block in iter(lambda: f.read(_HASH_BYTES), b""):
+            whole.update(block)
+    h.update(b"model.safetensors sha256=" + whole.hexdigest().encode())
     if quantize is not None:
-        h.update(b"quantize=" + str(quantize).encode())
+        h.update(b"quantize=" + quantize.encode())
     if pooling != {"pooling": "mean", "normalize": True}:
         h.update(f"pooling={pooling['pooling']};normalize={pooling['normalize']}".encode())
     prompts = read_prompts(model_dir)
@@ -659,16 +704,30 @@ def model_identity(name_or_path=DEFAULT_MODEL, quantize: str | None = None) -> d
     if prompt is not None and (prompt or not prompts["include_prompt"]):
         h.update(f"prompt={json.dumps(prompt)};include_prompt={prompts['include_prompt']}".encode())
     name = str(Path(name_or_path).resolve()) if Path(name_or_path).exists() else str(name_or_path)
-    out = {"name": name, "fingerprint": h.hexdigest()[:32], "dim": dim}
+    out = {"name": name, "fingerprint": h.hexdigest()[:32], "fingerprint_version": FINGERPRINT_VERSION, "dim": dim}
     if quantize is not None:
-        out["quantize"] = str(quantize)
+        out["quantize"] = quantize
     return out
+
+
+def _fingerprint_kind(model: dict) -> str:
+    """What a manifest's model fingerprint hashes, for messages (see ``FINGERPRINT_VERSION``)."""
+    version = model.get("fingerprint_version", 1)
+    if version == 1:
+        return ("the fingerprint of an earlier version (of the weights' header and first and last MiB only, "
+                "not the whole file)")
+    return f"a fingerprint of version {version} (this version makes version {FINGERPRINT_VERSION})"
 
 
 # ========================================================================================= manifest
 def manifest_path(out) -> Path:
     """The manifest beside an output: the output's path with ``.manifest.json`` appended
-    (``OUT.npy.manifest.json``, ``OUT.parquet.manifest.json``); a leading ``~`` is expanded."""
+    (``OUT.npy.manifest.json``, ``OUT.parquet.manifest.json``); a leading ``~`` is expanded.
+
+    Raises:
+        TypeError: ``out`` not a str or path. ValueError: a NUL character in it.
+    """
+    _check_path_type(out, "out")
     return Path(f"{_user_path(out)}.manifest.json")
 
 
@@ -788,6 +847,8 @@ def _check_manifest(man: dict, path: Path) -> None:
     for name in ("name", "fingerprint"):
         field(model, name, "a str", lambda v: isinstance(v, str), "model.")
     field(model, "dim", "an int >= 1", lambda v: _is_int(v, 1), "model.")
+    if "fingerprint_version" in model:  # absent: an earlier version's fingerprint (see FINGERPRINT_VERSION)
+        field(model, "fingerprint_version", "an int >= 1", lambda v: _is_int(v, 1), "model.")
     if "quantize" in model:
         from .quantization import QUANTIZED_FORMATS
 
@@ -1032,10 +1093,12 @@ def write_parquet_part(directory, index: int, width: int, start: int, texts: lis
     twice (a retried task) leaves one file with the same rows.
 
     Args:
-        directory: the dataset directory (exists).
-        index: chunk index; ``width``: digits of the part number.
-        start: id of the chunk's first text (ids are ``start .. start + len(texts) - 1``).
-        texts: the chunk's texts. embeddings: ``(len(texts), dim)`` float32.
+        directory: the dataset directory (must exist).
+        index: chunk index, an int >= 0; ``width``: digits of the part number, an int in
+            ``[1, 19]`` (the number is zero-padded to it: ``part-00007.parquet`` for 7 and 5).
+        start: id of the chunk's first text, an int >= 0 (ids are ``start .. start + len(texts) - 1``).
+        texts: the chunk's texts, a non-empty list of str (valid Unicode).
+        embeddings: ``(len(texts), dim)`` floats, ``dim >= 1``, stored as float32.
         run: the run id (the manifest's ``"run"``) the part belongs to: the part is written only
             into a directory holding that run's marker, checked through one handle on the directory
             before the temp file is made and again just before the rename, so that a writer of a
@@ -1045,23 +1108,60 @@ def write_parquet_part(directory, index: int, width: int, start: int, texts: lis
     Returns:
         The part's path.
     Raises:
-        OSError: the disk refused the write (naming the part; no temp file is left behind); with
-        errno ESTALE: ``directory`` is not (or no longer) the data of ``run`` (nothing written).
+        Every argument is checked before anything is written:
+        TypeError: ``directory`` not a str or path; ``index``, ``width`` or ``start`` not an int;
+        ``texts`` not a list of str; ``embeddings`` not an array of floats; ``run`` neither None
+        nor a str. ValueError: ``index`` or ``start`` < 0, ``width`` outside ``[1, 19]``, no
+        texts, a text that is not valid Unicode, ``embeddings`` not 2-D, with another number of
+        rows than ``texts`` or with no columns; a ``run`` that is not a run id (letters and digits,
+        at most 64). FileNotFoundError / NotADirectoryError: ``directory`` does not exist / is not
+        a directory (named).
+        OSError: the disk refused the write (the error names the part, not the temp file, which
+        is removed); with errno ESTALE: ``directory`` is not (or no longer) the data of ``run``
+        (nothing written).
     """
+    _check_path_type(directory, "directory")
+    index = check_int(index, "index", 0)
+    width = check_int(width, "width", 1, 19)
+    start = check_int(start, "start", 0)
+    if not isinstance(texts, (list, tuple)):
+        raise TypeError(f"texts: expected a list of str, got {type(texts).__name__}")
+    if not texts:
+        raise ValueError("texts: expected at least one text (a chunk is never empty), got none")
+    for i, t in enumerate(texts):
+        if not isinstance(t, str):
+            raise TypeError(f"texts: expected a list of str, got {type(t).__name__} at index {i}")
+        check_unicode(t, "texts", i)
+    emb = np.asarray(embeddings)
+    if emb.dtype.kind != "f":
+        raise TypeError(f"embeddings: expected an array of floats, got dtype {emb.dtype}")
+    if emb.ndim != 2 or emb.shape[0] != len(texts) or emb.shape[1] < 1:
+        raise ValueError(f"embeddings: expected shape ({len(texts)}, dim) with dim >= 1 (one row per text), "
+                         f"got {emb.shape}")
+    if run is not None:
+        if not isinstance(run, str):
+            raise TypeError(f"run: expected None or a run id (str), got {type(run).__name__}")
+        if not (run.isascii() and run.isalnum() and len(run) <= 64):
+            raise ValueError(f"run: expected a run id (letters and digits, at most 64), got {run!r}")
+    directory = Path(directory)
+    if not directory.is_dir():
+        if directory.exists():
+            raise NotADirectoryError(f"directory: {directory} is not a directory")
+        raise FileNotFoundError(f"directory: {directory} does not exist")
     pa = _need_pyarrow("Parquet output")
     import pyarrow.parquet as pq
 
-    emb = np.ascontiguousarray(embeddings, dtype=DTYPE)
+    emb = np.ascontiguousarray(emb, dtype=DTYPE)
     n, dim = emb.shape
     table = pa.table({
         "id": pa.array(np.arange(start, start + n, dtype=np.int64)),
         "text": pa.array(texts, type=pa.string()),
         "embedding": pa.FixedSizeListArray.from_arrays(pa.array(emb.reshape(-1)), dim),
     })
-    path = Path(directory) / _part_name(index, width)
+    path = directory / _part_name(index, width)
     if run is None or not _DIR_FD:
         if run is not None:
-            _check_run(None, Path(directory), run, path)
+            _check_run(None, directory, run, path)
         tmp = _temp_name(path)
         try:
             with open(tmp, "wb") as f:
@@ -1069,11 +1169,11 @@ def write_parquet_part(directory, index: int, width: int, start: int, texts: lis
                 f.flush()
                 os.fsync(f.fileno())
             if run is not None:
-                _check_run(None, Path(directory), run, path)
+                _check_run(None, directory, run, path)
             os.replace(tmp, path)
         except OSError as e:
             tmp.unlink(missing_ok=True)
-            raise _with_filename(e, path) from None
+            raise _naming(e, path) from None
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
@@ -1087,18 +1187,18 @@ def write_parquet_part(directory, index: int, width: int, start: int, texts: lis
     tmp = _temp_name(path).name
     made = False
     try:
-        _check_run(dir_fd, Path(directory), run, path)
+        _check_run(dir_fd, directory, run, path)
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666, dir_fd=dir_fd)
         made = True
         with os.fdopen(fd, "wb") as f:
             pq.write_table(table, f)
             f.flush()
             os.fsync(f.fileno())
-        _check_run(dir_fd, Path(directory), run, path)
+        _check_run(dir_fd, directory, run, path)
         os.replace(tmp, path.name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
         made = False
     except OSError as e:
-        raise _with_filename(e, path) from None
+        raise _naming(e, path) from None
     finally:
         if made:
             try:
@@ -1107,6 +1207,18 @@ def write_parquet_part(directory, index: int, width: int, start: int, texts: lis
                 pass
         os.close(dir_fd)
     return path
+
+
+def _naming(error: OSError, path: Path) -> OSError:
+    """``error`` of writing the part ``path`` (through a temp file), naming ``path``: not the temp
+    file (a name the caller never gave, and removed), nor nothing (``write`` and ``fsync`` name no
+    file). An error that already names another file (a run marker's ESTALE) is kept."""
+    if error.strerror is None:
+        return error
+    named = error.filename
+    if named is None or Path(named).name.startswith(f".{path.name}.tmp-"):
+        return OSError(error.errno, error.strerror, str(path))
+    return error
 
 
 # Whether files can be made, checked and renamed through a handle on their directory (POSIX).
@@ -1457,6 +1569,10 @@ class EmbedJob:
                 raise ValueError(f"resume: {out} was embedded {_quantized(old_q)}, this run {_quantized(new_q)}; "
                                  f"{'--quantize ' + old_q if old_q else 'leaving out --quantize'} continues it, "
                                  f"--overwrite starts over")
+            if old_model.get("fingerprint_version", 1) != model["fingerprint_version"]:
+                raise ValueError(f"resume: {out} was made by another model or with an older fingerprint: its "
+                                 f"manifest holds {_fingerprint_kind(old_model)}, which cannot be compared with "
+                                 f"the fingerprint of {model['name']!r}; --overwrite starts over")
             if old_model["fingerprint"] != model["fingerprint"]:
                 raise ValueError(f"resume: {out} was made by another model: {old_model['name']!r} (fingerprint "
                                  f"{old_model['fingerprint'][:12]}), not {model['name']!r} (fingerprint "
@@ -2169,20 +2285,33 @@ def search(index, queries, k: int = 5, *, model=None, allow_incomplete: bool = F
         One list of :class:`Hit` per query, best first.
 
     Raises:
-        FileNotFoundError: no such index, or a Parquet part of a chunk done is missing (naming it,
-        its chunk and the dataset). ValueError: no manifest or a damaged one, a truncated ``.npy``
-        or an unreadable part (named), an incomplete index (unless ``allow_incomplete``), another
-        model, ``k`` or ``block_rows`` < 1, an empty (or all-whitespace) query, a query that is not
-        valid Unicode. TypeError: queries not str, ``k`` or ``block_rows`` not an int (a numpy
-        integer is one), ``allow_incomplete`` not a bool, ``index`` not a str or path.
+        The arguments are checked before the index is opened or the model loaded:
+        TypeError: ``queries`` neither a str nor an iterable of str (the first item that is not a
+        str is named by index); ``k``, ``block_rows`` or ``batch_size`` not an int (a numpy
+        integer is one); ``allow_incomplete`` not a bool; ``index`` not a str or path; ``model``
+        neither None, a str nor a path.
+        ValueError: no query (an empty list), an empty (or all-whitespace) query, a query that is
+        not valid Unicode; ``k`` or ``block_rows`` < 1; ``batch_size`` outside ``[1, 2**63 - 1]``;
+        an ``index`` holding a NUL character; an empty ``model``. FileNotFoundError: no such
+        ``model``.
+        Then: FileNotFoundError: no such index, or a Parquet part of a chunk done is missing
+        (naming it, its chunk and the dataset). ValueError: no manifest or a
+        damaged one, a truncated ``.npy`` or an unreadable part (named), an incomplete index
+        (unless ``allow_incomplete``), another ``model`` (another fingerprint, or a manifest of an
+        earlier version whose fingerprint cannot be compared: see ``FINGERPRINT_VERSION``).
     """
     from .sentence_encoder import SentenceEncoder
 
     if isinstance(queries, str):
         queries = [queries]
+    if isinstance(queries, (bytes, bytearray, dict)) or not hasattr(queries, "__iter__"):
+        raise TypeError(f"queries: expected a str or a non-empty list of str, got {type(queries).__name__}")
     queries = list(queries)
-    if not queries or not all(isinstance(q, str) for q in queries):
-        raise TypeError("queries: expected a str or a non-empty list of str")
+    if not queries:
+        raise ValueError("queries: expected a str or a non-empty list of str, got an empty list")
+    for i, q in enumerate(queries):
+        if not isinstance(q, str):
+            raise TypeError(f"queries: expected a list of str, got {type(q).__name__} at index {i}")
     for i, q in enumerate(queries):
         if not q.strip():  # it would embed to [CLS] [SEP] alone, and rank the index against that
             raise ValueError(f"queries: expected some text, got {'an empty' if not q else 'an all-whitespace'} "
@@ -2197,14 +2326,24 @@ def search(index, queries, k: int = 5, *, model=None, allow_incomplete: bool = F
     if block_rows < 1:
         raise ValueError(f"block_rows: expected an int >= 1, got {block_rows}")
     block_rows = int(block_rows)
+    batch_size = check_int(batch_size, "batch_size", 1)
     check_bool(allow_incomplete, "allow_incomplete")
     _check_path_type(index, "index")
+    if model is not None:
+        _check_model(model)
     man, data = _open_index(index, allow_incomplete)
     name = man["model"]["name"] if model is None else model
     quantize = man["model"].get("quantize")  # the queries are embedded as the index was
-    if model is not None and _model_identity(model, quantize)["fingerprint"] != man["model"]["fingerprint"]:
-        raise ValueError(f"model: {index} was embedded with {man['model']['name']!r}, not {model!r}; "
-                         f"queries must be embedded by the same model")
+    if model is not None:
+        identity = _model_identity(model, quantize)
+        if man["model"].get("fingerprint_version", 1) != identity["fingerprint_version"]:
+            raise ValueError(f"model: {index} was embedded with another model or with an older fingerprint: its "
+                             f"manifest holds {_fingerprint_kind(man['model'])}, which cannot be compared with "
+                             f"the fingerprint of {str(model)!r}; leave model out to embed the queries with the "
+                             f"index's own model {man['model']['name']!r}")
+        if identity["fingerprint"] != man["model"]["fingerprint"]:
+            raise ValueError(f"model: {index} was embedded with {man['model']['name']!r}, not {model!r}; "
+                             f"queries must be embedded by the same model")
     encoder = SentenceEncoder.from_pretrained(name, quantize=quantize)
     q = encoder.encode(queries, batch_size=batch_size, normalize=True, progress=False)  # (Q, dim)
     best = [(np.empty(0, DTYPE), np.empty(0, np.int64)) for _ in queries]

@@ -62,9 +62,15 @@ except ImportError as e:
                       f"pip install 'transformer_core[distributed]'") from e
 
 from . import corpus
+from ._runtime import core
+from ._validation import MAX_SIZE, check_int
 from .hub import DEFAULT_MODEL
 
-__all__ = ["embed_corpus", "EncoderPlugin"]
+__all__ = ["embed_corpus", "EncoderPlugin", "MAX_WORKERS"]
+
+#: The most worker processes :func:`embed_corpus` starts in a local cluster (``workers``): each is
+#: a process holding its own copy of the model, so more than this only exhausts the machine.
+MAX_WORKERS = 1024
 
 # The encoder of this worker process: fingerprint -> (SentenceEncoder, lock).
 _ENCODERS: dict = {}
@@ -297,13 +303,35 @@ def _connect(scheduler, workers, threads_per_worker):
     return Client(cluster), cluster, True, threads
 
 
-def _check_count(name: str, value, allow_none: bool = True) -> None:
-    if value is None and allow_none:
-        return
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name}: expected an int, got {type(value).__name__}")
-    if value < 1:
-        raise ValueError(f"{name}: expected an int >= 1, got {value}")
+def _check_counts(workers, threads_per_worker, max_in_flight) -> tuple:
+    """The counts of :func:`embed_corpus` as Python ints (or None), each checked against its range:
+    ``workers`` in ``[1, MAX_WORKERS]``, ``threads_per_worker`` in ``[1, 1024]`` (the core's most
+    threads, ``transformer_core.set_num_threads``'s bound, checked here rather than in every worker
+    once the cluster has started), ``max_in_flight`` in ``[1, 2**63 - 1]``.
+
+    Raises:
+        TypeError: not an int (a bool included). ValueError: out of its range (the range named).
+    """
+    return tuple(None if value is None else check_int(value, name, 1, maximum)
+                 for name, value, maximum in (("workers", workers, MAX_WORKERS),
+                                              ("threads_per_worker", threads_per_worker, core.max_num_threads),
+                                              ("max_in_flight", max_in_flight, MAX_SIZE)))
+
+
+def _check_model_loads(model) -> None:
+    """Loads the model once in the client (:meth:`SentenceEncoder.from_pretrained`), as
+    :func:`transformer_core.corpus.embed_file` does before it writes anything, so that a model the
+    workers could not load either (a truncated ``model.safetensors``, a missing or damaged
+    ``tokenizer.json``, a ``config.json`` that does not match the weights) is the same one error
+    here, before a cluster starts, not a traceback of every worker. The encoder is dropped: the
+    workers load their own.
+
+    Raises:
+        FileNotFoundError, ValueError: as :meth:`SentenceEncoder.from_pretrained`.
+    """
+    from .sentence_encoder import SentenceEncoder
+
+    SentenceEncoder.from_pretrained(model)
 
 
 def embed_corpus(input, output, *, model=DEFAULT_MODEL, scheduler=None, workers: int | None = None,
@@ -321,9 +349,12 @@ def embed_corpus(input, output, *, model=DEFAULT_MODEL, scheduler=None, workers:
         model: model directory or embedded name; the workers load it by this name.
         scheduler: None (start a local cluster of ``workers`` processes), a scheduler address
             (``"tcp://host:8786"``), or a ``distributed.Client`` (used as is, not closed).
-        workers: worker processes of the local cluster (default: one per core).
-        threads_per_worker: C++ (OpenMP) threads per worker (default: the host's cores / its workers);
-            not set in a worker that runs in this process (an in-process cluster), whose count is the caller's.
+        workers: worker processes of the local cluster, at most ``MAX_WORKERS`` (1024) (default:
+            one per core).
+        threads_per_worker: C++ (OpenMP) threads per worker, at most 1024 (the core's most,
+            ``transformer_core.set_num_threads``'s bound) (default: the host's cores / its
+            workers); not set in a worker that runs in this process (an in-process cluster),
+            whose count is the caller's.
         chunk_size, batch_size, input_format, text_field, errors, resume, overwrite, progress: as
             :func:`transformer_core.corpus.embed_file`.
         max_in_flight: chunks submitted and not finished at once (default 2 per worker + 2): bounds
@@ -338,13 +369,18 @@ def embed_corpus(input, output, *, model=DEFAULT_MODEL, scheduler=None, workers:
         Every argument is checked before anything is written or removed (and before a cluster
         starts). As :func:`transformer_core.corpus.embed_file` (TypeError / ValueError: a bad
         ``batch_size``, ``resume``, ``overwrite``, ``progress``; ``output`` that is the input);
-        TypeError / ValueError: ``workers``, ``threads_per_worker`` or ``max_in_flight`` not an
-        int >= 1, ``chunk_size`` not an int in ``[1, 2**63 - 1]``; ``model`` not a str or path,
+        TypeError / ValueError: ``workers`` not an int in ``[1, 1024]`` (``MAX_WORKERS``),
+        ``threads_per_worker`` not an int in ``[1, 1024]``, ``max_in_flight`` or ``chunk_size``
+        not an int in ``[1, 2**63 - 1]``; ``model`` not a str or path,
         or an empty one (named ``model``); TypeError: ``scheduler`` neither an address nor a
         ``Client``, ``on_chunk`` neither None nor callable; ValueError: ``output`` not
         ``.parquet``, both ``scheduler`` and ``workers``, a malformed ``scheduler`` address (no
-        port, an unknown scheme); FileNotFoundError: no such ``model``. These hold for a
-        complete output with ``resume`` too (which returns without starting a cluster).
+        port, an unknown scheme); FileNotFoundError: no such ``model``. The model is then loaded
+        once in this process, as ``embed_file`` does: a model that cannot be loaded (a truncated
+        ``model.safetensors``, a missing ``tokenizer.json``, a ``config.json`` that does not
+        match the weights) is ``SentenceEncoder.from_pretrained``'s FileNotFoundError or
+        ValueError, before a cluster starts. These hold for a complete output with ``resume``
+        too (which returns without starting a cluster).
         OSError: the scheduler cannot be reached or does not answer within ``CONNECT_TIMEOUT``
         (20) seconds, or a chunk's workers kept dying (Dask's ``allowed-failures``); ValueError: a
         ``scheduler`` address that needs security settings (``tls://``: pass a ``Client`` built
@@ -355,9 +391,7 @@ def embed_corpus(input, output, *, model=DEFAULT_MODEL, scheduler=None, workers:
     if corpus._output_kind(output, "output") != "parquet":
         raise ValueError(f"output: the distributed job writes a Parquet dataset, expected a path ending in "
                          f".parquet, got {str(output)!r}")
-    for name, value in (("workers", workers), ("threads_per_worker", threads_per_worker),
-                        ("max_in_flight", max_in_flight)):
-        _check_count(name, value)
+    workers, threads_per_worker, max_in_flight = _check_counts(workers, threads_per_worker, max_in_flight)
     if on_chunk is not None and not callable(on_chunk):
         raise TypeError(f"on_chunk: expected a callable or None, got {type(on_chunk).__name__}")
     _check_scheduler(scheduler, workers)
@@ -366,6 +400,7 @@ def embed_corpus(input, output, *, model=DEFAULT_MODEL, scheduler=None, workers:
     identity = corpus._model_identity(model)
     job = corpus.EmbedJob.prepare(source, output, identity, chunk_size=chunk_size, resume=resume, overwrite=overwrite,
                                   batch_size=batch_size)
+    _check_model_loads(model)
     if job.complete:
         return corpus._result(job, 0, 0, time.perf_counter() - t0)
     corpus._need_pyarrow("Parquet output")
