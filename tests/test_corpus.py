@@ -1183,6 +1183,18 @@ def _fail_third_chunk(monkeypatch, error: BaseException):
     return lambda: monkeypatch.setattr(corpus._NpyWriter, "write", write)
 
 
+def _interrupted_after_two_chunks(tmp_path, model_dir, monkeypatch):
+    """An .npy run of 50 lines in chunks of 10, interrupted (as Ctrl-C) during its third chunk:
+    returns (input file, output path)."""
+    f = write_lines(tmp_path / "c.txt", corpus_lines(50))
+    out = tmp_path / "r.npy"
+    restore = _fail_third_chunk(monkeypatch, KeyboardInterrupt())
+    with pytest.raises(KeyboardInterrupt):
+        corpus.embed_file(f, out, model=str(model_dir), chunk_size=10)
+    restore()
+    return f, out
+
+
 def test_resume_refuses_a_lost_texts_file_and_another_batch_size(tmp_path, tiny_model_dir, monkeypatch):
     """An interrupted .npy run whose texts file was deleted: the resume refuses it (it padded the
     file with NUL bytes, and search gave ids the texts of other rows); another batch size is
@@ -1789,12 +1801,7 @@ def test_a_fine_tune_of_the_same_size_is_another_model(tmp_path, tiny_model_dir,
     h.update(b"model.safetensors sha256=" + hashlib.sha256((tuned / "model.safetensors").read_bytes()).hexdigest().encode())
     assert tuned_id["fingerprint"] == h.hexdigest()[:32]
 
-    f = write_lines(tmp_path / "c.txt", corpus_lines(50))
-    out = tmp_path / "r.npy"
-    restore = _fail_third_chunk(monkeypatch, KeyboardInterrupt())
-    with pytest.raises(KeyboardInterrupt):
-        corpus.embed_file(f, out, model=str(tiny_model_dir), chunk_size=10)
-    restore()
+    f, out = _interrupted_after_two_chunks(tmp_path, tiny_model_dir, monkeypatch)
     before = out.with_name(out.name + ".partial").read_bytes(), manifest_text(out)
     with pytest.raises(ValueError, match=r"^resume: .*r\.npy was made by another model: .*tiny.* \(fingerprint "
                                          rf"{base_id['fingerprint'][:12]}\), not '{re.escape(str(tuned))}'"):
@@ -1817,12 +1824,7 @@ def test_a_manifest_of_the_older_fingerprint_is_refused_as_such(tmp_path, tiny_m
     fingerprint of the header and first and last MiB): its fingerprint cannot be compared, so a
     resume and a search with model= say so, not "another model" or a KeyError; a search without
     model= (the index's own model) still reads it."""
-    f = write_lines(tmp_path / "c.txt", corpus_lines(50))
-    out = tmp_path / "r.npy"
-    restore = _fail_third_chunk(monkeypatch, KeyboardInterrupt())
-    with pytest.raises(KeyboardInterrupt):
-        corpus.embed_file(f, out, model=str(tiny_model_dir), chunk_size=10)
-    restore()
+    f, out = _interrupted_after_two_chunks(tmp_path, tiny_model_dir, monkeypatch)
     man = manifest(out)
     assert man["model"]["fingerprint_version"] == 2
     del man["model"]["fingerprint_version"]
