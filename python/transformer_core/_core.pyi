@@ -248,6 +248,9 @@ class KVCache_f32:
 class RotaryEmbedding_f32:
     def __init__(self, head_dim: typing.SupportsInt | typing.SupportsIndex, max_positions: typing.SupportsInt | typing.SupportsIndex, base: typing.SupportsFloat | typing.SupportsIndex, layout: str) -> None:
         ...
+    @property
+    def built_positions(self) -> int:
+        ...
 class MultiheadAttention_f32(Module_f32):
     def __init__(self, embed_dim: typing.SupportsInt | typing.SupportsIndex, num_heads: typing.SupportsInt | typing.SupportsIndex, bias: bool, kdim: typing.SupportsInt | typing.SupportsIndex, vdim: typing.SupportsInt | typing.SupportsIndex, num_kv_heads: typing.SupportsInt | typing.SupportsIndex, head_dim: typing.SupportsInt | typing.SupportsIndex) -> None:
         ...
@@ -359,6 +362,9 @@ class KVCache_f64:
         ...
 class RotaryEmbedding_f64:
     def __init__(self, head_dim: typing.SupportsInt | typing.SupportsIndex, max_positions: typing.SupportsInt | typing.SupportsIndex, base: typing.SupportsFloat | typing.SupportsIndex, layout: str) -> None:
+        ...
+    @property
+    def built_positions(self) -> int:
         ...
 class MultiheadAttention_f64(Module_f64):
     def __init__(self, embed_dim: typing.SupportsInt | typing.SupportsIndex, num_heads: typing.SupportsInt | typing.SupportsIndex, bias: bool, kdim: typing.SupportsInt | typing.SupportsIndex, vdim: typing.SupportsInt | typing.SupportsIndex, num_kv_heads: typing.SupportsInt | typing.SupportsIndex, head_dim: typing.SupportsInt | typing.SupportsIndex) -> None:
