@@ -46,29 +46,25 @@ EXIT_BROKEN_PIPE = 141
 EXPECTED_ERRORS = (ValueError, TypeError, OSError, ImportError, KeyboardInterrupt)
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an int >= 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an int >= 1, got {value}")
-    return value
-
-
-def _count_up_to(maximum: int):
-    """An argparse ``type``: an int in ``[1, maximum]`` (the message names the range)."""
+def _count(maximum: int | None = None):
+    """An argparse ``type``: an int >= 1, and at most ``maximum`` when one is given (the message
+    names the range)."""
+    expected = "an int >= 1" if maximum is None else f"an int in [1, {maximum}]"
 
     def parse(text: str) -> int:
+        """``text`` as such an int; argparse.ArgumentTypeError (expected vs got) otherwise."""
         try:
             value = int(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an int in [1, {maximum}], got {text!r}") from None
-        if not 1 <= value <= maximum:
-            raise argparse.ArgumentTypeError(f"expected an int in [1, {maximum}], got {value}")
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+        if value < 1 or (maximum is not None and value > maximum):
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {value}")
         return value
 
     return parse
+
+
+_positive_int = _count()
 
 
 def _add_embed(sub) -> None:
@@ -109,9 +105,9 @@ def _add_embed(sub) -> None:
     dist.add_argument("--scheduler", metavar="ADDRESS", help="run the chunks on this Dask scheduler's workers")
     # the bounds of distributed.MAX_WORKERS and the core's most threads (not imported here: the
     # distributed module needs dask, and --help must work without it)
-    dist.add_argument("--workers", type=_count_up_to(1024),
+    dist.add_argument("--workers", type=_count(1024),
                       help="start a local Dask cluster of N worker processes (1 to 1024)")
-    dist.add_argument("--threads-per-worker", type=_count_up_to(1024),
+    dist.add_argument("--threads-per-worker", type=_count(1024),
                       help="C++ threads in each worker, 1 to 1024 (default: the host's cores / its workers)")
 
 

@@ -625,30 +625,51 @@ class SequentialLR(LRScheduler):
         self._last_lr = last_lr
 
 
+def _check_scheduler_entries(schedulers: list, names: list[str], optimizer, foreign: Callable[[LRScheduler], str]) -> None:
+    """Each of ``schedulers`` an :class:`LRScheduler` of ``optimizer``, none listed twice; the
+    shared check of :class:`SequentialLR`'s ``schedulers`` and of a checkpoint's list of schedulers
+    (``transformer_core.training``).
+
+    Args:
+        schedulers: the entries, in order.
+        names: how the errors name each entry (``"schedulers[0]"``, ...).
+        optimizer: the optimizer they must all belong to.
+        foreign: the message's "expected ..., got ..." for an entry of another optimizer.
+
+    Raises:
+        TypeError: an entry that is not an LRScheduler. ValueError: an entry of another optimizer,
+            or one listed twice; each naming the entry.
+    """
+    for i, (s, name) in enumerate(zip(schedulers, names)):
+        if not isinstance(s, LRScheduler):
+            raise TypeError(f"{name}: expected a transformer_core.lr_scheduler LRScheduler, got {type(s).__name__}")
+        if s.optimizer is not optimizer:
+            raise ValueError(f"{name}: {foreign(s)}")
+        first = next(j for j, other in enumerate(schedulers) if other is s)
+        if first != i:
+            raise ValueError(f"{name}: expected each scheduler once, got the same {type(s).__name__} as "
+                             f"{names[first]}")
+
+
 def _check_schedulers(schedulers, optimizer, n_groups: int) -> list[LRScheduler]:
     """SequentialLR's ``schedulers``, checked (see its Raises): a new list."""
     if not isinstance(schedulers, (list, tuple)):
         raise TypeError(f"schedulers: expected a list or tuple of LRSchedulers, got {type(schedulers).__name__}")
     if not schedulers:
         raise ValueError("schedulers: expected at least one scheduler, got none")
+    schedulers = list(schedulers)
+    _check_scheduler_entries(
+        schedulers, [f"schedulers[{i}]" for i in range(len(schedulers))], optimizer,
+        lambda s: (f"expected a scheduler of `optimizer` (all schedulers must belong to the same optimizer), "
+                   f"got a {type(s).__name__} of another optimizer"))
     for i, s in enumerate(schedulers):
-        if not isinstance(s, LRScheduler):
-            raise TypeError(f"schedulers[{i}]: expected a transformer_core.lr_scheduler LRScheduler, "
-                            f"got {type(s).__name__}")
         if isinstance(s, SequentialLR):
             raise TypeError(f"schedulers[{i}]: expected a scheduler that steps by itself, got a SequentialLR "
                             "(a SequentialLR cannot be nested: list its schedulers in this one)")
-        if s.optimizer is not optimizer:
-            raise ValueError(f"schedulers[{i}]: expected a scheduler of `optimizer` (all schedulers must belong to "
-                             f"the same optimizer), got a {type(s).__name__} of another optimizer")
-        first = next(j for j, other in enumerate(schedulers) if other is s)
-        if first != i:
-            raise ValueError(f"schedulers[{i}]: expected each scheduler once, got the same {type(s).__name__} "
-                             f"as schedulers[{first}]")
         if len(s.base_lrs) != n_groups:
             raise ValueError(f"schedulers[{i}]: built for {len(s.base_lrs)} param groups, the optimizer has "
                              f"{n_groups} (a group added since has no schedule: build the schedulers again)")
-    return list(schedulers)
+    return schedulers
 
 
 def _check_milestones(milestones, n_schedulers: int) -> list[int]:

@@ -947,6 +947,7 @@ def _special_tokens_of_config(cfg: dict, backend) -> dict:
     absent. Tokens outside the vocabulary are left out (transformers would add them to it).
     """
     def known(token: str | None) -> str | None:
+        """``token`` if ``backend``'s vocabulary holds it, else None."""
         return token if token is not None and backend.token_to_id(token) is not None else None
 
     tokens = {name: known(_token_content(cfg.get(name))) for name in _NAMED_SPECIAL_TOKENS}

@@ -43,7 +43,7 @@ import numpy as np
 
 from .checkpoints import write_files_atomically
 from .hub import _read_header, expand_home, load_safetensors
-from .lr_scheduler import LRScheduler
+from .lr_scheduler import LRScheduler, _check_scheduler_entries
 from .module import (
     Module,
     NonFiniteLossError,
@@ -114,18 +114,11 @@ def _schedulers_of(scheduler, optimizer) -> list[LRScheduler]:
     else:
         raise TypeError(f"scheduler: expected a transformer_core.lr_scheduler LRScheduler or None, "
                         f"got {type(scheduler).__name__}; or a list or tuple of LRSchedulers chained on `optimizer`")
-    for i, (s, name) in enumerate(zip(schedulers, names)):
-        if not isinstance(s, LRScheduler):
-            raise TypeError(f"{name}: expected a transformer_core.lr_scheduler LRScheduler, got {type(s).__name__}")
-        if s.optimizer is not optimizer:
-            # the learning rates a scheduler sets live in its optimizer's state (param_groups.{i}.lr)
-            got = "optimizer=None" if optimizer is None else "a scheduler of another optimizer than `optimizer`"
-            raise ValueError(f"{name}: expected a scheduler of `optimizer` (the groups' learning rates are saved and "
-                             f"restored with the optimizer's state), got {got}; pass scheduler.optimizer as optimizer")
-        first = next(j for j, other in enumerate(schedulers) if other is s)
-        if first != i:
-            raise ValueError(f"{name}: expected each scheduler once, got the same {type(s).__name__} as "
-                             f"scheduler[{first}]")
+    # the learning rates a scheduler sets live in its optimizer's state (param_groups.{i}.lr)
+    got = "optimizer=None" if optimizer is None else "a scheduler of another optimizer than `optimizer`"
+    _check_scheduler_entries(schedulers, names, optimizer, lambda s: (
+        f"expected a scheduler of `optimizer` (the groups' learning rates are saved and restored with the "
+        f"optimizer's state), got {got}; pass scheduler.optimizer as optimizer"))
     return schedulers
 
 
