@@ -737,6 +737,30 @@ def test_search_real_model_equals_brute_force(real_corpus, tmp_path, encoder):
         assert [h.text for h in hits] == [lines[i] for i in order[:10]]
 
 
+_READ_PARTS_THEN_EXIT = """
+import sys
+from pathlib import Path
+from transformer_core import corpus
+index = Path(sys.argv[1])
+man, data = corpus._open_index(index, False)
+for chunk in sorted(corpus.completed_chunks(man)):
+    table = corpus._read_part(man, data, index, chunk, ["id", "embedding", "text"])
+print(table.num_rows)
+"""
+
+
+def test_reading_parquet_parts_then_exiting_never_aborts(search_index):
+    # Each search reads its Parquet parts with pyarrow's read_table and may end the process right
+    # after. Read through a Python file object, a dataset thread could drop the file's last
+    # reference while the interpreter was finalizing, and the process aborted ("terminate called
+    # without an active exception"; about half the runs of this script, 8 % of `search` commands).
+    _, outs = search_index
+    for _ in range(10):
+        r = subprocess.run([sys.executable, "-c", _READ_PARTS_THEN_EXIT, str(outs["parquet"])], capture_output=True,
+                           text=True, timeout=120)
+        assert (r.returncode, r.stdout.strip(), r.stderr) == (0, "3", "")
+
+
 def test_search_ties_go_to_the_lower_id(tmp_path, tiny_model_dir, tiny_encoder):
     texts = corpus_lines(30)
     emb = tiny_encoder.encode(texts)
