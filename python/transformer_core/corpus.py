@@ -2191,12 +2191,13 @@ def _read_part(man: dict, data: Path, index: Path, chunk: int, columns: list[str
                                 f"dataset {data}, which its manifest {manifest_path(index)} records as done; "
                                 f"`embed --overwrite` remakes it")
     try:
-        # Arrow's own local file, never the path string (which pyarrow would take for a URI, as in
-        # "out-12:30.parquet") nor a Python file object: read_table reads through a dataset whose
-        # worker threads may drop the last reference to its file after read_table returns, and a
-        # Python file's wrapper then needs the GIL; at interpreter exit that aborted the process
-        # ("terminate called without an active exception").
-        with pa.OSFile(str(part)) as f:
+        # Arrow's own local file, opened by its bytes (a name need not be UTF-8); never the path
+        # string, which pyarrow would take for a URI ("out-12:30.parquet"), nor a Python file
+        # object: read_table reads through a dataset whose worker threads may drop the last
+        # reference to its file after read_table returns, and a Python file's wrapper then needs
+        # the GIL; at interpreter exit that aborted the process ("terminate called without an
+        # active exception").
+        with pa.OSFile(os.fsencode(part)) as f:
             return pq.read_table(f, columns=columns)
     except (pa.ArrowException, OSError, KeyError) as e:
         raise ValueError(f"index: {part} (chunk {chunk}, rows {first}..{last}, of the dataset {data}) is not a "
