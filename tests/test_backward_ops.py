@@ -1007,3 +1007,23 @@ def test_embedding_backward_sizes_no_array_can_hold_are_named():
     with pytest.raises(ValueError, match=r"^grad_weight: expected shape \(5, 2\), got \(3, 2\)$"):
         B.embedding_backward(ids, np.ones((4, 1, 2), np.float32), 5, grad_weight=buf)
     np.testing.assert_array_equal(buf, np.ones((3, 2), np.float32))
+
+
+def test_embedding_backward_checks_a_broadcast_ids_view_before_copying_it():
+    """A broadcast view of ids (stride 0) is checked against grad_output's shape, then its int64
+    copy against memory, before anything is flattened (``reshape(-1)`` copied 64 GiB, a bare
+    MemoryError); a small broadcast view gives what its copy gives."""
+    ast = np.lib.stride_tricks.as_strided
+    huge = ast(np.array([[1, 2]]), (2**32, 2), (0, 8))
+    with pytest.raises(ValueError, match=r"^grad_output: expected shape \(4294967296, 2\) \+ \(embedding_dim,\) to "
+                                         r"match ids, got \(2, 2, 5\)$"):
+        B.embedding_backward(huge, np.ones((2, 2, 5), np.float32), num_embeddings=4)
+    g_huge = np.zeros((2**32, 2, 0), np.float32)  # embedding_dim 0: holds nothing, copies nothing
+    with pytest.raises(ValueError, match=r"^ids: an array of shape \(4294967296, 2\) needs .* more than this "
+                                         r"machine's memory"):
+        B.embedding_backward(ast(np.array([[1, 2]], np.int32), (2**32, 2), (0, 4)), g_huge, num_embeddings=4)
+    ids = np.broadcast_to(np.array([[3, 0, 3]]), (4, 3))
+    g = np.arange(4 * 3 * 2, dtype=np.float32).reshape(4, 3, 2)
+    w = torch.zeros(5, 2, requires_grad=True)
+    TF.embedding(torch.from_numpy(np.ascontiguousarray(ids)), w).backward(torch.from_numpy(g))
+    np.testing.assert_array_equal(B.embedding_backward(ids, g, 5), w.grad.numpy())

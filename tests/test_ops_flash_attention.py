@@ -436,6 +436,24 @@ def test_varlen_attention_bad_cu_seqlens(rng, cu, err, match):
         tc.functional.varlen_attention(q, q, q, cu)
 
 
+def test_varlen_attention_cu_seqlens_errors_stay_short_and_checked(rng):
+    """The message names the offending offsets, never the whole array (10**7 offsets made a 30 MB
+    message), and a broadcast view of 2**40 offsets is refused before its comparison's temporaries
+    (it was a bare MemoryError)."""
+    q = randn(rng, (6, 2, 8))
+    with pytest.raises(ValueError, match=r"^cu_seqlens: expected 0 first and 6 \(the tokens\) last, got 0 and 0$"):
+        tc.functional.varlen_attention(q, q, q, np.zeros(10**7, np.int64))
+    with pytest.raises(ValueError, match=r"^cu_seqlens: expected non-decreasing offsets, got cu_seqlens\[3\] = 2 "
+                                         r"after cu_seqlens\[2\] = 4$"):
+        tc.functional.varlen_attention(q, q, q, [0, 1, 4, 2, 6])
+    huge = np.lib.stride_tricks.as_strided(np.array([0]), (2**40,), (0,))
+    with pytest.raises(ValueError, match="cu_seqlens: an array of shape .* more than this machine's memory"):
+        tc.functional.varlen_attention(q, q, q, huge)
+    # empty sequences stay allowed
+    out = tc.functional.varlen_attention(q, q, q, [0, 0, 6, 6])
+    np.testing.assert_array_equal(out, tc.functional.varlen_attention(q, q, q, [0, 6]))
+
+
 def test_varlen_attention_bad_shapes(rng):
     q = randn(rng, (5, 2, 4))
     with pytest.raises(ValueError, match="key, value: expected 5 tokens"):

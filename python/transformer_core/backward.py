@@ -393,11 +393,13 @@ def embedding_backward(ids, grad_output, num_embeddings: int, padding_idx: int |
     t = to_numpy(ids, "ids")
     if t.dtype.kind not in "iu":
         raise TypeError(f"ids: expected integer token ids, got dtype {t.dtype}")
-    if t.size:
-        t = as_ids(t.reshape(-1), "ids", ndim=1).reshape(t.shape)
     g = as_float(grad_output, "grad_output", min_ndim=1, allow_empty=True)
     if g.shape[:-1] != t.shape:
         raise ValueError(f"grad_output: expected shape {t.shape} + (embedding_dim,) to match ids, got {g.shape}")
+    if t.size:
+        # converted (a copy checked against memory) before any flattening: ``reshape(-1)`` of a
+        # broadcast view (``np.broadcast_to``, stride 0) would copy all of it, unchecked
+        t = as_ids(t, "ids", ndim=max(t.ndim, 1)).reshape(t.shape)
     if t.size and (t.min() < 0 or t.max() >= V):
         bad = tuple(int(i) for i in np.argwhere((t < 0) | (t >= V))[0])
         raise ValueError(f"ids: expected values in [0, {V}), got {int(t[bad])} at index {bad}")

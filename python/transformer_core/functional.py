@@ -555,8 +555,13 @@ def varlen_attention(query, key, value, cu_seqlens, *, is_causal: bool = False, 
         raise TypeError(f"cu_seqlens: expected integers, got dtype {cu.dtype}")
     if cu.ndim != 1 or cu.size < 2:
         raise ValueError(f"cu_seqlens: expected a 1-D array (N + 1,) with N >= 1, got shape {cu.shape}")
-    if cu[0] != 0 or cu[-1] != T or np.any(cu[1:] < cu[:-1]):
-        raise ValueError(f"cu_seqlens: expected 0 first, non-decreasing, {T} (the tokens) last; got {cu.tolist()}")
+    check_allocatable(cu.shape, 9, "cu_seqlens")  # its int64 copy and the comparison's bools
+    if cu[0] != 0 or cu[-1] != T:
+        raise ValueError(f"cu_seqlens: expected 0 first and {T} (the tokens) last, got {int(cu[0])} and {int(cu[-1])}")
+    if np.any(cu[1:] < cu[:-1]):
+        i = int(np.flatnonzero(cu[1:] < cu[:-1])[0])
+        raise ValueError(f"cu_seqlens: expected non-decreasing offsets, got cu_seqlens[{i + 1}] = {int(cu[i + 1])} "
+                         f"after cu_seqlens[{i}] = {int(cu[i])}")
     cu = np.ascontiguousarray(cu, dtype=np.int64)
     scale = _check_scale(scale, E)
     return variant("varlen_attention", dtype)(q, k, v, cu, is_causal, scale, path)

@@ -258,7 +258,7 @@ def linear_int8(x, qweight, scales, bias=None, *, residual_activations: bool = F
     added: ``y[i, j] += float32(Σ_k rq[i, k] · qweight[j, k]) · (sr_i · scales[j])``. Twice the
     integer products; the activations' error drops from ``sx_i / 2`` to ``sx_i / 512`` per value, which
     leaves the weights' rounding as the error that remains (on all-MiniLM-L6-v2 the nearest
-    neighbour of 98.6 % of 1,000 sentences stays the fp32 one, against 95.1 % with one pass).
+    neighbour of 98.6 % of 1,000 sentences, batch 32, stays the fp32 one, against 95.0 % with one pass).
 
     Args:
         x: ``(..., in_features)`` real array (computed in float32).
