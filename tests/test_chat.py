@@ -410,3 +410,51 @@ def test_a_streamed_run_of_byte_tokens_that_a_later_byte_rewrites():
     pieces = []
     session = ChatSession(m, tok, max_new_tokens=6)  # its prompt is the message: "a"
     assert session.send("a", on_text=pieces.append) == "".join(pieces) == backend.decode(new) == expected
+
+
+# ------------------------------------------------------------------------------------------------
+# model and tokenizer checked first; a greedy session's seed is not passed on
+# ------------------------------------------------------------------------------------------------
+def test_model_and_tokenizer_of_another_kind_are_named(smol, tmp_path):
+    """ChatSession and continue_text used ``model`` and ``tokenizer`` unchecked: None gave an
+    AttributeError, a transformers tokenizer (AutoTokenizer) "ValueError: invalid literal for int()
+    ... 'input_ids'". Now a TypeError naming the argument, expected vs got, before anything runs."""
+    import json
+    import re
+
+    transformers = pytest.importorskip("transformers")
+    model, tok = smol
+    tok.backend.save(str(tmp_path / "tokenizer.json"))
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|im_end|>"}))
+    hf_tok = transformers.AutoTokenizer.from_pretrained(tmp_path)
+    assert hf_tok("hi")["input_ids"] == tok.encode("hi")  # a working tokenizer, only not ours
+    hf_name = f"{type(hf_tok).__qualname__} (transformers)"
+    model_expected = ("model: expected a transformer_core causal LM (LlamaForCausalLM, GPT2LMHeadModel, ...: a "
+                      "transformer_core.decoder.CausalLM), got ")
+    tok_expected = "tokenizer: expected a transformer_core Tokenizer (Tokenizer.from_pretrained), got "
+    cases = [((None, tok), model_expected + "NoneType"),
+             (("SmolLM2-135M-Instruct", tok),
+              model_expected + "str (a name or path: load it with LlamaForCausalLM.from_pretrained)"),
+             ((model, None), tok_expected + "NoneType"),
+             ((model, "SmolLM2-135M-Instruct"), tok_expected + "str"),
+             ((model, hf_tok), tok_expected + hf_name),
+             ((None, hf_tok), model_expected + "NoneType")]  # model first
+    for args, message in cases:
+        for call in (lambda: ChatSession(*args), lambda: ChatSession(*args, max_new_tokens=0),
+                     lambda: continue_text(*args, "The sky is"), lambda: continue_text(*args, 3, temperature=-1)):
+            with pytest.raises(TypeError, match="^" + re.escape(message) + "$"):
+                call()
+
+
+def test_greedy_session_with_a_seed_warns_about_nothing(smol):
+    """A greedy session (temperature 0) checks its seed but does not pass it on: generate would warn
+    at every reply that do_sample=False ignores it."""
+    import warnings
+
+    model, tok = smol
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        reply = ChatSession(model, tok, max_new_tokens=6, seed=3).send("Hi")
+        text, _ = continue_text(model, tok, "The sky is", max_new_tokens=6, seed=3)
+    assert reply == ChatSession(model, tok, max_new_tokens=6).send("Hi")
+    assert text == continue_text(model, tok, "The sky is", max_new_tokens=6)[0]

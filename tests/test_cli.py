@@ -642,3 +642,55 @@ def test_cli_bounds_workers_and_threads_per_worker(capsys):
         main(["embed", "--help"])
     help_text = " ".join(capsys.readouterr().out.split())
     assert "worker processes (1 to 1024)" in help_text and "C++ threads in each worker, 1 to 1024" in help_text
+
+
+def test_cli_generate_and_chat_sample_with_top_k_50_as_continue_text(tiny_chat_dirs, capsys):
+    """`generate --temperature T` sampled with no top-k filter while `chat`, continue_text and
+    Hugging Face's generate keep the 50 most probable tokens: both commands now take --top-k
+    (default 50; 0 = no filter) and give, for the same seed, exactly continue_text's / ChatSession's
+    text. --top-k is refused without sampling (as --top-p) and checked as the other options."""
+    transformers = pytest.importorskip("transformers")
+    from transformer_core.__main__ import main
+    from transformer_core.chat import DEFAULT_TOP_K, ChatSession, continue_text
+
+    # Hugging Face's default top_k (transformers 5 applies it in generate when the config leaves it unset)
+    hf_default = (transformers.GenerationConfig().top_k
+                  or transformers.GenerationConfig._get_default_generation_params()["top_k"])
+    assert DEFAULT_TOP_K == hf_default == 50
+    chat, _, _, tok = tiny_chat_dirs
+    model = tc.LlamaForCausalLM.from_pretrained(chat)
+    text = "Once upon a time"
+    sample = ["--model", str(chat), "--temperature", "1.5", "--seed", "3", "--max-new-tokens", "12"]
+
+    def cli(*args):
+        assert main(list(args)) == 0
+        return capsys.readouterr().out
+
+    expected = {k: continue_text(model, tok, text, max_new_tokens=12, temperature=1.5, seed=3, top_k=k)[0]
+                for k in (50, None, 5)}
+    assert len(set(expected.values())) == 3  # the filter changes this model's samples
+    assert cli("generate", text, *sample) == text + expected[50] + "\n"
+    assert cli("generate", text, *sample, "--top-k", "50") == text + expected[50] + "\n"
+    assert cli("generate", text, *sample, "--top-k", "0") == text + expected[None] + "\n"
+    assert cli("generate", text, *sample, "--top-k", "5") == text + expected[5] + "\n"
+    replies = {k: ChatSession(model, tok, max_new_tokens=12, temperature=1.5, seed=3, top_k=k).send("Hi")
+               for k in (50, None)}
+    assert replies[50] != replies[None]
+    assert cli("chat", "Hi", *sample) == replies[50] + "\n"
+    assert cli("chat", "Hi", *sample, "--top-k", "0") == replies[None] + "\n"
+    # refused before the model loads: one line, nothing on stdout
+    for args, message in (
+            (["generate", text, "--top-k", "5"], "generate: top_k: acts only when sampling; give --temperature > 0 "
+                                                 "with --top-k (temperature 0, the default, is greedy)"),
+            (["chat", "Hi", "--top-k", "0", "--temperature", "0"], "chat: top_k: acts only when sampling"),
+            (["generate", text, "--top-k", "-1", "--temperature", "1"], "generate: top_k: expected an int in [0, "),
+            (["chat", "Hi", "--top-k", "-1", "--temperature", "1"], "chat: top_k: expected an int in [0, ")):
+        assert main(args + ["--model", str(chat)]) == 2
+        out, err = capsys.readouterr()
+        assert out == "" and err.startswith(f"transformer_core {message}") and err.count("\n") == 1, (args, err)
+    with pytest.raises(SystemExit) as exit_:
+        main(["generate", text, "--top-k", "2.5", "--temperature", "1"])
+    assert exit_.value.code == 2 and "argument --top-k: invalid int value: '2.5'" in capsys.readouterr().err
+    for command in ("generate", "chat"):
+        help_text = " ".join(_run(command, "--help").stdout.split())
+        assert "--top-k TOP_K sample among the k most probable tokens (with --temperature; default 50" in help_text

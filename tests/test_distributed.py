@@ -57,7 +57,7 @@ def cluster():
     Its nannies write Dask's pre-spawn variables (OMP_NUM_THREADS=1, ...) into this process's
     environment; it is restored afterwards, so the later tests' subprocesses do not inherit them."""
     saved = dict(os.environ)
-    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0",
                                   silence_logs=logging.ERROR) as c, distributed.Client(c) as client:
         yield c, client
     os.environ.clear()
@@ -383,7 +383,7 @@ def test_an_in_process_cluster_leaves_the_callers_thread_count(tmp_path, tiny_mo
     out = tmp_path / "out.parquet"
     try:
         tc.set_num_threads(mine)
-        with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None,
+        with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=":0",
                                       silence_logs=logging.ERROR) as c, distributed.Client(c) as client:
             env = dict(os.environ)
             r = embed_corpus(f, out, model=str(tiny_model_dir), scheduler=client, threads_per_worker=1, chunk_size=10)
@@ -545,3 +545,32 @@ def test_a_model_that_cannot_be_loaded_is_one_error_before_a_cluster_starts(tmp_
         with pytest.raises(error, match=match):  # a scheduler address: refused before connecting
             embed_corpus(f, data / "dask.parquet", model=str(model), scheduler="tcp://127.0.0.1:1")
     assert sorted(p.name for p in data.iterdir()) == ["c.txt"]
+
+
+def test_a_local_cluster_takes_a_free_port_and_prints_nothing():
+    """The cluster embed_corpus starts serves its scheduler's HTTP endpoints on a free port: with
+    Dask's default 8787 taken (another cluster, a notebook's dashboard) it used to warn "Port 8787
+    is already in use" on stderr."""
+    import socket
+    import warnings
+
+    from transformer_core import distributed as tcd
+
+    holder = socket.socket()
+    try:
+        try:
+            holder.bind(("127.0.0.1", 8787))
+            holder.listen()
+        except OSError:  # something else holds it already: the case this test makes
+            pass
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            client, cluster, owned, threads = tcd._connect(None, 1, 1)
+        try:
+            assert (owned, threads, len(cluster.workers)) == (True, 1, 1)
+            assert cluster.scheduler.http_server.port != 8787
+        finally:
+            client.close()
+            cluster.close()
+    finally:
+        holder.close()

@@ -289,3 +289,70 @@ def test_activations_too_large_are_refused_naming_input_ids_before_the_cache_gro
         with pytest.raises(ValueError, match=rf"^input_ids: a batch of {N} sequences .* \({2 * N}, {field} = {width}\)"):
             call()
         assert (cache.length, cache.capacity) == before
+
+
+# ------------------------------------------------------------------------------- greedy ignores sampling options
+def _hf_ignored_flags(**options) -> list[str]:
+    """The flags transformers' ``GenerationConfig.validate`` names for greedy decoding with
+    ``options`` ("The following generation flags are not valid and may be ignored: [...]")."""
+    import re
+
+    try:
+        transformers.GenerationConfig(do_sample=False, **options).validate(strict=True)
+    except ValueError as e:
+        return sorted(re.findall(r"^- `(\w+)`", str(e), re.M))
+    return []
+
+
+def _warned(call) -> tuple[object, list]:
+    """``call()``'s result and the UserWarnings it raised."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = call()
+    return result, [w for w in caught if issubclass(w.category, UserWarning)]
+
+
+def test_greedy_generate_warns_about_the_sampling_options_it_ignores(tiny_llama):
+    """generate/stream with do_sample=False silently ignored temperature, top_k, top_p and seed;
+    transformers warns about the same flags: now a UserWarning names them (the tokens are still
+    the greedy ones, the call is not refused), pointing at the caller's line."""
+    import re
+
+    _, model = tiny_llama
+    x = np.random.default_rng(4).integers(0, 97, size=(2, 5))
+    greedy, none = _warned(lambda: model.generate(x, 6))
+    assert none == []
+    for options in ({"temperature": 0.3}, {"top_p": 0.5}, {"top_k": 3}, {"top_k": 0},
+                    {"temperature": 0.3, "top_p": 0.5, "top_k": 3}, {"top_k": 50}, {"top_k": None},
+                    {"top_p": 1.0}, {"temperature": 1.0}, {"top_p": None}):
+        expected = _hf_ignored_flags(**options)
+        for how in ("generate", "stream"):
+            if how == "generate":
+                out, caught = _warned(lambda: model.generate(x, 6, **options))
+            else:
+                out, caught = _warned(lambda: np.concatenate([x, np.stack(list(model.stream(x, 6, **options)), 1)], 1))
+            np.testing.assert_array_equal(out, greedy, err_msg=str(options))
+            if not expected:
+                assert caught == [], (options, how, [str(w.message) for w in caught])
+                continue
+            assert len(caught) == 1, (options, how)
+            message = str(caught[0].message)
+            names = sorted(re.findall(r"(\w+)=", message.split(" options ")[1].split(";")[0]))
+            assert names == expected, (options, how, message)
+            assert caught[0].filename == __file__, (how, caught[0].filename)  # the caller's line
+    _, caught = _warned(lambda: model.generate(x, 6, temperature=0.3, top_p=0.5, top_k=3, seed=1))
+    assert [str(w.message) for w in caught] == [
+        "do_sample=False (greedy decoding) ignores the sampling options temperature=0.3, top_k=3, top_p=0.5, "
+        "seed=1; pass do_sample=True to sample with them"]
+    # sampling uses them: no warning; a refused call raises without warning
+    _, caught = _warned(lambda: model.generate(x, 6, do_sample=True, temperature=0.3, top_p=0.5, top_k=3, seed=1))
+    assert caught == []
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(ValueError, match="^max_new_tokens: prompt length 5 "):
+            model.generate(x, 100, temperature=0.3)
+    assert caught == []

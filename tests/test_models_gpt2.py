@@ -723,8 +723,11 @@ def test_save_pretrained_keeps_bos_token_id_and_other_keys(tmp_path):
     cfg.to_dict()["my_key"]["a"].append(3)
     assert cfg.extra["my_key"] == {"a": [1, 2]}
     assert tc.GPT2Config().to_dict()["bos_token_id"] == transformers.GPT2Config().bos_token_id == 50256
-    with pytest.raises(ValueError, match="^bos_token_id"):
-        tc.GPT2Config(bos_token_id=-2).check()
+    # a negative id is none, as transformers reads it (configs with "pad_token_id": -1 exist)
+    cfg = tc.GPT2Config(bos_token_id=-2, pad_token_id=-1, eos_token_id=[4, -1]).check()
+    assert (cfg.bos_token_id, cfg.pad_token_id, cfg.eos_token_id) == (None, None, [4])
+    with pytest.raises(TypeError, match=r"^eos_token_id\[1\]"):
+        tc.GPT2Config(eos_token_id=[4, 1.5]).check()
 
 
 def test_a_batch_too_large_for_the_kv_cache_names_input_ids():

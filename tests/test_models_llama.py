@@ -823,3 +823,68 @@ def test_rotary_tables_beyond_memory_are_refused_when_a_position_needs_them():
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.startswith("refused: rotary tables") and "max_position_embeddings" in out.stdout, out.stdout
     assert "exceed this machine's memory" in out.stdout, out.stdout
+
+
+# ------------------------------------------------------- configs with -1 token ids, quantize_activations
+def test_negative_token_ids_in_config_json_mean_none_as_hf(llama_gqa, tmp_path):
+    """transformers 4.27/4.28's Llama conversion wrote ``"pad_token_id": -1`` (and public configs
+    list ``eos_token_id: [eos, -1]``): transformers loads them, and so do we, reading -1 as "none".
+    Logits and greedy tokens are HF's; a real end id beside the -1 still stops a row where HF's does."""
+    hf, path, m = llama_gqa
+    x = _ids(11, (2, 6))
+    mask = torch.ones(x.shape, dtype=torch.long)
+    free = m.generate(x, 10)
+    stop = int(free[0, 6 + 3])  # row 0's 4th new token
+    assert stop not in free[0, 6:6 + 3]
+    for fields in ({"pad_token_id": -1}, {"eos_token_id": [stop, -1]}, {"pad_token_id": -1, "bos_token_id": -1,
+                                                                       "eos_token_id": [-1, stop]}):
+        d = _with_config(path, tmp_path / f"neg{len(list(tmp_path.iterdir()))}", **fields)
+        (d / "generation_config.json").unlink(missing_ok=True)  # config.json's ids are the ones read
+        hf2 = transformers.LlamaForCausalLM.from_pretrained(d).eval()
+        ours = tc.LlamaForCausalLM.from_pretrained(d)
+        assert ours.config.pad_token_id is None
+        assert ours.config.eos_token_id == ([stop] if "eos_token_id" in fields else None)
+        assert ours.config.bos_token_id is None
+        with torch.no_grad():
+            ref_logits = hf2(torch.from_numpy(x)).logits.numpy()
+            ref = hf2.generate(torch.from_numpy(x), attention_mask=mask, max_new_tokens=10, do_sample=False,
+                               pad_token_id=0).numpy()
+        assert_close(ours(x).logits, ref_logits, atol_=1e-5, rtol_=1e-5, what=f"logits, {fields}")
+        got = ours.generate(x, 10, pad_token_id=0)
+        np.testing.assert_array_equal(got, ref, err_msg=str(fields))
+        if "eos_token_id" in fields:  # row 0 stopped at the real end id, then the pad
+            assert got[0, 6 + 3] == stop and (got[0, 6 + 4:] == 0).all()
+    # the config's own reading: a negative id is none, a list keeps its ids >= 0; wrong types still refused
+    cfg = tc.LlamaConfig.from_dict({**m.config.to_dict(), "pad_token_id": -1, "eos_token_id": [2, -1, 5],
+                                    "bos_token_id": -7})
+    assert (cfg.pad_token_id, cfg.eos_token_id, cfg.bos_token_id) == (None, [2, 5], None)
+    assert tc.LlamaConfig.from_dict({**m.config.to_dict(), "eos_token_id": [-1]}).eos_token_id is None
+    for key, value, match in (("pad_token_id", "x", r"^pad_token_id: expected an int, got str"),
+                              ("pad_token_id", 1.0, r"^pad_token_id: expected an int, got float"),
+                              ("eos_token_id", [2, True], r"^eos_token_id\[1\]: expected an int, got bool")):
+        with pytest.raises(TypeError, match=match):
+            tc.LlamaConfig.from_dict({**m.config.to_dict(), key: value})
+    # ids given to generate are not configs: -1 there is still refused
+    for kw, match in (({"pad_token_id": -1}, r"^pad_token_id: expected an int in \[0, "),
+                      ({"eos_token_id": [stop, -1]}, r"^eos_token_id\[1\]: expected an int in \[0, ")):
+        with pytest.raises(ValueError, match=match):
+            m.generate(x, 3, **kw)
+
+
+def test_quantize_activations_without_gguf_blocks_is_refused(llama_gqa):
+    """quantize_activations acts on GGUF block weights only; for a directory (float weights) or a
+    dtype given (every weight dequantized) True was silently ignored: now a ValueError naming it,
+    before anything is read. False loads as before."""
+    _, path, m = llama_gqa
+    with pytest.raises(ValueError, match=r"^quantize_activations: applies to GGUF block weights only \(a \.gguf file "
+                                         r"or embedded model loaded with dtype=None\); this load has float weights "
+                                         r"\('.*' is a Hugging Face directory\)$"):
+        tc.LlamaForCausalLM.from_pretrained(path, quantize_activations=True)
+    for dtype, name in ((np.float32, "float32"), (np.float64, "float64"), ("float32", "float32")):
+        with pytest.raises(ValueError, match=rf"^quantize_activations: .*\(dtype={name} dequantizes every weight\)$"):
+            tc.LlamaForCausalLM.from_pretrained("SmolLM2-135M-Instruct", dtype=dtype, quantize_activations=True)
+    with pytest.raises(TypeError, match=r"^dtype: expected float32 or float64"):  # a bad dtype is named first
+        tc.LlamaForCausalLM.from_pretrained(path, dtype=np.float16, quantize_activations=True)
+    x = _ids(0, (1, 5))
+    np.testing.assert_array_equal(tc.LlamaForCausalLM.from_pretrained(path, quantize_activations=False)(x).logits,
+                                  m(x).logits)

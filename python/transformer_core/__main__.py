@@ -130,6 +130,9 @@ def _add_generation_options(p, max_new_tokens_help: str) -> None:
     # that does not fit the context, and caps its default at the context)
     p.add_argument("--max-new-tokens", type=_positive_int, default=None, help=max_new_tokens_help)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples")
+    p.add_argument("--top-k", type=int, default=None,
+                   help="sample among the k most probable tokens (with --temperature; default 50, as Hugging Face's "
+                        "generate; 0 = no top-k filter)")
     p.add_argument("--top-p", type=float, default=None, help="nucleus sampling: keep the smallest set of tokens "
                                                              "whose probability reaches this (with --temperature)")
     p.add_argument("--seed", type=int, default=None, help="seed of the sampling (reproducible replies)")

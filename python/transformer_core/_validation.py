@@ -715,6 +715,31 @@ def check_token_ids(value, name: str):
     return check_int(value, name, 0)
 
 
+def config_token_ids(value, name: str):
+    """A config's special token id (``bos_token_id``, ``eos_token_id``, ``pad_token_id``) with a
+    negative id read as "none", as Hugging Face reads it: ``transformers`` 4.27/4.28's Llama
+    conversion wrote ``"pad_token_id": -1`` (many public ``config.json`` files keep it), and an
+    ``eos_token_id`` list may hold a -1 beside the real id.
+
+    Returns:
+        None for None or a negative int; an int >= 0 as an int; for a list/tuple, a list of its
+        ids >= 0 (None when every id was negative; an empty list stays empty). Ids past the
+        vocabulary are kept: ``generate`` and chat leave them out.
+
+    Raises:
+        TypeError: not None, an int, or a list/tuple of ints (bools and floats too), naming ``name``
+        (``name[i]`` for a list's element).
+    """
+    if value is None:
+        return None
+    if isinstance(value, (list, tuple)):
+        ids = [check_int(v, f"{name}[{i}]", None) for i, v in enumerate(value)]
+        kept = [t for t in ids if t >= 0]
+        return kept if kept or not ids else None
+    value = check_int(value, name, None)
+    return value if value >= 0 else None
+
+
 def check_config_ints(config, required: tuple, optional: tuple = ()) -> None:
     """Each named field of ``config`` is an int >= 1 (``optional`` ones may be None or >= 0)."""
     check_config_fields(config, ints=required, optional_ints=optional)

@@ -18,8 +18,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from ._validation import check_int
+from .decoder import CausalLM
 from .generation import GenerationConfig, generation_ids
-from .tokenizer import _common_prefix, check_unicode
+from .tokenizer import Tokenizer, _common_prefix, check_unicode
 
 __all__ = ["ChatSession", "TurnStats", "continue_text", "run_chat", "run_generate"]
 
@@ -27,6 +28,9 @@ DEFAULT_CHAT_MODEL = "SmolLM2-135M-Instruct"
 NO_TEMPLATE = "this model's tokenizer has no chat template"
 #: The CLI's --max-new-tokens when not given (``generate``: fewer when the context ends first).
 DEFAULT_MAX_NEW_TOKENS = 256
+#: The CLI's --top-k when not given: Hugging Face's ``GenerationConfig`` default, as ``ChatSession``'s
+#: and ``continue_text``'s.
+DEFAULT_TOP_K = 50
 
 
 @dataclass
@@ -123,11 +127,37 @@ def _stream(model, tokenizer, ids: np.ndarray, cache, on_text, stats: TurnStats,
     return generated
 
 
+def _type_name(value) -> str:
+    """``value``'s type for an error message: ``str``, or ``GPT2TokenizerFast (transformers)`` for
+    a type of another package."""
+    kind = type(value)
+    package = kind.__module__.split(".")[0]
+    return kind.__qualname__ if package == "builtins" else f"{kind.__qualname__} ({package})"
+
+
+def _check_model_and_tokenizer(model, tokenizer) -> None:
+    """``model`` is a causal LM of this package and ``tokenizer`` its :class:`Tokenizer`, checked
+    before anything uses them (None, a string or a ``transformers`` object otherwise failed later
+    with an AttributeError, or a ValueError about ``'input_ids'``).
+
+    Raises:
+        TypeError: naming ``model`` or ``tokenizer``, expected vs got.
+    """
+    if not isinstance(model, CausalLM):
+        hint = " (a name or path: load it with LlamaForCausalLM.from_pretrained)" if isinstance(model, str) else ""
+        raise TypeError(f"model: expected a transformer_core causal LM (LlamaForCausalLM, GPT2LMHeadModel, ...: "
+                        f"a transformer_core.decoder.CausalLM), got {_type_name(model)}{hint}")
+    if not isinstance(tokenizer, Tokenizer):
+        raise TypeError(f"tokenizer: expected a transformer_core Tokenizer (Tokenizer.from_pretrained), got "
+                        f"{_type_name(tokenizer)}")
+
+
 def _options(max_new_tokens, temperature, top_p, top_k, seed, repetition_penalty) -> dict:
     """``stream``'s keyword arguments for these options. Every option is checked here, as
     ``generate`` would check it, so that a bad one is reported when a session is made or before a
-    model is loaded, not at the first reply; top_p and top_k are checked even when greedy
-    (temperature 0), where they are not used."""
+    model is loaded, not at the first reply; top_p, top_k and seed are checked even when greedy
+    (temperature 0), where they are not used (nor passed on: ``stream`` would warn about them at
+    every reply)."""
     if isinstance(temperature, (bool, np.bool_)) or not isinstance(temperature, numbers.Real):
         raise TypeError(f"temperature: expected a number, got {type(temperature).__name__} {temperature!r}")
     temperature = float(temperature)
@@ -137,7 +167,7 @@ def _options(max_new_tokens, temperature, top_p, top_k, seed, repetition_penalty
     GenerationConfig(max_new_tokens, do_sample=sample, temperature=temperature if sample else 1.0, top_k=top_k,
                      top_p=top_p, repetition_penalty=repetition_penalty, seed=seed)
     return dict(max_new_tokens=max_new_tokens, do_sample=sample, temperature=temperature if sample else 1.0,
-                top_p=top_p if sample else None, top_k=top_k if sample else None, seed=seed,
+                top_p=top_p if sample else None, top_k=top_k if sample else None, seed=seed if sample else None,
                 repetition_penalty=repetition_penalty)
 
 
@@ -163,19 +193,22 @@ class ChatSession:
             (between 0 and 1e-6: ValueError naming ``temperature``).
         top_p, top_k: sampling filters (with ``temperature`` > 0; ``top_k`` 50 by default, as
             Hugging Face's ``generate``; 0 or None: no top-k filter).
-        seed: seeds sampling (reproducible replies).
+        seed: seeds sampling (reproducible replies); checked, but unused, when greedy.
         repetition_penalty: >= 1e-6 (``MIN_REPETITION_PENALTY``); 1 or None = none.
 
     Raises:
+        TypeError: ``model`` not a causal LM of this package (a :class:`~transformer_core.decoder.CausalLM`),
+            ``tokenizer`` not a :class:`~transformer_core.Tokenizer` (a ``transformers`` tokenizer
+            included); ``system`` not a str or None; options of the wrong type (named).
         ValueError: a tokenizer without a chat template; bad options (named: ``max_new_tokens`` < 1,
             ``temperature`` < 0, ``top_k`` < 0, ``top_p`` outside (0, 1], ...), whatever the
             temperature; a ``system`` message that is not valid Unicode.
-        TypeError: ``system`` not a str or None; options of the wrong type (named).
     """
 
     def __init__(self, model, tokenizer, system: str | None = None, max_new_tokens: int = 256,
                  temperature: float = 0.0, top_p: float | None = None, top_k: int | None = 50,
                  seed: int | None = None, repetition_penalty: float | None = None):
+        _check_model_and_tokenizer(model, tokenizer)
         if tokenizer.chat_template is None:
             raise ValueError(f"tokenizer: {NO_TEMPLATE} (use continue_text)")
         if system is not None and not isinstance(system, str):
@@ -282,11 +315,14 @@ def continue_text(model, tokenizer, text: str, max_new_tokens: int = 128, on_tex
         embedding's) add no text.
 
     Raises:
-        TypeError: ``text`` not a str, ``on_text`` not callable. ValueError: empty text or text that
+        TypeError: ``model`` not a causal LM of this package, ``tokenizer`` not a
+        :class:`~transformer_core.Tokenizer` (both named, before anything else); ``text`` not a
+        str, ``on_text`` not callable. ValueError: empty text or text that
         is not valid Unicode; text whose tokens alone are more than the model's context (naming ``text``), or
         ``len(tokens) + max_new_tokens - 1`` over it (naming ``max_new_tokens``; the last new
         token is never fed back) — before any memory is reserved for them; bad options (named).
     """
+    _check_model_and_tokenizer(model, tokenizer)
     options = _options(check_int(max_new_tokens, "max_new_tokens", 1), temperature, top_p, top_k, seed,
                        repetition_penalty)
     _check_on_text(on_text)
@@ -396,16 +432,23 @@ def _stdin_turns():
             yield message
 
 
+def _cli_top_k(args) -> int:
+    """``--top-k``: :data:`DEFAULT_TOP_K` (50, Hugging Face's) when not given; 0 = no top-k filter."""
+    return DEFAULT_TOP_K if args.top_k is None else args.top_k
+
+
 def _check_cli_sampling(args) -> None:
-    """``--top-p`` and ``--seed`` act only on sampling: given with ``--temperature 0`` (greedy, the
-    default) they would change nothing, so the command refuses them rather than ignore them.
+    """``--top-k``, ``--top-p`` and ``--seed`` act only on sampling: given with ``--temperature 0``
+    (greedy, the default) they would change nothing, so the command refuses them rather than
+    ignore them.
 
     Raises:
-        ValueError: ``--top-p`` or ``--seed`` given with ``--temperature 0`` (the option named).
+        ValueError: ``--top-k``, ``--top-p`` or ``--seed`` given with ``--temperature 0`` (the
+        option named).
     """
     if args.temperature != 0:
         return
-    for name, value in (("top_p", args.top_p), ("seed", args.seed)):
+    for name, value in (("top_k", args.top_k), ("top_p", args.top_p), ("seed", args.seed)):
         if value is not None:
             flag = "--" + name.replace("_", "-")
             raise ValueError(f"{name}: acts only when sampling; give --temperature > 0 with {flag} (temperature 0, "
@@ -415,7 +458,9 @@ def _check_cli_sampling(args) -> None:
 def run_chat(args) -> int:
     """``chat``: one PROMPT, or one turn per line of standard input; replies streamed to stdout,
     the tokens/s of each turn on stderr. ``--max-new-tokens`` (default 256) is the most each reply
-    may have: fewer when the conversation comes near the end of the context."""
+    may have: fewer when the conversation comes near the end of the context. ``--temperature`` > 0
+    samples, among the ``--top-k`` highest (default 50, as :class:`ChatSession` and Hugging Face;
+    0: no top-k filter) and within ``--top-p``."""
     import sys
 
     # The arguments are checked before the model is loaded (seconds) and before anything is printed.
@@ -424,7 +469,7 @@ def run_chat(args) -> int:
     if args.system is not None:
         check_unicode(args.system, "system")
     max_new_tokens = DEFAULT_MAX_NEW_TOKENS if args.max_new_tokens is None else args.max_new_tokens
-    _options(max_new_tokens, args.temperature, args.top_p, None, args.seed, None)
+    _options(max_new_tokens, args.temperature, args.top_p, _cli_top_k(args), args.seed, None)
     _check_cli_sampling(args)
     _check_stdout()
     if args.prompt is None and sys.stdin is None:
@@ -435,7 +480,7 @@ def run_chat(args) -> int:
         raise ValueError(f"model: {args.model or DEFAULT_CHAT_MODEL}: {NO_TEMPLATE}; the `generate` command "
                          f"continues raw text")
     session = ChatSession(model, tokenizer, system=args.system, max_new_tokens=max_new_tokens,
-                          temperature=args.temperature, top_p=args.top_p, seed=args.seed)
+                          temperature=args.temperature, top_p=args.top_p, top_k=_cli_top_k(args), seed=args.seed)
     for message in [args.prompt] if args.prompt is not None else _stdin_turns():
         session.send(message, on_text=_print)
         _print("\n")
@@ -446,12 +491,13 @@ def run_chat(args) -> int:
 def run_generate(args) -> int:
     """``generate``: TEXT and its continuation streamed to stdout, tokens/s on stderr. Without
     ``--max-new-tokens``, up to 256 new tokens, fewer when the context ends first; a value given
-    that does not fit the context after TEXT is refused."""
+    that does not fit the context after TEXT is refused. Sampling as ``chat``'s (``--top-k`` 50 by
+    default, as :func:`continue_text`: the same seed gives the same text)."""
     import sys
 
     explicit = args.max_new_tokens is not None
     options = _options(args.max_new_tokens if explicit else DEFAULT_MAX_NEW_TOKENS, args.temperature, args.top_p,
-                       None, args.seed, None)
+                       _cli_top_k(args), args.seed, None)
     _check_cli_sampling(args)
     _check_stdout()
     model, tokenizer = _load(args)

@@ -452,9 +452,10 @@ class TextSource:
         pa = _need_pyarrow("Parquet input")
         import pyarrow.parquet as pq
 
-        # An open file, never the path: pyarrow takes a path string for a URI, so a name such as
-        # "in-12:30.parquet" or "hdfs:/x" would be refused or sent to another filesystem.
-        with open(self.path, "rb") as f:
+        # Arrow's own local file, opened by the path's bytes, never the path string: pyarrow takes
+        # a string for a URI, so a name such as "in-12:30.parquet" or "hdfs:/x" would be refused or
+        # sent to another filesystem. (Not a Python file object either: see _read_part.)
+        with pa.OSFile(os.fsencode(self.path)) as f:
             try:
                 pf = pq.ParquetFile(f)
             except (pa.ArrowException, OSError) as e:

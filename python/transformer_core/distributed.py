@@ -298,7 +298,9 @@ def _connect(scheduler, workers, threads_per_worker):
     cores = _cores()
     n = workers if workers is not None else cores
     threads = threads_per_worker or max(1, cores // n)
-    cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None,
+    # dashboard_address ":0": the scheduler's HTTP server (which runs even without a dashboard) on a
+    # free port; None still tries 8787 and warns on stderr when another cluster holds it
+    cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=":0",
                            silence_logs=logging.ERROR, env={"OMP_NUM_THREADS": str(threads)})
     return Client(cluster), cluster, True, threads
 

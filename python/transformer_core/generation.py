@@ -18,13 +18,15 @@ processors):
     sample               from softmax(scores), numpy's generator seeded with ``seed``
 
 A sequence that emits an end token (``eos_token_id``, one id or several) is finished; it is padded
-with ``pad_token_id`` (default: the config's, else the first end id, as Hugging Face) while the
-others go on, and generation stops when all are finished or after ``max_new_tokens``.
+with ``pad_token_id`` (default: the generation config's or the config's, else the first end id,
+as Hugging Face) while the others go on, and generation stops when all are finished or after
+``max_new_tokens``.
 :meth:`GenerationMixin.stream` yields each step's tokens as they are produced.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterator
 
 import numpy as np
@@ -164,6 +166,26 @@ def generation_ids(model) -> tuple[list, object]:
     return ([eos] if isinstance(eos, (int, np.integer)) else list(eos or [])), source("pad_token_id")
 
 
+def _ignored_sampling_options(do_sample: bool, temperature, top_k, top_p, seed) -> list[str]:
+    """The sampling options that greedy decoding (``do_sample`` False) would ignore, as
+    ``name=value``: those Hugging Face's ``GenerationConfig.validate`` flags ("The following
+    generation flags are not valid and may be ignored") — ``temperature`` other than 1, ``top_k``
+    other than None and its default 50, ``top_p`` other than None and 1 — and ``seed`` given (a
+    seed of ours: only sampling draws from the generator). Empty when sampling."""
+    if do_sample:
+        return []
+    ignored = []
+    if temperature != 1.0:
+        ignored.append(f"temperature={temperature!r}")
+    if top_k is not None and top_k != 50:
+        ignored.append(f"top_k={top_k!r}")
+    if top_p is not None and top_p != 1.0:
+        ignored.append(f"top_p={top_p!r}")
+    if seed is not None:
+        ignored.append(f"seed={seed!r}")
+    return ignored
+
+
 class GenerationMixin:
     """``generate`` and ``stream`` for a causal LM whose ``forward(ids, attention_mask=...,
     past_key_values=..., use_cache=True, logits_to_keep=1)`` returns logits, with ``new_cache``,
@@ -190,8 +212,15 @@ class GenerationMixin:
         accepts it: it is copied into a new cache (the tuple itself is not changed).
 
         Raises:
-            As :meth:`generate`.
+            As :meth:`generate` (and warns as it: sampling options given with ``do_sample=False``).
         """
+        return self._start(input_ids, max_new_tokens, do_sample, temperature, top_k, top_p, repetition_penalty, seed,
+                           attention_mask, eos_token_id, pad_token_id, past_key_values)
+
+    def _start(self, input_ids, max_new_tokens, do_sample, temperature, top_k, top_p, repetition_penalty, seed,
+               attention_mask, eos_token_id, pad_token_id, past_key_values) -> Iterator[np.ndarray]:
+        """:meth:`stream`'s checks, then its steps (an iterator); ``generate`` and ``stream`` call it
+        directly, so that the warning about ignored sampling options points at their caller."""
         ids = as_ids(input_ids, "input_ids")
         vocab = self.config.vocab_size
         if ids.min() < 0 or ids.max() >= vocab:  # here, not at the first step: before a cache is reserved or
@@ -238,6 +267,12 @@ class GenerationMixin:
                 cache.reserve(total)
             except ValueError as e:
                 raise cache_too_large(e, what) from None
+        # every argument is good; greedy decoding would ignore these silently (Hugging Face warns too)
+        ignored = _ignored_sampling_options(cfg.do_sample, cfg.temperature, None if top_k is None else int(top_k),
+                                            cfg.top_p, cfg.seed)
+        if ignored:
+            warnings.warn(f"do_sample=False (greedy decoding) ignores the sampling options {', '.join(ignored)}; "
+                          f"pass do_sample=True to sample with them", UserWarning, stacklevel=3)
         return self._steps(ids, mask, cache, cfg)
 
     def _generation_cache(self, past_key_values, N: int, L: int) -> KVCache:
@@ -296,7 +331,10 @@ class GenerationMixin:
             max_new_tokens: tokens to add (>= 1); ``L + max_new_tokens - 1`` (the positions the
                 model sees: the last new token is not fed back) must fit the context.
             do_sample: sample from ``softmax(logits / temperature)`` after top-k / top-p
-                filtering; else greedy (argmax).
+                filtering; else greedy (argmax), and sampling options given with it are ignored
+                with a ``UserWarning`` naming them (``temperature`` other than 1, ``top_k`` other
+                than None or 50, ``top_p`` other than None or 1, ``seed``), as Hugging Face warns
+                ("The following generation flags are not valid and may be ignored").
             temperature, top_k, top_p: sampling controls (temperature a finite number >= 1e-6
                 (``MIN_TEMPERATURE``), top_k >= 0, 0 < top_p <= 1). ``top_k`` defaults to 50 as
                 Hugging Face's ``generate`` (``do_sample=True`` samples among the 50 highest); 0 or
@@ -306,14 +344,18 @@ class GenerationMixin:
                 new token is predicted from the last position, which must be real in every row
                 that has a real token).
             eos_token_id: an id or a list of ids in ``[0, vocab_size)`` that end a sequence;
-                default: the config's (its ids outside the vocabulary dropped).
+                default: those of ``model.generation_config`` (a directory's
+                ``generation_config.json``, read by ``from_pretrained``) when the model has one,
+                even where it leaves them out (then none), else the config's (``config.json``'s);
+                ids outside the vocabulary dropped, as Hugging Face.
             repetition_penalty: a finite number >= 1e-6 (``MIN_REPETITION_PENALTY``); 1 = none
                 (Keskar et al. 2019, as Hugging Face). The ids of the prompt and the new tokens
                 count, but not a row's left padding: the positions before its first 1 in
                 ``attention_mask`` (as Hugging Face's ``generate``; a 0 after the first 1 counts).
             pad_token_id: an id in ``[0, vocab_size)`` that fills finished sequences; default: the
-                config's ``pad_token_id`` (when it is an id of the vocabulary), else the first end
-                id (Hugging Face's defaults).
+                ``pad_token_id`` of ``generation_config.json`` when the model has one, else the
+                config's (when it is an id of the vocabulary), else the first end id (Hugging
+                Face's defaults).
             streamer: called with each step's ``(N,)`` tokens as they are produced.
             past_key_values: a :class:`KVCache` already holding a prefix of ``input_ids`` (extended
                 in place), or Hugging Face's legacy tuple of per-layer ``(keys, values)``
@@ -341,10 +383,8 @@ class GenerationMixin:
         if streamer is not None and not callable(streamer):
             raise TypeError(f"streamer: expected a callable or None, got {type(streamer).__name__}")
         steps = [ids]
-        for tokens in self.stream(ids, max_new_tokens, do_sample=do_sample, temperature=temperature, top_k=top_k,
-                                  top_p=top_p, repetition_penalty=repetition_penalty, seed=seed,
-                                  attention_mask=attention_mask, eos_token_id=eos_token_id,
-                                  pad_token_id=pad_token_id, past_key_values=past_key_values):
+        for tokens in self._start(ids, max_new_tokens, do_sample, temperature, top_k, top_p, repetition_penalty, seed,
+                                  attention_mask, eos_token_id, pad_token_id, past_key_values):
             if streamer is not None:
                 streamer(tokens)
             steps.append(tokens[:, None])

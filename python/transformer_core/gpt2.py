@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ._runtime import core as _core
-from ._validation import activation, check_config_fields, check_eps, check_mapping, check_token_ids
+from ._validation import activation, check_config_fields, check_eps, check_mapping, config_token_ids
 from .decoder import CausalLM, CausalLMOutput, DecoderModel, _load_tied_head, _rename_known
 from .hub import (
     ConfigRule,
@@ -114,7 +114,8 @@ class GPT2Config:
         """Checks every field's type and range, naming the field: sizes are ints >= 1 (``n_layer``
         >= 0, ``n_inner`` None or >= 0: 0/None = 4 · n_embd), ``layer_norm_epsilon`` a finite number
         >= 0, ``activation_function`` a name of the library's table, ``eos_token_id`` None, an id or a
-        list of ids (``bos_token_id`` and ``pad_token_id`` too), ``resid_pdrop``, ``embd_pdrop`` and
+        list of ids (``bos_token_id`` and ``pad_token_id`` too; a negative id is read as none, as
+        Hugging Face reads it, and dropped from a list), ``resid_pdrop``, ``embd_pdrop`` and
         ``attn_pdrop`` probabilities in [0, 1), ``extra`` a dict. Sizes too large for this machine are
         the C++ model's to refuse.
 
@@ -124,8 +125,8 @@ class GPT2Config:
         check_config_fields(self, ints=("vocab_size", "n_positions", "n_embd", "n_head"),
                             nonnegative_ints=("n_layer",), optional_ints=("n_inner",), eps=("layer_norm_epsilon",))
         activation(self.activation_function, "activation_function")
-        for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
-            check_token_ids(getattr(self, name), name)
+        for name in ("bos_token_id", "eos_token_id", "pad_token_id"):  # a negative id: none, as in Hugging Face
+            setattr(self, name, config_token_ids(getattr(self, name), name))
         for name in ("resid_pdrop", "embd_pdrop", "attn_pdrop"):
             check_dropout(getattr(self, name), name)
         check_mapping(self.extra, "extra")

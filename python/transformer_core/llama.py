@@ -12,7 +12,15 @@ from pathlib import Path
 import numpy as np
 
 from ._runtime import core as _core
-from ._validation import activation, check_bool, check_config_fields, check_eps, check_mapping, check_token_ids
+from ._validation import (
+    activation,
+    check_bool,
+    check_config_fields,
+    check_eps,
+    check_mapping,
+    config_token_ids,
+    resolve_dtype,
+)
 from .decoder import CausalLM, DecoderModel, _load_tied_head, _rename_known
 from .hub import ConfigRule, LayerRule, check_config_against_weights, weights_file_label
 from .module import check_dropout
@@ -103,6 +111,10 @@ class LlamaConfig:
         of ids, ``attention_dropout`` a probability in [0, 1). Sizes too large for this machine are
         the C++ model's to refuse.
 
+        A negative token id means none, as in Hugging Face (``"pad_token_id": -1`` of the
+        configs ``transformers`` 4.27/4.28 converted): the field is set to None, and a list's
+        negative ids are dropped (``_validation.config_token_ids``).
+
         Raises:
             TypeError / ValueError: naming the field.
         """
@@ -113,7 +125,7 @@ class LlamaConfig:
                             bools=("attention_bias", "mlp_bias", "tie_word_embeddings"))
         activation(self.hidden_act, "hidden_act")
         for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
-            check_token_ids(getattr(self, name), name)
+            setattr(self, name, config_token_ids(getattr(self, name), name))
         check_dropout(self.attention_dropout, "attention_dropout")
         return self
 
@@ -258,9 +270,11 @@ class LlamaModel(DecoderModel):
             dtype: None (default): GGUF blocks kept (float32 for everything else, and for a Hugging
                 Face directory); ``np.float32`` / ``np.float64``: every weight dequantized to that
                 dtype (the GGUF blocks with the ``gguf`` package's values).
-            quantize_activations: GGUF blocks only: multiply with Q8 activation blocks and integer
-                dots, as llama.cpp (see :func:`transformer_core.quantization.set_quantize_activations`);
-                the default keeps activations in float32.
+            quantize_activations: GGUF blocks only (a ``.gguf`` file or embedded model loaded with
+                ``dtype=None``): multiply with Q8 activation blocks and integer dots, as llama.cpp
+                (see :func:`transformer_core.quantization.set_quantize_activations`); the default
+                keeps activations in float32. True for any other load (a Hugging Face directory, or
+                a ``dtype`` given: float weights) is a ValueError, not ignored.
 
         Raises:
             FileNotFoundError: nothing at ``name_or_path``.
@@ -269,7 +283,8 @@ class LlamaModel(DecoderModel):
                 ``config.json`` whose sizes (``vocab_size``, ``hidden_size``, ``intermediate_size``,
                 ``num_hidden_layers``, the heads times ``head_dim``) or ``tie_word_embeddings`` the
                 weights contradict (naming the file and the fields, before the model is built); a
-                missing, unknown or mis-shaped tensor (listed).
+                missing, unknown or mis-shaped tensor (listed); ``quantize_activations=True`` for a
+                load without GGUF blocks (naming it, before anything is read).
             TypeError: ``dtype`` not None, float32 or float64; ``quantize_activations`` not a bool
                 (``"False"`` or 0 included).
         """
@@ -284,7 +299,14 @@ class LlamaModel(DecoderModel):
                 from .gguf_file import read_gguf
 
                 return cls._from_gguf_blocks(read_gguf(location), quantize_activations)
+            why = f"{str(name_or_path)!r} is a Hugging Face directory"
             dtype = np.float32
+        else:
+            dtype = resolve_dtype(dtype)  # a bad dtype is named first
+            why = f"dtype={dtype.__name__} dequantizes every weight"
+        if quantize_activations:  # float weights: no block products for it to change; refused, not ignored
+            raise ValueError(f"quantize_activations: applies to GGUF block weights only (a .gguf file or embedded "
+                             f"model loaded with dtype=None); this load has float weights ({why})")
         config, state, source = load_llama_checkpoint(name_or_path, dtype)
         generation_config = None
         if isinstance(source, Path):  # a Hugging Face directory (not a GGUF file): config.json against its weights
