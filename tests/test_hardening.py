@@ -1238,3 +1238,21 @@ def test_save_pretrained_with_a_folder_in_a_files_place_writes_nothing(tmp_path)
     for bad in (None, 3, b"/tmp/x"):
         with pytest.raises(TypeError, match=r"^directory: expected a str or path, got "):
             model.save_pretrained(bad)
+
+
+def test_an_array_given_for_a_scalar_is_described_not_printed():
+    """A scalar argument given an array is named by its shape and dtype: torch's positional
+    ``layer_norm(x, normalized_shape, weight, bias)`` put the bias in ``eps``, whose TypeError
+    printed all 768 values (a 4,000-character message); a long repr is cut."""
+    import transformer_core.functional as F
+    from transformer_core._validation import described
+    from transformer_core.parameter import Parameter
+
+    x = np.ones((2, 768), np.float32)
+    with pytest.raises(TypeError, match=r"^eps: expected a number, got ndarray \(768,\) float32$"):
+        F.layer_norm(x, np.ones(768, np.float32), np.zeros(768, np.float32), np.zeros(768, np.float32))
+    with pytest.raises(TypeError, match=r"^is_causal: expected a bool, got ndarray \(4, 4\) bool$"):
+        F.scaled_dot_product_attention(x[None], x[None], x[None], None, 0.0, np.ones((4, 4), bool))
+    with pytest.raises(TypeError, match=r"^lr: expected a number, got str 'aaaa.*\.\.\. \(5002 characters\)$"):
+        tc.optim.SGD([Parameter(np.ones(2))], lr="a" * 5000)
+    assert described(0.5) == "float 0.5" and described([1, 2]) == "list [1, 2]"

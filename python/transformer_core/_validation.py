@@ -455,6 +455,17 @@ def is_int(value) -> bool:
     return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
 
 
+def described(value, limit: int = 60) -> str:
+    """``value`` for an error message: its type and repr (``float 0.5``, ``str 'x'``), an array by
+    its shape and dtype (``ndarray (768,) float32``: its repr could be megabytes), any other repr
+    cut at ``limit`` characters."""
+    kind = type(value).__name__
+    if isinstance(value, np.ndarray) or hasattr(value, "shape") and hasattr(value, "dtype"):
+        return f"{kind} {tuple(getattr(value, 'shape', ()))} {getattr(value, 'dtype', '')}".rstrip()
+    text = repr(value)
+    return f"{kind} {text if len(text) <= limit else text[:limit] + f'... ({len(text)} characters)'}"
+
+
 def check_int(value, name: str, minimum: int | None = 1, maximum: int | None = MAX_SIZE) -> int:
     """``value`` as an int in ``[minimum, maximum]`` (``None``: unbounded on that side; the default
     upper bound is the core's 64-bit size limit).
@@ -463,7 +474,7 @@ def check_int(value, name: str, minimum: int | None = 1, maximum: int | None = M
         TypeError: not an int (bools and floats included, even whole ones). ValueError: out of range.
     """
     if not is_int(value):
-        raise TypeError(f"{name}: expected an int, got {type(value).__name__} {value!r}")
+        raise TypeError(f"{name}: expected an int, got {described(value)}")
     value = int(value)
     if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
         if maximum is None:
@@ -497,7 +508,7 @@ def check_float(value, name: str, *, minimum: float | None = None, maximum: floa
             real) too large for a float (``10**400``: float() would raise OverflowError).
     """
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name}: expected a number, got {type(value).__name__} {value!r}")
+        raise TypeError(f"{name}: expected a number, got {described(value)}")
     try:
         value = float(value)
     except OverflowError:  # not printed: a huge int's decimal form can be too long to write (or build)
@@ -532,7 +543,7 @@ def check_bool(value, name: str) -> bool:
     """``value`` as a bool: ``True``/``False`` (or numpy's). Anything else, 0 and 1 included, is a
     TypeError: a flag given a string or a number is a mistake, not a truth value."""
     if not isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{name}: expected a bool, got {type(value).__name__} {value!r}")
+        raise TypeError(f"{name}: expected a bool, got {described(value)}")
     return bool(value)
 
 

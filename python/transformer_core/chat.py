@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._validation import check_int
+from ._validation import check_int, described
 from .decoder import CausalLM
 from .generation import GenerationConfig, generation_ids
 from .tokenizer import Tokenizer, _common_prefix, check_unicode
@@ -159,7 +159,7 @@ def _options(max_new_tokens, temperature, top_p, top_k, seed, repetition_penalty
     (temperature 0), where they are not used (nor passed on: ``stream`` would warn about them at
     every reply)."""
     if isinstance(temperature, (bool, np.bool_)) or not isinstance(temperature, numbers.Real):
-        raise TypeError(f"temperature: expected a number, got {type(temperature).__name__} {temperature!r}")
+        raise TypeError(f"temperature: expected a number, got {described(temperature)}")
     temperature = float(temperature)
     if not temperature >= 0:
         raise ValueError(f"temperature: expected a value >= 0 (0 = greedy), got {temperature}")

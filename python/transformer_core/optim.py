@@ -68,7 +68,7 @@ from typing import Callable
 import numpy as np
 
 from ._runtime import variant
-from ._validation import check_bool, check_float
+from ._validation import check_bool, check_float, described
 from .module import _BoundParameter, weights_written
 from .parameter import Parameter
 
@@ -377,7 +377,7 @@ class Optimizer:
             key = f"state.{name}.{field}"
             if field == "step":
                 if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
-                    raise TypeError(f"step: {key}: expected an int, got {type(value).__name__} {value!r}")
+                    raise TypeError(f"step: {key}: expected an int, got {described(value)}")
                 if not 0 <= value <= _MAX_STEP:
                     raise ValueError(f"step: {key}: expected an int in [0, {_MAX_STEP}], got {value}")
                 continue
@@ -836,11 +836,11 @@ def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0, error_i
     max_norm = check_float(max_norm, "max_norm", minimum=0.0, finite=False)
     error_if_nonfinite = check_bool(error_if_nonfinite, "error_if_nonfinite")
     if foreach is not None and not isinstance(foreach, (bool, np.bool_)):  # as torch's; one implementation either way
-        raise TypeError(f"foreach: expected a bool or None, got {type(foreach).__name__} {foreach!r}")
+        raise TypeError(f"foreach: expected a bool or None, got {described(foreach)}")
     if isinstance(norm_type, str) and norm_type.strip().lower() in ("inf", "+inf", "-inf"):
         norm_type = float(norm_type)
     if isinstance(norm_type, (bool, np.bool_)) or not isinstance(norm_type, numbers.Real):
-        raise TypeError(f"norm_type: expected a real number or ±inf, got {type(norm_type).__name__} {norm_type!r}")
+        raise TypeError(f"norm_type: expected a real number or ±inf, got {described(norm_type)}")
     norm_type = float(norm_type)
     if math.isnan(norm_type):
         raise ValueError(f"norm_type: expected a real number or ±inf, got {norm_type}")
