@@ -2037,3 +2037,23 @@ def test_path_and_query_arguments_are_named(tmp_path, search_index, tiny_model_d
         with pytest.raises(error, match="^batch_size: expected an int"):
             corpus.search(tmp_path / "not-opened.npy", "q", batch_size=batch_size)  # before the index is opened
     assert os.listdir(tmp_path) == []
+
+
+def test_search_checks_the_index_own_model_has_not_changed(tmp_path, tiny_model_dir):
+    """With model left out, search loads the model at the name its manifest records: a fine-tune
+    saved over that directory since embedding gave queries of another model against the stored
+    rows (silently other scores); now its fingerprint is checked, and the original still works."""
+    import shutil
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    lines = corpus_lines(12)
+    out = tmp_path / "e.npy"
+    corpus.embed_file(write_lines(tmp_path / "c.txt", lines), out, model=str(model), chunk_size=5)
+    assert [h[0].id for h in corpus.search(out, [lines[3], lines[8]], k=1)] == [3, 8]
+    tuned, _ = _fine_tuned_copy(tiny_model_dir, tmp_path / "tuned")
+    shutil.copy(tuned / "model.safetensors", model / "model.safetensors")  # saved over the index's model
+    with pytest.raises(ValueError, match=re.escape(f"index: {out} was embedded with the model at {str(model)!r}, "
+                                                   f"whose files have changed since")):
+        corpus.search(out, lines[3])
+    assert corpus.search(out, lines[3], k=1, model=str(tiny_model_dir))[0][0].id == 3  # the model it was made with

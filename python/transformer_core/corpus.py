@@ -2280,7 +2280,8 @@ def search(index, queries, k: int = 5, *, model=None, allow_incomplete: bool = F
             leading ``~`` is the home directory).
         queries: one str or a list of str.
         k: results per query (fewer if the index holds fewer rows).
-        model: the model that embeds the queries; default the index's own. Another model is refused.
+        model: the model that embeds the queries; default the index's own (found by the name or
+            path its manifest records, and checked against its fingerprint). Another model is refused.
         allow_incomplete: search the chunks done of an interrupted run instead of refusing it.
         block_rows: rows of a ``.npy`` scored at a time (memory; the scores do not depend on it).
         batch_size: queries embedded together. Default 1: each alone, so that a query's scores
@@ -2304,7 +2305,9 @@ def search(index, queries, k: int = 5, *, model=None, allow_incomplete: bool = F
         (naming it, its chunk and the dataset). ValueError: no manifest or a
         damaged one, a truncated ``.npy`` or an unreadable part (named), an incomplete index
         (unless ``allow_incomplete``), another ``model`` (another fingerprint, or a manifest of an
-        earlier version whose fingerprint cannot be compared: see ``FINGERPRINT_VERSION``).
+        earlier version whose fingerprint cannot be compared: see ``FINGERPRINT_VERSION``); with
+        ``model`` left out, the index's own model changed since the index was made (the files at
+        its path have another fingerprint; a manifest of an earlier version is not checked).
     """
     from .sentence_encoder import SentenceEncoder
 
@@ -2350,6 +2353,13 @@ def search(index, queries, k: int = 5, *, model=None, allow_incomplete: bool = F
         if identity["fingerprint"] != man["model"]["fingerprint"]:
             raise ValueError(f"model: {index} was embedded with {man['model']['name']!r}, not {model!r}; "
                              f"queries must be embedded by the same model")
+    elif man["model"].get("fingerprint_version", 1) == FINGERPRINT_VERSION:
+        # the index's own model, found by its name: the files there may have changed since (a
+        # fine-tune saved over it), and its query embeddings would not match the stored ones
+        if model_identity(name, quantize)["fingerprint"] != man["model"]["fingerprint"]:
+            raise ValueError(f"index: {index} was embedded with the model at {name!r}, whose files have changed "
+                             f"since (their fingerprint differs): embed the corpus again with it, or give model= "
+                             f"(--model) the model it was embedded with")
     encoder = SentenceEncoder.from_pretrained(name, quantize=quantize)
     q = encoder.encode(queries, batch_size=batch_size, normalize=True, progress=False)  # (Q, dim)
     best = [(np.empty(0, DTYPE), np.empty(0, np.int64)) for _ in queries]
