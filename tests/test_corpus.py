@@ -1626,11 +1626,11 @@ def test_parquet_view_and_large_string_columns_are_text(tmp_path, tiny_model_dir
 
 # ------------------------------------------------------- names pyarrow would take for URIs, line ends
 def _read_parts(directory: Path):
-    """The rows of a Parquet output, its parts read through open files (pyarrow takes a path
-    string for a URI): (ids, texts, embeddings (N, dim))."""
+    """The rows of a Parquet output, its parts read through Arrow's own open files (pyarrow takes
+    a path string for a URI): (ids, texts, embeddings (N, dim))."""
     tables = []
     for part in sorted(directory.glob("part-*.parquet")):
-        with open(part, "rb") as fh:
+        with pa.OSFile(os.fsencode(part)) as fh:  # never a Python file object: see corpus._read_part
             tables.append(pq.read_table(fh))
     table = pa.concat_tables(tables).sort_by("id")
     emb = table.column("embedding").combine_chunks().flatten().to_numpy().reshape(table.num_rows, -1)
@@ -2057,3 +2057,28 @@ def test_search_checks_the_index_own_model_has_not_changed(tmp_path, tiny_model_
                                                    f"whose files have changed since")):
         corpus.search(out, lines[3])
     assert corpus.search(out, lines[3], k=1, model=str(tiny_model_dir))[0][0].id == 3  # the model it was made with
+
+
+def test_docstrings_name_line_ends_as_text():
+    r"""The docstrings that name line ends (``\n``, ``\r\n``, a lone ``\r``) hold them as text: the
+    module's and the readers' were not raw, so help() showed real line feeds and carriage returns."""
+    import inspect
+
+    from transformer_core import chat
+
+    docs = {}
+    for module in (corpus, chat):
+        docs[module.__name__] = module.__doc__
+        for name, obj in vars(module).items():
+            if getattr(obj, "__module__", None) != module.__name__:
+                continue
+            members = vars(obj).items() if inspect.isclass(obj) else ()
+            for qual, member in [(name, obj), *((f"{name}.{n}", m) for n, m in members)]:
+                doc = getattr(member, "__doc__", None)
+                if isinstance(doc, str):
+                    docs[f"{module.__name__}.{qual}"] = doc
+    assert len(docs) > 50
+    assert [k for k, d in docs.items() if "\r" in d] == []
+    assert "a line ends at ``\\n``, ``\\r\\n`` or a lone ``\\r``" in " ".join(corpus.__doc__.split())
+    assert "``\\n`` or ``\\r\\n`` removed" in " ".join(chat._stdin_turns.__doc__.split())
+    assert "a lone ``\\r``" in docs["transformer_core.corpus._csv_problem"]

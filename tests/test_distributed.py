@@ -271,8 +271,14 @@ def test_a_stale_task_of_a_replaced_run_writes_nothing(tmp_path, tiny_model_dir,
 
 def test_distributed_bad_arguments(tmp_path, tiny_model_dir):
     f = write_lines(tmp_path / "c.txt", ["a", "b"])
-    with pytest.raises(ValueError, match="Parquet dataset.*ending in .parquet"):
+    # The output argument is `out`, as embed_file's and the CLI's --out: its errors name it so.
+    with pytest.raises(ValueError, match=r"^out: the distributed job writes a Parquet dataset, expected a path "
+                                         r"ending in \.parquet, got '.*e\.npy'$"):
         embed_corpus(f, tmp_path / "e.npy", model=str(tiny_model_dir), workers=1)
+    with pytest.raises(ValueError, match=r"^out: expected a path ending in \.npy or \.parquet, got '.*e\.csv'$"):
+        embed_corpus(f, out=tmp_path / "e.csv", model=str(tiny_model_dir), workers=1)
+    with pytest.raises(TypeError, match=r"^out: expected a str or os\.PathLike, got int$"):
+        embed_corpus(f, 5, model=str(tiny_model_dir), workers=1)
     with pytest.raises(ValueError, match="scheduler and workers"):
         embed_corpus(f, tmp_path / "e.parquet", model=str(tiny_model_dir), workers=1, scheduler="tcp://x:1")
     with pytest.raises(ValueError, match=r"^workers: expected an int in \[1, 1024\], got 0$"):
@@ -281,7 +287,9 @@ def test_distributed_bad_arguments(tmp_path, tiny_model_dir):
         embed_corpus(tmp_path / "missing.txt", tmp_path / "e.parquet", model=str(tiny_model_dir), workers=1)
     proc = subprocess.run([sys.executable, "-m", "transformer_core", "embed", "--file", str(f), "--out",
                            str(tmp_path / "e.npy"), "--workers", "2"], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr and ".parquet" in proc.stderr, proc.stderr
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert "out: the distributed job writes a Parquet dataset, expected a path ending in .parquet, got " in proc.stderr
+    assert "output:" not in proc.stderr, proc.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.txt"]
     # Checked before anything is removed (and before a cluster starts): a complete output is kept.
     out = tmp_path / "done.parquet"

@@ -8,17 +8,33 @@ Layers of the package, from the bottom:
     functional   linear, softmax, layer_norm, gelu, relu, scaled_dot_product_attention
     positional   sinusoidal / learned positional encodings, RoPE
     masks        causal and padding masks, converters from other conventions
+    module       Module (a C++ layer that owns its weights: state_dict, load_state_dict); manual_seed,
+                 get/set_rng_state; NoTrainingStateError, WeightsChangedError, NonFiniteLossError
     nn           MultiheadAttention (GQA/MQA), FeedForward, LayerNorm, Transformer{Encoder,Decoder}[Layer],
                  Transformer (torch.nn's names)
     multihead_forms  weight conversions between the tutorials' multi-head forms and ours
+    hub          finding a model on disk (a directory, a .gguf file, an embedded model's package);
+                 config.json and safetensors weights
+    gguf_file    reading a GGUF checkpoint (llama.cpp's single-file format) into numpy
+    tokenizer    Tokenizer (Hugging Face tokenizers: WordPiece, byte-level BPE; tokenizer.json or GGUF)
     bert         BertEmbeddings, BertModel (Hugging Face checkpoints, no torch)
-    gpt2         GPT2Model, GPT2LMHeadModel, KVCache (decoding with a KV cache, generate)
+    kv_cache     KVCache, the keys and values a decoder keeps between steps
+    generation   generate for every causal LM (greedy, sampling, repetition penalty): GenerationMixin
+    decoder      the decoder stack every causal LM shares: DecoderModel, CausalLM, CausalLMOutput
+    gpt2         GPT2Model, GPT2LMHeadModel
+    llama        LlamaModel, LlamaForCausalLM (SmolLM2; Hugging Face directory or GGUF file)
+    checkpoints  a causal LM's checkpoint read (directory or GGUF), save_pretrained's files written atomically
     sentence_encoder  SentenceEncoder (all-MiniLM-L6-v2 embeddings)
     quantization int8 and GGUF (Q8_0, Q4_0, Q4_1) linear products on quantized weights;
                  quantize(model, "int8") (also exported here)
     seq2seq      Seq2SeqTransformer (embeddings + nn.Transformer + output layer, trainable)
     training     save_checkpoint / load_checkpoint, manual_seed, get/set_rng_state; with backward, optim, lr_scheduler:
                  training (model.train(), loss, backward, AdamW, schedules, clipping)
+    chat_template  a model's Jinja2 chat template rendered as Hugging Face transformers renders it
+    chat         ChatSession: a conversation with a causal LM, its KV cache kept between turns
+    corpus       embedding a corpus file in resumable chunks (.npy or Parquet), and searching the result
+    distributed  corpus's embedding job on a Dask cluster (transformer_core[distributed])
+    __main__     the command line: python -m transformer_core embed / search / chat / generate
 """
 
 from . import backward, functional, lr_scheduler, masks, multihead_forms, nn, optim, positional, quantization, training

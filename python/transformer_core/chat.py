@@ -400,7 +400,7 @@ def _check_stdout() -> None:
 
 
 def _stdin_turns():
-    """The turns read from standard input, one a line, as bytes decoded here one line at a time:
+    r"""The turns read from standard input, one a line, as bytes decoded here one line at a time:
     the lines before an invalid UTF-8 byte are answered, then ValueError naming the line (the
     UTF-8 byte-order mark of a first line dropped; line ends ``\n`` or ``\r\n`` removed; blank
     lines skipped)."""

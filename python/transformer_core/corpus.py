@@ -1,4 +1,4 @@
-"""Embedding a corpus: files of any size, written in chunks, resumable, searchable.
+r"""Embedding a corpus: files of any size, written in chunks, resumable, searchable.
 
 The pieces, in the order a run uses them:
 
@@ -263,7 +263,7 @@ class TextSource:
         return identity
 
     def splits_inside_lines(self) -> bool:
-        """Whether the file holds a ``\r`` followed by a character other than ``\r`` or ``\n``: a
+        r"""Whether the file holds a ``\r`` followed by a character other than ``\r`` or ``\n``: a
         line end for the text reader since it splits lines as universal newlines, a character
         inside a line for the versions before (a run started by one of them reads other texts)."""
         lone = re.compile(rb"\r[^\r\n]")
@@ -291,7 +291,7 @@ class TextSource:
         return reader()
 
     def _lines(self, universal: bool = False) -> Iterator[tuple[int, bytes]]:
-        """(line number, raw line) of the file, the UTF-8 byte-order mark dropped. A line ends at
+        r"""(line number, raw line) of the file, the UTF-8 byte-order mark dropped. A line ends at
         ``\n``; with ``universal`` (text input) at ``\n``, ``\r\n`` (one line end) or a lone ``\r``,
         as Python's universal newlines, and the line numbers count those lines. Streamed either way
         (a file of ``\r`` line ends is not read as one line); the bytes of a line are the file's."""
@@ -312,7 +312,7 @@ class TextSource:
             return None
 
     def _cr_line_ends(self) -> bool:
-        """Whether the file's line ends are lone ``\r`` (classic Mac OS): a ``\r`` not followed by
+        r"""Whether the file's line ends are lone ``\r`` (classic Mac OS): a ``\r`` not followed by
         ``\n`` comes before the first ``\n`` (or, in a file with no ``\n``, anywhere, a ``\r``
         that ends the file included). JSONL and CSV input split lines at ``\n`` only, so such a
         file reads as one line; asked only once that line failed to parse. The first line's own
@@ -334,7 +334,7 @@ class TextSource:
                 carry = data[-1:]
 
     def _cr_error(self) -> ValueError:
-        """The error of a JSONL or CSV file whose line ends are lone ``\r`` (the whole file one line)."""
+        r"""The error of a JSONL or CSV file whose line ends are lone ``\r`` (the whole file one line)."""
         return ValueError(f"{self.path}: its line ends are lone \\r (carriage returns, as classic Mac OS wrote "
                           f"them), which {self.format} input does not split lines at; convert them to \\n or "
                           f"\\r\\n")
@@ -518,7 +518,7 @@ def _parquet_batches(pf, field: str, path, rows_read):
 
 
 def _csv_problem(error: Exception) -> str:
-    """A ``csv.Error``'s message, its hint about universal-newline mode (about a lone ``\r`` in an
+    r"""A ``csv.Error``'s message, its hint about universal-newline mode (about a lone ``\r`` in an
     unquoted field, where a file opened by the csv module's rules never has one) said plainly."""
     text = str(error)
     if text.startswith("new-line character seen in unquoted field"):

@@ -336,17 +336,17 @@ def _check_model_loads(model) -> None:
     SentenceEncoder.from_pretrained(model)
 
 
-def embed_corpus(input, output, *, model=DEFAULT_MODEL, scheduler=None, workers: int | None = None,
+def embed_corpus(input, out, *, model=DEFAULT_MODEL, scheduler=None, workers: int | None = None,
                  threads_per_worker: int | None = None, chunk_size: int | None = None, batch_size: int = 32,
                  input_format: str | None = None, text_field: str | None = None, errors: str = "strict",
                  resume: bool = False, overwrite: bool = False, progress: bool = False,
                  max_in_flight: int | None = None,
                  on_chunk: Callable[[int, int], None] | None = None) -> corpus.EmbedResult:
-    """Embeds every text of ``input`` into the Parquet dataset ``output`` on a Dask cluster.
+    """Embeds every text of ``input`` into the Parquet dataset ``out`` on a Dask cluster.
 
     Args:
         input: a path (as :func:`transformer_core.corpus.open_source`) or a ``TextSource``.
-        output: ``*.parquet`` (a directory dataset; the layout and manifest of
+        out: ``*.parquet`` (a directory dataset; the layout and manifest of
             :func:`transformer_core.corpus.embed_file`).
         model: model directory or embedded name; the workers load it by this name.
         scheduler: None (start a local cluster of ``workers`` processes), a scheduler address
@@ -370,12 +370,12 @@ def embed_corpus(input, output, *, model=DEFAULT_MODEL, scheduler=None, workers:
     Raises:
         Every argument is checked before anything is written or removed (and before a cluster
         starts). As :func:`transformer_core.corpus.embed_file` (TypeError / ValueError: a bad
-        ``batch_size``, ``resume``, ``overwrite``, ``progress``; ``output`` that is the input);
+        ``batch_size``, ``resume``, ``overwrite``, ``progress``; ``out`` that is the input);
         TypeError / ValueError: ``workers`` not an int in ``[1, 1024]`` (``MAX_WORKERS``),
         ``threads_per_worker`` not an int in ``[1, 1024]``, ``max_in_flight`` or ``chunk_size``
         not an int in ``[1, 2**63 - 1]``; ``model`` not a str or path,
         or an empty one (named ``model``); TypeError: ``scheduler`` neither an address nor a
-        ``Client``, ``on_chunk`` neither None nor callable; ValueError: ``output`` not
+        ``Client``, ``on_chunk`` neither None nor callable; ValueError: ``out`` not
         ``.parquet``, both ``scheduler`` and ``workers``, a malformed ``scheduler`` address (no
         port, an unknown scheme); FileNotFoundError: no such ``model``. The model is then loaded
         once in this process, as ``embed_file`` does: a model that cannot be loaded (a truncated
@@ -390,9 +390,9 @@ def embed_corpus(input, output, *, model=DEFAULT_MODEL, scheduler=None, workers:
         the cluster is set up and the workers load the model, one saying that nothing was written).
     """
     t0 = time.perf_counter()
-    if corpus._output_kind(output, "output") != "parquet":
-        raise ValueError(f"output: the distributed job writes a Parquet dataset, expected a path ending in "
-                         f".parquet, got {str(output)!r}")
+    if corpus._output_kind(out) != "parquet":
+        raise ValueError(f"out: the distributed job writes a Parquet dataset, expected a path ending in "
+                         f".parquet, got {str(out)!r}")
     workers, threads_per_worker, max_in_flight = _check_counts(workers, threads_per_worker, max_in_flight)
     if on_chunk is not None and not callable(on_chunk):
         raise TypeError(f"on_chunk: expected a callable or None, got {type(on_chunk).__name__}")
@@ -400,7 +400,7 @@ def embed_corpus(input, output, *, model=DEFAULT_MODEL, scheduler=None, workers:
     corpus._check_run_arguments(batch_size, resume, overwrite, progress)
     source = corpus._as_source(input, input_format, text_field, errors)
     identity = corpus._model_identity(model)
-    job = corpus.EmbedJob.prepare(source, output, identity, chunk_size=chunk_size, resume=resume, overwrite=overwrite,
+    job = corpus.EmbedJob.prepare(source, out, identity, chunk_size=chunk_size, resume=resume, overwrite=overwrite,
                                   batch_size=batch_size)
     _check_model_loads(model)
     if job.complete:
