@@ -1256,3 +1256,7 @@ def test_an_array_given_for_a_scalar_is_described_not_printed():
     with pytest.raises(TypeError, match=r"^lr: expected a number, got str 'aaaa.*\.\.\. \(5002 characters\)$"):
         tc.optim.SGD([Parameter(np.ones(2))], lr="a" * 5000)
     assert described(0.5) == "float 0.5" and described([1, 2]) == "list [1, 2]"
+    # a numpy scalar type (a class with shape and dtype descriptors) and a numpy scalar
+    assert described(np.float64) == "type <class 'numpy.float64'>"
+    assert described(np.float32(2)) == "float32 () float32"
+    assert described(torch.ones(2, 3)) == "Tensor (2, 3) torch.float32"

@@ -460,8 +460,9 @@ def described(value, limit: int = 60) -> str:
     its shape and dtype (``ndarray (768,) float32``: its repr could be megabytes), any other repr
     cut at ``limit`` characters."""
     kind = type(value).__name__
-    if isinstance(value, np.ndarray) or hasattr(value, "shape") and hasattr(value, "dtype"):
-        return f"{kind} {tuple(getattr(value, 'shape', ()))} {getattr(value, 'dtype', '')}".rstrip()
+    shape = None if isinstance(value, type) else getattr(value, "shape", None)  # np.float64 (a class) has none
+    if isinstance(shape, tuple) and hasattr(value, "dtype"):  # an array: numpy's, torch's, ...
+        return f"{kind} {tuple(shape)} {value.dtype}"
     text = repr(value)
     return f"{kind} {text if len(text) <= limit else text[:limit] + f'... ({len(text)} characters)'}"
 
