@@ -33,7 +33,7 @@ from collections.abc import Mapping
 from datetime import datetime
 from functools import lru_cache
 
-from ._validation import check_bool
+from ._validation import check_bool, described
 
 __all__ = ["render_chat_template", "validate_messages", "ChatTemplateError"]
 
@@ -205,7 +205,7 @@ def _continued_field(continue_final_message) -> str | None:
         return continue_final_message
     if not isinstance(continue_final_message, bool):
         raise TypeError(f"continue_final_message: expected a bool or the name of a message field (a str), got "
-                        f"{type(continue_final_message).__name__} {continue_final_message!r}")
+                        f"{described(continue_final_message)}")
     return "content" if continue_final_message else None
 
 

@@ -2343,23 +2343,21 @@ def search(index, queries, k: int = 5, *, model=None, allow_incomplete: bool = F
     man, data = _open_index(index, allow_incomplete)
     name = man["model"]["name"] if model is None else model
     quantize = man["model"].get("quantize")  # the queries are embedded as the index was
-    if model is not None:
-        identity = _model_identity(model, quantize)
-        if man["model"].get("fingerprint_version", 1) != identity["fingerprint_version"]:
-            raise ValueError(f"model: {index} was embedded with another model or with an older fingerprint: its "
-                             f"manifest holds {_fingerprint_kind(man['model'])}, which cannot be compared with "
-                             f"the fingerprint of {str(model)!r}; leave model out to embed the queries with the "
-                             f"index's own model {man['model']['name']!r}")
-        if identity["fingerprint"] != man["model"]["fingerprint"]:
+    comparable = man["model"].get("fingerprint_version", 1) == FINGERPRINT_VERSION
+    if model is not None and not comparable:
+        raise ValueError(f"model: {index} was embedded with another model or with an older fingerprint: its "
+                         f"manifest holds {_fingerprint_kind(man['model'])}, which cannot be compared with "
+                         f"the fingerprint of {str(model)!r}; leave model out to embed the queries with the "
+                         f"index's own model {man['model']['name']!r}")
+    # the model given, or the index's own found by its name (whose files may have changed since:
+    # a fine-tune saved over it), against the manifest: queries of another model would not match
+    if comparable and _model_identity(name, quantize)["fingerprint"] != man["model"]["fingerprint"]:
+        if model is not None:
             raise ValueError(f"model: {index} was embedded with {man['model']['name']!r}, not {model!r}; "
                              f"queries must be embedded by the same model")
-    elif man["model"].get("fingerprint_version", 1) == FINGERPRINT_VERSION:
-        # the index's own model, found by its name: the files there may have changed since (a
-        # fine-tune saved over it), and its query embeddings would not match the stored ones
-        if model_identity(name, quantize)["fingerprint"] != man["model"]["fingerprint"]:
-            raise ValueError(f"index: {index} was embedded with the model at {name!r}, whose files have changed "
-                             f"since (their fingerprint differs): embed the corpus again with it, or give model= "
-                             f"(--model) the model it was embedded with")
+        raise ValueError(f"index: {index} was embedded with the model at {name!r}, whose files have changed "
+                         f"since (their fingerprint differs): embed the corpus again with it, or give model= "
+                         f"(--model) the model it was embedded with")
     encoder = SentenceEncoder.from_pretrained(name, quantize=quantize)
     q = encoder.encode(queries, batch_size=batch_size, normalize=True, progress=False)  # (Q, dim)
     best = [(np.empty(0, DTYPE), np.empty(0, np.int64)) for _ in queries]

@@ -558,8 +558,9 @@ def varlen_attention(query, key, value, cu_seqlens, *, is_causal: bool = False, 
     check_allocatable(cu.shape, 9, "cu_seqlens")  # its int64 copy and the comparison's bools
     if cu[0] != 0 or cu[-1] != T:
         raise ValueError(f"cu_seqlens: expected 0 first and {T} (the tokens) last, got {int(cu[0])} and {int(cu[-1])}")
-    if np.any(cu[1:] < cu[:-1]):
-        i = int(np.flatnonzero(cu[1:] < cu[:-1])[0])
+    down = np.flatnonzero(cu[1:] < cu[:-1])
+    if down.size:
+        i = int(down[0])
         raise ValueError(f"cu_seqlens: expected non-decreasing offsets, got cu_seqlens[{i + 1}] = {int(cu[i + 1])} "
                          f"after cu_seqlens[{i}] = {int(cu[i])}")
     cu = np.ascontiguousarray(cu, dtype=np.int64)

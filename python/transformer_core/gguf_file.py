@@ -45,7 +45,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ._validation import check_int, resolve_dtype
+from ._validation import check_int, described, resolve_dtype
 
 __all__ = ["GGUFCheckpoint", "GGUFTensorInfo", "read_gguf", "read_gguf_metadata", "rope_row_permutation",
            "SUPPORTED_GGML_TYPES", "SUPPORTED_ARCHITECTURES"]
@@ -666,7 +666,7 @@ def read_gguf(path) -> GGUFCheckpoint:
     template = metadata.get("tokenizer.chat_template")
     if template is not None and not isinstance(template, str):
         got = f"an array of {len(template)} values" if isinstance(template, list) else \
-            f"{type(template).__name__} {template!r}"
+            described(template)
         raise ValueError(f"{path}: GGUF metadata tokenizer.chat_template: expected a string (a Jinja2 template), "
                          f"got {got}")
     infos = _llama_tensor_infos(path, config, entries, buf, data_start)

@@ -50,7 +50,7 @@ import copy
 import numpy as np
 
 from ._runtime import core as _core
-from ._validation import as_float, check_allocatable, check_bool, check_positive_int
+from ._validation import as_float, check_allocatable, check_bool, check_positive_int, described
 
 __all__ = [
     "GGML_TYPES",
@@ -486,11 +486,11 @@ def _name_list(names, arg: str) -> list:
 
     if isinstance(names, (bytes, Mapping)) or not isinstance(names, Iterable):
         raise TypeError(f"{arg}: expected a list of weight names (str, as in model.state_dict()), "
-                        f"got {type(names).__name__} {names!r}")
+                        f"got {described(names)}")
     out = list(names)
     for i, name in enumerate(out):
         if not isinstance(name, str):
-            raise TypeError(f"{arg}[{i}]: expected a weight name (a str), got {type(name).__name__} {name!r}")
+            raise TypeError(f"{arg}[{i}]: expected a weight name (a str), got {described(name)}")
     return list(dict.fromkeys(out))
 
 
