@@ -619,6 +619,54 @@ def test_sdpa_scale_zero_keeps_nan(rng, lead, L, S, E, what, path, dtype):
     assert_close(lse[~nan_rows], np.full((~nan_rows).sum(), np.log(S)), dtype, what="lse = log S")
 
 
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("path", ["flash", "reference", "varlen"])
+def test_sdpa_scale_near_the_dtypes_largest(rng, path, dtype):
+    """A scale above max / log2(e) (0.8 of the dtype's largest value) with queries and keys so small
+    that the scaled scores are of order 1: the flash tile folded the scale into the exponent's factor
+    scale · log2(e), which overflowed to inf and gave NaN rows. It must give torch's math path's
+    values, as the reference path always did."""
+    L, S, E = 5, 7, 4
+    big = float(np.finfo(dtype).max) * 0.8
+    tiny = 1e-20 if dtype == np.float32 else 1e-155
+    q = (rng.standard_normal((2, L, E)) * tiny).astype(dtype)
+    k = (rng.standard_normal((2, S, E)) * tiny).astype(dtype)
+    v = rng.standard_normal((2, S, E)).astype(dtype)
+    ref, _ = torch.ops.aten._scaled_dot_product_attention_math(to_torch(q), to_torch(k), to_torch(v), scale=big)
+    ref = ref.numpy()
+    if path == "varlen":  # the two batch rows as two sequences of one packed batch (L = S)
+        qv, kv, vv = (a[:, :L].reshape(2 * L, 1, E) for a in (q, k, v))
+        cu = np.array([0, L, 2 * L])
+        out = F.varlen_attention(qv, kv, vv, cu, scale=big).reshape(2, L, E)
+        ref = torch.ops.aten._scaled_dot_product_attention_math(
+            *(to_torch(a[:, :L]) for a in (q, k, v)), scale=big)[0].numpy()
+    else:
+        out = F.scaled_dot_product_attention(q, k, v, scale=big, path=path)
+    assert np.isfinite(out).all()
+    assert_close(out, ref, dtype, what=f"scale {big:g}")
+
+
+@pytest.mark.parametrize("fn", ["sdpa", "varlen", "backward"])
+def test_sdpa_scale_beyond_the_dtypes_range_is_refused(rng, fn):
+    """scale = 1e39 is finite as a Python float and infinite in float32: a ValueError naming scale
+    (it became inf in the kernel and gave NaN rows), while float64 inputs take it."""
+
+    def call(q, scale):
+        if fn == "sdpa":
+            return F.scaled_dot_product_attention(q, q, q, scale=scale)
+        if fn == "varlen":
+            x = q.reshape(3, 1, 4)
+            return F.varlen_attention(x, x, x, np.array([0, 3]), scale=scale)
+        out, lse = F.scaled_dot_product_attention(q, q, q, scale=1e-30, return_lse=True)
+        return tc.backward.scaled_dot_product_attention_backward(q, q, q, out, q, lse, scale=scale)[0]
+
+    q = rng.standard_normal((1, 3, 4)).astype(np.float32)
+    with pytest.raises(ValueError, match=r"scale: expected a value finite in float32 .*, got 1e\+39"):
+        call(q, 1e39)
+    q64 = q.astype(np.float64) * 1e-20  # scaled scores of order 0.1: finite everywhere
+    assert np.isfinite(call(q64, 1e39)).all()
+
+
 def test_reference_path_weights_are_float32_accurate_at_long_s(rng):
     """The reference path (also the one that returns weights) sums each softmax row in double: at
     S = 4,097 its float32 output and weights are within 1e-5 of a float64 oracle (a float sum

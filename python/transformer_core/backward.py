@@ -590,14 +590,15 @@ def scaled_dot_product_attention_backward(query, key, value, out, grad_out, lse,
 
     Raises:
         ValueError: shapes that do not match the forward's rules, ``out``/``grad_out``/``lse`` of the
-            wrong shape, masks that do not broadcast, bad ``causal_alignment``.
-        TypeError: non-numeric arrays, masks neither bool nor float.
+            wrong shape, masks that do not broadcast, bad ``causal_alignment``, a NaN ``scale`` or
+            one infinite in the dtype (above its ``finfo.max``).
+        TypeError: non-numeric arrays, masks neither bool nor float, ``scale`` not a number.
     """
     scale, is_causal = _given_scale(scale), check_bool(is_causal, "is_causal")  # before any array is copied
     out, grad_out, lse = _read_once(out, "out"), _read_once(grad_out, "grad_out"), _read_once(lse, "lse")
     q, k, v, dtype, lead, L, S, E, heads, n, kv_heads, offset = _attention_inputs(
         query, key, value, enable_gqa, causal_alignment, ((out, "out"), (grad_out, "grad_out"), (lse, "lse")))
-    scale = _check_scale(scale, E)
+    scale = _check_scale(scale, E, dtype)
     Ev = v.shape[-1]
     o = _grad_like(out, "out", lead + (L, Ev), dtype, of="query, value")
     go = _grad_like(grad_out, "grad_out", lead + (L, Ev), dtype, of="query, value")

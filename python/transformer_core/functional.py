@@ -342,9 +342,17 @@ def _check_no_attention_dropout(dropout_p) -> None:
                          f"dropout= (nn.TransformerEncoderLayer, nn.TransformerDecoderLayer)")
 
 
-def _check_scale(scale, E: int) -> float:
-    """``scale`` (a finite real number) or ``1 / sqrt(E)`` for None."""
-    return 1.0 / math.sqrt(E) if scale is None else check_float(scale, "scale")
+def _check_scale(scale, E: int, dtype) -> float:
+    """``scale`` (a real number, finite in ``dtype``: 1e39 is infinite in float32) or ``1 / sqrt(E)``
+    for None."""
+    if scale is None:
+        return 1.0 / math.sqrt(E)
+    scale = check_float(scale, "scale")
+    largest = float(np.finfo(dtype).max)
+    if abs(scale) > largest:
+        raise ValueError(f"scale: expected a value finite in {np.dtype(dtype).name} (|scale| <= {largest:g}), "
+                         f"got {scale:g}")
+    return scale
 
 
 def _given_scale(scale) -> float | None:
@@ -458,9 +466,10 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
     Raises:
         ValueError: rank < 2, empty arrays, mismatched leading dims / lengths / feature sizes,
             masks that do not broadcast (or 0/1 masks with other values), bad ``causal_alignment``
-            or ``path``, a NaN or infinite ``scale``, ``dropout_p`` other than 0; an input or mask
-            whose needed copy (a broadcast view made contiguous, a mask over batch dims whose
-            strides do not merge) exceeds this machine's memory.
+            or ``path``, a NaN ``scale`` or one infinite in the dtype (above its ``finfo.max``),
+            ``dropout_p`` other than 0; an input or mask whose needed copy (a broadcast view made
+            contiguous, a mask over batch dims whose strides do not merge) exceeds this machine's
+            memory.
         TypeError: non-numeric (or bool) arrays, a mask of a dtype that is neither bool nor float,
             flags that are not bools, ``scale`` or ``dropout_p`` not a number.
     """
@@ -473,7 +482,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
     return_lse = check_bool(return_lse, "return_lse")
     q, k, v, dtype, lead, L, S, E, heads, n, kv_heads, offset = _attention_inputs(
         query, key, value, enable_gqa, causal_alignment)
-    scale = _check_scale(scale, E)
+    scale = _check_scale(scale, E, dtype)
     q4 = q.reshape(n, heads, L, E)
     k4 = k.reshape(n, kv_heads, S, E)
     v4 = v.reshape(n, kv_heads, S, v.shape[-1])
@@ -530,7 +539,7 @@ def varlen_attention(query, key, value, cu_seqlens, *, is_causal: bool = False, 
     Raises:
         ValueError: ranks other than 3, empty arrays, mismatched token counts, heads or feature
             sizes, ``cu_seqlens`` not starting at 0, decreasing or not ending at T, a bad ``path``,
-            a NaN or infinite ``scale``.
+            a NaN ``scale`` or one infinite in the dtype (above its ``finfo.max``).
         TypeError: non-numeric arrays, non-integer ``cu_seqlens``, ``is_causal`` not a bool,
             ``scale`` not a number.
     """
@@ -564,7 +573,7 @@ def varlen_attention(query, key, value, cu_seqlens, *, is_causal: bool = False, 
         raise ValueError(f"cu_seqlens: expected non-decreasing offsets, got cu_seqlens[{i + 1}] = {int(cu[i + 1])} "
                          f"after cu_seqlens[{i}] = {int(cu[i])}")
     cu = np.ascontiguousarray(cu, dtype=np.int64)
-    scale = _check_scale(scale, E)
+    scale = _check_scale(scale, E, dtype)
     return variant("varlen_attention", dtype)(q, k, v, cu, is_causal, scale, path)
 
 

@@ -562,9 +562,10 @@ void flash_tile(const AttentionArgs<T>& a, const QueryBlock& qb, int64_t s0, int
   const bool key_mask_only = a.key_mask != nullptr && a.bool_mask == nullptr && a.float_mask == nullptr;
   // The scale joins log₂e in the exponent's factor c, unless a float mask is to be added to the
   // scaled scores or the scale is not a positive number (its max would not be the scaled max; 0
-  // and NaN keep torch's rules, 0 · inf = NaN, by scaling first).
-  const bool fold = a.float_mask == nullptr && a.scale > T(0) && a.scale < std::numeric_limits<T>::infinity();
+  // and NaN keep torch's rules, 0 · inf = NaN, by scaling first), or so large that scale · log₂e
+  // would overflow.
   constexpr T log2e = T(1.44269504088896340736);
+  const bool fold = a.float_mask == nullptr && a.scale > T(0) && a.scale < std::numeric_limits<T>::max() / log2e;
   const T c = fold ? a.scale * log2e : log2e, scale = fold ? T(1) : a.scale;
   if (key_mask_only) {  // valid[cols]: the key-padding mask of this block, contiguous
     const uint8_t* km = a.key_mask + qb.n * a.key_mask_stride_n + s0 * a.key_mask_stride_s;
@@ -992,7 +993,8 @@ inline void short_softmax_columns(float* x, int64_t len, int64_t Lp, float scale
   for (int64_t t = 0; t < W; ++t) lanes[t] = static_cast<float>(t);
   const B lane = B::load_aligned(lanes), neg_inf(-std::numeric_limits<float>::infinity()), zero(0.0f);
   // as flash_tile: the scale folded into the exponent's factor c when it is a positive number
-  const bool fold = scale > 0.0f && scale < std::numeric_limits<float>::infinity();
+  // (and scale · log₂e finite)
+  const bool fold = scale > 0.0f && scale < std::numeric_limits<float>::max() / 1.44269504088896341f;
   const B c(fold ? scale * 1.44269504088896341f : 1.44269504088896341f);
   for (int64_t c0 = 0; c0 < Lp; c0 += W) {
     float* xc = x + c0;  // queries c0 .. c0 + W - 1
