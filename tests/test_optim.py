@@ -1180,3 +1180,177 @@ def test_clip_grad_norm_refuses_a_foreach_that_is_no_bool(rng, foreach):
     with pytest.raises(TypeError, match=rf"^foreach: expected a bool or None, got {type(foreach).__name__}"):
         optim.clip_grad_norm_([p], 0.5, foreach=foreach)
     np.testing.assert_array_equal(p.grad, np.full(3, 2.0))  # nothing scaled
+
+
+# ------------------------------------------------------------------------ arrays refused before iterating
+@pytest.mark.parametrize("make", [lambda: np.array(1.0), lambda: np.zeros(2 * 10**6, np.float32),
+                                  lambda: torch.zeros(2 * 10**6)], ids=["0d", "8MB", "torch_8MB"])
+@pytest.mark.parametrize("call", ["SGD", "AdamW", "clip_grad_norm_"])
+def test_an_array_for_params_is_refused_before_it_is_iterated(make, call):
+    """An array passed where the parameters go (``SGD(p.data)``): a TypeError naming the argument and
+    what it takes, raised before the array is iterated. The constructors ran ``list(params)``
+    first: a numpy scalar per element (8 MB of float32 grew the memory by 80 MB, for seconds), then
+    "params[0]: ... got float32"; a 0-d array gave numpy's bare "iteration over a 0-d array"."""
+    import re
+    import tracemalloc
+
+    x = make()
+    argument = "parameters" if call == "clip_grad_norm_" else "params"
+    expected = ("an iterable of Parameters or (name, Parameter) pairs" if call == "clip_grad_norm_"
+                else "an iterable of Parameters, (name, Parameter) pairs or param-group dicts")
+    kind = f"{type(x).__name__} {tuple(x.shape)} {x.dtype}"
+    tracemalloc.start()
+    try:
+        with pytest.raises(TypeError, match=rf"^{argument}: expected {re.escape(expected)}, got {re.escape(kind)} "
+                                            r"\(an array: the optimizers and clip_grad_norm_ take Parameters"):
+            if call == "clip_grad_norm_":
+                optim.clip_grad_norm_(x, 1.0)
+            else:
+                getattr(optim, call)(x, lr=0.1)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 2**18, f"peak {peak} bytes: the array was iterated"
+
+
+# ------------------------------------------------------------------------ two modules' parameters, one optimizer
+def _two_linears(rng):
+    """Two tc.nn.Linear(3, 2) (both named "weight", "bias") and torch's twins, same values."""
+    import transformer_core as tc
+
+    ours, theirs = [], []
+    for _ in range(2):
+        w, b = rng.standard_normal((2, 3)).astype(np.float32), rng.standard_normal(2).astype(np.float32)
+        m = tc.nn.Linear(3, 2)
+        m.load_state_dict({"weight": w, "bias": b})
+        t = torch.nn.Linear(3, 2)
+        with torch.no_grad():
+            t.weight.copy_(torch.from_numpy(w))
+            t.bias.copy_(torch.from_numpy(b))
+        ours.append(m)
+        theirs.append(t)
+    return ours, theirs
+
+
+def test_two_modules_parameters_share_one_optimizer_as_in_torch(rng):
+    """``AdamW(a.parameters() + b.parameters())`` of two Linear layers (torch accepts it) was refused,
+    "two parameters are named 'weight'". The first keeps the names it carries, the second's are
+    named by position ("2", "3", as unnamed ones); the run is torch's, and the state dict loads
+    into an optimizer built the same way."""
+    import transformer_core as tc
+
+    (a, b), (ta, tb) = _two_linears(rng)
+    opt = optim.AdamW(a.parameters() + b.parameters(), lr=0.1, weight_decay=0.01)
+    t_opt = torch.optim.AdamW(list(ta.parameters()) + list(tb.parameters()), lr=0.1, weight_decay=0.01,
+                              foreach=False)
+    assert [n for n, _ in opt.named_parameters()] == ["weight", "bias", "2", "3"]
+    ours, theirs = a.parameters() + b.parameters(), list(ta.parameters()) + list(tb.parameters())
+    run_both(opt, ours, t_opt, theirs, grad_sequence(rng, np.float32, [p.shape for p in ours], steps=4), tol=1e-6)
+    assert opt.state["2"]["step"] == 4
+    np.testing.assert_allclose(opt.state["2"]["exp_avg"], t_opt.state[tb.weight]["exp_avg"].numpy(), rtol=1e-6)
+    (c, d), _ = _two_linears(rng)
+    twin = optim.AdamW(c.parameters() + d.parameters(), lr=0.1, weight_decay=0.01)
+    twin.load_state_dict(opt.state_dict())
+    for name in ("weight", "bias", "2", "3"):
+        np.testing.assert_array_equal(twin.state[name]["exp_avg_sq"], opt.state[name]["exp_avg_sq"])
+    # a name carried by a Parameter given alone yields to an earlier one only: one given in a pair
+    # (or a name an unnamed parameter was given) must be unique, and the message says how
+    fix = (r"give each module's parameters their own prefix, e.g\. \[\(f\"head\.\{n\}\", p\) for n, p in "
+           r"head\.named_parameters\(\)\], or attach the modules to one model \(model\.head = head\) and pass "
+           r"model\.named_parameters\(\)$")
+    with pytest.raises(ValueError, match=r"^params: two parameters are named 'weight' \(the names key the optimizer's "
+                                         r"state: a name given in a \(name, Parameter\) pair, or a dict, must be "
+                                         rf"unique\); {fix}"):
+        optim.AdamW(a.named_parameters() + b.named_parameters())
+    with pytest.raises(ValueError, match=r"^params: two parameters are named 'weight'"):
+        optim.AdamW(a.parameters() + [("weight", Parameter(np.zeros(1)))])
+    # the way out the message gives
+    named = optim.AdamW([(f"a.{n}", p) for n, p in a.named_parameters()]
+                        + [(f"b.{n}", p) for n, p in b.named_parameters()])
+    assert [n for n, _ in named.named_parameters()] == ["a.weight", "a.bias", "b.weight", "b.bias"]
+    # and with tc.nn modules attached to one model, its own names
+    model = tc.nn.TransformerEncoder(tc.nn.TransformerEncoderLayer(4, 2, 8), 2)
+    assert len(optim.AdamW(model.layers[0].parameters() + model.layers[1].parameters()).state_dict()) > 0
+
+
+def test_two_parameter_objects_over_one_model_weight_are_refused():
+    """A model's and its submodule's ``named_parameters()`` are different Parameter objects over the
+    same C++ weights, under other names: both in one optimizer, a step updated those weights twice.
+    Refused, naming both; so is the same Parameter given twice."""
+    import transformer_core as tc
+
+    enc = tc.nn.TransformerEncoder(tc.nn.TransformerEncoderLayer(4, 2, 8), 2)
+    with pytest.raises(ValueError, match=r"^params\[24\]: parameter 'self_attn\.in_proj_weight' views the same model "
+                                         r"weight as parameter 'layers\.0\.self_attn\.in_proj_weight' \(.*\); pass "
+                                         r"each weight once$"):
+        optim.AdamW(enc.named_parameters() + enc.layers[0].named_parameters())
+    opt = optim.AdamW(enc.named_parameters())
+    with pytest.raises(ValueError, match=r"^params\[0\]: parameter 'linear1\.weight' views the same model weight as "
+                                         r"parameter 'layers\.1\.linear1\.weight'"):
+        opt.add_param_group({"params": [("linear1.weight", dict(enc.layers[1].named_parameters())["linear1.weight"])]})
+    a, b = tc.nn.Linear(3, 2), tc.nn.Linear(3, 2)
+    with pytest.raises(ValueError, match=r"^params: parameter 'weight' is given twice$"):
+        optim.SGD(a.parameters() + b.parameters()[:1] + a.parameters()[:1])
+    with pytest.raises(ValueError, match=r"^params: parameter 'weight' is given twice$"):  # the one named by position
+        optim.SGD(a.parameters() + b.parameters()[:1] + b.parameters()[:1])
+
+
+# ------------------------------------------------------------------------ clip_grad_norm_'s names and empty gradients
+def test_clip_grad_norm_names_parameters_by_the_name_given():
+    """The non-finite and the empty-gradient errors name a ``(name, Parameter)`` pair by its name,
+    else the Parameter's own name, else its position: they named pairs by position ("['1']"), and a
+    model's parameter given under a prefix by its bare own name."""
+    enc = Parameter(np.zeros(2), grad=np.ones(2))
+    head = Parameter(np.zeros(2), name="weight", grad=np.array([1.0, np.nan]))
+    alone = Parameter(np.zeros(2), grad=np.array([np.inf, 0.0]))
+    with pytest.raises(optim.NonFiniteGradientError, match=r"non-finite gradients in \['head\.weight', '2'\]$") as info:
+        optim.clip_grad_norm_([("enc.w", enc), ("head.weight", head), alone], 1.0, error_if_nonfinite=True)
+    assert info.value.names == ["head.weight", "2"]
+    with pytest.raises(optim.NonFiniteGradientError) as info:
+        optim.clip_grad_norm_([enc, head], 1.0, error_if_nonfinite=True)
+    assert info.value.names == ["weight"]
+    empty = Parameter(np.zeros(0), name="bias", grad=np.zeros(0))
+    with pytest.raises(ValueError, match=r"got empty gradients in \['head\.bias', '1'\]$"):
+        optim.clip_grad_norm_([("head.bias", empty), Parameter(np.zeros(0), grad=np.zeros(0))], 1.0, -1.0)
+    with pytest.raises(ValueError, match=r"got empty gradients in \['bias'\]$"):
+        optim.clip_grad_norm_(empty, 1.0, -math.inf)
+    np.testing.assert_array_equal(enc.grad, np.ones(2))  # nothing scaled
+
+
+@pytest.mark.parametrize("shapes", [[(0,)], [(0,), (3,)], [(3,), (0,)]], ids=["empty", "empty_first", "empty_last"])
+@pytest.mark.parametrize("norm_type", [math.inf, "inf", -math.inf, -1.0, -0.5, 2.0, 1.0, 3.0, 0.5, 0.0],
+                         ids=["inf", "str_inf", "-inf", "-1", "-0.5", "2", "1", "3", "0.5", "0"])
+def test_clip_grad_norm_of_empty_gradients_is_torchs(shapes, norm_type):
+    """With an empty gradient (a parameter of size 0) among the gradients, torch 2.x computes the
+    norms of order >= 0 as if it were absent, and refuses ±inf and negative orders (no identity:
+    "cannot compute the inf norm on an empty tensor"), whatever ``foreach``. The inf norm returned
+    0.0 (or the other gradients' max) here; now it is refused with the other undefined ones, as a
+    ValueError naming the empty gradients, and nothing is scaled."""
+    grads = [np.arange(1.0, 1.0 + math.prod(s)).reshape(s) * 2 for s in shapes]
+    ours = [Parameter(np.zeros(s), name=f"p{i}", grad=g.copy()) for i, (s, g) in enumerate(zip(shapes, grads))]
+    results = []
+    for foreach in (None, True, False):
+        theirs = [torch.zeros(s, dtype=torch.float64, requires_grad=True) for s in shapes]
+        for t, g in zip(theirs, grads):
+            t.grad = torch.from_numpy(g.copy())
+        try:
+            total = float(torch.nn.utils.clip_grad_norm_(theirs, 1.0, float(norm_type), foreach=foreach))
+            results.append((total, [t.grad.numpy() for t in theirs]))
+        except RuntimeError as e:
+            assert "on an empty tensor" in str(e)
+            results.append(None)
+    if results[0] is None:
+        assert results == [None, None, None]
+        empty = [p.name for p in ours if p.grad.size == 0]
+        with pytest.raises(ValueError, match=rf"^norm_type: the {float(norm_type)} norm of an empty gradient is "
+                                             rf"undefined \(no identity: torch raises too\), got empty gradients in "
+                                             rf"\[{', '.join(repr(n) for n in empty)}\]$"):
+            optim.clip_grad_norm_(ours, 1.0, norm_type)
+        for p, g in zip(ours, grads):
+            np.testing.assert_array_equal(p.grad, g)
+        return
+    total = optim.clip_grad_norm_(ours, 1.0, norm_type)
+    for expected, clipped in results:
+        assert math.isclose(total, expected, rel_tol=1e-12, abs_tol=0.0)
+        for p, g in zip(ours, clipped):
+            np.testing.assert_allclose(p.grad, g, rtol=1e-12, atol=0.0)

@@ -1319,3 +1319,115 @@ def test_parameter_documents_its_type_errors():
     with pytest.raises(TypeError, match=r"^name: expected a str or None, got int"):
         Parameter(np.zeros(2), name=3)
     assert "``name``\n            neither a str nor None" in Parameter.__doc__
+
+
+# ------------------------------------------------------------------------ an optimizer of parameters outside the model
+def _step_with(opt, seed, steps=2):
+    """``steps`` AdamW steps of the gradients drawn from ``seed`` (the same for a twin optimizer)."""
+    rng = np.random.default_rng(seed)
+    for _ in range(steps):
+        for _, p in opt.named_parameters():
+            p.grad = rng.standard_normal(p.shape).astype(p.dtype)
+        opt.step()
+        opt.zero_grad()
+
+
+def _foreign_message(names, model, action):
+    import re
+
+    return (rf"^optimizer: it steps parameters {re.escape(str(names))} that are not `model`'s \({model}\): the "
+            r"checkpoint holds the model's weights only, .* attach their module to the model \(e\.g\. "
+            rf"`model\.head = head`\) and build the optimizer from model\.named_parameters\(\) .*; {action}$")
+
+
+def test_checkpoint_refuses_an_optimizer_of_parameters_outside_the_model(tmp_path):
+    """A BertModel and a separate tc.nn.Linear head trained by one AdamW: the save wrote the head's
+    moments and step count but not its weights, and the load took them, pairing a new head with
+    trained moments. Both refuse now, naming the head's parameters as the optimizer names them and
+    the way out; nothing is written, read or changed."""
+    bert, head = _bert(), tc.nn.Linear(8, 3, dtype=np.float64)
+    opt = tc.optim.AdamW(bert.named_parameters() + [(f"head.{n}", p) for n, p in head.named_parameters()], lr=1e-2)
+    _step_with(opt, 1)
+    with pytest.raises(ValueError, match=_foreign_message(["head.weight", "head.bias"], "BertModel",
+                                                          "nothing was written")):
+        tc.training.save_checkpoint(tmp_path / "run", bert, opt)
+    assert not (tmp_path / "run").exists()
+    # a checkpoint of the model alone, loaded with an optimizer that also steps a head: refused before
+    # the files are read (a missing scheduler file would be named otherwise); nothing changes
+    alone = tc.optim.AdamW(bert.named_parameters(), lr=1e-2)
+    _step_with(alone, 2)
+    tc.training.save_checkpoint(tmp_path / "run", bert, alone)
+    before = [bert.state_dict(), opt.state_dict(), head.state_dict()]
+    with pytest.raises(ValueError, match=_foreign_message(["head.weight", "head.bias"], "BertModel",
+                                                          "nothing was loaded")):
+        tc.training.load_checkpoint(tmp_path / "run", bert, opt)
+    _assert_same_states([bert.state_dict(), opt.state_dict(), head.state_dict()], before)
+
+
+def test_checkpoint_compares_the_optimizers_parameters_by_identity_not_by_name(tmp_path):
+    """The parameters are compared as weights, not names: another Linear's "weight" and "bias" (the
+    model's names) are refused, and so are the old parameters of a module replaced in the model
+    since the optimizer was built (still named "norm.weight"). A submodule's Parameters, other
+    objects over the model's own weights, are the model's: saved and restored."""
+    model, other = tc.nn.Linear(3, 2), tc.nn.Linear(3, 2)
+    with pytest.raises(ValueError, match=_foreign_message(["weight", "bias"], "Linear", "nothing was written")):
+        tc.training.save_checkpoint(tmp_path / "a", model, tc.optim.AdamW(other.named_parameters()))
+    enc = tc.nn.TransformerEncoder(tc.nn.TransformerEncoderLayer(4, 2, 8), 2, norm=tc.nn.LayerNorm(4))
+    opt = tc.optim.AdamW(enc.named_parameters())
+    enc.norm = tc.nn.LayerNorm(4)
+    with pytest.raises(ValueError, match=_foreign_message(["norm.weight", "norm.bias"], "TransformerEncoder",
+                                                          "nothing was written")):
+        tc.training.save_checkpoint(tmp_path / "b", enc, opt)
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+    sub = tc.optim.AdamW(enc.layers[1].named_parameters(), lr=1e-2)
+    _step_with(sub, 3)
+    tc.training.save_checkpoint(tmp_path / "c", enc, sub)
+    twin = tc.nn.TransformerEncoder(tc.nn.TransformerEncoderLayer(4, 2, 8), 2, norm=tc.nn.LayerNorm(4))
+    twin_opt = tc.optim.AdamW(twin.layers[1].named_parameters(), lr=1e-2)
+    tc.training.load_checkpoint(tmp_path / "c", twin, twin_opt)
+    _assert_same_states([twin.state_dict(), twin_opt.state_dict()], [enc.state_dict(), sub.state_dict()])
+
+
+def test_checkpoint_of_a_head_attached_to_the_model_resumes_bitwise(tmp_path):
+    """The way out the refusal gives: the head attached (``bert.head = head``) and the optimizer
+    built from the model's parameters; the resumed run is the uninterrupted one, head included."""
+    def build():
+        bert = _bert()
+        bert.head = tc.nn.Linear(8, 3, dtype=np.float64)
+        return bert, tc.optim.AdamW(bert.named_parameters(), lr=1e-2)
+
+    bert, opt = build()
+    _step_with(opt, 4)
+    tc.training.save_checkpoint(tmp_path, bert, opt)
+    again, again_opt = build()
+    fresh = again.head.state_dict()["weight"]
+    tc.training.load_checkpoint(tmp_path, again, again_opt)
+    np.testing.assert_array_equal(again.head.state_dict()["weight"], bert.head.state_dict()["weight"])
+    assert not np.array_equal(again.head.state_dict()["weight"], fresh)
+    assert again_opt.state["head.weight"]["step"] == 2
+    _step_with(opt, 5)
+    _step_with(again_opt, 5)
+    _assert_same_states([again.state_dict(), again_opt.state_dict()], [bert.state_dict(), opt.state_dict()])
+
+
+def test_checkpoint_moments_of_relaid_weights_are_matched_by_identity(tmp_path):
+    """GPT-2's Conv1D weights are held transposed: their moments are saved in the checkpoint's
+    layout, as torch's optimizer holds them. That was found by name, so an optimizer that names
+    the parameters otherwise (``"gpt." + name``) saved them in the C++ layout; found by identity
+    now, they are saved transposed and read back."""
+    from safetensors.numpy import load_file
+
+    def build():
+        model = tc.GPT2LMHeadModel(tc.GPT2Config(vocab_size=31, n_positions=16, n_embd=8, n_layer=1, n_head=2))
+        return model, tc.optim.AdamW([(f"gpt.{n}", p) for n, p in model.named_parameters()], lr=1e-2)
+
+    model, opt = build()
+    _step_with(opt, 6)
+    tc.training.save_checkpoint(tmp_path, model, opt)
+    saved = load_file(tmp_path / "optimizer.safetensors")
+    held = opt.state["gpt.h.0.attn.c_attn.weight"]["exp_avg"]
+    assert held.shape == (24, 8) and model.state_dict()["h.0.attn.c_attn.weight"].shape == (8, 24)
+    np.testing.assert_array_equal(saved["state.gpt.h.0.attn.c_attn.weight.exp_avg"], held.T)
+    again, again_opt = build()
+    tc.training.load_checkpoint(tmp_path, again, again_opt)
+    _assert_same_states([again_opt.state_dict()], [opt.state_dict()])

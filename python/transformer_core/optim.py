@@ -83,20 +83,35 @@ class NonFiniteGradientError(ValueError):
         self.names = names
 
 
-def _named_parameters(params, argument: str = "params") -> list[tuple[str | None, Parameter]]:
-    """A list of ``(name or None, Parameter)`` from Parameters and ``(name, Parameter)`` pairs;
-    errors name ``argument`` (``params`` of an optimizer, ``parameters`` of ``clip_grad_norm_``)."""
+def _check_iterable(params, argument: str, expected: str) -> None:
+    """Refuses (TypeError naming ``argument``: ``expected``, then what was given) what cannot be an
+    iterable of parameters, BEFORE it is iterated: a single Parameter, None, a str, bytes, or an
+    array (numpy's, torch's, anything with ``__array__`` / ``__array_interface__`` / ``__dlpack__``:
+    iterating one element by element would take seconds and many times its size in memory before
+    its first element, a number, is refused)."""
     if isinstance(params, Parameter):
-        raise TypeError(f"{argument}: expected an iterable of Parameters, got a single Parameter (wrap it in a list)")
-    if params is None or isinstance(params, (str, bytes, np.ndarray)) or not hasattr(params, "__iter__"):
-        raise TypeError(f"{argument}: expected an iterable of Parameters or (name, Parameter) pairs, "
-                        f"got {type(params).__name__}")
+        raise TypeError(f"{argument}: expected {expected}, got a single Parameter (wrap it in a list)")
+    array_like = isinstance(params, np.ndarray) or any(
+        hasattr(params, attribute) for attribute in ("__array__", "__array_interface__", "__dlpack__"))
+    if array_like:
+        raise TypeError(f"{argument}: expected {expected}, got {described(params)} (an array: the optimizers and "
+                        "clip_grad_norm_ take Parameters, e.g. model.named_parameters(), or Parameter(array, name=...))")
+    if params is None or isinstance(params, (str, bytes, bytearray, memoryview)) or not hasattr(params, "__iter__"):
+        raise TypeError(f"{argument}: expected {expected}, got {described(params)}")
+
+
+def _named_parameters(params, argument: str = "params") -> list[tuple[str | None, Parameter]]:
+    """A list of ``(given name or None, Parameter)`` from Parameters and ``(name, Parameter)`` pairs
+    (or a ``{name: Parameter}`` dict): the name is the pair's, None for a Parameter given alone
+    (the caller falls back on ``p.name``). Errors name ``argument`` (``params`` of an optimizer,
+    ``parameters`` of ``clip_grad_norm_``)."""
+    _check_iterable(params, argument, "an iterable of Parameters or (name, Parameter) pairs")
     if isinstance(params, dict):
         params = params.items()  # a {name: Parameter} mapping
     out = []
     for i, item in enumerate(params):
         if isinstance(item, Parameter):
-            out.append((item.name, item))
+            out.append((None, item))
         elif isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], Parameter):
             if not isinstance(item[0], str):
                 raise TypeError(f"{argument}[{i}]: expected a (str name, Parameter) pair, got name {item[0]!r}")
@@ -105,6 +120,33 @@ def _named_parameters(params, argument: str = "params") -> list[tuple[str | None
             raise TypeError(f"{argument}[{i}]: expected a Parameter or a (name, Parameter) pair, "
                             f"got {type(item).__name__}")
     return out
+
+
+def _weight_key(p: Parameter) -> tuple:
+    """What identifies the weight ``p`` holds: for a model's parameter (a view of a C++ module's
+    buffer) that module and the weight's name there, so that two Parameter objects over one weight
+    (a model's and a submodule's ``named_parameters()``) are the same weight; else ``p`` itself."""
+    if isinstance(p, _BoundParameter):
+        return ("model", id(p._impl), p._core_name)
+    return ("parameter", id(p))
+
+
+def _given_twice(i: int, name: str | None, p: Parameter, earlier: Parameter, earlier_name: str | None,
+                 earlier_index: int | None) -> str:
+    """The message for ``params[i]`` (``p``, named ``name`` or None) whose weight ``earlier`` holds
+    too (named ``earlier_name`` or None; ``earlier_index``: its index in the same group, or None
+    for one of an earlier group)."""
+    if earlier is p:
+        if earlier_name is not None:
+            return f"params: parameter {earlier_name!r} is given twice"
+        return f"params[{i}]: the unnamed parameter of params[{earlier_index}] is given twice"
+
+    def what(n, j):
+        return f"parameter {n!r}" if n is not None else f"the unnamed parameter of params[{j}]"
+
+    return (f"params[{i}]: {what(name, i)} views the same model weight as {what(earlier_name, earlier_index)} "
+            "(two Parameter objects over one weight, e.g. from a model's and its submodule's named_parameters(): "
+            "a step would update it twice); pass each weight once")
 
 
 #: The largest step count a state may hold: the C++ update takes the next one, ``step + 1``, as an int64.
@@ -139,18 +181,30 @@ class Optimizer:
         params: an iterable of :class:`Parameter`, of ``(name, Parameter)`` pairs (e.g. a model's
             ``named_parameters()``), a ``{name: Parameter}`` dict, or of param-group dicts
             ``{"params": [...], "lr": ..., ...}`` (torch's form: per-group hyperparameters override
-            the defaults). A Parameter without a name (and not in a pair) is named by its position,
-            ``"0"``, ``"1"``, ..., or, when a named parameter of the optimizer already has that name,
-            by the next number no parameter has (``[Parameter(x, name="1"), Parameter(y)]``: ``"1"``,
-            ``"2"``).
+            the defaults).
+
+            The names key the state (and the state dict's keys): a pair's (or the dict's) name, else
+            the Parameter's own ``name``. A Parameter without a name (and not in a pair) is named by
+            its position, ``"0"``, ``"1"``, ..., or, when a named parameter of the optimizer already
+            has that name, by the next number no parameter has (``[Parameter(x, name="1"),
+            Parameter(y)]``: ``"1"``, ``"2"``). So is a Parameter given alone whose own name an
+            earlier parameter carries too (the ``parameters()`` of two modules, both ``"weight"``,
+            which torch accepts): ``a.parameters() + b.parameters()`` of two ``nn.Linear`` gives
+            ``"weight"``, ``"bias"``, ``"2"``, ``"3"``. Any other clash is refused: a name given in a
+            pair, or one that a parameter was named by position, is no other parameter's. Names by
+            position depend on the order: an optimizer that is to load this one's state dict must be
+            built the same way (pairs with distinct names, e.g. a model's ``named_parameters()``,
+            give names that do not).
         defaults: the hyperparameters of every group.
 
     Raises:
-        TypeError: a params entry that is neither a Parameter, a pair nor a group dict.
-        ValueError: no parameters, a parameter given twice, two parameters with one name, an empty
-            name (``""``: its state-dict keys could not be read back), a bad hyperparameter: in a
-            group or in ``defaults`` (checked even when every group overrides it, as torch checks
-            the constructor's arguments).
+        TypeError: ``params`` not an iterable (a single Parameter, an array: refused before it is
+            iterated); a params entry that is neither a Parameter, a pair nor a group dict.
+        ValueError: no parameters, a parameter given twice (or two Parameters over one model weight),
+            a name given in a pair that another parameter has, an empty name (``""``: its state-dict
+            keys could not be read back), a bad hyperparameter: in a group or in ``defaults``
+            (checked even when every group overrides it, as torch checks the constructor's
+            arguments).
     """
 
     #: names of the flags among the hyperparameters (stored as 0/1 in the state dict)
@@ -165,10 +219,8 @@ class Optimizer:
         self.param_groups: list[dict] = []
         self.state: dict[str, dict] = {}
         self._names: dict[int, str] = {}  # id(Parameter) -> name
-        if isinstance(params, Parameter):
-            raise TypeError("params: expected an iterable of Parameters, got a single Parameter (wrap it in a list)")
-        if params is None or isinstance(params, (str, bytes)) or not hasattr(params, "__iter__"):
-            raise TypeError(f"params: expected an iterable of Parameters, got {type(params).__name__}")
+        # an array is refused before it is iterated (list() would make a numpy scalar of each element)
+        _check_iterable(params, "params", "an iterable of Parameters, (name, Parameter) pairs or param-group dicts")
         params = list(params.items()) if isinstance(params, dict) else list(params)
         if not params:
             raise ValueError("params: expected at least one parameter, got an empty list")
@@ -185,8 +237,10 @@ class Optimizer:
         Raises:
             TypeError: not a dict with a ``"params"`` key; a params entry that is neither a Parameter
                 nor a ``(name, Parameter)`` pair; a hyperparameter of the wrong type.
-            ValueError: no parameters, a parameter given twice (here or in another group), two
-                parameters with one name, an empty name (``""``), unknown or bad hyperparameters (named).
+            ValueError: no parameters, a parameter given twice (here or in another group; or two
+                Parameters over one model weight), a name given in a pair that another parameter
+                has (see :class:`Optimizer` for the names), an empty name (``""``), unknown or bad
+                hyperparameters (named).
         """
         if not isinstance(param_group, dict) or "params" not in param_group:
             raise TypeError(f"param_group: expected a dict with a 'params' key, got {type(param_group).__name__}")
@@ -198,26 +252,40 @@ class Optimizer:
             raise ValueError(f"param_group: unknown hyperparameters {sorted(unknown)}; expected {sorted(self.defaults)}")
         group = {**self.defaults, **{k: v for k, v in param_group.items() if k != "params"}}
         self._check_group(group)
-        taken = set(self._names.values())
+        owner = {self._names[id(q)]: q for g in self.param_groups for q in g["params"]}  # name -> its parameter
+        # weight -> (its Parameter, its name or None, its index in this group or None): a Parameter given
+        # twice, or two Parameters over one model weight, would have it stepped twice
+        seen = {_weight_key(q): (q, self._names[id(q)], None) for g in self.param_groups for q in g["params"]}
         added: dict[int, str] = {}  # id(Parameter) -> name, registered only once all are checked
-        unnamed: list[tuple[int, Parameter]] = []  # named once every given name is known (below)
-        for i, (name, p) in enumerate(named):
+        by_position: list[tuple[int, Parameter]] = []  # named once every other name is known (below)
+        for i, (given, p) in enumerate(named):
+            name = p.name if given is None else given
             if name == "":
                 raise ValueError(f"params[{i}]: expected a non-empty parameter name, got '' (the state dict's keys "
                                  "are made of the names, params.{name}.group: an empty one could not be read back)")
-            if id(p) in self._names or id(p) in added:
-                raise ValueError(f"params: parameter {self._names.get(id(p), added.get(id(p)))!r} is given twice")
-            first = next((j for j, q in unnamed if q is p), None)
-            if first is not None:
-                raise ValueError(f"params[{i}]: the unnamed parameter of params[{first}] is given twice")
+            earlier = seen.get(_weight_key(p))
+            if earlier is not None:
+                raise ValueError(_given_twice(i, name, p, *earlier))
+            seen[_weight_key(p)] = (p, name, i)
             if name is None:
-                unnamed.append((i, p))
+                by_position.append((i, p))
                 continue
-            if name in taken:
-                raise ValueError(f"params: two parameters are named {name!r}")
-            taken.add(name)
+            holder = owner.get(name)
+            if holder is not None:
+                if given is None and holder.name == name:
+                    # two Parameters given alone that carry one name (two modules' parameters(): both
+                    # "weight"), which torch accepts: the first keeps it, this one is named by position
+                    by_position.append((i, p))
+                    continue
+                raise ValueError(
+                    f"params: two parameters are named {name!r} (the names key the optimizer's state: a name given in "
+                    "a (name, Parameter) pair, or a dict, must be unique); give each module's parameters their own "
+                    "prefix, e.g. [(f\"head.{n}\", p) for n, p in head.named_parameters()], or attach the modules to "
+                    "one model (model.head = head) and pass model.named_parameters()")
+            owner[name] = p
             added[id(p)] = name
-        for i, p in unnamed:
+        taken = set(owner)
+        for i, p in by_position:
             # its position among all the optimizer's parameters, or the next number no parameter is named
             position = len(self._names) + i
             while str(position) in taken:
@@ -771,10 +839,13 @@ class SGD(Optimizer):
         return state
 
 
-def _parameters_of(parameters) -> list[Parameter]:
+def _parameters_of(parameters) -> list[tuple[str, Parameter]]:
+    """``clip_grad_norm_``'s ``parameters`` as ``(name, Parameter)``, each named for its messages by
+    the name its pair gave, else its own ``name``, else its position (``"0"``, ``"1"``, ...)."""
     if isinstance(parameters, Parameter):
-        return [parameters]
-    return [p for _, p in _named_parameters(parameters, "parameters")]
+        return [(parameters.name or "0", parameters)]
+    named = _named_parameters(parameters, "parameters")
+    return [(given if given is not None else p.name or str(i), p) for i, (given, p) in enumerate(named)]
 
 
 def _vector_norm_nonpositive(x: np.ndarray, norm_type: float) -> float:
@@ -824,15 +895,20 @@ def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0, error_i
 
     Returns:
         The total norm of the gradients before clipping (a float; 0.0 when no parameter has a gradient).
+        An empty gradient (a parameter of size 0) counts as a norm of 0 for ``norm_type`` >= 0 and
+        finite, as torch's.
 
     Raises:
-        ValueError: ``max_norm`` < 0 or NaN, ``norm_type`` NaN, a negative or -inf ``norm_type``
-            with an empty gradient (undefined: torch raises too); NonFiniteGradientError (see above).
+        ValueError: ``max_norm`` < 0 or NaN, ``norm_type`` NaN; a ``norm_type`` of inf, -inf or < 0
+            with an empty gradient among the gradients (the max or min of no element is undefined:
+            torch raises RuntimeError, "cannot compute the inf norm on an empty tensor"), naming the
+            parameters; NonFiniteGradientError (see above). Errors name a parameter by its pair's
+            name, else its own ``name``, else its position.
         TypeError: bad ``parameters`` (the message names ``parameters``), non-numeric ``max_norm`` /
             ``norm_type``, ``error_if_nonfinite`` not a bool, ``foreach`` not a bool or None. Nothing
             is scaled when it raises.
     """
-    params = _parameters_of(parameters)
+    named = _parameters_of(parameters)
     max_norm = check_float(max_norm, "max_norm", minimum=0.0, finite=False)
     error_if_nonfinite = check_bool(error_if_nonfinite, "error_if_nonfinite")
     if foreach is not None and not isinstance(foreach, (bool, np.bool_)):  # as torch's; one implementation either way
@@ -844,10 +920,14 @@ def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0, error_i
     norm_type = float(norm_type)
     if math.isnan(norm_type):
         raise ValueError(f"norm_type: expected a real number or ±inf, got {norm_type}")
-    named_grads = [(p.name or str(i), p.grad) for i, p in enumerate(params) if p.grad is not None]
+    named_grads = [(name, p.grad) for name, p in named if p.grad is not None]
     grads = [g for _, g in named_grads]
     if not grads:
         return 0.0
+    empty = [name for name, g in named_grads if g.size == 0]
+    if empty and (norm_type < 0 or math.isinf(norm_type)):  # -inf < 0, and inf: the max of no element
+        raise ValueError(f"norm_type: the {norm_type} norm of an empty gradient is undefined (no identity: "
+                         f"torch raises too), got empty gradients in {empty}")
     if norm_type > 0:
         norms = np.array([variant("vector_norm", g.dtype)(np.ascontiguousarray(g), norm_type, False) for g in grads])
         if math.isinf(norm_type):
@@ -857,15 +937,10 @@ def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0, error_i
         else:
             total = float(np.sum(norms ** norm_type)) ** (1.0 / norm_type)
     else:
-        empty = [name for name, g in named_grads if g.size == 0]
-        if norm_type < 0 and empty:
-            raise ValueError(f"norm_type: the {norm_type} norm of an empty gradient is undefined (no identity: "
-                             f"torch raises too), got empty gradients in {empty}")
         norms = np.array([_vector_norm_nonpositive(g, norm_type) for g in grads])
         total = _vector_norm_nonpositive(norms, norm_type)
     if error_if_nonfinite and not math.isfinite(total):
-        names = [p.name or str(i) for i, p in enumerate(params)
-                 if p.grad is not None and variant("count_nonfinite", p.grad.dtype)(np.ascontiguousarray(p.grad))]
+        names = [name for name, g in named_grads if variant("count_nonfinite", g.dtype)(np.ascontiguousarray(g))]
         if names:
             why = f"non-finite gradients in {names}"
         else:  # every gradient is finite: the sum of their powers exceeded the float64 range

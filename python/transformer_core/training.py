@@ -14,7 +14,12 @@ written by ``save_pretrained``) and back.
                                       their number in the metadata key "num_schedulers"
 
 A resumed run (load_checkpoint, then the same calls) is bitwise the uninterrupted one, dropout
-included: the generator of the dropout seeds is restored with the weights.
+included: the generator of the dropout seeds is restored with the weights. For that, the optimizer
+must step the model's weights only: a module trained beside the model (a classification head kept
+apart from a BertModel) would have its moments saved without its weights, so both functions refuse
+such an optimizer (a ValueError naming those parameters) until the module is attached to the model
+(``model.head = head``, whose weights ``state_dict`` then holds as ``head.*``). The parameters are
+matched by identity, the same C++ weight (a submodule's Parameters are the model's), never by name.
 
 Optimizer moments of weights whose C++ layout is not the checkpoint's (GPT-2's Conv1D weights, stored
 transposed; the q/k rows of a Llama model of ``rope_layout="interleaved"``, held in another order)
@@ -54,21 +59,51 @@ from .module import (
     manual_seed,
     set_rng_state,
 )
-from .optim import Optimizer
+from .optim import Optimizer, _weight_key
 
 __all__ = ["save_checkpoint", "load_checkpoint", "manual_seed", "NoTrainingStateError", "WeightsChangedError",
            "NonFiniteLossError"]
 
 
-def _relaid_parameters(model: Module) -> dict:
-    """``{name: Parameter}`` of the model's parameters whose ``data`` does not have the checkpoint's
-    layout (``transposed`` or a ``row_permutation``)."""
-    return {name: p for name, p in model.named_parameters() if not getattr(p, "checkpoint_layout", True)}
+def _model_weights_of(optimizer: Optimizer, model: Module, action: str) -> dict:
+    """``{name in the optimizer: the model's Parameter}`` for every parameter ``optimizer`` steps,
+    matched by identity: the same weight (a model's Parameter, or another Parameter object over the
+    same C++ weight, e.g. a submodule's), never by name (a separate module's ``"weight"`` is not the
+    model's ``"weight"``).
+
+    Raises:
+        ValueError: parameters of the optimizer that are not the model's (named as the optimizer
+            names them): their state would be saved, or loaded, without their weights, which the
+            model file does not hold; ``action`` ends the message (``"nothing was written"``).
+    """
+    ours = {_weight_key(p): p for _, p in model.named_parameters()}
+    weights, foreign = {}, []
+    for name, p in optimizer.named_parameters():
+        q = ours.get(_weight_key(p))
+        if q is None:
+            foreign.append(name)
+        else:
+            weights[name] = q
+    if foreign:
+        shown = repr(foreign) if len(foreign) <= 10 else f"{foreign[:10]!r} and {len(foreign) - 10} more"
+        raise ValueError(
+            f"optimizer: it steps parameters {shown} that are not `model`'s ({type(model).__name__}): the "
+            "checkpoint holds the model's weights only, so their optimizer state would be saved or restored "
+            "without their weights (a resumed run would pair new weights with trained moments); attach their "
+            "module to the model (e.g. `model.head = head`) and build the optimizer from model.named_parameters() "
+            f"(again, after a module of the model was replaced); {action}")
+    return weights
+
+
+def _relaid(weights: dict) -> dict:
+    """``{name in the optimizer: the model's Parameter}`` of :func:`_model_weights_of`'s parameters
+    whose ``data`` does not have the checkpoint's layout (``transposed`` or a ``row_permutation``)."""
+    return {name: p for name, p in weights.items() if not getattr(p, "checkpoint_layout", True)}
 
 
 def _optimizer_layout(state: dict, relaid: dict, to_checkpoint: bool) -> dict:
     """``state`` (an optimizer's ``state_dict()``, or one read back) with the per-parameter arrays
-    (``state.{name}.{field}``) of the parameters in ``relaid`` (see :func:`_relaid_parameters`)
+    (``state.{name}.{field}``) of the parameters in ``relaid`` (see :func:`_relaid`)
     moved from the model's layout to the checkpoint's (``to_checkpoint``) or back. An array of
     another shape is left as it is (``Optimizer.load_state_dict`` names it)."""
     out = {}
@@ -122,17 +157,20 @@ def _schedulers_of(scheduler, optimizer) -> list[LRScheduler]:
     return schedulers
 
 
-def _check_arguments(directory, model, optimizer, scheduler) -> list[LRScheduler]:
+def _check_arguments(directory, model, optimizer, scheduler, action: str) -> tuple[list[LRScheduler], dict]:
     """The arguments of :func:`save_checkpoint` / :func:`load_checkpoint`, checked before anything is
-    read, written or changed: TypeError / ValueError naming the argument. Returns the schedulers as
-    a list (empty for None)."""
+    read, written or changed: TypeError / ValueError naming the argument (a ValueError ending with
+    ``action`` for an optimizer of parameters that are not the model's). Returns the schedulers as a
+    list (empty for None) and :func:`_model_weights_of` (``{}`` without an optimizer)."""
     if not isinstance(directory, (str, os.PathLike)) or isinstance(os.fspath(directory), bytes):
         raise TypeError(f"directory: expected a str or os.PathLike, got {type(directory).__name__}")
     if not isinstance(model, Module):
         raise TypeError(f"model: expected a transformer_core Module, got {type(model).__name__}")
     if optimizer is not None and not isinstance(optimizer, Optimizer):
         raise TypeError(f"optimizer: expected a transformer_core.optim Optimizer or None, got {type(optimizer).__name__}")
-    return _schedulers_of(scheduler, optimizer)
+    schedulers = _schedulers_of(scheduler, optimizer)
+    weights = {} if optimizer is None else _model_weights_of(optimizer, model, action)
+    return schedulers, weights
 
 
 def save_checkpoint(directory, model: Module, optimizer=None, scheduler=None) -> None:
@@ -162,7 +200,9 @@ def save_checkpoint(directory, model: Module, optimizer=None, scheduler=None) ->
             entry is named ``scheduler[i]``): nothing is written.
         ValueError: a ``scheduler`` whose optimizer is not ``optimizer`` (None included: the groups'
             learning rates are saved in the optimizer's state, not the scheduler's), an empty list,
-            a scheduler listed twice; nothing is written.
+            a scheduler listed twice; an ``optimizer`` that steps parameters that are not
+            ``model``'s (a separate head: named; their state would be saved without their weights:
+            attach the module to the model, ``model.head = head``); nothing is written.
         FileNotFoundError: a ``~user`` of no known user in ``directory`` (nothing written).
         NotADirectoryError (an OSError): ``directory`` is a file, or lies under one (naming
             ``directory``; nothing written).
@@ -173,12 +213,12 @@ def save_checkpoint(directory, model: Module, optimizer=None, scheduler=None) ->
     """
     from safetensors.numpy import save_file
 
-    schedulers = _check_arguments(directory, model, optimizer, scheduler)
+    schedulers, weights = _check_arguments(directory, model, optimizer, scheduler, "nothing was written")
     directory = expand_home(directory, "directory")  # "~/run" is the home's, as save_pretrained's
     metadata = {"format": "np", CHECKPOINT_ID_KEY: secrets.token_hex(16)}
     states = []  # (file name, state, its own metadata): all taken before anything is written
     if optimizer is not None:
-        state = _optimizer_layout(optimizer.state_dict(), _relaid_parameters(model), to_checkpoint=True)
+        state = _optimizer_layout(optimizer.state_dict(), _relaid(weights), to_checkpoint=True)
         states.append(("optimizer.safetensors", state, {}))
     if isinstance(scheduler, LRScheduler):
         states.append(("scheduler.safetensors", scheduler.state_dict(), {}))
@@ -375,7 +415,8 @@ def load_checkpoint(directory, model: Module, optimizer=None, scheduler=None) ->
             :func:`save_checkpoint`); nothing is read or changed.
         ValueError: a ``scheduler`` whose optimizer is not ``optimizer`` (None included: the groups'
             learning rates are restored from the optimizer's file), an empty list, a scheduler listed
-            twice; nothing is read or changed.
+            twice; an ``optimizer`` that steps parameters that are not ``model``'s (as
+            :func:`save_checkpoint`); nothing is read or changed.
         ValueError: another number of schedulers than the checkpoint holds (naming ``scheduler``
             and the file); nothing is changed.
         FileNotFoundError: a file is missing, or a ``~user`` of no known user in ``directory``.
@@ -389,7 +430,7 @@ def load_checkpoint(directory, model: Module, optimizer=None, scheduler=None) ->
             refuses by type, prefixed with the file.
         OSError: a file that cannot be read (naming it).
     """
-    schedulers = _check_arguments(directory, model, optimizer, scheduler)
+    schedulers, weights = _check_arguments(directory, model, optimizer, scheduler, "nothing was loaded")
     path = expand_home(directory, "directory")
     wanted = [name for name, given in zip(_FILES, (True, optimizer is not None, bool(schedulers))) if given]
     for name in wanted:
@@ -418,9 +459,8 @@ def load_checkpoint(directory, model: Module, optimizer=None, scheduler=None) ->
     snapshot = _snapshot(objects.values())
     try:
         if optimizer is not None:
-            relaid = _relaid_parameters(model)
             with _naming(path / "optimizer.safetensors"):
-                optimizer.load_state_dict(_optimizer_layout(states["optimizer.safetensors"], relaid,
+                optimizer.load_state_dict(_optimizer_layout(states["optimizer.safetensors"], _relaid(weights),
                                                             to_checkpoint=False))
         for i, (s, state) in enumerate(zip(schedulers, scheduler_states)):
             with _naming(path / "scheduler.safetensors", f"scheduler[{i}]: " if isinstance(scheduler, (list, tuple))
