@@ -79,6 +79,9 @@ void pack_b(int64_t k, int64_t cols, const float* b, int64_t rs_b, int64_t cs_b,
 struct Micro {
   static constexpr int kRows = sgemm::kRows;
   static constexpr int64_t kWidth = sgemm::kWidth;
+  // panel-outer, the order in which this kernel was tuned on Zen 3 (bench/README.md); rows-outer,
+  // AVX-512's order, was measured only on Emerald Rapids
+  static constexpr bool kRowsOuter = false;
   template <int R, bool Masked>
   static void tile(int64_t k, const float* a, int64_t rs_a, int64_t cs_a, const float* panel, int64_t ldp, float* c,
                    int64_t ldc, int64_t nc, bool accumulate);

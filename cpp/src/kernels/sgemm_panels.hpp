@@ -7,6 +7,7 @@
 // Micro, the ISA's micro-kernel:
 //   static constexpr int kRows;       MR: rows of C per tile
 //   static constexpr int64_t kWidth;  columns of a panel
+//   static constexpr bool kRowsOuter; multiply's loop order (below)
 //   template <int R, bool Masked>
 //   static void tile(k, a, rs_a, cs_a, panel, ldp, c, ldc, nc, accumulate);
 //     c[0:R, 0:nc] (+)= A[0:R, :] · panel, A[i, p] = a[i · rs_a + p · cs_a], panel row p at
@@ -61,13 +62,24 @@ void panel_times_rows(int64_t m, int64_t k, const float* a, int64_t rs_a, int64_
 }
 
 // Kernels::multiply: B in pack_b's panels (panel q at packed + q · kWidth · k, its rows kWidth apart).
+// Micro::kRowsOuter: MR rows of A against every panel, then the next MR rows (those rows of A stay in
+// L1 while the panels come from L2); else each panel against every row of A (panel_times_rows).
 template <class Micro>
 void multiply(int64_t m, int64_t cols, int64_t k, const float* a, int64_t rs_a, int64_t cs_a, const float* packed,
               float* c, int64_t ldc, bool accumulate) {
   constexpr int64_t W = Micro::kWidth;
-  for (int64_t j = 0; j < cols; j += W)
-    panel_times_rows<Micro, false>(m, k, a, rs_a, cs_a, packed + j * k, W, c + j, ldc, std::min(W, cols - j),
-                                   accumulate);
+  if constexpr (!Micro::kRowsOuter) {
+    for (int64_t j = 0; j < cols; j += W)
+      panel_times_rows<Micro, false>(m, k, a, rs_a, cs_a, packed + j * k, W, c + j, ldc, std::min(W, cols - j),
+                                     accumulate);
+  } else {
+    constexpr int MR = Micro::kRows;
+    for (int64_t i = 0; i < m; i += MR) {
+      const TileFn tile = i + MR <= m ? &Micro::template tile<MR, false> : kTiles<Micro, false>[m - i - 1];
+      for (int64_t j = 0; j < cols; j += W)
+        tile(k, a + i * rs_a, rs_a, cs_a, packed + j * k, W, c + i * ldc + j, ldc, std::min(W, cols - j), accumulate);
+    }
+  }
 }
 
 // Kernels::multiply_rows: B in place, its rows ldb apart; the panels are its columns j .. j + kWidth - 1,

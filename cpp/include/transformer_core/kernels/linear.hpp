@@ -2,10 +2,10 @@
 //
 //   y[m, n] = act(x[m, k] · wᵀ + bias)      x: [m, k]   w: [n, k] (out × in)   bias: [n] or nullptr
 //
-// Many rows, fp32, on a CPU with AVX2 or AVX-512: our GEMM (sgemm.hpp). w is packed into panels
-// once per call (in parallel, a few panels per task), then tiles of y (kPackedTileRows ×
-// kPackedTileCols) are computed in parallel from the shared panels, the bias added and the
-// activation applied to each tile right after its product, while it is still in cache.
+// Many rows, fp32, on a CPU with AVX2 or AVX-512: our GEMM (sgemm.hpp). Tiles of y (kPackedTileRows
+// × kPackedTileCols) are computed in parallel from panels of w shared by all tasks: the first task
+// that needs a tile's columns packs them (once per call), the bias is added and the activation
+// applied to each tile right after its product, while it is still in cache.
 // On the "amx" ISA the same tiles run on AMX (sgemm.hpp, split): x is split into bf16 tiles once
 // per call, w into tiles per chunk, and the tiles of y take six bf16 products (fp32's accuracy,
 // other bits than the FMA kernels'), starting from the bias; rows of x or columns of w holding Inf
@@ -20,7 +20,10 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
+#include <memory>
+#include <thread>
 #include <type_traits>
 
 #include "transformer_core/kernels/elementwise.hpp"
@@ -105,24 +108,41 @@ inline void linear_packed(const sgemm::Kernels& kern, const float* x, int64_t m,
     }
   }
   if (packed == nullptr) packed = workspace<float>(Scratch::kGemmPackedB, packed_size);
+  // Whether each column tile of the chunk is packed: kUnpacked → kPacking (one task took it) →
+  // kPacked. The task that first needs a tile packs it; another that needs it meanwhile waits.
+  enum : uint8_t { kUnpacked, kPacking, kPacked };
+  const int64_t max_col_tiles = (std::min(n, chunk_cols) + kPackedTileCols - 1) / kPackedTileCols;
+  std::unique_ptr<std::atomic<uint8_t>[]> state(new std::atomic<uint8_t>[max_col_tiles]);
   for (int64_t c0 = 0; c0 < n; c0 += chunk_cols) {
     const int64_t cols = std::min(chunk_cols, n - c0);
     const int64_t col_tiles = (cols + kPackedTileCols - 1) / kPackedTileCols;
-    // 1. w[c0 : c0 + cols, :]ᵀ into panels, a depth block at a time: the tile of columns j of the
-    // chunk starts at packed + j · k
-    if (!packed_before)
-      run_tasks(serial, col_tiles, [&](int64_t t, int) {
-        const int64_t j = t * kPackedTileCols, tile_cols = std::min(kPackedTileCols, cols - j);
+    for (int64_t t = 0; t < col_tiles; ++t) state[t].store(packed_before ? kPacked : kUnpacked);
+    // w[c0 + j : c0 + j + kPackedTileCols, :]ᵀ into panels at packed + j · k, a depth block at a time
+    auto ensure_packed = [&](int64_t ct) {
+      std::atomic<uint8_t>& s = state[ct];
+      if (s.load(std::memory_order_acquire) == kPacked) return;
+      uint8_t expected = kUnpacked;
+      if (s.compare_exchange_strong(expected, kPacking, std::memory_order_acq_rel)) {
+        const int64_t j = ct * kPackedTileCols, tile_cols = std::min(kPackedTileCols, cols - j);
         pack_depth_blocks(kern, k, tile_cols, w.rows(c0 + j, tile_cols), packed + j * k);
-      });
-    // 2. tiles of y[:, c0 : c0 + cols], numbered down the columns: each thread's contiguous share
-    // of the tasks (parallel_tasks) then reads its own part of the packed weight, not all of it.
-    // Emerald Rapids, 2 threads, avx512 (bench/gemm.py, 2026-11-26): MiniLM QKV 281-295 -> 300
-    // GFLOP/s, SmolLM2 gate/up 202-267 -> 297-298, the other shapes within ±3 %; the same bits.
+        s.store(kPacked, std::memory_order_release);
+        return;
+      }
+      while (s.load(std::memory_order_acquire) != kPacked) std::this_thread::yield();
+    };
+    // Tiles of y[:, c0 : c0 + cols], numbered down the columns: each thread's contiguous share of
+    // the tasks (parallel_tasks) reads its own part of the packed weight, and packs that part
+    // itself, right before its first use, with no wait for the whole weight (a pass of packing
+    // tasks, then a barrier, then the products took 1-3 % longer: Emerald Rapids, 2026-11-27).
+    // Emerald Rapids, 2 threads, avx512 (bench/gemm.py, 2026-11-26): numbering down the columns took
+    // MiniLM QKV 281-295 -> 300 GFLOP/s, SmolLM2 gate/up 202-267 -> 297-298, the other shapes
+    // within ±3 %; the same bits.
     const int64_t row_tiles = (m + kPackedTileRows - 1) / kPackedTileRows;
     run_tasks(serial, row_tiles * col_tiles, [&](int64_t task, int) {
-      const int64_t r0 = (task % row_tiles) * kPackedTileRows, j = (task / row_tiles) * kPackedTileCols;
+      const int64_t ct = task / row_tiles;
+      const int64_t r0 = (task % row_tiles) * kPackedTileRows, j = ct * kPackedTileCols;
       const int64_t rows = std::min(kPackedTileRows, m - r0), tile_cols = std::min(kPackedTileCols, cols - j);
+      ensure_packed(ct);
       float* yt = y + r0 * n + c0 + j;  // [rows, tile_cols], row stride n
       multiply_depth_blocks(kern, rows, tile_cols, k, x + r0 * k, k, packed + j * k, yt, n);
       for (int64_t i = 0; i < rows; ++i) {
