@@ -56,7 +56,7 @@ def run_isolated(code: str, timeout: float = 120) -> str:
 # 1 and 2: huge sizes: a named ValueError, fast, before anything is allocated
 # ------------------------------------------------------------------------------------------------
 HUGE = [
-    ("tc.KVCache(1, 2**31, 2**31, 2**31)", "num_layers, batch, num_kv_heads, head_dim, capacity"),
+    ("tc.KVCache(1, 2**31, 2**31, 2**31)", "num_layers, batch, num_key_value_heads, head_dim, capacity"),
     ("tc.KVCache(2**40, 1, 1, 1)", "num_layers"),
     ("tc.KVCache(1, 1, 1, 1).reserve(2**62)", "total"),
     ("tc.nn.TransformerEncoder(tc.nn.TransformerEncoderLayer(8, 2, 16), 2**31)", "num_layers"),

@@ -9,6 +9,9 @@ tiles.
 """
 from __future__ import annotations
 
+import math
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -71,6 +74,22 @@ def test_embedding_bad_input():
         emb([[-1]])
     with pytest.raises(TypeError, match="input_ids"):
         emb([0.5])
+
+
+def test_embedding_names_torchs_positional_padding_idx():
+    """torch's third positional argument is padding_idx (``nn.Embedding(10, 4, 0)``), this layer's
+    dtype: the error blamed the dtype only ("dtype: expected float32 or float64, got 0")."""
+    hint = "(torch's third positional argument is padding_idx, this layer's is dtype: pass padding_idx= by keyword)"
+    for third in (0, 3, np.int64(2), True, None, "not a dtype"):
+        with pytest.raises(TypeError, match=re.escape(f"dtype: expected float32 or float64, got {third!r} {hint}")):
+            tc.nn.Embedding(10, 4, third)
+    for dtype in (np.int64, "float16"):  # a dtype, of the wrong kind: the dtype's message alone
+        with pytest.raises(TypeError, match=r"^dtype: expected float32 or float64, got (int64|float16)$"):
+            tc.nn.Embedding(10, 4, dtype)
+    ref = torch.nn.Embedding(10, 4, 0)  # what torch's call means, by keyword here
+    ours = tc.nn.Embedding(10, 4, padding_idx=0)
+    assert ours.padding_idx == ref.padding_idx == 0
+    np.testing.assert_array_equal(ours.state_dict()["weight"][0], ref.weight.detach().numpy()[0])  # zeros
 
 
 # --------------------------------------------------------------------------------------- RMSNorm
@@ -252,7 +271,7 @@ def test_mha_with_cache_and_rope_matches_torch(rng, dtype, H, Hkv):
     D, N, P, T = 8, 2, 5, 4
     E = H * D
     t = TORCH_DTYPE[np.dtype(dtype)]
-    mha = tc.nn.MultiheadAttention(E, H, bias=False, num_kv_heads=Hkv, dtype=dtype)
+    mha = tc.nn.MultiheadAttention(E, H, bias=False, num_key_value_heads=Hkv, dtype=dtype)
     state = mha.state_dict()
     w_qkv, w_o = to_torch(state["in_proj_weight"]), to_torch(state["out_proj.weight"])
     rope = tc.positional.RotaryEmbedding(D, 64, base=500.0, dtype=dtype)
@@ -287,14 +306,92 @@ def test_mha_with_cache_and_rope_matches_torch(rng, dtype, H, Hkv):
 
 
 def test_mha_cache_bad_input():
-    mha = tc.nn.MultiheadAttention(16, 4, num_kv_heads=2)
+    mha = tc.nn.MultiheadAttention(16, 4, num_key_value_heads=2)
     x = np.ones((2, 3, 16), np.float32)
     with pytest.raises(ValueError, match="past_key_values"):
         mha(x, past_key_values=tc.KVCache(1, 2, 4, 4))  # wrong number of kv heads
     with pytest.raises(ValueError, match="self-attention"):
         mha(x, x[:, :2], x[:, :2], past_key_values=tc.KVCache(1, 2, 2, 4))
-    with pytest.raises(TypeError, match="rotary"):
-        mha(x, rotary=tc.positional.RotaryEmbedding(8, 16))  # head_dim 8 != 4
+    # a rotary table of the wrong head_dim is a wrong value (it was a TypeError); a wrong type or dtype stays one
+    with pytest.raises(ValueError, match=re.escape("rotary: expected a RotaryEmbedding of head_dim 4 (embed_dim 16 / "
+                                                   "num_heads 4), got head_dim 8")):
+        mha(x, rotary=tc.positional.RotaryEmbedding(8, 16))
+    with pytest.raises(TypeError, match=r"^rotary: expected a RotaryEmbedding of dtype float32 .*float64"):
+        mha(x, rotary=tc.positional.RotaryEmbedding(4, 16, dtype=np.float64))
+    with pytest.raises(TypeError, match=r"^rotary: expected a RotaryEmbedding of dtype float32 .*got \(array"):
+        mha(x, rotary=tc.positional.rotary_cos_sin(3, 4))
     with pytest.raises(ValueError, match="position_ids"):
         mha(x, rotary=tc.positional.RotaryEmbedding(4, 16), position_ids=[[0, 1, 16], [0, 1, 2]])
 
+
+
+# ------------------------------------------------- self-attention given as query, key, value
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+def test_mha_self_attention_given_as_the_same_data_three_times(rng, dtype):
+    """``mha(x, x, x)`` is self-attention, which rotary and a KV cache need, when key and value are
+    the query's data: a torch tensor passed three times (each converted to its own numpy view) was
+    refused ("needs self-attention"), though the same numpy array passed three times was taken. A
+    copy of the query is cross-attention (over equal values) and stays refused."""
+    mha = tc.nn.MultiheadAttention(16, 4, num_key_value_heads=2, dtype=dtype)
+    rope = tc.positional.RotaryEmbedding(4, 16, dtype=dtype)
+    x = randn(rng, (2, 5, 16), dtype)
+    want, want_w = mha(x, is_causal=True, rotary=rope)
+    xt = torch.from_numpy(x)
+    for q, k, v in ((xt, xt, xt), (xt, None, xt), (x, x[:], x.view()), (xt, x, xt.numpy())):
+        out, w = mha(q, k, v, is_causal=True, rotary=rope)
+        np.testing.assert_array_equal(out, want)
+        np.testing.assert_array_equal(w, want_w)
+    out, _ = mha(xt[0], xt[0], xt[0], is_causal=True, rotary=rope)  # unbatched
+    np.testing.assert_array_equal(out, want[0])
+    cache = tc.KVCache(1, 2, 2, 4, dtype=dtype)
+    out, _ = mha(xt[:, :3], xt[:, :3], xt[:, :3], is_causal=True, rotary=rope, past_key_values=cache)
+    assert_close(out, want[:, :3], dtype)
+    out, _ = mha(xt[:, 3:], xt[:, 3:], xt[:, 3:], is_causal=True, rotary=rope, past_key_values=cache)
+    assert cache.length == 5
+    assert_close(out, want[:, 3:], dtype, what="the cached steps, tensors given three times")
+    # the same memory seen otherwise is not the query: a copy, a reversed view, a slice
+    for other in (x.copy(), x[:, ::-1], x[:, :4]):
+        with pytest.raises(ValueError, match=r"^key, value: a KV cache or a rotary embedding needs self-attention"):
+            mha(x, other, other, rotary=rope)
+    # a training forward of the tensors given three times: the same gradients as the self-attention's
+    g = randn(rng, (2, 5, 16), dtype)
+    mha.train()
+    mha(x, is_causal=True, rotary=rope)
+    dq = mha.backward(g)
+    weight_grads = mha.gradients()
+    mha.zero_grad()
+    mha(xt, xt, xt, is_causal=True, rotary=rope)
+    grads = mha.backward(g)  # one array given three times: all of its gradient in grad_query
+    np.testing.assert_array_equal(grads[0], dq)
+    assert not grads[1].any() and not grads[2].any()
+    for name, value in mha.gradients().items():
+        np.testing.assert_array_equal(value, weight_grads[name], err_msg=name)
+
+
+# -------------------------------------------------------------- the sinusoidal table's precision
+def test_sinusoidal_table_precision_is_as_documented():
+    """PositionalEncoding's table is within 3e-8 of the exact values (float64 angles, rounded once);
+    the tutorials' float32 torch table is off by up to 3.9e-4 over its 5,000 positions (d_model 512):
+    the numbers the docstrings give, checked here so that they cannot go stale silently."""
+    d, L = 512, 5000
+    angle = np.arange(L, dtype=np.float64)[:, None] / 10000.0 ** (np.arange(0, d, 2) / d)
+    exact = np.empty((L, d))
+    exact[:, 0::2], exact[:, 1::2] = np.sin(angle), np.cos(angle)
+    ours = tc.positional.PositionalEncoding(d).pe
+    assert ours.shape == (L, d) and ours.dtype == np.float32
+    np.testing.assert_array_equal(ours, tc.positional.sinusoidal_positional_encoding(L, d))
+    ours_err = float(np.abs(ours - exact).max())
+    assert ours_err <= 3e-8, ours_err  # half a float32 ulp of 1 is 2**-25 = 2.98e-8
+    # the tutorials' PositionalEncoding (and PyTorch's translation tutorial's), in float32
+    position = torch.arange(0, L).unsqueeze(1).float()
+    div_term = torch.exp(torch.arange(0, d, 2).float() * (-math.log(10000.0) / d))
+    tutorial = torch.zeros(L, d)
+    tutorial[:, 0::2] = torch.sin(position * div_term)
+    tutorial[:, 1::2] = torch.cos(position * div_term)
+    tutorial_err = float(np.abs(tutorial.numpy() - exact).max())
+    assert 3.5e-4 < tutorial_err < 4.0e-4, tutorial_err  # "up to 3.9e-4"
+    assert 3.5e-4 < float(np.abs(tutorial.numpy() - ours).max()) < 4.0e-4
+    first_100 = float(np.abs(tutorial.numpy()[:100] - exact[:100]).max())
+    assert first_100 < 1e-5, first_100  # "~7e-6 over positions 0..100"
+    for doc in (tc.positional.sinusoidal_positional_encoding.__doc__, tc.positional.PositionalEncoding.__doc__):
+        assert "3.9e-4" in doc and "3e-8" in doc

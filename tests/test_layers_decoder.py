@@ -12,6 +12,8 @@ explicit causal mask.
 """
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -687,3 +689,59 @@ def test_unbatched_errors_name_the_shapes_given(rng):
         model(mem, tgt, src_key_mask=np.ones((1, 6), bool))
     with pytest.raises(ValueError, match=r"^tgt_key_mask: expected shape \(4,\) \(T,\)"):
         model(mem, tgt, tgt_key_mask=np.ones(6, bool))
+
+
+# ------------------------------------------------------------------ torch's batch_first
+@pytest.mark.filterwarnings("ignore:enable_nested_tensor")
+def test_decoder_layer_and_transformer_take_torchs_batch_first(rng):
+    """torch's ``batch_first=True`` was an "unexpected keyword argument" of the decoder layer and of
+    Transformer: it is their one layout (torch's batch_first=True output); False is a ValueError
+    whose advice (transpose in and out) gives torch's batch_first=False output."""
+    refusal = "batch_first: expected True, got False: this library's layers take batch-first (N, L, E) inputs only"
+    ref = randomise_(torch.nn.TransformerDecoderLayer(8, 2, 16, 0.0, batch_first=True)).eval()
+    ours = tc.nn.TransformerDecoderLayer(8, 2, 16, batch_first=True)
+    ours.load_state_dict(module_state_to_numpy(ref))
+    tgt, mem = randn(rng, (3, 4, 8)), randn(rng, (3, 6, 8))
+    with torch.no_grad():
+        r = ref(to_torch(tgt), to_torch(mem)).numpy()
+    assert_close(ours(tgt, mem), r, np.float32, what="decoder layer, batch_first=True")
+    with pytest.raises(ValueError, match="^" + re.escape(refusal)):
+        tc.nn.TransformerDecoderLayer(8, 2, 16, batch_first=False)
+
+    ref = randomise_(torch.nn.Transformer(8, 2, 1, 1, 16, dropout=0.0, batch_first=True)).eval()
+    ours = tc.nn.Transformer(8, 2, 1, 1, 16, batch_first=True)
+    ours.load_state_dict(module_state_to_numpy(ref))
+    src = randn(rng, (3, 6, 8))
+    with torch.no_grad():
+        r = ref(to_torch(src), to_torch(tgt)).numpy()
+    assert_close(ours(src, tgt), r, np.float32, what="Transformer, batch_first=True")
+    with pytest.raises(ValueError, match="^" + re.escape(refusal)) as info:
+        tc.nn.Transformer(8, 2, 1, 1, 16, batch_first=False)
+    assert "x.transpose(1, 0, 2)" in str(info.value)
+    with pytest.raises(TypeError, match="batch_first: expected a bool"):
+        tc.nn.Transformer(8, 2, 1, 1, 16, batch_first="yes")
+    seq_first = randomise_(torch.nn.Transformer(8, 2, 1, 1, 16, dropout=0.0)).eval()  # torch's default layout
+    ours.load_state_dict(module_state_to_numpy(seq_first))
+    with torch.no_grad():
+        r = seq_first(to_torch(src.transpose(1, 0, 2)), to_torch(tgt.transpose(1, 0, 2))).numpy()
+    assert_close(ours(src, tgt).transpose(1, 0, 2), r, np.float32, what="the advice, transposed")
+
+
+# ------------------------------------------------------------------ Seq2SeqTransformer's arguments
+def test_seq2seq_arguments_after_the_vocabularies_are_keyword_only():
+    """PyTorch's translation tutorial builds ``Seq2SeqTransformer(num_encoder_layers,
+    num_decoder_layers, emb_size, nhead, src_vocab_size, tgt_vocab_size, dim_feedforward)``: seven
+    ints that, read in this class's order, silently built another model (vocabularies 3 and 3, 50
+    encoder and 40 decoder layers). Everything after the vocabularies is keyword-only now."""
+    with pytest.raises(TypeError, match=r"takes 3 positional arguments but 8 were given"):
+        tc.Seq2SeqTransformer(3, 3, 16, 2, 50, 40, 32)  # the tutorial's positional call
+    with pytest.raises(TypeError, match="positional"):
+        tc.Seq2SeqTransformer(50, 40, 16)
+    m = tc.Seq2SeqTransformer(50, 40, d_model=16, nhead=2, num_encoder_layers=3, num_decoder_layers=2,
+                              dim_feedforward=32, max_len=12)
+    assert (m.src_vocab_size, m.tgt_vocab_size, m.d_model) == (50, 40, 16)
+    assert (len(m.transformer.encoder.layers), len(m.transformer.decoder.layers)) == (3, 2)
+    assert m.transformer.nhead == 2 and m.transformer.encoder.layers[0].dim_feedforward == 32
+    shapes = m.parameter_shapes()
+    assert shapes["src_tok_emb.weight"] == (50, 16) and shapes["generator.weight"] == (40, 16)
+    assert shapes["transformer.encoder.layers.0.linear1.weight"] == (32, 16)

@@ -367,3 +367,30 @@ def test_layer_constructors_name_torchs_positional_dropout():
         with pytest.raises(TypeError, match=re.escape("activation: expected a str, got float 0.1 (torch's fourth "
                                                       "positional argument is dropout")):
             layer(8, 2, 16, 0.1)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+def test_encoder_layer_takes_torchs_batch_first(rng, dtype):
+    """torch's ``batch_first=True`` (its most common idiom) was an "unexpected keyword argument":
+    it is this layer's one layout and gives torch's batch_first=True output; ``batch_first=False``
+    is a ValueError whose advice (transpose in and out) gives torch's batch_first=False output."""
+    t = TORCH_DTYPE[np.dtype(dtype)]
+    ref = randomise_(torch.nn.TransformerEncoderLayer(8, 2, 16, 0.0, batch_first=True).to(t)).eval()
+    ours = tc.nn.TransformerEncoderLayer(8, 2, 16, dtype=dtype, batch_first=True)
+    ours.load_state_dict(module_state_to_numpy(ref))
+    x = randn(rng, (3, 5, 8), dtype)
+    with torch.no_grad():
+        r = ref(to_torch(x)).numpy()
+    assert_close(ours(x), r, dtype, what="batch_first=True")
+    with pytest.raises(ValueError, match=re.escape("batch_first: expected True, got False: this library's layers "
+                                                   "take batch-first (N, L, E) inputs only")) as info:
+        tc.nn.TransformerEncoderLayer(8, 2, 16, dtype=dtype, batch_first=False)
+    assert "x.transpose(1, 0, 2)" in str(info.value)
+    ref_seq_first = randomise_(torch.nn.TransformerEncoderLayer(8, 2, 16, 0.0, batch_first=False).to(t)).eval()
+    ours.load_state_dict(module_state_to_numpy(ref_seq_first))
+    x_lne = randn(rng, (5, 3, 8), dtype)  # torch's default layout (L, N, E)
+    with torch.no_grad():
+        r = ref_seq_first(to_torch(x_lne)).numpy()
+    assert_close(ours(x_lne.transpose(1, 0, 2)).transpose(1, 0, 2), r, dtype, what="the advice, transposed")
+    with pytest.raises(TypeError, match="batch_first: expected a bool"):
+        tc.nn.TransformerEncoderLayer(8, 2, 16, batch_first=1)

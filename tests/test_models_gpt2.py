@@ -622,7 +622,8 @@ def test_generate_temperature_floor(gpt2_h4):
 def test_seq2seq_out_of_range_ids_name_src_or_tgt():
     """torch's Seq2SeqTransformer (nn.Embedding) refuses an id out of its table; ours does too, and
     the message names the argument that holds it (it said input_ids)."""
-    m = tc.Seq2SeqTransformer(11, 13, 16, 4, 1, 1, 24, max_len=20).eval()
+    m = tc.Seq2SeqTransformer(11, 13, d_model=16, nhead=4, num_encoder_layers=1, num_decoder_layers=1,
+                              dim_feedforward=24, max_len=20).eval()
     src_emb, tgt_emb = torch.nn.Embedding(11, 16), torch.nn.Embedding(13, 16)
     src, tgt = np.array([[1, 2, 3]]), np.array([[1, 2]])
     for ids, emb in ((np.array([[1, 11]]), src_emb), (np.array([[13, 0]]), tgt_emb)):
@@ -733,7 +734,7 @@ def test_save_pretrained_keeps_bos_token_id_and_other_keys(tmp_path):
 def test_a_batch_too_large_for_the_kv_cache_names_input_ids():
     """A batch whose KV cache exceeds this machine's memory: the ValueError names input_ids, its
     batch size (and for generate max_new_tokens), raised before the cache is allocated (it named
-    KVCache's own arguments: num_layers, batch, num_kv_heads, head_dim, capacity)."""
+    KVCache's own arguments: num_layers, batch, num_key_value_heads, head_dim, capacity)."""
     from transformer_core._validation import physical_memory_bytes
 
     cfg = tc.GPT2Config(vocab_size=11, n_positions=1024, n_embd=64, n_layer=16, n_head=1)

@@ -228,7 +228,7 @@ def test_cache_decoding_equals_recomputation(llama):
     ids = _ids(99, (N, P + steps))
     cache = m.new_cache(N)
     assert cache.length == 0 and len(cache) == hf.config.num_hidden_layers
-    assert cache.num_kv_heads == hf.config.num_key_value_heads
+    assert cache.num_key_value_heads == hf.config.num_key_value_heads
     out = m(ids[:, :P], past_key_values=cache, use_cache=True)
     assert out.past_key_values is cache and cache.length == P
     cap = cache.capacity

@@ -4,12 +4,13 @@
   ``torch.nn.functional.scaled_dot_product_attention(..., enable_gqa=True)`` (bool / float masks,
   top-left and bottom-right causal alignment, fully masked rows).
 * The tiled "flash" kernel against the unfused "reference" oracle over tile-edge sizes.
-* ``tc.nn.MultiheadAttention(E, H, num_kv_heads=Hkv)`` against a torch reference written here:
+* ``tc.nn.MultiheadAttention(E, H, num_key_value_heads=Hkv)`` against a torch reference written here:
   projections with ``F.linear`` using our ``in_proj_weight`` rows ``[q (E); k (Hkv·D); v (Hkv·D)]``,
   then ``F.scaled_dot_product_attention(enable_gqa=True)``, then ``out_proj``.
 """
 from __future__ import annotations
 
+import copy
 import warnings
 
 import numpy as np
@@ -372,7 +373,7 @@ MHA_CONFIGS = [(8, 1, 1), (8, 2, 1), (12, 4, 2), (16, 4, 1), (16, 8, 2), (24, 6,
                          ids=["N1L1S1", "N3L7S7", "N2L5S9", "N4L4S4"])
 @pytest.mark.parametrize("E,H,Hkv", MHA_CONFIGS, ids=[f"E{e}H{h}kv{k}" for e, h, k in MHA_CONFIGS])
 def test_mha_gqa_matches_torch(rng, E, H, Hkv, N, L, S, bias, dtype):
-    mha = tc.nn.MultiheadAttention(E, H, bias=bias, num_kv_heads=Hkv, dtype=dtype)
+    mha = tc.nn.MultiheadAttention(E, H, bias=bias, num_key_value_heads=Hkv, dtype=dtype)
     D = E // H
     shapes = mha.state_dict()
     assert shapes["in_proj_weight"].shape == (E + 2 * Hkv * D, E)
@@ -405,7 +406,7 @@ def test_mha_gqa_matches_torch(rng, E, H, Hkv, N, L, S, bias, dtype):
 @pytest.mark.parametrize("E,H,Hkv", [(16, 4, 1), (24, 6, 2)], ids=["mqa", "gqa"])
 def test_mha_gqa_masks(rng, E, H, Hkv, kind, dtype):
     N, L = 3, 9
-    mha = tc.nn.MultiheadAttention(E, H, num_kv_heads=Hkv, dtype=dtype)
+    mha = tc.nn.MultiheadAttention(E, H, num_key_value_heads=Hkv, dtype=dtype)
     sd = _randomise(mha, rng, dtype)
     x = randn(rng, (N, L, E), dtype)
     am = km = None
@@ -434,7 +435,7 @@ def test_mha_gqa_masks(rng, E, H, Hkv, kind, dtype):
 
 @pytest.mark.parametrize("path", ["flash", "reference"])
 def test_mha_gqa_paths_agree(rng, path):
-    mha = tc.nn.MultiheadAttention(32, 8, num_kv_heads=2)
+    mha = tc.nn.MultiheadAttention(32, 8, num_key_value_heads=2)
     sd = _randomise(mha, rng, np.float32)
     x = randn(rng, (2, 65, 32))
     out, _ = mha(x, is_causal=True, path=path)
@@ -443,13 +444,13 @@ def test_mha_gqa_paths_agree(rng, path):
 
 
 def test_mha_gqa_bad_input(rng):
-    with pytest.raises(ValueError, match="num_kv_heads"):
-        tc.nn.MultiheadAttention(12, 4, num_kv_heads=3)
-    with pytest.raises(ValueError, match="num_kv_heads"):
-        tc.nn.MultiheadAttention(12, 4, num_kv_heads=0)
-    with pytest.raises(ValueError, match="num_kv_heads"):
-        tc.nn.MultiheadAttention(12, 4, num_kv_heads=8)
-    mha = tc.nn.MultiheadAttention(12, 4, num_kv_heads=2)
+    with pytest.raises(ValueError, match="num_key_value_heads"):
+        tc.nn.MultiheadAttention(12, 4, num_key_value_heads=3)
+    with pytest.raises(ValueError, match="num_key_value_heads"):
+        tc.nn.MultiheadAttention(12, 4, num_key_value_heads=0)
+    with pytest.raises(ValueError, match="num_key_value_heads"):
+        tc.nn.MultiheadAttention(12, 4, num_key_value_heads=8)
+    mha = tc.nn.MultiheadAttention(12, 4, num_key_value_heads=2)
     _randomise(mha, rng, np.float32)
     before = {k: np.array(v, copy=True) for k, v in mha.state_dict().items()}
     bad = {k: np.array(v) for k, v in before.items()}
@@ -476,7 +477,7 @@ def test_mha_gqa_bad_input(rng):
 
 def test_mha_gqa_dtype_cast(rng):
     """fp64 module takes fp32 input (cast) and matches an fp64 torch reference."""
-    mha = tc.nn.MultiheadAttention(16, 4, num_kv_heads=2, dtype=np.float64)
+    mha = tc.nn.MultiheadAttention(16, 4, num_key_value_heads=2, dtype=np.float64)
     sd = _randomise(mha, rng, np.float64)
     x = randn(rng, (2, 6, 16), np.float32)
     out, _ = mha(x)
@@ -484,3 +485,47 @@ def test_mha_gqa_dtype_cast(rng):
     ref, _, _ = _torch_gqa_mha(sd, x.astype(np.float64), x.astype(np.float64), x.astype(np.float64), 4, 2)
     assert_close(out, ref, np.float64)
     assert TORCH_DTYPE[np.dtype(np.float64)] == torch.float64
+
+
+def test_num_kv_heads_is_a_deprecated_alias_of_num_key_value_heads(rng):
+    """Hugging Face's ``num_key_value_heads`` is the project's name; MultiheadAttention and KVCache
+    took ``num_kv_heads``. The old keyword (and attribute) still works for one release, with a
+    DeprecationWarning naming the new one, and builds the same layer / cache."""
+    new = "num_key_value_heads= .Hugging Face's name.; num_kv_heads= will be removed in the next release"
+    with pytest.warns(DeprecationWarning, match=r"^num_kv_heads= is deprecated, use " + new):
+        old = tc.nn.MultiheadAttention(12, 4, num_kv_heads=2)
+    mha = tc.nn.MultiheadAttention(12, 4, num_key_value_heads=2)
+    assert old.num_key_value_heads == mha.num_key_value_heads == 2
+    assert old.parameter_shapes() == mha.parameter_shapes() == {
+        "in_proj_weight": (12 + 2 * 2 * 3, 12), "in_proj_bias": (24,), "out_proj.weight": (12, 12),
+        "out_proj.bias": (12,)}
+    sd = _randomise(mha, rng, np.float32)
+    old.load_state_dict(sd)
+    x = randn(rng, (2, 5, 12))
+    np.testing.assert_array_equal(old(x)[0], mha(x)[0])
+    with pytest.warns(DeprecationWarning, match="MultiheadAttention.num_kv_heads is deprecated, use "
+                                                "num_key_value_heads"):
+        assert old.num_kv_heads == 2
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the copies are built with the new name: no second warning
+        assert copy.deepcopy(old).num_key_value_heads == 2
+        assert tc.nn.MultiheadAttention(12, 4).num_key_value_heads == 4  # None = num_heads
+    with pytest.raises(TypeError, match="num_kv_heads: the former name of num_key_value_heads; got both"):
+        tc.nn.MultiheadAttention(12, 4, num_kv_heads=2, num_key_value_heads=2)
+    with pytest.warns(DeprecationWarning, match=r"^num_kv_heads= is deprecated, use num_key_value_heads="):
+        with pytest.raises(ValueError, match="^num_key_value_heads: expected a divisor of num_heads"):
+            tc.nn.MultiheadAttention(12, 4, num_kv_heads=3)  # errors name the new name
+
+    with pytest.warns(DeprecationWarning, match=r"^num_kv_heads= is deprecated, use num_key_value_heads="):
+        cache = tc.KVCache(2, 1, num_kv_heads=3, head_dim=4)
+    assert cache.num_key_value_heads == 3
+    assert tc.KVCache(2, 1, num_key_value_heads=3, head_dim=4).num_key_value_heads == 3
+    assert repr(cache).startswith("KVCache(num_layers=2, batch=1, num_key_value_heads=3, head_dim=4,")
+    with pytest.warns(DeprecationWarning, match="KVCache.num_kv_heads is deprecated, use num_key_value_heads"):
+        assert cache.num_kv_heads == 3
+    past = [(randn(rng, (1, 3, 2, 4)), randn(rng, (1, 3, 2, 4)))]
+    with pytest.warns(DeprecationWarning, match=r"^num_kv_heads= is deprecated, use num_key_value_heads="):
+        legacy = tc.KVCache.from_legacy(past, num_kv_heads=3, head_dim=4)
+    np.testing.assert_array_equal(legacy[0][0], past[0][0])
+    with pytest.raises(ValueError, match=r"^num_key_value_heads: expected an int in \[1, "):
+        tc.KVCache(1, 1, 0, 4)

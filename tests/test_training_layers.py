@@ -213,7 +213,7 @@ def run_mha(rng, dtype, *, E=12, H=4, Hkv=None, N=2, L=5, S=None, bias=True, kdi
     Hkv = Hkv or H
     self_attention = S is None and kdim is None and vdim is None
     S = L if S is None else S
-    ours = tc.nn.MultiheadAttention(E, H, bias=bias, num_kv_heads=Hkv, kdim=kdim, vdim=vdim, dtype=dtype)
+    ours = tc.nn.MultiheadAttention(E, H, bias=bias, num_key_value_heads=Hkv, kdim=kdim, vdim=vdim, dtype=dtype)
     state = {k: randn(rng, v.shape, dtype, 0.4) for k, v in ours.state_dict().items()}
     ours.load_state_dict(state)
     q = randn(rng, (N, L, E), dtype)
@@ -541,7 +541,7 @@ def test_zero_grad_set_to_none_must_be_a_bool(rng):
 
 
 def test_parameters_are_views_named_as_state_dict():
-    m = tc.nn.MultiheadAttention(8, 2, num_kv_heads=1, dtype=np.float32)
+    m = tc.nn.MultiheadAttention(8, 2, num_key_value_heads=1, dtype=np.float32)
     names = [n for n, _ in m.named_parameters()]
     assert names == list(m.state_dict())
     assert m.parameters()[0] is m.named_parameters()[0][1]  # the same objects every call
@@ -700,3 +700,31 @@ def test_tutorial_embeddings(rng, dtype):
     grads = ours.gradients()
     for name, p in params.items():
         assert_grad(grads[name], p.grad, dtype, name)
+
+
+def test_modules_start_in_eval_mode_and_the_docs_say_so(rng):
+    """Unlike torch's modules (training mode when built), ours start in eval mode: a layer built with
+    dropout applies none until ``train()``. The module doc, ``Module``, ``train()`` and the layers
+    whose torch twins differ most (dropout, training forwards) say so."""
+    x = randn(rng, (2, 3, 8))
+    ours = tc.nn.TransformerEncoderLayer(8, 2, 16, dropout=0.5)
+    ref = torch.nn.TransformerEncoderLayer(8, 2, 16, dropout=0.5, batch_first=True)
+    assert ref.training and not ours.training
+    np.testing.assert_array_equal(ours(x), ours(x))  # no dropout: the same output twice
+    with pytest.raises(tc.NoTrainingStateError):
+        ours.backward(np.ones_like(x))  # an eval forward keeps nothing
+    assert ours.train().training and not np.array_equal(ours(x), ours(x))  # dropout, two masks
+    for module in (tc.nn.MultiheadAttention(8, 2), tc.nn.TransformerDecoderLayer(8, 2, 16),
+                   tc.nn.Transformer(8, 2, 1, 1, 16), tc.nn.Linear(2, 3),
+                   tc.Seq2SeqTransformer(5, 5, d_model=8, nhead=2, num_encoder_layers=1, num_decoder_layers=1,
+                                         dim_feedforward=16, max_len=4)):
+        assert module.training is False, type(module).__name__
+    docs = {"transformer_core.module": tc.module.__doc__, "Module": tc.module.Module.__doc__,
+            "Module.train": tc.module.Module.train.__doc__, "transformer_core.nn": tc.nn.__doc__}
+    docs.update({cls.__name__: cls.__doc__ for cls in (tc.nn.MultiheadAttention, tc.nn.TransformerEncoderLayer,
+                                                       tc.nn.TransformerDecoderLayer, tc.nn.Transformer,
+                                                       tc.Seq2SeqTransformer)})
+    for name, doc in docs.items():
+        text = " ".join(doc.split()).lower()
+        assert "starts in eval mode" in text or "start in eval mode" in text, name
+        assert "unlike torch" in text, name

@@ -584,7 +584,8 @@ def test_seq2seq_transformer(rng, dtype, norm_first):
     args = (13, 11, 8, 2, 2, 2, 16, norm_first)
     ref = TorchSeq2Seq(*args).to(TORCH_DTYPE[np.dtype(dtype)])
     _randomise(ref, 5)
-    ours = tc.Seq2SeqTransformer(13, 11, 8, 2, 2, 2, 16, norm_first=norm_first, max_len=64, dtype=dtype)
+    ours = tc.Seq2SeqTransformer(13, 11, d_model=8, nhead=2, num_encoder_layers=2, num_decoder_layers=2,
+                                 dim_feedforward=16, norm_first=norm_first, max_len=64, dtype=dtype)
     ours.load_state_dict({k: v.detach().numpy() for k, v in ref.state_dict().items()})
     N, S, T = 3, 7, 6
     src, tgt = rng.integers(0, 13, (N, S)), rng.integers(0, 11, (N, T))
@@ -612,7 +613,8 @@ def test_seq2seq_greedy_decode_is_the_tutorials(rng):
     max_len tokens, the start token included (it returned max_len + 1), the same ids, the same stop
     at the end token; batched rows are the tutorial's, padded with the end token."""
     ref = _randomise(TorchSeq2Seq(13, 11, 8, 2, 2, 2, 16, False), 1).double().eval()  # (seed 1: varied ids)
-    ours = tc.Seq2SeqTransformer(13, 11, 8, 2, 2, 2, 16, max_len=64, dtype=np.float64).eval()
+    ours = tc.Seq2SeqTransformer(13, 11, d_model=8, nhead=2, num_encoder_layers=2, num_decoder_layers=2,
+                                 dim_feedforward=16, max_len=64, dtype=np.float64).eval()
     ours.load_state_dict({k: v.detach().numpy() for k, v in ref.state_dict().items()})
     srcs = rng.integers(0, 13, (4, 5))
     with torch.no_grad():
@@ -639,7 +641,8 @@ def test_seq2seq_greedy_decode_is_the_tutorials(rng):
 def test_seq2seq_greedy_decode_checks_its_arguments_first(rng):
     """end_token and max_len are checked before anything is decoded (a float end_token came back as a
     float64 result; max_len over the model's failed after decoding, naming tgt)."""
-    m = tc.Seq2SeqTransformer(10, 12, 8, 2, 1, 1, 16, max_len=6)
+    m = tc.Seq2SeqTransformer(10, 12, d_model=8, nhead=2, num_encoder_layers=1, num_decoder_layers=1,
+                              dim_feedforward=16, max_len=6)
     m.eval()
     src = np.array([[1, 2, 3, 4]])
     for end, err, match in [(1.5, TypeError, "end_token"), (-5, ValueError, "end_token"),

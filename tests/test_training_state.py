@@ -19,7 +19,8 @@ import transformer_core as tc
 # ------------------------------------------------------------------------ Seq2SeqTransformer
 def _seq2seq(dropout=0.0):
     tc.manual_seed(0)
-    m = tc.Seq2SeqTransformer(10, 12, 8, 2, 1, 1, 16, dropout=dropout, max_len=10)
+    m = tc.Seq2SeqTransformer(10, 12, d_model=8, nhead=2, num_encoder_layers=1, num_decoder_layers=1,
+                              dim_feedforward=16, dropout=dropout, max_len=10)
     m.train()
     return m
 
@@ -126,7 +127,8 @@ def test_seq2seq_loads_the_translation_tutorials_own_names():
     E, maxlen = 8, 64
     torch.manual_seed(0)
     ref = _translation_tutorial(E, maxlen).eval()
-    ours = tc.Seq2SeqTransformer(13, 11, E, 2, 1, 1, 16, max_len=maxlen)
+    ours = tc.Seq2SeqTransformer(13, 11, d_model=E, nhead=2, num_encoder_layers=1, num_decoder_layers=1,
+                                 dim_feedforward=16, max_len=maxlen)
     state = {k: v.numpy() for k, v in ref.state_dict().items()}
     ours.load_state_dict(state)
     src, tgt = np.array([[1, 2, 3, 4], [5, 6, 7, 8]]), np.array([[1, 2, 3], [4, 5, 6]])
@@ -145,7 +147,8 @@ def test_seq2seq_loads_a_bfloat16_tutorials_table():
     E, maxlen = 8, 64
     torch.manual_seed(0)
     ref = _translation_tutorial(E, maxlen).to(torch.bfloat16).eval()
-    ours = tc.Seq2SeqTransformer(13, 11, E, 2, 1, 1, 16, max_len=maxlen)
+    ours = tc.Seq2SeqTransformer(13, 11, d_model=E, nhead=2, num_encoder_layers=1, num_decoder_layers=1,
+                                 dim_feedforward=16, max_len=maxlen)
     ours.load_state_dict(ref.state_dict())
     table = ref.state_dict()["positional_encoding.pos_embedding"].float().numpy()[:, 0]
     assert np.array_equal(ours.state_dict()["positional_encoding.pos_embedding"][:, 0], table)
@@ -165,7 +168,8 @@ def test_seq2seq_keeps_the_translation_tutorials_position_table(dtype, L, atol):
     E = 8
     torch.manual_seed(0)
     ref = _translation_tutorial(E, L).eval().to(torch.float64 if dtype == np.float64 else torch.float32)
-    ours = tc.Seq2SeqTransformer(13, 11, E, 2, 1, 1, 16, max_len=L, dtype=dtype)
+    ours = tc.Seq2SeqTransformer(13, 11, d_model=E, nhead=2, num_encoder_layers=1, num_decoder_layers=1,
+                                 dim_feedforward=16, max_len=L, dtype=dtype)
     fresh = copy.deepcopy(ours)
     state = {k: v.numpy() for k, v in ref.state_dict().items()}
     ours.load_state_dict(state)
@@ -408,7 +412,8 @@ def test_parameters_stay_the_same_objects_when_another_model_is_quantized():
 
 
 def test_parameters_of_a_parent_follow_a_child_quantized_in_place():
-    model = tc.Seq2SeqTransformer(10, 12, 8, 2, 1, 1, 16, max_len=10)
+    model = tc.Seq2SeqTransformer(10, 12, d_model=8, nhead=2, num_encoder_layers=1, num_decoder_layers=1,
+                                  dim_feedforward=16, max_len=10)
     model.named_parameters()
     tc.quantize(model.generator, "int8", inplace=True)
     with pytest.raises(ValueError, match="quantized"):
@@ -751,7 +756,8 @@ _CASES = {
                       lambda m: m(_X), lambda m: m.backward(np.ones_like(_X))),
     "gpt2": (_gpt2, lambda m: m.loss(_IDS, _IDS), lambda m: m.backward()),
     "llama": (_llama, lambda m: m.loss(_IDS, _IDS), lambda m: m.backward()),
-    "seq2seq": (lambda: tc.Seq2SeqTransformer(10, 12, 8, 2, 1, 1, 16, max_len=10, dtype=np.float64),
+    "seq2seq": (lambda: tc.Seq2SeqTransformer(10, 12, d_model=8, nhead=2, num_encoder_layers=1, num_decoder_layers=1,
+                                              dim_feedforward=16, max_len=10, dtype=np.float64),
                 lambda m: m.loss(SRC, TGT, LAB), lambda m: m.backward()),
     "bert": (_bert, lambda m: m(_IDS), lambda m: m.backward(np.ones((2, 4, 8)), np.ones((2, 8)))),
 }

@@ -209,8 +209,8 @@ class DecoderModel(Module):
         if cache.batch != N or len(cache) != self.config.num_layers:
             raise ValueError(f"past_key_values: a cache of batch {cache.batch} and {len(cache)} layers does not fit "
                              f"input_ids' batch {N} and this model's {self.config.num_layers} layers")
-        if cache.num_kv_heads != self.config.num_kv_heads or cache.head_dim != self.head_dim:
-            raise ValueError(f"past_key_values: a cache of {cache.num_kv_heads} key/value heads of width "
+        if cache.num_key_value_heads != self.config.num_kv_heads or cache.head_dim != self.head_dim:
+            raise ValueError(f"past_key_values: a cache of {cache.num_key_value_heads} key/value heads of width "
                              f"{cache.head_dim} does not fit this model's {self.config.num_kv_heads} of width "
                              f"{self.head_dim}")
         if (cache.key_order is None) != (order is None) or (order is not None

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 
 from ._runtime import variant
 from ._validation import as_float, check_allocatable, check_int, resolve_dtype
+from .module import renamed_keyword
 
 __all__ = ["KVCache"]
 
@@ -22,7 +25,9 @@ class KVCache:
     Args:
         num_layers: layers of the model (>= 0).
         batch: N, sequences decoded together (>= 1).
-        num_kv_heads: H_kv, key/value heads per layer (>= 1).
+        num_key_value_heads: H_kv, key/value heads per layer (>= 1; Hugging Face's name).
+            ``num_kv_heads=``, its former name, is still taken for one release, with a
+            ``DeprecationWarning``.
         head_dim: D (>= 1).
         capacity: positions to reserve up front (e.g. prompt + max_new_tokens); 0 = one.
         dtype: ``np.float32`` or ``np.float64`` (the model's).
@@ -37,13 +42,18 @@ class KVCache:
         machine's memory (checked before anything is allocated).
     """
 
-    def __init__(self, num_layers: int, batch: int, num_kv_heads: int, head_dim: int, capacity: int = 0,
+    @renamed_keyword("num_kv_heads", "num_key_value_heads")
+    def __init__(self, num_layers: int, batch: int, num_key_value_heads: int, head_dim: int, capacity: int = 0,
                  dtype=np.float32, *, key_order=None):
         self.dtype = resolve_dtype(dtype)
         sizes = [check_int(num_layers, "num_layers", 0), check_int(batch, "batch", 1),
-                 check_int(num_kv_heads, "num_kv_heads", 1), check_int(head_dim, "head_dim", 1),
+                 check_int(num_key_value_heads, "num_key_value_heads", 1), check_int(head_dim, "head_dim", 1),
                  max(check_int(capacity, "capacity", 0), 1)]
         self.key_order = _check_key_order(key_order, sizes[3])
+        # keys and values of every layer, checked here to name this constructor's arguments (the C++
+        # check, which follows, names its own)
+        check_allocatable([2] + sizes, np.dtype(self.dtype).itemsize,
+                          "num_layers, batch, num_key_value_heads, head_dim, capacity")
         self._impl = variant("KVCache", self.dtype)(*sizes)
         # nn.MultiheadAttention layers sharing this cache fill it layer by layer at each step: the
         # layer expected next, and the positions the step appends
@@ -65,9 +75,16 @@ class KVCache:
         return self._impl.batch
 
     @property
-    def num_kv_heads(self) -> int:
+    def num_key_value_heads(self) -> int:
         """H_kv, key/value heads per layer."""
         return self._impl.num_kv_heads
+
+    @property
+    def num_kv_heads(self) -> int:
+        """Deprecated: ``num_key_value_heads`` (a ``DeprecationWarning``; removed in the next release)."""
+        warnings.warn("KVCache.num_kv_heads is deprecated, use num_key_value_heads (Hugging Face's name)",
+                      DeprecationWarning, stacklevel=2)
+        return self.num_key_value_heads
 
     @property
     def head_dim(self) -> int:
@@ -116,10 +133,14 @@ class KVCache:
         self._impl.reserve(check_int(total, "total", 0))
 
     @classmethod
-    def from_legacy(cls, past, num_kv_heads: int, head_dim: int, dtype=np.float32, *, key_order=None) -> "KVCache":
+    @renamed_keyword("num_kv_heads", "num_key_value_heads")
+    def from_legacy(cls, past, num_key_value_heads: int, head_dim: int, dtype=np.float32, *,
+                    key_order=None) -> "KVCache":
         """A cache holding per-layer ``(keys, values)`` arrays ``(N, H_kv, S, D)`` (numpy arrays or
         torch tensors, converted to ``dtype``; copied: ``past`` is not changed), the keys in Hugging
         Face's order; ``key_order``: the cache's own (see the class), the keys stored reordered.
+        ``num_key_value_heads`` is H_kv (``num_kv_heads=``, its former name, still taken for one
+        release, with a ``DeprecationWarning``).
 
         Raises:
             TypeError: ``past`` not a tuple or list (e.g. None, a KVCache, a Hugging Face
@@ -128,7 +149,7 @@ class KVCache:
                 copies and cache would exceed this machine's memory (checked before any copy).
         """
         dtype = resolve_dtype(dtype)
-        num_kv_heads = check_int(num_kv_heads, "num_kv_heads", 1)
+        num_key_value_heads = check_int(num_key_value_heads, "num_key_value_heads", 1)
         head_dim = check_int(head_dim, "head_dim", 1)
         key_order = _check_key_order(key_order, head_dim)
         if not isinstance(past, (list, tuple)):
@@ -149,9 +170,9 @@ class KVCache:
                 raise ValueError(f"past_key_values[{i}]: expected a (keys, values) pair, got {got}")
             k = as_float(pair[0], f"past_key_values[{i}][0]", dtype, ndim=4, allow_empty=True)
             v = as_float(pair[1], f"past_key_values[{i}][1]", dtype, ndim=4, allow_empty=True)
-            if k.ndim != 4 or k.shape != v.shape or k.shape[1] != num_kv_heads or k.shape[3] != head_dim:
-                raise ValueError(f"past_key_values[{i}]: expected keys and values of shape (N, {num_kv_heads}, S, "
-                                 f"{head_dim}), got {k.shape} and {v.shape}")
+            if k.ndim != 4 or k.shape != v.shape or k.shape[1] != num_key_value_heads or k.shape[3] != head_dim:
+                raise ValueError(f"past_key_values[{i}]: expected keys and values of shape (N, {num_key_value_heads}, "
+                                 f"S, {head_dim}), got {k.shape} and {v.shape}")
             if k.shape[0] < 1:
                 raise ValueError(f"past_key_values[{i}]: expected keys and values of batch N >= 1, got shape {k.shape}")
             if shape is not None and k.shape != shape:
@@ -161,12 +182,12 @@ class KVCache:
         if key_order is not None:  # hf_keys = keys[..., p]  <=>  keys = hf_keys[..., argsort(p)]
             back = np.argsort(key_order)
             pairs = [(np.ascontiguousarray(k[..., back]), v) for k, v in pairs]
-        cache = cls(len(pairs), shape[0], num_kv_heads, head_dim, shape[2], dtype, key_order=key_order)
+        cache = cls(len(pairs), shape[0], num_key_value_heads, head_dim, shape[2], dtype, key_order=key_order)
         cache._impl.load(pairs)
         return cache
 
     def __repr__(self) -> str:
-        return (f"KVCache(num_layers={len(self)}, batch={self.batch}, num_kv_heads={self.num_kv_heads}, "
+        return (f"KVCache(num_layers={len(self)}, batch={self.batch}, num_key_value_heads={self.num_key_value_heads}, "
                 f"head_dim={self.head_dim}, length={self.length}, capacity={self.capacity}"
                 f"{'' if self.key_order is None else ', key_order=<llama.cpp>'})")
 

@@ -21,7 +21,10 @@ Training follows torch's habits where it can, with an explicit backward since th
 (llm.c's layout: one forward and one backward per layer, both in C++):
 
 * ``model.train()`` / ``model.eval()``: in training mode a forward keeps what its backward needs
-  (in C++); ``eval()`` frees it and forwards keep nothing.
+  (in C++); ``eval()`` frees it and forwards keep nothing. **A module starts in eval mode**
+  (``training`` is False), unlike torch's, which start in training mode: a layer built with
+  ``dropout=0.1`` applies no dropout and keeps nothing for a backward until ``train()`` is called
+  (and a torch training loop ported here needs its ``model.train()``, which torch lets one forget).
 * ``layer.backward(grad_output)`` returns the gradient of the input(s) and ADDS every parameter's
   gradient into its buffer, which lives in C++ beside the parameter; gradients accumulate over
   backward calls until ``zero_grad()``. Each training forward has one backward (a second one, or
@@ -55,8 +58,10 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import pickle
 import threading
+import warnings
 import weakref
 from collections.abc import Mapping
 from typing import NamedTuple
@@ -130,6 +135,31 @@ def _pcg64_of(state, name: str) -> np.random.PCG64:
 def next_seed() -> int:
     """The next dropout seed of the package's generator (see :func:`manual_seed`)."""
     return int(_SEEDS.integers(0, 2**63 - 1))
+
+
+def renamed_keyword(old: str, new: str):
+    """A decorator for a function (or constructor) whose keyword argument ``new`` was called ``old``:
+    ``old=`` is still taken, for one release, as ``new=``, with a ``DeprecationWarning`` naming the
+    new name. A module built with ``old=`` keeps ``new=`` in the arguments its copies are built from
+    (``_init_args``), so a copy warns no second time.
+
+    Raises (the decorated call):
+        TypeError: both ``old=`` and ``new=`` given.
+    """
+    def decorate(function):
+        @functools.wraps(function)
+        def renaming(*args, **kwargs):
+            if old in kwargs:
+                if new in kwargs:
+                    raise TypeError(f"{old}: the former name of {new}; got both, pass {new}= only")
+                warnings.warn(f"{old}= is deprecated, use {new}= (Hugging Face's name); {old}= will be removed in "
+                              f"the next release", DeprecationWarning, stacklevel=2)
+                kwargs[new] = kwargs.pop(old)
+                if args and isinstance(args[0], Module):  # a constructor: the copies' arguments, renamed
+                    args[0]._init_args = _snapshot_args(args[1:], kwargs)
+            return function(*args, **kwargs)
+        return renaming
+    return decorate
 
 
 def check_dropout(p, name: str = "dropout") -> float:
@@ -732,6 +762,9 @@ def _build(cls, snapshot: tuple) -> "Module":
 class Module:
     """Base class of every layer and model: weights by name, ``state_dict``/``load_state_dict``.
 
+    A module starts in eval mode (``training = False``), unlike torch's (which start in training
+    mode): call :meth:`train` before a training forward (see the module doc).
+
     Subclasses set ``self._impl`` (the C++ object) and ``self.dtype`` (``np.float32`` or
     ``np.float64``) and implement ``forward``; calling the module calls ``forward``. The arguments a
     module was built with are kept (``_init_args``: a snapshot taken when it is built, see
@@ -1047,7 +1080,9 @@ class Module:
 
     # ---- training --------------------------------------------------------------------------------
     def train(self, mode: bool = True) -> "Module":
-        """Training mode (``mode=True``): forwards keep what their backward needs. Returns ``self``.
+        """Training mode (``mode=True``): forwards keep what their backward needs, and dropout
+        applies. Returns ``self``. A module starts in eval mode (``training`` False), unlike torch's
+        (which start in training mode): a training loop calls ``train()`` first.
 
         Raises:
             TypeError: ``mode`` not a bool.

@@ -9,7 +9,13 @@ float64 value to a float32 layer refuses a finite value beyond float32's range (
 inf) with a ``ValueError`` naming the argument or weight (``x: expected values within float32's
 range``); an inf or NaN given stays one (see :mod:`transformer_core._validation`).
 
-Training (see :mod:`transformer_core.module`): after ``layer.train()`` a forward keeps what its
+Layout: batch-first, ``(N, L, E)``, as torch's layers with ``batch_first=True``. The attention,
+encoder and decoder layers and :class:`Transformer` take torch's ``batch_first=True`` (keyword) and
+say so; ``batch_first=False`` (torch's default, ``(L, N, E)``) is a ``ValueError``: pass
+``x.transpose(1, 0, 2)`` and transpose the output back.
+
+Training (see :mod:`transformer_core.module`): a layer starts in eval mode (``training`` False),
+unlike torch's, which start in training mode. After ``layer.train()`` a forward keeps what its
 backward needs, and ``layer.backward(grad_output)`` returns the gradient of the input(s) and adds
 every parameter's gradient (``named_parameters()``, ``gradients()``); the math is each layer's C++
 backward (FlashAttention-2's for attention). The inputs of a training forward are copied when the
@@ -39,6 +45,8 @@ forward's backward, are then without it too.
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 
 from ._runtime import core as _core
@@ -60,7 +68,7 @@ from ._validation import (
     resolve_dtype,
     to_numpy,
 )
-from .module import Module, _fill_in_chunks, check_dropout
+from .module import Module, _fill_in_chunks, check_dropout, renamed_keyword
 
 __all__ = [
     "MultiheadAttention",
@@ -223,6 +231,27 @@ def _own_copy(m: np.ndarray) -> np.ndarray:
     return np.broadcast_to(m[compact].copy(), m.shape)
 
 
+def _same_array_as(arr: np.ndarray, *candidates: np.ndarray) -> np.ndarray:
+    """The first of ``candidates`` that is ``arr`` or holds the same data (the same shape, dtype,
+    strides and data address: one array seen through two objects, as the numpy views of one torch
+    tensor converted twice), else ``arr``. Nothing is copied or compared element by element."""
+    for other in candidates:
+        if arr is other or (arr.shape == other.shape and arr.dtype == other.dtype and arr.strides == other.strides
+                            and arr.__array_interface__["data"][0] == other.__array_interface__["data"][0]):
+            return other
+    return arr
+
+
+def _check_batch_first(batch_first) -> None:
+    """torch's ``batch_first``: True is this library's one layout, ``(N, L, E)``; False (torch's
+    default, ``(L, N, E)``) is refused with a ``ValueError`` saying how to pass such inputs, a
+    non-bool with a ``TypeError``."""
+    if not check_bool(batch_first, "batch_first"):
+        raise ValueError("batch_first: expected True, got False: this library's layers take batch-first (N, L, E) "
+                         "inputs only (torch's batch_first=True layout); for torch's (L, N, E) ones pass "
+                         "x.transpose(1, 0, 2) and transpose the output back the same way")
+
+
 def _check_torch_mha_args(bias, dropout, batch_first, add_bias_kv, add_zero_attn) -> None:
     """torch's MultiheadAttention arguments that this layer takes only at what it does, each refused
     otherwise by name; and a float ``bias``: torch's third positional argument is ``dropout``."""
@@ -232,9 +261,7 @@ def _check_torch_mha_args(bias, dropout, batch_first, add_bias_kv, add_zero_attn
     if check_dropout(dropout) != 0.0:
         raise ValueError(f"dropout: expected 0.0, got {dropout}: attention-probability dropout is not implemented "
                          f"(the encoder/decoder layers' dropout= is torch's dropout1/2/3)")
-    if not check_bool(batch_first, "batch_first"):
-        raise ValueError("batch_first: expected True, got False: this layer takes batch-first (N, L, E) inputs only "
-                         "(pass x.transpose(1, 0, 2) of torch's (L, N, E) ones)")
+    _check_batch_first(batch_first)
     for name, value in (("add_bias_kv", add_bias_kv), ("add_zero_attn", add_zero_attn)):
         if check_bool(value, name):
             raise ValueError(f"{name}: expected False, got True: not implemented")
@@ -250,20 +277,26 @@ class MultiheadAttention(Module):
         embed_dim: E, the model width; must be divisible by ``num_heads``.
         num_heads: H; ``head_dim = E // H``.
         bias: projection biases (``in_proj_bias``, ``out_proj.bias``).
-        num_kv_heads: key/value heads for grouped-query attention (the GQA/MQA section of the tutorials); 1 = MQA,
-            None = ``num_heads`` (ordinary multi-head attention).
+        num_key_value_heads: (keyword) key/value heads for grouped-query attention (the GQA/MQA
+            section of the tutorials; Hugging Face's name); 1 = MQA, None = ``num_heads`` (ordinary
+            multi-head attention). ``num_kv_heads=``, its former name, is still taken for one release,
+            with a ``DeprecationWarning``.
         kdim, vdim: feature sizes of key and value (default E).
         dtype: ``np.float32`` (default) or ``np.float64``; inputs are cast to it.
         dropout, batch_first, add_bias_kv, add_zero_attn: (keyword) torch's, taken only at what this
             layer does: ``dropout=0.0`` (attention-probability dropout is not implemented),
             ``batch_first=True``, ``add_bias_kv=False``, ``add_zero_attn=False``; another value is a
-            ``ValueError`` naming it. (torch's third positional argument is ``dropout``, this
-            layer's ``bias``: a float there is a ``TypeError`` saying so.)
+            ``ValueError`` naming it (``batch_first=False``: pass ``x.transpose(1, 0, 2)``). (torch's
+            third positional argument is ``dropout``, this layer's ``bias``: a float there is a
+            ``TypeError`` saying so.)
+
+    Starts in eval mode (``training`` False), unlike torch's modules, which start in training mode:
+    call ``train()`` before a training forward.
 
     Weights (torch's names): ``in_proj_weight (E + 2·E_kv, E)`` when kdim = vdim = E, else
     ``q_proj_weight (E, E)``, ``k_proj_weight (E_kv, kdim)``, ``v_proj_weight (E_kv, vdim)``;
     ``in_proj_bias (E + 2·E_kv)``, ``out_proj.weight (E, E)``, ``out_proj.bias (E)``, where
-    ``E_kv = num_kv_heads · head_dim``. A checkpoint in the separate layout
+    ``E_kv = num_key_value_heads · head_dim``. A checkpoint in the separate layout
     (``q/k/v_proj_weight``) loads into the packed weight when kdim = vdim = E. When kdim or vdim
     differs from E only the separate layout fits (torch's has no ``in_proj_weight`` then): a
     packed ``in_proj_weight`` is an unknown key, as torch's ``load_state_dict`` has it (refused
@@ -271,11 +304,12 @@ class MultiheadAttention(Module):
     returned in ``unexpected_keys``); a non-float one is still a ``TypeError`` naming it.
 
     Raises:
-        ValueError: E not divisible by H, H not divisible by num_kv_heads, non-positive sizes; a
-            torch argument this layer does not implement (see above).
+        ValueError: E not divisible by H, H not divisible by num_key_value_heads, non-positive sizes;
+            a torch argument this layer does not implement (see above).
     """
 
-    def __init__(self, embed_dim: int, num_heads: int, bias: bool = True, *, num_kv_heads: int | None = None,
+    @renamed_keyword("num_kv_heads", "num_key_value_heads")
+    def __init__(self, embed_dim: int, num_heads: int, bias: bool = True, *, num_key_value_heads: int | None = None,
                  kdim: int | None = None, vdim: int | None = None, dtype=np.float32, dropout: float = 0.0,
                  batch_first: bool = True, add_bias_kv: bool = False, add_zero_attn: bool = False):
         sfx = self._init_dtype(dtype)
@@ -284,22 +318,31 @@ class MultiheadAttention(Module):
         self.num_heads = check_positive_int(num_heads, "num_heads")
         if embed_dim % num_heads != 0:
             raise ValueError(f"embed_dim: expected a multiple of num_heads ({num_heads}), got {embed_dim}")
-        self.num_kv_heads = num_heads if num_kv_heads is None else check_positive_int(num_kv_heads, "num_kv_heads")
-        if num_heads % self.num_kv_heads != 0:
-            raise ValueError(f"num_kv_heads: expected a divisor of num_heads ({num_heads}), got {self.num_kv_heads}")
+        self.num_key_value_heads = (num_heads if num_key_value_heads is None
+                                    else check_positive_int(num_key_value_heads, "num_key_value_heads"))
+        if num_heads % self.num_key_value_heads != 0:
+            raise ValueError(f"num_key_value_heads: expected a divisor of num_heads ({num_heads}), got "
+                             f"{self.num_key_value_heads}")
         self.kdim = self.embed_dim if kdim is None else check_positive_int(kdim, "kdim")
         self.vdim = self.embed_dim if vdim is None else check_positive_int(vdim, "vdim")
         self.head_dim = self.embed_dim // self.num_heads
         self.bias = check_bool(bias, "bias")
         self._impl = getattr(_core, "MultiheadAttention" + sfx)(
-            self.embed_dim, self.num_heads, self.bias, self.kdim, self.vdim, self.num_kv_heads, 0)
+            self.embed_dim, self.num_heads, self.bias, self.kdim, self.vdim, self.num_key_value_heads, 0)
         self._init_weights()
+
+    @property
+    def num_kv_heads(self) -> int:
+        """Deprecated: ``num_key_value_heads`` (a ``DeprecationWarning``; removed in the next release)."""
+        warnings.warn("MultiheadAttention.num_kv_heads is deprecated, use num_key_value_heads (Hugging Face's name)",
+                      DeprecationWarning, stacklevel=2)
+        return self.num_key_value_heads
 
     def _rename_state_dict(self, state: dict) -> dict:
         # Accept both of torch's layouts: packed in_proj_weight or separate q/k/v_proj_weight.
         packed = self._impl.packed
         if packed and "in_proj_weight" not in state and all(f"{x}_proj_weight" in state for x in "qkv"):
-            e, ekv = self.embed_dim, self.num_kv_heads * self.head_dim
+            e, ekv = self.embed_dim, self.num_key_value_heads * self.head_dim
             expected = {"q": (e, e), "k": (ekv, e), "v": (ekv, e)}
             parts = {x: as_weight(state[f"{x}_proj_weight"], f"state_dict['{x}_proj_weight']", self.dtype)
                      for x in "qkv"}
@@ -323,7 +366,7 @@ class MultiheadAttention(Module):
     def _unknown_key_hint(self, name: str) -> str | None:
         if name != "in_proj_weight" or self._impl.packed:
             return None
-        e, ekv = self.embed_dim, self.num_kv_heads * self.head_dim
+        e, ekv = self.embed_dim, self.num_key_value_heads * self.head_dim
         return (f"a packed q/k/v projection does not fit this module (kdim={self.kdim}, vdim={self.vdim}, "
                 f"embed_dim={e}); expected the separate weights q_proj_weight {(e, e)}, k_proj_weight "
                 f"{(ekv, self.kdim)} and v_proj_weight {(ekv, self.vdim)}, as torch's MultiheadAttention has when "
@@ -333,6 +376,12 @@ class MultiheadAttention(Module):
                 need_weights: bool = True, average_attn_weights: bool = True, path: str = "auto",
                 past_key_values=None, layer: int = 0, rotary=None, position_ids=None, key_padding_mask=None):
         """Attention of ``query`` over ``key``/``value`` (self-attention when both are None).
+
+        Self-attention, which a KV cache and ``rotary`` need, is ``key`` and ``value`` each None or
+        the query itself: the same object, or the same data seen through another object (the same
+        shape, dtype, strides and memory address, as a torch tensor passed three times, ``mha(x, x,
+        x)``, gives: each is converted to its own numpy view). A copy of the query is not the query
+        (it is cross-attention over equal values, refused with a KV cache or ``rotary``).
 
         Unbatched, as torch's: ``query (L, E)``, ``key (S, kdim)``, ``value (S, vdim)`` (all 2-D),
         ``key_mask (S,)``, ``attn_mask (L, S)`` or ``(H, L, S)``, ``position_ids (L,)``; the output
@@ -362,9 +411,9 @@ class MultiheadAttention(Module):
                 then 1, ..., each with the same L); the call on layer n - 1 grows its length by L.
             layer: the cache's layer this call reads and writes (the next of the step: else a
                 ``ValueError``).
-            rotary: a :class:`transformer_core.positional.RotaryEmbedding` (self-attention only): q
-                and k are rotated by each token's position inside the call (the RoPE section of the
-                tutorials).
+            rotary: a :class:`transformer_core.positional.RotaryEmbedding` of ``head_dim`` and
+                ``dtype`` (self-attention only): q and k are rotated by each token's position inside
+                the call (the RoPE section of the tutorials).
             position_ids: ``(N, L)`` positions for ``rotary``; default ``past .. past + L - 1``.
             key_padding_mask: torch's name, refused (``TypeError``): its True = padding is
                 ``key_mask``'s False; pass ``key_mask=~key_padding_mask``.
@@ -383,10 +432,12 @@ class MultiheadAttention(Module):
 
         Raises:
             ValueError: wrong ranks, mismatched batch/length/feature sizes, empty arrays, masks
-                of the wrong shape; a KV cache in training mode; ``position_ids`` without
-                ``rotary``, or positions outside its table.
+                of the wrong shape; a KV cache in training mode; a KV cache or ``rotary`` with a
+                key or value that is not the query; a ``rotary`` of another ``head_dim``;
+                ``position_ids`` without ``rotary``, or positions outside its table.
             TypeError: non-numeric input, a mask of the wrong dtype, a bool ``attn_mask``,
-                ``key_padding_mask``.
+                ``key_padding_mask``; ``rotary`` not a RotaryEmbedding, or of another dtype;
+                ``past_key_values`` not a KVCache, or of another dtype.
         """
         _refuse_padding_mask(key_padding_mask, "key_padding_mask", "key_mask")
         q = _unconverted(query, "query", 2)  # converted once every shape is checked
@@ -396,8 +447,10 @@ class MultiheadAttention(Module):
         average_attn_weights = check_bool(average_attn_weights, "average_attn_weights")
         path = attention_path(path)
         layer = check_int(layer, "layer", 0)
-        k = q if key is None else _unconverted(key, "key", 2)
-        v = k if value is None else _unconverted(value, "value", 2)
+        # key/value that are the query's data (a torch tensor passed again is another numpy view of
+        # it) become the query's array: one array, self-attention (see the docstring)
+        k = q if key is None else _same_array_as(_unconverted(key, "key", 2), q)
+        v = k if value is None else _same_array_as(_unconverted(value, "value", 2), q, k)
         for arr, name, dims in ((k, "key", "S, kdim"), (v, "value", "S, vdim")):
             if arr.ndim != q.ndim:  # torch's rule: all three batched, or all three unbatched
                 raise ValueError(f"{name}: expected {'(' if unbatched else '(N, '}{dims}) as query is "
@@ -436,10 +489,11 @@ class MultiheadAttention(Module):
                        else type(past_key_values).__name__)
                 raise TypeError(f"past_key_values: expected a KVCache of {np.dtype(self.dtype).name}, got {got}")
             c = past_key_values
-            if (c.batch, c.num_kv_heads, c.head_dim) != (N, self.num_kv_heads, self.head_dim) or layer >= len(c):
-                raise ValueError(f"past_key_values: a cache of batch {c.batch}, {c.num_kv_heads} heads of {c.head_dim} "
-                                 f"and {len(c)} layers does not fit layer {layer} of batch {N} with "
-                                 f"{self.num_kv_heads} heads of {self.head_dim}")
+            if ((c.batch, c.num_key_value_heads, c.head_dim) != (N, self.num_key_value_heads, self.head_dim)
+                    or layer >= len(c)):
+                raise ValueError(f"past_key_values: a cache of batch {c.batch}, {c.num_key_value_heads} heads of "
+                                 f"{c.head_dim} and {len(c)} layers does not fit layer {layer} of batch {N} with "
+                                 f"{self.num_key_value_heads} heads of {self.head_dim}")
             # A step fills the layers in order, each with the same L new positions; the last one
             # advances the length (every layer of a step reads the same past).
             if layer != c._next_layer:
@@ -452,9 +506,12 @@ class MultiheadAttention(Module):
         if rotary is not None:
             from .positional import RotaryEmbedding
 
-            if not isinstance(rotary, RotaryEmbedding) or rotary.dtype != self.dtype or rotary.head_dim != self.head_dim:
-                raise TypeError(f"rotary: expected a RotaryEmbedding of head_dim {self.head_dim} and dtype "
-                                f"{np.dtype(self.dtype).name}, got {rotary!r}")
+            if not isinstance(rotary, RotaryEmbedding) or rotary.dtype != self.dtype:
+                raise TypeError(f"rotary: expected a RotaryEmbedding of dtype {np.dtype(self.dtype).name} (and "
+                                f"head_dim {self.head_dim}), got {rotary!r}")
+            if rotary.head_dim != self.head_dim:
+                raise ValueError(f"rotary: expected a RotaryEmbedding of head_dim {self.head_dim} (embed_dim "
+                                 f"{self.embed_dim} / num_heads {self.num_heads}), got head_dim {rotary.head_dim}")
             rotary_impl = rotary._impl
             if position_ids is not None:
                 positions = as_ids(position_ids, "position_ids")
@@ -594,9 +651,17 @@ class Embedding(Module):
         padding_idx: (keyword) as torch's: that row starts at zeros and gets no gradient; None: none.
 
     Weights: ``weight (num_embeddings, embedding_dim)`` (initialised N(0, 1), as torch).
+
+    Raises:
+        TypeError: ``dtype`` an int, None or anything else that is not a dtype: torch's third
+            positional argument is ``padding_idx`` (``nn.Embedding(10, 4, 0)``), this layer's is
+            ``dtype``, so the message says to pass ``padding_idx=`` by keyword; a dtype other than
+            float32/float64; non-int sizes or ``padding_idx``.
+        ValueError: sizes < 1, ``padding_idx`` outside ``[-num_embeddings, num_embeddings)``.
     """
 
     def __init__(self, num_embeddings: int, embedding_dim: int, dtype=np.float32, *, padding_idx: int | None = None):
+        _refuse_padding_idx_as_dtype(dtype)
         sfx = self._init_dtype(dtype)
         self.num_embeddings = check_positive_int(num_embeddings, "num_embeddings")
         self.embedding_dim = check_positive_int(embedding_dim, "embedding_dim")
@@ -647,6 +712,19 @@ class Embedding(Module):
         self._take_saved()  # checked: now consumed
         self._impl.backward(ids, g.reshape(-1, self.embedding_dim), -1 if self.padding_idx is None else self.padding_idx)
         return None
+
+
+def _refuse_padding_idx_as_dtype(dtype) -> None:
+    """``TypeError`` for an Embedding ``dtype`` that is an int, None or not a dtype at all: torch's
+    third positional argument is ``padding_idx``, which such a value was most likely meant as."""
+    if dtype is not None and not isinstance(dtype, (int, np.integer)):
+        try:
+            np.dtype(dtype)
+            return  # a dtype: resolve_dtype takes it or names the dtypes it takes
+        except TypeError:
+            pass
+    raise TypeError(f"dtype: expected float32 or float64, got {dtype!r} (torch's third positional argument is "
+                    f"padding_idx, this layer's is dtype: pass padding_idx= by keyword)")
 
 
 class FeedForward(Module):
@@ -780,6 +858,12 @@ class TransformerEncoderLayer(Module):
         dtype: ``np.float32`` or ``np.float64``.
         dropout: (keyword) torch's dropout1/2 and the feed-forward's, in training forwards only
             (default 0; torch's is 0.1). Attention-probability dropout is not implemented.
+        batch_first: (keyword) torch's; True, the default here, is this layer's one layout
+            ``(N, L, E)`` (torch's ``batch_first=True``). False (torch's default, ``(L, N, E)``) is a
+            ``ValueError``: pass ``src.transpose(1, 0, 2)`` and transpose the output back.
+
+    Starts in eval mode (``training`` False), unlike torch's layers, which start in training mode:
+    call ``train()`` for dropout and a training forward.
 
     Weights (torch's names): ``self_attn.in_proj_weight``, ``self_attn.in_proj_bias``,
     ``self_attn.out_proj.weight``, ``self_attn.out_proj.bias``, ``linear1.*``, ``linear2.*``,
@@ -788,7 +872,8 @@ class TransformerEncoderLayer(Module):
 
     def __init__(self, d_model: int, nhead: int, dim_feedforward: int = 2048, activation: str = "relu",
                  layer_norm_eps: float = 1e-5, norm_first: bool = False, bias: bool = True, dtype=np.float32,
-                 *, dropout: float = 0.0):
+                 *, dropout: float = 0.0, batch_first: bool = True):
+        _check_batch_first(batch_first)
         sfx = self._init_dtype(dtype)
         _check_layer_args(self, d_model, nhead, dim_feedforward, activation, layer_norm_eps, norm_first, bias)
         self.dropout = check_dropout(dropout)
@@ -1001,7 +1086,12 @@ class TransformerDecoderLayer(Module):
 
     SA is masked self-attention, CA cross-attention whose keys and values are the encoder output.
 
-    Args: as :class:`TransformerEncoderLayer`.
+    Args: as :class:`TransformerEncoderLayer` (``batch_first``: True, this layer's one layout;
+    False is a ``ValueError``: pass ``tgt.transpose(1, 0, 2)`` and ``memory.transpose(1, 0, 2)``, and
+    transpose the output back).
+
+    Starts in eval mode (``training`` False), unlike torch's layers, which start in training mode:
+    call ``train()`` for dropout and a training forward.
 
     Weights (torch's names): ``self_attn.*``, ``multihead_attn.*``, ``linear1.*``, ``linear2.*``,
     ``norm1.*``, ``norm2.*``, ``norm3.*``.
@@ -1009,7 +1099,8 @@ class TransformerDecoderLayer(Module):
 
     def __init__(self, d_model: int, nhead: int, dim_feedforward: int = 2048, activation: str = "relu",
                  layer_norm_eps: float = 1e-5, norm_first: bool = False, bias: bool = True, dtype=np.float32,
-                 *, dropout: float = 0.0):
+                 *, dropout: float = 0.0, batch_first: bool = True):
+        _check_batch_first(batch_first)
         sfx = self._init_dtype(dtype)
         _check_layer_args(self, d_model, nhead, dim_feedforward, activation, layer_norm_eps, norm_first, bias)
         self.dropout = check_dropout(dropout)
@@ -1270,11 +1361,18 @@ class Transformer(Module):
     Args: ``d_model=512, nhead=8, num_encoder_layers=6, num_decoder_layers=6,
     dim_feedforward=2048, activation="relu", layer_norm_eps=1e-5, norm_first=False, bias=True``
     as torch, ``dtype``, and ``dropout`` (keyword, default 0: torch's default is 0.1; training
-    forwards only, see the module doc).
+    forwards only, see the module doc). ``batch_first`` (keyword): True, the default here, is this
+    model's one layout, ``(N, S, E)`` / ``(N, T, E)`` (torch's ``batch_first=True``); False (torch's
+    default) is a ``ValueError``: pass ``src.transpose(1, 0, 2)``, ``tgt.transpose(1, 0, 2)`` and
+    transpose the output back.
+
+    Starts in eval mode (``training`` False), unlike torch's ``nn.Transformer``, which starts in
+    training mode: call ``train()`` for dropout and a training forward.
 
     Raises: TypeError / ValueError naming ``num_encoder_layers`` or ``num_decoder_layers``: not an
     int or < 1 (before any layer is built), more layers than this machine's memory holds (before
-    either stack is built); as :class:`TransformerEncoderLayer` for the layers' arguments.
+    either stack is built); ``batch_first=False`` (``ValueError``); as
+    :class:`TransformerEncoderLayer` for the layers' arguments.
 
     Weights (torch's names): ``encoder.layers.{i}.*``, ``encoder.norm.*``,
     ``decoder.layers.{i}.*``, ``decoder.norm.*``.
@@ -1282,7 +1380,9 @@ class Transformer(Module):
 
     def __init__(self, d_model: int = 512, nhead: int = 8, num_encoder_layers: int = 6, num_decoder_layers: int = 6,
                  dim_feedforward: int = 2048, activation: str = "relu", layer_norm_eps: float = 1e-5,
-                 norm_first: bool = False, bias: bool = True, dtype=np.float32, *, dropout: float = 0.0):
+                 norm_first: bool = False, bias: bool = True, dtype=np.float32, *, dropout: float = 0.0,
+                 batch_first: bool = True):
+        _check_batch_first(batch_first)
         self._init_dtype(dtype)
         # the layer counts under their own names (the stacks would name both ``num_layers``), before
         # anything is built

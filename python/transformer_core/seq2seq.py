@@ -29,14 +29,26 @@ class Seq2SeqTransformer(Module):
     """An encoder–decoder Transformer with its embeddings and output layer.
 
     Args:
-        src_vocab_size, tgt_vocab_size: the two vocabularies (>= 1).
+        src_vocab_size, tgt_vocab_size: the two vocabularies (>= 1), the only positional arguments.
         d_model, nhead, num_encoder_layers, num_decoder_layers, dim_feedforward, activation,
-            layer_norm_eps, norm_first, bias: as :class:`~transformer_core.nn.Transformer`
+            layer_norm_eps, norm_first, bias: (keyword) as :class:`~transformer_core.nn.Transformer`
             (torch's defaults).
         dropout: in training forwards: on the embedded inputs (the tutorial's PositionalEncoding
             dropout) and in every layer (torch's dropout1/2/3 and the feed-forward's); 0 = none.
         max_len: the longest sequence (rows of the sinusoidal table).
         dtype: ``np.float32`` (default) or ``np.float64``.
+
+    Everything after the two vocabulary sizes is keyword-only: the translation tutorial's
+    ``Seq2SeqTransformer(num_encoder_layers, num_decoder_layers, emb_size, nhead, src_vocab_size,
+    tgt_vocab_size, dim_feedforward)`` takes seven ints in another order, which read positionally
+    here would build another model without a word; they are a ``TypeError`` instead. The
+    tutorial's call, by keyword: ``Seq2SeqTransformer(src_vocab_size, tgt_vocab_size,
+    d_model=emb_size, nhead=nhead, num_encoder_layers=..., num_decoder_layers=...,
+    dim_feedforward=...)``.
+
+    Starts in eval mode (``training`` False), unlike torch's modules (the tutorial's among them),
+    which start in training mode: call ``train()`` before training (then :meth:`loss` applies dropout and keeps
+    what :meth:`backward` needs).
 
     Weights (the tutorial's names): ``src_tok_emb.weight (src_vocab, E)``,
     ``tgt_tok_emb.weight (tgt_vocab, E)``, ``transformer.*`` (torch's ``nn.Transformer`` names),
@@ -55,7 +67,7 @@ class Seq2SeqTransformer(Module):
     Training: ``model.train(); loss = model.loss(src, tgt_in, labels); model.backward()``.
     """
 
-    def __init__(self, src_vocab_size: int, tgt_vocab_size: int, d_model: int = 512, nhead: int = 8,
+    def __init__(self, src_vocab_size: int, tgt_vocab_size: int, *, d_model: int = 512, nhead: int = 8,
                  num_encoder_layers: int = 6, num_decoder_layers: int = 6, dim_feedforward: int = 2048,
                  dropout: float = 0.0, activation: str = "relu", layer_norm_eps: float = 1e-5,
                  norm_first: bool = False, bias: bool = True, max_len: int = 5000, dtype=np.float32):
@@ -76,8 +88,10 @@ class Seq2SeqTransformer(Module):
         # the Transformer first: its constructor checks its arguments before it builds anything, so a bad
         # nhead or layer count is refused before the (possibly large) embedding tables are built and
         # filled (each module's init draws from its own seed: the order does not change the weights)
-        self.transformer = Transformer(d_model, nhead, num_encoder_layers, num_decoder_layers, dim_feedforward,
-                                       activation, layer_norm_eps, norm_first, bias, self.dtype, dropout=dropout)
+        self.transformer = Transformer(d_model=d_model, nhead=nhead, num_encoder_layers=num_encoder_layers,
+                                       num_decoder_layers=num_decoder_layers, dim_feedforward=dim_feedforward,
+                                       activation=activation, layer_norm_eps=layer_norm_eps, norm_first=norm_first,
+                                       bias=bias, dtype=self.dtype, dropout=dropout)
         self.src_tok_emb = Embedding(self.src_vocab_size, d_model, self.dtype)
         self.tgt_tok_emb = Embedding(self.tgt_vocab_size, d_model, self.dtype)
         self.generator = Linear(d_model, self.tgt_vocab_size, True, self.dtype)
@@ -139,10 +153,12 @@ class Seq2SeqTransformer(Module):
         the model adds its first ``min(maxlen, max_len)`` rows as the tutorial computed them (in
         float32), so that its outputs are the tutorial's, and the exact rows past them. (With the
         exact table instead, a float32 model of the tutorial's weights gave logits 1.9e-5 off the
-        tutorial's at target length 3000: the float32 table is off the exact one by up to ~1e-4 at
-        positions in the thousands.) Without that key, ``strict=True`` sets the exact table back (as
-        a model built anew has it), and ``strict=False`` keeps the table the model holds. The table
-        is set only once every weight was loaded.
+        tutorial's at target length 3000: the float32 table is off the exact one by up to ~2e-4 over
+        positions 0..3000 and 3.9e-4 over 0..5000 at d_model 512, see
+        :func:`~transformer_core.positional.sinusoidal_positional_encoding`.) Without that key,
+        ``strict=True`` sets the exact table back (as a model built anew has it), and
+        ``strict=False`` keeps the table the model holds. The table is set only once every weight
+        was loaded.
 
         Raises:
             ValueError: a ``pos_embedding`` of another width, or not the sinusoidal table; as

@@ -322,7 +322,7 @@ def _draw_mha(draw):
     dt = draw(DTYPES)
     N, L = draw(st.integers(1, 3)), draw(st.integers(1, 5))
     S = L if self_attn else draw(st.integers(1, 5))
-    kw = {"embed_dim": E, "num_heads": H, "bias": bias, "num_kv_heads": Hkv, "kdim": None if kdim == E else kdim,
+    kw = {"embed_dim": E, "num_heads": H, "bias": bias, "num_key_value_heads": Hkv, "kdim": None if kdim == E else kdim,
           "vdim": None if vdim == E else vdim, "dtype": dt, "state": _mha_state(draw, E, H, Hkv, kdim, vdim, bias),
           "query": rng_array(draw, (N, L, E), dt), "key": None, "value": None, "attn_mask": None, "key_mask": None,
           "is_causal": draw(st.booleans()), "need_weights": draw(st.booleans()),
@@ -354,8 +354,9 @@ def _additive(allowed, dt):
 
 
 def _call_mha(kw):
-    m = nn.MultiheadAttention(kw["embed_dim"], kw["num_heads"], kw["bias"], num_kv_heads=kw["num_kv_heads"],
-                              kdim=kw["kdim"], vdim=kw["vdim"], dtype=kw["dtype"])
+    m = nn.MultiheadAttention(kw["embed_dim"], kw["num_heads"], kw["bias"],
+                              num_key_value_heads=kw["num_key_value_heads"], kdim=kw["kdim"], vdim=kw["vdim"],
+                              dtype=kw["dtype"])
     m.load_state_dict(kw["state"])
     return m(kw["query"], kw["key"], kw["value"], attn_mask=kw["attn_mask"], key_mask=kw["key_mask"],
              is_causal=kw["is_causal"], need_weights=kw["need_weights"],
@@ -425,7 +426,7 @@ def layer_masks(kw_mask, kw_key_mask, N, H, L, S, dt, mask_name="attn_mask", key
 def _ref_mha(kw):
     dt = read_dtype(kw["dtype"])
     E, H = read_int(kw["embed_dim"], "embed_dim", 1, 64), read_int(kw["num_heads"], "num_heads", 1, 64)
-    Hkv = H if kw["num_kv_heads"] is None else read_int(kw["num_kv_heads"], "num_kv_heads", 1, 64)
+    Hkv = H if kw["num_key_value_heads"] is None else read_int(kw["num_key_value_heads"], "num_key_value_heads", 1, 64)
     kdim = E if kw["kdim"] is None else read_int(kw["kdim"], "kdim", 1, 64)
     vdim = E if kw["vdim"] is None else read_int(kw["vdim"], "vdim", 1, 64)
     if E % H or H % Hkv:
@@ -465,11 +466,11 @@ def _ref_mha(kw):
 target(name="nn.MultiheadAttention", draw=_draw_mha, call=_call_mha, reference=_ref_mha,
        out_dtype=lambda kw: (layer_dtype(kw), layer_dtype(kw)), atol=1e-4, rtol=1e-4, weight=2.0,
        args={"embed_dim": Arg("size", aliases=("num_heads",)), "num_heads": Arg("size", aliases=("embed_dim",)),
-             # kdim / vdim / num_kv_heads = None means embed_dim / num_heads: not a layout of a drawn size;
+             # kdim / vdim / num_key_value_heads = None means embed_dim / num_heads: not a layout of a drawn size;
              # with the drawn checkpoint it is a shape mismatch, which load_state_dict reports by the
              # checkpoint entry
-             "num_kv_heads": Arg("size", optional=True, none_is_layout=False,
-                                 aliases=("in_proj_weight", "k_proj_weight", "v_proj_weight", "in_proj_bias")),
+             "num_key_value_heads": Arg("size", optional=True, none_is_layout=False,
+                                        aliases=("in_proj_weight", "k_proj_weight", "v_proj_weight", "in_proj_bias")),
              "kdim": Arg("size", optional=True, none_is_layout=False, aliases=("k_proj_weight",)),
              "vdim": Arg("size", optional=True, none_is_layout=False, aliases=("v_proj_weight",)),
              "bias": Arg("bool"), "dtype": Arg("dtype"),
@@ -842,15 +843,16 @@ target(name="positional.RotaryEmbedding+KVCache", draw=_draw_rotary_mha, call=_c
 def _draw_cache(draw):
     nl, b, h, d = draw(st.integers(0, 3)), draw(st.integers(1, 3)), draw(st.integers(1, 2)), draw(st.integers(1, 4))
     S = draw(st.integers(0, 4))
-    return {"num_layers": nl, "batch": b, "num_kv_heads": h, "head_dim": d, "capacity": draw(st.integers(0, 6)),
+    return {"num_layers": nl, "batch": b, "num_key_value_heads": h, "head_dim": d, "capacity": draw(st.integers(0, 6)),
             "dtype": draw(DTYPES), "S": S, "crop": draw(st.integers(0, S)), "reserve": draw(st.integers(0, 10)),
             "past": [(rng_array(draw, (b, h, S, d)), rng_array(draw, (b, h, S, d))) for _ in range(max(nl, 1))]}
 
 
 def _call_cache(kw):
-    c = tc.KVCache(kw["num_layers"], kw["batch"], kw["num_kv_heads"], kw["head_dim"], kw["capacity"], kw["dtype"])
+    c = tc.KVCache(kw["num_layers"], kw["batch"], kw["num_key_value_heads"], kw["head_dim"], kw["capacity"],
+                   kw["dtype"])
     out = {"len": len(c), "length": c.length, "capacity_ok": c.capacity >= max(kw["capacity"], 1)}
-    c2 = tc.KVCache.from_legacy(kw["past"], kw["num_kv_heads"], kw["head_dim"], kw["dtype"])
+    c2 = tc.KVCache.from_legacy(kw["past"], kw["num_key_value_heads"], kw["head_dim"], kw["dtype"])
     c2.reserve(kw["reserve"])
     c2.crop(kw["crop"])
     out["legacy"] = [c2[i] for i in range(len(c2))]
@@ -860,7 +862,7 @@ def _call_cache(kw):
 def _ref_cache(kw):
     dt = read_dtype(kw["dtype"])
     nl = read_int(kw["num_layers"], "num_layers", 0, 64)
-    for name in ("batch", "num_kv_heads", "head_dim"):
+    for name in ("batch", "num_key_value_heads", "head_dim"):
         read_int(kw[name], name, 1, 64)
     read_int(kw["capacity"], "capacity", 0, 10**6)
     read_int(kw["reserve"], "total", 0, 10**6)
@@ -871,7 +873,7 @@ def _ref_cache(kw):
     legacy = []
     for k, v in past:
         k, v = as_layer(read(k, "k", allow_empty=True), dt), as_layer(read(v, "v", allow_empty=True), dt)
-        if k.ndim != 4 or k.shape != v.shape or k.shape[1] != kw["num_kv_heads"] or k.shape[3] != kw["head_dim"]:
+        if k.ndim != 4 or k.shape != v.shape or k.shape[1] != kw["num_key_value_heads"] or k.shape[3] != kw["head_dim"]:
             raise NoReference("past shapes")
         legacy.append((k[:, :, :crop], v[:, :, :crop]))
     return {"len": nl, "length": 0, "capacity_ok": True, "legacy": legacy}
@@ -879,7 +881,7 @@ def _ref_cache(kw):
 
 target(name="KVCache", draw=_draw_cache, call=_call_cache, reference=_ref_cache,
        out_dtype=layer_dtype,
-       args={"num_layers": Arg("size", low=0), "batch": Arg("size"), "num_kv_heads": Arg("size"),
+       args={"num_layers": Arg("size", low=0), "batch": Arg("size"), "num_key_value_heads": Arg("size"),
              "head_dim": Arg("size"), "capacity": Arg("int", low=0),
              "crop": Arg("int", low=0, aliases=("length",), bad=[("too_long", 99)]),
              "reserve": Arg("int", low=0, aliases=("total",)), "dtype": Arg("dtype"),
