@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from run import cpu_name  # noqa: E402
+from run import MAX_THREADS, cpu_isa, cpu_name, int_in  # noqa: E402
 
 
 def timed(fn, repeats: int) -> list[float]:
@@ -102,11 +102,12 @@ def bench_linear(B, torch, repeats: int):
     return "linear backward 2048x768 -> 3072", interleave(ours, theirs, repeats), err, flops
 
 
-def main() -> None:
+def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--repeats", type=int, default=7)
-    args = parser.parse_args()
+    parser.add_argument("--threads", type=int_in(1, MAX_THREADS), default=2,
+                        help=f"threads for ours and torch, 1 to {MAX_THREADS} (default 2)")
+    parser.add_argument("--repeats", type=int_in(1), default=7, help="timed calls of each side (default 7)")
+    args = parser.parse_args(argv)
 
     import torch
     import transformer_core as tc
@@ -114,7 +115,7 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     tc.set_num_threads(args.threads)
-    print(f"# {cpu_name()}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}; torch {torch.__version__}; "
+    print(f"# {cpu_name()}, {os.cpu_count()} CPUs, {cpu_isa()}, load {os.getloadavg()[0]:.2f}; torch {torch.__version__}; "
           f"threads {args.threads}; fp32; median of {args.repeats} (noisy on a shared machine)")
     print(f"{'case':42s} {'ours ms':>9s} {'torch ms':>9s} {'torch/ours':>10s} {'ours GFLOP/s':>12s} {'max err':>9s}")
     for case in (bench_attention, bench_linear):

@@ -33,8 +33,10 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import ctypes.util
 import json
 import os
+import platform
 import statistics
 import subprocess
 import sys
@@ -45,6 +47,9 @@ from pathlib import Path
 import numpy as np
 
 BENCH_DIR = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH_DIR))
+from run import cpu_isa, cpu_name, float_in, int_in, int_list, name_list  # noqa: E402
+
 QUIET = 1.5  # the 1-minute load average below which the machine counts as quiet (--quiet-load)
 VENV_LIB = Path(sys.prefix) / "lib"
 SITE = Path(np.__file__).resolve().parent.parent
@@ -72,9 +77,23 @@ def _lib_dirs() -> dict[str, Path]:
     return {"venv": VENV_LIB, "site": SITE}
 
 
-_DEBIAN_OPENBLAS = "/usr/lib/x86_64-linux-gnu/openblas-openmp/libopenblas.so.0"
+_DEBIAN_LIB = Path(f"/usr/lib/{platform.machine()}-linux-gnu")  # Debian's multiarch folder
+_DEBIAN_OPENBLAS = str(_DEBIAN_LIB / "openblas-openmp" / "libopenblas.so.0")
 _SCIPY_OPENBLAS = str(SITE / "scipy_openblas32" / "lib" / "libscipy_openblas.so")
 _MKL = str(VENV_LIB / "libmkl_rt.so.3")
+
+
+def _find_blis() -> str:
+    """Debian's BLIS (``apt install libblis4-serial``; its OpenMP and pthreads builds also do: the
+    worker sets one thread), else the libblis the dynamic loader finds (``ctypes.util.find_library``:
+    a soname such as "libblis.so.4"), else the serial build's path, which :func:`missing` then
+    reports as not found."""
+    for variant in ("blis-serial", "blis-openmp", "blis-pthread"):
+        path = _DEBIAN_LIB / variant / "libblis.so.4"
+        if path.exists():
+            return str(path)
+    return ctypes.util.find_library("blis") or str(_DEBIAN_LIB / "blis-serial" / "libblis.so.4")
+
 
 LIBRARIES = {
     # name: (path, cblas symbol, setup) -- setup runs in the worker before timing
@@ -86,7 +105,7 @@ LIBRARIES = {
     "mkl-avx2": (_MKL, "cblas_sgemm", "mkl"),
     "openblas-debian-avx2": (_DEBIAN_OPENBLAS, "cblas_sgemm", "openblas"),
     "openblas-0.3.34-avx2": (_SCIPY_OPENBLAS, "scipy_cblas_sgemm", "scipy_openblas"),
-    "blis": ("/tmp/perf/blis/root/usr/lib/x86_64-linux-gnu/blis-serial/libblis.so.4", "cblas_sgemm", "blis"),
+    "blis": (_find_blis(), "cblas_sgemm", "blis"),
     "onednn": (str(VENV_LIB / "libdnnl.so.3"), "dnnl_sgemm", "onednn"),
     "torch": ("", "", "torch"),
 }
@@ -152,7 +171,10 @@ def _sgemm_fn(name: str):
         desc += f" [{buf.value.decode().strip()}; sequential; MKL_CBWR={mode or 'unset'}]"
     elif setup == "blis":
         lib.bli_thread_set_num_threads(ctypes.c_long(1))
-        desc += " [Debian BLIS 0.9.0, serial]"
+        version = getattr(lib, "bli_info_get_version_str", None)
+        if version is not None:
+            version.restype = ctypes.c_char_p
+        desc += f" [BLIS {version().decode() if version else '?'}, 1 thread]"
     elif setup == "onednn":
         desc += " [dnnl_sgemm]"
     fn = getattr(lib, symbol)
@@ -254,35 +276,45 @@ def wait_quiet(limit: float, max_wait: float) -> float:
     return os.getloadavg()[0]
 
 
-def available(name: str) -> bool:
+def missing(name: str) -> str | None:
+    """Why library ``name`` cannot run here ("<path> not found", "torch not installed"), or None."""
     path, _, setup = LIBRARIES[name]
     if setup == "torch":
-        try:
-            import importlib.util
+        import importlib.util
 
-            return importlib.util.find_spec("torch") is not None
-        except ImportError:
-            return False
-    return Path(path).exists()
+        return None if importlib.util.find_spec("torch") is not None else "torch not installed"
+    if "/" not in path:  # a soname from ctypes.util.find_library: the loader resolves it
+        return None
+    return None if Path(path).exists() else f"{path} not found"
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--libs", default=",".join(LIBRARIES))
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--quiet-load", type=float, default=1.5, help="wait for a 1-min load average below this")
-    p.add_argument("--max-wait", type=float, default=1800, help="seconds to wait for a quiet machine, per worker")
-    p.add_argument("--shapes", default=None, help="comma-separated shape indices (default: all)")
+    p.add_argument("--libs", type=name_list(list(LIBRARIES)), default=list(LIBRARIES),
+                   help=f"comma-separated libraries (default all): {', '.join(LIBRARIES)}")
+    p.add_argument("--rounds", type=int_in(1), default=3)
+    p.add_argument("--quiet-load", type=float_in(0, above=True), default=1.5,
+                   help="wait for a 1-min load average below this")
+    p.add_argument("--max-wait", type=float_in(0), default=1800, help="seconds to wait for a quiet machine, per worker")
+    p.add_argument("--shapes", type=int_list(0, len(SHAPES) - 1), default=None,
+                   help=f"comma-separated shape indices, 0 to {len(SHAPES) - 1} (default: all)")
     p.add_argument("--no-two", action="store_true", help="skip the two-thread column")
-    p.add_argument("--worker", help=argparse.SUPPRESS)
+    p.add_argument("--worker", choices=list(LIBRARIES), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     global QUIET
     QUIET = args.quiet_load
-    shapes = [int(s) for s in args.shapes.split(",")] if args.shapes else list(range(len(SHAPES)))
+    shapes = args.shapes if args.shapes is not None else list(range(len(SHAPES)))
     if args.worker:
         run_worker(args.worker, shapes, not args.no_two)
         return 0
-    libs = [n for n in args.libs.split(",") if n and available(n)]
+    libs, absent = [], {}
+    for name in args.libs:
+        why = missing(name)
+        if why:
+            absent[name] = why
+            print(f"{name}: n/a ({why})", file=sys.stderr)
+        else:
+            libs.append(name)
     results: dict[str, list[dict]] = {n: [] for n in libs}
     for r in range(args.rounds):
         for name in libs:
@@ -298,20 +330,23 @@ def main(argv=None) -> int:
             res["load_start"] = load
             results[name].append(res)
             print(f"round {r + 1} {name}: load {load:.2f} -> {res['load_end']:.2f}", file=sys.stderr, flush=True)
-    lines = table(results, shapes)
+    out = BENCH_DIR / "results" / "blas.md"
+    if not any(results.values()):  # an empty table must not replace the last one
+        print(f"no library ran: nothing measured, {out.relative_to(BENCH_DIR.parent)} left as it was",
+              file=sys.stderr)
+        return 1
+    lines = table(results, shapes, absent)
     text = "\n".join(lines) + "\n"
     print(text)
-    out = BENCH_DIR / "results" / "blas.md"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)
     return 0
 
 
-def table(results: dict[str, list[dict]], shapes: list[int]) -> list[str]:
-    from run import cpu_name
-
+def table(results: dict[str, list[dict]], shapes: list[int], absent: dict[str, str]) -> list[str]:
+    """The Markdown report: a line per library (``absent``'s as "name: n/a (why)"), then the table."""
     names = [n for n in results if results[n]]
-    cpu = cpu_name()
+    cpu = f"{cpu_name()}, {cpu_isa()}"
     busy = any(max(x["load_start"], x["load_end"]) >= QUIET for r in results.values() for x in r)
     basis = "thread CPU time (the machine was busy)" if busy else "wall clock (quiet machine)"
     lines = [f"# sgemm GFLOP/s, one thread (two threads at once in brackets), best of rounds: {cpu}", "",
@@ -322,6 +357,8 @@ def table(results: dict[str, list[dict]], shapes: list[int]) -> list[str]:
         loads = [x["load_start"] for x in r] + [x["load_end"] for x in r]
         lines.append(f"- {n}: {r[0]['desc']}; max rel. err {r[0]['err']:.1e}; {len(r)} rounds, "
                      f"load {min(loads):.2f}–{max(loads):.2f}")
+    lines += [f"- {n}: n/a ({why})" for n, why in absent.items()]
+    lines += [f"- {n}: n/a (every worker failed)" for n in results if not results[n]]
     lines += ["", "| shape | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
     for i in shapes:
         cells = []

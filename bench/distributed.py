@@ -9,8 +9,10 @@ Each run embeds the same sentences (``bench/sentences.txt`` and pairs of them, a
 MiniLM case) into a fresh ``.parquet`` output and reports:
 
 * ``wall s``: the whole call (for the clusters: starting them, loading the model in every worker);
-* ``sentences/s``: the steady rate, from the first chunk's completion to the last one's
-  (``(N - first chunk) / (t_last - t_first)``), i.e. without the start-up;
+* ``sentences/s``: the steady rate, without the start-up: with W workers (1 for the single-process
+  rows) the first W chunks run at once and complete about together, so the rate counts from the W-th
+  completion to the last, ``(sentences of completions W+1 … last) / (t_last - t_W)``, which is
+  ``(N - W · chunk) / (t_last - t_W)`` when those first W chunks are whole (:class:`Timer`);
 * ``vs 1 worker``: that rate over the 1-worker cluster's.
 
 The single-process rows run ``corpus.embed_file`` in this process with 1 and with all cores' C++
@@ -35,6 +37,7 @@ import transformer_core as tc
 from transformer_core import corpus
 
 BENCH_DIR = Path(__file__).resolve().parent
+MAX_WORKERS = 1024  # transformer_core.distributed.MAX_WORKERS (importing that module needs dask)
 # This script is named distributed.py: with its folder on sys.path, `import distributed` (Dask's,
 # in the workers too) would find the script. Its folder goes; run.py is loaded by path.
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != BENCH_DIR]
@@ -55,26 +58,37 @@ def load_sentences(n: int) -> list[str]:
 
 
 class Timer:
-    """Records when each chunk completes (the ``on_chunk`` callback) and computes the steady rate."""
+    """Records when each chunk completes (the ``on_chunk`` callback: the chunk's index) and computes
+    the steady rate of ``workers`` workers on ``n`` sentences cut into chunks of ``chunk_size``."""
 
-    def __init__(self, chunk_size: int, n: int):
-        self.chunk_size, self.n = chunk_size, n
+    def __init__(self, chunk_size: int, n: int, workers: int = 1):
+        self.chunk_size, self.n, self.workers = chunk_size, n, workers
         self.times: list[float] = []
+        self.sizes: list[int] = []  # sentences of each completed chunk, in completion order
 
     def __call__(self, index: int, done: int) -> None:
         self.times.append(time.perf_counter())
+        # chunk i holds sentences [i * chunk_size, (i + 1) * chunk_size), the last one fewer
+        self.sizes.append(min(self.chunk_size, self.n - index * self.chunk_size))
 
     def rate(self) -> float:
-        if len(self.times) < 2:
+        """Sentences/s after the start-up: ``sum(sizes[W:]) / (t[-1] - t[W - 1])``, W = ``workers``.
+
+        The W workers start their first chunks together, so the first W completions come about
+        together, after the start-up; the chunks completed after the W-th were computed between it and
+        the last completion. With whole first chunks that is ``(n - W · chunk_size) / (t[-1] - t[W - 1])``.
+        (Counting from the first completion would put W - 1 start-up chunks into the steady window:
+        up to W - 1 chunks too many.) NaN when no chunk completed after the W-th."""
+        w = self.workers
+        if len(self.times) <= w:
             return float("nan")
-        # Every chunk but the first is counted over the time between the first and the last.
-        return (self.n - self.chunk_size) / (self.times[-1] - self.times[0])
+        return sum(self.sizes[w:]) / (self.times[-1] - self.times[w - 1])
 
 
 def run_single(path: Path, out: Path, threads: int, chunk_size: int, model: str) -> tuple[float, float]:
     """embed_file in this process; the per-chunk times come from wrapping the writer's commit."""
     tc.set_num_threads(threads)
-    timer = Timer(chunk_size, sum(1 for _ in open(path)))
+    timer = Timer(chunk_size, sum(1 for _ in open(path)), workers=1)
     original = corpus.EmbedJob.commit
 
     def commit(self, index, **extra):
@@ -93,22 +107,37 @@ def run_single(path: Path, out: Path, threads: int, chunk_size: int, model: str)
 def run_cluster(path: Path, out: Path, workers: int, chunk_size: int, model: str) -> tuple[float, float]:
     from transformer_core.distributed import embed_corpus
 
-    timer = Timer(chunk_size, sum(1 for _ in open(path)))
+    timer = Timer(chunk_size, sum(1 for _ in open(path)), workers=workers)
     t0 = time.perf_counter()
     embed_corpus(path, out, model=model, workers=workers, threads_per_worker=1, chunk_size=chunk_size,
                  on_chunk=timer)
     return time.perf_counter() - t0, timer.rate()
 
 
+def model_name(text: str) -> str:
+    """An argparse ``type`` for ``--model``: a name or folder ``transformer_core.hub`` resolves."""
+    from transformer_core.hub import resolve_model_path
+
+    try:
+        resolve_model_path(text)
+    except (FileNotFoundError, ValueError) as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
+
+
 def main(argv=None) -> int:
+    run = _bench_run()
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--sentences", type=int, default=2000)
-    p.add_argument("--chunk-size", type=int, default=100)
-    p.add_argument("--workers", default="1,2", help="cluster sizes, comma-separated (default 1,2)")
-    p.add_argument("--model", default="all-MiniLM-L6-v2")
+    p.add_argument("--sentences", type=run.sentence_count, default=2000,
+                   help=f"sentences to embed, 1 to {run.max_sentences()} (default 2000)")
+    p.add_argument("--chunk-size", type=run.int_in(1), default=100, help="sentences per chunk (default 100)")
+    p.add_argument("--workers", type=run.int_list(1, MAX_WORKERS), default=[1, 2],
+                   help=f"cluster sizes, comma-separated, 1 to {MAX_WORKERS} (default 1,2)")
+    p.add_argument("--model", type=model_name, default="all-MiniLM-L6-v2",
+                   help="an embedded model's name or a model directory (default all-MiniLM-L6-v2)")
     p.add_argument("--no-single", action="store_true", help="skip the single-process rows")
     args = p.parse_args(argv)
-    sizes = [int(w) for w in args.workers.split(",")]
+    sizes = args.workers
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
 
     rows = []
@@ -133,7 +162,7 @@ def main(argv=None) -> int:
 
     base = next((r for _, _, r in [(n, w, r) for n, w, r in rows if n.startswith("Dask, 1 worker ")]), None)
     print(f"# corpus embedding: {args.sentences} sentences, chunks of {args.chunk_size}, {args.model}")
-    print(f"# {_bench_run().cpu_name()}, {cores} cores, load average {os.getloadavg()[0]:.2f} at the end; "
+    print(f"# {run.cpu_name()}, {cores} cores, {run.cpu_isa()}, load average {os.getloadavg()[0]:.2f} at the end; "
           f"transformer_core {tc.__version__}, Python {platform.python_version()}")
     print(f"# outputs agree: max |difference| between runs {max_diff:.2e}")
     print(f"| {'run':<30} | {'wall s':>7} | {'sentences/s':>11} | {'vs 1 worker':>11} |")

@@ -47,6 +47,19 @@ from pathlib import Path
 import numpy as np
 
 BENCH_DIR = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH_DIR))
+from run import (  # noqa: E402
+    MAX_THREADS,
+    cpu_isa,
+    cpu_name,
+    float_in,
+    int_in,
+    load_sentences,
+    name_list,
+    sentence_count,
+    sorted_batches,
+)
+
 MODELS_DIR = BENCH_DIR / "results" / "models"
 SHORT_SENTENCE = "A man plays guitar."  # [CLS] a man plays guitar . [SEP]: 7 tokens
 ACCURACY_ROWS = 64
@@ -122,6 +135,9 @@ def _run_prepare(step: str) -> str | None:
     return None
 
 
+PREPARE_STEPS = ["export-onnx", "fuse-onnx", "quantize-onnx", "convert-ct2"]
+
+
 def run_prepare(step: str) -> None:
     MODELS_DIR.mkdir(parents=True, exist_ok=True)
     if step == "export-onnx":
@@ -164,18 +180,12 @@ def run_prepare(step: str) -> None:
 
         ctranslate2.converters.TransformersConverter(str(model_dir())).convert(str(ct2_path()), force=True)
     else:
-        raise SystemExit(f"unknown step {step}")
+        raise ValueError(f"step: expected one of {', '.join(PREPARE_STEPS)}, got {step!r}")
 
 
 # --------------------------------------------------------------------------------------------
 # The engines: each a function texts -> embeddings (N, 384), float32, rows in the given order
 # --------------------------------------------------------------------------------------------
-
-def _sorted_batches(texts: list[str], batch: int):
-    order = np.argsort([-len(s) for s in texts], kind="stable")
-    for start in range(0, len(texts), batch):
-        yield order[start:start + batch]
-
 
 def _pool(hidden: np.ndarray, mask: np.ndarray) -> np.ndarray:
     m = mask.astype(np.float32)[..., None]
@@ -196,7 +206,7 @@ def _encoder_with(forward, tok, batch: int):
     """texts -> embeddings, with ``forward(ids, mask, type_ids) -> hidden (N, L, H)`` per batch."""
     def encode(texts: list[str]) -> np.ndarray:
         out = np.zeros((len(texts), 384), dtype=np.float32)
-        for rows in _sorted_batches(texts, batch):
+        for rows in sorted_batches(texts, batch):
             encs = tok.encode_batch([texts[i] for i in rows])
             ids = np.array([e.ids for e in encs], dtype=np.int64)
             mask = np.array([e.attention_mask for e in encs], dtype=np.int64)
@@ -231,7 +241,7 @@ def make_engine(engine: str, threads: int, batch: int):
         def encode(texts):
             out = np.zeros((len(texts), 384), dtype=np.float32)
             with torch.inference_mode():
-                for rows in _sorted_batches(texts, batch):
+                for rows in sorted_batches(texts, batch):
                     enc = hf_tok([texts[i] for i in rows], padding=True, truncation=True, max_length=256,
                                  return_tensors="pt")
                     hidden = model(**enc).last_hidden_state
@@ -267,7 +277,7 @@ def make_engine(engine: str, threads: int, batch: int):
 
         def encode(texts):
             out = np.zeros((len(texts), 384), dtype=np.float32)
-            for rows in _sorted_batches(texts, batch):
+            for rows in sorted_batches(texts, batch):
                 encs = tok.encode_batch([texts[i] for i in rows])
                 ids = [e.ids for e in encs]
                 hidden = np.array(model.forward_batch(ids).last_hidden_state)  # (N, L, H), padded with zeros
@@ -276,7 +286,7 @@ def make_engine(engine: str, threads: int, batch: int):
                 out[rows] = _pool(hidden, mask)
             return out
         return encode
-    raise SystemExit(f"unknown engine {engine}")
+    raise ValueError(f"engine: expected one of {', '.join(ENGINES)}, got {engine!r}")
 
 
 # --------------------------------------------------------------------------------------------
@@ -284,9 +294,6 @@ def make_engine(engine: str, threads: int, batch: int):
 # --------------------------------------------------------------------------------------------
 
 def run_worker(engine: str, threads: int, n: int, repeats: int, latency_calls: int, out: str) -> None:
-    sys.path.insert(0, str(BENCH_DIR))
-    from run import load_sentences
-
     sentences = load_sentences(n)
     encode = make_engine(engine, threads, 32)
     load0 = os.getloadavg()[0]
@@ -378,37 +385,37 @@ def accuracy(a: np.ndarray, ref: np.ndarray) -> tuple[float, float]:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--engines", default=",".join(ENGINES))
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--sentences", type=int, default=1000)
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--latency-calls", type=int, default=200)
-    p.add_argument("--quiet-load", type=float, default=1.5)
-    p.add_argument("--max-wait", type=float, default=1800)
+    p.add_argument("--engines", type=name_list(list(ENGINES)), default=list(ENGINES),
+                   help=f"comma-separated engines (default all): {', '.join(ENGINES)}")
+    p.add_argument("--threads", type=int_in(1, MAX_THREADS), default=2,
+                   help=f"threads of every engine, 1 to {MAX_THREADS} (default 2)")
+    p.add_argument("--sentences", type=sentence_count, default=1000,
+                   help="sentences of the throughput figure, 1 to run.max_sentences() (default 1000)")
+    p.add_argument("--rounds", type=int_in(1), default=3, help="workers per engine, alternating (default 3)")
+    p.add_argument("--repeats", type=int_in(1), default=3, help="timed encodes in each worker (default 3)")
+    p.add_argument("--latency-calls", type=int_in(1), default=200, help="timed batch-1 encodes (default 200)")
+    p.add_argument("--quiet-load", type=float_in(0, above=True), default=1.5,
+                   help="wait for a 1-minute load average below this (default 1.5)")
+    p.add_argument("--max-wait", type=float_in(0), default=1800, help="seconds to wait for it, per worker")
     p.add_argument("--max-isa", choices=sorted(MAX_ISA_ENV), default="native",
                    help="cap the engines' matrix products at this ISA (avx2: stand in for an AVX2-only CPU)")
-    p.add_argument("--worker", help=argparse.SUPPRESS)
-    p.add_argument("--prepare", help=argparse.SUPPRESS)
+    p.add_argument("--worker", choices=list(ENGINES), help=argparse.SUPPRESS)
+    p.add_argument("--prepare", choices=PREPARE_STEPS, help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
+    args = p.parse_args(argv)  # every value checked here, before any worker starts
+    if args.worker and not args.out:
+        p.error("--worker: needs --out")
     if args.prepare:
         run_prepare(args.prepare)
         return 0
     if args.worker:
         run_worker(args.worker, args.threads, args.sentences, args.repeats, args.latency_calls, args.out)
         return 0
-    engines = [e for e in args.engines.split(",") if e]
-    unknown = [e for e in engines if e not in ENGINES]
-    if unknown:
-        p.error(f"--engines: unknown {', '.join(unknown)}; expected names from {', '.join(ENGINES)}")
-    sys.path.insert(0, str(BENCH_DIR))
+    engines = args.engines
     res = run_engines(engines, threads=args.threads, n=args.sentences, rounds=args.rounds, repeats=args.repeats,
                       latency_calls=args.latency_calls, quiet_load=args.quiet_load, max_wait=args.max_wait,
                       env={**os.environ, **MAX_ISA_ENV[args.max_isa]},
                       log=lambda s: print(s, file=sys.stderr, flush=True))
-    from run import cpu_isa, cpu_name
-
     cpu = cpu_name()
     print(f"# all-MiniLM-L6-v2, {args.sentences} sentences, batch 32, {args.threads} threads, each engine in its "
           f"own process: {cpu}, {os.cpu_count()} CPUs, {cpu_isa()}"

@@ -42,6 +42,10 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from run import cpu_isa, cpu_name, int_in, name_list  # noqa: E402 (numpy only: no OpenMP runtime loaded)
 
 SETTINGS = ["alone", "torch-imported", "torch-used", "torch-used-1", "numpy-alone", "numpy-used", "numpy-used-spin300k",
             "numpy-used-quiet"]
@@ -123,20 +127,18 @@ def main_ms(res: dict) -> float:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--settings", default=",".join(SETTINGS))
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--settings", type=name_list(SETTINGS), default=list(SETTINGS),
+                   help=f"comma-separated settings (default all): {', '.join(SETTINGS)}")
+    p.add_argument("--rounds", type=int_in(1), default=3)
+    p.add_argument("--repeats", type=int_in(1), default=7)
     p.add_argument("--op", choices=["sdpa", "encode1"], default="sdpa",
                    help="our timed call: SDPA (8, 12, 512, 64), or MiniLM's encode of one short sentence")
-    p.add_argument("--worker", help=argparse.SUPPRESS)
+    p.add_argument("--worker", choices=SETTINGS, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    for name in ("rounds", "repeats"):
-        if getattr(args, name) < 1:
-            p.error(f"--{name}: expected an integer >= 1, got {getattr(args, name)}")
     if args.worker:
         run_worker(args.worker, args.repeats, args.op)
         return 0
-    settings = [s for s in args.settings.split(",") if s]
+    settings = args.settings
     best: dict[str, dict] = {}
     loads: list[float] = []
     for r in range(args.rounds):
@@ -152,11 +154,12 @@ def main(argv=None) -> int:
                   + (f", numpy matmul {res['np1']:.2f} / {res['np2']:.2f} ms" if "np1" in res else ""), file=sys.stderr)
             if s not in best or main_ms(res) < main_ms(best[s]):
                 best[s] = res  # the best round whole: its figures are not mixed with other rounds'
-    from run import cpu_name
-
     cpu = cpu_name()
     what = f"SDPA {SHAPE}" if args.op == "sdpa" else "MiniLM encode of one sentence"
-    print(f"# ours, {what}, best of {args.rounds} rounds: {cpu}; load {min(loads):.2f}-{max(loads):.2f}"
+    if not loads:
+        print("every worker failed (their errors are above)", file=sys.stderr)
+        return 1
+    print(f"# ours, {what}, best of {args.rounds} rounds: {cpu}, {cpu_isa()}; load {min(loads):.2f}-{max(loads):.2f}"
           f"{' (BUSY: noisy)' if max(loads) > (os.cpu_count() or 1) + 0.5 else ''}")
     print()
     print("| setting | 1 thread ms | 2 threads ms | scaling 1→2 | 2 threads vs alone | process CPU ms, 1 / 2 threads "

@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from run import cpu_name, load_sentences  # noqa: E402
+from run import MAX_THREADS, cpu_isa, cpu_name, float_in, int_in, load_sentences, sentence_count  # noqa: E402
 
 
 def median_ms(fn, repeats: int) -> float:
@@ -52,12 +52,14 @@ def median_ms(fn, repeats: int) -> float:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--sentences", type=int, default=1000)
-    p.add_argument("--batch", type=int, default=32)
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--quiet-load", type=float, default=1.5)
-    p.add_argument("--max-wait", type=float, default=1800)
+    p.add_argument("--sentences", type=sentence_count, default=1000,
+                   help="sentences (1: one short sentence), at most run.max_sentences() (default 1000)")
+    p.add_argument("--batch", type=int_in(1), default=32, help="batch size (default 32)")
+    p.add_argument("--threads", type=int_in(1, MAX_THREADS), default=2, help=f"1 to {MAX_THREADS} (default 2)")
+    p.add_argument("--repeats", type=int_in(1), default=5, help="timed passes of each stage (default 5)")
+    p.add_argument("--quiet-load", type=float_in(0, above=True), default=1.5,
+                   help="wait for a 1-minute load average below this (default 1.5)")
+    p.add_argument("--max-wait", type=float_in(0), default=1800, help="seconds to wait for it (default 1800)")
     args = p.parse_args(argv)
 
     import transformer_core as tc
@@ -139,7 +141,7 @@ def main(argv=None) -> int:
     total = res_stage["encode() total"]
     fwd = res_stage["model forward (C++)"]
     print(f"# MiniLM-L6 encode profile: {len(sentences)} sentences, batch {args.batch}, {args.threads} threads")
-    print(f"- {cpu}; transformer_core {tc.__version__}; load {load0:.2f} -> {load1:.2f}"
+    print(f"- {cpu}, {cpu_isa()}; transformer_core {tc.__version__}; load {load0:.2f} -> {load1:.2f}"
           f"{' (QUIET)' if max(load0, load1) < args.quiet_load else ' (BUSY: noisy)'}")
     print(f"- {len(batches)} batches, {tokens} real tokens, {padded} padded positions "
           f"({100 * (padded - tokens) / padded:.0f}% padding)")

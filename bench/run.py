@@ -12,6 +12,9 @@ How it measures:
     * each case warms both sides up, then times them interleaved (ours, torch, ours, torch, ...)
       and reports the median of the repeats, in milliseconds;
     * torch runs under ``torch.inference_mode()`` with its modules in ``eval()``;
+    * MiniLM: both sides get the same batches of 32, the sentences sorted by length (longest first,
+      as ``SentenceEncoder.encode`` and sentence-transformers do), each padded to its own longest,
+      tokenization, pooling and normalisation included;
     * GFLOP/s of ours is compared with this machine's sgemm rate, measured once at start with
       ``torch.mm`` on 2048x2048 float32 at the chosen thread count;
     * peak extra memory (SDPA 16384 case) is measured in a fresh subprocess: the peak resident
@@ -435,16 +438,50 @@ def _gpt2_decode_row(b: Bench, hf, ours, ctx: int, label: str) -> Row:
     return row
 
 
-def load_sentences(n: int) -> list[str]:
-    """``n`` distinct sentences: the base list of ``sentences.txt``, then pairs of its sentences
-    joined in a fixed pseudo-random order (seed 0)."""
+def _sentence_pool() -> list[str]:
+    """Every sentence :func:`load_sentences` can give, in its order: the base list of
+    ``sentences.txt``, then pairs of its sentences joined in a fixed pseudo-random order (seed 0),
+    up to the first one that repeats an earlier one (none does for the shipped file: 66 + 66 · 65)."""
     base = [s.strip() for s in SENTENCES_FILE.read_text().splitlines() if s.strip()]
     pairs = [(i, j) for i in range(len(base)) for j in range(len(base)) if i != j]
     order = np.random.default_rng(0).permutation(len(pairs))
     joined = [f"{base[pairs[p][0]]} {base[pairs[p][1]]}" for p in order]
-    sentences = (base + joined)[:n]
-    assert len(set(sentences)) == len(sentences) == n, "not enough distinct sentences"
-    return sentences
+    pool, seen = [], set()
+    for s in base + joined:
+        if s in seen:
+            break
+        seen.add(s)
+        pool.append(s)
+    return pool
+
+
+def max_sentences() -> int:
+    """The most distinct sentences :func:`load_sentences` can give (4,356 for the shipped file)."""
+    return len(_sentence_pool())
+
+
+def load_sentences(n: int) -> list[str]:
+    """``n`` distinct sentences: the base list of ``sentences.txt``, then pairs of its sentences
+    joined in a fixed pseudo-random order (seed 0).
+
+    Raises:
+        ValueError: ``n`` (the scripts' ``--sentences``) outside ``[1, max_sentences()]``.
+    """
+    pool = _sentence_pool()
+    if not 1 <= n <= len(pool):
+        raise ValueError(f"--sentences: expected 1 to {len(pool)} (the distinct sentences "
+                         f"{SENTENCES_FILE.name} gives), got {n}")
+    return pool[:n]
+
+
+def sorted_batches(texts: list[str], batch: int):
+    """The batches ``SentenceEncoder.encode`` makes (and sentence-transformers' ``encode``): the
+    texts sorted by length in characters, longest first (a stable sort: equal lengths keep their
+    order), cut into runs of ``batch``. Yields each batch's indices into ``texts`` (an int array),
+    so the caller scatters each batch's rows back to the order given."""
+    order = np.argsort([-len(s) for s in texts], kind="stable")
+    for start in range(0, len(texts), batch):
+        yield order[start:start + batch]
 
 
 def case_minilm(b: Bench) -> list[Row]:
@@ -460,15 +497,17 @@ def case_minilm(b: Bench) -> list[Row]:
     max_length = ours.tokenizer.max_length  # sentence_bert_config.json's max_seq_length
 
     def theirs(texts: list[str]) -> np.ndarray:
-        out = []
-        for start in range(0, len(texts), batch):
-            enc = tokenizer(texts[start:start + batch], padding=True, truncation=True,
+        """The same batches as ours (sorted by length, so each pads to its own longest), the rows
+        scattered back to the order given."""
+        out = np.zeros((len(texts), model.config.hidden_size), dtype=np.float32)
+        for rows in sorted_batches(texts, batch):
+            enc = tokenizer([texts[i] for i in rows], padding=True, truncation=True,
                             max_length=max_length, return_tensors="pt")
             hidden = model(**enc).last_hidden_state
             mask = enc["attention_mask"].unsqueeze(-1).to(hidden.dtype)
             pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
-            out.append(torch.nn.functional.normalize(pooled, dim=1))
-        return torch.cat(out).numpy()
+            out[rows] = torch.nn.functional.normalize(pooled, dim=1).numpy()
+        return out
 
     def encode_ours(texts: list[str]) -> np.ndarray:
         return ours.encode(texts, batch_size=batch, progress=False)
@@ -480,6 +519,7 @@ def case_minilm(b: Bench) -> list[Row]:
               ours_ms, torch_ms)
     row.checks.append(Check("torch/ours", row.ratio, 1.5))
     row.notes.append(f"sentences/s ours {n / ours_ms * 1e3:.0f}, torch {n / torch_ms * 1e3:.0f}")
+    row.notes.append("both: the same batches, sorted by length")
     row.notes.append(f"max err {diff:.1e} (first {len(warm)})")
     return [row]
 
@@ -842,6 +882,77 @@ def _as_float(load: str) -> float:
 
 
 # --------------------------------------------------------------------------------------------
+# Command-line values, checked while the arguments are parsed (the bench scripts share these)
+# --------------------------------------------------------------------------------------------
+
+MAX_THREADS = 1024  # transformer_core._core.max_num_threads: set_num_threads refuses more
+
+
+def _range_text(lo, hi) -> str:
+    return f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
+
+
+def int_in(lo: int, hi: int | None = None):
+    """An argparse ``type``: an int in ``[lo, hi]`` (no upper bound when ``hi`` is None). Anything
+    else ends the parse with argparse's usage error: "argument --threads: expected an integer in
+    [1, 1024], got 0"."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer {_range_text(lo, hi)}, got {text!r}") from None
+        if value < lo or (hi is not None and value > hi):
+            raise argparse.ArgumentTypeError(f"expected an integer {_range_text(lo, hi)}, got {value}")
+        return value
+    return parse
+
+
+def float_in(lo: float, hi: float | None = None, *, above: bool = False):
+    """An argparse ``type``: a finite float ``>= lo`` (``> lo`` when ``above``), at most ``hi``."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = float("nan")
+        low_ok = value > lo if above else value >= lo
+        if not (np.isfinite(value) and low_ok and (hi is None or value <= hi)):
+            want = (f"> {lo}" if above else f">= {lo}") + ("" if hi is None else f" and <= {hi}")
+            raise argparse.ArgumentTypeError(f"expected a number {want}, got {text!r}")
+        return value
+    return parse
+
+
+def int_list(lo: int, hi: int | None = None):
+    """An argparse ``type``: comma-separated ints, each in ``[lo, hi]``, at least one ("1,2")."""
+    one = int_in(lo, hi)
+
+    def parse(text: str) -> list[int]:
+        items = [t.strip() for t in text.split(",") if t.strip()]
+        if not items:
+            raise argparse.ArgumentTypeError(f"expected comma-separated integers {_range_text(lo, hi)}, got {text!r}")
+        return [one(t) for t in items]
+    return parse
+
+
+def name_list(choices):
+    """An argparse ``type``: comma-separated names from ``choices``, at least one, each once (in
+    the order given)."""
+    def parse(text: str) -> list[str]:
+        names = list(dict.fromkeys(t.strip() for t in text.split(",") if t.strip()))
+        unknown = [n for n in names if n not in choices]
+        if unknown or not names:
+            got = f"unknown {', '.join(unknown)}" if unknown else f"no name in {text!r}"
+            raise argparse.ArgumentTypeError(f"{got}; expected comma-separated names from {', '.join(choices)}")
+        return names
+    return parse
+
+
+def sentence_count(text: str) -> int:
+    """An argparse ``type`` for ``--sentences``: 1 to :func:`max_sentences`."""
+    return int_in(1, max_sentences())(text)
+
+
+# --------------------------------------------------------------------------------------------
 # Main
 # --------------------------------------------------------------------------------------------
 
@@ -849,34 +960,28 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="smoke run: 1-2 repeats, smaller big cases")
-    p.add_argument("--only", default=None,
+    p.add_argument("--only", type=name_list(list(CASES)), default=None,
                    help=f"comma-separated cases to run (sgemm always runs): {', '.join(CASES)}")
-    p.add_argument("--threads", type=int, default=2, help="threads for ours and torch (default 2)")
-    p.add_argument("--repeats", type=int, default=None,
+    p.add_argument("--threads", type=int_in(1, MAX_THREADS), default=2,
+                   help=f"threads for ours and torch, 1 to {MAX_THREADS} (default 2)")
+    p.add_argument("--repeats", type=int_in(1), default=None,
                    help="timed repeats of every case (default: per case; peers: each engine "
                         "worker's repeats, its rounds stay 1 quick / 2)")
     p.add_argument("--mem-probe", choices=("ours", "torch"), help=argparse.SUPPRESS)
-    p.add_argument("--mem-shape", help=argparse.SUPPRESS)
+    p.add_argument("--mem-shape", type=int_list(1), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    if args.threads < 1:
-        p.error("--threads: expected >= 1")
-    if args.repeats is not None and args.repeats < 1:
-        p.error("--repeats: expected >= 1")
+    if args.mem_probe and not args.mem_shape:
+        p.error("--mem-probe: needs --mem-shape")
     args.cases = list(CASES)
     if args.only:
-        wanted = [c.strip() for c in args.only.split(",") if c.strip()]
-        unknown = [c for c in wanted if c not in CASES]
-        if unknown:
-            p.error(f"--only: unknown case(s) {unknown}; choose from {list(CASES)}")
-        args.cases = ["sgemm"] + [c for c in wanted if c != "sgemm"]
+        args.cases = ["sgemm"] + [c for c in args.only if c != "sgemm"]
     return args
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.mem_probe:
-        shape = tuple(int(s) for s in args.mem_shape.split(","))
-        run_memory_probe(args.mem_probe, shape, args.threads)
+        run_memory_probe(args.mem_probe, tuple(args.mem_shape), args.threads)
         return 0
 
     start = time.perf_counter()

@@ -39,28 +39,17 @@ from pathlib import Path
 import numpy as np
 
 BENCH_DIR = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH_DIR))
+from run import MAX_THREADS, cpu_isa, cpu_name, int_in, int_list, load_sentences, name_list, sentence_count  # noqa: E402
+
 SHORT_SENTENCE = "A man plays guitar."  # 7 tokens with [CLS] and [SEP]
 
 
-def parse_threads(text: str) -> list[int]:
-    values = []
-    for item in (t.strip() for t in text.split(",")):
-        try:
-            value = int(item)
-        except ValueError:
-            raise SystemExit(f"--threads: expected comma-separated integers, got {item!r}") from None
-        if value < 1:
-            raise SystemExit(f"--threads: expected values >= 1, got {value}")
-        values.append(value)
-    return values
-
-
-def parse_teams(text: str) -> list[str]:
-    teams = [t.strip() for t in text.split(",")]
-    bad = [t for t in teams if t not in ("fixed", "sized")]
-    if bad or not teams:
-        raise SystemExit(f"--teams: expected a comma-separated list of 'fixed' and 'sized', got {text!r}")
-    return list(dict.fromkeys(teams))
+def gguf_file(text: str) -> str:
+    """An argparse ``type`` for ``--gguf``: an existing file."""
+    if not Path(text).is_file():
+        raise argparse.ArgumentTypeError(f"expected an existing GGUF file, got {text!r} (no such file)")
+    return text
 
 
 def median_ms(fn, calls: int) -> float:
@@ -86,28 +75,24 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     cpus = os.cpu_count() or 1
     default_threads = ",".join(str(t) for t in [1, 2, 4, 8, 16, 32, 64] if t <= cpus)
-    p.add_argument("--threads", default=default_threads, help=f"comma-separated (default {default_threads})")
-    p.add_argument("--teams", default="fixed,sized",
+    p.add_argument("--threads", type=int_list(1, MAX_THREADS), default=default_threads,
+                   help=f"comma-separated, each 1 to {MAX_THREADS} (default {default_threads})")
+    p.add_argument("--teams", type=name_list(["fixed", "sized"]), default="fixed,sized",
                    help="'fixed' (the library's: every region on all the threads), 'sized' (teams sized to "
                         "the tasks), or both")
-    p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--latency-calls", type=int, default=100)
-    p.add_argument("--sentences", type=int, default=256)
-    p.add_argument("--gguf", help="a Llama GGUF file for the decode rows")
-    p.add_argument("--decode-steps", type=int, default=32)
+    p.add_argument("--rounds", type=int_in(1), default=2)
+    p.add_argument("--latency-calls", type=int_in(1), default=100)
+    p.add_argument("--sentences", type=sentence_count, default=256,
+                   help="sentences of the throughput row, at most run.max_sentences() (default 256)")
+    p.add_argument("--gguf", type=gguf_file, help="a Llama GGUF file for the decode rows")
+    p.add_argument("--decode-steps", type=int_in(1), default=32)
     p.add_argument("--no-int8", action="store_true", help="leave out the int8 MiniLM row")
-    args = p.parse_args(argv)
-    threads = parse_threads(args.threads)
-    works = parse_teams(args.teams)
-    for name in ("rounds", "latency_calls", "sentences", "decode_steps"):
-        if getattr(args, name) < 1:
-            p.error(f"--{name.replace('_', '-')}: expected an integer >= 1, got {getattr(args, name)}")
+    args = p.parse_args(argv)  # every value checked here, before the models load
+    threads = args.threads
+    works = args.teams
 
     import transformer_core as tc
     from transformer_core import _core
-
-    sys.path.insert(0, str(BENCH_DIR))
-    from run import cpu_isa, cpu_name, load_sentences
 
     fixed_before = _core.set_fixed_teams(True)
     label = {"fixed": "fixed (the library's)", "sized": "sized to the tasks"}

@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from run import cpu_name
+from run import MAX_THREADS, cpu_isa, cpu_name, int_in
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -121,19 +121,17 @@ class Worker:
         return self.read()
 
 
-def main() -> None:
+def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--steps", type=int, default=3, help="timed steps of each side (after the warm-up ones)")
-    ap.add_argument("--warmup", type=int, default=1)
-    ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--context", type=int, default=256)
+    # every value checked here, before either model is built
+    ap.add_argument("--threads", type=int_in(1, MAX_THREADS), default=2, help=f"1 to {MAX_THREADS} (default 2)")
+    ap.add_argument("--steps", type=int_in(1), default=3, help="timed steps of each side (after the warm-up ones)")
+    ap.add_argument("--warmup", type=int_in(0), default=1)
+    ap.add_argument("--layers", type=int_in(1), default=4)
+    ap.add_argument("--batch", type=int_in(1), default=8)
+    ap.add_argument("--context", type=int_in(1), default=256, help="tokens per row (the model's n_positions)")
     ap.add_argument("--side", choices=["ours", "torch"], help=argparse.SUPPRESS)  # the subprocess
-    args = ap.parse_args()
-    for name, least in (("threads", 1), ("steps", 1), ("warmup", 0), ("layers", 1), ("batch", 1), ("context", 1)):
-        if getattr(args, name) < least:  # before either model is built
-            ap.error(f"--{name}: expected an integer >= {least}, got {getattr(args, name)}")
+    args = ap.parse_args(argv)
     if args.side:
         run_side(args.side, args)
         return
@@ -159,7 +157,7 @@ def main() -> None:
     lines = [
         f"# Training step: GPT-2-small shapes, {args.layers} layers, batch {args.batch} x {args.context}, fp32",
         "",
-        f"CPU: {cpu_name()}; threads: {args.threads}; load average: {os.getloadavg()[0]:.1f} "
+        f"CPU: {cpu_name()}, {cpu_isa()}; threads: {args.threads}; load average: {os.getloadavg()[0]:.1f} "
         f"(on {os.cpu_count()} CPUs); timed steps: {args.steps} after {args.warmup} warm-up",
         "",
         "| | ours | torch | torch/ours | target | met? |",
