@@ -11,6 +11,11 @@ namespace transformer_core::kernels::sgemm {
 namespace {
 
 constexpr int kRows = 12;  // MR: 12 rows × 2 zmm = 24 accumulators, 2 panel loads and 12 broadcasts per step
+// How far ahead (steps of k) the tile asks for its panel's rows: the panels stream from L2 (64 KiB
+// at k = 512, past L1), and the hardware's L1 prefetch left the loads waiting. Emerald Rapids, 2
+// threads, the harness of bench/README.md ("Our GEMM"): 16 rows +2-8 % on MiniLM's, SmolLM2's and
+// 2048³'s shapes (4 rows +1-6 %, 8 rows 0-7 %).
+constexpr int64_t kPrefetchRows = 16;
 
 // Transposes 16 rows of 16 floats in registers: on return r[c] holds column c (element t = row t).
 inline void transpose16(__m512 r[16]) {
@@ -107,6 +112,9 @@ void Micro::tile(int64_t k, const float* a, int64_t rs_a, int64_t cs_a, const fl
   for (int64_t p = 0; p < k; ++p, panel += ldp) {
     const __m512 b0 = Masked ? _mm512_maskz_loadu_ps(mlo, panel) : _mm512_loadu_ps(panel);
     const __m512 b1 = Masked ? _mm512_maskz_loadu_ps(mhi, panel + 16) : _mm512_loadu_ps(panel + 16);
+    // the panel's row kPrefetchRows steps ahead, into L1 (a prefetch past the end does not fault)
+    _mm_prefetch(reinterpret_cast<const char*>(panel + kPrefetchRows * ldp), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(panel + kPrefetchRows * ldp + 16), _MM_HINT_T0);
     #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
       const float* row = base[r / 3];
