@@ -628,3 +628,22 @@ def test_ids_out_of_range_at_padded_positions_are_refused(small_hf, small_inputs
     tt[1, 3] = 7
     with pytest.raises(ValueError, match=r"^token_type_ids: id 7 at flat index 20"):
         model(ids, attention_mask=am, token_type_ids=tt)
+
+
+@pytest.mark.parametrize("change, problem", [
+    (lambda t: t.pop("encoder.layer.1.output.dense.weight"), "missing keys: ['encoder.layer.1.output.dense.weight']"),
+    (lambda t: t.update({"encoder.layer.0.extra.weight": np.zeros(3, np.float32)}),
+     "unknown keys: ['encoder.layer.0.extra.weight']"),
+    (lambda t: t.update({"encoder.layer.1.intermediate.dense.weight": np.zeros((5, 32), np.float32)}),
+     "mis-shaped: ['encoder.layer.1.intermediate.dense.weight: expected (37, 32), got (5, 32)']"),], ids=["missing", "unknown", "mis-shaped"])
+def test_weights_that_do_not_fit_name_model_safetensors(small_hf, tmp_path, change, problem):
+    """A missing, unknown or mis-shaped tensor was "BertModel.load_state_dict refused (module
+    unchanged): ...": no file named, and a module promised that the caller never gets. Now the
+    error names model.safetensors, with load_state_dict's error as its cause."""
+    path, _ = small_hf
+    _rewrite_checkpoint(path, tmp_path / "bad", lambda t: (change(t), t)[1])
+    with pytest.raises(ValueError) as info:
+        tc.BertModel.from_pretrained(tmp_path / "bad")
+    assert str(info.value) == (f"{tmp_path / 'bad' / 'model.safetensors'}: the weights do not fit the BertModel that "
+                               f"config.json describes: {problem}")
+    assert isinstance(info.value.__cause__, ValueError) and "load_state_dict refused" in str(info.value.__cause__)

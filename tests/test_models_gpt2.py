@@ -843,3 +843,28 @@ def test_save_pretrained_into_a_file_names_directory(gpt2_h4, tmp_path, where):
     back = tc.GPT2LMHeadModel.from_pretrained(tmp_path / "ok")
     for k, v in ours.state_dict().items():
         np.testing.assert_array_equal(back.state_dict()[k], v, err_msg=k)
+
+
+@pytest.mark.parametrize("change, problem", [
+    (lambda t: t.pop("transformer.h.1.mlp.c_fc.weight"), r"missing keys: \['h\.1\.mlp\.c_fc\.weight'\]"),
+    (lambda t: t.update({"transformer.h.0.extra.weight": np.zeros(3, np.float32)}),
+     r"unknown keys: \['transformer\.h\.0\.extra\.weight'\]"),
+    (lambda t: t.update({"transformer.h.0.ln_1.weight": np.ones(3, np.float32)}),
+     r"mis-shaped: \['h\.0\.ln_1\.weight: expected \(32,\), got \(3,\)'\]"),
+], ids=["missing", "unknown", "mis-shaped"])
+def test_weights_that_do_not_fit_name_model_safetensors(gpt2_h4, tmp_path, change, problem):
+    """A missing, unknown or mis-shaped tensor was "GPT2LMHeadModel.load_state_dict refused (module
+    unchanged): ...": no file named, and a module promised that the caller never gets. Now the
+    error names model.safetensors, with load_state_dict's error as its cause."""
+    from safetensors.numpy import load_file, save_file
+
+    _, path, _ = gpt2_h4
+    tensors = load_file(str(path / "model.safetensors"))
+    change(tensors)
+    shutil.copy(path / "config.json", tmp_path / "config.json")
+    save_file(tensors, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(ValueError) as info:
+        tc.GPT2LMHeadModel.from_pretrained(tmp_path)
+    prefix = f"{tmp_path / 'model.safetensors'}: the weights do not fit the GPT2LMHeadModel that config.json describes: "
+    assert re.fullmatch(re.escape(prefix) + problem, str(info.value)), str(info.value)
+    assert isinstance(info.value.__cause__, ValueError) and "load_state_dict refused" in str(info.value.__cause__)

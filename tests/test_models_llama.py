@@ -888,3 +888,51 @@ def test_quantize_activations_without_gguf_blocks_is_refused(llama_gqa):
     x = _ids(0, (1, 5))
     np.testing.assert_array_equal(tc.LlamaForCausalLM.from_pretrained(path, quantize_activations=False)(x).logits,
                                   m(x).logits)
+
+
+# ------------------------------------------------------------------- weights that do not fit: the file named
+def _weights_refusal(cls, path) -> ValueError:
+    """The ValueError of cls.from_pretrained(path), checked: load_state_dict's error is its cause,
+    and it promises no "module unchanged" (the caller gets no module)."""
+    with pytest.raises(ValueError) as info:
+        cls.from_pretrained(path)
+    error = info.value
+    assert "module unchanged" not in str(error)
+    assert isinstance(error.__cause__, ValueError) and "load_state_dict refused" in str(error.__cause__)
+    return error
+
+
+@pytest.mark.parametrize("change, problem", [
+    (lambda t: t.pop("model.layers.1.mlp.up_proj.weight"), "missing keys: ['model.layers.1.mlp.up_proj.weight']"),
+    (lambda t: t.update({"model.layers.0.foo.weight": np.zeros(3, np.float32)}),
+     "unknown keys: ['model.layers.0.foo.weight']"),
+    (lambda t: t.update({"model.layers.1.self_attn.o_proj.weight": t["model.layers.1.self_attn.o_proj.weight"][:, :-1]}),
+     "mis-shaped: ['model.layers.1.self_attn.o_proj.weight: expected (48, 48), got (48, 47)']"),], ids=["missing", "unknown", "mis-shaped"])
+def test_weights_that_do_not_fit_name_model_safetensors(llama_gqa, tmp_path, change, problem):
+    """A missing, unknown or mis-shaped tensor was "LlamaForCausalLM.load_state_dict refused (module
+    unchanged): ...": no file named, and a module promised that the caller never gets. Now the
+    error names model.safetensors, with load_state_dict's error as its cause."""
+    from safetensors.numpy import load_file, save_file
+
+    _, path, _ = llama_gqa
+    tensors = load_file(str(path / "model.safetensors"))
+    change(tensors)
+    tmp_path.joinpath("config.json").write_text((path / "config.json").read_text())
+    save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, str(tmp_path / "model.safetensors"))
+    error = _weights_refusal(tc.LlamaForCausalLM, tmp_path)
+    assert str(error) == (f"{tmp_path / 'model.safetensors'}: the weights do not fit the LlamaForCausalLM that "
+                          f"config.json describes: {problem}")
+
+
+def test_weights_that_do_not_fit_name_the_shard_index(llama_gqa, tmp_path):
+    """A tensor that a sharded checkpoint's index lacks: the error names the index."""
+    hf, _, _ = llama_gqa
+    hf.save_pretrained(tmp_path, safe_serialization=True, max_shard_size="40KB")
+    index = tmp_path / "model.safetensors.index.json"
+    data = json.loads(index.read_text())
+    assert len(set(data["weight_map"].values())) > 1
+    del data["weight_map"]["model.norm.weight"]
+    index.write_text(json.dumps(data))
+    error = _weights_refusal(tc.LlamaForCausalLM, tmp_path)
+    assert str(error) == (f"{index}: the weights of its shards do not fit the LlamaForCausalLM that config.json "
+                          f"describes: missing keys: ['model.norm.weight']")

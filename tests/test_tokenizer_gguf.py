@@ -339,20 +339,24 @@ def test_directory_config_of_the_wrong_shape_is_named(tmp_path, hf_smollm2_token
 
 
 def test_directory_config_kinds():
-    """What decides a causal LM: an architecture ending in ForCausalLM / LMHeadModel, else the
-    model_type; null and absent keys are no information."""
+    """What config.json says: a causal LM for an architecture ending in ForCausalLM / LMHeadModel,
+    else for a decoder's model_type; another model for other architectures or model types; nothing
+    (None: the tokenizer folder decides, see test_tokenizer_folders.py) for null, empty and absent
+    keys, or no file."""
     import tempfile
     from pathlib import Path
 
-    from transformer_core.tokenizer import _is_causal_lm
+    from transformer_core.tokenizer import _config_says_causal
 
     for config, causal in (({"architectures": ["LlamaForCausalLM"]}, True), ({"architectures": ["GPT2LMHeadModel"]}, True),
-                           ({"architectures": None, "model_type": "llama"}, True), ({"architectures": []}, False),
+                           ({"architectures": None, "model_type": "llama"}, True), ({"architectures": []}, None),
                            ({"architectures": ["BertModel"], "model_type": "bert"}, False),
-                           ({"model_type": None}, False), ({}, False)):
+                           ({"architectures": ["BertModel"]}, False), ({"model_type": "t5"}, False),
+                           ({"model_type": None}, None), ({}, None), (None, None)):
         with tempfile.TemporaryDirectory() as d:
-            (Path(d) / "config.json").write_text(json.dumps(config))
-            assert _is_causal_lm(Path(d)) is causal, config
+            if config is not None:
+                (Path(d) / "config.json").write_text(json.dumps(config))
+            assert _config_says_causal(Path(d)) is causal, config
 
 
 # ------------------------------------------------------------------------------------ tiny GGUF tokenizers

@@ -21,6 +21,7 @@ from .hub import (
     LayerRule,
     check_config_against_weights,
     load_safetensors,
+    load_weights_into,
     read_config,
     resolve_model_dir,
 )
@@ -217,7 +218,8 @@ class BertModel(Module):
             ValueError: a ``config.json`` whose sizes (``vocab_size``, ``hidden_size``,
                 ``max_position_embeddings``, ``type_vocab_size``, ``intermediate_size``,
                 ``num_hidden_layers``) the weights contradict (naming the file and the fields,
-                before the model is built); a missing, unknown or mis-shaped tensor (listed); an
+                before the model is built); a missing, unknown or mis-shaped tensor (listed, naming
+                ``model.safetensors`` or a sharded checkpoint's index); an
                 unsupported config, a field of the wrong type or out of range, or sizes the model
                 refuses together (each naming the ``config.json`` and the field:
                 :func:`~transformer_core.checkpoints.config_from_file`).
@@ -235,7 +237,7 @@ class BertModel(Module):
         # constructor argument, and a config.json key of that name does not stop it loading one.
         config.add_pooling_layer = any(k.startswith("pooler.") for k in state)
         model = build_for_checkpoint(cls, config, dtype, model_dir / "config.json")
-        model.load_state_dict(state)  # every weight (a missing one raises)
+        load_weights_into(model, state, model_dir)  # every weight (a missing one raises, naming the file)
         model.name_or_path = str(name_or_path)
         return model
 

@@ -19,6 +19,7 @@ from .hub import (
     LayerRule,
     check_config_against_weights,
     load_safetensors,
+    load_weights_into,
     read_config,
     read_generation_config,
     resolve_model_dir,
@@ -232,7 +233,8 @@ class GPT2Model(DecoderModel):
             ValueError: a ``config.json`` field of the wrong type or out of range (naming the
                 file); a ``config.json`` whose sizes (``vocab_size``, ``n_embd``, ``n_positions``,
                 ``n_inner``, ``n_layer``) the weights contradict (naming the file and the fields,
-                before the model is built); a missing, unknown or mis-shaped tensor (listed); an
+                before the model is built); a missing, unknown or mis-shaped tensor (listed, naming
+                ``model.safetensors`` or a sharded checkpoint's index); an
                 unsupported config (e.g. ``tie_word_embeddings=False``) or an ``lm_head.weight``
                 other than ``wte.weight``; a malformed ``generation_config.json`` (named).
             TypeError: ``dtype`` not float32/float64.
@@ -245,7 +247,7 @@ class GPT2Model(DecoderModel):
         _check_config_against_weights(model_dir, config, state)  # before the model of that config is built
         generation_config = read_generation_config(model_dir)
         model = build_for_checkpoint(cls, config, dtype, model_dir / "config.json")
-        model.load_state_dict(state)  # every weight (a missing one raises)
+        load_weights_into(model, state, model_dir)  # every weight (a missing one raises, naming the file)
         model.generation_config = generation_config
         return model
 

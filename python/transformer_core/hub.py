@@ -381,6 +381,27 @@ def weights_file_label(model_dir) -> tuple[str, bool]:
     return "the shards of model.safetensors.index.json", True
 
 
+def load_weights_into(model, state, source, described_by: str = "config.json") -> None:
+    """``model.load_state_dict(state)`` for a ``from_pretrained``: a missing, unknown or mis-shaped
+    tensor is a ValueError naming the file the weights came from (``source``: a model directory,
+    whose ``model.safetensors`` or sharded index is named, or a file, named itself), chained to
+    load_state_dict's error; its "(module unchanged)" is dropped, since no module reaches the caller.
+    ``described_by``: what described the model (``config.json``, or a GGUF file's metadata)."""
+    try:
+        model.load_state_dict(state)
+    except ValueError as e:
+        problems = str(e).removeprefix(f"{type(model).__name__}.load_state_dict refused (module unchanged): ")
+        source = Path(source)
+        if not source.is_dir():
+            where = f"{source}: the weights"
+        elif (source / "model.safetensors").is_file():
+            where = f"{source / 'model.safetensors'}: the weights"
+        else:
+            where = f"{source / 'model.safetensors.index.json'}: the weights of its shards"
+        raise ValueError(f"{where} do not fit the {type(model).__name__} that {described_by} describes: "
+                         f"{problems}") from e
+
+
 def _count(shape: tuple, axis: int, n: int) -> str:
     """``n`` with its unit: rows / columns of a matrix, values of a vector."""
     word = "value" if len(shape) == 1 else {0: "row", 1: "column"}.get(axis, f"entry of axis {axis}")

@@ -22,7 +22,7 @@ from ._validation import (
     resolve_dtype,
 )
 from .decoder import CausalLM, DecoderModel, _load_tied_head, _rename_known
-from .hub import ConfigRule, LayerRule, check_config_against_weights, weights_file_label
+from .hub import ConfigRule, LayerRule, check_config_against_weights, load_weights_into, weights_file_label
 from .module import check_dropout
 
 __all__ = ["LlamaConfig", "LlamaModel", "LlamaForCausalLM"]
@@ -283,7 +283,8 @@ class LlamaModel(DecoderModel):
                 ``config.json`` whose sizes (``vocab_size``, ``hidden_size``, ``intermediate_size``,
                 ``num_hidden_layers``, the heads times ``head_dim``) or ``tie_word_embeddings`` the
                 weights contradict (naming the file and the fields, before the model is built); a
-                missing, unknown or mis-shaped tensor (listed); ``quantize_activations=True`` for a
+                missing, unknown or mis-shaped tensor (listed, naming ``model.safetensors``, a sharded
+                checkpoint's index or the GGUF file); ``quantize_activations=True`` for a
                 load without GGUF blocks (naming it, before anything is read).
             TypeError: ``dtype`` not None, float32 or float64; ``quantize_activations`` not a bool
                 (``"False"`` or 0 included).
@@ -314,7 +315,10 @@ class LlamaModel(DecoderModel):
             generation_config = read_generation_config(source)
         model = build_for_checkpoint(cls, config, dtype, source / "config.json" if isinstance(source, Path)
                                      else source.path)  # the file, also for an embedded model's name
-        model.load_state_dict(state)  # every weight
+        if isinstance(source, Path):  # every weight (a missing one raises, naming the file)
+            load_weights_into(model, state, source)
+        else:  # a GGUF file
+            load_weights_into(model, state, source.path, "its metadata")
         model.source = source
         model.generation_config = generation_config
         return model

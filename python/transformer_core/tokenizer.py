@@ -5,8 +5,10 @@ byte-level BPE rebuilt from a GGUF file's ``tokenizer.ggml.*`` metadata (SmolLM2
 
 Two modes: an encoder (BERT) tokenizer truncates to ``max_length`` and pads batches, as before; a
 causal-LM tokenizer (``max_length=None``: GGUF files, directories whose ``config.json`` names a
-``*ForCausalLM`` / ``*LMHeadModel``) never truncates, pads only inside :meth:`Tokenizer.encode_batch`,
-knows its BOS/EOS tokens and chat template, and streams text with :class:`TextStream`.
+``*ForCausalLM`` / ``*LMHeadModel``, tokenizer folders that show a causal LM's tokenizer or give no
+length: see :meth:`Tokenizer.from_pretrained`) never truncates, pads only inside
+:meth:`Tokenizer.encode_batch`, knows its BOS/EOS tokens and chat template, and streams text with
+:class:`TextStream`.
 """
 
 from __future__ import annotations
@@ -42,6 +44,16 @@ _HF_CHAT_OPTIONS = ("padding", "truncation", "max_length", "return_tensors", "re
 _NAMED_SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 
 _CAUSAL_MODEL_TYPES = {"gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3", "gpt_neox", "olmo"}
+
+#: ``tokenizer_config.json``'s ``tokenizer_class`` of those models' tokenizers (with or without
+#: transformers' ``Fast`` suffix): a tokenizer folder without ``config.json`` that names one is a
+#: causal LM's.
+_CAUSAL_TOKENIZER_CLASSES = {"GPT2Tokenizer", "LlamaTokenizer", "CodeLlamaTokenizer", "Qwen2Tokenizer",
+                             "GemmaTokenizer", "GPTNeoXTokenizer"}
+
+#: transformers' ``model_max_length`` for "no limit" (``VERY_LARGE_INTEGER``, int(1e30)) and anything
+#: this large: not a length to truncate to.
+_NO_LENGTH = 1_000_000
 
 
 def check_unicode(text: str, name: str, index: int | None = None) -> None:
@@ -189,6 +201,7 @@ class Tokenizer:
             tokenizer = _copy_backend(tokenizer)
         self._tok = tokenizer
         self._unpadded = None  # _batches' copy of it without padding, made on first use
+        self._id_limit_cache = None  # (vocabulary size, one past the highest id, gaps?): see _id_limit
         self._max_length = max_length
         self.bos_token, self.eos_token, self.unk_token = bos_token, eos_token, unk_token
         self.sep_token, self.cls_token, self.mask_token = sep_token, cls_token, mask_token
@@ -255,23 +268,42 @@ class Tokenizer:
         """Reads ``tokenizer.json`` from a model directory, a ``.gguf`` file (see :meth:`from_gguf`),
         or an embedded model name (``"all-MiniLM-L6-v2"``, ``"SmolLM2-135M-Instruct"``).
 
-        A directory whose ``config.json`` names a causal LM (``architectures`` ending in
-        ``ForCausalLM`` / ``LMHeadModel``, or a decoder ``model_type``) gives a causal-LM tokenizer,
-        with its special tokens and chat template from ``tokenizer_config.json`` (or
-        ``chat_template.jinja``; named templates from its list or ``additional_chat_templates/``,
-        see :meth:`get_chat_template`); any other gives an encoder tokenizer whose ``max_length`` defaults
-        to ``sentence_bert_config.json``'s ``max_seq_length`` if present, else
-        ``tokenizer_config.json``'s ``model_max_length``, else ``config.json``'s
-        ``max_position_embeddings``, else 512. A ``sentence_bert_config.json`` with
-        ``"do_lower_case": true`` gives a tokenizer that lowercases every text before tokenizing it
-        (``do_lower_case=True``), as sentence-transformers does.
+        A directory gives a causal-LM tokenizer (no truncation; its special tokens and chat template
+        from ``tokenizer_config.json`` or ``chat_template.jinja``, named templates from its list or
+        ``additional_chat_templates/``, see :meth:`get_chat_template`) or an encoder tokenizer, which
+        truncates to ``max_length``. The first of these rules that applies decides:
+
+        1. ``config.json`` names a model: a causal LM when an ``architectures`` entry ends in
+           ``ForCausalLM`` / ``LMHeadModel`` or its ``model_type`` is a decoder's (``llama``,
+           ``gpt2``, ``qwen2``, ...), else an encoder.
+        2. A sentence-transformers folder (``sentence_bert_config.json`` or ``modules.json``): an
+           encoder.
+        3. A tokenizer folder alone (what transformers' ``tokenizer.save_pretrained`` writes) that
+           shows a causal LM's tokenizer: a causal LM. It shows one with a chat template
+           (``chat_template.jinja``, ``additional_chat_templates/`` or ``tokenizer_config.json``'s
+           ``chat_template``), or a ``tokenizer_config.json`` that says ``"padding_side": "left"``,
+           ``"add_bos_token": true`` or ``"add_eos_token": true``, or names a causal LM's
+           ``tokenizer_class`` (``GPT2Tokenizer``, ``LlamaTokenizer``, ``Qwen2Tokenizer``,
+           ``GemmaTokenizer``, ``GPTNeoXTokenizer``, with or without ``Fast``).
+        4. Otherwise an encoder when a length to truncate to is known: ``max_length``, or
+           ``tokenizer_config.json``'s ``model_max_length`` (not transformers' 1e30 "no limit"), or
+           ``config.json``'s ``max_position_embeddings`` / ``n_positions``; with none known, a
+           causal LM: nothing is cut (transformers' tokenizer does not truncate there either).
+
+        An encoder's ``max_length`` defaults to ``sentence_bert_config.json``'s ``max_seq_length``
+        if present, else ``tokenizer_config.json``'s ``model_max_length`` (a real length, at most
+        the positions), else ``config.json``'s ``max_position_embeddings``, else 512 (BERT's). A
+        ``sentence_bert_config.json`` with ``"do_lower_case": true`` gives a tokenizer that
+        lowercases every text before tokenizing it (``do_lower_case=True``), as sentence-transformers
+        does.
 
         Either kind takes its named special tokens (``bos_token``, ``eos_token``, ``unk_token``,
-        ``sep_token``, ``cls_token``, ``mask_token``, and a causal LM's ``pad_token``) and its extra
-        special tokens (other ``*_token`` keys, ``extra_special_tokens``, ``additional_special_tokens``)
-        from ``tokenizer_config.json`` as transformers 5 reads them, those in the vocabulary (see
-        :attr:`all_special_ids`). An encoder pads with ``[PAD]``, else id 0's token, and without an
-        ``unk_token`` in ``tokenizer_config.json`` takes the WordPiece/BPE model's own.
+        ``sep_token``, ``pad_token``, ``cls_token``, ``mask_token``) and its extra special tokens
+        (other ``*_token`` keys, ``extra_special_tokens``, ``additional_special_tokens``) from
+        ``tokenizer_config.json`` as transformers 5 reads them, those in the vocabulary (see
+        :attr:`all_special_ids`). An encoder pads with that ``pad_token``, else ``[PAD]``, else id
+        0's token, and without an ``unk_token`` in ``tokenizer_config.json`` takes the WordPiece/BPE
+        model's own; a causal LM pads with its ``pad_token``, else its EOS token.
 
         Args:
             name_or_path: a model directory, a ``.gguf`` file or an embedded model's name; required
@@ -291,22 +323,27 @@ class Tokenizer:
                 ``sentence_bert_config.json`` that is not a bool; a ``config.json`` whose
                 ``architectures`` is not a list of strings or ``model_type`` not a string; a
                 ``chat_template`` in ``tokenizer_config.json`` that is not a str or a list of
-                ``{"name": str, "template": str}``.
+                ``{"name": str, "template": str}``; a ``chat_template.jinja`` or
+                ``additional_chat_templates/*.jinja`` that is not UTF-8 text (naming the file).
             TypeError: ``max_length`` not an int or None.
         """
         from tokenizers import Tokenizer as HFTokenizer
 
         max_length = check_optional_int(max_length, "max_length", 1)
         location = resolve_model_path(name_or_path)
+        model_dir = Path(location)
+        cfg = {}  # tokenizer_config.json's settings (a GGUF file has none)
         if location.is_file():
             _check_gguf_magic(location, name_or_path)
-        causal = location.is_file() or _is_causal_lm(Path(location))
+            causal = True
+        else:
+            cfg = _read_json_object(model_dir / "tokenizer_config.json")
+            causal = _directory_is_causal(model_dir, cfg, max_length)
         if causal and max_length is not None:
             raise ValueError(f"max_length: {name_or_path!r} has a causal-LM tokenizer, which does not truncate; "
                              f"expected None, got {max_length}")
         if location.is_file():
             return cls.from_gguf(location)
-        model_dir = Path(location)
         path = model_dir / "tokenizer.json"
         if not path.is_file():
             raise FileNotFoundError(f"tokenizer.json: not found in model directory {model_dir}")
@@ -314,13 +351,13 @@ class Tokenizer:
             tok = HFTokenizer.from_file(str(path))
         except Exception as e:  # the Rust parser's errors: name the file
             raise ValueError(f"{path}: cannot read tokenizer.json ({type(e).__name__}: {e})") from None
-        cfg = _read_json_object(model_dir / "tokenizer_config.json")
         tokens = _special_tokens_of_config(cfg, tok)
         if causal:
             return cls._owning(tok, max_length=None, **tokens, chat_template=_chat_template_of_dir(model_dir, cfg))
         if max_length is None:
-            max_length = _default_max_length(model_dir)
-        tokens["pad_token"] = "[PAD]" if tok.token_to_id("[PAD]") is not None else (tok.id_to_token(0) or "[PAD]")
+            max_length = _default_max_length(model_dir, cfg)
+        if tokens["pad_token"] is None:  # none in tokenizer_config.json (or not in the vocabulary)
+            tokens["pad_token"] = "[PAD]" if tok.token_to_id("[PAD]") is not None else (tok.id_to_token(0) or "[PAD]")
         # the unknown token: tokenizer_config.json's, else the WordPiece/BPE model's own, if in the vocabulary
         unk = getattr(tok.model, "unk_token", None)
         if "unk_token" not in cfg and isinstance(unk, str) and tok.token_to_id(unk) is not None:
@@ -453,8 +490,9 @@ class Tokenizer:
         Raises:
             TypeError: an id that is not an int, ``ids`` not a list/array of ints (a nested list
                 included).
-            ValueError: an id outside ``[0, vocab_size)``; an array of more than one dimension (a
-                batch: decode its rows one at a time).
+            ValueError: an id outside the vocabulary (below 0 or above its highest id, which is
+                ``vocab_size - 1`` unless its ids have gaps), or in one of its gaps (an id no token
+                has); an array of more than one dimension (a batch: decode its rows one at a time).
         """
         skip_special_tokens = check_bool(skip_special_tokens, "skip_special_tokens")
         return self._tok.decode(self._check_ids(ids), skip_special_tokens=skip_special_tokens)
@@ -662,8 +700,21 @@ class Tokenizer:
     # ---------------------------------------------------------------------------- vocabulary
     @property
     def vocab_size(self) -> int:
-        """Number of tokens in the vocabulary (added tokens included)."""
+        """Number of tokens in the vocabulary (added tokens included), as transformers' ``len(tokenizer)``.
+        The ids run up to ``vocab_size - 1`` unless the vocabulary's ids have gaps (``{..., "Ġ": 5,
+        "ab": 7}``, no 6: ``vocab_size`` 7, ids up to 7)."""
         return self._tok.get_vocab_size(with_added_tokens=True)
+
+    def _id_limit(self) -> tuple[int, bool]:
+        """``(one past the highest id, whether some id below it has no token)``, computed once per
+        vocabulary size (tokens added to the backend make it again)."""
+        size = self._tok.get_vocab_size(with_added_tokens=True)
+        cached = self._id_limit_cache
+        if cached is None or cached[0] != size:
+            ids = set(self._tok.get_vocab(with_added_tokens=True).values())
+            limit = max(ids, default=-1) + 1
+            cached = self._id_limit_cache = (size, limit, len(ids) < limit)
+        return cached[1], cached[2]
 
     @property
     def bos_token_id(self) -> int | None:
@@ -718,13 +769,13 @@ class Tokenizer:
 
     def id_to_token(self, token_id: int) -> str | None:
         """The token (vocabulary spelling, ``"Ġworld"`` for byte-level BPE) of an id, or None for an
-        id past the vocabulary.
+        id past the vocabulary's highest id or one that its ids skip.
 
         Raises:
             TypeError: ``token_id`` not an int. ValueError: a negative id.
         """
         token_id = check_int(token_id, "token_id", 0, None)
-        if token_id >= self._tok.get_vocab_size(with_added_tokens=True):
+        if token_id >= self._id_limit()[0]:
             return None
         return self._tok.id_to_token(token_id)
 
@@ -747,12 +798,15 @@ class Tokenizer:
                                  f"{tuple(arr.shape)}; decode a batch one row at a time")
             ids = arr.reshape(-1).tolist()
         out = []
-        n = self.vocab_size
+        limit, gaps = self._id_limit()
         for i in ids:
             if isinstance(i, bool) or not isinstance(i, (int, np.integer)):
                 raise TypeError(f"{name}: expected int token ids, got {type(i).__name__}")
-            if not 0 <= i < n:
-                raise ValueError(f"{name}: token id {int(i)} is outside the vocabulary [0, {n})")
+            if not 0 <= i < limit:
+                raise ValueError(f"{name}: token id {int(i)} is outside the vocabulary [0, {limit})")
+            if gaps and self._tok.id_to_token(int(i)) is None:
+                raise ValueError(f"{name}: token id {int(i)} has no token (the vocabulary's ids [0, {limit}) "
+                                 f"skip it)")
             out.append(int(i))
         return out
 
@@ -973,16 +1027,16 @@ def _chat_template_of_dir(model_dir: Path, tokenizer_config: dict) -> str | dict
 
     Raises:
         ValueError: a ``chat_template`` in ``tokenizer_config.json`` that is not a str or such a list
-            (naming the file and the entry).
+            (naming the file and the entry); a ``.jinja`` file that is not UTF-8 text (naming it).
     """
     templates = {}
     jinja = model_dir / "chat_template.jinja"
     if jinja.is_file():
-        templates["default"] = jinja.read_text(encoding="utf-8")
+        templates["default"] = _read_template(jinja)
     extra = model_dir / "additional_chat_templates"
     if extra.is_dir():
         for path in sorted(extra.glob("*.jinja")):
-            templates[path.name.removesuffix(".jinja")] = path.read_text(encoding="utf-8")
+            templates[path.name.removesuffix(".jinja")] = _read_template(path)
     if templates:
         return templates["default"] if list(templates) == ["default"] else templates
     try:
@@ -1020,9 +1074,20 @@ def _check_chat_templates(value, name: str) -> str | dict | None:
                     f"{{'name', 'template'}} dicts) or None, got {type(value).__name__}")
 
 
-def _is_causal_lm(model_dir: Path) -> bool:
-    """Whether ``config.json`` (if any) names a causal LM: an ``architectures`` entry ending in
-    ``ForCausalLM`` / ``LMHeadModel``, or a ``model_type`` of ``_CAUSAL_MODEL_TYPES``.
+def _read_template(path: Path) -> str:
+    """The text of a chat template file; ValueError naming the file when it is not UTF-8."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: a chat template must be UTF-8 text; byte {e.object[e.start]:#04x} at offset "
+                         f"{e.start} is not valid UTF-8") from None
+
+
+def _config_says_causal(model_dir: Path) -> bool | None:
+    """What ``config.json`` says of the model: True for a causal LM (an ``architectures`` entry
+    ending in ``ForCausalLM`` / ``LMHeadModel``, or a ``model_type`` of ``_CAUSAL_MODEL_TYPES``),
+    False for another model (other architectures, or another ``model_type``), None when it names
+    none (no file; ``architectures`` and ``model_type`` absent, null or empty).
 
     Raises:
         ValueError: naming ``config.json``: ``architectures`` not a list of strings (a single string
@@ -1041,7 +1106,47 @@ def _is_causal_lm(model_dir: Path) -> bool:
     model_type = config.get("model_type")
     if model_type is not None and not isinstance(model_type, str):
         raise ValueError(f"{path}: model_type: expected a string, got {type(model_type).__name__} {_clip(model_type)}")
-    return model_type in _CAUSAL_MODEL_TYPES
+    if model_type in _CAUSAL_MODEL_TYPES:
+        return True
+    return False if architectures or model_type else None
+
+
+def _shows_causal_tokenizer(model_dir: Path, tokenizer_config: dict) -> bool:
+    """Whether a tokenizer folder shows a causal LM's tokenizer: a chat template (a
+    ``chat_template.jinja``, an ``additional_chat_templates/*.jinja`` or ``tokenizer_config.json``'s
+    ``chat_template``), or a ``tokenizer_config.json`` (the object ``tokenizer_config``) with
+    ``"padding_side": "left"``, ``"add_bos_token": true`` or ``"add_eos_token": true``, or a
+    ``tokenizer_class`` of ``_CAUSAL_TOKENIZER_CLASSES`` (with or without ``Fast``)."""
+    if (model_dir / "chat_template.jinja").is_file() or tokenizer_config.get("chat_template") is not None:
+        return True
+    if any((model_dir / "additional_chat_templates").glob("*.jinja")):
+        return True
+    if tokenizer_config.get("padding_side") == "left":
+        return True
+    if tokenizer_config.get("add_bos_token") is True or tokenizer_config.get("add_eos_token") is True:
+        return True
+    tokenizer_class = tokenizer_config.get("tokenizer_class")
+    return isinstance(tokenizer_class, str) and tokenizer_class.removesuffix("Fast") in _CAUSAL_TOKENIZER_CLASSES
+
+
+def _directory_is_causal(model_dir: Path, tokenizer_config: dict, max_length: int | None) -> bool:
+    """Whether a model directory's tokenizer is a causal LM's, by the first rule of
+    :meth:`Tokenizer.from_pretrained` that applies: what ``config.json`` says; a sentence-transformers
+    folder is an encoder's; a tokenizer folder that shows a causal LM's tokenizer is one; else an
+    encoder's when a length to truncate to is known (``max_length``, the caller's), a causal LM's
+    (which cuts nothing) when none is.
+
+    Raises:
+        ValueError: as :func:`_config_says_causal`; a ``config.json`` that is not a JSON object.
+    """
+    said = _config_says_causal(model_dir)
+    if said is not None:
+        return said
+    if (model_dir / "sentence_bert_config.json").is_file() or (model_dir / "modules.json").is_file():
+        return False
+    if _shows_causal_tokenizer(model_dir, tokenizer_config):
+        return True
+    return max_length is None and _known_max_length(model_dir, tokenizer_config) is None
 
 
 def _check_gguf_magic(path: Path, name_or_path) -> None:
@@ -1075,11 +1180,22 @@ def _do_lower_case(model_dir: Path) -> bool:
     return value
 
 
-def _default_max_length(model_dir: Path) -> int:
-    """The encoder tokenizer's truncation length: the first of ``sentence_bert_config.json``'s
-    ``max_seq_length``, ``tokenizer_config.json``'s ``model_max_length`` (unless it is
-    transformers' "no limit" placeholder, a huge number), ``config.json``'s
-    ``max_position_embeddings`` / ``n_positions``, else 512.
+def _default_max_length(model_dir: Path, tokenizer_config: dict) -> int:
+    """The encoder tokenizer's truncation length: :func:`_known_max_length`, else 512 (BERT's).
+
+    Raises:
+        ValueError: as :func:`_known_max_length`.
+    """
+    length = _known_max_length(model_dir, tokenizer_config)
+    return 512 if length is None else length
+
+
+def _known_max_length(model_dir: Path, tokenizer_config: dict) -> int | None:
+    """The length a model directory gives to truncate to: the first of ``sentence_bert_config.json``'s
+    ``max_seq_length``, ``tokenizer_config.json``'s ``model_max_length`` (the object
+    ``tokenizer_config``; unless it is transformers' "no limit" placeholder, a huge number; at most
+    the positions), ``config.json``'s ``max_position_embeddings`` / ``n_positions``; None when
+    none gives one.
 
     Raises:
         ValueError: naming the file: a JSON file that is not valid, a ``max_seq_length`` that is not
@@ -1098,10 +1214,10 @@ def _default_max_length(model_dir: Path) -> int:
             raise ValueError(f"{path}: max_seq_length: expected at most {positions} (config.json's "
                              f"max_position_embeddings), got {value}")
         return value
-    value = _read_json_object(model_dir / "tokenizer_config.json").get("model_max_length")
-    if isinstance(value, int) and not isinstance(value, bool) and 0 < value <= 1_000_000:
+    value = tokenizer_config.get("model_max_length")
+    if isinstance(value, int) and not isinstance(value, bool) and 0 < value <= _NO_LENGTH:
         return value if positions is None else min(value, positions)
-    return positions if positions is not None else 512
+    return positions
 
 
 # ------------------------------------------------------------------------------------------------

@@ -1,0 +1,233 @@
+"""tc.Tokenizer.from_pretrained on tokenizer folders, against transformers' AutoTokenizer on the same
+folder: which kind a folder without config.json gives (what ``tokenizer.save_pretrained`` writes),
+an encoder's pad token from tokenizer_config.json, vocabularies whose ids have gaps, and chat
+template files that are not UTF-8.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import transformer_core as tc
+from conftest import MODEL_DIR
+
+LONG = "hello world, " * 300  # 900 tokens for BERT and SmolLM2: past every length below
+TEXTS = ["Hi", "hello world, how are you?", LONG[:200], ""]
+MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+
+
+def _hf(path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(path))
+
+
+# ------------------------------------------------------------------------------------ folders without config.json
+@pytest.fixture(scope="module")
+def saved_smollm2(hf_smollm2_tokenizer, tmp_path_factory):
+    """SmolLM2's tokenizer as transformers' save_pretrained writes it: no config.json."""
+    path = tmp_path_factory.mktemp("smollm2_saved")
+    hf_smollm2_tokenizer.save_pretrained(str(path))
+    assert {"tokenizer.json", "tokenizer_config.json", "chat_template.jinja"} <= {p.name for p in path.iterdir()}
+    assert not (path / "config.json").exists()
+    return path
+
+
+def test_saved_causal_tokenizer_is_causal_as_transformers_reads_it(saved_smollm2):
+    """A causal LM's tokenizer saved by transformers (no config.json) became an encoder tokenizer:
+    prompts cut to 512 ids, the chat template dropped, padding with id 0, left padding refused.
+    Now it is the causal-LM tokenizer transformers loads from that folder."""
+    hf, ours = _hf(saved_smollm2), tc.Tokenizer.from_pretrained(saved_smollm2)
+    assert ours.max_length is None
+    ids = ours.encode(LONG)
+    assert ids == hf(LONG)["input_ids"] == hf(LONG, truncation=True)["input_ids"] and len(ids) > 512
+    assert (ours.pad_token, ours.pad_token_id) == (hf.pad_token, hf.pad_token_id) == ("<|im_end|>", 2)
+    assert (ours.bos_token_id, ours.eos_token_id) == (hf.bos_token_id, hf.eos_token_id)
+    assert ours.all_special_tokens == hf.all_special_tokens and ours.all_special_ids == hf.all_special_ids
+    assert ours.apply_chat_template(MESSAGES, add_generation_prompt=True) == hf.apply_chat_template(
+        MESSAGES, add_generation_prompt=True, tokenize=False)
+    for side in ("left", "right"):
+        got = ours.encode_batch(TEXTS, padding_side=side)
+        want = hf(TEXTS, padding=True, padding_side=side, return_tensors="np")
+        for key in ("input_ids", "attention_mask"):
+            np.testing.assert_array_equal(got[key], want[key], err_msg=f"{side} {key}")
+
+
+def _minilm_config(**changes) -> dict:
+    config = json.loads((MODEL_DIR / "tokenizer_config.json").read_text())
+    config.update(changes)
+    return {k: v for k, v in config.items() if v is not None}
+
+
+def _folder(tmp_path, tokenizer_json, tokenizer_config, files=None):
+    """A tokenizer folder: ``tokenizer_json`` copied, ``tokenizer_config.json`` written, then
+    ``files`` ({relative path: text})."""
+    path = tmp_path / "tok"
+    path.mkdir()
+    shutil.copy(tokenizer_json, path / "tokenizer.json")
+    (path / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
+    for name, text in (files or {}).items():
+        (path / name).parent.mkdir(parents=True, exist_ok=True)
+        (path / name).write_text(text)
+    return path
+
+
+# (tokenizer_config.json, other files, the max_length expected: None for a causal-LM tokenizer)
+BERT_FOLDERS = {
+    # a length known: tokenizer_config.json's model_max_length, or sentence-transformers' max_seq_length
+    "model_max_length": (_minilm_config(), {}, 512),
+    "model_max_length 100": (_minilm_config(model_max_length=100), {}, 100),
+    "sentence_bert_config": (_minilm_config(), {"sentence_bert_config.json": '{"max_seq_length": 16}'}, 16),
+    "silent config.json": (_minilm_config(), {"config.json": "{}"}, 512),
+    # no length known: nothing is cut
+    "no model_max_length": (_minilm_config(model_max_length=None), {}, None),
+    "transformers' no-limit 1e30": (_minilm_config(model_max_length=int(1e30)), {}, None),
+    "empty tokenizer_config": ({}, {}, None),
+    # a causal LM's tokenizer shown, whatever the length
+    "padding_side left": (_minilm_config(padding_side="left"), {}, None),
+    "add_bos_token": (_minilm_config(add_bos_token=True), {}, None),
+    "chat_template in the config": (_minilm_config(chat_template="{{ messages[0]['content'] }}"), {}, None),
+    "chat_template.jinja": (_minilm_config(), {"chat_template.jinja": "{{ messages[0]['content'] }}"}, None),
+    "additional_chat_templates": (_minilm_config(), {"additional_chat_templates/rag.jinja": "{{ documents }}"}, None),
+}
+
+
+@pytest.mark.parametrize("name", list(BERT_FOLDERS))
+def test_kind_of_a_folder_without_config_json(tmp_path, name):
+    """A tokenizer folder without config.json is an encoder tokenizer (it truncates) only when a
+    length is known and nothing shows a causal LM's tokenizer. Without a length, transformers'
+    tokenizer does not cut even with truncation=True, and neither does ours."""
+    config, files, max_length = BERT_FOLDERS[name]
+    path = _folder(tmp_path, MODEL_DIR / "tokenizer.json", config, files)
+    hf, ours = _hf(path), tc.Tokenizer.from_pretrained(path)
+    assert ours.max_length == max_length
+    want = hf(LONG, truncation=True, max_length=max_length)["input_ids"] if max_length else hf(LONG)["input_ids"]
+    assert ours.encode(LONG) == want and len(want) == (max_length or 902)
+    assert ours.encode(TEXTS[1]) == hf(TEXTS[1])["input_ids"]
+    if max_length is None:  # a causal-LM tokenizer: pads either side as transformers does
+        got = ours.encode_batch(TEXTS, padding_side="left")
+        want = hf(TEXTS, padding=True, padding_side="left", return_tensors="np")
+        np.testing.assert_array_equal(got["input_ids"], want["input_ids"])
+        np.testing.assert_array_equal(got["attention_mask"], want["attention_mask"])
+
+
+@pytest.mark.parametrize("tokenizer_class", ["GPT2TokenizerFast", "LlamaTokenizer", "Qwen2TokenizerFast"])
+def test_a_causal_tokenizer_class_makes_a_causal_tokenizer(tmp_path, saved_smollm2, tokenizer_class):
+    """A causal LM's tokenizer_class is a causal tokenizer even with a real model_max_length, which
+    a causal-LM tokenizer does not cut to (transformers cuts only when asked: truncation=True)."""
+    config = {"tokenizer_class": tokenizer_class, "model_max_length": 64, "eos_token": "<|endoftext|>"}
+    ours = tc.Tokenizer.from_pretrained(_folder(tmp_path, saved_smollm2 / "tokenizer.json", config))
+    assert ours.max_length is None and len(ours.encode(LONG)) > 64
+    assert (ours.pad_token, ours.pad_token_id) == ("<|endoftext|>", 0)  # the EOS token pads
+
+
+def test_max_length_argument_for_a_folder_without_config_json(tmp_path):
+    """The caller's max_length is a known length: a folder that shows no causal LM's tokenizer
+    becomes an encoder tokenizer of that length; one that shows a causal LM's refuses it."""
+    path = _folder(tmp_path, MODEL_DIR / "tokenizer.json", _minilm_config(model_max_length=None))
+    ours = tc.Tokenizer.from_pretrained(path, max_length=32)
+    assert ours.max_length == 32 and ours.encode(LONG) == _hf(path)(LONG, truncation=True, max_length=32)["input_ids"]
+    (path / "chat_template.jinja").write_text("{{ messages[0]['content'] }}")
+    with pytest.raises(ValueError, match="max_length: .* has a causal-LM tokenizer, which does not truncate"):
+        tc.Tokenizer.from_pretrained(path, max_length=32)
+
+
+# ------------------------------------------------------------------------------------ an encoder's pad token
+@pytest.fixture
+def padtok(tmp_path):
+    """A WordLevel encoder vocabulary whose padding token is "<pad>" (id 1; id 0 is "<s>"), named
+    by tokenizer_config.json, with a BERT config.json."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+
+    vocab = {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3, "hello": 4, "world": 5}
+    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    backend.add_special_tokens(["<s>", "<pad>", "</s>", "<unk>"])
+    backend.post_processor = processors.TemplateProcessing(single="<s> $A </s>", special_tokens=[("<s>", 0), ("</s>", 2)])
+    backend.save(str(tmp_path / "tokenizer.json"))
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({
+        "bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>", "unk_token": "<unk>", "model_max_length": 512,
+        "tokenizer_class": "PreTrainedTokenizerFast"}))
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert", "architectures": ["BertModel"],
+                                                      "max_position_embeddings": 512}))
+    return tmp_path
+
+
+def test_encoder_pads_with_the_pad_token_of_tokenizer_config(padtok):
+    """An encoder tokenizer padded with "[PAD]", else id 0's token ("<s>": the BOS id padded the
+    batch) and left tokenizer_config.json's pad_token out of all_special_tokens. Now it pads as
+    transformers does."""
+    hf, ours = _hf(padtok), tc.Tokenizer.from_pretrained(padtok)
+    assert ours.max_length == 512
+    assert (ours.pad_token, ours.pad_token_id) == (hf.pad_token, hf.pad_token_id) == ("<pad>", 1)
+    texts = ["hello", "hello world world", "world"]
+    got = ours.encode_batch(texts)
+    want = hf(texts, padding=True, return_tensors="np")
+    for key in ("input_ids", "attention_mask"):  # this tokenizer gives transformers no token_type_ids
+        np.testing.assert_array_equal(got[key], want[key], err_msg=key)
+    assert got["input_ids"][0].tolist() == [0, 4, 2, 1, 1]
+    assert ours.all_special_tokens == hf.all_special_tokens and ours.all_special_ids == hf.all_special_ids
+    assert "<pad>" in ours.all_special_tokens
+
+
+def test_encoder_pad_token_outside_the_vocabulary_falls_back(padtok):
+    """A pad_token the vocabulary lacks is not used: "[PAD]" if present, else id 0's token, as before."""
+    config = json.loads((padtok / "tokenizer_config.json").read_text())
+    (padtok / "tokenizer_config.json").write_text(json.dumps({**config, "pad_token": "[NOPE]"}))
+    ours = tc.Tokenizer.from_pretrained(padtok)
+    assert (ours.pad_token, ours.pad_token_id) == ("<s>", 0)
+
+
+# ------------------------------------------------------------------------------------ ids with gaps
+@pytest.fixture
+def hole(tmp_path):
+    """A byte-level BPE vocabulary whose ids skip 6: {..., "Ġ": 5, "ab": 7}; a Llama config.json."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, "a": 3, "b": 4, "Ġ": 5, "ab": 7}
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[("a", "b")], unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    backend.add_special_tokens(["<unk>", "<s>", "</s>"])
+    backend.save(str(tmp_path / "tokenizer.json"))
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "</s>", "bos_token": "<s>"}))
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama"}))
+    return tmp_path
+
+
+def test_ids_past_a_gap_in_the_vocabulary_decode_as_transformers(hole):
+    """decode refused id 7, which encode("ab") had just returned: ids were bounded by vocab_size (7
+    tokens), not by the highest id + 1 (8); id_to_token(7) was None. Now they decode as
+    transformers decodes them; only the id no token has (6) and ids past 7 are refused."""
+    hf, ours = _hf(hole), tc.Tokenizer.from_pretrained(hole)
+    assert ours.encode("ab") == hf.encode("ab") == [7]
+    assert ours.vocab_size == len(hf) == 7
+    for ids in ([7], [3, 5, 7], [1, 7, 7, 2]):
+        assert ours.decode(ids) == hf.decode(ids, skip_special_tokens=True), ids
+        assert ours.decode(ids, skip_special_tokens=False) == hf.decode(ids), ids
+    assert ours.decode(np.array([5, 7])) == hf.decode([5, 7]) == " ab"
+    assert ours.id_to_token(7) == hf.convert_ids_to_tokens(7) == "ab"
+    assert ours.id_to_token(6) is None and ours.id_to_token(8) is None
+    stream = ours.text_stream()
+    assert stream.push(5) + stream.push(7) + stream.finish() == " ab"
+    with pytest.raises(ValueError, match=r"^ids: token id 6 has no token \(the vocabulary's ids \[0, 8\) skip it\)$"):
+        ours.decode([7, 6])
+    with pytest.raises(ValueError, match=r"^ids: token id 8 is outside the vocabulary \[0, 8\)$"):
+        ours.decode([8])
+
+
+# ------------------------------------------------------------------------------------ chat template files
+@pytest.mark.parametrize("name", ["chat_template.jinja", "additional_chat_templates/tool_use.jinja"])
+def test_chat_template_file_not_utf8_is_named(saved_smollm2, tmp_path, name):
+    """A chat template file that is not UTF-8 raised a bare UnicodeDecodeError naming no file."""
+    path = tmp_path / "tok"
+    shutil.copytree(saved_smollm2, path)
+    (path / name).parent.mkdir(exist_ok=True)
+    (path / name).write_bytes(b"{{ messages }}\xff\xfe")
+    with pytest.raises(ValueError) as info:
+        tc.Tokenizer.from_pretrained(path)
+    assert type(info.value) is ValueError
+    assert str(info.value) == (f"{path / name}: a chat template must be UTF-8 text; byte 0xff at offset 14 is not "
+                               f"valid UTF-8")
