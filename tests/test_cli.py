@@ -706,3 +706,43 @@ def test_cli_generate_and_chat_sample_with_top_k_50_as_continue_text(tiny_chat_d
     for command in ("generate", "chat"):
         help_text = " ".join(_run(command, "--help").stdout.split())
         assert "--top-k TOP_K sample among the k most probable tokens (with --temperature; default 50" in help_text
+
+
+def test_cli_embed_prints_a_non_utf8_output_name_on_a_strict_stdout(tmp_path, tiny_model_dir):
+    """An output path that is not UTF-8 (bytes 0xff in its name) with stdout strict
+    (PYTHONIOENCODING=utf-8:strict): the run succeeded, wrote the manifest complete, and then its
+    result line failed to print: exit 2. The name is printed with the byte as \\xff now."""
+    model = str(tiny_model_dir)
+    d = os.fsencode(tmp_path)
+    src, out = d + b"/n\xff.txt", d + b"/o\xff.npy"
+    with open(src, "wb") as f:
+        f.write(b"The cat sat on the mat.\nInterest rates rose.\n")
+    env = {**os.environ, "PYTHONIOENCODING": "utf-8:strict"}
+    cmd = [sys.executable.encode(), b"-m", b"transformer_core", b"embed", b"--model", os.fsencode(model), b"--file",
+           src, b"--out", out, b"--no-progress"]
+    proc = subprocess.run(cmd, capture_output=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    shown = d.decode("utf-8", "backslashreplace") + "/o\\xff.npy"
+    assert re.fullmatch(rf"{re.escape(shown)}: 2 rows x 32 float32 in 1 chunks \(2 embedded now in [0-9.]+ s, "
+                        rf"[0-9.]+ sentences/s\)\n", proc.stdout.decode()), proc.stdout
+    ref = tc.SentenceEncoder.from_pretrained(model).encode(["The cat sat on the mat.", "Interest rates rose."],
+                                                           normalize=True)
+    np.testing.assert_array_equal(np.load(os.fsdecode(out)), ref)
+    again = subprocess.run(cmd + [b"--resume"], capture_output=True, env=env, timeout=300)
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.decode() == f"{shown}: already complete (2 rows, dim 32); nothing to do\n"
+
+
+@pytest.mark.parametrize("name", [".npy", ".parquet"])
+def test_cli_out_named_only_by_its_extension(tmp_path, name):
+    f = tmp_path / "c.txt"
+    f.write_text("a line\n", encoding="utf-8")
+    r = assert_clean_error(run_cli_any("embed", "--file", f, "--out", name, "--no-progress"))
+    assert r == (f"transformer_core embed: out: expected a file name before the extension (such as "
+                 f"embeddings{name}), got '{name}'")
+
+
+def test_cli_search_refuses_a_query_of_only_invisible_characters(tmp_path):
+    assert_clean_error(run_cli_any("search", "--index", tmp_path / "none.npy", "fine", "\u200b"),
+                       "transformer_core search: queries: expected some text, got a query of only invisible "
+                       "characters (control, zero-width or format characters, combining marks) at index 1")

@@ -2082,3 +2082,137 @@ def test_docstrings_name_line_ends_as_text():
     assert "a line ends at ``\\n``, ``\\r\\n`` or a lone ``\\r``" in " ".join(corpus.__doc__.split())
     assert "``\\n`` or ``\\r\\n`` removed" in " ".join(chat._stdin_turns.__doc__.split())
     assert "a lone ``\\r``" in docs["transformer_core.corpus._csv_problem"]
+
+
+# ---------------------------------------------------------------- texts of only invisible characters
+INVISIBLE_ONLY = ["\u200b", "\ufeff", "\x00\x7f", "\u0301", " \u200b\u0301 \x1f "]
+INVISIBLE_WHY = ("only invisible characters (control, zero-width or format characters, combining marks) "
+                 "(it would embed to [CLS] [SEP] alone)")
+
+
+def test_invisible_only_texts_embed_as_the_empty_text(tiny_encoder):
+    """Why they are blank: each embeds to the very row of "" ([CLS] [SEP] alone), while a visible
+    character among them makes a text."""
+    rows = tiny_encoder.encode(INVISIBLE_ONLY + [""], normalize=True)
+    for row in rows[:-1]:
+        np.testing.assert_array_equal(row, rows[-1])
+    assert [corpus._blank_kind(t) for t in INVISIBLE_ONLY] == ["invisible"] * 5
+    assert [corpus._blank_kind(t) for t in ("", " \t", "\u200bword", "\u0301a", "a")] == [
+        "empty", "whitespace", None, None, None]
+    assert np.abs(tiny_encoder.encode(["\u200bword"]) - rows[-1]).max() > 1e-3
+
+
+def test_text_reader_skips_lines_of_only_invisible_characters(tmp_path):
+    """A zero-width space, a byte-order mark in mid-file, control characters or a lone combining
+    mark on a line passed the blank check (str.strip) and was indexed as the [CLS] [SEP] row."""
+    p = tmp_path / "zw.txt"
+    p.write_bytes(b"a cat on a mat\n\xe2\x80\x8b\n\xef\xbb\xbf\n\x01\x7f\n\xcc\x81\n \xe2\x80\x8b\xcc\x81 \x1f \n"
+                  b"\xe2\x80\x8bword\nthe dog\n")
+    assert list(corpus.open_source(p)) == ["a cat on a mat", "\u200bword", "the dog"]
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "csv", "parquet"])
+def test_invisible_only_records_are_bad_records(tmp_path, tiny_model_dir, tiny_encoder, fmt):
+    values = ["\u200b", "ok", "\u0301", "\x7f\ufeff"]
+    p = tmp_path / f"e.{fmt}"
+    if fmt == "jsonl":
+        p.write_text("".join(json.dumps({"text": v}) + "\n" for v in values), encoding="utf-8")
+        where = ["line 1", "line 3", "line 4"]
+    elif fmt == "csv":
+        p.write_text("id,text\n" + "".join(f"{i},{v}\n" for i, v in enumerate(values)), encoding="utf-8")
+        where = ["line 2", "line 4", "line 5"]
+    else:
+        pq.write_table(pa.table({"text": values}), p)
+        where = ["row 1", "row 3", "row 4"]
+    kind = "field" if fmt == "jsonl" else "column"
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(p))}, {where[0]}: {kind} 'text' is "
+                                         rf"{re.escape(INVISIBLE_WHY)} \(--errors skip"):
+        list(corpus.open_source(p))
+    src = corpus.open_source(p, errors="skip")
+    assert list(src) == ["ok"] and src.num_skipped == 3
+    assert src.skipped == [(w, f"{kind} 'text' is {INVISIBLE_WHY}") for w in where]
+    out = tmp_path / "o.npy"
+    r = corpus.embed_file(p, out, model=str(tiny_model_dir), errors="skip")
+    assert r.rows == 1 and load_output(out)[1] == ["ok"]
+    np.testing.assert_array_equal(np.load(out), tiny_encoder.encode(["ok"], normalize=True))
+
+
+def test_invisible_only_list_texts_and_queries_are_refused(tmp_path, tiny_model_dir, search_index):
+    why = "only invisible characters (control, zero-width or format characters, combining marks)"
+    for t in INVISIBLE_ONLY:
+        with pytest.raises(ValueError, match=rf"^texts: expected some text, got a text of {re.escape(why)} "
+                                             rf"at index 1$"):
+            corpus.embed_file(["fine", t], tmp_path / "e.npy", model=str(tiny_model_dir))
+        with pytest.raises(ValueError, match=rf"^queries: expected some text, got a query of {re.escape(why)} "
+                                             rf"at index 0$"):
+            corpus.search(search_index[1]["npy"], t)
+    assert os.listdir(tmp_path) == []
+
+
+# ---------------------------------------------------------------------------- a few messages
+def test_resume_with_a_model_changed_under_the_same_name(tmp_path, tiny_model_dir, monkeypatch):
+    """The model's files changed since the run started, its path the same: the message told the
+    user to pass that very --model. It says the files changed now, and restoring them continues."""
+    import shutil
+
+    model = tmp_path / "m"
+    shutil.copytree(tiny_model_dir, model)
+    f, out = _interrupted_after_two_chunks(tmp_path, model, monkeypatch)
+    old_fp = manifest(out)["model"]["fingerprint"]
+    tuned, _ = _fine_tuned_copy(tiny_model_dir, tmp_path / "tuned")
+    original = (model / "model.safetensors").read_bytes()
+    shutil.copy(tuned / "model.safetensors", model / "model.safetensors")
+    new_fp = corpus.model_identity(model)["fingerprint"]
+    with pytest.raises(ValueError) as e:
+        corpus.embed_file(f, out, model=str(model), resume=True)
+    assert str(e.value) == (f"resume: {out} was made by the model at {str(model.resolve())!r}, whose files have "
+                            f"changed since the run started (fingerprint {old_fp[:12]} then, {new_fp[:12]} now); "
+                            f"--overwrite starts over with it, or restoring its original files continues the run")
+    assert "--model" not in str(e.value)
+    (model / "model.safetensors").write_bytes(original)
+    r = corpus.embed_file(f, out, model=str(model), resume=True)
+    assert r.rows == 50 and r.rows_computed == 30
+    ref = tmp_path / "ref.npy"
+    corpus.embed_file(f, ref, model=str(model), chunk_size=10)
+    np.testing.assert_array_equal(np.load(out), np.load(ref))
+
+
+def test_a_parquet_writer_whose_directory_another_run_replaced_is_stale(tmp_path, tiny_model_dir, tiny_encoder):
+    """Run A's directory (OUT.parquet.partial) was removed by run B's overwrite (B finished: its
+    data is OUT.parquet now): A's writer said "directory: ... does not exist", an API argument's
+    message. Now it is the documented stale-run error (ESTALE), and B's output is untouched."""
+    lines = corpus_lines(20)
+    out = tmp_path / "r1.parquet"
+    model = str(tiny_model_dir)
+    job = corpus.EmbedJob.prepare(corpus.ListSource(lines), out, corpus.model_identity(model), chunk_size=10)
+    job.start()
+    data = Path(f"{out}.partial")
+    assert data.is_dir()
+    corpus.embed_file(lines, out, model=model, chunk_size=10, overwrite=True)  # run B replaces and finishes
+    assert not data.exists()
+    index, start, texts = next(job.pending())
+    emb = tiny_encoder.encode(texts, normalize=True)
+    with pytest.raises(OSError) as e:
+        job.writer().write(start, texts, emb)
+    assert e.value.errno == errno.ESTALE
+    assert str(e.value) == (f"[Errno {errno.ESTALE}] not written: its directory {data} is gone, it is no longer the "
+                            f"data of run {job.run} (another run replaced, resumed or finished it): "
+                            f"'{data / 'part-00000.parquet'}'")
+    with pytest.raises(OSError, match=f"its directory .* is gone, it is no longer the data of run {job.run}"):
+        corpus.write_parquet_part(data, 1, 5, 10, texts, emb, run=job.run)
+    with pytest.raises(FileNotFoundError, match=r"^directory: .* does not exist$"):  # no run: the argument
+        corpus.write_parquet_part(data, 1, 5, 10, texts, emb)
+    job.close()
+    ids, got, rows = load_output(out)
+    assert got == lines and not data.exists()
+    np.testing.assert_array_equal(rows, np.concatenate([tiny_encoder.encode(lines[a:a + 10], normalize=True)
+                                                       for a in (0, 10)]))
+
+
+@pytest.mark.parametrize("name", [".npy", ".parquet", ".NPY"])
+def test_an_output_named_only_by_its_extension_asks_for_a_name(tmp_path, name):
+    out = tmp_path / name
+    with pytest.raises(ValueError, match=rf"^out: expected a file name before the extension \(such as "
+                                         rf"embeddings{re.escape(name.lower())}\), got '{re.escape(str(out))}'$"):
+        corpus.embed_file(["x"], out)
+    assert os.listdir(tmp_path) == []

@@ -470,6 +470,41 @@ def test_an_interrupt_before_the_run_started_says_nothing_was_written(tmp_path, 
     assert_same_rows(out, expected)
 
 
+@pytest.mark.parametrize("signame", ["SIGINT", "SIGTERM"])
+def test_an_interrupt_while_the_local_cluster_starts_is_the_one_line(tmp_path, tiny_model_dir, signame):
+    """Ctrl-C or SIGTERM (the same interrupt in the CLI) while the local cluster's workers start,
+    inside LocalCluster(): its half-started workers made Dask's close at exit print a traceback
+    (AssertionError: Status.init) after a bare "interrupted". Now the interrupt is held until the
+    cluster has started, the cluster is closed as any other, and the documented line is all. The
+    signal is sent once, from inside the cluster's start (as the first worker starts), so it
+    always lands while the cluster is being built."""
+    f = write_lines(tmp_path / "c.txt", corpus_lines(5))
+    out = tmp_path / "o.parquet"
+    script = tmp_path / "interrupt_start.py"
+    script.write_text(
+        "import os, signal, sys\n"
+        "import transformer_core.distributed as td\n"
+        "from transformer_core.__main__ import main\n"
+        "class Interrupted(td.LocalCluster):\n"
+        "    fired = False\n"
+        "    async def _correct_state_internal(self):  # starts the workers\n"
+        "        if not Interrupted.fired:\n"
+        "            Interrupted.fired = True\n"
+        f"            os.kill(os.getpid(), signal.{signame})\n"
+        "        return await super()._correct_state_internal()\n"
+        "if __name__ == '__main__':  # not in the spawned workers, which import this file\n"
+        "    td.LocalCluster = Interrupted\n"
+        "    sys.exit(main(sys.argv[1:]))\n")
+    proc = subprocess.run([sys.executable, str(script), "embed", "--file", str(f), "--out", str(out), "--model",
+                           str(tiny_model_dir), "--workers", "1", "--no-progress"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr == (f"transformer_core embed: interrupted before the run started (while the cluster and "
+                           f"its workers were set up): nothing was written to {out}\n")
+    assert proc.stdout == ""
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.txt", "interrupt_start.py"]
+
+
 def test_a_refused_scheduler_port_is_named_at_once(tmp_path, tiny_model_dir):
     """Nothing listens on the port: Dask's connect retried the refused connection for
     CONNECT_TIMEOUT (20 s) and then blamed "a port that accepts but is not a Dask scheduler". Now a

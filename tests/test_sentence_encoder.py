@@ -335,6 +335,61 @@ def test_unsupported_pooling_or_module_is_refused(tmp_path, model_dir, pooling, 
         tc.SentenceEncoder.from_pretrained(d)
 
 
+def _old_layout_folder(tmp_path, model_dir, transformer_path="0_Transformer"):
+    """all-MiniLM-L6-v2 in the older sentence-transformers layout: the model and tokenizer files in
+    0_Transformer/ (linked), modules.json at the top naming it, 1_Pooling/ beside it."""
+    import json
+    import os
+    import shutil
+
+    d = tmp_path / "st_old"
+    (d / "0_Transformer").mkdir(parents=True)
+    for f in model_dir.iterdir():
+        if f.is_file() and f.name not in ("modules.json", "config_sentence_transformers.json", "README.md"):
+            os.symlink(f, d / "0_Transformer" / f.name)
+    shutil.copytree(model_dir / "1_Pooling", d / "1_Pooling")
+    (d / "modules.json").write_text(json.dumps([
+        {"idx": 0, "name": "0", "path": transformer_path, "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+        {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}]))
+    return d
+
+
+def test_the_older_layout_loads_the_model_from_its_transformer_folder(tmp_path, model_dir, encoder, hf_bert,
+                                                                      hf_tokenizer):
+    """modules.json's Transformer path "0_Transformer" (the older layout) was ignored: the model was
+    looked for at the top ("config.json: not found"). Now it is read from that folder: the same
+    embeddings, max_seq_length and fingerprint as the folder it was made from."""
+    from transformer_core import corpus
+    from transformer_core.sentence_encoder import transformer_folder
+
+    d = _old_layout_folder(tmp_path, model_dir)
+    assert not (d / "config.json").exists()
+    assert transformer_folder(d) == d / "0_Transformer" and transformer_folder(model_dir) == model_dir
+    enc = tc.SentenceEncoder.from_pretrained(d)
+    assert (enc.pooling, enc.normalize, enc.max_seq_length) == ("mean", True, 256)
+    sentences = SENTENCES[:6] + ["ok"]
+    ours = enc.encode(sentences, batch_size=4)
+    np.testing.assert_array_equal(ours, encoder.encode(sentences, batch_size=4))
+    np.testing.assert_allclose(ours, _hf_pool(hf_bert, hf_tokenizer, sentences, "mean", True), atol=1e-5)
+    assert corpus.model_identity(d)["fingerprint"] == corpus.model_identity(model_dir)["fingerprint"]
+
+
+@pytest.mark.parametrize("path, error, match", [
+    ("../elsewhere", ValueError, r"modules.json: module 0 \(Transformer\): path '../elsewhere' is outside the "
+                                 r"model folder"),
+    ("/tmp", ValueError, r"modules.json: module 0 \(Transformer\): path '/tmp' is outside the model folder"),
+    ("0_Transformer/../..", ValueError, r"path '0_Transformer/../..' is outside the model folder"),
+    ("1_Missing", FileNotFoundError, r"1_Missing: not found \(the Transformer module's folder, path '1_Missing' "
+                                     r"in .*modules.json\)"),
+    (3, ValueError, r"modules.json: module 0 \(Transformer\): expected a str 'path', got 3"),
+])
+def test_a_transformer_path_outside_the_folder_or_missing_is_refused(tmp_path, model_dir, path, error, match):
+    d = _old_layout_folder(tmp_path, model_dir, path)
+    with pytest.raises(error, match=match):
+        tc.SentenceEncoder.from_pretrained(d)
+
+
 def test_bad_modules_json_is_refused(tmp_path, model_dir):
     from transformer_core.sentence_encoder import read_pooling
 

@@ -12,10 +12,14 @@ The pieces, in the order a run uses them:
   read in record batches with pyarrow). ``text_field`` defaults to ``"text"``. A record that
   cannot be read (invalid UTF-8, invalid JSON, a missing or non-string field) is an error naming
   its line (row) number, or is skipped with ``errors="skip"``. Ids are the positions of the texts
-  kept, ``0 .. N-1``, in input order. An empty or whitespace-only text (a JSONL field, a CSV or
-  Parquet value: ``""``, ``"   "``) is such a bad record too, as text input skips blank lines and
-  :func:`search` refuses such a query: it would embed to ``[CLS] [SEP]`` alone, the same vector
-  for every one of them. The text kept is the value as stored (only text input strips it).
+  kept, ``0 .. N-1``, in input order. A blank text (a JSONL field, a CSV or Parquet value: ``""``,
+  ``"   "``) is such a bad record too, as text input skips blank lines and :func:`search` refuses
+  such a query: it would embed to ``[CLS] [SEP]`` alone, the same vector for every one of them.
+  Blank means nothing is left once whitespace and invisible characters are removed (Unicode
+  categories Cc, Cf and Mn: control characters such as ``\x00``, format characters such as the
+  zero-width space U+200B or a byte-order mark U+FEFF, combining marks such as U+0301 with no
+  letter to combine with). The text kept is the value as stored (only text
+  input strips it).
 * **Chunks**: the texts cut into consecutive runs of ``chunk_size``; chunk ``i`` holds ids
   ``[i * chunk_size, (i + 1) * chunk_size)``. Memory is bounded by one chunk (its texts, its
   embeddings, one batch's activations), whatever the size of the input. A long text costs its own
@@ -99,6 +103,7 @@ import stat
 import sys
 import threading
 import time
+import unicodedata
 import uuid
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -162,6 +167,39 @@ _CSV_FIELD_LIMIT = min(sys.maxsize, 2 ** (8 * ctypes.sizeof(ctypes.c_long) - 1) 
 _CSV_LIMIT_LOCK = threading.Lock()
 
 
+# Characters that show nothing and that a tokenizer drops (or turns into nothing useful): control
+# characters (Cc: \x00, \x7f, ...), format characters (Cf: the zero-width space U+200B, the
+# byte-order mark U+FEFF, ...) and nonspacing combining marks (Mn: U+0301, ...).
+_INVISIBLE_CATEGORIES = frozenset({"Cc", "Cf", "Mn"})
+_INVISIBLE = "invisible characters (control, zero-width or format characters, combining marks)"
+
+
+def _blank_kind(text: str) -> str | None:
+    """None when ``text`` has something to embed, else why it is blank: ``"empty"``,
+    ``"whitespace"`` (only whitespace) or ``"invisible"`` (nothing left once whitespace and the
+    Unicode categories Cc, Cf and Mn are removed). A blank text would embed to ``[CLS] [SEP]``
+    alone, the same vector for every one of them; every reader and :func:`search` use this one
+    rule. Costs one look at the first visible character for ordinary text."""
+    if not text:
+        return "empty"
+    stripped = text.strip()
+    if not stripped:
+        return "whitespace"
+    if unicodedata.category(stripped[0]) not in _INVISIBLE_CATEGORIES:
+        return None  # the common case, decided at once
+    for c in stripped:
+        if not c.isspace() and unicodedata.category(c) not in _INVISIBLE_CATEGORIES:
+            return None
+    return "invisible"
+
+
+def _blank_text_phrase(kind: str, noun: str) -> str:
+    """``"an empty query"``, ``"an all-whitespace query"``, ``"a query of only invisible ..."``."""
+    if kind == "invisible":
+        return f"a {noun} of only {_INVISIBLE}"
+    return f"{'an empty' if kind == 'empty' else 'an all-whitespace'} {noun}"
+
+
 def _need_pyarrow(what: str):
     try:
         import pyarrow  # noqa: F401
@@ -179,7 +217,8 @@ class ListSource:
         texts: a list of str, kept as given (no stripping, nothing skipped).
 
     Raises:
-        TypeError: not a list of str. ValueError: an empty or whitespace-only text (it would embed
+        TypeError: not a list of str. ValueError: a blank text (empty, or only whitespace and
+        invisible characters: Unicode categories Cc, Cf and Mn), which would embed
         to ``[CLS] [SEP]`` alone: every file reader refuses such a record, and :func:`search` such
         a query), or a text that is not valid Unicode (a lone surrogate); its index (and position)
         named, found here, before anything is written.
@@ -196,9 +235,9 @@ class ListSource:
         for i, t in enumerate(self.texts):
             if not isinstance(t, str):
                 raise TypeError(f"texts: expected a list of str, got {type(t).__name__} at index {i}")
-            if not t.strip():  # as a file reader's blank record and search's blank query
-                raise ValueError(f"texts: expected some text, got {'an empty' if not t else 'an all-whitespace'} "
-                                 f"text at index {i}")
+            blank = _blank_kind(t)  # as a file reader's blank record and search's blank query
+            if blank:
+                raise ValueError(f"texts: expected some text, got {_blank_text_phrase(blank, 'text')} at index {i}")
             check_unicode(t, "texts", i)
         self.skipped: list[tuple[int, str]] = []
         self.num_skipped = 0
@@ -344,7 +383,7 @@ class TextSource:
             line = self._decode(lineno, raw)
             if line is not None:
                 text = line.strip()
-                if text:
+                if not _blank_kind(text):  # a blank line, or one of only invisible characters
                     yield text
 
     def _valid_text(self, where: str, value) -> bool:
@@ -359,12 +398,13 @@ class TextSource:
         return self._not_blank(where, value, "field")
 
     def _not_blank(self, where: str, text: str, what: str) -> bool:
-        """False (a bad record) for an empty or whitespace-only text, as text input skips blank
+        """False (a bad record) for a blank text (:func:`_blank_kind`), as text input skips blank
         lines and :func:`search` refuses such a query."""
-        if text.strip():
+        blank = _blank_kind(text)
+        if not blank:
             return True
-        self._bad(where, f"{what} {self.text_field!r} is {'empty' if not text else 'only whitespace'} "
-                         f"(it would embed to [CLS] [SEP] alone)")
+        state = {"empty": "empty", "whitespace": "only whitespace", "invisible": f"only {_INVISIBLE}"}[blank]
+        self._bad(where, f"{what} {self.text_field!r} is {state} (it would embed to [CLS] [SEP] alone)")
         return False
 
     def _iter_jsonl(self) -> Iterator[str]:
@@ -664,24 +704,27 @@ def model_identity(name_or_path=DEFAULT_MODEL, quantize: str | None = None) -> d
             (its header length impossible for its size), or a pooling setup
             :class:`SentenceEncoder` does not support.
     """
-    from .sentence_encoder import read_pooling, read_prompts
+    from .sentence_encoder import read_pooling, read_prompts, transformer_folder
 
     _check_quantize(quantize)
     model_dir = resolve_model_dir(name_or_path)
     pooling = read_pooling(model_dir)
-    config = read_config(model_dir)
+    # the model and tokenizer files, where SentenceEncoder reads them: the folder itself, or the
+    # older sentence-transformers layout's 0_Transformer/ (modules.json's Transformer path)
+    files = transformer_folder(model_dir)
+    config = read_config(files)
     dim = config.get("hidden_size")
     if not isinstance(dim, int) or dim < 1:
-        raise ValueError(f"config.json: expected an int hidden_size, got {dim!r} ({model_dir})")
+        raise ValueError(f"config.json: expected an int hidden_size, got {dim!r} ({files})")
     h = hashlib.sha256()
     for fname in ("config.json", "tokenizer.json", "tokenizer_config.json", "sentence_bert_config.json",
                   "special_tokens_map.json"):
-        f = model_dir / fname
+        f = files / fname
         if f.is_file():
             h.update(fname.encode() + b"\0" + f.read_bytes() + b"\0")
-    weights = model_dir / "model.safetensors"
+    weights = files / "model.safetensors"
     if not weights.is_file():
-        raise FileNotFoundError(f"model.safetensors: not found in model directory {model_dir}")
+        raise FileNotFoundError(f"model.safetensors: not found in model directory {files}")
     whole = hashlib.sha256()
     with open(weights, "rb") as f:
         size = os.fstat(f.fileno()).st_size
@@ -689,7 +732,7 @@ def model_identity(name_or_path=DEFAULT_MODEL, quantize: str | None = None) -> d
         n = int.from_bytes(head, "little")
         if len(head) < 8 or not 0 < n <= min(size - 8, 100 << 20):
             raise ValueError(f"model.safetensors: not a safetensors file (header length {n}, file size {size}) "
-                             f"({model_dir})")
+                             f"({files})")
         whole.update(head)
         for block in iter(lambda: f.read(_HASH_BYTES), b""):
             whole.update(block)
@@ -919,6 +962,9 @@ def _output_kind(out, name: str = "out") -> str:
         return "npy"
     if suffix == ".parquet":
         return "parquet"
+    if Path(out).name.lower() in (".npy", ".parquet"):  # a hidden name, no suffix: Path(".npy").suffix == ""
+        raise ValueError(f"{name}: expected a file name before the extension (such as embeddings"
+                         f"{Path(out).name.lower()}), got {str(out)!r}")
     raise ValueError(f"{name}: expected a path ending in .npy or .parquet, got {str(out)!r}")
 
 
@@ -1115,11 +1161,11 @@ def write_parquet_part(directory, index: int, width: int, start: int, texts: lis
         nor a str. ValueError: ``index`` or ``start`` < 0, ``width`` outside ``[1, 19]``, no
         texts, a text that is not valid Unicode, ``embeddings`` not 2-D, with another number of
         rows than ``texts`` or with no columns; a ``run`` that is not a run id (letters and digits,
-        at most 64). FileNotFoundError / NotADirectoryError: ``directory`` does not exist / is not
-        a directory (named).
+        at most 64). FileNotFoundError / NotADirectoryError: ``directory`` does not exist (``run``
+        None) / is not a directory (named).
         OSError: the disk refused the write (the error names the part, not the temp file, which
-        is removed); with errno ESTALE: ``directory`` is not (or no longer) the data of ``run``
-        (nothing written).
+        is removed); with errno ESTALE: ``directory`` is not (or no longer) the data of ``run``,
+        or is gone while ``run`` is given (nothing written).
     """
     _check_path_type(directory, "directory")
     index = check_int(index, "index", 0)
@@ -1148,6 +1194,8 @@ def write_parquet_part(directory, index: int, width: int, start: int, texts: lis
     if not directory.is_dir():
         if directory.exists():
             raise NotADirectoryError(f"directory: {directory} is not a directory")
+        if run is not None:  # removed by another run (--overwrite, or one that finished and renamed it)
+            raise _stale(directory / _part_name(index, width), run, f"its directory {directory} is gone")
         raise FileNotFoundError(f"directory: {directory} does not exist")
     pa = _need_pyarrow("Parquet output")
     import pyarrow.parquet as pq
@@ -1574,6 +1622,12 @@ class EmbedJob:
                 raise ValueError(f"resume: {out} was made by another model or with an older fingerprint: its "
                                  f"manifest holds {_fingerprint_kind(old_model)}, which cannot be compared with "
                                  f"the fingerprint of {model['name']!r}; --overwrite starts over")
+            if old_model["fingerprint"] != model["fingerprint"] and old_model["name"] == model["name"]:
+                # the same name, other files (a fine-tune saved over it): naming it again cannot help
+                raise ValueError(f"resume: {out} was made by the model at {model['name']!r}, whose files have "
+                                 f"changed since the run started (fingerprint {old_model['fingerprint'][:12]} "
+                                 f"then, {model['fingerprint'][:12]} now); --overwrite starts over with it, or "
+                                 f"restoring its original files continues the run")
             if old_model["fingerprint"] != model["fingerprint"]:
                 raise ValueError(f"resume: {out} was made by another model: {old_model['name']!r} (fingerprint "
                                  f"{old_model['fingerprint'][:12]}), not {model['name']!r} (fingerprint "
@@ -2297,8 +2351,8 @@ def search(index, queries, k: int = 5, *, model=None, allow_incomplete: bool = F
         str is named by index); ``k``, ``block_rows`` or ``batch_size`` not an int (a numpy
         integer is one); ``allow_incomplete`` not a bool; ``index`` not a str or path; ``model``
         neither None, a str nor a path.
-        ValueError: no query (an empty list), an empty (or all-whitespace) query, a query that is
-        not valid Unicode; ``k`` or ``block_rows`` < 1; ``batch_size`` outside ``[1, 2**63 - 1]``;
+        ValueError: no query (an empty list), a blank query (empty, or only whitespace and
+        invisible characters: Unicode categories Cc, Cf and Mn), a query that is not valid Unicode; ``k`` or ``block_rows`` < 1; ``batch_size`` outside ``[1, 2**63 - 1]``;
         an ``index`` holding a NUL character; an empty ``model``. FileNotFoundError: no such
         ``model``.
         Then: FileNotFoundError: no such index, or a Parquet part of a chunk done is missing
@@ -2322,9 +2376,9 @@ def search(index, queries, k: int = 5, *, model=None, allow_incomplete: bool = F
         if not isinstance(q, str):
             raise TypeError(f"queries: expected a list of str, got {type(q).__name__} at index {i}")
     for i, q in enumerate(queries):
-        if not q.strip():  # it would embed to [CLS] [SEP] alone, and rank the index against that
-            raise ValueError(f"queries: expected some text, got {'an empty' if not q else 'an all-whitespace'} "
-                             f"query at index {i}")
+        blank = _blank_kind(q)  # it would embed to [CLS] [SEP] alone, and rank the index against that
+        if blank:
+            raise ValueError(f"queries: expected some text, got {_blank_text_phrase(blank, 'query')} at index {i}")
         check_unicode(q, "queries", i)
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
         raise TypeError(f"k: expected an int, got {type(k).__name__}")
@@ -2370,6 +2424,16 @@ def search(index, queries, k: int = 5, *, model=None, allow_incomplete: bool = F
 
 
 # =============================================================================================== CLI
+def _shown(path) -> str:
+    """A path (or model name) as a result line prints it, whatever the encoding of standard output:
+    bytes of the name that are not UTF-8 as ``\\xff``, characters stdout cannot encode as
+    ``\\u....``. (Printed as they are, ``PYTHONIOENCODING=utf-8:strict`` would make a run that
+    succeeded end with an encoding error.)"""
+    text = os.fsencode(path).decode("utf-8", "backslashreplace")
+    encoding = getattr(sys.stdout, "encoding", None) or "utf-8"
+    return text.encode(encoding, "backslashreplace").decode(encoding)
+
+
 def _short(text: str, width: int) -> str:
     text = " ".join(text.split())
     return text if len(text) <= width else text[:width - 3] + "..."
@@ -2448,9 +2512,9 @@ def run_embed(args) -> int:
     if args.json:
         print(json.dumps(info))
     elif result.chunks_computed == 0:
-        print(f"{result.out}: already complete ({result.rows} rows, dim {result.dim}); nothing to do")
+        print(f"{_shown(result.out)}: already complete ({result.rows} rows, dim {result.dim}); nothing to do")
     else:
-        print(f"{result.out}: {result.rows} rows x {result.dim} float32 in {result.chunks} chunks "
+        print(f"{_shown(result.out)}: {result.rows} rows x {result.dim} float32 in {result.chunks} chunks "
               f"({result.rows_computed} embedded now in {result.seconds:.1f} s, "
               f"{result.sentences_per_second:.1f} sentences/s)")
     return 0
@@ -2473,7 +2537,7 @@ def _print_summary(args, s: EmbedSummary) -> int:
             print(json.dumps({"model": args.model, "quantize": args.quantize, "sentences": sentences, "shape": list(emb.shape),
                               "similarity": sim.round(6).tolist(), "embeddings": emb.tolist()}))
             return 0
-        print(f"model: {args.model}{'' if args.quantize is None else ' (' + args.quantize + ')'}")
+        print(f"model: {_shown(args.model)}{'' if args.quantize is None else ' (' + args.quantize + ')'}")
         print(f"embeddings: shape {emb.shape}, dtype {emb.dtype}")
         print("cosine similarity:")
         short = [_short(t, 40) for t in sentences]
@@ -2490,7 +2554,7 @@ def _print_summary(args, s: EmbedSummary) -> int:
                           "mean_cosine": round(s.mean_cosine, 6), "seconds": round(s.seconds, 3),
                           "sentences_per_second": round(rate, 1)}))
         return 0
-    print(f"model: {args.model}{'' if args.quantize is None else ' (' + args.quantize + ')'}")
+    print(f"model: {_shown(args.model)}{'' if args.quantize is None else ' (' + args.quantize + ')'}")
     print(f"embedded {s.count} sentences (dim {s.dim}) in {s.seconds:.1f} s ({rate:.1f} sentences/s)")
     print(f"mean cosine similarity over all pairs: {s.mean_cosine:.4f}")
     print("the similarity matrix is printed for up to 20 sentences; --out FILE.npy or FILE.parquet saves the "

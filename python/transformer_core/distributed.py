@@ -40,8 +40,10 @@ Needs ``dask[distributed]`` and pyarrow: ``pip install 'transformer_core[distrib
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import signal
 import socket
 import threading
 import time
@@ -55,6 +57,7 @@ try:
     from distributed.client import FutureCancelledError
     from distributed.comm import CommClosedError, get_address_host, parse_address
     from distributed.comm.registry import get_backend
+    from distributed.deploy.spec import SpecCluster
     from distributed.diagnostics.plugin import WorkerPlugin
     from distributed.scheduler import KilledWorker
 except ImportError as e:
@@ -300,9 +303,87 @@ def _connect(scheduler, workers, threads_per_worker):
     threads = threads_per_worker or max(1, cores // n)
     # dashboard_address ":0": the scheduler's HTTP server (which runs even without a dashboard) on a
     # free port; None still tries 8787 and warns on stderr when another cluster holds it
-    cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=":0",
-                           silence_logs=logging.ERROR, env={"OMP_NUM_THREADS": str(threads)})
-    return Client(cluster), cluster, True, threads
+    # Ctrl-C (or the CLI's SIGTERM) while the cluster starts is held until it has started, then
+    # closed, and the interrupt raised: cut short, Dask's start leaves half-started workers whose
+    # close prints tracebacks (at exit too). A second Ctrl-C interrupts at once.
+    before = set(SpecCluster._instances)
+    with _signals_held() as held:
+        try:
+            cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=":0",
+                                   silence_logs=logging.ERROR, env={"OMP_NUM_THREADS": str(threads)})
+        except BaseException:  # the second interrupt: the object exists, half started
+            for half_built in set(SpecCluster._instances) - before:
+                _close_quietly(half_built)
+            raise
+        try:
+            client = Client(cluster)
+        except BaseException:
+            _close_quietly(cluster)
+            raise
+    try:
+        held.replay()  # the interrupt held (its handler raises KeyboardInterrupt), if one came
+    except BaseException:
+        client.close()
+        cluster.close()
+        raise
+    return client, cluster, True, threads
+
+
+class _HeldSignals:
+    """The signals :func:`_signals_held` received, with the handlers they were held from."""
+
+    def __init__(self):
+        self.handlers: dict = {}  # signal number -> the handler it had before
+        self.received: list = []  # (signal number, frame), in order
+
+    def replay(self) -> None:
+        """Calls each held signal's own handler (Python's SIGINT handler raises KeyboardInterrupt)."""
+        received, self.received = self.received, []
+        for signum, frame in received:
+            self.handlers[signum](signum, frame)
+
+
+@contextlib.contextmanager
+def _signals_held():
+    """Holds SIGINT and SIGTERM, where a Python handler takes them (Ctrl-C; the CLI's SIGTERM),
+    for the block's duration: a signal is recorded (``replay()`` later hands it to its handler), a
+    second one goes to its handler at once. Only in the main thread (elsewhere nothing is held)."""
+    held = _HeldSignals()
+    if threading.current_thread() is not threading.main_thread():
+        yield held
+        return
+
+    def hold(signum, frame):
+        """The handler while held (``signal.signal``'s signature)."""
+        if held.received:  # asked twice: now
+            held.handlers[signum](signum, frame)
+        else:
+            held.received.append((signum, frame))
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        if callable(signal.getsignal(signum)):
+            held.handlers[signum] = signal.signal(signum, hold)
+    try:
+        yield held
+    finally:
+        for signum, handler in held.handlers.items():
+            signal.signal(signum, handler)
+
+
+def _close_quietly(cluster) -> None:
+    """Closes a local cluster whose start (or its client's) was interrupted, and takes it off Dask's
+    list of clusters to close at exit. Its workers may be half started, which Dask's own close
+    (the one at exit included) reports with a traceback (``AssertionError: Status.init``): the
+    error of such a close is dropped, as the interruption is what the caller reports."""
+    try:
+        cluster.close(timeout=CONNECT_TIMEOUT)
+    except Exception:
+        try:
+            cluster._loop_runner.stop()  # what a close that got through does last
+        except Exception:
+            pass
+    finally:
+        SpecCluster._instances.discard(cluster)
 
 
 def _check_counts(workers, threads_per_worker, max_in_flight) -> tuple:
@@ -387,7 +468,10 @@ def embed_corpus(input, out, *, model=DEFAULT_MODEL, scheduler=None, workers: in
         (20) seconds, or a chunk's workers kept dying (Dask's ``allowed-failures``); ValueError: a
         ``scheduler`` address that needs security settings (``tls://``: pass a ``Client`` built
         with them); KeyboardInterrupt with what is saved (once the run has started; before, while
-        the cluster is set up and the workers load the model, one saying that nothing was written).
+        the cluster is set up and the workers load the model, one saying that nothing was written;
+        Ctrl-C or the CLI's SIGTERM while a local cluster starts takes effect once it has started,
+        and it is closed: a start cut short leaves half-started workers behind; a second one
+        interrupts at once).
     """
     t0 = time.perf_counter()
     if corpus._output_kind(out) != "parquet":
@@ -409,11 +493,14 @@ def embed_corpus(input, out, *, model=DEFAULT_MODEL, scheduler=None, workers: in
     # A local cluster's nannies write Dask's pre-spawn variables (OMP_NUM_THREADS=1, PYTHONHASHSEED,
     # ...) into this process's environment at every worker (re)start: restored when the job ends.
     saved_environ = dict(os.environ)
-    client, cluster, own, threads = _connect(scheduler, workers, threads_per_worker)
+    client = cluster = None
+    own = False
     futures: set = set()
     bar = None
     starting = started = False  # whether job.start() was entered, and whether it created (or took over) the output
     try:
+        # inside the try: an interruption while the local cluster starts is the same one line
+        client, cluster, own, threads = _connect(scheduler, workers, threads_per_worker)
         if own and cluster is None:
             client.wait_for_workers(1, timeout=60)
         info = client.scheduler_info()["workers"]
@@ -483,7 +570,7 @@ def embed_corpus(input, out, *, model=DEFAULT_MODEL, scheduler=None, workers: in
             client.cancel(list(futures))
         if bar is not None:
             bar.close()
-        if own:
+        if own and client is not None:
             client.close()
         if cluster is not None:
             cluster.close()

@@ -6,6 +6,7 @@ prompts their ``config_sentence_transformers.json`` names)."""
 from __future__ import annotations
 
 import json
+import os
 import unicodedata
 from pathlib import Path
 
@@ -17,7 +18,8 @@ from .bert import BertModel
 from .hub import DEFAULT_MODEL, expand_home, read_json_file
 from .tokenizer import Tokenizer, check_unicode
 
-__all__ = ["SentenceEncoder", "mean_pool", "cosine_similarity", "read_pooling", "read_prompts"]
+__all__ = ["SentenceEncoder", "mean_pool", "cosine_similarity", "read_pooling", "read_prompts",
+           "transformer_folder"]
 
 #: Pooling modes :class:`SentenceEncoder` computes: sentence-transformers' ``pooling_mode_<x>_token(s)``.
 POOLING_MODES = {"pooling_mode_mean_tokens": "mean", "pooling_mode_cls_token": "cls",
@@ -25,18 +27,21 @@ POOLING_MODES = {"pooling_mode_mean_tokens": "mean", "pooling_mode_cls_token": "
 _ST_MODULES = "sentence_transformers.models."
 
 
-def _pooling_config(model_dir: Path) -> tuple[list, Path | None, dict | None]:
-    """``(module kinds, pooling config path, pooling config)`` of a sentence-transformers folder
-    (``([], None, None)`` without ``modules.json``), the modules' order checked (see
-    :func:`read_pooling`)."""
+def _pooling_config(model_dir: Path) -> tuple[list, Path | None, dict | None, Path]:
+    """``(module kinds, pooling config path, pooling config, Transformer folder)`` of a
+    sentence-transformers folder (``([], None, None, model_dir)`` without ``modules.json``), the
+    modules' order checked (see :func:`read_pooling`). The Transformer folder is ``model_dir``
+    itself when the module's ``path`` is ``""`` (today's layout), else ``model_dir / path`` (the
+    older layout: the model in ``0_Transformer/``)."""
     path = model_dir / "modules.json"
     if not path.is_file():
-        return [], None, None
+        return [], None, None, model_dir
     modules = read_json_file(path)
     if not isinstance(modules, list) or not all(isinstance(m, dict) for m in modules):
         raise ValueError(f"{path}: expected a JSON list of module objects, got {type(modules).__name__}")
     kinds = []
     pooling_dir = None
+    transformer_dir = model_dir
     for i, m in enumerate(modules):
         kind = m.get("type")
         short = kind[len(_ST_MODULES):] if isinstance(kind, str) and kind.startswith(_ST_MODULES) else None
@@ -44,6 +49,8 @@ def _pooling_config(model_dir: Path) -> tuple[list, Path | None, dict | None]:
             raise ValueError(f"{path}: module {i} has type {kind!r}; SentenceEncoder supports only "
                              f"{_ST_MODULES}Transformer, Pooling and Normalize")
         kinds.append(short)
+        if short == "Transformer":
+            transformer_dir = _transformer_folder(model_dir, path, i, m.get("path", ""))
         if short == "Pooling":
             sub = m.get("path")
             if not isinstance(sub, str):
@@ -58,7 +65,46 @@ def _pooling_config(model_dir: Path) -> tuple[list, Path | None, dict | None]:
     config = read_json_file(cpath)
     if not isinstance(config, dict):
         raise ValueError(f"{cpath}: expected a JSON object, got {type(config).__name__}")
-    return kinds, cpath, config
+    return kinds, cpath, config, transformer_dir
+
+
+def _transformer_folder(model_dir: Path, modules_path: Path, i: int, sub) -> Path:
+    """The folder of the Transformer module ``i`` of ``modules_path``, whose ``path`` is ``sub``:
+    ``model_dir`` for ``""`` (or ``"."``), else ``model_dir / sub``, which must be a folder inside
+    ``model_dir`` (judged by the path as written: a link inside it to a folder elsewhere, as a Hub
+    cache makes, is fine).
+
+    Raises:
+        ValueError: ``sub`` not a str, absolute, or leading out of ``model_dir`` (``..``).
+        FileNotFoundError: no such folder (both name ``modules.json`` and the path).
+    """
+    if not isinstance(sub, str):
+        raise ValueError(f"{modules_path}: module {i} (Transformer): expected a str 'path', got {sub!r}")
+    norm = os.path.normpath(sub) if sub else "."
+    if norm == ".":
+        return model_dir
+    if os.path.isabs(norm) or norm == os.pardir or norm.startswith(os.pardir + os.sep):
+        raise ValueError(f"{modules_path}: module {i} (Transformer): path {sub!r} is outside the model folder "
+                         f"{model_dir}; expected a folder inside it (or \"\" for the folder itself)")
+    folder = model_dir / norm
+    if not folder.is_dir():
+        raise FileNotFoundError(f"{folder}: not found (the Transformer module's folder, path {sub!r} in "
+                                f"{modules_path})")
+    return folder
+
+
+def transformer_folder(model_dir) -> Path:
+    """The folder holding the model and tokenizer files of a model folder ``model_dir``: the
+    Transformer module's ``path`` in ``modules.json`` (``0_Transformer/`` in the older
+    sentence-transformers layout), or ``model_dir`` itself (``path`` ``""``, or no
+    ``modules.json``). A leading ``~`` is expanded.
+
+    Raises:
+        ValueError, FileNotFoundError: as :func:`read_pooling` for ``modules.json``, and a
+            Transformer ``path`` that is not a str, leads outside ``model_dir`` or is no folder
+            (naming ``modules.json`` and the path).
+    """
+    return _pooling_config(expand_home(model_dir, "model_dir"))[3]
 
 
 def read_pooling(model_dir) -> dict:
@@ -80,7 +126,7 @@ def read_pooling(model_dir) -> dict:
         FileNotFoundError: a listed Pooling module whose ``config.json`` is missing; a ``~user`` of
             no known user in ``model_dir``.
     """
-    kinds, cpath, config = _pooling_config(expand_home(model_dir, "model_dir"))
+    kinds, cpath, config, _ = _pooling_config(expand_home(model_dir, "model_dir"))
     if cpath is None:
         return {"pooling": "mean", "normalize": True}
     on = [k for k, v in config.items() if k.startswith("pooling_mode_") and v]
@@ -131,7 +177,7 @@ def read_prompts(model_dir) -> dict:
             raise ValueError(f"{path}: default_prompt_name: expected null or one of the prompts' names "
                              f"{list(prompts)}, got {default!r}")
         out["prompts"], out["default_prompt_name"] = dict(prompts), default
-    _, cpath, pooling = _pooling_config(model_dir)
+    _, cpath, pooling, _ = _pooling_config(model_dir)
     if cpath is not None:
         include = pooling.get("include_prompt", True)
         if not isinstance(include, bool):
@@ -413,7 +459,10 @@ class SentenceEncoder:
         ``modules.json`` and ``1_Pooling/config.json``; without ``modules.json``, mean pooling and
         L2 normalisation) and its prompts (:func:`read_prompts`: ``config_sentence_transformers.json``'s
         ``prompts`` and ``default_prompt_name``, which :meth:`encode` puts before every text as
-        ``SentenceTransformer.encode`` does, and the pooling config's ``include_prompt``).
+        ``SentenceTransformer.encode`` does, and the pooling config's ``include_prompt``). The
+        model and tokenizer files are read from the folder of ``modules.json``'s Transformer
+        module (:func:`transformer_folder`): the folder itself, or ``0_Transformer/`` in the older
+        sentence-transformers layout.
 
         Args:
             name_or_path: a directory or an embedded model's name (default all-MiniLM-L6-v2).
@@ -434,7 +483,8 @@ class SentenceEncoder:
             TypeError: ``dtype`` not float32 or float64; ``quantize`` neither None nor a str.
             ValueError: an unknown ``quantize`` format, or ``quantize`` with ``dtype`` float64.
             FileNotFoundError, ValueError: as :meth:`BertModel.from_pretrained`,
-                :func:`read_pooling` (a pooling mode or module that is not supported) and
+                :func:`read_pooling` (a pooling mode or module that is not supported),
+                :func:`transformer_folder` (a Transformer ``path`` outside the folder or missing) and
                 :func:`read_prompts` (a malformed ``config_sentence_transformers.json``, named).
         """
         from .hub import resolve_model_dir
@@ -448,12 +498,15 @@ class SentenceEncoder:
                                  f"dtype=np.float32, got {np.dtype(dtype).name}")
         model_dir = resolve_model_dir(name_or_path)
         settings = {**read_pooling(model_dir), **read_prompts(model_dir)}
-        model = BertModel.from_pretrained(name_or_path, dtype=dtype)
+        # the model and tokenizer files: the folder itself, or the older layout's 0_Transformer/
+        folder = transformer_folder(model_dir)
+        source = name_or_path if folder == model_dir else str(folder)
+        model = BertModel.from_pretrained(source, dtype=dtype)
         if quantize is not None:
             from .quantization import quantize as _quantize
 
             model = _quantize(model, quantize, inplace=True)
-        return cls(model, Tokenizer.from_pretrained(name_or_path), **settings)
+        return cls(model, Tokenizer.from_pretrained(source), **settings)
 
     @property
     def dim(self) -> int:
