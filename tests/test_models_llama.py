@@ -907,7 +907,8 @@ def _weights_refusal(cls, path) -> ValueError:
     (lambda t: t.update({"model.layers.0.foo.weight": np.zeros(3, np.float32)}),
      "unknown keys: ['model.layers.0.foo.weight']"),
     (lambda t: t.update({"model.layers.1.self_attn.o_proj.weight": t["model.layers.1.self_attn.o_proj.weight"][:, :-1]}),
-     "mis-shaped: ['model.layers.1.self_attn.o_proj.weight: expected (48, 48), got (48, 47)']"),], ids=["missing", "unknown", "mis-shaped"])
+     "mis-shaped: ['model.layers.1.self_attn.o_proj.weight: expected (48, 48), got (48, 47)']"),
+], ids=["missing", "unknown", "mis-shaped"])
 def test_weights_that_do_not_fit_name_model_safetensors(llama_gqa, tmp_path, change, problem):
     """A missing, unknown or mis-shaped tensor was "LlamaForCausalLM.load_state_dict refused (module
     unchanged): ...": no file named, and a module promised that the caller never gets. Now the

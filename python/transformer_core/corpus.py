@@ -2352,8 +2352,9 @@ def search(index, queries, k: int = 5, *, model=None, allow_incomplete: bool = F
         integer is one); ``allow_incomplete`` not a bool; ``index`` not a str or path; ``model``
         neither None, a str nor a path.
         ValueError: no query (an empty list), a blank query (empty, or only whitespace and
-        invisible characters: Unicode categories Cc, Cf and Mn), a query that is not valid Unicode; ``k`` or ``block_rows`` < 1; ``batch_size`` outside ``[1, 2**63 - 1]``;
-        an ``index`` holding a NUL character; an empty ``model``. FileNotFoundError: no such
+        invisible characters: Unicode categories Cc, Cf and Mn), a query that is not valid
+        Unicode; ``k`` or ``block_rows`` < 1; ``batch_size`` outside ``[1, 2**63 - 1]``; an
+        ``index`` holding a NUL character; an empty ``model``. FileNotFoundError: no such
         ``model``.
         Then: FileNotFoundError: no such index, or a Parquet part of a chunk done is missing
         (naming it, its chunk and the dataset). ValueError: no manifest or a

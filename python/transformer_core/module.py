@@ -147,8 +147,11 @@ def renamed_keyword(old: str, new: str):
         TypeError: both ``old=`` and ``new=`` given.
     """
     def decorate(function):
+        """``function`` wrapped: its ``old=`` keyword taken as ``new=`` (see renamed_keyword)."""
         @functools.wraps(function)
         def renaming(*args, **kwargs):
+            """``function(*args, **kwargs)`` with ``old=`` renamed ``new=``, warning once per call;
+            TypeError when both are given."""
             if old in kwargs:
                 if new in kwargs:
                     raise TypeError(f"{old}: the former name of {new}; got both, pass {new}= only")

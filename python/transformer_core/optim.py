@@ -142,6 +142,7 @@ def _given_twice(i: int, name: str | None, p: Parameter, earlier: Parameter, ear
         return f"params[{i}]: the unnamed parameter of params[{earlier_index}] is given twice"
 
     def what(n, j):
+        """How a message names the parameter named ``n`` (or None) at index ``j``."""
         return f"parameter {n!r}" if n is not None else f"the unnamed parameter of params[{j}]"
 
     return (f"params[{i}]: {what(name, i)} views the same model weight as {what(earlier_name, earlier_index)} "
