@@ -366,6 +366,11 @@ def test_the_older_layout_loads_the_model_from_its_transformer_folder(tmp_path, 
     d = _old_layout_folder(tmp_path, model_dir)
     assert not (d / "config.json").exists()
     assert transformer_folder(d) == d / "0_Transformer" and transformer_folder(model_dir) == model_dir
+    for bad in (5, None, b"x"):
+        with pytest.raises(TypeError, match=r"^model_dir: expected a str or os.PathLike, got "):
+            transformer_folder(bad)
+    with pytest.raises(NotADirectoryError, match=r"^model_dir: expected a model folder, got '.*missing'"):
+        transformer_folder(tmp_path / "missing")
     enc = tc.SentenceEncoder.from_pretrained(d)
     assert (enc.pooling, enc.normalize, enc.max_seq_length) == ("mean", True, 256)
     sentences = SENTENCES[:6] + ["ok"]

@@ -100,11 +100,18 @@ def transformer_folder(model_dir) -> Path:
     ``modules.json``). A leading ``~`` is expanded.
 
     Raises:
+        TypeError: ``model_dir`` not a str or os.PathLike (of str).
+        NotADirectoryError: ``model_dir`` is not a folder (naming it).
         ValueError, FileNotFoundError: as :func:`read_pooling` for ``modules.json``, and a
             Transformer ``path`` that is not a str, leads outside ``model_dir`` or is no folder
             (naming ``modules.json`` and the path).
     """
-    return _pooling_config(expand_home(model_dir, "model_dir"))[3]
+    if not isinstance(model_dir, (str, os.PathLike)) or isinstance(os.fspath(model_dir), bytes):
+        raise TypeError(f"model_dir: expected a str or os.PathLike, got {type(model_dir).__name__}")
+    folder = expand_home(model_dir, "model_dir")
+    if not folder.is_dir():
+        raise NotADirectoryError(f"model_dir: expected a model folder, got {str(model_dir)!r} (no such folder)")
+    return _pooling_config(folder)[3]
 
 
 def read_pooling(model_dir) -> dict:
