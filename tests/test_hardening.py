@@ -762,8 +762,8 @@ def test_tokenizer_json_broken(tmp_path):
 # 5. errors name the argument
 # ------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("call, name, exc", [
-    (lambda: F.softmax(np.ones((2, 3)), axis=1.5), "axis", TypeError),
-    (lambda: F.softmax(np.ones((2, 3)), axis=2), "axis", ValueError),
+    (lambda: F.softmax(np.ones((2, 3)), dim=1.5), "dim", TypeError),
+    (lambda: F.softmax(np.ones((2, 3)), dim=2), "dim", ValueError),
     (lambda: F.layer_norm(np.ones((2, 3)), eps=None), "eps", TypeError),
     (lambda: F.softmax([[1, 2], [3]]), "x", ValueError),
     (lambda: F.linear(np.ones((2, 3)), [[1, 2, 3], [4, 5]]), "weight", ValueError),
@@ -936,6 +936,30 @@ def test_layer_norm_float64_huge_values(row):
     dx, dw, db = tc.backward.layer_norm_backward(x, w, g, eps=0.0)
     dx_s, dw_s, db_s = tc.backward.layer_norm_backward(x * s, w, g, eps=0.0)
     assert np.all(np.isfinite(dx))
+    np.testing.assert_allclose(dx, dx_s * s, rtol=1e-12, atol=1e-12 * np.abs(dx).max())
+    np.testing.assert_allclose(dw, dw_s, rtol=1e-12, atol=1e-15)
+
+
+@pytest.mark.parametrize("row", [[1e160, 1.0, 2.0, 3.0], [0.5, 1e300, -0.2], [-1e155, 2e155, 1.0, 0.0, 5e154]])
+def test_rms_norm_float64_huge_values(row):
+    """A float64 row whose squares overflow (|x| beyond ~1e154) is finite after RMSNorm, as after
+    LayerNorm: it was all zeros (Σx² = inf gave 1 / rms = 0; torch gives zeros too). The forward
+    matches the exact values (Fractions); the backward equals that of the row scaled by 2**-600
+    (RMSNorm with eps = 0 is scale-invariant: dx(x) = dx(x · s) · s, exact for a power of two)."""
+    x = np.array([row])
+    fr = [Fraction(v) for v in row]
+    big = max(abs(f) for f in fr)  # x / rms as (x / big) / sqrt(mean_sq / big²): no float underflows
+    mean_sq = sum(f * f for f in fr) / len(fr) + Fraction(1e-6)
+    exact = [float(f / big) / math.sqrt(float(mean_sq / big**2)) for f in fr]
+    np.testing.assert_allclose(F.rms_norm(x, eps=1e-6)[0], exact, rtol=1e-12, atol=0)
+    layer = tc.nn.RMSNorm(x.shape[1], eps=1e-6, dtype=np.float64)
+    np.testing.assert_allclose(layer(x)[0], exact, rtol=1e-12, atol=0)
+    w = np.linspace(0.5, 2.0, x.shape[1])
+    g = np.linspace(-1.0, 1.0, x.shape[1])[None]
+    s = 2.0**-600
+    dx, dw = tc.backward.rms_norm_backward(x, w, g, eps=0.0)
+    dx_s, dw_s = tc.backward.rms_norm_backward(x * s, w, g, eps=0.0)
+    assert np.all(np.isfinite(dx)) and np.abs(dx).max() > 0
     np.testing.assert_allclose(dx, dx_s * s, rtol=1e-12, atol=1e-12 * np.abs(dx).max())
     np.testing.assert_allclose(dw, dw_s, rtol=1e-12, atol=1e-15)
 

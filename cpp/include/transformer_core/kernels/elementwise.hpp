@@ -235,6 +235,21 @@ inline double rms_norm_rstd(const T* x, int64_t n, double eps) {
   double ss = 0;
   for (; j < n; ++j) ss += static_cast<double>(x[j]) * static_cast<double>(x[j]);
   for (int64_t t = 0; t < kSumLanes; ++t) ss += lane[t];
+  if (std::isinf(ss)) {
+    // Σx² overflowed (some |x| beyond ~1e154: float64 rows only; a float's square fits a double).
+    // As LayerNorm does: the sum over (x / s)², s = max |x|, and 1 / (s · sqrt(mean_s + eps / s²))
+    // without forming s² (it gave 0: a row of zeros, where the true values are finite). An Inf in
+    // x keeps Σ = Inf and the row's 0 · Inf = NaN, as torch gives.
+    double s = 0;
+    for (int64_t k = 0; k < n; ++k) s = std::max(s, std::abs(static_cast<double>(x[k])));
+    if (std::isinf(s)) return 0.0;
+    double ss_s = 0;
+    for (int64_t k = 0; k < n; ++k) {
+      const double d = static_cast<double>(x[k]) / s;
+      ss_s = std::fma(d, d, ss_s);
+    }
+    return 1.0 / (s * std::sqrt(ss_s / static_cast<double>(n) + eps / s / s));
+  }
   return 1.0 / std::sqrt(ss / static_cast<double>(n) + eps);
 }
 

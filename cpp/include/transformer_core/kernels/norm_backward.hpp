@@ -54,7 +54,7 @@ inline void rms_norm_backward_row(const T* x, const T* dy, const T* w, int64_t n
     const double g = w != nullptr ? static_cast<double>(dy[j]) * w[j] : static_cast<double>(dy[j]);
     sum_gx += g * x[j];
   }
-  const double c = r * r * sum_gx / static_cast<double>(n);
+  const double c = r * sum_gx / static_cast<double>(n) * r;  // r · Σ first: r² underflows where |x| ~ 1e160
   for (int64_t j = 0; j < n; ++j) {
     const double g = w != nullptr ? static_cast<double>(dy[j]) * w[j] : static_cast<double>(dy[j]);
     dx[j] = static_cast<T>(r * (g - x[j] * c));
