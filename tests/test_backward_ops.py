@@ -328,7 +328,34 @@ def test_softmax_backward(rng, dtype, shape, axis):
     xt = leaf(x)
     pt = torch.softmax(xt, dim=axis)
     pt.backward(to_torch(gy))
-    check(B.softmax_backward(pt.detach().numpy(), gy, axis=axis), xt.grad, dtype, "softmax backward")
+    check(B.softmax_backward(pt.detach().numpy(), gy, dim=axis), xt.grad, dtype, "softmax backward")
+
+
+def test_softmax_backward_axis_keyword_still_works_with_a_deprecation_warning(rng):
+    """``dim`` is torch's name; ``axis=`` (the former one) gives the same gradient with a warning,
+    and both at once are refused."""
+    p = FT.softmax(randn(rng, (3, 5), np.float64), dim=0)
+    g = randn(rng, (3, 5), np.float64)
+    with pytest.warns(DeprecationWarning, match=r"axis= is deprecated, use dim= \(torch's name\)"):
+        old = B.softmax_backward(p, g, axis=0)
+    np.testing.assert_array_equal(old, B.softmax_backward(p, g, dim=0))
+    assert not np.array_equal(old, B.softmax_backward(p, g, dim=1))
+    with pytest.raises(TypeError, match=r"^axis: the former name of dim; got both"):
+        B.softmax_backward(p, g, axis=0, dim=0)
+
+
+def test_cross_entropy_backward_takes_a_0d_tensor_as_grad_output(rng):
+    """A reduced loss's gradient as torch gives it (a 0-d tensor) is a scale, as a 0-d array and a
+    float are."""
+    logits = randn(rng, (4, 7), np.float32)
+    target = np.array([0, 3, 6, 2])
+    lt = leaf(logits)
+    TF.cross_entropy(lt, torch.from_numpy(target)).backward(torch.tensor(0.5))
+    for scale in (torch.tensor(0.5), np.array(0.5), 0.5):
+        grad = B.cross_entropy_backward(logits, target, grad_output=scale)
+        check(grad, lt.grad, np.float32, f"cross_entropy backward, grad_output {type(scale).__name__}")
+    with pytest.raises(TypeError, match=r"^grad_output: expected a scalar .*, got Tensor"):
+        B.cross_entropy_backward(logits, target, grad_output=torch.ones(2))
 
 
 def test_softmax_backward_masked_rows(rng):

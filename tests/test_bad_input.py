@@ -42,9 +42,9 @@ def test_linear_bad_input(rng, case, match):
         F.linear(*args)
 
 
-def test_softmax_bad_axis(rng):
-    with pytest.raises(ERR, match="axis"):
-        F.softmax(randn(rng, (3, 4)), axis=2)
+def test_softmax_bad_dim(rng):
+    with pytest.raises(ValueError, match=r"^dim: expected an int in \[-2, 1\], got 2$"):
+        F.softmax(randn(rng, (3, 4)), dim=2)
     with pytest.raises(ERR, match=r"\bx\b"):
         F.softmax(np.zeros((3, 0), np.float32))
 

@@ -82,7 +82,7 @@ def test_layer_norm_and_rms_norm_mixed_dtypes(rng, wide):
     if wide != "bias":
         x, w = t64(a["x"]), t64(a["weight"])
         ref = x / torch.sqrt((x * x).mean(-1, keepdim=True) + 1e-6) * w
-        check64(F.rms_norm(a["x"], a["weight"]), ref, f"rms_norm, {wide} float64")
+        check64(F.rms_norm(a["x"], a["weight"], eps=1e-6), ref, f"rms_norm, {wide} float64")
 
 
 @pytest.mark.parametrize("wide", ["query", "key", "value"])
@@ -161,7 +161,7 @@ def test_norm_backward_mixed_dtypes(rng, wide):
         check64(ours, ref, f"layer_norm_backward {what}, {wide} float64")
     x, w = leaf64(a["x"]), leaf64(a["weight"])
     (x / torch.sqrt((x * x).mean(-1, keepdim=True) + 1e-6) * w).backward(t64(a["grad_output"]))
-    gx, gw = B.rms_norm_backward(a["x"], a["weight"], a["grad_output"])
+    gx, gw = B.rms_norm_backward(a["x"], a["weight"], a["grad_output"], eps=1e-6)
     check64(gx, x.grad, f"rms_norm_backward grad_x, {wide} float64")
     check64(gw, w.grad, f"rms_norm_backward grad_weight, {wide} float64")
 
@@ -384,4 +384,4 @@ def test_bfloat16_expanded_view_values():
     w = torch.tensor([[0.5, -1.0, 2.0]], dtype=torch.float64)
     check64(F.linear(t, w), TF.linear(t.double(), w), "linear(bfloat16 expanded x, float64 weight)")
     inner = torch.tensor([1.0, -3.0, 0.125, 7.0], dtype=torch.bfloat16)[None, :, None].expand(2, 4, 3)
-    np.testing.assert_allclose(F.softmax(inner, axis=1), torch.softmax(inner.float(), 1).numpy(), rtol=1e-6, atol=0)
+    np.testing.assert_allclose(F.softmax(inner, dim=1), torch.softmax(inner.float(), 1).numpy(), rtol=1e-6, atol=0)

@@ -45,7 +45,7 @@ def test_linear_bias_keyword(rng):
 ])
 def test_softmax_matches_torch(rng, shape, axis, dtype):
     x = randn(rng, shape, dtype, scale=3.0)
-    ours = F.softmax(x, axis=axis)
+    ours = F.softmax(x, dim=axis)
     assert_close(ours, torch.softmax(to_torch(x), dim=axis), dtype, what="softmax")
 
 
@@ -60,7 +60,7 @@ def test_softmax_default_axis_is_last(rng, dtype):
 def test_softmax_is_shift_stable(rng, offset, dtype):
     x = randn(rng, (5, 9), dtype)
     xs = (x + dtype(offset)).astype(dtype)
-    ours = F.softmax(xs, axis=-1)
+    ours = F.softmax(xs, dim=-1)
     ref = torch.softmax(to_torch(xs), dim=-1)
     assert np.all(np.isfinite(ours))
     assert_close(ours, ref, dtype)
@@ -73,7 +73,7 @@ def test_softmax_neg_inf(rng, dtype):
     x[0, :] = -np.inf           # fully -inf row -> zeros in ours (torch: NaN)
     x[1, [0, 3, 6]] = -np.inf   # partially masked row
     x[2, 1:] = -np.inf          # a single finite entry -> one-hot
-    ours = F.softmax(x, axis=-1)
+    ours = F.softmax(x, dim=-1)
     ref = torch.softmax(to_torch(x), dim=-1).numpy()
     assert ours.dtype == np.dtype(dtype)
     assert np.array_equal(ours[0], np.zeros(7, dtype)), ours[0]
@@ -86,10 +86,22 @@ def test_softmax_neg_inf(rng, dtype):
 def test_softmax_nan_propagates(rng, dtype):
     x = randn(rng, (3, 5), dtype)
     x[1, 2] = np.nan
-    ours = F.softmax(x, axis=-1)
+    ours = F.softmax(x, dim=-1)
     assert np.all(np.isnan(ours[1]))
     ref = torch.softmax(to_torch(x), dim=-1).numpy()
     assert_close(ours[[0, 2]], ref[[0, 2]], dtype)
+
+
+def test_softmax_axis_keyword_still_works_with_a_deprecation_warning(rng):
+    """``axis=`` was numpy's name of torch's ``dim``: taken for one release, warning, as ``dim=``;
+    ``axis=`` and ``dim=`` together are a TypeError."""
+    x = randn(rng, (4, 6), np.float64)
+    with pytest.warns(DeprecationWarning, match=r"axis= is deprecated, use dim="):
+        ours = F.softmax(x, axis=0)
+    assert_close(ours, torch.softmax(to_torch(x), dim=0), np.float64)
+    assert_close(F.softmax(x, 0), torch.softmax(to_torch(x), dim=0), np.float64)  # positional, as torch's
+    with pytest.raises(TypeError, match=r"^axis: the former name of dim; got both"):
+        F.softmax(x, axis=0, dim=0)
 
 
 # -------------------------------------------------------------------------------------- layer_norm
@@ -126,6 +138,49 @@ def test_layer_norm_large_mean(rng, dtype):
     ref = TF.layer_norm(to_torch(x).double(), (65,), eps=1e-5).numpy()
     tol = 2e-3 if dtype == np.float32 else 1e-9  # fp32 input itself only has ~6e-5 resolution at 1000
     assert_close(F.layer_norm(x, w, b), ref, dtype, atol_=tol)
+
+
+# --------------------------------------------------------------------------------------- rms_norm
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+def test_rms_norm_default_eps_is_torchs(rng, dtype):
+    """With defaults, eps is torch's: ``finfo(dtype).eps`` (torch's ``eps=None``), not 1e-6. Rows
+    of small RMS (1e-3 and 1e-5) make eps matter: 1e-6 gives other values."""
+    E = 24
+    x = randn(rng, (6, E), dtype, scale=1e-3)
+    x[3:] *= dtype(1e-2)
+    w = randn(rng, (E,), dtype)
+    ref = TF.rms_norm(to_torch(x), (E,), to_torch(w))
+    ours = F.rms_norm(x, w)
+    assert_close(ours, ref, dtype, what="rms_norm default eps")
+    assert_close(ours, F.rms_norm(x, w, eps=float(np.finfo(dtype).eps)), dtype, atol_=0.0, rtol_=0.0)
+    assert np.abs(F.rms_norm(x, w, eps=1e-6) - ours).max() > 0.1  # the old default is far off here
+    assert_close(F.rms_norm(x), TF.rms_norm(to_torch(x), (E,)), dtype, what="rms_norm default eps, no weight")
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+def test_rms_norm_backward_default_eps_is_torchs(rng, dtype):
+    """``rms_norm_backward``'s default eps is the forward's (torch's ``finfo(dtype).eps``):
+    autograd of torch's ``F.rms_norm`` with its defaults."""
+    from transformer_core import backward as B
+
+    E = 16
+    x = randn(rng, (5, E), dtype, scale=1e-3)
+    w = randn(rng, (E,), dtype)
+    g = randn(rng, (5, E), dtype)
+    xt, wt = to_torch(x).requires_grad_(), to_torch(w).requires_grad_()
+    TF.rms_norm(xt, (E,), wt).backward(to_torch(g))
+    gx, gw = B.rms_norm_backward(x, w, g)
+    tol = 1e-3 if dtype == np.float32 else 1e-9  # rstd ~ 1e3: the gradients are ~1e3 too
+    assert_close(gx, xt.grad, dtype, rtol_=tol, atol_=tol, what="rms_norm_backward grad_x")
+    assert_close(gw, wt.grad, dtype, rtol_=tol, atol_=tol, what="rms_norm_backward grad_weight")
+
+
+def test_rms_norm_float16_computes_with_float32_eps(rng):
+    """A float16 input computes in float32 with float32's eps, as torch's default for float16."""
+    x = randn(rng, (3, 8), np.float16, scale=1e-3)
+    ref = TF.rms_norm(to_torch(x.astype(np.float32)), (8,), eps=float(np.finfo(np.float32).eps))
+    assert_close(F.rms_norm(x), ref, np.float32)
+    assert_close(F.rms_norm(x), TF.rms_norm(torch.from_numpy(x), (8,)).float(), np.float32, atol_=2e-3, rtol_=2e-3)
 
 
 # ------------------------------------------------------------------------------------ activations
@@ -229,7 +284,7 @@ def test_noncontiguous_inputs(rng, layout, dtype):
     np.testing.assert_array_equal(xl, x)
     assert_close(F.linear(xl, wl, bl), TF.linear(to_torch(x), to_torch(w), to_torch(b)), dtype)
     assert_close(F.softmax(xl), torch.softmax(to_torch(x), -1), dtype)
-    assert_close(F.softmax(xl, axis=0), torch.softmax(to_torch(x), 0), dtype)
+    assert_close(F.softmax(xl, dim=0), torch.softmax(to_torch(x), 0), dtype)
     assert_close(F.gelu(xl), TF.gelu(to_torch(x)), dtype)
     assert_close(F.relu(xl), TF.relu(to_torch(x)), dtype)
     c = randn(rng, (9,), dtype)
@@ -405,9 +460,12 @@ def _sdpa_backward(**kwargs):
 
 
 _BAD_SCALARS = {
-    "softmax axis=True": (lambda: F.softmax(_X16, axis=True), TypeError, r"^axis: expected an int, got bool"),
-    "softmax axis=2": (lambda: F.softmax(_X16, axis=2), ValueError, r"^axis: expected an int in \[-2, 1\], got 2"),
+    "softmax dim=True": (lambda: F.softmax(_X16, dim=True), TypeError, r"^dim: expected an int, got bool"),
+    "softmax dim=2": (lambda: F.softmax(_X16, dim=2), ValueError, r"^dim: expected an int in \[-2, 1\], got 2"),
     "layer_norm eps=-1": (lambda: F.layer_norm(_X16, eps=-1.0), ValueError, r"^eps: expected a finite number >= 0"),
+    "layer_norm eps=inf": (lambda: F.layer_norm(_X16, eps=float("inf")), ValueError,
+                           r"^eps: expected a finite number >= 0"),
+    "rms_norm eps=inf": (lambda: F.rms_norm(_X16, eps=float("inf")), ValueError, r"^eps: expected a finite number >= 0"),
     "layer_norm eps='a'": (lambda: F.layer_norm(_X16, eps="a"), TypeError, r"^eps: expected a number, got str"),
     "rms_norm eps='a'": (lambda: F.rms_norm(_X16, eps="a"), TypeError, r"^eps: expected a number, got str"),
     "rms_norm eps=nan": (lambda: F.rms_norm(_X16, eps=float("nan")), ValueError, r"^eps: expected a finite"),
@@ -442,8 +500,8 @@ _BAD_SCALARS = {
                                    r"^eps: expected a finite number >= 0"),
     "rms_norm_backward eps='a'": (lambda: _backward().rms_norm_backward(_X16, None, _X16, eps="a"), TypeError,
                                   r"^eps: expected a number, got str"),
-    "softmax_backward axis=True": (lambda: _backward().softmax_backward(_X16, _X16, axis=True), TypeError,
-                                   r"^axis: expected an int, got bool"),
+    "softmax_backward dim=True": (lambda: _backward().softmax_backward(_X16, _X16, dim=True), TypeError,
+                                  r"^dim: expected an int, got bool"),
     "dropout_backward p=2": (lambda: _backward().dropout_backward(_X16, 2.0, 0), ValueError,
                              r"^p: expected a finite number in \[0.0, 1.0\]"),
     "embedding_backward padding_idx=9": (lambda: _backward().embedding_backward(np.zeros(2048, np.int64), _X16, 4,
@@ -461,4 +519,121 @@ def test_bad_scalar_argument_is_refused_before_the_inputs_are_copied(case):
     err, peak = _peak_bytes(fn)
     assert err.type is kind, err.value
     assert err.match(message)
+    assert peak < 2**20, f"{case}: {peak / 2**20:.1f} MiB traced before the error"
+
+
+def test_documented_type_errors():
+    """The TypeErrors the docstrings list (gelu, relu, silu, dropout) are raised, naming the argument."""
+    x = np.ones(3, np.float32)
+    for fn in (F.gelu, F.relu, F.silu):
+        for bad, what in ((np.ones(2, bool), "dtype bool"), (np.ones(2, complex), "dtype complex128"),
+                          (None, "None")):
+            with pytest.raises(TypeError, match=rf"^x: expected .*{what}"):
+                fn(bad)
+    with pytest.raises(TypeError, match=r"^approximate: expected a str"):
+        F.gelu(x, None)
+    with pytest.raises(TypeError, match=r"^training: expected a bool, got int"):
+        F.dropout(x, 0.5, 0, training=1)
+    with pytest.raises(TypeError, match=r"^p: expected a number"):
+        F.dropout(x, "0.5", 0)
+    with pytest.raises(TypeError, match=r"^seed: expected an int"):
+        F.dropout(x, 0.5, 1.0)
+
+
+# ------------------------------------------------ shapes and dtypes are checked before any copy
+_BIG_SHAPE = (4000, 4096)  # float16: 31.25 MiB; its float32 copy is 62.5 MiB
+
+
+@pytest.fixture(scope="module")
+def x16():
+    return np.ones(_BIG_SHAPE, np.float16)
+
+
+def _backward_module():
+    from transformer_core import backward
+
+    return backward
+
+
+# (call on the float16 x, error type, message): each call has one bad argument besides x, which the
+# op refused only after x's full float32 copy (62.5 MiB; 125-190 MiB for attention's q, k, v)
+_BAD_SHAPES = {
+    "linear weight": (lambda x: F.linear(x, np.ones((3, 7), np.float32)), ValueError,
+                      r"^weight: expected shape \(out_features, 4096\) to match x's last dim, got \(3, 7\)"),
+    "linear bias": (lambda x: F.linear(x, np.ones((3, 4096), np.float16), np.ones(2)), ValueError,
+                    r"^bias: expected shape \(3,\) to match weight's out_features 3, got \(2,\)"),
+    "layer_norm weight": (lambda x: F.layer_norm(x, np.ones(7, np.float32)), ValueError,
+                          r"^weight: expected shape \(4096,\) to match x's last dim, got \(7,\)"),
+    "layer_norm bias": (lambda x: F.layer_norm(x, None, np.ones((2, 4096), np.float32)), ValueError,
+                        r"^bias: expected a 1-D array, got 2-D with shape \(2, 4096\)"),
+    "rms_norm weight": (lambda x: F.rms_norm(x, np.ones(7, np.float32)), ValueError,
+                        r"^weight: expected shape \(4096,\) to match x's last dim, got \(7,\)"),
+    "glu shapes": (lambda x: F.glu(x, np.ones((3, 3), np.float16)), ValueError,
+                   r"^up: expected the shape of gate \(4000, 4096\), got \(3, 3\)"),
+    "cross_entropy float target": (lambda x: F.cross_entropy(x, np.ones(4000)), TypeError,
+                                   r"^target: expected integer class indices, got dtype float64"),
+    "cross_entropy target shape": (lambda x: F.cross_entropy(x, np.ones(3, int)), ValueError,
+                                   r"^target: expected shape \(4000,\) \(logits' shape without the class dim\)"),
+    "cross_entropy target value": (lambda x: F.cross_entropy(x, np.full(4000, 4096)), ValueError,
+                                   r"^target: expected class indices in \[0, 4096\) or ignore_index \(-100\), "
+                                   r"got 4096 at index \(0,\)"),
+    "sdpa key": (lambda x: F.scaled_dot_product_attention(x, np.ones((5, 3), np.float16), x), ValueError,
+                 r"^key: expected last dim 4096 \(query's embedding size\), got shape \(5, 3\)"),
+    "sdpa value": (lambda x: F.scaled_dot_product_attention(x, x, x[:7]), ValueError,
+                   r"^value: expected length 4000 \(key's length\) in dim -2, got shape \(7, 4096\)"),
+    "sdpa attn_mask": (lambda x: F.scaled_dot_product_attention(x, x, x, np.ones((3, 3), bool)), ValueError,
+                       r"^attn_mask: shape \(3, 3\) does not broadcast to the expected \(4000, 4000\)"),
+    "sdpa key_mask": (lambda x: F.scaled_dot_product_attention(x, x, x, key_mask=np.ones(3, bool)), ValueError,
+                      r"^key_mask: expected shape \(4000,\)"),
+    "varlen cu_seqlens float": (lambda x: F.varlen_attention(*(x.reshape(4000, 4, 1024),) * 3, np.array([0., 4000.])),
+                                TypeError, r"^cu_seqlens: expected integers, got dtype float64"),
+    "varlen cu_seqlens end": (lambda x: F.varlen_attention(*(x.reshape(4000, 4, 1024),) * 3, [0, 3999]), ValueError,
+                              r"^cu_seqlens: expected 0 first and 4000 \(the tokens\) last, got 0 and 3999"),
+    "varlen key": (lambda x: F.varlen_attention(x.reshape(4000, 4, 1024), x.reshape(4000, 8, 512),
+                                                x.reshape(4000, 4, 1024), [0, 4000]), ValueError,
+                   r"^key: expected last dim 1024 \(query's embedding size\), got shape \(4000, 8, 512\)"),
+    "linear_backward grad_output": (
+        lambda x: _backward_module().linear_backward(x, np.ones((3, 4096), np.float32), x[:, :5]), ValueError,
+        r"^grad_output: expected shape \(4000, 3\) \(the op's output for x, weight\), got \(4000, 5\)"),
+    "layer_norm_backward grad_output": (
+        lambda x: _backward_module().layer_norm_backward(x, None, x[:, :7]), ValueError,
+        r"^grad_output: expected shape \(4000, 4096\) \(the op's output for x\), got \(4000, 7\)"),
+    "rms_norm_backward weight": (
+        lambda x: _backward_module().rms_norm_backward(x, np.ones(7), x), ValueError,
+        r"^weight: expected shape \(4096,\) to match x's last dim, got \(7,\)"),
+    "gelu_backward grad_output": (
+        lambda x: _backward_module().gelu_backward(x, x[:3]), ValueError,
+        r"^grad_output: expected shape \(4000, 4096\) \(the op's output for x\), got \(3, 4096\)"),
+    "glu_backward grad_output": (
+        lambda x: _backward_module().glu_backward(x, x, x[:3]), ValueError,
+        r"^grad_output: expected shape \(4000, 4096\) \(the op's output for gate, up\), got \(3, 4096\)"),
+    "softmax_backward grad_output": (
+        lambda x: _backward_module().softmax_backward(x, x[:3]), ValueError,
+        r"^grad_output: expected shape \(4000, 4096\) \(the op's output for output\), got \(3, 4096\)"),
+    "embedding_backward grad_output": (
+        lambda x: _backward_module().embedding_backward(np.zeros(3999, np.int64), x, 5), ValueError,
+        r"^grad_output: expected shape \(3999,\) \+ \(embedding_dim,\) to match ids, got \(4000, 4096\)"),
+    "rotary_backward odd head_dim": (
+        lambda x: _backward_module().rotary_backward(x[:, :4095], np.ones(4095), np.ones(4095)),
+        ValueError, r"^grad_output: expected an even head_dim \(last dim\), got shape \(4000, 4095\)"),
+    "cross_entropy_backward grad_output": (
+        lambda x: _backward_module().cross_entropy_backward(x, np.zeros(4000, np.int64), np.ones(3, np.float32),
+                                                            reduction="none"), ValueError,
+        r"^grad_output: expected shape \(4000,\) \(the op's output for logits, target\), got \(3,\)"),
+    "sdpa_backward lse": (
+        lambda x: _backward_module().scaled_dot_product_attention_backward(x, x, x, x, x, np.zeros(3, np.float32)),
+        ValueError, r"^lse: expected shape \(4000,\) \(the op's output for query\), got \(3,\)"),
+}
+
+
+@pytest.mark.parametrize("case", list(_BAD_SHAPES))
+def test_bad_shape_or_dtype_is_refused_before_the_inputs_are_copied(case, x16):
+    """A bad shape, dtype or value of another argument is refused on the arrays as given, before the
+    float16 x's float32 copy (62.5 MiB; the attention inputs' 125-190 MiB) is made only to be thrown
+    away: the peak traced while the call runs stays under 1 MiB. The messages are those the checks
+    gave after the copy."""
+    fn, kind, message = _BAD_SHAPES[case]
+    err, peak = _peak_bytes(lambda: fn(x16))
+    assert err.type is kind, err.value
+    assert err.match(message), err.value
     assert peak < 2**20, f"{case}: {peak / 2**20:.1f} MiB traced before the error"

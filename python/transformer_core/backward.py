@@ -3,16 +3,19 @@ respect to its output, the gradients with respect to its inputs and parameters (
 explicit backward per layer). Every result equals ``torch.autograd``'s for the same forward (the
 tests compare them: fp64 to 1e-10, fp32 to 1e-4 relative).
 
-Conventions: array-likes are converted once (non-contiguous inputs are copied), arguments are
-checked first (``TypeError`` / ``ValueError`` naming the argument, expected vs got), and the C++
-core computes with the GIL released. Dtypes follow ``functional``'s rule: a backward computes in
-float64 if ANY of its float data arguments (the forward's inputs, weights, outputs, and the output
-gradient) is float64 or a wider float, else in float32 (float16, float32, integers), and every
-gradient it returns has that dtype; a float64 argument is never narrowed to another's float32.
-Parameter gradients can be accumulated in place: pass ``grad_weight=`` / ``grad_bias=`` arrays
-(C-contiguous, writeable, of that compute dtype and the parameter's shape) and the new gradient is
-ADDED to them (gradient accumulation over micro-batches, tied weights); otherwise new arrays are
-returned.
+Conventions: arguments are checked first (``TypeError`` / ``ValueError`` naming the argument,
+expected vs got: the scalars, then the dtypes, ranks and shapes of the arrays as given), then
+array-likes are converted once (float16, integer, non-contiguous inputs are copied): a bad call is
+refused before any copy is made. The C++ core computes with the GIL released.
+
+Dtypes follow ``functional``'s rule: a backward computes in float64 if ANY of its float data
+arguments (the forward's inputs, weights, outputs, and the output gradient) is float64 or a wider
+float, else in float32 (float16, float32, integers), and every gradient it returns has that dtype;
+a float64 argument is never narrowed to another's float32 (except ``rotary_backward``'s cos/sin
+tables, which follow ``grad_output``'s dtype, as its docstring says). Parameter gradients can be accumulated
+in place: pass ``grad_weight=`` / ``grad_bias=`` arrays (C-contiguous, writeable, of that compute
+dtype and the parameter's shape) and the new gradient is ADDED to them (gradient accumulation over
+micro-batches, tied weights); otherwise new arrays are returned.
 
 Determinism: the sums over rows (weight and bias gradients, the embedding scatter-add, dK and dV of
 attention) are each owned by one task and summed in a fixed order: the results are bitwise the same
@@ -30,13 +33,13 @@ from ._validation import (
     MAX_SIZE,
     as_float,
     as_ids,
-    as_vector,
     check_allocatable,
     check_bool,
     check_choice,
     check_eps,
     check_int,
     common_dtype,
+    compute_dtype,
     grad_buffer,
     rotary_layout,
     to_numpy,
@@ -45,6 +48,9 @@ from ._validation import activation as activation_of
 from ._validation import reduction as reduction_of
 from .functional import (
     _as_4d,
+    _as_dtype,
+    _as_given,
+    _attention_arrays,
     _attention_inputs,
     _attention_masks,
     _check_p,
@@ -54,7 +60,10 @@ from .functional import (
     _dropped_times_zero,
     _gate_up,
     _given_scale,
+    _logits_rows,
+    _vector_given,
 )
+from .module import renamed_keyword
 from .positional import _rotate
 
 __all__ = [
@@ -80,14 +89,17 @@ _grad_buffer = grad_buffer
 
 def _read_once(value, name: str):
     """``value`` as numpy reads it (:func:`to_numpy`; None stays None), before both the dtype rule
-    (``common_dtype``) and the shape check (:func:`_grad_like`) look at it: a list is parsed, a
+    (``common_dtype``) and the shape check (:func:`_grad_given`) look at it: a list is parsed, a
     torch bfloat16 tensor widened, once."""
     return None if value is None else to_numpy(value, name)
 
 
-def _grad_like(grad_output, name: str, shape: tuple, dtype, allow_empty: bool = False, of: str = "x") -> np.ndarray:
-    """``grad_output`` converted, of ``shape`` (the shape the op's output has for its input ``of``)."""
-    g = as_float(grad_output, name, dtype, allow_empty=allow_empty)
+def _grad_given(grad_output: np.ndarray, name: str, shape: tuple, dtype, allow_empty: bool = False,
+                of: str = "x") -> np.ndarray:
+    """``grad_output`` as given (as ``common_dtype`` returns it: its dtype checked, not converted),
+    checked to be of ``shape`` (the shape the op's output has for its input ``of``) before its copy
+    to ``dtype``."""
+    g = _as_given(grad_output, name, dtype, allow_empty=allow_empty)
     if g.shape != tuple(shape):
         raise ValueError(f"{name}: expected shape {tuple(shape)} (the op's output for {of}), got {g.shape}")
     return g
@@ -133,8 +145,8 @@ def linear_backward(x, weight, grad_output, bias: bool = True, *, grad_weight=No
     bias = check_bool(bias, "bias")
     need_grad_input = check_bool(need_grad_input, "need_grad_input")
     dtype, (x, weight, grad_output) = common_dtype((x, "x"), (weight, "weight"), (grad_output, "grad_output"))
-    x = as_float(x, "x", dtype, min_ndim=1, allow_empty=True)
-    w = as_float(weight, "weight", dtype, ndim=2, allow_empty=True)
+    x = _as_given(x, "x", dtype, min_ndim=1, allow_empty=True)  # every shape is checked before any copy
+    w = _as_given(weight, "weight", dtype, ndim=2, allow_empty=True)
     in_features = x.shape[-1]
     w_in_out = weight_layout == "in_out"
     w_in = w.shape[0] if w_in_out else w.shape[1]
@@ -142,12 +154,13 @@ def linear_backward(x, weight, grad_output, bias: bool = True, *, grad_weight=No
         expected = f"({in_features}, out_features)" if w_in_out else f"(out_features, {in_features})"
         raise ValueError(f"weight: expected shape {expected} to match x's last dim, got {w.shape}")
     out_features = w.shape[1] if w_in_out else w.shape[0]
-    g = _grad_like(grad_output, "grad_output", x.shape[:-1] + (out_features,), dtype, allow_empty=True,
-                   of="x, weight")
+    g = _grad_given(grad_output, "grad_output", x.shape[:-1] + (out_features,), dtype, allow_empty=True,
+                    of="x, weight")
     gw = _grad_buffer(grad_weight, "grad_weight", w.shape, dtype)
     gb = _grad_buffer(grad_bias, "grad_bias", (out_features,), dtype) if bias else None
     if grad_bias is not None and not bias:
         raise ValueError("grad_bias: given for a layer without bias (bias=False)")
+    x, w, g = _as_dtype(x, "x", dtype), _as_dtype(w, "weight", dtype), _as_dtype(g, "grad_output", dtype)
     rows = int(np.prod(x.shape[:-1], dtype=np.int64))
     gx, gw, gb = variant("linear_backward", dtype)(
         x.reshape(rows, in_features), w, g.reshape(rows, out_features), need_grad_input, bias, gw, gb, w_in_out)
@@ -186,18 +199,19 @@ def layer_norm_backward(x, weight, grad_output, eps: float = 1e-5, bias: bool = 
         ValueError: shapes that do not match, ``eps`` < 0, empty ``x``, bad buffers.
         TypeError: non-numeric arrays, buffers of another dtype.
     """
-    eps, bias = check_eps(eps, "eps"), check_bool(bias, "bias")  # before any array is copied
+    eps, bias = check_eps(eps, "eps"), check_bool(bias, "bias")  # the scalars, the shapes, then the copies
     dtype, (x, weight, grad_output) = common_dtype((x, "x"), (weight, "weight"), (grad_output, "grad_output"))
-    x = as_float(x, "x", dtype, min_ndim=1)
+    x = _as_given(x, "x", dtype, min_ndim=1)
     e = x.shape[-1]
-    w = as_vector(weight, "weight", e, dtype)
-    g = _grad_like(grad_output, "grad_output", x.shape, dtype)
+    w = _vector_given(weight, "weight", e, dtype)
+    g = _grad_given(grad_output, "grad_output", x.shape, dtype)
     if w is None and (grad_weight is not None or grad_bias is not None):
         raise ValueError("grad_weight, grad_bias: given for a LayerNorm without weight (weight=None)")
     gw = _grad_buffer(grad_weight, "grad_weight", (e,), dtype)
     gb = _grad_buffer(grad_bias, "grad_bias", (e,), dtype) if bias else None
     if grad_bias is not None and not bias:
         raise ValueError("grad_bias: given for a LayerNorm without bias (bias=False)")
+    x, w, g = _as_dtype(x, "x", dtype), _as_dtype(w, "weight", dtype), _as_dtype(g, "grad_output", dtype)
     if w is not None and (gw is None) != (gb is None) and bias:
         # accumulate both or neither: the missing one starts at zeros
         gw = np.zeros(e, dtype) if gw is None else gw
@@ -206,7 +220,7 @@ def layer_norm_backward(x, weight, grad_output, eps: float = 1e-5, bias: bool = 
     return gx.reshape(x.shape), gw, gb
 
 
-def rms_norm_backward(x, weight, grad_output, eps: float = 1e-6, *, grad_weight=None):
+def rms_norm_backward(x, weight, grad_output, eps: float | None = None, *, grad_weight=None):
     """Backward of RMSNorm (``functional.rms_norm``; Zhang & Sennrich 2019)::
 
         r = 1 / sqrt(mean(x²) + eps),   g = grad_y · weight
@@ -216,7 +230,8 @@ def rms_norm_backward(x, weight, grad_output, eps: float = 1e-6, *, grad_weight=
         x: ``(..., E)``, the forward's input.
         weight: ``(E,)`` or None (no scale: only ``grad_x``).
         grad_output: ``(..., E)``.
-        eps: the forward's eps (>= 0).
+        eps: the forward's eps (a finite number >= 0); None (the default, as
+            ``functional.rms_norm``'s and torch's): ``np.finfo(dtype).eps`` of the compute dtype.
         grad_weight: array to add the weight gradient into, in place; None: a new array.
 
     Returns:
@@ -224,18 +239,21 @@ def rms_norm_backward(x, weight, grad_output, eps: float = 1e-6, *, grad_weight=
         ``grad_output`` is float64 (or wider), else float32.
 
     Raises:
-        ValueError: shapes that do not match, ``eps`` < 0, empty ``x``, bad buffer.
-        TypeError: non-numeric arrays, a buffer of another dtype.
+        ValueError: shapes that do not match, ``eps`` negative, infinite or NaN, empty ``x``, bad
+            buffer.
+        TypeError: non-numeric arrays, ``eps`` not a number (nor None), a buffer of another dtype.
     """
-    eps = check_eps(eps, "eps")  # before any array is copied
+    eps = None if eps is None else check_eps(eps, "eps")  # the scalar, the shapes, then the copies
     dtype, (x, weight, grad_output) = common_dtype((x, "x"), (weight, "weight"), (grad_output, "grad_output"))
-    x = as_float(x, "x", dtype, min_ndim=1)
+    x = _as_given(x, "x", dtype, min_ndim=1)
     e = x.shape[-1]
-    w = as_vector(weight, "weight", e, dtype)
-    g = _grad_like(grad_output, "grad_output", x.shape, dtype)
+    w = _vector_given(weight, "weight", e, dtype)
+    g = _grad_given(grad_output, "grad_output", x.shape, dtype)
     if w is None and grad_weight is not None:
         raise ValueError("grad_weight: given for an RMSNorm without weight (weight=None)")
     gw = _grad_buffer(grad_weight, "grad_weight", (e,), dtype)
+    x, w, g = _as_dtype(x, "x", dtype), _as_dtype(w, "weight", dtype), _as_dtype(g, "grad_output", dtype)
+    eps = float(np.finfo(dtype).eps) if eps is None else eps
     gx, gw = variant("rms_norm_backward", dtype)(x.reshape(-1, e), w, g.reshape(-1, e), eps, gw)
     return gx.reshape(x.shape), gw
 
@@ -246,9 +264,9 @@ def rms_norm_backward(x, weight, grad_output, eps: float = 1e-6, *, grad_weight=
 
 def _activation_backward(x, grad_output, name: str) -> np.ndarray:
     dtype, (x, grad_output) = common_dtype((x, "x"), (grad_output, "grad_output"))
-    x = as_float(x, "x", dtype)
-    g = _grad_like(grad_output, "grad_output", x.shape, dtype)
-    return variant("activation_backward", dtype)(x, g, name)
+    x = _as_given(x, "x", dtype)
+    g = _grad_given(grad_output, "grad_output", x.shape, dtype)
+    return variant("activation_backward", dtype)(_as_dtype(x, "x", dtype), _as_dtype(g, "grad_output", dtype), name)
 
 
 def gelu_backward(x, grad_output, approximate: str = "none") -> np.ndarray:
@@ -318,43 +336,48 @@ def glu_backward(gate, up, grad_output, activation: str = "silu"):
     """
     activation_of(activation, "activation")
     grad_output = _read_once(grad_output, "grad_output")
-    g, u = _gate_up(gate, up, ((grad_output, "grad_output"),))
-    dh = _grad_like(grad_output, "grad_output", g.shape, g.dtype.type, of="gate, up")
-    return variant("glu_backward", g.dtype.type)(g, u, dh, activation)
+    dtype, g, u = _gate_up(gate, up, ((grad_output, "grad_output"),))
+    dh = _grad_given(grad_output, "grad_output", g.shape, dtype, of="gate, up")
+    g, u, dh = _as_dtype(g, "gate", dtype), _as_dtype(u, "up", dtype), _as_dtype(dh, "grad_output", dtype)
+    return variant("glu_backward", dtype)(g, u, dh, activation)
 
 
 # --------------------------------------------------------------------------------------------------
 # Softmax, embedding, rotary, dropout
 # --------------------------------------------------------------------------------------------------
 
-def softmax_backward(output, grad_output, axis: int = -1) -> np.ndarray:
+@renamed_keyword("axis", "dim", "torch's")
+def softmax_backward(output, grad_output, dim: int = -1) -> np.ndarray:
     """Backward of softmax, from its OUTPUT ``p`` (``functional.softmax``)::
 
-        grad_x = p ∘ (grad_p - Σ_axis p ∘ grad_p)
+        grad_x = p ∘ (grad_p - Σ_dim p ∘ grad_p)
 
     A fully masked slice (``p = 0``) gives zeros.
 
     Args:
         output: the forward's output ``p``, any shape.  grad_output: the same shape.
-        axis: the axis the softmax normalised over.
+        dim: the axis the softmax normalised over (torch's name). ``axis=``, its former name, is still
+            taken for one release, with a ``DeprecationWarning``.
 
     Returns:
         ``grad_x``, the shape of ``output``; float64 if ``output`` or ``grad_output`` is float64 (or
         wider), else float32.
 
     Raises:
-        ValueError: shapes differ, empty arrays, ``axis`` out of range. TypeError: non-numeric arrays.
+        ValueError: shapes differ, empty arrays, ``dim`` out of range.
+        TypeError: non-numeric arrays, ``dim`` not an int, both ``dim=`` and ``axis=`` given.
     """
-    axis = check_int(axis, "axis", None, None)  # its type before any array is copied; its range below
+    dim = check_int(dim, "dim", None, None)  # its type before any array is copied; its range below
     dtype, (output, grad_output) = common_dtype((output, "output"), (grad_output, "grad_output"))
-    p = as_float(output, "output", dtype, min_ndim=1)
-    axis = check_int(axis, "axis", -p.ndim, p.ndim - 1)
-    g = _grad_like(grad_output, "grad_output", p.shape, dtype, of="output")
-    pm = np.ascontiguousarray(np.moveaxis(p, axis, -1))
-    gm = np.ascontiguousarray(np.moveaxis(g, axis, -1))
+    p = _as_given(output, "output", dtype, min_ndim=1)
+    dim = check_int(dim, "dim", -p.ndim, p.ndim - 1)
+    g = _grad_given(grad_output, "grad_output", p.shape, dtype, of="output")
+    p, g = _as_dtype(p, "output", dtype), _as_dtype(g, "grad_output", dtype)
+    pm = np.ascontiguousarray(np.moveaxis(p, dim, -1))
+    gm = np.ascontiguousarray(np.moveaxis(g, dim, -1))
     n = pm.shape[-1]
     dx = variant("softmax_backward", p.dtype.type)(pm.reshape(-1, n), gm.reshape(-1, n))
-    return np.moveaxis(dx.reshape(pm.shape), -1, axis)
+    return np.moveaxis(dx.reshape(pm.shape), -1, dim)
 
 
 def embedding_backward(ids, grad_output, num_embeddings: int, padding_idx: int | None = None, *,
@@ -393,7 +416,9 @@ def embedding_backward(ids, grad_output, num_embeddings: int, padding_idx: int |
     t = to_numpy(ids, "ids")
     if t.dtype.kind not in "iu":
         raise TypeError(f"ids: expected integer token ids, got dtype {t.dtype}")
-    g = as_float(grad_output, "grad_output", min_ndim=1, allow_empty=True)
+    g = to_numpy(grad_output, "grad_output")
+    dtype = compute_dtype(g, "grad_output")
+    g = _as_given(g, "grad_output", dtype, min_ndim=1, allow_empty=True)
     if g.shape[:-1] != t.shape:
         raise ValueError(f"grad_output: expected shape {t.shape} + (embedding_dim,) to match ids, got {g.shape}")
     if t.size:
@@ -404,13 +429,13 @@ def embedding_backward(ids, grad_output, num_embeddings: int, padding_idx: int |
         bad = tuple(int(i) for i in np.argwhere((t < 0) | (t >= V))[0])
         raise ValueError(f"ids: expected values in [0, {V}), got {int(t[bad])} at index {bad}")
     H = g.shape[-1]
-    dtype = g.dtype.type
     if H == 0 and V > MAX_SIZE // np.dtype(dtype).itemsize:  # numpy cannot make even an empty (V, 0) array
         raise ValueError(f"num_embeddings: expected at most {MAX_SIZE // np.dtype(dtype).itemsize} rows for a "
                          f"{np.dtype(dtype).name} gradient of embedding_dim 0 (numpy's largest axis), got {V}")
     gw = _grad_buffer(grad_weight, "grad_weight", (V, H), dtype)
     if gw is None:  # a new (V, H) array: checked here, naming the argument (the binding's check says "H")
         check_allocatable((V, H), np.dtype(dtype).itemsize, "num_embeddings")
+    g = _as_dtype(g, "grad_output", dtype)
     rows = t.size  # not reshape(-1, H): -1 is ambiguous for an empty grad_output (embedding_dim 0)
     t = np.ascontiguousarray(t, dtype=np.int64).reshape(rows)
     return variant("embedding_backward", dtype)(t, g.reshape(rows, H), V, pad, gw)
@@ -445,10 +470,12 @@ def rotary_backward(grad_output, cos, sin, layout: str = "half", unsqueeze_dim: 
     """
     layout = rotary_layout(layout)
     unsqueeze_dim = check_int(unsqueeze_dim, "unsqueeze_dim", None, None)
-    g = as_float(grad_output, "grad_output", min_ndim=2)
-    D = g.shape[-1]
-    if D % 2 != 0:
+    g = to_numpy(grad_output, "grad_output")
+    dtype = compute_dtype(g, "grad_output")
+    g = _as_given(g, "grad_output", dtype, min_ndim=2)
+    if g.shape[-1] % 2 != 0:
         raise ValueError(f"grad_output: expected an even head_dim (last dim), got shape {g.shape}")
+    g = _as_dtype(g, "grad_output", dtype)
     return _rotate(variant("rotary_backward", g.dtype.type), g, cos, sin, layout, unsqueeze_dim, "grad_output")
 
 
@@ -489,14 +516,18 @@ def _cross_entropy_call(logits, target, grad_output, ignore_index, label_smoothi
         logits, target, ignore_index, label_smoothing, reduction, dtype)
     grad_scale, grad_rows = 1.0, None
     if rows_given:
-        grad_rows = _grad_like(rows, "grad_output", lead, dtype, of="logits, target").reshape(-1)
+        rows = _grad_given(rows, "grad_output", lead, dtype, of="logits, target")
+        grad_rows = _as_dtype(rows, "grad_output", dtype).reshape(-1)
     else:
+        if getattr(grad_output, "ndim", None) == 0 and hasattr(grad_output, "__array__"):
+            grad_output = np.asarray(grad_output)  # a 0-d array-like (a torch scalar tensor): one value
         if isinstance(grad_output, np.ndarray) and grad_output.ndim == 0 and grad_output.dtype.kind in "iuf":
             grad_output = grad_output.item()
         if isinstance(grad_output, (bool, np.bool_)) or not isinstance(grad_output, numbers.Real):
             raise TypeError(f"grad_output: expected a scalar (the gradient of the reduced loss), got "
                             f"{type(grad_output).__name__}")
         grad_scale = float(grad_output)
+    x = _logits_rows(x, dtype)
     loss, _, grad = variant("cross_entropy", dtype)(x, t, ignore_index, label_smoothing, reduction, grad_scale,
                                                      grad_rows, True)
     loss = loss.reshape(lead) if reduction == "none" else dtype(loss)
@@ -600,10 +631,13 @@ def scaled_dot_product_attention_backward(query, key, value, out, grad_out, lse,
         query, key, value, enable_gqa, causal_alignment, ((out, "out"), (grad_out, "grad_out"), (lse, "lse")))
     scale = _check_scale(scale, E, dtype)
     Ev = v.shape[-1]
-    o = _grad_like(out, "out", lead + (L, Ev), dtype, of="query, value")
-    go = _grad_like(grad_out, "grad_out", lead + (L, Ev), dtype, of="query, value")
-    lse_arr = _grad_like(lse, "lse", lead + (L,), dtype, of="query")
+    o = _grad_given(out, "out", lead + (L, Ev), dtype, of="query, value")
+    go = _grad_given(grad_out, "grad_out", lead + (L, Ev), dtype, of="query, value")
+    lse_arr = _grad_given(lse, "lse", lead + (L,), dtype, of="query")
     bool_mask, float_mask, key_slot = _attention_masks(attn_mask, query_mask, key_mask, lead, L, S, dtype, heads)
+    # every shape checked: the copies
+    q, k, v = _attention_arrays(q, k, v, dtype)
+    o, go, lse_arr = _as_dtype(o, "out", dtype), _as_dtype(go, "grad_out", dtype), _as_dtype(lse_arr, "lse", dtype)
     shape4 = (n, heads, L, S)
     dq, dk, dv = variant("scaled_dot_product_attention_backward", dtype)(
         q.reshape(n, heads, L, E), k.reshape(n, kv_heads, S, E), v.reshape(n, kv_heads, S, Ev),

@@ -1,8 +1,10 @@
 """Functional ops, computed by the C++ core: linear, softmax, layer_norm, gelu, relu and
 scaled dot-product attention.
 
-Every op takes array-likes, converts them once (non-contiguous inputs are copied), checks their
-shapes, and returns new numpy arrays. The GIL is released while the C++ core computes.
+Every op takes array-likes, checks their dtypes, ranks and shapes as given (reading them costs
+nothing), then converts them once (float16, integer, non-contiguous inputs are copied): a bad
+argument is refused before any copy is made. It returns new numpy arrays. The GIL is released while
+the C++ core computes.
 
 Dtypes, one rule for every op (``_validation.common_dtype``): an op computes in float64 if ANY of
 its float data arguments (inputs, weights, biases, query/key/value, gate/up) is float64 or a wider
@@ -26,12 +28,12 @@ import math
 import numpy as np
 
 from ._runtime import variant
-from ._validation import activation as activation_of
 from ._validation import (
+    _UNCHECKED_COPY_SIZE,
+    _contiguous,
     as_attention_mask,
     as_bool,
     as_float,
-    as_vector,
     attention_path,
     broadcast_mask,
     check_allocatable,
@@ -41,9 +43,12 @@ from ._validation import (
     check_float,
     check_int,
     common_dtype,
+    compute_dtype,
     to_numpy,
 )
+from ._validation import activation as activation_of
 from ._validation import reduction as reduction_of
+from .module import renamed_keyword
 
 __all__ = [
     "linear",
@@ -64,6 +69,50 @@ __all__ = [
     "apply_rotary",
     "apply_rotary_pos_emb",
 ]
+
+
+def _as_given(arr, name: str, dtype, *, ndim: int | None = None, min_ndim: int = 0,
+              allow_empty: bool = False) -> np.ndarray:
+    """``arr`` as :func:`common_dtype` or :func:`to_numpy` returned it (not converted: no copy yet),
+    with the checks :func:`as_float` makes before its copy to ``dtype``, in its words and order:
+    rank, emptiness, and the copy's size against this machine's memory. The ops check every shape
+    on these arrays and convert them (:func:`_as_dtype`) only when every check has passed, so that a
+    bad call is refused before a full-size float copy is made.
+
+    Raises:
+        TypeError: None (an array argument not given). ValueError: the wrong rank (``ndim``,
+            ``min_ndim``), an empty array unless ``allow_empty``, a copy larger than this
+            machine's memory.
+    """
+    arr = to_numpy(arr, name)  # an ndarray is returned as is; None is a TypeError naming ``name``
+    if ndim is not None and arr.ndim != ndim:
+        raise ValueError(f"{name}: expected a {ndim}-D array, got {arr.ndim}-D with shape {arr.shape}")
+    if arr.ndim < min_ndim:
+        raise ValueError(f"{name}: expected at least {min_ndim} dims, got {arr.ndim}-D with shape {arr.shape}")
+    if not allow_empty and arr.size == 0:
+        raise ValueError(f"{name}: expected a non-empty array, got shape {arr.shape}")
+    if arr.size > _UNCHECKED_COPY_SIZE and not (arr.flags.c_contiguous and arr.dtype == dtype):
+        check_allocatable(arr.shape, np.dtype(dtype).itemsize, name)
+    return arr
+
+
+def _as_dtype(arr: np.ndarray | None, name: str, dtype) -> np.ndarray | None:
+    """An array :func:`_as_given` checked, converted: C-contiguous, native byte order, of ``dtype``
+    (the conversion of :func:`as_float`, without its checks a second time); None stays None. A
+    finite value that narrowing to ``dtype`` would make inf (a longdouble's) is refused here, a
+    ValueError naming ``name``: only converting finds it."""
+    return None if arr is None else _contiguous(arr, dtype, name)
+
+
+def _vector_given(value, name: str, n: int, dtype) -> np.ndarray | None:
+    """An optional per-feature parameter (a norm's weight or bias) as given, checked to be ``(n,)``
+    (:func:`as_vector`'s checks, before its copy); None stays None."""
+    if value is None:
+        return None
+    arr = _as_given(value, name, dtype, ndim=1)
+    if arr.shape != (n,):
+        raise ValueError(f"{name}: expected shape ({n},) to match x's last dim, got {arr.shape}")
+    return arr
 
 
 
@@ -91,46 +140,51 @@ def linear(x, weight, bias=None) -> np.ndarray:
         TypeError: a non-numeric array.
     """
     dtype, (x, weight, bias) = common_dtype((x, "x"), (weight, "weight"), (bias, "bias"))
-    x = as_float(x, "x", dtype, min_ndim=1)
-    weight = as_float(weight, "weight", dtype, ndim=2)
+    x = _as_given(x, "x", dtype, min_ndim=1)  # every shape is checked before any copy
+    weight = _as_given(weight, "weight", dtype, ndim=2)
     if weight.shape[1] != x.shape[-1]:
         raise ValueError(
             f"weight: expected shape (out_features, {x.shape[-1]}) to match x's last dim, got {weight.shape}")
     if bias is not None:
-        bias = as_float(bias, "bias", dtype, ndim=1)
+        bias = _as_given(bias, "bias", dtype, ndim=1)
         if bias.shape[0] != weight.shape[0]:
             raise ValueError(f"bias: expected shape ({weight.shape[0]},) to match weight's out_features "
                              f"{weight.shape[0]}, got {bias.shape}")
+        bias = _as_dtype(bias, "bias", dtype)
+    x, weight = _as_dtype(x, "x", dtype), _as_dtype(weight, "weight", dtype)
     y = variant("linear", dtype)(x.reshape(-1, x.shape[-1]), weight, bias, "")
     return y.reshape(x.shape[:-1] + (weight.shape[0],))
 
 
-def softmax(x, axis: int = -1) -> np.ndarray:
-    """``exp(x - max) / Σ exp(x - max)`` along ``axis`` (max-subtracted, so it never overflows).
+@renamed_keyword("axis", "dim", "torch's")
+def softmax(x, dim: int = -1) -> np.ndarray:
+    """``exp(x - max) / Σ exp(x - max)`` along ``dim`` (max-subtracted, so it never overflows), as
+    ``torch.softmax(x, dim)``.
 
     Args:
         x: float array of any shape (non-empty).
-        axis: the axis to normalise over.
+        dim: the axis to normalise over (torch's name). ``axis=``, its former (numpy's) name, is
+            still taken for one release, with a ``DeprecationWarning``.
 
     Returns:
         The shape of ``x``, float64 if ``x`` is float64 (or wider) else float32; each slice along
-        ``axis`` sums to 1. A slice that is all
+        ``dim`` sums to 1. A slice that is all
         ``-inf`` (fully masked) gives zeros, where torch gives NaN; NaN in a slice gives NaN.
 
     Raises:
-        ValueError: empty ``x`` or ``axis`` out of range. TypeError: ``axis`` not an int,
-            non-numeric ``x``.
+        ValueError: empty or 0-d ``x``, ``dim`` out of range.
+        TypeError: ``dim`` not an int, non-numeric ``x``, both ``dim=`` and ``axis=`` given.
     """
-    # axis is checked before x's float copy (a float16 or integer x is widened): its type first, its
+    # dim is checked before x's float copy (a float16 or integer x is widened): its type first, its
     # range on the rank of x as given (a 0-d x is refused by as_float)
-    axis = check_int(axis, "axis", None, None)
+    dim = check_int(dim, "dim", None, None)
     given = to_numpy(x, "x")
     if given.ndim >= 1:
-        axis = check_int(axis, "axis", -given.ndim, given.ndim - 1)
+        dim = check_int(dim, "dim", -given.ndim, given.ndim - 1)
     x = as_float(given, "x", min_ndim=1)
-    moved = np.ascontiguousarray(np.moveaxis(x, axis, -1))
+    moved = np.ascontiguousarray(np.moveaxis(x, dim, -1))
     y = variant("softmax", x.dtype.type)(moved.reshape(-1, moved.shape[-1]))
-    return np.moveaxis(y.reshape(moved.shape), -1, axis)
+    return np.moveaxis(y.reshape(moved.shape), -1, dim)
 
 
 def layer_norm(x, weight=None, bias=None, eps: float = 1e-5) -> np.ndarray:
@@ -142,26 +196,29 @@ def layer_norm(x, weight=None, bias=None, eps: float = 1e-5) -> np.ndarray:
     Args:
         x: ``(..., E)`` float array.
         weight, bias: ``(E,)`` or None (no affine).
-        eps: added to the variance, > 0 not required but must be >= 0.
+        eps: added to the variance, a finite number >= 0 (0 allowed).
 
     Returns:
         ``(..., E)``, float64 if any of ``x``, ``weight``, ``bias`` is float64 (or wider), else
         float32.
 
     Raises:
-        ValueError: empty ``x``; weight/bias not of shape ``(E,)``; ``eps`` negative.
-        TypeError: non-numeric arrays.
+        ValueError: empty or 0-d ``x``; weight/bias not of shape ``(E,)``; ``eps`` negative,
+            infinite or NaN.
+        TypeError: non-numeric arrays, ``eps`` not a number.
     """
-    eps = check_eps(eps, "eps")  # before any copy of the arrays
+    eps = check_eps(eps, "eps")  # the scalar first, then every shape, then the copies
     dtype, (x, weight, bias) = common_dtype((x, "x"), (weight, "weight"), (bias, "bias"))
-    x = as_float(x, "x", dtype, min_ndim=1)
+    x = _as_given(x, "x", dtype, min_ndim=1)
     e = x.shape[-1]
-    params = [as_vector(weight, "weight", e, dtype), as_vector(bias, "bias", e, dtype)]
+    weight, bias = _vector_given(weight, "weight", e, dtype), _vector_given(bias, "bias", e, dtype)
+    params = [_as_dtype(weight, "weight", dtype), _as_dtype(bias, "bias", dtype)]
+    x = _as_dtype(x, "x", dtype)
     y = variant("norm", dtype)(x.reshape(-1, e), "layer_norm", params[0], params[1], eps)
     return y.reshape(x.shape)
 
 
-def rms_norm(x, weight=None, eps: float = 1e-6) -> np.ndarray:
+def rms_norm(x, weight=None, eps: float | None = None) -> np.ndarray:
     """Root-mean-square normalisation over the last dim (Zhang & Sennrich 2019), as
     ``torch.nn.functional.rms_norm`` with ``normalized_shape = (E,)`` and Hugging Face's
     ``LlamaRMSNorm`` (computed in float32 for float32 input)::
@@ -171,20 +228,27 @@ def rms_norm(x, weight=None, eps: float = 1e-6) -> np.ndarray:
     Args:
         x: ``(..., E)`` float array.
         weight: ``(E,)`` or None (no scale).
-        eps: added to the mean square, >= 0 (Llama: 1e-5 or 1e-6).
+        eps: added to the mean square, a finite number >= 0. None (the default, torch's):
+            ``np.finfo(dtype).eps`` of the dtype the op computes in (float32: 1.19e-7, float64:
+            2.2e-16; a float16 input computes in float32, as torch's default for float16 is
+            float32's eps). Hugging Face's ``LlamaRMSNorm`` defaults to 1e-6 and Llama configs
+            set ``rms_norm_eps`` (1e-5 or 1e-6): pass it.
 
     Returns:
         ``(..., E)``, float64 if ``x`` or ``weight`` is float64 (or wider), else float32.
 
     Raises:
-        ValueError: empty ``x``; weight not of shape ``(E,)``; ``eps`` negative or NaN.
-        TypeError: non-numeric arrays.
+        ValueError: empty or 0-d ``x``; weight not of shape ``(E,)``; ``eps`` negative, infinite
+            or NaN.
+        TypeError: non-numeric arrays, ``eps`` not a number (nor None).
     """
-    eps = check_eps(eps, "eps")  # before any copy of the arrays
+    eps = None if eps is None else check_eps(eps, "eps")  # the scalar first, then every shape, then the copies
     dtype, (x, weight) = common_dtype((x, "x"), (weight, "weight"))
-    x = as_float(x, "x", dtype, min_ndim=1)
+    x = _as_given(x, "x", dtype, min_ndim=1)
     e = x.shape[-1]
-    weight = as_vector(weight, "weight", e, dtype)
+    weight = _as_dtype(_vector_given(weight, "weight", e, dtype), "weight", dtype)
+    x = _as_dtype(x, "x", dtype)
+    eps = float(np.finfo(dtype).eps) if eps is None else eps
     y = variant("norm", dtype)(x.reshape(-1, e), "rms_norm", weight, None, eps)
     return y.reshape(x.shape)
 
@@ -198,6 +262,7 @@ def gelu(x, approximate: str = "none") -> np.ndarray:
 
     Raises:
         ValueError: ``approximate`` not "none" or "tanh"; empty ``x``.
+        TypeError: ``approximate`` not a str; ``x`` not real numeric data (bool, complex, None, ...).
     """
     approximate = check_choice(approximate, "approximate", ("none", "tanh"))
     x = as_float(x, "x")
@@ -210,7 +275,7 @@ def silu(x) -> np.ndarray:
     wider), else float32.
 
     Raises:
-        ValueError: empty ``x``. TypeError: non-numeric ``x``.
+        ValueError: empty ``x``. TypeError: ``x`` not real numeric data (bool, complex, None, ...).
     """
     x = as_float(x, "x")
     return variant("activation", x.dtype.type)(x, "silu")
@@ -221,7 +286,7 @@ def relu(x) -> np.ndarray:
     (or wider), else float32.
 
     Raises:
-        ValueError: empty ``x``.
+        ValueError: empty ``x``. TypeError: ``x`` not real numeric data (bool, complex, None, ...).
     """
     x = as_float(x, "x")
     return variant("activation", x.dtype.type)(x, "relu")
@@ -291,17 +356,18 @@ def _attention_masks(attn_mask, query_mask, key_mask, lead: tuple, L: int, S: in
 
 def _attention_inputs(query, key, value, enable_gqa, causal_alignment, extra=()):
     """The checked arrays and sizes of an attention call (the forward and the backward share them):
-    ``(q, k, v, dtype, lead, L, S, E, heads, n, kv_heads, offset)``; q/k/v C-contiguous of
-    ``dtype`` (float64 if any of them is float64, or any of ``extra``'s ``(value, name)`` pairs:
-    the backward's ``out``, ``grad_out``, ``lse``), ``lead`` = query's dims before ``(L, E)``. The
-    flags are checked before the arrays are converted (a float16 query's float32 copy)."""
+    ``(q, k, v, dtype, lead, L, S, E, heads, n, kv_heads, offset)``; q/k/v as given, NOT converted
+    (every shape is checked on them: the caller checks its masks, then converts them with
+    :func:`_attention_arrays`); ``dtype`` float64 if any of them is float64, or any of ``extra``'s
+    ``(value, name)`` pairs (the backward's ``out``, ``grad_out``, ``lse``); ``lead`` = query's
+    dims before ``(L, E)``. The flags are checked first."""
     enable_gqa = check_bool(enable_gqa, "enable_gqa")
     causal_alignment = check_choice(causal_alignment, "causal_alignment", ("top_left", "bottom_right"))
     dtype, arrays = common_dtype((query, "query"), (key, "key"), (value, "value"), *extra)
     query, key, value = arrays[:3]
-    q = as_float(query, "query", dtype, min_ndim=2)
-    k = as_float(key, "key", dtype, min_ndim=2)
-    v = as_float(value, "value", dtype, min_ndim=2)
+    q = _as_given(query, "query", dtype, min_ndim=2)
+    k = _as_given(key, "key", dtype, min_ndim=2)
+    v = _as_given(value, "value", dtype, min_ndim=2)
     if k.ndim != q.ndim or v.ndim != q.ndim:
         raise ValueError(f"key, value: expected the rank of query ({q.ndim}-D), got key {k.ndim}-D, value {v.ndim}-D")
     L, E = q.shape[-2:]
@@ -329,6 +395,11 @@ def _attention_inputs(query, key, value, enable_gqa, causal_alignment, extra=())
     kv_heads = k.shape[-3] if has_heads else 1
     offset = 0 if causal_alignment == "top_left" else S - L
     return q, k, v, dtype, lead, L, S, E, heads, n, kv_heads, offset
+
+
+def _attention_arrays(q, k, v, dtype) -> tuple:
+    """``q, k, v`` (:func:`_attention_inputs`'s, checked) converted: C-contiguous of ``dtype``."""
+    return _as_dtype(q, "query", dtype), _as_dtype(k, "key", dtype), _as_dtype(v, "value", dtype)
 
 
 def _check_no_attention_dropout(dropout_p) -> None:
@@ -483,10 +554,13 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
     q, k, v, dtype, lead, L, S, E, heads, n, kv_heads, offset = _attention_inputs(
         query, key, value, enable_gqa, causal_alignment)
     scale = _check_scale(scale, E, dtype)
+    # the masks are checked (and converted: they hold at most (..., L, S) values) before q, k, v are
+    # copied: a mask of the wrong shape is refused before the inputs' float copies are made
+    bool_mask, float_mask, key_slot = _attention_masks(attn_mask, query_mask, key_mask, lead, L, S, dtype, heads)
+    q, k, v = _attention_arrays(q, k, v, dtype)
     q4 = q.reshape(n, heads, L, E)
     k4 = k.reshape(n, kv_heads, S, E)
     v4 = v.reshape(n, kv_heads, S, v.shape[-1])
-    bool_mask, float_mask, key_slot = _attention_masks(attn_mask, query_mask, key_mask, lead, L, S, dtype, heads)
     shape4 = (n, heads, L, S)
     bool_name = "attn_mask" if q.ndim <= 4 else ", ".join(  # up to 4-D the masks are views (_as_4d)
         name for name, given in (("attn_mask", attn_mask is not None and float_mask is None),
@@ -547,9 +621,9 @@ def varlen_attention(query, key, value, cu_seqlens, *, is_causal: bool = False, 
     scale = _given_scale(scale)
     path = attention_path(path)
     dtype, (query, key, value) = common_dtype((query, "query"), (key, "key"), (value, "value"))
-    q = as_float(query, "query", dtype, ndim=3)
-    k = as_float(key, "key", dtype, ndim=3)
-    v = as_float(value, "value", dtype, ndim=3)
+    q = _as_given(query, "query", dtype, ndim=3)  # every shape and cu_seqlens are checked before any copy
+    k = _as_given(key, "key", dtype, ndim=3)
+    v = _as_given(value, "value", dtype, ndim=3)
     T, H, E = q.shape
     if k.shape[0] != T or v.shape[0] != T:
         raise ValueError(f"key, value: expected {T} tokens (query's) in dim 0, got key {k.shape}, value {v.shape}")
@@ -574,6 +648,7 @@ def varlen_attention(query, key, value, cu_seqlens, *, is_causal: bool = False, 
                          f"after cu_seqlens[{i}] = {int(cu[i])}")
     cu = np.ascontiguousarray(cu, dtype=np.int64)
     scale = _check_scale(scale, E, dtype)
+    q, k, v = _attention_arrays(q, k, v, dtype)
     return variant("varlen_attention", dtype)(q, k, v, cu, is_causal, scale, path)
 
 
@@ -583,15 +658,16 @@ def varlen_attention(query, key, value, cu_seqlens, *, is_causal: bool = False, 
 
 
 def _gate_up(gate, up, extra=()):
-    # The C++ op splits its inputs into rows of the last dim: a 0-d array has none (it read shape(-1)).
-    # The dtype: float64 if gate, up or one of extra's (value, name) pairs (the backward's grad_output) is.
+    """``(dtype, gate, up)``: the arrays as given, NOT converted (their shapes checked; the caller
+    converts them when its own checks have passed). At least 1-D: the C++ op splits its inputs into
+    rows of the last dim, a 0-d array has none. The dtype: float64 if gate, up or one of extra's
+    ``(value, name)`` pairs (the backward's grad_output) is."""
     dtype, arrays = common_dtype((gate, "gate"), (up, "up"), *extra)
-    gate, up = arrays[:2]
-    g = as_float(gate, "gate", dtype, min_ndim=1)
-    u = as_float(up, "up", dtype, min_ndim=1)
+    g = _as_given(arrays[0], "gate", dtype, min_ndim=1)
+    u = _as_given(arrays[1], "up", dtype, min_ndim=1)
     if u.shape != g.shape:
         raise ValueError(f"up: expected the shape of gate {g.shape}, got {u.shape}")
-    return g, u
+    return dtype, g, u
 
 
 def glu(gate, up, activation: str = "silu") -> np.ndarray:
@@ -613,8 +689,8 @@ def glu(gate, up, activation: str = "silu") -> np.ndarray:
             arrays.
     """
     activation_of(activation, "activation")
-    g, u = _gate_up(gate, up)
-    return variant("glu", g.dtype.type)(g, u, activation)
+    dtype, g, u = _gate_up(gate, up)
+    return variant("glu", dtype)(_as_dtype(g, "gate", dtype), _as_dtype(u, "up", dtype), activation)
 
 
 def _check_p(p) -> float:
@@ -650,8 +726,9 @@ def dropout(x, p: float, seed: int, training: bool = True) -> np.ndarray:
         The shape of ``x``; float64 if ``x`` is float64 (or wider), else float32.
 
     Raises:
-        ValueError: ``p`` outside [0, 1], ``seed`` out of range, empty ``x``.
-        TypeError: non-numeric ``x``, ``p`` not a real number, ``seed`` not an int.
+        ValueError: ``p`` outside [0, 1] or NaN, ``seed`` out of range, empty ``x``.
+        TypeError: non-numeric ``x``, ``p`` not a real number, ``seed`` not an int, ``training``
+            not a bool (1 and 0 too).
     """
     p = _check_p(p)  # the scalar arguments before x's (float32) copy
     seed = _check_seed(seed)
@@ -678,13 +755,17 @@ def _dropped_times_zero(x: np.ndarray, y: np.ndarray, p: float) -> np.ndarray:
 
 
 def _cross_entropy_args(logits, target, ignore_index, label_smoothing, reduction, dtype=None):
-    """Checks and converts the arguments of the cross-entropy functions (the logits to ``dtype``;
-    None: the logits' compute dtype): returns
-    ``(logits2d [rows, V], target1d [rows] int64, lead shape, ignore_index, label_smoothing, reduction)``."""
+    """Checks the arguments of the cross-entropy functions, for logits to be converted to ``dtype``
+    (None: the logits' compute dtype): returns
+    ``(logits, target1d [rows] int64, lead shape, ignore_index, label_smoothing, reduction)``,
+    ``logits`` as given (NOT converted: the caller converts it with :func:`_logits_rows` when its
+    own checks have passed), its dtype checked (real numeric data)."""
     reduction = reduction_of(reduction, "reduction")
     ignore_index = check_int(ignore_index, "ignore_index", -2**63, 2**63 - 1)
     label_smoothing = check_float(label_smoothing, "label_smoothing", minimum=0.0, maximum=1.0)
-    x = as_float(logits, "logits", dtype, min_ndim=1)
+    x = to_numpy(logits, "logits")
+    dtype = compute_dtype(x, "logits") if dtype is None else dtype
+    x = _as_given(x, "logits", dtype, min_ndim=1)
     t = to_numpy(target, "target")
     if t.dtype.kind not in "iu":
         raise TypeError(f"target: expected integer class indices, got dtype {t.dtype}")
@@ -703,7 +784,14 @@ def _cross_entropy_args(logits, target, ignore_index, label_smoothing, reduction
         where = tuple(int(i) for i in np.argwhere(bad)[0])
         raise ValueError(f"target: expected class indices in [0, {V}) or ignore_index ({ignore_index}), "
                          f"got {int(t[where])} at index {where}")
-    return x.reshape(-1, V), t.reshape(-1), lead, ignore_index, label_smoothing, reduction
+    return x, t.reshape(-1), lead, ignore_index, label_smoothing, reduction
+
+
+def _logits_rows(logits: np.ndarray, dtype=None) -> np.ndarray:
+    """The checked logits (:func:`_cross_entropy_args`'s) converted to ``dtype`` (None: their compute
+    dtype), as ``(rows, V)``."""
+    x = _as_dtype(logits, "logits", compute_dtype(logits, "logits") if dtype is None else dtype)
+    return x.reshape(-1, x.shape[-1])
 
 
 def cross_entropy(logits, target, ignore_index: int = -100, label_smoothing: float = 0.0,
@@ -741,6 +829,7 @@ def cross_entropy(logits, target, ignore_index: int = -100, label_smoothing: flo
     """
     x, t, lead, ignore_index, label_smoothing, reduction = _cross_entropy_args(
         logits, target, ignore_index, label_smoothing, reduction)
+    x = _logits_rows(x)
     loss, _, _ = variant("cross_entropy", x.dtype.type)(x, t, ignore_index, label_smoothing, reduction, 1.0, None,
                                                          False)
     if reduction == "none":

@@ -137,11 +137,12 @@ def next_seed() -> int:
     return int(_SEEDS.integers(0, 2**63 - 1))
 
 
-def renamed_keyword(old: str, new: str):
+def renamed_keyword(old: str, new: str, whose: str = "Hugging Face's"):
     """A decorator for a function (or constructor) whose keyword argument ``new`` was called ``old``:
     ``old=`` is still taken, for one release, as ``new=``, with a ``DeprecationWarning`` naming the
-    new name. A module built with ``old=`` keeps ``new=`` in the arguments its copies are built from
-    (``_init_args``), so a copy warns no second time.
+    new name and ``whose`` name it is ("Hugging Face's", "torch's"). A module built with ``old=``
+    keeps ``new=`` in the arguments its copies are built from (``_init_args``), so a copy warns no
+    second time.
 
     Raises (the decorated call):
         TypeError: both ``old=`` and ``new=`` given.
@@ -155,7 +156,7 @@ def renamed_keyword(old: str, new: str):
             if old in kwargs:
                 if new in kwargs:
                     raise TypeError(f"{old}: the former name of {new}; got both, pass {new}= only")
-                warnings.warn(f"{old}= is deprecated, use {new}= (Hugging Face's name); {old}= will be removed in "
+                warnings.warn(f"{old}= is deprecated, use {new}= ({whose} name); {old}= will be removed in "
                               f"the next release", DeprecationWarning, stacklevel=2)
                 kwargs[new] = kwargs.pop(old)
                 if args and isinstance(args[0], Module):  # a constructor: the copies' arguments, renamed

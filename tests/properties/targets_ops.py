@@ -91,9 +91,10 @@ def _ref_softmax(kw):
 
 target(name="functional.softmax",
        draw=lambda d: (lambda x: {"x": x, "axis": d(st.integers(-x.ndim, x.ndim - 1))})(_draw_x(d)),
-       call=lambda kw: F.softmax(kw["x"], axis=kw["axis"]), reference=_ref_softmax, out_dtype=x_dtype(),
-       # x of another rank can put the drawn axis out of range: refused by naming axis (its range by x's rank)
-       args={"x": Arg("array", aliases=("axis",)), "axis": Arg("int", low=-1, high=0)})
+       call=lambda kw: F.softmax(kw["x"], dim=kw["axis"]), reference=_ref_softmax, out_dtype=x_dtype(),
+       # x of another rank can put the drawn axis out of range: refused by naming axis (its range by x's rank);
+       # the parameter is torch's dim (axis= its deprecated name): errors name dim
+       args={"x": Arg("array", aliases=("axis", "dim")), "axis": Arg("int", low=-1, high=0, aliases=("dim",))})
 
 
 def _draw_norm(draw, bias=True):
@@ -118,14 +119,15 @@ def _ref_norm(kw, kind):
     for p in (w, b):
         if p is not None and p.shape != (e,):
             raise NoReference("param shape")
-    eps = read_float(kw["eps"], "eps", 0.0)
+    eps = None if kind == "rms_norm" and kw["eps"] is None else read_float(kw["eps"], "eps", 0.0)
     if kind == "layer_norm":
         return layer_norm(x, w, b, eps)  # torch's, safe from overflow (a 1e300 entry) as the library
     return torch.nn.functional.rms_norm(t(x), (e,), None if w is None else t(w), eps).numpy()
 
 
 def _norm_args(bias=True):
-    a = {"x": Arg("array"), "weight": Arg("array", optional=True), "eps": Arg("float", low=0.0)}
+    # rms_norm's eps may be None (torch's default: finfo(dtype).eps), layer_norm's may not
+    a = {"x": Arg("array"), "weight": Arg("array", optional=True), "eps": Arg("float", low=0.0, optional=not bias)}
     if bias:
         a["bias"] = Arg("array", optional=True)
     return a
@@ -721,7 +723,7 @@ def _ref_norm_bw(kw, kind):
     w = None if kw["weight"] is None else read(kw["weight"], "weight")
     if w is not None and w.shape != (e,):
         raise NoReference("weight")
-    eps = read_float(kw["eps"], "eps", 0.0)
+    eps = None if kind == "rms_norm" and kw["eps"] is None else read_float(kw["eps"], "eps", 0.0)
     if kind == "layer_norm":
         bias = read_bool(kw["bias"], "bias")
         # layer_norm_t: torch's, safe from overflow (a 1e300 entry), as the library's forward and backward
@@ -749,7 +751,7 @@ target(name="backward.rms_norm_backward", draw=lambda d: _draw_norm_bw(d, "rms_n
        out_dtype=lambda kw: (data_dtype("x", "weight", "grad_output")(kw),) * 2,
        atol=1e-4, rtol=1e-3,
        args={"x": Arg("array"), "weight": Arg("array", optional=True), "grad_output": Arg("array"),
-             "eps": Arg("float", low=0.0)})
+             "eps": Arg("float", low=0.0, optional=True)})
 
 
 def _draw_act_bw(draw):
