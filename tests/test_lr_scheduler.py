@@ -213,33 +213,123 @@ def test_load_state_dict_int_settings_saved_as_float():
     assert sched.T_max == 7 and type(sched.T_max) is int
 
 
-@pytest.mark.parametrize("factor", [-0.5, float("nan")], ids=["negative", "nan"])
-def test_lambda_lr_bad_factor_is_refused_by_the_step(rng, factor):
-    """A LambdaLR whose function goes negative or NaN writes that lr into the group (as torch); the
-    optimizer's next step refuses it before changing anything (torch would ascend / write NaN), and
-    once the schedule is sane again the weights follow torch's."""
+def _scheduler_state(sched, opt):
+    """What a refused scheduler step must leave as it was."""
+    return (sched.last_epoch, sched._step_count, sched.get_last_lr(), [dict(g, params=None) for g in opt.param_groups])
+
+
+@pytest.mark.parametrize("factor,error,match", [
+    (-0.5, ValueError, r"expected a finite number >= 0\.0, got -0\.05 "),
+    (float("nan"), ValueError, r"expected a finite number >= 0\.0, got nan "),
+    (float("inf"), ValueError, r"expected a finite number >= 0\.0, got inf "),
+    (np.array([1.0, 2.0]), TypeError, r"expected a number, got ndarray \(2,\) float64 "),
+    (0.5 + 0j, TypeError, r"expected a number, got complex \(0\.05\+0j\) "),
+], ids=["negative", "nan", "inf", "array", "complex"])
+def test_lambda_lr_bad_factor_is_refused_by_the_scheduler_step(rng, factor, error, match):
+    """A LambdaLR whose function gives a learning rate that is not a finite number >= 0 (torch
+    writes it into the group, and then ascends, writes NaN, or fails in the optimizer's step): the
+    scheduler's step raises, naming lr_lambda, the epoch, the group and the value, and nothing
+    changes (counters, get_last_lr, the groups); the optimizer goes on at the last lr, as torch's
+    at that lr, and the next step is refused again."""
     values = [rng.standard_normal(s) for s in [(4, 3), (5,)]]
     ours = [Parameter(v.copy(), name=f"p{i}") for i, v in enumerate(values)]
     theirs = [torch.tensor(v.copy(), requires_grad=True) for v in values]
     ours_opt = optim.SGD(ours, lr=0.1, momentum=0.9)
     torch_opt = torch.optim.SGD(theirs, lr=0.1, momentum=0.9, foreach=False)
     sched = S.LambdaLR(ours_opt, lambda t: factor if t == 1 else 1.0)
-    sched.step()  # epoch 1: lr = 0.1 · factor
-    assert np.array_equal(np.array(sched.get_last_lr()), np.array([0.1 * factor]), equal_nan=True)
+    before = _scheduler_state(sched, ours_opt)
+    prefix = r"^lr_lambda \(epoch 1\): param_groups\[0\]: lr = initial_lr \(0\.1\) \* lr_lambda\(1\): "
+    with pytest.raises(error, match=prefix + match + r"\(the optimizers take a finite learning rate >= 0\); "
+                                                      r"nothing was changed$"):
+        sched.step()
+    assert _scheduler_state(sched, ours_opt) == before
+    assert before[:3] == (0, 1, [0.1])
     for p, q in zip(ours, theirs):
         g = rng.standard_normal(p.shape)
         p.grad, q.grad = g.copy(), torch.tensor(g)
-    with pytest.raises(ValueError, match=r"step: param_groups\[0\]: lr: expected a finite number >= 0.0"):
-        ours_opt.step()
-    assert ours_opt.state == {}
-    assert all(np.array_equal(p.data, v) for p, v in zip(ours, values))
-    sched.step()  # epoch 2: lr = 0.1 again
     ours_opt.step()
     torch_opt.step()
     for p, q in zip(ours, theirs):
         np.testing.assert_allclose(p.data, q.detach().numpy(), rtol=1e-12, atol=1e-14)
-        np.testing.assert_allclose(ours_opt.state[p.name]["momentum_buffer"],
-                                   torch_opt.state[q]["momentum_buffer"].numpy(), rtol=1e-12, atol=1e-14)
+    with pytest.raises(error, match=prefix + match):
+        sched.step()
+    assert _scheduler_state(sched, ours_opt) == before
+
+
+@pytest.mark.parametrize("factor,error,match", [
+    ("1", TypeError, r"expected a function returning a real number \(the factor of initial_lr\), got str '1'"),
+    (None, TypeError, r"expected a function returning a real number \(the factor of initial_lr\), got NoneType"),
+    (-1.0, ValueError, r"lr = initial_lr \(0\.1\) \* lr_lambda\(0\): expected a finite number >= 0\.0, got -0\.1 "),
+], ids=["str", "None", "negative"])
+def test_lambda_lr_bad_factor_at_construction_changes_nothing(factor, error, match):
+    """The constructor's initial step (epoch 0) refuses a bad factor as a step does: the groups keep
+    their lr and get no initial_lr, and the error names lr_lambda and epoch 0 (torch: a str or None
+    fails inside its multiplication, naming nothing; a negative lr is written)."""
+    opt = optim.SGD([{"params": [Parameter(np.zeros(2), name="a")], "lr": 0.1},
+                     {"params": [Parameter(np.zeros(3), name="b")], "lr": 0.2}])
+    groups = [dict(g) for g in opt.param_groups]
+    # the second group's factor is fine: neither group is written
+    with pytest.raises(error, match=r"^lr_lambda \(epoch 0\): param_groups\[0\]: " + match):
+        S.LambdaLR(opt, [lambda t: factor, lambda t: 1.0])
+    assert opt.param_groups == groups and all("initial_lr" not in g for g in opt.param_groups)
+
+
+@pytest.mark.parametrize("factor", [np.float64(0.5), np.float32(0.5), np.array(0.5), np.array(2, np.int64),
+                                    torch.tensor(0.5), torch.tensor(0.5, dtype=torch.float64), 2, True, 0,
+                                    __import__("fractions").Fraction(1, 3)],
+                         ids=["np.float64", "np.float32", "np 0-d", "np 0-d int", "torch 0-d", "torch 0-d f64",
+                              "int", "bool", "zero", "Fraction"])
+def test_lambda_lr_takes_the_numbers_torch_takes(factor):
+    """A factor that torch's LambdaLR takes and its optimizer can step with (a numpy number, a 0-d
+    numpy array or torch tensor, an int, a bool, a Fraction) gives torch's learning rate, written
+    as a Python float; the optimizer steps as torch's."""
+    ours = [Parameter(np.zeros(2), name="a"), Parameter(np.zeros(3), name="b")]
+    theirs = [torch.zeros(2, dtype=torch.float64, requires_grad=True),
+              torch.zeros(3, dtype=torch.float64, requires_grad=True)]
+    ours_opt = optim.SGD([{"params": [ours[0]], "lr": LRS[0]}, {"params": [ours[1]], "lr": LRS[1]}])
+    torch_opt = torch.optim.SGD([{"params": [theirs[0]], "lr": LRS[0]}, {"params": [theirs[1]], "lr": LRS[1]}],
+                                foreach=False)
+    ours_sched = S.LambdaLR(ours_opt, lambda t: factor)
+    torch_sched = torch.optim.lr_scheduler.LambdaLR(torch_opt, lambda t: factor)
+    expected = [float(g["lr"]) for g in torch_opt.param_groups]
+    assert [g["lr"] for g in ours_opt.param_groups] == expected == ours_sched.get_last_lr()
+    assert all(type(g["lr"]) is float for g in ours_opt.param_groups)
+    for step in range(2):
+        for p, q in zip(ours, theirs):
+            p.grad, q.grad = np.ones(p.shape), torch.ones(q.shape, dtype=torch.float64)
+        ours_opt.step()
+        torch_opt.step()
+        ours_sched.step()
+        torch_sched.step()
+        assert ours_sched.get_last_lr() == [float(x) for x in torch_sched.get_last_lr()]
+        for p, q in zip(ours, theirs):
+            np.testing.assert_array_equal(p.data, q.detach().numpy(), err_msg=f"step {step}")
+
+
+def test_a_rate_computed_from_a_group_lr_written_by_hand_is_refused_by_the_step():
+    """The recursive schedulers compute the new lr from the group's current one: a NaN written there
+    by hand is refused by the step (naming the scheduler's class, the epoch and the group), which
+    changes nothing; a SequentialLR's step, through its scheduler's, too."""
+    opt, _ = both_optimizers()
+    sched = S.CosineAnnealingLR(opt, 5)
+    sched.step()
+    opt.param_groups[1]["lr"] = float("nan")
+    before = _scheduler_state(sched, opt)
+    with pytest.raises(ValueError, match=r"^CosineAnnealingLR \(epoch 2\): param_groups\[1\]: lr: expected a "
+                                         r"finite number >= 0\.0, got nan"):
+        sched.step()
+    after = _scheduler_state(sched, opt)
+    assert after[:3] == before[:3] and np.isnan(after[3][1]["lr"]) and after[3][0] == before[3][0]
+    opt, _ = both_optimizers()
+    warmup = S.LambdaLR(opt, lambda t: 1.0 - t / 2)   # no max(0, ·): negative from epoch 3
+    seq = S.SequentialLR(opt, [warmup, S.CosineAnnealingLR(opt, 4)], milestones=[5])
+    seq.step()
+    seq.step()
+    state = (seq.last_epoch, seq.get_last_lr(), _scheduler_state(warmup, opt))
+    with pytest.raises(ValueError, match=r"^lr_lambda \(epoch 3\): param_groups\[0\]: lr = initial_lr \(0\.001\) "
+                                         r"\* lr_lambda\(3\): expected a finite number >= 0\.0, got -0\.0005"):
+        seq.step()
+    assert (seq.last_epoch, seq.get_last_lr(), _scheduler_state(warmup, opt)) == state == (2, [0.0, 0.0], state[2])
 
 
 def schedule_both(kind):

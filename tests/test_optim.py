@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import math
 import pickle
+import re
 
 import numpy as np
 import pytest
@@ -322,10 +323,11 @@ def test_load_state_dict_checks_step_and_flags(rng):
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
 def test_load_state_dict_refuses_nonfinite_or_negative_moments(rng, dtype):
-    """A moment holding NaN or ±inf (also once cast: 1e300 is inf in float32), or a negative second
-    moment (whose square root the update takes), would turn the weights into NaN at the next step:
-    ValueError naming the entry, nothing loaded. Zeros and a negative first moment load (as torch,
-    which then steps to finite weights)."""
+    """A moment holding NaN or -inf, a first moment holding +inf (also once cast: 1e300 is inf in
+    float32), or a negative second moment (whose square root the update takes), would turn the
+    weights into NaN at the next step: ValueError naming the entry, nothing loaded. Zeros and a
+    negative first moment load (as torch, which then steps to finite weights). (+inf in a second
+    moment loads: test_adam_second_moments_overflowed_to_inf_round_trip_as_torch.)"""
     ours, theirs = make_params(rng, dtype)
     opt = optim.Adam(ours, lr=0.1, amsgrad=True)
     for p in ours:
@@ -341,16 +343,21 @@ def test_load_state_dict_refuses_nonfinite_or_negative_moments(rng, dtype):
         return {**sd, f"state.layer0.weight.{field}": arr}
 
     cases = [
-        (with_value("exp_avg_sq", 0, np.nan), r"state\.layer0\.weight\.exp_avg_sq: expected finite values, got 1"),
+        (with_value("exp_avg_sq", 0, np.nan),
+         r"state\.layer0\.weight\.exp_avg_sq: expected finite values or \+inf, got 1 NaN or -inf \(of 12\)"),
+        (with_value("exp_avg_sq", 0, -np.inf),
+         r"state\.layer0\.weight\.exp_avg_sq: expected finite values or \+inf, got 1 NaN or -inf \(of 12\)"),
         (with_value("exp_avg_sq", 1, -1.0), r"state\.layer0\.weight\.exp_avg_sq: expected values >= 0 .*got 1 "
                                             r"negative \(min -1\.0\)"),
         (with_value("max_exp_avg_sq", 2, -1e-30), r"state\.layer0\.weight\.max_exp_avg_sq: expected values >= 0"),
-        (with_value("max_exp_avg_sq", 2, np.inf), r"state\.layer0\.weight\.max_exp_avg_sq: expected finite"),
+        (with_value("max_exp_avg_sq", 2, -np.inf),
+         r"state\.layer0\.weight\.max_exp_avg_sq: expected finite values or \+inf, got 1 NaN or -inf"),
         (with_value("exp_avg", 3, -np.inf), r"state\.layer0\.weight\.exp_avg: expected finite values"),
+        (with_value("exp_avg", 3, np.inf), r"state\.layer0\.weight\.exp_avg: expected finite values, got 1 NaN or inf"),
         (with_value("exp_avg", 3, np.nan), r"state\.layer0\.weight\.exp_avg: expected finite values"),
         # NaN and a negative value in one second moment
         ({**sd, "state.layer1.weight.exp_avg_sq": np.array([np.nan, -1.0, 1.0, 0, 0, 0, 0], dtype)},
-         r"state\.layer1\.weight\.exp_avg_sq: expected finite values"),
+         r"state\.layer1\.weight\.exp_avg_sq: expected finite values or \+inf, got 1 NaN or -inf"),
     ]
     if dtype == np.float32:  # finite in float64, inf once cast to the parameter's float32
         cases.append(({**sd, "state.layer0.weight.exp_avg": np.full(shape, 1e300)},
@@ -1354,3 +1361,112 @@ def test_clip_grad_norm_of_empty_gradients_is_torchs(shapes, norm_type):
         assert math.isclose(total, expected, rel_tol=1e-12, abs_tol=0.0)
         for p, g in zip(ours, clipped):
             np.testing.assert_allclose(p.grad, g, rtol=1e-12, atol=0.0)
+
+
+@pytest.mark.parametrize("kind,config", [("Adam", dict(lr=1e-2)), ("AdamW", dict(lr=1e-2, amsgrad=True)),
+                                         ("Adam", dict(lr=1e-2, betas=(0.5, 0.9), weight_decay=0.1, amsgrad=True))])
+def test_adam_second_moments_overflowed_to_inf_round_trip_as_torch(rng, tmp_path, kind, config):
+    """A float32 gradient of 1e22 makes (1 - β2) g² overflow: the step writes +inf into exp_avg_sq
+    (and max_exp_avg_sq), as torch's, and the weights stay finite. That state loads (through
+    safetensors, into a fresh optimizer; it was refused as "not finite"), and the steps after it
+    match torch's uninterrupted ones; Adam does not move the inf element (m / inf = 0; AdamW's
+    decoupled decay still shrinks it)."""
+    ours, theirs = make_params(rng, np.float32)
+    opt = getattr(optim, kind)(ours, **config)
+    t_opt = getattr(torch.optim, kind)(theirs, foreach=False, **config)
+    grads = grad_sequence(rng, np.float32, steps=4)
+    grads[0][1][2] = 1e22  # layer1.weight, element 2
+    run_both(opt, ours, t_opt, theirs, grads[:1], tol=1e-6)
+    state = opt.state_dict()
+    assert np.isposinf(state["state.layer1.weight.exp_avg_sq"][2])
+    assert np.isposinf(t_opt.state[theirs[1]]["exp_avg_sq"][2].item())
+    if config.get("amsgrad"):
+        assert np.isposinf(state["state.layer1.weight.max_exp_avg_sq"][2])
+    assert all(np.isfinite(p.data).all() for p in ours)
+    save_file(state, str(tmp_path / "opt.safetensors"))
+    clones = [Parameter(p.data.copy(), name=p.name) for p in ours]
+    resumed = getattr(optim, kind)(clones, lr=1.0)
+    resumed.load_state_dict(load_file(str(tmp_path / "opt.safetensors")))
+    loaded = resumed.state_dict()
+    assert sorted(loaded) == sorted(state) and all(np.array_equal(loaded[k], state[k]) for k in state)
+    moved = clones[1].data[2]
+    run_both(resumed, clones, t_opt, theirs, grads[1:], tol=1e-6)
+    if kind == "Adam":
+        assert clones[1].data[2] == moved
+    for p, q in zip(clones, theirs):
+        for field, value in resumed.state[p.name].items():
+            if field != "step":
+                np.testing.assert_allclose(value, t_opt.state[q][field].numpy(), rtol=1e-5, atol=1e-7, err_msg=field)
+
+
+def test_adam_inf_second_moment_with_beta2_zero_is_refused():
+    """With betas[1] = 0 the next step computes 0 · inf = NaN from an exp_avg_sq of +inf (torch's
+    weights become NaN): such a state is refused, saying why, and nothing is loaded; an infinite
+    max_exp_avg_sq, which a step only compares, still loads."""
+    p = Parameter(np.zeros(2, np.float32), name="w")
+    opt = optim.Adam([p], lr=0.1, betas=(0.9, 0.0), amsgrad=True)
+    p.grad = np.array([1e22, 1.0], np.float32)
+    opt.step()
+    sd = opt.state_dict()
+    assert np.isposinf(sd["state.w.exp_avg_sq"][0]) and np.isposinf(sd["state.w.max_exp_avg_sq"][0])
+    before = snapshot(opt, [p])
+    with pytest.raises(ValueError, match=r"^load_state_dict: state\.w\.exp_avg_sq: expected finite values, got 1 NaN "
+                                         r"or inf \(of 2\) \(\+inf, a second moment's overflow, loads only where the "
+                                         r"group's betas\[1\] > 0: .*0 · inf is NaN\); nothing was loaded$"):
+        opt.load_state_dict(sd)
+    assert_unchanged(opt, [p], before)
+    finite = {**sd, "state.w.exp_avg_sq": np.array([4.0, 1.0], np.float32)}
+    opt.load_state_dict(finite)
+    assert np.isposinf(opt.state["w"]["max_exp_avg_sq"][0])
+    # what the refusal avoids: torch's next step from that state writes NaN
+    t = torch.zeros(2, requires_grad=True)
+    t_opt = torch.optim.Adam([t], lr=0.1, betas=(0.9, 0.0), foreach=False)
+    t.grad = torch.tensor([1e22, 1.0])
+    t_opt.step()
+    t.grad = torch.ones(2)
+    t_opt.step()
+    assert torch.isnan(t.detach()[0])
+
+
+@pytest.mark.parametrize("form", ["top", "group", "added"])
+@pytest.mark.parametrize("collection", [set, frozenset])
+def test_a_set_of_parameters_is_refused(form, collection):
+    """A set's order changes between runs, and with it the names by position that key the state (a
+    resumed optimizer loaded another parameter's moments): refused with a TypeError naming params
+    and saying why, as torch's add_param_group refuses a set (stricter: torch takes a set at the
+    top level and a frozenset anywhere); a refused group adds nothing."""
+    a, b, c = (Parameter(np.full(2, float(i))) for i in range(3))
+    match = (r"^params: optimizer parameters need to be organized in ordered collections, got a "
+             + collection.__name__ + r": the ordering of parameters in a set changes between runs .*use a list instead$")
+    with pytest.raises(TypeError, match=r"optimizer parameters need to be organized in ordered collections"):
+        torch.optim.SGD([{"params": {torch.zeros(2, requires_grad=True)}}], lr=0.1)
+    if form == "added":
+        opt = optim.SGD([c], lr=0.1)
+        with pytest.raises(TypeError, match=match):
+            opt.add_param_group({"params": collection({a, b}), "lr": 0.2})
+        assert len(opt.param_groups) == 1 and opt.named_parameters() == [("0", c)]
+        opt.add_param_group({"params": [a, b], "lr": 0.2})
+        assert opt.named_parameters() == [("0", c), ("1", a), ("2", b)]
+        return
+    with pytest.raises(TypeError, match=match):
+        optim.Adam(collection({a, b}) if form == "top" else [{"params": collection({a, b})}], lr=0.1)
+    assert optim.Adam([a, b], lr=0.1).named_parameters() == [("0", a), ("1", b)]
+
+
+@pytest.mark.parametrize("closure,shown", [(3, "int 3"), ("loss", "str 'loss'"), ([1.0], "list [1.0]")])
+def test_step_closure_must_be_callable(rng, closure, shown):
+    """step(closure=...) takes a callable or None: anything else is a TypeError naming closure, raised
+    before anything changes (torch's "'int' object is not callable" names nothing); a callable's
+    loss is returned, as torch's."""
+    ours, _ = make_params(rng, np.float64)
+    opt = optim.AdamW(ours, lr=0.1)
+    for p in ours:
+        p.grad = np.ones_like(p.data)
+    opt.step()
+    before = snapshot(opt, ours)
+    with pytest.raises(TypeError, match=r"^closure: expected a callable returning the loss, or None, got "
+                                        + re.escape(shown) + "$"):
+        opt.step(closure=closure)
+    assert_unchanged(opt, ours, before)
+    assert opt.step(closure=lambda: 2.5) == 2.5
+    assert opt.state["layer0.weight"]["step"] == 2

@@ -1437,3 +1437,138 @@ def test_checkpoint_moments_of_relaid_weights_are_matched_by_identity(tmp_path):
     again, again_opt = build()
     tc.training.load_checkpoint(tmp_path, again, again_opt)
     _assert_same_states([again_opt.state_dict()], [opt.state_dict()])
+
+
+# ------------------------------------------------------------------------ a checkpoint written always loads
+def _adam_linear(betas=(0.9, 0.999)):
+    model = tc.nn.Linear(3, 2)
+    model.load_state_dict({"weight": _W, "bias": _B})
+    return model, tc.optim.Adam(model.named_parameters(), lr=1e-2, betas=betas)
+
+
+def _adam_steps(model, opt, grads):
+    params = dict(model.named_parameters())
+    for g in grads:
+        params["weight"].grad = np.full((2, 3), 0.5, np.float32)
+        params["bias"].grad = np.asarray(g, np.float32)
+        opt.step()
+
+
+_OVERFLOWING = [[1e22, 0.0], [1.0, 1.0], [-2.0, 0.5], [0.25, -1.0], [3.0, 2.0]]
+
+
+def test_checkpoint_of_adam_moments_overflowed_to_inf_resumes_bitwise(tmp_path):
+    """A float32 gradient of 1e22 makes Adam's exp_avg_sq +inf (as torch's; the weights stay finite):
+    save_checkpoint wrote that state and load_checkpoint refused it ("expected finite values"), so
+    the run could not resume. It loads now, and the resumed run is the uninterrupted one, bitwise."""
+    model, opt = _adam_linear()
+    _adam_steps(model, opt, _OVERFLOWING)
+    uninterrupted = [model.state_dict(), opt.state_dict()]
+    assert np.isposinf(uninterrupted[1]["state.bias.exp_avg_sq"][0])
+    assert all(np.isfinite(v).all() for v in uninterrupted[0].values())
+    model, opt = _adam_linear()
+    _adam_steps(model, opt, _OVERFLOWING[:2])
+    tc.training.save_checkpoint(tmp_path, model, opt)
+    model, opt = _adam_linear()
+    tc.training.load_checkpoint(tmp_path, model, opt)
+    assert np.isposinf(opt.state["bias"]["exp_avg_sq"][0])
+    _adam_steps(model, opt, _OVERFLOWING[2:])
+    _assert_same_states([model.state_dict(), opt.state_dict()], uninterrupted)
+
+
+def _files(directory):
+    return {p.name: p.read_bytes() for p in sorted(directory.iterdir())}
+
+
+def _hand_lr(model, opt, scheds):
+    opt.param_groups[0]["lr"] = -1.0
+
+
+def _hand_nan_moment(model, opt, scheds):
+    opt.state["weight"]["exp_avg"][0, 1] = np.nan
+
+
+def _hand_base_lr(index):
+    def edit(model, opt, scheds):
+        scheds[index].base_lrs[0] = float("nan")
+    return edit
+
+
+def _hand_inner_base_lr(model, opt, scheds):
+    scheds[0]._schedulers[1].base_lrs[0] = -0.5
+
+
+@pytest.mark.parametrize("form,edit,error,match", [
+    ("list", _hand_lr, ValueError, r"optimizer: its state would not load back \(load_checkpoint would refuse it: "
+                                   r"param_groups\.0\.lr: expected a finite number >= 0\.0, got -1\.0\)"),
+    ("list", _hand_nan_moment, ValueError, r"optimizer: its state would not load back \(load_checkpoint would refuse "
+                                           r"it: state\.weight\.exp_avg: expected finite values, got 1 NaN or inf "
+                                           r"\(of 6\)\)"),
+    ("list", _hand_base_lr(1), ValueError, r"scheduler\[1\]: its state would not load back \(load_checkpoint would "
+                                           r"refuse it: base_lrs\[0\]: expected a finite number >= 0\.0, got nan\)"),
+    ("single", _hand_base_lr(0), ValueError, r"scheduler: its state would not load back \(load_checkpoint would "
+                                             r"refuse it: base_lrs\[0\]: expected a finite number >= 0\.0, got nan\)"),
+    ("sequential", _hand_inner_base_lr, ValueError, r"scheduler: its state would not load back \(load_checkpoint "
+                                                    r"would refuse it: schedulers\.1: base_lrs\[0\]: expected a finite "
+                                                    r"number >= 0\.0, got -0\.5\)"),
+], ids=["lr_by_hand", "nan_moment", "list_scheduler", "one_scheduler", "sequential_inner"])
+def test_save_checkpoint_refuses_a_state_load_checkpoint_would_refuse(tmp_path, form, edit, error, match):
+    """A state written by hand that the loader refuses (a negative lr in a group, a NaN moment, a
+    scheduler's NaN base lr) was saved, and the checkpoint could not be loaded: save_checkpoint runs
+    the loader's own checks on each state first, names the component, and writes nothing (the
+    previous set stays, and loads)."""
+    model, opt, scheduler = _ours("list" if form == "single" else form)
+    if form == "single":
+        scheduler = scheduler[1]
+    scheds = list(scheduler) if isinstance(scheduler, (list, tuple)) else [scheduler]
+    _steps(model.parameters(), opt, scheduler, 0, 3)
+    tc.training.save_checkpoint(tmp_path / "run", model, opt, scheduler)
+    written = _files(tmp_path / "run")
+    saved = _training_states(model, opt, scheduler)
+    edit(model, opt, scheds)
+    with pytest.raises(error, match="^" + match + "; nothing was written$"):
+        tc.training.save_checkpoint(tmp_path / "run", model, opt, scheduler)
+    with pytest.raises(error, match="^" + match):
+        tc.training.save_checkpoint(tmp_path / "new", model, opt, scheduler)
+    assert not (tmp_path / "new").exists() and _files(tmp_path / "run") == written
+    fresh = _ours("list" if form == "single" else form)
+    target = (fresh[0], fresh[1], fresh[2][1] if form == "single" else fresh[2])
+    tc.training.load_checkpoint(tmp_path / "run", *target)
+    _assert_same_states(_training_states(*target), saved)
+
+
+def test_save_checkpoint_refuses_an_inf_second_moment_that_beta2_zero_would_turn_into_nan(tmp_path):
+    """With betas[1] = 0 an exp_avg_sq of +inf becomes 0 · inf = NaN at the next step, which the
+    loader refuses: so does the save, before writing anything."""
+    model, opt = _adam_linear(betas=(0.9, 0.0))
+    _adam_steps(model, opt, _OVERFLOWING[:1])
+    with pytest.raises(ValueError, match=r"^optimizer: its state would not load back \(load_checkpoint would refuse "
+                                         r"it: state\.bias\.exp_avg_sq: expected finite values, got 1 NaN or inf "
+                                         r"\(of 2\) \(\+inf, a second moment's overflow, loads only where the group's "
+                                         r"betas\[1\] > 0: .*\)\); nothing was written$"):
+        tc.training.save_checkpoint(tmp_path / "run", model, opt)
+    assert not (tmp_path / "run").exists()
+
+
+def test_checkpoint_after_a_refused_lambda_step_loads(tmp_path):
+    """A linear decay without max(0, ·) run past its end: the scheduler step that would write a
+    negative lr is refused (it was written, saved, and the checkpoint could not be loaded); the
+    run saved after it resumes with the last valid learning rate."""
+    def build():
+        model, opt = _adam_linear()
+        return model, opt, tc.lr_scheduler.LambdaLR(opt, lambda step: 1.0 - step / 2)
+
+    model, opt, sched = build()
+    for step in range(3):
+        _adam_steps(model, opt, [[1.0, -1.0]])
+        if step < 2:
+            sched.step()
+    with pytest.raises(ValueError, match=r"^lr_lambda \(epoch 3\): param_groups\[0\]: lr = initial_lr \(0\.01\) \* "
+                                         r"lr_lambda\(3\): expected a finite number >= 0\.0, got -0\.005 "):
+        sched.step()
+    assert opt.param_groups[0]["lr"] == 0.0 and sched.last_epoch == 2 and sched.get_last_lr() == [0.0]
+    tc.training.save_checkpoint(tmp_path, model, opt, sched)
+    saved = _training_states(model, opt, sched)
+    target = build()
+    tc.training.load_checkpoint(tmp_path, *target)
+    _assert_same_states(_training_states(*target), saved)

@@ -42,11 +42,12 @@ from __future__ import annotations
 import bisect
 import functools
 import math
+import numbers
 from typing import Callable
 
 import numpy as np
 
-from ._validation import check_float, check_int
+from ._validation import check_float, check_int, described, to_numpy
 
 __all__ = [
     "LRScheduler",
@@ -134,6 +135,8 @@ class LRScheduler:
     _HYPER: tuple = ()
     #: those of ``_HYPER`` that are ints (saved as float64 like the others)
     _INT_HYPER: tuple = ()
+    #: what computes the learning rates, as :meth:`_write_lrs`'s errors name it (None: the class's name)
+    _COMPUTED_BY: str | None = None
 
     def __init__(self, optimizer, last_epoch: int = -1):
         groups = _param_groups(optimizer)
@@ -202,6 +205,8 @@ class LRScheduler:
                 built: build the scheduler again), or ``get_lr`` gave another number of rates. The
                 refusal is deliberate, for every scheduler: torch's LambdaLR raises too, but its
                 LinearLR and CosineAnnealingLR step on, scheduling the new group without a base lr.
+            ValueError / TypeError: a new learning rate that is not a finite number >= 0 (see
+                :meth:`_write_lrs`; nothing changes).
             Whatever ``get_lr`` raises (nothing changes).
         """
         self._check_group_count()
@@ -228,19 +233,47 @@ class LRScheduler:
                              "since has no schedule; build the scheduler again")
 
     def _write_lrs(self, compute: Callable[[], list], counters: tuple[int, int]) -> None:
-        """Writes ``compute()`` (the new counters set) into the groups' ``lr``; if it raises or gives
-        another number of rates, the counters go back to ``counters`` and nothing is written."""
+        """Writes ``compute()`` (the new counters set) into the groups' ``lr``, each as a float; if
+        it raises, gives another number of rates or a rate that is not a finite number >= 0 (what
+        the optimizers take), the counters go back to ``counters`` and nothing is written.
+
+        Raises:
+            TypeError: a rate that is not a real number (a str, an array of several values, None,
+                complex), ValueError: NaN, ±inf or < 0; either naming ``lr_lambda`` for a
+                :class:`LambdaLR` (else the scheduler's class: a rate computed from a group's ``lr``
+                written by hand), the epoch, the group and the value. A 0-d array or tensor of
+                real numbers is its number (torch takes it too).
+        """
         groups = self.optimizer.param_groups
         try:
             values = list(compute())
             if len(values) != len(groups):
                 raise ValueError(f"step: get_lr gave {len(values)} learning rates for {len(groups)} param groups")
+            values = [self._checked_lr(i, lr) for i, lr in enumerate(values)]
         except BaseException:
             self.last_epoch, self._step_count = counters
             raise
         for g, lr in zip(groups, values):
             g["lr"] = lr
         self._last_lr = [g["lr"] for g in groups]
+
+    def _checked_lr(self, index: int, lr) -> float:
+        """The learning rate computed for ``param_groups[index]`` as a float, or the TypeError /
+        ValueError of :meth:`_write_lrs`."""
+        try:
+            if not isinstance(lr, numbers.Real) and getattr(lr, "shape", None) == ():  # a 0-d array or tensor
+                number = to_numpy(lr, "lr")
+                if number.dtype.kind in "iuf":
+                    lr = number.item()
+            return check_float(lr, self._lr_formula(index), minimum=0.0)
+        except (TypeError, ValueError) as e:
+            source = self._COMPUTED_BY or type(self).__name__
+            raise type(e)(f"{source} (epoch {self.last_epoch}): param_groups[{index}]: {e} "
+                          "(the optimizers take a finite learning rate >= 0); nothing was changed") from None
+
+    def _lr_formula(self, index: int) -> str:
+        """How :meth:`_checked_lr`'s error names the rate it computed for ``param_groups[index]``."""
+        return "lr"
 
     def get_last_lr(self) -> list[float]:
         """The learning rates last written into the param groups, one per group."""
@@ -283,6 +316,16 @@ class LRScheduler:
                 scalar, a counter or int setting that is not a whole number, a value out of range
                 (named, with the constructor's message for the settings).
         """
+        self._apply_state(self._read_state_dict(state_dict))
+
+    def _check_state_dict(self, state_dict: dict) -> None:
+        """Raises what :meth:`load_state_dict` would raise for ``state_dict``, changing nothing
+        (``save_checkpoint``'s check that what it writes loads back: one check, the loader's)."""
+        self._read_state_dict(state_dict)
+
+    def _read_state_dict(self, state_dict: dict) -> dict:
+        """``{attribute: value}`` that :meth:`load_state_dict` sets, every value checked (see its
+        Raises); nothing changes."""
         if not hasattr(state_dict, "items"):
             raise TypeError(f"state_dict: expected a mapping of names to arrays, got {type(state_dict).__name__}")
         expected = {"last_epoch", "step_count", "base_lrs", "last_lr", *self._HYPER}
@@ -310,11 +353,12 @@ class LRScheduler:
             settings = self._check_settings(**settings)
         except (TypeError, ValueError) as e:
             raise type(e)(f"load_state_dict: {e}") from None
-        self.last_epoch = last_epoch
-        self._step_count = step_count
-        self.base_lrs = base_lrs
-        self._last_lr = last_lr
-        for key, value in settings.items():
+        return dict(last_epoch=last_epoch, _step_count=step_count, base_lrs=base_lrs, _last_lr=last_lr, **settings)
+
+    def _apply_state(self, values: dict) -> None:
+        """Sets what :meth:`_read_state_dict` returned (it cannot fail): the attributes, and each
+        group's ``initial_lr`` to its base lr."""
+        for key, value in values.items():
             setattr(self, key, value)
         for g, base in zip(self.optimizer.param_groups, self.base_lrs):
             g["initial_lr"] = base
@@ -328,10 +372,20 @@ class LambdaLR(LRScheduler):
         lr_lambda: a function of the step (int) returning a factor, or a list of them, one per group.
         last_epoch: see :class:`LRScheduler`.
 
+    Each ``initial_lr · lr_lambda(epoch)`` must be a finite number >= 0 (what the optimizers take;
+    torch writes NaN, a negative value or an array into the group unchecked): a ``lr_lambda`` that returns
+    anything else (a linear decay without ``max(0, ·)`` run past its end, a str, an array) makes the
+    constructor or :meth:`~LRScheduler.step` raise, naming ``lr_lambda`` and the epoch, and nothing
+    changes. A numpy number or a 0-d array or tensor is taken as its number, as torch takes it.
+
     Raises:
         TypeError: ``optimizer`` without ``param_groups`` (checked first); ``lr_lambda`` not
-        callable. ValueError: a list of the wrong length.
+            callable; a factor that is no real number (at construction or at a step).
+        ValueError: a list of the wrong length; a learning rate that is NaN, ±inf or negative (at
+            construction or at a step).
     """
+
+    _COMPUTED_BY = "lr_lambda"
 
     def __init__(self, optimizer, lr_lambda: Callable[[int], float] | list, last_epoch: int = -1):
         groups = _param_groups(optimizer)
@@ -348,8 +402,22 @@ class LambdaLR(LRScheduler):
         super().__init__(optimizer, last_epoch)
 
     def get_lr(self) -> list[float]:
-        """Each group's lr at ``last_epoch``: ``base_lr · lr_lambda(last_epoch)`` (closed form)."""
-        return [base_lr * f(self.last_epoch) for f, base_lr in zip(self.lr_lambdas, self.base_lrs)]
+        """Each group's lr at ``last_epoch``: ``base_lr · lr_lambda(last_epoch)`` (closed form).
+        A factor that cannot multiply a float (a str, None) is a TypeError naming ``lr_lambda``;
+        what the functions raise themselves goes through unchanged."""
+        lrs = []
+        for i, (f, base_lr) in enumerate(zip(self.lr_lambdas, self.base_lrs)):
+            factor = f(self.last_epoch)
+            try:
+                lrs.append(base_lr * factor)
+            except TypeError:
+                raise TypeError(f"lr_lambda (epoch {self.last_epoch}): param_groups[{i}]: expected a function "
+                                f"returning a real number (the factor of initial_lr), got {described(factor)}; "
+                                "nothing was changed") from None
+        return lrs
+
+    def _lr_formula(self, index: int) -> str:
+        return f"lr = initial_lr ({self.base_lrs[index]!r}) * lr_lambda({self.last_epoch})"
 
 
 class LinearLR(LRScheduler):
@@ -570,9 +638,8 @@ class SequentialLR(LRScheduler):
         rates and every inner scheduler's state (with its ``load_state_dict``, which does not write
         the groups' ``lr``: load the optimizer's state too, in either order).
 
-        Everything is checked before anything stays changed: this scheduler's values first, then
-        each inner scheduler's state is loaded, and if one is refused the ones before it are put
-        back (their counters and settings, the groups' ``initial_lr``).
+        Everything is checked before anything changes: this scheduler's values, then each inner
+        scheduler's state (with the checks of its own ``load_state_dict``).
 
         Raises:
             TypeError: ``state_dict`` not a mapping; a value that is not numbers (named by its key).
@@ -581,6 +648,11 @@ class SequentialLR(LRScheduler):
                 or not increasing, ``last_epoch`` < 0; an inner scheduler's refusal, prefixed with
                 ``schedulers.{i}``.
         """
+        self._apply_state(self._read_state_dict(state_dict))
+
+    def _read_state_dict(self, state_dict: dict) -> dict:
+        """As :meth:`LRScheduler._read_state_dict`: this scheduler's attributes, and under
+        ``"inner"`` what each inner scheduler's ``_read_state_dict`` returned."""
         if not hasattr(state_dict, "items"):
             raise TypeError(f"state_dict: expected a mapping of names to arrays, got {type(state_dict).__name__}")
         n = len(self._schedulers)
@@ -609,20 +681,20 @@ class SequentialLR(LRScheduler):
             milestones = _check_milestones([_loaded_int(x, f"milestones[{i}]", 0) for i, x in enumerate(saved)], n)
         except ValueError as e:
             raise ValueError(f"load_state_dict: {str(e).removeprefix('load_state_dict: ')}") from None
-        snapshot = _snapshot_schedulers(self._schedulers, self.optimizer)
-        try:
-            for i, (s, state) in enumerate(zip(self._schedulers, inner)):
-                try:
-                    s.load_state_dict(state)
-                except (TypeError, ValueError) as e:
-                    raise type(e)(f"load_state_dict: schedulers.{i}: {str(e).removeprefix('load_state_dict: ')}") \
-                        from None
-        except BaseException:
-            _restore_schedulers(snapshot)
-            raise
-        self.last_epoch = last_epoch
-        self._milestones = milestones
-        self._last_lr = last_lr
+        inner_values = []
+        for i, (s, state) in enumerate(zip(self._schedulers, inner)):
+            try:
+                inner_values.append(s._read_state_dict(state))
+            except (TypeError, ValueError) as e:
+                raise type(e)(f"load_state_dict: schedulers.{i}: {str(e).removeprefix('load_state_dict: ')}") from None
+        return dict(last_epoch=last_epoch, _milestones=milestones, _last_lr=last_lr, inner=inner_values)
+
+    def _apply_state(self, values: dict) -> None:
+        values = dict(values)
+        for s, inner in zip(self._schedulers, values.pop("inner")):
+            s._apply_state(inner)
+        for key, value in values.items():
+            setattr(self, key, value)
 
 
 def _check_scheduler_entries(schedulers: list, names: list[str], optimizer, foreign: Callable[[LRScheduler], str]) -> None:

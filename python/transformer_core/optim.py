@@ -100,6 +100,18 @@ def _check_iterable(params, argument: str, expected: str) -> None:
         raise TypeError(f"{argument}: expected {expected}, got {described(params)}")
 
 
+def _check_ordered(params, argument: str) -> None:
+    """Refuses (TypeError naming ``argument``) a ``set`` or ``frozenset`` of an optimizer's
+    parameters, as torch's ``add_param_group`` refuses a set: its order changes between runs, and
+    with it the names by position of unnamed parameters, so a resumed optimizer would load one
+    parameter's moments into another (stricter than torch, which takes a set at the top level and a
+    frozenset anywhere)."""
+    if isinstance(params, (set, frozenset)):
+        raise TypeError(f"{argument}: optimizer parameters need to be organized in ordered collections, got a "
+                        f"{type(params).__name__}: the ordering of parameters in a set changes between runs (the "
+                        "names by position, which key the state, would follow it); use a list instead")
+
+
 def _named_parameters(params, argument: str = "params") -> list[tuple[str | None, Parameter]]:
     """A list of ``(given name or None, Parameter)`` from Parameters and ``(name, Parameter)`` pairs
     (or a ``{name: Parameter}`` dict): the name is the pair's, None for a Parameter given alone
@@ -200,7 +212,10 @@ class Optimizer:
 
     Raises:
         TypeError: ``params`` not an iterable (a single Parameter, an array: refused before it is
-            iterated); a params entry that is neither a Parameter, a pair nor a group dict.
+            iterated); a ``set`` or ``frozenset`` of parameters, here or as a group's ``"params"``
+            (its order, and so the names by position, changes between runs: torch's
+            ``add_param_group`` refuses a set too); a params entry that is neither a Parameter, a
+            pair nor a group dict.
         ValueError: no parameters, a parameter given twice (or two Parameters over one model weight),
             a name given in a pair that another parameter has, an empty name (``""``: its state-dict
             keys could not be read back), a bad hyperparameter: in a group or in ``defaults``
@@ -212,6 +227,8 @@ class Optimizer:
     _FLAGS: tuple = ()
     #: per-parameter state arrays that hold no negative value (second moments)
     _NONNEGATIVE_STATE: tuple = ()
+    #: what a load's error adds when it refuses +inf in one of ``_NONNEGATIVE_STATE``
+    _INF_REFUSED: str = ""
 
     def __init__(self, params, defaults: dict):
         defaults = dict(defaults)
@@ -222,6 +239,7 @@ class Optimizer:
         self._names: dict[int, str] = {}  # id(Parameter) -> name
         # an array is refused before it is iterated (list() would make a numpy scalar of each element)
         _check_iterable(params, "params", "an iterable of Parameters, (name, Parameter) pairs or param-group dicts")
+        _check_ordered(params, "params")
         params = list(params.items()) if isinstance(params, dict) else list(params)
         if not params:
             raise ValueError("params: expected at least one parameter, got an empty list")
@@ -236,8 +254,9 @@ class Optimizer:
         optimizer as it was (its parameters can be added again, in a valid group).
 
         Raises:
-            TypeError: not a dict with a ``"params"`` key; a params entry that is neither a Parameter
-                nor a ``(name, Parameter)`` pair; a hyperparameter of the wrong type.
+            TypeError: not a dict with a ``"params"`` key; ``"params"`` a ``set`` or ``frozenset``
+                (unordered: use a list); a params entry that is neither a Parameter nor a
+                ``(name, Parameter)`` pair; a hyperparameter of the wrong type.
             ValueError: no parameters, a parameter given twice (here or in another group; or two
                 Parameters over one model weight), a name given in a pair that another parameter
                 has (see :class:`Optimizer` for the names), an empty name (``""``), unknown or bad
@@ -245,6 +264,7 @@ class Optimizer:
         """
         if not isinstance(param_group, dict) or "params" not in param_group:
             raise TypeError(f"param_group: expected a dict with a 'params' key, got {type(param_group).__name__}")
+        _check_ordered(param_group["params"], "params")
         named = _named_parameters(param_group["params"])
         if not named:
             raise ValueError(f"param_groups[{len(self.param_groups)}]: expected at least one parameter")
@@ -368,13 +388,16 @@ class Optimizer:
                 float32 ..."``); a state entry missing a field the update reads (``state.{name}:
                 missing ['exp_avg_sq']``), a state array of another shape or dtype, or not
                 writeable, a step count out of ``[0, 2**63 - 2]`` (named by key: ``state.{name}.step``).
-            TypeError: a state entry of the wrong type (a step count not an int, an array not an array).
+            TypeError: ``closure`` neither callable nor None (checked first); a state entry of the
+                wrong type (a step count not an int, an array not an array).
 
         A model whose weights a step updates loses the training state of a forward that has not had
         its backward yet: that backward raises :class:`~transformer_core.module.WeightsChangedError`
         (its activations belong to the old weights; torch raises too). Run backward before ``step()``.
         Writes into ``p.data`` made by hand are not detected (numpy keeps no version count).
         """
+        if closure is not None and not callable(closure):
+            raise TypeError(f"closure: expected a callable returning the loss, or None, got {described(closure)}")
         checked = [self._checked_group(gi, group) for gi, group in enumerate(self.param_groups)]
         loss = closure() if closure is not None else None
         work = []
@@ -483,6 +506,12 @@ class Optimizer:
         (``group`` checked): it must stay finite there, and > 0 where ``positive``."""
         raise NotImplementedError
 
+    def _inf_allowed(self, field: str, group: dict) -> bool:
+        """Whether the state array ``field`` of a parameter of ``group`` (checked) may hold +inf
+        when loaded: a value that ``step()`` can write from finite gradients and that the next step
+        turns into no NaN. False by default."""
+        return False
+
     def _loaded_group(self, group: dict) -> None:
         """Adjusts, in place, a group's hyperparameters read by :meth:`load_state_dict`, before they
         are checked (AdamW: the decay is decoupled, whatever was saved)."""
@@ -539,12 +568,37 @@ class Optimizer:
                 a ``step`` that is not a whole number in ``[0, 2**63 - 2]`` (the C++ update counts in
                 int64) or a group index that is not a whole number >= 0, a flag other than 0/1, a
                 hyperparameter of the wrong shape or that the constructor refuses (its message,
-                prefixed with the key), a state array holding NaN or ±inf (after the cast to the
-                parameter's dtype), or a negative second moment (``exp_avg_sq``,
-                ``max_exp_avg_sq``: expected >= 0), naming the entry.
+                prefixed with the key), a state array holding NaN or -inf, or +inf (after the cast
+                to the parameter's dtype) where it is no Adam second moment (see below), or a
+                negative second moment (``exp_avg_sq``, ``max_exp_avg_sq``: expected >= 0), naming
+                the entry.
             TypeError: ``state_dict`` not a mapping, keys not str; a value that is not numbers (None,
                 str, object, complex, and bool except for the flags), named by its key.
+
+        Adam's second moments may hold +inf: a step writes it where a finite gradient's square
+        overflows the dtype (``(1 - β2) · g² > 3.4e38`` in float32, ``|g| ≳ 5.8e20`` at β2 = 0.999),
+        and goes on (that element's update is then ``m / inf = 0``, as torch's), so a state that
+        ``step()`` produced loads, as torch's does. ``exp_avg_sq`` is the exception in a group with
+        ``betas[1] == 0``, whose next step would compute ``0 · inf = NaN``.
+
+        :func:`~transformer_core.training.save_checkpoint` makes these same checks on the state it
+        is about to write (:meth:`_check_state_dict`), so that a checkpoint it writes loads back.
         """
+        new_groups, new_state = self._read_state_dict(state_dict, copy=True)
+        for group, g in zip(self.param_groups, new_groups):
+            group.update({k: v for k, v in g.items() if k != "params"})
+        self.state = new_state
+
+    def _check_state_dict(self, state_dict: dict) -> None:
+        """Raises what :meth:`load_state_dict` would raise for ``state_dict``, changing nothing and
+        copying no array that already has its parameter's dtype (``save_checkpoint``'s check that
+        what it writes loads back: one check, the loader's)."""
+        self._read_state_dict(state_dict, copy=False)
+
+    def _read_state_dict(self, state_dict: dict, copy: bool) -> tuple[list[dict], dict[str, dict]]:
+        """``(the new param groups, the new state)`` that :meth:`load_state_dict` sets, every value
+        checked (see its Raises); nothing changes. ``copy``: the state arrays are new arrays (else
+        those of ``state_dict`` where they have the parameter's dtype and are C-contiguous)."""
         if not hasattr(state_dict, "items"):
             raise TypeError(f"state_dict: expected a mapping of names to arrays, got {type(state_dict).__name__}")
         saved_group: dict[str, int] = {}
@@ -642,24 +696,27 @@ class Optimizer:
                     raise ValueError(f"load_state_dict: state.{name}.{field}: expected shape {p.data.shape} "
                                      f"(the parameter's), got {value.shape}")
                 with np.errstate(over="ignore", invalid="ignore"):  # a value out of range: inf, refused below
-                    arr = np.array(value, dtype=p.data.dtype, order="C", copy=True)
-                self._check_state_values(arr, f"state.{name}.{field}", field in self._NONNEGATIVE_STATE)
+                    arr = np.array(value, dtype=p.data.dtype, order="C", copy=True if copy else None)
+                self._check_state_values(arr, f"state.{name}.{field}", field, new_groups[ours[name]])
                 st[field] = arr
             new_state[name] = st
-        for group, g in zip(self.param_groups, new_groups):
-            group.update({k: v for k, v in g.items() if k != "params"})
-        self.state = new_state
+        return new_groups, new_state
 
-    @staticmethod
-    def _check_state_values(arr: np.ndarray, key: str, nonnegative: bool) -> None:
-        """Refuses (ValueError naming ``key``) a loaded state array that holds NaN or ±inf, or, for
-        a ``nonnegative`` one (a second moment, whose square root the update takes), a value < 0:
-        either would make the next step write NaN into the weights."""
+    def _check_state_values(self, arr: np.ndarray, key: str, field: str, group: dict) -> None:
+        """Refuses (ValueError naming ``key``) a loaded state array (``field`` of a parameter of
+        ``group``) that would make the next step write NaN into the weights: one holding NaN or
+        -inf, or +inf where :meth:`_inf_allowed` does not allow it, or, for a second moment
+        (``_NONNEGATIVE_STATE``, whose square root the update takes), a value < 0."""
         bad = int(variant("count_nonfinite", arr.dtype)(arr))
+        allowed = bad > 0 and self._inf_allowed(field, group)
+        if allowed:
+            bad -= int(np.count_nonzero(arr == np.inf))  # +inf is allowed here: NaN and -inf are not
         if bad:
-            raise ValueError(f"load_state_dict: {key}: expected finite values, got {bad} NaN or inf "
-                             f"(of {arr.size}); nothing was loaded")
-        if nonnegative and arr.size and float(arr.min()) < 0:
+            note = self._INF_REFUSED if field in self._NONNEGATIVE_STATE and not allowed else ""
+            expected, got = ("finite values or +inf", "NaN or -inf") if allowed else ("finite values", "NaN or inf")
+            raise ValueError(f"load_state_dict: {key}: expected {expected}, got {bad} {got} "
+                             f"(of {arr.size}){note}; nothing was loaded")
+        if field in self._NONNEGATIVE_STATE and arr.size and float(arr.min()) < 0:
             raise ValueError(f"load_state_dict: {key}: expected values >= 0 (a second moment), got "
                              f"{int(np.count_nonzero(arr < 0))} negative (min {float(arr.min())}); nothing was loaded")
 
@@ -696,6 +753,8 @@ class Adam(Optimizer):
 
     _FLAGS = ("amsgrad", "maximize", "decoupled_weight_decay")
     _NONNEGATIVE_STATE = ("exp_avg_sq", "max_exp_avg_sq")
+    _INF_REFUSED = (" (+inf, a second moment's overflow, loads only where the group's betas[1] > 0: the next step "
+                    "computes betas[1] · exp_avg_sq, and 0 · inf is NaN)")
 
     def __init__(self, params, lr: float = 1e-3, betas: tuple = (0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 0.0, amsgrad: bool = False, *, maximize: bool = False,
@@ -715,6 +774,11 @@ class Adam(Optimizer):
             group["initial_lr"] = _check_float(group["initial_lr"], "initial_lr")
         for flag in self._FLAGS:
             group[flag] = check_bool(group[flag], flag)
+
+    def _inf_allowed(self, field: str, group: dict) -> bool:
+        # a step writes +inf into v where (1 - β2) g² overflows, then steps that element by m / inf = 0
+        # (as torch); v_max only takes maxima, but v is multiplied by β2 first: 0 · inf = NaN if β2 = 0
+        return field == "max_exp_avg_sq" or (field == "exp_avg_sq" and group["betas"][1] > 0)
 
     def _state_fields(self, group: dict):
         # max_exp_avg_sq is optional whatever amsgrad is: with amsgrad off, one (of a run that had it

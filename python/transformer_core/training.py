@@ -203,6 +203,12 @@ def save_checkpoint(directory, model: Module, optimizer=None, scheduler=None) ->
             a scheduler listed twice; an ``optimizer`` that steps parameters that are not
             ``model``'s (a separate head: named; their state would be saved without their weights:
             attach the module to the model, ``model.head = head``); nothing is written.
+        ValueError / TypeError: an optimizer or scheduler state that :func:`load_checkpoint` would
+            refuse (each state goes through its ``load_state_dict``'s own checks before anything is
+            written, so that every checkpoint written loads back): e.g. a learning rate or
+            hyperparameter written by hand into ``optimizer.param_groups`` that the optimizer
+            refuses, a moment holding NaN; named ``optimizer`` or ``scheduler`` (``scheduler[i]``
+            in a list) with the loader's message; nothing is written.
         FileNotFoundError: a ``~user`` of no known user in ``directory`` (nothing written).
         NotADirectoryError (an OSError): ``directory`` is a file, or lies under one (naming
             ``directory``; nothing written).
@@ -216,14 +222,20 @@ def save_checkpoint(directory, model: Module, optimizer=None, scheduler=None) ->
     schedulers, weights = _check_arguments(directory, model, optimizer, scheduler, "nothing was written")
     directory = expand_home(directory, "directory")  # "~/run" is the home's, as save_pretrained's
     metadata = {"format": "np", CHECKPOINT_ID_KEY: secrets.token_hex(16)}
-    states = []  # (file name, state, its own metadata): all taken before anything is written
+    states = []  # (file name, state, its own metadata): all taken, and checked, before anything is written
     if optimizer is not None:
-        state = _optimizer_layout(optimizer.state_dict(), _relaid(weights), to_checkpoint=True)
-        states.append(("optimizer.safetensors", state, {}))
+        state = optimizer.state_dict()
+        with _loadable("optimizer"):
+            optimizer._check_state_dict(state)
+        states.append(("optimizer.safetensors", _optimizer_layout(state, _relaid(weights), to_checkpoint=True), {}))
+    scheduler_states = [s.state_dict() for s in schedulers]
+    for i, (s, state) in enumerate(zip(schedulers, scheduler_states)):
+        with _loadable(f"scheduler[{i}]" if isinstance(scheduler, (list, tuple)) else "scheduler"):
+            s._check_state_dict(state)
     if isinstance(scheduler, LRScheduler):
-        states.append(("scheduler.safetensors", scheduler.state_dict(), {}))
+        states.append(("scheduler.safetensors", scheduler_states[0], {}))
     elif schedulers:  # a list: each state under its index, and their number
-        state = {f"{i}.{key}": value for i, s in enumerate(schedulers) for key, value in s.state_dict().items()}
+        state = {f"{i}.{key}": value for i, s_state in enumerate(scheduler_states) for key, value in s_state.items()}
         states.append(("scheduler.safetensors", state, {NUM_SCHEDULERS_KEY: str(len(schedulers))}))
     # last: the file a reader starts from, under the names save_pretrained writes (transformers loads it)
     checkpoint_state = getattr(model, "_checkpoint_state", model.state_dict)
@@ -234,6 +246,21 @@ def save_checkpoint(directory, model: Module, optimizer=None, scheduler=None) ->
         meta = dict(metadata, **own)
         files.append((name, lambda p, arrays=arrays, meta=meta: save_file(arrays, p, metadata=meta)))
     write_files_atomically(directory, files)
+
+
+@contextlib.contextmanager
+def _loadable(argument: str):
+    """For :func:`save_checkpoint`: turns the refusal of a state's own ``load_state_dict`` checks
+    (``_check_state_dict``, run on the state about to be written) into a TypeError / ValueError
+    naming ``argument``, saying that :func:`load_checkpoint` would refuse it and that nothing was
+    written."""
+    try:
+        yield
+    except (TypeError, ValueError) as e:
+        kind = TypeError if isinstance(e, TypeError) else ValueError
+        why = str(e).removeprefix("load_state_dict: ").removesuffix("; nothing was loaded")
+        raise kind(f"{argument}: its state would not load back (load_checkpoint would refuse it: {why}); "
+                   "nothing was written") from e
 
 
 def _read_safetensors(path: Path, arrays: bool) -> tuple[dict, dict]:
