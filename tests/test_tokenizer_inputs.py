@@ -199,6 +199,85 @@ def test_a_non_str_item_is_named_by_index_and_type(method):
         call("a")
 
 
+def _backend_changes():
+    """Changes made through a backend after a Tokenizer was built on it, each applied to the
+    Tokenizer's backend and to a reference backend alike."""
+    from tokenizers import normalizers
+
+    def truncate_left(b):
+        b.enable_truncation(max_length=6, direction="left")
+
+    def cased(b):
+        b.normalizer = normalizers.BertNormalizer(lowercase=False)
+
+    def set_unk(b):
+        b.model.unk_token = "[MASK]"  # changed in place: an object the copy shares
+
+    def split_special(b):
+        b.encode_special_tokens = True
+
+    return [("add_tokens", lambda b: b.add_tokens(["zorblaxian"])), ("truncation", truncate_left),
+            ("normalizer", cased), ("model in place", set_unk), ("special token", lambda b: b.add_special_tokens(["qq"])),
+            ("encode_special_tokens", split_special), ("no post-processor", lambda b: setattr(b, "post_processor", None)),
+            ("no truncation", lambda b: b.no_truncation())]
+
+
+@pytest.mark.parametrize("make", [_backend, _uncopyable])
+def test_encode_batches_sees_later_changes_of_the_backend(model_dir, make):
+    """encode_batches (and so SentenceEncoder.encode) tokenized with a copy of the backend made on
+    its first use: a token added through tokenizer.backend afterwards reached encode and
+    encode_batch, not encode_batches ("zorblaxian" -> 30522 against 5 word pieces), nor did a
+    truncation set there (10 ids against 4). Every change through the backend now reaches all
+    three, as it reaches a reference backend changed the same way; the backend keeps padding."""
+    tok = tc.Tokenizer(make(model_dir), 64)
+    ref = make(model_dir)
+    ref.enable_truncation(max_length=64)
+    texts = ["my zorblaxian widget qq", "Hello WORLD, zorblaxian [SEP] qq!", "word " * 80]
+    list(tok.encode_batches(texts, 2))  # the copy, if any, is made now
+    for name, change in _backend_changes():
+        change(tok.backend)
+        change(ref)
+        want = hf_encode(ref, texts)
+        assert [tok.encode(t) for t in texts] == [e.ids for e in ref.encode_batch(texts)], name
+        (batch,) = tok.encode_batches(texts, 3)
+        for got in (tok.encode_batch(texts), batch):
+            for key, w in zip(("input_ids", "attention_mask", "token_type_ids"), want):
+                np.testing.assert_array_equal(got[key], w, err_msg=f"after {name}: {key}")
+        assert tok.backend.padding is not None, name
+    assert tok.token_to_id("zorblaxian") == 30522 and 30522 in tok.encode(texts[0])  # the first change holds
+
+
+def test_encode_batches_of_a_causal_tokenizer_sees_added_tokens():
+    """A causal-LM tokenizer's backend does not pad: encode_batches tokenizes with it directly, so
+    tokens added later are used, as by encode and the reference backend."""
+    tok = tc.Tokenizer(sentencepiece_tokenizer(), None)
+    ref = sentencepiece_tokenizer()
+    texts = ["Hello world zz", "the zz of foo"]
+    list(tok.encode_batches(texts, 2))
+    for backend in (tok.backend, ref):
+        backend.add_tokens(["zz"])
+    want = [e.ids for e in ref.encode_batch(texts)]
+    (batch,) = tok.encode_batches(texts, 2)
+    assert [row[mask == 1].tolist() for row, mask in zip(batch["input_ids"], batch["attention_mask"])] == want
+    assert [tok.encode(t) for t in texts] == want and want[0][-1] == ref.token_to_id("zz")
+
+
+def test_a_deep_copy_tokenizes_with_its_own_backend():
+    """copy.deepcopy of a Tokenizer whose encode_batches ran (quantize copies an encoder's
+    tokenizer): a token added to the copy's backend reaches the copy's encode_batches only."""
+    import copy
+
+    tok = tc.Tokenizer.from_pretrained(MODEL_NAME)
+    text = ["my zorblaxian widget"]
+    before = next(tok.encode_batches(text, 1))["input_ids"].tolist()
+    twin = copy.deepcopy(tok)
+    twin.backend.add_tokens(["zorblaxian"])
+    assert next(twin.encode_batches(text, 1))["input_ids"].tolist() == [twin.encode(text[0])]
+    assert twin.encode(text[0])[2] == 30522
+    assert next(tok.encode_batches(text, 1))["input_ids"].tolist() == before == [tok.encode(text[0])]
+    assert 30522 not in before[0]
+
+
 # ------------------------------------------------------------------------------------ file paths
 def test_a_file_that_is_not_gguf(model_dir):
     """A path to tokenizer.json was read as a GGUF: with max_length it was said to hold a causal-LM

@@ -51,6 +51,16 @@ _CAUSAL_MODEL_TYPES = {"gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma", "g
 _CAUSAL_TOKENIZER_CLASSES = {"GPT2Tokenizer", "LlamaTokenizer", "CodeLlamaTokenizer", "Qwen2Tokenizer",
                              "GemmaTokenizer", "GPTNeoXTokenizer"}
 
+#: transformers' ``clean_up_tokenization`` (``tokenization_utils_base.py``), in its order: what
+#: :meth:`Tokenizer.decode` replaces with ``clean_up_tokenization_spaces``.
+_CLEAN_UP_TOKENIZATION = ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (" n't", "n't"),
+                          (" 'm", "'m"), (" 's", "'s"), (" 've", "'ve"), (" 're", "'re"))
+
+#: ``tokenizer_config.json``'s flags of transformers' BERT tokenizers and the ``BertNormalizer``
+#: argument each sets (see :func:`_apply_bert_normalizer_flags`).
+_BERT_NORMALIZER_FLAGS = (("do_lower_case", "lowercase"), ("strip_accents", "strip_accents"),
+                          ("tokenize_chinese_chars", "handle_chinese_chars"))
+
 #: transformers' ``model_max_length`` for "no limit" (``VERY_LARGE_INTEGER``, int(1e30)) and anything
 #: this large: not a length to truncate to.
 _NO_LENGTH = 1_000_000
@@ -135,6 +145,17 @@ class Tokenizer:
             :meth:`encode`, :meth:`tokenize`, :meth:`encode_batch` and :meth:`encode_batches`, as
             sentence-transformers does for a model whose ``sentence_bert_config.json`` sets
             ``"do_lower_case": true`` (:meth:`from_pretrained` reads it). Default False.
+        truncation_side: where an encoder tokenizer cuts a text too long for ``max_length``:
+            ``"right"`` keeps its first tokens, ``"left"`` its last ones (transformers'
+            ``truncation_side``). None (the default): the backend's own truncation direction when
+            it truncates, else ``"right"``. Also the :attr:`truncation_side` property.
+        padding_side: the side :meth:`encode_batch` pads on unless told otherwise: ``"right"``,
+            or ``"left"`` for a causal-LM tokenizer only (an encoder tokenizer pads on the right).
+            None (the default): ``"right"``, or for a causal-LM tokenizer the backend's own
+            padding direction if it pads. Also the :attr:`padding_side` property.
+        clean_up_tokenization_spaces: :meth:`decode` removes the spaces that WordPiece decoding
+            leaves before punctuation and contractions (``"it ' s fine !"`` -> ``"it's fine!"``),
+            as transformers' setting of that name does. Default False.
 
     The ``tokenizers.Tokenizer`` (or the one a ``tokenizers.implementations`` wrapper holds) is
     copied, its ``encode_special_tokens`` setting with it (transformers' ``split_special_tokens``):
@@ -149,10 +170,13 @@ class Tokenizer:
         TypeError: ``tokenizer`` not a ``tokenizers.Tokenizer``; a token not a str or None;
             ``extra_special_tokens`` not a list or tuple of str, or None; a
             ``chat_template`` not a str, None, a dict of str to str or a list of ``{"name": str,
-            "template": str}``; ``do_lower_case`` not a bool.
+            "template": str}``; ``do_lower_case`` or ``clean_up_tokenization_spaces`` not a bool;
+            ``truncation_side`` or ``padding_side`` not a str or None.
         ValueError: ``max_length`` below 1 or below the number of special tokens the backend adds
             to a text (2 for BERT's ``[CLS] ... [SEP]``: it could not truncate to fewer), or a
-            special token (``pad_token`` aside) not in the vocabulary.
+            special token (``pad_token`` aside) not in the vocabulary; ``truncation_side`` or
+            ``padding_side`` not ``"right"`` or ``"left"``; ``padding_side="left"`` for an
+            encoder tokenizer.
     """
 
     @classmethod
@@ -169,7 +193,9 @@ class Tokenizer:
                  bos_token: str | None = None, eos_token: str | None = None, unk_token: str | None = None,
                  sep_token: str | None = None, cls_token: str | None = None, mask_token: str | None = None,
                  extra_special_tokens: list[str] | tuple[str, ...] | None = None,
-                 chat_template: str | dict | list | None = None, do_lower_case: bool = False):
+                 chat_template: str | dict | list | None = None, do_lower_case: bool = False,
+                 truncation_side: str | None = None, padding_side: str | None = None,
+                 clean_up_tokenization_spaces: bool = False):
         from tokenizers import Tokenizer as HFTokenizer
 
         if not isinstance(tokenizer, HFTokenizer):  # tokenizers.implementations' wrappers hold one
@@ -195,12 +221,19 @@ class Tokenizer:
                 raise ValueError(f"{name}: {token!r} is not in the vocabulary")
         chat_template = _check_chat_templates(chat_template, "chat_template")
         do_lower_case = check_bool(do_lower_case, "do_lower_case")
+        clean_up_tokenization_spaces = check_bool(clean_up_tokenization_spaces, "clean_up_tokenization_spaces")
+        if truncation_side is None:  # the backend's own (a tokenizer.json's "truncation"), as transformers reads it
+            truncation_side = (tokenizer.truncation or {}).get("direction", "right")
+        truncation_side = check_choice(truncation_side, "truncation_side", ("right", "left"))
+        if padding_side is None:
+            padding_side = (tokenizer.padding or {}).get("direction", "right") if max_length is None else "right"
+        padding_side = self._checked_padding_side(padding_side, max_length)
         if max_length is not None:
             _check_room_for_special_tokens(tokenizer, max_length)
         if getattr(_HANDED_OVER, "backend", None) is not tokenizer:  # checked: now the copy
             tokenizer = _copy_backend(tokenizer)
         self._tok = tokenizer
-        self._unpadded = None  # _batches' copy of it without padding, made on first use
+        self._unpadded = None  # encode_batches' copy of it without padding: see _unpadded_backend
         self._id_limit_cache = None  # (vocabulary size, one past the highest id, gaps?): see _id_limit
         self._max_length = max_length
         self.bos_token, self.eos_token, self.unk_token = bos_token, eos_token, unk_token
@@ -208,6 +241,8 @@ class Tokenizer:
         self.extra_special_tokens = list(extra_special_tokens or [])
         self.chat_template = chat_template
         self.do_lower_case = do_lower_case
+        self._truncation_side, self._padding_side = truncation_side, padding_side
+        self._clean_up = clean_up_tokenization_spaces
         pad_id = tokenizer.token_to_id(pad_token) if pad_token is not None else None
         if self.max_length is not None:  # an encoder tokenizer: as it always was
             self.pad_token_id = 0 if pad_id is None else pad_id
@@ -215,7 +250,7 @@ class Tokenizer:
             if pad_token is not None and pad_id is None:
                 pad_token = self._tok.id_to_token(0)
             self.pad_token = pad_token
-            self._tok.enable_truncation(max_length=self.max_length)
+            self._tok.enable_truncation(max_length=self.max_length, direction=truncation_side)
             # the package wants a str for the padding token (only Encoding.tokens shows it)
             pad_text = pad_token if pad_token is not None else (self._tok.id_to_token(self.pad_token_id) or "[PAD]")
             self._tok.enable_padding(pad_id=self.pad_token_id, pad_token=pad_text)
@@ -258,9 +293,71 @@ class Tokenizer:
                              f"built); expected None, got {value}")
         if value is not None:
             _check_room_for_special_tokens(self._tok, value)
-            self._tok.enable_truncation(max_length=value)
-            self._unpadded = None  # copied from _tok with the old truncation: made again on next use
+            self._tok.enable_truncation(max_length=value, direction=self._truncation_side)
         self._max_length = value
+
+    @property
+    def truncation_side(self) -> str:
+        """Where an encoder tokenizer cuts a text longer than :attr:`max_length`: ``"right"`` keeps
+        its first tokens, ``"left"`` its last ones (transformers' ``truncation_side``; read from
+        ``tokenizer_config.json`` or ``tokenizer.json`` by :meth:`from_pretrained`). Assignable;
+        a causal-LM tokenizer keeps it but never truncates.
+
+        Raises:
+            TypeError: not a str. ValueError: not ``"right"`` or ``"left"``.
+        """
+        return self._truncation_side
+
+    @truncation_side.setter
+    def truncation_side(self, value: str) -> None:
+        """Cuts every later encode on the ``value`` side (see the getter for the errors)."""
+        value = check_choice(value, "truncation_side", ("right", "left"))
+        if self._max_length is not None:
+            self._tok.enable_truncation(max_length=self._max_length, direction=value)
+        self._truncation_side = value
+
+    @property
+    def padding_side(self) -> str:
+        """The side :meth:`encode_batch` pads on when its ``padding_side`` is not given:
+        ``"right"``, or ``"left"`` for a causal-LM tokenizer (transformers' ``padding_side``, read
+        from a causal LM's ``tokenizer_config.json`` by :meth:`from_pretrained`). Assignable.
+
+        Raises:
+            TypeError: not a str. ValueError: not ``"right"`` or ``"left"``; ``"left"`` for an
+                encoder tokenizer.
+        """
+        return self._padding_side
+
+    @padding_side.setter
+    def padding_side(self, value: str) -> None:
+        """Pads later batches on the ``value`` side (see the getter for the errors)."""
+        self._padding_side = self._checked_padding_side(value, self._max_length)
+
+    @staticmethod
+    def _checked_padding_side(value, max_length: int | None) -> str:
+        """``value`` checked as a padding side of a tokenizer that truncates to ``max_length``
+        (None: a causal-LM tokenizer): ``"right"``, or ``"left"`` for a causal-LM tokenizer only."""
+        value = check_choice(value, "padding_side", ("right", "left"))
+        if value == "left" and max_length is not None:
+            raise ValueError("padding_side: expected 'right' for an encoder tokenizer ('left' is for a causal-LM "
+                             "tokenizer), got 'left'")
+        return value
+
+    @property
+    def clean_up_tokenization_spaces(self) -> bool:
+        """Whether :meth:`decode` removes the spaces WordPiece decoding leaves before punctuation
+        and contractions (transformers' ``clean_up_tokenization_spaces``, read from
+        ``tokenizer_config.json`` by :meth:`from_pretrained`). Assignable.
+
+        Raises:
+            TypeError: not a bool.
+        """
+        return self._clean_up
+
+    @clean_up_tokenization_spaces.setter
+    def clean_up_tokenization_spaces(self, value: bool) -> None:
+        """Sets it for later :meth:`decode` calls (see the getter for the errors)."""
+        self._clean_up = check_bool(value, "clean_up_tokenization_spaces")
 
     # ---------------------------------------------------------------------------- construction
     @classmethod
@@ -305,6 +402,24 @@ class Tokenizer:
         0's token, and without an ``unk_token`` in ``tokenizer_config.json`` takes the WordPiece/BPE
         model's own; a causal LM pads with its ``pad_token``, else its EOS token.
 
+        Other settings of ``tokenizer_config.json`` that transformers applies:
+
+        * ``truncation_side`` (else the ``direction`` of ``tokenizer.json``'s ``truncation``, else
+          ``"right"``): an encoder keeps a long text's last tokens when it is ``"left"``;
+        * ``clean_up_tokenization_spaces`` (default false): :meth:`decode` removes the spaces
+          before punctuation and contractions; not for a BPE model (GPT-2's, Llama's), as
+          transformers skips it there, unless
+          ``clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output`` is true;
+        * ``do_lower_case``, ``strip_accents`` and ``tokenize_chinese_chars``, where
+          ``tokenizer.json``'s normalizer is a ``BertNormalizer``: each one present replaces the
+          normalizer's setting (``lowercase``, ``strip_accents``, ``handle_chinese_chars``), as
+          transformers' BERT tokenizers rebuild it. One absent keeps ``tokenizer.json``'s (where
+          transformers' ``BertTokenizer`` would take its defaults: lowercase, CJK split);
+        * ``padding_side``, for a causal LM only: the default side of :meth:`encode_batch`. An
+          encoder always pads on the right: a ``"left"`` in an encoder's folder is not applied
+          (BERT counts positions from the first token, padding included, so left padding would
+          change the shorter texts' embeddings).
+
         Args:
             name_or_path: a model directory, a ``.gguf`` file or an embedded model's name; required
                 (no default: this class serves BERT encoders and causal LMs alike; the embedding
@@ -324,7 +439,11 @@ class Tokenizer:
                 ``architectures`` is not a list of strings or ``model_type`` not a string; a
                 ``chat_template`` in ``tokenizer_config.json`` that is not a str or a list of
                 ``{"name": str, "template": str}``; a ``chat_template.jinja`` or
-                ``additional_chat_templates/*.jinja`` that is not UTF-8 text (naming the file).
+                ``additional_chat_templates/*.jinja`` that is not UTF-8 text (naming the file);
+                naming ``tokenizer_config.json`` and the key: a ``truncation_side`` or
+                ``padding_side`` not ``"right"`` or ``"left"``, a ``clean_up_tokenization_spaces``,
+                ``do_lower_case`` or ``tokenize_chinese_chars`` not a bool, a ``strip_accents`` not
+                a bool or null.
             TypeError: ``max_length`` not an int or None.
         """
         from tokenizers import Tokenizer as HFTokenizer
@@ -351,9 +470,14 @@ class Tokenizer:
             tok = HFTokenizer.from_file(str(path))
         except Exception as e:  # the Rust parser's errors: name the file
             raise ValueError(f"{path}: cannot read tokenizer.json ({type(e).__name__}: {e})") from None
+        config_path = model_dir / "tokenizer_config.json"
         tokens = _special_tokens_of_config(cfg, tok)
+        _apply_bert_normalizer_flags(tok, cfg, config_path)
+        settings = {"truncation_side": _config_choice(cfg, "truncation_side", config_path),
+                    "clean_up_tokenization_spaces": _clean_up_of_config(cfg, tok, config_path)}
         if causal:
-            return cls._owning(tok, max_length=None, **tokens, chat_template=_chat_template_of_dir(model_dir, cfg))
+            return cls._owning(tok, max_length=None, **tokens, chat_template=_chat_template_of_dir(model_dir, cfg),
+                               padding_side=_config_choice(cfg, "padding_side", config_path), **settings)
         if max_length is None:
             max_length = _default_max_length(model_dir, cfg)
         if tokens["pad_token"] is None:  # none in tokenizer_config.json (or not in the vocabulary)
@@ -362,7 +486,8 @@ class Tokenizer:
         unk = getattr(tok.model, "unk_token", None)
         if "unk_token" not in cfg and isinstance(unk, str) and tok.token_to_id(unk) is not None:
             tokens["unk_token"] = unk
-        return cls._owning(tok, max_length=max_length, **tokens, do_lower_case=_do_lower_case(model_dir))
+        _config_choice(cfg, "padding_side", config_path)  # checked, not applied: an encoder pads on the right
+        return cls._owning(tok, max_length=max_length, **tokens, do_lower_case=_do_lower_case(model_dir), **settings)
 
     @classmethod
     def from_gguf(cls, path_or_checkpoint, pre_tokenizer: str | None = None) -> "Tokenizer":
@@ -480,31 +605,45 @@ class Tokenizer:
             check_unicode(t, "texts", i)
         return list(texts)
 
-    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+    def decode(self, ids, skip_special_tokens: bool = True, clean_up_tokenization_spaces: bool | None = None) -> str:
         """Text from token ids.
 
         Args:
             ids: a list (or 1-D array / tensor, or one int) of token ids: one text.
             skip_special_tokens: leave special tokens out of the text.
+            clean_up_tokenization_spaces: remove the spaces before punctuation and contractions
+                (``" ."`` -> ``"."``, ``" ' "`` -> ``"'"``, ``" n't"`` -> ``"n't"``, ...:
+                transformers' ``clean_up_tokenization``); None (the default): the tokenizer's
+                :attr:`clean_up_tokenization_spaces`. :class:`TextStream` does not apply it (it
+                can change text already streamed).
 
         Raises:
             TypeError: an id that is not an int, ``ids`` not a list/array of ints (a nested list
-                included).
+                included); ``skip_special_tokens`` not a bool, ``clean_up_tokenization_spaces``
+                not a bool or None.
             ValueError: an id outside the vocabulary (below 0 or above its highest id, which is
                 ``vocab_size - 1`` unless its ids have gaps), or in one of its gaps (an id no token
                 has); an array of more than one dimension (a batch: decode its rows one at a time).
         """
         skip_special_tokens = check_bool(skip_special_tokens, "skip_special_tokens")
-        return self._tok.decode(self._check_ids(ids), skip_special_tokens=skip_special_tokens)
+        if clean_up_tokenization_spaces is None:
+            clean_up_tokenization_spaces = self._clean_up
+        clean_up_tokenization_spaces = check_bool(clean_up_tokenization_spaces, "clean_up_tokenization_spaces")
+        text = self._tok.decode(self._check_ids(ids), skip_special_tokens=skip_special_tokens)
+        if clean_up_tokenization_spaces:
+            for spaced, joined in _CLEAN_UP_TOKENIZATION:
+                text = text.replace(spaced, joined)
+        return text
 
-    def encode_batch(self, texts, add_special_tokens: bool = True, padding_side: str = "right") -> dict[str, np.ndarray]:
+    def encode_batch(self, texts, add_special_tokens: bool = True, padding_side: str | None = None) -> dict[str, np.ndarray]:
         """Tokenizes a batch, padded to its longest member (an encoder tokenizer also truncates to
         ``max_length``).
 
         Args:
             texts: a list of str.
             add_special_tokens: as in :meth:`encode`.
-            padding_side: ``"right"`` or, for a causal-LM tokenizer, ``"left"`` (generation).
+            padding_side: ``"right"`` or, for a causal-LM tokenizer, ``"left"`` (generation); None
+                (the default): the tokenizer's :attr:`padding_side`.
 
         Returns:
             ``{"input_ids", "attention_mask", "token_type_ids"}``, each an ``(N, L)`` int64 array;
@@ -521,10 +660,8 @@ class Tokenizer:
         if not texts:
             raise ValueError("texts: expected at least one text, got an empty list")
         add_special_tokens = check_bool(add_special_tokens, "add_special_tokens")
-        padding_side = check_choice(padding_side, "padding_side", ("right", "left"))
-        if padding_side == "left" and self.max_length is not None:
-            raise ValueError("padding_side: expected 'right' for an encoder tokenizer ('left' is for a causal-LM "
-                             "tokenizer), got 'left'")
+        padding_side = self._checked_padding_side(self._padding_side if padding_side is None else padding_side,
+                                                  self.max_length)
         encs = self._tok.encode_batch([self._cased(t) for t in texts], add_special_tokens=add_special_tokens)
         if self.max_length is not None:  # padded by the tokenizers package
             return {
@@ -569,10 +706,6 @@ class Tokenizer:
     TEXTS_PER_CALL = 1024  # texts per call of the tokenizers package in encode_batches
 
     def _batches(self, texts, batch_size, add_special_tokens):
-        if self._unpadded is None:  # the same tokenizer without the package's padding (we pad per batch)
-            self._unpadded = _copy_backend(self._tok)
-            if self._unpadded is not self._tok:
-                self._unpadded.no_padding()
         per_call = max(1, self.TEXTS_PER_CALL // batch_size) * batch_size
         for c0 in range(0, len(texts), per_call):
             encs = self._unpadded_encodings([self._cased(t) for t in texts[c0:c0 + per_call]], add_special_tokens)
@@ -580,8 +713,11 @@ class Tokenizer:
                 yield self._pad(encs[b0:b0 + batch_size], "right")
 
     def _unpadded_encodings(self, texts, add_special_tokens):
-        if self._unpadded is not self._tok:
-            return self._unpadded.encode_batch(texts, add_special_tokens=add_special_tokens)
+        """The encodings of ``texts`` by the backend as it is now, without its padding (each batch
+        is padded to its own longest by :meth:`_pad`)."""
+        backend = self._unpadded_backend()
+        if backend is not self._tok or self._tok.padding is None:
+            return backend.encode_batch(texts, add_special_tokens=add_special_tokens)
         padding = self._tok.padding  # a backend that could not be copied: its padding off for the call
         self._tok.no_padding()
         try:
@@ -589,6 +725,43 @@ class Tokenizer:
         finally:
             if padding is not None:
                 self._tok.enable_padding(**padding)
+
+    def _unpadded_backend(self):
+        """The backend that :meth:`encode_batches` tokenizes with: the backend itself when it does
+        not pad (a causal LM's); else a copy of it with padding off, in the backend's current
+        state.
+
+        The copy is not made per call (0.06 s for BERT's vocabulary: its JSON); it is kept and
+        brought up to date on every call instead, so that changes made through :attr:`backend`
+        after it was made reach it as they reach :meth:`encode`: it takes the backend's own
+        model, normalizer, pre-tokenizer, post-processor and decoder objects (shared: changing one
+        in place changes both, replacing one is taken over here), its truncation and its
+        ``encode_special_tokens``; tokens added to the backend (its added vocabulary differs) make
+        a new copy. The backend's padding is never switched off for this, so another thread's
+        :meth:`encode_batch` on it is never left unpadded. A backend that cannot be copied (parts
+        written in Python) is returned itself; :meth:`_unpadded_encodings` then switches its
+        padding off around the call.
+        """
+        live = self._tok
+        if live.padding is None:
+            return live
+        copy = self._unpadded
+        if copy is None or copy.get_added_tokens_decoder() != live.get_added_tokens_decoder():
+            copy = _copy_backend(live)
+            if copy is live:
+                return live
+            copy.no_padding()
+            self._unpadded = copy
+        copy.model, copy.normalizer, copy.pre_tokenizer = live.model, live.normalizer, live.pre_tokenizer
+        copy.post_processor, copy.decoder = live.post_processor, live.decoder
+        copy.encode_special_tokens = live.encode_special_tokens
+        truncation = live.truncation
+        if truncation != copy.truncation:
+            if truncation is None:
+                copy.no_truncation()
+            else:
+                copy.enable_truncation(**truncation)
+        return copy
 
     def _pad(self, encs, padding_side: str) -> dict[str, np.ndarray]:
         """encode_batch's arrays from unpadded encodings, padded to the longest."""
@@ -1178,6 +1351,73 @@ def _do_lower_case(model_dir: Path) -> bool:
     if not isinstance(value, bool):
         raise ValueError(f"{path}: do_lower_case: expected a bool, got {type(value).__name__} {_clip(value)}")
     return value
+
+
+def _config_choice(tokenizer_config: dict, key: str, path: Path) -> str | None:
+    """``tokenizer_config.json``'s ``truncation_side`` / ``padding_side`` (the ``key``): ``"right"``,
+    ``"left"``, or None when absent or null.
+
+    Raises:
+        ValueError: naming the file (``path``) and the key: any other value.
+    """
+    value = tokenizer_config.get(key)
+    if value is not None and value not in ("right", "left"):
+        raise ValueError(f"{path}: {key}: expected 'right' or 'left', got {type(value).__name__} {_clip(value)}")
+    return value
+
+
+_BPE_CLEAN_UP_ANYWAY = "clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output"
+
+
+def _clean_up_of_config(tokenizer_config: dict, backend, path: Path) -> bool:
+    """Whether :meth:`Tokenizer.decode` cleans up spaces, as transformers decides: when
+    ``tokenizer_config.json``'s ``clean_up_tokenization_spaces`` is true, unless ``backend``'s
+    model is a BPE (where the clean-up would remove real spaces) and
+    ``clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output`` is not true.
+
+    Raises:
+        ValueError: naming the file (``path``) and the key: a value that is not a JSON bool.
+    """
+    from tokenizers import models
+
+    flags = {}
+    for key in ("clean_up_tokenization_spaces", _BPE_CLEAN_UP_ANYWAY):
+        value = tokenizer_config.get(key, False)
+        if not isinstance(value, bool):
+            raise ValueError(f"{path}: {key}: expected a bool, got {type(value).__name__} {_clip(value)}")
+        flags[key] = value
+    if isinstance(backend.model, models.BPE) and not flags[_BPE_CLEAN_UP_ANYWAY]:
+        return False
+    return flags["clean_up_tokenization_spaces"]
+
+
+def _apply_bert_normalizer_flags(backend, tokenizer_config: dict, path: Path) -> None:
+    """Sets ``tokenizer_config.json``'s ``do_lower_case``, ``strip_accents`` and
+    ``tokenize_chinese_chars`` (those present) on ``backend``'s normalizer when it is a
+    ``BertNormalizer``, as transformers' BERT tokenizers build theirs from them: a new
+    ``BertNormalizer`` with those settings, the others (``clean_text`` included) as they were.
+    Nothing for another normalizer (transformers' tokenizers for those do not read the flags).
+
+    Raises:
+        ValueError: naming the file (``path``) and the key: ``do_lower_case`` or
+            ``tokenize_chinese_chars`` not a bool, ``strip_accents`` not a bool or null.
+    """
+    from tokenizers import normalizers
+
+    normalizer = backend.normalizer
+    if not isinstance(normalizer, normalizers.BertNormalizer):
+        return
+    settings = {"clean_text": normalizer.clean_text, "handle_chinese_chars": normalizer.handle_chinese_chars,
+                "strip_accents": normalizer.strip_accents, "lowercase": normalizer.lowercase}
+    for key, argument in _BERT_NORMALIZER_FLAGS:
+        if key not in tokenizer_config:
+            continue
+        value = tokenizer_config[key]
+        if not (isinstance(value, bool) or (value is None and key == "strip_accents")):
+            expected = "a bool or null" if key == "strip_accents" else "a bool"
+            raise ValueError(f"{path}: {key}: expected {expected}, got {type(value).__name__} {_clip(value)}")
+        settings[argument] = value
+    backend.normalizer = normalizers.BertNormalizer(**settings)
 
 
 def _default_max_length(model_dir: Path, tokenizer_config: dict) -> int:
