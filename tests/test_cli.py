@@ -746,3 +746,140 @@ def test_cli_search_refuses_a_query_of_only_invisible_characters(tmp_path):
     assert_clean_error(run_cli_any("search", "--index", tmp_path / "none.npy", "fine", "\u200b"),
                        "transformer_core search: queries: expected some text, got a query of only invisible "
                        "characters (control, zero-width or format characters, combining marks) at index 1")
+
+
+def _closing_stdout():
+    os.close(1)
+
+
+def test_cli_embed_and_search_with_stdout_closed_are_one_line(tmp_path, tiny_model_dir):
+    """`embed ... >&-` and `search ... >&-` ended in AttributeError: 'NoneType' object has no
+    attribute 'flush' (exit 1), `embed --out` after writing its output; now every command refuses
+    before any work, as generate and chat do: one line, exit 2, no output file."""
+    f = tmp_path / "c.txt"
+    f.write_text("one line\nanother line\n", encoding="utf-8")
+    index = tmp_path / "i.npy"
+    assert run_cli_any("embed", "--file", f, "--out", index, "--model", tiny_model_dir, "--no-progress").returncode == 0
+    before = sorted(os.listdir(tmp_path))
+    for args in (["embed", "a", "b", "--json"], ["embed", "--file", f, "--out", tmp_path / "o.npy"],
+                 ["search", "--index", index, "one"]):
+        command = args[0]
+        r = subprocess.run([sys.executable, "-m", "transformer_core", *map(str, args), "--model", str(tiny_model_dir)],
+                           stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=_closing_stdout, text=True,
+                           timeout=300)
+        assert r.returncode == 2, r.stderr
+        assert r.stderr == (f"transformer_core {command}: stdout: standard output is closed; there is nowhere to "
+                            f"write the output\n")
+    assert sorted(os.listdir(tmp_path)) == before  # no o.npy, manifest or lock file
+
+
+def _escaped(text: str, encoding: str, escape) -> str:
+    """``text`` with each character ``encoding`` cannot write replaced by ``escape(character)``."""
+    def writable(c):
+        try:
+            c.encode(encoding)
+            return True
+        except UnicodeEncodeError:
+            return False
+    return "".join(c if writable(c) else escape(c) for c in text)
+
+
+def _python_escape(c):
+    return c.encode("ascii", "backslashreplace").decode("ascii")
+
+
+def _json_escape(c):
+    """JSON's escape: one \\uXXXX per UTF-16 code unit (a surrogate pair above U+FFFF)."""
+    units = c.encode("utf-16-be")
+    return "".join(f"\\u{int.from_bytes(units[i:i + 2], 'big'):04x}" for i in range(0, len(units), 2))
+
+
+@pytest.mark.parametrize("encoding", ["ascii", "latin-1"])
+def test_cli_output_is_whole_on_a_stdout_that_is_not_utf8(tmp_path, tiny_model_dir, tiny_chat_dirs, encoding):
+    """On an ASCII or Latin-1 stdout (PYTHONIOENCODING, strict) the similarity matrix stopped at its
+    first row ("café"), search at its first hit and generate at its first non-ASCII character,
+    then an 'ascii' codec error line (exit 2). Now the whole output is written (exit 0, nothing on
+    stderr): characters the encoding lacks as Python's backslash escapes in text, as JSON's \\u
+    escapes with --json (the JSON reads back as the same text)."""
+    texts = ["café au lait", "日本語のテキスト", "naïve 😀 emoji", "plain text"]
+    model = ["--model", str(tiny_model_dir)]
+    f = tmp_path / "c.txt"
+    f.write_text("\n".join(texts) + "\n", encoding="utf-8")
+    index = tmp_path / "i.npy"
+    assert run_cli_any("embed", "--file", f, "--out", index, *model, "--no-progress").returncode == 0
+    chat = tiny_chat_dirs[0]
+    commands = {"embed": ["embed", *texts, *model], "embed --json": ["embed", *texts, *model, "--json"],
+                "search": ["search", "--index", str(index), "café 日本", "-k", "4"],
+                "search --json": ["search", "--index", str(index), "café 日本", "-k", "4", "--json"],
+                "generate": ["generate", "Write the word café, 日本", "--model", str(chat), "--max-new-tokens", "8"]}
+    for name, args in commands.items():
+        want = subprocess.run([sys.executable, "-m", "transformer_core", *args], capture_output=True, timeout=300,
+                              env={**os.environ, "PYTHONIOENCODING": "utf-8"})
+        assert want.returncode == 0, want.stderr
+        want = want.stdout.decode("utf-8")
+        # a character neither encoding has (embed --json writes ASCII JSON itself)
+        assert any(ord(c) > 0xff for c in want) != (name == "embed --json"), (name, want)
+        got = subprocess.run([sys.executable, "-m", "transformer_core", *args], capture_output=True, timeout=300,
+                             env={**os.environ, "PYTHONIOENCODING": f"{encoding}:strict"})
+        err = got.stderr.decode()
+        assert got.returncode == 0 and "codec" not in err and "Traceback" not in err, (name, err)
+        if name != "generate":
+            assert err == "", (name, err)
+        got = got.stdout.decode(encoding)
+        if name.endswith("--json"):
+            assert json.loads(got) == json.loads(want), name
+            assert got == _escaped(want, encoding, _json_escape), name
+        else:
+            assert got == _escaped(want, encoding, _python_escape), name
+            assert "\\u65e5" in got, (name, got)  # 日
+            assert ("caf\\xe9" in got) == (encoding == "ascii") and ("café" in got) == (encoding == "latin-1"), got
+    for command in ("embed", "search", "generate", "chat"):  # the --help says so (and is ASCII itself)
+        shown = subprocess.run([sys.executable, "-m", "transformer_core", command, "--help"], capture_output=True,
+                               text=True, timeout=300, env={**os.environ, "PYTHONIOENCODING": f"{encoding}:strict"})
+        assert shown.returncode == 0, shown.stderr
+        assert ("is written as a backslash escape (\\xe9, \\u65e5); with --json as a JSON escape (\\u00e9), so "
+                "that the JSON reads back as the same text") in " ".join(shown.stdout.split()), shown.stdout
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_cli_error_of_writing_stdout_names_it(tiny_model_dir):
+    """`embed a b >/dev/full` said "[Errno 28] No space left on device" without saying what it was
+    writing; now the message names standard output (exit 2, one line, no traceback)."""
+    with open("/dev/full", "w") as full:
+        r = subprocess.run([sys.executable, "-m", "transformer_core", "embed", "a", "b", "--model",
+                            str(tiny_model_dir)], stdout=full, stderr=subprocess.PIPE, text=True, timeout=300)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr == "transformer_core embed: stdout: cannot write standard output: No space left on device\n"
+
+
+def test_cli_error_of_a_file_of_the_output_names_out(tmp_path, tiny_model_dir, monkeypatch, capsys):
+    """`embed --out ro/o.npy` in a read-only directory said "ro/.o.npy.lock: Read-only file system",
+    naming a hidden file the user never gave. Now the message names --out and its path first (the
+    hidden file after them). In-process, the lock file's creation made to fail as a read-only file system does
+    (the tests may run as root, whom permissions do not stop); then on Linux's /proc for real."""
+    import errno
+
+    from transformer_core.__main__ import main
+
+    f = tmp_path / "c.txt"
+    f.write_text("one line\n", encoding="utf-8")
+    out = tmp_path / "ro" / "o.npy"
+    out.parent.mkdir()
+    real_open = os.open
+
+    def read_only(path, *args, **kwargs):
+        if os.fspath(path).endswith(".lock"):
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), os.fspath(path))
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", read_only)
+    assert main(["embed", "--file", str(f), "--out", str(out), "--model", str(tiny_model_dir), "--no-progress"]) == 2
+    monkeypatch.undo()
+    captured = capsys.readouterr()
+    assert captured.out == "" and os.listdir(out.parent) == []
+    assert captured.err == (f"transformer_core embed: out: {out}: Read-only file system "
+                            f"(at its run's file {out.parent / '.o.npy.lock'})\n")
+    if os.path.isdir("/proc/self"):
+        r = assert_clean_error(run_cli_any("embed", "--file", f, "--out", "/proc/self/o.npy", "--model",
+                                           tiny_model_dir, "--no-progress"))
+        assert r.startswith("transformer_core embed: out: /proc/self/o.npy: "), r

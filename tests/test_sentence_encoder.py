@@ -744,7 +744,8 @@ def test_max_seq_length_is_checked_against_the_model(encoder):
         enc.max_seq_length = 512.0
     with pytest.raises(TypeError, match=r"^max_seq_length: expected an int, got NoneType"):
         enc.max_seq_length = None
-    with pytest.raises(ValueError, match=r"^max_length: expected at least 2 "):  # [CLS] and [SEP]
+    with pytest.raises(ValueError, match=r"^max_seq_length: expected at least 2 \(the special tokens the tokenizer "
+                                         r"adds to every text\), got 1$"):  # [CLS] and [SEP]
         enc.max_seq_length = 1
     assert enc.max_seq_length == 256
     enc.tokenizer.max_length = 600
@@ -775,6 +776,77 @@ def test_pooling_and_normalize_assigned_later_are_checked(encoder, hf_bert, hf_t
     np.testing.assert_allclose(enc.encode(texts), _hf_pool(hf_bert, hf_tokenizer, texts, "cls", False), atol=1e-5)
     enc.pooling, enc.normalize = "max", True
     np.testing.assert_allclose(enc.encode(texts), _hf_pool(hf_bert, hf_tokenizer, texts, "max", True), atol=1e-5)
+
+
+def test_prompt_settings_and_tokenizer_assigned_later_are_checked(tmp_path, model_dir, hf_bert, hf_tokenizer,
+                                                                  encoder):
+    """``enc.include_prompt = "no"`` was read as true, ``enc.default_prompt_name = "query"`` (no
+    such prompt) raised KeyError at the next encode, ``enc.prompts = {"q": 5}`` a TypeError about
+    ``+`` there and ``enc.tokenizer = "x"`` an AttributeError: each is refused when assigned,
+    naming the attribute, and leaves the setting as it was; valid assignments take effect."""
+    d = _prompt_folder(tmp_path, model_dir, "p", {"prompts": {"query": "query: ", "doc": ""},
+                                                   "default_prompt_name": "query"})
+    enc = tc.SentenceEncoder.from_pretrained(d)
+    texts = ["What is the capital of France?", SENTENCES[4]]
+    prompted = _hf_prompted(hf_bert, hf_tokenizer, texts, "query: ")
+    prompt_left_out = _hf_prompted(hf_bert, hf_tokenizer, texts, "query: ", skip=len(hf_tokenizer.encode("query: ").ids) - 1)
+    assert np.abs(prompted - prompt_left_out).max() > 0.01
+    np.testing.assert_allclose(enc.encode(texts), prompted, atol=1e-5)
+
+    for value, shown in (("no", "str 'no'"), (0, "int 0"), (None, "NoneType")):
+        with pytest.raises(TypeError, match=rf"^include_prompt: expected a bool, got {shown}"):
+            enc.include_prompt = value
+    assert enc.include_prompt is True
+    enc.include_prompt = False
+    np.testing.assert_allclose(enc.encode(texts), prompt_left_out, atol=1e-5)
+    enc.include_prompt = True
+
+    with pytest.raises(ValueError, match=r"^default_prompt_name: expected None or one of the prompts' names "
+                                         r"\['query', 'doc'\], got 'passage'$"):
+        enc.default_prompt_name = "passage"
+    with pytest.raises(TypeError, match=r"^default_prompt_name: expected None or a str, got int$"):
+        enc.default_prompt_name = 1
+    assert enc.default_prompt_name == "query"
+    enc.default_prompt_name = "doc"  # the empty prompt: the text alone, [CLS] pooled (include_prompt true)
+    np.testing.assert_allclose(enc.encode(texts), _hf_prompted(hf_bert, hf_tokenizer, texts, ""), atol=1e-5)
+    enc.default_prompt_name = "query"
+
+    with pytest.raises(TypeError, match=r"^prompts: expected None or a dict of prompt name \(str\) -> prompt "
+                                         r"\(str\), got \{'query': 5\}$"):
+        enc.prompts = {"query": 5}
+    with pytest.raises(TypeError, match=r"^prompts: expected None or a dict .*got \['query: '\]$"):
+        enc.prompts = ["query: "]
+    with pytest.raises(ValueError, match=r"^prompts\['query'\]: .*lone surrogate"):
+        enc.prompts = {"query": "q\udce9: "}
+    with pytest.raises(ValueError, match=r"^prompts: expected prompts that include the default_prompt_name "
+                                         r"'query', got the names \['passage'\]; assign default_prompt_name = "
+                                         r"None first$"):
+        enc.prompts = {"passage": "passage: "}
+    with pytest.raises(TypeError, match="does not support item assignment"):
+        enc.prompts["query"] = 5  # a read-only view: only a checked assignment changes the prompts
+    assert enc.prompts == {"query": "query: ", "doc": ""} and enc.default_prompt_name == "query"
+    enc.prompts = {**enc.prompts, "query": "search_query: "}
+    np.testing.assert_allclose(enc.encode(texts), _hf_prompted(hf_bert, hf_tokenizer, texts, "search_query: "),
+                               atol=1e-5)
+    enc.default_prompt_name = None
+    enc.prompts = None
+    assert enc.prompts == {}
+    np.testing.assert_allclose(enc.encode(texts), _hf_prompted(hf_bert, hf_tokenizer, texts, ""), atol=1e-5)
+
+    before = enc.tokenizer
+    with pytest.raises(TypeError, match=r"^tokenizer: expected a transformer_core.Tokenizer, got str$"):
+        enc.tokenizer = "x"
+    with pytest.raises(ValueError, match=r"^tokenizer: expected an encoder tokenizer truncating to at most 512 "
+                                         r"tokens .*got max_length=None$"):
+        enc.tokenizer = tc.Tokenizer.from_pretrained("SmolLM2-135M-Instruct")  # a causal-LM tokenizer
+    with pytest.raises(TypeError, match=r"^model: expected a transformer_core.BertModel, got str$"):
+        enc.model = "x"
+    assert enc.tokenizer is before
+    short = tc.Tokenizer.from_pretrained(MODEL_NAME, max_length=8)
+    enc.tokenizer = short
+    assert enc.tokenizer is short and enc.max_seq_length == 8
+    enc.model = encoder.model
+    assert enc.model is encoder.model
 
 
 @pytest.mark.parametrize("pooling", ["mean", "max"])

@@ -23,7 +23,18 @@ into one line on stderr, ``transformer_core <command>: <message>``, and exit cod
 traceback. Usage errors are argparse's (exit code 2 too). A reader that closes standard output
 early (``embed --file F | head -3``) is not an error: the command stops quietly with exit code 141
 (128 + SIGPIPE, what a shell reports for a command killed by SIGPIPE), its remaining output
-discarded, as Python's documentation of SIGPIPE recommends.
+discarded, as Python's documentation of SIGPIPE recommends. Standard output closed before the
+command starts (``>&-``) is refused before any work (``stdout: standard output is closed``); an
+error of writing it (``>/dev/full``) is named as standard output's (``stdout: cannot write
+standard output: No space left on device``); an error of a hidden file of ``--out``'s run (its
+lock file, a temporary) names ``out:`` and the output's path first.
+
+Standard output's encoding: every command writes its whole output whatever the encoding
+(``PYTHONIOENCODING=ascii``, a Latin-1 terminal). A character the encoding cannot write is written
+as an escape, never a UnicodeEncodeError halfway through: as Python's ``backslashreplace`` in
+text (``caf\\xe9`` for ``café``: sentences, search hits, chat replies and generated text), as
+JSON's ``\\u`` escape with ``--json`` (``caf\\u00e9``), so that the JSON stays valid and reads back
+as the same text. The numbers (scores, similarities, embeddings) are ASCII anyway.
 """
 
 from __future__ import annotations
@@ -31,6 +42,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
+import json
 import os
 import signal
 import sys
@@ -44,6 +56,12 @@ EXIT_BROKEN_PIPE = 141
 #: Errors that are the user's input or environment, reported in one line (anything else is a bug
 #: and keeps its traceback).
 EXPECTED_ERRORS = (ValueError, TypeError, OSError, ImportError, KeyboardInterrupt)
+
+#: The end of every command's --help: what is written for a character stdout's encoding lacks.
+#: ASCII only: --help is printed before a command's output is made safe for the encoding.
+ENCODING_NOTE = ("Output: a character that standard output's encoding cannot write (PYTHONIOENCODING=ascii, a "
+                 "Latin-1 terminal) is written as a backslash escape (\\xe9, \\u65e5); with --json as a JSON "
+                 "escape (\\u00e9), so that the JSON reads back as the same text.")
 
 
 def _count(maximum: int | None = None):
@@ -71,7 +89,8 @@ def _add_embed(sub) -> None:
     e = sub.add_parser("embed", help="sentence embeddings: a similarity matrix, or a corpus into .npy/.parquet",
                        description="Embeds sentences with a sentence encoder (default all-MiniLM-L6-v2). Up to 20 "
                                    "sentences: their cosine-similarity matrix. --out: every text of --file into a "
-                                   ".npy or .parquet output, in chunks, resumable.")
+                                   ".npy or .parquet output, in chunks, resumable.",
+                       epilog=ENCODING_NOTE)
     e.set_defaults(run="corpus:run_embed")
     e.add_argument("sentences", nargs="*", help="sentences to embed (or --file)")
     src = e.add_argument_group("input")
@@ -113,7 +132,8 @@ def _add_embed(sub) -> None:
 
 def _add_search(sub) -> None:
     s = sub.add_parser("search", help="the k nearest texts of an embed --out output",
-                       description="Exact top-k search by cosine similarity over the output of `embed --out`.")
+                       description="Exact top-k search by cosine similarity over the output of `embed --out`.",
+                       epilog=ENCODING_NOTE)
     s.set_defaults(run="corpus:run_search")
     s.add_argument("queries", nargs="+", metavar="QUERY", help="the query text(s)")
     s.add_argument("--index", required=True, help="the --out of an embed run (OUT.npy or OUT.parquet)")
@@ -145,7 +165,8 @@ def _add_chat(sub) -> None:
     c = sub.add_parser("chat", help="chat with a Llama-family model (SmolLM2-135M-Instruct)",
                        description="Chats with a chat model: the reply to PROMPT, streamed as it is generated, then "
                                    "the prefill and decode tokens/s on stderr. Without PROMPT, each line of standard "
-                                   "input is a turn of one conversation (the KV cache is kept between turns).")
+                                   "input is a turn of one conversation (the KV cache is kept between turns).",
+                       epilog=ENCODING_NOTE)
     c.set_defaults(run="chat:run_chat")
     c.add_argument("prompt", nargs="?", help="the message (default: read turns from standard input)")
     c.add_argument("--system", help="a system message")
@@ -155,7 +176,8 @@ def _add_chat(sub) -> None:
 
 def _add_generate(sub) -> None:
     g = sub.add_parser("generate", help="continue raw text with a causal LM",
-                       description="Continues TEXT without a chat template, streamed, then tokens/s on stderr.")
+                       description="Continues TEXT without a chat template, streamed, then tokens/s on stderr.",
+                       epilog=ENCODING_NOTE)
     g.set_defaults(run="chat:run_generate")
     g.add_argument("text", help="the text to continue")
     _add_generation_options(g, "the most new tokens (default 256, or as many as fit the model's context after "
@@ -168,17 +190,101 @@ COMMANDS = {"embed": _add_embed, "search": _add_search, "chat": _add_chat, "gene
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m transformer_core",
-                                description="transformer_core from the command line: `COMMAND --help` for each.")
+                                description="transformer_core from the command line: `COMMAND --help` for each.",
+                                epilog=ENCODING_NOTE)
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add in COMMANDS.values():
         add(sub)
     return p
 
 
-def _message(error: BaseException) -> str:
-    """One line for an expected error."""
+class _StandardOutput:
+    """``sys.stdout`` while a command runs (:func:`main` puts it there): the stream it wraps, with
+    two differences.
+
+    - A text is written whole whatever the stream's encoding: each character the encoding cannot
+      write becomes an escape first (``caf\\xe9``, or JSON's ``caf\\u00e9`` when ``json_escapes``;
+      JSON has no ``\\x``). Written as it is, it would raise UnicodeEncodeError at that character,
+      the lines before it already written.
+    - An OSError of writing or flushing (a full disk: ``>/dev/full``) gets ``on_stdout = True``:
+      such an error names no file, and its message must say where the write failed.
+
+    Everything else (``encoding``, ``fileno``, ``buffer``, ...) is the wrapped stream's.
+    """
+
+    def __init__(self, stream, json_escapes: bool):
+        self._stream = stream
+        self._escape = _json_escape if json_escapes else _backslash_escape
+        self._encoding = getattr(stream, "encoding", None) or "utf-8"
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(self._writable(text))
+        except OSError as error:
+            error.on_stdout = True
+            raise
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except OSError as error:
+            error.on_stdout = True
+            raise
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+    def _writable(self, text: str) -> str:
+        """``text`` with the characters the encoding cannot write escaped (most texts: unchanged)."""
+        try:
+            text.encode(self._encoding)
+            return text
+        except UnicodeEncodeError:
+            return "".join(c if _encodable(c, self._encoding) else self._escape(c) for c in text)
+
+
+def _encodable(character: str, encoding: str) -> bool:
+    """Whether ``encoding`` can write ``character``."""
+    try:
+        character.encode(encoding)
+        return True
+    except UnicodeEncodeError:
+        return False
+
+
+def _backslash_escape(character: str) -> str:
+    """Python's ``backslashreplace``: ``\\xe9``, ``\\u65e5``, ``\\U0001f600``."""
+    return character.encode("ascii", "backslashreplace").decode("ascii")
+
+
+def _json_escape(character: str) -> str:
+    """JSON's escape of a character inside a string: ``\\u00e9``, a surrogate pair above U+FFFF."""
+    return json.dumps(character)[1:-1]
+
+
+def _hidden_file_of_the_output(filename, args) -> bool:
+    """Whether ``filename`` (an OSError's) is one of the hidden files that a run of ``--out`` keeps
+    beside it, named after it: the lock ``.OUT.npy.lock``, the temporaries ``.OUT.npy.tmp-...``.
+    The user never gave these names; the visible ones (``OUT.npy.partial``, the manifest) are
+    named as they are."""
+    out = getattr(args, "out", None)
+    if not out or not isinstance(filename, (str, bytes, os.PathLike)):
+        return False
+    path = os.path.abspath(os.fsdecode(filename))
+    out = os.path.abspath(os.path.expanduser(out))
+    return (os.path.dirname(path) == os.path.dirname(out)
+            and os.path.basename(path).startswith(f".{os.path.basename(out)}."))
+
+
+def _message(error: BaseException, args=None) -> str:
+    """One line for an expected error (``args``: the command's, to name the output it concerns)."""
     if isinstance(error, KeyboardInterrupt):
         text = str(error) or "interrupted"
+    elif isinstance(error, OSError) and getattr(error, "on_stdout", False):
+        text = f"stdout: cannot write standard output: {error.strerror or error}"
+    elif isinstance(error, OSError) and error.strerror and _hidden_file_of_the_output(error.filename, args):
+        # `--out ro/o.npy`: not "ro/.o.npy.lock: Read-only file system", a file the user never gave
+        text = f"out: {args.out}: {error.strerror} (at its run's file {os.fsdecode(error.filename)})"
     elif isinstance(error, OSError) and error.strerror and error.filename is not None:
         text = f"{error.filename}: {error.strerror}"  # raised by the OS, not by us
     elif isinstance(error, ImportError) and type(error) is ModuleNotFoundError and error.name:
@@ -219,22 +325,27 @@ def _stdout_closed() -> bool:
         return False
 
 
-def _stdout_gone() -> int:
-    """After a BrokenPipeError on standard output: points stdout at devnull (so the interpreter's
-    flush at exit does not fail again) and returns :data:`EXIT_BROKEN_PIPE`."""
+def _discard_stdout() -> None:
+    """After an error of writing standard output (a reader gone, a full disk): points stdout at
+    devnull, so that the interpreter's flush at exit does not fail again on what is left."""
     try:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         os.close(devnull)
     except (OSError, ValueError, AttributeError):  # stdout without a file descriptor (a test's capture)
         pass
-    return EXIT_BROKEN_PIPE
 
 
 def main(argv=None) -> int:
     """Entry point of the CLI; returns the exit code (0; 2 for a usage or expected error; 141 when
     standard output's reader closed it early)."""
     args = _parser().parse_args(argv)
+    if sys.stdout is None:  # started with `>&-`: Python made sys.stdout None, every print would be lost
+        print(f"transformer_core {args.command}: stdout: standard output is closed; there is nowhere to write "
+              f"the output", file=sys.stderr)
+        return 2
+    stdout = sys.stdout
+    sys.stdout = _StandardOutput(stdout, json_escapes=getattr(args, "json", False))
     try:
         with _sigterm_as_interrupt():
             module, function = args.run.split(":")
@@ -243,12 +354,17 @@ def main(argv=None) -> int:
             return code
     except BrokenPipeError as e:
         if _stdout_closed():
-            return _stdout_gone()
-        print(f"transformer_core {args.command}: {_message(e)}", file=sys.stderr)
+            _discard_stdout()
+            return EXIT_BROKEN_PIPE
+        print(f"transformer_core {args.command}: {_message(e, args)}", file=sys.stderr)
         return 2
     except EXPECTED_ERRORS as e:
-        print(f"transformer_core {args.command}: {_message(e)}", file=sys.stderr)
+        if getattr(e, "on_stdout", False):
+            _discard_stdout()
+        print(f"transformer_core {args.command}: {_message(e, args)}", file=sys.stderr)
         return 2
+    finally:
+        sys.stdout = stdout
 
 
 if __name__ == "__main__":

@@ -8,7 +8,9 @@ from __future__ import annotations
 import json
 import os
 import unicodedata
+from collections.abc import Mapping
 from pathlib import Path
+from types import MappingProxyType
 
 import numpy as np
 
@@ -414,9 +416,12 @@ class SentenceEncoder:
             of the pooling (False: sentence-transformers' Pooling ``include_prompt``; ``"cls"``
             pooling takes the first token either way).
 
-    ``pooling``, ``normalize`` and :attr:`max_seq_length` are properties: assigning one later is
-    checked as the constructor checks it (``enc.pooling = "CLS"`` raises, it does not fall back to
-    mean pooling).
+    Every argument is also a property (:attr:`model`, :attr:`tokenizer`, :attr:`pooling`,
+    :attr:`normalize`, :attr:`prompts`, :attr:`default_prompt_name`, :attr:`include_prompt`, and
+    :attr:`max_seq_length`, the tokenizer's truncation length): assigning one later is checked as
+    the constructor checks it, and a refused value leaves the setting as it was
+    (``enc.pooling = "CLS"`` raises, it does not fall back to mean pooling; ``enc.include_prompt
+    = "no"`` raises, it is not read as true).
 
     Raises:
         TypeError: ``model`` or ``tokenizer`` of another class, ``pooling`` not a str,
@@ -429,32 +434,14 @@ class SentenceEncoder:
 
     def __init__(self, model: BertModel, tokenizer: Tokenizer, pooling: str = "mean", normalize: bool = True,
                  prompts: dict | None = None, default_prompt_name: str | None = None, include_prompt: bool = True):
-        if not isinstance(model, BertModel):
-            raise TypeError(f"model: expected a transformer_core.BertModel, got {type(model).__name__}")
-        if not isinstance(tokenizer, Tokenizer):
-            raise TypeError(f"tokenizer: expected a transformer_core.Tokenizer, got {type(tokenizer).__name__}")
-        _check_truncation(tokenizer.max_length, model, "tokenizer")
-        pooling = _check_pooling(pooling)
-        normalize = check_bool(normalize, "normalize")
-        prompts = {} if prompts is None else prompts
-        if not isinstance(prompts, dict) or not all(isinstance(k, str) and isinstance(v, str)
-                                                    for k, v in prompts.items()):
-            raise TypeError(f"prompts: expected None or a dict of prompt name (str) -> prompt (str), got {prompts!r}")
-        for name, text in prompts.items():
-            check_unicode(text, f"prompts[{name!r}]")
-        if default_prompt_name is not None:
-            if not isinstance(default_prompt_name, str):
-                raise TypeError(f"default_prompt_name: expected None or a str, got "
-                                f"{type(default_prompt_name).__name__}")
-            if default_prompt_name not in prompts:
-                raise ValueError(f"default_prompt_name: expected None or one of the prompts' names "
-                                 f"{list(prompts)}, got {default_prompt_name!r}")
-        include_prompt = check_bool(include_prompt, "include_prompt")
+        # Each setter checks its value (the order matters: tokenizer is checked against model,
+        # default_prompt_name against prompts); a bad argument raises before the next is looked at.
+        self._default_prompt_name = None
         self.model = model
         self.tokenizer = tokenizer
-        self._pooling = pooling
-        self._normalize = normalize
-        self.prompts = dict(prompts)
+        self.pooling = pooling
+        self.normalize = normalize
+        self.prompts = prompts
         self.default_prompt_name = default_prompt_name
         self.include_prompt = include_prompt
 
@@ -521,6 +508,43 @@ class SentenceEncoder:
         return self.model.config.hidden_size
 
     @property
+    def model(self) -> BertModel:
+        """The :class:`BertModel` that computes the token vectors.
+
+        Raises (on assignment):
+            TypeError: not a :class:`BertModel`.
+        """
+        return self._model
+
+    @model.setter
+    def model(self, value: BertModel) -> None:
+        """Sets the model of later :meth:`encode` calls, checked (see the getter for the errors).
+        Its positions are checked against the tokenizer's truncation by :meth:`encode`."""
+        if not isinstance(value, BertModel):
+            raise TypeError(f"model: expected a transformer_core.BertModel, got {type(value).__name__}")
+        self._model = value
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        """The :class:`Tokenizer` of the texts: an encoder tokenizer whose ``max_length`` is at most
+        the model's ``max_position_embeddings``.
+
+        Raises (on assignment):
+            TypeError: not a :class:`Tokenizer`.
+            ValueError: a tokenizer that does not truncate (a causal-LM one) or truncates to more
+                tokens than the model has positions.
+        """
+        return self._tokenizer
+
+    @tokenizer.setter
+    def tokenizer(self, value: Tokenizer) -> None:
+        """Sets the tokenizer of later :meth:`encode` calls, checked (see the getter for the errors)."""
+        if not isinstance(value, Tokenizer):
+            raise TypeError(f"tokenizer: expected a transformer_core.Tokenizer, got {type(value).__name__}")
+        _check_truncation(value.max_length, self.model, "tokenizer")
+        self._tokenizer = value
+
+    @property
     def pooling(self) -> str:
         """``"mean"``, ``"cls"`` or ``"max"``: how :meth:`encode` pools the token vectors.
 
@@ -549,6 +573,73 @@ class SentenceEncoder:
         self._normalize = check_bool(value, "normalize")
 
     @property
+    def prompts(self) -> MappingProxyType:
+        """The named prompts (``{name: text}``, sentence-transformers' ``prompts``) that
+        :meth:`encode`'s ``prompt_name`` picks from: a read-only view. To change them, assign a
+        new dict (``enc.prompts = {**enc.prompts, "query": "query: "}``), which is checked.
+
+        Raises (on assignment):
+            TypeError: neither None (no prompts) nor a dict (or other mapping) of str -> str.
+            ValueError: a prompt that is not valid Unicode; prompts without the current
+                :attr:`default_prompt_name` (assign ``default_prompt_name = None`` first).
+        """
+        return MappingProxyType(self._prompts)
+
+    @prompts.setter
+    def prompts(self, value: dict | None) -> None:
+        """Sets the prompts (None: none), checked (see the getter for the errors); a copy is kept."""
+        value = {} if value is None else value
+        if not isinstance(value, Mapping) or not all(isinstance(k, str) and isinstance(v, str)
+                                                     for k, v in value.items()):
+            raise TypeError(f"prompts: expected None or a dict of prompt name (str) -> prompt (str), got {value!r}")
+        for name, text in value.items():
+            check_unicode(text, f"prompts[{name!r}]")
+        if self._default_prompt_name is not None and self._default_prompt_name not in value:
+            raise ValueError(f"prompts: expected prompts that include the default_prompt_name "
+                             f"{self._default_prompt_name!r}, got the names {list(value)}; assign "
+                             f"default_prompt_name = None first")
+        self._prompts = dict(value)
+
+    @property
+    def default_prompt_name(self) -> str | None:
+        """The name of the prompt :meth:`encode` puts before every text when given neither
+        ``prompt_name`` nor ``prompt`` (sentence-transformers' ``default_prompt_name``); None = no
+        prompt by default.
+
+        Raises (on assignment):
+            TypeError: neither None nor a str.
+            ValueError: a name that is not one of :attr:`prompts` (they are listed).
+        """
+        return self._default_prompt_name
+
+    @default_prompt_name.setter
+    def default_prompt_name(self, value: str | None) -> None:
+        """Sets the default prompt's name, checked (see the getter for the errors)."""
+        if value is not None:
+            if not isinstance(value, str):
+                raise TypeError(f"default_prompt_name: expected None or a str, got {type(value).__name__}")
+            if value not in self._prompts:
+                raise ValueError(f"default_prompt_name: expected None or one of the prompts' names "
+                                 f"{list(self._prompts)}, got {value!r}")
+        self._default_prompt_name = value
+
+    @property
+    def include_prompt(self) -> bool:
+        """Whether the prompt's tokens are pooled with the text's (True), or left out of the mean or
+        max pooling (False: sentence-transformers' Pooling ``include_prompt``; ``"cls"`` pooling
+        takes the first token either way).
+
+        Raises (on assignment):
+            TypeError: not a bool (``"no"``, 0 and 1 included).
+        """
+        return self._include_prompt
+
+    @include_prompt.setter
+    def include_prompt(self, value: bool) -> None:
+        """Sets :attr:`include_prompt`, checked (see the getter for the errors)."""
+        self._include_prompt = check_bool(value, "include_prompt")
+
+    @property
     def max_seq_length(self) -> int:
         """The number of tokens (``[CLS]`` and ``[SEP]`` included) a text is truncated to:
         sentence-transformers' ``max_seq_length`` (256 for all-MiniLM-L6-v2, from its
@@ -558,14 +649,19 @@ class SentenceEncoder:
         Raises (on assignment):
             TypeError: not an int.
             ValueError: above the model's ``max_position_embeddings`` (512 for BERT), below 1 or
-                below the tokenizer's special tokens (2).
+                below the number of special tokens the tokenizer adds (2: ``[CLS]`` and ``[SEP]``).
         """
         return self.tokenizer.max_length
 
     @max_seq_length.setter
     def max_seq_length(self, value: int) -> None:
         """Sets the tokenizer's truncation length, checked against the model (see the getter)."""
-        _check_truncation(check_int(value, "max_seq_length", 1), self.model, "max_seq_length")
+        value = check_int(value, "max_seq_length", 1)
+        _check_truncation(value, self.model, "max_seq_length")
+        special = self.tokenizer.backend.num_special_tokens_to_add(False)
+        if value < special:  # the tokenizer would refuse it too, naming its own max_length
+            raise ValueError(f"max_seq_length: expected at least {special} (the special tokens the tokenizer adds "
+                             f"to every text), got {value}")
         self.tokenizer.max_length = value
 
     def encode(self, sentences, batch_size: int = 32, normalize: bool | None = None,
