@@ -767,3 +767,93 @@ def test_mha_unbatched_errors_name_the_shapes_given(rng):
         m(q[None, None])
     with pytest.raises(ValueError, match=r"^query: expected last dim 8 \(embed_dim\), got shape \(4, 7\)$"):
         m(randn(rng, (4, 7)), k, randn(rng, (6, 8)))
+
+
+# ----------------------------------------------- rotary position_ids: checked before the cache grows
+def _torch_rope_mha(ref, x, positions, base=10000.0):
+    """torch's MultiheadAttention ``ref`` (its weights) with Hugging Face's rotate-half RoPE applied
+    to q and k at ``positions (N, L)``, causal, in float64: ``(output (N, L, E), weights averaged
+    over heads (N, L, L))``."""
+    E, H = ref.embed_dim, ref.num_heads
+    D = E // H
+    with torch.no_grad():
+        xt = torch.from_numpy(np.asarray(x, np.float64))
+        W, b = ref.in_proj_weight.double(), ref.in_proj_bias.double()
+        N, L, _ = xt.shape
+        q, k, v = (t.reshape(N, L, H, D).transpose(1, 2) for t in (xt @ W.T + b).split(E, dim=-1))
+        inv_freq = 1.0 / base ** (torch.arange(0, D, 2, dtype=torch.float64) / D)
+        angles = torch.from_numpy(np.asarray(positions, np.float64))[..., None] * inv_freq
+        emb = torch.cat((angles, angles), dim=-1)[:, None]  # (N, 1, L, D)
+        cos, sin = emb.cos(), emb.sin()
+
+        def rotate(t):
+            return t * cos + torch.cat((-t[..., D // 2:], t[..., :D // 2]), dim=-1) * sin
+
+        scores = rotate(q) @ rotate(k).transpose(-1, -2) / D**0.5
+        scores = scores.masked_fill(torch.ones(L, L, dtype=torch.bool).triu(1), float("-inf"))
+        p = scores.softmax(-1)
+        out = (p @ v).transpose(1, 2).reshape(N, L, E) @ ref.out_proj.weight.double().T + ref.out_proj.bias.double()
+        return out.numpy(), p.mean(1).numpy()
+
+
+def test_rotary_positions_are_checked_before_the_cache_grows(rng, monkeypatch):
+    """Explicit position_ids were range-checked in C++ only, after the cache was reserved: a refused
+    call grew it (capacity 1 -> 1000). They are checked first now, as is the size the rotary tables
+    would grow to (C++ grows them to twice what is built when that is more than the call needs),
+    and the weights need_weights returns: each refused call leaves capacity and length as they were,
+    names its argument, and an accepted call after it matches torch."""
+    from transformer_core import _validation, nn
+    from transformer_core.positional import RotaryEmbedding
+
+    m, ref = make_pair(16, 2, np.float64)
+    rope = RotaryEmbedding(8, 16, dtype=np.float64)
+    cache = tc.KVCache(1, 1, 2, 8, 1, np.float64)
+    x = rng.standard_normal((1, 1000, 16))
+
+    def refused(error, pattern, *args, **kwargs):
+        with pytest.raises(error, match=pattern):
+            m(*args, is_causal=True, past_key_values=cache, **kwargs)
+        assert (cache.capacity, cache.length) == (1, 0)
+
+    refused(ValueError, r"^position_ids: position 99 at flat index 0 is outside the rotary table \[0, 16\) "
+                        r"\(rotary's max_position_embeddings\)$", x, rotary=rope, position_ids=np.full((1, 1000), 99))
+    refused(ValueError, r"^position_ids: position -1 at flat index 3 is outside the rotary table \[0, 16\)",
+            x[:, :4], rotary=rope, position_ids=[[0, 1, 2, -1]])
+    far = 2**39
+    huge = RotaryEmbedding(8, 2**40, dtype=np.float64)
+    refused(ValueError, rf"^position_ids: position {far} needs rotary tables \(cos and sin of {far + 1} positions × 8 "
+                        rf"float64; max_position_embeddings {2**40}\) of {2 * (far + 1) * 8 * 8} bytes, which exceed "
+                        r"this machine's memory", x[:, :2], rotary=huge, position_ids=[[0, far]])
+    # on a machine of 600,000 bytes the 4,097 positions the call needs would fit (524,416 bytes); the
+    # 8,192 that the tables of 4,096 grow to do not
+    monkeypatch.setattr(nn, "physical_memory_bytes", lambda: 600_000)
+    refused(ValueError, r"^position_ids: position 4096 needs rotary tables \(cos and sin of 8192 positions × 8 "
+                        r"float64; max_position_embeddings 1099511627776\) of 1048576 bytes, which exceed this "
+                        r"machine's memory \(600000 bytes\)$", x[:, :2], rotary=huge, position_ids=[[0, 4096]])
+    monkeypatch.setattr(_validation, "physical_memory_bytes", lambda: 300)  # the weights: (1, 2, 5, 5) float64
+    refused(ValueError, r"^need_weights: an array of shape \(1, 2, 5, 5\) needs 400 bytes, more than this machine's "
+                        r"memory \(300 bytes\)$", x[:, :5], rotary=rope)
+    monkeypatch.undo()
+    assert huge._impl.built_positions == 4096
+    positions = np.array([[3, 1, 4, 1, 5]])
+    out, weights = m(x[:, :5], is_causal=True, past_key_values=cache, rotary=rope, position_ids=positions)
+    assert cache.length == 5
+    ref_out, ref_weights = _torch_rope_mha(ref, x[:, :5], positions)
+    assert_close(out, ref_out, np.float64, what="output after the refused calls")
+    assert_close(weights, ref_weights, np.float64, what="weights after the refused calls")
+
+
+def test_rotary_position_ids_of_one_dim_report_the_shape_given(rng):
+    """A 1-D position_ids for a batch of 2 said "got (1, 3)"; it gives the shape passed. For a
+    batch of one it is that row's positions."""
+    from transformer_core.positional import RotaryEmbedding
+
+    m, ref = make_pair(16, 2, np.float64)
+    rope = RotaryEmbedding(8, 32, dtype=np.float64)
+    x = rng.standard_normal((2, 3, 16))
+    with pytest.raises(ValueError, match=r"^position_ids: expected shape \(2, 3\) \(query's batch and length\), got "
+                                         r"\(3,\)$"):
+        m(x, rotary=rope, position_ids=np.arange(3))
+    positions = np.array([7, 2, 20])
+    out, _ = m(x[:1], is_causal=True, rotary=rope, position_ids=positions, need_weights=False)
+    assert_close(out, _torch_rope_mha(ref, x[:1], positions[None])[0], np.float64, what="1-D position_ids")

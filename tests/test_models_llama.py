@@ -793,7 +793,8 @@ def test_gguf_context_length_costs_no_memory_until_used(tmp_path, monkeypatch):
 def test_rotary_tables_beyond_memory_are_refused_when_a_position_needs_them():
     """A context whose two RoPE tables exceed this machine's memory, though one would fit, builds at
     once (the tables start at 4,096 positions); a position that needs them all is refused with a
-    ValueError before any allocation, and the model still runs at the positions it has. Run under
+    ValueError naming position_ids before any allocation (the message was C++'s, naming the tables
+    only), and the model still runs at the positions it has. Run under
     an address-space limit, so that a check that let the tables through fails with MemoryError
     instead of exhausting the machine."""
     import subprocess
@@ -821,7 +822,10 @@ def test_rotary_tables_beyond_memory_are_refused_when_a_position_needs_them():
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.startswith("refused: rotary tables") and "max_position_embeddings" in out.stdout, out.stdout
+    D = 16
+    P = int(0.6 * tc._core.physical_memory_bytes() / (4 * D))  # the script's
+    assert out.stdout.startswith(f"refused: position_ids: position {P - 1} needs rotary tables (cos and sin of {P} "
+                                 f"positions × {D} float32; max_position_embeddings {P})"), out.stdout
     assert "exceed this machine's memory" in out.stdout, out.stdout
 
 

@@ -369,7 +369,7 @@ def _clamp_overflowed(narrowed: np.ndarray, source: np.ndarray) -> None:
     np.clip(narrowed, -big, big, out=narrowed, where=overflowed)
 
 
-def as_ids(x, name: str, *, ndim: int = 2) -> np.ndarray:
+def as_ids(x, name: str, *, ndim: int = 2, shape: tuple | None = None, shape_of: str = "") -> np.ndarray:
     """Token ids as a C-contiguous int64 array of ``ndim`` dims (an array of one dim fewer gains a
     batch dim). Float arrays of whole numbers are accepted; the range check against a table is the
     C++ op's (it names ``name`` too).
@@ -379,20 +379,29 @@ def as_ids(x, name: str, *, ndim: int = 2) -> np.ndarray:
     no machine can hold is a ValueError, never a numpy MemoryError, and only the values a broadcast
     view holds are read.
 
+    Args:
+        shape: the shape expected (with its batch dim), checked before any copy; None: any.
+        shape_of: where that shape comes from, for the message (``"input_ids'"``).
+
     Raises:
         TypeError: not integers (bool, non-integral floats, complex, object, str), None.
-        ValueError: the wrong rank, an empty array, ids outside int64, an int64 copy larger than
-            this machine's memory.
+        ValueError: the wrong rank or shape (the message gives the shape as passed: ``(3,)``, not
+            the ``(1, 3)`` it became), an empty array, ids outside int64, an int64 copy larger
+            than this machine's memory.
     """
     arr = to_numpy(x, name)
     kind = arr.dtype.kind
     if kind not in "iuf":
         raise TypeError(f"{name}: expected integer token ids, got dtype {arr.dtype}")
+    given = arr.shape
     if arr.ndim == ndim - 1:
         arr = arr[None]
     if arr.ndim != ndim:
         dims = "(batch, seq_len)" if ndim == 2 else f"of {ndim} dims"
-        raise ValueError(f"{name}: expected a {ndim}-D array {dims}, got shape {arr.shape}")
+        raise ValueError(f"{name}: expected a {ndim}-D array {dims}, got shape {given}")
+    if shape is not None and arr.shape != tuple(shape):
+        source = f" ({shape_of})" if shape_of else ""
+        raise ValueError(f"{name}: expected shape {tuple(shape)}{source}, got {given}")
     if arr.size == 0:
         raise ValueError(f"{name}: expected a non-empty array, got shape {arr.shape}")
     if arr.size > _UNCHECKED_COPY_SIZE and not (arr.flags.c_contiguous and arr.dtype == np.int64):

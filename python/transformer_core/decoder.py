@@ -17,10 +17,19 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._validation import as_bool, as_ids, check_bool, physical_memory_bytes, to_numpy
+from ._validation import (
+    as_bool,
+    as_ids,
+    check_allocatable,
+    check_bool,
+    check_int,
+    physical_memory_bytes,
+    to_numpy,
+)
 from .generation import GenerationMixin, cache_too_large
 from .kv_cache import KVCache
 from .module import Module
+from .nn import _check_rotary_tables
 
 __all__ = ["DecoderModel", "CausalLM", "CausalLMOutput", "positions_from_mask"]
 
@@ -28,24 +37,23 @@ __all__ = ["DecoderModel", "CausalLM", "CausalLMOutput", "positions_from_mask"]
 def _mask_and_positions(attention_mask, position_ids, N: int, L: int, past: int, context_length: int):
     """The checked ``attention_mask (N, past + L)`` (None when all True) and positions ``(N, L)``:
     ``position_ids`` when given, else counted over the real tokens of the mask (``cumsum - 1``, as
-    Hugging Face's ``generate``), else None (``past .. past + L - 1`` for every row)."""
+    Hugging Face's ``generate``), else None (``past .. past + L - 1`` for every row). A 1-D mask or
+    ``position_ids`` is a batch of one; a shape that does not fit is reported as it was passed."""
     mask = positions = None
     if attention_mask is not None:
-        mask = as_bool(attention_mask, "attention_mask", allow_float=True)  # a broadcast view stays one
-        if mask.ndim == 1:
-            mask = mask[None]
-        if mask.shape != (N, past + L):
+        given = to_numpy(attention_mask, "attention_mask")
+        mask = given[None] if given.ndim == 1 else given
+        if mask.shape != (N, past + L):  # before as_bool's bool copy
             raise ValueError(f"attention_mask: expected shape {(N, past + L)} (batch, past + new length), "
-                             f"got {mask.shape}")
+                             f"got {given.shape}")
+        mask = as_bool(mask, "attention_mask", allow_float=True)  # a broadcast view stays one
         mask = np.ascontiguousarray(mask)  # (N, past + L): checked
         if mask.all():
             mask = None
         else:
             positions = positions_from_mask(mask, past)
     if position_ids is not None:
-        positions = as_ids(position_ids, "position_ids")
-        if positions.shape != (N, L):
-            raise ValueError(f"position_ids: expected shape {(N, L)} (input_ids'), got {positions.shape}")
+        positions = as_ids(position_ids, "position_ids", shape=(N, L), shape_of="input_ids'")
         if positions.min() < 0 or positions.max() >= context_length:
             raise ValueError(f"position_ids: expected positions in [0, {context_length}), got "
                              f"[{positions.min()}, {positions.max()}]")
@@ -67,21 +75,43 @@ class CausalLMOutput:
     last_hidden_state: np.ndarray
 
 
-def positions_from_mask(attention_mask: np.ndarray, past: int) -> np.ndarray:
+def positions_from_mask(attention_mask, past: int) -> np.ndarray:
     """Positions of the new tokens counted over real tokens only: ``cumsum(mask) - 1`` over the
     whole ``(N, past + L)`` mask, its last L columns, clamped at 0. A padding position takes the
     position of the last real token before it (so trailing padding repeats the last real
-    position), or 0 when no real token comes before it (leading padding).
+    position), or 0 when no real token comes before it (leading padding). At the real tokens these
+    are the ``position_ids`` Hugging Face's ``generate`` derives (it sets padding ones to 1).
 
     Args:
-        attention_mask: ``(N, past + L)`` bool, True = a real token.
-        past: positions already in the cache.
+        attention_mask: ``(N, W)`` with ``W = past + L``: bool, or integers / floats that are all
+            0 or 1 (Hugging Face's style); True / 1 = a real token.
+        past: positions already in the cache, an int in ``[0, W]``.
 
     Returns:
-        ``(N, L)`` int64, C-contiguous.
+        ``(N, L)`` int64, C-contiguous (only this many values are made: the first ``past`` columns
+        are summed, not counted one by one).
+
+    Raises:
+        TypeError: ``attention_mask`` None, or not bool / numeric (:func:`~._validation.as_bool`);
+            ``past`` not an int.
+        ValueError: ``attention_mask`` not 2-D, or of values other than 0 and 1; ``past`` outside
+            ``[0, attention_mask.shape[1]]``; an ``(N, L)`` result larger than this machine's memory.
+            Each is checked before anything is allocated.
     """
-    counts = np.cumsum(attention_mask, axis=1, dtype=np.int64) - 1
-    return np.ascontiguousarray(np.maximum(counts[:, past:], 0))
+    given = to_numpy(attention_mask, "attention_mask")
+    if given.ndim != 2:
+        raise ValueError(f"attention_mask: expected a 2-D array (batch, past + new length), got shape {given.shape}")
+    past = check_int(past, "past", 0, None)
+    if past > given.shape[1]:
+        raise ValueError(f"past: expected an int in [0, {given.shape[1]}] (attention_mask's width, past + new "
+                         f"length), got {past}")
+    mask = as_bool(given, "attention_mask", allow_float=True)
+    N, width = mask.shape
+    check_allocatable((N, width - past), 8, "attention_mask")
+    before = np.sum(mask[:, :past], axis=1, dtype=np.int64, keepdims=True)  # real tokens already cached
+    positions = np.cumsum(mask[:, past:], axis=1, dtype=np.int64)
+    positions += before - 1
+    return np.ascontiguousarray(np.maximum(positions, 0, out=positions))
 
 
 def _float_weight(value, name: str) -> np.ndarray:
@@ -148,6 +178,10 @@ class DecoderModel(Module):
     config_class: type = None
     _core_class: str = ""
     _context_field: str = "max_position_embeddings"
+    #: How the C++ model's rotary tables hold each head (``"half"`` or ``"interleaved"``, as
+    #: :class:`~transformer_core.llama.LlamaModel` sets it); None: a model of learned positions
+    #: (GPT-2), without rotary tables.
+    rope_layout: str | None = None
 
     def __init__(self, config, dtype=np.float32):
         sfx = self._init_dtype(dtype)
@@ -237,6 +271,7 @@ class DecoderModel(Module):
                              f"({self._context_field} = {self.context_length})")
         mask, positions = _mask_and_positions(attention_mask, position_ids, N, L, past, self.context_length)
         self.check_activations(N, L, f"a batch of {N} sequences of length {L}")
+        self._check_rotary_tables(positions, position_ids is not None, past + L)
         if cache is None:
             try:
                 cache = self.new_cache(N, L)
@@ -249,6 +284,24 @@ class DecoderModel(Module):
                 raise cache_too_large(e, f"a batch of {N} sequences of length {L} after {past} cached "
                                       "positions") from None
         return ids, mask, positions, cache
+
+    def _check_rotary_tables(self, positions, explicit: bool, default_end: int) -> None:
+        """ValueError when the rotary cos and sin tables this call's positions need (up to the
+        largest position; ``positions`` None: ``default_end - 1``, the last of ``past .. past + L -
+        1``) would exceed this machine's memory, naming ``position_ids`` when they were given
+        (``explicit``), else ``input_ids``. The C++ model builds its tables as the positions come,
+        once the cache has grown: this check comes before, so a refused call leaves the cache as it
+        was.
+
+        The C++ tables grow to twice the positions built so far when that is more than a call
+        needs; the count built is not exposed, so the tables checked here are the ones the call
+        needs.
+        """
+        if self.rope_layout is None or self.config.num_layers == 0:  # no rotary tables, or none used
+            return
+        needed = default_end if positions is None else int(positions.max()) + 1
+        _check_rotary_tables(needed, needed - 1, self.head_dim, self.rope_layout, self.dtype, self.context_length,
+                             "position_ids" if explicit else "input_ids")
 
     def _ffn_width(self) -> tuple[int, str]:
         """Values per row of the feed-forward's hidden activations, and the config fields that set
@@ -289,7 +342,9 @@ class DecoderModel(Module):
             ValueError: ids out of range, too long a sequence, masks, positions or caches that do
                 not fit; a batch whose KV cache or feed-forward activations would exceed this
                 machine's memory (naming ``input_ids`` and its batch size, before the cache is
-                allocated). TypeError:
+                allocated); positions whose rotary cos and sin tables would exceed this machine's
+                memory (naming ``position_ids``, or ``input_ids`` for the positions derived from
+                it). TypeError:
                 non-integer ids; a ``past_key_values`` cache of another dtype than the model's.
                 Every check runs before a cache is made or the caller's grows: a refused call
                 leaves ``past_key_values``' length and capacity as they were.
@@ -340,8 +395,6 @@ class CausalLM(DecoderModel, GenerationMixin):
             in ``[0, L]``. Every check runs before the decoder: a refused call leaves
             ``past_key_values`` as it was.
         """
-        from ._validation import check_int
-
         keep = check_int(logits_to_keep, "logits_to_keep", 0)
         use_cache = check_bool(use_cache, "use_cache")
         ids = as_ids(input_ids, "input_ids")
@@ -397,7 +450,6 @@ class CausalLM(DecoderModel, GenerationMixin):
                 input, masks or positions that do not fit, ``ignore_index`` outside the int64 range.
                 TypeError: non-integer ids, labels or ``ignore_index``.
         """
-        from ._validation import check_int
         from .module import NonFiniteLossError
 
         # an int64 (the targets' dtype), as functional.cross_entropy checks it
@@ -464,9 +516,7 @@ class CausalLM(DecoderModel, GenerationMixin):
 def _check_labels(labels, shape: tuple, vocab_size: int, ignore_index: int) -> np.ndarray:
     """``labels`` as int64 ``shape``, each in ``[0, vocab_size)`` or ``ignore_index`` (ValueError
     naming the first bad position otherwise; TypeError for non-integer labels)."""
-    lab = as_ids(labels, "labels")
-    if lab.shape != tuple(shape):
-        raise ValueError(f"labels: expected shape {tuple(shape)} (input_ids'), got {lab.shape}")
+    lab = as_ids(labels, "labels", shape=shape, shape_of="input_ids'")
     bad = (lab != ignore_index) & ((lab < 0) | (lab >= vocab_size))
     if bad.any():
         pos = tuple(int(i) for i in np.argwhere(bad)[0])

@@ -65,6 +65,7 @@ from ._validation import (
     check_int,
     check_positive_int,
     compute_dtype,
+    physical_memory_bytes,
     resolve_dtype,
     to_numpy,
 )
@@ -240,6 +241,39 @@ def _same_array_as(arr: np.ndarray, *candidates: np.ndarray) -> np.ndarray:
                             and arr.__array_interface__["data"][0] == other.__array_interface__["data"][0]):
             return other
     return arr
+
+
+def _check_rotary_tables(rows: int, largest: int, head_dim: int, layout: str, dtype, max_positions: int,
+                         name: str) -> None:
+    """ValueError naming ``name`` when a call whose largest position is ``largest`` needs rotary cos
+    and sin tables of ``rows`` positions that do not fit this machine's memory.
+
+    The C++ ``RotaryEmbedding`` builds its tables as the positions come, and checks them the same way
+    (``build``: ``2 · rows · width`` values, ``width`` = ``head_dim`` in the ``"half"`` layout,
+    ``head_dim / 2`` in ``"interleaved"``), but only once the call runs, after a KV cache has grown;
+    and its message names the table, not the caller's argument. Checked here first, a refused call
+    leaves the cache as it was.
+    """
+    width = head_dim if layout == "half" else head_dim // 2
+    itemsize = np.dtype(dtype).itemsize
+    need = 2 * rows * width * itemsize  # Python ints: exact
+    limit = physical_memory_bytes()
+    if need > limit:
+        raise ValueError(f"{name}: position {largest} needs rotary tables (cos and sin of {rows} positions × {width} "
+                         f"{np.dtype(dtype).name}; max_position_embeddings {max_positions}) of {need} bytes, which "
+                         f"exceed this machine's memory ({limit} bytes)")
+
+
+def _check_rotary_growth(rotary, needed: int, name: str) -> None:
+    """:func:`_check_rotary_tables` for a call of ``rotary`` (a positional.RotaryEmbedding) over
+    positions below ``needed``: its tables grow, when they must, as C++ ``tables_for`` grows them (to
+    ``needed``, or twice the positions built so far when that is more, at most
+    ``max_position_embeddings``)."""
+    built = rotary._impl.built_positions
+    if needed > built:
+        rows = min(rotary.max_position_embeddings, max(needed, 2 * built))
+        _check_rotary_tables(rows, needed - 1, rotary.head_dim, rotary.layout, rotary.dtype,
+                             rotary.max_position_embeddings, name)
 
 
 def _check_batch_first(batch_first) -> None:
@@ -434,7 +468,11 @@ class MultiheadAttention(Module):
             ValueError: wrong ranks, mismatched batch/length/feature sizes, empty arrays, masks
                 of the wrong shape; a KV cache in training mode; a KV cache or ``rotary`` with a
                 key or value that is not the query; a ``rotary`` of another ``head_dim``;
-                ``position_ids`` without ``rotary``, or positions outside its table.
+                ``position_ids`` without ``rotary``, positions outside its table, or positions
+                whose rotary tables would exceed this machine's memory (naming ``position_ids``, or
+                ``query`` / ``past_key_values`` for the default positions). Every check runs before
+                the cache grows: a refused call leaves ``past_key_values``' length and capacity as
+                they were.
             TypeError: non-numeric input, a mask of the wrong dtype, a bool ``attn_mask``,
                 ``key_padding_mask``; ``rotary`` not a RotaryEmbedding, or of another dtype;
                 ``past_key_values`` not a KVCache, or of another dtype.
@@ -513,20 +551,28 @@ class MultiheadAttention(Module):
                 raise ValueError(f"rotary: expected a RotaryEmbedding of head_dim {self.head_dim} (embed_dim "
                                  f"{self.embed_dim} / num_heads {self.num_heads}), got head_dim {rotary.head_dim}")
             rotary_impl = rotary._impl
-            if position_ids is not None:
-                positions = as_ids(position_ids, "position_ids")
-                if positions.shape != (N, L):
-                    raise ValueError(f"position_ids: expected shape {(N, L)}, got {positions.shape}")
-            elif S > rotary.max_position_embeddings:  # the default positions, past .. past + L - 1
+            table = rotary.max_position_embeddings
+            if position_ids is not None:  # range-checked here, before a cache grows (C++ checks them later)
+                positions = as_ids(position_ids, "position_ids", shape=(N, L), shape_of="query's batch and length")
+                if positions.min() < 0 or positions.max() >= table:
+                    bad = np.flatnonzero((positions < 0) | (positions >= table))[0]
+                    raise ValueError(f"position_ids: position {positions.flat[bad]} at flat index {bad} is outside "
+                                     f"the rotary table [0, {table}) (rotary's max_position_embeddings)")
+                _check_rotary_growth(rotary, int(positions.max()) + 1, "position_ids")
+            elif S > table:  # the default positions, past .. past + L - 1
                 what = "past_key_values: its" if past_key_values is not None else "query: its"
                 raise ValueError(f"{what} positions reach {S - 1}, outside the rotary table [0, "
-                                 f"{rotary.max_position_embeddings}) (rotary's max_position_embeddings)")
+                                 f"{table}) (rotary's max_position_embeddings)")
+            else:
+                _check_rotary_growth(rotary, S, "past_key_values" if past_key_values is not None else "query")
         elif position_ids is not None:
             raise ValueError("position_ids: given without rotary (the positions are read by a rotary embedding "
                              "only: pass rotary= too, or leave position_ids out)")
         if unbatched:
             key_mask = _unbatched_key_mask(key_mask, "key_mask", S, "S", f"query {q.shape[1:]} (L, E)")
         masks = _layer_masks(attn_mask, key_mask, N, self.num_heads, L, S, self.dtype, keep=self.training)
+        if need_weights:  # the weights (N, H, L, S) are made after the cache grows: checked before
+            check_allocatable((N, self.num_heads, L, S), np.dtype(self.dtype).itemsize, "need_weights")
         # every shape checked: now the inputs are converted (query, key and value that are one array stay one)
         qc = as_float(q, "query", self.dtype)
         kc = qc if k is q else as_float(k, "key", self.dtype)

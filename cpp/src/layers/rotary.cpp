@@ -71,7 +71,16 @@ std::shared_ptr<const typename RotaryEmbedding<T>::Tables> RotaryEmbedding<T>::t
   std::lock_guard<std::mutex> lock(growing);
   t = std::atomic_load(&tables_);
   if (t->positions >= needed) return t;
-  t = build(std::min(max_positions_, std::max(needed, 2 * t->positions)));
+  // grow to twice the positions built (fewer rebuilds as a sequence lengthens), or, where that
+  // much does not fit in memory, to the positions needed: a call that fits is never refused for
+  // the doubling
+  const int64_t doubled = std::min(max_positions_, std::max(needed, 2 * t->positions));
+  try {
+    t = build(doubled);
+  } catch (const std::exception&) {
+    if (doubled == needed) throw;
+    t = build(needed);
+  }
   std::atomic_store(&tables_, t);
   return t;
 }

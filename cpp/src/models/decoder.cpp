@@ -133,6 +133,7 @@ void DecoderModel<T>::forward(const int64_t* input_ids, int64_t N, int64_t L, co
     positions = default_positions.data();
   }
   ops::check_ids(positions, rows, P, "position_ids");
+  if (rotary_ != nullptr) rotary_->prepare(positions, rows);  // grown (or refused) before the cache is
   cache.reserve(past + L);
 
   embed_tokens_.forward(input_ids, rows, hidden);                                   // h = wte[ids]

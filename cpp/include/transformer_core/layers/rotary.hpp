@@ -43,6 +43,10 @@ class RotaryEmbedding {
 
   // Positions whose tables are built now (kFirstPositions or more, at most max_positions).
   int64_t built_positions() const;
+  // Grows the tables to cover positions[0 … rows − 1], as apply would, or throws as apply would
+  // (std::invalid_argument: a position outside [0, max_positions), or tables that do not fit in
+  // memory): for a caller that must fail before it changes anything else (a KV cache's reserve).
+  void prepare(const int64_t* positions, int64_t rows) const { tables_for(positions, rows); }
 
  private:
   // cos and sin [positions, W] (W = head_dim for kHalf, head_dim / 2 for kInterleaved) of positions
