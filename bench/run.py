@@ -265,7 +265,51 @@ def case_sgemm(b: Bench) -> list[Row]:
     ours_ms, torch_ms = b.time("gemm", ours, theirs)
     gemm = b.row(f"GEMM {n}³: linear vs F.linear", ours_ms, torch_ms, gflop=gflop)
     gemm.notes.append(f"max err {max_abs_diff(ours(), theirs()):.1e}")
-    return [sgemm, gemm]
+    return [sgemm, gemm, _gemm_own_processes_row(b, n, gflop)]
+
+
+def _gemm_own_processes_row(b: Bench, n: int, gflop: float) -> Row:
+    """linear n³ against F.linear with each side in fresh processes of its own (alternating, one
+    process per side a round), as the issue's "each engine timed in its own process": nothing of
+    the other library is loaded, warm or spinning. The medians over the rounds of each process's
+    median."""
+    repeats, warmup = b.plan("gemm")
+    rounds = 1 if b.quick else 3
+    times: dict[str, list[float]] = {"ours": [], "torch": []}
+    for r in range(rounds):
+        for side in (("ours", "torch") if r % 2 == 0 else ("torch", "ours")):
+            cmd = [sys.executable, str(Path(__file__).resolve()), "--gemm-probe", side, "--gemm-size", str(n),
+                   "--threads", str(b.threads), "--repeats", str(repeats), "--gemm-warmup", str(warmup)]
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+            if proc.returncode != 0:
+                return na_row(f"GEMM {n}³, each in its own process", f"{side}: {proc.stderr.strip()[-200:]}")
+            times[side].append(json.loads(proc.stdout.strip().splitlines()[-1])["ms"])
+    row = Row(f"GEMM {n}³: linear vs F.linear, each in its own process", statistics.median(times["ours"]),
+              statistics.median(times["torch"]), gflop=gflop, repeats=repeats)
+    row.notes.append(f"{rounds} processes each, alternating; per process: median of {repeats} after {warmup} warm-up")
+    return row
+
+
+def run_gemm_probe(side: str, n: int, threads: int, repeats: int, warmup: int) -> None:
+    """The subprocess side of :func:`_gemm_own_processes_row`: times ``side``'s linear of n × n by
+    n × n (the same inputs as :func:`case_sgemm`) and prints ``{"ms": median}`` as one JSON line."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((n, n), dtype=np.float32)
+    w = rng.standard_normal((n, n), dtype=np.float32)
+    if side == "ours":
+        import transformer_core as tc
+
+        tc.set_num_threads(threads)
+        call = lambda: tc.functional.linear(x, w)  # noqa: E731
+    else:
+        import torch
+
+        torch.set_num_threads(threads)
+        tx, tw = torch.from_numpy(x), torch.from_numpy(w)
+        call = lambda: torch.nn.functional.linear(tx, tw)  # noqa: E731
+    for _ in range(warmup):
+        call()
+    print(json.dumps({"ms": statistics.median(clock_ms(call) for _ in range(repeats))}))
 
 
 def _encoder_row(b: Bench, plan: str, batch: int, seq: int, target: float,
@@ -969,6 +1013,9 @@ def parse_args(argv=None):
                         "worker's repeats, its rounds stay 1 quick / 2)")
     p.add_argument("--mem-probe", choices=("ours", "torch"), help=argparse.SUPPRESS)
     p.add_argument("--mem-shape", type=int_list(1), help=argparse.SUPPRESS)
+    p.add_argument("--gemm-probe", choices=("ours", "torch"), help=argparse.SUPPRESS)
+    p.add_argument("--gemm-size", type=int_in(1, 1 << 15), default=2048, help=argparse.SUPPRESS)
+    p.add_argument("--gemm-warmup", type=int_in(0), default=1, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.mem_probe and not args.mem_shape:
         p.error("--mem-probe: needs --mem-shape")
@@ -982,6 +1029,9 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     if args.mem_probe:
         run_memory_probe(args.mem_probe, tuple(args.mem_shape), args.threads)
+        return 0
+    if args.gemm_probe:
+        run_gemm_probe(args.gemm_probe, args.gemm_size, args.threads, args.repeats or 5, args.gemm_warmup)
         return 0
 
     start = time.perf_counter()
