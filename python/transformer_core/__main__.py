@@ -213,11 +213,13 @@ class _StandardOutput:
     """
 
     def __init__(self, stream, json_escapes: bool):
+        """Wraps ``stream`` (the real ``sys.stdout``); ``json_escapes``: the command prints JSON."""
         self._stream = stream
         self._escape = _json_escape if json_escapes else _backslash_escape
         self._encoding = getattr(stream, "encoding", None) or "utf-8"
 
     def write(self, text: str) -> int:
+        """Writes ``text`` whole (escaped where the encoding cannot write it); returns the stream's count."""
         try:
             return self._stream.write(self._writable(text))
         except OSError as error:
@@ -225,6 +227,7 @@ class _StandardOutput:
             raise
 
     def flush(self) -> None:
+        """Flushes the stream; an OSError is marked as standard output's."""
         try:
             self._stream.flush()
         except OSError as error:
@@ -232,6 +235,7 @@ class _StandardOutput:
             raise
 
     def __getattr__(self, name):
+        """Every other attribute: the wrapped stream's."""
         return getattr(self._stream, name)
 
     def _writable(self, text: str) -> str:

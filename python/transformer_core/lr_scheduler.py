@@ -417,6 +417,7 @@ class LambdaLR(LRScheduler):
         return lrs
 
     def _lr_formula(self, index: int) -> str:
+        """LambdaLR's rate: the base lr times ``lr_lambda`` of the epoch."""
         return f"lr = initial_lr ({self.base_lrs[index]!r}) * lr_lambda({self.last_epoch})"
 
 
@@ -690,6 +691,7 @@ class SequentialLR(LRScheduler):
         return dict(last_epoch=last_epoch, _milestones=milestones, _last_lr=last_lr, inner=inner_values)
 
     def _apply_state(self, values: dict) -> None:
+        """Sets what :meth:`_read_state_dict` returned: each inner scheduler's state, then ours."""
         values = dict(values)
         for s, inner in zip(self._schedulers, values.pop("inner")):
             s._apply_state(inner)

@@ -776,6 +776,7 @@ class Adam(Optimizer):
             group[flag] = check_bool(group[flag], flag)
 
     def _inf_allowed(self, field: str, group: dict) -> bool:
+        """Adam's +inf second moments (see below); the first moment stays finite."""
         # a step writes +inf into v where (1 - β2) g² overflows, then steps that element by m / inf = 0
         # (as torch); v_max only takes maxima, but v is multiplied by β2 first: 0 · inf = NaN if β2 = 0
         return field == "max_exp_avg_sq" or (field == "exp_avg_sq" and group["betas"][1] > 0)
