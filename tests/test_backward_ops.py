@@ -351,7 +351,8 @@ def test_cross_entropy_backward_takes_a_0d_tensor_as_grad_output(rng):
     target = np.array([0, 3, 6, 2])
     lt = leaf(logits)
     TF.cross_entropy(lt, torch.from_numpy(target)).backward(torch.tensor(0.5))
-    for scale in (torch.tensor(0.5), np.array(0.5), 0.5):
+    for scale in (torch.tensor(0.5), torch.tensor(0.5, dtype=torch.bfloat16), torch.tensor(0.5, requires_grad=True),
+                  np.array(0.5), 0.5):
         grad = B.cross_entropy_backward(logits, target, grad_output=scale)
         check(grad, lt.grad, np.float32, f"cross_entropy backward, grad_output {type(scale).__name__}")
     with pytest.raises(TypeError, match=r"^grad_output: expected a scalar .*, got Tensor"):

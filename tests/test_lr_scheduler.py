@@ -71,6 +71,25 @@ def test_linear_lr(start, end, total):
             torch.optim.lr_scheduler.LinearLR(torch_opt, start, end, total), torch_opt, total + 8)
 
 
+@pytest.mark.parametrize("total", [4, 5, 7, 10])
+def test_linear_decay_to_zero_ends_at_zero(total):
+    """From start_factor 1/3 to 0, torch's recursive ratio rounds to -1.5e-17 on the last step and
+    writes lr = -1.5e-18 (a negative lr our optimizers refuse: the step raised). Ours writes 0 there
+    and torch's rate at every other step, exactly."""
+    ours_opt, torch_opt = both_optimizers()
+    ours = S.LinearLR(ours_opt, 1 / 3, 0.0, total)
+    theirs = torch.optim.lr_scheduler.LinearLR(torch_opt, 1 / 3, 0.0, total)
+    for t in range(total + 3):
+        ours_opt.step()
+        torch_opt.step()
+        ours.step()
+        theirs.step()
+        want = [max(0.0, lr) for lr in theirs.get_last_lr()]
+        assert ours.get_last_lr() == want, f"step {t + 1}"
+    assert min(theirs.get_last_lr()) < 0  # what the test is about: torch's last rates are below 0
+    assert ours.get_last_lr() == [0.0, 0.0]
+
+
 @pytest.mark.parametrize("T_max,eta_min", [(10, 0.0), (7, 1e-4), (1, 0.0)])
 def test_cosine_annealing_lr(T_max, eta_min):
     ours_opt, torch_opt = both_optimizers()

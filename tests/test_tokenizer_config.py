@@ -188,6 +188,29 @@ def test_clean_up_is_skipped_for_bpe_as_transformers_does(smollm2_folder, tmp_pa
     text = "Hello , world . It ' s fine !"
     ids = hf(text)["input_ids"]
     assert ours.decode(ids) == hf.decode(ids) == ("Hello, world. It's fine!" if anyway else text)
+    # asked for in the call or set later, a BPE's clean-up still needs the override, as in transformers
+    # (it removed the text's own spaces: "Hello, world!" for "Hello , world !")
+    for spaced in (text, "a ' b ' c", "  spaced   out . "):
+        ids = hf(spaced)["input_ids"]
+        for flag in (True, False):
+            assert ours.decode(ids, clean_up_tokenization_spaces=flag) == hf.decode(
+                ids, clean_up_tokenization_spaces=flag), (spaced, flag)
+    ours.clean_up_tokenization_spaces = True
+    ids = hf(text)["input_ids"]
+    assert ours.decode(ids) == hf.decode(ids, clean_up_tokenization_spaces=True)
+    assert (ours.decode(ids) == text) is not anyway
+
+
+def test_clean_up_keys_null_read_as_false(tmp_path):
+    """A tokenizer_config.json with ``"clean_up_tokenization_spaces": null`` (and the BPE override
+    null) loaded before these keys were read, and loads in transformers (null: no clean-up); it was
+    refused ("expected a bool, got NoneType")."""
+    path = _folder(tmp_path, clean_up_tokenization_spaces=None,
+                   clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output=None)
+    hf, ours = _hf(path), tc.Tokenizer.from_pretrained(path)
+    assert ours.clean_up_tokenization_spaces is False
+    ids = hf(SPACED[0])["input_ids"]
+    assert ours.decode(ids) == hf.decode(ids, skip_special_tokens=True) == "hello, world. it ' s fine!"
 
 
 # ------------------------------------------------------------------------------------ BERT's normalizer flags

@@ -520,7 +520,8 @@ def _cross_entropy_call(logits, target, grad_output, ignore_index, label_smoothi
         grad_rows = _as_dtype(rows, "grad_output", dtype).reshape(-1)
     else:
         if getattr(grad_output, "ndim", None) == 0 and hasattr(grad_output, "__array__"):
-            grad_output = np.asarray(grad_output)  # a 0-d array-like (a torch scalar tensor): one value
+            # a 0-d array-like (a torch scalar tensor, bfloat16 or requiring grad too): one value
+            grad_output = to_numpy(grad_output, "grad_output")
         if isinstance(grad_output, np.ndarray) and grad_output.ndim == 0 and grad_output.dtype.kind in "iuf":
             grad_output = grad_output.item()
         if isinstance(grad_output, (bool, np.bool_)) or not isinstance(grad_output, numbers.Real):

@@ -467,8 +467,10 @@ class LinearLR(LRScheduler):
         if self._is_initial or self.last_epoch > self.total_iters:
             return [g["lr"] for g in groups]
         delta = self.end_factor - self.start_factor
-        return [g["lr"] * (1.0 + delta / (self.total_iters * self.start_factor + (self.last_epoch - 1) * delta))
-                for g in groups]
+        # the ratio is >= 0 (both factors are); rounding made it -1.5e-17 on the last step of a decay
+        # to end_factor 0 from 1/3 (torch then writes lr = -1.5e-18, which _checked_lr refuses): 0
+        ratio = max(0.0, 1.0 + delta / (self.total_iters * self.start_factor + (self.last_epoch - 1) * delta))
+        return [g["lr"] * ratio for g in groups]
 
     def _closed_form_lr(self) -> list[float]:
         """``base_lr · (start + (end - start) · min(total_iters, last_epoch) / total_iters)`` (torch's

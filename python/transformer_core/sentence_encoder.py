@@ -575,8 +575,10 @@ class SentenceEncoder:
     @property
     def prompts(self) -> MappingProxyType:
         """The named prompts (``{name: text}``, sentence-transformers' ``prompts``) that
-        :meth:`encode`'s ``prompt_name`` picks from: a read-only view. To change them, assign a
-        new dict (``enc.prompts = {**enc.prompts, "query": "query: "}``), which is checked.
+        :meth:`encode`'s ``prompt_name`` picks from: a read-only view (a ``MappingProxyType``,
+        which json, pickle and copy do not take: ``dict(enc.prompts)`` is a plain copy). To change
+        them, assign a new dict (``enc.prompts = {**enc.prompts, "query": "query: "}``), which is
+        checked.
 
         Raises (on assignment):
             TypeError: neither None (no prompts) nor a dict (or other mapping) of str -> str.

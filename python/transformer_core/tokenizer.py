@@ -243,6 +243,9 @@ class Tokenizer:
         self.do_lower_case = do_lower_case
         self._truncation_side, self._padding_side = truncation_side, padding_side
         self._clean_up = clean_up_tokenization_spaces
+        # transformers' clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output: a BPE
+        # model's text is cleaned up only with it (from_pretrained reads it; decode tests it)
+        self._clean_up_bpe = False
         pad_id = tokenizer.token_to_id(pad_token) if pad_token is not None else None
         if self.max_length is not None:  # an encoder tokenizer: as it always was
             self.pad_token_id = 0 if pad_id is None else pad_id
@@ -359,6 +362,14 @@ class Tokenizer:
         """Sets it for later :meth:`decode` calls (see the getter for the errors)."""
         self._clean_up = check_bool(value, "clean_up_tokenization_spaces")
 
+    def _is_bpe(self) -> bool:
+        """Whether the backend's model is a BPE (byte-level or not): transformers cleans up its
+        decoded text only when ``clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output``
+        is set, since the spaces there are the text's own."""
+        from tokenizers import models
+
+        return isinstance(self._tok.model, models.BPE)
+
     # ---------------------------------------------------------------------------- construction
     @classmethod
     def from_pretrained(cls, name_or_path, max_length: int | None = None) -> "Tokenizer":
@@ -473,11 +484,14 @@ class Tokenizer:
         config_path = model_dir / "tokenizer_config.json"
         tokens = _special_tokens_of_config(cfg, tok)
         _apply_bert_normalizer_flags(tok, cfg, config_path)
+        clean_up, clean_up_bpe = _clean_up_of_config(cfg, tok, config_path)
         settings = {"truncation_side": _config_choice(cfg, "truncation_side", config_path),
-                    "clean_up_tokenization_spaces": _clean_up_of_config(cfg, tok, config_path)}
+                    "clean_up_tokenization_spaces": clean_up}
         if causal:
-            return cls._owning(tok, max_length=None, **tokens, chat_template=_chat_template_of_dir(model_dir, cfg),
-                               padding_side=_config_choice(cfg, "padding_side", config_path), **settings)
+            t = cls._owning(tok, max_length=None, **tokens, chat_template=_chat_template_of_dir(model_dir, cfg),
+                            padding_side=_config_choice(cfg, "padding_side", config_path), **settings)
+            t._clean_up_bpe = clean_up_bpe
+            return t
         if max_length is None:
             max_length = _default_max_length(model_dir, cfg)
         if tokens["pad_token"] is None:  # none in tokenizer_config.json (or not in the vocabulary)
@@ -487,7 +501,9 @@ class Tokenizer:
         if "unk_token" not in cfg and isinstance(unk, str) and tok.token_to_id(unk) is not None:
             tokens["unk_token"] = unk
         _config_choice(cfg, "padding_side", config_path)  # checked, not applied: an encoder pads on the right
-        return cls._owning(tok, max_length=max_length, **tokens, do_lower_case=_do_lower_case(model_dir), **settings)
+        t = cls._owning(tok, max_length=max_length, **tokens, do_lower_case=_do_lower_case(model_dir), **settings)
+        t._clean_up_bpe = clean_up_bpe
+        return t
 
     @classmethod
     def from_gguf(cls, path_or_checkpoint, pre_tokenizer: str | None = None) -> "Tokenizer":
@@ -614,8 +630,12 @@ class Tokenizer:
             clean_up_tokenization_spaces: remove the spaces before punctuation and contractions
                 (``" ."`` -> ``"."``, ``" ' "`` -> ``"'"``, ``" n't"`` -> ``"n't"``, ...:
                 transformers' ``clean_up_tokenization``); None (the default): the tokenizer's
-                :attr:`clean_up_tokenization_spaces`. :class:`TextStream` does not apply it (it
-                can change text already streamed).
+                :attr:`clean_up_tokenization_spaces`. A BPE tokenizer's text (SmolLM2's, GPT-2's)
+                is left as it is, as transformers does, unless its folder's
+                ``tokenizer_config.json`` sets
+                ``clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output``: its
+                spaces are the text's own. :class:`TextStream` does not apply it (it can change
+                text already streamed).
 
         Raises:
             TypeError: an id that is not an int, ``ids`` not a list/array of ints (a nested list
@@ -630,7 +650,7 @@ class Tokenizer:
             clean_up_tokenization_spaces = self._clean_up
         clean_up_tokenization_spaces = check_bool(clean_up_tokenization_spaces, "clean_up_tokenization_spaces")
         text = self._tok.decode(self._check_ids(ids), skip_special_tokens=skip_special_tokens)
-        if clean_up_tokenization_spaces:
+        if clean_up_tokenization_spaces and (self._clean_up_bpe or not self._is_bpe()):
             for spaced, joined in _CLEAN_UP_TOKENIZATION:
                 text = text.replace(spaced, joined)
         return text
@@ -1369,26 +1389,31 @@ def _config_choice(tokenizer_config: dict, key: str, path: Path) -> str | None:
 _BPE_CLEAN_UP_ANYWAY = "clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output"
 
 
-def _clean_up_of_config(tokenizer_config: dict, backend, path: Path) -> bool:
+def _clean_up_of_config(tokenizer_config: dict, backend, path: Path) -> tuple[bool, bool]:
     """Whether :meth:`Tokenizer.decode` cleans up spaces, as transformers decides: when
     ``tokenizer_config.json``'s ``clean_up_tokenization_spaces`` is true, unless ``backend``'s
     model is a BPE (where the clean-up would remove real spaces) and
     ``clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output`` is not true.
 
+    Returns ``(clean_up, bpe_anyway)``: that decision and the second key's value (which
+    :meth:`Tokenizer.decode` tests again when a BPE's clean-up is asked for in the call). A key
+    absent or null (JSON's null, which transformers reads as false) is false.
+
     Raises:
-        ValueError: naming the file (``path``) and the key: a value that is not a JSON bool.
+        ValueError: naming the file (``path``) and the key: a value that is not a JSON bool or null.
     """
     from tokenizers import models
 
     flags = {}
     for key in ("clean_up_tokenization_spaces", _BPE_CLEAN_UP_ANYWAY):
-        value = tokenizer_config.get(key, False)
+        value = tokenizer_config.get(key)
+        value = False if value is None else value
         if not isinstance(value, bool):
             raise ValueError(f"{path}: {key}: expected a bool, got {type(value).__name__} {_clip(value)}")
         flags[key] = value
     if isinstance(backend.model, models.BPE) and not flags[_BPE_CLEAN_UP_ANYWAY]:
-        return False
-    return flags["clean_up_tokenization_spaces"]
+        return False, False
+    return flags["clean_up_tokenization_spaces"], flags[_BPE_CLEAN_UP_ANYWAY]
 
 
 def _apply_bert_normalizer_flags(backend, tokenizer_config: dict, path: Path) -> None:
