@@ -189,13 +189,24 @@ def as_float(x, name: str, dtype=None, *, min_ndim: int = 0, ndim: int | None = 
     arr = to_numpy(x, name)
     own = compute_dtype(arr, name)
     dtype = own if dtype is None else dtype
+    check_rank(arr, name, ndim=ndim, min_ndim=min_ndim, allow_empty=allow_empty)
+    return _contiguous(arr, dtype, name)
+
+
+def check_rank(arr: np.ndarray, name: str, *, ndim: int | None = None, min_ndim: int = 0,
+               allow_empty: bool = False) -> None:
+    """:func:`as_float`'s checks of an array's rank and size, in its words, before any copy.
+
+    Raises:
+        ValueError: ``arr`` not ``ndim``-D (when given) or of fewer than ``min_ndim`` dims; empty
+            unless ``allow_empty``.
+    """
     if ndim is not None and arr.ndim != ndim:
         raise ValueError(f"{name}: expected a {ndim}-D array, got {arr.ndim}-D with shape {arr.shape}")
     if arr.ndim < min_ndim:
         raise ValueError(f"{name}: expected at least {min_ndim} dims, got {arr.ndim}-D with shape {arr.shape}")
     if not allow_empty and arr.size == 0:
         raise ValueError(f"{name}: expected a non-empty array, got shape {arr.shape}")
-    return _contiguous(arr, dtype, name)
 
 
 def _contiguous(arr: np.ndarray, dtype, name: str) -> np.ndarray:

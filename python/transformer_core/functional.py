@@ -42,6 +42,7 @@ from ._validation import (
     check_eps,
     check_float,
     check_int,
+    check_rank,
     common_dtype,
     compute_dtype,
     to_numpy,
@@ -85,12 +86,7 @@ def _as_given(arr, name: str, dtype, *, ndim: int | None = None, min_ndim: int =
             machine's memory.
     """
     arr = to_numpy(arr, name)  # an ndarray is returned as is; None is a TypeError naming ``name``
-    if ndim is not None and arr.ndim != ndim:
-        raise ValueError(f"{name}: expected a {ndim}-D array, got {arr.ndim}-D with shape {arr.shape}")
-    if arr.ndim < min_ndim:
-        raise ValueError(f"{name}: expected at least {min_ndim} dims, got {arr.ndim}-D with shape {arr.shape}")
-    if not allow_empty and arr.size == 0:
-        raise ValueError(f"{name}: expected a non-empty array, got shape {arr.shape}")
+    check_rank(arr, name, ndim=ndim, min_ndim=min_ndim, allow_empty=allow_empty)
     if arr.size > _UNCHECKED_COPY_SIZE and not (arr.flags.c_contiguous and arr.dtype == dtype):
         check_allocatable(arr.shape, np.dtype(dtype).itemsize, name)
     return arr
