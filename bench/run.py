@@ -278,12 +278,11 @@ def _gemm_own_processes_row(b: Bench, n: int, gflop: float) -> Row:
     times: dict[str, list[float]] = {"ours": [], "torch": []}
     for r in range(rounds):
         for side in (("ours", "torch") if r % 2 == 0 else ("torch", "ours")):
-            cmd = [sys.executable, str(Path(__file__).resolve()), "--gemm-probe", side, "--gemm-size", str(n),
-                   "--threads", str(b.threads), "--repeats", str(repeats), "--gemm-warmup", str(warmup)]
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-            if proc.returncode != 0:
-                return na_row(f"GEMM {n}³, each in its own process", f"{side}: {proc.stderr.strip()[-200:]}")
-            times[side].append(json.loads(proc.stdout.strip().splitlines()[-1])["ms"])
+            out = run_probe("--gemm-probe", side, "--gemm-size", str(n), "--threads", str(b.threads),
+                            "--repeats", str(repeats), "--gemm-warmup", str(warmup))
+            if "error" in out:
+                return na_row(f"GEMM {n}³, each in its own process", f"{side}: {out['error']}")
+            times[side].append(out["ms"])
     row = Row(f"GEMM {n}³: linear vs F.linear, each in its own process", statistics.median(times["ours"]),
               statistics.median(times["torch"]), gflop=gflop, repeats=repeats)
     row.notes.append(f"{rounds} processes each, alternating; per process: median of {repeats} after {warmup} warm-up")
@@ -746,16 +745,24 @@ def _status_kib(field: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def memory_probe(side: str, shape: tuple, threads: int) -> dict:
-    """Runs one SDPA call of ``side`` ("ours" | "torch") in a fresh interpreter; returns its
-    ``{"extra_mib", "method"}`` (or ``{"error"}``)."""
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--mem-probe", side,
-           "--mem-shape", ",".join(map(str, shape)), "--threads", str(threads)]
+def run_probe(*args: str) -> dict:
+    """Runs this script with ``args`` (a hidden ``--*-probe`` mode) in a fresh interpreter and
+    returns the JSON object of its last output line, or ``{"error": ...}`` (a failed or silent run:
+    its last stderr)."""
+    cmd = [sys.executable, str(Path(__file__).resolve()), *args]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        if proc.returncode != 0:
+            return {"error": f"exit {proc.returncode}: {proc.stderr.strip()[-200:]}"}
         return json.loads(proc.stdout.strip().splitlines()[-1])
     except Exception as e:
         return {"error": f"{type(e).__name__}: {e}"}
+
+
+def memory_probe(side: str, shape: tuple, threads: int) -> dict:
+    """Runs one SDPA call of ``side`` ("ours" | "torch") in a fresh interpreter; returns its
+    ``{"extra_mib", "method"}`` (or ``{"error"}``)."""
+    return run_probe("--mem-probe", side, "--mem-shape", ",".join(map(str, shape)), "--threads", str(threads))
 
 
 def run_memory_probe(side: str, shape: tuple, threads: int) -> None:
