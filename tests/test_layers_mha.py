@@ -799,9 +799,9 @@ def _torch_rope_mha(ref, x, positions, base=10000.0):
 def test_rotary_positions_are_checked_before_the_cache_grows(rng, monkeypatch):
     """Explicit position_ids were range-checked in C++ only, after the cache was reserved: a refused
     call grew it (capacity 1 -> 1000). They are checked first now, as is the size the rotary tables
-    would grow to (C++ grows them to twice what is built when that is more than the call needs),
-    and the weights need_weights returns: each refused call leaves capacity and length as they were,
-    names its argument, and an accepted call after it matches torch."""
+    must grow to (the positions the call needs: C++ doubles them only where that fits), and the
+    weights need_weights returns: each refused call leaves capacity and length as they were, names
+    its argument, and an accepted call after it matches torch."""
     from transformer_core import _validation, nn
     from transformer_core.positional import RotaryEmbedding
 
@@ -824,12 +824,11 @@ def test_rotary_positions_are_checked_before_the_cache_grows(rng, monkeypatch):
     refused(ValueError, rf"^position_ids: position {far} needs rotary tables \(cos and sin of {far + 1} positions × 8 "
                         rf"float64; max_position_embeddings {2**40}\) of {2 * (far + 1) * 8 * 8} bytes, which exceed "
                         r"this machine's memory", x[:, :2], rotary=huge, position_ids=[[0, far]])
-    # on a machine of 600,000 bytes the 4,097 positions the call needs would fit (524,416 bytes); the
-    # 8,192 that the tables of 4,096 grow to do not
-    monkeypatch.setattr(nn, "physical_memory_bytes", lambda: 600_000)
-    refused(ValueError, r"^position_ids: position 4096 needs rotary tables \(cos and sin of 8192 positions × 8 "
-                        r"float64; max_position_embeddings 1099511627776\) of 1048576 bytes, which exceed this "
-                        r"machine's memory \(600000 bytes\)$", x[:, :2], rotary=huge, position_ids=[[0, 4096]])
+    # on a machine of 500,000 bytes the 4,097 positions the call needs do not fit (524,416 bytes)
+    monkeypatch.setattr(nn, "physical_memory_bytes", lambda: 500_000)
+    refused(ValueError, r"^position_ids: position 4096 needs rotary tables \(cos and sin of 4097 positions × 8 "
+                        r"float64; max_position_embeddings 1099511627776\) of 524416 bytes, which exceed this "
+                        r"machine's memory \(500000 bytes\)$", x[:, :2], rotary=huge, position_ids=[[0, 4096]])
     monkeypatch.setattr(_validation, "physical_memory_bytes", lambda: 300)  # the weights: (1, 2, 5, 5) float64
     refused(ValueError, r"^need_weights: an array of shape \(1, 2, 5, 5\) needs 400 bytes, more than this machine's "
                         r"memory \(300 bytes\)$", x[:, :5], rotary=rope)
@@ -841,6 +840,12 @@ def test_rotary_positions_are_checked_before_the_cache_grows(rng, monkeypatch):
     ref_out, ref_weights = _torch_rope_mha(ref, x[:, :5], positions)
     assert_close(out, ref_out, np.float64, what="output after the refused calls")
     assert_close(weights, ref_weights, np.float64, what="weights after the refused calls")
+    # where the 4,097 positions fit but the 8,192 that doubling would build do not, the call runs
+    # (C++ then builds what it needs; the check no longer refuses what C++ would do)
+    monkeypatch.setattr(nn, "physical_memory_bytes", lambda: 600_000)
+    other = tc.KVCache(1, 1, 2, 8, 1, np.float64)
+    m(x[:, :2], is_causal=True, past_key_values=other, rotary=huge, position_ids=[[0, 4096]])
+    assert other.length == 2 and huge._impl.built_positions >= 4097
 
 
 def test_rotary_position_ids_of_one_dim_report_the_shape_given(rng):

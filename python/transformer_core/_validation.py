@@ -266,17 +266,6 @@ def as_weight(value, name: str, dtype) -> np.ndarray:
     return _contiguous(arr, dtype, name)
 
 
-def as_vector(value, name: str, n: int, dtype) -> np.ndarray | None:
-    """An optional per-feature parameter (a norm's weight or bias) as a C-contiguous ``(n,)`` array
-    of ``dtype``; None stays None. ValueError naming ``name`` for another shape."""
-    if value is None:
-        return None
-    arr = as_float(value, name, dtype, ndim=1)
-    if arr.shape != (n,):
-        raise ValueError(f"{name}: expected shape ({n},) to match x's last dim, got {arr.shape}")
-    return arr
-
-
 def as_bool(x, name: str, *, allow_float: bool = False) -> np.ndarray:
     """A keep-mask (True / 1 = a real token, may attend) as a numpy bool array: bool, or integers
     (Hugging Face ``attention_mask`` style) whose every value is 0 or 1.

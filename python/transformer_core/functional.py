@@ -102,7 +102,7 @@ def _as_dtype(arr: np.ndarray | None, name: str, dtype) -> np.ndarray | None:
 
 def _vector_given(value, name: str, n: int, dtype) -> np.ndarray | None:
     """An optional per-feature parameter (a norm's weight or bias) as given, checked to be ``(n,)``
-    (:func:`as_vector`'s checks, before its copy); None stays None."""
+    (its rank and shape, before any copy); None stays None."""
     if value is None:
         return None
     arr = _as_given(value, name, dtype, ndim=1)

@@ -266,13 +266,10 @@ def _check_rotary_tables(rows: int, largest: int, head_dim: int, layout: str, dt
 
 def _check_rotary_growth(rotary, needed: int, name: str) -> None:
     """:func:`_check_rotary_tables` for a call of ``rotary`` (a positional.RotaryEmbedding) over
-    positions below ``needed``: its tables grow, when they must, as C++ ``tables_for`` grows them (to
-    ``needed``, or twice the positions built so far when that is more, at most
-    ``max_position_embeddings``)."""
-    built = rotary._impl.built_positions
-    if needed > built:
-        rows = min(rotary.max_position_embeddings, max(needed, 2 * built))
-        _check_rotary_tables(rows, needed - 1, rotary.head_dim, rotary.layout, rotary.dtype,
+    positions below ``needed``, when its tables must grow: C++ ``tables_for`` grows them to twice the
+    positions built where that fits, else to ``needed``, so ``needed`` is what must fit."""
+    if needed > rotary._impl.built_positions:
+        _check_rotary_tables(needed, needed - 1, rotary.head_dim, rotary.layout, rotary.dtype,
                              rotary.max_position_embeddings, name)
 
 

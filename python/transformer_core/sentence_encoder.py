@@ -18,7 +18,7 @@ from ._runtime import core
 from ._validation import as_bool, as_float, check_allocatable, check_bool, check_choice, check_int, resolve_dtype
 from .bert import BertModel
 from .hub import DEFAULT_MODEL, expand_home, read_json_file
-from .tokenizer import Tokenizer, check_unicode
+from .tokenizer import Tokenizer, _check_room_for_special_tokens, check_unicode
 
 __all__ = ["SentenceEncoder", "mean_pool", "cosine_similarity", "read_pooling", "read_prompts",
            "transformer_folder"]
@@ -660,10 +660,7 @@ class SentenceEncoder:
         """Sets the tokenizer's truncation length, checked against the model (see the getter)."""
         value = check_int(value, "max_seq_length", 1)
         _check_truncation(value, self.model, "max_seq_length")
-        special = self.tokenizer.backend.num_special_tokens_to_add(False)
-        if value < special:  # the tokenizer would refuse it too, naming its own max_length
-            raise ValueError(f"max_seq_length: expected at least {special} (the special tokens the tokenizer adds "
-                             f"to every text), got {value}")
+        _check_room_for_special_tokens(self.tokenizer.backend, value, "max_seq_length")
         self.tokenizer.max_length = value
 
     def encode(self, sentences, batch_size: int = 32, normalize: bool | None = None,

@@ -79,13 +79,13 @@ def check_unicode(text: str, name: str, index: int | None = None) -> None:
                          f"(bytes that are not valid UTF-8, e.g. in a command-line argument)") from None
 
 
-def _check_room_for_special_tokens(backend, max_length: int) -> None:
-    """ValueError naming ``max_length`` when it is below the number of special tokens ``backend``
-    adds to every text: the post-processor's tokens are never truncated away, so a shorter
-    ``max_length`` would not truncate at all."""
+def _check_room_for_special_tokens(backend, max_length: int, name: str = "max_length") -> None:
+    """ValueError naming ``name`` (the caller's name of ``max_length``) when it is below the number
+    of special tokens ``backend`` adds to every text: the post-processor's tokens are never
+    truncated away, so a shorter ``max_length`` would not truncate at all."""
     special = backend.num_special_tokens_to_add(False)
     if max_length < special:
-        raise ValueError(f"max_length: expected at least {special} (the special tokens the tokenizer adds "
+        raise ValueError(f"{name}: expected at least {special} (the special tokens the tokenizer adds "
                          f"to every text), got {max_length}")
 
 
