@@ -105,6 +105,16 @@ def test_minilm_sentence_pairs_token_types(tc_bert, hf_bert, hf_tokenizer):
     check_outputs(tc_bert(ids, attention_mask=am, token_type_ids=tt), ref_h, ref_p, am)
 
 
+def test_minilm_forward_without_the_pooler(tc_bert, hf_tokenizer):
+    """SentenceEncoder.encode asks the forward for no pooler output (pooler=False): the pooler's
+    product is skipped, pooler_output is None, and the hidden states are the same bits as with it."""
+    ids, am, tt = hf_encode(hf_tokenizer, SENTENCES[:5])
+    full = tc_bert._forward_eval(ids, am, tt)
+    bare = tc_bert._forward_eval(ids, am, tt, pooler=False)
+    assert full.pooler_output is not None and bare.pooler_output is None
+    np.testing.assert_array_equal(bare.last_hidden_state, full.last_hidden_state)
+
+
 def test_minilm_batch_equals_single(tc_bert, hf_tokenizer):
     """Padding must not change the real tokens' states (vs each sentence alone)."""
     ids, am, tt = hf_encode(hf_tokenizer, SENTENCES[:5])

@@ -247,6 +247,38 @@ def test_encode_batches_sees_later_changes_of_the_backend(model_dir, make):
     assert tok.token_to_id("zorblaxian") == 30522 and 30522 in tok.encode(texts[0])  # the first change holds
 
 
+def test_encode_batches_copy_follows_setters_and_shallow_copies(model_dir):
+    """encode_batches' unpadded copy is brought up to date only when the backend may have changed
+    (_BackendWatch): after the truncation_side and max_length setters, and after a change made
+    through a shallow copy's backend (copy.copy shares the backend, so it shares the watch too).
+    Each batch equals a reference backend changed the same way; a pickled round trip keeps it."""
+    import copy
+    import pickle
+
+    tok = tc.Tokenizer(_backend(model_dir), 8)
+    texts = ["one two three four five six seven eight nine ten qq", "a short qq one"]
+    list(tok.encode_batches(texts, 2))  # the copy is made now
+
+    def check(ref, what):
+        (batch,) = tok.encode_batches(texts, 2)
+        for key, w in zip(("input_ids", "attention_mask", "token_type_ids"), hf_encode(ref, texts)):
+            np.testing.assert_array_equal(batch[key], w, err_msg=f"after {what}: {key}")
+
+    ref = _backend(model_dir)
+    tok.truncation_side = "left"
+    ref.enable_truncation(max_length=8, direction="left")
+    check(ref, "truncation_side = left")
+    tok.max_length = 6
+    ref.enable_truncation(max_length=6, direction="left")
+    check(ref, "max_length = 6")
+    copy.copy(tok).backend.add_special_tokens(["qq"])
+    ref.add_special_tokens(["qq"])
+    check(ref, "a special token added through a shallow copy")
+    assert tok.token_to_id("qq") is not None
+    tok = pickle.loads(pickle.dumps(tok))
+    check(ref, "a pickle round trip")
+
+
 def test_encode_batches_of_a_causal_tokenizer_sees_added_tokens():
     """A causal-LM tokenizer's backend does not pad: encode_batches tokenizes with it directly, so
     tokens added later are used, as by encode and the reference backend."""

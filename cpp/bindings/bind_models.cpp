@@ -69,11 +69,12 @@ void register_dtype(py::module_& m) {
   py::class_<Bert, Module<T>>(m, ("BertModel" + sfx).c_str())
       .def(py::init<const BertConfig&>(), py::arg("config"))
       // input_ids [N, L] int64, attention_mask [N, L] bool or None, token_type_ids [N, L] int64 or None
-      // -> (last_hidden_state [N, L, H], pooler_output [N, H] or None)
+      // -> (last_hidden_state [N, L, H], pooler_output [N, H] or None: None without a pooler, or
+      // with pooler false, which skips its product (a sentence encoder pools the hidden states)
       .def(
           "forward",
           [](const Bert& self, const CArray<int64_t>& input_ids, const py::object& attention_mask,
-             const py::object& token_type_ids) {
+             const py::object& token_type_ids, bool pooler) {
             const int64_t N = input_ids.shape(0), L = input_ids.shape(1), H = self.config().hidden_size;
             const uint8_t* mask = attention_mask.is_none()
                                       ? nullptr
@@ -82,7 +83,7 @@ void register_dtype(py::module_& m) {
             auto hidden = new_array<T>({N, L, H}, "input_ids: the hidden states (N, L, hidden_size)");
             py::object pooled = py::none();
             T* pp = nullptr;
-            if (self.config().add_pooling_layer) {
+            if (pooler && self.config().add_pooling_layer) {
               auto p = new_array<T>({N, H}, "input_ids: the pooler output (N, hidden_size)");
               pp = p.mutable_data();
               pooled = p;
@@ -94,7 +95,7 @@ void register_dtype(py::module_& m) {
             }
             return py::make_tuple(hidden, pooled);
           },
-          py::arg("input_ids"), py::arg("attention_mask"), py::arg("token_type_ids"));
+          py::arg("input_ids"), py::arg("attention_mask"), py::arg("token_type_ids"), py::arg("pooler") = true);
 
   py::class_<Decoder, Module<T>>(m, ("DecoderModel" + sfx).c_str())
       .def_property_readonly("head_dim", &Decoder::head_dim)

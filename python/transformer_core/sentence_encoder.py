@@ -311,7 +311,7 @@ def _splits_at_spaces(tokenizer: Tokenizer) -> bool:
     """
     from tokenizers import models
 
-    backend = tokenizer.backend
+    backend = tokenizer._tok  # read only: not handed out (tokenizer._BackendWatch)
     truncation = backend.truncation
     if not truncation or str(truncation.get("direction", "right")).lower() != "right":
         return False
@@ -351,7 +351,7 @@ def _same_tokens_prefix(tokenizer: Tokenizer, text: str) -> str:
     text's. Otherwise (a text with no space early enough, words that are mostly whitespace, an
     unknown pipeline) the whole text is tokenized, as before.
     """
-    backend = tokenizer.backend
+    backend = tokenizer._tok  # read only
     window = _PREFIX_CHARS_PER_TOKEN * tokenizer.max_length
     while window < len(text):
         cut = text.rfind(" ", 0, window)
@@ -660,7 +660,7 @@ class SentenceEncoder:
         """Sets the tokenizer's truncation length, checked against the model (see the getter)."""
         value = check_int(value, "max_seq_length", 1)
         _check_truncation(value, self.model, "max_seq_length")
-        _check_room_for_special_tokens(self.tokenizer.backend, value, "max_seq_length")
+        _check_room_for_special_tokens(self.tokenizer._tok, value, "max_seq_length")
         self.tokenizer.max_length = value
 
     def encode(self, sentences, batch_size: int = 32, normalize: bool | None = None,
@@ -787,7 +787,7 @@ class SentenceEncoder:
                 mask = enc["attention_mask"] == 1  # (N, L) bool, True = a real token
                 # eval mode's forward whatever the model's mode (as sentence-transformers' encode,
                 # which calls eval()), without switching it: no dropout, a pending training state kept
-                hidden = self.model._forward_eval(enc["input_ids"], mask, enc["token_type_ids"]).last_hidden_state
+                hidden = self.model._forward_eval(enc["input_ids"], mask, enc["token_type_ids"], pooler=False).last_hidden_state
                 pooled = mask
                 if skip and self.pooling != "cls":  # include_prompt false: the prompt attended to, not pooled
                     pooled = mask.copy()
@@ -805,7 +805,8 @@ class SentenceEncoder:
                     counts = np.maximum(mask.sum(axis=1, keepdims=True), 1).astype(hidden.dtype)
                     out[rows] = hidden.sum(axis=1) / counts
         if normalize:
-            out /= np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-12)
+            # np.linalg.norm's own arithmetic for a real array (the same bits), without its dispatch
+            out /= np.maximum(np.sqrt(np.add.reduce(out * out, axis=1, keepdims=True)), 1e-12)
         return out
 
     def _normalize_setting(self, normalize, normalize_embeddings) -> bool:
