@@ -107,7 +107,8 @@ def test_minilm_sentence_pairs_token_types(tc_bert, hf_bert, hf_tokenizer):
 
 def test_minilm_forward_without_the_pooler(tc_bert, hf_tokenizer):
     """SentenceEncoder.encode asks the forward for no pooler output (pooler=False): the pooler's
-    product is skipped, pooler_output is None, and the hidden states are the same bits as with it."""
+    product is skipped, pooler_output is None, and the hidden states of right-padded rows are the
+    same bits as with it (a row whose position 0 is padding runs packed instead: other rounding)."""
     ids, am, tt = hf_encode(hf_tokenizer, SENTENCES[:5])
     full = tc_bert._forward_eval(ids, am, tt)
     bare = tc_bert._forward_eval(ids, am, tt, pooler=False)

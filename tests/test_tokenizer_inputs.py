@@ -279,6 +279,79 @@ def test_encode_batches_copy_follows_setters_and_shallow_copies(model_dir):
     check(ref, "a pickle round trip")
 
 
+def test_encode_batches_copy_of_each_shallow_copy_follows_a_setter(model_dir):
+    """Two shallow copies made before either tokenized share the backend and its watch but make
+    their own unpadded copies: one of them bringing its copy up to date after a setter must not
+    leave the other's out of date (a shared "stale" flag did: a kept truncating to 8 for good)."""
+    import copy
+
+    a = tc.Tokenizer(_backend(model_dir), 8)
+    b = copy.copy(a)
+    texts = ["one two three four five six seven eight nine ten", "a short one"]
+    list(a.encode_batches(texts, 2))
+    list(b.encode_batches(texts, 2))
+    a.max_length = 6
+    list(b.encode_batches(texts, 2))  # b's copy brought up to date first
+    for tok in (a, b):
+        (batch,) = tok.encode_batches(texts, 2)
+        want = tok.encode_batch(texts)
+        assert batch["input_ids"].shape == (2, 6)
+        for key in want:
+            np.testing.assert_array_equal(batch[key], want[key], err_msg=key)
+
+
+def test_encode_batches_copy_after_a_change_during_its_update(model_dir):
+    """A setter that runs while encode_batches brings its copy up to date (another thread, here
+    the trace hook just before the update is recorded) is not lost: the next call updates again
+    (a flag cleared after the update lost it, and the copy kept the old truncation for good)."""
+    import linecache
+    import sys
+
+    tok = tc.Tokenizer(_backend(model_dir), 8)
+    texts = ["one two three four five six seven eight nine ten", "a short one"]
+    list(tok.encode_batches(texts, 2))
+    tok.max_length = 7  # the next call updates the copy
+    code = tc.tokenizer.Tokenizer._unpadded_backend.__code__
+    fired = []
+
+    def local(frame, event, arg):
+        line = linecache.getline(frame.f_code.co_filename, frame.f_lineno)
+        if event == "line" and not fired and "self._unpadded_version = version" in line:
+            fired.append(True)
+            tok.max_length = 6  # between the update's reads and its record of them
+        return local
+
+    sys.settrace(lambda frame, event, arg: local if frame.f_code is code else None)
+    try:
+        list(tok.encode_batches(texts, 2))
+    finally:
+        sys.settrace(None)
+    assert fired
+    (batch,) = tok.encode_batches(texts, 2)
+    want = tok.encode_batch(texts)
+    assert want["input_ids"].shape == (2, 6)
+    for key in want:
+        np.testing.assert_array_equal(batch[key], want[key], err_msg=key)
+
+
+def test_pickle_and_deepcopy_keep_encode_special_tokens(model_dir):
+    """The tokenizers package pickles a backend as its JSON, which leaves out
+    encode_special_tokens: a pickled or deep-copied Tokenizer encoded "[MASK]" as the special token
+    again (one id) where the original split it as text. Both backends' flags travel now."""
+    import copy
+    import pickle
+
+    tok = tc.Tokenizer(_backend(model_dir), 64)
+    list(tok.encode_batches(["x"], 1))  # the unpadded copy exists
+    tok.backend.encode_special_tokens = True
+    want = tok.encode("a [MASK] b")
+    assert len(want) > 5  # "[MASK]" split as text
+    for other in (pickle.loads(pickle.dumps(tok)), copy.deepcopy(tok)):
+        assert other.encode("a [MASK] b") == want
+        (batch,) = other.encode_batches(["a [MASK] b"], 1)
+        assert batch["input_ids"][0].tolist() == want
+
+
 def test_encode_batches_of_a_causal_tokenizer_sees_added_tokens():
     """A causal-LM tokenizer's backend does not pad: encode_batches tokenizes with it directly, so
     tokens added later are used, as by encode and the reference backend."""

@@ -70,7 +70,8 @@ void register_dtype(py::module_& m) {
       .def(py::init<const BertConfig&>(), py::arg("config"))
       // input_ids [N, L] int64, attention_mask [N, L] bool or None, token_type_ids [N, L] int64 or None
       // -> (last_hidden_state [N, L, H], pooler_output [N, H] or None: None without a pooler, or
-      // with pooler false, which skips its product (a sentence encoder pools the hidden states)
+      // with pooler false, which skips its product (a sentence encoder pools the hidden states;
+      // rows whose position 0 is padding then run packed, as without a pooler: other rounding)
       .def(
           "forward",
           [](const Bert& self, const CArray<int64_t>& input_ids, const py::object& attention_mask,

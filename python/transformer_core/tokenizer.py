@@ -108,15 +108,15 @@ _HANDED_OVER = threading.local()
 
 
 class _BackendWatch:
-    """Whether a Tokenizer's backend may have changed since encode_batches' unpadded copy of it was
-    last brought up to date (see ``Tokenizer._unpadded_backend``): ``handed_out`` once the backend
-    has been given to anyone (the ``backend`` property; from then on it may change at any time),
-    ``stale`` after this module changed it. Shared by shallow copies of the Tokenizer, which share
-    the backend too."""
+    """What may have changed a Tokenizer's backend, for encode_batches' unpadded copy of it (see
+    ``Tokenizer._unpadded_backend``): ``handed_out`` once the backend has been given to anyone (the
+    ``backend`` property; from then on it may change at any time), and ``version``, counted up by
+    each change this module makes. Shared by shallow copies of the Tokenizer, which share the
+    backend; each Tokenizer remembers the version its own copy was brought up to date at."""
 
     def __init__(self):
         self.handed_out = False
-        self.stale = True
+        self.version = 0
 
 
 def _copy_backend(backend):
@@ -191,6 +191,25 @@ class Tokenizer:
             encoder tokenizer.
     """
 
+    def __getstate__(self) -> dict:
+        """The pickled state (also of copy.copy and copy.deepcopy): the attributes, plus the
+        backends' ``encode_special_tokens``, which the tokenizers package's own pickle (the
+        backend's JSON) leaves out."""
+        state = self.__dict__.copy()
+        unpadded = getattr(self, "_unpadded", None)
+        state["_encode_special_tokens"] = (self._tok.encode_special_tokens,
+                                           None if unpadded is None else unpadded.encode_special_tokens)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        """Restores :meth:`__getstate__`'s state (a state pickled without the flags is taken as it is)."""
+        flags = state.pop("_encode_special_tokens", None)
+        self.__dict__.update(state)
+        if flags is not None:
+            self._tok.encode_special_tokens = flags[0]
+            if flags[1] is not None and getattr(self, "_unpadded", None) is not None:
+                self._unpadded.encode_special_tokens = flags[1]
+
     @classmethod
     def _owning(cls, tokenizer, *args, **kwargs) -> "Tokenizer":
         """``cls(tokenizer, ...)`` on ``tokenizer`` itself, not a copy: for a backend this module
@@ -247,6 +266,7 @@ class Tokenizer:
         self._tok = tokenizer
         self._unpadded = None  # encode_batches' copy of it without padding: see _unpadded_backend
         self._backend_watch = _BackendWatch()  # whether that copy may be out of date
+        self._unpadded_version = None  # the watch's version when that copy was last brought up to date
         self._id_limit_cache = None  # (vocabulary size, one past the highest id, gaps?): see _id_limit
         self._max_length = max_length
         self.bos_token, self.eos_token, self.unk_token = bos_token, eos_token, unk_token
@@ -782,8 +802,11 @@ class Tokenizer:
             return live
         copy = self._unpadded
         watch = getattr(self, "_backend_watch", None)  # None: pickled before it existed
-        if copy is not None and watch is not None and not (watch.handed_out or watch.stale):
-            return copy  # nothing can have changed the backend since the last call (11-35 µs a call)
+        # read before the backend is: a change made during the update below counts up after it
+        version = None if watch is None else watch.version
+        if copy is not None and version is not None and not watch.handed_out \
+                and version == getattr(self, "_unpadded_version", None):
+            return copy  # nothing can have changed the backend since the last update (11-35 µs a call)
         if copy is None or copy.get_added_tokens_decoder() != live.get_added_tokens_decoder():
             copy = _copy_backend(live)
             if copy is live:
@@ -799,15 +822,14 @@ class Tokenizer:
                 copy.no_truncation()
             else:
                 copy.enable_truncation(**truncation)
-        if watch is not None:
-            watch.stale = False
+        self._unpadded_version = version
         return copy
 
     def _backend_changed(self) -> None:
         """Marks encode_batches' unpadded copy out of date after this module changed the backend."""
         watch = getattr(self, "_backend_watch", None)
         if watch is not None:
-            watch.stale = True
+            watch.version += 1
 
     def _pad(self, encs, padding_side: str) -> dict[str, np.ndarray]:
         """encode_batch's arrays from unpadded encodings, padded to the longest."""
