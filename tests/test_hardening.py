@@ -1033,6 +1033,34 @@ EMBEDDING_TABLES = [
 ]
 
 
+# Each stack fits, the two together (or with Seq2SeqTransformer's tables) do not: each was checked on its
+# own, and the model started allocating (std::bad_alloc, or the OOM killer without a limit).
+_LAYER_BYTES = ("import math\n"
+                "pe = 4 * sum(math.prod(s) for s in tc.nn.TransformerEncoderLayer(4, 1, 4).parameter_shapes().values())\n"
+                "pd = 4 * sum(math.prod(s) for s in tc.nn.TransformerDecoderLayer(4, 1, 4).parameter_shapes().values())\n"
+                "mem = tc._validation.physical_memory_bytes()\n")
+EMBEDDING_TABLES += [
+    (_LAYER_BYTES + "n = mem // max(pe, pd) * 3 // 4\n"  # each stack ≤ 3/4 of memory, both more than all of it
+     "tc.nn.Transformer(4, 1, n, n, 4)",
+     rf"num_encoder_layers, num_decoder_layers: the weights together \(\d+ × \d+ \+ \d+ × \d+ float32\) need "
+     rf"\d+ bytes, {_MEMORY}"),
+    (_LAYER_BYTES + "n = mem // (pe + pd) // 2\n"  # the stacks half of memory, the tables 3/5 of it
+     "V = mem * 3 // 5 // 16 // 3\n"
+     "tc.Seq2SeqTransformer(V, V, d_model=4, nhead=1, num_encoder_layers=n, num_decoder_layers=n, "
+     "dim_feedforward=4, max_len=8)",
+     rf"num_encoder_layers, num_decoder_layers, src_vocab_size, d_model, tgt_vocab_size, max_len: the weights "
+     rf"together \(\d+ × \d+ \+ \d+ × \d+ \+ \d+ × 4 \+ \d+ × 4 \+ \d+ × 4 \+ 8 × 4 float32\) need \d+ bytes, "
+     rf"{_MEMORY}"),
+    # ids whose embeddings (three (N, L, d_model) temporaries) exceed memory: named src, not input_ids
+    ("m = tc.Seq2SeqTransformer(10, 10, d_model=512, nhead=8, num_encoder_layers=1, num_decoder_layers=1, "
+     "dim_feedforward=8, max_len=32)\n"
+     "N = tc._validation.physical_memory_bytes() // (3 * 20 * 512 * 4) + 1\n"
+     "m.encode(np.broadcast_to(np.ones((1, 20), np.int64), (N, 20)))",
+     rf"src: shape \(\d+, 20\) gives embeddings of shape \(\d+, 20, 512\), whose three temporaries need \d+ "
+     rf"bytes, {_MEMORY}"),
+]
+
+
 @pytest.mark.parametrize("code, message", EMBEDDING_TABLES, ids=[c for c, _ in EMBEDDING_TABLES])
 def test_embedding_tables_larger_than_memory_name_sizes_and_table(code, message):
     """Checked in Python before the C++ layer allocates anything (under an address-space limit of

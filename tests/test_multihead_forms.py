@@ -358,6 +358,29 @@ def test_to_einsum_shared_refuses_general_mha():
         MF.to_einsum_shared(state, 3)
 
 
+def test_to_einsum_shared_converts_nan_weights():
+    """A NaN in the shared block is the same NaN in every head's block: the form exists, and the
+    conversion gives it (np.kron put 0 · NaN = NaN off the diagonal, and the check then said "not
+    block-diagonal", even with one head, where every matrix is)."""
+    for H, E in ((1, 4), (3, 12)):
+        d = E // H
+        shared = np.arange(d * d, dtype=np.float32).reshape(d, d)
+        shared[1, 2] = np.nan
+        w = np.zeros((3 * E, E), np.float32)  # q, k and v: block-diagonal, H copies of shared
+        for j in range(3):
+            for h in range(H):
+                w[j * E + h * d:j * E + (h + 1) * d, h * d:(h + 1) * d] = shared
+        state = {"in_proj_weight": w, "in_proj_bias": np.zeros(3 * E, np.float32),
+                 "out_proj.weight": np.eye(E, dtype=np.float32), "out_proj.bias": np.zeros(E, np.float32)}
+        out = MF.to_einsum_shared(state, H)
+        for n in ("queries", "keys", "values"):
+            np.testing.assert_array_equal(out[f"{n}.weight"], shared)  # NaN where shared has it
+        if H > 1:  # a value off the blocks is still refused
+            state["in_proj_weight"][0, d] = 5.0
+            with pytest.raises(ValueError, match="not block-diagonal"):
+                MF.to_einsum_shared(state, H)
+
+
 # --------------------------------------------------------------------------------------------------
 # bad input
 # --------------------------------------------------------------------------------------------------

@@ -653,7 +653,7 @@ def check_allocatable(shape, itemsize: int, name: str) -> None:
                          f"more than this machine's memory ({limit} bytes)")
 
 
-def check_tables_allocatable(tables, dtype) -> None:
+def check_tables_allocatable(tables, dtype, together: str = "the tables together") -> None:
     """Checks a module's weight tables against this machine's memory before the C++ layer allocates
     them, naming the user's arguments (the C++ check names its own layer's: ``Embedding:
     (num_embeddings, embedding_dim)``).
@@ -662,6 +662,7 @@ def check_tables_allocatable(tables, dtype) -> None:
         tables: ``(names, what, rows, cols)`` per table, e.g. ``("vocab_size, hidden_size", "the word
             embedding table", V, H)``: ``names`` the arguments that size it, ``what`` the table.
         dtype: the tables' float dtype.
+        together: what the sum is called in its error (``"the tables together"``).
 
     Raises:
         ValueError: one table needs more bytes than this machine's memory (naming its arguments and
@@ -680,7 +681,7 @@ def check_tables_allocatable(tables, dtype) -> None:
     if total > limit:
         names = ", ".join(dict.fromkeys(n.strip() for t in tables for n in t[0].split(",")))
         sizes = " + ".join(f"{int(r)} × {int(c)}" for _, _, r, c in tables)
-        raise ValueError(f"{names}: the tables together ({sizes} {dt.name}) need {total} bytes, more than this "
+        raise ValueError(f"{names}: {together} ({sizes} {dt.name}) need {total} bytes, more than this "
                          f"machine's memory ({limit} bytes)")
 
 

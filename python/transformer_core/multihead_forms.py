@@ -395,11 +395,15 @@ def to_einsum_shared(state, num_heads: int) -> dict[str, np.ndarray]:
     if np.any(b != 0):
         raise ValueError("state['in_proj_bias']: expected zeros (the einsum tutorial's Linears have no bias), got nonzero")
     out = {}
-    eye = np.eye(num_heads, dtype=w.dtype)
     for j, n in enumerate(("queries", "keys", "values")):
         block = w[j * E:(j + 1) * E]
         first = block[:d, :d]
-        if not np.array_equal(block, np.kron(eye, first)):
+        # the block-diagonal matrix of num_heads copies of the first block (NaN compared equal to NaN:
+        # np.kron(eye, first) would put 0 · NaN = NaN off the diagonal)
+        expected = np.zeros_like(block)
+        for h in range(num_heads):
+            expected[h * d:(h + 1) * d, h * d:(h + 1) * d] = first
+        if not np.array_equal(block, expected, equal_nan=True):
             raise ValueError(f"state['in_proj_weight']: the {'qkv'[j]} projection is not block-diagonal with "
                              f"{num_heads} equal ({d}, {d}) blocks, so it has no einsum-tutorial form")
         out[f"{n}.weight"] = first.copy()

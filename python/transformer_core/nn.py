@@ -45,6 +45,7 @@ forward's backward, are then without it too.
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import numpy as np
@@ -64,6 +65,7 @@ from ._validation import (
     check_eps,
     check_int,
     check_positive_int,
+    check_tables_allocatable,
     compute_dtype,
     physical_memory_bytes,
     resolve_dtype,
@@ -1413,8 +1415,8 @@ class Transformer(Module):
     training mode: call ``train()`` for dropout and a training forward.
 
     Raises: TypeError / ValueError naming ``num_encoder_layers`` or ``num_decoder_layers``: not an
-    int or < 1 (before any layer is built), more layers than this machine's memory holds (before
-    either stack is built); ``batch_first=False`` (``ValueError``); as
+    int or < 1 (before any layer is built), more layers than this machine's memory holds, one stack
+    or both together (before either stack is built); ``batch_first=False`` (``ValueError``); as
     :class:`TransformerEncoderLayer` for the layers' arguments.
 
     Weights (torch's names): ``encoder.layers.{i}.*``, ``encoder.norm.*``,
@@ -1424,7 +1426,9 @@ class Transformer(Module):
     def __init__(self, d_model: int = 512, nhead: int = 8, num_encoder_layers: int = 6, num_decoder_layers: int = 6,
                  dim_feedforward: int = 2048, activation: str = "relu", layer_norm_eps: float = 1e-5,
                  norm_first: bool = False, bias: bool = True, dtype=np.float32, *, dropout: float = 0.0,
-                 batch_first: bool = True):
+                 batch_first: bool = True, _with_tables=()):
+        # _with_tables: a containing model's own weight tables, in check_tables_allocatable's form,
+        # checked with the stacks before either is built (Seq2SeqTransformer's embeddings)
         _check_batch_first(batch_first)
         self._init_dtype(dtype)
         # the layer counts under their own names (the stacks would name both ``num_layers``), before
@@ -1434,10 +1438,13 @@ class Transformer(Module):
         args = (d_model, nhead, dim_feedforward, activation, layer_norm_eps, norm_first, bias, self.dtype)
         encoder_layer = TransformerEncoderLayer(*args, dropout=dropout)  # checks the layer's arguments
         decoder_layer = TransformerDecoderLayer(*args, dropout=dropout)
-        for name, count, layer in (("num_encoder_layers", num_encoder_layers, encoder_layer),
-                                   ("num_decoder_layers", num_decoder_layers, decoder_layer)):
-            per_layer = sum(int(np.prod(shape)) for shape in layer.parameter_shapes().values())
-            check_allocatable((count, per_layer), np.dtype(self.dtype).itemsize, name)  # before either stack
+        # both stacks (and the containing model's tables) together, before either stack is built
+        stacks = [(name, what, count, sum(math.prod(shape) for shape in layer.parameter_shapes().values()))
+                  for name, what, count, layer in (("num_encoder_layers", "the encoder's layers", num_encoder_layers,
+                                                    encoder_layer),
+                                                   ("num_decoder_layers", "the decoder's layers", num_decoder_layers,
+                                                    decoder_layer))]
+        check_tables_allocatable([*stacks, *_with_tables], self.dtype, "the weights together")
         self.d_model, self.nhead = d_model, nhead
         self.encoder = TransformerEncoder(encoder_layer, num_encoder_layers,
                                           LayerNorm(d_model, layer_norm_eps, bias=bias, dtype=self.dtype))

@@ -15,7 +15,16 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from ._validation import as_bool, as_float, as_ids, check_float, check_int, check_positive_int, check_tables_allocatable
+from ._validation import (
+    as_bool,
+    as_float,
+    as_ids,
+    check_float,
+    check_int,
+    check_positive_int,
+    check_tables_allocatable,
+    physical_memory_bytes,
+)
 from .backward import cross_entropy_with_grad, dropout_backward
 from .functional import dropout as _dropout
 from .module import Module, NonFiniteLossError, NoTrainingStateError, check_dropout
@@ -50,14 +59,16 @@ class Seq2SeqTransformer(Module):
     which start in training mode: call ``train()`` before training (then :meth:`loss` applies dropout and keeps
     what :meth:`backward` needs).
 
-    Weights (the tutorial's names): ``src_tok_emb.weight (src_vocab, E)``,
-    ``tgt_tok_emb.weight (tgt_vocab, E)``, ``transformer.*`` (torch's ``nn.Transformer`` names),
-    ``generator.weight (tgt_vocab, E)``, ``generator.bias``. A torch module built the same way loads
-    its ``state_dict`` as is: the tutorial's own ``TokenEmbedding`` names
-    (``src_tok_emb.embedding.weight``) too, and its ``positional_encoding.pos_embedding`` buffer,
-    which is checked to be the sinusoidal table and then kept: the model adds the tutorial's
-    float32-computed rows, so its outputs are the tutorial's (see :meth:`load_state_dict`), and its
-    :meth:`state_dict` holds that table as well.
+    Weights: ``src_tok_emb.weight (src_vocab, E)``, ``tgt_tok_emb.weight (tgt_vocab, E)``,
+    ``transformer.*`` (torch's ``nn.Transformer`` names), ``generator.weight (tgt_vocab, E)``,
+    ``generator.bias``. The tutorial's module names its tables ``src_tok_emb.embedding.weight`` and
+    ``tgt_tok_emb.embedding.weight`` (its ``TokenEmbedding`` wrappers) and keeps a
+    ``positional_encoding.pos_embedding`` buffer. Its ``state_dict`` loads here as is: the wrapped
+    names are read as ours, and the buffer is checked to be the sinusoidal table and then kept (the
+    model adds the tutorial's float32-computed rows, so its outputs are the tutorial's: see
+    :meth:`load_state_dict`; :meth:`state_dict` then holds that table too). The other way, ours into
+    the tutorial's module, needs the two tables renamed and, unless one was loaded, the buffer added
+    (``positional_encoding.pos_embedding``: the sinusoidal table of ``(max_len, 1, E)``).
 
     Raises (the constructor): TypeError / ValueError naming the argument; the Transformer's
     arguments (``nhead`` dividing ``d_model``, ``activation``, ``dim_feedforward``,
@@ -77,21 +88,19 @@ class Seq2SeqTransformer(Module):
         self.d_model = check_positive_int(d_model, "d_model")
         self.max_len = check_positive_int(max_len, "max_len")
         self.dropout = check_dropout(dropout)
-        check_tables_allocatable([("src_vocab_size, d_model", "the source embedding table", self.src_vocab_size,
-                                   self.d_model),
-                                  ("tgt_vocab_size, d_model", "the target embedding table", self.tgt_vocab_size,
-                                   self.d_model),
-                                  ("tgt_vocab_size, d_model", "the output layer (generator)", self.tgt_vocab_size,
-                                   self.d_model),
-                                  ("max_len, d_model", "the sinusoidal position table", self.max_len, self.d_model)],
-                                 self.dtype)
-        # the Transformer first: its constructor checks its arguments before it builds anything, so a bad
-        # nhead or layer count is refused before the (possibly large) embedding tables are built and
+        tables = [("src_vocab_size, d_model", "the source embedding table", self.src_vocab_size, self.d_model),
+                  ("tgt_vocab_size, d_model", "the target embedding table", self.tgt_vocab_size, self.d_model),
+                  ("tgt_vocab_size, d_model", "the output layer (generator)", self.tgt_vocab_size, self.d_model),
+                  ("max_len, d_model", "the sinusoidal position table", self.max_len, self.d_model)]
+        check_tables_allocatable(tables, self.dtype)
+        # the Transformer first: its constructor checks its arguments, then its stacks and these tables
+        # together against memory, before it builds anything, so a bad nhead or layer count, or a model
+        # too large as a whole, is refused before the (possibly large) embedding tables are built and
         # filled (each module's init draws from its own seed: the order does not change the weights)
         self.transformer = Transformer(d_model=d_model, nhead=nhead, num_encoder_layers=num_encoder_layers,
                                        num_decoder_layers=num_decoder_layers, dim_feedforward=dim_feedforward,
                                        activation=activation, layer_norm_eps=layer_norm_eps, norm_first=norm_first,
-                                       bias=bias, dtype=self.dtype, dropout=dropout)
+                                       bias=bias, dtype=self.dtype, dropout=dropout, _with_tables=tables)
         self.src_tok_emb = Embedding(self.src_vocab_size, d_model, self.dtype)
         self.tgt_tok_emb = Embedding(self.tgt_vocab_size, d_model, self.dtype)
         self.generator = Linear(d_model, self.tgt_vocab_size, True, self.dtype)
@@ -186,11 +195,18 @@ class Seq2SeqTransformer(Module):
         ``"tgt"``), fits ``table`` and ``max_len``.
 
         Raises:
-            ValueError: ``L > max_len``; an id outside ``[0, table rows)`` (its position named).
+            ValueError: ``L > max_len``; embeddings of ``(N, L, d_model)`` whose three temporaries
+                (the lookup, its scaling, the positions added) exceed this machine's memory; an id
+                outside ``[0, table rows)`` (its position named).
         """
-        L = ids.shape[1]
+        N, L = ids.shape
         if L > self.max_len:
             raise ValueError(f"{name}: length {L} exceeds max_len ({self.max_len})")
+        need = 3 * N * L * self.d_model * np.dtype(self.dtype).itemsize
+        if need > physical_memory_bytes():
+            raise ValueError(f"{name}: shape {ids.shape} gives embeddings of shape ({N}, {L}, {self.d_model}), whose "
+                             f"three temporaries need {need} bytes, more than this machine's memory "
+                             f"({physical_memory_bytes()} bytes)")
         V = table.num_embeddings
         bad = (ids < 0) | (ids >= V)
         if bad.any():
