@@ -252,6 +252,114 @@ def test_a_tool_given_as_a_function_is_refused_naming_it():
     assert '"name": "get_weather"' in ref
 
 
+#: Templates reading ``tools`` -> the start of what transformers renders with the two tools below.
+TOOL_TEMPLATES = {
+    "{{ tools }}": "[{'type': 'function', 'function': {'name': 'get_weather', 'parameters': {}}}, {",
+    "{% set all = tools + [{'name': 'builtin'}] %}{{ all | length }}|{{ all | tojson }}": '3|[{"type": "function"',
+    "{% if tools is not none %}<tools>{% for t in tools %}\n{{ t | tojson }}{% endfor %}\n</tools>{% endif %}"
+    "{% for m in messages %}{{ m.role }}: {{ m.content }}{% endfor %}": '<tools>{"type": "function", "function"',
+}
+_REGISTRY = {"get_weather": {"type": "function", "function": {"name": "get_weather", "parameters": {}}},
+             "get_time": {"type": "function", "function": {"name": "get_time", "parameters": {"tz": "str"}}}}
+#: Each makes a fresh iterable of the same two tools (a generator or map is used up by one render).
+TOOL_FORMS = {
+    "list": lambda: list(_REGISTRY.values()),
+    "tuple": lambda: tuple(_REGISTRY.values()),
+    "dict.values()": lambda: _REGISTRY.values(),
+    "map": lambda: map(dict, _REGISTRY.values()),
+    "generator": lambda: (tool for tool in _REGISTRY.values()),
+    "iterator": lambda: iter(list(_REGISTRY.values())),
+}
+
+
+@pytest.mark.parametrize("form", TOOL_FORMS)
+@pytest.mark.parametrize("template", TOOL_TEMPLATES, ids=["print", "concat", "loop"])
+def test_tools_given_as_any_iterable_render_as_transformers(form, template):
+    """transformers iterates ``tools`` into a list; a tuple stayed a tuple (``{{ tools }}`` printed
+    ``(...,)``, ``tools + [...]`` failed) and dict.values(), map or a generator became the string
+    "<dict_values>", whose characters a template looped over."""
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    messages = [{"role": "user", "content": "Hi"}]
+    (ref,), _ = render_jinja_template(conversations=[messages], chat_template=template, tools=TOOL_FORMS[form]())
+    assert render_chat_template(template, messages, tools=TOOL_FORMS[form]()) == ref
+    assert ref.startswith(TOOL_TEMPLATES[template]) and "get_time" in ref, ref
+
+
+def test_tools_through_apply_chat_template(ours, hf_smollm2_tokenizer):
+    """The same through the tokenizer's apply_chat_template, tools given as dict.values()."""
+    template = list(TOOL_TEMPLATES)[2]
+    messages = [{"role": "user", "content": "Hi"}]
+    want = hf_smollm2_tokenizer.apply_chat_template(messages, chat_template=template, tools=_REGISTRY.values(),
+                                                    tokenize=False)
+    assert ours.apply_chat_template(messages, chat_template=template, tools=_REGISTRY.values()) == want
+    assert '"name": "get_time"' in want and want.endswith("</tools>user: Hi")
+
+
+@pytest.mark.parametrize("make, says", [
+    (lambda: ["x"], r"^tools\[0\]: expected a dict \(a tool's JSON schema, .*\), got str$"),
+    (lambda: [_REGISTRY["get_time"], 3], r"^tools\[1\]: expected a dict .*got int$"),
+    (lambda: (t for t in [_REGISTRY["get_time"], None]), r"^tools\[1\]: expected a dict .*got NoneType$"),
+    (lambda: [("type", "function")], r"^tools\[0\]: expected a dict .*got tuple$"),
+    (lambda: "get_weather", r"^tools: expected a list of tools' JSON schemas \(dicts\), got str$"),
+    (lambda: b"tool", r"^tools: expected a list of tools' JSON schemas \(dicts\), got bytes$"),
+    (lambda: _REGISTRY["get_time"], r"^tools: expected a list .*, got dict \(a single one\? put it in a list\)$"),
+    (lambda: 3, r"^tools: expected a list of tools' JSON schemas \(dicts\), got int$"),
+], ids=["str-item", "int-item", "none-item-in-generator", "pair", "str", "bytes", "one-dict", "int"])
+def test_tools_that_are_not_dicts_are_refused_as_transformers(make, says):
+    """transformers refuses a tool that is not a dict (ValueError "Tools should either be a JSON
+    schema, or a callable ..."; a str, a dict or a number as ``tools``: its items are not dicts, or it
+    is not iterable). They rendered here: ``tools=["x"]`` as ``['x']``. Now a TypeError naming the
+    item, expected vs got."""
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    messages = [{"role": "user", "content": "Hi"}]
+    with pytest.raises((ValueError, TypeError)):
+        render_jinja_template(conversations=[messages], chat_template="{{ tools }}", tools=make())
+    with pytest.raises(TypeError, match=says):
+        render_chat_template("{{ tools }}", messages, tools=make())
+
+
+DOCUMENTS = [{"title": "Paris", "text": "The capital of France."}, {"title": "Rome", "text": "Of Italy."}]
+DOCUMENT_TEMPLATE = "{{ documents }}|{{ documents | tojson }}|{% for d in documents %}[{{ d.title }}]{% endfor %}"
+
+
+@pytest.mark.parametrize("form", ["list", "tuple", "dict.values()", "generator"])
+def test_documents_given_as_any_iterable(form):
+    """A list or tuple renders as transformers renders it (a tuple stays a tuple there). Any other
+    iterable was the string "<dict_values>" (as transformers, which consumes a generator checking it,
+    renders "<generator>"): it is the list of its documents, as transformers renders that list."""
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    make = {"list": lambda: list(DOCUMENTS), "tuple": lambda: tuple(DOCUMENTS),
+            "dict.values()": lambda: dict(enumerate(DOCUMENTS)).values(),
+            "generator": lambda: (d for d in DOCUMENTS)}[form]
+    messages = [{"role": "user", "content": "Hi"}]
+    as_given = make() if form in ("list", "tuple") else list(make())
+    (ref,), _ = render_jinja_template(conversations=[messages], chat_template=DOCUMENT_TEMPLATE, documents=as_given)
+    assert render_chat_template(DOCUMENT_TEMPLATE, messages, documents=make()) == ref
+    assert ref.endswith("|[Paris][Rome]") and ref.startswith("(" if form == "tuple" else "[{")
+
+
+@pytest.mark.parametrize("documents, says", [
+    (["x"], r"^documents\[0\]: expected a dict with 'title' and 'text', got str$"),
+    ([DOCUMENTS[0], None], r"^documents\[1\]: expected a dict with 'title' and 'text', got NoneType$"),
+    ("text", r"^documents: expected a list of documents \(dicts with 'title' and 'text'\), got str$"),
+    (DOCUMENTS[0], r"^documents: expected a list of documents .*, got dict \(a single one\? put it in a list\)$"),
+    (1.5, r"^documents: expected a list of documents .*, got float$"),
+], ids=["str-item", "none-item", "str", "one-dict", "float"])
+def test_documents_that_are_not_dicts_are_refused_as_transformers(documents, says):
+    """transformers refuses them (TypeError "Documents should be a list of dicts ...", or not
+    iterable); they rendered here."""
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    messages = [{"role": "user", "content": "Hi"}]
+    with pytest.raises(TypeError):
+        render_jinja_template(conversations=[messages], chat_template="{{ documents }}", documents=documents)
+    with pytest.raises(TypeError, match=says):
+        render_chat_template("{{ documents }}", messages, documents=documents)
+
+
 REASONING = ("{% for m in messages %}<{{ m.role }}>"
              "{% if m.reasoning_content %}<think>{{ m.reasoning_content }}</think>{% endif %}"
              "{% if m.thinking %}<thinking>{{ m.thinking }}</thinking>{% endif %}{{ m.content }}|{{ m | tojson }}\n"

@@ -53,6 +53,70 @@ def test_home_is_expanded(tmp_path, monkeypatch):
     assert resolve_model_path("~/m") == tmp_path / "m"
 
 
+class _PathLike:
+    """An ``os.PathLike`` that is not a ``pathlib.Path`` (what other path libraries hand over)."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __fspath__(self):
+        return self.path
+
+
+def test_any_os_pathlike_is_accepted(tmp_path, smollm2_gguf):
+    """An ``os.PathLike`` other than ``pathlib.Path`` was refused ("expected a str or path, got
+    _PathLike"); it is read with ``os.fspath`` as Hugging Face's ``from_pretrained`` reads it."""
+    import os
+
+    import transformer_core as tc
+
+    assert isinstance(_PathLike("x"), os.PathLike)
+    assert resolve_model_path(_PathLike(str(tmp_path))) == tmp_path
+    assert resolve_model_dir(_PathLike(str(tmp_path))) == tmp_path
+    assert resolve_model_path(_PathLike("SmolLM2-135M-Instruct")) == smollm2_gguf  # an embedded name too
+    model = _llama(3)
+    model.save_pretrained(tmp_path / "m")
+    loaded = tc.LlamaForCausalLM.from_pretrained(_PathLike(str(tmp_path / "m")))
+    for name, value in model.state_dict().items():
+        np.testing.assert_array_equal(loaded.state_dict()[name], value, err_msg=name)
+    # bytes paths stay refused, with what to do; an empty path is the empty-name ValueError
+    for bad, name in ((b"SmolLM2-135M-Instruct", "bytes"), (_PathLike(b"SmolLM2-135M-Instruct"), "_PathLike")):
+        with pytest.raises(TypeError) as info:
+            resolve_model_path(bad, "model")
+        assert str(info.value) == f"model: expected a str or path, got {name} (a bytes path: decode it first, os.fsdecode)"
+    with pytest.raises(TypeError, match=r"^name_or_path: expected a str or path, got float$"):
+        resolve_model_path(1.5)
+    with pytest.raises(TypeError, match=r"^name_or_path: expected _PathLike.__fspath__\(\) to return str or bytes"):
+        resolve_model_path(_PathLike(3))
+    with pytest.raises(ValueError, match="^name_or_path: expected a model name or path, got ''"):
+        resolve_model_path(_PathLike(""))
+
+
+def test_a_gguf_name_given_to_a_directory_model_names_what_loads_it(tmp_path, smollm2_gguf):
+    """GPT2LMHeadModel.from_pretrained("SmolLM2-135M-Instruct") pointed at gguf_file.read_gguf, which
+    gives a checkpoint, not a model; the message names LlamaForCausalLM.from_pretrained (which does
+    load it) and the chat entry points. A file that is not GGUF gets no such hint."""
+    import os
+
+    import transformer_core as tc
+
+    for load in (tc.GPT2LMHeadModel.from_pretrained, tc.BertModel.from_pretrained, resolve_model_dir):
+        for name in ("SmolLM2-135M-Instruct", smollm2_gguf, _PathLike(str(smollm2_gguf))):
+            with pytest.raises(FileNotFoundError) as info:
+                load(name)
+            message = str(info.value)
+            assert message.startswith(f"name_or_path: {os.fspath(name)!r} is a file"), message
+            assert f"is a file ({smollm2_gguf}), not a model directory" in message
+            assert "transformer_core.LlamaForCausalLM.from_pretrained" in message and "read_gguf" not in message
+            assert "ChatSession.from_pretrained" in message and "python -m transformer_core chat" in message
+    assert tc.LlamaForCausalLM.from_pretrained("SmolLM2-135M-Instruct").config.vocab_size == 49152  # the hint holds
+    plain = tmp_path / "notes.txt"
+    plain.write_text("not a model")
+    with pytest.raises(FileNotFoundError) as info:
+        tc.GPT2LMHeadModel.from_pretrained(plain)
+    assert str(info.value) == f"name_or_path: {str(plain)!r} is a file ({plain}), not a model directory"
+
+
 NO_SUCH_USER = "~tc-no-such-user-4f2a9"  # a ~user without a passwd entry: expanduser raises RuntimeError
 
 

@@ -144,6 +144,10 @@ def render_chat_template(template: str, messages, add_generation_prompt: bool = 
         **variables: more template variables: ``bos_token``, ``eos_token``, ``tools``, ...
             ``tools`` and ``documents`` are None unless given, as transformers' ``apply_chat_template``
             passes them (a template testing ``tools is not none`` must see None, not undefined).
+            ``tools``: any iterable of dicts (the tools' JSON schemas: a list, a tuple,
+            ``registry.values()``, a generator), given to the template as a list, as transformers
+            gives it (see :func:`_checked_tools`). ``documents``: any iterable of dicts (see
+            :func:`_checked_documents`).
 
     The template sees copies of ``messages`` and ``variables`` made of plain JSON data (see the
     module's docstring: any other object becomes ``"<TypeName>"``, as in transformers); the
@@ -155,7 +159,8 @@ def render_chat_template(template: str, messages, add_generation_prompt: bool = 
     Raises:
         TypeError: ``template`` not a str; ``add_generation_prompt`` not a bool;
             ``continue_final_message`` not a bool or str, or the text it continues not a str; a bad
-            message (see :func:`validate_messages`); a callable among the data (a tool given as a
+            message (see :func:`validate_messages`); ``tools`` or ``documents`` not an iterable of
+            dicts (naming the item, e.g. ``tools[1]``); a callable among the data (a tool given as a
             function, which transformers would turn into its JSON schema: give the schema).
         ValueError: a bad message; messages or a variable that contain themselves or nest deeper
             than ``MAX_DATA_DEPTH`` (naming the path, e.g. ``tools[0]['parameters']``);
@@ -174,6 +179,10 @@ def render_chat_template(template: str, messages, add_generation_prompt: bool = 
         raise ValueError("continue_final_message: expected add_generation_prompt=False with it (one continues the "
                          "last message, the other starts a new assistant turn), got both True")
     messages = _alias_reasoning(_plain_data(validate_messages(messages), "messages"))
+    if variables.get("tools") is not None:
+        variables["tools"] = _checked_tools(variables["tools"])
+    if variables.get("documents") is not None:
+        variables["documents"] = _checked_documents(variables["documents"])
     variables = {name: _plain_data(value, name) for name, value in variables.items()}
     compiled = _compile(template)
     import jinja2
@@ -189,6 +198,70 @@ def render_chat_template(template: str, messages, add_generation_prompt: bool = 
         # template's own expressions (1 // 0, "a" + 1, range(10**6), a macro calling itself)
         raise ChatTemplateError(f"chat template: {type(e).__name__}: {e}") from None
     return text if field is None else _cut_at_mark(text, continued)
+
+
+def _items(value, name: str, expected: str) -> list:
+    """The items of the iterable ``value`` (the ``tools`` or ``documents`` argument), as a new list.
+
+    Raises:
+        TypeError: naming ``name``: not iterable, or a str, bytes or mapping (which transformers
+            would iterate character by character, or key by key: a single tool's dict given without
+            its list, say).
+    """
+    if isinstance(value, (str, bytes, bytearray, Mapping)):
+        hint = " (a single one? put it in a list)" if isinstance(value, Mapping) else ""
+        raise TypeError(f"{name}: expected {expected}, got {type(value).__name__}{hint}")
+    try:
+        iterator = iter(value)
+    except TypeError:
+        raise TypeError(f"{name}: expected {expected}, got {type(value).__name__}") from None
+    return list(iterator)
+
+
+def _checked_tools(tools) -> list:
+    """``tools`` as transformers' ``render_jinja_template`` gives them to the template: the items of
+    any iterable (a list, a tuple, ``dict.values()``, ``map``, a generator) in a new list, so that
+    ``{{ tools }}`` prints a list and ``tools + [...]`` works whatever the caller passed.
+
+    Each tool must be a dict (its JSON schema, e.g. ``{"type": "function", "function": {"name":
+    ..., "parameters": {...}}}``), as transformers requires. transformers also accepts a Python
+    function (or method) with type hints and a docstring, which it turns into its schema with
+    ``transformers.utils.get_json_schema``; this package does not derive schemas and refuses it.
+
+    Raises:
+        TypeError: ``tools`` not iterable, or a str, bytes or mapping; an item that is not a dict
+            (naming it, ``tools[i]``: transformers' ValueError "Tools should either be a JSON
+            schema, or a callable function ...") or that is a callable.
+    """
+    tools = _items(tools, "tools", "a list of tools' JSON schemas (dicts)")
+    for i, tool in enumerate(tools):
+        if isinstance(tool, dict):
+            continue
+        if callable(tool):
+            raise TypeError(f"tools[{i}]: expected JSON data (a tool's JSON schema as a dict), got a callable "
+                            f"{type(tool).__name__}; this package does not derive schemas from functions "
+                            "(transformers.utils.get_json_schema(fn) gives the dict transformers would use)")
+        raise TypeError(f"tools[{i}]: expected a dict (a tool's JSON schema, {{'type': 'function', 'function': "
+                        f"{{'name': ..., 'parameters': ...}}}}), got {type(tool).__name__}")
+    return tools
+
+
+def _checked_documents(documents) -> list | tuple:
+    """``documents`` checked as transformers' ``render_jinja_template`` checks them: each a dict
+    (``{"title": ..., "text": ...}``). A list or tuple is kept as it is (as there); any other
+    iterable (``dict.values()``, a generator) becomes a list of its items, where transformers would
+    render the placeholder ``"<dict_values>"`` (it consumes a generator checking it).
+
+    Raises:
+        TypeError: ``documents`` not iterable, or a str, bytes or mapping; an item that is not a
+            dict (naming it, ``documents[i]``; transformers' TypeError "Documents should be a list
+            of dicts ...").
+    """
+    items = _items(documents, "documents", "a list of documents (dicts with 'title' and 'text')")
+    for i, document in enumerate(items):
+        if not isinstance(document, dict):
+            raise TypeError(f"documents[{i}]: expected a dict with 'title' and 'text', got {type(document).__name__}")
+    return tuple(items) if isinstance(documents, tuple) else items
 
 
 def _continued_field(continue_final_message) -> str | None:

@@ -92,6 +92,42 @@ def expand_home(path, argument: str) -> Path:
                                 f"{_clip_path(path)} (no such user, or no home directory)") from None
 
 
+def _path_text(name_or_path, argument: str) -> str:
+    """``name_or_path`` as a str: itself, or the path of an ``os.PathLike`` (``os.fspath``: a
+    ``pathlib.Path`` or any object with ``__fspath__``; "path" in the messages).
+
+    Raises:
+        TypeError: naming ``argument``: neither a str nor an ``os.PathLike`` (or one whose
+            ``__fspath__`` returns neither str nor bytes), or a bytes path (``b"model"``, or a
+            PathLike whose ``__fspath__`` returns bytes): model names are text.
+    """
+    try:
+        text = os.fspath(name_or_path) if isinstance(name_or_path, os.PathLike) else name_or_path
+    except TypeError as e:  # its __fspath__ returned neither a str nor bytes
+        raise TypeError(f"{argument}: {e}") from None
+    if isinstance(text, bytes):
+        raise TypeError(f"{argument}: expected a str or path, got {type(name_or_path).__name__} (a bytes path: "
+                        "decode it first, os.fsdecode)")
+    if not isinstance(text, str):
+        raise TypeError(f"{argument}: expected a str or path, got {type(name_or_path).__name__}")
+    return text
+
+
+#: How a file that is not a model directory should be loaded: a GGUF file holds a Llama-family model.
+GGUF_HINT = ("a GGUF checkpoint holds a Llama-family causal LM: load it with "
+             "transformer_core.LlamaForCausalLM.from_pretrained, or chat with it through "
+             "transformer_core.chat.ChatSession.from_pretrained / python -m transformer_core chat --model")
+
+
+def _is_gguf(path: Path) -> bool:
+    """Whether ``path`` is a file that starts with the GGUF magic ``b"GGUF"`` (False if unreadable)."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == b"GGUF"
+    except OSError:
+        return False
+
+
 def resolve_model_path(name_or_path, argument: str = "name_or_path") -> Path:
     """The location of a model: ``name_or_path`` itself if it is a directory or a file, else the
     directory or file of an embedded model of that name (see ``EMBEDDED_MODELS``).
@@ -106,12 +142,12 @@ def resolve_model_path(name_or_path, argument: str = "name_or_path") -> Path:
         FileNotFoundError: neither a path nor an embedded model, or its package is missing; a
             ``~user`` of no known user (no home directory to expand it to); a name too long for
             the file system (ENAMETOOLONG).
-        TypeError: ``name_or_path`` not a str or path. ValueError: an empty string (it would name the
+        TypeError: ``name_or_path`` not a str or ``os.PathLike`` (a ``pathlib.Path``, or any object
+            with ``__fspath__``), or a bytes path. ValueError: an empty string (it would name the
             current directory).
     """
-    if not isinstance(name_or_path, (str, Path)):
-        raise TypeError(f"{argument}: expected a str or path, got {type(name_or_path).__name__}")
-    if isinstance(name_or_path, str) and not name_or_path.strip():
+    name_or_path = _path_text(name_or_path, argument)
+    if not name_or_path.strip():
         raise ValueError(f"{argument}: expected a model name or path, got {name_or_path!r}")
     path = expand_home(name_or_path, argument)
     try:
@@ -122,7 +158,7 @@ def resolve_model_path(name_or_path, argument: str = "name_or_path") -> Path:
             raise
         raise FileNotFoundError(f"{argument}: no model at {_clip_path(path)}: the name is too long for the "
                                 f"file system ({os.strerror(e.errno)})") from None
-    key = str(name_or_path)
+    key = name_or_path
     if key in EMBEDDED_MODELS:
         package, inside = EMBEDDED_MODELS[key]
         spec = importlib.util.find_spec(package)  # found without importing it (it imports torch / llama_cpp)
@@ -144,13 +180,16 @@ def resolve_model_dir(name_or_path, argument: str = "name_or_path") -> Path:
 
     Raises:
         FileNotFoundError: not a directory and not an embedded model, its package is missing, or it
-            names a single-file (GGUF) model, which has no directory (use :func:`resolve_model_path`).
-        TypeError: ``name_or_path`` not a str or path. ValueError: an empty string.
+            names a file: a single-file (GGUF) model has no directory, and the message names what
+            loads it (``LlamaForCausalLM.from_pretrained``, the chat entry points).
+        TypeError: ``name_or_path`` not a str or ``os.PathLike`` (see :func:`resolve_model_path`).
+        ValueError: an empty string.
     """
     path = resolve_model_path(name_or_path, argument)
     if not path.is_dir():
-        raise FileNotFoundError(f"{argument}: {str(name_or_path)!r} is a file ({path}), not a model directory "
-                                f"(a GGUF checkpoint is read with transformer_core.gguf_file.read_gguf)")
+        hint = f"; {GGUF_HINT}" if _is_gguf(path) else ""
+        raise FileNotFoundError(f"{argument}: {_path_text(name_or_path, argument)!r} is a file ({path}), "
+                                f"not a model directory{hint}")
     return path
 
 
