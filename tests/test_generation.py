@@ -356,3 +356,286 @@ def test_greedy_generate_warns_about_the_sampling_options_it_ignores(tiny_llama)
         with pytest.raises(ValueError, match="^max_new_tokens: prompt length 5 "):
             model.generate(x, 100, temperature=0.3)
     assert caught == []
+
+
+# ------------------------------------------------------------- decoding options of generation_config.json
+@pytest.fixture(scope="module")
+def llama_dir(tmp_path_factory):
+    """A directory holding a tiny random Llama's config.json and weights, as transformers saves
+    them; each test copies it and writes its own generation_config.json (:func:`_with_generation`)."""
+    cfg = transformers.LlamaConfig(vocab_size=97, max_position_embeddings=64, rms_norm_eps=1e-5,
+                                   initializer_range=0.2, bos_token_id=None, eos_token_id=None, pad_token_id=None,
+                                   hidden_size=48, intermediate_size=80, num_hidden_layers=2, num_attention_heads=6,
+                                   num_key_value_heads=2, attn_implementation="eager")
+    torch.manual_seed(2)
+    path = tmp_path_factory.mktemp("llama_dir")
+    transformers.LlamaForCausalLM(cfg).eval().save_pretrained(path, safe_serialization=True)
+    return path
+
+
+def _with_generation(llama_dir, path, generation: dict):
+    """(hf model, our model) loaded from a copy of ``llama_dir`` whose generation_config.json is
+    ``generation``."""
+    import json
+    import shutil
+
+    import transformer_core as tc
+
+    shutil.copytree(llama_dir, path)
+    (path / "generation_config.json").write_text(json.dumps(generation))
+    return transformers.LlamaForCausalLM.from_pretrained(path).eval(), tc.LlamaForCausalLM.from_pretrained(path)
+
+
+def _spy_configs(monkeypatch) -> list:
+    """The GenerationConfig of each step that ``next_tokens`` is given from now on (recorded, then
+    the step runs as usual)."""
+    from transformer_core import generation
+
+    seen, original = [], generation.next_tokens
+
+    def spy(scores, sequences, cfg, rng, lead=None):
+        seen.append(cfg)
+        return original(scores, sequences, cfg, rng, lead)
+
+    monkeypatch.setattr(generation, "next_tokens", spy)
+    return seen
+
+
+def test_generation_config_repetition_penalty_is_the_default_as_transformers(llama_dir, tmp_path):
+    """generation_config.json's repetition_penalty was ignored (only its end and pad ids were read):
+    greedy decoding gave transformers' tokens without the penalty. It is now the default, token for
+    token as transformers' generate; the caller's argument still wins (1.0 or None: no penalty)."""
+    hf, ours = _with_generation(llama_dir, tmp_path / "m",
+                                {"repetition_penalty": 2.0, "eos_token_id": [5, 9], "pad_token_id": 0})
+    x = np.random.default_rng(4).integers(1, 97, size=(2, 6))
+    with torch.no_grad():
+        ref = hf.generate(torch.from_numpy(x), do_sample=False, max_new_tokens=15).numpy()
+        plain = hf.generate(torch.from_numpy(x), do_sample=False, max_new_tokens=15, repetition_penalty=1.0).numpy()
+    assert ref.shape != plain.shape or not np.array_equal(ref, plain)  # the penalty changes the tokens
+    np.testing.assert_array_equal(ours.generate(x, 15), ref)
+    np.testing.assert_array_equal(np.concatenate([x, np.stack(list(ours.stream(x, 15)), 1)], 1), ref)
+    np.testing.assert_array_equal(ours.generate(x, 15, repetition_penalty=1.0), plain)
+    np.testing.assert_array_equal(ours.generate(x, 15, repetition_penalty=None), plain)
+
+
+@pytest.mark.parametrize("generation, kwargs", [
+    ({"do_sample": True, "temperature": 0.7, "top_k": 5, "top_p": 0.9, "repetition_penalty": 1.3}, {}),
+    ({"do_sample": True, "temperature": 0.7, "top_k": 5, "top_p": 0.9}, {"top_k": None, "temperature": 1.0}),
+    ({"do_sample": True, "temperature": 0.7, "top_k": 0}, {"top_p": 0.5, "repetition_penalty": 1.1}),
+    ({"do_sample": True, "temperature": 0.7, "top_p": 0.9}, {"do_sample": False}),
+    ({"temperature": 0.6, "top_p": 0.8, "top_k": 20}, {}),  # greedy: the sampling fields unused
+    ({"temperature": 0.6, "top_k": 20}, {"do_sample": True}),
+    ({"do_sample": True, "top_k": None, "top_p": None, "temperature": None}, {}),  # null: the defaults
+], ids=["file", "file+args", "top_k-0", "args-greedy", "greedy-file", "args-sample", "nulls"])
+def test_generation_config_decoding_options_resolved_as_transformers(llama_dir, tmp_path, monkeypatch, generation,
+                                                                      kwargs):
+    """do_sample, temperature, top_k, top_p and repetition_penalty not passed are the generation
+    config's (then the defaults), the ones passed win: the same options as transformers' generate
+    resolves (its _prepare_generation_config), and no warning about the file's sampling fields
+    when greedy (transformers warns only about the caller's)."""
+    hf, ours = _with_generation(llama_dir, tmp_path / "m", generation)
+    ref = hf._prepare_generation_config(None, **kwargs)[0]
+    seen = _spy_configs(monkeypatch)
+    _, caught = _warned(lambda: ours.generate(np.array([[5, 17, 42]]), 2, **kwargs))
+    assert caught == []
+    cfg = seen[0]
+    assert cfg.do_sample == ref.do_sample
+    assert (cfg.repetition_penalty or 1.0) == ref.repetition_penalty
+    if ref.do_sample:
+        assert cfg.temperature == ref.temperature
+        assert cfg.top_k == (ref.top_k or None)
+        assert (cfg.top_p or 1.0) == ref.top_p
+
+
+def test_generation_config_decoding_options_are_checked_naming_the_file(tiny_llama, monkeypatch):
+    """The generation config's options are checked as the arguments are, the error naming the file
+    and field; a sampling field that greedy decoding does not use is checked for its type only; an
+    argument passed in its place is what is checked."""
+    _, model = tiny_llama
+    x = np.array([[5, 17, 42]])
+    greedy = model.generate(x, 4)
+    cases = [({"do_sample": "yes"}, TypeError, "do_sample: expected a bool"),
+             ({"do_sample": True, "temperature": 0.0}, ValueError, r"temperature: expected a finite number >= 1e-06"),
+             ({"do_sample": True, "top_k": -1}, ValueError, "top_k: expected an int in"),
+             ({"do_sample": True, "top_p": 1.5}, ValueError, "top_p: expected a finite number in"),
+             ({"repetition_penalty": 0}, ValueError, r"repetition_penalty: expected a finite number >= 1e-06"),
+             ({"temperature": "hot"}, TypeError, "temperature: expected a number")]
+    for generation, error, message in cases:
+        monkeypatch.setattr(model, "generation_config", generation)
+        with pytest.raises(error, match=f"^generation_config.json: {message}"):
+            model.generate(x, 4)
+    monkeypatch.setattr(model, "generation_config", {"do_sample": True, "temperature": 0.0, "top_k": -1})
+    np.testing.assert_array_equal(model.generate(x, 4, do_sample=False), greedy)  # unused when greedy
+    assert model.generate(x, 4, temperature=0.5, top_k=3, seed=0).shape == (1, 7)  # the arguments' values
+    monkeypatch.setattr(model, "generation_config", {"temperature": 0.0, "top_p": 0.0})
+    out, caught = _warned(lambda: model.generate(x, 4))  # greedy (the file's do_sample: none)
+    np.testing.assert_array_equal(out, greedy)
+    assert caught == []
+
+
+# ------------------------------------------------------------------------- the inferred attention mask
+def test_mask_inferred_from_the_pad_id_as_transformers(llama_dir, tmp_path):
+    """Without attention_mask, transformers' generate masks a prompt's pad ids (input_ids !=
+    pad_token_id) when the prompt holds the pad id and it is no end id; ours attended to the pads.
+    Now the same mask, whether the pad id comes from generation_config.json or the argument; none
+    when the pad id is an end id or absent from the prompt (as transformers). A row that ends with
+    the pad id is right padding: refused naming input_ids."""
+    hf, ours = _with_generation(llama_dir, tmp_path / "m", {"pad_token_id": 0})
+    x = np.random.default_rng(5).integers(1, 97, size=(2, 6))
+    x[1, :3] = 0  # row 1 left-padded with the pad id
+    keep = (x != 0).astype(np.int64)
+    with torch.no_grad():
+        ref = hf.generate(torch.from_numpy(x), do_sample=False, max_new_tokens=8).numpy()
+        unmasked = hf.generate(torch.from_numpy(x), attention_mask=torch.ones(2, 6, dtype=torch.long),
+                               do_sample=False, max_new_tokens=8).numpy()
+        as_eos = hf.generate(torch.from_numpy(x), do_sample=False, max_new_tokens=8, eos_token_id=0).numpy()
+    assert not np.array_equal(ref, unmasked)  # the mask changes row 1's tokens
+    np.testing.assert_array_equal(ref, _hf_generate(hf, x, keep, 8))
+    np.testing.assert_array_equal(ours.generate(x, 8), ref)
+    np.testing.assert_array_equal(ours.generate(x, 8, repetition_penalty=1.5),
+                                  hf.generate(torch.from_numpy(x), do_sample=False, max_new_tokens=8,
+                                              repetition_penalty=1.5).numpy())
+    np.testing.assert_array_equal(ours.generate(x, 8, attention_mask=np.ones((2, 6))), unmasked)
+    np.testing.assert_array_equal(ours.generate(x, 8, eos_token_id=0), as_eos)  # pad = an end id: no mask
+    # the pad id passed as an argument (the generation config without one)
+    hf2, ours2 = _with_generation(llama_dir, tmp_path / "m2", {})
+    with torch.no_grad():
+        ref2 = hf2.generate(torch.from_numpy(x), do_sample=False, max_new_tokens=8, pad_token_id=0).numpy()
+    np.testing.assert_array_equal(ref2, ref)
+    np.testing.assert_array_equal(ours2.generate(x, 8, pad_token_id=0), ref2)
+    np.testing.assert_array_equal(ours2.generate(x, 8), unmasked)  # no pad id: nothing inferred
+    with pytest.raises(ValueError, match=r"^input_ids: without attention_mask, the mask is input_ids != "
+                                         r"pad_token_id \(0\).* got row 0 right-padded"):
+        ours.generate(np.array([[5, 6, 0]]), 2)
+
+
+# ------------------------------------------------------------------------------- memory of the logits
+@pytest.mark.parametrize("do_sample", [False, True])
+def test_logits_too_large_are_refused_naming_input_ids_before_the_cache_grows(do_sample):
+    """The (N, vocab_size) logits and the float64 arrays of their size that choose each step's tokens
+    (one greedy, eight when sampling) were never checked against memory: a raw MemoryError mid-
+    generation. A batch whose logits exceed this machine's memory is now a ValueError naming
+    input_ids, raised by stream and generate before the caller's cache grows (a broadcast view of
+    one id: nothing big is allocated)."""
+    import transformer_core as tc
+    from transformer_core._validation import physical_memory_bytes
+    from transformer_core.llama import LlamaConfig
+
+    V = 2**16
+    model = tc.LlamaForCausalLM(LlamaConfig(vocab_size=V, hidden_size=8, intermediate_size=8, num_hidden_layers=1,
+                                            num_attention_heads=4, num_key_value_heads=1, max_position_embeddings=64))
+    arrays = 8 if do_sample else 1
+    N = physical_memory_bytes() // (V * (4 + 8 * arrays)) + 1  # one row more than fits
+    ids = np.broadcast_to(np.int64(1), (N, 1))
+    cache = model.new_cache(N, 1)
+    before = (cache.length, cache.capacity)
+    message = (rf"^input_ids: a batch of {N} sequences .* needs logits of \({N}, vocab_size = {V}\) float32 values "
+               rf"and {arrays} float64 array\(s\)")
+    for call in (model.stream, model.generate):
+        with pytest.raises(ValueError, match=message):
+            call(ids, 2, do_sample=do_sample, past_key_values=cache)
+        assert (cache.length, cache.capacity) == before
+
+
+# ------------------------------------------------------------------ the prompt's length before its copy
+def test_prompt_longer_than_the_context_refused_before_it_is_copied(tiny_llama):
+    """The prompt was converted to int64 (a copy of a broadcast or int32 view) before its length was
+    checked against the context: 80 MB for 10**7 ids here, 8 GB for 10**9. It is refused from its
+    shape, nothing copied."""
+    import tracemalloc
+
+    _, model = tiny_llama
+    n = 10**7
+    for ids in (np.broadcast_to(np.int32(1), (1, n)), np.broadcast_to(np.int64(1), (n,))):
+        for call in (model.generate, model.stream):
+            tracemalloc.start()
+            try:
+                with pytest.raises(ValueError, match=rf"^input_ids: prompt length {n} exceeds the context "
+                                                     r"\(max_position_embeddings = 64\)$"):
+                    call(ids, 2)
+                peak = tracemalloc.get_traced_memory()[1]
+            finally:
+                tracemalloc.stop()
+            assert peak < 2**20, peak
+
+
+# ------------------------------------------------------------------- greedy ignores sampling values
+@pytest.mark.parametrize("options", [{"temperature": 0.0}, {"top_p": 0.0}, {"top_k": -1}, {"seed": -1},
+                                     {"temperature": float("nan"), "top_p": 2.0}],
+                         ids=["temperature-0", "top_p-0", "top_k-neg", "seed-neg", "nan-top_p-2"])
+def test_greedy_ignores_out_of_range_sampling_options_with_a_warning(tiny_llama, options):
+    """Greedy decoding refused values of options it does not use (temperature=0.0: ValueError);
+    transformers decodes greedily and warns that the flags are ignored, and so does ours now (the
+    tokens are the greedy ones). Their types are still checked; when sampling, their values too, and
+    the message gives the real bound (>= 1e-06, not > 0.0)."""
+    import re
+
+    _, model = tiny_llama
+    x = np.random.default_rng(6).integers(0, 97, size=(2, 5))
+    greedy = model.generate(x, 4)
+    with torch.no_grad():
+        ref = {k: v for k, v in options.items() if k != "seed"}
+        hf_tokens = tiny_llama[0].generate(torch.from_numpy(x), do_sample=False, max_new_tokens=4,
+                                           pad_token_id=0, attention_mask=torch.ones(2, 5, dtype=torch.long),
+                                           eos_token_id=None, **ref).numpy()
+    np.testing.assert_array_equal(hf_tokens, greedy)
+    for call in (lambda: model.generate(x, 4, **options),
+                 lambda: np.concatenate([x, np.stack(list(model.stream(x, 4, **options)), 1)], 1)):
+        out, caught = _warned(call)
+        np.testing.assert_array_equal(out, greedy)
+        assert len(caught) == 1
+        names = sorted(re.findall(r"(\w+)=", str(caught[0].message).split(" options ")[1].split(";")[0]))
+        assert names == sorted(options)
+        assert names == sorted(set(_hf_ignored_flags(**ref)) | ({"seed"} & set(options)))
+
+
+def test_sampling_options_checked_for_their_type_when_greedy_and_their_value_when_sampling(tiny_llama):
+    _, model = tiny_llama
+    x = np.array([[5, 17, 42]])
+    for options, name, expected in (({"temperature": "hot"}, "temperature", "a number"),
+                                    ({"top_p": "x"}, "top_p", "a number"), ({"top_k": 2.5}, "top_k", "an int"),
+                                    ({"seed": 1.5}, "seed", "an int")):
+        with pytest.raises(TypeError, match=f"^{name}: expected {expected}"):
+            model.generate(x, 2, **options)
+    for value in (0.0, -1.0, 1e-7):
+        with pytest.raises(ValueError, match=r"^temperature: expected a finite number >= 1e-06 \(MIN_TEMPERATURE"):
+            model.generate(x, 2, do_sample=True, temperature=value)
+        with pytest.raises(ValueError, match=r"^temperature: expected a finite number >= 1e-06"):
+            GenerationConfig(1, temperature=value)
+        with pytest.raises(ValueError, match=r"^repetition_penalty: expected a finite number >= 1e-06"):
+            model.generate(x, 2, repetition_penalty=value)
+    for options, name in (({"top_p": 0.0}, "top_p"), ({"top_k": -1}, "top_k"), ({"seed": -1}, "seed")):
+        with pytest.raises(ValueError, match=f"^{name}: expected"):
+            model.generate(x, 2, do_sample=True, **options)
+        with pytest.raises(ValueError, match=f"^{name}: expected"):
+            GenerationConfig(1, **options)  # the class checks every option (chat relies on it)
+
+
+# ------------------------------------------------------------------------ the warning before the cache grows
+def test_ignored_options_warning_comes_before_the_cache_grows(tiny_llama):
+    """The warning about ignored sampling options was issued after the caller's cache had grown:
+    with warnings as errors, the refused call left the cache changed."""
+    import warnings
+
+    _, model = tiny_llama
+    x = np.random.default_rng(7).integers(0, 97, size=(2, 8))
+    cache = model(x[:, :3], use_cache=True).past_key_values
+    before = (cache.length, cache.capacity)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for call in (model.generate, model.stream):
+            with pytest.raises(UserWarning, match="ignores the sampling options temperature=0.5"):
+                call(x, 3, temperature=0.5, past_key_values=cache)
+            assert (cache.length, cache.capacity) == before
+    np.testing.assert_array_equal(model.generate(x, 3, past_key_values=cache), model.generate(x, 3))
+
+
+def test_mask_shape_error_gives_the_shape_passed(tiny_llama):
+    """A 1-D attention_mask for a batch of 2 was reported as ``got (1, 5)``, a shape the caller never
+    passed."""
+    _, model = tiny_llama
+    x = np.ones((2, 5), np.int64)
+    with pytest.raises(ValueError, match=r"^attention_mask: expected shape \(2, 5\) \(input_ids'\), got \(5,\)$"):
+        model.generate(x, 2, attention_mask=np.ones(5))
+    with pytest.raises(ValueError, match=r"got \(2, 4\)$"):
+        model.generate(x, 2, attention_mask=np.ones((2, 4)))

@@ -67,10 +67,10 @@ def test_logits_match_transformers(ours, tokenizer, hf_smollm2, prompt):
 @pytest.mark.parametrize("prompt", PROMPTS)
 def test_greedy_64_tokens_match_transformers(ours, tokenizer, hf_smollm2, prompt):
     ids = _chat_ids(tokenizer, prompt)
-    out = ours.generate(ids, max_new_tokens=64, eos_token_id=[])  # all 64, past <|im_end|>
+    # all 64, past <|im_end|>; the mask given to both: the prompt holds <|im_end|> (id 2 = the pad id,
+    # here not an end id), which either would otherwise infer to be padding and hide
+    out = ours.generate(ids, max_new_tokens=64, eos_token_id=[], attention_mask=np.ones_like(ids))
     with torch.no_grad():
-        # the mask given: the prompt holds <|im_end|> (id 2 = the pad id), which transformers would
-        # otherwise take for padding and hide
         ref = hf_smollm2.generate(torch.from_numpy(ids), attention_mask=torch.ones_like(torch.from_numpy(ids)),
                                   max_new_tokens=64, do_sample=False, eos_token_id=None, pad_token_id=2).numpy()
     np.testing.assert_array_equal(out, ref)

@@ -17,24 +17,41 @@ processors):
                          stable, so its order among ties is unspecified)
     sample               from softmax(scores), numpy's generator seeded with ``seed``
 
+A decoding option the caller does not pass (``do_sample``, ``temperature``, ``top_k``, ``top_p``,
+``repetition_penalty``) is the model's ``generation_config`` value (a directory's
+``generation_config.json``, as Hugging Face's ``generate`` reads it), else the default above.
+
 A sequence that emits an end token (``eos_token_id``, one id or several) is finished; it is padded
 with ``pad_token_id`` (default: the generation config's or the config's, else the first end id,
 as Hugging Face) while the others go on, and generation stops when all are finished or after
-``max_new_tokens``.
+``max_new_tokens``. Without an ``attention_mask``, a prompt that holds ``pad_token_id`` (one that
+is not an end id) has its pads masked, as Hugging Face infers the mask.
 :meth:`GenerationMixin.stream` yields each step's tokens as they are produced.
 """
 
 from __future__ import annotations
 
+import numbers
 import warnings
 from collections.abc import Callable, Iterator
 
 import numpy as np
 
-from ._validation import as_bool, as_ids, check_bool, check_float, check_int, check_token_ids
+from ._validation import (
+    as_bool,
+    as_ids,
+    check_bool,
+    check_float,
+    check_int,
+    check_token_ids,
+    described,
+    is_int,
+    physical_memory_bytes,
+    to_numpy,
+)
 from .kv_cache import KVCache
 
-__all__ = ["GenerationMixin", "GenerationConfig"]
+__all__ = ["GenerationMixin", "GenerationConfig", "MODEL_DEFAULT"]
 
 #: The smallest sampling temperature. ``1 / temperature`` must be finite: a subnormal temperature
 #: such as 1e-310 made ``logits / temperature`` inf, then NaN probabilities. The floor is well above
@@ -42,6 +59,33 @@ __all__ = ["GenerationMixin", "GenerationConfig"]
 MIN_TEMPERATURE = 1e-6
 #: The smallest repetition penalty, for the same reason: ``score / penalty`` must stay finite.
 MIN_REPETITION_PENALTY = 1e-6
+
+#: Float64 arrays of the logits' size ``(N, vocab_size)`` alive at once while a step chooses its
+#: tokens: the float64 copy of the logits that :func:`next_tokens` is given, and, when sampling,
+#: its temporaries (the shifted and scaled scores, top-k's partition and filter, top-p's sort
+#: order, sorted probabilities and cumulative mass, the softmax's exponentials: 6.25 more at the
+#: peak, measured with top-k and top-p), rounded up.
+GREEDY_SCORE_ARRAYS = 1
+SAMPLING_SCORE_ARRAYS = 8
+
+
+class _ModelDefault:
+    """The default of ``generate``'s and ``stream``'s decoding options: the value of the model's
+    ``generation_config`` (a directory's ``generation_config.json``), else the built-in default
+    (:data:`DECODING_DEFAULTS`)."""
+
+    def __repr__(self) -> str:
+        return "MODEL_DEFAULT"
+
+
+#: "Not passed": a decoding option left to the model's ``generation_config``.
+MODEL_DEFAULT = _ModelDefault()
+
+#: The decoding options ``generate`` takes from the model's ``generation_config`` when the caller
+#: passes none (Hugging Face's ``generate`` takes every field of it so), and the values used when the
+#: generation config has none either (absent or null): Hugging Face's defaults (its ``top_p`` 1.0
+#: and ``repetition_penalty`` 1.0 are None here: no filter, no penalty).
+DECODING_DEFAULTS = {"do_sample": False, "temperature": 1.0, "top_k": 50, "top_p": None, "repetition_penalty": None}
 
 
 def cache_too_large(error: ValueError, what: str) -> ValueError:
@@ -52,8 +96,70 @@ def cache_too_large(error: ValueError, what: str) -> ValueError:
                       f"sequences at a time")
 
 
+# ------------------------------------------------------------------------------------------------
+# The checks of each option (``name``: the argument, or the generation config's field)
+# ------------------------------------------------------------------------------------------------
+def check_temperature(value, name: str = "temperature") -> float:
+    """``value`` as a sampling temperature: a finite number >= ``MIN_TEMPERATURE`` (1e-6).
+    TypeError: not a number; ValueError: NaN, infinite or smaller."""
+    temperature = check_float(value, name)
+    if temperature < MIN_TEMPERATURE:
+        raise ValueError(f"{name}: expected a finite number >= {MIN_TEMPERATURE} (MIN_TEMPERATURE: smaller ones "
+                         f"overflow logits / temperature; do_sample=False is the greedy limit), got {temperature!r}")
+    return temperature
+
+
+def check_top_k(value, name: str = "top_k") -> int | None:
+    """``value`` as a top-k filter: None (0 and None: no filter) or an int >= 1.
+    TypeError: neither None nor an int; ValueError: negative."""
+    return None if value is None else check_int(value, name, 0) or None
+
+
+def check_top_p(value, name: str = "top_p") -> float | None:
+    """``value`` as a top-p filter: None or a number in (0, 1]. TypeError / ValueError otherwise."""
+    return None if value is None else check_float(value, name, minimum=0.0, min_open=True, maximum=1.0)
+
+
+def check_repetition_penalty(value, name: str = "repetition_penalty") -> float | None:
+    """``value`` as a repetition penalty: None or a finite number >= ``MIN_REPETITION_PENALTY``
+    (1e-6). TypeError: not a number; ValueError: NaN, infinite or smaller."""
+    if value is None:
+        return None
+    penalty = check_float(value, name)
+    if penalty < MIN_REPETITION_PENALTY:
+        raise ValueError(f"{name}: expected a finite number >= {MIN_REPETITION_PENALTY} (MIN_REPETITION_PENALTY: "
+                         f"smaller ones overflow score / penalty), got {penalty!r}")
+    return penalty
+
+
+def check_seed(value, name: str = "seed") -> int | None:
+    """``value`` as a seed: None or an int >= 0."""
+    return None if value is None else check_int(value, name, 0)
+
+
+def _check_unused_sampling_types(temperature, top_k, top_p, seed, names: dict) -> None:
+    """The types of sampling options that greedy decoding does not use: their values are not
+    checked (Hugging Face only warns that they are ignored), their types are (a str temperature is
+    a mistake either way). ``names``: each option's name for the message.
+
+    Raises:
+        TypeError: ``temperature`` or ``top_p`` not a number (``top_p`` None excepted), ``top_k``
+        or ``seed`` neither None nor an int.
+    """
+    for value, key, number in ((temperature, "temperature", True), (top_p, "top_p", True),
+                               (top_k, "top_k", False), (seed, "seed", False)):
+        if value is None and key != "temperature":
+            continue
+        if number and (isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real)):
+            raise TypeError(f"{names[key]}: expected a number, got {described(value)}")
+        if not number and not is_int(value):
+            raise TypeError(f"{names[key]}: expected an int or None, got {described(value)}")
+
+
 class GenerationConfig:
-    """Checked generation options (see :meth:`GenerationMixin.generate` for their meaning).
+    """Checked generation options (see :meth:`GenerationMixin.generate` for their meaning). Every
+    option is checked, sampling ones included when ``do_sample`` is False (``generate`` itself
+    checks only their types then: greedy decoding ignores them).
 
     Raises:
         TypeError / ValueError: naming the option (``max_new_tokens`` < 1, ``temperature`` not a
@@ -68,19 +174,12 @@ class GenerationConfig:
                  seed: int | None = None, eos_token_id=None, pad_token_id: int | None = None):
         self.max_new_tokens = check_int(max_new_tokens, "max_new_tokens", 1)
         self.do_sample = check_bool(do_sample, "do_sample")
-        self.temperature = _check_float(temperature, "temperature", low_open=0.0)
-        if self.temperature < MIN_TEMPERATURE:
-            raise ValueError(f"temperature: expected a finite number >= {MIN_TEMPERATURE} (smaller ones overflow "
-                             f"logits / temperature; do_sample=False is the greedy limit), got {self.temperature!r}")
+        self.temperature = check_temperature(temperature)
         # Hugging Face's default 50; 0 turns the filter off there, None does here too
-        self.top_k = None if top_k is None else check_int(top_k, "top_k", 0) or None
-        self.top_p = None if top_p is None else _check_float(top_p, "top_p", low_open=0.0, high=1.0)
-        self.repetition_penalty = (None if repetition_penalty is None
-                                   else _check_float(repetition_penalty, "repetition_penalty", low_open=0.0))
-        if self.repetition_penalty is not None and self.repetition_penalty < MIN_REPETITION_PENALTY:
-            raise ValueError(f"repetition_penalty: expected a finite number >= {MIN_REPETITION_PENALTY} (smaller "
-                             f"ones overflow score / penalty), got {self.repetition_penalty!r}")
-        self.seed = None if seed is None else check_int(seed, "seed", 0)
+        self.top_k = check_top_k(top_k)
+        self.top_p = check_top_p(top_p)
+        self.repetition_penalty = check_repetition_penalty(repetition_penalty)
+        self.seed = check_seed(seed)
         eos = check_token_ids(eos_token_id.tolist() if isinstance(eos_token_id, np.ndarray) else eos_token_id,
                               "eos_token_id")
         if eos is None:
@@ -88,10 +187,6 @@ class GenerationConfig:
         else:
             self.eos_ids = np.array(list(eos) if isinstance(eos, (list, tuple)) else [eos], np.int64)
         self.pad_token_id = None if pad_token_id is None else check_int(pad_token_id, "pad_token_id", 0)
-
-
-def _check_float(value, name: str, *, low_open: float | None = None, high: float | None = None) -> float:
-    return check_float(value, name, minimum=low_open, min_open=low_open is not None, maximum=high)
 
 
 def _softmax(scores: np.ndarray) -> np.ndarray:
@@ -166,45 +261,67 @@ def generation_ids(model) -> tuple[list, object]:
     return ([eos] if isinstance(eos, (int, np.integer)) else list(eos or [])), source("pad_token_id")
 
 
-def _ignored_sampling_options(do_sample: bool, temperature, top_k, top_p, seed) -> list[str]:
-    """The sampling options that greedy decoding (``do_sample`` False) would ignore, as
-    ``name=value``: those Hugging Face's ``GenerationConfig.validate`` flags ("The following
-    generation flags are not valid and may be ignored") — ``temperature`` other than 1, ``top_k``
-    other than None and its default 50, ``top_p`` other than None and 1 — and ``seed`` given (a
-    seed of ours: only sampling draws from the generator). Empty when sampling."""
-    if do_sample:
-        return []
-    ignored = []
-    if temperature != 1.0:
-        ignored.append(f"temperature={temperature!r}")
-    if top_k is not None and top_k != 50:
-        ignored.append(f"top_k={top_k!r}")
-    if top_p is not None and top_p != 1.0:
-        ignored.append(f"top_p={top_p!r}")
-    if seed is not None:
-        ignored.append(f"seed={seed!r}")
-    return ignored
+
+def decoding_options(model, do_sample, temperature, top_k, top_p, repetition_penalty) -> tuple[dict, dict]:
+    """The decoding options of a ``generate`` call, unchecked: each one the caller passed as given;
+    each one left to :data:`MODEL_DEFAULT` the value of ``model.generation_config`` (a
+    directory's ``generation_config.json``, kept by ``from_pretrained``) when it has one (a key
+    left out or null: none), else :data:`DECODING_DEFAULTS`' (Hugging Face's ``generate``: the
+    caller's arguments, then the model's generation config, then the library's defaults).
+
+    Returns:
+        ``(values, names)``: dicts keyed by the option (``"do_sample"``, ``"temperature"``, ...):
+        its value, and the name its errors give: the argument's (``"temperature"``), or the
+        generation config's field (``"generation_config.json: temperature"``).
+    """
+    own = getattr(model, "generation_config", None) or {}
+    values, names = {}, {}
+    for key, value in (("do_sample", do_sample), ("temperature", temperature), ("top_k", top_k), ("top_p", top_p),
+                       ("repetition_penalty", repetition_penalty)):
+        name = key
+        if value is MODEL_DEFAULT:
+            value = own.get(key)
+            if value is None:
+                value = DECODING_DEFAULTS[key]
+            else:
+                name = f"generation_config.json: {key}"
+        values[key], names[key] = value, name
+    return values, names
+
+
+def _ignored_sampling_options(given: dict) -> list[str]:
+    """The sampling options the caller passed (``given``: name to value) that greedy decoding
+    (``do_sample`` False) ignores, as ``name=value``: those Hugging Face's ``GenerationConfig.validate``
+    flags ("The following generation flags are not valid and may be ignored") — ``temperature``
+    other than 1, ``top_k`` other than None and its default 50, ``top_p`` other than None and 1 —
+    and ``seed`` given (a seed of ours: only sampling draws from the generator). A generation
+    config's values are not the caller's: Hugging Face does not warn about them either."""
+    flagged = {"temperature": lambda v: v != 1.0, "top_k": lambda v: v is not None and v != 50,
+               "top_p": lambda v: v is not None and v != 1.0, "seed": lambda v: v is not None}
+    return [f"{key}={given[key]!r}" for key, flags in flagged.items() if key in given and flags(given[key])]
 
 
 class GenerationMixin:
     """``generate`` and ``stream`` for a causal LM whose ``forward(ids, attention_mask=...,
     past_key_values=..., use_cache=True, logits_to_keep=1)`` returns logits, with ``new_cache``,
-    ``context_length``, ``_model_cache(past_key_values, N)`` (a checked :class:`KVCache`, legacy
-    tuples converted) and ``config.vocab_size`` / ``config.eos_token_id`` (and, if the config has
-    one, ``config.pad_token_id``).
+    ``context_length``, ``dtype``, ``check_activations``, ``_model_cache(past_key_values, N)`` (a
+    checked :class:`KVCache`, legacy tuples converted) and ``config.vocab_size`` /
+    ``config.eos_token_id`` (and, if the config has one, ``config.pad_token_id``).
 
     **Context.** The last generated token is returned but never fed back, so a prompt of length L
     and ``max_new_tokens`` new tokens need ``L + max_new_tokens - 1`` positions: they must fit the
     context (as Hugging Face's ``generate``, which returns ``context + 1`` ids for a prompt that
     fills the context and one new token)."""
 
-    def stream(self, input_ids, max_new_tokens: int, *, do_sample: bool = False, temperature: float = 1.0,
-               top_k: int | None = 50, top_p: float | None = None, repetition_penalty: float | None = None,
+    def stream(self, input_ids, max_new_tokens: int, *, do_sample: bool = MODEL_DEFAULT,
+               temperature: float = MODEL_DEFAULT, top_k: int | None = MODEL_DEFAULT,
+               top_p: float | None = MODEL_DEFAULT, repetition_penalty: float | None = MODEL_DEFAULT,
                seed: int | None = None, attention_mask=None, eos_token_id=None, pad_token_id: int | None = None,
                past_key_values=None) -> Iterator[np.ndarray]:
         """Yields the next token of every sequence, ``(N,)`` int64, one step at a time (finished
-        sequences yield ``pad_token_id``); the arguments as :meth:`generate`. Every argument is
-        checked when ``stream`` is called, before the first step and before any memory is reserved.
+        sequences yield ``pad_token_id``); the arguments (and their defaults from the model's
+        ``generation_config``) as :meth:`generate`. Every argument is checked when ``stream`` is
+        called, before the first step and before any memory is reserved.
 
         With ``past_key_values`` (a :class:`KVCache` holding a prefix of ``input_ids``, e.g. the
         earlier turns of a chat), only the uncached suffix is run; the cache is extended in place.
@@ -214,66 +331,126 @@ class GenerationMixin:
         Raises:
             As :meth:`generate` (and warns as it: sampling options given with ``do_sample=False``).
         """
-        return self._start(input_ids, max_new_tokens, do_sample, temperature, top_k, top_p, repetition_penalty, seed,
-                           attention_mask, eos_token_id, pad_token_id, past_key_values)
+        ids, mask, cache, cfg = self._start(input_ids, max_new_tokens, do_sample, temperature, top_k, top_p,
+                                            repetition_penalty, seed, attention_mask, eos_token_id, pad_token_id,
+                                            past_key_values)
+        return self._steps(ids, mask, cache, cfg)
 
     def _start(self, input_ids, max_new_tokens, do_sample, temperature, top_k, top_p, repetition_penalty, seed,
-               attention_mask, eos_token_id, pad_token_id, past_key_values) -> Iterator[np.ndarray]:
-        """:meth:`stream`'s checks, then its steps (an iterator); ``generate`` and ``stream`` call it
-        directly, so that the warning about ignored sampling options points at their caller."""
-        ids = as_ids(input_ids, "input_ids")
-        vocab = self.config.vocab_size
-        if ids.min() < 0 or ids.max() >= vocab:  # here, not at the first step: before a cache is reserved or
-            bad = np.flatnonzero((ids < 0) | (ids >= vocab))  # grown (min/max: no temporary of ids' size)
-            raise ValueError(f"input_ids: id {ids.flat[bad[0]]} at flat index {bad[0]} is outside the vocabulary "
-                             f"[0, {vocab})")
-        cfg = self._generation_config(max_new_tokens, do_sample, temperature, top_k, top_p, repetition_penalty,
-                                      seed, eos_token_id, pad_token_id)
-        N, L = ids.shape
+               attention_mask, eos_token_id, pad_token_id, past_key_values):
+        """Every check of :meth:`stream` and :meth:`generate`, each before anything it guards is
+        allocated, then the warning about ignored sampling options, then the cache (the caller's
+        is grown only now). ``generate`` and ``stream`` call it directly, so that the warning
+        points at their caller.
+
+        Returns:
+            ``(ids (N, L) int64, mask (N, L) bool or None, cache, cfg)``.
+        """
+        # the prompt's shape first: as_ids copies it to int64 (a broadcast view of 10**9 ids: 8 GB),
+        # which the length and memory checks below refuse before it is made
+        prompt = to_numpy(input_ids, "input_ids")
+        if prompt.ndim not in (1, 2) or prompt.dtype.kind not in "iuf":
+            as_ids(prompt, "input_ids")  # raises, in as_ids' words: the wrong rank or dtype
+        N, L = (1, prompt.shape[0]) if prompt.ndim == 1 else prompt.shape
         context = self.context_length
         if L > context:
             raise ValueError(f"input_ids: prompt length {L} exceeds the context ({self._context_field} = {context})")
+        cfg, ignored = self._generation_config(max_new_tokens, do_sample, temperature, top_k, top_p,
+                                               repetition_penalty, seed, eos_token_id, pad_token_id)
         total = L + cfg.max_new_tokens - 1  # positions the model sees: the last new token is never fed back
         if total > context:
             raise ValueError(f"max_new_tokens: prompt length {L} + {cfg.max_new_tokens} exceeds the context "
                              f"({self._context_field} = {context}); at most {context - L + 1} new tokens fit (the "
                              f"last one is not fed back)")
-        mask = None
-        if attention_mask is not None:
-            mask = as_bool(attention_mask, "attention_mask", allow_float=True)
-            mask = mask[None] if mask.ndim == 1 else mask
-            if mask.shape != ids.shape:
-                raise ValueError(f"attention_mask: expected shape {ids.shape} (input_ids'), got {mask.shape}")
-            # the first new token is predicted from the last position: it must be a real token of
-            # every row that has one (a right-padded row would continue from a pad)
-            right = np.flatnonzero(~mask[:, -1] & mask.any(axis=1))
-            if right.size:
-                r = int(right[0])
-                raise ValueError(f"attention_mask: expected left padding (each row's pads before its tokens), got "
-                                 f"row {r} right-padded (its last real token at position "
-                                 f"{int(np.flatnonzero(mask[r])[-1])}, 0s after it to {L - 1}); the first new token "
-                                 f"is predicted from the last position")
         what = (f"a batch of {N} sequences of prompt length {L} and max_new_tokens = {cfg.max_new_tokens} ({total} "
                 f"positions each)")
         self.check_activations(N, L, what)  # the prompt's step is the widest
-        if past_key_values is None:
+        self._check_scores(N, cfg.do_sample, what)
+        ids = as_ids(prompt, "input_ids")
+        vocab = self.config.vocab_size
+        if ids.min() < 0 or ids.max() >= vocab:  # here, not at the first step: before a cache is reserved or
+            bad = np.flatnonzero((ids < 0) | (ids >= vocab))  # grown (min/max: no temporary of ids' size)
+            raise ValueError(f"input_ids: id {ids.flat[bad[0]]} at flat index {bad[0]} is outside the vocabulary "
+                             f"[0, {vocab})")
+        mask = self._prompt_mask(attention_mask, ids, cfg)
+        # the caller's cache checked (a legacy tuple converted), not changed yet
+        cache = None if past_key_values is None else self._generation_cache(past_key_values, N, L)
+        # every argument is good, nothing is changed yet; greedy decoding would ignore these
+        # silently (Hugging Face warns too). Before the cache grows: a warning turned into an
+        # error leaves the caller's cache as it was.
+        if ignored:
+            warnings.warn(f"do_sample=False (greedy decoding) ignores the sampling options {', '.join(ignored)}; "
+                          f"pass do_sample=True to sample with them", UserWarning, stacklevel=3)
+        if cache is None:
             try:
                 cache = self.new_cache(N, total)
             except ValueError as e:  # KVCache names its own arguments: name the caller's
                 raise cache_too_large(e, what) from None
         else:
-            cache = self._generation_cache(past_key_values, N, L)
             try:
                 cache.reserve(total)
             except ValueError as e:
                 raise cache_too_large(e, what) from None
-        # every argument is good; greedy decoding would ignore these silently (Hugging Face warns too)
-        ignored = _ignored_sampling_options(cfg.do_sample, cfg.temperature, None if top_k is None else int(top_k),
-                                            cfg.top_p, cfg.seed)
-        if ignored:
-            warnings.warn(f"do_sample=False (greedy decoding) ignores the sampling options {', '.join(ignored)}; "
-                          f"pass do_sample=True to sample with them", UserWarning, stacklevel=3)
-        return self._steps(ids, mask, cache, cfg)
+        return ids, mask, cache, cfg
+
+    def _check_scores(self, N: int, sample: bool, what: str) -> None:
+        """ValueError naming ``input_ids`` when choosing a step's tokens for ``N`` sequences would
+        need more memory than this machine has: the model's ``(N, vocab_size)`` logits and the
+        float64 arrays of their size that :func:`next_tokens` holds at once (``GREEDY_SCORE_ARRAYS``,
+        or ``SAMPLING_SCORE_ARRAYS`` when ``sample``). Checked before a cache is made or grown, as
+        :meth:`check_activations`; ``what`` describes the call."""
+        vocab = self.config.vocab_size
+        arrays = SAMPLING_SCORE_ARRAYS if sample else GREEDY_SCORE_ARRAYS
+        dtype = np.dtype(self.dtype)
+        need = N * vocab * (dtype.itemsize + 8 * arrays)
+        limit = physical_memory_bytes()
+        if need > limit:
+            raise ValueError(f"input_ids: {what} needs logits of ({N}, vocab_size = {vocab}) {dtype.name} values and "
+                             f"{arrays} float64 array(s) of that shape to choose each step's tokens "
+                             f"({'sampling' if sample else 'greedy'}), {need} bytes, more than this machine's memory "
+                             f"({limit} bytes): use a smaller batch")
+
+    def _prompt_mask(self, attention_mask, ids: np.ndarray, cfg: GenerationConfig) -> np.ndarray | None:
+        """The prompt's keep-mask, ``(N, L)`` bool (True = a real token), or None (all real).
+
+        Without ``attention_mask``, as Hugging Face's ``_prepare_attention_mask_for_generation``:
+        ``ids != pad_token_id`` when there is a pad id (``cfg.pad_token_id``: the caller's, the
+        generation config's, the config's, else the first end id), it is not an end id, and the
+        prompt holds it; else None.
+
+        Raises:
+            ValueError: ``attention_mask`` not of ``input_ids``' shape (the shape given named: a 1-D
+            mask is one row), or a right-padded row (0 at its last position after a real token,
+            naming the row; an inferred mask's such row names ``input_ids``).
+        """
+        N, L = ids.shape
+        if attention_mask is None:
+            pad = cfg.pad_token_id
+            if pad is None or pad in cfg.eos_ids.tolist():
+                return None
+            pads = ids == pad
+            if not pads.any():
+                return None
+            mask, source = ~pads, (f"input_ids: without attention_mask, the mask is input_ids != pad_token_id "
+                                   f"({pad}), as Hugging Face infers it")
+            hint = "; pass attention_mask if the row's pad ids are real tokens"
+        else:
+            mask = as_bool(attention_mask, "attention_mask", allow_float=True)
+            given = mask.shape
+            mask = mask[None] if mask.ndim == 1 else mask
+            if mask.shape != ids.shape:
+                raise ValueError(f"attention_mask: expected shape {ids.shape} (input_ids'), got {given}")
+            source, hint = "attention_mask", ""
+        # the first new token is predicted from the last position: it must be a real token of
+        # every row that has one (a right-padded row would continue from a pad)
+        right = np.flatnonzero(~mask[:, -1] & mask.any(axis=1))
+        if right.size:
+            r = int(right[0])
+            raise ValueError(f"{source}: expected left padding (each row's pads before its tokens), got "
+                             f"row {r} right-padded (its last real token at position "
+                             f"{int(np.flatnonzero(mask[r])[-1])}, 0s after it to {L - 1}); the first new token "
+                             f"is predicted from the last position{hint}")
+        return mask
 
     def _generation_cache(self, past_key_values, N: int, L: int) -> KVCache:
         """``past_key_values`` as a checked :class:`KVCache` for ``input_ids (N, L)``: a KVCache as
@@ -315,12 +492,24 @@ class GenerationMixin:
                 mask = np.concatenate([mask, np.ones((N, 1), bool)], axis=1)
             out = self(nxt[:, None], attention_mask=mask, past_key_values=cache, use_cache=True, logits_to_keep=1)
 
-    def generate(self, input_ids, max_new_tokens: int, do_sample: bool = False, temperature: float = 1.0,
-                 top_k: int | None = 50, top_p: float | None = None, seed: int | None = None,
-                 attention_mask=None, eos_token_id=None, *, repetition_penalty: float | None = None,
+
+    def generate(self, input_ids, max_new_tokens: int, do_sample: bool = MODEL_DEFAULT,
+                 temperature: float = MODEL_DEFAULT, top_k: int | None = MODEL_DEFAULT,
+                 top_p: float | None = MODEL_DEFAULT, seed: int | None = None, attention_mask=None,
+                 eos_token_id=None, *, repetition_penalty: float | None = MODEL_DEFAULT,
                  pad_token_id: int | None = None, streamer: Callable[[np.ndarray], None] | None = None,
                  past_key_values=None) -> np.ndarray:
         """Autoregressive decoding with a KV cache: the prompt once, then one token per step.
+
+        **Defaults from the model's generation config.** ``do_sample``, ``temperature``, ``top_k``,
+        ``top_p`` and ``repetition_penalty`` not passed (:data:`MODEL_DEFAULT`) are those of
+        ``model.generation_config`` (a directory's ``generation_config.json``, read by
+        ``from_pretrained``; Qwen's and Llama-Instruct's set sampling options there), as Hugging
+        Face's ``generate`` takes them; a field it leaves out or null, or a model without one,
+        gives the default named below. An argument passed wins, even None or a value equal to the
+        default (``repetition_penalty=None``: no penalty, whatever the file says). The file's
+        values are checked as the arguments are, the errors naming the file and field
+        (``generation_config.json: temperature``).
 
         Args:
             input_ids: ``(N, L)`` prompt ids (left-padded, with ``attention_mask``, for a batch of
@@ -331,27 +520,32 @@ class GenerationMixin:
             max_new_tokens: tokens to add (>= 1); ``L + max_new_tokens - 1`` (the positions the
                 model sees: the last new token is not fed back) must fit the context.
             do_sample: sample from ``softmax(logits / temperature)`` after top-k / top-p
-                filtering; else greedy (argmax), and sampling options given with it are ignored
-                with a ``UserWarning`` naming them (``temperature`` other than 1, ``top_k`` other
-                than None or 50, ``top_p`` other than None or 1, ``seed``), as Hugging Face warns
-                ("The following generation flags are not valid and may be ignored").
-            temperature, top_k, top_p: sampling controls (temperature a finite number >= 1e-6
-                (``MIN_TEMPERATURE``), top_k >= 0, 0 < top_p <= 1). ``top_k`` defaults to 50 as
-                Hugging Face's ``generate`` (``do_sample=True`` samples among the 50 highest); 0 or
-                None keeps every token.
+                filtering; else (default False) greedy (argmax). Greedy decoding does not use the
+                sampling options: their values are not checked, only their types, and those the
+                caller passes are ignored with a ``UserWarning`` naming them (``temperature`` other
+                than 1, ``top_k`` other than None or 50, ``top_p`` other than None or 1, ``seed``),
+                as Hugging Face warns ("The following generation flags are not valid and may be
+                ignored"; it does not warn about the generation config's, nor does this).
+            temperature, top_k, top_p: sampling controls (when sampling: temperature a finite
+                number >= 1e-6 (``MIN_TEMPERATURE``), default 1; top_k >= 0, default 50 as
+                Hugging Face's ``generate`` (``do_sample=True`` samples among the 50 highest), 0
+                or None keeps every token; 0 < top_p <= 1, default None: no top-p filter).
             seed: seeds numpy's generator for sampling (the same seed, the same tokens).
             attention_mask: ``(N, L)``, 1 = a real prompt token; left padding only (the first
                 new token is predicted from the last position, which must be real in every row
-                that has a real token).
+                that has a real token). Default: inferred as Hugging Face's ``generate`` infers it,
+                ``input_ids != pad_token_id`` when the prompt holds ``pad_token_id`` and it is not
+                an end id; else every token is real.
             eos_token_id: an id or a list of ids in ``[0, vocab_size)`` that end a sequence;
                 default: those of ``model.generation_config`` (a directory's
                 ``generation_config.json``, read by ``from_pretrained``) when the model has one,
                 even where it leaves them out (then none), else the config's (``config.json``'s);
                 ids outside the vocabulary dropped, as Hugging Face.
-            repetition_penalty: a finite number >= 1e-6 (``MIN_REPETITION_PENALTY``); 1 = none
-                (Keskar et al. 2019, as Hugging Face). The ids of the prompt and the new tokens
-                count, but not a row's left padding: the positions before its first 1 in
-                ``attention_mask`` (as Hugging Face's ``generate``; a 0 after the first 1 counts).
+            repetition_penalty: a finite number >= 1e-6 (``MIN_REPETITION_PENALTY``); 1 or None
+                (the default) = none (Keskar et al. 2019, as Hugging Face). The ids of the prompt
+                and the new tokens count, but not a row's left padding: the positions before its
+                first 1 in ``attention_mask`` (as Hugging Face's ``generate``; a 0 after the first
+                1 counts). Greedy decoding uses it too.
             pad_token_id: an id in ``[0, vocab_size)`` that fills finished sequences; default: the
                 ``pad_token_id`` of ``generation_config.json`` when the model has one, else the
                 config's (when it is an id of the vocabulary), else the first end id (Hugging
@@ -366,32 +560,57 @@ class GenerationMixin:
             tokens if every sequence finished early.
 
         Raises:
-            All before the first token and before any memory is reserved for the generation:
-            ValueError / TypeError: bad options (named; ``pad_token_id`` and ``eos_token_id`` ids
-            outside ``[0, vocab_size)`` too); ValueError naming ``attention_mask``: not of
-            ``input_ids``' shape, or a right-padded row (0 at its last position after a real token,
-            naming the row: Hugging Face only warns, and predicts from the pad); ValueError naming
-            ``input_ids``: an id outside ``[0, vocab_size)``, a prompt longer than
-            the context; naming ``max_new_tokens``: ``L + max_new_tokens - 1`` over the context.
+            All before the first token and before any memory is reserved for the generation (the
+            ignored-options warning too: the caller's cache is grown after it):
+            ValueError / TypeError: bad options (named, or named by the generation config's file
+            and field; ``pad_token_id`` and ``eos_token_id`` ids outside ``[0, vocab_size)`` too);
+            TypeError: a sampling option of the wrong type, also when greedy. ValueError naming
+            ``attention_mask``: not of ``input_ids``' shape, or a right-padded row (0 at its last
+            position after a real token, naming the row: Hugging Face only warns, and predicts
+            from the pad); ValueError naming ``input_ids``: an id outside ``[0, vocab_size)``, a
+            prompt longer than the context (from its shape, before it is copied), a right-padded
+            row of the inferred mask (a row ending with ``pad_token_id``: pass ``attention_mask``);
+            naming ``max_new_tokens``: ``L + max_new_tokens - 1`` over the context.
             TypeError naming ``past_key_values``: neither None, a KVCache nor a legacy tuple/list,
             or a cache of another dtype than the model's; ValueError: a cache of another batch or
             layer count, or one that holds ``L`` positions or more. ValueError naming ``input_ids``
-            (its batch size, prompt length and ``max_new_tokens``): a KV cache for them larger than
-            this machine's memory (before it is allocated).
+            (its batch size, prompt length and ``max_new_tokens``): the prompt step's activations,
+            the logits with the float64 arrays that choose each step's tokens, or a KV cache for
+            them larger than this machine's memory (before any is allocated).
         """
-        ids = as_ids(input_ids, "input_ids")
         if streamer is not None and not callable(streamer):
             raise TypeError(f"streamer: expected a callable or None, got {type(streamer).__name__}")
+        ids, mask, cache, cfg = self._start(input_ids, max_new_tokens, do_sample, temperature, top_k, top_p,
+                                            repetition_penalty, seed, attention_mask, eos_token_id, pad_token_id,
+                                            past_key_values)
         steps = [ids]
-        for tokens in self._start(ids, max_new_tokens, do_sample, temperature, top_k, top_p, repetition_penalty, seed,
-                                  attention_mask, eos_token_id, pad_token_id, past_key_values):
+        for tokens in self._steps(ids, mask, cache, cfg):
             if streamer is not None:
                 streamer(tokens)
             steps.append(tokens[:, None])
         return np.concatenate(steps, axis=1)
 
     def _generation_config(self, max_new_tokens, do_sample, temperature, top_k, top_p, repetition_penalty, seed,
-                           eos_token_id, pad_token_id) -> GenerationConfig:
+                           eos_token_id, pad_token_id) -> tuple[GenerationConfig, list[str]]:
+        """The checked options of a call (those not passed from the model's generation config:
+        :func:`decoding_options`), and the sampling options the caller passed that greedy decoding
+        ignores (``name=value``, for the warning). Greedy: the sampling options' types are checked,
+        not their values, and the config holds neutral ones (unused)."""
+        values, names = decoding_options(self, do_sample, temperature, top_k, top_p, repetition_penalty)
+        max_new_tokens = check_int(max_new_tokens, "max_new_tokens", 1)
+        sample = check_bool(values["do_sample"], names["do_sample"])
+        penalty = check_repetition_penalty(values["repetition_penalty"], names["repetition_penalty"])
+        if sample:
+            sampling = dict(temperature=check_temperature(values["temperature"], names["temperature"]),
+                            top_k=check_top_k(values["top_k"], names["top_k"]),
+                            top_p=check_top_p(values["top_p"], names["top_p"]), seed=check_seed(seed))
+            ignored = []
+        else:
+            _check_unused_sampling_types(values["temperature"], values["top_k"], values["top_p"], seed,
+                                         {**names, "seed": "seed"})
+            sampling = dict(temperature=1.0, top_k=None, top_p=None, seed=None)
+            passed = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "seed": seed}
+            ignored = _ignored_sampling_options({k: v for k, v in passed.items() if v is not MODEL_DEFAULT})
         vocab = self.config.vocab_size
         eos_list, pad = generation_ids(self)
         if eos_token_id is None:
@@ -399,8 +618,8 @@ class GenerationMixin:
         if pad_token_id is None:  # as eos: the config's, if it is an id of the vocabulary
             if isinstance(pad, (int, np.integer)) and not isinstance(pad, bool) and 0 <= pad < vocab:
                 pad_token_id = int(pad)
-        cfg = GenerationConfig(max_new_tokens, do_sample, temperature, top_k, top_p, repetition_penalty, seed,
-                               eos_token_id, pad_token_id)
+        cfg = GenerationConfig(max_new_tokens, sample, repetition_penalty=penalty, eos_token_id=eos_token_id,
+                               pad_token_id=pad_token_id, **sampling)
         # the ids are emitted as tokens (pad) or compared with them (eos): they must be in the vocabulary
         if cfg.pad_token_id is not None and cfg.pad_token_id >= vocab:
             raise ValueError(f"pad_token_id: expected an id in [0, {vocab}) (config.vocab_size), "
@@ -411,4 +630,4 @@ class GenerationMixin:
                 raise ValueError(f"{name}: expected an id in [0, {vocab}) (config.vocab_size), got {int(e)}")
         if cfg.pad_token_id is None and cfg.eos_ids.size:
             cfg.pad_token_id = int(cfg.eos_ids[0])
-        return cfg
+        return cfg, ignored
