@@ -366,7 +366,10 @@ def _bench_smollm2(tc, emit, threads: int, quick: bool) -> None:
         model = tc.LlamaForCausalLM.from_pretrained("SmolLM2-135M-Instruct", **kwargs)
         formats = sorted(set(model.weight_formats().values()))
         nbytes = tc.quantization.weight_bytes(model)
-        rate = _decode_rate(lambda x, n, m=model: m.generate(x, max_new_tokens=n, eos_token_id=[]), ids, steps)
+        # the mask given: the ChatML prompt holds <|im_end|> (id 2, the pad id, not an end id here), which
+        # generate would otherwise infer to be padding (as transformers does) and llama.cpp does not
+        rate = _decode_rate(lambda x, n, m=model: m.generate(x, max_new_tokens=n, eos_token_id=[],
+                                                              attention_mask=np.ones_like(x)), ids, steps)
         rows.append((label, "+".join(formats), rate, nbytes))
         del model
     llama_rate = _llama_cpp_rate(path, ids, steps, threads)

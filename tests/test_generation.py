@@ -639,3 +639,21 @@ def test_mask_shape_error_gives_the_shape_passed(tiny_llama):
         model.generate(x, 2, attention_mask=np.ones(5))
     with pytest.raises(ValueError, match=r"got \(2, 4\)$"):
         model.generate(x, 2, attention_mask=np.ones((2, 4)))
+
+
+def test_model_default_survives_copy_and_pickle():
+    """generate's decoding defaults are the MODEL_DEFAULT marker ("not passed"): a copied or
+    unpickled marker was another object, which the option checks then refused as a value
+    ("do_sample: expected a bool, got _ModelDefault")."""
+    import copy
+    import inspect
+    import pickle
+
+    from transformer_core.generation import MODEL_DEFAULT, GenerationMixin
+
+    assert copy.copy(MODEL_DEFAULT) is MODEL_DEFAULT and copy.deepcopy(MODEL_DEFAULT) is MODEL_DEFAULT
+    assert pickle.loads(pickle.dumps(MODEL_DEFAULT)) is MODEL_DEFAULT
+    defaults = {k: p.default for k, p in inspect.signature(GenerationMixin.generate).parameters.items()
+                if p.default is MODEL_DEFAULT}
+    assert set(defaults) == {"do_sample", "temperature", "top_k", "top_p", "repetition_penalty"}
+    assert pickle.loads(pickle.dumps(defaults)) == defaults and all(v is MODEL_DEFAULT for v in copy.deepcopy(defaults).values())

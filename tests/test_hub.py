@@ -115,6 +115,20 @@ def test_a_gguf_name_given_to_a_directory_model_names_what_loads_it(tmp_path, sm
     with pytest.raises(FileNotFoundError) as info:
         tc.GPT2LMHeadModel.from_pretrained(plain)
     assert str(info.value) == f"name_or_path: {str(plain)!r} is a file ({plain}), not a model directory"
+    # a GGUF file of another architecture: not pointed at LlamaForCausalLM, which would refuse it
+    import gguf
+
+    other = tmp_path / "gpt2.gguf"
+    writer = gguf.GGUFWriter(str(other), "gpt2")
+    writer.add_tensor("token_embd.weight", np.zeros((4, 2), np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(FileNotFoundError) as info:
+        tc.GPT2LMHeadModel.from_pretrained(other)
+    assert str(info.value).endswith("not a model directory; it is a GGUF checkpoint of architecture 'gpt2', which "
+                                    "this package does not load (GGUF: llama only)"), str(info.value)
 
 
 NO_SUCH_USER = "~tc-no-such-user-4f2a9"  # a ~user without a passwd entry: expanduser raises RuntimeError

@@ -468,6 +468,18 @@ def test_transformer_state_dict_and_bad_input(rng):
         ours(src, tgt, memory_mask=np.zeros((4, 4), np.float32))
 
 
+def test_transformer_signature_is_torchs():
+    """nn.Transformer's parameters are torch's (plus dtype, and dropout and batch_first by keyword):
+    the memory check's private plumbing (Seq2SeqTransformer's tables) is not a keyword of it."""
+    import inspect
+
+    ours = list(inspect.signature(tc.nn.Transformer).parameters)
+    theirs = list(inspect.signature(torch.nn.Transformer).parameters)
+    assert ours == ["d_model", "nhead", "num_encoder_layers", "num_decoder_layers", "dim_feedforward", "activation",
+                    "layer_norm_eps", "norm_first", "bias", "dtype", "dropout", "batch_first"]
+    assert set(ours) - {"dtype"} <= set(theirs)
+
+
 @pytest.mark.parametrize("counts,error,match", [
     ({"num_encoder_layers": 0}, ValueError, r"^num_encoder_layers: expected an int in \[1, 2\*\*63 - 1\], got 0$"),
     ({"num_decoder_layers": -2}, ValueError, r"^num_decoder_layers: expected an int in \[1, 2\*\*63 - 1\], got -2$"),

@@ -77,6 +77,16 @@ class _ModelDefault:
     def __repr__(self) -> str:
         return "MODEL_DEFAULT"
 
+    # one object: a copy or an unpickled one is MODEL_DEFAULT itself (``is`` tells "not passed")
+    def __reduce__(self) -> str:
+        return "MODEL_DEFAULT"
+
+    def __copy__(self) -> "_ModelDefault":
+        return self
+
+    def __deepcopy__(self, memo) -> "_ModelDefault":
+        return self
+
 
 #: "Not passed": a decoding option left to the model's ``generation_config``.
 MODEL_DEFAULT = _ModelDefault()

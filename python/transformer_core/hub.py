@@ -119,6 +119,20 @@ GGUF_HINT = ("a GGUF checkpoint holds a Llama-family causal LM: load it with "
              "transformer_core.chat.ChatSession.from_pretrained / python -m transformer_core chat --model")
 
 
+def _gguf_hint(path: Path) -> str:
+    """What loads the GGUF file at ``path``: :data:`GGUF_HINT` for a Llama-family file (its
+    ``general.architecture``), else that this package does not load its architecture."""
+    from .gguf_file import read_gguf_metadata
+
+    try:
+        arch = read_gguf_metadata(path).get("general.architecture")
+    except (OSError, ValueError) as e:
+        return f"it is a GGUF file that cannot be read ({e})"
+    if arch == "llama":
+        return GGUF_HINT
+    return f"it is a GGUF checkpoint of architecture {arch!r}, which this package does not load (GGUF: llama only)"
+
+
 def _is_gguf(path: Path) -> bool:
     """Whether ``path`` is a file that starts with the GGUF magic ``b"GGUF"`` (False if unreadable)."""
     try:
@@ -187,7 +201,7 @@ def resolve_model_dir(name_or_path, argument: str = "name_or_path") -> Path:
     """
     path = resolve_model_path(name_or_path, argument)
     if not path.is_dir():
-        hint = f"; {GGUF_HINT}" if _is_gguf(path) else ""
+        hint = f"; {_gguf_hint(path)}" if _is_gguf(path) else ""
         raise FileNotFoundError(f"{argument}: {_path_text(name_or_path, argument)!r} is a file ({path}), "
                                 f"not a model directory{hint}")
     return path

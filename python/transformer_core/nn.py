@@ -46,6 +46,7 @@ forward's backward, are then without it too.
 from __future__ import annotations
 
 import math
+import threading
 import warnings
 
 import numpy as np
@@ -1398,6 +1399,10 @@ class TransformerDecoder(_Stack):
         return g, grad_memory
 
 
+# The weight tables of a model being built around a Transformer (Transformer._within), per thread.
+_CONTAINING_TABLES = threading.local()
+
+
 class Transformer(Module):
     """The encoder-decoder Transformer (Vaswani et al. 2017, Figure 1; the encoder–decoder tutorial), as
     ``torch.nn.Transformer(batch_first=True)`` in eval mode: an encoder stack and a decoder stack,
@@ -1426,9 +1431,7 @@ class Transformer(Module):
     def __init__(self, d_model: int = 512, nhead: int = 8, num_encoder_layers: int = 6, num_decoder_layers: int = 6,
                  dim_feedforward: int = 2048, activation: str = "relu", layer_norm_eps: float = 1e-5,
                  norm_first: bool = False, bias: bool = True, dtype=np.float32, *, dropout: float = 0.0,
-                 batch_first: bool = True, _with_tables=()):
-        # _with_tables: a containing model's own weight tables, in check_tables_allocatable's form,
-        # checked with the stacks before either is built (Seq2SeqTransformer's embeddings)
+                 batch_first: bool = True):
         _check_batch_first(batch_first)
         self._init_dtype(dtype)
         # the layer counts under their own names (the stacks would name both ``num_layers``), before
@@ -1444,7 +1447,8 @@ class Transformer(Module):
                                                     encoder_layer),
                                                    ("num_decoder_layers", "the decoder's layers", num_decoder_layers,
                                                     decoder_layer))]
-        check_tables_allocatable([*stacks, *_with_tables], self.dtype, "the weights together")
+        containing = getattr(_CONTAINING_TABLES, "tables", ())  # see _within
+        check_tables_allocatable([*stacks, *containing], self.dtype, "the weights together")
         self.d_model, self.nhead = d_model, nhead
         self.encoder = TransformerEncoder(encoder_layer, num_encoder_layers,
                                           LayerNorm(d_model, layer_norm_eps, bias=bias, dtype=self.dtype))
@@ -1453,6 +1457,17 @@ class Transformer(Module):
 
     def _children(self):
         return [("encoder", self.encoder), ("decoder", self.decoder)]
+
+    @classmethod
+    def _within(cls, tables, **kwargs) -> "Transformer":
+        """``cls(**kwargs)`` inside a larger model whose own weight ``tables`` (in
+        ``check_tables_allocatable``'s form: Seq2SeqTransformer's embeddings) count in the memory
+        check of the stacks, before either stack is built."""
+        _CONTAINING_TABLES.tables = tuple(tables)
+        try:
+            return cls(**kwargs)
+        finally:
+            _CONTAINING_TABLES.tables = ()
 
     @staticmethod
     def generate_square_subsequent_mask(sz: int, dtype=np.float32) -> np.ndarray:

@@ -97,10 +97,12 @@ class Seq2SeqTransformer(Module):
         # together against memory, before it builds anything, so a bad nhead or layer count, or a model
         # too large as a whole, is refused before the (possibly large) embedding tables are built and
         # filled (each module's init draws from its own seed: the order does not change the weights)
-        self.transformer = Transformer(d_model=d_model, nhead=nhead, num_encoder_layers=num_encoder_layers,
-                                       num_decoder_layers=num_decoder_layers, dim_feedforward=dim_feedforward,
-                                       activation=activation, layer_norm_eps=layer_norm_eps, norm_first=norm_first,
-                                       bias=bias, dtype=self.dtype, dropout=dropout, _with_tables=tables)
+        self.transformer = Transformer._within(tables, d_model=d_model, nhead=nhead,
+                                               num_encoder_layers=num_encoder_layers,
+                                               num_decoder_layers=num_decoder_layers,
+                                               dim_feedforward=dim_feedforward, activation=activation,
+                                               layer_norm_eps=layer_norm_eps, norm_first=norm_first, bias=bias,
+                                               dtype=self.dtype, dropout=dropout)
         self.src_tok_emb = Embedding(self.src_vocab_size, d_model, self.dtype)
         self.tgt_tok_emb = Embedding(self.tgt_vocab_size, d_model, self.dtype)
         self.generator = Linear(d_model, self.tgt_vocab_size, True, self.dtype)
