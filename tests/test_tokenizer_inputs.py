@@ -279,6 +279,15 @@ def test_encode_batches_copy_follows_setters_and_shallow_copies(model_dir):
     check(ref, "a pickle round trip")
 
 
+def _check_one_batch_truncated_to(tok, texts, length):
+    """encode_batches' one batch of ``texts`` equals encode_batch's, both ``length`` tokens wide."""
+    (batch,) = tok.encode_batches(texts, len(texts))
+    want = tok.encode_batch(texts)
+    assert want["input_ids"].shape == (len(texts), length)
+    for key in want:
+        np.testing.assert_array_equal(batch[key], want[key], err_msg=key)
+
+
 def test_encode_batches_copy_of_each_shallow_copy_follows_a_setter(model_dir):
     """Two shallow copies made before either tokenized share the backend and its watch but make
     their own unpadded copies: one of them bringing its copy up to date after a setter must not
@@ -293,11 +302,7 @@ def test_encode_batches_copy_of_each_shallow_copy_follows_a_setter(model_dir):
     a.max_length = 6
     list(b.encode_batches(texts, 2))  # b's copy brought up to date first
     for tok in (a, b):
-        (batch,) = tok.encode_batches(texts, 2)
-        want = tok.encode_batch(texts)
-        assert batch["input_ids"].shape == (2, 6)
-        for key in want:
-            np.testing.assert_array_equal(batch[key], want[key], err_msg=key)
+        _check_one_batch_truncated_to(tok, texts, 6)
 
 
 def test_encode_batches_copy_after_a_change_during_its_update(model_dir):
@@ -327,11 +332,7 @@ def test_encode_batches_copy_after_a_change_during_its_update(model_dir):
     finally:
         sys.settrace(None)
     assert fired
-    (batch,) = tok.encode_batches(texts, 2)
-    want = tok.encode_batch(texts)
-    assert want["input_ids"].shape == (2, 6)
-    for key in want:
-        np.testing.assert_array_equal(batch[key], want[key], err_msg=key)
+    _check_one_batch_truncated_to(tok, texts, 6)
 
 
 def test_pickle_and_deepcopy_keep_encode_special_tokens(model_dir):

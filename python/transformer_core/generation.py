@@ -109,14 +109,20 @@ def cache_too_large(error: ValueError, what: str) -> ValueError:
 # ------------------------------------------------------------------------------------------------
 # The checks of each option (``name``: the argument, or the generation config's field)
 # ------------------------------------------------------------------------------------------------
+def _check_at_least(value, name: str, floor: float, floor_name: str, why: str) -> float:
+    """``value`` as a finite number >= ``floor`` (the constant ``floor_name``; ``why``: what
+    smaller ones break). TypeError: not a number; ValueError: NaN, infinite or smaller."""
+    number = check_float(value, name)
+    if number < floor:
+        raise ValueError(f"{name}: expected a finite number >= {floor} ({floor_name}: {why}), got {number!r}")
+    return number
+
+
 def check_temperature(value, name: str = "temperature") -> float:
     """``value`` as a sampling temperature: a finite number >= ``MIN_TEMPERATURE`` (1e-6).
     TypeError: not a number; ValueError: NaN, infinite or smaller."""
-    temperature = check_float(value, name)
-    if temperature < MIN_TEMPERATURE:
-        raise ValueError(f"{name}: expected a finite number >= {MIN_TEMPERATURE} (MIN_TEMPERATURE: smaller ones "
-                         f"overflow logits / temperature; do_sample=False is the greedy limit), got {temperature!r}")
-    return temperature
+    return _check_at_least(value, name, MIN_TEMPERATURE, "MIN_TEMPERATURE",
+                           "smaller ones overflow logits / temperature; do_sample=False is the greedy limit")
 
 
 def check_top_k(value, name: str = "top_k") -> int | None:
@@ -135,11 +141,8 @@ def check_repetition_penalty(value, name: str = "repetition_penalty") -> float |
     (1e-6). TypeError: not a number; ValueError: NaN, infinite or smaller."""
     if value is None:
         return None
-    penalty = check_float(value, name)
-    if penalty < MIN_REPETITION_PENALTY:
-        raise ValueError(f"{name}: expected a finite number >= {MIN_REPETITION_PENALTY} (MIN_REPETITION_PENALTY: "
-                         f"smaller ones overflow score / penalty), got {penalty!r}")
-    return penalty
+    return _check_at_least(value, name, MIN_REPETITION_PENALTY, "MIN_REPETITION_PENALTY",
+                           "smaller ones overflow score / penalty")
 
 
 def check_seed(value, name: str = "seed") -> int | None:
