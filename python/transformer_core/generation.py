@@ -75,16 +75,20 @@ class _ModelDefault:
     (:data:`DECODING_DEFAULTS`)."""
 
     def __repr__(self) -> str:
+        """``MODEL_DEFAULT``, as signatures and errors show it."""
         return "MODEL_DEFAULT"
 
-    # one object: a copy or an unpickled one is MODEL_DEFAULT itself (``is`` tells "not passed")
     def __reduce__(self) -> str:
+        """Pickled as the module's name for it: unpickled, it is ``MODEL_DEFAULT`` itself (``is``
+        tells "not passed")."""
         return "MODEL_DEFAULT"
 
     def __copy__(self) -> "_ModelDefault":
+        """Itself: one object."""
         return self
 
     def __deepcopy__(self, memo) -> "_ModelDefault":
+        """Itself: one object."""
         return self
 
 
