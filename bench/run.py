@@ -242,13 +242,17 @@ def encoder_layer_gflop(N: int, L: int, E: int, F: int) -> float:
 # Cases
 # --------------------------------------------------------------------------------------------
 
+def _gemm_inputs(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """x and w of the GEMM rows, n × n float32 each (the same in this process and in the probes)."""
+    rng = np.random.default_rng(0)
+    return rng.standard_normal((n, n), dtype=np.float32), rng.standard_normal((n, n), dtype=np.float32)
+
+
 def case_sgemm(b: Bench) -> list[Row]:
     """The machine's sgemm rate (torch.mm, 2048³), and ours' GEMM (linear) against F.linear."""
     torch = b.torch
     n = 2048
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((n, n), dtype=np.float32)
-    w = rng.standard_normal((n, n), dtype=np.float32)
+    x, w = _gemm_inputs(n)
     tx, tw = torch.from_numpy(x), torch.from_numpy(w)
     gflop = 2.0 * n ** 3 / 1e9
 
@@ -276,25 +280,23 @@ def _gemm_own_processes_row(b: Bench, n: int, gflop: float) -> Row:
     repeats, warmup = b.plan("gemm")
     rounds = 1 if b.quick else 3
     times: dict[str, list[float]] = {"ours": [], "torch": []}
+    case = f"GEMM {n}³: linear vs F.linear, each in its own process"
     for r in range(rounds):
         for side in (("ours", "torch") if r % 2 == 0 else ("torch", "ours")):
             out = run_probe("--gemm-probe", side, "--gemm-size", str(n), "--threads", str(b.threads),
                             "--repeats", str(repeats), "--gemm-warmup", str(warmup))
             if "error" in out:
-                return na_row(f"GEMM {n}³, each in its own process", f"{side}: {out['error']}")
+                return na_row(case, f"{side}: {out['error']}")
             times[side].append(out["ms"])
-    row = Row(f"GEMM {n}³: linear vs F.linear, each in its own process", statistics.median(times["ours"]),
-              statistics.median(times["torch"]), gflop=gflop, repeats=repeats)
+    row = Row(case, statistics.median(times["ours"]), statistics.median(times["torch"]), gflop=gflop, repeats=repeats)
     row.notes.append(f"{rounds} processes each, alternating; per process: median of {repeats} after {warmup} warm-up")
     return row
 
 
 def run_gemm_probe(side: str, n: int, threads: int, repeats: int, warmup: int) -> None:
     """The subprocess side of :func:`_gemm_own_processes_row`: times ``side``'s linear of n × n by
-    n × n (the same inputs as :func:`case_sgemm`) and prints ``{"ms": median}`` as one JSON line."""
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((n, n), dtype=np.float32)
-    w = rng.standard_normal((n, n), dtype=np.float32)
+    n × n (:func:`_gemm_inputs`, as :func:`case_sgemm`) and prints ``{"ms": median}`` as one JSON line."""
+    x, w = _gemm_inputs(n)
     if side == "ours":
         import transformer_core as tc
 
@@ -754,6 +756,8 @@ def run_probe(*args: str) -> dict:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
         if proc.returncode != 0:
             return {"error": f"exit {proc.returncode}: {proc.stderr.strip()[-200:]}"}
+        if not proc.stdout.strip():
+            return {"error": f"no output: {proc.stderr.strip()[-200:]}"}
         return json.loads(proc.stdout.strip().splitlines()[-1])
     except Exception as e:
         return {"error": f"{type(e).__name__}: {e}"}

@@ -270,6 +270,8 @@ def test_lambda_lr_bad_factor_is_refused_by_the_scheduler_step(rng, factor, erro
     torch_opt.step()
     for p, q in zip(ours, theirs):
         np.testing.assert_allclose(p.data, q.detach().numpy(), rtol=1e-12, atol=1e-14)
+        np.testing.assert_allclose(ours_opt.state[p.name]["momentum_buffer"],
+                                   torch_opt.state[q]["momentum_buffer"].numpy(), rtol=1e-12, atol=1e-14)
     with pytest.raises(error, match=prefix + match):
         sched.step()
     assert _scheduler_state(sched, ours_opt) == before

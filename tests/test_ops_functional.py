@@ -549,12 +549,6 @@ def x16():
     return np.ones(_BIG_SHAPE, np.float16)
 
 
-def _backward_module():
-    from transformer_core import backward
-
-    return backward
-
-
 # (call on the float16 x, error type, message): each call has one bad argument besides x, which the
 # op refused only after x's full float32 copy (62.5 MiB; 125-190 MiB for attention's q, k, v)
 _BAD_SHAPES = {
@@ -593,35 +587,35 @@ _BAD_SHAPES = {
                                                 x.reshape(4000, 4, 1024), [0, 4000]), ValueError,
                    r"^key: expected last dim 1024 \(query's embedding size\), got shape \(4000, 8, 512\)"),
     "linear_backward grad_output": (
-        lambda x: _backward_module().linear_backward(x, np.ones((3, 4096), np.float32), x[:, :5]), ValueError,
+        lambda x: _backward().linear_backward(x, np.ones((3, 4096), np.float32), x[:, :5]), ValueError,
         r"^grad_output: expected shape \(4000, 3\) \(the op's output for x, weight\), got \(4000, 5\)"),
     "layer_norm_backward grad_output": (
-        lambda x: _backward_module().layer_norm_backward(x, None, x[:, :7]), ValueError,
+        lambda x: _backward().layer_norm_backward(x, None, x[:, :7]), ValueError,
         r"^grad_output: expected shape \(4000, 4096\) \(the op's output for x\), got \(4000, 7\)"),
     "rms_norm_backward weight": (
-        lambda x: _backward_module().rms_norm_backward(x, np.ones(7), x), ValueError,
+        lambda x: _backward().rms_norm_backward(x, np.ones(7), x), ValueError,
         r"^weight: expected shape \(4096,\) to match x's last dim, got \(7,\)"),
     "gelu_backward grad_output": (
-        lambda x: _backward_module().gelu_backward(x, x[:3]), ValueError,
+        lambda x: _backward().gelu_backward(x, x[:3]), ValueError,
         r"^grad_output: expected shape \(4000, 4096\) \(the op's output for x\), got \(3, 4096\)"),
     "glu_backward grad_output": (
-        lambda x: _backward_module().glu_backward(x, x, x[:3]), ValueError,
+        lambda x: _backward().glu_backward(x, x, x[:3]), ValueError,
         r"^grad_output: expected shape \(4000, 4096\) \(the op's output for gate, up\), got \(3, 4096\)"),
     "softmax_backward grad_output": (
-        lambda x: _backward_module().softmax_backward(x, x[:3]), ValueError,
+        lambda x: _backward().softmax_backward(x, x[:3]), ValueError,
         r"^grad_output: expected shape \(4000, 4096\) \(the op's output for output\), got \(3, 4096\)"),
     "embedding_backward grad_output": (
-        lambda x: _backward_module().embedding_backward(np.zeros(3999, np.int64), x, 5), ValueError,
+        lambda x: _backward().embedding_backward(np.zeros(3999, np.int64), x, 5), ValueError,
         r"^grad_output: expected shape \(3999,\) \+ \(embedding_dim,\) to match ids, got \(4000, 4096\)"),
     "rotary_backward odd head_dim": (
-        lambda x: _backward_module().rotary_backward(x[:, :4095], np.ones(4095), np.ones(4095)),
+        lambda x: _backward().rotary_backward(x[:, :4095], np.ones(4095), np.ones(4095)),
         ValueError, r"^grad_output: expected an even head_dim \(last dim\), got shape \(4000, 4095\)"),
     "cross_entropy_backward grad_output": (
-        lambda x: _backward_module().cross_entropy_backward(x, np.zeros(4000, np.int64), np.ones(3, np.float32),
+        lambda x: _backward().cross_entropy_backward(x, np.zeros(4000, np.int64), np.ones(3, np.float32),
                                                             reduction="none"), ValueError,
         r"^grad_output: expected shape \(4000,\) \(the op's output for logits, target\), got \(3,\)"),
     "sdpa_backward lse": (
-        lambda x: _backward_module().scaled_dot_product_attention_backward(x, x, x, x, x, np.zeros(3, np.float32)),
+        lambda x: _backward().scaled_dot_product_attention_backward(x, x, x, x, x, np.zeros(3, np.float32)),
         ValueError, r"^lse: expected shape \(4000,\) \(the op's output for query\), got \(3,\)"),
 }
 

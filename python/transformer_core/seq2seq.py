@@ -22,7 +22,6 @@ from ._validation import (
     check_float,
     check_int,
     check_positive_int,
-    check_tables_allocatable,
     physical_memory_bytes,
 )
 from .backward import cross_entropy_with_grad, dropout_backward
@@ -92,11 +91,11 @@ class Seq2SeqTransformer(Module):
                   ("tgt_vocab_size, d_model", "the target embedding table", self.tgt_vocab_size, self.d_model),
                   ("tgt_vocab_size, d_model", "the output layer (generator)", self.tgt_vocab_size, self.d_model),
                   ("max_len, d_model", "the sinusoidal position table", self.max_len, self.d_model)]
-        check_tables_allocatable(tables, self.dtype)
         # the Transformer first: its constructor checks its arguments, then its stacks and these tables
-        # together against memory, before it builds anything, so a bad nhead or layer count, or a model
-        # too large as a whole, is refused before the (possibly large) embedding tables are built and
-        # filled (each module's init draws from its own seed: the order does not change the weights)
+        # (each, and all together) against memory, before it builds anything, so a bad nhead or layer
+        # count, or a model too large as a whole, is refused before the (possibly large) embedding
+        # tables are built and filled (each module's init draws from its own seed: the order does not
+        # change the weights)
         self.transformer = Transformer._within(tables, d_model=d_model, nhead=nhead,
                                                num_encoder_layers=num_encoder_layers,
                                                num_decoder_layers=num_decoder_layers,
@@ -204,11 +203,10 @@ class Seq2SeqTransformer(Module):
         N, L = ids.shape
         if L > self.max_len:
             raise ValueError(f"{name}: length {L} exceeds max_len ({self.max_len})")
-        need = 3 * N * L * self.d_model * np.dtype(self.dtype).itemsize
-        if need > physical_memory_bytes():
+        need, limit = 3 * N * L * self.d_model * np.dtype(self.dtype).itemsize, physical_memory_bytes()
+        if need > limit:
             raise ValueError(f"{name}: shape {ids.shape} gives embeddings of shape ({N}, {L}, {self.d_model}), whose "
-                             f"three temporaries need {need} bytes, more than this machine's memory "
-                             f"({physical_memory_bytes()} bytes)")
+                             f"three temporaries need {need} bytes, more than this machine's memory ({limit} bytes)")
         V = table.num_embeddings
         bad = (ids < 0) | (ids >= V)
         if bad.any():

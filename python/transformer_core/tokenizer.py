@@ -192,23 +192,21 @@ class Tokenizer:
     """
 
     def __getstate__(self) -> dict:
-        """The pickled state (also of copy.copy and copy.deepcopy): the attributes, plus the
-        backends' ``encode_special_tokens``, which the tokenizers package's own pickle (the
-        backend's JSON) leaves out."""
+        """The pickled state (also of copy.copy and copy.deepcopy): the attributes without
+        encode_batches' unpadded copy of the backend (made again on first use), plus the backend's
+        ``encode_special_tokens``, which the tokenizers package's own pickle (the backend's JSON)
+        leaves out."""
         state = self.__dict__.copy()
-        unpadded = getattr(self, "_unpadded", None)
-        state["_encode_special_tokens"] = (self._tok.encode_special_tokens,
-                                           None if unpadded is None else unpadded.encode_special_tokens)
+        state["_unpadded"] = state["_unpadded_version"] = None
+        state["_encode_special_tokens"] = self._tok.encode_special_tokens
         return state
 
     def __setstate__(self, state: dict) -> None:
-        """Restores :meth:`__getstate__`'s state (a state pickled without the flags is taken as it is)."""
-        flags = state.pop("_encode_special_tokens", None)
+        """Restores :meth:`__getstate__`'s state (a state pickled without the flag is taken as it is)."""
+        flag = state.pop("_encode_special_tokens", None)
         self.__dict__.update(state)
-        if flags is not None:
-            self._tok.encode_special_tokens = flags[0]
-            if flags[1] is not None and getattr(self, "_unpadded", None) is not None:
-                self._unpadded.encode_special_tokens = flags[1]
+        if flag is not None:
+            self._tok.encode_special_tokens = flag
 
     @classmethod
     def _owning(cls, tokenizer, *args, **kwargs) -> "Tokenizer":
