@@ -25,11 +25,14 @@ from transformer_core._runtime import core, variant
 
 EDGES = [1, 127, 128, 129, 255, 256, 257, 2047, 2048, 2049]
 # (L, S, D): one query row against every edge (D = 64, the decoding case), the Br / Bc edges, and a
-# few long ones on either side (small D, so that the run stays short).
+# few long ones on either side (small D, so that the run stays short); then second query blocks
+# whose row groups (24 rows off the causal diagonal, 32 on it) end in 1-4 rows: 26 = 24 + 2 and
+# 51 = 24 + 24 + 3 (the short group joins the one before), 28 = 24 + 4 (it does not), 33 = 32 + 1.
 EDGE_CASES = ([(1, s, 64) for s in EDGES]
               + [(127, 129, 16), (128, 128, 16), (129, 127, 16), (255, 256, 16), (256, 257, 16),
                  (257, 255, 16), (129, 1, 16), (2049, 1, 8), (2047, 129, 8), (129, 2048, 8),
-                 (255, 2049, 64)])
+                 (255, 2049, 64)]
+              + [(154, 160, 16), (179, 300, 64), (156, 156, 16), (161, 161, 16)])
 MASK_KINDS = ["none", "causal_top_left", "causal_bottom_right", "bool", "float", "key_mask"]
 N, H, HKV = 1, 2, 1  # two query heads sharing one key/value head (GQA)
 
