@@ -195,6 +195,7 @@ def test_fresh_norm_layers_match_torch(rng, dtype, E):
             np.testing.assert_array_equal(ours.state_dict()[name], value.numpy(), err_msg=f"{type(ours).__name__}.{name}")
         with torch.no_grad():
             assert_close(ours(x), ref(to_torch(x)), dtype, what=f"fresh {type(ours).__name__}")
+        assert ours.normalized_shape == tuple(ref.normalized_shape) == (E,), type(ours).__name__  # torch's attribute
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)

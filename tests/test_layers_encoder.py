@@ -298,6 +298,35 @@ def test_unbatched_src_shape_errors_quote_the_shape_given():
             call(np.ones((2, 3, 4, 8), np.float32))
 
 
+def test_stacks_refuse_torch_modules_naming_their_library():
+    """A torch layer or norm where ours is expected: the message said "expected a
+    TransformerEncoderLayer, got TransformerEncoderLayer"; it names torch's class and says how to
+    load its weights into ours. A torch dtype names numpy's."""
+    enc, dec = tc.nn.TransformerEncoderLayer(8, 2, 16), tc.nn.TransformerDecoderLayer(8, 2, 16)
+    load = r" \(a torch module: build transformer_core\.nn\.{} with the same sizes and call its load_state_dict"
+    cases = [
+        (lambda: tc.nn.TransformerEncoder(torch.nn.TransformerEncoderLayer(8, 2, batch_first=True), 2),
+         r"^encoder_layer: expected a transformer_core\.nn\.TransformerEncoderLayer, got "
+         r"torch\.nn\.modules\.transformer\.TransformerEncoderLayer" + load.format("TransformerEncoderLayer")),
+        (lambda: tc.nn.TransformerDecoder(torch.nn.TransformerDecoderLayer(8, 2, batch_first=True), 2),
+         r"^decoder_layer: expected a transformer_core\.nn\.TransformerDecoderLayer, got "
+         r"torch\.nn\.modules\.transformer\.TransformerDecoderLayer" + load.format("TransformerDecoderLayer")),
+        (lambda: tc.nn.TransformerEncoder(enc, 2, norm=torch.nn.LayerNorm(8)),
+         r"^norm: expected a transformer_core\.nn\.LayerNorm or None, got "
+         r"torch\.nn\.modules\.normalization\.LayerNorm" + load.format("LayerNorm")),
+        (lambda: tc.nn.TransformerEncoder(dec, 2),
+         r"^encoder_layer: expected a transformer_core\.nn\.TransformerEncoderLayer, got TransformerDecoderLayer$"),
+        (lambda: tc.nn.TransformerDecoder("layer", 2),
+         r"^decoder_layer: expected a transformer_core\.nn\.TransformerDecoderLayer, got str$"),
+        (lambda: tc.nn.Linear(3, 4, dtype=torch.float32),
+         r"^dtype: expected float32 or float64, got torch\.float32 \(a numpy dtype or its name: np\.float32, "
+         r"'float64'\)$"),
+    ]
+    for call, match in cases:
+        with pytest.raises(TypeError, match=match):
+            call()
+
+
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
 def test_encoder_stack_mask_errors_name_mask(rng, dtype):
     """TransformerEncoder's argument is ``mask``: its shape errors name it (they named the layers'

@@ -476,6 +476,27 @@ def described(value, limit: int = 60) -> str:
     return f"{kind} {text if len(text) <= limit else text[:limit] + f'... ({len(text)} characters)'}"
 
 
+def type_path(value) -> str:
+    """``value``'s type for an error message that expects one of this library's classes: with its
+    module where that is another library's (``torch.nn.modules.transformer.TransformerEncoderLayer``,
+    so that a message never reads "expected a TransformerEncoderLayer, got TransformerEncoderLayer"),
+    the bare name for builtins and this library's own."""
+    kind = type(value)
+    module = kind.__module__ or ""
+    if module == "builtins" or module.split(".")[0] == "transformer_core":
+        return kind.__qualname__
+    return f"{module}.{kind.__qualname__}"
+
+
+def torch_module_hint(value, ours: str) -> str:
+    """A hint for an error message when ``value`` is a torch module where this library's class
+    ``ours`` (``"TransformerEncoderLayer"``) is expected; else empty."""
+    if not (type(value).__module__ or "").startswith("torch."):
+        return ""
+    return (f" (a torch module: build transformer_core.nn.{ours} with the same sizes and call its "
+            f"load_state_dict(module.state_dict()))")
+
+
 def check_int(value, name: str, minimum: int | None = 1, maximum: int | None = MAX_SIZE) -> int:
     """``value`` as an int in ``[minimum, maximum]`` (``None``: unbounded on that side; the default
     upper bound is the core's 64-bit size limit).
@@ -625,7 +646,8 @@ def resolve_dtype(dtype) -> type:
     try:
         dt = np.dtype(dtype)
     except TypeError:
-        raise TypeError(f"dtype: expected float32 or float64, got {dtype!r}") from None
+        hint = " (a numpy dtype or its name: np.float32, 'float64')" if type_path(dtype).startswith("torch.") else ""
+        raise TypeError(f"dtype: expected float32 or float64, got {dtype!r}{hint}") from None
     if dt.kind != "f" or dt.itemsize not in (4, 8):
         raise TypeError(f"dtype: expected float32 or float64, got {dt}")
     return np.float64 if dt.itemsize == 8 else np.float32

@@ -71,6 +71,8 @@ from ._validation import (
     physical_memory_bytes,
     resolve_dtype,
     to_numpy,
+    torch_module_hint,
+    type_path,
 )
 from .module import Module, _fill_in_chunks, check_dropout, renamed_keyword
 
@@ -336,6 +338,8 @@ class MultiheadAttention(Module):
     packed ``in_proj_weight`` is an unknown key, as torch's ``load_state_dict`` has it (refused
     under ``strict=True`` with a ``ValueError`` saying why; under ``strict=False`` ignored and
     returned in ``unexpected_keys``); a non-float one is still a ``TypeError`` naming it.
+    ``out_proj`` is not a submodule attribute here (one C++ object): its weights are
+    ``out_proj.weight`` and ``out_proj.bias`` in ``state_dict()`` and ``named_parameters()``.
 
     Raises:
         ValueError: E not divisible by H, H not divisible by num_key_value_heads, non-positive sizes;
@@ -648,6 +652,11 @@ class Linear(Module):
         dtype: ``np.float32`` or ``np.float64``.
 
     Weights: ``weight (out_features, in_features)``, ``bias (out_features,)``.
+
+    Raises:
+        TypeError: non-int sizes (bools and floats included), a non-bool ``bias``, a ``dtype`` other
+            than float32/float64.
+        ValueError: sizes < 1; a weight larger than this machine's memory.
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, dtype=np.float32):
@@ -788,6 +797,12 @@ class FeedForward(Module):
 
     Weights: ``linear1.weight (F, E)``, ``linear1.bias (F)``, ``linear2.weight (E, F)``,
     ``linear2.bias (E)``.
+
+    Raises:
+        TypeError: non-int sizes, a non-str ``activation``, a non-bool ``bias``, a ``dtype`` other
+            than float32/float64.
+        ValueError: sizes < 1, an unknown ``activation`` (the message lists the names); weights
+            larger than this machine's memory.
     """
 
     def __init__(self, d_model: int, dim_feedforward: int, activation: str = "relu", bias: bool = True,
@@ -858,6 +873,12 @@ class GatedFeedForward(Module):
 
     Weights (Hugging Face's names): ``gate_proj.weight (F, E)``, ``up_proj.weight (F, E)``,
     ``down_proj.weight (E, F)`` (+ ``.bias`` with ``bias``).
+
+    Raises:
+        TypeError: non-int sizes, a non-str ``activation``, a non-bool ``bias``, a ``dtype`` other
+            than float32/float64.
+        ValueError: sizes < 1, an unknown ``activation`` (the message lists the names); weights
+            larger than this machine's memory.
     """
 
     def __init__(self, d_model: int, dim_feedforward: int, activation: str = "silu", bias: bool = False,
@@ -913,7 +934,18 @@ class TransformerEncoderLayer(Module):
 
     Weights (torch's names): ``self_attn.in_proj_weight``, ``self_attn.in_proj_bias``,
     ``self_attn.out_proj.weight``, ``self_attn.out_proj.bias``, ``linear1.*``, ``linear2.*``,
-    ``norm1.*``, ``norm2.*``.
+    ``norm1.*``, ``norm2.*``. The layer is one C++ object: torch's submodules (``self_attn``,
+    ``linear1``, ``norm1``, ...) are not attributes here; their weights are reached by these names
+    through ``state_dict()``, ``load_state_dict`` and ``named_parameters()``.
+
+    Raises:
+        TypeError: non-int ``d_model``/``nhead``/``dim_feedforward``; ``activation`` not a str (for a
+            float, the message says torch's fourth positional argument is ``dropout``);
+            ``layer_norm_eps`` or ``dropout`` not a number; ``norm_first``, ``bias`` or ``batch_first``
+            not a bool; a ``dtype`` other than float32/float64.
+        ValueError: sizes < 1, ``d_model`` not a multiple of ``nhead``, an unknown ``activation`` (the
+            message lists the names), ``layer_norm_eps`` negative or not finite, ``dropout`` outside
+            [0, 1), ``batch_first=False``; weights larger than this machine's memory.
     """
 
     def __init__(self, d_model: int, nhead: int, dim_feedforward: int = 2048, activation: str = "relu",
@@ -1039,6 +1071,12 @@ class _Norm(Module):
     normalized_size: int
     elementwise_affine: bool = True
 
+    @property
+    def normalized_shape(self) -> tuple[int]:
+        """torch's ``normalized_shape``: ``(E,)`` (these layers normalise over the last dim only;
+        ``normalized_size`` is E)."""
+        return (self.normalized_size,)
+
     def _public_name(self, core_name: str) -> str | None:
         return core_name if self.elementwise_affine else None
 
@@ -1085,6 +1123,12 @@ class LayerNorm(_Norm):
         dtype: ``np.float32`` or ``np.float64``.
 
     Weights: ``weight (E,)`` (ones), ``bias (E,)`` (zeros); none without ``elementwise_affine``.
+
+    Raises:
+        TypeError: ``normalized_shape`` (or its one element) not an int; ``eps`` not a number;
+            ``elementwise_affine`` or ``bias`` not a bool; a ``dtype`` other than float32/float64.
+        ValueError: E < 1, a ``normalized_shape`` tuple/list not of length 1; ``eps`` negative or not
+            finite; weights larger than this machine's memory.
     """
 
     def __init__(self, normalized_shape, eps: float = 1e-5, elementwise_affine: bool = True, bias: bool = True,
@@ -1111,6 +1155,12 @@ class RMSNorm(_Norm):
         dtype: ``np.float32`` or ``np.float64``.
 
     Weights: ``weight (E,)`` (ones); none without ``elementwise_affine``.
+
+    Raises:
+        TypeError: ``normalized_shape`` (or its one element) not an int; ``eps`` neither None nor a
+            number; ``elementwise_affine`` not a bool; a ``dtype`` other than float32/float64.
+        ValueError: E < 1, a ``normalized_shape`` tuple/list not of length 1; ``eps`` negative or not
+            finite; weights larger than this machine's memory.
     """
 
     def __init__(self, normalized_shape, eps: float | None = None, elementwise_affine: bool = True,
@@ -1140,7 +1190,13 @@ class TransformerDecoderLayer(Module):
     call ``train()`` for dropout and a training forward.
 
     Weights (torch's names): ``self_attn.*``, ``multihead_attn.*``, ``linear1.*``, ``linear2.*``,
-    ``norm1.*``, ``norm2.*``, ``norm3.*``.
+    ``norm1.*``, ``norm2.*``, ``norm3.*``. The layer is one C++ object: torch's submodules
+    (``self_attn``, ``multihead_attn``, ``linear1``, ``norm1``, ...) are not attributes here; their
+    weights are reached by these names through ``state_dict()``, ``load_state_dict`` and
+    ``named_parameters()``.
+
+    Raises:
+        TypeError, ValueError: as :class:`TransformerEncoderLayer` (the same arguments, checked alike).
     """
 
     def __init__(self, d_model: int, nhead: int, dim_feedforward: int = 2048, activation: str = "relu",
@@ -1254,7 +1310,8 @@ class _Stack(Module):
     def __init__(self, layer, num_layers: int, norm: LayerNorm | None):
         self.num_layers = check_positive_int(num_layers, "num_layers")
         if norm is not None and not isinstance(norm, LayerNorm):
-            raise TypeError(f"norm: expected a transformer_core.nn.LayerNorm or None, got {type(norm).__name__}")
+            raise TypeError(f"norm: expected a transformer_core.nn.LayerNorm or None, got {type_path(norm)}"
+                            f"{torch_module_hint(norm, 'LayerNorm')}")
         if norm is not None and norm.normalized_size != layer.d_model:
             raise ValueError(f"norm: expected a LayerNorm of size {layer.d_model} (the layer's d_model), got "
                              f"{norm.normalized_size}")
@@ -1310,11 +1367,19 @@ class TransformerEncoder(_Stack):
         norm: a :class:`LayerNorm` applied at the end, or None.
 
     Weights: ``layers.{i}.*`` and ``norm.*`` (torch's names).
+
+    Raises:
+        TypeError: ``encoder_layer`` not a :class:`TransformerEncoderLayer` (a torch one: the message
+            says how to load its weights into ours); ``num_layers`` not an int; ``norm`` neither a
+            :class:`LayerNorm` nor None, or of another dtype than the layer.
+        ValueError: ``num_layers`` < 1, or more copies than this machine's memory holds (checked
+            before any is made); ``norm``'s size not the layer's ``d_model``.
     """
 
     def __init__(self, encoder_layer: TransformerEncoderLayer, num_layers: int, norm: LayerNorm | None = None):
         if not isinstance(encoder_layer, TransformerEncoderLayer):
-            raise TypeError(f"encoder_layer: expected a TransformerEncoderLayer, got {type(encoder_layer).__name__}")
+            raise TypeError(f"encoder_layer: expected a transformer_core.nn.TransformerEncoderLayer, got "
+                            f"{type_path(encoder_layer)}{torch_module_hint(encoder_layer, 'TransformerEncoderLayer')}")
         super().__init__(encoder_layer, num_layers, norm)
 
     def forward(self, src, *, mask=None, src_key_mask=None, is_causal: bool = False,
@@ -1323,7 +1388,15 @@ class TransformerEncoder(_Stack):
         layers' ``src_mask``, named ``mask`` in errors: float, added; a bool mask raises
         ``TypeError``), ``src_key_mask`` (True = a real token) and ``is_causal`` as in
         :meth:`TransformerEncoderLayer.forward`, keyword-only, applied in every layer. torch's
-        ``src_key_padding_mask`` is refused (``TypeError``: pass ``src_key_mask=~src_key_padding_mask``)."""
+        ``src_key_padding_mask`` is refused (``TypeError``: pass ``src_key_mask=~src_key_padding_mask``).
+
+        Raises:
+            ValueError: ``src`` empty or of the wrong rank or last dim; masks of the wrong shape, a key
+                mask of values other than 0/1; an unknown ``path``; a finite float64 value beyond a
+                float32 stack's range (all checked before any layer runs).
+            TypeError: non-numeric input, a mask of the wrong dtype, a bool ``mask``, a non-bool
+                ``is_causal``, ``src_key_padding_mask``.
+        """
         _refuse_padding_mask(src_key_padding_mask, "src_key_padding_mask", "src_key_mask")
         _float_mask(mask, "mask")
         return self._run(lambda layer, x: layer._forward(x, mask, src_key_mask, is_causal, path, "mask"), src)
@@ -1353,12 +1426,25 @@ class TransformerDecoder(_Stack):
     """A stack of ``num_layers`` copies of ``decoder_layer`` and an optional final norm, as
     ``torch.nn.TransformerDecoder``.
 
+    Args:
+        decoder_layer: a :class:`TransformerDecoderLayer` (copied, weights included).
+        num_layers: how many copies.
+        norm: a :class:`LayerNorm` applied at the end, or None.
+
     Weights: ``layers.{i}.*`` and ``norm.*`` (torch's names).
+
+    Raises:
+        TypeError: ``decoder_layer`` not a :class:`TransformerDecoderLayer` (a torch one: the message
+            says how to load its weights into ours); ``num_layers`` not an int; ``norm`` neither a
+            :class:`LayerNorm` nor None, or of another dtype than the layer.
+        ValueError: ``num_layers`` < 1, or more copies than this machine's memory holds (checked
+            before any is made); ``norm``'s size not the layer's ``d_model``.
     """
 
     def __init__(self, decoder_layer: TransformerDecoderLayer, num_layers: int, norm: LayerNorm | None = None):
         if not isinstance(decoder_layer, TransformerDecoderLayer):
-            raise TypeError(f"decoder_layer: expected a TransformerDecoderLayer, got {type(decoder_layer).__name__}")
+            raise TypeError(f"decoder_layer: expected a transformer_core.nn.TransformerDecoderLayer, got "
+                            f"{type_path(decoder_layer)}{torch_module_hint(decoder_layer, 'TransformerDecoderLayer')}")
         super().__init__(decoder_layer, num_layers, norm)
 
     def forward(self, tgt, memory, *, tgt_mask=None, memory_mask=None, tgt_key_mask=None, memory_key_mask=None,
@@ -1368,7 +1454,16 @@ class TransformerDecoder(_Stack):
         ``memory (S, E)`` -> ``(T, E)``); masks as in
         :meth:`TransformerDecoderLayer.forward` (keyword-only; ``tgt_mask``/``memory_mask`` float,
         added; key masks True = a real token; torch's ``*_key_padding_mask`` refused), applied in
-        every layer."""
+        every layer.
+
+        Raises:
+            ValueError: ``tgt`` or ``memory`` empty, of the wrong rank or last dim, or not agreeing
+                (batch size; both batched or both unbatched); masks of the wrong shape, a key mask of
+                values other than 0/1; an unknown ``path``; a finite float64 value beyond a float32
+                stack's range (all checked before any layer runs).
+            TypeError: non-numeric input, a mask of the wrong dtype, a bool ``tgt_mask``/``memory_mask``,
+                a non-bool ``tgt_is_causal``/``memory_is_causal``, a torch ``*_key_padding_mask``.
+        """
         _refuse_padding_mask(tgt_key_padding_mask, "tgt_key_padding_mask", "tgt_key_mask")
         _refuse_padding_mask(memory_key_padding_mask, "memory_key_padding_mask", "memory_key_mask")
         return self._run(lambda layer, x: layer(
@@ -1421,8 +1516,8 @@ class Transformer(Module):
 
     Raises: TypeError / ValueError naming ``num_encoder_layers`` or ``num_decoder_layers``: not an
     int or < 1 (before any layer is built), more layers than this machine's memory holds, one stack
-    or both together (before either stack is built); ``batch_first=False`` (``ValueError``); as
-    :class:`TransformerEncoderLayer` for the layers' arguments.
+    or both together (before either stack is built). The other arguments are the layers': they raise
+    as in :class:`TransformerEncoderLayer` (``batch_first=False``: a ``ValueError``).
 
     Weights (torch's names): ``encoder.layers.{i}.*``, ``encoder.norm.*``,
     ``decoder.layers.{i}.*``, ``decoder.norm.*``.
