@@ -344,6 +344,9 @@ class MultiheadAttention(Module):
     Raises:
         ValueError: E not divisible by H, H not divisible by num_key_value_heads, non-positive sizes;
             a torch argument this layer does not implement (see above).
+        TypeError: non-int sizes; non-bool ``bias``, ``batch_first``, ``add_bias_kv`` or
+            ``add_zero_attn`` (a float ``bias``: the message says torch's third positional argument is
+            ``dropout``); a non-number ``dropout``; a ``dtype`` other than float32/float64.
     """
 
     @renamed_keyword("num_kv_heads", "num_key_value_heads")
@@ -819,7 +822,8 @@ class FeedForward(Module):
         """``x (..., d_model) -> (..., d_model)`` in ``self.dtype``.
 
         Raises:
-            ValueError: empty ``x`` or last dim not ``d_model``.
+            ValueError: empty ``x`` or last dim not ``d_model``. TypeError: non-numeric ``x`` (strings,
+                complex, objects).
         """
         return _mlp_forward(self, x)
 
