@@ -501,3 +501,159 @@ def test_nn_wrong_shapes_are_refused_before_any_copy(case):
     err, peak = _refusal_peak(lambda: call(module))
     assert err.type is ValueError and err.match(match)
     assert peak < 2**16, f"{case}: the refusal allocated {peak} bytes"
+
+
+# ------------------------------------------------------- legacy caches, schedules, generation, RoPE
+def test_kv_cache_from_legacy_checks_every_pair_before_copying():
+    """from_legacy copied each layer (to the cache's dtype) before checking its shape against layer
+    0's: a float64 broadcast view of 2**25 positions in layer 1 allocated 2 GiB (a MemoryError at
+    2**28) before its ValueError. Every pair's shape and dtype are now checked on the arrays as
+    given, before any layer is copied."""
+    small = np.ones((1, 2, 3, 4), np.float32)
+    big = np.broadcast_to(np.float64(1), (1, 2, 2**21, 4))  # its float32 copy: 64 MiB
+    err, peak = _refusal_peak(lambda: tc.KVCache.from_legacy([(small, small), (big, big)], 2, 4))
+    assert err.type is ValueError
+    assert err.match(r"^past_key_values\[1\]: shape \(1, 2, 2097152, 4\) differs from layer 0's \(1, 2, 3, 4\)$")
+    assert peak < 2**16, f"the refusal allocated {peak} bytes"
+    # a bad dtype in a later layer: refused before layer 0 (a 64 MiB copy) is made
+    complex_pair = (np.broadcast_to(np.complex64(1), big.shape), small)
+    err, peak = _refusal_peak(lambda: tc.KVCache.from_legacy([(big, big), complex_pair], 2, 4))
+    assert err.type is TypeError and err.match(r"^past_key_values\[1\]\[0\]: expected a real numeric array, got dtype "
+                                               r"complex64$")
+    assert peak < 2**16, f"the refusal allocated {peak} bytes"
+    err, peak = _refusal_peak(lambda: tc.KVCache.from_legacy([(big, big), (small[0], small[0])], 2, 4))
+    assert err.type is ValueError and err.match(r"^past_key_values\[1\]\[0\]: expected a 4-D array, got 3-D with "
+                                                r"shape \(2, 3, 4\)$")
+    assert peak < 2**16, f"the refusal allocated {peak} bytes"
+    # good pairs still load: the values as given, an empty S = 0 cache too
+    k, v = np.arange(24.0).reshape(1, 2, 3, 4), -np.arange(24.0).reshape(1, 2, 3, 4)
+    (k2, v2), (k3, v3) = tc.KVCache.from_legacy([(k, v), (v, k)], 2, 4, np.float64).to_legacy()
+    np.testing.assert_array_equal(np.stack([k2, v2, k3, v3]), np.stack([k, v, v, k]))
+    empty = np.zeros((1, 2, 0, 4), np.float32)
+    assert tc.KVCache.from_legacy([(empty, empty)], 2, 4).length == 0
+
+
+def test_lambda_lr_factor_too_large_for_a_float_is_a_value_error():
+    """LambdaLR(opt, lambda e: 10**400) raised a bare OverflowError (base_lr * factor: Python cannot
+    make a float of the int). It is a ValueError naming lr_lambda, the epoch and the group, as a
+    NaN or negative factor's, and nothing changes (at construction and at a step)."""
+    from fractions import Fraction
+
+    from transformer_core import lr_scheduler, optim
+    from transformer_core.parameter import Parameter
+
+    opt = optim.SGD([Parameter(np.ones(2))], lr=0.1)
+    head = r"^lr_lambda \(epoch 0\): param_groups\[0\]: lr = initial_lr \(0\.1\) \* lr_lambda\(0\): expected a finite "
+    with pytest.raises(ValueError, match=head + r"number >= 0\.0, got a factor int of 1329 bits, too large for a float "
+                                                r"\(the optimizers take a finite learning rate >= 0\); nothing was "
+                                                r"changed$"):
+        lr_scheduler.LambdaLR(opt, lambda e: 10**400)
+    with pytest.raises(ValueError, match=head + r"number >= 0\.0, got a factor Fraction, too large for a float"):
+        lr_scheduler.LambdaLR(opt, lambda e: Fraction(10**400))
+    with pytest.raises(ValueError, match=head + r"number >= 0\.0, got a factor int of 16610 bits"):  # 5000 digits:
+        lr_scheduler.LambdaLR(opt, lambda e: 10**5000)  # more than Python writes out (its 4300-digit limit)
+    assert opt.param_groups[0]["lr"] == 0.1 and "initial_lr" not in opt.param_groups[0]
+    s = lr_scheduler.LambdaLR(opt, lambda e: 0.5 if e < 2 else 10**400)
+    s.step()
+    with pytest.raises(ValueError, match=r"^lr_lambda \(epoch 2\): param_groups\[0\]: .* int of 1329 bits"):
+        s.step()
+    assert (s.last_epoch, s.get_last_lr(), opt.param_groups[0]["lr"]) == (1, [0.05], 0.05)
+
+
+def _llama_of_long_context():
+    """A 1-layer Llama whose KV cache takes 64 bytes a position (2 key/value heads of width 4,
+    float32, keys and values), of a context longer than any machine's memory can cache."""
+    from transformer_core.llama import LlamaConfig
+
+    return tc.LlamaForCausalLM(LlamaConfig(vocab_size=50, hidden_size=8, intermediate_size=16, num_hidden_layers=1,
+                                           num_attention_heads=2, max_position_embeddings=2**50, eos_token_id=None,
+                                           bos_token_id=None))
+
+
+def test_generate_names_max_new_tokens_when_one_sequence_cannot_cache_them():
+    """generate(ids, 2**38) of one sequence said "input_ids: a batch of 1 sequences ... needs a KV
+    cache too large ...; pass fewer sequences at a time": the length was the cause. It names
+    max_new_tokens and how many fit; a batch whose one sequence fits still names input_ids."""
+    from transformer_core._validation import physical_memory_bytes
+
+    m = _llama_of_long_context()
+    limit = physical_memory_bytes()
+    fit = limit // 64 - 3 + 1  # new tokens of a 3-token prompt that fit one sequence's cache
+    M = limit // 64 + 10
+    says = (rf"^max_new_tokens: prompt length 3 \+ max_new_tokens {M} \({M + 2} positions\) needs a KV cache of "
+            rf"{64 * (M + 2)} bytes for one sequence, 64 bytes a position \(keys and values of 1 layer\), more than "
+            rf"this machine's memory \({limit} bytes\); at most {fit} new tokens fit")
+    ids = np.array([[1, 2, 3]])
+    with pytest.raises(ValueError, match=says + "$"):
+        m.generate(ids, M)
+    with pytest.raises(ValueError, match=says + "$"):
+        next(m.stream(ids, M))
+    cache = m.new_cache(1)
+    with pytest.raises(ValueError, match=says + "$"):
+        m.generate(ids, M, past_key_values=cache)
+    assert (cache.capacity, cache.length) == (1, 0)
+    # four sequences that one alone would not fit: max_new_tokens still, with what fits the batch
+    with pytest.raises(ValueError, match=says + rf" \(one sequence; {limit // 256 - 2} for a batch of 4\)$"):
+        m.generate(np.broadcast_to(ids, (4, 3)), M)
+    # a batch whose one sequence fits: the batch is the cause
+    M = 2**16
+    N = limit // (64 * (M + 2)) + 1
+    with pytest.raises(ValueError, match=rf"^input_ids: a batch of {N} sequences of prompt length 3 and "
+                                         rf"max_new_tokens = {M} .* needs a KV cache too large .*; pass fewer "
+                                         r"sequences at a time$"):
+        m.generate(np.broadcast_to(ids, (N, 3)), M)
+    # a prompt whose cache alone does not fit one sequence's (no model that small has such a
+    # context: the error itself)
+    L = limit // 64 + 1
+    err = m._cache_too_large(ValueError("KVCache's"), cache, 1, L, 1, "a batch of 1")
+    assert str(err) == (f"input_ids: a prompt of length {L} needs a KV cache of {64 * L} bytes for one sequence, 64 "
+                        f"bytes a position (keys and values of 1 layer), more than this machine's memory ({limit} "
+                        "bytes); use a shorter prompt")
+    # a call that fits runs: the greedy tokens of the small model, the same with a cache given
+    out = m.generate(ids, 4)
+    np.testing.assert_array_equal(m.generate(ids, 4, past_key_values=m.new_cache(1)), out)
+    assert out.shape == (1, 7) and (out[:, :3] == ids).all()
+
+
+def test_rotary_embedding_too_wide_names_head_dim():
+    """RotaryEmbedding(2**40, 16) raised the C++ "rotary tables (cos and sin of 16 positions;
+    max_position_embeddings 16): 35184372088832 values ...", naming no argument. The tables built
+    with the layer (at most FIRST_POSITIONS positions) are checked first, naming head_dim, the
+    largest that fits, and the one given."""
+    from transformer_core import positional
+    from transformer_core._validation import physical_memory_bytes
+
+    limit = physical_memory_bytes()
+    # 16 positions, "half": cos and sin of 16 × head_dim float32 values, 128 bytes per unit of head_dim
+    largest = limit // 128 // 2 * 2
+    head_dim = largest + 2
+    with pytest.raises(ValueError, match=rf"^head_dim: expected an even number <= {largest}, whose rotary tables "
+                                         r"\(cos and sin of the first 16 positions, half layout, float32\) fit this "
+                                         rf"machine's memory \({limit} bytes\), got {head_dim} \({128 * head_dim} "
+                                         r"bytes\)$"):
+        positional.RotaryEmbedding(head_dim, 16)
+    # a long context builds FIRST_POSITIONS positions; "interleaved" keeps head_dim / 2 values a row
+    largest = limit // (4096 * 8) // 2 * 2
+    with pytest.raises(ValueError, match=rf"^head_dim: expected an even number <= {largest}, .*first 4096 positions, "
+                                         rf"interleaved layout, float64\) .* got {2**50}"):
+        positional.RotaryEmbedding(2**50, 2**40, layout="interleaved", dtype=np.float64)
+    # the constant is the C++ layer's: what a long context builds when the layer is made
+    assert positional.FIRST_POSITIONS == 4096 == positional.RotaryEmbedding(8, 2**40)._impl.built_positions
+    assert positional.RotaryEmbedding(8, 16)._impl.built_positions == 16
+
+
+def test_a_numpy_scalar_is_described_by_its_value():
+    """A 0-d numpy value was described as an array: nn.Linear(np.float64(4.0), 3) said "expected an
+    int, got float64 () float64", without the value. A numpy scalar shows its type and value, a
+    0-d array or tensor its shape and dtype and value."""
+    from transformer_core._validation import described
+
+    with pytest.raises(TypeError, match=r"^in_features: expected an int, got float64 4\.0$"):
+        tc.nn.Linear(np.float64(4.0), 3)
+    with pytest.raises(TypeError, match=r"^in_features: expected an int, got ndarray \(\) float64 4\.0$"):
+        tc.nn.Linear(np.array(4.0), 3)
+    assert [described(v) for v in (np.float32(0.5), np.int8(-3), np.bool_(True), np.str_("x"))] == [
+        "float32 0.5", "int8 -3", f"{type(np.bool_(True)).__name__} True", "str_ 'x'"]
+    torch = pytest.importorskip("torch")
+    assert described(torch.tensor(4.0)) == "Tensor () torch.float32 tensor(4.)"
+    assert described(np.ones((2, 3), np.float32)) == "ndarray (2, 3) float32"  # arrays: shape and dtype only

@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shutil
 import subprocess
 import sys
 import threading
+import time
 from fractions import Fraction
 from pathlib import Path
 
@@ -1310,5 +1312,149 @@ def test_an_array_given_for_a_scalar_is_described_not_printed():
     assert described(0.5) == "float 0.5" and described([1, 2]) == "list [1, 2]"
     # a numpy scalar type (a class with shape and dtype descriptors) and a numpy scalar
     assert described(np.float64) == "type <class 'numpy.float64'>"
-    assert described(np.float32(2)) == "float32 () float32"
+    assert described(np.float32(2)) == "float32 2.0"
     assert described(torch.ones(2, 3)) == "Tensor (2, 3) torch.float32"
+
+
+# ------------------------------------------------------------------------------------------------
+# The feed-forward's hidden activations (rows × dim_feedforward) are checked at entry
+# ------------------------------------------------------------------------------------------------
+# L rows of width E = 2 into a feed-forward of width F (float32): 2**40 bytes of hidden activations,
+# more than the machines that run these tests hold, from 2 MiB of input and 32 MiB of weights per layer.
+# The C++ feed-forward checks them only when it runs, after the embeddings and the attention's O(L²)
+# work (~14 s on 2 cores), and names its own ``x``: the layers and models check them first.
+_FFN_L, _FFN_F = 2**17, 2**21
+
+
+def _ffn_x(shape=(1, _FFN_L)):
+    return np.broadcast_to(np.float32(1), (*shape, 2))  # a view: nothing of that size is allocated
+
+
+def _ffn_ids(shape=(1, _FFN_L)):
+    return np.broadcast_to(np.int64(1), shape)
+
+
+# Training forwards keep every activation, the attention's too: the same rows as short sequences
+_FFN_BATCH = (2**11, _FFN_L // 2**11)
+
+
+def _ffn_bert():
+    return tc.BertModel(tc.BertConfig(vocab_size=8, hidden_size=2, num_hidden_layers=1, num_attention_heads=1,
+                                      intermediate_size=_FFN_F, max_position_embeddings=_FFN_L))
+
+
+def _ffn_seq2seq():
+    return tc.Seq2SeqTransformer(8, 8, d_model=2, nhead=1, num_encoder_layers=1, num_decoder_layers=1,
+                                 dim_feedforward=_FFN_F, max_len=_FFN_L)
+
+
+_SHORT = np.ones((1, 3, 2), np.float32)
+FFN_ACTIVATIONS = [  # (id, build, call, the argument named, the width's field)
+    ("EncoderLayer", lambda: tc.nn.TransformerEncoderLayer(2, 1, _FFN_F), lambda m: m(_ffn_x()), "src",
+     "dim_feedforward"),
+    ("EncoderLayer-unbatched", lambda: tc.nn.TransformerEncoderLayer(2, 1, _FFN_F, norm_first=True),
+     lambda m: m(_ffn_x()[0]), "src", "dim_feedforward"),
+    ("EncoderLayer-training", lambda: tc.nn.TransformerEncoderLayer(2, 1, _FFN_F).train(),
+     lambda m: m(_ffn_x(_FFN_BATCH)), "src", "dim_feedforward"),
+    ("DecoderLayer", lambda: tc.nn.TransformerDecoderLayer(2, 1, _FFN_F), lambda m: m(_ffn_x(), _SHORT), "tgt",
+     "dim_feedforward"),
+    ("Encoder", lambda: tc.nn.TransformerEncoder(tc.nn.TransformerEncoderLayer(2, 1, _FFN_F), 1),
+     lambda m: m(_ffn_x()), "src", "dim_feedforward"),
+    ("Decoder", lambda: tc.nn.TransformerDecoder(tc.nn.TransformerDecoderLayer(2, 1, _FFN_F), 1),
+     lambda m: m(_ffn_x(), _SHORT), "tgt", "dim_feedforward"),
+    ("Transformer-src", lambda: tc.nn.Transformer(2, 1, 1, 1, _FFN_F), lambda m: m(_ffn_x(), _SHORT), "src",
+     "dim_feedforward"),
+    ("Transformer-tgt", lambda: tc.nn.Transformer(2, 1, 1, 1, _FFN_F), lambda m: m(_SHORT, _ffn_x()), "tgt",
+     "dim_feedforward"),
+    ("BertModel", _ffn_bert, lambda m: m(_ffn_ids()), "input_ids", "intermediate_size"),
+    ("BertModel-training", lambda: _ffn_bert().train(), lambda m: m(_ffn_ids(_FFN_BATCH)), "input_ids",
+     "intermediate_size"),
+    ("Seq2Seq-src", _ffn_seq2seq, lambda m: m(_ffn_ids(), _ffn_ids()[:, :3]), "src", "dim_feedforward"),
+    ("Seq2Seq-tgt", _ffn_seq2seq, lambda m: m(_ffn_ids()[:, :3], _ffn_ids()), "tgt", "dim_feedforward"),
+    ("Seq2Seq-decode", _ffn_seq2seq, lambda m: m.decode(_ffn_ids(), _SHORT), "tgt", "dim_feedforward"),
+]
+
+
+@pytest.mark.parametrize("build, call, name, field", [c[1:] for c in FFN_ACTIVATIONS],
+                         ids=[c[0] for c in FFN_ACTIVATIONS])
+def test_feedforward_activations_larger_than_memory_are_refused_at_entry(build, call, name, field):
+    """A sequence whose feed-forward activations no machine holds is refused before any work (in
+    well under a second, where the old code first ran the O(L²) attention for many seconds), with a
+    ValueError naming the caller's argument, the rows × width and the bytes."""
+    need = _FFN_L * _FFN_F * 4
+    if need <= tc._validation.physical_memory_bytes():
+        pytest.skip("this machine holds the activations")
+    model = build()
+    start = time.perf_counter()
+    with pytest.raises(ValueError) as info:
+        call(model)
+    elapsed = time.perf_counter() - start  # a hang guard, not a timing
+    assert re.fullmatch(rf"{name}: shape \([\d, ]+\) needs feed-forward activations of {_FFN_L} rows × {_FFN_F} "
+                        rf"\({field}\) float32 values, {need} bytes, {_MEMORY}: use a smaller batch or shorter "
+                        "sequences", str(info.value)), str(info.value)
+    assert elapsed < 1.0, f"refused after {elapsed:.1f} s"
+    assert not getattr(model, "_saved", None)  # a training forward kept nothing
+
+
+def test_bert_feedforward_check_counts_the_rows_the_forward_runs():
+    """With an attention_mask the eval forward runs the real tokens packed (and, for the pooler, a
+    sequence whose position 0 is padding at full length): the check counts those rows, so a call
+    the C++ forward runs is not refused for its N · L."""
+    L, F = _FFN_L, _FFN_F  # N · L rows: 2**40 bytes of activations; one real token: 8 MiB
+    if L * F * 4 <= tc._validation.physical_memory_bytes():
+        pytest.skip("this machine holds the activations")
+    m = _ffn_bert()
+    ids = np.broadcast_to(np.arange(L, dtype=np.int64) % 8, (1, L))
+    # one real token, at position 0: one packed row
+    mask = np.zeros((1, L), bool)
+    mask[0, 0] = True
+    out = m(ids, attention_mask=mask)
+    ref = m(ids[:, :1])  # the same token alone
+    np.testing.assert_allclose(out.last_hidden_state[0, 0], ref.last_hidden_state[0, 0], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(out.pooler_output, ref.pooler_output, rtol=1e-5, atol=1e-6)
+    assert not out.last_hidden_state[0, 1:].any()  # padding rows are zeros
+    # ... but a training forward runs all N · L rows (as short sequences here: a training forward
+    # keeps the attention's activations too)
+    ids_b, mask_b = ids.reshape(_FFN_BATCH), mask.reshape(_FFN_BATCH)
+    with pytest.raises(ValueError, match=rf"^input_ids: shape \({_FFN_BATCH[0]}, {_FFN_BATCH[1]}\) needs "
+                                         rf"feed-forward activations of {L} rows"):
+        m.train()(ids_b, attention_mask=mask_b)
+    m.eval()
+    m(ids_b, attention_mask=mask_b)  # in eval mode the one real token runs packed
+    # one real token at position 1: with the pooler the sequence runs padded (L rows), refused at
+    # entry; without it (a sentence encoder's call), packed (one row)
+    mask = np.zeros((1, L), bool)
+    mask[0, 1] = True
+    start = time.perf_counter()
+    with pytest.raises(ValueError, match=rf"^input_ids: shape \(1, {L}\) with attention_mask needs feed-forward "
+                                         rf"activations of {L} rows × {F} \(intermediate_size\)"):
+        m(ids, attention_mask=mask)
+    assert time.perf_counter() - start < 1.0
+    out = m._forward_eval(ids, mask, pooler=False).last_hidden_state
+    ref = m._forward_eval(ids[:, :2], mask[:, :2], pooler=False).last_hidden_state
+    np.testing.assert_allclose(out[0, 1], ref[0, 1], rtol=1e-5, atol=1e-6)
+    assert not out[0, 0].any() and not out[0, 2:].any()
+
+
+def test_bert_feedforward_rows_of_a_mask():
+    """The rows the C++ eval forward runs its feed-forward on, per mask (the widest call)."""
+    from transformer_core.bert import _feedforward_rows
+
+    mask = np.array([[1, 1, 0, 0],    # real at position 0: packed, 2 rows
+                     [0, 1, 1, 1],    # padding at position 0: run padded (4 rows) with the pooler
+                     [0, 0, 0, 0],    # padding only: no row
+                     [1, 0, 1, 0]], bool)
+    assert _feedforward_rows(mask, pool=False) == 2 + 3 + 2
+    assert _feedforward_rows(mask, pool=True) == max(2 + 2, 1 * 4)
+    assert _feedforward_rows(mask[[1, 1, 1]], pool=True) == 3 * 4
+    assert _feedforward_rows(np.ones((3, 5), bool), pool=True) == 15
+    assert _feedforward_rows(np.zeros((3, 5), bool), pool=True) == 0
+
+
+def test_bert_without_layers_runs_whatever_its_intermediate_size():
+    """No layer, no feed-forward: nothing to refuse (the hidden states are the embeddings')."""
+    m = tc.BertModel(tc.BertConfig(vocab_size=8, hidden_size=4, num_hidden_layers=0, num_attention_heads=1,
+                                   intermediate_size=2**50, max_position_embeddings=8))
+    ids = np.array([[1, 2, 3, 4]])
+    emb = tc.BertEmbeddings.from_model(m)(ids)
+    np.testing.assert_allclose(m(ids).last_hidden_state, emb, rtol=1e-6, atol=1e-7)

@@ -751,3 +751,92 @@ def test_text_stream_push_names_token_id(model_dir):
         stream.push("a")
     with pytest.raises(ValueError, match=r"^token_id: token id -1 is outside the vocabulary \[0, 30522\)"):
         stream.push(-1)
+
+
+# ------------------------------------------------------------------------------------ sizes no machine can hold
+_TEXTS = ["hi", "hello there my friend", "word " * 40]
+
+
+@pytest.mark.parametrize("padding", [{"direction": "left"}, {"pad_to_multiple_of": 8}, {"length": 24},
+                                     {"pad_id": 100, "pad_type_id": 1}, {"length": 20, "pad_to_multiple_of": 8}])
+def test_encode_batch_pads_as_the_backend_is_set_to_pad(model_dir, padding):
+    """An encoder tokenizer's batch is padded here now, from the unpadded encodings (the package's
+    own padding aborted the process when it ran out of memory): as the tokenizers package pads
+    with the same settings on the backend (side, pad id and type id, fixed length, multiple)."""
+    tok = tc.Tokenizer(_backend(model_dir), 16)
+    ref = _backend(model_dir)
+    ref.enable_truncation(max_length=16)
+    settings = {**tok.backend.padding, **padding}
+    tok.backend.enable_padding(**settings)
+    ref.enable_padding(**settings)
+    want = ref.encode_batch(_TEXTS)
+    got = tok.encode_batch(_TEXTS)
+    for key, attr in (("input_ids", "ids"), ("attention_mask", "attention_mask"), ("token_type_ids", "type_ids")):
+        np.testing.assert_array_equal(got[key], np.array([getattr(e, attr) for e in want], dtype=np.int64),
+                                      err_msg=key)
+        assert got[key].dtype == np.int64
+    assert tok.backend.padding == settings  # left as it was set
+
+
+def test_a_batch_too_large_to_pad_is_refused_before_padding(model_dir):
+    """A batch whose padded arrays no machine could hold was padded by the tokenizers package (an
+    encoder tokenizer's: Rust aborted the whole process, "memory allocation ... failed", or
+    panicked) or by numpy (a causal-LM tokenizer's: MemoryError for 29.8 GiB). Refused now with
+    ValueError naming texts, the shape and the bytes, before anything is padded: here by a fixed
+    padding length set on the backend, 2 texts to 2**62 tokens, which allocates nothing."""
+    from transformer_core._validation import physical_memory_bytes
+
+    tok = tc.Tokenizer(_backend(model_dir), 16)
+    length = 2**62
+    need = 3 * 2 * length * 8  # input_ids, attention_mask and token_type_ids, int64
+    assert need > physical_memory_bytes()
+    tok.backend.enable_padding(**{**tok.backend.padding, "length": length})
+    texts = ["hello there", "my friend"]
+    with pytest.raises(ValueError, match=rf"^texts: padding 2 texts to {length} tokens \(the longest has 4\) needs "
+                                         rf"three int64 arrays of shape \(2, {length}\), {need} bytes, more than "):
+        tok.encode_batch(texts)
+    with pytest.raises(ValueError, match=rf"^texts: padding 2 texts to {length} tokens"):
+        tok(texts)
+    tok.backend.enable_padding(**{**tok.backend.padding, "length": None})  # the tokenizer still works
+    np.testing.assert_array_equal(tok.encode_batch(texts)["input_ids"], [[101, 7592, 2045, 102], [101, 2026, 2767, 102]])
+
+
+def test_the_padding_check_names_the_batch_of_encode_batches(model_dir, monkeypatch):
+    """The same check names the batch's texts in encode_batches, and guards a causal-LM
+    tokenizer's encode_batch (padded here, never by the package): a machine of 300 bytes, so
+    that a short batch exceeds it."""
+    from transformer_core import tokenizer as tokenizer_module
+
+    monkeypatch.setattr(tokenizer_module, "physical_memory_bytes", lambda: 300)
+    tok = tc.Tokenizer(_backend(model_dir), 16)
+    batches = tok.encode_batches(["a", "hi there", "word " * 40], 2)
+    assert next(batches)["input_ids"].shape == (2, 4)  # 3 × 2 × 4 × 8 = 192 bytes: fits
+    with pytest.raises(ValueError, match=r"^texts\[2:3\]: padding 1 texts to 16 tokens needs three int64 arrays of "
+                                         r"shape \(1, 16\), 384 bytes, more than this machine's memory \(300 bytes\)"):
+        next(batches)
+    causal = tc.Tokenizer(_backend(model_dir), None)
+    n = len(causal.encode("word " * 40))
+    with pytest.raises(ValueError, match=rf"^texts: padding 2 texts to {n} tokens needs three int64 arrays of shape "
+                                         rf"\(2, {n}\), {3 * 2 * n * 8} bytes, more than this machine's memory"):
+        causal.encode_batch(["a", "word " * 40])
+
+
+def test_decode_of_more_ids_than_memory_can_list(model_dir):
+    """decode and text_stream(context=...) of a broadcast array of 2**45 ids (one value held) or of
+    a range as long raised a bare MemoryError from listing them. Refused now with ValueError naming
+    ids, expected at most memory / 16 ids (two lists of 8-byte pointers), before any list is made."""
+    from transformer_core._validation import physical_memory_bytes
+
+    tok = tc.Tokenizer.from_pretrained(MODEL_NAME)
+    n = 2**45
+    limit = physical_memory_bytes()
+    assert n * 16 > limit
+    want = rf"ids: expected at most {limit // 16} token ids \(their lists take 16 bytes an id; this machine has " \
+           rf"{limit} bytes\), got {n}$"
+    for ids in (np.broadcast_to(np.int64(7592), (n,)), torch.tensor([7592]).expand(n), range(n)):
+        with pytest.raises(ValueError, match="^" + want):
+            tok.decode(ids)
+        with pytest.raises(ValueError, match="^context: " + want):
+            tok.text_stream(context=ids)
+    assert tok.decode(np.broadcast_to(np.int64(7592), (2,))) == "hello hello"  # a small one decodes
+    assert tok.decode(range(7592, 7594)) == tok.decode([7592, 7593])

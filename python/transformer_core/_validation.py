@@ -467,13 +467,22 @@ def is_int(value) -> bool:
 def described(value, limit: int = 60) -> str:
     """``value`` for an error message: its type and repr (``float 0.5``, ``str 'x'``), an array by
     its shape and dtype (``ndarray (768,) float32``: its repr could be megabytes), any other repr
-    cut at ``limit`` characters."""
+    cut at ``limit`` characters. A numpy scalar is its type and value (``float64 4.0``), a 0-d
+    array or tensor its type, shape, dtype and value (``ndarray () float64 4.0``): one value,
+    short to show."""
     kind = type(value).__name__
     shape = None if isinstance(value, type) else getattr(value, "shape", None)  # np.float64 (a class) has none
-    if isinstance(shape, tuple) and hasattr(value, "dtype"):  # an array: numpy's, torch's, ...
-        return f"{kind} {tuple(shape)} {value.dtype}"
-    text = repr(value)
-    return f"{kind} {text if len(text) <= limit else text[:limit] + f'... ({len(text)} characters)'}"
+    if isinstance(shape, tuple) and hasattr(value, "dtype"):  # an array: numpy's, torch's, ...; or a numpy scalar
+        if isinstance(value, np.generic):  # its type names its dtype; a string quoted, as a str's repr
+            return f"{kind} {_cut(repr(value.item()) if value.dtype.kind in 'SU' else str(value), limit)}"
+        head = f"{kind} {tuple(shape)} {value.dtype}"
+        return f"{head} {_cut(str(value), limit)}" if tuple(shape) == () else head
+    return f"{kind} {_cut(repr(value), limit)}"
+
+
+def _cut(text: str, limit: int) -> str:
+    """``text``, or its first ``limit`` characters and how many it has."""
+    return text if len(text) <= limit else text[:limit] + f"... ({len(text)} characters)"
 
 
 def type_path(value) -> str:

@@ -26,6 +26,7 @@ from .hub import (
     resolve_model_dir,
 )
 from .module import Module, check_dropout
+from .nn import _check_feedforward_activations, _feedforward_fits
 from .positional import _check_embedding_tables
 
 __all__ = ["BertConfig", "BertEmbeddings", "BertModel", "BertOutput"]
@@ -179,6 +180,17 @@ def _rename_hf(state: dict, *, strip_prefix: bool = True, drop_prefix: str = "")
     return out
 
 
+def _feedforward_rows(mask: np.ndarray, pool: bool) -> int:
+    """The rows of the widest feed-forward call of the C++ eval forward given ``attention_mask``
+    (``(N, L)`` bool), as ``BertModel::forward`` (cpp/src/models/bert.cpp) chooses them: the
+    real tokens run packed, one call of their count (all ``N · L`` rows when every token is real);
+    with the pooler (``pool``), the sequences whose position 0 is padding but that hold a real
+    token run padded instead, ``M`` of them in one call of ``M · L`` rows."""
+    real = np.count_nonzero(mask, axis=1)  # per sequence
+    run_padded = ~mask[:, 0] & (real > 0) if pool else np.zeros(len(real), bool)
+    return max(int(real[~run_padded].sum()), int(run_padded.sum()) * mask.shape[1])
+
+
 class BertModel(Module):
     """BERT encoder (embeddings + post-LN encoder stack + optional pooler), weights named as Hugging
     Face's ``BertModel`` state_dict.
@@ -266,9 +278,13 @@ class BertModel(Module):
 
         Raises:
             ValueError: ids out of range, L > max_position_embeddings, shapes that disagree,
-                empty input. TypeError: non-integer ids.
+                empty input; more rows (``N · L``, or the real tokens with ``attention_mask`` in eval
+                mode) than the feed-forward's hidden activations, ``rows × intermediate_size``
+                values, can hold in this machine's memory (naming ``input_ids``, before any work).
+                TypeError: non-integer ids.
         """
         ids, mask, tt = self._check_inputs(input_ids, attention_mask, token_type_ids)
+        self._check_activations(ids, mask, packed=not self.training, pool=self.config.add_pooling_layer)
         if self.training:
             if check_dropout(self.config.attention_probs_dropout_prob, "attention_probs_dropout_prob") > 0:
                 import warnings
@@ -291,6 +307,7 @@ class BertModel(Module):
         except in rows whose position 0 is padding (left padding): those run on the packed
         tokens instead of at full length, as without a pooler (other rounding, ~1e-6 in fp32)."""
         ids, mask, tt = self._check_inputs(input_ids, attention_mask, token_type_ids)
+        self._check_activations(ids, mask, packed=True, pool=bool(pooler) and self.config.add_pooling_layer)
         hidden, pooled = self._impl.forward(ids, mask, tt, pooler=pooler)
         return BertOutput(last_hidden_state=hidden, pooler_output=pooled)
 
@@ -312,6 +329,26 @@ class BertModel(Module):
             if tt.shape != ids.shape:
                 raise ValueError(f"token_type_ids: expected shape {ids.shape} (input_ids'), got {tt.shape}")
         return ids, mask, tt
+
+    def _check_activations(self, ids: np.ndarray, mask: np.ndarray | None, *, packed: bool, pool: bool) -> None:
+        """ValueError naming ``input_ids`` when the feed-forward's hidden activations of this call,
+        ``(rows, intermediate_size)`` values, would exceed this machine's memory: checked before any
+        work (the C++ forward checks them in its first layer, after the embeddings and the
+        attention's O(L²) work, naming its own ``x``).
+
+        The rows are the C++ forward's: ``N · L``, unless the eval forward (``packed``) runs the
+        real tokens of ``mask`` packed (:func:`_feedforward_rows`; ``pool``: the pooler is
+        computed). Those are counted only when ``N · L`` rows would not fit: a call that fits costs
+        a few integer products, and a call the C++ forward would run is never refused.
+        """
+        c = self.config
+        if c.num_hidden_layers == 0:  # no layer, no feed-forward
+            return
+        rows, note = ids.size, ""
+        if packed and mask is not None and not _feedforward_fits(rows, c.intermediate_size, self.dtype):
+            rows, note = _feedforward_rows(mask, pool), " with attention_mask"
+        _check_feedforward_activations(rows, c.intermediate_size, self.dtype, "input_ids", ids.shape,
+                                       "intermediate_size", note)
 
     def backward(self, grad_last_hidden_state, grad_pooler_output=None) -> None:
         """Fine-tuning's backward pass: given the gradients of a loss with respect to the last

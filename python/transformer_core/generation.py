@@ -402,13 +402,46 @@ class GenerationMixin:
             try:
                 cache = self.new_cache(N, total)
             except ValueError as e:  # KVCache names its own arguments: name the caller's
-                raise cache_too_large(e, what) from None
+                raise self._cache_too_large(e, self.new_cache(1), N, L, cfg.max_new_tokens, what) from None
         else:
             try:
                 cache.reserve(total)
             except ValueError as e:
-                raise cache_too_large(e, what) from None
+                raise self._cache_too_large(e, cache, N, L, cfg.max_new_tokens, what) from None
         return ids, mask, cache, cfg
+
+    @staticmethod
+    def _cache_too_large(error: ValueError, sizes: KVCache, N: int, L: int, max_new_tokens: int,
+                         what: str) -> ValueError:
+        """The error for a KV cache of ``N`` sequences of ``L + max_new_tokens - 1`` positions that
+        this machine cannot hold (``error``: KVCache's, naming its own arguments), naming what to
+        change:
+
+        * ``max_new_tokens``, when even one sequence of that length does not fit (N = 1 included),
+          with the number of new tokens that fit;
+        * ``input_ids``, when even its prompt alone does not fit one sequence's cache;
+        * else ``input_ids`` and its batch (:func:`cache_too_large`): fewer sequences at a time.
+
+        ``sizes``: a cache of the model's layers, heads and dtype (the caller's, or an empty one),
+        whose bytes per position (keys and values of every layer) decide."""
+        per_position = 2 * len(sizes) * sizes.num_key_value_heads * sizes.head_dim * np.dtype(sizes.dtype).itemsize
+        total = L + max_new_tokens - 1
+        limit = physical_memory_bytes()
+        if N > 1 and per_position * total <= limit:  # one sequence fits: the batch is the cause
+            return cache_too_large(error, what)
+        layers = f"{len(sizes)} layer{'' if len(sizes) == 1 else 's'}"
+        one = (f"for one sequence, {per_position} bytes a position (keys and values of {layers}), more than this "
+               f"machine's memory ({limit} bytes)")
+        fit = limit // per_position - L + 1  # new tokens whose positions fit one sequence's cache
+        if fit < 1:
+            return ValueError(f"input_ids: a prompt of length {L} needs a KV cache of {per_position * L} bytes {one}; "
+                              "use a shorter prompt")
+        at_most = f"at most {fit} new tokens fit"
+        if N > 1:
+            fit_batch = max(limit // (per_position * N) - L + 1, 0)
+            at_most += f" (one sequence; {fit_batch} for a batch of {N})"
+        return ValueError(f"max_new_tokens: prompt length {L} + max_new_tokens {max_new_tokens} ({total} positions) "
+                          f"needs a KV cache of {per_position * total} bytes {one}; {at_most}")
 
     def _check_scores(self, N: int, sample: bool, what: str) -> None:
         """ValueError naming ``input_ids`` when choosing a step's tokens for ``N`` sequences would
@@ -587,13 +620,17 @@ class GenerationMixin:
             from the pad); ValueError naming ``input_ids``: an id outside ``[0, vocab_size)``, a
             prompt longer than the context (from its shape, before it is copied), a right-padded
             row of the inferred mask (a row ending with ``pad_token_id``: pass ``attention_mask``);
-            naming ``max_new_tokens``: ``L + max_new_tokens - 1`` over the context.
+            naming ``max_new_tokens``: ``L + max_new_tokens - 1`` over the context, or a KV cache of
+            that many positions larger than this machine's memory even for one sequence (saying
+            how many new tokens fit).
             TypeError naming ``past_key_values``: neither None, a KVCache nor a legacy tuple/list,
             or a cache of another dtype than the model's; ValueError: a cache of another batch or
             layer count, or one that holds ``L`` positions or more. ValueError naming ``input_ids``
             (its batch size, prompt length and ``max_new_tokens``): the prompt step's activations,
             the logits with the float64 arrays that choose each step's tokens, or a KV cache for
-            them larger than this machine's memory (before any is allocated).
+            them larger than this machine's memory where one sequence's would fit (pass fewer
+            sequences at a time); a prompt whose cache alone does not fit one sequence's. All
+            before any is allocated.
         """
         if streamer is not None and not callable(streamer):
             raise TypeError(f"streamer: expected a callable or None, got {type(streamer).__name__}")

@@ -7,7 +7,15 @@ import warnings
 import numpy as np
 
 from ._runtime import variant
-from ._validation import as_float, check_allocatable, check_int, resolve_dtype
+from ._validation import (
+    _is_torch_tensor,
+    as_float,
+    check_allocatable,
+    check_int,
+    compute_dtype,
+    resolve_dtype,
+    to_numpy,
+)
 from .module import renamed_keyword
 
 __all__ = ["KVCache"]
@@ -144,9 +152,11 @@ class KVCache:
 
         Raises:
             TypeError: ``past`` not a tuple or list (e.g. None, a KVCache, a Hugging Face
-                ``DynamicCache``; the message names ``past_key_values``, Hugging Face's name for it).
+                ``DynamicCache``; the message names ``past_key_values``, Hugging Face's name for it);
+                arrays that are not real numbers (bool, complex, ...).
             ValueError: no pairs, arrays of inconsistent shapes or of batch 0, a bad ``key_order``; arrays whose
-                copies and cache would exceed this machine's memory (checked before any copy).
+                copies and cache would exceed this machine's memory. Every pair's shape and the
+                memory are checked before any layer is copied.
         """
         dtype = resolve_dtype(dtype)
         num_key_value_heads = check_int(num_key_value_heads, "num_key_value_heads", 1)
@@ -157,28 +167,31 @@ class KVCache:
                             f"per layer, got {type(past).__name__}")
         if not past:
             raise ValueError("past_key_values: expected one (keys, values) pair per layer, got none")
-        first = past[0][0] if isinstance(past[0], (list, tuple)) and past[0] else None
-        if first is not None and hasattr(first, "shape") and len(first.shape) == 4:
-            # the copies below and the cache: checked from the shapes before any is made
-            check_allocatable((4, len(past)) + tuple(int(d) for d in first.shape), np.dtype(dtype).itemsize,
-                              "past_key_values (its copy and the cache)")
-        pairs, shape = [], None
+        # first every pair's shape and dtype, from views (a torch tensor's own shape: a bfloat16 or
+        # GPU tensor is copied when converted), the copies and the cache checked against memory
+        # from layer 0's; then the copies: a bad pair anywhere is refused before any is made
+        held, shape = [], None
         for i, pair in enumerate(past):
             if not isinstance(pair, (list, tuple)) or len(pair) != 2:
                 got = (f"a {type(pair).__name__} of {len(pair)}" if isinstance(pair, (list, tuple))
                        else type(pair).__name__)
                 raise ValueError(f"past_key_values[{i}]: expected a (keys, values) pair, got {got}")
-            k = as_float(pair[0], f"past_key_values[{i}][0]", dtype, ndim=4, allow_empty=True)
-            v = as_float(pair[1], f"past_key_values[{i}][1]", dtype, ndim=4, allow_empty=True)
-            if k.ndim != 4 or k.shape != v.shape or k.shape[1] != num_key_value_heads or k.shape[3] != head_dim:
+            k, v = _uncopied(pair[0], f"past_key_values[{i}][0]"), _uncopied(pair[1], f"past_key_values[{i}][1]")
+            k_shape, v_shape = _shape_of(k, f"past_key_values[{i}][0]"), _shape_of(v, f"past_key_values[{i}][1]")
+            if k_shape != v_shape or k_shape[1] != num_key_value_heads or k_shape[3] != head_dim:
                 raise ValueError(f"past_key_values[{i}]: expected keys and values of shape (N, {num_key_value_heads}, "
-                                 f"S, {head_dim}), got {k.shape} and {v.shape}")
-            if k.shape[0] < 1:
-                raise ValueError(f"past_key_values[{i}]: expected keys and values of batch N >= 1, got shape {k.shape}")
-            if shape is not None and k.shape != shape:
-                raise ValueError(f"past_key_values[{i}]: shape {k.shape} differs from layer 0's {shape}")
-            shape = k.shape
-            pairs.append((k, v))
+                                 f"S, {head_dim}), got {k_shape} and {v_shape}")
+            if k_shape[0] < 1:
+                raise ValueError(f"past_key_values[{i}]: expected keys and values of batch N >= 1, got shape {k_shape}")
+            if shape is None:  # every layer must have layer 0's shape: the copies (keys and values) and
+                shape = k_shape  # the cache (keys and values) are known now, checked before the other layers
+                check_allocatable((4, len(past)) + shape, np.dtype(dtype).itemsize,
+                                  "past_key_values (its copy and the cache)")
+            elif k_shape != shape:
+                raise ValueError(f"past_key_values[{i}]: shape {k_shape} differs from layer 0's {shape}")
+            held.append((k, v))
+        pairs = [tuple(as_float(x, f"past_key_values[{i}][{j}]", dtype, allow_empty=True) for j, x in enumerate(kv))
+                 for i, kv in enumerate(held)]  # S = 0 (nothing cached yet) is a cache too
         if key_order is not None:  # hf_keys = keys[..., p]  <=>  keys = hf_keys[..., argsort(p)]
             back = np.argsort(key_order)
             pairs = [(np.ascontiguousarray(k[..., back]), v) for k, v in pairs]
@@ -190,6 +203,26 @@ class KVCache:
         return (f"KVCache(num_layers={len(self)}, batch={self.batch}, num_key_value_heads={self.num_key_value_heads}, "
                 f"head_dim={self.head_dim}, length={self.length}, capacity={self.capacity}"
                 f"{'' if self.key_order is None else ', key_order=<llama.cpp>'})")
+
+
+def _uncopied(x, name: str):
+    """One legacy cache array as it can be read without a copy: a torch tensor as is (its
+    conversion may copy: a bfloat16 tensor is widened, a GPU tensor moved), anything else as
+    :func:`to_numpy` gives it (a numpy array as is, a view of an ndarray subclass, a list's array),
+    its dtype checked (TypeError: not real numbers)."""
+    if _is_torch_tensor(x):
+        return x
+    arr = to_numpy(x, name)
+    compute_dtype(arr, name)
+    return arr
+
+
+def _shape_of(x, name: str) -> tuple:
+    """The shape of a legacy cache array (see :func:`_uncopied`); ValueError naming ``name`` unless 4-D."""
+    shape = tuple(int(d) for d in x.shape)
+    if len(shape) != 4:
+        raise ValueError(f"{name}: expected a 4-D array, got {len(shape)}-D with shape {shape}")
+    return shape
 
 
 def _check_key_order(key_order, head_dim: int):

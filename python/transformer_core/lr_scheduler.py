@@ -109,6 +109,14 @@ def _loaded_lr(value, key: str) -> float:
         raise ValueError(f"load_state_dict: {e}") from None
 
 
+def _too_large(number) -> str:
+    """A number too large for a float (``10**400``), described without writing it out: its
+    decimal form can be too long to write (Python refuses ints of more than 4300 digits)."""
+    if isinstance(number, numbers.Integral):
+        return f"{type(number).__name__} of {abs(int(number)).bit_length()} bits, too large for a float"
+    return f"{type(number).__name__}, too large for a float"
+
+
 def _param_groups(optimizer) -> list[dict]:
     """``optimizer.param_groups``: a list of dicts holding ``"lr"``, or TypeError naming ``optimizer``."""
     groups = getattr(optimizer, "param_groups", None)
@@ -409,11 +417,16 @@ class LambdaLR(LRScheduler):
         for i, (f, base_lr) in enumerate(zip(self.lr_lambdas, self.base_lrs)):
             factor = f(self.last_epoch)
             try:
-                lrs.append(base_lr * factor)
+                with np.errstate(over="ignore", invalid="ignore"):  # inf / NaN: refused by _checked_lr
+                    lrs.append(base_lr * factor)
             except TypeError:
                 raise TypeError(f"lr_lambda (epoch {self.last_epoch}): param_groups[{i}]: expected a function "
                                 f"returning a real number (the factor of initial_lr), got {described(factor)}; "
                                 "nothing was changed") from None
+            except OverflowError:  # an int (or Fraction) beyond float's range: float * 10**400 raises
+                raise ValueError(f"lr_lambda (epoch {self.last_epoch}): param_groups[{i}]: {self._lr_formula(i)}: "
+                                 f"expected a finite number >= 0.0, got a factor {_too_large(factor)} (the "
+                                 "optimizers take a finite learning rate >= 0); nothing was changed") from None
         return lrs
 
     def _lr_formula(self, index: int) -> str:

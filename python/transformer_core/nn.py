@@ -177,6 +177,38 @@ def _is_unbatched(x: np.ndarray, name: str, dims: str) -> bool:
     return x.ndim == 2
 
 
+def _feedforward_fits(rows: int, width: int, dtype) -> bool:
+    """Whether a feed-forward's hidden activations, ``(rows, width)`` values of ``dtype``, fit in
+    this machine's memory, by the C++ feed-forward's own rule.
+
+    ``FeedForward::forward`` (cpp/src/layers/feed_forward.cpp) calls ``require_allocatable(rows ·
+    dim_feedforward, sizeof(T))``, which refuses when ``values > limit / itemsize`` (integer
+    division); for whole numbers that is ``values · itemsize > limit``, the product computed here
+    (Python's ints are exact; a product that would overflow C++'s 64 bits is refused there too, as
+    it exceeds any ``limit``). The same rule, so a call refused here is one the C++ check refuses.
+    Integer products only: no array work."""
+    return rows * width * np.dtype(dtype).itemsize <= physical_memory_bytes()
+
+
+def _check_feedforward_activations(rows: int, width: int, dtype, name: str, shape: tuple,
+                                   fields: str = "dim_feedforward", note: str = "") -> None:
+    """Raises ValueError naming ``name`` (the caller's argument, of ``shape``) when a feed-forward
+    over ``rows`` rows would need more memory for its hidden activations, ``(rows, width)`` values
+    of ``dtype``, than this machine has (:func:`_feedforward_fits`).
+
+    The layers and models call it at entry, before any work: the C++ feed-forward checks the same
+    product, but only when it runs, after the embeddings and the attention's O(L²) work, and names
+    its own argument (``x``). ``fields``: the arguments that set ``width``; ``note``: said after the
+    shape (``" with attention_mask"``).
+    """
+    if not _feedforward_fits(rows, width, dtype):
+        dt = np.dtype(dtype)
+        raise ValueError(f"{name}: shape {tuple(shape)}{note} needs feed-forward activations of {rows} rows × {width} "
+                         f"({fields}) "
+                         f"{dt.name} values, {rows * width * dt.itemsize} bytes, more than this machine's memory "
+                         f"({physical_memory_bytes()} bytes): use a smaller batch or shorter sequences")
+
+
 def _layer_masks(attn_mask, key_mask, N: int, H: int, L: int, S: int, dtype, *, mask_name="attn_mask",
                  key_mask_name="key_mask", keep: bool = False):
     """(None, float_mask (N, H, L, S) | None, key_mask (N, S) | None): the C++ layers' three mask
@@ -988,7 +1020,9 @@ class TransformerEncoderLayer(Module):
 
         Raises:
             ValueError: wrong rank, wrong last dim, empty input, masks of the wrong shape (all
-                checked before ``src`` is converted).
+                checked before ``src`` is converted); a ``src`` of more rows (``N · L``) than the
+                feed-forward's hidden activations, ``rows × dim_feedforward`` values, can hold in
+                this machine's memory (before any work).
             TypeError: non-numeric input, a mask of the wrong dtype, a bool ``src_mask``,
                 ``src_key_padding_mask``.
         """
@@ -1003,6 +1037,8 @@ class TransformerEncoderLayer(Module):
         unbatched = _is_unbatched(x, "src", "L, E")
         if x.shape[-1] != self.d_model:  # the shape as given, before an unbatched src gains its batch dim
             raise ValueError(f"src: expected last dim {self.d_model} (d_model), got shape {x.shape}")
+        # the feed-forward's activations, before the masks, the conversion and the attention's O(L²) work
+        _check_feedforward_activations(math.prod(x.shape[:-1]), self.dim_feedforward, self.dtype, "src", x.shape)
         if unbatched:
             src_key_mask = _unbatched_key_mask(src_key_mask, "src_key_mask", x.shape[0], "L", f"src {x.shape} (L, E)")
             x = x[None]
@@ -1246,7 +1282,9 @@ class TransformerDecoderLayer(Module):
 
         Raises:
             ValueError: shapes that disagree, empty input, masks of the wrong shape (all checked
-                before ``tgt`` and ``memory`` are converted).
+                before ``tgt`` and ``memory`` are converted); a ``tgt`` of more rows (``N · T``)
+                than the feed-forward's hidden activations, ``rows × dim_feedforward`` values, can
+                hold in this machine's memory (before any work).
             TypeError: non-numeric input, a mask of the wrong dtype, a bool ``tgt_mask``/``memory_mask``,
                 a torch ``*_key_padding_mask``.
         """
@@ -1258,6 +1296,7 @@ class TransformerDecoderLayer(Module):
         memory_is_causal = check_bool(memory_is_causal, "memory_is_causal")
         path = attention_path(path)
         unbatched = _is_unbatched(x, "tgt", "T, E")
+        given = x.shape  # before an unbatched tgt gains its batch dim
         if x.shape[-1] != self.d_model:
             raise ValueError(f"tgt: expected last dim {self.d_model} (d_model), got shape {x.shape}")
         if unbatched:
@@ -1272,6 +1311,8 @@ class TransformerDecoderLayer(Module):
         if mem.ndim != 3 or mem.shape[0] != N or mem.shape[2] != E:
             raise ValueError(f"memory: expected shape ({N}, S, {E}), got {mem.shape}")
         S = mem.shape[1]
+        # the feed-forward's activations, before the masks, the conversion and the attention's O(T²) work
+        _check_feedforward_activations(N * T, self.dim_feedforward, self.dtype, "tgt", given)
         self_masks = _layer_masks(tgt_mask, tgt_key_mask, N, self.nhead, T, T, self.dtype, mask_name="tgt_mask",
                                   key_mask_name="tgt_key_mask", keep=self.training)
         cross_masks = _layer_masks(memory_mask, memory_key_mask, N, self.nhead, T, S, self.dtype,
@@ -1397,7 +1438,8 @@ class TransformerEncoder(_Stack):
         Raises:
             ValueError: ``src`` empty or of the wrong rank or last dim; masks of the wrong shape, a key
                 mask of values other than 0/1; an unknown ``path``; a finite float64 value beyond a
-                float32 stack's range (all checked before any layer runs).
+                float32 stack's range; feed-forward activations (``N · L`` rows × ``dim_feedforward``)
+                larger than this machine's memory, naming ``src`` (all checked before any layer runs).
             TypeError: non-numeric input, a mask of the wrong dtype, a bool ``mask``, a non-bool
                 ``is_causal``, ``src_key_padding_mask``.
         """
@@ -1464,7 +1506,8 @@ class TransformerDecoder(_Stack):
             ValueError: ``tgt`` or ``memory`` empty, of the wrong rank or last dim, or not agreeing
                 (batch size; both batched or both unbatched); masks of the wrong shape, a key mask of
                 values other than 0/1; an unknown ``path``; a finite float64 value beyond a float32
-                stack's range (all checked before any layer runs).
+                stack's range; feed-forward activations (``N · T`` rows × ``dim_feedforward``) larger
+                than this machine's memory, naming ``tgt`` (all checked before any layer runs).
             TypeError: non-numeric input, a mask of the wrong dtype, a bool ``tgt_mask``/``memory_mask``,
                 a non-bool ``tgt_is_causal``/``memory_is_causal``, a torch ``*_key_padding_mask``.
         """
@@ -1605,7 +1648,10 @@ class Transformer(Module):
 
         Raises:
             ValueError: batch or feature sizes that disagree, src and tgt not both batched or both
-                unbatched; masks of the wrong shape (all checked before src and tgt are converted).
+                unbatched; masks of the wrong shape (all checked before src and tgt are converted);
+                a ``src`` or ``tgt`` of more rows (``N · S``, ``N · T``) than the feed-forward's
+                hidden activations, ``rows × dim_feedforward`` values, can hold in this machine's
+                memory (naming it, before the encoder runs).
             TypeError: non-numeric input, a mask of the wrong dtype, a bool ``src_mask``/``tgt_mask``/
                 ``memory_mask``, a torch ``*_key_padding_mask``.
         """
@@ -1628,6 +1674,11 @@ class Transformer(Module):
         # (no training state kept by the encoder alone, no dropout seed drawn).
         N = 1 if unbatched else src_arr.shape[0]
         S, T = src_arr.shape[-2], tgt_arr.shape[-2]
+        # both stacks' feed-forward activations, before the masks and the encoder's O(S²) work
+        _check_feedforward_activations(N * S, self.encoder.layers[0].dim_feedforward, self.dtype, "src",
+                                       src_arr.shape)
+        _check_feedforward_activations(N * T, self.decoder.layers[0].dim_feedforward, self.dtype, "tgt",
+                                       tgt_arr.shape)
         check_bool(src_is_causal, "src_is_causal")
         check_bool(tgt_is_causal, "tgt_is_causal")
         check_bool(memory_is_causal, "memory_is_causal")

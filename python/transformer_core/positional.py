@@ -36,6 +36,7 @@ from ._validation import (
     check_positive_int,
     check_tables_allocatable,
     compute_dtype,
+    physical_memory_bytes,
     resolve_dtype,
     rotary_layout,
     to_numpy,
@@ -302,9 +303,10 @@ class RotaryEmbedding:
     accurate than Hugging Face's float32 angles, see :func:`rotary_cos_sin`), for
     :class:`transformer_core.nn.MultiheadAttention` to rotate q and k inside its call.
 
-    The tables of the first 4,096 positions are built here; a call that reaches a later position
-    grows them (doubling, up to ``max_position_embeddings``), so a long context costs memory only
-    once a sequence that long runs. Several threads may use one instance at once.
+    The tables of the first 4,096 positions (``FIRST_POSITIONS``) are built here; a call that
+    reaches a later position grows them (doubling, up to ``max_position_embeddings``), so a long
+    context costs memory only once a sequence that long runs. Several threads may use one instance
+    at once.
 
     Args:
         head_dim: D, even, >= 2.
@@ -314,8 +316,9 @@ class RotaryEmbedding:
         dtype: ``np.float32`` or ``np.float64``.
 
     Raises:
-        TypeError / ValueError: as :func:`rotary_cos_sin`. A call that would grow the tables beyond
-            this machine's memory raises ValueError then.
+        TypeError / ValueError: as :func:`rotary_cos_sin`. ValueError naming ``head_dim``: the
+            tables built here (``FIRST_POSITIONS`` positions at most) beyond this machine's memory.
+            A call that would grow the tables beyond it raises ValueError then.
     """
 
     def __init__(self, head_dim: int, max_position_embeddings: int, base: float = 10000.0, layout: str = "half",
@@ -327,12 +330,35 @@ class RotaryEmbedding:
         self.max_position_embeddings = check_positive_int(max_position_embeddings, "max_position_embeddings")
         self.base = _check_base(base)
         self.layout = rotary_layout(layout)
+        _check_first_tables(self.head_dim, self.max_position_embeddings, self.layout, self.dtype)
         self._impl = variant("RotaryEmbedding", self.dtype)(self.head_dim, self.max_position_embeddings, self.base,
                                                            self.layout)
 
     def __repr__(self) -> str:
         return (f"RotaryEmbedding(head_dim={self.head_dim}, max_position_embeddings={self.max_position_embeddings}, "
                 f"base={self.base}, layout={self.layout!r}, dtype={np.dtype(self.dtype).name})")
+
+
+#: The positions whose tables a :class:`RotaryEmbedding` builds when it is made (fewer when
+#: ``max_position_embeddings`` is smaller): the C++ ``RotaryEmbedding::kFirstPositions``.
+FIRST_POSITIONS = 4096
+
+
+def _check_first_tables(head_dim: int, max_positions: int, layout: str, dtype) -> None:
+    """ValueError naming ``head_dim`` when the tables a :class:`RotaryEmbedding` builds when it is
+    made (cos and sin of ``min(max_positions, FIRST_POSITIONS)`` positions × ``head_dim`` values in
+    the ``"half"`` layout, ``head_dim / 2`` in ``"interleaved"``: the C++ ``build``'s arithmetic)
+    exceed this machine's memory. The positions are at most 4,096, so the width is the cause: the
+    C++ check, which follows, names neither argument."""
+    rows = min(max_positions, FIRST_POSITIONS)
+    per_dim = 2 * rows * np.dtype(dtype).itemsize // (1 if layout == "half" else 2)  # bytes per unit of head_dim
+    need = per_dim * head_dim  # Python ints: exact
+    limit = physical_memory_bytes()
+    if need > limit:
+        largest = limit // per_dim // 2 * 2  # even
+        raise ValueError(f"head_dim: expected an even number <= {largest}, whose rotary tables (cos and sin of the first "
+                         f"{rows} positions, {layout} layout, {np.dtype(dtype).name}) fit this machine's memory "
+                         f"({limit} bytes), got {head_dim} ({need} bytes)")
 
 
 def rotary_cos_sin(seq_len: int, head_dim: int, base: float = 10000.0, offset: int = 0,

@@ -27,7 +27,7 @@ from ._validation import (
 from .backward import cross_entropy_with_grad, dropout_backward
 from .functional import dropout as _dropout
 from .module import Module, NonFiniteLossError, NoTrainingStateError, check_dropout
-from .nn import Embedding, Linear, Transformer
+from .nn import Embedding, Linear, Transformer, _check_feedforward_activations
 from .positional import sinusoidal_positional_encoding
 
 __all__ = ["Seq2SeqTransformer"]
@@ -197,7 +197,8 @@ class Seq2SeqTransformer(Module):
 
         Raises:
             ValueError: ``L > max_len``; embeddings of ``(N, L, d_model)`` whose three temporaries
-                (the lookup, its scaling, the positions added) exceed this machine's memory; an id
+                (the lookup, its scaling, the positions added) exceed this machine's memory, or
+                feed-forward activations (``N · L`` rows × ``dim_feedforward``) that do; an id
                 outside ``[0, table rows)`` (its position named).
         """
         N, L = ids.shape
@@ -207,6 +208,8 @@ class Seq2SeqTransformer(Module):
         if need > limit:
             raise ValueError(f"{name}: shape {ids.shape} gives embeddings of shape ({N}, {L}, {self.d_model}), whose "
                              f"three temporaries need {need} bytes, more than this machine's memory ({limit} bytes)")
+        stack = self.transformer.encoder if table is self.src_tok_emb else self.transformer.decoder
+        _check_feedforward_activations(N * L, stack.layers[0].dim_feedforward, self.dtype, name, ids.shape)
         V = table.num_embeddings
         bad = (ids < 0) | (ids >= V)
         if bad.any():
@@ -254,7 +257,9 @@ class Seq2SeqTransformer(Module):
 
         Raises:
             ValueError: ids out of range, batch sizes that differ, lengths over ``max_len``, masks
-                of the wrong shape. TypeError: non-integer ids.
+                of the wrong shape; a ``src`` or ``tgt`` whose embeddings or feed-forward activations
+                (``N · L`` rows × ``dim_feedforward``) exceed this machine's memory (naming it, before
+                any work). TypeError: non-integer ids.
         """
         src, tgt, sk, tk = self._masks(src, tgt, src_key_mask, tgt_key_mask)
         self._check_ids(self.src_tok_emb, src, "src")  # both, before any work or dropout seed

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ._validation import check_bool, check_choice, check_int, check_optional_int, to_numpy
+from ._validation import check_bool, check_choice, check_int, check_optional_int, physical_memory_bytes, to_numpy
 from .hub import read_json_file, resolve_model_path
 
 __all__ = ["Tokenizer", "TextStream", "GGUF_PRE_TOKENIZERS"]
@@ -676,7 +676,9 @@ class Tokenizer:
                 not a bool or None.
             ValueError: an id outside the vocabulary (below 0 or above its highest id, which is
                 ``vocab_size - 1`` unless its ids have gaps), or in one of its gaps (an id no token
-                has); an array of more than one dimension (a batch: decode its rows one at a time).
+                has); an array of more than one dimension (a batch: decode its rows one at a time);
+                an array or range of more ids than this machine's memory can list (16 bytes an id),
+                before any list is made.
         """
         skip_special_tokens = check_bool(skip_special_tokens, "skip_special_tokens")
         if clean_up_tokenization_spaces is None:
@@ -704,10 +706,17 @@ class Tokenizer:
 
         With ``do_lower_case`` set, each text is lowercased first (``str.lower()``).
 
+        An encoder tokenizer pads as its backend is set to pad (``backend.padding``: the side, the
+        pad id and type id, a fixed ``length``, ``pad_to_multiple_of``), as the tokenizers package
+        would; the padding is done here, from the unpadded encodings, so that a batch too large to
+        pad is refused first (the package's own padding aborts the process when an allocation
+        fails).
+
         Raises:
             TypeError: ``texts`` not a list of str (the first item that is not a str is named by
             index and type). ValueError: an empty list, a bad ``padding_side``, a text that is not
-            valid Unicode (a lone surrogate; its index and position are named).
+            valid Unicode (a lone surrogate; its index and position are named); padded arrays
+            (three ``(N, L)`` int64 arrays) larger than this machine's memory, before any is made.
         """
         texts = self._check_texts(texts)
         if not texts:
@@ -715,14 +724,12 @@ class Tokenizer:
         add_special_tokens = check_bool(add_special_tokens, "add_special_tokens")
         padding_side = self._checked_padding_side(self._padding_side if padding_side is None else padding_side,
                                                   self.max_length)
-        encs = self._tok.encode_batch([self._cased(t) for t in texts], add_special_tokens=add_special_tokens)
-        if self.max_length is not None:  # padded by the tokenizers package
-            return {
-                "input_ids": np.array([e.ids for e in encs], dtype=np.int64),
-                "attention_mask": np.array([e.attention_mask for e in encs], dtype=np.int64),
-                "token_type_ids": np.array([e.type_ids for e in encs], dtype=np.int64),
-            }
-        return self._pad(encs, padding_side)
+        encs = self._unpadded_encodings([self._cased(t) for t in texts], add_special_tokens)
+        padding = self._tok.padding if self.max_length is not None else None
+        if padding is None:  # a causal-LM tokenizer (or a backend whose padding was switched off)
+            return self._pad(encs, padding_side)
+        return self._pad(encs, padding["direction"], pad_id=padding["pad_id"], pad_type_id=padding["pad_type_id"],
+                         length=padding["length"], multiple=padding["pad_to_multiple_of"])
 
     __call__ = encode_batch
 
@@ -763,7 +770,9 @@ class Tokenizer:
         for c0 in range(0, len(texts), per_call):
             encs = self._unpadded_encodings([self._cased(t) for t in texts[c0:c0 + per_call]], add_special_tokens)
             for b0 in range(0, len(encs), batch_size):
-                yield self._pad(encs[b0:b0 + batch_size], "right")
+                start = c0 + b0
+                batch = encs[b0:b0 + batch_size]
+                yield self._pad(batch, "right", where=f"texts[{start}:{start + len(batch)}]")
 
     def _unpadded_encodings(self, texts, add_special_tokens):
         """The encodings of ``texts`` by the backend as it is now, without its padding (each batch
@@ -829,15 +838,36 @@ class Tokenizer:
         if watch is not None:
             watch.version += 1
 
-    def _pad(self, encs, padding_side: str) -> dict[str, np.ndarray]:
-        """encode_batch's arrays from unpadded encodings, padded to the longest."""
-        length = max(len(e.ids) for e in encs)
-        out = {"input_ids": np.full((len(encs), length), self.pad_token_id, dtype=np.int64),
-               "attention_mask": np.zeros((len(encs), length), dtype=np.int64),
-               "token_type_ids": np.zeros((len(encs), length), dtype=np.int64)}
+    def _pad(self, encs, padding_side: str, where: str = "texts", *, pad_id: int | None = None,
+             pad_type_id: int = 0, length: int | None = None, multiple: int | None = None) -> dict[str, np.ndarray]:
+        """encode_batch's arrays from unpadded encodings: each row padded on ``padding_side`` to
+        the longest, or to ``length`` when that is longer, then up to a multiple of ``multiple``
+        (the tokenizers package's ``pad_encodings``; its fixed length leaves a longer row as it
+        is, which no array can hold). Padding takes ``pad_id`` (None: :attr:`pad_token_id`), type
+        id ``pad_type_id`` and attention 0.
+
+        Raises:
+            ValueError: naming ``where`` (the texts of ``encs``), when the three ``(N, L)`` int64
+                arrays need more bytes than this machine's memory; checked before any is made.
+        """
+        longest = max(len(e.ids) for e in encs)
+        target = longest if length is None else max(length, longest)
+        if multiple and target % multiple:
+            target += multiple - target % multiple
+        shape = (len(encs), target)
+        need = 3 * shape[0] * shape[1] * np.dtype(np.int64).itemsize
+        limit = physical_memory_bytes()
+        if need > limit:
+            longest_note = f" (the longest has {longest})" if target != longest else ""
+            raise ValueError(f"{where}: padding {shape[0]} texts to {target} tokens{longest_note} needs three int64 "
+                             f"arrays of shape {shape}, {need} bytes, more than this machine's memory ({limit} bytes); "
+                             f"tokenize fewer or shorter texts at a time")
+        out = {"input_ids": np.full(shape, self.pad_token_id if pad_id is None else pad_id, dtype=np.int64),
+               "attention_mask": np.zeros(shape, dtype=np.int64),
+               "token_type_ids": np.full(shape, pad_type_id, dtype=np.int64)}
         for row, e in enumerate(encs):
             n = len(e.ids)
-            cols = slice(length - n, length) if padding_side == "left" else slice(0, n)
+            cols = slice(target - n, target) if padding_side == "left" else slice(0, n)
             out["input_ids"][row, cols] = e.ids
             out["attention_mask"][row, cols] = 1
             out["token_type_ids"][row, cols] = e.type_ids
@@ -1032,13 +1062,16 @@ class Tokenizer:
             ids = [ids]
         elif isinstance(ids, (str, bytes, dict)) or ids is None or not hasattr(ids, "__iter__"):
             raise TypeError(f"{name}: expected a list of int token ids, got {type(ids).__name__}")
-        elif not isinstance(ids, (list, tuple)):  # numpy arrays, torch tensors
+        elif not isinstance(ids, (list, tuple)):  # numpy arrays, torch tensors, ranges
+            if isinstance(ids, range):  # numpy would make an array of it first
+                _check_id_count(_range_length(ids), name)
             arr = to_numpy(ids, name)
             if arr.dtype.kind not in "iu":
                 raise TypeError(f"{name}: expected integer token ids, got dtype {arr.dtype}")
             if arr.ndim > 1:  # a batch would run together into one text
                 raise ValueError(f"{name}: expected a 1-D array of token ids (one text), got shape "
                                  f"{tuple(arr.shape)}; decode a batch one row at a time")
+            _check_id_count(arr.size, name)  # a broadcast view holds few values, its lists all of them
             ids = arr.reshape(-1).tolist()
         out = []
         limit, gaps = self._id_limit()
@@ -1098,7 +1131,8 @@ class TextStream:
 
     Raises:
         TypeError: ``tokenizer`` not a :class:`Tokenizer`; ``skip_special_tokens`` not a bool; a
-            ``context`` id not an int. ValueError: a ``context`` id outside the vocabulary.
+            ``context`` id not an int. ValueError: a ``context`` id outside the vocabulary; more
+            ``context`` ids than this machine's memory can list (as :meth:`Tokenizer.decode`).
     """
 
     #: Ids of a long context kept in front of the new ones (at least; more where the cut would
@@ -1192,6 +1226,27 @@ class TextStream:
         piece = text[_common_prefix(self._prefix, text):]
         self._start([])
         return piece
+
+
+#: Bytes an id takes in the two lists :meth:`Tokenizer._check_ids` makes of an array (an 8-byte
+#: pointer each; an id above 256 also has its own int object): at least this.
+_BYTES_PER_LISTED_ID = 16
+
+
+def _check_id_count(count: int, name: str) -> None:
+    """Raises ValueError naming ``name`` when ``count`` ids could not be listed in this machine's
+    memory (``_BYTES_PER_LISTED_ID`` bytes an id): a broadcast array of 2**33 ids is refused
+    here, not by a bare MemoryError from ``tolist()``."""
+    limit = physical_memory_bytes()
+    if count * _BYTES_PER_LISTED_ID > limit:
+        raise ValueError(f"{name}: expected at most {limit // _BYTES_PER_LISTED_ID} token ids (their lists take "
+                         f"{_BYTES_PER_LISTED_ID} bytes an id; this machine has {limit} bytes), got {count}")
+
+
+def _range_length(r: range) -> int:
+    """``len(r)``, also for a range longer than ``sys.maxsize`` (where ``len`` raises OverflowError)."""
+    sign = 1 if r.step > 0 else -1
+    return max(0, (r.stop - r.start + r.step - sign) // r.step)
 
 
 def _byte_fallback_ids(backend) -> frozenset[int]:
