@@ -5,6 +5,7 @@ import shutil
 
 import numpy as np
 import pytest
+import torch
 import transformer_core as tc
 from conftest import MODEL_NAME, randn
 from safetensors.numpy import load_file, save_file
@@ -525,6 +526,13 @@ def test_kv_cache_from_legacy_checks_every_pair_before_copying():
     assert err.type is ValueError and err.match(r"^past_key_values\[1\]\[0\]: expected a 4-D array, got 3-D with "
                                                 r"shape \(2, 3, 4\)$")
     assert peak < 2**16, f"the refusal allocated {peak} bytes"
+    # torch's bool and complex tensors too (they were converted, after layer 0's copy)
+    for bad, name in ((torch.zeros(1, 2, 3, 4, dtype=torch.bool), "bool"),
+                      (torch.zeros(1, 2, 3, 4, dtype=torch.complex64), "complex64")):
+        err, peak = _refusal_peak(lambda: tc.KVCache.from_legacy([(big, big), (bad, small)], 2, 4))
+        assert err.type is TypeError and err.match(rf"^past_key_values\[1\]\[0\]: expected a real numeric array, got "
+                                                   rf"dtype {name}")
+        assert peak < 2**16, f"the refusal of a torch {name} tensor allocated {peak} bytes"
     # good pairs still load: the values as given, an empty S = 0 cache too
     k, v = np.arange(24.0).reshape(1, 2, 3, 4), -np.arange(24.0).reshape(1, 2, 3, 4)
     (k2, v2), (k3, v3) = tc.KVCache.from_legacy([(k, v), (v, k)], 2, 4, np.float64).to_legacy()
@@ -605,10 +613,25 @@ def test_generate_names_max_new_tokens_when_one_sequence_cannot_cache_them():
     # a prompt whose cache alone does not fit one sequence's (no model that small has such a
     # context: the error itself)
     L = limit // 64 + 1
-    err = m._cache_too_large(ValueError("KVCache's"), cache, 1, L, 1, "a batch of 1")
+    err = m._cache_too_large(ValueError("KVCache's"), cache, 1, L, 1, "a batch of 1", given=False)
     assert str(err) == (f"input_ids: a prompt of length {L} needs a KV cache of {64 * L} bytes for one sequence, 64 "
                         f"bytes a position (keys and values of 1 layer), more than this machine's memory ({limit} "
                         "bytes); use a shorter prompt")
+    # positions that fit, in a caller's cache whose growth (to twice its capacity) does not: the
+    # cache is named, not the length (a cache of over half the memory cannot be made here: the error)
+    err = m._cache_too_large(ValueError("KVCache's"), cache, 1, 3, 5, "a batch of 1", given=True)
+    assert str(err).startswith("past_key_values: a batch of 1 needs 448 bytes of KV cache, which fit this machine's "
+                               "memory") and str(err).endswith("pass past_key_values=None for a cache of the size needed")
+    # a model of no layers: its cache still holds one layer (C++), so the sizes are those of one
+    from transformer_core.llama import LlamaConfig
+
+    m0 = tc.LlamaForCausalLM(LlamaConfig(vocab_size=50, hidden_size=8, intermediate_size=16, num_hidden_layers=0,
+                                         num_attention_heads=2, max_position_embeddings=2**50, eos_token_id=None,
+                                         bos_token_id=None))
+    M = limit // 64 + 10
+    with pytest.raises(ValueError, match=rf"^max_new_tokens: .* 64 bytes a position \(keys and values of 1 layer\), "
+                                         rf".* at most {fit} new tokens fit$"):  # was a ZeroDivisionError
+        m0.generate(ids, M)
     # a call that fits runs: the greedy tokens of the small model, the same with a cache given
     out = m.generate(ids, 4)
     np.testing.assert_array_equal(m.generate(ids, 4, past_key_values=m.new_cache(1)), out)

@@ -1313,6 +1313,10 @@ def test_an_array_given_for_a_scalar_is_described_not_printed():
     # a numpy scalar type (a class with shape and dtype descriptors) and a numpy scalar
     assert described(np.float64) == "type <class 'numpy.float64'>"
     assert described(np.float32(2)) == "float32 2.0"
+    # 0-d arrays show their one value; a string or bytes one quoted, so that '8' does not read as 8
+    assert described(np.array(2.5)) == "ndarray () float64 2.5"
+    assert described(np.array("8")) == "ndarray () <U1 '8'" and described(np.array(b"8")) == "ndarray () |S1 b'8'"
+    assert described(np.str_("8")) == "str_ '8'"
     assert described(torch.ones(2, 3)) == "Tensor (2, 3) torch.float32"
 
 

@@ -303,7 +303,7 @@ def test_stacks_refuse_torch_modules_naming_their_library():
     TransformerEncoderLayer, got TransformerEncoderLayer"; it names torch's class and says how to
     load its weights into ours. A torch dtype names numpy's."""
     enc, dec = tc.nn.TransformerEncoderLayer(8, 2, 16), tc.nn.TransformerDecoderLayer(8, 2, 16)
-    load = r" \(a torch module: build transformer_core\.nn\.{} with the same sizes and call its load_state_dict"
+    load = r" \(a torch module: build transformer_core\.nn\.{} with the same arguments and call its load_state_dict"
     cases = [
         (lambda: tc.nn.TransformerEncoder(torch.nn.TransformerEncoderLayer(8, 2, batch_first=True), 2),
          r"^encoder_layer: expected a transformer_core\.nn\.TransformerEncoderLayer, got "
@@ -314,6 +314,16 @@ def test_stacks_refuse_torch_modules_naming_their_library():
         (lambda: tc.nn.TransformerEncoder(enc, 2, norm=torch.nn.LayerNorm(8)),
          r"^norm: expected a transformer_core\.nn\.LayerNorm or None, got "
          r"torch\.nn\.modules\.normalization\.LayerNorm" + load.format("LayerNorm")),
+        # torch's other classes: named, but no hint (their weights would not load into ours)
+        (lambda: tc.nn.TransformerEncoder(torch.nn.TransformerDecoderLayer(8, 2, batch_first=True), 2),
+         r"^encoder_layer: expected a transformer_core\.nn\.TransformerEncoderLayer, got "
+         r"torch\.nn\.modules\.transformer\.TransformerDecoderLayer$"),
+        (lambda: tc.nn.TransformerEncoder(enc, 2, norm=torch.nn.RMSNorm(8)),
+         r"^norm: expected a transformer_core\.nn\.LayerNorm or None, got torch\.nn\.modules\.normalization\.RMSNorm$"),
+        (lambda: tc.nn.TransformerEncoder(enc, 2, norm=torch.nn.Parameter(torch.ones(8))),
+         r"^norm: expected a transformer_core\.nn\.LayerNorm or None, got torch\.nn\.parameter\.Parameter$"),
+        (lambda: tc.nn.Linear(3, 4, dtype=torch.ones(2)),
+         r"^dtype: expected float32 or float64, got Tensor \(2,\) torch\.float32 \(a numpy dtype"),
         (lambda: tc.nn.TransformerEncoder(dec, 2),
          r"^encoder_layer: expected a transformer_core\.nn\.TransformerEncoderLayer, got TransformerDecoderLayer$"),
         (lambda: tc.nn.TransformerDecoder("layer", 2),

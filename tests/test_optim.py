@@ -1205,7 +1205,7 @@ def test_an_array_for_params_is_refused_before_it_is_iterated(make, call):
     argument = "parameters" if call == "clip_grad_norm_" else "params"
     expected = ("an iterable of Parameters or (name, Parameter) pairs" if call == "clip_grad_norm_"
                 else "an iterable of Parameters, (name, Parameter) pairs or param-group dicts")
-    kind = f"{type(x).__name__} {tuple(x.shape)} {x.dtype}"
+    kind = f"{type(x).__name__} {tuple(x.shape)} {x.dtype}" + (" 1.0" if x.ndim == 0 else "")  # 0-d: its value
     tracemalloc.start()
     try:
         with pytest.raises(TypeError, match=rf"^{argument}: expected {re.escape(expected)}, got {re.escape(kind)} "

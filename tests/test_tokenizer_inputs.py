@@ -778,6 +778,73 @@ def test_encode_batch_pads_as_the_backend_is_set_to_pad(model_dir, padding):
     assert tok.backend.padding == settings  # left as it was set
 
 
+def test_encode_batch_pads_no_row_past_the_longest_beyond_a_fixed_length(model_dir):
+    """Rows longer than the backend's fixed padding length (here all 16 tokens, length 10, multiple
+    3): the package rounds the fixed length (to 12) and leaves longer rows as they are, so the batch
+    stays 16 wide; our padding rounded the longest row instead (18 columns of which 2 padding)."""
+    tok = tc.Tokenizer(_backend(model_dir), 16)
+    ref = _backend(model_dir)
+    ref.enable_truncation(max_length=16)
+    settings = {**tok.backend.padding, "length": 10, "pad_to_multiple_of": 3}
+    tok.backend.enable_padding(**settings)
+    ref.enable_padding(**settings)
+    texts = ["word " * 40, "other " * 40]
+    got = tok.encode_batch(texts)
+    np.testing.assert_array_equal(got["input_ids"], np.array([e.ids for e in ref.encode_batch(texts)]))
+    assert got["input_ids"].shape == (2, 16) and got["attention_mask"].all()
+
+
+_THREADED_UNCOPYABLE = """
+import sys, threading
+import transformer_core as tc
+from tokenizers import Tokenizer, pre_tokenizers
+
+class Split:
+    def pre_tokenize(self, pretok):
+        pretok.split(lambda i, s: s.split(" ", "removed"))
+
+backend = Tokenizer.from_file(sys.argv[1])
+backend.no_padding()
+tok = tc.Tokenizer(backend, 256)
+tok.backend.pre_tokenizer = pre_tokenizers.PreTokenizer.custom(Split())
+tok.backend.enable_padding(**{**tok.backend.padding, "length": 64})
+texts = ["a b c d"] * 50 + ["hello " * 30]
+shapes, errors = [], []
+
+def run():
+    for _ in range(15):
+        try:
+            shapes.append(tok.encode_batch(texts)["input_ids"].shape)
+        except Exception as e:
+            errors.append(repr(e))
+
+threads = [threading.Thread(target=run) for _ in range(3)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+print(sorted(set(shapes)), len(shapes), errors, tok.backend.padding["length"])
+"""
+
+
+def test_encode_batch_of_an_uncopyable_backend_from_threads(model_dir):
+    """A backend with a part written in Python cannot be copied unpadded; encode_batch switched its
+    padding off around each call, so another thread's call read no padding (rows of 32, not the
+    fixed 64: 25 of 60 calls) or deadlocked (a custom pre-tokenizer needs the GIL that the thread
+    switching padding back on held). It pads itself there again, from any number of threads. In a
+    child process: a deadlock holds the GIL, so only a timeout from outside can end it."""
+    import subprocess
+    import sys
+
+    try:
+        run = subprocess.run([sys.executable, "-c", _THREADED_UNCOPYABLE, str(model_dir / "tokenizer.json")],
+                             capture_output=True, text=True, timeout=120)
+    except subprocess.TimeoutExpired:
+        pytest.fail("encode_batch from three threads deadlocked")
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "[(51, 64)] 45 [] 64"
+
+
 def test_a_batch_too_large_to_pad_is_refused_before_padding(model_dir):
     """A batch whose padded arrays no machine could hold was padded by the tokenizers package (an
     encoder tokenizer's: Rust aborted the whole process, "memory allocation ... failed", or
@@ -824,14 +891,16 @@ def test_the_padding_check_names_the_batch_of_encode_batches(model_dir, monkeypa
 def test_decode_of_more_ids_than_memory_can_list(model_dir):
     """decode and text_stream(context=...) of a broadcast array of 2**45 ids (one value held) or of
     a range as long raised a bare MemoryError from listing them. Refused now with ValueError naming
-    ids, expected at most memory / 16 ids (two lists of 8-byte pointers), before any list is made."""
+    ids, expected at most memory / 112 ids (what a decode's copy and lists take an id, measured), before any
+    list is made. A count under memory / 16 but over memory / 105 passed an earlier check and then ran the
+    process out of memory."""
     from transformer_core._validation import physical_memory_bytes
 
     tok = tc.Tokenizer.from_pretrained(MODEL_NAME)
     n = 2**45
     limit = physical_memory_bytes()
     assert n * 16 > limit
-    want = rf"ids: expected at most {limit // 16} token ids \(their lists take 16 bytes an id; this machine has " \
+    want = rf"ids: expected at most {limit // 112} token ids \(their lists take 112 bytes an id; this machine has " \
            rf"{limit} bytes\), got {n}$"
     for ids in (np.broadcast_to(np.int64(7592), (n,)), torch.tensor([7592]).expand(n), range(n)):
         with pytest.raises(ValueError, match="^" + want):
@@ -840,3 +909,7 @@ def test_decode_of_more_ids_than_memory_can_list(model_dir):
             tok.text_stream(context=ids)
     assert tok.decode(np.broadcast_to(np.int64(7592), (2,))) == "hello hello"  # a small one decodes
     assert tok.decode(range(7592, 7594)) == tok.decode([7592, 7593])
+    assert tok.decode(range(0)) == tok.decode([]) == ""  # an empty range was a TypeError (a float64 array)
+    n = limit // 16 - 1  # passed the old check; its lists would take about 105 bytes an id
+    with pytest.raises(ValueError, match=rf"^ids: expected at most {limit // 112} token ids .* got {n}$"):
+        tok.decode(np.broadcast_to(np.int64(7592), (n,)))

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import sys
 
 import numpy as np
 
@@ -476,7 +477,10 @@ def described(value, limit: int = 60) -> str:
         if isinstance(value, np.generic):  # its type names its dtype; a string quoted, as a str's repr
             return f"{kind} {_cut(repr(value.item()) if value.dtype.kind in 'SU' else str(value), limit)}"
         head = f"{kind} {tuple(shape)} {value.dtype}"
-        return f"{head} {_cut(str(value), limit)}" if tuple(shape) == () else head
+        if tuple(shape) != ():
+            return head
+        quoted = isinstance(value, np.ndarray) and value.dtype.kind in "SU"  # '8', not 8
+        return f"{head} {_cut(repr(value.item()) if quoted else str(value), limit)}"
     return f"{kind} {_cut(repr(value), limit)}"
 
 
@@ -498,11 +502,14 @@ def type_path(value) -> str:
 
 
 def torch_module_hint(value, ours: str) -> str:
-    """A hint for an error message when ``value`` is a torch module where this library's class
-    ``ours`` (``"TransformerEncoderLayer"``) is expected; else empty."""
-    if not (type(value).__module__ or "").startswith("torch."):
+    """A hint for an error message when ``value`` is torch's own counterpart of this library's
+    class ``ours`` (a ``torch.nn.TransformerEncoderLayer`` where ``"TransformerEncoderLayer"`` is
+    expected): how to load its weights into ours. Empty for anything else (another torch class's
+    weights would not load)."""
+    torch = sys.modules.get("torch")
+    if torch is None or not isinstance(value, torch.nn.Module) or type(value).__name__ != ours:
         return ""
-    return (f" (a torch module: build transformer_core.nn.{ours} with the same sizes and call its "
+    return (f" (a torch module: build transformer_core.nn.{ours} with the same arguments and call its "
             f"load_state_dict(module.state_dict()))")
 
 
@@ -654,9 +661,10 @@ def resolve_dtype(dtype) -> type:
         raise TypeError("dtype: expected float32 or float64, got None")
     try:
         dt = np.dtype(dtype)
-    except TypeError:
+    except (TypeError, ValueError):  # a torch tensor: ValueError "Could not convert"
         hint = " (a numpy dtype or its name: np.float32, 'float64')" if type_path(dtype).startswith("torch.") else ""
-        raise TypeError(f"dtype: expected float32 or float64, got {dtype!r}{hint}") from None
+        got = described(dtype) if hasattr(dtype, "shape") else repr(dtype)  # an array: not its values
+        raise TypeError(f"dtype: expected float32 or float64, got {got}{hint}") from None
     if dt.kind != "f" or dt.itemsize not in (4, 8):
         raise TypeError(f"dtype: expected float32 or float64, got {dt}")
     return np.float64 if dt.itemsize == 8 else np.float32

@@ -402,17 +402,18 @@ class GenerationMixin:
             try:
                 cache = self.new_cache(N, total)
             except ValueError as e:  # KVCache names its own arguments: name the caller's
-                raise self._cache_too_large(e, self.new_cache(1), N, L, cfg.max_new_tokens, what) from None
+                raise self._cache_too_large(e, self.new_cache(1), N, L, cfg.max_new_tokens, what,
+                                            given=False) from None
         else:
             try:
                 cache.reserve(total)
             except ValueError as e:
-                raise self._cache_too_large(e, cache, N, L, cfg.max_new_tokens, what) from None
+                raise self._cache_too_large(e, cache, N, L, cfg.max_new_tokens, what, given=True) from None
         return ids, mask, cache, cfg
 
     @staticmethod
     def _cache_too_large(error: ValueError, sizes: KVCache, N: int, L: int, max_new_tokens: int,
-                         what: str) -> ValueError:
+                         what: str, given: bool) -> ValueError:
         """The error for a KV cache of ``N`` sequences of ``L + max_new_tokens - 1`` positions that
         this machine cannot hold (``error``: KVCache's, naming its own arguments), naming what to
         change:
@@ -420,16 +421,24 @@ class GenerationMixin:
         * ``max_new_tokens``, when even one sequence of that length does not fit (N = 1 included),
           with the number of new tokens that fit;
         * ``input_ids``, when even its prompt alone does not fit one sequence's cache;
+        * ``past_key_values`` (``given``: the caller's cache was growing), when the positions fit
+          but that cache, growing to twice its capacity, does not;
         * else ``input_ids`` and its batch (:func:`cache_too_large`): fewer sequences at a time.
 
         ``sizes``: a cache of the model's layers, heads and dtype (the caller's, or an empty one),
         whose bytes per position (keys and values of every layer) decide."""
-        per_position = 2 * len(sizes) * sizes.num_key_value_heads * sizes.head_dim * np.dtype(sizes.dtype).itemsize
+        layers_held = max(len(sizes), 1)  # as the C++ cache: a model of no layers still holds one
+        per_position = 2 * layers_held * sizes.num_key_value_heads * sizes.head_dim * np.dtype(sizes.dtype).itemsize
         total = L + max_new_tokens - 1
         limit = physical_memory_bytes()
+        if given and per_position * total * N <= limit:  # the positions fit, the growth (doubling) did not
+            return ValueError(f"past_key_values: {what} needs {per_position * total * N} bytes of KV cache, "
+                              f"which fit this machine's memory ({limit} bytes), but the cache given grows to twice "
+                              f"its capacity and that does not ({error}); pass past_key_values=None for a cache of "
+                              "the size needed")
         if N > 1 and per_position * total <= limit:  # one sequence fits: the batch is the cause
             return cache_too_large(error, what)
-        layers = f"{len(sizes)} layer{'' if len(sizes) == 1 else 's'}"
+        layers = f"{layers_held} layer{'' if layers_held == 1 else 's'}"
         one = (f"for one sequence, {per_position} bytes a position (keys and values of {layers}), more than this "
                f"machine's memory ({limit} bytes)")
         fit = limit // per_position - L + 1  # new tokens whose positions fit one sequence's cache

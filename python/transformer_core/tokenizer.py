@@ -677,7 +677,7 @@ class Tokenizer:
             ValueError: an id outside the vocabulary (below 0 or above its highest id, which is
                 ``vocab_size - 1`` unless its ids have gaps), or in one of its gaps (an id no token
                 has); an array of more than one dimension (a batch: decode its rows one at a time);
-                an array or range of more ids than this machine's memory can list (16 bytes an id),
+                an array or range of more ids than this machine's memory can list (112 bytes an id),
                 before any list is made.
         """
         skip_special_tokens = check_bool(skip_special_tokens, "skip_special_tokens")
@@ -710,7 +710,8 @@ class Tokenizer:
         pad id and type id, a fixed ``length``, ``pad_to_multiple_of``), as the tokenizers package
         would; the padding is done here, from the unpadded encodings, so that a batch too large to
         pad is refused first (the package's own padding aborts the process when an allocation
-        fails).
+        fails). A backend with parts written in Python, which cannot be copied unpadded, still pads
+        itself (its padding is never switched off under another thread's call).
 
         Raises:
             TypeError: ``texts`` not a list of str (the first item that is not a str is named by
@@ -724,10 +725,17 @@ class Tokenizer:
         add_special_tokens = check_bool(add_special_tokens, "add_special_tokens")
         padding_side = self._checked_padding_side(self._padding_side if padding_side is None else padding_side,
                                                   self.max_length)
-        encs = self._unpadded_encodings([self._cased(t) for t in texts], add_special_tokens)
-        padding = self._tok.padding if self.max_length is not None else None
+        cased = [self._cased(t) for t in texts]
+        padding = self._tok.padding if self.max_length is not None else None  # read once
         if padding is None:  # a causal-LM tokenizer (or a backend whose padding was switched off)
-            return self._pad(encs, padding_side)
+            return self._pad(self._tok.encode_batch(cased, add_special_tokens=add_special_tokens), padding_side)
+        backend = self._unpadded_backend()
+        if backend is self._tok:  # a backend that cannot be copied pads itself (never switched off: threads)
+            encs = self._tok.encode_batch(cased, add_special_tokens=add_special_tokens)
+            return {"input_ids": np.array([e.ids for e in encs], dtype=np.int64),
+                    "attention_mask": np.array([e.attention_mask for e in encs], dtype=np.int64),
+                    "token_type_ids": np.array([e.type_ids for e in encs], dtype=np.int64)}
+        encs = backend.encode_batch(cased, add_special_tokens=add_special_tokens)
         return self._pad(encs, padding["direction"], pad_id=padding["pad_id"], pad_type_id=padding["pad_type_id"],
                          length=padding["length"], multiple=padding["pad_to_multiple_of"])
 
@@ -841,19 +849,20 @@ class Tokenizer:
     def _pad(self, encs, padding_side: str, where: str = "texts", *, pad_id: int | None = None,
              pad_type_id: int = 0, length: int | None = None, multiple: int | None = None) -> dict[str, np.ndarray]:
         """encode_batch's arrays from unpadded encodings: each row padded on ``padding_side`` to
-        the longest, or to ``length`` when that is longer, then up to a multiple of ``multiple``
-        (the tokenizers package's ``pad_encodings``; its fixed length leaves a longer row as it
-        is, which no array can hold). Padding takes ``pad_id`` (None: :attr:`pad_token_id`), type
-        id ``pad_type_id`` and attention 0.
+        the longest, or to ``length`` when given, that rounded up to a multiple of ``multiple``
+        (the tokenizers package's ``pad_encodings``), and to the longest row where that is longer
+        (the package leaves such a row as it is, which no array can hold). Padding takes
+        ``pad_id`` (None: :attr:`pad_token_id`), type id ``pad_type_id`` and attention 0.
 
         Raises:
             ValueError: naming ``where`` (the texts of ``encs``), when the three ``(N, L)`` int64
                 arrays need more bytes than this machine's memory; checked before any is made.
         """
         longest = max(len(e.ids) for e in encs)
-        target = longest if length is None else max(length, longest)
-        if multiple and target % multiple:
+        target = longest if length is None else length
+        if multiple and target % multiple:  # the package rounds the length it pads to, then pads no row past it
             target += multiple - target % multiple
+        target = max(target, longest)
         shape = (len(encs), target)
         need = 3 * shape[0] * shape[1] * np.dtype(np.int64).itemsize
         limit = physical_memory_bytes()
@@ -1062,9 +1071,10 @@ class Tokenizer:
             ids = [ids]
         elif isinstance(ids, (str, bytes, dict)) or ids is None or not hasattr(ids, "__iter__"):
             raise TypeError(f"{name}: expected a list of int token ids, got {type(ids).__name__}")
-        elif not isinstance(ids, (list, tuple)):  # numpy arrays, torch tensors, ranges
-            if isinstance(ids, range):  # numpy would make an array of it first
-                _check_id_count(_range_length(ids), name)
+        elif isinstance(ids, range):  # its count checked before it is listed (numpy: a float array of range(0))
+            _check_id_count(_range_length(ids), name)
+            ids = list(ids)
+        elif not isinstance(ids, (list, tuple)):  # numpy arrays, torch tensors
             arr = to_numpy(ids, name)
             if arr.dtype.kind not in "iu":
                 raise TypeError(f"{name}: expected integer token ids, got dtype {arr.dtype}")
@@ -1228,9 +1238,10 @@ class TextStream:
         return piece
 
 
-#: Bytes an id takes in the two lists :meth:`Tokenizer._check_ids` makes of an array (an 8-byte
-#: pointer each; an id above 256 also has its own int object): at least this.
-_BYTES_PER_LISTED_ID = 16
+#: Bytes an id takes through :meth:`Tokenizer.decode` of an array: its int64 copy (8), the lists
+#: :meth:`Tokenizer._check_ids` makes (an 8-byte pointer each, and a 32-byte int object for ids
+#: above 256) and the backend's own; measured as the peak's growth, 105 bytes an id.
+_BYTES_PER_LISTED_ID = 112
 
 
 def _check_id_count(count: int, name: str) -> None:

@@ -34,8 +34,8 @@ inline xsimd::batch<T, A> fnma(const xsimd::batch<T, A>& x, const xsimd::batch<T
 }
 
 // max over the lanes of x, in registers: halves folded by shuffles (log₂ lanes steps), where a
-// store and a loop over the lanes went through memory, a store-to-load forward each step (1.5 % of
-// SDPA (8, 12, 512, 64) on Emerald Rapids). With a NaN in x the result is NaN or the max of the
+// store and a loop over the lanes went through memory, a store-to-load forward each step (about 3 %
+// of SDPA (8, 12, 512, 64) on Emerald Rapids). With a NaN in x the result is NaN or the max of the
 // other lanes, depending on its lane (maxps returns its second operand when either is NaN).
 template <class A>
 inline float reduce_max(const xsimd::batch<float, A>& x) {
