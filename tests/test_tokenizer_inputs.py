@@ -910,6 +910,8 @@ def test_decode_of_more_ids_than_memory_can_list(model_dir):
     assert tok.decode(np.broadcast_to(np.int64(7592), (2,))) == "hello hello"  # a small one decodes
     assert tok.decode(range(7592, 7594)) == tok.decode([7592, 7593])
     assert tok.decode(range(0)) == tok.decode([]) == ""  # an empty range was a TypeError (a float64 array)
+    with pytest.raises(ValueError, match=rf"^context: ids: expected at most {limit // 112} token ids .* got {2**70}$"):
+        tok.text_stream(context=range(2**70))  # len() of it raised OverflowError
     n = limit // 16 - 1  # passed the old check; its lists would take about 105 bytes an id
     with pytest.raises(ValueError, match=rf"^ids: expected at most {limit // 112} token ids .* got {n}$"):
         tok.decode(np.broadcast_to(np.int64(7592), (n,)))

@@ -743,7 +743,10 @@ class Tokenizer:
 
     def encode_batches(self, texts, batch_size: int, add_special_tokens: bool = True):
         """Tokenizes consecutive batches: yields, for texts ``[0:batch_size]``, ``[batch_size:2 ·
-        batch_size]``, ..., the same arrays as :meth:`encode_batch` of that batch (right padding).
+        batch_size]``, ..., the same arrays as :meth:`encode_batch` of that batch under the
+        backend's default padding: right, to the batch's longest row, with :attr:`pad_token_id`
+        (padding settings changed on the backend, a fixed length, a multiple, another pad id or
+        side, are followed by :meth:`encode_batch` only).
 
         The texts go to the tokenizers package ``TEXTS_PER_CALL`` at a time (rounded to whole
         batches), not a batch at a time: one call tokenizes them on all of the package's threads,
@@ -764,7 +767,8 @@ class Tokenizer:
             TypeError: ``texts`` not a list of str (the first item that is not a str is named by
             index and type); ``batch_size`` not an int.
             ValueError: ``batch_size`` < 1; a text that is not valid Unicode (a lone surrogate;
-            its index and position are named), before any batch is yielded.
+            its index and position are named), before any batch is yielded; a batch whose padded
+            arrays exceed this machine's memory (named ``texts[a:b]``), before it is padded.
         """
         texts = self._check_texts(texts)
         batch_size = check_int(batch_size, "batch_size", 1)
@@ -1155,7 +1159,8 @@ class TextStream:
         self._tokenizer = tokenizer
         self._skip = check_bool(skip_special_tokens, "skip_special_tokens")
         try:
-            context = tokenizer._check_ids(context) if len(context) else []
+            count = _range_length(context) if isinstance(context, range) else len(context)  # len: at most 2**63
+            context = tokenizer._check_ids(context) if count else []
         except (TypeError, ValueError) as e:
             raise type(e)(f"context: {e}") from None
         backend = tokenizer._tok  # read only: not handed out (_BackendWatch)
