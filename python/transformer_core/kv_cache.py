@@ -211,8 +211,9 @@ def _uncopied(x, name: str):
     :func:`to_numpy` gives it (a numpy array as is, a view of an ndarray subclass, a list's array),
     its dtype checked (TypeError: not real numbers)."""
     if _is_torch_tensor(x):
-        if x.dtype.is_complex or x.dtype == x.new_zeros((), dtype=bool).dtype:  # refused now, before any copy
-            compute_dtype(np.zeros(0, bool if not x.dtype.is_complex else np.complex64), name)
+        kind = str(x.dtype).removeprefix("torch.")
+        if x.dtype.is_complex or kind == "bool":  # refused now, as compute_dtype refuses numpy's, before any copy
+            raise TypeError(f"{name}: expected a real numeric array, got dtype {kind}")
         return x
     arr = to_numpy(x, name)
     compute_dtype(arr, name)
