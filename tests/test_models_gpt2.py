@@ -768,6 +768,12 @@ def test_a_batch_too_large_for_the_kv_cache_names_input_ids():
                                          r"positions needs a KV cache too large"):
         m(np.broadcast_to(np.array([[1]]), (N, 1000)), past_key_values=cache)
     assert cache.capacity == 1 and cache.length == 0
+    # one sequence too long for the cache: a shorter one, not "fewer sequences", is the advice
+    deep = tc.GPT2LMHeadModel(tc.GPT2Config(vocab_size=11, n_positions=2**23, n_embd=1, n_layer=1024, n_head=1))
+    L = 2 * physical_memory_bytes() // (2 * 1024 * 4)  # keys and values of 1024 layers, 8 KiB a position
+    with pytest.raises(ValueError, match=rf"^input_ids: a batch of 1 sequences of length {L} needs a KV cache too "
+                                         r"large for this machine \(.*\); pass a shorter sequence$"):
+        deep(np.zeros((1, L), dtype=np.int64))
 
 
 def test_positions_from_mask_padding():

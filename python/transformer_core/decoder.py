@@ -276,13 +276,13 @@ class DecoderModel(Module):
             try:
                 cache = self.new_cache(N, L)
             except ValueError as e:  # KVCache names its own arguments: name the caller's
-                raise cache_too_large(e, f"a batch of {N} sequences of length {L}") from None
+                raise cache_too_large(e, f"a batch of {N} sequences of length {L}", N) from None
         elif past + L > cache.capacity:  # the caller's cache grows now, after every check, as the step would
             try:
                 cache.reserve(past + L)
             except ValueError as e:
                 raise cache_too_large(e, f"a batch of {N} sequences of length {L} after {past} cached "
-                                      "positions") from None
+                                      "positions", N) from None
         return ids, mask, positions, cache
 
     def _check_rotary_tables(self, positions, explicit: bool, default_end: int) -> None:

@@ -102,12 +102,13 @@ MODEL_DEFAULT = _ModelDefault()
 DECODING_DEFAULTS = {"do_sample": False, "temperature": 1.0, "top_k": 50, "top_p": None, "repetition_penalty": None}
 
 
-def cache_too_large(error: ValueError, what: str) -> ValueError:
-    """The error for a KV cache that ``input_ids`` (``what``: its batch, and the lengths that size
-    the cache) needs and this machine cannot hold: KVCache's own ``error`` names its arguments
-    (num_layers, batch, ...), which the caller never passed."""
-    return ValueError(f"input_ids: {what} needs a KV cache too large for this machine ({error}); pass fewer "
-                      f"sequences at a time")
+def cache_too_large(error: ValueError, what: str, batch: int) -> ValueError:
+    """The error for a KV cache that ``input_ids`` (``what``: its ``batch`` of sequences, and the
+    lengths that size the cache) needs and this machine cannot hold: KVCache's own ``error`` names
+    its arguments (num_layers, batch, ...), which the caller never passed. The advice: fewer
+    sequences at a time, or for one sequence a shorter one."""
+    advice = "pass fewer sequences at a time" if batch > 1 else "pass a shorter sequence"
+    return ValueError(f"input_ids: {what} needs a KV cache too large for this machine ({error}); {advice}")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -437,7 +438,7 @@ class GenerationMixin:
                               f"its capacity and that does not ({error}); pass past_key_values=None for a cache of "
                               "the size needed")
         if N > 1 and per_position * total <= limit:  # one sequence fits: the batch is the cause
-            return cache_too_large(error, what)
+            return cache_too_large(error, what, N)
         layers = f"{layers_held} layer{'' if layers_held == 1 else 's'}"
         one = (f"for one sequence, {per_position} bytes a position (keys and values of {layers}), more than this "
                f"machine's memory ({limit} bytes)")

@@ -140,7 +140,7 @@ Isa parse_isa(const std::string& name) {
   if (name == "avx2") return Isa::kAvx2;
   if (name == "avx512vnni") return Isa::kAvx512Vnni;
   if (name == "amx") return Isa::kAmx;
-  throw std::invalid_argument("isa: expected one of \"scalar\", \"avx2\", \"avx512vnni\", \"amx\", got \"" + name +
+  throw std::invalid_argument("name: expected one of \"scalar\", \"avx2\", \"avx512vnni\", \"amx\", got \"" + name +
                               "\"");
 }
 
@@ -175,7 +175,7 @@ Isa active_isa() {
 
 void set_active_isa(Isa isa) {
   if (!isa_supported(isa)) {
-    std::string msg = std::string("isa: \"") + isa_name(isa) + "\" is not supported by this CPU (or build); supported:";
+    std::string msg = std::string("name: \"") + isa_name(isa) + "\" is not supported by this CPU (or build); supported:";
     for (Isa s : supported_isas()) msg += std::string(" ") + isa_name(s);
     throw std::invalid_argument(msg);
   }
