@@ -200,6 +200,13 @@ class BertModel(Module):
         dtype: ``np.float32`` (default) or ``np.float64``.
 
     Use :meth:`from_pretrained` to load a checkpoint.
+
+    Raises:
+        TypeError: ``config`` neither a :class:`BertConfig` nor a mapping; a field of the wrong type
+            (naming the field); ``dtype`` not float32 or float64.
+        ValueError: a field out of range or sizes the model refuses together (``hidden_size`` not
+            a multiple of ``num_attention_heads``, ...), naming the fields; weights that would
+            exceed this machine's memory (naming the sizes), before any is allocated.
     """
 
     def __init__(self, config, dtype=np.float32):

@@ -278,8 +278,9 @@ def silu(x) -> np.ndarray:
 
 
 def relu(x) -> np.ndarray:
-    """``max(x, 0)`` element-wise (NaN stays NaN). The shape of ``x``; float64 if ``x`` is float64
-    (or wider), else float32.
+    """ReLU (Nair & Hinton 2010), as ``torch.nn.functional.relu``: ``max(x, 0)`` element-wise (NaN
+    stays NaN), the feed-forward's activation in the Transformer (Vaswani et al. 2017, eq. 2). The
+    shape of ``x``; float64 if ``x`` is float64 (or wider), else float32.
 
     Raises:
         ValueError: empty ``x``. TypeError: ``x`` not real numeric data (bool, complex, None, ...).
@@ -505,8 +506,9 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
             "top_left"``, torch's) or ``s <= l + S - L`` (``"bottom_right"``, for a KV cache).
             Combined with ``attn_mask`` (and the token masks) by logical AND: a key is visible only
             where causality and every mask allow it, a float mask being added on the keys causality
-            leaves. torch's documentation says it raises for ``attn_mask`` with ``is_causal``
-            (its CPU implementation, 2.13, combines them as here).
+            leaves. torch's documentation says it raises for ``attn_mask`` with ``is_causal``;
+            its CPU implementation (2.13) combines them as here for 4-D inputs and raises for
+            3-D ones.
         scale: multiplies the scores; default ``1 / sqrt(E)``.
         enable_gqa: key/value may have fewer heads (dim -3) than query: see ``key``.
         return_weights: also return the attention probabilities.

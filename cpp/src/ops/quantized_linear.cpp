@@ -217,9 +217,10 @@ void linear_int8(const float* x, int64_t rows, int64_t in, const int8_t* qweight
     if (!residual_activations) return;
 
     // The second pass: each row's rounding residual r = x − q · sx, quantized in units of sr = sx / 256,
-    // then its product added to y. fma(−q, sx, x) is r exactly (|r| <= sx / 2 and its bits stop at
-    // ulp(sx) or ulp(x), whichever is finer: it fits in 24 bits), so the roundings are those of
-    // inv = 256 / sx and of r · inv; only |r · inv| in (127, 128] is clamped.
+    // then its product added to y. fma(−q, sx, x) is r exactly (|r| is about sx / 2 at most and its
+    // bits stop at ulp(sx) or ulp(x), whichever is finer: it fits in 24 bits), so the roundings are
+    // those of inv = 256 / sx and of r · inv; |r · inv| above 127 (to about 128) is clamped: an error
+    // of about one sr = sx / 256 at most there, sr / 2 at most elsewhere.
     kernels::parallel_for(0, n, grain_rows(in * 16), [&](int64_t r0, int64_t r1) {
       for (int64_t i = r0; i < r1; ++i) {
         sr[i] = sx[i] / 256.0f;  // exact: a power of two (sx >= 2^-100 / 127 keeps it normal)

@@ -22,10 +22,11 @@ void quantize_int8(const float* weight, int64_t out, int64_t in, int8_t* qweight
 //   x: [rows, in] fp32   qweight: [out, in] int8   scales: [out]   bias: [out] or nullptr
 //   in <= kInt8MaxK (131072): the int32 accumulator stays exact.
 // residual_activations: the activations in two int8 passes. x ≈ sx · q (the per-row rule), then the
-//   rounding residual x − sx · q (at most sx / 2, computed exactly) in units of sr = sx / 256:
+//   rounding residual x − sx · q (about sx / 2 at most, computed exactly) in units of sr = sx / 256:
 //   rq = rint(clamp((x − sx · q) · (256 / sx), ±127)) in fp32. Then
 //     y = (float(acc_q) · (sx · sw) + bias) + float(acc_r) · (sr · sw)      acc_* exact int32
-//   Twice the integer products; the activations' error drops from sx / 2 to sx / 512, which leaves
+//   Twice the integer products; the activations' error drops from sx / 2 to sx / 512 a value, about
+//   sx / 256 at most where |r| > 127.5 sr (the clamp: a residual within 0.4 % of half a step), which leaves
 //   the weights' rounding as the error that remains.
 // x is quantized and multiplied a chunk of rows at a time: the scratch (a thread's workspace, kept
 // for the next call) takes about 4 MiB per pass whatever the rows, and no result depends on it.
