@@ -164,6 +164,84 @@ def test_linear_backward_bad_input(rng):
 
 
 # --------------------------------------------------------------------------------------------------
+# Accumulation buffers apart from the inputs
+# --------------------------------------------------------------------------------------------------
+
+def _overlapping_buffer_calls(x, w, v, g, gw, ids):
+    """``{case: (call, buffer argument, the argument it overlaps)}``: every backward that takes
+    accumulation buffers, given as a buffer (a view of) an array its kernel reads while it adds into
+    the buffer, or its other buffer. ``x``, ``g``: (300, 128); ``w``, ``gw``: (128, 128); ``v``:
+    (128,); ``ids``: (128,) in [0, 128)."""
+    t = torch.from_numpy
+    return {
+        # the reported case: grad_x = grad_y · W read W while other tiles added dW into it
+        "linear_grad_weight_is_weight": (lambda: B.linear_backward(x, w, g, grad_weight=w), "grad_weight", "weight"),
+        "linear_in_out_grad_weight_is_weight": (
+            lambda: B.linear_backward(x, w, g, weight_layout="in_out", grad_weight=w), "grad_weight", "weight"),
+        "linear_no_grad_input_grad_weight_in_x": (
+            lambda: B.linear_backward(x, w, g, need_grad_input=False, grad_weight=x[:128]), "grad_weight", "x"),
+        "linear_grad_bias_in_grad_output": (
+            lambda: B.linear_backward(x, w, g, grad_bias=g[5]), "grad_bias", "grad_output"),
+        "linear_grad_bias_in_grad_weight": (
+            lambda: B.linear_backward(x, w, g, grad_weight=gw, grad_bias=gw[3]), "grad_bias", "grad_weight"),
+        "linear_torch_tensors_and_a_numpy_view": (  # torch.from_numpy shares w's memory
+            lambda: B.linear_backward(t(x), t(w), t(g), grad_weight=w), "grad_weight", "weight"),
+        "layer_norm_grad_weight_is_weight": (
+            lambda: B.layer_norm_backward(x, v, g, grad_weight=v), "grad_weight", "weight"),
+        "layer_norm_grad_bias_in_x": (lambda: B.layer_norm_backward(x, v, g, grad_bias=x[7]), "grad_bias", "x"),
+        "layer_norm_grad_bias_is_grad_weight": (
+            lambda: B.layer_norm_backward(x, v, g, grad_weight=gw[0], grad_bias=gw[0]), "grad_bias", "grad_weight"),
+        "rms_norm_grad_weight_is_weight": (
+            lambda: B.rms_norm_backward(x, v, g, grad_weight=v), "grad_weight", "weight"),
+        "rms_norm_grad_weight_in_grad_output": (
+            lambda: B.rms_norm_backward(x, v, g, grad_weight=g[1]), "grad_weight", "grad_output"),
+        "embedding_grad_weight_in_grad_output": (
+            lambda: B.embedding_backward(ids, g[:128], 128, grad_weight=g[:128]), "grad_weight", "grad_output"),
+    }
+
+
+OVERLAP_CASES = list(_overlapping_buffer_calls(*[None] * 6))
+
+
+@pytest.mark.parametrize("case", OVERLAP_CASES)
+def test_accumulation_buffer_sharing_memory_with_an_input_is_refused(rng, case):
+    """An accumulation buffer (grad_weight=, grad_bias=) that shares memory with an input the kernel
+    reads while it adds into the buffer, or with the other buffer, is a ValueError naming both
+    (``linear_backward(x, W, g, grad_weight=W)`` gave a grad_x off by hundreds, silently); nothing
+    is written."""
+    x, g = randn(rng, (300, 128), np.float64), randn(rng, (300, 128), np.float64)
+    w, v = randn(rng, (128, 128), np.float64), randn(rng, (128,), np.float64)
+    gw, ids = np.zeros((128, 128)), rng.integers(0, 128, size=128)
+    arrays = (x, w, v, g, gw, ids)
+    kept = [a.copy() for a in arrays]
+    call, buffer, other = _overlapping_buffer_calls(*arrays)[case]
+    with pytest.raises(ValueError, match=rf"^{buffer}: must not share memory with {other} \(the op reads or "
+                                         rf"updates {other} while it adds into {buffer}: "):
+        call()
+    assert all(np.array_equal(a, b) for a, b in zip(arrays, kept))
+
+
+def test_accumulation_buffers_in_one_arena_apart_from_the_inputs_are_torchs(rng):
+    """Buffers that are disjoint views of one array (a flat gradient arena), and inputs that are
+    disjoint views of another, are taken: the accumulated gradients are torch's."""
+    rows, n_in, n_out = 300, 40, 30
+    inputs = randn(rng, (rows * n_in + n_out * n_in + rows * n_out,), np.float64)  # x, weight, grad_output
+    x = inputs[:rows * n_in].reshape(rows, n_in)
+    w = inputs[rows * n_in:rows * n_in + n_out * n_in].reshape(n_out, n_in)
+    g = inputs[rows * n_in + n_out * n_in:].reshape(rows, n_out)
+    arena = randn(rng, (n_out * n_in + n_out,), np.float64)  # grad_weight, then grad_bias: what they held
+    start = arena.copy()
+    gw, gb = arena[:n_out * n_in].reshape(n_out, n_in), arena[n_out * n_in:]
+    gx, rw, rb = B.linear_backward(x, w, g, grad_weight=gw, grad_bias=gb)
+    assert rw is gw and rb is gb
+    xt, wt, bt = leaf(x), leaf(w), leaf(np.zeros(n_out))
+    TF.linear(xt, wt, bt).backward(to_torch(g))
+    check(gx, xt.grad, np.float64, "grad_x")
+    check(gw, start[:n_out * n_in].reshape(n_out, n_in) + wt.grad.numpy(), np.float64, "grad_weight +=")
+    check(gb, start[n_out * n_in:] + bt.grad.numpy(), np.float64, "grad_bias +=")
+
+
+# --------------------------------------------------------------------------------------------------
 # LayerNorm, RMSNorm
 # --------------------------------------------------------------------------------------------------
 
@@ -357,6 +435,34 @@ def test_cross_entropy_backward_takes_a_0d_tensor_as_grad_output(rng):
         check(grad, lt.grad, np.float32, f"cross_entropy backward, grad_output {type(scale).__name__}")
     with pytest.raises(TypeError, match=r"^grad_output: expected a scalar .*, got Tensor"):
         B.cross_entropy_backward(logits, target, grad_output=torch.ones(2))
+
+
+@pytest.mark.parametrize("call", ["cross_entropy_backward", "cross_entropy_with_grad"])
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_cross_entropy_grad_output_too_large_for_a_float_is_a_value_error(rng, call, reduction):
+    """A scalar grad_output no float holds (10**400, of any reduction) is a ValueError naming it
+    (it was float()'s OverflowError); ±inf and NaN are scales as torch's backward takes them: the
+    gradient is torch's, inf and NaN included."""
+    logits = randn(rng, (4, 7), np.float32)
+    target = np.array([0, 3, 6, 2])
+    fn = getattr(B, call)
+    for huge in (10**400, -(10**400)):
+        with pytest.raises(ValueError, match=r"^grad_output: expected a float, got int of 1329 bits \(too large "
+                                             r"for a float\)$"):
+            fn(logits, target, grad_output=huge, reduction=reduction)
+    for scale in (math.inf, -math.inf, math.nan, np.float32(math.inf)):
+        lt = leaf(logits)
+        loss = TF.cross_entropy(lt, torch.from_numpy(target), reduction=reduction)
+        loss.backward(torch.full_like(loss, float(scale)))
+        grad = B.cross_entropy_backward(logits, target, grad_output=scale, reduction=reduction)
+        if call == "cross_entropy_with_grad":
+            grad = B.cross_entropy_with_grad(logits, target, grad_output=scale, reduction=reduction)[1]
+        assert grad.dtype == np.float32
+        ref = lt.grad.numpy()
+        np.testing.assert_array_equal(np.isnan(grad), np.isnan(ref), err_msg=f"NaNs, grad_output {scale}")
+        np.testing.assert_array_equal(np.isinf(grad), np.isinf(ref), err_msg=f"infs, grad_output {scale}")
+        np.testing.assert_array_equal(np.sign(grad[~np.isnan(grad)]), np.sign(ref[~np.isnan(ref)]))
+        assert np.isinf(ref).any() or np.isnan(ref).all()  # the case is not vacuous
 
 
 def test_softmax_backward_masked_rows(rng):

@@ -192,6 +192,12 @@ LOAD_CASES = [
     (lambda o: S.LinearLR(o), "last_epoch", np.array(1.5), r"last_epoch: expected a whole number, got 1.5"),
     (lambda o: S.LinearLR(o), "last_epoch", np.array(-2), r"last_epoch: expected an int >= -1, got -2"),
     (lambda o: S.LinearLR(o), "step_count", np.array(-1), r"step_count: expected an int >= 0, got -1"),
+    # counters past int64 (what state_dict saves them as): they were taken, and state_dict then raised
+    (lambda o: S.CosineAnnealingLR(o, 5), "last_epoch", np.array(1e30),
+     r"last_epoch: expected an int <= 9223372036854775807 \(an int64 count\), got 1000000000000000019884624838656$"),
+    (lambda o: S.LinearLR(o), "step_count", np.array(2**63, dtype=np.uint64),
+     r"step_count: expected an int <= 9223372036854775807 \(an int64 count\), got 9223372036854775808$"),
+    (lambda o: S.LinearLR(o), "last_epoch", np.array(np.inf), r"last_epoch: expected a whole number, got inf"),
     (lambda o: S.LinearLR(o), "base_lrs", np.array([0.1, np.nan]), r"base_lrs\[1\]: expected a finite number >= 0.0"),
     (lambda o: S.LinearLR(o), "last_lr", np.array([-0.1, 0.1]), r"last_lr\[0\]: expected a finite number >= 0.0"),
 ]
@@ -221,6 +227,74 @@ def test_load_state_dict_checks_every_value_and_changes_nothing(make, key, value
     sched.step()  # still usable
     with pytest.raises(TypeError, match="state_dict: expected a mapping"):
         sched.load_state_dict([("T_max", 1)])
+
+
+MAX_COUNT = 2**63 - 1  # int64's largest: state_dict saves the counters as int64 scalars
+
+
+@pytest.mark.parametrize("make", [
+    lambda o, e: S.LinearLR(o, last_epoch=e),
+    lambda o, e: S.CosineAnnealingLR(o, 5, last_epoch=e),
+    lambda o, e: S.LambdaLR(o, lambda t: 0.5, last_epoch=e),
+    lambda o, e: S.get_linear_schedule_with_warmup(o, 2, 10, last_epoch=e),
+], ids=["LinearLR", "CosineAnnealingLR", "LambdaLR", "linear_warmup"])
+def test_counters_are_bounded_to_int64(make):
+    """The constructor takes a last_epoch up to 2**63 - 2 (its initial step adds one); its
+    state_dict saves last_epoch 2**63 - 1 exactly, and loads back exactly (it was read through a
+    float: 2**63); step() past it is a ValueError naming last_epoch that changes nothing. 2**63 - 1
+    was taken by the constructor, and state_dict() then raised OverflowError."""
+    opt, _ = both_optimizers()
+    S.LinearLR(opt)  # puts initial_lr into the groups, to resume from
+    with pytest.raises(ValueError, match=r"^last_epoch: expected an int in \[-1, 9223372036854775806\], "
+                                         r"got 9223372036854775807$"):
+        make(opt, MAX_COUNT)
+    sched = make(opt, MAX_COUNT - 1)
+    assert sched.last_epoch == MAX_COUNT
+    sd = sched.state_dict()
+    assert sd["last_epoch"].dtype == np.int64 and int(sd["last_epoch"]) == MAX_COUNT
+    groups = [dict(g) for g in opt.param_groups]
+    with pytest.raises(ValueError, match=rf"^step: {type(sched).__name__}'s last_epoch is {MAX_COUNT}, the largest "
+                                         r"a state dict holds \(int64, 9223372036854775807\): the schedule cannot "
+                                         r"advance further; nothing was changed$"):
+        sched.step()
+    _assert_unchanged(sched, sd, opt, groups)
+    again = make(opt, -1)
+    again.load_state_dict(sd)
+    assert again.last_epoch == MAX_COUNT and type(again.last_epoch) is int
+    assert all(np.array_equal(again.state_dict()[k], sd[k]) for k in sd)
+
+
+def test_step_count_at_the_int64_bound_is_refused_by_step():
+    """A step count loaded at 2**63 - 1 (last_epoch below it): step() is a ValueError naming
+    step_count, nothing changed."""
+    opt, _ = both_optimizers()
+    sched = S.LinearLR(opt)
+    sd = {**sched.state_dict(), "step_count": np.array(MAX_COUNT, dtype=np.int64)}
+    sched.load_state_dict(sd)
+    assert sched._step_count == MAX_COUNT
+    groups = [dict(g) for g in opt.param_groups]
+    with pytest.raises(ValueError, match=r"^step: LinearLR's step_count is 9223372036854775807, the largest a state "
+                                         r"dict holds"):
+        sched.step()
+    _assert_unchanged(sched, sd, opt, groups)
+
+
+def test_sequential_lr_last_epoch_is_bounded_to_int64():
+    """SequentialLR: a constructor's last_epoch up to 2**63 - 2 (it counts one more), a loaded one up
+    to 2**63 - 1; step() past it is a ValueError naming last_epoch, changing nothing."""
+    opt, _ = both_optimizers()
+    warmup, cosine = S.LinearLR(opt, 0.5, total_iters=2), S.CosineAnnealingLR(opt, 5)
+    with pytest.raises(ValueError, match=r"^last_epoch: expected an int in \[-1, 9223372036854775806\]"):
+        S.SequentialLR(opt, [warmup, cosine], [2], last_epoch=MAX_COUNT)
+    seq = S.SequentialLR(opt, [warmup, cosine], [2])
+    seq.step()
+    sd = {**seq.state_dict(), "last_epoch": np.array(MAX_COUNT, dtype=np.int64)}
+    seq.load_state_dict(sd)
+    assert seq.last_epoch == MAX_COUNT and int(seq.state_dict()["last_epoch"]) == MAX_COUNT
+    groups = [dict(g) for g in opt.param_groups]
+    with pytest.raises(ValueError, match=r"^step: SequentialLR's last_epoch is 9223372036854775807"):
+        seq.step()
+    _assert_unchanged(seq, sd, opt, groups)
 
 
 def test_load_state_dict_int_settings_saved_as_float():
@@ -787,6 +861,10 @@ LOAD_SEQUENCE_CASES = [
     (lambda sd: sd.update(milestones=np.array([4, 8])), ValueError, r"milestones: expected len\(schedulers\) - 1"),
     (lambda sd: sd.update(milestones=np.array([2.5])), ValueError, r"milestones\[0\]: expected a whole number"),
     (lambda sd: sd.update(last_epoch=np.array(-1)), ValueError, r"last_epoch: expected an int >= 0"),
+    (lambda sd: sd.update(last_epoch=np.array(2.0**63)), ValueError,
+     r"last_epoch: expected an int <= 9223372036854775807 \(an int64 count\)"),
+    (lambda sd: sd.update({"schedulers.0.last_epoch": np.array(1e30)}), ValueError,
+     r"schedulers\.0: last_epoch: expected an int <= 9223372036854775807"),
     (lambda sd: sd.update(last_lr=np.array([0.1])), ValueError, r"last_lr: expected 2 learning rates"),
     (lambda sd: sd.pop("schedulers.1.T_max"), ValueError, r"schedulers\.1: missing keys \['T_max'\]"),
     (lambda sd: sd.update({"schedulers.1.T_max": np.array(0.0)}), ValueError, r"schedulers\.1: T_max"),

@@ -978,12 +978,51 @@ def test_clip_grad_norm_overflow_of_finite_gradients_says_so():
     (5, r"^parameters: expected an iterable .*, got int"),
     ("abc", r"^parameters: expected an iterable .*, got str"),
     (np.ones(3), r"^parameters: expected an iterable .*, got ndarray"),
-    ([np.ones(3)], r"^parameters\[0\]: expected a Parameter or a \(name, Parameter\) pair, got ndarray"),
+    ([np.ones(3)], r"^parameters\[0\]: expected a Parameter or a \(name, Parameter\) pair, got numpy\.ndarray \(pass transformer_core Parameters"),
     ([("w", Parameter(np.ones(2))), (3, Parameter(np.ones(2)))], r"^parameters\[1\]: expected a \(str name"),
 ], ids=["None", "int", "str", "ndarray", "list_of_arrays", "int_name"])
 def test_clip_grad_norm_names_its_parameters_argument(bad, match):
     with pytest.raises(TypeError, match=match):
         optim.clip_grad_norm_(bad, 1.0)
+
+
+@pytest.mark.parametrize("norm_type", [10**400, -(10**400)], ids=["10**400", "-10**400"])
+def test_clip_grad_norm_norm_type_too_large_for_a_float_is_a_value_error(rng, norm_type):
+    """A norm_type no float holds is a ValueError naming it, as max_norm's (it was float()'s
+    OverflowError); nothing is scaled. The same call with math.inf (what it tends to) is torch's."""
+    ours, theirs = make_params(rng, np.float64)
+    for p, q in zip(ours, theirs):
+        g = rng.standard_normal(p.shape) * 3
+        p.grad, q.grad = g.copy(), torch.tensor(g.copy())
+    kept = [p.grad.copy() for p in ours]
+    with pytest.raises(ValueError, match=r"^norm_type: expected a real number or ±inf, got int of 1329 bits \(too "
+                                         r"large for a float; math\.inf gives the max norm\)$"):
+        optim.clip_grad_norm_(ours, 0.5, norm_type)
+    assert all(np.array_equal(p.grad, g) for p, g in zip(ours, kept))
+    limit = math.inf if norm_type > 0 else -math.inf
+    total = optim.clip_grad_norm_(ours, 0.5, limit)
+    total_t = torch.nn.utils.clip_grad_norm_(theirs, 0.5, limit, foreach=False)
+    assert math.isclose(total, float(total_t), rel_tol=1e-12)
+    for p, q in zip(ours, theirs):
+        np.testing.assert_allclose(p.grad, q.grad.numpy(), rtol=1e-12, atol=0)
+
+
+@pytest.mark.parametrize("make", ["SGD", "AdamW", "clip_grad_norm_", "param_group"])
+def test_a_torch_parameter_is_named_with_its_module(make):
+    """A torch.nn.Parameter where a Parameter of this library is expected: the message names its
+    type with its module (it read "expected a Parameter ..., got Parameter") and says what to pass."""
+    given = [Parameter(np.ones(2), name="ok"), torch.nn.Parameter(torch.zeros(3))]
+    argument = "parameters" if make == "clip_grad_norm_" else "params"
+    message = (rf"^{argument}\[1\]: expected a Parameter or a \(name, Parameter\) pair, got "
+               r"torch\.nn\.parameter\.Parameter \(pass transformer_core Parameters: a model's parameters\(\) or "
+               r"named_parameters\(\), or transformer_core\.parameter\.Parameter\(array, name=\.\.\.\)\)$")
+    with pytest.raises(TypeError, match=message):
+        if make == "clip_grad_norm_":
+            optim.clip_grad_norm_(given, 1.0)
+        elif make == "param_group":
+            optim.SGD([{"params": given}], lr=0.1)
+        else:
+            getattr(optim, make)(given, lr=0.1)
 
 
 def test_adamw_loads_an_adam_state_dict_as_adamw_like_torch(rng):

@@ -1572,3 +1572,31 @@ def test_checkpoint_after_a_refused_lambda_step_loads(tmp_path):
     target = build()
     tc.training.load_checkpoint(tmp_path, *target)
     _assert_same_states(_training_states(*target), saved)
+
+
+def test_checkpoint_of_a_scheduler_at_the_int64_bound_resumes_exactly(tmp_path):
+    """A scheduler whose last_epoch is int64's largest (resumed at 2**63 - 2: its initial step adds
+    one) saves, and loads back exactly: the counters were read back through a float (2**63, past
+    what its state_dict could save again). A state with a counter past int64 is refused by
+    load_state_dict, naming it, and a save_checkpoint after it writes the scheduler's own state."""
+    last = 2**63 - 1
+
+    def build(last_epoch=-1):
+        model, opt = _adam_linear()
+        opt.param_groups[0]["initial_lr"] = opt.param_groups[0]["lr"]
+        return model, opt, tc.lr_scheduler.CosineAnnealingLR(opt, 10, last_epoch=last_epoch)
+
+    model, opt, sched = build(last - 1)
+    assert sched.last_epoch == last
+    tc.training.save_checkpoint(tmp_path / "run", model, opt, sched)
+    saved = _training_states(model, opt, sched)
+    target = build()
+    tc.training.load_checkpoint(tmp_path / "run", *target)
+    assert target[2].last_epoch == last and type(target[2].last_epoch) is int
+    _assert_same_states(_training_states(*target), saved)
+    with pytest.raises(ValueError, match=r"^load_state_dict: last_epoch: expected an int <= 9223372036854775807 "):
+        target[2].load_state_dict({**target[2].state_dict(), "last_epoch": np.array(1e30)})
+    tc.training.save_checkpoint(tmp_path / "again", *target)
+    again = build()
+    tc.training.load_checkpoint(tmp_path / "again", *again)
+    assert again[2].last_epoch == last

@@ -435,13 +435,20 @@ def broadcast_mask(mask: np.ndarray, shape: tuple, name: str) -> np.ndarray:
         raise ValueError(f"{name}: shape {mask.shape} does not broadcast to the expected {shape}") from None
 
 
-def grad_buffer(buf, name: str, shape: tuple, dtype):
+def grad_buffer(buf, name: str, shape: tuple, dtype, apart_from: tuple = ()):
     """``buf`` if it can take an in-place accumulation of a gradient of ``shape`` and ``dtype``;
     None stays None.
 
+    ``apart_from``: ``(array or None, name)`` pairs, the arrays the op reads (its inputs) or writes
+    (another buffer) while it adds into ``buf``. ``buf`` must not share memory with any of them: the
+    C++ kernels read an input tile by tile, in parallel, while other tasks add into ``buf``, so an
+    overlap (``linear_backward(x, W, g, grad_weight=W)``) would read half-updated values and give
+    silently wrong gradients. The test is ``np.may_share_memory``'s, O(1): the two arrays' memory
+    bounds overlap (an input interleaved with ``buf`` that never touches it is refused too).
+
     Raises:
-        TypeError: not a numpy array, or another dtype. ValueError: another shape, or not
-            C-contiguous and writeable.
+        TypeError: not a numpy array, or another dtype. ValueError: another shape, not
+            C-contiguous and writeable, or sharing memory with an array of ``apart_from``.
     """
     if buf is None:
         return None
@@ -454,6 +461,11 @@ def grad_buffer(buf, name: str, shape: tuple, dtype):
         raise ValueError(f"{name}: expected shape {tuple(shape)}, got {buf.shape}")
     if not buf.flags.c_contiguous or not buf.flags.writeable:
         raise ValueError(f"{name}: expected a C-contiguous, writeable array (it is updated in place)")
+    for other, other_name in apart_from:
+        if isinstance(other, np.ndarray) and np.may_share_memory(buf, other):
+            raise ValueError(f"{name}: must not share memory with {other_name} (the op reads or updates "
+                             f"{other_name} while it adds into {name}: the gradients would be wrong); pass a "
+                             "separate array")
     return buf
 
 

@@ -14,8 +14,9 @@ float, else in float32 (float16, float32, integers), and every gradient it retur
 a float64 argument is never narrowed to another's float32 (except ``rotary_backward``'s cos/sin
 tables, which follow ``grad_output``'s dtype, as its docstring says). Parameter gradients can be accumulated
 in place: pass ``grad_weight=`` / ``grad_bias=`` arrays (C-contiguous, writeable, of that compute
-dtype and the parameter's shape) and the new gradient is ADDED to them (gradient accumulation over
-micro-batches, tied weights); otherwise new arrays are returned.
+dtype and the parameter's shape, sharing no memory with the op's inputs or with each other: the
+kernels read those while they add, so an overlap is a ValueError) and the new gradient is ADDED to
+them (gradient accumulation over micro-batches, tied weights); otherwise new arrays are returned.
 
 Determinism: the sums over rows (weight and bias gradients, the embedding scatter-add, dK and dV of
 attention) are each owned by one task and summed in a fixed order: the results are bitwise the same
@@ -24,6 +25,7 @@ for any thread count.
 
 from __future__ import annotations
 
+import math
 import numbers
 
 import numpy as np
@@ -37,6 +39,7 @@ from ._validation import (
     check_bool,
     check_choice,
     check_eps,
+    check_float,
     check_int,
     common_dtype,
     compute_dtype,
@@ -137,8 +140,9 @@ def linear_backward(x, weight, grad_output, bias: bool = True, *, grad_weight=No
 
     Raises:
         ValueError: shapes that do not match (``weight`` not 2-D, feature sizes, leading dims of
-            ``grad_output`` unlike ``x``'s), accumulation buffers of the wrong shape or not
-            writeable/contiguous, unknown ``weight_layout``.
+            ``grad_output`` unlike ``x``'s), accumulation buffers of the wrong shape, not
+            writeable/contiguous, or sharing memory with ``x``, ``weight``, ``grad_output`` or each
+            other, unknown ``weight_layout``.
         TypeError: non-numeric arrays; buffers of another dtype.
     """
     weight_layout = check_choice(weight_layout, "weight_layout", ("out_in", "in_out"))
@@ -156,8 +160,9 @@ def linear_backward(x, weight, grad_output, bias: bool = True, *, grad_weight=No
     out_features = w.shape[1] if w_in_out else w.shape[0]
     g = _grad_given(grad_output, "grad_output", x.shape[:-1] + (out_features,), dtype, allow_empty=True,
                     of="x, weight")
-    gw = _grad_buffer(grad_weight, "grad_weight", w.shape, dtype)
-    gb = _grad_buffer(grad_bias, "grad_bias", (out_features,), dtype) if bias else None
+    read = ((x, "x"), (w, "weight"), (g, "grad_output"))  # what the kernels read while they add into the buffers
+    gw = _grad_buffer(grad_weight, "grad_weight", w.shape, dtype, read)
+    gb = _grad_buffer(grad_bias, "grad_bias", (out_features,), dtype, read + ((gw, "grad_weight"),)) if bias else None
     if grad_bias is not None and not bias:
         raise ValueError("grad_bias: given for a layer without bias (bias=False)")
     x, w, g = _as_dtype(x, "x", dtype), _as_dtype(w, "weight", dtype), _as_dtype(g, "grad_output", dtype)
@@ -196,7 +201,8 @@ def layer_norm_backward(x, weight, grad_output, eps: float = 1e-5, bias: bool = 
         ``x``, ``weight``, ``grad_output`` is float64 (or wider), else float32.
 
     Raises:
-        ValueError: shapes that do not match, ``eps`` < 0, empty ``x``, bad buffers.
+        ValueError: shapes that do not match, ``eps`` < 0, empty ``x``, bad buffers (of another shape,
+            not writeable/contiguous, sharing memory with ``x``, ``weight``, ``grad_output`` or each other).
         TypeError: non-numeric arrays, buffers of another dtype.
     """
     eps, bias = check_eps(eps, "eps"), check_bool(bias, "bias")  # the scalars, the shapes, then the copies
@@ -207,8 +213,9 @@ def layer_norm_backward(x, weight, grad_output, eps: float = 1e-5, bias: bool = 
     g = _grad_given(grad_output, "grad_output", x.shape, dtype)
     if w is None and (grad_weight is not None or grad_bias is not None):
         raise ValueError("grad_weight, grad_bias: given for a LayerNorm without weight (weight=None)")
-    gw = _grad_buffer(grad_weight, "grad_weight", (e,), dtype)
-    gb = _grad_buffer(grad_bias, "grad_bias", (e,), dtype) if bias else None
+    read = ((x, "x"), (w, "weight"), (g, "grad_output"))  # what the kernel reads while it adds into the buffers
+    gw = _grad_buffer(grad_weight, "grad_weight", (e,), dtype, read)
+    gb = _grad_buffer(grad_bias, "grad_bias", (e,), dtype, read + ((gw, "grad_weight"),)) if bias else None
     if grad_bias is not None and not bias:
         raise ValueError("grad_bias: given for a LayerNorm without bias (bias=False)")
     x, w, g = _as_dtype(x, "x", dtype), _as_dtype(w, "weight", dtype), _as_dtype(g, "grad_output", dtype)
@@ -239,8 +246,9 @@ def rms_norm_backward(x, weight, grad_output, eps: float | None = None, *, grad_
         ``grad_output`` is float64 (or wider), else float32.
 
     Raises:
-        ValueError: shapes that do not match, ``eps`` negative, infinite or NaN, empty ``x``, bad
-            buffer.
+        ValueError: shapes that do not match, ``eps`` negative, infinite or NaN, empty ``x``, a bad
+            buffer (of another shape, not writeable/contiguous, sharing memory with ``x``, ``weight``
+            or ``grad_output``).
         TypeError: non-numeric arrays, ``eps`` not a number (nor None), a buffer of another dtype.
     """
     eps = None if eps is None else check_eps(eps, "eps")  # the scalar, the shapes, then the copies
@@ -251,7 +259,7 @@ def rms_norm_backward(x, weight, grad_output, eps: float | None = None, *, grad_
     g = _grad_given(grad_output, "grad_output", x.shape, dtype)
     if w is None and grad_weight is not None:
         raise ValueError("grad_weight: given for an RMSNorm without weight (weight=None)")
-    gw = _grad_buffer(grad_weight, "grad_weight", (e,), dtype)
+    gw = _grad_buffer(grad_weight, "grad_weight", (e,), dtype, ((x, "x"), (w, "weight"), (g, "grad_output")))
     x, w, g = _as_dtype(x, "x", dtype), _as_dtype(w, "weight", dtype), _as_dtype(g, "grad_output", dtype)
     eps = float(np.finfo(dtype).eps) if eps is None else eps
     gx, gw = variant("rms_norm_backward", dtype)(x.reshape(-1, e), w, g.reshape(-1, e), eps, gw)
@@ -406,7 +414,8 @@ def embedding_backward(ids, grad_output, num_embeddings: int, padding_idx: int |
         empty ``(V, 0)`` gradient.
 
     Raises:
-        ValueError: ids out of range, shapes that do not match, bad ``padding_idx`` or buffer; a
+        ValueError: ids out of range, shapes that do not match, bad ``padding_idx`` or buffer (one
+            sharing memory with ``ids`` or ``grad_output`` too); a
             ``num_embeddings`` too large for even an empty ``(V, 0)`` numpy array, or a new gradient
             larger than this machine's memory.
         TypeError: non-integer ids, non-numeric ``grad_output``, non-int ``num_embeddings``.
@@ -432,7 +441,7 @@ def embedding_backward(ids, grad_output, num_embeddings: int, padding_idx: int |
     if H == 0 and V > MAX_SIZE // np.dtype(dtype).itemsize:  # numpy cannot make even an empty (V, 0) array
         raise ValueError(f"num_embeddings: expected at most {MAX_SIZE // np.dtype(dtype).itemsize} rows for a "
                          f"{np.dtype(dtype).name} gradient of embedding_dim 0 (numpy's largest axis), got {V}")
-    gw = _grad_buffer(grad_weight, "grad_weight", (V, H), dtype)
+    gw = _grad_buffer(grad_weight, "grad_weight", (V, H), dtype, ((t, "ids"), (g, "grad_output")))
     if gw is None:  # a new (V, H) array: checked here, naming the argument (the binding's check says "H")
         check_allocatable((V, H), np.dtype(dtype).itemsize, "num_embeddings")
     g = _as_dtype(g, "grad_output", dtype)
@@ -505,29 +514,38 @@ def dropout_backward(grad_output, p: float, seed: int) -> np.ndarray:
 # Cross-entropy
 # --------------------------------------------------------------------------------------------------
 
+def _grad_scale(grad_output) -> float:
+    """A scalar ``grad_output`` of cross-entropy (the gradient of the reduced loss: a number, or a
+    0-d array or tensor of one) as a float. NaN and ±inf are taken, as torch's backward takes
+    them (they reach the gradient); a number too large for a float (``10**400``) is a ValueError,
+    anything else a TypeError, both naming ``grad_output``."""
+    if getattr(grad_output, "ndim", None) == 0 and hasattr(grad_output, "__array__"):
+        # a 0-d array-like (a torch scalar tensor, bfloat16 or requiring grad too): one value
+        grad_output = to_numpy(grad_output, "grad_output")
+    if isinstance(grad_output, np.ndarray) and grad_output.ndim == 0 and grad_output.dtype.kind in "iuf":
+        grad_output = grad_output.item()
+    if isinstance(grad_output, (bool, np.bool_)) or not isinstance(grad_output, numbers.Real):
+        raise TypeError(f"grad_output: expected a scalar (the gradient of the reduced loss), got "
+                        f"{type(grad_output).__name__}")
+    if grad_output != grad_output:  # NaN (check_float refuses it; an int is never NaN, nor overflows here)
+        return math.nan
+    return check_float(grad_output, "grad_output", finite=False)
+
+
 def _cross_entropy_call(logits, target, grad_output, ignore_index, label_smoothing, reduction):
     # grad_output is a data argument (its float64 makes the call float64) when it is an array, of
-    # reduction "none"; a scalar is a scale, of any reduction
+    # reduction "none"; a scalar is a scale, of any reduction, checked before any array is copied
     reduction = reduction_of(reduction, "reduction")
     scalar = isinstance(grad_output, numbers.Real) and not isinstance(grad_output, bool)
     rows_given = reduction == "none" and not scalar
+    grad_scale = 1.0 if rows_given else _grad_scale(grad_output)
     dtype, (logits, rows) = common_dtype((logits, "logits"), (grad_output if rows_given else None, "grad_output"))
     x, t, lead, ignore_index, label_smoothing, reduction = _cross_entropy_args(
         logits, target, ignore_index, label_smoothing, reduction, dtype)
-    grad_scale, grad_rows = 1.0, None
+    grad_rows = None
     if rows_given:
         rows = _grad_given(rows, "grad_output", lead, dtype, of="logits, target")
         grad_rows = _as_dtype(rows, "grad_output", dtype).reshape(-1)
-    else:
-        if getattr(grad_output, "ndim", None) == 0 and hasattr(grad_output, "__array__"):
-            # a 0-d array-like (a torch scalar tensor, bfloat16 or requiring grad too): one value
-            grad_output = to_numpy(grad_output, "grad_output")
-        if isinstance(grad_output, np.ndarray) and grad_output.ndim == 0 and grad_output.dtype.kind in "iuf":
-            grad_output = grad_output.item()
-        if isinstance(grad_output, (bool, np.bool_)) or not isinstance(grad_output, numbers.Real):
-            raise TypeError(f"grad_output: expected a scalar (the gradient of the reduced loss), got "
-                            f"{type(grad_output).__name__}")
-        grad_scale = float(grad_output)
     x = _logits_rows(x, dtype)
     loss, _, grad = variant("cross_entropy", dtype)(x, t, ignore_index, label_smoothing, reduction, grad_scale,
                                                      grad_rows, True)
@@ -558,7 +576,8 @@ def cross_entropy_backward(logits, target, grad_output=1.0, ignore_index: int = 
         of no dtype.
 
     Raises:
-        ValueError / TypeError: as ``cross_entropy``; ``grad_output`` of the wrong shape.
+        ValueError / TypeError: as ``cross_entropy``; ``grad_output`` of the wrong shape, or a
+            scalar one too large for a float (``10**400``: ValueError).
     """
     return _cross_entropy_call(logits, target, grad_output, ignore_index, label_smoothing, reduction)[1]
 

@@ -60,8 +60,24 @@ __all__ = [
 ]
 
 
-def _check_int(value, name: str, minimum: int) -> int:
-    return check_int(value, name, minimum)
+#: The largest count a scheduler holds (``last_epoch``, the step count): :meth:`LRScheduler.state_dict`
+#: saves them as int64 scalars (as the optimizers bound their step counts, ``optim._MAX_STEP``). A
+#: constructor takes a ``last_epoch`` below it (its initial step adds one), ``load_state_dict`` up to
+#: it, and ``step()`` refuses to go past it.
+_MAX_COUNT = 2**63 - 1
+
+
+def _check_int(value, name: str, minimum: int, maximum: int = _MAX_COUNT) -> int:
+    return check_int(value, name, minimum, maximum)
+
+
+def _advanced(scheduler, count: int, name: str) -> int:
+    """``count + 1``, the next value of ``scheduler``'s counter ``name`` (``last_epoch``,
+    ``step_count``), or a ValueError naming it when that would pass :data:`_MAX_COUNT`."""
+    if count >= _MAX_COUNT:
+        raise ValueError(f"step: {type(scheduler).__name__}'s {name} is {count}, the largest a state dict holds "
+                         f"(int64, {_MAX_COUNT}): the schedule cannot advance further; nothing was changed")
+    return count + 1
 
 
 def _check_real(value, name: str) -> float:
@@ -82,23 +98,33 @@ def _loaded_array(value, key: str) -> np.ndarray:
     return arr
 
 
-def _loaded_scalar(value, key: str) -> float:
-    """A loaded state-dict value that must be one number (a 0-d or one-element array of numbers)."""
+def _loaded_one(value, key: str) -> np.ndarray:
+    """A loaded state-dict value that must be one number (a 0-d or one-element array of numbers),
+    as a 0-d array."""
     arr = _loaded_array(value, key)
     if arr.size != 1:
         raise ValueError(f"load_state_dict: {key}: expected a number, got {arr.dtype} array of shape {arr.shape}")
-    return float(arr.reshape(()))
+    return arr.reshape(())
 
 
-def _loaded_int(value, key: str, minimum: int | None) -> int:
-    """A loaded count or int setting: a whole number (saved as int64 or float64) >= ``minimum``
-    (None: any; the setting's own check follows)."""
-    x = _loaded_scalar(value, key)
-    if not x.is_integer():
-        raise ValueError(f"load_state_dict: {key}: expected a whole number, got {x}")
+def _loaded_scalar(value, key: str) -> float:
+    """A loaded state-dict value that must be one number, as a float."""
+    return float(_loaded_one(value, key))
+
+
+def _loaded_int(value, key: str, minimum: int | None, maximum: int | None = _MAX_COUNT) -> int:
+    """A loaded count or int setting: a whole number (saved as int64, read exactly, or float64) in
+    ``[minimum, maximum]`` (None: unbounded on that side; a setting's own check follows). The
+    default ``maximum`` is a counter's, :data:`_MAX_COUNT`: what ``state_dict`` can save again."""
+    arr = _loaded_one(value, key)
+    if arr.dtype.kind == "f" and not float(arr).is_integer():  # NaN and ±inf too
+        raise ValueError(f"load_state_dict: {key}: expected a whole number, got {float(arr)}")
+    x = int(arr)
     if minimum is not None and x < minimum:
-        raise ValueError(f"load_state_dict: {key}: expected an int >= {minimum}, got {int(x)}")
-    return int(x)
+        raise ValueError(f"load_state_dict: {key}: expected an int >= {minimum}, got {x}")
+    if maximum is not None and x > maximum:
+        raise ValueError(f"load_state_dict: {key}: expected an int <= {maximum} (an int64 count), got {x}")
+    return x
 
 
 def _loaded_lr(value, key: str) -> float:
@@ -132,11 +158,13 @@ class LRScheduler:
         optimizer: an optimizer of :mod:`transformer_core.optim` (anything with ``param_groups``,
             a list of dicts holding ``"lr"``).
         last_epoch: -1 to start a schedule; >= 0 to resume one (then every group must hold
-            ``initial_lr``, as restored by ``optimizer.load_state_dict``).
+            ``initial_lr``, as restored by ``optimizer.load_state_dict``), below ``2**63 - 1``
+            (the initial step adds one, and ``state_dict`` saves it as an int64).
 
     Raises:
         TypeError: ``optimizer`` without ``param_groups``; ``last_epoch`` not an int.
-        ValueError: resuming (``last_epoch >= 0``) without ``initial_lr`` in the groups.
+        ValueError: ``last_epoch`` < -1 or >= ``2**63 - 1``; resuming (``last_epoch >= 0``) without
+            ``initial_lr`` in the groups.
     """
 
     #: numeric attributes of the subclass saved in the state dict (besides the common ones)
@@ -148,7 +176,7 @@ class LRScheduler:
 
     def __init__(self, optimizer, last_epoch: int = -1):
         groups = _param_groups(optimizer)
-        last_epoch = _check_int(last_epoch, "last_epoch", -1)
+        last_epoch = _check_int(last_epoch, "last_epoch", -1, _MAX_COUNT - 1)  # the initial step adds one
         self.optimizer = optimizer
         added = []  # the groups given an initial_lr here: taken back if the first step raises
         if last_epoch == -1:
@@ -215,12 +243,15 @@ class LRScheduler:
                 LinearLR and CosineAnnealingLR step on, scheduling the new group without a base lr.
             ValueError / TypeError: a new learning rate that is not a finite number >= 0 (see
                 :meth:`_write_lrs`; nothing changes).
+            ValueError: ``last_epoch`` or the step count at ``2**63 - 1`` already, the most an int64
+                state dict holds (nothing changes).
             Whatever ``get_lr`` raises (nothing changes).
         """
         self._check_group_count()
         counters = self.last_epoch, self._step_count
-        self._step_count += 1  # get_lr reads the new counters
-        self.last_epoch += 1
+        last_epoch = _advanced(self, self.last_epoch, "last_epoch")  # at the int64 bound: ValueError, nothing changed
+        step_count = _advanced(self, self._step_count, "step_count")
+        self.last_epoch, self._step_count = last_epoch, step_count  # get_lr reads the new counters
         self._write_lrs(self.get_lr, counters)
 
     def _restart(self) -> None:
@@ -313,9 +344,9 @@ class LRScheduler:
         performs its initial step on the loaded ``lr`` (which loading the scheduler does not undo).
 
         Every value is checked before anything changes: the counters are whole numbers
-        (``last_epoch`` >= -1, ``step_count`` >= 0), the learning rates finite and >= 0, and the
-        schedule's settings (``T_max``, ``total_iters``, the factors, ...) pass the constructor's
-        checks (an int setting saved as float64 must hold a whole number).
+        (``last_epoch`` >= -1, ``step_count`` >= 0, both <= ``2**63 - 1``: int64), the learning rates
+        finite and >= 0, and the schedule's settings (``T_max``, ``total_iters``, the factors, ...)
+        pass the constructor's checks (an int setting saved as float64 must hold a whole number).
 
         Raises:
             TypeError: ``state_dict`` not a mapping; a value that is not numbers (None, str, bool,
@@ -354,7 +385,7 @@ class LRScheduler:
         settings = {}
         for key in self._HYPER:
             if key in self._INT_HYPER:
-                settings[key] = _loaded_int(state_dict[key], key, None)
+                settings[key] = _loaded_int(state_dict[key], key, None, None)
             else:
                 settings[key] = _loaded_scalar(state_dict[key], key)
         try:
@@ -595,7 +626,7 @@ class SequentialLR(LRScheduler):
         groups = _param_groups(optimizer)
         schedulers = _check_schedulers(schedulers, optimizer, len(groups))
         milestones = _check_milestones(milestones, len(schedulers))
-        last_epoch = _check_int(last_epoch, "last_epoch", -1)
+        last_epoch = _check_int(last_epoch, "last_epoch", -1, _MAX_COUNT - 1)  # the step count: one more
         for i, g in enumerate(groups):
             if "initial_lr" not in g:  # the schedulers' constructors put it in every group of theirs
                 raise ValueError(f"optimizer: param_groups[{i}] has no 'initial_lr'; expected the optimizer the "
@@ -623,8 +654,9 @@ class SequentialLR(LRScheduler):
 
         Raises:
             What the scheduler's step raises (e.g. a param group added since: ValueError).
+            ValueError: ``last_epoch`` at ``2**63 - 1`` already, the most an int64 state dict holds.
         """
-        self.last_epoch += 1
+        self.last_epoch = _advanced(self, self.last_epoch, "last_epoch")
         i = bisect.bisect_right(self._milestones, self.last_epoch)
         scheduler = self._schedulers[i]
         try:
@@ -661,7 +693,7 @@ class SequentialLR(LRScheduler):
             TypeError: ``state_dict`` not a mapping; a value that is not numbers (named by its key).
             ValueError: missing or unknown keys (a ``schedulers.{i}.`` of no scheduler among them),
                 another number of param groups or of milestones, milestones negative, not whole
-                or not increasing, ``last_epoch`` < 0; an inner scheduler's refusal, prefixed with
+                or not increasing, ``last_epoch`` < 0 or > ``2**63 - 1``; an inner scheduler's refusal, prefixed with
                 ``schedulers.{i}``.
         """
         self._apply_state(self._read_state_dict(state_dict))

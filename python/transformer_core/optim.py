@@ -68,7 +68,7 @@ from typing import Callable
 import numpy as np
 
 from ._runtime import variant
-from ._validation import check_bool, check_float, described
+from ._validation import check_bool, check_float, described, type_path
 from .module import _BoundParameter, weights_written
 from .parameter import Parameter
 
@@ -129,8 +129,9 @@ def _named_parameters(params, argument: str = "params") -> list[tuple[str | None
                 raise TypeError(f"{argument}[{i}]: expected a (str name, Parameter) pair, got name {item[0]!r}")
             out.append(item)
         else:
-            raise TypeError(f"{argument}[{i}]: expected a Parameter or a (name, Parameter) pair, "
-                            f"got {type(item).__name__}")
+            raise TypeError(f"{argument}[{i}]: expected a Parameter or a (name, Parameter) pair, got "
+                            f"{type_path(item)} (pass transformer_core Parameters: a model's parameters() or "
+                            "named_parameters(), or transformer_core.parameter.Parameter(array, name=...))")
     return out
 
 
@@ -965,11 +966,12 @@ def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0, error_i
         finite, as torch's.
 
     Raises:
-        ValueError: ``max_norm`` < 0 or NaN, ``norm_type`` NaN; a ``norm_type`` of inf, -inf or < 0
-            with an empty gradient among the gradients (the max or min of no element is undefined:
-            torch raises RuntimeError, "cannot compute the inf norm on an empty tensor"), naming the
-            parameters; NonFiniteGradientError (see above). Errors name a parameter by its pair's
-            name, else its own ``name``, else its position.
+        ValueError: ``max_norm`` < 0 or NaN, ``norm_type`` NaN or too large for a float
+            (``10**400``); a ``norm_type`` of inf, -inf or < 0 with an empty gradient among the
+            gradients (the max or min of no element is undefined: torch raises RuntimeError,
+            "cannot compute the inf norm on an empty tensor"), naming the parameters;
+            NonFiniteGradientError (see above). Errors name a parameter by its pair's name, else
+            its own ``name``, else its position.
         TypeError: bad ``parameters`` (the message names ``parameters``), non-numeric ``max_norm`` /
             ``norm_type``, ``error_if_nonfinite`` not a bool, ``foreach`` not a bool or None. Nothing
             is scaled when it raises.
@@ -983,7 +985,12 @@ def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0, error_i
         norm_type = float(norm_type)
     if isinstance(norm_type, (bool, np.bool_)) or not isinstance(norm_type, numbers.Real):
         raise TypeError(f"norm_type: expected a real number or ±inf, got {described(norm_type)}")
-    norm_type = float(norm_type)
+    try:
+        norm_type = float(norm_type)
+    except OverflowError:  # an int such as 10**400 (not written out: its decimal form can be too long)
+        size = f" of {abs(int(norm_type)).bit_length()} bits" if isinstance(norm_type, numbers.Integral) else ""
+        raise ValueError(f"norm_type: expected a real number or ±inf, got {type(norm_type).__name__}{size} (too "
+                         "large for a float; math.inf gives the max norm)") from None
     if math.isnan(norm_type):
         raise ValueError(f"norm_type: expected a real number or ±inf, got {norm_type}")
     named_grads = [(name, p.grad) for name, p in named if p.grad is not None]
