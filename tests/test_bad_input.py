@@ -680,3 +680,66 @@ def test_a_numpy_scalar_is_described_by_its_value():
     torch = pytest.importorskip("torch")
     assert described(torch.tensor(4.0)) == "Tensor () torch.float32 tensor(4.)"
     assert described(np.ones((2, 3), np.float32)) == "ndarray (2, 3) float32"  # arrays: shape and dtype only
+
+
+def _huge_output_cases():
+    """Calls whose input is a broadcast view (a few bytes, a float32 or int64 copy of 128 MiB) and
+    whose float32 output exceeds this machine's memory, and the ValueError each must raise."""
+    Q = tc.quantization
+    mem = tc._validation.physical_memory_bytes()
+    rows, k = 2**20, 32
+    x = np.broadcast_to(np.ones((1, k), np.float32), (rows, k))
+    out = mem // (rows * 4) + 1                                # (rows, out) float32: more than mem
+    blocks = np.zeros(out * 34, np.uint8)                      # out rows of one Q8_0 block
+    ids = np.broadcast_to(np.array([1], np.int32), (2**24,))
+    dim = (mem // (ids.size * 4) // 32 + 1) * 32               # (ids, dim) float32: more than mem
+    table = np.zeros(7 * dim // 32 * 34, np.uint8)
+    beyond = r"more than this machine's memory"
+    exceed = r"values of 4 bytes exceed this machine's memory"
+
+    def linear(fmt):
+        lin = tc.nn.Linear(k, out, bias=False).eval()
+        if fmt == "int8":
+            Q.quantize(lin, inplace=True)
+        elif fmt == "Q8_0":
+            Q.set_gguf_weights(lin, {"weight": ("Q8_0", blocks)})
+        return lin
+
+    def embedding(fmt):
+        emb = tc.nn.Embedding(7, dim).eval()
+        if fmt == "Q8_0":
+            Q.set_gguf_weights(emb, {"weight": ("Q8_0", table)})
+        return emb
+
+    return {
+        "linear_int8": (lambda: (np.zeros((out, k), np.int8), np.ones(out, np.float32)),
+                        lambda w: Q.linear_int8(x, *w),
+                        rf"^x, qweight: the output \({rows} rows x {out} out_features, float32\).*{beyond}"),
+        "linear_gguf": (lambda: None, lambda _: Q.linear_gguf(x, blocks, "Q8_0", out, k),
+                        rf"^x, out_features: the output \({rows} rows x {out} out_features.*{beyond}"),
+        "linear_gguf_parts": (lambda: None, lambda _: Q.linear_gguf_parts(x, [(blocks, "Q8_0", out)], k),
+                              rf"^x, parts: the output \({rows} rows x {out} out_features.*{beyond}"),
+        "nn.Linear": (lambda: linear("float32"), lambda m: m(x),
+                      rf"^x: the output \(rows, out_features\): {rows * out} {exceed}"),
+        "nn.Linear int8": (lambda: linear("int8"), lambda m: m(x),
+                           rf"^x: the output \(rows, out_features\): {rows * out} {exceed}"),
+        "nn.Linear Q8_0": (lambda: linear("Q8_0"), lambda m: m(x),
+                           rf"^x: the output \(rows, out_features\): {rows * out} {exceed}"),
+        "nn.Embedding": (lambda: embedding("float32"), lambda m: m(ids),
+                         rf"^input_ids: the output \(ids, embedding_dim\): {ids.size * dim} {exceed}"),
+        "nn.Embedding Q8_0": (lambda: embedding("Q8_0"), lambda m: m(ids),
+                              rf"^input_ids: the output \(ids, embedding_dim\): {ids.size * dim} {exceed}"),
+    }
+
+
+@pytest.mark.parametrize("case", ["linear_int8", "linear_gguf", "linear_gguf_parts", "nn.Linear", "nn.Linear int8",
+                                  "nn.Linear Q8_0", "nn.Embedding", "nn.Embedding Q8_0"])
+def test_outputs_beyond_memory_are_refused_before_the_input_is_copied(case):
+    """An output larger than this machine's memory is refused on the shapes as given: the quantized
+    products and the Linear/Embedding layers (float32, int8, GGUF blocks) first copied a broadcast
+    view of x (float32) or of the ids (to int64): 1 GiB, seconds, before the ValueError."""
+    build, call, match = _huge_output_cases()[case]
+    module = build()
+    err, peak = _refusal_peak(lambda: call(module))
+    assert err.type is ValueError and err.match(match)
+    assert peak < 2**16, f"{case}: the refusal allocated {peak} bytes"

@@ -468,6 +468,47 @@ def test_set_gguf_weights_checks_every_layer_before_changing_any():
     assert all(np.array_equal(v, before[k]) for k, v in enc.state_dict().items())
 
 
+def test_set_gguf_weights_errors_name_the_entry():
+    """An error about one entry of ``weights`` names it (``weights['weight']: ...``): its type, its
+    bytes' dtype and count. A part of a packed matrix given without the others names the parts
+    that are missing: the core's check said only "rows [16, 32) have no blocks", after listing
+    every weight of the model. The module is unchanged."""
+    import gguf
+
+    lin = tc.nn.Linear(64, 4)
+    blocks = gguf.quants.quantize(np.random.default_rng(0).standard_normal((4, 64)).astype(np.float32),
+                                  gguf.GGMLQuantizationType.Q8_0)
+    cases = [
+        (("F16", blocks), ValueError, r"^weights\['weight'\]: ggml_type: expected one of \['Q4_0', 'Q4_1', 'Q8_0'\], "
+                                      r"got 'F16'$"),
+        ((3, blocks), TypeError, r"^weights\['weight'\]: ggml_type: expected a str"),
+        (("Q8_0", blocks.view(np.int8)), TypeError, r"^weights\['weight'\]: blocks: expected raw bytes .*int8$"),
+        (("Q8_0", blocks.reshape(-1)[:-1]), ValueError, r"^weights\['weight'\]: blocks: expected 272 bytes "
+                                                        r"\(4 x 64 Q8_0\), got 271$"),
+    ]
+    for value, error, match in cases:
+        with pytest.raises(error, match=match):
+            tc.quantization.set_gguf_weights(lin, {"weight": value})
+    assert lin.weight_formats()["weight"] == "float32"
+    with pytest.raises(ValueError, match=r"^weights\['weight'\]: in_features: expected a multiple of 32"):
+        tc.quantization.set_gguf_weights(tc.nn.Linear(48, 4), {"weight": ("Q8_0", blocks)})
+
+    llama = _tiny_llama(tied=True)
+    before = llama.state_dict()
+    qkv = [f"model.layers.0.self_attn.{p}_proj.weight" for p in "qkv"]
+    given = {name: ("Q8_0", gguf.quants.quantize(before[name], gguf.GGMLQuantizationType.Q8_0)) for name in qkv}
+    partial = {n: v for n, v in given.items() if n != qkv[1]}
+    with pytest.raises(ValueError, match=rf"^weights: missing \['{qkv[1]}'\]: '{qkv[0]}' is one part of the packed "
+                                         rf"matrix \['{qkv[0]}', '{qkv[1]}', '{qkv[2]}'\].*unchanged$"):
+        tc.quantization.set_gguf_weights(llama, partial)
+    assert set(llama.weight_formats().values()) == {"float32"}
+    assert all(np.array_equal(v, before[k]) for k, v in llama.state_dict().items())
+    with pytest.raises(ValueError, match=rf"^weights: missing \['{qkv[0]}', '{qkv[1]}'\]: '{qkv[2]}'"):
+        tc.quantization.set_gguf_weights(llama, {qkv[2]: given[qkv[2]]})
+    tc.quantization.set_gguf_weights(llama, given)          # every part: accepted
+    assert [llama.weight_formats()[n] for n in qkv] == ["Q8_0"] * 3
+
+
 def test_quantize_checks_every_layers_size_before_converting_any():
     """A feed-forward whose linear2 has more in_features than int8's exact range: refused naming
     it, with nothing converted (the attention and linear1 were converted, their float32 freed)."""

@@ -299,6 +299,39 @@ def test_linear_int8_residual_activations_cut_the_activation_error(rng):
         Q.linear_int8(x, q, s, residual_activations=1)
 
 
+def test_linear_int8_residual_activations_error_bound():
+    """The documented bound of the second pass, against the fp64 value of x: ``sx / 512`` per value
+    (up to float32 rounding) except where the residual r exceeds 127.5 units of ``sr = sx / 256``:
+    there ``r / sr`` (up to 128) is clamped to 127 and the error reaches ``sx / 256``. The
+    reviewer's row [127, 63.4999] shows that ``sx / 512`` is no bound (0.0038 with sx = 1)."""
+    # the worst case: sx = 1 (exact), r = 0.4999, r / sr = 127.97 clamped to 127
+    x = np.array([[127.0, 63.4999]], np.float32)
+    s = np.array([1 / 127], np.float32)
+    y = Q.linear_int8(x, np.array([[0, 127]], np.int8), s, residual_activations=True)
+    err = abs(float(y[0, 0]) - float(x[0, 1]) * 127 * float(s[0]))
+    assert 1.9 / 512 < err <= 1 / 256, err                  # 0.0038071: beyond sx / 512, within sx / 256
+
+    # normal rows through an identity weight (y = the dequantized activations): per value, within
+    # the documented bound of its case; y's float32 roundings (q · sx, rq · sr, their sum; each
+    # below 2^-24 of at most 128 · sx) add under 2^-16 · sx
+    x = np.random.default_rng(3).standard_normal((2000, 1000)).astype(np.float32)
+    y = Q.linear_int8(x, np.eye(1000, dtype=np.int8), np.ones(1000, np.float32), residual_activations=True)
+    xq, sx = ref_quantize_rows(x)                           # the first pass (bit for bit the core's)
+    sx = sx.astype(np.float64)[:, None]
+    r = np.abs(x - xq * sx)                                 # the residual, exact in fp64
+    err = np.abs(y - x.astype(np.float64))
+    clamped = r > 127.5 * sx / 256
+    rounding = 2.0**-16 * sx
+    assert 0.003 < clamped.mean() < 0.005                   # about 0.4 % of the values
+    assert (err <= np.where(clamped, r - 127 * sx / 256, (1 + 2**-14) * sx / 512) + rounding).all()
+    assert (err <= (1 + 2**-7) * sx / 256 + rounding).all()
+    assert (err > sx / 512 + rounding).sum() > 1000         # sx / 512 is no bound: the clamped values
+    assert (r / sx).max() > 0.5                             # "about sx / 2": 0.50000084 here
+    # the docstrings state this bound
+    assert "127.5 · sr_i" in Q.linear_int8.__doc__ and "(1 + 2^-7) · sx_i / 256" in Q.linear_int8.__doc__
+    assert "sx / 256" in Q.set_residual_activations.__doc__
+
+
 @pytest.mark.parametrize("k", [64, 65, 130, 1536])
 def test_linear_int8_tile_edges(isa, rng, k):
     """Rows and output features around the kernels' edges: AMX's 16-row tiles of x and of features,
@@ -768,6 +801,26 @@ def test_bad_input_gguf(rng):
         Q.quantize_q8_blocks(np.ones((2, 33)))
 
 
+def test_linear_gguf_parts_errors_name_the_part(rng):
+    """An error of one part of linear_gguf_parts names it (``parts[1]: ...``), as its docstring says:
+    the type, the bytes' dtype and count, the rows."""
+    blocks = gguf_blocks(rng, "Q8_0", 4, 64)
+    x = np.ones((2, 64), np.float32)
+    good = (blocks, "Q8_0", 4)
+    cases = [
+        ((blocks, "Q5_0", 4), ValueError, r"parts\[1\]: ggml_type: expected one of \['Q4_0', 'Q4_1', 'Q8_0'\], got 'Q5_0'"),
+        ((blocks, 8, 4), TypeError, r"parts\[1\]: ggml_type: expected a str"),
+        ((blocks.view(np.int8), "Q8_0", 4), TypeError, r"parts\[1\]: blocks: expected raw bytes .*dtype int8"),
+        ((blocks.reshape(-1)[:-1], "Q8_0", 4), ValueError, r"parts\[1\]: blocks: expected 272 bytes \(4 x 64 Q8_0\)"),
+        ((blocks, "Q8_0", 0), ValueError, r"parts\[1\]: rows"),
+    ]
+    for part, error, match in cases:
+        with pytest.raises(error, match=match):
+            Q.linear_gguf_parts(x, [good, part], 64)
+    np.testing.assert_array_equal(Q.linear_gguf_parts(x, [good, good], 64),
+                                  np.concatenate([Q.linear_gguf(x, blocks, "Q8_0", 4, 64)] * 2, axis=1))
+
+
 def test_flags_must_be_bools(rng):
     """A flag given a str or a number is a mistake (``"False"`` is truthy): TypeError naming it."""
     blocks = gguf_blocks(rng, "Q8_0", 4, 32)
@@ -811,6 +864,32 @@ def test_quantize_int8_float64_beyond_float32(recwarn):
     assert q[0, 0] == 127 and -33 <= q[0, 1] <= -31 and np.isfinite(s).all()
     assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]
 
+
+
+def test_float64_beyond_float32_is_refused_and_documented(rng, recwarn):
+    """A finite float64 value that float32 cannot hold (1e39) in x, scales or bias is a ValueError
+    naming the argument, without a RuntimeWarning, and each function's Raises section says so."""
+    q, s = Q.quantize_int8(rng.standard_normal((4, 32)).astype(np.float32))
+    blocks = gguf_blocks(rng, "Q8_0", 4, 32)
+    x, big = np.ones((2, 32)), np.full((2, 32), 1e39)
+    beyond = r"expected values within float32's range .*1e\+39"
+    with pytest.raises(ValueError, match="x: " + beyond):
+        Q.linear_int8(big, q, s)
+    with pytest.raises(ValueError, match="scales: " + beyond):
+        Q.linear_int8(x, q, np.full(4, 1e39))
+    with pytest.raises(ValueError, match="bias: " + beyond):
+        Q.linear_int8(x, q, s, np.full(4, 1e39))
+    with pytest.raises(ValueError, match="x: " + beyond):
+        Q.linear_gguf(big, blocks, "Q8_0", 4, 32)
+    with pytest.raises(ValueError, match="bias: " + beyond):
+        Q.linear_gguf(x, blocks, "Q8_0", 4, 32, bias=np.full(4, 1e39))
+    with pytest.raises(ValueError, match="x: " + beyond):
+        Q.linear_gguf_parts(big, [(blocks, "Q8_0", 4)], 32)
+    with pytest.raises(ValueError, match="x: " + beyond):
+        Q.quantize_q8_blocks(big)
+    assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]
+    for fn in (Q.quantize_int8, Q.linear_int8, Q.linear_gguf, Q.quantize_q8_blocks):
+        assert "beyond float32's range" in fn.__doc__.split("Raises:")[1], fn.__name__
 
 
 def test_outputs_beyond_memory_are_value_errors_naming_the_arguments():

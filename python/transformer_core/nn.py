@@ -108,6 +108,16 @@ def _grad_output(grad_output, name: str, shape: tuple, dtype) -> np.ndarray:
     return g
 
 
+def _check_output_fits(count: int, itemsize: int, what: str) -> None:
+    """ValueError when an output of ``count`` values of ``itemsize`` bytes exceeds this machine's
+    memory, in the words of the C++ layers' own check (``ops::require_allocatable``): made on the
+    input as given, before it is converted, so that a broadcast view (``np.broadcast_to``, stride 0)
+    of a huge shape is refused before its copy is made."""
+    limit = physical_memory_bytes()
+    if count > limit // itemsize:
+        raise ValueError(f"{what}: {count} values of {itemsize} bytes exceed this machine's memory ({limit} bytes)")
+
+
 def _unconverted(x, name: str, min_ndim: int) -> np.ndarray:
     """``x`` as :func:`to_numpy` gives it (a numpy array is itself: no copy, no dtype converted),
     with the checks :func:`as_float` makes before its copy: a real numeric dtype (``TypeError``), at
@@ -705,11 +715,14 @@ class Linear(Module):
         """``x (..., in_features) -> (..., out_features)`` in ``self.dtype``.
 
         Raises:
-            ValueError: empty ``x`` or last dim not ``in_features``. TypeError: non-numeric ``x``.
+            ValueError: empty ``x`` or last dim not ``in_features``; an output larger than this
+            machine's memory (checked before ``x`` is converted or copied). TypeError: non-numeric ``x``.
         """
         xa = _unconverted(x, "x", 1)
         if xa.shape[-1] != self.in_features:  # before the conversion (a copy)
             raise ValueError(f"x: expected last dim {self.in_features} (in_features), got shape {xa.shape}")
+        _check_output_fits(math.prod(xa.shape[:-1]) * self.out_features, np.dtype(self.dtype).itemsize,
+                           "x: the output (rows, out_features)")
         xa = as_float(xa, "x", self.dtype)
         x2 = xa.reshape(-1, self.in_features)
         if self.training:
@@ -775,11 +788,17 @@ class Embedding(Module):
 
         Raises:
             TypeError: non-integer ids. ValueError: an id out of range (named with its flat index),
-            empty input, or ids whose conversion to int64 needs more than this machine's memory
-            (e.g. a broadcast view of a huge shape; checked before any copy).
+            empty input, or ids whose output or conversion to int64 needs more than this machine's
+            memory (e.g. a broadcast view of a huge shape; checked before any copy).
         """
         ids = to_numpy(input_ids, "input_ids")
         shape = ids.shape
+        if ids.dtype.kind in "iuf":  # other dtypes: as_ids's TypeError first
+            # before any copy: the int64 copy of the ids (as_ids's check, in its words), then the output
+            if not (ids.flags.c_contiguous and ids.dtype == np.int64):
+                check_allocatable(shape, 8, "input_ids")
+            _check_output_fits(ids.size * self.embedding_dim, np.dtype(self.dtype).itemsize,
+                               "input_ids: the output (ids, embedding_dim)")
         # converted (a copy checked against memory) before flattening: ``reshape(-1)`` of a broadcast
         # view (``np.broadcast_to``, stride 0) would copy all of it, unchecked
         ids = as_ids(ids, "input_ids", ndim=max(ids.ndim, 1)).reshape(-1)

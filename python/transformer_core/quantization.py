@@ -46,11 +46,21 @@ rows they look up. Attention, norms, softmax and the activation functions (GELU,
 from __future__ import annotations
 
 import copy
+import math
 
 import numpy as np
 
 from ._runtime import core as _core
-from ._validation import as_float, check_allocatable, check_bool, check_positive_int, described
+from ._validation import (
+    as_float,
+    check_allocatable,
+    check_bool,
+    check_positive_int,
+    check_rank,
+    compute_dtype,
+    described,
+    to_numpy,
+)
 
 __all__ = [
     "GGML_TYPES",
@@ -133,42 +143,45 @@ def supported_isas() -> list:
 # Validation helpers
 # ------------------------------------------------------------------------------------------------
 
-def _ggml_type(ggml_type) -> str:
+def _ggml_type(ggml_type, arg: str = "ggml_type") -> str:
     """``"Q8_0"``/``"Q4_0"``/``"Q4_1"`` from a name or an enum member with that ``.name``
-    (``gguf.GGMLQuantizationType.Q4_0``)."""
+    (``gguf.GGMLQuantizationType.Q4_0``). Errors name ``arg`` (``"parts[1]: ggml_type"`` for one
+    part of several)."""
     name = ggml_type if isinstance(ggml_type, str) else getattr(ggml_type, "name", None)
     if not isinstance(name, str):
-        raise TypeError(f"ggml_type: expected a str such as 'Q4_0', got {type(ggml_type).__name__}")
+        raise TypeError(f"{arg}: expected a str such as 'Q4_0', got {type(ggml_type).__name__}")
     if name not in GGML_TYPES:
-        raise ValueError(f"ggml_type: expected one of {sorted(GGML_TYPES)}, got {name!r}")
+        raise ValueError(f"{arg}: expected one of {sorted(GGML_TYPES)}, got {name!r}")
     return name
 
 
-def _block_bytes(blocks, expected: int, what: str) -> np.ndarray:
+def _block_bytes(blocks, expected: int, what: str, arg: str = "blocks") -> np.ndarray:
     """``blocks`` as a 1-D uint8 array over the same memory: a numpy uint8 array of any shape (copied
     when not C-contiguous), or any object with the buffer protocol (bytes, bytearray, memoryview,
-    mmap), which must be C-contiguous (ValueError otherwise: its bytes are not the tensor's)."""
+    mmap), which must be C-contiguous (ValueError otherwise: its bytes are not the tensor's).
+    Errors name ``arg`` (``"parts[1]: blocks"`` for one part of several) and say ``what`` the bytes
+    hold."""
     if isinstance(blocks, np.ndarray):
         if blocks.dtype != np.uint8:
-            raise TypeError(f"blocks: expected raw bytes (a uint8 array or a bytes-like object), "
+            raise TypeError(f"{arg}: expected raw bytes (a uint8 array or a bytes-like object), "
                             f"got an array of dtype {blocks.dtype}")
         if blocks.size != expected:  # before a copy of bytes that are refused anyway
-            raise ValueError(f"blocks: expected {expected} bytes ({what}), got {blocks.size}")
+            raise ValueError(f"{arg}: expected {expected} bytes ({what}), got {blocks.size}")
         if not blocks.flags.c_contiguous:
-            check_allocatable(blocks.shape, 1, "blocks: its contiguous copy")
+            check_allocatable(blocks.shape, 1, f"{arg}: its contiguous copy")
         arr = np.ascontiguousarray(blocks).reshape(-1)
     else:
         try:
             view = memoryview(blocks)
         except TypeError:
-            raise TypeError(f"blocks: expected raw bytes (a uint8 array or a bytes-like object), "
+            raise TypeError(f"{arg}: expected raw bytes (a uint8 array or a bytes-like object), "
                             f"got {type(blocks).__name__}") from None
         if not view.c_contiguous:
-            raise ValueError(f"blocks: expected contiguous bytes, got a non-contiguous {type(blocks).__name__} "
+            raise ValueError(f"{arg}: expected contiguous bytes, got a non-contiguous {type(blocks).__name__} "
                              f"(shape {view.shape}, strides {view.strides}); pass bytes(blocks) or a contiguous copy")
         arr = np.frombuffer(view, dtype=np.uint8)
     if arr.size != expected:
-        raise ValueError(f"blocks: expected {expected} bytes ({what}), got {arr.size}")
+        raise ValueError(f"{arg}: expected {expected} bytes ({what}), got {arr.size}")
     return arr
 
 
@@ -197,11 +210,30 @@ def _check_output(rows: int, out_features: int, names: str) -> None:
                                                 f"float32)")
 
 
-def _rows(x, in_features: int | None, in_name: str):
-    """``x`` (..., in) as a float32 (rows, in) array and the leading shape."""
-    x = as_float(x, "x", np.float32, min_ndim=1)
-    if in_features is not None and x.shape[-1] != in_features:
-        raise ValueError(f"x: expected last dim {in_features} ({in_name}), got shape {x.shape}")
+def _input(x, in_features: int | None, in_name: str) -> np.ndarray:
+    """``x`` as :func:`to_numpy` gives it (a numpy array is itself: not converted, not copied), with
+    every check that needs no conversion: real numeric data (TypeError), at least 1-D and not empty,
+    the last dim ``in_features`` (ValueError). The caller checks the output's size on this array's
+    shape, then converts it (:func:`_rows`): a broadcast view (``np.broadcast_to``) of a huge shape
+    is refused before its copy is made."""
+    arr = to_numpy(x, "x")
+    compute_dtype(arr, "x")
+    check_rank(arr, "x", min_ndim=1)
+    if in_features is not None and arr.shape[-1] != in_features:
+        raise ValueError(f"x: expected last dim {in_features} ({in_name}), got shape {arr.shape}")
+    return arr
+
+
+def _row_count(arr: np.ndarray) -> int:
+    """The rows of ``(..., in)``: the product of the leading dims (1 for a 1-D array)."""
+    return math.prod(arr.shape[:-1])
+
+
+def _rows(arr: np.ndarray):
+    """``arr`` (..., in), checked by :func:`_input`, as a C-contiguous float32 (rows, in) array (a
+    copy checked against memory; a float64 value beyond float32's range is a ValueError) and the
+    leading shape."""
+    x = as_float(arr, "x", np.float32, min_ndim=1)
     return x.reshape(-1, x.shape[-1]), x.shape[:-1]
 
 
@@ -253,12 +285,18 @@ def linear_int8(x, qweight, scales, bias=None, *, residual_activations: bool = F
     exact in int32 and the rest float32 in that order — the same bits on every instruction set.
 
     With ``residual_activations``, the activations take a second int8 pass: the rounding residual
-    ``r = x_i − sx_i · xq[i]`` (at most ``sx_i / 2``, computed exactly) is quantized in units of
-    ``sr_i = sx_i / 256``, ``rq = rint(clip(r · float32(256 / sx_i), ±127))``, and its product is
-    added: ``y[i, j] += float32(Σ_k rq[i, k] · qweight[j, k]) · (sr_i · scales[j])``. Twice the
-    integer products; the activations' error drops from ``sx_i / 2`` to ``sx_i / 512`` per value, which
-    leaves the weights' rounding as the error that remains (on all-MiniLM-L6-v2 the nearest
-    neighbour of 98.6 % of 1,000 sentences, batch 32, stays the fp32 one, against 95.0 % with one pass).
+    ``r = x_i − sx_i · xq[i]`` (computed exactly; about ``sx_i / 2`` at most: float32's roundings
+    of ``sx_i`` and of ``x · (127 / amax)`` let it exceed that slightly, ``|r| ≤ (1 + 2^-14) · sx_i / 2``)
+    is quantized in units of ``sr_i = sx_i / 256``, ``rq = rint(clip(r · float32(256 / sx_i), ±127))``,
+    and its product is added: ``y[i, j] += float32(Σ_k rq[i, k] · qweight[j, k]) · (sr_i · scales[j])``.
+    Twice the integer products; the activations' error per value drops from ``sx_i / 2`` to
+    ``sx_i / 512`` (up to float32 rounding: ``(1 + 2^-14) · sx_i / 512`` at most), except where
+    ``|r| > 127.5 · sr_i`` (``r`` within 0.4 % of its largest value: about 0.4 % of the values of a
+    normally distributed row). There ``r / sr_i`` (up to about 128) is clamped to ±127 and the error is
+    ``|r| − 127 · sr_i``: up to ``sx_i / 256`` (``(1 + 2^-7) · sx_i / 256`` at most). E.g. the row
+    ``[127, 63.4999]`` (``sx = 1``): ``r = 0.4999``, ``rq = 127``, an error of ``0.0038``. That leaves
+    the weights' rounding as the error that remains (on all-MiniLM-L6-v2 the nearest neighbour of
+    98.6 % of 1,000 sentences, batch 32, stays the fp32 one, against 95.0 % with one pass).
 
     Args:
         x: ``(..., in_features)`` real array (computed in float32).
@@ -275,7 +313,10 @@ def linear_int8(x, qweight, scales, bias=None, *, residual_activations: bool = F
         TypeError: ``qweight`` not an int8 numpy array; a non-numeric ``x``/``scales``/``bias``;
             ``residual_activations`` not a bool.
         ValueError: shapes that disagree; ``x`` empty; ``in_features`` > 131072; an output (or the
-            contiguous copy of a broadcast or strided ``qweight``) larger than this machine's memory.
+            contiguous copy of a broadcast or strided ``qweight``) larger than this machine's memory
+            (checked on the shapes, before ``x`` is converted or copied); (a float64 ``x``,
+            ``scales`` or ``bias``) a value beyond float32's range (``|v| > 3.4028235e38``, which
+            float32 would make inf).
     """
     residual_activations = check_bool(residual_activations, "residual_activations")
     if not isinstance(qweight, np.ndarray) or qweight.dtype != np.int8:
@@ -287,12 +328,13 @@ def linear_int8(x, qweight, scales, bias=None, *, residual_activations: bool = F
     if in_features > INT8_MAX_IN_FEATURES:
         raise ValueError(f"qweight: expected in_features <= {INT8_MAX_IN_FEATURES} (the exact range of the "
                          f"int32 accumulator), got {in_features}")
-    x2, lead = _rows(x, in_features, "qweight's in_features")
+    xa = _input(x, in_features, "qweight's in_features")
     s = as_float(scales, "scales", np.float32, ndim=1)
     if s.shape != (out_features,):
         raise ValueError(f"scales: expected shape ({out_features},), got {s.shape}")
     b = _bias(bias, out_features)
-    _check_output(x2.shape[0], out_features, "x, qweight")
+    _check_output(_row_count(xa), out_features, "x, qweight")  # before x is converted (a copy)
+    x2, lead = _rows(xa)
     if not qweight.flags.c_contiguous:  # a broadcast or strided view: copied for the core
         check_allocatable(qweight.shape, 1, "qweight: its contiguous copy (a broadcast or strided view)")
     y = _core.linear_int8(x=x2, qweight=np.ascontiguousarray(qweight), scales=s, bias=b,
@@ -353,7 +395,10 @@ def linear_gguf(x, blocks, ggml_type, out_features: int, in_features: int, bias=
             not ints; a non-numeric ``x``/``bias``; ``quantize_activations`` not a bool.
         ValueError: unknown ``ggml_type``; ``in_features`` not a multiple of 32; ``blocks`` of the
             wrong length or not contiguous (a strided memoryview); ``x`` empty or its last dim !=
-            ``in_features``; ``bias`` of the wrong shape; an output larger than this machine's memory.
+            ``in_features``; ``bias`` of the wrong shape; an output larger than this machine's memory
+            (checked on the shapes, before ``x`` is converted or copied); (a float64 ``x`` or
+            ``bias``) a value beyond float32's range (``|v| > 3.4028235e38``, which float32 would
+            make inf).
 
     Source: the GGUF specification (ggml's ``docs/gguf.md``) and ``ggml-common.h``'s block structs;
     gguf-py's ``gguf.quants`` (numpy) decodes the same bytes to the same values.
@@ -364,9 +409,10 @@ def linear_gguf(x, blocks, ggml_type, out_features: int, in_features: int, bias=
     in_features = check_positive_int(in_features, "in_features")
     expected = _check_block_dims(name, out_features, in_features, "out_features", "in_features")
     data = _block_bytes(blocks, expected, f"{out_features} x {in_features} {name}")
-    x2, lead = _rows(x, in_features, "in_features")
+    xa = _input(x, in_features, "in_features")
     b = _bias(bias, out_features)
-    _check_output(x2.shape[0], out_features, "x, out_features")
+    _check_output(_row_count(xa), out_features, "x, out_features")  # before x is converted (a copy)
+    x2, lead = _rows(xa)
     y = _core.linear_gguf(x=x2, blocks=data, ggml_type=name, out_features=out_features, in_features=in_features,
                           bias=b, quantize_activations=quantize_activations)
     return y.reshape(*lead, out_features)
@@ -392,9 +438,9 @@ def linear_gguf_parts(x, parts, in_features: int, bias=None, quantize_activation
         ``(..., Σ rows)`` float32.
 
     Raises:
-        TypeError: ``parts`` not a sequence of triples; bytes or types as :func:`linear_gguf`;
-            ``quantize_activations`` not a bool.
-        ValueError: as :func:`linear_gguf`, naming the part.
+        TypeError: ``parts`` not a sequence of triples; bytes or types as :func:`linear_gguf`
+            (naming the part: ``parts[1]: blocks``); ``quantize_activations`` not a bool.
+        ValueError: as :func:`linear_gguf`, naming the part (``parts[1]: ggml_type``).
     """
     quantize_activations = check_bool(quantize_activations, "quantize_activations")
     in_features = check_positive_int(in_features, "in_features")
@@ -405,14 +451,16 @@ def linear_gguf_parts(x, parts, in_features: int, bias=None, quantize_activation
         if not isinstance(part, (tuple, list)) or len(part) != 3:
             raise TypeError(f"parts[{i}]: expected a (blocks, ggml_type, rows) triple, got {type(part).__name__}")
         blocks, ggml_type, rows = part
-        name = _ggml_type(ggml_type)
-        rows = check_positive_int(rows, f"parts[{i}] rows")
-        expected = _check_block_dims(name, rows, in_features, f"parts[{i}] rows", "in_features")
-        runs.append((_block_bytes(blocks, expected, f"parts[{i}]: {rows} x {in_features} {name}"), name, rows))
+        name = _ggml_type(ggml_type, f"parts[{i}]: ggml_type")
+        rows = check_positive_int(rows, f"parts[{i}]: rows")
+        expected = _check_block_dims(name, rows, in_features, f"parts[{i}]: rows", "in_features")
+        data = _block_bytes(blocks, expected, f"{rows} x {in_features} {name}", f"parts[{i}]: blocks")
+        runs.append((data, name, rows))
         out_features += rows
-    x2, lead = _rows(x, in_features, "in_features")
+    xa = _input(x, in_features, "in_features")
     b = _bias(bias, out_features)
-    _check_output(x2.shape[0], out_features, "x, parts")
+    _check_output(_row_count(xa), out_features, "x, parts")  # before x is converted (a copy)
+    x2, lead = _rows(xa)
     y = _core.linear_gguf_parts(x=x2, parts=runs, in_features=in_features, bias=b,
                                 quantize_activations=quantize_activations)
     return y.reshape(*lead, out_features)
@@ -457,9 +505,11 @@ def quantize_q8_blocks(x) -> tuple:
         ``(q, d)``: ``(..., cols)`` int8 and ``(..., cols / 32)`` float32, ``x ≈ d[..., b] * q[..., 32b:32b+32]``.
 
     Raises:
-        TypeError: a non-numeric ``x``. ValueError: ``x`` empty or its last dim not a multiple of 32.
+        TypeError: a non-numeric ``x``. ValueError: ``x`` empty or its last dim not a multiple of 32;
+            (a float64 ``x``) a value beyond float32's range (``|v| > 3.4028235e38``, which float32
+            would make inf).
     """
-    x2, lead = _rows(x, None, "")
+    x2, lead = _rows(_input(x, None, ""))
     cols = x2.shape[1]
     if cols % 32:
         raise ValueError(f"x: expected a last dim that is a multiple of 32, got shape {(*lead, cols)}")
@@ -726,7 +776,7 @@ def set_gguf_weights(module, weights) -> None:
     modules built by hand from GGUF tensors.
 
     Everything is checked before anything changes: the names, that each target is a Linear or
-    Embedding weight, that the rows of each packed matrix are all given, the byte counts. The
+    Embedding weight, that every part of a packed matrix is given, the byte counts. The
     bytes are not copied: keep them unchanged (a read-only memory map is ideal); the module keeps a
     reference to them.
 
@@ -739,8 +789,10 @@ def set_gguf_weights(module, weights) -> None:
     Raises:
         TypeError: not a transformer_core module; ``weights`` not a mapping; bytes not bytes.
         ValueError: a float64 module, or one in training mode; an unknown name, a weight that is
-            not a Linear/Embedding weight (or is stored transposed) or is already quantized, missing
-            rows of a packed matrix, wrong byte counts; the module is unchanged.
+            not a Linear/Embedding weight (or is stored transposed) or is already quantized, one
+            part of a packed matrix without the others (the message names the missing ones), an
+            unknown ``ggml_type``, wrong byte counts; the module is unchanged. Each message names
+            the entry (``weights['weight']: ggml_type: ...``).
     """
     from collections.abc import Mapping
 
@@ -757,21 +809,29 @@ def set_gguf_weights(module, weights) -> None:
         raise TypeError(f"weights: expected a mapping of name -> (ggml_type, blocks), got {type(weights).__name__}")
     slots = module._slots()
     formats = module.weight_formats()
+    group_of = _linear_weight_groups(module)  # name -> the names of the packed matrix it is part of
     per_impl = {}
     for name, value in weights.items():
         if name not in slots:
             raise ValueError(f"weights: unknown name {name!r} (expected one of {list(slots)})")
         slot = slots[name]
+        entry = f"weights[{name!r}]"
         if slot.transposed or len(slot.shape) != 2:
-            raise ValueError(f"weights[{name!r}]: expected a 2-D weight stored as (out, in), got shape {slot.shape}"
+            raise ValueError(f"{entry}: expected a 2-D weight stored as (out, in), got shape {slot.shape}"
                              f"{' (transposed)' if slot.transposed else ''}")
         if not isinstance(value, (tuple, list)) or len(value) != 2:
-            raise TypeError(f"weights[{name!r}]: expected a (ggml_type, blocks) pair, got {type(value).__name__}")
+            raise TypeError(f"{entry}: expected a (ggml_type, blocks) pair, got {type(value).__name__}")
         if formats[name] != "float32":
-            raise ValueError(f"weights[{name!r}]: expected a float32 weight, got one already held as {formats[name]}")
-        ggml_type, blocks = _ggml_type(value[0]), value[1]
-        expected = _check_block_dims(ggml_type, slot.shape[0], slot.shape[1], f"{name} rows", f"{name} in_features")
-        raw = _block_bytes(blocks, expected, f"{name}: {slot.shape[0]} x {slot.shape[1]} {ggml_type}")
+            raise ValueError(f"{entry}: expected a float32 weight, got one already held as {formats[name]}")
+        missing = [n for n in group_of.get(name, [name]) if n not in weights]
+        if missing:  # the C++ check would only say which rows have no blocks
+            raise ValueError(f"weights: missing {missing}: {name!r} is one part of the packed matrix "
+                             f"{group_of[name]}, whose blocks replace its float32 rows all at once: give every "
+                             f"part; the module is unchanged")
+        ggml_type, blocks = _ggml_type(value[0], f"{entry}: ggml_type"), value[1]
+        expected = _check_block_dims(ggml_type, slot.shape[0], slot.shape[1], f"{entry}: rows",
+                                     f"{entry}: in_features")
+        raw = _block_bytes(blocks, expected, f"{slot.shape[0]} x {slot.shape[1]} {ggml_type}", f"{entry}: blocks")
         per_impl.setdefault(id(slot.impl), (slot.impl, [], []))
         per_impl[id(slot.impl)][1].append((slot.core_name, ggml_type, raw))
         per_impl[id(slot.impl)][2].append(name)
@@ -820,8 +880,9 @@ def set_quantize_activations(model, on: bool = True) -> int:
 def set_residual_activations(model, on: bool = True) -> int:
     """Chooses how ``model``'s int8 weights meet their activations: in two int8 passes, the value and
     its rounding residual (``on``; see :func:`linear_int8`: twice the integer products, activation
-    error ``sx / 512`` per value instead of ``sx / 2``), or one pass (``on=False``, the default, as
-    ``torch.ao.quantization.quantize_dynamic``).
+    error ``sx / 512`` per value instead of ``sx / 2``, but up to ``sx / 256`` for the values whose
+    residual is within 0.4 % of ``sx / 2``, where it is clamped), or one pass (``on=False``, the
+    default, as ``torch.ao.quantization.quantize_dynamic``).
 
     Args:
         model: a transformer_core model (or ``SentenceEncoder``).
