@@ -245,8 +245,29 @@ def test_open_source_bad_arguments(tmp_path):
         corpus.open_source(text, errors="ignore")
     with pytest.raises(ValueError, match="text_field: only for"):
         corpus.open_source(text, text_field="text")
-    with pytest.raises(TypeError, match="input"):
+    with pytest.raises(TypeError, match=r"^path: expected a str or os.PathLike, got int$"):
         corpus.open_source(3)
+
+
+def test_open_source_errors_name_its_argument(tmp_path, tiny_model_dir):
+    """open_source's errors said ``input:``, an argument it does not have (its parameter is
+    ``path``); now they name ``path``, while embed_file and embed_corpus (whose argument is
+    ``input``) say ``input`` and the CLI ``--file``. Nothing is written by any of them."""
+    missing = tmp_path / "missing.txt"
+    text = write_lines(tmp_path / "t.txt", ["x"])
+    cases = [(missing, FileNotFoundError, rf"{re.escape(str(missing))}: no such file$"),
+             (tmp_path, IsADirectoryError, rf"{re.escape(str(tmp_path))} is a directory, expected a file$"),
+             ("/dev/null", ValueError, r"/dev/null is not a regular file \(a pipe or a device\)"),
+             (str(text) + "\0", ValueError, r"expected a path, got '.*t\.txt\\x00', which holds a NUL character"),
+             (None, TypeError, r"expected a str or os\.PathLike, got NoneType$")]
+    for path, error, match in cases:
+        with pytest.raises(error, match="^path: " + match):
+            corpus.open_source(path)
+        with pytest.raises(error, match="^input: " + match):
+            corpus.embed_file(path, tmp_path / "e.npy", model=str(tiny_model_dir))
+    assert sorted(os.listdir(tmp_path)) == ["t.txt"]
+    proc = run_cli("embed", "--file", missing, "--out", tmp_path / "e.npy", check=False)
+    assert proc.returncode == 2 and proc.stderr == f"transformer_core embed: --file: {missing}: no such file\n"
 
 
 # ------------------------------------------------------------- equality with SentenceEncoder.encode
@@ -632,6 +653,58 @@ def test_finish_keeps_only_the_parts_of_its_run(tmp_path, tiny_model_dir, tiny_e
     assert pq.read_table(out).num_rows == 25
 
 
+def test_prepare_checks_its_arguments_before_anything_is_written(tmp_path, tiny_model_dir):
+    """EmbedJob.prepare checked none of these: batch_size=0 was written into a manifest that
+    read_manifest then refused as damaged, normalize='no' was stored as true, resume=1 taken as
+    True, a model dict without 'dim' failed at start() with KeyError: 'dim', and a list as source
+    with AttributeError. Each is now refused naming the argument, before anything is written."""
+    f = write_lines(tmp_path / "c.txt", ["one", "two", "three"])
+    out = tmp_path / "e.npy"
+    mid = corpus.model_identity(str(tiny_model_dir))
+    src = corpus.open_source(f)
+    cases = [
+        ({"batch_size": 0}, ValueError, r"^batch_size: expected an int in \[1, 2\*\*63 - 1\], got 0$"),
+        ({"batch_size": True}, TypeError, "^batch_size: expected an int, got bool True$"),
+        ({"batch_size": 2.0}, TypeError, "^batch_size: expected an int, got float 2.0$"),
+        ({"chunk_size": 0}, ValueError, r"^chunk_size: expected an int in \[1, 2\*\*63 - 1\], got 0$"),
+        ({"normalize": "no"}, TypeError, "^normalize: expected a bool, got str 'no'$"),
+        ({"normalize": 0}, TypeError, "^normalize: expected a bool, got int 0$"),
+        ({"resume": 1}, TypeError, "^resume: expected a bool, got int 1$"),
+        ({"overwrite": "yes"}, TypeError, "^overwrite: expected a bool, got str 'yes'$"),
+        ({"model": {"x": 1}}, ValueError, r"^model: expected a dict from model_identity\(\), with 'name' \(a str\); "
+                                          r"got one with the keys \['x'\]$"),
+        ({"model": str(tiny_model_dir)}, TypeError, r"^model: expected the dict of model_identity\(\) "
+                                                    r"\(model_identity\(name\) makes it\), got str$"),
+        ({"model": {k: v for k, v in mid.items() if k != "dim"}}, ValueError, r"^model: expected a dict from "
+                                                                              r"model_identity\(\), with 'dim'"),
+        ({"model": {**mid, "dim": 0}}, ValueError, "^model: expected 'dim' an int >= 1, got int 0$"),
+        ({"model": {**mid, "dim": np.int64(32)}}, ValueError, "^model: expected 'dim' an int >= 1, got int64 32$"),
+        ({"model": {**mid, "fingerprint": None}}, ValueError, "^model: expected 'fingerprint' a str, got NoneType"),
+        ({"model": {**mid, "fingerprint_version": True}}, ValueError, "^model: expected 'fingerprint_version' an "
+                                                                      "int >= 1, got bool True$"),
+        ({"model": {**mid, "quantize": "int4"}}, ValueError, "^model: expected 'quantize' one of 'int8' .*got str "
+                                                             "'int4'$"),
+        ({"source": ["one", "two"]}, TypeError, r"^source: expected a TextSource \(open_source\) or a ListSource, "
+                                                r"got list$"),
+        ({"source": str(f)}, TypeError, "^source: expected a TextSource .*got str$"),
+    ]
+    for change, error, match in cases:
+        kwargs = {"source": src, "out": out, "model": mid, **change}
+        with pytest.raises(error, match=match):
+            corpus.EmbedJob.prepare(**kwargs)
+        # the same with an output that exists and would be replaced or resumed: still refused first
+        with pytest.raises(error, match=match):
+            corpus.EmbedJob.prepare(**{**kwargs, "resume": change.get("resume", True)})
+    assert sorted(os.listdir(tmp_path)) == ["c.txt"]
+    # what the checks let through is recorded as given: normalize false, batch_size an int
+    job = corpus.EmbedJob.prepare(src, out, mid, normalize=np.bool_(False), batch_size=np.int64(7))
+    job.start()
+    job.close()
+    man = corpus.read_manifest(out)
+    assert man["normalize"] is False and man["batch_size"] == 7 and type(man["batch_size"]) is int
+    assert man["model"] == mid and man["num_rows"] == 3
+
+
 def test_resume_takes_the_run_over(tmp_path, tiny_model_dir):
     """A resumed run draws a new run id: the interrupted run's writers are refused from then on."""
     lines = corpus_lines(30)
@@ -846,6 +919,29 @@ def test_completed_chunks_are_stored_as_ranges():
     for i in range(1000):
         corpus._add_to_ranges(ranges, i)
     assert ranges == [[0, 1000]]
+
+
+def test_completed_chunks_checks_its_manifest(search_index):
+    """completed_chunks (public) of {} raised KeyError: 'completed', of None "'NoneType' object is
+    not subscriptable"; now it names ``manifest`` and says what it expected."""
+    _, outs = search_index
+    man = corpus.read_manifest(outs["npy"])
+    assert corpus.completed_chunks(man) == set(range(man["num_chunks"])) and man["num_chunks"] > 1
+    assert corpus.completed_chunks({"completed": [[0, 2], [5, 7]]}) == {0, 1, 5, 6}
+    assert corpus.completed_chunks({"completed": []}) == set()
+    for bad, error, match in (
+            (None, TypeError, r"^manifest: expected a dict \(as read_manifest returns\), got NoneType$"),
+            ([[0, 1]], TypeError, r"^manifest: expected a dict \(as read_manifest returns\), got list$"),
+            ({}, ValueError, r"^manifest: expected a dict with a 'completed' list of \[first, stop\) chunk ranges "
+                             r"\(as read_manifest returns\), got one with the keys \[\]$"),
+            ({"completed": None}, ValueError, r"^manifest: expected 'completed' a list of sorted, disjoint, "
+                                              r"non-touching \[first, stop\) chunk ranges .*got NoneType None$"),
+            ({"completed": [[2, 1]]}, ValueError, r"^manifest: expected 'completed' .*got list \[\[2, 1\]\]$"),
+            ({"completed": [[0, 2], [2, 3]]}, ValueError, r"^manifest: expected 'completed' .*non-touching"),
+            ({"completed": [[0, 1.5]]}, ValueError, r"^manifest: expected 'completed' "),
+            ({"completed": [[-1, 1]]}, ValueError, r"^manifest: expected 'completed' ")):
+        with pytest.raises(error, match=match):
+            corpus.completed_chunks(bad)
 
 
 def test_merge_topk_is_independent_of_blocking():
@@ -1148,7 +1244,7 @@ def test_a_pipe_as_input_is_refused_before_anything_is_read(tmp_path):
     to the binary check and were lost to the embedding; a named FIFO hung on its second open)."""
     fifo = tmp_path / "in.fifo"
     os.mkfifo(fifo)
-    with pytest.raises(ValueError, match=rf"^input: {re.escape(str(fifo))} is not a regular file .*save it to a file"):
+    with pytest.raises(ValueError, match=rf"^path: {re.escape(str(fifo))} is not a regular file .*save it to a file"):
         corpus.open_source(fifo)
 
 
@@ -1990,6 +2086,45 @@ def test_write_parquet_part_checks_its_arguments_first(tmp_path):
     assert stored.dtype == np.float32 and np.array_equal(stored, emb)
 
 
+def test_float64_beyond_float32_range_is_refused_not_stored_as_inf(tmp_path, tiny_model_dir):
+    """write_parquet_part stores embeddings as float32: a float64 1e300 became inf in the part with
+    only a numpy RuntimeWarning (and so in a .npy output through its writer). Now both refuse a
+    finite value beyond float32's range, naming the argument, before anything is written; float32's
+    largest value given as float64, and an inf given, are stored as they are."""
+    d = tmp_path / "ds"
+    d.mkdir()
+    big = np.array([[1.0, 2.0], [-1e39, 3.0]])
+    with pytest.raises(ValueError, match=r"^embeddings: expected values within float32's range \(\|v\| <= "
+                                         r"3\.4028235e\+38\), got -1e\+39 at index \(1, 0\) \(which overflows "
+                                         r"float32\)$"):
+        corpus.write_parquet_part(d, 3, 5, 0, ["a", "b"], big)
+    assert os.listdir(d) == []
+    top = float(np.finfo(np.float32).max)
+    edge = np.array([[top, -top], [np.inf, 0.5]])
+    stored = pq.read_table(corpus.write_parquet_part(d, 3, 5, 0, ["a", "b"], edge))
+    stored = stored.column("embedding").combine_chunks().flatten().to_numpy().reshape(2, 2)
+    assert stored.dtype == np.float32 and stored.tolist() == edge.tolist()
+
+    out = tmp_path / "e.npy"
+    job = corpus.EmbedJob.prepare(corpus.ListSource(["a", "b", "c"]), out, corpus.model_identity(str(tiny_model_dir)),
+                                  chunk_size=2)
+    job.start()
+    writer = job.writer()
+    rows = np.zeros((2, job.dim))
+    rows[0, 5] = 1e300
+    with pytest.raises(ValueError, match=r"^emb: expected values within float32's range .*got 1e\+300 at index "
+                                         r"\(0, 5\)"):
+        writer.write(0, ["a", "b"], rows)
+    rows[0, 5] = top
+    writer.write(0, ["a", "b"], rows)
+    job.commit(0)
+    writer.close()
+    job.close()
+    saved = np.load(f"{out}.partial")
+    assert saved.dtype == np.float32 and saved[0, 5] == top and np.isfinite(saved).all()
+    assert Path(f"{out}.texts.jsonl").read_text() == '"a"\n"b"\n'  # the refused write added no text
+
+
 def test_write_parquet_part_names_the_part_when_the_directory_goes(tmp_path, monkeypatch):
     """An OS error while the part is written names the part (the documented contract), never the
     hidden temp file: here the directory removed between the checks and the write."""
@@ -2027,7 +2162,7 @@ def test_path_and_query_arguments_are_named(tmp_path, search_index, tiny_model_d
     nul = str(tmp_path / "x\0.npy")
     for call, name in ((lambda: corpus.embed_file(["a"], nul, model=str(tiny_model_dir)), "out"),
                        (lambda: corpus.search(nul, "q"), "index"),
-                       (lambda: corpus.open_source(nul), "input"),
+                       (lambda: corpus.open_source(nul), "path"),
                        (lambda: corpus.embed_file(nul, tmp_path / "e.npy", model=str(tiny_model_dir)), "input"),
                        (lambda: corpus.read_manifest(nul), "out")):
         with pytest.raises(ValueError, match=rf"^{name}: expected a path, got '.*x\\x00\.npy', which holds a NUL "

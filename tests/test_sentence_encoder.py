@@ -694,6 +694,29 @@ def test_pooling_and_prompts_of_an_unknown_users_folder_are_file_not_found():
             read("~no_such_user_tc_39/m")
 
 
+def test_pooling_and_prompts_refuse_what_is_not_a_model_folder(tmp_path, model_dir):
+    """``read_pooling`` / ``read_prompts`` of a missing folder or of a file gave the defaults (mean
+    pooling, no prompts) as if it were a plain BERT folder, and of 5 or None a TypeError naming
+    nothing; now they refuse them as :func:`transformer_folder` does, naming ``model_dir``."""
+    from transformer_core.sentence_encoder import read_pooling, read_prompts, transformer_folder
+
+    afile = tmp_path / "config.json"
+    afile.write_text("{}")
+    for read in (read_pooling, read_prompts, transformer_folder):
+        with pytest.raises(NotADirectoryError, match=r"^model_dir: expected a model folder, got "
+                                                     r"'.*missing' \(no such folder\)$"):
+            read(tmp_path / "missing")
+        with pytest.raises(NotADirectoryError, match=r"^model_dir: expected a model folder, got "
+                                                     r"'.*config\.json' \(not a folder\)$"):
+            read(str(afile))
+        for bad, kind in ((5, "int"), (None, "NoneType"), (b"x", "bytes")):
+            with pytest.raises(TypeError, match=rf"^model_dir: expected a str or os.PathLike, got {kind}$"):
+                read(bad)
+    # a real folder still reads (all-MiniLM-L6-v2: mean pooling + Normalize, no prompts)
+    assert read_pooling(model_dir) == {"pooling": "mean", "normalize": True}
+    assert read_prompts(model_dir) == {"prompts": {}, "default_prompt_name": None, "include_prompt": True}
+
+
 # ----------------------------------------------------------- settings assigned after construction
 def _fresh_encoder(encoder):
     """An encoder of its own (its own Tokenizer; the model shared, never changed) for tests that

@@ -115,7 +115,16 @@ try:
 except ImportError:  # Windows: runs of a .npy output are not locked (the checks of commit/finish remain)
     fcntl = None
 
-from ._validation import check_bool, check_choice, check_int, check_positive_int
+from ._validation import (
+    MAX_SIZE,
+    _contiguous,
+    check_bool,
+    check_choice,
+    check_int,
+    check_optional_int,
+    check_positive_int,
+    described,
+)
 from .hub import DEFAULT_MODEL, JSON_ERRORS, json_problem, read_config, resolve_model_dir
 from .tokenizer import check_unicode
 
@@ -600,13 +609,19 @@ def open_source(path, input_format: str | None = None, text_field: str | None = 
 
     Raises:
         TypeError: ``path`` not a str or path. FileNotFoundError: no such file.
-        IsADirectoryError: ``path`` is a directory. ValueError: an unknown format or error mode,
-        ``text_field`` for text input, or a text/JSONL/CSV file that is binary (a NUL byte in its
-        first 8 KiB).
+        IsADirectoryError: ``path`` is a directory. ValueError: ``path`` holding a NUL character,
+        or naming something that is not a regular file (a pipe, a FIFO, a device: the input is read
+        more than once); an unknown format or error mode, ``text_field`` for text input, or a
+        text/JSONL/CSV file that is binary (a NUL byte in its first 8 KiB).
+        The errors about the path name ``path``.
     """
-    if not isinstance(path, (str, os.PathLike)):
-        raise TypeError(f"input: expected a path, got {type(path).__name__}")
-    _check_path_type(path, "input")
+    return _open_source(path, input_format, text_field, errors, "path")
+
+
+def _open_source(path, input_format, text_field, errors, name: str) -> TextSource:
+    """:func:`open_source`, its errors about the path naming the argument ``name`` (``"input"``
+    for :func:`embed_file` and ``embed_corpus``, ``"--file"`` for the CLI)."""
+    _check_path_type(path, name)
     if errors not in ("strict", "skip"):
         raise ValueError(f"errors: expected 'strict' or 'skip', got {errors!r}")
     p = _user_path(path)
@@ -622,18 +637,18 @@ def open_source(path, input_format: str | None = None, text_field: str | None = 
     elif not isinstance(text_field, str) or not text_field:
         raise ValueError(f"text_field: expected a non-empty str, got {text_field!r}")
     if not p.exists():
-        raise FileNotFoundError(f"input: {p}: no such file")
+        raise FileNotFoundError(f"{name}: {p}: no such file")
     if p.is_dir():
-        raise IsADirectoryError(f"input: {p} is a directory, expected a file")
+        raise IsADirectoryError(f"{name}: {p} is a directory, expected a file")
     if not stat.S_ISREG(p.stat().st_mode):  # a pipe, /dev/stdin, a FIFO: read once, it loses what was read
-        raise ValueError(f"input: {p} is not a regular file (a pipe or a device); the input is read more than "
+        raise ValueError(f"{name}: {p} is not a regular file (a pipe or a device); the input is read more than "
                          f"once (to check it, to resume): save it to a file first")
     if input_format != "parquet":
         with open(p, "rb") as f:
             head = f.read(_SNIFF_BYTES)
         nul = head.find(b"\0")
         if nul >= 0:
-            raise ValueError(f"input: {p} looks like a binary file (a NUL byte at offset {nul}), expected UTF-8 "
+            raise ValueError(f"{name}: {p} looks like a binary file (a NUL byte at offset {nul}), expected UTF-8 "
                              f"text ({input_format}); a UTF-16 file must be converted to UTF-8 first")
     return TextSource(p, input_format, text_field, errors)
 
@@ -925,8 +940,30 @@ def _check_manifest(man: dict, path: Path) -> None:
 
 
 def completed_chunks(manifest: dict) -> set[int]:
-    """The chunk indices a manifest records as done (stored as ``[first, stop)`` ranges)."""
-    return {i for a, b in manifest["completed"] for i in range(a, b)}
+    """The chunk indices a manifest records as done (stored as ``[first, stop)`` ranges).
+
+    Args:
+        manifest: a manifest, as :func:`read_manifest` returns it (a dict whose ``"completed"`` is
+            a list of sorted, disjoint, non-touching ``[first, stop)`` ranges of ints >= 0, as
+            the runs keep them: ``[[0, 2], [2, 3]]`` is written ``[[0, 3]]``).
+
+    Returns:
+        The set of indices ``i`` with ``first <= i < stop`` for one of the ranges.
+
+    Raises:
+        TypeError: ``manifest`` not a dict. ValueError: ``manifest`` without ``"completed"``, or
+            whose ``"completed"`` is not such a list of ranges (both naming ``manifest``).
+    """
+    if not isinstance(manifest, dict):
+        raise TypeError(f"manifest: expected a dict (as read_manifest returns), got {type(manifest).__name__}")
+    ranges = manifest.get("completed", _MISSING)
+    if ranges is _MISSING:
+        raise ValueError(f"manifest: expected a dict with a 'completed' list of [first, stop) chunk ranges (as "
+                         f"read_manifest returns), got one with the keys {sorted(map(str, manifest))}")
+    if not _are_ranges(ranges, MAX_SIZE):
+        raise ValueError(f"manifest: expected 'completed' a list of sorted, disjoint, non-touching [first, stop) "
+                         f"chunk ranges (ints, 0 <= first < stop), got {described(ranges)}")
+    return {i for a, b in ranges for i in range(a, b)}
 
 
 def _num_completed(manifest: dict) -> int:
@@ -1082,6 +1119,35 @@ def _check_model(model) -> Path:
     return resolve_model_dir(model, "model")
 
 
+def _check_model_identity(model) -> None:
+    """Refuses a ``model`` argument of :meth:`EmbedJob.prepare` that is not a :func:`model_identity`
+    dict: every field a run reads or records (in the manifest, which :func:`read_manifest` checks
+    the same way) must be there, of its type.
+
+    Raises:
+        TypeError: ``model`` not a dict. ValueError: a field missing, or of the wrong type or
+            value, naming ``model`` and the field.
+    """
+    from .quantization import QUANTIZED_FORMATS
+
+    if not isinstance(model, dict):
+        raise TypeError(f"model: expected the dict of model_identity() (model_identity(name) makes it), got "
+                        f"{type(model).__name__}")
+    fields = (("name", "a str", lambda v: isinstance(v, str)),
+              ("fingerprint", "a str", lambda v: isinstance(v, str)),
+              ("fingerprint_version", "an int >= 1", lambda v: _is_int(v, 1)),
+              ("dim", "an int >= 1", lambda v: _is_int(v, 1)))
+    for key, expected, ok in fields:
+        if key not in model:
+            raise ValueError(f"model: expected a dict from model_identity(), with {key!r} ({expected}); got one "
+                             f"with the keys {sorted(map(str, model))}")
+        if not ok(model[key]):
+            raise ValueError(f"model: expected {key!r} {expected}, got {described(model[key])}")
+    if "quantize" in model and model["quantize"] not in QUANTIZED_FORMATS:
+        raise ValueError(f"model: expected 'quantize' one of {', '.join(map(repr, QUANTIZED_FORMATS))} (or no such "
+                         f"key), got {described(model['quantize'])}")
+
+
 def _model_identity(model, quantize: str | None = None) -> dict:
     """:func:`model_identity` of a run's ``model`` argument, a bad one named ``model``
     (:func:`_check_model`)."""
@@ -1160,9 +1226,11 @@ def write_parquet_part(directory, index: int, width: int, start: int, texts: lis
         ``texts`` not a list of str; ``embeddings`` not an array of floats; ``run`` neither None
         nor a str. ValueError: ``index`` or ``start`` < 0, ``width`` outside ``[1, 19]``, no
         texts, a text that is not valid Unicode, ``embeddings`` not 2-D, with another number of
-        rows than ``texts`` or with no columns; a ``run`` that is not a run id (letters and digits,
-        at most 64). FileNotFoundError / NotADirectoryError: ``directory`` does not exist (``run``
-        None) / is not a directory (named).
+        rows than ``texts`` or with no columns, or holding a finite value beyond float32's range
+        (``|v| > 3.4028235e38``, float64: stored as float32 it would be inf; an inf or NaN given
+        is stored as it is); a ``run`` that is not a run id (letters and digits, at most 64).
+        FileNotFoundError / NotADirectoryError: ``directory`` does not exist (``run`` None) / is
+        not a directory (named).
         OSError: the disk refused the write (the error names the part, not the temp file, which
         is removed); with errno ESTALE: ``directory`` is not (or no longer) the data of ``run``,
         or is gone while ``run`` is given (nothing written).
@@ -1185,6 +1253,8 @@ def write_parquet_part(directory, index: int, width: int, start: int, texts: lis
     if emb.ndim != 2 or emb.shape[0] != len(texts) or emb.shape[1] < 1:
         raise ValueError(f"embeddings: expected shape ({len(texts)}, dim) with dim >= 1 (one row per text), "
                          f"got {emb.shape}")
+    # as float32, a finite value beyond its range refused (the cast would store inf)
+    emb = _contiguous(emb, DTYPE, "embeddings")
     if run is not None:
         if not isinstance(run, str):
             raise TypeError(f"run: expected None or a run id (str), got {type(run).__name__}")
@@ -1200,7 +1270,6 @@ def write_parquet_part(directory, index: int, width: int, start: int, texts: lis
     pa = _need_pyarrow("Parquet output")
     import pyarrow.parquet as pq
 
-    emb = np.ascontiguousarray(emb, dtype=DTYPE)
     n, dim = emb.shape
     table = pa.table({
         "id": pa.array(np.arange(start, start + n, dtype=np.int64)),
@@ -1356,13 +1425,16 @@ class _NpyWriter:
         Returns:
             the manifest fields this chunk updates: ``{"texts_bytes": <sidecar length>}``.
         Raises:
+            ValueError: ``emb`` of another shape, or holding a finite value beyond float32's range
+            (float64: stored as float32 it would be inf); nothing written.
             OSError: the disk refused the write (the file is named; the manifest is then not
             updated, and a resumed run writes the chunk again); ESTALE: the ``.npy`` at its path is
             no longer the one this writer opened (another run replaced it; nothing written).
         """
-        rows = np.ascontiguousarray(emb, dtype=DTYPE)
+        rows = np.asarray(emb)
         if rows.shape != (len(texts), self.dim):
             raise ValueError(f"emb: expected shape ({len(texts)}, {self.dim}), got {rows.shape}")
+        rows = _contiguous(rows, DTYPE, "emb")  # a finite value beyond float32's range refused, not stored as inf
         data = memoryview(rows).cast("B")
         offset = self.offset + start * self.dim * DTYPE.itemsize
         try:
@@ -1532,20 +1604,28 @@ class EmbedJob:
         removes nothing.
 
         Args:
-            source: a :class:`TextSource` or :class:`ListSource`.
+            source: a :class:`TextSource` (:func:`open_source`) or :class:`ListSource`.
             out: ``*.npy`` or ``*.parquet`` (a leading ``~`` is the home directory); its directory
                 must exist.
-            model: :func:`model_identity` of the model that will embed.
+            model: :func:`model_identity` of the model that will embed: a dict with ``"name"`` and
+                ``"fingerprint"`` (str), ``"fingerprint_version"`` and ``"dim"`` (ints >= 1), and
+                optionally ``"quantize"`` (one of ``QUANTIZED_FORMATS``).
             chunk_size: texts per chunk (default ``DEFAULT_CHUNK_SIZE``; a resumed run keeps its own).
             resume: continue the run whose manifest is ``OUT.npy.manifest.json`` / ``OUT.parquet.manifest.json``.
             overwrite: replace an existing output (removed only when :meth:`start` runs).
+            normalize: whether the rows are L2-normalised, recorded in the manifest.
             batch_size: texts per forward pass, recorded: a resumed run must use the same (a batch
                 rounds each text by its shape, about 1e-7, so another would not give the bits an
                 uninterrupted run gives). None: not recorded, not checked.
 
         Raises:
-            TypeError: ``chunk_size`` not an int (None: the default); ``out`` not a str or path.
-            ValueError: a bad ``out`` suffix; ``chunk_size`` outside ``[1, 2**63 - 1]``; ``out``
+            Every argument is checked first, before the input is read:
+            TypeError: ``source`` neither a TextSource nor a ListSource; ``model`` not a dict;
+                ``chunk_size`` or ``batch_size`` neither None nor an int; ``resume``, ``overwrite``
+                or ``normalize`` not a bool (0 and 1 included); ``out`` not a str or path.
+            ValueError: a bad ``out`` suffix; ``model`` without one of its fields, or with one of
+                the wrong type or value (named); ``chunk_size`` or ``batch_size`` outside
+                ``[1, 2**63 - 1]``; both ``resume`` and ``overwrite``; ``out``
                 that is the input file (or holds it: see :func:`_check_not_input`); a resumed run
                 whose model, quantize setting, input, chunk size or batch size differ, or whose
                 manifest is damaged; an input with no text; a bad record (strict mode); another run
@@ -1554,10 +1634,18 @@ class EmbedJob:
                 with its data gone. NotADirectoryError: ``out``'s directory is a file (or below one).
             FileExistsError: the output exists and neither ``resume`` nor ``overwrite`` was given.
         """
+        if not isinstance(source, (TextSource, ListSource)):
+            raise TypeError(f"source: expected a TextSource (open_source) or a ListSource, got "
+                            f"{type(source).__name__}")
         kind = _output_kind(out)
         out = _user_path(out)
+        _check_model_identity(model)
         if chunk_size is not None:  # bounded as batch_size: a larger one would fail only when a chunk is cut
             chunk_size = check_int(chunk_size, "chunk_size", 1)
+        batch_size = check_optional_int(batch_size, "batch_size", 1)
+        resume = check_bool(resume, "resume")
+        overwrite = check_bool(overwrite, "overwrite")
+        normalize = check_bool(normalize, "normalize")
         if resume and overwrite:
             raise ValueError("resume and overwrite: give one or the other")
         _check_not_input(source, out)
@@ -1589,7 +1677,7 @@ class EmbedJob:
         num_chunks = -(-n // chunk_size)
         manifest = {
             "format": MANIFEST_FORMAT, "version": MANIFEST_VERSION, "kind": kind,
-            "model": model, "dtype": DTYPE.name, "normalize": bool(normalize),
+            "model": model, "dtype": DTYPE.name, "normalize": normalize,
             "input": identity, "num_rows": n, "chunk_size": chunk_size, "num_chunks": num_chunks,
             "part_width": max(5, len(str(num_chunks - 1))), "run": _new_run_id(), "completed": [], "texts_bytes": 0,
             "complete": False, "num_skipped": source.num_skipped,
@@ -1598,7 +1686,7 @@ class EmbedJob:
         if batch_size is not None:
             manifest["batch_size"] = batch_size
         job = cls(out, kind, manifest, source)
-        job._overwrite = bool(overwrite)
+        job._overwrite = overwrite
         return job
 
     @classmethod
@@ -1982,8 +2070,8 @@ def embed_file(input, out, *, model=DEFAULT_MODEL, input_format: str | None = No
         ``input_format`` or ``text_field`` given with an input that is not a path (a list or a
         :class:`TextSource`, read as given or as it was opened); ``errors`` not ``"strict"`` or
         ``"skip"`` (whatever the input); an empty or whitespace-only text in a list (as
-        :class:`ListSource`); and as :func:`open_source`, :meth:`EmbedJob.prepare` and
-        ``SentenceEncoder.from_pretrained``.
+        :class:`ListSource`); and as :func:`open_source` (its errors about the path naming
+        ``input``), :meth:`EmbedJob.prepare` and ``SentenceEncoder.from_pretrained``.
         FileNotFoundError: no such ``model`` (named ``model``).
         NotADirectoryError: ``out``'s directory is a regular file.
         OSError: the disk cannot hold the output (a ``.npy`` fails before its first chunk, its
@@ -2033,7 +2121,7 @@ def _as_source(input, input_format, text_field, errors):
     read as it was opened), and ``input_format``/``text_field`` refused unless the input is a path
     they apply to (as the CLI refuses ``--format``/``--text-field`` without ``--file``)."""
     if not isinstance(input, (TextSource, ListSource, list, tuple)):
-        return open_source(input, input_format, text_field, errors)
+        return _open_source(input, input_format, text_field, errors, "input")
     if errors not in ("strict", "skip"):
         raise ValueError(f"errors: expected 'strict' or 'skip', got {errors!r}")
     if isinstance(input, TextSource) and errors == "skip" and input.errors != "skip":
@@ -2085,7 +2173,8 @@ def embed_summary(input, *, model=DEFAULT_MODEL, limit: int = 20, input_format=N
         TypeError: ``limit``, ``chunk_size`` or ``batch_size`` not an int, ``progress`` not a bool.
         ValueError: ``limit``, ``chunk_size`` or ``batch_size`` < 1, ``quantize`` not None or
         ``"int8"``; no text; ``input_format``, ``text_field``, ``errors`` and a list's texts as
-        :func:`embed_file`; and as :func:`open_source` and ``SentenceEncoder.from_pretrained``.
+        :func:`embed_file`; and as :func:`open_source` (naming ``input``) and
+        ``SentenceEncoder.from_pretrained``.
     """
     from .sentence_encoder import SentenceEncoder
 
@@ -2486,8 +2575,8 @@ def run_embed(args) -> int:
                 raise ValueError(f"{flag} needs --out")
     progress = not args.no_progress
     batch_size = _cli_batch_size(args)
-    source = ListSource(args.sentences) if args.sentences else open_source(
-        args.file, args.format, args.text_field, args.errors)
+    source = ListSource(args.sentences) if args.sentences else _open_source(
+        args.file, args.format, args.text_field, args.errors, "--file")
     if args.out is not None and distributed:
         if args.file is None:
             raise ValueError("--scheduler/--workers: the distributed job reads --file")

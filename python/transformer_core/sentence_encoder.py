@@ -108,12 +108,24 @@ def transformer_folder(model_dir) -> Path:
             Transformer ``path`` that is not a str, leads outside ``model_dir`` or is no folder
             (naming ``modules.json`` and the path).
     """
+    return _pooling_config(_model_folder(model_dir))[3]
+
+
+def _model_folder(model_dir) -> Path:
+    """``model_dir``, the argument of :func:`transformer_folder`, :func:`read_pooling` and
+    :func:`read_prompts`, as a Path to an existing folder (a leading ``~`` expanded).
+
+    Raises:
+        TypeError: not a str or os.PathLike (of str). NotADirectoryError: not a folder (missing, or
+            a file). FileNotFoundError: a ``~user`` of no known user. All name ``model_dir``.
+    """
     if not isinstance(model_dir, (str, os.PathLike)) or isinstance(os.fspath(model_dir), bytes):
         raise TypeError(f"model_dir: expected a str or os.PathLike, got {type(model_dir).__name__}")
     folder = expand_home(model_dir, "model_dir")
     if not folder.is_dir():
-        raise NotADirectoryError(f"model_dir: expected a model folder, got {str(model_dir)!r} (no such folder)")
-    return _pooling_config(folder)[3]
+        what = "not a folder" if folder.exists() else "no such folder"
+        raise NotADirectoryError(f"model_dir: expected a model folder, got {str(model_dir)!r} ({what})")
+    return folder
 
 
 def read_pooling(model_dir) -> dict:
@@ -129,13 +141,15 @@ def read_pooling(model_dir) -> dict:
     :func:`read_prompts`'.)
 
     Raises:
+        TypeError: ``model_dir`` not a str or os.PathLike (of str).
+        NotADirectoryError: ``model_dir`` is not a folder (missing, or a file; naming it).
         ValueError: a ``modules.json`` or pooling ``config.json`` that is not valid JSON of that
             shape; a module type other than Transformer, Pooling and Normalize (e.g. Dense); a
             pooling mode other than those three, or several at once (naming the file and setting).
         FileNotFoundError: a listed Pooling module whose ``config.json`` is missing; a ``~user`` of
             no known user in ``model_dir``.
     """
-    kinds, cpath, config, _ = _pooling_config(expand_home(model_dir, "model_dir"))
+    kinds, cpath, config, _ = _pooling_config(_model_folder(model_dir))
     if cpath is None:
         return {"pooling": "mean", "normalize": True}
     on = [k for k, v in config.items() if k.startswith("pooling_mode_") and v]
@@ -161,6 +175,8 @@ def read_prompts(model_dir) -> dict:
     ...) are ignored. A leading ``~`` of ``model_dir`` is expanded.
 
     Raises:
+        TypeError: ``model_dir`` not a str or os.PathLike (of str).
+        NotADirectoryError: ``model_dir`` is not a folder (missing, or a file; naming it).
         ValueError: naming the file: ``config_sentence_transformers.json`` not valid JSON, not an
             object, ``prompts`` not an object of str -> str, ``default_prompt_name`` neither null nor
             a str naming one of ``prompts`` (sentence-transformers refuses it too); a pooling
@@ -168,7 +184,7 @@ def read_prompts(model_dir) -> dict:
             ``modules.json``.
         FileNotFoundError: a ``~user`` of no known user in ``model_dir``.
     """
-    model_dir = expand_home(model_dir, "model_dir")
+    model_dir = _model_folder(model_dir)
     out = {"prompts": {}, "default_prompt_name": None, "include_prompt": True}
     path = model_dir / "config_sentence_transformers.json"
     if path.is_file():
@@ -196,7 +212,9 @@ def read_prompts(model_dir) -> dict:
 
 
 def mean_pool(last_hidden_state: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
-    """Mean of the token vectors over real tokens: ``Σ_l mask[n, l] h[n, l] / Σ_l mask[n, l]``.
+    """Mean of the token vectors over real tokens: ``Σ_l mask[n, l] h[n, l] / Σ_l mask[n, l]``: the
+    pooling of sentence-transformers' ``Pooling(pooling_mode_mean_tokens=True)`` (Reimers & Gurevych
+    2019, "Sentence-BERT", section 3), all-MiniLM-L6-v2's.
 
     Args:
         last_hidden_state: ``(N, L, H)``.
@@ -223,7 +241,8 @@ def mean_pool(last_hidden_state: np.ndarray, attention_mask: np.ndarray) -> np.n
 
 def cosine_similarity(a: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:
     """Cosine similarity matrix ``(N, M)`` between rows of ``a (N, H)`` and ``b (M, H)`` (``b = a``
-    by default). A zero row has similarity 0 with everything.
+    by default): ``a_n · b_m / (‖a_n‖ ‖b_m‖)``, as sentence-transformers' ``util.cos_sim``. A zero
+    row has similarity 0 with everything.
 
     Returns:
         ``(N, M)``, float64 if ``a`` (or ``b``) is float64, else float32.
