@@ -216,7 +216,7 @@ def test_accumulation_buffer_sharing_memory_with_an_input_is_refused(rng, case):
     kept = [a.copy() for a in arrays]
     call, buffer, other = _overlapping_buffer_calls(*arrays)[case]
     with pytest.raises(ValueError, match=rf"^{buffer}: must not share memory with {other} \(the op reads or "
-                                         rf"updates {other} while it adds into {buffer}: "):
+                                         rf"updates {other} in parallel tasks while it adds into {buffer}: "):
         call()
     assert all(np.array_equal(a, b) for a, b in zip(arrays, kept))
 
@@ -239,6 +239,15 @@ def test_accumulation_buffers_in_one_arena_apart_from_the_inputs_are_torchs(rng)
     check(gx, xt.grad, np.float64, "grad_x")
     check(gw, start[:n_out * n_in].reshape(n_out, n_in) + wt.grad.numpy(), np.float64, "grad_weight +=")
     check(gb, start[n_out * n_in:] + bt.grad.numpy(), np.float64, "grad_bias +=")
+    # interleaved in one buffer without touching (their memory bounds overlap): apart, taken
+    both = randn(rng, (rows, n_in + n_out), np.float64)
+    x2, gb2 = both[:, :n_in], both[7, n_in:]  # x's columns and, inside x's bounds, a bias gradient's
+    kept = gb2.copy()
+    B.linear_backward(np.ascontiguousarray(x2), w, g, grad_bias=gb2)  # x given as a copy: the reference
+    expected = gb2.copy()
+    gb2[:] = kept
+    B.linear_backward(x2, w, g, grad_bias=gb2)
+    np.testing.assert_array_equal(gb2, expected)
 
 
 # --------------------------------------------------------------------------------------------------

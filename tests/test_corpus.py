@@ -268,6 +268,21 @@ def test_open_source_errors_name_its_argument(tmp_path, tiny_model_dir):
     assert sorted(os.listdir(tmp_path)) == ["t.txt"]
     proc = run_cli("embed", "--file", missing, "--out", tmp_path / "e.npy", check=False)
     assert proc.returncode == 2 and proc.stderr == f"transformer_core embed: --file: {missing}: no such file\n"
+    # the CLI names its flags for the file's content and options too (they said input and text_field)
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    for out in ((), ("--out", tmp_path / "e.npy")):
+        proc = run_cli("embed", "--file", empty, *out, "--model", tiny_model_dir, check=False)
+        assert proc.returncode == 2 and proc.stderr.startswith(f"transformer_core embed: --file: {empty} (text) has "
+                                                               "no text to embed"), proc.stderr
+        assert proc.stderr.count("\n") == 1
+    proc = run_cli("embed", "--file", text, "--text-field", "body", check=False)
+    assert proc.returncode == 2 and proc.stderr == (f"transformer_core embed: --text-field: only for jsonl, csv and "
+                                                    f"parquet input; {text} is read as text, one per line\n")
+    with pytest.raises(ValueError, match="^input: .* has no text to embed"):
+        corpus.embed_file(empty, tmp_path / "e.npy", model=str(tiny_model_dir))
+    with pytest.raises(ValueError, match="^text_field: only for jsonl"):
+        corpus.open_source(text, text_field="body")
 
 
 # ------------------------------------------------------------- equality with SentenceEncoder.encode
@@ -939,7 +954,13 @@ def test_completed_chunks_checks_its_manifest(search_index):
             ({"completed": [[2, 1]]}, ValueError, r"^manifest: expected 'completed' .*got list \[\[2, 1\]\]$"),
             ({"completed": [[0, 2], [2, 3]]}, ValueError, r"^manifest: expected 'completed' .*non-touching"),
             ({"completed": [[0, 1.5]]}, ValueError, r"^manifest: expected 'completed' "),
-            ({"completed": [[-1, 1]]}, ValueError, r"^manifest: expected 'completed' ")):
+            ({"completed": [[-1, 1]]}, ValueError, r"^manifest: expected 'completed' "),
+            # beyond the manifest's own chunks, and a range whose set would exhaust memory (it
+            # was built, a MemoryError or the OOM killer)
+            ({"completed": [[0, 5]], "num_chunks": 3}, ValueError,
+             r"^manifest: expected 'completed' .*0 <= first < stop <= num_chunks, 3\), got list \[\[0, 5\]\]$"),
+            ({"completed": [[0, 2**62]]}, ValueError, rf"^manifest: its completed ranges hold {2**62} chunk indices, "
+                                                      r"a set of them more than this machine's memory")):
         with pytest.raises(error, match=match):
             corpus.completed_chunks(bad)
 
@@ -2077,6 +2098,22 @@ def test_write_parquet_part_checks_its_arguments_first(tmp_path):
                                                    "'../x'$")):
         with pytest.raises(error, match=match):
             corpus.write_parquet_part(d, 1, 5, 0, texts, emb, run=run)
+    # float64 embeddings are made float32 (a copy) only after every other check: a bad run or
+    # directory took a 293 MiB copy of 200,000 x 384 before its error
+    import tracemalloc
+
+    wide = np.ones((4000, 384))  # 12 MiB of float64, 6 MiB as float32
+    lines = ["a"] * len(wide)
+    for args, kwargs, error in (((d, 1, 5, 0), {"run": 5}, TypeError),
+                                ((tmp_path / "missing", 1, 5, 0), {}, FileNotFoundError)):
+        tracemalloc.start()
+        try:
+            with pytest.raises(error):
+                corpus.write_parquet_part(*args, lines, wide, **kwargs)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert peak < 1 << 20, peak
     assert sorted(os.listdir(tmp_path)) == ["ds", "f.txt"] and os.listdir(d) == []
     path = corpus.write_parquet_part(d, 7, 5, 70, texts, emb.astype(np.float64))  # floats are stored as float32
     assert path == d / "part-00007.parquet" and os.listdir(d) == ["part-00007.parquet"]
@@ -2094,16 +2131,23 @@ def test_float64_beyond_float32_range_is_refused_not_stored_as_inf(tmp_path, tin
     d = tmp_path / "ds"
     d.mkdir()
     big = np.array([[1.0, 2.0], [-1e39, 3.0]])
-    with pytest.raises(ValueError, match=r"^embeddings: expected values within float32's range \(\|v\| <= "
-                                         r"3\.4028235e\+38\), got -1e\+39 at index \(1, 0\) \(which overflows "
+    with pytest.raises(ValueError, match=r"^embeddings: expected values within float32's range \(\|v\| < "
+                                         r"3\.40282357e\+38\), got -1e\+39 at index \(1, 0\) \(which overflows "
                                          r"float32\)$"):
         corpus.write_parquet_part(d, 3, 5, 0, ["a", "b"], big)
     assert os.listdir(d) == []
+    # the limit said is the cast's: float32's largest plus half its spacing (2**128 - 2**103) and up
+    # overflow, what is below rounds to the largest
     top = float(np.finfo(np.float32).max)
+    with pytest.raises(ValueError, match=r"got 3\.4028235677973366e\+38 at index \(0, 0\)"):
+        corpus.write_parquet_part(d, 3, 5, 0, ["a"], np.array([[2.0**128 - 2.0**103, 0.0]]))
     edge = np.array([[top, -top], [np.inf, 0.5]])
     stored = pq.read_table(corpus.write_parquet_part(d, 3, 5, 0, ["a", "b"], edge))
     stored = stored.column("embedding").combine_chunks().flatten().to_numpy().reshape(2, 2)
     assert stored.dtype == np.float32 and stored.tolist() == edge.tolist()
+    below = np.array([[np.nextafter(2.0**128 - 2.0**103, 0.0), 0.0]])
+    stored = pq.read_table(corpus.write_parquet_part(d, 4, 5, 0, ["a"], below))
+    assert stored.column("embedding").combine_chunks().flatten().to_numpy()[0] == np.float32(top)
 
     out = tmp_path / "e.npy"
     job = corpus.EmbedJob.prepare(corpus.ListSource(["a", "b", "c"]), out, corpus.model_identity(str(tiny_model_dir)),

@@ -768,12 +768,17 @@ def test_a_batch_too_large_for_the_kv_cache_names_input_ids():
                                          r"positions needs a KV cache too large"):
         m(np.broadcast_to(np.array([[1]]), (N, 1000)), past_key_values=cache)
     assert cache.capacity == 1 and cache.length == 0
-    # one sequence too long for the cache: a shorter one, not "fewer sequences", is the advice
-    deep = tc.GPT2LMHeadModel(tc.GPT2Config(vocab_size=11, n_positions=2**23, n_embd=1, n_layer=1024, n_head=1))
+    # one sequence too long for the cache: a shorter one, not "fewer sequences", is the advice, for
+    # a batch of one as of two (and fewer sequences where one fits)
     L = 2 * physical_memory_bytes() // (2 * 1024 * 4)  # keys and values of 1024 layers, 8 KiB a position
-    with pytest.raises(ValueError, match=rf"^input_ids: a batch of 1 sequences of length {L} needs a KV cache too "
-                                         r"large for this machine \(.*\); pass a shorter sequence$"):
-        deep(np.zeros((1, L), dtype=np.int64))
+    deep = tc.GPT2LMHeadModel(tc.GPT2Config(vocab_size=11, n_positions=L, n_embd=1, n_layer=1024, n_head=1))
+    for N in (1, 2):
+        with pytest.raises(ValueError, match=rf"^input_ids: a batch of {N} sequences of length {L} needs a KV cache "
+                                             r"too large for this machine \(.*\); pass a shorter sequence$"):
+            deep(np.broadcast_to(np.array([[0]]), (N, L)))
+    with pytest.raises(ValueError, match=rf"^input_ids: a batch of 4 sequences of length {L // 3} needs a KV cache "
+                                         r"too large for this machine \(.*\); pass fewer sequences at a time$"):
+        deep(np.broadcast_to(np.array([[0]]), (4, L // 3)))
 
 
 def test_positions_from_mask_padding():

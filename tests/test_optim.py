@@ -995,8 +995,9 @@ def test_clip_grad_norm_norm_type_too_large_for_a_float_is_a_value_error(rng, no
         g = rng.standard_normal(p.shape) * 3
         p.grad, q.grad = g.copy(), torch.tensor(g.copy())
     kept = [p.grad.copy() for p in ours]
+    hint = r"math\.inf gives the max norm" if norm_type > 0 else r"-math\.inf gives the min norm"
     with pytest.raises(ValueError, match=r"^norm_type: expected a real number or ±inf, got int of 1329 bits \(too "
-                                         r"large for a float; math\.inf gives the max norm\)$"):
+                                         rf"large for a float; {hint}\)$"):
         optim.clip_grad_norm_(ours, 0.5, norm_type)
     assert all(np.array_equal(p.grad, g) for p, g in zip(ours, kept))
     limit = math.inf if norm_type > 0 else -math.inf
@@ -1023,6 +1024,16 @@ def test_a_torch_parameter_is_named_with_its_module(make):
             optim.SGD([{"params": given}], lr=0.1)
         else:
             getattr(optim, make)(given, lr=0.1)
+    # torch's named_parameters(): (name, torch Parameter) pairs, named as pairs (it read "got tuple")
+    pairs = torch.nn.Linear(2, 2).named_parameters()
+    with pytest.raises(TypeError, match=rf"^{argument}\[0\]: expected a Parameter or a \(name, Parameter\) pair, got "
+                                        r"a \(str, torch\.nn\.parameter\.Parameter\) pair \(pass transformer_core "):
+        if make == "clip_grad_norm_":
+            optim.clip_grad_norm_(pairs, 1.0)
+        elif make == "param_group":
+            optim.SGD([{"params": pairs}], lr=0.1)
+        else:
+            getattr(optim, make)(pairs, lr=0.1)
 
 
 def test_adamw_loads_an_adam_state_dict_as_adamw_like_torch(rng):

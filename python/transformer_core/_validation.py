@@ -235,9 +235,11 @@ def _contiguous(arr: np.ndarray, dtype, name: str) -> np.ndarray:
         overflowed = np.isinf(out) & np.isfinite(arr)
         if overflowed.any():
             where = tuple(int(i) for i in np.argwhere(overflowed)[0])
-            raise ValueError(f"{name}: expected values within {target.name}'s range (|v| <= "
-                             f"{float(np.finfo(target).max):.8g}), got {arr[where]} at index {where} (which "
-                             f"overflows {target.name})")
+            # the cast rounds to nearest: from the largest float plus half its spacing up, inf
+            largest = np.finfo(target).max
+            limit = float(largest) + (float(largest) - float(np.nextafter(largest, target.type(0)))) / 2
+            raise ValueError(f"{name}: expected values within {target.name}'s range (|v| < {limit:.9g}), got "
+                             f"{arr[where]} at index {where} (which overflows {target.name})")
     return out
 
 
@@ -435,6 +437,18 @@ def broadcast_mask(mask: np.ndarray, shape: tuple, name: str) -> np.ndarray:
         raise ValueError(f"{name}: shape {mask.shape} does not broadcast to the expected {shape}") from None
 
 
+def _overlap(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether ``a`` and ``b`` share an element: their memory bounds first (O(1)), then where those
+    overlap numpy's exact test, bounded in work (arrays interleaved in one buffer without touching
+    are apart; a case too hard to settle within the bound counts as an overlap)."""
+    if not np.may_share_memory(a, b):
+        return False
+    try:
+        return bool(np.shares_memory(a, b, max_work=1 << 16))
+    except getattr(np, "exceptions", np).TooHardError:  # numpy.exceptions from 1.25, numpy before
+        return True
+
+
 def grad_buffer(buf, name: str, shape: tuple, dtype, apart_from: tuple = ()):
     """``buf`` if it can take an in-place accumulation of a gradient of ``shape`` and ``dtype``;
     None stays None.
@@ -442,9 +456,9 @@ def grad_buffer(buf, name: str, shape: tuple, dtype, apart_from: tuple = ()):
     ``apart_from``: ``(array or None, name)`` pairs, the arrays the op reads (its inputs) or writes
     (another buffer) while it adds into ``buf``. ``buf`` must not share memory with any of them: the
     C++ kernels read an input tile by tile, in parallel, while other tasks add into ``buf``, so an
-    overlap (``linear_backward(x, W, g, grad_weight=W)``) would read half-updated values and give
-    silently wrong gradients. The test is ``np.may_share_memory``'s, O(1): the two arrays' memory
-    bounds overlap (an input interleaved with ``buf`` that never touches it is refused too).
+    overlap (``linear_backward(x, W, g, grad_weight=W)``) can read half-updated values and give
+    silently wrong gradients. The test: a shared element (:func:`_overlap`; arrays interleaved in
+    one buffer without touching are apart).
 
     Raises:
         TypeError: not a numpy array, or another dtype. ValueError: another shape, not
@@ -462,10 +476,10 @@ def grad_buffer(buf, name: str, shape: tuple, dtype, apart_from: tuple = ()):
     if not buf.flags.c_contiguous or not buf.flags.writeable:
         raise ValueError(f"{name}: expected a C-contiguous, writeable array (it is updated in place)")
     for other, other_name in apart_from:
-        if isinstance(other, np.ndarray) and np.may_share_memory(buf, other):
+        if isinstance(other, np.ndarray) and _overlap(buf, other):
             raise ValueError(f"{name}: must not share memory with {other_name} (the op reads or updates "
-                             f"{other_name} while it adds into {name}: the gradients would be wrong); pass a "
-                             "separate array")
+                             f"{other_name} in parallel tasks while it adds into {name}: the gradients could be "
+                             "wrong); pass a separate array")
     return buf
 
 

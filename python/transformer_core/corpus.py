@@ -124,6 +124,7 @@ from ._validation import (
     check_optional_int,
     check_positive_int,
     described,
+    physical_memory_bytes,
 )
 from .hub import DEFAULT_MODEL, JSON_ERRORS, json_problem, read_config, resolve_model_dir
 from .tokenizer import check_unicode
@@ -274,6 +275,10 @@ class TextSource:
     (str); each pass starts from the beginning of the file and records the records it skipped in
     ``skipped`` (the first 20 ``(line, reason)`` pairs) and ``num_skipped``.
     """
+
+    #: what an error about the file's content names: the argument of :func:`embed_file` and its
+    #: kin, or the CLI's flag (``--file``)
+    arg_name = "input"
 
     def __init__(self, path: Path, fmt: str, text_field: str | None, errors: str):
         self.path = path
@@ -618,9 +623,10 @@ def open_source(path, input_format: str | None = None, text_field: str | None = 
     return _open_source(path, input_format, text_field, errors, "path")
 
 
-def _open_source(path, input_format, text_field, errors, name: str) -> TextSource:
+def _open_source(path, input_format, text_field, errors, name: str, text_field_name: str = "text_field") -> TextSource:
     """:func:`open_source`, its errors about the path naming the argument ``name`` (``"input"``
-    for :func:`embed_file` and ``embed_corpus``, ``"--file"`` for the CLI)."""
+    for :func:`embed_file` and ``embed_corpus``, ``"--file"`` for the CLI, whose sources then name
+    it in their content's errors too) and those about ``text_field`` ``text_field_name``."""
     _check_path_type(path, name)
     if errors not in ("strict", "skip"):
         raise ValueError(f"errors: expected 'strict' or 'skip', got {errors!r}")
@@ -631,11 +637,12 @@ def _open_source(path, input_format, text_field, errors, name: str) -> TextSourc
         raise ValueError(f"input_format: expected one of {', '.join(INPUT_FORMATS)}, got {input_format!r}")
     if input_format == "text":
         if text_field is not None:
-            raise ValueError(f"text_field: only for jsonl, csv and parquet input; {p} is read as text, one per line")
+            raise ValueError(f"{text_field_name}: only for jsonl, csv and parquet input; {p} is read as text, one "
+                             "per line")
     elif text_field is None:
         text_field = "text"
     elif not isinstance(text_field, str) or not text_field:
-        raise ValueError(f"text_field: expected a non-empty str, got {text_field!r}")
+        raise ValueError(f"{text_field_name}: expected a non-empty str, got {text_field!r}")
     if not p.exists():
         raise FileNotFoundError(f"{name}: {p}: no such file")
     if p.is_dir():
@@ -650,7 +657,10 @@ def _open_source(path, input_format, text_field, errors, name: str) -> TextSourc
         if nul >= 0:
             raise ValueError(f"{name}: {p} looks like a binary file (a NUL byte at offset {nul}), expected UTF-8 "
                              f"text ({input_format}); a UTF-16 file must be converted to UTF-8 first")
-    return TextSource(p, input_format, text_field, errors)
+    source = TextSource(p, input_format, text_field, errors)
+    if name == "--file":  # the CLI's: its errors about the content name the flag too
+        source.arg_name = name
+    return source
 
 
 def _check_path_type(value, name: str) -> None:
@@ -939,6 +949,9 @@ def _check_manifest(man: dict, path: Path) -> None:
               lambda v: isinstance(v, list) and all(isinstance(x, list) and len(x) == 2 for x in v))
 
 
+_SET_BYTES_PER_INDEX = 60  # a Python set of ints: its hash table (~2 slots of 16 bytes) and the ints (28)
+
+
 def completed_chunks(manifest: dict) -> set[int]:
     """The chunk indices a manifest records as done (stored as ``[first, stop)`` ranges).
 
@@ -952,7 +965,9 @@ def completed_chunks(manifest: dict) -> set[int]:
 
     Raises:
         TypeError: ``manifest`` not a dict. ValueError: ``manifest`` without ``"completed"``, or
-            whose ``"completed"`` is not such a list of ranges (both naming ``manifest``).
+            whose ``"completed"`` is not such a list of ranges (within ``num_chunks`` when the
+            manifest has it), or holds more indices than this machine's memory takes as a set (all
+            naming ``manifest``).
     """
     if not isinstance(manifest, dict):
         raise TypeError(f"manifest: expected a dict (as read_manifest returns), got {type(manifest).__name__}")
@@ -960,9 +975,16 @@ def completed_chunks(manifest: dict) -> set[int]:
     if ranges is _MISSING:
         raise ValueError(f"manifest: expected a dict with a 'completed' list of [first, stop) chunk ranges (as "
                          f"read_manifest returns), got one with the keys {sorted(map(str, manifest))}")
-    if not _are_ranges(ranges, MAX_SIZE):
+    chunks = manifest.get("num_chunks")
+    bound = chunks if _is_int(chunks, 0) else MAX_SIZE  # within the manifest's chunks, when it says
+    if not _are_ranges(ranges, bound):
         raise ValueError(f"manifest: expected 'completed' a list of sorted, disjoint, non-touching [first, stop) "
-                         f"chunk ranges (ints, 0 <= first < stop), got {described(ranges)}")
+                         f"chunk ranges (ints, 0 <= first < stop <= {'num_chunks, ' if bound is chunks else ''}"
+                         f"{bound}), got {described(ranges)}")
+    count = sum(b - a for a, b in ranges)  # a set takes about 60 bytes an index (its table and the ints)
+    if count * _SET_BYTES_PER_INDEX > physical_memory_bytes():
+        raise ValueError(f"manifest: its completed ranges hold {count} chunk indices, a set of them more than this "
+                         f"machine's memory ({physical_memory_bytes()} bytes)")
     return {i for a, b in ranges for i in range(a, b)}
 
 
@@ -1227,7 +1249,7 @@ def write_parquet_part(directory, index: int, width: int, start: int, texts: lis
         nor a str. ValueError: ``index`` or ``start`` < 0, ``width`` outside ``[1, 19]``, no
         texts, a text that is not valid Unicode, ``embeddings`` not 2-D, with another number of
         rows than ``texts`` or with no columns, or holding a finite value beyond float32's range
-        (``|v| > 3.4028235e38``, float64: stored as float32 it would be inf; an inf or NaN given
+        (``|v| ≥ 3.40282357e38``, float64: stored as float32 it would be inf; an inf or NaN given
         is stored as it is); a ``run`` that is not a run id (letters and digits, at most 64).
         FileNotFoundError / NotADirectoryError: ``directory`` does not exist (``run`` None) / is
         not a directory (named).
@@ -1253,8 +1275,6 @@ def write_parquet_part(directory, index: int, width: int, start: int, texts: lis
     if emb.ndim != 2 or emb.shape[0] != len(texts) or emb.shape[1] < 1:
         raise ValueError(f"embeddings: expected shape ({len(texts)}, dim) with dim >= 1 (one row per text), "
                          f"got {emb.shape}")
-    # as float32, a finite value beyond its range refused (the cast would store inf)
-    emb = _contiguous(emb, DTYPE, "embeddings")
     if run is not None:
         if not isinstance(run, str):
             raise TypeError(f"run: expected None or a run id (str), got {type(run).__name__}")
@@ -1267,6 +1287,9 @@ def write_parquet_part(directory, index: int, width: int, start: int, texts: lis
         if run is not None:  # removed by another run (--overwrite, or one that finished and renamed it)
             raise _stale(directory / _part_name(index, width), run, f"its directory {directory} is gone")
         raise FileNotFoundError(f"directory: {directory} does not exist")
+    # as float32 (after every other check: a copy), a finite value beyond its range refused (the
+    # cast would store inf)
+    emb = _contiguous(emb, DTYPE, "embeddings")
     pa = _need_pyarrow("Parquet output")
     import pyarrow.parquet as pq
 
@@ -1673,7 +1696,7 @@ class EmbedJob:
         identity = source.identity()
         n = sum(1 for _ in source)  # the first pass: counts and validates every record
         if n == 0:
-            raise ValueError(f"input: {source.describe()} has no text to embed ({_why_empty(source, identity)})")
+            raise ValueError(f"{getattr(source, 'arg_name', 'input')}: {source.describe()} has no text to embed ({_why_empty(source, identity)})")
         num_chunks = -(-n // chunk_size)
         manifest = {
             "format": MANIFEST_FORMAT, "version": MANIFEST_VERSION, "kind": kind,
@@ -2190,7 +2213,7 @@ def embed_summary(input, *, model=DEFAULT_MODEL, limit: int = 20, input_format=N
     head = list(itertools.islice(it, limit + 1))
     if not head:
         identity = source.identity() if isinstance(source, TextSource) else {}
-        raise ValueError(f"input: {source.describe()} has no text to embed ({_why_empty(source, identity)})")
+        raise ValueError(f"{getattr(source, 'arg_name', 'input')}: {source.describe()} has no text to embed ({_why_empty(source, identity)})")
     if len(head) <= limit:
         emb = encoder.encode(head, batch_size=batch_size, normalize=True, progress=False)
         return EmbedSummary(count=len(head), dim=encoder.dim, seconds=time.perf_counter() - t0, texts=head,
@@ -2576,7 +2599,7 @@ def run_embed(args) -> int:
     progress = not args.no_progress
     batch_size = _cli_batch_size(args)
     source = ListSource(args.sentences) if args.sentences else _open_source(
-        args.file, args.format, args.text_field, args.errors, "--file")
+        args.file, args.format, args.text_field, args.errors, "--file", "--text-field")
     if args.out is not None and distributed:
         if args.file is None:
             raise ValueError("--scheduler/--workers: the distributed job reads --file")

@@ -26,7 +26,7 @@ from ._validation import (
     physical_memory_bytes,
     to_numpy,
 )
-from .generation import GenerationMixin, cache_too_large
+from .generation import GenerationMixin, cache_bytes_per_position, cache_too_large
 from .kv_cache import KVCache
 from .module import Module
 from .nn import _check_rotary_tables
@@ -214,6 +214,13 @@ class DecoderModel(Module):
         Face's order (a Llama of ``rope_layout="interleaved"`` overrides it)."""
         return None
 
+    def _one_cache_fits(self, positions: int) -> bool:
+        """Whether one sequence's KV cache of ``positions`` fits this machine's memory (where a
+        batch's does not, fewer sequences at a time is the advice; else a shorter sequence)."""
+        per_position = cache_bytes_per_position(self.config.num_layers, self.config.num_kv_heads, self.head_dim,
+                                                self.dtype)
+        return per_position * positions <= physical_memory_bytes()
+
     def new_cache(self, batch: int, capacity: int = 0) -> KVCache:
         """An empty :class:`KVCache` for this model and ``batch`` sequences, ``capacity`` positions
         reserved (it grows as needed)."""
@@ -276,13 +283,13 @@ class DecoderModel(Module):
             try:
                 cache = self.new_cache(N, L)
             except ValueError as e:  # KVCache names its own arguments: name the caller's
-                raise cache_too_large(e, f"a batch of {N} sequences of length {L}", N) from None
+                raise cache_too_large(e, f"a batch of {N} sequences of length {L}", self._one_cache_fits(L)) from None
         elif past + L > cache.capacity:  # the caller's cache grows now, after every check, as the step would
             try:
                 cache.reserve(past + L)
             except ValueError as e:
                 raise cache_too_large(e, f"a batch of {N} sequences of length {L} after {past} cached "
-                                      "positions", N) from None
+                                      "positions", self._one_cache_fits(past + L)) from None
         return ids, mask, positions, cache
 
     def _check_rotary_tables(self, positions, explicit: bool, default_end: int) -> None:

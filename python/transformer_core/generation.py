@@ -102,13 +102,19 @@ MODEL_DEFAULT = _ModelDefault()
 DECODING_DEFAULTS = {"do_sample": False, "temperature": 1.0, "top_k": 50, "top_p": None, "repetition_penalty": None}
 
 
-def cache_too_large(error: ValueError, what: str, batch: int) -> ValueError:
-    """The error for a KV cache that ``input_ids`` (``what``: its ``batch`` of sequences, and the
-    lengths that size the cache) needs and this machine cannot hold: KVCache's own ``error`` names
-    its arguments (num_layers, batch, ...), which the caller never passed. The advice: fewer
-    sequences at a time, or for one sequence a shorter one."""
-    advice = "pass fewer sequences at a time" if batch > 1 else "pass a shorter sequence"
+def cache_too_large(error: ValueError, what: str, one_fits: bool) -> ValueError:
+    """The error for a KV cache that ``input_ids`` (``what``: its batch, and the lengths that size
+    the cache) needs and this machine cannot hold: KVCache's own ``error`` names its arguments
+    (num_layers, batch, ...), which the caller never passed. The advice: fewer sequences at a time
+    when the cache of one sequence of that length fits (``one_fits``), else a shorter sequence."""
+    advice = "pass fewer sequences at a time" if one_fits else "pass a shorter sequence"
     return ValueError(f"input_ids: {what} needs a KV cache too large for this machine ({error}); {advice}")
+
+
+def cache_bytes_per_position(num_layers: int, num_key_value_heads: int, head_dim: int, dtype) -> int:
+    """Bytes a KV cache holds for one position of one sequence: keys and values of every layer
+    (a model of no layers still holds one, as the C++ cache)."""
+    return 2 * max(num_layers, 1) * num_key_value_heads * head_dim * np.dtype(dtype).itemsize
 
 
 # ------------------------------------------------------------------------------------------------
@@ -429,7 +435,7 @@ class GenerationMixin:
         ``sizes``: a cache of the model's layers, heads and dtype (the caller's, or an empty one),
         whose bytes per position (keys and values of every layer) decide."""
         layers_held = max(len(sizes), 1)  # as the C++ cache: a model of no layers still holds one
-        per_position = 2 * layers_held * sizes.num_key_value_heads * sizes.head_dim * np.dtype(sizes.dtype).itemsize
+        per_position = cache_bytes_per_position(len(sizes), sizes.num_key_value_heads, sizes.head_dim, sizes.dtype)
         total = L + max_new_tokens - 1
         limit = physical_memory_bytes()
         if given and per_position * total * N <= limit:  # the positions fit, the growth (doubling) did not
@@ -438,7 +444,7 @@ class GenerationMixin:
                               f"its capacity and that does not ({error}); pass past_key_values=None for a cache of "
                               "the size needed")
         if N > 1 and per_position * total <= limit:  # one sequence fits: the batch is the cause
-            return cache_too_large(error, what, N)
+            return cache_too_large(error, what, one_fits=True)
         layers = f"{layers_held} layer{'' if layers_held == 1 else 's'}"
         one = (f"for one sequence, {per_position} bytes a position (keys and values of {layers}), more than this "
                f"machine's memory ({limit} bytes)")

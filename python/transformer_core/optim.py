@@ -129,9 +129,12 @@ def _named_parameters(params, argument: str = "params") -> list[tuple[str | None
                 raise TypeError(f"{argument}[{i}]: expected a (str name, Parameter) pair, got name {item[0]!r}")
             out.append(item)
         else:
-            raise TypeError(f"{argument}[{i}]: expected a Parameter or a (name, Parameter) pair, got "
-                            f"{type_path(item)} (pass transformer_core Parameters: a model's parameters() or "
-                            "named_parameters(), or transformer_core.parameter.Parameter(array, name=...))")
+            # a pair's second element is what is wrong in it (torch's named_parameters() gives such pairs)
+            got = (f"a ({type_path(item[0])}, {type_path(item[1])}) pair" if isinstance(item, tuple) and len(item) == 2
+                   else type_path(item))
+            raise TypeError(f"{argument}[{i}]: expected a Parameter or a (name, Parameter) pair, got {got} (pass "
+                            "transformer_core Parameters: a model's parameters() or named_parameters(), or "
+                            "transformer_core.parameter.Parameter(array, name=...))")
     return out
 
 
@@ -989,8 +992,9 @@ def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0, error_i
         norm_type = float(norm_type)
     except OverflowError:  # an int such as 10**400 (not written out: its decimal form can be too long)
         size = f" of {abs(int(norm_type)).bit_length()} bits" if isinstance(norm_type, numbers.Integral) else ""
+        hint = "math.inf gives the max norm" if norm_type > 0 else "-math.inf gives the min norm"
         raise ValueError(f"norm_type: expected a real number or ±inf, got {type(norm_type).__name__}{size} (too "
-                         "large for a float; math.inf gives the max norm)") from None
+                         f"large for a float; {hint})") from None
     if math.isnan(norm_type):
         raise ValueError(f"norm_type: expected a real number or ±inf, got {norm_type}")
     named_grads = [(name, p.grad) for name, p in named if p.grad is not None]
