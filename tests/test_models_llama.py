@@ -191,9 +191,12 @@ def test_base_model_hidden_states_and_names(llama):
     with torch.no_grad():
         ref = hf(torch.from_numpy(ids)).last_hidden_state.numpy()
     assert_close(hidden, ref, np.float32, what="LlamaModel hidden states")
-    assert set(ours.state_dict()) == set(hf.state_dict())
-    assert set(ours_lm.state_dict()) == set(hf_lm.state_dict()) - (
-        {"lm_head.weight"} if hf_lm.config.tie_word_embeddings else set())
+    # the names in Hugging Face's order (a layer's q, k, v, o with their biases, mlp, then the norms;
+    # the norms came first), so are the parameters
+    assert list(ours.state_dict()) == list(hf.state_dict())
+    assert [n for n, _ in ours.named_parameters()] == [n for n, _ in hf.named_parameters()]
+    assert list(ours_lm.state_dict()) == [n for n in hf_lm.state_dict()
+                                          if not (n == "lm_head.weight" and hf_lm.config.tie_word_embeddings)]
     for name, value in ours_lm.state_dict().items():  # every weight equals the checkpoint's
         np.testing.assert_array_equal(value, hf_lm.state_dict()[name].numpy(), err_msg=name)
 

@@ -38,20 +38,21 @@ LlamaModel<T>::LlamaModel(const LlamaConfig& c) : DecoderModel<T>(decoder_config
     const DecoderBlock<T>& b = this->block(i);
     const auto& attn = b.attn();
     const int64_t q = attn.num_heads() * attn.head_dim(), kv = attn.num_kv_heads() * attn.head_dim();
-    this->register_module(p + "input_layernorm", b.attn_norm());
-    // q, k, v are row blocks of the packed in_proj [q + 2·kv, E] (one QKV product)
-    this->register_slice(p + "self_attn.q_proj.weight", attn, "in_proj_weight", 0, q);
-    this->register_slice(p + "self_attn.k_proj.weight", attn, "in_proj_weight", q, kv);
-    this->register_slice(p + "self_attn.v_proj.weight", attn, "in_proj_weight", q + kv, kv);
-    if (c.attention_bias) {
-      this->register_slice(p + "self_attn.q_proj.bias", attn, "in_proj_bias", 0, q);
-      this->register_slice(p + "self_attn.k_proj.bias", attn, "in_proj_bias", q, kv);
-      this->register_slice(p + "self_attn.v_proj.bias", attn, "in_proj_bias", q + kv, kv);
+    // Hugging Face's order (LlamaDecoderLayer's modules as created): self_attn's q, k, v, o (each
+    // weight then its bias), mlp, then the two norms. q, k, v are row blocks of the packed in_proj
+    // [q + 2·kv, E] (one QKV product).
+    const char* names[3] = {"q_proj", "k_proj", "v_proj"};
+    const int64_t starts[3] = {0, q, q + kv}, rows[3] = {q, kv, kv};
+    for (int j = 0; j < 3; ++j) {
+      const std::string name = p + "self_attn." + names[j];
+      this->register_slice(name + ".weight", attn, "in_proj_weight", starts[j], rows[j]);
+      if (c.attention_bias) this->register_slice(name + ".bias", attn, "in_proj_bias", starts[j], rows[j]);
     }
     this->register_alias(p + "self_attn.o_proj.weight", attn, "out_proj.weight");
     if (c.attention_bias) this->register_alias(p + "self_attn.o_proj.bias", attn, "out_proj.bias");
-    this->register_module(p + "post_attention_layernorm", b.mlp_norm());
     this->register_module(p + "mlp", b.mlp());
+    this->register_module(p + "input_layernorm", b.attn_norm());
+    this->register_module(p + "post_attention_layernorm", b.mlp_norm());
   }
   this->register_module("norm", this->final_norm());
   if (this->lm_head() != nullptr) this->register_module("lm_head", *this->lm_head());
