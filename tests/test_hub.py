@@ -610,3 +610,207 @@ def test_write_files_atomically(tmp_path):
     with pytest.raises(ValueError, match="each file once"):
         write_files_atomically(tmp_path, [("c", lambda p: None), ("c", lambda p: None)])
     assert _folder(tmp_path) == {"a.txt": b"new a", "b.txt": b"b"}
+
+
+# ------------------------------------------------------------------ a failed rename puts the old set back
+class _FailingReplace:
+    """``os.replace`` that raises ``error`` on its ``at``-th call (and on every later one with
+    ``every_later``), otherwise renames; ``calls`` counts the calls."""
+
+    def __init__(self, at: int, error: BaseException, every_later: bool = False):
+        import os
+
+        self.at, self.error, self.every_later, self.calls, self.real = at, error, every_later, 0, os.replace
+
+    def __call__(self, src, dst, **kwargs):
+        self.calls += 1
+        if self.calls == self.at or (self.every_later and self.calls > self.at):
+            raise self.error
+        return self.real(src, dst, **kwargs)
+
+
+def _old_folder(folder):
+    """An old model saved into ``folder`` with a generation_config.json beside it (as transformers
+    writes one): ``(model, {file: bytes})``."""
+    old = _llama(1)
+    old.save_pretrained(folder)
+    (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 5], "bos_token_id": 1}))
+    return old, _folder(folder)
+
+
+def _assert_loads_as(folder, model, generation_config):
+    import transformer_core as tc
+
+    loaded = tc.LlamaForCausalLM.from_pretrained(folder)
+    assert loaded.config.to_dict() == model.config.to_dict()
+    assert loaded.generation_config == generation_config
+    want = model.state_dict()
+    got = loaded.state_dict()
+    assert list(got) == list(want)
+    for name, value in want.items():
+        assert got[name].dtype == value.dtype and got[name].tobytes() == value.tobytes(), name
+
+
+@pytest.mark.parametrize("error", ["OSError", "KeyboardInterrupt"])
+@pytest.mark.parametrize("at", [1, 2, 3])
+def test_a_failed_rename_of_save_pretrained_puts_the_previous_model_back(tmp_path, monkeypatch, at, error):
+    """Saving another model (other shapes, no generation config) over a folder: its renames are
+    generation_config.json moved aside (1), model.safetensors (2), config.json (3). The 1st, 2nd or
+    3rd fails (an OSError, or a KeyboardInterrupt between the renames): the error propagates and
+    the folder holds the previous files byte for byte, no temporary and no backup, and loads as the
+    previous model. (It held the new weights beside the old config.json, which from_pretrained
+    refused.)"""
+    import errno
+    import os
+
+    folder = tmp_path / "m"
+    old, before = _old_folder(folder)
+    new = _llama(2, hidden_size=16, num_hidden_layers=1, max_position_embeddings=32)
+    raised = OSError(errno.EIO, "simulated I/O error") if error == "OSError" else KeyboardInterrupt()
+    replace = _FailingReplace(at, raised)
+    monkeypatch.setattr(os, "replace", replace)
+    expected = {1: "generation_config.json", 2: "model.safetensors", 3: "config.json"}[at]
+    if error == "OSError":
+        with pytest.raises(OSError, match=rf"{expected} \(simulated I/O error\)") as info:
+            new.save_pretrained(folder)
+        assert info.value.errno == errno.EIO and info.value.__cause__ is raised
+        assert info.value.filename == str(folder / expected)
+    else:
+        with pytest.raises(KeyboardInterrupt) as info:
+            new.save_pretrained(folder)
+        assert info.value is raised
+    assert replace.calls == 2 * at - 1  # the failed call, then one rename back per name changed before it
+    monkeypatch.undo()
+    assert _folder(folder) == before
+    _assert_loads_as(folder, old, {"eos_token_id": [2, 5], "bos_token_id": 1})
+    new.save_pretrained(folder)  # with the real os.replace the same save goes through
+    assert sorted(_folder(folder)) == ["config.json", "model.safetensors"]
+    _assert_loads_as(folder, new, None)
+
+
+@pytest.mark.parametrize("at", [1, 2])
+def test_a_failed_rename_into_an_empty_folder_leaves_it_empty(tmp_path, monkeypatch, at):
+    """No previous files: the new ones renamed before the failure are removed again, so no partial
+    set (new weights without a config, say) stays."""
+    import errno
+    import os
+
+    import transformer_core as tc
+
+    folder = tmp_path / "m"
+    folder.mkdir()
+    replace = _FailingReplace(at, OSError(errno.ENOSPC, "No space left on device"))
+    monkeypatch.setattr(os, "replace", replace)
+    with pytest.raises(OSError, match="No space left on device") as info:
+        _llama(2).save_pretrained(folder)
+    assert info.value.errno == errno.ENOSPC and replace.calls == at
+    assert _folder(folder) == {}
+    with pytest.raises(FileNotFoundError):
+        tc.LlamaForCausalLM.from_pretrained(folder)
+
+
+def test_a_failed_rename_back_leaves_the_backup_and_says_how_to_restore(tmp_path, monkeypatch):
+    """The rename of config.json fails and so does every rename after it (the disk went away): the
+    previous model.safetensors cannot be put back, so its backup stays and the error's note names
+    it; renaming it back by hand gives the previous folder. config.json, never replaced, is the old
+    one, and no other backup or temporary stays."""
+    import errno
+    import os
+
+    folder = tmp_path / "m"
+    old = _llama(1)
+    old.save_pretrained(folder)
+    before = _folder(folder)
+    monkeypatch.setattr(os, "replace", _FailingReplace(2, OSError(errno.EIO, "I/O error"), every_later=True))
+    with pytest.raises(OSError, match="cannot write config.json") as info:
+        _llama(2, num_hidden_layers=1).save_pretrained(folder)
+    monkeypatch.undo()
+    backups = [p for p in folder.iterdir() if p.name.startswith(".model.safetensors.") and p.name.endswith(".bak")]
+    assert len(backups) == 1
+    assert sorted(p.name for p in folder.iterdir()) == sorted([backups[0].name, "config.json", "model.safetensors"])
+    assert (folder / "config.json").read_bytes() == before["config.json"]
+    assert backups[0].read_bytes() == before["model.safetensors"] != (folder / "model.safetensors").read_bytes()
+    notes = "\n".join(getattr(info.value, "__notes__", []))
+    assert "could not put the previous model.safetensors back" in notes
+    assert f"it is kept as {backups[0]}; rename it to {folder / 'model.safetensors'}" in notes
+    os.replace(backups[0], folder / "model.safetensors")  # what the note says
+    assert _folder(folder) == before
+    _assert_loads_as(folder, old, None)
+
+
+def test_without_hard_links_the_previous_files_are_copied_aside(tmp_path, monkeypatch):
+    """A file system that refuses hard links (os.link raises EPERM): the previous files are kept as
+    copies; a failed rename still puts them back, and a save that goes through leaves no copy."""
+    import errno
+    import os
+
+    folder = tmp_path / "m"
+    old, before = _old_folder(folder)
+
+    def no_links(*args, **kwargs):
+        raise OSError(errno.EPERM, "Operation not permitted")
+
+    monkeypatch.setattr(os, "link", no_links)
+    monkeypatch.setattr(os, "replace", _FailingReplace(3, OSError(errno.EIO, "simulated")))
+    with pytest.raises(OSError, match=r"cannot write config.json \(simulated\)"):
+        _llama(2, num_hidden_layers=1).save_pretrained(folder)
+    assert _folder(folder) == before
+    _assert_loads_as(folder, old, {"eos_token_id": [2, 5], "bos_token_id": 1})
+    monkeypatch.setattr(os, "replace", _FailingReplace(0, OSError()))  # never fails
+    new = _llama(3, num_hidden_layers=1)
+    new.save_pretrained(folder)
+    assert sorted(_folder(folder)) == ["config.json", "model.safetensors"]
+    _assert_loads_as(folder, new, None)
+
+
+def test_a_previous_file_that_cannot_be_kept_changes_nothing(tmp_path, monkeypatch):
+    """Neither a hard link nor a copy of a previous file can be made (a full disk): the save fails
+    before any rename, naming that file, and the folder is as it was."""
+    import errno
+    import os
+    import shutil
+
+    folder = tmp_path / "m"
+    old, before = _old_folder(folder)
+
+    def refused(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "link", refused)
+    monkeypatch.setattr(shutil, "copy2", refused)
+    with pytest.raises(OSError, match=r"cannot keep the previous model.safetensors .*No space left on device") as info:
+        _llama(2, num_hidden_layers=1).save_pretrained(folder)
+    assert info.value.errno == errno.ENOSPC and info.value.filename == str(folder / "model.safetensors")
+    assert _folder(folder) == before
+
+
+def test_write_files_atomically_remove(tmp_path):
+    """``remove`` takes names out in the same all-or-nothing change (a missing one is skipped); it
+    is checked as the file names are."""
+    import errno
+
+    from transformer_core.checkpoints import write_files_atomically
+
+    (tmp_path / "a.txt").write_text("old a")
+    (tmp_path / "stale.txt").write_text("stale")
+
+    def no_space(path):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with pytest.raises(OSError, match="cannot write b.txt"):
+        write_files_atomically(tmp_path, [("a.txt", lambda p: open(p, "w").write("new a")), ("b.txt", no_space)],
+                               remove=["stale.txt"])
+    assert _folder(tmp_path) == {"a.txt": b"old a", "stale.txt": b"stale"}
+    write_files_atomically(tmp_path, [("a.txt", lambda p: open(p, "w").write("new a"))],
+                           remove=["stale.txt", "never_there.txt"])
+    assert _folder(tmp_path) == {"a.txt": b"new a"}
+    with pytest.raises(ValueError, match=r"each file once \(remove included\)"):
+        write_files_atomically(tmp_path, [("a.txt", lambda p: None)], remove=["a.txt"])
+    with pytest.raises(ValueError, match="remove: expected plain file names"):
+        write_files_atomically(tmp_path, [], remove=["../a.txt"])
+    with pytest.raises(TypeError, match="remove: expected a list or tuple of file names, got str"):
+        write_files_atomically(tmp_path, [], remove="a.txt")
+    (tmp_path / "sub").mkdir()
+    with pytest.raises(IsADirectoryError, match="sub"):
+        write_files_atomically(tmp_path, [("a.txt", lambda p: None)], remove=["sub"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.txt", "sub"] and (tmp_path / "a.txt").read_text() == "new a"

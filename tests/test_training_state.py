@@ -1600,3 +1600,85 @@ def test_checkpoint_of_a_scheduler_at_the_int64_bound_resumes_exactly(tmp_path):
     again = build()
     tc.training.load_checkpoint(tmp_path / "again", *again)
     assert again[2].last_epoch == last
+
+
+# ------------------------------------------------------------------------ a failed save_checkpoint
+@pytest.mark.parametrize("error", ["OSError", "KeyboardInterrupt"])
+@pytest.mark.parametrize("at", [1, 2, 3])
+def test_a_failed_rename_of_save_checkpoint_keeps_the_previous_checkpoint(tmp_path, monkeypatch, at, error):
+    """A checkpoint (model, optimizer, scheduler) saved over an earlier one, its 1st, 2nd or 3rd
+    final rename failing (an OSError, or a KeyboardInterrupt between the renames): the folder holds
+    the earlier files byte for byte (no temporary, no backup), and load_checkpoint restores the
+    earlier states exactly. (The renamed files stayed: a mixed set that load_checkpoint refused.)"""
+    import errno
+    import os
+
+    def run(steps, seed):
+        model = tc.nn.Linear(3, 2)
+        model.load_state_dict({"weight": np.random.default_rng(seed).standard_normal((2, 3)), "bias": _B})
+        opt = tc.optim.AdamW(model.named_parameters(), lr=0.1)
+        sched = tc.lr_scheduler.CosineAnnealingLR(opt, 10)
+        _steps(model.parameters(), opt, sched, 0, steps)
+        return model, opt, sched
+
+    folder = tmp_path / "run"
+    earlier = run(2, 0)
+    tc.training.save_checkpoint(folder, *earlier)
+    saved = _training_states(*earlier)
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    assert sorted(before) == ["model.safetensors", "optimizer.safetensors", "scheduler.safetensors"]
+    real_replace, calls = os.replace, []
+    raised = OSError(errno.EIO, "simulated") if error == "OSError" else KeyboardInterrupt()
+
+    def failing_replace(src, dst, **kwargs):
+        calls.append(dst)
+        if len(calls) == at:
+            raise raised
+        return real_replace(src, dst, **kwargs)
+
+    monkeypatch.setattr(os, "replace", failing_replace)
+    with pytest.raises(type(raised)):
+        tc.training.save_checkpoint(folder, *run(5, 1))
+    monkeypatch.undo()
+    assert len(calls) == 2 * at - 1  # the failed rename, then one rename back per file replaced before it
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
+    target = run(0, 2)
+    tc.training.load_checkpoint(folder, *target)
+    _assert_same_states(_training_states(*target), saved)
+
+
+# ------------------------------------------------------------------------ Parameter.data
+@pytest.mark.parametrize("kind", ["model", "plain"])
+def test_rebinding_parameter_data_is_refused_with_what_to_do_instead(kind):
+    """``p.data = x`` (torch rebinds its tensor) raises an AttributeError saying to copy the values
+    in with ``p.data[...] = x`` or to use load_state_dict (it said "property 'data' ... has no
+    setter"), and changes nothing; doing what it says puts the values into the parameter (and, for a
+    model's, into the model: its output is then torch's with those weights)."""
+    from transformer_core.parameter import Parameter
+
+    lin = tc.nn.Linear(3, 2)
+    p = lin.named_parameters()[0][1] if kind == "model" else Parameter(np.zeros((2, 3), np.float32), "weight")
+    data, values = p.data, p.data.copy()
+    x = np.arange(6, dtype=np.float32).reshape(2, 3) / 4
+    with pytest.raises(AttributeError, match=r"^data: a Parameter's data cannot be rebound \(got ndarray of shape "
+                                             r"\(2, 3\)\); it is the array the optimizers update in place \(of "
+                                             r"'weight'\): copy the values into it with p\.data\[\.\.\.\] = x "
+                                             r"\(shape \(2, 3\), dtype float32\), or load them with "
+                                             r"model\.load_state_dict"):
+        p.data = x
+    with pytest.raises(AttributeError, match=r"got list\)"):
+        p.data = x.tolist()
+    assert p.data is data
+    np.testing.assert_array_equal(p.data, values)
+    p.data[...] = x
+    np.testing.assert_array_equal(p.data, x)
+    if kind == "model":
+        t = torch.nn.Linear(3, 2)
+        with torch.no_grad():
+            t.weight.copy_(torch.from_numpy(x))
+            t.bias.copy_(torch.from_numpy(lin.state_dict()["bias"]))
+        np.testing.assert_array_equal(lin.state_dict()["weight"], x)
+        inp = np.random.default_rng(0).standard_normal((4, 3)).astype(np.float32)
+        with torch.no_grad():
+            want = t(torch.from_numpy(inp)).numpy()
+        np.testing.assert_allclose(lin(inp), want, rtol=1e-6, atol=1e-6)

@@ -112,33 +112,96 @@ def _not_a_folder(path: Path) -> NotADirectoryError:
                               f"{what} (nothing written)", str(path))
 
 
-def write_files_atomically(directory, files) -> None:
-    """Writes files into ``directory`` so that no reader ever sees one half-written, and a failure
-    while writing leaves the folder as it was.
+def _keep_previous(final: Path, backup: Path) -> None:
+    """Keeps the file (or symbolic link) at ``final`` under the name ``backup`` in the same folder
+    without changing ``final``: a hard link (no data copied; for a symbolic link, a link to the link
+    itself), or, where the file system refuses hard links, a copy."""
+    import shutil
 
-    Each file is written whole under a temporary name in ``directory`` (``.{name}.{random}.tmp``:
-    the same folder, so the rename below stays on one file system), flushed to disk, and only when
-    every one is written are they moved into place with ``os.replace`` (atomic per file), in the
-    order given: put last the file a reader looks at first (``config.json`` after the weights).
-    On a failure every temporary is removed.
+    try:
+        os.link(final, backup, follow_symlinks=False)
+    except (OSError, NotImplementedError):  # FAT, some network and FUSE file systems; protected_hardlinks
+        shutil.copy2(final, backup, follow_symlinks=False)
+
+
+def _restore(changed: list, kept: dict) -> list:
+    """Undoes the renames of a failed :func:`write_files_atomically`, last first: each name in
+    ``changed`` gets its previous file back from its backup in ``kept`` (``os.replace``, atomic),
+    or is removed when it had none. Returns ``[(name, backup or None, error)]`` for what could not
+    be undone (its backup, if any, is then left in place)."""
+    failed = []
+    for final in reversed(changed):
+        backup = kept.get(final)
+        try:
+            if backup is None:
+                os.unlink(final)
+            else:
+                os.replace(backup, final)
+                del kept[final]
+        except OSError as e:
+            failed.append((final, backup, e))
+    return failed
+
+
+def _fsync_folder(path: Path) -> None:
+    """Flushes the folder's entries (the renames) to disk, where the OS allows it (POSIX); best effort."""
+    if hasattr(os, "O_DIRECTORY"):
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        except OSError:
+            pass
+
+
+def write_files_atomically(directory, files, remove=()) -> None:
+    """Writes files into ``directory`` so that no reader ever sees one half-written, and a failure
+    leaves the folder's files as they were.
+
+    1. Each file is written whole under a temporary name in ``directory`` (``.{name}.{random}.tmp``:
+       the same folder, so the renames below stay on one file system) and flushed to disk.
+    2. Each file that one of them will replace is kept under a backup name,
+       ``.{name}.{random}.bak``: a hard link to it (no data copied; a copy where the file system
+       has no hard links).
+    3. The files named in ``remove`` are moved aside (renamed to such a backup name), then the new
+       files are moved into place with ``os.replace`` (atomic per file) in the order given: put
+       last the file a reader looks at first (``config.json`` after the weights).
+    4. Only when every rename is done are the backups deleted.
+
+    A failure, or an exception such as KeyboardInterrupt, at any step puts every name that step 3
+    changed back to its previous file (``os.replace`` of its backup; a name that had none is
+    removed), last first, and removes every temporary and backup: the folder holds exactly the files
+    it held before. What no exception reaches cannot be undone: a power loss or a killed process
+    (SIGKILL) during step 3 leaves the names renamed so far new and the others old (for a model:
+    new weights beside the old ``config.json``), with the previous files still beside them as
+    ``.{name}.*.bak`` (renaming each back over ``{name}`` restores the previous set; the
+    ``.{name}.*.tmp`` files are unfinished new ones, safe to delete). A crash during step 1 or 2
+    leaves only such hidden files beside the untouched previous ones.
 
     Args:
         directory: the folder, created with its parents if missing.
         files: ``(file name, write)`` pairs, in order: ``write(path: str)`` writes the whole file at
             ``path`` (e.g. ``lambda p: safetensors.numpy.save_file(state, p)``).
+        remove: file names that the new set must not have (a file an earlier save left that would
+            contradict the new ones): removed as part of the same all-or-nothing change (step 3; a
+            name not present is skipped).
 
     Raises:
-        OSError: naming the file that could not be written (a full disk, a file-size limit, no
-            permission; the original error chained, its errno kept: ENOSPC, EFBIG, ... also when
-            the safetensors writer reported it, in its message); the folder holds what it held
-            before (a folder created here stays, empty) and no temporary. A failure of the final renames themselves (rare: a rename inside one
-            folder) can leave the files renamed before it replaced.
-        IsADirectoryError (an OSError): a folder stands where one of the files goes (before anything
-            is written).
+        OSError: naming the file that could not be written, kept, moved into place or removed (a
+            full disk, a file-size limit, no permission; the original error chained, its errno kept:
+            ENOSPC, EFBIG, ... also when the safetensors writer reported it, in its message); the
+            folder holds the files it held before (a folder created here stays, empty), no temporary
+            and no backup. Should putting a previous file back fail too (a second I/O error), its
+            backup is left in place and the error's notes (``__notes__``) name it and how to restore it.
+        IsADirectoryError (an OSError): a folder stands where one of the files goes, or under a
+            name of ``remove`` (before anything is written).
         NotADirectoryError (an OSError): ``directory`` is a file, or lies under one (naming
             ``directory``; nothing is written).
         TypeError: ``directory`` not a str or path.
-        ValueError: a file name that is not a plain name inside the folder, or one given twice.
+        ValueError: a file name that is not a plain name inside the folder, or one given twice
+            (in ``files`` and ``remove`` together).
     """
     from safetensors import SafetensorError
 
@@ -146,13 +209,17 @@ def write_files_atomically(directory, files) -> None:
         raise TypeError(f"directory: expected a str or path, got {type(directory).__name__}")
     path = Path(directory)
     files = list(files)
+    if not isinstance(remove, (list, tuple)):
+        raise TypeError(f"remove: expected a list or tuple of file names, got {type(remove).__name__}")
+    remove = list(remove)
     names = [name for name, _ in files]
-    for name in names:
-        if not isinstance(name, str) or not name or name in (".", "..") or Path(name).name != name:
-            raise ValueError(f"files: expected plain file names inside {path}, got {name!r}")
-    if len(set(names)) != len(names):
-        raise ValueError(f"files: expected each file once, got {names}")
-    for name in names:  # a folder in a file's place would fail its rename after earlier files moved in
+    for argument, given in (("files", names), ("remove", remove)):
+        for name in given:
+            if not isinstance(name, str) or not name or name in (".", "..") or Path(name).name != name:
+                raise ValueError(f"{argument}: expected plain file names inside {path}, got {name!r}")
+    if len(set(names + remove)) != len(names) + len(remove):
+        raise ValueError(f"files: expected each file once (remove included), got {names} and remove={remove}")
+    for name in names + remove:  # a folder in a file's place would fail its rename after earlier files moved in
         if (path / name).is_dir():
             raise IsADirectoryError(errno.EISDIR, f"cannot write {name}: a folder of that name is in the way "
                                     f"(nothing written)", str(path / name))
@@ -160,9 +227,11 @@ def write_files_atomically(directory, files) -> None:
         path.mkdir(parents=True, exist_ok=True)  # the first change made: it fails before creating anything
     except (FileExistsError, NotADirectoryError) as e:  # a file where the folder (or one above it) goes
         raise _not_a_folder(path) from e
-    written = []  # (temporary, final)
+    written = []  # (temporary, final): every temporary created
+    kept = {}  # final -> its backup: the previous file of that name, until the new set is in place
+    changed = []  # the names step 3 has changed (renamed into place, or moved aside), in order
     try:
-        for name, write in files:
+        for name, write in files:  # 1. the temporaries
             final = path / name
             temporary = path / f".{name}.{secrets.token_hex(6)}.tmp"
             try:
@@ -177,29 +246,50 @@ def write_files_atomically(directory, files) -> None:
                     os.close(fd)
             except (OSError, SafetensorError) as e:
                 raise _write_error(final, e) from e
-        for temporary, final in written:
+        for _, final in written:  # 2. the backups of the files about to be replaced
+            if os.path.lexists(final):
+                backup = path / f".{final.name}.{secrets.token_hex(6)}.bak"
+                kept[final] = backup  # (before the link: removed on failure even if half-copied)
+                try:
+                    _keep_previous(final, backup)
+                except OSError as e:
+                    raise OSError(e.errno, f"cannot keep the previous {final.name} while the new one is moved in "
+                                  f"({e.strerror or e}; nothing changed)", str(final)) from e
+        for name in remove:  # 3. the renames: first what goes (moved aside: its own backup) ...
+            final = path / name
+            if os.path.lexists(final):
+                backup = path / f".{name}.{secrets.token_hex(6)}.bak"
+                try:
+                    os.replace(final, backup)
+                except OSError as e:
+                    raise OSError(e.errno, f"cannot remove the earlier save's {name} ({e.strerror})", str(final)) from e
+                kept[final] = backup
+                changed.append(final)
+        for temporary, final in written:  # ... then the new files, in their order
             try:
                 os.replace(temporary, final)
             except OSError as e:
                 raise _write_error(final, e) from e
-    except BaseException:
-        for temporary, _ in written:
+            changed.append(final)
+    except BaseException as error:
+        for final, backup, e in _restore(changed, kept):
+            if backup is None:
+                error.add_note(f"could not remove the new {final} ({e}); the folder had no such file before")
+            else:
+                error.add_note(f"could not put the previous {final.name} back ({e}): it is kept as {backup}; "
+                               f"rename it to {final} to restore the previous files")
+        for leftover in [temporary for temporary, _ in written] + [b for f, b in kept.items() if f not in changed]:
             try:
-                os.unlink(temporary)
-            except FileNotFoundError:
-                pass  # already renamed into place
+                os.unlink(leftover)
             except OSError:
-                pass  # best effort: the error being raised says what went wrong
+                pass  # already renamed into place, never created; best effort otherwise
         raise
-    if hasattr(os, "O_DIRECTORY"):  # the renames themselves on disk (POSIX); best effort
+    _fsync_folder(path)  # the renames on disk before the backups go
+    for backup in kept.values():  # 4. the new set is in place
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            os.unlink(backup)
         except OSError:
-            pass
+            pass  # best effort: a hidden file left behind, the save itself is whole
 
 
 def save_pretrained_files(directory, config: dict, state: dict, metadata: dict | None = None,
@@ -207,15 +297,21 @@ def save_pretrained_files(directory, config: dict, state: dict, metadata: dict |
     """Writes a Hugging Face model directory: ``model.safetensors`` (``state``, name -> C-contiguous
     array, with ``metadata`` in its header; default ``{"format": "np"}``), ``generation_config.json``
     (``generation_config``, when given) and ``config.json`` (``config``), through
-    :func:`write_files_atomically`: the weights first, ``config.json`` last, so that a failed save
-    leaves the old files (or nothing) and never a new config beside old weights. Without a
-    ``generation_config``, a ``generation_config.json`` left by an earlier save is removed after
-    the new files are in place (it would give the new model the old one's end ids).
+    :func:`write_files_atomically`: the weights first, ``config.json`` last. A save that fails
+    (a full disk, a file-size limit, one of the final renames, a KeyboardInterrupt) leaves the
+    folder's previous files as they were, or no file in a folder that had none: never new weights
+    beside an old config or the reverse. Without a ``generation_config``, a
+    ``generation_config.json`` left by an earlier save is removed in the same all-or-nothing change
+    (it would give the new model the old one's end ids; a failed save puts it back). Only what no
+    exception reaches, a power loss or a killed process during the final renames, can leave a
+    mixed set: the previous files are then beside it as hidden ``.{name}.*.bak`` files (see
+    :func:`write_files_atomically`).
     A leading ``~`` of ``directory`` is expanded to the home directory, as ``from_pretrained``
     does (``save_pretrained("~/m")`` writes ``$HOME/m``, which ``from_pretrained("~/m")`` reads).
 
     Raises:
-        OSError: a file cannot be written (named, with its errno; the folder keeps its old files).
+        OSError: a file cannot be written, moved into place or removed (named, with its errno;
+            the folder keeps its old files).
         FileNotFoundError (an OSError): a ``~user`` of no known user, naming ``directory`` (nothing
             written).
         NotADirectoryError (an OSError): ``directory`` is a file, or lies under one (naming
@@ -237,10 +333,4 @@ def save_pretrained_files(directory, config: dict, state: dict, metadata: dict |
     if generation is not None:
         files.append(("generation_config.json", lambda p: Path(p).write_text(generation, encoding="utf-8")))
     files.append(("config.json", lambda p: Path(p).write_text(text, encoding="utf-8")))
-    write_files_atomically(directory, files)
-    if generation is None:
-        stale = Path(directory) / "generation_config.json"
-        try:
-            stale.unlink(missing_ok=True)
-        except OSError as e:
-            raise OSError(e.errno, f"{stale}: cannot remove the earlier save's file ({e.strerror})") from e
+    write_files_atomically(directory, files, remove=["generation_config.json"] if generation is None else [])

@@ -504,9 +504,11 @@ class CausalLM(DecoderModel, GenerationMixin):
 
         The save is all or nothing (see :func:`transformer_core.checkpoints.save_pretrained_files`):
         each file is written whole under a temporary name in ``directory``, then renamed into place,
-        the weights first and ``config.json`` last, so a save that fails (a full disk, a file-size
-        limit) leaves the directory's previous files as they were, never a new config beside old
-        weights.
+        the weights first and ``config.json`` last, the previous files kept until every rename is
+        done, so a save that fails (a full disk, a file-size limit, a failed rename, a
+        KeyboardInterrupt) leaves the directory's previous files as they were. Only a power loss or
+        a killed process during the renames can leave new weights beside the old config (the old
+        files then lie beside them as hidden ``.{name}.*.bak`` files).
 
         Raises:
             OSError: the directory or a file cannot be written (naming it; the cause chained).

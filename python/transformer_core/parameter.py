@@ -44,7 +44,8 @@ class Parameter:
             ``data``'s shape and dtype, C-contiguous and writeable.
 
     Attributes:
-        data: the values (read-only attribute: assign into it, ``p.data[...] = x``, never rebind it).
+        data: the values (read-only attribute: assign into it, ``p.data[...] = x``; ``p.data = x``
+            raises AttributeError, see the ``data`` setter).
         grad: the gradient or None; may be reassigned (checked) or set to None.
         name: str or None.
 
@@ -73,6 +74,22 @@ class Parameter:
     def data(self) -> np.ndarray:
         """The values, as a numpy array (for a model's parameter: a zero-copy view of its C++ buffer)."""
         return self._data
+
+    @data.setter
+    def data(self, value) -> None:
+        """Refused (AttributeError): torch's ``p.data = x`` rebinds the parameter to another tensor,
+        but this ``data`` is the very array the optimizers update in place (for a model's
+        parameter, a view of its C++ buffer), so another array would never reach the model; and
+        copying ``x`` in instead would silently break torch's sharing (``a.data = b.data`` ties
+        ``a`` to ``b``). The message says what to do: copy the values in, ``p.data[...] = x``, or
+        load them with the model's ``load_state_dict``."""
+        shape = getattr(value, "shape", None)
+        got = type(value).__name__ + (f" of shape {tuple(shape)}" if isinstance(shape, tuple) else "")
+        raise AttributeError(
+            f"data: a Parameter's data cannot be rebound (got {got}); it is the array the optimizers update "
+            f"in place{'' if self.name is None else f' (of {self.name!r})'}: copy the values into it with "
+            f"p.data[...] = x (shape {self._data.shape}, dtype {self._data.dtype}), or load them with "
+            f"model.load_state_dict(...)")
 
     @property
     def grad(self) -> np.ndarray | None:

@@ -212,10 +212,12 @@ def save_checkpoint(directory, model: Module, optimizer=None, scheduler=None) ->
         FileNotFoundError: a ``~user`` of no known user in ``directory`` (nothing written).
         NotADirectoryError (an OSError): ``directory`` is a file, or lies under one (naming
             ``directory``; nothing written).
-        OSError: a file cannot be written (naming it); ``directory`` keeps the files it held before
-            (the previous set, whole) and no temporary. (Should one of the final renames itself fail,
-            a rare failure inside one folder, the files renamed before it are of the new save:
-            :func:`load_checkpoint` refuses that mixed set by its ``checkpoint_id`` stamps.)
+        OSError: a file cannot be written or renamed (naming it); ``directory`` keeps the files it
+            held before (the previous set, whole: a failed rename, or a KeyboardInterrupt, puts back
+            what the renames before it replaced) and no temporary. Only a power loss or a killed
+            process during the final renames leaves a mixed set, which :func:`load_checkpoint`
+            refuses by its ``checkpoint_id`` stamps; the previous files are then beside it as
+            ``.{name}.*.bak`` (:func:`~transformer_core.checkpoints.write_files_atomically`).
     """
     from safetensors.numpy import save_file
 
