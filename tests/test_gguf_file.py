@@ -510,7 +510,7 @@ def test_rope_scaling_factor_meaning_none_is_accepted(tmp_path, metadata):
     ("llama.attention.layer_norm_rms_epsilon", (0.0, F32), "a finite number > 0, got 0.0"),
     ("llama.rope.freq_base", (float("inf"), F32), "a finite number > 0, got inf"),
     ("llama.rope.freq_base", (-1.0, F32), "a finite number > 0, got -1.0"),
-    ("llama.context_length", (0, U32), "an int >= 1, got 0"),
+    ("llama.context_length", (0, U32), "an int in [1, 2**63 - 1], got 0"),
     ("tokenizer.ggml.unknown_token_id", (1000, U32), "= 1000 is outside the vocabulary of {vocab}"),
 ])
 def test_bad_config_values_name_file_and_key(tmp_path, key, value, expected):
@@ -520,6 +520,32 @@ def test_bad_config_values_name_file_and_key(tmp_path, key, value, expected):
     write_llama_gguf(path, random_llama_state(np.random.default_rng(0)), metadata={key: value})
     message = _bad(path, re.escape(expected.format(vocab=len(tiny_vocab()[0]))))
     assert f"GGUF metadata '{key}': expected" in message or f"GGUF metadata {key} =" in message, message
+
+
+U64 = gguf.GGUFValueType.UINT64
+SIZE_KEYS = ["llama.context_length", "llama.embedding_length", "llama.block_count", "llama.feed_forward_length",
+             "llama.attention.head_count", "llama.attention.head_count_kv", "llama.attention.key_length",
+             "llama.attention.value_length", "llama.rope.dimension_count", "llama.vocab_size"]
+
+
+@pytest.mark.parametrize("key", SIZE_KEYS)
+@pytest.mark.parametrize("value", [2**63, 2**64 - 1, 0])
+def test_sizes_out_of_int64_range_are_refused_naming_the_key(tmp_path, key, value):
+    """A uint64 size or count holds up to 2**64 - 1, no int64 size can hold 2**63 or more: such a
+    value (llama.context_length = 2**63 was accepted, and the model refused it later under
+    another name), or 0, is refused naming the GGUF key."""
+    path = tmp_path / "size.gguf"
+    write_llama_gguf(path, random_llama_state(np.random.default_rng(0)), metadata={key: (value, U64)})
+    message = _bad(path, re.escape(f"GGUF metadata '{key}': expected an int in [1, 2**63 - 1], got {value}"))
+    assert message.count("GGUF metadata") == 1, message
+
+
+def test_largest_context_length_is_accepted(tmp_path):
+    """2**63 - 1 is the bound itself: read, as the model's max_position_embeddings."""
+    path = tmp_path / "ctx.gguf"
+    write_llama_gguf(path, random_llama_state(np.random.default_rng(0)),
+                     metadata={"llama.context_length": (2**63 - 1, U64)})
+    assert read_gguf(path).config["max_position_embeddings"] == 2**63 - 1
 
 
 def test_random_header_corruption_is_a_value_error(tmp_path, good_tiny):

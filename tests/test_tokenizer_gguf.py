@@ -455,6 +455,127 @@ def test_tiny_empty_tokens_are_named_as_llama_cpp_names_them(tmp_path):
     assert tok.tokenize("hello world") == ["hello", "Ġworld"] and tok.eos_token_id == 2
 
 
+def _gpt2_byte_symbols() -> list[str]:
+    """GPT-2's 256 byte-level symbols, byte 0 to 255, written out here (``encoder.py``'s
+    bytes_to_unicode): the printable Latin-1 bytes stand for themselves, the other 68 take
+    U+0100, U+0101, ... in byte order."""
+    printable = {*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)}
+    extra = iter(range(0x100, 0x100 + 256 - len(printable)))
+    return [chr(b) if b in printable else chr(next(extra)) for b in range(256)]
+
+
+def _raw_text_vocab_gguf(tmp_path, *, add_bos=False, add_eos=False):
+    """A byte-level GGUF whose control / user-defined tokens are written as llama.cpp's converter
+    writes them, as raw text: "<｜bos｜>" ("｜" is U+FF5C, no byte-level symbol), "«end: 1»" (byte-level
+    symbols "«" "»" that are not ASCII, a ":" and a space), the user-defined "<｜tool sep｜>" and
+    "café". Returns ``(path, ids)``, ``ids`` the token -> id of those and of the 256 byte symbols."""
+    import gguf
+
+    symbols = _gpt2_byte_symbols()
+    raw = [("<｜bos｜>", 3), ("«end: 1»", 3), ("<｜tool sep｜>", 4), ("café", 4)]
+    tokens = ["<|endoftext|>", *symbols, "ĠĠ", *[t for t, _ in raw]]
+    types = [3, *[1] * 256, 1, *[k for _, k in raw]]
+    ids = {t: i for i, t in enumerate(tokens)}
+    U32, ARR = gguf.GGUFValueType.UINT32, gguf.GGUFValueType.ARRAY
+    path = tmp_path / "raw.gguf"
+    write_llama_gguf(path, random_llama_state(np.random.default_rng(0), vocab=len(tokens)), tokens=tokens, metadata={
+        "tokenizer.ggml.token_type": (types, ARR), "tokenizer.ggml.merges": (["Ġ Ġ"], ARR),
+        "tokenizer.ggml.bos_token_id": (ids["<｜bos｜>"], U32), "tokenizer.ggml.eos_token_id": (ids["«end: 1»"], U32),
+        "tokenizer.ggml.padding_token_id": (0, U32), "tokenizer.ggml.unknown_token_id": None,
+        "tokenizer.ggml.add_bos_token": (add_bos, gguf.GGUFValueType.BOOL),
+        "tokenizer.ggml.add_eos_token": (add_eos, gguf.GGUFValueType.BOOL),
+        "tokenizer.chat_template": ("{{ bos_token }}{% for m in messages %}{{ m['content'] }}{% endfor %}"
+                                    "{{ eos_token }}", gguf.GGUFValueType.STRING)})
+    return path, ids
+
+
+def test_control_and_user_defined_tokens_are_their_raw_text(tmp_path):
+    """llama.cpp matches a control or user-defined token by its raw text and prints it as is. Those
+    outside the byte-level alphabet were re-spelled from their UTF-8 bytes and never registered:
+    "<｜bos｜>" became 11 byte tokens, bos_token was mojibake ("<ï½ľbosï½ľ>", and so was the chat
+    template's {{ bos_token }}), skip_special_tokens kept it; "café" (all byte-level symbols) decoded
+    to "caf\ufffd"."""
+    import copy
+    import pickle
+
+    path, ids = _raw_text_vocab_gguf(tmp_path)
+    tok = tc.Tokenizer.from_gguf(path)
+    bos, eos, tool, cafe = ids["<｜bos｜>"], ids["«end: 1»"], ids["<｜tool sep｜>"], ids["café"]
+    byte = {b: ids[s] for b, s in enumerate(_gpt2_byte_symbols())}  # byte -> id of its symbol
+    h, i, x = byte[ord("h")], byte[ord("i")], byte[ord("x")]
+
+    assert (tok.bos_token, tok.bos_token_id, tok.eos_token, tok.eos_token_id) == ("<｜bos｜>", bos, "«end: 1»", eos)
+    assert (tok.pad_token, tok.pad_token_id, tok.unk_token) == ("<|endoftext|>", 0, None)
+    assert tok.all_special_tokens == ["<｜bos｜>", "«end: 1»", "<|endoftext|>"]
+    assert tok.all_special_ids == [bos, eos, 0]
+    assert tok.special_tokens == ["<|endoftext|>", "<｜bos｜>", "«end: 1»"]  # the control tokens, by id
+    assert [tok.token_to_id(t) for t in ("<｜bos｜>", "«end: 1»", "<｜tool sep｜>", "café")] == [bos, eos, tool, cafe]
+    assert [tok.id_to_token(j) for j in (bos, eos, tool, cafe)] == ["<｜bos｜>", "«end: 1»", "<｜tool sep｜>", "café"]
+
+    # matched whole by their raw text, wherever they stand
+    assert tok.encode("<｜bos｜>") == [bos]
+    text = "<｜bos｜>hi<｜tool sep｜>xcafé«end: 1»"
+    assert tok.encode(text) == [bos, h, i, tool, x, cafe, eos]
+    assert tok.tokenize(text) == ["<｜bos｜>", "h", "i", "<｜tool sep｜>", "x", "café", "«end: 1»"]
+    # their byte-level spellings are plain text: bytes, not the tokens
+    mojibake = "".join(_gpt2_byte_symbols()[b] for b in "<｜bos｜>".encode())
+    assert bos not in tok.encode(mojibake)
+    # a different "é" (e + combining accent) is not "café"; a normal "ĠĠ" still merges two spaces
+    assert tok.encode("cafe\u0301") == [byte[b] for b in "cafe\u0301".encode()]
+    assert tok.encode("x  ") == [x, ids["ĠĠ"]]
+
+    # decoded to the raw text; the control tokens left out with skip_special_tokens
+    every = [bos, h, i, tool, x, cafe, eos]
+    assert tok.decode(every, skip_special_tokens=False) == text
+    assert tok.decode(every) == "hi<｜tool sep｜>xcafé"
+    for j, t in ((bos, "<｜bos｜>"), (eos, "«end: 1»"), (tool, "<｜tool sep｜>"), (cafe, "café")):
+        assert tok.decode([j], skip_special_tokens=False) == t
+    stream = TextStream(tok, skip_special_tokens=False)
+    assert "".join(stream.push(j) for j in every) + stream.finish() == text
+    stream = TextStream(tok)
+    assert "".join(stream.push(j) for j in every) + stream.finish() == "hi<｜tool sep｜>xcafé"
+    for clone in (copy.deepcopy(tok), pickle.loads(pickle.dumps(tok))):  # the decoder survives a copy
+        assert clone.decode(every, skip_special_tokens=False) == text and clone.encode(text) == every
+
+    # the chat template names them by their raw text too
+    messages = [{"role": "user", "content": "hi"}]
+    assert tok.apply_chat_template(messages) == "<｜bos｜>hi«end: 1»"
+    assert tok.apply_chat_template(messages, tokenize=True) == [bos, h, i, eos]
+
+
+def test_raw_text_bos_and_eos_are_added(tmp_path):
+    """add_bos_token / add_eos_token add the raw-text tokens: the EOS "«end: 1»" holds a ":" and a
+    space, which the post-processor's template syntax would read as a type id and a separator."""
+    path, ids = _raw_text_vocab_gguf(tmp_path, add_bos=True, add_eos=True)
+    tok = tc.Tokenizer.from_gguf(path)
+    h, i = ids["h"], ids["i"]
+    bos, eos = ids["<｜bos｜>"], ids["«end: 1»"]
+    assert tok.encode("hi") == [bos, h, i, eos]
+    assert tok.tokenize("hi") == ["<｜bos｜>", "h", "i", "«end: 1»"]
+    assert tok.encode("hi", add_special_tokens=False) == [h, i]
+    batch = tok.encode_batch(["hi", "h"])
+    assert batch["input_ids"].tolist() == [[bos, h, i, eos], [bos, h, eos, 0]]
+    assert batch["attention_mask"].tolist() == [[1, 1, 1, 1], [1, 1, 1, 0]]
+    assert tok.decode(tok.encode("hi")) == "hi"
+    assert tok.decode(tok.encode("hi"), skip_special_tokens=False) == "<｜bos｜>hi«end: 1»"
+
+
+def test_smollm2_control_tokens_are_unchanged(ours, hf_smollm2_tokenizer, smollm2_checkpoint):
+    """SmolLM2's 17 control tokens are ASCII ("<|im_start|>", ...): their raw text is their
+    byte-level spelling, so the tokenizer is the one it was; ids, tokens and decodes as transformers'."""
+    specials = ours.special_tokens
+    assert len(specials) == 17 and specials[:3] == ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    assert [ours.token_to_id(t) for t in specials] == list(range(17))
+    assert [hf_smollm2_tokenizer.convert_ids_to_tokens(j) for j in range(17)] == specials
+    text = "".join(f"{t}x {j}" for j, t in enumerate(specials))
+    ids = ours.encode(text)
+    assert ids == hf_smollm2_tokenizer.encode(text) and [j for j in ids if j < 17] == list(range(17))
+    assert ours.decode(ids, skip_special_tokens=False) == hf_smollm2_tokenizer.decode(ids) == text
+    assert ours.decode(ids) == hf_smollm2_tokenizer.decode(ids, skip_special_tokens=True)
+    fresh = tc.Tokenizer.from_gguf(smollm2_checkpoint)  # (not ours: its backend is not handed out)
+    assert type(fresh.backend.decoder).__name__ == "ByteLevel"  # no raw-text step: none was needed
+
+
 def test_deeply_nested_tokenizer_json_files(tmp_path):
     """A config.json / tokenizer_config.json nested deeper than Python's parser goes: a ValueError
     naming the file (was a RecursionError)."""

@@ -649,7 +649,10 @@ def read_gguf(path) -> GGUFCheckpoint:
             package's version) or of an unsupported ggml type (named; supported: F32, F16, BF16,
             Q4_0, Q4_1, Q8_0), misses tensors, has unknown ones or one of the wrong shape, has a
             config value out of range (naming the key: e.g. ``layer_norm_rms_epsilon`` /
-            ``rope.freq_base`` not finite and > 0, ``context_length`` < 1, a special token id outside
+            ``rope.freq_base`` not finite and > 0, a size or count (``context_length``,
+            ``embedding_length``, ``block_count``, ``feed_forward_length``, ``attention.head_count``,
+            ``attention.head_count_kv``, ``attention.key_length`` / ``value_length``,
+            ``rope.dimension_count``, ``vocab_size``) outside [1, 2**63 - 1], a special token id outside
             the vocabulary, an odd ``attention.key_length``, a ``tokenizer.chat_template`` that is
             not a string), or has a config this loader does not support (RoPE scaling, partial
             rotary dims, biases on some projections only).
@@ -734,27 +737,38 @@ def _get(path, metadata: dict, key: str, kind, default=None, *, required: bool =
     return kind(value)
 
 
+#: The largest size or count a GGUF key may give: a uint64 key can hold up to 2**64 - 1, but sizes are
+#: int64 here (numpy shapes, the C++ core's config, torch).
+_MAX_SIZE = 2**63 - 1
+
+
+def _get_size(path, metadata: dict, key: str, default=None, *, required: bool = False) -> int | None:
+    """:func:`_get` of an int key that is a size or a count (``llama.context_length``,
+    ``llama.embedding_length``, ...): ValueError naming the file and the key unless it is in
+    ``[1, 2**63 - 1]``."""
+    value = _get(path, metadata, key, int, default, required=required)
+    if value is not None and not 1 <= value <= _MAX_SIZE:
+        raise ValueError(f"{path}: GGUF metadata {key!r}: expected an int in [1, 2**63 - 1], got {value}")
+    return value
+
+
 def _llama_config(path, md: dict, entries: dict) -> dict:
     """The Hugging Face ``LlamaConfig`` fields from llama.cpp's ``llama.*`` metadata keys."""
     a = "llama"
-    hidden = _get(path, md, f"{a}.embedding_length", int, required=True)
-    layers = _get(path, md, f"{a}.block_count", int, required=True)
-    inter = _get(path, md, f"{a}.feed_forward_length", int, required=True)
-    heads = _get(path, md, f"{a}.attention.head_count", int, required=True)
-    kv_heads = _get(path, md, f"{a}.attention.head_count_kv", int, heads)
-    for key, v in (("embedding_length", hidden), ("block_count", layers), ("feed_forward_length", inter),
-                   ("attention.head_count", heads), ("attention.head_count_kv", kv_heads)):
-        if v < 1:
-            raise ValueError(f"{path}: GGUF metadata '{a}.{key}': expected a positive int, got {v}")
+    hidden = _get_size(path, md, f"{a}.embedding_length", required=True)
+    layers = _get_size(path, md, f"{a}.block_count", required=True)
+    inter = _get_size(path, md, f"{a}.feed_forward_length", required=True)
+    heads = _get_size(path, md, f"{a}.attention.head_count", required=True)
+    kv_heads = _get_size(path, md, f"{a}.attention.head_count_kv", heads)
     if layers > len(entries):  # a layer has tensors; checked before any loop over the layers
         raise ValueError(f"{path}: GGUF metadata '{a}.block_count' = {layers}, but the file holds only "
                          f"{len(entries)} tensors")
     if heads % kv_heads:
         raise ValueError(f"{path}: GGUF metadata: attention.head_count {heads} is not a multiple of "
                          f"attention.head_count_kv {kv_heads}")
-    head_dim = _get(path, md, f"{a}.attention.key_length", int, None)
-    rope_dim = _get(path, md, f"{a}.rope.dimension_count", int, None)
-    value_dim = _get(path, md, f"{a}.attention.value_length", int, None)
+    head_dim = _get_size(path, md, f"{a}.attention.key_length")
+    rope_dim = _get_size(path, md, f"{a}.rope.dimension_count")
+    value_dim = _get_size(path, md, f"{a}.attention.value_length")
     key_length = head_dim
     if head_dim is None and hidden % heads == 0:  # llama.cpp's default: embedding_length / head_count
         head_dim = hidden // heads
@@ -788,10 +802,8 @@ def _llama_config(path, md: dict, entries: dict) -> dict:
     for key, v in (("attention.layer_norm_rms_epsilon", eps), ("rope.freq_base", theta)):
         if not (math.isfinite(v) and v > 0):
             raise ValueError(f"{path}: GGUF metadata '{a}.{key}': expected a finite number > 0, got {v}")
-    context = _get(path, md, f"{a}.context_length", int, required=True)
-    if context < 1:
-        raise ValueError(f"{path}: GGUF metadata '{a}.context_length': expected an int >= 1, got {context}")
-    vocab = _get(path, md, f"{a}.vocab_size", int, None)
+    context = _get_size(path, md, f"{a}.context_length", required=True)
+    vocab = _get_size(path, md, f"{a}.vocab_size")
     if vocab is None:  # the tokenizer's vocabulary: its length, without decoding its strings
         tokens = md._values.get("tokenizer.ggml.tokens") if isinstance(md, _Metadata) else md.get("tokenizer.ggml.tokens")
         if isinstance(tokens, (list, _LazyArray)):

@@ -31,7 +31,10 @@ _CONTROL, _USER_DEFINED = 3, 4
 #: ``tokenizer.ggml.pre`` values :meth:`Tokenizer.from_gguf` rebuilds, and how (see
 #: ``_gguf_pre_tokenizer``): "gpt2" is GPT-2's split; "smollm" / "starcoder" first isolate every
 #: digit (llama.cpp's ``\p{N}`` step, the ``Digits(individual_digits=True)`` of SmolLM2's own
-#: ``tokenizer.json``), then GPT-2's split.
+#: ``tokenizer.json``), then GPT-2's split. "default" (also a file without ``tokenizer.ggml.pre``)
+#: is rebuilt as GPT-2's split, as transformers' GGUF converter does; that is not llama.cpp's
+#: "default", whose regexes also split runs of punctuation off first and cut runs of digits into
+#: groups of three.
 GGUF_PRE_TOKENIZERS = ("default", "gpt2", "smollm", "starcoder")
 
 #: transformers' apply_chat_template options that Tokenizer.apply_chat_template does not implement:
@@ -542,13 +545,24 @@ class Tokenizer:
     def from_gguf(cls, path_or_checkpoint, pre_tokenizer: str | None = None) -> "Tokenizer":
         """A causal-LM tokenizer rebuilt from a GGUF file's tokenizer metadata.
 
-        Supported: ``tokenizer.ggml.model == "gpt2"`` (byte-level BPE). Read: ``tokenizer.ggml.tokens``
-        (the vocabulary; ids are positions), ``.merges`` (``"left right"`` pairs, best first),
-        ``.token_type`` (3 = control tokens become special added tokens, 4 = user-defined ones plain
-        added tokens, matched whole as transformers and llama.cpp do), ``.pre`` (the pre-tokenizer:
-        see ``GGUF_PRE_TOKENIZERS``), ``.bos_token_id`` / ``.eos_token_id`` / ``.unknown_token_id`` /
+        Supported: ``tokenizer.ggml.model == "gpt2"`` (byte-level BPE; SentencePiece's "llama" and
+        the other models are refused). Read: ``tokenizer.ggml.tokens`` (the vocabulary; ids are
+        positions), ``.merges`` (``"left right"`` pairs, best first), ``.token_type`` (3 = control
+        tokens become special added tokens, 4 = user-defined ones plain added tokens), ``.pre``
+        (the pre-tokenizer: see ``GGUF_PRE_TOKENIZERS``; "default", or no ``.pre`` at all, is
+        rebuilt as GPT-2's split, as transformers' GGUF converter does, which is not llama.cpp's
+        "default" regex: that one also splits off punctuation runs and cuts digit runs into groups
+        of three), ``.bos_token_id`` / ``.eos_token_id`` / ``.unknown_token_id`` /
         ``.padding_token_id``, ``.add_bos_token`` / ``.add_eos_token`` (whether :meth:`encode` with
         ``add_special_tokens=True`` adds them; default False) and ``tokenizer.chat_template``.
+
+        A normal token stands for bytes in the byte-level alphabet (one written in other characters
+        is re-spelled from its UTF-8 bytes, as transformers does). A control or user-defined token
+        stands for its raw text, as llama.cpp reads it, whatever its characters (``"<｜bos｜>"``,
+        ``"café"``): it is matched whole by that text in :meth:`encode` (before the pre-tokenizer),
+        :meth:`decode` gives that text (a control token is left out with ``skip_special_tokens``),
+        and the BOS / EOS / unknown / padding tokens are named by it (``bos_token``, the chat
+        template's ``{{ bos_token }}``).
 
         Args:
             path_or_checkpoint: a ``.gguf`` path or a :class:`~transformer_core.gguf_file.GGUFCheckpoint`.
@@ -1613,7 +1627,12 @@ def _gguf_pre_tokenizer(name: str):
     """The pre-tokenizer for ``tokenizer.ggml.pre``, from the ``tokenizers`` package's components.
 
     GPT-2's split (``'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+``)
-    is ``ByteLevel(use_regex=True)``'s own. llama.cpp's "smollm" (also "starcoder", "refact",
+    is ``ByteLevel(use_regex=True)``'s own: it serves "gpt2" and "default" (the name llama.cpp
+    gives a file without ``tokenizer.ggml.pre``), as transformers' GGUF converter rebuilds both.
+    llama.cpp's own "default" differs: its regexes first split off runs of punctuation
+    (``[\\p{P}\\$\\+<=>\\^~\\|]+``), then apply GPT-2's split, then ``\\p{N}+`` and
+    ``[0-9][0-9][0-9]`` (digits in groups of three), so a "default" file may tokenize numbers and
+    punctuation differently from llama.cpp. llama.cpp's "smollm" (also "starcoder", "refact",
     "codeshell") runs ``\\p{N}`` first, isolating each digit, then GPT-2's split on the rest:
     ``Sequence([Digits(individual_digits=True), ByteLevel(...)])``, exactly the pre-tokenizer of
     SmolLM2's own ``tokenizer.json``.
@@ -1632,10 +1651,16 @@ def _clip(value, limit: int = 60) -> str:
     return r if len(r) <= limit else r[:limit] + "..."
 
 
+def _whole_text_pattern(text: str) -> str:
+    """An Oniguruma pattern (the ``tokenizers`` package's ``Regex``) matching exactly the whole of
+    ``text``: ``\\A``, every character as ``\\x{hex}`` (nothing in it is read as syntax), ``\\z``."""
+    return "\\A" + "".join(f"\\x{{{ord(c):X}}}" for c in text) + "\\z"
+
+
 def _tokenizer_from_gguf(path, meta: dict):
     """``(tokenizers.Tokenizer, {bos_token, eos_token, unk_token, pad_token})`` from the
     ``tokenizer.ggml.*`` metadata (keys without the prefix)."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, processors
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, processors
 
     model = meta.get("model")
     if model is None:
@@ -1644,7 +1669,7 @@ def _tokenizer_from_gguf(path, meta: dict):
     if model != "gpt2":
         raise ValueError(f"{path}: GGUF tokenizer model {model!r} (tokenizer.ggml.model) is not supported "
                          f"(supported: 'gpt2', byte-level BPE)")
-    pre = meta.get("pre", "default")
+    pre = meta.get("pre", "default")  # no name: "default", GPT-2's split (see _gguf_pre_tokenizer)
     if pre not in GGUF_PRE_TOKENIZERS:
         raise ValueError(f"{path}: GGUF pre-tokenizer {pre!r} (tokenizer.ggml.pre) is not supported "
                          f"(supported: {', '.join(GGUF_PRE_TOKENIZERS)})")
@@ -1669,25 +1694,34 @@ def _tokenizer_from_gguf(path, meta: dict):
                              f"{type(flag).__name__} {_clip(flag)}")
         flags[key] = flag
 
-    # The vocabulary in the byte-level alphabet. A token written in other characters (a raw space,
-    # say) is re-spelled from its UTF-8 bytes, as transformers' GGUF converter does. An empty token
-    # is named "[EMPTY_{id}]", as llama.cpp names it, so that two empty tokens stay two ids.
+    # The vocabulary keys. A normal token stands for bytes, written in the byte-level alphabet (GPT-2's
+    # bytes_to_unicode); one written in other characters (a raw space, say) is re-spelled from its
+    # UTF-8 bytes, as transformers' GGUF converter does. A control or user-defined token stands for its
+    # text as written: llama.cpp matches it in a prompt by that raw text and prints it as is
+    # (token_to_piece), so its key is its raw text, whatever its characters ("<｜bos｜>", whose "｜"
+    # is no byte-level symbol, is not re-spelled). An empty token is named "[EMPTY_{id}]", as
+    # llama.cpp names it, so that two empty tokens stay two ids.
     spelling = _bytes_to_unicode()
     alphabet = set(spelling.values())
 
-    def spelled(token: str) -> str:
-        """``token`` in the byte-level alphabet (GPT-2's bytes_to_unicode): unchanged if it already is."""
-        return token if set(token) <= alphabet else "".join(spelling[b] for b in token.encode("utf-8"))
+    def byte_spelling(text: str) -> str:
+        """``text``'s UTF-8 bytes in the byte-level alphabet ("a b" -> "aĠb")."""
+        return "".join(spelling[b] for b in text.encode("utf-8"))
 
     tokens = [t if t else f"[EMPTY_{i}]" for i, t in enumerate(tokens)]
+    keys = [t if kind in (_CONTROL, _USER_DEFINED) or set(t) <= alphabet else byte_spelling(t)
+            for t, kind in zip(tokens, token_type)]
+
+    def described(i: int) -> str:
+        respelled = f", {_clip(keys[i])} in the byte-level alphabet" if keys[i] != tokens[i] else ""
+        return f"{_clip(tokens[i])}{respelled}"
+
     vocab = {}
-    for i, t in enumerate(tokens):
-        first = vocab.setdefault(spelled(t), i)
+    for i, key in enumerate(keys):
+        first = vocab.setdefault(key, i)
         if first != i:  # one entry for two ids: one id would be lost, a special id could name the other token
-            other = tokens[first]
-            respelled = f", {_clip(spelled(other))} in the byte-level alphabet" if other != t else ""
-            raise ValueError(f"{path}: GGUF metadata tokenizer.ggml.tokens: token {i} ({_clip(t)}) duplicates "
-                             f"token {first} ({_clip(other)}{respelled}); expected distinct tokens (llama.cpp "
+            raise ValueError(f"{path}: GGUF metadata tokenizer.ggml.tokens: token {i} ({described(i)}) duplicates "
+                             f"token {first} ({described(first)}); expected distinct tokens (llama.cpp "
                              f"refuses such a vocabulary too)")
     pairs = []
     for i, merge in enumerate(merges):
@@ -1702,16 +1736,29 @@ def _tokenizer_from_gguf(path, meta: dict):
         raise ValueError(f"{path}: inconsistent GGUF tokenizer metadata ({type(e).__name__}: {e})") from None
     tok = Tokenizer(bpe)
     tok.pre_tokenizer = _gguf_pre_tokenizer(pre)
-    tok.decoder = decoders.ByteLevel()
 
-    control = [AddedToken(t, special=True, normalized=False)
-               for t, kind in zip(tokens, token_type) if kind == _CONTROL and set(t) <= alphabet]
-    user = [AddedToken(t, special=False, normalized=False)
-            for t, kind in zip(tokens, token_type) if kind == _USER_DEFINED and set(t) <= alphabet]
+    # Control tokens become special added tokens, user-defined ones plain added tokens: matched whole,
+    # by their raw text, before the pre-tokenizer (llama.cpp's special-token partition).
+    control = [AddedToken(key, special=True, normalized=False)
+               for key, kind in zip(keys, token_type) if kind == _CONTROL]
+    user = [AddedToken(key, special=False, normalized=False)
+            for key, kind in zip(keys, token_type) if kind == _USER_DEFINED]
     if control:
         tok.add_special_tokens(control)
     if user:
         tok.add_tokens(user)
+
+    # The ByteLevel decoder turns each character of a token into its byte, except in a token holding
+    # a character outside the alphabet, which it gives as written: the raw text of "<｜bos｜>". An
+    # added token written only in alphabet characters that are not plain ASCII ("café": "é" is byte
+    # 0xE9) would come out as bytes ("caf\ufffd"): a Replace step first re-spells exactly that whole
+    # token (\A...\z) from its UTF-8 bytes, which ByteLevel then turns back into its raw text. One
+    # step per such token, each tried on every decoded token: none for SmolLM2 (its control tokens
+    # are ASCII, which ByteLevel gives back as written).
+    raw_steps = [decoders.Replace(Regex(_whole_text_pattern(key)), byte_spelling(key))
+                 for key, kind in zip(keys, token_type)
+                 if kind in (_CONTROL, _USER_DEFINED) and set(key) <= alphabet and byte_spelling(key) != key]
+    tok.decoder = decoders.Sequence([*raw_steps, decoders.ByteLevel()]) if raw_steps else decoders.ByteLevel()
 
     special = {}
     for name, key in (("bos_token", "bos_token_id"), ("eos_token", "eos_token_id"),
@@ -1723,17 +1770,23 @@ def _tokenizer_from_gguf(path, meta: dict):
         if isinstance(token_id, bool) or not isinstance(token_id, int) or not 0 <= token_id < len(tokens):
             raise ValueError(f"{path}: GGUF metadata tokenizer.ggml.{key} = {token_id!r} is not a token id "
                              f"in [0, {len(tokens)})")
-        special[name] = spelled(tokens[token_id])
+        special[name] = keys[token_id]  # the token's key: a control token's raw text
 
     add_bos, add_eos = flags["add_bos_token"], flags["add_eos_token"]
     for flag, name in ((add_bos, "bos_token"), (add_eos, "eos_token")):
         if flag and special[name] is None:
             raise ValueError(f"{path}: GGUF metadata asks to add the {name} but gives no {name}_id")
     if add_bos or add_eos:
-        bos, eos = special["bos_token"], special["eos_token"]
-        single = " ".join([*([bos] if add_bos else []), "$A", *([eos] if add_eos else [])])
-        pair = " ".join([single, *([bos] if add_bos else []), "$B:1", *([eos] if add_eos else [])])
-        pieces = {t for t, flag in ((bos, add_bos), (eos, add_eos)) if flag}
+        # The template names the tokens "bos" / "eos", not by their text: the package reads a
+        # template piece's text up to a ":" as its name and the rest as a type id, and a raw control
+        # token may hold a ":" (or a space, which a template string splits on).
+        first = ["bos"] if add_bos else []
+        last = ["eos"] if add_eos else []
+        single = [*first, "$A", *last]
+        pair = [*single, *first, "$B:1", *last]
+        named = [(label, special[name]) for label, name, flag in (("bos", "bos_token", add_bos),
+                                                                 ("eos", "eos_token", add_eos)) if flag]
         tok.post_processor = processors.TemplateProcessing(
-            single=single, pair=pair, special_tokens=[(t, vocab[t]) for t in sorted(pieces)])
+            single=single, pair=pair,
+            special_tokens=[{"id": label, "ids": [vocab[token]], "tokens": [token]} for label, token in named])
     return tok, special
