@@ -396,3 +396,78 @@ def test_sinusoidal_table_precision_is_as_documented():
     assert first_100 < 1e-5, first_100  # "~7e-6 over positions 0..100"
     for doc in (tc.positional.sinusoidal_positional_encoding.__doc__, tc.positional.PositionalEncoding.__doc__):
         assert "3.9e-4" in doc and "3e-8" in doc
+
+
+# ------------------------------------------------- torch's module API: names and order of the same architectures
+#: The layers this library holds as one C++ object (no modules under them).
+_ONE_CPP_OBJECT = (torch.nn.TransformerEncoderLayer, torch.nn.TransformerDecoderLayer, torch.nn.MultiheadAttention)
+
+
+def _torch_modules_as_ours(tm) -> list:
+    """``(name, class name)`` of torch's ``named_modules`` less what this library's tree does not have
+    (see Module.named_modules): the ModuleLists and the modules inside a layer of ``_ONE_CPP_OBJECT``."""
+    out, layers = [], []
+    for name, m in tm.named_modules():
+        if isinstance(m, torch.nn.ModuleList) or any(name.startswith(layer) for layer in layers):
+            continue
+        out.append((name, type(m).__name__))
+        if isinstance(m, _ONE_CPP_OBJECT):
+            layers.append(f"{name}." if name else "")  # the prefix of what is inside it
+    return out
+
+
+def _architectures():
+    d, h, f = 8, 2, 16
+    return {
+        "encoder_layer": (lambda: tc.nn.TransformerEncoderLayer(d, h, f, dtype=np.float64),
+                          lambda: torch.nn.TransformerEncoderLayer(d, h, f, batch_first=True)),
+        "decoder_layer": (lambda: tc.nn.TransformerDecoderLayer(d, h, f, dtype=np.float64),
+                          lambda: torch.nn.TransformerDecoderLayer(d, h, f, batch_first=True)),
+        "encoder_3": (lambda: tc.nn.TransformerEncoder(tc.nn.TransformerEncoderLayer(d, h, f, dtype=np.float64), 3,
+                                                       tc.nn.LayerNorm(d, dtype=np.float64)),
+                      lambda: torch.nn.TransformerEncoder(torch.nn.TransformerEncoderLayer(d, h, f, batch_first=True), 3,
+                                                          torch.nn.LayerNorm(d), enable_nested_tensor=False)),
+        "mha": (lambda: tc.nn.MultiheadAttention(d, h, dtype=np.float64),
+                lambda: torch.nn.MultiheadAttention(d, h, batch_first=True)),
+        "transformer": (lambda: tc.nn.Transformer(d, h, 2, 2, f, dtype=np.float64),
+                        lambda: torch.nn.Transformer(d, h, 2, 2, f, batch_first=True)),
+        "linear": (lambda: tc.nn.Linear(d, f, dtype=np.float64), lambda: torch.nn.Linear(d, f)),
+        "layer_norm": (lambda: tc.nn.LayerNorm(d, dtype=np.float64), lambda: torch.nn.LayerNorm(d)),
+    }
+
+
+@pytest.mark.parametrize("arch", list(_architectures()))
+def test_module_api_names_and_order_match_torchs_architecture(arch):
+    """The torch Module API added (named_modules, modules, named_children, apply, and the keyword
+    arguments of named_parameters and state_dict) gives, for the same architecture, torch's names in
+    torch's order: every parameter and state-dict name (also with a prefix), and torch's modules less
+    the ModuleLists and a layer's insides (one C++ object here, as the docstring of named_modules says);
+    the values are torch's once its state dict is loaded."""
+    make_ours, make_torch = _architectures()[arch]
+    ours, theirs = make_ours(), make_torch().double()
+    _load(ours, theirs)
+    names = [n for n, _ in theirs.named_parameters()]
+    assert [n for n, _ in ours.named_parameters()] == names and list(ours.state_dict()) == list(theirs.state_dict())
+    assert [n for n, _ in ours.named_parameters(prefix="net")] == [n for n, _ in theirs.named_parameters(prefix="net")]
+    assert list(ours.state_dict(prefix="net.")) == list(theirs.state_dict(prefix="net."))
+    assert len(ours.parameters()) == len(list(theirs.parameters()))
+    kept = ours.state_dict(keep_vars=True)
+    for name, p in theirs.state_dict(keep_vars=True).items():
+        np.testing.assert_array_equal(kept[name].data, p.detach().numpy(), err_msg=name)
+    modules = [(n, type(m).__name__) for n, m in ours.named_modules()]
+    assert modules == _torch_modules_as_ours(theirs)
+    assert [type(m).__name__ for m in ours.modules()] == [c for _, c in modules]
+    top = {n for n, _ in _torch_modules_as_ours(theirs) if n and "." not in n}
+    children = [n for n, _ in ours.named_children()]
+    if arch == "encoder_3":  # torch's child "layers" is the ModuleList: ours are its items
+        assert children == ["layers.0", "layers.1", "layers.2", "norm"] and top == {"norm"}
+    else:
+        assert children == [n for n, _ in theirs.named_children() if n in top]
+    visited, torch_visited = [], []
+    ours.apply(lambda m: visited.append(type(m).__name__))
+    kept_modules = {id(m) for n, m in theirs.named_modules() if (n, type(m).__name__) in modules}
+    theirs.apply(lambda m: torch_visited.append(type(m).__name__) if id(m) in kept_modules else None)
+    assert visited == torch_visited and visited[-1] == modules[0][1]
+    if arch in ("linear", "layer_norm"):  # a leaf: its own parameters are torch's
+        assert [n for n, _ in ours.named_parameters(recurse=False)] == [n for n, _ in
+                                                                         theirs.named_parameters(recurse=False)]

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import numpy as np
@@ -658,3 +659,65 @@ def test_weights_that_do_not_fit_name_model_safetensors(small_hf, tmp_path, chan
     assert str(info.value) == (f"{tmp_path / 'bad' / 'model.safetensors'}: the weights do not fit the BertModel that "
                                f"config.json describes: {problem}")
     assert isinstance(info.value.__cause__, ValueError) and "load_state_dict refused" in str(info.value.__cause__)
+
+
+# ------------------------------------------------------------------------------ save_pretrained
+@pytest.mark.parametrize("pooler", [True, False], ids=["pooler", "no_pooler"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
+def test_save_pretrained_round_trips_and_loads_in_transformers(small_inputs, tmp_path, dtype, pooler):
+    """BertModel.save_pretrained (there was none, and BertConfig had no to_dict, though BERT
+    trains here): config.json + model.safetensors that our from_pretrained reads back bit for bit,
+    in the model's dtype, and that transformers' BertModel.from_pretrained loads, giving our
+    outputs; a model without a pooler too (transformers told by add_pooling_layer=False, which a
+    config.json key of that name would have overridden)."""
+    from transformers import BertModel
+
+    rng = np.random.default_rng(11)
+    config = tc.BertConfig(**SMALL, add_pooling_layer=pooler, layer_norm_eps=1e-6, hidden_dropout_prob=0.05)
+    ours = tc.BertModel(config, dtype=dtype)
+    ours.load_state_dict({k: rng.normal(0, 0.2, v.shape) + (k.endswith("LayerNorm.weight"))
+                          for k, v in ours.state_dict().items()})
+    ours.save_pretrained(tmp_path / "saved")
+    written = json.loads((tmp_path / "saved" / "config.json").read_text())
+    assert written["model_type"] == "bert" and written["architectures"] == ["BertModel"]
+    assert "add_pooling_layer" not in written and written["layer_norm_eps"] == 1e-6
+    assert tc.BertConfig.from_dict(written) == tc.BertConfig(**SMALL, layer_norm_eps=1e-6, hidden_dropout_prob=0.05)
+    tensors = load_file(str(tmp_path / "saved" / "model.safetensors"))
+    assert list(tensors) == sorted(ours.state_dict()) and {v.dtype for v in tensors.values()} == {np.dtype(dtype)}
+    back = tc.BertModel.from_pretrained(tmp_path / "saved", dtype=dtype)
+    assert back.config == config and list(back.state_dict()) == list(ours.state_dict())
+    for k, v in ours.state_dict().items():
+        assert back.state_dict()[k].dtype == dtype and back.state_dict()[k].tobytes() == v.tobytes(), k
+    hf = BertModel.from_pretrained(str(tmp_path / "saved"), add_pooling_layer=pooler, attn_implementation="eager",
+                                   dtype=TORCH_DTYPE[np.dtype(dtype)]).eval()
+    assert (hf.pooler is not None) == pooler and list(hf.state_dict()) == list(ours.state_dict())
+    ids, am, tt = small_inputs
+    ref_h, ref_p = hf_forward(hf, ids, am, tt)
+    out = ours(ids, attention_mask=am, token_type_ids=tt)
+    real = am.astype(bool)
+    atol = 1e-5 if dtype == np.float32 else 1e-12
+    np.testing.assert_allclose(out.last_hidden_state[real], ref_h[real], rtol=0, atol=atol)
+    assert (out.pooler_output is None) == (not pooler)
+    if pooler:
+        np.testing.assert_allclose(out.pooler_output, ref_p, rtol=0, atol=atol)
+
+
+def test_unknown_keys_reported_under_the_names_given():
+    """An unknown key of load_state_dict is reported as given, as torch reports it: "bert.foo" was
+    reported as "foo" and an unknown "...LayerNorm.gamma" as "...LayerNorm.weight" (the names a
+    known weight may come under are still read as that weight)."""
+    model = tc.BertModel(tc.BertConfig(**SMALL))
+    before = model.state_dict()
+    state = {"bert." + k: v + 1 for k, v in before.items()}
+    unknown = {"bert.foo": np.zeros(2), "encoder.layer.7.output.LayerNorm.gamma": np.ones(32),
+               "cls.predictions.bias": np.zeros(99), "bert.embeddings.extra.beta": np.zeros(32)}
+    result = model.load_state_dict({**state, **unknown}, strict=False)
+    assert result.missing_keys == [] and result.unexpected_keys == list(unknown)
+    for k, v in model.state_dict().items():
+        np.testing.assert_array_equal(v, before[k] + 1, err_msg=k)
+    with pytest.raises(ValueError, match=re.escape(f"unknown keys: {list(unknown)}")):
+        model.load_state_dict({**state, **unknown})
+    embeddings = tc.BertEmbeddings.from_model(model)
+    result = embeddings.load_state_dict({"bert.embeddings.foo": np.zeros(2), "embeddings.LayerNorm.gamma": np.ones(32)},
+                                        strict=False)
+    assert result.unexpected_keys == ["bert.embeddings.foo"] and "LayerNorm.weight" not in result.missing_keys

@@ -30,7 +30,8 @@ def _tiny_models():
 def test_deepcopy_and_pickle_give_an_independent_module(rng, kind, how):
     """copy.deepcopy / pickle of any module used to fail ("cannot pickle '..._core...' object"). As
     torch's: the copy has the same class, outputs (checked against torch for the layers), training
-    mode, gradients and attributes, and changing its weights leaves the original alone."""
+    mode and attributes, and changing its weights leaves the original alone; it keeps the gradients
+    too, which torch's drop (see test_copies_keep_the_gradients_that_torchs_drop)."""
     import copy
     import pickle
 
@@ -475,3 +476,36 @@ def test_copies_share_the_arrays_and_template_layer_of_the_arguments(how):
         np.testing.assert_array_equal(copied(ids), emb(ids))
     else:
         np.testing.assert_allclose(copied(ids), emb(ids), atol=0.05)
+
+
+@pytest.mark.parametrize("how", ["deepcopy", "pickle"])
+def test_copies_keep_the_gradients_that_torchs_drop(rng, how):
+    """A documented difference from torch (Module.__deepcopy__ / __reduce_ex__, Parameter): torch's
+    ``Parameter.__deepcopy__`` and pickles drop ``.grad``, so a copied torch module has every ``grad``
+    None; this library's copies keep a copy of each gradient a backward wrote (the others stay None),
+    so a copy taken between a backward and the step steps as the original would. ``zero_grad()``
+    on the copy gives torch's state and leaves the original's gradients alone."""
+    import copy
+    import pickle
+
+    dup_of = copy.deepcopy if how == "deepcopy" else (lambda m: pickle.loads(pickle.dumps(m)))
+    ref = torch.nn.Linear(6, 4).double()
+    ours = tc.nn.Linear(6, 4, dtype=np.float64)
+    ours.load_state_dict(module_state_to_numpy(ref))
+    x = randn(rng, (3, 6), np.float64)
+    ours.train()
+    ours(x)
+    ours.backward(np.ones((3, 4)))
+    ref(to_torch(x)).sum().backward()
+    assert all(p.grad is None for p in dup_of(ref).parameters())  # torch's copies drop them
+    dup = dup_of(ours)
+    for (name, p), q in zip(dup.named_parameters(), ref.parameters()):
+        np.testing.assert_allclose(p.grad, q.grad.numpy(), rtol=1e-12, atol=1e-12, err_msg=name)
+    opt, twin = tc.optim.SGD(ours.named_parameters(), lr=0.5), tc.optim.SGD(dup.named_parameters(), lr=0.5)
+    opt.step()
+    twin.step()
+    for name, value in ours.state_dict().items():
+        np.testing.assert_array_equal(dup.state_dict()[name], value, err_msg=name)
+    dup.zero_grad()
+    assert all(p.grad is None for p in dup.parameters()) and ours.gradients().keys() == {"weight", "bias"}
+    assert "unlike torch's" in tc.nn.Linear.__deepcopy__.__doc__ and "unlike torch's" in tc.nn.Linear.__reduce_ex__.__doc__

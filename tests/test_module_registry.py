@@ -509,3 +509,246 @@ def test_a_pickle_of_the_previous_version_is_named_as_such():
                                                     for n, s in lin._slots().items()}, "grads": {}}
     back = pickle.loads(_old_pickle(type(lin), leaf))
     assert all(np.array_equal(v, lin.state_dict()[k]) for k, v in back.state_dict().items())
+
+
+# ---- 7. load_state_dict checks shapes before converting ---------------------------------------------------
+def _refusal_peak(fn, error=ValueError):
+    """``fn()``'s error (it must raise ``error``) and the peak bytes traced while it ran (numpy's arrays
+    included)."""
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        with pytest.raises(error) as err:
+            fn()
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    return err, peak
+
+
+def test_load_state_dict_refuses_a_misshaped_value_before_converting_it():
+    """load_state_dict converted each value (to the module's dtype, C-contiguous) before comparing its
+    shape: a broadcast float64 (8000, 8000) value for a (3, 4) weight made a 256 MB float32 copy
+    before its "mis-shaped" refusal, and a (10**6, 10**6) one was refused for the memory its copy
+    would take, not for its shape. The shapes (and kinds) are now checked on the values as given:
+    nothing is copied, the message names the shape, and the module is unchanged."""
+    lin = tc.nn.Linear(4, 3)  # float32: a float64 value is converted (copied) when it fits
+    before = lin.state_dict()
+    bias = np.full(3, 0.25, np.float32)  # right-shaped: loaded only if everything is
+    for shape in ((8000, 8000), (10**6, 10**6)):
+        huge = np.broadcast_to(np.float64(1.0), shape)
+        for strict in (True, False):
+            err, peak = _refusal_peak(lambda: lin.load_state_dict({"weight": huge, "bias": bias}, strict=strict))
+            assert str(err.value) == (f"Linear.load_state_dict refused (module unchanged): mis-shaped: "
+                                      f"['weight: expected (3, 4), got {shape}']")
+            assert peak < 2**16, f"the refusal of {shape} allocated {peak} bytes"
+    for name, value in before.items():
+        np.testing.assert_array_equal(lin.state_dict()[name], value)
+    # a torch tensor's shape is read from it (a bfloat16 one is not widened first); its kind first, as before
+    with pytest.raises(ValueError, match=r"mis-shaped: \['weight: expected \(3, 4\), got \(5, 5\)'\]$"):
+        lin.load_state_dict({"weight": torch.zeros(5, 5, dtype=torch.bfloat16), "bias": bias})
+    with pytest.raises(TypeError, match=r"^state_dict\['weight'\]: expected a floating-point tensor, got torch.int64$"):
+        lin.load_state_dict({"weight": torch.zeros(5, 5, dtype=torch.int64), "bias": bias})
+    # the right-shaped cases keep their messages and conversions
+    with pytest.raises(ValueError, match=r"^state_dict\['weight'\]: expected values within float32's range"):
+        lin.load_state_dict({"weight": np.full((3, 4), 1e300), "bias": bias})
+    with pytest.raises(TypeError, match=r"^state_dict\['weight'\]: expected a floating-point array, got dtype int64$"):
+        lin.load_state_dict({"weight": np.zeros((3, 4), np.int64), "bias": bias})
+    for name, value in before.items():
+        np.testing.assert_array_equal(lin.state_dict()[name], value)
+    assert lin.load_state_dict({"weight": np.broadcast_to(np.float64(0.5), (3, 4)), "bias": [1.0, 2.0, 3.0]}) == ([], [])
+    np.testing.assert_array_equal(lin.state_dict()["weight"], np.full((3, 4), 0.5, np.float32))
+    np.testing.assert_array_equal(lin.state_dict()["bias"], np.array([1, 2, 3], np.float32))
+
+
+# ---- 8. a module set to None keeps its place -----------------------------------------------------------------
+def _reassigned(Parent, Child, steps) -> list:
+    """The state-dict names of ``Parent(4, 4)`` after ``steps``: (attribute, "linear" | None | "del"),
+    or (None, "copy"): the module replaced by its deep copy."""
+    m = Parent(4, 4)
+    for name, what in steps:
+        if what == "copy":
+            m = copy.deepcopy(m)
+        elif what == "del":
+            delattr(m, name)
+        else:
+            setattr(m, name, None if what is None else Child(4, 2))
+    return list(m.state_dict())
+
+
+@pytest.mark.parametrize("steps", [
+    [("a", "linear"), ("b", "linear"), ("a", None), ("a", "linear")],
+    [("a", "linear"), ("b", "linear"), ("a", None), ("a", None), ("a", "linear")],
+    [("a", "linear"), ("b", "linear"), ("a", None), ("b", None), ("b", "linear"), ("a", "linear")],
+    [("a", "linear"), ("b", "linear"), ("a", "del"), ("a", "linear")],
+    [("a", "linear"), ("b", "linear"), ("a", None), ("a", "del"), ("a", "linear")],
+    [("c", None), ("a", "linear"), ("b", "linear"), ("c", "linear")],
+    [("a", "linear"), ("b", "linear"), ("a", None), (None, "copy"), ("a", "linear")],
+], ids=["none-then-module", "none-twice", "both-emptied", "deleted", "none-then-deleted", "plain-none",
+        "deepcopied-between"])
+def test_a_module_set_to_none_keeps_its_place_as_torchs(steps):
+    """``m.a = Linear; m.b = Linear; m.a = None; m.a = Linear`` gave ``[..., b.*, a.*]``, torch's
+    ``[..., a.*, b.*]``: torch keeps a child's name in ``_modules`` (as None) when it is set to None, so
+    a module assigned there again takes its old place. A name deleted since, or a plain attribute that
+    never held a module, goes last, as torch's; a deep copy keeps the place."""
+    ours = _reassigned(tc.nn.Linear, tc.nn.Linear, steps)
+    theirs = _reassigned(torch.nn.Linear, torch.nn.Linear, steps)
+    assert ours == theirs
+
+
+# ---- 9. torch's module API: the tree, the keyword arguments -------------------------------------------------
+def _torch_tree_names(tm, inside=(torch.nn.TransformerEncoderLayer, torch.nn.TransformerDecoderLayer,
+                                  torch.nn.MultiheadAttention)) -> list:
+    """``(name, class name)`` of torch's ``named_modules`` less the ModuleLists and the modules inside a
+    layer that this library holds as one C++ object (see Module.named_modules)."""
+    out, kept_layers = [], []
+    for name, m in tm.named_modules():
+        if isinstance(m, torch.nn.ModuleList) or any(name.startswith(layer) for layer in kept_layers):
+            continue
+        out.append((name, type(m).__name__))
+        if isinstance(m, inside):
+            kept_layers.append(f"{name}." if name else "")  # the prefix of what is inside it
+    return out
+
+
+def test_named_modules_children_and_apply_walk_the_tree_as_torchs():
+    """named_modules, modules, named_children, children and apply did not exist. They walk the
+    registered modules as torch's do: the names are torch's for the same modules (less the ModuleList
+    and a layer's insides, see the docstring), a module at two places once (remove_duplicate), a memo
+    and a prefix as torch's; apply visits children first."""
+    enc = _encoder(3)
+    te = _torch_twin(enc)
+    enc.head, te.head = tc.nn.Linear(8, 3, dtype=F64), torch.nn.Linear(8, 3).double()
+    ours = [(n, type(m).__name__) for n, m in enc.named_modules()]
+    assert ours == _torch_tree_names(te)
+    assert ours == [("", "TransformerEncoder"), ("layers.0", "TransformerEncoderLayer"),
+                    ("layers.1", "TransformerEncoderLayer"), ("layers.2", "TransformerEncoderLayer"),
+                    ("norm", "LayerNorm"), ("head", "Linear")]
+    assert [m for _, m in enc.named_modules()] == list(enc.modules())
+    assert list(enc.modules())[1] is enc.layers[0] and list(enc.modules())[-1] is enc.head
+    assert [(n, m) for n, m in enc.named_children()] == [(f"layers.{i}", enc.layers[i]) for i in range(3)] + [
+        ("norm", enc.norm), ("head", enc.head)]
+    assert list(enc.children()) == [*enc.layers, enc.norm, enc.head]
+    assert list(enc.layers[0].named_children()) == [] and list(enc.head.children()) == []
+    # prefix, memo, a module at two places
+    assert [n for n, _ in enc.named_modules(prefix="model")][:2] == ["model", "model.layers.0"]
+    memo = {enc.norm}
+    assert [n for n, _ in enc.named_modules(memo=memo)] == ["", "layers.0", "layers.1", "layers.2", "head"]
+    assert memo == {enc.norm, enc, *enc.layers, enc.head}
+    enc.layers[1] = enc.layers[0]
+    te.layers[1] = te.layers[0]
+    assert [n for n, _ in enc.named_modules()] == [n for n, _ in _torch_tree_names(te)] == [
+        "", "layers.0", "layers.2", "norm", "head"]
+    twice = [n for n, _ in enc.named_modules(remove_duplicate=False)]
+    assert twice == [n for n, m in te.named_modules(remove_duplicate=False)
+                     if n in ("", "norm", "head") or n.count(".") == 1 and n.startswith("layers.")]
+    assert twice == ["", "layers.0", "layers.1", "layers.2", "norm", "head"]
+    assert [n for n, _ in enc.named_children()] == ["layers.0", "layers.2", "norm", "head"]
+    # apply: children first, as torch's (its modules filtered as named_modules)
+    seen, tseen = [], []
+    assert enc.apply(lambda m: seen.append(m)) is enc
+    te.apply(lambda m: tseen.append(m))
+    torch_names = {id(m): n for n, m in te.named_modules()}  # each module at its first name
+    kept = {n for n, _ in _torch_tree_names(te)}
+    assert [type(m).__name__ for m in seen] == [type(m).__name__ for m in tseen if torch_names[id(m)] in kept]
+    assert seen == [enc.layers[0], enc.layers[2], enc.norm, enc.head, enc]
+    # a cycle is not followed
+    enc.head.backbone = enc
+    assert [n for n, _ in enc.named_modules(remove_duplicate=False)][-1] == "head"
+    assert enc.apply(lambda m: None) is enc
+    for call, error in [(lambda: enc.named_modules(memo=[]), r"^memo: expected None or a set of modules, got list$"),
+                        (lambda: enc.named_modules(prefix=1), r"^prefix: expected a str, got int$"),
+                        (lambda: enc.named_modules(remove_duplicate=1), r"^remove_duplicate: "),
+                        (lambda: enc.apply(3), r"^fn: expected a callable taking a module, got int$")]:
+        with pytest.raises(TypeError, match=error):
+            call()
+
+
+def test_named_parameters_and_state_dict_take_torchs_keyword_arguments():
+    """named_parameters(prefix, recurse, remove_duplicate), parameters(recurse), state_dict(destination,
+    prefix, keep_vars) and load_state_dict(assign) were refused (unexpected keyword). As torch's, where
+    the library's modules allow (recurse=False: a layer's own weights are all of its C++ object's)."""
+    enc = _encoder(2)
+    te = _torch_twin(enc)
+    enc.head, te.head = tc.nn.Linear(8, 3, dtype=F64), torch.nn.Linear(8, 3).double()
+    enc.load_state_dict(module_state_to_numpy(te))
+    enc.layers[1] = enc.layers[0]
+    te.layers[1] = te.layers[0]
+    plain = enc.named_parameters()
+    for kwargs in ({"prefix": "model"}, {"remove_duplicate": False}, {"prefix": "m", "remove_duplicate": False}):
+        ours = enc.named_parameters(**kwargs)
+        theirs = list(te.named_parameters(**kwargs))
+        assert _names(ours) == _names(theirs), kwargs
+        first = dict(zip(map(id, (p for _, p in theirs)), (p for _, p in ours)))  # torch's objects -> ours
+        assert all(first[id(tp)] is p for (_, tp), (_, p) in zip(theirs, ours))  # one object per weight, as torch's
+        for (_, p), (_, tp) in zip(ours, theirs):
+            np.testing.assert_array_equal(p.data, tp.detach().numpy())
+    assert [p for _, p in enc.named_parameters(prefix="model")] == [p for _, p in plain]  # the same objects
+    assert dict(enc.named_parameters(prefix="model"))["model.head.bias"].name == "head.bias"
+    # recurse=False: a stack has no weights of its own, as torch's; a Linear its own; a layer all of its C++ object's
+    assert enc.named_parameters(recurse=False) == [] == list(te.named_parameters(recurse=False))
+    assert enc.parameters(recurse=False) == []
+    assert _names(enc.head.named_parameters(recurse=False)) == _names(te.head.named_parameters(recurse=False))
+    assert _names(enc.layers[0].named_parameters(recurse=False)) == _names(te.layers[0].named_parameters())
+    assert list(te.layers[0].named_parameters(recurse=False)) == []  # torch's: all in its submodules
+    # parameters(): a list (see its docstring); next(iter(...)) is torch's next(...)
+    assert isinstance(enc.parameters(), list) and next(iter(enc.parameters())) is plain[0][1]
+    assert len(enc.parameters()) == len(list(te.parameters()))
+    # state_dict(destination, prefix, keep_vars)
+    ours, theirs = enc.state_dict(prefix="enc."), te.state_dict(prefix="enc.")
+    assert list(ours) == list(theirs)
+    for name, value in theirs.items():
+        np.testing.assert_array_equal(ours[name], value.numpy(), err_msg=name)
+    destination = {"step": 3}
+    assert enc.state_dict(destination=destination) is destination
+    assert list(destination) == ["step", *te.state_dict()]
+    kept = enc.state_dict(keep_vars=True)
+    tkept = te.state_dict(keep_vars=True)
+    assert list(kept) == list(tkept) and all(isinstance(p, Parameter) for p in kept.values())
+    assert kept["layers.1.linear1.weight"] is kept["layers.0.linear1.weight"] is dict(plain)["layers.0.linear1.weight"]
+    kept["head.bias"].data[...] = 7.0  # the module's own buffer, as torch's Parameter is the module's tensor
+    np.testing.assert_array_equal(enc.state_dict()["head.bias"], np.full(3, 7.0))
+    assert enc.load_state_dict(kept) == ([], [])
+    gpt2 = tc.GPT2Model(tc.GPT2Config(vocab_size=40, n_positions=16, n_embd=16, n_layer=1, n_head=4))
+    destination = {}
+    with pytest.raises(ValueError, match=r"^keep_vars=True: \d+ weights are held in another layout than the "
+                                         r"checkpoint's \(e\.g\. 'h\.0\.attn\.c_attn\.weight'\)"):
+        gpt2.state_dict(destination=destination, keep_vars=True)
+    assert destination == {}
+    for call, error in [(lambda: enc.state_dict(destination=[]), r"^destination: expected None or a mutable mapping"),
+                        (lambda: enc.state_dict(prefix=None), r"^prefix: expected a str, got NoneType$"),
+                        (lambda: enc.state_dict(keep_vars=1), r"^keep_vars: "),
+                        (lambda: enc.named_parameters(prefix=1), r"^prefix: expected a str, got int$"),
+                        (lambda: enc.named_parameters(recurse="no"), r"^recurse: "),
+                        (lambda: enc.parameters(recurse=None), r"^recurse: "),
+                        (lambda: enc.load_state_dict(enc.state_dict(), assign=1), r"^assign: ")]:
+        with pytest.raises(TypeError, match=error):
+            call()
+    # load_state_dict(assign): False copies (torch's default); True (take the caller's tensors) is refused
+    state = enc.state_dict()
+    assert enc.load_state_dict(state, strict=True, assign=False) == ([], [])
+    state["head.bias"][...] = -1.0
+    assert not np.array_equal(enc.state_dict()["head.bias"], state["head.bias"])  # copied, not taken
+    with pytest.raises(ValueError, match=r"assign=True .* is not supported"):
+        enc.load_state_dict(state, assign=True)
+    np.testing.assert_array_equal(enc.state_dict()["head.bias"], np.full(3, 7.0))
+
+
+def test_buffers_are_empty_and_requires_grad_false_is_refused():
+    """buffers/named_buffers and requires_grad_ did not exist. The modules have no buffers (empty
+    iterators, torch's arguments taken); every weight trains: requires_grad_() returns the module,
+    requires_grad_(False) is refused, pointing to a filtered named_parameters for the optimizer."""
+    enc = _encoder()
+    assert list(enc.buffers()) == [] and list(enc.named_buffers(prefix="m", recurse=False)) == []
+    assert next(enc.named_buffers(), "empty") == "empty"
+    assert list(_torch_twin(enc).buffers()) == []  # torch's same architecture has none either
+    assert enc.requires_grad_() is enc and enc.requires_grad_(True) is enc
+    with pytest.raises(ValueError, match=r"^TransformerEncoder\.requires_grad_\(False\): freezing weights is not "
+                                         r"supported.*filtered named_parameters"):
+        enc.requires_grad_(False)
+    for call, error in [(lambda: enc.requires_grad_(1), r"^requires_grad: "),
+                        (lambda: enc.buffers(recurse=2), r"^recurse: "),
+                        (lambda: enc.named_buffers(prefix=2), r"^prefix: expected a str, got int$")]:
+        with pytest.raises(TypeError, match=error):
+            call()

@@ -107,6 +107,20 @@ class BertConfig:
         check_dropout(self.attention_probs_dropout_prob, "attention_probs_dropout_prob")
         return self
 
+    def to_dict(self) -> dict:
+        """The ``config.json`` object of Hugging Face's ``BertConfig`` for this config: every field
+        that :meth:`from_dict` reads back, ``model_type`` ``"bert"``, ``architectures``
+        ``["BertModel"]`` and ``position_embedding_type`` ``"absolute"``; not
+        ``add_pooling_layer``, which is no field of transformers' config but an argument of its
+        model (a ``config.json`` key of that name would take ``from_pretrained(...,
+        add_pooling_layer=False)``'s argument as a config attribute, and the model would get a
+        pooler): whether a saved model has a pooler is told by its weights, as
+        :meth:`BertModel.from_pretrained` reads it. So ``BertConfig.from_dict(config.to_dict())``
+        equals ``config`` except for ``add_pooling_layer`` (the default, True)."""
+        d = {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "add_pooling_layer"}
+        d.update(model_type="bert", architectures=["BertModel"], position_embedding_type="absolute")
+        return d
+
     def _to_core(self):
         """The C++ ``BertConfig``, after :meth:`check`."""
         self.check()
@@ -154,10 +168,21 @@ def _check_config_against_weights(model_dir, config: BertConfig, state: dict) ->
     check_config_against_weights(model_dir, {k: v.shape for k, v in state.items()}, rules, layers)
 
 
-def _rename_hf(state: dict, *, strip_prefix: bool = True, drop_prefix: str = "") -> dict:
-    """Checkpoint names -> ours: drops a leading ``bert.`` (and then ``drop_prefix``), old
-    ``gamma``/``beta`` LayerNorm names become ``weight``/``bias``, the embeddings' buffers
-    (``position_ids``, ``token_type_ids``) are dropped.
+def _hf_name(key: str, drop_prefix: str = "") -> str:
+    """Our name of the checkpoint key ``key``: a leading ``bert.`` (``BertFor*`` checkpoints) and
+    then ``drop_prefix`` dropped, old ``gamma``/``beta`` LayerNorm names read as
+    ``weight``/``bias``."""
+    name = key.removeprefix("bert.")
+    name = name.removeprefix(drop_prefix) if drop_prefix else name
+    name = re.sub(r"LayerNorm\.gamma$", "LayerNorm.weight", name)
+    return re.sub(r"LayerNorm\.beta$", "LayerNorm.bias", name)
+
+
+def _rename_hf(state: dict, names, *, drop_prefix: str = "") -> dict:
+    """Checkpoint names -> ours (:func:`_hf_name`) for each key that names one of the module's
+    weights ``names`` that way; every other key kept as given, so that ``load_state_dict`` reports
+    an unknown key under the caller's own name (``"bert.foo"``, not ``"foo"``), as torch's. The
+    embeddings' buffers (``position_ids``, ``token_type_ids``) are dropped.
 
     Raises:
         ValueError: two keys that name the same weight (``pooler.dense.weight`` and
@@ -167,12 +192,9 @@ def _rename_hf(state: dict, *, strip_prefix: bool = True, drop_prefix: str = "")
     for key, value in state.items():
         if _IGNORED_KEYS.search(key):
             continue
-        name = key
-        if strip_prefix and name.startswith("bert."):
-            name = name[len("bert."):]
-        name = name.removeprefix(drop_prefix) if drop_prefix else name
-        name = re.sub(r"LayerNorm\.gamma$", "LayerNorm.weight", name)
-        name = re.sub(r"LayerNorm\.beta$", "LayerNorm.bias", name)
+        name = _hf_name(key, drop_prefix)
+        if name not in names:
+            name = key
         if name in out:
             raise ValueError(f"state_dict: keys {source[name]!r} and {key!r} both name the weight {name!r}; "
                              f"expected one")
@@ -199,7 +221,7 @@ class BertModel(Module):
         config: a :class:`BertConfig` (or a ``config.json`` dict).
         dtype: ``np.float32`` (default) or ``np.float64``.
 
-    Use :meth:`from_pretrained` to load a checkpoint.
+    Use :meth:`from_pretrained` to load a checkpoint, :meth:`save_pretrained` to write one.
 
     Raises:
         TypeError: ``config`` neither a :class:`BertConfig` nor a mapping; a field of the wrong type
@@ -217,7 +239,7 @@ class BertModel(Module):
 
     def _rename_state_dict(self, state: dict) -> dict:
         # Drop classification heads of BertFor* checkpoints (cls.*) only when loading from a file.
-        return _rename_hf(state)
+        return _rename_hf(state, self.parameter_shapes())
 
     @classmethod
     def from_pretrained(cls, name_or_path=DEFAULT_MODEL, dtype=np.float32) -> "BertModel":
@@ -251,14 +273,34 @@ class BertModel(Module):
         _check_config_against_weights(model_dir, config, raw)  # before the model of that config is built
         if any(k.startswith("bert.") for k in raw):  # a BertFor* checkpoint: its heads lie outside bert.*
             raw = {k: v for k, v in raw.items() if k.startswith("bert.")}
-        state = {k: v for k, v in _rename_hf(raw).items() if not k.startswith("cls.")}
+        # (under the file's names: the model's load_state_dict renames them, and names a bad one as the file does)
+        state = {k: v for k, v in raw.items() if not _hf_name(k).startswith("cls.")}
         # The weights decide whether there is a pooler: transformers' add_pooling_layer is a
         # constructor argument, and a config.json key of that name does not stop it loading one.
-        config.add_pooling_layer = any(k.startswith("pooler.") for k in state)
+        config.add_pooling_layer = any(_hf_name(k).startswith("pooler.") for k in state)
         model = build_for_checkpoint(cls, config, dtype, model_dir / "config.json")
         load_weights_into(model, state, model_dir)  # every weight (a missing one raises, naming the file)
         model.name_or_path = str(name_or_path)
         return model
+
+    def save_pretrained(self, directory) -> None:
+        """Writes a Hugging Face directory: ``config.json`` (:meth:`BertConfig.to_dict`) and
+        ``model.safetensors`` (:meth:`state_dict`: transformers' ``BertModel`` names, in the
+        model's dtype), which ``transformers.BertModel.from_pretrained`` loads (a model without a
+        pooler: with ``add_pooling_layer=False``, else transformers draws one) and so does
+        :meth:`from_pretrained`, bit for bit.
+
+        The save is all or nothing, as a causal LM's
+        (:func:`transformer_core.checkpoints.save_pretrained_files`): a save that fails leaves the
+        directory's previous files as they were.
+
+        Raises:
+            OSError: the directory or a file cannot be written (naming it; the cause chained).
+            TypeError: ``directory`` not a str or path.
+        """
+        from .checkpoints import save_pretrained_files
+
+        save_pretrained_files(directory, self.config.to_dict(), self.state_dict())
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None) -> BertOutput:
         """Runs BERT.
@@ -435,7 +477,7 @@ class BertEmbeddings(Module):
             self.load_state_dict(weights)
 
     def _rename_state_dict(self, state: dict) -> dict:
-        return _rename_hf(state, drop_prefix="embeddings.")
+        return _rename_hf(state, self.parameter_shapes(), drop_prefix="embeddings.")
 
     @classmethod
     def from_model(cls, model: BertModel) -> "BertEmbeddings":

@@ -15,7 +15,12 @@ speak the checkpoint's layout.
 The modules under a module are its built-in children (a stack's layers and norm) and, as torch
 registers them, the modules the caller assigns to its attributes (``model.head = nn.Linear(8, 3)``):
 ``state_dict``, ``named_parameters``, ``train()``/``eval()``, ``zero_grad`` and the copies reach them
-(``Module._registered_children``).
+(``Module._registered_children``). torch's ``named_modules``, ``modules``, ``named_children``,
+``children`` and ``apply`` walk that tree, which is coarser than torch's: a layer is one C++ object,
+with no modules under it (its weights keep torch's names, ``self_attn.out_proj.weight``), and a
+stack's layers are its children ``layers.0``, ``layers.1``, ... (no ``ModuleList``). Modules have no
+buffers (``buffers()`` is empty) and every weight trains (``requires_grad_(False)`` is refused);
+``parameters()`` and ``named_parameters()`` return lists, not torch's iterators.
 
 Training follows torch's habits where it can, with an explicit backward since there is no autograd
 (llm.c's layout: one forward and one backward per layer, both in C++):
@@ -63,13 +68,13 @@ import pickle
 import threading
 import warnings
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from typing import NamedTuple
 
 import numpy as np
 
 from ._runtime import dtype_suffix
-from ._validation import as_weight, check_bool, resolve_dtype
+from ._validation import _is_torch_tensor, as_weight, check_bool, resolve_dtype, to_numpy
 from .parameter import Parameter
 
 _SEEDS = np.random.default_rng(0)
@@ -531,6 +536,26 @@ class _IncompatibleKeys(NamedTuple):
         return f"_IncompatibleKeys(missing_keys={self.missing_keys}, unexpected_keys={self.unexpected_keys})"
 
 
+def _unconverted(value, name: str) -> tuple:
+    """``(value, shape)`` of a state-dict value as given, its kind checked and nothing copied: a
+    torch tensor as it is (its dtype and shape read from it: a bfloat16 one is not widened, one on
+    another device not moved), anything else as :func:`to_numpy` views it (an array as it is, a
+    nested list converted once, here). :func:`as_weight` converts the value later, if its shape fits.
+
+    Raises:
+        TypeError: not floating-point data (as :func:`as_weight`, naming ``name``), or not an array.
+        ValueError: a ragged nested list.
+    """
+    if _is_torch_tensor(value):
+        if not value.is_floating_point():
+            raise TypeError(f"{name}: expected a floating-point tensor, got {value.dtype}")
+        return value, tuple(value.shape)
+    arr = to_numpy(value, name)
+    if arr.dtype.kind != "f":
+        raise TypeError(f"{name}: expected a floating-point array, got dtype {arr.dtype}")
+    return arr, arr.shape
+
+
 class _Slot(NamedTuple):
     impl: object          # the C++ module holding the weight
     core_name: str        # its name there
@@ -792,7 +817,12 @@ class Module:
     def __setattr__(self, name: str, value) -> None:
         """Sets an attribute. A module assigned where no module was becomes the last of the modules
         attached (torch's registration order, see :meth:`_registered_children`); one replacing
-        another keeps its place.
+        another keeps its place, and so does one assigned where a module was set to None since
+        (torch keeps such a name in its ``_modules`` with the value None): after ``m.a =
+        Linear(...); m.b = Linear(...); m.a = None; m.a = Linear(...)`` the names are ``a.*``
+        before ``b.*``, as torch's. The names whose module was set to None are remembered in the
+        attribute ``_emptied_children`` (a frozenset, absent while there is none); deleting the
+        attribute (``del m.a``) or setting it to anything but None or a module forgets the place.
 
         Raises:
             ValueError: ``value`` is a module and ``name`` is a name this module's own C++ weights
@@ -809,9 +839,29 @@ class Module:
                     f"weights already use the name {name!r} ({', '.join(taken[:3])}{', ...' if len(taken) > 3 else ''})"
                     " and its forward would not use the new module; load new values into them instead "
                     f"(load_state_dict), or use another attribute name")
-            if not isinstance(self.__dict__.get(name), Module):
+            if not isinstance(self.__dict__.get(name), Module) and name not in self._emptied():
                 self.__dict__.pop(name, None)  # a new child: its entry goes last
+        if value is None and (isinstance(self.__dict__.get(name), Module) or name in self._emptied()):
+            self._set_emptied(self._emptied() | {name})  # the place stays for the next module assigned
+        else:
+            self._set_emptied(self._emptied() - {name})
         object.__setattr__(self, name, value)
+
+    def __delattr__(self, name: str) -> None:
+        """Deletes an attribute; a module's place among the children is gone with it (as torch's
+        ``del m.a``: a module assigned to ``a`` again comes last)."""
+        object.__delattr__(self, name)
+        self._set_emptied(self._emptied() - {name})
+
+    def _emptied(self) -> frozenset:
+        """The attribute names whose module was set to None (:meth:`__setattr__`), which keep their place."""
+        return self.__dict__.get("_emptied_children", frozenset())
+
+    def _set_emptied(self, names: frozenset) -> None:
+        if names:
+            self.__dict__["_emptied_children"] = names
+        else:
+            self.__dict__.pop("_emptied_children", None)
 
     def __call__(self, *args, **kwargs):
         return self.forward(*args, **kwargs)
@@ -916,16 +966,54 @@ class Module:
             out[name] = storage_of[key][slot.core_name]
         return out
 
-    def state_dict(self) -> dict[str, np.ndarray]:
+    def state_dict(self, destination=None, prefix: str = "", keep_vars: bool = False) -> dict:
         """A copy of every weight as a numpy array of ``self.dtype``, keyed by the checkpoint's names
-        (torch's / Hugging Face's), in the checkpoint's layout. Quantized weights are returned
-        dequantized (float32: the values the quantized kernels multiply by)."""
-        out = {}
-        for name, slot in self._slots().items():
-            out[name] = _to_checkpoint(slot.impl.get_parameter(slot.core_name), slot.transposed, slot.row_permutation)
+        (torch's / Hugging Face's), in the checkpoint's layout, in registration order; a module at
+        two places is there under both names. Quantized weights are returned dequantized (float32:
+        the values the quantized kernels multiply by).
+
+        Torch's keyword arguments:
+
+        * ``destination``: a mutable mapping to add the entries to (and return), else a new dict;
+        * ``prefix``: put before every name as it is (torch's: ``prefix="encoder."`` gives
+          ``"encoder.weight"``, the caller writes the dot);
+        * ``keep_vars=True``: the :class:`~transformer_core.parameter.Parameter` objects of
+          :meth:`named_parameters` (zero-copy views of the C++ buffers: writes into their ``data``
+          change the module) instead of copies, as torch's gives its Parameters rather than detached
+          tensors. Only where every weight has the checkpoint's layout (the views have the C++
+          one: a GPT-2 Conv1D weight is stored transposed, a Llama model of
+          ``rope_layout="interleaved"`` holds its q/k rows in another order), else refused.
+
+        Raises:
+            TypeError: ``destination`` neither None nor a mutable mapping, ``prefix`` not a str,
+                ``keep_vars`` not a bool.
+            ValueError: ``keep_vars=True`` and some weight is not held in the checkpoint's layout
+                (named), or is held quantized (:meth:`named_parameters`); ``destination`` is left
+                unchanged.
+        """
+        if destination is not None and not isinstance(destination, MutableMapping):
+            raise TypeError(f"destination: expected None or a mutable mapping (a dict), got {type(destination).__name__}")
+        if not isinstance(prefix, str):
+            raise TypeError(f"prefix: expected a str, got {type(prefix).__name__}")
+        keep_vars = check_bool(keep_vars, "keep_vars")
+        slots = self._slots()
+        if keep_vars:
+            relaid = [name for name, slot in slots.items() if slot.transposed or slot.row_permutation is not None]
+            if relaid:
+                raise ValueError(f"keep_vars=True: {len(relaid)} weights are held in another layout than the "
+                                 f"checkpoint's (e.g. {relaid[0]!r}), so their Parameters are not its values; use "
+                                 "state_dict() for the checkpoint's values, or named_parameters() (each Parameter "
+                                 "says its layout: transposed, row_permutation)")
+            values = dict(self.named_parameters(remove_duplicate=False))
+        else:
+            values = {name: _to_checkpoint(slot.impl.get_parameter(slot.core_name), slot.transposed,
+                                           slot.row_permutation) for name, slot in slots.items()}
+        out = {} if destination is None else destination
+        for name, value in values.items():
+            out[prefix + name] = value
         return out
 
-    def load_state_dict(self, state_dict: Mapping, strict: bool = True) -> "_IncompatibleKeys":
+    def load_state_dict(self, state_dict: Mapping, strict: bool = True, assign: bool = False) -> "_IncompatibleKeys":
         """Copies weights from ``state_dict`` (name -> array-like: numpy arrays, torch tensors, or
         anything ``np.asarray`` takes) of any floating-point dtype (float16, bfloat16, float32,
         float64), converted to ``self.dtype``.
@@ -937,17 +1025,31 @@ class Module:
         present weight of another shape or of no floating-point data is refused before anything
         changes (torch too refuses a mis-shaped one under ``strict=False``).
 
+        Every value's kind (floating-point) and shape are checked as given, before any is converted:
+        a mis-shaped value is never copied (a broadcast ``np.broadcast_to(x, (10**6, 10**6))`` is
+        refused as mis-shaped, not by the memory its float32 copy would take), and the values of the
+        right shape are converted only once every check passed.
+
         Unlike torch's ``load_state_dict`` (whose ``copy_`` converts any dtype), a value that is not
         floating-point is refused: an integer or bool tensor under a weight's name means a wrong or
         corrupt checkpoint, not numbers to convert (``.astype(np.float32)`` it if you mean them).
 
+        ``assign``: torch's ``assign=True`` makes the module hold the given tensors themselves
+        instead of copying their values into its own. The weights here live in buffers the C++
+        module owns, which cannot take over the caller's memory: only ``assign=False`` (copy, the
+        default) is supported, ``assign=True`` is refused.
+
         Raises:
-            TypeError: ``state_dict`` is not a mapping, ``strict`` not a bool, or a value is not a
-                floating-point array (integer, bool, complex, object and string data are refused,
-                naming the key); the module is left unchanged.
+            TypeError: ``state_dict`` is not a mapping, ``strict`` or ``assign`` not a bool, or a
+                value is not a floating-point array
+                (integer, bool, complex, object and string data are refused, naming the key); the
+                module is left unchanged.
             ValueError: listing every mis-shaped name, and (``strict=True``) every missing or unknown
-                one; the module is left unchanged. Also when the module holds quantized weights (``weight_formats``): load
-                the state into a float model and quantize that.
+                one; ``assign=True``; a value of the right shape whose conversion fails (a float64
+                value beyond float32's range for a float32 module, one whose copy exceeds this
+                machine's memory); the module is left unchanged. Also when the module holds
+                quantized weights (``weight_formats``): load the state into a float model and
+                quantize that.
 
         A training forward still awaiting its backward can no longer have it once weights were loaded
         (its backward raises :class:`WeightsChangedError`).
@@ -955,6 +1057,10 @@ class Module:
         if not isinstance(state_dict, Mapping):
             raise TypeError(f"state_dict: expected a mapping of name -> array, got {type(state_dict).__name__}")
         strict = check_bool(strict, "strict")
+        if check_bool(assign, "assign"):
+            raise ValueError(f"{type(self).__name__}.load_state_dict: assign=True (torch's: the module takes the given "
+                             "tensors themselves) is not supported, the weights live in buffers the C++ module owns; "
+                             "call it with assign=False (the default): the values are copied")
         quantized = _quantized_weights(self)
         if quantized:
             first = next(iter(quantized.items()))
@@ -963,7 +1069,7 @@ class Module:
                              f"float model and quantize it (transformer_core.quantize)")
         state = self._rename_state_dict(dict(state_dict))
         slots = self._slots()
-        arrays, problems, misshaped = {}, [], []
+        given, problems, misshaped = {}, [], []
         missing = [k for k in slots if k not in state]
         unknown = [k for k in state if k not in slots]
         if missing and strict:
@@ -974,15 +1080,20 @@ class Module:
         for name, slot in slots.items():
             if name not in state:
                 continue
-            arr = as_weight(state[name], f"state_dict[{name!r}]", self.dtype)
-            if arr.shape != slot.shape:
-                misshaped.append(f"{name}: expected {slot.shape}, got {arr.shape}")
+            value, shape = _unconverted(state[name], f"state_dict[{name!r}]")
+            if shape != slot.shape:
+                misshaped.append(f"{name}: expected {slot.shape}, got {shape}")
                 continue
-            arrays[name] = _from_checkpoint(arr, slot.transposed, slot.row_permutation)
+            given[name] = value
         if misshaped:
             problems.append(f"mis-shaped: {misshaped}")
         if problems:
             raise ValueError(f"{type(self).__name__}.load_state_dict refused (module unchanged): " + "; ".join(problems))
+        arrays = {}
+        for name, value in given.items():  # every check passed: now the copies (as_weight checks their memory)
+            slot = slots[name]
+            arr = as_weight(value, f"state_dict[{name!r}]", self.dtype)
+            arrays[name] = _from_checkpoint(arr, slot.transposed, slot.row_permutation)
         written = {}
         for name, arr in arrays.items():
             slot = slots[name]
@@ -1023,6 +1134,14 @@ class Module:
         kept for its backward is not copied: the copy has no backward pending. An attribute that
         cannot be deep-copied (a memory-mapped checkpoint) is shared.
 
+        Gradients: unlike torch's, whose ``Parameter.__deepcopy__`` drops ``.grad`` (a deep-copied
+        or unpickled torch module has every ``grad`` None), the copy keeps a copy of each gradient
+        a backward wrote (``copy.gradients() == module.gradients()``; the others read None), as this
+        library's Parameters do (:class:`~transformer_core.parameter.Parameter`, whose deep copies
+        and pickles keep ``grad``): a copy taken between a backward and the optimizer step (gradient
+        accumulation, a snapshot) can step as the original would. Call ``copy.zero_grad()`` for
+        torch's state. The same holds for pickles (:meth:`__reduce_ex__`).
+
         Identity within one ``copy.deepcopy`` call (its memo), as torch's: a module at two places
         (``enc.layers[1] = enc.layers[0]``) is copied once, and a reference to a module under this
         one, or to this one, at any depth of the attributes (``enc.groups = {"a": [enc.layers[1]]}``,
@@ -1041,9 +1160,11 @@ class Module:
 
     def __reduce_ex__(self, protocol):
         """Pickling (``pickle.dumps(module)``): the class, the arguments it was built with, its own
-        weights and gradients (unpickling builds the module again from them, as :meth:`__deepcopy__`),
-        then, as its state, the modules under it and its attributes. Each module under it pickles
-        its own part the same way, as the module at its place (``layers.0``, ``head``): unpickled,
+        weights and gradients (unpickling builds the module again from them, as :meth:`__deepcopy__`;
+        the gradients a backward wrote are kept, unlike torch's pickles, which drop ``.grad``: see
+        :meth:`__deepcopy__`), then, as its state, the modules under it and its attributes. Each
+        module under it pickles its own part the same way, as the module at its place (``layers.0``,
+        ``head``): unpickled,
         it is the module the rebuilt parent built there when that one was built from equal
         arguments (given the weights), else a module built from its own (a child replaced or
         attached since). So the modules' weights are pickled once each, and none of the layer a
@@ -1161,7 +1282,8 @@ class Module:
                 if _grad_readable(impl, core_name):
                     impl.gradient_view(core_name).fill(0)
 
-    def named_parameters(self) -> list[tuple[str, Parameter]]:
+    def named_parameters(self, prefix: str = "", recurse: bool = True,
+                         remove_duplicate: bool = True) -> list[tuple[str, Parameter]]:
         """``[(name, Parameter)]`` of every weight, named as :meth:`state_dict`, in registration order;
         a module at two places (``enc.layers[1] = enc.layers[0]``) gives its weights once, under
         their first names (torch's ``remove_duplicate``: an optimizer steps them once), while
@@ -1174,36 +1296,197 @@ class Module:
 
             opt = tc.optim.AdamW(model.named_parameters(), lr=3e-4)
 
+        Torch's keyword arguments:
+
+        * ``prefix``: put before every name with a dot (``prefix="model"``: ``"model.weight"``), as
+          torch's; the Parameters (and their ``name``) are the same objects as without it;
+        * ``recurse=False``: only this module's own weights, those of its C++ object. Torch's gives
+          the parameters registered on the module itself, not those of its submodules; a layer here
+          is one C++ object, so its own weights are all those torch keeps in its submodules too
+          (``TransformerEncoderLayer``: every weight, torch's none; ``MultiheadAttention``: also
+          ``out_proj.*``, torch's ``in_proj_*`` only). A ``Linear`` or ``LayerNorm`` gives what
+          torch's does; a stack (``TransformerEncoder``) none, as torch's;
+        * ``remove_duplicate=False``: a weight at several names (a module at two places) is listed
+          under each, with the same Parameter (as torch's).
+
+        Unlike torch's, which returns an iterator, this returns a list (as :meth:`parameters`).
+
         Once a weight is quantized in place (``quantize(..., inplace=True)``, ``set_gguf_weights``),
         the Parameters handed out before read its last float values (the buffer stays while they
         live) and no longer change the model, and new calls raise.
 
         Raises:
+            TypeError: ``prefix`` not a str, ``recurse`` or ``remove_duplicate`` not a bool.
             ValueError: a weight is held quantized (it has no float buffer to view).
         """
+        if not isinstance(prefix, str):
+            raise TypeError(f"prefix: expected a str, got {type(prefix).__name__}")
+        recurse = check_bool(recurse, "recurse")
+        remove_duplicate = check_bool(remove_duplicate, "remove_duplicate")
+        own = None if recurse else self._own_slots()
+        parameters = []
+        for name, p, first in self._parameter_places():
+            if (own is not None and name not in own) or (remove_duplicate and not first):
+                continue
+            parameters.append((f"{prefix}.{name}" if prefix else name, p))
+        return parameters
+
+    def _parameter_places(self) -> list[tuple[str, Parameter, bool]]:
+        """``[(name, Parameter, first)]`` of every name of :meth:`state_dict`, in its order: a weight
+        at several names has one Parameter, made for its first name (``first`` True there only).
+        The Parameters are cached, so that every call gives the same objects."""
         # The cache: {(name, id(C++ module), its name there): Parameter} (each Parameter holds its C++
         # module: no other can take its id while it is cached), of the storage epoch it was made in.
         epoch, cache = self.__dict__.get("_parameters_cache", (None, {}))
         if epoch != _storage_epoch[0] and not _still_viewing(cache.values()):
             cache = {}  # a weight of this module changed storage: all built again (a quantized one raises)
-        parameters, current, listed = [], {}, set()
+        places, current, listed = [], {}, {}
         for name, slot in self._slots().items():
             weight = (id(slot.impl), slot.core_name)
             if weight in listed:
-                continue  # the same module at a second place
-            listed.add(weight)
+                places.append((name, listed[weight], False))  # the same module at a second place
+                continue
             key = (name, *weight)
             p = cache.get(key)
             if p is None:
                 p = _BoundParameter(slot.impl, slot.core_name, name, slot.transposed, slot.row_permutation)
-            current[key] = p
-            parameters.append((name, p))
+            current[key] = listed[weight] = p
+            places.append((name, p, True))
         self.__dict__["_parameters_cache"] = (_storage_epoch[0], current)
-        return parameters
+        return places
 
-    def parameters(self) -> list[Parameter]:
-        """The :class:`Parameter` objects of :meth:`named_parameters`, in order."""
-        return [p for _, p in self.named_parameters()]
+    def parameters(self, recurse: bool = True) -> list[Parameter]:
+        """The :class:`Parameter` objects of :meth:`named_parameters` (``recurse`` as there), in order.
+
+        A list, not torch's iterator: the library and its users index, slice, concatenate and count
+        it (``a.parameters() + b.parameters()`` for one optimizer, ``len(model.parameters())``), which
+        an iterator would break. It iterates as torch's does (``for p in model.parameters()``); the
+        first parameter is ``next(iter(model.parameters()))`` (or ``model.parameters()[0]``), where
+        torch code writes ``next(model.parameters())``.
+
+        Raises:
+            TypeError: ``recurse`` not a bool. ValueError: as :meth:`named_parameters`.
+        """
+        return [p for _, p in self.named_parameters(recurse=recurse)]
+
+    # ---- the module tree, as torch's (named_modules, children, apply, ...) --------------------------
+    def named_modules(self, memo: set | None = None, prefix: str = "",
+                      remove_duplicate: bool = True) -> Iterator[tuple[str, "Module"]]:
+        """An iterator of ``(name, module)``: this module (``prefix``, ``""`` by default), then every
+        module under it, depth first in registration order, as torch's ``named_modules``: a module
+        at two places once, at its first (``remove_duplicate=False``: at each); ``memo``, a set of
+        modules not to list (and to which those listed are added), as torch's.
+
+        The tree is this library's Python modules, which is coarser than torch's: a layer
+        (``Linear``, ``LayerNorm``, ``MultiheadAttention``, ``TransformerEncoderLayer``,
+        ``TransformerDecoderLayer``) and a model (``GPT2LMHeadModel``, ``LlamaForCausalLM``,
+        ``BertModel``: one C++ object each) is one module with no modules under it, its weights named
+        as torch's / Hugging Face's (``self_attn.out_proj.weight`` is a weight of the layer, not of a
+        module ``self_attn.out_proj``; ``h.0.attn.c_attn.weight`` one of the GPT-2 model, which has no
+        module ``h.0``); and a stack's layers are
+        its children ``layers.0``, ``layers.1``, ... with no ``ModuleList`` above them (no module
+        ``layers``). So the names listed are the names torch's ``named_modules`` gives for the same
+        architecture, in the same order, less the ``ModuleList`` containers and the modules inside a
+        layer: for ``TransformerEncoder(layer, 3, norm=LayerNorm(d))`` ``""``, ``"layers.0"``,
+        ``"layers.1"``, ``"layers.2"``, ``"norm"``; for ``Transformer`` ``""``, ``"encoder"``,
+        ``"encoder.layers.0"``, ..., ``"encoder.norm"``, ``"decoder"``, ..., ``"decoder.norm"``.
+        Modules the caller attached (``model.head = nn.Linear(8, 3)``) follow the built-in ones, as
+        they follow in torch's. A module met again under itself (``head.backbone = model``) is not
+        followed (torch's would loop without end).
+
+        Raises:
+            TypeError: ``memo`` neither None nor a set, ``prefix`` not a str, ``remove_duplicate`` not
+                a bool (when called, not when iterated).
+        """
+        if memo is not None and not isinstance(memo, set):
+            raise TypeError(f"memo: expected None or a set of modules, got {type(memo).__name__}")
+        if not isinstance(prefix, str):
+            raise TypeError(f"prefix: expected a str, got {type(prefix).__name__}")
+        remove_duplicate = check_bool(remove_duplicate, "remove_duplicate")
+        return _named_modules(self, set() if memo is None else memo, prefix, remove_duplicate, frozenset())
+
+    def modules(self) -> Iterator["Module"]:
+        """An iterator of this module and every module under it (:meth:`named_modules`'s modules)."""
+        for _, module in self.named_modules():
+            yield module
+
+    def named_children(self) -> Iterator[tuple[str, "Module"]]:
+        """An iterator of ``(name, child)`` of the modules directly under this one (a module held at
+        two names once, at its first), as torch's ``named_children``: the built-in children, then
+        those the caller attached (:meth:`_registered_children`). A stack's children are its layers,
+        ``("layers.0", layer)``, ..., and its norm: torch's are the ``ModuleList`` ``"layers"`` and
+        the norm (see :meth:`named_modules`); a layer has none (torch's ``TransformerEncoderLayer``
+        has ``self_attn``, ``linear1``, ...)."""
+        seen = set()
+        for name, child in self._registered_children():
+            if id(child) not in seen:
+                seen.add(id(child))
+                yield name, child
+
+    def children(self) -> Iterator["Module"]:
+        """An iterator of the modules of :meth:`named_children`."""
+        for _, child in self.named_children():
+            yield child
+
+    def named_buffers(self, prefix: str = "", recurse: bool = True,
+                      remove_duplicate: bool = True) -> Iterator[tuple[str, np.ndarray]]:
+        """An empty iterator, always: this library's modules have no buffers. What torch's (or Hugging
+        Face's) models keep as buffers, not in their ``state_dict`` (BERT's ``position_ids``,
+        Llama's rotary ``inv_freq``, ...), is computed inside the C++ modules; the weights are
+        parameters (:meth:`named_parameters`). Takes torch's arguments, for code that passes them.
+
+        Raises:
+            TypeError: ``prefix`` not a str, ``recurse`` or ``remove_duplicate`` not a bool.
+        """
+        if not isinstance(prefix, str):
+            raise TypeError(f"prefix: expected a str, got {type(prefix).__name__}")
+        check_bool(recurse, "recurse")
+        check_bool(remove_duplicate, "remove_duplicate")
+        return iter(())
+
+    def buffers(self, recurse: bool = True) -> Iterator[np.ndarray]:
+        """An empty iterator, always (no buffers: see :meth:`named_buffers`).
+
+        Raises:
+            TypeError: ``recurse`` not a bool.
+        """
+        return iter(b for _, b in self.named_buffers(recurse=recurse))
+
+    def apply(self, fn: Callable[["Module"], object]) -> "Module":
+        """Calls ``fn(module)`` on every module under this one, then on this one (children first, in
+        the order of :meth:`named_children`, recursively), as torch's ``apply``; returns ``self``. The
+        modules are those of :meth:`named_modules` (a layer has no modules under it: ``fn`` sees the
+        layer, not a ``Linear`` inside it). A module at two places gets ``fn`` at each, as torch's;
+        one met again under itself is not followed.
+
+        Raises:
+            TypeError: ``fn`` not callable (nothing is called); whatever ``fn`` raises.
+        """
+        if not callable(fn):
+            raise TypeError(f"fn: expected a callable taking a module, got {type(fn).__name__}")
+        _apply(self, fn, frozenset())
+        return self
+
+    def requires_grad_(self, requires_grad: bool = True) -> "Module":
+        """Torch's ``requires_grad_``: ``True`` (every weight takes part in training) is what every
+        module already does, and returns ``self``. ``False`` (freeze the weights) is refused: a
+        backward here runs in C++ and adds the gradient of every weight of the module (there is no
+        autograd, and :class:`~transformer_core.parameter.Parameter` has no ``requires_grad``
+        flag). To freeze weights, hand the optimizer (and ``clip_grad_norm_``) only the others::
+
+            trained = [(n, p) for n, p in model.named_parameters() if not n.startswith("embeddings.")]
+            opt = tc.optim.AdamW(trained, lr=3e-4)
+
+        Their gradients are still computed, never applied.
+
+        Raises:
+            TypeError: ``requires_grad`` not a bool. ValueError: ``requires_grad`` is False.
+        """
+        if not check_bool(requires_grad, "requires_grad"):
+            raise ValueError(f"{type(self).__name__}.requires_grad_(False): freezing weights is not supported, a "
+                             "backward computes the gradient of every weight (in C++, no autograd); give the "
+                             "optimizer only the parameters to train (a filtered named_parameters())")
+        return self
 
     def gradients(self) -> dict[str, np.ndarray]:
         """A copy of every gradient a backward wrote since the last ``zero_grad()``, keyed by the
@@ -1442,6 +1725,29 @@ def _module_tree(module, *, attached: bool = True, duplicates: bool = True) -> l
 
     visit("", module, frozenset({id(module)}))
     return out
+
+
+def _named_modules(module, memo: set, prefix: str, remove_duplicate: bool, above: frozenset):
+    """:meth:`Module.named_modules` from ``module`` at ``prefix``; ``above``: the ids of the modules
+    on the path to it (not followed again)."""
+    if module in memo:
+        return
+    if remove_duplicate:
+        memo.add(module)
+    yield prefix, module
+    above = above | {id(module)}
+    for name, child in module._registered_children():
+        if id(child) not in above:
+            yield from _named_modules(child, memo, f"{prefix}.{name}" if prefix else name, remove_duplicate, above)
+
+
+def _apply(module, fn, above: frozenset) -> None:
+    """:meth:`Module.apply` from ``module``; ``above``: the ids of the modules on the path to it."""
+    above = above | {id(module)}
+    for _, child in module.named_children():
+        if id(child) not in above:
+            _apply(child, fn, above)
+    fn(module)
 
 
 def _quantized_weights(module) -> dict[str, str]:

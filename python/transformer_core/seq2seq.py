@@ -146,17 +146,18 @@ class Seq2SeqTransformer(Module):
         exact[:n] = table[:n]
         return exact.astype(self.dtype)
 
-    def state_dict(self) -> dict[str, np.ndarray]:
-        """Every weight (:meth:`Module.state_dict`), and, while the model holds a table loaded from a
-        tutorial's ``state_dict`` (``pe_loaded``), that table as ``positional_encoding.pos_embedding``
-        ``(max_len, 1, E)`` (the tutorial's buffer), so that a model saved and loaded again (or a
+    def state_dict(self, destination=None, prefix: str = "", keep_vars: bool = False) -> dict[str, np.ndarray]:
+        """Every weight (:meth:`Module.state_dict`, its arguments as there), and, while the model
+        holds a table loaded from a tutorial's ``state_dict`` (``pe_loaded``), that table as
+        ``positional_encoding.pos_embedding`` ``(max_len, 1, E)`` (the tutorial's buffer, a copy),
+        so that a model saved and loaded again (or a
         :func:`~transformer_core.training.save_checkpoint`) keeps it."""
-        out = super().state_dict()
+        out = super().state_dict(destination, prefix, keep_vars)
         if self.pe_loaded:
-            out[self._PE_NAME] = self.pe[:, None, :].copy()
+            out[prefix + self._PE_NAME] = self.pe[:, None, :].copy()
         return out
 
-    def load_state_dict(self, state_dict: Mapping, strict: bool = True):
+    def load_state_dict(self, state_dict: Mapping, strict: bool = True, assign: bool = False):
         """:meth:`Module.load_state_dict`, with the translation tutorial's names (see
         :meth:`_rename_state_dict`) and its ``positional_encoding.pos_embedding`` buffer ``(maxlen,
         1, E)``: checked to be the sinusoidal table (to 4e-3), then kept (cast to ``self.dtype``):
@@ -178,7 +179,7 @@ class Seq2SeqTransformer(Module):
         if isinstance(state_dict, Mapping) and self._PE_NAME in state_dict:
             state_dict = dict(state_dict)
             table = self._loaded_table(state_dict.pop(self._PE_NAME))  # checked before anything changes
-        result = super().load_state_dict(state_dict, strict)
+        result = super().load_state_dict(state_dict, strict, assign)
         if table is not None:
             self.pe, self.pe_loaded = table, True
         elif strict and self.pe_loaded:
