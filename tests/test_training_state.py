@@ -135,6 +135,12 @@ def test_seq2seq_loads_the_translation_tutorials_own_names():
     with torch.no_grad():
         want = ref(torch.from_numpy(src), torch.from_numpy(tgt)).numpy()
     np.testing.assert_allclose(ours(src, tgt), want, atol=1e-5, rtol=1e-5)
+    # torch's keyword arguments, the table included (they were refused: TypeError)
+    prefixed = ours.state_dict(prefix="model.")
+    assert list(prefixed) == ["model." + k for k in ours.state_dict()]
+    assert "model.positional_encoding.pos_embedding" in prefixed
+    with pytest.raises(ValueError, match="assign"):
+        ours.load_state_dict(state, strict=True, assign=True)
     state["positional_encoding.pos_embedding"] = state["positional_encoding.pos_embedding"] + 0.01
     with pytest.raises(ValueError, match=r"pos_embedding'\]: not the sinusoidal table this model adds"):
         ours.load_state_dict(state)
