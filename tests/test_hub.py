@@ -738,11 +738,14 @@ def test_a_failed_rename_back_leaves_the_backup_and_says_how_to_restore(tmp_path
     _assert_loads_as(folder, old, None)
 
 
-def test_without_hard_links_the_previous_files_are_copied_aside(tmp_path, monkeypatch):
-    """A file system that refuses hard links (os.link raises EPERM): the previous files are kept as
-    copies; a failed rename still puts them back, and a save that goes through leaves no copy."""
+def test_without_hard_links_the_previous_files_are_renamed_aside(tmp_path, monkeypatch):
+    """A file system (or Linux's protected_hardlinks, for another user's file) that refuses hard
+    links: each previous file is renamed aside right before its replacement, never copied (a copy
+    needed read permission and room for a third set: a save that worked before failed); a failed
+    rename still puts them back, and a save that goes through leaves no backup."""
     import errno
     import os
+    import shutil
 
     folder = tmp_path / "m"
     old, before = _old_folder(folder)
@@ -750,11 +753,16 @@ def test_without_hard_links_the_previous_files_are_copied_aside(tmp_path, monkey
     def no_links(*args, **kwargs):
         raise OSError(errno.EPERM, "Operation not permitted")
 
+    def no_copies(*args, **kwargs):
+        raise AssertionError("a previous file was copied")
+
     monkeypatch.setattr(os, "link", no_links)
-    monkeypatch.setattr(os, "replace", _FailingReplace(3, OSError(errno.EIO, "simulated")))
-    with pytest.raises(OSError, match=r"cannot write config.json \(simulated\)"):
-        _llama(2, num_hidden_layers=1).save_pretrained(folder)
-    assert _folder(folder) == before
+    monkeypatch.setattr(shutil, "copy2", no_copies)
+    for at in (1, 2, 3, 4, 5):  # each rename: moving aside and moving in, of both files
+        monkeypatch.setattr(os, "replace", _FailingReplace(at, OSError(errno.EIO, "simulated")))
+        with pytest.raises(OSError, match=r"\(simulated\)"):
+            _llama(2, num_hidden_layers=1).save_pretrained(folder)
+        assert _folder(folder) == before, at
     _assert_loads_as(folder, old, {"eos_token_id": [2, 5], "bos_token_id": 1})
     monkeypatch.setattr(os, "replace", _FailingReplace(0, OSError()))  # never fails
     new = _llama(3, num_hidden_layers=1)
@@ -763,25 +771,45 @@ def test_without_hard_links_the_previous_files_are_copied_aside(tmp_path, monkey
     _assert_loads_as(folder, new, None)
 
 
-def test_a_previous_file_that_cannot_be_kept_changes_nothing(tmp_path, monkeypatch):
-    """Neither a hard link nor a copy of a previous file can be made (a full disk): the save fails
-    before any rename, naming that file, and the folder is as it was."""
-    import errno
+def test_a_previous_file_that_vanishes_meanwhile_counts_as_absent(tmp_path, monkeypatch):
+    """A previous file removed between the check and its backup (a concurrent save's ``remove``):
+    the save goes on as for a file that was not there (it failed: "cannot keep the previous ...")."""
     import os
-    import shutil
+    from pathlib import Path
 
-    folder = tmp_path / "m"
-    old, before = _old_folder(folder)
+    from transformer_core.checkpoints import write_files_atomically
 
-    def refused(*args, **kwargs):
-        raise OSError(errno.ENOSPC, "No space left on device")
+    (tmp_path / "a.txt").write_text("old a")
+    link = os.link
 
-    monkeypatch.setattr(os, "link", refused)
-    monkeypatch.setattr(shutil, "copy2", refused)
-    with pytest.raises(OSError, match=r"cannot keep the previous model.safetensors .*No space left on device") as info:
-        _llama(2, num_hidden_layers=1).save_pretrained(folder)
-    assert info.value.errno == errno.ENOSPC and info.value.filename == str(folder / "model.safetensors")
-    assert _folder(folder) == before
+    def vanish_then_link(source, target, **kwargs):
+        os.unlink(source)  # another save took it away just now
+        return link(source, target, **kwargs)
+
+    monkeypatch.setattr(os, "link", vanish_then_link)
+    write_files_atomically(tmp_path, [("a.txt", lambda p: Path(p).write_text("new a"))])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.txt"] and (tmp_path / "a.txt").read_text() == "new a"
+
+
+def test_an_interrupt_after_the_renames_leaves_the_new_set_and_no_backup(tmp_path, monkeypatch):
+    """KeyboardInterrupt while the folder is flushed (step 4): the new files are all in place, so
+    the backups are removed anyway (they stayed beside the new set)."""
+    from pathlib import Path
+
+    from transformer_core import checkpoints
+
+    (tmp_path / "a.txt").write_text("old a")
+    (tmp_path / "b.txt").write_text("old b")
+
+    def interrupted(path):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(checkpoints, "_fsync_folder", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        checkpoints.write_files_atomically(tmp_path, [("a.txt", lambda p: Path(p).write_text("new a")),
+                                                      ("b.txt", lambda p: Path(p).write_text("new b"))])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.txt", "b.txt"]
+    assert (tmp_path / "a.txt").read_text() == "new a" and (tmp_path / "b.txt").read_text() == "new b"
 
 
 def test_write_files_atomically_remove(tmp_path):

@@ -702,6 +702,25 @@ def test_save_pretrained_round_trips_and_loads_in_transformers(small_inputs, tmp
         np.testing.assert_allclose(out.pooler_output, ref_p, rtol=0, atol=atol)
 
 
+def test_save_pretrained_writes_transformers_names_and_plain_numbers(small_inputs, tmp_path):
+    """A config of ours that transformers' config.json does not take as is: "gelu_tanh" (transformers'
+    ACT2FN has no such name: KeyError on loading the folder) is written as "gelu_pytorch_tanh", the
+    same function, and a numpy int field (json could not write it: TypeError) as a plain int."""
+    from transformers import BertModel
+
+    config = tc.BertConfig(**{**SMALL, "hidden_size": np.int64(32)}, hidden_act="gelu_tanh")
+    ours = tc.BertModel(config)
+    ours.save_pretrained(tmp_path / "saved")
+    written = json.loads((tmp_path / "saved" / "config.json").read_text())
+    assert written["hidden_act"] == "gelu_pytorch_tanh" and written["hidden_size"] == 32
+    hf = BertModel.from_pretrained(str(tmp_path / "saved"), attn_implementation="eager").eval()
+    ids, am, tt = small_inputs
+    ref_h, _ = hf_forward(hf, ids, am, tt)
+    real = am.astype(bool)
+    out = ours(ids, attention_mask=am, token_type_ids=tt)
+    np.testing.assert_allclose(out.last_hidden_state[real], ref_h[real], rtol=0, atol=1e-5)
+
+
 def test_unknown_keys_reported_under_the_names_given():
     """An unknown key of load_state_dict is reported as given, as torch reports it: "bert.foo" was
     reported as "foo" and an unknown "...LayerNorm.gamma" as "...LayerNorm.weight" (the names a

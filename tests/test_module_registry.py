@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import gc
 import pickle
+import re
 import threading
 import weakref
 
@@ -752,3 +753,28 @@ def test_buffers_are_empty_and_requires_grad_false_is_refused():
                         (lambda: enc.named_buffers(prefix=2), r"^prefix: expected a str, got int$")]:
         with pytest.raises(TypeError, match=error):
             call()
+
+
+def test_own_parameters_beside_a_quantized_child_and_children_set_to_none():
+    """named_parameters(recurse=False) built a Parameter for every weight of the tree, so a
+    quantized child's refused it, naming "weight" (the module's own, float32); the refusal of the
+    whole tree names the child's weight by its place. A built-in child set to None (or a stack's
+    norm deleted) crashed every walk of the tree; it is left out, as torch leaves out a None module."""
+    lin = tc.nn.Linear(4, 4)
+    lin.head = tc.quantize(tc.nn.Linear(4, 2))
+    assert [n for n, _ in lin.named_parameters(recurse=False)] == ["weight", "bias"]
+    assert len(lin.parameters(recurse=False)) == 2
+    with pytest.raises(ValueError, match=r"^head\.weight: the weight is held quantized \(int8\)"):
+        lin.named_parameters()
+    assert lin.named_parameters(recurse=False)[0][1] is lin.named_parameters(recurse=False)[0][1]
+
+    torch_tr = torch.nn.Transformer(8, 2, 1, 1, 16, batch_first=True)
+    tr = tc.nn.Transformer(8, 2, 1, 1, 16)
+    torch_tr.encoder, tr.encoder = None, None
+    assert list(tr.state_dict()) == list(torch_tr.state_dict())
+    # torch's names less its ModuleLists and a layer's insides (one C++ object here)
+    assert [n for n, _ in tr.named_modules()] == [n for n, _ in torch_tr.named_modules() if not n.endswith(".layers")
+                                                  and not re.search(r"\.layers\.\d+\.", n)]
+    enc = tc.nn.TransformerEncoder(tc.nn.TransformerEncoderLayer(8, 2, 16), 2, norm=tc.nn.LayerNorm(8))
+    del enc.norm
+    assert list(enc.state_dict())[-1] == "layers.1.norm2.bias"

@@ -722,3 +722,25 @@ def test_continue_final_message_of_a_tool_call_turn_without_content(ours, hf_smo
         ours.apply_chat_template(messages, continue_final_message=True)
     with pytest.raises(ValueError):
         hf_smollm2_tokenizer.apply_chat_template(messages, continue_final_message=True, tokenize=False)
+
+
+def test_a_raw_text_that_is_another_tokens_spelling_decodes_as_itself(tmp_path):
+    """Two user-defined tokens, "éé" and "Ã©Ã©" (the first's byte-level spelling): the decoder's
+    re-spelling steps ran in vocabulary order, so "éé" was spelled, then taken for the second
+    token and spelled again: both ids decoded to "Ã©Ã©". Each decodes to its own text now."""
+    import gguf
+
+    symbols = _gpt2_byte_symbols()
+    tokens = ["<|endoftext|>", *symbols, "ĠĠ", "éé", "Ã©Ã©"]
+    types = [3, *[1] * 256, 1, 4, 4]
+    U32, ARR = gguf.GGUFValueType.UINT32, gguf.GGUFValueType.ARRAY
+    path = tmp_path / "chain.gguf"
+    write_llama_gguf(path, random_llama_state(np.random.default_rng(0), vocab=len(tokens)), tokens=tokens, metadata={
+        "tokenizer.ggml.token_type": (types, ARR), "tokenizer.ggml.merges": (["Ġ Ġ"], ARR),
+        "tokenizer.ggml.eos_token_id": (0, U32), "tokenizer.ggml.padding_token_id": (0, U32),
+        "tokenizer.ggml.unknown_token_id": None, "tokenizer.ggml.bos_token_id": None})
+    tok = tc.Tokenizer.from_gguf(path)
+    first, second = len(tokens) - 2, len(tokens) - 1
+    assert tok.encode("éé") == [first] and tok.encode("Ã©Ã©") == [second]
+    assert tok.decode([first]) == "éé" and tok.decode([second]) == "Ã©Ã©"
+    assert tok.decode(tok.encode("éé Ã©Ã©")) == "éé Ã©Ã©"

@@ -644,6 +644,21 @@ def choice_of_core(value, name: str, parser):
         raise ValueError(f"{name}: {rest if sep and ' ' not in head else message}") from None
 
 
+def hf_config_fields(fields: dict) -> dict:
+    """A config's fields as Hugging Face's ``config.json`` takes them: numpy scalars as Python
+    numbers (json cannot write them), and the activation fields (``hidden_act``,
+    ``activation_function``) in transformers' names: ``"gelu_tanh"``, ours, is its
+    ``"gelu_pytorch_tanh"`` (the same function; its ACT2FN has no ``gelu_tanh``)."""
+    out = {}
+    for key, value in fields.items():
+        if isinstance(value, np.generic):
+            value = value.item()
+        if key in ("hidden_act", "activation_function") and value == "gelu_tanh":
+            value = "gelu_pytorch_tanh"
+        out[key] = value
+    return out
+
+
 def activation(value, name: str):
     """The C++ ``Activation`` that ``value`` names in the library's one table of activations
     (``_core.activation_names()``); TypeError for a non-str, ValueError naming ``name`` and listing

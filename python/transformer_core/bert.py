@@ -14,7 +14,16 @@ from dataclasses import dataclass
 import numpy as np
 
 from ._runtime import core as _core
-from ._validation import activation, as_bool, as_float, as_ids, check_config_fields, check_int, check_mapping
+from ._validation import (
+    activation,
+    as_bool,
+    as_float,
+    as_ids,
+    check_config_fields,
+    check_int,
+    check_mapping,
+    hf_config_fields,
+)
 from .hub import (
     DEFAULT_MODEL,
     ConfigRule,
@@ -117,7 +126,7 @@ class BertConfig:
         pooler): whether a saved model has a pooler is told by its weights, as
         :meth:`BertModel.from_pretrained` reads it. So ``BertConfig.from_dict(config.to_dict())``
         equals ``config`` except for ``add_pooling_layer`` (the default, True)."""
-        d = {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "add_pooling_layer"}
+        d = hf_config_fields({k: getattr(self, k) for k in self.__dataclass_fields__ if k != "add_pooling_layer"})
         d.update(model_type="bert", architectures=["BertModel"], position_embedding_type="absolute")
         return d
 

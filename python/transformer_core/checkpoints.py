@@ -112,16 +112,21 @@ def _not_a_folder(path: Path) -> NotADirectoryError:
                               f"{what} (nothing written)", str(path))
 
 
-def _keep_previous(final: Path, backup: Path) -> None:
+def _keep_previous(final: Path, backup: Path) -> bool:
     """Keeps the file (or symbolic link) at ``final`` under the name ``backup`` in the same folder
-    without changing ``final``: a hard link (no data copied; for a symbolic link, a link to the link
-    itself), or, where the file system refuses hard links, a copy."""
-    import shutil
-
+    without changing ``final``: a hard link (no data copied; for a symbolic link, a link to the
+    link itself). False where the file system or its rules refuse the link (FAT, some network and
+    FUSE file systems; Linux's protected_hardlinks for a file of another user): the caller then
+    renames the previous file aside right before its replacement, which needs no more than the
+    folder's write permission and no space. FileNotFoundError: ``final`` is gone (a concurrent
+    save moved it)."""
     try:
         os.link(final, backup, follow_symlinks=False)
-    except (OSError, NotImplementedError):  # FAT, some network and FUSE file systems; protected_hardlinks
-        shutil.copy2(final, backup, follow_symlinks=False)
+    except FileNotFoundError:
+        raise
+    except (OSError, NotImplementedError):
+        return False
+    return True
 
 
 def _restore(changed: list, kept: dict) -> list:
@@ -163,12 +168,18 @@ def write_files_atomically(directory, files, remove=()) -> None:
     1. Each file is written whole under a temporary name in ``directory`` (``.{name}.{random}.tmp``:
        the same folder, so the renames below stay on one file system) and flushed to disk.
     2. Each file that one of them will replace is kept under a backup name,
-       ``.{name}.{random}.bak``: a hard link to it (no data copied; a copy where the file system
-       has no hard links).
+       ``.{name}.{random}.bak``: a hard link to it (no data copied; the name never misses a file).
+       Where the file system refuses the link, the previous file is instead renamed to that name
+       right before its replacement in step 3 (no data copied either; the name is missing between
+       the two renames).
     3. The files named in ``remove`` are moved aside (renamed to such a backup name), then the new
        files are moved into place with ``os.replace`` (atomic per file) in the order given: put
        last the file a reader looks at first (``config.json`` after the weights).
-    4. Only when every rename is done are the backups deleted.
+    4. When every rename is done, the backups are deleted (also if an exception such as
+       KeyboardInterrupt arrives while the folder is flushed: the new set is then whole).
+
+    A file that vanishes meanwhile (a concurrent save's ``remove``) counts as one that was not
+    there.
 
     A failure, or an exception such as KeyboardInterrupt, at any step puts every name that step 3
     changed back to its previous file (``os.replace`` of its backup; a name that had none is
@@ -189,7 +200,7 @@ def write_files_atomically(directory, files, remove=()) -> None:
             name not present is skipped).
 
     Raises:
-        OSError: naming the file that could not be written, kept, moved into place or removed (a
+        OSError: naming the file that could not be written, moved aside, moved into place or removed (a
             full disk, a file-size limit, no permission; the original error chained, its errno kept:
             ENOSPC, EFBIG, ... also when the safetensors writer reported it, in its message); the
             folder holds the files it held before (a folder created here stays, empty), no temporary
@@ -246,31 +257,41 @@ def write_files_atomically(directory, files, remove=()) -> None:
                     os.close(fd)
             except (OSError, SafetensorError) as e:
                 raise _write_error(final, e) from e
+        aside = {}  # final -> the backup name its previous file is renamed to in step 3 (no hard link)
         for _, final in written:  # 2. the backups of the files about to be replaced
             if os.path.lexists(final):
                 backup = path / f".{final.name}.{secrets.token_hex(6)}.bak"
-                kept[final] = backup  # (before the link: removed on failure even if half-copied)
                 try:
-                    _keep_previous(final, backup)
-                except OSError as e:
-                    raise OSError(e.errno, f"cannot keep the previous {final.name} while the new one is moved in "
-                                  f"({e.strerror or e}; nothing changed)", str(final)) from e
+                    linked = _keep_previous(final, backup)
+                except FileNotFoundError:
+                    continue  # gone meanwhile: nothing to keep
+                if linked:
+                    kept[final] = backup
+                else:
+                    aside[final] = backup
+
+        def move_aside(final: Path, backup: Path, what: str) -> None:
+            try:
+                os.replace(final, backup)
+            except FileNotFoundError:
+                return  # gone meanwhile: nothing to put back
+            except OSError as e:
+                raise OSError(e.errno, f"cannot {what} ({e.strerror})", str(final)) from e
+            kept[final] = backup
+            changed.append(final)
+
         for name in remove:  # 3. the renames: first what goes (moved aside: its own backup) ...
-            final = path / name
-            if os.path.lexists(final):
-                backup = path / f".{name}.{secrets.token_hex(6)}.bak"
-                try:
-                    os.replace(final, backup)
-                except OSError as e:
-                    raise OSError(e.errno, f"cannot remove the earlier save's {name} ({e.strerror})", str(final)) from e
-                kept[final] = backup
-                changed.append(final)
+            if os.path.lexists(path / name):
+                move_aside(path / name, path / f".{name}.{secrets.token_hex(6)}.bak", f"remove the earlier save's {name}")
         for temporary, final in written:  # ... then the new files, in their order
+            if final in aside:  # the previous file, not linked: renamed to its backup name first
+                move_aside(final, aside[final], f"move the previous {final.name} aside")
             try:
                 os.replace(temporary, final)
             except OSError as e:
                 raise _write_error(final, e) from e
-            changed.append(final)
+            if final not in changed:
+                changed.append(final)
     except BaseException as error:
         for final, backup, e in _restore(changed, kept):
             if backup is None:
@@ -284,12 +305,14 @@ def write_files_atomically(directory, files, remove=()) -> None:
             except OSError:
                 pass  # already renamed into place, never created; best effort otherwise
         raise
-    _fsync_folder(path)  # the renames on disk before the backups go
-    for backup in kept.values():  # 4. the new set is in place
-        try:
-            os.unlink(backup)
-        except OSError:
-            pass  # best effort: a hidden file left behind, the save itself is whole
+    try:
+        _fsync_folder(path)  # the renames on disk before the backups go
+    finally:
+        for backup in kept.values():  # 4. the new set is in place
+            try:
+                os.unlink(backup)
+            except OSError:
+                pass  # best effort: a hidden file left behind, the save itself is whole
 
 
 def save_pretrained_files(directory, config: dict, state: dict, metadata: dict | None = None,
@@ -303,8 +326,9 @@ def save_pretrained_files(directory, config: dict, state: dict, metadata: dict |
     beside an old config or the reverse. Without a ``generation_config``, a
     ``generation_config.json`` left by an earlier save is removed in the same all-or-nothing change
     (it would give the new model the old one's end ids; a failed save puts it back). Only what no
-    exception reaches, a power loss or a killed process during the final renames, can leave a
-    mixed set: the previous files are then beside it as hidden ``.{name}.*.bak`` files (see
+    exception reaches, a power loss or a killed process during the final renames, or a second I/O
+    error while the previous files are put back (the error's notes say which), can leave a mixed
+    set: the previous files are then beside it as hidden ``.{name}.*.bak`` files (see
     :func:`write_files_atomically`).
     A leading ``~`` of ``directory`` is expanded to the home directory, as ``from_pretrained``
     does (``save_pretrained("~/m")`` writes ``$HOME/m``, which ``from_pretrained("~/m")`` reads).

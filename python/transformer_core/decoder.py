@@ -507,8 +507,9 @@ class CausalLM(DecoderModel, GenerationMixin):
         the weights first and ``config.json`` last, the previous files kept until every rename is
         done, so a save that fails (a full disk, a file-size limit, a failed rename, a
         KeyboardInterrupt) leaves the directory's previous files as they were. Only a power loss or
-        a killed process during the renames can leave new weights beside the old config (the old
-        files then lie beside them as hidden ``.{name}.*.bak`` files).
+        a killed process during the renames, or a second I/O error while the previous files are
+        put back (the error's notes say which), can leave new weights beside the old config (the
+        old files then lie beside them as hidden ``.{name}.*.bak`` files).
 
         Raises:
             OSError: the directory or a file cannot be written (naming it; the cause chained).

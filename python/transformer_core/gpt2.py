@@ -12,7 +12,14 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ._runtime import core as _core
-from ._validation import activation, check_config_fields, check_eps, check_mapping, config_token_ids
+from ._validation import (
+    activation,
+    check_config_fields,
+    check_eps,
+    check_mapping,
+    config_token_ids,
+    hf_config_fields,
+)
 from .decoder import CausalLM, CausalLMOutput, DecoderModel, _load_tied_head, _rename_known
 from .hub import (
     ConfigRule,
@@ -137,7 +144,7 @@ class GPT2Config:
         """The ``config.json`` object Hugging Face's ``GPT2Config`` reads: ``extra``'s keys (copies),
         then the fields."""
         d = {k: copy.deepcopy(v) for k, v in self.extra.items() if k not in _NOT_KEPT}
-        d.update({k: getattr(self, k) for k in self.__dataclass_fields__ if k != "extra"})
+        d.update(hf_config_fields({k: getattr(self, k) for k in self.__dataclass_fields__ if k != "extra"}))
         d.update(model_type="gpt2", architectures=["GPT2LMHeadModel"], n_ctx=self.n_positions)
         return d
 

@@ -19,6 +19,7 @@ from ._validation import (
     check_eps,
     check_mapping,
     config_token_ids,
+    hf_config_fields,
     resolve_dtype,
 )
 from .decoder import CausalLM, DecoderModel, _load_tied_head, _rename_known
@@ -131,7 +132,7 @@ class LlamaConfig:
 
     def to_dict(self) -> dict:
         """The ``config.json`` object Hugging Face's ``LlamaConfig`` reads."""
-        d = {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "extra"}
+        d = hf_config_fields({k: getattr(self, k) for k in self.__dataclass_fields__ if k != "extra"})
         d.update(model_type="llama", architectures=["LlamaForCausalLM"])
         return d
 

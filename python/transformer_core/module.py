@@ -283,7 +283,12 @@ class _BoundParameter(Parameter):
         self._core_name = core_name
         self.transposed = transposed
         self.row_permutation = row_permutation
-        super().__init__(impl.parameter_view(core_name), name)
+        try:
+            view = impl.parameter_view(core_name)
+        except ValueError as e:  # held quantized: named by its place in the model, not in its C++ module
+            message = str(e)
+            raise ValueError(f"{name}: {message.removeprefix(core_name + ': ')}") from None
+        super().__init__(view, name)
 
     def __copy__(self) -> "_BoundParameter":
         """A shallow copy, as torch's ``copy.copy(param)``: a Parameter over the same C++ buffers (a
@@ -908,8 +913,9 @@ class Module:
         ``zero_grad`` and the copies; deleting the attribute, or setting it to anything but a
         module, removes it. An attribute referring to a built-in child (``enc.first =
         enc.layers[0]``) adds no second child. A module met again under itself (``head.backbone =
-        model`` where ``model.head = head``) is not followed (:func:`_module_tree`)."""
-        children = self._children()
+        model`` where ``model.head = head``) is not followed (:func:`_module_tree`). A built-in child
+        set to None (``transformer.encoder = None``) is left out, as torch leaves out a None module."""
+        children = [(name, child) for name, child in self._children() if child is not None]
         built_in = {id(child) for _, child in children}
         return children + [(name, value) for name, value in vars(self).items()
                            if isinstance(value, Module) and id(value) not in built_in]
@@ -1325,16 +1331,18 @@ class Module:
         remove_duplicate = check_bool(remove_duplicate, "remove_duplicate")
         own = None if recurse else self._own_slots()
         parameters = []
-        for name, p, first in self._parameter_places():
-            if (own is not None and name not in own) or (remove_duplicate and not first):
+        for name, p, first in self._parameter_places(own):
+            if remove_duplicate and not first:
                 continue
             parameters.append((f"{prefix}.{name}" if prefix else name, p))
         return parameters
 
-    def _parameter_places(self) -> list[tuple[str, Parameter, bool]]:
-        """``[(name, Parameter, first)]`` of every name of :meth:`state_dict`, in its order: a weight
-        at several names has one Parameter, made for its first name (``first`` True there only).
-        The Parameters are cached, so that every call gives the same objects."""
+    def _parameter_places(self, only=None) -> list[tuple[str, Parameter, bool]]:
+        """``[(name, Parameter, first)]`` of every name of :meth:`state_dict` (or of those in
+        ``only``: no Parameter is made for the others, so a quantized weight elsewhere does not
+        raise), in its order: a weight at several names has one Parameter, made for its first name
+        (``first`` True there only). The Parameters are cached, so that every call gives the same
+        objects."""
         # The cache: {(name, id(C++ module), its name there): Parameter} (each Parameter holds its C++
         # module: no other can take its id while it is cached), of the storage epoch it was made in.
         epoch, cache = self.__dict__.get("_parameters_cache", (None, {}))
@@ -1343,6 +1351,11 @@ class Module:
         places, current, listed = [], {}, {}
         for name, slot in self._slots().items():
             weight = (id(slot.impl), slot.core_name)
+            if only is not None and name not in only:  # left out: its cached Parameter kept for later calls
+                key = (name, *weight)
+                if key in cache:
+                    current[key] = cache[key]
+                continue
             if weight in listed:
                 places.append((name, listed[weight], False))  # the same module at a second place
                 continue
@@ -1392,7 +1405,8 @@ class Module:
         ``"encoder.layers.0"``, ..., ``"encoder.norm"``, ``"decoder"``, ..., ``"decoder.norm"``.
         Modules the caller attached (``model.head = nn.Linear(8, 3)``) follow the built-in ones, as
         they follow in torch's. A module met again under itself (``head.backbone = model``) is not
-        followed (torch's would loop without end).
+        followed (torch's is not either with ``remove_duplicate=True``; with False, and in its
+        ``apply`` and ``state_dict``, it recurses without end).
 
         Raises:
             TypeError: ``memo`` neither None nor a set, ``prefix`` not a str, ``remove_duplicate`` not

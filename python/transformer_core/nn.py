@@ -1400,8 +1400,9 @@ class _Stack(Module):
 
     def _children(self):
         children = [(f"layers.{i}", layer) for i, layer in enumerate(self.layers)]
-        if self.norm is not None:
-            children.append(("norm", self.norm))
+        norm = getattr(self, "norm", None)  # deleted (del enc.norm): none, as torch's
+        if norm is not None:
+            children.append(("norm", norm))
         return children
 
     def _run(self, layer_forward, x) -> np.ndarray:
@@ -1619,8 +1620,8 @@ class Transformer(Module):
         self.decoder = TransformerDecoder(decoder_layer, num_decoder_layers,
                                           LayerNorm(d_model, layer_norm_eps, bias=bias, dtype=self.dtype))
 
-    def _children(self):
-        return [("encoder", self.encoder), ("decoder", self.decoder)]
+    def _children(self):  # a child set to None or deleted is left out (Module._registered_children)
+        return [(name, getattr(self, name, None)) for name in ("encoder", "decoder")]
 
     @classmethod
     def _within(cls, tables, **kwargs) -> "Transformer":

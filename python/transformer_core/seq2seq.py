@@ -187,9 +187,8 @@ class Seq2SeqTransformer(Module):
             self.pe_loaded = False
         return result
 
-    def _children(self):
-        return [("src_tok_emb", self.src_tok_emb), ("tgt_tok_emb", self.tgt_tok_emb),
-                ("transformer", self.transformer), ("generator", self.generator)]
+    def _children(self):  # a child set to None or deleted is left out (Module._registered_children)
+        return [(name, getattr(self, name, None)) for name in ("src_tok_emb", "tgt_tok_emb", "transformer", "generator")]
 
     # ---- pieces -----------------------------------------------------------------------------------
     def _check_ids(self, table: Embedding, ids: np.ndarray, name: str) -> None:

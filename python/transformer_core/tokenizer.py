@@ -1754,10 +1754,15 @@ def _tokenizer_from_gguf(path, meta: dict):
     # 0xE9) would come out as bytes ("caf\ufffd"): a Replace step first re-spells exactly that whole
     # token (\A...\z) from its UTF-8 bytes, which ByteLevel then turns back into its raw text. One
     # step per such token, each tried on every decoded token: none for SmolLM2 (its control tokens
-    # are ASCII, which ByteLevel gives back as written).
+    # are ASCII, which ByteLevel gives back as written). The steps run in a chain, so one token's
+    # spelling could be another's raw text ("éé" is spelled "Ã©Ã©", itself a token's text): the
+    # longer texts go first. A spelling is longer than its text (one character a UTF-8 byte), so a
+    # text that is another's spelling is the longer one and is re-spelled before that spelling is
+    # made.
+    raw = [key for key, kind in zip(keys, token_type)
+           if kind in (_CONTROL, _USER_DEFINED) and set(key) <= alphabet and byte_spelling(key) != key]
     raw_steps = [decoders.Replace(Regex(_whole_text_pattern(key)), byte_spelling(key))
-                 for key, kind in zip(keys, token_type)
-                 if kind in (_CONTROL, _USER_DEFINED) and set(key) <= alphabet and byte_spelling(key) != key]
+                 for key in sorted(raw, key=len, reverse=True)]
     tok.decoder = decoders.Sequence([*raw_steps, decoders.ByteLevel()]) if raw_steps else decoders.ByteLevel()
 
     special = {}

@@ -215,7 +215,8 @@ def save_checkpoint(directory, model: Module, optimizer=None, scheduler=None) ->
         OSError: a file cannot be written or renamed (naming it); ``directory`` keeps the files it
             held before (the previous set, whole: a failed rename, or a KeyboardInterrupt, puts back
             what the renames before it replaced) and no temporary. Only a power loss or a killed
-            process during the final renames leaves a mixed set, which :func:`load_checkpoint`
+            process during the final renames, or a second I/O error while the previous files are
+            put back (the error's notes say which), leaves a mixed set, which :func:`load_checkpoint`
             refuses by its ``checkpoint_id`` stamps; the previous files are then beside it as
             ``.{name}.*.bak`` (:func:`~transformer_core.checkpoints.write_files_atomically`).
     """
