@@ -338,3 +338,19 @@ def assert_generate_pads_with_config_pad_token_id(model, ids, with_token_ids, ou
     end = L + int(np.argmax(greedy[0, L:] == eos))
     assert ours.shape[1] > end + 1 and np.all(ours[0, end + 1:] == pad)
     return path, ids, end
+
+
+def torch_modules_as_ours(tm) -> list:
+    """``(name, class name)`` of torch module ``tm``'s ``named_modules`` less what this library's
+    module tree does not have (see ``Module.named_modules``): the ModuleLists, and the modules
+    inside a layer that this library holds as one C++ object (attention, encoder and decoder
+    layers)."""
+    one_object = (torch.nn.TransformerEncoderLayer, torch.nn.TransformerDecoderLayer, torch.nn.MultiheadAttention)
+    out, layers = [], []
+    for name, m in tm.named_modules():
+        if isinstance(m, torch.nn.ModuleList) or any(name.startswith(layer) for layer in layers):
+            continue
+        out.append((name, type(m).__name__))
+        if isinstance(m, one_object):
+            layers.append(f"{name}." if name else "")  # the prefix of what is inside it
+    return out

@@ -17,7 +17,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 import transformer_core as tc
-from conftest import DTYPE_IDS, FLOAT_DTYPES, TORCH_DTYPE, assert_close, module_state_to_numpy, randn, to_torch
+from conftest import (
+    DTYPE_IDS,
+    FLOAT_DTYPES,
+    TORCH_DTYPE,
+    assert_close,
+    module_state_to_numpy,
+    randn,
+    to_torch,
+    torch_modules_as_ours,
+)
 from transformers.models.llama.configuration_llama import LlamaConfig as HFLlamaConfig
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, apply_rotary_pos_emb
 
@@ -400,22 +409,6 @@ def test_sinusoidal_table_precision_is_as_documented():
 
 # ------------------------------------------------- torch's module API: names and order of the same architectures
 #: The layers this library holds as one C++ object (no modules under them).
-_ONE_CPP_OBJECT = (torch.nn.TransformerEncoderLayer, torch.nn.TransformerDecoderLayer, torch.nn.MultiheadAttention)
-
-
-def _torch_modules_as_ours(tm) -> list:
-    """``(name, class name)`` of torch's ``named_modules`` less what this library's tree does not have
-    (see Module.named_modules): the ModuleLists and the modules inside a layer of ``_ONE_CPP_OBJECT``."""
-    out, layers = [], []
-    for name, m in tm.named_modules():
-        if isinstance(m, torch.nn.ModuleList) or any(name.startswith(layer) for layer in layers):
-            continue
-        out.append((name, type(m).__name__))
-        if isinstance(m, _ONE_CPP_OBJECT):
-            layers.append(f"{name}." if name else "")  # the prefix of what is inside it
-    return out
-
-
 def _architectures():
     d, h, f = 8, 2, 16
     return {
@@ -455,9 +448,9 @@ def test_module_api_names_and_order_match_torchs_architecture(arch):
     for name, p in theirs.state_dict(keep_vars=True).items():
         np.testing.assert_array_equal(kept[name].data, p.detach().numpy(), err_msg=name)
     modules = [(n, type(m).__name__) for n, m in ours.named_modules()]
-    assert modules == _torch_modules_as_ours(theirs)
+    assert modules == torch_modules_as_ours(theirs)
     assert [type(m).__name__ for m in ours.modules()] == [c for _, c in modules]
-    top = {n for n, _ in _torch_modules_as_ours(theirs) if n and "." not in n}
+    top = {n for n, _ in torch_modules_as_ours(theirs) if n and "." not in n}
     children = [n for n, _ in ours.named_children()]
     if arch == "encoder_3":  # torch's child "layers" is the ModuleList: ours are its items
         assert children == ["layers.0", "layers.1", "layers.2", "norm"] and top == {"norm"}

@@ -1017,23 +1017,20 @@ def test_a_torch_parameter_is_named_with_its_module(make):
     message = (rf"^{argument}\[1\]: expected a Parameter or a \(name, Parameter\) pair, got "
                r"torch\.nn\.parameter\.Parameter \(pass transformer_core Parameters: a model's parameters\(\) or "
                r"named_parameters\(\), or transformer_core\.parameter\.Parameter\(array, name=\.\.\.\)\)$")
-    with pytest.raises(TypeError, match=message):
+    def call(params):
         if make == "clip_grad_norm_":
-            optim.clip_grad_norm_(given, 1.0)
+            optim.clip_grad_norm_(params, 1.0)
         elif make == "param_group":
-            optim.SGD([{"params": given}], lr=0.1)
+            optim.SGD([{"params": params}], lr=0.1)
         else:
-            getattr(optim, make)(given, lr=0.1)
+            getattr(optim, make)(params, lr=0.1)
+
+    with pytest.raises(TypeError, match=message):
+        call(given)
     # torch's named_parameters(): (name, torch Parameter) pairs, named as pairs (it read "got tuple")
-    pairs = torch.nn.Linear(2, 2).named_parameters()
     with pytest.raises(TypeError, match=rf"^{argument}\[0\]: expected a Parameter or a \(name, Parameter\) pair, got "
                                         r"a \(str, torch\.nn\.parameter\.Parameter\) pair \(pass transformer_core "):
-        if make == "clip_grad_norm_":
-            optim.clip_grad_norm_(pairs, 1.0)
-        elif make == "param_group":
-            optim.SGD([{"params": pairs}], lr=0.1)
-        else:
-            getattr(optim, make)(pairs, lr=0.1)
+        call(torch.nn.Linear(2, 2).named_parameters())
 
 
 def test_adamw_loads_an_adam_state_dict_as_adamw_like_torch(rng):
