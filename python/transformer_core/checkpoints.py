@@ -271,6 +271,8 @@ def write_files_atomically(directory, files, remove=()) -> None:
                     aside[final] = backup
 
         def move_aside(final: Path, backup: Path, what: str) -> None:
+            """Renames ``final`` to ``backup`` (recorded in ``kept`` and ``changed``, so a failure
+            puts it back); a file gone meanwhile is skipped. OSError: ``cannot {what} (...)``."""
             try:
                 os.replace(final, backup)
             except FileNotFoundError:

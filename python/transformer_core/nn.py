@@ -67,12 +67,12 @@ from ._validation import (
     check_int,
     check_positive_int,
     check_tables_allocatable,
-    compute_dtype,
     physical_memory_bytes,
     resolve_dtype,
     to_numpy,
     torch_module_hint,
     type_path,
+    unconverted,
 )
 from .module import Module, _fill_in_chunks, check_dropout, renamed_keyword
 
@@ -119,20 +119,6 @@ def _check_output_fits(count: int, itemsize: int, what: str) -> None:
     limit = physical_memory_bytes()
     if count > limit // itemsize:
         raise ValueError(f"{what}: {count} values of {itemsize} bytes exceed this machine's memory ({limit} bytes)")
-
-
-def _unconverted(x, name: str, min_ndim: int) -> np.ndarray:
-    """``x`` as :func:`to_numpy` gives it (a numpy array is itself: no copy, no dtype converted),
-    with the checks :func:`as_float` makes before its copy: a real numeric dtype (``TypeError``), at
-    least ``min_ndim`` dims and not empty (``ValueError``). A layer checks the shape of this array,
-    then converts it: a wrong-shaped input is refused before any allocation."""
-    arr = to_numpy(x, name)
-    compute_dtype(arr, name)
-    if arr.ndim < min_ndim:
-        raise ValueError(f"{name}: expected at least {min_ndim} dims, got {arr.ndim}-D with shape {arr.shape}")
-    if arr.size == 0:
-        raise ValueError(f"{name}: expected a non-empty array, got shape {arr.shape}")
-    return arr
 
 
 def _refuse_padding_mask(value, name: str, replacement: str) -> None:
@@ -530,7 +516,7 @@ class MultiheadAttention(Module):
                 ``past_key_values`` not a KVCache, or of another dtype.
         """
         _refuse_padding_mask(key_padding_mask, "key_padding_mask", "key_mask")
-        q = _unconverted(query, "query", 2)  # converted once every shape is checked
+        q = unconverted(query, "query", 2)  # converted once every shape is checked
         unbatched = _is_unbatched(q, "query", "L, E")
         is_causal = check_bool(is_causal, "is_causal")
         need_weights = check_bool(need_weights, "need_weights")
@@ -539,8 +525,8 @@ class MultiheadAttention(Module):
         layer = check_int(layer, "layer", 0)
         # key/value that are the query's data (a torch tensor passed again is another numpy view of
         # it) become the query's array: one array, self-attention (see the docstring)
-        k = q if key is None else _same_array_as(_unconverted(key, "key", 2), q)
-        v = k if value is None else _same_array_as(_unconverted(value, "value", 2), q, k)
+        k = q if key is None else _same_array_as(unconverted(key, "key", 2), q)
+        v = k if value is None else _same_array_as(unconverted(value, "value", 2), q, k)
         for arr, name, dims in ((k, "key", "S, kdim"), (v, "value", "S, vdim")):
             if arr.ndim != q.ndim:  # torch's rule: all three batched, or all three unbatched
                 raise ValueError(f"{name}: expected {'(' if unbatched else '(N, '}{dims}) as query is "
@@ -721,7 +707,7 @@ class Linear(Module):
             ValueError: empty ``x`` or last dim not ``in_features``; an output larger than this
             machine's memory (checked before ``x`` is converted or copied). TypeError: non-numeric ``x``.
         """
-        xa = _unconverted(x, "x", 1)
+        xa = unconverted(x, "x", 1)
         if xa.shape[-1] != self.in_features:  # before the conversion (a copy)
             raise ValueError(f"x: expected last dim {self.in_features} (in_features), got shape {xa.shape}")
         _check_output_fits(math.prod(xa.shape[:-1]) * self.out_features, np.dtype(self.dtype).itemsize,
@@ -893,7 +879,7 @@ class FeedForward(Module):
 
 
 def _mlp_forward(self, x) -> np.ndarray:
-    xa = _unconverted(x, "x", 1)
+    xa = unconverted(x, "x", 1)
     if xa.shape[-1] != self.d_model:  # before the conversion (a copy)
         raise ValueError(f"x: expected last dim {self.d_model} (d_model), got shape {xa.shape}")
     xa = as_float(xa, "x", self.dtype)
@@ -1053,7 +1039,7 @@ class TransformerEncoderLayer(Module):
 
     def _forward(self, src, src_mask, src_key_mask, is_causal, path, mask_name: str) -> np.ndarray:
         """:meth:`forward`, naming ``src_mask`` ``mask_name`` in its errors (the stack's ``mask``)."""
-        x = _unconverted(src, "src", 2)  # converted once every shape is checked
+        x = unconverted(src, "src", 2)  # converted once every shape is checked
         is_causal = check_bool(is_causal, "is_causal")
         path = attention_path(path)
         unbatched = _is_unbatched(x, "src", "L, E")
@@ -1148,7 +1134,7 @@ class _Norm(Module):
         Raises:
             ValueError: empty ``x`` or last dim not E. TypeError: non-numeric ``x``.
         """
-        xa = _unconverted(x, "x", 1)
+        xa = unconverted(x, "x", 1)
         if xa.shape[-1] != self.normalized_size:  # before the conversion (a copy)
             raise ValueError(f"x: expected last dim {self.normalized_size}, got shape {xa.shape}")
         xa = as_float(xa, "x", self.dtype)
@@ -1312,8 +1298,8 @@ class TransformerDecoderLayer(Module):
         """
         _refuse_padding_mask(tgt_key_padding_mask, "tgt_key_padding_mask", "tgt_key_mask")
         _refuse_padding_mask(memory_key_padding_mask, "memory_key_padding_mask", "memory_key_mask")
-        x = _unconverted(tgt, "tgt", 2)  # both converted once every shape is checked
-        mem = _unconverted(memory, "memory", 2)
+        x = unconverted(tgt, "tgt", 2)  # both converted once every shape is checked
+        mem = unconverted(memory, "memory", 2)
         tgt_is_causal = check_bool(tgt_is_causal, "tgt_is_causal")
         memory_is_causal = check_bool(memory_is_causal, "memory_is_causal")
         path = attention_path(path)
@@ -1682,8 +1668,8 @@ class Transformer(Module):
                             ("tgt_key_padding_mask", tgt_key_padding_mask),
                             ("memory_key_padding_mask", memory_key_padding_mask)):
             _refuse_padding_mask(value, name, name.replace("_padding", ""))
-        src_arr = _unconverted(src, "src", 2)  # both converted once every shape is checked
-        tgt_arr = _unconverted(tgt, "tgt", 2)
+        src_arr = unconverted(src, "src", 2)  # both converted once every shape is checked
+        tgt_arr = unconverted(tgt, "tgt", 2)
         unbatched = _is_unbatched(src_arr, "src", "S, E")
         _is_unbatched(tgt_arr, "tgt", "T, E")
         if tgt_arr.ndim != src_arr.ndim:

@@ -56,10 +56,8 @@ from ._validation import (
     check_allocatable,
     check_bool,
     check_positive_int,
-    check_rank,
-    compute_dtype,
     described,
-    to_numpy,
+    unconverted,
 )
 
 __all__ = [
@@ -211,14 +209,11 @@ def _check_output(rows: int, out_features: int, names: str) -> None:
 
 
 def _input(x, in_features: int | None, in_name: str) -> np.ndarray:
-    """``x`` as :func:`to_numpy` gives it (a numpy array is itself: not converted, not copied), with
-    every check that needs no conversion: real numeric data (TypeError), at least 1-D and not empty,
-    the last dim ``in_features`` (ValueError). The caller checks the output's size on this array's
-    shape, then converts it (:func:`_rows`): a broadcast view (``np.broadcast_to``) of a huge shape
-    is refused before its copy is made."""
-    arr = to_numpy(x, "x")
-    compute_dtype(arr, "x")
-    check_rank(arr, "x", min_ndim=1)
+    """``x`` unconverted (:func:`~transformer_core._validation.unconverted`: real numeric data, at
+    least 1-D, not empty), its last dim ``in_features`` (ValueError). The caller checks the output's
+    size on this array's shape, then converts it (:func:`_rows`): a broadcast view
+    (``np.broadcast_to``) of a huge shape is refused before its copy is made."""
+    arr = unconverted(x, "x", min_ndim=1)
     if in_features is not None and arr.shape[-1] != in_features:
         raise ValueError(f"x: expected last dim {in_features} ({in_name}), got shape {arr.shape}")
     return arr

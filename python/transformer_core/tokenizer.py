@@ -1712,7 +1712,8 @@ def _tokenizer_from_gguf(path, meta: dict):
     keys = [t if kind in (_CONTROL, _USER_DEFINED) or set(t) <= alphabet else byte_spelling(t)
             for t, kind in zip(tokens, token_type)]
 
-    def described(i: int) -> str:
+    def token_label(i: int) -> str:
+        """Token ``i`` for an error message: its text, and its byte-level spelling where that differs."""
         respelled = f", {_clip(keys[i])} in the byte-level alphabet" if keys[i] != tokens[i] else ""
         return f"{_clip(tokens[i])}{respelled}"
 
@@ -1720,8 +1721,8 @@ def _tokenizer_from_gguf(path, meta: dict):
     for i, key in enumerate(keys):
         first = vocab.setdefault(key, i)
         if first != i:  # one entry for two ids: one id would be lost, a special id could name the other token
-            raise ValueError(f"{path}: GGUF metadata tokenizer.ggml.tokens: token {i} ({described(i)}) duplicates "
-                             f"token {first} ({described(first)}); expected distinct tokens (llama.cpp "
+            raise ValueError(f"{path}: GGUF metadata tokenizer.ggml.tokens: token {i} ({token_label(i)}) duplicates "
+                             f"token {first} ({token_label(first)}); expected distinct tokens (llama.cpp "
                              f"refuses such a vocabulary too)")
     pairs = []
     for i, merge in enumerate(merges):
