@@ -559,6 +559,59 @@ def test_prompt_longer_than_the_context_refused_before_it_is_copied(tiny_llama):
             assert peak < 2**20, peak
 
 
+def _traced_refusal(call, error, pattern):
+    """``call()``'s refusal (``error`` matching ``pattern``) and the peak bytes traced meanwhile."""
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        with pytest.raises(error, match=pattern):
+            call()
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    return peak
+
+
+def test_forward_and_loss_refuse_from_the_shape_before_the_ids_copy(tiny_llama):
+    """forward and loss copied the ids to int64 before their context and memory checks, which need
+    only the shape: a broadcast view of 10**7 int32 ids cost 80 MB, and 10**8 rows of 3 cost loss
+    25 s and 6.8 GB before a refusal in the C++ cache's words. Refused now from the shape alone."""
+    _, model = tiny_llama
+    long, tall = np.broadcast_to(np.int32(1), (1, 10**7)), np.broadcast_to(np.int32(1), (10**9, 3))
+    context = r"exceeds the context \(max_position_embeddings = 64\)"
+    for call, pattern in ((lambda: model(long), rf"^input_ids: past length 0 \+ new length {10**7} {context}$"),
+                          (lambda: model.loss(long, long), rf"^input_ids: length {10**7} {context}$"),
+                          (lambda: model(tall), r"^input_ids: a batch of 1000000000 sequences of length 3 needs "
+                                                "feed-forward activations"),
+                          (lambda: model.loss(tall, tall),
+                           r"^input_ids: a training batch of 1000000000 sequences of length 3 needs feed-forward")):
+        assert _traced_refusal(call, ValueError, pattern) < 2**20
+
+
+def test_position_ids_errors_say_positions(tiny_llama):
+    _, model = tiny_llama
+    with pytest.raises(TypeError, match="^position_ids: expected integer positions, got dtype float64 with "
+                                        "non-integral values$"):
+        model(np.zeros((2, 5), np.int64), position_ids=np.zeros((2, 5)) + 0.5)
+
+
+def test_eos_token_id_as_a_tensor_as_hf_takes_it(tiny_llama):
+    """Hugging Face's generate takes eos_token_id as a tensor; ours refused one ("expected an int,
+    got Tensor"). The tokens equal those of the same ids as a list, and of HF's generate."""
+    hf, model = tiny_llama
+    ids = np.array([[5, 17, 3]])
+    as_list = model.generate(ids, 6, eos_token_id=[11, 40])
+    for eos in (torch.tensor([11, 40]), np.array([11, 40])):
+        np.testing.assert_array_equal(model.generate(ids, 6, eos_token_id=eos), as_list)
+    one = model.generate(ids, 6)[0, 3]  # the first new token, as a 0-d tensor: generation stops after it
+    np.testing.assert_array_equal(model.generate(ids, 6, eos_token_id=torch.tensor(int(one)))[0], [5, 17, 3, one])
+    with torch.no_grad():
+        expected = hf.generate(torch.from_numpy(ids), max_new_tokens=6, do_sample=False,
+                               eos_token_id=torch.tensor([11, 40]), pad_token_id=0).numpy()
+    np.testing.assert_array_equal(as_list[:, :expected.shape[1]], expected)
+
+
 # ------------------------------------------------------------------- greedy ignores sampling values
 @pytest.mark.parametrize("options", [{"temperature": 0.0}, {"top_p": 0.0}, {"top_k": -1}, {"seed": -1},
                                      {"temperature": float("nan"), "top_p": 2.0}],

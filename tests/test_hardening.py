@@ -1400,6 +1400,72 @@ def test_feedforward_activations_larger_than_memory_are_refused_at_entry(build, 
     assert not getattr(model, "_saved", None)  # a training forward kept nothing
 
 
+@pytest.mark.parametrize("layers", [0, 1])
+@pytest.mark.parametrize("inputs", ["ids", "ids+token_type_ids", "ids+attention_mask+token_type_ids"])
+def test_bert_refuses_from_the_shape_before_copying_its_inputs(layers, inputs):
+    """BertModel copied input_ids, token_type_ids and attention_mask to int64 / bool before its
+    memory checks, each copy checked alone: broadcast views of (2e7, 16) ids cost 2.6-5.8 GB before
+    the refusal, (1e8, 16) ones got the process killed, and a model of no layers checked nothing.
+    The output (N, L, hidden_size) and the copies are counted together now, from the shapes."""
+    import tracemalloc
+
+    N, L = 10**9, 16
+    m = tc.BertModel(dict(vocab_size=37, hidden_size=15, num_hidden_layers=layers, num_attention_heads=3,
+                          intermediate_size=64, max_position_embeddings=L))
+    view = np.broadcast_to(np.int64(1), (N, L))
+    kwargs = {name: view for name in inputs.split("+")[1:]}
+    per_position = 15 * 4 + 8 + 8 * ("token_type_ids" in kwargs) + ("attention_mask" in kwargs)
+    tracemalloc.start()
+    try:
+        with pytest.raises(ValueError, match=rf"^input_ids: shape \({N}, {L}\) needs {N * L * per_position} bytes for "
+                                             rf"the output \({N}, {L}, 15\) \(hidden_size\) and the inputs' copies, "
+                                             rf"{_MEMORY}$"):
+            m(view, **kwargs)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 2**20, peak
+
+
+def _seq2seq():
+    from transformer_core.seq2seq import Seq2SeqTransformer
+
+    return Seq2SeqTransformer(20, 20, d_model=8, nhead=2, num_encoder_layers=1, num_decoder_layers=1,
+                              dim_feedforward=16, max_len=64).eval()
+
+
+_IDS_LONG = np.broadcast_to(np.int32(1), (1, 10**7))  # int32: its int64 copy would be 80 MB
+_IDS_SHORT = np.ones((1, 3), np.int64)
+IDS_SHAPE_FIRST = [
+    ("bert-embeddings", lambda: tc.bert.BertEmbeddings(dict(vocab_size=37, hidden_size=8, max_position_embeddings=64)),
+     lambda m: m(_IDS_LONG), r"^input_ids: sequence length 10000000 exceeds max_position_embeddings \(64\)$"),
+    ("learned-positions", lambda: tc.positional.Embeddings(37, 8, 64),
+     lambda m: m(_IDS_LONG), r"^input_ids: sequence length 10000000 exceeds max_position_embeddings 64$"),
+    ("seq2seq-src", _seq2seq, lambda m: m(_IDS_LONG, _IDS_SHORT), r"^src: length 10000000 exceeds max_len \(64\)$"),
+    ("seq2seq-tgt", _seq2seq, lambda m: m(_IDS_SHORT, _IDS_LONG), r"^tgt: length 10000000 exceeds max_len \(64\)$"),
+    ("seq2seq-loss", _seq2seq, lambda m: m.loss(_IDS_SHORT, _IDS_LONG, _IDS_LONG), r"^tgt: length 10000000 exceeds max_len"),
+    ("seq2seq-encode", _seq2seq, lambda m: m.encode(_IDS_LONG), r"^src: length 10000000 exceeds max_len \(64\)$"),
+    ("seq2seq-decode", _seq2seq, lambda m: m.decode(_IDS_LONG, np.zeros((1, 3, 8), np.float32)),
+     r"^tgt: length 10000000 exceeds max_len \(64\)$"),
+]
+
+
+@pytest.mark.parametrize("build, call, pattern", [c[1:] for c in IDS_SHAPE_FIRST], ids=[c[0] for c in IDS_SHAPE_FIRST])
+def test_ids_too_long_refused_before_their_int64_copy(build, call, pattern):
+    """These copied the ids to int64 (80 MB here, 8 GB for 10**9 ids) before checking the length."""
+    import tracemalloc
+
+    model = build()
+    tracemalloc.start()
+    try:
+        with pytest.raises(ValueError, match=pattern):
+            call(model)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 2**20, peak
+
+
 def test_bert_feedforward_check_counts_the_rows_the_forward_runs():
     """With an attention_mask the eval forward runs the real tokens packed (and, for the pooler, a
     sequence whose position 0 is padding at full length): the check counts those rows, so a call

@@ -28,6 +28,14 @@ def test_reference_encoder_layer_matches_torch_and_ours(norm_first, activation):
     np.testing.assert_allclose(ours(x, src_key_mask=key_mask)[key_mask], got[key_mask], atol=1e-10)
 
 
+@pytest.mark.parametrize("activation", ["silu", "rleu", "GELU"])
+def test_reference_encoder_layer_refuses_an_activation_torch_refuses(activation):
+    # any activation but "relu" used to become GELU silently; torch raises for these
+    state = module_state_to_numpy(torch.nn.TransformerEncoderLayer(8, 2, 16, batch_first=True).double())
+    with pytest.raises(ValueError, match=f"activation: expected 'relu' or 'gelu', got '{activation}'"):
+        ref.encoder_layer(np.zeros((1, 3, 8)), state, 2, activation=activation)
+
+
 def test_reference_sdpa_fully_masked_row_is_zero():
     rng = np.random.default_rng(1)
     q, k, v = rng.standard_normal((2, 5, 4)), rng.standard_normal((2, 6, 4)), rng.standard_normal((2, 6, 3))

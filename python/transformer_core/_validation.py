@@ -385,30 +385,13 @@ def _clamp_overflowed(narrowed: np.ndarray, source: np.ndarray) -> None:
     np.clip(narrowed, -big, big, out=narrowed, where=overflowed)
 
 
-def as_ids(x, name: str, *, ndim: int = 2, shape: tuple | None = None, shape_of: str = "") -> np.ndarray:
-    """Token ids as a C-contiguous int64 array of ``ndim`` dims (an array of one dim fewer gains a
-    batch dim). Float arrays of whole numbers are accepted; the range check against a table is the
-    C++ op's (it names ``name`` too).
-
-    The dtype and the shape are checked first, then the int64 copy (if one is needed) against this
-    machine's memory, then the values: a broadcast view (``np.broadcast_to``, stride 0) of a shape
-    no machine can hold is a ValueError, never a numpy MemoryError, and only the values a broadcast
-    view holds are read.
-
-    Args:
-        shape: the shape expected (with its batch dim), checked before any copy; None: any.
-        shape_of: where that shape comes from, for the message (``"input_ids'"``).
-
-    Raises:
-        TypeError: not integers (bool, non-integral floats, complex, object, str), None.
-        ValueError: the wrong rank or shape (the message gives the shape as passed: ``(3,)``, not
-            the ``(1, 3)`` it became), an empty array, ids outside int64, an int64 copy larger
-            than this machine's memory.
-    """
+def _ids_view(x, name: str, ndim: int, shape: tuple | None, shape_of: str,
+              what: str = "token ids") -> tuple[np.ndarray, tuple]:
+    """``(x as an array view of ndim dims, the shape as passed)`` after the dtype, rank, shape and
+    emptiness checks of :func:`as_ids`, with no copy of the values (a 1-D input gains its batch dim)."""
     arr = to_numpy(x, name)
-    kind = arr.dtype.kind
-    if kind not in "iuf":
-        raise TypeError(f"{name}: expected integer token ids, got dtype {arr.dtype}")
+    if arr.dtype.kind not in "iuf":
+        raise TypeError(f"{name}: expected integer {what}, got dtype {arr.dtype}")
     given = arr.shape
     if arr.ndim == ndim - 1:
         arr = arr[None]
@@ -420,6 +403,46 @@ def as_ids(x, name: str, *, ndim: int = 2, shape: tuple | None = None, shape_of:
         raise ValueError(f"{name}: expected shape {tuple(shape)}{source}, got {given}")
     if arr.size == 0:
         raise ValueError(f"{name}: expected a non-empty array, got shape {arr.shape}")
+    return arr, given
+
+
+def ids_shape(x, name: str, *, ndim: int = 2, what: str = "token ids") -> tuple:
+    """The shape :func:`as_ids` would return for ``x`` (``(N, L)``: a 1-D input counts as a batch
+    of one), after its dtype, rank and emptiness checks and before any copy: a caller checks a
+    length against its context, or its activations against memory, on this before :func:`as_ids`
+    copies the ids to int64 (a broadcast view of 10**9 int32 ids: 8 GB).
+
+    Raises:
+        TypeError / ValueError: as :func:`as_ids` for the dtype, the rank and an empty array.
+    """
+    return _ids_view(x, name, ndim, None, "", what)[0].shape
+
+
+def as_ids(x, name: str, *, ndim: int = 2, shape: tuple | None = None, shape_of: str = "",
+           what: str = "token ids") -> np.ndarray:
+    """Token ids as a C-contiguous int64 array of ``ndim`` dims (an array of one dim fewer gains a
+    batch dim). Float arrays of whole numbers are accepted; the range check against a table is the
+    C++ op's (it names ``name`` too).
+
+    The dtype and the shape are checked first, then the int64 copy (if one is needed) against this
+    machine's memory, then the values: a broadcast view (``np.broadcast_to``, stride 0) of a shape
+    no machine can hold is a ValueError, never a numpy MemoryError, and only the values a broadcast
+    view holds are read. A caller with checks on the shape alone makes them first, on
+    :func:`ids_shape`.
+
+    Args:
+        shape: the shape expected (with its batch dim), checked before any copy; None: any.
+        shape_of: where that shape comes from, for the message (``"input_ids'"``).
+        what: what the integers are, for the messages (``"positions"``).
+
+    Raises:
+        TypeError: not integers (bool, non-integral floats, complex, object, str), None.
+        ValueError: the wrong rank or shape (the message gives the shape as passed: ``(3,)``, not
+            the ``(1, 3)`` it became), an empty array, ids outside int64, an int64 copy larger
+            than this machine's memory.
+    """
+    arr, given = _ids_view(x, name, ndim, shape, shape_of, what)
+    kind = arr.dtype.kind
     if arr.size > _UNCHECKED_COPY_SIZE and not (arr.flags.c_contiguous and arr.dtype == np.int64):
         check_allocatable(arr.shape, 8, name)
     own = _unbroadcast(arr)  # the values arr holds: reductions and comparisons over them only
@@ -428,17 +451,17 @@ def as_ids(x, name: str, *, ndim: int = 2, shape: tuple | None = None, shape_of:
         wide = np.result_type(own.dtype, np.float64)
         low, high = own.min().astype(wide), own.max().astype(wide)
         if not (np.isfinite(low) and np.isfinite(high)):
-            raise TypeError(f"{name}: expected integer token ids, got dtype {arr.dtype} with non-finite values")
+            raise TypeError(f"{name}: expected integer {what}, got dtype {arr.dtype} with non-finite values")
         if max(-low, high) >= 2.0**63:
             if np.any(np.mod(own, 1) != 0):  # a fraction elsewhere: not ids at all, the first error
-                raise TypeError(f"{name}: expected integer token ids, got dtype {arr.dtype} with non-integral values")
-            raise ValueError(f"{name}: expected token ids within int64, got {own[np.abs(own) >= 2.0**63].flat[0]}")
+                raise TypeError(f"{name}: expected integer {what}, got dtype {arr.dtype} with non-integral values")
+            raise ValueError(f"{name}: expected {what} within int64, got {own[np.abs(own) >= 2.0**63].flat[0]}")
         ids = own.astype(np.int64)  # truncates: equal to own exactly where own is a whole number
         if not np.all(ids == own):
-            raise TypeError(f"{name}: expected integer token ids, got dtype {arr.dtype} with non-integral values")
+            raise TypeError(f"{name}: expected integer {what}, got dtype {arr.dtype} with non-integral values")
         arr = ids if own is arr else np.broadcast_to(ids, arr.shape)
     elif kind == "u" and arr.dtype.itemsize == 8 and own.max() > np.iinfo(np.int64).max:
-        raise ValueError(f"{name}: expected token ids within int64, got {int(own.max())}")
+        raise ValueError(f"{name}: expected {what} within int64, got {int(own.max())}")
     return _contiguous(arr, np.int64, name)
 
 

@@ -23,6 +23,8 @@ from ._validation import (
     check_int,
     check_mapping,
     hf_config_fields,
+    ids_shape,
+    physical_memory_bytes,
 )
 from .hub import (
     DEFAULT_MODEL,
@@ -338,11 +340,12 @@ class BertModel(Module):
             ValueError: ids out of range, L > max_position_embeddings, shapes that disagree,
                 empty input; more rows (``N · L``, or the real tokens with ``attention_mask`` in eval
                 mode) than the feed-forward's hidden activations, ``rows × intermediate_size``
-                values, can hold in this machine's memory (naming ``input_ids``, before any work).
-                TypeError: non-integer ids.
+                values, can hold in this machine's memory, or an output ``(N, L, hidden_size)`` that
+                with the inputs' int64 / bool copies would not fit (naming ``input_ids``, before any
+                copy or work). TypeError: non-integer ids.
         """
-        ids, mask, tt = self._check_inputs(input_ids, attention_mask, token_type_ids)
-        self._check_activations(ids, mask, packed=not self.training, pool=self.config.add_pooling_layer)
+        ids, mask, tt = self._check_inputs(input_ids, attention_mask, token_type_ids, packed=not self.training,
+                                           pool=self.config.add_pooling_layer)
         if self.training:
             if check_dropout(self.config.attention_probs_dropout_prob, "attention_probs_dropout_prob") > 0:
                 import warnings
@@ -364,14 +367,31 @@ class BertModel(Module):
         a 7-token sentence's 1.2 ms on the CI machine). The hidden states are then the same bits,
         except in rows whose position 0 is padding (left padding): those run on the packed
         tokens instead of at full length, as without a pooler (other rounding, ~1e-6 in fp32)."""
-        ids, mask, tt = self._check_inputs(input_ids, attention_mask, token_type_ids)
-        self._check_activations(ids, mask, packed=True, pool=bool(pooler) and self.config.add_pooling_layer)
+        ids, mask, tt = self._check_inputs(input_ids, attention_mask, token_type_ids, packed=True,
+                                           pool=bool(pooler) and self.config.add_pooling_layer)
         hidden, pooled = self._impl.forward(ids, mask, tt, pooler=pooler)
         return BertOutput(last_hidden_state=hidden, pooler_output=pooled)
 
-    def _check_inputs(self, input_ids, attention_mask, token_type_ids):
+    def _check_inputs(self, input_ids, attention_mask, token_type_ids, *, packed: bool, pool: bool):
         """forward's arguments checked: ``(ids, mask or None, token_type_ids or None)``, ``(N, L)``
-        int64 / bool arrays (the value ranges are the C++ forward's to check)."""
+        int64 / bool arrays (the value ranges are the C++ forward's to check), and the call's
+        activations against memory (:meth:`_check_activations`; ``packed``, ``pool`` as there).
+        What needs only the shape is checked before any input is copied: the length, the output
+        and the copies of the inputs together, the activations of every position."""
+        shape = ids_shape(input_ids, "input_ids")
+        N, L = shape
+        if L > self.config.max_position_embeddings:
+            raise ValueError(f"input_ids: sequence length {L} exceeds max_position_embeddings "
+                             f"({self.config.max_position_embeddings})")
+        # the (N, L, H) output (a model of no layers too) and the int64 / bool copies of the inputs
+        H, itemsize = self.config.hidden_size, np.dtype(self.dtype).itemsize
+        per_position = H * itemsize + 8 + (8 if token_type_ids is not None else 0) + (attention_mask is not None)
+        need, limit = N * L * per_position, physical_memory_bytes()
+        if need > limit:
+            raise ValueError(f"input_ids: shape {shape} needs {need} bytes for the output ({N}, {L}, {H}) "
+                             f"(hidden_size) and the inputs' copies, more than this machine's memory ({limit} bytes)")
+        if attention_mask is None or not packed:  # every position runs: no mask to read first
+            self._check_activations(shape, None, packed=False, pool=pool)
         ids = as_ids(input_ids, "input_ids")
         mask = None
         if attention_mask is not None:
@@ -386,9 +406,11 @@ class BertModel(Module):
             tt = as_ids(token_type_ids, "token_type_ids")
             if tt.shape != ids.shape:
                 raise ValueError(f"token_type_ids: expected shape {ids.shape} (input_ids'), got {tt.shape}")
+        if mask is not None and packed:
+            self._check_activations(shape, mask, packed=True, pool=pool)
         return ids, mask, tt
 
-    def _check_activations(self, ids: np.ndarray, mask: np.ndarray | None, *, packed: bool, pool: bool) -> None:
+    def _check_activations(self, shape: tuple, mask: np.ndarray | None, *, packed: bool, pool: bool) -> None:
         """ValueError naming ``input_ids`` when the feed-forward's hidden activations of this call,
         ``(rows, intermediate_size)`` values, would exceed this machine's memory: checked before any
         work (the C++ forward checks them in its first layer, after the embeddings and the
@@ -402,10 +424,10 @@ class BertModel(Module):
         c = self.config
         if c.num_hidden_layers == 0:  # no layer, no feed-forward
             return
-        rows, note = ids.size, ""
+        rows, note = shape[0] * shape[1], ""
         if packed and mask is not None and not _feedforward_fits(rows, c.intermediate_size, self.dtype):
             rows, note = _feedforward_rows(mask, pool), " with attention_mask"
-        _check_feedforward_activations(rows, c.intermediate_size, self.dtype, "input_ids", ids.shape,
+        _check_feedforward_activations(rows, c.intermediate_size, self.dtype, "input_ids", shape,
                                        "intermediate_size", note)
 
     def backward(self, grad_last_hidden_state, grad_pooler_output=None) -> None:
@@ -505,12 +527,12 @@ class BertEmbeddings(Module):
             ValueError: ids outside their tables, L > max_position_embeddings, shapes that disagree.
             TypeError: non-integer ids.
         """
-        ids = as_ids(input_ids, "input_ids")
-        N, L = ids.shape
+        N, L = ids_shape(input_ids, "input_ids")
         c = self.config
-        if L > c.max_position_embeddings:
+        if L > c.max_position_embeddings:  # before the ids' int64 copy
             raise ValueError(f"input_ids: sequence length {L} exceeds max_position_embeddings "
                              f"({c.max_position_embeddings})")
+        ids = as_ids(input_ids, "input_ids")
         tt = None
         if token_type_ids is not None:
             tt = as_ids(token_type_ids, "token_type_ids")

@@ -23,6 +23,7 @@ from ._validation import (
     check_allocatable,
     check_bool,
     check_int,
+    ids_shape,
     physical_memory_bytes,
     to_numpy,
 )
@@ -53,7 +54,7 @@ def _mask_and_positions(attention_mask, position_ids, N: int, L: int, past: int,
         else:
             positions = positions_from_mask(mask, past)
     if position_ids is not None:
-        positions = as_ids(position_ids, "position_ids", shape=(N, L), shape_of="input_ids'")
+        positions = as_ids(position_ids, "position_ids", shape=(N, L), shape_of="input_ids'", what="positions")
         if positions.min() < 0 or positions.max() >= context_length:
             raise ValueError(f"position_ids: expected positions in [0, {context_length}), got "
                              f"[{positions.min()}, {positions.max()}]")
@@ -263,21 +264,22 @@ class DecoderModel(Module):
         return cache
 
     def _prepare(self, input_ids, attention_mask, position_ids, past_key_values):
-        """Checked ``(ids (N, L), mask (N, past + L) or None, positions (N, L) or None, cache)``."""
-        ids = as_ids(input_ids, "input_ids")
-        N, L = ids.shape
-        vocab = self.config.vocab_size
-        if ids.min() < 0 or ids.max() >= vocab:  # here, before a cache is made or grown (min/max: no
-            bad = np.flatnonzero((ids < 0) | (ids >= vocab))  # temporary of ids' size when all are in range)
-            raise ValueError(f"input_ids: id {ids.flat[bad[0]]} at flat index {bad[0]} is outside [0, {vocab})")
+        """Checked ``(ids (N, L), mask (N, past + L) or None, positions (N, L) or None, cache)``.
+        What needs only the shape is checked before the ids are copied to int64."""
+        N, L = ids_shape(input_ids, "input_ids")
         # the caller's cache is checked, not changed; a new one is made after every check
         cache = None if past_key_values is None else self._model_cache(past_key_values, N)
         past = 0 if cache is None else cache.length
         if past + L > self.context_length:
             raise ValueError(f"input_ids: past length {past} + new length {L} exceeds the context "
                              f"({self._context_field} = {self.context_length})")
-        mask, positions = _mask_and_positions(attention_mask, position_ids, N, L, past, self.context_length)
         self.check_activations(N, L, f"a batch of {N} sequences of length {L}")
+        ids = as_ids(input_ids, "input_ids")
+        vocab = self.config.vocab_size
+        if ids.min() < 0 or ids.max() >= vocab:  # here, before a cache is made or grown (min/max: no
+            bad = np.flatnonzero((ids < 0) | (ids >= vocab))  # temporary of ids' size when all are in range)
+            raise ValueError(f"input_ids: id {ids.flat[bad[0]]} at flat index {bad[0]} is outside [0, {vocab})")
+        mask, positions = _mask_and_positions(attention_mask, position_ids, N, L, past, self.context_length)
         self._check_rotary_tables(positions, position_ids is not None, past + L)
         if cache is None:
             try:
@@ -404,11 +406,10 @@ class CausalLM(DecoderModel, GenerationMixin):
         """
         keep = check_int(logits_to_keep, "logits_to_keep", 0)
         use_cache = check_bool(use_cache, "use_cache")
-        ids = as_ids(input_ids, "input_ids")
-        L = ids.shape[1]
+        L = ids_shape(input_ids, "input_ids")[1]  # the ids are copied in forward, after its checks
         if keep > L:  # before the decoder runs: a cache passed in is not extended by a refused call
             raise ValueError(f"logits_to_keep: expected an int in [0, {L}] (the input length), got {keep}")
-        hidden, cache = DecoderModel.forward(self, ids, attention_mask, position_ids, past_key_values,
+        hidden, cache = DecoderModel.forward(self, input_ids, attention_mask, position_ids, past_key_values,
                                              use_cache=True)
         N, L, E = hidden.shape
         kept = hidden if keep == 0 else hidden[:, L - keep:]
@@ -420,11 +421,23 @@ class CausalLM(DecoderModel, GenerationMixin):
         return 0.0, 0.0
 
     def _training_inputs(self, input_ids, attention_mask, position_ids):
-        ids = as_ids(input_ids, "input_ids")
-        N, L = ids.shape
+        """loss's inputs checked: ``(ids, mask, positions)`` as :meth:`_prepare`'s. What needs only
+        the shape comes before the ids' int64 copy: the context, the feed-forward's activations, and
+        the keys and values every layer keeps for backward (a lower bound of what training keeps)."""
+        N, L = ids_shape(input_ids, "input_ids")
         if L > self.context_length:
             raise ValueError(f"input_ids: length {L} exceeds the context ({self._context_field} = "
                              f"{self.context_length})")
+        what = f"a training batch of {N} sequences of length {L}"
+        self.check_activations(N, L, what)
+        kept = N * L * cache_bytes_per_position(self.config.num_layers, self.config.num_kv_heads, self.head_dim,
+                                                self.dtype)
+        limit = physical_memory_bytes()
+        if kept > limit:
+            raise ValueError(f"input_ids: {what} keeps every layer's keys and values for backward, {kept} bytes, "
+                             f"more than this machine's memory ({limit} bytes): use a smaller batch or shorter "
+                             "sequences")
+        ids = as_ids(input_ids, "input_ids")
         mask, positions = _mask_and_positions(attention_mask, position_ids, N, L, 0, self.context_length)
         return ids, mask, positions
 

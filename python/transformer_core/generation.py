@@ -38,6 +38,7 @@ from collections.abc import Callable, Iterator
 import numpy as np
 
 from ._validation import (
+    _is_torch_tensor,
     as_bool,
     as_ids,
     check_bool,
@@ -45,6 +46,7 @@ from ._validation import (
     check_int,
     check_token_ids,
     described,
+    ids_shape,
     is_int,
     physical_memory_bytes,
     to_numpy,
@@ -204,8 +206,10 @@ class GenerationConfig:
         self.top_p = check_top_p(top_p)
         self.repetition_penalty = check_repetition_penalty(repetition_penalty)
         self.seed = check_seed(seed)
-        eos = check_token_ids(eos_token_id.tolist() if isinstance(eos_token_id, np.ndarray) else eos_token_id,
-                              "eos_token_id")
+        # an array or a tensor of ids (Hugging Face's generate takes a tensor) as its plain ints
+        if isinstance(eos_token_id, np.ndarray) or _is_torch_tensor(eos_token_id):
+            eos_token_id = to_numpy(eos_token_id, "eos_token_id").tolist()
+        eos = check_token_ids(eos_token_id, "eos_token_id")
         if eos is None:
             self.eos_ids = np.zeros(0, np.int64)
         else:
@@ -373,9 +377,7 @@ class GenerationMixin:
         # the prompt's shape first: as_ids copies it to int64 (a broadcast view of 10**9 ids: 8 GB),
         # which the length and memory checks below refuse before it is made
         prompt = to_numpy(input_ids, "input_ids")
-        if prompt.ndim not in (1, 2) or prompt.dtype.kind not in "iuf":
-            as_ids(prompt, "input_ids")  # raises, in as_ids' words: the wrong rank or dtype
-        N, L = (1, prompt.shape[0]) if prompt.ndim == 1 else prompt.shape
+        N, L = ids_shape(prompt, "input_ids")  # the rank and the dtype, no copy
         context = self.context_length
         if L > context:
             raise ValueError(f"input_ids: prompt length {L} exceeds the context ({self._context_field} = {context})")

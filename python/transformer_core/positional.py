@@ -36,6 +36,7 @@ from ._validation import (
     check_positive_int,
     check_tables_allocatable,
     compute_dtype,
+    ids_shape,
     physical_memory_bytes,
     resolve_dtype,
     rotary_layout,
@@ -259,11 +260,11 @@ class Embeddings(Module):
             TypeError: non-integer ids. ValueError: wrong rank, empty, ids out of range, or
             ``L > max_position_embeddings``.
         """
-        ids = as_ids(input_ids, "input_ids")
-        N, L = ids.shape
-        if L > self.max_position_embeddings:
+        N, L = ids_shape(input_ids, "input_ids")
+        if L > self.max_position_embeddings:  # before the ids' int64 copy
             raise ValueError(f"input_ids: sequence length {L} exceeds max_position_embeddings "
                              f"{self.max_position_embeddings}")
+        ids = as_ids(input_ids, "input_ids")
         positions = np.ascontiguousarray(np.broadcast_to(np.arange(L, dtype=np.int64), (N, L)).ravel())
         if self.training:  # the C++ layer keeps pointers to the ids until backward
             flat = ids.ravel().copy()

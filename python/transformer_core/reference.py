@@ -108,7 +108,12 @@ def multi_head_attention(x, state: dict, num_heads: int, *, prefix: str = "", at
 
 def encoder_layer(x, state: dict, num_heads: int, *, activation="relu", norm_first=False, eps=1e-5,
                   key_mask=None, prefix: str = ""):
-    """``torch.nn.TransformerEncoderLayer`` (eval), batch-first, from its state dict."""
+    """``torch.nn.TransformerEncoderLayer`` (eval), batch-first, from its state dict.
+
+    Raises:
+        ValueError: ``activation`` not "relu" or "gelu" (torch's two)."""
+    if activation not in ("relu", "gelu"):
+        raise ValueError(f"activation: expected 'relu' or 'gelu', got {activation!r}")
     act = (lambda t: np.maximum(t, 0)) if activation == "relu" else gelu
     p = prefix
 

@@ -22,6 +22,7 @@ from ._validation import (
     check_float,
     check_int,
     check_positive_int,
+    ids_shape,
     physical_memory_bytes,
 )
 from .backward import cross_entropy_with_grad, dropout_backward
@@ -191,25 +192,33 @@ class Seq2SeqTransformer(Module):
         return [(name, getattr(self, name, None)) for name in ("src_tok_emb", "tgt_tok_emb", "transformer", "generator")]
 
     # ---- pieces -----------------------------------------------------------------------------------
-    def _check_ids(self, table: Embedding, ids: np.ndarray, name: str) -> None:
-        """``ids``, the checked ``(N, L)`` int64 array of the argument ``name`` (``"src"`` or
-        ``"tgt"``), fits ``table`` and ``max_len``.
+    def _check_shape(self, table: Embedding, x, name: str) -> None:
+        """The ids ``x`` of the argument ``name`` (``"src"`` or ``"tgt"``, for ``table``): their
+        dtype and rank, then what their shape ``(N, L)`` alone decides, before any copy of them.
 
         Raises:
-            ValueError: ``L > max_len``; embeddings of ``(N, L, d_model)`` whose three temporaries
-                (the lookup, its scaling, the positions added) exceed this machine's memory, or
-                feed-forward activations (``N · L`` rows × ``dim_feedforward``) that do; an id
-                outside ``[0, table rows)`` (its position named).
+            TypeError: non-integer ids. ValueError: not 1-D or 2-D; ``L > max_len``; embeddings of
+                ``(N, L, d_model)`` whose three temporaries (the lookup, its scaling, the positions
+                added) exceed this machine's memory, or feed-forward activations (``N · L`` rows ×
+                ``dim_feedforward``) that do.
         """
-        N, L = ids.shape
+        N, L = ids_shape(x, name)
         if L > self.max_len:
             raise ValueError(f"{name}: length {L} exceeds max_len ({self.max_len})")
         need, limit = 3 * N * L * self.d_model * np.dtype(self.dtype).itemsize, physical_memory_bytes()
         if need > limit:
-            raise ValueError(f"{name}: shape {ids.shape} gives embeddings of shape ({N}, {L}, {self.d_model}), whose "
+            raise ValueError(f"{name}: shape {(N, L)} gives embeddings of shape ({N}, {L}, {self.d_model}), whose "
                              f"three temporaries need {need} bytes, more than this machine's memory ({limit} bytes)")
         stack = self.transformer.encoder if table is self.src_tok_emb else self.transformer.decoder
-        _check_feedforward_activations(N * L, stack.layers[0].dim_feedforward, self.dtype, name, ids.shape)
+        _check_feedforward_activations(N * L, stack.layers[0].dim_feedforward, self.dtype, name, (N, L))
+
+    def _check_ids(self, table: Embedding, ids: np.ndarray, name: str) -> None:
+        """``ids``, the ``(N, L)`` int64 array of the argument ``name`` whose shape passed
+        :meth:`_check_shape`, fits ``table``.
+
+        Raises:
+            ValueError: an id outside ``[0, table rows)`` (its position named).
+        """
         V = table.num_embeddings
         bad = (ids < 0) | (ids >= V)
         if bad.any():
@@ -228,10 +237,17 @@ class Seq2SeqTransformer(Module):
         return x, seed
 
     def _masks(self, src, tgt, src_key_mask, tgt_key_mask):
+        """``(src, tgt, src_key_mask, tgt_key_mask)`` checked: ids as ``(N, L)`` int64 (in range,
+        :meth:`_check_ids`), masks as bool of their shapes or None; every check on the shapes
+        alone comes before the ids are copied."""
+        self._check_shape(self.src_tok_emb, src, "src")
+        self._check_shape(self.tgt_tok_emb, tgt, "tgt")
         src = as_ids(src, "src")
         tgt = as_ids(tgt, "tgt")
         if src.shape[0] != tgt.shape[0]:
             raise ValueError(f"tgt: expected batch size {src.shape[0]} (src's), got shape {tgt.shape}")
+        self._check_ids(self.src_tok_emb, src, "src")  # both, before any work or dropout seed
+        self._check_ids(self.tgt_tok_emb, tgt, "tgt")
         sk = tk = None
         if src_key_mask is not None:
             sk = as_bool(src_key_mask, "src_key_mask")
@@ -262,8 +278,6 @@ class Seq2SeqTransformer(Module):
                 any work). TypeError: non-integer ids.
         """
         src, tgt, sk, tk = self._masks(src, tgt, src_key_mask, tgt_key_mask)
-        self._check_ids(self.src_tok_emb, src, "src")  # both, before any work or dropout seed
-        self._check_ids(self.tgt_tok_emb, tgt, "tgt")
         if self.training:  # a new training forward: a loss kept for backward is no longer this one's
             self._saved = None
         try:
@@ -301,10 +315,8 @@ class Seq2SeqTransformer(Module):
         # an int64 (the labels' dtype), as functional.cross_entropy checks it: before the forward
         ignore_index = check_int(ignore_index, "ignore_index", -2**63, 2**63 - 1)
         label_smoothing = check_float(label_smoothing, "label_smoothing", minimum=0.0, maximum=1.0)
-        lab = as_ids(labels, "labels")
-        tgt_shape = as_ids(tgt, "tgt").shape
-        if lab.shape != tgt_shape:
-            raise ValueError(f"labels: expected shape {tgt_shape} (tgt's), got {lab.shape}")
+        self._check_shape(self.tgt_tok_emb, tgt, "tgt")  # tgt's shape, before labels' and tgt's copies
+        lab = as_ids(labels, "labels", shape=ids_shape(tgt, "tgt"), shape_of="tgt's")
         bad = (lab != ignore_index) & ((lab < 0) | (lab >= self.tgt_vocab_size))
         if bad.any():
             pos = tuple(int(i) for i in np.argwhere(bad)[0])
@@ -367,6 +379,7 @@ class Seq2SeqTransformer(Module):
             a mask of another shape. TypeError: non-integer ids.
         """
         self._require_eval("encode")
+        self._check_shape(self.src_tok_emb, src, "src")
         src = as_ids(src, "src")
         sk = None if src_key_mask is None else as_bool(src_key_mask, "src_key_mask")
         self._check_ids(self.src_tok_emb, src, "src")
@@ -385,6 +398,7 @@ class Seq2SeqTransformer(Module):
             a memory or mask of another shape. TypeError: non-integer ids.
         """
         self._require_eval("decode")
+        self._check_shape(self.tgt_tok_emb, tgt, "tgt")
         tgt = as_ids(tgt, "tgt")
         sk = None if src_key_mask is None else as_bool(src_key_mask, "src_key_mask")
         mem_shape = tuple(np.shape(memory))
