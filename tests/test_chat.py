@@ -170,6 +170,37 @@ def test_chat_reply_fills_the_context_as_hf_generate(tiny_chat):
     assert len(session.messages) == 2
 
 
+def test_a_first_message_longer_than_the_context_is_to_be_shortened(tiny_chat):
+    """A first message over the context was told "the conversation (N tokens) no longer fits the
+    model's context ...; start a new session", which cannot help: on the first turn the message
+    itself (with the template and any system message) is too long. After a reply, the conversation
+    has outgrown the context, as before."""
+    _, m, tok, _ = tiny_chat
+    context = m.context_length
+    long = "hello " * context
+    for system, counted in ((None, "the chat template"), ("Be terse.", "the chat template and the system message")):
+        session = ChatSession(m, tok, system=system, max_new_tokens=2)
+        before = list(session.messages)
+        n = len(tok.apply_chat_template(before + [{"role": "user", "content": long}], add_generation_prompt=True,
+                                        tokenize=True))
+        assert n > context
+        with pytest.raises(ValueError) as info:
+            session.send(long)
+        assert str(info.value) == (f"message: {n} tokens (with {counted}) exceed the model's context ({context} "
+                                   f"tokens); shorten it")
+        assert session.messages == before and session.cache.length == 0  # nothing ran
+        with pytest.raises(ValueError, match="; shorten it$"):  # still the first turn
+            session.send(long)
+    session = ChatSession(m, tok, max_new_tokens=1)
+    session.send(MESSAGE)
+    n = len(tok.apply_chat_template(session.messages + [{"role": "user", "content": long}],
+                                    add_generation_prompt=True, tokenize=True))
+    with pytest.raises(ValueError) as info:
+        session.send(long)
+    assert str(info.value) == (f"message: the conversation ({n} tokens) no longer fits the model's context "
+                               f"({context} tokens); start a new session")
+
+
 def test_continue_text_at_exactly_the_context_limit(tiny_chat):
     hf, m, tok, _ = tiny_chat
     context = m.context_length

@@ -1,6 +1,7 @@
 """`python -m transformer_core embed ...` run through subprocess with sys.executable."""
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -623,6 +624,7 @@ def test_cli_model_errors_of_hostile_files_and_names_are_one_line(tmp_path):
     folder = tmp_path / "m"
     tc.LlamaForCausalLM(dict(vocab_size=16, hidden_size=8, intermediate_size=8, num_hidden_layers=1,
                              num_attention_heads=2, max_position_embeddings=8)).save_pretrained(folder)
+    tc.Tokenizer.from_pretrained("SmolLM2-135M-Instruct").backend.save(str(folder / "tokenizer.json"))
     config = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**config, "rms_norm_eps": 10**400}))
     r = _run("generate", "hi", "--model", str(folder), "--max-new-tokens", "1")
@@ -634,6 +636,121 @@ def test_cli_model_errors_of_hostile_files_and_names_are_one_line(tmp_path):
     r = _run("generate", "hi", "--model", str(path), "--max-new-tokens", "1")
     line = assert_clean_error(r, f"{path}: the GGUF file has no tokenizer (tokenizer.ggml.model missing)")
     assert "None" not in line
+
+
+def test_cli_an_empty_model_is_refused_not_taken_for_the_default():
+    """`generate hi --model ""` loaded the default SmolLM2 and ran (exit 0) where `embed --model ""`
+    is refused: an empty --model is refused by chat and generate too, before any model loads."""
+    for command in (["generate", "hi"], ["chat", "hi"]):
+        r = _run(*command, "--model", "", "--max-new-tokens", "1")
+        assert r.stdout == "", r.stdout
+        assert_clean_error(r, f"transformer_core {command[0]}: model: expected a model name or path, got ''")
+    assert_clean_error(_run("embed", "a", "--model", ""), "transformer_core embed: model: expected a model name or "
+                                                          "path, got ''")
+
+
+def test_cli_a_model_that_is_not_one_is_named_as_the_option(tmp_path):
+    """A folder that is no model, a file that is not GGUF and a model of another kind were reported
+    by the file inside them ("config.json: not found in model directory adir", "bad.txt: not a GGUF
+    file", ".../config.json: model_type 'bert' is not supported here"): each error names --model
+    ("model: ...") and still says what was found, before any model loads."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for command in (["generate", "hi", "--max-new-tokens", "1"], ["chat", "hi", "--max-new-tokens", "1"],
+                    ["embed", "a"]):
+        line = assert_clean_error(run_cli_any(*command, "--model", empty),
+                                  f"transformer_core {command[0]}: model: {str(empty)!r} is a directory without "
+                                  f"config.json ({empty}), not a model directory (expected ")
+        assert line.endswith("modules.json)" if command[0] == "embed" else "config.json and tokenizer.json)"), line
+    config_only = tmp_path / "config_only"
+    config_only.mkdir()
+    (config_only / "config.json").write_text('{"model_type": "llama"}')
+    assert_clean_error(run_cli_any("generate", "hi", "--model", config_only),
+                       f"transformer_core generate: model: {str(config_only)!r} is a directory without tokenizer.json "
+                       f"({config_only}), not a model directory")
+    gpt2 = tmp_path / "gpt2"
+    gpt2.mkdir()
+    (gpt2 / "config.json").write_text('{"model_type": "gpt2"}')
+    (gpt2 / "tokenizer.json").write_text("{}")
+    assert_clean_error(run_cli_any("chat", "hi", "--model", gpt2),
+                       f"transformer_core chat: model: {str(gpt2)!r} is a model of type 'gpt2' ({gpt2 / 'config.json'}),"
+                       f" expected a Llama-family causal LM (model_type 'llama')")
+    from transformer_core.hub import resolve_model_dir
+
+    bert = resolve_model_dir(MODEL_NAME) / "config.json"
+    assert_clean_error(run_cli_any("generate", "hi", "--model", MODEL_NAME),
+                       f"transformer_core generate: model: {MODEL_NAME!r} is a model of type 'bert' ({bert}), expected "
+                       f"a Llama-family causal LM (model_type 'llama')")
+    text = tmp_path / "notes.txt"
+    text.write_text("good morning")
+    assert_clean_error(run_cli_any("generate", "hi", "--model", text),
+                       f"transformer_core generate: model: expected a model directory, a GGUF file or an embedded "
+                       f"model name; the file {str(text)!r} is not a GGUF file (it starts with b'good', not b'GGUF')")
+
+
+def test_cli_chat_a_first_message_longer_than_the_context_is_to_be_shortened(tiny_chat_dirs):
+    """A first message over the context was told "the conversation (N tokens) no longer fits the
+    model's context ...; start a new session", which cannot help: the message itself is too long."""
+    chat, _, _, tok = tiny_chat_dirs
+    message = "hello " * CHAT_CONTEXT
+    n = len(tok.apply_chat_template([{"role": "user", "content": message}], add_generation_prompt=True,
+                                    tokenize=True))
+    assert n > CHAT_CONTEXT
+    for args, stdin in (([message], None), ([], message + "\n")):
+        r = _run("chat", *args, "--model", str(chat), "--max-new-tokens", "1", input=stdin)
+        assert r.stdout == "", r.stdout
+        assert_clean_error(r, f"transformer_core chat: message: {n} tokens (with the chat template) exceed the "
+                              f"model's context ({CHAT_CONTEXT} tokens); shorten it")
+
+
+class _Terminal(io.StringIO):
+    """Standard input typed at a terminal (isatty), as a text stream without ``buffer``."""
+
+    def isatty(self):
+        return True
+
+
+def test_cli_chat_ends_the_prompt_line_at_end_of_input_on_a_terminal(monkeypatch, capsys):
+    """Ctrl-D at the interactive "> " prompt left the shell's prompt on that line: a newline ends
+    it, on stderr with the prompt; piped input (no terminal) gets no prompt and no newline."""
+    from transformer_core.chat import _stdin_turns
+
+    monkeypatch.setattr(sys, "stdin", _Terminal("first\n\nsecond\n"))
+    assert list(_stdin_turns()) == ["first", "second"]
+    assert capsys.readouterr() == ("", "> > > > \n")
+    monkeypatch.setattr(sys, "stdin", io.StringIO("first\n"))
+    assert list(_stdin_turns()) == ["first"]
+    assert capsys.readouterr() == ("", "")
+
+
+@pytest.mark.parametrize("argv0, prog", [
+    ("/usr/lib/python3/site-packages/transformer_core/__main__.py", "python -m transformer_core"),
+    ("/home/me/.venv/bin/transformer-core", "transformer-core"),
+    ("-c", "python -m transformer_core"),  # main() called from Python code
+    ("", "python -m transformer_core"),
+])
+def test_cli_usage_names_the_program_as_it_was_started(monkeypatch, argv0, prog):
+    """The usage always said `python -m transformer_core`, also when run as the `transformer-core`
+    console script."""
+    from transformer_core.__main__ import _parser
+
+    monkeypatch.setattr(sys, "argv", [argv0, "chat"])
+    assert _parser().prog == prog
+    assert _parser().format_usage().startswith(f"usage: {prog} [-h] COMMAND ...")
+
+
+def test_cli_console_script_usage_names_transformer_core(tmp_path):
+    """Run as the console script pip installs (a file named transformer-core that calls main), the
+    usage and the error line name `transformer-core`; run as a module, `python -m transformer_core`."""
+    script = tmp_path / "transformer-core"
+    script.write_text("import sys\nfrom transformer_core.__main__ import main\nsys.exit(main())\n")
+    for command, prog in (([sys.executable, str(script)], "transformer-core"),
+                          ([sys.executable, "-m", "transformer_core"], "python -m transformer_core")):
+        r = subprocess.run([*command, "chat", "--max-new-tokens", "0"], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 2 and r.stdout == "", r.stderr
+        lines = r.stderr.splitlines()
+        assert lines[0].startswith(f"usage: {prog} chat [-h]"), lines
+        assert lines[-1] == f"{prog} chat: error: argument --max-new-tokens: expected an int >= 1, got 0", lines
 
 
 def test_cli_bounds_workers_and_threads_per_worker(capsys):

@@ -72,6 +72,7 @@ def test_any_os_pathlike_is_accepted(tmp_path, smollm2_gguf):
 
     assert isinstance(_PathLike("x"), os.PathLike)
     assert resolve_model_path(_PathLike(str(tmp_path))) == tmp_path
+    (tmp_path / "config.json").write_text("{}")  # a model directory has one
     assert resolve_model_dir(_PathLike(str(tmp_path))) == tmp_path
     assert resolve_model_path(_PathLike("SmolLM2-135M-Instruct")) == smollm2_gguf  # an embedded name too
     model = _llama(3)
@@ -129,6 +130,39 @@ def test_a_gguf_name_given_to_a_directory_model_names_what_loads_it(tmp_path, sm
         tc.GPT2LMHeadModel.from_pretrained(other)
     assert str(info.value).endswith("not a model directory; it is a GGUF checkpoint of architecture 'gpt2', which "
                                     "this package does not load (GGUF: llama only)"), str(info.value)
+
+
+def test_a_directory_without_config_json_is_named_as_the_argument(tmp_path, model_dir):
+    """A folder that is no model ("adir", "/tmp") was reported by the file it lacks, "config.json:
+    not found in model directory adir", naming no argument: resolve_model_dir, and the loaders of
+    model directories, name it (``name_or_path``, the CLI's ``model``), the folder and what a model
+    directory holds. A sentence-transformers folder (modules.json, its config.json in a module's
+    folder) is one."""
+    import shutil
+
+    import transformer_core as tc
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "model.safetensors").write_bytes(b"")  # weights alone do not make a model directory
+    expected = (f"{str(empty)!r} is a directory without config.json ({empty}), not a model directory (expected a "
+                f"Hugging Face model's config.json, or a sentence-transformers model's modules.json)")
+    for call, argument in ((resolve_model_dir, "name_or_path"), (lambda n: resolve_model_dir(n, "model"), "model"),
+                           (tc.BertModel.from_pretrained, "name_or_path"),
+                           (tc.GPT2LMHeadModel.from_pretrained, "name_or_path"),
+                           (tc.SentenceEncoder.from_pretrained, "name_or_path")):
+        with pytest.raises(FileNotFoundError) as info:
+            call(str(empty))
+        assert str(info.value) == f"{argument}: {expected}"
+    assert resolve_model_path(str(empty)) == empty  # a tokenizer folder needs no config.json
+    older = tmp_path / "older"
+    (older / "0_Transformer").mkdir(parents=True)
+    shutil.copy(model_dir / "config.json", older / "0_Transformer" / "config.json")
+    (older / "modules.json").write_text('[{"idx": 0, "name": "0", "path": "0_Transformer", '
+                                        '"type": "sentence_transformers.models.Transformer"}]')
+    assert resolve_model_dir(older) == older and not (older / "config.json").exists()
+    shutil.copy(model_dir / "config.json", empty / "config.json")
+    assert resolve_model_dir(str(empty)) == empty
 
 
 NO_SUCH_USER = "~tc-no-such-user-4f2a9"  # a ~user without a passwd entry: expanduser raises RuntimeError

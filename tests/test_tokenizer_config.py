@@ -246,6 +246,33 @@ def test_bert_normalizer_flags_as_transformers_applies_them(tmp_path, flags, dif
     _assert_batches_equal(ours, hf, NORMALIZER_TEXTS, 256)
 
 
+@pytest.mark.parametrize("tokenizer_class", ["BertTokenizer", "BertTokenizerFast", _DROP, "PreTrainedTokenizerFast"],
+                         ids=["bert", "bert-fast", "none-model-type-bert", "generic-fast"])
+@pytest.mark.parametrize("normalizer", [{"lowercase": False}, {"handle_chinese_chars": False},
+                                        {"lowercase": False, "strip_accents": False, "handle_chinese_chars": False}],
+                         ids=["cased", "no-cjk-split", "all-off"])
+def test_bert_normalizer_flags_absent_as_transformers_reads_them(tmp_path, normalizer, tokenizer_class):
+    """A flag absent from tokenizer_config.json kept tokenizer.json's setting; transformers' BERT
+    tokenizer (the class named, or with none the one of config.json's model type) takes its
+    argument's default (do_lower_case true, strip_accents null, tokenize_chinese_chars true)
+    whatever tokenizer.json says: a case-sensitive tokenizer.json without "do_lower_case": false
+    gave ['[UNK]', '[UNK]'] for "HELLO WORLD" here and ['hello', 'world'] there. A generic class
+    keeps tokenizer.json's normalizer, there and here. The same tokens in each case now."""
+    spec = json.loads((MODEL_DIR / "tokenizer.json").read_text())
+    path = _folder(tmp_path, tokenizer_json={"normalizer": {**spec["normalizer"], **normalizer}},
+                   tokenizer_class=tokenizer_class, do_lower_case=_DROP, strip_accents=_DROP,
+                   tokenize_chinese_chars=_DROP)
+    hf, ours = _hf(path), tc.Tokenizer.from_pretrained(path)
+    cased = "lowercase" in normalizer and tokenizer_class == "PreTrainedTokenizerFast"
+    assert ours.tokenize("HELLO WORLD", add_special_tokens=False) == hf.tokenize("HELLO WORLD") == (
+        ["[UNK]", "[UNK]"] if cased else ["hello", "world"])
+    for text in NORMALIZER_TEXTS:
+        assert ours.tokenize(text, add_special_tokens=False) == hf.tokenize(text), text
+        assert ours.encode(text) == hf(text)["input_ids"]
+    if tokenizer_class != "PreTrainedTokenizerFast":  # a generic one returns no token_type_ids
+        _assert_batches_equal(ours, hf, NORMALIZER_TEXTS, 256)
+
+
 BAD_CONFIG = {  # key: (value, the expected type in the message)
     "truncation_side": ("middle", "'right' or 'left'"),
     "padding_side": (1, "'right' or 'left'"),

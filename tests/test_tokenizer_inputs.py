@@ -402,12 +402,15 @@ def test_a_file_that_is_not_gguf(model_dir):
 @pytest.fixture
 def cased_dir(tmp_path, tiny_model_dir):
     """The tiny BERT with a case-sensitive copy of all-MiniLM-L6-v2's tokenizer.json (its
-    normalizer's lowercase off) and a sentence_bert_config.json with do_lower_case true."""
+    normalizer's lowercase off, a tokenizer_config.json that says so) and a
+    sentence_bert_config.json with do_lower_case true."""
     for name in ("config.json", "model.safetensors"):
         shutil.copy(tiny_model_dir / name, tmp_path / name)
     spec = json.loads((tiny_model_dir / "tokenizer.json").read_text())
     spec["normalizer"]["lowercase"] = False
     (tmp_path / "tokenizer.json").write_text(json.dumps(spec))
+    # without it transformers' BERT tokenizer (and so ours) lowercases whatever tokenizer.json says
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": False}))
     (tmp_path / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 64, "do_lower_case": True}))
     return tmp_path
 

@@ -188,8 +188,24 @@ def _add_generate(sub) -> None:
 COMMANDS = {"embed": _add_embed, "search": _add_search, "chat": _add_chat, "generate": _add_generate}
 
 
+#: The program's name in the usage when it was not started as a program of its own name.
+MODULE_PROG = "python -m transformer_core"
+
+
+def _prog() -> str:
+    """The program's name for the usage, from how it was started (``sys.argv[0]``): ``python -m
+    transformer_core`` for the module (``.../transformer_core/__main__.py``), else the name of the
+    command that ran it (``transformer-core``, the console script). An ``argv[0]`` that names no
+    program (``-c``, empty: :func:`main` called from Python code) gives the module's form too."""
+    argv0 = sys.argv[0] if sys.argv else ""
+    name = os.path.basename(argv0)
+    if not name or name.startswith("-") or name == "__main__.py":
+        return MODULE_PROG
+    return name
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m transformer_core",
+    p = argparse.ArgumentParser(prog=_prog(),
                                 description="transformer_core from the command line: `COMMAND --help` for each.",
                                 epilog=ENCODING_NOTE)
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")

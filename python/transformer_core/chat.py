@@ -246,8 +246,9 @@ class ChatSession:
         Raises:
             TypeError: ``message`` not a str, ``on_text`` not callable. ValueError: an empty (or
             all-whitespace) message, a message that is not valid Unicode, a chat template that
-            renders an empty prompt, or a conversation whose prompt alone is longer than the
-            model's context (start a new session).
+            renders an empty prompt, or a prompt longer than the model's context: on the first
+            turn the message itself is too long (with the template and the system message: shorten
+            it), later the conversation has outgrown the context (start a new session).
         """
         if not isinstance(message, str):
             raise TypeError(f"message: expected a str, got {type(message).__name__}")
@@ -262,8 +263,13 @@ class ChatSession:
         # context - P + 1 new ones (P + new - 1 positions), as model.generate
         room = self.model.context_length - len(prompt) + 1
         if room < 1:
+            context = self.model.context_length
+            if not any(m["role"] == "assistant" for m in self.messages):  # the first turn: the message is too long
+                system = " and the system message" if self.messages else ""
+                raise ValueError(f"message: {len(prompt)} tokens (with the chat template{system}) exceed the model's "
+                                 f"context ({context} tokens); shorten it")
             raise ValueError(f"message: the conversation ({len(prompt)} tokens) no longer fits the model's context "
-                             f"({self.model.context_length} tokens); start a new session")
+                             f"({context} tokens); start a new session")
         # Keep the cached prefix the new prompt shares; at least the prompt's last token runs again.
         common = 0
         for a, b in zip(self._cached_ids, prompt[:-1]):
@@ -367,13 +373,49 @@ def _continue(model, tokenizer, ids: list[int], options: dict, on_text) -> tuple
 # ------------------------------------------------------------------------------------------------
 # The command line (``python -m transformer_core chat|generate``; errors are reported by __main__)
 # ------------------------------------------------------------------------------------------------
+def _cli_model(args) -> str:
+    """``--model``: :data:`DEFAULT_CHAT_MODEL` when not given; a value given is kept as it is (an
+    empty one is refused by :func:`_check_cli_model`, not taken for the default)."""
+    return DEFAULT_CHAT_MODEL if args.model is None else args.model
+
+
+def _check_cli_model(name: str) -> None:
+    """Checks that ``--model`` names something ``LlamaForCausalLM`` and ``Tokenizer`` load, before
+    either reads it, so that each error names the option (``model: ...``) and what was found, not
+    only a file inside it: a GGUF file, or a directory with a ``config.json`` of ``model_type``
+    ``'llama'`` and a ``tokenizer.json``.
+
+    Raises:
+        FileNotFoundError, TypeError, ValueError: as :func:`~transformer_core.hub.resolve_model_path`
+            (an empty name included); a file that is not GGUF (ValueError); a directory without
+            ``config.json`` or ``tokenizer.json`` (FileNotFoundError); a ``config.json`` of another
+            ``model_type`` (ValueError; one that is not a JSON object: as ``read_config``). All
+            start with ``model:``, but for a malformed ``config.json``, which names the file.
+    """
+    from .hub import read_config, resolve_model_path
+    from .tokenizer import _check_gguf_magic
+
+    location = resolve_model_path(name, argument="model")
+    if location.is_file():
+        _check_gguf_magic(location, name, "model")
+        return
+    for file in ("config.json", "tokenizer.json"):
+        if not (location / file).is_file():
+            raise FileNotFoundError(f"model: {name!r} is a directory without {file} ({location}), not a model "
+                                    f"directory (expected a Hugging Face Llama model's config.json and "
+                                    f"tokenizer.json)")
+    model_type = read_config(location).get("model_type", "llama")  # LlamaConfig's default too
+    if model_type != "llama":
+        raise ValueError(f"model: {name!r} is a model of type {model_type!r} ({location / 'config.json'}), "
+                         f"expected a Llama-family causal LM (model_type 'llama')")
+
+
 def _load(args):
-    from .hub import resolve_model_path
     from .llama import LlamaForCausalLM
     from .tokenizer import Tokenizer
 
-    name = args.model or DEFAULT_CHAT_MODEL
-    resolve_model_path(name, argument="model")  # a missing model is named as the option: "model: ..."
+    name = _cli_model(args)
+    _check_cli_model(name)  # a wrong model is named as the option: "model: ..."
     model = LlamaForCausalLM.from_pretrained(name)  # a GGUF file's blocks kept as stored (fast decode)
     if getattr(args, "quantize", None) is not None:
         from .quantization import quantize
@@ -415,6 +457,8 @@ def _stdin_turns():
             print("> ", end="", file=sys.stderr, flush=True)
         raw = stream.readline() if stream is not None else sys.stdin.readline()  # a text stream: a test's
         if not raw:
+            if interactive:  # Ctrl-D: end the prompt's line, as a shell does
+                print(file=sys.stderr, flush=True)
             return
         lineno += 1
         if isinstance(raw, bytes):
@@ -477,7 +521,7 @@ def run_chat(args) -> int:
                          "a line")
     model, tokenizer = _load(args)
     if tokenizer.chat_template is None:
-        raise ValueError(f"model: {args.model or DEFAULT_CHAT_MODEL}: {NO_TEMPLATE}; the `generate` command "
+        raise ValueError(f"model: {_cli_model(args)}: {NO_TEMPLATE}; the `generate` command "
                          f"continues raw text")
     session = ChatSession(model, tokenizer, system=args.system, max_new_tokens=max_new_tokens,
                           temperature=args.temperature, top_p=args.top_p, top_k=_cli_top_k(args), seed=args.seed)

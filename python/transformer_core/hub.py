@@ -192,10 +192,14 @@ def resolve_model_dir(name_or_path, argument: str = "name_or_path") -> Path:
     """The directory of a model: ``name_or_path`` itself if it is a directory, else the folder of
     an embedded model of that name (see ``EMBEDDED_MODELS``).
 
+    A model directory holds a ``config.json`` (a Hugging Face model) or a ``modules.json`` (a
+    sentence-transformers model, whose ``config.json`` may be in its Transformer module's folder).
+
     Raises:
-        FileNotFoundError: not a directory and not an embedded model, its package is missing, or it
-            names a file: a single-file (GGUF) model has no directory, and the message names what
-            loads it (``LlamaForCausalLM.from_pretrained``, the chat entry points).
+        FileNotFoundError: naming ``argument``: not a directory and not an embedded model, its
+            package is missing, or it names a file: a single-file (GGUF) model has no directory, and
+            the message names what loads it (``LlamaForCausalLM.from_pretrained``, the chat entry
+            points); a directory with neither ``config.json`` nor ``modules.json`` (not a model's).
         TypeError: ``name_or_path`` not a str or ``os.PathLike`` (see :func:`resolve_model_path`).
         ValueError: an empty string.
     """
@@ -204,6 +208,10 @@ def resolve_model_dir(name_or_path, argument: str = "name_or_path") -> Path:
         hint = f"; {_gguf_hint(path)}" if _is_gguf(path) else ""
         raise FileNotFoundError(f"{argument}: {_path_text(name_or_path, argument)!r} is a file ({path}), "
                                 f"not a model directory{hint}")
+    if not (path / "config.json").is_file() and not (path / "modules.json").is_file():
+        raise FileNotFoundError(f"{argument}: {_path_text(name_or_path, argument)!r} is a directory without "
+                                f"config.json ({path}), not a model directory (expected a Hugging Face model's "
+                                f"config.json, or a sentence-transformers model's modules.json)")
     return path
 
 

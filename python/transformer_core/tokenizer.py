@@ -63,6 +63,18 @@ _CLEAN_UP_TOKENIZATION = ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), ("
 #: argument each sets (see :func:`_apply_bert_normalizer_flags`).
 _BERT_NORMALIZER_FLAGS = (("do_lower_case", "lowercase"), ("strip_accents", "strip_accents"),
                           ("tokenize_chinese_chars", "handle_chinese_chars"))
+#: transformers' defaults of those keys (``BertTokenizer``'s arguments), taken when
+#: ``tokenizer_config.json`` lacks one and transformers builds the normalizer from them: for the
+#: tokenizer classes below (a ``...Fast`` name too), or with no ``tokenizer_class`` for the model
+#: types that map to one (transformers 5's ``TOKENIZER_MAPPING_NAMES``). Another class
+#: (``PreTrainedTokenizerFast``, ``TokenizersBackend``) keeps ``tokenizer.json``'s normalizer.
+_BERT_NORMALIZER_DEFAULTS = {"do_lower_case": True, "strip_accents": None, "tokenize_chinese_chars": True}
+_BERT_NORMALIZER_CLASSES = frozenset({
+    "BertTokenizer", "DistilBertTokenizer", "ElectraTokenizer", "MPNetTokenizer", "MobileBertTokenizer",
+    "SqueezeBertTokenizer", "LayoutLMTokenizer", "LxmertTokenizer", "ConvBertTokenizer", "FunnelTokenizer"})
+_BERT_NORMALIZER_MODEL_TYPES = frozenset({
+    "bert", "distilbert", "electra", "mpnet", "mobilebert", "squeezebert", "layoutlm", "convbert", "megatron-bert",
+    "ernie", "nomic_bert", "retribert"})
 
 #: transformers' ``model_max_length`` for "no limit" (``VERY_LARGE_INTEGER``, int(1e30)) and anything
 #: this large: not a length to truncate to.
@@ -458,10 +470,14 @@ class Tokenizer:
           transformers skips it there, unless
           ``clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output`` is true;
         * ``do_lower_case``, ``strip_accents`` and ``tokenize_chinese_chars``, where
-          ``tokenizer.json``'s normalizer is a ``BertNormalizer``: each one present replaces the
-          normalizer's setting (``lowercase``, ``strip_accents``, ``handle_chinese_chars``), as
-          transformers' BERT tokenizers rebuild it. One absent keeps ``tokenizer.json``'s (where
-          transformers' ``BertTokenizer`` would take its defaults: lowercase, CJK split);
+          ``tokenizer.json``'s normalizer is a ``BertNormalizer``: they set the normalizer's
+          ``lowercase``, ``strip_accents`` and ``handle_chinese_chars``, as transformers' BERT
+          tokenizers rebuild it. Where transformers' tokenizer is one of those (its
+          ``tokenizer_class``, or with none the model type of ``config.json``: BERT, DistilBERT,
+          ELECTRA, MPNet, ...), one absent takes transformers' default (true, null, true) whatever
+          ``tokenizer.json`` says: a case-sensitive ``tokenizer.json`` without
+          ``"do_lower_case": false`` lowercases there, and so here. Elsewhere
+          (``PreTrainedTokenizerFast``, no config) one absent keeps ``tokenizer.json``'s;
         * ``padding_side``, for a causal LM only: the default side of :meth:`encode_batch`. An
           encoder always pads on the right: a ``"left"`` in an encoder's folder is not applied
           (BERT counts positions from the first token, padding included, so left padding would
@@ -519,7 +535,7 @@ class Tokenizer:
             raise ValueError(f"{path}: cannot read tokenizer.json ({type(e).__name__}: {e})") from None
         config_path = model_dir / "tokenizer_config.json"
         tokens = _special_tokens_of_config(cfg, tok)
-        _apply_bert_normalizer_flags(tok, cfg, config_path)
+        _apply_bert_normalizer_flags(tok, cfg, config_path, _builds_bert_normalizer(model_dir, cfg))
         clean_up, clean_up_bpe = _clean_up_of_config(cfg, tok, config_path)
         settings = {"truncation_side": _config_choice(cfg, "truncation_side", config_path),
                     "clean_up_tokenization_spaces": clean_up}
@@ -1477,19 +1493,21 @@ def _directory_is_causal(model_dir: Path, tokenizer_config: dict, max_length: in
     return max_length is None and _known_max_length(model_dir, tokenizer_config) is None
 
 
-def _check_gguf_magic(path: Path, name_or_path) -> None:
-    """ValueError naming ``name_or_path`` when the file ``path`` does not start with GGUF's magic:
-    the only file :meth:`Tokenizer.from_pretrained` reads is a GGUF checkpoint."""
+def _check_gguf_magic(path: Path, name_or_path, argument: str = "name_or_path") -> None:
+    """ValueError naming ``argument`` (the caller's name for ``name_or_path``: the CLI's ``model``)
+    when the file ``path`` does not start with GGUF's magic: the only file
+    :meth:`Tokenizer.from_pretrained` (and ``LlamaForCausalLM.from_pretrained``) reads is a GGUF
+    checkpoint."""
     from .gguf_file import _GGUF_MAGIC
 
     try:
         with open(path, "rb") as f:
             head = f.read(len(_GGUF_MAGIC))
     except OSError as e:
-        raise ValueError(f"name_or_path: cannot read {path} ({type(e).__name__}: {e})") from None
+        raise ValueError(f"{argument}: cannot read {path} ({type(e).__name__}: {e})") from None
     if head != _GGUF_MAGIC:
         hint = " (for a tokenizer.json, pass the directory that holds it)" if path.suffix == ".json" else ""
-        raise ValueError(f"name_or_path: expected a model directory, a GGUF file or an embedded model name; the file "
+        raise ValueError(f"{argument}: expected a model directory, a GGUF file or an embedded model name; the file "
                          f"{str(name_or_path)!r} is not a GGUF file (it starts with {head!r}, not {_GGUF_MAGIC!r}): "
                          f"a file path must be a GGUF checkpoint{hint}")
 
@@ -1551,12 +1569,31 @@ def _clean_up_of_config(tokenizer_config: dict, backend, path: Path) -> tuple[bo
     return flags["clean_up_tokenization_spaces"], flags[_BPE_CLEAN_UP_ANYWAY]
 
 
-def _apply_bert_normalizer_flags(backend, tokenizer_config: dict, path: Path) -> None:
+def _builds_bert_normalizer(model_dir: Path, tokenizer_config: dict) -> bool:
+    """Whether transformers' tokenizer for this folder builds its normalizer from the BERT flags:
+    ``tokenizer_config.json``'s ``tokenizer_class`` (``Fast`` or not) among
+    ``_BERT_NORMALIZER_CLASSES``, or, with none, ``config.json``'s ``model_type`` among
+    ``_BERT_NORMALIZER_MODEL_TYPES``.
+
+    Raises:
+        ValueError: a ``config.json`` that is not a JSON object (read only without a class).
+    """
+    name = tokenizer_config.get("tokenizer_class")
+    if isinstance(name, str):
+        return name.removesuffix("Fast") in _BERT_NORMALIZER_CLASSES
+    if name is not None:
+        return False
+    return _read_json_object(model_dir / "config.json").get("model_type") in _BERT_NORMALIZER_MODEL_TYPES
+
+
+def _apply_bert_normalizer_flags(backend, tokenizer_config: dict, path: Path, defaults: bool) -> None:
     """Sets ``tokenizer_config.json``'s ``do_lower_case``, ``strip_accents`` and
-    ``tokenize_chinese_chars`` (those present) on ``backend``'s normalizer when it is a
-    ``BertNormalizer``, as transformers' BERT tokenizers build theirs from them: a new
-    ``BertNormalizer`` with those settings, the others (``clean_text`` included) as they were.
-    Nothing for another normalizer (transformers' tokenizers for those do not read the flags).
+    ``tokenize_chinese_chars`` on ``backend``'s normalizer when it is a ``BertNormalizer``, as
+    transformers' BERT tokenizers build theirs from them: a new ``BertNormalizer`` with those
+    settings, ``clean_text`` as it was. A key absent takes transformers' default
+    (``_BERT_NORMALIZER_DEFAULTS``) where ``defaults`` (transformers' tokenizer is a BERT one:
+    :func:`_builds_bert_normalizer`), else keeps ``tokenizer.json``'s setting. Nothing for another
+    normalizer (transformers' tokenizers for those do not read the flags).
 
     Raises:
         ValueError: naming the file (``path``) and the key: ``do_lower_case`` or
@@ -1570,9 +1607,9 @@ def _apply_bert_normalizer_flags(backend, tokenizer_config: dict, path: Path) ->
     settings = {"clean_text": normalizer.clean_text, "handle_chinese_chars": normalizer.handle_chinese_chars,
                 "strip_accents": normalizer.strip_accents, "lowercase": normalizer.lowercase}
     for key, argument in _BERT_NORMALIZER_FLAGS:
-        if key not in tokenizer_config:
+        if key not in tokenizer_config and not defaults:
             continue
-        value = tokenizer_config[key]
+        value = tokenizer_config.get(key, _BERT_NORMALIZER_DEFAULTS[key])
         if not (isinstance(value, bool) or (value is None and key == "strip_accents")):
             expected = "a bool or null" if key == "strip_accents" else "a bool"
             raise ValueError(f"{path}: {key}: expected {expected}, got {type(value).__name__} {_clip(value)}")
