@@ -1159,3 +1159,37 @@ def test_a_20_mb_line_is_encoded_in_bounded_memory(tiny_model_dir):
     assert proc.returncode == 0, proc.stderr
     grown, same, length = proc.stdout.split()
     assert int(grown) < 100 and same == "True" and length == "20000000", proc.stdout  # MB; whole: ~2,800
+
+
+def test_an_isa_switched_during_encode_keeps_the_bits(encoder):
+    """encode keeps each weight's packed panels for the whole call; they were keyed by the weight
+    alone, so set_isa between two batches (from another thread, say) had the AVX2 kernels read
+    the AVX-512 kernels' 32-column panels as their 16-column ones: embeddings with a cosine of
+    about 0 to the right ones. The panels are keyed by the kernels that packed them now."""
+    from transformer_core import quantization
+
+    isas = set(quantization.supported_isas())
+    if not {"avx2", "avx512vnni"} <= isas:
+        pytest.skip("needs two kernel sets whose panels differ (AVX2 and AVX-512)")
+    old = quantization.isa()
+    texts = [f"the quick brown fox number {i} jumps over the lazy dog" for i in range(80)]
+    try:
+        quantization.set_isa("avx512vnni")
+        expected = encoder.encode(texts, batch_size=40)
+        batches = encoder.tokenizer.encode_batches
+
+        def switching(*args, **kwargs):  # the ISA changes after the first batch, inside encode's scope
+            for i, batch in enumerate(batches(*args, **kwargs)):
+                if i == 1:
+                    quantization.set_isa("avx2")
+                yield batch
+
+        encoder.tokenizer.encode_batches = switching
+        try:
+            got = encoder.encode(texts, batch_size=40)
+        finally:
+            del encoder.tokenizer.encode_batches
+        assert quantization.isa() == "avx2"
+    finally:
+        quantization.set_isa(old)
+    np.testing.assert_array_equal(got, expected)  # the two kernel sets give the same bits

@@ -1688,3 +1688,129 @@ def test_rebinding_parameter_data_is_refused_with_what_to_do_instead(kind):
         with torch.no_grad():
             want = t(torch.from_numpy(inp)).numpy()
         np.testing.assert_allclose(lin(inp), want, rtol=1e-6, atol=1e-6)
+
+
+# ------------------------------------------------------------------------------- training from threads
+def _tiny_gpt2():
+    tc.manual_seed(0)
+    return tc.GPT2LMHeadModel(tc.GPT2Config(vocab_size=300, n_positions=64, n_embd=64, n_layer=2, n_head=4))
+
+
+def test_training_calls_run_one_at_a_time_and_inference_does_not_wait():
+    """A training loss, forward and backward wait for one running in another thread (the module's
+    C++ training state is one; two threads interleaving in it gave wrong losses and gradients, and
+    a segmentation fault where the shapes differed). An eval forward does not wait."""
+    import threading
+
+    from transformer_core.module import _TRAINING_CALLS
+
+    model = _tiny_gpt2()
+    ids = np.random.default_rng(0).integers(0, 300, (2, 9))
+    expected = model.train().loss(ids, ids)
+    logits = model.eval()(ids).logits
+    done = {}
+
+    def run(name, call):
+        done[name] = call()
+
+    with _TRAINING_CALLS:  # as a training call in this thread would
+        model.train()
+        waiting = threading.Thread(target=run, args=("loss", lambda: model.loss(ids, ids)))
+        waiting.start()
+        waiting.join(0.5)
+        assert waiting.is_alive() and "loss" not in done  # waits for the lock
+        model.training = False  # an eval forward beside it runs
+        free = threading.Thread(target=run, args=("eval", lambda: model(ids).logits))
+        free.start()
+        free.join(60)
+        assert not free.is_alive()
+        model.training = True
+    waiting.join(60)
+    assert done["loss"] == expected
+    np.testing.assert_array_equal(done["eval"], logits)
+
+
+def test_training_losses_from_two_threads_are_each_right():
+    """Two threads computing training-mode losses on one model: 30 of 60 were wrong (each thread
+    read the other's activations) before the calls were serialized."""
+    import concurrent.futures
+
+    model = _tiny_gpt2().train()
+    rng = np.random.default_rng(0)
+    batches = [rng.integers(0, 300, (4, 48)) for _ in range(2)]
+    expected = [model.loss(x, x) for x in batches]
+
+    def losses(i):
+        return [model.loss(batches[i], batches[i]) for _ in range(15)]
+
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        results = [f.result(timeout=300) for f in [pool.submit(losses, i) for i in range(2)]]
+    for i in range(2):
+        assert results[i] == [expected[i]] * 15
+
+
+def test_a_callers_module_is_left_as_written_by_the_training_lock():
+    """The training lock wrapped every subclass's forward, a caller's too: a staticmethod or ufunc
+    forward then took `self` (TypeError), a caller's module could no longer be cloudpickled (Dask
+    ships it by value: "cannot pickle '_thread.RLock'"), and one running a child's training
+    forward in a worker thread waited forever on the lock its own forward held."""
+    import concurrent.futures
+
+    import cloudpickle
+    from transformer_core.module import Module
+
+    class Double(Module):
+        @staticmethod
+        def forward(x):
+            return 2 * x
+
+    class Tanh(Module):
+        forward = np.tanh
+
+    class Threaded(Module):
+        def __init__(self):
+            self.a = tc.nn.Linear(4, 3)
+
+        def forward(self, x):
+            with concurrent.futures.ThreadPoolExecutor(1) as pool:
+                return pool.submit(self.a, x).result(timeout=60)
+
+    assert Double()(1.0) == 2.0 and Tanh()(0.5) == np.tanh(0.5)
+    model = Threaded().train()
+    x = np.ones((2, 4), np.float32)
+    np.testing.assert_array_equal(model(x), model.a(x))
+    copy_ = cloudpickle.loads(cloudpickle.dumps(model.eval()))
+    np.testing.assert_array_equal(copy_(x), model(x))
+
+
+def test_a_forked_child_trains_while_a_parent_thread_held_the_lock():
+    """A child forked while another thread of the parent was in a training call inherited the
+    held lock, and its first training forward waited forever."""
+    import os
+    import threading
+
+    from transformer_core import module
+
+    held, release = threading.Event(), threading.Event()
+
+    def training_call():
+        with module._TRAINING_CALLS:
+            held.set()
+            release.wait(60)
+
+    thread = threading.Thread(target=training_call)
+    thread.start()
+    held.wait(60)
+    try:
+        pid = os.fork()
+        if pid == 0:  # the child: a training forward, then out (no pytest teardown)
+            import signal
+
+            signal.alarm(20)
+            out = tc.nn.Linear(4, 3).train()(np.ones((2, 4), np.float32))
+            os._exit(0 if out.shape == (2, 3) else 1)
+        _, status = os.waitpid(pid, 0)
+    finally:
+        release.set()
+        thread.join(60)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status

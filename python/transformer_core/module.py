@@ -64,6 +64,8 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
+import inspect
+import os
 import pickle
 import threading
 import warnings
@@ -793,6 +795,40 @@ def _build(cls, snapshot: tuple) -> "Module":
                         f"failed ({type(e).__name__}: {e}); {how}") from None
 
 
+#: Held by every call of this package's modules that keeps or consumes a training state (a forward
+#: in training mode, ``loss``, ``backward``): such calls run one at a time in the process, each
+#: whole. The C++ training state of a module is one per module and its calls release the GIL, so
+#: two threads training one model at once read each other's half-written state (wrong losses and
+#: gradients, a crash where their shapes differ). Inference (eval mode) takes no lock and runs in
+#: parallel. Reentrant: a model's training forward runs its children's. A forked child starts with
+#: a new one (the thread holding it in the parent does not exist there).
+_TRAINING_CALLS = threading.RLock()
+
+
+def _new_training_lock() -> None:
+    """A forked child's :data:`_TRAINING_CALLS`: free, whatever the parent's threads held."""
+    global _TRAINING_CALLS
+    _TRAINING_CALLS = threading.RLock()
+
+
+os.register_at_fork(after_in_child=_new_training_lock)
+
+
+def _one_training_call_at_a_time(method: Callable, always: bool) -> Callable:
+    """``method`` (a package class's ``forward``, ``loss`` or ``backward``) run under
+    :data:`_TRAINING_CALLS`: always (``loss``, ``backward``), or in training mode only (``forward``)."""
+
+    @functools.wraps(method)
+    def locked(self, *args, **kwargs):
+        if not (always or self.training):
+            return method(self, *args, **kwargs)
+        with _TRAINING_CALLS:
+            return method(self, *args, **kwargs)
+
+    locked._one_at_a_time = True
+    return locked
+
+
 class Module:
     """Base class of every layer and model: weights by name, ``state_dict``/``load_state_dict``.
 
@@ -814,6 +850,21 @@ class Module:
     _impl = None
     dtype: type = np.float32
     training: bool = False
+
+    def __init_subclass__(cls, **kwargs):
+        """This package's module classes: their own ``forward`` (in training mode), ``loss`` and
+        ``backward`` run one at a time in the process (:data:`_TRAINING_CALLS`), so training
+        from several threads is serialized by call, never interleaved inside one. A caller's
+        subclass is left as written: the training states are its package children's, whose calls
+        are serialized (and its methods may be anything, run children in threads, be pickled by
+        value)."""
+        super().__init_subclass__(**kwargs)
+        if not cls.__module__.startswith("transformer_core."):
+            return
+        for name, always in (("forward", False), ("loss", True), ("backward", True)):
+            method = cls.__dict__.get(name)
+            if inspect.isfunction(method) and not getattr(method, "_one_at_a_time", False):
+                setattr(cls, name, _one_training_call_at_a_time(method, always))
     def __new__(cls, *args, **kwargs):
         self = super().__new__(cls)
         self._init_args = _snapshot_args(args, kwargs)

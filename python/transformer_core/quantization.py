@@ -115,6 +115,8 @@ def set_isa(name: str) -> None:
     "bf16x6", Henry et al., ARITH 2019). Its error is fp32's (the dropped terms are below 2^-23 of
     each product); its bits differ from the FMA kernels' and do not depend on the thread count.
     Products below 2^-126 are flushed to zero there (an absolute error of about 6 · k · 2^-126).
+    The choice is the process's: a call running in another thread takes the new kernels from its
+    next product on (weights packed for the old ones are packed again for the new).
 
     Args:
         name: ``"scalar"`` (portable C++, the reference), ``"avx2"`` (AVX2 + FMA + F16C) or

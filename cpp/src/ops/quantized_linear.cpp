@@ -145,8 +145,8 @@ const uint8_t* packed_int8(const q::KernelTable& kt, const int8_t* qweight, int6
   uint8_t* packed = nullptr;
   kernels::PackedWeightCache* cache = kernels::current_packed_weights();
   if (cache != nullptr) {
-    if (float* found = cache->find(qweight, out, in)) return reinterpret_cast<const uint8_t*>(found);
-    packed = reinterpret_cast<uint8_t*>(cache->allot(qweight, out, in, floats));
+    if (float* found = cache->find(qweight, out, in, &kt)) return reinterpret_cast<const uint8_t*>(found);
+    packed = reinterpret_cast<uint8_t*>(cache->allot(qweight, out, in, &kt, floats));
   }
   if (packed == nullptr) packed = reinterpret_cast<uint8_t*>(kernels::workspace<float>(Scratch::kQuantPackedWeights, floats));
   kernels::parallel_for(0, panels, grain_rows(panel_bytes), [&](int64_t p0, int64_t p1) {

@@ -102,9 +102,9 @@ inline void linear_packed(const sgemm::Kernels& kern, const float* x, int64_t m,
   if constexpr (std::is_same_v<Weight, DenseWeight>) {
     PackedWeightCache* cache = current_packed_weights();
     if (cache != nullptr && n <= chunk_cols) {
-      packed = cache->find(w.w, n, k);
+      packed = cache->find(w.w, n, k, &kern);
       packed_before = packed != nullptr;
-      if (!packed_before) packed = cache->allot(w.w, n, k, packed_size);
+      if (!packed_before) packed = cache->allot(w.w, n, k, &kern, packed_size);
     }
   }
   if (packed == nullptr) packed = workspace<float>(Scratch::kGemmPackedB, packed_size);

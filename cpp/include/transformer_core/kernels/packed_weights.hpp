@@ -3,7 +3,9 @@
 // into panels again for every batch (5 % of a MiniLM encode on a Zen 5 EPYC).
 //
 // Inside a PackedWeightScope, the first product of a weight packs it into the scope's cache; the
-// later products of the same weight (same address and shape) on that thread use those panels. The
+// later products of the same weight (same address and shape) by the same kernels (the kernel table
+// that packed the panels: set_isa from another thread meanwhile switches to kernels whose panels
+// are laid out otherwise, which pack their own) on that thread use those panels. The
 // panels are the same floats the product would pack, so results do not change by a bit. The cache
 // is dropped when the scope ends: a weight written between two scopes is packed again. Inside a
 // scope the weights must not change (encode() reads them while it runs; so would any forward), and
@@ -26,23 +28,25 @@ constexpr size_t kPackedCacheFloats = size_t(1) << 26;  // 256 MiB of fp32 panel
 
 class PackedWeightCache {
  public:
-  // The panels of weight w [n, k] packed earlier in this scope, or nullptr. (w: fp32, or another
-  // format's weight, e.g. int8 in ops/quantized_linear.cpp; its panels then sit in the floats' bytes.)
-  float* find(const void* w, int64_t n, int64_t k) {
-    const auto it = panels_.find({w, n, k});
+  // The panels of weight w [n, k] packed earlier in this scope by the kernel table `packer`, or
+  // nullptr. (w: fp32, or another format's weight, e.g. int8 in ops/quantized_linear.cpp; its
+  // panels then sit in the floats' bytes.)
+  float* find(const void* w, int64_t n, int64_t k, const void* packer) {
+    const auto it = panels_.find({w, n, k, packer});
     return it == panels_.end() ? nullptr : it->second.data();
   }
-  // A buffer of `floats` for the panels of w [n, k], to pack into; nullptr when over the budget.
-  float* allot(const void* w, int64_t n, int64_t k, size_t floats) {
+  // A buffer of `floats` for the panels of w [n, k] by `packer`, to pack into; nullptr when over
+  // the budget.
+  float* allot(const void* w, int64_t n, int64_t k, const void* packer, size_t floats) {
     if (held_ + floats > kPackedCacheFloats) return nullptr;
     held_ += floats;
-    AlignedVector<float>& panels = panels_[{w, n, k}];
+    AlignedVector<float>& panels = panels_[{w, n, k, packer}];
     panels.resize(floats);
     return panels.data();
   }
 
  private:
-  std::map<std::tuple<const void*, int64_t, int64_t>, AlignedVector<float>> panels_;
+  std::map<std::tuple<const void*, int64_t, int64_t, const void*>, AlignedVector<float>> panels_;
   size_t held_ = 0;
 };
 
