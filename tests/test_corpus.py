@@ -734,6 +734,7 @@ def test_resume_takes_the_run_over(tmp_path, tiny_model_dir):
     index, start, texts = next(job.pending())
     job.writer().write(start, texts, load_output(ref)[2][:10])
     job.commit(index)
+    job.close()  # interrupted: its lock is released, its writers still carry its run id
     corpus.embed_file(f, out, model=str(tiny_model_dir), resume=True)
     new = manifest(out)["run"]
     assert new != old and manifest(out)["complete"]
@@ -1056,7 +1057,7 @@ def test_resume_names_a_different_quantize_setting(tmp_path, tiny_model_dir):
 
 
 def test_list_input_that_is_not_unicode_writes_nothing(tmp_path, tiny_model_dir):
-    with pytest.raises(ValueError, match=r"^texts: .*lone surrogate '\\udce9' at position 3 of the text at index 1"):
+    with pytest.raises(ValueError, match=r"^input: .*lone surrogate '\\udce9' at position 3 of the text at index 1"):
         corpus.embed_file(["fine", "caf\udce9"], tmp_path / "e.npy", model=str(tiny_model_dir))
     assert os.listdir(tmp_path) == []
 
@@ -1360,7 +1361,8 @@ def test_resume_refuses_a_lost_texts_file_and_another_batch_size(tmp_path, tiny_
     hit = corpus.search(out, ["sentence 1"], k=1, model=str(tiny_model_dir))[0][0]
     assert (hit.id, hit.text) == (1, "sentence 1")
     texts.write_bytes(texts.read_bytes()[:30])  # cut after the run: no texts rather than wrong ones
-    assert corpus.search(out, ["sentence 1"], k=1, model=str(tiny_model_dir))[0][0].text is None
+    with pytest.warns(corpus.TextsMissingWarning, match=r"texts.jsonl holds 30 bytes, its manifest"):
+        assert corpus.search(out, ["sentence 1"], k=1, model=str(tiny_model_dir))[0][0].text is None
 
 
 def test_a_querys_scores_do_not_depend_on_the_other_queries(search_index):
@@ -1616,13 +1618,13 @@ def test_list_input_with_an_empty_or_blank_text_is_refused(tmp_path, tiny_model_
     whitespace-only text is a ValueError naming its index, before anything is written; the list
     without it gives encode()'s rows."""
     model = str(tiny_model_dir)
-    for texts, match in ((["fine", ""], "^texts: expected some text, got an empty text at index 1$"),
-                         ([" \t\n", "fine"], "^texts: expected some text, got an all-whitespace text at index 0$")):
-        with pytest.raises(ValueError, match=match):
+    for texts, match in ((["fine", ""], ": expected some text, got an empty text at index 1$"),
+                         ([" \t\n", "fine"], ": expected some text, got an all-whitespace text at index 0$")):
+        with pytest.raises(ValueError, match="^input" + match):  # the argument's name, not ListSource's
             corpus.embed_file(texts, tmp_path / "e.npy", model=model)
-        with pytest.raises(ValueError, match=match):
+        with pytest.raises(ValueError, match="^input" + match):
             corpus.embed_summary(texts, model=model)
-        with pytest.raises(ValueError, match=match):
+        with pytest.raises(ValueError, match="^texts" + match):
             corpus.ListSource(texts)
     assert os.listdir(tmp_path) == []
     corpus.embed_file(["fine", " spaced "], tmp_path / "e.npy", model=model)
@@ -2319,7 +2321,7 @@ def test_invisible_only_records_are_bad_records(tmp_path, tiny_model_dir, tiny_e
 def test_invisible_only_list_texts_and_queries_are_refused(tmp_path, tiny_model_dir, search_index):
     why = "only invisible characters (control, zero-width or format characters, combining marks)"
     for t in INVISIBLE_ONLY:
-        with pytest.raises(ValueError, match=rf"^texts: expected some text, got a text of {re.escape(why)} "
+        with pytest.raises(ValueError, match=rf"^input: expected some text, got a text of {re.escape(why)} "
                                              rf"at index 1$"):
             corpus.embed_file(["fine", t], tmp_path / "e.npy", model=str(tiny_model_dir))
         with pytest.raises(ValueError, match=rf"^queries: expected some text, got a query of {re.escape(why)} "
@@ -2367,6 +2369,9 @@ def test_a_parquet_writer_whose_directory_another_run_replaced_is_stale(tmp_path
     job.start()
     data = Path(f"{out}.partial")
     assert data.is_dir()
+    with pytest.raises(ValueError, match="^out: another run holds"):  # not while A holds the output
+        corpus.embed_file(lines, out, model=model, chunk_size=10, overwrite=True)
+    job.close()  # A interrupted: its writer (a cancelled task still running) is all that is left of it
     corpus.embed_file(lines, out, model=model, chunk_size=10, overwrite=True)  # run B replaces and finishes
     assert not data.exists()
     index, start, texts = next(job.pending())
@@ -2381,7 +2386,6 @@ def test_a_parquet_writer_whose_directory_another_run_replaced_is_stale(tmp_path
         corpus.write_parquet_part(data, 1, 5, 10, texts, emb, run=job.run)
     with pytest.raises(FileNotFoundError, match=r"^directory: .* does not exist$"):  # no run: the argument
         corpus.write_parquet_part(data, 1, 5, 10, texts, emb)
-    job.close()
     ids, got, rows = load_output(out)
     assert got == lines and not data.exists()
     np.testing.assert_array_equal(rows, np.concatenate([tiny_encoder.encode(lines[a:a + 10], normalize=True)
@@ -2395,3 +2399,211 @@ def test_an_output_named_only_by_its_extension_asks_for_a_name(tmp_path, name):
                                          rf"embeddings{re.escape(name.lower())}\), got '{re.escape(str(out))}'$"):
         corpus.embed_file(["x"], out)
     assert os.listdir(tmp_path) == []
+
+
+# ------------------------------------------------------------- two runs of one Parquet output
+def test_a_second_parquet_run_is_refused_while_the_first_holds_the_output(tmp_path, tiny_model_dir, tiny_encoder):
+    """A Parquet run holds the output's lock from its start to its end, as a .npy run does: a second
+    run of the same output (overwrite, resume) is refused, instead of replacing the first's
+    directory and manifest (a stale commit of the first then replaced the second's manifest, and a
+    later resume mixed the second's rows into the first's input)."""
+    model = str(tiny_model_dir)
+    lines = corpus_lines(25)
+    f = write_lines(tmp_path / "old.txt", lines)
+    new = write_lines(tmp_path / "new.txt", corpus_lines(25, 500))
+    out = tmp_path / "out.parquet"
+    a = corpus.EmbedJob.prepare(corpus.open_source(f), out, corpus.model_identity(model), chunk_size=10,
+                                batch_size=32)
+    b = corpus.EmbedJob.prepare(corpus.open_source(new), out, corpus.model_identity(model), chunk_size=10,
+                                batch_size=32, overwrite=True)  # prepared before a started: nothing to refuse yet
+    a.start()
+    assert (tmp_path / ".out.parquet.lock").exists()
+    with pytest.raises(ValueError, match=f"^out: another run holds {re.escape(str(out))} "):
+        b.start()
+    writer = a.writer()
+    pending = list(a.pending())
+    index, start, texts = pending[0]
+    a.commit(index, **writer.write(start, texts, tiny_encoder.encode(texts, batch_size=32, normalize=True)))
+    for kwargs in ({"overwrite": True}, {"resume": True}):  # refused at their prepare
+        with pytest.raises(ValueError, match=f"^out: another run holds {re.escape(str(out))} "):
+            corpus.embed_file(new if "overwrite" in kwargs else f, out, model=model, **kwargs)
+    for index, start, texts in pending[1:]:
+        a.commit(index, **writer.write(start, texts, tiny_encoder.encode(texts, batch_size=32, normalize=True)))
+    a.finish()
+    ref = np.concatenate([tiny_encoder.encode(lines[i:i + 10], batch_size=32, normalize=True) for i in (0, 10, 20)])
+    ids, got, emb = load_output(out)
+    assert got == lines and ids.tolist() == list(range(25)) and np.array_equal(emb, ref)
+    assert not (tmp_path / ".out.parquet.lock").exists()
+    assert sorted(os.listdir(tmp_path)) == ["new.txt", "old.txt", "out.parquet", "out.parquet.manifest.json"]
+
+
+def test_resume_and_finish_refuse_the_parts_of_another_run(tmp_path, tiny_model_dir, tiny_encoder, monkeypatch):
+    """Where there are no locks, run A's commit that passed its check just before run B replaced the
+    output (overwrite) can still save A's manifest over B's: B's parts then sit under A's manifest.
+    Every part records its run (Parquet metadata), the manifest the runs of its output: resume
+    refuses such a part (it accepted it, and the output mixed new.txt's rows into old.txt's), and so
+    does the last step; the parts of an output's own runs (the first and each resumption) are kept."""
+    monkeypatch.setattr(corpus, "fcntl", None)
+    model = str(tiny_model_dir)
+    old_lines, new_lines = corpus_lines(30), corpus_lines(30, 500)
+    old = write_lines(tmp_path / "old.txt", old_lines)
+    new = write_lines(tmp_path / "new.txt", new_lines)
+    out = tmp_path / "out.parquet"
+    data = Path(f"{out}.partial")
+    mid = corpus.model_identity(model)
+
+    def run_chunks(job, n):
+        writer = job.writer()
+        for index, start, texts in list(job.pending())[:n]:
+            job.commit(index, **writer.write(start, texts, tiny_encoder.encode(texts, batch_size=32, normalize=True)))
+
+    a = corpus.EmbedJob.prepare(corpus.open_source(old), out, mid, chunk_size=10, batch_size=32)
+    a.start()
+    run_chunks(a, 1)
+    a_manifest = corpus.manifest_path(out).read_bytes()  # A's next commit, checked before B started
+    a_part = pq.read_metadata(data / "part-00000.parquet").metadata
+    b = corpus.EmbedJob.prepare(corpus.open_source(new), out, mid, chunk_size=10, batch_size=32, overwrite=True)
+    b.start()
+    run_chunks(b, 2)
+    corpus.manifest_path(out).write_bytes(a_manifest)  # ... lands now, over B's
+    with pytest.raises(ValueError) as e:
+        corpus.embed_file(old, out, model=model, resume=True)
+    assert str(e.value) == (f"out: {data / 'part-00000.parquet'}, the part of chunk 0 that the manifest "
+                            f"{corpus.manifest_path(out)} records as done, was written by run {b.run}, not by a "
+                            f"run of this output ({a.run}): another run of the same output replaced it; "
+                            f"--overwrite starts over")
+    assert corpus.manifest_path(out).read_bytes() == a_manifest and (data / f".run-{b.run}").exists()
+    assert a_part[corpus.PART_RUN_KEY] == a.run.encode() and json.loads(a_manifest)["runs"] == [a.run]
+    # the last step checks every part too: a part of another run planted in a run's directory
+    r = corpus.embed_file(old, out, model=model, chunk_size=10, overwrite=True)
+    assert r.rows_computed == 30
+    c = corpus.EmbedJob.prepare(corpus.open_source(new), tmp_path / "c.parquet", mid, chunk_size=10, batch_size=32)
+    c.start()
+    run_chunks(c, 3)
+    c_data = Path(f"{tmp_path / 'c.parquet'}.partial")
+    (c_data / ".run-0123abcd").touch()
+    corpus.write_parquet_part(c_data, 1, 5, 10, old_lines[10:20],
+                              tiny_encoder.encode(old_lines[10:20], batch_size=32, normalize=True), run="0123abcd")
+    with pytest.raises(ValueError, match=r"part-00001.parquet, the part of chunk 1 .* was written by run 0123abcd"):
+        c.finish()
+    # an interrupted run resumed twice: the parts of its three runs make one output, bitwise
+    d = corpus.EmbedJob.prepare(corpus.open_source(old), tmp_path / "d.parquet", mid, chunk_size=10, batch_size=32)
+    d.start()
+    run_chunks(d, 1)
+    d.close()
+    e1 = corpus.EmbedJob.prepare(corpus.open_source(old), tmp_path / "d.parquet", mid, resume=True, batch_size=32)
+    e1.start()
+    run_chunks(e1, 1)
+    e1.close()
+    assert manifest(tmp_path / "d.parquet")["runs"] == [d.run, e1.run]
+    r = corpus.embed_file(old, tmp_path / "d.parquet", model=model, resume=True)
+    assert r.rows_computed == 10 and len(manifest(tmp_path / "d.parquet")["runs"]) == 3
+    ref = np.concatenate([tiny_encoder.encode(old_lines[i:i + 10], batch_size=32, normalize=True) for i in (0, 10, 20)])
+    for path in (out, tmp_path / "d.parquet"):
+        ids, got, emb = load_output(path)
+        assert got == old_lines and np.array_equal(emb, ref)
+
+
+def test_an_empty_list_input_is_described_as_the_list_given(tmp_path, tiny_model_dir):
+    """A Python list is not "sentences given as arguments" (the CLI's wording, kept for the CLI's
+    own ListSource)."""
+    for call in (lambda: corpus.embed_file([], tmp_path / "e.npy", model=str(tiny_model_dir)),
+                 lambda: corpus.embed_summary([], model=str(tiny_model_dir))):
+        with pytest.raises(ValueError) as e:
+            call()
+        assert str(e.value) == "input: the list given as input has no text to embed (it is empty)"
+    assert corpus.ListSource(["a", "b"]).describe() == "2 sentences given as arguments"
+    with pytest.raises(TypeError, match="^input: expected a list of str, got int at index 1$"):
+        corpus.embed_file(["a", 3], tmp_path / "e.npy", model=str(tiny_model_dir))
+    assert os.listdir(tmp_path) == []
+
+
+def _small_npy_index(tmp_path, tiny_model_dir, n=12):
+    lines = corpus_lines(n)
+    out = tmp_path / "idx.npy"
+    corpus.embed_file(lines, out, model=str(tiny_model_dir), chunk_size=5)
+    return lines, out, Path(f"{out}.texts.jsonl")
+
+
+@pytest.mark.parametrize("damage, why", [(b"X", "Expecting value: line 1 column 1 (char 0)"),
+                                         (b"\xff", "'utf-8' codec can't decode byte 0xff in position 0"),
+                                         (b"7", "got a number")])
+def test_a_damaged_texts_file_names_the_file_and_line(tmp_path, tiny_model_dir, damage, why):
+    """A line of OUT.npy.texts.jsonl that is not a JSON string: the error names the file and the
+    line (it was json's bare "Expecting value: line 1 column 1 (char 0)", or a UnicodeDecodeError),
+    by the API and the CLI."""
+    lines, out, texts = _small_npy_index(tmp_path, tiny_model_dir)
+    raw = texts.read_bytes().split(b"\n")
+    raw[6] = damage + raw[6][1:] if damage != b"7" else b"7" + b" " * (len(raw[6]) - 1)  # the same size
+    texts.write_bytes(b"\n".join(raw))
+    with pytest.raises(ValueError) as e:
+        corpus.search(out, lines[0], k=12)
+    assert str(e.value).startswith(f"index: {texts}, line 7: expected a JSON string")
+    assert why in str(e.value) and str(e.value).endswith("`embed --overwrite` makes the index again")
+    if damage == b"X":
+        r = run_cli("search", "--index", out, lines[0], "-k", "12", check=False)
+        assert r.returncode == 2 and r.stdout == ""
+        assert r.stderr.strip() == f"transformer_core search: {e.value}"
+
+
+def test_a_missing_or_cut_texts_file_is_reported_not_silent(tmp_path, tiny_model_dir):
+    """The manifest records texts_bytes > 0, the sidecar is gone or shorter: search warns (naming
+    the file and the bytes expected and found) and the CLI prints the warning and "(text
+    missing)", not "(text not stored)" with no word about it."""
+    lines, out, texts = _small_npy_index(tmp_path, tiny_model_dir)
+    expected = manifest(out)["texts_bytes"]
+    assert expected == texts.stat().st_size > 0
+    full = texts.read_bytes()
+    for cut, state in ((None, "is missing"), (10, "holds 10 bytes")):
+        if cut is None:
+            texts.unlink()
+        else:
+            texts.write_bytes(full[:cut])
+        with pytest.warns(corpus.TextsMissingWarning) as caught:
+            hits = corpus.search(out, lines[3], k=2)[0]
+        assert [h.text for h in hits] == [None, None] and hits[0].id == 3
+        assert len(caught) == 1 and str(caught[0].message) == (
+            f"index: {texts} {state}, its manifest {corpus.manifest_path(out)} records {expected:,} bytes of texts: "
+            f"the hits are shown without their texts (the file was removed or cut; `embed --overwrite` makes "
+            f"the index again)")
+        r = run_cli("search", "--index", out, lines[3], "-k", "2")
+        assert r.stderr.strip() == f"transformer_core search: warning: {caught[0].message}"
+        assert r.stdout.count("(text missing)") == 2 and "not stored" not in r.stdout
+    texts.write_bytes(full)
+    r = run_cli("search", "--index", out, lines[3], "-k", "2")
+    assert r.stderr == "" and "(text" not in r.stdout and _short_line(lines[3]) in r.stdout
+
+
+def _short_line(text):
+    return corpus._short(text, 100)
+
+
+def test_a_path_too_long_for_the_file_system_names_its_argument(tmp_path, tiny_model_dir):
+    """`--file`, `--index` and `--out` given a name longer than the file system takes: the error
+    names the argument and shows the path cut short, as `--model` does (it printed all 5000
+    characters and "File name too long" with no argument)."""
+    long = tmp_path / ("a" * 5000)
+    clipped = repr(str(long))[:120]
+    model = str(tiny_model_dir)
+    cases = [(lambda: corpus.open_source(long), "path", long),
+             (lambda: corpus.embed_file(long, tmp_path / "o.npy", model=model), "input", long),
+             (lambda: corpus.embed_file(["x"], f"{long}.npy", model=model), "out", Path(f"{long}.npy")),
+             (lambda: corpus.search(f"{long}.npy", "q"), "index", Path(f"{long}.npy"))]
+    for call, name, path in cases:
+        with pytest.raises(ValueError) as e:
+            call()
+        assert str(e.value) == (f"{name}: {repr(str(path))[:120]}... ({len(str(path))} characters): the name is "
+                                f"too long for the file system (File name too long)")
+    # a name that fits, but not with the suffixes of the run's own files (OUT.npy.manifest.json's temporary)
+    out = tmp_path / ("b" * 250 + ".npy")
+    with pytest.raises(ValueError, match=r"^out: .*\(\d+ characters\): the name is too long for the file system "
+                                         r"once a run adds the suffixes of its own files \(the longest, a temporary "
+                                         r"manifest, is named with \d+ bytes\) \(File name too long\)$"):
+        corpus.embed_file(["x"], out, model=model)
+    assert os.listdir(tmp_path) == []
+    for flags, name in ((["--file", long], "--file"), (["--out", f"{long}.npy", "x"], "out")):
+        r = run_cli("embed", "--model", model, *flags, check=False)
+        assert r.returncode == 2 and len(r.stderr) < 400, r.stderr
+        assert r.stderr.startswith(f"transformer_core embed: {name}: {clipped}... (")
+    r = run_cli("search", "--index", f"{long}.npy", "q", check=False)
+    assert r.returncode == 2 and r.stderr.startswith(f"transformer_core search: index: {clipped}... (")

@@ -617,3 +617,79 @@ def test_a_local_cluster_takes_a_free_port_and_prints_nothing():
             cluster.close()
     finally:
         holder.close()
+
+
+def test_a_second_run_of_the_output_is_refused_while_one_runs(tmp_path, tiny_model_dir, cluster):
+    """The client holds the output's lock from the run's start to its end: another run of the same
+    out (overwrite=True with another input, or resume), started while the first is in flight, is
+    refused instead of replacing its directory and manifest; the first finishes with exactly its
+    own rows, bitwise the single-process run's, and leaves no lock behind."""
+    c, client = cluster
+    model = str(tiny_model_dir)
+    old = write_lines(tmp_path / "old.txt", corpus_lines(120))
+    new = write_lines(tmp_path / "new.txt", corpus_lines(60, 5000))
+    ref = tmp_path / "ref.parquet"
+    corpus.embed_file(old, ref, model=model, chunk_size=10)
+    out = tmp_path / "e.parquet"
+    refused = []
+
+    def second_run(index, done):
+        if done == 1:
+            for inp, kwargs in ((new, {"overwrite": True}), (old, {"resume": True})):
+                with pytest.raises(ValueError, match=f"^out: another run holds {re.escape(str(out))} ") as e:
+                    embed_corpus(inp, out, model=model, scheduler=client, chunk_size=10, **kwargs)
+                refused.append(e.value)
+
+    r = embed_corpus(old, out, model=model, scheduler=client, chunk_size=10, on_chunk=second_run)
+    assert r.rows == 120 and len(refused) == 2
+    assert_same_rows(out, ref)
+    assert read_sorted(out)[1] == corpus_lines(120) and np.array_equal(read_sorted(out)[2], read_sorted(ref)[2])
+    assert not (tmp_path / ".e.parquet.lock").exists()
+    r = embed_corpus(new, out, model=model, scheduler=client, chunk_size=10, overwrite=True)  # free once it ended
+    assert r.rows == 60 and read_sorted(out)[1] == corpus_lines(60, 5000)
+
+
+def test_the_jobs_connections_keep_no_copies_of_the_chunks_sent(tmp_path, tiny_model_dir, monkeypatch):
+    """Dask keeps the recent messages of each connection (BatchedSend.recent_message_log: 1000 by
+    default), and a chunk's texts travel in them: the client's process held a copy of every chunk
+    sent (its Client's connection and, for its own local cluster, the scheduler's connections to
+    the workers), so its memory grew with the corpus, not with max_in_flight. The connections the
+    job makes keep none (DASK_LOG_LENGTH), and Dask's setting is restored afterwards."""
+    import dask
+    from transformer_core import distributed as tcd
+
+    key = "distributed.admin.low-level-log-length"
+    before = dask.config.get(key)
+    f = write_lines(tmp_path / "c.txt", corpus_lines(60))
+    made, seen = [], []
+    connect = tcd._connect
+
+    def recording_connect(*args):
+        made.append(connect(*args))  # (client, cluster, own, threads)
+        return made[-1]
+
+    def logs(index, done):
+        client, cluster = made[0][:2]
+        comms = [client.scheduler_comm, *cluster.scheduler.stream_comms.values()]
+        assert len(comms) == 2  # the client's, and the scheduler's to its one worker
+        seen.append([(len(comm.recent_message_log), comm.recent_message_log.maxlen) for comm in comms])
+
+    monkeypatch.setattr(tcd, "_connect", recording_connect)
+    r = embed_corpus(f, tmp_path / "e.parquet", model=str(tiny_model_dir), workers=1, chunk_size=2, on_chunk=logs)
+    assert r.rows == 60 and len(seen) == 30 and len(made) == 1
+    assert all(entry == [(0, 0), (0, 0)] for entry in seen), seen[-1]  # (messages kept, at most), per comm
+    assert tcd.DASK_LOG_LENGTH == 0
+    assert dask.config.get(key) == before
+
+
+def test_a_list_input_is_named_input(tmp_path, tiny_model_dir):
+    """A list's bad item names embed_corpus's argument (it said ``texts``) and an empty list is "the
+    list given as input" (it said "0 sentences given as arguments", the CLI's words); no cluster
+    starts and nothing is written."""
+    model = str(tiny_model_dir)
+    with pytest.raises(ValueError, match="^input: expected some text, got an empty text at index 0$"):
+        embed_corpus(["", "a"], tmp_path / "e.parquet", model=model, workers=1)
+    with pytest.raises(ValueError) as e:
+        embed_corpus([], tmp_path / "e.parquet", model=model, workers=1)
+    assert str(e.value) == "input: the list given as input has no text to embed (it is empty)"
+    assert os.listdir(tmp_path) == []

@@ -43,15 +43,24 @@ The pieces, in the order a run uses them:
   A part is renamed into the dataset only through a handle on the directory that holds its run's
   marker (checked again just before the rename), so a writer of a run that was interrupted and
   replaced (a cancelled Dask task that was already running, a second process) can never put its
-  rows into another run's output: it fails with ESTALE instead. The last step keeps only the
-  parts of the manifest's chunks (anything else in the directory is removed) and the marker goes.
-  A ``.npy`` run holds an exclusive lock of its output (``flock`` on a hidden ``.OUT.npy.lock``
-  beside it) from its start to its end: a second run of the same ``OUT.npy`` (another process,
-  or another job in this one, even with ``--overwrite``) is refused with a ValueError instead of
-  replacing the files the first is writing; the kernel releases the lock of a killed process, so
-  ``--resume`` then goes on. Where there are no locks, a ``.npy`` run that another replaced fails
-  at its next write, commit or finish with ESTALE (the manifest records another run, the file at
-  ``OUT.npy.partial`` is not the one it opened), never marking the other's output complete.
+  rows into another run's output: it fails with ESTALE instead. Each part also records the run
+  that wrote it (the Parquet key-value metadata ``transformer_core.run``), and the manifest the
+  runs of its output (``"runs"``: the first and each resumption): a resumed run and the last step
+  refuse a part of any other run (a ValueError naming it), so an output never mixes two runs'
+  rows. The last step keeps only the parts of the manifest's chunks (anything else in the
+  directory is removed) and the marker goes.
+  A run holds an exclusive lock of its output (``flock`` on a hidden ``.OUT.npy.lock`` /
+  ``.OUT.parquet.lock`` beside it) from its start to its end, in the process that records it
+  (the client of a distributed run; its workers only write parts): a second run of the same
+  output (another process, or another job in this one, even with ``--overwrite``) is refused
+  with a ValueError instead of replacing the files or the manifest the first is writing; the
+  kernel releases the lock of a killed process, so ``--resume`` then goes on. Where there are no
+  locks (no ``fcntl``, a file system without ``flock``), a run that another replaced fails at its
+  next write, commit or finish with ESTALE (the manifest records another run, the file at
+  ``OUT.npy.partial`` is not the one it opened, the Parquet directory holds another run's
+  marker), never marking the other's output complete; only there can a commit that passed its
+  check just before another run started still save its manifest over the other's, and then the
+  run ids of the parts make a later ``--resume`` refuse the mixture instead of accepting it.
 * **The manifest** ``OUT.npy.manifest.json`` / ``OUT.parquet.manifest.json`` beside the output: the model's identity (name and a
   fingerprint of its config, tokenizer and whole weight file), dim, dtype, the input's identity
   (path, size, mtime, SHA-256 of the whole file (``"sha256"``) and of its first and last MiB, format,
@@ -105,6 +114,7 @@ import threading
 import time
 import unicodedata
 import uuid
+import warnings
 from pathlib import Path
 from typing import Iterable, Iterator
 
@@ -112,7 +122,7 @@ import numpy as np
 
 try:
     import fcntl
-except ImportError:  # Windows: runs of a .npy output are not locked (the checks of commit/finish remain)
+except ImportError:  # Windows: runs are not locked (the checks of commit/finish and the parts' run ids remain)
     fcntl = None
 
 from ._validation import (
@@ -126,7 +136,7 @@ from ._validation import (
     described,
     physical_memory_bytes,
 )
-from .hub import DEFAULT_MODEL, JSON_ERRORS, json_problem, read_config, resolve_model_dir
+from .hub import DEFAULT_MODEL, JSON_ERRORS, _clip_path, json_problem, read_config, resolve_model_dir
 from .tokenizer import check_unicode
 
 __all__ = [
@@ -221,34 +231,42 @@ def _need_pyarrow(what: str):
 
 # =========================================================================================== sources
 class ListSource:
-    """Texts given in memory (the CLI's positional sentences), as a source.
+    """Texts given in memory (the CLI's positional sentences, or a list passed as ``input``), as a
+    source.
 
     Args:
         texts: a list of str, kept as given (no stripping, nothing skipped).
+        arg_name: what its errors name: ``"texts"`` (this argument, and the CLI's sentences), or
+            the caller's own argument (``"input"`` for a list given to :func:`embed_file` and its kin).
+        what: how messages describe the texts (:meth:`describe`); None: the CLI's
+            ``"3 sentences given as arguments"``.
 
     Raises:
         TypeError: not a list of str. ValueError: a blank text (empty, or only whitespace and
         invisible characters: Unicode categories Cc, Cf and Mn), which would embed
         to ``[CLS] [SEP]`` alone: every file reader refuses such a record, and :func:`search` such
         a query), or a text that is not valid Unicode (a lone surrogate); its index (and position)
-        named, found here, before anything is written.
+        named (as ``arg_name``), found here, before anything is written.
     """
 
     format = "list"
     path = None
     errors = "strict"
 
-    def __init__(self, texts):
+    def __init__(self, texts, arg_name: str = "texts", what: str | None = None):
+        self.arg_name = arg_name
+        self.what = what
         if isinstance(texts, str) or not hasattr(texts, "__iter__"):
-            raise TypeError(f"texts: expected a list of str, got {type(texts).__name__}")
+            raise TypeError(f"{arg_name}: expected a list of str, got {type(texts).__name__}")
         self.texts = list(texts)
         for i, t in enumerate(self.texts):
             if not isinstance(t, str):
-                raise TypeError(f"texts: expected a list of str, got {type(t).__name__} at index {i}")
+                raise TypeError(f"{arg_name}: expected a list of str, got {type(t).__name__} at index {i}")
             blank = _blank_kind(t)  # as a file reader's blank record and search's blank query
             if blank:
-                raise ValueError(f"texts: expected some text, got {_blank_text_phrase(blank, 'text')} at index {i}")
-            check_unicode(t, "texts", i)
+                raise ValueError(f"{arg_name}: expected some text, got {_blank_text_phrase(blank, 'text')} "
+                                 f"at index {i}")
+            check_unicode(t, arg_name, i)
         self.skipped: list[tuple[int, str]] = []
         self.num_skipped = 0
 
@@ -264,8 +282,8 @@ class ListSource:
         return {"format": "list", "count": len(self.texts), "sha256": h.hexdigest()}
 
     def describe(self) -> str:
-        """What the texts are, for messages: ``"3 sentences given as arguments"``."""
-        return f"{len(self.texts)} sentences given as arguments"
+        """What the texts are, for messages: ``what``, or the CLI's ``"3 sentences given as arguments"``."""
+        return self.what if self.what is not None else f"{len(self.texts)} sentences given as arguments"
 
 
 class TextSource:
@@ -630,7 +648,7 @@ def _open_source(path, input_format, text_field, errors, name: str, text_field_n
     _check_path_type(path, name)
     if errors not in ("strict", "skip"):
         raise ValueError(f"errors: expected 'strict' or 'skip', got {errors!r}")
-    p = _user_path(path)
+    p = _user_path(path, name)
     if input_format is None:
         input_format = _EXTENSIONS.get(p.suffix.lower(), "text")
     if input_format not in INPUT_FORMATS:
@@ -678,11 +696,37 @@ def _check_path_type(value, name: str) -> None:
         raise ValueError(f"{name}: expected a path, got {path!r}, which holds a NUL character (no file name can)")
 
 
-def _user_path(path) -> Path:
+def _user_path(path, name: str | None = None) -> Path:
     """``path`` as a Path, a leading ``~`` or ``~user`` expanded as :func:`os.path.expanduser` does
     (as ``--model`` is; the shell does not expand ``--out=~/x``). A ``~user`` with no such user
-    stays as written."""
-    return Path(os.path.expanduser(path))
+    stays as written. With ``name`` (the argument), a path too long for the file system is refused
+    (:func:`_check_name_fits`)."""
+    p = Path(os.path.expanduser(path))
+    if name is not None:
+        _check_name_fits(p, name)
+    return p
+
+
+def _check_name_fits(path: Path, name: str, longest: Path | None = None) -> None:
+    """Refuses a path the file system cannot name (ENAMETOOLONG: a file name longer than its
+    limit, usually 255 bytes, or a whole path longer than 4096), as the OS would refuse it at the
+    first use but with the argument ``name`` and a shortened path in the message, not the whole
+    name. ``longest``: the longest name a run makes from it (an output's temporary manifest), checked
+    too. Any other outcome (the file exists or not) is left to the caller.
+
+    Raises:
+        ValueError: naming ``name`` and the path (cut to about 120 characters).
+    """
+    for p in (path,) if longest is None else (path, longest):
+        try:
+            os.stat(p)
+        except OSError as e:
+            if e.errno != errno.ENAMETOOLONG:
+                continue
+            how = "" if p is path else (f" once a run adds the suffixes of its own files (the longest, a temporary "
+                                        f"manifest, is named with {len(os.fsencode(p.name))} bytes)")
+            raise ValueError(f"{name}: {_clip_path(path)}: the name is too long for the file system{how} "
+                             f"({os.strerror(e.errno)})") from None
 
 
 def _chunks(texts: Iterable[str], chunk_size: int) -> Iterator[tuple[int, int, list[str]]]:
@@ -942,6 +986,9 @@ def _check_manifest(man: dict, path: Path) -> None:
         field(man, "batch_size", "an int >= 1", lambda v: _is_int(v, 1))
     if "run" in man:
         field(man, "run", "a run id (hex digits)", lambda v: isinstance(v, str) and v.isalnum() and len(v) <= 64)
+    if "runs" in man:
+        field(man, "runs", "a list of run ids (hex digits)",
+              lambda v: isinstance(v, list) and all(isinstance(r, str) and r.isalnum() and len(r) <= 64 for r in v))
     if "normalize" in man:
         field(man, "normalize", "true or false", lambda v: isinstance(v, bool))
     if "skipped" in man:
@@ -1013,18 +1060,19 @@ def _output_kind(out, name: str = "out") -> str:
     """``"npy"`` or ``"parquet"``, from the suffix of the output path ``out`` (the argument ``name``).
 
     Raises:
-        TypeError: not a str or path. ValueError: another suffix.
+        TypeError: not a str or path. ValueError: another suffix; a path too long for the file
+        system, or one that the suffixes of the run's own files make too long (:func:`_check_name_fits`).
     """
     _check_path_type(out, name)
     suffix = Path(out).suffix.lower()
-    if suffix == ".npy":
-        return "npy"
-    if suffix == ".parquet":
-        return "parquet"
+    if suffix in (".npy", ".parquet"):
+        path = _user_path(out)
+        _check_name_fits(path, name, _temp_name(manifest_path(path)))
+        return suffix[1:]
     if Path(out).name.lower() in (".npy", ".parquet"):  # a hidden name, no suffix: Path(".npy").suffix == ""
         raise ValueError(f"{name}: expected a file name before the extension (such as embeddings"
-                         f"{Path(out).name.lower()}), got {str(out)!r}")
-    raise ValueError(f"{name}: expected a path ending in .npy or .parquet, got {str(out)!r}")
+                         f"{Path(out).name.lower()}), got {_clip_path(out)}")
+    raise ValueError(f"{name}: expected a path ending in .npy or .parquet, got {_clip_path(out)}")
 
 
 def _part_name(index: int, width: int) -> str:
@@ -1041,7 +1089,7 @@ def _new_run_id() -> str:
 
 
 def _lock_path(out) -> Path:
-    """The hidden lock file of a ``.npy`` output's run, beside it: ``.OUT.npy.lock``."""
+    """The hidden lock file of an output's run, beside it: ``.OUT.npy.lock`` / ``.OUT.parquet.lock``."""
     out = Path(out)
     return out.with_name(f".{out.name}.lock")
 
@@ -1056,7 +1104,7 @@ _NO_LOCKS = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL)
 
 
 def _lock_run(out: Path) -> int | None:
-    """Takes the exclusive lock of a ``.npy`` output for one run: ``flock`` on :func:`_lock_path`,
+    """Takes the exclusive lock of an output for one run: ``flock`` on :func:`_lock_path`,
     held until :func:`_unlock_run` (which removes the file) or the end of the process (the kernel
     releases it; the file left is taken by the next run). A second run of the same output (another
     process, or another :class:`EmbedJob` of this one) is refused instead of replacing the files
@@ -1238,7 +1286,9 @@ def write_parquet_part(directory, index: int, width: int, start: int, texts: lis
             into a directory holding that run's marker, checked through one handle on the directory
             before the temp file is made and again just before the rename, so that a writer of a
             run that was replaced (its directory removed, another made at the same path) or
-            resumed by another run never puts its rows there. None: no check.
+            resumed by another run never puts its rows there. None: no check. The part records
+            it in its key-value metadata (``transformer_core.run``, :data:`PART_RUN_KEY`), which
+            a resumed run and the last step check against the manifest's runs.
 
     Returns:
         The part's path.
@@ -1299,6 +1349,8 @@ def write_parquet_part(directory, index: int, width: int, start: int, texts: lis
         "text": pa.array(texts, type=pa.string()),
         "embedding": pa.FixedSizeListArray.from_arrays(pa.array(emb.reshape(-1)), dim),
     })
+    if run is not None:  # which run wrote it: see EmbedJob._check_parts_are_of_this_output
+        table = table.replace_schema_metadata({PART_RUN_KEY: run.encode("ascii")})
     path = directory / _part_name(index, width)
     if run is None or not _DIR_FD:
         if run is not None:
@@ -1348,6 +1400,30 @@ def write_parquet_part(directory, index: int, width: int, start: int, texts: lis
                 pass
         os.close(dir_fd)
     return path
+
+
+#: The key of a Parquet part's key-value metadata that names the run which wrote it.
+PART_RUN_KEY = b"transformer_core.run"
+
+
+def _part_run(path: Path) -> str | None:
+    """The run id recorded in the Parquet part ``path`` (:data:`PART_RUN_KEY`), or None for a part
+    that records none (written by an earlier version, or by :func:`write_parquet_part` without
+    ``run``). Reads only the file's footer.
+
+    Raises:
+        ValueError: ``path`` is not a readable Parquet file (named).
+    """
+    pa = _need_pyarrow("Parquet output")
+    import pyarrow.parquet as pq
+
+    try:
+        with pa.OSFile(os.fsencode(path)) as f:  # by its bytes, as _read_part opens a part
+            meta = pq.read_metadata(f).metadata or {}
+    except (pa.ArrowException, OSError) as e:
+        raise ValueError(f"out: {path} is not a readable Parquet part ({e}); --overwrite starts over") from None
+    run = meta.get(PART_RUN_KEY)
+    return None if run is None else run.decode("ascii", "replace")
 
 
 def _naming(error: OSError, path: Path) -> OSError:
@@ -1652,7 +1728,7 @@ class EmbedJob:
                 that is the input file (or holds it: see :func:`_check_not_input`); a resumed run
                 whose model, quantize setting, input, chunk size or batch size differ, or whose
                 manifest is damaged; an input with no text; a bad record (strict mode); another run
-                holding a ``.npy`` output now (its lock, see :meth:`start`).
+                holding the output now (its lock, see :meth:`start`).
             FileNotFoundError: ``out``'s directory does not exist; ``resume`` with no manifest, or
                 with its data gone. NotADirectoryError: ``out``'s directory is a file (or below one).
             FileExistsError: the output exists and neither ``resume`` nor ``overwrite`` was given.
@@ -1678,8 +1754,7 @@ class EmbedJob:
             if existing is not None and not existing.is_dir():  # afile/x.npy, afile/sub/x.npy
                 raise NotADirectoryError(f"out: {existing} is not a directory (for {out})")
             raise FileNotFoundError(f"out: the directory {parent} does not exist (for {out})")
-        if kind == "npy":
-            _check_not_locked(out)
+        _check_not_locked(out)
         if resume:
             return cls._prepare_resume(source, out, kind, model, chunk_size, batch_size)
         existing = [p for p in (out, _partial_path(out), manifest_path(out)) if p.exists()]
@@ -1706,6 +1781,7 @@ class EmbedJob:
             "complete": False, "num_skipped": source.num_skipped,
             "skipped": [list(s) for s in source.skipped],
         }
+        manifest["runs"] = [manifest["run"]]  # this output's runs: the first, then each resumption
         if batch_size is not None:
             manifest["batch_size"] = batch_size
         job = cls(out, kind, manifest, source)
@@ -1790,23 +1866,26 @@ class EmbedJob:
         done. A resumed run takes the output over: a new run id in the manifest and, for Parquet,
         its marker in place of the interrupted run's (whose writers are then refused).
 
-        A ``.npy`` run holds an exclusive lock of the output from here until :meth:`finish` or
-        :meth:`close` (or the end of its process): another run of it is refused at its
-        :meth:`prepare` or :meth:`start`, never left to replace the files this one writes. (A Parquet
-        run is not locked: its run marker makes a replaced run's writes fail, see the module
-        docstring.) What :meth:`prepare` saw is checked again here, under the lock.
+        The run holds an exclusive lock of the output (``.npy`` and Parquet alike) from here until
+        :meth:`finish` or :meth:`close` (or the end of its process): another run of it is refused at
+        its :meth:`prepare` or :meth:`start`, never left to replace the files or the manifest this
+        one writes. (A distributed run's lock is its client's, which calls this; its workers only
+        write parts, guarded by the run marker.) What :meth:`prepare` saw is checked again here,
+        under the lock; a resumed Parquet run checks that every part recorded done was written by
+        one of the output's runs.
 
         Raises:
             OSError: the output cannot be created, e.g. the disk cannot hold the whole ``.npy``
             (ENOSPC, ``OUT.partial`` named); nothing of this run is then left behind.
-            ValueError: another run holds the ``.npy`` output (``out`` named), or (after
-            :meth:`prepare`) another run resumed, advanced or finished the output this one was to
-            resume. FileExistsError: another run created the output since :meth:`prepare` (not
-            ``overwrite``). Nothing is changed then.
+            ValueError: another run holds the output (``out`` named), or (after :meth:`prepare`)
+            another run resumed, advanced or finished the output this one was to resume, or a part
+            recorded done was written by another run (named: a run that replaced this output
+            where there were no locks). FileExistsError: another run created the output since
+            :meth:`prepare` (not ``overwrite``). Nothing is changed then.
         """
         if self._started:
             return
-        if self.kind == "npy" and self._lock is None:
+        if self._lock is None:
             self._lock = _lock_run(self.out)
         try:
             self._check_unchanged_since_prepare()
@@ -1859,9 +1938,17 @@ class EmbedJob:
             raise
 
     def _take_over(self) -> None:
-        """A resumed run's start: a new run id; the Parquet directory's markers replaced by its own."""
-        self.manifest["run"] = _new_run_id()
+        """A resumed run's start: the parts recorded done checked (:meth:`_check_parts_are_of_this_output`),
+        then a new run id, added to the output's runs; the Parquet directory's markers replaced by its own."""
         data = _partial_path(self.out)
+        if self.kind == "parquet":
+            stored = data if data.is_dir() else self.out
+            if stored.is_dir():
+                self._check_parts_are_of_this_output(stored, sorted(self.completed))
+        # a manifest of an earlier version records no runs: its parts record none either
+        runs = list(self.manifest.get("runs", [self.manifest["run"]] if self.manifest.get("run") else []))
+        self.manifest["run"] = _new_run_id()
+        self.manifest["runs"] = [*runs, self.manifest["run"]]
         if self.kind == "parquet" and data.is_dir():
             for marker in data.glob(".run-*"):
                 marker.unlink(missing_ok=True)
@@ -1914,7 +2001,7 @@ class EmbedJob:
         that is not one of the manifest's) is removed first.
 
         Raises:
-            ValueError: a chunk is not done.
+            ValueError: a chunk is not done; a Parquet part written by another run (named).
             FileNotFoundError: the part of a chunk recorded done is missing.
             OSError: ESTALE: another run replaced or took over this run's directory.
         """
@@ -1938,7 +2025,7 @@ class EmbedJob:
         self.close()
 
     def close(self) -> None:
-        """Releases the ``.npy`` output's lock (:meth:`start`) without finishing: what is saved stays,
+        """Releases the output's lock (:meth:`start`) without finishing: what is saved stays,
         for a later ``resume``. :meth:`finish` calls it; twice is harmless. A job that is not
         finished should be closed (:func:`embed_file` does), else its lock is held until it is
         garbage-collected or its process ends."""
@@ -1965,9 +2052,33 @@ class EmbedJob:
         if on_disk != self.run:
             raise _stale(path, self.run, f"the manifest records run {on_disk}")
 
+    def _check_parts_are_of_this_output(self, data: Path, chunks) -> None:
+        """Checks that the part of each chunk in ``chunks`` found in ``data`` was written by one of
+        this output's runs (the manifest's ``"runs"``; its ``"run"`` alone in a manifest that has
+        none), by the run id it records (:func:`_part_run`). A part that records none (an earlier
+        version's) is accepted; a missing part is left to the caller.
+
+        Raises:
+            ValueError: a part written by another run (a run that replaced this output where there
+            were no locks, whose manifest this one's then replaced), named with its chunk and run.
+        """
+        runs = set(self.manifest.get("runs", [self.manifest.get("run")]))
+        width = self.manifest["part_width"]
+        for i in chunks:
+            part = data / _part_name(i, width)
+            if not part.is_file():
+                continue
+            run = _part_run(part)
+            if run is not None and run not in runs:
+                raise ValueError(f"out: {part}, the part of chunk {i} that the manifest {manifest_path(self.out)} "
+                                 f"records as done, was written by run {run}, not by a run of this output "
+                                 f"({', '.join(sorted(runs))}): another run of the same output replaced it; "
+                                 f"--overwrite starts over")
+
     def _keep_only_the_parts(self, data: Path) -> None:
         """Checks that ``data`` holds this run's marker (unless finished already) and every chunk's
-        part, then removes everything else in it."""
+        part, each written by one of this output's runs (:meth:`_check_parts_are_of_this_output`),
+        then removes everything else in it."""
         keep = {_part_name(i, self.manifest["part_width"]) for i in range(self.num_chunks)}
         marker = data / _run_marker(self.run) if self.run else None
         if data != self.out and marker is not None and not marker.exists():
@@ -1978,6 +2089,7 @@ class EmbedJob:
                 raise FileNotFoundError(f"out: {part}, the part of chunk {i} that the manifest "
                                         f"{manifest_path(self.out)} records as done, is missing; "
                                         f"--overwrite starts over")
+        self._check_parts_are_of_this_output(data, range(self.num_chunks))
         for entry in data.iterdir():
             if entry.name not in keep:
                 _remove([entry])
@@ -2042,7 +2154,7 @@ def _quantized(quantize: str | None) -> str:
 
 def _why_empty(source, identity: dict) -> str:
     if isinstance(source, ListSource):
-        return "no sentences given"
+        return "no sentences given" if source.what is None else "it is empty"
     if source.num_skipped:
         return f"all {source.num_skipped} records were skipped; the first: {source.skipped[0][0]}: {source.skipped[0][1]}"
     if identity.get("size") == 0:
@@ -2155,7 +2267,9 @@ def _as_source(input, input_format, text_field, errors):
     for name, value in (("input_format", input_format), ("text_field", text_field)):
         if value is not None:
             raise ValueError(f"{name}: only for a path input, got {value!r} with {what}")
-    return input if isinstance(input, (TextSource, ListSource)) else ListSource(input)
+    if isinstance(input, (TextSource, ListSource)):
+        return input
+    return ListSource(input, "input", "the list given as input")
 
 
 def _result(job: EmbedJob, chunks_computed: int, rows_computed: int, seconds: float) -> EmbedResult:
@@ -2285,7 +2399,7 @@ def _cosine_scores(q: np.ndarray, emb: np.ndarray) -> np.ndarray:
 
 
 def _open_index(index, allow_incomplete: bool) -> tuple[dict, Path]:
-    index = _user_path(index)
+    index = _user_path(index, "index")
     try:
         man = read_manifest(index)
     except FileNotFoundError:
@@ -2396,8 +2510,22 @@ def _iter_blocks(man: dict, data: Path, index: Path, block_rows: int) -> Iterato
         yield table.column("id").to_numpy().astype(np.int64, copy=False), emb
 
 
+class TextsMissingWarning(UserWarning):
+    """:func:`search` found the texts file of a ``.npy`` index (``OUT.npy.texts.jsonl``) missing or
+    shorter than its manifest records: the hits come without their texts (``Hit.text`` None)."""
+
+
 def _texts_of(man: dict, data: Path, index: Path, ids: set[int]) -> dict[int, str]:
-    """The texts of the given ids (read by streaming the sidecar, or the parts that hold them)."""
+    """The texts of the given ids (read by streaming the sidecar, or the parts that hold them).
+
+    A ``.npy`` index whose sidecar is missing or shorter than the manifest's ``texts_bytes`` gives
+    no texts, with a :class:`TextsMissingWarning` naming the file and the bytes expected and found
+    (an index whose manifest records no texts gives none, silently).
+
+    Raises:
+        ValueError: a line of the sidecar that is not a JSON string (invalid JSON or UTF-8), named
+        with the file and its line number.
+    """
     found: dict[int, str] = {}
     if not ids:
         return found
@@ -2405,13 +2533,21 @@ def _texts_of(man: dict, data: Path, index: Path, ids: set[int]) -> dict[int, st
         path = _texts_path(index)
         # texts only from a sidecar that holds what the manifest says the finished chunks wrote (a
         # shorter one, cut or replaced, would give its rows to the wrong ids)
-        if not path.exists() or path.stat().st_size < man.get("texts_bytes", 0):
+        expected = man.get("texts_bytes", 0)
+        size = path.stat().st_size if path.exists() else None
+        if size is None or size < expected:
+            if expected > 0:
+                state = "is missing" if size is None else f"holds {size:,} bytes"
+                warnings.warn(TextsMissingWarning(
+                    f"index: {path} {state}, its manifest {manifest_path(index)} records {expected:,} bytes of "
+                    f"texts: the hits are shown without their texts (the file was removed or cut; `embed "
+                    f"--overwrite` makes the index again)"), stacklevel=3)
             return found
         last = max(ids)
         with open(path, "rb") as f:
             for row, line in enumerate(f):
                 if row in ids:
-                    found[row] = json.loads(line)
+                    found[row] = _stored_text(line, path, row)
                 if row >= last:
                     break
         return found
@@ -2427,6 +2563,24 @@ def _texts_of(man: dict, data: Path, index: Path, ids: set[int]) -> dict[int, st
             if len(pos):
                 found[i] = texts[int(pos[0])].as_py()
     return found
+
+
+def _stored_text(line: bytes, path: Path, row: int) -> str:
+    """The text of one line of a texts sidecar (a JSON string), ``row`` its 0-based line.
+
+    Raises:
+        ValueError: not a JSON string (invalid UTF-8 or JSON, another JSON value), naming the file
+        and the line (1-based).
+    """
+    try:
+        text = json.loads(line)
+    except JSON_ERRORS as e:  # JSONDecodeError and UnicodeDecodeError are both ValueErrors
+        raise ValueError(f"index: {path}, line {row + 1}: expected a JSON string ({json_problem(e)}); the texts "
+                         f"file is damaged: `embed --overwrite` makes the index again") from None
+    if not isinstance(text, str):
+        raise ValueError(f"index: {path}, line {row + 1}: expected a JSON string, got {_json_type(text)}; the "
+                         f"texts file is damaged: `embed --overwrite` makes the index again")
+    return text
 
 
 def search(index, queries, k: int = 5, *, model=None, allow_incomplete: bool = False,
@@ -2466,15 +2620,20 @@ def search(index, queries, k: int = 5, *, model=None, allow_incomplete: bool = F
         ValueError: no query (an empty list), a blank query (empty, or only whitespace and
         invisible characters: Unicode categories Cc, Cf and Mn), a query that is not valid
         Unicode; ``k`` or ``block_rows`` < 1; ``batch_size`` outside ``[1, 2**63 - 1]``; an
-        ``index`` holding a NUL character; an empty ``model``. FileNotFoundError: no such
-        ``model``.
+        ``index`` holding a NUL character, or too long for the file system (named, cut short); an
+        empty ``model``. FileNotFoundError: no such ``model``.
         Then: FileNotFoundError: no such index, or a Parquet part of a chunk done is missing
         (naming it, its chunk and the dataset). ValueError: no manifest or a
         damaged one, a truncated ``.npy`` or an unreadable part (named), an incomplete index
-        (unless ``allow_incomplete``), another ``model`` (another fingerprint, or a manifest of an
+        (unless ``allow_incomplete``), a line of a ``.npy`` index's texts file that is not a JSON
+        string (the file and the line named), another ``model`` (another fingerprint, or a manifest of an
         earlier version whose fingerprint cannot be compared: see ``FINGERPRINT_VERSION``); with
         ``model`` left out, the index's own model changed since the index was made (the files at
         its path have another fingerprint; a manifest of an earlier version is not checked).
+
+    Warns:
+        TextsMissingWarning: a ``.npy`` index's texts file is missing or shorter than its manifest
+        records (both named): the hits come without their texts (``Hit.text`` None).
     """
     from .sentence_encoder import SentenceEncoder
 
@@ -2678,7 +2837,16 @@ def _print_summary(args, s: EmbedSummary) -> int:
 def run_search(args) -> int:
     """``python -m transformer_core search``: see ``__main__``."""
     _check_paths_given(index=args.index)
-    results = search(args.index, args.queries, args.k, model=args.model, allow_incomplete=args.allow_incomplete)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", TextsMissingWarning)
+        results = search(args.index, args.queries, args.k, model=args.model, allow_incomplete=args.allow_incomplete)
+    missing = False  # the texts file is gone or cut: the hits are "(text missing)", not "(text not stored)"
+    for w in caught:
+        if issubclass(w.category, TextsMissingWarning):
+            missing = True
+            print(f"transformer_core search: warning: {w.message}", file=sys.stderr)
+        else:  # another's warning, shown as it would have been
+            warnings.showwarning(w.message, w.category, w.filename, w.lineno)
     if args.json:
         print(json.dumps([{"query": q, "hits": [dataclasses.asdict(h) for h in hits]}
                           for q, hits in zip(args.queries, results)], ensure_ascii=False))
@@ -2688,6 +2856,6 @@ def run_search(args) -> int:
             print()
         print(f"query: {q}")
         for rank, h in enumerate(hits, 1):
-            text = "(text not stored)" if h.text is None else _short(h.text, 100)
+            text = _short(h.text, 100) if h.text is not None else "(text missing)" if missing else "(text not stored)"
             print(f"  {rank:>2}. {h.score:7.4f}  [{h.id}] {text}")
     return 0

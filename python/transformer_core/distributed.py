@@ -3,10 +3,20 @@
 :func:`embed_corpus` cuts the input into the same chunks as :func:`transformer_core.corpus.embed_file`
 and runs each as a task on the cluster's workers; a task embeds its chunk and writes it as one part
 of the same Parquet dataset (``part-<chunk>.parquet``, written to a temp name and renamed). The
-client streams the input (a bounded number of chunks in flight, so its memory stays bounded too),
-records each chunk in the same manifest as it completes, and renames the dataset to its final name
-at the end: an output is the same whether one process or a cluster made it, and either can resume
-the other's interrupted run.
+client streams the input (at most ``max_in_flight`` chunks submitted and not yet done), records
+each chunk in the same manifest as it completes, and renames the dataset to its final name at the
+end: an output is the same whether one process or a cluster made it, and either can resume the
+other's interrupted run. The client holds the output's lock from the run's start to its end
+(:meth:`transformer_core.corpus.EmbedJob.start`): a second run of the same output, distributed or
+not, is refused while it runs.
+
+* **The client's memory** is bounded by the chunks in flight, not by the corpus: Dask keeps a copy
+  of the recent messages of each connection (``BatchedSend.recent_message_log``: the last
+  ``distributed.admin.low-level-log-length`` messages under 1 MB, 1000 by default), and a chunk's
+  texts travel in such messages, so the connections that :func:`embed_corpus` makes (its Client,
+  and its own local cluster's scheduler, which runs in this process) are built and run with that
+  length set to :data:`DASK_LOG_LENGTH` (0, no copies). A ``distributed.Client`` given as
+  ``scheduler`` keeps the settings it was built with: see :func:`embed_corpus`.
 
 * **One encoder per worker**, not per task: a worker plugin loads the model when the worker starts
   (and in a worker that replaces a dead one) into a per-process cache keyed by the model's
@@ -26,7 +36,8 @@ the other's interrupted run.
   (:func:`transformer_core.corpus.write_parquet_part` with ``run=``), so a task of an interrupted
   run that ends after another run replaced (``overwrite``) or resumed the output writes nothing
   there (it fails with ESTALE, which nobody waits for), and the next run's output holds exactly
-  its own rows.
+  its own rows. Each part records the run that wrote it, checked against the manifest's runs when
+  a run is resumed and when it finishes.
 * **Bits**: a task encodes its chunk exactly as :func:`transformer_core.corpus.embed_file` does
   (the same chunks, ``batch_size`` and L2 normalisation, the manifest's ``normalize``, whatever
   the model's own setting), so the rows are bitwise those of a single-process run.
@@ -53,6 +64,7 @@ from pathlib import Path
 from typing import Callable
 
 try:
+    import dask
     from distributed import Client, LocalCluster, as_completed
     from distributed.client import FutureCancelledError
     from distributed.comm import CommClosedError, get_address_host, parse_address
@@ -69,7 +81,15 @@ from ._runtime import core
 from ._validation import MAX_SIZE, check_int
 from .hub import DEFAULT_MODEL
 
-__all__ = ["embed_corpus", "EncoderPlugin", "MAX_WORKERS"]
+__all__ = ["embed_corpus", "EncoderPlugin", "MAX_WORKERS", "DASK_LOG_LENGTH"]
+
+#: ``distributed.admin.low-level-log-length`` while :func:`embed_corpus` runs on connections it
+#: makes: how many recent messages Dask keeps a copy of per connection (and per developer log:
+#: the scheduler's transitions and events, a worker's stimuli). 0 keeps none, so that the texts of
+#: the chunks already sent are not kept in this process (Dask's default, 1000, kept up to 1000
+#: chunks per connection: the whole of most corpora, once per connection).
+DASK_LOG_LENGTH = 0
+_LOG_LENGTH_KEY = "distributed.admin.low-level-log-length"
 
 #: The most worker processes :func:`embed_corpus` starts in a local cluster (``workers``): each is
 #: a process holding its own copy of the model, so more than this only exhausts the machine.
@@ -440,8 +460,18 @@ def embed_corpus(input, out, *, model=DEFAULT_MODEL, scheduler=None, workers: in
             whose count is the caller's.
         chunk_size, batch_size, input_format, text_field, errors, resume, overwrite, progress: as
             :func:`transformer_core.corpus.embed_file`.
-        max_in_flight: chunks submitted and not finished at once (default 2 per worker + 2): bounds
-            the client's memory.
+        max_in_flight: chunks submitted and not finished at once (default 2 per worker + 2): with
+            the chunk size, it bounds the client's memory (the texts of the chunks in flight),
+            whatever the size of the corpus. The connections this function makes (to a
+            ``scheduler`` address, or to its own local cluster, whose scheduler runs in this
+            process) run with ``distributed.admin.low-level-log-length`` at
+            :data:`DASK_LOG_LENGTH` (0) while the job runs, so that Dask keeps no copies of the
+            chunks sent. A ``Client`` given as ``scheduler`` keeps the log length it was built
+            with (Dask's default 1000: a copy of up to 1000 chunks, each under 1 MB, per
+            connection, in the client's process, and in the scheduler's, this process for a
+            ``LocalCluster`` made here): build it, and its cluster, inside
+            ``dask.config.set({"distributed.admin.low-level-log-length": 0})`` to bound the
+            memory by ``max_in_flight``.
         on_chunk: None, or a callable called in the client after each chunk is recorded, with
             (chunk index, chunks done).
 
@@ -495,6 +525,11 @@ def embed_corpus(input, out, *, model=DEFAULT_MODEL, scheduler=None, workers: in
     saved_environ = dict(os.environ)
     client = cluster = None
     own = False
+    settings = contextlib.ExitStack()  # Dask's settings for the connections made here, restored at the end
+    if not isinstance(scheduler, Client):
+        # read where each connection is built (BatchedSend's log), also a worker's that replaces a
+        # dead one, and by a local cluster's nannies for their workers: held until the job ends
+        settings.enter_context(dask.config.set({_LOG_LENGTH_KEY: DASK_LOG_LENGTH}))
     futures: set = set()
     bar = None
     starting = started = False  # whether job.start() was entered, and whether it created (or took over) the output
@@ -566,14 +601,18 @@ def embed_corpus(input, out, *, model=DEFAULT_MODEL, scheduler=None, workers: in
         raise KeyboardInterrupt(f"interrupted before the run started (while the cluster and its workers were "
                                 f"set up): nothing was written to {job.out}") from None
     finally:
-        if futures:
-            client.cancel(list(futures))
-        if bar is not None:
-            bar.close()
-        if own and client is not None:
-            client.close()
-        if cluster is not None:
-            cluster.close()
-        if os.environ != saved_environ:
-            os.environ.clear()
-            os.environ.update(saved_environ)
+        try:
+            if futures:
+                client.cancel(list(futures))
+            if bar is not None:
+                bar.close()
+            if own and client is not None:
+                client.close()
+            if cluster is not None:
+                cluster.close()
+        finally:
+            settings.close()
+            job.close()  # the output's lock, when the run did not finish (finish released it)
+            if os.environ != saved_environ:
+                os.environ.clear()
+                os.environ.update(saved_environ)
