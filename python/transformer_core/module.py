@@ -820,6 +820,7 @@ def _one_training_call_at_a_time(method: Callable, always: bool) -> Callable:
 
     @functools.wraps(method)
     def locked(self, *args, **kwargs):
+        """``method(self, *args, **kwargs)``, under the lock where it keeps or reads a training state."""
         if not (always or self.training):
             return method(self, *args, **kwargs)
         with _TRAINING_CALLS:
