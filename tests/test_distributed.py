@@ -693,3 +693,20 @@ def test_a_list_input_is_named_input(tmp_path, tiny_model_dir):
         embed_corpus([], tmp_path / "e.parquet", model=model, workers=1)
     assert str(e.value) == "input: the list given as input has no text to embed (it is empty)"
     assert os.listdir(tmp_path) == []
+
+
+def test_overlapping_jobs_restore_dasks_log_length_when_the_last_ends():
+    """Each job set the log length with its own dask.config.set, which restores what it found: two
+    jobs in threads ending in the order they started left the process's setting at 0."""
+    import dask
+    from transformer_core import distributed
+
+    key = "distributed.admin.low-level-log-length"
+    before = dask.config.get(key)
+    first, second = distributed._short_message_logs(), distributed._short_message_logs()
+    first.__enter__()
+    second.__enter__()
+    first.__exit__(None, None, None)  # the first job ends while the second runs
+    assert dask.config.get(key) == distributed.DASK_LOG_LENGTH
+    second.__exit__(None, None, None)
+    assert dask.config.get(key) == before != distributed.DASK_LOG_LENGTH

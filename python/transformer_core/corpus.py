@@ -140,6 +140,8 @@ from .hub import DEFAULT_MODEL, JSON_ERRORS, _clip_path, json_problem, read_conf
 from .tokenizer import check_unicode
 
 __all__ = [
+    "TextsMissingWarning",
+    "PART_RUN_KEY",
     "INPUT_FORMATS",
     "DEFAULT_CHUNK_SIZE",
     "TextSource",
@@ -852,9 +854,10 @@ def _texts_path(out) -> Path:
     return Path(f"{out}.texts.jsonl")
 
 
-def _temp_name(path: Path) -> Path:
-    """A unique temporary name beside ``path``, hidden (leading dot: dataset readers skip it)."""
-    return path.with_name(f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+def _temp_name(path: Path, pid: int | None = None) -> Path:
+    """A unique temporary name beside ``path``, hidden (leading dot: dataset readers skip it), with
+    this process's id (``pid``: another, e.g. the longest one, to size the names a run makes)."""
+    return path.with_name(f".{path.name}.tmp-{os.getpid() if pid is None else pid}-{uuid.uuid4().hex[:8]}")
 
 
 def _remove_temps(directory: Path, name: str) -> None:
@@ -1067,7 +1070,8 @@ def _output_kind(out, name: str = "out") -> str:
     suffix = Path(out).suffix.lower()
     if suffix in (".npy", ".parquet"):
         path = _user_path(out)
-        _check_name_fits(path, name, _temp_name(manifest_path(path)))
+        # sized with Linux's largest pid (2**22), so that a process of a longer pid also fits
+        _check_name_fits(path, name, _temp_name(manifest_path(path), pid=2**22))
         return suffix[1:]
     if Path(out).name.lower() in (".npy", ".parquet"):  # a hidden name, no suffix: Path(".npy").suffix == ""
         raise ValueError(f"{name}: expected a file name before the extension (such as embeddings"

@@ -90,6 +90,30 @@ __all__ = ["embed_corpus", "EncoderPlugin", "MAX_WORKERS", "DASK_LOG_LENGTH"]
 #: chunks per connection: the whole of most corpora, once per connection).
 DASK_LOG_LENGTH = 0
 _LOG_LENGTH_KEY = "distributed.admin.low-level-log-length"
+_log_length_jobs = 0  # the jobs in this process that hold DASK_LOG_LENGTH set (threads may overlap)
+_log_length_setting = None  # dask.config.set's restorer, held from the first such job to the last
+_log_length_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def _short_message_logs():
+    """``DASK_LOG_LENGTH`` as Dask's message log length while the block runs, the value before
+    restored when the last of the overlapping blocks (jobs in several threads) ends: a
+    ``dask.config.set`` per job restores what it found on entry, so overlapping jobs ending out
+    of order left the process's setting at 0."""
+    global _log_length_jobs, _log_length_setting
+    with _log_length_lock:
+        if _log_length_jobs == 0:
+            _log_length_setting = dask.config.set({_LOG_LENGTH_KEY: DASK_LOG_LENGTH})
+        _log_length_jobs += 1
+    try:
+        yield
+    finally:
+        with _log_length_lock:
+            _log_length_jobs -= 1
+            if _log_length_jobs == 0:
+                _log_length_setting.__exit__(None, None, None)
+                _log_length_setting = None
 
 #: The most worker processes :func:`embed_corpus` starts in a local cluster (``workers``): each is
 #: a process holding its own copy of the model, so more than this only exhausts the machine.
@@ -529,7 +553,7 @@ def embed_corpus(input, out, *, model=DEFAULT_MODEL, scheduler=None, workers: in
     if not isinstance(scheduler, Client):
         # read where each connection is built (BatchedSend's log), also a worker's that replaces a
         # dead one, and by a local cluster's nannies for their workers: held until the job ends
-        settings.enter_context(dask.config.set({_LOG_LENGTH_KEY: DASK_LOG_LENGTH}))
+        settings.enter_context(_short_message_logs())
     futures: set = set()
     bar = None
     starting = started = False  # whether job.start() was entered, and whether it created (or took over) the output
