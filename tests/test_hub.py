@@ -876,3 +876,46 @@ def test_write_files_atomically_remove(tmp_path):
     with pytest.raises(IsADirectoryError, match="sub"):
         write_files_atomically(tmp_path, [("a.txt", lambda p: None)], remove=["sub"])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.txt", "sub"] and (tmp_path / "a.txt").read_text() == "new a"
+
+
+def test_saved_weights_carry_transformers_format_key(tmp_path):
+    """Our model.safetensors said {"format": "np"}; transformers 4's loader refuses any format but
+    pt/tf/flax/mlx ("Incompatible safetensors file"). The key is what transformers' own save writes."""
+    import json
+    import struct
+
+    import torch
+    import transformers
+
+    def format_of(path):
+        with open(path, "rb") as f:
+            (n,) = struct.unpack("<Q", f.read(8))
+            return json.loads(f.read(n))["__metadata__"]["format"]
+
+    hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(**_TINY_LLAMA))
+    torch.manual_seed(0)
+    hf.save_pretrained(tmp_path / "hf")
+    _llama(0).save_pretrained(tmp_path / "ours")
+    assert format_of(tmp_path / "ours" / "model.safetensors") == format_of(tmp_path / "hf" / "model.safetensors") == "pt"
+
+
+def test_a_pickled_checkpoint_is_named_and_never_loaded(tmp_path):
+    """A folder with pytorch_model.bin only said "model.safetensors: not found" as if it held no
+    weights: it names the pickle and why it is not read. The pickle does not run."""
+    import pickle
+
+    import transformer_core as tc
+
+    model = _llama(0)
+    model.save_pretrained(tmp_path)
+    (tmp_path / "model.safetensors").unlink()
+    marker = tmp_path / "ran"
+
+    class Payload:
+        def __reduce__(self):
+            return (open, (str(marker), "w"))
+
+    (tmp_path / "pytorch_model.bin").write_bytes(pickle.dumps(Payload()))
+    with pytest.raises(FileNotFoundError, match=r"it has pytorch_model\.bin, a pickle, which is never loaded here"):
+        tc.LlamaForCausalLM.from_pretrained(tmp_path)
+    assert not marker.exists()

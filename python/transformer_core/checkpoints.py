@@ -320,8 +320,10 @@ def write_files_atomically(directory, files, remove=()) -> None:
 def save_pretrained_files(directory, config: dict, state: dict, metadata: dict | None = None,
                           generation_config: dict | None = None) -> None:
     """Writes a Hugging Face model directory: ``model.safetensors`` (``state``, name -> C-contiguous
-    array, with ``metadata`` in its header; default ``{"format": "np"}``), ``generation_config.json``
-    (``generation_config``, when given) and ``config.json`` (``config``), through
+    array, with ``metadata`` in its header; default ``{"format": "pt"}``, what transformers' own save
+    writes and transformers 4's loader requires, the tensors being plain arrays either way),
+    ``generation_config.json`` (``generation_config``, when given) and ``config.json``
+    (``config``), through
     :func:`write_files_atomically`: the weights first, ``config.json`` last. A save that fails
     (a full disk, a file-size limit, one of the final renames, a KeyboardInterrupt) leaves the
     folder's previous files as they were, or no file in a folder that had none: never new weights
@@ -354,7 +356,7 @@ def save_pretrained_files(directory, config: dict, state: dict, metadata: dict |
 
     text = json.dumps(config, indent=2) + "\n"  # a config that cannot be written fails before any file
     generation = json.dumps(generation_config, indent=2) + "\n" if generation_config is not None else None
-    metadata = {"format": "np"} if metadata is None else metadata
+    metadata = {"format": "pt"} if metadata is None else metadata
     files = [("model.safetensors", lambda p: save_file(state, p, metadata=metadata))]
     if generation is not None:
         files.append(("generation_config.json", lambda p: Path(p).write_text(generation, encoding="utf-8")))

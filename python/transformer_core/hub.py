@@ -283,7 +283,8 @@ def load_safetensors(model_dir: Path, dtype=np.float32) -> dict:
         ``{name: array}``, each C-contiguous and writable, shapes as stored.
 
     Raises:
-        FileNotFoundError: neither ``model.safetensors`` nor ``model.safetensors.index.json``.
+        FileNotFoundError: neither ``model.safetensors`` nor ``model.safetensors.index.json``
+            (naming a ``pytorch_model.bin`` found instead: pickles are never loaded).
         TypeError: ``dtype`` not float32/float64.
         ValueError: naming the file: a truncated file, a header that is not valid JSON or whose
             offsets, shapes or dtypes do not add up, an index that is not a JSON object with a
@@ -297,8 +298,12 @@ def load_safetensors(model_dir: Path, dtype=np.float32) -> dict:
     if single.is_file():
         return _load_safetensors_file(single, None, dtype)
     if not index.is_file():
+        pickled = [name for name in ("pytorch_model.bin", "pytorch_model.bin.index.json")
+                   if (model_dir / name).is_file()]
+        hint = (f"; it has {pickled[0]}, a pickle, which is never loaded here (unpickling runs code): convert it "
+                "to safetensors, e.g. transformers' from_pretrained then save_pretrained") if pickled else ""
         raise FileNotFoundError(f"model.safetensors: not found in model directory {model_dir} "
-                                f"(nor model.safetensors.index.json)")
+                                f"(nor model.safetensors.index.json){hint}")
     shards = _read_index(index)
     state = {}
     for shard, names in shards.items():

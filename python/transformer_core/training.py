@@ -224,7 +224,8 @@ def save_checkpoint(directory, model: Module, optimizer=None, scheduler=None) ->
 
     schedulers, weights = _check_arguments(directory, model, optimizer, scheduler, "nothing was written")
     directory = expand_home(directory, "directory")  # "~/run" is the home's, as save_pretrained's
-    metadata = {"format": "np", CHECKPOINT_ID_KEY: secrets.token_hex(16)}
+    # "pt": transformers' own format key (its 4.x loader refuses another); the tensors are plain arrays
+    metadata = {"format": "pt", CHECKPOINT_ID_KEY: secrets.token_hex(16)}
     states = []  # (file name, state, its own metadata): all taken, and checked, before anything is written
     if optimizer is not None:
         state = optimizer.state_dict()
