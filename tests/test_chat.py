@@ -489,3 +489,38 @@ def test_greedy_session_with_a_seed_warns_about_nothing(smol):
         text, _ = continue_text(model, tok, "The sky is", max_new_tokens=6, seed=3)
     assert reply == ChatSession(model, tok, max_new_tokens=6).send("Hi")
     assert text == continue_text(model, tok, "The sky is", max_new_tokens=6)[0]
+
+
+def _gap_tokenizer():
+    """Words with ids 0, 1, 3, 4 (2 skipped): vocab_size 4, yet id 4 is a real token."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    backend = Tokenizer(models.WordLevel({"a": 0, "b": 1, "c": 3, "[UNK]": 4}, unk_token="[UNK]"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    backend.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
+    return tc.Tokenizer(backend, max_length=None, pad_token=None)
+
+
+def test_reply_text_keeps_every_id_that_has_a_token():
+    """Reply ids were kept for text only below vocab_size: with a vocabulary whose ids skip some, a
+    real token at or past vocab_size was dropped from the reply, streamed and returned, and an id
+    in the gap crashed the stream ("token id 2 has no token") where transformers decodes it as ""."""
+    from transformer_core import chat
+
+    tok = _gap_tokenizer()
+    assert tok.vocab_size == 4 and tok.id_to_token(4) == "[UNK]" and tok.id_to_token(2) is None
+    assert chat._known_ids(tok, [0, 1, 2, 3, 4, 5, 70]) == [0, 1, 3, 4]
+    assert chat._text_after(tok, [0], [2, 4, 3, 9]) == " [UNK] c"
+
+    class Model:  # stands for model.stream: yields the chosen ids, one a step
+        def stream(self, ids, past_key_values=None, **options):
+            for i in (1, 2, 4, 3, 9):
+                yield np.array([i])
+
+    class Cache:
+        length = 0
+
+    pieces = []
+    ids = chat._stream(Model(), tok, np.array([[0]]), Cache(), pieces.append, chat.TurnStats(), context=[0])
+    assert ids == [1, 2, 4, 3, 9]
+    assert "".join(pieces) == chat._text_after(tok, [0], ids) == " b [UNK] c"

@@ -661,3 +661,17 @@ def test_continue_final_message_errors_as_transformers(ours, hf_smollm2_tokenize
     for bad, err in (("", ValueError), (1, TypeError), (None, TypeError)):
         with pytest.raises(err, match="^continue_final_message: expected a bool or the name of a message field"):
             ours.apply_chat_template(messages, chat_template=template, continue_final_message=bad)
+
+
+def test_a_variable_named_template_reaches_the_template():
+    """render_chat_template's own first parameter was named template, so apply_chat_template(...,
+    template="X") failed with "got multiple values for argument 'template'"; transformers passes
+    it to the template as any other variable."""
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    source = "{{ template }}|{{ messages | length }}"
+    messages = [{"role": "user", "content": "hi"}]
+    (ref,), _ = render_jinja_template(conversations=[messages], chat_template=source, template="X")
+    assert render_chat_template(source, messages, template="X") == ref == "X|1"
+    tok = tc.Tokenizer.from_pretrained("SmolLM2-135M-Instruct")
+    assert tok.apply_chat_template(messages, chat_template=source, template="X") == "X|1"

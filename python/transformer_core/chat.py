@@ -80,11 +80,11 @@ def _end_ids(model, tokenizer) -> list[int]:
 
 
 def _known_ids(tokenizer, ids) -> list[int]:
-    """``ids`` without those past the tokenizer's vocabulary: a model's embedding is often padded
-    past it (``vocab_size`` rounded up to a multiple of 64, say), and an id of the padding, which
-    has no text, adds none (as Hugging Face's tokenizers decode it: "")."""
-    n = tokenizer.vocab_size
-    return [i for i in ids if i < n]
+    """``ids`` without those that have no token: a model's embedding is often padded past the
+    tokenizer's vocabulary (``vocab_size`` rounded up to a multiple of 64, say), and a vocabulary's
+    ids may skip some; such an id adds no text (as Hugging Face's tokenizers decode it: ""). The
+    test is the token, not ``vocab_size``: with gaps, real ids reach past it."""
+    return [i for i in ids if tokenizer.id_to_token(i) is not None]
 
 
 def _text_after(tokenizer, context: list[int], ids: list[int]) -> str:
@@ -98,10 +98,9 @@ def _text_after(tokenizer, context: list[int], ids: list[int]) -> str:
 def _stream(model, tokenizer, ids: np.ndarray, cache, on_text, stats: TurnStats, context=(), **options) -> list[int]:
     """Runs ``model.stream`` over ``ids (1, L)`` with ``cache``, pushing text to ``on_text`` (the
     text the new ids add after ``context``: :meth:`Tokenizer.text_stream` primed with it; ids past
-    the tokenizer's vocabulary add none, see :func:`_known_ids`); returns the generated ids (an end
-    token included) and fills ``stats``."""
+    the tokenizer's vocabulary, or that it skips, add none: see :func:`_known_ids`); returns the
+    generated ids (an end token included) and fills ``stats``."""
     text = tokenizer.text_stream(context=context) if on_text is not None else None
-    vocab = tokenizer.vocab_size
     generated: list[int] = []
     stats.prefill_tokens = ids.shape[1] - cache.length
     start = time.perf_counter()
@@ -116,7 +115,7 @@ def _stream(model, tokenizer, ids: np.ndarray, cache, on_text, stats: TurnStats,
         last = now
         token_id = int(token[0])
         generated.append(token_id)
-        if on_text is not None and token_id < vocab:
+        if on_text is not None and tokenizer.id_to_token(token_id) is not None:
             piece = text.push(token_id)
             if piece:
                 on_text(piece)

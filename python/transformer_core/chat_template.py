@@ -118,7 +118,7 @@ def _alias_reasoning(messages: list) -> list:
 CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "
 
 
-def render_chat_template(template: str, messages, add_generation_prompt: bool = False, *,
+def render_chat_template(template: str, messages, /, add_generation_prompt: bool = False, *,
                          continue_final_message: bool | str = False, **variables) -> str:
     """Renders ``template`` for a conversation, as transformers' ``render_jinja_template``.
 
