@@ -919,3 +919,48 @@ def test_a_pickled_checkpoint_is_named_and_never_loaded(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"it has pytorch_model\.bin, a pickle, which is never loaded here"):
         tc.LlamaForCausalLM.from_pretrained(tmp_path)
     assert not marker.exists()
+
+
+def test_a_save_over_an_earlier_sharded_save_removes_its_index_and_shards(tmp_path):
+    """The earlier save's model.safetensors.index.json and shards stayed beside the new
+    model.safetensors (stale weights; loaders read the single file first). They go in the same
+    all-or-nothing step now; other files stay."""
+    import torch
+    import transformer_core as tc
+    import transformers
+
+    torch.manual_seed(0)
+    hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(**_TINY_LLAMA))
+    hf.save_pretrained(tmp_path, max_shard_size="20KB")
+    shards = sorted(p.name for p in tmp_path.glob("model-*.safetensors"))
+    assert len(shards) > 1 and (tmp_path / "model.safetensors.index.json").is_file()
+    (tmp_path / "README.md").write_text("kept")
+    model = tc.LlamaForCausalLM.from_pretrained(tmp_path)
+    model.save_pretrained(tmp_path)
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == sorted(["README.md", "config.json", "generation_config.json", "model.safetensors"]), names
+    again = tc.LlamaForCausalLM.from_pretrained(tmp_path)
+    for name, value in model.state_dict().items():
+        np.testing.assert_array_equal(again.state_dict()[name], value, err_msg=name)
+
+
+def test_llama_model_ignores_a_classifier_head_and_names_a_folder_without_config(tmp_path):
+    """LlamaModel refused a LlamaForSequenceClassification folder ("unknown keys: ['score.weight']");
+    transformers' LlamaModel ignores the head, as it ignores lm_head. LlamaForCausalLM on a folder
+    without config.json said "config.json: not found", naming no argument."""
+    import torch
+    import transformer_core as tc
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(**_TINY_LLAMA, num_labels=3, pad_token_id=0)
+    hf = transformers.LlamaForSequenceClassification(config).eval()
+    hf.save_pretrained(tmp_path / "cls")
+    ours = tc.LlamaModel.from_pretrained(tmp_path / "cls")
+    ids = np.array([[5, 9, 1, 30, 2]])
+    with torch.no_grad():
+        expected = hf.model(torch.from_numpy(ids)).last_hidden_state.numpy()
+    np.testing.assert_allclose(ours(ids)[0], expected, atol=1e-5)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match=r"^name_or_path: .* is a directory without config\.json"):
+        tc.LlamaForCausalLM.from_pretrained(tmp_path / "empty")

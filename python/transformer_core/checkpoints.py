@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from ._validation import resolve_dtype
-from .hub import expand_home, load_safetensors, read_config, resolve_model_path
+from .hub import expand_home, load_safetensors, read_config, resolve_model_dir, resolve_model_path
 
 __all__ = ["load_llama_checkpoint", "config_from_file", "build_for_checkpoint", "write_files_atomically", "save_pretrained_files"]
 
@@ -76,6 +76,7 @@ def load_llama_checkpoint(name_or_path, dtype=np.float32):
 
         checkpoint = read_gguf(location)
         return config_from_file(LlamaConfig, checkpoint.config, location), checkpoint.state_dict(dtype), checkpoint
+    resolve_model_dir(name_or_path)  # a folder without config.json: named as name_or_path
     config = config_from_file(LlamaConfig, read_config(location), location / "config.json")
     return config, load_safetensors(location, dtype), location
 
@@ -323,8 +324,9 @@ def save_pretrained_files(directory, config: dict, state: dict, metadata: dict |
     array, with ``metadata`` in its header; default ``{"format": "pt"}``, what transformers' own save
     writes and transformers 4's loader requires, the tensors being plain arrays either way),
     ``generation_config.json`` (``generation_config``, when given) and ``config.json``
-    (``config``), through
-    :func:`write_files_atomically`: the weights first, ``config.json`` last. A save that fails
+    (``config``), through :func:`write_files_atomically`: the weights first, ``config.json``
+    last. An earlier sharded save's ``model.safetensors.index.json`` and the shards it lists go
+    in the same step (they would be stale weights beside the new ones). A save that fails
     (a full disk, a file-size limit, one of the final renames, a KeyboardInterrupt) leaves the
     folder's previous files as they were, or no file in a folder that had none: never new weights
     beside an old config or the reverse. Without a ``generation_config``, a
@@ -361,4 +363,29 @@ def save_pretrained_files(directory, config: dict, state: dict, metadata: dict |
     if generation is not None:
         files.append(("generation_config.json", lambda p: Path(p).write_text(generation, encoding="utf-8")))
     files.append(("config.json", lambda p: Path(p).write_text(text, encoding="utf-8")))
-    write_files_atomically(directory, files, remove=["generation_config.json"] if generation is None else [])
+    remove = ["generation_config.json"] if generation is None else []
+    write_files_atomically(directory, files, remove=remove + _earlier_shards(directory))
+
+
+def _earlier_shards(directory) -> list[str]:
+    """``model.safetensors.index.json`` of an earlier sharded save in ``directory`` and the shard
+    files it lists (plain names, not ``model.safetensors``); [] without one, or for an index that
+    cannot be read (then only the index: the new ``model.safetensors`` is what loaders read first)."""
+    import json
+
+    if not isinstance(directory, (str, os.PathLike)):
+        return []  # write_files_atomically names the wrong type
+    index = Path(directory) / "model.safetensors.index.json"
+    try:
+        if not index.is_file():
+            return []
+    except OSError:  # an unreadable folder: write_files_atomically reports it
+        return []
+    try:
+        weight_map = json.loads(index.read_text(encoding="utf-8")).get("weight_map", {})
+        shards = set(weight_map.values()) if isinstance(weight_map, dict) else set()
+    except (OSError, ValueError, AttributeError):
+        shards = set()
+    plain = sorted(s for s in shards if isinstance(s, str) and s and Path(s).name == s
+                   and s not in ("model.safetensors", "config.json", "generation_config.json") and not s.startswith("."))
+    return [index.name, *plain]

@@ -173,6 +173,9 @@ class LlamaModel(DecoderModel):
     ``layers.{i}.post_attention_layernorm.weight``, ``layers.{i}.mlp.{gate,up,down}_proj.weight``,
     ``norm.weight``; a ``model.`` prefix is accepted when loading (an ``lm_head.weight`` is
     ignored: hidden states need no head); unknown keys are reported under the names given.
+    :meth:`from_pretrained` also leaves out the ``score.*`` head of a
+    ``LlamaForSequenceClassification`` / ``...ForTokenClassification`` folder, as transformers'
+    ``LlamaModel.from_pretrained`` does.
 
     Args:
         config: :class:`LlamaConfig` or a ``config.json`` dict.
@@ -192,6 +195,9 @@ class LlamaModel(DecoderModel):
 
     config_class = LlamaConfig
     _core_class = "LlamaModel"
+    #: Task heads a checkpoint folder may hold that :meth:`from_pretrained` leaves out (a
+    #: sequence or token classifier's).
+    _checkpoint_heads = frozenset({"score.weight", "score.bias"})
 
     def __init__(self, config, dtype=np.float32, *, rope_layout: str = "half"):
         if rope_layout not in ("half", "interleaved"):
@@ -310,6 +316,7 @@ class LlamaModel(DecoderModel):
             raise ValueError(f"quantize_activations: applies to GGUF block weights only (a .gguf file or embedded "
                              f"model loaded with dtype=None); this load has float weights ({why})")
         config, state, source = load_llama_checkpoint(name_or_path, dtype)
+        state = {k: v for k, v in state.items() if k not in cls._checkpoint_heads}
         generation_config = None
         if isinstance(source, Path):  # a Hugging Face directory (not a GGUF file): config.json against its weights
             cls._check_config_against_weights(source, config, state)  # before the model is built
@@ -420,6 +427,8 @@ class LlamaForCausalLM(LlamaModel, CausalLM):
     ``missing_keys``; torch lists the key there while loading the tensor through the head). Unknown
     keys are reported under the names given.
     """
+
+    _checkpoint_heads = frozenset()  # a classifier's head beside an LM is reported, not dropped
 
     def _dropout_probs(self) -> tuple[float, float]:
         if check_dropout(self.config.attention_dropout, "attention_dropout") > 0:
