@@ -675,3 +675,8 @@ def test_a_variable_named_template_reaches_the_template():
     assert render_chat_template(source, messages, template="X") == ref == "X|1"
     tok = tc.Tokenizer.from_pretrained("SmolLM2-135M-Instruct")
     assert tok.apply_chat_template(messages, chat_template=source, template="X") == "X|1"
+
+
+def test_a_variable_named_messages_is_refused_naming_it():
+    with pytest.raises(TypeError, match=r"^messages: given twice \(the conversation, and as a template variable\)$"):
+        render_chat_template("{{ messages }}", [{"role": "user", "content": "hi"}], messages="x")

@@ -710,3 +710,34 @@ def test_model_default_survives_copy_and_pickle():
                 if p.default is MODEL_DEFAULT}
     assert set(defaults) == {"do_sample", "temperature", "top_k", "top_p", "repetition_penalty"}
     assert pickle.loads(pickle.dumps(defaults)) == defaults and all(v is MODEL_DEFAULT for v in copy.deepcopy(defaults).values())
+
+
+def test_non_finite_logits_are_refused_not_decoded():
+    """A model whose weights hold NaN gave logits of NaN: greedy decoding took their argmax, token 0,
+    silently (as transformers'), and sampling failed in numpy's words ("Probabilities contain
+    NaN"). Such a step is refused, naming the step and the rows; a single -inf (a masked token)
+    is fine."""
+    import transformer_core as tc
+    from transformer_core.generation import _check_logits
+
+    cfg = tc.GPT2Config(vocab_size=50, n_positions=32, n_embd=16, n_layer=1, n_head=2, eos_token_id=None,
+                        bos_token_id=None)
+    model = tc.GPT2LMHeadModel(cfg)
+    rng = np.random.default_rng(0)
+    state = {k: rng.standard_normal(v.shape).astype(np.float32) * 0.2 for k, v in model.state_dict().items()}
+    state["h.0.mlp.c_proj.bias"][...] = np.nan
+    model.load_state_dict(state)
+    ids = np.array([[1, 2, 3], [4, 5, 6]])
+    message = r"^generate: step 0: the next-token logits of row\(s\) \[0, 1\] hold NaN or \+inf, or are -inf everywhere"
+    for options in ({}, {"do_sample": True, "seed": 0}, {"do_sample": True, "top_k": 0, "seed": 0}):
+        with pytest.raises(ValueError, match=message):
+            model.generate(ids, 4, **options)
+        with pytest.raises(ValueError, match=message):
+            list(model.stream(ids, 4, **options))
+    logits = np.zeros((3, 5), np.float32)
+    logits[0, 1] = -np.inf  # a masked token
+    _check_logits(logits, 2)
+    logits[1] = -np.inf
+    logits[2, 3] = np.inf
+    with pytest.raises(ValueError, match=r"step 2: the next-token logits of row\(s\) \[1, 2\]"):
+        _check_logits(logits, 2)

@@ -964,3 +964,31 @@ def test_llama_model_ignores_a_classifier_head_and_names_a_folder_without_config
     (tmp_path / "empty").mkdir()
     with pytest.raises(FileNotFoundError, match=r"^name_or_path: .* is a directory without config\.json"):
         tc.LlamaForCausalLM.from_pretrained(tmp_path / "empty")
+
+
+def test_a_save_removes_only_the_shard_files_an_earlier_index_lists(tmp_path):
+    """The cleanup of an earlier sharded save took every plain name its index listed (tokenizer
+    files, a README, an optimizer file went), and an odd index (listing itself or a folder, a
+    list for a name, nested 100,000 deep) failed the save. Only transformers' shard names go now;
+    an index that cannot be read goes alone, and the save goes through."""
+    import json
+
+    from transformer_core.checkpoints import save_pretrained_files
+
+    kept = ["tokenizer.json", "tokenizer_config.json", "README.md", "optimizer.safetensors", "model-1.safetensors"]
+    indexes = {
+        "odd": json.dumps({"weight_map": {**{str(i): n for i, n in enumerate(kept)}, "x": "model.safetensors.index.json",
+                                          "y": ["model-00001-of-00002.safetensors"], "z": "runs",
+                                          "s": "model-00001-of-00002.safetensors"}}),
+        "deep": "[" * 100_000 + "]" * 100_000,
+    }
+    for case, text in indexes.items():
+        folder = tmp_path / case
+        (folder / "runs").mkdir(parents=True)
+        for name in [*kept, "model-00001-of-00002.safetensors"]:
+            (folder / name).write_text(name)
+        (folder / "model.safetensors.index.json").write_text(text)
+        save_pretrained_files(folder, {"a": 1}, {"w": np.ones(3, np.float32)})
+        names = sorted(p.name for p in folder.iterdir())
+        shard = ["model-00001-of-00002.safetensors"] if case == "deep" else []  # unread index: the index alone
+        assert names == sorted([*kept, *shard, "runs", "config.json", "model.safetensors"]), (case, names)

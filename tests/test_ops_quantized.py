@@ -919,3 +919,17 @@ def test_outputs_beyond_memory_are_value_errors_naming_the_arguments():
     xs = np.linspace(-1, 1, 16, dtype=np.float32).reshape(2, 8)
     s = np.linspace(0.5, 1, 6, dtype=np.float32)
     np.testing.assert_array_equal(Q.linear_int8(xs, small, s), Q.linear_int8(xs, np.ascontiguousarray(small), s))
+
+
+@pytest.mark.parametrize("bad", [np.inf, np.nan, -1.0])
+def test_linear_int8_refuses_scales_quantize_int8_never_gives(bad):
+    """Hand-made scales of inf, NaN or below 0 went through (a row of NaN, or a sign flipped);
+    quantize_int8's are finite and >= 0."""
+    from transformer_core.quantization import linear_int8, quantize_int8
+
+    qweight, scales = quantize_int8(np.array([[0, 0, 0], [1, 2, 3]], np.float32))
+    scales = scales.copy()
+    scales[0] = bad
+    with pytest.raises(ValueError, match=rf"^scales: expected finite scales >= 0 \(quantize_int8's\), got {bad} at "
+                                         r"index 0$"):
+        linear_int8(np.ones((1, 3), np.float32), qweight, scales)

@@ -303,7 +303,8 @@ class BertModel(Module):
 
         The save is all or nothing, as a causal LM's
         (:func:`transformer_core.checkpoints.save_pretrained_files`): a save that fails leaves the
-        directory's previous files as they were.
+        directory's previous files as they were; an earlier sharded save's index and shard files
+        are removed in the same step.
 
         Raises:
             OSError: the directory or a file cannot be written (naming it; the cause chained).

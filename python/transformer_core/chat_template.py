@@ -157,7 +157,8 @@ def render_chat_template(template: str, messages, /, add_generation_prompt: bool
         The prompt text.
 
     Raises:
-        TypeError: ``template`` not a str; ``add_generation_prompt`` not a bool;
+        TypeError: ``template`` not a str; a variable named ``messages`` (the conversation is
+            that); ``add_generation_prompt`` not a bool;
             ``continue_final_message`` not a bool or str, or the text it continues not a str; a bad
             message (see :func:`validate_messages`); ``tools`` or ``documents`` not an iterable of
             dicts (naming the item, e.g. ``tools[1]``); a callable among the data (a tool given as a
@@ -173,6 +174,8 @@ def render_chat_template(template: str, messages, /, add_generation_prompt: bool
     """
     if not isinstance(template, str):
         raise TypeError(f"template: expected a str, got {type(template).__name__}")
+    if "messages" in variables:  # the template's messages are the conversation
+        raise TypeError("messages: given twice (the conversation, and as a template variable)")
     add_generation_prompt = check_bool(add_generation_prompt, "add_generation_prompt")
     field = _continued_field(continue_final_message)
     if field is not None and add_generation_prompt:

@@ -325,7 +325,7 @@ def save_pretrained_files(directory, config: dict, state: dict, metadata: dict |
     writes and transformers 4's loader requires, the tensors being plain arrays either way),
     ``generation_config.json`` (``generation_config``, when given) and ``config.json``
     (``config``), through :func:`write_files_atomically`: the weights first, ``config.json``
-    last. An earlier sharded save's ``model.safetensors.index.json`` and the shards it lists go
+    last. An earlier sharded save's ``model.safetensors.index.json`` and its shard files go
     in the same step (they would be stale weights beside the new ones). A save that fails
     (a full disk, a file-size limit, one of the final renames, a KeyboardInterrupt) leaves the
     folder's previous files as they were, or no file in a folder that had none: never new weights
@@ -368,24 +368,27 @@ def save_pretrained_files(directory, config: dict, state: dict, metadata: dict |
 
 
 def _earlier_shards(directory) -> list[str]:
-    """``model.safetensors.index.json`` of an earlier sharded save in ``directory`` and the shard
-    files it lists (plain names, not ``model.safetensors``); [] without one, or for an index that
-    cannot be read (then only the index: the new ``model.safetensors`` is what loaders read first)."""
+    """``model.safetensors.index.json`` of an earlier sharded save in ``directory`` and the shards
+    it lists that are transformers' shard files (``model-00001-of-00003.safetensors``, regular
+    files or links in the folder; other names the index lists are left alone, as transformers' own
+    save leaves them); [] without an index. An index that cannot be read: the index alone (the new
+    ``model.safetensors`` is what loaders read first)."""
     import json
 
     if not isinstance(directory, (str, os.PathLike)):
         return []  # write_files_atomically names the wrong type
-    index = Path(directory) / "model.safetensors.index.json"
+    folder = Path(directory)
+    index = folder / "model.safetensors.index.json"
     try:
         if not index.is_file():
             return []
-    except OSError:  # an unreadable folder: write_files_atomically reports it
-        return []
-    try:
-        weight_map = json.loads(index.read_text(encoding="utf-8")).get("weight_map", {})
-        shards = set(weight_map.values()) if isinstance(weight_map, dict) else set()
-    except (OSError, ValueError, AttributeError):
-        shards = set()
-    plain = sorted(s for s in shards if isinstance(s, str) and s and Path(s).name == s
-                   and s not in ("model.safetensors", "config.json", "generation_config.json") and not s.startswith("."))
-    return [index.name, *plain]
+        weight_map = json.loads(index.read_text(encoding="utf-8")).get("weight_map")
+    except (OSError, ValueError, RecursionError, AttributeError):  # unreadable, not JSON, too deep, not an object
+        return [index.name]
+    names = weight_map.values() if isinstance(weight_map, dict) else ()
+    shards = {n for n in names if isinstance(n, str) and _SHARD_NAME.fullmatch(n)}
+    return [index.name, *sorted(n for n in shards if (folder / n).is_symlink() or (folder / n).is_file())]
+
+
+#: transformers' name of a weights shard (``save_pretrained(max_shard_size=...)``).
+_SHARD_NAME = re.compile(r"model-\d{5}-of-\d{5}\.safetensors")

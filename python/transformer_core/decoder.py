@@ -512,8 +512,8 @@ class CausalLM(DecoderModel, GenerationMixin):
         """Writes ``config.json`` and ``model.safetensors`` (the checkpoint's names and layouts, as
         Hugging Face's ``save_pretrained``), and ``generation_config.json`` when the model holds
         one (``model.generation_config``, from ``from_pretrained``; without one, an earlier save's
-        file is removed): ``transformers``' ``from_pretrained`` loads the directory, and so does
-        this class's.
+        file is removed; so are an earlier sharded save's index and shard files):
+        ``transformers``' ``from_pretrained`` loads the directory, and so does this class's.
 
         The save is all or nothing (see :func:`transformer_core.checkpoints.save_pretrained_files`):
         each file is written whole under a temporary name in ``directory``, then renamed into place,

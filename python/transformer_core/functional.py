@@ -196,7 +196,11 @@ def layer_norm(x, weight=None, bias=None, eps: float = 1e-5) -> np.ndarray:
 
     Returns:
         ``(..., E)``, float64 if any of ``x``, ``weight``, ``bias`` is float64 (or wider), else
-        float32.
+        float32. A constant row with ``eps = 0`` gives NaN (0 / 0), as torch's.
+
+    Differences from torch: a row whose squares overflow the dtype (float32 ``[1e30, -1e30, 0]``,
+    ``[3e38] * 4``) is normalised (finite; 0 for a constant row) where torch gives NaN, and so are
+    subnormal rows with ``eps = 0``.
 
     Raises:
         ValueError: empty or 0-d ``x``; weight/bias not of shape ``(E,)``; ``eps`` negative,
@@ -232,6 +236,10 @@ def rms_norm(x, weight=None, eps: float | None = None) -> np.ndarray:
 
     Returns:
         ``(..., E)``, float64 if ``x`` or ``weight`` is float64 (or wider), else float32.
+
+    Differences from torch: a row whose squares overflow the dtype (float32 ``[1e30, 1e30,
+    -1e30, 0]``, ``[3e38] * 4``) is normalised (``[1.15, 1.15, -1.15, 0]``; 1 for a constant
+    row) where torch gives 0, and so are subnormal rows with ``eps = 0``.
 
     Raises:
         ValueError: empty or 0-d ``x``; weight not of shape ``(E,)``; ``eps`` negative, infinite
@@ -832,7 +840,8 @@ def cross_entropy(logits, target, ignore_index: int = -100, label_smoothing: flo
                                                          False)
     if reduction == "none":
         return loss.reshape(lead)
-    return x.dtype.type(loss)
+    with np.errstate(over="ignore"):  # a loss beyond float32's range is inf, as torch's (no warning)
+        return x.dtype.type(loss)
 
 
 # Positional encodings live in positional.py (they import this module); re-exported here so that

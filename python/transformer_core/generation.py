@@ -122,6 +122,19 @@ def cache_bytes_per_position(num_layers: int, num_key_value_heads: int, head_dim
 # ------------------------------------------------------------------------------------------------
 # The checks of each option (``name``: the argument, or the generation config's field)
 # ------------------------------------------------------------------------------------------------
+def _check_logits(logits: np.ndarray, step: int) -> None:
+    """ValueError when a row of a step's next-token ``logits (N, V)`` leaves no token to choose: a
+    NaN or a +inf in it, or -inf everywhere (greedy decoding took the argmax of such a row, token 0,
+    silently; sampling failed in numpy's words). A single -inf is a masked token, and fine."""
+    with np.errstate(invalid="ignore"):
+        bad = np.isnan(logits).any(axis=1) | np.isposinf(logits).any(axis=1) | np.isneginf(logits).all(axis=1)
+    if bad.any():
+        rows = np.flatnonzero(bad)
+        raise ValueError(f"generate: step {step}: the next-token logits of row(s) {rows[:5].tolist()}"
+                         f"{' ...' if rows.size > 5 else ''} hold NaN or +inf, or are -inf everywhere: no token can "
+                         "be chosen (the model's weights or its inputs hold non-finite values)")
+
+
 def _check_at_least(value, name: str, floor: float, floor_name: str, why: str) -> float:
     """``value`` as a finite number >= ``floor`` (the constant ``floor_name``; ``why``: what
     smaller ones break). TypeError: not a number; ValueError: NaN, infinite or smaller."""
@@ -256,7 +269,8 @@ def next_tokens(scores: np.ndarray, sequences: np.ndarray, cfg: GenerationConfig
         return scores.argmax(axis=-1).astype(np.int64)
     # softmax(s / T) = softmax((s - max s) / T): the shift first keeps every entry <= 0, so no
     # division can overflow to +inf (an entry far below the max may become -inf: probability 0)
-    scores = (scores - scores.max(axis=-1, keepdims=True)) / cfg.temperature
+    with np.errstate(over="ignore"):  # float64 logits near -1e308: -inf after the shift, probability 0
+        scores = (scores - scores.max(axis=-1, keepdims=True)) / cfg.temperature
     if cfg.top_k is not None:
         k = min(cfg.top_k, scores.shape[-1])
         kth = np.partition(scores, -k, axis=-1)[:, -k][:, None]
@@ -548,6 +562,7 @@ class GenerationMixin:
         sequences = ids
         finished = np.zeros(N, dtype=bool)
         for step in range(cfg.max_new_tokens):
+            _check_logits(out.logits[:, -1], step)
             nxt = next_tokens(out.logits[:, -1].astype(np.float64), sequences, cfg, rng, lead)
             if cfg.pad_token_id is not None:
                 nxt = np.where(finished, cfg.pad_token_id, nxt)
@@ -649,6 +664,9 @@ class GenerationMixin:
             them larger than this machine's memory where one sequence's would fit (pass fewer
             sequences at a time); a prompt whose cache alone does not fit one sequence's. All
             before any is allocated.
+            During decoding, ValueError: a step's logits of some row hold NaN or +inf, or are -inf
+            everywhere (non-finite weights or inputs): no token can be chosen. Hugging Face's
+            greedy decoding returns token 0 there, silently.
         """
         if streamer is not None and not callable(streamer):
             raise TypeError(f"streamer: expected a callable or None, got {type(streamer).__name__}")

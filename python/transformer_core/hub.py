@@ -298,10 +298,11 @@ def load_safetensors(model_dir: Path, dtype=np.float32) -> dict:
     if single.is_file():
         return _load_safetensors_file(single, None, dtype)
     if not index.is_file():
-        pickled = [name for name in ("pytorch_model.bin", "pytorch_model.bin.index.json")
+        pickled = [what for name, what in (("pytorch_model.bin", "pytorch_model.bin, a pickle"),
+                                           ("pytorch_model.bin.index.json", "pytorch_model.bin.index.json, pickled shards"))
                    if (model_dir / name).is_file()]
-        hint = (f"; it has {pickled[0]}, a pickle, which is never loaded here (unpickling runs code): convert it "
-                "to safetensors, e.g. transformers' from_pretrained then save_pretrained") if pickled else ""
+        hint = (f"; it has {pickled[0]}, which is never loaded here (unpickling runs code): convert it to "
+                "safetensors, e.g. transformers' from_pretrained then save_pretrained") if pickled else ""
         raise FileNotFoundError(f"model.safetensors: not found in model directory {model_dir} "
                                 f"(nor model.safetensors.index.json){hint}")
     shards = _read_index(index)

@@ -1028,6 +1028,7 @@ def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0, error_i
             names)
     coef = max_norm / (total + 1e-6)
     if not coef >= 1.0:  # also NaN: scale (as torch), so the NaN shows
-        for g in grads:
-            g *= g.dtype.type(coef)
+        with np.errstate(invalid="ignore", over="ignore"):  # inf · 0 or a NaN coef: NaN, as torch (no warning)
+            for g in grads:
+                g *= g.dtype.type(coef)
     return total

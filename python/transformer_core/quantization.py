@@ -309,7 +309,8 @@ def linear_int8(x, qweight, scales, bias=None, *, residual_activations: bool = F
     Raises:
         TypeError: ``qweight`` not an int8 numpy array; a non-numeric ``x``/``scales``/``bias``;
             ``residual_activations`` not a bool.
-        ValueError: shapes that disagree; ``x`` empty; ``in_features`` > 131072; an output (or the
+        ValueError: shapes that disagree; ``x`` empty; ``in_features`` > 131072; a ``scales``
+            value that is negative, NaN or infinite; an output (or the
             contiguous copy of a broadcast or strided ``qweight``) larger than this machine's memory
             (checked on the shapes, before ``x`` is converted or copied); (a float64 ``x``,
             ``scales`` or ``bias``) a value beyond float32's range (``|v| ≥ 3.40282357e38``, which
@@ -329,6 +330,9 @@ def linear_int8(x, qweight, scales, bias=None, *, residual_activations: bool = F
     s = as_float(scales, "scales", np.float32, ndim=1)
     if s.shape != (out_features,):
         raise ValueError(f"scales: expected shape ({out_features},), got {s.shape}")
+    if not (np.isfinite(s).all() and (s >= 0).all()):  # quantize_int8's are: amax / 127 of finite rows
+        bad = int(np.flatnonzero(~(np.isfinite(s) & (s >= 0)))[0])
+        raise ValueError(f"scales: expected finite scales >= 0 (quantize_int8's), got {s[bad]} at index {bad}")
     b = _bias(bias, out_features)
     _check_output(_row_count(xa), out_features, "x, qweight")  # before x is converted (a copy)
     x2, lead = _rows(xa)

@@ -268,7 +268,8 @@ def _unit_rows(x: np.ndarray) -> np.ndarray:
     which made the row zeros)."""
     big = np.max(np.abs(x), axis=1, keepdims=True)
     scale = np.where(big > 1, big, 1).astype(x.dtype)
-    y = x / scale
+    with np.errstate(invalid="ignore"):  # a row holding inf: inf / inf is NaN, as torch's result (no warning)
+        y = x / scale
     norm = np.linalg.norm(y, axis=1, keepdims=True)  # the row's norm / scale
     with np.errstate(over="ignore"):  # norm · scale may overflow: the row is then not tiny either
         tiny = norm * scale < 1e-12
