@@ -728,16 +728,23 @@ def test_non_finite_logits_are_refused_not_decoded():
     state["h.0.mlp.c_proj.bias"][...] = np.nan
     model.load_state_dict(state)
     ids = np.array([[1, 2, 3], [4, 5, 6]])
-    message = r"^generate: step 0: the next-token logits of row\(s\) \[0, 1\] hold NaN or \+inf, or are -inf everywhere"
+    message = r"^generate: step 0: the next-token logits of row\(s\) \[0, 1\] hold NaN( or \+inf)?, or are -inf "
     for options in ({}, {"do_sample": True, "seed": 0}, {"do_sample": True, "top_k": 0, "seed": 0}):
         with pytest.raises(ValueError, match=message):
             model.generate(ids, 4, **options)
         with pytest.raises(ValueError, match=message):
             list(model.stream(ids, 4, **options))
+    # a caller's cache is put back as it came, so that a retry with it works
+    cache = model(ids[:, :2], use_cache=True).past_key_values
+    with pytest.raises(ValueError, match=message):
+        model.generate(ids, 4, past_key_values=cache)
+    assert cache.length == 2
     logits = np.zeros((3, 5), np.float32)
     logits[0, 1] = -np.inf  # a masked token
-    _check_logits(logits, 2)
+    logits[2, 3] = np.inf  # greedy takes it (its argmax, as transformers'); sampling cannot
+    _check_logits(logits, 2, do_sample=False)
+    with pytest.raises(ValueError, match=r"step 2: the next-token logits of row\(s\) \[2\] hold NaN or \+inf"):
+        _check_logits(logits, 2, do_sample=True)
     logits[1] = -np.inf
-    logits[2, 3] = np.inf
-    with pytest.raises(ValueError, match=r"step 2: the next-token logits of row\(s\) \[1, 2\]"):
-        _check_logits(logits, 2)
+    with pytest.raises(ValueError, match=r"step 2: the next-token logits of row\(s\) \[1\] hold NaN, or are -inf"):
+        _check_logits(logits, 2, do_sample=False)

@@ -231,3 +231,89 @@ def test_chat_template_file_not_utf8_is_named(saved_smollm2, tmp_path, name):
     assert type(info.value) is ValueError
     assert str(info.value) == (f"{path / name}: a chat template must be UTF-8 text; byte 0xff at offset 14 is not "
                                f"valid UTF-8")
+
+
+# ------------------------------------------------------------------------------------ a tokenizer class's defaults
+def _variant(saved, tmp_path, config: dict, model_type: str | None = None, edit=None):
+    """A copy of the saved SmolLM2 tokenizer folder with ``config`` as tokenizer_config.json (and a
+    config.json of ``model_type``; ``edit`` changes tokenizer.json's spec in place)."""
+    path = tmp_path / "variant"
+    path.mkdir(parents=True)
+    spec = json.loads((saved / "tokenizer.json").read_text())
+    if edit is not None:
+        edit(spec)
+    (path / "tokenizer.json").write_text(json.dumps(spec))
+    (path / "tokenizer_config.json").write_text(json.dumps(config))
+    if model_type is not None:
+        (path / "config.json").write_text(json.dumps({"model_type": model_type}))
+    return path
+
+
+def test_class_defaults_fill_what_tokenizer_config_leaves_out(saved_smollm2, tmp_path):
+    """transformers' tokenizer classes take the tokens their folder leaves out from their own
+    defaults: GPT-2's own folder ({"model_max_length": 1024}) has <|endoftext|> as its bos, eos and
+    unk there, and ours had no eos at all."""
+    path = _variant(saved_smollm2, tmp_path, {"model_max_length": 1024}, model_type="gpt2")
+    hf, ours = _hf(path), tc.Tokenizer.from_pretrained(path)
+    for name in ("bos_token", "eos_token", "unk_token"):  # (a causal LM without pad_token pads with eos here)
+        assert getattr(ours, name) == getattr(hf, name), name
+    assert ours.eos_token == "<|endoftext|>" and ours.eos_token_id == hf.eos_token_id == 0
+
+
+def _llama2_style_folder(path, config: dict):
+    """A tiny Llama-2-style tokenizer folder (BPE with byte fallback, "▁" for spaces, <s> first)."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, processors
+
+    vocab = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + ["▁", "H", "i", "▁H", "▁Hi"]
+    backend = Tokenizer(models.BPE(vocab={v: i for i, v in enumerate(vocab)}, merges=[("▁", "H"), ("▁H", "i")],
+                                   unk_token="<unk>", fuse_unk=True, byte_fallback=True))
+    backend.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    backend.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                         decoders.Strip(" ", 1, 0)])
+    backend.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in ("<unk>", "<s>", "</s>")])
+    backend.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    path.mkdir(parents=True)
+    backend.save(str(path / "tokenizer.json"))
+    (path / "tokenizer_config.json").write_text(json.dumps(config))
+    return path
+
+
+def test_llama_tokenizers_pad_on_the_left(saved_smollm2, tmp_path):
+    """transformers' Llama (and Gemma) tokenizers pad on the left unless tokenizer_config.json says
+    otherwise; ours padded on the right. GPT-2's class pads on the right."""
+    tokens = {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<unk>"}
+    path = _llama2_style_folder(tmp_path / "llama", {"tokenizer_class": "LlamaTokenizerFast", **tokens})
+    hf, ours = _hf(path), tc.Tokenizer.from_pretrained(path)
+    assert ours.padding_side == hf.padding_side == "left"
+    batch = ours.encode_batch(["Hi Hi", "Hi"])
+    want = hf(["Hi Hi", "Hi"], padding=True, return_tensors="np")
+    np.testing.assert_array_equal(batch["attention_mask"], want["attention_mask"])
+    assert batch["attention_mask"][1, 0] == 0  # the shorter row's padding comes first
+    path = _llama2_style_folder(tmp_path / "given", {"tokenizer_class": "LlamaTokenizerFast", "padding_side": "right",
+                                                     **tokens})
+    assert tc.Tokenizer.from_pretrained(path).padding_side == _hf(path).padding_side == "right"
+    path = _variant(saved_smollm2, tmp_path / "gpt2", {"tokenizer_class": "GPT2Tokenizer", "eos_token": "<|im_end|>"})
+    assert tc.Tokenizer.from_pretrained(path).padding_side == _hf(path).padding_side == "right"
+
+
+def test_add_prefix_space_and_unregistered_special_tokens_as_transformers(saved_smollm2, tmp_path):
+    """tokenizer_config.json's add_prefix_space was not applied ("Hello world" without the space
+    its GPT-2 and Qwen2 tokenizers put first), and a named special token that tokenizer.json lists
+    only as a vocabulary entry stayed ordinary ("Hi<|im_end|>" spelled out, kept by
+    skip_special_tokens); transformers registers it as a special token."""
+    config = {"tokenizer_class": "GPT2Tokenizer", "add_prefix_space": True, "eos_token": "<|im_end|>"}
+    path = _variant(saved_smollm2, tmp_path / "space", config)
+    hf, ours = _hf(path), tc.Tokenizer.from_pretrained(path)
+    for text in ("Hello world", " Hello", "a\nb"):
+        assert ours.encode(text) == hf(text)["input_ids"], text
+    assert ours.encode("Hello world") != tc.Tokenizer.from_pretrained(saved_smollm2).encode("Hello world")
+
+    def unregister(spec):
+        spec["added_tokens"] = [t for t in spec["added_tokens"] if t["content"] != "<|im_end|>"]
+
+    path = _variant(saved_smollm2, tmp_path / "unregistered", {"tokenizer_class": "PreTrainedTokenizerFast",
+                                                               "eos_token": "<|im_end|>"}, edit=unregister)
+    hf, ours = _hf(path), tc.Tokenizer.from_pretrained(path)
+    ids = hf("Hi<|im_end|>")["input_ids"]
+    assert ours.encode("Hi<|im_end|>") == ids and ids[-1] == ours.eos_token_id
+    assert ours.decode(ids, skip_special_tokens=True) == hf.decode(ids, skip_special_tokens=True) == "Hi"

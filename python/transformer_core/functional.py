@@ -198,9 +198,9 @@ def layer_norm(x, weight=None, bias=None, eps: float = 1e-5) -> np.ndarray:
         ``(..., E)``, float64 if any of ``x``, ``weight``, ``bias`` is float64 (or wider), else
         float32. A constant row with ``eps = 0`` gives NaN (0 / 0), as torch's.
 
-    Differences from torch: a row whose squares overflow the dtype (float32 ``[1e30, -1e30, 0]``,
-    ``[3e38] * 4``) is normalised (finite; 0 for a constant row) where torch gives NaN, and so are
-    subnormal rows with ``eps = 0``.
+    Differences from torch: a row whose squares overflow the dtype (float32 ``[1e30, 1e30, -1e30,
+    0]``, ``[3e38] * 4``) is normalised (finite; 0 for a constant row) where torch gives NaN (or,
+    for some row lengths, zeros), and so are subnormal rows with ``eps = 0``.
 
     Raises:
         ValueError: empty or 0-d ``x``; weight/bias not of shape ``(E,)``; ``eps`` negative,

@@ -122,16 +122,21 @@ def cache_bytes_per_position(num_layers: int, num_key_value_heads: int, head_dim
 # ------------------------------------------------------------------------------------------------
 # The checks of each option (``name``: the argument, or the generation config's field)
 # ------------------------------------------------------------------------------------------------
-def _check_logits(logits: np.ndarray, step: int) -> None:
+def _check_logits(logits: np.ndarray, step: int, do_sample: bool) -> None:
     """ValueError when a row of a step's next-token ``logits (N, V)`` leaves no token to choose: a
-    NaN or a +inf in it, or -inf everywhere (greedy decoding took the argmax of such a row, token 0,
-    silently; sampling failed in numpy's words). A single -inf is a masked token, and fine."""
+    NaN in it, or -inf everywhere, or (sampling, whose softmax it makes undefined) a +inf. Greedy
+    decoding took the argmax of such a row silently (the first NaN, or token 0), as transformers'
+    does; sampling failed in numpy's words. A -inf (a masked token) is fine, and so is a +inf when
+    greedy: its argmax is that token, as transformers'."""
     with np.errstate(invalid="ignore"):
-        bad = np.isnan(logits).any(axis=1) | np.isposinf(logits).any(axis=1) | np.isneginf(logits).all(axis=1)
+        bad = np.isnan(logits).any(axis=1) | np.isneginf(logits).all(axis=1)
+        if do_sample:
+            bad |= np.isposinf(logits).any(axis=1)
     if bad.any():
         rows = np.flatnonzero(bad)
+        held = "NaN or +inf" if do_sample else "NaN"
         raise ValueError(f"generate: step {step}: the next-token logits of row(s) {rows[:5].tolist()}"
-                         f"{' ...' if rows.size > 5 else ''} hold NaN or +inf, or are -inf everywhere: no token can "
+                         f"{' ...' if rows.size > 5 else ''} hold {held}, or are -inf everywhere: no token can "
                          "be chosen (the model's weights or its inputs hold non-finite values)")
 
 
@@ -552,6 +557,7 @@ class GenerationMixin:
     def _steps(self, ids: np.ndarray, mask, cache: KVCache, cfg: GenerationConfig) -> Iterator[np.ndarray]:
         """The decoding loop of :meth:`stream`, from checked arguments."""
         N = ids.shape[0]
+        start = cache.length  # the caller's cache, put back as it came if a step's logits are refused
         rng = np.random.default_rng(cfg.seed)
         # the repetition penalty skips each row's left padding: the positions before its first real
         # token (Hugging Face's generate: (attention_mask != 0).argmax(1); a row without any real
@@ -562,7 +568,11 @@ class GenerationMixin:
         sequences = ids
         finished = np.zeros(N, dtype=bool)
         for step in range(cfg.max_new_tokens):
-            _check_logits(out.logits[:, -1], step)
+            try:
+                _check_logits(out.logits[:, -1], step, cfg.do_sample)
+            except ValueError:
+                cache.crop(start)  # the caller's cache as it came: a retry with it works
+                raise
             nxt = next_tokens(out.logits[:, -1].astype(np.float64), sequences, cfg, rng, lead)
             if cfg.pad_token_id is not None:
                 nxt = np.where(finished, cfg.pad_token_id, nxt)
@@ -664,9 +674,10 @@ class GenerationMixin:
             them larger than this machine's memory where one sequence's would fit (pass fewer
             sequences at a time); a prompt whose cache alone does not fit one sequence's. All
             before any is allocated.
-            During decoding, ValueError: a step's logits of some row hold NaN or +inf, or are -inf
-            everywhere (non-finite weights or inputs): no token can be chosen. Hugging Face's
-            greedy decoding returns token 0 there, silently.
+            During decoding, ValueError: a step's logits of some row hold NaN (or, sampling, +inf),
+            or are -inf everywhere (non-finite weights or inputs): no token can be chosen. Hugging
+            Face's greedy decoding returns the first NaN's index there (token 0 for a row of NaN),
+            silently. A ``past_key_values`` passed in is cropped back to its length before the call.
         """
         if streamer is not None and not callable(streamer):
             raise TypeError(f"streamer: expected a callable or None, got {type(streamer).__name__}")

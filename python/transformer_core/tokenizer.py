@@ -76,6 +76,24 @@ _BERT_NORMALIZER_MODEL_TYPES = frozenset({
     "bert", "distilbert", "electra", "mpnet", "mobilebert", "squeezebert", "layoutlm", "convbert", "megatron-bert",
     "ernie", "nomic_bert", "retribert"})
 
+#: transformers 5's causal-LM tokenizer classes whose own defaults fill what tokenizer_config.json
+#: leaves out (the special tokens of their ``__init__``, their ``padding_side``), and the class a
+#: folder without ``tokenizer_class`` gets from ``config.json``'s ``model_type``
+#: (``TOKENIZER_MAPPING_NAMES``). A folder of another class (``PreTrainedTokenizerFast``,
+#: ``TokenizersBackend``) has no such defaults.
+_CLASS_SPECIAL_TOKENS = {
+    "GPT2Tokenizer": {"bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>", "unk_token": "<|endoftext|>"},
+    "Qwen2Tokenizer": {"eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>", "unk_token": "<|endoftext|>"},
+    "LlamaTokenizer": {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"},
+    "CodeLlamaTokenizer": {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"},
+    "GemmaTokenizer": {"bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>", "unk_token": "<unk>",
+                       "mask_token": "<mask>"},
+}
+_LEFT_PADDING_CLASSES = frozenset({"LlamaTokenizer", "CodeLlamaTokenizer", "GemmaTokenizer"})
+_CLASS_OF_MODEL_TYPE = {"gpt2": "GPT2Tokenizer", "starcoder2": "GPT2Tokenizer", "qwen2": "Qwen2Tokenizer",
+                        "qwen3": "Qwen2Tokenizer", "gemma": "GemmaTokenizer", "gemma2": "GemmaTokenizer",
+                        "gemma3": "GemmaTokenizer", "gemma3_text": "GemmaTokenizer"}
+
 #: transformers' ``model_max_length`` for "no limit" (``VERY_LARGE_INTEGER``, int(1e30)) and anything
 #: this large: not a length to truncate to.
 _NO_LENGTH = 1_000_000
@@ -459,7 +477,11 @@ class Tokenizer:
         ``tokenizer_config.json`` as transformers 5 reads them, those in the vocabulary (see
         :attr:`all_special_ids`). An encoder pads with that ``pad_token``, else ``[PAD]``, else id
         0's token, and without an ``unk_token`` in ``tokenizer_config.json`` takes the WordPiece/BPE
-        model's own; a causal LM pads with its ``pad_token``, else its EOS token.
+        model's own; a causal LM pads with its ``pad_token``, else its EOS token. A causal LM's
+        token that ``tokenizer_config.json`` leaves out takes its transformers class's default
+        (``tokenizer_class``, or the class of ``config.json``'s ``model_type``): GPT-2's, Qwen2's,
+        Llama's and Gemma's (GPT-2's own folder names no token: its bos, eos and unk are
+        ``<|endoftext|>``).
 
         Other settings of ``tokenizer_config.json`` that transformers applies:
 
@@ -478,7 +500,8 @@ class Tokenizer:
           ``tokenizer.json`` says: a case-sensitive ``tokenizer.json`` without
           ``"do_lower_case": false`` lowercases there, and so here. Elsewhere
           (``PreTrainedTokenizerFast``, no config) one absent keeps ``tokenizer.json``'s;
-        * ``padding_side``, for a causal LM only: the default side of :meth:`encode_batch`. An
+        * ``padding_side``, for a causal LM only: the default side of :meth:`encode_batch` (when
+          absent, the class's: left for Llama's and Gemma's tokenizers, as transformers'). An
           encoder always pads on the right: a ``"left"`` in an encoder's folder is not applied
           (BERT counts positions from the first token, padding included, so left padding would
           change the shorter texts' embeddings).
@@ -534,14 +557,21 @@ class Tokenizer:
         except Exception as e:  # the Rust parser's errors: name the file
             raise ValueError(f"{path}: cannot read tokenizer.json ({type(e).__name__}: {e})") from None
         config_path = model_dir / "tokenizer_config.json"
-        tokens = _special_tokens_of_config(cfg, tok)
+        klass = _tokenizer_class(model_dir, cfg) if causal else None  # its defaults: a causal LM's classes
+        tokens = _special_tokens_of_config(cfg, tok, _CLASS_SPECIAL_TOKENS.get(klass))
+        _register_special_tokens(tok, tokens)
+        if klass in ("GPT2Tokenizer", "Qwen2Tokenizer"):
+            tok = _apply_add_prefix_space(tok, cfg, config_path)
         _apply_bert_normalizer_flags(tok, cfg, config_path, _builds_bert_normalizer(model_dir, cfg))
         clean_up, clean_up_bpe = _clean_up_of_config(cfg, tok, config_path)
         settings = {"truncation_side": _config_choice(cfg, "truncation_side", config_path),
                     "clean_up_tokenization_spaces": clean_up}
         if causal:
+            side = _config_choice(cfg, "padding_side", config_path)
+            if side is None and klass in _LEFT_PADDING_CLASSES:  # the class's own side (Llama's, Gemma's)
+                side = "left"
             t = cls._owning(tok, max_length=None, **tokens, chat_template=_chat_template_of_dir(model_dir, cfg),
-                            padding_side=_config_choice(cfg, "padding_side", config_path), **settings)
+                            padding_side=side, **settings)
             t._clean_up_bpe = clean_up_bpe
             return t
         if max_length is None:
@@ -1331,11 +1361,13 @@ def _token_content(value) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def _special_tokens_of_config(cfg: dict, backend) -> dict:
+def _special_tokens_of_config(cfg: dict, backend, defaults: dict | None = None) -> dict:
     """The special tokens of ``tokenizer_config.json`` (the object ``cfg``) that are in ``backend``'s
     vocabulary, as :class:`Tokenizer`'s keyword arguments, read as transformers 5 reads them:
 
-    * each of ``_NAMED_SPECIAL_TOKENS`` (None when absent or not in the vocabulary);
+    * each of ``_NAMED_SPECIAL_TOKENS`` (None when not in the vocabulary; a key absent takes the
+      tokenizer class's default from ``defaults``, ``_CLASS_SPECIAL_TOKENS``: GPT-2's folder names
+      none and has ``<|endoftext|>`` as its bos, eos and unk there; a key set to null stays None);
     * ``extra_special_tokens``: first the model-specific named tokens (any other ``*_token`` key,
       such as a multimodal model's ``image_token``, then the values of an ``extra_special_tokens``
       dict), then the list ``extra_special_tokens``, or, without one, transformers 4's
@@ -1348,7 +1380,9 @@ def _special_tokens_of_config(cfg: dict, backend) -> dict:
         """``token`` if ``backend``'s vocabulary holds it, else None."""
         return token if token is not None and backend.token_to_id(token) is not None else None
 
-    tokens = {name: known(_token_content(cfg.get(name))) for name in _NAMED_SPECIAL_TOKENS}
+    defaults = defaults or {}
+    tokens = {name: known(_token_content(cfg[name] if name in cfg else defaults.get(name)))
+              for name in _NAMED_SPECIAL_TOKENS}
     extra = [value for key, value in cfg.items() if key.endswith("_token") and key not in _NAMED_SPECIAL_TOKENS]
     listed = cfg.get("extra_special_tokens")
     if isinstance(listed, dict):  # transformers 5's model-specific named tokens
@@ -1584,6 +1618,68 @@ def _builds_bert_normalizer(model_dir: Path, tokenizer_config: dict) -> bool:
     if name is not None:
         return False
     return _read_json_object(model_dir / "config.json").get("model_type") in _BERT_NORMALIZER_MODEL_TYPES
+
+
+def _register_special_tokens(backend, tokens: dict) -> None:
+    """Makes each special token of ``tokens`` (:func:`_special_tokens_of_config`'s, all in the
+    vocabulary) a special added token of ``backend`` where ``tokenizer.json`` lists it as an
+    ordinary vocabulary entry, as transformers registers every named special token: it is then
+    matched whole in a text (``"Hi</s>"`` ends with the eos id, not the letters of ``</s>``) and
+    left out by ``decode(skip_special_tokens=True)``. Its id stays the vocabulary's."""
+    from tokenizers import AddedToken
+
+    added = {t.content for t in backend.get_added_tokens_decoder().values()}
+    named = [tokens[name] for name in _NAMED_SPECIAL_TOKENS if tokens.get(name) is not None]
+    missing = [t for t in dict.fromkeys(named + list(tokens.get("extra_special_tokens", ()))) if t not in added]
+    if missing:
+        backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in missing])
+
+
+def _apply_add_prefix_space(backend, tokenizer_config: dict, path: Path):
+    """``backend`` with ``tokenizer_config.json``'s ``add_prefix_space`` (when present) set on its
+    byte-level pre-tokenizer(s), as transformers' GPT-2 and Qwen2 tokenizers build theirs from it
+    (``" Hello"``'s ids for ``"Hello"`` when true); ``backend`` itself when absent.
+
+    Raises:
+        ValueError: naming the file (``path``): ``add_prefix_space`` not a bool.
+    """
+    import json
+
+    from tokenizers import Tokenizer as HFTokenizer
+
+    if "add_prefix_space" not in tokenizer_config:
+        return backend
+    value = tokenizer_config["add_prefix_space"]
+    if not isinstance(value, bool):
+        raise ValueError(f"{path}: add_prefix_space: expected a bool, got {type(value).__name__} {_clip(value)}")
+    spec = json.loads(backend.to_str())
+
+    def set_flag(node) -> None:
+        """Sets the flag on every ByteLevel pre-tokenizer under ``node`` (a Sequence's too)."""
+        if isinstance(node, dict):
+            if node.get("type") == "ByteLevel":
+                node["add_prefix_space"] = value
+            for child in node.get("pretokenizers", ()):
+                set_flag(child)
+
+    set_flag(spec.get("pre_tokenizer"))
+    return HFTokenizer.from_str(json.dumps(spec))
+
+
+def _tokenizer_class(model_dir: Path, tokenizer_config: dict) -> str | None:
+    """transformers' tokenizer class for this folder without its ``Fast`` suffix: the
+    ``tokenizer_class`` of ``tokenizer_config.json``, else the one ``_CLASS_OF_MODEL_TYPE`` gives
+    ``config.json``'s ``model_type``; None when neither says.
+
+    Raises:
+        ValueError: a ``config.json`` that is not a JSON object (read only without a class).
+    """
+    name = tokenizer_config.get("tokenizer_class")
+    if isinstance(name, str):
+        return name.removesuffix("Fast")
+    if name is not None:
+        return None
+    return _CLASS_OF_MODEL_TYPE.get(_read_json_object(model_dir / "config.json").get("model_type"))
 
 
 def _apply_bert_normalizer_flags(backend, tokenizer_config: dict, path: Path, defaults: bool) -> None:
