@@ -171,3 +171,44 @@ def test_default_positions_beyond_the_rotary_tables_memory_name_input_ids(llama,
     monkeypatch.undo()
     out = m(ids[:, 8:], past_key_values=cache).logits
     assert_close(out, _hf_logits(hf, ids)[:, 8:], np.float32, what="logits after the refused call")
+
+
+# ------------------------------------------------------------- the other inputs' shapes before the ids' copy
+def _peak_of_refusal(call, pattern):
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        with pytest.raises(ValueError, match=pattern):
+            call()
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_other_inputs_shapes_refused_before_the_ids_copy(llama):
+    """A wrong-shaped attention_mask, position_ids, labels or token_type_ids was refused only after
+    input_ids (a broadcast view of 2e7 x 4 int32 ids: 610 MB, 1.6 s) had been copied to int64."""
+    from transformer_core.seq2seq import Seq2SeqTransformer
+
+    _, model = llama
+    ids = np.broadcast_to(np.int32(1), (2 * 10**6, 4))  # int64 copy: 64 MB
+    bad = np.ones((3, 3))
+    bert = tc.BertModel(dict(vocab_size=37, hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
+                             intermediate_size=16, max_position_embeddings=16))
+    s2s = Seq2SeqTransformer(20, 20, d_model=8, nhead=2, num_encoder_layers=1, num_decoder_layers=1,
+                             dim_feedforward=16, max_len=64)
+    cases = [
+        (lambda: model(ids, attention_mask=bad), r"^attention_mask: expected shape \(2000000, 4\)"),
+        (lambda: model(ids, position_ids=bad), r"^position_ids: expected shape \(2000000, 4\)"),
+        (lambda: model.loss(ids, bad), r"^labels: expected shape \(2000000, 4\) \(input_ids'\), got \(3, 3\)$"),
+        (lambda: model.generate(ids[:, :1], 1, attention_mask=bad),
+         r"^attention_mask: expected shape \(2000000, 1\) \(input_ids'\), got \(3, 3\)$"),
+        (lambda: bert(ids, attention_mask=bad), r"^attention_mask: expected shape \(2000000, 4\) \(input_ids'\)"),
+        (lambda: bert(ids, token_type_ids=bad), r"^token_type_ids: expected shape \(2000000, 4\) \(input_ids'\)"),
+        (lambda: tc.bert.BertEmbeddings(bert.config)(ids, token_type_ids=bad),
+         r"^token_type_ids: expected shape \(2000000, 4\) \(input_ids'\)"),
+        (lambda: s2s(ids, np.ones((1, 3), np.int64)), r"^tgt: expected batch size 2000000 \(src's\), got shape \(1, 3\)$"),
+    ]
+    for call, pattern in cases:
+        assert _peak_of_refusal(call, pattern) < 2**20, pattern

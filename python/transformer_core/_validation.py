@@ -406,16 +406,21 @@ def _ids_view(x, name: str, ndim: int, shape: tuple | None, shape_of: str,
     return arr, given
 
 
-def ids_shape(x, name: str, *, ndim: int = 2, what: str = "token ids") -> tuple:
+def ids_shape(x, name: str, *, ndim: int = 2, what: str = "token ids", shape: tuple | None = None,
+              shape_of: str = "") -> tuple:
     """The shape :func:`as_ids` would return for ``x`` (``(N, L)``: a 1-D input counts as a batch
     of one), after its dtype, rank and emptiness checks and before any copy: a caller checks a
     length against its context, or its activations against memory, on this before :func:`as_ids`
     copies the ids to int64 (a broadcast view of 10**9 int32 ids: 8 GB).
 
+    Args:
+        shape, shape_of: as :func:`as_ids`'s (the shape expected, checked here too).
+
     Raises:
-        TypeError / ValueError: as :func:`as_ids` for the dtype, the rank and an empty array.
+        TypeError / ValueError: as :func:`as_ids` for the dtype, the rank, the shape and an empty
+            array.
     """
-    return _ids_view(x, name, ndim, None, "", what)[0].shape
+    return _ids_view(x, name, ndim, shape, shape_of, what)[0].shape
 
 
 def as_ids(x, name: str, *, ndim: int = 2, shape: tuple | None = None, shape_of: str = "",

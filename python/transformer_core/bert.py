@@ -25,6 +25,7 @@ from ._validation import (
     hf_config_fields,
     ids_shape,
     physical_memory_bytes,
+    to_numpy,
 )
 from .hub import (
     DEFAULT_MODEL,
@@ -393,6 +394,14 @@ class BertModel(Module):
                              f"(hidden_size) and the inputs' copies, more than this machine's memory ({limit} bytes)")
         if attention_mask is None or not packed:  # every position runs: no mask to read first
             self._check_activations(shape, None, packed=False, pool=pool)
+        # the other inputs' shapes (and the token types' dtype) before the ids' copy
+        if attention_mask is not None:
+            given = to_numpy(attention_mask, "attention_mask").shape  # an array or a tensor: no copy
+            if (given if len(given) != 1 else (1, *given)) != shape:
+                raise ValueError(f"attention_mask: expected shape {shape} (input_ids'), got "
+                                 f"{given if len(given) != 1 else (1, *given)}")
+        if token_type_ids is not None:
+            ids_shape(token_type_ids, "token_type_ids", shape=shape, shape_of="input_ids'")
         ids = as_ids(input_ids, "input_ids")
         mask = None
         if attention_mask is not None:
@@ -533,13 +542,12 @@ class BertEmbeddings(Module):
         if L > c.max_position_embeddings:  # before the ids' int64 copy
             raise ValueError(f"input_ids: sequence length {L} exceeds max_position_embeddings "
                              f"({c.max_position_embeddings})")
+        if token_type_ids is not None:  # its dtype and shape before either copy
+            ids_shape(token_type_ids, "token_type_ids", shape=(N, L), shape_of="input_ids'")
         ids = as_ids(input_ids, "input_ids")
         tt = None
         if token_type_ids is not None:
-            tt = as_ids(token_type_ids, "token_type_ids")
-            if tt.shape != ids.shape:
-                raise ValueError(f"token_type_ids: expected shape {ids.shape}, got {tt.shape}")
-            tt = tt.ravel()
+            tt = as_ids(token_type_ids, "token_type_ids").ravel()
         positions = np.ascontiguousarray(np.broadcast_to(np.arange(L, dtype=np.int64), (N, L)).ravel())
         if self.training:  # the C++ layer keeps pointers to the ids until backward
             flat = ids.ravel().copy()

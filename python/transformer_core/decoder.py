@@ -274,12 +274,13 @@ class DecoderModel(Module):
             raise ValueError(f"input_ids: past length {past} + new length {L} exceeds the context "
                              f"({self._context_field} = {self.context_length})")
         self.check_activations(N, L, f"a batch of {N} sequences of length {L}")
+        # the mask and positions (their shapes are checked before their own copies) before the ids' copy
+        mask, positions = _mask_and_positions(attention_mask, position_ids, N, L, past, self.context_length)
         ids = as_ids(input_ids, "input_ids")
         vocab = self.config.vocab_size
         if ids.min() < 0 or ids.max() >= vocab:  # here, before a cache is made or grown (min/max: no
             bad = np.flatnonzero((ids < 0) | (ids >= vocab))  # temporary of ids' size when all are in range)
             raise ValueError(f"input_ids: id {ids.flat[bad[0]]} at flat index {bad[0]} is outside [0, {vocab})")
-        mask, positions = _mask_and_positions(attention_mask, position_ids, N, L, past, self.context_length)
         self._check_rotary_tables(positions, position_ids is not None, past + L)
         if cache is None:
             try:
@@ -437,9 +438,8 @@ class CausalLM(DecoderModel, GenerationMixin):
             raise ValueError(f"input_ids: {what} keeps every layer's keys and values for backward, {kept} bytes, "
                              f"more than this machine's memory ({limit} bytes): use a smaller batch or shorter "
                              "sequences")
-        ids = as_ids(input_ids, "input_ids")
         mask, positions = _mask_and_positions(attention_mask, position_ids, N, L, 0, self.context_length)
-        return ids, mask, positions
+        return as_ids(input_ids, "input_ids"), mask, positions
 
     def loss(self, input_ids, labels, attention_mask=None, position_ids=None, *, ignore_index: int = -100,
              seed: int | None = None) -> float:
@@ -474,6 +474,8 @@ class CausalLM(DecoderModel, GenerationMixin):
 
         # an int64 (the targets' dtype), as functional.cross_entropy checks it
         ignore_index = check_int(ignore_index, "ignore_index", -2**63, 2**63 - 1)
+        # the labels' dtype and shape before any copy (their values after the inputs')
+        ids_shape(labels, "labels", shape=ids_shape(input_ids, "input_ids"), shape_of="input_ids'")
         ids, mask, positions = self._training_inputs(input_ids, attention_mask, position_ids)
         lab = _check_labels(labels, ids.shape, self.config.vocab_size, ignore_index)
         targets = np.full(ids.shape, ignore_index, np.int64)  # position t predicts labels[:, t + 1]

@@ -411,6 +411,10 @@ class GenerationMixin:
                 f"positions each)")
         self.check_activations(N, L, what)  # the prompt's step is the widest
         self._check_scores(N, cfg.do_sample, what)
+        if attention_mask is not None:  # its shape before the ids' copy (its dtype and values: _prompt_mask)
+            given = to_numpy(attention_mask, "attention_mask").shape  # an array or a tensor: no copy
+            if (given if len(given) != 1 else (1, *given)) != (N, L):
+                raise ValueError(f"attention_mask: expected shape {(N, L)} (input_ids'), got {given}")
         ids = as_ids(prompt, "input_ids")
         vocab = self.config.vocab_size
         if ids.min() < 0 or ids.max() >= vocab:  # here, not at the first step: before a cache is reserved or

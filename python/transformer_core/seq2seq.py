@@ -192,9 +192,10 @@ class Seq2SeqTransformer(Module):
         return [(name, getattr(self, name, None)) for name in ("src_tok_emb", "tgt_tok_emb", "transformer", "generator")]
 
     # ---- pieces -----------------------------------------------------------------------------------
-    def _check_shape(self, table: Embedding, x, name: str) -> None:
+    def _check_shape(self, table: Embedding, x, name: str) -> tuple:
         """The ids ``x`` of the argument ``name`` (``"src"`` or ``"tgt"``, for ``table``): their
         dtype and rank, then what their shape ``(N, L)`` alone decides, before any copy of them.
+        Returns ``(N, L)``.
 
         Raises:
             TypeError: non-integer ids. ValueError: not 1-D or 2-D; ``L > max_len``; embeddings of
@@ -211,6 +212,7 @@ class Seq2SeqTransformer(Module):
                              f"three temporaries need {need} bytes, more than this machine's memory ({limit} bytes)")
         stack = self.transformer.encoder if table is self.src_tok_emb else self.transformer.decoder
         _check_feedforward_activations(N * L, stack.layers[0].dim_feedforward, self.dtype, name, (N, L))
+        return N, L
 
     def _check_ids(self, table: Embedding, ids: np.ndarray, name: str) -> None:
         """``ids``, the ``(N, L)`` int64 array of the argument ``name`` whose shape passed
@@ -240,12 +242,12 @@ class Seq2SeqTransformer(Module):
         """``(src, tgt, src_key_mask, tgt_key_mask)`` checked: ids as ``(N, L)`` int64 (in range,
         :meth:`_check_ids`), masks as bool of their shapes or None; every check on the shapes
         alone comes before the ids are copied."""
-        self._check_shape(self.src_tok_emb, src, "src")
-        self._check_shape(self.tgt_tok_emb, tgt, "tgt")
+        src_shape = self._check_shape(self.src_tok_emb, src, "src")
+        tgt_shape = self._check_shape(self.tgt_tok_emb, tgt, "tgt")
+        if src_shape[0] != tgt_shape[0]:  # before either copy
+            raise ValueError(f"tgt: expected batch size {src_shape[0]} (src's), got shape {tgt_shape}")
         src = as_ids(src, "src")
         tgt = as_ids(tgt, "tgt")
-        if src.shape[0] != tgt.shape[0]:
-            raise ValueError(f"tgt: expected batch size {src.shape[0]} (src's), got shape {tgt.shape}")
         self._check_ids(self.src_tok_emb, src, "src")  # both, before any work or dropout seed
         self._check_ids(self.tgt_tok_emb, tgt, "tgt")
         sk = tk = None
