@@ -743,3 +743,226 @@ def test_outputs_beyond_memory_are_refused_before_the_input_is_copied(case):
     err, peak = _refusal_peak(lambda: call(module))
     assert err.type is ValueError and err.match(match)
     assert peak < 2**16, f"{case}: the refusal allocated {peak} bytes"
+
+
+# ---------------------------------------------- refused before the copy: nn, positional, backward
+# Each call below used to convert (copy) an input before a check that needs only shapes or the few
+# values a broadcast view holds: the views here copy to 32-128 MiB, so the old code's peak is far
+# above the bound, and the new code's refusal allocates nothing of their size.
+_NO_COPY = 2**20  # bytes a refusal may allocate
+
+
+def _trained(build, *inputs):
+    """``build()`` in training mode after one forward of ``inputs``: ready for its backward."""
+    module = build()
+    module.train()
+    module(*inputs)
+    return module
+
+
+def _backward_cases():
+    x = np.arange(10, dtype=np.float32).reshape(2, 5) / 10
+    x8 = np.arange(48, dtype=np.float32).reshape(2, 3, 8) / 48
+    ids = np.array([[1, 2, 3], [4, 5, 6]])
+    return {  # build, forward inputs, the forward output's shape
+        "Linear": (lambda: tc.nn.Linear(5, 3), (x,), (2, 3)),
+        "Embedding": (lambda: tc.nn.Embedding(10, 4), (ids,), (2, 3, 4)),
+        "MultiheadAttention": (lambda: tc.nn.MultiheadAttention(8, 2), (x8,), (2, 3, 8)),
+        "LayerNorm": (lambda: tc.nn.LayerNorm(8), (x8,), (2, 3, 8)),
+        "Embeddings": (lambda: tc.positional.Embeddings(10, 8, 6), (ids,), (2, 3, 8)),
+    }
+
+
+@pytest.mark.parametrize("case", ["Linear", "Embedding", "MultiheadAttention", "LayerNorm", "Embeddings"])
+def test_layer_backward_checks_grad_output_shape_before_its_copy(case):
+    """The layers' backward converted grad_output (a float32 copy) before comparing its shape with
+    the forward output's: a broadcast view of (16384, 16384) cost 1 GiB and 2 s before the
+    ValueError. The shape is now checked on the array as given; the refused call keeps the state."""
+    import re
+
+    build, inputs, shape = _backward_cases()[case]
+    module = _trained(build, *inputs)
+    big = np.broadcast_to(np.float32(1), (2048, 4096))  # its copy: 32 MiB
+    err, peak = _refusal_peak(lambda: module.backward(big))
+    assert err.type is ValueError
+    assert err.match(rf"^grad_output: expected shape {re.escape(str(shape))} \(the forward's output\), "
+                     r"got \(2048, 4096\)$")
+    assert peak < _NO_COPY, f"{case}: the refusal allocated {peak} bytes"
+    module.backward(np.ones(shape, np.float32))  # the state was kept: the right gradient is taken
+
+
+def test_linear_backward_after_a_refused_grad_output_gives_torch_gradients():
+    """The refused call above changes nothing: the next backward's gradients are torch's."""
+    x = np.arange(10, dtype=np.float32).reshape(2, 5) / 10
+    g = np.arange(6, dtype=np.float32).reshape(2, 3) - 2
+    lin = _trained(lambda: tc.nn.Linear(5, 3), x)
+    with pytest.raises(ValueError, match="^grad_output: expected shape"):
+        lin.backward(np.broadcast_to(np.float32(1), (2048, 4096)))
+    params = dict(lin.named_parameters())
+    ref = torch.nn.Linear(5, 3)
+    with torch.no_grad():
+        ref.weight.copy_(torch.from_numpy(np.array(params["weight"])))
+        ref.bias.copy_(torch.from_numpy(np.array(params["bias"])))
+    xt = torch.from_numpy(x).requires_grad_()
+    ref(xt).backward(torch.from_numpy(g))
+    np.testing.assert_allclose(lin.backward(g), xt.grad.numpy(), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(params["weight"].grad, ref.weight.grad.numpy(), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(params["bias"].grad, ref.bias.grad.numpy(), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("ids,match", [
+    (np.broadcast_to(np.int32(20), (4096, 4096)), r"^input_ids: id 20 at flat index 0 is outside \[0, 10\)$"),
+    (np.broadcast_to(np.array([[1], [11]], np.int32), (2, 2**22)),  # the first bad id: row 1's first
+     r"^input_ids: id 11 at flat index 4194304 is outside \[0, 10\)$"),
+    (np.broadcast_to(np.array([3, -4, 5], np.int16), (2**21, 3)), r"^input_ids: id -4 at flat index 1 is outside"),
+], ids=["all_bad", "bad_column", "negative"])
+def test_embedding_refuses_out_of_range_ids_before_their_int64_copy(ids, match):
+    """Embedding's forward copied the ids to int64 (2 GiB for a broadcast view of 16384² int32 ids,
+    6 s) before the C++ layer found an id out of range. Integer ids are now range-checked on the
+    values they hold (min and max, no copy), in the C++ check's words and flat index."""
+    emb = tc.nn.Embedding(10, 4)
+    err, peak = _refusal_peak(lambda: emb(ids))
+    assert err.type is ValueError and err.match(match)
+    assert peak < _NO_COPY, f"the refusal allocated {peak} bytes"
+
+
+def test_embedding_range_check_matches_the_core_on_small_ids():
+    """The same error (message, flat index) as the C++ layer's, which took these before: ids of
+    any integer dtype, rank, sign; ids past int64 keep as_ids's error; good ids give the rows."""
+    emb = tc.nn.Embedding(10, 4)
+    for ids, match in [(np.array([[1, -3, 2]]), r"id -3 at flat index 1 is"),
+                       (np.array([[1, 2], [30, 40]], np.uint8), r"id 30 at flat index 2 is"),
+                       (np.array(12), r"id 12 at flat index 0 is"),
+                       (np.array([2**64 - 1], np.uint64), r"expected token ids within int64, got 18446744073709551615")]:
+        with pytest.raises(ValueError, match=rf"^input_ids: {match}"):
+            emb(ids)
+    ids = np.broadcast_to(np.array([[9], [0]], np.int8), (2, 3))
+    weight = np.array(dict(emb.named_parameters())["weight"])
+    np.testing.assert_array_equal(emb(ids), weight[np.array([[9, 9, 9], [0, 0, 0]])])
+
+
+def _rotary_cases():
+    F = tc.functional
+    B = tc.backward
+
+    def bigf(*shape):
+        return np.broadcast_to(np.float32(1), shape)
+
+    narrow = np.ones((1024, 8), np.float32)
+    wide = bigf(1024, 4096)
+    x = bigf(1, 4, 1024, 4096)  # its copy: 64 MiB
+    return {
+        "rotate_half": (lambda: F.rotate_half(bigf(4096, 4095)), r"^x: expected an even last dim, got shape \(4096, 4095\)$"),
+        "apply_rotary": (lambda: F.apply_rotary(x, narrow, narrow),
+                         r"^cos: expected last dim 4096 \(head_dim\) or 2048 \(head_dim/2\), got shape \(1024, 8\)$"),
+        "apply_rotary_sin": (lambda: F.apply_rotary(x, wide, narrow),
+                             r"^sin: expected the shape of cos \(1024, 4096\), got \(1024, 8\)$"),
+        "apply_rotary_pos_emb_k_table": (lambda: F.apply_rotary_pos_emb(x, bigf(1, 4, 1024, 4094), wide, wide),
+                                         r"^cos: expected last dim 4094 \(head_dim\) or 2047 \(head_dim/2\), "
+                                         r"got shape \(1024, 4096\)$"),
+        "apply_rotary_pos_emb_k_odd": (lambda: F.apply_rotary_pos_emb(x, bigf(1, 4, 1024, 4095), wide, wide),
+                                       r"^k: expected an even head_dim \(last dim\), got shape \(1, 4, 1024, 4095\)$"),
+        "rotary_backward": (lambda: B.rotary_backward(x, narrow, narrow),
+                            r"^cos: expected last dim 4096 \(head_dim\) or 2048 \(head_dim/2\), got shape \(1024, 8\)$"),
+        "rotary_backward_rank": (lambda: B.rotary_backward(x, bigf(2, 1024, 4096), bigf(2, 1024, 4096)),
+                                 r"^cos: shape \(2, 1024, 4096\) \(with the head axis at unsqueeze_dim=1: "
+                                 r"\(2, 1, 1024, 4096\)\) does not broadcast to grad_output's"),
+    }
+
+
+@pytest.mark.parametrize("case", ["rotate_half", "apply_rotary", "apply_rotary_sin", "apply_rotary_pos_emb_k_table",
+                                  "apply_rotary_pos_emb_k_odd", "rotary_backward", "rotary_backward_rank"])
+def test_rotary_checks_shapes_before_copying_or_rotating(case):
+    """rotate_half, apply_rotary and rotary_backward copied x (1 GiB for a broadcast view) before
+    checking its even D or the tables' shapes against it; apply_rotary_pos_emb rotated all of q
+    before refusing k. D, the tables and both q and k are now checked on the arrays as given."""
+    call, match = _rotary_cases()[case]
+    err, peak = _refusal_peak(call)
+    assert err.type is ValueError and err.match(match)
+    assert peak < _NO_COPY, f"{case}: the refusal allocated {peak} bytes"
+
+
+def test_rotary_after_the_reordered_checks_matches_torch(rng):
+    """The checks moved, the rotation did not: q and k (GQA, HF's (N, L, D) tables) as torch's."""
+    q, k = randn(rng, (2, 4, 5, 8)), randn(rng, (2, 2, 5, 8))
+    cos, sin = randn(rng, (2, 5, 8)), randn(rng, (2, 5, 8))
+    qt, kt, ct, st = (torch.from_numpy(a) for a in (q, k, cos, sin))
+
+    def rot(t):
+        return torch.cat([-t[..., 4:], t[..., :4]], dim=-1)
+
+    q_rot, k_rot = tc.functional.apply_rotary_pos_emb(q, k, cos, sin)
+    np.testing.assert_allclose(q_rot, (qt * ct[:, None] + rot(qt) * st[:, None]).numpy(), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(k_rot, (kt * ct[:, None] + rot(kt) * st[:, None]).numpy(), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(tc.functional.rotate_half(q), rot(qt).numpy())
+
+
+@pytest.mark.parametrize("kwargs,error,match", [
+    ({"num_embeddings": 10**12}, ValueError,
+     r"^num_embeddings: an array of shape \(1000000000000, 8\) needs 32000000000000 bytes"),
+    ({"num_embeddings": 10, "grad_weight": np.zeros((10, 4), np.float32)}, ValueError,
+     r"^grad_weight: expected shape \(10, 8\), got \(10, 4\)$"),
+    ({"num_embeddings": 10, "grad_weight": np.zeros((10, 8))}, TypeError, r"^grad_weight: expected dtype float32"),
+], ids=["huge_table", "grad_weight_shape", "grad_weight_dtype"])
+def test_embedding_backward_checks_the_gradient_table_before_the_ids_copy(kwargs, error, match):
+    """embedding_backward copied the ids to int64 (2 GiB for a broadcast view of 16384² int32 ids,
+    7 s) before checking num_embeddings' table against memory and grad_weight: checks of shapes
+    only, which small ids got in no time. They now come before the ids' conversion."""
+    ids = np.broadcast_to(np.int32(1), (4096, 4096))  # its int64 copy: 128 MiB
+    grad = np.broadcast_to(np.float32(1), (4096, 4096, 8))
+    err, peak = _refusal_peak(lambda: tc.backward.embedding_backward(ids, grad, **kwargs))
+    assert err.type is error and err.match(match)
+    assert peak < _NO_COPY, f"the refusal allocated {peak} bytes"
+
+
+def _small_machine(monkeypatch, limit: int) -> None:
+    """This machine's memory seen as ``limit`` bytes by every check (nn's and _validation's)."""
+    import sys
+
+    import transformer_core._validation as validation
+
+    nn_module = sys.modules["transformer_core.nn"]
+    monkeypatch.setattr(validation, "physical_memory_bytes", lambda: limit)
+    monkeypatch.setattr(nn_module, "physical_memory_bytes", lambda: limit)
+
+
+def test_stack_counts_each_copys_overhead_not_only_its_weights(monkeypatch):
+    """TransformerEncoder(layer, num_layers) checked only the copies' weights against memory, but a
+    copy of a tiny layer costs ~16.5 KB of Python and C++ objects beyond its 2.4 KB of weights:
+    2 * 10**6 copies passed the check and needed ~37 GB. The overhead now counts (a machine of
+    64 MiB here: the count that passed the old check is refused before any copy is built)."""
+    import math
+
+    limit = 64 << 20
+    _small_machine(monkeypatch, limit)
+    layer = tc.nn.TransformerEncoderLayer(8, 2, 16)
+    weights = 4 * sum(math.prod(s) for s in layer.parameter_shapes().values())
+    each = weights + 16 * 1024  # the overhead counted: a lower bound of the 16.2-16.7 KB measured
+    count = limit // each + 1
+    assert count * weights < limit  # the weights alone fit: the old check let it pass
+    err, peak = _refusal_peak(lambda: tc.nn.TransformerEncoder(layer, count))
+    assert err.type is ValueError
+    assert err.match(rf"^num_layers: {count} copies of the layer need about {count * each} bytes \({weights} bytes "
+                     rf"of weights and about 16384 bytes of Python and C\+\+ objects each\), more than this "
+                     rf"machine's memory \({limit} bytes\)$")
+    assert peak < _NO_COPY
+    assert len(tc.nn.TransformerEncoder(layer, 3).layers) == 3  # a count that fits is built
+
+
+def test_transformer_counts_both_stacks_overhead_together(monkeypatch):
+    """nn.Transformer's check of both stacks together counts each copy's overhead too: counts whose
+    weights fit, each stack alone too, are refused naming both, before either stack is built."""
+    import math
+
+    limit = 64 << 20
+    _small_machine(monkeypatch, limit)
+    enc, dec = tc.nn.TransformerEncoderLayer(8, 2, 16), tc.nn.TransformerDecoderLayer(8, 2, 16)
+    overheads = (16 * 1024, 24 * 1024)  # counted per copy: lower bounds of what was measured
+    per = [4 * sum(math.prod(s) for s in m.parameter_shapes().values()) + o for m, o in zip((enc, dec), overheads)]
+    count = limit // sum(per) + 1
+    assert max(per) * count < limit
+    err, peak = _refusal_peak(lambda: tc.nn.Transformer(8, 2, count, count, 16))
+    assert err.type is ValueError
+    assert err.match(rf"^num_encoder_layers, num_decoder_layers: the layers' copies \(with the weights around them\) "
+                     rf"need about {count * sum(per)} bytes")
+    assert peak < _NO_COPY

@@ -67,7 +67,7 @@ from .functional import (
     _vector_given,
 )
 from .module import renamed_keyword
-from .positional import _rotate
+from .positional import _check_rotary, _rotate
 
 __all__ = [
     "linear_backward",
@@ -430,13 +430,7 @@ def embedding_backward(ids, grad_output, num_embeddings: int, padding_idx: int |
     g = _as_given(g, "grad_output", dtype, min_ndim=1, allow_empty=True)
     if g.shape[:-1] != t.shape:
         raise ValueError(f"grad_output: expected shape {t.shape} + (embedding_dim,) to match ids, got {g.shape}")
-    if t.size:
-        # converted (a copy checked against memory) before any flattening: ``reshape(-1)`` of a
-        # broadcast view (``np.broadcast_to``, stride 0) would copy all of it, unchecked
-        t = as_ids(t, "ids", ndim=max(t.ndim, 1)).reshape(t.shape)
-    if t.size and (t.min() < 0 or t.max() >= V):
-        bad = tuple(int(i) for i in np.argwhere((t < 0) | (t >= V))[0])
-        raise ValueError(f"ids: expected values in [0, {V}), got {int(t[bad])} at index {bad}")
+    # the gradient's table (V, H) before the ids' int64 copy: its checks need only shapes
     H = g.shape[-1]
     if H == 0 and V > MAX_SIZE // np.dtype(dtype).itemsize:  # numpy cannot make even an empty (V, 0) array
         raise ValueError(f"num_embeddings: expected at most {MAX_SIZE // np.dtype(dtype).itemsize} rows for a "
@@ -444,6 +438,13 @@ def embedding_backward(ids, grad_output, num_embeddings: int, padding_idx: int |
     gw = _grad_buffer(grad_weight, "grad_weight", (V, H), dtype, ((t, "ids"), (g, "grad_output")))
     if gw is None:  # a new (V, H) array: checked here, naming the argument (the binding's check says "H")
         check_allocatable((V, H), np.dtype(dtype).itemsize, "num_embeddings")
+    if t.size:
+        # converted (a copy checked against memory) before any flattening: ``reshape(-1)`` of a
+        # broadcast view (``np.broadcast_to``, stride 0) would copy all of it, unchecked
+        t = as_ids(t, "ids", ndim=max(t.ndim, 1)).reshape(t.shape)
+    if t.size and (t.min() < 0 or t.max() >= V):
+        bad = tuple(int(i) for i in np.argwhere((t < 0) | (t >= V))[0])
+        raise ValueError(f"ids: expected values in [0, {V}), got {int(t[bad])} at index {bad}")
     g = _as_dtype(g, "grad_output", dtype)
     rows = t.size  # not reshape(-1, H): -1 is ambiguous for an empty grad_output (embedding_dim 0)
     t = np.ascontiguousarray(t, dtype=np.int64).reshape(rows)
@@ -482,8 +483,7 @@ def rotary_backward(grad_output, cos, sin, layout: str = "half", unsqueeze_dim: 
     g = to_numpy(grad_output, "grad_output")
     dtype = compute_dtype(g, "grad_output")
     g = _as_given(g, "grad_output", dtype, min_ndim=2)
-    if g.shape[-1] % 2 != 0:
-        raise ValueError(f"grad_output: expected an even head_dim (last dim), got shape {g.shape}")
+    cos, sin = _check_rotary(g, cos, sin, unsqueeze_dim, "grad_output")  # D and the tables, before g's copy
     g = _as_dtype(g, "grad_output", dtype)
     return _rotate(variant("rotary_backward", g.dtype.type), g, cos, sin, layout, unsqueeze_dim, "grad_output")
 

@@ -53,6 +53,7 @@ import numpy as np
 
 from ._runtime import core as _core
 from ._validation import (
+    _unbroadcast,
     activation,
     as_attention_mask,
     as_bool,
@@ -101,11 +102,13 @@ def _kept(arr: np.ndarray, original) -> np.ndarray:
 
 
 def _grad_output(grad_output, name: str, shape: tuple, dtype) -> np.ndarray:
-    """``grad_output`` as a C-contiguous array of ``dtype`` and the forward output's ``shape``."""
-    g = as_float(grad_output, name, dtype)
+    """``grad_output`` as a C-contiguous array of ``dtype`` and the forward output's ``shape``: the
+    shape checked on the array as given, before its copy (a wrong-shaped broadcast view of any size
+    is refused at no cost)."""
+    g = unconverted(grad_output, name)
     if g.shape != tuple(shape):
         raise ValueError(f"{name}: expected shape {tuple(shape)} (the forward's output), got {g.shape}")
-    return g
+    return as_float(g, name, dtype)
 
 
 def _check_output_fits(count: int, itemsize: int, what: str) -> None:
@@ -788,6 +791,8 @@ class Embedding(Module):
                 check_allocatable(shape, 8, "input_ids")
             _check_output_fits(ids.size * self.embedding_dim, np.dtype(self.dtype).itemsize,
                                "input_ids: the output (ids, embedding_dim)")
+        if ids.dtype.kind in "iu" and ids.size:
+            self._check_id_range(ids)  # before the int64 copy
         # converted (a copy checked against memory) before flattening: ``reshape(-1)`` of a broadcast
         # view (``np.broadcast_to``, stride 0) would copy all of it, unchecked
         ids = as_ids(ids, "input_ids", ndim=max(ids.ndim, 1)).reshape(-1)
@@ -795,6 +800,19 @@ class Embedding(Module):
         if self.training:
             self._saved = (ids.copy(), shape)
         return out
+
+    def _check_id_range(self, ids: np.ndarray) -> None:
+        """The C++ layer's range check of integer ``ids`` (as given, not empty), in its words, made on
+        the values they hold (min and max, no copy; a broadcast view's few values) before their int64
+        copy. Ids beyond int64 (uint64) are left to ``as_ids``, whose error comes first."""
+        own = _unbroadcast(ids)
+        low, high = int(own.min()), int(own.max())
+        if high > np.iinfo(np.int64).max or (low >= 0 and high < self.num_embeddings):
+            return
+        bad = (own < 0) | (own >= self.num_embeddings)  # the first bad one (C order) of the values held:
+        at = np.unravel_index(int(np.argmax(bad)), own.shape)  # the first of the whole array, each
+        flat = int(np.ravel_multi_index(at, ids.shape)) if ids.ndim else 0  # broadcast dim at index 0
+        raise ValueError(f"input_ids: id {int(own[at])} at flat index {flat} is outside [0, {self.num_embeddings})")
 
     def backward(self, grad_output) -> None:
         """Adds ``grad_output (..., embedding_dim)`` of the last training forward into the rows of
@@ -991,6 +1009,11 @@ class TransformerEncoderLayer(Module):
             message lists the names), ``layer_norm_eps`` negative or not finite, ``dropout`` outside
             [0, 1), ``batch_first=False``; weights larger than this machine's memory.
     """
+
+    #: What a copy of the layer costs beyond its weights (the Python objects, the C++ layer and its
+    #: parameter views), a lower bound: measured as the RSS growth per layer of a stack of 20000
+    #: copies of a tiny layer (d_model 2 to 64), 16.2-16.7 KB. Counted by the stacks' memory check.
+    _COPY_OVERHEAD_BYTES = 16 * 1024
 
     def __init__(self, d_model: int, nhead: int, dim_feedforward: int = 2048, activation: str = "relu",
                  layer_norm_eps: float = 1e-5, norm_first: bool = False, bias: bool = True, dtype=np.float32,
@@ -1247,6 +1270,9 @@ class TransformerDecoderLayer(Module):
         TypeError, ValueError: as :class:`TransformerEncoderLayer` (the same arguments, checked alike).
     """
 
+    #: As :attr:`TransformerEncoderLayer._COPY_OVERHEAD_BYTES` (measured alike: 25.5-25.7 KB).
+    _COPY_OVERHEAD_BYTES = 24 * 1024
+
     def __init__(self, d_model: int, nhead: int, dim_feedforward: int = 2048, activation: str = "relu",
                  layer_norm_eps: float = 1e-5, norm_first: bool = False, bias: bool = True, dtype=np.float32,
                  *, dropout: float = 0.0, batch_first: bool = True):
@@ -1357,6 +1383,29 @@ class TransformerDecoderLayer(Module):
         return tuple(d[0] for d in grads) if unbatched else grads
 
 
+def _check_layer_copies(stacks, weights_around: int = 0) -> None:
+    """ValueError when ``stacks`` (``(name, count, layer)`` each: ``count`` copies of ``layer``, the
+    argument ``name`` sets it) need more than this machine's memory: each copy's weights and its
+    ``_COPY_OVERHEAD_BYTES`` (Python and C++ objects, which a weights-only check misses: a tiny layer
+    costs 7 times its weights), one stack alone (naming its argument), then all of them together with
+    ``weights_around`` bytes of a containing model's weights (naming every argument). Made before
+    any copy is built: a count too large is refused at once, not after minutes of copying."""
+    limit = physical_memory_bytes()
+    total = weights_around
+    for name, count, layer in stacks:
+        weights = sum(math.prod(shape) for shape in layer.parameter_shapes().values()) * np.dtype(layer.dtype).itemsize
+        each = weights + type(layer)._COPY_OVERHEAD_BYTES
+        if count * each > limit:
+            raise ValueError(f"{name}: {count} copies of the layer need about {count * each} bytes ({weights} bytes "
+                             f"of weights and about {type(layer)._COPY_OVERHEAD_BYTES} bytes of Python and C++ "
+                             f"objects each), more than this machine's memory ({limit} bytes)")
+        total += count * each
+    if total > limit:
+        names = ", ".join(name for name, _, _ in stacks)
+        raise ValueError(f"{names}: the layers' copies (with the weights around them) need about {total} bytes, "
+                         f"more than this machine's memory ({limit} bytes)")
+
+
 class _Stack(Module):
     """A stack of identical layers (copies of one, as torch deep-copies it) and an optional norm."""
 
@@ -1375,6 +1424,7 @@ class _Stack(Module):
         # ValueError, not hours of copying and the OOM killer)
         per_layer = sum(int(np.prod(shape)) for shape in layer.parameter_shapes().values())
         check_allocatable((self.num_layers, per_layer), np.dtype(layer.dtype).itemsize, "num_layers")
+        _check_layer_copies([("num_layers", self.num_layers, layer)])  # and what each copy costs beyond them
         self.dtype = layer.dtype
         state = layer.state_dict()
         self.layers = []
@@ -1600,6 +1650,10 @@ class Transformer(Module):
                                                     decoder_layer))]
         containing = getattr(_CONTAINING_TABLES, "tables", ())  # see _within
         check_tables_allocatable([*stacks, *containing], self.dtype, "the weights together")
+        # and what each copy costs beyond its weights
+        around = sum(int(rows) * int(cols) for _, _, rows, cols in containing) * np.dtype(self.dtype).itemsize
+        _check_layer_copies([("num_encoder_layers", num_encoder_layers, encoder_layer),
+                             ("num_decoder_layers", num_decoder_layers, decoder_layer)], around)
         self.d_model, self.nhead = d_model, nhead
         self.encoder = TransformerEncoder(encoder_layer, num_encoder_layers,
                                           LayerNorm(d_model, layer_norm_eps, bias=bias, dtype=self.dtype))

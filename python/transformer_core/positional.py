@@ -41,6 +41,7 @@ from ._validation import (
     resolve_dtype,
     rotary_layout,
     to_numpy,
+    unconverted,
 )
 from .module import Module
 
@@ -281,10 +282,11 @@ class Embeddings(Module):
             ValueError: ``grad_output`` not of the output's shape.
         """
         _ids, _positions, (N, L) = self._peek_saved()
-        g = as_float(grad_output, "grad_output", self.dtype)
+        g = unconverted(grad_output, "grad_output")  # its shape checked before its copy
         if g.shape != (N, L, self.hidden_size):
             raise ValueError(f"grad_output: expected shape {(N, L, self.hidden_size)} (the forward's output), "
                              f"got {g.shape}")
+        g = as_float(g, "grad_output", self.dtype)
         self._take_saved()  # checked: now consumed
         self._impl.backward(g.reshape(N * L, self.hidden_size))
 
@@ -422,11 +424,55 @@ def rotate_half(x) -> np.ndarray:
     Raises:
         ValueError: empty ``x``, rank 0, or odd D. TypeError: non-numeric ``x``.
     """
-    x = as_float(x, "x", min_ndim=1)
+    x = unconverted(x, "x", min_ndim=1)  # D checked before x's copy
     D = x.shape[-1]
     if D % 2 != 0:
         raise ValueError(f"x: expected an even last dim, got shape {x.shape}")
+    x = as_float(x, "x")
     return np.concatenate([-x[..., D // 2:], x[..., :D // 2]], axis=-1)
+
+
+def _table_shape(shape: tuple, name: str, x_shape: tuple, D: int, unsqueeze_dim: int = 1,
+                 x_name: str = "x") -> tuple:
+    """The shape of the table ``name`` (cos or sin, of ``shape``) as it broadcasts over ``x`` of
+    ``x_shape`` (D its even last dim), after the checks of its shape against x's: shapes only, made
+    before anything is converted.
+
+    The table's rank picks its meaning (:func:`apply_rotary`): 2-D ``(L, W)`` is shared by every
+    leading index; rank ``x.ndim - 1`` (>= 3) lacks the head axis, which is inserted at
+    ``unsqueeze_dim`` as Hugging Face's ``cos.unsqueeze(unsqueeze_dim)`` (the shape returned has
+    it); rank ``x.ndim`` broadcasts as is.
+
+    Raises:
+        ValueError: a last dim ``W`` other than ``D`` or ``D/2``; any other rank (naming ``name``,
+            and ``x_name``, the rotated input's); ``unsqueeze_dim`` out of range; leading dims that
+            do not broadcast to x's.
+    """
+    W = shape[-1]
+    if W not in (D, D // 2):
+        raise ValueError(f"{name}: expected last dim {D} (head_dim) or {D // 2} (head_dim/2), got shape {shape}")
+    ndim, x_ndim = len(shape), len(x_shape)
+    given = f"shape {shape}"
+    if ndim != 2 and ndim == x_ndim - 1:
+        # HF's table without the head axis, e.g. (N, L, D) from LlamaRotaryEmbedding for x (N, H, L, D)
+        if not -(ndim + 1) <= unsqueeze_dim <= ndim:
+            raise ValueError(f"unsqueeze_dim: expected an int in [{-(ndim + 1)}, {ndim}] (where the head axis "
+                             f"goes in {name} of shape {shape}), got {unsqueeze_dim}")
+        at = unsqueeze_dim % (ndim + 1)
+        shape = shape[:at] + (1,) + shape[at:]
+        given += f" (with the head axis at unsqueeze_dim={unsqueeze_dim}: {shape})"
+    elif ndim not in (2, x_ndim):
+        raise ValueError(f"{name}: expected a 2-D (L, {W}) table, or one of rank {x_ndim - 1} (no head axis, "
+                         f"Hugging Face's) or {x_ndim} ({x_name}'s rank {x_ndim}, shape {x_shape}), "
+                         f"got shape {shape}")
+    lead, x_lead = shape[:-1], x_shape[:-1]
+    try:
+        ok = np.broadcast_shapes(lead, x_lead) == x_lead
+    except ValueError:
+        ok = False
+    if not ok:
+        raise ValueError(f"{name}: {given} does not broadcast to {x_name}'s {x_lead + (W,)} (..., L, {W})")
+    return shape
 
 
 def _rotary_values(t, name: str, x_shape: tuple, D: int, layout: str, dtype, unsqueeze_dim: int = 1,
@@ -434,35 +480,11 @@ def _rotary_values(t, name: str, x_shape: tuple, D: int, layout: str, dtype, uns
     """cos or sin (already converted by :func:`_rotary_tables`; a broadcast view stays one) as the
     values the kernel reads for ``x`` of ``x_shape``: a C-contiguous array of ``x``'s rank whose dims
     are ``x``'s or 1 (broadcast), last dim ``W = D`` (half) or ``D/2`` (interleaved). Only the values
-    the table holds are copied, never its broadcast over ``x`` (see :func:`_rotate`).
-
-    The table's rank picks its meaning (:func:`apply_rotary`): 2-D ``(L, W)`` is shared by every
-    leading index; rank ``x.ndim - 1`` (>= 3) lacks the head axis, which is inserted at
-    ``unsqueeze_dim`` as Hugging Face's ``cos.unsqueeze(unsqueeze_dim)``; rank ``x.ndim`` broadcasts
-    as is. Any other rank is a ValueError naming ``name`` (and ``x_name``, the rotated input's)."""
-    W = t.shape[-1]
-    if W not in (D, D // 2):
-        raise ValueError(f"{name}: expected last dim {D} (head_dim) or {D // 2} (head_dim/2), got shape {t.shape}")
+    the table holds are copied, never its broadcast over ``x`` (see :func:`_rotate`). Its shape is
+    checked as :func:`_table_shape` checks it (its ValueErrors)."""
+    t = t.reshape(_table_shape(t.shape, name, x_shape, D, unsqueeze_dim, x_name))  # a view: 1-dims inserted
     x_ndim = len(x_shape)
-    given = f"shape {t.shape}"
-    if t.ndim != 2 and t.ndim == x_ndim - 1:
-        # HF's table without the head axis, e.g. (N, L, D) from LlamaRotaryEmbedding for x (N, H, L, D)
-        if not -(t.ndim + 1) <= unsqueeze_dim <= t.ndim:
-            raise ValueError(f"unsqueeze_dim: expected an int in [{-(t.ndim + 1)}, {t.ndim}] (where the head axis "
-                             f"goes in {name} of shape {t.shape}), got {unsqueeze_dim}")
-        t = np.expand_dims(t, unsqueeze_dim)
-        given += f" (with the head axis at unsqueeze_dim={unsqueeze_dim}: {t.shape})"
-    elif t.ndim not in (2, x_ndim):
-        raise ValueError(f"{name}: expected a 2-D (L, {W}) table, or one of rank {x_ndim - 1} (no head axis, "
-                         f"Hugging Face's) or {x_ndim} ({x_name}'s rank {x_ndim}, shape {x_shape}), "
-                         f"got shape {t.shape}")
-    lead, x_lead = t.shape[:-1], x_shape[:-1]
-    try:
-        ok = np.broadcast_shapes(lead, x_lead) == x_lead
-    except ValueError:
-        ok = False
-    if not ok:
-        raise ValueError(f"{name}: {given} does not broadcast to {x_name}'s {x_lead + (W,)} (..., L, {W})")
+    W = t.shape[-1]
     # the values t holds: each broadcast leading dim (size 1 or stride 0) of x's rank cut to size 1
     t = t.reshape((1,) * (x_ndim - t.ndim) + t.shape)
     t = t[tuple(slice(0, 1) if n == 1 or st == 0 else slice(None) for n, st in zip(t.shape[:-1], t.strides[:-1]))]
@@ -567,15 +589,41 @@ def _as_table(value, name: str, dtype) -> np.ndarray:
     return np.broadcast_to(held, arr.shape)
 
 
-def _apply_rotary(x, cos, sin, layout: str, name: str, dtype, unsqueeze_dim: int = 1) -> np.ndarray:
-    layout = rotary_layout(layout)
-    unsqueeze_dim = check_int(unsqueeze_dim, "unsqueeze_dim", None, None)
-    x = as_float(x, name, dtype, min_ndim=2)
+def _check_rotary(x: np.ndarray, cos, sin, unsqueeze_dim: int, name: str) -> tuple[np.ndarray, np.ndarray]:
+    """The checks of a rotation of ``x`` (as given, rank >= 2 checked; named ``name``) by cos and sin
+    that need only shapes, made before anything is copied: x's even D, each table's dtype and rank
+    (``as_float``'s errors), sin's shape against cos's, and cos's against x's (:func:`_table_shape`).
+    Returns ``(cos, sin)`` as :func:`to_numpy` gives them (nothing converted), for :func:`_rotate`."""
     D = x.shape[-1]
     if D % 2 != 0:
         raise ValueError(f"{name}: expected an even head_dim (last dim), got shape {x.shape}")
-    dtype = x.dtype.type
-    return _rotate(variant("apply_rotary", dtype), x, cos, sin, layout, unsqueeze_dim, name)
+    c, s = unconverted(cos, "cos", min_ndim=2), unconverted(sin, "sin", min_ndim=2)
+    if s.shape != c.shape:
+        raise ValueError(f"sin: expected the shape of cos {c.shape}, got {s.shape}")
+    _table_shape(c.shape, "cos", x.shape, D, unsqueeze_dim, name)
+    return c, s
+
+
+def _apply_rotary(x, cos, sin, layout: str, name: str, dtype, unsqueeze_dim: int = 1) -> np.ndarray:
+    return _apply_rotary_each(((x, name, dtype),), cos, sin, layout, unsqueeze_dim)[0]
+
+
+def _apply_rotary_each(inputs, cos, sin, layout: str, unsqueeze_dim: int) -> list[np.ndarray]:
+    """Each ``(x, name, dtype)`` of ``inputs`` rotated by cos and sin (``dtype`` None: x's own,
+    :func:`compute_dtype`). Every input is checked against the tables (:func:`_check_rotary`)
+    before any is converted or rotated: a bad k is refused before q's rotated copy is made."""
+    layout = rotary_layout(layout)
+    unsqueeze_dim = check_int(unsqueeze_dim, "unsqueeze_dim", None, None)
+    checked = []
+    for x, name, dtype in inputs:
+        x = unconverted(x, name, min_ndim=2)
+        cos, sin = _check_rotary(x, cos, sin, unsqueeze_dim, name)
+        checked.append((x, name, dtype))
+    rotated = []
+    for x, name, dtype in checked:
+        x = as_float(x, name, dtype)
+        rotated.append(_rotate(variant("apply_rotary", x.dtype.type), x, cos, sin, layout, unsqueeze_dim, name))
+    return rotated
 
 
 def _rotate(rotate, x: np.ndarray, cos, sin, layout: str, unsqueeze_dim: int, name: str) -> np.ndarray:
@@ -651,6 +699,7 @@ def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim: int = 1, layout: str = "
         ValueError / TypeError: as :func:`apply_rotary` (the message names ``q``, ``k``, ``cos``,
         ``sin`` or ``unsqueeze_dim``).
     """
-    q_dtype, k_dtype = compute_dtype(q, "q"), compute_dtype(k, "k")  # both checked before either is rotated
-    return (_apply_rotary(q, cos, sin, layout, "q", q_dtype, unsqueeze_dim),
-            _apply_rotary(k, cos, sin, layout, "k", k_dtype, unsqueeze_dim))
+    q_dtype, k_dtype = compute_dtype(q, "q"), compute_dtype(k, "k")
+    # both (and the tables against both) checked before either is converted or rotated
+    q_rot, k_rot = _apply_rotary_each(((q, "q", q_dtype), (k, "k", k_dtype)), cos, sin, layout, unsqueeze_dim)
+    return q_rot, k_rot
