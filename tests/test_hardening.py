@@ -1528,3 +1528,153 @@ def test_bert_without_layers_runs_whatever_its_intermediate_size():
     ids = np.array([[1, 2, 3, 4]])
     emb = tc.BertEmbeddings.from_model(m)(ids)
     np.testing.assert_allclose(m(ids).last_hidden_state, emb, rtol=1e-6, atol=1e-7)
+
+
+# ------------------------------------------------------------------------------------------------
+# refused before the copy: quantization, forms, pooling, masks, decode
+# ------------------------------------------------------------------------------------------------
+def _refused_without_copy(call, exc, message: str, bound: int = 2**21) -> None:
+    """``call()`` raises ``exc`` matching ``message``, having allocated less than ``bound`` bytes
+    (tracemalloc's peak, numpy's arrays included; 2 MiB: ``masks._smallest_values`` reads a mask
+    in blocks of 64Ki values): its arguments are broadcast views whose copies would be 128 MB or
+    more, so a check made after a conversion shows here."""
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        with pytest.raises(exc, match=message):
+            call()
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < bound, f"{peak} bytes allocated before the refusal"
+
+
+def _view(value, *shape):
+    """A broadcast view (a few bytes) of ``shape`` holding ``value``."""
+    return np.broadcast_to(value, shape)
+
+
+_Q = tc.quantization
+_MF = tc.multihead_forms
+#: (8192, 8192) float32: a 256 MB copy
+_SQUARE = (8192, 8192)
+
+REFUSED_BEFORE_THE_COPY = [
+    # quantization: the last dim of x, then scales' and bias' shapes, then x before the blocks' copy
+    (lambda: _Q.quantize_q8_blocks(_view(np.float32(1), 8192, 8191)), ValueError,
+     r"^x: expected a last dim that is a multiple of 32, got shape \(8192, 8191\)$"),
+    (lambda: _Q.linear_int8(np.ones((2, 32)), np.ones((4, 32), np.int8), _view(np.float32(1), 2**26)), ValueError,
+     r"^scales: expected shape \(4,\), got \(67108864,\)$"),
+    (lambda: _Q.linear_int8(np.ones((2, 32)), np.ones((4, 32), np.int8), np.ones(4), _view(np.float32(1), 2**26)),
+     ValueError, r"^bias: expected shape \(4,\), got \(67108864,\)$"),
+    (lambda: _Q.linear_gguf(np.ones((2, 32)), np.zeros(4 * 34, np.uint8), "Q8_0", 4, 32,
+                            bias=_view(np.float32(1), 2**26)), ValueError, r"^bias: expected shape \(4,\), got"),
+    (lambda: _Q.linear_gguf(np.ones((2, 32)), _view(np.uint8(0), 4096 * 2048 * 34), "Q8_0", 4096, 65536),
+     ValueError, r"^x: expected last dim 65536 \(in_features\), got shape \(2, 32\)$"),
+    (lambda: _Q.linear_gguf_parts(np.ones((2, 32)), [(_view(np.uint8(0), 4096 * 2048 * 34), "Q8_0", 4096)], 65536),
+     ValueError, r"^x: expected last dim 65536 \(in_features\), got shape \(2, 32\)$"),
+    # multihead forms: the names and the shapes, before a copy of any value
+    (lambda: _MF.from_split_heads({"junk": _view(np.float32(1), *_SQUARE)}), ValueError,
+     r"^state: expected W_q/W_k/W_v/W_o or q_linear/k_linear/v_linear/out_linear keys, got \['junk'\]$"),
+    (lambda: _MF.from_split_heads({f"{n}.{t}": _view(np.float32(1), 2048, 2048) for n in ("W_q", "W_k", "W_v", "W_o")
+                                   for t in ("weight", "bias")}), ValueError,
+     r"^state\['W_q.bias'\]: expected shape \(2048,\), got \(2048, 2048\)$"),
+    (lambda: _MF.from_per_head({"heads.0.q.weight": _view(np.float32(1), *_SQUARE)}), ValueError,
+     r"^state: missing keys: \['heads.0.q.bias'"),
+    (lambda: _MF.to_per_head({"in_proj_weight": _view(np.float32(1), 3 * 4096, 4096),
+                              "out_proj.weight": _view(np.float32(1), 4096, 4095)}, 4), ValueError,
+     r"^state\['out_proj.weight'\]: expected shape \(4096, 4096\), got \(4096, 4095\)$"),
+    (lambda: _MF.to_split_heads({"in_proj_weight": _view(np.float32(1), 4096, 4096),
+                                 "out_proj.weight": _view(np.float32(1), 4096, 4096)}, "q_linear"), ValueError,
+     r"^state\['in_proj_weight'\]: expected shape \(3E, E\)"),
+    (lambda: _MF.to_einsum_shared({"in_proj_weight": _view(np.float32(1), 3 * 4096, 4096),
+                                   "out_proj.weight": _view(np.float32(1), 4096, 4096)}, 3), ValueError,
+     r"^num_heads: expected a divisor of embed_dim 4096, got 3$"),
+    (lambda: _MF.from_einsum_shared({"fc_out.weight": _view(np.float32(1), *_SQUARE),
+                                     "fc_out.bias": _view(np.float32(1), 8192)}, 4), ValueError,
+     r"^state: missing keys: \['values.weight', 'keys.weight', 'queries.weight'\]$"),
+    (lambda: _MF.from_einsum_as_written({"fc_out.weight": _view(np.float32(1), *_SQUARE),
+                                         "fc_out.bias": _view(np.float32(1), 8191)}, 4), ValueError,
+     r"^state\['fc_out.bias'\]: expected shape \(8192,\), got \(8191,\)$"),
+    # pooling and similarity: the shapes before the float copies
+    (lambda: tc.cosine_similarity(_view(np.float32(1), *_SQUARE), np.ones((3, 5))), ValueError,
+     r"^b: expected rows of width 8192 \(a's\), got shape \(3, 5\)$"),
+    (lambda: tc.cosine_similarity(np.ones((3, 5)), _view(np.float64(1), 4096, 8192)), ValueError,
+     r"^b: expected rows of width 5 \(a's\), got shape \(4096, 8192\)$"),
+    (lambda: tc.mean_pool(_view(np.float32(1), 2048, 2048, 16), _view(np.int64(1), 2048, 2047)), ValueError,
+     r"^attention_mask: expected shape \(2048, 2048\) \(last_hidden_state's N, L\), got \(2048, 2047\)$"),
+    # masks: a broadcast view's values, before its full-size result
+    (lambda: tc.masks.from_hf(_view(np.int64(2), *_SQUARE)), ValueError,
+     r"^mask: expected only 0 \(padding\) and 1 \(real token\), got values such as \[2\]$"),
+    (lambda: tc.masks.from_hf(_view(np.array([0, 1, 7, 1], np.int8), 2**25, 4)), ValueError,
+     r"^mask: expected only 0 \(padding\) and 1 \(real token\), got values such as \[7\]$"),
+]
+
+
+@pytest.mark.parametrize("call, exc, message", REFUSED_BEFORE_THE_COPY,
+                         ids=[f"{i}-{m[:40]}" for i, (_, _, m) in enumerate(REFUSED_BEFORE_THE_COPY)])
+def test_refused_before_the_copy(call, exc, message):
+    """Checks that need only shapes (or the values a broadcast view holds) come before the copies
+    of the conversions: each call here used to copy 128 MB to 1 GB before its refusal."""
+    _refused_without_copy(call, exc, message)
+
+
+@pytest.fixture(scope="module")
+def _tokenizer():
+    return tc.Tokenizer.from_pretrained(MODEL_DIR)
+
+
+@pytest.mark.parametrize("ids, first", [
+    (lambda: _view(np.int32(10**9), 4 * 10**6), 10**9),
+    (lambda: np.concatenate([np.full(2 * 10**6, 1000, np.int64), [-3, 10**9]]), -3),
+    (lambda: _view(np.uint64(2**64 - 1), 4 * 10**6), 2**64 - 1),
+    (lambda: range(10**9, 10**9 + 4 * 10**6), 10**9),
+    (lambda: range(5, 4 * 10**6), None),           # the first id past the vocabulary, in order
+    (lambda: range(7, -4 * 10**6, -3), -2),
+])
+def test_decode_checks_the_ids_range_before_listing_them(_tokenizer, ids, first):
+    """decode refuses an id outside the vocabulary before it lists the ids (about 40 bytes an id: a
+    broadcast view of 4 million ids was 150 MB of Python ints first), naming the id the listing
+    would reach first."""
+    limit = _tokenizer._id_limit()[0]
+    first = limit if first is None else first
+    _refused_without_copy(lambda: _tokenizer.decode(ids()), ValueError,
+                          rf"^ids: token id {first} is outside the vocabulary \[0, {limit}\)$",
+                          bound=2**21 if isinstance(ids(), range) or ids().strides == (0,) else 2**25)
+
+
+def test_decode_of_a_broadcast_view_and_a_range_are_their_lists(_tokenizer):
+    """Valid ids decode as before: a broadcast view or a range as the list of their values."""
+    assert _tokenizer.decode(_view(np.int32(2023), 3)) == _tokenizer.decode([2023, 2023, 2023])
+    assert _tokenizer.decode(range(2023, 2030, 3)) == _tokenizer.decode([2023, 2026, 2029])
+    assert _tokenizer.decode(range(2029, 2020, -3)) == _tokenizer.decode([2029, 2026, 2023])
+
+
+def test_checked_before_the_copy_still_computes_as_before(rng):
+    """The conversions moved after the checks give the values they gave: torch's for the pooling
+    and the similarity, the mask's for from_hf, the inputs for the forms."""
+    h = rng.standard_normal((2, 3, 4)).astype(np.float32)
+    mask = np.array([[1, 1, 0], [1, 0, 0]])
+    ref = (torch.from_numpy(h) * torch.from_numpy(mask)[..., None]).sum(1) / torch.from_numpy(mask).sum(1, keepdim=True)
+    np.testing.assert_allclose(tc.mean_pool(h, _view(mask, 2, 3)), ref.numpy(), rtol=1e-6)
+    a, b = rng.standard_normal((3, 4)), rng.standard_normal((2, 4)).astype(np.float32)
+    ref = torch.nn.functional.cosine_similarity(torch.from_numpy(a)[:, None], torch.from_numpy(b).double()[None], dim=-1)
+    out = tc.cosine_similarity(a, b)
+    assert out.dtype == np.float64
+    np.testing.assert_allclose(out, ref.numpy(), rtol=1e-12)
+    m = tc.masks.from_hf(_view(np.array([1, 0, 1], np.int64), 2, 3))
+    assert m.flags.writeable and m.tolist() == [[True, False, True]] * 2
+    E = 4
+    state = {f"{n}.{t}": rng.standard_normal((E, E) if t == "weight" else (E,)).astype(np.float16)
+             for n in ("W_q", "W_k", "W_v", "W_o") for t in ("weight", "bias")}
+    out = _MF.from_split_heads(state)
+    assert all(v.dtype == np.float32 for v in out.values())
+    np.testing.assert_array_equal(out["in_proj_weight"], np.concatenate([state[f"{n}.weight"] for n in "W_q W_k W_v".split()]))
+    back = _MF.to_split_heads(out)
+    assert not np.shares_memory(back["W_o.weight"], out["out_proj.weight"])
+    np.testing.assert_array_equal(back["W_o.weight"], state["W_o.weight"])
+    qw, scales = _Q.quantize_int8(rng.standard_normal((4, 32)))
+    x = rng.standard_normal((2, 32))
+    np.testing.assert_array_equal(_Q.linear_int8(x, qw, _view(scales, 4) * 1, bias=_view(np.float64(0.5), 4)),
+                                  _Q.linear_int8(x, qw, scales, bias=np.full(4, 0.5, np.float32)))

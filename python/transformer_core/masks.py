@@ -23,6 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._validation import (
+    _unbroadcast,
     as_ids,
     check_allocatable,
     check_choice,
@@ -230,7 +231,8 @@ def from_hf(mask) -> np.ndarray:
         TypeError: a non-numeric dtype. ValueError: values other than 0 and 1 (e.g. an additive
             mask: use :func:`from_additive`), or arrays larger than this machine's memory (the
             result and one bool array of its size; e.g. a broadcast view of a huge shape), checked
-            before any allocation.
+            before any allocation. A broadcast view (``np.broadcast_to``, stride 0) has the values it
+            holds checked first, without a copy of its full shape.
     """
     m = _to_numpy(mask, "mask")
     if m.dtype == np.bool_:
@@ -238,8 +240,19 @@ def from_hf(mask) -> np.ndarray:
         return m.copy()
     if m.dtype.kind not in "iuf":
         raise TypeError(f"mask: expected a 0/1 attention_mask, got dtype {m.dtype}")
+    own = _unbroadcast(m)
+    if own is not m:  # a broadcast view (stride 0): the values it holds checked first, no array of its full size
+        check_allocatable(own.shape, 2, "mask (the check of the values it holds, 2 bool arrays)")
+        _zero_one(own)
     # the result and the validity check: two bool arrays of the mask's size, no other full-size one
     check_allocatable(m.shape, 2, "mask (the result and its check, 2 bool arrays)")
+    return _zero_one(m)
+
+
+def _zero_one(m: np.ndarray) -> np.ndarray:
+    """``m == 1`` (a bool array of ``m``'s shape), after checking that every value of ``m`` is 0 or 1
+    (ValueError naming ``mask``, with the smallest values that are not); one more bool array of
+    ``m``'s size meanwhile."""
     ones = np.asarray(m == 1)  # (a 0-d mask compares to a scalar)
     bad = np.asarray(m == 0)
     bad |= ones

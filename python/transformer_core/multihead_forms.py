@@ -56,7 +56,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from ._validation import as_float, check_choice, check_positive_int
+from ._validation import as_float, check_choice, check_positive_int, compute_dtype, to_numpy
 
 __all__ = [
     "from_per_head",
@@ -76,13 +76,24 @@ _SPLIT_NAMES = {
 
 
 def _arrays(state, name: str = "state") -> dict[str, np.ndarray]:
-    """name -> float numpy array (torch tensors detached); float64 kept, others float32."""
+    """name -> numpy array as given (torch tensors read as numpy arrays), nothing copied or
+    converted: the dtypes are checked here (TypeError for bool, complex, ...), the names and shapes
+    by the caller on these arrays, and only then are they converted (:func:`_floats`), so a wrong
+    name or shape costs no copy of a large value."""
     if not isinstance(state, Mapping):
         raise TypeError(f"{name}: expected a mapping of name -> array, got {type(state).__name__}")
     out = {}
-    for k, v in state.items():  # float64 (either byte order) stays float64; bool, complex, ... refused
-        out[k] = np.array(as_float(v, f"{name}[{k!r}]", allow_empty=True), copy=True)
+    for k, v in state.items():
+        out[k] = to_numpy(v, f"{name}[{k!r}]")
+        compute_dtype(out[k], f"{name}[{k!r}]")
     return out
+
+
+def _floats(s: dict, name: str = "state") -> dict[str, np.ndarray]:
+    """The checked arrays of :func:`_arrays` as C-contiguous float arrays: float64 (either byte
+    order) stays float64, other dtypes become float32; an array already so is not copied (each
+    function's result is made of new arrays: a value is copied once). None stays None."""
+    return {k: None if v is None else as_float(v, f"{name}[{k!r}]", allow_empty=True) for k, v in s.items()}
 
 
 def _check_keys(s: dict, expected, name: str = "state") -> None:
@@ -111,12 +122,16 @@ def _mha(state, num_heads: int | None = None) -> tuple[dict, int]:
     E = w.shape[1]
     if num_heads is not None and E % num_heads != 0:
         raise ValueError(f"num_heads: expected a divisor of embed_dim {E}, got {num_heads}")
-    if s["in_proj_bias"] is None:
-        s["in_proj_bias"] = np.zeros(3 * E, w.dtype)
-        s["out_proj.bias"] = np.zeros(E, w.dtype)
-    _check_shape(s["in_proj_bias"], (3 * E,), "in_proj_bias")
+    no_bias = s["in_proj_bias"] is None
+    if not no_bias:
+        _check_shape(s["in_proj_bias"], (3 * E,), "in_proj_bias")
     _check_shape(s["out_proj.weight"], (E, E), "out_proj.weight")
-    _check_shape(s["out_proj.bias"], (E,), "out_proj.bias")
+    if not no_bias:
+        _check_shape(s["out_proj.bias"], (E,), "out_proj.bias")
+    s = _floats(s)
+    if no_bias:
+        s["in_proj_bias"] = np.zeros(3 * E, s["in_proj_weight"].dtype)
+        s["out_proj.bias"] = np.zeros(E, s["in_proj_weight"].dtype)
     return s, E
 
 
@@ -175,9 +190,10 @@ def from_per_head(state) -> dict[str, np.ndarray]:
             _check_shape(s[f"heads.{h}.{p}.weight"], (d, E), f"heads.{h}.{p}.weight")
             _check_shape(s[f"heads.{h}.{p}.bias"], (d,), f"heads.{h}.{p}.bias")
     _check_shape(s["output_linear.bias"], (E,), "output_linear.bias")
+    s = _floats(s)
     cat = lambda p, t: np.concatenate([s[f"heads.{h}.{p}.{t}"] for h in range(H)], axis=0)  # noqa: E731
     return _pack(cat("q", "weight"), cat("k", "weight"), cat("v", "weight"), cat("q", "bias"), cat("k", "bias"),
-                 cat("v", "bias"), wo, s["output_linear.bias"])
+                 cat("v", "bias"), s["output_linear.weight"], s["output_linear.bias"])
 
 
 def to_per_head(state, num_heads: int) -> dict[str, np.ndarray]:
@@ -255,6 +271,7 @@ def from_split_heads(state) -> dict[str, np.ndarray]:
     for n in names:
         _check_shape(s[f"{n}.weight"], (E, E), f"{n}.weight")
         _check_shape(s[f"{n}.bias"], (E,), f"{n}.bias")
+    s = _floats(s)
     q, k, v, o = names
     return _pack(s[f"{q}.weight"], s[f"{k}.weight"], s[f"{v}.weight"], s[f"{q}.bias"], s[f"{k}.bias"],
                  s[f"{v}.bias"], s[f"{o}.weight"], s[f"{o}.bias"])
@@ -335,6 +352,7 @@ def from_einsum_shared(state, num_heads: int) -> dict[str, np.ndarray]:
     d = E // num_heads
     for n in ("queries", "keys", "values"):
         _check_shape(s[f"{n}.weight"], (d, d), f"{n}.weight")
+    s = _floats(s)
     eye = np.eye(num_heads, dtype=s["fc_out.weight"].dtype)
     blocks = [np.kron(eye, s[f"{n}.weight"]) for n in ("queries", "keys", "values")]
     zeros = np.zeros(E, blocks[0].dtype)
@@ -362,6 +380,7 @@ def from_einsum_as_written(state, num_heads: int) -> dict[str, np.ndarray]:
     unused = [k for k in ("values.weight", "keys.weight", "queries.weight") if k in s]
     _check_keys(s, ["fc_out.weight", "fc_out.bias", *unused])
     E = _einsum_fc_out(s, num_heads)
+    s = _floats(s)
     eye = np.eye(E, dtype=s["fc_out.weight"].dtype)
     zeros = np.zeros(E, eye.dtype)
     return _pack(eye, eye, eye, zeros, zeros, zeros, s["fc_out.weight"], s["fc_out.bias"])

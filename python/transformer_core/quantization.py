@@ -56,7 +56,10 @@ from ._validation import (
     check_allocatable,
     check_bool,
     check_positive_int,
+    check_rank,
+    compute_dtype,
     described,
+    to_numpy,
     unconverted,
 )
 
@@ -156,20 +159,23 @@ def _ggml_type(ggml_type, arg: str = "ggml_type") -> str:
 
 
 def _block_bytes(blocks, expected: int, what: str, arg: str = "blocks") -> np.ndarray:
-    """``blocks`` as a 1-D uint8 array over the same memory: a numpy uint8 array of any shape (copied
-    when not C-contiguous), or any object with the buffer protocol (bytes, bytearray, memoryview,
-    mmap), which must be C-contiguous (ValueError otherwise: its bytes are not the tensor's).
-    Errors name ``arg`` (``"parts[1]: blocks"`` for one part of several) and say ``what`` the bytes
-    hold."""
+    """``blocks`` as a 1-D uint8 array over the same memory: :func:`_checked_blocks`, then
+    :func:`_flat_bytes` (a copy only when a numpy array is not C-contiguous)."""
+    return _flat_bytes(_checked_blocks(blocks, expected, what, arg), arg)
+
+
+def _checked_blocks(blocks, expected: int, what: str, arg: str = "blocks") -> np.ndarray:
+    """``blocks`` checked and viewed, never copied: a numpy uint8 array of any shape (returned as
+    is, C-contiguous or not: :func:`_flat_bytes` makes its copy once the other arguments are
+    checked), or any object with the buffer protocol (bytes, bytearray, memoryview, mmap), which
+    must be C-contiguous (ValueError otherwise: its bytes are not the tensor's), as a 1-D uint8
+    view. ``expected`` bytes (ValueError otherwise). Errors name ``arg`` (``"parts[1]: blocks"``
+    for one part of several) and say ``what`` the bytes hold."""
     if isinstance(blocks, np.ndarray):
         if blocks.dtype != np.uint8:
             raise TypeError(f"{arg}: expected raw bytes (a uint8 array or a bytes-like object), "
                             f"got an array of dtype {blocks.dtype}")
-        if blocks.size != expected:  # before a copy of bytes that are refused anyway
-            raise ValueError(f"{arg}: expected {expected} bytes ({what}), got {blocks.size}")
-        if not blocks.flags.c_contiguous:
-            check_allocatable(blocks.shape, 1, f"{arg}: its contiguous copy")
-        arr = np.ascontiguousarray(blocks).reshape(-1)
+        arr = blocks
     else:
         try:
             view = memoryview(blocks)
@@ -185,6 +191,15 @@ def _block_bytes(blocks, expected: int, what: str, arg: str = "blocks") -> np.nd
     return arr
 
 
+def _flat_bytes(arr: np.ndarray, arg: str = "blocks") -> np.ndarray:
+    """``arr`` (from :func:`_checked_blocks`) as a 1-D C-contiguous uint8 array: itself, or (a
+    strided or broadcast view) its copy, checked against this machine's memory first (ValueError
+    naming ``arg``)."""
+    if not arr.flags.c_contiguous:
+        check_allocatable(arr.shape, 1, f"{arg}: its contiguous copy")
+    return np.ascontiguousarray(arr).reshape(-1)
+
+
 def _check_block_dims(ggml_type: str, rows: int, cols: int, rows_name: str, cols_name: str) -> int:
     """The byte count of ``rows`` rows of ``cols`` values of ``ggml_type``; ValueError if ``cols``
     is not a whole number of blocks."""
@@ -194,13 +209,23 @@ def _check_block_dims(ggml_type: str, rows: int, cols: int, rows_name: str, cols
     return rows * (cols // block) * size
 
 
-def _bias(bias, out_features: int):
+def _bias_shape(bias, out_features: int):
+    """``bias`` unconverted (:func:`~transformer_core._validation.to_numpy`), None when not given,
+    after the checks of its dtype (TypeError), rank and shape ``(out_features,)`` (ValueError) that
+    need no copy: :func:`_bias` converts it once the other arguments are checked."""
     if bias is None:
         return None
-    b = as_float(bias, "bias", np.float32, ndim=1)
+    b = to_numpy(bias, "bias")
+    compute_dtype(b, "bias")
+    check_rank(b, "bias", ndim=1)
     if b.shape != (out_features,):
         raise ValueError(f"bias: expected shape ({out_features},), got {b.shape}")
     return b
+
+
+def _bias(b):
+    """A bias checked by :func:`_bias_shape` as a C-contiguous float32 array (None stays None)."""
+    return None if b is None else as_float(b, "bias", np.float32, ndim=1)
 
 
 def _check_output(rows: int, out_features: int, names: str) -> None:
@@ -327,13 +352,17 @@ def linear_int8(x, qweight, scales, bias=None, *, residual_activations: bool = F
         raise ValueError(f"qweight: expected in_features <= {INT8_MAX_IN_FEATURES} (the exact range of the "
                          f"int32 accumulator), got {in_features}")
     xa = _input(x, in_features, "qweight's in_features")
-    s = as_float(scales, "scales", np.float32, ndim=1)
+    s = to_numpy(scales, "scales")  # every shape checked before anything is converted (a copy)
+    compute_dtype(s, "scales")
+    check_rank(s, "scales", ndim=1)
     if s.shape != (out_features,):
         raise ValueError(f"scales: expected shape ({out_features},), got {s.shape}")
+    b = _bias_shape(bias, out_features)
+    s = as_float(s, "scales", np.float32, ndim=1)
     if not (np.isfinite(s).all() and (s >= 0).all()):  # quantize_int8's are: amax / 127 of finite rows
         bad = int(np.flatnonzero(~(np.isfinite(s) & (s >= 0)))[0])
         raise ValueError(f"scales: expected finite scales >= 0 (quantize_int8's), got {s[bad]} at index {bad}")
-    b = _bias(bias, out_features)
+    b = _bias(b)
     _check_output(_row_count(xa), out_features, "x, qweight")  # before x is converted (a copy)
     x2, lead = _rows(xa)
     if not qweight.flags.c_contiguous:  # a broadcast or strided view: copied for the core
@@ -409,10 +438,11 @@ def linear_gguf(x, blocks, ggml_type, out_features: int, in_features: int, bias=
     out_features = check_positive_int(out_features, "out_features")
     in_features = check_positive_int(in_features, "in_features")
     expected = _check_block_dims(name, out_features, in_features, "out_features", "in_features")
-    data = _block_bytes(blocks, expected, f"{out_features} x {in_features} {name}")
+    data = _checked_blocks(blocks, expected, f"{out_features} x {in_features} {name}")
     xa = _input(x, in_features, "in_features")
-    b = _bias(bias, out_features)
-    _check_output(_row_count(xa), out_features, "x, out_features")  # before x is converted (a copy)
+    b = _bias_shape(bias, out_features)
+    _check_output(_row_count(xa), out_features, "x, out_features")  # before anything is converted (a copy)
+    data, b = _flat_bytes(data), _bias(b)
     x2, lead = _rows(xa)
     y = _core.linear_gguf(x=x2, blocks=data, ggml_type=name, out_features=out_features, in_features=in_features,
                           bias=b, quantize_activations=quantize_activations)
@@ -455,12 +485,14 @@ def linear_gguf_parts(x, parts, in_features: int, bias=None, quantize_activation
         name = _ggml_type(ggml_type, f"parts[{i}]: ggml_type")
         rows = check_positive_int(rows, f"parts[{i}]: rows")
         expected = _check_block_dims(name, rows, in_features, f"parts[{i}]: rows", "in_features")
-        data = _block_bytes(blocks, expected, f"{rows} x {in_features} {name}", f"parts[{i}]: blocks")
+        data = _checked_blocks(blocks, expected, f"{rows} x {in_features} {name}", f"parts[{i}]: blocks")
         runs.append((data, name, rows))
         out_features += rows
     xa = _input(x, in_features, "in_features")
-    b = _bias(bias, out_features)
-    _check_output(_row_count(xa), out_features, "x, parts")  # before x is converted (a copy)
+    b = _bias_shape(bias, out_features)
+    _check_output(_row_count(xa), out_features, "x, parts")  # before anything is converted (a copy)
+    runs = [(_flat_bytes(data, f"parts[{i}]: blocks"), name, rows) for i, (data, name, rows) in enumerate(runs)]
+    b = _bias(b)
     x2, lead = _rows(xa)
     y = _core.linear_gguf_parts(x=x2, parts=runs, in_features=in_features, bias=b,
                                 quantize_activations=quantize_activations)
@@ -510,10 +542,11 @@ def quantize_q8_blocks(x) -> tuple:
             (a float64 ``x``) a value beyond float32's range (``|v| ≥ 3.40282357e38``, which float32
             would make inf).
     """
-    x2, lead = _rows(_input(x, None, ""))
+    xa = _input(x, None, "")
+    if xa.shape[-1] % 32:  # on the shape given, before x is converted (a copy)
+        raise ValueError(f"x: expected a last dim that is a multiple of 32, got shape {xa.shape}")
+    x2, lead = _rows(xa)
     cols = x2.shape[1]
-    if cols % 32:
-        raise ValueError(f"x: expected a last dim that is a multiple of 32, got shape {(*lead, cols)}")
     q, d = _core.quantize_q8_blocks(x=x2)
     return q.reshape(*lead, cols), d.reshape(*lead, cols // 32)
 

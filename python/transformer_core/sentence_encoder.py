@@ -15,7 +15,18 @@ from types import MappingProxyType
 import numpy as np
 
 from ._runtime import core
-from ._validation import as_bool, as_float, check_allocatable, check_bool, check_choice, check_int, resolve_dtype
+from ._validation import (
+    as_bool,
+    as_float,
+    check_allocatable,
+    check_bool,
+    check_choice,
+    check_int,
+    check_rank,
+    compute_dtype,
+    resolve_dtype,
+    to_numpy,
+)
 from .bert import BertModel
 from .hub import DEFAULT_MODEL, expand_home, read_json_file
 from .tokenizer import Tokenizer, _check_room_for_special_tokens, check_unicode
@@ -228,11 +239,12 @@ def mean_pool(last_hidden_state: np.ndarray, attention_mask: np.ndarray) -> np.n
         TypeError: non-numeric ``last_hidden_state``; a mask neither bool nor 0/1 numbers.
         ValueError: wrong ranks, shapes that disagree, empty input, mask values other than 0/1.
     """
-    last_hidden_state = as_float(last_hidden_state, "last_hidden_state", ndim=3)
-    mask = as_bool(attention_mask, "attention_mask", allow_float=True)
-    if mask.shape != last_hidden_state.shape[:2]:
-        raise ValueError(f"attention_mask: expected shape {last_hidden_state.shape[:2]} (last_hidden_state's N, L), "
+    hidden = _unconverted(last_hidden_state, "last_hidden_state", ndim=3)
+    mask = as_bool(attention_mask, "attention_mask", allow_float=True)  # a broadcast view stays one
+    if mask.shape != hidden.shape[:2]:
+        raise ValueError(f"attention_mask: expected shape {hidden.shape[:2]} (last_hidden_state's N, L), "
                          f"got {mask.shape}")
+    last_hidden_state = as_float(hidden, "last_hidden_state", ndim=3)  # the shapes agree: now its copy
     m = mask.astype(last_hidden_state.dtype)[..., None]                         # (N, L, 1)
     summed = (last_hidden_state * m).sum(axis=1)                                # (N, H)
     counts = np.maximum(m.sum(axis=1), 1e-9)                                     # (N, 1)
@@ -251,15 +263,28 @@ def cosine_similarity(a: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:
         TypeError: non-numeric arrays. ValueError: not 2-D, empty, widths that differ, an
             ``(N, M)`` result larger than this machine's memory.
     """
-    a_in, b_in = a, b
+    a_in = _unconverted(a, "a", ndim=2)  # the shapes and the result's size checked before any copy
+    b_in = a_in if b is None else _unconverted(b, "b", ndim=2)
+    if b_in.shape[1] != a_in.shape[1]:
+        raise ValueError(f"b: expected rows of width {a_in.shape[1]} (a's), got shape {b_in.shape}")
+    dtype = np.float64 if np.float64 in (compute_dtype(a_in, "a"), compute_dtype(b_in, "b")) else np.float32
+    check_allocatable((a_in.shape[0], b_in.shape[0]), np.dtype(dtype).itemsize, "a, b: the (N, M) similarity matrix")
     a = as_float(a_in, "a", ndim=2)
-    b = a if b_in is None else as_float(b_in, "b", ndim=2)
+    b = a if b is None else as_float(b_in, "b", ndim=2)
     if a.dtype != b.dtype:
         a, b = a.astype(np.float64), b.astype(np.float64)
-    if b.shape[1] != a.shape[1]:
-        raise ValueError(f"b: expected rows of width {a.shape[1]} (a's), got shape {b.shape}")
-    check_allocatable((a.shape[0], b.shape[0]), a.dtype.itemsize, "a, b: the (N, M) similarity matrix")
     return _unit_rows(a) @ _unit_rows(b).T
+
+
+def _unconverted(x, name: str, ndim: int) -> np.ndarray:
+    """``x`` as :func:`~transformer_core._validation.to_numpy` reads it, nothing copied, after the
+    checks :func:`~transformer_core._validation.as_float` makes before its copy, in its order and
+    words: real numeric data (TypeError), ``ndim`` dims, not empty (ValueError). The caller checks
+    its shape against the other arguments', then converts it."""
+    arr = to_numpy(x, name)
+    compute_dtype(arr, name)
+    check_rank(arr, name, ndim=ndim)
+    return arr
 
 
 def _unit_rows(x: np.ndarray) -> np.ndarray:

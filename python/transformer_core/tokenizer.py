@@ -1137,6 +1137,7 @@ class Tokenizer:
             raise TypeError(f"{name}: expected a list of int token ids, got {type(ids).__name__}")
         elif isinstance(ids, range):  # its count checked before it is listed (numpy: a float array of range(0))
             _check_id_count(_range_length(ids), name)
+            _check_range_ids(ids, self._id_limit()[0], name)  # its ends, before it is listed
             ids = list(ids)
         elif not isinstance(ids, (list, tuple)):  # numpy arrays, torch tensors
             arr = to_numpy(ids, name)
@@ -1146,6 +1147,7 @@ class Tokenizer:
                 raise ValueError(f"{name}: expected a 1-D array of token ids (one text), got shape "
                                  f"{tuple(arr.shape)}; decode a batch one row at a time")
             _check_id_count(arr.size, name)  # a broadcast view holds few values, its lists all of them
+            _check_array_ids(arr, self._id_limit()[0], name)  # with numpy, before the list is made
             ids = arr.reshape(-1).tolist()
         out = []
         limit, gaps = self._id_limit()
@@ -1317,6 +1319,35 @@ def _check_id_count(count: int, name: str) -> None:
     if count * _BYTES_PER_LISTED_ID > limit:
         raise ValueError(f"{name}: expected at most {limit // _BYTES_PER_LISTED_ID} token ids (their lists take "
                          f"{_BYTES_PER_LISTED_ID} bytes an id; this machine has {limit} bytes), got {count}")
+
+
+def _check_array_ids(arr: np.ndarray, limit: int, name: str) -> None:
+    """ValueError naming ``name`` for the first id of ``arr`` (integers, 0-D or 1-D) outside the
+    vocabulary ``[0, limit)``, the error :meth:`Tokenizer._check_ids`'s loop gives, found with numpy
+    before ``arr`` is listed (a list takes ``_BYTES_PER_LISTED_ID`` bytes an id): a broadcast view
+    (stride 0) has only the one value it holds looked at."""
+    held = arr[:1] if arr.ndim == 1 and arr.strides[0] == 0 else arr
+    if held.size == 0 or (held.min() >= 0 and held.max() < limit):  # two reductions, no temporary array
+        return
+    flat = held.reshape(-1)
+    first = flat[np.flatnonzero((flat < 0) | (flat >= limit))[0]]
+    raise ValueError(f"{name}: token id {int(first)} is outside the vocabulary [0, {limit})")
+
+
+def _check_range_ids(r: range, limit: int, name: str) -> None:
+    """:func:`_check_array_ids` for a ``range``, from its ends and step: the first id outside
+    ``[0, limit)`` in its order (the error its listing would reach), found without listing it."""
+    if _range_length(r) == 0:
+        return
+    if not 0 <= r.start < limit:
+        first = r.start
+    elif r.step > 0 and r[-1] >= limit:
+        first = r[-(-(limit - r.start) // r.step)]  # the first index i with start + i·step >= limit
+    elif r.step < 0 and r[-1] < 0:
+        first = r[r.start // -r.step + 1]           # the first index i with start + i·step < 0
+    else:
+        return
+    raise ValueError(f"{name}: token id {first} is outside the vocabulary [0, {limit})")
 
 
 def _range_length(r: range) -> int:
