@@ -354,3 +354,18 @@ def torch_modules_as_ours(tm) -> list:
         if isinstance(m, one_object):
             layers.append(f"{name}." if name else "")  # the prefix of what is inside it
     return out
+
+
+def refusal_peak(call, error, pattern: str) -> int:
+    """The peak bytes traced (numpy's arrays included) while ``call()`` raised ``error`` matching
+    ``pattern``: a refusal made from the arguments' shapes allocates next to nothing, one made
+    after a conversion shows its copy here."""
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        with pytest.raises(error, match=pattern):
+            call()
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 import transformer_core as tc
-from conftest import assert_close
+from conftest import assert_close, refusal_peak
 from transformer_core.decoder import positions_from_mask
 
 transformers = pytest.importorskip("transformers")
@@ -174,18 +174,6 @@ def test_default_positions_beyond_the_rotary_tables_memory_name_input_ids(llama,
 
 
 # ------------------------------------------------------------- the other inputs' shapes before the ids' copy
-def _peak_of_refusal(call, pattern):
-    import tracemalloc
-
-    tracemalloc.start()
-    try:
-        with pytest.raises(ValueError, match=pattern):
-            call()
-        return tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
-
-
 def test_other_inputs_shapes_refused_before_the_ids_copy(llama):
     """A wrong-shaped attention_mask, position_ids, labels or token_type_ids was refused only after
     input_ids (a broadcast view of 2e7 x 4 int32 ids: 610 MB, 1.6 s) had been copied to int64."""
@@ -211,4 +199,4 @@ def test_other_inputs_shapes_refused_before_the_ids_copy(llama):
         (lambda: s2s(ids, np.ones((1, 3), np.int64)), r"^tgt: expected batch size 2000000 \(src's\), got shape \(1, 3\)$"),
     ]
     for call, pattern in cases:
-        assert _peak_of_refusal(call, pattern) < 2**20, pattern
+        assert refusal_peak(call, ValueError, pattern) < 2**20, pattern

@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from conftest import refusal_peak
 from transformer_core.generation import GenerationConfig, next_tokens
 
 transformers = pytest.importorskip("transformers")
@@ -559,20 +560,6 @@ def test_prompt_longer_than_the_context_refused_before_it_is_copied(tiny_llama):
             assert peak < 2**20, peak
 
 
-def _traced_refusal(call, error, pattern):
-    """``call()``'s refusal (``error`` matching ``pattern``) and the peak bytes traced meanwhile."""
-    import tracemalloc
-
-    tracemalloc.start()
-    try:
-        with pytest.raises(error, match=pattern):
-            call()
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
-    return peak
-
-
 def test_forward_and_loss_refuse_from_the_shape_before_the_ids_copy(tiny_llama):
     """forward and loss copied the ids to int64 before their context and memory checks, which need
     only the shape: a broadcast view of 10**7 int32 ids cost 80 MB, and 10**8 rows of 3 cost loss
@@ -586,7 +573,7 @@ def test_forward_and_loss_refuse_from_the_shape_before_the_ids_copy(tiny_llama):
                                                 "feed-forward activations"),
                           (lambda: model.loss(tall, tall),
                            r"^input_ids: a training batch of 1000000000 sequences of length 3 needs feed-forward")):
-        assert _traced_refusal(call, ValueError, pattern) < 2**20
+        assert refusal_peak(call, ValueError, pattern) < 2**20
 
 
 def test_position_ids_errors_say_positions(tiny_llama):

@@ -30,7 +30,7 @@ import numpy as np
 import pytest
 import torch
 import transformer_core as tc
-from conftest import MODEL_DIR, SENTENCES
+from conftest import MODEL_DIR, SENTENCES, refusal_peak
 
 ROOT = Path(__file__).resolve().parent.parent
 #: The directory holding the transformer_core this process imported (the installed package in CI, the
@@ -1538,15 +1538,7 @@ def _refused_without_copy(call, exc, message: str, bound: int = 2**21) -> None:
     (tracemalloc's peak, numpy's arrays included; 2 MiB: ``masks._smallest_values`` reads a mask
     in blocks of 64Ki values): its arguments are broadcast views whose copies would be 128 MB or
     more, so a check made after a conversion shows here."""
-    import tracemalloc
-
-    tracemalloc.start()
-    try:
-        with pytest.raises(exc, match=message):
-            call()
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
+    peak = refusal_peak(call, exc, message)
     assert peak < bound, f"{peak} bytes allocated before the refusal"
 
 

@@ -605,6 +605,7 @@ def _check_rotary(x: np.ndarray, cos, sin, unsqueeze_dim: int, name: str) -> tup
 
 
 def _apply_rotary(x, cos, sin, layout: str, name: str, dtype, unsqueeze_dim: int = 1) -> np.ndarray:
+    """One input ``x`` (the argument ``name``) rotated: :func:`_apply_rotary_each` of it alone."""
     return _apply_rotary_each(((x, name, dtype),), cos, sin, layout, unsqueeze_dim)[0]
 
 
