@@ -294,6 +294,14 @@ def test_llama_tokenizers_pad_on_the_left(saved_smollm2, tmp_path):
     assert tc.Tokenizer.from_pretrained(path).padding_side == _hf(path).padding_side == "right"
     path = _variant(saved_smollm2, tmp_path / "gpt2", {"tokenizer_class": "GPT2Tokenizer", "eos_token": "<|im_end|>"})
     assert tc.Tokenizer.from_pretrained(path).padding_side == _hf(path).padding_side == "right"
+    # Llama-3's and DeepSeek-Coder's folders name LlamaTokenizerFast over a byte-level tokenizer.json:
+    # transformers loads them as a generic tokenizer (right padding, no Llama defaults)
+    path = _variant(saved_smollm2, tmp_path / "llama3", {"tokenizer_class": "LlamaTokenizerFast",
+                                                         "eos_token": "<|im_end|>", "pad_token": "<|im_end|>"})
+    hf, ours = _hf(path), tc.Tokenizer.from_pretrained(path)
+    assert ours.padding_side == hf.padding_side == "right" and ours.bos_token == hf.bos_token
+    want = hf(["Hi there", "Hi"], padding=True, return_tensors="np")
+    np.testing.assert_array_equal(ours.encode_batch(["Hi there", "Hi"])["input_ids"], want["input_ids"])
 
 
 def test_add_prefix_space_and_unregistered_special_tokens_as_transformers(saved_smollm2, tmp_path):
@@ -317,3 +325,11 @@ def test_add_prefix_space_and_unregistered_special_tokens_as_transformers(saved_
     ids = hf("Hi<|im_end|>")["input_ids"]
     assert ours.encode("Hi<|im_end|>") == ids and ids[-1] == ours.eos_token_id
     assert ours.decode(ids, skip_special_tokens=True) == hf.decode(ids, skip_special_tokens=True) == "Hi"
+    # given as an AddedToken dict, its lstrip and rstrip too
+    eos = {"__type": "AddedToken", "content": "<|im_end|>", "lstrip": True, "rstrip": True, "normalized": False,
+           "special": True}
+    path = _variant(saved_smollm2, tmp_path / "stripped", {"tokenizer_class": "PreTrainedTokenizerFast",
+                                                           "eos_token": eos}, edit=unregister)
+    hf, ours = _hf(path), tc.Tokenizer.from_pretrained(path)
+    ids = hf("Hi <|im_end|> there")["input_ids"]
+    assert ours.encode("Hi <|im_end|> there") == ids and ours.eos_token_id in ids

@@ -557,9 +557,9 @@ class Tokenizer:
         except Exception as e:  # the Rust parser's errors: name the file
             raise ValueError(f"{path}: cannot read tokenizer.json ({type(e).__name__}: {e})") from None
         config_path = model_dir / "tokenizer_config.json"
-        klass = _tokenizer_class(model_dir, cfg) if causal else None  # its defaults: a causal LM's classes
+        klass = _tokenizer_class(model_dir, cfg, tok) if causal else None  # its defaults: a causal LM's classes
         tokens = _special_tokens_of_config(cfg, tok, _CLASS_SPECIAL_TOKENS.get(klass))
-        _register_special_tokens(tok, tokens)
+        _register_special_tokens(tok, tokens, cfg)
         if klass in ("GPT2Tokenizer", "Qwen2Tokenizer"):
             tok = _apply_add_prefix_space(tok, cfg, config_path)
         _apply_bert_normalizer_flags(tok, cfg, config_path, _builds_bert_normalizer(model_dir, cfg))
@@ -1651,19 +1651,28 @@ def _builds_bert_normalizer(model_dir: Path, tokenizer_config: dict) -> bool:
     return _read_json_object(model_dir / "config.json").get("model_type") in _BERT_NORMALIZER_MODEL_TYPES
 
 
-def _register_special_tokens(backend, tokens: dict) -> None:
+def _register_special_tokens(backend, tokens: dict, tokenizer_config: dict) -> None:
     """Makes each special token of ``tokens`` (:func:`_special_tokens_of_config`'s, all in the
     vocabulary) a special added token of ``backend`` where ``tokenizer.json`` lists it as an
     ordinary vocabulary entry, as transformers registers every named special token: it is then
     matched whole in a text (``"Hi</s>"`` ends with the eos id, not the letters of ``</s>``) and
-    left out by ``decode(skip_special_tokens=True)``. Its id stays the vocabulary's."""
+    left out by ``decode(skip_special_tokens=True)``. Its id stays the vocabulary's. A token that
+    ``tokenizer_config.json`` gives as an AddedToken dict keeps its ``lstrip``, ``rstrip`` and
+    ``single_word`` (``normalized`` false unless it says true)."""
     from tokenizers import AddedToken
 
+    flags = {}  # content -> the AddedToken fields tokenizer_config.json gives it
+    for value in tokenizer_config.values():
+        for item in (value if isinstance(value, list) else [value]):
+            if isinstance(item, dict) and isinstance(item.get("content"), str):
+                flags.setdefault(item["content"], {k: item[k] for k in ("lstrip", "rstrip", "single_word", "normalized")
+                                                   if isinstance(item.get(k), bool)})
     added = {t.content for t in backend.get_added_tokens_decoder().values()}
     named = [tokens[name] for name in _NAMED_SPECIAL_TOKENS if tokens.get(name) is not None]
     missing = [t for t in dict.fromkeys(named + list(tokens.get("extra_special_tokens", ()))) if t not in added]
     if missing:
-        backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in missing])
+        backend.add_special_tokens([AddedToken(t, **{"normalized": False, **flags.get(t, {}), "special": True})
+                                    for t in missing])
 
 
 def _apply_add_prefix_space(backend, tokenizer_config: dict, path: Path):
@@ -1697,20 +1706,44 @@ def _apply_add_prefix_space(backend, tokenizer_config: dict, path: Path):
     return HFTokenizer.from_str(json.dumps(spec))
 
 
-def _tokenizer_class(model_dir: Path, tokenizer_config: dict) -> str | None:
+def _tokenizer_class(model_dir: Path, tokenizer_config: dict, backend) -> str | None:
     """transformers' tokenizer class for this folder without its ``Fast`` suffix: the
     ``tokenizer_class`` of ``tokenizer_config.json``, else the one ``_CLASS_OF_MODEL_TYPE`` gives
-    ``config.json``'s ``model_type``; None when neither says.
+    ``config.json``'s ``model_type``; None when neither says. A SentencePiece-style class (Llama's,
+    CodeLlama's, Gemma's) over a byte-level ``tokenizer.json`` (``backend``; Llama-3's and
+    DeepSeek-Coder's folders name ``LlamaTokenizerFast``) is None too: transformers loads such a
+    folder as a generic ``TokenizersBackend``, without that class's defaults.
 
     Raises:
         ValueError: a ``config.json`` that is not a JSON object (read only without a class).
     """
     name = tokenizer_config.get("tokenizer_class")
     if isinstance(name, str):
-        return name.removesuffix("Fast")
-    if name is not None:
+        name = name.removesuffix("Fast")
+    elif name is None:
+        name = _CLASS_OF_MODEL_TYPE.get(_read_json_object(model_dir / "config.json").get("model_type"))
+    else:
         return None
-    return _CLASS_OF_MODEL_TYPE.get(_read_json_object(model_dir / "config.json").get("model_type"))
+    if name in _SENTENCEPIECE_CLASSES and _has_byte_level(backend):
+        return None
+    return name
+
+
+#: Classes whose pipeline is SentencePiece's (Metaspace, byte fallback): transformers does not take
+#: them for a byte-level tokenizer.json.
+_SENTENCEPIECE_CLASSES = frozenset({"LlamaTokenizer", "CodeLlamaTokenizer", "GemmaTokenizer"})
+
+
+def _has_byte_level(backend) -> bool:
+    """Whether ``backend``'s pre-tokenizer is a ``ByteLevel`` one (or a Sequence holding one)."""
+    import json
+
+    def byte_level(node) -> bool:
+        """Whether ``node`` (a pre-tokenizer's JSON) is or holds a ByteLevel."""
+        return isinstance(node, dict) and (node.get("type") == "ByteLevel"
+                                           or any(byte_level(child) for child in node.get("pretokenizers", ())))
+
+    return byte_level(json.loads(backend.to_str()).get("pre_tokenizer"))
 
 
 def _apply_bert_normalizer_flags(backend, tokenizer_config: dict, path: Path, defaults: bool) -> None:
