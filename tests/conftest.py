@@ -356,16 +356,21 @@ def torch_modules_as_ours(tm) -> list:
     return out
 
 
-def refusal_peak(call, error, pattern: str) -> int:
-    """The peak bytes traced (numpy's arrays included) while ``call()`` raised ``error`` matching
-    ``pattern``: a refusal made from the arguments' shapes allocates next to nothing, one made
-    after a conversion shows its copy here."""
+def traced_refusal(call, error=Exception, pattern: str | None = None):
+    """``(pytest's ExceptionInfo, peak bytes traced)`` of ``call()``, which must raise ``error``
+    (matching ``pattern`` when given): the peak counts numpy's arrays, so a refusal made from the
+    arguments' shapes shows next to nothing, one made after a conversion shows its copy."""
     import tracemalloc
 
     tracemalloc.start()
     try:
-        with pytest.raises(error, match=pattern):
+        with pytest.raises(error, match=pattern) as info:
             call()
-        return tracemalloc.get_traced_memory()[1]
+        return info, tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
+
+
+def refusal_peak(call, error, pattern: str) -> int:
+    """The peak bytes traced while ``call()`` raised ``error`` matching ``pattern`` (:func:`traced_refusal`)."""
+    return traced_refusal(call, error, pattern)[1]

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 import transformer_core as tc
-from conftest import MODEL_NAME, randn
+from conftest import MODEL_NAME, randn, traced_refusal
 from safetensors.numpy import load_file, save_file
 
 F = tc.functional
@@ -441,17 +441,8 @@ _WIDE = 2**17  # rows of 9 float64 values: 9 MiB, whose float32 copy would be 4.
 
 
 def _refusal_peak(fn):
-    """``fn()``'s error and the peak bytes traced while it ran (numpy's arrays included)."""
-    import tracemalloc
-
-    tracemalloc.start()
-    try:
-        with pytest.raises(ERR) as err:
-            fn()
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
-    return err, peak
+    """``fn()``'s error (a ValueError or TypeError) and the peak bytes traced while it ran."""
+    return traced_refusal(fn, ERR)
 
 
 def _wrong_shape_cases():

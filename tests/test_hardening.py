@@ -1407,23 +1407,15 @@ def test_bert_refuses_from_the_shape_before_copying_its_inputs(layers, inputs):
     memory checks, each copy checked alone: broadcast views of (2e7, 16) ids cost 2.6-5.8 GB before
     the refusal, (1e8, 16) ones got the process killed, and a model of no layers checked nothing.
     The output (N, L, hidden_size) and the copies are counted together now, from the shapes."""
-    import tracemalloc
-
     N, L = 10**9, 16
     m = tc.BertModel(dict(vocab_size=37, hidden_size=15, num_hidden_layers=layers, num_attention_heads=3,
                           intermediate_size=64, max_position_embeddings=L))
     view = np.broadcast_to(np.int64(1), (N, L))
     kwargs = {name: view for name in inputs.split("+")[1:]}
     per_position = 15 * 4 + 8 + 8 * ("token_type_ids" in kwargs) + ("attention_mask" in kwargs)
-    tracemalloc.start()
-    try:
-        with pytest.raises(ValueError, match=rf"^input_ids: shape \({N}, {L}\) needs {N * L * per_position} bytes for "
-                                             rf"the output \({N}, {L}, 15\) \(hidden_size\) and the inputs' copies, "
-                                             rf"{_MEMORY}$"):
-            m(view, **kwargs)
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
+    message = (rf"^input_ids: shape \({N}, {L}\) needs {N * L * per_position} bytes for the output \({N}, {L}, 15\) "
+               rf"\(hidden_size\) and the inputs' copies, {_MEMORY}$")
+    peak = refusal_peak(lambda: m(view, **kwargs), ValueError, message)
     assert peak < 2**20, peak
 
 
@@ -1453,16 +1445,8 @@ IDS_SHAPE_FIRST = [
 @pytest.mark.parametrize("build, call, pattern", [c[1:] for c in IDS_SHAPE_FIRST], ids=[c[0] for c in IDS_SHAPE_FIRST])
 def test_ids_too_long_refused_before_their_int64_copy(build, call, pattern):
     """These copied the ids to int64 (80 MB here, 8 GB for 10**9 ids) before checking the length."""
-    import tracemalloc
-
     model = build()
-    tracemalloc.start()
-    try:
-        with pytest.raises(ValueError, match=pattern):
-            call(model)
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
+    peak = refusal_peak(lambda: call(model), ValueError, pattern)
     assert peak < 2**20, peak
 
 

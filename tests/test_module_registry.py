@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 import transformer_core as tc
-from conftest import module_state_to_numpy, to_torch, torch_modules_as_ours
+from conftest import module_state_to_numpy, to_torch, torch_modules_as_ours, traced_refusal
 from transformer_core import module as tc_module
 from transformer_core.module import Module
 from transformer_core.parameter import Parameter
@@ -513,18 +513,8 @@ def test_a_pickle_of_the_previous_version_is_named_as_such():
 
 # ---- 7. load_state_dict checks shapes before converting ---------------------------------------------------
 def _refusal_peak(fn, error=ValueError):
-    """``fn()``'s error (it must raise ``error``) and the peak bytes traced while it ran (numpy's arrays
-    included)."""
-    import tracemalloc
-
-    tracemalloc.start()
-    try:
-        with pytest.raises(error) as err:
-            fn()
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
-    return err, peak
+    """``fn()``'s error (it must raise ``error``) and the peak bytes traced while it ran."""
+    return traced_refusal(fn, error)
 
 
 def test_load_state_dict_refuses_a_misshaped_value_before_converting_it():
