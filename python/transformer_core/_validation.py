@@ -194,16 +194,17 @@ def as_float(x, name: str, dtype=None, *, min_ndim: int = 0, ndim: int | None = 
     return _contiguous(arr, dtype, name)
 
 
-def unconverted(x, name: str, min_ndim: int = 0) -> np.ndarray:
+def unconverted(x, name: str, min_ndim: int = 0, ndim: int | None = None) -> np.ndarray:
     """``x`` as :func:`to_numpy` gives it (a numpy array is itself: no copy, no dtype converted),
-    with the checks :func:`as_float` makes before its copy: a real numeric dtype (``TypeError``), at
-    least ``min_ndim`` dims and not empty (``ValueError``, :func:`check_rank`). The caller checks
-    the shape of this array (and the size of what it makes from it), then converts it: a
+    with the checks :func:`as_float` makes before its copy: a real numeric dtype (``TypeError``),
+    ``ndim`` dims (or at least ``min_ndim``) and not empty (``ValueError``, :func:`check_rank`).
+    The caller checks the shape of this array (and the size of what it makes from it), then
+    converts it: a
     wrong-shaped input, or a broadcast view whose copy would not fit, is refused before any
     allocation."""
     arr = to_numpy(x, name)
     compute_dtype(arr, name)
-    check_rank(arr, name, min_ndim=min_ndim)
+    check_rank(arr, name, ndim=ndim, min_ndim=min_ndim)
     return arr
 
 

@@ -22,10 +22,9 @@ from ._validation import (
     check_bool,
     check_choice,
     check_int,
-    check_rank,
     compute_dtype,
     resolve_dtype,
-    to_numpy,
+    unconverted,
 )
 from .bert import BertModel
 from .hub import DEFAULT_MODEL, expand_home, read_json_file
@@ -239,7 +238,7 @@ def mean_pool(last_hidden_state: np.ndarray, attention_mask: np.ndarray) -> np.n
         TypeError: non-numeric ``last_hidden_state``; a mask neither bool nor 0/1 numbers.
         ValueError: wrong ranks, shapes that disagree, empty input, mask values other than 0/1.
     """
-    hidden = _unconverted(last_hidden_state, "last_hidden_state", ndim=3)
+    hidden = unconverted(last_hidden_state, "last_hidden_state", ndim=3)
     mask = as_bool(attention_mask, "attention_mask", allow_float=True)  # a broadcast view stays one
     if mask.shape != hidden.shape[:2]:
         raise ValueError(f"attention_mask: expected shape {hidden.shape[:2]} (last_hidden_state's N, L), "
@@ -263,8 +262,8 @@ def cosine_similarity(a: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:
         TypeError: non-numeric arrays. ValueError: not 2-D, empty, widths that differ, an
             ``(N, M)`` result larger than this machine's memory.
     """
-    a_in = _unconverted(a, "a", ndim=2)  # the shapes and the result's size checked before any copy
-    b_in = a_in if b is None else _unconverted(b, "b", ndim=2)
+    a_in = unconverted(a, "a", ndim=2)  # the shapes and the result's size checked before any copy
+    b_in = a_in if b is None else unconverted(b, "b", ndim=2)
     if b_in.shape[1] != a_in.shape[1]:
         raise ValueError(f"b: expected rows of width {a_in.shape[1]} (a's), got shape {b_in.shape}")
     dtype = np.float64 if np.float64 in (compute_dtype(a_in, "a"), compute_dtype(b_in, "b")) else np.float32
@@ -274,17 +273,6 @@ def cosine_similarity(a: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:
     if a.dtype != b.dtype:
         a, b = a.astype(np.float64), b.astype(np.float64)
     return _unit_rows(a) @ _unit_rows(b).T
-
-
-def _unconverted(x, name: str, ndim: int) -> np.ndarray:
-    """``x`` as :func:`~transformer_core._validation.to_numpy` reads it, nothing copied, after the
-    checks :func:`~transformer_core._validation.as_float` makes before its copy, in its order and
-    words: real numeric data (TypeError), ``ndim`` dims, not empty (ValueError). The caller checks
-    its shape against the other arguments', then converts it."""
-    arr = to_numpy(x, name)
-    compute_dtype(arr, name)
-    check_rank(arr, name, ndim=ndim)
-    return arr
 
 
 def _unit_rows(x: np.ndarray) -> np.ndarray:
