@@ -56,10 +56,7 @@ from ._validation import (
     check_allocatable,
     check_bool,
     check_positive_int,
-    check_rank,
-    compute_dtype,
     described,
-    to_numpy,
     unconverted,
 )
 
@@ -210,14 +207,12 @@ def _check_block_dims(ggml_type: str, rows: int, cols: int, rows_name: str, cols
 
 
 def _bias_shape(bias, out_features: int):
-    """``bias`` unconverted (:func:`~transformer_core._validation.to_numpy`), None when not given,
+    """``bias`` unconverted (:func:`~transformer_core._validation.unconverted`), None when not given,
     after the checks of its dtype (TypeError), rank and shape ``(out_features,)`` (ValueError) that
     need no copy: :func:`_bias` converts it once the other arguments are checked."""
     if bias is None:
         return None
-    b = to_numpy(bias, "bias")
-    compute_dtype(b, "bias")
-    check_rank(b, "bias", ndim=1)
+    b = unconverted(bias, "bias", ndim=1)
     if b.shape != (out_features,):
         raise ValueError(f"bias: expected shape ({out_features},), got {b.shape}")
     return b
@@ -352,9 +347,7 @@ def linear_int8(x, qweight, scales, bias=None, *, residual_activations: bool = F
         raise ValueError(f"qweight: expected in_features <= {INT8_MAX_IN_FEATURES} (the exact range of the "
                          f"int32 accumulator), got {in_features}")
     xa = _input(x, in_features, "qweight's in_features")
-    s = to_numpy(scales, "scales")  # every shape checked before anything is converted (a copy)
-    compute_dtype(s, "scales")
-    check_rank(s, "scales", ndim=1)
+    s = unconverted(scales, "scales", ndim=1)  # every shape checked before anything is converted (a copy)
     if s.shape != (out_features,):
         raise ValueError(f"scales: expected shape ({out_features},), got {s.shape}")
     b = _bias_shape(bias, out_features)

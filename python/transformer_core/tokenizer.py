@@ -65,16 +65,12 @@ _BERT_NORMALIZER_FLAGS = (("do_lower_case", "lowercase"), ("strip_accents", "str
                           ("tokenize_chinese_chars", "handle_chinese_chars"))
 #: transformers' defaults of those keys (``BertTokenizer``'s arguments), taken when
 #: ``tokenizer_config.json`` lacks one and transformers builds the normalizer from them: for the
-#: tokenizer classes below (a ``...Fast`` name too), or with no ``tokenizer_class`` for the model
-#: types that map to one (transformers 5's ``TOKENIZER_MAPPING_NAMES``). Another class
-#: (``PreTrainedTokenizerFast``, ``TokenizersBackend``) keeps ``tokenizer.json``'s normalizer.
+#: tokenizer classes below (:func:`_declared_class`). Another class (``PreTrainedTokenizerFast``,
+#: ``TokenizersBackend``) keeps ``tokenizer.json``'s normalizer.
 _BERT_NORMALIZER_DEFAULTS = {"do_lower_case": True, "strip_accents": None, "tokenize_chinese_chars": True}
 _BERT_NORMALIZER_CLASSES = frozenset({
     "BertTokenizer", "DistilBertTokenizer", "ElectraTokenizer", "MPNetTokenizer", "MobileBertTokenizer",
     "SqueezeBertTokenizer", "LayoutLMTokenizer", "LxmertTokenizer", "ConvBertTokenizer", "FunnelTokenizer"})
-_BERT_NORMALIZER_MODEL_TYPES = frozenset({
-    "bert", "distilbert", "electra", "mpnet", "mobilebert", "squeezebert", "layoutlm", "convbert", "megatron-bert",
-    "ernie", "nomic_bert", "retribert"})
 
 #: transformers 5's causal-LM tokenizer classes whose own defaults fill what tokenizer_config.json
 #: leaves out (the special tokens of their ``__init__``, their ``padding_side``), and the class a
@@ -90,9 +86,15 @@ _CLASS_SPECIAL_TOKENS = {
                        "mask_token": "<mask>"},
 }
 _LEFT_PADDING_CLASSES = frozenset({"LlamaTokenizer", "CodeLlamaTokenizer", "GemmaTokenizer"})
-_CLASS_OF_MODEL_TYPE = {"gpt2": "GPT2Tokenizer", "starcoder2": "GPT2Tokenizer", "qwen2": "Qwen2Tokenizer",
-                        "qwen3": "Qwen2Tokenizer", "gemma": "GemmaTokenizer", "gemma2": "GemmaTokenizer",
-                        "gemma3": "GemmaTokenizer", "gemma3_text": "GemmaTokenizer"}
+#: The tokenizer class transformers 5 gives a folder without ``tokenizer_class`` by its
+#: ``config.json``'s ``model_type`` (``TOKENIZER_MAPPING_NAMES``), for the classes above.
+_CLASS_OF_MODEL_TYPE = {
+    **dict.fromkeys(("bert", "distilbert", "electra", "squeezebert", "layoutlm", "convbert", "megatron-bert",
+                     "ernie", "nomic_bert", "retribert"), "BertTokenizer"),
+    "mpnet": "MPNetTokenizer", "mobilebert": "MobileBertTokenizer",
+    "gpt2": "GPT2Tokenizer", "starcoder2": "GPT2Tokenizer", "qwen2": "Qwen2Tokenizer", "qwen3": "Qwen2Tokenizer",
+    **dict.fromkeys(("gemma", "gemma2", "gemma3", "gemma3_text"), "GemmaTokenizer"),
+}
 
 #: transformers' ``model_max_length`` for "no limit" (``VERY_LARGE_INTEGER``, int(1e30)) and anything
 #: this large: not a length to truncate to.
@@ -1634,21 +1636,26 @@ def _clean_up_of_config(tokenizer_config: dict, backend, path: Path) -> tuple[bo
     return flags["clean_up_tokenization_spaces"], flags[_BPE_CLEAN_UP_ANYWAY]
 
 
-def _builds_bert_normalizer(model_dir: Path, tokenizer_config: dict) -> bool:
-    """Whether transformers' tokenizer for this folder builds its normalizer from the BERT flags:
-    ``tokenizer_config.json``'s ``tokenizer_class`` (``Fast`` or not) among
-    ``_BERT_NORMALIZER_CLASSES``, or, with none, ``config.json``'s ``model_type`` among
-    ``_BERT_NORMALIZER_MODEL_TYPES``.
+def _declared_class(model_dir: Path, tokenizer_config: dict) -> str | None:
+    """transformers' tokenizer class for this folder without its ``Fast`` suffix: the
+    ``tokenizer_class`` of ``tokenizer_config.json``, else the one ``_CLASS_OF_MODEL_TYPE`` gives
+    ``config.json``'s ``model_type``; None when neither says (or the key is not a str).
 
     Raises:
         ValueError: a ``config.json`` that is not a JSON object (read only without a class).
     """
     name = tokenizer_config.get("tokenizer_class")
     if isinstance(name, str):
-        return name.removesuffix("Fast") in _BERT_NORMALIZER_CLASSES
+        return name.removesuffix("Fast")
     if name is not None:
-        return False
-    return _read_json_object(model_dir / "config.json").get("model_type") in _BERT_NORMALIZER_MODEL_TYPES
+        return None
+    return _CLASS_OF_MODEL_TYPE.get(_read_json_object(model_dir / "config.json").get("model_type"))
+
+
+def _builds_bert_normalizer(model_dir: Path, tokenizer_config: dict) -> bool:
+    """Whether transformers' tokenizer for this folder builds its normalizer from the BERT flags:
+    its class (:func:`_declared_class`) is among ``_BERT_NORMALIZER_CLASSES``."""
+    return _declared_class(model_dir, tokenizer_config) in _BERT_NORMALIZER_CLASSES
 
 
 def _register_special_tokens(backend, tokens: dict, tokenizer_config: dict) -> None:
@@ -1707,23 +1714,16 @@ def _apply_add_prefix_space(backend, tokenizer_config: dict, path: Path):
 
 
 def _tokenizer_class(model_dir: Path, tokenizer_config: dict, backend) -> str | None:
-    """transformers' tokenizer class for this folder without its ``Fast`` suffix: the
-    ``tokenizer_class`` of ``tokenizer_config.json``, else the one ``_CLASS_OF_MODEL_TYPE`` gives
-    ``config.json``'s ``model_type``; None when neither says. A SentencePiece-style class (Llama's,
-    CodeLlama's, Gemma's) over a byte-level ``tokenizer.json`` (``backend``; Llama-3's and
-    DeepSeek-Coder's folders name ``LlamaTokenizerFast``) is None too: transformers loads such a
-    folder as a generic ``TokenizersBackend``, without that class's defaults.
+    """The class transformers loads a causal LM's folder with (:func:`_declared_class`), but None
+    for a SentencePiece-style class (Llama's, CodeLlama's, Gemma's) over a byte-level
+    ``tokenizer.json`` (``backend``; Llama-3's and DeepSeek-Coder's folders name
+    ``LlamaTokenizerFast``): transformers loads such a folder as a generic ``TokenizersBackend``,
+    without that class's defaults.
 
     Raises:
-        ValueError: a ``config.json`` that is not a JSON object (read only without a class).
+        ValueError: as :func:`_declared_class`.
     """
-    name = tokenizer_config.get("tokenizer_class")
-    if isinstance(name, str):
-        name = name.removesuffix("Fast")
-    elif name is None:
-        name = _CLASS_OF_MODEL_TYPE.get(_read_json_object(model_dir / "config.json").get("model_type"))
-    else:
-        return None
+    name = _declared_class(model_dir, tokenizer_config)
     if name in _SENTENCEPIECE_CLASSES and _has_byte_level(backend):
         return None
     return name
