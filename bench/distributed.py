@@ -115,13 +115,17 @@ def run_cluster(path: Path, out: Path, workers: int, chunk_size: int, model: str
 
 
 def model_name(text: str) -> str:
-    """An argparse ``type`` for ``--model``: a name or folder ``transformer_core.hub`` resolves."""
-    from transformer_core.hub import resolve_model_path
+    """An argparse ``type`` for ``--model``: an embedded model's name or a model directory, as
+    ``transformer_core.hub.resolve_model_dir`` takes them; a name or path that resolves to a file (a
+    GGUF checkpoint: no sentence encoder) is refused here, with argparse's usage error naming
+    ``--model``, before any cluster starts."""
+    from transformer_core.hub import resolve_model_dir
 
     try:
-        resolve_model_path(text)
+        resolve_model_dir(text, argument="--model")
     except (FileNotFoundError, ValueError) as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
+        # argparse puts "argument --model: " in front: the message's own "--model: " would repeat it
+        raise argparse.ArgumentTypeError(str(e).removeprefix("--model: ")) from None
     return text
 
 

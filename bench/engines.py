@@ -23,7 +23,9 @@ the accuracy columns, and prints one JSON line. :func:`run_engines` runs the wor
 (A, B, C, A, B, C, ...), each after waiting for a quiet machine, and keeps each engine's median.
 
 Model files for the peers (the ONNX export, the CTranslate2 conversion) are made once, in their own
-process, under ``bench/results/models/``.
+process, under ``bench/results/models/``: each written under a temporary name in that folder and
+renamed into place when complete, so an interrupted step leaves nothing that a later run would take
+for a finished file.
 
 ``--max-isa avx2`` caps the engines' matrix products at AVX2 on a CPU that has AVX-512, to stand in
 for an AVX2-only machine (``MAX_ISA_ENV``): ours through ``TC_ISA``, CTranslate2's oneDNN through
@@ -36,8 +38,10 @@ our core is compiled for the building machine (``-march=native``): build it with
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -50,11 +54,13 @@ BENCH_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH_DIR))
 from run import (  # noqa: E402
     MAX_THREADS,
+    START_ENV,
     cpu_isa,
     cpu_name,
     float_in,
     int_in,
     load_sentences,
+    max_sentences,
     name_list,
     sentence_count,
     sorted_batches,
@@ -110,7 +116,8 @@ def ct2_path() -> Path:
 
 
 def prepare(engine: str) -> str | None:
-    """Makes the model files ``engine`` needs (in a subprocess); returns why not, or None."""
+    """Makes the model files ``engine`` needs (in a subprocess); returns why not, or None. A file or
+    folder in place is complete (:func:`_written_into`), so its presence is enough."""
     need = {"onnxruntime": "onnx", "onnxruntime-fused": "onnx", "onnxruntime-int8": "onnx",
             "ctranslate2": "ct2", "ctranslate2-int8": "ct2"}.get(engine)
     if need is None:
@@ -129,16 +136,60 @@ def prepare(engine: str) -> str | None:
 
 
 def _run_prepare(step: str) -> str | None:
-    proc = subprocess.run([sys.executable, __file__, "--prepare", step], capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, __file__, "--prepare", step], capture_output=True, text=True,
+                          env=START_ENV)
     if proc.returncode != 0:
         return f"{step} failed: {proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else proc.returncode}"
     return None
 
 
 PREPARE_STEPS = ["export-onnx", "fuse-onnx", "quantize-onnx", "convert-ct2"]
+PARTIAL = ".partial-"  # the mark of a file or folder still being written: NAME.partial-PID[.onnx]
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    elif path.exists() or path.is_symlink():
+        path.unlink()
+
+
+@contextlib.contextmanager
+def _written_into(final: Path):
+    """Yields a temporary path next to ``final`` (in the same folder, so the rename is atomic) for a
+    step to write its file or folder into; when the step returns, moves it to ``final`` with
+    ``os.replace`` (a stale folder at ``final`` removed first: a folder cannot replace a non-empty
+    one). If the step fails or is interrupted nothing reaches ``final``; :func:`prepare` checks only
+    that ``final`` exists, so a half-written file there would be reused forever. Leftovers of
+    processes that were killed (``NAME.partial-PID``, that PID no longer running) are removed first."""
+    for old in final.parent.glob(f"{final.stem}{PARTIAL}*"):
+        pid = old.name[len(final.stem) + len(PARTIAL):].split(".")[0]
+        if pid.isdigit() and not _pid_alive(int(pid)):
+            _remove(old)
+    tmp = final.with_name(f"{final.stem}{PARTIAL}{os.getpid()}{final.suffix}")  # keeps .onnx: the tools read it
+    _remove(tmp)
+    try:
+        yield tmp
+        if final.is_dir():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+    finally:
+        if tmp.exists():
+            _remove(tmp)
 
 
 def run_prepare(step: str) -> None:
+    """One step of :data:`PREPARE_STEPS`, its output written whole or not at all (:func:`_written_into`)."""
     MODELS_DIR.mkdir(parents=True, exist_ok=True)
     if step == "export-onnx":
         import torch
@@ -160,8 +211,8 @@ def run_prepare(step: str) -> None:
         batch, seq = "batch", "sequence"
         axes = {"input_ids": {0: batch, 1: seq}, "attention_mask": {0: batch, 1: seq},
                 "token_type_ids": {0: batch, 1: seq}, "last_hidden_state": {0: batch, 1: seq}}
-        with torch.no_grad():
-            torch.onnx.export(model, (ids, torch.ones_like(ids), torch.zeros_like(ids)), str(onnx_path("fp32")),
+        with torch.no_grad(), _written_into(onnx_path("fp32")) as tmp:
+            torch.onnx.export(model, (ids, torch.ones_like(ids), torch.zeros_like(ids)), str(tmp),
                               input_names=["input_ids", "attention_mask", "token_type_ids"],
                               output_names=["last_hidden_state"], dynamic_axes=axes, opset_version=17,
                               dynamo=False)
@@ -169,16 +220,18 @@ def run_prepare(step: str) -> None:
         from onnxruntime.transformers import optimizer
 
         opt = optimizer.optimize_model(str(onnx_path("fp32")), model_type="bert", num_heads=12, hidden_size=384)
-        opt.save_model_to_file(str(onnx_path("fused")))
+        with _written_into(onnx_path("fused")) as tmp:
+            opt.save_model_to_file(str(tmp))
     elif step == "quantize-onnx":
         from onnxruntime.quantization import QuantType, quantize_dynamic
 
-        quantize_dynamic(str(onnx_path("fp32")), str(onnx_path("int8")), weight_type=QuantType.QInt8,
-                         per_channel=True)
+        with _written_into(onnx_path("int8")) as tmp:
+            quantize_dynamic(str(onnx_path("fp32")), str(tmp), weight_type=QuantType.QInt8, per_channel=True)
     elif step == "convert-ct2":
         import ctranslate2
 
-        ctranslate2.converters.TransformersConverter(str(model_dir())).convert(str(ct2_path()), force=True)
+        with _written_into(ct2_path()) as tmp:  # a folder: config.json, model.bin, ...
+            ctranslate2.converters.TransformersConverter(str(model_dir())).convert(str(tmp), force=True)
     else:
         raise ValueError(f"step: expected one of {', '.join(PREPARE_STEPS)}, got {step!r}")
 
@@ -328,7 +381,8 @@ def run_engines(engines: list[str], *, threads: int, n: int, rounds: int, repeat
                 quiet_load: float, max_wait: float, env: dict | None = None, log=None) -> dict[str, dict]:
     """Runs each engine's worker ``rounds`` times, alternating the engines; returns per engine
     ``{"sentences_per_s", "latency_ms", "runs", "loads", "first", "short"}`` (medians over the
-    rounds) or ``{"na": reason}``."""
+    rounds) or ``{"na": reason}``. The workers run in ``env``, by default the environment the user
+    started us with (``run.START_ENV``: not the settings an imported transformer_core added)."""
     import tempfile
 
     results: dict[str, dict] = {}
@@ -349,7 +403,7 @@ def run_engines(engines: list[str], *, threads: int, n: int, rounds: int, repeat
                 out = os.path.join(tmp, f"{e}.npz")
                 cmd = [sys.executable, __file__, "--worker", e, "--threads", str(threads), "--sentences", str(n),
                        "--repeats", str(repeats), "--latency-calls", str(latency_calls), "--out", out]
-                proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+                proc = subprocess.run(cmd, capture_output=True, text=True, env=START_ENV if env is None else env)
                 if proc.returncode != 0:
                     results[e] = {"na": (proc.stderr.strip().splitlines() or ["?"])[-1][:200]}
                     continue
@@ -390,7 +444,7 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int_in(1, MAX_THREADS), default=2,
                    help=f"threads of every engine, 1 to {MAX_THREADS} (default 2)")
     p.add_argument("--sentences", type=sentence_count, default=1000,
-                   help="sentences of the throughput figure, 1 to run.max_sentences() (default 1000)")
+                   help=f"sentences of the throughput figure, 1 to {max_sentences()} (default 1000)")
     p.add_argument("--rounds", type=int_in(1), default=3, help="workers per engine, alternating (default 3)")
     p.add_argument("--repeats", type=int_in(1), default=3, help="timed encodes in each worker (default 3)")
     p.add_argument("--latency-calls", type=int_in(1), default=200, help="timed batch-1 encodes (default 200)")
@@ -414,7 +468,7 @@ def main(argv=None) -> int:
     engines = args.engines
     res = run_engines(engines, threads=args.threads, n=args.sentences, rounds=args.rounds, repeats=args.repeats,
                       latency_calls=args.latency_calls, quiet_load=args.quiet_load, max_wait=args.max_wait,
-                      env={**os.environ, **MAX_ISA_ENV[args.max_isa]},
+                      env={**START_ENV, **MAX_ISA_ENV[args.max_isa]},
                       log=lambda s: print(s, file=sys.stderr, flush=True))
     cpu = cpu_name()
     print(f"# all-MiniLM-L6-v2, {args.sentences} sentences, batch 32, {args.threads} threads, each engine in its "

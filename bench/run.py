@@ -44,6 +44,12 @@ from typing import Callable
 import numpy as np
 
 BENCH_DIR = Path(__file__).resolve().parent
+# The environment as the user started the script, taken when this module is first imported (before
+# transformer_core: the scripts import it first). Importing transformer_core sets GOMP_SPINCOUNT and,
+# on AVX-512 CPUs, OPENBLAS_CORETYPE in os.environ (transformer_core/_runtime.py); a subprocess started
+# with os.environ would inherit them, so a torch-only worker would run with our libgomp and OpenBLAS
+# settings. Every subprocess the bench scripts start gets this copy instead (``env=START_ENV``).
+START_ENV = dict(os.environ)
 RESULTS_FILE = BENCH_DIR / "results" / "latest.md"
 SENTENCES_FILE = BENCH_DIR / "sentences.txt"
 MIB = 1024 * 1024
@@ -175,7 +181,7 @@ class Bench:
 
     def __init__(self, args):
         import torch
-        import transformer_core as tc
+        import transformer_core as tc  # sets GOMP_SPINCOUNT etc. in os.environ: subprocesses get START_ENV
 
         self.tc, self.torch = tc, torch
         try:  # no progress bars from transformers' loading/saving in the output
@@ -580,7 +586,7 @@ def case_peers(b: Bench) -> list[Row]:
     repeats, _ = b.plan("peers")  # each engine worker's timed repeats (--repeats overrides them)
     res = E.run_engines(names, threads=b.threads, n=n, rounds=1 if b.quick else 2,
                         repeats=repeats, latency_calls=30 if b.quick else 200,
-                        quiet_load=float("inf"), max_wait=0)
+                        quiet_load=float("inf"), max_wait=0, env=START_ENV)
     ours = res.get("ours", {})
     ref = res.get("torch", {})
     rows = []
@@ -685,7 +691,7 @@ def case_smollm2(b: Bench) -> list[Row]:
             runs_hf.append(decode(hf, prefill_hf))
         d_ours = statistics.median(t for t, _ in runs_ours) * 1e3 / steps
         d_hf = statistics.median(t for t, _ in runs_hf) * 1e3 / steps
-        dec = b.row(f"SmolLM2-135M {what[1]}{suffix} (tokens/s)", d_ours, d_hf)
+        dec = Row(f"SmolLM2-135M {what[1]}{suffix} (tokens/s)", d_ours, d_hf, repeats=len(runs_ours))
         dec.notes.append(f"ms per token; tokens/s ours {1e3 / d_ours:.1f}, transformers {1e3 / d_hf:.1f}")
         dec.notes.append("same greedy tokens" if runs_ours[0][1] == runs_hf[0][1] else "greedy tokens differ")
         if not suffix:  # the targets: the default model
@@ -748,12 +754,13 @@ def _status_kib(field: str) -> int | None:
 
 
 def run_probe(*args: str) -> dict:
-    """Runs this script with ``args`` (a hidden ``--*-probe`` mode) in a fresh interpreter and
+    """Runs this script with ``args`` (a hidden ``--*-probe`` mode) in a fresh interpreter, in the
+    environment the user started us with (:data:`START_ENV`, not transformer_core's settings), and
     returns the JSON object of its last output line, or ``{"error": ...}`` (a failed or silent run:
     its last stderr)."""
     cmd = [sys.executable, str(Path(__file__).resolve()), *args]
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=START_ENV)
         if proc.returncode != 0:
             return {"error": f"exit {proc.returncode}: {proc.stderr.strip()[-200:]}"}
         if not proc.stdout.strip():
@@ -925,7 +932,7 @@ def machine_lines(b: Bench, elapsed_s: float, load_before: str, load_after: str)
         f"- load average (1, 5, 15 min) at start: {load_before}, at end: {load_after}; "
         f"run time {elapsed_s:.0f} s",
         "- times: median of interleaved repeats after warm-up; torch/ours > 1 means ours is faster",
-    ] + ([f"- WARNING: the machine was busy (load above {os.cpu_count()} CPUs): "
+    ] + ([f"- WARNING: the machine was busy (load above {os.cpu_count()} CPUs + 0.5): "
           "times are unreliable"] if busy else []) + [""]
 
 

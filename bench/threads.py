@@ -40,15 +40,36 @@ import numpy as np
 
 BENCH_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH_DIR))
-from run import MAX_THREADS, cpu_isa, cpu_name, int_in, int_list, load_sentences, name_list, sentence_count  # noqa: E402
+from run import (  # noqa: E402
+    MAX_THREADS,
+    cpu_isa,
+    cpu_name,
+    int_in,
+    int_list,
+    load_sentences,
+    max_sentences,
+    name_list,
+    sentence_count,
+)
 
 SHORT_SENTENCE = "A man plays guitar."  # 7 tokens with [CLS] and [SEP]
+GGUF_MAGIC = b"GGUF"  # a GGUF file's first four bytes (the format's header: magic, version, counts)
 
 
 def gguf_file(text: str) -> str:
-    """An argparse ``type`` for ``--gguf``: an existing file."""
+    """An argparse ``type`` for ``--gguf``: an existing file that starts with the GGUF magic. Checked
+    while the arguments are parsed (argparse's usage error), before any model loads."""
     if not Path(text).is_file():
-        raise argparse.ArgumentTypeError(f"expected an existing GGUF file, got {text!r} (no such file)")
+        what = "a directory" if Path(text).is_dir() else "no such file"
+        raise argparse.ArgumentTypeError(f"expected an existing GGUF file, got {text!r} ({what})")
+    try:
+        with open(text, "rb") as f:
+            head = f.read(len(GGUF_MAGIC))
+    except OSError as e:
+        raise argparse.ArgumentTypeError(f"expected a readable GGUF file, got {text!r} ({e.strerror})") from None
+    if head != GGUF_MAGIC:
+        raise argparse.ArgumentTypeError(f"expected a GGUF file (starting with {GGUF_MAGIC!r}), got {text!r}, "
+                                         f"which starts with {head!r}")
     return text
 
 
@@ -83,7 +104,7 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int_in(1), default=2)
     p.add_argument("--latency-calls", type=int_in(1), default=100)
     p.add_argument("--sentences", type=sentence_count, default=256,
-                   help="sentences of the throughput row, at most run.max_sentences() (default 256)")
+                   help=f"sentences of the throughput row, 1 to {max_sentences()} (default 256)")
     p.add_argument("--gguf", type=gguf_file, help="a Llama GGUF file for the decode rows")
     p.add_argument("--decode-steps", type=int_in(1), default=32)
     p.add_argument("--no-int8", action="store_true", help="leave out the int8 MiniLM row")
