@@ -849,8 +849,8 @@ def _rotary_cases():
         "apply_rotary_sin": (lambda: F.apply_rotary(x, wide, narrow),
                              r"^sin: expected the shape of cos \(1024, 4096\), got \(1024, 8\)$"),
         "apply_rotary_pos_emb_k_table": (lambda: F.apply_rotary_pos_emb(x, bigf(1, 4, 1024, 4094), wide, wide),
-                                         r"^cos: expected last dim 4094 \(head_dim\) or 2047 \(head_dim/2\), "
-                                         r"got shape \(1024, 4096\)$"),
+                                         r"^k: expected head_dim 4096 \(q's last dim\), got shape \(1, 4, 1024, 4094\) "
+                                         r"\(q: \(1, 4, 1024, 4096\)\)$"),
         "apply_rotary_pos_emb_k_odd": (lambda: F.apply_rotary_pos_emb(x, bigf(1, 4, 1024, 4095), wide, wide),
                                        r"^k: expected an even head_dim \(last dim\), got shape \(1, 4, 1024, 4095\)$"),
         "rotary_backward": (lambda: B.rotary_backward(x, narrow, narrow),

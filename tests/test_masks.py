@@ -377,3 +377,56 @@ def test_generate_square_subsequent_mask_allocates_only_what_is_checked(monkeypa
         tcnn.Transformer.generate_square_subsequent_mask(sz)
     monkeypatch.setattr(tcv, "physical_memory_bytes", lambda: out.nbytes)
     np.testing.assert_array_equal(tcnn.Transformer.generate_square_subsequent_mask(sz), out)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+def test_float_token_masks_are_refused_in_their_own_words(rng, dtype):
+    """A float query_mask's TypeError spoke of torch's additive key_padding_mask, which has nothing
+    to do with queries: it now names query_mask's own ambiguity; a float key_mask's still points at
+    key_padding_mask. The bool and 0/1 integer forms give torch's values (its bool attn_mask)."""
+    q = randn(rng, (1, 2, 3, 4), dtype)
+    with pytest.raises(TypeError) as raised:
+        tcf.scaled_dot_product_attention(q, q, q, query_mask=np.ones(3, dtype))
+    message = str(raised.value)
+    assert message == (f"query_mask: expected bool or integer 0/1 (True/1 = a real token), got {np.dtype(dtype)} — "
+                       f"a float query_mask could be additive (0 = keep) or 1/0 (1 = keep); pass a bool mask")
+    with pytest.raises(TypeError, match=rf"^key_mask: expected bool or integer 0/1 .*got {np.dtype(dtype)} — a float "
+                                        r"key mask looks like torch's additive key_padding_mask \(0 = keep\)"):
+        tcf.scaled_dot_product_attention(q, q, q, key_mask=np.ones(3, dtype))
+    keep = np.array([True, False, True])
+    qt = to_torch(q)
+    expected_q = F.scaled_dot_product_attention(qt, qt, qt, attn_mask=to_torch(keep[:, None])).numpy()
+    expected_q[..., ~keep, :] = 0  # a masked query row gives zeros here (torch: NaN)
+    expected_k = F.scaled_dot_product_attention(qt, qt, qt, attn_mask=to_torch(keep[None, :]))
+    for mask in (keep, keep.astype(np.int64)):
+        assert_close(tcf.scaled_dot_product_attention(q, q, q, query_mask=mask), expected_q, dtype)
+        assert_close(tcf.scaled_dot_product_attention(q, q, q, key_mask=mask), expected_k, dtype)
+
+
+def test_attn_mask_with_is_causal_as_the_docstring_says_of_torch(rng):
+    """The docstring of scaled_dot_product_attention says where torch 2.13's CPU SDPA combines
+    attn_mask and is_causal: only 4-D inputs with Ev == E (its CPU flash kernel), by logical AND,
+    as here; it raises for Ev != E, for 3-D inputs and with the math backend forced. Checked here,
+    so that the docstring is revisited if torch changes."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    q, k = randn(rng, (2, 3, 5, 8), np.float64), randn(rng, (2, 3, 6, 8), np.float64)
+    mask = rng.random((5, 6)) > 0.3
+    mask[:, 0] = True
+    expected = F.scaled_dot_product_attention(to_torch(q), to_torch(k), to_torch(k), attn_mask=to_torch(mask),
+                                              is_causal=True)
+    ours = tcf.scaled_dot_product_attention(q, k, k, mask, is_causal=True)
+    assert_close(ours, expected, np.float64)
+    assert_close(ours, tcf.scaled_dot_product_attention(q, k, k, mask & M.causal_mask(5, 6)), np.float64)
+    refused = "Explicit attn_mask should not be set when is_causal=True"
+    v6 = to_torch(randn(rng, (2, 3, 6, 6), np.float64))
+    with pytest.raises(RuntimeError, match=refused):  # Ev != E
+        F.scaled_dot_product_attention(to_torch(q), to_torch(k), v6, attn_mask=to_torch(mask), is_causal=True)
+    with pytest.raises(RuntimeError, match=refused):  # 3-D
+        F.scaled_dot_product_attention(to_torch(q[0]), to_torch(k[0]), to_torch(k[0]), attn_mask=to_torch(mask),
+                                       is_causal=True)
+    with sdpa_kernel(SDPBackend.MATH), pytest.raises(RuntimeError, match=refused):
+        F.scaled_dot_product_attention(to_torch(q), to_torch(k), to_torch(k), attn_mask=to_torch(mask), is_causal=True)
+    # ours combines them in every case
+    out = tcf.scaled_dot_product_attention(q, k, v6.numpy(), mask, is_causal=True)
+    assert_close(out, tcf.scaled_dot_product_attention(q, k, v6.numpy(), mask & M.causal_mask(5, 6)), np.float64)

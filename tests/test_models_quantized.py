@@ -393,7 +393,7 @@ def test_weight_bytes_counts_one_scale_per_output_channel_in_every_layout():
 def test_a_quantized_model_refuses_training():
     model = tc.quantize(tc.GPT2LMHeadModel(tc.GPT2Config(vocab_size=50, n_positions=16, n_embd=16, n_layer=1,
                                                          n_head=2)), "int8")
-    with pytest.raises(ValueError, match=r"train: \d+ weights are quantized .*int8"):
+    with pytest.raises(ValueError, match=r"train: \d+ weights are held quantized \(e.g. '.*': int8\)"):
         model.train()
     assert not model.training
     layer = tc.quantize(tc.nn.Linear(4, 3), "int8")
@@ -861,13 +861,14 @@ def test_a_quantized_copy_carries_a_replaced_config():
 def test_quantize_refuses_gguf_blocks_that_dequantize_to_inf():
     """A copy quantizes a layer held as GGUF blocks from its dequantized values: a block scale of
     inf made its int8 row NaN, silently, while the same values held as float32 are refused. Now
-    refused alike, naming the weight."""
+    refused alike, naming the weight. (set_gguf_weights refuses such a scale: here it is written
+    into the bytes after they were installed, which its docstring says not to do.)"""
     gguf = pytest.importorskip("gguf")
     w = np.random.default_rng(0).standard_normal((4, 64)).astype(np.float32)
     blocks = np.array(gguf.quants.quantize(w, gguf.GGMLQuantizationType.Q8_0), copy=True).view(np.uint8).reshape(4, -1)
-    blocks[1, 0:2] = np.frombuffer(np.float16(np.inf).tobytes(), np.uint8)  # the scale of row 1's first block
     lin = tc.nn.Linear(64, 4)
-    tc.quantization.set_gguf_weights(lin, {"weight": ("Q8_0", blocks)})
+    tc.quantization.set_gguf_weights(lin, {"weight": ("Q8_0", blocks)})  # used in place, not copied
+    blocks[1, 0:2] = np.frombuffer(np.float16(np.inf).tobytes(), np.uint8)  # the scale of row 1's first block
     dequantized = lin.state_dict()["weight"]
     assert (~np.isfinite(dequantized)).sum() == 32  # the block's 32 values: inf, -inf or NaN (0 · inf)
     with pytest.raises(ValueError, match=r"model: 'weight' holds 32 NaN or inf values \(of 256; first: "):
@@ -914,11 +915,15 @@ def test_tied_head_copy_takes_residual_activations_and_guards():
     body = [n for n, f in q.weight_formats().items() if f == "int8"]
     head_only = tc.quantize(tied, keep_float=body)
     assert set(head_only.weight_formats().values()) == {"float32"}
-    with pytest.raises(ValueError, match="tied_lm_head"):
+    # the guards name the head's copy as what it is (they said 'model.embed_tokens.weight:tied_lm_head',
+    # an entry of no state_dict, and "1 weights")
+    said = (r"1 weight is held quantized \(the LM head tied to 'model.embed_tokens.weight' multiplies by a copy of "
+            r"it held as int8, made by quantize\(\)\)")
+    with pytest.raises(ValueError, match=said):
         head_only.load_state_dict(tied.state_dict())
-    with pytest.raises(ValueError, match="tied_lm_head"):
+    with pytest.raises(ValueError, match="^train: " + said):
         head_only.train()
-    with pytest.raises(TypeError, match="tied_lm_head"):
+    with pytest.raises(TypeError, match=said):
         copy.deepcopy(head_only)
 
 
@@ -943,3 +948,135 @@ def test_quantized_sentence_encoder_has_its_own_tokenizer():
     assert q.tokenizer is not enc.tokenizer
     q.max_seq_length = 16
     assert enc.max_seq_length == 256 and q.max_seq_length == 16
+
+
+# ------------------------------------------------------------------------------------------------
+# GGUF block scales of NaN or inf are refused where blocks enter a model
+# ------------------------------------------------------------------------------------------------
+def _fp16_bytes(value) -> np.ndarray:
+    return np.frombuffer(np.float16(value).tobytes(), np.uint8)
+
+
+#: Where a block's fp16 fields lie (ggml-common.h): d first, Q4_1's m after it.
+SCALE_OFFSET = {"d": 0, "m": 2}
+BLOCK_BYTES = {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20}
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf], ids=["nan", "inf", "-inf"])
+@pytest.mark.parametrize("ggml_type, field", [("Q8_0", "d"), ("Q4_0", "d"), ("Q4_1", "d"), ("Q4_1", "m")])
+def test_set_gguf_weights_refuses_non_finite_block_scales(ggml_type, field, bad):
+    """A block whose fp16 scale d (or Q4_1's offset m) is NaN or inf made its row's outputs NaN,
+    silently: refused, naming the entry, how many blocks, the first one and its row, whatever
+    form the bytes take (an array, a non-contiguous one, bytes); nothing changes. An embedding
+    table too. The same blocks with finite scales are accepted."""
+    import gguf
+
+    w = np.random.default_rng(0).standard_normal((6, 96)).astype(np.float32)  # 3 blocks a row, 18 in all
+    good = np.array(gguf.quants.quantize(w, gguf.GGMLQuantizationType[ggml_type]), copy=True)
+    by_block = good.reshape(18, BLOCK_BYTES[ggml_type]).copy()
+    offset = SCALE_OFFSET[field]
+    for block in (7, 16):                                               # row 2's block 1, row 5's block 1
+        by_block[block, offset:offset + 2] = _fp16_bytes(bad)
+    blocks = by_block.reshape(6, -1)
+    with np.errstate(invalid="ignore"):                               # inf · 0
+        assert not np.isfinite(gguf.quants.dequantize(blocks, gguf.GGMLQuantizationType[ggml_type])).all()
+    message = (rf"^weights\['weight'\]: blocks: 2 blocks have a NaN or inf scale {field} \(of 18 blocks; first: "
+               rf"block 7, in row 2: {bad}\), expected finite fp16 scales")
+    lin = tc.nn.Linear(96, 6)
+    before = lin.state_dict()
+    for form in (blocks, np.asfortranarray(blocks), blocks.tobytes()):
+        with pytest.raises(ValueError, match=message):
+            tc.quantization.set_gguf_weights(lin, {"weight": (ggml_type, form)})
+        assert lin.weight_formats()["weight"] == "float32"
+        np.testing.assert_array_equal(lin.state_dict()["weight"], before["weight"])
+    table = tc.nn.Embedding(6, 96)
+    with pytest.raises(ValueError, match=message):
+        tc.quantization.set_gguf_weights(table, {"weight": (ggml_type, blocks)})
+    assert table.weight_formats()["weight"] == "float32"
+
+    one_bad = good.reshape(18, -1).copy()
+    one_bad[17, offset:offset + 2] = _fp16_bytes(bad)                 # the very last block: row 5
+    with pytest.raises(ValueError, match=rf"1 block has a NaN or inf scale {field} \(of 18 blocks; first: block 17, "
+                                         rf"in row 5: {bad}\)"):
+        tc.quantization.set_gguf_weights(lin, {"weight": (ggml_type, one_bad)})
+    tc.quantization.set_gguf_weights(lin, {"weight": (ggml_type, good)})  # finite: accepted
+    np.testing.assert_array_equal(lin.state_dict()["weight"],
+                                  gguf.quants.dequantize(good, gguf.GGMLQuantizationType[ggml_type]))
+
+
+def _gguf_with_a_bad_scale(tmp_path, ggml_type: str, field: str, bad: float):
+    """A tiny Llama GGUF (gguf_fakes) whose blk.0.ffn_down.weight (64 rows x 3 blocks) has block 7
+    (row 2) given the fp16 ``field`` ``bad``: (the good file, the bad one)."""
+    from gguf_fakes import random_llama_state, write_llama_gguf
+    from transformer_core.gguf_file import read_gguf
+
+    good = tmp_path / f"good_{ggml_type}.gguf"
+    write_llama_gguf(good, random_llama_state(np.random.default_rng(3), tie=False), ggml_type=ggml_type)
+    with read_gguf(good) as checkpoint:
+        start = checkpoint.tensor_info("model.layers.0.mlp.down_proj.weight").file_offset
+    data = bytearray(good.read_bytes())
+    at = start + 7 * BLOCK_BYTES[ggml_type] + SCALE_OFFSET[field]
+    data[at:at + 2] = _fp16_bytes(bad).tobytes()
+    bad_path = tmp_path / f"bad_{ggml_type}.gguf"
+    bad_path.write_bytes(bytes(data))
+    return good, bad_path
+
+
+@pytest.mark.parametrize("ggml_type, field, bad", [("Q8_0", "d", np.nan), ("Q4_0", "d", -np.inf),
+                                                   ("Q4_1", "m", np.inf)])
+def test_gguf_llama_with_a_non_finite_block_scale_is_refused(tmp_path, ggml_type, field, bad):
+    """A Llama GGUF with one NaN or inf block scale loaded (blocks kept, float32 or float64) and gave
+    NaN logits everywhere: refused, naming the file, the tensor, the block and its row. Opening the
+    file reads its header only (and its raw bytes stay readable); the good file loads."""
+    import re
+
+    from transformer_core.gguf_file import read_gguf
+
+    good, bad_path = _gguf_with_a_bad_scale(tmp_path, ggml_type, field, bad)
+    name = "model.layers.0.mlp.down_proj.weight"
+    what = (rf"1 block has a NaN or inf scale {field} \(of 192 blocks; first: block 7, in row 2: {bad}\), "
+            rf"expected finite fp16 scales")
+    file = re.escape(str(bad_path))
+    checkpoint = read_gguf(bad_path)
+    assert checkpoint.tensor_info(name).raw.shape == (64, 3 * BLOCK_BYTES[ggml_type])
+    with pytest.raises(ValueError, match=rf"^{file}: tensor 'blk.0.ffn_down.weight' \({name}, {ggml_type}\): {what}"):
+        checkpoint.tensor(name)
+    with pytest.raises(ValueError, match=rf"^{file}: weights\['{name}'\]: blocks: {what}"):
+        tc.LlamaForCausalLM.from_pretrained(bad_path)
+    for dtype in (np.float32, np.float64):
+        with pytest.raises(ValueError, match=rf"^{file}: tensor 'blk.0.ffn_down.weight' \({name}, {ggml_type}\): "
+                                             rf"{what}"):
+            tc.LlamaForCausalLM.from_pretrained(bad_path, dtype=dtype)
+    ids = np.array([[1, 2, 3]])
+    assert np.isfinite(tc.LlamaForCausalLM.from_pretrained(good)(ids).logits).all()
+    assert np.isfinite(tc.LlamaForCausalLM.from_pretrained(good, dtype=np.float32)(ids).logits).all()
+
+
+def test_activation_mode_setters_count_the_stored_matrices(tmp_path):
+    """set_residual_activations / set_quantize_activations return how many matrices are stored in
+    that format, not how many state_dict weights: a packed [q; k; v] or [gate; up] counts once, a
+    tied head's int8 copy (not a state_dict weight) once, a GGUF embedding table once."""
+    from gguf_fakes import random_llama_state, write_llama_gguf
+
+    layers = 2
+    bert = tc.quantize(tc.BertModel(tc.BertConfig(vocab_size=50, hidden_size=32, num_hidden_layers=layers,
+                                                  num_attention_heads=2, intermediate_size=48)))
+    int8 = [n for n, f in bert.weight_formats().items() if f == "int8"]
+    assert len(int8) == layers * 6 + 1                                  # q, k, v, 3 dense a layer; the pooler
+    assert tc.quantization.set_residual_activations(bert, True) == layers * 4 + 1  # [q; k; v] as one
+    assert tc.quantization.set_residual_activations(bert, False) == layers * 4 + 1
+
+    untied = tc.quantize(_tiny_llama(tied=False).eval())
+    assert sum(f == "int8" for f in untied.weight_formats().values()) == layers * 7 + 1  # and lm_head
+    assert tc.quantization.set_residual_activations(untied, True) == layers * 4 + 1  # [q; k; v], o, [gate; up], down
+    tied = tc.quantize(_tiny_llama(tied=True).eval())
+    assert sum(f == "int8" for f in tied.weight_formats().values()) == layers * 7
+    assert tc.quantization.set_residual_activations(tied, True) == layers * 4 + 1  # + the head's int8 copy
+    assert tc.quantization.set_quantize_activations(untied, True) == 0       # no GGUF blocks
+
+    path = tmp_path / "m.gguf"
+    write_llama_gguf(path, random_llama_state(np.random.default_rng(0), layers=layers, tie=False), ggml_type="Q8_0")
+    blocks = tc.LlamaForCausalLM.from_pretrained(path)
+    assert sum(f == "Q8_0" for f in blocks.weight_formats().values()) == layers * 7 + 2  # lm_head, the table
+    assert tc.quantization.set_quantize_activations(blocks, True) == layers * 4 + 2
+    assert tc.quantization.set_residual_activations(blocks, True) == 0   # no int8

@@ -652,3 +652,44 @@ def test_extreme_values_give_torchs_results_without_numpy_warnings():
         assert np.isnan(p.grad).all()
         sim = tc.sentence_encoder.cosine_similarity(np.array([[np.inf, 1.0]]), np.array([[1.0, 0.0]]))
         assert np.isnan(sim).all()
+
+
+# ------------------------------------------------------- torch's normalized_shape given to the norms
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+def test_norms_refuse_torchs_normalized_shape_and_match_torch_without_it(rng, dtype):
+    """torch's ``F.layer_norm(x, (E,), w, b)`` / ``F.rms_norm(x, (E,), w)`` made here read the shape
+    as the weight and w as bias (or eps): the error blamed ``eps`` ("expected a number, got ndarray")
+    or weight's shape. A tuple/list of ints that cannot be a weight (its length is not E, or an
+    array follows where eps goes) or a torch.Size is now a TypeError naming weight and the
+    signature; the call without the shape gives torch's values (computed here)."""
+    x, w, b = randn(rng, (3, 4), dtype), randn(rng, (4,), dtype), randn(rng, (4,), dtype)
+    x1, w1, b1 = randn(rng, (3, 1), dtype), randn(rng, (1,), dtype), randn(rng, (1,), dtype)
+    ln = r"^weight: expected an array of shape \({e},\) \(x's last dim\) or None, got {kind} \({e},\), which " \
+         r"looks like torch's normalized_shape: layer_norm\(x, weight, bias, eps\) has no normalized_shape " \
+         r"argument \(it normalises over the last dim\): torch's F.layer_norm\(x, \({e},\), weight, bias, eps\) " \
+         r"is layer_norm\(x, weight, bias, eps\) here$"
+    rms = r"^weight: expected an array of shape \({e},\) .*normalized_shape: rms_norm\(x, weight, eps\) has no " \
+          r"normalized_shape argument .*F.rms_norm\(x, \({e},\), weight, eps\) is rms_norm\(x, weight, eps\) here$"
+    cases = [
+        (lambda: F.layer_norm(x, (4,), w, b), ln.format(e=4, kind="tuple")),
+        (lambda: F.layer_norm(x, x.shape[-1:]), ln.format(e=4, kind="tuple")),
+        (lambda: F.layer_norm(x, [4], w), ln.format(e=4, kind="list")),
+        (lambda: F.layer_norm(to_torch(x), torch.Size([4]), to_torch(w), to_torch(b)),
+         ln.format(e=4, kind="torch.Size")),
+        (lambda: F.layer_norm(x1, (1,), w1, b1), ln.format(e=1, kind="tuple")),  # length E, then arrays
+        (lambda: F.rms_norm(x, (4,), w), rms.format(e=4)),
+        (lambda: F.rms_norm(x, torch.Size([4])), rms.format(e=4)),
+        (lambda: F.rms_norm(x1, (1,), w1), rms.format(e=1)),
+    ]
+    for call, match in cases:
+        with pytest.raises(TypeError, match=match):
+            call()
+    t = to_torch(x)
+    assert_close(F.layer_norm(x, w, b), TF.layer_norm(t, (4,), to_torch(w), to_torch(b)), dtype)
+    assert_close(F.rms_norm(x, w, 1e-6), TF.rms_norm(t, (4,), to_torch(w), 1e-6), dtype)
+    # a length-E list of ints followed by a number is a weight, as before
+    ints = np.array([1, -2, 3, 4], dtype)
+    assert_close(F.layer_norm(x, [1, -2, 3, 4]), TF.layer_norm(t, (4,), to_torch(ints)), dtype)
+    assert_close(F.rms_norm(x, (1, -2, 3, 4), 1e-6), TF.rms_norm(t, (4,), to_torch(ints), 1e-6), dtype)
+    assert_close(F.layer_norm(x1, [2], b1), TF.layer_norm(to_torch(x1), (1,), to_torch(np.array([2], dtype)),
+                                                          to_torch(b1)), dtype)

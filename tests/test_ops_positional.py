@@ -701,3 +701,20 @@ def test_rotary_layer_grows_its_tables_to_the_positions_used(rng):
     with pytest.raises(ValueError, match=r"position 16 .* outside the rotary table \[0, 16\)"):
         mha(x, need_weights=False, rotary=small, position_ids=[[0, 16]])
     assert rope._impl.built_positions == 20001 and small._impl.built_positions == 16
+
+
+@pytest.mark.parametrize("k_dim", [6, 10])
+def test_apply_rotary_pos_emb_k_of_another_head_dim_is_refused_naming_k(k_dim, rng):
+    """k with another head_dim than q (tables of q's width) was refused blaming ``cos`` ("expected
+    last dim 6 (head_dim)"), though the tables fit q: k's own head_dim is now checked against q's
+    first. Equal head_dims (and q's GQA head count) still rotate as the tutorials' code."""
+    q, k = randn(rng, (1, 4, 6, 8)), randn(rng, (1, 2, 6, k_dim))
+    cos, sin = P.rotary_cos_sin(6, 8)
+    with pytest.raises(ValueError, match=rf"^k: expected head_dim 8 \(q's last dim\), got shape \(1, 2, 6, {k_dim}\) "
+                                         rf"\(q: \(1, 4, 6, 8\)\)$"):
+        P.apply_rotary_pos_emb(q, k, cos, sin)
+    k = randn(rng, (1, 2, 6, 8))
+    q_rot, k_rot = P.apply_rotary_pos_emb(q, k, cos, sin)
+    rq, rk = seed_apply_rotary_pos_emb(to_torch(q), to_torch(k), to_torch(cos), to_torch(sin))
+    assert_close(q_rot, rq, np.float32, what="q")
+    assert_close(k_rot, rk, np.float32, what="k")

@@ -660,6 +660,39 @@ def test_linear_gguf_non_finite_rows(isa, rng):
         assert np.isfinite(y[0]).all() and not np.isfinite(y[1]).any()
 
 
+@pytest.mark.parametrize("ggml_type", GGUF_TYPES)
+@pytest.mark.parametrize("rows", [3, 20])   # the register kernel, the GEMM on decoded tiles
+def test_linear_gguf_non_finite_inputs_give_what_its_docstring_says(isa, rng, ggml_type, rows):
+    """linear_gguf does not refuse NaN or inf (a check of the block scales would cost as much as a
+    one-row product); its Returns section says what they give, checked here: a row of x holding NaN
+    -> a row of NaN; holding inf -> a row of ±inf or NaN (all NaN with Q8 activations); a block of
+    weight row j with a NaN or ±inf scale d (or Q4_1's m) -> output j non-finite for every row.
+    Every other output is the one of the finite inputs, bit for bit."""
+    n, k = 6, 96
+    blocks = gguf_blocks(rng, ggml_type, n, k).reshape(n * 3, TYPE_SIZE[ggml_type])
+    x = rng.standard_normal((rows, k)).astype(np.float32)
+    for quantize_activations in (False, True):
+        clean = Q.linear_gguf(x, blocks, ggml_type, n, k, quantize_activations=quantize_activations)
+        assert np.isfinite(clean).all()
+        for value in (np.nan, np.inf):
+            xb = x.copy()
+            xb[1, 50] = value
+            y = Q.linear_gguf(xb, blocks, ggml_type, n, k, quantize_activations=quantize_activations)
+            if np.isnan(value) or quantize_activations:
+                assert np.isnan(y[1]).all()
+            else:
+                assert not np.isfinite(y[1]).any()
+            np.testing.assert_array_equal(np.delete(y, 1, axis=0), np.delete(clean, 1, axis=0))
+        offsets = (0, 2) if ggml_type == "Q4_1" else (0,)          # d, and Q4_1's m
+        for offset in offsets:
+            for value in (np.nan, np.inf, -np.inf):
+                bad = blocks.copy()
+                bad[3 * 2 + 1, offset:offset + 2] = np.frombuffer(np.float16(value).tobytes(), np.uint8)  # row 2
+                y = Q.linear_gguf(x, bad, ggml_type, n, k, quantize_activations=quantize_activations)
+                assert not np.isfinite(y[:, 2]).any()
+                np.testing.assert_array_equal(np.delete(y, 2, axis=1), np.delete(clean, 2, axis=1))
+
+
 # --------------------------------------------------------------------------------------------------
 # Threads, buffers, a real GGUF file
 # --------------------------------------------------------------------------------------------------
@@ -860,6 +893,22 @@ def test_quantize_int8_float64_beyond_float32(recwarn):
     q, s = Q.quantize_int8(np.array([[big, -big / 4]]))
     assert q[0, 0] == 127 and -33 <= q[0, 1] <= -31 and np.isfinite(s).all()
     assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]
+
+
+def test_quantize_int8_states_the_bound_it_enforces():
+    """The message said ``|v| <= 3.4028234663852886e+38`` (float32's largest value) while values up
+    to 3.40282357e38 (which round to it) are accepted: it states the bound the docstring and
+    linear_int8's message give, ``|v| < 3.40282357e+38``, in the same words."""
+    largest = float(np.finfo(np.float32).max)
+    above_largest = 3.4028235e38                      # rounds down to float32's largest: accepted
+    assert largest < above_largest < 3.40282357e38
+    q, s = Q.quantize_int8(np.array([[above_largest, 0.0]]))
+    assert q.tolist() == [[127, 0]] and s[0] == np.float32(largest) / np.float32(127)
+    beyond = r"expected values within float32's range \(\|v\| < 3\.40282357e\+38\), got 3\.4028236e\+38 at index "
+    with pytest.raises(ValueError, match=rf"^weight: {beyond}\(0, 1\) \(which overflows float32\)$"):
+        Q.quantize_int8(np.array([[1.0, 3.4028236e38]]))
+    with pytest.raises(ValueError, match=rf"^x: {beyond}\(0, 0\) \(which overflows float32\)$"):
+        Q.linear_int8(np.array([[3.4028236e38, 0.0]]), q, s)
 
 
 

@@ -1,11 +1,13 @@
 """The numpy reference (transformer_core.reference) is itself checked against torch, then used as a
 second oracle for the C++ layers and the real MiniLM checkpoint."""
 
+import re
+
 import numpy as np
 import pytest
 import torch
 import transformer_core as tc
-from conftest import module_state_to_numpy
+from conftest import module_state_to_numpy, to_torch
 from transformer_core import reference as ref
 
 
@@ -95,3 +97,90 @@ def test_reference_softmax_gelu_linear_match_torch_and_keep_the_dtype(dtype, tol
         ref.gelu(x, "erf")
     with pytest.raises(RuntimeError):
         F.gelu(t, approximate="erf")
+
+
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_reference_gelu_of_integers_is_computed_in_float64(approximate):
+    """The erf form rounded erf to x's integer dtype (``np.vectorize(otypes=[x.dtype])``): gelu([1, 2])
+    gave [0.5, 1.0], and a list raised AttributeError. Integers and lists of them are computed in
+    float64 in both forms, as torch's gelu of their float64 values (computed here)."""
+    import torch.nn.functional as F
+
+    for x in (np.array([-3, -1, 0, 1, 2], np.int64), np.array([1, 2], np.int32), np.array([7], np.uint8),
+              [-3, -1, 0, 1, 2]):
+        got = ref.gelu(x, approximate)
+        expected = F.gelu(torch.tensor(np.asarray(x), dtype=torch.float64), approximate=approximate).numpy()
+        assert got.dtype == np.float64 and got.shape == np.shape(x)
+        np.testing.assert_allclose(got, expected, rtol=1e-14, atol=1e-15)
+    for bad, kind in ((np.array([True, False]), "bool"), (np.array([1j]), "complex128")):
+        with pytest.raises(TypeError, match=rf"^x: expected real numbers \(float or integer\), got dtype {kind}$"):
+            ref.gelu(bad, approximate)
+
+
+def test_reference_sdpa_key_mask_forms_match_torch():
+    """key_mask ``(S,)`` (shared by every row: it failed in numpy's reshape) and ``(N, S)`` (per batch
+    entry, broadcast over the heads), bool or integer, with and without is_causal (top-left): the
+    values of torch's SDPA with the equivalent boolean attn_mask, computed here."""
+    import torch.nn.functional as F
+
+    rng = np.random.default_rng(5)
+    q, k, v = rng.standard_normal((2, 3, 5, 4)), rng.standard_normal((2, 3, 6, 4)), rng.standard_normal((2, 3, 6, 3))
+    shared = np.array([True, False, True, True, False, True])
+    per_batch = np.array([[True, True, True, False, False, True], [False, True, True, True, True, True]])
+    causal = np.tril(np.ones((5, 6), bool))
+    for key_mask, as_attn in ((shared, shared), (per_batch, per_batch[:, None, None, :])):
+        for is_causal in (False, True):
+            allowed = as_attn & causal if is_causal else as_attn
+            expected = F.scaled_dot_product_attention(torch.from_numpy(q), torch.from_numpy(k), torch.from_numpy(v),
+                                                      attn_mask=to_torch(np.broadcast_to(allowed, (2, 3, 5, 6))))
+            for given in (key_mask, key_mask.astype(np.int8), key_mask.tolist()):
+                out, weights = ref.scaled_dot_product_attention(q, k, v, key_mask=given, is_causal=is_causal)
+                np.testing.assert_allclose(out, expected.numpy(), atol=1e-12)
+                assert np.all(weights[..., ~np.broadcast_to(allowed, (2, 3, 5, 6))] == 0)
+    # and the library's reading of the same (S,) mask
+    ours = tc.functional.scaled_dot_product_attention(q, k, v, key_mask=shared)
+    np.testing.assert_allclose(ours, ref.scaled_dot_product_attention(q, k, v, key_mask=shared)[0], atol=1e-12)
+
+
+def test_reference_sdpa_refuses_int_attn_mask_and_bad_key_masks():
+    """An integer attn_mask was added to the scores (0/1 read as a float mask, nothing masked); a
+    float key_mask read as nonzero = real; a key_mask of another shape failed in numpy's reshape
+    (or broadcast silently). Each is refused naming the argument, as the library refuses them."""
+    rng = np.random.default_rng(6)
+    q, k, v = rng.standard_normal((2, 5, 4)), rng.standard_normal((2, 6, 4)), rng.standard_normal((2, 6, 3))
+    with pytest.raises(TypeError, match=r"^attn_mask: expected bool \(True = may attend\) or float \(added to the "
+                                        r"scores\), got dtype int64$"):
+        ref.scaled_dot_product_attention(q, k, v, attn_mask=np.ones((5, 6), np.int64))
+    with pytest.raises(TypeError, match=r"^key_mask: expected bool or integer .*got dtype float64$"):
+        ref.scaled_dot_product_attention(q, k, v, key_mask=np.ones((2, 6)))
+    for bad in (np.ones((2, 5), bool), np.ones((3, 6), bool), np.ones((2, 1, 6), bool), np.ones(5, bool)):
+        with pytest.raises(ValueError, match=r"^key_mask: expected shape \(6,\) or \(2, 6\) \(key length 6\), "
+                                             r"got " + re.escape(str(bad.shape)) + "$"):
+            ref.scaled_dot_product_attention(q, k, v, key_mask=bad)
+    with pytest.raises(ValueError, match=r"^key_mask: expected shape \(6,\) \(key length 6\), got \(1, 6\)$"):
+        ref.scaled_dot_product_attention(q[0], k[0], v[0], key_mask=np.ones((1, 6), bool))  # 2-D q: (S,) only
+
+
+def test_reference_bert_reads_hugging_faces_attention_mask():
+    """ref.bert against Hugging Face's BertModel (a small random one, float64, computed here): its
+    attention_mask is HF's 1 = real / 0 = padding, given as int, float or bool; the real rows and the
+    pooler match. A 1-D input_ids is refused naming it."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.BertConfig(vocab_size=40, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                                     intermediate_size=24, max_position_embeddings=12, type_vocab_size=2)
+    torch.manual_seed(0)
+    model = transformers.BertModel(config).double().eval()
+    state = {name: t.numpy() for name, t in model.state_dict().items() if t.is_floating_point()}
+    rng = np.random.default_rng(7)
+    ids, types = rng.integers(0, 40, (2, 7)), rng.integers(0, 2, (2, 7))
+    mask = np.array([[1, 1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 0, 0, 0]])
+    with torch.no_grad():
+        expected = model(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask),
+                         token_type_ids=torch.from_numpy(types))
+    real = mask.astype(bool)
+    for given in (mask, mask.astype(np.float32), real):
+        hidden, pooled = ref.bert(ids, state, config.to_dict(), given, types)
+        np.testing.assert_allclose(hidden[real], expected.last_hidden_state.numpy()[real], atol=1e-10)
+        np.testing.assert_allclose(pooled, expected.pooler_output.numpy(), atol=1e-10)
+    with pytest.raises(ValueError, match=r"^input_ids: expected \(N, L\) token ids, got shape \(7,\)$"):
+        ref.bert(ids[0], state, config.to_dict())

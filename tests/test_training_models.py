@@ -14,6 +14,7 @@ angles in float32 too: test_models_llama's ``_true_fp64`` computes them in float
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -271,6 +272,68 @@ def test_loss_without_backward_touches_no_gradient(rng, arch, tie):
     ours.backward()
     for name, ref in grad_b.items():
         assert_grad(ours.gradients()[name], ref, np.float64, name)
+
+
+@pytest.mark.parametrize("arch,tie", [("gpt2", True), ("llama", True), ("llama", False)],
+                         ids=["gpt2", "llama_tied", "llama_untied"])
+def test_loss_with_no_counted_label_gives_every_parameter_a_zero_gradient(rng, arch, tie):
+    """Every label ignored (-100): the loss is 0 and backward gives every parameter a gradient of
+    zeros, the LM head's included, as torch's (sum / max(count, 1)); the untied head's was left
+    None, so an optimizer skipped it for that step while momentum and decay moved the rest."""
+    hf, ours, rename = _causal_pair(arch, tie)
+    ids, _, labels = batch(rng, 2, 7)
+    labels = np.full_like(labels, -100)
+    hf.zero_grad(set_to_none=True)  # torch: sum / max(count, 1), a loss of 0 and every gradient zeros
+    logits = hf(torch.from_numpy(ids)).logits
+    torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, V), torch.from_numpy(labels[:, 1:]).reshape(-1),
+                                      ignore_index=-100, reduction="sum").backward()
+    expected = {rename(n) for n, p in hf.named_parameters() if p.grad is not None and not p.grad.any()}
+    assert expected == {rename(n) for n, _ in hf.named_parameters()}
+    ours.train()
+    assert ours.loss(ids, labels) == 0.0
+    ours.backward()
+    grads = ours.gradients()
+    assert set(grads) == expected
+    assert all(p.grad is not None for p in ours.parameters())
+    for name, value in grads.items():
+        np.testing.assert_array_equal(value, 0, err_msg=name)
+    # and after a real step the head's gradient is that step's alone (nothing stale became written)
+    ours.zero_grad()
+    _, _, real = batch(rng, 2, 7)
+    reference = _hf_grads(hf, ids, real, rename)
+    ours.loss(ids, labels)
+    ours.backward()
+    ours.loss(ids, real)
+    ours.backward()
+    for name, ref in reference.items():
+        assert_grad(ours.gradients()[name], ref, np.float64, name)
+
+
+def _attention_dropout_models():
+    """(model, field) of a BERT, a GPT-2 and a Llama model whose config asks for attention dropout."""
+    small = dict(vocab_size=13, num_attention_heads=2, max_position_embeddings=16)
+    yield tc.BertModel(tc.BertConfig(**small, hidden_size=8, num_hidden_layers=1, intermediate_size=16,
+                                     attention_probs_dropout_prob=0.1)), "attention_probs_dropout_prob"
+    yield tc.GPT2LMHeadModel(tc.GPT2Config(vocab_size=13, n_positions=16, n_embd=8, n_layer=1, n_head=2,
+                                           attn_pdrop=0.1)), "attn_pdrop"
+    yield tc.LlamaForCausalLM(tc.LlamaConfig(**small, hidden_size=8, num_hidden_layers=1, intermediate_size=16,
+                                             attention_dropout=0.1)), "attention_dropout"
+
+
+def test_attention_dropout_warning_names_the_callers_line():
+    """The warning that a config's attention-probability dropout is not applied names the line that
+    called the model (the training lock's wrapper and the models' helpers lie between: it named a
+    line of module.py)."""
+    ids = np.arange(10).reshape(2, 5)
+    for model, field in _attention_dropout_models():
+        model.train()
+        # BERT's training forward; a causal LM's training call is its loss (its forward is inference)
+        for call in [lambda: model(ids)] if isinstance(model, tc.BertModel) else [lambda: model.loss(ids, ids)]:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                call()
+            assert [str(w.message).split(":")[0] for w in caught] == [field]
+            assert caught[0].filename == __file__, (field, caught[0].filename, caught[0].lineno)
 
 
 def test_interleaved_llama_speaks_hf_row_order(rng, tmp_path):

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
 import sys
 
 import numpy as np
@@ -305,9 +306,12 @@ def as_bool(x, name: str, *, allow_float: bool = False) -> np.ndarray:
     if arr.dtype == np.bool_:
         return arr
     if arr.dtype.kind == "f" and not allow_float:
-        raise TypeError(f"{name}: expected bool or integer 0/1 (True/1 = a real token), got {arr.dtype} — a float "
-                        f"key mask looks like torch's additive key_padding_mask; pass a bool mask "
-                        f"(torch's bool key_padding_mask: ~mask)")
+        if name.endswith("key_mask"):  # key_mask, src_key_mask, ...: torch's (src_)key_padding_mask
+            why = ("a float key mask looks like torch's additive key_padding_mask (0 = keep); pass a bool mask "
+                   "(torch's bool key_padding_mask: ~mask)")
+        else:
+            why = f"a float {name} could be additive (0 = keep) or 1/0 (1 = keep); pass a bool mask"
+        raise TypeError(f"{name}: expected bool or integer 0/1 (True/1 = a real token), got {arr.dtype} — {why}")
     if arr.dtype.kind not in "iuf":
         raise TypeError(f"{name}: expected a bool or 0/1 mask, got dtype {arr.dtype}")
     own = _unbroadcast(arr)
@@ -528,6 +532,21 @@ def grad_buffer(buf, name: str, shape: tuple, dtype, apart_from: tuple = ()):
 # ------------------------------------------------------------------------------------------------
 # Scalars
 # ------------------------------------------------------------------------------------------------
+#: This package's folder: frames of its files are ours, the first other one is the caller's.
+_PACKAGE_DIR = os.path.dirname(__file__) + os.sep
+
+
+def user_stacklevel() -> int:
+    """The ``stacklevel`` that makes ``warnings.warn``, called by the function calling this one, name
+    the first line outside this package: the user's call, however many of the package's frames
+    (wrappers, a model's forward calling its helpers) lie between. As Python 3.12's
+    ``skip_file_prefixes``, which 3.10 and 3.11 lack."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
 def is_int(value) -> bool:
     """Whether ``value`` is an int (Python or numpy), bools excluded."""
     return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))

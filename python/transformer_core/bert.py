@@ -37,7 +37,7 @@ from .hub import (
     read_config,
     resolve_model_dir,
 )
-from .module import Module, check_dropout
+from .module import Module, check_dropout, warn_attention_dropout
 from .nn import _check_feedforward_activations, _feedforward_fits
 from .positional import _check_embedding_tables
 
@@ -349,11 +349,8 @@ class BertModel(Module):
         ids, mask, tt = self._check_inputs(input_ids, attention_mask, token_type_ids, packed=not self.training,
                                            pool=self.config.add_pooling_layer)
         if self.training:
-            if check_dropout(self.config.attention_probs_dropout_prob, "attention_probs_dropout_prob") > 0:
-                import warnings
-
-                warnings.warn("attention_probs_dropout_prob: dropout on the attention probabilities is not "
-                              "implemented; it is not applied", stacklevel=2)
+            name = "attention_probs_dropout_prob"
+            warn_attention_dropout(check_dropout(getattr(self.config, name), name), name)
             p = check_dropout(self.config.hidden_dropout_prob, "hidden_dropout_prob")
             hidden, pooled = self._impl.forward_train(ids, mask, tt, p, self._dropout_seed(p))
             self._saved = ids.shape

@@ -46,6 +46,7 @@ from ._validation import (
     common_dtype,
     compute_dtype,
     to_numpy,
+    type_path,
 )
 from ._validation import activation as activation_of
 from ._validation import reduction as reduction_of
@@ -110,6 +111,34 @@ def _vector_given(value, name: str, n: int, dtype) -> np.ndarray | None:
         raise ValueError(f"{name}: expected shape ({n},) to match x's last dim, got {arr.shape}")
     return arr
 
+
+def _refuse_normalized_shape(op: str, x, weight, eps) -> None:
+    """A TypeError for torch's call ``F.layer_norm(x, normalized_shape, weight, bias, eps)`` or
+    ``F.rms_norm(x, normalized_shape, weight, eps)`` made here, where the second argument is the
+    weight: without it, the error would blame ``eps`` (given torch's bias, or rms_norm's weight)
+    or weight's shape.
+
+    ``weight`` reads as a normalized_shape when it is a ``torch.Size``, or a tuple or list of ints
+    that cannot be a weight here: its length is not x's last dim E, or ``eps`` is an array
+    (torch's bias or weight, one slot later). A length-E list of ints followed by a number is a
+    valid weight and passes."""
+    if not isinstance(weight, (tuple, list)):  # torch.Size is a tuple
+        return
+    is_size = type_path(weight) == "torch.Size"
+    ints = len(weight) > 0 and all(isinstance(d, (int, np.integer)) and not isinstance(d, bool) for d in weight)
+    if not (is_size or ints):
+        return
+    shape = to_numpy(x, "x").shape  # no copy of an array or tensor
+    if not shape:  # a 0-d x: refused as such by the op's own checks
+        return
+    e = shape[-1]
+    if not (is_size or len(weight) != e or np.ndim(eps) > 0):
+        return
+    ours = "weight, bias, eps" if op == "layer_norm" else "weight, eps"
+    raise TypeError(f"weight: expected an array of shape ({e},) (x's last dim) or None, got "
+                    f"{type_path(weight)} {tuple(int(d) for d in weight)}, which looks like torch's "
+                    f"normalized_shape: {op}(x, {ours}) has no normalized_shape argument (it normalises "
+                    f"over the last dim): torch's F.{op}(x, ({e},), {ours}) is {op}(x, {ours}) here")
 
 
 def linear(x, weight, bias=None) -> np.ndarray:
@@ -198,15 +227,21 @@ def layer_norm(x, weight=None, bias=None, eps: float = 1e-5) -> np.ndarray:
         ``(..., E)``, float64 if any of ``x``, ``weight``, ``bias`` is float64 (or wider), else
         float32. A constant row with ``eps = 0`` gives NaN (0 / 0), as torch's.
 
-    Differences from torch: a row whose squares overflow the dtype (float32 ``[1e30, 1e30, -1e30,
-    0]``, ``[3e38] * 4``) is normalised (finite; 0 for a constant row) where torch gives NaN (or,
-    for some row lengths, zeros), and so are subnormal rows with ``eps = 0``.
+    Differences from torch: the signature has no ``normalized_shape``: torch's
+    ``F.layer_norm(x, (E,), weight, bias, eps)`` is ``layer_norm(x, weight, bias, eps)`` here (the
+    second argument is the weight ``(E,)``; only the last dim is normalised). A row whose squares
+    overflow the dtype (float32 ``[1e30, 1e30, -1e30, 0]``, ``[3e38] * 4``) is normalised (finite;
+    0 for a constant row) where torch gives NaN (or, for some row lengths, zeros), and so are
+    subnormal rows with ``eps = 0``.
 
     Raises:
         ValueError: empty or 0-d ``x``; weight/bias not of shape ``(E,)``; ``eps`` negative,
             infinite or NaN.
-        TypeError: non-numeric arrays, ``eps`` not a number.
+        TypeError: non-numeric arrays, ``eps`` not a number; a ``weight`` that is torch's
+            ``normalized_shape`` (a ``torch.Size``, or a tuple/list of ints of another length than
+            E, or followed by arrays where ``eps`` goes: torch's call order).
     """
+    _refuse_normalized_shape("layer_norm", x, weight, eps)  # torch's call order, before eps blames eps
     eps = check_eps(eps, "eps")  # the scalar first, then every shape, then the copies
     dtype, (x, weight, bias) = common_dtype((x, "x"), (weight, "weight"), (bias, "bias"))
     x = _as_given(x, "x", dtype, min_ndim=1)
@@ -237,15 +272,21 @@ def rms_norm(x, weight=None, eps: float | None = None) -> np.ndarray:
     Returns:
         ``(..., E)``, float64 if ``x`` or ``weight`` is float64 (or wider), else float32.
 
-    Differences from torch: a row whose squares overflow the dtype (float32 ``[1e30, 1e30,
-    -1e30, 0]``, ``[3e38] * 4``) is normalised (``[1.15, 1.15, -1.15, 0]``; 1 for a constant
-    row) where torch gives 0, and so are subnormal rows with ``eps = 0``.
+    Differences from torch: the signature has no ``normalized_shape``: torch's
+    ``F.rms_norm(x, (E,), weight, eps)`` is ``rms_norm(x, weight, eps)`` here (the second argument
+    is the weight ``(E,)``; only the last dim is normalised). A row whose squares overflow the
+    dtype (float32 ``[1e30, 1e30, -1e30, 0]``, ``[3e38] * 4``) is normalised (``[1.15, 1.15,
+    -1.15, 0]``; 1 for a constant row) where torch gives 0, and so are subnormal rows with
+    ``eps = 0``.
 
     Raises:
         ValueError: empty or 0-d ``x``; weight not of shape ``(E,)``; ``eps`` negative, infinite
             or NaN.
-        TypeError: non-numeric arrays, ``eps`` not a number (nor None).
+        TypeError: non-numeric arrays, ``eps`` not a number (nor None); a ``weight`` that is
+            torch's ``normalized_shape`` (a ``torch.Size``, or a tuple/list of ints of another
+            length than E, or followed by an array where ``eps`` goes: torch's call order).
     """
+    _refuse_normalized_shape("rms_norm", x, weight, eps)  # torch's call order, before eps blames eps
     eps = None if eps is None else check_eps(eps, "eps")  # the scalar first, then every shape, then the copies
     dtype, (x, weight) = common_dtype((x, "x"), (weight, "weight"))
     x = _as_given(x, "x", dtype, min_ndim=1)
@@ -514,9 +555,11 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
             "top_left"``, torch's) or ``s <= l + S - L`` (``"bottom_right"``, for a KV cache).
             Combined with ``attn_mask`` (and the token masks) by logical AND: a key is visible only
             where causality and every mask allow it, a float mask being added on the keys causality
-            leaves. torch's documentation says it raises for ``attn_mask`` with ``is_causal``;
-            its CPU implementation (2.13) combines them as here for 4-D inputs and raises for
-            3-D ones.
+            leaves. torch's documentation says it raises for ``attn_mask`` with ``is_causal``.
+            Its CPU implementation (2.13) combines them as here (logical AND) only where it picks
+            its CPU flash kernel: 4-D inputs with ``Ev == E``; otherwise (3-D or 5-D inputs,
+            ``Ev != E``, or the math backend forced with ``sdpa_kernel``) it raises
+            "Explicit attn_mask should not be set when is_causal=True".
         scale: multiplies the scores; default ``1 / sqrt(E)``.
         enable_gqa: key/value may have fewer heads (dim -3) than query: see ``key``.
         return_weights: also return the attention probabilities.

@@ -75,6 +75,41 @@ _LAZY_ARRAY_LENGTH = 256
 #: id -> (name, values per block, bytes per block), as ggml's GGML_QUANT_SIZES.
 _GGML_SIZES = {0: ("F32", 1, 4), 1: ("F16", 1, 2), 2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20), 8: ("Q8_0", 32, 34),
                30: ("BF16", 1, 2)}
+#: The fp16 fields of a block that scale its codes, and their byte offsets in the block (ggml-common.h:
+#: ``block_q8_0 {d; qs[32]}``, ``block_q4_0 {d; qs[16]}``, ``block_q4_1 {d; m; qs[16]}``).
+_BLOCK_SCALES = {"Q8_0": (("d", 0),), "Q4_0": (("d", 0),), "Q4_1": (("d", 0), ("m", 2))}
+
+
+def _check_block_scales(raw: np.ndarray, type_name: str, row_values: int, what: str) -> None:
+    """ValueError naming ``what`` when a block of ``raw`` has a NaN or inf fp16 scale ``d`` (or, for
+    Q4_1, offset ``m``): every value of the block would dequantize to NaN or inf, and every product
+    with its row to NaN or inf. Nothing is checked for the other types (F32, F16, BF16: no scales).
+
+    One strided pass over the scale bytes: ``raw`` viewed as ``(blocks, bytes per block)``, each
+    scale's two bytes read as a little-endian float16. No copy of ``raw`` (a bool per block).
+
+    Args:
+        raw: the blocks, a C-contiguous uint8 array of any shape (a whole number of blocks).
+        type_name: the ggml type, ``"Q8_0"``, ``"Q4_0"``, ``"Q4_1"`` (others: nothing to check).
+        row_values: values per row (``in_features``), to say which row the block is in.
+        what: the tensor, for the message (``"weights['weight']: blocks"``).
+    """
+    fields = _BLOCK_SCALES.get(type_name)
+    if fields is None:
+        return
+    block_size, block_bytes = next((size, nbytes) for name, size, nbytes in _GGML_SIZES.values()
+                                   if name == type_name)
+    by_block = raw.reshape(-1, block_bytes)  # a view: raw is C-contiguous
+    row_blocks = row_values // block_size
+    for field, offset in fields:
+        scales = by_block[:, offset:offset + 2].view("<f2")[:, 0]  # strided: one fp16 a block
+        finite = np.isfinite(scales)
+        if not finite.all():
+            bad, first = int(finite.size - np.count_nonzero(finite)), int(np.argmin(finite))
+            raise ValueError(f"{what}: {bad} block{'s have' if bad > 1 else ' has'} a NaN or inf scale {field} "
+                             f"(of {finite.size} blocks; first: block {first}, in row {first // row_blocks}: "
+                             f"{scales[first]}), expected finite fp16 scales (the values of such a block, and "
+                             f"every product with its row, would be NaN or inf)")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -489,9 +524,12 @@ class GGUFCheckpoint:
     the tokenizer metadata, the chat template and the tensors under Hugging Face names.
 
     Opening it reads the header and maps the file; tensors are dequantized only when asked for
-    (:meth:`tensor`, :meth:`state_dict`). Everything (magic, version, bounds, metadata, the
-    architecture, every tensor's name, shape and type) is checked when opening, so a checkpoint
-    that opens never fails half-way through loading.
+    (:meth:`tensor`, :meth:`state_dict`). Everything in the header (magic, version, bounds,
+    metadata, the architecture, every tensor's name, shape and type) is checked when opening. The
+    blocks' fp16 scales, which lie all through the tensor data, are checked when a tensor is read
+    (:meth:`tensor`; ``LlamaForCausalLM.from_pretrained``, by ``set_gguf_weights``, for a model
+    built on the blocks): a NaN or inf scale is a ValueError naming the tensor and the block, and
+    opening stays a read of the header only.
 
     The file stays memory-mapped while the checkpoint (or a raw view, or a model using its blocks)
     lives: truncating or overwriting it in place meanwhile ends the process with SIGBUS, as it does
@@ -564,9 +602,13 @@ class GGUFCheckpoint:
 
         Raises:
             KeyError: no such tensor. TypeError: ``name`` not a str, ``dtype`` not float32/float64.
+            ValueError: a block with a NaN or inf fp16 scale (``d``, or Q4_1's ``m``), naming the file,
+                the tensor and the block, checked before anything is dequantized.
         """
         dtype = resolve_dtype(dtype)
         info = self.tensor_info(name)
+        _check_block_scales(info.raw, info.ggml_type, info.shape[-1],
+                            f"{self.path}: tensor {info.gguf_name!r} ({info.name}, {info.ggml_type})")
         if info.ggml_type == "F32":
             values = info.raw.view("<f4")
         elif info.ggml_type == "F16":
@@ -633,6 +675,9 @@ def read_gguf(path) -> GGUFCheckpoint:
     reading a page cut off the file ends the process with SIGBUS (no exception; llama.cpp behaves
     the same), and rewritten pages change the weights silently. Replace the file by a rename
     (``os.replace``, ``mv``) instead, which is safe.
+
+    Only the header is read: the blocks' fp16 scales, spread through the tensor data, are checked
+    when a tensor is read (a NaN or inf scale: see :meth:`GGUFCheckpoint.tensor`).
 
     Args:
         path: a ``.gguf`` file (str or path).

@@ -32,7 +32,7 @@ from .hub import (
     resolve_model_dir,
 )
 from .kv_cache import KVCache
-from .module import check_dropout
+from .module import check_dropout, warn_attention_dropout
 
 __all__ = ["GPT2Config", "GPT2Model", "GPT2LMHeadModel", "KVCache", "CausalLMOutput"]
 
@@ -268,11 +268,7 @@ class GPT2LMHeadModel(GPT2Model, CausalLM):
 
     def _dropout_probs(self) -> tuple[float, float]:
         c = self.config
-        if check_dropout(c.attn_pdrop, "attn_pdrop") > 0:
-            import warnings
-
-            warnings.warn("attn_pdrop: dropout on the attention probabilities is not implemented; it is not applied",
-                          stacklevel=3)
+        warn_attention_dropout(check_dropout(c.attn_pdrop, "attn_pdrop"), "attn_pdrop")
         return check_dropout(c.resid_pdrop, "resid_pdrop"), check_dropout(c.embd_pdrop, "embd_pdrop")
 
     def _checkpoint_state(self) -> dict:

@@ -45,7 +45,8 @@ class KVCache:
             llama.cpp's order. :meth:`to_legacy` and :meth:`from_legacy` convert with it.
 
     Raises:
-        TypeError: non-int sizes, a non-integer ``key_order``. ValueError: sizes out of range, a
+        TypeError: non-int sizes, a non-integer ``key_order``, a ``dtype`` other than float32 or
+        float64 (None included). ValueError: sizes out of range, a
         ``key_order`` that is not a permutation of ``range(head_dim)``, or storage larger than this
         machine's memory (checked before anything is allocated).
     """
@@ -153,10 +154,12 @@ class KVCache:
         Raises:
             TypeError: ``past`` not a tuple or list (e.g. None, a KVCache, a Hugging Face
                 ``DynamicCache``; the message names ``past_key_values``, Hugging Face's name for it);
-                arrays that are not real numbers (bool, complex, ...).
-            ValueError: no pairs, arrays of inconsistent shapes or of batch 0, a bad ``key_order``; arrays whose
-                copies and cache would exceed this machine's memory. Every pair's shape and the
-                memory are checked before any layer is copied.
+                arrays that are not real numbers (bool, complex, ...); a ``dtype`` other than
+                float32 or float64 (None included); non-int sizes, a non-integer ``key_order``.
+            ValueError: ``num_key_value_heads`` or ``head_dim`` < 1, no pairs, arrays of inconsistent
+                shapes or of batch 0, a bad ``key_order``; arrays whose copies and cache would
+                exceed this machine's memory. Every pair's shape and the memory are checked before
+                any layer is copied.
         """
         dtype = resolve_dtype(dtype)
         num_key_value_heads = check_int(num_key_value_heads, "num_key_value_heads", 1)

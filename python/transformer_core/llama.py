@@ -24,7 +24,7 @@ from ._validation import (
 )
 from .decoder import CausalLM, DecoderModel, _load_tied_head, _rename_known
 from .hub import ConfigRule, LayerRule, check_config_against_weights, load_weights_into, weights_file_label
-from .module import check_dropout
+from .module import check_dropout, warn_attention_dropout
 
 __all__ = ["LlamaConfig", "LlamaModel", "LlamaForCausalLM"]
 
@@ -291,8 +291,10 @@ class LlamaModel(DecoderModel):
                 ``num_hidden_layers``, the heads times ``head_dim``) or ``tie_word_embeddings`` the
                 weights contradict (naming the file and the fields, before the model is built); a
                 missing, unknown or mis-shaped tensor (listed, naming ``model.safetensors``, a sharded
-                checkpoint's index or the GGUF file); ``quantize_activations=True`` for a
-                load without GGUF blocks (naming it, before anything is read).
+                checkpoint's index or the GGUF file); a GGUF block whose fp16 scale is NaN or inf
+                (naming the file, the weight and the block: its values would be NaN or inf, with
+                any ``dtype``); ``quantize_activations=True`` for a load without GGUF blocks
+                (naming it, before anything is read).
             TypeError: ``dtype`` not None, float32 or float64; ``quantize_activations`` not a bool
                 (``"False"`` or 0 included).
         """
@@ -403,7 +405,10 @@ class LlamaModel(DecoderModel):
                 if info.row_permutation is not None:  # ... back to the file's (a q/k bias)
                     value = np.ascontiguousarray(value[np.argsort(info.row_permutation)])
                 dense.append((slot, value))
-        set_gguf_weights(model, blocks)
+        try:  # the blocks' scales are checked there (a NaN or inf one: a ValueError naming the weight)
+            set_gguf_weights(model, blocks)
+        except ValueError as e:
+            raise ValueError(f"{checkpoint.path}: {e}") from None
         for slot, value in dense:
             slot.impl.set_parameter(slot.core_name, value)
         if quantize_activations:
@@ -431,11 +436,7 @@ class LlamaForCausalLM(LlamaModel, CausalLM):
     _checkpoint_heads = frozenset()  # a classifier's head beside an LM is reported, not dropped
 
     def _dropout_probs(self) -> tuple[float, float]:
-        if check_dropout(self.config.attention_dropout, "attention_dropout") > 0:
-            import warnings
-
-            warnings.warn("attention_dropout: dropout on the attention probabilities is not implemented; it is not "
-                          "applied", stacklevel=3)
+        warn_attention_dropout(check_dropout(self.config.attention_dropout, "attention_dropout"), "attention_dropout")
         return 0.0, 0.0
 
     def _public_name(self, core_name: str) -> str:

@@ -76,7 +76,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ._runtime import dtype_suffix
-from ._validation import _is_torch_tensor, as_weight, check_bool, resolve_dtype, to_numpy
+from ._validation import _is_torch_tensor, as_weight, check_bool, resolve_dtype, to_numpy, user_stacklevel
 from .parameter import Parameter
 
 _SEEDS = np.random.default_rng(0)
@@ -181,6 +181,16 @@ def check_dropout(p, name: str = "dropout") -> float:
     if not 0.0 <= p < 1.0:
         raise ValueError(f"{name}: expected a probability in [0, 1), got {p}")
     return p
+
+
+def warn_attention_dropout(p: float, name: str) -> None:
+    """Warns (a ``UserWarning`` at the user's line) when ``p``, a model config's dropout on the
+    attention probabilities (``name``: GPT-2's ``attn_pdrop``, BERT's
+    ``attention_probs_dropout_prob``, Llama's ``attention_dropout``), is above 0 in a training
+    forward: this library does not implement that dropout, so it is not applied."""
+    if p > 0:
+        warnings.warn(f"{name}: dropout on the attention probabilities is not implemented; it is not applied",
+                      stacklevel=user_stacklevel())
 
 
 class NoTrainingStateError(RuntimeError):
@@ -1121,10 +1131,9 @@ class Module:
                              "call it with assign=False (the default): the values are copied")
         quantized = _quantized_weights(self)
         if quantized:
-            first = next(iter(quantized.items()))
-            raise ValueError(f"{type(self).__name__}.load_state_dict refused (module unchanged): {len(quantized)} "
-                             f"weights are held quantized ({first[0]}: {first[1]}, ...); load the state into a "
-                             f"float model and quantize it (transformer_core.quantize)")
+            raise ValueError(f"{type(self).__name__}.load_state_dict refused (module unchanged): "
+                             f"{_held_quantized(quantized)}; load the state into a float model and quantize it "
+                             "(transformer_core.quantize)")
         state = self._rename_state_dict(dict(state_dict))
         slots = self._slots()
         given, problems, misshaped = {}, [], []
@@ -1276,9 +1285,8 @@ class Module:
         if mode:
             quantized = _quantized_weights(self)
             if quantized:
-                name, fmt = next(iter(quantized.items()))
-                raise ValueError(f"train: {len(quantized)} weights are quantized (e.g. {name!r}: {fmt}); only float "
-                                 "weights train: train the float model, then quantize it")
+                raise ValueError(f"train: {_held_quantized(quantized)}; only float weights train: train the float "
+                                 "model, then quantize it")
         self._set_training(mode)
         return self
 
@@ -1835,6 +1843,21 @@ def _quantized_weights(module) -> dict[str, str]:
     return out
 
 
+def _held_quantized(quantized: dict[str, str]) -> str:
+    """``quantized`` (:func:`_quantized_weights`, not empty) in words for the guards' messages: how
+    many, and one of them: a weight of the state dict where there is one, else the int8 copy of a tied
+    LM head, named as what it is (its entry is in no state dict)."""
+    name, fmt = min(quantized.items(), key=lambda item: item[0].endswith(TIED_HEAD_COPY))
+    if name.endswith(TIED_HEAD_COPY):
+        first = (f"the LM head tied to {name[:-len(TIED_HEAD_COPY)]!r} multiplies by a copy of it held as {fmt}, "
+                 "made by quantize()")
+    else:
+        first = f"{name!r}: {fmt}"
+    if len(quantized) == 1:
+        return f"1 weight is held quantized ({first})"
+    return f"{len(quantized)} weights are held quantized (e.g. {first})"
+
+
 #: The suffix of the entry that the core's ``parameter_storage()`` adds for an embedding table
 #: whose tied LM head multiplies by an int8 copy of it: ``"<table>" + TIED_HEAD_COPY``.
 TIED_HEAD_COPY = ":tied_lm_head"
@@ -1845,10 +1868,8 @@ def _check_not_quantized(module) -> None:
     copies and pickles are of float modules."""
     quantized = _quantized_weights(module)
     if quantized:
-        name, fmt = next(iter(quantized.items()))
-        raise TypeError(f"{type(module).__name__}: cannot be copied or pickled while weights are held quantized "
-                        f"({len(quantized)}, e.g. {name!r}: {fmt}); copy the float model and quantize the copy, "
-                        "or save its state_dict()")
+        raise TypeError(f"{type(module).__name__}: cannot be copied or pickled: {_held_quantized(quantized)}; copy "
+                        "the float model and quantize the copy, or save its state_dict()")
 
 
 def _own_state(module, gradients: bool = True) -> dict:

@@ -105,7 +105,9 @@ def sinusoidal_positional_encoding(max_len: int, d_model: int, base: float = 100
 
     Raises:
         TypeError: non-int sizes, non-real ``base``, or a dtype other than float32/float64.
-        ValueError: ``max_len`` or ``d_model`` < 1; ``base`` <= 0 or not finite.
+        ValueError: ``max_len`` or ``d_model`` < 1; ``base`` <= 0 or not finite; a table larger
+            than this machine's memory, or whose size overflows 64 bits (naming ``(max_len,
+            d_model)``), before anything is allocated.
     """
     max_len = check_positive_int(max_len, "max_len")
     d_model = check_positive_int(d_model, "d_model")
@@ -397,7 +399,9 @@ def rotary_cos_sin(seq_len: int, head_dim: int, base: float = 10000.0, offset: i
         ``cos[:, i] == cos[:, i + head_dim/2]`` (likewise sin).
 
     Raises:
-        ValueError: ``head_dim`` odd or < 2, ``seq_len`` < 1, ``offset`` < 0, bad ``base``.
+        ValueError: ``head_dim`` odd or < 2, ``seq_len`` < 1, ``offset`` < 0, bad ``base``; tables
+            larger than this machine's memory, or whose size overflows 64 bits (naming
+            ``(seq_len, head_dim)``), before anything is allocated.
         TypeError: non-int sizes, non-real base, dtype not float32/float64.
     """
     seq_len = check_positive_int(seq_len, "seq_len")
@@ -589,14 +593,20 @@ def _as_table(value, name: str, dtype) -> np.ndarray:
     return np.broadcast_to(held, arr.shape)
 
 
-def _check_rotary(x: np.ndarray, cos, sin, unsqueeze_dim: int, name: str) -> tuple[np.ndarray, np.ndarray]:
+def _check_rotary(x: np.ndarray, cos, sin, unsqueeze_dim: int, name: str,
+                  first: tuple | None = None) -> tuple[np.ndarray, np.ndarray]:
     """The checks of a rotation of ``x`` (as given, rank >= 2 checked; named ``name``) by cos and sin
-    that need only shapes, made before anything is copied: x's even D, each table's dtype and rank
-    (``as_float``'s errors), sin's shape against cos's, and cos's against x's (:func:`_table_shape`).
-    Returns ``(cos, sin)`` as :func:`to_numpy` gives them (nothing converted), for :func:`_rotate`."""
+    that need only shapes, made before anything is copied: x's even D, D against the input rotated
+    with it by the same tables (``first``: its ``(shape, name)``, q's for k), each table's dtype and
+    rank (``as_float``'s errors), sin's shape against cos's, and cos's against x's
+    (:func:`_table_shape`). Returns ``(cos, sin)`` as :func:`to_numpy` gives them (nothing
+    converted), for :func:`_rotate`."""
     D = x.shape[-1]
     if D % 2 != 0:
         raise ValueError(f"{name}: expected an even head_dim (last dim), got shape {x.shape}")
+    if first is not None and first[0][-1] != D:  # else the tables' check would blame cos
+        raise ValueError(f"{name}: expected head_dim {first[0][-1]} ({first[1]}'s last dim), got shape {x.shape} "
+                         f"({first[1]}: {first[0]})")
     c, s = unconverted(cos, "cos", min_ndim=2), unconverted(sin, "sin", min_ndim=2)
     if s.shape != c.shape:
         raise ValueError(f"sin: expected the shape of cos {c.shape}, got {s.shape}")
@@ -611,14 +621,16 @@ def _apply_rotary(x, cos, sin, layout: str, name: str, dtype, unsqueeze_dim: int
 
 def _apply_rotary_each(inputs, cos, sin, layout: str, unsqueeze_dim: int) -> list[np.ndarray]:
     """Each ``(x, name, dtype)`` of ``inputs`` rotated by cos and sin (``dtype`` None: x's own,
-    :func:`compute_dtype`). Every input is checked against the tables (:func:`_check_rotary`)
-    before any is converted or rotated: a bad k is refused before q's rotated copy is made."""
+    :func:`compute_dtype`). Every input is checked against the first one's head_dim (q's and k's
+    must agree: one table rotates both) and the tables (:func:`_check_rotary`) before any is
+    converted or rotated: a bad k is refused before q's rotated copy is made."""
     layout = rotary_layout(layout)
     unsqueeze_dim = check_int(unsqueeze_dim, "unsqueeze_dim", None, None)
     checked = []
     for x, name, dtype in inputs:
         x = unconverted(x, name, min_ndim=2)
-        cos, sin = _check_rotary(x, cos, sin, unsqueeze_dim, name)
+        first = (checked[0][0].shape, checked[0][1]) if checked else None  # k is checked against q
+        cos, sin = _check_rotary(x, cos, sin, unsqueeze_dim, name, first)
         checked.append((x, name, dtype))
     rotated = []
     for x, name, dtype in checked:
@@ -697,8 +709,9 @@ def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim: int = 1, layout: str = "
         ``(q_rot, k_rot)``, shapes and dtypes of ``q`` and ``k`` (float32 unless float64).
 
     Raises:
-        ValueError / TypeError: as :func:`apply_rotary` (the message names ``q``, ``k``, ``cos``,
-        ``sin`` or ``unsqueeze_dim``).
+        ValueError: ``k``'s head_dim (last dim) not ``q``'s; and as :func:`apply_rotary` (the
+            message names ``q``, ``k``, ``cos``, ``sin`` or ``unsqueeze_dim``).
+        TypeError: as :func:`apply_rotary`.
     """
     q_dtype, k_dtype = compute_dtype(q, "q"), compute_dtype(k, "k")
     # both (and the tables against both) checked before either is converted or rotated

@@ -59,6 +59,7 @@ from ._validation import (
     described,
     unconverted,
 )
+from .gguf_file import _check_block_scales
 
 __all__ = [
     "GGML_TYPES",
@@ -283,15 +284,9 @@ def quantize_int8(weight) -> tuple:
     if not np.isfinite(w).all():
         bad = w[~np.isfinite(w)].flat[0]
         raise ValueError(f"weight: expected finite values, got {bad}")
-    if w.dtype != np.float32:
-        with np.errstate(over="ignore"):                 # reported below, not as a RuntimeWarning
-            w32 = w.astype(np.float32)
-        if not np.isfinite(w32).all():
-            bad = w[~np.isfinite(w32)].flat[0]
-            raise ValueError(f"weight: expected values within float32's range (|v| <= "
-                             f"{np.finfo(np.float32).max}), got {bad} (which overflows float32)")
-        w = w32
-    return _core.quantize_int8(weight=w)
+    # float32: a float64 value that would round to inf (|v| >= 3.40282357e38) is as_float's ValueError,
+    # worded as linear_int8's for x
+    return _core.quantize_int8(weight=as_float(w, "weight", np.float32, ndim=2))
 
 
 def linear_int8(x, qweight, scales, bias=None, *, residual_activations: bool = False) -> np.ndarray:
@@ -411,7 +406,17 @@ def linear_gguf(x, blocks, ggml_type, out_features: int, in_features: int, bias=
         quantize_activations: see above.
 
     Returns:
-        ``(..., out_features)`` float32.
+        ``(..., out_features)`` float32. NaN and inf are not refused here, in ``x`` nor in the
+        blocks: they give non-finite outputs, the others unchanged.
+
+        - A row of ``x`` holding NaN gives a row of NaN. A row holding ±inf (and no NaN) gives a
+          row of ±inf or NaN values (NaN where inf meets a weight of 0, or +inf meets -inf); with
+          ``quantize_activations``, a row of NaN (its block of 32 quantizes to scale NaN, the rule of
+          the module doc).
+        - A block of weight row ``j`` whose fp16 scale ``d`` (or Q4_1's offset ``m``) is NaN or
+          ±inf gives NaN or ±inf in output ``j`` (column ``j`` of ``y``) for every row of ``x``.
+          :func:`set_gguf_weights` and the GGUF loaders refuse such blocks, checked once: here, on
+          every call, the check would be a pass over the blocks about as long as a one-row product.
 
     Raises:
         TypeError: ``blocks`` not bytes; ``ggml_type`` not a str; ``out_features``/``in_features``
@@ -459,7 +464,8 @@ def linear_gguf_parts(x, parts, in_features: int, bias=None, quantize_activation
         quantize_activations: as :func:`linear_gguf`.
 
     Returns:
-        ``(..., Σ rows)`` float32.
+        ``(..., Σ rows)`` float32; NaN or inf in ``x`` or in a part's block scales give what they give
+        in :func:`linear_gguf` (not refused).
 
     Raises:
         TypeError: ``parts`` not a sequence of triples; bytes or types as :func:`linear_gguf`
@@ -502,7 +508,8 @@ def dequantize_gguf(blocks, ggml_type, rows: int, cols: int) -> np.ndarray:
 
     Returns:
         ``(rows, cols)`` float32: Q8_0 ``d * q``; Q4_0 ``d * (q - 8)``; Q4_1 ``d * q + m``
-        (two float32 roundings), with ``d``, ``m`` the block's fp16 scale and offset.
+        (two float32 roundings), with ``d``, ``m`` the block's fp16 scale and offset. A block whose
+        ``d`` or ``m`` is NaN or ±inf gives 32 values that are NaN or ±inf (not refused: gguf's too).
 
     Raises:
         TypeError: ``blocks`` not bytes; ``ggml_type`` not a str; ``rows``/``cols`` not ints.
@@ -630,8 +637,9 @@ def _check_finite_weights(model, keep: list) -> None:
     holding NaN or inf (its int8 rows would be NaN: :func:`quantize_int8` refuses such a matrix):
     checked before any is converted. A float32 weight is counted in place (the core's count of
     non-finite values, over the weight's own buffer); one held as GGUF blocks, which a copy
-    converts from its dequantized values, is dequantized one weight at a time to be checked (a
-    block scale of inf or NaN, say)."""
+    converts from its dequantized values, is dequantized one weight at a time to be checked
+    (:func:`set_gguf_weights` refuses a NaN or inf block scale: only bytes changed since could hold
+    one)."""
     formats = model.weight_formats()
     slots = model._slots()
     for names in _linear_weight_groups(model).values():
@@ -803,7 +811,9 @@ def set_gguf_weights(module, weights) -> None:
     modules built by hand from GGUF tensors.
 
     Everything is checked before anything changes: the names, that each target is a Linear or
-    Embedding weight, that every part of a packed matrix is given, the byte counts. The
+    Embedding weight, that every part of a packed matrix is given, the byte counts, that every
+    block's fp16 scale (``d``, and Q4_1's ``m``) is finite (one strided pass over the scale bytes: a
+    NaN or inf one would make its block's values, and every output of its row, NaN or inf). The
     bytes are not copied: keep them unchanged (a read-only memory map is ideal); the module keeps a
     reference to them.
 
@@ -818,8 +828,9 @@ def set_gguf_weights(module, weights) -> None:
         ValueError: a float64 module, or one in training mode; an unknown name, a weight that is
             not a Linear/Embedding weight (or is stored transposed) or is already quantized, one
             part of a packed matrix without the others (the message names the missing ones), an
-            unknown ``ggml_type``, wrong byte counts; the module is unchanged. Each message names
-            the entry (``weights['weight']: ggml_type: ...``).
+            unknown ``ggml_type``, wrong byte counts, a block with a NaN or inf scale (the message
+            gives the block's index and row, and how many there are); the module is unchanged. Each
+            message names the entry (``weights['weight']: ggml_type: ...``).
     """
     from collections.abc import Mapping
 
@@ -859,6 +870,7 @@ def set_gguf_weights(module, weights) -> None:
         expected = _check_block_dims(ggml_type, slot.shape[0], slot.shape[1], f"{entry}: rows",
                                      f"{entry}: in_features")
         raw = _block_bytes(blocks, expected, f"{slot.shape[0]} x {slot.shape[1]} {ggml_type}", f"{entry}: blocks")
+        _check_block_scales(raw, ggml_type, slot.shape[1], f"{entry}: blocks")  # one strided pass
         per_impl.setdefault(id(slot.impl), (slot.impl, [], []))
         per_impl[id(slot.impl)][1].append((slot.core_name, ggml_type, raw))
         per_impl[id(slot.impl)][2].append(name)
@@ -875,7 +887,8 @@ def set_gguf_weights(module, weights) -> None:
 
 
 def _set_activation_mode(model, on, method: str) -> int:
-    """Calls the core layers' ``method(on)`` across ``model`` (checked): how many weights it set."""
+    """Calls the core layers' ``method(on)`` across ``model`` (checked): how many stored matrices
+    it set (see :func:`set_residual_activations`)."""
     Module, SentenceEncoder = _model_classes()
     if isinstance(model, SentenceEncoder):
         model = model.model
@@ -896,7 +909,12 @@ def set_quantize_activations(model, on: bool = True) -> int:
         on: the mode.
 
     Returns:
-        How many weights are in GGUF blocks (0: the call changed nothing).
+        How many matrices the model stores in GGUF blocks, counted as stored, not as
+        ``state_dict`` names: a packed ``[q; k; v]`` or ``[gate; up]`` matrix counts once for its
+        parts, and an embedding table in blocks once (its lookups decode rows whatever the mode;
+        the mode is for a tied LM head's product with it). A 2-layer untied Llama all in blocks:
+        10 (per layer ``[q; k; v]``, ``o_proj``, ``[gate; up]``, ``down_proj``; ``lm_head`` and
+        the table), against 16 block entries in ``weight_formats()``. 0: the call changed nothing.
 
     Raises:
         TypeError: not a transformer_core model; ``on`` not a bool.
@@ -916,7 +934,13 @@ def set_residual_activations(model, on: bool = True) -> int:
         on: the mode.
 
     Returns:
-        How many weights are int8 (0: the call changed nothing).
+        How many int8 matrices the model stores, counted as stored, not as ``state_dict`` names: a
+        packed ``[q; k; v]`` or ``[gate; up]`` matrix counts once for its parts, and a tied LM
+        head's int8 copy of the table (made by :func:`quantize`; not in ``weight_formats()``,
+        where the table is float32) counts as one. A 2-layer BERT with its pooler: 9 (per layer
+        ``[q; k; v]``, the attention output, the intermediate and output dense; the pooler),
+        against 13 int8 entries in ``weight_formats()``; a 2-layer untied Llama: 9 against 15;
+        tied: 9 (the head's copy) against 14. 0: the call changed nothing.
 
     Raises:
         TypeError: not a transformer_core model; ``on`` not a bool.

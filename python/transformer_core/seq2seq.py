@@ -44,6 +44,9 @@ class Seq2SeqTransformer(Module):
             (torch's defaults).
         dropout: in training forwards: on the embedded inputs (the tutorial's PositionalEncoding
             dropout) and in every layer (torch's dropout1/2/3 and the feed-forward's); 0 = none.
+            Not on the attention probabilities, where torch's ``nn.Transformer(dropout=p)`` applies
+            it too: attention-probability dropout is not implemented (as in the layers of
+            :mod:`transformer_core.nn`), so training with ``p > 0`` differs from torch's there.
         max_len: the longest sequence (rows of the sinusoidal table).
         dtype: ``np.float32`` (default) or ``np.float64``.
 

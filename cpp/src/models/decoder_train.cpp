@@ -234,7 +234,7 @@ LossResult DecoderModel<T>::loss_train(const int64_t* input_ids, const int64_t* 
     release_activations();
     return r;
   }
-  s.head_staged = r.num_tokens > 0;  // no counted row: no logits, dW = 0, nothing to add
+  s.head_staged = r.num_tokens > 0;  // no counted row: no logits, dW = 0 (backward marks it written)
   s.valid = true;
   return r;
 }
@@ -256,6 +256,8 @@ void DecoderModel<T>::backward() {
     if (written) ops::add(grad, dW, size, grad);
     else std::copy(dW, dW + size, grad);                       // unwritten: zero, so a copy adds
     s.head_staged = false;
+  } else {  // no counted row: the head's dW is zero, and written as torch's is (a zero, not None)
+    head_owner().accumulate_gradient("weight");  // an unwritten gradient is all zeros already
   }
   s.grad_a.resize(static_cast<size_t>(n));
   s.grad_b.resize(static_cast<size_t>(n));
