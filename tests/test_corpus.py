@@ -2134,7 +2134,7 @@ def test_float64_beyond_float32_range_is_refused_not_stored_as_inf(tmp_path, tin
     d.mkdir()
     big = np.array([[1.0, 2.0], [-1e39, 3.0]])
     with pytest.raises(ValueError, match=r"^embeddings: expected values within float32's range \(\|v\| < "
-                                         r"3\.40282357e\+38\), got -1e\+39 at index \(1, 0\) \(which overflows "
+                                         r"3\.4028235677973366e\+38\), got -1e\+39 at index \(1, 0\) \(which overflows "
                                          r"float32\)$"):
         corpus.write_parquet_part(d, 3, 5, 0, ["a", "b"], big)
     assert os.listdir(d) == []

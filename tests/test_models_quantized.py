@@ -1004,18 +1004,20 @@ def test_set_gguf_weights_refuses_non_finite_block_scales(ggml_type, field, bad)
                                   gguf.quants.dequantize(good, gguf.GGMLQuantizationType[ggml_type]))
 
 
-def _gguf_with_a_bad_scale(tmp_path, ggml_type: str, field: str, bad: float):
-    """A tiny Llama GGUF (gguf_fakes) whose blk.0.ffn_down.weight (64 rows x 3 blocks) has block 7
-    (row 2) given the fp16 ``field`` ``bad``: (the good file, the bad one)."""
+def _gguf_with_a_bad_scale(tmp_path, ggml_type: str, field: str, bad: float,
+                           tensor: str = "model.layers.0.mlp.down_proj.weight", block: int = 7):
+    """A tiny Llama GGUF (gguf_fakes) whose ``tensor`` (by default blk.0.ffn_down.weight, 64 rows x 3
+    blocks) has ``block`` (by default 7: row 2) given the fp16 ``field`` ``bad``: (the good file, the
+    bad one)."""
     from gguf_fakes import random_llama_state, write_llama_gguf
     from transformer_core.gguf_file import read_gguf
 
     good = tmp_path / f"good_{ggml_type}.gguf"
     write_llama_gguf(good, random_llama_state(np.random.default_rng(3), tie=False), ggml_type=ggml_type)
     with read_gguf(good) as checkpoint:
-        start = checkpoint.tensor_info("model.layers.0.mlp.down_proj.weight").file_offset
+        start = checkpoint.tensor_info(tensor).file_offset
     data = bytearray(good.read_bytes())
-    at = start + 7 * BLOCK_BYTES[ggml_type] + SCALE_OFFSET[field]
+    at = start + block * BLOCK_BYTES[ggml_type] + SCALE_OFFSET[field]
     data[at:at + 2] = _fp16_bytes(bad).tobytes()
     bad_path = tmp_path / f"bad_{ggml_type}.gguf"
     bad_path.write_bytes(bytes(data))
@@ -1041,15 +1043,37 @@ def test_gguf_llama_with_a_non_finite_block_scale_is_refused(tmp_path, ggml_type
     assert checkpoint.tensor_info(name).raw.shape == (64, 3 * BLOCK_BYTES[ggml_type])
     with pytest.raises(ValueError, match=rf"^{file}: tensor 'blk.0.ffn_down.weight' \({name}, {ggml_type}\): {what}"):
         checkpoint.tensor(name)
-    with pytest.raises(ValueError, match=rf"^{file}: weights\['{name}'\]: blocks: {what}"):
-        tc.LlamaForCausalLM.from_pretrained(bad_path)
-    for dtype in (np.float32, np.float64):
+    with pytest.raises(ValueError, match=rf"^{file}: tensor 'blk.0.ffn_down.weight' \({name}, {ggml_type}\): {what}"):
+        checkpoint.state_dict()  # before anything is dequantized
+    for dtype in (None, np.float32, np.float64):
         with pytest.raises(ValueError, match=rf"^{file}: tensor 'blk.0.ffn_down.weight' \({name}, {ggml_type}\): "
                                              rf"{what}"):
             tc.LlamaForCausalLM.from_pretrained(bad_path, dtype=dtype)
     ids = np.array([[1, 2, 3]])
     assert np.isfinite(tc.LlamaForCausalLM.from_pretrained(good)(ids).logits).all()
     assert np.isfinite(tc.LlamaForCausalLM.from_pretrained(good, dtype=np.float32)(ids).logits).all()
+
+
+def test_a_non_finite_scale_of_a_query_weight_is_named_by_its_hugging_face_row(tmp_path):
+    """The query and key rows of a GGUF file are in llama.cpp's order and are read in Hugging Face's
+    (``hf_rows = file_rows[row_permutation]``): a bad block is reported in the row of the tensor the
+    message names (it gave the file's row)."""
+    from transformer_core.gguf_file import read_gguf
+
+    name = "model.layers.0.self_attn.q_proj.weight"
+    with read_gguf(_gguf_with_a_bad_scale(tmp_path, "Q8_0", "d", np.nan, name, 0)[0]) as checkpoint:
+        info = checkpoint.tensor_info(name)
+    per_row = info.shape[1] // 32
+    permutation = info.row_permutation
+    file_row = int(permutation[1])  # the file's row that Hugging Face's row 1 is
+    assert file_row != 1
+    _, bad_path = _gguf_with_a_bad_scale(tmp_path, "Q8_0", "d", np.nan, name, file_row * per_row)
+    with read_gguf(bad_path) as checkpoint:
+        assert np.isnan(checkpoint.tensor_info(name).raw[file_row, :2].copy().view("<f2")[0])
+        with pytest.raises(ValueError, match=rf"first: block {file_row * per_row}, in row 1: nan\)"):
+            checkpoint.tensor(name)
+    with pytest.raises(ValueError, match=rf"'blk.0.attn_q.weight' \({name}, Q8_0\): .* in row 1: nan\)"):
+        tc.LlamaForCausalLM.from_pretrained(bad_path)
 
 
 def test_activation_mode_setters_count_the_stored_matrices(tmp_path):

@@ -677,6 +677,7 @@ def test_norms_refuse_torchs_normalized_shape_and_match_torch_without_it(rng, dt
         (lambda: F.layer_norm(to_torch(x), torch.Size([4]), to_torch(w), to_torch(b)),
          ln.format(e=4, kind="torch.Size")),
         (lambda: F.layer_norm(x1, (1,), w1, b1), ln.format(e=1, kind="tuple")),  # length E, then arrays
+        (lambda: F.layer_norm(x1, (1,), w1), ln.format(e=1, kind="tuple")),  # was 3·1 + w1 where torch gives w1·0
         (lambda: F.rms_norm(x, (4,), w), rms.format(e=4)),
         (lambda: F.rms_norm(x, torch.Size([4])), rms.format(e=4)),
         (lambda: F.rms_norm(x1, (1,), w1), rms.format(e=1)),
@@ -693,3 +694,8 @@ def test_norms_refuse_torchs_normalized_shape_and_match_torch_without_it(rng, dt
     assert_close(F.rms_norm(x, (1, -2, 3, 4), 1e-6), TF.rms_norm(t, (4,), to_torch(ints), 1e-6), dtype)
     assert_close(F.layer_norm(x1, [2], b1), TF.layer_norm(to_torch(x1), (1,), to_torch(np.array([2], dtype)),
                                                           to_torch(b1)), dtype)
+    # ints that cannot be x's trailing dims (nor a weight of its length) keep the shape error, as
+    # floats do: the exception does not depend on int vs float
+    for weight in ([1, 2, 3], [1.0, 2.0, 3.0], (7,)):
+        with pytest.raises(ValueError, match=r"^weight: expected shape \(4,\) to match x's last dim, got \("):
+            F.layer_norm(x, weight)

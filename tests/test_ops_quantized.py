@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import mmap
 import os
+import re
 import subprocess
 import sys
 
@@ -896,19 +897,24 @@ def test_quantize_int8_float64_beyond_float32(recwarn):
 
 
 def test_quantize_int8_states_the_bound_it_enforces():
-    """The message said ``|v| <= 3.4028234663852886e+38`` (float32's largest value) while values up
-    to 3.40282357e38 (which round to it) are accepted: it states the bound the docstring and
-    linear_int8's message give, ``|v| < 3.40282357e+38``, in the same words."""
+    """The message said ``|v| <= 3.4028234663852886e+38`` (float32's largest value) while larger values
+    that round to it are accepted, and then ``|v| < 3.40282357e+38``, which rounds the bound up: it
+    states the exact bound, float32's largest plus half its last step, 3.4028235677973366e+38 (a
+    value there rounds to inf, half-even), in the same words as linear_int8's message."""
     largest = float(np.finfo(np.float32).max)
-    above_largest = 3.4028235e38                      # rounds down to float32's largest: accepted
-    assert largest < above_largest < 3.40282357e38
-    q, s = Q.quantize_int8(np.array([[above_largest, 0.0]]))
+    limit = largest + (largest - float(np.nextafter(np.float32(largest), np.float32(0)))) / 2
+    assert repr(limit) == "3.4028235677973366e+38"
+    assert np.isinf(np.float32(limit)) and np.float32(np.nextafter(limit, 0)) == np.float32(largest)
+    below = float(np.nextafter(limit, 0))             # rounds down to float32's largest: accepted
+    q, s = Q.quantize_int8(np.array([[below, 0.0]]))
     assert q.tolist() == [[127, 0]] and s[0] == np.float32(largest) / np.float32(127)
-    beyond = r"expected values within float32's range \(\|v\| < 3\.40282357e\+38\), got 3\.4028236e\+38 at index "
-    with pytest.raises(ValueError, match=rf"^weight: {beyond}\(0, 1\) \(which overflows float32\)$"):
-        Q.quantize_int8(np.array([[1.0, 3.4028236e38]]))
-    with pytest.raises(ValueError, match=rf"^x: {beyond}\(0, 0\) \(which overflows float32\)$"):
-        Q.linear_int8(np.array([[3.4028236e38, 0.0]]), q, s)
+    for beyond_value in (limit, 3.402823568e38):      # the second was refused under a stated bound above it
+        beyond = (r"expected values within float32's range \(\|v\| < 3\.4028235677973366e\+38\), got "
+                  + re.escape(str(np.float64(beyond_value))) + " at index ")
+        with pytest.raises(ValueError, match=rf"^weight: {beyond}\(0, 1\) \(which overflows float32\)$"):
+            Q.quantize_int8(np.array([[1.0, beyond_value]]))
+        with pytest.raises(ValueError, match=rf"^x: {beyond}\(0, 0\) \(which overflows float32\)$"):
+            Q.linear_int8(np.array([[beyond_value, 0.0]]), q, s)
 
 
 

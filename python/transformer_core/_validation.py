@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import math
 import numbers
-import os
 import sys
 
 import numpy as np
@@ -253,7 +252,7 @@ def _contiguous(arr: np.ndarray, dtype, name: str) -> np.ndarray:
             # the cast rounds to nearest: from the largest float plus half its spacing up, inf
             largest = np.finfo(target).max
             limit = float(largest) + (float(largest) - float(np.nextafter(largest, target.type(0)))) / 2
-            raise ValueError(f"{name}: expected values within {target.name}'s range (|v| < {limit:.9g}), got "
+            raise ValueError(f"{name}: expected values within {target.name}'s range (|v| < {limit!r}), got "
                              f"{arr[where]} at index {where} (which overflows {target.name})")
     return out
 
@@ -532,17 +531,18 @@ def grad_buffer(buf, name: str, shape: tuple, dtype, apart_from: tuple = ()):
 # ------------------------------------------------------------------------------------------------
 # Scalars
 # ------------------------------------------------------------------------------------------------
-#: This package's folder: frames of its files are ours, the first other one is the caller's.
-_PACKAGE_DIR = os.path.dirname(__file__) + os.sep
+#: This package's name: frames of its modules are ours, the first other one is the caller's.
+_PACKAGE = __name__.partition(".")[0]
 
 
 def user_stacklevel() -> int:
     """The ``stacklevel`` that makes ``warnings.warn``, called by the function calling this one, name
     the first line outside this package: the user's call, however many of the package's frames
-    (wrappers, a model's forward calling its helpers) lie between. As Python 3.12's
+    (wrappers, a model's forward calling its helpers) lie between. Frames are told apart by their
+    module's name (not its file: a copied or zipped install keeps it). As Python 3.12's
     ``skip_file_prefixes``, which 3.10 and 3.11 lack."""
     frame, level = sys._getframe(1), 1
-    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+    while frame is not None and frame.f_globals.get("__name__", "").partition(".")[0] == _PACKAGE:
         frame, level = frame.f_back, level + 1
     return level
 

@@ -1303,7 +1303,7 @@ def write_parquet_part(directory, index: int, width: int, start: int, texts: lis
         nor a str. ValueError: ``index`` or ``start`` < 0, ``width`` outside ``[1, 19]``, no
         texts, a text that is not valid Unicode, ``embeddings`` not 2-D, with another number of
         rows than ``texts`` or with no columns, or holding a finite value beyond float32's range
-        (``|v| ≥ 3.40282357e38``, float64: stored as float32 it would be inf; an inf or NaN given
+        (``|v| ≥ 3.4028235677973366e38``, float64: stored as float32 it would be inf; an inf or NaN given
         is stored as it is); a ``run`` that is not a run id (letters and digits, at most 64).
         FileNotFoundError / NotADirectoryError: ``directory`` does not exist (``run`` None) / is
         not a directory (named).

@@ -112,16 +112,19 @@ def _vector_given(value, name: str, n: int, dtype) -> np.ndarray | None:
     return arr
 
 
-def _refuse_normalized_shape(op: str, x, weight, eps) -> None:
+def _refuse_normalized_shape(op: str, x, weight, after: tuple) -> None:
     """A TypeError for torch's call ``F.layer_norm(x, normalized_shape, weight, bias, eps)`` or
     ``F.rms_norm(x, normalized_shape, weight, eps)`` made here, where the second argument is the
-    weight: without it, the error would blame ``eps`` (given torch's bias, or rms_norm's weight)
-    or weight's shape.
+    weight: without it, the error would blame ``eps`` (given torch's bias, or rms_norm's weight),
+    weight's shape, or (E = 1) nothing at all.
 
-    ``weight`` reads as a normalized_shape when it is a ``torch.Size``, or a tuple or list of ints
-    that cannot be a weight here: its length is not x's last dim E, or ``eps`` is an array
-    (torch's bias or weight, one slot later). A length-E list of ints followed by a number is a
-    valid weight and passes."""
+    ``after`` holds the arguments that follow ``weight`` here (layer_norm's bias and eps, rms_norm's
+    eps). ``weight`` reads as a normalized_shape when it is a ``torch.Size``; or ints that are x's
+    trailing dims (what torch's normalized_shape must be) and either not a weight's length (E) or,
+    as a tuple, followed by an array (torch's weight one slot later: ``layer_norm(x, (1,), w)``
+    with E = 1); or ints followed by an array where ``eps`` goes. Anything else is left to the
+    op's own checks: a list of ints of length E is a weight (``layer_norm(x, [2], b)``), and ints
+    that cannot be x's trailing dims keep the shape error."""
     if not isinstance(weight, (tuple, list)):  # torch.Size is a tuple
         return
     is_size = type_path(weight) == "torch.Size"
@@ -131,8 +134,12 @@ def _refuse_normalized_shape(op: str, x, weight, eps) -> None:
     shape = to_numpy(x, "x").shape  # no copy of an array or tensor
     if not shape:  # a 0-d x: refused as such by the op's own checks
         return
-    e = shape[-1]
-    if not (is_size or len(weight) != e or np.ndim(eps) > 0):
+    e, n = shape[-1], len(weight)
+    trailing = ints and n <= len(shape) and tuple(int(d) for d in weight) == shape[len(shape) - n:]
+    array_after = any(np.ndim(a) > 0 for a in after)
+    torch_call = (is_size or (trailing and (n != e or (isinstance(weight, tuple) and array_after)))
+                  or (ints and np.ndim(after[-1]) > 0))
+    if not torch_call:
         return
     ours = "weight, bias, eps" if op == "layer_norm" else "weight, eps"
     raise TypeError(f"weight: expected an array of shape ({e},) (x's last dim) or None, got "
@@ -238,10 +245,11 @@ def layer_norm(x, weight=None, bias=None, eps: float = 1e-5) -> np.ndarray:
         ValueError: empty or 0-d ``x``; weight/bias not of shape ``(E,)``; ``eps`` negative,
             infinite or NaN.
         TypeError: non-numeric arrays, ``eps`` not a number; a ``weight`` that is torch's
-            ``normalized_shape`` (a ``torch.Size``, or a tuple/list of ints of another length than
-            E, or followed by arrays where ``eps`` goes: torch's call order).
+            ``normalized_shape`` (a ``torch.Size``; ints that are x's trailing dims, of another
+            length than E or, as a tuple, followed by an array; ints followed by an array where
+            ``eps`` goes: torch's call order).
     """
-    _refuse_normalized_shape("layer_norm", x, weight, eps)  # torch's call order, before eps blames eps
+    _refuse_normalized_shape("layer_norm", x, weight, (bias, eps))  # torch's call order, before eps blames eps
     eps = check_eps(eps, "eps")  # the scalar first, then every shape, then the copies
     dtype, (x, weight, bias) = common_dtype((x, "x"), (weight, "weight"), (bias, "bias"))
     x = _as_given(x, "x", dtype, min_ndim=1)
@@ -283,10 +291,11 @@ def rms_norm(x, weight=None, eps: float | None = None) -> np.ndarray:
         ValueError: empty or 0-d ``x``; weight not of shape ``(E,)``; ``eps`` negative, infinite
             or NaN.
         TypeError: non-numeric arrays, ``eps`` not a number (nor None); a ``weight`` that is
-            torch's ``normalized_shape`` (a ``torch.Size``, or a tuple/list of ints of another
-            length than E, or followed by an array where ``eps`` goes: torch's call order).
+            torch's ``normalized_shape`` (a ``torch.Size``; ints that are x's trailing dims, of
+            another length than E; ints followed by an array where ``eps`` goes: torch's call
+            order).
     """
-    _refuse_normalized_shape("rms_norm", x, weight, eps)  # torch's call order, before eps blames eps
+    _refuse_normalized_shape("rms_norm", x, weight, (eps,))  # torch's call order, before eps blames eps
     eps = None if eps is None else check_eps(eps, "eps")  # the scalar first, then every shape, then the copies
     dtype, (x, weight) = common_dtype((x, "x"), (weight, "weight"))
     x = _as_given(x, "x", dtype, min_ndim=1)

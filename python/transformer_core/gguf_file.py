@@ -80,7 +80,8 @@ _GGML_SIZES = {0: ("F32", 1, 4), 1: ("F16", 1, 2), 2: ("Q4_0", 32, 18), 3: ("Q4_
 _BLOCK_SCALES = {"Q8_0": (("d", 0),), "Q4_0": (("d", 0),), "Q4_1": (("d", 0), ("m", 2))}
 
 
-def _check_block_scales(raw: np.ndarray, type_name: str, row_values: int, what: str) -> None:
+def _check_block_scales(raw: np.ndarray, type_name: str, row_values: int, what: str,
+                        row_permutation: np.ndarray | None = None) -> None:
     """ValueError naming ``what`` when a block of ``raw`` has a NaN or inf fp16 scale ``d`` (or, for
     Q4_1, offset ``m``): every value of the block would dequantize to NaN or inf, and every product
     with its row to NaN or inf. Nothing is checked for the other types (F32, F16, BF16: no scales).
@@ -93,6 +94,9 @@ def _check_block_scales(raw: np.ndarray, type_name: str, row_values: int, what: 
         type_name: the ggml type, ``"Q8_0"``, ``"Q4_0"``, ``"Q4_1"`` (others: nothing to check).
         row_values: values per row (``in_features``), to say which row the block is in.
         what: the tensor, for the message (``"weights['weight']: blocks"``).
+        row_permutation: where ``what`` names rows in another order than the blocks' (a query or
+            key projection read under its Hugging Face name: ``hf_rows = raw_rows[row_permutation]``),
+            that index; the message then gives the row in the named order. None: the blocks' rows.
     """
     fields = _BLOCK_SCALES.get(type_name)
     if fields is None:
@@ -106,8 +110,11 @@ def _check_block_scales(raw: np.ndarray, type_name: str, row_values: int, what: 
         finite = np.isfinite(scales)
         if not finite.all():
             bad, first = int(finite.size - np.count_nonzero(finite)), int(np.argmin(finite))
+            row = first // row_blocks
+            if row_permutation is not None:  # the named order's row that holds the blocks' row `row`
+                row = int(np.flatnonzero(row_permutation == row)[0])
             raise ValueError(f"{what}: {bad} block{'s have' if bad > 1 else ' has'} a NaN or inf scale {field} "
-                             f"(of {finite.size} blocks; first: block {first}, in row {first // row_blocks}: "
+                             f"(of {finite.size} blocks; first: block {first}, in row {row}: "
                              f"{scales[first]}), expected finite fp16 scales (the values of such a block, and "
                              f"every product with its row, would be NaN or inf)")
 
@@ -607,8 +614,7 @@ class GGUFCheckpoint:
         """
         dtype = resolve_dtype(dtype)
         info = self.tensor_info(name)
-        _check_block_scales(info.raw, info.ggml_type, info.shape[-1],
-                            f"{self.path}: tensor {info.gguf_name!r} ({info.name}, {info.ggml_type})")
+        self._check_scales(info)
         if info.ggml_type == "F32":
             values = info.raw.view("<f4")
         elif info.ggml_type == "F16":
@@ -625,6 +631,13 @@ class GGUFCheckpoint:
             values = values[info.row_permutation]
         return np.array(values, dtype=dtype, order="C", copy=True)
 
+    def _check_scales(self, info: GGUFTensorInfo) -> None:
+        """ValueError naming this file and the tensor when a block of ``info`` has a NaN or inf scale
+        (:func:`_check_block_scales`; its row in the Hugging Face order the tensor is read in)."""
+        _check_block_scales(info.raw, info.ggml_type, info.shape[-1],
+                            f"{self.path}: tensor {info.gguf_name!r} ({info.name}, {info.ggml_type})",
+                            info.row_permutation)
+
     def state_dict(self, dtype=np.float32) -> dict[str, np.ndarray]:
         """Every tensor, dequantized (see :meth:`tensor`), under Hugging Face ``LlamaForCausalLM``
         names: ``model.embed_tokens.weight``, ``model.layers.{i}.self_attn.{q,k,v,o}_proj.weight``,
@@ -635,8 +648,12 @@ class GGUFCheckpoint:
 
         Raises:
             TypeError: ``dtype`` not float32/float64.
+            ValueError: a block with a NaN or inf fp16 scale (as :meth:`tensor`), found before any
+                tensor is dequantized.
         """
         dtype = resolve_dtype(dtype)
+        for name in self._infos:  # every tensor's scales first: nothing dequantized for a bad file
+            self._check_scales(self.tensor_info(name))
         return {name: self.tensor(name, dtype) for name in self._infos}
 
     def close(self) -> None:

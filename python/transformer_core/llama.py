@@ -405,7 +405,9 @@ class LlamaModel(DecoderModel):
                 if info.row_permutation is not None:  # ... back to the file's (a q/k bias)
                     value = np.ascontiguousarray(value[np.argsort(info.row_permutation)])
                 dense.append((slot, value))
-        try:  # the blocks' scales are checked there (a NaN or inf one: a ValueError naming the weight)
+        for name in blocks:  # the scales, named as the file's tensors (a q/k row in Hugging Face's order)
+            checkpoint._check_scales(infos[name])
+        try:
             set_gguf_weights(model, blocks)
         except ValueError as e:
             raise ValueError(f"{checkpoint.path}: {e}") from None

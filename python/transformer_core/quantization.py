@@ -277,14 +277,14 @@ def quantize_int8(weight) -> tuple:
 
     Raises:
         TypeError: not a real numeric array. ValueError: not 2-D, empty, holding NaN or inf, or (a
-            float64 array) a value beyond float32's range (``|v| ≥ 3.40282357e38``, which float32
+            float64 array) a value beyond float32's range (``|v| ≥ 3.4028235677973366e38``, which float32
             would make inf).
     """
     w = as_float(weight, "weight", None, ndim=2)        # float64 stays float64 until checked
     if not np.isfinite(w).all():
         bad = w[~np.isfinite(w)].flat[0]
         raise ValueError(f"weight: expected finite values, got {bad}")
-    # float32: a float64 value that would round to inf (|v| >= 3.40282357e38) is as_float's ValueError,
+    # float32: a float64 value that would round to inf (|v| >= 3.4028235677973366e38) is as_float's ValueError,
     # worded as linear_int8's for x
     return _core.quantize_int8(weight=as_float(w, "weight", np.float32, ndim=2))
 
@@ -328,7 +328,7 @@ def linear_int8(x, qweight, scales, bias=None, *, residual_activations: bool = F
             value that is negative, NaN or infinite; an output (or the
             contiguous copy of a broadcast or strided ``qweight``) larger than this machine's memory
             (checked on the shapes, before ``x`` is converted or copied); (a float64 ``x``,
-            ``scales`` or ``bias``) a value beyond float32's range (``|v| ≥ 3.40282357e38``, which
+            ``scales`` or ``bias``) a value beyond float32's range (``|v| ≥ 3.4028235677973366e38``, which
             float32 would make inf).
     """
     residual_activations = check_bool(residual_activations, "residual_activations")
@@ -425,7 +425,7 @@ def linear_gguf(x, blocks, ggml_type, out_features: int, in_features: int, bias=
             wrong length or not contiguous (a strided memoryview); ``x`` empty or its last dim !=
             ``in_features``; ``bias`` of the wrong shape; an output larger than this machine's memory
             (checked on the shapes, before ``x`` is converted or copied); (a float64 ``x`` or
-            ``bias``) a value beyond float32's range (``|v| ≥ 3.40282357e38``, which float32 would
+            ``bias``) a value beyond float32's range (``|v| ≥ 3.4028235677973366e38``, which float32 would
             make inf).
 
     Source: the GGUF specification (ggml's ``docs/gguf.md``) and ``ggml-common.h``'s block structs;
@@ -539,7 +539,7 @@ def quantize_q8_blocks(x) -> tuple:
 
     Raises:
         TypeError: a non-numeric ``x``. ValueError: ``x`` empty or its last dim not a multiple of 32;
-            (a float64 ``x``) a value beyond float32's range (``|v| ≥ 3.40282357e38``, which float32
+            (a float64 ``x``) a value beyond float32's range (``|v| ≥ 3.4028235677973366e38``, which float32
             would make inf).
     """
     xa = _input(x, None, "")
