@@ -168,8 +168,9 @@ def _remove(path: Path) -> None:
 def _written_into(final: Path):
     """Yields a temporary path next to ``final`` (in the same folder, so the rename is atomic) for a
     step to write its file or folder into; when the step returns, moves it to ``final`` with
-    ``os.replace`` (a stale folder at ``final`` removed first: a folder cannot replace a non-empty
-    one). If the step fails or is interrupted nothing reaches ``final``; :func:`prepare` checks only
+    ``os.replace`` (a stale folder at ``final`` renamed aside and removed first: a folder cannot
+    replace a non-empty one; a complete folder another process put there meanwhile is kept, this one
+    dropped). If the step fails or is interrupted nothing reaches ``final``; :func:`prepare` checks only
     that ``final`` exists, so a half-written file there would be reused forever. Leftovers of
     processes that were killed (``NAME.partial-PID``, that PID no longer running) are removed first."""
     for old in final.parent.glob(f"{final.stem}{PARTIAL}*"):
@@ -181,7 +182,11 @@ def _written_into(final: Path):
     try:
         yield tmp
         if final.is_dir():
-            shutil.rmtree(final)
+            if (final / "model.bin").exists():  # another process finished the same folder first: keep it
+                return
+            stale = final.with_name(f"{final.stem}{PARTIAL}{os.getpid()}.old")  # aside, then removed: the
+            os.replace(final, stale)  # rename is atomic, so no other process sees a half-removed folder
+            _remove(stale)
         os.replace(tmp, final)
     finally:
         if tmp.exists():

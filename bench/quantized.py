@@ -149,7 +149,7 @@ def parse_args(argv=None):
     args = ap.parse_args(argv)
     if args.only and not args.models:
         ap.error("--only: goes with --models")
-    if args.isas:
+    if args.isas and not args.models:  # --models ignores it (as its help says)
         import transformer_core as tc
 
         supported = tc.quantization.supported_isas()
@@ -293,15 +293,16 @@ def _report_start(lines: list, title: str, isa_text: str, bandwidth_text: str):
     return emit
 
 
-def _decode_rate(generate, ids, steps: int, repeats: int = 3) -> float:
+def _decode_rate(generate, ids, steps: int, repeats: int = 3) -> float | None:
     """Decoded tokens/s: ``steps / (min(t1) - min(t0))``, t0 the time of ``generate(ids, 1)`` (prefill
     + 1 token), t1 that of ``generate(ids, 1 + steps)``, each minimum over ``repeats`` after one
     warm-up call, so the prompt's prefill is not counted. (The minimum of each time separately: the
-    minimum of the differences would pick the repeat whose t0 was slowest.)"""
+    minimum of the differences would pick the repeat whose t0 was slowest.) None when the longer
+    run was not the slower one (a busy machine): no rate can be read from them."""
     generate(ids, 1 + steps)                                  # warm-up
     t0 = min(_timed(lambda: generate(ids, 1)) for _ in range(repeats))
     t1 = min(_timed(lambda: generate(ids, 1 + steps)) for _ in range(repeats))
-    return steps / (t1 - t0)
+    return steps / (t1 - t0) if t1 > t0 else None
 
 
 _LLAMA_CPP_WORKER = """
@@ -414,7 +415,11 @@ def _bench_smollm2(tc, emit, threads: int, quick: bool) -> None:
         rows.append(("llama.cpp (llama-cpp-python)", "file's blocks", llama_rate, rows[0][3]))
     ref = rows[0][2]
     for label, fmt, rate, nbytes in rows:
-        emit(f"| {label} | {fmt} | {rate:.1f} | {nbytes / 1e6:.1f} | {nbytes * rate / 1e9:.2f} | {rate / ref:.2f} |")
+        if rate is None:
+            emit(f"| {label} | {fmt} | n/a: noisy (steps + 1 tokens took no longer than 1) | {nbytes / 1e6:.1f} | | |")
+            continue
+        versus = f"{rate / ref:.2f}" if ref is not None else "—"
+        emit(f"| {label} | {fmt} | {rate:.1f} | {nbytes / 1e6:.1f} | {nbytes * rate / 1e9:.2f} | {versus} |")
     if isinstance(llama_rate, str):
         emit(f"| llama.cpp | — | {llama_rate} | | | |")
     emit()

@@ -50,6 +50,9 @@ BENCH_DIR = Path(__file__).resolve().parent
 # with os.environ would inherit them, so a torch-only worker would run with our libgomp and OpenBLAS
 # settings. Every subprocess the bench scripts start gets this copy instead (``env=START_ENV``).
 START_ENV = dict(os.environ)
+# Run as a script this module is ``__main__``; the other scripts' ``import run`` (engines.py, from
+# case_peers) would load it a second time, after transformer_core, and take that copy's START_ENV.
+sys.modules.setdefault("run", sys.modules[__name__])
 RESULTS_FILE = BENCH_DIR / "results" / "latest.md"
 SENTENCES_FILE = BENCH_DIR / "sentences.txt"
 MIB = 1024 * 1024

@@ -53,24 +53,23 @@ from run import (  # noqa: E402
 )
 
 SHORT_SENTENCE = "A man plays guitar."  # 7 tokens with [CLS] and [SEP]
-GGUF_MAGIC = b"GGUF"  # a GGUF file's first four bytes (the format's header: magic, version, counts)
 
 
 def gguf_file(text: str) -> str:
-    """An argparse ``type`` for ``--gguf``: an existing file that starts with the GGUF magic. Checked
-    while the arguments are parsed (argparse's usage error), before any model loads."""
-    if not Path(text).is_file():
-        what = "a directory" if Path(text).is_dir() else "no such file"
-        raise argparse.ArgumentTypeError(f"expected an existing GGUF file, got {text!r} ({what})")
+    """An argparse ``type`` for ``--gguf``: a Llama GGUF file (``~`` expanded), opened and checked by
+    the library's own reader (header, metadata, tensor table) while the arguments are parsed, so a
+    bad file is argparse's usage error, not a traceback after the MiniLM rows."""
+    from transformer_core.gguf_file import read_gguf
+
+    path = os.path.expanduser(text)
     try:
-        with open(text, "rb") as f:
-            head = f.read(len(GGUF_MAGIC))
-    except OSError as e:
-        raise argparse.ArgumentTypeError(f"expected a readable GGUF file, got {text!r} ({e.strerror})") from None
-    if head != GGUF_MAGIC:
-        raise argparse.ArgumentTypeError(f"expected a GGUF file (starting with {GGUF_MAGIC!r}), got {text!r}, "
-                                         f"which starts with {head!r}")
-    return text
+        with read_gguf(path) as checkpoint:
+            architecture = checkpoint.metadata.get("general.architecture")
+    except (OSError, ValueError, TypeError) as e:
+        raise argparse.ArgumentTypeError(f"expected a readable Llama GGUF file, got {text!r}: {e}") from None
+    if architecture != "llama":
+        raise argparse.ArgumentTypeError(f"expected a Llama GGUF file, got {text!r} (architecture {architecture!r})")
+    return path
 
 
 def median_ms(fn, calls: int) -> float:
