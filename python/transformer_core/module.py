@@ -286,9 +286,31 @@ class _BoundParameter(Parameter):
       ``rope_layout="interleaved"``, which holds each head's rows interleaved).
 
     :meth:`to_checkpoint_layout` / :meth:`from_checkpoint_layout` apply them (to ``data``, ``grad``,
-    an optimizer moment)."""
+    an optimizer moment).
+
+    Equality is the weight's: two of these are equal (``==``, and hash alike) when they view the same
+    weight of the same C++ module, whatever their ``name``. A module's parameters and its child's are
+    different objects, since the name is the level's (``n.fc1.parameters()[0].name`` is ``"weight"``,
+    ``n.parameters()[0].name`` is ``"fc1.weight"``: the optimizers key their state by it), but they
+    compare equal, so torch's idioms by membership work across levels::
+
+        frozen = set(n.fc1.parameters())
+        trained = [p for p in n.parameters() if p not in frozen]   # fc2's only
+    """
 
     __slots__ = ("_impl", "_core_name", "transposed", "row_permutation")
+
+    def __eq__(self, other) -> bool:
+        """Whether ``other`` views the same weight (the same C++ module and weight there); any
+        other object is compared as Python compares objects by default (by identity)."""
+        if isinstance(other, _BoundParameter):
+            return self._impl is other._impl and self._core_name == other._core_name
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        """The weight's: equal parameters (:meth:`__eq__`) hash alike (the C++ module, held by the
+        parameter, keeps its id while the parameter lives)."""
+        return hash((id(self._impl), self._core_name))
 
     def __init__(self, impl, core_name: str, name: str, transposed: bool, row_permutation=None):
         self._impl = impl
@@ -618,6 +640,11 @@ def storage_changed(module) -> None:
 
 _SKIP_INIT = threading.local()
 
+#: Per thread: ``modules``, the ids of the modules whose weights' names are being read
+#: (:meth:`Module._own_weight_names`), so that a name hook reading a missing attribute does not
+#: recurse through :meth:`Module.__getattr__`; ``printing``, those whose repr is being written.
+_NAMING = threading.local()
+
 
 @contextlib.contextmanager
 def skip_weight_init():
@@ -856,6 +883,30 @@ class Module:
     norm, a ``Transformer``'s encoder and decoder) and, as torch registers them, the modules the
     caller assigns to its attributes (``model.head = nn.Linear(8, 3)``): see
     :meth:`_registered_children`.
+
+    Weights as attributes. A module's own weights whose names have no dot read as attributes, as
+    torch's: ``lin.weight``, ``lin.bias``, ``mha.in_proj_weight`` are the
+    :class:`~transformer_core.parameter.Parameter` objects of ``named_parameters()`` (write the
+    values in place: ``lin.weight.data[...] = x``). A weight's name cannot be assigned
+    (``lin.weight = Parameter(...)``, ``lin.weight = array``, ``lin.bias = None`` raise
+    ValueError): the forward runs the C++ module's own weights, which no other object replaces;
+    copy values in (``p.data[...] = x``) or ``load_state_dict`` them. A layer is one C++ object with
+    no modules inside: ``layer.linear1`` does not exist (its weights are ``linear1.weight``,
+    ``linear1.bias`` in ``named_parameters()`` and ``state_dict()``).
+
+    Parameters as attributes. torch registers a ``Parameter`` assigned to a module's attribute
+    (``self.cls_token = nn.Parameter(...)``) as a weight of the module. Here a module's weights are
+    those of its C++ layers, so such a Parameter would be in none of ``named_parameters``,
+    ``state_dict``, ``load_state_dict``, ``zero_grad``, the optimizers or the copies' weights: the
+    assignment raises TypeError instead. Hold such a weight in a layer attached to the module
+    (``self.cls_token = nn.Embedding(1, d)``: its ``weight`` is registered everywhere, as
+    ``cls_token.weight``; read ``self.cls_token.weight.data``, and give its gradient to
+    ``self.cls_token.weight.grad`` in your backward), or keep a plain numpy array (``self.scale =
+    np.ones(d)``: copied with the module, in no ``state_dict``) and hand the optimizer a Parameter
+    over it yourself.
+
+    ``repr(module)`` is torch-like: the class, the arguments it was built with (by name), and the
+    modules under it, indented (see :meth:`extra_repr`).
     """
 
     _impl = None
@@ -892,20 +943,28 @@ class Module:
         attribute (``del m.a``) or setting it to anything but None or a module forgets the place.
 
         Raises:
-            ValueError: ``value`` is a module and ``name`` is a name this module's own C++ weights
-                already live under (``llama.lm_head = nn.Linear(...)`` where ``lm_head.weight`` is
-                the model's own): the forward runs the C++ model, which would never use the new
-                module, while ``state_dict``, ``load_state_dict`` and the optimizers would reach it
-                instead of the real weights. Nothing is set.
+            ValueError: ``name`` is one of this module's own C++ weights (``lin.weight = ...``,
+                ``lin.bias = None``) or a name they live under (``llama.lm_head = nn.Linear(...)``
+                where ``lm_head.weight`` is the model's own; ``layer.linear1 = None``): the forward
+                runs the C++ module, which would never use the new value, while torch's
+                ``state_dict``, ``load_state_dict`` and optimizers would. The message says how to
+                set a weight's values (``p.data[...] = x``, ``load_state_dict``). Nothing is set.
+            TypeError: ``value`` is a :class:`~transformer_core.parameter.Parameter` (torch's
+                ``self.cls_token = nn.Parameter(...)``): it would be registered nowhere (see the
+                class doc). Nothing is set.
         """
+        taken = [] if name.startswith("_") else self._weights_under(name, complete=False)
+        if taken:
+            raise ValueError(self._weight_name_refusal(name, value, taken))
+        if isinstance(value, Parameter):
+            raise TypeError(
+                f"{type(self).__name__}.{name}: cannot assign a Parameter to a module's attribute: this library's "
+                "weights live in its C++ layers, so it would be in none of named_parameters(), state_dict(), "
+                "zero_grad(), the optimizers or the copies (torch registers it). Hold the weight in a layer attached "
+                f"to the module instead (e.g. self.{name} = nn.Embedding(1, d): its weight is registered as "
+                f"'{name}.weight'; use self.{name}.weight.data, set self.{name}.weight.grad in your backward), or "
+                "keep a plain numpy array attribute and give the optimizer a Parameter over it yourself")
         if isinstance(value, Module):
-            taken = [key for key in self._own_slots() if key.startswith(name + ".")]
-            if taken:
-                raise ValueError(
-                    f"{type(self).__name__}.{name}: cannot assign a {type(value).__name__} here: this module's own "
-                    f"weights already use the name {name!r} ({', '.join(taken[:3])}{', ...' if len(taken) > 3 else ''})"
-                    " and its forward would not use the new module; load new values into them instead "
-                    f"(load_state_dict), or use another attribute name")
             if not isinstance(self.__dict__.get(name), Module) and name not in self._emptied():
                 self.__dict__.pop(name, None)  # a new child: its entry goes last
         if value is None and (isinstance(self.__dict__.get(name), Module) or name in self._emptied()):
@@ -913,6 +972,88 @@ class Module:
         else:
             self._set_emptied(self._emptied() - {name})
         object.__setattr__(self, name, value)
+
+    def _weight_name_refusal(self, name: str, value, taken: list) -> str:
+        """The message of :meth:`__setattr__` refusing ``value`` at ``name``, where the module's own
+        weights ``taken`` live."""
+        what = ("None" if value is None else f"a {type(value).__name__}" if isinstance(value, (Module, Parameter))
+                else f"a value of type {type(value).__name__}")
+        cls = type(self).__name__
+        listed = ", ".join(taken[:3]) + (", ..." if len(taken) > 3 else "")
+        kind = "module" if isinstance(value, Module) else "value"
+        if taken == [name]:
+            how = (f"set the weight's values in place instead: m.{name}.data[...] = x (the Parameter of "
+                   f"dict(m.named_parameters())[{name!r}]), or load them with m.load_state_dict(...)")
+            if value is None:
+                how = "a weight cannot be removed (build the module without it, e.g. bias=False); " + how
+        else:
+            how = ("load new values into them instead (load_state_dict, or p.data[...] = x over "
+                   "named_parameters()), or use another attribute name")
+        return (f"{cls}.{name}: cannot assign {what} here: this module's own weights already use the name {name!r} "
+                f"({listed}) and its forward would not use the new {kind} (it runs its C++ weights); {how}")
+
+    def _weights_under(self, name: str, complete: bool = True) -> list[str]:
+        """The names of this module's own weights that are ``name`` or lie under it (``name.*``),
+        in registration order. ``complete=False`` (for :meth:`__setattr__`): none while the
+        module is being built and its weights' names cannot be read yet (a name hook reading an
+        attribute the constructor sets later)."""
+        try:
+            names = self._own_weight_names()
+        except AttributeError:
+            if complete:
+                raise
+            return []
+        return [key for key in names if key == name or key.startswith(name + ".")]
+
+    def _own_weight_names(self) -> list[str]:
+        """The names of this module's own C++ weights (the checkpoint's: :meth:`_public_name`), in
+        registration order; the cheap part of :meth:`_own_slots` (no shapes, no layouts).
+
+        Raises:
+            AttributeError: the name hook reads an attribute that is not set (a module being built);
+                also when called again while it runs for this module on this thread, so that a hook
+                reading a missing attribute (:meth:`__getattr__`) does not recurse.
+        """
+        impl = self.__dict__.get("_impl")
+        if impl is None:
+            return []
+        busy = _NAMING.__dict__.setdefault("modules", set())
+        if id(self) in busy:
+            raise AttributeError(f"{type(self).__name__}: its weights' names are being read")
+        busy.add(id(self))
+        try:
+            return [public for core_name, _ in impl.parameter_shapes()
+                    if (public := self._public_name(core_name)) is not None]
+        finally:
+            busy.discard(id(self))
+
+    def __getattr__(self, name: str):
+        """An attribute not found otherwise (Python calls this only then): one of this module's own
+        weights, when ``name`` is its name and has no dot (``lin.weight``, ``lin.bias``,
+        ``mha.in_proj_weight``), as torch's: its :class:`~transformer_core.parameter.Parameter`, the
+        object ``named_parameters()`` gives (``lin.weight is dict(lin.named_parameters())["weight"]``;
+        a zero-copy view of the C++ weight: ``lin.weight.data[...] = x`` writes it).
+
+        Raises:
+            AttributeError: no such attribute; where ``name`` is a name weights of this module live
+                under (``layer.linear1``: a layer is one C++ object with no modules in it), the
+                message names them.
+            ValueError: the weight is held quantized (see :meth:`named_parameters`).
+        """
+        cls = type(self)
+        if any(name in vars(k) for k in cls.__mro__):
+            return object.__getattribute__(self, name)  # a property that raised: its own error again
+        if not name.startswith("_") and id(self) not in _NAMING.__dict__.get("modules", ()):
+            under = self._weights_under(name)
+            if under == [name]:
+                return dict(self.named_parameters(recurse=False, remove_duplicate=False))[name]
+            if under:
+                listed = ", ".join(map(repr, under[:3])) + (", ..." if len(under) > 3 else "")
+                raise AttributeError(
+                    f"{cls.__name__!r} object has no attribute {name!r}: it is one C++ module with no module "
+                    f"{name!r} in it; the weights named {name}.* ({listed}) are in named_parameters() and "
+                    f"state_dict() (e.g. dict(m.named_parameters())[{under[0]!r}])")
+        raise AttributeError(f"{cls.__name__!r} object has no attribute {name!r}")
 
     def __delattr__(self, name: str) -> None:
         """Deletes an attribute; a module's place among the children is gone with it (as torch's
@@ -932,6 +1073,57 @@ class Module:
 
     def __call__(self, *args, **kwargs):
         return self.forward(*args, **kwargs)
+
+    def extra_repr(self) -> str:
+        """torch's hook: what :meth:`__repr__` writes between the parentheses after the class name.
+        Here the arguments the module was built with (``_init_args``), by their parameters' names,
+        less those equal to the parameter's default, each value short (a number, a string; an array
+        as its shape and dtype; a module, a config or another object as its class,
+        ``LayerNorm(...)``): ``in_features=4, out_features=8``. A subclass may return its own text."""
+        args, kwargs = self.__dict__.get("_init_args", ((), {}))
+        try:
+            bound = inspect.signature(type(self)).bind(*args, **kwargs)
+        except (TypeError, ValueError):  # no signature to read, or the arguments no longer bind
+            return ", ".join([_short_repr(a) for a in args] + [f"{k}={_short_repr(v)}" for k, v in kwargs.items()])
+        parts = []
+        for name, value in bound.arguments.items():
+            kind = bound.signature.parameters[name].kind
+            if kind is inspect.Parameter.VAR_POSITIONAL:
+                parts.extend(_short_repr(v) for v in value)
+            elif kind is inspect.Parameter.VAR_KEYWORD:
+                parts.extend(f"{k}={_short_repr(v)}" for k, v in value.items())
+            elif not _same_value(value, bound.signature.parameters[name].default):
+                parts.append(f"{name}={_short_repr(value)}")
+        return ", ".join(parts)
+
+    def __repr__(self) -> str:
+        """torch's layout: the class name, :meth:`extra_repr` in parentheses, then the modules
+        under it (:meth:`named_children`), one per line, indented; a run of children at consecutive
+        places that print alike is one line, as torch's (``(layers.0-2): 3 x
+        TransformerEncoderLayer(d_model=8, nhead=2, dim_feedforward=16)``); a module met again
+        under itself (``head.backbone = model``) prints as ``Class(...)`` there::
+
+            Net(
+              (fc1): Linear(in_features=4, out_features=8)
+              (fc2): Linear(in_features=8, out_features=2)
+            )
+        """
+        printing = _NAMING.__dict__.setdefault("printing", set())
+        if id(self) in printing:  # met again under itself (head.backbone = model): not printed again
+            return f"{type(self).__name__}(...)"
+        printing.add(id(self))
+        try:
+            extra = self.extra_repr()
+            lines = extra.split("\n") if extra else []
+            lines += [f"({name}): {text}" for name, text in _grouped_children(self)]
+        finally:
+            printing.discard(id(self))
+        if not lines:
+            return f"{type(self).__name__}()"
+        if len(lines) == 1 and extra:
+            return f"{type(self).__name__}({extra})"
+        body = "\n".join("  " + line.replace("\n", "\n  ") for line in lines)
+        return f"{type(self).__name__}(\n{body}\n)"
 
     def forward(self, *args, **kwargs):  # pragma: no cover - every subclass defines it
         """Runs the module; see the subclass."""
@@ -1354,7 +1546,12 @@ class Module:
         a module at two places (``enc.layers[1] = enc.layers[0]``) gives its weights once, under
         their first names (torch's ``remove_duplicate``: an optimizer steps them once), while
         ``state_dict`` has both names. The same Parameter objects on every call while a weight stays
-        at its name (a child replaced since, ``enc.norm = LayerNorm(8)``, gives its own); their
+        at its name (a child replaced since, ``enc.norm = LayerNorm(8)``, gives its own). A
+        child's own call gives other objects (named at its level: ``"weight"``, not
+        ``"fc1.weight"``) that compare equal to these and hash alike (the same weight), so
+        membership works across levels as torch's: ``frozen = set(n.fc1.parameters())``, then
+        ``[p for p in n.parameters() if p not in frozen]``. A weight whose name has no dot is also
+        the module's attribute (``lin.weight``: the object given here). Their
         ``data``/``grad`` are zero-copy views of the C++ buffers, so they have the C++ layout: where
         that is not the checkpoint's, the parameter's ``transposed`` / ``row_permutation`` say how,
         and ``p.to_checkpoint_layout(p.grad)`` gives the checkpoint's (as :meth:`gradients` and
@@ -1768,15 +1965,92 @@ def _carried_attributes(module) -> dict:
             if key not in _NOT_COPIED and not _holds_core_objects(value)}
 
 
-def _set_attributes(module, attributes: dict) -> None:
+def _set_attributes(module, attributes: dict, *, exactly: bool = False) -> None:
     """Sets ``attributes`` (``{attribute: value}``, the values already the copy's) on ``module`` (a
     copy), over what its constructor set; except a numpy array of the rebuilt module that views C++
     memory (none of the library's constructors keeps one; the rebuilt module's own view must stay, a
-    copy of the original's would be detached from its weights)."""
+    copy of the original's would be detached from its weights).
+
+    ``exactly`` (``attributes`` are all those the original carries, :func:`_carried_attributes`: a
+    deep copy, a pickle): the copy's attributes become the original's, in the original's order,
+    and no others. The order is that of the modules attached (``named_children``, so
+    ``state_dict``'s names: after ``del m.fc1; m.fc1 = Linear(...)`` ``fc1`` comes after ``fc2``,
+    as in the original), and an attribute the constructor set that the original no longer has
+    (``del m.fc1``) is not in the copy either. What a copy does not take from the original (the
+    C++ module and the other :data:`_NOT_COPIED` entries, C++ objects) stays the rebuilt one's."""
     own = vars(module)
+    if not exactly:
+        for key, value in attributes.items():
+            if not _views_core_memory(own.get(key)):
+                own[key] = value
+        return
+    rebuilt = {key: value for key, value in own.items() if key in _NOT_COPIED or _holds_core_objects(value)}
     for key, value in attributes.items():
-        if not _views_core_memory(own.get(key)):
-            own[key] = value
+        rebuilt[key] = own[key] if _views_core_memory(own.get(key)) else value
+    own.clear()
+    own.update(rebuilt)
+
+
+def _short_repr(value) -> str:
+    """A constructor argument in :meth:`Module.extra_repr`, short: numbers, strings, None and small
+    lists of them as ``repr``; a dtype or numpy type by its name; an array as ``array(shape,
+    dtype)``; a module (or the :class:`_Recipe` a snapshot keeps of one) as ``Class(...)``; any
+    other object as its ``repr`` when that is short, else ``Class(...)``."""
+    if isinstance(value, _Recipe):
+        return f"{value.cls.__name__}(...)"
+    if isinstance(value, Module):
+        return f"{type(value).__name__}(...)"
+    if isinstance(value, np.generic):
+        value = value.item()  # a numpy scalar: as the Python number
+    if isinstance(value, (bool, int, float, str, type(None))):
+        text = repr(value)
+        return text if len(text) <= 40 else text[:37] + "..."
+    if isinstance(value, np.dtype) or (isinstance(value, type) and issubclass(value, np.generic)):
+        return np.dtype(value).name
+    if isinstance(value, type):
+        return value.__name__
+    if _is_array(value) and isinstance(getattr(value, "shape", None), tuple):
+        return f"array({tuple(value.shape)}, {getattr(value, 'dtype', '?')})"
+    if isinstance(value, (list, tuple)) and len(value) <= 8:
+        items = ", ".join(_short_repr(v) for v in value)
+        text = f"[{items}]" if isinstance(value, list) else f"({items}{',' if len(value) == 1 else ''})"
+        if len(text) <= 60:
+            return text
+    try:
+        text = repr(value)
+    except Exception:  # a repr that fails: the class is enough
+        text = ""
+    return text if text and len(text) <= 60 and "\n" not in text else f"{type(value).__name__}(...)"
+
+
+def _grouped_children(module) -> list[tuple[str, str]]:
+    """``[(name, repr)]`` of the children of ``module`` (:meth:`Module.named_children`) for its
+    repr; a run of two or more at consecutive places ``prefix.i`` that print alike is one entry,
+    ``("prefix.i-j", "n x repr")``, as torch prints a ``ModuleList`` of equal layers."""
+    out: list[tuple[str, str]] = []
+    run: list = []  # [prefix, first index, last index, repr] of the run being grouped
+
+    def close() -> None:
+        if run:
+            prefix, first, last, text = run
+            out.append((f"{prefix}.{first}", text) if first == last else
+                       (f"{prefix}.{first}-{last}", f"{last - first + 1} x {text}"))
+            run.clear()
+
+    for name, child in module.named_children():
+        text = repr(child)
+        prefix, _, index = name.rpartition(".")
+        if prefix and index.isdigit():
+            if run and run[0] == prefix and run[2] + 1 == int(index) and run[3] == text:
+                run[2] = int(index)
+                continue
+            close()
+            run.extend([prefix, int(index), int(index), text])
+            continue
+        close()
+        out.append((name, text))
+    close()
+    return out
 
 
 def _module_tree(module, *, attached: bool = True, duplicates: bool = True) -> list:
@@ -1965,7 +2239,8 @@ def _copy_into(original, new, memo: dict, gradients: bool, used: set) -> None:
             _copy_into(child, candidate, memo, gradients, used)
         else:
             _rebuilt_copy(child, memo, gradients=gradients, used=used)  # put at its place by the attributes' copy
-    _set_attributes(new, {key: _deep_copied(value, memo) for key, value in _carried_attributes(original).items()})
+    _set_attributes(new, {key: _deep_copied(value, memo) for key, value in _carried_attributes(original).items()},
+                    exactly=True)
 
 
 def _restore_module(cls, payload: dict):
@@ -2026,7 +2301,7 @@ def _adopt_child(parent, name: str, cls, payload: dict):
 def _restore_state(module, state: tuple) -> None:
     """Unpickling: gives ``module`` the attributes of the state :meth:`Module.__reduce_ex__` wrote
     (``([marks and modules under it], attributes)`` once read: the modules are in place by then)."""
-    _set_attributes(module, state[-1])
+    _set_attributes(module, state[-1], exactly=True)
 
 
 class _Place(NamedTuple):

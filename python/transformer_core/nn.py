@@ -1409,6 +1409,19 @@ def _check_layer_copies(stacks, weights_around: int = 0) -> None:
 class _Stack(Module):
     """A stack of identical layers (copies of one, as torch deep-copies it) and an optional norm."""
 
+    #: The class of the stack's layers (each stack sets its own): a forward checks every layer.
+    _layer_class: type = Module
+
+    def _check_layers(self, path: str = "") -> None:
+        """Raises TypeError naming ``{path}layers[i]`` when a layer is not of the stack's layer class
+        (one replaced since, ``enc.layers[0] = nn.Linear(8, 8)``), before any layer runs."""
+        expected = self._layer_class.__name__
+        for i, layer in enumerate(self.layers):
+            if not isinstance(layer, self._layer_class):
+                raise TypeError(f"{path}layers[{i}]: expected a transformer_core.nn.{expected} (every layer of a "
+                                f"{type(self).__name__} is one), got {type_path(layer)}; put a {expected} there, or "
+                                "run the other module outside the stack")
+
     def __init__(self, layer, num_layers: int, norm: LayerNorm | None):
         self.num_layers = check_positive_int(num_layers, "num_layers")
         if norm is not None and not isinstance(norm, LayerNorm):
@@ -1446,6 +1459,7 @@ class _Stack(Module):
         and the norm keep what their backward needs and the stack marks the forward whole (its own
         ``_saved``, which a shallow copy does not share); one that fails after a layer kept its part
         drops the state of all of them (a backward then raises instead of mixing two forwards)."""
+        self._check_layers()
         kept = False
         try:
             for layer in self.layers:
@@ -1480,6 +1494,8 @@ class TransformerEncoder(_Stack):
             before any is made); ``norm``'s size not the layer's ``d_model``.
     """
 
+    _layer_class = TransformerEncoderLayer
+
     def __init__(self, encoder_layer: TransformerEncoderLayer, num_layers: int, norm: LayerNorm | None = None):
         if not isinstance(encoder_layer, TransformerEncoderLayer):
             raise TypeError(f"encoder_layer: expected a transformer_core.nn.TransformerEncoderLayer, got "
@@ -1500,7 +1516,8 @@ class TransformerEncoder(_Stack):
                 float32 stack's range; feed-forward activations (``N · L`` rows × ``dim_feedforward``)
                 larger than this machine's memory, naming ``src`` (all checked before any layer runs).
             TypeError: non-numeric input, a mask of the wrong dtype, a bool ``mask``, a non-bool
-                ``is_causal``, ``src_key_padding_mask``.
+                ``is_causal``, ``src_key_padding_mask``; a layer replaced by another module since
+                (``enc.layers[0] = Linear(...)``: naming ``layers[0]``, before any layer runs).
         """
         _refuse_padding_mask(src_key_padding_mask, "src_key_padding_mask", "src_key_mask")
         _float_mask(mask, "mask")
@@ -1546,6 +1563,8 @@ class TransformerDecoder(_Stack):
             before any is made); ``norm``'s size not the layer's ``d_model``.
     """
 
+    _layer_class = TransformerDecoderLayer
+
     def __init__(self, decoder_layer: TransformerDecoderLayer, num_layers: int, norm: LayerNorm | None = None):
         if not isinstance(decoder_layer, TransformerDecoderLayer):
             raise TypeError(f"decoder_layer: expected a transformer_core.nn.TransformerDecoderLayer, got "
@@ -1568,7 +1587,8 @@ class TransformerDecoder(_Stack):
                 stack's range; feed-forward activations (``N · T`` rows × ``dim_feedforward``) larger
                 than this machine's memory, naming ``tgt`` (all checked before any layer runs).
             TypeError: non-numeric input, a mask of the wrong dtype, a bool ``tgt_mask``/``memory_mask``,
-                a non-bool ``tgt_is_causal``/``memory_is_causal``, a torch ``*_key_padding_mask``.
+                a non-bool ``tgt_is_causal``/``memory_is_causal``, a torch ``*_key_padding_mask``; a
+                layer replaced by another module since (naming ``layers[i]``, before any layer runs).
         """
         _refuse_padding_mask(tgt_key_padding_mask, "tgt_key_padding_mask", "tgt_key_mask")
         _refuse_padding_mask(memory_key_padding_mask, "memory_key_padding_mask", "memory_key_mask")
@@ -1716,7 +1736,8 @@ class Transformer(Module):
                 hidden activations, ``rows × dim_feedforward`` values, can hold in this machine's
                 memory (naming it, before the encoder runs).
             TypeError: non-numeric input, a mask of the wrong dtype, a bool ``src_mask``/``tgt_mask``/
-                ``memory_mask``, a torch ``*_key_padding_mask``.
+                ``memory_mask``, a torch ``*_key_padding_mask``; a stack's layer replaced by another
+                module since (naming ``encoder.layers[i]`` / ``decoder.layers[i]``).
         """
         for name, value in (("src_key_padding_mask", src_key_padding_mask),
                             ("tgt_key_padding_mask", tgt_key_padding_mask),
@@ -1737,6 +1758,8 @@ class Transformer(Module):
         # (no training state kept by the encoder alone, no dropout seed drawn).
         N = 1 if unbatched else src_arr.shape[0]
         S, T = src_arr.shape[-2], tgt_arr.shape[-2]
+        self.encoder._check_layers("encoder.")  # a layer replaced by another module: refused before any runs
+        self.decoder._check_layers("decoder.")
         # both stacks' feed-forward activations, before the masks and the encoder's O(S²) work
         _check_feedforward_activations(N * S, self.encoder.layers[0].dim_feedforward, self.dtype, "src",
                                        src_arr.shape)

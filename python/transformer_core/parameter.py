@@ -32,6 +32,19 @@ def _check_array(a, name: str, *, shape=None, dtype=None) -> np.ndarray:
     return a
 
 
+def _index_text(index) -> str:
+    """``index`` as written between brackets (``0``, ``...``, ``1:3``, ``0, ...``), for the messages."""
+    def one(i) -> str:
+        if i is Ellipsis:
+            return "..."
+        if isinstance(i, slice):
+            return ":".join("" if v is None else repr(v) for v in (i.start, i.stop)) + (
+                "" if i.step is None else f":{i.step!r}")
+        text = repr(i)
+        return text if len(text) <= 20 else "index"  # an index array: not its values
+    return ", ".join(one(i) for i in index) if isinstance(index, tuple) else one(index)
+
+
 class Parameter:
     """A named trainable array (torch's ``nn.Parameter`` with its ``.grad``, as numpy).
 
@@ -51,7 +64,18 @@ class Parameter:
 
     A Parameter is array-like (``__array__``), as torch's ``nn.Parameter`` is a tensor: numpy
     functions and this library's ops take it for its ``data`` (``np.sum(p)``, ``p.data @ x`` or
-    ``functional.linear(x, p)``), with no copy unless a dtype or ``copy=True`` asks for one.
+    ``functional.linear(x, p)``), with no copy unless a dtype or ``copy=True`` asks for one. It is
+    not an array itself: indexing it (``p[0]``, ``p[...] = x``) raises TypeError saying to index
+    ``p.data``, which reads and writes the values in place.
+
+    Differences from torch's names:
+
+    * ``size`` is numpy's: the NUMBER of values (an int attribute, ``data.size``), where torch's
+      ``size()`` is the shape. Use ``shape`` for the shape and :meth:`numel` (torch's name) for the
+      number of values.
+    * ``requires_grad`` is always True (every weight trains: a model's backward computes every
+      gradient, there is no autograd to switch off); setting it to False raises ValueError (to
+      freeze a weight, leave it out of the optimizer).
 
     Raises:
         TypeError: ``data``/``grad`` not numpy float arrays, or ``grad`` of another dtype; ``name``
@@ -116,8 +140,62 @@ class Parameter:
 
     @property
     def size(self) -> int:
-        """``data.size``: the number of values."""
+        """``data.size``: the number of values, as numpy's ``size`` (NOT torch's ``size()``, the
+        shape: use :attr:`shape`); the same as :meth:`numel`."""
         return self._data.size
+
+    def numel(self) -> int:
+        """The number of values (torch's ``numel()``; numpy's ``data.size``)."""
+        return self._data.size
+
+    @property
+    def requires_grad(self) -> bool:
+        """Always True, as torch's default: every weight trains (a model's backward computes the
+        gradient of every weight; there is no autograd to switch off per parameter). Setting it to
+        True does nothing; setting it to False raises ValueError (see :meth:`requires_grad_`)."""
+        return True
+
+    @requires_grad.setter
+    def requires_grad(self, value) -> None:
+        """``True``: nothing changes. ``False``: refused (ValueError), as :meth:`requires_grad_`.
+
+        Raises:
+            TypeError: ``value`` not a bool. ValueError: ``value`` is False.
+        """
+        self.requires_grad_(check_bool(value, "requires_grad"))
+
+    def requires_grad_(self, requires_grad: bool = True) -> "Parameter":
+        """Torch's ``requires_grad_``: ``True`` is what every parameter already does (returns
+        ``self``); ``False`` (freeze it) is refused: a model's backward runs in C++ and computes the
+        gradient of every weight (there is no autograd). To freeze weights, give the optimizer (and
+        ``clip_grad_norm_``) only the others, e.g. ``[(n, p) for n, p in model.named_parameters() if
+        not n.startswith("embeddings.")]``: their gradients are still computed, never applied.
+
+        Raises:
+            TypeError: ``requires_grad`` not a bool. ValueError: ``requires_grad`` is False.
+        """
+        if not check_bool(requires_grad, "requires_grad"):
+            raise ValueError(f"requires_grad=False ({self._called()}): freezing a parameter is not supported, a "
+                             "backward computes the gradient of every weight (in C++, no autograd); give the "
+                             "optimizer only the parameters to train (a filtered named_parameters())")
+        return self
+
+    def _called(self) -> str:
+        """How the messages name this parameter: ``Parameter 'name'``, or ``a Parameter``."""
+        return "a Parameter" if self.name is None else f"Parameter {self.name!r}"
+
+    def __getitem__(self, index):
+        """Refused (TypeError): a Parameter is not an array; index its values, ``p.data[index]``
+        (a numpy array: a view of the values, whose writes reach the parameter)."""
+        raise TypeError(f"{self._called()} is not indexable: index its values instead, p.data[{_index_text(index)}] "
+                        f"(p.data is a numpy array of shape {self._data.shape}; writes into it reach the parameter)")
+
+    def __setitem__(self, index, value) -> None:
+        """Refused (TypeError): assign into the values instead, ``p.data[index] = value`` (in place:
+        the optimizers and, for a model's parameter, the C++ weight see the change)."""
+        raise TypeError(f"{self._called()} does not support item assignment: assign into its values instead, "
+                        f"p.data[{_index_text(index)}] = x (p.data is a numpy array of shape {self._data.shape}, "
+                        "updated in place), or load a model's weights with model.load_state_dict(...)")
 
     def __array__(self, dtype=None, copy=None) -> np.ndarray:
         """``data`` for numpy (``np.asarray(p)``, ``np.sum(p)``, ...), by numpy 2's protocol:
@@ -154,5 +232,5 @@ class Parameter:
         return Parameter, (self._data, self.name, self._grad)
 
     def __repr__(self) -> str:
-        grad = "None" if self._grad is None else "array"
+        grad = "None" if self.grad is None else "array"  # the property: a model's reads its C++ buffer
         return f"Parameter(name={self.name!r}, shape={self.shape}, dtype={self.dtype}, grad={grad})"
