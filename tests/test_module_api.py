@@ -74,7 +74,7 @@ def test_a_weight_reads_as_its_parameter_and_writes_reach_the_forward_as_torchs(
         layer.linear1
     with pytest.raises(AttributeError, match=r"'Linear' object has no attribute 'nothing'$"):
         lin.nothing
-    assert not hasattr(tc.nn.LayerNorm(8, elementwise_affine=False), "weight")  # as torch's: None there
+    assert tc.nn.LayerNorm(8, elementwise_affine=False).weight is None  # as torch's: no weight, None
 
     class WithProperty(Module):
         @property
@@ -353,3 +353,61 @@ def test_repr_is_torchs_layout():
     enc.head = head  # a cycle: printed once
     assert repr(enc).splitlines()[-5:] == ["  (head): Linear(", "    in_features=8, out_features=2",
                                            "    (backbone): TransformerEncoder(...)", "  )", ")"]
+
+
+# ------------------------------------------------------------------- a read of the attribute lookup
+def test_hasattr_and_getattr_default_on_a_quantized_layer_do_not_raise():
+    """A quantized Linear: hasattr(q, "weight") is False (no Parameter views an int8 weight) and its
+    float bias reads as its Parameter; both raised ValueError, as did every bias of a quantized
+    model's layers (the lookup built every weight's Parameter, the quantized one's too)."""
+    q = tc.quantize(tc.nn.Linear(4, 4), "int8")
+    assert hasattr(q, "weight") is False and getattr(q, "weight", None) is None
+    with pytest.raises(AttributeError, match=r"^Linear.weight: .*held quantized \(int8\)"):
+        q.weight
+    assert q.bias.name == "bias" and q.bias is q.bias
+    np.testing.assert_array_equal(q.bias.data, q.state_dict()["bias"])
+    s2s = tc.quantize(tc.Seq2SeqTransformer(20, 20, d_model=8, nhead=2, num_encoder_layers=1, num_decoder_layers=1,
+                                            dim_feedforward=16), "int8")
+    biased = [m for m in s2s.modules() if isinstance(m, tc.nn.Linear) and m.bias is not None]
+    assert len(biased) == 1  # the generator
+
+
+@pytest.mark.parametrize("build,name", [
+    (lambda lib: lib.nn.Linear(2, 2, bias=False), "bias"),
+    (lambda lib: lib.nn.LayerNorm(4, bias=False), "bias"),
+    (lambda lib: lib.nn.LayerNorm(4, elementwise_affine=False), "weight"),
+    (lambda lib: lib.nn.LayerNorm(4, elementwise_affine=False), "bias"),
+    (lambda lib: lib.nn.MultiheadAttention(8, 2, bias=False), "in_proj_bias"),
+    (lambda lib: lib.nn.MultiheadAttention(8, 2), "bias_k"),
+], ids=["linear", "layer_norm_bias", "layer_norm_weight", "layer_norm_affine_bias", "mha", "mha_bias_k"])
+def test_a_weight_built_without_reads_none_as_torchs(build, name):
+    """``if m.bias is not None:`` over a model's modules, torch's idiom: a weight the layer was built
+    without is None in torch and was an AttributeError here."""
+    theirs = build(torch)
+    ours = build(tc) if not isinstance(theirs, torch.nn.MultiheadAttention) else \
+        tc.nn.MultiheadAttention(8, 2, bias=theirs.in_proj_bias is not None)
+    assert getattr(theirs, name) is None
+    assert getattr(ours, name) is None
+    assert name not in dict(ours.named_parameters())
+
+
+def test_repr_lists_a_layer_shared_at_two_places_as_torchs():
+    """A layer at two places of a stack is listed at both, as torch's repr does (it was listed once
+    while num_layers said 2)."""
+    ours = tc.nn.TransformerEncoder(tc.nn.TransformerEncoderLayer(8, 2, 16), 2)
+    ours.layers[1] = ours.layers[0]
+    theirs = torch.nn.TransformerEncoder(torch.nn.TransformerEncoderLayer(8, 2, 16), 2, enable_nested_tensor=False)
+    theirs.layers[1] = theirs.layers[0]
+    assert "(0-1): 2 x TransformerEncoderLayer(" in repr(theirs)
+    assert "(layers.0-1): 2 x TransformerEncoderLayer(" in repr(ours)
+
+
+def test_a_parameter_is_not_iterable():
+    """__getitem__ (which explains p.data) made a Parameter look iterable: iter, list and `in` said
+    "not indexable"; they say "not iterable", as before, while p[0] keeps its advice."""
+    p = tc.nn.Linear(2, 2).weight
+    for call in (lambda: iter(p), lambda: list(p), lambda: 0 in p):
+        with pytest.raises(TypeError, match="is not iterable"):
+            call()
+    with pytest.raises(TypeError, match=r"p\.data\[0\]"):
+        p[0]

@@ -1017,15 +1017,21 @@ class Module:
         impl = self.__dict__.get("_impl")
         if impl is None:
             return []
+        cached = self.__dict__.get("_weight_names")
+        if cached is not None and cached[0] == id(impl):
+            return list(cached[1])
         busy = _NAMING.__dict__.setdefault("modules", set())
         if id(self) in busy:
             raise AttributeError(f"{type(self).__name__}: its weights' names are being read")
         busy.add(id(self))
         try:
-            return [public for core_name, _ in impl.parameter_shapes()
-                    if (public := self._public_name(core_name)) is not None]
+            names = [public for core_name, _ in impl.parameter_shapes()
+                     if (public := self._public_name(core_name)) is not None]
         finally:
             busy.discard(id(self))
+        if type(self)._public_name_of_core_name_only:  # the same names for as long as this C++ module lives
+            self.__dict__["_weight_names"] = (id(impl), tuple(names))
+        return names
 
     def __getattr__(self, name: str):
         """An attribute not found otherwise (Python calls this only then): one of this module's own
@@ -1037,16 +1043,26 @@ class Module:
         Raises:
             AttributeError: no such attribute; where ``name`` is a name weights of this module live
                 under (``layer.linear1``: a layer is one C++ object with no modules in it), the
-                message names them.
-            ValueError: the weight is held quantized (see :meth:`named_parameters`).
+                message names them; the weight is held quantized (no Parameter views it: see
+                :meth:`named_parameters`), so that ``hasattr`` gives False.
+
+        A weight the module was built without (``nn.Linear(2, 2, bias=False).bias``) reads None, as
+        torch's (the class's ``_optional_weights``).
         """
         cls = type(self)
-        if any(name in vars(k) for k in cls.__mro__):
-            return object.__getattribute__(self, name)  # a property that raised: its own error again
+        if any(name in vars(k) for k in cls.__mro__):  # a property (or descriptor) that raised: Python
+            # dropped its error before calling here; run it again for that error, not a generic one (a
+            # getter with side effects runs twice, the price of a message that says what is missing)
+            return object.__getattribute__(self, name)
         if not name.startswith("_") and id(self) not in _NAMING.__dict__.get("modules", ()):
             under = self._weights_under(name)
             if under == [name]:
-                return dict(self.named_parameters(recurse=False, remove_duplicate=False))[name]
+                try:  # this weight's Parameter only: another one held quantized does not matter here
+                    return next(p for key, p, _ in self._parameter_places(only={name}) if key == name)
+                except ValueError as e:  # this one is held quantized: hasattr() gives False
+                    raise AttributeError(f"{cls.__name__}.{name}: {e} (state_dict() gives its values)") from None
+            if not under and name in cls._optional_weights:
+                return None  # built without it (bias=False, ...): torch's None
             if under:
                 listed = ", ".join(map(repr, under[:3])) + (", ..." if len(under) > 3 else "")
                 raise AttributeError(
@@ -1138,6 +1154,15 @@ class Module:
         """The checkpoint's name of the C++ weight ``core_name`` (default: the same); None hides a
         weight this module does not use (e.g. the LM head under a base model's hidden states)."""
         return core_name
+
+    #: Whether :meth:`_public_name` depends on the core name alone (not on an attribute that could
+    #: change): the names are then read once per C++ module (:meth:`_own_weight_names`), as attribute
+    #: assignment and lookup ask for them. A class whose hook reads its state sets it False.
+    _public_name_of_core_name_only = True
+
+    #: Weights a class's constructor can leave out (``bias=False``, ``elementwise_affine=False``):
+    #: reading one that was left out gives None, as torch's registered-as-None parameters do.
+    _optional_weights: frozenset = frozenset()
 
     def _transposed(self, name: str) -> bool:
         """Whether the checkpoint stores weight ``name`` as the transpose of the C++ one."""
@@ -1742,8 +1767,8 @@ class Module:
         """Torch's ``requires_grad_``: ``True`` (every weight takes part in training) is what every
         module already does, and returns ``self``. ``False`` (freeze the weights) is refused: a
         backward here runs in C++ and adds the gradient of every weight of the module (there is no
-        autograd, and :class:`~transformer_core.parameter.Parameter` has no ``requires_grad``
-        flag). To freeze weights, hand the optimizer (and ``clip_grad_norm_``) only the others::
+        autograd, and :class:`~transformer_core.parameter.Parameter`'s ``requires_grad`` is always
+        True: setting it False is refused as here). To freeze weights, hand the optimizer (and ``clip_grad_norm_``) only the others::
 
             trained = [(n, p) for n, p in model.named_parameters() if not n.startswith("embeddings.")]
             opt = tc.optim.AdamW(trained, lr=3e-4)
@@ -1949,7 +1974,7 @@ class Module:
 #: (:func:`_carried_attributes`): a reference to a module under the one copied, or to that one, at any
 #: depth, as one to the copy's own (deepcopy's memo, pickle's memo: :class:`_ChildMark`), any other
 #: module a copy of its own.
-_NOT_COPIED = frozenset({"_impl", "_init_args", "_saved", "_parameters_cache"})
+_NOT_COPIED = frozenset({"_impl", "_init_args", "_saved", "_parameters_cache", "_weight_names"})
 
 
 def _holds_core_objects(value) -> bool:
@@ -2024,8 +2049,8 @@ def _short_repr(value) -> str:
 
 
 def _grouped_children(module) -> list[tuple[str, str]]:
-    """``[(name, repr)]`` of the children of ``module`` (:meth:`Module.named_children`) for its
-    repr; a run of two or more at consecutive places ``prefix.i`` that print alike is one entry,
+    """``[(name, repr)]`` of the children of ``module`` at every place (:meth:`Module._registered_children`:
+    a layer at two places, as torch's repr lists it) for its repr; a run of two or more at consecutive places ``prefix.i`` that print alike is one entry,
     ``("prefix.i-j", "n x repr")``, as torch prints a ``ModuleList`` of equal layers."""
     out: list[tuple[str, str]] = []
     run: list = []  # [prefix, first index, last index, repr] of the run being grouped
@@ -2037,7 +2062,7 @@ def _grouped_children(module) -> list[tuple[str, str]]:
                        (f"{prefix}.{first}-{last}", f"{last - first + 1} x {text}"))
             run.clear()
 
-    for name, child in module.named_children():
+    for name, child in module._registered_children():  # every place: a layer shared by two is listed twice
         text = repr(child)
         prefix, _, index = name.rpartition(".")
         if prefix and index.isdigit():

@@ -383,6 +383,9 @@ class MultiheadAttention(Module):
             ``dropout``); a non-number ``dropout``; a ``dtype`` other than float32/float64.
     """
 
+    # bias=False: in_proj_bias is None; bias_k and bias_v (add_bias_kv, not supported) always are, as torch's
+    _optional_weights = frozenset({"in_proj_bias", "bias_k", "bias_v"})
+
     @renamed_keyword("num_kv_heads", "num_key_value_heads")
     def __init__(self, embed_dim: int, num_heads: int, bias: bool = True, *, num_key_value_heads: int | None = None,
                  kdim: int | None = None, vdim: int | None = None, dtype=np.float32, dropout: float = 0.0,
@@ -695,6 +698,8 @@ class Linear(Module):
             than float32/float64.
         ValueError: sizes < 1; a weight larger than this machine's memory.
     """
+
+    _optional_weights = frozenset({"bias"})  # bias=False: lin.bias is None, as torch's
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, dtype=np.float32):
         sfx = self._init_dtype(dtype)
@@ -1141,6 +1146,8 @@ class _Norm(Module):
 
     normalized_size: int
     elementwise_affine: bool = True
+    _optional_weights = frozenset({"weight", "bias"})  # elementwise_affine=False, bias=False: None
+    _public_name_of_core_name_only = False  # the names hang on elementwise_affine
 
     @property
     def normalized_shape(self) -> tuple[int]:

@@ -184,6 +184,9 @@ class Parameter:
         """How the messages name this parameter: ``Parameter 'name'``, or ``a Parameter``."""
         return "a Parameter" if self.name is None else f"Parameter {self.name!r}"
 
+    #: Not iterable (``iter(p)``, ``list(p)``, ``x in p``: "not iterable"), though it has __getitem__.
+    __iter__ = None
+
     def __getitem__(self, index):
         """Refused (TypeError): a Parameter is not an array; index its values, ``p.data[index]``
         (a numpy array: a view of the values, whose writes reach the parameter)."""
