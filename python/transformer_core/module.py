@@ -77,7 +77,7 @@ import numpy as np
 
 from ._runtime import dtype_suffix
 from ._validation import _is_torch_tensor, as_weight, check_bool, resolve_dtype, to_numpy, user_stacklevel
-from .parameter import Parameter
+from .parameter import Parameter, freezing_refused
 
 _SEEDS = np.random.default_rng(0)
 
@@ -1779,9 +1779,7 @@ class Module:
             TypeError: ``requires_grad`` not a bool. ValueError: ``requires_grad`` is False.
         """
         if not check_bool(requires_grad, "requires_grad"):
-            raise ValueError(f"{type(self).__name__}.requires_grad_(False): freezing weights is not supported, a "
-                             "backward computes the gradient of every weight (in C++, no autograd); give the "
-                             "optimizer only the parameters to train (a filtered named_parameters())")
+            raise freezing_refused(f"{type(self).__name__}.requires_grad_(False): freezing weights")
         return self
 
     def gradients(self) -> dict[str, np.ndarray]:

@@ -45,6 +45,14 @@ def _index_text(index) -> str:
     return ", ".join(one(i) for i in index) if isinstance(index, tuple) else one(index)
 
 
+def freezing_refused(what: str) -> ValueError:
+    """The ValueError of ``requires_grad_(False)`` on a Parameter or a module (``what``: the call and
+    what it would freeze): every weight's gradient is computed; the way to freeze is to leave weights
+    out of the optimizer."""
+    return ValueError(f"{what} is not supported, a backward computes the gradient of every weight (in C++, no "
+                      "autograd); give the optimizer only the parameters to train (a filtered named_parameters())")
+
+
 class Parameter:
     """A named trainable array (torch's ``nn.Parameter`` with its ``.grad``, as numpy).
 
@@ -175,9 +183,7 @@ class Parameter:
             TypeError: ``requires_grad`` not a bool. ValueError: ``requires_grad`` is False.
         """
         if not check_bool(requires_grad, "requires_grad"):
-            raise ValueError(f"requires_grad=False ({self._called()}): freezing a parameter is not supported, a "
-                             "backward computes the gradient of every weight (in C++, no autograd); give the "
-                             "optimizer only the parameters to train (a filtered named_parameters())")
+            raise freezing_refused(f"requires_grad=False ({self._called()}): freezing a parameter")
         return self
 
     def _called(self) -> str:
