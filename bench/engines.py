@@ -148,6 +148,7 @@ PARTIAL = ".partial-"  # the mark of a file or folder still being written: NAME.
 
 
 def _pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (signal 0 probes it; another user's process counts as running)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -158,6 +159,7 @@ def _pid_alive(pid: int) -> bool:
 
 
 def _remove(path: Path) -> None:
+    """Removes the file, link or folder ``path`` if there is one."""
     if path.is_dir() and not path.is_symlink():
         shutil.rmtree(path)
     elif path.exists() or path.is_symlink():

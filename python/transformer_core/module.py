@@ -2054,6 +2054,7 @@ def _grouped_children(module) -> list[tuple[str, str]]:
     run: list = []  # [prefix, first index, last index, repr] of the run being grouped
 
     def close() -> None:
+        """Ends the run being grouped: one entry for it (``prefix.i`` alone, or ``prefix.i-j``)."""
         if run:
             prefix, first, last, text = run
             out.append((f"{prefix}.{first}", text) if first == last else

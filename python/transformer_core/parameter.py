@@ -35,6 +35,7 @@ def _check_array(a, name: str, *, shape=None, dtype=None) -> np.ndarray:
 def _index_text(index) -> str:
     """``index`` as written between brackets (``0``, ``...``, ``1:3``, ``0, ...``), for the messages."""
     def one(i) -> str:
+        """One index item as written (``...``, ``a:b:c``, ``i``)."""
         if i is Ellipsis:
             return "..."
         if isinstance(i, slice):
