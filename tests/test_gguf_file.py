@@ -504,6 +504,23 @@ def test_rope_scaling_factor_meaning_none_is_accepted(tmp_path, metadata):
     assert config == read_gguf(plain).config and config["rope_scaling"] is None
 
 
+@pytest.mark.parametrize("metadata", [
+    {"llama.rope.scaling.attn_factor": (1.5, F32)},
+    {"llama.rope.scaling.attn_factor": (0.5, F32), "llama.rope.scaling.type": ("none", STR)},
+])
+def test_rope_attn_factor_is_refused_not_ignored(tmp_path, metadata):
+    """llama.cpp multiplies the rotated queries and keys by rope.scaling.attn_factor, whatever the
+    scaling type; the file loaded as if it were absent (logits 11 away from llama.cpp's reading):
+    refused, naming the key. A factor of 1 changes nothing and loads."""
+    path = tmp_path / "attn_factor.gguf"
+    write_llama_gguf(path, random_llama_state(np.random.default_rng(0)), metadata=metadata)
+    _bad(path, re.escape("'llama.rope.scaling.attn_factor'"), "queries and keys")
+    ones = tmp_path / "attn_factor_1.gguf"
+    write_llama_gguf(ones, random_llama_state(np.random.default_rng(0)),
+                     metadata={"llama.rope.scaling.attn_factor": (1.0, F32)})
+    assert read_gguf(ones).config["rope_scaling"] is None
+
+
 @pytest.mark.parametrize("key,value,expected", [
     ("llama.attention.layer_norm_rms_epsilon", (float("inf"), F32), "a finite number > 0, got inf"),
     ("llama.attention.layer_norm_rms_epsilon", (float("nan"), F32), "a finite number > 0, got nan"),

@@ -879,3 +879,49 @@ def test_weights_that_do_not_fit_name_model_safetensors(gpt2_h4, tmp_path, chang
     prefix = f"{tmp_path / 'model.safetensors'}: the weights do not fit the GPT2LMHeadModel that config.json describes: "
     assert re.fullmatch(re.escape(prefix) + problem, str(info.value)), str(info.value)
     assert isinstance(info.value.__cause__, ValueError) and "load_state_dict refused" in str(info.value.__cause__)
+
+
+def test_config_read_through_hugging_faces_generic_names(tmp_path):
+    """transformers' GPT2Config reads num_attention_heads (and hidden_size, num_hidden_layers,
+    max_position_embeddings) as n_head (...): a config.json written so loaded here with the default
+    12 heads, silently (the weights' shapes do not show the head count; logits 0.17 apart), and a
+    save then wrote both names with two values. Read as transformers reads them; two values refused."""
+    cfg = transformers.GPT2Config(**CFGS["h4"], initializer_range=0.2, eos_token_id=None, bos_token_id=None)
+    torch.manual_seed(5)
+    hf = transformers.GPT2LMHeadModel(cfg).eval()
+    hf.save_pretrained(tmp_path, safe_serialization=True)
+    raw = json.loads((tmp_path / "config.json").read_text())
+    generic = {"n_head": "num_attention_heads", "n_embd": "hidden_size", "n_layer": "num_hidden_layers",
+               "n_positions": "max_position_embeddings"}
+    for field, alias in generic.items():
+        raw[alias] = raw.pop(field)
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    assert transformers.GPT2Config.from_pretrained(tmp_path).n_head == 4
+    ours = tc.GPT2LMHeadModel.from_pretrained(tmp_path)
+    assert (ours.config.n_head, ours.config.n_embd, ours.config.n_layer, ours.config.n_positions) == (4, 32, 2, 64)
+    assert not set(generic.values()) & set(ours.config.extra)
+    ids = np.arange(12).reshape(2, 6) % VOCAB
+    with torch.no_grad():
+        expected = hf(torch.from_numpy(ids)).logits.numpy()
+    assert np.abs(ours(ids).logits - expected).max() < LOGITS_ATOL
+    ours.save_pretrained(tmp_path / "saved")
+    saved = json.loads((tmp_path / "saved" / "config.json").read_text())
+    assert saved["n_head"] == 4 and not set(generic.values()) & set(saved)
+    with pytest.raises(ValueError, match=r"^config.json: num_attention_heads=8 and n_head=4 disagree"):
+        tc.GPT2Config.from_dict({**CFGS["h4"], "num_attention_heads": 8})
+    assert tc.GPT2Config.from_dict({**CFGS["h4"], "num_attention_heads": 4}).n_head == 4
+
+
+def test_reorder_and_upcast_attn_loads_as_transformers_computes_it(tmp_path):
+    """reorder_and_upcast_attn moves the scaling and upcasts under mixed precision: transformers'
+    float32 logits with it are those without it. It was refused; it loads, the logits transformers'."""
+    cfg = transformers.GPT2Config(**CFGS["h4"], initializer_range=0.2, eos_token_id=None, bos_token_id=None,
+                                  reorder_and_upcast_attn=True, attn_implementation="eager")
+    torch.manual_seed(6)
+    hf = transformers.GPT2LMHeadModel(cfg).eval()
+    hf.save_pretrained(tmp_path, safe_serialization=True)
+    ours = tc.GPT2LMHeadModel.from_pretrained(tmp_path)
+    ids = np.arange(12).reshape(2, 6) % VOCAB
+    with torch.no_grad():
+        expected = hf(torch.from_numpy(ids)).logits.numpy()
+    assert np.abs(ours(ids).logits - expected).max() < LOGITS_ATOL

@@ -676,7 +676,7 @@ def read_gguf(path) -> GGUFCheckpoint:
     ``llama.attention.head_count_kv``, ``llama.attention.layer_norm_rms_epsilon``,
     ``llama.context_length``, ``llama.rope.freq_base``, ``llama.rope.dimension_count``,
     ``llama.attention.key_length`` / ``value_length``, ``llama.vocab_size``, ``llama.rope.scaling.type``,
-    ``llama.rope.scaling.factor`` / ``llama.rope.scale_linear``,
+    ``llama.rope.scaling.factor`` / ``llama.rope.scale_linear``, ``llama.rope.scaling.attn_factor``,
     ``tokenizer.ggml.{bos,eos,padding,unknown}_token_id`` (each checked to be in the vocabulary; the
     unknown token's id is not part of the config), ``tokenizer.ggml.tokens`` (vocabulary size) and
     ``tokenizer.chat_template``.
@@ -685,6 +685,8 @@ def read_gguf(path) -> GGUFCheckpoint:
     than "none", and, without a type (which llama.cpp reads as linear), a
     ``llama.rope.scaling.factor`` (or, where that key is absent, ``llama.rope.scale_linear``) other
     than 0 or 1 (both: no scaling). With the type "none" the factor is ignored, as llama.cpp does.
+    A ``llama.rope.scaling.attn_factor`` other than 1 is refused too, whatever the type: llama.cpp
+    multiplies the rotated queries and keys by it.
 
     The file is memory-mapped, not read: the checkpoint's tensors are views of the map (and so are
     the weights of a model built on its blocks), its long metadata arrays are decoded from the map
@@ -859,6 +861,12 @@ def _llama_config(path, md: dict, entries: dict) -> dict:
                 raise ValueError(f"{path}: GGUF metadata {key!r}: linear RoPE scaling (factor {factor}) "
                                  f"is not supported: expected no factor, 0 or 1")
             break
+    # llama.cpp multiplies the rotated queries and keys by rope.scaling.attn_factor (YaRN's mscale),
+    # whatever the scaling type: a factor other than 1 changes every attention score
+    attn_factor = _get(path, md, f"{a}.rope.scaling.attn_factor", float, None)
+    if attn_factor is not None and attn_factor != 1:
+        raise ValueError(f"{path}: GGUF metadata '{a}.rope.scaling.attn_factor': {attn_factor} is not supported "
+                         f"(llama.cpp scales the rotated queries and keys by it): expected 1 or no such key")
     eps = _get(path, md, f"{a}.attention.layer_norm_rms_epsilon", float, required=True)
     theta = _get(path, md, f"{a}.rope.freq_base", float, 10000.0)
     for key, v in (("attention.layer_norm_rms_epsilon", eps), ("rope.freq_base", theta)):

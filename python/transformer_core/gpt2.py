@@ -48,6 +48,11 @@ _CONV1D = re.compile(r"(^|\.)(attn\.c_attn|attn\.c_proj|mlp\.c_fc|mlp\.c_proj)\.
 _NOT_KEPT = frozenset({"model_type", "architectures", "n_ctx", "transformers_version", "torch_dtype", "dtype"})
 
 
+#: transformers' ``GPT2Config.attribute_map``: the generic names a config.json may use for GPT-2's fields.
+_HF_ALIASES = {"hidden_size": "n_embd", "num_attention_heads": "n_head", "num_hidden_layers": "n_layer",
+               "max_position_embeddings": "n_positions"}
+
+
 @dataclass
 class GPT2Config:
     """The fields of a Hugging Face ``GPT2Config`` that the forward pass needs (``config.json``).
@@ -91,10 +96,25 @@ class GPT2Config:
             whose fields would otherwise be dropped for GPT-2's defaults; options this
             implementation does not support (``scale_attn_weights=False``,
             ``tie_word_embeddings=False`` — the LM head is always ``wte`` —,
-            ``scale_attn_by_inverse_layer_idx``, ``reorder_and_upcast_attn``,
-            ``add_cross_attention``, an activation outside the library's table).
+            ``scale_attn_by_inverse_layer_idx``, ``add_cross_attention``, an activation outside the
+            library's table); a field given under both names of Hugging Face's ``attribute_map``
+            (``num_attention_heads`` and ``n_head``, ...) with two values.
+
+        Hugging Face's generic names (``hidden_size``, ``num_attention_heads``,
+        ``num_hidden_layers``, ``max_position_embeddings``: its ``GPT2Config.attribute_map``) are read
+        as the fields they stand for, as transformers reads them. ``reorder_and_upcast_attn`` is read
+        and kept in ``extra``: it moves the scaling and upcasts under mixed precision, and changes no
+        value in float32 or float64.
         """
         check_mapping(d, "config")
+        d = dict(d)
+        for alias, name in _HF_ALIASES.items():
+            if alias in d:
+                value = d.pop(alias)
+                if name in d and d[name] != value:
+                    raise ValueError(f"config.json: {alias}={value!r} and {name}={d[name]!r} disagree (transformers "
+                                     f"reads {alias} as {name}): give one of them")
+                d[name] = value
         model_type = d.get("model_type", "gpt2")
         if model_type != "gpt2":
             raise ValueError(f"config.json: model_type {model_type!r} is not supported here (expected 'gpt2')")
@@ -103,7 +123,7 @@ class GPT2Config:
         if d.get("tie_word_embeddings", True) is not True:
             raise ValueError(f"config.json: tie_word_embeddings={d['tie_word_embeddings']!r} is not supported: only "
                              "an LM head tied to the token embedding (wte), GPT-2's")
-        for key in ("scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn", "add_cross_attention"):
+        for key in ("scale_attn_by_inverse_layer_idx", "add_cross_attention"):
             if d.get(key, False):
                 raise ValueError(f"config.json: {key}=True is not supported")
         fields = {k: d[k] for k in cls.__dataclass_fields__ if k in d and k != "extra"}
