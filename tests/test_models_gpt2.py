@@ -910,6 +910,16 @@ def test_config_read_through_hugging_faces_generic_names(tmp_path):
     with pytest.raises(ValueError, match=r"^config.json: num_attention_heads=8 and n_head=4 disagree"):
         tc.GPT2Config.from_dict({**CFGS["h4"], "num_attention_heads": 8})
     assert tc.GPT2Config.from_dict({**CFGS["h4"], "num_attention_heads": 4}).n_head == 4
+    # a bad value given under the generic name is named so; a generic name kept in extra (which a save
+    # would write beside the field, and transformers read instead) is refused before anything is written
+    with pytest.raises(TypeError, match=r"^num_attention_heads \(read as n_head: expected an int"):
+        tc.GPT2Config.from_dict({**{k: v for k, v in CFGS["h4"].items() if k != "n_head"}, "num_attention_heads": 4.5})
+    config = tc.GPT2Config(**CFGS["h4"], extra={"num_attention_heads": 8})
+    with pytest.raises(ValueError, match=r"^extra: 'num_attention_heads' is transformers' name of 'n_head'"):
+        config.check()
+    with pytest.raises(ValueError, match=r"extra: 'num_attention_heads'"):
+        tc.GPT2LMHeadModel(config).save_pretrained(tmp_path / "never")
+    assert not (tmp_path / "never").exists()
 
 
 def test_reorder_and_upcast_attn_loads_as_transformers_computes_it(tmp_path):

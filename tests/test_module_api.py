@@ -379,13 +379,16 @@ def test_hasattr_and_getattr_default_on_a_quantized_layer_do_not_raise():
     (lambda lib: lib.nn.LayerNorm(4, elementwise_affine=False), "bias"),
     (lambda lib: lib.nn.MultiheadAttention(8, 2, bias=False), "in_proj_bias"),
     (lambda lib: lib.nn.MultiheadAttention(8, 2), "bias_k"),
-], ids=["linear", "layer_norm_bias", "layer_norm_weight", "layer_norm_affine_bias", "mha", "mha_bias_k"])
+    (lambda lib: lib.nn.MultiheadAttention(8, 2), "q_proj_weight"),
+    (lambda lib: lib.nn.MultiheadAttention(8, 2, kdim=4, vdim=6), "in_proj_weight"),
+], ids=["linear", "layer_norm_bias", "layer_norm_weight", "layer_norm_affine_bias", "mha", "mha_bias_k",
+        "mha_q_proj_weight", "mha_kdim_in_proj_weight"])
 def test_a_weight_built_without_reads_none_as_torchs(build, name):
     """``if m.bias is not None:`` over a model's modules, torch's idiom: a weight the layer was built
     without is None in torch and was an AttributeError here."""
     theirs = build(torch)
-    ours = build(tc) if not isinstance(theirs, torch.nn.MultiheadAttention) else \
-        tc.nn.MultiheadAttention(8, 2, bias=theirs.in_proj_bias is not None)
+    ours = build(tc) if not isinstance(theirs, torch.nn.MultiheadAttention) else tc.nn.MultiheadAttention(
+        8, 2, bias=theirs.in_proj_bias is not None, kdim=theirs.kdim, vdim=theirs.vdim)
     assert getattr(theirs, name) is None
     assert getattr(ours, name) is None
     assert name not in dict(ours.named_parameters())
@@ -406,8 +409,45 @@ def test_a_parameter_is_not_iterable():
     """__getitem__ (which explains p.data) made a Parameter look iterable: iter, list and `in` said
     "not indexable"; they say "not iterable", as before, while p[0] keeps its advice."""
     p = tc.nn.Linear(2, 2).weight
-    for call in (lambda: iter(p), lambda: list(p), lambda: 0 in p):
-        with pytest.raises(TypeError, match="is not iterable"):
+    for call in (lambda: iter(p), lambda: list(p), lambda: 0 in p, lambda: sum(p)):
+        with pytest.raises(TypeError, match=r"^Parameter 'weight' is not iterable: iterate over its values instead, "
+                                            r"p\.data"):
             call()
     with pytest.raises(TypeError, match=r"p\.data\[0\]"):
         p[0]
+
+
+def test_rms_norm_has_no_bias_as_torchs():
+    """torch's RMSNorm has no bias at all (hasattr False); LayerNorm's optional-weight rule gave
+    ours a None bias."""
+    assert not hasattr(torch.nn.RMSNorm(4), "bias")
+    assert not hasattr(tc.nn.RMSNorm(4), "bias")
+    assert tc.nn.RMSNorm(4, elementwise_affine=False).weight is None
+    assert torch.nn.RMSNorm(4, elementwise_affine=False).weight is None
+
+
+def test_a_subclass_naming_its_weights_from_its_state_is_not_read_from_a_stale_cache():
+    """A user's subclass whose _public_name reads an attribute set after the C++ module: the names
+    were cached before that attribute was set (p.weight raised StopIteration, and a child could be
+    attached over the weights' names). A hook that does not declare itself a function of the core
+    name alone is read each time."""
+
+    class Proj(tc.nn.Linear):
+        prefix = ""
+
+        def __init__(self, i, o, prefix="proj."):
+            super().__init__(i, o)
+            self.prefix = prefix
+
+        def _public_name(self, core_name):
+            return self.prefix + core_name
+
+    p = Proj(4, 4)
+    assert list(p.state_dict()) == ["proj.weight", "proj.bias"]
+    assert not hasattr(p, "weight")
+    with pytest.raises(AttributeError, match=r"'proj\.weight', 'proj\.bias'"):
+        p.proj
+    with pytest.raises(ValueError, match=r"^Proj\.proj: cannot assign"):
+        p.proj = tc.nn.Linear(2, 2)
+    p.prefix = "other."
+    assert list(p.state_dict()) == ["other.weight", "other.bias"]

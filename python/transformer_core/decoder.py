@@ -189,8 +189,9 @@ class DecoderModel(Module):
         self.config = config if isinstance(config, self.config_class) else self.config_class.from_dict(config)
         from ._runtime import core
 
+        core_config = self._core_config()  # the config's own checks, in its names (not renamed below)
         try:
-            self._impl = getattr(core, self._core_class + sfx)(self._core_config())
+            self._impl = getattr(core, self._core_class + sfx)(core_config)
         except ValueError as e:  # the C++ decoder names its generic fields: give the architecture's names
             raise ValueError(_renamed(str(e), getattr(self.config, "_CORE_NAMES", {}))) from None
         self._init_weights()

@@ -107,14 +107,14 @@ class GPT2Config:
         value in float32 or float64.
         """
         check_mapping(d, "config")
-        d = dict(d)
+        d, read_as = dict(d), {}
         for alias, name in _HF_ALIASES.items():
             if alias in d:
                 value = d.pop(alias)
                 if name in d and d[name] != value:
                     raise ValueError(f"config.json: {alias}={value!r} and {name}={d[name]!r} disagree (transformers "
                                      f"reads {alias} as {name}): give one of them")
-                d[name] = value
+                d[name], read_as[name] = value, alias
         model_type = d.get("model_type", "gpt2")
         if model_type != "gpt2":
             raise ValueError(f"config.json: model_type {model_type!r} is not supported here (expected 'gpt2')")
@@ -129,7 +129,13 @@ class GPT2Config:
         fields = {k: d[k] for k in cls.__dataclass_fields__ if k in d and k != "extra"}
         extra = {k: copy.deepcopy(v) for k, v in d.items() if k not in cls.__dataclass_fields__ and k not in _NOT_KEPT}
         config = cls(**fields, extra=extra)
-        config.check()
+        try:
+            config.check()
+        except (TypeError, ValueError) as e:  # a field the file gave under its generic name: named so
+            name = str(e).partition(":")[0]
+            if name in read_as:
+                raise type(e)(f"{read_as[name]} (read as {e})") from None
+            raise
         return config
 
     #: The C++ decoder's names of the fields (in its errors) -> GPT-2's.
@@ -158,6 +164,10 @@ class GPT2Config:
         for name in ("resid_pdrop", "embd_pdrop", "attn_pdrop"):
             check_dropout(getattr(self, name), name)
         check_mapping(self.extra, "extra")
+        generic = sorted(set(_HF_ALIASES) & set(self.extra))
+        if generic:  # saved beside the field, transformers would read it instead (its attribute_map)
+            raise ValueError(f"extra: {generic[0]!r} is transformers' name of {_HF_ALIASES[generic[0]]!r} (its "
+                             f"GPT2Config.attribute_map): set the field instead of keeping the name in extra")
         return self
 
     def to_dict(self) -> dict:

@@ -245,6 +245,8 @@ class LlamaModel(DecoderModel):
         ``gradients`` and the saved optimizer moments all speak Hugging Face's order."""
         return self._qk_permutation(name)
 
+    _public_name_of_core_name_only = True  # the names below hang on the core name alone
+
     def _public_name(self, core_name: str) -> str | None:
         return None if core_name == "lm_head.weight" else core_name  # hidden states need no head
 
@@ -440,6 +442,8 @@ class LlamaForCausalLM(LlamaModel, CausalLM):
     def _dropout_probs(self) -> tuple[float, float]:
         warn_attention_dropout(check_dropout(self.config.attention_dropout, "attention_dropout"), "attention_dropout")
         return 0.0, 0.0
+
+    _public_name_of_core_name_only = True  # the names below hang on the core name alone
 
     def _public_name(self, core_name: str) -> str:
         return core_name if core_name == "lm_head.weight" else "model." + core_name

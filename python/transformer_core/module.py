@@ -1029,7 +1029,7 @@ class Module:
                      if (public := self._public_name(core_name)) is not None]
         finally:
             busy.discard(id(self))
-        if type(self)._public_name_of_core_name_only:  # the same names for as long as this C++ module lives
+        if _names_fixed(type(self)):  # the same names for as long as this C++ module lives
             self.__dict__["_weight_names"] = (id(impl), tuple(names))
         return names
 
@@ -1058,9 +1058,11 @@ class Module:
             under = self._weights_under(name)
             if under == [name]:
                 try:  # this weight's Parameter only: another one held quantized does not matter here
-                    return next(p for key, p, _ in self._parameter_places(only={name}) if key == name)
+                    found = next((p for key, p, _ in self._parameter_places(only={name}) if key == name), None)
                 except ValueError as e:  # this one is held quantized: hasattr() gives False
                     raise AttributeError(f"{cls.__name__}.{name}: {e} (state_dict() gives its values)") from None
+                if found is not None:
+                    return found
             if not under and name in cls._optional_weights:
                 return None  # built without it (bias=False, ...): torch's None
             if under:
@@ -1157,7 +1159,8 @@ class Module:
 
     #: Whether :meth:`_public_name` depends on the core name alone (not on an attribute that could
     #: change): the names are then read once per C++ module (:meth:`_own_weight_names`), as attribute
-    #: assignment and lookup ask for them. A class whose hook reads its state sets it False.
+    #: assignment and lookup ask for them. Read from the class that defines the ``_public_name`` in
+    #: use (:func:`_names_fixed`): a subclass overriding the hook without saying so is read each time.
     _public_name_of_core_name_only = True
 
     #: Weights a class's constructor can leave out (``bias=False``, ``elementwise_affine=False``):
@@ -2139,6 +2142,14 @@ def _quantized_weights(module) -> dict[str, str]:
         if tied_copy is not None:
             out[name + TIED_HEAD_COPY] = tied_copy
     return out
+
+
+def _names_fixed(cls) -> bool:
+    """Whether the weight names of ``cls``'s modules can be read once per C++ module: the class in
+    its MRO that defines the ``_public_name`` in use says so itself (``_public_name_of_core_name_only``
+    in its own namespace; a hook defined without it may read state, e.g. a user's subclass)."""
+    owner = next(k for k in cls.__mro__ if "_public_name" in vars(k))
+    return vars(owner).get("_public_name_of_core_name_only", False) is True
 
 
 def _held_quantized(quantized: dict[str, str]) -> str:

@@ -383,8 +383,11 @@ class MultiheadAttention(Module):
             ``dropout``); a non-number ``dropout``; a ``dtype`` other than float32/float64.
     """
 
-    # bias=False: in_proj_bias is None; bias_k and bias_v (add_bias_kv, not supported) always are, as torch's
-    _optional_weights = frozenset({"in_proj_bias", "bias_k", "bias_v"})
+    # None as torch's where a layer is built without them: in_proj_bias (bias=False), in_proj_weight
+    # (kdim/vdim: q/k/v_proj_weight instead) or q/k/v_proj_weight (one in_proj_weight), and always
+    # bias_k and bias_v (add_bias_kv, not supported)
+    _optional_weights = frozenset({"in_proj_bias", "in_proj_weight", "q_proj_weight", "k_proj_weight",
+                                   "v_proj_weight", "bias_k", "bias_v"})
 
     @renamed_keyword("num_kv_heads", "num_key_value_heads")
     def __init__(self, embed_dim: int, num_heads: int, bias: bool = True, *, num_key_value_heads: int | None = None,
@@ -1146,7 +1149,7 @@ class _Norm(Module):
 
     normalized_size: int
     elementwise_affine: bool = True
-    _optional_weights = frozenset({"weight", "bias"})  # elementwise_affine=False, bias=False: None
+    _optional_weights = frozenset({"weight", "bias"})  # elementwise_affine=False, bias=False: None (RMSNorm: below)
     _public_name_of_core_name_only = False  # the names hang on elementwise_affine
 
     @property
@@ -1240,6 +1243,8 @@ class RMSNorm(_Norm):
         ValueError: E < 1, a ``normalized_shape`` tuple/list not of length 1; ``eps`` negative or not
             finite; weights larger than this machine's memory.
     """
+
+    _optional_weights = frozenset({"weight"})  # torch's RMSNorm has no bias at all: an AttributeError
 
     def __init__(self, normalized_shape, eps: float | None = None, elementwise_affine: bool = True,
                  dtype=np.float32):

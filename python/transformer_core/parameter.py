@@ -191,8 +191,16 @@ class Parameter:
         """How the messages name this parameter: ``Parameter 'name'``, or ``a Parameter``."""
         return "a Parameter" if self.name is None else f"Parameter {self.name!r}"
 
-    #: Not iterable (``iter(p)``, ``list(p)``, ``x in p``: "not iterable"), though it has __getitem__.
-    __iter__ = None
+    def __iter__(self):
+        """Refused (TypeError): a Parameter is not a sequence (``iter(p)``, ``list(p)``, ``x in p``);
+        iterate over its values, ``p.data``."""
+        raise TypeError(f"{self._called()} is not iterable: iterate over its values instead, p.data (a numpy "
+                        f"array of shape {self._data.shape})")
+
+    def __contains__(self, value):
+        """Refused (TypeError), as :meth:`__iter__` (``x in p``: Python would replace the iterator's
+        message by its own)."""
+        self.__iter__()
 
     def __getitem__(self, index):
         """Refused (TypeError): a Parameter is not an array; index its values, ``p.data[index]``

@@ -247,6 +247,8 @@ class Embeddings(Module):
         self._impl = getattr(core, "Embeddings" + sfx)(config)
         self._init_weights()
 
+    _public_name_of_core_name_only = True  # a class table: the core name alone
+
     def _public_name(self, core_name: str) -> str:
         return self._CORE_NAMES.get(core_name, core_name)
 
