@@ -407,9 +407,7 @@ class LlamaModel(DecoderModel):
                 if info.row_permutation is not None:  # ... back to the file's (a q/k bias)
                     value = np.ascontiguousarray(value[np.argsort(info.row_permutation)])
                 dense.append((slot, value))
-        for name in blocks:  # the scales, named as the file's tensors (a q/k row in Hugging Face's order)
-            checkpoint._check_scales(infos[name])
-        try:
+        try:  # the blocks' scales are checked there, once (a NaN or inf one: the weight, block and row named)
             set_gguf_weights(model, blocks)
         except ValueError as e:
             raise ValueError(f"{checkpoint.path}: {e}") from None

@@ -829,7 +829,8 @@ def set_gguf_weights(module, weights) -> None:
             not a Linear/Embedding weight (or is stored transposed) or is already quantized, one
             part of a packed matrix without the others (the message names the missing ones), an
             unknown ``ggml_type``, wrong byte counts, a block with a NaN or inf scale (the message
-            gives the block's index and row, and how many there are); the module is unchanged. Each
+            gives the block's index, its row in the order ``state_dict`` reads the weight in, and
+            how many there are); the module is unchanged. Each
             message names the entry (``weights['weight']: ggml_type: ...``).
     """
     from collections.abc import Mapping
@@ -870,7 +871,8 @@ def set_gguf_weights(module, weights) -> None:
         expected = _check_block_dims(ggml_type, slot.shape[0], slot.shape[1], f"{entry}: rows",
                                      f"{entry}: in_features")
         raw = _block_bytes(blocks, expected, f"{slot.shape[0]} x {slot.shape[1]} {ggml_type}", f"{entry}: blocks")
-        _check_block_scales(raw, ggml_type, slot.shape[1], f"{entry}: blocks")  # one strided pass
+        # one strided pass; a bad block's row given in the state dict's order, as the entry is named
+        _check_block_scales(raw, ggml_type, slot.shape[1], f"{entry}: blocks", slot.row_permutation)
         per_impl.setdefault(id(slot.impl), (slot.impl, [], []))
         per_impl[id(slot.impl)][1].append((slot.core_name, ggml_type, raw))
         per_impl[id(slot.impl)][2].append(name)
