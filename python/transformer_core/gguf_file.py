@@ -615,6 +615,10 @@ class GGUFCheckpoint:
         dtype = resolve_dtype(dtype)
         info = self.tensor_info(name)
         self._check_scales(info)
+        return self._dequantized(info, dtype)
+
+    def _dequantized(self, info: GGUFTensorInfo, dtype) -> np.ndarray:
+        """:meth:`tensor` of ``info``, its scales already checked."""
         if info.ggml_type == "F32":
             values = info.raw.view("<f4")
         elif info.ggml_type == "F16":
@@ -652,9 +656,10 @@ class GGUFCheckpoint:
                 tensor is dequantized.
         """
         dtype = resolve_dtype(dtype)
-        for name in self._infos:  # every tensor's scales first: nothing dequantized for a bad file
-            self._check_scales(self.tensor_info(name))
-        return {name: self.tensor(name, dtype) for name in self._infos}
+        infos = {name: self.tensor_info(name) for name in self._infos}
+        for info in infos.values():  # every tensor's scales first: nothing dequantized for a bad file
+            self._check_scales(info)
+        return {name: self._dequantized(info, dtype) for name, info in infos.items()}
 
     def close(self) -> None:
         """Drops the checkpoint's reference to the memory map (raw views taken before, and metadata
