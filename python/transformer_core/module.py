@@ -1116,7 +1116,7 @@ class Module:
 
     def __repr__(self) -> str:
         """torch's layout: the class name, :meth:`extra_repr` in parentheses, then the modules
-        under it (:meth:`named_children`), one per line, indented; a run of children at consecutive
+        under it at every place they are held (a shared one twice), one per line, indented; a run of children at consecutive
         places that print alike is one line, as torch's (``(layers.0-2): 3 x
         TransformerEncoderLayer(d_model=8, nhead=2, dim_feedforward=16)``); a module met again
         under itself (``head.backbone = model``) prints as ``Class(...)`` there::
@@ -1771,7 +1771,8 @@ class Module:
         module already does, and returns ``self``. ``False`` (freeze the weights) is refused: a
         backward here runs in C++ and adds the gradient of every weight of the module (there is no
         autograd, and :class:`~transformer_core.parameter.Parameter`'s ``requires_grad`` is always
-        True: setting it False is refused as here). To freeze weights, hand the optimizer (and ``clip_grad_norm_``) only the others::
+        True: setting it False is refused as here). To freeze weights, hand the optimizer (and
+        ``clip_grad_norm_``) only the others::
 
             trained = [(n, p) for n, p in model.named_parameters() if not n.startswith("embeddings.")]
             opt = tc.optim.AdamW(trained, lr=3e-4)
@@ -2050,9 +2051,10 @@ def _short_repr(value) -> str:
 
 
 def _grouped_children(module) -> list[tuple[str, str]]:
-    """``[(name, repr)]`` of the children of ``module`` at every place (:meth:`Module._registered_children`:
-    a layer at two places, as torch's repr lists it) for its repr; a run of two or more at consecutive places ``prefix.i`` that print alike is one entry,
-    ``("prefix.i-j", "n x repr")``, as torch prints a ``ModuleList`` of equal layers."""
+    """``[(name, repr)]`` of the children of ``module`` at every place, for its repr
+    (:meth:`Module._registered_children`: a layer at two places is listed twice, as torch's repr
+    lists it); a run of two or more at consecutive places ``prefix.i`` that print alike is one
+    entry, ``("prefix.i-j", "n x repr")``, as torch prints a ``ModuleList`` of equal layers."""
     out: list[tuple[str, str]] = []
     run: list = []  # [prefix, first index, last index, repr] of the run being grouped
 
