@@ -433,3 +433,29 @@ def test_encoder_layer_takes_torchs_batch_first(rng, dtype):
     assert_close(ours(x_lne.transpose(1, 0, 2)).transpose(1, 0, 2), r, dtype, what="the advice, transposed")
     with pytest.raises(TypeError, match="batch_first: expected a bool"):
         tc.nn.TransformerEncoderLayer(8, 2, 16, batch_first=1)
+
+
+# ------------------------------------------------------------------- activation given as a callable
+@pytest.mark.parametrize("make_activation, name", [
+    (lambda: TF.relu, "relu"), (lambda: TF.gelu, "gelu"), (lambda: torch.nn.ReLU(), "relu"),
+    (lambda: torch.nn.GELU(), "gelu"), (lambda: torch.nn.GELU(approximate="tanh"), "gelu_tanh"),
+    (lambda: tc.functional.gelu, "gelu")], ids=["F.relu", "F.gelu", "nn.ReLU", "nn.GELU", "nn.GELU-tanh", "tc.gelu"])
+def test_encoder_layer_takes_torch_activation_callables(rng, make_activation, name):
+    """torch's layers take F.gelu, nn.GELU(), ... as activation: ours run the same function by name,
+    and match torch's layer built with torch's callable of that function."""
+    torch_activation = {"relu": TF.relu, "gelu": TF.gelu, "gelu_tanh": torch.nn.GELU(approximate="tanh")}[name]
+    ref = make_torch_layer(12, 3, 20, torch_activation, False, np.float64)
+    ours = tc.nn.TransformerEncoderLayer(12, 3, dim_feedforward=20, activation=make_activation(), dtype=np.float64)
+    assert ours.activation == name
+    ours.load_state_dict(module_state_to_numpy(ref))
+    x = randn(rng, (2, 5, 12), np.float64)
+    assert_close(ours(x), torch_layer(ref, x), np.float64, what=f"activation {name}")
+
+
+def test_feed_forward_and_gated_take_callables_and_refuse_others():
+    assert tc.nn.FeedForward(4, 8, activation=torch.nn.GELU()).activation == "gelu"
+    assert tc.nn.GatedFeedForward(4, 8, activation=TF.silu).activation == "silu"
+    assert tc.nn.Transformer(8, 2, 1, 1, 16, activation=TF.gelu).encoder.layers[0].activation == "gelu"
+    for bad in (lambda t: t * 2, torch.nn.LeakyReLU(), torch.sigmoid):
+        with pytest.raises(TypeError, match=r"activation: .*other callables cannot run in the C\+\+ layer"):
+            tc.nn.TransformerEncoderLayer(8, 2, 16, activation=bad)

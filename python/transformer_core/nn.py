@@ -46,6 +46,7 @@ forward's backward, are then without it too.
 from __future__ import annotations
 
 import math
+import sys
 import threading
 import warnings
 
@@ -133,10 +134,48 @@ def _refuse_padding_mask(value, name: str, replacement: str) -> None:
                         f"(True = a real token)")
 
 
-def _check_activation(name) -> str:
-    """An activation name of the library's one table (``_core.activation_names()``)."""
-    activation(name, "activation")
-    return name
+# torch's callables that torch's own layers recognise for its fast path, and this package's, by the
+# name of our table that computes the same function (F.gelu and nn.GELU() are erf's GELU).
+_CALLABLE_ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "silu": "silu", "tanh": "tanh"}
+_MODULE_ACTIVATIONS = {"ReLU": "relu", "SiLU": "silu", "Tanh": "tanh"}
+
+
+def _callable_activation_name(value) -> str | None:
+    """The table's name for one of torch's activation callables (``F.relu``, ``F.gelu``, ``F.silu``,
+    ``torch.tanh``, ``nn.ReLU()``, ``nn.GELU(approximate=...)``, ``nn.SiLU()``, ``nn.Tanh()``) or
+    this package's ``functional.relu``/``gelu``/``silu``; None for any other object."""
+    from . import functional
+
+    for name, table_name in _CALLABLE_ACTIVATIONS.items():
+        if getattr(functional, name, None) is value:
+            return table_name
+    torch = sys.modules.get("torch")
+    if torch is None:  # a torch object cannot exist without torch imported
+        return None
+    for name, table_name in _CALLABLE_ACTIVATIONS.items():
+        if value is getattr(torch.nn.functional, name, None) or (name == "tanh" and value is torch.tanh):
+            return table_name
+    if isinstance(value, torch.nn.GELU):
+        return {"none": "gelu", "tanh": "gelu_tanh"}.get(getattr(value, "approximate", None))
+    for cls, table_name in _MODULE_ACTIVATIONS.items():
+        if isinstance(value, getattr(torch.nn, cls)):
+            return table_name
+    return None
+
+
+def _check_activation(value) -> str:
+    """An activation name of the library's one table (``_core.activation_names()``), or one of the
+    callables :func:`_callable_activation_name` knows (returned as its name). Any other callable
+    raises ``TypeError``: the feed-forward runs in C++ and cannot call Python per element."""
+    if callable(value) and not isinstance(value, str):
+        name = _callable_activation_name(value)
+        if name is None:
+            raise TypeError(f"activation: expected a name of {list(_core.activation_names())} or one of torch's "
+                            f"F.relu/F.gelu/F.silu/torch.tanh, nn.ReLU()/nn.GELU()/nn.SiLU()/nn.Tanh(); other "
+                            f"callables cannot run in the C++ layer, got {type_path(value)} {value!r}")
+        return name
+    activation(value, "activation")
+    return value
 
 
 def _float_mask(mask, name: str):
@@ -478,7 +517,10 @@ class MultiheadAttention(Module):
                 A bool mask raises ``TypeError`` (see the module doc; ``masks.to_additive`` converts
                 one), as does any other non-float dtype.
             key_mask: ``(N, S)`` bool/0-1, True = a real key (``~key_padding_mask`` in torch).
-            is_causal: apply the causal mask (key s visible to query l iff s <= l).
+            is_causal: apply the causal mask (key s visible to query l iff s <= l), together with
+                ``attn_mask`` and ``key_mask``: a key must be allowed by every mask given. (torch
+                reads ``is_causal`` as a hint that ``attn_mask`` is causal and needs the mask with
+                it; where the mask is causal the two agree.)
             need_weights: also return the attention weights (default True, as torch's); False skips
                 computing them (``(N, H, L, S)`` values), the faster call when only the output is
                 used (``out, _ = mha(x, need_weights=False)``).
@@ -860,7 +902,9 @@ class FeedForward(Module):
     Args:
         d_model: E, input and output width.
         dim_feedforward: F, hidden width (4·E is usual).
-        activation: ``"relu"`` (the paper, the encoder–decoder and einsum tutorials) or ``"gelu"`` (BERT, the encoder tutorial).
+        activation: ``"relu"`` (the paper, the encoder–decoder and einsum tutorials) or ``"gelu"`` (BERT, the encoder tutorial),
+            or torch's callable of the same function (``F.relu``, ``nn.GELU()``, ...: see
+            :class:`TransformerEncoderLayer`), kept as its name.
         bias: biases of both linears.
         dtype: ``np.float32`` or ``np.float64``.
 
@@ -868,7 +912,8 @@ class FeedForward(Module):
     ``linear2.bias (E)``.
 
     Raises:
-        TypeError: non-int sizes, a non-str ``activation``, a non-bool ``bias``, a ``dtype`` other
+        TypeError: non-int sizes, an ``activation`` neither a str nor one of the callables named above, a
+            non-bool ``bias``, a ``dtype`` other
             than float32/float64.
         ValueError: sizes < 1, an unknown ``activation`` (the message lists the names); weights
             larger than this machine's memory.
@@ -880,7 +925,7 @@ class FeedForward(Module):
         self.d_model = check_positive_int(d_model, "d_model")
         self.dim_feedforward = check_positive_int(dim_feedforward, "dim_feedforward")
         self.activation = _check_activation(activation)
-        self._impl = getattr(_core, "FeedForward" + sfx)(self.d_model, self.dim_feedforward, activation,
+        self._impl = getattr(_core, "FeedForward" + sfx)(self.d_model, self.dim_feedforward, self.activation,
                                                          check_bool(bias, "bias"))
         self._init_weights()
 
@@ -937,7 +982,8 @@ class GatedFeedForward(Module):
         d_model: E, input and output width.
         dim_feedforward: F, hidden width (Llama: about 8/3 · E).
         activation: ``"silu"`` (SwiGLU, default) or any name of the library's table (``"gelu"``:
-            GeGLU).
+            GeGLU), or torch's callable of the same function (``F.silu``, ``nn.SiLU()``, ...: see
+            :class:`TransformerEncoderLayer`), kept as its name.
         bias: biases of the three projections (Llama: none).
         dtype: ``np.float32`` or ``np.float64``.
 
@@ -945,7 +991,8 @@ class GatedFeedForward(Module):
     ``down_proj.weight (E, F)`` (+ ``.bias`` with ``bias``).
 
     Raises:
-        TypeError: non-int sizes, a non-str ``activation``, a non-bool ``bias``, a ``dtype`` other
+        TypeError: non-int sizes, an ``activation`` neither a str nor one of the callables named above, a
+            non-bool ``bias``, a ``dtype`` other
             than float32/float64.
         ValueError: sizes < 1, an unknown ``activation`` (the message lists the names); weights
             larger than this machine's memory.
@@ -957,7 +1004,7 @@ class GatedFeedForward(Module):
         self.d_model = check_positive_int(d_model, "d_model")
         self.dim_feedforward = check_positive_int(dim_feedforward, "dim_feedforward")
         self.activation = _check_activation(activation)
-        self._impl = getattr(_core, "GatedFeedForward" + sfx)(self.d_model, self.dim_feedforward, activation,
+        self._impl = getattr(_core, "GatedFeedForward" + sfx)(self.d_model, self.dim_feedforward, self.activation,
                                                                check_bool(bias, "bias"))
         self._init_weights()
 
@@ -991,7 +1038,11 @@ class TransformerEncoderLayer(Module):
         d_model, nhead, dim_feedforward, activation, layer_norm_eps, norm_first, bias: as torch
             (defaults 2048, "relu", 1e-5, False, True); ``activation`` is torch's "relu" or "gelu"
             or any other name of the library's table (``_core.activation_names()``: "silu",
-            "gelu_tanh", ...), a ValueError listing them for an unknown one.
+            "gelu_tanh", ...), a ValueError listing them for an unknown one; or one of torch's
+            callables that compute one of them (``F.relu``, ``F.gelu``, ``F.silu``, ``torch.tanh``,
+            ``nn.ReLU()``, ``nn.GELU()``, ``nn.GELU(approximate="tanh")``, ``nn.SiLU()``,
+            ``nn.Tanh()``, or this package's ``functional.relu``/``gelu``/``silu``), kept as its
+            name in ``self.activation``. Other callables raise TypeError: the layer runs in C++.
         dtype: ``np.float32`` or ``np.float64``.
         dropout: (keyword) torch's dropout1/2 and the feed-forward's, in training forwards only
             (default 0; torch's is 0.1). Attention-probability dropout is not implemented.
@@ -1009,7 +1060,8 @@ class TransformerEncoderLayer(Module):
     through ``state_dict()``, ``load_state_dict`` and ``named_parameters()``.
 
     Raises:
-        TypeError: non-int ``d_model``/``nhead``/``dim_feedforward``; ``activation`` not a str (for a
+        TypeError: non-int ``d_model``/``nhead``/``dim_feedforward``; ``activation`` neither a str nor one
+            of the callables above (for a
             float, the message says torch's fourth positional argument is ``dropout``);
             ``layer_norm_eps`` or ``dropout`` not a number; ``norm_first``, ``bias`` or ``batch_first``
             not a bool; a ``dtype`` other than float32/float64.
@@ -1031,7 +1083,7 @@ class TransformerEncoderLayer(Module):
         _check_layer_args(self, d_model, nhead, dim_feedforward, activation, layer_norm_eps, norm_first, bias)
         self.dropout = check_dropout(dropout)
         self._impl = getattr(_core, "TransformerEncoderLayer" + sfx)(
-            self.d_model, self.nhead, self.dim_feedforward, activation, self.layer_norm_eps, self.norm_first,
+            self.d_model, self.nhead, self.dim_feedforward, self.activation, self.layer_norm_eps, self.norm_first,
             self.bias)
         self._init_weights()
 
@@ -1050,7 +1102,9 @@ class TransformerEncoderLayer(Module):
                 broadcast); float, added to the scores (0 = allowed, -inf = blocked).
             src_key_mask: ``(N, L)`` (``(L,)`` with an unbatched ``src``), True = a real token
                 (``~src_key_padding_mask`` in torch).
-            is_causal: apply the causal mask.
+            is_causal: apply the causal mask, together with ``src_mask`` and ``src_key_mask``
+                (a key must be allowed by every mask given; torch reads the flag as a hint that
+                ``src_mask`` is causal: where it is, the two agree).
             src_key_padding_mask: torch's name, refused (``TypeError``): pass
                 ``src_key_mask=~src_key_padding_mask``.
 
@@ -1293,7 +1347,7 @@ class TransformerDecoderLayer(Module):
         _check_layer_args(self, d_model, nhead, dim_feedforward, activation, layer_norm_eps, norm_first, bias)
         self.dropout = check_dropout(dropout)
         self._impl = getattr(_core, "TransformerDecoderLayer" + sfx)(
-            self.d_model, self.nhead, self.dim_feedforward, activation, self.layer_norm_eps, self.norm_first,
+            self.d_model, self.nhead, self.dim_feedforward, self.activation, self.layer_norm_eps, self.norm_first,
             self.bias)
         self._init_weights()
 
@@ -1318,7 +1372,9 @@ class TransformerDecoderLayer(Module):
             memory_mask: cross-attention mask, ``(T, S)``, ``(N·nhead, T, S)`` or 4-D broadcastable
                 to ``(N, nhead, T, S)``; float, added.
             tgt_key_mask: ``(N, T)``, True = real token. memory_key_mask: ``(N, S)``.
-            tgt_is_causal: apply the causal mask to the self-attention.
+            tgt_is_causal: apply the causal mask to the self-attention, together with ``tgt_mask``
+                and ``tgt_key_mask`` (every mask given applies; torch reads the flag as a hint that
+                ``tgt_mask`` is causal: where it is, the two agree).
             memory_is_causal: apply a (top-left) causal mask to the cross-attention.
             tgt_key_padding_mask, memory_key_padding_mask: torch's names, refused (``TypeError``):
                 pass ``tgt_key_mask=~tgt_key_padding_mask``, ``memory_key_mask=~memory_key_padding_mask``.
@@ -1490,6 +1546,9 @@ class _Stack(Module):
 class TransformerEncoder(_Stack):
     """A stack of ``num_layers`` copies of ``encoder_layer`` and an optional final norm, as
     ``torch.nn.TransformerEncoder`` (the encoder tutorial's ``TransformerEncoder``, without the embeddings).
+    The rows of padding tokens (``src_key_mask`` False) hold what the layers compute there, as torch's
+    regular path does; torch's nested-tensor fast path (eval, no grad, ``enable_nested_tensor``, its
+    default) returns zeros in them instead. The rows of real tokens agree either way.
 
     Args:
         encoder_layer: a :class:`TransformerEncoderLayer` (copied, weights included).
@@ -1639,7 +1698,8 @@ _CONTAINING_TABLES = threading.local()
 class Transformer(Module):
     """The encoder-decoder Transformer (Vaswani et al. 2017, Figure 1; the encoder–decoder tutorial), as
     ``torch.nn.Transformer(batch_first=True)`` in eval mode: an encoder stack and a decoder stack,
-    each ending in a LayerNorm.
+    each ending in a LayerNorm. The encoder's rows of padding tokens are as in
+    :class:`TransformerEncoder` (torch's regular path, not its nested-tensor zeros).
 
     Args: ``d_model=512, nhead=8, num_encoder_layers=6, num_decoder_layers=6,
     dim_feedforward=2048, activation="relu", layer_norm_eps=1e-5, norm_first=False, bias=True``
