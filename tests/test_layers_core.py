@@ -313,6 +313,11 @@ def test_mha_with_cache_and_rope_matches_torch(rng, dtype, H, Hkv):
     out2, _ = mha(x[:, :P], is_causal=True, past_key_values=cache2, rotary=rope,
                   position_ids=np.broadcast_to(np.arange(P), (N, P)))
     assert_close(out2, out0, dtype, atol_=0.0, what="explicit positions")
+    # Hugging Face's shared positions, (1, P) or (P,), broadcast over the batch: the same values
+    for shared in (np.arange(P)[None], np.arange(P)):
+        cache3 = tc.KVCache(1, N, Hkv, D, dtype=dtype)
+        out3, _ = mha(x[:, :P], is_causal=True, past_key_values=cache3, rotary=rope, position_ids=shared)
+        assert_close(out3, out0, dtype, atol_=0.0, what=f"shared positions {shared.shape}")
 
 
 def test_mha_cache_bad_input():
@@ -332,6 +337,10 @@ def test_mha_cache_bad_input():
         mha(x, rotary=tc.positional.rotary_cos_sin(3, 4))
     with pytest.raises(ValueError, match="position_ids"):
         mha(x, rotary=tc.positional.RotaryEmbedding(4, 16), position_ids=[[0, 1, 16], [0, 1, 2]])
+    with pytest.raises(TypeError, match=r"^position_ids: expected integer positions"):  # was "token ids"
+        mha(x, rotary=tc.positional.RotaryEmbedding(4, 16), position_ids=[[0, 1.5, 2], [0, 1, 2]])
+    with pytest.raises(ValueError, match=r"^position_ids: expected shape \(2, 3\)"):  # (1, L) is shared; (3, L) not
+        mha(x, rotary=tc.positional.RotaryEmbedding(4, 16), position_ids=np.zeros((3, 3), int))
 
 
 

@@ -718,3 +718,15 @@ def test_apply_rotary_pos_emb_k_of_another_head_dim_is_refused_naming_k(k_dim, r
     rq, rk = seed_apply_rotary_pos_emb(to_torch(q), to_torch(k), to_torch(cos), to_torch(sin))
     assert_close(q_rot, rq, np.float32, what="q")
     assert_close(k_rot, rk, np.float32, what="k")
+
+
+def test_rotary_cos_sin_checks_both_tables_against_memory_together():
+    """Each table was checked alone: a size whose cos fits this machine's memory but cos and sin
+    together do not went on to allocate both (a MemoryError at best, the OOM killer otherwise). It is
+    a ValueError naming (seq_len, head_dim) now, before anything is allocated."""
+    from transformer_core._validation import physical_memory_bytes
+
+    limit = physical_memory_bytes()
+    seq_len = int(0.6 * limit / 8 / 2)  # one float64 (seq_len, 2) table: 0.6 of the memory; both 1.2
+    with pytest.raises(ValueError, match=r"^\(seq_len, head_dim\): .* exceed this machine's memory"):
+        P.rotary_cos_sin(seq_len, 2, dtype=np.float64)

@@ -30,6 +30,8 @@ void register_dtype(py::module_& m) {
   m.def(
       ("rotary_cos_sin" + sfx).c_str(),
       [](int64_t seq_len, int64_t head_dim, double base, int64_t offset) {
+        // both tables together against memory, before the first is allocated (each alone may fit)
+        ops::require_weights({{2, seq_len, head_dim}}, static_cast<int64_t>(sizeof(T)), "(seq_len, head_dim)");
         auto cos = new_array<T>({seq_len, head_dim}, "(seq_len, head_dim)");
         auto sin = new_array<T>({seq_len, head_dim}, "(seq_len, head_dim)");
         T* c = cos.mutable_data();

@@ -537,7 +537,8 @@ class MultiheadAttention(Module):
             rotary: a :class:`transformer_core.positional.RotaryEmbedding` of ``head_dim`` and
                 ``dtype`` (self-attention only): q and k are rotated by each token's position inside
                 the call (the RoPE section of the tutorials).
-            position_ids: ``(N, L)`` positions for ``rotary``; default ``past .. past + L - 1``.
+            position_ids: ``(N, L)`` positions for ``rotary``, or ``(1, L)`` / ``(L,)`` shared by every
+                batch item (broadcast, as Hugging Face's); default ``past .. past + L - 1``.
             key_padding_mask: torch's name, refused (``TypeError``): its True = padding is
                 ``key_mask``'s False; pass ``key_mask=~key_padding_mask``.
 
@@ -642,7 +643,11 @@ class MultiheadAttention(Module):
             rotary_impl = rotary._impl
             table = rotary.max_position_embeddings
             if position_ids is not None:  # range-checked here, before a cache grows (C++ checks them later)
-                positions = as_ids(position_ids, "position_ids", shape=(N, L), shape_of="query's batch and length")
+                if not unbatched and np.shape(position_ids) in ((1, L), (L,)):
+                    # HF's shared positions, (1, L): one row for every batch item (a view, no copy yet)
+                    position_ids = np.broadcast_to(np.asarray(position_ids), (N, L))
+                positions = as_ids(position_ids, "position_ids", shape=(N, L), shape_of="query's batch and length",
+                                   what="positions")
                 if positions.min() < 0 or positions.max() >= table:
                     bad = np.flatnonzero((positions < 0) | (positions >= table))[0]
                     raise ValueError(f"position_ids: position {positions.flat[bad]} at flat index {bad} is outside "
