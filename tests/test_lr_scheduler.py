@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import math
 import pickle
 
 import numpy as np
@@ -97,6 +98,61 @@ def test_cosine_annealing_lr(T_max, eta_min):
             torch.optim.lr_scheduler.CosineAnnealingLR(torch_opt, T_max, eta_min), torch_opt, 3 * T_max + 2)
 
 
+WHOLE_FLOAT_SCHEDULES = [
+    (lambda L, o: L.CosineAnnealingLR(o, T_max=7.0, eta_min=1e-4), 23),
+    (lambda L, o: L.CosineAnnealingLR(o, T_max=np.float64(5.0)), 17),
+    (lambda L, o: L.LinearLR(o, start_factor=0.25, end_factor=1.0, total_iters=4.0), 9),
+    (lambda L, o: L.SequentialLR(o, [L.LinearLR(o, 0.1, 1.0, total_iters=4.0), L.CosineAnnealingLR(o, T_max=6.0)],
+                                 milestones=[4.0]), 14),
+    (lambda L, o: L.get_linear_schedule_with_warmup(o, 5.0, 20.0), 25),
+    (lambda L, o: L.get_cosine_schedule_with_warmup(o, 3.0, np.float32(12.0)), 16),
+]
+
+
+@pytest.mark.parametrize("make,steps", WHOLE_FLOAT_SCHEDULES,
+                         ids=["cosine", "cosine_np", "linear", "sequential", "hf_linear", "hf_cosine"])
+def test_whole_float_step_counts_match_torch(make, steps):
+    """T_max, total_iters, milestones and the warmup schedules' step counts given as whole floats
+    (``epochs * len(loader) / accum``), which torch and transformers take: the same learning rates
+    as theirs, exactly, and the settings held as ints. (They were a TypeError.)"""
+    ours_opt, torch_opt = both_optimizers()
+    torch_ns = type("L", (), {**vars(torch.optim.lr_scheduler), "get_linear_schedule_with_warmup":
+                              staticmethod(transformers.get_linear_schedule_with_warmup),
+                              "get_cosine_schedule_with_warmup":
+                              staticmethod(transformers.get_cosine_schedule_with_warmup)})
+    ours = make(S, ours_opt)
+    compare(ours, ours_opt, make(torch_ns, torch_opt), torch_opt, steps)
+    inner = ours._schedulers if isinstance(ours, S.SequentialLR) else [ours]
+    for s in inner:
+        for key in s._INT_HYPER:
+            assert type(getattr(s, key)) is int, key
+    if isinstance(ours, S.SequentialLR):
+        assert ours._milestones == [4] and type(ours._milestones[0]) is int
+
+
+@pytest.mark.parametrize("make,argument", [
+    (lambda o, x: S.CosineAnnealingLR(o, T_max=x), "T_max"),
+    (lambda o, x: S.LinearLR(o, total_iters=x), "total_iters"),
+    (lambda o, x: S.SequentialLR(o, [S.LinearLR(o), S.CosineAnnealingLR(o, 5)], milestones=[x]), r"milestones\[0\]"),
+    (lambda o, x: S.get_linear_schedule_with_warmup(o, x, 20), "num_warmup_steps"),
+    (lambda o, x: S.get_cosine_schedule_with_warmup(o, 2, x), "num_training_steps"),
+], ids=["T_max", "total_iters", "milestones", "num_warmup_steps", "num_training_steps"])
+def test_fractional_step_counts_are_refused(make, argument):
+    """A float that is no whole number of steps (100.5, NaN, inf) is a ValueError naming the
+    argument, a bool or str still a TypeError."""
+    opt, _ = both_optimizers()
+    for value, shown in [(4.5, "float 4.5"), (np.float64(2.25), "float64 2.25"), (math.nan, "float nan"),
+                         (math.inf, "float inf")]:
+        with pytest.raises(ValueError, match=rf"^{argument}: expected an int, or a float holding a whole number "
+                                             rf"\(such as 100.0\), got {shown}$"):
+            make(opt, value)
+    for value in (True, "4"):
+        with pytest.raises(TypeError, match=rf"^{argument}: expected an int, got "):
+            make(opt, value)
+    with pytest.raises(ValueError, match=rf"^{argument}: expected an int in \["):
+        make(opt, -3.0)
+
+
 def test_schedule_drives_adamw_like_torch(rng):
     """AdamW with linear warmup and decay, 20 steps: the weights equal torch's to 1e-12."""
     values = [rng.standard_normal(s) for s in [(4, 3), (5,)]]
@@ -173,8 +229,10 @@ def test_bad_arguments():
         S.CosineAnnealingLR(opt, 0)
     with pytest.raises(ValueError, match="num_warmup_steps"):
         S.get_linear_schedule_with_warmup(opt, -1, 10)
-    with pytest.raises(TypeError, match="num_training_steps"):
-        S.get_cosine_schedule_with_warmup(opt, 1, 10.0)
+    with pytest.raises(ValueError, match=r"^num_training_steps: expected an int, or a float holding a whole number"):
+        S.get_cosine_schedule_with_warmup(opt, 1, 10.5)
+    with pytest.raises(TypeError, match=r"^num_training_steps: expected an int, got str '10'"):
+        S.get_cosine_schedule_with_warmup(opt, 1, "10")
     sched = S.LinearLR(opt)
     with pytest.raises(ValueError, match="missing keys"):
         sched.load_state_dict({"last_epoch": np.array(1)})
@@ -785,7 +843,9 @@ def test_sequential_lr_arguments_are_checked_and_change_nothing():
         ("milestones", [warmup, cosine], [], ValueError, r"^milestones: expected len\(schedulers\) - 1 = 1"),
         ("milestones", [warmup, cosine], [4, 8], ValueError, r"^milestones: expected len\(schedulers\) - 1 = 1"),
         ("milestones", [warmup, cosine], 4, TypeError, r"^milestones: expected a list or tuple of ints, got int"),
-        ("milestones", [warmup, cosine], [4.0], TypeError, r"^milestones\[0\]: expected an int"),
+        ("milestones", [warmup, cosine], ["4"], TypeError, r"^milestones\[0\]: expected an int"),
+        ("milestones", [warmup, cosine], [4.5], ValueError,
+         r"^milestones\[0\]: expected an int, or a float holding a whole number \(such as 100.0\), got float 4.5$"),
         ("milestones", [warmup, cosine], [-1], ValueError, r"^milestones\[0\]: expected an int in \[0, "),
         ("milestones", [warmup, cosine, S.LinearLR(opt)], [6, 6], ValueError,
          r"^milestones: expected increasing steps, got \[6, 6\]"),

@@ -118,6 +118,168 @@ def test_param_groups_match_torch(rng):
     assert [g["lr"] for g in ours_opt.param_groups] == [1e-2, 1e-1]
 
 
+@pytest.mark.parametrize("empty_first", [False, True], ids=["empty_last", "empty_first"])
+def test_empty_param_group_matches_torch(rng, tmp_path, empty_first):
+    """HF's decay / no-decay grouping of a model without biases or norms gives an empty group,
+    which torch accepts (it was a ValueError here): it steps nothing, the others step as torch's,
+    and the state dict round-trips (through safetensors) with the group structure, the continuation
+    equal to torch's after its own load_state_dict."""
+    def groups(params, lr):
+        g = [{"params": params, "weight_decay": 0.1}, {"params": [], "weight_decay": 0.0, "lr": lr}]
+        return g[::-1] if empty_first else g
+
+    ours, theirs = make_params(rng, np.float64)
+    grads = grad_sequence(rng, np.float64, steps=12)
+    ours_opt = optim.AdamW(groups(ours, 0.5), lr=1e-2)
+    torch_opt = torch.optim.AdamW(groups(theirs, 0.5), lr=1e-2, foreach=False)
+    run_both(ours_opt, ours, torch_opt, theirs, grads[:6])
+    empty = 0 if empty_first else 1
+    assert [len(g["params"]) for g in ours_opt.param_groups] == [len(g["params"]) for g in torch_opt.param_groups]
+    assert ours_opt.param_groups[empty]["params"] == [] and ours_opt.param_groups[empty]["lr"] == 0.5
+    sd = ours_opt.state_dict()
+    assert {int(v) for k, v in sd.items() if k.startswith("params.")} == {1 - empty}
+    assert sd[f"param_groups.{empty}.lr"] == 0.5 and sd[f"param_groups.{empty}.weight_decay"] == 0.0
+    save_file(sd, str(tmp_path / "opt.safetensors"))
+    ours2 = [Parameter(p.data.copy(), name=p.name) for p in ours]
+    theirs2 = [torch.tensor(q.detach().numpy().copy(), requires_grad=True) for q in theirs]
+    ours_opt2 = optim.AdamW(groups(ours2, 0.9), lr=0.3)  # other lrs: the loaded ones must win
+    torch_opt2 = torch.optim.AdamW(groups(theirs2, 0.9), lr=0.3, foreach=False)
+    ours_opt2.load_state_dict(load_file(str(tmp_path / "opt.safetensors")))
+    torch_opt2.load_state_dict(torch_opt.state_dict())
+    assert [g["lr"] for g in ours_opt2.param_groups] == [g["lr"] for g in torch_opt2.param_groups]
+    run_both(ours_opt2, ours2, torch_opt2, theirs2, grads[6:])
+    # the structure must match: without the empty group, or with it elsewhere, the load is refused
+    with pytest.raises(ValueError, match=r"expected hyperparameters of 1 param groups, got groups \[0, 1\]"):
+        optim.AdamW([Parameter(p.data.copy(), name=p.name) for p in ours], lr=0.3).load_state_dict(sd)
+    elsewhere = groups([Parameter(p.data.copy(), name=p.name) for p in ours], 0.9)[::-1]
+    with pytest.raises(ValueError, match="parameters in another param group than saved"):
+        optim.AdamW(elsewhere, lr=0.3).load_state_dict(sd)
+
+
+def test_empty_param_group_added_later_and_all_empty():
+    """add_param_group takes an empty group, as torch's; an optimizer with no parameter in any group
+    is refused (torch accepts it: it would step nothing)."""
+    p, q = Parameter(np.ones(3), name="w"), torch.nn.Parameter(torch.ones(3, dtype=torch.float64))
+    ours, theirs = optim.SGD([p], lr=0.1), torch.optim.SGD([q], lr=0.1)
+    ours.add_param_group({"params": [], "lr": 0.5})
+    theirs.add_param_group({"params": [], "lr": 0.5})
+    assert [(len(g["params"]), g["lr"]) for g in ours.param_groups] == \
+        [(len(g["params"]), g["lr"]) for g in theirs.param_groups]
+    p.grad, q.grad = np.full(3, 2.0), torch.full((3,), 2.0, dtype=torch.float64)
+    ours.step()
+    theirs.step()
+    np.testing.assert_array_equal(p.data, q.detach().numpy())
+    torch.optim.SGD([{"params": []}], lr=0.1)  # torch accepts it
+    with pytest.raises(ValueError, match=r"^params: expected at least one parameter, got 2 param groups without "):
+        optim.SGD([{"params": []}, {"params": ()}], lr=0.1)
+    with pytest.raises(ValueError, match=r"^params: expected at least one parameter, got an empty list"):
+        optim.SGD([], lr=0.1)
+
+
+def test_single_parameter_as_group_params_matches_torch(rng):
+    """``{"params": p}`` (a bare Parameter) is wrapped in a list, as torch's add_param_group does;
+    a bare Parameter as the optimizer's ``params`` stays a TypeError, as in torch."""
+    ours, theirs = make_params(rng, np.float64, shapes=[(3, 2), (4,)])
+    grads = grad_sequence(rng, np.float64, shapes=[(3, 2), (4,)], steps=5)
+    ours_opt = optim.SGD([{"params": ours[0]}, {"params": ours[1], "lr": 0.3}], lr=0.1, momentum=0.9)
+    torch_opt = torch.optim.SGD([{"params": theirs[0]}, {"params": theirs[1], "lr": 0.3}], lr=0.1, momentum=0.9,
+                                foreach=False)
+    assert [g["params"] for g in ours_opt.param_groups] == [[ours[0]], [ours[1]]]
+    run_both(ours_opt, ours, torch_opt, theirs, grads)
+    with pytest.raises(TypeError, match="single Parameter"):
+        optim.SGD(ours[0])
+    with pytest.raises(TypeError):
+        torch.optim.SGD(theirs[0])
+
+
+@pytest.mark.parametrize("dampening", [-0.5, 1.5])
+def test_sgd_dampening_outside_0_1_matches_torch(rng, dampening):
+    """torch takes any dampening (it was a ValueError below 0 here): the same weights and buffers."""
+    ours, theirs = make_params(rng, np.float64)
+    grads = grad_sequence(rng, np.float64, steps=8)
+    ours_opt = optim.SGD(ours, lr=0.05, momentum=0.9, dampening=dampening, weight_decay=0.01)
+    torch_opt = torch.optim.SGD(theirs, lr=0.05, momentum=0.9, dampening=dampening, weight_decay=0.01, foreach=False)
+    run_both(ours_opt, ours, torch_opt, theirs, grads)
+    for p, q in zip(ours, theirs):
+        np.testing.assert_allclose(ours_opt.state[p.name]["momentum_buffer"],
+                                   torch_opt.state[q]["momentum_buffer"].numpy(), rtol=1e-12, atol=1e-14)
+    for bad in (math.nan, math.inf, -math.inf):
+        with pytest.raises(ValueError, match=r"^dampening: expected a finite number, got "):
+            optim.SGD(ours, momentum=0.9, dampening=bad)
+
+
+@pytest.mark.parametrize("betas", [np.array([0.8, 0.98]), [0.8, 0.98], (np.float64(0.8), np.float32(0.98)),
+                                   np.array([0.8, 0.98], dtype=np.float32)],
+                         ids=["ndarray", "list", "numpy_scalars", "ndarray_f32"])
+def test_betas_as_array_or_sequence_matches_torch(rng, betas):
+    """betas as a numpy array of shape (2,) (it was a TypeError, "expected a pair"), a list, or a
+    pair of numpy scalars, as torch takes them: stored as a tuple of two Python floats, the steps
+    equal torch's given the same values."""
+    ours, theirs = make_params(rng, np.float64)
+    grads = grad_sequence(rng, np.float64, steps=8)
+    ours_opt = optim.AdamW(ours, lr=1e-2, betas=betas)
+    torch_opt = torch.optim.AdamW(theirs, lr=1e-2, betas=tuple(float(b) for b in betas), foreach=False)
+    want = tuple(float(b) for b in np.asarray(betas))
+    assert ours_opt.param_groups[0]["betas"] == want and all(type(b) is float for b in ours_opt.defaults["betas"])
+    run_both(ours_opt, ours, torch_opt, theirs, grads)
+    torch.optim.AdamW([torch.nn.Parameter(torch.ones(2))], betas=np.array([0.8, 0.98]))  # torch takes an array
+
+
+@pytest.mark.parametrize("betas,shown", [
+    (np.array([0.9, 0.99, 0.999]), r"ndarray \(3,\) float64"),
+    (np.array([[0.9, 0.99]]), r"ndarray \(1, 2\) float64"),
+    ((0.9, 0.99, 0.999), r"tuple \(0.9, 0.99, 0.999\)"),
+    ("ab", "str 'ab'"),
+    (0.9, "float 0.9"),
+    ({0.9: 1, 0.99: 2}, r"dict \{0.9: 1, 0.99: 2\}"),
+])
+def test_betas_refused_says_what_is_accepted(betas, shown):
+    p = [Parameter(np.zeros(3), name="w")]
+    with pytest.raises(TypeError, match=r"^betas: expected a pair \(beta1, beta2\): a tuple, list or other sequence "
+                                        rf"of 2 numbers, or a numpy array of shape \(2,\); got {shown}$"):
+        optim.Adam(p, betas=betas)
+    with pytest.raises(TypeError, match=r"^betas\[0\]: expected a number, got bool True"):  # a (2,) array, not of numbers
+        optim.Adam(p, betas=np.array([0.9, 0.99]).astype(bool))
+
+
+@pytest.mark.parametrize("kind,options", [
+    ("Adam", dict(foreach=True)), ("Adam", dict(fused=True, capturable=False, differentiable=False)),
+    ("AdamW", dict(foreach=False, fused=None)), ("AdamW", dict(fused=True)),
+    ("SGD", dict(foreach=True, differentiable=False)), ("SGD", dict(fused=True)),
+])
+def test_torch_implementation_options_accepted_and_ignored(rng, kind, options):
+    """foreach / fused (and capturable / differentiable False) as torch code passes them: accepted,
+    the step the same as torch's with the same options (ours is one C++ pass either way)."""
+    config = dict(lr=1e-2, momentum=0.9) if kind == "SGD" else dict(lr=1e-2, weight_decay=0.05)
+    ours, theirs = make_params(rng, np.float64)
+    grads = grad_sequence(rng, np.float64, steps=6)
+    ours_opt = getattr(optim, kind)(ours, **config, **options)
+    torch_opt = getattr(torch.optim, kind)(theirs, **config, **options)
+    assert not set(options) & set(ours_opt.defaults)  # not stored: the state dict holds only hyperparameters
+    run_both(ours_opt, ours, torch_opt, theirs, grads, tol=1e-12)
+
+
+def test_torch_implementation_options_refused():
+    p = [Parameter(np.zeros(3), name="w")]
+    t = [torch.nn.Parameter(torch.zeros(3))]
+    with pytest.raises(ValueError, match=r"^foreach, fused: expected at most one of them True"):
+        optim.AdamW(p, foreach=True, fused=True)
+    with pytest.raises(RuntimeError, match="cannot be `True` together"):
+        torch.optim.AdamW(t, foreach=True, fused=True)
+    with pytest.raises(ValueError, match=r"^capturable: expected False, got True \(not supported: "):
+        optim.Adam(p, capturable=True)
+    with pytest.raises(ValueError, match=r"^differentiable: expected False, got True \(not supported: "):
+        optim.SGD(p, differentiable=True)
+    with pytest.raises(TypeError, match=r"^fused: expected a bool or None, got str 'yes'"):
+        optim.SGD(p, fused="yes")
+    with pytest.raises(TypeError, match=r"^capturable: expected a bool, got int 0"):
+        optim.AdamW(p, capturable=0)
+    with pytest.raises(TypeError, match="capturable"):  # torch's SGD has no capturable either
+        optim.SGD(p, capturable=False)
+    with pytest.raises(TypeError, match="capturable"):
+        torch.optim.SGD(t, capturable=False)
+
+
 def test_named_pairs_and_unnamed(rng):
     a, b = Parameter(np.zeros(3)), Parameter(np.zeros(2), name="ignored")
     opt = optim.SGD([("enc.w", a), ("enc.b", b)], lr=0.1)

@@ -32,9 +32,17 @@ chain must be loaded: one left as built starts its schedule again.
 
 ``LambdaLR``, ``LinearLR``, ``CosineAnnealingLR`` and ``SequentialLR`` reproduce torch's own
 formulas and steps (the recursive, "chainable" forms of torch 2.x for LinearLR and
-CosineAnnealingLR, so that the values agree with torch's to the last bit of rounding).
+CosineAnnealingLR, so that the values agree with torch's to the last bit of rounding), with one
+exception: a LinearLR decay to ``end_factor=0`` is clamped at 0 where torch's rounding leaves a
+tiny negative learning rate (about -1e-18) on its last steps.
 ``state_dict()`` is a flat ``name -> numpy array`` dict (for safetensors); a LambdaLR's functions are
 not saved (as torch).
+
+The schedules' int settings (``T_max``, ``total_iters``, ``milestones``, the warmup schedules' step
+counts) also take a float holding a whole number (``100.0``, e.g. ``epochs * len(loader) / accum``),
+converted to an int, as torch takes floats there; a fractional one (``100.5``) is a ValueError
+naming the argument (a count of steps is whole: torch computes with the fraction, and its LinearLR
+then stops short of ``end_factor``).
 """
 
 from __future__ import annotations
@@ -69,6 +77,27 @@ _MAX_COUNT = 2**63 - 1
 
 def _check_int(value, name: str, minimum: int, maximum: int = _MAX_COUNT) -> int:
     return check_int(value, name, minimum, maximum)
+
+
+def _check_steps(value, name: str, minimum: int) -> int:
+    """A schedule's int setting (a length or a milestone, in steps) as an int in ``[minimum,
+    2**63 - 1]``: an int, or a float (any real number) holding a whole number, such as ``100.0``
+    (torch takes floats there).
+
+    Raises:
+        TypeError: not a real number (a bool, a str, None, an array).
+        ValueError: a fractional, NaN or infinite float; out of range.
+    """
+    if isinstance(value, numbers.Real) and not isinstance(value, numbers.Integral):
+        try:
+            whole = float(value).is_integer()  # False for NaN and ±inf
+        except OverflowError:  # a Fraction beyond float's range
+            whole = False
+        if not whole:
+            raise ValueError(f"{name}: expected an int, or a float holding a whole number (such as 100.0), "
+                             f"got {described(value)}")
+        value = int(value)
+    return _check_int(value, name, minimum)
 
 
 def _advanced(scheduler, count: int, name: str) -> int:
@@ -475,10 +504,19 @@ class LinearLR(LRScheduler):
 
     Args:
         optimizer, last_epoch: see :class:`LRScheduler`.
-        start_factor: in (0, 1].  end_factor: in [0, 1].  total_iters: >= 1.
+        start_factor: in (0, 1].  end_factor: in [0, 1].
+        total_iters: an int >= 1, or a float holding one (``4.0``: converted to an int).
+
+    A decay to ``end_factor=0`` is clamped at 0: torch's recursive form can round its last steps
+    to a tiny negative learning rate (``-1.85e-18`` from ``lr=0.1, start_factor=1/3,
+    total_iters=4``), which the optimizers would refuse; here it is 0.0. Every other value equals
+    torch's to the last bit.
 
     Raises:
-        ValueError: factors out of range, ``total_iters`` < 1. TypeError: non-numeric arguments.
+        ValueError: factors out of range; ``total_iters`` < 1, or a float that is not a whole
+            number (``4.5``), NaN or inf.
+        TypeError: a factor that is not a real number; ``total_iters`` not an int or a float (a
+            bool, a str).
     """
 
     _HYPER = ("start_factor", "end_factor", "total_iters")
@@ -500,7 +538,7 @@ class LinearLR(LRScheduler):
         if not 0 <= end_factor <= 1:
             raise ValueError(f"end_factor: expected a value in [0, 1], got {end_factor}")
         return dict(start_factor=start_factor, end_factor=end_factor,
-                    total_iters=_check_int(total_iters, "total_iters", 1))
+                    total_iters=_check_steps(total_iters, "total_iters", 1))
 
     def get_lr(self) -> list[float]:
         """Each group's lr at ``last_epoch``: the current lr times the linear factor's ratio between
@@ -533,11 +571,15 @@ class CosineAnnealingLR(LRScheduler):
 
     Args:
         optimizer, last_epoch: see :class:`LRScheduler`.
-        T_max: the half period in steps, >= 1.  eta_min: the minimum lr, finite and >= 0 (stricter
-            than torch: a negative one writes negative learning rates, which the optimizers refuse).
+        T_max: the half period in steps, an int >= 1, or a float holding one (``100.0``: converted
+            to an int).
+        eta_min: the minimum lr, finite and >= 0 (stricter than torch: a negative one writes
+            negative learning rates, which the optimizers refuse).
 
     Raises:
-        ValueError: ``T_max`` < 1, ``eta_min`` < 0 or not finite. TypeError: non-numeric arguments.
+        ValueError: ``T_max`` < 1, or a float that is not a whole number (``100.5``), NaN or inf;
+            ``eta_min`` < 0 or not finite.
+        TypeError: ``T_max`` not an int or a float (a bool, a str); ``eta_min`` not a real number.
     """
 
     _HYPER = ("T_max", "eta_min")
@@ -550,7 +592,7 @@ class CosineAnnealingLR(LRScheduler):
         super().__init__(optimizer, last_epoch)
 
     def _check_settings(self, *, T_max, eta_min) -> dict:
-        return dict(T_max=_check_int(T_max, "T_max", 1), eta_min=check_float(eta_min, "eta_min", minimum=0.0))
+        return dict(T_max=_check_steps(T_max, "T_max", 1), eta_min=check_float(eta_min, "eta_min", minimum=0.0))
 
     def get_lr(self) -> list[float]:
         """Each group's lr at ``last_epoch``: torch's recursive cosine step from the current lr (the
@@ -603,8 +645,9 @@ class SequentialLR(LRScheduler):
         optimizer: see :class:`LRScheduler`.
         schedulers: a list or tuple of at least one scheduler of this module, all built on
             ``optimizer`` (each once, none a SequentialLR itself).
-        milestones: a list or tuple of ``len(schedulers) - 1`` increasing ints >= 0: the steps at
-            which ``schedulers[1]``, ``schedulers[2]``, ... take over.
+        milestones: a list or tuple of ``len(schedulers) - 1`` increasing ints >= 0 (or floats
+            holding them, ``4.0``: converted to ints): the steps at which ``schedulers[1]``,
+            ``schedulers[2]``, ... take over.
         last_epoch: -1 (the default) to start; as torch, another value only shifts the step count
             (the schedulers start as at -1): resume with :meth:`load_state_dict` instead.
 
@@ -612,10 +655,11 @@ class SequentialLR(LRScheduler):
         TypeError: ``optimizer`` without ``param_groups``; ``schedulers`` or ``milestones`` not a
             list or tuple; an entry of ``schedulers`` that is not an :class:`LRScheduler`, or is a
             SequentialLR (stricter than torch, which cannot restart a nested one at its milestone);
-            a milestone or ``last_epoch`` not an int.
+            a milestone not an int or a float (a bool, a str); ``last_epoch`` not an int.
         ValueError: no scheduler; a scheduler of another optimizer, one given twice, or one built
             for another number of param groups (a group added since); ``len(milestones) !=
-            len(schedulers) - 1``; milestones negative or not increasing (torch does not check the
+            len(schedulers) - 1``; a milestone that is a float but no whole number (``4.5``), NaN
+            or inf; milestones negative or not increasing (torch does not check the
             order, and bisects a disordered list into a meaningless schedule). Nothing changes.
 
     Source: torch.optim.lr_scheduler.SequentialLR (torch/optim/lr_scheduler.py;
@@ -794,13 +838,14 @@ def _check_schedulers(schedulers, optimizer, n_groups: int) -> list[LRScheduler]
 
 
 def _check_milestones(milestones, n_schedulers: int) -> list[int]:
-    """SequentialLR's ``milestones``: ``n_schedulers - 1`` increasing ints >= 0, as a new list."""
+    """SequentialLR's ``milestones``: ``n_schedulers - 1`` increasing ints >= 0 (or whole floats,
+    see :func:`_check_steps`), as a new list of ints."""
     if not isinstance(milestones, (list, tuple)):
         raise TypeError(f"milestones: expected a list or tuple of ints, got {type(milestones).__name__}")
     if len(milestones) != n_schedulers - 1:
         raise ValueError(f"milestones: expected len(schedulers) - 1 = {n_schedulers - 1} milestones (the steps at "
                          f"which the schedulers after the first take over), got {len(milestones)}")
-    milestones = [_check_int(m, f"milestones[{i}]", 0) for i, m in enumerate(milestones)]
+    milestones = [_check_steps(m, f"milestones[{i}]", 0) for i, m in enumerate(milestones)]
     if any(b <= a for a, b in zip(milestones, milestones[1:])):
         raise ValueError(f"milestones: expected increasing steps, got {milestones}")
     return milestones
@@ -844,11 +889,14 @@ def get_linear_schedule_with_warmup(optimizer, num_warmup_steps: int, num_traini
     Returns:
         A :class:`LambdaLR`.
 
+    The step counts are ints, or floats holding whole numbers (``100.0``: converted to ints).
+
     Raises:
-        ValueError: negative step counts. TypeError: non-int step counts.
+        ValueError: negative step counts, or floats that are not whole numbers (``10.5``), NaN or
+            inf. TypeError: step counts not ints or floats (a bool, a str).
     """
-    fn = functools.partial(_linear_warmup_decay, num_warmup_steps=_check_int(num_warmup_steps, "num_warmup_steps", 0),
-                           num_training_steps=_check_int(num_training_steps, "num_training_steps", 0))
+    fn = functools.partial(_linear_warmup_decay, num_warmup_steps=_check_steps(num_warmup_steps, "num_warmup_steps", 0),
+                           num_training_steps=_check_steps(num_training_steps, "num_training_steps", 0))
     return LambdaLR(optimizer, fn, last_epoch)
 
 
@@ -865,10 +913,14 @@ def get_cosine_schedule_with_warmup(optimizer, num_warmup_steps: int, num_traini
     Returns:
         A :class:`LambdaLR`.
 
+    The step counts are ints, or floats holding whole numbers (``100.0``: converted to ints).
+
     Raises:
-        ValueError: negative step counts. TypeError: non-int step counts, non-numeric ``num_cycles``.
+        ValueError: negative step counts, or floats that are not whole numbers (``10.5``), NaN or
+            inf; ``num_cycles`` NaN or inf. TypeError: step counts not ints or floats (a bool, a
+            str), non-numeric ``num_cycles``.
     """
-    fn = functools.partial(_cosine_warmup_decay, num_warmup_steps=_check_int(num_warmup_steps, "num_warmup_steps", 0),
-                           num_training_steps=_check_int(num_training_steps, "num_training_steps", 0),
+    fn = functools.partial(_cosine_warmup_decay, num_warmup_steps=_check_steps(num_warmup_steps, "num_warmup_steps", 0),
+                           num_training_steps=_check_steps(num_training_steps, "num_training_steps", 0),
                            num_cycles=_check_real(num_cycles, "num_cycles"))
     return LambdaLR(optimizer, fn, last_epoch)

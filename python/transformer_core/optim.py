@@ -63,6 +63,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Sequence
 from typing import Callable
 
 import numpy as np
@@ -189,6 +190,47 @@ def _check_float(value, name: str, minimum: float = 0.0, below: float | None = N
     return check_float(value, name, minimum=minimum, maximum=below, max_open=below is not None)
 
 
+def _check_betas(betas) -> tuple[float, float]:
+    """Adam's ``betas`` as a tuple of two Python floats, each in [0, 1): from a tuple, a list or any
+    other sequence of two numbers, or a numpy array of shape (2,). TypeError for anything else (a
+    str, a number, a mapping, an array of another shape), naming ``betas`` and saying what is
+    accepted; the numbers' own TypeError / ValueError name ``betas[0]`` / ``betas[1]``."""
+    accepted = "a pair (beta1, beta2): a tuple, list or other sequence of 2 numbers, or a numpy array of shape (2,)"
+    if isinstance(betas, np.ndarray):
+        pair = betas.ndim == 1 and betas.shape == (2,)
+        if pair:
+            betas = betas.tolist()  # numpy scalars as Python numbers (a bool or complex array: refused below)
+    else:
+        pair = isinstance(betas, Sequence) and not isinstance(betas, (str, bytes, bytearray)) and len(betas) == 2
+    if not pair:
+        raise TypeError(f"betas: expected {accepted}; got {described(betas)}")
+    return _check_float(betas[0], "betas[0]", 0.0, 1.0), _check_float(betas[1], "betas[1]", 0.0, 1.0)
+
+
+def _check_torch_options(foreach, fused, capturable: bool | None, differentiable: bool) -> None:
+    """torch's implementation choices, taken for its signature (see :class:`Adam`): ``foreach`` and
+    ``fused`` None, False or True (not both True, as torch), ``capturable`` (None for SGD, which
+    has no such argument) and ``differentiable`` False. TypeError for another type, ValueError for a
+    value not supported; each naming the argument. None of them is stored."""
+    for name, value in (("foreach", foreach), ("fused", fused)):
+        if value is not None and not isinstance(value, (bool, np.bool_)):
+            raise TypeError(f"{name}: expected a bool or None, got {described(value)}")
+    if foreach and fused:
+        raise ValueError("foreach, fused: expected at most one of them True (as torch, which raises too), got both")
+    for name, value in (("capturable", capturable), ("differentiable", differentiable)):
+        if value is None:
+            continue
+        if check_bool(value, name):
+            raise ValueError(f"{name}: expected False, got True (not supported: {_UNSUPPORTED[name]})")
+
+
+#: why ``capturable`` / ``differentiable`` cannot be True (see :func:`_check_torch_options`)
+_UNSUPPORTED = {
+    "capturable": "there are no CUDA graphs to capture; the step runs on the CPU, its scalars in Python",
+    "differentiable": "the step is a C++ update in place, through which no gradient flows",
+}
+
+
 class Optimizer:
     """Base class: parameter groups, state keyed by name, ``zero_grad``, the non-finite check,
     ``state_dict`` / ``load_state_dict``. Subclasses define ``_check_group``, ``_state_fields`` and
@@ -198,7 +240,10 @@ class Optimizer:
         params: an iterable of :class:`Parameter`, of ``(name, Parameter)`` pairs (e.g. a model's
             ``named_parameters()``), a ``{name: Parameter}`` dict, or of param-group dicts
             ``{"params": [...], "lr": ..., ...}`` (torch's form: per-group hyperparameters override
-            the defaults).
+            the defaults). A group's ``"params"`` may be a single Parameter (wrapped in a list, as
+            torch does) or empty (a group with no parameters, e.g. the no-decay group of a model
+            without biases or norms: it steps nothing), as long as the optimizer has at least one
+            parameter in all.
 
             The names key the state (and the state dict's keys): a pair's (or the dict's) name, else
             the Parameter's own ``name``. A Parameter without a name (and not in a pair) is named by
@@ -220,11 +265,13 @@ class Optimizer:
             (its order, and so the names by position, changes between runs: torch's
             ``add_param_group`` refuses a set too); a params entry that is neither a Parameter, a
             pair nor a group dict.
-        ValueError: no parameters, a parameter given twice (or two Parameters over one model weight),
-            a name given in a pair that another parameter has, an empty name (``""``: its state-dict
-            keys could not be read back), a bad hyperparameter: in a group or in ``defaults``
-            (checked even when every group overrides it, as torch checks the constructor's
-            arguments).
+        ValueError: no parameters (an empty ``params``, as torch, or only groups without
+            parameters, which torch accepts: such an optimizer would step nothing), a parameter given
+            twice (or two Parameters over one model weight), a name given in a pair that another
+            parameter has, an empty name (``""``: its state-dict keys could not be read back), a
+            group key that is no hyperparameter (see :meth:`add_param_group`), a bad
+            hyperparameter: in a group or in ``defaults`` (checked even when every group overrides
+            it, as torch checks the constructor's arguments).
     """
 
     #: names of the flags among the hyperparameters (stored as 0/1 in the state dict)
@@ -250,31 +297,42 @@ class Optimizer:
         groups = params if isinstance(params[0], dict) else [{"params": params}]
         for g in groups:
             self.add_param_group(g)
+        if not self._names:  # only groups without parameters (torch accepts them): nothing to optimize
+            raise ValueError(f"params: expected at least one parameter, got {len(groups)} param groups without "
+                             "parameters")
 
     # ---- groups and names -----------------------------------------------------------------------
     def add_param_group(self, param_group: dict) -> None:
         """Adds a group ``{"params": [...], **hyperparameters}`` (missing hyperparameters: defaults).
-        The whole group is checked before anything is registered: a group that raises leaves the
-        optimizer as it was (its parameters can be added again, in a valid group).
+        ``"params"`` may be a single Parameter (wrapped in a list, as torch does) or empty: a group
+        without parameters steps nothing, and its hyperparameters are in the state dict as any
+        group's (``param_groups.{i}.*``; no ``params.*.group`` names it). The whole group is checked
+        before anything is registered: a group that raises leaves the optimizer as it was (its
+        parameters can be added again, in a valid group).
 
         Raises:
             TypeError: not a dict with a ``"params"`` key; ``"params"`` a ``set`` or ``frozenset``
                 (unordered: use a list); a params entry that is neither a Parameter nor a
                 ``(name, Parameter)`` pair; a hyperparameter of the wrong type.
-            ValueError: no parameters, a parameter given twice (here or in another group; or two
-                Parameters over one model weight), a name given in a pair that another parameter
-                has (see :class:`Optimizer` for the names), an empty name (``""``), unknown or bad
-                hyperparameters (named).
+            ValueError: a parameter given twice (here or in another group; or two Parameters over
+                one model weight), a name given in a pair that another parameter has (see
+                :class:`Optimizer` for the names), an empty name (``""``), bad hyperparameters
+                (named); a key that is no hyperparameter of this optimizer (e.g. ``"name": "head"``,
+                which torch keeps): the state dict is flat float64 arrays, one per group key
+                (``param_groups.{i}.{key}``), so that such a value (a str, any object) could not be
+                saved, and ``load_state_dict`` reads back only the hyperparameters.
         """
         if not isinstance(param_group, dict) or "params" not in param_group:
             raise TypeError(f"param_group: expected a dict with a 'params' key, got {type(param_group).__name__}")
-        _check_ordered(param_group["params"], "params")
-        named = _named_parameters(param_group["params"])
-        if not named:
-            raise ValueError(f"param_groups[{len(self.param_groups)}]: expected at least one parameter")
+        params = param_group["params"]
+        if isinstance(params, Parameter):  # as torch's add_param_group
+            params = [params]
+        _check_ordered(params, "params")
+        named = _named_parameters(params)
         unknown = set(param_group) - set(self.defaults) - {"params", "initial_lr"}
         if unknown:
-            raise ValueError(f"param_group: unknown hyperparameters {sorted(unknown)}; expected {sorted(self.defaults)}")
+            raise ValueError(f"param_group: unknown hyperparameters {sorted(unknown)}; expected {sorted(self.defaults)} "
+                             "(the state dict holds each group key as a float64 array: other keys could not be saved)")
         group = {**self.defaults, **{k: v for k, v in param_group.items() if k != "params"}}
         self._check_group(group)
         owner = {self._names[id(q)]: q for g in self.param_groups for q in g["params"]}  # name -> its parameter
@@ -742,7 +800,9 @@ class Adam(Optimizer):
 
     Args:
         params: see :class:`Optimizer`.
-        lr: >= 0.  betas: ``(β1, β2)``, each in [0, 1).  weight_decay: >= 0.
+        lr: >= 0.  weight_decay: >= 0.
+        betas: ``(β1, β2)``, each in [0, 1): a tuple, a list or any other sequence of two real
+            numbers, or a numpy array of shape (2,); stored as a tuple of two Python floats.
         eps: > 0. Stricter than torch, which allows 0: with eps = 0 a gradient element that has been
             zero at every step gives m = v = 0 and the update 0 / 0 = NaN (see the module doc); for
             the same reason ``step()`` refuses an eps that rounds to 0 in the parameters' dtype
@@ -750,9 +810,20 @@ class Adam(Optimizer):
         amsgrad: keep the running max of v (Reddi et al. 2018).  maximize: ascend instead.
         decoupled_weight_decay: AdamW's decay. The flags are bools (True / False; anything else,
             ``"False"`` or 0 included, is a TypeError).
+        foreach, fused: None (the default), False or True, accepted for torch's signature and
+            ignored (torch's choice between a loop over the parameters, a batched one and a fused
+            kernel): the step here is the same whatever they say, one fused C++ pass per parameter
+            that updates its weights and moments together. As torch, they may not both be True.
+        capturable, differentiable: False only (torch's CUDA-graph capture and autograd through
+            the step, which this CPU step in place does not support).
 
     Raises:
         ValueError / TypeError: bad hyperparameters (named), bad params (see :class:`Optimizer`).
+        TypeError: ``betas`` not a sequence of two numbers nor an array of shape (2,) (the message
+            says what is accepted); ``foreach`` / ``fused`` not a bool or None; ``capturable`` /
+            ``differentiable`` not a bool.
+        ValueError: ``foreach`` and ``fused`` both True (torch raises RuntimeError);
+            ``capturable`` or ``differentiable`` True (not supported).
     """
 
     _FLAGS = ("amsgrad", "maximize", "decoupled_weight_decay")
@@ -761,8 +832,10 @@ class Adam(Optimizer):
                     "computes betas[1] · exp_avg_sq, and 0 · inf is NaN)")
 
     def __init__(self, params, lr: float = 1e-3, betas: tuple = (0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 0.0, amsgrad: bool = False, *, maximize: bool = False,
-                 decoupled_weight_decay: bool = False):
+                 weight_decay: float = 0.0, amsgrad: bool = False, *, foreach: bool | None = None,
+                 maximize: bool = False, capturable: bool = False, differentiable: bool = False,
+                 fused: bool | None = None, decoupled_weight_decay: bool = False):
+        _check_torch_options(foreach, fused, capturable, differentiable)
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
                                       maximize=maximize, decoupled_weight_decay=decoupled_weight_decay))
 
@@ -770,10 +843,7 @@ class Adam(Optimizer):
         group["lr"] = _check_float(group["lr"], "lr")
         group["eps"] = check_float(group["eps"], "eps", minimum=0.0, min_open=True)
         group["weight_decay"] = _check_float(group["weight_decay"], "weight_decay")
-        betas = group["betas"]
-        if not isinstance(betas, (tuple, list)) or len(betas) != 2:
-            raise TypeError(f"betas: expected a pair (beta1, beta2), got {betas!r}")
-        group["betas"] = (_check_float(betas[0], "betas[0]", 0.0, 1.0), _check_float(betas[1], "betas[1]", 0.0, 1.0))
+        group["betas"] = _check_betas(group["betas"])
         if "initial_lr" in group:
             group["initial_lr"] = _check_float(group["initial_lr"], "initial_lr")
         for flag in self._FLAGS:
@@ -826,7 +896,8 @@ class AdamW(Adam):
         step_size = lr / (1 - β1ᵗ);   denom = sqrt(v) / sqrt(1 - β2ᵗ) + eps
         p ← p - step_size · m / denom                                  (amsgrad: v_max = max(v_max, v))
 
-    Args: as :class:`Adam`, with ``weight_decay=1e-2`` by default (torch's).
+    Args: as :class:`Adam` (``foreach``, ``fused``, ``capturable`` and ``differentiable`` included),
+    with ``weight_decay=1e-2`` by default (torch's).
 
     Its decay is always decoupled: :meth:`~Optimizer.load_state_dict` sets every group's
     ``decoupled_weight_decay`` to True whatever was saved (an Adam's state dict loads as AdamW, as
@@ -836,9 +907,12 @@ class AdamW(Adam):
     """
 
     def __init__(self, params, lr: float = 1e-3, betas: tuple = (0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 1e-2, amsgrad: bool = False, *, maximize: bool = False):
+                 weight_decay: float = 1e-2, amsgrad: bool = False, *, maximize: bool = False,
+                 foreach: bool | None = None, capturable: bool = False, differentiable: bool = False,
+                 fused: bool | None = None):
         super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
-                         maximize=maximize, decoupled_weight_decay=True)
+                         foreach=foreach, maximize=maximize, capturable=capturable, differentiable=differentiable,
+                         fused=fused, decoupled_weight_decay=True)
 
     def _check_group(self, group: dict) -> None:
         super()._check_group(group)
@@ -860,24 +934,31 @@ class SGD(Optimizer):
 
     Args:
         params: see :class:`Optimizer`.
-        lr: >= 0 (torch's default 1e-3).  momentum: >= 0.  dampening: >= 0.  weight_decay: >= 0.
+        lr: >= 0 (torch's default 1e-3).  momentum: >= 0.  weight_decay: >= 0.
+        dampening: any finite number, as torch (> 1 or < 0 gives the buffer's gradient term
+            ``1 - dampening`` a negative or a > 1 weight).
         nesterov: Nesterov momentum (needs momentum > 0 and dampening = 0, as torch).
         maximize: ascend instead. The flags are bools (True / False; anything else is a TypeError).
+        foreach, fused, differentiable: as :class:`Adam`'s (torch's SGD has no ``capturable``).
 
     Raises:
-        ValueError / TypeError: bad hyperparameters (named), bad params (see :class:`Optimizer`).
+        ValueError / TypeError: bad hyperparameters (named; NaN or ±inf included), bad params (see
+            :class:`Optimizer`), ``foreach`` / ``fused`` / ``differentiable`` as :class:`Adam`'s.
     """
 
     _FLAGS = ("nesterov", "maximize")
 
     def __init__(self, params, lr: float = 1e-3, momentum: float = 0.0, dampening: float = 0.0,
-                 weight_decay: float = 0.0, nesterov: bool = False, *, maximize: bool = False):
+                 weight_decay: float = 0.0, nesterov: bool = False, *, maximize: bool = False,
+                 foreach: bool | None = None, differentiable: bool = False, fused: bool | None = None):
+        _check_torch_options(foreach, fused, None, differentiable)
         super().__init__(params, dict(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
                                       nesterov=nesterov, maximize=maximize))
 
     def _check_group(self, group: dict) -> None:
-        for key in ("lr", "momentum", "dampening", "weight_decay"):
+        for key in ("lr", "momentum", "weight_decay"):
             group[key] = _check_float(group[key], key)
+        group["dampening"] = check_float(group["dampening"], "dampening")  # any finite value, as torch
         if "initial_lr" in group:
             group["initial_lr"] = _check_float(group["initial_lr"], "initial_lr")
         for flag in self._FLAGS:

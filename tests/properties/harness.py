@@ -69,6 +69,7 @@ class Arg:
     good: list = field(default_factory=list)
     layouts: bool = True  # array layouts keep values (False for buffers updated in place)
     floats_as_ids: bool = True  # ids: whole-number floats are accepted ids
+    whole_floats: bool = False  # size / int: whole-number floats (2.0, np.float64(2.0)) are valid values
     aliases: tuple = ()   # other names an error may give for this argument (e.g. "weight" for a
                           # checkpoint entry, "d_model" for the layer size of a stack)
     none_is_layout: bool = True  # optional: None keeps the result (False when None means "another
@@ -420,6 +421,10 @@ def variants_of(name: str, spec: Arg, value) -> tuple[list, list]:
         bad += [("None", None), ("list", [1, 2]), ("str", "config"), ("int", 3)]
     elif k == "str":
         bad += [("None", None), ("int", 3), ("bytes", b"x"), ("list", ["a"])]
+    if spec.whole_floats and k in ("size", "int"):  # 2.0 and np.float64(2.0) are the int 2 here
+        bad = [(label, v) for label, v in bad if label not in ("whole_float", "npfloat")]
+        if isinstance(value, int):
+            good += [("whole_float", float(value)), ("np_float64", np.float64(value))]
     if spec.optional and value is not None and spec.none_is_layout:
         good.append(("None", None))
     return good, bad

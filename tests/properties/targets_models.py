@@ -931,6 +931,13 @@ def _call_sched(kw):
     return _lrs(opt, s, kw["steps"])
 
 
+def _read_steps(v, name, low):
+    """A step count as torch and transformers take it: an int, or a float of a whole number (100.0)."""
+    if isinstance(v, (float, np.floating)) and not isinstance(v, bool) and math.isfinite(v) and float(v).is_integer():
+        v = int(v)
+    return read_int(v, name, low)
+
+
 def _ref_sched(kw):
     import math
 
@@ -941,13 +948,13 @@ def _ref_sched(kw):
     if k == "LinearLR":
         sf = read_float(kw["start_factor"], "start_factor", 0.0, 1.0, open_low=True)
         ef = read_float(kw["end_factor"], "end_factor", 0.0, 1.0)
-        s = torch.optim.lr_scheduler.LinearLR(opt, sf, ef, read_int(kw["total_iters"], "total_iters", 1))
+        s = torch.optim.lr_scheduler.LinearLR(opt, sf, ef, _read_steps(kw["total_iters"], "total_iters", 1))
     elif k == "CosineAnnealingLR":
-        s = torch.optim.lr_scheduler.CosineAnnealingLR(opt, read_int(kw["T_max"], "T_max", 1),
+        s = torch.optim.lr_scheduler.CosineAnnealingLR(opt, _read_steps(kw["T_max"], "T_max", 1),
                                                        read_float(kw["eta_min"], "eta_min"))
     else:
-        w = read_int(kw["num_warmup_steps"], "num_warmup_steps", 0)
-        n = read_int(kw["num_training_steps"], "num_training_steps", 0)
+        w = _read_steps(kw["num_warmup_steps"], "num_warmup_steps", 0)
+        n = _read_steps(kw["num_training_steps"], "num_training_steps", 0)
         cyc = read_float(kw["num_cycles"], "num_cycles") if k == "cosine_warmup" else None
 
         def f(step):
@@ -964,6 +971,7 @@ def _ref_sched(kw):
 
 target(name="lr_scheduler", draw=_draw_sched, call=_call_sched, reference=_ref_sched, atol=1e-12, rtol=1e-9,
        args={"start_factor": Arg("float", low=0.0, high=1.0, open_low=True), "end_factor": Arg("float", low=0.0, high=1.0),
-             "total_iters": Arg("size"), "T_max": Arg("size"), "eta_min": Arg("float"),
-             "num_warmup_steps": Arg("int", low=0), "num_training_steps": Arg("int", low=0),
+             "total_iters": Arg("size", whole_floats=True), "T_max": Arg("size", whole_floats=True),
+             "eta_min": Arg("float"), "num_warmup_steps": Arg("int", low=0, whole_floats=True),
+             "num_training_steps": Arg("int", low=0, whole_floats=True),
              "num_cycles": Arg("float")})
