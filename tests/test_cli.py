@@ -1000,3 +1000,33 @@ def test_cli_error_of_a_file_of_the_output_names_out(tmp_path, tiny_model_dir, m
         r = assert_clean_error(run_cli_any("embed", "--file", f, "--out", "/proc/self/o.npy", "--model",
                                            tiny_model_dir, "--no-progress"))
         assert r.startswith("transformer_core embed: out: /proc/self/o.npy: "), r
+
+
+_INTERRUPT_AT_IMPORT = """
+import sys
+class Interrupt:  # a Ctrl-C arriving while the package imports its tokenizer module
+    def find_spec(self, name, path=None, target=None):
+        if name == "transformer_core.tokenizer":
+            raise KeyboardInterrupt
+sys.meta_path.insert(0, Interrupt())
+sys.orig_argv = {orig_argv!r}
+import transformer_core
+"""
+
+
+@pytest.mark.parametrize("orig_argv", [[sys.executable, "-m", "transformer_core", "embed", "x"],
+                                       [sys.executable, "-mtransformer_core", "embed", "x"]])
+def test_ctrl_c_while_the_cli_imports_the_package_is_one_line(orig_argv):
+    """A Ctrl-C in the first fraction of a second (the package's imports, before main can catch it)
+    printed a traceback of the imports; the CLI's one line and exit code 2 now."""
+    proc = subprocess.run([sys.executable, "-c", _INTERRUPT_AT_IMPORT.format(orig_argv=orig_argv)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr == "transformer_core: interrupted while starting; nothing was done\n"
+
+
+def test_ctrl_c_while_a_program_imports_the_package_stays_its_own():
+    """Only the CLI turns the interrupt into its one line: a user's program gets KeyboardInterrupt."""
+    proc = subprocess.run([sys.executable, "-c", _INTERRUPT_AT_IMPORT.format(orig_argv=[sys.executable, "prog.py"])],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 2 and "KeyboardInterrupt" in proc.stderr

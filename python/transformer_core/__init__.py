@@ -37,27 +37,60 @@ Layers of the package, from the bottom:
     __main__     the command line: python -m transformer_core embed / search / chat / generate
 """
 
-from . import backward, functional, lr_scheduler, masks, multihead_forms, nn, optim, positional, quantization, training
-from ._runtime import core as _core
-from ._validation import check_int
-from .bert import BertConfig, BertEmbeddings, BertModel, BertOutput
-from .decoder import CausalLMOutput
-from .gpt2 import GPT2Config, GPT2LMHeadModel, GPT2Model
-from .kv_cache import KVCache
-from .llama import LlamaConfig, LlamaForCausalLM, LlamaModel
-from .module import (
-    NonFiniteLossError,
-    NoTrainingStateError,
-    WeightsChangedError,
-    get_rng_state,
-    manual_seed,
-    set_rng_state,
-)
-from .positional import Embeddings, PositionalEncoding
-from .quantization import quantize
-from .sentence_encoder import SentenceEncoder, cosine_similarity, mean_pool
-from .seq2seq import Seq2SeqTransformer
-from .tokenizer import Tokenizer
+
+def _exit_if_cli_interrupted() -> None:
+    """A Ctrl-C while the command line (``python -m transformer_core ...`` or ``transformer-core``)
+    is still importing the package, before ``__main__.main`` can catch it: the CLI's one line on
+    stderr and exit code 2, as for any interrupt (``__main__``'s "Errors"), not a traceback of the
+    imports. Any other importer gets its KeyboardInterrupt (the caller re-raises it)."""
+    import os
+    import sys
+
+    argv = list(getattr(sys, "orig_argv", ()))  # the interpreter's own command line
+    as_module = "-mtransformer_core" in argv or any(
+        a == "-m" and b in ("transformer_core", "transformer_core.__main__") for a, b in zip(argv, argv[1:]))
+    as_script = bool(sys.argv) and os.path.basename(sys.argv[0]) == "transformer-core"
+    if as_module or as_script:
+        print("transformer_core: interrupted while starting; nothing was done", file=sys.stderr)
+        raise SystemExit(2)
+
+
+try:
+    from . import (
+        backward,
+        functional,
+        lr_scheduler,
+        masks,
+        multihead_forms,
+        nn,
+        optim,
+        positional,
+        quantization,
+        training,
+    )
+    from ._runtime import core as _core
+    from ._validation import check_int
+    from .bert import BertConfig, BertEmbeddings, BertModel, BertOutput
+    from .decoder import CausalLMOutput
+    from .gpt2 import GPT2Config, GPT2LMHeadModel, GPT2Model
+    from .kv_cache import KVCache
+    from .llama import LlamaConfig, LlamaForCausalLM, LlamaModel
+    from .module import (
+        NonFiniteLossError,
+        NoTrainingStateError,
+        WeightsChangedError,
+        get_rng_state,
+        manual_seed,
+        set_rng_state,
+    )
+    from .positional import Embeddings, PositionalEncoding
+    from .quantization import quantize
+    from .sentence_encoder import SentenceEncoder, cosine_similarity, mean_pool
+    from .seq2seq import Seq2SeqTransformer
+    from .tokenizer import Tokenizer
+except KeyboardInterrupt:
+    _exit_if_cli_interrupted()
+    raise
 
 __version__ = _core.__version__
 

@@ -359,7 +359,11 @@ def _discard_stdout() -> None:
 def main(argv=None) -> int:
     """Entry point of the CLI; returns the exit code (0; 2 for a usage or expected error; 141 when
     standard output's reader closed it early)."""
-    args = _parser().parse_args(argv)
+    try:
+        args = _parser().parse_args(argv)
+    except KeyboardInterrupt:  # Ctrl-C before a command is known: the same one line and exit code
+        print("transformer_core: interrupted while starting; nothing was done", file=sys.stderr)
+        return 2
     if sys.stdout is None:  # started with `>&-`: Python made sys.stdout None, every print would be lost
         print(f"transformer_core {args.command}: stdout: standard output is closed; there is nowhere to write "
               f"the output", file=sys.stderr)
