@@ -46,7 +46,7 @@ def test_smollm2_prompts_equal_transformers(ours, hf_smollm2_tokenizer, add_gene
     for messages in CONVERSATIONS:
         ref = hf_smollm2_tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
                                                        tokenize=False)
-        text = ours.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
+        text = ours.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=False)
         assert text == ref, messages
         assert text == render_chat_template(ours.chat_template, messages, add_generation_prompt=add_generation_prompt)
         ids = ours.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=True)
@@ -54,7 +54,7 @@ def test_smollm2_prompts_equal_transformers(ours, hf_smollm2_tokenizer, add_gene
 
 
 def test_smollm2_prompt_text(ours):
-    text = ours.apply_chat_template(CONVERSATIONS[0], add_generation_prompt=True)
+    text = ours.apply_chat_template(CONVERSATIONS[0], add_generation_prompt=True, tokenize=False)
     assert text == ("<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face"
                     "<|im_end|>\n<|im_start|>user\nWhat is the capital of France?<|im_end|>\n"
                     "<|im_start|>assistant\n")
@@ -140,7 +140,7 @@ def test_bad_messages(ours, messages, error, pattern):
     with pytest.raises(error, match=pattern):
         validate_messages(messages)
     with pytest.raises(error, match=pattern):
-        ours.apply_chat_template(messages)
+        ours.apply_chat_template(messages, tokenize=False)
 
 
 def test_messages_not_modified():
@@ -156,7 +156,7 @@ def test_no_template():
 
     tok = tc.Tokenizer(HFTokenizer(WordLevel({"a": 0}, unk_token="a")), max_length=None, pad_token=None)
     with pytest.raises(ValueError, match="no chat template"):
-        tok.apply_chat_template([{"role": "user", "content": "hi"}])
+        tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -292,7 +292,7 @@ def test_tools_through_apply_chat_template(ours, hf_smollm2_tokenizer):
     messages = [{"role": "user", "content": "Hi"}]
     want = hf_smollm2_tokenizer.apply_chat_template(messages, chat_template=template, tools=_REGISTRY.values(),
                                                     tokenize=False)
-    assert ours.apply_chat_template(messages, chat_template=template, tools=_REGISTRY.values()) == want
+    assert ours.apply_chat_template(messages, chat_template=template, tools=_REGISTRY.values(), tokenize=False) == want
     assert '"name": "get_time"' in want and want.endswith("</tools>user: Hi")
 
 
@@ -425,7 +425,7 @@ def test_tool_call_turn_without_content_renders_as_transformers(ours, hf_smollm2
                                                        add_generation_prompt=add, tokenize=False)
         assert render_chat_template(TOOL_USE, messages, add_generation_prompt=add, tools=tools) == ref
         assert ours.apply_chat_template(messages, add_generation_prompt=add, chat_template=TOOL_USE,
-                                        tools=tools) == ref
+                                        tools=tools, tokenize=False) == ref
     assert validate_messages(messages)[1] == {k: v for k, v in call.items() if v is not None}
     if content != "Let me check.":
         assert '<call>{"name": "get_weather", "arguments": {"city": "Paris"}}</call>' in ref
@@ -486,11 +486,12 @@ def test_named_chat_templates_equal_transformers(tmp_path, saved_as):
     for chosen in (None, "default", "tool_use", "rag", "{{ 'literal' }}", "tool_use "):
         for extra in ({}, {"tools": tools}, {"documents": [{"title": "t", "text": "x"}]}):
             want = ref.apply_chat_template(messages, chat_template=chosen, tokenize=False, **extra)
-            assert ours.apply_chat_template(messages, chat_template=chosen, **extra) == want, (chosen, extra)
+            got = ours.apply_chat_template(messages, chat_template=chosen, **extra, tokenize=False)
+            assert got == want, (chosen, extra)
             assert ours.get_chat_template(chosen, extra.get("tools")) == ref.get_chat_template(chosen, extra.get("tools"))
             seen.add(want)
     assert {"D:hi;yo;</s>", "T:2:hi;yo;", "T:-:hi;yo;", 'R:[{"title": "t", "text": "x"}]:hi', "literal", "tool_use "} <= seen
-    assert ours.apply_chat_template(messages, tools=tools, chat_template="default") == "D:hi;yo;</s>"
+    assert ours.apply_chat_template(messages, tools=tools, chat_template="default", tokenize=False) == "D:hi;yo;</s>"
 
 
 def test_named_chat_templates_without_default(tmp_path):
@@ -504,10 +505,10 @@ def test_named_chat_templates_without_default(tmp_path):
     with pytest.raises(ValueError, match=r"no default"):
         ref.apply_chat_template(messages, tokenize=False)
     with pytest.raises(ValueError, match=r"no 'default'.*names: \['chat', 'tool_use'\]"):
-        ours.apply_chat_template(messages)
+        ours.apply_chat_template(messages, tokenize=False)
     for chosen, extra in (("chat", {}), (None, {"tools": [{"name": "f"}]})):
         want = ref.apply_chat_template(messages, chat_template=chosen, tokenize=False, **extra)
-        assert ours.apply_chat_template(messages, chat_template=chosen, **extra) == want
+        assert ours.apply_chat_template(messages, chat_template=chosen, **extra, tokenize=False) == want
     assert want == "T:1:hi;"
 
 
@@ -561,7 +562,8 @@ def test_none_valued_keys_dropped_as_transformers(ours, hf_smollm2_tokenizer):
     for add in (False, True):
         want = hf_smollm2_tokenizer.apply_chat_template(messages, chat_template=NONE_AWARE, tokenize=False,
                                                         add_generation_prompt=add)
-        assert ours.apply_chat_template(messages, chat_template=NONE_AWARE, add_generation_prompt=add) == want
+        assert ours.apply_chat_template(messages, chat_template=NONE_AWARE, add_generation_prompt=add,
+                                        tokenize=False) == want
         assert render_chat_template(NONE_AWARE, messages, add_generation_prompt=add) == want
     assert "None" not in want and "null" not in want and "user:Weather?|" in want and "[get_weather]" in want
     assert messages == before
@@ -595,14 +597,16 @@ def test_content_that_is_not_a_str_renders_as_transformers(ours, hf_smollm2_toke
     hf = hf_smollm2_tokenizer
     for add in (False, True):
         want = hf.apply_chat_template(LIST_CONTENT, chat_template=PARTS, tokenize=False, add_generation_prompt=add)
-        assert ours.apply_chat_template(LIST_CONTENT, chat_template=PARTS, add_generation_prompt=add) == want
+        assert ours.apply_chat_template(LIST_CONTENT, chat_template=PARTS, add_generation_prompt=add,
+                                        tokenize=False) == want
         ids = hf.apply_chat_template(LIST_CONTENT, chat_template=PARTS, add_generation_prompt=add, return_dict=False)
         assert ours.apply_chat_template(LIST_CONTENT, chat_template=PARTS, add_generation_prompt=add,
                                         tokenize=True) == ids
     assert "<|user|><image>What is it? Réponds 😀<end>" in want and "<|assistant|>#42<end>" in want
     # a role is still checked
     with pytest.raises(TypeError, match=r"messages\[0\]\['role'\]: expected a str, got list"):
-        ours.apply_chat_template([{"role": ["user"], "content": [{"type": "text", "text": "x"}]}], chat_template=PARTS)
+        ours.apply_chat_template([{"role": ["user"], "content": [{"type": "text", "text": "x"}]}], chat_template=PARTS,
+                                 tokenize=False)
 
 
 @pytest.mark.parametrize("final", [
@@ -620,7 +624,7 @@ def test_continue_final_message_of_content_parts_equals_transformers(ours, hf_sm
     before = copy.deepcopy(messages)
     want = hf_smollm2_tokenizer.apply_chat_template(messages, chat_template=PARTS, continue_final_message=True,
                                                     tokenize=False)
-    assert ours.apply_chat_template(messages, chat_template=PARTS, continue_final_message=True) == want
+    assert ours.apply_chat_template(messages, chat_template=PARTS, continue_final_message=True, tokenize=False) == want
     assert render_chat_template(PARTS, messages, continue_final_message=True) == want
     assert not want.endswith("<end>\n") and messages == before
     assert want.endswith([p["text"] for p in final if "text" in p][-1])
@@ -639,7 +643,7 @@ def test_continue_final_message_names_a_field_as_transformers(ours, hf_smollm2_t
     messages = [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4", **fields}]
     want = hf_smollm2_tokenizer.apply_chat_template(messages, chat_template=PARTS, continue_final_message=field,
                                                     tokenize=False)
-    assert ours.apply_chat_template(messages, chat_template=PARTS, continue_final_message=field) == want
+    assert ours.apply_chat_template(messages, chat_template=PARTS, continue_final_message=field, tokenize=False) == want
     assert want.endswith((fields or {"content": "4"}).popitem()[1])
 
 
@@ -657,10 +661,10 @@ def test_continue_final_message_errors_as_transformers(ours, hf_smollm2_tokenize
         hf_smollm2_tokenizer.apply_chat_template(messages, chat_template=template, continue_final_message=option,
                                                  tokenize=False)
     with pytest.raises(error, match=f"^continue_final_message: .*{says}"):
-        ours.apply_chat_template(messages, chat_template=template, continue_final_message=option)
+        ours.apply_chat_template(messages, chat_template=template, continue_final_message=option, tokenize=False)
     for bad, err in (("", ValueError), (1, TypeError), (None, TypeError)):
         with pytest.raises(err, match="^continue_final_message: expected a bool or the name of a message field"):
-            ours.apply_chat_template(messages, chat_template=template, continue_final_message=bad)
+            ours.apply_chat_template(messages, chat_template=template, continue_final_message=bad, tokenize=False)
 
 
 def test_a_variable_named_template_reaches_the_template():
@@ -674,7 +678,7 @@ def test_a_variable_named_template_reaches_the_template():
     (ref,), _ = render_jinja_template(conversations=[messages], chat_template=source, template="X")
     assert render_chat_template(source, messages, template="X") == ref == "X|1"
     tok = tc.Tokenizer.from_pretrained("SmolLM2-135M-Instruct")
-    assert tok.apply_chat_template(messages, chat_template=source, template="X") == "X|1"
+    assert tok.apply_chat_template(messages, chat_template=source, template="X", tokenize=False) == "X|1"
 
 
 def test_a_variable_named_messages_is_refused_naming_it():

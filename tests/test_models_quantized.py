@@ -709,7 +709,8 @@ def test_smollm2_keeps_the_file_blocks(smollm2_pair):
 
 
 def _chat_ids(tokenizer, prompt) -> np.ndarray:
-    text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)
+    text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                         tokenize=False)
     return np.array([tokenizer.encode(text)], dtype=np.int64)
 
 

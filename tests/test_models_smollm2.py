@@ -41,7 +41,8 @@ def tokenizer():
 
 
 def _chat_ids(tokenizer, prompt) -> np.ndarray:
-    text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)
+    text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                         tokenize=False)
     return np.array([tokenizer.encode(text)], dtype=np.int64)
 
 

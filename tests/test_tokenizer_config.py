@@ -81,7 +81,7 @@ def test_truncation_side_as_transformers_reads_it(tmp_path, case):
     assert hf.truncation_side == ours.truncation_side == want
     assert ours.max_length == 256  # sentence_bert_config.json's max_seq_length
     tail = ["text", "is", "here", "[SEP]"] if want == "left" else ["alpha", "alpha", "alpha", "[SEP]"]
-    assert ours.tokenize(LONG)[-4:] == tail
+    assert ours.tokenize(LONG, add_special_tokens=True)[-4:] == tail
     _assert_batches_equal(ours, hf, TEXTS, 256)
     ours.max_length = 16  # the side stays
     _assert_batches_equal(ours, hf, TEXTS, 16)
@@ -149,9 +149,9 @@ def test_clean_up_tokenization_spaces_in_decode(tmp_path, clean_up):
                                                                  clean_up_tokenization_spaces=flag)
     ids = hf(SPACED[0])["input_ids"]
     want = "hello, world. it's fine!" if clean_up is True else "hello, world. it ' s fine!"
-    assert ours.decode(ids) == want
+    assert ours.decode(ids, skip_special_tokens=True) == want
     ours.clean_up_tokenization_spaces = clean_up is not True
-    assert ours.decode(ids) != want
+    assert ours.decode(ids, skip_special_tokens=True) != want
     with pytest.raises(TypeError, match="^clean_up_tokenization_spaces: expected a bool"):
         ours.clean_up_tokenization_spaces = "yes"
     with pytest.raises(TypeError, match="^clean_up_tokenization_spaces: expected a bool"):
@@ -210,7 +210,8 @@ def test_clean_up_keys_null_read_as_false(tmp_path):
     hf, ours = _hf(path), tc.Tokenizer.from_pretrained(path)
     assert ours.clean_up_tokenization_spaces is False
     ids = hf(SPACED[0])["input_ids"]
-    assert ours.decode(ids) == hf.decode(ids, skip_special_tokens=True) == "hello, world. it ' s fine!"
+    assert ours.decode(ids, skip_special_tokens=True) == hf.decode(ids, skip_special_tokens=True) == \
+        "hello, world. it ' s fine!"
 
 
 # ------------------------------------------------------------------------------------ BERT's normalizer flags
@@ -240,7 +241,8 @@ def test_bert_normalizer_flags_as_transformers_applies_them(tmp_path, flags, dif
         assert ours.tokenize(text, add_special_tokens=False) == hf.tokenize(text), text
         ids = hf(text)["input_ids"]
         assert ours.encode(text) == ids
-        assert ours.decode(ids) == hf.decode(ids, skip_special_tokens=True)
+        assert ours.decode(ids) == hf.decode(ids)
+        assert ours.decode(ids, skip_special_tokens=True) == hf.decode(ids, skip_special_tokens=True)
         changed |= ours.encode(text) != default.encode(text)
     assert changed is differs
     _assert_batches_equal(ours, hf, NORMALIZER_TEXTS, 256)
@@ -271,6 +273,34 @@ def test_bert_normalizer_flags_absent_as_transformers_reads_them(tmp_path, norma
         assert ours.encode(text) == hf(text)["input_ids"]
     if tokenizer_class != "PreTrainedTokenizerFast":  # a generic one returns no token_type_ids
         _assert_batches_equal(ours, hf, NORMALIZER_TEXTS, 256)
+
+
+@pytest.mark.parametrize("tokenizer_class", ["PreTrainedTokenizerFast", "TokenizersBackend", _DROP],
+                         ids=["generic-fast", "tokenizers-backend", "no-class-no-config"])
+@pytest.mark.parametrize("flags", [{"do_lower_case": False}, {"strip_accents": False},
+                                   {"tokenize_chinese_chars": False},
+                                   {"do_lower_case": "false", "strip_accents": 0, "tokenize_chinese_chars": None}],
+                         ids=["cased", "accents-kept", "no-cjk-split", "not-bools"])
+def test_bert_normalizer_flags_of_another_class_are_ignored_as_transformers(tmp_path, tokenizer_class, flags):
+    """do_lower_case, strip_accents and tokenize_chinese_chars present in tokenizer_config.json were
+    applied whatever the tokenizer class: a PreTrainedTokenizerFast (or class-less) folder with
+    "do_lower_case": false gave [UNK] [UNK] for "Hello World", where transformers keeps
+    tokenizer.json's lowercasing normalizer ([7592, 2088]). They are read for BERT's classes only
+    now (and not checked elsewhere: transformers loads such a folder whatever their values)."""
+    path = _folder(tmp_path, tokenizer_class=tokenizer_class, **flags)
+    if tokenizer_class is _DROP:  # no class at all: config.json would name BERT's model type
+        (path / "config.json").unlink()
+    hf, ours = _hf(path), tc.Tokenizer.from_pretrained(path)
+    assert type(hf).__name__ == "TokenizersBackend" and ours.max_length == 256
+    assert ours.encode("Hello World") == hf("Hello World")["input_ids"] == [101, 7592, 2088, 102]
+    for text in NORMALIZER_TEXTS:
+        assert ours.tokenize(text) == hf.tokenize(text), text
+        assert ours.encode(text) == hf(text)["input_ids"], text
+        assert ours.encode(text) == tc.Tokenizer.from_pretrained(MODEL_DIR).encode(text), text
+    want = hf(NORMALIZER_TEXTS, truncation=True, max_length=256, padding=True, return_tensors="np")
+    got = ours(NORMALIZER_TEXTS)
+    for key in ("input_ids", "attention_mask"):
+        np.testing.assert_array_equal(got[key], want[key], err_msg=key)
 
 
 BAD_CONFIG = {  # key: (value, the expected type in the message)

@@ -46,7 +46,7 @@ def test_saved_causal_tokenizer_is_causal_as_transformers_reads_it(saved_smollm2
     assert (ours.pad_token, ours.pad_token_id) == (hf.pad_token, hf.pad_token_id) == ("<|im_end|>", 2)
     assert (ours.bos_token_id, ours.eos_token_id) == (hf.bos_token_id, hf.eos_token_id)
     assert ours.all_special_tokens == hf.all_special_tokens and ours.all_special_ids == hf.all_special_ids
-    assert ours.apply_chat_template(MESSAGES, add_generation_prompt=True) == hf.apply_chat_template(
+    assert ours.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=False) == hf.apply_chat_template(
         MESSAGES, add_generation_prompt=True, tokenize=False)
     for side in ("left", "right"):
         got = ours.encode_batch(TEXTS, padding_side=side)
@@ -203,10 +203,10 @@ def test_ids_past_a_gap_in_the_vocabulary_decode_as_transformers(hole):
     transformers decodes them; only the id no token has (6) and ids past 7 are refused."""
     hf, ours = _hf(hole), tc.Tokenizer.from_pretrained(hole)
     assert ours.encode("ab") == hf.encode("ab") == [7]
-    assert ours.vocab_size == len(hf) == 7
+    assert ours.vocab_size == hf.vocab_size == len(ours) == len(hf) == 7
     for ids in ([7], [3, 5, 7], [1, 7, 7, 2]):
-        assert ours.decode(ids) == hf.decode(ids, skip_special_tokens=True), ids
-        assert ours.decode(ids, skip_special_tokens=False) == hf.decode(ids), ids
+        assert ours.decode(ids, skip_special_tokens=True) == hf.decode(ids, skip_special_tokens=True), ids
+        assert ours.decode(ids) == ours.decode(ids, skip_special_tokens=False) == hf.decode(ids), ids
     assert ours.decode(np.array([5, 7])) == hf.decode([5, 7]) == " ab"
     assert ours.id_to_token(7) == hf.convert_ids_to_tokens(7) == "ab"
     assert ours.id_to_token(6) is None and ours.id_to_token(8) is None
@@ -216,6 +216,15 @@ def test_ids_past_a_gap_in_the_vocabulary_decode_as_transformers(hole):
         ours.decode([7, 6])
     with pytest.raises(ValueError, match=r"^ids: token id 8 is outside the vocabulary \[0, 8\)$"):
         ours.decode([8])
+    # pad_token_id is bounded as decode's ids are: 7 pads (as transformers), 6 and 8 are refused
+    ours.pad_token_id = hf.pad_token_id = 7
+    assert ours.pad_token == hf.pad_token == "ab"
+    np.testing.assert_array_equal(ours.encode_batch(["a", "ab ab"])["input_ids"],
+                                  hf(["a", "ab ab"], padding=True, return_tensors="np")["input_ids"])
+    with pytest.raises(ValueError, match=r"^pad_token_id: token id 6 has no token \(the vocabulary's ids \[0, 8\) skip"):
+        ours.pad_token_id = 6
+    with pytest.raises(ValueError, match=r"^pad_token_id: token id 8 is outside the vocabulary \[0, 8\)$"):
+        ours.pad_token_id = 8
 
 
 # ------------------------------------------------------------------------------------ chat template files

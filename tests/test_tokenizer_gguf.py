@@ -285,10 +285,10 @@ def test_llama_directory(tmp_path, hf_smollm2_tokenizer, ours):
         assert tok.encode(text) == hf.encode(text), text
     assert len(tok.encode(" word" * 9000)) == 9000
     messages = [{"role": "user", "content": "Hi"}]
-    assert tok.apply_chat_template(messages, add_generation_prompt=True) == ours.apply_chat_template(
-        messages, add_generation_prompt=True)
+    assert tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False) == \
+        ours.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     (tmp_path / "chat_template.jinja").write_text("{{ messages[0]['content'] }}")
-    assert tc.Tokenizer.from_pretrained(tmp_path).apply_chat_template(messages) == "Hi"
+    assert tc.Tokenizer.from_pretrained(tmp_path).apply_chat_template(messages, tokenize=False) == "Hi"
 
 
 @pytest.mark.parametrize("special", [
@@ -527,19 +527,19 @@ def test_control_and_user_defined_tokens_are_their_raw_text(tmp_path):
     # decoded to the raw text; the control tokens left out with skip_special_tokens
     every = [bos, h, i, tool, x, cafe, eos]
     assert tok.decode(every, skip_special_tokens=False) == text
-    assert tok.decode(every) == "hi<｜tool sep｜>xcafé"
+    assert tok.decode(every, skip_special_tokens=True) == "hi<｜tool sep｜>xcafé"
     for j, t in ((bos, "<｜bos｜>"), (eos, "«end: 1»"), (tool, "<｜tool sep｜>"), (cafe, "café")):
         assert tok.decode([j], skip_special_tokens=False) == t
     stream = TextStream(tok, skip_special_tokens=False)
     assert "".join(stream.push(j) for j in every) + stream.finish() == text
-    stream = TextStream(tok)
+    stream = TextStream(tok, skip_special_tokens=True)
     assert "".join(stream.push(j) for j in every) + stream.finish() == "hi<｜tool sep｜>xcafé"
     for clone in (copy.deepcopy(tok), pickle.loads(pickle.dumps(tok))):  # the decoder survives a copy
         assert clone.decode(every, skip_special_tokens=False) == text and clone.encode(text) == every
 
     # the chat template names them by their raw text too
     messages = [{"role": "user", "content": "hi"}]
-    assert tok.apply_chat_template(messages) == "<｜bos｜>hi«end: 1»"
+    assert tok.apply_chat_template(messages, tokenize=False) == "<｜bos｜>hi«end: 1»"
     assert tok.apply_chat_template(messages, tokenize=True) == [bos, h, i, eos]
 
 
@@ -551,13 +551,15 @@ def test_raw_text_bos_and_eos_are_added(tmp_path):
     h, i = ids["h"], ids["i"]
     bos, eos = ids["<｜bos｜>"], ids["«end: 1»"]
     assert tok.encode("hi") == [bos, h, i, eos]
-    assert tok.tokenize("hi") == ["<｜bos｜>", "h", "i", "«end: 1»"]
+    assert tok.tokenize("hi", add_special_tokens=True) == ["<｜bos｜>", "h", "i", "«end: 1»"]
+    assert tok.tokenize("hi") == ["h", "i"]  # transformers' tokenize adds none by default
     assert tok.encode("hi", add_special_tokens=False) == [h, i]
     batch = tok.encode_batch(["hi", "h"])
     assert batch["input_ids"].tolist() == [[bos, h, i, eos], [bos, h, eos, 0]]
     assert batch["attention_mask"].tolist() == [[1, 1, 1, 1], [1, 1, 1, 0]]
-    assert tok.decode(tok.encode("hi")) == "hi"
-    assert tok.decode(tok.encode("hi"), skip_special_tokens=False) == "<｜bos｜>hi«end: 1»"
+    assert tok.decode(tok.encode("hi"), skip_special_tokens=True) == "hi"
+    assert tok.decode(tok.encode("hi")) == tok.decode(tok.encode("hi"), skip_special_tokens=False) == \
+        "<｜bos｜>hi«end: 1»"
 
 
 def test_smollm2_control_tokens_are_unchanged(ours, hf_smollm2_tokenizer, smollm2_checkpoint):
@@ -571,7 +573,7 @@ def test_smollm2_control_tokens_are_unchanged(ours, hf_smollm2_tokenizer, smollm
     ids = ours.encode(text)
     assert ids == hf_smollm2_tokenizer.encode(text) and [j for j in ids if j < 17] == list(range(17))
     assert ours.decode(ids, skip_special_tokens=False) == hf_smollm2_tokenizer.decode(ids) == text
-    assert ours.decode(ids) == hf_smollm2_tokenizer.decode(ids, skip_special_tokens=True)
+    assert ours.decode(ids, skip_special_tokens=True) == hf_smollm2_tokenizer.decode(ids, skip_special_tokens=True)
     fresh = tc.Tokenizer.from_gguf(smollm2_checkpoint)  # (not ours: its backend is not handed out)
     assert type(fresh.backend.decoder).__name__ == "ByteLevel"  # no raw-text step: none was needed
 
@@ -642,12 +644,13 @@ def test_continue_final_message_equals_transformers(ours, hf_smollm2_tokenizer):
     for messages in CONTINUED:
         before = json.dumps(messages)
         ref = hf.apply_chat_template(messages, continue_final_message=True, tokenize=False)
-        assert ours.apply_chat_template(messages, continue_final_message=True) == ref
+        assert ours.apply_chat_template(messages, continue_final_message=True, tokenize=False) == ref
         assert ref.endswith(messages[-1]["content"]) and not ref.endswith("<|im_end|>\n")
         assert ours.apply_chat_template(messages, continue_final_message=True, tokenize=True) == hf.apply_chat_template(
             messages, continue_final_message=True, tokenize=True, return_dict=False)
         assert json.dumps(messages) == before
-    assert ours.apply_chat_template(CONTINUED[0], continue_final_message=False) == hf.apply_chat_template(
+    assert ours.apply_chat_template(CONTINUED[0], continue_final_message=False,
+                                    tokenize=False) == hf.apply_chat_template(
         CONTINUED[0], tokenize=False)
 
 
@@ -658,9 +661,11 @@ def test_chat_template_argument_equals_transformers(ours, hf_smollm2_tokenizer):
         for kwargs in ({}, {"add_generation_prompt": True}, {"continue_final_message": True}):
             for messages in CONTINUED:
                 ref = hf.apply_chat_template(messages, chat_template=template, tokenize=False, **kwargs)
-                assert ours.apply_chat_template(messages, chat_template=template, **kwargs) == ref, (template, kwargs)
-    assert ours.apply_chat_template(CONTINUED[0], chat_template="{{ messages[0].content }}") == "Hi"
-    assert ours.apply_chat_template(CONTINUED[0], chat_template=PLAIN_TEMPLATE).startswith("[user] Hi<|im_end|>")
+                assert ours.apply_chat_template(messages, chat_template=template, tokenize=False,
+                                                **kwargs) == ref, (template, kwargs)
+    assert ours.apply_chat_template(CONTINUED[0], chat_template="{{ messages[0].content }}", tokenize=False) == "Hi"
+    assert ours.apply_chat_template(CONTINUED[0], chat_template=PLAIN_TEMPLATE,
+                                    tokenize=False).startswith("[user] Hi<|im_end|>")
     assert ours.chat_template == hf.chat_template  # not replaced by the argument
 
 
@@ -679,18 +684,18 @@ def test_chat_template_options_refused(ours, hf_smollm2_tokenizer):
         hf_smollm2_tokenizer.apply_chat_template(messages, continue_final_message=True, add_generation_prompt=True,
                                                  tokenize=False)
     with pytest.raises(ValueError, match="continue_final_message"):
-        ours.apply_chat_template(messages, continue_final_message=True, add_generation_prompt=True)
+        ours.apply_chat_template(messages, continue_final_message=True, add_generation_prompt=True, tokenize=False)
     for template in ("{{ 'x' }}", "{{ messages[-1]['content'][:3] }}"):
         with pytest.raises(ValueError, match="continue_final_message"):
             hf_smollm2_tokenizer.apply_chat_template(messages, chat_template=template, continue_final_message=True,
                                                      tokenize=False)
         with pytest.raises(ValueError, match="continue_final_message"):
-            ours.apply_chat_template(messages, chat_template=template, continue_final_message=True)
+            ours.apply_chat_template(messages, chat_template=template, continue_final_message=True, tokenize=False)
     with pytest.raises(TypeError, match="continue_final_message"):
-        ours.apply_chat_template(messages, continue_final_message=1)
+        ours.apply_chat_template(messages, continue_final_message=1, tokenize=False)
     with pytest.raises(TypeError, match="chat_template"):
-        ours.apply_chat_template(messages, chat_template=3)
-    assert ours.apply_chat_template(messages, tools=None) == hf_smollm2_tokenizer.apply_chat_template(
+        ours.apply_chat_template(messages, chat_template=3, tokenize=False)
+    assert ours.apply_chat_template(messages, tools=None, tokenize=False) == hf_smollm2_tokenizer.apply_chat_template(
         messages, tokenize=False)  # a template variable still passes
 
 
@@ -719,7 +724,7 @@ def test_continue_final_message_of_a_tool_call_turn_without_content(ours, hf_smo
     a ValueError as transformers raises, not a KeyError or TypeError."""
     messages = [{"role": "user", "content": "Hi"}, final]
     with pytest.raises(ValueError, match="continue_final_message: the last message has no 'content' to continue"):
-        ours.apply_chat_template(messages, continue_final_message=True)
+        ours.apply_chat_template(messages, continue_final_message=True, tokenize=False)
     with pytest.raises(ValueError):
         hf_smollm2_tokenizer.apply_chat_template(messages, continue_final_message=True, tokenize=False)
 
@@ -744,3 +749,72 @@ def test_a_raw_text_that_is_another_tokens_spelling_decodes_as_itself(tmp_path):
     assert tok.encode("éé") == [first] and tok.encode("Ã©Ã©") == [second]
     assert tok.decode([first]) == "éé" and tok.decode([second]) == "Ã©Ã©"
     assert tok.decode(tok.encode("éé Ã©Ã©")) == "éé Ã©Ã©"
+
+
+# ------------------------------------------------------------------ transformers' defaults and assignments
+def test_apply_chat_template_needs_tokenize(ours, hf_smollm2_tokenizer):
+    """apply_chat_template defaulted to tokenize=False (the text) where transformers' default is
+    True (ids, in a BatchEncoding): a call relying on either default got the other kind. tokenize
+    is now keyword-only with no default; True gives transformers' "input_ids" as a plain list
+    (its return_dict=False result), False its text."""
+    hf = hf_smollm2_tokenizer
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi <|im_end|>"}]
+    with pytest.raises(TypeError, match=r"missing 1 required keyword-only argument: 'tokenize'$"):
+        ours.apply_chat_template(messages)
+    with pytest.raises(TypeError, match="positional argument"):
+        ours.apply_chat_template(messages, True, True)
+    for add in (False, True):
+        ref = hf.apply_chat_template(messages, add_generation_prompt=add)  # transformers' default: tokenize=True
+        ids = ours.apply_chat_template(messages, add_generation_prompt=add, tokenize=True)
+        assert type(ids) is list and ids == ref["input_ids"] == hf.apply_chat_template(
+            messages, add_generation_prompt=add, tokenize=True, return_dict=False)
+        assert ref["attention_mask"] == [1] * len(ids)
+        assert ours.apply_chat_template(messages, add_generation_prompt=add, tokenize=False) == hf.apply_chat_template(
+            messages, add_generation_prompt=add, tokenize=False)
+
+
+def test_decode_and_tokenize_defaults_are_transformers(ours, hf_smollm2_tokenizer):
+    """decode dropped special tokens by default ("Hi" for a reply's ids "Hi<|im_end|>"; transformers
+    keeps them); tokenize's default adds none, as transformers'."""
+    hf = hf_smollm2_tokenizer
+    ids = hf.encode("<|im_start|>assistant\nHi there<|im_end|>")
+    assert ours.decode(ids) == hf.decode(ids) == "<|im_start|>assistant\nHi there<|im_end|>"
+    assert ours.decode(ids, skip_special_tokens=True) == hf.decode(ids, skip_special_tokens=True)
+    stream = ours.text_stream()
+    assert "".join(stream.push(i) for i in ids) + stream.finish() == hf.decode(ids)
+    for text in ("Hello world", "<|im_start|>user\nHi", " x 12"):
+        assert ours.tokenize(text) == hf.tokenize(text), text
+    assert ours.vocab_size == hf.vocab_size == len(ours) == len(hf) == 49152
+
+
+def test_pad_token_assignment_of_a_causal_tokenizer(smollm2_checkpoint, hf_smollm2_tokenizer):
+    """A causal-LM tokenizer's pad_token assignment was ignored (pad_token = "<|endoftext|>" kept
+    id 2; transformers: 0). Both assignments now set the pair and the padding, on either side."""
+    import copy
+
+    ours, hf = tc.Tokenizer.from_gguf(smollm2_checkpoint), copy.deepcopy(hf_smollm2_tokenizer)
+    texts = ["Hi", "hello world, how are you?", ""]
+
+    def assert_pads_as_transformers():
+        for side in ("left", "right"):
+            got = ours.encode_batch(texts, padding_side=side)
+            want = hf(texts, padding=True, padding_side=side, return_tensors="np")
+            for key in ("input_ids", "attention_mask"):
+                np.testing.assert_array_equal(got[key], want[key], err_msg=f"{side} {key}")
+        (batch,) = ours.encode_batches(texts, len(texts))
+        np.testing.assert_array_equal(batch["input_ids"], hf(texts, padding=True, padding_side="right",
+                                                             return_tensors="np")["input_ids"])
+
+    ours.pad_token = hf.pad_token = "<|endoftext|>"
+    assert (ours.pad_token, ours.pad_token_id) == (hf.pad_token, hf.pad_token_id) == ("<|endoftext|>", 0)
+    assert_pads_as_transformers()
+    ours.pad_token_id = hf.pad_token_id = 1
+    assert (ours.pad_token, ours.pad_token_id) == (hf.pad_token, hf.pad_token_id) == ("<|im_start|>", 1)
+    assert_pads_as_transformers()
+    ours.pad_token = None  # as the constructor's None: the EOS token
+    assert (ours.pad_token, ours.pad_token_id) == ("<|im_end|>", 2) and ours.backend.padding is None
+    with pytest.raises(ValueError, match="^pad_token: '<pad>' is not in the vocabulary$"):
+        ours.pad_token = "<pad>"
+    with pytest.raises(ValueError, match=r"^bos_token: 'not-a-token' is not in the vocabulary$"):
+        ours.bos_token = "not-a-token"
+    assert ours.bos_token == "<|im_start|>" and ours.pad_token == "<|im_end|>"

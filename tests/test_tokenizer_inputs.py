@@ -98,7 +98,7 @@ def test_max_length_assigned_later_truncates_as_the_tokenizers_package(model_dir
         ref = _backend(model_dir)
         ref.enable_truncation(max_length=n)
         assert tok.encode(texts[0]) == ref.encode(texts[0]).ids and len(tok.encode(texts[0])) == n
-        assert tok.tokenize(texts[0]) == ref.encode(texts[0]).tokens
+        assert tok.tokenize(texts[0], add_special_tokens=True) == ref.encode(texts[0]).tokens
         want = hf_encode(ref, texts)
         got = tok.encode_batch(texts)
         batches = list(tok.encode_batches(texts, 3))
@@ -440,7 +440,7 @@ def test_do_lower_case_from_sentence_bert_config(cased_dir):
     assert tok.encode("Hello World") == tok.encode("hello world") == want[0]
     for text, ids in zip(TEXTS_CASED, want):
         assert tok.encode(text) == ids, text
-        assert tok.tokenize(text) == ref.encode(text.lower()).tokens, text
+        assert tok.tokenize(text, add_special_tokens=True) == ref.encode(text.lower()).tokens, text
     want_ids, want_mask, _ = hf_encode(ref, [t.lower() for t in TEXTS_CASED])
     batch = tok.encode_batch(TEXTS_CASED)
     np.testing.assert_array_equal(batch["input_ids"], want_ids)
@@ -475,7 +475,7 @@ def test_sentence_encoder_lowercases_with_do_lower_case(cased_dir):
     ids, mask, types = hf_encode(ref, [t.lower() for t in texts])
     hf = BertModel.from_pretrained(str(cased_dir), attn_implementation="eager").eval()
     want = hf_mean_pool(hf, ids, mask, types)
-    got = tc.SentenceEncoder.from_pretrained(cased_dir, dtype=np.float64).encode(texts)
+    got = tc.SentenceEncoder.from_pretrained(cased_dir, dtype=np.float64).encode(texts, normalize=True)
     np.testing.assert_allclose(got, want, atol=1e-6)
     np.testing.assert_allclose(got[0], got[1], atol=1e-12)
 
@@ -918,3 +918,239 @@ def test_decode_of_more_ids_than_memory_can_list(model_dir):
     n = limit // 16 - 1  # passed the old check; its lists would take about 105 bytes an id
     with pytest.raises(ValueError, match=rf"^ids: expected at most {limit // 112} token ids .* got {n}$"):
         tok.decode(np.broadcast_to(np.int64(7592), (n,)))
+
+
+# ------------------------------------------------------------------ transformers' defaults and assignments
+def _hf_minilm(model_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(model_dir))
+
+
+_PAD_TEXTS = ["a", "a b", "time flies like an arrow", "word " * 300]
+
+
+def _assert_pads_as(ours, hf, texts=_PAD_TEXTS):
+    """encode_batch, __call__ and encode_batches (one batch) equal transformers' padded batch."""
+    want = hf(texts, padding=True, truncation=True, max_length=ours.max_length, return_tensors="np")
+    (batch,) = ours.encode_batches(texts, len(texts))
+    for got in (ours.encode_batch(texts), ours(texts), batch):
+        for key in ("input_ids", "attention_mask", "token_type_ids"):
+            np.testing.assert_array_equal(got[key], want[key], err_msg=key)
+            assert got[key].dtype == np.int64
+
+
+def test_pad_token_assignment_pads_every_batch_as_transformers(model_dir):
+    """pad_token / pad_token_id were plain attributes: ``pad_token = "[MASK]"`` left pad_token_id 0
+    and the padding 0 (transformers: 103, padding 103), and ``pad_token_id = 103`` changed
+    encode_batches' padding but not encode_batch's. Each now sets the other and every padding path
+    (the backend's padding too), as transformers' assignments do."""
+    import copy
+    import pickle
+
+    ours, hf = tc.Tokenizer.from_pretrained(MODEL_NAME), _hf_minilm(model_dir)
+    _assert_pads_as(ours, hf)
+    ours.pad_token = hf.pad_token = "[MASK]"
+    assert (ours.pad_token, ours.pad_token_id) == (hf.pad_token, hf.pad_token_id) == ("[MASK]", 103)
+    assert ours.backend.padding["pad_id"] == 103 and ours.backend.padding["pad_token"] == "[MASK]"
+    _assert_pads_as(ours, hf)
+    ours.pad_token_id = hf.pad_token_id = 100
+    assert (ours.pad_token, ours.pad_token_id) == (hf.pad_token, hf.pad_token_id) == ("[UNK]", 100)
+    _assert_pads_as(ours, hf)
+    assert "[UNK]" in ours.all_special_tokens
+    # a pad id set on the backend itself is the one every path pads with, and the one named
+    ours.backend.enable_padding(**{**ours.backend.padding, "pad_id": 103, "pad_token": "[MASK]"})
+    hf.pad_token = "[MASK]"
+    assert (ours.pad_token, ours.pad_token_id) == ("[MASK]", 103)
+    _assert_pads_as(ours, hf)
+    # the backend's other padding settings are kept by an assignment
+    ours.backend.enable_padding(**{**ours.backend.padding, "pad_to_multiple_of": 8})
+    ours.pad_token = "[PAD]"
+    assert ours.backend.padding["pad_to_multiple_of"] == 8 and ours.backend.padding["pad_id"] == 0
+    # None: as the constructor's None (an encoder pads with id 0)
+    ours.pad_token = None
+    assert (ours.pad_token, ours.pad_token_id) == (None, 0)
+    # pickled and copied with them
+    ours.pad_token = "[MASK]"
+    for clone in (copy.deepcopy(ours), pickle.loads(pickle.dumps(ours)), copy.copy(ours)):
+        assert clone.pad_token_id == 103 and clone.encode_batch(["a", "a b"])["input_ids"][0, -1] == 103
+
+
+def test_pad_token_assignment_is_checked(model_dir):
+    """Checked as the constructor checks the named tokens (a pad_token not in the vocabulary is
+    refused here, where the constructor falls back to id 0's token); a refused one changes nothing."""
+    tok = tc.Tokenizer(_backend(model_dir), 16)
+    for name, bad, err, match in (
+            ("pad_token", "<pad>", ValueError, "^pad_token: '<pad>' is not in the vocabulary$"),
+            ("pad_token", 103, TypeError, "^pad_token: expected a str or None, got int$"),
+            ("pad_token_id", 30522, ValueError, r"^pad_token_id: token id 30522 is outside the vocabulary \[0, 30522\)$"),
+            ("pad_token_id", -1, ValueError, "^pad_token_id: expected an int >= 0, got -1$"),
+            ("pad_token_id", True, TypeError, "^pad_token_id: expected an int, got bool"),
+            ("pad_token_id", "[PAD]", TypeError, "^pad_token_id: expected an int, got str"),
+            ("pad_token_id", None, TypeError, "^pad_token_id: expected an int, got None")):
+        with pytest.raises(err, match=match):
+            setattr(tok, name, bad)
+        assert (tok.pad_token, tok.pad_token_id, tok.backend.padding["pad_id"]) == ("[PAD]", 0, 0)
+
+
+def _wordpiece_backend():
+    """A small BERT-style backend whose vocabulary lists [CLS], [SEP], ... as plain entries (no
+    added tokens), as the report's reproducer builds it."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+
+    vocab = {"[UNK]": 0, "[CLS]": 1, "[SEP]": 2, "hello": 3, "[PAD]": 4, "[MASK]": 5, "world": 6}
+    backend = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]"))
+    backend.normalizer = normalizers.BertNormalizer()
+    backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    backend.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]",
+                                                           special_tokens=[("[CLS]", 1), ("[SEP]", 2)])
+    backend.decoder = decoders.WordPiece()
+    return backend
+
+
+_SPECIAL_TEXTS = ["[CLS]hello", "hello [SEP] world", "[cls] HELLO", "[MASK][PAD]world", "world", "HELLO world"]
+_SPECIAL_IDS = [[1, 3, 2], [1, 3, 5, 6, 4, 2], [3, 6], [0, 1, 2, 3, 4, 5, 6]]
+
+
+def test_constructor_registers_its_special_tokens_as_transformers(model_dir):
+    """Tokenizer(backend, cls_token=...) only named its special tokens: "[CLS]" in a text became
+    [UNK] [UNK] [UNK] and decode(skip_special_tokens=True) kept "[CLS] hello [SEP]", where
+    transformers' PreTrainedTokenizerFast(tokenizer_object=..., cls_token=...) matches it whole and
+    drops it. They are registered now, as there; the caller's backend is left as it was."""
+    from transformers import PreTrainedTokenizerFast
+
+    kw = dict(cls_token="[CLS]", sep_token="[SEP]", unk_token="[UNK]", pad_token="[PAD]", mask_token="[MASK]")
+    for extra in (None, ["world"]):
+        given = _wordpiece_backend()
+        ours = tc.Tokenizer(given, max_length=16, extra_special_tokens=extra, **kw)
+        hf = PreTrainedTokenizerFast(tokenizer_object=_wordpiece_backend(), extra_special_tokens=extra, **kw)
+        assert given.get_added_tokens_decoder() == {}  # not the caller's object: a copy was changed
+        assert ours.all_special_tokens == hf.all_special_tokens and ours.all_special_ids == hf.all_special_ids
+        assert {i: str(t) for i, t in ours.backend.get_added_tokens_decoder().items()} == \
+            {i: str(t) for i, t in hf.backend_tokenizer.get_added_tokens_decoder().items()}
+        for text in _SPECIAL_TEXTS:
+            assert ours.encode(text) == hf.encode(text), (extra, text)
+            assert ours.tokenize(text) == hf.tokenize(text), (extra, text)
+        for ids in _SPECIAL_IDS:
+            for skip in (True, False):
+                assert ours.decode(ids, skip_special_tokens=skip) == hf.decode(ids, skip_special_tokens=skip), ids
+    assert tc.Tokenizer(_wordpiece_backend(), 16, cls_token="[CLS]").encode("[CLS]hello") == [1, 1, 3, 2]
+
+
+def test_special_token_assignment_is_checked_and_registers(model_dir):
+    """bos_token, ..., mask_token, extra_special_tokens and do_lower_case were plain attributes:
+    ``bos_token = "not-a-token"`` was kept (its id None), ``do_lower_case = "False"`` turned
+    lowercasing on, ``extra_special_tokens = "<|im_start|>"`` listed each character. They are
+    checked now as the constructor checks them, and a token assigned is registered as the
+    constructor registers it: the same ids and text as transformers' tokenizer built with it."""
+    from transformers import PreTrainedTokenizerFast
+
+    ours = tc.Tokenizer(_wordpiece_backend(), 16, pad_token="[PAD]")
+    for name, bad, err, match in (
+            ("bos_token", "not-a-token", ValueError, "^bos_token: 'not-a-token' is not in the vocabulary$"),
+            ("cls_token", 5, TypeError, "^cls_token: expected a str or None, got int$"),
+            ("do_lower_case", "False", TypeError, "^do_lower_case: expected a bool, got str"),
+            ("extra_special_tokens", "[MASK]", TypeError,
+             "^extra_special_tokens: expected a list of str or None, got str$"),
+            ("extra_special_tokens", ["[MASK]", 3], TypeError, r"^extra_special_tokens\[1\]: expected a str, got int$"),
+            ("extra_special_tokens", ["[MASK]", "<x>"], ValueError,
+             r"^extra_special_tokens\[1\]: '<x>' is not in the vocabulary$")):
+        with pytest.raises(err, match=match):
+            setattr(ours, name, bad)
+    assert (ours.bos_token, ours.cls_token, ours.do_lower_case, ours.extra_special_tokens) == (None, None, False, [])
+    assert ours.all_special_tokens == ["[PAD]"]
+    ours.cls_token, ours.sep_token, ours.mask_token = "[CLS]", "[SEP]", "[MASK]"
+    ours.extra_special_tokens = ("world",)
+    ours.unk_token = "[UNK]"
+    hf = PreTrainedTokenizerFast(tokenizer_object=_wordpiece_backend(), pad_token="[PAD]", cls_token="[CLS]",
+                                 sep_token="[SEP]", mask_token="[MASK]", unk_token="[UNK]",
+                                 extra_special_tokens=["world"])
+    assert ours.all_special_tokens == hf.all_special_tokens and ours.all_special_ids == hf.all_special_ids
+    assert ours.extra_special_tokens == hf.extra_special_tokens == ["world"]
+    ours.extra_special_tokens.append("hello")  # a new list each time, as transformers'
+    assert ours.extra_special_tokens == ["world"]
+    for text in _SPECIAL_TEXTS:
+        assert ours.encode(text) == hf.encode(text), text
+    for ids in _SPECIAL_IDS:
+        assert ours.decode(ids, skip_special_tokens=True) == hf.decode(ids, skip_special_tokens=True), ids
+    ours.mask_token = None
+    assert ours.mask_token is None and "[MASK]" not in ours.all_special_tokens
+    ours.do_lower_case = True
+    assert ours.do_lower_case is True
+
+
+def test_defaults_of_decode_tokenize_and_call_are_transformers(model_dir):
+    """decode's skip_special_tokens defaulted to True and tokenize's add_special_tokens to True,
+    where transformers' defaults are False: decode([101, ..., 102]) gave "hello world" (transformers
+    "[CLS] hello world [SEP]"), tokenize("hello world") ['[CLS]', 'hello', 'world', '[SEP]']. Now
+    as transformers. encode, tokenize and __call__ still cut to max_length (documented): __call__
+    is transformers' call with padding=True, truncation=True, max_length and return_tensors="np"."""
+    ours, hf = tc.Tokenizer.from_pretrained(MODEL_NAME), _hf_minilm(model_dir)
+    ids = [101, 7592, 2088, 102]
+    assert ours.decode(ids) == hf.decode(ids) == "[CLS] hello world [SEP]"
+    for text in ("hello world", "[CLS] time flies [MASK]", "Héllo, WORLD!"):
+        assert ours.tokenize(text) == hf.tokenize(text), text
+        assert ours.decode(ours.encode(text)) == hf.decode(hf.encode(text)), text
+    stream = ours.text_stream()
+    assert "".join(stream.push(i) for i in ids) + stream.finish() == hf.decode(ids)
+    long = "word " * 600
+    assert len(ours.encode(long)) == len(hf.encode(long, truncation=True, max_length=ours.max_length)) == 256
+    assert ours.tokenize(long) == hf.tokenize(long)[:256]
+    _assert_pads_as(ours, hf, ["hello", long, ""])
+
+
+def test_text_stream_default_is_transformers_text_streamer(model_dir):
+    """TextStream / text_stream left special tokens out by default; transformers' TextStreamer
+    decodes as decode does, with skip_special_tokens False unless told."""
+    from transformers import TextStreamer
+
+    class Collect(TextStreamer):
+        def on_finalized_text(self, text, stream_end=False):
+            self.pieces.append(text)
+
+    ours, hf = tc.Tokenizer.from_pretrained(MODEL_NAME), _hf_minilm(model_dir)
+    ids = hf("time flies like an arrow")["input_ids"] + hf("[MASK] again")["input_ids"]
+    for kwargs in ({}, {"skip_special_tokens": True}, {"skip_special_tokens": False}):
+        streamer = Collect(hf, **kwargs)
+        streamer.pieces = []
+        streamer.put(torch.tensor(ids))
+        streamer.end()
+        for stream in (ours.text_stream(**kwargs), TextStream(ours, **kwargs)):
+            assert "".join(stream.push(i) for i in ids) + stream.finish() == "".join(streamer.pieces).strip(), kwargs
+
+
+def test_vocab_size_leaves_added_tokens_out_as_transformers(model_dir, tmp_path):
+    """vocab_size counted the added tokens (transformers' len(tokenizer)); transformers'
+    vocab_size leaves them out. vocab_size is the base vocabulary now, and len() counts them."""
+    hf = _hf_minilm(model_dir)
+    hf.add_tokens(["newword"])
+    hf.save_pretrained(str(tmp_path))
+    ours, hf = tc.Tokenizer.from_pretrained(tmp_path), _hf_minilm(tmp_path)
+    assert ours.vocab_size == hf.vocab_size == 30522
+    assert len(ours) == len(hf) == 30523
+    assert ours.encode("a newword") == hf.encode("a newword") == [101, 1037, 30522, 102]
+    assert ours.decode([30522]) == hf.decode([30522]) == "newword"  # ids up to len - 1
+    with pytest.raises(ValueError, match=r"^ids: token id 30523 is outside the vocabulary \[0, 30523\)$"):
+        ours.decode([30523])
+
+
+def test_a_state_pickled_with_plain_attributes_is_read(model_dir):
+    """The special tokens, pad_token_id, extra_special_tokens and do_lower_case were plain
+    attributes; a state pickled then (its keys without the leading underscore) still loads, and a
+    shallow copy names its own tokens (its backend is shared)."""
+    import copy
+    import pickle
+
+    tok = tc.Tokenizer(_backend(model_dir), 16, cls_token="[CLS]", sep_token="[SEP]", extra_special_tokens=["[MASK]"])
+    state = tok.__getstate__()
+    old = {k: v for k, v in state.items() if k not in ("_special", "_pad_token", "_pad_token_id",
+                                                       "_extra_special_tokens", "_do_lower_case")}
+    old.update(state["_special"], pad_token="[PAD]", pad_token_id=0, extra_special_tokens=["[MASK]"], do_lower_case=True)
+    loaded = pickle.loads(pickle.dumps(tok))
+    loaded.__setstate__(old)
+    assert (loaded.cls_token, loaded.sep_token, loaded.pad_token_id, loaded.do_lower_case) == ("[CLS]", "[SEP]", 0, True)
+    assert loaded.all_special_ids == tok.all_special_ids == [102, 0, 101, 103]
+    assert loaded.encode("Hello") == tok.encode("hello")
+    shallow = copy.copy(tok)
+    shallow.cls_token = None
+    assert tok.cls_token == "[CLS]" and shallow.cls_token is None

@@ -124,6 +124,54 @@ def _check_room_for_special_tokens(backend, max_length: int, name: str = "max_le
                          f"to every text), got {max_length}")
 
 
+def _check_special_token(backend, token, name: str) -> None:
+    """TypeError naming ``name`` when ``token`` is not a str or None; ValueError when ``backend``'s
+    vocabulary lacks it."""
+    if token is not None and not isinstance(token, str):
+        raise TypeError(f"{name}: expected a str or None, got {type(token).__name__}")
+    if token is not None and backend.token_to_id(token) is None:
+        raise ValueError(f"{name}: {token!r} is not in the vocabulary")
+
+
+def _checked_extra_special_tokens(backend, tokens) -> list[str]:
+    """``tokens`` (the ``extra_special_tokens``) as a new list, checked: a list or tuple of str in
+    ``backend``'s vocabulary, or None (no tokens). A str alone is refused (its characters are not
+    tokens)."""
+    if tokens is None:
+        return []
+    if not isinstance(tokens, (list, tuple)):
+        raise TypeError(f"extra_special_tokens: expected a list of str or None, got {type(tokens).__name__}")
+    for i, token in enumerate(tokens):
+        if not isinstance(token, str):
+            raise TypeError(f"extra_special_tokens[{i}]: expected a str, got {type(token).__name__}")
+    for i, token in enumerate(tokens):
+        _check_special_token(backend, token, f"extra_special_tokens[{i}]")
+    return list(tokens)
+
+
+def _special_token_property(name: str, what: str) -> property:
+    """The :class:`Tokenizer` property ``name`` (a named special token but ``pad_token``): read from
+    its ``_special`` dict, assigned through ``_set_special_token``."""
+
+    def get(self) -> str | None:
+        return self._special[name]
+
+    def set_(self, value: str | None) -> None:
+        self._set_special_token(name, value)
+
+    doc = f"""{what}, or None.
+
+    Assignable, checked as the constructor checks it: a token of the vocabulary, which becomes a
+    special token of the backend (matched whole in a text, left out by
+    ``decode(skip_special_tokens=True)``, as the constructor's named tokens; transformers'
+    assignment only names it), or None. The token it named before stays special.
+
+    Raises:
+        TypeError: not a str or None. ValueError: not in the vocabulary.
+    """
+    return property(get, set_, doc=doc)
+
+
 def _bytes_to_unicode() -> dict[int, str]:
     """GPT-2's byte -> printable character map used by byte-level BPE vocabularies (Radford et al.
     2019, ``encoder.py``): printable Latin-1 bytes map to themselves, the other 68 bytes to U+0100..."""
@@ -138,7 +186,8 @@ def _bytes_to_unicode() -> dict[int, str]:
 
 
 #: The backend a constructor of this module hands to Tokenizer(...) (one it just built, which nothing
-#: else holds): used as is, not copied (a copy of SmolLM2's costs 0.1 s).
+#: else holds): used as is, not copied (a copy of SmolLM2's costs 0.1 s), its special tokens
+#: registered as its loader decided (from_pretrained's fallback pad token, id 0's, is not made special).
 _HANDED_OVER = threading.local()
 
 
@@ -204,11 +253,19 @@ class Tokenizer:
             leaves before punctuation and contractions (``"it ' s fine !"`` -> ``"it's fine!"``),
             as transformers' setting of that name does. Default False.
 
+    Each special token given (``pad_token`` when it is in the vocabulary, the named ones,
+    ``extra_special_tokens``) is registered as a special added token of the backend, as
+    transformers' ``PreTrainedTokenizerFast(tokenizer_object=..., cls_token=...)`` registers it:
+    a text holding it is matched whole (``"[CLS]hello"`` gives the ``[CLS]`` id, not three
+    ``[UNK]``), and ``decode(skip_special_tokens=True)`` leaves it out. Its id stays the
+    vocabulary's. The special tokens, ``pad_token`` / ``pad_token_id`` and ``do_lower_case`` are
+    also properties, checked on assignment as here (see :attr:`pad_token`, :attr:`cls_token`).
+
     The ``tokenizers.Tokenizer`` (or the one a ``tokenizers.implementations`` wrapper holds) is
     copied, its ``encode_special_tokens`` setting with it (transformers' ``split_special_tokens``):
-    the truncation and padding set here never reach the caller's object, nor another
-    :class:`Tokenizer` built on it (a backend with parts written in Python cannot be copied: it is
-    used as is).
+    the truncation, padding and special tokens set here never reach the caller's object, nor
+    another :class:`Tokenizer` built on it (a backend with parts written in Python cannot be
+    copied: it is used as is, and they are set on it).
 
     Every argument is checked before the backend is copied or changed: a refused call leaves a
     backend that cannot be copied as it was.
@@ -232,13 +289,20 @@ class Tokenizer:
         ``encode_special_tokens``, which the tokenizers package's own pickle (the backend's JSON)
         leaves out."""
         state = self.__dict__.copy()
+        state["_special"] = dict(state["_special"])  # a shallow copy names its own tokens
         state["_unpadded"] = state["_unpadded_version"] = None
         state["_encode_special_tokens"] = self._tok.encode_special_tokens
         return state
 
     def __setstate__(self, state: dict) -> None:
-        """Restores :meth:`__getstate__`'s state (a state pickled without the flag is taken as it is)."""
+        """Restores :meth:`__getstate__`'s state (a state pickled without the flag is taken as it is;
+        one pickled when the special tokens, ``pad_token_id``, ``extra_special_tokens`` and
+        ``do_lower_case`` were plain attributes is read into the properties' fields)."""
         flag = state.pop("_encode_special_tokens", None)
+        if "_special" not in state and "bos_token" in state:
+            state["_special"] = {name: state.pop(name) for name in _NAMED_SPECIAL_TOKENS if name != "pad_token"}
+            for name in ("pad_token", "pad_token_id", "extra_special_tokens", "do_lower_case"):
+                state[f"_{name}"] = state.pop(name)
         self.__dict__.update(state)
         if flag is not None:
             self._tok.encode_special_tokens = flag
@@ -269,20 +333,11 @@ class Tokenizer:
         max_length = check_optional_int(max_length, "max_length", 1)
         special = {"bos_token": bos_token, "eos_token": eos_token, "unk_token": unk_token, "sep_token": sep_token,
                    "cls_token": cls_token, "mask_token": mask_token}  # each must be in the vocabulary
-        for name, token in (("pad_token", pad_token), *special.items()):
-            if token is not None and not isinstance(token, str):
-                raise TypeError(f"{name}: expected a str or None, got {type(token).__name__}")
-        if extra_special_tokens is not None:
-            if not isinstance(extra_special_tokens, (list, tuple)):
-                raise TypeError(f"extra_special_tokens: expected a list of str or None, got "
-                                f"{type(extra_special_tokens).__name__}")
-            for i, token in enumerate(extra_special_tokens):
-                if not isinstance(token, str):
-                    raise TypeError(f"extra_special_tokens[{i}]: expected a str, got {type(token).__name__}")
-                special[f"extra_special_tokens[{i}]"] = token
+        if pad_token is not None and not isinstance(pad_token, str):
+            raise TypeError(f"pad_token: expected a str or None, got {type(pad_token).__name__}")
         for name, token in special.items():
-            if token is not None and tokenizer.token_to_id(token) is None:
-                raise ValueError(f"{name}: {token!r} is not in the vocabulary")
+            _check_special_token(tokenizer, token, name)
+        extra_special_tokens = _checked_extra_special_tokens(tokenizer, extra_special_tokens)
         chat_template = _check_chat_templates(chat_template, "chat_template")
         do_lower_case = check_bool(do_lower_case, "do_lower_case")
         clean_up_tokenization_spaces = check_bool(clean_up_tokenization_spaces, "clean_up_tokenization_spaces")
@@ -294,7 +349,8 @@ class Tokenizer:
         padding_side = self._checked_padding_side(padding_side, max_length)
         if max_length is not None:
             _check_room_for_special_tokens(tokenizer, max_length)
-        if getattr(_HANDED_OVER, "backend", None) is not tokenizer:  # checked: now the copy
+        handed_over = getattr(_HANDED_OVER, "backend", None) is tokenizer
+        if not handed_over:  # checked: now the copy
             tokenizer = _copy_backend(tokenizer)
         self._tok = tokenizer
         self._unpadded = None  # encode_batches' copy of it without padding: see _unpadded_backend
@@ -302,34 +358,190 @@ class Tokenizer:
         self._unpadded_version = None  # the watch's version when that copy was last brought up to date
         self._id_limit_cache = None  # (vocabulary size, one past the highest id, gaps?): see _id_limit
         self._max_length = max_length
-        self.bos_token, self.eos_token, self.unk_token = bos_token, eos_token, unk_token
-        self.sep_token, self.cls_token, self.mask_token = sep_token, cls_token, mask_token
-        self.extra_special_tokens = list(extra_special_tokens or [])
+        self._special = special  # the named special tokens but pad_token: see the properties
+        self._extra_special_tokens = extra_special_tokens
         self.chat_template = chat_template
-        self.do_lower_case = do_lower_case
+        self._do_lower_case = do_lower_case
         self._truncation_side, self._padding_side = truncation_side, padding_side
         self._clean_up = clean_up_tokenization_spaces
         # transformers' clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output: a BPE
         # model's text is cleaned up only with it (from_pretrained reads it; decode tests it)
         self._clean_up_bpe = False
-        pad_id = tokenizer.token_to_id(pad_token) if pad_token is not None else None
+        named_pad = pad_token if pad_token is not None and tokenizer.token_to_id(pad_token) is not None else None
+        if not handed_over:  # as transformers' constructor: each named token matched whole, skipped by decode
+            _register_special_tokens(tokenizer, {**special, "pad_token": named_pad,
+                                                 "extra_special_tokens": extra_special_tokens}, {})
+        self._pad_token, self._pad_token_id = self._pad_of(pad_token, fallback=True)
         if self.max_length is not None:  # an encoder tokenizer: as it always was
-            self.pad_token_id = 0 if pad_id is None else pad_id
-            # the token that pads: pad_token, or id 0's when pad_token is not in the vocabulary
-            if pad_token is not None and pad_id is None:
-                pad_token = self._tok.id_to_token(0)
-            self.pad_token = pad_token
             self._tok.enable_truncation(max_length=self.max_length, direction=truncation_side)
-            # the package wants a str for the padding token (only Encoding.tokens shows it)
-            pad_text = pad_token if pad_token is not None else (self._tok.id_to_token(self.pad_token_id) or "[PAD]")
-            self._tok.enable_padding(pad_id=self.pad_token_id, pad_token=pad_text)
+            self._tok.enable_padding(pad_id=self._pad_token_id, pad_token=self._pad_text())
         else:
             self._tok.no_truncation()
             self._tok.no_padding()
-            if pad_id is None:
-                pad_token, pad_id = eos_token, self.eos_token_id
-            self.pad_token = pad_token
-            self.pad_token_id = 0 if pad_id is None else pad_id
+
+    def _pad_of(self, token: str | None, fallback: bool) -> tuple[str | None, int]:
+        """``(pad_token, pad_token_id)`` for a ``pad_token`` of the constructor (``fallback``: one
+        not in the vocabulary is replaced, see the class docstring) or of the :attr:`pad_token`
+        setter (refused). None: an encoder pads with id 0 and names no token, a causal-LM tokenizer
+        with its EOS token, else id 0.
+
+        Raises:
+            ValueError: (not ``fallback``) ``token`` not in the vocabulary.
+        """
+        token_id = None if token is None else self._tok.token_to_id(token)
+        if token is not None and token_id is None:
+            if not fallback:
+                raise ValueError(f"pad_token: {token!r} is not in the vocabulary")
+            if self._max_length is not None:  # the token that pads: id 0's
+                return self._tok.id_to_token(0), 0
+            token = None
+        if token is None and self._max_length is None and self.eos_token is not None:
+            return self.eos_token, self.eos_token_id
+        return token, 0 if token_id is None else token_id
+
+    def _pad_text(self) -> str:
+        """The padding token's text for the backend's padding (the package wants a str; only
+        ``Encoding.tokens`` shows it): :attr:`pad_token`, else the pad id's token."""
+        if self._pad_token is not None:
+            return self._pad_token
+        return self._tok.id_to_token(self._pad_token_id) or "[PAD]"
+
+    def _set_pad(self, token: str | None, token_id: int) -> None:
+        """Pads with ``token_id`` (named ``token``) from now on, in every padding path: an
+        encoder's backend pads with it too, its other padding settings kept (a backend whose
+        padding was switched off through :attr:`backend` stays so: :meth:`encode_batch` then pads
+        with :attr:`pad_token_id` itself)."""
+        self._pad_token, self._pad_token_id = token, token_id
+        padding = self._tok.padding if self._max_length is not None else None
+        if padding is not None:
+            self._tok.enable_padding(**{**padding, "pad_id": token_id, "pad_token": self._pad_text()})
+            self._backend_changed()
+
+    # ---------------------------------------------------------------------------- special tokens
+    @property
+    def pad_token(self) -> str | None:
+        """The padding token (its id :attr:`pad_token_id` pads every batch), or None.
+
+        Assignable, as transformers' ``tokenizer.pad_token = ...``: a token of the vocabulary, which
+        sets :attr:`pad_token_id` to its id, becomes a special token (as the constructor's named
+        tokens: matched whole in a text, left out by ``decode(skip_special_tokens=True)``) and pads
+        every later batch of :meth:`encode_batch` (``__call__``) and :meth:`encode_batches`, an
+        encoder's backend padding included. None: as the constructor's None (an encoder pads with
+        id 0, a causal-LM tokenizer with its EOS token, else id 0). Unlike the constructor's
+        argument, a token not in the vocabulary is refused, not replaced.
+
+        Padding set on the backend itself (``backend.enable_padding(pad_id=...)``) is followed:
+        this is then the token of the backend's pad id.
+
+        Raises:
+            TypeError: not a str or None. ValueError: not in the vocabulary.
+        """
+        return self._pad_state()[0]
+
+    @pad_token.setter
+    def pad_token(self, value: str | None) -> None:
+        """Pads with ``value`` from now on (see the getter for the errors)."""
+        if value is not None and not isinstance(value, str):
+            raise TypeError(f"pad_token: expected a str or None, got {type(value).__name__}")
+        token, token_id = self._pad_of(value, fallback=False)
+        if value is not None:
+            self._register(value)
+        self._set_pad(token, token_id)
+
+    @property
+    def pad_token_id(self) -> int:
+        """The id that pads every batch (:meth:`encode_batch`, ``__call__``, :meth:`encode_batches`):
+        :attr:`pad_token`'s id, else 0 (see the class docstring).
+
+        Assignable, as transformers' ``tokenizer.pad_token_id = ...``: an id of the vocabulary, whose
+        token becomes :attr:`pad_token` (as assigning that token).
+
+        Raises:
+            TypeError: not an int (a bool included). ValueError: an id outside the vocabulary or
+                one that its ids skip.
+        """
+        return self._pad_state()[1]
+
+    @pad_token_id.setter
+    def pad_token_id(self, value: int) -> None:
+        """Pads with the id ``value`` from now on (see the getter for the errors)."""
+        value = check_int(value, "pad_token_id", 0, None)
+        limit, _ = self._id_limit()
+        token = self._tok.id_to_token(value) if value < limit else None
+        if token is None:
+            where = f"is outside the vocabulary [0, {limit})" if value >= limit else \
+                f"has no token (the vocabulary's ids [0, {limit}) skip it)"
+            raise ValueError(f"pad_token_id: token id {value} {where}")
+        self._register(token)
+        self._set_pad(token, value)
+
+    def _pad_state(self) -> tuple[str | None, int]:
+        """``(pad_token, pad_token_id)``: as set here, or, for an encoder whose backend was given
+        another pad id through :attr:`backend`, that id and its token (every padding path pads
+        with it)."""
+        padding = self._tok.padding if self._max_length is not None else None
+        if padding is not None and padding["pad_id"] != self._pad_token_id:
+            return self._tok.id_to_token(padding["pad_id"]), padding["pad_id"]
+        return self._pad_token, self._pad_token_id
+
+    def _register(self, *tokens: str) -> None:
+        """Makes ``tokens`` (in the vocabulary) special added tokens of the backend, as the
+        constructor registers its named tokens (see :func:`_register_special_tokens`)."""
+        before = len(self._tok.get_added_tokens_decoder())
+        _register_special_tokens(self._tok, {"extra_special_tokens": list(tokens)}, {})
+        if len(self._tok.get_added_tokens_decoder()) != before:
+            self._backend_changed()
+
+    def _set_special_token(self, name: str, value: str | None) -> None:
+        """Names ``value`` the ``name`` token (checked as the constructor checks it) and registers it."""
+        _check_special_token(self._tok, value, name)
+        if value is not None:
+            self._register(value)
+        self._special[name] = value
+
+    bos_token = _special_token_property("bos_token", "The beginning-of-sequence token")
+    eos_token = _special_token_property("eos_token", "The end-of-sequence token (generation stops at its id)")
+    unk_token = _special_token_property("unk_token", "The unknown token")
+    sep_token = _special_token_property("sep_token", "The separator token")
+    cls_token = _special_token_property("cls_token", "The classifier token")
+    mask_token = _special_token_property("mask_token", "The mask token")
+
+    @property
+    def extra_special_tokens(self) -> list[str]:
+        """More special tokens (transformers' ``extra_special_tokens``): a new list each time (as
+        transformers'; assign a list to change them).
+
+        Assignable: a list or tuple of tokens of the vocabulary (a str alone is refused, not read
+        as its characters), each made a special token as :attr:`cls_token`'s, or None (none).
+
+        Raises:
+            TypeError: not a list or tuple of str, or None. ValueError: a token not in the
+                vocabulary (named by index).
+        """
+        return list(self._extra_special_tokens)
+
+    @extra_special_tokens.setter
+    def extra_special_tokens(self, value) -> None:
+        """Names ``value`` the extra special tokens (see the getter for the errors)."""
+        value = _checked_extra_special_tokens(self._tok, value)
+        self._register(*value)
+        self._extra_special_tokens = value
+
+    @property
+    def do_lower_case(self) -> bool:
+        """Whether every text is lowercased (``str.lower()``) before it is tokenized, as
+        sentence-transformers does with ``sentence_bert_config.json``'s ``do_lower_case``.
+        Assignable.
+
+        Raises:
+            TypeError: not a bool (the str ``"False"`` included).
+        """
+        return self._do_lower_case
+
+    @do_lower_case.setter
+    def do_lower_case(self, value: bool) -> None:
+        """Lowercases later texts, or not (see the getter for the errors)."""
+        self._do_lower_case = check_bool(value, "do_lower_case")
 
     @property
     def max_length(self) -> int | None:
@@ -493,15 +705,16 @@ class Tokenizer:
           before punctuation and contractions; not for a BPE model (GPT-2's, Llama's), as
           transformers skips it there, unless
           ``clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output`` is true;
-        * ``do_lower_case``, ``strip_accents`` and ``tokenize_chinese_chars``, where
-          ``tokenizer.json``'s normalizer is a ``BertNormalizer``: they set the normalizer's
-          ``lowercase``, ``strip_accents`` and ``handle_chinese_chars``, as transformers' BERT
-          tokenizers rebuild it. Where transformers' tokenizer is one of those (its
-          ``tokenizer_class``, or with none the model type of ``config.json``: BERT, DistilBERT,
-          ELECTRA, MPNet, ...), one absent takes transformers' default (true, null, true) whatever
-          ``tokenizer.json`` says: a case-sensitive ``tokenizer.json`` without
-          ``"do_lower_case": false`` lowercases there, and so here. Elsewhere
-          (``PreTrainedTokenizerFast``, no config) one absent keeps ``tokenizer.json``'s;
+        * ``do_lower_case``, ``strip_accents`` and ``tokenize_chinese_chars``, only where
+          transformers' tokenizer is a BERT one (its ``tokenizer_class``, or with none the model
+          type of ``config.json``: BERT, DistilBERT, ELECTRA, MPNet, ...) and ``tokenizer.json``'s
+          normalizer is a ``BertNormalizer``: they set the normalizer's ``lowercase``,
+          ``strip_accents`` and ``handle_chinese_chars``, as those tokenizers rebuild it, and one
+          absent takes transformers' default (true, null, true) whatever ``tokenizer.json`` says
+          (a case-sensitive ``tokenizer.json`` without ``"do_lower_case": false`` lowercases
+          there, and so here). For any other class (``PreTrainedTokenizerFast``,
+          ``TokenizersBackend``, a GPT-2 one) or none at all, the keys are ignored, as
+          transformers ignores them: ``tokenizer.json``'s normalizer is kept;
         * ``padding_side``, for a causal LM only: the default side of :meth:`encode_batch` (when
           absent, the class's: left for Llama's and Gemma's tokenizers, as transformers'). An
           encoder always pads on the right: a ``"left"`` in an encoder's folder is not applied
@@ -529,7 +742,8 @@ class Tokenizer:
                 ``{"name": str, "template": str}``; a ``chat_template.jinja`` or
                 ``additional_chat_templates/*.jinja`` that is not UTF-8 text (naming the file);
                 naming ``tokenizer_config.json`` and the key: a ``truncation_side`` or
-                ``padding_side`` not ``"right"`` or ``"left"``, a ``clean_up_tokenization_spaces``,
+                ``padding_side`` not ``"right"`` or ``"left"``, a ``clean_up_tokenization_spaces``
+                not a bool; for a BERT tokenizer class (where they are applied), a
                 ``do_lower_case`` or ``tokenize_chinese_chars`` not a bool, a ``strip_accents`` not
                 a bool or null.
             TypeError: ``max_length`` not an int or None.
@@ -669,7 +883,9 @@ class Tokenizer:
 
     # ---------------------------------------------------------------------------- encoding
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        """Token ids of one text.
+        """Token ids of one text, cut to :attr:`max_length` by an encoder tokenizer (a causal-LM
+        tokenizer never cuts): transformers' ``tok.encode(text, truncation=True,
+        max_length=tok.max_length)``, where transformers' default does not truncate.
 
         Args:
             text: a str. Special tokens written in it (``"<|im_start|>"``) become their ids.
@@ -688,8 +904,15 @@ class Tokenizer:
         add_special_tokens = check_bool(add_special_tokens, "add_special_tokens")
         return self._tok.encode(self._cased(text), add_special_tokens=add_special_tokens).ids
 
-    def tokenize(self, text: str, add_special_tokens: bool = True) -> list[str]:
-        """The tokens (strings, in the vocabulary's spelling) of one text.
+    def tokenize(self, text: str, add_special_tokens: bool = False) -> list[str]:
+        """The tokens (strings, in the vocabulary's spelling) of one text, cut to :attr:`max_length`
+        by an encoder tokenizer (a causal-LM tokenizer never cuts): transformers'
+        ``tok.tokenize(text)`` up to that length (transformers does not truncate).
+
+        Args:
+            text: a str (see :meth:`encode`).
+            add_special_tokens: add the model's template tokens, as in :meth:`encode`. Default
+                False, as transformers' ``tokenize``.
 
         Raises:
             TypeError, ValueError: as :meth:`encode`.
@@ -716,12 +939,14 @@ class Tokenizer:
             check_unicode(t, "texts", i)
         return list(texts)
 
-    def decode(self, ids, skip_special_tokens: bool = True, clean_up_tokenization_spaces: bool | None = None) -> str:
-        """Text from token ids.
+    def decode(self, ids, skip_special_tokens: bool = False, clean_up_tokenization_spaces: bool | None = None) -> str:
+        """Text from token ids, as transformers' ``decode``.
 
         Args:
             ids: a list (or 1-D array / tensor, or one int) of token ids: one text.
-            skip_special_tokens: leave special tokens out of the text.
+            skip_special_tokens: leave the backend's special tokens out of the text (its special
+                added tokens: :attr:`special_tokens`, which hold :attr:`all_special_tokens`).
+                Default False, as transformers: a reply's ``<|im_end|>`` stays in the text.
             clean_up_tokenization_spaces: remove the spaces before punctuation and contractions
                 (``" ."`` -> ``"."``, ``" ' "`` -> ``"'"``, ``" n't"`` -> ``"n't"``, ...:
                 transformers' ``clean_up_tokenization``); None (the default): the tokenizer's
@@ -737,7 +962,7 @@ class Tokenizer:
                 included); ``skip_special_tokens`` not a bool, ``clean_up_tokenization_spaces``
                 not a bool or None.
             ValueError: an id outside the vocabulary (below 0 or above its highest id, which is
-                ``vocab_size - 1`` unless its ids have gaps), or in one of its gaps (an id no token
+                ``len(tokenizer) - 1`` unless its ids have gaps), or in one of its gaps (an id no token
                 has); an array of more than one dimension (a batch: decode its rows one at a time);
                 an array or range of more ids than this machine's memory can list (112 bytes an id),
                 before any list is made.
@@ -753,8 +978,13 @@ class Tokenizer:
         return text
 
     def encode_batch(self, texts, add_special_tokens: bool = True, padding_side: str | None = None) -> dict[str, np.ndarray]:
-        """Tokenizes a batch, padded to its longest member (an encoder tokenizer also truncates to
-        ``max_length``).
+        """Tokenizes a batch into int64 numpy arrays, padded to its longest member with
+        :attr:`pad_token_id`; an encoder tokenizer also cuts each text to :attr:`max_length`. Also
+        ``tokenizer(texts)``: for an encoder, transformers' ``tok(texts, padding=True,
+        truncation=True, max_length=tok.max_length, return_tensors="np")``, for a causal-LM
+        tokenizer the same without truncation (same ``input_ids`` and ``attention_mask``; our
+        ``token_type_ids`` are zeros where transformers' gives none). transformers' own
+        ``tok(texts)`` neither pads nor truncates, and returns lists.
 
         Args:
             texts: a list of str.
@@ -807,8 +1037,8 @@ class Tokenizer:
         """Tokenizes consecutive batches: yields, for texts ``[0:batch_size]``, ``[batch_size:2 ·
         batch_size]``, ..., the same arrays as :meth:`encode_batch` of that batch under the
         backend's default padding: right, to the batch's longest row, with :attr:`pad_token_id`
-        (padding settings changed on the backend, a fixed length, a multiple, another pad id or
-        side, are followed by :meth:`encode_batch` only).
+        (the pad id :meth:`encode_batch` pads with too; other padding settings changed on the
+        backend, a fixed length, a multiple, the side, are followed by :meth:`encode_batch` only).
 
         The texts go to the tokenizers package ``TEXTS_PER_CALL`` at a time (rounded to whole
         batches), not a batch at a time: one call tokenizes them on all of the package's threads,
@@ -980,7 +1210,7 @@ class Tokenizer:
             raise ValueError("chat_template: this tokenizer has no chat template")
         return stored
 
-    def apply_chat_template(self, messages, add_generation_prompt: bool = False, tokenize: bool = False, *,
+    def apply_chat_template(self, messages, add_generation_prompt: bool = False, *, tokenize: bool,
                             continue_final_message: bool | str = False, chat_template: str | None = None, **kwargs):
         """The prompt for a conversation, rendered with this tokenizer's chat template (see
         :func:`transformer_core.chat_template.render_chat_template`; the named special tokens that
@@ -994,8 +1224,16 @@ class Tokenizer:
                 reads it. Keys whose value is None are left out first, as transformers does (the
                 OpenAI SDK's ``"content": None``, ``"tool_calls": None``).
             add_generation_prompt: end with the header of the assistant's turn.
-            tokenize: return token ids (a list of int, encoded without adding special tokens, since
-                the template writes them) instead of the text. Unlike transformers' default, False.
+            tokenize: required, by keyword, with no default: True returns the token ids, False the
+                text. transformers' default (True) returns ids where this method used to return
+                text by default, so a call that relied on either default would silently get the
+                other kind; a call without it raises Python's TypeError ("missing 1 required
+                keyword-only argument: 'tokenize'"). With True, the ids are a plain ``list`` of
+                int, the rendered text encoded without adding special tokens (the template writes
+                them): transformers' ``apply_chat_template(..., tokenize=True, return_dict=False)``.
+                transformers 5's ``tokenize=True`` (its ``return_dict=True`` default) returns a
+                ``BatchEncoding`` dict instead, whose ``"input_ids"`` is that list (and
+                ``"attention_mask"`` all ones); no dict is returned here.
             continue_final_message: end the prompt with the last message's content left open (no
                 end-of-turn tokens after it), for the model to continue it: the prompt is cut where
                 that content ends, as transformers cuts it (it marks the content, renders, and cuts
@@ -1016,9 +1254,9 @@ class Tokenizer:
                 message (see ``render_chat_template``); ``continue_final_message`` with
                 ``add_generation_prompt``, naming a field the last message lacks, or with a template
                 that does not write the continued text.
-            TypeError: ``add_generation_prompt`` or ``tokenize`` not a bool; ``continue_final_message``
-                not a bool or str; ``chat_template`` not a str or None; one of transformers' options
-                above.
+            TypeError: ``tokenize`` not given; ``add_generation_prompt`` or ``tokenize`` not a bool;
+                ``continue_final_message`` not a bool or str; ``chat_template`` not a str or None;
+                one of transformers' options above.
         """
         from .chat_template import render_chat_template
 
@@ -1036,17 +1274,24 @@ class Tokenizer:
                                     continue_final_message=continue_final_message, **variables)
         return self.encode(text, add_special_tokens=False) if tokenize else text
 
-    def text_stream(self, skip_special_tokens: bool = True, context=()) -> "TextStream":
+    def text_stream(self, skip_special_tokens: bool = False, context=()) -> "TextStream":
         """A :class:`TextStream` that turns generated ids into text as it becomes complete (after the
-        ids of ``context``, a prompt, when given)."""
+        ids of ``context``, a prompt, when given). ``skip_special_tokens`` as in :meth:`decode`
+        (default False, as transformers' ``TextStreamer``, which decodes as ``decode`` does)."""
         return TextStream(self, skip_special_tokens=skip_special_tokens, context=context)
 
     # ---------------------------------------------------------------------------- vocabulary
     @property
     def vocab_size(self) -> int:
-        """Number of tokens in the vocabulary (added tokens included), as transformers' ``len(tokenizer)``.
-        The ids run up to ``vocab_size - 1`` unless the vocabulary's ids have gaps (``{..., "Ġ": 5,
-        "ab": 7}``, no 6: ``vocab_size`` 7, ids up to 7)."""
+        """Number of tokens in the base vocabulary, added tokens left out, as transformers'
+        ``vocab_size``: ``tokenizers``' ``get_vocab_size(with_added_tokens=False)``. For every id
+        (an embedding's rows, an id range check) see ``len(tokenizer)``."""
+        return self._tok.get_vocab_size(with_added_tokens=False)
+
+    def __len__(self) -> int:
+        """Number of tokens, added tokens included, as transformers' ``len(tokenizer)``. The ids
+        run up to ``len(tokenizer) - 1`` unless the vocabulary's ids have gaps (``{..., "Ġ": 5,
+        "ab": 7}``, no 6: ``len`` 7, ids up to 7)."""
         return self._tok.get_vocab_size(with_added_tokens=True)
 
     def _id_limit(self) -> tuple[int, bool]:
@@ -1204,7 +1449,8 @@ class TextStream:
 
     Args:
         tokenizer: a :class:`Tokenizer`.
-        skip_special_tokens: leave special tokens out of the text (default True).
+        skip_special_tokens: leave special tokens out of the text, as :meth:`Tokenizer.decode`
+            (default False, as there and as transformers' ``TextStreamer``).
         context: ids the pushed ones follow (a prompt), whose own text is not returned; default none.
 
     Raises:
@@ -1217,7 +1463,7 @@ class TextStream:
     #: fall inside a character or a run of byte tokens).
     _CONTEXT_IDS = 16
 
-    def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = True, context=()):
+    def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = False, context=()):
         if not isinstance(tokenizer, Tokenizer):
             raise TypeError(f"tokenizer: expected a transformer_core.Tokenizer, got {type(tokenizer).__name__}")
         self._tokenizer = tokenizer
@@ -1746,14 +1992,15 @@ def _has_byte_level(backend) -> bool:
     return byte_level(json.loads(backend.to_str()).get("pre_tokenizer"))
 
 
-def _apply_bert_normalizer_flags(backend, tokenizer_config: dict, path: Path, defaults: bool) -> None:
+def _apply_bert_normalizer_flags(backend, tokenizer_config: dict, path: Path, bert: bool) -> None:
     """Sets ``tokenizer_config.json``'s ``do_lower_case``, ``strip_accents`` and
-    ``tokenize_chinese_chars`` on ``backend``'s normalizer when it is a ``BertNormalizer``, as
+    ``tokenize_chinese_chars`` on ``backend``'s normalizer when it is a ``BertNormalizer`` and
+    ``bert`` (transformers' tokenizer is a BERT one: :func:`_builds_bert_normalizer`), as
     transformers' BERT tokenizers build theirs from them: a new ``BertNormalizer`` with those
-    settings, ``clean_text`` as it was. A key absent takes transformers' default
-    (``_BERT_NORMALIZER_DEFAULTS``) where ``defaults`` (transformers' tokenizer is a BERT one:
-    :func:`_builds_bert_normalizer`), else keeps ``tokenizer.json``'s setting. Nothing for another
-    normalizer (transformers' tokenizers for those do not read the flags).
+    settings, ``clean_text`` as it was; a key absent takes transformers' default
+    (``_BERT_NORMALIZER_DEFAULTS``). Nothing (the keys not even read) for another class
+    (``PreTrainedTokenizerFast``, ``TokenizersBackend``, no class at all) or another normalizer:
+    transformers' tokenizers there keep ``tokenizer.json``'s normalizer.
 
     Raises:
         ValueError: naming the file (``path``) and the key: ``do_lower_case`` or
@@ -1762,13 +2009,11 @@ def _apply_bert_normalizer_flags(backend, tokenizer_config: dict, path: Path, de
     from tokenizers import normalizers
 
     normalizer = backend.normalizer
-    if not isinstance(normalizer, normalizers.BertNormalizer):
+    if not bert or not isinstance(normalizer, normalizers.BertNormalizer):
         return
     settings = {"clean_text": normalizer.clean_text, "handle_chinese_chars": normalizer.handle_chinese_chars,
                 "strip_accents": normalizer.strip_accents, "lowercase": normalizer.lowercase}
     for key, argument in _BERT_NORMALIZER_FLAGS:
-        if key not in tokenizer_config and not defaults:
-            continue
         value = tokenizer_config.get(key, _BERT_NORMALIZER_DEFAULTS[key])
         if not (isinstance(value, bool) or (value is None and key == "strip_accents")):
             expected = "a bool or null" if key == "strip_accents" else "a bool"
