@@ -300,7 +300,7 @@ def test_cli_embed_out_quantize_int8_is_recorded_and_kept(tmp_path, tiny_model_d
     assert proc.returncode == 0, proc.stderr
     man = json.loads((tmp_path / "e.npy.manifest.json").read_text())
     assert man["model"]["quantize"] == "int8"
-    ref = tc.SentenceEncoder.from_pretrained(tiny_model_dir, quantize="int8").encode(lines)
+    ref = tc.SentenceEncoder.from_pretrained(tiny_model_dir, quantize="int8").encode(lines, normalize=True)
     np.testing.assert_allclose(np.load(out), ref, atol=1e-5)
     # the queries are embedded in int8 too: a text of the corpus finds itself with cosine 1
     hits = json.loads(run_cli_any("search", "--index", out, lines[7], "-k", 1, "--json").stdout)[0]["hits"]

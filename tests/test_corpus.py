@@ -486,7 +486,7 @@ def test_skip_mode_ids_follow_the_kept_lines(tmp_path, tiny_model_dir, tiny_enco
     assert r.rows == 3 and r.num_skipped == 2 and [w for w, _ in r.skipped] == ["line 2", "line 5"]
     ids, texts, emb = load_output(out)
     assert ids.tolist() == [0, 1, 2] and texts == ["first", "second", "fourth"]
-    np.testing.assert_allclose(emb, tiny_encoder.encode(texts), atol=1e-6)
+    np.testing.assert_allclose(emb, tiny_encoder.encode(texts, normalize=True), atol=1e-6)
 
 
 @pytest.mark.parametrize("fmt", ["jsonl", "csv", "parquet"])
@@ -508,7 +508,7 @@ def test_structured_inputs_embed_their_field(tmp_path, tiny_model_dir, tiny_enco
     corpus.embed_file(f, out, model=str(tiny_model_dir), text_field="body", chunk_size=8)
     _, got_texts, emb = load_output(out)
     assert got_texts == texts
-    np.testing.assert_allclose(emb, tiny_encoder.encode(texts), atol=1e-6)
+    np.testing.assert_allclose(emb, tiny_encoder.encode(texts, normalize=True), atol=1e-6)
 
 
 def test_no_text_is_an_error_and_writes_nothing(tmp_path, tiny_model_dir):
@@ -792,7 +792,7 @@ def test_search_equals_brute_force(search_index, tiny_encoder, kind, k):
     _, _, emb = load_output(outs[kind])
     queries = ["A man is playing a guitar.", "weather", SENTENCES[3], "line 123"]
     results = corpus.search(outs[kind], queries, k=k, block_rows=37)
-    qemb = tiny_encoder.encode(queries)
+    qemb = tiny_encoder.encode(queries, normalize=True)
     for q, hits in zip(qemb, results):
         scores, order = brute_force(emb, q)
         assert_same_topk(hits, scores, order, k)
@@ -890,7 +890,7 @@ def test_search_scores_do_not_depend_on_blocks_or_the_output_kind(search_index, 
     for key, results in runs.items():
         for hits, ref_hits in zip(results, ref):
             assert [(h.id, h.score) for h in hits] == [(h.id, h.score) for h in ref_hits], key
-    for q, hits in zip(tiny_encoder.encode(queries), ref):
+    for q, hits in zip(tiny_encoder.encode(queries, normalize=True), ref):
         scores, order = brute_force(emb, q)
         assert_same_topk(hits, scores, order, len(lines))
     # The scores of rows 400..402 (one text three times) are bitwise equal: ranked by id.
@@ -1035,13 +1035,13 @@ def test_npy_write_refused_mid_run_keeps_the_manifest_true(tmp_path, tiny_model_
     assert [json.loads(t) for t in sidecar.read_text(encoding="utf-8").splitlines()] == lines[:20]
     assert sidecar.stat().st_size == m["texts_bytes"]
     emb = np.load(f"{out}.partial")
-    np.testing.assert_allclose(emb[:20], tiny_encoder.encode(lines[:20]), atol=1e-6)
+    np.testing.assert_allclose(emb[:20], tiny_encoder.encode(lines[:20], normalize=True), atol=1e-6)
     monkeypatch.undo()
     rc, _, stderr = _cli(capsys, *args, "--resume")
     assert rc == 0, stderr
     _, texts, emb = load_output(out)
     assert texts == lines
-    np.testing.assert_allclose(emb, tiny_encoder.encode(lines), atol=1e-6)
+    np.testing.assert_allclose(emb, tiny_encoder.encode(lines, normalize=True), atol=1e-6)
 
 
 # ------------------------------------------------------------------------------ checked inputs
@@ -1141,10 +1141,10 @@ def test_model_identity_covers_a_default_prompt(tmp_path, tiny_model_dir):
     assert len({base, prints["query"], prints["passage"]}) == 3
 
 
-def test_model_identity_covers_an_empty_prompt_left_out_of_the_pooling(tmp_path, tiny_model_dir):
-    """An empty default prompt with the Pooling module's include_prompt false leaves [CLS] out of
-    the pooling (sentence-transformers' rule), so it embeds differently from no prompt: its
-    fingerprint differs; the same folder without a default prompt keeps the plain fingerprint."""
+def test_model_identity_of_an_empty_default_prompt_is_that_of_no_prompt(tmp_path, tiny_model_dir):
+    """An empty default prompt is no prompt (sentence-transformers 6), whatever include_prompt says:
+    the same embeddings as no default prompt, and the same fingerprint. (Under the rule of
+    sentence-transformers 2 to 4 it left [CLS] out of the pooling and had a fingerprint of its own.)"""
     import shutil
 
     from transformer_core import SentenceEncoder
@@ -1152,7 +1152,8 @@ def test_model_identity_covers_an_empty_prompt_left_out_of_the_pooling(tmp_path,
     modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
                {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
     prints, embeddings = {}, {}
-    for name, st in {"none": {"prompts": {"q": ""}}, "empty": {"prompts": {"q": ""}, "default_prompt_name": "q"}}.items():
+    for name, st in {"none": {"prompts": {"q": ""}}, "empty": {"prompts": {"q": ""}, "default_prompt_name": "q"},
+                     "query": {"prompts": {"q": "query: "}, "default_prompt_name": "q"}}.items():
         d = tmp_path / name
         shutil.copytree(tiny_model_dir, d)
         (d / "config_sentence_transformers.json").write_text(json.dumps(st))
@@ -1162,8 +1163,10 @@ def test_model_identity_covers_an_empty_prompt_left_out_of_the_pooling(tmp_path,
             {"word_embedding_dimension": 32, "pooling_mode_mean_tokens": True, "include_prompt": False}))
         prints[name] = corpus.model_identity(d)["fingerprint"]
         embeddings[name] = SentenceEncoder.from_pretrained(d).encode(["a man plays a guitar"])
-    assert np.abs(embeddings["none"] - embeddings["empty"]).max() > 1e-3  # [CLS] left out: another embedding
-    assert prints["none"] != prints["empty"]
+    np.testing.assert_array_equal(embeddings["none"], embeddings["empty"])
+    assert prints["none"] == prints["empty"]
+    assert np.abs(embeddings["none"] - embeddings["query"]).max() > 1e-3  # a prompt with tokens: another model
+    assert prints["none"] != prints["query"]
 
 
 def test_parquet_write_error_names_the_part(tmp_path, tiny_model_dir, monkeypatch, capsys):
@@ -1215,7 +1218,7 @@ def test_paths_starting_with_a_tilde_are_in_the_home_directory(tmp_path, tiny_mo
     monkeypatch.chdir(work)
     lines = corpus_lines(20)
     write_lines(home / "c.txt", lines)
-    ref = tiny_encoder.encode(lines)
+    ref = tiny_encoder.encode(lines, normalize=True)
     rc, stdout, stderr = _cli(capsys, "embed", "--file=~/c.txt", "--out=~/e.npy", "--model", tiny_model_dir,
                               "--chunk-size", 10, "--no-progress", "--json")
     assert rc == 0, stderr
@@ -2607,3 +2610,190 @@ def test_a_path_too_long_for_the_file_system_names_its_argument(tmp_path, tiny_m
         assert r.stderr.startswith(f"transformer_core embed: {name}: {clipped}... (")
     r = run_cli("search", "--index", f"{long}.npy", "q", check=False)
     assert r.returncode == 2 and r.stderr.startswith(f"transformer_core search: index: {clipped}... (")
+
+
+# ---------------------------------------------------------------------- an input edited during a run
+def _edit_in_place(f: Path, old: bytes, new: bytes, keep_mtime: bool = False) -> None:
+    """Rewrites ``old`` as ``new`` (same length) in the file itself (same inode), as an editor
+    saving over it would, its mtime a second later (whatever the clock's granularity);
+    ``keep_mtime``: its mtime put back, so that only its bytes tell."""
+    assert len(old) == len(new)
+    st = f.stat()
+    data = f.read_bytes()
+    assert data.count(old) == 1
+    with open(f, "r+b") as g:
+        g.write(data.replace(old, new))
+    mtime = st.st_mtime_ns if keep_mtime else st.st_mtime_ns + 10**9
+    os.utime(f, ns=(st.st_atime_ns, mtime))
+    assert f.stat().st_mtime_ns == mtime
+
+
+@pytest.mark.parametrize("keep_mtime", [False, True])
+@pytest.mark.parametrize("kind", ["npy", "parquet"])
+def test_an_input_edited_during_the_run_is_refused_never_marked_complete(tmp_path, tiny_model_dir, tiny_encoder,
+                                                                          kind, keep_mtime):
+    """The file rewritten in place after the first chunk (same size, same number of lines, a line of
+    a later chunk changed): the run was marked complete, its rows half old, half new, under the old
+    file's SHA-256. Now pending refuses it: by its mtime before the next chunk, or (mtime put back)
+    by the hash of the bytes it read before the last chunk is handed out; nothing is marked complete.
+    (Lines of about 10 KB: the edit lands beyond what the reader had buffered when it was made.)"""
+    lines = [line + ' word' * 2000 for line in corpus_lines(30)]
+    f = write_lines(tmp_path / "in.txt", lines)
+    out = tmp_path / f"out.{kind}"
+    job = corpus.EmbedJob.prepare(corpus.open_source(f), out, corpus.model_identity(str(tiny_model_dir)),
+                                  chunk_size=10, batch_size=32)
+    job.start()
+    writer = job.writer()
+    handed_out = []
+    with pytest.raises(ValueError, match=rf"^input: {re.escape(str(f))} changed during the run: its content "
+                                         r"\(SHA-256 \w{12}\) is not the one the run started from \(\w{12}\).*"
+                                         r"the output is left incomplete: --overwrite starts over$"):
+        for index, start, texts in job.pending():
+            handed_out.append(index)
+            assert texts == lines[start:start + 10]  # what was handed out is the original file's
+            job.commit(index, **writer.write(start, texts, tiny_encoder.encode(texts, batch_size=32, normalize=True)))
+            if index == 0:
+                _edit_in_place(f, lines[25].encode(), lines[25].upper().encode(), keep_mtime)
+    writer.close()
+    job.close()
+    # the mtime is seen before chunk 1; the bytes (mtime put back) once they are read, before chunk 2
+    assert handed_out == ([0, 1] if keep_mtime else [0])
+    man = manifest(out)
+    assert man["complete"] is False and man["input"]["sha256"] != hashlib.sha256(f.read_bytes()).hexdigest()
+    assert not out.exists()
+    with pytest.raises(ValueError, match="cannot finish"):
+        job.finish()
+    with pytest.raises(ValueError, match=r"^resume: the input is not the one .* was started from: its content"):
+        corpus.EmbedJob.prepare(corpus.open_source(f), out, corpus.model_identity(str(tiny_model_dir)), resume=True)
+
+
+def test_an_input_edited_before_finish_is_refused_and_a_touched_one_completes(tmp_path, tiny_model_dir,
+                                                                            tiny_encoder):
+    """finish checks the file again (size and mtime, then its hash): an edit after the last chunk
+    was read leaves the output incomplete. A file only touched during the run (same bytes, a newer
+    mtime) completes, bit-identical to an untouched run."""
+    lines = corpus_lines(30)
+    f = write_lines(tmp_path / "in.txt", lines)
+    ref = tmp_path / "ref.npy"
+    corpus.embed_file(f, ref, model=str(tiny_model_dir), chunk_size=10)
+    mid = corpus.model_identity(str(tiny_model_dir))
+    for edit in (True, False):
+        out = tmp_path / f"out-{edit}.npy"
+        job = corpus.EmbedJob.prepare(corpus.open_source(f), out, mid, chunk_size=10, batch_size=32)
+        job.start()
+        writer = job.writer()
+        for index, start, texts in job.pending():
+            job.commit(index, **writer.write(start, texts, tiny_encoder.encode(texts, batch_size=32, normalize=True)))
+            st = f.stat()
+            os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # touched after every chunk
+        writer.close()
+        if edit:
+            original = f.read_bytes()
+            _edit_in_place(f, lines[3].encode(), lines[3].upper().encode())
+            with pytest.raises(ValueError, match=rf"^input: {re.escape(str(f))} changed during the run"):
+                job.finish()
+            job.close()
+            assert manifest(out)["complete"] is False and not out.exists()
+            f.write_bytes(original)
+        else:
+            job.finish()
+            assert manifest(out)["complete"] is True
+            _, texts, emb = load_output(out)
+            _, rtexts, remb = load_output(ref)
+            assert texts == rtexts == lines and np.array_equal(emb, remb)
+
+
+def test_the_reviewers_reproducer_of_an_input_edited_during_a_run(tmp_path, encoder):
+    """The review's case with the real model: 600 lines, chunks of 200, lines 100 and 500 rewritten
+    in place after the first chunk. It completed, row 500 the new text, row 100 the old; now it is
+    refused and incomplete. The same run without the edit completes, bit-identical to embed_file."""
+    lines = [f"line number {i:04d} about cats" for i in range(600)]
+    for edit in (True, False):
+        f = write_lines(tmp_path / f"in-{edit}.txt", lines)
+        out = tmp_path / f"o-{edit}.npy"
+        job = corpus.EmbedJob.prepare(corpus.open_source(f), out, corpus.model_identity(MODEL_NAME), chunk_size=200,
+                                      batch_size=32)
+        job.start()
+        writer = job.writer()
+
+        def run():
+            for n, (idx, start, texts) in enumerate(job.pending()):
+                job.commit(idx, **writer.write(start, texts, encoder.encode(texts, batch_size=32, normalize=True,
+                                                                            progress=False)))
+                if n == 0 and edit:
+                    data = f.read_text().replace("line number 0500 about cats", "LINE NUMBER 0500 ABOUT DOGS")
+                    with open(f, "r+") as g:
+                        g.write(data.replace("line number 0100 about cats", "LINE NUMBER 0100 ABOUT DOGS"))
+            writer.close()
+            job.finish()
+
+        if edit:
+            with pytest.raises(ValueError, match="changed during the run"):
+                run()
+            job.close()
+            assert manifest(out)["complete"] is False
+        else:
+            run()
+            ref = tmp_path / "ref.npy"
+            corpus.embed_file(f, ref, model=MODEL_NAME, chunk_size=200, batch_size=32)
+            assert manifest(out)["complete"] is True
+            assert np.array_equal(np.load(out), np.load(ref))
+            assert Path(f"{out}.texts.jsonl").read_bytes() == Path(f"{ref}.texts.jsonl").read_bytes()
+
+
+# ------------------------------------------------------------------------------ normalize on resume
+def test_resume_refuses_another_normalize_and_keeps_the_runs_by_default(tmp_path, tiny_model_dir):
+    """normalize was checked for its type and then ignored on resume: a caller encoding with
+    normalize=False wrote unnormalised rows into an output recorded as normalised. Now it is refused
+    (as chunk_size and batch_size are); left out it keeps the run's; a new run records True."""
+    f = write_lines(tmp_path / "in.txt", [f"text {i}" for i in range(10)])
+    mid = corpus.model_identity(str(tiny_model_dir))
+    for recorded in (True, False):
+        out = tmp_path / f"o-{recorded}.npy"
+        kwargs = {} if recorded else {"normalize": False}
+        job = corpus.EmbedJob.prepare(corpus.open_source(f), out, mid, chunk_size=5, **kwargs)
+        assert job.manifest["normalize"] is recorded
+        job.start()
+        job.close()  # an interrupted run
+        with pytest.raises(ValueError, match=rf"^normalize: {re.escape(str(out))} was started with "
+                                             rf"normalize={recorded}, got {not recorded}; leave it out to continue"):
+            corpus.EmbedJob.prepare(corpus.open_source(f), out, mid, resume=True, normalize=not recorded)
+        for given in (None, recorded):
+            kw = {} if given is None else {"normalize": given}
+            job = corpus.EmbedJob.prepare(corpus.open_source(f), out, mid, resume=True, **kw)
+            assert job.manifest["normalize"] is recorded
+    assert corpus.EmbedJob.prepare.__kwdefaults__["normalize"] is None
+
+
+# ------------------------------------------------------------------------------ ~ in model_identity
+def test_model_identity_expands_a_tilde(tmp_path, tiny_model_dir, monkeypatch):
+    """model_identity("~/m") recorded "~/m" (the exists() test did not expand it), which another
+    user or HOME resolves elsewhere; it is now the absolute, resolved path, as for any other path."""
+    import shutil
+
+    home = tmp_path / "home"
+    home.mkdir()
+    shutil.copytree(tiny_model_dir, home / "m")
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(tmp_path)
+    ident = corpus.model_identity("~/m")
+    assert ident["name"] == str((home / "m").resolve())
+    assert ident["fingerprint"] == corpus.model_identity(tiny_model_dir)["fingerprint"]
+    out = tmp_path / "o.npy"
+    corpus.embed_file(["a cat", "a dog"], out, model="~/m")
+    assert manifest(out)["model"]["name"] == str((home / "m").resolve())
+    monkeypatch.setenv("HOME", str(tmp_path / "elsewhere"))  # another HOME searches the same index
+    assert [h.id for h in corpus.search(out, "a cat", k=1)[0]] == [0]
+
+
+def test_file_dash_is_refused_as_standard_input(tmp_path, monkeypatch, capsys):
+    """``--file -`` said "no such file"; it gets the message of /dev/stdin (the input is read more
+    than once). A file actually named ``-`` is still read."""
+    monkeypatch.chdir(tmp_path)
+    rc, stdout, stderr = _cli(capsys, "embed", "--file", "-", "--out", "o.npy")
+    assert (rc, stdout) == (2, "")
+    assert stderr == ("transformer_core embed: --file: - (standard input) is not a regular file; the input is read "
+                      "more than once (to check it, to resume): save it to a file first\n")
+    write_lines(tmp_path / "-", ["one", "two"])
+    assert list(corpus._open_source("-", None, None, "strict", "--file")) == ["one", "two"]
+    assert os.listdir(tmp_path) == ["-"]

@@ -320,8 +320,9 @@ def test_default_model_keeps_mean_and_normalize(encoder):
 @pytest.mark.parametrize("pooling, extra, match", [
     (["pooling_mode_mean_sqrt_len_tokens"], (), r"1_Pooling/config.json: pooling_mode_mean_sqrt_len_tokens is True"),
     (["pooling_mode_weightedmean_tokens"], (), r"pooling_mode_weightedmean_tokens is True"),
-    (["pooling_mode_cls_token", "pooling_mode_mean_tokens"], (), r"config.json: expected exactly one of"),
-    ([], (), r"config.json: expected exactly one of .* got none"),
+    (["pooling_mode_cls_token", "pooling_mode_mean_tokens"], (), r"config.json: expected a pooling_mode, or exactly "
+                                                                 r"one of"),
+    ([], (), r"config.json: expected a pooling_mode, or exactly one of .* got none"),
     (["pooling_mode_mean_tokens"], (("Dense", "2_Dense"),), r"modules.json: module 2 has type "
                                                             r"'sentence_transformers.models.Dense'"),
 ])
@@ -440,8 +441,9 @@ def _prompt_folder(tmp_path, model_dir, name, st_config, pooling="pooling_mode_m
 
 
 def _hf_prompted(hf_bert, hf_tokenizer, texts, prompt, pooling="mean", skip=0):
-    """transformers' BertModel on ``prompt + text``, pooled as sentence-transformers' Pooling (the
-    first ``skip`` positions out of the pooling mask: include_prompt=False), L2-normalised."""
+    """transformers' BertModel on ``prompt + text``, pooled as sentence-transformers 6's Pooling
+    (the first ``skip`` positions out of the pooling mask: include_prompt=False; "cls" takes the
+    first position left in that mask, 0 when none is left), L2-normalised."""
     import torch
 
     ids, am, tt = hf_encode(hf_tokenizer, [prompt + t for t in texts])
@@ -452,6 +454,8 @@ def _hf_prompted(hf_bert, hf_tokenizer, texts, prompt, pooling="mean", skip=0):
     m[:, :skip] = 0
     if pooling == "max":
         e = np.where(m[..., None] > 0, h, -1e9).max(axis=1)
+    elif pooling == "cls":
+        e = h[np.arange(len(texts)), (m > 0).argmax(axis=1)]
     else:
         e = (h * m[..., None]).sum(1) / np.clip(m.sum(1), 1e-9, None)[:, None]
     return e / np.linalg.norm(e, axis=1, keepdims=True)
@@ -484,7 +488,7 @@ def test_default_prompt_of_the_folder_is_put_before_every_text(tmp_path, model_d
     texts = ["What is the capital of France?", "ok", SENTENCES[3]]
     np.testing.assert_allclose(enc.encode(texts, batch_size=2), _hf_prompted(hf_bert, hf_tokenizer, texts, "query: "),
                                atol=1e-5)
-    np.testing.assert_allclose(enc.encode("ok"), _hf_prompted(hf_bert, hf_tokenizer, ["ok"], "query: "), atol=1e-5)
+    np.testing.assert_allclose(enc.encode("ok"), _hf_prompted(hf_bert, hf_tokenizer, ["ok"], "query: ")[0], atol=1e-5)
     plain = _hf_prompted(hf_bert, hf_tokenizer, texts, "")
     np.testing.assert_allclose(enc.encode(texts, prompt_name="document"), plain, atol=1e-5)  # "" adds nothing
     np.testing.assert_allclose(enc.encode(texts, prompt=""), plain, atol=1e-5)
@@ -550,11 +554,12 @@ def test_include_prompt_that_is_not_a_bool_is_refused(tmp_path, model_dir):
 
 
 def test_encode_takes_a_0d_string_array_as_one_text(encoder, hf_bert, hf_tokenizer):
-    """np.array("text") (0-d) is one text, as a str; a 0-d array of something else is refused."""
+    """np.array("text") (0-d) is one text, as a str (one (H,) row); a 0-d array of something else
+    is refused."""
     got = encoder.encode(np.array("a sentence"))
-    assert got.shape == (1, 384)
+    assert got.shape == (384,)
     np.testing.assert_array_equal(got, encoder.encode("a sentence"))
-    np.testing.assert_allclose(got, _hf_prompted(hf_bert, hf_tokenizer, ["a sentence"], ""), atol=1e-5)
+    np.testing.assert_allclose(got, _hf_prompted(hf_bert, hf_tokenizer, ["a sentence"], "")[0], atol=1e-5)
     np.testing.assert_array_equal(encoder.encode(np.array("a sentence", dtype=object)), got)
     with pytest.raises(TypeError, match=r"^sentences: expected a str or an iterable of str, got a 0-d numpy array "
                                         r"of int64$"):
@@ -680,7 +685,8 @@ def test_from_pretrained_checks_quantize_and_dtype_before_loading(tiny_model_dir
     assert len(calls) == 1
     ref = tc.quantize(real(str(tiny_model_dir)), "int8", inplace=True)
     texts = SENTENCES[:5]
-    expected = tc.SentenceEncoder(ref, int8.tokenizer).encode(texts)
+    # tiny_model_dir has no modules.json: mean pooling, not normalised (sentence-transformers' default)
+    expected = tc.SentenceEncoder(ref, int8.tokenizer, normalize=False).encode(texts)
     np.testing.assert_array_equal(int8.encode(texts), expected)
 
 
@@ -872,25 +878,295 @@ def test_prompt_settings_and_tokenizer_assigned_later_are_checked(tmp_path, mode
     assert enc.model is encoder.model
 
 
-@pytest.mark.parametrize("pooling", ["mean", "max"])
-def test_empty_prompt_with_include_prompt_false_leaves_cls_out(tmp_path, model_dir, hf_bert, hf_tokenizer, pooling):
-    """sentence-transformers tests ``prompt is not None``: an empty prompt (given, or the default)
-    has prompt_length len(ids("")) - 1 = 1, so with include_prompt false [CLS] is not pooled. Here
-    ``if prompt:`` kept it (a difference of 3.7 unnormalised). No prompt at all pools [CLS]."""
-    mode = {"mean": "pooling_mode_mean_tokens", "max": "pooling_mode_max_tokens"}[pooling]
+_POOLING_FLAGS = {"mean": "pooling_mode_mean_tokens", "max": "pooling_mode_max_tokens", "cls": "pooling_mode_cls_token"}
+
+
+@pytest.mark.parametrize("pooling", ["mean", "max", "cls"])
+def test_an_empty_prompt_is_no_prompt(tmp_path, model_dir, hf_bert, hf_tokenizer, pooling):
+    """sentence-transformers 6 (``if prompt:``) gives an empty prompt no prompt_length: with
+    include_prompt false every real token is pooled, [CLS] included, as with no prompt at all. Here
+    an empty prompt (given, named or the default) left [CLS] out of the mean and max pooling, as
+    sentence-transformers 2.x-4.x did (``prompt is not None``): 0.25 off unnormalised."""
     assert len(hf_tokenizer.encode("").ids) - 1 == 1
     texts = ["What is the capital of France?", "ok", "", SENTENCES[5]]
-    without_cls = _hf_prompted(hf_bert, hf_tokenizer, texts, "", pooling, skip=1)
-    with_cls = _hf_prompted(hf_bert, hf_tokenizer, texts, "", pooling, skip=0)
-    assert np.abs(without_cls - with_cls).max() > 0.01
+    plain = _hf_prompted(hf_bert, hf_tokenizer, texts, "", pooling, skip=0)
+    if pooling != "cls":  # the old result was really another one
+        assert np.abs(plain - _hf_prompted(hf_bert, hf_tokenizer, texts, "", pooling, skip=1)).max() > 0.01
     d = _prompt_folder(tmp_path, model_dir, "e", {"prompts": {"empty": "", "q": "query: "},
-                                                   "default_prompt_name": "empty"}, mode, include_prompt=False)
+                                                   "default_prompt_name": "empty"}, _POOLING_FLAGS[pooling],
+                       include_prompt=False)
     enc = tc.SentenceEncoder.from_pretrained(d)
-    np.testing.assert_allclose(enc.encode(texts, batch_size=3), without_cls, atol=1e-5)  # the default ""
-    np.testing.assert_allclose(enc.encode(texts, prompt=""), without_cls, atol=1e-5)
-    np.testing.assert_allclose(enc.encode(texts, prompt_name="empty"), without_cls, atol=1e-5)
-    enc.default_prompt_name = None  # no prompt at all: every real token pooled
-    np.testing.assert_allclose(enc.encode(texts), with_cls, atol=1e-5)
+    assert (enc.pooling, enc.include_prompt) == (pooling, False)
+    np.testing.assert_allclose(enc.encode(texts, batch_size=3), plain, atol=1e-5)  # the default ""
+    np.testing.assert_allclose(enc.encode(texts, prompt=""), plain, atol=1e-5)
+    np.testing.assert_allclose(enc.encode(texts, prompt_name="empty"), plain, atol=1e-5)
+    enc.default_prompt_name = None  # no prompt at all: the same
+    np.testing.assert_allclose(enc.encode(texts), plain, atol=1e-5)
+    # a real prompt is still left out of the pooling
+    skip = len(hf_tokenizer.encode("query: ").ids) - 1
+    np.testing.assert_allclose(enc.encode(texts, prompt_name="q"),
+                               _hf_prompted(hf_bert, hf_tokenizer, texts, "query: ", pooling, skip), atol=1e-5)
+
+
+def test_cls_pooling_without_the_prompt_takes_the_first_token_after_it(tmp_path, model_dir, hf_bert, hf_tokenizer):
+    """sentence-transformers 6's Pooling takes, for "cls" with include_prompt false, the first
+    position of the mask the prompt was removed from: the first text token (position
+    prompt_length; [SEP] for an empty text, and when truncation leaves only the prompt). Here it
+    took [CLS] (cosine 0.31 to sentence-transformers' vector). With include_prompt true, or no
+    prompt, it is [CLS]."""
+    from tokenizers import Tokenizer as HFTokenizer
+
+    prompt = "Represent this question: "
+    d = _prompt_folder(tmp_path, model_dir, "c", {"prompts": {"q": prompt}, "default_prompt_name": "q"},
+                       "pooling_mode_cls_token", include_prompt=False)
+    enc = tc.SentenceEncoder.from_pretrained(d)
+    texts = ["What is the capital of France?", "ok", "", SENTENCES[5]]
+    skip = len(hf_tokenizer.encode(prompt).ids) - 1
+    assert skip > 1
+    ref = _hf_prompted(hf_bert, hf_tokenizer, texts, prompt, "cls", skip)
+    cls_vector = _hf_prompted(hf_bert, hf_tokenizer, texts, prompt, "cls", 0)
+    assert np.abs(ref - cls_vector).max() > 0.1
+    np.testing.assert_allclose(enc.encode(texts, batch_size=3), ref, atol=1e-5)
+    np.testing.assert_allclose(enc.encode("ok"), ref[1], atol=1e-5)
+    enc.include_prompt = True
+    np.testing.assert_allclose(enc.encode(texts, batch_size=3), cls_vector, atol=1e-5)
+    np.testing.assert_allclose(enc.encode(texts, prompt="", batch_size=3),
+                               _hf_prompted(hf_bert, hf_tokenizer, texts, "", "cls", 0), atol=1e-5)
+    # truncated to 6 tokens, a longer prompt fills the row up to [SEP]: its prompt_length is that of
+    # the truncated prompt (5, as sentence-transformers measures it), and position 5 is [SEP]
+    enc.include_prompt = False
+    enc.max_seq_length = 6
+    long_prompt = "Represent this question for retrieval: "
+    short = HFTokenizer.from_str(hf_tokenizer.to_str())
+    short.enable_truncation(max_length=6)
+    skip6 = len(short.encode(long_prompt).ids) - 1
+    assert skip6 == 5 < len(hf_tokenizer.encode(long_prompt).ids) - 1
+    assert all(short.encode(long_prompt + t).ids == short.encode(long_prompt).ids for t in texts)
+    np.testing.assert_allclose(enc.encode(texts, prompt=long_prompt),
+                               _hf_prompted(hf_bert, short, texts, long_prompt, "cls", skip6), atol=1e-5)
+
+
+def _write_pooling_config(d, config):
+    """Replaces ``d``'s 1_Pooling/config.json (a file of its own in _st_folder's copies)."""
+    import json
+
+    (d / "1_Pooling" / "config.json").write_text(json.dumps(config))
+
+
+@pytest.mark.parametrize("config, pooling", [
+    ({"embedding_dimension": 384, "pooling_mode": "max", "include_prompt": True}, "max"),  # 6.x's own format
+    ({"embedding_dimension": 384, "pooling_mode": ["cls"]}, "cls"),
+    ({"word_embedding_dimension": 384, "pooling_mode": "mean"}, "mean"),
+    # pooling_mode first: sentence-transformers 6 drops the legacy flags when it is there
+    ({"word_embedding_dimension": 384, "pooling_mode": "max", "pooling_mode_mean_tokens": True}, "max"),
+    ({"pooling_mode": "cls", "pooling_mode_cls_token": False, "pooling_mode_mean_tokens": True,
+      "pooling_mode_max_tokens": True}, "cls"),
+])
+def test_pooling_mode_key_is_read_first(tmp_path, model_dir, hf_bert, hf_tokenizer, config, pooling):
+    """The pooling config's ``pooling_mode`` (what sentence-transformers 6 writes and reads) was
+    ignored: with legacy flags beside it they decided (mean where 6.x pools max: 0.21 off), without
+    them the folder was refused as having no mode."""
+    from transformer_core.sentence_encoder import read_pooling
+
+    d = _st_folder(tmp_path, model_dir, "m", ["pooling_mode_mean_tokens"], normalize=False)
+    _write_pooling_config(d, config)
+    assert read_pooling(d) == {"pooling": pooling, "normalize": False}
+    enc = tc.SentenceEncoder.from_pretrained(d)
+    assert enc.pooling == pooling
+    sentences = SENTENCES[:5] + ["ok"]
+    np.testing.assert_allclose(enc.encode(sentences, batch_size=4),
+                               _hf_pool(hf_bert, hf_tokenizer, sentences, pooling, False), atol=1e-4)
+
+
+@pytest.mark.parametrize("mode", ["lasttoken", "mean_sqrt_len_tokens", "MEAN", ["cls", "mean"], [], None, 3,
+                                  {"mean": True}])
+def test_pooling_mode_not_computed_is_refused_naming_the_key(tmp_path, model_dir, mode):
+    """Another mode, several at once, or a value of another type: refused naming the file and
+    ``pooling_mode`` (legacy flags beside it do not rescue it)."""
+    from transformer_core.sentence_encoder import read_pooling
+
+    d = _st_folder(tmp_path, model_dir, "m", ["pooling_mode_mean_tokens"])
+    _write_pooling_config(d, {"embedding_dimension": 384, "pooling_mode": mode, "pooling_mode_mean_tokens": True})
+    match = r"1_Pooling/config.json: pooling_mode: expected 'mean', 'cls' or 'max' \(or a list of one of them\)"
+    with pytest.raises(ValueError, match=match):
+        read_pooling(d)
+    with pytest.raises(ValueError, match=match):
+        tc.SentenceEncoder.from_pretrained(d)
+
+
+_ST6_TYPES = {"Transformer": "sentence_transformers.base.modules.transformer.Transformer",
+              "Pooling": "sentence_transformers.sentence_transformer.modules.pooling.Pooling",
+              "Normalize": "sentence_transformers.base.modules.normalize.Normalize"}
+
+
+def _st6_folder(tmp_path, model_dir, name, pooling_mode="mean", normalize=True, types=None):
+    """all-MiniLM-L6-v2 laid out as sentence-transformers 6.2's ``save`` writes it (weights and
+    vocabulary linked): modules.json with 6.x's class paths (``types`` overrides them), the pooling
+    config in the new format, 2_Normalize/config.json, sentence_bert_config.json without
+    max_seq_length (which moves to tokenizer_config.json's model_max_length, here 128), and the
+    empty query/document prompts 6.x gives every model."""
+    import json
+    import os
+
+    types = {**_ST6_TYPES, **(types or {})}
+    d = tmp_path / name
+    d.mkdir()
+    for f in ("config.json", "model.safetensors", "tokenizer.json", "vocab.txt", "special_tokens_map.json"):
+        os.symlink(model_dir / f, d / f)
+    tok_config = json.loads((model_dir / "tokenizer_config.json").read_text())
+    (d / "tokenizer_config.json").write_text(json.dumps({**tok_config, "model_max_length": 128}))
+    (d / "sentence_bert_config.json").write_text(json.dumps({
+        "transformer_task": "feature-extraction",
+        "modality_config": {"text": {"method": "forward", "method_output_name": "last_hidden_state"}},
+        "module_output_name": "token_embeddings"}))
+    (d / "config_sentence_transformers.json").write_text(json.dumps({
+        "__version__": {"sentence_transformers": "6.2.0"}, "default_prompt_name": None,
+        "model_type": "SentenceTransformer", "prompts": {"document": "", "query": ""}, "similarity_fn_name": "cosine"}))
+    (d / "1_Pooling").mkdir()
+    _write_pooling_config(d, {"embedding_dimension": 384, "pooling_mode": pooling_mode, "include_prompt": True})
+    modules = [{"idx": 0, "name": "0", "path": "", "type": types["Transformer"]},
+               {"idx": 1, "name": "1", "path": "1_Pooling", "type": types["Pooling"]}]
+    if normalize:
+        (d / "2_Normalize").mkdir()
+        (d / "2_Normalize" / "config.json").write_text(json.dumps({"module_input_name": "sentence_embedding",
+                                                                    "module_output_name": "sentence_embedding"}))
+        modules.append({"idx": 2, "name": "2", "path": "2_Normalize", "type": types["Normalize"]})
+    (d / "modules.json").write_text(json.dumps(modules, indent=2))
+    return d
+
+
+@pytest.mark.parametrize("pooling, normalize", [("mean", True), ("cls", False), ("max", True)])
+def test_a_folder_saved_by_sentence_transformers_6_loads(tmp_path, model_dir, hf_bert, pooling, normalize):
+    """sentence-transformers 6 writes its modules' new class paths into modules.json
+    (``sentence_transformers.base.modules.transformer.Transformer``, ...): such a folder was
+    refused. It loads now, with its pooling, Normalize module, max_seq_length (tokenizer_config's
+    model_max_length) and empty prompts, and embeds as transformers' BertModel pooled so."""
+    import torch
+    from tokenizers import Tokenizer as HFTokenizer
+    from transformer_core.sentence_encoder import read_pooling
+
+    d = _st6_folder(tmp_path, model_dir, "st6", pooling, normalize)
+    assert read_pooling(d) == {"pooling": pooling, "normalize": normalize}
+    enc = tc.SentenceEncoder.from_pretrained(d)
+    assert (enc.pooling, enc.normalize, enc.max_seq_length) == (pooling, normalize, 128)
+    assert enc.prompts == {"document": "", "query": ""} and enc.default_prompt_name is None
+    texts = SENTENCES[:4] + [" ".join(f"word{i}" for i in range(300))]  # the last one truncated at 128
+    ref_tok = HFTokenizer.from_file(str(model_dir / "tokenizer.json"))
+    ref_tok.no_padding()
+    ref_tok.enable_truncation(max_length=128)
+    ids, am, tt = hf_encode(ref_tok, texts)
+    assert ids.shape[1] == 128
+    with torch.no_grad():
+        h = hf_bert(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(am),
+                    token_type_ids=torch.from_numpy(tt)).last_hidden_state.double().numpy()
+    m = am[..., None] > 0
+    ref = {"mean": lambda: (h * m).sum(1) / m.sum(1), "cls": lambda: h[:, 0],
+           "max": lambda: np.where(m, h, -1e9).max(1)}[pooling]()
+    if normalize:
+        ref = ref / np.linalg.norm(ref, axis=1, keepdims=True)
+    np.testing.assert_allclose(enc.encode(texts, batch_size=2), ref, atol=1e-4)
+    np.testing.assert_allclose(enc.encode(texts, prompt_name="query"), ref, atol=1e-4)  # the empty prompt
+
+
+@pytest.mark.parametrize("types", [
+    {"Pooling": "sentence_transformers.sentence_transformer.modules.Pooling"},  # the package's own export
+    {"Transformer": "sentence_transformers.models.Transformer"},  # the two spellings mixed
+    {"Normalize": "sentence_transformers.models.Normalize", "Pooling": "sentence_transformers.models.Pooling"},
+])
+def test_module_class_paths_of_either_version_are_accepted(tmp_path, model_dir, encoder, types):
+    d = _st6_folder(tmp_path, model_dir, "st6", types=types)
+    enc = tc.SentenceEncoder.from_pretrained(d)
+    assert (enc.pooling, enc.normalize) == ("mean", True)
+    np.testing.assert_allclose(enc.encode(SENTENCES[:4]), encoder.encode(SENTENCES[:4]), atol=1e-6)
+
+
+@pytest.mark.parametrize("kind, types", [
+    ("Pooling", {"Pooling": "sentence_transformers.base.modules.dense.Dense"}),
+    ("Pooling", {"Pooling": "sentence_transformers.Pooling"}),
+    ("Pooling", {"Pooling": "my_models.modules.pooling.Pooling"}),
+    ("Pooling", {"Pooling": "sentence_transformers.models.pooling.Pooling"}),
+    ("Pooling", {"Pooling": "sentence_transformers.modules.Pooling"}),
+    ("Transformer", {"Transformer": "sentence_transformers.base.modules.transformer.Transformers"}),
+    ("Normalize", {"Normalize": "sentence_transformers.sentence_transformer.modules.layer_norm.LayerNorm"}),
+])
+def test_other_module_class_paths_are_still_refused(tmp_path, model_dir, kind, types):
+    from transformer_core.sentence_encoder import read_pooling
+
+    d = _st6_folder(tmp_path, model_dir, "st6", types=types)
+    i = {"Transformer": 0, "Pooling": 1, "Normalize": 2}[kind]
+    match = rf"modules.json: module {i} has type '{types[kind]}'; SentenceEncoder supports only"
+    with pytest.raises(ValueError, match=match):
+        read_pooling(d)
+    with pytest.raises(ValueError, match=match):
+        tc.SentenceEncoder.from_pretrained(d)
+
+
+def test_a_folder_without_modules_json_is_mean_pooled_and_not_normalised(tmp_path, model_dir, hf_bert,
+                                                                        hf_tokenizer, reference_embeddings):
+    """sentence-transformers loads a plain Hugging Face folder (no modules.json) as Transformer +
+    mean Pooling, with no Normalize module: embeddings of norm ~5.7 for all-MiniLM-L6-v2's weights.
+    Here they were L2-normalised (1.09 off)."""
+    import os
+
+    from transformer_core.sentence_encoder import read_pooling
+
+    d = tmp_path / "plain"
+    d.mkdir()
+    for f in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "vocab.txt",
+              "special_tokens_map.json"):
+        os.symlink(model_dir / f, d / f)
+    assert read_pooling(d) == {"pooling": "mean", "normalize": False}
+    enc = tc.SentenceEncoder.from_pretrained(d)
+    assert (enc.pooling, enc.normalize) == ("mean", False)
+    ref_norm, ref_raw = reference_embeddings
+    got = enc.encode(SENTENCES, batch_size=8)
+    assert np.linalg.norm(got, axis=1).min() > 2
+    np.testing.assert_allclose(got, ref_raw, atol=1e-4)
+    np.testing.assert_allclose(enc.encode(SENTENCES, normalize=True), ref_norm, atol=1e-5)
+    np.testing.assert_allclose(enc.encode(SENTENCES, normalize_embeddings=True), ref_norm, atol=1e-5)
+
+
+def test_one_text_gives_one_vector(encoder, reference_embeddings):
+    """encode("text") returned (1, H); sentence-transformers returns the vector itself, (H,), so
+    ``encode(query) @ encode(docs).T`` is (N,) in both. A list (or tuple) of one text stays (1, H)."""
+    ref, _ = reference_embeddings
+    one = encoder.encode(SENTENCES[3])
+    assert one.shape == (384,) and one.dtype == np.float32
+    np.testing.assert_allclose(one, ref[3], atol=1e-5)
+    np.testing.assert_array_equal(one, encoder.encode([SENTENCES[3]])[0])
+    np.testing.assert_array_equal(encoder.encode(np.str_(SENTENCES[3])), one)
+    assert encoder.encode([SENTENCES[3]]).shape == encoder.encode((SENTENCES[3],)).shape == (1, 384)
+    scores = encoder.encode(SENTENCES[3]) @ encoder.encode(SENTENCES[:5]).T
+    assert scores.shape == (5,)
+    np.testing.assert_allclose(scores, ref[:5] @ ref[3], atol=1e-5)
+    assert encoder.encode("").shape == (384,)
+
+
+def test_no_progress_bar_unless_asked(encoder, capsys):
+    """progress / show_progress_bar None (the default) showed a bar past 4 batches, where
+    sentence-transformers shows none (unless its logger is at INFO): now a bar only for True."""
+    texts = SENTENCES[:6]
+    capsys.readouterr()
+    encoder.encode(texts, batch_size=1)  # 6 batches
+    encoder.encode(texts, batch_size=1, progress=None, show_progress_bar=None)
+    assert "encode" not in capsys.readouterr().err
+    encoder.encode(texts, batch_size=1, progress=True)
+    assert "encode" in capsys.readouterr().err
+    encoder.encode(texts, batch_size=1, show_progress_bar=True)
+    assert "encode" in capsys.readouterr().err
+
+
+def test_options_after_sentences_are_keyword_only(encoder):
+    """sentence-transformers' second positional parameter is prompt_name, this method's was
+    batch_size: ``encode(texts, 4)`` and ``encode(texts, "query")`` meant different things in the two.
+    Both are Python's TypeError now; by keyword they work."""
+    with pytest.raises(TypeError, match=r"takes 2 positional arguments but 3 were given"):
+        encoder.encode(["a", "b"], 4)
+    with pytest.raises(TypeError, match=r"takes 2 positional arguments but 3 were given"):
+        encoder.encode(["a", "b"], "query")
+    with pytest.raises(TypeError, match=r"takes 2 positional arguments but 5 were given"):
+        encoder.encode(["a", "b"], 4, True, False)
+    np.testing.assert_array_equal(encoder.encode(["a", "b"], batch_size=1), encoder.encode(sentences=["a", "b"]))
 
 
 def test_sentence_transformers_argument_names(encoder, reference_embeddings, capsys):
@@ -918,9 +1194,9 @@ def test_sentence_transformers_argument_names(encoder, reference_embeddings, cap
     with pytest.raises(TypeError, match=r"^normalize_embeddings: expected a bool, got str 'yes'$"):
         encoder.encode(texts, normalize_embeddings="yes")
     capsys.readouterr()
-    encoder.encode(texts, batch_size=1, show_progress_bar=False)  # 6 batches: a bar by default
+    encoder.encode(texts, batch_size=1, show_progress_bar=False)
     assert "encode" not in capsys.readouterr().err
-    encoder.encode(texts, batch_size=32, show_progress_bar=True)  # 1 batch: none by default
+    encoder.encode(texts, batch_size=32, show_progress_bar=True)  # 1 batch: a bar when asked
     assert "encode" in capsys.readouterr().err
     encoder.encode(texts, batch_size=32, progress=True, show_progress_bar=True)
     assert "encode" in capsys.readouterr().err

@@ -94,7 +94,9 @@ def _add_embed(sub) -> None:
     e.set_defaults(run="corpus:run_embed")
     e.add_argument("sentences", nargs="*", help="sentences to embed (or --file)")
     src = e.add_argument_group("input")
-    src.add_argument("--file", help="the corpus: text (one per line, blank lines skipped), .jsonl, .csv or .parquet")
+    src.add_argument("--file", help="the corpus: text (one per line, blank lines skipped), .jsonl, .csv or .parquet; "
+                     "a text's id is its 0-based position among the texts kept (blank lines and records "
+                     "skipped under --errors skip do not count), not its line number")
     src.add_argument("--format", choices=("text", "jsonl", "csv", "parquet"),
                      help="the input's format (default: from the extension; anything unknown is text)")
     src.add_argument("--text-field", help="the JSON field or column that holds the text (default 'text')")
@@ -132,7 +134,10 @@ def _add_embed(sub) -> None:
 
 def _add_search(sub) -> None:
     s = sub.add_parser("search", help="the k nearest texts of an embed --out output",
-                       description="Exact top-k search by cosine similarity over the output of `embed --out`.",
+                       description="Exact top-k search by cosine similarity over the output of `embed --out`. "
+                                   "A hit's [id] is the 0-based position of its text among the texts embed kept "
+                                   "(blank lines and records skipped under --errors skip do not count), not its "
+                                   "line number.",
                        epilog=ENCODING_NOTE)
     s.set_defaults(run="corpus:run_search")
     s.add_argument("queries", nargs="+", metavar="QUERY", help="the query text(s)")

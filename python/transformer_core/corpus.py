@@ -74,7 +74,10 @@ The pieces, in the order a run uses them:
   earlier version, without ``"sha256"``, resumes only when the size, the first and last MiB and
   the mtime are the same), then computes
   only the chunks not done; a chunk computed twice (a kill between its data and the manifest) is
-  overwritten with the same rows, never appended.
+  overwritten with the same rows, never appended. An input edited while a run reads it is refused
+  too, before the run's last chunk and again before the output is marked complete
+  (:meth:`EmbedJob.pending`: text, JSONL and CSV by the SHA-256 of the bytes read, every input by
+  its size and mtime), so a complete output holds the texts of the file its manifest records.
 * **Search** (:func:`search`): exact top-k by cosine similarity over the stored embeddings,
   block by block (memory-mapped ``.npy`` rows, or one Parquet part at a time). Every score is one
   fixed accumulation (:func:`transformer_core.functional.linear` with the queries, at most 32 at a
@@ -307,6 +310,7 @@ class TextSource:
         self.errors = errors
         self.skipped: list[tuple[int, str]] = []
         self.num_skipped = 0
+        self._hasher = None  # set by EmbedJob.pending: a hashlib object that every byte read is fed to
 
     def describe(self) -> str:
         """What the texts are, for messages: the path, its format and the text field."""
@@ -367,12 +371,16 @@ class TextSource:
         r"""(line number, raw line) of the file, the UTF-8 byte-order mark dropped. A line ends at
         ``\n``; with ``universal`` (text input) at ``\n``, ``\r\n`` (one line end) or a lone ``\r``,
         as Python's universal newlines, and the line numbers count those lines. Streamed either way
-        (a file of ``\r`` line ends is not read as one line); the bytes of a line are the file's."""
+        (a file of ``\r`` line ends is not read as one line); the bytes of a line are the file's.
+        With ``self._hasher`` set (:meth:`EmbedJob.pending`), every byte read is fed to it, in order."""
+        hasher = self._hasher
         # latin-1 maps each byte to one character and back: newline="" splits on \n, \r\n and \r
         # (a \r\n across two reads included) and leaves the line ends in place
         with (open(self.path, encoding="latin-1", newline="") if universal else open(self.path, "rb")) as f:
             lines = (line.encode("latin-1") for line in f) if universal else f
             for lineno, raw in enumerate(lines, 1):
+                if hasher is not None:
+                    hasher.update(raw)
                 if lineno == 1 and raw.startswith(codecs.BOM_UTF8):
                     raw = raw[len(codecs.BOM_UTF8):]
                 yield lineno, raw
@@ -567,6 +575,15 @@ class TextSource:
                         yield text
 
 
+def _sha256_of_file(path: Path) -> str:
+    """The SHA-256 of the whole file (hex), read in 1 MiB blocks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(_HASH_BYTES), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
 def _is_text_type(pa, t) -> bool:
     """Whether a Parquet column of Arrow type ``t`` holds text: string, large_string, string_view
     (pyarrow >= 16 writes it, its schema stored) or their binary forms (decoded as UTF-8 by row)."""
@@ -663,6 +680,9 @@ def _open_source(path, input_format, text_field, errors, name: str, text_field_n
         text_field = "text"
     elif not isinstance(text_field, str) or not text_field:
         raise ValueError(f"{text_field_name}: expected a non-empty str, got {text_field!r}")
+    if name == "--file" and os.fspath(path) == "-" and not p.exists():  # the usual name of standard input
+        raise ValueError(f"{name}: - (standard input) is not a regular file; the input is read more than once "
+                         f"(to check it, to resume): save it to a file first")
     if not p.exists():
         raise FileNotFoundError(f"{name}: {p}: no such file")
     if p.is_dir():
@@ -752,7 +772,8 @@ def model_identity(name_or_path=DEFAULT_MODEL, quantize: str | None = None) -> d
     the encoder's linear layers int8, :func:`transformer_core.quantize`)
     enters the fingerprint too, so an output embedded in int8 is not resumed or searched in float32.
     So does a sentence-transformers folder's pooling (:func:`transformer_core.sentence_encoder.read_pooling`)
-    when it is not all-MiniLM-L6-v2's mean pooling + Normalize,
+    when it is not all-MiniLM-L6-v2's mean pooling + Normalize (a folder without ``modules.json``
+    counts as that: the rows' normalisation is the manifest's ``normalize``, not the model's),
     so a CLS-pooled output is not resumed or searched with a mean-pooled model; and a folder's
     default prompt (``config_sentence_transformers.json``'s ``default_prompt_name``, put before
     every text, and whether the pooling includes it), when it has a non-empty one.
@@ -764,8 +785,9 @@ def model_identity(name_or_path=DEFAULT_MODEL, quantize: str | None = None) -> d
     Returns:
         ``{"name", "fingerprint", "fingerprint_version", "dim"}`` (``dim`` = ``config.json``'s
         ``hidden_size``; ``fingerprint_version`` = ``FINGERPRINT_VERSION``), and ``"quantize"``
-        when given. ``name``: an existing path as an absolute, resolved path (so a manifest's
-        model is found from any working directory), else the embedded model's name.
+        when given. ``name``: an existing path (a leading ``~`` expanded) as an absolute,
+        resolved path (so a manifest's model is found from any working directory and by any
+        user), else the embedded model's name.
 
     Raises:
         TypeError: ``quantize`` neither None nor a str. ValueError: ``quantize`` not one of
@@ -810,15 +832,19 @@ def model_identity(name_or_path=DEFAULT_MODEL, quantize: str | None = None) -> d
     h.update(b"model.safetensors sha256=" + whole.hexdigest().encode())
     if quantize is not None:
         h.update(b"quantize=" + quantize.encode())
-    if pooling != {"pooling": "mean", "normalize": True}:
+    # A folder without modules.json (a plain Hugging Face folder: mean pooling, not normalised by
+    # default) hashes as all-MiniLM-L6-v2's mean + Normalize, as it always has: an output's rows are
+    # normalised as its manifest's "normalize" says, whatever the model's default.
+    if pooling != {"pooling": "mean", "normalize": True} and (model_dir / "modules.json").is_file():
         h.update(f"pooling={pooling['pooling']};normalize={pooling['normalize']}".encode())
     prompts = read_prompts(model_dir)
-    # A default prompt changes the embeddings when it has tokens, or when it is empty but
-    # include_prompt is false (its one position, [CLS], is left out of the pooling).
+    # A default prompt changes the embeddings when it has tokens (an empty one is no prompt, as in
+    # sentence-transformers 6: SentenceEncoder.encode).
     prompt = None if prompts["default_prompt_name"] is None else prompts["prompts"][prompts["default_prompt_name"]]
-    if prompt is not None and (prompt or not prompts["include_prompt"]):
+    if prompt:
         h.update(f"prompt={json.dumps(prompt)};include_prompt={prompts['include_prompt']}".encode())
-    name = str(Path(name_or_path).resolve()) if Path(name_or_path).exists() else str(name_or_path)
+    path = Path(os.path.expanduser(name_or_path))  # "~/dir" too (the shell leaves --model=~/dir as it is)
+    name = str(path.resolve()) if path.exists() else str(name_or_path)
     out = {"name": name, "fingerprint": h.hexdigest()[:32], "fingerprint_version": FINGERPRINT_VERSION, "dim": dim}
     if quantize is not None:
         out["quantize"] = quantize
@@ -1667,6 +1693,9 @@ class EmbedJob:
         self._lock: int | None = None
         self._data_id: tuple[int, int] | None = None  # (st_dev, st_ino) of the .npy data this run writes
         self._prepared_state = (manifest.get("run"), json.dumps(manifest.get("completed")), manifest.get("complete"))
+        # the input as prepare read it (a resumed run: read again then; its mtime may be newer than
+        # the manifest's, its content the same): what pending and finish check the file against
+        self._input_seen = dict(manifest.get("input") or {})
 
     # ------------------------------------------------------------------------------ properties
     num_rows = property(lambda self: self.manifest["num_rows"])
@@ -1701,7 +1730,7 @@ class EmbedJob:
     # ------------------------------------------------------------------------------ prepare
     @classmethod
     def prepare(cls, source, out, model: dict, *, chunk_size: int | None = None, resume: bool = False,
-                overwrite: bool = False, normalize: bool = True, batch_size: int | None = None) -> "EmbedJob":
+                overwrite: bool = False, normalize: bool | None = None, batch_size: int | None = None) -> "EmbedJob":
         """Checks the output path and, for ``resume``, the manifest against this input and model;
         for a new run reads the input once (counting and validating every record). Writes nothing,
         removes nothing.
@@ -1716,7 +1745,10 @@ class EmbedJob:
             chunk_size: texts per chunk (default ``DEFAULT_CHUNK_SIZE``; a resumed run keeps its own).
             resume: continue the run whose manifest is ``OUT.npy.manifest.json`` / ``OUT.parquet.manifest.json``.
             overwrite: replace an existing output (removed only when :meth:`start` runs).
-            normalize: whether the rows are L2-normalised, recorded in the manifest.
+            normalize: whether the rows are L2-normalised, recorded in the manifest (the caller
+                encodes with it: :func:`embed_file` reads ``manifest["normalize"]``). None
+                (default): True for a new run, the run's own for a resumed one, which refuses
+                another value (its rows would mix normalised and unnormalised ones).
             batch_size: texts per forward pass, recorded: a resumed run must use the same (a batch
                 rounds each text by its shape, about 1e-7, so another would not give the bits an
                 uninterrupted run gives). None: not recorded, not checked.
@@ -1724,15 +1756,17 @@ class EmbedJob:
         Raises:
             Every argument is checked first, before the input is read:
             TypeError: ``source`` neither a TextSource nor a ListSource; ``model`` not a dict;
-                ``chunk_size`` or ``batch_size`` neither None nor an int; ``resume``, ``overwrite``
-                or ``normalize`` not a bool (0 and 1 included); ``out`` not a str or path.
+                ``chunk_size`` or ``batch_size`` neither None nor an int; ``resume`` or ``overwrite``
+                not a bool, ``normalize`` neither None nor a bool (0 and 1 included); ``out`` not a
+                str or path.
             ValueError: a bad ``out`` suffix; ``model`` without one of its fields, or with one of
                 the wrong type or value (named); ``chunk_size`` or ``batch_size`` outside
                 ``[1, 2**63 - 1]``; both ``resume`` and ``overwrite``; ``out``
                 that is the input file (or holds it: see :func:`_check_not_input`); a resumed run
-                whose model, quantize setting, input, chunk size or batch size differ, or whose
-                manifest is damaged; an input with no text; a bad record (strict mode); another run
-                holding the output now (its lock, see :meth:`start`).
+                whose model, quantize setting or input differ, whose chunk size, batch size or
+                ``normalize`` differ (the argument named), or whose manifest is damaged; an input
+                with no text; a bad record (strict mode); another run holding the output now (its
+                lock, see :meth:`start`).
             FileNotFoundError: ``out``'s directory does not exist; ``resume`` with no manifest, or
                 with its data gone. NotADirectoryError: ``out``'s directory is a file (or below one).
             FileExistsError: the output exists and neither ``resume`` nor ``overwrite`` was given.
@@ -1748,7 +1782,7 @@ class EmbedJob:
         batch_size = check_optional_int(batch_size, "batch_size", 1)
         resume = check_bool(resume, "resume")
         overwrite = check_bool(overwrite, "overwrite")
-        normalize = check_bool(normalize, "normalize")
+        normalize = None if normalize is None else check_bool(normalize, "normalize")
         if resume and overwrite:
             raise ValueError("resume and overwrite: give one or the other")
         _check_not_input(source, out)
@@ -1760,7 +1794,7 @@ class EmbedJob:
             raise FileNotFoundError(f"out: the directory {parent} does not exist (for {out})")
         _check_not_locked(out)
         if resume:
-            return cls._prepare_resume(source, out, kind, model, chunk_size, batch_size)
+            return cls._prepare_resume(source, out, kind, model, chunk_size, batch_size, normalize)
         existing = [p for p in (out, _partial_path(out), manifest_path(out)) if p.exists()]
         if existing and not overwrite:
             try:
@@ -1779,7 +1813,7 @@ class EmbedJob:
         num_chunks = -(-n // chunk_size)
         manifest = {
             "format": MANIFEST_FORMAT, "version": MANIFEST_VERSION, "kind": kind,
-            "model": model, "dtype": DTYPE.name, "normalize": normalize,
+            "model": model, "dtype": DTYPE.name, "normalize": True if normalize is None else normalize,
             "input": identity, "num_rows": n, "chunk_size": chunk_size, "num_chunks": num_chunks,
             "part_width": max(5, len(str(num_chunks - 1))), "run": _new_run_id(), "completed": [], "texts_bytes": 0,
             "complete": False, "num_skipped": source.num_skipped,
@@ -1793,7 +1827,8 @@ class EmbedJob:
         return job
 
     @classmethod
-    def _prepare_resume(cls, source, out: Path, kind: str, model: dict, chunk_size, batch_size) -> "EmbedJob":
+    def _prepare_resume(cls, source, out: Path, kind: str, model: dict, chunk_size, batch_size,
+                        normalize) -> "EmbedJob":
         try:
             man = read_manifest(out)
         except FileNotFoundError:
@@ -1851,9 +1886,14 @@ class EmbedJob:
                 raise ValueError(f"batch_size: {out} was started with batch size {man['batch_size']}, got "
                                  f"{batch_size}; pass {man['batch_size']} (--batch-size {man['batch_size']}) to "
                                  f"continue it with the bits of an uninterrupted run")
+            if normalize is not None and normalize != man.get("normalize", True):
+                raise ValueError(f"normalize: {out} was started with normalize={man.get('normalize', True)}, got "
+                                 f"{normalize}; leave it out to continue (its rows would mix normalised and "
+                                 f"unnormalised ones)")
         except KeyError as e:
             raise ValueError(f"{manifest_path(out)}: a manifest without {e}") from None
         job = cls(out, kind, man, source)
+        job._input_seen = new_in
         if not man["complete"] and not _partial_path(out).exists():
             all_done = _num_completed(man) == man["num_chunks"]
             if not (all_done and out.exists()):
@@ -1965,21 +2005,79 @@ class EmbedJob:
         """``(index, start, texts)`` of every chunk not yet done, in order, streamed from the
         input (done chunks are read past, not kept).
 
+        The input is checked against what :meth:`prepare` read, so that an input edited during the
+        run is never embedded half old, half new under the manifest's identity: before each chunk
+        is handed out, the file's size and mtime (a change of them alone, a file only touched, is
+        let through when the SHA-256 of the whole file is still the same); and before the last
+        one, once the input is read to its end, the number of texts and (text, JSONL and CSV
+        input) the SHA-256 of every byte this pass read.
+
         Raises:
-            ValueError: the input now holds a different number of texts than the manifest says.
+            ValueError: the input now holds a different number of texts than the manifest says, or
+            its content changed since :meth:`prepare` (``--overwrite`` starts over); raised before
+            the chunk that would show it is handed out, and in any case before the last, so that
+            :meth:`finish` never marks such an output complete.
         """
         done = self.completed
-        total = 0
-        for index, start, texts in _chunks(self.source, self.chunk_size):
-            total = start + len(texts)
-            if index >= self.num_chunks:
-                break
-            if index not in done:
-                yield index, start, texts
-        if total != self.num_rows:
-            raise ValueError(f"input: {self.source.describe()} changed during the run: it now holds "
-                             f"{'more than ' if total > self.num_rows else ''}{total} texts, the manifest "
-                             f"says {self.num_rows}")
+        source = self.source
+        hashed = isinstance(source, TextSource) and source.format != "parquet"  # read through _lines
+        hasher = hashlib.sha256() if hashed else None
+        if hashed:
+            source._hasher = hasher
+        try:
+            it = iter(source)
+            total = 0
+            for index in range(self.num_chunks):
+                start = index * self.chunk_size
+                texts = list(itertools.islice(it, self.chunk_size))
+                total = start + len(texts)
+                last = index == self.num_chunks - 1
+                if last or len(texts) < self.chunk_size:  # the input read to its end
+                    total += sum(1 for _ in it)
+                    if total != self.num_rows:
+                        raise ValueError(f"{source.arg_name}: {source.describe()} changed during the run: it now "
+                                         f"holds {total} texts, the manifest says {self.num_rows}; --overwrite "
+                                         f"starts over")
+                    if hasher is not None:
+                        self._check_input_unchanged(hasher.hexdigest())
+                if index not in done:
+                    self._check_input_unchanged()
+                    yield index, start, texts
+        finally:
+            if hashed:
+                source._hasher = None
+
+    def _check_input_unchanged(self, read_sha256: str | None = None) -> None:
+        """Refuses an input file that is no longer the one :meth:`prepare` read: ``read_sha256``
+        (the hash of what a pass read) differs from its SHA-256, or its size or mtime differ and
+        so does the SHA-256 of the whole file now (when it does not, the file was only touched: its
+        new size and mtime are what later checks compare). Nothing for a list of texts.
+
+        Raises:
+            ValueError: naming the input; the output is left incomplete (``--overwrite``).
+        """
+        path = getattr(self.source, "path", None)
+        seen = self._input_seen
+        if path is None or "sha256" not in seen:
+            return
+        now = read_sha256
+        if now is None:
+            try:
+                st = os.stat(path)
+            except OSError as e:
+                raise ValueError(f"{self.source.arg_name}: {path} changed during the run: it cannot be read "
+                                 f"now ({e.strerror}); --overwrite starts over") from None
+            if (st.st_size, st.st_mtime_ns) == (seen.get("size"), seen.get("mtime_ns")):
+                return
+            now = _sha256_of_file(path)
+            if now == seen["sha256"]:  # only touched: the same bytes
+                seen["size"], seen["mtime_ns"] = st.st_size, st.st_mtime_ns
+                return
+        if now != seen["sha256"]:
+            raise ValueError(f"{self.source.arg_name}: {path} changed during the run: its content (SHA-256 "
+                             f"{now[:12]}) is not the one the run started from ({seen['sha256'][:12]}), so the "
+                             f"rows already embedded may not be its texts; the output is left incomplete: "
+                             f"--overwrite starts over")
 
     def writer(self):
         """The writer of this output's chunks (``write(start, texts, embeddings) -> manifest
@@ -2005,13 +2103,17 @@ class EmbedJob:
         that is not one of the manifest's) is removed first.
 
         Raises:
-            ValueError: a chunk is not done; a Parquet part written by another run (named).
+            ValueError: a chunk is not done; a Parquet part written by another run (named); the
+            input file changed since :meth:`prepare` read it (its size or mtime, and then its
+            SHA-256: a file only touched is accepted; see :meth:`pending`), the output then left
+            incomplete.
             FileNotFoundError: the part of a chunk recorded done is missing.
             OSError: ESTALE: another run replaced or took over this run's directory.
         """
         if self.num_completed != self.num_chunks:
             missing = sorted(set(range(self.num_chunks)) - self.completed)
             raise ValueError(f"out: {len(missing)} chunks not done (first: {missing[0]}); cannot finish")
+        self._check_input_unchanged()
         self._check_still_current()
         partial = _partial_path(self.out)
         if self.kind == "npy" and self._data_id is not None and partial.exists():
@@ -2210,7 +2312,8 @@ def embed_file(input, out, *, model=DEFAULT_MODEL, input_format: str | None = No
         :class:`TextSource`, read as given or as it was opened); ``errors`` not ``"strict"`` or
         ``"skip"`` (whatever the input); an empty or whitespace-only text in a list (as
         :class:`ListSource`); and as :func:`open_source` (its errors about the path naming
-        ``input``), :meth:`EmbedJob.prepare` and ``SentenceEncoder.from_pretrained``.
+        ``input``), :meth:`EmbedJob.prepare` and ``SentenceEncoder.from_pretrained``; the input
+        edited during the run (:meth:`EmbedJob.pending`; the output is left incomplete).
         FileNotFoundError: no such ``model`` (named ``model``).
         NotADirectoryError: ``out``'s directory is a regular file.
         OSError: the disk cannot hold the output (a ``.npy`` fails before its first chunk, its

@@ -1,7 +1,8 @@
-"""Sentence embeddings from a BERT encoder, as sentence-transformers computes them
-(all-MiniLM-L6-v2: mean pooling over the attention mask, then L2 normalisation; other folders:
-the pooling and normalisation their ``modules.json`` and ``1_Pooling/config.json`` name, and the
-prompts their ``config_sentence_transformers.json`` names)."""
+"""Sentence embeddings from a BERT encoder, as sentence-transformers (6.x) computes them
+(all-MiniLM-L6-v2: mean pooling over the attention mask, then L2 normalisation; other
+sentence-transformers folders: the pooling and normalisation their ``modules.json`` and
+``1_Pooling/config.json`` name, and the prompts their ``config_sentence_transformers.json`` names;
+a plain Hugging Face folder, without ``modules.json``: mean pooling, not normalised)."""
 
 from __future__ import annotations
 
@@ -33,10 +34,31 @@ from .tokenizer import Tokenizer, _check_room_for_special_tokens, check_unicode
 __all__ = ["SentenceEncoder", "mean_pool", "cosine_similarity", "read_pooling", "read_prompts",
            "transformer_folder"]
 
-#: Pooling modes :class:`SentenceEncoder` computes: sentence-transformers' ``pooling_mode_<x>_token(s)``.
+#: Pooling modes :class:`SentenceEncoder` computes, by the legacy flag of each in a pooling
+#: ``config.json`` (sentence-transformers <= 5's ``pooling_mode_<x>_token(s)``; 6.x writes
+#: ``"pooling_mode": "mean"`` instead, read first: see :func:`read_pooling`).
 POOLING_MODES = {"pooling_mode_mean_tokens": "mean", "pooling_mode_cls_token": "cls",
                  "pooling_mode_max_tokens": "max"}
-_ST_MODULES = "sentence_transformers.models."
+#: The modules.json classes :class:`SentenceEncoder` supports (see :func:`_st_module_class`).
+_ST_MODULE_CLASSES = ("Transformer", "Pooling", "Normalize")
+
+
+def _st_module_class(kind) -> str | None:
+    """The class name (``"Transformer"``, ``"Pooling"`` or ``"Normalize"``) of a ``modules.json``
+    module ``type``, or None for a type :class:`SentenceEncoder` does not support. Both spellings
+    sentence-transformers loads are taken: ``sentence_transformers.models.<Class>`` (what versions
+    <= 5 write) and a path with ``modules`` inside the package, ``sentence_transformers.<...>.modules
+    [.<file>].<Class>`` (what 6.x writes: ``sentence_transformers.base.modules.transformer.Transformer``,
+    ``sentence_transformers.sentence_transformer.modules.pooling.Pooling``,
+    ``sentence_transformers.base.modules.normalize.Normalize``)."""
+    if not isinstance(kind, str):
+        return None
+    parts = kind.split(".")
+    if (len(parts) < 3 or parts[0] != "sentence_transformers" or parts[-1] not in _ST_MODULE_CLASSES
+            or not all(part.isidentifier() for part in parts)):
+        return None
+    middle = parts[1:-1]
+    return parts[-1] if middle == ["models"] or "modules" in middle[1:] else None
 
 
 def _pooling_config(model_dir: Path) -> tuple[list, Path | None, dict | None, Path]:
@@ -56,10 +78,11 @@ def _pooling_config(model_dir: Path) -> tuple[list, Path | None, dict | None, Pa
     transformer_dir = model_dir
     for i, m in enumerate(modules):
         kind = m.get("type")
-        short = kind[len(_ST_MODULES):] if isinstance(kind, str) and kind.startswith(_ST_MODULES) else None
-        if short not in ("Transformer", "Pooling", "Normalize"):
+        short = _st_module_class(kind)
+        if short is None:
             raise ValueError(f"{path}: module {i} has type {kind!r}; SentenceEncoder supports only "
-                             f"{_ST_MODULES}Transformer, Pooling and Normalize")
+                             f"sentence_transformers.models.Transformer, Pooling and Normalize (or the same "
+                             f"classes under sentence-transformers 6's sentence_transformers.*.modules.*)")
         kinds.append(short)
         if short == "Transformer":
             transformer_dir = _transformer_folder(model_dir, path, i, m.get("path", ""))
@@ -142,12 +165,24 @@ def read_pooling(model_dir) -> dict:
     """The pooling and normalisation of a sentence-transformers folder, read from its plain JSON
     (no torch): ``{"pooling": "mean" | "cls" | "max", "normalize": bool}``.
 
-    ``modules.json`` must list a ``Transformer`` module, one ``Pooling`` module (its folder's
-    ``config.json`` with exactly one of ``pooling_mode_mean_tokens``, ``pooling_mode_cls_token``,
-    ``pooling_mode_max_tokens`` true), and at most a ``Normalize`` module after it (listed:
-    ``normalize`` true). A folder without ``modules.json`` (a plain Hugging Face BERT folder) gets
-    ``{"pooling": "mean", "normalize": True}``, all-MiniLM-L6-v2's. A leading ``~`` of
-    ``model_dir`` is expanded. (The prompts, and the pooling config's ``include_prompt``, are
+    ``modules.json`` must list a ``Transformer`` module, one ``Pooling`` module and at most a
+    ``Normalize`` module after it (listed: ``normalize`` true), each by the class path of
+    sentence-transformers <= 5 (``sentence_transformers.models.Pooling``) or of 6.x
+    (``sentence_transformers.sentence_transformer.modules.pooling.Pooling``, and the same class
+    under any ``sentence_transformers.*.modules.*`` path). The Pooling folder's ``config.json``
+    names the mode as sentence-transformers 6's ``Pooling.load_config`` reads it: its
+    ``pooling_mode`` (``"mean"``, ``"cls"`` or ``"max"``, or a list of one of them), which 6.x
+    writes; only when that key is absent, the legacy flags of versions <= 5, exactly one of
+    ``pooling_mode_mean_tokens``, ``pooling_mode_cls_token``, ``pooling_mode_max_tokens`` true
+    (sentence-transformers drops them when ``pooling_mode`` is there, and so do we). A config with
+    neither is refused (sentence-transformers 6 falls back to mean pooling there). The width
+    (``word_embedding_dimension``, 6.x's ``embedding_dimension``) is not read: the model's
+    ``hidden_size`` is the width.
+
+    A folder without ``modules.json`` (a plain Hugging Face BERT folder) gets ``{"pooling": "mean",
+    "normalize": False}``: mean pooling and no normalisation, as sentence-transformers'
+    ``_load_auto_model`` builds it (``encode(..., normalize=True)`` for unit vectors). A leading
+    ``~`` of ``model_dir`` is expanded. (The prompts, and the pooling config's ``include_prompt``, are
     :func:`read_prompts`'.)
 
     Raises:
@@ -155,21 +190,31 @@ def read_pooling(model_dir) -> dict:
         NotADirectoryError: ``model_dir`` is not a folder (missing, or a file; naming it).
         ValueError: a ``modules.json`` or pooling ``config.json`` that is not valid JSON of that
             shape; a module type other than Transformer, Pooling and Normalize (e.g. Dense); a
-            pooling mode other than those three, or several at once (naming the file and setting).
+            ``pooling_mode`` other than ``"mean"``, ``"cls"``, ``"max"`` or a list of one of them
+            (several modes, ``"lasttoken"``, ...); without ``pooling_mode``, a legacy flag of
+            another mode true, several true, or none (each naming the file and the key).
         FileNotFoundError: a listed Pooling module whose ``config.json`` is missing; a ``~user`` of
             no known user in ``model_dir``.
     """
     kinds, cpath, config, _ = _pooling_config(_model_folder(model_dir))
     if cpath is None:
-        return {"pooling": "mean", "normalize": True}
+        return {"pooling": "mean", "normalize": False}
+    if "pooling_mode" in config:  # sentence-transformers 6's key; the legacy flags are then ignored
+        mode = config["pooling_mode"]
+        if isinstance(mode, list) and len(mode) == 1:
+            mode = mode[0]
+        if not isinstance(mode, str) or mode not in POOLING_MODES.values():
+            raise ValueError(f"{cpath}: pooling_mode: expected 'mean', 'cls' or 'max' (or a list of one of them): "
+                             f"SentenceEncoder computes no other pooling, nor several at once; got {mode!r}")
+        return {"pooling": mode, "normalize": kinds[-1] == "Normalize"}
     on = [k for k, v in config.items() if k.startswith("pooling_mode_") and v]
     unsupported = [k for k in on if k not in POOLING_MODES]
     if unsupported:
         raise ValueError(f"{cpath}: {unsupported[0]} is {config[unsupported[0]]!r}; SentenceEncoder supports only "
                          f"{', '.join(POOLING_MODES)}")
     if len(on) != 1:
-        raise ValueError(f"{cpath}: expected exactly one of {', '.join(POOLING_MODES)} true, got "
-                         f"{on or 'none'}")
+        raise ValueError(f"{cpath}: expected a pooling_mode, or exactly one of {', '.join(POOLING_MODES)} true, "
+                         f"got {on or 'none'}")
     return {"pooling": POOLING_MODES[on[0]], "normalize": kinds[-1] == "Normalize"}
 
 
@@ -447,7 +492,8 @@ class SentenceEncoder:
             no prompt by default.
         include_prompt: pool the prompt's tokens with the text's (True, default), or leave them out
             of the pooling (False: sentence-transformers' Pooling ``include_prompt``; ``"cls"``
-            pooling takes the first token either way).
+            pooling then takes the first token after the prompt, as sentence-transformers 6 does;
+            versions <= 4 took ``[CLS]`` either way).
 
     Every argument is also a property (:attr:`model`, :attr:`tokenizer`, :attr:`pooling`,
     :attr:`normalize`, :attr:`prompts`, :attr:`default_prompt_name`, :attr:`include_prompt`, and
@@ -483,10 +529,12 @@ class SentenceEncoder:
                         ) -> "SentenceEncoder":
         """Loads model and tokenizer from a Hugging Face directory or an embedded model name, with the
         pooling and normalisation of a sentence-transformers folder (:func:`read_pooling`: its
-        ``modules.json`` and ``1_Pooling/config.json``; without ``modules.json``, mean pooling and
-        L2 normalisation) and its prompts (:func:`read_prompts`: ``config_sentence_transformers.json``'s
-        ``prompts`` and ``default_prompt_name``, which :meth:`encode` puts before every text as
-        ``SentenceTransformer.encode`` does, and the pooling config's ``include_prompt``). The
+        ``modules.json`` and ``1_Pooling/config.json``, as sentence-transformers <= 5 or 6.x writes
+        them; without ``modules.json``, mean pooling and no normalisation, as sentence-transformers
+        loads a plain Hugging Face folder) and its prompts (:func:`read_prompts`:
+        ``config_sentence_transformers.json``'s ``prompts`` and ``default_prompt_name``, which
+        :meth:`encode` puts before every text as ``SentenceTransformer.encode`` does, and the
+        pooling config's ``include_prompt``). The
         model and tokenizer files are read from the folder of ``modules.json``'s Transformer
         module (:func:`transformer_folder`): the folder itself, or ``0_Transformer/`` in the older
         sentence-transformers layout.
@@ -660,9 +708,11 @@ class SentenceEncoder:
 
     @property
     def include_prompt(self) -> bool:
-        """Whether the prompt's tokens are pooled with the text's (True), or left out of the mean or
-        max pooling (False: sentence-transformers' Pooling ``include_prompt``; ``"cls"`` pooling
-        takes the first token either way).
+        """Whether the prompt's tokens are pooled with the text's (True), or left out of the pooling
+        (False: sentence-transformers' Pooling ``include_prompt``): the mean or max over the text's
+        tokens, and for ``"cls"`` pooling the first token after the prompt (as sentence-transformers
+        6's Pooling, which takes the first position of the mask the prompt is removed from;
+        versions <= 4 took ``[CLS]`` either way). An empty prompt is no prompt (see :meth:`encode`).
 
         Raises (on assignment):
             TypeError: not a bool (``"no"``, 0 and 1 included).
@@ -696,23 +746,31 @@ class SentenceEncoder:
         _check_room_for_special_tokens(self.tokenizer._tok, value, "max_seq_length")
         self.tokenizer.max_length = value
 
-    def encode(self, sentences, batch_size: int = 32, normalize: bool | None = None,
-               progress: bool | None = None, *, prompt_name: str | None = None,
+    def encode(self, sentences, *, batch_size: int = 32, normalize: bool | None = None,
+               progress: bool | None = None, prompt_name: str | None = None,
                prompt: str | None = None, normalize_embeddings: bool | None = None,
                show_progress_bar: bool | None = None) -> np.ndarray:
         """Embeds sentences.
 
+        Every argument after ``sentences`` is keyword-only: sentence-transformers' ``encode`` takes
+        some of them by position (``inputs, prompt_name, prompt, batch_size, ...``), in an order
+        this method does not follow, so a positional call raises Python's TypeError rather than
+        reading ``enc.encode(texts, "query")`` one way or the other.
+
         A prompt is put before every text, as sentence-transformers' ``SentenceTransformer.encode``
         does: ``prompt`` if given, else ``prompts[prompt_name]``, else the encoder's default prompt
         (``prompts[default_prompt_name]``, from the folder's ``config_sentence_transformers.json``);
-        the embedding of ``"query: " + text`` for a default prompt ``"query: "``. An empty prompt
-        adds no text (``prompt=""`` encodes the texts alone, whatever the default). With
-        ``include_prompt`` false the prompt's tokens (and ``[CLS]``: the first ``len(prompt's ids)
-        - 1`` positions, sentence-transformers' ``prompt_length``) are left out of the mean or max
-        pooling; they are still attended to. Any prompt given counts, an empty one included, as in
-        sentence-transformers (which tests ``prompt is not None``): ``prompt=""`` (or an empty
-        default prompt) then leaves out ``len(ids("")) - 1 = 1`` position, ``[CLS]``; with no
-        prompt at all every real token is pooled.
+        the embedding of ``"query: " + text`` for a default prompt ``"query: "``. With
+        ``include_prompt`` false the prompt's positions (``[CLS]`` and the prompt's tokens: the
+        first ``len(prompt's ids) - 1``, sentence-transformers' ``prompt_length``) are left out of
+        the pooling, though still attended to: the mean or max is over the text's tokens, and
+        ``"cls"`` pooling takes the first token after the prompt (position ``prompt_length``; 0
+        when the prompt fills the whole row), as sentence-transformers 6's Pooling does (versions
+        <= 4 took ``[CLS]``). An empty prompt (``prompt=""``, or an empty named or default prompt)
+        is no prompt: the texts are encoded alone and every real token is pooled, as in
+        sentence-transformers 6 (``if prompt:``; 5.x tested ``prompt is not None and len(prompt) >
+        0``, while 2.x to 4.x tested ``prompt is not None`` and left ``[CLS]`` out of the pooling
+        for an empty prompt).
 
         The sentences are sorted by length (characters, longest first, as sentence-transformers'
         ``SentenceTransformer.encode`` does) before they are cut into batches, so that each batch
@@ -742,8 +800,10 @@ class SentenceEncoder:
             batch_size: sentences per forward pass; each batch is padded to its longest member.
             normalize: L2-normalise each embedding (cosine similarity = dot product); None = the
                 encoder's ``normalize`` (from :meth:`from_pretrained`: true iff the folder lists a
-                Normalize module, or has no ``modules.json``).
-            progress: show a tqdm bar (on stderr); None = only for more than 4 batches.
+                Normalize module; a folder without ``modules.json`` is not normalised).
+            progress: show a tqdm bar (on stderr) when True; None or False = no bar.
+                (sentence-transformers shows one for None only when its logger is at INFO or
+                DEBUG; this method shows none unless asked.)
             prompt_name: the name of one of the encoder's ``prompts`` to put before every text;
                 None = the default prompt (if any).
             prompt: a prompt text to put before every text; None = ``prompt_name``'s or the
@@ -752,18 +812,22 @@ class SentenceEncoder:
                 True = ``normalize=True``; False = ``normalize=None`` (the encoder's own setting:
                 in sentence-transformers False does not undo a folder's Normalize module, so
                 all-MiniLM-L6-v2's embeddings stay unit vectors); None = not given.
-            show_progress_bar: sentence-transformers' name for ``progress`` (the same values).
+            show_progress_bar: sentence-transformers' name for ``progress`` (the same values: a bar
+                only for True).
 
         ``normalize`` and ``normalize_embeddings``, or ``progress`` and ``show_progress_bar``, may be
         given together only when they ask for the same thing.
 
         Returns:
-            ``(N, H)`` in the model's dtype (float32 by default; ``(N, 384)`` for
-            all-MiniLM-L6-v2), row ``i`` the embedding of ``sentences[i]``.
+            ``(N, H)`` for a list (or other iterable) of N texts, row ``i`` the embedding of
+            ``sentences[i]``; ``(H,)`` for one str (or 0-d array), as sentence-transformers returns
+            it (pass ``[text]`` for ``(1, H)``). In the model's dtype (float32 by default; ``H = 384``
+            for all-MiniLM-L6-v2).
 
         Raises:
             TypeError: ``sentences`` not str or an iterable of str (the first offending index is
-                named); ``batch_size`` not an int; ``normalize`` not a bool or None; ``progress`` not a
+                named); an argument after ``sentences`` given by position (Python's own error);
+                ``batch_size`` not an int; ``normalize`` not a bool or None; ``progress`` not a
                 bool or None; ``prompt_name`` or ``prompt`` neither None nor a str;
                 ``normalize_embeddings`` or ``show_progress_bar`` not a bool or None; both names of
                 one option given with settings that differ (both names are named).
@@ -777,7 +841,8 @@ class SentenceEncoder:
                 raise TypeError(f"sentences: expected a str or an iterable of str, got a 0-d numpy array of "
                                 f"{sentences.dtype}")
             sentences = str(sentences.item())
-        if isinstance(sentences, str):
+        single = isinstance(sentences, str)  # one text: one (H,) row back, as sentence-transformers
+        if single:
             sentences = [sentences]
         elif sentences is None or isinstance(sentences, (bytes, bytearray, dict)) or not hasattr(sentences, "__iter__"):
             raise TypeError(f"sentences: expected a str or an iterable of str, got {type(sentences).__name__}")
@@ -788,12 +853,12 @@ class SentenceEncoder:
             check_unicode(s, "sentences", i)
         batch_size = check_int(batch_size, "batch_size", 1)
         normalize = self._normalize_setting(normalize, normalize_embeddings)
-        progress = _one_of_two_names(progress, "progress", show_progress_bar, "show_progress_bar")
+        progress = bool(_one_of_two_names(progress, "progress", show_progress_bar, "show_progress_bar"))
         prompt = self._prompt(prompt_name, prompt)
         # the tokenizer (or its max_length) may have been replaced since __init__
         _check_truncation(self.tokenizer.max_length, self.model, "tokenizer")
         skip = 0  # leading positions left out of the pooling: [CLS] and the prompt's tokens
-        if prompt is not None:  # as sentence-transformers: an empty prompt counts too
+        if prompt:  # as sentence-transformers 6: an empty prompt is no prompt
             sentences = [prompt + s for s in sentences]
             if not self.include_prompt:
                 skip = len(self.tokenizer.encode(prompt)) - 1  # sentence-transformers' prompt_length
@@ -803,8 +868,6 @@ class SentenceEncoder:
         # Longest first (a stable sort: equal lengths keep their order); out[order[j]] is the j-th sorted.
         order = np.argsort([-len(s) for s in sentences], kind="stable")
         starts = range(0, len(sentences), batch_size)
-        if progress is None:
-            progress = len(starts) > 4
         if progress:
             from tqdm.auto import tqdm
 
@@ -822,11 +885,14 @@ class SentenceEncoder:
                 # which calls eval()), without switching it: no dropout, a pending training state kept
                 hidden = self.model._forward_eval(enc["input_ids"], mask, enc["token_type_ids"], pooler=False).last_hidden_state
                 pooled = mask
-                if skip and self.pooling != "cls":  # include_prompt false: the prompt attended to, not pooled
+                if skip:  # include_prompt false: the prompt attended to, not pooled
                     pooled = mask.copy()
                     pooled[:, :skip] = False
                 if self.pooling == "cls":
-                    out[rows] = hidden[:, 0]                                   # (N, H): [CLS]'s vector
+                    # sentence-transformers 6: the first position of the pooled mask (argmax; 0 when
+                    # the prompt leaves none): [CLS] without a prompt, else the first token after it
+                    first = pooled.argmax(axis=1) if skip else np.zeros(len(rows), dtype=np.intp)
+                    out[rows] = hidden[np.arange(len(rows)), first]            # (N, H)
                 elif self.pooling == "max":
                     # sentence-transformers: padding set to -1e9, then the max over L
                     out[rows] = np.where(pooled[..., None], hidden, hidden.dtype.type(-1e9)).max(axis=1)
@@ -840,7 +906,7 @@ class SentenceEncoder:
         if normalize:
             # np.linalg.norm's own arithmetic for a real array (the same bits), without its dispatch
             out /= np.maximum(np.sqrt(np.add.reduce(out * out, axis=1, keepdims=True)), 1e-12)
-        return out
+        return out[0] if single else out
 
     def _normalize_setting(self, normalize, normalize_embeddings) -> bool:
         """Whether :meth:`encode` normalises, from its ``normalize`` and sentence-transformers'
@@ -859,8 +925,8 @@ class SentenceEncoder:
         return meant
 
     def _prompt(self, prompt_name, prompt) -> str | None:
-        """The prompt :meth:`encode` puts before each text (None for none; "" is a prompt, as in
-        sentence-transformers), from its arguments."""
+        """The prompt :meth:`encode` puts before each text, from its arguments: None for none, or a
+        str ("" included, which :meth:`encode` treats as no prompt, as sentence-transformers 6)."""
         if prompt is not None:
             if prompt_name is not None:
                 raise ValueError(f"prompt_name, prompt: expected at most one, got prompt_name={prompt_name!r} and "

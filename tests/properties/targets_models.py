@@ -19,6 +19,7 @@ import torch
 import transformer_core as tc
 from hypothesis import strategies as st
 from transformer_core import reference as npref
+from transformer_core.decoder import positions_from_mask
 
 from .harness import Arg, NoReference, Target, assert_close
 from .refs import (
@@ -257,6 +258,8 @@ def _hf_model_checked(kw, raise_ref=True):
             elif v is not None or k not in ("n_inner", "num_key_value_heads"):
                 # without layers the feed-forward width sizes nothing: any valid size (as BertModel's)
                 high = None if no_layers and k in ("n_inner", "intermediate_size") else 64
+                if k == "max_position_embeddings":  # Llama's context sizes no weight (RoPE: no table)
+                    high = None
                 read_int(v, k, 0 if k in ("n_layer", "num_hidden_layers", "n_inner") else 1, high)
         return _hf_model(kw)
     except (NoReference, ValueError, TypeError):
@@ -284,10 +287,9 @@ def _ref_decoder(kw):
         raise NoReference("attention_mask")
     if np.isin(np.asarray(kw["dtype"]), []).size:
         pass
-    pos = np.maximum(np.cumsum(mask, 1) - 1, 0)
+    # no position_ids: 0 .. L-1 whatever the mask, on both sides (Hugging Face's forward)
     with torch.no_grad():
-        logits = m(torch.from_numpy(ids), attention_mask=torch.from_numpy(mask.astype(np.int64)),
-                   position_ids=torch.from_numpy(pos)).logits.numpy()
+        logits = m(torch.from_numpy(ids), attention_mask=torch.from_numpy(mask.astype(np.int64))).logits.numpy()
     if keep:
         logits, mask = logits[:, L - keep:], mask[:, L - keep:]
     return logits, mask
@@ -349,12 +351,16 @@ def _draw_generate(draw):
     ids = np.asarray(draw(st.lists(st.integers(0, 10), min_size=N * L, max_size=N * L))).reshape(N, L)
     lengths = [draw(st.integers(1, L)) for _ in range(N)]
     left = (np.arange(L)[None, :] >= L - np.asarray(lengths)[:, None]).astype(np.int64)
+    pad = draw(st.sampled_from([None, 0]))
+    if pad == 0:  # without attention_mask, ids != 0 is the mask (generate's rule): no row may end with
+        ids[:, -1] = np.where(ids[:, -1] == 0, 1, ids[:, -1])  # a pad (right padding: refused)
     return {"model": draw(st.integers(0, 1)), "input_ids": ids, "attention_mask": draw(st.sampled_from([None, left])),
             "max_new_tokens": draw(st.integers(1, 6)), "do_sample": draw(st.booleans()),
             "temperature": draw(st.sampled_from([1.0, 0.7])), "top_k": draw(st.sampled_from([None, 1, 3])),
-            "top_p": draw(st.sampled_from([None, 0.9, 1.0])), "repetition_penalty": draw(st.sampled_from([None, 1.3])),
+            "top_p": draw(st.sampled_from([None, 0.0, 0.9, 1.0])),
+            "repetition_penalty": draw(st.sampled_from([None, 1.3])),
             "seed": draw(st.integers(0, 99)), "eos_token_id": draw(st.sampled_from([None, 3, [3, 4]])),
-            "pad_token_id": draw(st.sampled_from([None, 0]))}
+            "pad_token_id": pad}
 
 
 def _call_generate(kw):
@@ -370,34 +376,56 @@ def _ref_generate(kw):
     ids = ids[None] if ids.ndim == 1 else ids
     steps = read_int(kw["max_new_tokens"], "max_new_tokens", 1, 16 - ids.shape[1])
     do_sample = read_bool(kw["do_sample"], "do_sample")
-    read_float(kw["temperature"], "temperature", 0.0, open_low=True)
-    if kw["top_k"] is not None:
-        read_int(kw["top_k"], "top_k", 1)
-    if kw["top_p"] is not None:
-        read_float(kw["top_p"], "top_p", 0.0, 1.0, open_low=True)
+    if do_sample:  # greedy decoding checks the sampling options' types only (it ignores their values)
+        read_float(kw["temperature"], "temperature", 0.0, open_low=True)
+        if kw["top_k"] is not None:
+            read_int(kw["top_k"], "top_k", 0)  # 0: no filter, as None
+        if kw["top_p"] is not None:
+            read_float(kw["top_p"], "top_p", 0.0, 1.0)
+        if kw["seed"] is not None:  # None (the default): drawn from manual_seed's generator
+            read_int(kw["seed"], "seed", 0)
+    else:
+        for key, number in (("temperature", True), ("top_p", True), ("top_k", False), ("seed", False)):
+            v = kw[key]
+            if v is None and key != "temperature":
+                continue
+            if isinstance(v, (bool, np.bool_)) or not isinstance(v, (float, int, np.floating, np.integer) if number
+                                                                 else (int, np.integer)):
+                raise NoReference(key)
     if kw["repetition_penalty"] is not None:
         read_float(kw["repetition_penalty"], "repetition_penalty", 0.0, open_low=True)
-    if kw["seed"] is not None:  # None (the default): an unseeded generator
-        read_int(kw["seed"], "seed", 0)
     eos = kw["eos_token_id"]
     eos_list = [] if eos is None else ([eos] if not isinstance(eos, (list, tuple)) else list(eos))
     eos_list = [read_int(e, "eos_token_id", 0) for e in eos_list]
     pad = None if kw["pad_token_id"] is None else read_int(kw["pad_token_id"], "pad_token_id", 0)
     pad = pad if pad is not None else (eos_list[0] if eos_list else None)
-    mask = np.ones_like(ids, bool) if kw["attention_mask"] is None else read_keep(kw["attention_mask"], "attention_mask")
-    mask = mask[None] if mask.ndim == 1 else mask
-    if mask.shape != ids.shape:
-        raise NoReference("attention_mask")
+    if kw["attention_mask"] is None:
+        # generate's documented rule (Hugging Face's): without a mask, input_ids != pad_token_id when
+        # there is a pad id, it is not an end id and the prompt holds it; else every token is real
+        if pad is not None and pad not in eos_list and (ids == pad).any():
+            mask, name = ids != pad, "input_ids"
+        else:
+            mask, name = np.ones_like(ids, bool), "input_ids"
+    else:
+        mask, name = read_keep(kw["attention_mask"], "attention_mask"), "attention_mask"
+        mask = mask[None] if mask.ndim == 1 else mask
+        if mask.shape != ids.shape:
+            raise NoReference("attention_mask")
+    if not mask.any(1).all() or not mask[:, -1].all():  # a row of pads only, or right padding: refused
+        raise NoReference(name)
     if do_sample:
         return None  # sampled tokens: checked for range and determinism in the compare
+    lead = mask.argmax(1)  # the repetition penalty skips each row's left padding (as HF's generate)
     seq, finished = ids, np.zeros(ids.shape[0], bool)
     for _ in range(steps):  # the full forward over the whole sequence, no cache
-        logits = m(seq, attention_mask=mask).logits[:, -1].astype(np.float64)
+        # the positions counted over the real tokens, as generate passes them (HF's generate)
+        logits = m(seq, attention_mask=mask, position_ids=positions_from_mask(mask, 0)).logits[:, -1]
+        logits = logits.astype(np.float64)
         if kw["repetition_penalty"] is not None:
-            rows = np.arange(seq.shape[0])[:, None]
-            seen = logits[rows, seq]
             p = kw["repetition_penalty"]
-            logits[rows, seq] = np.where(seen < 0, seen * p, seen / p)
+            for r in range(seq.shape[0]):
+                seen = np.unique(seq[r, lead[r]:])
+                logits[r, seen] = np.where(logits[r, seen] < 0, logits[r, seen] * p, logits[r, seen] / p)
         nxt = logits.argmax(-1)
         if pad is not None:
             nxt = np.where(finished, pad, nxt)
@@ -424,7 +452,7 @@ target(name="GenerationMixin.generate", draw=_draw_generate, call=_call_generate
        args={"input_ids": Arg("ids", high=11), "attention_mask": Arg("keep_mask", optional=True),
              "max_new_tokens": Arg("size", bad=[("past_context", 50)]), "do_sample": Arg("bool"),
              "temperature": Arg("float", low=0.0, open_low=True), "top_k": Arg("size", optional=True),
-             "top_p": Arg("float", low=0.0, high=1.0, open_low=True, optional=True),
+             "top_p": Arg("float", low=0.0, high=1.0, optional=True),
              "repetition_penalty": Arg("float", low=0.0, open_low=True, optional=True), "seed": Arg("int", low=0, optional=True, none_is_layout=False),  # None: unseeded
              "eos_token_id": Arg("int", low=0, optional=True), "pad_token_id": Arg("int", low=0, optional=True)})
 
@@ -559,7 +587,8 @@ def _minilm_state():
 
 def _ref_encode(kw):
     sentences = kw["sentences"]
-    if isinstance(sentences, str):
+    one = isinstance(sentences, str)  # one text: one vector (H,), as sentence-transformers
+    if one:
         sentences = [sentences]
     if not isinstance(sentences, (list, tuple)) or not all(isinstance(x, str) for x in sentences):
         raise NoReference("sentences")
@@ -578,7 +607,8 @@ def _ref_encode(kw):
         h, _ = npref.bert(ids[i:i + 1, :n], _minilm_state(), cfg)
         out.append(h[0].mean(0))
     out = np.asarray(out)
-    return out / np.linalg.norm(out, axis=1, keepdims=True) if normalize else out
+    out = out / np.linalg.norm(out, axis=1, keepdims=True) if normalize else out
+    return out[0] if one else out
 
 
 target(name="SentenceEncoder.encode",
