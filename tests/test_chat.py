@@ -3,6 +3,8 @@ kept across turns (a later turn runs only its new tokens and answers exactly as 
 whole conversation), and greedy continuation of raw text."""
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import transformer_core as tc
@@ -85,7 +87,7 @@ def test_continue_text_checks_the_context_before_making_the_cache(smol, monkeypa
     ({"top_k": -1}, "top_k"),
     ({"top_k": -1, "temperature": 0.7}, "top_k"),
     ({"top_p": 1.5, "temperature": 0.7}, "top_p"),
-    ({"top_p": 0.0, "temperature": 0.7}, "top_p"),
+    ({"top_p": -0.1, "temperature": 0.7}, "top_p"),
     ({"repetition_penalty": 0.0}, "repetition_penalty"),
     ({"seed": -1, "temperature": 0.7}, "seed"),
 ])
@@ -223,20 +225,47 @@ def test_continue_text_at_exactly_the_context_limit(tiny_chat):
 
 
 @pytest.mark.parametrize("option", ["temperature", "repetition_penalty"])
-def test_tiny_sampling_values_refused_naming_them(tiny_chat, option):
-    """A subnormal temperature or repetition penalty overflowed score / value into NaN probabilities:
-    both are refused below 1e-6, naming the option, by the session, continue_text and generate."""
-    _, m, tok, _ = tiny_chat
-    for value in (1e-310, 1e-7):
-        with pytest.raises(ValueError, match=f"^{option}: expected a finite number >= 1e-06"):
-            ChatSession(m, tok, **{option: value})
-        with pytest.raises(ValueError, match=f"^{option}: "):
-            continue_text(m, tok, "hi", max_new_tokens=2, **{option: value})
-        with pytest.raises(ValueError, match=f"^{option}: "):
-            m.generate(np.array([[1, 2]]), 2, do_sample=True, **{option: value})
+def test_sampling_values_at_most_zero_refused_tiny_ones_accepted(tiny_chat, option):
+    """Any finite temperature or repetition penalty > 0 is accepted, as Hugging Face's (a subnormal
+    one overflowed score / value into NaN probabilities, and values below 1e-6 were refused): a tiny
+    temperature samples the greedy tokens, a tiny penalty gives HF's greedy tokens with that penalty.
+    Values <= 0 are refused, naming the option, by the session, continue_text and generate (the
+    session's temperature 0 is greedy decoding, a negative one refused)."""
+    import torch
+
+    hf, m, tok, _ = tiny_chat
+    ids = np.array([[5, 6, 7, 5]])
+    for value in (0.0, -5e-324, -1.0):
+        if option == "temperature":
+            if value != 0.0:  # 0 is the chat's greedy decoding
+                chat_match = rf"^temperature: expected a value >= 0 \(0 = greedy\), got {re.escape(str(value))}$"
+                with pytest.raises(ValueError, match=chat_match):
+                    ChatSession(m, tok, temperature=value)
+                with pytest.raises(ValueError, match=chat_match):
+                    continue_text(m, tok, "hi", max_new_tokens=2, temperature=value)
+        else:
+            for call in (lambda: ChatSession(m, tok, repetition_penalty=value),
+                         lambda: continue_text(m, tok, "hi", max_new_tokens=2, repetition_penalty=value)):
+                with pytest.raises(ValueError, match=rf"^repetition_penalty: expected a finite number > 0 .*, got "
+                                                     rf"{re.escape(repr(value))}$"):
+                    call()
+        with pytest.raises(ValueError, match=rf"^{option}: expected a finite number > 0 .*, got {re.escape(repr(value))}$"):
+            m.generate(ids, 2, do_sample=True, **{option: value})
     with pytest.raises(TypeError, match=f"^{option}: expected a number, got str"):
         ChatSession(m, tok, **{option: "0.5"})
-    assert m.generate(np.array([[5, 6, 7]]), 3, do_sample=True, seed=0, **{option: 1e-6}).shape == (1, 6)
+    greedy_text = continue_text(m, tok, "Once upon a time", max_new_tokens=4)[0]
+    for value in (1e-310, 5e-324, 1e-7):
+        if option == "temperature":
+            assert continue_text(m, tok, "Once upon a time", max_new_tokens=4, temperature=value, seed=0)[0] == greedy_text
+            np.testing.assert_array_equal(m.generate(ids, 4, do_sample=True, temperature=value, seed=0),
+                                          m.generate(ids, 4))
+        else:
+            ours = m.generate(ids, 4, repetition_penalty=value)
+            with torch.no_grad():
+                ref = hf.generate(torch.from_numpy(ids), attention_mask=torch.ones(ids.shape, dtype=torch.long),
+                                  max_new_tokens=4, do_sample=False, repetition_penalty=value, pad_token_id=0)
+            np.testing.assert_array_equal(ours, ref.numpy(), err_msg=f"repetition_penalty={value}")
+            ChatSession(m, tok, repetition_penalty=value)  # accepted
 
 
 def test_a_failed_turn_leaves_no_stale_cache(tiny_chat):
@@ -343,7 +372,7 @@ def test_ids_past_the_tokenizers_vocabulary_add_no_text(tmp_path):
     session = ChatSession(m, tok, max_new_tokens=3)
     assert session.send(MESSAGE, on_text=pieces.append) == expected == "".join(pieces)
     assert session._cached_ids[len(prompt)] == 49200  # generated and cached as any other id
-    rendered = tok.apply_chat_template(messages, add_generation_prompt=True)
+    rendered = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     out, _ = continue_text(m, tok, rendered, max_new_tokens=3, on_text=pieces.append)
     assert out == expected
 

@@ -159,8 +159,8 @@ def test_right_padded_prompt_refused_naming_the_row(tiny_llama):
     """A right-padded row (0 at the last position after real tokens) was generated from its pad
     position: other tokens than the prompt alone gives (Hugging Face only warns). It is refused,
     naming attention_mask and the row, by generate and stream (ChatSession's path), before any
-    cache grows; left padding, a gap inside a row and an all-pad row are still accepted and match
-    transformers' generate."""
+    cache grows; left padding and a gap inside a row are still accepted and match transformers'
+    generate (a row without a real token is refused too: test_generation_hf.py)."""
     hf, m = tiny_llama
     ids = np.random.default_rng(0).integers(0, 97, size=(2, 7)).astype(np.int64)
     am = np.ones((2, 7), np.int64)
@@ -183,13 +183,10 @@ def test_right_padded_prompt_refused_naming_the_row(tiny_llama):
     alone = m.generate(ids[1:, :5], 6)[0, 5:]
     np.testing.assert_array_equal(m.generate(left, 6, attention_mask=left_am)[0, 7:], alone)
     np.testing.assert_array_equal(_hf_generate(hf, left, left_am, 6)[0, 7:], alone)
-    # a gap inside a row (its last position real) and a row without a real token are not right padding
-    gap = np.ones((3, 7), np.int64)
+    # a gap inside a row (its last position real) is not right padding
+    gap = np.ones((2, 7), np.int64)
     gap[0, :2] = gap[0, 4] = 0
-    gap[2] = 0
-    x = np.concatenate([ids, ids[:1]])
-    ours = m.generate(x, 5, attention_mask=gap)
-    np.testing.assert_array_equal(ours[:2], _hf_generate(hf, x[:2], gap[:2], 5))
+    np.testing.assert_array_equal(m.generate(ids, 5, attention_mask=gap), _hf_generate(hf, ids, gap, 5))
 
 
 # ------------------------------------------------------------------------ generation_config.json
@@ -456,10 +453,10 @@ def test_generation_config_decoding_options_are_checked_naming_the_file(tiny_lla
     x = np.array([[5, 17, 42]])
     greedy = model.generate(x, 4)
     cases = [({"do_sample": "yes"}, TypeError, "do_sample: expected a bool"),
-             ({"do_sample": True, "temperature": 0.0}, ValueError, r"temperature: expected a finite number >= 1e-06"),
+             ({"do_sample": True, "temperature": 0.0}, ValueError, r"temperature: expected a finite number > 0 "),
              ({"do_sample": True, "top_k": -1}, ValueError, "top_k: expected an int in"),
-             ({"do_sample": True, "top_p": 1.5}, ValueError, "top_p: expected a finite number in"),
-             ({"repetition_penalty": 0}, ValueError, r"repetition_penalty: expected a finite number >= 1e-06"),
+             ({"do_sample": True, "top_p": 1.5}, ValueError, r"top_p: expected a finite number in \[0.0, 1.0\]"),
+             ({"repetition_penalty": 0}, ValueError, r"repetition_penalty: expected a finite number > 0 "),
              ({"temperature": "hot"}, TypeError, "temperature: expected a number")]
     for generation, error, message in cases:
         monkeypatch.setattr(model, "generation_config", generation)
@@ -606,8 +603,8 @@ def test_eos_token_id_as_a_tensor_as_hf_takes_it(tiny_llama):
 def test_greedy_ignores_out_of_range_sampling_options_with_a_warning(tiny_llama, options):
     """Greedy decoding refused values of options it does not use (temperature=0.0: ValueError);
     transformers decodes greedily and warns that the flags are ignored, and so does ours now (the
-    tokens are the greedy ones). Their types are still checked; when sampling, their values too, and
-    the message gives the real bound (>= 1e-06, not > 0.0)."""
+    tokens are the greedy ones). Their types are still checked; when sampling, their values too
+    (top_p=0.0 is a value transformers takes: it keeps the top token)."""
     import re
 
     _, model = tiny_llama
@@ -637,14 +634,15 @@ def test_sampling_options_checked_for_their_type_when_greedy_and_their_value_whe
                                     ({"seed": 1.5}, "seed", "an int")):
         with pytest.raises(TypeError, match=f"^{name}: expected {expected}"):
             model.generate(x, 2, **options)
-    for value in (0.0, -1.0, 1e-7):
-        with pytest.raises(ValueError, match=r"^temperature: expected a finite number >= 1e-06 \(MIN_TEMPERATURE"):
+    for value in (0.0, -1.0, -1e-300):
+        with pytest.raises(ValueError, match=r"^temperature: expected a finite number > 0 \(a temperature divides "):
             model.generate(x, 2, do_sample=True, temperature=value)
-        with pytest.raises(ValueError, match=r"^temperature: expected a finite number >= 1e-06"):
+        with pytest.raises(ValueError, match=r"^temperature: expected a finite number > 0"):
             GenerationConfig(1, temperature=value)
-        with pytest.raises(ValueError, match=r"^repetition_penalty: expected a finite number >= 1e-06"):
+        with pytest.raises(ValueError, match=r"^repetition_penalty: expected a finite number > 0 \(it divides "):
             model.generate(x, 2, repetition_penalty=value)
-    for options, name in (({"top_p": 0.0}, "top_p"), ({"top_k": -1}, "top_k"), ({"seed": -1}, "seed")):
+    for options, name in (({"top_p": -0.1}, "top_p"), ({"top_p": 1.5}, "top_p"), ({"top_k": -1}, "top_k"),
+                          ({"seed": -1}, "seed")):
         with pytest.raises(ValueError, match=f"^{name}: expected"):
             model.generate(x, 2, do_sample=True, **options)
         with pytest.raises(ValueError, match=f"^{name}: expected"):
@@ -695,7 +693,8 @@ def test_model_default_survives_copy_and_pickle():
     assert pickle.loads(pickle.dumps(MODEL_DEFAULT)) is MODEL_DEFAULT
     defaults = {k: p.default for k, p in inspect.signature(GenerationMixin.generate).parameters.items()
                 if p.default is MODEL_DEFAULT}
-    assert set(defaults) == {"do_sample", "temperature", "top_k", "top_p", "repetition_penalty"}
+    assert set(defaults) == {"do_sample", "temperature", "top_k", "top_p", "repetition_penalty", "eos_token_id",
+                             "pad_token_id"}
     assert pickle.loads(pickle.dumps(defaults)) == defaults and all(v is MODEL_DEFAULT for v in copy.deepcopy(defaults).values())
 
 

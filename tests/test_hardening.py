@@ -714,7 +714,7 @@ def test_scalar_options_are_typed():
     with pytest.raises(TypeError, match="top_k"):
         GenerationConfig(2, top_k=2.7)
     with pytest.raises(ValueError, match="top_p"):
-        GenerationConfig(2, top_p=0.0)
+        GenerationConfig(2, top_p=-0.1)
     with pytest.raises(TypeError, match="length"):
         tc.KVCache(1, 1, 1, 2, 4).crop(1.5)
     with pytest.raises(TypeError, match="is_causal"):

@@ -6,10 +6,10 @@ with ``tc.GPT2LMHeadModel.from_pretrained``. ``eos_token_id``/``bos_token_id`` a
 side stops generating early.
 
 Padding note (checked against transformers 5.x): with a left-padded batch and an ``attention_mask``,
-a plain forward of HF's GPT2 does NOT derive position ids from the mask (positions are 0..L-1 for
-every row), but ours does (``cumsum(mask) - 1``, as HF's ``generate`` passes them; see
-``decoder.py``), so padded-batch logits are compared with HF's forward given those ``position_ids``,
-and with each prompt run alone, unpadded.
+a plain forward, HF's GPT2 and ours alike, does NOT derive position ids from the mask (positions are
+``past .. past + L - 1`` for every row); ``generate`` passes those counted over the real tokens
+(``cumsum(mask) - 1``: ``decoder.positions_from_mask``, as HF's ``generate``). Padded-batch logits are
+compared with HF's forward given the same ``position_ids``, and with each prompt run alone, unpadded.
 """
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ import pytest
 import torch
 import transformer_core as tc
 from conftest import assert_close, assert_generate_pads_with_config_pad_token_id
+from transformer_core.decoder import positions_from_mask
 
 transformers = pytest.importorskip("transformers")
 
@@ -215,8 +216,9 @@ def test_hf_legacy_tuples_as_past(gpt2):
 
 
 def test_left_padded_batch_matches_hf(gpt2):
-    """Left padding: positions count real tokens only (cumsum(mask) - 1, as HF's generate passes
-    them), so each padded row equals its prompt run alone and HF given the same position_ids."""
+    """Left padding with position_ids counted over the real tokens (positions_from_mask: cumsum(mask)
+    - 1, as HF's generate passes them): each padded row equals its prompt run alone and HF given the
+    same position_ids."""
     hf, _, m = gpt2
     N, L = 3, 8
     ids = _ids(21, (N, L))
@@ -224,8 +226,8 @@ def test_left_padded_batch_matches_hf(gpt2):
     am[1, :3] = 0
     am[2, :7] = 0
     ids[am == 0] = 0
-    out = m(ids, attention_mask=am)
-    positions = np.maximum(np.cumsum(am, axis=1) - 1, 0)
+    positions = positions_from_mask(am, 0)
+    out = m(ids, attention_mask=am, position_ids=positions)
     ref = _hf(hf, ids, attention_mask=torch.from_numpy(am), position_ids=torch.from_numpy(positions)).logits.numpy()
     real = am.astype(bool)
     assert np.all(np.isfinite(out.logits))
@@ -237,9 +239,46 @@ def test_left_padded_batch_matches_hf(gpt2):
     assert_close(m(ids, attention_mask=np.ones((N, L), np.int64)).logits, m(ids).logits, np.float32)
     # incremental with the mask: past + new
     cache = m.new_cache(N)
-    m(ids[:, :5], attention_mask=am[:, :5], past_key_values=cache, use_cache=True)
-    step = m(ids[:, 5:], attention_mask=am, past_key_values=cache, use_cache=True)
+    m(ids[:, :5], attention_mask=am[:, :5], position_ids=positions_from_mask(am[:, :5], 0),
+      past_key_values=cache, use_cache=True)
+    step = m(ids[:, 5:], attention_mask=am, position_ids=positions_from_mask(am, 5), past_key_values=cache,
+             use_cache=True)
     assert_close(step.logits[real[:, 5:]], ref[:, 5:][real[:, 5:]], atol_=LOGITS_ATOL, what="padded + cache")
+
+
+def test_shared_position_ids_broadcast_over_the_batch_as_hf(gpt2):
+    """position_ids of shape (1, L) (or (L,)) are shared by every batch item, as HF's (its default
+    is arange(L)[None]): forward and loss equal those with the (N, L) broadcast, and HF's forward
+    given the (1, L) ids. They were refused ("expected shape (N, L)")."""
+    hf, _, m = gpt2
+    N, L = 3, 6
+    ids = _ids(41, (N, L))
+    am = np.ones((N, L), np.int64)
+    am[1, :2] = 0
+    shared = np.array([[3, 4, 5, 6, 7, 8]])
+    full = np.broadcast_to(shared, (N, L)).copy()
+    ref = _hf(hf, ids, attention_mask=torch.from_numpy(am), position_ids=torch.from_numpy(shared)).logits.numpy()
+    real = am.astype(bool)
+    expected = m(ids, attention_mask=am, position_ids=full).logits
+    for given in (shared, shared[0], torch.from_numpy(shared), shared.astype(np.int32)):
+        out = m(ids, attention_mask=am, position_ids=given).logits
+        np.testing.assert_array_equal(out, expected)
+        assert_close(out[real], ref[real], atol_=LOGITS_ATOL, what=f"shared position_ids {type(given).__name__}")
+    labels = np.where(real, ids, -100)
+    assert m.loss(ids, labels, attention_mask=am, position_ids=shared) == \
+        m.loss(ids, labels, attention_mask=am, position_ids=full)
+    # with a cache: the new tokens' positions, shared
+    cache = m.new_cache(N)
+    m(ids[:, :4], position_ids=shared[:, :4], past_key_values=cache, use_cache=True)
+    step = m(ids[:, 4:], position_ids=shared[0, 4:], past_key_values=cache, use_cache=True).logits
+    assert_close(step, m(ids, position_ids=full).logits[:, 4:], np.float32, what="shared position_ids + cache")
+    # a shape that is neither (N, L) nor one row is refused, naming position_ids and the shape given
+    with pytest.raises(ValueError, match=r"^position_ids: expected shape \(3, 6\) \(input_ids'\), got \(2, 6\)$"):
+        m(ids, position_ids=full[:2])
+    with pytest.raises(ValueError, match=r"^position_ids: expected shape \(3, 6\) \(input_ids'\), got \(1, 5\)$"):
+        m(ids, position_ids=shared[:, :5])
+    with pytest.raises(ValueError, match=r"^position_ids: expected positions in \[0, 64\), got \[3, 64\]$"):
+        m(ids, position_ids=shared + np.array([[0, 0, 0, 0, 0, 56]]))
 
 
 def test_left_padded_generate_equals_each_prompt_alone(gpt2):
@@ -599,23 +638,33 @@ def test_generate_prompt_longer_than_the_context_names_input_ids(gpt2_h4):
         m.stream(_ids(0, (1, 65)), 1)
 
 
-def test_generate_temperature_floor(gpt2_h4):
-    """A subnormal temperature made logits / temperature inf and numpy fail on NaN probabilities; it is
-    refused (naming temperature), and the smallest allowed one samples the argmax, as HF's greedy."""
+def test_generate_tiny_temperature_samples_the_argmax(gpt2_h4):
+    """Any finite temperature > 0 is accepted, as HF's TemperatureLogitsWarper: a subnormal one
+    (1e-310, 5e-324, which made logits / temperature inf and the probabilities NaN, and were refused
+    below a floor of 1e-6) samples the argmax, HF's greedy tokens (HF's own sampling at 1e-7 too);
+    only a temperature <= 0 is refused, naming it."""
     hf, _, m = gpt2_h4
     ids = _ids(3, (2, 5))
-    for t in (1e-310, 5e-324, 1e-7):
-        with pytest.raises(ValueError, match="^temperature: expected a finite number >= 1e-06"):
+    greedy = _hf_generate(hf, ids, 6)
+    for t in (1e-310, 5e-324, 1e-7, 1e-6):
+        ours = m.generate(ids, 6, do_sample=True, temperature=t, seed=0)
+        np.testing.assert_array_equal(ours, greedy, err_msg=f"temperature={t}")
+    torch.manual_seed(0)
+    with torch.no_grad():
+        hf_sampled = hf.generate(torch.from_numpy(ids), attention_mask=torch.ones(ids.shape, dtype=torch.long),
+                                 max_new_tokens=6, do_sample=True, temperature=1e-7, top_k=0, pad_token_id=0)
+    np.testing.assert_array_equal(hf_sampled.numpy(), greedy)
+    for t in (0.0, -0.0, -5e-324, -1.0):
+        with pytest.raises(ValueError, match=rf"^temperature: expected a finite number > 0 .*, got {re.escape(repr(t))}$"):
             m.generate(ids, 4, do_sample=True, temperature=t)
-    ours = m.generate(ids, 6, do_sample=True, temperature=1e-6, seed=0)
-    np.testing.assert_array_equal(ours, _hf_generate(hf, ids, 6))
     # float64 logits so large that scores / T would overflow: still a distribution (the argmax)
     from transformer_core.generation import GenerationConfig, next_tokens
 
     scores = np.array([[1e300, 0.0, -1e300], [-1e300, 2e300, 1e300]])
-    cfg = GenerationConfig(1, do_sample=True, temperature=1e-6)
-    np.testing.assert_array_equal(next_tokens(scores.copy(), np.zeros((2, 1), np.int64), cfg,
-                                              np.random.default_rng(0)), [0, 1])
+    for t in (1e-6, 5e-324):
+        cfg = GenerationConfig(1, do_sample=True, temperature=t)
+        np.testing.assert_array_equal(next_tokens(scores.copy(), np.zeros((2, 1), np.int64), cfg,
+                                                  np.random.default_rng(0)), [0, 1])
 
 
 # ---------------------------------------------- Seq2SeqTransformer: errors name the argument (src/tgt)

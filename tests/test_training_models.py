@@ -23,6 +23,7 @@ import transformer_core as tc
 from conftest import TORCH_DTYPE
 from test_models_llama import _true_fp64
 from test_training_layers import assert_grad
+from transformer_core.decoder import positions_from_mask
 
 transformers = pytest.importorskip("transformers")
 
@@ -112,16 +113,23 @@ def batch(rng, N, L, padding=None):
 def test_gpt2_loss_and_gradients(rng, dtype, padding):
     hf, ours = gpt2_pair(dtype)
     ids, mask, labels = batch(rng, 3, 11, padding)
-    positions = np.maximum(np.cumsum(mask, 1) - 1, 0) if padding == "left" else None
+    # left padding: the positions counted over the real tokens (as HF's generate), passed to both
+    positions = positions_from_mask(mask, 0) if padding == "left" else None
     ref = torch_causal_loss(hf, ids, labels, mask, positions)
     ref.backward()
     ours.train()
-    loss = ours.loss(ids, labels, attention_mask=mask)
+    loss = ours.loss(ids, labels, attention_mask=mask, position_ids=positions)
     assert abs(loss - ref.item()) <= (1e-12 if dtype == np.float64 else 1e-5)
     ours.backward()
     check_model_grads(ours, hf, dtype, lambda n: n.removeprefix("transformer."))
     ours.eval()
-    assert abs(ours.loss(ids, labels, attention_mask=mask) - loss) <= (1e-12 if dtype == np.float64 else 1e-6)
+    assert abs(ours.loss(ids, labels, attention_mask=mask, position_ids=positions) - loss) <= (
+        1e-12 if dtype == np.float64 else 1e-6)
+    if padding == "left":  # no position_ids: 0 .. L-1 whatever the mask, HF's loss for the same arguments
+        with torch.no_grad():
+            default = torch_causal_loss(hf, ids, labels, mask).item()
+        assert abs(ours.loss(ids, labels, attention_mask=mask) - default) <= (1e-12 if dtype == np.float64 else 1e-5)
+        assert abs(default - ref.item()) > 1e-3  # the two positions differ
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
@@ -150,7 +158,8 @@ def test_training_loss_is_the_inference_forward(rng):
 
 
 def test_left_padding_equals_unpadded(rng):
-    """A left-padded sequence gets the gradients of the same sequence alone (positions from the mask)."""
+    """A left-padded sequence gets the gradients of the same sequence alone, given the positions
+    counted over its real tokens (position_ids=positions_from_mask(mask, 0), as HF's generate)."""
     _, a = gpt2_pair(np.float64)
     _, b = gpt2_pair(np.float64)
     a.train()
@@ -160,7 +169,7 @@ def test_left_padding_equals_unpadded(rng):
     mask = np.concatenate([np.zeros((1, 3), bool), np.ones((1, 7), bool)], axis=1)
     labels = np.where(mask, padded, -100)
     labels[0, 3] = -100  # the first token is no target unpadded either
-    la = a.loss(padded, labels, attention_mask=mask)
+    la = a.loss(padded, labels, attention_mask=mask, position_ids=positions_from_mask(mask, 0))
     a.backward()
     lb = b.loss(ids, ids)
     b.backward()

@@ -23,7 +23,7 @@ What lives here (and where the rest lives):
   an expanded view staying a broadcast view).
 * **ranks and shapes**: expected rank, agreement with other arguments and with the layer.
 * **scalar ranges**: sizes (ints, not bools, within ``[minimum, 2**63)``), epsilons (finite,
-  >= 0), probabilities, ``top_p`` in (0, 1], ...
+  >= 0), probabilities, ``top_p`` in [0, 1], ...
 * **Python-side allocations**: anything numpy allocates (``masks.causal_mask``, pooling, padding)
   is checked against this machine's memory first (:func:`check_allocatable`), as the C++ code that
   allocates checks its own sizes (``ops::WeightsCheck``, the bindings' ``new_array``,

@@ -90,8 +90,8 @@ def _known_ids(tokenizer, ids) -> list[int]:
 def _text_after(tokenizer, context: list[int], ids: list[int]) -> str:
     """The text ``ids`` add after ``context``: ``decode(context + ids)`` past ``decode(context)``
     (ids past the tokenizer's vocabulary left out)."""
-    base = tokenizer.decode(context)
-    full = tokenizer.decode(context + _known_ids(tokenizer, ids))
+    base = tokenizer.decode(context, skip_special_tokens=True)
+    full = tokenizer.decode(context + _known_ids(tokenizer, ids), skip_special_tokens=True)
     return full[_common_prefix(base, full):]
 
 
@@ -100,7 +100,7 @@ def _stream(model, tokenizer, ids: np.ndarray, cache, on_text, stats: TurnStats,
     text the new ids add after ``context``: :meth:`Tokenizer.text_stream` primed with it; ids past
     the tokenizer's vocabulary, or that it skips, add none: see :func:`_known_ids`); returns the
     generated ids (an end token included) and fills ``stats``."""
-    text = tokenizer.text_stream(context=context) if on_text is not None else None
+    text = tokenizer.text_stream(skip_special_tokens=True, context=context) if on_text is not None else None
     generated: list[int] = []
     stats.prefill_tokens = ids.shape[1] - cache.length
     start = time.perf_counter()
@@ -188,20 +188,23 @@ class ChatSession:
         tokenizer: its :class:`~transformer_core.Tokenizer`, with a chat template.
         system: an optional system message.
         max_new_tokens: the most tokens one reply may have (>= 1).
-        temperature: 0 (default) = greedy; >= 1e-6 samples from ``softmax(logits / temperature)``
-            (between 0 and 1e-6: ValueError naming ``temperature``).
-        top_p, top_k: sampling filters (with ``temperature`` > 0; ``top_k`` 50 by default, as
-            Hugging Face's ``generate``; 0 or None: no top-k filter).
-        seed: seeds sampling (reproducible replies); checked, but unused, when greedy.
-        repetition_penalty: >= 1e-6 (``MIN_REPETITION_PENALTY``); 1 or None = none.
+        temperature: 0 (default) = greedy; any finite number > 0 samples from
+            ``softmax(logits / temperature)``, as Hugging Face's (a tiny one samples the argmax).
+        top_p, top_k: sampling filters (with ``temperature`` > 0; ``top_p`` in [0, 1], 0 keeping
+            the top token only, None or 1: no top-p filter; ``top_k`` 50 by default, as Hugging
+            Face's ``generate``; 0 or None: no top-k filter).
+        seed: seeds sampling (reproducible replies); None: each reply draws one from the generator
+            :func:`transformer_core.manual_seed` seeds. Checked, but unused, when greedy.
+        repetition_penalty: any finite number > 0, as Hugging Face's; 1 or None = none.
 
     Raises:
         TypeError: ``model`` not a causal LM of this package (a :class:`~transformer_core.decoder.CausalLM`),
             ``tokenizer`` not a :class:`~transformer_core.Tokenizer` (a ``transformers`` tokenizer
             included); ``system`` not a str or None; options of the wrong type (named).
         ValueError: a tokenizer without a chat template; bad options (named: ``max_new_tokens`` < 1,
-            ``temperature`` < 0, ``top_k`` < 0, ``top_p`` outside (0, 1], ...), whatever the
-            temperature; a ``system`` message that is not valid Unicode.
+            ``temperature`` < 0 or not finite, ``top_k`` < 0, ``top_p`` outside [0, 1],
+            ``repetition_penalty`` <= 0, ...), whatever the temperature; a ``system`` message that
+            is not valid Unicode.
     """
 
     def __init__(self, model, tokenizer, system: str | None = None, max_new_tokens: int = 256,

@@ -5,9 +5,11 @@ An architecture (``gpt2.py``, ``llama.py``) is a config class, the name of its C
 names of its weights; :class:`DecoderModel` (hidden states) and :class:`CausalLM` (logits and
 ``generate``) do the rest.
 
-Positions: with an ``attention_mask`` that has padding, token positions are counted over the real
-tokens (``cumsum(mask) - 1``, as Hugging Face's ``generate`` does), so a left-padded prompt gives
-the same logits as the prompt alone.
+Positions: without ``position_ids``, the new tokens take positions ``past .. past + L - 1`` whatever
+the ``attention_mask`` (Hugging Face's forward: ``cache_position``), so a padded batch gives Hugging
+Face's logits for the same arguments. ``generate`` counts positions over the real tokens instead
+(``cumsum(mask) - 1``, as Hugging Face's ``generate``), so a left-padded prompt gives the tokens of
+the prompt alone; :func:`positions_from_mask` gives those positions to pass as ``position_ids``.
 """
 
 from __future__ import annotations
@@ -37,9 +39,10 @@ __all__ = ["DecoderModel", "CausalLM", "CausalLMOutput", "positions_from_mask"]
 
 def _mask_and_positions(attention_mask, position_ids, N: int, L: int, past: int, context_length: int):
     """The checked ``attention_mask (N, past + L)`` (None when all True) and positions ``(N, L)``:
-    ``position_ids`` when given, else counted over the real tokens of the mask (``cumsum - 1``, as
-    Hugging Face's ``generate``), else None (``past .. past + L - 1`` for every row). A 1-D mask or
-    ``position_ids`` is a batch of one; a shape that does not fit is reported as it was passed."""
+    ``position_ids`` when given, else None (``past .. past + L - 1`` for every row, whatever the
+    mask: Hugging Face's forward). A 1-D mask is a batch of one; ``position_ids`` of shape ``(1, L)``
+    or ``(L,)`` are shared by every batch item (broadcast, as Hugging Face's). A shape that does not
+    fit is reported as it was passed."""
     mask = positions = None
     if attention_mask is not None:
         given = to_numpy(attention_mask, "attention_mask")
@@ -51,10 +54,12 @@ def _mask_and_positions(attention_mask, position_ids, N: int, L: int, past: int,
         mask = np.ascontiguousarray(mask)  # (N, past + L): checked
         if mask.all():
             mask = None
-        else:
-            positions = positions_from_mask(mask, past)
     if position_ids is not None:
-        positions = as_ids(position_ids, "position_ids", shape=(N, L), shape_of="input_ids'", what="positions")
+        given = to_numpy(position_ids, "position_ids")  # an array or a tensor: no copy
+        if N > 1 and given.shape in ((1, L), (L,)):  # one row for the whole batch (Hugging Face's
+            # arange(L)[None]): a broadcast view, which as_ids checks before it copies it
+            given = np.broadcast_to(given.reshape(1, L), (N, L))
+        positions = as_ids(given, "position_ids", shape=(N, L), shape_of="input_ids'", what="positions")
         if positions.min() < 0 or positions.max() >= context_length:
             raise ValueError(f"position_ids: expected positions in [0, {context_length}), got "
                              f"[{positions.min()}, {positions.max()}]")
@@ -81,7 +86,11 @@ def positions_from_mask(attention_mask, past: int) -> np.ndarray:
     whole ``(N, past + L)`` mask, its last L columns, clamped at 0. A padding position takes the
     position of the last real token before it (so trailing padding repeats the last real
     position), or 0 when no real token comes before it (leading padding). At the real tokens these
-    are the ``position_ids`` Hugging Face's ``generate`` derives (it sets padding ones to 1).
+    are the ``position_ids`` Hugging Face's ``generate`` derives (its ``prepare_inputs_for_generation``;
+    it sets padding ones to 0 in transformers 5, to 1 in 4.x), and those :meth:`CausalLM.generate`
+    passes to ``forward`` (0 at its pads). ``forward`` does not derive them itself (as Hugging Face's forward, it
+    takes ``past .. past + L - 1`` without ``position_ids``): pass them as ``position_ids`` to get
+    a left-padded row the logits of the row alone.
 
     Args:
         attention_mask: ``(N, W)`` with ``W = past + L``: bool, or integers / floats that are all
@@ -339,9 +348,13 @@ class DecoderModel(Module):
             input_ids: ``(N, L)`` (or ``(L,)``) token ids in ``[0, vocab_size)``; past + L must fit
                 the context.
             attention_mask: ``(N, past + L)``, 1/True = a real token (left padding for batched
-                prompts); None = all real.
-            position_ids: ``(N, L)`` positions of the new tokens; default: derived from the mask,
-                else ``past .. past + L - 1``.
+                prompts); None = all real. It masks keys only: positions do not follow it.
+            position_ids: ``(N, L)``, or ``(1, L)`` / ``(L,)`` shared by every batch item, as
+                Hugging Face's: integer positions of the new tokens in ``[0, context)``; default
+                ``past .. past + L - 1`` in every row, whatever ``attention_mask`` (Hugging Face's
+                forward). For a left-padded row to get the logits of the row alone, pass the
+                positions counted over its real tokens: ``positions_from_mask(attention_mask,
+                past)`` (what ``generate`` passes, as Hugging Face's ``generate``).
             past_key_values: a :class:`KVCache` (updated in place) or Hugging Face's legacy tuple of
                 per-layer ``(keys, values)``.
             use_cache: return the cache.
@@ -448,14 +461,15 @@ class CausalLM(DecoderModel, GenerationMixin):
 
         Args:
             input_ids: ``(N, L)`` (or ``(L,)``) token ids in ``[0, vocab_size)``, L within the context.
-            labels: ``(N, L)`` int: usually ``input_ids`` with padding set to ``ignore_index``.
-                Set them so: a label at a padding position counts, predicted from a padding
-                position's logits, which follow this library's positions (below) and not Hugging
-                Face's (0 .. L-1 whatever the mask), so such a loss differs from HF's.
-            attention_mask: ``(N, L)``, 1/True = a real token (left or right padding); positions
-                are counted over the real tokens, as in :meth:`forward` (trailing padding takes
-                the last real token's position).
-            position_ids: ``(N, L)`` explicit positions.
+            labels: ``(N, L)`` int: usually ``input_ids`` with padding set to ``ignore_index``
+                (a label at a padding position counts, as in Hugging Face's loss).
+            attention_mask: ``(N, L)``, 1/True = a real token (left or right padding). It masks
+                keys only: positions are ``0 .. L-1`` whatever the mask, as in :meth:`forward`
+                and Hugging Face's forward (so the loss is HF's for the same arguments).
+            position_ids: ``(N, L)``, or ``(1, L)`` / ``(L,)`` shared by every batch item, as
+                Hugging Face's: explicit positions (``positions_from_mask(attention_mask, 0)``
+                counts them over the real tokens: a left-padded row then gets the loss of the row
+                alone).
             ignore_index: the label value that does not count (-100, torch's and HF's); an int
                 in the int64 range.
             seed: the dropout seed of this call (default: :func:`transformer_core.manual_seed`'s

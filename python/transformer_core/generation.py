@@ -15,11 +15,19 @@ processors):
                          (of tokens tied at the cut, the later ids are kept: Hugging Face's
                          ``TopPLogitsWarper`` with a stable sort; its own ``torch.sort`` is not
                          stable, so its order among ties is unspecified)
-    sample               from softmax(scores), numpy's generator seeded with ``seed``
+    sample               from softmax(scores), numpy's generator seeded with ``seed`` (default:
+                         a seed drawn from :func:`transformer_core.manual_seed`'s generator)
 
 A decoding option the caller does not pass (``do_sample``, ``temperature``, ``top_k``, ``top_p``,
-``repetition_penalty``) is the model's ``generation_config`` value (a directory's
-``generation_config.json``, as Hugging Face's ``generate`` reads it), else the default above.
+``repetition_penalty``, ``eos_token_id``, ``pad_token_id``) is the model's ``generation_config``
+value (a directory's ``generation_config.json``, as Hugging Face's ``generate`` reads it), else the
+default above. The file's other fields that change Hugging Face's tokens (``no_repeat_ngram_size``,
+``min_new_tokens``, ``num_beams`` > 1, ...: :data:`UNAPPLIED_GENERATION_FIELDS`) are not applied
+here: a ``UserWarning`` names them.
+
+Positions: a left-padded prompt's tokens are given the positions counted over its real tokens
+(``cumsum(attention_mask) - 1``, passed to ``forward`` as ``position_ids``, as Hugging Face's
+``prepare_inputs_for_generation``), so each row gets the tokens of the row alone.
 
 A sequence that emits an end token (``eos_token_id``, one id or several) is finished; it is padded
 with ``pad_token_id`` (default: the generation config's or the config's, else the first end id,
@@ -38,6 +46,7 @@ from collections.abc import Callable, Iterator
 import numpy as np
 
 from ._validation import (
+    _cut,
     _is_torch_tensor,
     as_bool,
     as_ids,
@@ -50,17 +59,12 @@ from ._validation import (
     is_int,
     physical_memory_bytes,
     to_numpy,
+    user_stacklevel,
 )
 from .kv_cache import KVCache
+from .module import next_seed
 
 __all__ = ["GenerationMixin", "GenerationConfig", "MODEL_DEFAULT"]
-
-#: The smallest sampling temperature. ``1 / temperature`` must be finite: a subnormal temperature
-#: such as 1e-310 made ``logits / temperature`` inf, then NaN probabilities. The floor is well above
-#: that; the limit temperature -> 0 is greedy decoding (``do_sample=False``).
-MIN_TEMPERATURE = 1e-6
-#: The smallest repetition penalty, for the same reason: ``score / penalty`` must stay finite.
-MIN_REPETITION_PENALTY = 1e-6
 
 #: Float64 arrays of the logits' size ``(N, vocab_size)`` alive at once while a step chooses its
 #: tokens: the float64 copy of the logits that :func:`next_tokens` is given, and, when sampling,
@@ -72,9 +76,9 @@ SAMPLING_SCORE_ARRAYS = 8
 
 
 class _ModelDefault:
-    """The default of ``generate``'s and ``stream``'s decoding options: the value of the model's
-    ``generation_config`` (a directory's ``generation_config.json``), else the built-in default
-    (:data:`DECODING_DEFAULTS`)."""
+    """The default of ``generate``'s and ``stream``'s decoding options and end and pad ids: the
+    value of the model's ``generation_config`` (a directory's ``generation_config.json``), else the
+    built-in default (:data:`DECODING_DEFAULTS`; the ids: the config's)."""
 
     def __repr__(self) -> str:
         """``MODEL_DEFAULT``, as signatures and errors show it."""
@@ -94,14 +98,73 @@ class _ModelDefault:
         return self
 
 
-#: "Not passed": a decoding option left to the model's ``generation_config``.
+#: "Not passed": a decoding option (or an end or pad id) left to the model's ``generation_config``;
+#: None passed is a value (no end id, no penalty, ...), as in Hugging Face's ``generate``.
 MODEL_DEFAULT = _ModelDefault()
 
 #: The decoding options ``generate`` takes from the model's ``generation_config`` when the caller
-#: passes none (Hugging Face's ``generate`` takes every field of it so), and the values used when the
+#: passes none (Hugging Face's ``generate`` takes every field of it so; those it has and this one
+#: does not apply: :data:`UNAPPLIED_GENERATION_FIELDS`), and the values used when the
 #: generation config has none either (absent or null): Hugging Face's defaults (its ``top_p`` 1.0
 #: and ``repetition_penalty`` 1.0 are None here: no filter, no penalty).
 DECODING_DEFAULTS = {"do_sample": False, "temperature": 1.0, "top_k": 50, "top_p": None, "repetition_penalty": None}
+
+
+def _given(value) -> bool:
+    """A field that acts whenever it is set (an id, a number), a list or dict when not empty."""
+    return len(value) > 0 if isinstance(value, (list, tuple, dict, str)) else True
+
+
+#: The fields of a ``generation_config.json`` that change the tokens of Hugging Face's ``generate``
+#: (transformers 5's ``GenerationConfig``: its logits processors and warpers, stopping criteria and
+#: decoding methods) and that this ``generate`` does not apply: field -> (whether a value, not null,
+#: acts, as Hugging Face's ``_get_logits_processor`` tests it; whether only when sampling, as its
+#: warpers). ``generate`` and ``stream`` warn about those the model's file holds. Not listed: those
+#: applied here (``do_sample``, ``temperature``, ``top_k``, ``top_p``, ``repetition_penalty``, the
+#: end and pad ids), ``max_length`` and ``max_new_tokens`` (the caller's ``max_new_tokens`` wins
+#: over them, as there), beam-search-only fields (``length_penalty``, ``early_stopping``: with
+#: ``num_beams`` 1 they change nothing), ``renormalize_logits`` (a log-softmax after the other
+#: processors: neither the argmax nor the sampled distribution changes), and fields that do not
+#: choose tokens (caching, outputs, assistant models).
+UNAPPLIED_GENERATION_FIELDS = {
+    "min_length": (lambda v: v > 0, False), "min_new_tokens": (lambda v: v > 0, False),
+    "no_repeat_ngram_size": (lambda v: v > 0, False), "encoder_no_repeat_ngram_size": (lambda v: v > 0, False),
+    "encoder_repetition_penalty": (lambda v: v != 1, False), "bad_words_ids": (_given, False),
+    "sequence_bias": (_given, False), "forced_bos_token_id": (_given, False), "forced_eos_token_id": (_given, False),
+    "remove_invalid_values": (lambda v: v is True, False), "exponential_decay_length_penalty": (_given, False),
+    "suppress_tokens": (_given, False), "begin_suppress_tokens": (_given, False),
+    "guidance_scale": (lambda v: v != 1, False), "watermarking_config": (_given, False),
+    "token_healing": (lambda v: v is True, False), "stop_strings": (_given, False), "max_time": (_given, False),
+    "num_return_sequences": (lambda v: v > 1, False), "num_beams": (lambda v: v > 1, False),
+    "num_beam_groups": (lambda v: v > 1, False), "diversity_penalty": (lambda v: v != 0, False),
+    "penalty_alpha": (lambda v: v > 0, False), "dola_layers": (_given, False), "constraints": (_given, False),
+    "force_words_ids": (_given, False),
+    # Hugging Face's sampling warpers: applied only when sampling
+    "min_p": (_given, True), "top_h": (_given, True), "typical_p": (lambda v: v < 1, True),
+    "epsilon_cutoff": (lambda v: 0 < v < 1, True), "eta_cutoff": (lambda v: 0 < v < 1, True),
+}
+
+
+def unapplied_generation_fields(generation_config, sampling: bool) -> list[str]:
+    """The fields of ``generation_config`` (a ``generation_config.json`` as a dict, or None) that
+    would change Hugging Face's tokens and that this ``generate`` does not apply
+    (:data:`UNAPPLIED_GENERATION_FIELDS`; those of its sampling warpers only when ``sampling``), as
+    ``field=value`` in the file's order. A value of a type the test does not take (a str where a
+    number is expected) counts as active: it is not applied either."""
+    found = []
+    for key, value in (generation_config or {}).items():
+        if key not in UNAPPLIED_GENERATION_FIELDS or value is None:
+            continue
+        active, sampling_only = UNAPPLIED_GENERATION_FIELDS[key]
+        if sampling_only and not sampling:
+            continue
+        try:
+            on = bool(active(value))
+        except (TypeError, ValueError):
+            on = True
+        if on:
+            found.append(f"{key}={_cut(repr(value), 60)}")
+    return found
 
 
 def cache_too_large(error: ValueError, what: str, one_fits: bool) -> ValueError:
@@ -140,20 +203,16 @@ def _check_logits(logits: np.ndarray, step: int, do_sample: bool) -> None:
                          "be chosen (the model's weights or its inputs hold non-finite values)")
 
 
-def _check_at_least(value, name: str, floor: float, floor_name: str, why: str) -> float:
-    """``value`` as a finite number >= ``floor`` (the constant ``floor_name``; ``why``: what
-    smaller ones break). TypeError: not a number; ValueError: NaN, infinite or smaller."""
-    number = check_float(value, name)
-    if number < floor:
-        raise ValueError(f"{name}: expected a finite number >= {floor} ({floor_name}: {why}), got {number!r}")
-    return number
-
-
 def check_temperature(value, name: str = "temperature") -> float:
-    """``value`` as a sampling temperature: a finite number >= ``MIN_TEMPERATURE`` (1e-6).
-    TypeError: not a number; ValueError: NaN, infinite or smaller."""
-    return _check_at_least(value, name, MIN_TEMPERATURE, "MIN_TEMPERATURE",
-                           "smaller ones overflow logits / temperature; do_sample=False is the greedy limit")
+    """``value`` as a sampling temperature: any finite number > 0, as Hugging Face's
+    ``TemperatureLogitsWarper`` (:func:`next_tokens` subtracts each row's maximum before it
+    divides, so no temperature overflows: a tiny one leaves the top token alone, the others at
+    probability 0). TypeError: not a number; ValueError: NaN, infinite, or <= 0."""
+    number = check_float(value, name)
+    if number <= 0:
+        raise ValueError(f"{name}: expected a finite number > 0 (a temperature divides the logits; the limit "
+                         f"temperature -> 0 is greedy decoding: do_sample=False), got {number!r}")
+    return number
 
 
 def check_top_k(value, name: str = "top_k") -> int | None:
@@ -163,17 +222,24 @@ def check_top_k(value, name: str = "top_k") -> int | None:
 
 
 def check_top_p(value, name: str = "top_p") -> float | None:
-    """``value`` as a top-p filter: None or a number in (0, 1]. TypeError / ValueError otherwise."""
-    return None if value is None else check_float(value, name, minimum=0.0, min_open=True, maximum=1.0)
+    """``value`` as a top-p filter: None or a number in [0, 1], as Hugging Face's
+    ``TopPLogitsWarper`` (0 keeps the top token only; 1 or None: no filter). TypeError: not a
+    number; ValueError: NaN or outside [0, 1] (a probability mass)."""
+    return None if value is None else check_float(value, name, minimum=0.0, maximum=1.0)
 
 
 def check_repetition_penalty(value, name: str = "repetition_penalty") -> float | None:
-    """``value`` as a repetition penalty: None or a finite number >= ``MIN_REPETITION_PENALTY``
-    (1e-6). TypeError: not a number; ValueError: NaN, infinite or smaller."""
+    """``value`` as a repetition penalty: None or any finite number > 0, as Hugging Face's
+    ``RepetitionPenaltyLogitsProcessor`` (1 or None: none; a score that ``score / penalty`` or
+    ``score * penalty`` would overflow saturates at the largest float64: :func:`next_tokens`).
+    TypeError: not a number; ValueError: NaN, infinite, or <= 0."""
     if value is None:
         return None
-    return _check_at_least(value, name, MIN_REPETITION_PENALTY, "MIN_REPETITION_PENALTY",
-                           "smaller ones overflow score / penalty")
+    number = check_float(value, name)
+    if number <= 0:
+        raise ValueError(f"{name}: expected a finite number > 0 (it divides positive scores and multiplies "
+                         f"negative ones; 1 = no penalty), got {number!r}")
+    return number
 
 
 def check_seed(value, name: str = "seed") -> int | None:
@@ -205,11 +271,14 @@ class GenerationConfig:
     option is checked, sampling ones included when ``do_sample`` is False (``generate`` itself
     checks only their types then: greedy decoding ignores them).
 
+    ``seed`` None: ``np.random.default_rng(None)``, fresh OS entropy, when :func:`next_tokens` is
+    driven directly; :meth:`GenerationMixin.generate` first replaces it with a seed drawn from
+    :func:`transformer_core.manual_seed`'s generator.
+
     Raises:
         TypeError / ValueError: naming the option (``max_new_tokens`` < 1, ``temperature`` not a
-        finite number >= ``MIN_TEMPERATURE`` (1e-6), ``top_k`` < 0, ``top_p`` outside (0, 1],
-        ``repetition_penalty`` not a finite number >= ``MIN_REPETITION_PENALTY`` (1e-6), ids that
-        are not ints >= 0). Ids are checked against a
+        finite number > 0, ``top_k`` < 0, ``top_p`` outside [0, 1], ``repetition_penalty`` not a
+        finite number > 0, ids that are not ints >= 0). Ids are checked against a
         vocabulary by :meth:`GenerationMixin.generate`, which knows it.
     """
 
@@ -255,6 +324,10 @@ def next_tokens(scores: np.ndarray, sequences: np.ndarray, cfg: GenerationConfig
             each row of ``sequences`` that the repetition penalty does not count (the left
             padding; Hugging Face's ``RepetitionPenaltyLogitsProcessor(prompt_ignore_length=...)``).
 
+    A finite score that the repetition penalty would overflow (only for extreme values: a score of
+    3e38, float32's largest, with a penalty below 1.9e-270) saturates at the largest float64,
+    where Hugging Face's float32 scores become inf.
+
     Returns:
         ``(N,)`` int64 token ids.
     """
@@ -269,7 +342,13 @@ def next_tokens(scores: np.ndarray, sequences: np.ndarray, cfg: GenerationConfig
             counted, rows = np.where(ignored, sequences[kept, -1:], sequences[kept]), rows[kept]
         # a repeated id is gathered from the unpenalized scores each time: penalized once
         hit = scores[rows, counted]
-        scores[rows, counted] = np.where(hit < 0, hit * cfg.repetition_penalty, hit / cfg.repetition_penalty)
+        with np.errstate(over="ignore"):
+            penalized = np.where(hit < 0, hit * cfg.repetition_penalty, hit / cfg.repetition_penalty)
+        # a finite score the penalty overflows (3e38 / 1e-300) saturates at the largest float64, so that
+        # no row holds +inf (NaN probabilities) or turns -inf everywhere; in range, Hugging Face's values
+        overflow = np.isinf(penalized) & np.isfinite(hit)
+        penalized[overflow] = np.copysign(np.finfo(np.float64).max, penalized[overflow])
+        scores[rows, counted] = penalized
     if not cfg.do_sample:
         return scores.argmax(axis=-1).astype(np.int64)
     # softmax(s / T) = softmax((s - max s) / T): the shift first keeps every entry <= 0, so no
@@ -294,6 +373,15 @@ def next_tokens(scores: np.ndarray, sequences: np.ndarray, cfg: GenerationConfig
         scores = np.where(drop, -np.inf, scores)
     probs = _softmax(scores)
     return np.array([rng.choice(probs.shape[-1], p=p / p.sum()) for p in probs], dtype=np.int64)
+
+
+def _generation_positions(mask: np.ndarray, past: int) -> np.ndarray:
+    """The positions Hugging Face's ``generate`` gives the prompt's uncached tokens
+    (``_prepare_position_ids_for_generation``): ``cumsum(mask) - 1`` over the whole ``(N, past +
+    L)`` bool mask, 0 at its pads, the last L columns, ``(N, L)`` int64. At the real tokens they
+    are :func:`~transformer_core.decoder.positions_from_mask`'s."""
+    counted = np.cumsum(mask, axis=1, dtype=np.int64)[:, past:]
+    return np.where(mask[:, past:], counted - 1, 0)
 
 
 def generation_ids(model) -> tuple[list, object]:
@@ -350,7 +438,8 @@ def _ignored_sampling_options(given: dict) -> list[str]:
 
 class GenerationMixin:
     """``generate`` and ``stream`` for a causal LM whose ``forward(ids, attention_mask=...,
-    past_key_values=..., use_cache=True, logits_to_keep=1)`` returns logits, with ``new_cache``,
+    position_ids=..., past_key_values=..., use_cache=True, logits_to_keep=1)`` returns logits (its
+    positions ``past .. past + L - 1`` when ``position_ids`` is None), with ``new_cache``,
     ``context_length``, ``dtype``, ``check_activations``, ``_model_cache(past_key_values, N)`` (a
     checked :class:`KVCache`, legacy tuples converted) and ``config.vocab_size`` /
     ``config.eos_token_id`` (and, if the config has one, ``config.pad_token_id``).
@@ -363,8 +452,8 @@ class GenerationMixin:
     def stream(self, input_ids, max_new_tokens: int, *, do_sample: bool = MODEL_DEFAULT,
                temperature: float = MODEL_DEFAULT, top_k: int | None = MODEL_DEFAULT,
                top_p: float | None = MODEL_DEFAULT, repetition_penalty: float | None = MODEL_DEFAULT,
-               seed: int | None = None, attention_mask=None, eos_token_id=None, pad_token_id: int | None = None,
-               past_key_values=None) -> Iterator[np.ndarray]:
+               seed: int | None = None, attention_mask=None, eos_token_id=MODEL_DEFAULT,
+               pad_token_id: int | None = MODEL_DEFAULT, past_key_values=None) -> Iterator[np.ndarray]:
         """Yields the next token of every sequence, ``(N,)`` int64, one step at a time (finished
         sequences yield ``pad_token_id``); the arguments (and their defaults from the model's
         ``generation_config``) as :meth:`generate`. Every argument is checked when ``stream`` is
@@ -376,7 +465,8 @@ class GenerationMixin:
         accepts it: it is copied into a new cache (the tuple itself is not changed).
 
         Raises:
-            As :meth:`generate` (and warns as it: sampling options given with ``do_sample=False``).
+            As :meth:`generate` (and warns as it: sampling options given with ``do_sample=False``,
+            fields of ``generation_config.json`` that are not applied).
         """
         ids, mask, cache, cfg = self._start(input_ids, max_new_tokens, do_sample, temperature, top_k, top_p,
                                             repetition_penalty, seed, attention_mask, eos_token_id, pad_token_id,
@@ -386,9 +476,10 @@ class GenerationMixin:
     def _start(self, input_ids, max_new_tokens, do_sample, temperature, top_k, top_p, repetition_penalty, seed,
                attention_mask, eos_token_id, pad_token_id, past_key_values):
         """Every check of :meth:`stream` and :meth:`generate`, each before anything it guards is
-        allocated, then the warning about ignored sampling options, then the cache (the caller's
-        is grown only now). ``generate`` and ``stream`` call it directly, so that the warning
-        points at their caller.
+        allocated, then the warnings (ignored sampling options, generation config fields not
+        applied), the sampling seed (drawn from :func:`transformer_core.manual_seed`'s generator
+        when none is given), then the cache (the caller's is grown only now). ``generate`` and
+        ``stream`` call it directly, so that the warnings point at their caller.
 
         Returns:
             ``(ids (N, L) int64, mask (N, L) bool or None, cache, cfg)``.
@@ -430,6 +521,15 @@ class GenerationMixin:
         if ignored:
             warnings.warn(f"do_sample=False (greedy decoding) ignores the sampling options {', '.join(ignored)}; "
                           f"pass do_sample=True to sample with them", UserWarning, stacklevel=3)
+        unapplied = unapplied_generation_fields(getattr(self, "generation_config", None), cfg.do_sample)
+        if unapplied:
+            one = len(unapplied) == 1
+            warnings.warn(f"generation_config.json: {', '.join(unapplied)} {'is' if one else 'are'} not applied: this "
+                          f"generate implements do_sample, temperature, top_k, top_p, repetition_penalty and the end "
+                          f"and pad ids only, so its tokens may differ from Hugging Face's generate, which applies "
+                          f"{'it' if one else 'them'}", UserWarning, stacklevel=user_stacklevel())
+        if cfg.do_sample and cfg.seed is None:  # torch's generate draws from the generator manual_seed seeds
+            cfg.seed = next_seed()
         if cache is None:
             try:
                 cache = self.new_cache(N, total)
@@ -511,8 +611,9 @@ class GenerationMixin:
 
         Raises:
             ValueError: ``attention_mask`` not of ``input_ids``' shape (the shape given named: a 1-D
-            mask is one row), or a right-padded row (0 at its last position after a real token,
-            naming the row; an inferred mask's such row names ``input_ids``).
+            mask is one row), a row without a real token (only 0s; an inferred mask's: only pad
+            ids), or a right-padded row (0 at its last position after a real token); the last two
+            naming the row (an inferred mask's name ``input_ids`` and how the mask was inferred).
         """
         N, L = ids.shape
         if attention_mask is None:
@@ -532,6 +633,14 @@ class GenerationMixin:
             if mask.shape != ids.shape:
                 raise ValueError(f"attention_mask: expected shape {ids.shape} (input_ids'), got {given}")
             source, hint = "attention_mask", ""
+        # a row of pads only would be continued from a pad attending to nothing (an arbitrary token:
+        # Hugging Face accepts it silently, and its GPT-2's tokens differ from its Llama's)
+        empty = np.flatnonzero(~mask.any(axis=1))
+        if empty.size:
+            r = int(empty[0])
+            held = "0s" if attention_mask is not None else f"pad ids ({cfg.pad_token_id})"
+            raise ValueError(f"{source}: expected at least one real token in each row, got row {r} of {held} only; "
+                             f"there is no prompt to continue{hint}")
         # the first new token is predicted from the last position: it must be a real token of
         # every row that has one (a right-padded row would continue from a pad)
         right = np.flatnonzero(~mask[:, -1] & mask.any(axis=1))
@@ -564,11 +673,14 @@ class GenerationMixin:
         start = cache.length  # the caller's cache, put back as it came if a step's logits are refused
         rng = np.random.default_rng(cfg.seed)
         # the repetition penalty skips each row's left padding: the positions before its first real
-        # token (Hugging Face's generate: (attention_mask != 0).argmax(1); a row without any real
-        # token, or a 0 after the first 1, is counted, as there)
+        # token (Hugging Face's generate: (attention_mask != 0).argmax(1); a 0 after the first 1 is
+        # counted, as there)
         lead = None if mask is None else mask.argmax(axis=1)
-        out = self(ids[:, cache.length:], attention_mask=mask, past_key_values=cache, use_cache=True,
-                   logits_to_keep=1)
+        # positions counted over the real tokens (forward would take past .. past + L - 1): Hugging
+        # Face's generate, cumsum(mask) - 1 with 0 at the pads, then the last one + 1 at each step
+        positions = None if mask is None else _generation_positions(mask, cache.length)
+        out = self(ids[:, cache.length:], attention_mask=mask, position_ids=positions, past_key_values=cache,
+                   use_cache=True, logits_to_keep=1)
         sequences = ids
         finished = np.zeros(N, dtype=bool)
         for step in range(cfg.max_new_tokens):
@@ -587,26 +699,43 @@ class GenerationMixin:
             sequences = np.concatenate([sequences, nxt[:, None]], axis=1)
             if mask is not None:
                 mask = np.concatenate([mask, np.ones((N, 1), bool)], axis=1)
-            out = self(nxt[:, None], attention_mask=mask, past_key_values=cache, use_cache=True, logits_to_keep=1)
+                positions = positions[:, -1:] + 1
+            out = self(nxt[:, None], attention_mask=mask, position_ids=positions, past_key_values=cache,
+                       use_cache=True, logits_to_keep=1)
 
 
     def generate(self, input_ids, max_new_tokens: int, do_sample: bool = MODEL_DEFAULT,
                  temperature: float = MODEL_DEFAULT, top_k: int | None = MODEL_DEFAULT,
                  top_p: float | None = MODEL_DEFAULT, seed: int | None = None, attention_mask=None,
-                 eos_token_id=None, *, repetition_penalty: float | None = MODEL_DEFAULT,
-                 pad_token_id: int | None = None, streamer: Callable[[np.ndarray], None] | None = None,
+                 eos_token_id=MODEL_DEFAULT, *, repetition_penalty: float | None = MODEL_DEFAULT,
+                 pad_token_id: int | None = MODEL_DEFAULT, streamer: Callable[[np.ndarray], None] | None = None,
                  past_key_values=None) -> np.ndarray:
         """Autoregressive decoding with a KV cache: the prompt once, then one token per step.
 
         **Defaults from the model's generation config.** ``do_sample``, ``temperature``, ``top_k``,
-        ``top_p`` and ``repetition_penalty`` not passed (:data:`MODEL_DEFAULT`) are those of
-        ``model.generation_config`` (a directory's ``generation_config.json``, read by
-        ``from_pretrained``; Qwen's and Llama-Instruct's set sampling options there), as Hugging
-        Face's ``generate`` takes them; a field it leaves out or null, or a model without one,
-        gives the default named below. An argument passed wins, even None or a value equal to the
-        default (``repetition_penalty=None``: no penalty, whatever the file says). The file's
+        ``top_p``, ``repetition_penalty``, ``eos_token_id`` and ``pad_token_id`` not passed
+        (:data:`MODEL_DEFAULT`) are those of ``model.generation_config`` (a directory's
+        ``generation_config.json``, read by ``from_pretrained``; Qwen's and Llama-Instruct's set
+        sampling options there), as Hugging Face's ``generate`` takes them; a field it leaves out
+        or null, or a model without one, gives the default named below. An argument passed wins,
+        even None or a value equal to the default (``repetition_penalty=None``: no penalty,
+        ``eos_token_id=None``: no end id, whatever the file says), as Hugging Face's. The file's
         values are checked as the arguments are, the errors naming the file and field
         (``generation_config.json: temperature``).
+
+        **Fields of the generation config not applied.** The file's other fields that change
+        Hugging Face's tokens are not applied here (:data:`UNAPPLIED_GENERATION_FIELDS`:
+        ``min_length``, ``min_new_tokens``, ``no_repeat_ngram_size``, ``bad_words_ids``,
+        ``suppress_tokens``, ``begin_suppress_tokens``, ``forced_bos_token_id``,
+        ``forced_eos_token_id``, ``sequence_bias``, ``exponential_decay_length_penalty``,
+        ``encoder_repetition_penalty``, ``guidance_scale``, ``num_beams`` > 1,
+        ``num_return_sequences`` > 1, ``stop_strings``, ``max_time``, ...; when sampling ``min_p``,
+        ``typical_p``, ``epsilon_cutoff``, ``eta_cutoff``, ``top_h``). A call whose model's file
+        holds one (a value that acts: ``no_repeat_ngram_size`` > 0, ``num_beams`` > 1, ...) warns
+        once, a ``UserWarning`` pointing at the caller's line that names each as
+        ``generation_config.json: field=value``; the tokens are then this generate's, which may
+        differ from Hugging Face's. The arguments cannot set them (a ``TypeError``, as for any
+        unknown keyword).
 
         Args:
             input_ids: ``(N, L)`` prompt ids (left-padded, with ``attention_mask``, for a batch of
@@ -623,34 +752,52 @@ class GenerationMixin:
                 than 1, ``top_k`` other than None or 50, ``top_p`` other than None or 1, ``seed``),
                 as Hugging Face warns ("The following generation flags are not valid and may be
                 ignored"; it does not warn about the generation config's, nor does this).
-            temperature, top_k, top_p: sampling controls (when sampling: temperature a finite
-                number >= 1e-6 (``MIN_TEMPERATURE``), default 1; top_k >= 0, default 50 as
-                Hugging Face's ``generate`` (``do_sample=True`` samples among the 50 highest), 0
-                or None keeps every token; 0 < top_p <= 1, default None: no top-p filter).
-            seed: seeds numpy's generator for sampling (the same seed, the same tokens).
+            temperature, top_k, top_p: sampling controls (when sampling: temperature any finite
+                number > 0, default 1, as Hugging Face's (each row's maximum is subtracted before
+                the division, so none overflows); top_k >= 0, default 50 as Hugging Face's
+                ``generate`` (``do_sample=True`` samples among the 50 highest), 0 or None keeps
+                every token; 0 <= top_p <= 1 (0 keeps the top token only, as Hugging Face's
+                ``TopPLogitsWarper``), default None: no top-p filter).
+            seed: an int >= 0 seeds numpy's generator for sampling (the same seed, the same
+                tokens). None (the default): a seed is drawn from the generator that
+                :func:`transformer_core.manual_seed` seeds (the one of the training forwards'
+                dropout seeds, :func:`~transformer_core.get_rng_state`), as torch's sampling
+                draws from the generator ``torch.manual_seed`` seeds: after
+                ``manual_seed(s)`` the same calls give the same tokens (not torch's tokens:
+                numpy's sampler). Greedy decoding draws nothing.
             attention_mask: ``(N, L)``, 1 = a real prompt token; left padding only (the first
-                new token is predicted from the last position, which must be real in every row
-                that has a real token). Default: inferred as Hugging Face's ``generate`` infers it,
-                ``input_ids != pad_token_id`` when the prompt holds ``pad_token_id`` and it is not
-                an end id; else every token is real.
-            eos_token_id: an id or a list of ids in ``[0, vocab_size)`` that end a sequence;
-                default: those of ``model.generation_config`` (a directory's
-                ``generation_config.json``, read by ``from_pretrained``) when the model has one,
-                even where it leaves them out (then none), else the config's (``config.json``'s);
-                ids outside the vocabulary dropped, as Hugging Face.
-            repetition_penalty: a finite number >= 1e-6 (``MIN_REPETITION_PENALTY``); 1 or None
-                (the default) = none (Keskar et al. 2019, as Hugging Face). The ids of the prompt
+                new token is predicted from the last position, which must be real), and at least
+                one real token in every row. The real tokens take the positions counted over
+                them (``cumsum(attention_mask) - 1``, passed to ``forward`` as ``position_ids``,
+                as Hugging Face's ``generate``), so each row gets the tokens it gets alone.
+                Default: inferred as Hugging Face's ``generate`` infers it, ``input_ids !=
+                pad_token_id`` when the prompt holds ``pad_token_id`` and it is not an end id;
+                else every token is real.
+            eos_token_id: an id or a list of ids in ``[0, vocab_size)`` that end a sequence, or
+                None (or ``[]``): none, generation runs ``max_new_tokens`` (as Hugging Face's
+                ``eos_token_id=None``). Default (not passed): those of ``model.generation_config``
+                (a directory's ``generation_config.json``, read by ``from_pretrained``) when the
+                model has one, even where it leaves them out (then none), else the config's
+                (``config.json``'s); ids outside the vocabulary dropped, as Hugging Face.
+            repetition_penalty: any finite number > 0, as Hugging Face's (a score it would
+                overflow saturates at the largest float64: :func:`next_tokens`); 1 or None (the
+                default) = none (Keskar et al. 2019, as Hugging Face). The ids of the prompt
                 and the new tokens count, but not a row's left padding: the positions before its
                 first 1 in ``attention_mask`` (as Hugging Face's ``generate``; a 0 after the first
                 1 counts). Greedy decoding uses it too.
-            pad_token_id: an id in ``[0, vocab_size)`` that fills finished sequences; default: the
-                ``pad_token_id`` of ``generation_config.json`` when the model has one, else the
-                config's (when it is an id of the vocabulary), else the first end id (Hugging
-                Face's defaults).
+            pad_token_id: an id in ``[0, vocab_size)`` that fills finished sequences. Default
+                (not passed): the ``pad_token_id`` of ``generation_config.json`` when the model
+                has one, else the config's (when it is an id of the vocabulary), else the first
+                end id (Hugging Face's defaults). None: the first end id (none without end ids),
+                as Hugging Face's ``pad_token_id=None``.
             streamer: called with each step's ``(N,)`` tokens as they are produced.
             past_key_values: a :class:`KVCache` already holding a prefix of ``input_ids`` (extended
                 in place), or Hugging Face's legacy tuple of per-layer ``(keys, values)``
-                ``(N, H_kv, S, D)`` (copied into a new cache, as ``forward`` does).
+                ``(N, H_kv, S, D)`` (copied into a new cache, as ``forward`` does). With a padded
+                ``attention_mask``, the prefix's keys must have the positions ``generate`` gives
+                it, those counted over its real tokens: fill it with ``forward(prefix,
+                attention_mask=prefix_mask, position_ids=positions_from_mask(prefix_mask, 0),
+                past_key_values=cache)`` (``forward``'s default positions ignore the mask).
 
         Returns:
             ``(N, L + new)`` int64 ids, prompt included (as Hugging Face returns them); fewer new
@@ -658,15 +805,18 @@ class GenerationMixin:
 
         Raises:
             All before the first token and before any memory is reserved for the generation (the
-            ignored-options warning too: the caller's cache is grown after it):
+            warnings too, about ignored sampling options and generation config fields not
+            applied: the caller's cache is grown after them):
             ValueError / TypeError: bad options (named, or named by the generation config's file
             and field; ``pad_token_id`` and ``eos_token_id`` ids outside ``[0, vocab_size)`` too);
             TypeError: a sampling option of the wrong type, also when greedy. ValueError naming
-            ``attention_mask``: not of ``input_ids``' shape, or a right-padded row (0 at its last
-            position after a real token, naming the row: Hugging Face only warns, and predicts
-            from the pad); ValueError naming ``input_ids``: an id outside ``[0, vocab_size)``, a
-            prompt longer than the context (from its shape, before it is copied), a right-padded
-            row of the inferred mask (a row ending with ``pad_token_id``: pass ``attention_mask``);
+            ``attention_mask``: not of ``input_ids``' shape, a row without a real token (only 0s,
+            naming the row: Hugging Face generates from the pads, an arbitrary token), or a
+            right-padded row (0 at its last position after a real token, naming the row: Hugging
+            Face only warns, and predicts from the pad); ValueError naming ``input_ids``: an id
+            outside ``[0, vocab_size)``, a prompt longer than the context (from its shape, before
+            it is copied), a row of the inferred mask that is all ``pad_token_id`` or ends with
+            it (right padding: pass ``attention_mask``);
             naming ``max_new_tokens``: ``L + max_new_tokens - 1`` over the context, or a KV cache of
             that many positions larger than this machine's memory even for one sequence (saying
             how many new tokens fit).
@@ -718,11 +868,13 @@ class GenerationMixin:
             ignored = _ignored_sampling_options({k: v for k, v in passed.items() if v is not MODEL_DEFAULT})
         vocab = self.config.vocab_size
         eos_list, pad = generation_ids(self)
-        if eos_token_id is None:
+        # not passed: the model's; None passed: none (the pad id then falls to the first end id below,
+        # as Hugging Face's _prepare_special_tokens)
+        if eos_token_id is MODEL_DEFAULT:
             eos_token_id = [e for e in eos_list if 0 <= e < vocab]
-        if pad_token_id is None:  # as eos: the config's, if it is an id of the vocabulary
-            if isinstance(pad, (int, np.integer)) and not isinstance(pad, bool) and 0 <= pad < vocab:
-                pad_token_id = int(pad)
+        if pad_token_id is MODEL_DEFAULT:  # as eos: the config's, if it is an id of the vocabulary
+            ok = isinstance(pad, (int, np.integer)) and not isinstance(pad, bool) and 0 <= pad < vocab
+            pad_token_id = int(pad) if ok else None
         cfg = GenerationConfig(max_new_tokens, sample, repetition_penalty=penalty, eos_token_id=eos_token_id,
                                pad_token_id=pad_token_id, **sampling)
         # the ids are emitted as tokens (pad) or compared with them (eos): they must be in the vocabulary

@@ -60,8 +60,9 @@ class KVCache:
                  max(check_int(capacity, "capacity", 0), 1)]
         self.key_order = _check_key_order(key_order, sizes[3])
         # keys and values of every layer, checked here to name this constructor's arguments (the C++
-        # check, which follows, names its own)
-        check_allocatable([2] + sizes, np.dtype(self.dtype).itemsize,
+        # check, which follows, names its own); one layer's at least, which the C++ cache sizes even
+        # with no layers
+        check_allocatable([2, max(sizes[0], 1)] + sizes[1:], np.dtype(self.dtype).itemsize,
                           "num_layers, batch, num_key_value_heads, head_dim, capacity")
         self._impl = variant("KVCache", self.dtype)(*sizes)
         # nn.MultiheadAttention layers sharing this cache fill it layer by layer at each step: the
@@ -125,12 +126,29 @@ class KVCache:
         return tuple((np.ascontiguousarray(k[..., self.key_order]), v) for k, v in layers)
 
     def crop(self, length: int) -> None:
-        """Forgets every position from ``length`` on (``0 <= length <= self.length``).
+        """Cuts the cache back (its capacity stays).
+
+        * ``length >= 0``: keeps the first ``length`` positions, forgetting every one from
+          ``length`` on (``length <= self.length``): transformers 4.x's ``crop(max_length)``.
+        * ``length < 0``: removes the last ``-length`` positions (``-length <= self.length``):
+          transformers 5's ``crop(tokens_to_remove)``, and 4.x's negative ``max_length``, which
+          mean the same.
+
+        So a negative argument means here what it means in both transformers versions, and a
+        positive one what it means in 4.x (transformers 5 refuses a positive one). ``crop(0)``
+        differs from transformers 5's: here it keeps 0 positions, **emptying the cache**; there it
+        removes 0 positions, a no-op (as ``crop(self.length)`` is here).
 
         Raises:
-            TypeError: non-int length. ValueError: length out of range.
+            TypeError: ``length`` not an int. ValueError: ``length`` outside ``[-self.length,
+            self.length]`` (more positions to keep or to remove than the cache holds).
         """
-        self._impl.crop(check_int(length, "length", 0))
+        length = check_int(length, "length", None, None)
+        held = self.length
+        if not -held <= length <= held:
+            raise ValueError(f"length: expected an int in [{-held}, {held}] (>= 0: the positions kept; < 0: minus the "
+                             f"positions removed; the cache holds {held}), got {length}")
+        self._impl.crop(length if length >= 0 else held + length)
         self._next_layer = 0  # a step cut short starts over
 
     def reserve(self, total: int) -> None:

@@ -51,7 +51,8 @@ Training follows torch's habits where it can, with an explicit backward since th
   layout to the checkpoint's and back (``to_checkpoint_layout`` / ``from_checkpoint_layout``).
   ``gradients()`` copies the written ones in the checkpoint's layout.
 * Dropout (training forwards only) draws its masks from seeds: :func:`manual_seed` seeds the
-  package's generator, as ``torch.manual_seed`` does.
+  package's generator, as ``torch.manual_seed`` does. ``generate`` and ``stream`` draw their
+  sampling seed from it too when called with ``seed=None``.
 
 Quantized weights (:func:`transformer_core.quantize`, GGUF blocks from
 ``LlamaForCausalLM.from_pretrained``): ``state_dict`` returns them dequantized to float32 (the values
@@ -83,10 +84,12 @@ _SEEDS = np.random.default_rng(0)
 
 
 def manual_seed(seed: int) -> None:
-    """Seeds the generator that the training forwards draw their dropout seeds from (torch's
-    ``manual_seed``): the same seed and the same calls give the same dropout masks, on any machine and
-    thread count (the masks are Philox4x32-10 of the seed and the element's index, see
-    ``functional.dropout``; not torch's masks).
+    """Seeds the generator that the training forwards draw their dropout seeds from, and that
+    ``generate`` and ``stream`` draw their sampling seed from when called with ``seed=None``
+    (torch's ``manual_seed``, which seeds both): the same seed and the same calls give the same
+    dropout masks and the same sampled tokens, on any machine and thread count (the masks are
+    Philox4x32-10 of the seed and the element's index, see ``functional.dropout``; the tokens
+    numpy's sampler's: neither is torch's).
 
     Raises:
         TypeError: ``seed`` not an int. ValueError: ``seed`` < 0.
@@ -140,7 +143,9 @@ def _pcg64_of(state, name: str) -> np.random.PCG64:
 
 
 def next_seed() -> int:
-    """The next dropout seed of the package's generator (see :func:`manual_seed`)."""
+    """The next seed of the package's generator (see :func:`manual_seed`): a training forward's
+    dropout seed, or the sampling seed of ``generate`` / ``stream`` called with ``seed=None``; an
+    int in ``[0, 2**63 - 1)``."""
     return int(_SEEDS.integers(0, 2**63 - 1))
 
 

@@ -844,7 +844,7 @@ def _draw_cache(draw):
     nl, b, h, d = draw(st.integers(0, 3)), draw(st.integers(1, 3)), draw(st.integers(1, 2)), draw(st.integers(1, 4))
     S = draw(st.integers(0, 4))
     return {"num_layers": nl, "batch": b, "num_key_value_heads": h, "head_dim": d, "capacity": draw(st.integers(0, 6)),
-            "dtype": draw(DTYPES), "S": S, "crop": draw(st.integers(0, S)), "reserve": draw(st.integers(0, 10)),
+            "dtype": draw(DTYPES), "S": S, "crop": draw(st.integers(-S, S)), "reserve": draw(st.integers(0, 10)),
             "past": [(rng_array(draw, (b, h, S, d)), rng_array(draw, (b, h, S, d))) for _ in range(max(nl, 1))]}
 
 
@@ -866,7 +866,9 @@ def _ref_cache(kw):
         read_int(kw[name], name, 1, 64)
     read_int(kw["capacity"], "capacity", 0, 10**6)
     read_int(kw["reserve"], "total", 0, 10**6)
-    crop = read_int(kw["crop"], "length", 0, kw["S"])
+    # >= 0: the positions kept; < 0: minus the positions removed (transformers 5's crop(-n))
+    crop = read_int(kw["crop"], "length", -kw["S"], kw["S"])
+    crop = crop if crop >= 0 else kw["S"] + crop
     past = kw["past"]
     if not isinstance(past, (list, tuple)) or not past:
         raise NoReference("past")
@@ -883,7 +885,8 @@ target(name="KVCache", draw=_draw_cache, call=_call_cache, reference=_ref_cache,
        out_dtype=layer_dtype,
        args={"num_layers": Arg("size", low=0), "batch": Arg("size"), "num_key_value_heads": Arg("size"),
              "head_dim": Arg("size"), "capacity": Arg("int", low=0),
-             "crop": Arg("int", low=0, aliases=("length",), bad=[("too_long", 99)]),
+             "crop": Arg("int", low=-4, aliases=("length",),  # in [-S, S], S <= 4
+                         bad=[("too_long", 99), ("minus_one", -1), ("too_negative", -99)]),
              "reserve": Arg("int", low=0, aliases=("total",)), "dtype": Arg("dtype"),
              "past": Arg("custom", aliases=("past_key_values",),
                          bad=[("None", None), ("empty", []), ("int", 3), ("not_pairs", [np.ones((1, 1, 1, 1))]),
