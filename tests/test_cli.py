@@ -396,7 +396,7 @@ def test_cli_generate_checks_the_context_before_making_the_cache(monkeypatch, ca
 def test_cli_bad_options_print_nothing_on_stdout():
     for args, fragment in ((["generate", "hi", "--temperature", "-1"], "temperature: expected a value >= 0"),
                            (["generate", "hi", "--temperature", "1", "--top-p", "2"], "top_p:"),
-                           (["chat", "hi", "--temperature", "1", "--top-p", "0"], "top_p:"),
+                           (["chat", "hi", "--temperature", "1", "--top-p", "1.5"], "top_p:"),
                            (["chat", "hi", "--seed", "-1"], "seed:"),
                            # greedy (temperature 0) would ignore --top-p: refused, not ignored
                            (["generate", "hi", "--top-p", "0.5"], "top_p: acts only when sampling"),
@@ -1015,7 +1015,10 @@ import transformer_core
 
 
 @pytest.mark.parametrize("orig_argv", [[sys.executable, "-m", "transformer_core", "embed", "x"],
-                                       [sys.executable, "-mtransformer_core", "embed", "x"]])
+                                       [sys.executable, "-mtransformer_core", "embed", "x"],
+                                       [sys.executable, "-um", "transformer_core", "embed"],
+                                       [sys.executable, "-B", "-W", "ignore", "-m", "transformer_core"],
+                                       [sys.executable, "-mtransformer_core.__main__", "embed"]])
 def test_ctrl_c_while_the_cli_imports_the_package_is_one_line(orig_argv):
     """A Ctrl-C in the first fraction of a second (the package's imports, before main can catch it)
     printed a traceback of the imports; the CLI's one line and exit code 2 now."""
@@ -1025,8 +1028,12 @@ def test_ctrl_c_while_the_cli_imports_the_package_is_one_line(orig_argv):
     assert proc.stderr == "transformer_core: interrupted while starting; nothing was done\n"
 
 
-def test_ctrl_c_while_a_program_imports_the_package_stays_its_own():
-    """Only the CLI turns the interrupt into its one line: a user's program gets KeyboardInterrupt."""
-    proc = subprocess.run([sys.executable, "-c", _INTERRUPT_AT_IMPORT.format(orig_argv=[sys.executable, "prog.py"])],
+@pytest.mark.parametrize("orig_argv", [[sys.executable, "prog.py"],
+                                       [sys.executable, "prog.py", "-m", "transformer_core"],  # the program's own
+                                       [sys.executable, "-c", "import transformer_core", "-m", "transformer_core"]])
+def test_ctrl_c_while_a_program_imports_the_package_stays_its_own(orig_argv):
+    """Only the CLI turns the interrupt into its one line: a user's program gets KeyboardInterrupt,
+    even when its own arguments read "-m transformer_core"."""
+    proc = subprocess.run([sys.executable, "-c", _INTERRUPT_AT_IMPORT.format(orig_argv=orig_argv)],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode != 2 and "KeyboardInterrupt" in proc.stderr

@@ -401,3 +401,24 @@ def test_manual_seed_seeds_sampling_without_a_seed(models):
     np.testing.assert_array_equal(streamed, first[:, 2:])
     tc.manual_seed(1)
     assert not np.array_equal(sample(), first)
+
+
+def test_sampling_before_any_manual_seed_draws_fresh_entropy(models, monkeypatch):
+    """The package's generator starts at a fixed seed (the training forwards' dropout), so drawing
+    the sampling seed from it before any manual_seed gave every process the same "random" reply.
+    Until the program seeds it, seed=None draws fresh entropy, as torch's default generator, and
+    leaves the generator where it was; a call refused for its cache draws no seed at all."""
+    from transformer_core import module
+
+    _, ours = models["gpt2"]
+    x = np.array([[5, 7]])
+    monkeypatch.setattr(module, "_SEEDED", False)
+    state = tc.get_rng_state()
+    replies = {tuple(ours.generate(x, 12, do_sample=True, top_k=None, eos_token_id=None)[0]) for _ in range(4)}
+    assert len(replies) > 1  # four draws of 12 tokens from a random model: equal only by a 1e-20 chance
+    assert tc.get_rng_state() == state
+    tc.manual_seed(3)
+    state = tc.get_rng_state()
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        ours.generate(x, 2**40, do_sample=True)
+    assert tc.get_rng_state() == state

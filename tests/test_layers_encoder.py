@@ -5,6 +5,7 @@ no_grad with the MHA fast path disabled (conftest); a separate test checks again
 """
 from __future__ import annotations
 
+import pickle
 import re
 
 import numpy as np
@@ -456,6 +457,14 @@ def test_feed_forward_and_gated_take_callables_and_refuse_others():
     assert tc.nn.FeedForward(4, 8, activation=torch.nn.GELU()).activation == "gelu"
     assert tc.nn.GatedFeedForward(4, 8, activation=TF.silu).activation == "silu"
     assert tc.nn.Transformer(8, 2, 1, 1, 16, activation=TF.gelu).encoder.layers[0].activation == "gelu"
+    # kept by its name where copies, pickles and the repr are built from: no torch object in them
+    for m in (tc.nn.TransformerEncoderLayer(8, 2, 16, activation=torch.nn.GELU(approximate="tanh")),
+              tc.nn.Transformer(8, 2, 1, 1, 16, activation=TF.gelu),
+              tc.Seq2SeqTransformer(11, 13, d_model=8, nhead=2, num_encoder_layers=1, num_decoder_layers=1,
+                                    dim_feedforward=16, activation=TF.gelu)):
+        assert b"torch" not in pickle.dumps(m), type(m).__name__
+        assert "<" not in repr(m).splitlines()[0], repr(m)
+    assert "activation='gelu_tanh'" in repr(tc.nn.TransformerEncoderLayer(8, 2, 16, activation=torch.nn.GELU("tanh")))
     for bad in (lambda t: t * 2, torch.nn.LeakyReLU(), torch.sigmoid):
         with pytest.raises(TypeError, match=r"activation: .*other callables cannot run in the C\+\+ layer"):
             tc.nn.TransformerEncoderLayer(8, 2, 16, activation=bad)

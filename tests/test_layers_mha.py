@@ -849,16 +849,22 @@ def test_rotary_positions_are_checked_before_the_cache_grows(rng, monkeypatch):
 
 
 def test_rotary_position_ids_of_one_dim_report_the_shape_given(rng):
-    """A 1-D position_ids for a batch of 2 said "got (1, 3)"; it gives the shape passed. For a
-    batch of one it is that row's positions."""
+    """A position_ids of another shape gives the shape passed (a 1-D one for a batch of 2 said "got
+    (1, 3)"; it is now shared by the batch, as Hugging Face's). For a batch of one a 1-D one is that
+    row's positions. A ragged list is named, not numpy's error."""
     from transformer_core.positional import RotaryEmbedding
 
     m, ref = make_pair(16, 2, np.float64)
     rope = RotaryEmbedding(8, 32, dtype=np.float64)
     x = rng.standard_normal((2, 3, 16))
     with pytest.raises(ValueError, match=r"^position_ids: expected shape \(2, 3\) \(query's batch and length\), got "
-                                         r"\(3,\)$"):
-        m(x, rotary=rope, position_ids=np.arange(3))
+                                         r"\(2, 2\)$"):
+        m(x, rotary=rope, position_ids=np.zeros((2, 2), int))
+    with pytest.raises((ValueError, TypeError), match=r"^position_ids: "):
+        m(x, rotary=rope, position_ids=[[0, 1, 2], [0, 1]])
+    shared, _ = m(x, rotary=rope, position_ids=np.array([7, 2, 20]), need_weights=False)
+    each, _ = m(x, rotary=rope, position_ids=np.array([[7, 2, 20]] * 2), need_weights=False)
+    np.testing.assert_array_equal(shared, each)
     positions = np.array([7, 2, 20])
     out, _ = m(x[:1], is_causal=True, rotary=rope, position_ids=positions, need_weights=False)
     assert_close(out, _torch_rope_mha(ref, x[:1], positions[None])[0], np.float64, what="1-D position_ids")

@@ -38,22 +38,46 @@ Layers of the package, from the bottom:
 """
 
 
+def _module_run_by(argv: list) -> str | None:
+    """The module that the interpreter's command line ``argv`` (``sys.orig_argv``) runs with ``-m``,
+    or None (a script, ``-c``, standard input): its options are read as Python reads them, up to
+    the first word that is not one (``-um NAME``, ``-Bm NAME``, ``-mNAME``, ``-W arg -m NAME``), so
+    a program's own arguments never count."""
+    i = 1
+    while i < len(argv):
+        word = argv[i]
+        if word == "--check-hash-based-pycs":  # the one long option that takes a value
+            i += 2
+            continue
+        if not word.startswith("-") or word in ("-", "--") or word.startswith("--"):
+            return None
+        for j, flag in enumerate(word[1:], start=1):
+            rest = word[j + 1:]
+            if flag == "c":
+                return None
+            if flag == "m":
+                return rest or (argv[i + 1] if i + 1 < len(argv) else None)
+            if flag in "WX":  # its value is the rest of the word, or the next word
+                i += 0 if rest else 1
+                break
+        i += 1
+    return None
+
+
 def _exit_if_cli_interrupted() -> None:
-    """A Ctrl-C while the command line (``python -m transformer_core ...`` or ``transformer-core``)
-    is still importing the package, before ``__main__.main`` can catch it: the CLI's one line on
-    stderr and exit code 2, as for any interrupt (``__main__``'s "Errors"), not a traceback of the
-    imports. Any other importer gets its KeyboardInterrupt (the caller re-raises it)."""
+    """A Ctrl-C while the command line (``python -m transformer_core ...``, also as
+    ``-m transformer_core.__main__``, or ``transformer-core``) is still importing the package,
+    before ``__main__.main`` can catch it: the CLI's one line on stderr and exit code 2, as for any
+    interrupt (``__main__``'s "Errors"), not a traceback of the imports. Any other importer gets
+    its KeyboardInterrupt (the caller re-raises it)."""
     import os
     import sys
 
-    argv = list(getattr(sys, "orig_argv", ()))  # the interpreter's own command line
-    as_module = "-mtransformer_core" in argv or any(
-        a == "-m" and b in ("transformer_core", "transformer_core.__main__") for a, b in zip(argv, argv[1:]))
+    as_module = _module_run_by(list(getattr(sys, "orig_argv", ()))) in ("transformer_core", "transformer_core.__main__")
     as_script = bool(sys.argv) and os.path.basename(sys.argv[0]) == "transformer-core"
     if as_module or as_script:
         print("transformer_core: interrupted while starting; nothing was done", file=sys.stderr)
         raise SystemExit(2)
-
 
 try:
     from . import (

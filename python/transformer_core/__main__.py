@@ -39,16 +39,22 @@ as the same text. The numbers (scores, similarities, embeddings) are ASCII anywa
 
 from __future__ import annotations
 
-import argparse
-import contextlib
-import importlib
-import json
-import os
-import signal
-import sys
-import threading
+from . import _exit_if_cli_interrupted
 
-from .hub import DEFAULT_MODEL
+try:  # a Ctrl-C before main runs: the one line too (the package's own imports: its __init__)
+    import argparse
+    import contextlib
+    import importlib
+    import json
+    import os
+    import signal
+    import sys
+    import threading
+
+    from .hub import DEFAULT_MODEL
+except KeyboardInterrupt:
+    _exit_if_cli_interrupted()
+    raise
 
 #: Exit code when standard output's reader went away (128 + SIGPIPE, as a shell reports it).
 EXIT_BROKEN_PIPE = 141

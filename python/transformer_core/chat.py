@@ -193,8 +193,9 @@ class ChatSession:
         top_p, top_k: sampling filters (with ``temperature`` > 0; ``top_p`` in [0, 1], 0 keeping
             the top token only, None or 1: no top-p filter; ``top_k`` 50 by default, as Hugging
             Face's ``generate``; 0 or None: no top-k filter).
-        seed: seeds sampling (reproducible replies); None: each reply draws one from the generator
-            :func:`transformer_core.manual_seed` seeds. Checked, but unused, when greedy.
+        seed: seeds sampling (reproducible replies); None: each reply draws one as ``generate``
+            does (from :func:`transformer_core.manual_seed`'s generator once it was seeded, else
+            fresh entropy: replies differ from run to run). Checked, but unused, when greedy.
         repetition_penalty: any finite number > 0, as Hugging Face's; 1 or None = none.
 
     Raises:

@@ -16,7 +16,9 @@ processors):
                          ``TopPLogitsWarper`` with a stable sort; its own ``torch.sort`` is not
                          stable, so its order among ties is unspecified)
     sample               from softmax(scores), numpy's generator seeded with ``seed`` (default:
-                         a seed drawn from :func:`transformer_core.manual_seed`'s generator)
+                         :func:`transformer_core.module.sampling_seed`: from
+                         :func:`transformer_core.manual_seed`'s generator once it was seeded,
+                         else fresh entropy, as torch's)
 
 A decoding option the caller does not pass (``do_sample``, ``temperature``, ``top_k``, ``top_p``,
 ``repetition_penalty``, ``eos_token_id``, ``pad_token_id``) is the model's ``generation_config``
@@ -62,7 +64,7 @@ from ._validation import (
     user_stacklevel,
 )
 from .kv_cache import KVCache
-from .module import next_seed
+from .module import sampling_seed
 
 __all__ = ["GenerationMixin", "GenerationConfig", "MODEL_DEFAULT"]
 
@@ -272,8 +274,8 @@ class GenerationConfig:
     checks only their types then: greedy decoding ignores them).
 
     ``seed`` None: ``np.random.default_rng(None)``, fresh OS entropy, when :func:`next_tokens` is
-    driven directly; :meth:`GenerationMixin.generate` first replaces it with a seed drawn from
-    :func:`transformer_core.manual_seed`'s generator.
+    driven directly; :meth:`GenerationMixin.generate` first replaces it with
+    :func:`transformer_core.module.sampling_seed`'s.
 
     Raises:
         TypeError / ValueError: naming the option (``max_new_tokens`` < 1, ``temperature`` not a
@@ -477,9 +479,10 @@ class GenerationMixin:
                attention_mask, eos_token_id, pad_token_id, past_key_values):
         """Every check of :meth:`stream` and :meth:`generate`, each before anything it guards is
         allocated, then the warnings (ignored sampling options, generation config fields not
-        applied), the sampling seed (drawn from :func:`transformer_core.manual_seed`'s generator
-        when none is given), then the cache (the caller's is grown only now). ``generate`` and
-        ``stream`` call it directly, so that the warnings point at their caller.
+        applied), then the cache (the caller's is grown only now), then the sampling seed when none
+        is given (:func:`~transformer_core.module.sampling_seed`: last, so that a refused call draws
+        none). ``generate`` and ``stream`` call it directly, so that the warnings point at their
+        caller.
 
         Returns:
             ``(ids (N, L) int64, mask (N, L) bool or None, cache, cfg)``.
@@ -528,8 +531,6 @@ class GenerationMixin:
                           f"generate implements do_sample, temperature, top_k, top_p, repetition_penalty and the end "
                           f"and pad ids only, so its tokens may differ from Hugging Face's generate, which applies "
                           f"{'it' if one else 'them'}", UserWarning, stacklevel=user_stacklevel())
-        if cfg.do_sample and cfg.seed is None:  # torch's generate draws from the generator manual_seed seeds
-            cfg.seed = next_seed()
         if cache is None:
             try:
                 cache = self.new_cache(N, total)
@@ -541,6 +542,8 @@ class GenerationMixin:
                 cache.reserve(total)
             except ValueError as e:
                 raise self._cache_too_large(e, cache, N, L, cfg.max_new_tokens, what, given=True) from None
+        if cfg.do_sample and cfg.seed is None:  # as torch's generate, from the generator manual_seed seeds
+            cfg.seed = sampling_seed()
         return ids, mask, cache, cfg
 
     @staticmethod
@@ -759,12 +762,14 @@ class GenerationMixin:
                 every token; 0 <= top_p <= 1 (0 keeps the top token only, as Hugging Face's
                 ``TopPLogitsWarper``), default None: no top-p filter).
             seed: an int >= 0 seeds numpy's generator for sampling (the same seed, the same
-                tokens). None (the default): a seed is drawn from the generator that
-                :func:`transformer_core.manual_seed` seeds (the one of the training forwards'
-                dropout seeds, :func:`~transformer_core.get_rng_state`), as torch's sampling
-                draws from the generator ``torch.manual_seed`` seeds: after
+                tokens). None (the default): once the program called
+                :func:`transformer_core.manual_seed` (or ``set_rng_state``), a seed is drawn from
+                that generator (the one of the training forwards' dropout seeds), as torch's
+                sampling draws from the generator ``torch.manual_seed`` seeds: after
                 ``manual_seed(s)`` the same calls give the same tokens (not torch's tokens:
-                numpy's sampler). Greedy decoding draws nothing.
+                numpy's sampler); before that, fresh entropy, different in every run, as torch's
+                default generator (:func:`transformer_core.module.sampling_seed`). Greedy
+                decoding draws nothing.
             attention_mask: ``(N, L)``, 1 = a real prompt token; left padding only (the first
                 new token is predicted from the last position, which must be real), and at least
                 one real token in every row. The real tokens take the positions counted over

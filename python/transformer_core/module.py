@@ -52,7 +52,8 @@ Training follows torch's habits where it can, with an explicit backward since th
   ``gradients()`` copies the written ones in the checkpoint's layout.
 * Dropout (training forwards only) draws its masks from seeds: :func:`manual_seed` seeds the
   package's generator, as ``torch.manual_seed`` does. ``generate`` and ``stream`` draw their
-  sampling seed from it too when called with ``seed=None``.
+  sampling seed from it too when called with ``seed=None``, once it was seeded (before that, from
+  fresh entropy: :func:`sampling_seed`).
 
 Quantized weights (:func:`transformer_core.quantize`, GGUF blocks from
 ``LlamaForCausalLM.from_pretrained``): ``state_dict`` returns them dequantized to float32 (the values
@@ -81,12 +82,17 @@ from ._validation import _is_torch_tensor, as_weight, check_bool, resolve_dtype,
 from .parameter import Parameter, freezing_refused
 
 _SEEDS = np.random.default_rng(0)
+#: Whether the program seeded the generator (:func:`manual_seed`, :func:`set_rng_state`): until it
+#: does, sampling without a seed draws fresh entropy (:func:`sampling_seed`), as torch's default
+#: generator starts from a random seed in every process.
+_SEEDED = False
 
 
 def manual_seed(seed: int) -> None:
     """Seeds the generator that the training forwards draw their dropout seeds from, and that
     ``generate`` and ``stream`` draw their sampling seed from when called with ``seed=None``
-    (torch's ``manual_seed``, which seeds both): the same seed and the same calls give the same
+    (torch's ``manual_seed``, which seeds both; until it is called, or :func:`set_rng_state`,
+    those draw fresh entropy instead: :func:`sampling_seed`): the same seed and the same calls give the same
     dropout masks and the same sampled tokens, on any machine and thread count (the masks are
     Philox4x32-10 of the seed and the element's index, see ``functional.dropout``; the tokens
     numpy's sampler's: neither is torch's).
@@ -94,12 +100,13 @@ def manual_seed(seed: int) -> None:
     Raises:
         TypeError: ``seed`` not an int. ValueError: ``seed`` < 0.
     """
-    global _SEEDS
+    global _SEEDS, _SEEDED
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
         raise TypeError(f"seed: expected an int, got {type(seed).__name__}")
     if seed < 0:
         raise ValueError(f"seed: expected an int >= 0, got {seed}")
     _SEEDS = np.random.default_rng(int(seed))
+    _SEEDED = True
 
 
 def get_rng_state() -> dict:
@@ -115,8 +122,9 @@ def set_rng_state(state: dict) -> None:
     Raises:
         TypeError: ``state`` not a dict. ValueError: not a state of this generator (PCG64).
     """
-    global _SEEDS
+    global _SEEDS, _SEEDED
     _SEEDS = np.random.Generator(_pcg64_of(state, "state"))
+    _SEEDED = True
 
 
 def _pcg64_of(state, name: str) -> np.random.PCG64:
@@ -147,6 +155,17 @@ def next_seed() -> int:
     dropout seed, or the sampling seed of ``generate`` / ``stream`` called with ``seed=None``; an
     int in ``[0, 2**63 - 1)``."""
     return int(_SEEDS.integers(0, 2**63 - 1))
+
+
+def sampling_seed() -> int:
+    """The sampling seed of ``generate`` / ``stream`` called with ``seed=None``: :func:`next_seed`
+    once the program has seeded the generator (:func:`manual_seed` or :func:`set_rng_state`), so
+    that the same seed gives the same tokens, as after ``torch.manual_seed``; before that, fresh OS
+    entropy on every call (the generator is not advanced), as torch's default generator starts from
+    a random seed in each process: two runs of a program sample different tokens."""
+    if _SEEDED:
+        return next_seed()
+    return int(np.random.SeedSequence().entropy % (2**63 - 1))
 
 
 def renamed_keyword(old: str, new: str, whose: str = "Hugging Face's"):

@@ -163,6 +163,30 @@ def _callable_activation_name(value) -> str | None:
     return None
 
 
+def _shape_or_none(value) -> tuple | None:
+    """``np.shape(value)``, or None for what has none (a ragged list: numpy's ValueError), which the
+    caller's own checks then refuse naming their argument."""
+    try:
+        return np.shape(value)
+    except ValueError:
+        return None
+
+
+def _activation_named_in_snapshot(module) -> None:
+    """A torch callable given as ``activation`` kept by its name in the arguments the module's copies,
+    pickles and repr are built from (``_init_args``): rebuilding it then needs no torch, and the
+    repr shows ``activation='gelu'``. (A snapshot holds deep copies: the callable is found by
+    what it is, not by identity.)"""
+    args, kwargs = module._init_args
+
+    def named(value):
+        if callable(value) and not isinstance(value, (str, type, Module)):
+            return _callable_activation_name(value) or value
+        return value
+
+    object.__setattr__(module, "_init_args", (tuple(named(v) for v in args), {k: named(v) for k, v in kwargs.items()}))
+
+
 def _check_activation(value) -> str:
     """An activation name of the library's one table (``_core.activation_names()``), or one of the
     callables :func:`_callable_activation_name` knows (returned as its name). Any other callable
@@ -643,7 +667,7 @@ class MultiheadAttention(Module):
             rotary_impl = rotary._impl
             table = rotary.max_position_embeddings
             if position_ids is not None:  # range-checked here, before a cache grows (C++ checks them later)
-                if not unbatched and np.shape(position_ids) in ((1, L), (L,)):
+                if not unbatched and _shape_or_none(position_ids) in ((1, L), (L,)):
                     # HF's shared positions, (1, L): one row for every batch item (a view, no copy yet)
                     position_ids = np.broadcast_to(np.asarray(position_ids), (N, L))
                 positions = as_ids(position_ids, "position_ids", shape=(N, L), shape_of="query's batch and length",
@@ -930,6 +954,7 @@ class FeedForward(Module):
         self.d_model = check_positive_int(d_model, "d_model")
         self.dim_feedforward = check_positive_int(dim_feedforward, "dim_feedforward")
         self.activation = _check_activation(activation)
+        _activation_named_in_snapshot(self)
         self._impl = getattr(_core, "FeedForward" + sfx)(self.d_model, self.dim_feedforward, self.activation,
                                                          check_bool(bias, "bias"))
         self._init_weights()
@@ -1009,6 +1034,7 @@ class GatedFeedForward(Module):
         self.d_model = check_positive_int(d_model, "d_model")
         self.dim_feedforward = check_positive_int(dim_feedforward, "dim_feedforward")
         self.activation = _check_activation(activation)
+        _activation_named_in_snapshot(self)
         self._impl = getattr(_core, "GatedFeedForward" + sfx)(self.d_model, self.dim_feedforward, self.activation,
                                                                check_bool(bias, "bias"))
         self._init_weights()
@@ -1048,6 +1074,8 @@ class TransformerEncoderLayer(Module):
             ``nn.ReLU()``, ``nn.GELU()``, ``nn.GELU(approximate="tanh")``, ``nn.SiLU()``,
             ``nn.Tanh()``, or this package's ``functional.relu``/``gelu``/``silu``), kept as its
             name in ``self.activation``. Other callables raise TypeError: the layer runs in C++.
+            (torch's own fast path, in eval under no_grad, runs ``nn.GELU(approximate="tanh")`` as
+            erf's GELU; its regular path, and this layer, as the tanh form: about 1e-4 apart.)
         dtype: ``np.float32`` or ``np.float64``.
         dropout: (keyword) torch's dropout1/2 and the feed-forward's, in training forwards only
             (default 0; torch's is 0.1). Attention-probability dropout is not implemented.
@@ -1178,6 +1206,7 @@ def _check_layer_args(self, d_model, nhead, dim_feedforward, activation, layer_n
         raise TypeError(f"activation: expected a str, got float {activation} (torch's fourth positional argument is "
                         f"dropout, this layer's is activation: pass dropout= by keyword)")
     self.activation = _check_activation(activation)
+    _activation_named_in_snapshot(self)
     self.layer_norm_eps = check_eps(layer_norm_eps, "layer_norm_eps")
     self.norm_first = check_bool(norm_first, "norm_first")
     self.bias = check_bool(bias, "bias")
@@ -1738,6 +1767,7 @@ class Transformer(Module):
         num_decoder_layers = check_positive_int(num_decoder_layers, "num_decoder_layers")
         args = (d_model, nhead, dim_feedforward, activation, layer_norm_eps, norm_first, bias, self.dtype)
         encoder_layer = TransformerEncoderLayer(*args, dropout=dropout)  # checks the layer's arguments
+        _activation_named_in_snapshot(self)
         decoder_layer = TransformerDecoderLayer(*args, dropout=dropout)
         # both stacks (and the containing model's tables) together, before either stack is built
         stacks = [(name, what, count, sum(math.prod(shape) for shape in layer.parameter_shapes().values()))

@@ -28,7 +28,7 @@ from ._validation import (
 from .backward import cross_entropy_with_grad, dropout_backward
 from .functional import dropout as _dropout
 from .module import Module, NonFiniteLossError, NoTrainingStateError, check_dropout
-from .nn import Embedding, Linear, Transformer, _check_feedforward_activations
+from .nn import Embedding, Linear, Transformer, _activation_named_in_snapshot, _check_feedforward_activations
 from .positional import sinusoidal_positional_encoding
 
 __all__ = ["Seq2SeqTransformer"]
@@ -106,6 +106,7 @@ class Seq2SeqTransformer(Module):
                                                dim_feedforward=dim_feedforward, activation=activation,
                                                layer_norm_eps=layer_norm_eps, norm_first=norm_first, bias=bias,
                                                dtype=self.dtype, dropout=dropout)
+        _activation_named_in_snapshot(self)  # a torch callable kept by its name, as the layers keep it
         self.src_tok_emb = Embedding(self.src_vocab_size, d_model, self.dtype)
         self.tgt_tok_emb = Embedding(self.tgt_vocab_size, d_model, self.dtype)
         self.generator = Linear(d_model, self.tgt_vocab_size, True, self.dtype)
