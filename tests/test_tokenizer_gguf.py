@@ -673,7 +673,7 @@ def test_chat_template_options_refused(ours, hf_smollm2_tokenizer):
     """transformers' tokenizing options were swallowed as template variables: refused, named."""
     messages = CONTINUED[0]
     for name, value in (("return_tensors", "np"), ("max_length", 3), ("truncation", True), ("padding", True),
-                        ("return_dict", True), ("return_assistant_tokens_mask", True), ("tokenizer_kwargs", {}),
+                        ("return_assistant_tokens_mask", True), ("tokenizer_kwargs", {}),
                         ("sanitize_control_tokens", True)):
         with pytest.raises(TypeError, match=rf"^{name}: transformers' apply_chat_template option"):
             ours.apply_chat_template(messages, tokenize=True, **{name: value})
@@ -771,6 +771,47 @@ def test_apply_chat_template_needs_tokenize(ours, hf_smollm2_tokenizer):
         assert ref["attention_mask"] == [1] * len(ids)
         assert ours.apply_chat_template(messages, add_generation_prompt=add, tokenize=False) == hf.apply_chat_template(
             messages, add_generation_prompt=add, tokenize=False)
+
+
+def test_apply_chat_template_return_dict(ours, hf_smollm2_tokenizer):
+    """return_dict=False with tokenize=True (transformers 5's call for a plain list of ids) was
+    refused as an unsupported option. It gives transformers' list now; with tokenize=False either
+    value gives the text, as transformers (where return_dict has no effect on text);
+    return_dict=True with tokenize=True (transformers' BatchEncoding) is refused."""
+    hf = hf_smollm2_tokenizer
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi <|im_end|>"}]
+    for add in (False, True):
+        ref = hf.apply_chat_template(messages, add_generation_prompt=add, tokenize=True, return_dict=False)
+        assert type(ref) is list
+        assert ours.apply_chat_template(messages, add_generation_prompt=add, tokenize=True, return_dict=False) == ref
+        for flag in (False, True):
+            assert ours.apply_chat_template(messages, add_generation_prompt=add, tokenize=False,
+                                            return_dict=flag) == hf.apply_chat_template(
+                messages, add_generation_prompt=add, tokenize=False, return_dict=flag)
+    with pytest.raises(ValueError, match=r"^return_dict: True \(transformers' BatchEncoding.*expected False"):
+        ours.apply_chat_template(messages, tokenize=True, return_dict=True)
+    for bad in (1, None, "False"):
+        with pytest.raises(TypeError, match="^return_dict: expected a bool"):
+            ours.apply_chat_template(messages, tokenize=False, return_dict=bad)
+
+
+def test_special_token_assignment_names_as_transformers(smollm2_checkpoint, hf_smollm2_tokenizer):
+    """Assigning an ordinary token ("Hello") as a special token registered it on the backend:
+    "HelloHello" became two whole tokens and decode(skip_special_tokens=True) dropped it.
+    transformers' assignment only names it; so does ours now."""
+    import copy
+
+    for name, value in (("eos_token", "Hello"), ("pad_token", "Hello"), ("extra_special_tokens", ["Hello"])):
+        ours, hf = tc.Tokenizer.from_gguf(smollm2_checkpoint), copy.deepcopy(hf_smollm2_tokenizer)
+        setattr(ours, name, value)
+        setattr(hf, name, value)
+        for text in ("HelloHello world", "Hello", "<|im_start|>Hello"):
+            assert ours.tokenize(text) == hf.tokenize(text), (name, text)
+            assert ours.encode(text) == hf.encode(text), (name, text)
+        ids = hf.encode("<|im_start|>Hello world<|im_end|>")
+        for skip in (False, True):
+            assert ours.decode(ids, skip_special_tokens=skip) == hf.decode(ids, skip_special_tokens=skip), (name, skip)
+        assert ours.all_special_tokens == hf.all_special_tokens and ours.all_special_ids == hf.all_special_ids
 
 
 def test_decode_and_tokenize_defaults_are_transformers(ours, hf_smollm2_tokenizer):

@@ -1037,12 +1037,13 @@ def test_constructor_registers_its_special_tokens_as_transformers(model_dir):
     assert tc.Tokenizer(_wordpiece_backend(), 16, cls_token="[CLS]").encode("[CLS]hello") == [1, 1, 3, 2]
 
 
-def test_special_token_assignment_is_checked_and_registers(model_dir):
+def test_special_token_assignment_is_checked_and_names_as_transformers(model_dir):
     """bos_token, ..., mask_token, extra_special_tokens and do_lower_case were plain attributes:
     ``bos_token = "not-a-token"`` was kept (its id None), ``do_lower_case = "False"`` turned
     lowercasing on, ``extra_special_tokens = "<|im_start|>"`` listed each character. They are
-    checked now as the constructor checks them, and a token assigned is registered as the
-    constructor registers it: the same ids and text as transformers' tokenizer built with it."""
+    checked now as the constructor checks them, and a token assigned is only named, as
+    transformers' assignment names it: the same ids and text as transformers' tokenizer given the
+    same assignments (tokens assigned are not registered on the backend)."""
     from transformers import PreTrainedTokenizerFast
 
     ours = tc.Tokenizer(_wordpiece_backend(), 16, pad_token="[PAD]")
@@ -1059,24 +1060,72 @@ def test_special_token_assignment_is_checked_and_registers(model_dir):
             setattr(ours, name, bad)
     assert (ours.bos_token, ours.cls_token, ours.do_lower_case, ours.extra_special_tokens) == (None, None, False, [])
     assert ours.all_special_tokens == ["[PAD]"]
-    ours.cls_token, ours.sep_token, ours.mask_token = "[CLS]", "[SEP]", "[MASK]"
-    ours.extra_special_tokens = ("world",)
-    ours.unk_token = "[UNK]"
-    hf = PreTrainedTokenizerFast(tokenizer_object=_wordpiece_backend(), pad_token="[PAD]", cls_token="[CLS]",
-                                 sep_token="[SEP]", mask_token="[MASK]", unk_token="[UNK]",
-                                 extra_special_tokens=["world"])
+    hf = PreTrainedTokenizerFast(tokenizer_object=_wordpiece_backend(), pad_token="[PAD]")
+    for tok in (ours, hf):
+        tok.cls_token, tok.sep_token, tok.mask_token = "[CLS]", "[SEP]", "[MASK]"
+        tok.extra_special_tokens = ["world"]
+        tok.unk_token = "[UNK]"
     assert ours.all_special_tokens == hf.all_special_tokens and ours.all_special_ids == hf.all_special_ids
     assert ours.extra_special_tokens == hf.extra_special_tokens == ["world"]
     ours.extra_special_tokens.append("hello")  # a new list each time, as transformers'
     assert ours.extra_special_tokens == ["world"]
     for text in _SPECIAL_TEXTS:
         assert ours.encode(text) == hf.encode(text), text
+        assert ours.tokenize(text) == hf.tokenize(text), text
     for ids in _SPECIAL_IDS:
-        assert ours.decode(ids, skip_special_tokens=True) == hf.decode(ids, skip_special_tokens=True), ids
+        for skip in (False, True):
+            assert ours.decode(ids, skip_special_tokens=skip) == hf.decode(ids, skip_special_tokens=skip), ids
     ours.mask_token = None
     assert ours.mask_token is None and "[MASK]" not in ours.all_special_tokens
     ours.do_lower_case = True
     assert ours.do_lower_case is True
+
+
+@pytest.mark.parametrize("name, value", [
+    ("pad_token", "hello"), ("pad_token_id", 7592), ("bos_token", "hello"), ("eos_token", "hello"),
+    ("unk_token", "hello"), ("sep_token", "hello"), ("cls_token", "hello"), ("mask_token", "hello"),
+    ("extra_special_tokens", ["hello"])])
+def test_special_token_assignment_only_names_an_ordinary_token(model_dir, name, value):
+    """Assigning an ordinary vocabulary token ("hello", id 7592) registered it as a special added
+    token of the backend: "hellohello world" was split ['hello', 'hello', 'world'] (transformers:
+    ['hello', '##hell', '##o', 'world']) and decode(skip_special_tokens=True) dropped it.
+    transformers' assignment only names the token: the text's tokens, ids and decoding stay as they
+    were, all_special_tokens / all_special_ids list it, and a pad token pads."""
+    ours, hf = tc.Tokenizer.from_pretrained(MODEL_NAME), _hf_minilm(model_dir)
+    backend_special = ours.special_tokens
+    setattr(ours, name, value)
+    setattr(hf, name, value)
+    assert getattr(ours, name) == getattr(hf, name) == value
+    assert ours.special_tokens == backend_special  # the backend is unchanged
+    for text in ("hellohello world", "hello", "say hello, world"):
+        assert ours.tokenize(text) == hf.tokenize(text), text
+        assert ours.encode(text) == hf.encode(text), text
+    assert ours.tokenize("hellohello world") == ["hello", "##hell", "##o", "world"]
+    for ids in ([101, 7592, 2088, 102], [7592, 7592, 18223, 2080], [7592, 0, 103]):
+        for skip in (False, True):
+            assert ours.decode(ids, skip_special_tokens=skip) == hf.decode(ids, skip_special_tokens=skip), (ids, skip)
+    assert ours.decode([101, 7592, 2088, 102], skip_special_tokens=True) == "hello world"
+    assert ours.all_special_tokens == hf.all_special_tokens and ours.all_special_ids == hf.all_special_ids
+    assert "hello" in ours.all_special_tokens
+    _assert_pads_as(ours, hf, ["hello", "a b c", ""])
+
+
+def test_assigning_a_plain_added_token_keeps_it_plain(model_dir, tmp_path):
+    """A token that is already a plain (not special) added token stays plain when assigned, as in
+    transformers: decode(skip_special_tokens=True) keeps it."""
+    hf = _hf_minilm(model_dir)
+    hf.add_tokens(["newword"])
+    hf.save_pretrained(str(tmp_path))
+    ours, hf = tc.Tokenizer.from_pretrained(tmp_path), _hf_minilm(tmp_path)
+    ours.pad_token = hf.pad_token = "newword"
+    assert ours.pad_token_id == hf.pad_token_id == 30522
+    ids = [101, 30522, 7592, 102]
+    for skip in (False, True):
+        assert ours.decode(ids, skip_special_tokens=skip) == hf.decode(ids, skip_special_tokens=skip)
+    assert ours.decode(ids, skip_special_tokens=True) == "newword hello"
+    assert "newword" not in ours.special_tokens
+    assert ours.encode("a newword") == hf.encode("a newword")
+    assert ours.all_special_tokens == hf.all_special_tokens and ours.all_special_ids == hf.all_special_ids
 
 
 def test_defaults_of_decode_tokenize_and_call_are_transformers(model_dir):

@@ -39,7 +39,7 @@ GGUF_PRE_TOKENIZERS = ("default", "gpt2", "smollm", "starcoder")
 
 #: transformers' apply_chat_template options that Tokenizer.apply_chat_template does not implement:
 #: refused, not passed to the template as variables.
-_HF_CHAT_OPTIONS = ("padding", "truncation", "max_length", "return_tensors", "return_dict",
+_HF_CHAT_OPTIONS = ("padding", "truncation", "max_length", "return_tensors",
                     "return_assistant_tokens_mask", "tokenizer_kwargs", "sanitize_control_tokens")
 
 #: transformers' named special tokens, in the order of its ``SPECIAL_TOKENS_ATTRIBUTES`` (the order of
@@ -161,10 +161,11 @@ def _special_token_property(name: str, what: str) -> property:
 
     doc = f"""{what}, or None.
 
-    Assignable, checked as the constructor checks it: a token of the vocabulary, which becomes a
-    special token of the backend (matched whole in a text, left out by
-    ``decode(skip_special_tokens=True)``, as the constructor's named tokens; transformers'
-    assignment only names it), or None. The token it named before stays special.
+    Assignable, checked as the constructor checks it: a token of the vocabulary, or None. As
+    transformers' assignment, it only names the token (listed in :attr:`all_special_tokens`): the
+    backend is not changed, so a token that was not special stays an ordinary one (split as any
+    text, kept by ``decode(skip_special_tokens=True)``). The constructor, as transformers', also
+    registers the tokens it names (see the class docstring).
 
     Raises:
         TypeError: not a str or None. ValueError: not in the vocabulary.
@@ -259,7 +260,8 @@ class Tokenizer:
     a text holding it is matched whole (``"[CLS]hello"`` gives the ``[CLS]`` id, not three
     ``[UNK]``), and ``decode(skip_special_tokens=True)`` leaves it out. Its id stays the
     vocabulary's. The special tokens, ``pad_token`` / ``pad_token_id`` and ``do_lower_case`` are
-    also properties, checked on assignment as here (see :attr:`pad_token`, :attr:`cls_token`).
+    also properties, checked on assignment as here (see :attr:`pad_token`, :attr:`cls_token`);
+    as transformers', an assignment only names a token, it does not register it.
 
     The ``tokenizers.Tokenizer`` (or the one a ``tokenizers.implementations`` wrapper holds) is
     copied, its ``encode_special_tokens`` setting with it (transformers' ``split_special_tokens``):
@@ -423,10 +425,11 @@ class Tokenizer:
         """The padding token (its id :attr:`pad_token_id` pads every batch), or None.
 
         Assignable, as transformers' ``tokenizer.pad_token = ...``: a token of the vocabulary, which
-        sets :attr:`pad_token_id` to its id, becomes a special token (as the constructor's named
-        tokens: matched whole in a text, left out by ``decode(skip_special_tokens=True)``) and pads
-        every later batch of :meth:`encode_batch` (``__call__``) and :meth:`encode_batches`, an
-        encoder's backend padding included. None: as the constructor's None (an encoder pads with
+        sets :attr:`pad_token_id` to its id and pads every later batch of :meth:`encode_batch`
+        (``__call__``) and :meth:`encode_batches`, an encoder's backend padding included. As
+        transformers' assignment, it only names the token: it is not registered as a special token
+        of the backend (an ordinary token stays one: split as any text, kept by
+        ``decode(skip_special_tokens=True)``). None: as the constructor's None (an encoder pads with
         id 0, a causal-LM tokenizer with its EOS token, else id 0). Unlike the constructor's
         argument, a token not in the vocabulary is refused, not replaced.
 
@@ -444,8 +447,6 @@ class Tokenizer:
         if value is not None and not isinstance(value, str):
             raise TypeError(f"pad_token: expected a str or None, got {type(value).__name__}")
         token, token_id = self._pad_of(value, fallback=False)
-        if value is not None:
-            self._register(value)
         self._set_pad(token, token_id)
 
     @property
@@ -454,7 +455,7 @@ class Tokenizer:
         :attr:`pad_token`'s id, else 0 (see the class docstring).
 
         Assignable, as transformers' ``tokenizer.pad_token_id = ...``: an id of the vocabulary, whose
-        token becomes :attr:`pad_token` (as assigning that token).
+        token becomes :attr:`pad_token` (as assigning that token: named, not registered).
 
         Raises:
             TypeError: not an int (a bool included). ValueError: an id outside the vocabulary or
@@ -472,7 +473,6 @@ class Tokenizer:
             where = f"is outside the vocabulary [0, {limit})" if value >= limit else \
                 f"has no token (the vocabulary's ids [0, {limit}) skip it)"
             raise ValueError(f"pad_token_id: token id {value} {where}")
-        self._register(token)
         self._set_pad(token, value)
 
     def _pad_state(self) -> tuple[str | None, int]:
@@ -484,19 +484,10 @@ class Tokenizer:
             return self._tok.id_to_token(padding["pad_id"]), padding["pad_id"]
         return self._pad_token, self._pad_token_id
 
-    def _register(self, *tokens: str) -> None:
-        """Makes ``tokens`` (in the vocabulary) special added tokens of the backend, as the
-        constructor registers its named tokens (see :func:`_register_special_tokens`)."""
-        before = len(self._tok.get_added_tokens_decoder())
-        _register_special_tokens(self._tok, {"extra_special_tokens": list(tokens)}, {})
-        if len(self._tok.get_added_tokens_decoder()) != before:
-            self._backend_changed()
-
     def _set_special_token(self, name: str, value: str | None) -> None:
-        """Names ``value`` the ``name`` token (checked as the constructor checks it) and registers it."""
+        """Names ``value`` the ``name`` token (checked as the constructor checks it; not registered,
+        as transformers' assignment)."""
         _check_special_token(self._tok, value, name)
-        if value is not None:
-            self._register(value)
         self._special[name] = value
 
     bos_token = _special_token_property("bos_token", "The beginning-of-sequence token")
@@ -512,7 +503,8 @@ class Tokenizer:
         transformers'; assign a list to change them).
 
         Assignable: a list or tuple of tokens of the vocabulary (a str alone is refused, not read
-        as its characters), each made a special token as :attr:`cls_token`'s, or None (none).
+        as its characters), or None (none). As :attr:`cls_token`'s, the assignment only names them
+        (listed in :attr:`all_special_tokens`), as transformers' does: the backend is not changed.
 
         Raises:
             TypeError: not a list or tuple of str, or None. ValueError: a token not in the
@@ -523,9 +515,7 @@ class Tokenizer:
     @extra_special_tokens.setter
     def extra_special_tokens(self, value) -> None:
         """Names ``value`` the extra special tokens (see the getter for the errors)."""
-        value = _checked_extra_special_tokens(self._tok, value)
-        self._register(*value)
-        self._extra_special_tokens = value
+        self._extra_special_tokens = _checked_extra_special_tokens(self._tok, value)
 
     @property
     def do_lower_case(self) -> bool:
@@ -945,7 +935,9 @@ class Tokenizer:
         Args:
             ids: a list (or 1-D array / tensor, or one int) of token ids: one text.
             skip_special_tokens: leave the backend's special tokens out of the text (its special
-                added tokens: :attr:`special_tokens`, which hold :attr:`all_special_tokens`).
+                added tokens: :attr:`special_tokens`, which hold the tokens the constructor or
+                :meth:`from_pretrained` named; a token named only by assignment, as
+                ``tok.pad_token = "hello"``, is kept, as transformers keeps it).
                 Default False, as transformers: a reply's ``<|im_end|>`` stays in the text.
             clean_up_tokenization_spaces: remove the spaces before punctuation and contractions
                 (``" ."`` -> ``"."``, ``" ' "`` -> ``"'"``, ``" n't"`` -> ``"n't"``, ...:
@@ -1211,7 +1203,8 @@ class Tokenizer:
         return stored
 
     def apply_chat_template(self, messages, add_generation_prompt: bool = False, *, tokenize: bool,
-                            continue_final_message: bool | str = False, chat_template: str | None = None, **kwargs):
+                            continue_final_message: bool | str = False, chat_template: str | None = None,
+                            return_dict: bool = False, **kwargs):
         """The prompt for a conversation, rendered with this tokenizer's chat template (see
         :func:`transformer_core.chat_template.render_chat_template`; the named special tokens that
         are set, ``bos_token``, ``eos_token``, ``unk_token``, ``sep_token``, ``pad_token``,
@@ -1232,8 +1225,8 @@ class Tokenizer:
                 int, the rendered text encoded without adding special tokens (the template writes
                 them): transformers' ``apply_chat_template(..., tokenize=True, return_dict=False)``.
                 transformers 5's ``tokenize=True`` (its ``return_dict=True`` default) returns a
-                ``BatchEncoding`` dict instead, whose ``"input_ids"`` is that list (and
-                ``"attention_mask"`` all ones); no dict is returned here.
+                ``BatchEncoding`` dict instead, whose ``"input_ids"`` is that list; no dict is
+                returned here (see ``return_dict``).
             continue_final_message: end the prompt with the last message's content left open (no
                 end-of-turn tokens after it), for the model to continue it: the prompt is cut where
                 that content ends, as transformers cuts it (it marks the content, renders, and cuts
@@ -1243,9 +1236,15 @@ class Tokenizer:
             chat_template: a Jinja2 template to use instead of this tokenizer's, or the name of one
                 of its named templates (see :meth:`get_chat_template`; with ``tools`` given, a
                 stored ``"tool_use"`` template is chosen by default).
+            return_dict: transformers' option, accepted as a bool. False (the default here) or any
+                value with ``tokenize=False`` changes nothing, as in transformers (whose
+                ``return_dict`` has no effect on text). True with ``tokenize=True`` is refused:
+                transformers' dict has keys that depend on its tokenizer class
+                (``"token_type_ids"`` for BERT's, besides ``"input_ids"`` and
+                ``"attention_mask"``), which this tokenizer does not know.
             **kwargs: more template variables (``tools``, ``documents``, ...). transformers'
                 tokenizing options ``padding``, ``truncation``, ``max_length``, ``return_tensors``,
-                ``return_dict``, ``return_assistant_tokens_mask``, ``tokenizer_kwargs`` and
+                ``return_assistant_tokens_mask``, ``tokenizer_kwargs`` and
                 ``sanitize_control_tokens`` are not implemented and are refused (they would otherwise
                 become template variables, silently ignored).
 
@@ -1253,14 +1252,19 @@ class Tokenizer:
             ValueError: no chat template (or named ones without a default and none chosen); a bad
                 message (see ``render_chat_template``); ``continue_final_message`` with
                 ``add_generation_prompt``, naming a field the last message lacks, or with a template
-                that does not write the continued text.
-            TypeError: ``tokenize`` not given; ``add_generation_prompt`` or ``tokenize`` not a bool;
-                ``continue_final_message`` not a bool or str; ``chat_template`` not a str or None;
-                one of transformers' options above.
+                that does not write the continued text; ``return_dict=True`` with ``tokenize=True``.
+            TypeError: ``tokenize`` not given; ``add_generation_prompt``, ``tokenize`` or
+                ``return_dict`` not a bool; ``continue_final_message`` not a bool or str;
+                ``chat_template`` not a str or None; one of transformers' options above.
         """
         from .chat_template import render_chat_template
 
         tokenize = check_bool(tokenize, "tokenize")
+        return_dict = check_bool(return_dict, "return_dict")
+        if return_dict and tokenize:
+            raise ValueError("return_dict: True (transformers' BatchEncoding, whose keys depend on its tokenizer "
+                             "class) is not supported here; expected False: the list of token ids, its "
+                             "\"input_ids\"")
         unsupported = [name for name in kwargs if name in _HF_CHAT_OPTIONS]
         if unsupported:
             raise TypeError(f"{', '.join(unsupported)}: transformers' apply_chat_template option(s) not supported here "
