@@ -2741,6 +2741,33 @@ def test_the_reviewers_reproducer_of_an_input_edited_during_a_run(tmp_path, enco
             assert Path(f"{out}.texts.jsonl").read_bytes() == Path(f"{ref}.texts.jsonl").read_bytes()
 
 
+@pytest.mark.parametrize("other_pass", ["prepare", "count", "list"])
+def test_another_pass_over_the_source_during_a_run_leaves_its_input_check_alone(tmp_path, other_pass):
+    """The review's reproducer: the hash of the bytes pending read sat on the shared TextSource, so
+    any other pass over it while the run was suspended between chunks (a second output prepared
+    from the same file, a count of its texts) fed its bytes too, and the untouched file was refused
+    as "changed during the run". The hash is now the run's own pass's; the run completes."""
+    f = write_lines(tmp_path / "in.txt", [f"line {i}" for i in range(600)])
+    src = corpus.open_source(f)
+    mid = {"name": "m", "fingerprint": "0" * 32, "fingerprint_version": corpus.FINGERPRINT_VERSION, "dim": 4}
+    a = corpus.EmbedJob.prepare(src, tmp_path / "a.npy", mid, chunk_size=200)
+    a.start()
+    wa = a.writer()
+    for n, (idx, start, texts) in enumerate(a.pending()):
+        a.commit(idx, **wa.write(start, texts, np.full((len(texts), 4), 0.5, np.float32)))
+        if n == 0:
+            if other_pass == "prepare":
+                assert corpus.EmbedJob.prepare(src, tmp_path / "b.npy", mid, chunk_size=200).num_rows == 600
+            elif other_pass == "count":
+                assert sum(1 for _ in src) == 600
+            else:
+                assert list(src)[599] == "line 599"
+    wa.close()
+    a.finish()
+    assert manifest(tmp_path / "a.npy")["complete"] is True
+    assert np.load(tmp_path / "a.npy").shape == (600, 4)
+
+
 # ------------------------------------------------------------------------------ normalize on resume
 def test_resume_refuses_another_normalize_and_keeps_the_runs_by_default(tmp_path, tiny_model_dir):
     """normalize was checked for its type and then ignored on resume: a caller encoding with
@@ -2797,3 +2824,117 @@ def test_file_dash_is_refused_as_standard_input(tmp_path, monkeypatch, capsys):
     write_lines(tmp_path / "-", ["one", "two"])
     assert list(corpus._open_source("-", None, None, "strict", "--file")) == ["one", "two"]
     assert os.listdir(tmp_path) == ["-"]
+
+
+# ------------------------------------------- embeddings changed by sentence-transformers 6's rules
+# Fingerprints that the code before those rules (HEAD~3 of the fix, and the commit that brought
+# the rules) computed, of all-MiniLM-L6-v2's files in the folders _minilm_folder makes.
+_FP_MINILM = "e091619e8be0d3134366ebcb3064de15"     # all-MiniLM-L6-v2, and its folder without modules.json
+_FP_CLS_AFTER_PROMPT = "e2709a025348cba4c6fb82af100429a3"  # cls pooling, include_prompt false, "query: "
+_FP_CLS_WITH_PROMPT = "9838b227ef50edb5457b2024b30f35c7"   # the same with include_prompt true
+_FP_EMPTY_PROMPT = "56b0a6b69c9ebb56ffa74a950577614a"      # mean pooling, include_prompt false, prompt ""
+_QUERY = {"prompts": {"query": "query: "}, "default_prompt_name": "query"}
+
+
+def _minilm_folder(dest: Path, pooling: dict | None, st: dict | None = None) -> Path:
+    """all-MiniLM-L6-v2's files linked into ``dest``, with ``pooling`` as 1_Pooling/config.json (None:
+    no modules.json, a plain folder) and ``st`` as config_sentence_transformers.json."""
+    import shutil
+
+    from transformer_core.hub import resolve_model_dir
+
+    shutil.copytree(resolve_model_dir(MODEL_NAME), dest, copy_function=os.symlink)
+    if pooling is None:
+        (dest / "modules.json").unlink()
+    else:
+        (dest / "1_Pooling" / "config.json").unlink()
+        (dest / "1_Pooling" / "config.json").write_text(json.dumps({"word_embedding_dimension": 384, **pooling}))
+    if st is not None:
+        (dest / "config_sentence_transformers.json").unlink()
+        (dest / "config_sentence_transformers.json").write_text(json.dumps(st))
+    return dest
+
+
+def test_cls_after_the_prompt_changes_only_that_folders_fingerprint(tmp_path):
+    """cls pooling with include_prompt false and a default prompt now pools the first token after
+    the prompt ([CLS] before), but the fingerprint was the same: a resume mixed the two poolings.
+    That folder's fingerprint changed; every other model's is what the code before computed."""
+    cls = {"pooling_mode_cls_token": True, "include_prompt": False}
+    assert corpus.model_identity(MODEL_NAME)["fingerprint"] == _FP_MINILM
+    assert corpus.model_identity(_minilm_folder(tmp_path / "plain", None))["fingerprint"] == _FP_MINILM
+    assert corpus.model_identity(_minilm_folder(tmp_path / "incl", {**cls, "include_prompt": True},
+                                                _QUERY))["fingerprint"] == _FP_CLS_WITH_PROMPT
+    after = _minilm_folder(tmp_path / "after", cls, _QUERY)
+    fp = corpus.model_identity(after)["fingerprint"]
+    assert fp != _FP_CLS_AFTER_PROMPT and corpus.FINGERPRINT_VERSION == 2
+    # the token pooled did change: the first after the prompt, as sentence-transformers 6 (not
+    # [CLS]); the reference: transformers' hidden states of the prompted text
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    tok = transformers.AutoTokenizer.from_pretrained(str(after))
+    hf = transformers.AutoModel.from_pretrained(str(after)).eval()
+    n = len(tok("query: ", add_special_tokens=False)["input_ids"])
+    with torch.no_grad():
+        hidden = hf(**tok("query: a man plays a guitar", return_tensors="pt")).last_hidden_state[0].numpy()
+    row = tc.SentenceEncoder.from_pretrained(after).encode(["a man plays a guitar"], normalize=False)[0]
+    np.testing.assert_allclose(row, hidden[1 + n], atol=1e-4)
+    assert np.abs(row - hidden[0]).max() > 1e-2
+
+
+def _resume_message(tmp_path, folder: Path, recorded: str) -> str:
+    """The message of a resume of an interrupted run of ``folder`` whose manifest holds the
+    fingerprint ``recorded`` (as the code before the rules wrote it)."""
+    f = write_lines(tmp_path / "in.txt", [f"sentence number {i}" for i in range(4)])
+    out = tmp_path / f"{folder.name}.npy"
+    job = corpus.EmbedJob.prepare(corpus.open_source(f), out, corpus.model_identity(folder), chunk_size=2)
+    job.start()
+    job.close()  # interrupted before its first chunk
+    man = manifest(out)
+    man["model"]["fingerprint"] = recorded
+    Path(f"{out}.manifest.json").write_text(json.dumps(man))
+    with pytest.raises(ValueError) as e:
+        corpus.embed_file(f, out, model=str(folder), resume=True)
+    return str(e.value)
+
+
+@pytest.mark.parametrize("case", ["cls", "empty"])
+def test_an_output_of_the_rules_before_is_refused_as_embedded_otherwise(tmp_path, case):
+    """An output made before sentence-transformers 6's rules with a folder they change: the cls
+    one was resumed (rows of two poolings); the empty-prompt one was refused as "whose files have
+    changed ... restoring its original files continues the run", which cannot help. Both are now
+    refused, saying the files are unchanged, why the embeddings differ, and --overwrite only; so is
+    a search of such an index. Other files under the same name still get the files message."""
+    if case == "cls":
+        folder = _minilm_folder(tmp_path / "clsq", {"pooling_mode_cls_token": True, "include_prompt": False},
+                                _QUERY)
+        recorded, why = _FP_CLS_AFTER_PROMPT, ("its cls pooling without the prompt (include_prompt false) takes "
+                                               "the first token after the prompt now (as sentence-transformers "
+                                               "6), no longer [CLS]")
+    else:
+        folder = _minilm_folder(tmp_path / "emptyq", {"pooling_mode_mean_tokens": True, "include_prompt": False},
+                                {"prompts": {"query": ""}, "default_prompt_name": "query"})
+        recorded, why = _FP_EMPTY_PROMPT, ("its empty default prompt is no prompt now (as in sentence-transformers "
+                                           "6): [CLS] is pooled with the text, no longer left out")
+    name = str(folder.resolve())
+    out = tmp_path / f"{folder.name}.npy"
+    assert _resume_message(tmp_path, folder, recorded) == (
+        f"resume: {out} was made by an earlier version with the model at {name!r}; the model's files are "
+        f"unchanged, but this version embeds with it differently: {why}, so its rows would not match the ones "
+        f"already made; --overwrite makes the output again")
+    assert manifest(out)["complete"] is False
+    idx = tmp_path / "idx.npy"
+    corpus.embed_file(["a cat", "a dog"], idx, model=str(folder))
+    man = manifest(idx)
+    man["model"]["fingerprint"] = recorded
+    Path(f"{idx}.manifest.json").write_text(json.dumps(man))
+    for arg, model in (("index", None), ("model", str(folder))):
+        with pytest.raises(ValueError) as e:
+            corpus.search(idx, "a cat", model=model)
+        assert str(e.value) == (f"{arg}: {idx} was embedded by an earlier version with the model at {name!r}; the "
+                                f"model's files are unchanged, but this version embeds with it differently: {why}, "
+                                f"so its queries would not match the rows; embed the corpus again (--overwrite)")
+    # another fingerprint of the same name (a fine-tune saved over it): still the files message
+    other = tmp_path / "other"
+    other.mkdir()
+    message = _resume_message(other, folder, "0" * 32)
+    assert "whose files have changed since the run started" in message and "embeds" not in message

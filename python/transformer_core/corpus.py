@@ -310,7 +310,6 @@ class TextSource:
         self.errors = errors
         self.skipped: list[tuple[int, str]] = []
         self.num_skipped = 0
-        self._hasher = None  # set by EmbedJob.pending: a hashlib object that every byte read is fed to
 
     def describe(self) -> str:
         """What the texts are, for messages: the path, its format and the text field."""
@@ -362,18 +361,25 @@ class TextSource:
             self.skipped.append((where, reason))
 
     def __iter__(self) -> Iterator[str]:
-        self.skipped, self.num_skipped = [], 0
-        reader = {"text": self._iter_text, "jsonl": self._iter_jsonl, "csv": self._iter_csv,
-                  "parquet": self._iter_parquet}[self.format]
-        return reader()
+        return self._iter()
 
-    def _lines(self, universal: bool = False) -> Iterator[tuple[int, bytes]]:
+    def _iter(self, hasher=None) -> Iterator[str]:
+        """One pass over the texts, as iterating does; with ``hasher`` (a hashlib object:
+        :meth:`EmbedJob.pending`), every byte this pass reads (text, JSONL and CSV input) is fed
+        to it, in order. The hasher is this pass's alone: another pass over the same source, at
+        the same time, feeds it nothing."""
+        self.skipped, self.num_skipped = [], 0
+        if self.format == "parquet":
+            return self._iter_parquet()
+        reader = {"text": self._iter_text, "jsonl": self._iter_jsonl, "csv": self._iter_csv}[self.format]
+        return reader(hasher)
+
+    def _lines(self, universal: bool = False, hasher=None) -> Iterator[tuple[int, bytes]]:
         r"""(line number, raw line) of the file, the UTF-8 byte-order mark dropped. A line ends at
         ``\n``; with ``universal`` (text input) at ``\n``, ``\r\n`` (one line end) or a lone ``\r``,
         as Python's universal newlines, and the line numbers count those lines. Streamed either way
         (a file of ``\r`` line ends is not read as one line); the bytes of a line are the file's.
-        With ``self._hasher`` set (:meth:`EmbedJob.pending`), every byte read is fed to it, in order."""
-        hasher = self._hasher
+        With ``hasher`` (a hashlib object, :meth:`_iter`), every byte read is fed to it, in order."""
         # latin-1 maps each byte to one character and back: newline="" splits on \n, \r\n and \r
         # (a \r\n across two reads included) and leaves the line ends in place
         with (open(self.path, encoding="latin-1", newline="") if universal else open(self.path, "rb")) as f:
@@ -420,8 +426,8 @@ class TextSource:
                           f"them), which {self.format} input does not split lines at; convert them to \\n or "
                           f"\\r\\n")
 
-    def _iter_text(self) -> Iterator[str]:
-        for lineno, raw in self._lines(universal=True):
+    def _iter_text(self, hasher=None) -> Iterator[str]:
+        for lineno, raw in self._lines(universal=True, hasher=hasher):
             line = self._decode(lineno, raw)
             if line is not None:
                 text = line.strip()
@@ -449,9 +455,9 @@ class TextSource:
         self._bad(where, f"{what} {self.text_field!r} is {state} (it would embed to [CLS] [SEP] alone)")
         return False
 
-    def _iter_jsonl(self) -> Iterator[str]:
+    def _iter_jsonl(self, hasher=None) -> Iterator[str]:
         field = self.text_field
-        for lineno, raw in self._lines():
+        for lineno, raw in self._lines(hasher=hasher):
             line = self._decode(lineno, raw)
             if line is None or not line.strip():
                 continue
@@ -479,11 +485,11 @@ class TextSource:
             if self._valid_text(f"line {lineno}", obj[field]):
                 yield obj[field]
 
-    def _iter_csv(self) -> Iterator[str]:
+    def _iter_csv(self, hasher=None) -> Iterator[str]:
         # Lines are decoded one by one (with surrogateescape, so that the CSV parser sees every line
         # and quoted multi-line fields stay intact); a field holding undecodable bytes is reported
         # with the line where its record ends.
-        lines = (raw.decode("utf-8", "surrogateescape") for _, raw in self._lines())
+        lines = (raw.decode("utf-8", "surrogateescape") for _, raw in self._lines(hasher=hasher))
         # strict: a quote left open (which would swallow every later record into one field) or text
         # after a closing quote is an error of that record, not a text
         reader = csv.reader(lines, strict=True)
@@ -778,6 +784,14 @@ def model_identity(name_or_path=DEFAULT_MODEL, quantize: str | None = None) -> d
     default prompt (``config_sentence_transformers.json``'s ``default_prompt_name``, put before
     every text, and whether the pooling includes it), when it has a non-empty one.
 
+    Two rules of sentence-transformers 6 changed some folders' embeddings without changing their
+    files, so their fingerprints changed too (``fingerprint_version`` stays the same; every other
+    model's fingerprint is what earlier versions computed): an empty default prompt with
+    ``include_prompt`` false is no prompt ([CLS] pooled; earlier versions hashed it and left [CLS]
+    out), and cls pooling with ``include_prompt`` false and a non-empty default prompt takes the
+    first token after the prompt (earlier versions: [CLS]; a ``cls=after-prompt`` term is hashed).
+    A resumed run or a search of an output made before with such a folder is refused, saying so.
+
     Earlier versions hashed only the safetensors header, the file's size and its first and last
     MiB (their manifests hold no ``"fingerprint_version"``): such a fingerprint never equals one
     of this version, and a run or search that compares them says so (``FINGERPRINT_VERSION``).
@@ -838,17 +852,57 @@ def model_identity(name_or_path=DEFAULT_MODEL, quantize: str | None = None) -> d
     if pooling != {"pooling": "mean", "normalize": True} and (model_dir / "modules.json").is_file():
         h.update(f"pooling={pooling['pooling']};normalize={pooling['normalize']}".encode())
     prompts = read_prompts(model_dir)
+    prompt = None if prompts["default_prompt_name"] is None else prompts["prompts"][prompts["default_prompt_name"]]
+    include = prompts["include_prompt"]
+    term = f"prompt={json.dumps(prompt)};include_prompt={include}".encode()
+    # The fingerprint the versions before sentence-transformers 6's rules made of these files: an
+    # empty default prompt hashed when include_prompt is false, no cls term (see _EARLIER_RULES).
+    earlier = h.copy()
+    if prompt is not None and (prompt or not include):
+        earlier.update(term)
     # A default prompt changes the embeddings when it has tokens (an empty one is no prompt, as in
     # sentence-transformers 6: SentenceEncoder.encode).
-    prompt = None if prompts["default_prompt_name"] is None else prompts["prompts"][prompts["default_prompt_name"]]
     if prompt:
-        h.update(f"prompt={json.dumps(prompt)};include_prompt={prompts['include_prompt']}".encode())
+        h.update(term)
+    # cls pooling with include_prompt false pools the first token after the prompt (earlier
+    # versions: [CLS]), so such a folder's rows changed: only its fingerprint gets the term.
+    if prompt and not include and pooling["pooling"] == "cls":
+        h.update(b"cls=after-prompt")
     path = Path(os.path.expanduser(name_or_path))  # "~/dir" too (the shell leaves --model=~/dir as it is)
     name = str(path.resolve()) if path.exists() else str(name_or_path)
     out = {"name": name, "fingerprint": h.hexdigest()[:32], "fingerprint_version": FINGERPRINT_VERSION, "dim": dim}
     if quantize is not None:
         out["quantize"] = quantize
+    if earlier.hexdigest()[:32] != out["fingerprint"]:
+        if not prompt:
+            why = ("its empty default prompt is no prompt now (as in sentence-transformers 6): [CLS] is pooled "
+                   "with the text, no longer left out")
+        else:
+            why = ("its cls pooling without the prompt (include_prompt false) takes the first token after the "
+                   "prompt now (as sentence-transformers 6), no longer [CLS]")
+        _EARLIER_RULES[out["fingerprint"]] = (earlier.hexdigest()[:32], why)
     return out
+
+
+#: The fingerprint the versions before sentence-transformers 6's rules computed (of the same
+#: files, the same fingerprint version) and why this version embeds differently, by this version's
+#: fingerprint, for the models whose embeddings those rules changed; filled by
+#: :func:`model_identity`, read by :func:`_embedding_rule_change`.
+_EARLIER_RULES: dict[str, tuple[str, str]] = {}
+
+
+def _embedding_rule_change(model: dict, recorded: str) -> str | None:
+    """Why this version embeds differently with the very files ``model`` (a :func:`model_identity`
+    dict) was fingerprinted from, when ``recorded`` (a manifest's fingerprint) is the fingerprint an
+    earlier version computed from them; else None (other files, or another model). A ``model``
+    not made by :func:`model_identity` in this process is fingerprinted again (its name)."""
+    if model["fingerprint"] not in _EARLIER_RULES:
+        try:
+            model_identity(model["name"], model.get("quantize"))
+        except (OSError, ValueError, TypeError):
+            return None
+    earlier, why = _EARLIER_RULES.get(model["fingerprint"], (None, None))
+    return why if earlier == recorded else None
 
 
 def _fingerprint_kind(model: dict) -> str:
@@ -1763,10 +1817,11 @@ class EmbedJob:
                 the wrong type or value (named); ``chunk_size`` or ``batch_size`` outside
                 ``[1, 2**63 - 1]``; both ``resume`` and ``overwrite``; ``out``
                 that is the input file (or holds it: see :func:`_check_not_input`); a resumed run
-                whose model, quantize setting or input differ, whose chunk size, batch size or
-                ``normalize`` differ (the argument named), or whose manifest is damaged; an input
-                with no text; a bad record (strict mode); another run holding the output now (its
-                lock, see :meth:`start`).
+                whose model, quantize setting or input differ (or that an earlier version made with
+                a model this version embeds differently: :func:`model_identity`), whose chunk size,
+                batch size or ``normalize`` differ (the argument named), or whose manifest is
+                damaged; an input with no text; a bad record (strict mode); another run holding the
+                output now (its lock, see :meth:`start`).
             FileNotFoundError: ``out``'s directory does not exist; ``resume`` with no manifest, or
                 with its data gone. NotADirectoryError: ``out``'s directory is a file (or below one).
             FileExistsError: the output exists and neither ``resume`` nor ``overwrite`` was given.
@@ -1848,6 +1903,14 @@ class EmbedJob:
                 raise ValueError(f"resume: {out} was made by another model or with an older fingerprint: its "
                                  f"manifest holds {_fingerprint_kind(old_model)}, which cannot be compared with "
                                  f"the fingerprint of {model['name']!r}; --overwrite starts over")
+            why = (None if old_model["fingerprint"] == model["fingerprint"]
+                   else _embedding_rule_change(model, old_model["fingerprint"]))
+            if why is not None:
+                # the same files, embedded otherwise by this version: restoring them cannot help
+                raise ValueError(f"resume: {out} was made by an earlier version with the model at "
+                                 f"{old_model['name']!r}; the model's files are unchanged, but this version embeds "
+                                 f"with it differently: {why}, so its rows would not match the ones already "
+                                 f"made; --overwrite makes the output again")
             if old_model["fingerprint"] != model["fingerprint"] and old_model["name"] == model["name"]:
                 # the same name, other files (a fine-tune saved over it): naming it again cannot help
                 raise ValueError(f"resume: {out} was made by the model at {model['name']!r}, whose files have "
@@ -2021,31 +2084,25 @@ class EmbedJob:
         done = self.completed
         source = self.source
         hashed = isinstance(source, TextSource) and source.format != "parquet"  # read through _lines
-        hasher = hashlib.sha256() if hashed else None
-        if hashed:
-            source._hasher = hasher
-        try:
-            it = iter(source)
-            total = 0
-            for index in range(self.num_chunks):
-                start = index * self.chunk_size
-                texts = list(itertools.islice(it, self.chunk_size))
-                total = start + len(texts)
-                last = index == self.num_chunks - 1
-                if last or len(texts) < self.chunk_size:  # the input read to its end
-                    total += sum(1 for _ in it)
-                    if total != self.num_rows:
-                        raise ValueError(f"{source.arg_name}: {source.describe()} changed during the run: it now "
-                                         f"holds {total} texts, the manifest says {self.num_rows}; --overwrite "
-                                         f"starts over")
-                    if hasher is not None:
-                        self._check_input_unchanged(hasher.hexdigest())
-                if index not in done:
-                    self._check_input_unchanged()
-                    yield index, start, texts
-        finally:
-            if hashed:
-                source._hasher = None
+        hasher = hashlib.sha256() if hashed else None  # this pass's own: other passes feed it nothing
+        it = source._iter(hasher) if hashed else iter(source)
+        total = 0
+        for index in range(self.num_chunks):
+            start = index * self.chunk_size
+            texts = list(itertools.islice(it, self.chunk_size))
+            total = start + len(texts)
+            last = index == self.num_chunks - 1
+            if last or len(texts) < self.chunk_size:  # the input read to its end
+                total += sum(1 for _ in it)
+                if total != self.num_rows:
+                    raise ValueError(f"{source.arg_name}: {source.describe()} changed during the run: it now "
+                                     f"holds {total} texts, the manifest says {self.num_rows}; --overwrite "
+                                     f"starts over")
+                if hasher is not None:
+                    self._check_input_unchanged(hasher.hexdigest())
+            if index not in done:
+                self._check_input_unchanged()
+                yield index, start, texts
 
     def _check_input_unchanged(self, read_sha256: str | None = None) -> None:
         """Refuses an input file that is no longer the one :meth:`prepare` read: ``read_sha256``
@@ -2736,7 +2793,9 @@ def search(index, queries, k: int = 5, *, model=None, allow_incomplete: bool = F
         string (the file and the line named), another ``model`` (another fingerprint, or a manifest of an
         earlier version whose fingerprint cannot be compared: see ``FINGERPRINT_VERSION``); with
         ``model`` left out, the index's own model changed since the index was made (the files at
-        its path have another fingerprint; a manifest of an earlier version is not checked).
+        its path have another fingerprint; a manifest of an earlier version is not checked); an
+        index made by an earlier version with a model this version embeds differently, its files
+        the same (:func:`model_identity`: the message says so).
 
     Warns:
         TextsMissingWarning: a ``.npy`` index's texts file is missing or shorter than its manifest
@@ -2784,7 +2843,14 @@ def search(index, queries, k: int = 5, *, model=None, allow_incomplete: bool = F
                          f"index's own model {man['model']['name']!r}")
     # the model given, or the index's own found by its name (whose files may have changed since:
     # a fine-tune saved over it), against the manifest: queries of another model would not match
-    if comparable and _model_identity(name, quantize)["fingerprint"] != man["model"]["fingerprint"]:
+    identity = _model_identity(name, quantize) if comparable else None
+    if comparable and identity["fingerprint"] != man["model"]["fingerprint"]:
+        why = _embedding_rule_change(identity, man["model"]["fingerprint"])
+        if why is not None:  # the same files, embedded otherwise by this version
+            raise ValueError(f"{'index' if model is None else 'model'}: {index} was embedded by an earlier version "
+                             f"with the model at {man['model']['name']!r}; the model's files are unchanged, but "
+                             f"this version embeds with it differently: {why}, so its queries would not match the "
+                             f"rows; embed the corpus again (--overwrite)")
         if model is not None:
             raise ValueError(f"model: {index} was embedded with {man['model']['name']!r}, not {model!r}; "
                              f"queries must be embedded by the same model")
