@@ -1218,10 +1218,10 @@ class Tokenizer:
                 OpenAI SDK's ``"content": None``, ``"tool_calls": None``).
             add_generation_prompt: end with the header of the assistant's turn.
             tokenize: required, by keyword, with no default: True returns the token ids, False the
-                text. transformers' default (True) returns ids where this method used to return
-                text by default, so a call that relied on either default would silently get the
-                other kind; a call without it raises Python's TypeError ("missing 1 required
-                keyword-only argument: 'tokenize'"). With True, the ids are a plain ``list`` of
+                text. A default would give a call written for transformers (whose default returns
+                ids) or for the text the other kind without a word; a call without it raises
+                Python's TypeError ("missing 1 required keyword-only argument: 'tokenize'"). With
+                True, the ids are a plain ``list`` of
                 int, the rendered text encoded without adding special tokens (the template writes
                 them): transformers' ``apply_chat_template(..., tokenize=True, return_dict=False)``.
                 transformers 5's ``tokenize=True`` (its ``return_dict=True`` default) returns a
