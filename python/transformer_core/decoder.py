@@ -87,10 +87,10 @@ def positions_from_mask(attention_mask, past: int) -> np.ndarray:
     position of the last real token before it (so trailing padding repeats the last real
     position), or 0 when no real token comes before it (leading padding). At the real tokens these
     are the ``position_ids`` Hugging Face's ``generate`` derives (its ``prepare_inputs_for_generation``;
-    it sets padding ones to 0 in transformers 5, to 1 in 4.x), and those :meth:`CausalLM.generate`
-    passes to ``forward`` (0 at its pads). ``forward`` does not derive them itself (as Hugging Face's forward, it
-    takes ``past .. past + L - 1`` without ``position_ids``): pass them as ``position_ids`` to get
-    a left-padded row the logits of the row alone.
+    it sets padding ones to 0 in transformers 5, to 1 in 4.x: no query reads a padding position),
+    and :meth:`CausalLM.generate` passes these to ``forward``. ``forward`` does not derive them
+    itself (as Hugging Face's forward, it takes ``past .. past + L - 1`` without ``position_ids``):
+    pass them as ``position_ids`` to get a left-padded row the logits of the row alone.
 
     Args:
         attention_mask: ``(N, W)`` with ``W = past + L``: bool, or integers / floats that are all

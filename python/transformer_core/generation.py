@@ -377,15 +377,6 @@ def next_tokens(scores: np.ndarray, sequences: np.ndarray, cfg: GenerationConfig
     return np.array([rng.choice(probs.shape[-1], p=p / p.sum()) for p in probs], dtype=np.int64)
 
 
-def _generation_positions(mask: np.ndarray, past: int) -> np.ndarray:
-    """The positions Hugging Face's ``generate`` gives the prompt's uncached tokens
-    (``_prepare_position_ids_for_generation``): ``cumsum(mask) - 1`` over the whole ``(N, past +
-    L)`` bool mask, 0 at its pads, the last L columns, ``(N, L)`` int64. At the real tokens they
-    are :func:`~transformer_core.decoder.positions_from_mask`'s."""
-    counted = np.cumsum(mask, axis=1, dtype=np.int64)[:, past:]
-    return np.where(mask[:, past:], counted - 1, 0)
-
-
 def generation_ids(model) -> tuple[list, object]:
     """``(eos ids, pad id)`` as Hugging Face's ``generate`` takes them: from the model's
     ``generation_config`` (a directory's ``generation_config.json``, kept by ``from_pretrained``)
@@ -679,9 +670,12 @@ class GenerationMixin:
         # token (Hugging Face's generate: (attention_mask != 0).argmax(1); a 0 after the first 1 is
         # counted, as there)
         lead = None if mask is None else mask.argmax(axis=1)
-        # positions counted over the real tokens (forward would take past .. past + L - 1): Hugging
-        # Face's generate, cumsum(mask) - 1 with 0 at the pads, then the last one + 1 at each step
-        positions = None if mask is None else _generation_positions(mask, cache.length)
+        # positions counted over the real tokens (forward would take past .. past + L - 1), as Hugging
+        # Face's generate (cumsum(mask) - 1; at the pads, which no query reads, it puts 0), then the
+        # last one + 1 at each step
+        from .decoder import positions_from_mask  # decoder.py imports this module
+
+        positions = None if mask is None else positions_from_mask(mask, cache.length)
         out = self(ids[:, cache.length:], attention_mask=mask, position_ids=positions, past_key_values=cache,
                    use_cache=True, logits_to_keep=1)
         sequences = ids

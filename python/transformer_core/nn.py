@@ -163,15 +163,6 @@ def _callable_activation_name(value) -> str | None:
     return None
 
 
-def _shape_or_none(value) -> tuple | None:
-    """``np.shape(value)``, or None for what has none (a ragged list: numpy's ValueError), which the
-    caller's own checks then refuse naming their argument."""
-    try:
-        return np.shape(value)
-    except ValueError:
-        return None
-
-
 def _activation_named_in_snapshot(module) -> None:
     """A torch callable given as ``activation`` kept by its name in the arguments the module's copies,
     pickles and repr are built from (``_init_args``): rebuilding it then needs no torch, and the
@@ -180,6 +171,8 @@ def _activation_named_in_snapshot(module) -> None:
     args, kwargs = module._init_args
 
     def named(value):
+        """``value``, or the table's name of the function it computes when it is one of torch's
+        activation callables (:func:`_callable_activation_name`)."""
         if callable(value) and not isinstance(value, (str, type, Module)):
             return _callable_activation_name(value) or value
         return value
@@ -667,10 +660,11 @@ class MultiheadAttention(Module):
             rotary_impl = rotary._impl
             table = rotary.max_position_embeddings
             if position_ids is not None:  # range-checked here, before a cache grows (C++ checks them later)
-                if not unbatched and _shape_or_none(position_ids) in ((1, L), (L,)):
+                given = to_numpy(position_ids, "position_ids")  # an array or a tensor: no copy
+                if not unbatched and given.shape in ((1, L), (L,)):
                     # HF's shared positions, (1, L): one row for every batch item (a view, no copy yet)
-                    position_ids = np.broadcast_to(np.asarray(position_ids), (N, L))
-                positions = as_ids(position_ids, "position_ids", shape=(N, L), shape_of="query's batch and length",
+                    given = np.broadcast_to(given.reshape(1, L), (N, L))
+                positions = as_ids(given, "position_ids", shape=(N, L), shape_of="query's batch and length",
                                    what="positions")
                 if positions.min() < 0 or positions.max() >= table:
                     bad = np.flatnonzero((positions < 0) | (positions >= table))[0]

@@ -154,9 +154,12 @@ def _special_token_property(name: str, what: str) -> property:
     its ``_special`` dict, assigned through ``_set_special_token``."""
 
     def get(self) -> str | None:
+        """The token named ``name`` (a str), or None when the tokenizer has none."""
         return self._special[name]
 
     def set_(self, value: str | None) -> None:
+        """Names ``value`` (a token of the vocabulary, or None) as ``name``, checked by
+        ``_set_special_token``: TypeError for a non-str, ValueError for a token not in the vocabulary."""
         self._set_special_token(name, value)
 
     doc = f"""{what}, or None.
