@@ -165,9 +165,9 @@ def test_chat_reply_fills_the_context_as_hf_generate(tiny_chat):
     assert reply == tok.decode(list(ref), skip_special_tokens=True)
     assert session.stats.decode_tokens + 1 == len(ref)
     assert session.cache.length == context  # the prompt and every reply token but the last
-    # the next turn's prompt alone is longer than the context: refused, naming the message
+    # the next turn's prompt is longer than the context (the message alone is not): refused, naming the message
     with pytest.raises(ValueError, match=r"^message: the conversation \(\d+ tokens\) no longer fits the model's "
-                                         rf"context \({context} tokens\)"):
+                                         rf"context \({context} tokens\); shorten the message or start a new session$"):
         session.send("And again?")
     assert len(session.messages) == 2
 
@@ -175,8 +175,9 @@ def test_chat_reply_fills_the_context_as_hf_generate(tiny_chat):
 def test_a_first_message_longer_than_the_context_is_to_be_shortened(tiny_chat):
     """A first message over the context was told "the conversation (N tokens) no longer fits the
     model's context ...; start a new session", which cannot help: on the first turn the message
-    itself (with the template and any system message) is too long. After a reply, the conversation
-    has outgrown the context, as before."""
+    itself (with the template and any system message) is too long. On a later turn too (it was
+    told to start a new session, where it fails again): a message too long alone is to be
+    shortened."""
     _, m, tok, _ = tiny_chat
     context = m.context_length
     long = "hello " * context
@@ -193,14 +194,18 @@ def test_a_first_message_longer_than_the_context_is_to_be_shortened(tiny_chat):
         assert session.messages == before and session.cache.length == 0  # nothing ran
         with pytest.raises(ValueError, match="; shorten it$"):  # still the first turn
             session.send(long)
-    session = ChatSession(m, tok, max_new_tokens=1)
-    session.send(MESSAGE)
-    n = len(tok.apply_chat_template(session.messages + [{"role": "user", "content": long}],
-                                    add_generation_prompt=True, tokenize=True))
-    with pytest.raises(ValueError) as info:
-        session.send(long)
-    assert str(info.value) == (f"message: the conversation ({n} tokens) no longer fits the model's context "
-                               f"({context} tokens); start a new session")
+    for system, counted in ((None, "the chat template"), ("Be terse.", "the chat template and the system message")):
+        session = ChatSession(m, tok, system=system, max_new_tokens=1)
+        session.send(MESSAGE)
+        alone = session.messages[:1 if system else 0] + [{"role": "user", "content": long}]
+        n = len(tok.apply_chat_template(alone, add_generation_prompt=True, tokenize=True))
+        assert n > context
+        before = list(session.messages)
+        with pytest.raises(ValueError) as info:
+            session.send(long)
+        assert str(info.value) == (f"message: {n} tokens (with {counted}) exceed the model's context ({context} "
+                                   f"tokens); shorten it")
+        assert session.messages == before
 
 
 def test_continue_text_at_exactly_the_context_limit(tiny_chat):
@@ -553,3 +558,61 @@ def test_reply_text_keeps_every_id_that_has_a_token():
     ids = chat._stream(Model(), tok, np.array([[0]]), Cache(), pieces.append, chat.TurnStats(), context=[0])
     assert ids == [1, 2, 4, 3, 9]
     assert "".join(pieces) == chat._text_after(tok, [0], ids) == " b [UNK] c"
+
+
+# ------------------------------------------------------------------------------------------------
+# Named chat templates (chat_template=), options checked before from_pretrained loads anything
+# ------------------------------------------------------------------------------------------------
+RAG = ("{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}"
+       "{% if add_generation_prompt %}[assistant] {% endif %}")
+
+
+def test_named_templates_without_a_default_are_refused_when_the_session_is_made(tiny_chat):
+    """A tokenizer with named chat templates but no "default" was accepted, then every send failed
+    with advice to pass chat_template, which ChatSession did not take. Now it is refused when the
+    session is made, and chat_template= (a name or a template, as transformers') chooses one: the
+    prompt is that template's and the reply Hugging Face's greedy one for it."""
+    hf, m, smol_tok, _ = tiny_chat
+    tok = tc.Tokenizer(smol_tok.backend, max_length=None, pad_token=None, eos_token="<|im_end|>",
+                       chat_template={"tool_use": smol_tok.chat_template, "rag": RAG})
+    with pytest.raises(ValueError, match=r"^chat_template: this tokenizer has named chat templates but no 'default'; "
+                                         r"pass the name of one \(or a template\) as chat_template; "
+                                         r"names: \['rag', 'tool_use'\]$"):
+        ChatSession(m, tok, max_new_tokens=2)
+    ids = tok.apply_chat_template([{"role": "user", "content": MESSAGE}], add_generation_prompt=True, tokenize=True,
+                                  chat_template=RAG)
+    assert tok.decode(ids) == f"[user] {MESSAGE}\n[assistant] "
+    ref = tok.decode(list(_hf_greedy(hf, ids, 3, tok.eos_token_id)), skip_special_tokens=True)
+    no_template = tc.Tokenizer(smol_tok.backend, max_length=None, pad_token=None, eos_token="<|im_end|>")
+    for tokenizer, choice in ((tok, "rag"), (tok, RAG), (no_template, RAG)):
+        session = ChatSession(m, tokenizer, max_new_tokens=3, chat_template=choice)
+        assert session.send(MESSAGE) == ref
+        assert session.stats.prefill_tokens == len(ids) and session._cached_ids[:len(ids)] == ids
+    with pytest.raises(TypeError, match="^chat_template: expected a str"):
+        ChatSession(m, tok, chat_template=3)
+    with pytest.raises(ValueError, match="^chat_template: expected a template or a template's name, got an empty"):
+        ChatSession(m, tok, chat_template="")
+    with pytest.raises(ValueError, match="^tokenizer: this model's tokenizer has no chat template"):
+        ChatSession(m, no_template)
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    ({"max_new_tokens": 0}, ValueError, "^max_new_tokens: "),
+    ({"temperature": -1}, ValueError, "^temperature: "),
+    ({"top_p": 2.0, "temperature": 0.5}, ValueError, "^top_p: "),
+    ({"system": 5}, TypeError, "^system: "),
+    ({"system": "\udcff"}, ValueError, "^system: "),
+    ({"chat_template": 3}, TypeError, "^chat_template: "),
+    ({"temprature": 0.5}, TypeError, r"unexpected keyword argument 'temprature' \(expected one of: system, "),
+])
+def test_from_pretrained_checks_its_options_before_loading(monkeypatch, kwargs, error, match):
+    """from_pretrained loaded the model and tokenizer (a float checkpoint: read and converted in
+    full) before a bad option or a misspelt keyword was reported."""
+    def load(*args, **kwargs):
+        raise AssertionError("loaded before the options were checked")
+
+    monkeypatch.setattr(tc.LlamaForCausalLM, "from_pretrained", load)
+    monkeypatch.setattr(tc.Tokenizer, "from_pretrained", load)
+    with pytest.raises(error, match=match):
+        ChatSession.from_pretrained("SmolLM2-135M-Instruct", **kwargs)
+

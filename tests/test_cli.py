@@ -954,8 +954,10 @@ def test_cli_output_is_whole_on_a_stdout_that_is_not_utf8(tmp_path, tiny_model_d
         shown = subprocess.run([sys.executable, "-m", "transformer_core", command, "--help"], capture_output=True,
                                text=True, timeout=300, env={**os.environ, "PYTHONIOENCODING": f"{encoding}:strict"})
         assert shown.returncode == 0, shown.stderr
-        assert ("is written as a backslash escape (\\xe9, \\u65e5); with --json as a JSON escape (\\u00e9), so "
-                "that the JSON reads back as the same text") in " ".join(shown.stdout.split()), shown.stdout
+        note = ("is written as a backslash escape (\\xe9, \\u65e5); with --json as a JSON escape (\\u00e9), so "
+                "that the JSON reads back as the same text") if command in ("embed", "search") else \
+            "is written as a backslash escape (\\xe9, \\u65e5)."  # chat and generate have no --json
+        assert note in " ".join(shown.stdout.split()), shown.stdout
 
 
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
@@ -1037,3 +1039,72 @@ def test_ctrl_c_while_a_program_imports_the_package_stays_its_own(orig_argv):
     proc = subprocess.run([sys.executable, "-c", _INTERRUPT_AT_IMPORT.format(orig_argv=orig_argv)],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode != 2 and "KeyboardInterrupt" in proc.stderr
+
+
+# ------------------------------------------------------------------------------------ chat: named templates, empty stdin, help
+RAG_TEMPLATE = ("{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}"
+                "{% if add_generation_prompt %}[assistant] {% endif %}")
+
+
+def test_cli_chat_named_templates_are_chosen_with_chat_template(tiny_chat_dirs, tmp_path):
+    """A model whose tokenizer has named chat templates but no 'default' failed after the model
+    loaded, telling the user to pass chat_template, which `chat` did not take. Now it is refused
+    before the model loads (a directory without weights gives the same error), naming
+    --chat-template and the names; --chat-template NAME renders with that template, the reply
+    Hugging Face's greedy one for its prompt."""
+    import shutil
+
+    import torch
+
+    chat, _, hf, tok = tiny_chat_dirs
+    named = tmp_path / "named"
+    shutil.copytree(chat, named)
+    config = json.loads((chat / "tokenizer_config.json").read_text())
+    config["chat_template"] = [{"name": "rag", "template": RAG_TEMPLATE},
+                               {"name": "tool_use", "template": tok.chat_template}]
+    (named / "tokenizer_config.json").write_text(json.dumps(config))
+    no_weights = tmp_path / "no_weights"
+    shutil.copytree(named, no_weights)
+    for f in no_weights.glob("*.safetensors"):
+        f.unlink()
+    assert_clean_error(_run("chat", "hi", "--model", str(no_weights)),
+                       f"transformer_core chat: model: {no_weights}: this model's tokenizer has named chat templates "
+                       f"but no 'default'; choose one with --chat-template NAME (names: rag, tool_use)")
+    assert_clean_error(_run("chat", "hi", "--model", str(no_weights), "--chat-template", "rgb"),
+                       "transformer_core chat: chat_template: expected one of this model's named chat templates "
+                       "(rag, tool_use), got 'rgb'")
+    assert_clean_error(_run("chat", "hi", "--model", str(chat), "--chat-template", "rag"),
+                       "transformer_core chat: chat_template: this model's tokenizer has a single chat template")
+    ids = tok.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True, tokenize=True,
+                                  chat_template=RAG_TEMPLATE)
+    assert tok.decode(ids) == "[user] hi\n[assistant] "
+    with torch.no_grad():
+        ref = hf.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                          max_new_tokens=4, do_sample=False, eos_token_id=tok.eos_token_id,
+                          pad_token_id=0)[0, len(ids):].tolist()
+    r = _run("chat", "hi", "--model", str(named), "--chat-template", "rag", "--max-new-tokens", "4")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == tok.decode(ref, skip_special_tokens=True) + "\n"
+    assert f"prefill: {len(ids)} tokens" in r.stderr
+
+
+@pytest.mark.parametrize("stdin", ["", "  \n\n\r\n\t\n"])
+def test_cli_chat_stdin_without_a_turn_is_refused_as_an_empty_prompt(tiny_chat_dirs, stdin):
+    """`echo "$MSG" | chat` with an empty $MSG loaded the model, printed nothing and exited 0,
+    where an empty PROMPT is an error."""
+    chat, _, _, _ = tiny_chat_dirs
+    r = _run("chat", "--model", str(chat), "--max-new-tokens", "2", input=stdin)
+    assert r.stdout == ""
+    assert_clean_error(r, "transformer_core chat: stdin: no message to answer (standard input is empty or has only "
+                          "blank lines); give the message as PROMPT or pipe the turns in, one a line")
+
+
+def test_cli_help_mentions_json_only_for_the_commands_that_have_it():
+    """chat and generate, which have no --json, described --json output in their --help."""
+    for command, has_json in (("chat", False), ("generate", False), ("embed", True), ("search", True)):
+        r = _run(command, "--help")
+        assert r.returncode == 0, r.stderr
+        text = " ".join(r.stdout.split())
+        assert ("--json" in text) == has_json, (command, text)
+        assert "is written as a backslash escape (\\xe9, \\u65e5)" in text
+        assert ("with --json as a JSON escape (\\u00e9), so that the JSON reads back as the same text" in text) == has_json

@@ -2938,3 +2938,41 @@ def test_an_output_of_the_rules_before_is_refused_as_embedded_otherwise(tmp_path
     other.mkdir()
     message = _resume_message(other, folder, "0" * 32)
     assert "whose files have changed since the run started" in message and "embeds" not in message
+
+
+@pytest.mark.parametrize("suffix", [".parquet", ".npy"])
+def test_an_interrupt_inside_the_manifests_save_counts_what_is_on_disk(tmp_path, tiny_model_dir, monkeypatch, suffix):
+    """Ctrl-C inside the save of the third chunk's manifest: commit had recorded the chunk in memory
+    before the save, so the message said "3 of 10 chunks ... are saved" while the manifest on disk
+    had 2, and the resume that followed did one chunk more than the message promised. The message
+    now counts what the manifest on disk records, and --resume finishes the same rows."""
+    f = tmp_path / "c.txt"
+    f.write_text("".join(f"line {i}\n" for i in range(1000)), encoding="utf-8")
+    out = tmp_path / f"o{suffix}"
+    atomic_write, saves = corpus._atomic_write, []
+
+    def interrupted_write(path, data, hint=None):
+        if str(path).endswith(".manifest.json"):
+            saves.append(path)
+            if len(saves) == 4:  # the new run's manifest, then chunks 0 and 1; the third chunk's save
+                raise KeyboardInterrupt
+        return atomic_write(path, data, hint)
+
+    monkeypatch.setattr(corpus, "_atomic_write", interrupted_write)
+    with pytest.raises(KeyboardInterrupt) as info:
+        corpus.embed_file(f, out, model=str(tiny_model_dir), chunk_size=100)
+    monkeypatch.undo()
+    on_disk = corpus.completed_chunks(json.loads(Path(f"{out}.manifest.json").read_text()))
+    assert on_disk == {0, 1}
+    assert str(info.value).startswith("interrupted: 2 of 10 chunks (200 of 1000 texts) are saved in "), info.value
+    r = corpus.embed_file(f, out, model=str(tiny_model_dir), chunk_size=100, resume=True)
+    assert (r.rows, r.chunks_computed) == (1000, 8)
+    ref = tmp_path / f"ref{suffix}"
+    corpus.embed_file(f, ref, model=str(tiny_model_dir), chunk_size=100)
+    if suffix == ".npy":
+        np.testing.assert_array_equal(np.load(out), np.load(ref))
+    else:
+        a, b = pq.read_table(out).sort_by("id"), pq.read_table(ref).sort_by("id")
+        assert a.column("text").to_pylist() == b.column("text").to_pylist()
+        np.testing.assert_array_equal(np.stack(a.column("embedding").to_numpy(zero_copy_only=False)),
+                                      np.stack(b.column("embedding").to_numpy(zero_copy_only=False)))

@@ -64,11 +64,19 @@ def cluster():
     os.environ.update(saved)
 
 
-def test_embed_corpus_leaves_the_environment_as_it_was(tmp_path, tiny_model_dir):
+def test_embed_corpus_leaves_the_environment_as_it_was(tmp_path, tiny_model_dir, monkeypatch):
+    """The local cluster's nannies write Dask's pre-spawn variables into this process: those are
+    restored. The job restored the whole environment instead, so a variable the caller set while
+    it ran (here in on_chunk; another thread alike) was removed."""
     f = write_lines(tmp_path / "c.txt", corpus_lines(50))
+    monkeypatch.delenv("SET_IN_ON_CHUNK", raising=False)
     before = dict(os.environ)
-    embed_corpus(f, tmp_path / "e.parquet", model=str(tiny_model_dir), workers=1, chunk_size=20)
-    assert dict(os.environ) == before
+
+    def on_chunk(index, done):
+        os.environ["SET_IN_ON_CHUNK"] = str(done)
+
+    embed_corpus(f, tmp_path / "e.parquet", model=str(tiny_model_dir), workers=1, chunk_size=20, on_chunk=on_chunk)
+    assert dict(os.environ) == {**before, "SET_IN_ON_CHUNK": "3"}
 
 
 def test_local_cluster_of_two_equals_single_process(tmp_path):
@@ -710,3 +718,215 @@ def test_overlapping_jobs_restore_dasks_log_length_when_the_last_ends():
     assert dask.config.get(key) == distributed.DASK_LOG_LENGTH
     second.__exit__(None, None, None)
     assert dask.config.get(key) == before != distributed.DASK_LOG_LENGTH
+
+
+def test_a_port_that_answers_other_bytes_is_an_oserror(tmp_path, tiny_model_dir):
+    """A service that answers with its own bytes and hangs up (an HTTP server's 400, an SSH banner):
+    Dask read the first 8 bytes as a frame length, and the job failed with numpy's MemoryError for
+    exabytes (a traceback and rc 1 in the CLI). Now the OSError of a scheduler that cannot be
+    reached, saying that something answered but not as a Dask scheduler; nothing written."""
+    import socket
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+
+    def serve():
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:  # closed at the end of the test
+                return
+            conn.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+            conn.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    f = write_lines(tmp_path / "c.txt", corpus_lines(5))
+    address = f"tcp://127.0.0.1:{listener.getsockname()[1]}"
+    try:
+        t0 = time.perf_counter()
+        with pytest.raises(OSError, match=rf"^scheduler: cannot connect to '{address}' \(it answered, but not as "
+                                          rf"a Dask scheduler: "):
+            embed_corpus(f, tmp_path / "o.parquet", model=str(tiny_model_dir), scheduler=address)
+        assert time.perf_counter() - t0 < 10
+    finally:
+        listener.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.txt"]
+
+
+def test_a_workers_or_nannys_address_is_not_a_scheduler(tmp_path, tiny_model_dir, cluster):
+    """A worker's (or its nanny's) address given as scheduler: Client failed with a TypeError
+    (Worker.identity() got an unexpected keyword argument), reported as "a scheduler that needs TLS
+    or other security settings". Now a ValueError naming scheduler that says it is a Dask Worker
+    (with its scheduler's address) or Nanny, not a scheduler; nothing written."""
+    c, client = cluster
+    f = write_lines(tmp_path / "c.txt", corpus_lines(5))
+    worker = sorted(client.scheduler_info()["workers"])[0]
+    nanny = sorted(n.address for n in c.workers.values())[0]
+    bad = r"^scheduler: expected a scheduler address such as 'tcp://host:8786', got "
+    for address, match in ((worker, rf"a Dask Worker answered there, not a scheduler: its scheduler is "
+                                    rf"'{re.escape(c.scheduler_address)}'\)$"),
+                           (nanny, r"a Dask Nanny answered there, not a scheduler\)$")):
+        with pytest.raises(ValueError, match=rf"{bad}'{re.escape(address)}' \({match}") as e:
+            embed_corpus(f, tmp_path / "o.parquet", model=str(tiny_model_dir), scheduler=address)
+        assert "TLS" not in str(e.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.txt"]
+
+
+def test_a_closed_client_is_named_scheduler(tmp_path, tiny_model_dir):
+    """A closed Client (or one whose LocalCluster was closed) given as scheduler: the job failed
+    with KeyError: 'workers' after the output's lock was taken. Now a ValueError naming scheduler,
+    up front, with nothing written."""
+    f = write_lines(tmp_path / "c.txt", corpus_lines(5))
+    for close in ("client", "cluster"):
+        with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=":0",
+                                      silence_logs=logging.ERROR) as c:
+            client = distributed.Client(c)
+            (client if close == "client" else c).close()
+            with pytest.raises(ValueError, match="^scheduler: expected a running Client, got one that is closed$"):
+                embed_corpus(f, tmp_path / "o.parquet", model=str(tiny_model_dir), scheduler=client)
+            client.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.txt"]
+
+
+def test_a_cluster_without_workers_is_a_bounded_error(tmp_path, tiny_model_dir, monkeypatch):
+    """A given Client whose cluster has no worker: the job went on to submit and waited forever,
+    holding the output's lock (a second run of it refused meanwhile). Now the same OSError naming
+    scheduler as for the scheduler's address (which waited 60 s and raised Dask's
+    WorkerStartTimeoutError), after WORKER_TIMEOUT, before anything is written."""
+    import transformer_core.distributed as tcd
+
+    monkeypatch.setattr(tcd, "WORKER_TIMEOUT", 1.0)
+    f = write_lines(tmp_path / "c.txt", corpus_lines(5))
+    out = tmp_path / "o.parquet"
+    with distributed.LocalCluster(n_workers=0, processes=False, dashboard_address=":0",
+                                  silence_logs=logging.ERROR) as c, distributed.Client(c) as client:
+        for scheduler in (client, c.scheduler_address):
+            outcome = []
+
+            def run(scheduler=scheduler, outcome=outcome):
+                try:
+                    outcome.append(embed_corpus(f, out, model=str(tiny_model_dir), scheduler=scheduler))
+                except Exception as e:
+                    outcome.append(e)
+
+            thread = threading.Thread(target=run, daemon=True)
+            t0 = time.perf_counter()
+            thread.start()
+            thread.join(30)
+            assert not thread.is_alive(), f"still waiting for a worker ({scheduler!r})"
+            assert time.perf_counter() - t0 < 25
+            assert isinstance(outcome[0], OSError), outcome
+            assert str(outcome[0]) == "scheduler: no worker joined the Dask cluster within 1 s; nothing was written"
+            assert sorted(p.name for p in tmp_path.iterdir()) == ["c.txt"]
+    r = corpus.embed_file(f, out, model=str(tiny_model_dir))  # the lock is free
+    assert r.rows == 5
+
+
+def test_a_given_client_keeps_no_plugin_and_no_encoder(tmp_path, tiny_model_dir, cluster):
+    """The job's worker plugin stayed registered on the caller's cluster after the job (and after a
+    failed one): every worker kept every model it ever loaded, and every worker that started later
+    loaded them all again. Now it is unregistered at the end, which drops the workers' encoder."""
+    from transformer_core import distributed as tcd
+
+    c, client = cluster
+    f = write_lines(tmp_path / "c.txt", corpus_lines(20))
+
+    def plugins(dask_scheduler=None):
+        return sorted(name for name in dask_scheduler.worker_plugins if name.startswith("transformer_core"))
+
+    def encoders():
+        from transformer_core import distributed as d
+
+        return sorted(d._ENCODERS)
+
+    fingerprint = corpus.model_identity(str(tiny_model_dir))["fingerprint"]
+    seen = []
+    r = embed_corpus(f, tmp_path / "o.parquet", model=str(tiny_model_dir), scheduler=client, chunk_size=10,
+                     on_chunk=lambda i, done: seen.append((client.run_on_scheduler(plugins), client.run(encoders))))
+    assert r.rows == 20
+    assert len(seen[0][0]) == 1 and any(fingerprint in fps for fps in seen[0][1].values())  # while it ran
+    assert client.run_on_scheduler(plugins) == []
+    assert all(fingerprint not in fps for fps in client.run(encoders).values())
+    assert fingerprint not in tcd._ENCODERS  # the client's own process (no worker here)
+
+
+def test_dask_is_quiet_while_the_job_runs(tmp_path, tiny_model_dir, cluster):
+    """The CLI prints one line for an expected error, and nothing from Dask: Dask's ERROR lines
+    (distributed.client when the scheduler goes away, distributed.scheduler when a worker dies)
+    reached stderr with a traceback before that line, and a chunk of over 10 MB of text made Dask
+    warn "Sending large graph" after a successful run. While a job on connections it makes runs,
+    the distributed loggers are at CRITICAL and that warning is off; both restored afterwards."""
+    import warnings
+
+    import dask
+
+    c, client = cluster
+    f = write_lines(tmp_path / "c.txt", corpus_lines(40))
+    loggers = ("distributed", "distributed.client", "distributed.scheduler", "distributed.worker")
+    levels = {name: logging.getLogger(name).level for name in loggers}
+    seen = []
+
+    def on_chunk(index, done):
+        seen.append([logging.getLogger(name).isEnabledFor(logging.ERROR) for name in loggers])
+
+    key = "distributed.admin.large-graph-warning-threshold"
+    with dask.config.set({key: "1kB"}), warnings.catch_warnings(record=True) as caught:  # every chunk is > 1 kB
+        warnings.simplefilter("always")
+        r = embed_corpus(f, tmp_path / "o.parquet", model=str(tiny_model_dir), scheduler=c.scheduler_address,
+                         chunk_size=20, on_chunk=on_chunk)
+        assert dask.config.get(key) == "1kB"
+    assert r.rows == 40 and len(seen) == 2
+    assert not [w for w in caught if "large graph" in str(w.message)], [str(w.message) for w in caught]
+    assert seen == [[False] * len(loggers)] * 2
+    assert {name: logging.getLogger(name).level for name in loggers} == levels
+
+
+def test_a_model_the_workers_cannot_load_names_model_and_the_worker(tmp_path, tiny_model_dir, cluster, monkeypatch):
+    """A relative model path meant the client's directory, but the workers resolved it against
+    their own: the job failed with "name_or_path: 'm' is neither a model directory ...", right after
+    the client had loaded the same 'm'. The workers now get the absolute path; and a model a worker
+    cannot load is an error naming model and the worker."""
+    import shutil
+
+    from transformer_core import distributed as tcd
+
+    c, client = cluster
+    model = tmp_path / "m"
+    shutil.copytree(tiny_model_dir, model)
+    config = json.loads((model / "config.json").read_text())
+    config["_name_or_path"] = str(model)  # a fingerprint of its own: no worker has this encoder loaded yet
+    (model / "config.json").write_text(json.dumps(config))
+    f = write_lines(tmp_path / "c.txt", corpus_lines(20))
+    ref = tmp_path / "ref.parquet"
+    corpus.embed_file(f, ref, model=str(model), chunk_size=10)
+    monkeypatch.chdir(tmp_path)  # the workers' directory stays the one they started in
+    assert client.run(os.getcwd) != {w: str(tmp_path) for w in client.run(os.getcwd)}
+    r = embed_corpus("c.txt", "o.parquet", model="m", scheduler=client, chunk_size=10)
+    assert r.rows == 20
+    assert_same_rows(tmp_path / "o.parquet", ref)
+    missing = str(tmp_path / "gone")
+    with pytest.raises(FileNotFoundError, match=rf"^model: '{re.escape(missing)}' cannot be loaded on worker "
+                                                rf"tcp://w:1 \(pid {os.getpid()}\): name_or_path: .* the workers must "
+                                                rf"see the same model as the client$"):
+        tcd._worker_encoder(missing, "0" * 64, "tcp://w:1")
+
+
+def test_a_failed_registration_is_named_and_leaves_no_plugin(tmp_path, tiny_model_dir, monkeypatch):
+    """The workers cannot load the model (here: they are given a path that does not exist): the
+    registration's error names model and the worker, nothing is written, and the plugin that
+    failed is not left registered on the caller's cluster (it stayed, and every worker started
+    later failed to set it up)."""
+    from transformer_core import distributed as tcd
+
+    missing = str(tmp_path / "not_on_the_workers")
+    monkeypatch.setattr(tcd, "_worker_model", lambda model: missing)
+    f = write_lines(tmp_path / "c.txt", corpus_lines(5))
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=":0",
+                                  silence_logs=logging.CRITICAL) as c, distributed.Client(c) as client:
+        with pytest.raises(FileNotFoundError, match=rf"^model: '{re.escape(missing)}' cannot be loaded on worker "
+                                                    rf"inproc://\S+ \(pid {os.getpid()}\): name_or_path: "):
+            embed_corpus(f, tmp_path / "o.parquet", model=str(tiny_model_dir), scheduler=client)
+        plugins = client.run_on_scheduler(lambda dask_scheduler: sorted(dask_scheduler.worker_plugins))
+        assert not [name for name in plugins if name.startswith("transformer_core")], plugins
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.txt"]

@@ -1654,3 +1654,28 @@ def test_checked_before_the_copy_still_computes_as_before(rng):
     x = rng.standard_normal((2, 32))
     np.testing.assert_array_equal(_Q.linear_int8(x, qw, _view(scales, 4) * 1, bias=_view(np.float64(0.5), 4)),
                                   _Q.linear_int8(x, qw, scales, bias=np.full(4, 0.5, np.float32)))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_cpp_layers_check_the_feature_size_themselves(dtype):
+    # The last line of defence behind the Python checks: a C++ layer given rows of another width
+    # (a Python size attribute changed after construction once reached it) refuses them, naming
+    # the argument, instead of reading past the array (a segfault for Linear(1 << 22, 1)).
+    from transformer_core._runtime import core
+
+    sfx = "_f32" if dtype == np.float32 else "_f64"
+    linear = getattr(core, "Linear" + sfx)(1 << 16, 1, False)
+    with pytest.raises(ValueError, match=r"x: expected 2 dimensions, the last of 65536 .*got shape \(1, 1\)"):
+        linear.forward(np.ones((1, 1), dtype))
+    norm = getattr(core, "LayerNorm" + sfx)(4, 1e-5, True)
+    with pytest.raises(ValueError, match=r"x: .*the last of 4 .*got shape \(2, 5\)"):
+        norm.forward(np.ones((2, 5), dtype))
+    ffn = getattr(core, "FeedForward" + sfx)(8, 16, "relu", True)
+    with pytest.raises(ValueError, match=r"x: .*the last of 8 "):
+        ffn.forward(np.ones((3, 16), dtype))
+    layer = getattr(core, "TransformerEncoderLayer" + sfx)(8, 2, 16, "relu", 1e-5, False, True)
+    with pytest.raises(ValueError, match=r"src: expected 3 dimensions, the last of 8 .*got shape \(1, 3, 16\)"):
+        layer.forward(np.ones((1, 3, 16), dtype), None, None, None, False, "auto")
+    # the right width still computes (the check is not a refusal of everything)
+    assert linear.forward(np.ones((2, 1 << 16), dtype)).shape == (2, 1)
+    assert np.isfinite(norm.forward(np.arange(8, dtype=dtype).reshape(2, 4))).all()

@@ -992,3 +992,31 @@ def test_a_save_removes_only_the_shard_files_an_earlier_index_lists(tmp_path):
         names = sorted(p.name for p in folder.iterdir())
         shard = ["model-00001-of-00002.safetensors"] if case == "deep" else []  # unread index: the index alone
         assert names == sorted([*kept, *shard, "runs", "config.json", "model.safetensors"]), (case, names)
+
+
+def test_save_pretrained_files_converts_numpy_scalars_and_names_values_json_cannot_write(tmp_path):
+    """save_pretrained_files passed config and generation_config to json.dumps as they were: a
+    numpy scalar gave json's bare TypeError, naming neither the argument nor the key. Numpy scalars
+    (in nested lists, tuples and dicts, keys too) are written as json writes their Python values;
+    anything else is a TypeError naming where it is, before any file is written."""
+    from transformer_core.checkpoints import save_pretrained_files
+
+    plain = {"a": 0.5, "b": [1, [True, None]], "c": {"d": "x", "1": 2}}
+    given = {"a": np.float32(0.5), "b": (np.int64(1), [np.bool_(True), None]), "c": {"d": np.str_("x"), np.int64(1): 2}}
+    state = {"w": np.zeros((2, 2), np.float32)}
+    save_pretrained_files(tmp_path / "ok", given, state, generation_config={"eos_token_id": [np.int32(2)]})
+    assert json.loads((tmp_path / "ok" / "config.json").read_text()) == json.loads(json.dumps(plain))
+    assert json.loads((tmp_path / "ok" / "generation_config.json").read_text()) == {"eos_token_id": [2]}
+    for config, generation, message in [
+            ({"a": [1, np.zeros(3)]}, None, "config['a'][1]: expected a JSON value (str, int, float, bool, None, "
+                                            "list, dict), got numpy.ndarray"),
+            ({"a": 1}, {"b": {"c": 1j}}, "generation_config['b']['c']: expected a JSON value (str, int, float, "
+                                         "bool, None, list, dict), got complex"),
+            ({"a": {(1, 2): 3}}, None, "config['a']: expected JSON object keys (str, int, float, bool, None), got "
+                                       "the key (1, 2) of type tuple")]:
+        with pytest.raises(TypeError) as info:
+            save_pretrained_files(tmp_path / "bad", config, state, generation_config=generation)
+        assert str(info.value) == message
+        with pytest.raises(TypeError):  # json refuses it too: the same values are refused
+            json.dumps(config) if generation is None else json.dumps(generation)
+        assert not (tmp_path / "bad").exists()

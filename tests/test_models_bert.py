@@ -740,3 +740,60 @@ def test_unknown_keys_reported_under_the_names_given():
     result = embeddings.load_state_dict({"bert.embeddings.foo": np.zeros(2), "embeddings.LayerNorm.gamma": np.ones(32)},
                                         strict=False)
     assert result.unexpected_keys == ["bert.embeddings.foo"] and "LayerNorm.weight" not in result.missing_keys
+
+
+def test_from_pretrained_dtype_none_is_float32(small_hf, small_inputs):
+    """dtype=None (transformers' and LlamaForCausalLM.from_pretrained's default) was a TypeError
+    here: it loads float32, the same model as dtype=np.float32, with transformers' outputs."""
+    path, ref = small_hf
+    ids, am, tt = small_inputs
+    ours = tc.BertModel.from_pretrained(str(path), dtype=None)
+    assert ours.dtype == np.float32
+    check_outputs(ours(ids, attention_mask=am, token_type_ids=tt), *hf_forward(ref, ids, am, tt), am, atol=1e-5)
+    default = tc.BertModel.from_pretrained(str(path), dtype=np.float32)
+    for k, v in default.state_dict().items():
+        np.testing.assert_array_equal(ours.state_dict()[k], v, err_msg=k)
+
+
+def test_backward_checks_the_gradient_shapes_before_converting_them(small_hf):
+    """BertModel.backward and BertEmbeddings.backward converted a gradient before checking its
+    shape: a wrong-shaped broadcast view was refused for its memory, never for its shape (and a
+    smaller one was copied first). The shape is checked first, as every other layer's backward; the
+    refused calls keep the training state, and the backward that follows gives torch's gradients."""
+    from transformers import BertModel
+
+    path, _ = small_hf
+    hf = BertModel.from_pretrained(str(path), attn_implementation="eager", dtype=torch.float64).eval()  # no dropout
+    ours = tc.BertModel.from_pretrained(str(path), dtype=np.float64)
+    ours.config.hidden_dropout_prob = ours.config.attention_probs_dropout_prob = 0.0  # the file's are 0.1
+    ours.train()
+    rng = np.random.default_rng(3)
+    ids = rng.integers(0, SMALL["vocab_size"], (2, 5))
+    H = SMALL["hidden_size"]
+    g, gp = rng.standard_normal((2, 5, H)), rng.standard_normal((2, H))
+    ours(ids)
+    huge = np.broadcast_to(np.float32(0), (10**6, 10**6, H))
+    with pytest.raises(ValueError, match=re.escape(f"grad_last_hidden_state: expected shape {(2, 5, H)} "
+                                                   f"(last_hidden_state's), got {huge.shape}")):
+        ours.backward(huge)
+    with pytest.raises(ValueError, match=re.escape(f"grad_pooler_output: expected shape {(2, H)} (pooler_output's), "
+                                                   f"got {(10**7, 10**7)}")):
+        ours.backward(g, np.broadcast_to(np.float32(0), (10**7, 10**7)))
+    ours.backward(g, gp)
+    out = hf(torch.from_numpy(ids))
+    ((out.last_hidden_state * torch.from_numpy(g)).sum() + (out.pooler_output * torch.from_numpy(gp)).sum()).backward()
+    grads = ours.gradients()
+    for name, p in hf.named_parameters():
+        np.testing.assert_allclose(grads[name], p.grad.numpy(), rtol=0, atol=1e-10, err_msg=name)
+
+    emb = tc.BertEmbeddings.from_model(ours).train()
+    emb(ids)
+    with pytest.raises(ValueError, match=re.escape(f"grad_output: expected shape {(2, 5, H)} (the forward's "
+                                                   f"output), got {huge.shape}")):
+        emb.backward(huge)
+    emb.backward(g)
+    hf.zero_grad()
+    (hf.embeddings(input_ids=torch.from_numpy(ids)) * torch.from_numpy(g)).sum().backward()
+    grads = emb.gradients()
+    for name, p in hf.embeddings.named_parameters():
+        np.testing.assert_allclose(grads[name], p.grad.numpy(), rtol=0, atol=1e-10, err_msg=name)

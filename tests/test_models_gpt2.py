@@ -350,8 +350,9 @@ def test_generate_pads_finished_rows_with_config_pad_token_id(gpt2_h4, tmp_path)
 # -------------------------------------------------------------------------------------- checkpoints
 def test_untied_lm_head_refused(tmp_path):
     """GPT-2's LM head is wte: a checkpoint with tie_word_embeddings=False (an lm_head.weight of its
-    own) is refused, naming the field, rather than loaded with its head dropped; a tied one loads
-    and matches HF."""
+    own) is refused by GPT2LMHeadModel, naming the field, rather than loaded with its head dropped;
+    a tied one loads and matches HF. GPT2Model, which has no head, loads the untied folder as
+    transformers' GPT2Model does (see test_gpt2_model_loads_an_untied_checkpoint_as_hf)."""
     models = {}
     for tied in (False, True):
         cfg = transformers.GPT2Config(**CFGS["h4"], initializer_range=0.2, eos_token_id=None, bos_token_id=None,
@@ -359,12 +360,10 @@ def test_untied_lm_head_refused(tmp_path):
         torch.manual_seed(5)
         models[tied] = transformers.GPT2LMHeadModel(cfg).eval()
         models[tied].save_pretrained(tmp_path / f"tied_{tied}")
-    with pytest.raises(ValueError, match="tie_word_embeddings"):
+    with pytest.raises(ValueError, match=r"config\.json: tie_word_embeddings=False is not supported by GPT2LMHeadModel"):
         tc.GPT2LMHeadModel.from_pretrained(tmp_path / "tied_False")
     with pytest.raises(ValueError, match="tie_word_embeddings"):
-        tc.GPT2Model.from_pretrained(tmp_path / "tied_False")
-    with pytest.raises(ValueError, match="tie_word_embeddings"):
-        tc.GPT2Config.from_dict({"tie_word_embeddings": False})
+        tc.GPT2LMHeadModel(tc.GPT2Config.from_dict({"tie_word_embeddings": False}))
     m = tc.GPT2LMHeadModel.from_pretrained(tmp_path / "tied_True")
     ids = _ids(8, (2, 9))
     assert_close(m(ids).logits, _hf(models[True], ids).logits.numpy(), atol_=1e-5, what="tied gpt2 logits")
@@ -375,6 +374,112 @@ def test_untied_lm_head_refused(tmp_path):
     np.testing.assert_array_equal(m(ids).logits, before)
     m.load_state_dict({k: v.numpy() for k, v in models[True].state_dict().items()})
     np.testing.assert_array_equal(m(ids).logits, before)
+
+
+def test_gpt2_lm_head_model_refuses_an_untied_config_built_by_hand():
+    """A config of tie_word_embeddings=False in extra built GPT2LMHeadModel with its head tied to
+    wte, and save_pretrained wrote tie_word_embeddings=false without an lm_head.weight (transformers
+    then drew a random head). It is refused, before the model is built; a bool is required."""
+    small = dict(vocab_size=VOCAB, n_positions=8, n_embd=16, n_layer=1, n_head=2)
+    with pytest.raises(ValueError, match="tie_word_embeddings=False is not supported by GPT2LMHeadModel"):
+        tc.GPT2LMHeadModel(tc.GPT2Config(**small, extra={"tie_word_embeddings": False}))
+    with pytest.raises(TypeError, match=r"^tie_word_embeddings: expected a bool, got str 'no'"):
+        tc.GPT2Config.from_dict({**small, "tie_word_embeddings": "no"})
+    assert tc.GPT2Model(tc.GPT2Config(**small, extra={"tie_word_embeddings": False})).config.n_embd == 16
+    assert tc.GPT2LMHeadModel(tc.GPT2Config(**small, extra={"tie_word_embeddings": True})).config.n_embd == 16
+
+
+def _hf_gpt2_model_hidden(path, ids):
+    hf = transformers.GPT2Model.from_pretrained(path).eval()
+    with torch.no_grad():
+        return hf(torch.from_numpy(ids)).last_hidden_state.numpy()
+
+
+def test_gpt2_model_loads_an_untied_checkpoint_as_hf(tmp_path):
+    """GPT2Model.from_pretrained refused every tie_word_embeddings=False folder (a restriction of
+    the LM head, which GPT2Model does not have). It loads it, ignoring lm_head.weight, as
+    transformers' GPT2Model and our LlamaModel do, and gives transformers' hidden states; so does
+    load_state_dict of the untied state dict into a GPT2Model of that config."""
+    cfg = transformers.GPT2Config(**CFGS["h4"], initializer_range=0.2, eos_token_id=None, bos_token_id=None,
+                                  tie_word_embeddings=False)
+    torch.manual_seed(6)
+    hf_lm = transformers.GPT2LMHeadModel(cfg).eval()
+    hf_lm.save_pretrained(tmp_path / "untied")
+    ids = _ids(9, (2, 11))
+    ours = tc.GPT2Model.from_pretrained(tmp_path / "untied")
+    hidden, _ = ours(ids)
+    assert_close(hidden, _hf_gpt2_model_hidden(tmp_path / "untied", ids), np.float32, atol_=1e-5,
+                 what="untied GPT2Model hidden states")
+    assert ours.config.extra["tie_word_embeddings"] is False
+    again = tc.GPT2Model(ours.config)
+    again.load_state_dict({k: v.numpy() for k, v in hf_lm.state_dict().items()})
+    np.testing.assert_array_equal(again(ids)[0], hidden)
+
+
+def test_gpt2_model_loads_a_sequence_classification_folder_as_hf(tmp_path):
+    """GPT2Model.from_pretrained refused a GPT2ForSequenceClassification folder (unknown key
+    score.weight), which transformers' GPT2Model and our LlamaModel load without the head; the LM
+    still reports it."""
+    cfg = transformers.GPT2Config(**CFGS["h4"], initializer_range=0.2, eos_token_id=None, bos_token_id=None,
+                                  pad_token_id=0, num_labels=3)
+    torch.manual_seed(7)
+    transformers.GPT2ForSequenceClassification(cfg).save_pretrained(tmp_path / "seqcls")
+    ids = _ids(10, (3, 7))
+    hidden, _ = tc.GPT2Model.from_pretrained(tmp_path / "seqcls")(ids)
+    assert_close(hidden, _hf_gpt2_model_hidden(tmp_path / "seqcls", ids), np.float32, atol_=1e-5,
+                 what="GPT2Model of a sequence-classification folder")
+    with pytest.raises(ValueError, match=r"unknown keys: \['score\.weight'\]"):
+        tc.GPT2LMHeadModel.from_pretrained(tmp_path / "seqcls")
+
+
+@pytest.mark.parametrize("cls", ["GPT2Model", "GPT2LMHeadModel"])
+def test_from_pretrained_dtype_none_is_float32(gpt2_h4, cls):
+    """dtype=None (transformers' and LlamaForCausalLM.from_pretrained's default) was a TypeError
+    here: it loads float32, the same model as dtype=np.float32, with transformers' outputs."""
+    hf_lm, path, _ = gpt2_h4
+    ours = getattr(tc, cls).from_pretrained(path, dtype=None)
+    assert ours.dtype == np.float32
+    ids = _ids(12, (2, 6))
+    if cls == "GPT2Model":
+        out, ref = ours(ids)[0], _hf_gpt2_model_hidden(path, ids)
+    else:
+        out, ref = ours(ids).logits, _hf(hf_lm, ids).logits.numpy()
+    assert_close(out, ref, np.float32, atol_=LOGITS_ATOL, what=f"{cls} dtype=None")
+    default = getattr(tc, cls).from_pretrained(path, dtype=np.float32)
+    for k, v in default.state_dict().items():
+        np.testing.assert_array_equal(ours.state_dict()[k], v, err_msg=k)
+
+
+def test_save_pretrained_writes_numpy_scalars_and_names_values_json_cannot_write(gpt2_h4, tmp_path):
+    """A config.extra or generation_config value json cannot write gave json's bare TypeError
+    ("Object of type float32 is not JSON serializable"), naming neither the field nor the argument.
+    Numpy scalars are written as Python numbers (as the config's own fields), which transformers
+    reads back; anything else is a TypeError naming the value, before anything is written."""
+    _, path, m = gpt2_h4
+    m = tc.GPT2LMHeadModel.from_pretrained(path)
+    m.config.extra["summary_first_dropout"] = np.float32(0.25)
+    m.config.extra["my_list"] = (np.int64(1), [np.bool_(True)])
+    m.generation_config = {"eos_token_id": np.int64(3), "max_length": np.int32(20)}
+    m.save_pretrained(tmp_path / "saved")
+    hf_cfg = transformers.GPT2Config.from_pretrained(tmp_path / "saved")
+    assert hf_cfg.summary_first_dropout == 0.25 and hf_cfg.my_list == [1, [True]]
+    gen = transformers.GenerationConfig.from_pretrained(tmp_path / "saved")
+    assert gen.eos_token_id == 3 and gen.max_length == 20
+    files = sorted(p.name for p in (tmp_path / "saved").iterdir())
+    m.config.extra["bad"] = {"inner": np.zeros(2)}
+    with pytest.raises(TypeError, match=re.escape("config.extra['bad']['inner']: expected a JSON value (str, int, "
+                                                  "float, bool, None, list, dict), got numpy.ndarray")):
+        m.save_pretrained(tmp_path / "saved")
+    with pytest.raises(TypeError, match=re.escape("config.extra['bad']")):
+        m.save_pretrained(tmp_path / "new")
+    del m.config.extra["bad"]
+    m.generation_config = {"eos_token_id": {3, 4}}
+    with pytest.raises(TypeError, match=re.escape("generation_config['eos_token_id']: expected a JSON value (str, "
+                                                  "int, float, bool, None, list, dict), got set")):
+        m.save_pretrained(tmp_path / "saved")
+    assert not (tmp_path / "new").exists()
+    assert sorted(p.name for p in (tmp_path / "saved").iterdir()) == files  # nothing written
+    assert transformers.GenerationConfig.from_pretrained(tmp_path / "saved").eos_token_id == 3
 
 
 # --------------------------------------------------------------------------------------- bad input

@@ -944,3 +944,21 @@ def test_weights_that_do_not_fit_name_the_shard_index(llama_gqa, tmp_path):
     error = _weights_refusal(tc.LlamaForCausalLM, tmp_path)
     assert str(error) == (f"{index}: the weights of its shards do not fit the LlamaForCausalLM that config.json "
                           f"describes: missing keys: ['model.norm.weight']")
+
+
+def test_save_pretrained_writes_a_numpy_generation_config_and_names_what_json_cannot_write(tmp_path):
+    """A generation_config holding numpy scalars gave json's bare TypeError ("Object of type int64
+    is not JSON serializable"): they are written as Python numbers, which transformers reads back;
+    a value json cannot write is a TypeError naming it, before anything is written."""
+    m = tc.LlamaForCausalLM(tc.LlamaConfig(vocab_size=50, hidden_size=16, intermediate_size=24, num_hidden_layers=1,
+                                           num_attention_heads=2))
+    m.generation_config = {"eos_token_id": np.int64(3), "temperature": np.float64(0.5)}
+    m.save_pretrained(tmp_path / "saved")
+    gen = transformers.GenerationConfig.from_pretrained(tmp_path / "saved")
+    assert gen.eos_token_id == 3 and gen.temperature == 0.5
+    assert tc.LlamaForCausalLM.from_pretrained(tmp_path / "saved").generation_config["eos_token_id"] == 3
+    m.generation_config = {"eos_token_id": np.array([3, 4])}
+    with pytest.raises(TypeError, match=re.escape("generation_config['eos_token_id']: expected a JSON value (str, int, "
+                                                  "float, bool, None, list, dict), got numpy.ndarray")):
+        m.save_pretrained(tmp_path / "other")
+    assert not (tmp_path / "other").exists()

@@ -16,9 +16,23 @@ namespace {
 
 using layers::Module;
 
+// The last check before a layer reads x: its rank and its feature size are the layer's own. The
+// Python side checks them first with the user's names; this one holds if a Python attribute was
+// changed after the layer was built (a size the C++ layer never had would read past x).
+template <class T>
+void require_features(const CArray<T>& x, py::ssize_t ndim, int64_t features, const char* name) {
+  std::string got = "(";
+  for (py::ssize_t i = 0; i < x.ndim(); ++i) got += (i ? ", " : "") + std::to_string(x.shape(i));
+  got += ")";
+  require(x.ndim() == ndim && x.shape(ndim - 1) == features,
+          std::string(name) + ": expected " + std::to_string(ndim) + " dimensions, the last of " +
+              std::to_string(features) + " (the layer's size), got shape " + got);
+}
+
 // x [rows, in] -> forward(x) [rows, out] for a layer whose forward(x, rows, y) writes out values per row.
 template <class T, class Layer>
-py::array_t<T> rows_forward(const Layer& layer, const CArray<T>& x, int64_t out_features) {
+py::array_t<T> rows_forward(const Layer& layer, const CArray<T>& x, int64_t in_features, int64_t out_features) {
+  require_features<T>(x, 2, in_features, "x");
   auto y = new_array<T>({x.shape(0), out_features}, "x: the output (rows, out_features)");
   T* yp = y.mutable_data();
   {
@@ -40,12 +54,12 @@ void register_dtype(py::module_& m) {
   py::class_<Linear, Module<T>>(m, ("Linear" + sfx).c_str())
       .def(py::init<int64_t, int64_t, bool>(), py::arg("in_features"), py::arg("out_features"), py::arg("bias"))
       // x [rows, in] -> [rows, out]
-      .def("forward", [](const Linear& self, const CArray<T>& x) { return rows_forward<T>(self, x, self.out_features()); },
+      .def("forward", [](const Linear& self, const CArray<T>& x) { return rows_forward<T>(self, x, self.in_features(), self.out_features()); },
            py::arg("x"));
 
   py::class_<Norm, Module<T>>(m, ("Norm" + sfx).c_str())
       // x [rows, E] -> [rows, E]
-      .def("forward", [](const Norm& self, const CArray<T>& x) { return rows_forward<T>(self, x, self.size()); },
+      .def("forward", [](const Norm& self, const CArray<T>& x) { return rows_forward<T>(self, x, self.size(), self.size()); },
            py::arg("x"));
   py::class_<layers::LayerNorm<T>, Norm>(m, ("LayerNorm" + sfx).c_str())
       .def(py::init([](int64_t n, double eps, bool bias) { return std::make_unique<layers::LayerNorm<T>>(n, static_cast<T>(eps), bias); }),
@@ -97,7 +111,7 @@ void register_dtype(py::module_& m) {
       // x [rows, d_model] -> [rows, d_model]
       .def(
           "forward",
-          [](const layers::Mlp<T>& self, const CArray<T>& x) { return rows_forward<T>(self, x, x.shape(1)); },
+          [](const layers::Mlp<T>& self, const CArray<T>& x) { return rows_forward<T>(self, x, self.d_model(), self.d_model()); },
           py::arg("x"));
   py::class_<layers::FeedForward<T>, layers::Mlp<T>>(m, ("FeedForward" + sfx).c_str())
       .def(py::init([](int64_t d_model, int64_t dff, const std::string& act, bool bias) {
@@ -181,6 +195,11 @@ void register_dtype(py::module_& m) {
             const bool self_attention = key.is_none();
             CArray<T> k = self_attention ? query : key.cast<CArray<T>>();
             CArray<T> v = self_attention ? query : value.cast<CArray<T>>();
+            require_features<T>(query, 3, self.embed_dim(), "query");
+            require_features<T>(k, 3, self.kdim(), "key");
+            require_features<T>(v, 3, self.vdim(), "value");
+            require(k.shape(0) == query.shape(0) && v.shape(0) == query.shape(0) && v.shape(1) == k.shape(1),
+                    "key, value: expected (N, S, ·) with query's N and one S");
             const int64_t N = query.shape(0), L = query.shape(1), S = k.shape(1);
             layers::AttentionInputs<T> in;
             in.masks = make_masks<T>(bool_mask, float_mask, key_mask, is_causal, causal_offset);
@@ -223,6 +242,7 @@ void register_dtype(py::module_& m) {
           "forward",
           [](const layers::TransformerEncoderLayer<T>& self, const CArray<T>& src, const py::object& bool_mask,
              const py::object& float_mask, const py::object& key_mask, bool is_causal, const std::string& path) {
+            require_features<T>(src, 3, self.d_model(), "src");
             const int64_t N = src.shape(0), L = src.shape(1);
             const auto masks = make_masks<T>(bool_mask, float_mask, key_mask, is_causal, 0);
             const auto p = ops::parse_attention_path(path);
@@ -252,6 +272,9 @@ void register_dtype(py::module_& m) {
              const py::object& self_bool_mask, const py::object& self_float_mask, const py::object& self_key_mask,
              bool tgt_is_causal, const py::object& cross_bool_mask, const py::object& cross_float_mask,
              const py::object& cross_key_mask, const std::string& path) {
+            require_features<T>(tgt, 3, self.d_model(), "tgt");
+            require_features<T>(memory, 3, self.d_model(), "memory");
+            require(memory.shape(0) == tgt.shape(0), "memory: expected tgt's batch size");
             const int64_t N = tgt.shape(0), Tq = tgt.shape(1), S = memory.shape(1);
             const auto self_masks = make_masks<T>(self_bool_mask, self_float_mask, self_key_mask, tgt_is_causal, 0);
             const auto cross_masks = make_masks<T>(cross_bool_mask, cross_float_mask, cross_key_mask, false, 0);

@@ -63,11 +63,14 @@ EXIT_BROKEN_PIPE = 141
 #: and keeps its traceback).
 EXPECTED_ERRORS = (ValueError, TypeError, OSError, ImportError, KeyboardInterrupt)
 
-#: The end of every command's --help: what is written for a character stdout's encoding lacks.
+#: The end of every command's --help: what is written for a character stdout's encoding lacks
+#: (chat and generate, which have no --json: this one).
 #: ASCII only: --help is printed before a command's output is made safe for the encoding.
-ENCODING_NOTE = ("Output: a character that standard output's encoding cannot write (PYTHONIOENCODING=ascii, a "
-                 "Latin-1 terminal) is written as a backslash escape (\\xe9, \\u65e5); with --json as a JSON "
-                 "escape (\\u00e9), so that the JSON reads back as the same text.")
+ENCODING_NOTE_TEXT = ("Output: a character that standard output's encoding cannot write (PYTHONIOENCODING=ascii, "
+                      "a Latin-1 terminal) is written as a backslash escape (\\xe9, \\u65e5).")
+#: The same for the commands that have --json (and the program's own --help).
+ENCODING_NOTE = (ENCODING_NOTE_TEXT[:-1] + "; with --json as a JSON escape (\\u00e9), so that the JSON reads back as "
+                 "the same text.")
 
 
 def _count(maximum: int | None = None):
@@ -177,10 +180,12 @@ def _add_chat(sub) -> None:
                        description="Chats with a chat model: the reply to PROMPT, streamed as it is generated, then "
                                    "the prefill and decode tokens/s on stderr. Without PROMPT, each line of standard "
                                    "input is a turn of one conversation (the KV cache is kept between turns).",
-                       epilog=ENCODING_NOTE)
+                       epilog=ENCODING_NOTE_TEXT)
     c.set_defaults(run="chat:run_chat")
     c.add_argument("prompt", nargs="?", help="the message (default: read turns from standard input)")
     c.add_argument("--system", help="a system message")
+    c.add_argument("--chat-template", metavar="NAME", default=None,
+                   help="one of the model's named chat templates (default: its only one, or the one named 'default')")
     _add_generation_options(c, "the most tokens of a reply (default 256); fewer when the conversation comes near the "
                                "end of the model's context")
 
@@ -188,7 +193,7 @@ def _add_chat(sub) -> None:
 def _add_generate(sub) -> None:
     g = sub.add_parser("generate", help="continue raw text with a causal LM",
                        description="Continues TEXT without a chat template, streamed, then tokens/s on stderr.",
-                       epilog=ENCODING_NOTE)
+                       epilog=ENCODING_NOTE_TEXT)
     g.set_defaults(run="chat:run_generate")
     g.add_argument("text", help="the text to continue")
     _add_generation_options(g, "the most new tokens (default 256, or as many as fit the model's context after "

@@ -517,7 +517,9 @@ def dropout_backward(grad_output, p: float, seed: int) -> np.ndarray:
 def _grad_scale(grad_output) -> float:
     """A scalar ``grad_output`` of cross-entropy (the gradient of the reduced loss: a number, or a
     0-d array or tensor of one) as a float. NaN and ±inf are taken, as torch's backward takes
-    them (they reach the gradient); a number too large for a float (``10**400``) is a ValueError,
+    them (they reach the gradient: a NaN row is NaN, and ±inf gives ±inf or NaN per logit as
+    torch's does without label smoothing; with smoothing torch adds two infinite terms and may give
+    NaN where our one term gives ±inf); a number too large for a float (``10**400``) is a ValueError,
     anything else a TypeError, both naming ``grad_output``."""
     if getattr(grad_output, "ndim", None) == 0 and hasattr(grad_output, "__array__"):
         # a 0-d array-like (a torch scalar tensor, bfloat16 or requiring grad too): one value

@@ -26,6 +26,7 @@ from ._validation import (
     ids_shape,
     physical_memory_bytes,
     to_numpy,
+    unconverted,
 )
 from .hub import (
     DEFAULT_MODEL,
@@ -258,7 +259,8 @@ class BertModel(Module):
         """Loads a Hugging Face BERT directory (``config.json`` + ``model.safetensors``) or an
         embedded model by name (``"all-MiniLM-L6-v2"``, the default: ``hub.DEFAULT_MODEL``, as
         :meth:`SentenceEncoder.from_pretrained`), with the ``safetensors`` package's numpy API: no
-        torch.
+        torch. The tensors are read in ``dtype`` (``np.float32`` or ``np.float64``; None is float32,
+        transformers' default).
 
         A ``bert.`` prefix (``BertFor*`` checkpoints) and old ``gamma``/``beta`` names are accepted;
         heads other than the pooler are ignored: with the prefix every tensor outside ``bert.*``
@@ -276,9 +278,12 @@ class BertModel(Module):
                 unsupported config, a field of the wrong type or out of range, or sizes the model
                 refuses together (each naming the ``config.json`` and the field:
                 :func:`~transformer_core.checkpoints.config_from_file`).
+            TypeError: ``dtype`` not None, float32 or float64.
         """
         from .checkpoints import build_for_checkpoint, config_from_file
 
+        if dtype is None:  # transformers' default, as LlamaForCausalLM.from_pretrained's
+            dtype = np.float32
         model_dir = resolve_model_dir(name_or_path)
         config = config_from_file(BertConfig, read_config(model_dir), model_dir / "config.json")
         raw = load_safetensors(model_dir, dtype)  # float64 read as float64: not rounded through float32
@@ -309,7 +314,9 @@ class BertModel(Module):
 
         Raises:
             OSError: the directory or a file cannot be written (naming it; the cause chained).
-            TypeError: ``directory`` not a str or path.
+            TypeError: ``directory`` not a str or path; a config value that JSON cannot write
+                (naming it, before anything is written:
+                :func:`~transformer_core.checkpoints.json_value`).
         """
         from .checkpoints import save_pretrained_files
 
@@ -465,16 +472,18 @@ class BertModel(Module):
                                        "then the model; each forward has one backward)")
         N, L = shape
         H = self.config.hidden_size
-        g = as_float(grad_last_hidden_state, "grad_last_hidden_state", self.dtype)
+        g = unconverted(grad_last_hidden_state, "grad_last_hidden_state")  # both shapes checked before a copy
         if g.shape != (N, L, H):
             raise ValueError(f"grad_last_hidden_state: expected shape {(N, L, H)} (last_hidden_state's), got {g.shape}")
         gp = None
         if grad_pooler_output is not None:
             if not self.config.add_pooling_layer:
                 raise ValueError("grad_pooler_output: this model has no pooler (add_pooling_layer=False)")
-            gp = as_float(grad_pooler_output, "grad_pooler_output", self.dtype)
+            gp = unconverted(grad_pooler_output, "grad_pooler_output")
             if gp.shape != (N, H):
                 raise ValueError(f"grad_pooler_output: expected shape {(N, H)} (pooler_output's), got {gp.shape}")
+            gp = as_float(gp, "grad_pooler_output", self.dtype)
+        g = as_float(g, "grad_last_hidden_state", self.dtype)
         self._saved = None
         self._impl.backward(g, gp)
 
@@ -566,8 +575,9 @@ class BertEmbeddings(Module):
         """
         *_, (N, L) = self._peek_saved()
         H = self.config.hidden_size
-        g = as_float(grad_output, "grad_output", self.dtype)
+        g = unconverted(grad_output, "grad_output")  # its shape checked before its copy
         if g.shape != (N, L, H):
             raise ValueError(f"grad_output: expected shape {(N, L, H)} (the forward's output), got {g.shape}")
+        g = as_float(g, "grad_output", self.dtype)
         self._take_saved()  # checked: now consumed
         self._impl.backward(g.reshape(N * L, H))

@@ -170,6 +170,35 @@ def _options(max_new_tokens, temperature, top_p, top_k, seed, repetition_penalty
                 repetition_penalty=repetition_penalty)
 
 
+def _check_system(system) -> None:
+    """``system`` is None or a str of valid Unicode."""
+    if system is not None and not isinstance(system, str):
+        raise TypeError(f"system: expected a str, got {type(system).__name__}")
+    if system is not None:
+        check_unicode(system, "system")
+
+
+def _check_chat_template_value(chat_template) -> None:
+    """``chat_template`` is None or a non-blank str (a template or a template's name), checked
+    before any tokenizer is read."""
+    if chat_template is not None and not isinstance(chat_template, str):
+        raise TypeError(f"chat_template: expected a str (a template, or the name of one of the tokenizer's named "
+                        f"templates) or None, got {type(chat_template).__name__}")
+    if chat_template is not None and not chat_template.strip():
+        raise ValueError(f"chat_template: expected a template or a template's name, got "
+                         f"{'an empty string' if not chat_template else 'only whitespace'}")
+
+
+def _check_chat_template(tokenizer, chat_template) -> None:
+    """``tokenizer`` has a template for ``chat_template`` to choose (see
+    :meth:`Tokenizer.get_chat_template`): a tokenizer without one, or with named templates but no
+    ``"default"`` and none chosen, is refused when the session is made, not at every ``send``."""
+    _check_chat_template_value(chat_template)
+    if chat_template is None and tokenizer.chat_template is None:
+        raise ValueError(f"tokenizer: {NO_TEMPLATE} (use continue_text, or pass a template as chat_template)")
+    tokenizer.get_chat_template(chat_template)  # named templates, no "default", none chosen: ValueError
+
+
 class ChatSession:
     """A conversation with a chat model.
 
@@ -197,12 +226,19 @@ class ChatSession:
             does (from :func:`transformer_core.manual_seed`'s generator once it was seeded, else
             fresh entropy: replies differ from run to run). Checked, but unused, when greedy.
         repetition_penalty: any finite number > 0, as Hugging Face's; 1 or None = none.
+        chat_template: the template to render with, as transformers' ``apply_chat_template``
+            argument of that name: the name of one of the tokenizer's named templates, or a Jinja2
+            template; None (default): the tokenizer's own (its ``"default"`` one when it has
+            named templates).
 
     Raises:
         TypeError: ``model`` not a causal LM of this package (a :class:`~transformer_core.decoder.CausalLM`),
             ``tokenizer`` not a :class:`~transformer_core.Tokenizer` (a ``transformers`` tokenizer
-            included); ``system`` not a str or None; options of the wrong type (named).
-        ValueError: a tokenizer without a chat template; bad options (named: ``max_new_tokens`` < 1,
+            included); ``system`` or ``chat_template`` not a str or None; options of the wrong type
+            (named).
+        ValueError: a tokenizer without a chat template and no ``chat_template`` given; a tokenizer
+            with named templates but no ``"default"`` and no ``chat_template`` given (listing the
+            names); an empty ``chat_template``; bad options (named: ``max_new_tokens`` < 1,
             ``temperature`` < 0 or not finite, ``top_k`` < 0, ``top_p`` outside [0, 1],
             ``repetition_penalty`` <= 0, ...), whatever the temperature; a ``system`` message that
             is not valid Unicode.
@@ -210,15 +246,12 @@ class ChatSession:
 
     def __init__(self, model, tokenizer, system: str | None = None, max_new_tokens: int = 256,
                  temperature: float = 0.0, top_p: float | None = None, top_k: int | None = 50,
-                 seed: int | None = None, repetition_penalty: float | None = None):
+                 seed: int | None = None, repetition_penalty: float | None = None,
+                 chat_template: str | None = None):
         _check_model_and_tokenizer(model, tokenizer)
-        if tokenizer.chat_template is None:
-            raise ValueError(f"tokenizer: {NO_TEMPLATE} (use continue_text)")
-        if system is not None and not isinstance(system, str):
-            raise TypeError(f"system: expected a str, got {type(system).__name__}")
-        if system is not None:
-            check_unicode(system, "system")
-        self.model, self.tokenizer = model, tokenizer
+        _check_chat_template(tokenizer, chat_template)
+        _check_system(system)
+        self.model, self.tokenizer, self.chat_template = model, tokenizer, chat_template
         self.options = _options(check_int(max_new_tokens, "max_new_tokens", 1), temperature, top_p, top_k, seed,
                                 repetition_penalty)
         self.messages: list[dict] = [] if system is None else [{"role": "system", "content": system}]
@@ -230,13 +263,29 @@ class ChatSession:
     def from_pretrained(cls, name_or_path=DEFAULT_CHAT_MODEL, **kwargs) -> "ChatSession":
         """A session with a Llama-family chat model and its tokenizer: a GGUF file, a Hugging Face
         directory, or the embedded ``"SmolLM2-135M-Instruct"``; ``kwargs`` as :class:`ChatSession`.
+        The options (and the keywords' names) are checked before the model and tokenizer load.
 
         Raises:
             FileNotFoundError, ValueError: as ``LlamaForCausalLM.from_pretrained``.
+            TypeError, ValueError: as :class:`ChatSession`; bad options and a keyword that is not
+                one of its options (TypeError) before anything is loaded.
         """
+        import inspect
+
         from .llama import LlamaForCausalLM
         from .tokenizer import Tokenizer
 
+        parameters = inspect.signature(cls).parameters
+        options = [name for name in parameters if name not in ("model", "tokenizer")]
+        for name in kwargs:
+            if name not in options:
+                raise TypeError(f"ChatSession.from_pretrained() got an unexpected keyword argument {name!r} "
+                                f"(expected one of: {', '.join(options)})")
+        given = {name: kwargs.get(name, parameters[name].default) for name in options}
+        _check_system(given["system"])
+        _options(check_int(given["max_new_tokens"], "max_new_tokens", 1), given["temperature"], given["top_p"],
+                 given["top_k"], given["seed"], given["repetition_penalty"])
+        _check_chat_template_value(given["chat_template"])
         return cls(LlamaForCausalLM.from_pretrained(name_or_path), Tokenizer.from_pretrained(name_or_path), **kwargs)
 
     def send(self, message: str, on_text: Callable[[str], None] | None = None) -> str:
@@ -249,16 +298,16 @@ class ChatSession:
         Raises:
             TypeError: ``message`` not a str, ``on_text`` not callable. ValueError: an empty (or
             all-whitespace) message, a message that is not valid Unicode, a chat template that
-            renders an empty prompt, or a prompt longer than the model's context: on the first
-            turn the message itself is too long (with the template and the system message: shorten
-            it), later the conversation has outgrown the context (start a new session).
+            renders an empty prompt, or a prompt longer than the model's context: the message
+            itself is too long (alone with the template and the system message: shorten it), or
+            the conversation has outgrown the context (shorten the message or start a new session).
         """
         if not isinstance(message, str):
             raise TypeError(f"message: expected a str, got {type(message).__name__}")
         _check_message(message, "message")
         _check_on_text(on_text)
         messages = self.messages + [{"role": "user", "content": message}]
-        prompt = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        prompt = self._render(messages)
         if not prompt:
             raise ValueError("tokenizer: the chat template rendered an empty prompt (no tokens) for this "
                              "conversation; there is nothing to answer")
@@ -267,12 +316,15 @@ class ChatSession:
         room = self.model.context_length - len(prompt) + 1
         if room < 1:
             context = self.model.context_length
-            if not any(m["role"] == "assistant" for m in self.messages):  # the first turn: the message is too long
-                system = " and the system message" if self.messages else ""
-                raise ValueError(f"message: {len(prompt)} tokens (with the chat template{system}) exceed the model's "
+            # the message alone (after the system message, as on a first turn): too long, it must be shortened
+            alone = [m for m in self.messages if m["role"] == "system"][:1] + messages[-1:]
+            n = len(prompt) if alone == messages else len(self._render(alone))
+            if n > context:
+                system = " and the system message" if len(alone) > 1 else ""
+                raise ValueError(f"message: {n} tokens (with the chat template{system}) exceed the model's "
                                  f"context ({context} tokens); shorten it")
             raise ValueError(f"message: the conversation ({len(prompt)} tokens) no longer fits the model's context "
-                             f"({context} tokens); start a new session")
+                             f"({context} tokens); shorten the message or start a new session")
         # Keep the cached prefix the new prompt shares; at least the prompt's last token runs again.
         common = 0
         for a, b in zip(self._cached_ids, prompt[:-1]):
@@ -292,6 +344,12 @@ class ChatSession:
         reply = self.tokenizer.decode(_known_ids(self.tokenizer, generated), skip_special_tokens=True)
         self.messages = messages + [{"role": "assistant", "content": reply}]
         return reply
+
+    def _render(self, messages: list[dict]) -> list[int]:
+        """The ids of ``messages`` rendered with the session's chat template, ending with the
+        header of the assistant's turn."""
+        return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                                  chat_template=self.chat_template)
 
 
 def _check_on_text(on_text) -> None:
@@ -414,17 +472,57 @@ def _check_cli_model(name: str) -> None:
 
 
 def _load(args):
-    from .llama import LlamaForCausalLM
+    """``(model, tokenizer)`` of ``--model``, checked first (:func:`_check_cli_model`)."""
+    tokenizer = _load_tokenizer(args)
+    return _load_model(args), tokenizer
+
+
+def _load_tokenizer(args):
+    """The tokenizer of ``--model``, checked first (:func:`_check_cli_model`); it is small, and
+    ``chat`` checks its chat template before the model loads."""
     from .tokenizer import Tokenizer
 
     name = _cli_model(args)
     _check_cli_model(name)  # a wrong model is named as the option: "model: ..."
-    model = LlamaForCausalLM.from_pretrained(name)  # a GGUF file's blocks kept as stored (fast decode)
+    return Tokenizer.from_pretrained(name)
+
+
+def _load_model(args):
+    """The model of ``--model`` (already checked), quantized as ``--quantize`` says."""
+    from .llama import LlamaForCausalLM
+
+    model = LlamaForCausalLM.from_pretrained(_cli_model(args))  # a GGUF file's blocks kept as stored (fast decode)
     if getattr(args, "quantize", None) is not None:
         from .quantization import quantize
 
         model = quantize(model, args.quantize)  # from the dequantized weights
-    return model, Tokenizer.from_pretrained(name)
+    return model
+
+
+def _check_cli_chat_template(args, tokenizer) -> None:
+    """``--chat-template NAME`` names one of the tokenizer's named chat templates; without it, the
+    tokenizer has a template to use (a single one, or a ``"default"`` among named ones).
+
+    Raises:
+        ValueError: no chat template (pointing to ``generate``); named templates without
+        ``"default"`` and no ``--chat-template`` (listing the names); ``--chat-template`` that is
+        not one of the names (listing them), or given for a tokenizer without named templates.
+    """
+    stored, name, model = tokenizer.chat_template, args.chat_template, _cli_model(args)
+    if stored is None:
+        raise ValueError(f"model: {model}: {NO_TEMPLATE}; the `generate` command continues raw text")
+    names = sorted(stored) if isinstance(stored, dict) else []
+    if name is None:
+        if isinstance(stored, dict) and "default" not in stored:
+            raise ValueError(f"model: {model}: this model's tokenizer has named chat templates but no 'default'; "
+                             f"choose one with --chat-template NAME (names: {', '.join(names)})")
+        return
+    if not names:
+        raise ValueError(f"chat_template: this model's tokenizer has a single chat template, no named ones; got "
+                         f"{name!r} (leave --chat-template out)")
+    if name not in stored:
+        raise ValueError(f"chat_template: expected one of this model's named chat templates ({', '.join(names)}), "
+                         f"got {name!r}")
 
 
 def _print(text: str) -> None:
@@ -507,7 +605,10 @@ def run_chat(args) -> int:
     the tokens/s of each turn on stderr. ``--max-new-tokens`` (default 256) is the most each reply
     may have: fewer when the conversation comes near the end of the context. ``--temperature`` > 0
     samples, among the ``--top-k`` highest (default 50, as :class:`ChatSession` and Hugging Face;
-    0: no top-k filter) and within ``--top-p``."""
+    0: no top-k filter) and within ``--top-p``. ``--chat-template NAME`` picks one of the
+    tokenizer's named chat templates. Piped standard input without a turn (empty, or only blank
+    lines) is an error, as an empty PROMPT is."""
+    import itertools
     import sys
 
     # The arguments are checked before the model is loaded (seconds) and before anything is printed.
@@ -522,13 +623,22 @@ def run_chat(args) -> int:
     if args.prompt is None and sys.stdin is None:
         raise ValueError("stdin: standard input is closed; give the message as PROMPT or pipe the turns in, one "
                          "a line")
-    model, tokenizer = _load(args)
-    if tokenizer.chat_template is None:
-        raise ValueError(f"model: {_cli_model(args)}: {NO_TEMPLATE}; the `generate` command "
-                         f"continues raw text")
+    tokenizer = _load_tokenizer(args)
+    _check_cli_chat_template(args, tokenizer)
+    turns = iter([args.prompt]) if args.prompt is not None else _stdin_turns()
+    if args.prompt is None and not sys.stdin.isatty():
+        # piped turns: the first is read before the model loads, so that an input without one is
+        # refused as an empty PROMPT is (a terminal's user may end at once with Ctrl-D: exit 0)
+        first = next(turns, None)
+        if first is None:
+            raise ValueError("stdin: no message to answer (standard input is empty or has only blank lines); give "
+                             "the message as PROMPT or pipe the turns in, one a line")
+        turns = itertools.chain([first], turns)
+    model = _load_model(args)
     session = ChatSession(model, tokenizer, system=args.system, max_new_tokens=max_new_tokens,
-                          temperature=args.temperature, top_p=args.top_p, top_k=_cli_top_k(args), seed=args.seed)
-    for message in [args.prompt] if args.prompt is not None else _stdin_turns():
+                          temperature=args.temperature, top_p=args.top_p, top_k=_cli_top_k(args), seed=args.seed,
+                          chat_template=args.chat_template)
+    for message in turns:
         session.send(message, on_text=_print)
         _print("\n")
         print(session.stats, file=sys.stderr)

@@ -14,10 +14,11 @@ from pathlib import Path
 
 import numpy as np
 
-from ._validation import resolve_dtype
+from ._validation import resolve_dtype, type_path
 from .hub import expand_home, load_safetensors, read_config, resolve_model_dir, resolve_model_path
 
-__all__ = ["load_llama_checkpoint", "config_from_file", "build_for_checkpoint", "write_files_atomically", "save_pretrained_files"]
+__all__ = ["load_llama_checkpoint", "config_from_file", "build_for_checkpoint", "write_files_atomically", "save_pretrained_files",
+           "json_value"]
 
 
 def config_from_file(config_class, config: dict, path):
@@ -318,6 +319,38 @@ def write_files_atomically(directory, files, remove=()) -> None:
                 pass  # best effort: a hidden file left behind, the save itself is whole
 
 
+def json_value(value, name: str):
+    """A copy of ``value`` that ``json.dumps`` writes (for a ``config.json`` or
+    ``generation_config.json``): numpy scalars as Python values (as
+    :func:`~transformer_core._validation.hf_config_fields` converts a config's fields), tuples as
+    lists, dicts and lists copied with their items converted; str, int, float, bool and None as
+    they are.
+
+    Raises:
+        TypeError: anything else (an array, a set, an object), or a dict key other than a str, int,
+            float, bool or None, naming where it is: ``name``, then ``[key]`` / ``[index]`` down to it
+            (``config.extra['x']: expected a JSON value (str, int, float, bool, None, list, dict), got
+            numpy.ndarray``).
+    """
+    if isinstance(value, np.generic):
+        value = value.item()  # np.float32(0.1) -> 0.1; what is left (a complex, a datetime) is checked below
+    if value is None or isinstance(value, (str, int, float)):  # bool is an int
+        return value
+    if isinstance(value, (list, tuple)):
+        return [json_value(v, f"{name}[{i}]") for i, v in enumerate(value)]
+    if isinstance(value, dict):
+        out = {}
+        for key, v in value.items():
+            if isinstance(key, np.generic):
+                key = key.item()
+            if not (key is None or isinstance(key, (str, int, float))):
+                raise TypeError(f"{name}: expected JSON object keys (str, int, float, bool, None), got the key "
+                                f"{key!r} of type {type_path(key)}")
+            out[key] = json_value(v, f"{name}[{key!r}]")
+        return out
+    raise TypeError(f"{name}: expected a JSON value (str, int, float, bool, None, list, dict), got {type_path(value)}")
+
+
 def save_pretrained_files(directory, config: dict, state: dict, metadata: dict | None = None,
                           generation_config: dict | None = None) -> None:
     """Writes a Hugging Face model directory: ``model.safetensors`` (``state``, name -> C-contiguous
@@ -346,8 +379,10 @@ def save_pretrained_files(directory, config: dict, state: dict, metadata: dict |
             written).
         NotADirectoryError (an OSError): ``directory`` is a file, or lies under one (naming
             ``directory``; nothing written).
-        TypeError: ``config`` or ``generation_config`` not JSON-serializable (before anything is
-            written); ``directory`` not a str or path.
+        TypeError: a value of ``config`` or ``generation_config`` that JSON cannot write (an array,
+            a set, an object; numpy scalars are written as Python numbers), naming it
+            (``generation_config['eos_token_id']``, :func:`json_value`), before anything is
+            written; ``directory`` not a str or path.
     """
     import json
 
@@ -356,8 +391,10 @@ def save_pretrained_files(directory, config: dict, state: dict, metadata: dict |
     if isinstance(directory, (str, os.PathLike)) and not isinstance(os.fspath(directory), bytes):
         directory = expand_home(directory, "directory")  # else write_files_atomically's TypeError
 
-    text = json.dumps(config, indent=2) + "\n"  # a config that cannot be written fails before any file
-    generation = json.dumps(generation_config, indent=2) + "\n" if generation_config is not None else None
+    # a config that cannot be written fails before any file, naming the value
+    text = json.dumps(json_value(config, "config"), indent=2) + "\n"
+    generation = (json.dumps(json_value(generation_config, "generation_config"), indent=2) + "\n"
+                  if generation_config is not None else None)
     metadata = {"format": "pt"} if metadata is None else metadata
     files = [("model.safetensors", lambda p: save_file(state, p, metadata=metadata))]
     if generation is not None:

@@ -2142,16 +2142,25 @@ class EmbedJob:
         return _NpyWriter(self) if self.kind == "npy" else _ParquetWriter(self)
 
     def commit(self, index: int, **extra) -> None:
-        """Records chunk ``index`` as done (its data must already be on disk), atomically.
+        """Records chunk ``index`` as done (its data must already be on disk), atomically. The
+        manifest in memory changes only once the one on disk has: an error or an interrupt
+        (Ctrl-C) inside the save leaves it as it was, so that :meth:`interrupted_message` counts
+        what is saved.
 
         Raises:
             OSError: ESTALE: the manifest on disk is another run's (this run was replaced, resumed
-            or finished by another); nothing is recorded.
+            or finished by another); nothing is recorded. As :meth:`_save` (a full disk).
         """
         self._check_still_current()
+        before = self.manifest
+        self.manifest = {**before, "completed": [list(r) for r in before["completed"]]}
         _add_to_ranges(self.manifest["completed"], index)
         self.manifest.update(extra)
-        self._save()
+        try:
+            self._save()
+        except BaseException:
+            self.manifest = before
+            raise
 
     def finish(self) -> None:
         """Every chunk done: the data is renamed to ``OUT``, the manifest marked complete, and

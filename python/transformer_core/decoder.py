@@ -543,6 +543,10 @@ class CausalLM(DecoderModel, GenerationMixin):
 
         Raises:
             OSError: the directory or a file cannot be written (naming it; the cause chained).
+            TypeError: ``directory`` not a str or path; a ``config.extra`` or ``generation_config``
+                value that JSON cannot write (an array, a set, an object; numpy scalars are written
+                as Python numbers), naming it (``config.extra['x']``,
+                ``generation_config['eos_token_id']``), before anything is written.
         """
         from .checkpoints import save_pretrained_files
 

@@ -21,13 +21,20 @@ not, is refused while it runs.
 * **One encoder per worker**, not per task: a worker plugin loads the model when the worker starts
   (and in a worker that replaces a dead one) into a per-process cache keyed by the model's
   fingerprint; tasks take it from there. A worker's tasks use its encoder one at a time (a lock).
+  On a cluster that outlives the job (a ``scheduler`` address's, a given Client's) the plugin is
+  unregistered when the job ends, which drops the workers' encoder: later workers load nothing.
+  The workers get a local model path as an absolute path (resolved in the client).
 * **Threads**: each worker's C++ core runs ``threads_per_worker`` OpenMP threads
   (``transformer_core.set_num_threads``, and ``OMP_NUM_THREADS`` in its environment), by default
   the host's cores divided by the worker processes on that host, so that the workers together do
-  not oversubscribe the cores. A local cluster's workers run one Dask task thread each. A worker
-  that runs in the client's own process (``LocalCluster(processes=False)``) keeps the caller's
-  thread count and environment: the thread count is process-wide, and the job does not change
-  the caller's.
+  not oversubscribe the cores. The workers on each host are counted once, when the job starts: a
+  worker that joins later (adaptive scaling, ``cluster.scale``) on a host that had none takes the
+  largest count seen on a host, or all of its host's cores (and those there already keep theirs),
+  so pass ``threads_per_worker`` for a cluster that grows. A local cluster's workers run one Dask
+  task thread each. A worker that runs in the client's own process
+  (``LocalCluster(processes=False)``) keeps the caller's thread count and environment: the thread
+  count is process-wide, and the job does not change the caller's. The thread count and
+  ``OMP_NUM_THREADS`` set in a worker process stay after the job.
 * **Failures**: tasks are idempotent per chunk (same chunk, same part file, atomic rename), so the
   chunks of a worker that dies are recomputed on another worker (Dask reschedules them) with no
   row lost or duplicated.
@@ -115,6 +122,45 @@ def _short_message_logs():
                 _log_length_setting.__exit__(None, None, None)
                 _log_length_setting = None
 
+
+_quiet_jobs = 0  # the jobs in this process that hold Dask quiet (threads may overlap)
+_quiet_restore = None  # what restores Dask's logger levels and warning threshold, from the first such job to the last
+
+
+@contextlib.contextmanager
+def _quiet_dask():
+    """Dask quiet in this process while the block runs (restored when the last of overlapping
+    blocks ends, as :func:`_short_message_logs`): the ``distributed`` loggers at CRITICAL, so that
+    what the job reports itself (a lost scheduler: an OSError; a killed worker: survived) is not
+    also Dask's ERROR lines and tracebacks on stderr, and no "Sending large graph" UserWarning for
+    a chunk of over 10 MB of text (``distributed.admin.large-graph-warning-threshold``)."""
+    global _quiet_jobs, _quiet_restore
+    with _log_length_lock:
+        if _quiet_jobs == 0:
+            setting = dask.config.set({"distributed.admin.large-graph-warning-threshold": 2**62})
+            loggers = [logging.getLogger(name) for name in list(logging.Logger.manager.loggerDict)
+                       if name == "distributed" or name.startswith("distributed.")]
+            loggers = [logger for logger in loggers if isinstance(logger, logging.Logger)]
+            levels = [(logger, logger.level) for logger in [logging.getLogger("distributed"), *loggers]]
+            for logger, _ in levels:
+                logger.setLevel(logging.CRITICAL)
+
+            def restore():
+                for logger, level in levels:
+                    logger.setLevel(level)
+                setting.__exit__(None, None, None)
+
+            _quiet_restore = restore
+        _quiet_jobs += 1
+    try:
+        yield
+    finally:
+        with _log_length_lock:
+            _quiet_jobs -= 1
+            if _quiet_jobs == 0:
+                _quiet_restore()
+                _quiet_restore = None
+
 #: The most worker processes :func:`embed_corpus` starts in a local cluster (``workers``): each is
 #: a process holding its own copy of the model, so more than this only exhausts the machine.
 MAX_WORKERS = 1024
@@ -122,6 +168,8 @@ MAX_WORKERS = 1024
 # The encoder of this worker process: fingerprint -> (SentenceEncoder, lock).
 _ENCODERS: dict = {}
 _ENCODERS_LOCK = threading.Lock()
+# The plugins set up in this worker process that use each encoder: fingerprint -> count.
+_ENCODER_USERS: Counter = Counter()
 # This process, as a worker plugin can tell it from the client's: the same value in an in-process
 # worker (LocalCluster(processes=False)), another in any worker process (spawned or forked).
 _THIS_PROCESS = uuid.uuid4().hex
@@ -140,22 +188,56 @@ def _cores() -> int:
         return os.cpu_count() or 1
 
 
-def _worker_encoder(model: str, fingerprint: str):
+def _worker_model(model) -> str:
+    """The name the workers load ``model`` by: the absolute path of a model directory or file that
+    this process finds (a relative one, or one with ``~``, meant this process's directory and
+    home, not a worker's), else ``model`` itself (an embedded model's name)."""
+    from .hub import _path_text, expand_home
+
+    text = _path_text(model, "model")
+    path = expand_home(text, "model")
+    if path.is_dir() or path.is_file():
+        return str(path.resolve())
+    return text
+
+
+def _this_worker() -> str:
+    """The address of the Dask worker this code runs in ("?" outside one)."""
+    try:
+        from distributed import get_worker
+
+        return get_worker().address
+    except ValueError:  # not in a worker
+        return "?"
+
+
+def _worker_encoder(model: str, fingerprint: str, worker: str | None = None):
     """This process's encoder for ``model`` (loaded on first use), and the lock its users take.
+    ``worker``: the worker's address, for the errors (default: the worker this runs in).
 
     Raises:
-        ValueError: the model found here under that name is not the client's (another fingerprint).
+        ValueError: the model found here under that name is not the client's (another fingerprint),
+            or cannot be loaded here. FileNotFoundError: no such model here. OSError: its files
+            cannot be read here. Each names ``model`` and the worker: the client has loaded the
+            same ``model``, and the workers must see it too.
     """
     with _ENCODERS_LOCK:
         entry = _ENCODERS.get(fingerprint)
         if entry is None:
             from .sentence_encoder import SentenceEncoder
 
-            found = corpus.model_identity(model)["fingerprint"]
-            if found != fingerprint:
-                raise ValueError(f"model: {model!r} on this worker (pid {os.getpid()}) has fingerprint {found[:12]}, "
-                                 f"the client's has {fingerprint[:12]}: the workers must have the same model")
-            entry = (SentenceEncoder.from_pretrained(model), threading.Lock())
+            where = f"worker {worker or _this_worker()} (pid {os.getpid()})"
+            try:
+                found = corpus.model_identity(model)["fingerprint"]
+                if found == fingerprint:
+                    entry = (SentenceEncoder.from_pretrained(model), threading.Lock())
+            except (OSError, ValueError) as e:
+                kind = next(k for k in (FileNotFoundError, OSError, ValueError) if isinstance(e, k))
+                raise kind(f"model: {model!r} cannot be loaded on {where}: {e}; the workers must see the same "
+                              f"model as the client") from None
+            if entry is None:
+                raise ValueError(f"model: {model!r} on {where} has fingerprint {found[:12]}, the client's has "
+                                 f"{fingerprint[:12]}: the workers must have the same model")
             _ENCODERS[fingerprint] = entry
         return entry
 
@@ -166,11 +248,16 @@ class EncoderPlugin(WorkerPlugin):
     Args:
         model: model directory or embedded name (as the workers see it).
         fingerprint: :func:`transformer_core.corpus.model_identity`'s fingerprint of the client's model.
-        threads: OpenMP threads per worker; None = the host's cores / ``workers_per_host[host]``.
-        workers_per_host: worker processes per host (by address), from the scheduler.
+        threads: OpenMP threads per worker; None = the host's cores / ``workers_per_host[host]``
+            (a host not in it: the largest count in it).
+        workers_per_host: worker processes per host (by address), from the scheduler when the
+            job starts (not updated as workers join).
 
     A worker in the process that made the plugin (an in-process cluster's, in the client) leaves
     that process's thread count and ``OMP_NUM_THREADS`` as they are: they are the caller's.
+    :func:`embed_corpus` unregisters it from a cluster that outlives the job; its ``teardown``
+    then drops the worker's encoder (unless another job's plugin of the same model still holds it).
+    The thread count and ``OMP_NUM_THREADS`` it set stay.
     """
 
     idempotent = False
@@ -201,7 +288,21 @@ class EncoderPlugin(WorkerPlugin):
             n = self.threads_for(worker.address)
             os.environ["OMP_NUM_THREADS"] = str(n)  # for anything this worker spawns
             transformer_core.set_num_threads(n)
-        _worker_encoder(self.model, self.fingerprint)
+        _worker_encoder(self.model, self.fingerprint, worker.address)
+        with _ENCODERS_LOCK:
+            _ENCODER_USERS[self.fingerprint] += 1
+        self.set_up = True  # this worker's copy of the plugin (or the in-process workers' one)
+
+    def teardown(self, worker) -> None:
+        """Dask's ``WorkerPlugin`` hook, run when the plugin is unregistered (and when the worker
+        closes): drops the worker's encoder once no other job's plugin uses it."""
+        if not getattr(self, "set_up", False):  # its setup failed: it holds no encoder
+            return
+        with _ENCODERS_LOCK:
+            _ENCODER_USERS[self.fingerprint] -= 1
+            if _ENCODER_USERS[self.fingerprint] <= 0:
+                del _ENCODER_USERS[self.fingerprint]
+                _ENCODERS.pop(self.fingerprint, None)
 
 
 def _embed_chunk(model: str, fingerprint: str, directory: str, run: str, index: int, width: int, start: int,
@@ -226,12 +327,17 @@ def _check_scheduler(scheduler, workers) -> None:
     not both, a ``Client`` or an address Dask can parse (a known scheme; a port for an IP one).
 
     Raises:
-        ValueError: both given; a malformed address (naming ``scheduler``). TypeError: a
-            ``scheduler`` that is neither a str nor a Client.
+        ValueError: both given; a malformed address; a closed Client (or one whose LocalCluster
+            is closed) (naming ``scheduler``). TypeError: a ``scheduler`` that is neither a str
+            nor a Client.
     """
     if scheduler is not None and workers is not None:
         raise ValueError("scheduler and workers: give one (workers starts a local cluster)")
-    if scheduler is None or isinstance(scheduler, Client):
+    if isinstance(scheduler, Client):
+        if scheduler.status in ("closing", "closed"):  # itself closed, or its LocalCluster closed
+            raise ValueError(f"scheduler: expected a running Client, got one that is {scheduler.status}")
+        return
+    if scheduler is None:
         return
     if not isinstance(scheduler, str):
         raise TypeError(f"scheduler: expected an address (str) or a Client, got {type(scheduler).__name__}")
@@ -251,6 +357,30 @@ def _check_scheduler(scheduler, workers) -> None:
 
 #: Seconds a scheduler has to answer: its connection and Dask's handshake (then the Client's own).
 CONNECT_TIMEOUT = 20.0
+#: Seconds a cluster (a ``scheduler`` address's or a given Client's) has to have a worker before
+#: the run starts: a cluster with none would hold the job, and the output's lock, forever.
+WORKER_TIMEOUT = 60.0
+
+
+def _cluster_workers(client) -> dict:
+    """The workers of ``client``'s cluster (address -> Dask's info about it), once it has one:
+    waits up to ``WORKER_TIMEOUT`` seconds for the first.
+
+    Raises:
+        OSError: no worker within ``WORKER_TIMEOUT`` seconds, or the cluster gone (the Client
+            closed, the scheduler lost), naming ``scheduler``.
+    """
+    try:
+        client.wait_for_workers(1, timeout=WORKER_TIMEOUT)
+        info = client.scheduler_info().get("workers")
+    except TimeoutError:
+        raise OSError(f"scheduler: no worker joined the Dask cluster within {WORKER_TIMEOUT:g} s; nothing was "
+                      f"written") from None
+    except OSError as e:  # the Client closed meanwhile, the scheduler gone (Dask's RPCClosed, CommClosedError)
+        raise OSError(f"scheduler: lost the Dask cluster ({type(e).__name__}: {e}); nothing was written") from None
+    if not info:  # an empty answer: the Client closed meanwhile
+        raise OSError(f"scheduler: lost the Dask cluster (the Client is {client.status}); nothing was written")
+    return info
 
 
 def _tcp_probe(address: str, timeout: float) -> None:
@@ -281,34 +411,44 @@ def _tcp_probe(address: str, timeout: float) -> None:
 
 
 def _reach(address: str) -> None:
-    """Opens and closes one Dask connection to ``address``, the handshake included, within
-    ``CONNECT_TIMEOUT`` seconds, after a plain TCP connection (:func:`_tcp_probe`, within
-    ``CONNECT_TIMEOUT`` too) that reports a refused one at once. Dask's ``connect`` bounds the TCP
-    connection but not the handshake that follows: a port that accepts and never answers (not a
-    Dask scheduler) made ``Client`` wait forever. Run in a thread of its own, so that a caller
-    inside an event loop (Jupyter) can call it.
+    """Opens one Dask connection to ``address``, the handshake included, asks the server who it is
+    (Dask's ``identity``) and closes it, within ``CONNECT_TIMEOUT`` seconds, after a plain TCP
+    connection (:func:`_tcp_probe`, within ``CONNECT_TIMEOUT`` too) that reports a refused one at
+    once. Dask's ``connect`` bounds the TCP connection but not the handshake that follows: a port
+    that accepts and never answers (not a Dask scheduler) made ``Client`` wait forever. A service
+    that answers with other bytes made Dask read them as a frame length (numpy's MemoryError for
+    exabytes), and a worker's or a nanny's address made ``Client`` fail with a TypeError. Run in a
+    thread of its own, so that a caller inside an event loop (Jupyter) can call it.
 
     Raises:
-        OSError (TimeoutError included): no answer in time, or the connection refused.
-        ValueError / TypeError: an address or transport Dask refuses.
+        OSError (TimeoutError included): no answer in time, the connection refused, or an answer
+            that is not Dask's (not a Dask server).
+        ValueError: a Dask server that is not a scheduler (a worker, a nanny: named, with the
+            worker's scheduler); an address Dask refuses.
+        TypeError: a transport that needs security settings (``tls://``, ``wss://``).
     """
     import asyncio
 
     from distributed.comm import connect
+    from distributed.core import send_recv
 
+    scheme = parse_address(address)[0]
     _tcp_probe(address, CONNECT_TIMEOUT)
 
     async def handshake():
         comm = await asyncio.wait_for(connect(address, timeout=CONNECT_TIMEOUT), CONNECT_TIMEOUT)
-        await comm.close()
+        try:
+            return await asyncio.wait_for(send_recv(comm, op="identity", reply=True, close=True), CONNECT_TIMEOUT)
+        finally:
+            await comm.close()
 
     outcome = []
 
     def run():
-        """The handshake on this thread's own event loop; its outcome (None or the exception) in ``outcome``."""
+        """The handshake on this thread's own event loop; its outcome (the server's identity or the
+        exception) in ``outcome``."""
         try:
-            asyncio.run(handshake())
-            outcome.append(None)
+            outcome.append(asyncio.run(handshake()))
         except BaseException as e:  # handed to the caller's thread
             outcome.append(e)
 
@@ -317,11 +457,20 @@ def _reach(address: str) -> None:
     thread.join(CONNECT_TIMEOUT + 5)
     if not outcome:
         raise TimeoutError(f"no answer within {CONNECT_TIMEOUT:g} s")
-    if outcome[0] is not None:
-        if isinstance(outcome[0], asyncio.TimeoutError):
-            raise TimeoutError(f"no answer within {CONNECT_TIMEOUT:g} s (a port that accepts but is not a Dask "
-                               "scheduler?)")
-        raise outcome[0]
+    answer = outcome[0]
+    if isinstance(answer, asyncio.TimeoutError):
+        raise TimeoutError(f"no answer within {CONNECT_TIMEOUT:g} s (a port that accepts but is not a Dask "
+                           "scheduler?)")
+    if isinstance(answer, OSError) or (isinstance(answer, TypeError) and scheme in ("tls", "wss")):
+        raise answer
+    if isinstance(answer, BaseException):  # bytes Dask cannot read (HTTP, SSH): a MemoryError, msgpack's ValueError
+        raise OSError(f"it answered, but not as a Dask scheduler: {type(answer).__name__}: {str(answer)[:200]}")
+    if not isinstance(answer, dict):
+        raise OSError(f"it answered, but not as a Dask scheduler: an identity of type {type(answer).__name__}")
+    if "workers" not in answer:  # Scheduler.identity lists its workers; a Worker's or a Nanny's does not
+        kind = answer.get("type", "server")
+        where = f": its scheduler is {answer['scheduler']!r}" if isinstance(answer.get("scheduler"), str) else ""
+        raise ValueError(f"a Dask {kind} answered there, not a scheduler{where}")
 
 
 def _connect(scheduler, workers, threads_per_worker):
@@ -338,9 +487,12 @@ def _connect(scheduler, workers, threads_per_worker):
         except ValueError as e:  # an address Dask refuses only when it connects
             raise ValueError(f"scheduler: expected a scheduler address such as 'tcp://host:8786', got "
                              f"{scheduler!r} ({e})") from None
-        except TypeError as e:  # a transport that needs settings an address cannot carry (tls:// and its context)
-            raise ValueError(f"scheduler: cannot use {scheduler!r} ({type(e).__name__}: {e}); a scheduler that "
-                             "needs TLS or other security settings is given as a Client built with them") from None
+        except TypeError as e:
+            if parse_address(scheduler)[0] in ("tls", "wss"):  # settings an address cannot carry (an SSL context)
+                raise ValueError(f"scheduler: cannot use {scheduler!r} ({type(e).__name__}: {e}); a scheduler that "
+                                 "needs TLS or other security settings is given as a Client built with them") from None
+            raise ValueError(f"scheduler: cannot use {scheduler!r} ({type(e).__name__}: {e}); is it a Dask "
+                             f"scheduler's address?") from None
         return client, None, True, threads_per_worker
     cores = _cores()
     n = workers if workers is not None else cores
@@ -354,7 +506,7 @@ def _connect(scheduler, workers, threads_per_worker):
     with _signals_held() as held:
         try:
             cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=":0",
-                                   silence_logs=logging.ERROR, env={"OMP_NUM_THREADS": str(threads)})
+                                   silence_logs=logging.CRITICAL, env={"OMP_NUM_THREADS": str(threads)})
         except BaseException:  # the second interrupt: the object exists, half started
             for half_built in set(SpecCluster._instances) - before:
                 _close_quietly(half_built)
@@ -414,6 +566,19 @@ def _signals_held():
             signal.signal(signum, handler)
 
 
+def _unregister_quietly(client, name: str) -> None:
+    """Unregisters the job's worker plugin ``name`` from a cluster that outlives the job (its
+    ``teardown`` drops the worker's encoder), so that later workers do not load the model: only
+    while the Client runs (a lost scheduler would be waited for), and an error of it is dropped
+    (the job's own outcome is what the caller gets)."""
+    if client.status != "running":
+        return
+    try:
+        client.unregister_worker_plugin(name)
+    except Exception:
+        pass
+
+
 def _close_quietly(cluster) -> None:
     """Closes a local cluster whose start (or its client's) was interrupted, and takes it off Dask's
     list of clusters to close at exit. Its workers may be half started, which Dask's own close
@@ -428,6 +593,14 @@ def _close_quietly(cluster) -> None:
             pass
     finally:
         SpecCluster._instances.discard(cluster)
+
+
+def _nanny_environ_keys() -> set:
+    """The variables a local cluster's nannies write into this process's environment before they
+    start a worker (Dask's ``distributed.nanny.pre-spawn-environ``, and ``PYTHONHASHSEED`` and
+    ``__DASK_PARENT_PID``, which they add)."""
+    keys = set(dask.config.get("distributed.nanny.pre-spawn-environ", default={}) or {})
+    return keys | {"PYTHONHASHSEED", "__DASK_PARENT_PID"}
 
 
 def _check_counts(workers, threads_per_worker, max_in_flight) -> tuple:
@@ -473,9 +646,20 @@ def embed_corpus(input, out, *, model=DEFAULT_MODEL, scheduler=None, workers: in
         input: a path (as :func:`transformer_core.corpus.open_source`) or a ``TextSource``.
         out: ``*.parquet`` (a directory dataset; the layout and manifest of
             :func:`transformer_core.corpus.embed_file`).
-        model: model directory or embedded name; the workers load it by this name.
+        model: model directory or embedded name; the workers load it by this name (a directory
+            or file found here by its absolute path).
         scheduler: None (start a local cluster of ``workers`` processes), a scheduler address
-            (``"tcp://host:8786"``), or a ``distributed.Client`` (used as is, not closed).
+            (``"tcp://host:8786"``), or a running ``distributed.Client`` (used as is, not
+            closed). The job waits up to ``WORKER_TIMEOUT`` (60) seconds for the cluster's first
+            worker. Its worker plugin is unregistered from a cluster that outlives the job (the
+            workers' encoder dropped); the thread counts set in its worker processes stay.
+            While a job on a ``scheduler`` address or its own local cluster runs, the
+            ``distributed`` loggers of this process are at CRITICAL and Dask's "Sending large
+            graph" warning is off (restored at the end): the job reports a lost cluster itself,
+            and survives a worker that dies. Its own local cluster's nannies write Dask's
+            pre-spawn variables (``distributed.nanny.pre-spawn-environ``, ``PYTHONHASHSEED``,
+            ``__DASK_PARENT_PID``) into this process's environment: those are restored at the
+            end, and the caller's other changes meanwhile stay.
         workers: worker processes of the local cluster, at most ``MAX_WORKERS`` (1024) (default:
             one per core).
         threads_per_worker: C++ (OpenMP) threads per worker, at most 1024 (the core's most,
@@ -518,11 +702,17 @@ def embed_corpus(input, out, *, model=DEFAULT_MODEL, scheduler=None, workers: in
         match the weights) is ``SentenceEncoder.from_pretrained``'s FileNotFoundError or
         ValueError, before a cluster starts. These hold for a complete output with ``resume``
         too (which returns without starting a cluster).
+        ValueError: a ``scheduler`` Client that is closed (or whose LocalCluster is), up front.
         OSError: the scheduler cannot be reached or does not answer within ``CONNECT_TIMEOUT``
-        (20) seconds, or a chunk's workers kept dying (Dask's ``allowed-failures``); ValueError: a
-        ``scheduler`` address that needs security settings (``tls://``: pass a ``Client`` built
-        with them); KeyboardInterrupt with what is saved (once the run has started; before, while
-        the cluster is set up and the workers load the model, one saying that nothing was written;
+        (20) seconds, or answers but not as a Dask server; the cluster has no worker within
+        ``WORKER_TIMEOUT`` (60) seconds, or is lost before the run starts (nothing written);
+        a chunk's workers kept dying (Dask's ``allowed-failures``); ValueError: a ``scheduler``
+        address that needs security settings (``tls://``: pass a ``Client`` built with them),
+        or that is a Dask worker's or nanny's, not a scheduler's; FileNotFoundError / ValueError
+        / OSError naming ``model`` and the worker: a worker cannot load ``model`` or finds
+        another model by that name (the workers must see the client's); KeyboardInterrupt with
+        what is saved (once the run has started; before, while the cluster is set up and the
+        workers load the model, one saying that nothing was written;
         Ctrl-C or the CLI's SIGTERM while a local cluster starts takes effect once it has started,
         and it is closed: a start cut short leaves half-started workers behind; a second one
         interrupts at once).
@@ -538,6 +728,7 @@ def embed_corpus(input, out, *, model=DEFAULT_MODEL, scheduler=None, workers: in
     corpus._check_run_arguments(batch_size, resume, overwrite, progress)
     source = corpus._as_source(input, input_format, text_field, errors)
     identity = corpus._model_identity(model)
+    worker_model = _worker_model(model)
     job = corpus.EmbedJob.prepare(source, out, identity, chunk_size=chunk_size, resume=resume, overwrite=overwrite,
                                   batch_size=batch_size)
     _check_model_loads(model)
@@ -545,8 +736,9 @@ def embed_corpus(input, out, *, model=DEFAULT_MODEL, scheduler=None, workers: in
         return corpus._result(job, 0, 0, time.perf_counter() - t0)
     corpus._need_pyarrow("Parquet output")
     # A local cluster's nannies write Dask's pre-spawn variables (OMP_NUM_THREADS=1, PYTHONHASHSEED,
-    # ...) into this process's environment at every worker (re)start: restored when the job ends.
-    saved_environ = dict(os.environ)
+    # ...) into this process's environment at every worker (re)start: those variables, and only
+    # those, are restored when the job ends (the caller's other changes meanwhile stay)
+    saved_environ = {key: os.environ.get(key) for key in _nanny_environ_keys()} if scheduler is None else {}
     client = cluster = None
     own = False
     settings = contextlib.ExitStack()  # Dask's settings for the connections made here, restored at the end
@@ -554,19 +746,20 @@ def embed_corpus(input, out, *, model=DEFAULT_MODEL, scheduler=None, workers: in
         # read where each connection is built (BatchedSend's log), also a worker's that replaces a
         # dead one, and by a local cluster's nannies for their workers: held until the job ends
         settings.enter_context(_short_message_logs())
+        settings.enter_context(_quiet_dask())  # the CLI's one line: no Dask log lines or warnings
     futures: set = set()
     bar = None
+    plugin_name = None  # the worker plugin registered (or tried) on the cluster
     starting = started = False  # whether job.start() was entered, and whether it created (or took over) the output
     try:
         # inside the try: an interruption while the local cluster starts is the same one line
         client, cluster, own, threads = _connect(scheduler, workers, threads_per_worker)
-        if own and cluster is None:
-            client.wait_for_workers(1, timeout=60)
-        info = client.scheduler_info()["workers"]
+        info = _cluster_workers(client)
         per_host = Counter(get_address_host(addr) for addr in info)
         fingerprint = identity["fingerprint"]
-        plugin = EncoderPlugin(str(model), fingerprint, threads, per_host)
-        client.register_plugin(plugin, name=f"transformer_core-encoder-{fingerprint[:12]}")
+        plugin = EncoderPlugin(worker_model, fingerprint, threads, per_host)
+        plugin_name = f"transformer_core-encoder-{fingerprint[:12]}-{uuid.uuid4().hex[:8]}"
+        client.register_plugin(plugin, name=plugin_name)
         starting = True
         job.start()
         started = True
@@ -584,7 +777,7 @@ def embed_corpus(input, out, *, model=DEFAULT_MODEL, scheduler=None, workers: in
             if item is None:
                 return False
             index, start, texts = item
-            fut = client.submit(_embed_chunk, str(model), fingerprint, directory, run, index, width, start, texts,
+            fut = client.submit(_embed_chunk, worker_model, fingerprint, directory, run, index, width, start, texts,
                                 batch_size, normalize, key=f"transformer_core-embed-{run}-{index}", retries=1)
             futures.add(fut)
             done_queue.add(fut)
@@ -630,6 +823,8 @@ def embed_corpus(input, out, *, model=DEFAULT_MODEL, scheduler=None, workers: in
                 client.cancel(list(futures))
             if bar is not None:
                 bar.close()
+            if plugin_name is not None and cluster is None:  # a cluster that outlives the job: left as it was
+                _unregister_quietly(client, plugin_name)
             if own and client is not None:
                 client.close()
             if cluster is not None:
@@ -637,6 +832,8 @@ def embed_corpus(input, out, *, model=DEFAULT_MODEL, scheduler=None, workers: in
         finally:
             settings.close()
             job.close()  # the output's lock, when the run did not finish (finish released it)
-            if os.environ != saved_environ:
-                os.environ.clear()
-                os.environ.update(saved_environ)
+            for key, value in saved_environ.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                elif os.environ.get(key) != value:
+                    os.environ[key] = value

@@ -14,12 +14,14 @@ import numpy as np
 from ._runtime import core as _core
 from ._validation import (
     activation,
+    check_bool,
     check_config_fields,
     check_eps,
     check_mapping,
     config_token_ids,
     hf_config_fields,
 )
+from .checkpoints import json_value
 from .decoder import CausalLM, CausalLMOutput, DecoderModel, _load_tied_head, _rename_known
 from .hub import (
     ConfigRule,
@@ -83,7 +85,9 @@ class GPT2Config:
     #: the other keys of the ``config.json`` read (``from_dict``), written back by ``to_dict`` so
     #: that a saved model's config reloads as it was (not kept: ``transformers_version``,
     #: ``torch_dtype`` and ``dtype``, which describe the file read, not the one written, and the keys
-    #: ``to_dict`` writes itself: ``model_type``, ``architectures``, ``n_ctx``).
+    #: ``to_dict`` writes itself: ``model_type``, ``architectures``, ``n_ctx``). A
+    #: ``tie_word_embeddings`` kept here is a bool; False (an LM head of its own) loads into
+    #: :class:`GPT2Model` only (:class:`GPT2LMHeadModel` refuses it).
     extra: dict = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -95,10 +99,14 @@ class GPT2Config:
             only one of Hugging Face's ``GPT2Config``; a config without one is read as GPT-2's),
             whose fields would otherwise be dropped for GPT-2's defaults; options this
             implementation does not support (``scale_attn_weights=False``,
-            ``tie_word_embeddings=False`` — the LM head is always ``wte`` —,
             ``scale_attn_by_inverse_layer_idx``, ``add_cross_attention``, an activation outside the
             library's table); a field given under both names of Hugging Face's ``attribute_map``
-            (``num_attention_heads`` and ``n_head``, ...) with two values.
+            (``num_attention_heads`` and ``n_head``, ...) with two values. TypeError: a
+            ``tie_word_embeddings`` that is not a bool.
+
+        ``tie_word_embeddings`` is kept in ``extra``: False (an untied ``lm_head.weight``) is read
+        here, for :class:`GPT2Model`, which drops that head as transformers' ``GPT2Model`` does;
+        :class:`GPT2LMHeadModel` refuses such a config (its LM head is always ``wte``).
 
         Hugging Face's generic names (``hidden_size``, ``num_attention_heads``,
         ``num_hidden_layers``, ``max_position_embeddings``: its ``GPT2Config.attribute_map``) are read
@@ -120,9 +128,6 @@ class GPT2Config:
             raise ValueError(f"config.json: model_type {model_type!r} is not supported here (expected 'gpt2')")
         if d.get("scale_attn_weights", True) is not True:
             raise ValueError("config.json: scale_attn_weights=False is not supported")
-        if d.get("tie_word_embeddings", True) is not True:
-            raise ValueError(f"config.json: tie_word_embeddings={d['tie_word_embeddings']!r} is not supported: only "
-                             "an LM head tied to the token embedding (wte), GPT-2's")
         for key in ("scale_attn_by_inverse_layer_idx", "add_cross_attention"):
             if d.get(key, False):
                 raise ValueError(f"config.json: {key}=True is not supported")
@@ -150,8 +155,8 @@ class GPT2Config:
         >= 0, ``activation_function`` a name of the library's table, ``eos_token_id`` None, an id or a
         list of ids (``bos_token_id`` and ``pad_token_id`` too; a negative id is read as none, as
         Hugging Face reads it, and dropped from a list), ``resid_pdrop``, ``embd_pdrop`` and
-        ``attn_pdrop`` probabilities in [0, 1), ``extra`` a dict. Sizes too large for this machine are
-        the C++ model's to refuse.
+        ``attn_pdrop`` probabilities in [0, 1), ``extra`` a dict (its ``tie_word_embeddings``, when
+        there, a bool). Sizes too large for this machine are the C++ model's to refuse.
 
         Raises:
             TypeError / ValueError: naming the field.
@@ -164,6 +169,8 @@ class GPT2Config:
         for name in ("resid_pdrop", "embd_pdrop", "attn_pdrop"):
             check_dropout(getattr(self, name), name)
         check_mapping(self.extra, "extra")
+        if "tie_word_embeddings" in self.extra:
+            check_bool(self.extra["tie_word_embeddings"], "tie_word_embeddings")
         generic = sorted(set(_HF_ALIASES) & set(self.extra))
         if generic:  # saved beside the field, transformers would read it instead (its attribute_map)
             raise ValueError(f"extra: {generic[0]!r} is transformers' name of {_HF_ALIASES[generic[0]]!r} (its "
@@ -171,9 +178,14 @@ class GPT2Config:
         return self
 
     def to_dict(self) -> dict:
-        """The ``config.json`` object Hugging Face's ``GPT2Config`` reads: ``extra``'s keys (copies),
-        then the fields."""
-        d = {k: copy.deepcopy(v) for k, v in self.extra.items() if k not in _NOT_KEPT}
+        """The ``config.json`` object Hugging Face's ``GPT2Config`` reads: ``extra``'s keys (copies,
+        numpy scalars as Python numbers), then the fields.
+
+        Raises:
+            TypeError: an ``extra`` value that JSON cannot write (an array, a set, an object),
+                naming it: ``config.extra['key']`` (:func:`~transformer_core.checkpoints.json_value`).
+        """
+        d = {k: json_value(v, f"config.extra[{k!r}]") for k, v in self.extra.items() if k not in _NOT_KEPT}
         d.update(hf_config_fields({k: getattr(self, k) for k in self.__dataclass_fields__ if k != "extra"}))
         d.update(model_type="gpt2", architectures=["GPT2LMHeadModel"], n_ctx=self.n_positions)
         return d
@@ -196,6 +208,12 @@ class GPT2Config:
         c.activation_function = activation(self.activation_function, "activation_function")
         c.layer_norm_epsilon = check_eps(self.layer_norm_epsilon, "layer_norm_epsilon")
         return c
+
+
+def _untied(config: GPT2Config) -> bool:
+    """Whether ``config`` (checked: a bool, or none) says ``tie_word_embeddings=False``: an LM head
+    of its own."""
+    return not config.extra.get("tie_word_embeddings", True)
 
 
 def _check_config_against_weights(model_dir, config: GPT2Config, state: dict) -> None:
@@ -226,7 +244,12 @@ class GPT2Model(DecoderModel):
     given beside it, it must equal it (a different one raises ValueError, naming it), and given
     without it, it loads into ``wte.weight`` (which is then not among ``missing_keys``; torch
     lists the key there while loading the tensor through the head). Unknown keys are reported
-    under the names given.
+    under the names given. With ``tie_word_embeddings=False`` (in the config's ``extra``) an
+    ``lm_head.weight`` is the head of its own of a ``GPT2LMHeadModel`` of transformers, and is
+    ignored (hidden states need no head), as transformers' ``GPT2Model`` and
+    :class:`~transformer_core.llama.LlamaModel` ignore it. :meth:`from_pretrained` also leaves out
+    the ``score.weight`` head of a ``GPT2ForSequenceClassification`` folder, as transformers'
+    ``GPT2Model.from_pretrained`` does.
 
     Args:
         config: :class:`GPT2Config` or a ``config.json`` dict.
@@ -236,6 +259,13 @@ class GPT2Model(DecoderModel):
     config_class = GPT2Config
     _core_class = "GPT2Model"
     _context_field = "n_positions"
+    #: Task heads a checkpoint folder may hold that :meth:`from_pretrained` leaves out (a sequence
+    #: classifier's).
+    _checkpoint_heads = frozenset({"score.weight"})
+
+    @classmethod
+    def _check_head(cls, config: GPT2Config) -> None:
+        """ValueError when this class cannot hold ``config``'s LM head; GPT2Model has none."""
 
     def _ffn_width(self) -> tuple[int, str]:
         """GPT-2's feed-forward: one hidden activation of n_inner values a row (None or 0: 4 · n_embd)."""
@@ -247,6 +277,8 @@ class GPT2Model(DecoderModel):
 
     def _rename_state_dict(self, state: dict) -> dict:
         state = {k: v for k, v in state.items() if not _IGNORED.search(k)}  # buffers
+        if _untied(self.config):  # a head of its own: not ours to load
+            state.pop("lm_head.weight", None)
         has_head = "lm_head.weight" in state
         head = state.pop("lm_head.weight", None)
         shapes = self.parameter_shapes()
@@ -260,7 +292,10 @@ class GPT2Model(DecoderModel):
     def from_pretrained(cls, name_or_path, dtype=np.float32):
         """Loads a Hugging Face GPT-2 directory (``config.json`` + ``model.safetensors``) with the
         ``safetensors`` package: no torch. The tensors are read in ``dtype`` (``np.float32`` or
-        ``np.float64``): a float64 checkpoint loads bit for bit with ``dtype=np.float64``.
+        ``np.float64``; None is float32, transformers' default): a float64 checkpoint loads bit for
+        bit with ``dtype=np.float64``. :class:`GPT2Model` also loads a ``GPT2LMHeadModel`` folder of
+        ``tie_word_embeddings=False`` (its ``lm_head.weight`` ignored) and a
+        ``GPT2ForSequenceClassification`` one (its ``score.weight`` ignored), as transformers'.
         ``model.generation_config`` keeps the directory's ``generation_config.json`` (None without
         one), whose end and padding ids ``generate`` uses in place of ``config.json``'s
         (:func:`transformer_core.hub.read_generation_config`).
@@ -272,15 +307,23 @@ class GPT2Model(DecoderModel):
                 ``n_inner``, ``n_layer``) the weights contradict (naming the file and the fields,
                 before the model is built); a missing, unknown or mis-shaped tensor (listed, naming
                 ``model.safetensors`` or a sharded checkpoint's index); an
-                unsupported config (e.g. ``tie_word_embeddings=False``) or an ``lm_head.weight``
+                unsupported config (e.g. ``tie_word_embeddings=False`` for
+                :class:`GPT2LMHeadModel`, before the weights are read) or a tied ``lm_head.weight``
                 other than ``wte.weight``; a malformed ``generation_config.json`` (named).
-            TypeError: ``dtype`` not float32/float64.
+            TypeError: ``dtype`` not None, float32 or float64.
         """
         from .checkpoints import build_for_checkpoint, config_from_file
 
+        if dtype is None:  # transformers' default, as LlamaForCausalLM.from_pretrained's
+            dtype = np.float32
         model_dir = resolve_model_dir(name_or_path)
         config = config_from_file(GPT2Config, read_config(model_dir), model_dir / "config.json")
+        try:
+            cls._check_head(config)
+        except ValueError as e:
+            raise ValueError(f"{model_dir / 'config.json'}: {e}") from None
         state = load_safetensors(model_dir, dtype)  # float64 read as float64: not rounded through float32
+        state = {k: v for k, v in state.items() if k not in cls._checkpoint_heads}
         _check_config_against_weights(model_dir, config, state)  # before the model of that config is built
         generation_config = read_generation_config(model_dir)
         model = build_for_checkpoint(cls, config, dtype, model_dir / "config.json")
@@ -294,7 +337,26 @@ class GPT2LMHeadModel(GPT2Model, CausalLM):
     ``generate`` and training (``loss`` / ``backward``, see :class:`~transformer_core.decoder.CausalLM`;
     the head's gradient adds into ``wte.weight``'s), as Hugging Face's ``GPT2LMHeadModel``. Weights:
     :class:`GPT2Model`'s names; ``save_pretrained`` writes them with Hugging Face's ``transformer.``
-    prefix. Training uses the config's ``resid_pdrop`` and ``embd_pdrop``."""
+    prefix. Training uses the config's ``resid_pdrop`` and ``embd_pdrop``.
+
+    Raises:
+        ValueError: a config of ``tie_word_embeddings=False`` (in ``extra``: an LM head of its own,
+            which this model, whose head is always ``wte``, cannot hold; :class:`GPT2Model` loads
+            such a checkpoint without its head), before any weight is allocated.
+    """
+
+    _checkpoint_heads = frozenset()  # a classifier's head beside an LM is reported, not dropped
+
+    @classmethod
+    def _check_head(cls, config: GPT2Config) -> None:
+        if _untied(config):
+            raise ValueError("tie_word_embeddings=False is not supported by GPT2LMHeadModel: its LM head is always "
+                             "the token embedding (wte), GPT-2's; GPT2Model loads such a checkpoint without its head")
+
+    def _core_config(self):
+        core_config = super()._core_config()  # the config's own checks first
+        self._check_head(self.config)
+        return core_config
 
     def _dropout_probs(self) -> tuple[float, float]:
         c = self.config

@@ -44,7 +44,13 @@ def _same_bits(a: np.ndarray, b: np.ndarray, rows: int = 4096) -> bool:
 class LlamaConfig:
     """The fields of a Hugging Face ``LlamaConfig`` that the forward pass needs (``config.json``).
 
-    Sizes are checked when the model is built (ValueError naming the field)."""
+    Sizes are checked when the model is built (ValueError naming the field).
+
+    Unlike transformers: ``max_position_embeddings`` is the context length here, which ``forward``,
+    ``loss``, ``generate`` and the KV cache enforce (past + new length, and ``position_ids``, below
+    it; a ValueError naming ``input_ids`` or ``position_ids`` otherwise). transformers' Llama
+    computes RoPE past it (there it is only the pre-training length, read by RoPE scalings, which
+    are refused here), so a longer input gives logits there and a ValueError here."""
 
     vocab_size: int = 32000
     hidden_size: int = 4096
@@ -53,6 +59,7 @@ class LlamaConfig:
     num_attention_heads: int = 32
     num_key_value_heads: int | None = None
     head_dim: int | None = None
+    #: the context length, enforced (see the class doc; transformers does not enforce it)
     max_position_embeddings: int = 2048
     rms_norm_eps: float = 1e-6
     rope_theta: float = 10000.0
@@ -175,7 +182,8 @@ class LlamaModel(DecoderModel):
     ignored: hidden states need no head); unknown keys are reported under the names given.
     :meth:`from_pretrained` also leaves out the ``score.*`` head of a
     ``LlamaForSequenceClassification`` / ``...ForTokenClassification`` folder, as transformers'
-    ``LlamaModel.from_pretrained`` does.
+    ``LlamaModel.from_pretrained`` does. The context is ``config.max_position_embeddings``
+    positions (past + new), enforced here unlike in transformers (see :class:`LlamaConfig`).
 
     Args:
         config: :class:`LlamaConfig` or a ``config.json`` dict.

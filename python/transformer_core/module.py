@@ -296,85 +296,35 @@ def _from_checkpoint(value: np.ndarray, transposed: bool, row_permutation) -> np
     return value
 
 
-class _BoundParameter(Parameter):
-    """A :class:`Parameter` whose ``data`` and ``grad`` are zero-copy views of a C++ module's
-    buffers: ``grad`` is None until a backward wrote the gradient (since the last ``zero_grad``).
+class _LaidOutParameter(Parameter):
+    """A :class:`Parameter` whose ``data`` (and ``grad``) may have another layout than the
+    checkpoint's: ``transposed`` and ``row_permutation`` say which (see :class:`_BoundParameter`,
+    the model's parameters, which are views of C++ buffers). A deep copy or a pickle of a model's
+    parameter whose layout is not the checkpoint's is one of these, holding copies of its values in
+    the same layout (:meth:`_BoundParameter._detached`), so that it still says its layout and
+    ``load_state_dict`` maps it to the checkpoint's: restoring such a snapshot changes nothing.
 
-    Being views, ``data`` and ``grad`` have the C++ layout (the optimizers update them in place),
-    which two attributes relate to the checkpoint's (``state_dict``, ``gradients``):
+    Args:
+        data, name, grad: as :class:`Parameter`'s.
+        transposed: the checkpoint stores the weight as the transpose of ``data``.
+        row_permutation: None, or the int64 index ``p`` with ``checkpoint_rows = data[p]`` (after
+            any transpose).
 
-    * ``transposed``: the checkpoint stores this weight as the transpose of ``data`` (GPT-2's Conv1D
-      weights): ``data`` and ``grad`` have the C++ ``(out, in)`` layout;
-    * ``row_permutation``: None, or an int64 index ``p`` of ``data.shape[0]`` rows with
-      ``checkpoint_rows = data[p]`` (the q/k projections of a Llama model of
-      ``rope_layout="interleaved"``, which holds each head's rows interleaved).
-
-    :meth:`to_checkpoint_layout` / :meth:`from_checkpoint_layout` apply them (to ``data``, ``grad``,
-    an optimizer moment).
-
-    Equality is the weight's: two of these are equal (``==``, and hash alike) when they view the same
-    weight of the same C++ module, whatever their ``name``. A module's parameters and its child's are
-    different objects, since the name is the level's (``n.fc1.parameters()[0].name`` is ``"weight"``,
-    ``n.parameters()[0].name`` is ``"fc1.weight"``: the optimizers key their state by it), but they
-    compare equal, so torch's idioms by membership work across levels::
-
-        frozen = set(n.fc1.parameters())
-        trained = [p for p in n.parameters() if p not in frozen]   # fc2's only
+    Raises:
+        TypeError, ValueError: as :class:`Parameter`.
     """
 
-    __slots__ = ("_impl", "_core_name", "transposed", "row_permutation")
+    __slots__ = ("transposed", "row_permutation")
 
-    def __eq__(self, other) -> bool:
-        """Whether ``other`` views the same weight (the same C++ module and weight there); any
-        other object is compared as Python compares objects by default (by identity)."""
-        if isinstance(other, _BoundParameter):
-            return self._impl is other._impl and self._core_name == other._core_name
-        return NotImplemented
-
-    def __hash__(self) -> int:
-        """The weight's: equal parameters (:meth:`__eq__`) hash alike (the C++ module, held by the
-        parameter, keeps its id while the parameter lives)."""
-        return hash((id(self._impl), self._core_name))
-
-    def __init__(self, impl, core_name: str, name: str, transposed: bool, row_permutation=None):
-        self._impl = impl
-        self._core_name = core_name
+    def __init__(self, data, name: str | None = None, grad=None, transposed: bool = False, row_permutation=None):
         self.transposed = transposed
         self.row_permutation = row_permutation
-        try:
-            view = impl.parameter_view(core_name)
-        except ValueError as e:  # held quantized: named by its place in the model, not in its C++ module
-            message = str(e)
-            raise ValueError(f"{name}: {message.removeprefix(core_name + ': ')}") from None
-        super().__init__(view, name)
-
-    def __copy__(self) -> "_BoundParameter":
-        """A shallow copy, as torch's ``copy.copy(param)``: a Parameter over the same C++ buffers (a
-        write through either reaches the model)."""
-        return _BoundParameter(self._impl, self._core_name, self.name, self.transposed, self.row_permutation)
-
-    def __deepcopy__(self, memo: dict) -> Parameter:
-        """As torch's ``copy.deepcopy(param)``. Copied in the same call as its model, after it
-        (``copy.deepcopy((model, model.named_parameters()))``): the copy model's parameter, a
-        Parameter over the copy's C++ buffers (the memo maps this one's C++ module to the copy's,
-        see :func:`_copy_into`). Otherwise an independent plain :class:`Parameter`: a copy of
-        ``data`` (in its layout, the C++ one) and the name; writes to it do not reach the model.
-        Unlike torch's, which drops ``.grad``, a copy of ``grad`` too (None when it reads None), as
-        this library's module copies keep their gradients."""
-        copied_impl = memo.get(id(self._impl))
-        if copied_impl is not None:
-            return _BoundParameter(copied_impl, self._core_name, self.name, self.transposed, self.row_permutation)
-        return self._detached()
-
-    def _detached(self) -> Parameter:
-        """A plain :class:`Parameter` holding copies of ``data`` and ``grad`` (None when it reads None)."""
-        grad = self.grad
-        return Parameter(np.array(self.data, copy=True), self.name, None if grad is None else np.array(grad, copy=True))
+        super().__init__(data, name, grad)
 
     def __reduce_ex__(self, protocol):
-        """Pickling: a plain :class:`Parameter` of copies of ``data`` and ``grad`` (the C++ buffers
-        themselves cannot be pickled)."""
-        return self._detached().__reduce_ex__(protocol)
+        """Copies and pickles: a :class:`_LaidOutParameter` of ``data``, ``name``, ``grad`` and the
+        layout (over the same arrays for ``copy.copy``, copies of them for ``copy.deepcopy`` and pickle)."""
+        return _LaidOutParameter, (self._data, self.name, self._grad, self.transposed, self.row_permutation)
 
     @property
     def checkpoint_layout(self) -> bool:
@@ -407,6 +357,93 @@ class _BoundParameter(Parameter):
         if value.shape != shape:
             raise ValueError(f"value: expected the checkpoint shape of {self.name!r}, {shape}, got {value.shape}")
         return _from_checkpoint(value, self.transposed, self.row_permutation)
+
+
+class _BoundParameter(_LaidOutParameter):
+    """A :class:`Parameter` whose ``data`` and ``grad`` are zero-copy views of a C++ module's
+    buffers: ``grad`` is None until a backward wrote the gradient (since the last ``zero_grad``).
+
+    Being views, ``data`` and ``grad`` have the C++ layout (the optimizers update them in place),
+    which two attributes relate to the checkpoint's (``state_dict``, ``gradients``):
+
+    * ``transposed``: the checkpoint stores this weight as the transpose of ``data`` (GPT-2's Conv1D
+      weights): ``data`` and ``grad`` have the C++ ``(out, in)`` layout;
+    * ``row_permutation``: None, or an int64 index ``p`` of ``data.shape[0]`` rows with
+      ``checkpoint_rows = data[p]`` (the q/k projections of a Llama model of
+      ``rope_layout="interleaved"``, which holds each head's rows interleaved).
+
+    :meth:`to_checkpoint_layout` / :meth:`from_checkpoint_layout` apply them (to ``data``, ``grad``,
+    an optimizer moment).
+
+    Equality is the weight's: two of these are equal (``==``, and hash alike) when they view the same
+    weight of the same C++ module, whatever their ``name``. A module's parameters and its child's are
+    different objects, since the name is the level's (``n.fc1.parameters()[0].name`` is ``"weight"``,
+    ``n.parameters()[0].name`` is ``"fc1.weight"``: the optimizers key their state by it), but they
+    compare equal, so torch's idioms by membership work across levels::
+
+        frozen = set(n.fc1.parameters())
+        trained = [p for p in n.parameters() if p not in frozen]   # fc2's only
+    """
+
+    __slots__ = ("_impl", "_core_name")
+
+    def __eq__(self, other) -> bool:
+        """Whether ``other`` views the same weight (the same C++ module and weight there); any
+        other object is compared as Python compares objects by default (by identity)."""
+        if isinstance(other, _BoundParameter):
+            return self._impl is other._impl and self._core_name == other._core_name
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        """The weight's: equal parameters (:meth:`__eq__`) hash alike (the C++ module, held by the
+        parameter, keeps its id while the parameter lives)."""
+        return hash((id(self._impl), self._core_name))
+
+    def __init__(self, impl, core_name: str, name: str, transposed: bool, row_permutation=None):
+        self._impl = impl
+        self._core_name = core_name
+        try:
+            view = impl.parameter_view(core_name)
+        except ValueError as e:  # held quantized: named by its place in the model, not in its C++ module
+            message = str(e)
+            raise ValueError(f"{name}: {message.removeprefix(core_name + ': ')}") from None
+        super().__init__(view, name, None, transposed, row_permutation)
+
+    def __copy__(self) -> "_BoundParameter":
+        """A shallow copy, as torch's ``copy.copy(param)``: a Parameter over the same C++ buffers (a
+        write through either reaches the model)."""
+        return _BoundParameter(self._impl, self._core_name, self.name, self.transposed, self.row_permutation)
+
+    def __deepcopy__(self, memo: dict) -> Parameter:
+        """As torch's ``copy.deepcopy(param)``. Copied in the same call as its model, after it
+        (``copy.deepcopy((model, model.named_parameters()))``): the copy model's parameter, a
+        Parameter over the copy's C++ buffers (the memo maps this one's C++ module to the copy's,
+        see :func:`_copy_into`). Otherwise an independent Parameter (:meth:`_detached`): a copy of
+        ``data`` (in its layout, the C++ one) and the name; writes to it do not reach the model.
+        Unlike torch's, which drops ``.grad``, a copy of ``grad`` too (None when it reads None), as
+        this library's module copies keep their gradients."""
+        copied_impl = memo.get(id(self._impl))
+        if copied_impl is not None:
+            return _BoundParameter(copied_impl, self._core_name, self.name, self.transposed, self.row_permutation)
+        return self._detached()
+
+    def _detached(self) -> Parameter:
+        """A Parameter holding copies of ``data`` and ``grad`` (None when it reads None), in this
+        one's layout: a plain :class:`Parameter` where that is the checkpoint's, else a
+        :class:`_LaidOutParameter` that keeps ``transposed`` and ``row_permutation`` (so that
+        ``load_state_dict`` of a snapshot maps its values back to the checkpoint's layout)."""
+        grad = self.grad
+        data = np.array(self.data, copy=True)
+        grad = None if grad is None else np.array(grad, copy=True)
+        if self.checkpoint_layout:
+            return Parameter(data, self.name, grad)
+        permutation = None if self.row_permutation is None else np.array(self.row_permutation, copy=True)
+        return _LaidOutParameter(data, self.name, grad, self.transposed, permutation)
+
+    def __reduce_ex__(self, protocol):
+        """Pickling: the Parameter of :meth:`_detached` (copies of ``data`` and ``grad``, the layout
+        kept where it is not the checkpoint's; the C++ buffers themselves cannot be pickled)."""
+        return self._detached().__reduce_ex__(protocol)
 
     @property
     def grad(self):
@@ -604,11 +641,16 @@ def _unconverted(value, name: str) -> tuple:
     torch tensor as it is (its dtype and shape read from it: a bfloat16 one is not widened, one on
     another device not moved), anything else as :func:`to_numpy` views it (an array as it is, a
     nested list converted once, here). :func:`as_weight` converts the value later, if its shape fits.
+    A Parameter that says its layout is not the checkpoint's (a model's, from ``named_parameters()``,
+    or a deep copy of one: ``transposed``, ``row_permutation``) as it is, with the checkpoint's shape:
+    :func:`_checkpoint_value` maps it later.
 
     Raises:
         TypeError: not floating-point data (as :func:`as_weight`, naming ``name``), or not an array.
         ValueError: a ragged nested list.
     """
+    if isinstance(value, _LaidOutParameter) and not value.checkpoint_layout:
+        return value, value.shape[::-1] if value.transposed else value.shape
     if _is_torch_tensor(value):
         if not value.is_floating_point():
             raise TypeError(f"{name}: expected a floating-point tensor, got {value.dtype}")
@@ -617,6 +659,14 @@ def _unconverted(value, name: str) -> tuple:
     if arr.dtype.kind != "f":
         raise TypeError(f"{name}: expected a floating-point array, got dtype {arr.dtype}")
     return arr, arr.shape
+
+
+def _checkpoint_value(value):
+    """A value :func:`_unconverted` passed, in the checkpoint's layout: a Parameter of another layout
+    (see there) mapped to it (a copy), anything else as it is."""
+    if isinstance(value, _LaidOutParameter):
+        return value.to_checkpoint_layout(value.data)
+    return value
 
 
 class _Slot(NamedTuple):
@@ -744,7 +794,7 @@ class _Recipe:
     attributes it had then (those a copy takes, :func:`_carried_attributes`, modules left out: the
     constructors read plain values, ``layer.dropout``, ``layer.norm_first``). So a copy or a pickle
     of the module built from it holds no second set of weights (the template's), and what the
-    caller does to the given module afterwards (``layer.norm_first = True``, quantizing it) changes
+    caller does to the given module afterwards (``layer.dropout = 0.5``, quantizing it) changes
     no copy.
 
     Equal recipes (:meth:`__eq__`) build modules that compute alike; a recipe is never changed once
@@ -891,6 +941,67 @@ def _one_training_call_at_a_time(method: Callable, always: bool) -> Callable:
     return locked
 
 
+class FixedSetting:
+    """A layer's setting that its C++ layer was built with (``Linear.in_features``, ``LayerNorm.eps``,
+    ``TransformerEncoderLayer.norm_first``, ...), as a read-only attribute of torch's name.
+
+    torch's layers read some of these in their forward (``eps``, ``norm_first``, ``activation``), so
+    that assigning one changes what the layer computes, and keep others as labels (``in_features``);
+    here the C++ layer was built from them once, and a forward checking its input against a changed
+    size, a copy or a stack built from a changed value would disagree with the layer (or read past
+    its weights). So the value is set once, by
+    the constructor (:meth:`set`, kept in the instance's ``__dict__`` under the same name: copies
+    and pickles carry it as any attribute), and assigning or deleting it raises AttributeError
+    saying to build a new layer.
+
+    Args:
+        default: what the attribute reads while the constructor has not set it; absent: an
+            AttributeError then.
+
+    Raises (assigning, deleting):
+        AttributeError: always (``"<name> is fixed when the layer is built; build a new layer"``).
+    """
+
+    _NO_DEFAULT = object()
+
+    def __init__(self, default=_NO_DEFAULT):
+        self.default = default
+        self.name = None
+
+    def __set_name__(self, owner, name: str) -> None:
+        self.name = name
+
+    def __get__(self, module, owner=None):
+        if module is None:
+            return self
+        try:
+            return module.__dict__[self.name]
+        except KeyError:
+            if self.default is FixedSetting._NO_DEFAULT:
+                raise AttributeError(f"{type(module).__name__!r} object has no attribute {self.name!r}") from None
+            return self.default
+
+    def __set__(self, module, value) -> None:
+        raise fixed_setting_refusal(module, self.name)
+
+    def __delete__(self, module) -> None:
+        raise fixed_setting_refusal(module, self.name)
+
+    @staticmethod
+    def set(module, **values) -> None:
+        """Sets the fixed settings ``values`` (``{name: value}``) of ``module``, being built."""
+        module.__dict__.update(values)
+
+
+def fixed_setting_refusal(module, name: str) -> AttributeError:
+    """The AttributeError of assigning (or deleting) ``name``, a setting ``module``'s C++ layer was
+    built with (:class:`FixedSetting`)."""
+    cls = type(module).__name__
+    return AttributeError(f"{cls}.{name}: {name} is fixed when the layer is built (its C++ layer was built with "
+                          f"{name}={getattr(module, name, None)!r}); build a new layer: {cls}(..., {name}=...), "
+                          "and load this one's weights into it with load_state_dict(m.state_dict()) where they fit")
+
+
 class Module:
     """Base class of every layer and model: weights by name, ``state_dict``/``load_state_dict``.
 
@@ -972,7 +1083,13 @@ class Module:
                 where ``lm_head.weight`` is the model's own; ``layer.linear1 = None``): the forward
                 runs the C++ module, which would never use the new value, while torch's
                 ``state_dict``, ``load_state_dict`` and optimizers would. The message says how to
-                set a weight's values (``p.data[...] = x``, ``load_state_dict``). Nothing is set.
+                set a weight's values (``p.data[...] = x``, ``load_state_dict``). Also a value other
+                than None at the name of a weight the module was built without (``bias`` of
+                ``nn.Linear(2, 2, bias=False)``, ``weight`` of ``nn.LayerNorm(8,
+                elementwise_affine=False)``: it reads None, as torch's), which torch would register
+                and use: build the module with it. Nothing is set.
+            AttributeError: ``name`` is a setting the C++ layer was built with (``in_features``,
+                ``eps``, ``norm_first``, ...: see :class:`FixedSetting`). Nothing is set.
             TypeError: ``value`` is a :class:`~transformer_core.parameter.Parameter` (torch's
                 ``self.cls_token = nn.Parameter(...)``): it would be registered nowhere (see the
                 class doc). Nothing is set.
@@ -980,6 +1097,8 @@ class Module:
         taken = [] if name.startswith("_") else self._weights_under(name, complete=False)
         if taken:
             raise ValueError(self._weight_name_refusal(name, value, taken))
+        if value is not None and name in type(self)._optional_weights:
+            raise ValueError(self._left_out_weight_refusal(name, value))
         if isinstance(value, Parameter):
             raise TypeError(
                 f"{type(self).__name__}.{name}: cannot assign a Parameter to a module's attribute: this library's "
@@ -1015,6 +1134,18 @@ class Module:
                    "named_parameters()), or use another attribute name")
         return (f"{cls}.{name}: cannot assign {what} here: this module's own weights already use the name {name!r} "
                 f"({listed}) and its forward would not use the new {kind} (it runs its C++ weights); {how}")
+
+    def _left_out_weight_refusal(self, name: str, value) -> str:
+        """The message of :meth:`__setattr__` refusing ``value`` at ``name``, a weight this module
+        was built without (one of ``_optional_weights``, which reads None)."""
+        what = (f"a {type(value).__name__}" if isinstance(value, (Module, Parameter))
+                else f"a value of type {type(value).__name__}")
+        cls = type(self).__name__
+        return (f"{cls}.{name}: cannot assign {what} here: this module was built without a {name!r} weight "
+                f"({name} reads None) and its forward would not use the new value (it runs its C++ weights); "
+                f"build a new {cls} with that weight (e.g. bias=True, elementwise_affine=True: the constructor's "
+                f"argument that gives it), then set its values in place (m.{name}.data[...] = x) or load them "
+                "with m.load_state_dict(...)")
 
     def _weights_under(self, name: str, complete: bool = True) -> list[str]:
         """The names of this module's own weights that are ``name`` or lie under it (``name.*``),
@@ -1335,7 +1466,18 @@ class Module:
         its value. Either way it returns ``_IncompatibleKeys(missing_keys, unexpected_keys)`` (lists
         of the names, after a subclass's renaming of the checkpoint's alternative names), and a
         present weight of another shape or of no floating-point data is refused before anything
-        changes (torch too refuses a mis-shaped one under ``strict=False``).
+        changes (torch too refuses a mis-shaped one under ``strict=False``). A key that is not a str
+        names no weight: it is an unexpected key (refused under ``strict=True``, returned in
+        ``unexpected_keys`` under ``strict=False``) and never reaches a model's renaming of the
+        checkpoint's names (torch's raises an AttributeError from its string handling instead).
+
+        The Parameters of ``named_parameters()`` load as torch's (``dst.load_state_dict(dict(
+        src.named_parameters()))`` makes ``dst`` compute as ``src``), also where their ``data`` has
+        another layout than the checkpoint's (a GPT-2 Conv1D weight, transposed; the q/k rows of a
+        Llama model of ``rope_layout="interleaved"``): each says its layout (``transposed``,
+        ``row_permutation``), and so do their deep copies and pickles, which are mapped to the
+        checkpoint's layout (``to_checkpoint_layout``) before loading; restoring such a snapshot
+        changes nothing.
 
         Every value's kind (floating-point) and shape are checked as given, before any is converted:
         a mis-shaped value is never copied (a broadcast ``np.broadcast_to(x, (10**6, 10**6))`` is
@@ -1378,11 +1520,14 @@ class Module:
             raise ValueError(f"{type(self).__name__}.load_state_dict refused (module unchanged): "
                              f"{_held_quantized(quantized)}; load the state into a float model and quantize it "
                              "(transformer_core.quantize)")
-        state = self._rename_state_dict(dict(state_dict))
+        # a key that is not a str names no weight: an unexpected key, kept from the renaming hooks
+        # (string operations on names)
+        others = [k for k in state_dict if not isinstance(k, str)]
+        state = self._rename_state_dict({k: v for k, v in state_dict.items() if isinstance(k, str)})
         slots = self._slots()
         given, problems, misshaped = {}, [], []
         missing = [k for k in slots if k not in state]
-        unknown = [k for k in state if k not in slots]
+        unknown = [k for k in state if k not in slots] + others
         if missing and strict:
             problems.append(f"missing keys: {missing}")
         if unknown and strict:
@@ -1403,7 +1548,7 @@ class Module:
         arrays = {}
         for name, value in given.items():  # every check passed: now the copies (as_weight checks their memory)
             slot = slots[name]
-            arr = as_weight(value, f"state_dict[{name!r}]", self.dtype)
+            arr = as_weight(_checkpoint_value(value), f"state_dict[{name!r}]", self.dtype)
             arrays[name] = _from_checkpoint(arr, slot.transposed, slot.row_permutation)
         written = {}
         for name, arr in arrays.items():

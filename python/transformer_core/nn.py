@@ -76,7 +76,16 @@ from ._validation import (
     type_path,
     unconverted,
 )
-from .module import Module, _fill_in_chunks, check_dropout, renamed_keyword
+from .module import (
+    FixedSetting,
+    Module,
+    _checkpoint_value,
+    _fill_in_chunks,
+    _unconverted,
+    check_dropout,
+    fixed_setting_refusal,
+    renamed_keyword,
+)
 
 __all__ = [
     "MultiheadAttention",
@@ -431,6 +440,10 @@ class MultiheadAttention(Module):
     ``out_proj`` is not a submodule attribute here (one C++ object): its weights are
     ``out_proj.weight`` and ``out_proj.bias`` in ``state_dict()`` and ``named_parameters()``.
 
+    ``embed_dim``, ``num_heads``, ``num_key_value_heads``, ``kdim``, ``vdim``, ``head_dim`` and
+    ``bias`` are read-only attributes (what the C++ layer was built with): assigning one raises
+    AttributeError (build a new layer).
+
     Raises:
         ValueError: E not divisible by H, H not divisible by num_key_value_heads, non-positive sizes;
             a torch argument this layer does not implement (see above).
@@ -445,25 +458,34 @@ class MultiheadAttention(Module):
     _optional_weights = frozenset({"in_proj_bias", "in_proj_weight", "q_proj_weight", "k_proj_weight",
                                    "v_proj_weight", "bias_k", "bias_v"})
 
+    # the sizes the C++ layer was built with, read-only (a forward checks its inputs against them)
+    embed_dim = FixedSetting()
+    num_heads = FixedSetting()
+    num_key_value_heads = FixedSetting()
+    kdim = FixedSetting()
+    vdim = FixedSetting()
+    head_dim = FixedSetting()
+    bias = FixedSetting()
+
     @renamed_keyword("num_kv_heads", "num_key_value_heads")
     def __init__(self, embed_dim: int, num_heads: int, bias: bool = True, *, num_key_value_heads: int | None = None,
                  kdim: int | None = None, vdim: int | None = None, dtype=np.float32, dropout: float = 0.0,
                  batch_first: bool = True, add_bias_kv: bool = False, add_zero_attn: bool = False):
         sfx = self._init_dtype(dtype)
         _check_torch_mha_args(bias, dropout, batch_first, add_bias_kv, add_zero_attn)
-        self.embed_dim = check_positive_int(embed_dim, "embed_dim")
-        self.num_heads = check_positive_int(num_heads, "num_heads")
+        embed_dim = check_positive_int(embed_dim, "embed_dim")
+        num_heads = check_positive_int(num_heads, "num_heads")
         if embed_dim % num_heads != 0:
             raise ValueError(f"embed_dim: expected a multiple of num_heads ({num_heads}), got {embed_dim}")
-        self.num_key_value_heads = (num_heads if num_key_value_heads is None
-                                    else check_positive_int(num_key_value_heads, "num_key_value_heads"))
-        if num_heads % self.num_key_value_heads != 0:
+        num_key_value_heads = (num_heads if num_key_value_heads is None
+                               else check_positive_int(num_key_value_heads, "num_key_value_heads"))
+        if num_heads % num_key_value_heads != 0:
             raise ValueError(f"num_key_value_heads: expected a divisor of num_heads ({num_heads}), got "
-                             f"{self.num_key_value_heads}")
-        self.kdim = self.embed_dim if kdim is None else check_positive_int(kdim, "kdim")
-        self.vdim = self.embed_dim if vdim is None else check_positive_int(vdim, "vdim")
-        self.head_dim = self.embed_dim // self.num_heads
-        self.bias = check_bool(bias, "bias")
+                             f"{num_key_value_heads}")
+        FixedSetting.set(self, embed_dim=embed_dim, num_heads=num_heads, num_key_value_heads=num_key_value_heads,
+                         kdim=embed_dim if kdim is None else check_positive_int(kdim, "kdim"),
+                         vdim=embed_dim if vdim is None else check_positive_int(vdim, "vdim"),
+                         head_dim=embed_dim // num_heads, bias=check_bool(bias, "bias"))
         self._impl = getattr(_core, "MultiheadAttention" + sfx)(
             self.embed_dim, self.num_heads, self.bias, self.kdim, self.vdim, self.num_key_value_heads, 0)
         self._init_weights()
@@ -481,23 +503,25 @@ class MultiheadAttention(Module):
         if packed and "in_proj_weight" not in state and all(f"{x}_proj_weight" in state for x in "qkv"):
             e, ekv = self.embed_dim, self.num_key_value_heads * self.head_dim
             expected = {"q": (e, e), "k": (ekv, e), "v": (ekv, e)}
-            parts = {x: as_weight(state[f"{x}_proj_weight"], f"state_dict['{x}_proj_weight']", self.dtype)
-                     for x in "qkv"}
-            wrong = [f"{x}_proj_weight: expected {expected[x]}, got {parts[x].shape}" for x in "qkv"
-                     if parts[x].shape != expected[x]]
+            # kind and shape as given, before any copy (as load_state_dict checks its own weights)
+            given = {x: _unconverted(state[f"{x}_proj_weight"], f"state_dict['{x}_proj_weight']") for x in "qkv"}
+            wrong = [f"{x}_proj_weight: expected {expected[x]}, got {given[x][1]}" for x in "qkv"
+                     if given[x][1] != expected[x]]
             if wrong:  # the message load_state_dict gives for its own mis-shaped weights
                 raise ValueError(f"{type(self).__name__}.load_state_dict refused (module unchanged): "
                                  f"mis-shaped: {wrong}")
+            parts = [as_weight(_checkpoint_value(given[x][0]), f"state_dict['{x}_proj_weight']", self.dtype)
+                     for x in "qkv"]
             for x in "qkv":
                 del state[f"{x}_proj_weight"]
-            state["in_proj_weight"] = np.concatenate([parts[x] for x in "qkv"], axis=0)
+            state["in_proj_weight"] = np.concatenate(parts, axis=0)
         elif not packed and "in_proj_weight" in state:
             # An (E + 2·E_kv, E) in_proj_weight can never be split into k/v weights of (E_kv, kdim)
             # and (E_kv, vdim) when kdim or vdim differs from E: an unknown key, as in torch (its
             # module has no in_proj_weight then), which strict=True refuses (_unknown_key_hint says
-            # why) and strict=False returns in unexpected_keys. Its value is still checked as any
-            # weight's (a TypeError naming the key for a non-float one).
-            as_weight(state["in_proj_weight"], "state_dict['in_proj_weight']", self.dtype)
+            # why) and strict=False returns in unexpected_keys. Its value's kind is still checked as
+            # any weight's (a TypeError naming the key for a non-float one), without a copy.
+            _unconverted(state["in_proj_weight"], "state_dict['in_proj_weight']")
         return state
 
     def _unknown_key_hint(self, name: str) -> str | None:
@@ -761,6 +785,11 @@ class Linear(Module):
 
     Weights: ``weight (out_features, in_features)``, ``bias (out_features,)``.
 
+    ``in_features`` and ``out_features`` are read-only attributes (the C++ layer's sizes; torch's
+    can be reassigned, which changes no weight there either): assigning one raises AttributeError
+    (build a new layer). So does assigning a value other than None to ``bias`` of a layer built
+    with ``bias=False`` (a ValueError: build it with ``bias=True``).
+
     Raises:
         TypeError: non-int sizes (bools and floats included), a non-bool ``bias``, a ``dtype`` other
             than float32/float64.
@@ -768,11 +797,13 @@ class Linear(Module):
     """
 
     _optional_weights = frozenset({"bias"})  # bias=False: lin.bias is None, as torch's
+    in_features = FixedSetting()  # the C++ layer's sizes, read-only
+    out_features = FixedSetting()
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, dtype=np.float32):
         sfx = self._init_dtype(dtype)
-        self.in_features = check_positive_int(in_features, "in_features")
-        self.out_features = check_positive_int(out_features, "out_features")
+        FixedSetting.set(self, in_features=check_positive_int(in_features, "in_features"),
+                         out_features=check_positive_int(out_features, "out_features"))
         self._impl = getattr(_core, "Linear" + sfx)(self.in_features, self.out_features, check_bool(bias, "bias"))
         self._init_weights()
 
@@ -820,6 +851,9 @@ class Embedding(Module):
 
     Weights: ``weight (num_embeddings, embedding_dim)`` (initialised N(0, 1), as torch).
 
+    ``num_embeddings`` and ``embedding_dim`` are read-only attributes (the C++ table's sizes):
+    assigning one raises AttributeError (build a new layer).
+
     Raises:
         TypeError: ``dtype`` an int, None or anything else that is not a dtype: torch's third
             positional argument is ``padding_idx`` (``nn.Embedding(10, 4, 0)``), this layer's is
@@ -828,11 +862,14 @@ class Embedding(Module):
         ValueError: sizes < 1, ``padding_idx`` outside ``[-num_embeddings, num_embeddings)``.
     """
 
+    num_embeddings = FixedSetting()  # the C++ table's sizes, read-only
+    embedding_dim = FixedSetting()
+
     def __init__(self, num_embeddings: int, embedding_dim: int, dtype=np.float32, *, padding_idx: int | None = None):
         _refuse_padding_idx_as_dtype(dtype)
         sfx = self._init_dtype(dtype)
-        self.num_embeddings = check_positive_int(num_embeddings, "num_embeddings")
-        self.embedding_dim = check_positive_int(embedding_dim, "embedding_dim")
+        FixedSetting.set(self, num_embeddings=check_positive_int(num_embeddings, "num_embeddings"),
+                         embedding_dim=check_positive_int(embedding_dim, "embedding_dim"))
         if padding_idx is not None:
             padding_idx = check_int(padding_idx, "padding_idx", -self.num_embeddings)
             if padding_idx >= self.num_embeddings:
@@ -934,6 +971,9 @@ class FeedForward(Module):
     Weights: ``linear1.weight (F, E)``, ``linear1.bias (F)``, ``linear2.weight (E, F)``,
     ``linear2.bias (E)``.
 
+    ``d_model``, ``dim_feedforward`` and ``activation`` are read-only attributes (what the C++
+    layer was built with): assigning one raises AttributeError (build a new layer).
+
     Raises:
         TypeError: non-int sizes, an ``activation`` neither a str nor one of the callables named above, a
             non-bool ``bias``, a ``dtype`` other
@@ -942,12 +982,16 @@ class FeedForward(Module):
             larger than this machine's memory.
     """
 
+    d_model = FixedSetting()  # what the C++ layer was built with, read-only
+    dim_feedforward = FixedSetting()
+    activation = FixedSetting()
+
     def __init__(self, d_model: int, dim_feedforward: int, activation: str = "relu", bias: bool = True,
                  dtype=np.float32):
         sfx = self._init_dtype(dtype)
-        self.d_model = check_positive_int(d_model, "d_model")
-        self.dim_feedforward = check_positive_int(dim_feedforward, "dim_feedforward")
-        self.activation = _check_activation(activation)
+        FixedSetting.set(self, d_model=check_positive_int(d_model, "d_model"),
+                         dim_feedforward=check_positive_int(dim_feedforward, "dim_feedforward"),
+                         activation=_check_activation(activation))
         _activation_named_in_snapshot(self)
         self._impl = getattr(_core, "FeedForward" + sfx)(self.d_model, self.dim_feedforward, self.activation,
                                                          check_bool(bias, "bias"))
@@ -1014,6 +1058,9 @@ class GatedFeedForward(Module):
     Weights (Hugging Face's names): ``gate_proj.weight (F, E)``, ``up_proj.weight (F, E)``,
     ``down_proj.weight (E, F)`` (+ ``.bias`` with ``bias``).
 
+    ``d_model``, ``dim_feedforward`` and ``activation`` are read-only attributes, as
+    :class:`FeedForward`'s.
+
     Raises:
         TypeError: non-int sizes, an ``activation`` neither a str nor one of the callables named above, a
             non-bool ``bias``, a ``dtype`` other
@@ -1022,12 +1069,16 @@ class GatedFeedForward(Module):
             larger than this machine's memory.
     """
 
+    d_model = FixedSetting()  # what the C++ layer was built with, read-only
+    dim_feedforward = FixedSetting()
+    activation = FixedSetting()
+
     def __init__(self, d_model: int, dim_feedforward: int, activation: str = "silu", bias: bool = False,
                  dtype=np.float32):
         sfx = self._init_dtype(dtype)
-        self.d_model = check_positive_int(d_model, "d_model")
-        self.dim_feedforward = check_positive_int(dim_feedforward, "dim_feedforward")
-        self.activation = _check_activation(activation)
+        FixedSetting.set(self, d_model=check_positive_int(d_model, "d_model"),
+                         dim_feedforward=check_positive_int(dim_feedforward, "dim_feedforward"),
+                         activation=_check_activation(activation))
         _activation_named_in_snapshot(self)
         self._impl = getattr(_core, "GatedFeedForward" + sfx)(self.d_model, self.dim_feedforward, self.activation,
                                                                check_bool(bias, "bias"))
@@ -1086,6 +1137,13 @@ class TransformerEncoderLayer(Module):
     ``linear1``, ``norm1``, ...) are not attributes here; their weights are reached by these names
     through ``state_dict()``, ``load_state_dict`` and ``named_parameters()``.
 
+    The arguments the C++ layer is built from are read-only attributes of torch's names:
+    ``d_model``, ``nhead``, ``dim_feedforward``, ``activation``, ``layer_norm_eps``,
+    ``norm_first``, ``bias``. torch's forward reads ``norm_first`` and ``activation`` from the
+    attributes; here assigning one raises AttributeError (build a new layer), so that a layer and
+    the copies a stack builds from it always compute alike. ``dropout`` (read by each training
+    forward) may be changed.
+
     Raises:
         TypeError: non-int ``d_model``/``nhead``/``dim_feedforward``; ``activation`` neither a str nor one
             of the callables above (for a
@@ -1101,6 +1159,15 @@ class TransformerEncoderLayer(Module):
     #: parameter views), a lower bound: measured as the RSS growth per layer of a stack of 20000
     #: copies of a tiny layer (d_model 2 to 64), 16.2-16.7 KB. Counted by the stacks' memory check.
     _COPY_OVERHEAD_BYTES = 16 * 1024
+
+    # what the C++ layer was built with (torch's names), read-only: see _check_layer_args
+    d_model = FixedSetting()
+    nhead = FixedSetting()
+    dim_feedforward = FixedSetting()
+    activation = FixedSetting()
+    layer_norm_eps = FixedSetting()
+    norm_first = FixedSetting()
+    bias = FixedSetting()
 
     def __init__(self, d_model: int, nhead: int, dim_feedforward: int = 2048, activation: str = "relu",
                  layer_norm_eps: float = 1e-5, norm_first: bool = False, bias: bool = True, dtype=np.float32,
@@ -1191,19 +1258,22 @@ class TransformerEncoderLayer(Module):
 
 
 def _check_layer_args(self, d_model, nhead, dim_feedforward, activation, layer_norm_eps, norm_first, bias) -> None:
-    self.d_model = check_positive_int(d_model, "d_model")
-    self.nhead = check_positive_int(nhead, "nhead")
+    """Checks an encoder or decoder layer's arguments and sets them, as its read-only settings
+    (:class:`~transformer_core.module.FixedSetting`: the C++ layer is built from them once, and a
+    stack's copies from them again, so they must not change afterwards)."""
+    d_model = check_positive_int(d_model, "d_model")
+    nhead = check_positive_int(nhead, "nhead")
     if d_model % nhead != 0:
         raise ValueError(f"d_model: expected a multiple of nhead ({nhead}), got {d_model}")
-    self.dim_feedforward = check_positive_int(dim_feedforward, "dim_feedforward")
+    dim_feedforward = check_positive_int(dim_feedforward, "dim_feedforward")
     if isinstance(activation, (float, np.floating)):
         raise TypeError(f"activation: expected a str, got float {activation} (torch's fourth positional argument is "
                         f"dropout, this layer's is activation: pass dropout= by keyword)")
-    self.activation = _check_activation(activation)
+    activation = _check_activation(activation)
     _activation_named_in_snapshot(self)
-    self.layer_norm_eps = check_eps(layer_norm_eps, "layer_norm_eps")
-    self.norm_first = check_bool(norm_first, "norm_first")
-    self.bias = check_bool(bias, "bias")
+    FixedSetting.set(self, d_model=d_model, nhead=nhead, dim_feedforward=dim_feedforward, activation=activation,
+                     layer_norm_eps=check_eps(layer_norm_eps, "layer_norm_eps"),
+                     norm_first=check_bool(norm_first, "norm_first"), bias=check_bool(bias, "bias"))
 
 
 def _layer_args(layer) -> tuple:
@@ -1229,16 +1299,26 @@ class _Norm(Module):
     so no loader or optimizer reaches them.
     """
 
-    normalized_size: int
-    elementwise_affine: bool = True
+    # what the C++ layer was built with, read-only (torch's forward reads eps and elementwise_affine)
+    normalized_size = FixedSetting()
+    eps = FixedSetting()
+    elementwise_affine = FixedSetting(default=True)
     _optional_weights = frozenset({"weight", "bias"})  # elementwise_affine=False, bias=False: None (RMSNorm: below)
     _public_name_of_core_name_only = False  # the names hang on elementwise_affine
 
     @property
     def normalized_shape(self) -> tuple[int]:
         """torch's ``normalized_shape``: ``(E,)`` (these layers normalise over the last dim only;
-        ``normalized_size`` is E)."""
+        ``normalized_size`` is E). Read-only, as ``normalized_size`` (AttributeError: build a new layer)."""
         return (self.normalized_size,)
+
+    @normalized_shape.setter
+    def normalized_shape(self, value) -> None:
+        raise fixed_setting_refusal(self, "normalized_shape")
+
+    @normalized_shape.deleter
+    def normalized_shape(self) -> None:
+        raise fixed_setting_refusal(self, "normalized_shape")
 
     def _public_name(self, core_name: str) -> str | None:
         return core_name if self.elementwise_affine else None
@@ -1287,6 +1367,11 @@ class LayerNorm(_Norm):
 
     Weights: ``weight (E,)`` (ones), ``bias (E,)`` (zeros); none without ``elementwise_affine``.
 
+    ``normalized_shape`` (``normalized_size``), ``eps`` and ``elementwise_affine`` are read-only
+    attributes (torch's forward reads them; here the C++ layer was built with them): assigning one
+    raises AttributeError (build a new layer). Assigning a value other than None to a weight the
+    layer was built without (``weight`` with ``elementwise_affine=False``) raises ValueError.
+
     Raises:
         TypeError: ``normalized_shape`` (or its one element) not an int; ``eps`` not a number;
             ``elementwise_affine`` or ``bias`` not a bool; a ``dtype`` other than float32/float64.
@@ -1297,9 +1382,8 @@ class LayerNorm(_Norm):
     def __init__(self, normalized_shape, eps: float = 1e-5, elementwise_affine: bool = True, bias: bool = True,
                  dtype=np.float32):
         sfx = self._init_dtype(dtype)
-        self.normalized_size = _normalized_size(normalized_shape)
-        self.eps = check_eps(eps, "eps")
-        self.elementwise_affine = check_bool(elementwise_affine, "elementwise_affine")
+        FixedSetting.set(self, normalized_size=_normalized_size(normalized_shape), eps=check_eps(eps, "eps"),
+                         elementwise_affine=check_bool(elementwise_affine, "elementwise_affine"))
         bias = check_bool(bias, "bias") and self.elementwise_affine
         self._impl = getattr(_core, "LayerNorm" + sfx)(self.normalized_size, self.eps, bias)
 
@@ -1319,6 +1403,8 @@ class RMSNorm(_Norm):
 
     Weights: ``weight (E,)`` (ones); none without ``elementwise_affine``.
 
+    ``normalized_shape``, ``eps`` and ``elementwise_affine`` are read-only, as :class:`LayerNorm`'s.
+
     Raises:
         TypeError: ``normalized_shape`` (or its one element) not an int; ``eps`` neither None nor a
             number; ``elementwise_affine`` not a bool; a ``dtype`` other than float32/float64.
@@ -1331,9 +1417,9 @@ class RMSNorm(_Norm):
     def __init__(self, normalized_shape, eps: float | None = None, elementwise_affine: bool = True,
                  dtype=np.float32):
         sfx = self._init_dtype(dtype)
-        self.normalized_size = _normalized_size(normalized_shape)
-        self.eps = float(np.finfo(self.dtype).eps) if eps is None else check_eps(eps, "eps")
-        self.elementwise_affine = check_bool(elementwise_affine, "elementwise_affine")
+        FixedSetting.set(self, normalized_size=_normalized_size(normalized_shape),
+                         eps=float(np.finfo(self.dtype).eps) if eps is None else check_eps(eps, "eps"),
+                         elementwise_affine=check_bool(elementwise_affine, "elementwise_affine"))
         self._impl = getattr(_core, "RMSNorm" + sfx)(self.normalized_size, self.eps)
         self._init_weights()
 
@@ -1360,12 +1446,24 @@ class TransformerDecoderLayer(Module):
     weights are reached by these names through ``state_dict()``, ``load_state_dict`` and
     ``named_parameters()``.
 
+    The arguments the C++ layer is built from are read-only attributes, as
+    :class:`TransformerEncoderLayer`'s.
+
     Raises:
         TypeError, ValueError: as :class:`TransformerEncoderLayer` (the same arguments, checked alike).
     """
 
     #: As :attr:`TransformerEncoderLayer._COPY_OVERHEAD_BYTES` (measured alike: 25.5-25.7 KB).
     _COPY_OVERHEAD_BYTES = 24 * 1024
+
+    # what the C++ layer was built with (torch's names), read-only: see _check_layer_args
+    d_model = FixedSetting()
+    nhead = FixedSetting()
+    dim_feedforward = FixedSetting()
+    activation = FixedSetting()
+    layer_norm_eps = FixedSetting()
+    norm_first = FixedSetting()
+    bias = FixedSetting()
 
     def __init__(self, d_model: int, nhead: int, dim_feedforward: int = 2048, activation: str = "relu",
                  layer_norm_eps: float = 1e-5, norm_first: bool = False, bias: bool = True, dtype=np.float32,
@@ -1747,7 +1845,13 @@ class Transformer(Module):
 
     Weights (torch's names): ``encoder.layers.{i}.*``, ``encoder.norm.*``,
     ``decoder.layers.{i}.*``, ``decoder.norm.*``.
+
+    ``d_model`` and ``nhead`` are read-only attributes (what the layers were built with; assigning
+    one raises AttributeError: build a new model).
     """
+
+    d_model = FixedSetting()
+    nhead = FixedSetting()
 
     def __init__(self, d_model: int = 512, nhead: int = 8, num_encoder_layers: int = 6, num_decoder_layers: int = 6,
                  dim_feedforward: int = 2048, activation: str = "relu", layer_norm_eps: float = 1e-5,
@@ -1775,7 +1879,7 @@ class Transformer(Module):
         around = sum(int(rows) * int(cols) for _, _, rows, cols in containing) * np.dtype(self.dtype).itemsize
         _check_layer_copies([("num_encoder_layers", num_encoder_layers, encoder_layer),
                              ("num_decoder_layers", num_decoder_layers, decoder_layer)], around)
-        self.d_model, self.nhead = d_model, nhead
+        FixedSetting.set(self, d_model=d_model, nhead=nhead)
         self.encoder = TransformerEncoder(encoder_layer, num_encoder_layers,
                                           LayerNorm(d_model, layer_norm_eps, bias=bias, dtype=self.dtype))
         self.decoder = TransformerDecoder(decoder_layer, num_decoder_layers,

@@ -67,7 +67,8 @@ class Parameter:
 
     Attributes:
         data: the values (read-only attribute: assign into it, ``p.data[...] = x``; ``p.data = x``
-            raises AttributeError, see the ``data`` setter).
+            raises AttributeError, see the ``data`` setter; an in-place operator, torch's
+            ``p.data -= lr * p.grad``, writes into it and is accepted).
         grad: the gradient or None; may be reassigned (checked) or set to None.
         name: str or None.
 
@@ -115,7 +116,17 @@ class Parameter:
         parameter, a view of its C++ buffer), so another array would never reach the model; and
         copying ``x`` in instead would silently break torch's sharing (``a.data = b.data`` ties
         ``a`` to ``b``). The message says what to do: copy the values in, ``p.data[...] = x``, or
-        load them with the model's ``load_state_dict``."""
+        load them with the model's ``load_state_dict``.
+
+        ``value`` being ``data`` itself is accepted and changes nothing: Python runs an in-place
+        operator on the attribute, torch's ``p.data -= lr * p.grad`` (``+=``, ``*=``, ...), as
+        ``p.data = p.data.__isub__(...)``, whose result is ``data``, already written in place.
+
+        Raises:
+            AttributeError: ``value`` is any other object than ``data`` itself.
+        """
+        if value is self._data:
+            return
         shape = getattr(value, "shape", None)
         got = type(value).__name__ + (f" of shape {tuple(shape)}" if isinstance(shape, tuple) else "")
         raise AttributeError(

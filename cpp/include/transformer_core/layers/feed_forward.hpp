@@ -21,6 +21,8 @@ class Mlp : public Module<T> {
  public:
   // x [rows, d_model] -> out [rows, d_model]; out must not alias x.
   virtual void forward(const T* x, int64_t rows, T* out) const = 0;
+  // The feature size E of x and out.
+  virtual int64_t d_model() const = 0;
 
   // ---- training (feed_forward_backward.cpp) ----
   // As forward (the same outputs, bitwise), keeping the hidden activations and a POINTER to x (kept
@@ -43,7 +45,7 @@ class FeedForward : public Mlp<T> {
 
   const Linear<T>& linear1() const { return linear1_; }
   const Linear<T>& linear2() const { return linear2_; }
-  int64_t d_model() const { return linear1_.in_features(); }
+  int64_t d_model() const override { return linear1_.in_features(); }
   int64_t dim_feedforward() const { return linear1_.out_features(); }
 
   void forward_train(const T* x, int64_t rows, T* out, double hidden_dropout = 0, uint64_t seed = 0) override;
@@ -74,7 +76,7 @@ class GatedFeedForward : public Mlp<T> {
 
   void forward(const T* x, int64_t rows, T* out) const override;
 
-  int64_t d_model() const { return down_proj_.out_features(); }
+  int64_t d_model() const override { return down_proj_.out_features(); }
   int64_t dim_feedforward() const { return down_proj_.in_features(); }
 
   void forward_train(const T* x, int64_t rows, T* out, double hidden_dropout = 0, uint64_t seed = 0) override;
