@@ -165,11 +165,40 @@ def test_chat_reply_fills_the_context_as_hf_generate(tiny_chat):
     assert reply == tok.decode(list(ref), skip_special_tokens=True)
     assert session.stats.decode_tokens + 1 == len(ref)
     assert session.cache.length == context  # the prompt and every reply token but the last
-    # the next turn's prompt is longer than the context (the message alone is not): refused, naming the message
+    # the next turn's prompt is longer than the context, and the earlier turns alone leave no room for
+    # any message: refused, naming the message, with the one advice that helps
     with pytest.raises(ValueError, match=r"^message: the conversation \(\d+ tokens\) no longer fits the model's "
-                                         rf"context \({context} tokens\); shorten the message or start a new session$"):
+                                         rf"context \({context} tokens\); start a new session$"):
         session.send("And again?")
+    with pytest.raises(ValueError, match=r"; start a new session$"):
+        session.send("a")
     assert len(session.messages) == 2
+
+
+def test_a_later_message_that_fits_alone_but_not_after_the_history_is_to_be_shortened(tiny_chat):
+    """When the earlier turns leave room for a shorter message, the refusal says by how many tokens to
+    shorten it (or to start a new session), and a message that much shorter is answered."""
+    _, _, tok, prompt = tiny_chat
+    context = 2 * len(prompt) + 16  # room for the first turn and part of a second
+    m = tc.LlamaForCausalLM(tc.LlamaConfig(vocab_size=49152, hidden_size=16, intermediate_size=32,
+                                           num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                                           max_position_embeddings=context))
+    session = ChatSession(m, tok, max_new_tokens=1)
+    session.send(MESSAGE)
+
+    def prompt_length(text):
+        return len(tok.apply_chat_template(session.messages + [{"role": "user", "content": text}],
+                                           add_generation_prompt=True, tokenize=True))
+
+    words = next(k for k in range(1, context) if prompt_length("hello " * k) > context)
+    alone = len(tok.apply_chat_template([{"role": "user", "content": "hello " * words}], add_generation_prompt=True,
+                                        tokenize=True))
+    assert alone <= context  # the message alone fits: shortening it helps
+    over = prompt_length("hello " * words) - context
+    with pytest.raises(ValueError, match=rf"no longer fits the model's context \({context} tokens\); shorten the "
+                                         rf"message \(by {over} tokens or more\) or start a new session$"):
+        session.send("hello " * words)
+    assert isinstance(session.send("hello " * (words - over)), str) and len(session.messages) == 4
 
 
 def test_a_first_message_longer_than_the_context_is_to_be_shortened(tiny_chat):

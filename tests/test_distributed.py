@@ -711,7 +711,7 @@ def test_overlapping_jobs_restore_dasks_log_length_when_the_last_ends():
 
     key = "distributed.admin.low-level-log-length"
     before = dask.config.get(key)
-    first, second = distributed._short_message_logs(), distributed._short_message_logs()
+    first, second = distributed._job_dask_settings(), distributed._job_dask_settings()
     first.__enter__()
     second.__enter__()
     first.__exit__(None, None, None)  # the first job ends while the second runs

@@ -3,6 +3,7 @@ fp16/bf16, corrupt) read with numpy vs the torch values they were written from."
 from __future__ import annotations
 
 import json
+import re
 import struct
 
 import numpy as np
@@ -1020,3 +1021,24 @@ def test_save_pretrained_files_converts_numpy_scalars_and_names_values_json_cann
         with pytest.raises(TypeError):  # json refuses it too: the same values are refused
             json.dumps(config) if generation is None else json.dumps(generation)
         assert not (tmp_path / "bad").exists()
+
+
+def test_save_pretrained_files_names_a_value_that_contains_itself(tmp_path):
+    """A config or generation_config holding itself is a ValueError naming where (json.dumps says
+    "Circular reference detected", naming nothing), before any file is written; the same value
+    twice side by side is no cycle and is written."""
+    from transformer_core.checkpoints import save_pretrained_files
+
+    state = {"w": np.zeros((2, 2), np.float32)}
+    looped = {"a": 1}
+    looped["self"] = looped
+    listed = [1]
+    listed.append(listed)
+    for config, generation, where in [({"meta": looped}, None, "config['meta']['self']"),
+                                      ({"a": 1}, {"eos_token_id": listed}, "generation_config['eos_token_id'][1]")]:
+        with pytest.raises(ValueError, match=re.escape(where) + ": a value that contains itself"):
+            save_pretrained_files(tmp_path / "bad", config, state, generation_config=generation)
+        assert not (tmp_path / "bad").exists()
+    shared = [1, 2]
+    save_pretrained_files(tmp_path / "ok", {"a": shared, "b": shared}, state)
+    assert json.loads((tmp_path / "ok" / "config.json").read_text()) == {"a": [1, 2], "b": [1, 2]}

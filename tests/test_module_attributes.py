@@ -298,3 +298,26 @@ def test_separate_qkv_weights_are_shape_checked_before_any_copy():
     with torch.no_grad():
         ref = t(*[to_torch(x)] * 3)[0].numpy()
     np.testing.assert_allclose(mha(x)[0], ref, rtol=1e-10, atol=1e-12)
+
+
+def test_the_refusals_name_a_constructor_call_that_works():
+    """The messages of a fixed setting or a left-out weight give the constructor argument that sets
+    it (LayerNorm's is normalized_shape; head_dim follows embed_dim and num_heads; no layer here has
+    MultiheadAttention's bias_k), and the call they name builds."""
+    cases = [(tc.nn.LayerNorm(4), "normalized_size", 8, r"LayerNorm\(\.\.\., normalized_shape=\.\.\.\)"),
+             (tc.nn.MultiheadAttention(8, 2), "head_dim", 2, r"embed_dim and num_heads set it"),
+             (tc.nn.Linear(2, 2), "in_features", 3, r"Linear\(\.\.\., in_features=\.\.\.\)")]
+    for module, name, value, pattern in cases:
+        with pytest.raises(AttributeError, match=pattern):
+            setattr(module, name, value)
+    tc.nn.LayerNorm(normalized_shape=8)
+    tc.nn.Linear(in_features=3, out_features=2)
+    with pytest.raises(ValueError, match=r"MultiheadAttention cannot have one"):
+        tc.nn.MultiheadAttention(8, 2).bias_k = np.zeros(8, np.float32)
+    with pytest.raises(ValueError, match=r"LayerNorm\(\.\.\., elementwise_affine=True\)"):
+        tc.nn.LayerNorm(4, elementwise_affine=False).weight = np.ones(4, np.float32)
+    with pytest.raises(ValueError, match=r"Linear\(\.\.\., bias=True\)"):
+        tc.nn.Linear(2, 2, bias=False).bias = np.ones(2, np.float32)
+    with pytest.raises(ValueError, match=r"MultiheadAttention\(\.\.\., bias=True\)"):
+        tc.nn.MultiheadAttention(8, 2, bias=False).in_proj_bias = np.ones(24, np.float32)
+    assert tc.nn.LayerNorm(4, elementwise_affine=True).weight is not None

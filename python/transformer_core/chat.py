@@ -300,7 +300,8 @@ class ChatSession:
             all-whitespace) message, a message that is not valid Unicode, a chat template that
             renders an empty prompt, or a prompt longer than the model's context: the message
             itself is too long (alone with the template and the system message: shorten it), or
-            the conversation has outgrown the context (shorten the message or start a new session).
+            the conversation has outgrown the context (shorten the message, or start a new session
+            when the earlier turns alone leave no room).
         """
         if not isinstance(message, str):
             raise TypeError(f"message: expected a str, got {type(message).__name__}")
@@ -323,8 +324,12 @@ class ChatSession:
                 system = " and the system message" if len(alone) > 1 else ""
                 raise ValueError(f"message: {n} tokens (with the chat template{system}) exceed the model's "
                                  f"context ({context} tokens); shorten it")
+            # the conversation with a one-character message: if even that does not fit, no shorter message helps
+            shortest = len(self._render(self.messages + [{"role": "user", "content": "."}]))
+            advice = ("start a new session" if shortest > context else
+                      f"shorten the message (by {len(prompt) - context} tokens or more) or start a new session")
             raise ValueError(f"message: the conversation ({len(prompt)} tokens) no longer fits the model's context "
-                             f"({context} tokens); shorten the message or start a new session")
+                             f"({context} tokens); {advice}")
         # Keep the cached prefix the new prompt shares; at least the prompt's last token runs again.
         common = 0
         for a, b in zip(self._cached_ids, prompt[:-1]):

@@ -319,7 +319,7 @@ def write_files_atomically(directory, files, remove=()) -> None:
                 pass  # best effort: a hidden file left behind, the save itself is whole
 
 
-def json_value(value, name: str):
+def json_value(value, name: str, _active: frozenset = frozenset()):
     """A copy of ``value`` that ``json.dumps`` writes (for a ``config.json`` or
     ``generation_config.json``): numpy scalars as Python values (as
     :func:`~transformer_core._validation.hf_config_fields` converts a config's fields), tuples as
@@ -331,13 +331,18 @@ def json_value(value, name: str):
             float, bool or None, naming where it is: ``name``, then ``[key]`` / ``[index]`` down to it
             (``config.extra['x']: expected a JSON value (str, int, float, bool, None, list, dict), got
             numpy.ndarray``).
+        ValueError: a list or dict that contains itself, naming where.
     """
     if isinstance(value, np.generic):
         value = value.item()  # np.float32(0.1) -> 0.1; what is left (a complex, a datetime) is checked below
     if value is None or isinstance(value, (str, int, float)):  # bool is an int
         return value
+    if isinstance(value, (list, tuple, dict)):
+        if id(value) in _active:
+            raise ValueError(f"{name}: a value that contains itself (JSON cannot write it)")
+        _active = _active | {id(value)}
     if isinstance(value, (list, tuple)):
-        return [json_value(v, f"{name}[{i}]") for i, v in enumerate(value)]
+        return [json_value(v, f"{name}[{i}]", _active) for i, v in enumerate(value)]
     if isinstance(value, dict):
         out = {}
         for key, v in value.items():
@@ -346,7 +351,7 @@ def json_value(value, name: str):
             if not (key is None or isinstance(key, (str, int, float))):
                 raise TypeError(f"{name}: expected JSON object keys (str, int, float, bool, None), got the key "
                                 f"{key!r} of type {type_path(key)}")
-            out[key] = json_value(v, f"{name}[{key!r}]")
+            out[key] = json_value(v, f"{name}[{key!r}]", _active)
         return out
     raise TypeError(f"{name}: expected a JSON value (str, int, float, bool, None, list, dict), got {type_path(value)}")
 
@@ -383,6 +388,7 @@ def save_pretrained_files(directory, config: dict, state: dict, metadata: dict |
             a set, an object; numpy scalars are written as Python numbers), naming it
             (``generation_config['eos_token_id']``, :func:`json_value`), before anything is
             written; ``directory`` not a str or path.
+        ValueError: such a value that contains itself (a dict holding itself), naming it.
     """
     import json
 

@@ -543,10 +543,12 @@ class CausalLM(DecoderModel, GenerationMixin):
 
         Raises:
             OSError: the directory or a file cannot be written (naming it; the cause chained).
-            TypeError: ``directory`` not a str or path; a ``config.extra`` or ``generation_config``
-                value that JSON cannot write (an array, a set, an object; numpy scalars are written
-                as Python numbers), naming it (``config.extra['x']``,
-                ``generation_config['eos_token_id']``), before anything is written.
+            TypeError: ``directory`` not a str or path; a ``generation_config`` value (or, for
+                GPT-2, whose ``config.json`` keeps them, a ``config.extra`` value) that JSON cannot
+                write (an array, a set, an object; numpy scalars are written as Python numbers),
+                naming it (``config.extra['x']``, ``generation_config['eos_token_id']``), before
+                anything is written.
+            ValueError: such a value that contains itself, naming it.
         """
         from .checkpoints import save_pretrained_files
 

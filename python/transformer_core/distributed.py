@@ -97,47 +97,29 @@ __all__ = ["embed_corpus", "EncoderPlugin", "MAX_WORKERS", "DASK_LOG_LENGTH"]
 #: chunks per connection: the whole of most corpora, once per connection).
 DASK_LOG_LENGTH = 0
 _LOG_LENGTH_KEY = "distributed.admin.low-level-log-length"
-_log_length_jobs = 0  # the jobs in this process that hold DASK_LOG_LENGTH set (threads may overlap)
-_log_length_setting = None  # dask.config.set's restorer, held from the first such job to the last
-_log_length_lock = threading.Lock()
+_dask_jobs = 0  # the jobs in this process that hold Dask's settings (threads may overlap)
+_dask_restore = None  # restores what _job_dask_settings changed, held from the first such job to the last
+_dask_lock = threading.Lock()
 
 
 @contextlib.contextmanager
-def _short_message_logs():
-    """``DASK_LOG_LENGTH`` as Dask's message log length while the block runs, the value before
-    restored when the last of the overlapping blocks (jobs in several threads) ends: a
-    ``dask.config.set`` per job restores what it found on entry, so overlapping jobs ending out
-    of order left the process's setting at 0."""
-    global _log_length_jobs, _log_length_setting
-    with _log_length_lock:
-        if _log_length_jobs == 0:
-            _log_length_setting = dask.config.set({_LOG_LENGTH_KEY: DASK_LOG_LENGTH})
-        _log_length_jobs += 1
-    try:
-        yield
-    finally:
-        with _log_length_lock:
-            _log_length_jobs -= 1
-            if _log_length_jobs == 0:
-                _log_length_setting.__exit__(None, None, None)
-                _log_length_setting = None
+def _job_dask_settings():
+    """Dask's settings of a job in this process while the block runs, restored when the last of
+    the overlapping blocks (jobs in several threads) ends (a ``dask.config.set`` per job would
+    restore what it found on entry, and overlapping jobs ending out of order would leave the
+    process's settings as a job set them):
 
-
-_quiet_jobs = 0  # the jobs in this process that hold Dask quiet (threads may overlap)
-_quiet_restore = None  # what restores Dask's logger levels and warning threshold, from the first such job to the last
-
-
-@contextlib.contextmanager
-def _quiet_dask():
-    """Dask quiet in this process while the block runs (restored when the last of overlapping
-    blocks ends, as :func:`_short_message_logs`): the ``distributed`` loggers at CRITICAL, so that
-    what the job reports itself (a lost scheduler: an OSError; a killed worker: survived) is not
-    also Dask's ERROR lines and tracebacks on stderr, and no "Sending large graph" UserWarning for
-    a chunk of over 10 MB of text (``distributed.admin.large-graph-warning-threshold``)."""
-    global _quiet_jobs, _quiet_restore
-    with _log_length_lock:
-        if _quiet_jobs == 0:
-            setting = dask.config.set({"distributed.admin.large-graph-warning-threshold": 2**62})
+    - ``DASK_LOG_LENGTH`` as the message log length (read where each connection is built);
+    - no "Sending large graph" UserWarning for a chunk of over 10 MB of text
+      (``distributed.admin.large-graph-warning-threshold``);
+    - the ``distributed`` loggers at CRITICAL, so that what the job reports itself (a lost
+      scheduler: an OSError; a killed worker: survived) is not also Dask's ERROR lines and
+      tracebacks on stderr (the CLI's one line)."""
+    global _dask_jobs, _dask_restore
+    with _dask_lock:
+        if _dask_jobs == 0:
+            setting = dask.config.set({_LOG_LENGTH_KEY: DASK_LOG_LENGTH,
+                                       "distributed.admin.large-graph-warning-threshold": 2**62})
             loggers = [logging.getLogger(name) for name in list(logging.Logger.manager.loggerDict)
                        if name == "distributed" or name.startswith("distributed.")]
             loggers = [logger for logger in loggers if isinstance(logger, logging.Logger)]
@@ -150,16 +132,17 @@ def _quiet_dask():
                     logger.setLevel(level)
                 setting.__exit__(None, None, None)
 
-            _quiet_restore = restore
-        _quiet_jobs += 1
+            _dask_restore = restore
+        _dask_jobs += 1
     try:
         yield
     finally:
-        with _log_length_lock:
-            _quiet_jobs -= 1
-            if _quiet_jobs == 0:
-                _quiet_restore()
-                _quiet_restore = None
+        with _dask_lock:
+            _dask_jobs -= 1
+            if _dask_jobs == 0:
+                _dask_restore()
+                _dask_restore = None
+
 
 #: The most worker processes :func:`embed_corpus` starts in a local cluster (``workers``): each is
 #: a process holding its own copy of the model, so more than this only exhausts the machine.
@@ -414,11 +397,12 @@ def _reach(address: str) -> None:
     """Opens one Dask connection to ``address``, the handshake included, asks the server who it is
     (Dask's ``identity``) and closes it, within ``CONNECT_TIMEOUT`` seconds, after a plain TCP
     connection (:func:`_tcp_probe`, within ``CONNECT_TIMEOUT`` too) that reports a refused one at
-    once. Dask's ``connect`` bounds the TCP connection but not the handshake that follows: a port
-    that accepts and never answers (not a Dask scheduler) made ``Client`` wait forever. A service
-    that answers with other bytes made Dask read them as a frame length (numpy's MemoryError for
-    exabytes), and a worker's or a nanny's address made ``Client`` fail with a TypeError. Run in a
-    thread of its own, so that a caller inside an event loop (Jupyter) can call it.
+    once. Dask's ``connect`` bounds the TCP connection but not the handshake that follows, so a
+    port that accepts and never answers (not a Dask scheduler) would keep ``Client`` waiting
+    forever; here it is an OSError in bounded time. A service that answers with other bytes (which
+    Dask reads as a frame length: numpy's MemoryError for exabytes) is an OSError, and a worker's
+    or a nanny's address (a TypeError inside ``Client``) a ValueError naming what answered. Run in
+    a thread of its own, so that a caller inside an event loop (Jupyter) can call it.
 
     Raises:
         OSError (TimeoutError included): no answer in time, the connection refused, or an answer
@@ -745,8 +729,7 @@ def embed_corpus(input, out, *, model=DEFAULT_MODEL, scheduler=None, workers: in
     if not isinstance(scheduler, Client):
         # read where each connection is built (BatchedSend's log), also a worker's that replaces a
         # dead one, and by a local cluster's nannies for their workers: held until the job ends
-        settings.enter_context(_short_message_logs())
-        settings.enter_context(_quiet_dask())  # the CLI's one line: no Dask log lines or warnings
+        settings.enter_context(_job_dask_settings())
     futures: set = set()
     bar = None
     plugin_name = None  # the worker plugin registered (or tried) on the cluster

@@ -48,9 +48,10 @@ class LlamaConfig:
 
     Unlike transformers: ``max_position_embeddings`` is the context length here, which ``forward``,
     ``loss``, ``generate`` and the KV cache enforce (past + new length, and ``position_ids``, below
-    it; a ValueError naming ``input_ids`` or ``position_ids`` otherwise). transformers' Llama
-    computes RoPE past it (there it is only the pre-training length, read by RoPE scalings, which
-    are refused here), so a longer input gives logits there and a ValueError here."""
+    it; a ValueError naming ``input_ids``, ``position_ids`` or, for ``generate``, ``max_new_tokens``
+    otherwise). transformers' Llama computes RoPE past it (there it is only the pre-training
+    length, read by RoPE scalings, which are refused here), so a longer input gives logits there
+    and a ValueError here."""
 
     vocab_size: int = 32000
     hidden_size: int = 4096

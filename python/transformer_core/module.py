@@ -957,6 +957,9 @@ class FixedSetting:
     Args:
         default: what the attribute reads while the constructor has not set it; absent: an
             AttributeError then.
+        argument: how a new layer gets another value, for the message: absent, the constructor's
+            argument of the same name (``"in_features=..."``); else that text
+            (``"normalized_shape=..."``, ``"embed_dim and num_heads set it"``).
 
     Raises (assigning, deleting):
         AttributeError: always (``"<name> is fixed when the layer is built; build a new layer"``).
@@ -964,8 +967,9 @@ class FixedSetting:
 
     _NO_DEFAULT = object()
 
-    def __init__(self, default=_NO_DEFAULT):
+    def __init__(self, default=_NO_DEFAULT, argument: str | None = None):
         self.default = default
+        self.argument = argument
         self.name = None
 
     def __set_name__(self, owner, name: str) -> None:
@@ -997,8 +1001,11 @@ def fixed_setting_refusal(module, name: str) -> AttributeError:
     """The AttributeError of assigning (or deleting) ``name``, a setting ``module``'s C++ layer was
     built with (:class:`FixedSetting`)."""
     cls = type(module).__name__
+    setting = getattr(type(module), name, None)
+    argument = getattr(setting, "argument", None) or f"{name}=..."
+    how = f"{cls}(..., {argument})" if argument.endswith("=...") else f"{cls}(...): {argument}"
     return AttributeError(f"{cls}.{name}: {name} is fixed when the layer is built (its C++ layer was built with "
-                          f"{name}={getattr(module, name, None)!r}); build a new layer: {cls}(..., {name}=...), "
+                          f"{name}={getattr(module, name, None)!r}); build a new layer: {how}, "
                           "and load this one's weights into it with load_state_dict(m.state_dict()) where they fit")
 
 
@@ -1141,11 +1148,14 @@ class Module:
         what = (f"a {type(value).__name__}" if isinstance(value, (Module, Parameter))
                 else f"a value of type {type(value).__name__}")
         cls = type(self).__name__
-        return (f"{cls}.{name}: cannot assign {what} here: this module was built without a {name!r} weight "
-                f"({name} reads None) and its forward would not use the new value (it runs its C++ weights); "
-                f"build a new {cls} with that weight (e.g. bias=True, elementwise_affine=True: the constructor's "
-                f"argument that gives it), then set its values in place (m.{name}.data[...] = x) or load them "
-                "with m.load_state_dict(...)")
+        head = (f"{cls}.{name}: cannot assign {what} here: this module was built without a {name!r} weight "
+                f"({name} reads None) and its forward would not use the new value (it runs its C++ weights); ")
+        argument = type(self)._optional_weight_arguments.get(name, "")
+        if argument is None:
+            return head + f"{cls} cannot have one (not implemented)"
+        how = f"{cls}(..., {argument})" if argument else f"{cls} with the constructor argument that gives it"
+        return head + (f"build a new {how}, then set its values in place (m.{name}.data[...] = x) or load them "
+                       "with m.load_state_dict(...)")
 
     def _weights_under(self, name: str, complete: bool = True) -> list[str]:
         """The names of this module's own weights that are ``name`` or lie under it (``name.*``),
@@ -1321,6 +1331,8 @@ class Module:
     #: Weights a class's constructor can leave out (``bias=False``, ``elementwise_affine=False``):
     #: reading one that was left out gives None, as torch's registered-as-None parameters do.
     _optional_weights: frozenset = frozenset()
+    # optional weight -> the constructor argument that gives it (for the message), None: none does
+    _optional_weight_arguments: dict = {}
 
     def _transposed(self, name: str) -> bool:
         """Whether the checkpoint stores weight ``name`` as the transpose of the C++ one."""

@@ -457,6 +457,9 @@ class MultiheadAttention(Module):
     # bias_k and bias_v (add_bias_kv, not supported)
     _optional_weights = frozenset({"in_proj_bias", "in_proj_weight", "q_proj_weight", "k_proj_weight",
                                    "v_proj_weight", "bias_k", "bias_v"})
+    _optional_weight_arguments = {"in_proj_bias": "bias=True", "in_proj_weight": "kdim=None, vdim=None",
+                                  **{f"{w}_proj_weight": "kdim=..., vdim=... other than embed_dim" for w in "qkv"},
+                                  "bias_k": None, "bias_v": None}
 
     # the sizes the C++ layer was built with, read-only (a forward checks its inputs against them)
     embed_dim = FixedSetting()
@@ -464,7 +467,7 @@ class MultiheadAttention(Module):
     num_key_value_heads = FixedSetting()
     kdim = FixedSetting()
     vdim = FixedSetting()
-    head_dim = FixedSetting()
+    head_dim = FixedSetting(argument="embed_dim and num_heads set it")
     bias = FixedSetting()
 
     @renamed_keyword("num_kv_heads", "num_key_value_heads")
@@ -797,6 +800,7 @@ class Linear(Module):
     """
 
     _optional_weights = frozenset({"bias"})  # bias=False: lin.bias is None, as torch's
+    _optional_weight_arguments = {"bias": "bias=True"}
     in_features = FixedSetting()  # the C++ layer's sizes, read-only
     out_features = FixedSetting()
 
@@ -1299,11 +1303,13 @@ class _Norm(Module):
     so no loader or optimizer reaches them.
     """
 
-    # what the C++ layer was built with, read-only (torch's forward reads eps and elementwise_affine)
-    normalized_size = FixedSetting()
+    # what the C++ layer was built with, read-only (torch's forward reads normalized_shape and eps;
+    # elementwise_affine decides which weights state_dict holds)
+    normalized_size = FixedSetting(argument="normalized_shape=...")
     eps = FixedSetting()
     elementwise_affine = FixedSetting(default=True)
     _optional_weights = frozenset({"weight", "bias"})  # elementwise_affine=False, bias=False: None (RMSNorm: below)
+    _optional_weight_arguments = {"weight": "elementwise_affine=True", "bias": "elementwise_affine=True, bias=True"}
     _public_name_of_core_name_only = False  # the names hang on elementwise_affine
 
     @property
@@ -1368,7 +1374,8 @@ class LayerNorm(_Norm):
     Weights: ``weight (E,)`` (ones), ``bias (E,)`` (zeros); none without ``elementwise_affine``.
 
     ``normalized_shape`` (``normalized_size``), ``eps`` and ``elementwise_affine`` are read-only
-    attributes (torch's forward reads them; here the C++ layer was built with them): assigning one
+    attributes (torch's forward reads the first two, and the third decides which weights
+    ``state_dict`` holds; here the C++ layer was built with them): assigning one
     raises AttributeError (build a new layer). Assigning a value other than None to a weight the
     layer was built without (``weight`` with ``elementwise_affine=False``) raises ValueError.
 
