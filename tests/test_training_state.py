@@ -1814,3 +1814,88 @@ def test_a_forked_child_trains_while_a_parent_thread_held_the_lock():
         release.set()
         thread.join(60)
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+
+
+def _tiny_gpt2_training():
+    cfg = tc.GPT2Config(vocab_size=17, n_positions=16, n_embd=16, n_layer=1, n_head=2, eos_token_id=None)
+    model = tc.GPT2LMHeadModel(cfg).train()
+    opt = tc.optim.AdamW(model.named_parameters(), lr=1e-2)
+    ids = np.arange(8)[None] % 17
+
+    def step():
+        model.loss(ids, ids)
+        model.backward()
+        opt.step()
+        model.zero_grad()
+    return cfg, model, opt, step
+
+
+def test_load_checkpoint_refuses_a_model_file_replaced_while_it_was_read(tmp_path, monkeypatch):
+    """A save landing between the read of the model's weights and the read of its stamp paired
+    save A's weights with save B's optimizer and RNG states (all of B's stamps agree): refused,
+    nothing changed; loading again gives save B whole."""
+    from transformer_core import training
+
+    cfg, model, opt, step = _tiny_gpt2_training()
+    step()
+    training.save_checkpoint(tmp_path, model, opt)  # save A
+    step()
+    step()
+    real = training.load_safetensors
+
+    def read_then_a_save_lands(path, dtype):
+        state = real(path, dtype)
+        training.save_checkpoint(tmp_path, model, opt)  # save B
+        return state
+
+    fresh = tc.GPT2LMHeadModel(cfg)
+    fresh_opt = tc.optim.AdamW(fresh.named_parameters(), lr=1e-2)
+    before = fresh.state_dict()
+    monkeypatch.setattr(training, "load_safetensors", read_then_a_save_lands)
+    with pytest.raises(ValueError, match=r"model\.safetensors: the file was replaced while it was read"):
+        training.load_checkpoint(tmp_path, fresh, fresh_opt)
+    assert all(np.array_equal(v, before[k]) for k, v in fresh.state_dict().items()) and not fresh_opt.state
+    monkeypatch.setattr(training, "load_safetensors", real)
+    training.load_checkpoint(tmp_path, fresh, fresh_opt)  # save B, whole
+    name = "h.0.mlp.c_fc.weight"
+    assert fresh_opt.state[name]["step"] == opt.state[name]["step"] == 3
+    np.testing.assert_array_equal(fresh.state_dict()[name], model.state_dict()[name])
+
+
+def test_checkpoints_of_a_quantized_model_are_refused_naming_model(tmp_path):
+    """A quantized model's checkpoint was written (its weights dequantized) and then refused by
+    load_checkpoint for that same model; with an optimizer the error named a weight's view. Both
+    functions refuse it up front, naming model; nothing written or changed."""
+    from transformer_core.training import load_checkpoint, save_checkpoint
+
+    cfg, model, opt, _ = _tiny_gpt2_training()
+    q = tc.quantize(model, "int8")
+    for call in (lambda: save_checkpoint(tmp_path / "q", q), lambda: save_checkpoint(tmp_path / "q", q, opt),
+                 lambda: load_checkpoint(tmp_path / "q", q, opt)):
+        with pytest.raises(ValueError, match=r"^model: \d+ weights are held quantized .*checkpoint the float model"):
+            call()
+    assert not (tmp_path / "q").exists()
+    save_checkpoint(tmp_path / "f", model, opt)  # the float model's checkpoint, then quantized after loading
+    fresh = tc.GPT2LMHeadModel(cfg)
+    load_checkpoint(tmp_path / "f", fresh)
+    x = np.arange(6)[None]
+    np.testing.assert_array_equal(tc.quantize(fresh, "int8")(x).logits, q(x).logits)
+
+
+@pytest.mark.parametrize("seed", [-1, -2**63, 2**64 - 1])
+def test_manual_seed_takes_torchs_range(seed):
+    """torch.manual_seed takes [-2**63, 2**64 - 1], a negative seed mapped to 0xffff_ffff_ffff_ffff
+    + seed; ours refused negative seeds. Same range and mapping; outside it a ValueError, as torch
+    refuses it."""
+    torch.manual_seed(seed)
+    tc.manual_seed(seed)
+    first = tc.module.next_seed()
+    mapped = seed + 0xffff_ffff_ffff_ffff if seed < 0 else seed
+    tc.manual_seed(mapped)
+    assert tc.module.next_seed() == first
+    for bad in (-2**63 - 1, 2**64):
+        with pytest.raises((RuntimeError, ValueError)):
+            torch.manual_seed(bad)
+        with pytest.raises(ValueError, match=r"seed: expected an int in \[-2\*\*63, 2\*\*64 - 1\]"):
+            tc.manual_seed(bad)
+    tc.manual_seed(0)

@@ -97,15 +97,21 @@ def manual_seed(seed: int) -> None:
     Philox4x32-10 of the seed and the element's index, see ``functional.dropout``; the tokens
     numpy's sampler's: neither is torch's).
 
+    ``seed`` in torch's range, ``[-2**63, 2**64 - 1]``; a negative one is mapped as torch maps it,
+    to ``0xffff_ffff_ffff_ffff + seed``.
+
     Raises:
-        TypeError: ``seed`` not an int. ValueError: ``seed`` < 0.
+        TypeError: ``seed`` not an int. ValueError: ``seed`` outside ``[-2**63, 2**64 - 1]``.
     """
     global _SEEDS, _SEEDED
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
         raise TypeError(f"seed: expected an int, got {type(seed).__name__}")
+    seed = int(seed)
+    if not -2**63 <= seed <= 2**64 - 1:
+        raise ValueError(f"seed: expected an int in [-2**63, 2**64 - 1] (torch's range), got {seed}")
     if seed < 0:
-        raise ValueError(f"seed: expected an int >= 0, got {seed}")
-    _SEEDS = np.random.default_rng(int(seed))
+        seed += 0xffff_ffff_ffff_ffff
+    _SEEDS = np.random.default_rng(seed)
     _SEEDED = True
 
 

@@ -168,6 +168,13 @@ def _check_arguments(directory, model, optimizer, scheduler, action: str) -> tup
         raise TypeError(f"model: expected a transformer_core Module, got {type(model).__name__}")
     if optimizer is not None and not isinstance(optimizer, Optimizer):
         raise TypeError(f"optimizer: expected a transformer_core.optim Optimizer or None, got {type(optimizer).__name__}")
+    quantized = {name: fmt for name, fmt in model.weight_formats().items() if fmt not in ("float32", "float64")}
+    if quantized:
+        name, fmt = next(iter(quantized.items()))
+        raise ValueError(f"model: {len(quantized)} weights are held quantized (e.g. {name!r}: {fmt}); a training "
+                         "checkpoint is of a float model (a quantized one does not train, and its dequantized "
+                         "weights would not load back into it): checkpoint the float model, or save this one with "
+                         f"save_pretrained; {action}")
     schedulers = _schedulers_of(scheduler, optimizer)
     weights = {} if optimizer is None else _model_weights_of(optimizer, model, action)
     return schedulers, weights
@@ -198,6 +205,9 @@ def save_checkpoint(directory, model: Module, optimizer=None, scheduler=None) ->
             :class:`~transformer_core.optim.Optimizer` (or None), ``scheduler`` not a
             :class:`~transformer_core.lr_scheduler.LRScheduler` (or None, or a list or tuple of them; an
             entry is named ``scheduler[i]``): nothing is written.
+        ValueError: a ``model`` with weights held quantized (:func:`~transformer_core.quantize`: it
+            does not train, and a checkpoint of its dequantized weights would not load back into
+            it; checkpoint the float model); nothing is written.
         ValueError: a ``scheduler`` whose optimizer is not ``optimizer`` (None included: the groups'
             learning rates are saved in the optimizer's state, not the scheduler's), an empty list,
             a scheduler listed twice; an ``optimizer`` that steps parameters that are not
@@ -446,8 +456,12 @@ def load_checkpoint(directory, model: Module, optimizer=None, scheduler=None) ->
             :func:`save_checkpoint`); nothing is read or changed.
         ValueError: a ``scheduler`` whose optimizer is not ``optimizer`` (None included: the groups'
             learning rates are restored from the optimizer's file), an empty list, a scheduler listed
-            twice; an ``optimizer`` that steps parameters that are not ``model``'s (as
-            :func:`save_checkpoint`); nothing is read or changed.
+            twice; an ``optimizer`` that steps parameters that are not ``model``'s, a ``model`` with
+            weights held quantized (as :func:`save_checkpoint`: load into the float model, then
+            quantize it); nothing is read or changed.
+        ValueError: the model file replaced while it was read (a :func:`save_checkpoint` into
+            ``directory`` ran meanwhile: its weights and the other files' states could be of two
+            saves); nothing is changed: load again.
         ValueError: another number of schedulers than the checkpoint holds (naming ``scheduler``
             and the file); nothing is changed.
         FileNotFoundError: a file is missing, or a ``~user`` of no known user in ``directory``.
@@ -469,8 +483,15 @@ def load_checkpoint(directory, model: Module, optimizer=None, scheduler=None) ->
             raise FileNotFoundError(f"directory: no {name} in {path}")
     # read and check everything first
     model_file = path / "model.safetensors"
+    # the stamp before and after the weights are read: a save landing in between (another id) would
+    # pair these weights with the next save's optimizer, scheduler and RNG states, whose stamps agree
+    _read_header(model_file)  # truncated or corrupt: a ValueError naming the file
+    before = _read_safetensors(model_file, arrays=False)[1]
     model_state = load_safetensors(path, model.dtype)  # checks model.safetensors' header; names the file
     metadata = {"model.safetensors": _read_safetensors(model_file, arrays=False)[1]}
+    if before.get(CHECKPOINT_ID_KEY) != metadata["model.safetensors"].get(CHECKPOINT_ID_KEY):
+        raise ValueError(f"{model_file}: the file was replaced while it was read (a save into {path} ran "
+                         "meanwhile); nothing was loaded: load again")
     rng_state = _rng_state(model_file, metadata["model.safetensors"])
     states = {}
     for name in wanted[1:]:
