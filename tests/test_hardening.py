@@ -182,9 +182,6 @@ BROADCAST_INPUTS = [
     ("tc.masks.padding_mask_from_ids(np.broadcast_to(np.float32(0), (2**20, 2**20)), 0)", "input_ids"),
     ("tc.masks.padding_mask_from_ids(np.broadcast_to(np.arange(2**20, dtype=np.uint64)[:, None], (2**20, 2**20)), 0)",
      "input_ids"),
-    # an integer 0/1 mask whose rows overlap (no stride 0): its 0/1 check's bool arrays are checked
-    ("F.scaled_dot_product_attention(small, small, small, key_mask=np.lib.stride_tricks.sliding_window_view("
-     "np.arange(2**21 - 1) % 2, 2**20))", "key_mask"),
 ]
 
 
@@ -1679,3 +1676,161 @@ def test_cpp_layers_check_the_feature_size_themselves(dtype):
     # the right width still computes (the check is not a refusal of everything)
     assert linear.forward(np.ones((2, 1 << 16), dtype)).shape == (2, 1)
     assert np.isfinite(norm.forward(np.arange(8, dtype=dtype).reshape(2, 4))).all()
+
+
+# ------------------------------------------------------------------------------------------------
+# functional ops: the copies an op makes after its arguments' own conversion are checked too, and
+# every shape is checked before any copy
+# ------------------------------------------------------------------------------------------------
+def test_softmax_over_another_dim_checks_its_moved_copy():
+    """softmax over a dim other than the last copies x with that dim moved last, beside a result of
+    the same size: that copy was never checked (a contiguous float32 x needs no conversion, and a
+    float16 one's float32 conversion was checked alone), a numpy MemoryError. x here is a sparse
+    file mapped read-only (no memory used) of half this machine's memory (float32), or a quarter
+    (float16, widened): the two arrays do not fit, a ValueError naming x."""
+    code = ("import os, resource, tempfile\n"
+            "mem = tc._validation.physical_memory_bytes()\n"
+            "c = mem // 8 // 1024 + 1\n"  # (1024, c) values: 4 bytes each, more than mem / 2
+            "results = []\n"
+            "for dtype in (np.float32, np.float16):\n"
+            "    fd, fn = tempfile.mkstemp()\n"
+            "    os.truncate(fn, 1024 * c * np.dtype(dtype).itemsize)\n"
+            "    x = np.memmap(fn, dtype=dtype, mode='r', shape=(1024, c))\n"
+            "    os.close(fd); os.unlink(fn)\n"
+            "    size = [int(l.split()[1]) * 1024 for l in open('/proc/self/status') if l.startswith('VmSize')][0]\n"
+            "    resource.setrlimit(resource.RLIMIT_AS, (size + 2**30, resource.RLIM_INFINITY))\n"
+            "    try:\n"
+            "        F.softmax(x, 0)\n"
+            "        results.append('NO ERROR')\n"
+            "    except Exception as e:\n"
+            "        results.append(type(e).__name__ + ': ' + str(e))\n"
+            "    resource.setrlimit(resource.RLIMIT_AS, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))\n"
+            "    del x\n"
+            "raise ValueError(' | '.join(results))\n")
+    out = run_isolated(code)
+    results = out.removeprefix("ValueError: ").split(" | ")
+    assert len(results) == 2, out
+    for got in results:
+        assert got.startswith("ValueError: x: its copy with dim 0 moved last and the result (two (1024, "), out
+        assert "float32 arrays) need " in got and "more than this machine's memory" in got, out
+
+
+def test_softmax_over_another_dim_matches_torch_with_one_copy(rng):
+    """The moved copy is made converted (float16 widened as it moves): one copy, the values torch's."""
+    x = rng.standard_normal((5, 3, 4)).astype(np.float16)
+    for dim in (0, 1, -2, 2, -1):
+        want = torch.softmax(torch.from_numpy(x.astype(np.float64)), dim).numpy()
+        got = F.softmax(x, dim)
+        assert got.dtype == np.float32 and got.shape == x.shape
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    x64 = rng.standard_normal((4, 6))[:, ::-1]  # non-contiguous float64
+    np.testing.assert_allclose(F.softmax(x64, 0), torch.softmax(torch.from_numpy(x64.copy()), 0).numpy(),
+                               rtol=1e-12, atol=1e-12)
+
+
+def test_cross_entropy_checks_the_int64_copy_of_target():
+    """cross_entropy (and its backward, which shares the checks) copies target to int64 and makes
+    bool arrays of its size for the range check: unchecked, a numpy MemoryError. The logits here
+    (float32, one class) need half this machine's memory and pass their own check; an int64 or int8
+    target's copy needs all of it: a ValueError naming target, before any copy."""
+    code = ("mem = tc._validation.physical_memory_bytes()\n"
+            "N = mem // 8 + 1\n"
+            "logits = np.broadcast_to(np.float32(0), (N, 1))\n"
+            "results = []\n"
+            "for call in (F.cross_entropy, tc.backward.cross_entropy_backward):\n"
+            "    for dtype in (np.int64, np.int8):\n"
+            "        try:\n"
+            "            call(logits, np.broadcast_to(dtype(0), (N,)))\n"
+            "            results.append('NO ERROR')\n"
+            "        except Exception as e:\n"
+            "            results.append(type(e).__name__ + ': ' + str(e))\n"
+            "raise ValueError(' | '.join(results))\n")
+    out = _under_memory_limit(code)
+    results = out.removeprefix("ValueError: ").split(" | ")
+    assert len(results) == 4, out
+    for got in results:
+        assert got.startswith("ValueError: target: its int64 copy and the range check's bool arrays: an array of "
+                              "shape ("), out
+        assert "more than this machine's memory" in got, out
+
+
+def test_cross_entropy_range_check_matches_torch(rng):
+    """The range check, now made in place, refuses and accepts what it did; the loss is torch's."""
+    logits = rng.standard_normal((6, 4)).astype(np.float32)
+    target = np.array([0, 3, -100, 2, 1, -100], np.int8)
+    want = torch.nn.functional.cross_entropy(torch.from_numpy(logits.astype(np.float64)),
+                                             torch.from_numpy(target.astype(np.int64)))
+    np.testing.assert_allclose(F.cross_entropy(logits, target), want.item(), rtol=1e-6)
+    for bad, value, where in (([0, 4, 1, 1, 1, 1], 4, 1), ([0, 1, 1, -1, 1, 1], -1, 3)):
+        with pytest.raises(ValueError, match=rf"^target: expected class indices in \[0, 4\) or ignore_index "
+                                             rf"\(-100\), got {value} at index \({where},\)$"):
+            F.cross_entropy(logits, np.array(bad, np.int16))
+
+
+def test_linear_refuses_an_output_beyond_memory_before_copying_x_and_weight():
+    """linear's output size was checked only in C++, after x and weight were copied (broadcast views
+    here: tens of MB before the refusal, GBs for wider ones), and its error named no argument. Now a
+    ValueError naming x and weight, on the shapes as given: next to nothing allocated."""
+    mem = tc._validation.physical_memory_bytes()
+    n = math.isqrt(mem // 4) + 1  # (n, n) float32: more than this machine's memory
+    k = 64
+    x = np.broadcast_to(np.float32(1), (n, k))
+    w = np.broadcast_to(np.float16(1), (n, k))
+    assert n * n * 4 > mem
+    peak = refusal_peak(lambda: F.linear(x, w), ValueError,
+                        rf"^x, weight: the output \(\.\.\., out_features\): an array of shape \({n}, {n}\) needs "
+                        rf"{n * n * 4} bytes, more than this machine's memory \({mem} bytes\)$")
+    assert peak < 2**20, f"{peak} bytes allocated before the refusal"
+    x64 = np.broadcast_to(np.float64(1), (2, n // 2 + 1, k))  # float64: 8 bytes a value, leading dims kept
+    peak = refusal_peak(lambda: F.linear(x64, w, np.zeros(n, np.float32)), ValueError,
+                        rf"^x, weight: the output \(\.\.\., out_features\): an array of shape "
+                        rf"\(2, {n // 2 + 1}, {n}\) needs {2 * (n // 2 + 1) * n * 8} bytes")
+    assert peak < 2**20, f"{peak} bytes allocated before the refusal"
+
+
+def test_sdpa_masks_are_checked_before_any_is_converted(rng):
+    """Every mask's dtype and shape is checked on the array as given, before any mask is converted:
+    a float64 attn_mask (converted to float32) or an int 0/1 key_mask (read as bools) of the wrong
+    shape was converted first, and a valid attn_mask was converted before a bad query_mask or
+    key_mask was refused (MBs here, the mask's size in general)."""
+    q = np.zeros((1, 1, 5, 8), np.float32)
+    qL = np.zeros((1, 1, 1000, 8), np.float32)
+    good = np.zeros((1000, 1000))  # float64: its float32 copy is 4 MB
+    big, big_int, big_uint8 = np.zeros((2000, 1000)), np.ones((2000, 1000), np.int64), np.ones((2000, 1000), np.uint8)
+    cases = [
+        (lambda: F.scaled_dot_product_attention(q, q, q, attn_mask=big), ValueError,
+         r"^attn_mask: shape \(2000, 1000\) does not broadcast to the expected \(1, 1, 5, 5\)$"),
+        (lambda: F.scaled_dot_product_attention(q, q, q, key_mask=big_int), ValueError,
+         r"^key_mask: expected shape \(5,\) or \(1, 5\) or \(1, 1, 5\) \(each leading dim may be 1\) "
+         r"\(key length 5\), got \(2000, 1000\)$"),
+        (lambda: F.scaled_dot_product_attention(q, q, q, query_mask=big_uint8), ValueError,
+         r"^query_mask: expected shape \(5,\) or \(1, 5\) or \(1, 1, 5\) \(each leading dim may be 1\) "
+         r"\(query length 5\), got \(2000, 1000\)$"),
+        (lambda: F.scaled_dot_product_attention(qL, qL, qL, good, query_mask=np.ones(7, bool)), ValueError,
+         r"^query_mask: expected shape \(1000,\) or \(1, 1000\) or \(1, 1, 1000\) .*got \(7,\)$"),
+        (lambda: F.scaled_dot_product_attention(qL, qL, qL, good, key_mask=np.ones((1, 2, 1000), bool)), ValueError,
+         r"^key_mask: shape \(1, 2, 1000\) does not broadcast to the expected \(1, 1, 1000\)$"),
+        (lambda: F.scaled_dot_product_attention(qL, qL, qL, good, key_mask=np.ones(1000)), TypeError,
+         r"^key_mask: expected bool or integer 0/1"),
+        (lambda: F.scaled_dot_product_attention(qL, qL, qL, good, key_mask=np.full(1000, 2)), ValueError,
+         r"^key_mask: expected a bool or 0/1 mask, got values such as \[2\]$"),
+    ]
+    for call, error, match in cases:
+        refusal_peak(call, error, match)  # a first call: numpy loads some modules lazily (traced too)
+        peak = refusal_peak(call, error, match)
+        assert peak < 2**20, f"{match}: {peak} bytes allocated before the refusal"
+    # the masks checked first still mean what they did: torch's values
+    L, S = 6, 7
+    qs = rng.standard_normal((2, 3, L, 8))
+    ks, vs = (rng.standard_normal((2, 3, S, 8)) for _ in range(2))
+    add = rng.standard_normal((L, S))
+    qm = np.array([[1, 1, 0, 1, 1, 1], [1, 1, 1, 1, 1, 0]], np.int32)
+    km = rng.random((2, 3, S)) > 0.3
+    km[..., 0] = True
+    ours = F.scaled_dot_product_attention(qs, ks, vs, add, query_mask=qm, key_mask=km)
+    keep = qm.astype(bool)[:, None, :, None] & km[:, :, None, :]
+    bias = torch.from_numpy(np.where(keep, add, -np.inf))
+    want = torch.nn.functional.scaled_dot_product_attention(*(torch.from_numpy(a) for a in (qs, ks, vs)),
+                                                             attn_mask=bias).numpy()
+    want[~qm.astype(bool)[:, None, :].repeat(3, 1)] = 0.0  # a masked query row: zeros (torch: NaN)
+    np.testing.assert_allclose(ours, want, rtol=1e-10, atol=1e-12)

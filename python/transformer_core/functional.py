@@ -45,6 +45,7 @@ from ._validation import (
     check_rank,
     common_dtype,
     compute_dtype,
+    physical_memory_bytes,
     to_numpy,
     type_path,
 )
@@ -168,7 +169,8 @@ def linear(x, weight, bias=None) -> np.ndarray:
 
     Raises:
         ValueError: ``x`` empty or of rank 0; ``weight`` not 2-D or its in_features differ from
-            ``x``'s last dim; ``bias`` of the wrong shape.
+            ``x``'s last dim; ``bias`` of the wrong shape; an output ``(..., out_features)`` larger
+            than this machine's memory (naming ``x, weight``, checked before either is copied).
         TypeError: a non-numeric array.
     """
     dtype, (x, weight, bias) = common_dtype((x, "x"), (weight, "weight"), (bias, "bias"))
@@ -182,7 +184,10 @@ def linear(x, weight, bias=None) -> np.ndarray:
         if bias.shape[0] != weight.shape[0]:
             raise ValueError(f"bias: expected shape ({weight.shape[0]},) to match weight's out_features "
                              f"{weight.shape[0]}, got {bias.shape}")
-        bias = _as_dtype(bias, "bias", dtype)
+    out_shape = x.shape[:-1] + (weight.shape[0],)
+    if math.prod(out_shape) > _UNCHECKED_COPY_SIZE:  # the output, before x and weight are copied
+        check_allocatable(out_shape, np.dtype(dtype).itemsize, "x, weight: the output (..., out_features)")
+    bias = _as_dtype(bias, "bias", dtype)
     x, weight = _as_dtype(x, "x", dtype), _as_dtype(weight, "weight", dtype)
     y = variant("linear", dtype)(x.reshape(-1, x.shape[-1]), weight, bias, "")
     return y.reshape(x.shape[:-1] + (weight.shape[0],))
@@ -204,18 +209,33 @@ def softmax(x, dim: int = -1) -> np.ndarray:
         ``-inf`` (fully masked) gives zeros, where torch gives NaN; NaN in a slice gives NaN.
 
     Raises:
-        ValueError: empty or 0-d ``x``, ``dim`` out of range.
+        ValueError: empty or 0-d ``x``, ``dim`` out of range; for ``dim`` other than the last, a
+            copy of ``x`` with ``dim`` moved last and the result together larger than this
+            machine's memory (naming ``x``, checked before any copy).
         TypeError: ``dim`` not an int, non-numeric ``x``, both ``dim=`` and ``axis=`` given.
     """
     # dim is checked before x's float copy (a float16 or integer x is widened): its type first, its
-    # range on the rank of x as given (a 0-d x is refused by as_float)
+    # range on the rank of x as given (a 0-d x is refused by check_rank)
     dim = check_int(dim, "dim", None, None)
     given = to_numpy(x, "x")
     if given.ndim >= 1:
         dim = check_int(dim, "dim", -given.ndim, given.ndim - 1)
-    x = as_float(given, "x", min_ndim=1)
-    moved = np.ascontiguousarray(np.moveaxis(x, dim, -1))
-    y = variant("softmax", x.dtype.type)(moved.reshape(-1, moved.shape[-1]))
+    dtype = compute_dtype(given, "x")
+    check_rank(given, "x", min_ndim=1)
+    if dim % given.ndim == given.ndim - 1:
+        moved = _contiguous(given, dtype, "x")  # as_float's conversion (none for a contiguous x of dtype)
+    else:
+        # one copy, converted with dim moved last, and the result of its size exist at once: both
+        # are checked before the copy is made (a contiguous x of dtype needs no conversion, and
+        # the copy of a 40 GB x was a numpy MemoryError)
+        if given.size > _UNCHECKED_COPY_SIZE:
+            need, limit = 2 * given.size * np.dtype(dtype).itemsize, physical_memory_bytes()
+            if need > limit:
+                raise ValueError(f"x: its copy with dim {dim} moved last and the result (two {given.shape} "
+                                 f"{np.dtype(dtype).name} arrays) need {need} bytes, more than this machine's "
+                                 f"memory ({limit} bytes)")
+        moved = _contiguous(np.moveaxis(given, dim, -1), dtype, "x")
+    y = variant("softmax", dtype)(moved.reshape(-1, moved.shape[-1]))
     return np.moveaxis(y.reshape(moved.shape), -1, dim)
 
 
@@ -347,16 +367,16 @@ def relu(x) -> np.ndarray:
     return variant("activation", x.dtype.type)(x, "relu")
 
 
-def _token_mask(mask, name: str, lead: tuple, length: int, what: str) -> np.ndarray:
-    """A ``query_mask``/``key_mask`` as a bool array of ``lead + (length,)``'s rank (a view).
+def _token_mask(m: np.ndarray, name: str, lead: tuple, length: int, what: str) -> np.ndarray:
+    """A ``query_mask``/``key_mask`` as given (:func:`to_numpy`'s array, not converted: only its
+    shape is read) viewed with ``lead + (length,)``'s rank.
 
     The rule: ``(length,)`` is shared by every row; ``lead + (length,)`` (each dim the query's or 1)
     is taken as is; with two or more leading dims (q ``(N, H, L, E)``), a 2-D ``(N, length)`` is per
     batch entry (N = query's first dim, or 1) and broadcast over the head axes, as torch's
     ``key_padding_mask`` and :func:`transformer_core.reference.scaled_dot_product_attention` read it.
-    Any other rank is ambiguous (which leading dims?) and refused.
+    Any other rank is ambiguous (which leading dims?) and refused (ValueError naming ``name``).
     """
-    m = as_bool(mask, name)
     shapes = f"({length},)" + (f" or ({lead[0]}, {length})" if lead else "") + (
         f" or {lead + (length,)} (each leading dim may be 1)" if len(lead) > 1 else "")
     if m.ndim < 1 or m.shape[-1] != length:
@@ -367,8 +387,15 @@ def _token_mask(mask, name: str, lead: tuple, length: int, what: str) -> np.ndar
         if m.shape[0] not in (1, lead[0]):
             raise ValueError(f"{name}: a 2-D mask is (batch, {what}): expected first dim {lead[0]} "
                              f"(query's first dim) or 1, got shape {m.shape}")
-        return m.reshape((m.shape[0],) + (1,) * (len(lead) - 1) + (length,))  # (N, 1, ..., length)
+        return m.reshape((m.shape[0],) + (1,) * (len(lead) - 1) + (length,))  # (N, 1, ..., length): a view
     raise ValueError(f"{name}: expected shape {shapes}, got {m.shape} (for query leading dims {lead})")
+
+
+def _dtype_checked(convert, arr: np.ndarray, name: str, *args) -> np.ndarray:
+    """``arr`` after ``convert``'s (:func:`as_bool`, :func:`as_attention_mask`) dtype checks, its
+    TypeError naming ``name``: they run on an empty view of ``arr``, so nothing is read or copied."""
+    convert(arr[None][:0], name, *args)
+    return arr
 
 
 def _attention_masks(attn_mask, query_mask, key_mask, lead: tuple, L: int, S: int, dtype, heads: int):
@@ -376,33 +403,58 @@ def _attention_masks(attn_mask, query_mask, key_mask, lead: tuple, L: int, S: in
     two broadcast to ``lead + (L, S)`` (zero-copy views where only one boolean mask is given), the
     third an ``(n, S)`` key-padding mask (``n = prod(lead) // heads``) or None.
 
+    Every mask's dtype and shape is checked on the array as given, and the combination of several
+    boolean masks against this machine's memory, before any mask is converted: a bad mask is
+    refused before a copy of another (or of itself) is made. The conversions follow, the token
+    masks (their 0/1 values read) before the ``attn_mask`` (up to ``lead + (L, S)`` values).
+
     A ``key_mask`` that is the same for every head of a batch entry goes to the kernels' own
     key-mask slot (``(n, S)``: n · S bytes), so that combining it with an ``attn_mask`` or a
     ``query_mask`` never materializes an ``(..., L, S)`` array for it. A per-head ``key_mask``
     joins the boolean masks."""
     full = lead + (L, S)
-    bool_parts, float_mask, key_slot = [], None, None
+    am = qm = km = None
     if attn_mask is not None:
-        m = as_attention_mask(attn_mask, "attn_mask", dtype)
-        if m.dtype == np.bool_:
-            bool_parts.append(broadcast_mask(m, full, "attn_mask"))
-        else:
-            float_mask = broadcast_mask(m, full, "attn_mask")
+        am = _dtype_checked(as_attention_mask, to_numpy(attn_mask, "attn_mask"), "attn_mask", dtype)
+        broadcast_mask(am, full, "attn_mask")
     if query_mask is not None:
-        qm = _token_mask(query_mask, "query_mask", lead, L, "query length")
-        bool_parts.append(broadcast_mask(qm[..., :, None], full, "query_mask"))
+        qm = _dtype_checked(as_bool, to_numpy(query_mask, "query_mask"), "query_mask")
+        qm = _token_mask(qm, "query_mask", lead, L, "query length")
+        broadcast_mask(qm[..., :, None], full, "query_mask")
+    per_head = False
     if key_mask is not None:
-        km = _token_mask(key_mask, "key_mask", lead, S, "key length")
-        kb = broadcast_mask(km, lead + (S,), "key_mask")
-        if heads == 1 or km.ndim == 1 or km.shape[-2] == 1:  # one mask per batch entry: the slot
-            key_slot = (kb if heads == 1 else kb[..., 0, :]).reshape(-1, S)
+        km = _dtype_checked(as_bool, to_numpy(key_mask, "key_mask"), "key_mask")
+        km = _token_mask(km, "key_mask", lead, S, "key length")
+        broadcast_mask(km, lead + (S,), "key_mask")
+        per_head = not (heads == 1 or km.ndim == 1 or km.shape[-2] == 1)  # else one per batch entry: the slot
+    combined = (am is not None and am.dtype == np.bool_) + (qm is not None) + per_head
+    if combined > 1:  # several boolean masks are combined into one (..., L, S) array
+        check_allocatable(full, 1, "attn_mask, query_mask, key_mask: their combination")
+    # the conversions, every check passed
+    if qm is not None:
+        qm = as_bool(qm, "query_mask")
+    if km is not None:
+        km = as_bool(km, "key_mask")
+    if am is not None:
+        am = as_attention_mask(am, "attn_mask", dtype)
+    bool_parts, float_mask, key_slot = [], None, None
+    if am is not None:
+        if am.dtype == np.bool_:
+            bool_parts.append(broadcast_mask(am, full, "attn_mask"))
         else:
+            float_mask = broadcast_mask(am, full, "attn_mask")
+    if qm is not None:
+        bool_parts.append(broadcast_mask(qm[..., :, None], full, "query_mask"))
+    if km is not None:
+        kb = broadcast_mask(km, lead + (S,), "key_mask")
+        if per_head:
             bool_parts.append(broadcast_mask(km[..., None, :], full, "key_mask"))
+        else:
+            key_slot = (kb if heads == 1 else kb[..., 0, :]).reshape(-1, S)
     bool_mask = None
     if len(bool_parts) == 1:
         bool_mask = bool_parts[0]
-    elif bool_parts:  # several boolean masks are combined into one (..., L, S) array
-        check_allocatable(full, 1, "attn_mask, query_mask, key_mask: their combination")
+    elif bool_parts:
         bool_mask = np.logical_and(bool_parts[0], bool_parts[1])  # one (..., L, S) array, and in place
         for part in bool_parts[2:]:
             np.logical_and(bool_mask, part, out=bool_mask)
@@ -830,6 +882,10 @@ def _cross_entropy_args(logits, target, ignore_index, label_smoothing, reduction
     lead, V = x.shape[:-1], x.shape[-1]
     if t.shape != lead:
         raise ValueError(f"target: expected shape {lead} (logits' shape without the class dim), got {t.shape}")
+    if t.size > _UNCHECKED_COPY_SIZE:  # its int64 copy (none for a contiguous int64 target) and the range
+        copied = not (t.flags.c_contiguous and t.dtype == np.int64)  # check's two bool arrays
+        check_allocatable(t.shape, 8 * copied + 2, "target: its int64 copy and the range check's bool arrays"
+                          if copied else "target: the range check's bool arrays")
     if t.dtype.kind == "u" and t.dtype.itemsize == 8 and t.size and t.max() > np.iinfo(np.int64).max:
         # a uint64 beyond int64's range would wrap to a negative index (maybe ignore_index): refused
         # here, any other value (ignore_index >= V included) is left to the check below
@@ -837,7 +893,9 @@ def _cross_entropy_args(logits, target, ignore_index, label_smoothing, reduction
         raise ValueError(f"target: expected class indices in [0, {V}) or ignore_index ({ignore_index}), "
                          f"got {int(t[where])} at index {where}")
     t = np.ascontiguousarray(t, dtype=np.int64)
-    bad = (t != ignore_index) & ((t < 0) | (t >= V))
+    bad = t < 0  # in place: two bool arrays at most
+    bad |= t >= V
+    bad &= t != ignore_index
     if bad.any():
         where = tuple(int(i) for i in np.argwhere(bad)[0])
         raise ValueError(f"target: expected class indices in [0, {V}) or ignore_index ({ignore_index}), "
@@ -882,7 +940,8 @@ def cross_entropy(logits, target, ignore_index: int = -100, label_smoothing: flo
 
     Raises:
         ValueError: target of the wrong shape or with an index out of range, ``label_smoothing``
-            outside [0, 1], unknown ``reduction``, empty ``logits``.
+            outside [0, 1], unknown ``reduction``, empty ``logits``; ``logits``' float copy or
+            ``target``'s int64 copy larger than this machine's memory (checked before the copy).
         TypeError: non-integer ``target``, non-numeric ``logits``, non-int ``ignore_index``.
     """
     x, t, lead, ignore_index, label_smoothing, reduction = _cross_entropy_args(
