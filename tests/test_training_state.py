@@ -1884,13 +1884,13 @@ def test_checkpoints_of_a_quantized_model_are_refused_naming_model(tmp_path):
 
 @pytest.mark.parametrize("seed", [-1, -2**63, 2**64 - 1])
 def test_manual_seed_takes_torchs_range(seed):
-    """torch.manual_seed takes [-2**63, 2**64 - 1], a negative seed mapped to 0xffff_ffff_ffff_ffff
-    + seed; ours refused negative seeds. Same range and mapping; outside it a ValueError, as torch
+    """torch.manual_seed takes [-2**63, 2**64 - 1], a negative seed mapped to seed + 2**64
+    (torch.initial_seed()); ours refused negative seeds. Same range and mapping; outside it a ValueError, as torch
     refuses it."""
     torch.manual_seed(seed)
+    mapped = torch.initial_seed()  # torch's mapping of a negative seed
     tc.manual_seed(seed)
     first = tc.module.next_seed()
-    mapped = seed + 0xffff_ffff_ffff_ffff if seed < 0 else seed
     tc.manual_seed(mapped)
     assert tc.module.next_seed() == first
     for bad in (-2**63 - 1, 2**64):

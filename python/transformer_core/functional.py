@@ -45,7 +45,6 @@ from ._validation import (
     check_rank,
     common_dtype,
     compute_dtype,
-    physical_memory_bytes,
     to_numpy,
     type_path,
 )
@@ -229,11 +228,8 @@ def softmax(x, dim: int = -1) -> np.ndarray:
         # are checked before the copy is made (a contiguous x of dtype needs no conversion, and
         # the copy of a 40 GB x was a numpy MemoryError)
         if given.size > _UNCHECKED_COPY_SIZE:
-            need, limit = 2 * given.size * np.dtype(dtype).itemsize, physical_memory_bytes()
-            if need > limit:
-                raise ValueError(f"x: its copy with dim {dim} moved last and the result (two {given.shape} "
-                                 f"{np.dtype(dtype).name} arrays) need {need} bytes, more than this machine's "
-                                 f"memory ({limit} bytes)")
+            check_allocatable(given.shape, 2 * np.dtype(dtype).itemsize,
+                              f"x: its {np.dtype(dtype).name} copy with dim {dim} moved last and the result (two arrays)")
         moved = _contiguous(np.moveaxis(given, dim, -1), dtype, "x")
     y = variant("softmax", dtype)(moved.reshape(-1, moved.shape[-1]))
     return np.moveaxis(y.reshape(moved.shape), -1, dim)

@@ -98,7 +98,7 @@ def manual_seed(seed: int) -> None:
     numpy's sampler's: neither is torch's).
 
     ``seed`` in torch's range, ``[-2**63, 2**64 - 1]``; a negative one is mapped as torch maps it,
-    to ``0xffff_ffff_ffff_ffff + seed``.
+    to ``seed + 2**64`` (what ``torch.initial_seed()`` then returns).
 
     Raises:
         TypeError: ``seed`` not an int. ValueError: ``seed`` outside ``[-2**63, 2**64 - 1]``.
@@ -110,7 +110,7 @@ def manual_seed(seed: int) -> None:
     if not -2**63 <= seed <= 2**64 - 1:
         raise ValueError(f"seed: expected an int in [-2**63, 2**64 - 1] (torch's range), got {seed}")
     if seed < 0:
-        seed += 0xffff_ffff_ffff_ffff
+        seed += 2**64
     _SEEDS = np.random.default_rng(seed)
     _SEEDED = True
 
@@ -1075,6 +1075,7 @@ class Module:
             method = cls.__dict__.get(name)
             if inspect.isfunction(method) and not getattr(method, "_one_at_a_time", False):
                 setattr(cls, name, _one_training_call_at_a_time(method, always))
+
     def __new__(cls, *args, **kwargs):
         self = super().__new__(cls)
         self._init_args = _snapshot_args(args, kwargs)

@@ -1107,7 +1107,21 @@ class GatedFeedForward(Module):
         return _mlp_backward(self, grad_output)
 
 
-class TransformerEncoderLayer(Module):
+class _LayerSettings(Module):
+    """What the encoder and decoder layers share: the arguments their C++ layer is built from, as
+    read-only attributes of torch's names (:class:`~transformer_core.module.FixedSetting`), set by
+    :func:`_check_layer_args`."""
+
+    d_model = FixedSetting()
+    nhead = FixedSetting()
+    dim_feedforward = FixedSetting()
+    activation = FixedSetting()
+    layer_norm_eps = FixedSetting()
+    norm_first = FixedSetting()
+    bias = FixedSetting()
+
+
+class TransformerEncoderLayer(_LayerSettings):
     """One Transformer encoder layer (Vaswani et al. 2017, §3.1; the encoder and encoder–decoder tutorials), batch-first,
     mirroring ``torch.nn.TransformerEncoderLayer(batch_first=True)`` in eval mode::
 
@@ -1163,15 +1177,6 @@ class TransformerEncoderLayer(Module):
     #: parameter views), a lower bound: measured as the RSS growth per layer of a stack of 20000
     #: copies of a tiny layer (d_model 2 to 64), 16.2-16.7 KB. Counted by the stacks' memory check.
     _COPY_OVERHEAD_BYTES = 16 * 1024
-
-    # what the C++ layer was built with (torch's names), read-only: see _check_layer_args
-    d_model = FixedSetting()
-    nhead = FixedSetting()
-    dim_feedforward = FixedSetting()
-    activation = FixedSetting()
-    layer_norm_eps = FixedSetting()
-    norm_first = FixedSetting()
-    bias = FixedSetting()
 
     def __init__(self, d_model: int, nhead: int, dim_feedforward: int = 2048, activation: str = "relu",
                  layer_norm_eps: float = 1e-5, norm_first: bool = False, bias: bool = True, dtype=np.float32,
@@ -1431,7 +1436,7 @@ class RMSNorm(_Norm):
         self._init_weights()
 
 
-class TransformerDecoderLayer(Module):
+class TransformerDecoderLayer(_LayerSettings):
     """One Transformer decoder layer (Vaswani et al. 2017, §3.1; the encoder–decoder tutorial's decoder steps),
     batch-first, mirroring ``torch.nn.TransformerDecoderLayer(batch_first=True)`` in eval mode::
 
@@ -1462,15 +1467,6 @@ class TransformerDecoderLayer(Module):
 
     #: As :attr:`TransformerEncoderLayer._COPY_OVERHEAD_BYTES` (measured alike: 25.5-25.7 KB).
     _COPY_OVERHEAD_BYTES = 24 * 1024
-
-    # what the C++ layer was built with (torch's names), read-only: see _check_layer_args
-    d_model = FixedSetting()
-    nhead = FixedSetting()
-    dim_feedforward = FixedSetting()
-    activation = FixedSetting()
-    layer_norm_eps = FixedSetting()
-    norm_first = FixedSetting()
-    bias = FixedSetting()
 
     def __init__(self, d_model: int, nhead: int, dim_feedforward: int = 2048, activation: str = "relu",
                  layer_norm_eps: float = 1e-5, norm_first: bool = False, bias: bool = True, dtype=np.float32,
