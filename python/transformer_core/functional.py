@@ -225,8 +225,8 @@ def softmax(x, dim: int = -1) -> np.ndarray:
         moved = _contiguous(given, dtype, "x")  # as_float's conversion (none for a contiguous x of dtype)
     else:
         # one copy, converted with dim moved last, and the result of its size exist at once: both
-        # are checked before the copy is made (a contiguous x of dtype needs no conversion, and
-        # the copy of a 40 GB x was a numpy MemoryError)
+        # are checked before the copy is made (a contiguous x of dtype passes as_float's check
+        # uncopied, and an unchecked copy of a 40 GB x would be numpy's MemoryError)
         if given.size > _UNCHECKED_COPY_SIZE:
             check_allocatable(given.shape, 2 * np.dtype(dtype).itemsize,
                               f"x: its {np.dtype(dtype).name} copy with dim {dim} moved last and the result (two arrays)")
