@@ -128,6 +128,7 @@ def _job_dask_settings():
                 logger.setLevel(logging.CRITICAL)
 
             def restore():
+                """Puts back the loggers' levels and Dask's settings as the first job found them."""
                 for logger, level in levels:
                     logger.setLevel(level)
                 setting.__exit__(None, None, None)

@@ -1325,10 +1325,12 @@ class _Norm(Module):
 
     @normalized_shape.setter
     def normalized_shape(self, value) -> None:
+        """Refused: AttributeError (build a new layer: :func:`~transformer_core.module.fixed_setting_refusal`)."""
         raise fixed_setting_refusal(self, "normalized_shape")
 
     @normalized_shape.deleter
     def normalized_shape(self) -> None:
+        """Refused, as assigning it."""
         raise fixed_setting_refusal(self, "normalized_shape")
 
     def _public_name(self, core_name: str) -> str | None:
