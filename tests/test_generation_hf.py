@@ -422,3 +422,52 @@ def test_sampling_before_any_manual_seed_draws_fresh_entropy(models, monkeypatch
     with pytest.raises(ValueError, match="max_new_tokens"):
         ours.generate(x, 2**40, do_sample=True)
     assert tc.get_rng_state() == state
+
+
+# ------------------------------------------------------------------------------- streamers, None options
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_hf_streamers_are_driven_as_hf_generate_drives_them(models, family):
+    """``streamer=`` took only a callable: a transformers streamer (``put``/``end``, e.g.
+    ``TextStreamer``) was a TypeError. It gets Hugging Face's calls now: the prompt, each step's
+    tokens, then ``end()``; a plain callable still gets each step's tokens."""
+    from transformers.generation.streamers import BaseStreamer
+
+    class Recorder(BaseStreamer):
+        def __init__(self):
+            self.calls = []
+
+        def put(self, value):
+            self.calls.append(np.asarray(value).tolist())
+
+        def end(self):
+            self.calls.append("end")
+
+    hf, ours = models[family]
+    x = np.array([[5, 7, 9, 11], [13, 15, 17, 19]])
+    theirs, mine = Recorder(), Recorder()
+    ref = _hf_generate(hf, x, 5, eos_token_id=None, streamer=theirs)
+    np.testing.assert_array_equal(ours.generate(x, 5, eos_token_id=None, streamer=mine), ref)
+    assert mine.calls == theirs.calls and len(mine.calls) == 7 and mine.calls[-1] == "end"
+    steps = []
+    ours.generate(x, 5, eos_token_id=None, streamer=steps.append)
+    assert [s.tolist() for s in steps] == theirs.calls[1:-1]
+    with pytest.raises(TypeError, match=r"^streamer: expected an object with put\(\) and end\(\)"):
+        ours.generate(x, 5, streamer=object())
+
+
+def test_none_do_sample_and_temperature_mean_what_they_mean_in_hf(dirs, tmp_path):
+    """``do_sample=None`` and ``temperature=None`` were TypeErrors; Hugging Face's generate takes
+    them: None is greedy, and no temperature scaling (1), also over a generation config that
+    samples. Greedy with ``temperature=None`` warns of nothing, as Hugging Face's."""
+    hf, ours = _copy_with(dirs, "llama", tmp_path, {"do_sample": True, "temperature": 0.3, "top_k": 5})
+    x = np.array([[5, 7, 9], [11, 13, 15]])
+    greedy = _hf_generate(hf, x, 6, eos_token_id=None, do_sample=None)
+    np.testing.assert_array_equal(greedy, _hf_generate(hf, x, 6, eos_token_id=None, do_sample=False))
+    for kw in ({"do_sample": None}, {"do_sample": None, "temperature": None}, {"do_sample": False, "temperature": None}):
+        got, warned = _warned(lambda: ours.generate(x, 6, eos_token_id=None, **kw))
+        np.testing.assert_array_equal(got, greedy, err_msg=str(kw))
+        assert not warned, kw
+    sampled = ours.generate(x, 6, eos_token_id=None, do_sample=True, temperature=None, seed=3)
+    np.testing.assert_array_equal(sampled, ours.generate(x, 6, eos_token_id=None, do_sample=True, temperature=1.0,
+                                                         seed=3))
+    assert not np.array_equal(sampled, ours.generate(x, 6, eos_token_id=None, do_sample=True, seed=3))  # file's 0.3

@@ -468,3 +468,27 @@ def test_feed_forward_and_gated_take_callables_and_refuse_others():
     for bad in (lambda t: t * 2, torch.nn.LeakyReLU(), torch.sigmoid):
         with pytest.raises(TypeError, match=r"activation: .*other callables cannot run in the C\+\+ layer"):
             tc.nn.TransformerEncoderLayer(8, 2, 16, activation=bad)
+
+
+@pytest.mark.parametrize("norm_first", [False, True], ids=["post_ln", "pre_ln"])
+def test_encoder_stack_takes_torchs_nested_tensor_switches(rng, norm_first):
+    """torch's ``TransformerEncoder(..., enable_nested_tensor=False, mask_check=False)`` (what its
+    warning about pre-LN stacks advises) was a TypeError here. Both are taken, checked as bools,
+    kept as attributes, and change nothing: with them the stack equals torch's regular path,
+    padding rows included."""
+    ours_layer, ref_layer = make_pair(16, 4, 24, "gelu", norm_first, np.float64)
+    ours = tc.nn.TransformerEncoder(ours_layer, 2, enable_nested_tensor=False, mask_check=False)
+    ref = torch.nn.TransformerEncoder(ref_layer, 2, enable_nested_tensor=False, mask_check=False).double().eval()
+    ref.load_state_dict({k: to_torch(v) for k, v in ours.state_dict().items()})
+    assert (ours.enable_nested_tensor, ours.mask_check) == (False, False)
+    x = randn(rng, (3, 7, 16), np.float64)
+    km = _padding(rng, 3, 7)
+    with torch.no_grad():
+        want = ref(to_torch(x), src_key_padding_mask=~to_torch(km)).numpy()
+    np.testing.assert_allclose(ours(x, src_key_mask=km), want, atol=1e-10, rtol=0)
+    default = tc.nn.TransformerEncoder(ours_layer, 2)
+    assert (default.enable_nested_tensor, default.mask_check) == (True, True)  # torch's defaults
+    np.testing.assert_array_equal(default(x, src_key_mask=km), ours(x, src_key_mask=km))
+    for name in ("enable_nested_tensor", "mask_check"):
+        with pytest.raises(TypeError, match=rf"^{name}: expected a bool, got str 'no'"):
+            tc.nn.TransformerEncoder(ours_layer, 2, **{name: "no"})

@@ -21,6 +21,9 @@ from transformer_core.parameter import Parameter
 
 LRS = [1e-3, 0.1]
 
+# many tests step a scheduler alone: its warning about the order (tested below) is not their subject
+pytestmark = pytest.mark.filterwarnings(r"ignore:.*step\(\) was called before optimizer\.step\(\)")
+
 
 def both_optimizers():
     ours = optim.AdamW([{"params": [Parameter(np.zeros(2), name="a")], "lr": LRS[0]},
@@ -969,3 +972,86 @@ def test_copied_sequential_lr_goes_on_like_the_original(how):
             s.step()
         assert twin.get_last_lr() == sched.get_last_lr()
         assert [g["lr"] for g in twin.optimizer.param_groups] == [g["lr"] for g in opt.param_groups]
+
+
+class _Decay:
+    """A LambdaLR function that is a callable object with state (torch saves its ``__dict__``)."""
+
+    def __init__(self, rate, warm=True, skip=0):
+        self.rate, self.warm, self.skip, self.label = rate, warm, skip, "kept as built"
+
+    def __call__(self, epoch):
+        return self.rate ** max(epoch - self.skip, 0) if self.warm else 1.0
+
+
+@pytest.mark.parametrize("through_file", [False, True])
+def test_lambda_lr_restores_a_callable_objects_numbers_like_torch(tmp_path, through_file):
+    """torch's LambdaLR saves a callable object's attributes and restores them: a resume built with
+    ``_Decay(0.9)`` went on at 0.5's epoch 3 with rate 0.9 (lr 0.06561 where torch gives 0.00625).
+    Its number attributes are saved now (``lr_lambdas.{i}.{name}``), and the resumed run is
+    torch's; an attribute that is no number (a str) stays as the new object was built."""
+    ours_opt, torch_opt = both_optimizers()
+    ours = S.LambdaLR(ours_opt, [_Decay(0.5, True, 1), _Decay(0.7)])
+    theirs = torch.optim.lr_scheduler.LambdaLR(torch_opt, [_Decay(0.5, True, 1), _Decay(0.7)])
+    for _ in range(3):
+        ours_opt.step(), torch_opt.step(), ours.step(), theirs.step()
+    saved, saved_torch = ours.state_dict(), theirs.state_dict()
+    assert {k for k in saved if k.startswith("lr_lambdas.")} == {
+        f"lr_lambdas.{i}.{name}" for i in (0, 1) for name in ("rate", "warm", "skip")}
+    if through_file:
+        save_file(saved, str(tmp_path / "s.safetensors"))
+        saved = load_file(str(tmp_path / "s.safetensors"))
+    ours_opt2, torch_opt2 = both_optimizers()
+    ours_opt2.load_state_dict(ours_opt.state_dict())
+    torch_opt2.load_state_dict(torch_opt.state_dict())
+    fresh = [_Decay(0.9, False, 4), _Decay(0.2, False)]
+    fresh[0].label = "new"
+    resumed = S.LambdaLR(ours_opt2, fresh)
+    resumed_torch = torch.optim.lr_scheduler.LambdaLR(torch_opt2, [_Decay(0.9, False, 4), _Decay(0.2, False)])
+    resumed.load_state_dict(saved)
+    resumed_torch.load_state_dict(saved_torch)
+    assert (fresh[0].rate, fresh[0].warm, fresh[0].skip, fresh[0].label) == (0.5, True, 1, "new")
+    assert type(fresh[0].warm) is bool and type(fresh[0].skip) is int
+    compare(resumed, ours_opt2, resumed_torch, torch_opt2, 6)
+    for _ in range(6):  # the uninterrupted run ends where the resumed one does
+        ours_opt.step(), ours.step()
+    assert resumed.get_last_lr() == ours.get_last_lr()
+
+
+def test_lambda_lr_state_of_other_functions_is_refused():
+    """The ``lr_lambdas.`` keys must be those of the functions loading them (as every other key)."""
+    opt, _ = both_optimizers()
+    saved = S.LambdaLR(opt, _Decay(0.5)).state_dict()
+    plain = S.LambdaLR(both_optimizers()[0], lambda t: 0.5 ** t)
+    with pytest.raises(ValueError, match=r"unknown keys \['lr_lambdas.0.rate', 'lr_lambdas.0.skip'"):
+        plain.load_state_dict(saved)
+    with pytest.raises(ValueError, match=r"missing keys \['lr_lambdas.0.rate'"):
+        S.LambdaLR(both_optimizers()[0], _Decay(0.5)).load_state_dict(plain.state_dict())
+    target = S.LambdaLR(both_optimizers()[0], _Decay(0.9, warm=False))
+    bad = dict(saved, **{"lr_lambdas.1.warm": np.array(2)})
+    with pytest.raises(ValueError, match=r"lr_lambdas.1.warm: expected an int <= 1"):
+        target.load_state_dict(bad)
+    assert target.lr_lambdas[0].rate == 0.9 and target.lr_lambdas[0].warm is False  # nothing changed
+
+
+@pytest.mark.parametrize("optimizer_first", [False, True])
+def test_step_before_the_optimizers_step_warns_like_torch(optimizer_first):
+    """torch warns when ``scheduler.step()`` comes before any ``optimizer.step()`` (the first
+    value of the schedule is skipped); ours was silent. Both warn, or neither, as torch."""
+    import warnings
+
+    ours_opt, torch_opt = both_optimizers()
+    runs = [(ours_opt, S.LinearLR(ours_opt, 0.5, total_iters=3)),
+            (torch_opt, torch.optim.lr_scheduler.LinearLR(torch_opt, 0.5, total_iters=3))]
+    warned = []
+    for opt, sched in runs:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for _ in range(3):
+                if optimizer_first:
+                    opt.step()
+                sched.step()
+        warned.append([str(w.message) for w in caught if "optimizer.step()" in str(w.message)])
+    assert [len(w) for w in warned] == ([0, 0] if optimizer_first else [1, 1])
+    if not optimizer_first:
+        assert "LinearLR.step() was called before optimizer.step()" in warned[0][0]

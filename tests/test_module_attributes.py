@@ -155,6 +155,45 @@ def test_a_setting_the_layer_was_built_with_is_read_only(build, names):
         assert all(getattr(dup, name) == getattr(module, name) for name in names)
 
 
+def test_dtype_is_fixed_once_a_package_module_set_it():
+    """``lin.dtype = np.float32`` on a float64 layer was taken: ``state_dict`` then rounded the
+    weights to float32 and the forward failed with pybind's argument error. The dtype of this
+    package's modules (and of a caller's subclass of one) is read-only now, as the sizes above; a
+    caller's own ``Module`` subclass keeps its ``dtype`` its own."""
+    from transformer_core.module import Module
+
+    class Doubled(nn.Linear):
+        pass
+
+    x = np.arange(1.0, 4.0)[None]
+    for module in (nn.Linear(3, 2, dtype=F64), Doubled(3, 2, dtype=F64), nn.TransformerEncoderLayer(8, 2, 16, dtype=F64)):
+        before = module.state_dict()
+        with pytest.raises(AttributeError, match=r"dtype is fixed when the layer is built.*build a new layer"):
+            module.dtype = np.float32
+        with pytest.raises(AttributeError, match=r"dtype is fixed when the layer is built"):
+            del module.dtype
+        assert module.dtype is F64
+        assert _same_state(module.state_dict(), before)
+        assert all(v.dtype == F64 for v in module.state_dict().values())
+    lin = nn.Linear(3, 2, dtype=F64)
+    tlin = torch.nn.Linear(3, 2).double()
+    tlin.load_state_dict({k: to_torch(v) for k, v in lin.state_dict().items()})
+    with pytest.raises(AttributeError):
+        lin.dtype = np.float32
+    with torch.no_grad():
+        np.testing.assert_allclose(lin(x), tlin(to_torch(x)).numpy(), rtol=1e-13, atol=1e-14)
+
+    class Own(Module):
+        def __init__(self):
+            self.dtype = F64
+            self.dtype = np.float32  # a caller's own module: its dtype is its own to change
+
+    own = Own()
+    assert own.dtype is np.float32
+    del own.dtype
+    assert own.dtype is np.float32  # Module's class default
+
+
 def test_linear_keeps_its_input_check_as_torchs():
     """After ``lin.in_features = 5`` (now refused) a 5-column input ran over 3 columns; torch's
     forward refuses it (mat1 and mat2 shapes cannot be multiplied). So does ours, and a 3-column

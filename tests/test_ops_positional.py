@@ -351,6 +351,8 @@ def test_rotary_cos_sin_long_positions_more_accurate_than_hf():
     (dict(seq_len=0, head_dim=8), ValueError, "seq_len"),
     (dict(seq_len=4, head_dim=8, offset=-1), ValueError, "offset"),
     (dict(seq_len=4, head_dim=8, offset=1.0), TypeError, "offset"),
+    # from 2**53 float64 gives two positions one angle (rows 2**53 and 2**53 + 1 were equal)
+    (dict(seq_len=2, head_dim=8, offset=2**53 - 1), ValueError, r"offset: expected offset \+ seq_len <= 2\*\*53"),
     (dict(seq_len=4, head_dim=8, base=-2.0), ValueError, "base"),
     (dict(seq_len=4, head_dim=8, dtype="int64"), TypeError, "dtype"),
 ])

@@ -908,6 +908,28 @@ def test_an_empty_prompt_is_no_prompt(tmp_path, model_dir, hf_bert, hf_tokenizer
                                _hf_prompted(hf_bert, hf_tokenizer, texts, "query: ", pooling, skip), atol=1e-5)
 
 
+@pytest.mark.parametrize("pooling", ["pooling_mode_max_tokens", "pooling_mode_mean_tokens"])
+def test_a_row_the_prompt_fills_pools_to_zeros(tmp_path, model_dir, hf_bert, hf_tokenizer, pooling):
+    """With include_prompt false, a prompt whose last piece merges with the text ("hel" + "lo" ->
+    [CLS] hello [SEP], prompt_length 3) leaves nothing to pool. Max pooling gave -1e9 in every
+    feature (normalized: the constant vector -1/sqrt(H), cosine 1 with any other such row;
+    sentence-transformers gives -inf, then NaN): zeros now, as mean pooling gives. The other rows
+    are transformers' model max- or mean-pooled."""
+    d = _prompt_folder(tmp_path, model_dir, "f", {"prompts": {}, "default_prompt_name": None}, pooling,
+                       include_prompt=False)
+    enc = tc.SentenceEncoder.from_pretrained(d)
+    skip = len(hf_tokenizer.encode("hel").ids) - 1
+    assert skip == 3 == len(hf_tokenizer.encode("hello").ids)  # the prompt's positions fill the row
+    texts = ["lo", "lo and behold, a longer text"]
+    for normalize in (True, False):
+        got = enc.encode(texts, prompt="hel", normalize_embeddings=normalize)
+        np.testing.assert_array_equal(got[0], np.zeros(enc.dim, np.float32))
+        assert np.isfinite(got).all()
+    mode = "max" if "max" in pooling else "mean"
+    np.testing.assert_allclose(enc.encode(texts, prompt="hel")[1],
+                               _hf_prompted(hf_bert, hf_tokenizer, texts, "hel", mode, skip)[1], atol=1e-5)
+
+
 def test_cls_pooling_without_the_prompt_takes_the_first_token_after_it(tmp_path, model_dir, hf_bert, hf_tokenizer):
     """sentence-transformers 6's Pooling takes, for "cls" with include_prompt false, the first
     position of the mask the prompt was removed from: the first text token (position

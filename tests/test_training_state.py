@@ -164,6 +164,26 @@ def test_seq2seq_loads_a_bfloat16_tutorials_table():
         ours.load_state_dict(bad)
 
 
+def test_seq2seq_position_table_refusals_name_what_was_given():
+    """A wrong-width ``(maxlen, 1, E)`` table was reported squeezed ("got (5000, 8)"), and an int
+    table, documented as a TypeError, was loaded (a 0/1 row passed as the sinusoidal one)."""
+    ours = tc.Seq2SeqTransformer(11, 13, d_model=16, nhead=4, num_encoder_layers=1, num_decoder_layers=1,
+                                 dim_feedforward=24)
+    state = ours.state_dict()
+    name = "positional_encoding.pos_embedding"
+    assert name not in state and not ours.pe_loaded  # a model not loaded from the tutorial has none
+    with pytest.raises(ValueError, match=r"expected shape \(maxlen, 1, 16\) .*got \(5000, 1, 8\)$"):
+        ours.load_state_dict({**state, name: np.zeros((5000, 1, 8), np.float32)})
+    row = np.zeros((1, 1, 16), np.int64)
+    row[0, 0, 1::2] = 1  # position 0 of the sinusoidal table, as ints
+    for table in (row, torch.from_numpy(row).int(), row.astype(bool)):
+        with pytest.raises(TypeError, match=r"pos_embedding'\]: expected a floating-point table, got dtype"):
+            ours.load_state_dict({**state, name: table})
+    assert not ours.pe_loaded
+    ours.load_state_dict({**state, name: row.astype(np.float32)})  # the same row as floats: loaded
+    assert ours.pe_loaded
+
+
 @pytest.mark.parametrize("dtype,L,atol", [(np.float64, 500, 1e-10), (np.float32, 2000, 4e-6)], ids=["f64", "f32"])
 def test_seq2seq_keeps_the_translation_tutorials_position_table(dtype, L, atol):
     """The tutorial's float32 ``pos_embedding`` was checked, then dropped for the model's exact

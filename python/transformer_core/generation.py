@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import numbers
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -255,12 +255,12 @@ def _check_unused_sampling_types(temperature, top_k, top_p, seed, names: dict) -
     a mistake either way). ``names``: each option's name for the message.
 
     Raises:
-        TypeError: ``temperature`` or ``top_p`` not a number (``top_p`` None excepted), ``top_k``
-        or ``seed`` neither None nor an int.
+        TypeError: ``temperature`` or ``top_p`` neither None nor a number, ``top_k`` or ``seed``
+        neither None nor an int.
     """
     for value, key, number in ((temperature, "temperature", True), (top_p, "top_p", True),
                                (top_k, "top_k", False), (seed, "seed", False)):
-        if value is None and key != "temperature":
+        if value is None:
             continue
         if number and (isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real)):
             raise TypeError(f"{names[key]}: expected a number, got {described(value)}")
@@ -424,7 +424,7 @@ def _ignored_sampling_options(given: dict) -> list[str]:
     other than 1, ``top_k`` other than None and its default 50, ``top_p`` other than None and 1 —
     and ``seed`` given (a seed of ours: only sampling draws from the generator). A generation
     config's values are not the caller's: Hugging Face does not warn about them either."""
-    flagged = {"temperature": lambda v: v != 1.0, "top_k": lambda v: v is not None and v != 50,
+    flagged = {"temperature": lambda v: v is not None and v != 1.0, "top_k": lambda v: v is not None and v != 50,
                "top_p": lambda v: v is not None and v != 1.0, "seed": lambda v: v is not None}
     return [f"{key}={given[key]!r}" for key, flags in flagged.items() if key in given and flags(given[key])]
 
@@ -705,7 +705,7 @@ class GenerationMixin:
                  temperature: float = MODEL_DEFAULT, top_k: int | None = MODEL_DEFAULT,
                  top_p: float | None = MODEL_DEFAULT, seed: int | None = None, attention_mask=None,
                  eos_token_id=MODEL_DEFAULT, *, repetition_penalty: float | None = MODEL_DEFAULT,
-                 pad_token_id: int | None = MODEL_DEFAULT, streamer: Callable[[np.ndarray], None] | None = None,
+                 pad_token_id: int | None = MODEL_DEFAULT, streamer=None,
                  past_key_values=None) -> np.ndarray:
         """Autoregressive decoding with a KV cache: the prompt once, then one token per step.
 
@@ -743,15 +743,16 @@ class GenerationMixin:
             max_new_tokens: tokens to add (>= 1); ``L + max_new_tokens - 1`` (the positions the
                 model sees: the last new token is not fed back) must fit the context.
             do_sample: sample from ``softmax(logits / temperature)`` after top-k / top-p
-                filtering; else (default False) greedy (argmax). Greedy decoding does not use the
+                filtering; else (default False; None too, as Hugging Face's) greedy (argmax).
+                Greedy decoding does not use the
                 sampling options: their values are not checked, only their types, and those the
                 caller passes are ignored with a ``UserWarning`` naming them (``temperature`` other
                 than 1, ``top_k`` other than None or 50, ``top_p`` other than None or 1, ``seed``),
                 as Hugging Face warns ("The following generation flags are not valid and may be
                 ignored"; it does not warn about the generation config's, nor does this).
             temperature, top_k, top_p: sampling controls (when sampling: temperature any finite
-                number > 0, default 1, as Hugging Face's (each row's maximum is subtracted before
-                the division, so none overflows); top_k >= 0, default 50 as Hugging Face's
+                number > 0, default 1, None: no scaling (1), as Hugging Face's (each row's maximum
+                is subtracted before the division, so none overflows); top_k >= 0, default 50 as Hugging Face's
                 ``generate`` (``do_sample=True`` samples among the 50 highest), 0 or None keeps
                 every token; 0 <= top_p <= 1 (0 keeps the top token only, as Hugging Face's
                 ``TopPLogitsWarper``), default None: no top-p filter).
@@ -789,7 +790,14 @@ class GenerationMixin:
                 has one, else the config's (when it is an id of the vocabulary), else the first
                 end id (Hugging Face's defaults). None: the first end id (none without end ids),
                 as Hugging Face's ``pad_token_id=None``.
-            streamer: called with each step's ``(N,)`` tokens as they are produced.
+            streamer: Hugging Face's streamer protocol: an object with ``put`` and ``end``
+                (transformers' ``TextStreamer``, ``TextIteratorStreamer``, any ``BaseStreamer``;
+                ``TextStreamer`` takes this package's :class:`~transformer_core.tokenizer.Tokenizer`
+                too) gets ``put(input_ids)`` (the ``(N, L)`` prompt), then ``put(tokens)`` with each
+                step's ``(N,)`` int64 tokens as they are produced, then ``end()`` after the last,
+                as Hugging Face's ``generate`` drives it (numpy arrays where it passes tensors). A
+                plain callable (``list.append``) is called with each step's ``(N,)`` tokens only.
+                None: no streaming.
             past_key_values: a :class:`KVCache` already holding a prefix of ``input_ids`` (extended
                 in place), or Hugging Face's legacy tuple of per-layer ``(keys, values)``
                 ``(N, H_kv, S, D)`` (copied into a new cache, as ``forward`` does). With a padded
@@ -832,16 +840,23 @@ class GenerationMixin:
             Face's greedy decoding returns the first NaN's index there (token 0 for a row of NaN),
             silently. A ``past_key_values`` passed in is cropped back to its length before the call.
         """
-        if streamer is not None and not callable(streamer):
-            raise TypeError(f"streamer: expected a callable or None, got {type(streamer).__name__}")
+        protocol = callable(getattr(streamer, "put", None)) and callable(getattr(streamer, "end", None))
+        if streamer is not None and not protocol and not callable(streamer):
+            raise TypeError(f"streamer: expected an object with put() and end() (Hugging Face's streamers), a "
+                            f"callable or None, got {type(streamer).__name__}")
         ids, mask, cache, cfg = self._start(input_ids, max_new_tokens, do_sample, temperature, top_k, top_p,
                                             repetition_penalty, seed, attention_mask, eos_token_id, pad_token_id,
                                             past_key_values)
+        emit = streamer.put if protocol else streamer
+        if protocol:
+            streamer.put(ids)
         steps = [ids]
         for tokens in self._steps(ids, mask, cache, cfg):
-            if streamer is not None:
-                streamer(tokens)
+            if emit is not None:
+                emit(tokens)
             steps.append(tokens[:, None])
+        if protocol:
+            streamer.end()
         return np.concatenate(steps, axis=1)
 
     def _generation_config(self, max_new_tokens, do_sample, temperature, top_k, top_p, repetition_penalty, seed,
@@ -852,10 +867,13 @@ class GenerationMixin:
         not their values, and the config holds neutral ones (unused)."""
         values, names = decoding_options(self, do_sample, temperature, top_k, top_p, repetition_penalty)
         max_new_tokens = check_int(max_new_tokens, "max_new_tokens", 1)
-        sample = check_bool(values["do_sample"], names["do_sample"])
+        # None: Hugging Face's None, greedy and no temperature (its GenerationConfig.validate)
+        sample = values["do_sample"] is not None and check_bool(values["do_sample"], names["do_sample"])
         penalty = check_repetition_penalty(values["repetition_penalty"], names["repetition_penalty"])
         if sample:
-            sampling = dict(temperature=check_temperature(values["temperature"], names["temperature"]),
+            temperature = values["temperature"]
+            temperature = 1.0 if temperature is None else check_temperature(temperature, names["temperature"])
+            sampling = dict(temperature=temperature,
                             top_k=check_top_k(values["top_k"], names["top_k"]),
                             top_p=check_top_p(values["top_p"], names["top_p"]), seed=check_seed(seed))
             ignored = []

@@ -4,7 +4,9 @@
 * construction records each group's ``initial_lr`` and performs the initial step (epoch 0), which
   sets the groups' ``lr`` to the schedule's first value;
 * ``step()`` (call it AFTER ``optimizer.step()``) advances ``last_epoch`` by one and writes the new
-  learning rate into every param group;
+  learning rate into every param group; the first ``step()`` after construction warns (a
+  UserWarning, as torch's) when the optimizer has not stepped since the scheduler was built: the
+  order is reversed, and the schedule's first learning rate would be skipped;
 * ``get_last_lr()`` returns the learning rates last written;
 * a ``step()`` (or a ``load_state_dict``) that raises changes nothing: the new learning rates are
   computed first, then written with the counters; a param group added to the optimizer after the
@@ -35,8 +37,10 @@ formulas and steps (the recursive, "chainable" forms of torch 2.x for LinearLR a
 CosineAnnealingLR, so that the values agree with torch's to the last bit of rounding), with one
 exception: a LinearLR decay to ``end_factor=0`` is clamped at 0 where torch's rounding leaves a
 tiny negative learning rate (about -1e-18) on its last steps.
-``state_dict()`` is a flat ``name -> numpy array`` dict (for safetensors); a LambdaLR's functions are
-not saved (as torch).
+``state_dict()`` is a flat ``name -> numpy array`` dict (for safetensors). A LambdaLR's functions are
+not saved (as torch); of a function that is a callable object, torch saves the attributes
+(``__dict__``) and restores them: here its attributes that are numbers (bool, int, float; saved as
+``lr_lambdas.{i}.{name}``) are, others not (rebuild such an object with them before loading).
 
 The schedules' int settings (``T_max``, ``total_iters``, ``milestones``, the warmup schedules' step
 counts) also take a float holding a whole number (``100.0``, e.g. ``epochs * len(loader) / accum``),
@@ -51,6 +55,8 @@ import bisect
 import functools
 import math
 import numbers
+import types
+import warnings
 from typing import Callable
 
 import numpy as np
@@ -221,6 +227,7 @@ class LRScheduler:
         self.base_lrs: list[float] = [float(g["initial_lr"]) for g in groups]
         self.last_epoch = last_epoch
         self._step_count = 0
+        self._optimizer_steps = getattr(optimizer, "_step_calls", None)  # for step()'s order warning
         try:
             self._initial_step()
         except BaseException:
@@ -275,13 +282,29 @@ class LRScheduler:
             ValueError: ``last_epoch`` or the step count at ``2**63 - 1`` already, the most an int64
                 state dict holds (nothing changes).
             Whatever ``get_lr`` raises (nothing changes).
+
+        Warns:
+            UserWarning: the first step after construction, when the optimizer (one of
+                :mod:`transformer_core.optim`) has not stepped since this scheduler was built (torch's
+                warning): call ``optimizer.step()`` first, or the schedule's first value is skipped.
         """
+        if self._step_count == 1 and not self._is_initial:
+            self._warn_if_optimizer_idle()
         self._check_group_count()
         counters = self.last_epoch, self._step_count
         last_epoch = _advanced(self, self.last_epoch, "last_epoch")  # at the int64 bound: ValueError, nothing changed
         step_count = _advanced(self, self._step_count, "step_count")
         self.last_epoch, self._step_count = last_epoch, step_count  # get_lr reads the new counters
         self._write_lrs(self.get_lr, counters)
+
+    def _warn_if_optimizer_idle(self) -> None:
+        """torch's order check: the UserWarning of :meth:`step` when the optimizer has made no step
+        since this scheduler was built (an optimizer that does not count its steps is not checked)."""
+        built_at = getattr(self, "_optimizer_steps", None)
+        if built_at is not None and getattr(self.optimizer, "_step_calls", 0) == built_at:
+            warnings.warn(f"{type(self).__name__}.step() was called before optimizer.step(): call optimizer.step() "
+                          "first, then the scheduler's step(), or the schedule's first learning rate is skipped "
+                          "(torch warns the same)", UserWarning, stacklevel=3)
 
     def _restart(self) -> None:
         """Restarts the schedule at epoch 0 from ``base_lrs`` (torch's ``_update_lr(0)``, which
@@ -488,6 +511,71 @@ class LambdaLR(LRScheduler):
                                  f"expected a finite number >= 0.0, got a factor {_too_large(factor)} (the "
                                  "optimizers take a finite learning rate >= 0); nothing was changed") from None
         return lrs
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """:meth:`LRScheduler.state_dict`, and of each function that is a callable object (not a
+        plain function: torch's test), its attributes that are numbers, as
+        ``lr_lambdas.{i}.{name}`` (int64 for a bool or an int in int64's range, float64 for a float;
+        torch saves the whole ``__dict__``, which safetensors cannot hold)."""
+        out = super().state_dict()
+        for key, (_, _, value) in self._lambda_attributes().items():
+            out[key] = np.array(value, dtype=np.float64 if isinstance(value, float) else np.int64)
+        return out
+
+    def _lambda_attributes(self) -> dict[str, tuple]:
+        """``{"lr_lambdas.{i}.{name}": (function, name, value)}``: the number attributes
+        :meth:`state_dict` saves, each value a bool, an int (in int64's range) or a float."""
+        out = {}
+        for i, f in enumerate(self.lr_lambdas):
+            if isinstance(f, types.FunctionType):
+                continue
+            for name, value in getattr(f, "__dict__", {}).items():
+                if isinstance(value, (bool, np.bool_)):
+                    value = bool(value)
+                elif isinstance(value, numbers.Integral):
+                    if not -(2 ** 63) <= int(value) < 2 ** 63:
+                        continue
+                    value = int(value)
+                elif isinstance(value, numbers.Real):
+                    value = float(value)
+                else:
+                    continue
+                out[f"lr_lambdas.{i}.{name}"] = (f, name, value)
+        return out
+
+    def _read_state_dict(self, state_dict: dict) -> dict:
+        """:meth:`LRScheduler._read_state_dict`, and under ``"_lambda_values"`` the functions'
+        attributes to set (``(function, name, value)``, each of the type the attribute has now):
+        the ``lr_lambdas.`` keys must be those :meth:`state_dict` writes for these functions."""
+        if not hasattr(state_dict, "items"):
+            raise TypeError(f"state_dict: expected a mapping of names to arrays, got {type(state_dict).__name__}")
+        own = {k: v for k, v in state_dict.items() if not (isinstance(k, str) and k.startswith("lr_lambdas."))}
+        given = {k: v for k, v in state_dict.items() if k not in own}
+        expected = self._lambda_attributes()
+        if set(given) != set(expected):
+            raise ValueError(f"load_state_dict: missing keys {sorted(set(expected) - set(given))}, unknown keys "
+                             f"{sorted(set(given) - set(expected))} (the number attributes of this LambdaLR's "
+                             "callable objects)")
+        values = super()._read_state_dict(own)
+        loaded = []
+        for key, (f, name, now) in expected.items():
+            if isinstance(now, float):
+                value = _loaded_scalar(given[key], key)
+            else:
+                value = _loaded_int(given[key], key, 0 if isinstance(now, bool) else -(2 ** 63),
+                                    1 if isinstance(now, bool) else 2 ** 63 - 1)
+                value = bool(value) if isinstance(now, bool) else value
+            loaded.append((f, name, value))
+        values["_lambda_values"] = loaded
+        return values
+
+    def _apply_state(self, values: dict) -> None:
+        """:meth:`LRScheduler._apply_state`, then the functions' attributes (torch's
+        ``lr_lambda.__dict__.update``)."""
+        loaded = values.pop("_lambda_values")
+        super()._apply_state(values)
+        for f, name, value in loaded:
+            setattr(f, name, value)
 
     def _lr_formula(self, index: int) -> str:
         """LambdaLR's rate: the base lr times ``lr_lambda`` of the epoch."""

@@ -1103,11 +1103,15 @@ class Module:
                 elementwise_affine=False)``: it reads None, as torch's), which torch would register
                 and use: build the module with it. Nothing is set.
             AttributeError: ``name`` is a setting the C++ layer was built with (``in_features``,
-                ``eps``, ``norm_first``, ...: see :class:`FixedSetting`). Nothing is set.
+                ``eps``, ``norm_first``, ...: see :class:`FixedSetting`), or ``dtype`` once one of
+                this package's modules (or a subclass of one) has set it: its C++ weights are of
+                that dtype. Nothing is set.
             TypeError: ``value`` is a :class:`~transformer_core.parameter.Parameter` (torch's
                 ``self.cls_token = nn.Parameter(...)``): it would be registered nowhere (see the
                 class doc). Nothing is set.
         """
+        if name == "dtype" and self._dtype_is_fixed():
+            raise fixed_setting_refusal(self, name)
         taken = [] if name.startswith("_") else self._weights_under(name, complete=False)
         if taken:
             raise ValueError(self._weight_name_refusal(name, value, taken))
@@ -1247,9 +1251,23 @@ class Module:
 
     def __delattr__(self, name: str) -> None:
         """Deletes an attribute; a module's place among the children is gone with it (as torch's
-        ``del m.a``: a module assigned to ``a`` again comes last)."""
+        ``del m.a``: a module assigned to ``a`` again comes last).
+
+        Raises:
+            AttributeError: ``name`` is ``dtype`` of one of this package's modules (see
+                :meth:`__setattr__`), or an attribute the module does not have.
+        """
+        if name == "dtype" and self._dtype_is_fixed():
+            raise fixed_setting_refusal(self, name)
         object.__delattr__(self, name)
         self._set_emptied(self._emptied() - {name})
+
+    def _dtype_is_fixed(self) -> bool:
+        """Whether ``dtype`` is set and was set by one of this package's module classes, whose C++
+        weights are built of it (a caller's own ``Module`` subclass keeps its ``dtype`` its own)."""
+        return "dtype" in self.__dict__ and any(
+            c.__module__.startswith("transformer_core.") for c in type(self).__mro__ if c is not Module
+            and issubclass(c, Module))
 
     def _emptied(self) -> frozenset:
         """The attribute names whose module was set to None (:meth:`__setattr__`), which keep their place."""

@@ -1685,24 +1685,33 @@ class TransformerEncoder(_Stack):
         encoder_layer: a :class:`TransformerEncoderLayer` (copied, weights included).
         num_layers: how many copies.
         norm: a :class:`LayerNorm` applied at the end, or None.
+        enable_nested_tensor, mask_check: (keyword) torch's switches of its nested-tensor fast path
+            (ported code passes ``enable_nested_tensor=False``, as torch's warning about pre-LN
+            stacks advises), taken and kept as attributes; this stack has no such path, so
+            neither changes what it computes (see above for the padding rows).
 
     Weights: ``layers.{i}.*`` and ``norm.*`` (torch's names).
 
     Raises:
         TypeError: ``encoder_layer`` not a :class:`TransformerEncoderLayer` (a torch one: the message
             says how to load its weights into ours); ``num_layers`` not an int; ``norm`` neither a
-            :class:`LayerNorm` nor None, or of another dtype than the layer.
+            :class:`LayerNorm` nor None, or of another dtype than the layer; ``enable_nested_tensor``
+            or ``mask_check`` not a bool.
         ValueError: ``num_layers`` < 1, or more copies than this machine's memory holds (checked
             before any is made); ``norm``'s size not the layer's ``d_model``.
     """
 
     _layer_class = TransformerEncoderLayer
 
-    def __init__(self, encoder_layer: TransformerEncoderLayer, num_layers: int, norm: LayerNorm | None = None):
+    def __init__(self, encoder_layer: TransformerEncoderLayer, num_layers: int, norm: LayerNorm | None = None, *,
+                 enable_nested_tensor: bool = True, mask_check: bool = True):
         if not isinstance(encoder_layer, TransformerEncoderLayer):
             raise TypeError(f"encoder_layer: expected a transformer_core.nn.TransformerEncoderLayer, got "
                             f"{type_path(encoder_layer)}{torch_module_hint(encoder_layer, 'TransformerEncoderLayer')}")
+        enable_nested_tensor = check_bool(enable_nested_tensor, "enable_nested_tensor")
+        mask_check = check_bool(mask_check, "mask_check")
         super().__init__(encoder_layer, num_layers, norm)
+        self.enable_nested_tensor, self.mask_check = enable_nested_tensor, mask_check
 
     def forward(self, src, *, mask=None, src_key_mask=None, is_causal: bool = False,
                 path: str = "auto", src_key_padding_mask=None) -> np.ndarray:

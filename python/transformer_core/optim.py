@@ -287,6 +287,7 @@ class Optimizer:
         self.defaults = defaults
         self.param_groups: list[dict] = []
         self.state: dict[str, dict] = {}
+        self._step_calls = 0  # step() calls, for the schedulers' order warning (torch's _opt_called)
         self._names: dict[int, str] = {}  # id(Parameter) -> name
         # an array is refused before it is iterated (list() would make a numpy scalar of each element)
         _check_iterable(params, "params", "an iterable of Parameters, (name, Parameter) pairs or param-group dicts")
@@ -460,6 +461,7 @@ class Optimizer:
         """
         if closure is not None and not callable(closure):
             raise TypeError(f"closure: expected a callable returning the loss, or None, got {described(closure)}")
+        self._step_calls = getattr(self, "_step_calls", 0) + 1  # read by the schedulers' order check, as torch's
         checked = [self._checked_group(gi, group) for gi, group in enumerate(self.param_groups)]
         loss = closure() if closure is not None else None
         work = []

@@ -766,7 +766,8 @@ class SentenceEncoder:
         the pooling, though still attended to: the mean or max is over the text's tokens, and
         ``"cls"`` pooling takes the first token after the prompt (position ``prompt_length``; 0
         when the prompt fills the whole row), as sentence-transformers 6's Pooling does (versions
-        <= 4 took ``[CLS]``). An empty prompt (``prompt=""``, or an empty named or default prompt)
+        <= 4 took ``[CLS]``); a row the prompt fills has nothing to pool for ``"mean"`` and
+        ``"max"``: zeros (sentence-transformers' max gives -inf there). An empty prompt (``prompt=""``, or an empty named or default prompt)
         is no prompt: the texts are encoded alone and every real token is pooled, as in
         sentence-transformers 6 (``if prompt:``; 5.x tested ``prompt is not None and len(prompt) >
         0``, while 2.x to 4.x tested ``prompt is not None`` and left ``[CLS]`` out of the pooling
@@ -894,8 +895,12 @@ class SentenceEncoder:
                     first = pooled.argmax(axis=1) if skip else np.zeros(len(rows), dtype=np.intp)
                     out[rows] = hidden[np.arange(len(rows)), first]            # (N, H)
                 elif self.pooling == "max":
-                    # sentence-transformers: padding set to -1e9, then the max over L
-                    out[rows] = np.where(pooled[..., None], hidden, hidden.dtype.type(-1e9)).max(axis=1)
+                    # sentence-transformers 6: what is not pooled set to -inf, then the max over L; a
+                    # row with nothing pooled (a prompt filling it) is zeros here, as mean pooling's
+                    # (sentence-transformers gives -inf there, NaN once normalized)
+                    best = np.where(pooled[..., None], hidden, hidden.dtype.type(-np.inf)).max(axis=1)
+                    best[~pooled.any(axis=1)] = 0
+                    out[rows] = best
                 elif skip:
                     out[rows] = mean_pool(hidden, pooled)
                 else:

@@ -24,6 +24,7 @@ from ._validation import (
     check_positive_int,
     ids_shape,
     physical_memory_bytes,
+    to_numpy,
 )
 from .backward import cross_entropy_with_grad, dropout_backward
 from .functional import dropout as _dropout
@@ -133,15 +134,19 @@ class Seq2SeqTransformer(Module):
         Raises:
             ValueError: a table of another width, or not the sinusoidal table (to 4e-3: the tutorial
                 computes it in float32, and a model cast to bfloat16 rounds it by up to 2^-9).
-                TypeError: not floating-point data.
+            TypeError: not floating-point data (an int or bool table).
         """
         name = self._PE_NAME
-        table = as_float(value, f"state_dict['{name}']", np.float64)
+        given = to_numpy(value, f"state_dict['{name}']")
+        if given.dtype.kind != "f":
+            raise TypeError(f"state_dict['{name}']: expected a floating-point table, got dtype {given.dtype}")
+        shape = given.shape
+        table = as_float(given, f"state_dict['{name}']", np.float64)
         if table.ndim == 3 and table.shape[1] == 1:
             table = table[:, 0]
         if table.ndim != 2 or table.shape[1] != self.d_model:
             raise ValueError(f"state_dict['{name}']: expected shape (maxlen, 1, {self.d_model}) (the tutorial's "
-                             f"sinusoidal table of d_model {self.d_model}), got {np.shape(table)}")
+                             f"sinusoidal table of d_model {self.d_model}), got {shape}")
         exact = sinusoidal_positional_encoding(self.max_len, self.d_model, dtype=np.float64)
         n = min(len(table), self.max_len)
         err = float(np.abs(table[:n] - exact[:n]).max()) if n else 0.0
