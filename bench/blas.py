@@ -24,7 +24,9 @@ Shapes (row-major, C[m, n] = A[m, k] · B[n, k]ᵀ as our linear layer calls it)
 Each library runs in a fresh interpreter (``--worker NAME``) with its threading off; rounds
 alternate the libraries (A, B, C, A, B, C, ...) and the best round of each shape is kept. Before
 each worker the script waits (sleeping, not spinning) until the 1-minute load average is below
-``--quiet-load``, up to ``--max-wait`` seconds, and records the load it ran under.
+``--quiet-load``, up to ``--max-wait`` seconds, and records the load it ran under. Whatever
+``--quiet-load`` is, a run whose load went above the number of CPUs + 0.5 counts as busy (as in
+``bench/run.py``): its one-thread rates are then taken by the thread's CPU time.
 
 The table (GFLOP/s) goes to stdout and ``bench/results/blas.md``.
 """
@@ -48,9 +50,8 @@ import numpy as np
 
 BENCH_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH_DIR))
-from run import cpu_isa, cpu_name, float_in, int_in, int_list, name_list  # noqa: E402
+from run import cpu_isa, cpu_name, float_in, int_in, int_list, machine_busy, name_list  # noqa: E402
 
-QUIET = 1.5  # the 1-minute load average below which the machine counts as quiet (--quiet-load)
 VENV_LIB = Path(sys.prefix) / "lib"
 SITE = Path(np.__file__).resolve().parent.parent
 
@@ -301,8 +302,6 @@ def main(argv=None) -> int:
     p.add_argument("--no-two", action="store_true", help="skip the two-thread column")
     p.add_argument("--worker", choices=list(LIBRARIES), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    global QUIET
-    QUIET = args.quiet_load
     shapes = args.shapes if args.shapes is not None else list(range(len(SHAPES)))
     if args.worker:
         run_worker(args.worker, shapes, not args.no_two)
@@ -344,10 +343,12 @@ def main(argv=None) -> int:
 
 
 def table(results: dict[str, list[dict]], shapes: list[int], absent: dict[str, str]) -> list[str]:
-    """The Markdown report: a line per library (``absent``'s as "name: n/a (why)"), then the table."""
+    """The Markdown report: a line per library (``absent``'s as "name: n/a (why)"), then the table.
+    The machine was busy when a worker's load, at its start or end, was above the number of CPUs +
+    0.5 (:func:`run.machine_busy`): the one-thread rates are then the CPU-time ones."""
     names = [n for n in results if results[n]]
     cpu = f"{cpu_name()}, {cpu_isa()}"
-    busy = any(max(x["load_start"], x["load_end"]) >= QUIET for r in results.values() for x in r)
+    busy = any(machine_busy(x["load_start"], x["load_end"]) for r in results.values() for x in r)
     basis = "thread CPU time (the machine was busy)" if busy else "wall clock (quiet machine)"
     lines = [f"# sgemm GFLOP/s, one thread (two threads at once in brackets), best of rounds: {cpu}", "",
              f"- one-thread rates by {basis}; two-thread rates by the wall clock" +

@@ -19,11 +19,16 @@ The single-process rows run ``corpus.embed_file`` in this process with 1 and wit
 threads; the cluster rows run ``distributed.embed_corpus`` with single-threaded workers (one C++
 thread each), so 2 workers use 2 cores. The machine, load average and versions head the table:
 on a busy machine the figures are noise.
+
+Needs the ``distributed`` extra (``dask[distributed]`` and ``pyarrow``): without it the script
+stops before anything runs, with argparse's usage error naming ``pip install
+'transformer_core[distributed]'``.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import importlib.util
 import os
 import platform
@@ -114,6 +119,25 @@ def run_cluster(path: Path, out: Path, workers: int, chunk_size: int, model: str
     return time.perf_counter() - t0, timer.rate()
 
 
+# The modules of the `distributed` extra (pyproject.toml) that the runs import.
+EXTRA_MODULES = ("dask", "distributed", "pyarrow")
+
+
+def missing_extras() -> list[str]:
+    """The modules of :data:`EXTRA_MODULES` that cannot be imported: not installed
+    (``importlib.util.find_spec`` finds none) or failing to import; "name (the error)" for the latter."""
+    missing = []
+    for name in EXTRA_MODULES:
+        if importlib.util.find_spec(name) is None:
+            missing.append(name)
+            continue
+        try:
+            importlib.import_module(name)
+        except ImportError as e:
+            missing.append(f"{name} ({e})")
+    return missing
+
+
 def model_name(text: str) -> str:
     """An argparse ``type`` for ``--model``: an embedded model's name or a model directory, as
     ``transformer_core.hub.resolve_model_dir`` takes them; a name or path that resolves to a file (a
@@ -141,6 +165,10 @@ def main(argv=None) -> int:
                    help="an embedded model's name or a model directory (default all-MiniLM-L6-v2)")
     p.add_argument("--no-single", action="store_true", help="skip the single-process rows")
     args = p.parse_args(argv)
+    missing = missing_extras()
+    if missing:  # before any run: a missing module would otherwise end the script after the single-process rows
+        p.error(f"needs dask[distributed] and pyarrow, not importable: {', '.join(missing)}; "
+                "pip install 'transformer_core[distributed]'")
     sizes = args.workers
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
 

@@ -23,7 +23,9 @@ them (sorted by length, batch 32):
   copies, workspace, masks) minus that Python overhead.
 
 The script waits for a quiet machine (1-minute load below ``--quiet-load``) before it times, and
-prints the load it ran under. Times are the median of ``--repeats`` passes over all the batches.
+prints the load it ran under, marked BUSY when it was above the number of CPUs + 0.5 (as in
+``bench/run.py``), whatever ``--quiet-load`` is. Times are the median of ``--repeats`` passes over
+all the batches.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from run import (  # noqa: E402
     float_in,
     int_in,
     load_sentences,
+    machine_busy,
     max_sentences,
     sentence_count,
 )
@@ -167,7 +170,7 @@ def main(argv=None) -> int:
     fwd = res_stage["model forward (C++)"]
     print(f"# MiniLM-L6 encode profile: {len(sentences)} sentences, batch {args.batch}, {args.threads} threads")
     print(f"- {cpu}, {cpu_isa()}; transformer_core {tc.__version__}; load {load0:.2f} -> {load1:.2f}"
-          f"{' (QUIET)' if max(load0, load1) < args.quiet_load else ' (BUSY: noisy)'}")
+          f"{' (BUSY: noisy)' if machine_busy(load0, load1) else ' (QUIET)'}")
     print(f"- {len(batches)} batches, {tokens} real tokens, {padded} padded positions "
           f"({100 * (padded - tokens) / padded:.0f}% padding)")
     print()
