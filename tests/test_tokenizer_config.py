@@ -367,3 +367,22 @@ def test_an_encoder_pads_on_the_right(tmp_path, model_dir):
     with pytest.raises(TypeError, match=r"^padding_side: expected a str"):
         ours.padding_side = None
     assert ours.padding_side == "right"
+
+
+# ------------------------------------------------------------------------------------ split_special_tokens
+@pytest.mark.parametrize("split", [True, False, None])
+def test_split_special_tokens_as_transformers_reads_it(tmp_path, split):
+    """tokenizer_config.json's split_special_tokens: true was ignored: "[SEP]" typed in a text stayed
+    the special id; transformers spells it out as text."""
+    path = _folder(tmp_path, split_special_tokens=_DROP if split is None else split)
+    hf, ours = _hf(path), tc.Tokenizer.from_pretrained(path)
+    for text in ("Hi [SEP] there", "[CLS][MASK]"):
+        assert ours.encode(text) == hf.encode(text), text
+    assert (ours.encode("a[SEP]").count(102) == 1) is (split is True)  # only the template's [SEP] when split
+
+
+def test_split_special_tokens_not_a_bool_is_refused(tmp_path):
+    path = _folder(tmp_path, split_special_tokens="yes")
+    with pytest.raises(ValueError) as info:
+        tc.Tokenizer.from_pretrained(path)
+    assert str(info.value) == f"{path / 'tokenizer_config.json'}: split_special_tokens: expected a bool, got str 'yes'"

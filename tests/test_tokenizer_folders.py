@@ -342,3 +342,142 @@ def test_add_prefix_space_and_unregistered_special_tokens_as_transformers(saved_
     hf, ours = _hf(path), tc.Tokenizer.from_pretrained(path)
     ids = hf("Hi <|im_end|> there")["input_ids"]
     assert ours.encode("Hi <|im_end|> there") == ids and ours.eos_token_id in ids
+
+
+# ------------------------------------------------------------------------------------ named tokens, classes, Llama-2
+def _bpe_folder(path, config: dict, added=(), config_json=None, prefix_space_in_json=False):
+    """A tiny byte-level BPE folder (tokenizer.json with ``added`` as ordinary added tokens)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    backend = Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=prefix_space_in_json)
+    backend.decoder = decoders.ByteLevel()
+    backend.train_from_iterator(["Hello world, this is a test.", "the quick brown fox"] * 20,
+                                trainers.BpeTrainer(vocab_size=400, special_tokens=["<unk>"],
+                                                    initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    if added:
+        backend.add_tokens(list(added))
+    path.mkdir(parents=True)
+    backend.save(str(path / "tokenizer.json"))
+    (path / "tokenizer_config.json").write_text(json.dumps(config))
+    if config_json is not None:
+        (path / "config.json").write_text(json.dumps(config_json))
+    return path
+
+
+def test_named_tokens_listed_as_plain_added_tokens_become_special(tmp_path):
+    """A bos/eos that tokenizer.json holds as a non-special added token stayed non-special:
+    decode(skip_special_tokens=True) kept "<s>" and "</s>"; transformers marks them special."""
+    path = _bpe_folder(tmp_path / "f", {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>",
+                                        "eos_token": "</s>"}, added=["<s>", "</s>"])
+    hf, ours = _hf(path), tc.Tokenizer.from_pretrained(path)
+    ids = hf.encode("<s>Hi</s>")
+    assert ours.encode("<s>Hi</s>") == ids
+    assert ours.decode(ids, skip_special_tokens=True) == hf.decode(ids, skip_special_tokens=True) == "Hi"
+    assert ours.all_special_tokens == hf.all_special_tokens
+
+
+@pytest.mark.parametrize("tokenizer_class", [None, "BertTokenizer", "ElectraTokenizerFast", "DistilBertTokenizer"])
+def test_bert_classes_take_their_default_special_tokens(tmp_path, tokenizer_class):
+    """A bert-base-uncased-style folder (no token keys) had no cls/sep/mask token; transformers'
+    BERT classes take [CLS], [SEP], [MASK], [PAD], [UNK] by default."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+
+    backend = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    backend.normalizer = normalizers.BertNormalizer()
+    backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    backend.decoder = decoders.WordPiece()
+    backend.train_from_iterator(["hello world"] * 10, trainers.WordPieceTrainer(
+        vocab_size=100, special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]))
+    backend.post_processor = processors.BertProcessing(("[SEP]", 3), ("[CLS]", 2))
+    path = tmp_path / "bert"
+    path.mkdir()
+    backend.save(str(path / "tokenizer.json"))
+    config = {"do_lower_case": True, "model_max_length": 512}
+    if tokenizer_class is not None:
+        config["tokenizer_class"] = tokenizer_class
+    (path / "tokenizer_config.json").write_text(json.dumps(config))
+    (path / "config.json").write_text(json.dumps({"model_type": "bert", "architectures": ["BertForMaskedLM"]}))
+    hf, ours = _hf(path), tc.Tokenizer.from_pretrained(path)
+    for name in ("cls_token", "sep_token", "mask_token", "pad_token", "unk_token", "all_special_tokens",
+                 "all_special_ids"):
+        assert getattr(ours, name) == getattr(hf, name), name
+    assert ours.cls_token == "[CLS]" and ours.encode("[MASK] hello") == hf.encode("[MASK] hello")
+
+
+@pytest.mark.parametrize("tokenizer_class,config", [
+    ("GPT2Tokenizer", {}), ("Qwen2Tokenizer", {}), ("CodeGenTokenizer", {"add_prefix_space": False}),
+    ("RobertaTokenizer", {}), ("CodeGenTokenizer", {"add_prefix_space": True})])
+def test_add_prefix_space_class_default_and_other_classes(tmp_path, tokenizer_class, config):
+    """tokenizer.json says ByteLevel(add_prefix_space=true): transformers' GPT-2/Qwen2 classes rebuild it
+    from tokenizer_config.json's add_prefix_space, default false, and CodeGen's and RoBERTa's too; ours
+    kept the prefix space ([221, 289, 288] for "Hello world")."""
+    path = _bpe_folder(tmp_path / "f", {"tokenizer_class": tokenizer_class, "eos_token": "<unk>", **config},
+                       prefix_space_in_json=True)
+    hf, ours = _hf(path), tc.Tokenizer.from_pretrained(path)
+    for text in ("Hello world", " Hello", "the quick\nbrown fox"):  # (RoBERTa's class adds its own <s> ... </s>)
+        ids = hf.encode(text, add_special_tokens=False)
+        assert ours.encode(text, add_special_tokens=False) == ids, text
+        assert ours.decode(ids) == hf.decode(ids), text
+
+
+LLAMA_TEXTS = [" Hello", "Hi</s> there", "Hi </s>there", "Hello  world ", "", " ", "héllo ✓ 日本", "the<s>quick",
+               "\nHi\tthere  "]
+
+
+def _trained_llama2_folder(path, config: dict):
+    """A Llama-2-style folder whose tokenizer.json keeps the legacy Prepend/Replace normalizer."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, processors, trainers
+
+    backend = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
+    backend.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    backend.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                         decoders.Strip(" ", 1, 0)])
+    specials = ["<unk>", "<s>", "</s>", "<bos>", "<eos>", "<pad>", "<mask>"] + [f"<0x{b:02X}>" for b in range(256)]
+    backend.train_from_iterator(["Hello world, this is a test.", "the quick brown fox", "Hi there"] * 20,
+                                trainers.BpeTrainer(vocab_size=500, special_tokens=specials))
+    backend.post_processor = processors.TemplateProcessing(single="<s> $A", pair="<s> $A <s> $B",
+                                                           special_tokens=[("<s>", 1)])
+    path.mkdir(parents=True)
+    backend.save(str(path / "tokenizer.json"))
+    (path / "tokenizer_config.json").write_text(json.dumps(config))
+    (path / "config.json").write_text(json.dumps({"model_type": "llama", "architectures": ["LlamaForCausalLM"]}))
+    return path
+
+
+@pytest.mark.parametrize("tokenizer_class", ["LlamaTokenizer", "LlamaTokenizerFast", "CodeLlamaTokenizer",
+                                             "GemmaTokenizer"])
+@pytest.mark.parametrize("legacy", [None, True, False])
+@pytest.mark.parametrize("add_prefix_space", [None, True, False])
+def test_sentencepiece_classes_rebuild_their_pipeline_as_transformers(tmp_path, tokenizer_class, legacy,
+                                                                       add_prefix_space):
+    """transformers 5's Llama/CodeLlama/Gemma classes drop tokenizer.json's legacy normalizer and
+    rebuild a Metaspace pipeline from legacy and add_prefix_space; we kept the file's, so a leading
+    space and the text after a special token ("...</s> there") gave other ids."""
+    config = {"tokenizer_class": tokenizer_class, "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}
+    for key, value in (("legacy", legacy), ("add_prefix_space", add_prefix_space)):
+        if value is not None:
+            config[key] = value
+    path = _trained_llama2_folder(tmp_path / "f", config)
+    hf, ours = _hf(path), tc.Tokenizer.from_pretrained(path)
+    for text in LLAMA_TEXTS:
+        ids = hf.encode(text)
+        assert ours.encode(text) == ids, text
+        assert ours.decode(ids) == hf.decode(ids), text
+        assert ours.decode(ids, skip_special_tokens=True) == hf.decode(ids, skip_special_tokens=True), text
+
+
+def test_sentencepiece_class_over_another_model_is_refused(tmp_path):
+    """A Llama class over a Unigram tokenizer.json: transformers would rebuild it as a BPE, which is
+    not reproduced; refused, naming the file, rather than giving other ids."""
+    from tokenizers import Tokenizer, models
+
+    path = tmp_path / "uni"
+    path.mkdir()
+    Tokenizer(models.Unigram([("<unk>", 0.0), ("<s>", 0.0), ("</s>", 0.0), ("▁a", -1.0)], 0)).save(
+        str(path / "tokenizer.json"))
+    (path / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "LlamaTokenizer"}))
+    with pytest.raises(ValueError) as info:
+        tc.Tokenizer.from_pretrained(path)
+    assert str(info.value).startswith(f"{path / 'tokenizer_config.json'}: tokenizer_class 'LlamaTokenizer' with a "
+                                      f"Unigram model")

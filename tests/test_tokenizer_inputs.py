@@ -250,8 +250,9 @@ def test_encode_batches_sees_later_changes_of_the_backend(model_dir, make):
 def test_encode_batches_copy_follows_setters_and_shallow_copies(model_dir):
     """encode_batches' unpadded copy is brought up to date only when the backend may have changed
     (_BackendWatch): after the truncation_side and max_length setters, and after a change made
-    through a shallow copy's backend (copy.copy shares the backend, so it shares the watch too).
-    Each batch equals a reference backend changed the same way; a pickled round trip keeps it."""
+    through the backend property. Each batch equals a reference backend changed the same way; a
+    pickled round trip keeps it. (copy.copy now gives the copy its own backend: a change through
+    the copy's backend does not reach this one.)"""
     import copy
     import pickle
 
@@ -271,10 +272,11 @@ def test_encode_batches_copy_follows_setters_and_shallow_copies(model_dir):
     tok.max_length = 6
     ref.enable_truncation(max_length=6, direction="left")
     check(ref, "max_length = 6")
-    copy.copy(tok).backend.add_special_tokens(["qq"])
+    shallow = copy.copy(tok)
+    tok.backend.add_special_tokens(["qq"])
     ref.add_special_tokens(["qq"])
-    check(ref, "a special token added through a shallow copy")
-    assert tok.token_to_id("qq") is not None
+    check(ref, "a special token added through the backend")
+    assert tok.token_to_id("qq") is not None and shallow.token_to_id("qq") is None
     tok = pickle.loads(pickle.dumps(tok))
     check(ref, "a pickle round trip")
 
@@ -289,9 +291,8 @@ def _check_one_batch_truncated_to(tok, texts, length):
 
 
 def test_encode_batches_copy_of_each_shallow_copy_follows_a_setter(model_dir):
-    """Two shallow copies made before either tokenized share the backend and its watch but make
-    their own unpadded copies: one of them bringing its copy up to date after a setter must not
-    leave the other's out of date (a shared "stale" flag did: a kept truncating to 8 for good)."""
+    """Two shallow copies made before either tokenized: each has its own backend and unpadded copy,
+    so a setter on one changes its own batches (brought up to date) and not the other's."""
     import copy
 
     a = tc.Tokenizer(_backend(model_dir), 8)
@@ -301,8 +302,11 @@ def test_encode_batches_copy_of_each_shallow_copy_follows_a_setter(model_dir):
     list(b.encode_batches(texts, 2))
     a.max_length = 6
     list(b.encode_batches(texts, 2))  # b's copy brought up to date first
-    for tok in (a, b):
-        _check_one_batch_truncated_to(tok, texts, 6)
+    _check_one_batch_truncated_to(a, texts, 6)
+    _check_one_batch_truncated_to(b, texts, 8)
+    b.max_length = 7
+    _check_one_batch_truncated_to(b, texts, 7)
+    _check_one_batch_truncated_to(a, texts, 6)
 
 
 def test_encode_batches_copy_after_a_change_during_its_update(model_dir):
@@ -1203,3 +1207,54 @@ def test_a_state_pickled_with_plain_attributes_is_read(model_dir):
     shallow = copy.copy(tok)
     shallow.cls_token = None
     assert tok.cls_token == "[CLS]" and shallow.cls_token is None
+
+
+# ------------------------------------------------------------------------------------ chat ids, shallow copies
+def test_apply_chat_template_ids_neither_truncated_nor_lowercased(model_dir):
+    """apply_chat_template(tokenize=True) on an encoder tokenizer cut the ids to max_length and, with
+    do_lower_case, spelled out the template's "[CLS]" as "[cls]"; transformers does neither."""
+    from transformers import PreTrainedTokenizerFast
+
+    tmpl = "{% for m in messages %}[{{ m.role }}] {{ m.content }} {% endfor %}"
+    msgs = [{"role": "user", "content": "one two three four five six seven eight nine ten"}]
+    ours = tc.Tokenizer(_backend(model_dir), max_length=8, cls_token="[CLS]", sep_token="[SEP]", chat_template=tmpl)
+    hf = PreTrainedTokenizerFast(tokenizer_object=_backend(model_dir), pad_token="[PAD]", chat_template=tmpl)
+    want = hf.apply_chat_template(msgs, tokenize=True, return_dict=False)
+    assert len(want) > 8 and ours.apply_chat_template(msgs, tokenize=True) == want
+    assert ours.encode("one two three") == [101, 2028, 2048, 2093, 102]  # encode still truncates to 8
+    assert len(ours.encode(msgs[0]["content"])) == 8
+    tmpl = "{% for m in messages %}[CLS]{{ m.content }}[SEP]{% endfor %}"
+    ours = tc.Tokenizer(_backend(model_dir), cls_token="[CLS]", sep_token="[SEP]", chat_template=tmpl,
+                        do_lower_case=True)
+    hf = PreTrainedTokenizerFast(tokenizer_object=_backend(model_dir), pad_token="[PAD]", chat_template=tmpl)
+    msgs = [{"role": "user", "content": "Hi THERE"}]
+    assert ours.apply_chat_template(msgs, tokenize=True) == hf.apply_chat_template(msgs, tokenize=True,
+                                                                                    return_dict=False)
+    for backend in (_uncopyable(model_dir),):  # its truncation switched off for the call, then back
+        ours = tc.Tokenizer(backend, max_length=4, chat_template=tmpl)
+        assert len(ours.apply_chat_template([{"role": "user", "content": "a b c d e"}], tokenize=True)) == 7
+        assert backend.truncation["max_length"] == 4 and len(ours.encode("a b c d e")) == 4
+
+
+def test_shallow_copy_setters_leave_the_original_alone(model_dir):
+    """copy.copy shared the backend: the copy's max_length, truncation_side and pad_token assignments
+    changed how the original truncated and padded (its own max_length still said 256)."""
+    import copy
+    import pickle
+
+    t = tc.Tokenizer.from_pretrained(MODEL_NAME)
+    text = "one two three four five six seven"
+    before, batch_before = t.encode(text), t.encode_batch(["a", "a b c"])["input_ids"].tolist()
+    c = copy.copy(t)
+    c.max_length, c.truncation_side = 5, "left"
+    d = copy.copy(t)
+    d.pad_token = "[MASK]"
+    assert t.max_length == 256 and t.truncation_side == "right" and t.pad_token == "[PAD]"
+    assert t.encode(text) == before == [101, 2028, 2048, 2093, 2176, 2274, 2416, 2698, 102]
+    assert t.encode_batch(["a", "a b c"])["input_ids"].tolist() == batch_before
+    assert c.encode(text) == [101, 2274, 2416, 2698, 102]
+    assert d.encode_batch(["a", "a b c"])["input_ids"].tolist()[0][-1] == d.pad_token_id == 103
+    t.max_length = 4  # nor the original's the copy's
+    assert c.max_length == 5 and len(c.encode(text)) == 5
+    for other in (copy.deepcopy(c), pickle.loads(pickle.dumps(c)), copy.copy(c)):
+        assert other.encode(text) == c.encode(text) and other.max_length == 5

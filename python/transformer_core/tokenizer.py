@@ -72,12 +72,23 @@ _BERT_NORMALIZER_CLASSES = frozenset({
     "BertTokenizer", "DistilBertTokenizer", "ElectraTokenizer", "MPNetTokenizer", "MobileBertTokenizer",
     "SqueezeBertTokenizer", "LayoutLMTokenizer", "LxmertTokenizer", "ConvBertTokenizer", "FunnelTokenizer"})
 
-#: transformers 5's causal-LM tokenizer classes whose own defaults fill what tokenizer_config.json
-#: leaves out (the special tokens of their ``__init__``, their ``padding_side``), and the class a
-#: folder without ``tokenizer_class`` gets from ``config.json``'s ``model_type``
+#: BERT's default special tokens (``BertTokenizer.__init__``), also those of the classes transformers 5
+#: makes BERT's (``ElectraTokenizer``, ``MobileBertTokenizer``, ... are ``BertTokenizer``).
+_BERT_SPECIAL_TOKENS = {"unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]", "cls_token": "[CLS]",
+                        "mask_token": "[MASK]"}
+#: transformers 5's tokenizer classes whose own defaults fill what tokenizer_config.json leaves out
+#: (the special tokens of their ``__init__``; a causal LM's also its ``padding_side``), and the class
+#: a folder without ``tokenizer_class`` gets from ``config.json``'s ``model_type``
 #: (``TOKENIZER_MAPPING_NAMES``). A folder of another class (``PreTrainedTokenizerFast``,
 #: ``TokenizersBackend``) has no such defaults.
 _CLASS_SPECIAL_TOKENS = {
+    **dict.fromkeys(("BertTokenizer", "DistilBertTokenizer", "ElectraTokenizer", "MobileBertTokenizer",
+                     "SqueezeBertTokenizer", "LayoutLMTokenizer", "LxmertTokenizer", "ConvBertTokenizer"),
+                    _BERT_SPECIAL_TOKENS),
+    "MPNetTokenizer": {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "[UNK]", "sep_token": "</s>",
+                       "pad_token": "<pad>", "cls_token": "<s>", "mask_token": "<mask>"},
+    "FunnelTokenizer": {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "sep_token": "<sep>",
+                        "pad_token": "<pad>", "cls_token": "<cls>", "mask_token": "<mask>"},
     "GPT2Tokenizer": {"bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>", "unk_token": "<|endoftext|>"},
     "Qwen2Tokenizer": {"eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>", "unk_token": "<|endoftext|>"},
     "LlamaTokenizer": {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"},
@@ -86,6 +97,15 @@ _CLASS_SPECIAL_TOKENS = {
                        "mask_token": "<mask>"},
 }
 _LEFT_PADDING_CLASSES = frozenset({"LlamaTokenizer", "CodeLlamaTokenizer", "GemmaTokenizer"})
+#: transformers 5's classes that build their ``ByteLevel`` pre-tokenizer from ``add_prefix_space``
+#: (each ``__init__``'s ``pre_tokenizers.ByteLevel(add_prefix_space=add_prefix_space)``), with the
+#: class's default when tokenizer_config.json leaves the key out (see ``_apply_add_prefix_space``).
+_PREFIX_SPACE_CLASSES = {
+    **dict.fromkeys(("GPT2Tokenizer", "Qwen2Tokenizer", "Qwen3_5Tokenizer", "CodeGenTokenizer", "CohereTokenizer",
+                     "DebertaTokenizer", "GPTNeoXTokenizer", "LukeTokenizer", "MarkupLMTokenizer", "RobertaTokenizer",
+                     "WhisperTokenizer"), False),
+    "BlenderbotTokenizer": True, "LayoutLMv3Tokenizer": True,
+}
 #: The tokenizer class transformers 5 gives a folder without ``tokenizer_class`` by its
 #: ``config.json``'s ``model_type`` (``TOKENIZER_MAPPING_NAMES``), for the classes above.
 _CLASS_OF_MODEL_TYPE = {
@@ -93,6 +113,8 @@ _CLASS_OF_MODEL_TYPE = {
                      "ernie", "nomic_bert", "retribert"), "BertTokenizer"),
     "mpnet": "MPNetTokenizer", "mobilebert": "MobileBertTokenizer",
     "gpt2": "GPT2Tokenizer", "starcoder2": "GPT2Tokenizer", "qwen2": "Qwen2Tokenizer", "qwen3": "Qwen2Tokenizer",
+    "codegen": "GPT2Tokenizer", "gpt_neox": "GPTNeoXTokenizer", "qwen3_5": "Qwen3_5Tokenizer",
+    "roberta": "RobertaTokenizer",
     **dict.fromkeys(("gemma", "gemma2", "gemma3", "gemma3_text"), "GemmaTokenizer"),
 }
 
@@ -288,8 +310,22 @@ class Tokenizer:
             encoder tokenizer.
     """
 
+    def __copy__(self) -> "Tokenizer":
+        """``copy.copy``: a Tokenizer with its own copy of the backend (its truncation, padding and
+        ``encode_special_tokens`` with it), so that the copy's setters (:attr:`max_length`,
+        :attr:`truncation_side`, :attr:`pad_token`, ...) never change the original's encodings, nor
+        the original's the copy's. A backend with parts written in Python cannot be copied: it is
+        then shared, as the constructor shares it."""
+        new = object.__new__(type(self))
+        new.__setstate__(self.__getstate__())
+        backend = _copy_backend(self._tok)
+        if backend is not self._tok:
+            new._tok = backend
+            new._backend_watch = _BackendWatch()
+        return new
+
     def __getstate__(self) -> dict:
-        """The pickled state (also of copy.copy and copy.deepcopy): the attributes without
+        """The pickled state (also of copy.deepcopy; :meth:`__copy__` starts from it): the attributes without
         encode_batches' unpadded copy of the backend (made again on first use), plus the backend's
         ``encode_special_tokens``, which the tokenizers package's own pickle (the backend's JSON)
         leaves out."""
@@ -683,12 +719,15 @@ class Tokenizer:
         (other ``*_token`` keys, ``extra_special_tokens``, ``additional_special_tokens``) from
         ``tokenizer_config.json`` as transformers 5 reads them, those in the vocabulary (see
         :attr:`all_special_ids`). An encoder pads with that ``pad_token``, else ``[PAD]``, else id
-        0's token, and without an ``unk_token`` in ``tokenizer_config.json`` takes the WordPiece/BPE
-        model's own; a causal LM pads with its ``pad_token``, else its EOS token. A causal LM's
-        token that ``tokenizer_config.json`` leaves out takes its transformers class's default
+        0's token, and without an ``unk_token`` in ``tokenizer_config.json`` (or its class) takes
+        the WordPiece/BPE model's own; a causal LM pads with its ``pad_token``, else its EOS token.
+        A token that ``tokenizer_config.json`` leaves out takes its transformers class's default
         (``tokenizer_class``, or the class of ``config.json``'s ``model_type``): GPT-2's, Qwen2's,
         Llama's and Gemma's (GPT-2's own folder names no token: its bos, eos and unk are
-        ``<|endoftext|>``).
+        ``<|endoftext|>``), BERT's (``[CLS]``, ``[SEP]``, ``[MASK]``, ``[PAD]``, ``[UNK]``, also
+        for DistilBERT, ELECTRA, MobileBERT, ...), MPNet's and Funnel's. A named token that
+        ``tokenizer.json`` lists as a non-special added token is made special, as transformers 5
+        does (``decode(skip_special_tokens=True)`` leaves it out).
 
         Other settings of ``tokenizer_config.json`` that transformers applies:
 
@@ -708,6 +747,18 @@ class Tokenizer:
           there, and so here). For any other class (``PreTrainedTokenizerFast``,
           ``TokenizersBackend``, a GPT-2 one) or none at all, the keys are ignored, as
           transformers ignores them: ``tokenizer.json``'s normalizer is kept;
+        * ``split_special_tokens`` (default false): special tokens typed in a text are tokenized as
+          text (the backend's ``encode_special_tokens``);
+        * ``add_prefix_space``, for the classes that build their ``ByteLevel`` pre-tokenizer from
+          it (GPT-2's, Qwen2's, CodeGen's, GPT-NeoX's, RoBERTa's, ...: ``_PREFIX_SPACE_CLASSES``):
+          set on ``tokenizer.json``'s ``ByteLevel`` pre-tokenizer; absent, the class's default
+          (false for most), whatever ``tokenizer.json`` says;
+        * for Llama's, CodeLlama's and Gemma's classes over a SentencePiece-style (not byte-level)
+          ``tokenizer.json``: its normalizer, pre-tokenizer and decoder are rebuilt as those
+          classes rebuild them, from ``legacy`` (default false) and ``add_prefix_space`` (default
+          true): ``Metaspace`` prepending ``"▁"`` to the text's start only (``legacy`` false) or also
+          after each special token (true); see ``_rebuild_sentencepiece``. Tokens those
+          classes add that the vocabulary lacks (CodeLlama's infill tokens) are left out;
         * ``padding_side``, for a causal LM only: the default side of :meth:`encode_batch` (when
           absent, the class's: left for Llama's and Gemma's tokenizers, as transformers'). An
           encoder always pads on the right: a ``"left"`` in an encoder's folder is not applied
@@ -736,7 +787,10 @@ class Tokenizer:
                 ``additional_chat_templates/*.jinja`` that is not UTF-8 text (naming the file);
                 naming ``tokenizer_config.json`` and the key: a ``truncation_side`` or
                 ``padding_side`` not ``"right"`` or ``"left"``, a ``clean_up_tokenization_spaces``
-                not a bool; for a BERT tokenizer class (where they are applied), a
+                not a bool, a ``split_special_tokens`` not a bool or null, an ``add_prefix_space``
+                (or, for Llama's classes, ``legacy``) not a bool or null; a Llama, CodeLlama or
+                Gemma class over a ``tokenizer.json`` whose model is not a BPE (transformers would
+                rebuild it as one); for a BERT tokenizer class (where they are applied), a
                 ``do_lower_case`` or ``tokenize_chinese_chars`` not a bool, a ``strip_accents`` not
                 a bool or null.
             TypeError: ``max_length`` not an int or None.
@@ -766,12 +820,17 @@ class Tokenizer:
         except Exception as e:  # the Rust parser's errors: name the file
             raise ValueError(f"{path}: cannot read tokenizer.json ({type(e).__name__}: {e})") from None
         config_path = model_dir / "tokenizer_config.json"
-        klass = _tokenizer_class(model_dir, cfg, tok) if causal else None  # its defaults: a causal LM's classes
-        tokens = _special_tokens_of_config(cfg, tok, _CLASS_SPECIAL_TOKENS.get(klass))
-        _register_special_tokens(tok, tokens, cfg)
-        if klass in ("GPT2Tokenizer", "Qwen2Tokenizer"):
-            tok = _apply_add_prefix_space(tok, cfg, config_path)
+        split_special = _config_bool(cfg, "split_special_tokens", config_path)
+        klass = _tokenizer_class(model_dir, cfg, tok)  # transformers' class: its defaults, what it rebuilds
+        class_tokens = _CLASS_SPECIAL_TOKENS.get(klass, {})
+        tokens = _special_tokens_of_config(cfg, tok, class_tokens)
+        if klass in _SENTENCEPIECE_CLASSES:
+            tok = _rebuild_sentencepiece(tok, klass, cfg, config_path, tokens["unk_token"])
+        _register_special_tokens(tok, tokens, cfg, named_become_special=True)
+        if klass in _PREFIX_SPACE_CLASSES:
+            tok = _apply_add_prefix_space(tok, cfg, config_path, _PREFIX_SPACE_CLASSES[klass])
         _apply_bert_normalizer_flags(tok, cfg, config_path, _builds_bert_normalizer(model_dir, cfg))
+        tok.encode_special_tokens = split_special  # transformers' split_special_tokens
         clean_up, clean_up_bpe = _clean_up_of_config(cfg, tok, config_path)
         settings = {"truncation_side": _config_choice(cfg, "truncation_side", config_path),
                     "clean_up_tokenization_spaces": clean_up}
@@ -789,7 +848,8 @@ class Tokenizer:
             tokens["pad_token"] = "[PAD]" if tok.token_to_id("[PAD]") is not None else (tok.id_to_token(0) or "[PAD]")
         # the unknown token: tokenizer_config.json's, else the WordPiece/BPE model's own, if in the vocabulary
         unk = getattr(tok.model, "unk_token", None)
-        if "unk_token" not in cfg and isinstance(unk, str) and tok.token_to_id(unk) is not None:
+        if "unk_token" not in cfg and "unk_token" not in class_tokens and isinstance(unk, str) \
+                and tok.token_to_id(unk) is not None:
             tokens["unk_token"] = unk
         _config_choice(cfg, "padding_side", config_path)  # checked, not applied: an encoder pads on the right
         t = cls._owning(tok, max_length=max_length, **tokens, do_lower_case=_do_lower_case(model_dir), **settings)
@@ -1226,7 +1286,10 @@ class Tokenizer:
                 Python's TypeError ("missing 1 required keyword-only argument: 'tokenize'"). With
                 True, the ids are a plain ``list`` of
                 int, the rendered text encoded without adding special tokens (the template writes
-                them): transformers' ``apply_chat_template(..., tokenize=True, return_dict=False)``.
+                them), without truncation or padding (an encoder's :attr:`max_length` does not cut
+                it) and without :attr:`do_lower_case`'s lowercasing (the backend's own normalizer
+                still applies): transformers' ``apply_chat_template(..., tokenize=True,
+                return_dict=False)``.
                 transformers 5's ``tokenize=True`` (its ``return_dict=True`` default) returns a
                 ``BatchEncoding`` dict instead, whose ``"input_ids"`` is that list; no dict is
                 returned here (see ``return_dict``).
@@ -1279,7 +1342,32 @@ class Tokenizer:
         variables.update(kwargs)
         text = render_chat_template(template, messages, add_generation_prompt=add_generation_prompt,
                                     continue_final_message=continue_final_message, **variables)
-        return self.encode(text, add_special_tokens=False) if tokenize else text
+        if not tokenize:
+            return text
+        backend = self._tok
+        if backend.truncation is not None or backend.padding is not None:
+            # transformers tokenizes it with truncation=False, padding=False: a copy without them (a
+            # backend that cannot be copied has them switched off around the call)
+            backend = _copy_backend(self._tok)
+            if backend is self._tok:
+                return self._encode_untruncated(text)
+            backend.no_truncation()
+            backend.no_padding()
+        return backend.encode(text, add_special_tokens=False).ids
+
+    def _encode_untruncated(self, text: str) -> list[int]:
+        """``text``'s ids without special tokens, by a backend that cannot be copied, its
+        truncation and padding switched off for the call."""
+        truncation, padding = self._tok.truncation, self._tok.padding
+        self._tok.no_truncation()
+        self._tok.no_padding()
+        try:
+            return self._tok.encode(text, add_special_tokens=False).ids
+        finally:
+            if truncation is not None:
+                self._tok.enable_truncation(**truncation)
+            if padding is not None:
+                self._tok.enable_padding(**padding)
 
     def text_stream(self, skip_special_tokens: bool = False, context=()) -> "TextStream":
         """A :class:`TextStream` that turns generated ids into text as it becomes complete (after the
@@ -1911,14 +1999,19 @@ def _builds_bert_normalizer(model_dir: Path, tokenizer_config: dict) -> bool:
     return _declared_class(model_dir, tokenizer_config) in _BERT_NORMALIZER_CLASSES
 
 
-def _register_special_tokens(backend, tokens: dict, tokenizer_config: dict) -> None:
+def _register_special_tokens(backend, tokens: dict, tokenizer_config: dict, named_become_special: bool = False) -> None:
     """Makes each special token of ``tokens`` (:func:`_special_tokens_of_config`'s, all in the
     vocabulary) a special added token of ``backend`` where ``tokenizer.json`` lists it as an
     ordinary vocabulary entry, as transformers registers every named special token: it is then
     matched whole in a text (``"Hi</s>"`` ends with the eos id, not the letters of ``</s>``) and
     left out by ``decode(skip_special_tokens=True)``. Its id stays the vocabulary's. A token that
     ``tokenizer_config.json`` gives as an AddedToken dict keeps its ``lstrip``, ``rstrip`` and
-    ``single_word`` (``normalized`` false unless it says true)."""
+    ``single_word`` (``normalized`` false unless it says true).
+
+    With ``named_become_special`` (a folder read by ``from_pretrained``), a named token (``bos_token``,
+    ``eos_token``, ...) that ``backend`` already holds as a non-special added token is made special,
+    its other flags kept, as transformers 5's ``from_pretrained`` marks it; the constructor, as
+    ``PreTrainedTokenizerFast(tokenizer_object=...)``, leaves such a token as it is."""
     from tokenizers import AddedToken
 
     flags = {}  # content -> the AddedToken fields tokenizer_config.json gives it
@@ -1933,23 +2026,43 @@ def _register_special_tokens(backend, tokens: dict, tokenizer_config: dict) -> N
     if missing:
         backend.add_special_tokens([AddedToken(t, **{"normalized": False, **flags.get(t, {}), "special": True})
                                     for t in missing])
+    if named_become_special:
+        plain = {t.content: t for t in backend.get_added_tokens_decoder().values() if not t.special}
+        again = [plain[t] for t in dict.fromkeys(named) if t in plain]
+        if again:
+            backend.add_special_tokens([AddedToken(t.content, single_word=t.single_word, lstrip=t.lstrip,
+                                                   rstrip=t.rstrip, normalized=t.normalized, special=True)
+                                        for t in again])
 
 
-def _apply_add_prefix_space(backend, tokenizer_config: dict, path: Path):
-    """``backend`` with ``tokenizer_config.json``'s ``add_prefix_space`` (when present) set on its
-    byte-level pre-tokenizer(s), as transformers' GPT-2 and Qwen2 tokenizers build theirs from it
-    (``" Hello"``'s ids for ``"Hello"`` when true); ``backend`` itself when absent.
+def _config_bool(tokenizer_config: dict, key: str, path: Path) -> bool:
+    """``tokenizer_config.json``'s bool ``key`` (absent or null: False).
 
     Raises:
-        ValueError: naming the file (``path``): ``add_prefix_space`` not a bool.
+        ValueError: naming the file (``path``) and the key: a value that is not a JSON bool or null.
+    """
+    value = tokenizer_config.get(key)
+    if value is not None and not isinstance(value, bool):
+        raise ValueError(f"{path}: {key}: expected a bool, got {type(value).__name__} {_clip(value)}")
+    return bool(value)
+
+
+def _apply_add_prefix_space(backend, tokenizer_config: dict, path: Path, default: bool):
+    """``backend`` with ``tokenizer_config.json``'s ``add_prefix_space`` set on its byte-level
+    pre-tokenizer(s), as transformers' classes of ``_PREFIX_SPACE_CLASSES`` (GPT-2's, Qwen2's,
+    CodeGen's, RoBERTa's, ...) build theirs from it (``" Hello"``'s ids for ``"Hello"`` when true);
+    absent or null, the class's ``default`` (false but for Blenderbot's and LayoutLMv3's), whatever
+    ``tokenizer.json`` says. ``backend`` itself when it has no ``ByteLevel`` pre-tokenizer.
+
+    Raises:
+        ValueError: naming the file (``path``): ``add_prefix_space`` not a bool or null.
     """
     import json
 
     from tokenizers import Tokenizer as HFTokenizer
 
-    if "add_prefix_space" not in tokenizer_config:
-        return backend
-    value = tokenizer_config["add_prefix_space"]
+    value = tokenizer_config.get("add_prefix_space")
+    value = default if value is None else value
     if not isinstance(value, bool):
         raise ValueError(f"{path}: add_prefix_space: expected a bool, got {type(value).__name__} {_clip(value)}")
     spec = json.loads(backend.to_str())
@@ -1962,8 +2075,71 @@ def _apply_add_prefix_space(backend, tokenizer_config: dict, path: Path):
             for child in node.get("pretokenizers", ()):
                 set_flag(child)
 
+    if not _has_byte_level(backend):
+        return backend
     set_flag(spec.get("pre_tokenizer"))
     return HFTokenizer.from_str(json.dumps(spec))
+
+
+def _rebuild_sentencepiece(backend, klass: str, tokenizer_config: dict, path: Path, unk_token: str | None):
+    """``backend`` (a SentencePiece-style ``tokenizer.json``) rebuilt as transformers 5's ``klass``
+    (``LlamaTokenizer``, ``CodeLlamaTokenizer``, ``GemmaTokenizer``) rebuilds it from its vocabulary
+    and merges, whatever ``tokenizer.json``'s normalizer, pre-tokenizer and decoder were:
+
+    * the model: the same vocabulary and merges as a BPE with ``byte_fallback`` and ``fuse_unk``, no
+      dropout; its unknown token none for Llama's, ``unk_token`` for the others;
+    * Llama's: no normalizer; ``Metaspace("▁", split=False)`` prepending ``"▁"`` to the whole text
+      (``prepend_scheme="always"``) when ``add_prefix_space`` (default true) and ``legacy`` (default
+      false) are true, to the first piece only (``"first"``: not after a special token) when
+      ``legacy`` is false, never when ``add_prefix_space`` is false; decoder ``"▁"`` -> ``" "``, byte
+      fallback, fuse, and with ``add_prefix_space`` one leading space stripped;
+    * CodeLlama's: as Llama's with ``"first"`` (``"never"`` when ``add_prefix_space`` is false), its
+      decoder always stripping one leading space;
+    * Gemma's: normalizer ``" "`` -> ``"▁"``, pre-tokenizer split after each ``" "``, decoder ``"▁"`` ->
+      ``" "``, byte fallback, fuse.
+
+    Its added tokens, truncation, padding and post-processor are kept.
+
+    Raises:
+        ValueError: naming the file (``path``): a model that is not a BPE (transformers would rebuild
+            it as one, which is not reproduced here), or ``add_prefix_space`` / ``legacy`` not a bool
+            or null.
+    """
+    import json
+
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import decoders, normalizers, pre_tokenizers
+
+    spec = json.loads(backend.to_str())
+    model = spec.get("model") or {}
+    if model.get("type") != "BPE":
+        raise ValueError(f"{path}: tokenizer_class {klass!r} with a {model.get('type')} model in tokenizer.json: "
+                         f"transformers 5 rebuilds this class as a byte-fallback BPE from it, which is not "
+                         f"reproduced here; expected a BPE model")
+    flags = {}
+    for key in ("add_prefix_space", "legacy"):
+        value = tokenizer_config.get(key)
+        if value is not None and not isinstance(value, bool):
+            raise ValueError(f"{path}: {key}: expected a bool or null, got {type(value).__name__} {_clip(value)}")
+        flags[key] = value
+    prefix = True if flags["add_prefix_space"] is None else flags["add_prefix_space"]
+    model.update(dropout=None, continuing_subword_prefix=None, end_of_word_suffix=None, fuse_unk=True,
+                 byte_fallback=True, ignore_merges=False, unk_token=None if klass == "LlamaTokenizer" else unk_token)
+    tok = HFTokenizer.from_str(json.dumps(spec))
+    to_text = [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
+    if klass == "GemmaTokenizer":
+        tok.normalizer = normalizers.Replace(" ", "▁")
+        tok.pre_tokenizer = pre_tokenizers.Split(" ", behavior="merged_with_previous", invert=False)
+        tok.decoder = decoders.Sequence(to_text)
+        return tok
+    if klass == "CodeLlamaTokenizer":
+        scheme, strip = ("first" if prefix else "never"), True
+    else:
+        scheme, strip = ("never" if not prefix else "always" if flags["legacy"] else "first"), prefix
+    tok.normalizer = None
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme=scheme, split=False)
+    tok.decoder = decoders.Sequence(to_text + ([decoders.Strip(" ", 1, 0)] if strip else []))
+    return tok
 
 
 def _tokenizer_class(model_dir: Path, tokenizer_config: dict, backend) -> str | None:
