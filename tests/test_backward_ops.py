@@ -159,7 +159,7 @@ def test_linear_backward_bad_input(rng):
         B.linear_backward(x, w, gy, bias=False, grad_bias=np.zeros(3, np.float32))
     with pytest.raises(ValueError, match="weight_layout"):
         B.linear_backward(x, w, gy, weight_layout="io")
-    with pytest.raises(TypeError, match="x"):
+    with pytest.raises(TypeError, match="^x: expected a real numeric array"):
         B.linear_backward(np.array([["a"]]), w, gy)
 
 
@@ -399,7 +399,7 @@ def test_activation_bad_input(rng):
         B.glu_backward(x, x, x, "sigmoid")
     with pytest.raises(TypeError, match=r"^activation: expected a str, got int"):
         B.glu_backward(x, x, x, 1)
-    with pytest.raises(ValueError, match="up"):
+    with pytest.raises(ValueError, match=r"^up: expected the shape of gate"):
         FT.glu(x, x[:1])
 
 
@@ -696,7 +696,7 @@ def test_dropout_edges_and_threads(rng, threads):
     a = FT.dropout(big, 0.4, 99)
     tc.set_num_threads(2)
     assert np.array_equal(a, FT.dropout(big, 0.4, 99))
-    with pytest.raises(ValueError, match="p"):
+    with pytest.raises(ValueError, match=r"^p: expected a finite number in \[0.0, 1.0\], got 1.5"):
         FT.dropout(x, 1.5, 1)
     with pytest.raises(ValueError, match="seed"):
         FT.dropout(x, 0.5, -1)
@@ -1086,13 +1086,13 @@ def test_attention_backward_bad_input(rng):
     v = randn(rng, (1, 2, 6, 3))
     out, gout, lse = randn(rng, (1, 2, 5, 3)), randn(rng, (1, 2, 5, 3)), randn(rng, (1, 2, 5))
     f = B.scaled_dot_product_attention_backward
-    with pytest.raises(ValueError, match="out"):
+    with pytest.raises(ValueError, match=r"^out: expected shape"):
         f(q, k, v, out[..., :2], gout, lse)
     with pytest.raises(ValueError, match="grad_out"):
         f(q, k, v, out, gout[:, :1], lse)
     with pytest.raises(ValueError, match="lse"):
         f(q, k, v, out, gout, lse[..., :4])
-    with pytest.raises(ValueError, match="key"):
+    with pytest.raises(ValueError, match=r"^key: expected last dim 4"):
         f(q, k[..., :3], v, out, gout, lse)
     with pytest.raises(ValueError, match="attn_mask"):
         f(q, k, v, out, gout, lse, np.ones((5, 5), bool))

@@ -384,7 +384,7 @@ def test_stack_copies_layer_and_bad_input(rng):
         tc.nn.TransformerDecoder(tc.nn.TransformerEncoderLayer(8, 2, 16), 2)
     with pytest.raises(TypeError, match="encoder_layer"):
         tc.nn.TransformerEncoder(layer, 2)
-    with pytest.raises(TypeError, match="norm"):
+    with pytest.raises(TypeError, match=r"^norm: expected a transformer_core.nn.LayerNorm or None"):
         tc.nn.TransformerDecoder(layer, 2, norm="layernorm")
     with pytest.raises(ValueError, match="num_layers"):
         tc.nn.TransformerDecoder(layer, 0)

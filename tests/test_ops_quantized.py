@@ -783,13 +783,13 @@ def test_bad_input_int8(rng):
         Q.linear_int8(x, q.tolist(), s)
     with pytest.raises(ValueError, match="qweight"):
         Q.linear_int8(x, q[0], s)
-    with pytest.raises(ValueError, match="x"):
+    with pytest.raises(ValueError, match=r"^x: expected last dim 8"):
         Q.linear_int8(np.ones((2, 9), np.float32), q, s)
     with pytest.raises(ValueError, match="scales"):
         Q.linear_int8(x, q, s[:3])
     with pytest.raises(ValueError, match="bias"):
         Q.linear_int8(x, q, s, np.ones(5))
-    with pytest.raises(TypeError, match="x"):
+    with pytest.raises(TypeError, match=r"^x: expected a real numeric array"):
         Q.linear_int8(np.array([["a"] * 8]), q, s)
     with pytest.raises(ValueError, match="in_features"):
         Q.linear_int8(np.ones((1, 131073), np.float32), np.ones((1, 131073), np.int8), np.ones(1))
@@ -816,7 +816,7 @@ def test_bad_input_gguf(rng):
         Q.linear_gguf(x, blocks.astype(np.float32), "Q4_0", 4, 64)
     with pytest.raises(TypeError, match="blocks"):
         Q.linear_gguf(x, [1, 2, 3], "Q4_0", 4, 64)
-    with pytest.raises(ValueError, match="x"):
+    with pytest.raises(ValueError, match=r"^x: expected last dim 64"):
         Q.linear_gguf(np.ones((2, 32), np.float32), blocks, "Q4_0", 4, 64)
     with pytest.raises(ValueError, match="bias"):
         Q.linear_gguf(x, blocks, "Q4_0", 4, 64, bias=np.ones(3))
