@@ -492,3 +492,5 @@ def test_encoder_stack_takes_torchs_nested_tensor_switches(rng, norm_first):
     for name in ("enable_nested_tensor", "mask_check"):
         with pytest.raises(TypeError, match=rf"^{name}: expected a bool, got str 'no'"):
             tc.nn.TransformerEncoder(ours_layer, 2, **{name: "no"})
+    positional = tc.nn.TransformerEncoder(ours_layer, 2, None, False, False)  # torch takes them by position
+    assert (positional.enable_nested_tensor, positional.mask_check) == (False, False)

@@ -1018,20 +1018,33 @@ def test_lambda_lr_restores_a_callable_objects_numbers_like_torch(tmp_path, thro
     assert resumed.get_last_lr() == ours.get_last_lr()
 
 
-def test_lambda_lr_state_of_other_functions_is_refused():
-    """The ``lr_lambdas.`` keys must be those of the functions loading them (as every other key)."""
+def test_lambda_lr_loads_what_was_saved_as_torchs_dict_update():
+    """torch restores a callable object's saved attributes whatever the new one holds
+    (``__dict__.update``) and skips a function with nothing saved. So does ours: a state saved
+    before the attributes were (or of plain functions) loads and leaves them; a saved float goes
+    over an int, a number over None; a key naming no function is refused, nothing changed."""
     opt, _ = both_optimizers()
-    saved = S.LambdaLR(opt, _Decay(0.5)).state_dict()
-    plain = S.LambdaLR(both_optimizers()[0], lambda t: 0.5 ** t)
-    with pytest.raises(ValueError, match=r"unknown keys \['lr_lambdas.0.rate', 'lr_lambdas.0.skip'"):
-        plain.load_state_dict(saved)
-    with pytest.raises(ValueError, match=r"missing keys \['lr_lambdas.0.rate'"):
-        S.LambdaLR(both_optimizers()[0], _Decay(0.5)).load_state_dict(plain.state_dict())
-    target = S.LambdaLR(both_optimizers()[0], _Decay(0.9, warm=False))
-    bad = dict(saved, **{"lr_lambdas.1.warm": np.array(2)})
-    with pytest.raises(ValueError, match=r"lr_lambdas.1.warm: expected an int <= 1"):
-        target.load_state_dict(bad)
-    assert target.lr_lambdas[0].rate == 0.9 and target.lr_lambdas[0].warm is False  # nothing changed
+    saved = S.LambdaLR(opt, _Decay(0.5, True, 2)).state_dict()
+    earlier = {k: v for k, v in saved.items() if not k.startswith("lr_lambdas.")}
+    kept = _Decay(0.9, False, 4)
+    S.LambdaLR(both_optimizers()[0], kept).load_state_dict(earlier)
+    assert (kept.rate, kept.warm, kept.skip) == (0.9, False, 4)
+    other = _Decay(1, None, 0)  # an int rate, None where a bool was saved
+    theirs = _Decay(1, None, 0)
+    S.LambdaLR(both_optimizers()[0], other).load_state_dict(saved)
+    torch_saved = torch.optim.lr_scheduler.LambdaLR(both_optimizers()[1], _Decay(0.5, True, 2)).state_dict()
+    torch.optim.lr_scheduler.LambdaLR(both_optimizers()[1], theirs).load_state_dict(torch_saved)
+    for f in (other, theirs):
+        assert (f.rate, f.warm, f.skip) == (0.5, True, 2)
+        assert type(f.rate) is float and type(f.warm) is bool and type(f.skip) is int
+    target = _Decay(0.9)
+    for key, value, error, match in [("lr_lambdas.2.rate", np.array(0.5), ValueError, r"unknown key 'lr_lambdas.2.rate'"),
+                                     ("lr_lambdas.0.no-name", np.array(0.5), ValueError, "unknown key"),
+                                     ("lr_lambdas.0.rate", np.array([0.5, 0.6]), ValueError, "expected one number"),
+                                     ("lr_lambdas.0.rate", np.array("x"), TypeError, "expected a bool, int or float")]:
+        with pytest.raises(error, match=match):
+            S.LambdaLR(both_optimizers()[0], target).load_state_dict({**saved, key: value})
+        assert target.rate == 0.9 and target.warm is True
 
 
 @pytest.mark.parametrize("optimizer_first", [False, True])

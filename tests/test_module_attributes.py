@@ -193,6 +193,16 @@ def test_dtype_is_fixed_once_a_package_module_set_it():
     del own.dtype
     assert own.dtype is np.float32  # Module's class default
 
+    class Early(nn.Linear):  # sets dtype before the constructor builds anything: taken
+        def __init__(self, dtype):
+            self.dtype = np.float32
+            super().__init__(3, 2, dtype=dtype)
+
+    early = Early(F64)
+    assert early.dtype is F64 and early.state_dict()["weight"].dtype == F64
+    with pytest.raises(AttributeError, match=r"dtype is fixed when the layer is built"):
+        early.dtype = np.float32
+
 
 def test_linear_keeps_its_input_check_as_torchs():
     """After ``lin.in_features = 5`` (now refused) a 5-column input ran over 3 columns; torch's

@@ -40,7 +40,8 @@ tiny negative learning rate (about -1e-18) on its last steps.
 ``state_dict()`` is a flat ``name -> numpy array`` dict (for safetensors). A LambdaLR's functions are
 not saved (as torch); of a function that is a callable object, torch saves the attributes
 (``__dict__``) and restores them: here its attributes that are numbers (bool, int, float; saved as
-``lr_lambdas.{i}.{name}``) are, others not (rebuild such an object with them before loading).
+``lr_lambdas.{i}.{name}``) are, others not (rebuild such an object with them before loading). A
+state without them (an earlier version's) loads, leaving the functions as built (torch's ``None``).
 
 The schedules' int settings (``T_max``, ``total_iters``, ``milestones``, the warmup schedules' step
 counts) also take a float holding a whole number (``100.0``, e.g. ``epochs * len(loader) / accum``),
@@ -304,7 +305,7 @@ class LRScheduler:
         if built_at is not None and getattr(self.optimizer, "_step_calls", 0) == built_at:
             warnings.warn(f"{type(self).__name__}.step() was called before optimizer.step(): call optimizer.step() "
                           "first, then the scheduler's step(), or the schedule's first learning rate is skipped "
-                          "(torch warns the same)", UserWarning, stacklevel=3)
+                          "(torch's warning)", UserWarning, stacklevel=3)
 
     def _restart(self) -> None:
         """Restarts the schedule at epoch 0 from ``base_lrs`` (torch's ``_update_lr(0)``, which
@@ -514,63 +515,62 @@ class LambdaLR(LRScheduler):
 
     def state_dict(self) -> dict[str, np.ndarray]:
         """:meth:`LRScheduler.state_dict`, and of each function that is a callable object (not a
-        plain function: torch's test), its attributes that are numbers, as
-        ``lr_lambdas.{i}.{name}`` (int64 for a bool or an int in int64's range, float64 for a float;
-        torch saves the whole ``__dict__``, which safetensors cannot hold)."""
+        plain function: torch's test), its attributes that are numbers, as ``lr_lambdas.{i}.{name}``
+        0-d arrays: bool for a bool, int64 for an int in int64's range, float64 for a float (torch
+        saves the whole ``__dict__``, which safetensors cannot hold)."""
         out = super().state_dict()
-        for key, (_, _, value) in self._lambda_attributes().items():
-            out[key] = np.array(value, dtype=np.float64 if isinstance(value, float) else np.int64)
-        return out
-
-    def _lambda_attributes(self) -> dict[str, tuple]:
-        """``{"lr_lambdas.{i}.{name}": (function, name, value)}``: the number attributes
-        :meth:`state_dict` saves, each value a bool, an int (in int64's range) or a float."""
-        out = {}
         for i, f in enumerate(self.lr_lambdas):
             if isinstance(f, types.FunctionType):
                 continue
             for name, value in getattr(f, "__dict__", {}).items():
                 if isinstance(value, (bool, np.bool_)):
-                    value = bool(value)
-                elif isinstance(value, numbers.Integral):
-                    if not -(2 ** 63) <= int(value) < 2 ** 63:
-                        continue
-                    value = int(value)
-                elif isinstance(value, numbers.Real):
-                    value = float(value)
-                else:
-                    continue
-                out[f"lr_lambdas.{i}.{name}"] = (f, name, value)
+                    out[f"lr_lambdas.{i}.{name}"] = np.array(bool(value))
+                elif isinstance(value, numbers.Integral) and -(2 ** 63) <= int(value) < 2 ** 63:
+                    out[f"lr_lambdas.{i}.{name}"] = np.array(int(value), dtype=np.int64)
+                elif isinstance(value, numbers.Real) and not isinstance(value, numbers.Integral):
+                    out[f"lr_lambdas.{i}.{name}"] = np.array(float(value), dtype=np.float64)
         return out
 
     def _read_state_dict(self, state_dict: dict) -> dict:
         """:meth:`LRScheduler._read_state_dict`, and under ``"_lambda_values"`` the functions'
-        attributes to set (``(function, name, value)``, each of the type the attribute has now):
-        the ``lr_lambdas.`` keys must be those :meth:`state_dict` writes for these functions."""
+        attributes to set, ``(function, name, value)``, each value of the type it was saved as (a
+        bool, an int or a float), as torch's ``lr_lambda.__dict__.update(saved)``: whatever the
+        function holds now, and none where nothing was saved (a state of an earlier version, or
+        of plain functions).
+
+        Raises (besides the base class's):
+            ValueError: a ``lr_lambdas.`` key that names no function of this scheduler
+                (``lr_lambdas.{i}.{name}`` with ``i`` not below ``len(lr_lambdas)``, or ``name`` not
+                an identifier), or whose value is not one number.
+            TypeError: such a value that is not a bool, int or float array.
+        """
         if not hasattr(state_dict, "items"):
             raise TypeError(f"state_dict: expected a mapping of names to arrays, got {type(state_dict).__name__}")
         own = {k: v for k, v in state_dict.items() if not (isinstance(k, str) and k.startswith("lr_lambdas."))}
-        given = {k: v for k, v in state_dict.items() if k not in own}
-        expected = self._lambda_attributes()
-        if set(given) != set(expected):
-            raise ValueError(f"load_state_dict: missing keys {sorted(set(expected) - set(given))}, unknown keys "
-                             f"{sorted(set(given) - set(expected))} (the number attributes of this LambdaLR's "
-                             "callable objects)")
-        values = super()._read_state_dict(own)
         loaded = []
-        for key, (f, name, now) in expected.items():
-            if isinstance(now, float):
-                value = _loaded_scalar(given[key], key)
-            else:
-                value = _loaded_int(given[key], key, 0 if isinstance(now, bool) else -(2 ** 63),
-                                    1 if isinstance(now, bool) else 2 ** 63 - 1)
-                value = bool(value) if isinstance(now, bool) else value
-            loaded.append((f, name, value))
+        for key, value in state_dict.items():
+            if key in own:
+                continue
+            index, _, name = key.removeprefix("lr_lambdas.").partition(".")
+            if not (index.isdigit() and int(index) < len(self.lr_lambdas) and name.isidentifier()):
+                raise ValueError(f"load_state_dict: unknown key {key!r} (expected lr_lambdas.{{i}}.{{attribute}} with i "
+                                 f"below {len(self.lr_lambdas)}, this LambdaLR's functions)")
+            try:
+                arr = np.asarray(value)
+            except (TypeError, ValueError) as e:
+                raise TypeError(f"load_state_dict: {key}: expected a number, got {type(value).__name__} ({e})") from None
+            if arr.dtype.kind not in "biuf":
+                raise TypeError(f"load_state_dict: {key}: expected a bool, int or float, got a {arr.dtype} array")
+            if arr.size != 1:
+                raise ValueError(f"load_state_dict: {key}: expected one number, got an array of shape {arr.shape}")
+            number = arr.reshape(()).item()  # bool, int or float, as saved
+            loaded.append((self.lr_lambdas[int(index)], name, number))
+        values = super()._read_state_dict(own)
         values["_lambda_values"] = loaded
         return values
 
     def _apply_state(self, values: dict) -> None:
-        """:meth:`LRScheduler._apply_state`, then the functions' attributes (torch's
+        """:meth:`LRScheduler._apply_state`, then the functions' saved attributes (torch's
         ``lr_lambda.__dict__.update``)."""
         loaded = values.pop("_lambda_values")
         super()._apply_state(values)

@@ -1103,9 +1103,10 @@ class Module:
                 elementwise_affine=False)``: it reads None, as torch's), which torch would register
                 and use: build the module with it. Nothing is set.
             AttributeError: ``name`` is a setting the C++ layer was built with (``in_features``,
-                ``eps``, ``norm_first``, ...: see :class:`FixedSetting`), or ``dtype`` once one of
-                this package's modules (or a subclass of one) has set it: its C++ weights are of
-                that dtype. Nothing is set.
+                ``eps``, ``norm_first``, ...: see :class:`FixedSetting`), or ``dtype`` of one of
+                this package's modules (or a subclass of one) once its constructor has set it: its
+                C++ weights are of that dtype (a subclass may set ``dtype`` before it calls the
+                constructor). Nothing is set.
             TypeError: ``value`` is a :class:`~transformer_core.parameter.Parameter` (torch's
                 ``self.cls_token = nn.Parameter(...)``): it would be registered nowhere (see the
                 class doc). Nothing is set.
@@ -1263,11 +1264,14 @@ class Module:
         self._set_emptied(self._emptied() - {name})
 
     def _dtype_is_fixed(self) -> bool:
-        """Whether ``dtype`` is set and was set by one of this package's module classes, whose C++
-        weights are built of it (a caller's own ``Module`` subclass keeps its ``dtype`` its own)."""
-        return "dtype" in self.__dict__ and any(
-            c.__module__.startswith("transformer_core.") for c in type(self).__mro__ if c is not Module
-            and issubclass(c, Module))
+        """Whether ``dtype`` was set by one of this package's constructors (:meth:`_fix_dtype`), whose
+        C++ weights are built of it (a caller's own ``Module`` subclass keeps its ``dtype`` its own)."""
+        return self.__dict__.get("_dtype_fixed", False)
+
+    def _fix_dtype(self, dtype) -> None:
+        """Sets ``dtype`` (a numpy float type) as this module's C++ weights are built: read-only from then on."""
+        self.dtype = dtype
+        self._dtype_fixed = True
 
     def _emptied(self) -> frozenset:
         """The attribute names whose module was set to None (:meth:`__setattr__`), which keep their place."""
@@ -2146,7 +2150,9 @@ class Module:
 
     # ---- construction helpers ------------------------------------------------------------------
     def _init_dtype(self, dtype) -> str:
-        self.dtype = resolve_dtype(dtype)
+        """Sets the module's ``dtype`` (checked; fixed, :meth:`_fix_dtype`) and returns the C++
+        classes' suffix for it (``"F32"`` / ``"F64"``)."""
+        self._fix_dtype(resolve_dtype(dtype))
         return dtype_suffix(self.dtype)
 
     def _init_weights(self, seed: int | None = 0) -> None:

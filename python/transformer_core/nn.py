@@ -1637,7 +1637,7 @@ class _Stack(Module):
         per_layer = sum(int(np.prod(shape)) for shape in layer.parameter_shapes().values())
         check_allocatable((self.num_layers, per_layer), np.dtype(layer.dtype).itemsize, "num_layers")
         _check_layer_copies([("num_layers", self.num_layers, layer)])  # and what each copy costs beyond them
-        self.dtype = layer.dtype
+        self._fix_dtype(layer.dtype)
         state = layer.state_dict()
         self.layers = []
         for _ in range(self.num_layers):
@@ -1685,7 +1685,7 @@ class TransformerEncoder(_Stack):
         encoder_layer: a :class:`TransformerEncoderLayer` (copied, weights included).
         num_layers: how many copies.
         norm: a :class:`LayerNorm` applied at the end, or None.
-        enable_nested_tensor, mask_check: (keyword) torch's switches of its nested-tensor fast path
+        enable_nested_tensor, mask_check: torch's switches of its nested-tensor fast path
             (ported code passes ``enable_nested_tensor=False``, as torch's warning about pre-LN
             stacks advises), taken and kept as attributes; this stack has no such path, so
             neither changes what it computes (see above for the padding rows).
@@ -1703,7 +1703,7 @@ class TransformerEncoder(_Stack):
 
     _layer_class = TransformerEncoderLayer
 
-    def __init__(self, encoder_layer: TransformerEncoderLayer, num_layers: int, norm: LayerNorm | None = None, *,
+    def __init__(self, encoder_layer: TransformerEncoderLayer, num_layers: int, norm: LayerNorm | None = None,
                  enable_nested_tensor: bool = True, mask_check: bool = True):
         if not isinstance(encoder_layer, TransformerEncoderLayer):
             raise TypeError(f"encoder_layer: expected a transformer_core.nn.TransformerEncoderLayer, got "

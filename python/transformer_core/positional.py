@@ -383,8 +383,8 @@ def rotary_cos_sin(seq_len: int, head_dim: int, base: float = 10000.0, offset: i
 
     Precision, a deliberate difference from Hugging Face: the angles and their cos/sin are computed
     in float64 and rounded once to ``dtype`` (float32 tables within 3e-8 of the exact values for
-    positions below 2**30; the float64 angle ``position · inv_freq`` itself is off by up to
-    ``position · 1.1e-16`` radians, 6e-6 at position 1e12).
+    positions below 2**26, about 1e-7 at 2**30; the float64 angle ``position · inv_freq`` itself is
+    off by up to ``position · 1.1e-16`` radians, 1.1e-4 at position 1e12).
     HF's ``LlamaRotaryEmbedding`` computes the angles ``position · inv_freq`` in float32, whose
     rounding error grows with the position (~``position · 6e-8`` radians), so its tables differ
     from these by an amount that grows with the position: for ``head_dim=128``, up to ~6e-5 over
