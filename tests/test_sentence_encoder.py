@@ -228,7 +228,7 @@ def test_encode_semantics_sanity(encoder):
     np.testing.assert_allclose(np.diag(sim), 1.0, atol=1e-5)
 
 
-def test_text_that_is_not_valid_unicode_names_the_argument(tc_tokenizer, encoder):
+def test_text_that_is_not_valid_unicode_names_the_argument(tc_tokenizer, encoder, hf_tokenizer):
     # "caf\udce9": the Latin-1 byte of "café" in a str decoded with surrogateescape (a shell argument)
     bad = "caf\udce9"
     where = "got a lone surrogate '\\\\udce9' at position 3"
@@ -243,7 +243,8 @@ def test_text_that_is_not_valid_unicode_names_the_argument(tc_tokenizer, encoder
     # the index is the caller's, not the one in the length-sorted order encode batches in
     with pytest.raises(ValueError, match=f"^sentences: .*{where} of the text at index 1 "):
         encoder.encode(["A much longer sentence than the next one.", bad])
-    assert tc_tokenizer.encode("café") == tc_tokenizer.encode("caf\u00e9")  # valid text is untouched
+    for good in ("café", "cafe\u0301", "caf\U0001d41e"):  # valid text is untouched: the reference's ids
+        assert tc_tokenizer.encode(good) == hf_tokenizer.encode(good).ids
 
 
 # ------------------------------------------------------------- pooling from a sentence-transformers folder
@@ -1304,7 +1305,7 @@ def _check_prefix(tok, reference, text, counts):
     assert text.startswith(given)
     counts["cut" if len(given) < len(text) else "whole"] += 1
     got = tok.encode_batch([given])
-    enc = reference.encode(text.lower() if tok.do_lower_case else text)
+    enc = reference.encode(text)  # do_lower_case's Lowercase() is in the copied backend's normalizer
     ids, type_ids, mask = enc.ids, enc.type_ids, enc.attention_mask
     assert got["input_ids"][0].tolist() == ids, (text, given)
     assert got["token_type_ids"][0].tolist() == type_ids and got["attention_mask"][0].tolist() == mask
@@ -1491,3 +1492,185 @@ def test_an_isa_switched_during_encode_keeps_the_bits(encoder):
     finally:
         quantization.set_isa(old)
     np.testing.assert_array_equal(got, expected)  # the two kernel sets give the same bits
+
+
+# ------------------------------------------- sentence_bert_config.json: do_lower_case and processor_kwargs
+@pytest.fixture(scope="module")
+def random_bert_dir(tmp_path_factory, model_dir):
+    """A random BERT (hidden 32, 2 layers, 4 heads, 128 positions; seeded) saved by transformers,
+    with all-MiniLM-L6-v2's tokenizer files: the model the sentence_bert_config.json folders below
+    copy."""
+    import shutil
+
+    import torch
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(7)
+    cfg = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                     intermediate_size=64, max_position_embeddings=128)
+    path = tmp_path_factory.mktemp("random_bert")
+    BertModel(cfg, add_pooling_layer=False).save_pretrained(str(path), safe_serialization=True)
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
+        shutil.copy(model_dir / name, path / name)
+    return path
+
+
+def _sbert_folder(tmp_path, random_bert_dir, sbert_config):
+    """The random BERT as a sentence-transformers folder (Transformer + mean Pooling) whose
+    sentence_bert_config.json is ``sbert_config``."""
+    import json
+    import os
+
+    d = tmp_path / "sbert"
+    d.mkdir(parents=True)
+    for f in random_bert_dir.iterdir():
+        os.symlink(f, d / f.name)
+    (d / "sentence_bert_config.json").write_text(json.dumps(sbert_config))
+    (d / "1_Pooling").mkdir()
+    _write_pooling_config(d, {"embedding_dimension": 32, "pooling_mode": "mean", "include_prompt": True})
+    (d / "modules.json").write_text(json.dumps([
+        {"idx": 0, "name": "0", "path": "", "type": _ST6_TYPES["Transformer"]},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": _ST6_TYPES["Pooling"]}]))
+    return d
+
+
+def _hf_embeddings(folder, ids, mask, types):
+    """transformers' BertModel of ``folder`` (float64) on these ids, mean-pooled, not normalised."""
+    from transformers import BertModel
+
+    hf = BertModel.from_pretrained(str(folder), attn_implementation="eager").double().eval()
+    return hf_mean_pool(hf, ids, mask, types, normalize=False)
+
+
+_LOWER_CASE_TEXTS = ["\u039f\u0394\u039f\u03a3", "Hello [MASK] world", "\u03a3\u0391\u03a3 [SEP] of \u0130stanbul",
+                     "The END. " * 10 + "\u039f\u0394\u039f\u03a3 " * 300]  # the last one cut from a prefix
+
+
+def test_do_lower_case_lowercases_as_sentence_transformers_6(tmp_path, random_bert_dir):
+    """sentence_bert_config.json's "do_lower_case": true lowercased each text with str.lower();
+    sentence-transformers 6 prepends the tokenizers package's Lowercase() to the normalizer, which
+    maps every capital sigma to "σ" (str.lower() gives a word-final "ς": "ΟΔΟΣ" had other ids) and
+    runs after the special tokens are matched ("[MASK]" stayed [ , mask, ]). The ids and
+    embeddings are now those of that rule: a tokenizers.Tokenizer whose normalizer has Lowercase()
+    prepended, and transformers' model mean-pooled."""
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import normalizers
+
+    d = _sbert_folder(tmp_path, random_bert_dir, {"max_seq_length": 64, "do_lower_case": True})
+    ref = HFTokenizer.from_file(str(d / "tokenizer.json"))
+    ref.normalizer = normalizers.Sequence([normalizers.Lowercase(), ref.normalizer])
+    ref.no_padding()
+    ref.enable_truncation(max_length=64)
+    enc = tc.SentenceEncoder.from_pretrained(d, dtype=np.float64)
+    assert enc.tokenizer.do_lower_case and enc.normalize is False
+    for text in _LOWER_CASE_TEXTS:
+        assert enc.tokenizer.encode(text) == ref.encode(text).ids, text
+    assert enc.tokenizer.encode("Hello [MASK] world") == [101, 7592, 103, 2088, 102]
+    ids, mask, types = hf_encode(ref, _LOWER_CASE_TEXTS)
+    np.testing.assert_array_equal(enc.tokenizer.encode_batch(_LOWER_CASE_TEXTS)["input_ids"], ids)
+    np.testing.assert_allclose(enc.encode(_LOWER_CASE_TEXTS, batch_size=3), _hf_embeddings(d, ids, mask, types),
+                               atol=1e-10)
+
+
+def test_do_lower_case_assigned_prepends_lowercase_and_takes_it_back(model_dir):
+    """Tokenizer.do_lower_case assigned: True prepends Lowercase() to the backend's normalizer (ids
+    of the tokenizers package with that normalizer), kept by copy and pickle; False puts the
+    normalizer back (the ids of the tokenizer.json alone)."""
+    import copy
+    import pickle
+
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import normalizers
+
+    plain = HFTokenizer.from_file(str(model_dir / "tokenizer.json"))
+    plain.no_padding()
+    lowered = HFTokenizer.from_file(str(model_dir / "tokenizer.json"))
+    lowered.normalizer = normalizers.Sequence([normalizers.Lowercase(), lowered.normalizer])
+    lowered.no_padding()
+    text = "\u039f\u0394\u039f\u03a3 \u03a3\u0391\u03a3, [MASK] Hello"
+    assert plain.encode(text.lower()).ids != lowered.encode(text).ids  # str.lower() is not the rule
+    tok = tc.Tokenizer.from_pretrained(MODEL_NAME)
+    tok.do_lower_case = True
+    assert isinstance(tok.backend.normalizer, normalizers.Sequence)
+    for t in (tok, copy.copy(tok), copy.deepcopy(tok), pickle.loads(pickle.dumps(tok))):
+        assert t.do_lower_case and t.encode(text) == lowered.encode(text).ids
+        assert t.encode_batch([text, "x"])["input_ids"][0].tolist() == lowered.encode(text).ids
+        assert next(t.encode_batches([text], 1))["input_ids"][0].tolist() == lowered.encode(text).ids
+    tok.do_lower_case = True  # once only
+    assert len(list(tok.backend.normalizer)) == 2
+    tok.do_lower_case = False
+    assert isinstance(tok.backend.normalizer, normalizers.BertNormalizer)
+    assert tok.encode(text) == plain.encode(text).ids
+
+
+def test_processor_kwargs_model_max_length_wins_over_max_seq_length(tmp_path, random_bert_dir):
+    """processor_kwargs (old name tokenizer_args, which replaces it when both are there) are
+    sentence-transformers' arguments of transformers' tokenizer: their model_max_length wins over
+    max_seq_length. It was ignored (64 tokens kept, not 16)."""
+    from tokenizers import Tokenizer as HFTokenizer
+
+    text = "word " * 100
+    ref = HFTokenizer.from_file(str(random_bert_dir / "tokenizer.json"))
+    ref.no_padding()
+    ref.enable_truncation(max_length=16)
+    ids, mask, types = hf_encode(ref, [text, "short"])
+    want = _hf_embeddings(random_bert_dir, ids, mask, types)
+    for i, sbert in enumerate(({"max_seq_length": 64, "processor_kwargs": {"model_max_length": 16}},
+                               {"max_seq_length": 64, "tokenizer_args": {"model_max_length": 16}},
+                               {"processor_kwargs": {"model_max_length": 64}, "tokenizer_args": {"model_max_length": 16},
+                                "max_seq_length": 32})):
+        d = _sbert_folder(tmp_path / str(i), random_bert_dir, sbert)
+        enc = tc.SentenceEncoder.from_pretrained(d, dtype=np.float64)
+        assert enc.max_seq_length == 16, sbert
+        np.testing.assert_allclose(enc.encode([text, "short"]), want, atol=1e-10)
+
+
+@pytest.mark.parametrize("kwargs", [{"do_lower_case": False}, {"truncation_side": "left", "model_max_length": 12},
+                                    {"do_lower_case": False, "truncation_side": "right"}])
+def test_processor_kwargs_reach_the_tokenizer_as_in_transformers(tmp_path, random_bert_dir, kwargs):
+    """processor_kwargs' do_lower_case (BERT's normalizer flag: false keeps case, so the uncased
+    vocabulary gives [UNK]) and truncation_side are the arguments of transformers' tokenizer: ids as
+    transformers' AutoTokenizer.from_pretrained(folder, **kwargs) gives them. They were ignored."""
+    from transformers import AutoTokenizer
+
+    d = _sbert_folder(tmp_path, random_bert_dir, {"max_seq_length": 64, "tokenizer_args": kwargs})
+    ref = AutoTokenizer.from_pretrained(str(d), **{"model_max_length": 64, **kwargs})
+    texts = ["Hello World", "The END of the STORY is here. " * 8]
+    enc = tc.SentenceEncoder.from_pretrained(d, dtype=np.float64)
+    want = [ref(t, truncation=True)["input_ids"] for t in texts]
+    assert [enc.tokenizer.encode(t) for t in texts] == want
+    assert want[0] == ([101, 7592, 2088, 102] if kwargs.get("do_lower_case", True) else [101, 100, 100, 102])
+    batch = enc.tokenizer.encode_batch(texts)
+    np.testing.assert_allclose(enc.encode(texts), _hf_embeddings(d, batch["input_ids"], batch["attention_mask"],
+                                                                 batch["token_type_ids"]), atol=1e-10)
+
+
+@pytest.mark.parametrize("sbert, key", [
+    ({"processor_kwargs": {"use_fast": False}}, "processor_kwargs: use_fast"),
+    ({"tokenizer_args": {"strip_accents": True}}, "tokenizer_args: strip_accents"),
+    ({"processor_kwargs": [16]}, "processor_kwargs: expected a JSON object"),
+    ({"tokenizer_args": None}, "tokenizer_args: expected a JSON object"),
+    ({"processor_kwargs": {"model_max_length": "16"}}, "processor_kwargs: model_max_length: expected a positive int"),
+    ({"processor_kwargs": {"model_max_length": 4096}}, "processor_kwargs: model_max_length: expected at most 128"),
+    ({"processor_kwargs": {"do_lower_case": "false"}}, "processor_kwargs: do_lower_case: expected a bool"),
+    ({"processor_kwargs": {"truncation_side": "middle"}}, "processor_kwargs: truncation_side: expected"),
+    ({"model_args": {"torch_dtype": "float16"}}, "model_args: torch_dtype"),
+    ({"model_kwargs": {"attn_implementation": "sdpa"}}, "model_kwargs: attn_implementation"),
+    ({"config_args": {"hidden_dropout_prob": 0.5}}, "config_args: hidden_dropout_prob"),
+    ({"config_kwargs": {"num_hidden_layers": 1}}, "config_kwargs: num_hidden_layers"),
+])
+def test_sentence_bert_kwargs_not_applied_are_refused(tmp_path, random_bert_dir, sbert, key):
+    """Any other key of processor_kwargs / tokenizer_args, and model / config kwargs (which
+    sentence-transformers passes to transformers' model and config), were ignored: refused now,
+    naming the file and the key. Keys that sentence-transformers overwrites with its own arguments
+    (cache_dir, revision, trust_remote_code, ...) and empty objects change nothing and load."""
+    import re
+
+    d = _sbert_folder(tmp_path, random_bert_dir, {"max_seq_length": 64, **sbert})
+    with pytest.raises(ValueError, match=re.escape(f"sentence_bert_config.json: {key}")) as info:
+        tc.SentenceEncoder.from_pretrained(d)
+    assert str(d) in str(info.value)
+    ignored = {"max_seq_length": 64, "processor_kwargs": {"revision": "main", "trust_remote_code": True},
+               "model_args": {"cache_dir": "/nonexistent", "trust_remote_code": True}, "config_kwargs": {}}
+    ok = _sbert_folder(tmp_path / "ok", random_bert_dir, ignored)
+    assert tc.SentenceEncoder.from_pretrained(ok).max_seq_length == 64

@@ -29,7 +29,7 @@ from ._validation import (
 )
 from .bert import BertModel
 from .hub import DEFAULT_MODEL, expand_home, read_json_file
-from .tokenizer import Tokenizer, _check_room_for_special_tokens, check_unicode
+from .tokenizer import Tokenizer, _check_model_kwargs, _check_room_for_special_tokens, check_unicode
 
 __all__ = ["SentenceEncoder", "mean_pool", "cosine_similarity", "read_pooling", "read_prompts",
            "transformer_folder"]
@@ -383,9 +383,9 @@ def _splits_at_spaces(tokenizer: Tokenizer) -> bool:
     * no added token holds whitespace (even after NFKC), so none matches across the cut;
     * truncation keeps the first tokens (``direction`` right).
 
-    ``do_lower_case`` (``str.lower()``) maps each character alone too, but for the final sigma,
-    which looks at the next cased letter: the prefix keeps the space after the cut, which ends
-    that look the same way in both texts.
+    ``do_lower_case`` is such a part: the ``Lowercase()`` it prepends to the normalizer (as
+    sentence-transformers 6 does) maps each character alone (every ``Σ`` to ``σ``, unlike
+    ``str.lower()``'s word-final ``ς``).
     """
     from tokenizers import models
 
@@ -435,7 +435,7 @@ def _same_tokens_prefix(tokenizer: Tokenizer, text: str) -> str:
         cut = text.rfind(" ", 0, window)
         if cut > 0:
             prefix = text[:cut + 1]
-            enc = backend.encode(prefix.lower() if tokenizer.do_lower_case else prefix)
+            enc = backend.encode(prefix)  # do_lower_case's Lowercase() is the backend's normalizer's
             if enc.overflowing:
                 return prefix
         window *= _PREFIX_GROWTH
@@ -537,7 +537,11 @@ class SentenceEncoder:
         pooling config's ``include_prompt``). The
         model and tokenizer files are read from the folder of ``modules.json``'s Transformer
         module (:func:`transformer_folder`): the folder itself, or ``0_Transformer/`` in the older
-        sentence-transformers layout.
+        sentence-transformers layout. That folder's ``sentence_bert_config.json`` gives the
+        tokenizer its ``max_seq_length``, ``do_lower_case`` (a ``Lowercase()`` normalizer prepended,
+        as sentence-transformers 6 does) and ``processor_kwargs`` (``model_max_length``, which wins
+        over ``max_seq_length``, BERT's ``do_lower_case`` and ``truncation_side``): see
+        :meth:`Tokenizer.from_pretrained`.
 
         Args:
             name_or_path: a directory or an embedded model's name (default all-MiniLM-L6-v2).
@@ -559,8 +563,15 @@ class SentenceEncoder:
             ValueError: an unknown ``quantize`` format, or ``quantize`` with ``dtype`` float64.
             FileNotFoundError, ValueError: as :meth:`BertModel.from_pretrained`,
                 :func:`read_pooling` (a pooling mode or module that is not supported),
-                :func:`transformer_folder` (a Transformer ``path`` outside the folder or missing) and
-                :func:`read_prompts` (a malformed ``config_sentence_transformers.json``, named).
+                :func:`transformer_folder` (a Transformer ``path`` outside the folder or missing),
+                :func:`read_prompts` (a malformed ``config_sentence_transformers.json``, named) and
+                :meth:`Tokenizer.from_pretrained` (``sentence_bert_config.json``'s ``max_seq_length``,
+                ``do_lower_case`` and ``processor_kwargs``). ValueError naming
+                ``sentence_bert_config.json`` and the key: a ``model_kwargs`` / ``config_kwargs``
+                (or ``model_args`` / ``config_args``) that is not empty (sentence-transformers
+                passes them to transformers' model and config; not applied here), but for the keys
+                sentence-transformers overwrites itself (``cache_dir``, ``revision``, ``token``,
+                ``subfolder``, ``local_files_only``, ``trust_remote_code``).
         """
         from .hub import resolve_model_dir
         from .quantization import QUANTIZED_FORMATS
@@ -576,6 +587,7 @@ class SentenceEncoder:
         # the model and tokenizer files: the folder itself, or the older layout's 0_Transformer/
         folder = transformer_folder(model_dir)
         source = name_or_path if folder == model_dir else str(folder)
+        _check_model_kwargs(folder)  # sentence_bert_config.json's model/config arguments: none applied here
         model = BertModel.from_pretrained(source, dtype=dtype)
         if quantize is not None:
             from .quantization import quantize as _quantize

@@ -241,6 +241,44 @@ def _copy_backend(backend):
     return copy
 
 
+def _has_lowercase(normalizer) -> bool:
+    """Whether ``normalizer`` is a ``Lowercase`` or a ``Sequence`` holding one: sentence-transformers
+    6's test (``_has_lowercase``) of whether ``do_lower_case`` needs one prepended (a
+    ``BertNormalizer`` that lowercases does not count)."""
+    from tokenizers import normalizers
+
+    if isinstance(normalizer, normalizers.Lowercase):
+        return True
+    return isinstance(normalizer, normalizers.Sequence) and any(isinstance(n, normalizers.Lowercase)
+                                                                for n in normalizer)
+
+
+def _same_normalizer(a, b) -> bool:
+    """Whether two ``tokenizers`` normalizers have the same settings (their JSON); False when either
+    is None; True when they cannot be told apart (one holds a part written in Python, which
+    cannot be serialized)."""
+    if a is None or b is None:
+        return False
+    try:
+        return a.__getstate__() == b.__getstate__()
+    except Exception:  # noqa: BLE001 - a custom normalizer: taken as the one this module set
+        return True
+
+
+def _lowercasing(normalizer):
+    """``normalizer`` with ``Lowercase()`` prepended, as sentence-transformers 6 builds it for
+    ``do_lower_case``: ``Sequence([Lowercase(), *normalizer])`` (the parts of a ``Sequence``, or the
+    normalizer itself, or nothing for None)."""
+    from tokenizers import normalizers
+
+    parts = [normalizers.Lowercase()]
+    if isinstance(normalizer, normalizers.Sequence):
+        parts += list(normalizer)
+    elif normalizer is not None:
+        parts.append(normalizer)
+    return normalizers.Sequence(parts)
+
+
 class Tokenizer:
     """A ``tokenizers.Tokenizer`` set up for a model.
 
@@ -263,10 +301,13 @@ class Tokenizer:
             (a dict ``{name: template}``, or ``tokenizer_config.json``'s list
             ``[{"name": ..., "template": ...}]``, kept as a dict, as transformers keeps them:
             ``"default"`` is used unless another is chosen, see :meth:`get_chat_template`), or ``None``.
-        do_lower_case: lowercase every text (``str.lower()``) before tokenizing it, in
-            :meth:`encode`, :meth:`tokenize`, :meth:`encode_batch` and :meth:`encode_batches`, as
-            sentence-transformers does for a model whose ``sentence_bert_config.json`` sets
-            ``"do_lower_case": true`` (:meth:`from_pretrained` reads it). Default False.
+        do_lower_case: lowercase every text as sentence-transformers 6 does for a model whose
+            ``sentence_bert_config.json`` sets ``"do_lower_case": true`` (:meth:`from_pretrained`
+            reads it): ``tokenizers.normalizers.Lowercase()`` is prepended to the backend's
+            normalizer (``Sequence([Lowercase(), ...])``), unless that normalizer is a ``Lowercase``
+            or a ``Sequence`` holding one. This is not ``str.lower()``: every ``Σ`` becomes ``σ``
+            (Python gives a word-final ``ς``), and special tokens typed in a text (``"[MASK]"``) are
+            matched before the normalizer runs, so they stay special. Default False.
         truncation_side: where an encoder tokenizer cuts a text too long for ``max_length``:
             ``"right"`` keeps its first tokens, ``"left"`` its last ones (transformers'
             ``truncation_side``). None (the default): the backend's own truncation direction when
@@ -338,15 +379,21 @@ class Tokenizer:
     def __setstate__(self, state: dict) -> None:
         """Restores :meth:`__getstate__`'s state (a state pickled without the flag is taken as it is;
         one pickled when the special tokens, ``pad_token_id``, ``extra_special_tokens`` and
-        ``do_lower_case`` were plain attributes is read into the properties' fields)."""
+        ``do_lower_case`` were plain attributes is read into the properties' fields; one pickled when
+        ``do_lower_case`` lowercased with ``str.lower()`` gets the ``Lowercase`` normalizer)."""
         flag = state.pop("_encode_special_tokens", None)
         if "_special" not in state and "bos_token" in state:
             state["_special"] = {name: state.pop(name) for name in _NAMED_SPECIAL_TOKENS if name != "pad_token"}
             for name in ("pad_token", "pad_token_id", "extra_special_tokens", "do_lower_case"):
                 state[f"_{name}"] = state.pop(name)
+        lower = None
+        if "_unlowered" not in state:  # pickled when do_lower_case called str.lower(): now the normalizer's
+            lower, state["_do_lower_case"], state["_unlowered"] = state.get("_do_lower_case", False), False, None
         self.__dict__.update(state)
         if flag is not None:
             self._tok.encode_special_tokens = flag
+        if lower:
+            self._set_lower_case(True)
 
     @classmethod
     def _owning(cls, tokenizer, *args, **kwargs) -> "Tokenizer":
@@ -402,7 +449,8 @@ class Tokenizer:
         self._special = special  # the named special tokens but pad_token: see the properties
         self._extra_special_tokens = extra_special_tokens
         self.chat_template = chat_template
-        self._do_lower_case = do_lower_case
+        self._do_lower_case = False
+        self._unlowered = None  # (the normalizer before do_lower_case prepended Lowercase,), or None
         self._truncation_side, self._padding_side = truncation_side, padding_side
         self._clean_up = clean_up_tokenization_spaces
         # transformers' clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output: a BPE
@@ -419,6 +467,25 @@ class Tokenizer:
         else:
             self._tok.no_truncation()
             self._tok.no_padding()
+        self._set_lower_case(do_lower_case)
+
+    def _set_lower_case(self, value: bool) -> None:
+        """Sets :attr:`do_lower_case` on the backend: True prepends ``Lowercase()`` to its
+        normalizer (:func:`_lowercasing`) unless it has one (:func:`_has_lowercase`); False puts
+        back the normalizer that True replaced, when the backend still has the one True set."""
+        if value == self._do_lower_case:
+            return
+        if value:
+            normalizer = self._tok.normalizer
+            if not _has_lowercase(normalizer):
+                self._tok.normalizer = _lowercasing(normalizer)
+                self._unlowered = (normalizer,)
+        elif self._unlowered is not None:
+            if _same_normalizer(self._tok.normalizer, _lowercasing(self._unlowered[0])):
+                self._tok.normalizer = self._unlowered[0]
+            self._unlowered = None
+        self._do_lower_case = value
+        self._backend_changed()
 
     def _pad_of(self, token: str | None, fallback: bool) -> tuple[str | None, int]:
         """``(pad_token, pad_token_id)`` for a ``pad_token`` of the constructor (``fallback``: one
@@ -558,9 +625,12 @@ class Tokenizer:
 
     @property
     def do_lower_case(self) -> bool:
-        """Whether every text is lowercased (``str.lower()``) before it is tokenized, as
-        sentence-transformers does with ``sentence_bert_config.json``'s ``do_lower_case``.
-        Assignable.
+        """Whether every text is lowercased as sentence-transformers 6 does with
+        ``sentence_bert_config.json``'s ``do_lower_case``: by ``tokenizers.normalizers.Lowercase()``
+        prepended to the backend's normalizer (see the constructor's argument; not
+        ``str.lower()``). Assignable: True prepends it (unless the normalizer is a ``Lowercase``
+        or a ``Sequence`` holding one), False puts back the normalizer it was prepended to (unless
+        the normalizer was replaced since, through :attr:`backend`: that one is kept).
 
         Raises:
             TypeError: not a bool (the str ``"False"`` included).
@@ -570,7 +640,7 @@ class Tokenizer:
     @do_lower_case.setter
     def do_lower_case(self, value: bool) -> None:
         """Lowercases later texts, or not (see the getter for the errors)."""
-        self._do_lower_case = check_bool(value, "do_lower_case")
+        self._set_lower_case(check_bool(value, "do_lower_case"))
 
     @property
     def max_length(self) -> int | None:
@@ -707,12 +777,25 @@ class Tokenizer:
            ``config.json``'s ``max_position_embeddings`` / ``n_positions``; with none known, a
            causal LM: nothing is cut (transformers' tokenizer does not truncate there either).
 
-        An encoder's ``max_length`` defaults to ``sentence_bert_config.json``'s ``max_seq_length``
+        An encoder's ``max_length`` defaults to the ``model_max_length`` of
+        ``sentence_bert_config.json``'s ``processor_kwargs`` (below), else its ``max_seq_length``
         if present, else ``tokenizer_config.json``'s ``model_max_length`` (a real length, at most
         the positions), else ``config.json``'s ``max_position_embeddings``, else 512 (BERT's). A
         ``sentence_bert_config.json`` with ``"do_lower_case": true`` gives a tokenizer that
-        lowercases every text before tokenizing it (``do_lower_case=True``), as sentence-transformers
-        does.
+        lowercases every text as sentence-transformers 6 does (``do_lower_case=True``: a
+        ``Lowercase()`` normalizer prepended, see the constructor).
+
+        ``sentence_bert_config.json``'s ``processor_kwargs`` (or its older name ``tokenizer_args``,
+        which replaces it when both are there, as sentence-transformers 6 reads them), the
+        arguments sentence-transformers passes to transformers' tokenizer, are applied as
+        transformers applies them, over ``tokenizer_config.json``'s keys of the same name:
+        ``model_max_length`` (the encoder's ``max_length``: it wins over ``max_seq_length``, and is
+        not capped at the positions; one longer than ``config.json``'s ``max_position_embeddings``
+        is refused), ``do_lower_case`` (BERT's normalizer flag, see below; not the
+        ``Lowercase()`` of ``sentence_bert_config.json``'s own ``do_lower_case``) and
+        ``truncation_side``. The keys that sentence-transformers overwrites with its own
+        (``cache_dir``, ``revision``, ``token``, ``subfolder``, ``local_files_only``,
+        ``trust_remote_code``) change nothing and are ignored; any other key is refused.
 
         Either kind takes its named special tokens (``bos_token``, ``eos_token``, ``unk_token``,
         ``sep_token``, ``pad_token``, ``cls_token``, ``mask_token``) and its extra special tokens
@@ -779,8 +862,13 @@ class Tokenizer:
                 GGUF file (a file path must be a ``.gguf`` checkpoint: for a ``tokenizer.json``, pass
                 its directory); ``max_length`` below 1 or below the number of special tokens added,
                 or given for a causal-LM tokenizer, which never truncates (a prompt too long for the
-                model is refused by the model, not cut); a ``do_lower_case`` in
-                ``sentence_bert_config.json`` that is not a bool; a ``config.json`` whose
+                model is refused by the model, not cut); naming ``sentence_bert_config.json`` and
+                the key: a ``do_lower_case`` that is not a bool, a ``max_seq_length`` that is not
+                a positive int or is longer than the positions, a ``processor_kwargs`` /
+                ``tokenizer_args`` that is not an object or holds a key not applied (above) or a
+                value of the wrong type (``model_max_length`` a positive int of at most the
+                positions, ``do_lower_case`` a bool, ``truncation_side`` ``"right"`` or
+                ``"left"``); a ``config.json`` whose
                 ``architectures`` is not a list of strings or ``model_type`` not a string; a
                 ``chat_template`` in ``tokenizer_config.json`` that is not a str or a list of
                 ``{"name": str, "template": str}``; a ``chat_template.jinja`` or
@@ -805,7 +893,8 @@ class Tokenizer:
             _check_gguf_magic(location, name_or_path)
             causal = True
         else:
-            cfg = _read_json_object(model_dir / "tokenizer_config.json")
+            # sentence_bert_config.json's processor_kwargs: transformers' tokenizer arguments, over the file's keys
+            cfg = {**_read_json_object(model_dir / "tokenizer_config.json"), **_processor_kwargs(model_dir)}
             causal = _directory_is_causal(model_dir, cfg, max_length)
         if causal and max_length is not None:
             raise ValueError(f"max_length: {name_or_path!r} has a causal-LM tokenizer, which does not truncate; "
@@ -945,7 +1034,8 @@ class Tokenizer:
             add_special_tokens: add the model's template tokens (``[CLS] ... [SEP]`` for BERT; BOS
                 for a GGUF whose ``add_bos_token`` is set; nothing for SmolLM2).
 
-        With ``do_lower_case`` set, ``text.lower()`` is tokenized.
+        With :attr:`do_lower_case` set, the backend's normalizer lowercases it (``Lowercase()``,
+        as sentence-transformers 6; not ``str.lower()``).
 
         Raises:
             TypeError: ``text`` not a str. ValueError: ``text`` not valid Unicode (a lone
@@ -955,7 +1045,7 @@ class Tokenizer:
             raise TypeError(f"text: expected a str, got {type(text).__name__}")
         check_unicode(text, "text")
         add_special_tokens = check_bool(add_special_tokens, "add_special_tokens")
-        return self._tok.encode(self._cased(text), add_special_tokens=add_special_tokens).ids
+        return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
 
     def tokenize(self, text: str, add_special_tokens: bool = False) -> list[str]:
         """The tokens (strings, in the vocabulary's spelling) of one text, cut to :attr:`max_length`
@@ -974,12 +1064,7 @@ class Tokenizer:
             raise TypeError(f"text: expected a str, got {type(text).__name__}")
         check_unicode(text, "text")
         add_special_tokens = check_bool(add_special_tokens, "add_special_tokens")
-        return self._tok.encode(self._cased(text), add_special_tokens=add_special_tokens).tokens
-
-    def _cased(self, text: str) -> str:
-        """``text`` as tokenized: lowercased (``str.lower()``, as sentence-transformers) with
-        ``do_lower_case``."""
-        return text.lower() if self.do_lower_case else text
+        return self._tok.encode(text, add_special_tokens=add_special_tokens).tokens
 
     @staticmethod
     def _check_texts(texts) -> list[str]:
@@ -1051,7 +1136,8 @@ class Tokenizer:
             ``{"input_ids", "attention_mask", "token_type_ids"}``, each an ``(N, L)`` int64 array;
             ``attention_mask`` is 1 for real tokens, 0 for padding.
 
-        With ``do_lower_case`` set, each text is lowercased first (``str.lower()``).
+        With :attr:`do_lower_case` set, the backend's normalizer lowercases each text (as
+        :meth:`encode`).
 
         An encoder tokenizer pads as its backend is set to pad (``backend.padding``: the side, the
         pad id and type id, a fixed ``length``, ``pad_to_multiple_of``), as the tokenizers package
@@ -1072,17 +1158,16 @@ class Tokenizer:
         add_special_tokens = check_bool(add_special_tokens, "add_special_tokens")
         padding_side = self._checked_padding_side(self._padding_side if padding_side is None else padding_side,
                                                   self.max_length)
-        cased = [self._cased(t) for t in texts]
         padding = self._tok.padding if self.max_length is not None else None  # read once
         if padding is None:  # a causal-LM tokenizer (or a backend whose padding was switched off)
-            return self._pad(self._tok.encode_batch(cased, add_special_tokens=add_special_tokens), padding_side)
+            return self._pad(self._tok.encode_batch(texts, add_special_tokens=add_special_tokens), padding_side)
         backend = self._unpadded_backend()
         if backend is self._tok:  # a backend that cannot be copied pads itself (never switched off: threads)
-            encs = self._tok.encode_batch(cased, add_special_tokens=add_special_tokens)
+            encs = self._tok.encode_batch(texts, add_special_tokens=add_special_tokens)
             return {"input_ids": np.array([e.ids for e in encs], dtype=np.int64),
                     "attention_mask": np.array([e.attention_mask for e in encs], dtype=np.int64),
                     "token_type_ids": np.array([e.type_ids for e in encs], dtype=np.int64)}
-        encs = backend.encode_batch(cased, add_special_tokens=add_special_tokens)
+        encs = backend.encode_batch(texts, add_special_tokens=add_special_tokens)
         return self._pad(encs, padding["direction"], pad_id=padding["pad_id"], pad_type_id=padding["pad_type_id"],
                          length=padding["length"], multiple=padding["pad_to_multiple_of"])
 
@@ -1127,7 +1212,7 @@ class Tokenizer:
     def _batches(self, texts, batch_size, add_special_tokens):
         per_call = max(1, self.TEXTS_PER_CALL // batch_size) * batch_size
         for c0 in range(0, len(texts), per_call):
-            encs = self._unpadded_encodings([self._cased(t) for t in texts[c0:c0 + per_call]], add_special_tokens)
+            encs = self._unpadded_encodings(texts[c0:c0 + per_call], add_special_tokens)
             for b0 in range(0, len(encs), batch_size):
                 start = c0 + b0
                 batch = encs[b0:b0 + batch_size]
@@ -1287,8 +1372,8 @@ class Tokenizer:
                 True, the ids are a plain ``list`` of
                 int, the rendered text encoded without adding special tokens (the template writes
                 them), without truncation or padding (an encoder's :attr:`max_length` does not cut
-                it) and without :attr:`do_lower_case`'s lowercasing (the backend's own normalizer
-                still applies): transformers' ``apply_chat_template(..., tokenize=True,
+                it), by the backend's normalizer (with :attr:`do_lower_case`, its ``Lowercase()``
+                too): transformers' ``apply_chat_template(..., tokenize=True,
                 return_dict=False)``.
                 transformers 5's ``tokenize=True`` (its ``return_dict=True`` default) returns a
                 ``BatchEncoding`` dict instead, whose ``"input_ids"`` is that list; no dict is
@@ -1466,7 +1551,8 @@ class Tokenizer:
     @property
     def backend(self):
         """The underlying ``tokenizers.Tokenizer``. Changes made to it reach every later encode
-        (:meth:`encode_batches` then brings its unpadded copy up to date on each call)."""
+        (:meth:`encode_batches` then brings its unpadded copy up to date on each call). With
+        :attr:`do_lower_case`, its normalizer is the ``Sequence`` that starts with ``Lowercase()``."""
         watch = getattr(self, "_backend_watch", None)
         if watch is not None:
             watch.handed_out = True
@@ -1920,6 +2006,77 @@ def _check_gguf_magic(path: Path, name_or_path, argument: str = "name_or_path") 
                          f"a file path must be a GGUF checkpoint{hint}")
 
 
+#: Keys of sentence_bert_config.json's ``processor_kwargs`` / ``model_kwargs`` / ``config_kwargs``
+#: (and their older names) that sentence-transformers 6 overwrites with its own arguments before
+#: using them (``_build_init_kwargs``' hub kwargs; ``load_config`` drops ``trust_remote_code``):
+#: whatever the file says there changes nothing.
+_ST_OVERWRITTEN_KWARGS = frozenset({"subfolder", "token", "cache_dir", "revision", "local_files_only",
+                                    "trust_remote_code"})
+#: The keys of ``processor_kwargs`` that :meth:`Tokenizer.from_pretrained` applies.
+_APPLIED_PROCESSOR_KWARGS = ("model_max_length", "do_lower_case", "truncation_side")
+
+
+def _sentence_bert_kwargs(model_dir: Path, new_name: str, old_name: str) -> tuple[Path, str, dict]:
+    """``(path, key, kwargs)``: sentence_bert_config.json's ``new_name`` object (``processor_kwargs``,
+    ``model_kwargs``, ``config_kwargs``) or, when the file has it, its older name ``old_name``
+    (``tokenizer_args``, ``model_args``, ``config_args``), which replaces it as sentence-transformers
+    6 reads the file; ``{}`` when neither is there; the keys of ``_ST_OVERWRITTEN_KWARGS`` left out.
+
+    Raises:
+        ValueError: naming the file and the key: a value that is not a JSON object.
+    """
+    path = model_dir / "sentence_bert_config.json"
+    sbert = _read_json_object(path)
+    key = old_name if old_name in sbert else new_name
+    kwargs = sbert.get(key, {})
+    if not isinstance(kwargs, dict):
+        raise ValueError(f"{path}: {key}: expected a JSON object, got {type(kwargs).__name__} {_clip(kwargs)}")
+    return path, key, {k: v for k, v in kwargs.items() if k not in _ST_OVERWRITTEN_KWARGS}
+
+
+def _processor_kwargs(model_dir: Path) -> dict:
+    """sentence_bert_config.json's ``processor_kwargs`` (or ``tokenizer_args``), which
+    sentence-transformers 6 passes to transformers' tokenizer, where they win over
+    ``tokenizer_config.json``'s keys: those of ``_APPLIED_PROCESSOR_KWARGS``, checked (the keys it
+    overwrites itself are left out, see :func:`_sentence_bert_kwargs`).
+
+    Raises:
+        ValueError: naming the file and the key: not a JSON object; another key; a
+            ``model_max_length`` that is not a positive int, a ``do_lower_case`` that is not a
+            bool, a ``truncation_side`` that is not ``"right"`` or ``"left"``.
+    """
+    path, key, kwargs = _sentence_bert_kwargs(model_dir, "processor_kwargs", "tokenizer_args")
+    for name, value in kwargs.items():
+        if name not in _APPLIED_PROCESSOR_KWARGS:
+            raise ValueError(f"{path}: {key}: {name}: not supported (sentence-transformers passes it to "
+                             f"transformers' tokenizer; only {', '.join(_APPLIED_PROCESSOR_KWARGS)} are applied here)")
+        if name == "model_max_length" and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValueError(f"{path}: {key}: model_max_length: expected a positive int, got {_clip(value)}")
+        if name == "do_lower_case" and not isinstance(value, bool):
+            raise ValueError(f"{path}: {key}: do_lower_case: expected a bool, got {type(value).__name__} "
+                             f"{_clip(value)}")
+        if name == "truncation_side" and value not in ("right", "left"):
+            raise ValueError(f"{path}: {key}: truncation_side: expected 'right' or 'left', got {_clip(value)}")
+    return kwargs
+
+
+def _check_model_kwargs(model_dir: Path) -> None:
+    """Refuses sentence_bert_config.json's ``model_kwargs`` / ``config_kwargs`` (or ``model_args`` /
+    ``config_args``): sentence-transformers 6 passes them to transformers' model and config
+    (``torch_dtype``, ``attn_implementation``, config overrides, ...), which are not applied here. An
+    empty object, or one of only the keys it overwrites itself (``_ST_OVERWRITTEN_KWARGS``), is
+    accepted.
+
+    Raises:
+        ValueError: naming the file and the key: not a JSON object, or holding another key.
+    """
+    for new_name, old_name in (("model_kwargs", "model_args"), ("config_kwargs", "config_args")):
+        path, key, kwargs = _sentence_bert_kwargs(model_dir, new_name, old_name)
+        if kwargs:
+            raise ValueError(f"{path}: {key}: {next(iter(kwargs))}: not supported (sentence-transformers passes "
+                             f"{key} to transformers' model or config; they are not applied here)")
+
+
 def _do_lower_case(model_dir: Path) -> bool:
     """``sentence_bert_config.json``'s ``do_lower_case`` (False when absent): sentence-transformers
     lowercases every text before tokenizing it when it is true.
@@ -2217,19 +2374,29 @@ def _default_max_length(model_dir: Path, tokenizer_config: dict) -> int:
 
 def _known_max_length(model_dir: Path, tokenizer_config: dict) -> int | None:
     """The length a model directory gives to truncate to: the first of ``sentence_bert_config.json``'s
+    ``processor_kwargs``' (or ``tokenizer_args``') ``model_max_length`` (which wins over
+    ``max_seq_length`` in sentence-transformers 6, not capped at the positions), its
     ``max_seq_length``, ``tokenizer_config.json``'s ``model_max_length`` (the object
     ``tokenizer_config``; unless it is transformers' "no limit" placeholder, a huge number; at most
     the positions), ``config.json``'s ``max_position_embeddings`` / ``n_positions``; None when
     none gives one.
 
     Raises:
-        ValueError: naming the file: a JSON file that is not valid, a ``max_seq_length`` that is not
-            a positive int, or one longer than the model's positions (``max_position_embeddings``).
+        ValueError: naming the file: a JSON file that is not valid, a ``max_seq_length`` or
+            ``processor_kwargs`` ``model_max_length`` that is not a positive int, or one longer than
+            the model's positions (``max_position_embeddings``); as :func:`_processor_kwargs`.
     """
     sbert = _read_json_object(model_dir / "sentence_bert_config.json")
     config = _read_json_object(model_dir / "config.json")
     positions = config.get("max_position_embeddings", config.get("n_positions"))
     positions = positions if isinstance(positions, int) and not isinstance(positions, bool) and positions > 0 else None
+    path, key, _ = _sentence_bert_kwargs(model_dir, "processor_kwargs", "tokenizer_args")
+    value = _processor_kwargs(model_dir).get("model_max_length")
+    if value is not None:  # sentence-transformers 6 then ignores max_seq_length
+        if positions is not None and value > positions:
+            raise ValueError(f"{path}: {key}: model_max_length: expected at most {positions} (config.json's "
+                             f"max_position_embeddings), got {value}")
+        return value
     if "max_seq_length" in sbert:
         value = sbert["max_seq_length"]
         path = model_dir / "sentence_bert_config.json"
