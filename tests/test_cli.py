@@ -861,8 +861,9 @@ def test_cli_out_named_only_by_its_extension(tmp_path, name):
 
 def test_cli_search_refuses_a_query_of_only_invisible_characters(tmp_path):
     assert_clean_error(run_cli_any("search", "--index", tmp_path / "none.npy", "fine", "\u200b"),
-                       "transformer_core search: queries: expected some text, got a query of only invisible "
-                       "characters (control, zero-width or format characters, combining marks) at index 1")
+                       "transformer_core search: queries: expected some text, got a query of only characters that "
+                       "carry no text (control, zero-width or format characters, combining marks, private-use "
+                       "characters, the replacement character U+FFFD) at index 1")
 
 
 def _closing_stdout():

@@ -2270,8 +2270,8 @@ def test_docstrings_name_line_ends_as_text():
 
 # ---------------------------------------------------------------- texts of only invisible characters
 INVISIBLE_ONLY = ["\u200b", "\ufeff", "\x00\x7f", "\u0301", " \u200b\u0301 \x1f "]
-INVISIBLE_WHY = ("only invisible characters (control, zero-width or format characters, combining marks) "
-                 "(it would embed to [CLS] [SEP] alone)")
+INVISIBLE_WHY = ("only characters that carry no text (control, zero-width or format characters, combining marks, "
+                 "private-use characters, the replacement character U+FFFD) (it would embed to [CLS] [SEP] alone)")
 
 
 def test_invisible_only_texts_embed_as_the_empty_text(tiny_encoder):
@@ -2322,7 +2322,7 @@ def test_invisible_only_records_are_bad_records(tmp_path, tiny_model_dir, tiny_e
 
 
 def test_invisible_only_list_texts_and_queries_are_refused(tmp_path, tiny_model_dir, search_index):
-    why = "only invisible characters (control, zero-width or format characters, combining marks)"
+    why = INVISIBLE_WHY.split(" (it would")[0]
     for t in INVISIBLE_ONLY:
         with pytest.raises(ValueError, match=rf"^input: expected some text, got a text of {re.escape(why)} "
                                              rf"at index 1$"):
@@ -2976,3 +2976,222 @@ def test_an_interrupt_inside_the_manifests_save_counts_what_is_on_disk(tmp_path,
         assert a.column("text").to_pylist() == b.column("text").to_pylist()
         np.testing.assert_array_equal(np.stack(a.column("embedding").to_numpy(zero_copy_only=False)),
                                       np.stack(b.column("embedding").to_numpy(zero_copy_only=False)))
+
+
+# ------------------------------------------------------------- texts the tokenizer drops are blank
+# U+FFFD, private-use characters (Co: the BMP's and planes 15 and 16), U+1734 (a nonspacing mark
+# in the tokenizer's Unicode tables, Mc since Unicode 14): each reduced to [CLS] [SEP] by BERT's
+# normalizer, as the zero-width space is, but taken as text before.
+DROPPED_ONLY = ["\ufffd", "\ue000", "\U000f0000\U00100001", " \ufffd\u200b\ue123 ", "\u1734", "\ufffd\u0301"]
+
+
+def test_every_character_the_tokenizer_drops_is_blank(model_dir, tiny_encoder):
+    """Every code point that the embedded tokenizer (tokenizers, all-MiniLM-L6-v2's tokenizer.json)
+    turns into no token at all is blank by the rule, so no text of such characters is embedded as
+    [CLS] [SEP] alone; a character it keeps (an unassigned code point, made [UNK]) is not blank."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    tok.no_padding()
+    chars = [chr(c) for c in range(0x110000) if not 0xD800 <= c <= 0xDFFF]  # surrogates: invalid Unicode
+    encodings = tok.encode_batch(chars, add_special_tokens=False)
+    dropped = [c for c, e in zip(chars, encodings) if not e.ids]
+    assert {"\ufffd", "\ue000", "\U0010fffd", "\u200b", "\u1734"} <= set(dropped)
+    assert [f"U+{ord(c):04X}" for c in dropped if not corpus._blank_kind(c)] == []
+    for t in DROPPED_ONLY:
+        assert tok.encode(t).tokens == ["[CLS]", "[SEP]"], t
+        assert corpus._blank_kind(t) == "invisible", t
+    kept = ["\u0378", "\U000e0080", "\ufffd a", "\ue000x", "\u00a9"]  # Cn ([UNK]), with a letter, a symbol
+    for t in kept:
+        assert tok.encode(t, add_special_tokens=False).ids, t
+        assert corpus._blank_kind(t) is None, t
+    rows = tiny_encoder.encode(DROPPED_ONLY + [""], normalize=True)
+    for row in rows[:-1]:
+        np.testing.assert_array_equal(row, rows[-1])  # the same vector as the empty text
+    with pytest.raises(ValueError, match="^queries: expected valid Unicode text, got a lone surrogate"):
+        corpus.search("unused.npy", "\ud800")  # a lone surrogate stays an invalid text, not a blank one
+
+
+def test_texts_of_dropped_characters_are_skipped_or_refused(tmp_path, tiny_model_dir, tiny_encoder, search_index):
+    """A line of U+FFFD (what a lossy decode leaves) or of private-use characters was embedded as
+    [CLS] [SEP] alone, and such a query was accepted, scoring 1.0 against every one of them."""
+    p = tmp_path / "in.txt"
+    p.write_text("hello\n\u200b\n\ufffd\n\ue000\n\U000f0000\nworld\n", encoding="utf-8")
+    assert list(corpus.open_source(p)) == ["hello", "world"]
+    out = tmp_path / "o.npy"
+    assert corpus.embed_file(p, out, model=str(tiny_model_dir)).rows == 2
+    ids, texts, emb = load_output(out)
+    assert texts == ["hello", "world"]
+    np.testing.assert_array_equal(emb, tiny_encoder.encode(["hello", "world"], normalize=True))
+    j = tmp_path / "in.jsonl"
+    j.write_text("".join(json.dumps({"text": v}) + "\n" for v in ["ok", "\ufffd", "\ue000"]), encoding="utf-8")
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(j))}, line 2: field 'text' is "
+                                         rf"{re.escape(INVISIBLE_WHY)} \(--errors skip"):
+        list(corpus.open_source(j))
+    why = re.escape(INVISIBLE_WHY.split(" (it would")[0])
+    for t in DROPPED_ONLY:
+        with pytest.raises(ValueError, match=rf"^queries: expected some text, got a query of {why} at index 0$"):
+            corpus.search(search_index[1]["npy"], t)
+        with pytest.raises(ValueError, match=rf"^input: expected some text, got a text of {why} at index 1$"):
+            corpus.embed_file(["fine", t], tmp_path / "e.npy", model=str(tiny_model_dir))
+    assert not (tmp_path / "e.npy").exists()
+
+
+# --------------------------------------------------------------- search: the index's model is gone
+def test_search_names_the_index_when_its_recorded_model_is_gone(tmp_path, tiny_model_dir, tiny_encoder):
+    """With model left out, a model moved since the index was made was reported as a bad ``model``
+    argument, which the caller never gave. The message names the index and the path its manifest
+    records, and model= finds the moved model (hits as numpy's brute force)."""
+    import shutil
+
+    copy = tmp_path / "m"
+    shutil.copytree(tiny_model_dir, copy)
+    lines = corpus_lines(20)
+    out = tmp_path / "e.npy"
+    corpus.embed_file(lines, out, model=str(copy))
+    moved = tmp_path / "moved"
+    copy.rename(moved)
+    with pytest.raises(FileNotFoundError, match=rf"^index: {re.escape(str(out))} was embedded with the model "
+                                                rf"{re.escape(repr(str(copy)))} \(the name or path its manifest "
+                                                rf"records\), which cannot be found now: .*is neither a model "
+                                                rf"directory.*; give model= \(--model\) the model it was embedded "
+                                                rf"with, wherever it is now$"):
+        corpus.search(out, lines[3])
+    hits = corpus.search(out, [lines[3]], k=4, model=str(moved))[0]
+    scores, order = brute_force(np.load(out), tiny_encoder.encode([lines[3]], normalize=True)[0])
+    assert_same_topk(hits, scores, order, 4)
+    assert hits[0].id == 3 and hits[0].text == lines[3]
+
+
+# ------------------------------------------------------------ .npy writer: chunks in order, once
+def test_npy_writer_refuses_chunks_out_of_order_or_twice(tmp_path, tiny_model_dir, tiny_encoder):
+    """The .npy writer put the rows at ``start`` but appended the texts in call order: chunks
+    written out of order (or one twice) left every row with another row's text, in an output
+    marked complete. Any ``start`` but the next row is refused before anything is written; in
+    order, the output is encode()'s rows with their own texts, and a resumed job goes on."""
+    lines = corpus_lines(7)
+    f = write_lines(tmp_path / "in.txt", lines)
+    out = tmp_path / "o.npy"
+    sidecar = Path(f"{out}.texts.jsonl")
+    mid = corpus.model_identity(str(tiny_model_dir))
+    job = corpus.EmbedJob.prepare(corpus.open_source(f), out, mid, chunk_size=3)
+    job.start()
+    writer = job.writer()
+    pending = list(job.pending())
+    assert [start for _, start, _ in pending] == [0, 3, 6]
+    emb = {index: tiny_encoder.encode(texts, normalize=True) for index, _, texts in pending}
+    (i1, s1, t1), (i0, s0, t0) = pending[1], pending[0]
+    with pytest.raises(ValueError, match=r"^start: expected the next row 0, got 3 \(a \.npy output's chunks are "
+                                         r"written in order, each once"):
+        writer.write(s1, t1, emb[i1])
+    assert sidecar.stat().st_size == 0
+    np.testing.assert_array_equal(np.load(f"{out}.partial"), np.zeros((7, emb[i0].shape[1]), np.float32))
+    job.commit(i0, **writer.write(s0, t0, emb[i0]))
+    size = sidecar.stat().st_size
+    with pytest.raises(ValueError, match=r"^start: expected the next row 3, got 0 "):
+        writer.write(s0, t0, emb[i0])  # the same chunk again
+    assert sidecar.stat().st_size == size
+    writer.close()
+    job.close()
+    job = corpus.EmbedJob.prepare(corpus.open_source(f), out, mid, resume=True)
+    job.start()
+    writer = job.writer()  # a resumed job's writer goes on after the chunks done
+    rest = list(job.pending())
+    with pytest.raises(ValueError, match=r"^start: expected the next row 3, got 6 "):
+        writer.write(rest[1][1], rest[1][2], emb[rest[1][0]])
+    for index, start, texts in rest:
+        job.commit(index, **writer.write(start, texts, emb[index]))
+    writer.close()
+    job.finish()
+    ids, texts, rows = load_output(out)
+    assert texts == lines
+    np.testing.assert_array_equal(rows, np.concatenate([emb[0], emb[1], emb[2]]))
+    hit = corpus.search(out, lines[0], k=1)[0][0]
+    assert (hit.id, hit.text) == (0, lines[0])
+
+
+def test_parquet_writer_takes_chunks_in_any_order(tmp_path, tiny_model_dir, tiny_encoder):
+    """What EmbedJob.writer documents for Parquet: chunks in reverse order still give each id its text."""
+    lines = corpus_lines(7)
+    out = tmp_path / "o.parquet"
+    job = corpus.EmbedJob.prepare(corpus.ListSource(lines), out, corpus.model_identity(str(tiny_model_dir)),
+                                  chunk_size=3)
+    job.start()
+    writer = job.writer()
+    for index, start, texts in reversed(list(job.pending())):
+        job.commit(index, **writer.write(start, texts, tiny_encoder.encode(texts, normalize=True)))
+    job.finish()
+    ids, texts, rows = load_output(out)
+    assert ids.tolist() == list(range(7)) and texts == lines
+    np.testing.assert_array_equal(rows, np.concatenate([tiny_encoder.encode(lines[i:i + 3], normalize=True)
+                                                        for i in (0, 3, 6)]))
+
+
+# ---------------------------------------------------------------- resume of texts given as a list
+def test_resume_of_a_list_with_other_texts_speaks_of_the_texts(tmp_path, tiny_model_dir):
+    """Resuming the output of a list (the CLI's sentences) with other texts said "its content
+    (SHA-256 of the whole file) differs", of a file there is not. It says the texts differ, and
+    gives their SHA-256 (over every text and a NUL after each) or their number then and now."""
+    def sha(texts):
+        h = hashlib.sha256()
+        for t in texts:
+            h.update(t.encode("utf-8") + b"\0")
+        return h.hexdigest()[:12]
+
+    def interrupt(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    for suffix in ("npy", "parquet"):
+        out = tmp_path / f"o.{suffix}"
+        first, other = ["first one", "second"], ["first one", "other"]
+        with pytest.raises(KeyboardInterrupt):  # interrupted: an incomplete output to resume
+            with pytest.MonkeyPatch.context() as mp:
+                mp.setattr(corpus.EmbedJob, "commit", interrupt)
+                corpus.embed_file(first, out, model=str(tiny_model_dir), chunk_size=1)
+        with pytest.raises(ValueError, match=rf"^resume: the texts given differ from the ones {re.escape(str(out))} "
+                                             rf"was started from \(SHA-256 of all the texts {sha(first)} then, "
+                                             rf"{sha(other)} now\); --overwrite starts over$"):
+            corpus.embed_file(other, out, model=str(tiny_model_dir), resume=True)
+        with pytest.raises(ValueError, match=rf"^resume: the texts given differ from the ones {re.escape(str(out))} "
+                                             rf"was started from \(2 texts then, 3 now\); --overwrite starts over$"):
+            corpus.embed_file(first + ["third"], out, model=str(tiny_model_dir), resume=True)
+        assert corpus.embed_file(first, out, model=str(tiny_model_dir), resume=True).rows == 2
+
+
+def test_npy_writer_after_a_failed_texts_write_wants_a_new_writer(tmp_path, tiny_model_dir, tiny_encoder,
+                                                                  monkeypatch):
+    """A write whose texts failed to reach the disk (ENOSPC at their fsync) may have left some of
+    them in the sidecar: retried with the same writer, the chunk's texts were appended a second
+    time, every later row then off by them. The writer refuses to go on; a new one cuts the
+    sidecar back to the chunks done, and the output is encode()'s rows with their texts."""
+    lines = corpus_lines(6)
+    out = tmp_path / "o.npy"
+    job = corpus.EmbedJob.prepare(corpus.ListSource(lines), out, corpus.model_identity(str(tiny_model_dir)),
+                                  chunk_size=3)
+    job.start()
+    writer = job.writer()
+    pending = list(job.pending())
+    emb = [tiny_encoder.encode(texts, normalize=True) for _, _, texts in pending]
+    fsync = os.fsync
+
+    def full(fd):
+        if fd == writer.texts.fileno():
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(OSError, match="No space left"):
+        writer.write(0, pending[0][2], emb[0])
+    monkeypatch.undo()
+    with pytest.raises(ValueError, match=r"^.*o\.npy\.texts\.jsonl: a write of this writer to it failed, so its "
+                                         r"next line is not known: make a new writer"):
+        writer.write(0, pending[0][2], emb[0])
+    writer.close()
+    writer = job.writer()
+    for (index, start, texts), rows in zip(pending, emb):
+        job.commit(index, **writer.write(start, texts, rows))
+    writer.close()
+    job.finish()
+    ids, texts, got = load_output(out)
+    assert texts == lines
+    np.testing.assert_array_equal(got, np.concatenate(emb))

@@ -15,11 +15,14 @@ The pieces, in the order a run uses them:
   kept, ``0 .. N-1``, in input order. A blank text (a JSONL field, a CSV or Parquet value: ``""``,
   ``"   "``) is such a bad record too, as text input skips blank lines and :func:`search` refuses
   such a query: it would embed to ``[CLS] [SEP]`` alone, the same vector for every one of them.
-  Blank means nothing is left once whitespace and invisible characters are removed (Unicode
-  categories Cc, Cf and Mn: control characters such as ``\x00``, format characters such as the
-  zero-width space U+200B or a byte-order mark U+FEFF, combining marks such as U+0301 with no
-  letter to combine with). The text kept is the value as stored (only text
-  input strips it).
+  Blank means nothing is left once whitespace and the characters that carry no text are removed:
+  those BERT's normalizer drops (its ``clean_text`` and, after NFD, ``strip_accents``), the
+  Unicode categories Cc, Cf, Co and Mn (control characters such as ``\x00``, format characters
+  such as the zero-width space U+200B or a byte-order mark U+FEFF, private-use characters such as
+  U+E000, combining marks such as U+0301 with no letter to combine with) and the replacement
+  character U+FFFD (what a lossy decode leaves). Unassigned code points (Cn) are not blank (the
+  tokenizer makes them ``[UNK]``), and a lone surrogate (Cs) is refused as invalid Unicode. The
+  text kept is the value as stored (only text input strips it).
 * **Chunks**: the texts cut into consecutive runs of ``chunk_size``; chunk ``i`` holds ids
   ``[i * chunk_size, (i + 1) * chunk_size)``. Memory is bounded by one chunk (its texts, its
   embeddings, one batch's activations), whatever the size of the input. A long text costs its own
@@ -192,28 +195,42 @@ _CSV_FIELD_LIMIT = min(sys.maxsize, 2 ** (8 * ctypes.sizeof(ctypes.c_long) - 1) 
 _CSV_LIMIT_LOCK = threading.Lock()
 
 
-# Characters that show nothing and that a tokenizer drops (or turns into nothing useful): control
-# characters (Cc: \x00, \x7f, ...), format characters (Cf: the zero-width space U+200B, the
-# byte-order mark U+FEFF, ...) and nonspacing combining marks (Mn: U+0301, ...).
-_INVISIBLE_CATEGORIES = frozenset({"Cc", "Cf", "Mn"})
-_INVISIBLE = "invisible characters (control, zero-width or format characters, combining marks)"
+# Characters that carry no text: those BERT's normalizer (the tokenizers package's BertNormalizer)
+# drops, whitespace aside. clean_text drops U+0000, U+FFFD and its "other" characters: control (Cc:
+# \x00, \x7f, ...), format (Cf: the zero-width space U+200B, the byte-order mark U+FEFF, ...) and
+# private use (Co: U+E000, ...); not unassigned code points (Cn, made [UNK]); surrogates (Cs) cannot
+# reach it (check_unicode refuses them). strip_accents (lowercasing models) drops nonspacing marks
+# (Mn: U+0301, ...) after NFD. Checked on every code point with all-MiniLM-L6-v2's tokenizer: these
+# are all it reduces to [CLS] [SEP], with U+1734, a nonspacing mark in its Unicode tables (Mc since
+# Unicode 14). Marks and format characters newer than its tables (about 400, e.g. U+0898) it keeps as
+# [UNK]; they count as blank here all the same.
+_INVISIBLE_CATEGORIES = frozenset({"Cc", "Cf", "Co", "Mn"})
+_INVISIBLE_CHARS = frozenset("\ufffd\u1734")
+_INVISIBLE = ("characters that carry no text (control, zero-width or format characters, combining marks, "
+              "private-use characters, the replacement character U+FFFD)")
+
+
+def _no_text(c: str) -> bool:
+    """True when the character ``c`` is whitespace or carries no text (see ``_INVISIBLE_CATEGORIES``)."""
+    return c.isspace() or c in _INVISIBLE_CHARS or unicodedata.category(c) in _INVISIBLE_CATEGORIES
 
 
 def _blank_kind(text: str) -> str | None:
     """None when ``text`` has something to embed, else why it is blank: ``"empty"``,
-    ``"whitespace"`` (only whitespace) or ``"invisible"`` (nothing left once whitespace and the
-    Unicode categories Cc, Cf and Mn are removed). A blank text would embed to ``[CLS] [SEP]``
-    alone, the same vector for every one of them; every reader and :func:`search` use this one
-    rule. Costs one look at the first visible character for ordinary text."""
+    ``"whitespace"`` (only whitespace) or ``"invisible"`` (nothing left once whitespace, the
+    Unicode categories Cc, Cf, Co and Mn and U+FFFD are removed: what BERT's normalizer drops).
+    A blank text would embed to ``[CLS] [SEP]`` alone, the same vector for every one of them;
+    every reader and :func:`search` use this one rule. Costs one look at the first visible
+    character for ordinary text."""
     if not text:
         return "empty"
     stripped = text.strip()
     if not stripped:
         return "whitespace"
-    if unicodedata.category(stripped[0]) not in _INVISIBLE_CATEGORIES:
+    if not _no_text(stripped[0]):
         return None  # the common case, decided at once
     for c in stripped:
-        if not c.isspace() and unicodedata.category(c) not in _INVISIBLE_CATEGORIES:
+        if not _no_text(c):
             return None
     return "invisible"
 
@@ -248,9 +265,9 @@ class ListSource:
 
     Raises:
         TypeError: not a list of str. ValueError: a blank text (empty, or only whitespace and
-        invisible characters: Unicode categories Cc, Cf and Mn), which would embed
-        to ``[CLS] [SEP]`` alone: every file reader refuses such a record, and :func:`search` such
-        a query), or a text that is not valid Unicode (a lone surrogate); its index (and position)
+        characters that carry no text: Unicode categories Cc, Cf, Co and Mn, U+FFFD), which would
+        embed to ``[CLS] [SEP]`` alone: every file reader refuses such a record, and :func:`search`
+        such a query), or a text that is not valid Unicode (a lone surrogate); its index (and position)
         named (as ``arg_name``), found here, before anything is written.
     """
 
@@ -1571,7 +1588,8 @@ def _create_npy(path: Path, shape: tuple[int, int]) -> None:
 
 class _NpyWriter:
     """Rows into the preallocated ``.npy`` with ``os.pwrite``, fsynced; texts appended to the JSONL
-    sidecar (fsynced). Chunks come in order; the sidecar is cut back to the manifest's length on
+    sidecar (fsynced). Chunks come in order, each once (``write`` refuses any other ``start``, so
+    that a text is always on its row's line); the sidecar is cut back to the manifest's length on
     resume.
 
     Not through a memory map: a store into a mapped page the file system cannot back (a full disk,
@@ -1595,6 +1613,11 @@ class _NpyWriter:
         if have < kept:  # deleted or cut: truncate() would pad it with NUL bytes, the texts off by rows
             raise ValueError(f"{self.texts_path}: holds {have} of the {kept} bytes the finished chunks wrote "
                              f"(deleted or truncated); --overwrite starts over")
+        ranges = job.manifest["completed"]
+        if len(ranges) > 1 or (ranges and ranges[0][0] != 0):  # written out of order by an earlier version
+            raise ValueError(f"{self.texts_path}: the chunks done ({ranges}) are not the first ones, so its texts "
+                             f"are not on their rows' lines; --overwrite starts over")
+        self.next_row: int | None = job.rows_done()  # the row of the sidecar's next line; None: unknown
         self.fd = os.open(self.path, os.O_WRONLY)
         self.failed = False  # a write failed (and was reported): close() drops what it left buffered
         self.texts = open(self.texts_path, "r+b" if self.texts_path.exists() else "w+b")
@@ -1603,17 +1626,28 @@ class _NpyWriter:
 
     def write(self, start: int, texts: list[str], emb: np.ndarray) -> dict:
         """Writes one chunk: ``emb`` (``(len(texts), dim)`` float32) into rows ``start ...`` of the
-        ``.npy``, and ``texts`` appended to the JSONL sidecar, both fsynced.
+        ``.npy``, and ``texts`` appended to the JSONL sidecar, both fsynced. The chunks go in
+        order, each once: ``start`` must be the row after the last one written (or, for a new
+        writer, after the chunks done).
 
         Returns:
             the manifest fields this chunk updates: ``{"texts_bytes": <sidecar length>}``.
         Raises:
-            ValueError: ``emb`` of another shape, or holding a finite value beyond float32's range
-            (float64: stored as float32 it would be inf); nothing written.
+            ValueError: ``start`` not the next row (a chunk out of order, or one written again: a
+            chunk whose commit failed needs only the commit again), or a write of the texts by
+            this writer failed before (a new writer cuts the sidecar back to the chunks done);
+            ``emb`` of another shape, or holding a finite value beyond float32's range (float64:
+            stored as float32 it would be inf); nothing written.
             OSError: the disk refused the write (the file is named; the manifest is then not
             updated, and a resumed run writes the chunk again); ESTALE: the ``.npy`` at its path is
             no longer the one this writer opened (another run replaced it; nothing written).
         """
+        if self.next_row is None:
+            raise ValueError(f"{self.texts_path}: a write of this writer to it failed, so its next line is not "
+                             f"known: make a new writer (EmbedJob.writer()), which cuts it back to the chunks done")
+        if start != self.next_row:
+            raise ValueError(f"start: expected the next row {self.next_row}, got {start} (a .npy output's chunks "
+                             f"are written in order, each once: their texts are appended to {self.texts_path})")
         rows = np.asarray(emb)
         if rows.shape != (len(texts), self.dim):
             raise ValueError(f"emb: expected shape ({len(texts)}, {self.dim}), got {rows.shape}")
@@ -1640,7 +1674,9 @@ class _NpyWriter:
             os.fsync(self.texts.fileno())
         except OSError as e:
             self.failed = True
+            self.next_row = None  # some of the texts may be in the sidecar (or its buffer)
             raise _with_filename(e, self.texts_path) from None
+        self.next_row += len(texts)
         return {"texts_bytes": self.texts.tell()}
 
     def close(self) -> None:
@@ -1731,8 +1767,10 @@ class EmbedJob:
 
     Made by :meth:`prepare` (checks, and for a new run a first pass over the input to count and
     validate it; nothing is written), then :meth:`start` (creates or reopens the output), then for
-    every chunk of :meth:`pending` the data is written and :meth:`commit` records it; :meth:`finish`
-    renames the data to its final name and marks the manifest complete. :func:`embed_file` runs
+    every chunk of :meth:`pending` the data is written (:meth:`writer`) and :meth:`commit` records
+    it; :meth:`finish` renames the data to its final name and marks the manifest complete. A
+    ``.npy`` output's chunks are written in the order :meth:`pending` gives them, each once (its
+    texts are appended to one file); a Parquet output's in any order. :func:`embed_file` runs
     the chunks in this process, :func:`transformer_core.distributed.embed_corpus` on Dask workers.
     """
 
@@ -1752,11 +1790,12 @@ class EmbedJob:
         self._input_seen = dict(manifest.get("input") or {})
 
     # ------------------------------------------------------------------------------ properties
-    num_rows = property(lambda self: self.manifest["num_rows"])
-    num_chunks = property(lambda self: self.manifest["num_chunks"])
-    chunk_size = property(lambda self: self.manifest["chunk_size"])
-    dim = property(lambda self: self.manifest["model"]["dim"])
-    complete = property(lambda self: bool(self.manifest["complete"]))
+    num_rows = property(lambda self: self.manifest["num_rows"], doc="Texts in the whole input (the output's rows).")
+    num_chunks = property(lambda self: self.manifest["num_chunks"], doc="Chunks the input is cut into.")
+    chunk_size = property(lambda self: self.manifest["chunk_size"], doc="Texts per chunk (the last may hold fewer).")
+    dim = property(lambda self: self.manifest["model"]["dim"], doc="The embedding width (the model's hidden size).")
+    complete = property(lambda self: bool(self.manifest["complete"]),
+                        doc="Whether every chunk is done and the output is at its final name.")
     run = property(lambda self: self.manifest.get("run"), doc="This run's id (new at every start and resume).")
 
     @property
@@ -1934,6 +1973,13 @@ class EmbedJob:
                 # the same mtime as well is the only sign left that the middle was not edited.
                 keys[keys.index("sha256")] = "mtime_ns"
             for key in keys:
+                if old_in.get(key) != new_in.get(key) and old_in.get("format") == new_in.get("format") == "list":
+                    # texts given in memory (the CLI's sentences, a list as input): no file to speak of
+                    then_now = (f"{old_in.get(key)} texts then, {new_in.get(key)} now" if key == "count" else
+                                f"SHA-256 of all the texts {str(old_in.get(key))[:12]} then, "
+                                f"{str(new_in.get(key))[:12]} now")
+                    raise ValueError(f"resume: the texts given differ from the ones {out} was started from "
+                                     f"({then_now}); --overwrite starts over")
                 if old_in.get(key) != new_in.get(key):
                     what = {"head_sha256": "content (first MiB)", "tail_sha256": "content (last MiB)",
                             "sha256": "content (SHA-256 of the whole file)",
@@ -2138,7 +2184,18 @@ class EmbedJob:
 
     def writer(self):
         """The writer of this output's chunks (``write(start, texts, embeddings) -> manifest
-        extras``; ``close()``)."""
+        extras``; ``close()``).
+
+        A ``.npy`` output's writer takes the chunks in the order :meth:`pending` gives them, each
+        once (its texts are appended to ``OUT.npy.texts.jsonl``, one line per row): ``write``
+        refuses any other ``start`` with a ValueError naming it, before anything is written. A
+        Parquet output's writer takes them in any order (one part per chunk).
+
+        Raises:
+            ValueError: (``.npy``) the array is not of the manifest's shape and dtype, its texts
+            file is shorter than the manifest records, or the chunks done are not the first ones
+            (written out of order by an earlier version); ``--overwrite`` starts over.
+        """
         return _NpyWriter(self) if self.kind == "npy" else _ParquetWriter(self)
 
     def commit(self, index: int, **extra) -> None:
@@ -2791,12 +2848,14 @@ def search(index, queries, k: int = 5, *, model=None, allow_incomplete: bool = F
         integer is one); ``allow_incomplete`` not a bool; ``index`` not a str or path; ``model``
         neither None, a str nor a path.
         ValueError: no query (an empty list), a blank query (empty, or only whitespace and
-        invisible characters: Unicode categories Cc, Cf and Mn), a query that is not valid
-        Unicode; ``k`` or ``block_rows`` < 1; ``batch_size`` outside ``[1, 2**63 - 1]``; an
+        characters that carry no text: Unicode categories Cc, Cf, Co and Mn, U+FFFD), a query that
+        is not valid Unicode; ``k`` or ``block_rows`` < 1; ``batch_size`` outside ``[1, 2**63 - 1]``; an
         ``index`` holding a NUL character, or too long for the file system (named, cut short); an
         empty ``model``. FileNotFoundError: no such ``model``.
         Then: FileNotFoundError: no such index, or a Parquet part of a chunk done is missing
-        (naming it, its chunk and the dataset). ValueError: no manifest or a
+        (naming it, its chunk and the dataset); with ``model`` left out, the model the manifest
+        records is not found (moved or removed since the index was made: the message names the
+        index and its path, and ``model=`` (``--model``) gives it). ValueError: no manifest or a
         damaged one, a truncated ``.npy`` or an unreadable part (named), an incomplete index
         (unless ``allow_incomplete``), a line of a ``.npy`` index's texts file that is not a JSON
         string (the file and the line named), another ``model`` (another fingerprint, or a manifest of an
@@ -2850,6 +2909,14 @@ def search(index, queries, k: int = 5, *, model=None, allow_incomplete: bool = F
                          f"manifest holds {_fingerprint_kind(man['model'])}, which cannot be compared with "
                          f"the fingerprint of {str(model)!r}; leave model out to embed the queries with the "
                          f"index's own model {man['model']['name']!r}")
+    if model is None:  # the index's own model, by the name or path its manifest records: gone since?
+        try:
+            _check_model(name)
+        except FileNotFoundError as e:
+            reason = str(e).removeprefix("model: ")
+            raise FileNotFoundError(f"index: {index} was embedded with the model {name!r} (the name or path its "
+                                    f"manifest records), which cannot be found now: {reason}; give model= "
+                                    f"(--model) the model it was embedded with, wherever it is now") from None
     # the model given, or the index's own found by its name (whose files may have changed since:
     # a fine-tune saved over it), against the manifest: queries of another model would not match
     identity = _model_identity(name, quantize) if comparable else None
