@@ -481,3 +481,118 @@ def test_sentencepiece_class_over_another_model_is_refused(tmp_path):
         tc.Tokenizer.from_pretrained(path)
     assert str(info.value).startswith(f"{path / 'tokenizer_config.json'}: tokenizer_class 'LlamaTokenizer' with a "
                                       f"Unigram model")
+
+
+# ------------------------------------------------------------------------------------ AutoTokenizer's class choice
+@pytest.mark.parametrize("model_type", ["mistral", "mixtral", "phi3"])
+@pytest.mark.parametrize("legacy", [None, True, False])
+def test_generic_model_types_keep_the_files_pipeline_as_autotokenizer(tmp_path, model_type, legacy):
+    """Mistral-7B's, Mixtral's and Phi-3's folders name LlamaTokenizer, but their model types are
+    registered to transformers 5's generic TokenizersBackend, which AutoTokenizer loads whatever
+    tokenizer_class says: tokenizer.json's Prepend/Replace pipeline is kept. Ours rebuilt Llama's
+    Metaspace pipeline, so " Hello" lost its leading "▁" ([1, 310, 298] for [1, 281, 310, 298])."""
+    config = {"tokenizer_class": "LlamaTokenizer", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}
+    if legacy is not None:
+        config["legacy"] = legacy
+    path = _trained_llama2_folder(tmp_path / "f", config)
+    (path / "config.json").write_text(json.dumps({"model_type": model_type, "architectures": ["MistralForCausalLM"]}))
+    hf, ours = _hf(path), tc.Tokenizer.from_pretrained(path)
+    assert type(hf).__name__ == "TokenizersBackend"
+    for text in LLAMA_TEXTS:
+        ids = hf.encode(text)
+        assert ours.encode(text) == ids, text
+        assert ours.decode(ids) == hf.decode(ids), text
+        assert ours.decode(ids, skip_special_tokens=True) == hf.decode(ids, skip_special_tokens=True), text
+    assert ours.padding_side == hf.padding_side == "right"
+
+
+def test_a_registered_class_that_wins_over_tokenizer_class_as_autotokenizer(tmp_path):
+    """For a model type whose folders name the wrong class (qwen2, MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS),
+    AutoTokenizer takes the registered Qwen2Tokenizer over the folder's GPT2Tokenizer: no bos token;
+    ours took GPT-2's default bos "<|endoftext|>"."""
+    path = _bpe_folder(tmp_path / "f", {"tokenizer_class": "GPT2Tokenizer"}, added=["<|endoftext|>"],
+                       config_json={"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"]})
+    hf, ours = _hf(path), tc.Tokenizer.from_pretrained(path)
+    assert type(hf).__name__ == "Qwen2Tokenizer"
+    for name in ("bos_token", "eos_token", "unk_token", "pad_token", "all_special_tokens"):
+        assert getattr(ours, name) == getattr(hf, name), name
+    assert ours.bos_token is None and ours.eos_token == "<|endoftext|>"
+
+
+def _roberta_folder(path, config: dict, config_json: dict | None, specials):
+    """A tiny byte-level BPE folder with RoBERTa's post-processor (<s> ... </s>) and ``specials`` first."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    backend = Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    backend.train_from_iterator(["Hello world, this is a test.", "the quick brown fox"] * 20, trainers.BpeTrainer(
+        vocab_size=400, special_tokens=list(specials), initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    if "<s>" in specials:
+        backend.post_processor = processors.RobertaProcessing(("</s>", specials.index("</s>")),
+                                                              ("<s>", specials.index("<s>")))
+    path.mkdir(parents=True)
+    backend.save(str(path / "tokenizer.json"))
+    (path / "tokenizer_config.json").write_text(json.dumps(config))
+    if config_json is not None:
+        (path / "config.json").write_text(json.dumps(config_json))
+    return path
+
+
+@pytest.mark.parametrize("config,config_json", [
+    ({"model_max_length": 512}, {"model_type": "roberta", "architectures": ["RobertaForMaskedLM"]}),
+    ({"tokenizer_class": "RobertaTokenizer", "model_max_length": 512}, None)])
+def test_roberta_class_takes_its_default_special_tokens(tmp_path, config, config_json):
+    """A roberta-base-style folder (tokenizer_config.json {"model_max_length": 512}) had no cls/sep/mask
+    token and padded with <s> (id 0); transformers' RobertaTokenizer pads with <pad> (id 1)."""
+    path = _roberta_folder(tmp_path / "f", config, config_json, ["<s>", "<pad>", "</s>", "<unk>", "<mask>"])
+    hf, ours = _hf(path), tc.Tokenizer.from_pretrained(path)
+    for name in ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token",
+                 "all_special_tokens", "all_special_ids"):
+        assert getattr(ours, name) == getattr(hf, name), name
+    texts = ["Hi", "Hello world the quick", "<mask> fox"]
+    want = hf(texts, padding=True, truncation=True, return_tensors="np")
+    got = ours(texts)
+    np.testing.assert_array_equal(got["input_ids"], want["input_ids"])
+    np.testing.assert_array_equal(got["attention_mask"], want["attention_mask"])
+    assert got["input_ids"][0, -1] == ours.pad_token_id == 1
+
+
+@pytest.mark.parametrize("tokenizer_class,model_type", [
+    (None, "gpt_neox"), ("GPTNeoXTokenizerFast", None), ("CodeGenTokenizer", None), (None, "codegen"),
+    ("DebertaTokenizer", None), ("WhisperTokenizer", None)])
+def test_byte_level_classes_take_their_default_special_tokens(tmp_path, tokenizer_class, model_type):
+    """GPT-NeoX's, CodeGen's, DeBERTa's, ... folders without token keys had no bos/eos/unk (GPT-NeoX
+    no pad); transformers' classes take <|endoftext|> (GPT-NeoX's pad <|padding|>; DeBERTa's [CLS], ...)."""
+    specials = ["<|endoftext|>", "<|padding|>", "[CLS]", "[SEP]", "[UNK]", "[PAD]", "[MASK]"]
+    config = {} if tokenizer_class is None else {"tokenizer_class": tokenizer_class}
+    config_json = None if model_type is None else {"model_type": model_type, "architectures": ["XForCausalLM"]}
+    path = _roberta_folder(tmp_path / "f", config, config_json, specials)
+    hf, ours = _hf(path), tc.Tokenizer.from_pretrained(path)
+    for name in ("bos_token", "eos_token", "unk_token", "sep_token", "cls_token", "mask_token",
+                 "all_special_tokens", "all_special_ids"):
+        assert getattr(ours, name) == getattr(hf, name), name
+    if hf.pad_token is not None:  # (a causal LM without one pads with its eos token here)
+        assert ours.pad_token == hf.pad_token
+    for text in ("Hello world<|endoftext|>", "the quick [MASK] fox"):  # (DeBERTa's and Whisper's classes
+        ids = hf.encode(text, add_special_tokens=False)  # also rebuild their post-processor: not done here)
+        assert ours.encode(text, add_special_tokens=False) == ids, text
+        assert ours.decode(ids, skip_special_tokens=True) == hf.decode(ids, skip_special_tokens=True), text
+
+
+def test_class_default_tokens_are_those_of_the_transformers_classes():
+    """The table of class defaults against the *_token defaults of each transformers class's __init__
+    (the first class of its MRO that names them), so that it cannot drift."""
+    import inspect
+
+    import transformers
+    from transformer_core.tokenizer import _CLASS_SPECIAL_TOKENS
+
+    named = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
+    for name, tokens in _CLASS_SPECIAL_TOKENS.items():
+        for klass in getattr(transformers, name).__mro__:
+            params = inspect.signature(klass.__init__).parameters
+            if any(p in params for p in named):
+                break
+        want = {p: params[p].default for p in named if p in params and params[p].default is not None}
+        assert tokens == want, name

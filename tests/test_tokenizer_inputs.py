@@ -320,12 +320,12 @@ def test_encode_batches_copy_after_a_change_during_its_update(model_dir):
     texts = ["one two three four five six seven eight nine ten", "a short one"]
     list(tok.encode_batches(texts, 2))
     tok.max_length = 7  # the next call updates the copy
-    code = tc.tokenizer.Tokenizer._unpadded_backend.__code__
+    code = tc.tokenizer.Tokenizer._derived_backend.__code__
     fired = []
 
     def local(frame, event, arg):
         line = linecache.getline(frame.f_code.co_filename, frame.f_lineno)
-        if event == "line" and not fired and "self._unpadded_version = version" in line:
+        if event == "line" and not fired and "setattr(self, slot, (version, copy))" in line:
             fired.append(True)
             tok.max_length = 6  # between the update's reads and its record of them
         return local
@@ -420,43 +420,50 @@ def cased_dir(tmp_path, tiny_model_dir):
 
 
 TEXTS_CASED = ["Hello World", "hello world", "HELLO WORLD", "The Eiffel Tower is in PARIS.", "Straße ÖL İstanbul",
-               "MiXeD CaSe " * 30]
+               "MiXeD CaSe " * 30, "ΟΔΟΣ [MASK] Hi"]  # (str.lower() would give "[mask]", not the special token)
 
 
 def _reference_ids(cased_dir, texts, max_length=64):
-    """sentence-transformers with do_lower_case: str.lower() on each text, then the (case-sensitive)
-    Hugging Face tokenizer, truncating to max_seq_length."""
-    from tokenizers import Tokenizer
+    """sentence-transformers 6 with do_lower_case: the (case-sensitive) Hugging Face tokenizer with
+    ``Lowercase()`` prepended to its normalizer (its ``Sequence([Lowercase(), ...])``, not
+    ``str.lower()``: special tokens typed in a text are matched before it), truncating to
+    max_seq_length. Returns that tokenizer and the ids of ``texts``."""
+    from tokenizers import Tokenizer, normalizers
 
     ref = Tokenizer.from_file(str(cased_dir / "tokenizer.json"))
+    ref.normalizer = normalizers.Sequence([normalizers.Lowercase(), ref.normalizer])
     ref.no_padding()
     ref.enable_truncation(max_length=max_length)
-    return ref, [ref.encode(t.lower()).ids for t in texts]
+    return ref, [ref.encode(t).ids for t in texts]
 
 
 def test_do_lower_case_from_sentence_bert_config(cased_dir):
     """sentence_bert_config.json's "do_lower_case": true was ignored: with a case-sensitive
     tokenizer.json "Hello World" and "hello world" gave different ids."""
+    from tokenizers import Tokenizer
+
     ref, want = _reference_ids(cased_dir, TEXTS_CASED)
-    assert ref.encode("Hello World").ids != ref.encode("hello world").ids  # the tokenizer is case-sensitive
+    cased = Tokenizer.from_file(str(cased_dir / "tokenizer.json"))
+    assert cased.encode("Hello World").ids != cased.encode("hello world").ids  # the tokenizer is case-sensitive
     tok = tc.Tokenizer.from_pretrained(cased_dir)
     assert tok.do_lower_case is True and tok.max_length == 64
     assert tok.encode("Hello World") == tok.encode("hello world") == want[0]
     for text, ids in zip(TEXTS_CASED, want):
         assert tok.encode(text) == ids, text
-        assert tok.tokenize(text, add_special_tokens=True) == ref.encode(text.lower()).tokens, text
-    want_ids, want_mask, _ = hf_encode(ref, [t.lower() for t in TEXTS_CASED])
+        assert tok.tokenize(text, add_special_tokens=True) == ref.encode(text).tokens, text
+    want_ids, want_mask, _ = hf_encode(ref, TEXTS_CASED)
     batch = tok.encode_batch(TEXTS_CASED)
     np.testing.assert_array_equal(batch["input_ids"], want_ids)
     np.testing.assert_array_equal(batch["attention_mask"], want_mask)
     for b, got in enumerate(tok.encode_batches(TEXTS_CASED, 4)):
-        ids, mask, _ = hf_encode(ref, [t.lower() for t in TEXTS_CASED[4 * b:4 * b + 4]])
+        ids, mask, _ = hf_encode(ref, TEXTS_CASED[4 * b:4 * b + 4])
         np.testing.assert_array_equal(got["input_ids"], ids)
         np.testing.assert_array_equal(got["attention_mask"], mask)
 
 
 def test_do_lower_case_false_or_absent_keeps_case(cased_dir):
     ref, _ = _reference_ids(cased_dir, [])
+    ref.normalizer = ref.normalizer[1]  # the file's own normalizer, without _reference_ids' Lowercase()
     for config in ({"max_seq_length": 64}, {"max_seq_length": 64, "do_lower_case": False}):
         (cased_dir / "sentence_bert_config.json").write_text(json.dumps(config))
         tok = tc.Tokenizer.from_pretrained(cased_dir)
@@ -476,7 +483,7 @@ def test_sentence_encoder_lowercases_with_do_lower_case(cased_dir):
 
     ref, _ = _reference_ids(cased_dir, [])
     texts = ["Hello World", "hello world", "The Eiffel Tower is in PARIS."]
-    ids, mask, types = hf_encode(ref, [t.lower() for t in texts])
+    ids, mask, types = hf_encode(ref, texts)
     hf = BertModel.from_pretrained(str(cased_dir), attn_implementation="eager").eval()
     want = hf_mean_pool(hf, ids, mask, types)
     got = tc.SentenceEncoder.from_pretrained(cased_dir, dtype=np.float64).encode(texts, normalize=True)
@@ -1230,7 +1237,7 @@ def test_apply_chat_template_ids_neither_truncated_nor_lowercased(model_dir):
     msgs = [{"role": "user", "content": "Hi THERE"}]
     assert ours.apply_chat_template(msgs, tokenize=True) == hf.apply_chat_template(msgs, tokenize=True,
                                                                                     return_dict=False)
-    for backend in (_uncopyable(model_dir),):  # its truncation switched off for the call, then back
+    for backend in (_uncopyable(model_dir),):  # its truncation never switched off
         ours = tc.Tokenizer(backend, max_length=4, chat_template=tmpl)
         assert len(ours.apply_chat_template([{"role": "user", "content": "a b c d e"}], tokenize=True)) == 7
         assert backend.truncation["max_length"] == 4 and len(ours.encode("a b c d e")) == 4
@@ -1258,3 +1265,96 @@ def test_shallow_copy_setters_leave_the_original_alone(model_dir):
     assert c.max_length == 5 and len(c.encode(text)) == 5
     for other in (copy.deepcopy(c), pickle.loads(pickle.dumps(c)), copy.copy(c)):
         assert other.encode(text) == c.encode(text) and other.max_length == 5
+
+
+# ------------------------------------------------------------------------------------ chat ids: checks, copies, threads
+def test_apply_chat_template_tokenize_names_messages_for_a_lone_surrogate(model_dir):
+    """apply_chat_template(tokenize=True) passed the rendered text to the tokenizers package unchecked:
+    a message with a lone surrogate gave its TypeError ("TextInputSequence must be str"), naming nothing."""
+    tmpl = "{% for m in messages %}[CLS]{{ m.content }}[SEP]{% endfor %}"
+    msgs = [{"role": "user", "content": "bad \ud800 text"}]
+    smol = tc.Tokenizer.from_pretrained("SmolLM2-135M-Instruct")
+    for tok in (smol, tc.Tokenizer(_backend(model_dir), chat_template=tmpl),
+                tc.Tokenizer(_uncopyable(model_dir), max_length=8, chat_template=tmpl)):
+        assert "\ud800" in tok.apply_chat_template(msgs, tokenize=False)
+        with pytest.raises(ValueError, match=r"^messages: expected valid Unicode text, got a lone surrogate "
+                                             r"'\\ud800' at position \d+"):
+            tok.apply_chat_template(msgs, tokenize=True)
+
+
+def test_chat_ids_and_copies_make_no_copy_of_the_json_per_call(model_dir, monkeypatch):
+    """apply_chat_template(tokenize=True) on an encoder copied the backend's JSON on every call (34 ms
+    for MiniLM's) and copy.copy on every copy (162 ms for SmolLM2's): now a copy made of the
+    backend's parts is kept, and copy.copy shares the backend until either side changes it. The ids
+    are transformers', and follow later changes of the backend."""
+    import copy
+
+    from tokenizers import normalizers
+    from transformers import PreTrainedTokenizerFast
+
+    tmpl = "{% for m in messages %}[CLS]{{ m.content }}[SEP]{% endfor %}"
+    msgs = [{"role": "user", "content": "Hi THERE, one two three four five"}]
+    ours = tc.Tokenizer(_backend(model_dir), max_length=8, chat_template=tmpl)
+    copies = []
+    real = tc.tokenizer._copy_backend
+    monkeypatch.setattr(tc.tokenizer, "_copy_backend", lambda backend: copies.append(1) or real(backend))
+    hf = PreTrainedTokenizerFast(tokenizer_object=_backend(model_dir), pad_token="[PAD]", chat_template=tmpl)
+    for _ in range(3):
+        assert ours.apply_chat_template(msgs, tokenize=True) == hf.apply_chat_template(msgs, tokenize=True,
+                                                                                        return_dict=False)
+    shallow = copy.copy(ours)
+    assert copies == [] and shallow.encode("one two three") == ours.encode("one two three")
+    shallow.max_length = 5  # the copy's setter: now its own backend, the original's untouched
+    assert copies == [1] and ours.max_length == 8 and len(ours.encode(msgs[0]["content"])) == 8
+    assert len(shallow.encode(msgs[0]["content"])) == 5
+    cased = normalizers.Sequence([normalizers.NFD(), normalizers.StripAccents()])
+    ours.backend.normalizer = cased  # a change through backend reaches the kept copy
+    ours.backend.add_tokens(["three four"])
+    ref = _backend(model_dir)
+    ref.normalizer = cased
+    ref.add_tokens(["three four"])
+    hf = PreTrainedTokenizerFast(tokenizer_object=ref, pad_token="[PAD]", chat_template=tmpl)
+    want = hf.apply_chat_template(msgs, tokenize=True, return_dict=False)
+    assert ours.apply_chat_template(msgs, tokenize=True) == want and len(want) > 8
+    assert shallow.apply_chat_template(msgs, tokenize=True) != want  # the copy kept its own backend
+
+
+def test_a_backend_handed_out_before_copy_copy_does_not_reach_the_copy(model_dir):
+    """copy.copy shares the backend until a setter; a backend already handed out through ``backend``
+    may be changed by its holder at any time, so the copy gets its own at once."""
+    import copy
+
+    tok = tc.Tokenizer(_backend(model_dir), max_length=64)
+    held = tok.backend
+    shallow = copy.copy(tok)
+    held.enable_truncation(max_length=3)
+    text = "one two three four five"
+    assert len(tok.encode(text)) == 3 and shallow.encode(text) == [101, 2028, 2048, 2093, 2176, 2274, 102]
+    other = copy.copy(shallow)  # not handed out: shared, until backend hands each its own
+    assert other.backend is not shallow.backend and other.encode(text) == shallow.encode(text)
+
+
+def test_no_call_switches_the_backends_truncation_or_padding_off(model_dir):
+    """With a backend that cannot be copied (a pre-tokenizer written in Python), apply_chat_template
+    switched its truncation and padding off around the call, and encode_batches its padding: another
+    thread encoding at that moment was neither truncated nor padded. The pre-tokenizer here records
+    the backend's settings while each call runs."""
+    from tokenizers import pre_tokenizers
+
+    seen = []
+
+    class Split:
+        def pre_tokenize(self, pretok):
+            seen.append((backend.truncation is not None, backend.padding is not None))
+            pretok.split(lambda i, s: s.split(" ", "removed"))
+
+    backend = _backend(model_dir)
+    backend.pre_tokenizer = pre_tokenizers.PreTokenizer.custom(Split())
+    tmpl = "{% for m in messages %}[CLS]{{ m.content }}[SEP]{% endfor %}"
+    tok = tc.Tokenizer(backend, max_length=4, chat_template=tmpl)
+    assert backend.truncation is not None and backend.padding is not None
+    ids = tok.apply_chat_template([{"role": "user", "content": "a b c d e"}], tokenize=True)
+    assert ids == [101, 1037, 1038, 1039, 1040, 1041, 102]
+    got = next(tok.encode_batches(["a b c d e", "a"], 2))
+    assert got["input_ids"].tolist() == [[101, 1037, 1038, 102], [101, 1037, 102, 0]]
+    assert seen and all(t and p for t, p in seen), seen

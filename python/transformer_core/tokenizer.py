@@ -95,6 +95,20 @@ _CLASS_SPECIAL_TOKENS = {
     "CodeLlamaTokenizer": {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"},
     "GemmaTokenizer": {"bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>", "unk_token": "<unk>",
                        "mask_token": "<mask>"},
+    # RoBERTa's and the classes whose __init__ takes RoBERTa's tokens
+    **dict.fromkeys(("RobertaTokenizer", "MarkupLMTokenizer", "BlenderbotTokenizer", "LayoutLMv3Tokenizer",
+                     "LukeTokenizer"),
+                    {"bos_token": "<s>", "eos_token": "</s>", "sep_token": "</s>", "cls_token": "<s>",
+                     "unk_token": "<unk>", "pad_token": "<pad>", "mask_token": "<mask>"}),
+    "DebertaTokenizer": {"bos_token": "[CLS]", "eos_token": "[SEP]", "sep_token": "[SEP]", "cls_token": "[CLS]",
+                         "unk_token": "[UNK]", "pad_token": "[PAD]", "mask_token": "[MASK]"},
+    "GPTNeoXTokenizer": {"bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>", "unk_token": "<|endoftext|>",
+                         "pad_token": "<|padding|>"},
+    **dict.fromkeys(("CodeGenTokenizer", "WhisperTokenizer"),
+                    {"bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>", "unk_token": "<|endoftext|>"}),
+    "Qwen3_5Tokenizer": {"eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>", "unk_token": "<|endoftext|>"},
+    "CohereTokenizer": {"bos_token": "<BOS_TOKEN>", "eos_token": "<|END_OF_TURN_TOKEN|>", "unk_token": "<UNK>",
+                        "pad_token": "<PAD>", "cls_token": "<CLS>", "sep_token": "<SEP>", "mask_token": "<MASK_TOKEN>"},
 }
 _LEFT_PADDING_CLASSES = frozenset({"LlamaTokenizer", "CodeLlamaTokenizer", "GemmaTokenizer"})
 #: transformers 5's classes that build their ``ByteLevel`` pre-tokenizer from ``add_prefix_space``
@@ -116,6 +130,28 @@ _CLASS_OF_MODEL_TYPE = {
     "codegen": "GPT2Tokenizer", "gpt_neox": "GPTNeoXTokenizer", "qwen3_5": "Qwen3_5Tokenizer",
     "roberta": "RobertaTokenizer",
     **dict.fromkeys(("gemma", "gemma2", "gemma3", "gemma3_text"), "GemmaTokenizer"),
+}
+#: ``config.json`` model types that transformers 5 registers to a generic class (``TokenizersBackend``,
+#: ``MistralCommonBackend``; ``TOKENIZER_MAPPING_NAMES`` with ``MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS``
+#: added): its ``AutoTokenizer`` loads such a folder as ``TokenizersBackend`` whatever
+#: ``tokenizer_class`` it names (Mistral-7B's and Phi-3's name ``LlamaTokenizer``), keeping
+#: ``tokenizer.json``'s pipeline (see :func:`_declared_class`).
+_GENERIC_CLASS_MODEL_TYPES = frozenset({
+    "EvollaModel", "arctic", "aria", "beam", "bigbird_pegasus", "camembertv2-base", "canary", "chatlm", "cohere_asr",
+    "ernie4_5", "ernie4_5_moe", "flex_olmo", "fuyu", "glm", "glm4", "glm4_moe", "glm4_moe_lite", "glm4v", "glm4v_moe",
+    "glm_image", "glmasr", "got_ocr2", "gpt_bigcode", "gradium_phonon_tts", "granite", "granitemoe",
+    "granitemoehybrid", "granitemoeshared", "h2ovl_chat", "hyperclovax", "hyperclovax_vlm", "internlm2", "internlm3",
+    "iquestcoder", "jamba", "kimi_k25", "kimi_linear", "kosmos-2", "llava", "llava_next", "mimo_v2_flash",
+    "minicpm3", "minicpm_ocr", "minicpmv", "minicpmv4_6", "minicpmv4_7", "minimax_m2", "ministral", "ministral3",
+    "mistral", "mistral3", "mistral_large4", "mixtral", "modernbert", "modernbert-decoder", "molmo", "molmo2",
+    "nemo_speechlm", "nemotron", "nvfp4", "nystromformer", "olmo2", "olmo3", "olmo_hybrid", "opencua", "openvla",
+    "paddleocr_vl", "pegasus_x", "persimmon", "phi3", "phi3_v", "phimoe", "pix2struct", "pixtral", "pocket_tts",
+    "smolvlm", "stablelm", "step3_vl", "umt5", "vipllava", "voxtral", "voxtral_realtime", "xlm-roberta-xl"})
+#: The model types of ``MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS`` registered to a specific class:
+#: transformers 5 takes that class over the folder's ``tokenizer_class``.
+_REGISTERED_CLASS_WINS = {
+    "hyperclovax_vision_v2": "GPT2Tokenizer", "qwen2": "Qwen2Tokenizer", "siglip2": "Siglip2Tokenizer",
+    **dict.fromkeys(("qwen3_5", "qwen3_5_moe", "qwen3_5_moe_text", "qwen4_exp"), "Qwen3_5Tokenizer"),
 }
 
 #: transformers' ``model_max_length`` for "no limit" (``VERY_LARGE_INTEGER``, int(1e30)) and anything
@@ -218,11 +254,11 @@ _HANDED_OVER = threading.local()
 
 
 class _BackendWatch:
-    """What may have changed a Tokenizer's backend, for encode_batches' unpadded copy of it (see
-    ``Tokenizer._unpadded_backend``): ``handed_out`` once the backend has been given to anyone (the
-    ``backend`` property; from then on it may change at any time), and ``version``, counted up by
-    each change this module makes. Shared by shallow copies of the Tokenizer, which share the
-    backend; each Tokenizer remembers the version its own copy was brought up to date at."""
+    """What may have changed a Tokenizer's backend, for the copies of it without padding or
+    truncation (see ``Tokenizer._derived_backend``): ``handed_out`` once the backend has been given
+    to anyone (the ``backend`` property; from then on it may change at any time), and ``version``,
+    counted up by each change this module makes. Shared by shallow copies of the Tokenizer while
+    they share the backend; each Tokenizer remembers the version its own copies were made at."""
 
     def __init__(self):
         self.handed_out = False
@@ -237,6 +273,36 @@ def _copy_backend(backend):
     except Exception:  # noqa: BLE001 - the Rust library's "cannot be serialized"
         return backend
     # a runtime setting that the JSON does not hold (transformers' split_special_tokens=True sets it)
+    copy.encode_special_tokens = backend.encode_special_tokens
+    return copy
+
+
+def _backend_from_parts(backend):
+    """A ``tokenizers.Tokenizer`` made of ``backend``'s own model, normalizer, pre-tokenizer,
+    post-processor and decoder objects (shared, not copied: 0.1 ms for SmolLM2's against 100 ms for
+    a copy of its JSON, and it works for parts written in Python, which cannot be serialized), its
+    added tokens with their ids and its ``encode_special_tokens``; without truncation or padding.
+    Where the added tokens do not get their ids back (not seen: ``backend``'s own were given in the
+    same order), a copy of the JSON (:func:`_copy_backend`).
+
+    Raises:
+        ValueError: neither can be made (added tokens whose ids cannot be given back, in a backend
+            with parts written in Python).
+    """
+    from tokenizers import Tokenizer as HFTokenizer
+
+    added = backend.get_added_tokens_decoder()
+    copy = HFTokenizer(backend.model)
+    copy.normalizer, copy.pre_tokenizer = backend.normalizer, backend.pre_tokenizer
+    copy.post_processor, copy.decoder = backend.post_processor, backend.decoder
+    copy.add_tokens([added[i] for i in sorted(added)])  # in id order: each gets its id back
+    if copy.get_added_tokens_decoder() != added:
+        copy = _copy_backend(backend)
+        if copy is backend:
+            raise ValueError("backend: its added tokens cannot be given their ids in a copy, and it cannot be "
+                             "serialized (a part written in Python); expected one of the two")
+        copy.no_truncation()
+        copy.no_padding()
     copy.encode_special_tokens = backend.encode_special_tokens
     return copy
 
@@ -352,18 +418,39 @@ class Tokenizer:
     """
 
     def __copy__(self) -> "Tokenizer":
-        """``copy.copy``: a Tokenizer with its own copy of the backend (its truncation, padding and
-        ``encode_special_tokens`` with it), so that the copy's setters (:attr:`max_length`,
-        :attr:`truncation_side`, :attr:`pad_token`, ...) never change the original's encodings, nor
-        the original's the copy's. A backend with parts written in Python cannot be copied: it is
-        then shared, as the constructor shares it."""
+        """``copy.copy``: a Tokenizer whose setters (:attr:`max_length`, :attr:`truncation_side`,
+        :attr:`pad_token`, :attr:`do_lower_case`, ...) never change the original's encodings, nor
+        the original's the copy's. The two share the backend until either changes it (a setter
+        above, or :attr:`backend` handed out): that one first takes its own copy (its truncation,
+        padding and ``encode_special_tokens`` with it; 0.1 s for SmolLM2's, so not made when
+        nothing changes). A backend already handed out through :attr:`backend` (its holder may
+        change it at any time) is copied at once. A backend with parts written in Python cannot be
+        copied: it stays shared, as the constructor shares it."""
         new = object.__new__(type(self))
-        new.__setstate__(self.__getstate__())
+        state = self.__getstate__()
+        del state["_encode_special_tokens"]  # the shared backend's own
+        new.__setstate__(state)
+        watch = getattr(self, "_backend_watch", None)
+        if watch is not None and not watch.handed_out:
+            self._tok_shared = new._tok_shared = True  # copied by whichever changes it first: _own_backend
+            return new
         backend = _copy_backend(self._tok)
         if backend is not self._tok:
             new._tok = backend
             new._backend_watch = _BackendWatch()
         return new
+
+    def _own_backend(self) -> None:
+        """Before the backend is changed or handed out: gives this Tokenizer its own copy of a
+        backend that :meth:`__copy__` left shared (a backend that cannot be copied stays shared)."""
+        if not getattr(self, "_tok_shared", False):
+            return
+        backend = _copy_backend(self._tok)
+        if backend is not self._tok:
+            self._tok = backend
+            self._backend_watch = _BackendWatch()
+            self._unpadded = self._plain = None
+        self._tok_shared = False
 
     def __getstate__(self) -> dict:
         """The pickled state (also of copy.deepcopy; :meth:`__copy__` starts from it): the attributes without
@@ -372,7 +459,9 @@ class Tokenizer:
         leaves out."""
         state = self.__dict__.copy()
         state["_special"] = dict(state["_special"])  # a shallow copy names its own tokens
-        state["_unpadded"] = state["_unpadded_version"] = None
+        state["_unpadded"] = state["_plain"] = None
+        state.pop("_unpadded_version", None)  # (a state of an older version)
+        state["_tok_shared"] = False  # pickled: its own backend; copy.copy: see __copy__
         state["_encode_special_tokens"] = self._tok.encode_special_tokens
         return state
 
@@ -441,9 +530,10 @@ class Tokenizer:
         if not handed_over:  # checked: now the copy
             tokenizer = _copy_backend(tokenizer)
         self._tok = tokenizer
-        self._unpadded = None  # encode_batches' copy of it without padding: see _unpadded_backend
-        self._backend_watch = _BackendWatch()  # whether that copy may be out of date
-        self._unpadded_version = None  # the watch's version when that copy was last brought up to date
+        self._unpadded = None  # (version, encode_batches' copy of it without padding): see _derived_backend
+        self._plain = None  # (version, apply_chat_template's copy without truncation or padding): the same
+        self._backend_watch = _BackendWatch()  # whether those copies may be out of date
+        self._tok_shared = False  # a backend that copy.copy shares until either side changes it: _own_backend
         self._id_limit_cache = None  # (vocabulary size, one past the highest id, gaps?): see _id_limit
         self._max_length = max_length
         self._special = special  # the named special tokens but pad_token: see the properties
@@ -475,6 +565,7 @@ class Tokenizer:
         back the normalizer that True replaced, when the backend still has the one True set."""
         if value == self._do_lower_case:
             return
+        self._own_backend()
         if value:
             normalizer = self._tok.normalizer
             if not _has_lowercase(normalizer):
@@ -522,6 +613,7 @@ class Tokenizer:
         self._pad_token, self._pad_token_id = token, token_id
         padding = self._tok.padding if self._max_length is not None else None
         if padding is not None:
+            self._own_backend()
             self._tok.enable_padding(**{**padding, "pad_id": token_id, "pad_token": self._pad_text()})
             self._backend_changed()
 
@@ -673,6 +765,7 @@ class Tokenizer:
                              f"built); expected None, got {value}")
         if value is not None:
             _check_room_for_special_tokens(self._tok, value)
+            self._own_backend()
             self._tok.enable_truncation(max_length=value, direction=self._truncation_side)
             self._backend_changed()
         self._max_length = value
@@ -694,6 +787,7 @@ class Tokenizer:
         """Cuts every later encode on the ``value`` side (see the getter for the errors)."""
         value = check_choice(value, "truncation_side", ("right", "left"))
         if self._max_length is not None:
+            self._own_backend()
             self._tok.enable_truncation(max_length=self._max_length, direction=value)
             self._backend_changed()
         self._truncation_side = value
@@ -805,10 +899,14 @@ class Tokenizer:
         0's token, and without an ``unk_token`` in ``tokenizer_config.json`` (or its class) takes
         the WordPiece/BPE model's own; a causal LM pads with its ``pad_token``, else its EOS token.
         A token that ``tokenizer_config.json`` leaves out takes its transformers class's default
-        (``tokenizer_class``, or the class of ``config.json``'s ``model_type``): GPT-2's, Qwen2's,
-        Llama's and Gemma's (GPT-2's own folder names no token: its bos, eos and unk are
-        ``<|endoftext|>``), BERT's (``[CLS]``, ``[SEP]``, ``[MASK]``, ``[PAD]``, ``[UNK]``, also
-        for DistilBERT, ELECTRA, MobileBERT, ...), MPNet's and Funnel's. A named token that
+        (``tokenizer_class``, or the class of ``config.json``'s ``model_type``, as transformers 5's
+        ``AutoTokenizer`` picks it: a model type registered to its generic ``TokenizersBackend``,
+        Mistral's, Mixtral's, Phi-3's, ..., gets no class, whatever ``tokenizer_class`` says, and
+        keeps ``tokenizer.json``'s pipeline): GPT-2's, Qwen2's, Llama's and Gemma's (GPT-2's own
+        folder names no token: its bos, eos and unk are ``<|endoftext|>``), BERT's (``[CLS]``,
+        ``[SEP]``, ``[MASK]``, ``[PAD]``, ``[UNK]``, also for DistilBERT, ELECTRA, MobileBERT,
+        ...), MPNet's, Funnel's, RoBERTa's (``<s>``, ``</s>``, ``<pad>``, ``<mask>``, ``<unk>``),
+        GPT-NeoX's (pad ``<|padding|>``), CodeGen's, DeBERTa's, ... A named token that
         ``tokenizer.json`` lists as a non-special added token is made special, as transformers 5
         does (``decode(skip_special_tokens=True)`` leaves it out).
 
@@ -1143,8 +1241,9 @@ class Tokenizer:
         pad id and type id, a fixed ``length``, ``pad_to_multiple_of``), as the tokenizers package
         would; the padding is done here, from the unpadded encodings, so that a batch too large to
         pad is refused first (the package's own padding aborts the process when an allocation
-        fails). A backend with parts written in Python, which cannot be copied unpadded, still pads
-        itself (its padding is never switched off under another thread's call).
+        fails). The unpadded encodings come from a kept copy of the backend without padding (one with
+        parts written in Python included, see ``_derived_backend``): the backend's padding is never
+        switched off, so another thread's call on it is never left unpadded.
 
         Raises:
             TypeError: ``texts`` not a list of str (the first item that is not a str is named by
@@ -1161,13 +1260,7 @@ class Tokenizer:
         padding = self._tok.padding if self.max_length is not None else None  # read once
         if padding is None:  # a causal-LM tokenizer (or a backend whose padding was switched off)
             return self._pad(self._tok.encode_batch(texts, add_special_tokens=add_special_tokens), padding_side)
-        backend = self._unpadded_backend()
-        if backend is self._tok:  # a backend that cannot be copied pads itself (never switched off: threads)
-            encs = self._tok.encode_batch(texts, add_special_tokens=add_special_tokens)
-            return {"input_ids": np.array([e.ids for e in encs], dtype=np.int64),
-                    "attention_mask": np.array([e.attention_mask for e in encs], dtype=np.int64),
-                    "token_type_ids": np.array([e.type_ids for e in encs], dtype=np.int64)}
-        encs = backend.encode_batch(texts, add_special_tokens=add_special_tokens)
+        encs = self._unpadded_backend().encode_batch(texts, add_special_tokens=add_special_tokens)
         return self._pad(encs, padding["direction"], pad_id=padding["pad_id"], pad_type_id=padding["pad_type_id"],
                          length=padding["length"], multiple=padding["pad_to_multiple_of"])
 
@@ -1221,59 +1314,50 @@ class Tokenizer:
     def _unpadded_encodings(self, texts, add_special_tokens):
         """The encodings of ``texts`` by the backend as it is now, without its padding (each batch
         is padded to its own longest by :meth:`_pad`)."""
-        backend = self._unpadded_backend()
-        if backend is not self._tok or self._tok.padding is None:
-            return backend.encode_batch(texts, add_special_tokens=add_special_tokens)
-        padding = self._tok.padding  # a backend that could not be copied: its padding off for the call
-        self._tok.no_padding()
-        try:
-            return self._tok.encode_batch(texts, add_special_tokens=add_special_tokens)
-        finally:
-            if padding is not None:
-                self._tok.enable_padding(**padding)
+        return self._unpadded_backend().encode_batch(texts, add_special_tokens=add_special_tokens)
 
     def _unpadded_backend(self):
         """The backend that :meth:`encode_batches` tokenizes with: the backend itself when it does
         not pad (a causal LM's); else a copy of it with padding off, in the backend's current
-        state.
+        state (see :meth:`_derived_backend`)."""
+        return self._derived_backend(truncate=True)
 
-        The copy is not made per call (0.06 s for BERT's vocabulary: its JSON); it is kept and
-        brought up to date on every call instead, so that changes made through :attr:`backend`
-        after it was made reach it as they reach :meth:`encode`: it takes the backend's own
-        model, normalizer, pre-tokenizer, post-processor and decoder objects (shared: changing one
-        in place changes both, replacing one is taken over here), its truncation and its
-        ``encode_special_tokens``; tokens added to the backend (its added vocabulary differs) make
-        a new copy. The backend's padding is never switched off for this, so another thread's
-        :meth:`encode_batch` on it is never left unpadded. A backend that cannot be copied (parts
-        written in Python) is returned itself; :meth:`_unpadded_encodings` then switches its
-        padding off around the call.
+    def _plain_backend(self):
+        """The backend that :meth:`apply_chat_template` tokenizes with: the backend itself when it
+        neither truncates nor pads (a causal LM's); else a copy of it with neither, in the
+        backend's current state (see :meth:`_derived_backend`)."""
+        return self._derived_backend(truncate=False)
+
+    def _derived_backend(self, truncate: bool):
+        """A copy of the backend without its padding, and without its truncation unless
+        ``truncate``, for :meth:`_unpadded_backend` and :meth:`_plain_backend`; the backend itself
+        when it has neither to drop.
+
+        The copy (:func:`_backend_from_parts`: the backend's own model, normalizer, pre-tokenizer,
+        post-processor and decoder objects, its added tokens, ``encode_special_tokens`` and, with
+        ``truncate``, its truncation; 30-50 µs) is kept with the backend's version
+        (:class:`_BackendWatch`) and made again when the backend may have changed since: after a
+        setter, or on every call once the backend was handed out through :attr:`backend` (it may
+        have changed at any time). A copy is never changed once made (another thread may be
+        encoding with it), and the backend's truncation and padding are never switched off for
+        this, so another thread's call on it is never left untruncated or unpadded; a backend
+        with parts written in Python gets such a copy too.
         """
         live = self._tok
-        if live.padding is None:
+        if live.padding is None and (truncate or live.truncation is None):
             return live
-        copy = self._unpadded
+        slot = "_unpadded" if truncate else "_plain"
+        kept = getattr(self, slot, None)  # (the watch's version it was made at, the copy), or None
         watch = getattr(self, "_backend_watch", None)  # None: pickled before it existed
-        # read before the backend is: a change made during the update below counts up after it
+        # read before the backend is: a change made while the copy is made counts up after it
         version = None if watch is None else watch.version
-        if copy is not None and version is not None and not watch.handed_out \
-                and version == getattr(self, "_unpadded_version", None):
-            return copy  # nothing can have changed the backend since the last update (11-35 µs a call)
-        if copy is None or copy.get_added_tokens_decoder() != live.get_added_tokens_decoder():
-            copy = _copy_backend(live)
-            if copy is live:
-                return live
-            copy.no_padding()
-            self._unpadded = copy
-        copy.model, copy.normalizer, copy.pre_tokenizer = live.model, live.normalizer, live.pre_tokenizer
-        copy.post_processor, copy.decoder = live.post_processor, live.decoder
-        copy.encode_special_tokens = live.encode_special_tokens
-        truncation = live.truncation
-        if truncation != copy.truncation:
-            if truncation is None:
-                copy.no_truncation()
-            else:
-                copy.enable_truncation(**truncation)
-        self._unpadded_version = version
+        if kept is not None and version is not None and not watch.handed_out and kept[0] == version:
+            return kept[1]  # nothing can have changed the backend since it was made
+        copy = _backend_from_parts(live)
+        truncation = live.truncation if truncate else None
+        if truncation is not None:
+            copy.enable_truncation(**truncation)
+        setattr(self, slot, (version, copy))  # one assignment: another thread sees the pair or the old one
         return copy
 
     def _backend_changed(self) -> None:
@@ -1403,7 +1487,9 @@ class Tokenizer:
             ValueError: no chat template (or named ones without a default and none chosen); a bad
                 message (see ``render_chat_template``); ``continue_final_message`` with
                 ``add_generation_prompt``, naming a field the last message lacks, or with a template
-                that does not write the continued text; ``return_dict=True`` with ``tokenize=True``.
+                that does not write the continued text; ``return_dict=True`` with ``tokenize=True``;
+                with ``tokenize=True``, a rendered text that is not valid Unicode (a lone surrogate
+                in a message; ``messages`` and its position in the text are named).
             TypeError: ``tokenize`` not given; ``add_generation_prompt``, ``tokenize`` or
                 ``return_dict`` not a bool; ``continue_final_message`` not a bool or str;
                 ``chat_template`` not a str or None; one of transformers' options above.
@@ -1429,30 +1515,9 @@ class Tokenizer:
                                     continue_final_message=continue_final_message, **variables)
         if not tokenize:
             return text
-        backend = self._tok
-        if backend.truncation is not None or backend.padding is not None:
-            # transformers tokenizes it with truncation=False, padding=False: a copy without them (a
-            # backend that cannot be copied has them switched off around the call)
-            backend = _copy_backend(self._tok)
-            if backend is self._tok:
-                return self._encode_untruncated(text)
-            backend.no_truncation()
-            backend.no_padding()
-        return backend.encode(text, add_special_tokens=False).ids
-
-    def _encode_untruncated(self, text: str) -> list[int]:
-        """``text``'s ids without special tokens, by a backend that cannot be copied, its
-        truncation and padding switched off for the call."""
-        truncation, padding = self._tok.truncation, self._tok.padding
-        self._tok.no_truncation()
-        self._tok.no_padding()
-        try:
-            return self._tok.encode(text, add_special_tokens=False).ids
-        finally:
-            if truncation is not None:
-                self._tok.enable_truncation(**truncation)
-            if padding is not None:
-                self._tok.enable_padding(**padding)
+        check_unicode(text, "messages")  # as encode checks its text (the binding's TypeError names nothing)
+        # transformers tokenizes it with truncation=False, padding=False: a kept copy without them
+        return self._plain_backend().encode(text, add_special_tokens=False).ids
 
     def text_stream(self, skip_special_tokens: bool = False, context=()) -> "TextStream":
         """A :class:`TextStream` that turns generated ids into text as it becomes complete (after the
@@ -1552,7 +1617,10 @@ class Tokenizer:
     def backend(self):
         """The underlying ``tokenizers.Tokenizer``. Changes made to it reach every later encode
         (:meth:`encode_batches` then brings its unpadded copy up to date on each call). With
-        :attr:`do_lower_case`, its normalizer is the ``Sequence`` that starts with ``Lowercase()``."""
+        :attr:`do_lower_case`, its normalizer is the ``Sequence`` that starts with ``Lowercase()``.
+        A backend that ``copy.copy`` left shared is copied first (see :meth:`__copy__`): each
+        Tokenizer hands out its own."""
+        self._own_backend()
         watch = getattr(self, "_backend_watch", None)
         if watch is not None:
             watch.handed_out = True
@@ -2135,19 +2203,30 @@ def _clean_up_of_config(tokenizer_config: dict, backend, path: Path) -> tuple[bo
 
 
 def _declared_class(model_dir: Path, tokenizer_config: dict) -> str | None:
-    """transformers' tokenizer class for this folder without its ``Fast`` suffix: the
-    ``tokenizer_class`` of ``tokenizer_config.json``, else the one ``_CLASS_OF_MODEL_TYPE`` gives
-    ``config.json``'s ``model_type``; None when neither says (or the key is not a str).
+    """transformers' tokenizer class for this folder without its ``Fast`` suffix, decided as
+    transformers 5's ``AutoTokenizer.from_pretrained`` decides it (``tokenization_auto.py``): None
+    (a generic ``TokenizersBackend``, which keeps ``tokenizer.json``'s pipeline) when
+    ``config.json``'s ``model_type`` is registered to a generic class
+    (``_GENERIC_CLASS_MODEL_TYPES``: Mistral's, Mixtral's, Phi-3's, ... whatever
+    ``tokenizer_class`` says); else the class registered to the model type when transformers
+    takes it over the folder's (``_REGISTERED_CLASS_WINS``: Qwen2's, ...); else the
+    ``tokenizer_class`` of ``tokenizer_config.json``; else the one ``_CLASS_OF_MODEL_TYPE`` gives
+    the model type. None when none of these says (or ``tokenizer_class`` is not a str).
 
     Raises:
-        ValueError: a ``config.json`` that is not a JSON object (read only without a class).
+        ValueError: a ``config.json`` that is not a JSON object.
     """
+    model_type = _read_json_object(model_dir / "config.json").get("model_type")
+    if not isinstance(model_type, str):
+        model_type = None
+    elif model_type in _GENERIC_CLASS_MODEL_TYPES:
+        return None
     name = tokenizer_config.get("tokenizer_class")
     if isinstance(name, str):
-        return name.removesuffix("Fast")
+        return _REGISTERED_CLASS_WINS.get(model_type, name.removesuffix("Fast"))
     if name is not None:
         return None
-    return _CLASS_OF_MODEL_TYPE.get(_read_json_object(model_dir / "config.json").get("model_type"))
+    return _CLASS_OF_MODEL_TYPE.get(model_type)
 
 
 def _builds_bert_normalizer(model_dir: Path, tokenizer_config: dict) -> bool:
