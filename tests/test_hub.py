@@ -747,10 +747,14 @@ def test_a_failed_rename_into_an_empty_folder_leaves_it_empty(tmp_path, monkeypa
 def test_a_failed_rename_back_leaves_the_backup_and_says_how_to_restore(tmp_path, monkeypatch):
     """The rename of config.json fails and so does every rename after it (the disk went away): the
     previous model.safetensors cannot be put back, so its backup stays and the error's note names
-    it; renaming it back by hand gives the previous folder. config.json, never replaced, is the old
-    one, and no other backup or temporary stays."""
+    it; renaming it back by hand (and deleting the marker) gives the previous folder. config.json,
+    never replaced, is the old one, and no other backup or temporary stays. The folder is a mix
+    (new weights, old config.json): the .save-in-progress marker stays and from_pretrained refuses
+    it (it loaded the mix before)."""
     import errno
     import os
+
+    import transformer_core as tc
 
     folder = tmp_path / "m"
     old = _llama(1)
@@ -762,13 +766,19 @@ def test_a_failed_rename_back_leaves_the_backup_and_says_how_to_restore(tmp_path
     monkeypatch.undo()
     backups = [p for p in folder.iterdir() if p.name.startswith(".model.safetensors.") and p.name.endswith(".bak")]
     assert len(backups) == 1
-    assert sorted(p.name for p in folder.iterdir()) == sorted([backups[0].name, "config.json", "model.safetensors"])
+    assert sorted(p.name for p in folder.iterdir()) == sorted([backups[0].name, ".save-in-progress", "config.json",
+                                                               "model.safetensors"])
     assert (folder / "config.json").read_bytes() == before["config.json"]
     assert backups[0].read_bytes() == before["model.safetensors"] != (folder / "model.safetensors").read_bytes()
     notes = "\n".join(getattr(info.value, "__notes__", []))
     assert "could not put the previous model.safetensors back" in notes
     assert f"it is kept as {backups[0]}; rename it to {folder / 'model.safetensors'}" in notes
+    assert f"{folder / '.save-in-progress'} stays" in notes
+    assert f"model.safetensors <- {backups[0].name}" in (folder / ".save-in-progress").read_text()
+    with pytest.raises(ValueError, match="a save into this folder was interrupted"):
+        tc.LlamaForCausalLM.from_pretrained(folder)
     os.replace(backups[0], folder / "model.safetensors")  # what the note says
+    os.unlink(folder / ".save-in-progress")
     assert _folder(folder) == before
     _assert_loads_as(folder, old, None)
 
@@ -1042,3 +1052,180 @@ def test_save_pretrained_files_names_a_value_that_contains_itself(tmp_path):
     shared = [1, 2]
     save_pretrained_files(tmp_path / "ok", {"a": shared, "b": shared}, state)
     assert json.loads((tmp_path / "ok" / "config.json").read_text()) == {"a": [1, 2], "b": [1, 2]}
+
+
+# ------------------------------------------------------------------ a save killed during its final renames
+_KILLED_SAVE = """
+import errno, os, sys
+import transformer_core as tc
+source, folder, at, links = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] == "1"
+model = tc.LlamaForCausalLM.from_pretrained(source)
+real, calls = os.replace, [0]
+def replace(src, dst, **kwargs):
+    calls[0] += 1
+    if calls[0] == at:
+        os._exit(9)  # killed: no exception handler runs, nothing is put back
+    return real(src, dst, **kwargs)
+def no_links(*args, **kwargs):
+    raise OSError(errno.EPERM, "Operation not permitted")
+os.replace = replace
+if not links:
+    os.link = no_links
+model.save_pretrained(folder)
+"""
+
+
+def _restore_as_the_marker_says(folder):
+    """What .save-in-progress tells a user to do: each backup renamed over its name (one not made
+    yet: the name still holds the previous file), each name marked 'remove' removed, the marker
+    deleted."""
+    import os
+
+    text = (folder / ".save-in-progress").read_text()
+    assert "a backup that is not there was not made yet" in text
+    for line in text.splitlines():
+        if " <- " in line:
+            name, backup = line.split(" <- ")
+            if (folder / backup).exists():
+                os.replace(folder / backup, folder / name)
+        elif line.endswith(": remove (the previous files had no such file)"):
+            os.unlink(folder / line.partition(":")[0])
+    os.unlink(folder / ".save-in-progress")
+
+
+@pytest.mark.parametrize("links", [True, False])
+def test_a_save_killed_during_its_renames_is_refused_until_saved_again_or_restored(tmp_path, links):
+    """A child process saves model B over model A (same shapes: another rms_norm_eps, other weights,
+    another generation_config.json) and is killed (os._exit: no handler runs) at its k-th
+    os.replace, for every k of the final renames (3 with hard links; 6 without, each previous file
+    renamed aside first), and once past them. Killed during the renames, the folder holds a mix and
+    the .save-in-progress marker: every load refuses it (before, LlamaForCausalLM.from_pretrained
+    loaded B's weights with A's config and no word). Restoring as the marker says gives A byte for
+    byte; saving again gives B whole with no marker and no hidden file. Past the renames: B whole."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    import transformer_core as tc
+
+    template, source = tmp_path / "a", tmp_path / "b"
+    old = _llama(1, rms_norm_eps=1e-6)
+    old.save_pretrained(template)
+    (template / "generation_config.json").write_text(json.dumps({"eos_token_id": 2}))
+    before = _folder(template)
+    new = _llama(2, rms_norm_eps=1e-5)
+    new.generation_config = {"eos_token_id": 7}
+    new.save_pretrained(source)
+    renames = 3 if links else 6
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p), OMP_NUM_THREADS="1")
+    children = {}
+    for at in range(1, renames + 2):
+        shutil.copytree(template, tmp_path / f"k{at}")
+        children[at] = subprocess.Popen([sys.executable, "-c", _KILLED_SAVE, str(source), str(tmp_path / f"k{at}"),
+                                         str(at), "1" if links else "0"], env=env, stderr=subprocess.PIPE, text=True)
+    for at, child in children.items():
+        _, err = child.communicate(timeout=300)
+        folder = tmp_path / f"k{at}"
+        if at > renames:  # past the renames: the save went through
+            assert child.returncode == 0, err
+            assert sorted(_folder(folder)) == ["config.json", "generation_config.json", "model.safetensors"]
+            _assert_loads_as(folder, new, {"eos_token_id": 7})
+            continue
+        assert child.returncode == 9, err
+        assert (folder / ".save-in-progress").is_file(), at
+        for load in (tc.LlamaForCausalLM.from_pretrained, tc.LlamaModel.from_pretrained,
+                     lambda d: tc.LlamaForCausalLM.from_pretrained(d, dtype=np.float64)):
+            with pytest.raises(ValueError, match=re.escape(f"{folder}: a save into this folder was interrupted")
+                               + ".*save the model into the folder again"):
+                load(folder)
+        restored = tmp_path / f"restored{at}"
+        shutil.copytree(folder, restored)
+        _restore_as_the_marker_says(restored)
+        assert {k: v for k, v in _folder(restored).items() if not k.endswith(".tmp")} == before, at
+        _assert_loads_as(restored, old, {"eos_token_id": 2})
+        new.save_pretrained(folder)  # saving again is the other way on
+        assert sorted(_folder(folder)) == ["config.json", "generation_config.json", "model.safetensors"], at
+        _assert_loads_as(folder, new, {"eos_token_id": 7})
+
+
+@pytest.mark.parametrize("at", [1, 2, 3])
+def test_a_failed_save_into_an_interrupted_folder_keeps_its_marker(tmp_path, monkeypatch, at):
+    """A folder a killed save left mixed (marker included); a new save into it fails at its k-th
+    rename by an exception (SystemExit here): the folder is put back as it was, byte for byte, its
+    earlier marker too, so it is still refused. Without the exception, the save goes through."""
+    import os
+    import subprocess
+    import sys
+
+    import transformer_core as tc
+
+    folder, source = tmp_path / "m", tmp_path / "b"
+    _llama(1).save_pretrained(folder)
+    _llama(2).save_pretrained(source)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p), OMP_NUM_THREADS="1")
+    done = subprocess.run([sys.executable, "-c", _KILLED_SAVE, str(source), str(folder), "2", "1"], env=env,
+                          timeout=300)
+    assert done.returncode == 9
+    mixed = _folder(folder)
+    assert ".save-in-progress" in mixed
+    third = _llama(3, num_hidden_layers=1)
+    third.generation_config = {"eos_token_id": 3}  # renames: model.safetensors, generation_config.json, config.json
+    monkeypatch.setattr(os, "replace", _FailingReplace(at, SystemExit(3)))
+    with pytest.raises(SystemExit):
+        third.save_pretrained(folder)
+    monkeypatch.undo()
+    assert _folder(folder) == mixed
+    with pytest.raises(ValueError, match="a save into this folder was interrupted"):
+        tc.LlamaForCausalLM.from_pretrained(folder)
+    third.save_pretrained(folder)
+    assert sorted(_folder(folder)) == ["config.json", "generation_config.json", "model.safetensors"]
+    _assert_loads_as(folder, third, {"eos_token_id": 3})
+
+
+def test_every_from_pretrained_refuses_a_folder_of_an_interrupted_save(tmp_path, monkeypatch, model_dir):
+    """BERT (and the sentence encoder over it) and GPT-2: a save whose config.json rename fails and
+    whose weights cannot be put back (every later rename fails) leaves new weights beside the old
+    config.json, and the marker; each loader of the folder refuses it, naming the folder; a save
+    that goes through removes the marker and the folder loads again."""
+    import errno
+    import os
+
+    import transformer_core as tc
+
+    bert = tc.BertModel.from_pretrained(model_dir)
+    gpt2 = tc.GPT2LMHeadModel(tc.GPT2Config(vocab_size=64, n_positions=16, n_embd=16, n_layer=1, n_head=2))
+    for model, loaders in ((bert, (tc.BertModel.from_pretrained, tc.SentenceEncoder.from_pretrained)),
+                           (gpt2, (tc.GPT2LMHeadModel.from_pretrained, tc.GPT2Model.from_pretrained))):
+        folder = tmp_path / type(model).__name__
+        model.save_pretrained(folder)
+        sd = model.state_dict()
+        changed = type(model)(model.config)
+        changed.load_state_dict({k: v + 1 for k, v in sd.items()})
+        monkeypatch.setattr(os, "replace", _FailingReplace(2, OSError(errno.EIO, "I/O error"), every_later=True))
+        with pytest.raises(OSError, match="cannot write config.json"):
+            changed.save_pretrained(folder)
+        monkeypatch.undo()
+        for load in loaders:
+            with pytest.raises(ValueError, match=re.escape(f"{folder}: a save into this folder was interrupted")):
+                load(folder)
+        model.save_pretrained(folder)
+        assert sorted(_folder(folder)) == ["config.json", "model.safetensors"]
+        got = loaders[0](folder).state_dict()
+        assert all(np.array_equal(got[k], v) for k, v in sd.items())
+
+
+@pytest.mark.parametrize("directory", ["", "   ", "m\0x"])
+def test_save_pretrained_refuses_an_empty_or_nul_directory(tmp_path, monkeypatch, model_dir, directory):
+    """save_pretrained("") wrote into the current directory (Path("") is "."), and a NUL gave os's
+    bare "embedded null byte": each model's save_pretrained now refuses it with a ValueError naming
+    ``directory``, before anything is written (transformers' own save_pretrained("") fails too)."""
+    import transformer_core as tc
+
+    monkeypatch.chdir(tmp_path)
+    models = [_llama(1), tc.BertModel.from_pretrained(model_dir),
+              tc.GPT2LMHeadModel(tc.GPT2Config(vocab_size=64, n_positions=16, n_embd=16, n_layer=1, n_head=2))]
+    for model in models:
+        with pytest.raises(ValueError, match=r"^directory: expected a folder path, got .*nothing written"):
+            model.save_pretrained(directory)
+    assert list(tmp_path.iterdir()) == []

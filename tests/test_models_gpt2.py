@@ -1089,3 +1089,20 @@ def test_reorder_and_upcast_attn_loads_as_transformers_computes_it(tmp_path):
     with torch.no_grad():
         expected = hf(torch.from_numpy(ids)).logits.numpy()
     assert np.abs(ours(ids).logits - expected).max() < LOGITS_ATOL
+
+
+def test_n_inner_0_is_saved_as_null_and_transformers_loads_it(tmp_path):
+    """``n_inner=0`` is the default here (4 · n_embd), as None; Hugging Face reads only null so, and
+    0 as a width of 0: the config was saved with ``n_inner: 0`` and transformers refused the
+    folder. Now it is written as null, and transformers' logits match ours."""
+    cfg = tc.GPT2Config(vocab_size=VOCAB, n_positions=16, n_embd=16, n_layer=1, n_head=2, n_inner=0,
+                        bos_token_id=None, eos_token_id=None)
+    ours = tc.GPT2LMHeadModel(cfg)
+    ours.save_pretrained(tmp_path / "m")
+    assert json.loads((tmp_path / "m" / "config.json").read_text())["n_inner"] is None
+    hf = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "m").eval()
+    assert hf.transformer.h[0].mlp.c_fc.weight.shape == (16, 64)
+    ids = np.array([[1, 5, 9, 3]])
+    with torch.no_grad():
+        want = hf(torch.tensor(ids)).logits.numpy()
+    assert_close(ours(ids).logits, want, atol_=LOGITS_ATOL)

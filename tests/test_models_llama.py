@@ -962,3 +962,57 @@ def test_save_pretrained_writes_a_numpy_generation_config_and_names_what_json_ca
                                                   "float, bool, None, list, dict), got numpy.ndarray")):
         m.save_pretrained(tmp_path / "other")
     assert not (tmp_path / "other").exists()
+
+
+@pytest.mark.parametrize("zero", ["head_dim", "num_key_value_heads"])
+def test_a_default_of_0_is_saved_as_null_and_transformers_loads_it(tmp_path, zero):
+    """``head_dim=0`` / ``num_key_value_heads=0`` are the defaults here (hidden / heads, and as many
+    key/value heads as heads), as None; Hugging Face reads only null so: the folder was saved with
+    0, and transformers crashed on it (ZeroDivisionError). Now 0 is written as null, and
+    transformers' logits match ours."""
+    cfg = tc.LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                         num_attention_heads=2, max_position_embeddings=16, **{zero: 0})
+    ours = tc.LlamaForCausalLM(cfg)
+    ours.save_pretrained(tmp_path / "m")
+    saved = json.loads((tmp_path / "m" / "config.json").read_text())
+    assert saved["head_dim"] is None and saved["num_key_value_heads"] is None
+    hf = transformers.LlamaForCausalLM.from_pretrained(tmp_path / "m").eval()
+    assert hf.config.head_dim == 8 and hf.config.num_key_value_heads == 2
+    ids = np.array([[1, 5, 9, 3]])
+    with torch.no_grad():
+        want = hf(torch.tensor(ids)).logits.numpy()
+    assert_close(ours(ids).logits, want, atol_=1e-4)
+
+
+def test_llama_config_extra_keeps_the_other_keys_as_gpt2s(tmp_path):
+    """``LlamaConfig.extra`` was never filled nor written (a value set there was dropped on save):
+    it now keeps the keys of config.json that are not fields, as ``GPT2Config.extra``, and
+    ``save_pretrained`` writes them back; not kept: what describes the file read (dtype,
+    transformers_version) and what ``rope_theta`` stands for (rope_scaling, rope_parameters).
+    transformers reads the saved folder with the kept keys and gives our logits."""
+    hf_cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                      num_attention_heads=2, max_position_embeddings=16, initializer_range=0.3,
+                                      use_cache=False)
+    torch.manual_seed(5)
+    transformers.LlamaForCausalLM(hf_cfg).save_pretrained(tmp_path / "hf", safe_serialization=True)
+    written = json.loads((tmp_path / "hf" / "config.json").read_text())
+    (tmp_path / "hf" / "config.json").write_text(json.dumps({**written, "my_key": [1, {"a": 2}]}))
+    ours = tc.LlamaForCausalLM.from_pretrained(tmp_path / "hf")
+    assert ours.config.extra["my_key"] == [1, {"a": 2}] and ours.config.extra["initializer_range"] == 0.3
+    assert not {"dtype", "torch_dtype", "transformers_version", "rope_parameters", "rope_scaling", "model_type",
+                "architectures"} & set(ours.config.extra)
+    ours.config.extra["use_cache"] = True  # set by hand: written too
+    ours.save_pretrained(tmp_path / "ours")
+    saved = json.loads((tmp_path / "ours" / "config.json").read_text())
+    assert saved["my_key"] == [1, {"a": 2}] and saved["initializer_range"] == 0.3 and saved["use_cache"] is True
+    assert "transformers_version" not in saved and "dtype" not in saved
+    assert tc.LlamaConfig.from_dict(saved).to_dict() == saved  # reloads as it was
+    hf = transformers.LlamaForCausalLM.from_pretrained(tmp_path / "ours").eval()
+    assert hf.config.initializer_range == 0.3 and hf.config.my_key == [1, {"a": 2}]
+    assert hf.config.rope_parameters["rope_theta"] == ours.config.rope_theta
+    ids = np.array([[1, 5, 9, 3]])
+    with torch.no_grad():
+        want = hf(torch.tensor(ids)).logits.numpy()
+    assert_close(ours(ids).logits, want, atol_=1e-4)
+    with pytest.raises(TypeError, match=re.escape("config.extra['bad']")):
+        tc.LlamaConfig(extra={"bad": np.zeros(2)}).to_dict()

@@ -1282,6 +1282,18 @@ def test_checkpoint_optimizer_errors_name_the_optimizer_file(tmp_path, edit, err
     _assert_same_states(_training_states(*target), before)
 
 
+@pytest.mark.parametrize("directory", ["", "  ", "run\0x"])
+def test_save_checkpoint_refuses_an_empty_or_nul_directory(tmp_path, monkeypatch, directory):
+    """``save_checkpoint("")`` wrote the checkpoint into the current directory (transformers'
+    ``save_pretrained("")`` raises, as ours now does): a ValueError naming ``directory``; nothing
+    written."""
+    monkeypatch.chdir(tmp_path)
+    model = tc.nn.Linear(3, 2)
+    with pytest.raises(ValueError, match=r"^directory: expected a folder path, got .*nothing written"):
+        tc.training.save_checkpoint(directory, model, tc.optim.AdamW(model.named_parameters()))
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize("where", ["a_file", "under_a_file"])
 def test_save_checkpoint_into_a_file_names_directory(tmp_path, where):
     """A ``directory`` that is a file, or lies under one: a NotADirectoryError naming ``directory``

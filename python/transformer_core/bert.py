@@ -277,7 +277,10 @@ class BertModel(Module):
                 ``model.safetensors`` or a sharded checkpoint's index); an
                 unsupported config, a field of the wrong type or out of range, or sizes the model
                 refuses together (each naming the ``config.json`` and the field:
-                :func:`~transformer_core.checkpoints.config_from_file`).
+                :func:`~transformer_core.checkpoints.config_from_file`); a folder whose save was
+                interrupted during its final renames (its ``.save-in-progress`` marker: the files
+                may be of two saves; the message says how to go on,
+                :func:`transformer_core.hub.resolve_model_dir`).
             TypeError: ``dtype`` not None, float32 or float64.
         """
         from .checkpoints import build_for_checkpoint, config_from_file

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from ._validation import resolve_dtype, type_path
-from .hub import expand_home, load_safetensors, read_config, resolve_model_dir, resolve_model_path
+from .hub import SAVE_IN_PROGRESS, expand_home, load_safetensors, read_config, resolve_model_dir, resolve_model_path
 
 __all__ = ["load_llama_checkpoint", "config_from_file", "build_for_checkpoint", "write_files_atomically", "save_pretrained_files",
            "json_value"]
@@ -152,6 +152,11 @@ def _restore(changed: list, kept: dict) -> list:
 
 def _fsync_folder(path: Path) -> None:
     """Flushes the folder's entries (the renames) to disk, where the OS allows it (POSIX); best effort."""
+    _sync_entries(path)
+
+
+def _sync_entries(path: Path) -> None:
+    """:func:`_fsync_folder`'s work (also for the marker of :func:`_write_marker`)."""
     if hasattr(os, "O_DIRECTORY"):
         try:
             fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
@@ -161,6 +166,47 @@ def _fsync_folder(path: Path) -> None:
                 os.close(fd)
         except OSError:
             pass
+
+
+#: The hidden files a :data:`~transformer_core.hub.SAVE_IN_PROGRESS` marker names: a backup's line
+#: ``{name} <- {backup}``, a temporary's ``{temporary}: the new {name} ...``.
+_MARKER_FILES = re.compile(r"^(?:[^\n]+ <- (?P<backup>\.[^/\n]+\.[0-9a-f]{12}\.bak)"
+                           r"|(?P<temporary>\.[^/\n]+\.[0-9a-f]{12}\.tmp): the new [^\n]*)$", re.MULTILINE)
+
+
+def _marker_text(lines: list, earlier: str | None) -> str:
+    """The text of the marker that :func:`write_files_atomically` leaves during its renames: what
+    happened, how to go on, then one line per name: ``{name} <- {backup}`` (the previous file) or
+    ``{name}: remove (...)`` (no previous file), and one per temporary; an ``earlier`` marker's
+    text (a save that was interrupted before this one) follows."""
+    text = ("A save into this folder was interrupted during its final renames (transformer_core's "
+            "write_files_atomically): its files may be a mix of two saves.\n"
+            "To go on: save into this folder again, or restore the previous files: rename each backup below over "
+            "its name (a backup that is not there was not made yet: its name still holds the previous file), "
+            "remove each name marked 'remove', then delete this file.\n" + "".join(f"{line}\n" for line in lines))
+    if earlier is not None:
+        text += "\nThe folder already held the files of an earlier interrupted save; its marker said:\n" + earlier
+    return text
+
+
+def _write_marker(marker: Path, text: str) -> None:
+    """Writes ``text`` into ``marker`` and flushes it and its folder entry to disk (it must be there
+    before the first rename it warns of)."""
+    with open(marker, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    _sync_entries(marker.parent)
+
+
+def _read_marker(marker: Path) -> str | None:
+    """The text of an interrupted save's marker, None without one ("" if unreadable)."""
+    if not os.path.lexists(marker):
+        return None
+    try:
+        return marker.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ""
 
 
 def write_files_atomically(directory, files, remove=()) -> None:
@@ -174,11 +220,16 @@ def write_files_atomically(directory, files, remove=()) -> None:
        Where the file system refuses the link, the previous file is instead renamed to that name
        right before its replacement in step 3 (no data copied either; the name is missing between
        the two renames).
-    3. The files named in ``remove`` are moved aside (renamed to such a backup name), then the new
-       files are moved into place with ``os.replace`` (atomic per file) in the order given: put
-       last the file a reader looks at first (``config.json`` after the weights).
-    4. When every rename is done, the backups are deleted (also if an exception such as
-       KeyboardInterrupt arrives while the folder is flushed: the new set is then whole).
+    3. A marker, ``.save-in-progress`` (:data:`~transformer_core.hub.SAVE_IN_PROGRESS`), is
+       written and flushed to disk: it lists each name with its backup (``{name} <- {backup}``) or
+       as new (``{name}: remove ...``). Then the files named in ``remove`` are moved aside (renamed
+       to such a backup name), and the new files are moved into place with ``os.replace`` (atomic
+       per file) in the order given: put last the file a reader looks at first (``config.json``
+       after the weights).
+    4. When every rename is done, the backups are deleted, then the marker (also if an exception
+       such as KeyboardInterrupt arrives while the folder is flushed: the new set is then whole).
+       The backups and temporaries that an earlier interrupted save's marker lists are deleted
+       too: the folder now holds one whole set.
 
     A file that vanishes meanwhile (a concurrent save's ``remove``) counts as one that was not
     there.
@@ -186,12 +237,18 @@ def write_files_atomically(directory, files, remove=()) -> None:
     A failure, or an exception such as KeyboardInterrupt, at any step puts every name that step 3
     changed back to its previous file (``os.replace`` of its backup; a name that had none is
     removed), last first, and removes every temporary and backup: the folder holds exactly the files
-    it held before. What no exception reaches cannot be undone: a power loss or a killed process
-    (SIGKILL) during step 3 leaves the names renamed so far new and the others old (for a model:
-    new weights beside the old ``config.json``), with the previous files still beside them as
-    ``.{name}.*.bak`` (renaming each back over ``{name}`` restores the previous set; the
-    ``.{name}.*.tmp`` files are unfinished new ones, safe to delete). A crash during step 1 or 2
-    leaves only such hidden files beside the untouched previous ones.
+    it held before (and the marker is gone). What no exception reaches cannot be undone: a power
+    loss or a killed process (SIGKILL) during step 3 leaves the names renamed so far new and the
+    others old (for a model: new weights beside the old ``config.json``), with the previous files
+    still beside them as ``.{name}.*.bak``, and the marker, which every model's ``from_pretrained``
+    refuses to load past (:func:`~transformer_core.hub.resolve_model_dir`). Saving into the folder
+    again replaces the mix and removes the marker; or rename each backup the marker lists back over
+    its name, remove the names it marks ``remove``, and delete the marker, to get the previous set
+    back. The ``.{name}.*.tmp`` files are unfinished new ones, safe to delete. A crash during step 1
+    or 2 leaves only such hidden files beside the untouched previous ones, and, when it strikes
+    while the safetensors writer (``safetensors.numpy.save_file``) runs, that writer's own
+    temporary, ``.tmpXXXXXX`` (six random characters, as large as the weights written so far;
+    also safe to delete). A later save does not remove those.
 
     Args:
         directory: the folder, created with its parents if missing.
@@ -207,14 +264,15 @@ def write_files_atomically(directory, files, remove=()) -> None:
             ENOSPC, EFBIG, ... also when the safetensors writer reported it, in its message); the
             folder holds the files it held before (a folder created here stays, empty), no temporary
             and no backup. Should putting a previous file back fail too (a second I/O error), its
-            backup is left in place and the error's notes (``__notes__``) name it and how to restore it.
+            backup is left in place, and the marker too (the folder is a mix): the error's notes
+            (``__notes__``) name them and how to restore the previous files.
         IsADirectoryError (an OSError): a folder stands where one of the files goes, or under a
             name of ``remove`` (before anything is written).
         NotADirectoryError (an OSError): ``directory`` is a file, or lies under one (naming
             ``directory``; nothing is written).
         TypeError: ``directory`` not a str or path.
         ValueError: a file name that is not a plain name inside the folder, or one given twice
-            (in ``files`` and ``remove`` together).
+            (in ``files`` and ``remove`` together), or the marker's name.
     """
     from safetensors import SafetensorError
 
@@ -228,8 +286,10 @@ def write_files_atomically(directory, files, remove=()) -> None:
     names = [name for name, _ in files]
     for argument, given in (("files", names), ("remove", remove)):
         for name in given:
-            if not isinstance(name, str) or not name or name in (".", "..") or Path(name).name != name:
-                raise ValueError(f"{argument}: expected plain file names inside {path}, got {name!r}")
+            if (not isinstance(name, str) or not name or name in (".", "..", SAVE_IN_PROGRESS)
+                    or Path(name).name != name):
+                raise ValueError(f"{argument}: expected plain file names inside {path} (other than "
+                                 f"{SAVE_IN_PROGRESS}), got {name!r}")
     if len(set(names + remove)) != len(names) + len(remove):
         raise ValueError(f"files: expected each file once (remove included), got {names} and remove={remove}")
     for name in names + remove:  # a folder in a file's place would fail its rename after earlier files moved in
@@ -243,12 +303,16 @@ def write_files_atomically(directory, files, remove=()) -> None:
     written = []  # (temporary, final): every temporary created
     kept = {}  # final -> its backup: the previous file of that name, until the new set is in place
     changed = []  # the names step 3 has changed (renamed into place, or moved aside), in order
+    marker = path / SAVE_IN_PROGRESS
+    earlier = _read_marker(marker)  # an interrupted save's marker: the folder is a mix already
+    marked = False  # whether this save has (begun to) put its marker in place
     try:
         for name, write in files:  # 1. the temporaries
             final = path / name
             temporary = path / f".{name}.{secrets.token_hex(6)}.tmp"
             try:
-                # created here (O_EXCL: never someone else's file), with the umask's usual permissions
+                # created here (O_EXCL: never someone else's file), with the umask's usual permissions;
+                # the safetensors writer replaces it with its own temporary (.tmpXXXXXX, mode 0600)
                 os.close(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
                 written.append((temporary, final))
                 write(str(temporary))
@@ -284,9 +348,21 @@ def write_files_atomically(directory, files, remove=()) -> None:
             kept[final] = backup
             changed.append(final)
 
-        for name in remove:  # 3. the renames: first what goes (moved aside: its own backup) ...
-            if os.path.lexists(path / name):
-                move_aside(path / name, path / f".{name}.{secrets.token_hex(6)}.bak", f"remove the earlier save's {name}")
+        moved = [(path / name, path / f".{name}.{secrets.token_hex(6)}.bak") for name in remove
+                 if os.path.lexists(path / name)]
+        lines = [f"{final.name} <- {backup.name}" for final, backup in moved]
+        for _, final in written:
+            backup = kept.get(final, aside.get(final))
+            lines.append(f"{final.name} <- {backup.name}" if backup is not None
+                         else f"{final.name}: remove (the previous files had no such file)")
+        lines += [f"{temporary.name}: the new {final.name} until its rename (delete it)" for temporary, final in written]
+        marked = True  # 3. the marker, on disk before the first rename ...
+        try:
+            _write_marker(marker, _marker_text(lines, earlier))
+        except OSError as e:
+            raise OSError(e.errno, f"cannot write {SAVE_IN_PROGRESS} ({e.strerror})", str(marker)) from e
+        for final, backup in moved:  # ... the renames: first what goes (moved aside: its own backup) ...
+            move_aside(final, backup, f"remove the earlier save's {final.name}")
         for temporary, final in written:  # ... then the new files, in their order
             if final in aside:  # the previous file, not linked: renamed to its backup name first
                 move_aside(final, aside[final], f"move the previous {final.name} aside")
@@ -297,7 +373,8 @@ def write_files_atomically(directory, files, remove=()) -> None:
             if final not in changed:
                 changed.append(final)
     except BaseException as error:
-        for final, backup, e in _restore(changed, kept):
+        failed = _restore(changed, kept)
+        for final, backup, e in failed:
             if backup is None:
                 error.add_note(f"could not remove the new {final} ({e}); the folder had no such file before")
             else:
@@ -308,15 +385,35 @@ def write_files_atomically(directory, files, remove=()) -> None:
                 os.unlink(leftover)
             except OSError:
                 pass  # already renamed into place, never created; best effort otherwise
+        if marked and failed:  # the folder is a mix: the marker stays, and loads refuse it
+            error.add_note(f"{marker} stays (the folder's files are a mix of two saves, which from_pretrained "
+                           f"refuses): delete it once the previous files are restored, or save again")
+        elif marked:  # the folder as it was: with the earlier marker it had, or none
+            try:
+                if earlier is None:
+                    os.unlink(marker)
+                else:
+                    _write_marker(marker, earlier)
+            except OSError:
+                pass  # best effort: a marker left refuses loads, never lets a mix through
         raise
     try:
         _fsync_folder(path)  # the renames on disk before the backups go
     finally:
-        for backup in kept.values():  # 4. the new set is in place
+        stale = [path / (m["backup"] or m["temporary"]) for m in _MARKER_FILES.finditer(earlier or "")
+                 if (m["backup"] or m["temporary"]) not in names]
+        for backup in [*kept.values(), *stale]:  # 4. the new set is in place
             try:
                 os.unlink(backup)
             except OSError:
                 pass  # best effort: a hidden file left behind, the save itself is whole
+        try:
+            os.unlink(marker)  # last: the folder holds one whole set
+        except FileNotFoundError:
+            pass
+        except OSError as e:  # loads would refuse the whole new set: said, not hidden
+            raise OSError(e.errno, f"the new files are in place, but {SAVE_IN_PROGRESS} could not be removed "
+                          f"({e.strerror}): delete it", str(marker)) from e
 
 
 def json_value(value, name: str, _active: frozenset = frozenset()):
@@ -356,6 +453,25 @@ def json_value(value, name: str, _active: frozenset = frozenset()):
     raise TypeError(f"{name}: expected a JSON value (str, int, float, bool, None, list, dict), got {type_path(value)}")
 
 
+def save_directory(directory):
+    """``directory`` to save into, its leading ``~`` expanded; one that is not a str or path is
+    returned as it is (:func:`write_files_atomically` names it in its TypeError).
+
+    Raises:
+        ValueError: ``directory`` empty or blank (it would name the current directory) or holding
+            a NUL character (no path can), naming ``directory``.
+        FileNotFoundError: a ``~user`` of no known user, naming ``directory``.
+    """
+    if isinstance(directory, (str, os.PathLike)) and not isinstance(os.fspath(directory), bytes):
+        text = os.fspath(directory)
+        if not text.strip() or "\0" in text:
+            why = ("it holds a NUL character, which no path can" if "\0" in text
+                   else "an empty or blank path would name the current directory")
+            raise ValueError(f"directory: expected a folder path, got {text[:200]!r} ({why}; nothing written)")
+        return expand_home(directory, "directory")
+    return directory
+
+
 def save_pretrained_files(directory, config: dict, state: dict, metadata: dict | None = None,
                           generation_config: dict | None = None) -> None:
     """Writes a Hugging Face model directory: ``model.safetensors`` (``state``, name -> C-contiguous
@@ -372,8 +488,9 @@ def save_pretrained_files(directory, config: dict, state: dict, metadata: dict |
     (it would give the new model the old one's end ids; a failed save puts it back). Only what no
     exception reaches, a power loss or a killed process during the final renames, or a second I/O
     error while the previous files are put back (the error's notes say which), can leave a mixed
-    set: the previous files are then beside it as hidden ``.{name}.*.bak`` files (see
-    :func:`write_files_atomically`).
+    set: the previous files are then beside it as hidden ``.{name}.*.bak`` files, with a
+    ``.save-in-progress`` marker that makes every ``from_pretrained`` refuse the folder until it
+    is saved into again (see :func:`write_files_atomically`).
     A leading ``~`` of ``directory`` is expanded to the home directory, as ``from_pretrained``
     does (``save_pretrained("~/m")`` writes ``$HOME/m``, which ``from_pretrained("~/m")`` reads).
 
@@ -388,14 +505,15 @@ def save_pretrained_files(directory, config: dict, state: dict, metadata: dict |
             a set, an object; numpy scalars are written as Python numbers), naming it
             (``generation_config['eos_token_id']``, :func:`json_value`), before anything is
             written; ``directory`` not a str or path.
-        ValueError: such a value that contains itself (a dict holding itself), naming it.
+        ValueError: such a value that contains itself (a dict holding itself), naming it;
+            ``directory`` empty or blank (it would name the current directory) or holding a NUL
+            character (no path can), before anything is written.
     """
     import json
 
     from safetensors.numpy import save_file
 
-    if isinstance(directory, (str, os.PathLike)) and not isinstance(os.fspath(directory), bytes):
-        directory = expand_home(directory, "directory")  # else write_files_atomically's TypeError
+    directory = save_directory(directory)
 
     # a config that cannot be written fails before any file, naming the value
     text = json.dumps(json_value(config, "config"), indent=2) + "\n"

@@ -179,7 +179,8 @@ class GPT2Config:
 
     def to_dict(self) -> dict:
         """The ``config.json`` object Hugging Face's ``GPT2Config`` reads: ``extra``'s keys (copies,
-        numpy scalars as Python numbers), then the fields.
+        numpy scalars as Python numbers), then the fields. An ``n_inner`` of 0 (the default, as
+        None) is written as null: Hugging Face reads only null as 4 · n_embd, and 0 as a width of 0.
 
         Raises:
             TypeError: an ``extra`` value that JSON cannot write (an array, a set, an object),
@@ -187,6 +188,8 @@ class GPT2Config:
         """
         d = {k: json_value(v, f"config.extra[{k!r}]") for k, v in self.extra.items() if k not in _NOT_KEPT}
         d.update(hf_config_fields({k: getattr(self, k) for k in self.__dataclass_fields__ if k != "extra"}))
+        if d["n_inner"] == 0:  # our default, as None (check() accepts both)
+            d["n_inner"] = None
         d.update(model_type="gpt2", architectures=["GPT2LMHeadModel"], n_ctx=self.n_positions)
         return d
 
@@ -309,7 +312,10 @@ class GPT2Model(DecoderModel):
                 ``model.safetensors`` or a sharded checkpoint's index); an
                 unsupported config (e.g. ``tie_word_embeddings=False`` for
                 :class:`GPT2LMHeadModel`, before the weights are read) or a tied ``lm_head.weight``
-                other than ``wte.weight``; a malformed ``generation_config.json`` (named).
+                other than ``wte.weight``; a malformed ``generation_config.json`` (named);
+                a folder whose save was interrupted during its final renames (its
+                ``.save-in-progress`` marker: the files may be of two saves; the message says how
+                to go on, :func:`transformer_core.hub.resolve_model_dir`).
             TypeError: ``dtype`` not None, float32 or float64.
         """
         from .checkpoints import build_for_checkpoint, config_from_file

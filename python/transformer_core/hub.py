@@ -37,6 +37,12 @@ EMBEDDED_MODELS = {
 }
 DEFAULT_MODEL = "all-MiniLM-L6-v2"
 
+#: The marker that :func:`~transformer_core.checkpoints.write_files_atomically` (every
+#: ``save_pretrained``) keeps in a folder during its final renames: found later, that save was
+#: interrupted (a killed process, a power loss) and the folder's files may be of two saves;
+#: :func:`resolve_model_dir` refuses such a folder. It lists the previous files' backups.
+SAVE_IN_PROGRESS = ".save-in-progress"
+
 # Integer buffers that Hugging Face checkpoints carry beside the weights (recomputed by the model,
 # not parameters): dropped by load_safetensors. Any other integer or bool tensor is an error.
 _INTEGER_BUFFERS = re.compile(r"(^|\.)(position_ids|token_type_ids|attn\.bias|attn\.masked_bias)$")
@@ -194,6 +200,8 @@ def resolve_model_dir(name_or_path, argument: str = "name_or_path") -> Path:
 
     A model directory holds a ``config.json`` (a Hugging Face model) or a ``modules.json`` (a
     sentence-transformers model, whose ``config.json`` may be in its Transformer module's folder).
+    Every ``from_pretrained`` of a directory (Llama, GPT-2, BERT, the sentence encoder) starts
+    here, so a folder that a ``save_pretrained`` left half-renamed is refused here, once.
 
     Raises:
         FileNotFoundError: naming ``argument``: not a directory and not an embedded model, its
@@ -201,13 +209,29 @@ def resolve_model_dir(name_or_path, argument: str = "name_or_path") -> Path:
             the message names what loads it (``LlamaForCausalLM.from_pretrained``, the chat entry
             points); a directory with neither ``config.json`` nor ``modules.json`` (not a model's).
         TypeError: ``name_or_path`` not a str or ``os.PathLike`` (see :func:`resolve_model_path`).
-        ValueError: an empty string.
+        ValueError: an empty string; a directory holding :data:`SAVE_IN_PROGRESS`, naming it: a
+            save into it was interrupted during its final renames, so its files may be a mix of two
+            saves (new weights beside an old ``config.json``); the message says how to go on (save
+            into the folder again, or restore the backups the marker lists).
     """
     path = resolve_model_path(name_or_path, argument)
     if not path.is_dir():
         hint = f"; {_gguf_hint(path)}" if _is_gguf(path) else ""
         raise FileNotFoundError(f"{argument}: {_path_text(name_or_path, argument)!r} is a file ({path}), "
                                 f"not a model directory{hint}")
+    marker = path / SAVE_IN_PROGRESS
+    if os.path.lexists(marker):
+        try:
+            listed = [line for line in marker.read_text(encoding="utf-8", errors="replace").splitlines()
+                      if " <- " in line or line.endswith(": remove (the previous files had no such file)")]
+        except OSError:
+            listed = []
+        backups = f" ({'; '.join(listed[:8])}{'; ...' if len(listed) > 8 else ''})" if listed else ""
+        raise ValueError(f"{argument}: {path}: a save into this folder was interrupted during its final renames "
+                         f"({marker} is there), so its files may be a mix of two saves; it is not loaded. To go on, "
+                         f"save the model into the folder again, or restore the previous files: rename each backup "
+                         f"that {SAVE_IN_PROGRESS} lists over its name and remove each name it marks 'remove'"
+                         f"{backups}, then delete {SAVE_IN_PROGRESS}")
     if not (path / "config.json").is_file() and not (path / "modules.json").is_file():
         raise FileNotFoundError(f"{argument}: {_path_text(name_or_path, argument)!r} is a directory without "
                                 f"config.json ({path}), not a model directory (expected a Hugging Face model's "

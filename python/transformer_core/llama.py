@@ -6,6 +6,7 @@ checkpoints load from a Hugging Face directory (safetensors) or a GGUF file, wit
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,11 +23,19 @@ from ._validation import (
     hf_config_fields,
     resolve_dtype,
 )
+from .checkpoints import json_value
 from .decoder import CausalLM, DecoderModel, _load_tied_head, _rename_known
 from .hub import ConfigRule, LayerRule, check_config_against_weights, load_weights_into, weights_file_label
 from .module import check_dropout, warn_attention_dropout
 
 __all__ = ["LlamaConfig", "LlamaModel", "LlamaForCausalLM"]
+
+#: Keys of a ``config.json`` that ``LlamaConfig.extra`` does not keep: those ``to_dict`` writes
+#: itself (``model_type``, ``architectures``; ``rope_theta`` stands for ``rope_scaling`` /
+#: ``rope_parameters``, whose only other content ``from_dict`` accepts is the "default" type),
+#: and those that describe the file read (the dtype of its weights, the library that wrote it).
+_NOT_KEPT = frozenset({"model_type", "architectures", "rope_scaling", "rope_parameters", "transformers_version",
+                       "torch_dtype", "dtype"})
 
 
 def _same_bits(a: np.ndarray, b: np.ndarray, rows: int = 4096) -> bool:
@@ -74,11 +83,18 @@ class LlamaConfig:
     #: dropout on the attention probabilities in training (Hugging Face's default 0): NOT applied (a
     #: warning says so when it is > 0); Llama has no other dropout.
     attention_dropout: float = 0.0
+    #: the other keys of the ``config.json`` read (``from_dict``: ``use_cache``,
+    #: ``initializer_range``, ...), written back by ``to_dict`` so that a saved model's config
+    #: reloads as it was, as ``GPT2Config.extra`` (not kept: ``transformers_version``,
+    #: ``torch_dtype`` and ``dtype``, which describe the file read, not the one written, and the keys
+    #: ``to_dict`` writes itself or stands for: ``model_type``, ``architectures``, ``rope_scaling``,
+    #: ``rope_parameters``).
     extra: dict = field(default_factory=dict, repr=False)
 
     @classmethod
     def from_dict(cls, d: dict) -> "LlamaConfig":
-        """Reads a ``config.json`` dict (Hugging Face 4.x ``rope_theta`` or 5.x ``rope_parameters``).
+        """Reads a ``config.json`` dict (Hugging Face 4.x ``rope_theta`` or 5.x ``rope_parameters``);
+        the keys that are not fields go to ``extra``.
 
         Raises:
             TypeError: ``d`` not a dict. ValueError: a ``model_type`` other than llama, or RoPE
@@ -104,7 +120,8 @@ class LlamaConfig:
         fields = {k: d[k] for k in cls.__dataclass_fields__ if k in d and k != "extra"}
         if "rope_theta" in rope:
             fields["rope_theta"] = rope["rope_theta"]
-        config = cls(**fields)
+        extra = {k: copy.deepcopy(v) for k, v in d.items() if k not in cls.__dataclass_fields__ and k not in _NOT_KEPT}
+        config = cls(**fields, extra=extra)
         config.check()
         return config
 
@@ -118,7 +135,7 @@ class LlamaConfig:
         defaults), ``rms_norm_eps`` a finite number >= 0, ``rope_theta`` a finite number > 0, the
         flags bools, ``hidden_act`` a name of the library's table, the token ids None, ids or lists
         of ids, ``attention_dropout`` a probability in [0, 1). Sizes too large for this machine are
-        the C++ model's to refuse.
+        the C++ model's to refuse. ``extra`` is a dict.
 
         A negative token id means none, as in Hugging Face (``"pad_token_id": -1`` of the
         configs ``transformers`` 4.27/4.28 converted): the field is set to None, and a list's
@@ -136,11 +153,24 @@ class LlamaConfig:
         for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
             setattr(self, name, config_token_ids(getattr(self, name), name))
         check_dropout(self.attention_dropout, "attention_dropout")
+        check_mapping(self.extra, "extra")
         return self
 
     def to_dict(self) -> dict:
-        """The ``config.json`` object Hugging Face's ``LlamaConfig`` reads."""
-        d = hf_config_fields({k: getattr(self, k) for k in self.__dataclass_fields__ if k != "extra"})
+        """The ``config.json`` object Hugging Face's ``LlamaConfig`` reads: ``extra``'s keys
+        (copies, numpy scalars as Python numbers), then the fields. A ``num_key_value_heads`` or
+        ``head_dim`` of 0 (the default, as None) is written as null: Hugging Face reads only null
+        as the default, and 0 as a size of 0.
+
+        Raises:
+            TypeError: an ``extra`` value that JSON cannot write (an array, a set, an object),
+                naming it: ``config.extra['key']`` (:func:`~transformer_core.checkpoints.json_value`).
+        """
+        d = {k: json_value(v, f"config.extra[{k!r}]") for k, v in self.extra.items() if k not in _NOT_KEPT}
+        d.update(hf_config_fields({k: getattr(self, k) for k in self.__dataclass_fields__ if k != "extra"}))
+        for key in ("num_key_value_heads", "head_dim"):
+            if d[key] == 0:  # our default, as None (check() accepts both)
+                d[key] = None
         d.update(model_type="llama", architectures=["LlamaForCausalLM"])
         return d
 
@@ -297,7 +327,10 @@ class LlamaModel(DecoderModel):
         Raises:
             FileNotFoundError: nothing at ``name_or_path``.
             ValueError: an unsupported or malformed checkpoint (named; a directory's
-                ``generation_config.json`` too); a directory's
+                ``generation_config.json`` too); a folder whose save was interrupted during its
+                final renames (its ``.save-in-progress`` marker: the files may be of two saves; the
+                message says how to go on, :func:`transformer_core.hub.resolve_model_dir`); a
+                directory's
                 ``config.json`` whose sizes (``vocab_size``, ``hidden_size``, ``intermediate_size``,
                 ``num_hidden_layers``, the heads times ``head_dim``) or ``tie_word_embeddings`` the
                 weights contradict (naming the file and the fields, before the model is built); a

@@ -46,7 +46,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .checkpoints import write_files_atomically
+from .checkpoints import save_directory, write_files_atomically
 from .hub import _read_header, expand_home, load_safetensors
 from .lr_scheduler import LRScheduler, _check_scheduler_entries
 from .module import (
@@ -219,6 +219,8 @@ def save_checkpoint(directory, model: Module, optimizer=None, scheduler=None) ->
             hyperparameter written by hand into ``optimizer.param_groups`` that the optimizer
             refuses, a moment holding NaN; named ``optimizer`` or ``scheduler`` (``scheduler[i]``
             in a list) with the loader's message; nothing is written.
+        ValueError: ``directory`` empty or blank (it would name the current directory) or holding
+            a NUL character; nothing is written.
         FileNotFoundError: a ``~user`` of no known user in ``directory`` (nothing written).
         NotADirectoryError (an OSError): ``directory`` is a file, or lies under one (naming
             ``directory``; nothing written).
@@ -233,7 +235,7 @@ def save_checkpoint(directory, model: Module, optimizer=None, scheduler=None) ->
     from safetensors.numpy import save_file
 
     schedulers, weights = _check_arguments(directory, model, optimizer, scheduler, "nothing was written")
-    directory = expand_home(directory, "directory")  # "~/run" is the home's, as save_pretrained's
+    directory = save_directory(directory)  # "~/run" is the home's, as save_pretrained's; "" refused
     # "pt": transformers' own format key (its 4.x loader refuses another); the tensors are plain arrays
     metadata = {"format": "pt", CHECKPOINT_ID_KEY: secrets.token_hex(16)}
     states = []  # (file name, state, its own metadata): all taken, and checked, before anything is written
