@@ -1674,3 +1674,63 @@ def test_sentence_bert_kwargs_not_applied_are_refused(tmp_path, random_bert_dir,
                "model_args": {"cache_dir": "/nonexistent", "trust_remote_code": True}, "config_kwargs": {}}
     ok = _sbert_folder(tmp_path / "ok", random_bert_dir, ignored)
     assert tc.SentenceEncoder.from_pretrained(ok).max_seq_length == 64
+
+
+@pytest.mark.parametrize("processing, length", [
+    ({"text": {"max_length": 8}}, 8),
+    ({"common": {"max_length": 12, "truncation": True}, "text": {"max_length": 8, "padding": "max_length"}}, 12),
+    ({"text": {"truncation": "longest_first", "padding": True}, "image": {}}, 64),
+])
+def test_processing_kwargs_max_length_as_sentence_transformers_calls_the_tokenizer(tmp_path, random_bert_dir,
+                                                                                   processing, length):
+    """sentence_bert_config.json's processing_kwargs, which sentence-transformers 6 passes when it
+    calls the tokenizer on texts ({"padding": True, "truncation": "longest_first", **text,
+    **common}), was ignored: 64 tokens kept, not 8. Ids and embeddings as transformers' tokenizer
+    called so gives them."""
+    from transformers import AutoTokenizer
+
+    d = _sbert_folder(tmp_path, random_bert_dir, {"max_seq_length": 64, "processing_kwargs": processing})
+    ref = AutoTokenizer.from_pretrained(str(d), model_max_length=64)
+    call = {"padding": True, "truncation": "longest_first", **processing.get("text", {}),
+            **processing.get("common", {})}
+    texts = ["word " * 100, "short"]
+    batch = ref(texts, return_tensors="np", **call)
+    enc = tc.SentenceEncoder.from_pretrained(d, dtype=np.float64)
+    assert enc.max_seq_length == length
+    assert enc.tokenizer.encode(texts[0]) == ref(texts[0], **call)["input_ids"] and len(enc.tokenizer.encode(texts[0])) == length
+    want = _hf_embeddings(d, batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
+    np.testing.assert_allclose(enc.encode(texts), want, atol=1e-10)
+
+
+@pytest.mark.parametrize("sbert, key", [
+    ({"processing_kwargs": {"text": {"max_length": 8, "stride": 2}}}, "processing_kwargs: text: stride"),
+    ({"processing_kwargs": {"common": {"truncation": False}}}, "processing_kwargs: common: truncation"),
+    ({"processing_kwargs": {"text": {"max_length": 0}}}, "processing_kwargs: text: max_length: expected a positive"),
+    ({"processing_kwargs": {"text": {"max_length": 4096}}}, "processing_kwargs: text: max_length: expected at most"),
+    ({"processing_kwargs": {"chat_template": {"add_generation_prompt": True}}}, "processing_kwargs: chat_template"),
+    ({"processing_kwargs": [8]}, "processing_kwargs: expected a JSON object"),
+    ({"query_length": 8}, "query_length: not supported"),
+    ({"processor_kwargs": {"use_fast": True}}, "processor_kwargs: use_fast"),
+    ({"processor_kwargs": {"model_max_length": 4096}}, "processor_kwargs: model_max_length: expected at most"),
+    ({"max_seq_length": 4096}, "max_seq_length: expected at most"),
+    ({"do_lower_case": "yes"}, "do_lower_case: expected a bool"),
+])
+def test_sentence_bert_config_refused_before_the_model_is_read(tmp_path, random_bert_dir, monkeypatch, sbert, key):
+    """processing_kwargs keys not applied are refused naming the file and key (they were ignored),
+    and every refusal of sentence_bert_config.json's tokenizer keys comes before the model weights
+    are read (they came after BertModel.from_pretrained)."""
+    import re
+
+    import transformer_core.sentence_encoder as se
+
+    d = _sbert_folder(tmp_path, random_bert_dir, {"max_seq_length": 64, **sbert})
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model was read before sentence_bert_config.json was checked")
+
+    monkeypatch.setattr(se.BertModel, "from_pretrained", no_model)
+    with pytest.raises(ValueError, match=re.escape("sentence_bert_config.json: ") + ".*" + re.escape(key)) as info:
+        tc.SentenceEncoder.from_pretrained(d)
+    assert str(d) in str(info.value)
+    with pytest.raises(ValueError, match=re.escape(key)):
+        tc.Tokenizer.from_pretrained(d)

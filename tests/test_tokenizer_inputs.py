@@ -1358,3 +1358,68 @@ def test_no_call_switches_the_backends_truncation_or_padding_off(model_dir):
     got = next(tok.encode_batches(["a b c d e", "a"], 2))
     assert got["input_ids"].tolist() == [[101, 1037, 1038, 102], [101, 1037, 102, 0]]
     assert seen and all(t and p for t, p in seen), seen
+
+
+def test_do_lower_case_off_keeps_a_normalizer_written_in_python(model_dir):
+    """A normalizer written in Python, set through backend after do_lower_case, was taken for the
+    one do_lower_case set ("cannot be serialized" counted as the same) and replaced on
+    do_lower_case = False. It is kept; one that do_lower_case itself set over a Python normalizer
+    is still taken back (ids of the tokenizers package with each normalizer)."""
+    from tokenizers import normalizers
+
+    class Keep:  # changes nothing: the uncased vocabulary then gives [UNK] for "Hello"
+        def normalize(self, normalized):
+            pass
+
+    plain = _backend(model_dir)
+    plain.normalizer = normalizers.Normalizer.custom(Keep())
+    lowered = _backend(model_dir)
+    lowered.normalizer = normalizers.Sequence([normalizers.Lowercase(), normalizers.Normalizer.custom(Keep())])
+    text = "Hello World"
+    assert plain.encode(text).ids != lowered.encode(text).ids
+    tok = tc.Tokenizer(_backend(model_dir), max_length=16, do_lower_case=True)
+    tok.backend.normalizer = normalizers.Normalizer.custom(Keep())  # replaced through backend
+    assert tok.encode(text) == plain.encode(text).ids
+    tok.do_lower_case = False
+    assert tok.encode(text) == plain.encode(text).ids
+    own = _backend(model_dir)
+    own.normalizer = normalizers.Normalizer.custom(Keep())
+    tok = tc.Tokenizer(own, max_length=16, do_lower_case=True)
+    assert tok.encode(text) == lowered.encode(text).ids
+    tok.backend  # handed out: the normalizer is compared, not assumed
+    tok.do_lower_case = False
+    assert tok.encode(text) == plain.encode(text).ids
+    tok.do_lower_case = True
+    assert tok.encode_batch([text])["input_ids"][0].tolist() == lowered.encode(text).ids
+
+
+def test_do_lower_case_on_a_shared_backend_is_per_tokenizer(model_dir):
+    """A backend that cannot be copied is shared by the Tokenizers built on it and their copies;
+    do_lower_case on one lowercased them all and the caller's tokenizers.Tokenizer, while their
+    do_lower_case read False. The one that changes it now takes a backend of its own (ids of the
+    tokenizers package with and without Lowercase())."""
+    import copy
+
+    from tokenizers import normalizers
+
+    text = "Hello World"
+    ref = _uncopyable(model_dir)
+    ref.normalizer = normalizers.BertNormalizer(lowercase=False)
+    ref.enable_truncation(max_length=16)
+    cased = ref.encode(text).ids
+    ref.normalizer = normalizers.Sequence([normalizers.Lowercase(), normalizers.BertNormalizer(lowercase=False)])
+    lowered = ref.encode(text).ids
+    assert cased != lowered
+    hf = _uncopyable(model_dir)
+    hf.normalizer = normalizers.BertNormalizer(lowercase=False)
+    a = tc.Tokenizer(hf, max_length=16)
+    b = copy.copy(a)
+    c = tc.Tokenizer(hf, max_length=16, do_lower_case=True)
+    b.do_lower_case = True
+    assert b.encode(text) == lowered and c.encode(text) == lowered
+    assert not a.do_lower_case and a.encode(text) == cased
+    assert isinstance(hf.normalizer, normalizers.BertNormalizer) and hf.encode(text).ids[:-1] == cased[:-1]
+    long = "word " * 40
+    assert len(b.encode(long)) == 16 and len(b.encode_batch([long, "x"])["input_ids"][1]) == 16  # truncation, padding kept
+    b.do_lower_case = False
+    assert b.encode(text) == cased and a.encode(text) == cased and c.encode(text) == lowered

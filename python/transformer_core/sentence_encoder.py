@@ -29,7 +29,7 @@ from ._validation import (
 )
 from .bert import BertModel
 from .hub import DEFAULT_MODEL, expand_home, read_json_file
-from .tokenizer import Tokenizer, _check_model_kwargs, _check_room_for_special_tokens, check_unicode
+from .tokenizer import Tokenizer, _check_room_for_special_tokens, _check_sentence_bert_config, check_unicode
 
 __all__ = ["SentenceEncoder", "mean_pool", "cosine_similarity", "read_pooling", "read_prompts",
            "transformer_folder"]
@@ -539,9 +539,11 @@ class SentenceEncoder:
         module (:func:`transformer_folder`): the folder itself, or ``0_Transformer/`` in the older
         sentence-transformers layout. That folder's ``sentence_bert_config.json`` gives the
         tokenizer its ``max_seq_length``, ``do_lower_case`` (a ``Lowercase()`` normalizer prepended,
-        as sentence-transformers 6 does) and ``processor_kwargs`` (``model_max_length``, which wins
-        over ``max_seq_length``, BERT's ``do_lower_case`` and ``truncation_side``): see
-        :meth:`Tokenizer.from_pretrained`.
+        as sentence-transformers 6 does), ``processor_kwargs`` (``model_max_length``, which wins
+        over ``max_seq_length``, BERT's ``do_lower_case`` and ``truncation_side``) and
+        ``processing_kwargs`` (the ``max_length`` of its ``"text"`` / ``"common"``, which wins over
+        both): see :meth:`Tokenizer.from_pretrained`. All of that file is checked before any
+        model weight is read.
 
         Args:
             name_or_path: a directory or an embedded model's name (default all-MiniLM-L6-v2).
@@ -566,7 +568,8 @@ class SentenceEncoder:
                 :func:`transformer_folder` (a Transformer ``path`` outside the folder or missing),
                 :func:`read_prompts` (a malformed ``config_sentence_transformers.json``, named) and
                 :meth:`Tokenizer.from_pretrained` (``sentence_bert_config.json``'s ``max_seq_length``,
-                ``do_lower_case`` and ``processor_kwargs``). ValueError naming
+                ``do_lower_case``, ``processor_kwargs`` and ``processing_kwargs``; these before
+                the model is read). ValueError naming
                 ``sentence_bert_config.json`` and the key: a ``model_kwargs`` / ``config_kwargs``
                 (or ``model_args`` / ``config_args``) that is not empty (sentence-transformers
                 passes them to transformers' model and config; not applied here), but for the keys
@@ -587,7 +590,9 @@ class SentenceEncoder:
         # the model and tokenizer files: the folder itself, or the older layout's 0_Transformer/
         folder = transformer_folder(model_dir)
         source = name_or_path if folder == model_dir else str(folder)
-        _check_model_kwargs(folder)  # sentence_bert_config.json's model/config arguments: none applied here
+        # sentence_bert_config.json (model/config arguments: none applied here; the tokenizer's keys),
+        # checked before any weight is read
+        _check_sentence_bert_config(folder)
         model = BertModel.from_pretrained(source, dtype=dtype)
         if quantize is not None:
             from .quantization import quantize as _quantize

@@ -319,30 +319,70 @@ def _has_lowercase(normalizer) -> bool:
                                                                 for n in normalizer)
 
 
-def _same_normalizer(a, b) -> bool:
-    """Whether two ``tokenizers`` normalizers have the same settings (their JSON); False when either
-    is None; True when they cannot be told apart (one holds a part written in Python, which
-    cannot be serialized)."""
-    if a is None or b is None:
+class _LowercaseMark:
+    """``Lowercase()`` written in Python (``NormalizedString.lowercase()``, what ``Lowercase()``
+    runs), which :attr:`Tokenizer.do_lower_case` prepends to a normalizer with a part written in
+    Python: such a normalizer has no JSON to compare, and this object tells whether a normalizer
+    holds it (:meth:`is_in`)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._asking = None  # the thread that is asking is_in, or None
+        self._seen = False
+
+    def normalize(self, normalized) -> None:
+        if self._asking == threading.get_ident():
+            self._seen = True
+        normalized.lowercase()
+
+    def is_in(self, normalizer) -> bool:
+        """Whether ``normalizer`` runs this object (it normalizes ``"A"`` once to tell)."""
+        with self._lock:
+            self._asking, self._seen = threading.get_ident(), False
+            try:
+                normalizer.normalize_str("A")
+            except Exception:  # noqa: BLE001 - a part written in Python that fails: not the one set
+                return False
+            finally:
+                self._asking = None
+            return self._seen
+
+
+def _is_normalizer(current, installed) -> bool:
+    """Whether ``current`` (a backend's normalizer now) is the one that ``do_lower_case`` set:
+    ``installed``, a normalizer with the same settings (their JSON), or, for a normalizer with a
+    part written in Python (it has no JSON), the :class:`_LowercaseMark` that it must run. False
+    when either is None."""
+    if current is None or installed is None:
         return False
+    if isinstance(installed, _LowercaseMark):
+        return installed.is_in(current)
     try:
-        return a.__getstate__() == b.__getstate__()
-    except Exception:  # noqa: BLE001 - a custom normalizer: taken as the one this module set
-        return True
+        return current.__getstate__() == installed.__getstate__()
+    except Exception:  # noqa: BLE001 - "cannot be serialized": a part written in Python, which installed has not
+        return False
 
 
-def _lowercasing(normalizer):
-    """``normalizer`` with ``Lowercase()`` prepended, as sentence-transformers 6 builds it for
-    ``do_lower_case``: ``Sequence([Lowercase(), *normalizer])`` (the parts of a ``Sequence``, or the
-    normalizer itself, or nothing for None)."""
+def _lowercasing(normalizer, lowercase=None):
+    """``normalizer`` with ``Lowercase()`` (or ``lowercase``) prepended, as sentence-transformers 6
+    builds it for ``do_lower_case``: ``Sequence([Lowercase(), *normalizer])`` (the parts of a
+    ``Sequence``, or the normalizer itself, or nothing for None)."""
     from tokenizers import normalizers
 
-    parts = [normalizers.Lowercase()]
+    parts = [lowercase or normalizers.Lowercase()]
     if isinstance(normalizer, normalizers.Sequence):
         parts += list(normalizer)
     elif normalizer is not None:
         parts.append(normalizer)
     return normalizers.Sequence(parts)
+
+
+def _serializable(normalizer) -> bool:
+    """Whether a ``tokenizers`` normalizer (or None) has a JSON: none with a part written in Python."""
+    try:
+        return normalizer is None or bool(normalizer.__getstate__())
+    except Exception:  # noqa: BLE001 - the Rust library's "cannot be serialized"
+        return False
 
 
 class Tokenizer:
@@ -370,8 +410,9 @@ class Tokenizer:
         do_lower_case: lowercase every text as sentence-transformers 6 does for a model whose
             ``sentence_bert_config.json`` sets ``"do_lower_case": true`` (:meth:`from_pretrained`
             reads it): ``tokenizers.normalizers.Lowercase()`` is prepended to the backend's
-            normalizer (``Sequence([Lowercase(), ...])``), unless that normalizer is a ``Lowercase``
-            or a ``Sequence`` holding one. This is not ``str.lower()``: every ``Σ`` becomes ``σ``
+            normalizer (``Sequence([Lowercase(), ...])``; over a normalizer with a part written in
+            Python, a ``Lowercase`` written in Python, which lowercases the same), unless that
+            normalizer is a ``Lowercase`` or a ``Sequence`` holding one. This is not ``str.lower()``: every ``Σ`` becomes ``σ``
             (Python gives a word-final ``ς``), and special tokens typed in a text (``"[MASK]"``) are
             matched before the normalizer runs, so they stay special. Default False.
         truncation_side: where an encoder tokenizer cuts a text too long for ``max_length``:
@@ -399,7 +440,11 @@ class Tokenizer:
     copied, its ``encode_special_tokens`` setting with it (transformers' ``split_special_tokens``):
     the truncation, padding and special tokens set here never reach the caller's object, nor
     another :class:`Tokenizer` built on it (a backend with parts written in Python cannot be
-    copied: it is used as is, and they are set on it).
+    copied: it is used as is, and they are set on it). ``do_lower_case`` never reaches them: on
+    such a backend, a Tokenizer whose ``do_lower_case`` changes its normalizer (here or through
+    the property) first takes a backend of its own, made of the same model, normalizer,
+    pre-tokenizer, post-processor and decoder objects, its added tokens, truncation and padding
+    (``tokenizers.Tokenizer`` objects of their own that share those parts).
 
     Every argument is checked before the backend is copied or changed: a refused call leaves a
     backend that cannot be copied as it was.
@@ -414,7 +459,8 @@ class Tokenizer:
             to a text (2 for BERT's ``[CLS] ... [SEP]``: it could not truncate to fewer), or a
             special token (``pad_token`` aside) not in the vocabulary; ``truncation_side`` or
             ``padding_side`` not ``"right"`` or ``"left"``; ``padding_side="left"`` for an
-            encoder tokenizer.
+            encoder tokenizer; ``do_lower_case`` on a backend that cannot be copied whose added
+            tokens cannot be given their ids in a backend of its own (not seen).
     """
 
     def __copy__(self) -> "Tokenizer":
@@ -425,7 +471,9 @@ class Tokenizer:
         padding and ``encode_special_tokens`` with it; 0.1 s for SmolLM2's, so not made when
         nothing changes). A backend already handed out through :attr:`backend` (its holder may
         change it at any time) is copied at once. A backend with parts written in Python cannot be
-        copied: it stays shared, as the constructor shares it."""
+        copied: it stays shared, as the constructor shares it (but for :attr:`do_lower_case`,
+        which first gives the Tokenizer that changes it a backend of its own, see the
+        constructor)."""
         new = object.__new__(type(self))
         state = self.__getstate__()
         del state["_encode_special_tokens"]  # the shared backend's own
@@ -438,6 +486,8 @@ class Tokenizer:
         if backend is not self._tok:
             new._tok = backend
             new._backend_watch = _BackendWatch()
+        else:  # shared for good: do_lower_case first gives either one its own (_own_parts)
+            self._tok_foreign = new._tok_foreign = True
         return new
 
     def _own_backend(self) -> None:
@@ -450,6 +500,8 @@ class Tokenizer:
             self._tok = backend
             self._backend_watch = _BackendWatch()
             self._unpadded = self._plain = None
+        else:  # shared for good: do_lower_case first gives it its own (_own_parts)
+            self._tok_foreign = True
         self._tok_shared = False
 
     def __getstate__(self) -> dict:
@@ -461,7 +513,7 @@ class Tokenizer:
         state["_special"] = dict(state["_special"])  # a shallow copy names its own tokens
         state["_unpadded"] = state["_plain"] = None
         state.pop("_unpadded_version", None)  # (a state of an older version)
-        state["_tok_shared"] = False  # pickled: its own backend; copy.copy: see __copy__
+        state["_tok_shared"] = state["_tok_foreign"] = False  # pickled: its own backend; copy.copy: see __copy__
         state["_encode_special_tokens"] = self._tok.encode_special_tokens
         return state
 
@@ -527,9 +579,14 @@ class Tokenizer:
         if max_length is not None:
             _check_room_for_special_tokens(tokenizer, max_length)
         handed_over = getattr(_HANDED_OVER, "backend", None) is tokenizer
+        foreign = False  # the caller's own backend, used as is: see _own_parts
         if not handed_over:  # checked: now the copy
-            tokenizer = _copy_backend(tokenizer)
+            copied = _copy_backend(tokenizer)
+            if copied is tokenizer and do_lower_case and not _has_lowercase(tokenizer.normalizer):
+                copied = _backend_from_parts(tokenizer)  # its own, made of the same parts: Lowercase() is its alone
+            foreign, tokenizer = copied is tokenizer, copied
         self._tok = tokenizer
+        self._tok_foreign = foreign
         self._unpadded = None  # (version, encode_batches' copy of it without padding): see _derived_backend
         self._plain = None  # (version, apply_chat_template's copy without truncation or padding): the same
         self._backend_watch = _BackendWatch()  # whether those copies may be out of date
@@ -541,6 +598,7 @@ class Tokenizer:
         self.chat_template = chat_template
         self._do_lower_case = False
         self._unlowered = None  # (the normalizer before do_lower_case prepended Lowercase,), or None
+        self._lowered = None  # the Sequence that do_lower_case set (or its _LowercaseMark), or None
         self._truncation_side, self._padding_side = truncation_side, padding_side
         self._clean_up = clean_up_tokenization_spaces
         # transformers' clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output: a BPE
@@ -562,21 +620,62 @@ class Tokenizer:
     def _set_lower_case(self, value: bool) -> None:
         """Sets :attr:`do_lower_case` on the backend: True prepends ``Lowercase()`` to its
         normalizer (:func:`_lowercasing`) unless it has one (:func:`_has_lowercase`); False puts
-        back the normalizer that True replaced, when the backend still has the one True set."""
+        back the normalizer that True replaced, when the backend still has the one True set
+        (:func:`_is_normalizer`). A backend shared with the caller or another Tokenizer (one that
+        cannot be copied) is first replaced by one of this Tokenizer's own, made of the same parts
+        (:meth:`_own_parts`), so that the change reaches no one else.
+
+        Raises:
+            ValueError: as :func:`_backend_from_parts`, for a shared backend (nothing is changed).
+        """
         if value == self._do_lower_case:
             return
         self._own_backend()
         if value:
             normalizer = self._tok.normalizer
             if not _has_lowercase(normalizer):
-                self._tok.normalizer = _lowercasing(normalizer)
-                self._unlowered = (normalizer,)
+                self._own_parts()
+                if _serializable(normalizer):  # told apart by its JSON
+                    installed = lowered = _lowercasing(normalizer)
+                else:  # no JSON: told apart by a Lowercase() written in Python
+                    from tokenizers import normalizers
+
+                    lowered = _LowercaseMark()
+                    installed = _lowercasing(normalizer, normalizers.Normalizer.custom(lowered))
+                self._tok.normalizer = installed
+                self._unlowered, self._lowered = (normalizer,), lowered
         elif self._unlowered is not None:
-            if _same_normalizer(self._tok.normalizer, _lowercasing(self._unlowered[0])):
+            installed = getattr(self, "_lowered", None)  # None: pickled before it was kept
+            if installed is None:
+                installed = _lowercasing(self._unlowered[0])
+            if _is_normalizer(self._tok.normalizer, installed):
+                self._own_parts()
                 self._tok.normalizer = self._unlowered[0]
-            self._unlowered = None
+            self._unlowered = self._lowered = None
         self._do_lower_case = value
         self._backend_changed()
+
+    def _own_parts(self) -> None:
+        """Before :attr:`do_lower_case` changes the normalizer of a backend that others hold too
+        (the caller's, or another Tokenizer's: one that cannot be copied, see the constructor and
+        :meth:`__copy__`): replaces it by a backend of this Tokenizer's own, made of the same parts
+        (:func:`_backend_from_parts`) with its truncation and padding.
+
+        Raises:
+            ValueError: as :func:`_backend_from_parts` (nothing is changed).
+        """
+        if not getattr(self, "_tok_foreign", False):
+            return
+        live = self._tok
+        own = _backend_from_parts(live)
+        if live.truncation is not None:
+            own.enable_truncation(**live.truncation)
+        if live.padding is not None:
+            own.enable_padding(**live.padding)
+        self._tok = own
+        self._backend_watch = _BackendWatch()
+        self._unpadded = self._plain = None
+        self._tok_foreign = False
 
     def _pad_of(self, token: str | None, fallback: bool) -> tuple[str | None, int]:
         """``(pad_token, pad_token_id)`` for a ``pad_token`` of the constructor (``fallback``: one
@@ -722,10 +821,15 @@ class Tokenizer:
         prepended to the backend's normalizer (see the constructor's argument; not
         ``str.lower()``). Assignable: True prepends it (unless the normalizer is a ``Lowercase``
         or a ``Sequence`` holding one), False puts back the normalizer it was prepended to (unless
-        the normalizer was replaced since, through :attr:`backend`: that one is kept).
+        the normalizer was replaced since, through :attr:`backend`: that one is kept, a
+        normalizer written in Python included). On a backend that cannot be copied and is shared
+        with the caller or another Tokenizer, this Tokenizer first takes a backend of its own (see
+        the constructor): the setting is this Tokenizer's alone.
 
         Raises:
             TypeError: not a bool (the str ``"False"`` included).
+            ValueError: on such a shared backend, added tokens that cannot be given their ids in a
+                backend of its own (not seen; nothing is changed).
         """
         return self._do_lower_case
 
@@ -891,6 +995,17 @@ class Tokenizer:
         (``cache_dir``, ``revision``, ``token``, ``subfolder``, ``local_files_only``,
         ``trust_remote_code``) change nothing and are ignored; any other key is refused.
 
+        ``sentence_bert_config.json``'s ``processing_kwargs`` (what sentence-transformers 6 passes
+        when it calls the tokenizer on texts: ``{"padding": True, "truncation": "longest_first",
+        **processing_kwargs["text"], **processing_kwargs["common"]}``) is applied as it applies
+        it: a ``max_length`` there (``"common"``'s over ``"text"``'s) is the encoder's
+        ``max_length``, over every length above; ``truncation`` (true, ``"longest_first"``,
+        ``"only_first"``) and ``padding`` (true, ``"longest"``, ``"max_length"``: padding is masked
+        out) change nothing else. Any other key or value is refused, and so is another group that
+        is not empty (``"chat_template"``, ``"image"``, ...) and a ``query_length``,
+        ``document_length`` or ``query_expansion`` that is not null (sentence-transformers'
+        ``encode_query`` / ``encode_document`` apply them).
+
         Either kind takes its named special tokens (``bos_token``, ``eos_token``, ``unk_token``,
         ``sep_token``, ``pad_token``, ``cls_token``, ``mask_token``) and its extra special tokens
         (other ``*_token`` keys, ``extra_special_tokens``, ``additional_special_tokens``) from
@@ -966,7 +1081,9 @@ class Tokenizer:
                 ``tokenizer_args`` that is not an object or holds a key not applied (above) or a
                 value of the wrong type (``model_max_length`` a positive int of at most the
                 positions, ``do_lower_case`` a bool, ``truncation_side`` ``"right"`` or
-                ``"left"``); a ``config.json`` whose
+                ``"left"``); a ``processing_kwargs``, ``query_length``, ``document_length`` or
+                ``query_expansion`` that is refused (above; a ``max_length`` there a positive int of
+                at most the positions, and none for a causal LM); a ``config.json`` whose
                 ``architectures`` is not a list of strings or ``model_type`` not a string; a
                 ``chat_template`` in ``tokenizer_config.json`` that is not a str or a list of
                 ``{"name": str, "template": str}``; a ``chat_template.jinja`` or
@@ -993,7 +1110,12 @@ class Tokenizer:
         else:
             # sentence_bert_config.json's processor_kwargs: transformers' tokenizer arguments, over the file's keys
             cfg = {**_read_json_object(model_dir / "tokenizer_config.json"), **_processor_kwargs(model_dir)}
+            processing_length = _processing_max_length(model_dir)  # processing_kwargs' max_length, or None
             causal = _directory_is_causal(model_dir, cfg, max_length)
+            if causal and processing_length is not None:
+                raise ValueError(f"{model_dir / 'sentence_bert_config.json'}: processing_kwargs: max_length: "
+                                 f"{name_or_path!r} has a causal-LM tokenizer, which does not truncate; expected "
+                                 f"none, got {processing_length}")
         if causal and max_length is not None:
             raise ValueError(f"max_length: {name_or_path!r} has a causal-LM tokenizer, which does not truncate; "
                              f"expected None, got {max_length}")
@@ -1030,7 +1152,9 @@ class Tokenizer:
             t._clean_up_bpe = clean_up_bpe
             return t
         if max_length is None:
-            max_length = _default_max_length(model_dir, cfg)
+            max_length = _default_max_length(model_dir, cfg)  # checked even where processing_kwargs' wins
+            if processing_length is not None:
+                max_length = processing_length
         if tokens["pad_token"] is None:  # none in tokenizer_config.json (or not in the vocabulary)
             tokens["pad_token"] = "[PAD]" if tok.token_to_id("[PAD]") is not None else (tok.id_to_token(0) or "[PAD]")
         # the unknown token: tokenizer_config.json's, else the WordPiece/BPE model's own, if in the vocabulary
@@ -1617,9 +1741,12 @@ class Tokenizer:
     def backend(self):
         """The underlying ``tokenizers.Tokenizer``. Changes made to it reach every later encode
         (:meth:`encode_batches` then brings its unpadded copy up to date on each call). With
-        :attr:`do_lower_case`, its normalizer is the ``Sequence`` that starts with ``Lowercase()``.
+        :attr:`do_lower_case`, its normalizer is the ``Sequence`` that starts with ``Lowercase()``
+        (unless it already had a ``Lowercase``, then it is unchanged: see :attr:`do_lower_case`).
         A backend that ``copy.copy`` left shared is copied first (see :meth:`__copy__`): each
-        Tokenizer hands out its own."""
+        Tokenizer hands out its own. A backend that cannot be copied and is shared (see the
+        constructor) is replaced by one of this Tokenizer's own when :attr:`do_lower_case`
+        changes its normalizer: read this property again after that."""
         self._own_backend()
         watch = getattr(self, "_backend_watch", None)
         if watch is not None:
@@ -2143,6 +2270,96 @@ def _check_model_kwargs(model_dir: Path) -> None:
         if kwargs:
             raise ValueError(f"{path}: {key}: {next(iter(kwargs))}: not supported (sentence-transformers passes "
                              f"{key} to transformers' model or config; they are not applied here)")
+
+
+#: What ``processing_kwargs``' ``"text"`` / ``"common"`` may set (sentence-transformers 6 passes them
+#: to the tokenizer's call for text inputs), and the values applied: ``max_length`` (checked apart),
+#: a ``truncation`` that truncates a single text, a ``padding`` that pads (padding is masked out:
+#: where it goes changes no embedding).
+_APPLIED_PROCESSING_KWARGS = {"truncation": (True, "longest_first", "only_first"),
+                              "padding": (True, "longest", "max_length")}
+
+
+def _processing_max_length(model_dir: Path) -> int | None:
+    """The length that sentence_bert_config.json's ``processing_kwargs`` truncates texts to, or
+    None: sentence-transformers 6 calls the tokenizer with ``{"padding": True, "truncation":
+    "longest_first", **processing_kwargs["text"], **processing_kwargs["common"]}`` (``common``
+    wins), so their ``max_length`` wins over the tokenizer's ``model_max_length``. The file's
+    ``query_length``, ``document_length`` and ``query_expansion`` (used by its ``encode_query`` /
+    ``encode_document``) must be absent or null.
+
+    Raises:
+        ValueError: naming the file and the key: ``processing_kwargs`` not a JSON object or null;
+            a ``"text"`` / ``"common"`` that is not an object, or that holds a key other than
+            ``max_length`` (a positive int of at most ``config.json``'s
+            ``max_position_embeddings``), ``truncation`` (true, ``"longest_first"`` or
+            ``"only_first"``) and ``padding`` (true, ``"longest"`` or ``"max_length"``); any other
+            key that is not empty (``"chat_template"``, ``"image"``, ...); a ``query_length``,
+            ``document_length`` or ``query_expansion`` that is not null.
+    """
+    path = model_dir / "sentence_bert_config.json"
+    sbert = _read_json_object(path)
+    for key in ("query_length", "document_length", "query_expansion"):
+        if sbert.get(key) is not None:
+            raise ValueError(f"{path}: {key}: not supported (sentence-transformers applies it in encode_query / "
+                             f"encode_document, not here); expected null or absent, got {_clip(sbert[key])}")
+    kwargs = sbert.get("processing_kwargs")
+    if kwargs is None:
+        return None
+    if not isinstance(kwargs, dict):
+        raise ValueError(f"{path}: processing_kwargs: expected a JSON object, got {type(kwargs).__name__} "
+                         f"{_clip(kwargs)}")
+    config = _read_json_object(model_dir / "config.json")
+    positions = config.get("max_position_embeddings", config.get("n_positions"))
+    positions = positions if isinstance(positions, int) and not isinstance(positions, bool) and positions > 0 else None
+    length = None
+    for group in ("text", "common"):  # in this order: common's win
+        values = kwargs.get(group)
+        if values is None:
+            continue
+        where = f"{path}: processing_kwargs: {group}"
+        if not isinstance(values, dict):
+            raise ValueError(f"{where}: expected a JSON object, got {type(values).__name__} {_clip(values)}")
+        for name, value in values.items():
+            if name == "max_length":
+                if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                    raise ValueError(f"{where}: max_length: expected a positive int, got {_clip(value)}")
+                if positions is not None and value > positions:
+                    raise ValueError(f"{where}: max_length: expected at most {positions} (config.json's "
+                                     f"max_position_embeddings), got {value}")
+                length = value
+            elif name in _APPLIED_PROCESSING_KWARGS:
+                allowed = _APPLIED_PROCESSING_KWARGS[name]
+                if not any(value is a if isinstance(a, bool) else (isinstance(value, str) and value == a)
+                           for a in allowed):
+                    raise ValueError(f"{where}: {name}: not supported: expected one of "
+                                     f"{', '.join(map(repr, allowed))} (the values that change no embedding here), "
+                                     f"got {_clip(value)}")
+            else:
+                raise ValueError(f"{where}: {name}: not supported (sentence-transformers passes it to the "
+                                 f"tokenizer; only max_length, truncation and padding are applied here)")
+    for group, values in kwargs.items():
+        if group not in ("text", "common") and values not in (None, {}):
+            raise ValueError(f"{path}: processing_kwargs: {group}: not supported (only \"text\" and \"common\" "
+                             f"are applied here, to text inputs); expected an empty object, got {_clip(values)}")
+    return length
+
+
+def _check_sentence_bert_config(model_dir: Path) -> None:
+    """Checks what :meth:`Tokenizer.from_pretrained` reads from a model directory's
+    ``sentence_bert_config.json`` (and :func:`_check_model_kwargs`' keys), before any model weight
+    is read: ``model_kwargs`` / ``config_kwargs``, ``do_lower_case``, ``processor_kwargs``,
+    ``processing_kwargs`` and the truncation length.
+
+    Raises:
+        ValueError: as :func:`_check_model_kwargs`, :func:`_do_lower_case`,
+            :func:`_processor_kwargs`, :func:`_processing_max_length` and :func:`_known_max_length`.
+    """
+    _check_model_kwargs(model_dir)
+    _do_lower_case(model_dir)
+    cfg = {**_read_json_object(model_dir / "tokenizer_config.json"), **_processor_kwargs(model_dir)}
+    _processing_max_length(model_dir)
+    _known_max_length(model_dir, cfg)
 
 
 def _do_lower_case(model_dir: Path) -> bool:
