@@ -1229,3 +1229,46 @@ def test_save_pretrained_refuses_an_empty_or_nul_directory(tmp_path, monkeypatch
         with pytest.raises(ValueError, match=r"^directory: expected a folder path, got .*nothing written"):
             model.save_pretrained(directory)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_an_exception_after_the_renames_leaves_no_marker_beside_a_whole_set(tmp_path, monkeypatch):
+    """The backups were deleted before the marker: an exception (or a kill) in between left the
+    marker beside the whole new set, its advice ("restore the backups listed; a missing one was
+    not made yet") rebuilding a mix of the two saves. The marker goes first now: the folder then
+    holds the new set, no marker, and loads as it."""
+    import os
+
+    folder = tmp_path / "m"
+    _llama(1).save_pretrained(folder)
+    new = _llama(2)
+    real_unlink = os.unlink
+
+    def unlink(path, *args, **kwargs):
+        if str(path).endswith(".bak"):
+            raise SystemExit(3)  # at the first backup deleted
+        return real_unlink(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "unlink", unlink)
+    with pytest.raises(SystemExit):
+        new.save_pretrained(folder)
+    monkeypatch.undo()
+    assert ".save-in-progress" not in _folder(folder)
+    _assert_loads_as(folder, new, None)
+
+
+def test_a_marker_rewritten_by_an_interrupted_write_keeps_its_earlier_text(tmp_path, monkeypatch):
+    """The marker was truncated, then written: a kill in between left it empty, the earlier
+    interrupted save's list of backups lost. It is written under a temporary name and renamed over
+    the earlier one now: an exception before the rename leaves the earlier text and no temporary."""
+    import os
+
+    from transformer_core import checkpoints
+
+    marker = tmp_path / ".save-in-progress"
+    marker.write_text("earlier save's list\n", encoding="utf-8")
+    monkeypatch.setattr(os, "fsync", lambda fd: (_ for _ in ()).throw(SystemExit(3)))
+    with pytest.raises(SystemExit):
+        checkpoints._write_marker(marker, "this save's list\n")
+    monkeypatch.undo()
+    assert marker.read_text(encoding="utf-8") == "earlier save's list\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".save-in-progress"]

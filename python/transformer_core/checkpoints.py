@@ -6,6 +6,7 @@ that its errors name the file it came from (:func:`config_from_file`, for every 
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import re
@@ -191,11 +192,19 @@ def _marker_text(lines: list, earlier: str | None) -> str:
 
 def _write_marker(marker: Path, text: str) -> None:
     """Writes ``text`` into ``marker`` and flushes it and its folder entry to disk (it must be there
-    before the first rename it warns of)."""
-    with open(marker, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
+    before the first rename it warns of). Written under a temporary name, then renamed over it: a
+    kill while it is written leaves the marker it replaces whole (an earlier save's list)."""
+    temporary = marker.with_name(f"{marker.name}.{secrets.token_hex(6)}.tmp")
+    try:
+        with open(temporary, "x", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.rename(temporary, marker)  # POSIX: over the old marker, atomically (os.replace is the files')
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
     _sync_entries(marker.parent)
 
 
@@ -226,8 +235,10 @@ def write_files_atomically(directory, files, remove=()) -> None:
        to such a backup name), and the new files are moved into place with ``os.replace`` (atomic
        per file) in the order given: put last the file a reader looks at first (``config.json``
        after the weights).
-    4. When every rename is done, the backups are deleted, then the marker (also if an exception
-       such as KeyboardInterrupt arrives while the folder is flushed: the new set is then whole).
+    4. When every rename is done and on disk, the marker is removed (and that removal flushed),
+       then the backups are deleted (also if an exception such as KeyboardInterrupt arrives while
+       the folder is flushed: the new set is then whole). So a marker on disk always lists backups
+       that are there, bar those not made yet.
        The backups and temporaries that an earlier interrupted save's marker lists are deleted
        too: the folder now holds one whole set.
 
@@ -402,18 +413,22 @@ def write_files_atomically(directory, files, remove=()) -> None:
     finally:
         stale = [path / (m["backup"] or m["temporary"]) for m in _MARKER_FILES.finditer(earlier or "")
                  if (m["backup"] or m["temporary"]) not in names]
-        for backup in [*kept.values(), *stale]:  # 4. the new set is in place
+        unmarked = None
+        try:
+            os.unlink(marker)  # 4. the new set is in place: first the marker, so that it never
+            _sync_entries(path)  # outlives the backups it lists (its advice would rebuild a mix)
+        except FileNotFoundError:
+            pass
+        except OSError as e:  # loads would refuse the whole new set: said, not hidden
+            unmarked = OSError(e.errno, f"the new files are in place, but {SAVE_IN_PROGRESS} could not be removed "
+                               f"({e.strerror}): delete it", str(marker))
+        for backup in [*kept.values(), *stale]:  # then the backups
             try:
                 os.unlink(backup)
             except OSError:
                 pass  # best effort: a hidden file left behind, the save itself is whole
-        try:
-            os.unlink(marker)  # last: the folder holds one whole set
-        except FileNotFoundError:
-            pass
-        except OSError as e:  # loads would refuse the whole new set: said, not hidden
-            raise OSError(e.errno, f"the new files are in place, but {SAVE_IN_PROGRESS} could not be removed "
-                          f"({e.strerror}): delete it", str(marker)) from e
+        if unmarked is not None:
+            raise unmarked
 
 
 def json_value(value, name: str, _active: frozenset = frozenset()):
