@@ -596,3 +596,97 @@ def test_class_default_tokens_are_those_of_the_transformers_classes():
                 break
         want = {p: params[p].default for p in named if p in params and params[p].default is not None}
         assert tokens == want, name
+
+
+@pytest.mark.parametrize("model_type", ["bart", "longformer", "data2vec-text", "ibert"])
+def test_model_types_of_roberta_class_take_its_defaults_as_autotokenizer(tmp_path, model_type):
+    """A bart-base-style folder (no tokenizer_config.json, config.json's model_type "bart"): transformers
+    maps the model type to RobertaTokenizer, which pads with <pad> (id 1) and has a mask token; ours
+    mapped only "roberta", so it padded with <s> (id 0) and had no cls/sep/mask token."""
+    path = _roberta_folder(tmp_path / "f", {}, {"model_type": model_type},
+                           ["<s>", "<pad>", "</s>", "<unk>", "<mask>"])
+    (path / "tokenizer_config.json").unlink()
+    hf, ours = _hf(path), tc.Tokenizer.from_pretrained(path)
+    assert type(hf).__name__ == "RobertaTokenizer"
+    for name in ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token",
+                 "pad_token_id", "all_special_tokens", "all_special_ids"):
+        assert getattr(ours, name) == getattr(hf, name), name
+    texts = ["Hi", "Hello world the quick", "<mask> fox"]
+    want = hf(texts, padding=True, return_tensors="np")
+    got = ours(texts)
+    np.testing.assert_array_equal(got["input_ids"], want["input_ids"])
+    np.testing.assert_array_equal(got["attention_mask"], want["attention_mask"])
+    assert got["input_ids"][0, -1] == 1
+
+
+@pytest.mark.parametrize("model_type", ["opt", "phi", "gptj", "mpt", "mamba", "qwen2_moe", "deberta"])
+def test_byte_level_model_types_take_their_class_defaults_as_autotokenizer(tmp_path, model_type):
+    """Model types that transformers maps to GPT-2's, GPT-NeoX's, Qwen2's or DeBERTa's class had no
+    class here, so no bos/eos/unk (GPT-NeoX's pad <|padding|>, DeBERTa's [CLS], ...)."""
+    specials = ["<|endoftext|>", "<|padding|>", "[CLS]", "[SEP]", "[UNK]", "[PAD]", "[MASK]"]
+    path = _roberta_folder(tmp_path / "f", {}, {"model_type": model_type, "architectures": ["XForCausalLM"]},
+                           specials)
+    hf, ours = _hf(path), tc.Tokenizer.from_pretrained(path)
+    for name in ("bos_token", "eos_token", "unk_token", "sep_token", "cls_token", "mask_token",
+                 "all_special_tokens", "all_special_ids"):
+        assert getattr(ours, name) == getattr(hf, name), name
+    if hf.pad_token is not None:
+        assert ours.pad_token == hf.pad_token
+    for text in ("Hello world<|endoftext|>", "the quick [MASK] fox"):
+        ids = hf.encode(text, add_special_tokens=False)
+        assert ours.encode(text, add_special_tokens=False) == ids, text
+        assert ours.decode(ids, skip_special_tokens=True) == hf.decode(ids, skip_special_tokens=True), text
+
+
+def test_class_of_model_type_is_transformers_mapping():
+    """The model-type table against transformers' TOKENIZER_MAPPING_NAMES, restricted to the classes
+    this module knows (their defaults, flags or rebuilt pipelines), so that it cannot drift."""
+    import warnings
+
+    from transformer_core import tokenizer as t
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from transformers.models.auto.tokenization_auto import TOKENIZER_MAPPING_NAMES
+
+    known = (set(t._CLASS_SPECIAL_TOKENS) | set(t._PREFIX_SPACE_CLASSES) | t._BERT_NORMALIZER_CLASSES
+             | t._SENTENCEPIECE_CLASSES | t._LEFT_PADDING_CLASSES)
+    want = {model_type: name.removesuffix("Fast") for model_type, name in TOKENIZER_MAPPING_NAMES.items()
+            if name is not None and name.removesuffix("Fast") in known}
+    assert t._CLASS_OF_MODEL_TYPE == want
+    assert not set(want) & t._GENERIC_CLASS_MODEL_TYPES
+
+
+@pytest.mark.parametrize("tokenizer_config_class", [None, "PreTrainedTokenizerFast"])
+def test_tokenizer_class_of_config_json_as_autotokenizer(tmp_path, tokenizer_config_class):
+    """config.json's tokenizer_class (GPT-J's and older checkpoints') is AutoTokenizer's class when
+    tokenizer_config.json names none: a Llama-2-style folder naming LlamaTokenizer only there kept
+    tokenizer.json's Prepend/Replace pipeline (" Hello": [1, 281, 310, 298] for [1, 310, 298]). A
+    class named in tokenizer_config.json still wins."""
+    config = {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}
+    if tokenizer_config_class is not None:
+        config["tokenizer_class"] = tokenizer_config_class
+    path = _trained_llama2_folder(tmp_path / "f", config)
+    (path / "config.json").write_text(json.dumps({"model_type": "llama", "tokenizer_class": "LlamaTokenizer",
+                                                  "architectures": ["LlamaForCausalLM"]}))
+    hf, ours = _hf(path), tc.Tokenizer.from_pretrained(path)
+    assert type(hf).__name__ == ("LlamaTokenizer" if tokenizer_config_class is None else "TokenizersBackend")
+    for text in LLAMA_TEXTS:
+        ids = hf.encode(text)
+        assert ours.encode(text) == ids, text
+        assert ours.decode(ids) == hf.decode(ids), text
+    assert ours.padding_side == hf.padding_side
+
+
+def test_tokenizer_class_of_config_json_gives_its_default_tokens(tmp_path):
+    """A RoBERTa folder whose class is named only in config.json (no model_type): RobertaTokenizer's
+    default tokens, as AutoTokenizer; ours padded with <s> (id 0) and had no mask token."""
+    path = _roberta_folder(tmp_path / "f", {"model_max_length": 512}, {"tokenizer_class": "RobertaTokenizer"},
+                           ["<s>", "<pad>", "</s>", "<unk>", "<mask>"])
+    hf, ours = _hf(path), tc.Tokenizer.from_pretrained(path)
+    assert type(hf).__name__ == "RobertaTokenizer"
+    for name in ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token",
+                 "all_special_tokens", "all_special_ids"):
+        assert getattr(ours, name) == getattr(hf, name), name
+    texts = ["Hi", "Hello world the quick", "<mask> fox"]
+    np.testing.assert_array_equal(ours(texts)["input_ids"], hf(texts, padding=True, return_tensors="np")["input_ids"])

@@ -325,7 +325,7 @@ def test_encode_batches_copy_after_a_change_during_its_update(model_dir):
 
     def local(frame, event, arg):
         line = linecache.getline(frame.f_code.co_filename, frame.f_lineno)
-        if event == "line" and not fired and "setattr(self, slot, (version, copy))" in line:
+        if event == "line" and not fired and "setattr(self, slot, (" in line:
             fired.append(True)
             tok.max_length = 6  # between the update's reads and its record of them
         return local
@@ -1423,3 +1423,84 @@ def test_do_lower_case_on_a_shared_backend_is_per_tokenizer(model_dir):
     assert len(b.encode(long)) == 16 and len(b.encode_batch([long, "x"])["input_ids"][1]) == 16  # truncation, padding kept
     b.do_lower_case = False
     assert b.encode(text) == cased and a.encode(text) == cased and c.encode(text) == lowered
+
+
+def test_kept_copy_of_a_replaced_backend_is_not_taken_for_current(model_dir):
+    """After copy.copy, the first setter gives the Tokenizer its own backend with a new watch, whose
+    count started again at 0: a copy of the old backend that another thread (the trace hook, just
+    before the copy is recorded) stored with the old count was taken as current once the new count
+    reached it, and encode_batch / encode_batches truncated to the old max_length (9, not 6)."""
+    import copy
+    import linecache
+    import sys
+
+    texts = ["one two three four five six seven eight nine ten eleven twelve", "a short one"]
+    a = tc.Tokenizer(_backend(model_dir), 10)
+    a.max_length = 11
+    a.max_length = 9  # the watch counts 2
+    b = copy.copy(a)  # shares a's backend and watch until either changes it
+    code = tc.tokenizer.Tokenizer._derived_backend.__code__
+    fired = []
+
+    def local(frame, event, arg):
+        line = linecache.getline(frame.f_code.co_filename, frame.f_lineno)
+        if event == "line" and not fired and "setattr(self, slot, (" in line:
+            fired.append(True)
+            a.max_length = 7  # a takes its own backend and watch while the old backend's copy is made
+        return local
+
+    sys.settrace(lambda frame, event, arg: local if frame.f_code is code else None)
+    try:
+        next(a.encode_batches(texts, 2))
+    finally:
+        sys.settrace(None)
+    assert fired
+    a.max_length = 6  # the new watch counts 2 again
+    ref = _backend(model_dir)
+    ref.enable_truncation(max_length=6)
+    want = [e.ids for e in ref.encode_batch(texts)]
+    assert [a.encode(t) for t in texts] == want
+    got = a.encode_batch(texts)
+    assert got["input_ids"].shape == (2, 6)
+    for row, ids in enumerate(want):
+        assert got["input_ids"][row, :len(ids)].tolist() == ids
+    _check_one_batch_truncated_to(a, texts, 6)
+    _check_one_batch_truncated_to(b, texts, 9)
+
+
+def test_do_lower_case_false_gives_each_copy_its_own_normalizer():
+    """do_lower_case = False put back the saved normalizer object itself, which the original's
+    Sequence([Lowercase(), ...]) and every copy also held: a change made in place through one
+    Tokenizer's backend (normalizer.strip_accents = True) changed the others' ids. Compared with the
+    tokenizers package's own normalizers."""
+    import copy
+
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
+
+    backend = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    backend.normalizer = normalizers.BertNormalizer(lowercase=False, strip_accents=False)
+    backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    backend.train_from_iterator(["Héllo Wörld hello world HELLO"] * 20, trainers.WordPieceTrainer(
+        vocab_size=200, special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]"]))
+
+    def ids(normalizer, text="Héllo"):
+        ref = Tokenizer.from_str(backend.to_str())
+        ref.normalizer = normalizer
+        return ref.encode(text).ids
+
+    lowered = ids(normalizers.Sequence([normalizers.Lowercase(),
+                                        normalizers.BertNormalizer(lowercase=False, strip_accents=False)]))
+    cased = ids(normalizers.BertNormalizer(lowercase=False, strip_accents=False))
+    stripped = ids(normalizers.BertNormalizer(lowercase=False, strip_accents=True))
+    assert len({tuple(lowered), tuple(cased), tuple(stripped)}) == 3
+    a = tc.Tokenizer(backend, max_length=16, do_lower_case=True)
+    c = copy.copy(a)
+    c.do_lower_case = False
+    c.backend.normalizer.strip_accents = True
+    assert c.encode("Héllo") == stripped
+    assert a.encode("Héllo") == lowered
+    d = copy.copy(a)
+    a.do_lower_case = d.do_lower_case = False
+    a.backend.normalizer.strip_accents = True
+    assert a.encode("Héllo") == stripped
+    assert d.encode("Héllo") == cased

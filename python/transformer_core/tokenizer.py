@@ -121,15 +121,33 @@ _PREFIX_SPACE_CLASSES = {
     "BlenderbotTokenizer": True, "LayoutLMv3Tokenizer": True,
 }
 #: The tokenizer class transformers 5 gives a folder without ``tokenizer_class`` by its
-#: ``config.json``'s ``model_type`` (``TOKENIZER_MAPPING_NAMES``), for the classes above.
+#: ``config.json``'s ``model_type``: transformers 5.23's ``TOKENIZER_MAPPING_NAMES``, restricted to
+#: the classes above (a test compares the two).
 _CLASS_OF_MODEL_TYPE = {
-    **dict.fromkeys(("bert", "distilbert", "electra", "squeezebert", "layoutlm", "convbert", "megatron-bert",
-                     "ernie", "nomic_bert", "retribert"), "BertTokenizer"),
-    "mpnet": "MPNetTokenizer", "mobilebert": "MobileBertTokenizer",
-    "gpt2": "GPT2Tokenizer", "starcoder2": "GPT2Tokenizer", "qwen2": "Qwen2Tokenizer", "qwen3": "Qwen2Tokenizer",
-    "codegen": "GPT2Tokenizer", "gpt_neox": "GPTNeoXTokenizer", "qwen3_5": "Qwen3_5Tokenizer",
-    "roberta": "RobertaTokenizer",
-    **dict.fromkeys(("gemma", "gemma2", "gemma3", "gemma3_text"), "GemmaTokenizer"),
+    **dict.fromkeys(("align", "bark", "bert", "blip", "bros", "chinese_clip", "convbert", "distilbert", "electra",
+                     "ernie", "flava", "git", "grounding-dino", "layoutlm", "megatron-bert", "mm-grounding-dino",
+                     "nezha", "nomic_bert", "qdqbert", "realm", "retribert", "squeezebert", "tvp", "vilt",
+                     "visual_bert"), "BertTokenizer"),
+    "blenderbot": "BlenderbotTokenizer", "code_llama": "CodeLlamaTokenizer", "deberta": "DebertaTokenizer",
+    "funnel": "FunnelTokenizer", "layoutlmv3": "LayoutLMv3Tokenizer", "luke": "LukeTokenizer",
+    "lxmert": "LxmertTokenizer", "markuplm": "MarkupLMTokenizer", "mobilebert": "MobileBertTokenizer",
+    "mpnet": "MPNetTokenizer", "whisper": "WhisperTokenizer",
+    **dict.fromkeys(("aya_vision", "cohere", "cohere2"), "CohereTokenizer"),
+    **dict.fromkeys(("blip-2", "codegen", "dbrx", "emu3", "gpt2", "gpt_neo", "gptj", "hyperclovax_vision_v2",
+                     "instructblip", "instructblipvideo", "jais2", "opt", "phi", "starcoder2"), "GPT2Tokenizer"),
+    **dict.fromkeys(("falcon_mamba", "gpt_neox", "mamba", "mamba2", "mpt", "olmo", "olmoe", "rwkv", "xlstm"),
+                    "GPTNeoXTokenizer"),
+    **dict.fromkeys(("diffusion_gemma", "gemma", "gemma2", "gemma3", "gemma3_text", "gemma3n", "gemma3n_text",
+                     "recurrent_gemma", "shieldgemma2", "t5gemma", "zaya"), "GemmaTokenizer"),
+    **dict.fromkeys(("idefics", "idefics2"), "LlamaTokenizer"),
+    **dict.fromkeys(("audioflamingo3", "colqwen2", "cosmos3_omni", "dots3_note", "fun_asr_nano", "hunyuan_vl",
+                     "internvl", "lighton_ocr", "moss_transcribe_diarize", "ovis2", "qianfan_ocr", "qwen2",
+                     "qwen2_5_omni", "qwen2_5_vl", "qwen2_audio", "qwen2_moe", "qwen2_vl", "qwen3", "qwen3_asr",
+                     "qwen3_moe", "qwen3_next", "qwen3_omni_moe", "qwen3_vl", "qwen3_vl_moe", "vibevoice"),
+                    "Qwen2Tokenizer"),
+    **dict.fromkeys(("qwen3_5", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_5_text", "qwen4_exp"), "Qwen3_5Tokenizer"),
+    **dict.fromkeys(("bart", "bridgetower", "clap", "data2vec-text", "ibert", "lilt", "longformer", "mega", "mra",
+                     "roberta", "roberta-prelayernorm"), "RobertaTokenizer"),
 }
 #: ``config.json`` model types that transformers 5 registers to a generic class (``TokenizersBackend``,
 #: ``MistralCommonBackend``; ``TOKENIZER_MAPPING_NAMES`` with ``MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS``
@@ -258,7 +276,8 @@ class _BackendWatch:
     truncation (see ``Tokenizer._derived_backend``): ``handed_out`` once the backend has been given
     to anyone (the ``backend`` property; from then on it may change at any time), and ``version``,
     counted up by each change this module makes. Shared by shallow copies of the Tokenizer while
-    they share the backend; each Tokenizer remembers the version its own copies were made at."""
+    they share the backend; each Tokenizer keeps its own copies with the watch and the version they
+    were made at."""
 
     def __init__(self):
         self.handed_out = False
@@ -375,6 +394,17 @@ def _lowercasing(normalizer, lowercase=None):
     elif normalizer is not None:
         parts.append(normalizer)
     return normalizers.Sequence(parts)
+
+
+def _normalizer_copy(normalizer):
+    """A copy of a ``tokenizers`` normalizer made from its JSON (None for None); the normalizer itself
+    when it has a part written in Python, which cannot be serialized (such parts are shared, see
+    :func:`_backend_from_parts`)."""
+    import pickle
+
+    if not _serializable(normalizer) or normalizer is None:
+        return normalizer
+    return pickle.loads(pickle.dumps(normalizer))
 
 
 def _serializable(normalizer) -> bool:
@@ -587,8 +617,8 @@ class Tokenizer:
             foreign, tokenizer = copied is tokenizer, copied
         self._tok = tokenizer
         self._tok_foreign = foreign
-        self._unpadded = None  # (version, encode_batches' copy of it without padding): see _derived_backend
-        self._plain = None  # (version, apply_chat_template's copy without truncation or padding): the same
+        self._unpadded = None  # (watch, version, encode_batches' copy of it without padding): see _derived_backend
+        self._plain = None  # (watch, version, apply_chat_template's copy without truncation or padding): the same
         self._backend_watch = _BackendWatch()  # whether those copies may be out of date
         self._tok_shared = False  # a backend that copy.copy shares until either side changes it: _own_backend
         self._id_limit_cache = None  # (vocabulary size, one past the highest id, gaps?): see _id_limit
@@ -621,9 +651,12 @@ class Tokenizer:
         """Sets :attr:`do_lower_case` on the backend: True prepends ``Lowercase()`` to its
         normalizer (:func:`_lowercasing`) unless it has one (:func:`_has_lowercase`); False puts
         back the normalizer that True replaced, when the backend still has the one True set
-        (:func:`_is_normalizer`). A backend shared with the caller or another Tokenizer (one that
-        cannot be copied) is first replaced by one of this Tokenizer's own, made of the same parts
-        (:meth:`_own_parts`), so that the change reaches no one else.
+        (:func:`_is_normalizer`), as a copy of its own (:func:`_normalizer_copy`): the saved object
+        is also held by copies of this Tokenizer and by the ``Sequence`` True set, and a change made
+        in place through one Tokenizer's :attr:`backend` must reach no other. A backend shared with
+        the caller or another Tokenizer (one that cannot be copied) is first replaced by one of this
+        Tokenizer's own, made of the same parts (:meth:`_own_parts`), so that the change reaches no
+        one else.
 
         Raises:
             ValueError: as :func:`_backend_from_parts`, for a shared backend (nothing is changed).
@@ -650,7 +683,7 @@ class Tokenizer:
                 installed = _lowercasing(self._unlowered[0])
             if _is_normalizer(self._tok.normalizer, installed):
                 self._own_parts()
-                self._tok.normalizer = self._unlowered[0]
+                self._tok.normalizer = _normalizer_copy(self._unlowered[0])
             self._unlowered = self._lowered = None
         self._do_lower_case = value
         self._backend_changed()
@@ -1014,8 +1047,9 @@ class Tokenizer:
         0's token, and without an ``unk_token`` in ``tokenizer_config.json`` (or its class) takes
         the WordPiece/BPE model's own; a causal LM pads with its ``pad_token``, else its EOS token.
         A token that ``tokenizer_config.json`` leaves out takes its transformers class's default
-        (``tokenizer_class``, or the class of ``config.json``'s ``model_type``, as transformers 5's
-        ``AutoTokenizer`` picks it: a model type registered to its generic ``TokenizersBackend``,
+        (``tokenizer_config.json``'s ``tokenizer_class``, else ``config.json``'s, else the class
+        transformers 5.23's ``TOKENIZER_MAPPING_NAMES`` gives ``config.json``'s ``model_type``: BART's,
+        Longformer's, OPT's, Phi's, ..., as transformers 5's ``AutoTokenizer`` picks it: a model type registered to its generic ``TokenizersBackend``,
         Mistral's, Mixtral's, Phi-3's, ..., gets no class, whatever ``tokenizer_class`` says, and
         keeps ``tokenizer.json``'s pipeline): GPT-2's, Qwen2's, Llama's and Gemma's (GPT-2's own
         folder names no token: its bos, eos and unk are ``<|endoftext|>``), BERT's (``[CLS]``,
@@ -1035,7 +1069,7 @@ class Tokenizer:
           ``clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output`` is true;
         * ``do_lower_case``, ``strip_accents`` and ``tokenize_chinese_chars``, only where
           transformers' tokenizer is a BERT one (its ``tokenizer_class``, or with none the model
-          type of ``config.json``: BERT, DistilBERT, ELECTRA, MPNet, ...) and ``tokenizer.json``'s
+          type of ``config.json``: BERT, DistilBERT, ELECTRA, MPNet, ..., chosen as above) and ``tokenizer.json``'s
           normalizer is a ``BertNormalizer``: they set the normalizer's ``lowercase``,
           ``strip_accents`` and ``handle_chinese_chars``, as those tokenizers rebuild it, and one
           absent takes transformers' default (true, null, true) whatever ``tokenizer.json`` says
@@ -1459,7 +1493,7 @@ class Tokenizer:
 
         The copy (:func:`_backend_from_parts`: the backend's own model, normalizer, pre-tokenizer,
         post-processor and decoder objects, its added tokens, ``encode_special_tokens`` and, with
-        ``truncate``, its truncation; 30-50 µs) is kept with the backend's version
+        ``truncate``, its truncation; 30-50 µs) is kept with the backend's watch and its version
         (:class:`_BackendWatch`) and made again when the backend may have changed since: after a
         setter, or on every call once the backend was handed out through :attr:`backend` (it may
         have changed at any time). A copy is never changed once made (another thread may be
@@ -1467,21 +1501,25 @@ class Tokenizer:
         this, so another thread's call on it is never left untruncated or unpadded; a backend
         with parts written in Python gets such a copy too.
         """
+        # The watch and its version are read before the backend is: a change made while the copy is
+        # made counts up after it, and a backend swapped in meanwhile (_own_backend, _own_parts) comes
+        # with a watch of its own, set after it. The copy is kept with that watch object, not only
+        # its count: a new watch counts from 0 again, and must not take a copy of the old backend.
+        watch = getattr(self, "_backend_watch", None)  # None: pickled before it existed
+        version = None if watch is None else watch.version
         live = self._tok
         if live.padding is None and (truncate or live.truncation is None):
             return live
         slot = "_unpadded" if truncate else "_plain"
-        kept = getattr(self, slot, None)  # (the watch's version it was made at, the copy), or None
-        watch = getattr(self, "_backend_watch", None)  # None: pickled before it existed
-        # read before the backend is: a change made while the copy is made counts up after it
-        version = None if watch is None else watch.version
-        if kept is not None and version is not None and not watch.handed_out and kept[0] == version:
-            return kept[1]  # nothing can have changed the backend since it was made
+        kept = getattr(self, slot, None)  # (the watch, its version the copy was made at, the copy), or None
+        if (kept is not None and version is not None and not watch.handed_out and kept[0] is watch
+                and kept[1] == version):
+            return kept[2]  # nothing can have changed the backend since it was made
         copy = _backend_from_parts(live)
         truncation = live.truncation if truncate else None
         if truncation is not None:
             copy.enable_truncation(**truncation)
-        setattr(self, slot, (version, copy))  # one assignment: another thread sees the pair or the old one
+        setattr(self, slot, (watch, version, copy))  # one assignment: another thread sees it or the old one
         return copy
 
     def _backend_changed(self) -> None:
@@ -2427,18 +2465,23 @@ def _declared_class(model_dir: Path, tokenizer_config: dict) -> str | None:
     (``_GENERIC_CLASS_MODEL_TYPES``: Mistral's, Mixtral's, Phi-3's, ... whatever
     ``tokenizer_class`` says); else the class registered to the model type when transformers
     takes it over the folder's (``_REGISTERED_CLASS_WINS``: Qwen2's, ...); else the
-    ``tokenizer_class`` of ``tokenizer_config.json``; else the one ``_CLASS_OF_MODEL_TYPE`` gives
-    the model type. None when none of these says (or ``tokenizer_class`` is not a str).
+    ``tokenizer_class`` of ``tokenizer_config.json``, or with none there (absent or null) that of
+    ``config.json`` (GPT-J's and other older checkpoints name it there), as AutoTokenizer takes
+    ``tokenizer_config_class or config.tokenizer_class``; else the one ``_CLASS_OF_MODEL_TYPE``
+    gives the model type. None when none of these says (or ``tokenizer_class`` is not a str).
 
     Raises:
         ValueError: a ``config.json`` that is not a JSON object.
     """
-    model_type = _read_json_object(model_dir / "config.json").get("model_type")
+    config = _read_json_object(model_dir / "config.json")
+    model_type = config.get("model_type")
     if not isinstance(model_type, str):
         model_type = None
     elif model_type in _GENERIC_CLASS_MODEL_TYPES:
         return None
     name = tokenizer_config.get("tokenizer_class")
+    if name is None:
+        name = config.get("tokenizer_class")
     if isinstance(name, str):
         return _REGISTERED_CLASS_WINS.get(model_type, name.removesuffix("Fast"))
     if name is not None:
