@@ -3195,3 +3195,134 @@ def test_npy_writer_after_a_failed_texts_write_wants_a_new_writer(tmp_path, tiny
     ids, texts, got = load_output(out)
     assert texts == lines
     np.testing.assert_array_equal(got, np.concatenate(emb))
+
+
+# ------------------------------------------------ resume of an output made by an earlier version
+def _interrupted_after(monkeypatch, chunks: int):
+    """EmbedJob.commit interrupted (KeyboardInterrupt) after ``chunks`` commits; undo with monkeypatch.undo()."""
+    commit, n = corpus.EmbedJob.commit, [0]
+
+    def interrupt(self, index, **kw):
+        if n[0] == chunks:
+            raise KeyboardInterrupt
+        n[0] += 1
+        return commit(self, index, **kw)
+
+    monkeypatch.setattr(corpus.EmbedJob, "commit", interrupt)
+
+
+@pytest.mark.parametrize("fmt, errors, suffix", [("text", "strict", "npy"), ("jsonl", "skip", "parquet"),
+                                                 ("jsonl", "strict", "npy")])
+def test_resume_of_an_output_of_the_earlier_blank_rule(tmp_path, tiny_model_dir, tiny_encoder, monkeypatch,
+                                                       fmt, errors, suffix):
+    """An earlier version's rule for blank texts (categories Cc, Cf and Mn only) embedded lines of
+    U+FFFD or private-use characters that this one skips (or refuses, strict): resuming its output
+    embedded and committed a chunk under shifted ids, then refused with "changed during the run"
+    (strict: a dead end through --errors skip). It is refused before anything is written, with the
+    counts then and now; a manifest of the current rule, or of the earlier one whose input has no
+    such text, resumes to an uninterrupted run's output."""
+    lines = ["alpha one", "beta two", "\ufffd", "gamma three", "delta four", "\ue000", "eps five", "zeta six"]
+    kept = [t for t in lines if t not in ("\ufffd", "\ue000")]
+    f = tmp_path / f"in.{'txt' if fmt == 'text' else fmt}"
+
+    def write(texts):
+        f.write_text("".join((t if fmt == "text" else json.dumps({"text": t})) + "\n" for t in texts),
+                     encoding="utf-8")
+
+    def old_output(out):  # as the earlier version left it: interrupted after 2 of its chunks
+        with monkeypatch.context() as mp:
+            mp.setattr(corpus, "_INVISIBLE_CATEGORIES", frozenset({"Cc", "Cf", "Mn"}))
+            mp.setattr(corpus, "_INVISIBLE_CHARS", frozenset())
+            _interrupted_after(mp, 2)
+            with pytest.raises(KeyboardInterrupt):
+                corpus.embed_file(f, out, model=str(tiny_model_dir), chunk_size=2, errors=errors)
+        m = manifest(out)
+        m["input"].pop("blank_rule", None)  # an earlier version wrote none
+        Path(f"{out}.manifest.json").write_text(json.dumps(m))
+        return m
+
+    write(lines)
+    out = tmp_path / f"o.{suffix}"
+    m = old_output(out)
+    assert m["num_rows"] == len(lines) and m["completed"] == [[0, 2]]
+    saved = {p: (p.read_bytes() if p.is_file() else sorted(q.name for q in p.iterdir()))
+             for p in tmp_path.iterdir() if p.name.startswith("o.")}
+    strict = errors == "strict" and fmt != "text"
+    why = "refuses" if strict else "skips"
+    hint = re.escape(" (with --errors skip / errors='skip', which skips them)") if strict else ""
+    with pytest.raises(ValueError, match=rf"^resume: {re.escape(str(out))} was started by an earlier version, "
+                                         rf"whose rule for blank texts differs: this one {why} the texts of only "
+                                         rf"characters that carry no text .*\(8 texts then, 6 now\), so the rows "
+                                         rf"already made would not line up with the texts; --overwrite starts "
+                                         rf"over{hint}$"):
+        corpus.embed_file(f, out, model=str(tiny_model_dir), errors=errors, resume=True)
+    assert {p: (p.read_bytes() if p.is_file() else sorted(q.name for q in p.iterdir()))
+            for p in tmp_path.iterdir() if p.name.startswith("o.")} == saved
+    assert corpus.embed_file(f, out, model=str(tiny_model_dir), chunk_size=2, errors="skip", overwrite=True).rows == 6
+    ids, texts, emb = load_output(out)
+    assert ids.tolist() == list(range(6)) and texts == kept
+    np.testing.assert_array_equal(emb, np.concatenate([tiny_encoder.encode(kept[i:i + 2], normalize=True)
+                                                       for i in (0, 2, 4)]))
+
+    ref = tmp_path / f"ref.{suffix}"
+    corpus.embed_file(f, ref, model=str(tiny_model_dir), chunk_size=2, errors=errors if fmt == "text" else "skip")
+    for old in (False, True):  # the current rule; the earlier one on an input without such texts
+        if old:
+            write(kept)
+            corpus.embed_file(f, ref, model=str(tiny_model_dir), chunk_size=2, errors=errors, overwrite=True)
+        run_errors = errors if fmt == "text" or old else "skip"
+        with monkeypatch.context() as mp:
+            _interrupted_after(mp, 1)
+            with pytest.raises(KeyboardInterrupt):
+                corpus.embed_file(f, out, model=str(tiny_model_dir), chunk_size=2, errors=run_errors, overwrite=True)
+        if old:
+            m = manifest(out)
+            m["input"].pop("blank_rule", None)
+            Path(f"{out}.manifest.json").write_text(json.dumps(m))
+        assert corpus.embed_file(f, out, model=str(tiny_model_dir), errors=run_errors, resume=True).rows == 6
+        assert manifest(out)["input"]["blank_rule"] == corpus.BLANK_RULE_VERSION
+        ids, texts, emb = load_output(out)
+        rids, rtexts, remb = load_output(ref)
+        assert ids.tolist() == rids.tolist() and texts == rtexts == kept
+        np.testing.assert_array_equal(emb, remb)
+
+
+def test_resume_refuses_an_earlier_versions_npy_written_out_of_order(tmp_path, tiny_model_dir, tiny_encoder):
+    """An earlier version's .npy writer appended the texts in the order its chunks came: chunk 1
+    then chunk 0, interrupted there, left the first chunks done (passing the check of a prefix)
+    with each text on another row's line, and a resume completed it so. The done chunks' texts
+    are compared with the texts file's lines before the first chunk not done is handed out; the
+    output is left as it was. The same output with its lines in order resumes to an uninterrupted
+    run's output."""
+    lines = ["apple pie", "banana split", "car engine", "diesel truck", "elm tree", "fig jam"]
+    f = write_lines(tmp_path / "in.txt", lines)
+    out, ref = tmp_path / "o.npy", tmp_path / "ref.npy"
+    corpus.embed_file(f, ref, model=str(tiny_model_dir), chunk_size=2)
+    with pytest.MonkeyPatch.context() as mp:
+        _interrupted_after(mp, 2)
+        with pytest.raises(KeyboardInterrupt):
+            corpus.embed_file(f, out, model=str(tiny_model_dir), chunk_size=2)
+    assert manifest(out)["completed"] == [[0, 2]]
+    sidecar = Path(f"{out}.texts.jsonl")
+    in_order = sidecar.read_bytes()  # chunk 2's texts too: written, its commit interrupted
+    assert in_order == "".join(json.dumps(t) + "\n" for t in lines).encode()
+    sidecar.write_bytes("".join(json.dumps(t) + "\n" for t in lines[2:4] + lines[:2] + lines[4:]).encode())
+    swapped, partial, m = sidecar.read_bytes(), Path(f"{out}.partial").read_bytes(), manifest(out)
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(sidecar))}, line 1: holds 'car engine', not the text "
+                                         rf"of row 0 \('apple pie'\): the texts of the chunks done are not on their "
+                                         rf"rows' lines \(written out of order by an earlier version, or the file "
+                                         rf"was edited\); --overwrite starts over$"):
+        corpus.embed_file(f, out, model=str(tiny_model_dir), resume=True)
+    assert sidecar.read_bytes() == swapped and Path(f"{out}.partial").read_bytes() == partial
+    assert not out.exists()
+    assert {k: v for k, v in manifest(out).items() if k not in ("run", "runs")} == \
+        {k: v for k, v in m.items() if k not in ("run", "runs")}
+    sidecar.write_bytes(in_order)
+    assert corpus.embed_file(f, out, model=str(tiny_model_dir), resume=True).rows == 6
+    ids, texts, emb = load_output(out)
+    assert texts == lines
+    np.testing.assert_array_equal(emb, np.load(ref))
+    np.testing.assert_array_equal(emb, np.concatenate([tiny_encoder.encode(lines[i:i + 2], normalize=True)
+                                                       for i in (0, 2, 4)]))
+    hit = corpus.search(out, lines[0], k=1)[0][0]
+    assert (hit.id, hit.text) == (0, lines[0])

@@ -67,7 +67,7 @@ The pieces, in the order a run uses them:
 * **The manifest** ``OUT.npy.manifest.json`` / ``OUT.parquet.manifest.json`` beside the output: the model's identity (name and a
   fingerprint of its config, tokenizer and whole weight file), dim, dtype, the input's identity
   (path, size, mtime, SHA-256 of the whole file (``"sha256"``) and of its first and last MiB, format,
-  field, error mode), the chunk size
+  field, error mode, the rule for blank texts: ``"blank_rule"``), the chunk size
   and the chunks completed (as ``[first, stop)`` ranges, so that its size does not grow with the
   number of chunks). It is replaced atomically (temp file + ``os.replace``) after a chunk's
   data is on disk (``.npy``: the rows and the texts fsynced; ``.parquet``: the
@@ -75,7 +75,8 @@ The pieces, in the order a run uses them:
   rows as done. ``resume=True`` (``--resume``) checks model and input against it (an input edited
   anywhere, even to the same size, is refused; a file only touched is not; a manifest of an
   earlier version, without ``"sha256"``, resumes only when the size, the first and last MiB and
-  the mtime are the same), then computes
+  the mtime are the same; one without ``"blank_rule"``, whose rule kept texts this one skips, such
+  as U+FFFD, only when the input counts as many texts now), then computes
   only the chunks not done; a chunk computed twice (a kill between its data and the manifest) is
   overwritten with the same rows, never appended. An input edited while a run reads it is refused
   too, before the run's last chunk and again before the output is marked complete
@@ -103,6 +104,7 @@ transformer_core[parquet]``); text, JSONL, CSV and ``.npy`` need only numpy.
 from __future__ import annotations
 
 import codecs
+import copy
 import csv
 import ctypes
 import dataclasses
@@ -181,6 +183,13 @@ MANIFEST_VERSION = 1
 #: the first and last MiB of the weights (a fine-tune changing only middle tensors kept it): it is
 #: never taken for this version's, and a resumed run or a search with ``model=`` refuses it as such.
 FINGERPRINT_VERSION = 2
+#: The rule for blank texts (:func:`_blank_kind`) a file was read with, recorded in a manifest's
+#: ``input.blank_rule``. 2: whitespace and every character BERT's normalizer drops (U+FFFD and
+#: private-use characters among them). A manifest without the field was written by an earlier
+#: version, whose rule (categories Cc, Cf and Mn only) kept the texts of U+FFFD or private-use
+#: characters that this one skips: a resumed run counts its input again and refuses it, before
+#: anything is embedded, when the count differs (the rows already made would not line up).
+BLANK_RULE_VERSION = 2
 #: The embeddings are stored as float32.
 DTYPE = np.dtype(np.float32)
 
@@ -353,6 +362,7 @@ class TextSource:
                     "head_sha256": hashlib.sha256(head).hexdigest(), "tail_sha256": tail, "sha256": whole.hexdigest()}
         if self.format == "text":  # lines end at \n, \r\n or a lone \r (earlier versions: \n only)
             identity["newlines"] = "universal"
+        identity["blank_rule"] = BLANK_RULE_VERSION  # earlier versions: none, their rule kept more texts
         return identity
 
     def splits_inside_lines(self) -> bool:
@@ -1762,6 +1772,28 @@ class EmbedResult:
         return self.rows_computed / self.seconds if self.seconds > 0 else float("nan")
 
 
+def _check_count_of_blank_rule(source: "TextSource", out: Path, then: int) -> None:
+    """A resumed run of ``out``, whose manifest was made with another rule for blank texts
+    (``input.blank_rule``: an earlier version): counts ``source``'s texts, as a new run does, with
+    this version's rule and every record the strict reading would refuse skipped.
+
+    Raises:
+        ValueError: the count is not ``then`` (the manifest's): this version skips texts that the
+        earlier one embedded, so the rows already made would not line up with the texts; nothing
+        is embedded or written. ``--overwrite`` starts over.
+    """
+    counter = copy.copy(source)  # the same file, read with skip: a record refused now is one fewer
+    counter.errors = "skip"
+    now = sum(1 for _ in counter)
+    if now != then:
+        strict = source.errors == "strict" and source.format != "text"  # strict text input skips blank lines too
+        raise ValueError(f"resume: {out} was started by an earlier version, whose rule for blank texts differs: "
+                         f"this one {'refuses' if strict else 'skips'} the texts of only characters that carry no "
+                         f"text (such as U+FFFD or private-use characters), which that one embedded ({then} texts "
+                         f"then, {now} now), so the rows already made would not line up with the texts; "
+                         f"--overwrite starts over" + (" (with --errors skip / errors='skip', which skips them)" if strict else ""))
+
+
 class EmbedJob:
     """One embedding run's plan and state: the output, its manifest, the chunks left.
 
@@ -1857,7 +1889,9 @@ class EmbedJob:
                 ``[1, 2**63 - 1]``; both ``resume`` and ``overwrite``; ``out``
                 that is the input file (or holds it: see :func:`_check_not_input`); a resumed run
                 whose model, quantize setting or input differ (or that an earlier version made with
-                a model this version embeds differently: :func:`model_identity`), whose chunk size,
+                a model this version embeds differently: :func:`model_identity`, or with a rule for
+                blank texts under which the input held another number of texts: ``BLANK_RULE_VERSION``;
+                the input is counted again for such a manifest), whose chunk size,
                 batch size or ``normalize`` differ (the argument named), or whose manifest is
                 damaged; an input with no text; a bad record (strict mode); another run holding the
                 output now (its lock, see :meth:`start`).
@@ -1999,6 +2033,10 @@ class EmbedJob:
                 raise ValueError(f"normalize: {out} was started with normalize={man.get('normalize', True)}, got "
                                  f"{normalize}; leave it out to continue (its rows would mix normalised and "
                                  f"unnormalised ones)")
+            if (isinstance(source, TextSource) and not man["complete"]
+                    and old_in.get("blank_rule") != new_in["blank_rule"]):
+                _check_count_of_blank_rule(source, out, man["num_rows"])
+                man["input"]["blank_rule"] = new_in["blank_rule"]  # the same texts: counted once
         except KeyError as e:
             raise ValueError(f"{manifest_path(out)}: a manifest without {e}") from None
         job = cls(out, kind, man, source)
@@ -2119,13 +2157,17 @@ class EmbedJob:
         is handed out, the file's size and mtime (a change of them alone, a file only touched, is
         let through when the SHA-256 of the whole file is still the same); and before the last
         one, once the input is read to its end, the number of texts and (text, JSONL and CSV
-        input) the SHA-256 of every byte this pass read.
+        input) the SHA-256 of every byte this pass read. A resumed ``.npy`` output's texts file is
+        checked too: its lines of the first chunks done must be their texts, row by row.
 
         Raises:
             ValueError: the input now holds a different number of texts than the manifest says, or
             its content changed since :meth:`prepare` (``--overwrite`` starts over); raised before
             the chunk that would show it is handed out, and in any case before the last, so that
-            :meth:`finish` never marks such an output complete.
+            :meth:`finish` never marks such an output complete. (``.npy``) a line of the texts file
+            that is not the text of its row (an earlier version's writer given the chunks out of
+            order), or the file ends before the rows of the first chunks done: raised before the
+            first chunk not done is handed out; ``--overwrite`` starts over.
         """
         done = self.completed
         source = self.source
@@ -2133,22 +2175,66 @@ class EmbedJob:
         hasher = hashlib.sha256() if hashed else None  # this pass's own: other passes feed it nothing
         it = source._iter(hasher) if hashed else iter(source)
         total = 0
-        for index in range(self.num_chunks):
-            start = index * self.chunk_size
-            texts = list(itertools.islice(it, self.chunk_size))
-            total = start + len(texts)
-            last = index == self.num_chunks - 1
-            if last or len(texts) < self.chunk_size:  # the input read to its end
-                total += sum(1 for _ in it)
-                if total != self.num_rows:
-                    raise ValueError(f"{source.arg_name}: {source.describe()} changed during the run: it now "
-                                     f"holds {total} texts, the manifest says {self.num_rows}; --overwrite "
-                                     f"starts over")
-                if hasher is not None:
-                    self._check_input_unchanged(hasher.hexdigest())
-            if index not in done:
+        # .npy: the sidecar's lines of the first chunks done, compared with their texts (an earlier
+        # version's writer appended the texts of chunks written out of order in that order)
+        lines = None
+        if self.kind == "npy" and 0 in done and not self.complete:
+            try:
+                lines = open(_texts_path(self.out), "rb")
+            except FileNotFoundError:
+                pass  # the writer reports it (its texts file shorter than the manifest records)
+        try:
+            for index in range(self.num_chunks):
+                start = index * self.chunk_size
+                texts = list(itertools.islice(it, self.chunk_size))
+                total = start + len(texts)
+                last = index == self.num_chunks - 1
+                if last or len(texts) < self.chunk_size:  # the input read to its end
+                    total += sum(1 for _ in it)
+                    if total != self.num_rows:
+                        raise ValueError(f"{source.arg_name}: {source.describe()} changed during the run: it now "
+                                         f"holds {total} texts, the manifest says {self.num_rows}; --overwrite "
+                                         f"starts over")
+                    if hasher is not None:
+                        self._check_input_unchanged(hasher.hexdigest())
+                if index in done:
+                    if lines is not None:
+                        self._check_texts_on_their_rows(lines, start, texts)
+                    continue
+                if lines is not None:  # the first chunk not done: the sidecar holds no more of the done ones
+                    lines.close()
+                    lines = None
                 self._check_input_unchanged()
                 yield index, start, texts
+        finally:
+            if lines is not None:
+                lines.close()
+
+    def _check_texts_on_their_rows(self, lines, start: int, texts: list[str]) -> None:
+        """Refuses a ``.npy`` output whose texts file, read on from ``lines`` (an open binary file at
+        row ``start``'s line), does not hold ``texts`` (a chunk done) line by line.
+
+        Raises:
+            ValueError: a line that is not the text of its row, naming the file and the line: the
+            texts of an earlier version's writer given the chunks out of order (or a damaged
+            file); or the file ends before it. ``--overwrite`` starts over.
+        """
+        path = _texts_path(self.out)
+        for row, text in enumerate(texts, start):
+            line = lines.readline()
+            if not line:
+                raise ValueError(f"{path}: ends at line {row}, before the rows of the chunks done (deleted or "
+                                 f"truncated); --overwrite starts over")
+            try:
+                stored = json.loads(line)
+            except JSON_ERRORS:
+                stored = None
+            if stored != text:
+                held = repr(_short(stored, 40)) if isinstance(stored, str) else "no JSON string"
+                raise ValueError(f"{path}, line {row + 1}: holds {held}, not the text of row {row} "
+                                 f"({_short(text, 40)!r}): the texts of the chunks done are not on their rows' "
+                                 f"lines (written out of order by an earlier version, or the file was edited); "
+                                 f"--overwrite starts over")
 
     def _check_input_unchanged(self, read_sha256: str | None = None) -> None:
         """Refuses an input file that is no longer the one :meth:`prepare` read: ``read_sha256``
@@ -2194,7 +2280,9 @@ class EmbedJob:
         Raises:
             ValueError: (``.npy``) the array is not of the manifest's shape and dtype, its texts
             file is shorter than the manifest records, or the chunks done are not the first ones
-            (written out of order by an earlier version); ``--overwrite`` starts over.
+            (written out of order by an earlier version); ``--overwrite`` starts over. An earlier
+            version's output whose chunks done are the first ones but were written out of order
+            is refused by :meth:`pending` (their texts compared with the texts file's lines).
         """
         return _NpyWriter(self) if self.kind == "npy" else _ParquetWriter(self)
 
