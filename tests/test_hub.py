@@ -1272,3 +1272,32 @@ def test_a_marker_rewritten_by_an_interrupted_write_keeps_its_earlier_text(tmp_p
     monkeypatch.undo()
     assert marker.read_text(encoding="utf-8") == "earlier save's list\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == [".save-in-progress"]
+
+
+def test_a_marker_that_cannot_be_removed_keeps_the_backups_it_lists(tmp_path, monkeypatch):
+    """When the marker's removal fails (an I/O error), the backups were deleted anyway: the marker
+    then listed files that were gone, and its advice removed the new generation_config.json. They
+    stay now, beside the marker, and an OSError says to delete it."""
+    import errno
+    import os
+
+    folder = tmp_path / "m"
+    first = _llama(1)
+    first.generation_config = {"eos_token_id": 2}
+    first.save_pretrained(folder)
+    real_unlink = os.unlink
+
+    def unlink(path, *args, **kwargs):
+        if str(path).endswith(".save-in-progress"):
+            raise OSError(errno.EIO, "simulated")
+        return real_unlink(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "unlink", unlink)
+    second = _llama(2)
+    second.generation_config = {"eos_token_id": 7}
+    with pytest.raises(OSError, match="could not be removed"):
+        second.save_pretrained(folder)
+    monkeypatch.undo()
+    marker = (folder / ".save-in-progress").read_text(encoding="utf-8")
+    listed = [line.split(" <- ")[1] for line in marker.splitlines() if " <- " in line]
+    assert listed and all((folder / name).is_file() for name in listed)

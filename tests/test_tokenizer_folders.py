@@ -6,6 +6,7 @@ template files that are not UTF-8.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import numpy as np
@@ -479,8 +480,14 @@ def test_sentencepiece_class_over_another_model_is_refused(tmp_path):
     (path / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "LlamaTokenizer"}))
     with pytest.raises(ValueError) as info:
         tc.Tokenizer.from_pretrained(path)
-    assert str(info.value).startswith(f"{path / 'tokenizer_config.json'}: tokenizer_class 'LlamaTokenizer' with a "
-                                      f"Unigram model")
+    assert str(info.value).startswith(f"{path / 'tokenizer.json'}: a Unigram model under the folder's tokenizer "
+                                      f"class 'LlamaTokenizer'")
+    # the class named by config.json only (no tokenizer_config.json): the message names the file that is there
+    (path / "tokenizer_config.json").unlink()
+    (path / "config.json").write_text(json.dumps({"tokenizer_class": "LlamaTokenizer"}))
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(path / 'tokenizer.json'))}: a Unigram model .*"
+                                         r"config.json's tokenizer_class or model_type"):
+        tc.Tokenizer.from_pretrained(path)
 
 
 # ------------------------------------------------------------------------------------ AutoTokenizer's class choice
@@ -640,19 +647,22 @@ def test_byte_level_model_types_take_their_class_defaults_as_autotokenizer(tmp_p
 
 def test_class_of_model_type_is_transformers_mapping():
     """The model-type table against transformers' TOKENIZER_MAPPING_NAMES, restricted to the classes
-    this module knows (their defaults, flags or rebuilt pipelines), so that it cannot drift."""
+    this module knows (their defaults, flags or rebuilt pipelines) and to the model types with a
+    config class (AutoTokenizer loads the others, code_llama or nezha, as the generic class), so
+    that it cannot drift."""
     import warnings
 
     from transformer_core import tokenizer as t
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
+        from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
         from transformers.models.auto.tokenization_auto import TOKENIZER_MAPPING_NAMES
 
     known = (set(t._CLASS_SPECIAL_TOKENS) | set(t._PREFIX_SPACE_CLASSES) | t._BERT_NORMALIZER_CLASSES
              | t._SENTENCEPIECE_CLASSES | t._LEFT_PADDING_CLASSES)
     want = {model_type: name.removesuffix("Fast") for model_type, name in TOKENIZER_MAPPING_NAMES.items()
-            if name is not None and name.removesuffix("Fast") in known}
+            if name is not None and name.removesuffix("Fast") in known and model_type in CONFIG_MAPPING_NAMES}
     assert t._CLASS_OF_MODEL_TYPE == want
     assert not set(want) & t._GENERIC_CLASS_MODEL_TYPES
 
@@ -690,3 +700,30 @@ def test_tokenizer_class_of_config_json_gives_its_default_tokens(tmp_path):
         assert getattr(ours, name) == getattr(hf, name), name
     texts = ["Hi", "Hello world the quick", "<mask> fox"]
     np.testing.assert_array_equal(ours(texts)["input_ids"], hf(texts, padding=True, return_tensors="np")["input_ids"])
+
+
+@pytest.mark.parametrize("model_type", ["code_llama", "nezha"])
+def test_model_types_without_a_config_class_keep_the_files_pipeline(tmp_path, model_type):
+    """transformers 5.23 has no config class for code_llama or nezha (its tokenizer table still names
+    one): AutoTokenizer loads such a folder as the generic class, the file's pipeline and no class
+    defaults. The table gave CodeLlama's tokens and left padding, or lowercased a cased folder."""
+    specials = ["<|endoftext|>", "[CLS]", "[SEP]", "[UNK]", "[PAD]", "[MASK]", "<s>", "</s>", "<unk>"]
+    path = _roberta_folder(tmp_path / "f", {}, {"model_type": model_type, "architectures": ["XModel"]}, specials)
+    hf, ours = _hf(path), tc.Tokenizer.from_pretrained(path)
+    for name in ("bos_token", "eos_token", "unk_token", "sep_token", "cls_token", "mask_token"):
+        assert getattr(ours, name) == getattr(hf, name), name
+    for text in ("Hello World", "the Quick [MASK] fox"):
+        assert ours.encode(text) == hf.encode(text), text
+    assert ours(["a", "a b c"])["attention_mask"][0].tolist()[0] == 1  # padded on the right, as the generic class
+
+
+def test_cohere_class_pads_on_the_left_as_transformers():
+    """transformers' CohereTokenizer pads on the left (its padding_side); ours padded cohere folders
+    on the right."""
+    import transformers
+    from transformer_core.tokenizer import _LEFT_PADDING_CLASSES
+
+    assert transformers.CohereTokenizer.padding_side == "left"
+    assert "CohereTokenizer" in _LEFT_PADDING_CLASSES
+    for name in _LEFT_PADDING_CLASSES:  # every class listed pads on the left in transformers
+        assert getattr(transformers, name).padding_side == "left", name

@@ -238,7 +238,10 @@ def write_files_atomically(directory, files, remove=()) -> None:
     4. When every rename is done and on disk, the marker is removed (and that removal flushed),
        then the backups are deleted (also if an exception such as KeyboardInterrupt arrives while
        the folder is flushed: the new set is then whole). So a marker on disk always lists backups
-       that are there, bar those not made yet.
+       that are there, bar those not made yet; a marker that cannot be removed keeps its backups
+       (an OSError says to delete it). A kill between the marker's removal and the backups' leaves
+       those ``.bak`` files, listed nowhere, beside the whole new set (as large as the files they
+       kept; delete them by hand: no later save knows of them).
        The backups and temporaries that an earlier interrupted save's marker lists are deleted
        too: the folder now holds one whole set.
 
@@ -422,13 +425,13 @@ def write_files_atomically(directory, files, remove=()) -> None:
         except OSError as e:  # loads would refuse the whole new set: said, not hidden
             unmarked = OSError(e.errno, f"the new files are in place, but {SAVE_IN_PROGRESS} could not be removed "
                                f"({e.strerror}): delete it", str(marker))
+        if unmarked is not None:  # the marker stays: so do the backups it lists (its advice restores them)
+            raise unmarked
         for backup in [*kept.values(), *stale]:  # then the backups
             try:
                 os.unlink(backup)
             except OSError:
                 pass  # best effort: a hidden file left behind, the save itself is whole
-        if unmarked is not None:
-            raise unmarked
 
 
 def json_value(value, name: str, _active: frozenset = frozenset()):

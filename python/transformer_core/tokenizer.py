@@ -110,7 +110,7 @@ _CLASS_SPECIAL_TOKENS = {
     "CohereTokenizer": {"bos_token": "<BOS_TOKEN>", "eos_token": "<|END_OF_TURN_TOKEN|>", "unk_token": "<UNK>",
                         "pad_token": "<PAD>", "cls_token": "<CLS>", "sep_token": "<SEP>", "mask_token": "<MASK_TOKEN>"},
 }
-_LEFT_PADDING_CLASSES = frozenset({"LlamaTokenizer", "CodeLlamaTokenizer", "GemmaTokenizer"})
+_LEFT_PADDING_CLASSES = frozenset({"LlamaTokenizer", "CodeLlamaTokenizer", "GemmaTokenizer", "CohereTokenizer"})
 #: transformers 5's classes that build their ``ByteLevel`` pre-tokenizer from ``add_prefix_space``
 #: (each ``__init__``'s ``pre_tokenizers.ByteLevel(add_prefix_space=add_prefix_space)``), with the
 #: class's default when tokenizer_config.json leaves the key out (see ``_apply_add_prefix_space``).
@@ -122,13 +122,13 @@ _PREFIX_SPACE_CLASSES = {
 }
 #: The tokenizer class transformers 5 gives a folder without ``tokenizer_class`` by its
 #: ``config.json``'s ``model_type``: transformers 5.23's ``TOKENIZER_MAPPING_NAMES``, restricted to
-#: the classes above (a test compares the two).
+#: the classes above and to the model types it has a config class for (those it has none for, such
+#: as ``code_llama`` or ``nezha``, load as the generic class: the file's pipeline); a test compares.
 _CLASS_OF_MODEL_TYPE = {
     **dict.fromkeys(("align", "bark", "bert", "blip", "bros", "chinese_clip", "convbert", "distilbert", "electra",
                      "ernie", "flava", "git", "grounding-dino", "layoutlm", "megatron-bert", "mm-grounding-dino",
-                     "nezha", "nomic_bert", "qdqbert", "realm", "retribert", "squeezebert", "tvp", "vilt",
-                     "visual_bert"), "BertTokenizer"),
-    "blenderbot": "BlenderbotTokenizer", "code_llama": "CodeLlamaTokenizer", "deberta": "DebertaTokenizer",
+                     "nomic_bert", "squeezebert", "tvp", "vilt", "visual_bert"), "BertTokenizer"),
+    "blenderbot": "BlenderbotTokenizer", "deberta": "DebertaTokenizer",
     "funnel": "FunnelTokenizer", "layoutlmv3": "LayoutLMv3Tokenizer", "luke": "LukeTokenizer",
     "lxmert": "LxmertTokenizer", "markuplm": "MarkupLMTokenizer", "mobilebert": "MobileBertTokenizer",
     "mpnet": "MPNetTokenizer", "whisper": "WhisperTokenizer",
@@ -146,7 +146,7 @@ _CLASS_OF_MODEL_TYPE = {
                      "qwen3_moe", "qwen3_next", "qwen3_omni_moe", "qwen3_vl", "qwen3_vl_moe", "vibevoice"),
                     "Qwen2Tokenizer"),
     **dict.fromkeys(("qwen3_5", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_5_text", "qwen4_exp"), "Qwen3_5Tokenizer"),
-    **dict.fromkeys(("bart", "bridgetower", "clap", "data2vec-text", "ibert", "lilt", "longformer", "mega", "mra",
+    **dict.fromkeys(("bart", "bridgetower", "clap", "data2vec-text", "ibert", "lilt", "longformer", "mra",
                      "roberta", "roberta-prelayernorm"), "RobertaTokenizer"),
 }
 #: ``config.json`` model types that transformers 5 registers to a generic class (``TokenizersBackend``,
@@ -2597,9 +2597,9 @@ def _rebuild_sentencepiece(backend, klass: str, tokenizer_config: dict, path: Pa
     Its added tokens, truncation, padding and post-processor are kept.
 
     Raises:
-        ValueError: naming the file (``path``): a model that is not a BPE (transformers would rebuild
-            it as one, which is not reproduced here), or ``add_prefix_space`` / ``legacy`` not a bool
-            or null.
+        ValueError: a model that is not a BPE (naming ``tokenizer.json`` beside ``path``:
+            transformers would rebuild it as one, which is not reproduced here), or
+            ``add_prefix_space`` / ``legacy`` not a bool or null (naming ``path``).
     """
     import json
 
@@ -2609,9 +2609,10 @@ def _rebuild_sentencepiece(backend, klass: str, tokenizer_config: dict, path: Pa
     spec = json.loads(backend.to_str())
     model = spec.get("model") or {}
     if model.get("type") != "BPE":
-        raise ValueError(f"{path}: tokenizer_class {klass!r} with a {model.get('type')} model in tokenizer.json: "
-                         f"transformers 5 rebuilds this class as a byte-fallback BPE from it, which is not "
-                         f"reproduced here; expected a BPE model")
+        raise ValueError(f"{path.with_name('tokenizer.json')}: a {model.get('type')} model under the folder's "
+                         f"tokenizer class {klass!r} (named by tokenizer_config.json, or config.json's "
+                         f"tokenizer_class or model_type): transformers 5 rebuilds this class as a byte-fallback BPE "
+                         f"from it, which is not reproduced here; expected a BPE model")
     flags = {}
     for key in ("add_prefix_space", "legacy"):
         value = tokenizer_config.get(key)
