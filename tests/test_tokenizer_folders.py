@@ -727,3 +727,53 @@ def test_cohere_class_pads_on_the_left_as_transformers():
     assert "CohereTokenizer" in _LEFT_PADDING_CLASSES
     for name in _LEFT_PADDING_CLASSES:  # every class listed pads on the left in transformers
         assert getattr(transformers, name).padding_side == "left", name
+
+
+def _lowercase_then_cased_bert(tmp_path) -> str:
+    """MiniLM's tokenizer.json with the normalizer sentence-transformers 6 writes for
+    ``do_lower_case`` over a cased BERT: ``Sequence([Lowercase(), BertNormalizer(lowercase=False)])``."""
+    tokenizer_json = json.loads((MODEL_DIR / "tokenizer.json").read_text())
+    tokenizer_json["normalizer"] = {"type": "Sequence", "normalizers": [
+        {"type": "Lowercase"}, {"type": "BertNormalizer", "clean_text": True, "handle_chinese_chars": True,
+                                "strip_accents": None, "lowercase": False}]}
+    path = tmp_path / "lowercase_then_cased.json"
+    path.write_text(json.dumps(tokenizer_json))
+    return path
+
+
+@pytest.mark.parametrize("tokenizer_class,clean_text", [
+    ("BertTokenizer", None), ("DistilBertTokenizer", None), ("ElectraTokenizerFast", None),
+    ("FunnelTokenizer", False), ("FunnelTokenizer", None), ("ConvBertTokenizer", None), ("PreTrainedTokenizerFast", None)])
+def test_bert_classes_build_their_normalizer_whatever_tokenizer_json_holds(tmp_path, tokenizer_class, clean_text):
+    """transformers 5's BERT tokenizer classes (BertTokenizer.__init__) build a new BertNormalizer
+    from tokenizer_config.json's flags and drop tokenizer.json's normalizer whatever it is; ours
+    kept a Sequence([Lowercase(), BertNormalizer(lowercase=False)]) (what sentence-transformers 6
+    saves for do_lower_case over a cased BERT, with "do_lower_case": false in tokenizer_config.json)
+    and lowercased: "Hello World Straße" gave [101, 7592, 2088, 2358, 27807, 102] for transformers'
+    [101, 100, 100, 100, 102]. Funnel's class also reads clean_text; ConvBertTokenizer (no __init__
+    of its own) and PreTrainedTokenizerFast keep tokenizer.json's normalizer. Against AutoTokenizer."""
+    config = _minilm_config(do_lower_case=False, tokenizer_class=tokenizer_class)
+    if clean_text is not None:
+        config["clean_text"] = clean_text
+    path = _folder(tmp_path, _lowercase_then_cased_bert(tmp_path), config)
+    hf, ours = _hf(path), tc.Tokenizer.from_pretrained(path)
+    assert ours.backend.normalizer.__getstate__() == hf.backend_tokenizer.normalizer.__getstate__()
+    for text in ["Hello World Straße", "hello\x07world\ufffd", "ÉCOLE 東京", *TEXTS]:
+        assert ours.encode(text) == hf(text)["input_ids"], text
+    lowered = tokenizer_class in ("ConvBertTokenizer", "PreTrainedTokenizerFast")
+    assert (ours.encode("Hello World Straße") == [101, 100, 100, 100, 102]) != lowered
+
+
+@pytest.mark.parametrize("tokenizer_class,changes", [("ConvBertTokenizer", {"do_lower_case": False}),
+                                                     ("FunnelTokenizer", {"clean_text": False})])
+def test_convbert_keeps_and_funnel_cleans_as_transformers(tmp_path, tokenizer_class, changes):
+    """Over MiniLM's own tokenizer.json (a lowercasing BertNormalizer): ConvBertTokenizer has no
+    __init__ of its own, so transformers keeps that normalizer and ignores do_lower_case (ours set
+    lowercase=False from it: "Hello" became [UNK]); FunnelTokenizer builds clean_text from
+    tokenizer_config.json (ours kept tokenizer.json's: a control character was removed). Against
+    AutoTokenizer."""
+    path = _folder(tmp_path, MODEL_DIR / "tokenizer.json", _minilm_config(tokenizer_class=tokenizer_class, **changes))
+    hf, ours = _hf(path), tc.Tokenizer.from_pretrained(path)
+    assert ours.backend.normalizer.__getstate__() == hf.backend_tokenizer.normalizer.__getstate__()
+    for text in ["Hello World", "hello\x07world\ufffd", *TEXTS]:
+        assert ours.encode(text) == hf(text)["input_ids"], text

@@ -1304,8 +1304,8 @@ def test_chat_ids_and_copies_make_no_copy_of_the_json_per_call(model_dir, monkey
                                                                                         return_dict=False)
     shallow = copy.copy(ours)
     assert copies == [] and shallow.encode("one two three") == ours.encode("one two three")
-    shallow.max_length = 5  # the copy's setter: now its own backend, the original's untouched
-    assert copies == [1] and ours.max_length == 8 and len(ours.encode(msgs[0]["content"])) == 8
+    shallow.max_length = 5  # the copy's setter: a new backend of the same parts, the original's untouched
+    assert copies == [] and ours.max_length == 8 and len(ours.encode(msgs[0]["content"])) == 8
     assert len(shallow.encode(msgs[0]["content"])) == 5
     cased = normalizers.Sequence([normalizers.NFD(), normalizers.StripAccents()])
     ours.backend.normalizer = cased  # a change through backend reaches the kept copy
@@ -1504,3 +1504,103 @@ def test_do_lower_case_false_gives_each_copy_its_own_normalizer():
     a.backend.normalizer.strip_accents = True
     assert a.encode("Héllo") == stripped
     assert d.encode("Héllo") == cased
+
+
+_SETTERS_WHILE_ENCODING = """
+import sys, threading, time
+import transformer_core as tc
+from tokenizers import Tokenizer, normalizers, pre_tokenizers
+
+class Keep:  # a normalizer written in Python that changes nothing
+    def normalize(self, normalized):
+        pass
+
+class Split:  # a pre-tokenizer written in Python: on spaces
+    def pre_tokenize(self, pretok):
+        pretok.split(lambda i, s: s.split(" ", "removed"))
+
+def make(lower):  # the backend; with lower, Lowercase() prepended to its normalizer (the reference)
+    backend = Tokenizer.from_file(sys.argv[1])
+    backend.no_padding()
+    if sys.argv[2] == "normalizer":
+        normalizer = normalizers.Normalizer.custom(Keep())
+    else:
+        normalizer = normalizers.BertNormalizer(lowercase=False)
+        backend.pre_tokenizer = pre_tokenizers.PreTokenizer.custom(Split())
+    backend.normalizer = normalizers.Sequence([normalizers.Lowercase(), normalizer]) if lower else normalizer
+    return backend
+
+refs = {lower: make(lower).encode("Hello World").ids for lower in (False, True)}
+tok = tc.Tokenizer(make(False), 32)
+stop = time.time() + 1.5
+errors = []
+
+def encode(kind):
+    try:
+        while time.time() < stop:
+            if kind == 0:
+                rows = [tok.encode("Hello World")]
+            elif kind == 1:
+                rows = tok.encode_batch(["Hello World"] * 16)["input_ids"].tolist()
+            else:
+                rows = [r for b in tok.encode_batches(["Hello World"] * 16, 4) for r in b["input_ids"].tolist()]
+            if any(r not in refs.values() for r in rows):
+                errors.append(rows[0])
+    except Exception as e:
+        errors.append(repr(e))
+
+def toggle():
+    i = 0
+    while time.time() < stop:
+        tok.do_lower_case = i % 2 == 0
+        tok.max_length = 16 + i % 2
+        tok.truncation_side = "left" if i % 2 else "right"
+        tok.pad_token = "[PAD]" if i % 2 else "[UNK]"
+        i += 1
+    tok.do_lower_case, tok.max_length, tok.truncation_side, tok.pad_token = True, 32, "right", "[PAD]"
+
+threads = [threading.Thread(target=encode, args=(k,)) for k in (0, 1, 2)] + [threading.Thread(target=toggle)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+print(refs[True] != refs[False], errors[:3], tok.encode("Hello World") == refs[True])
+"""
+
+
+@pytest.mark.parametrize("part", ["normalizer", "pre_tokenizer"])
+def test_setters_while_another_thread_encodes_with_a_part_written_in_python(model_dir, part):
+    """do_lower_case, max_length, truncation_side and pad_token changed the backend in place: with
+    a normalizer or pre-tokenizer written in Python, a setter waited for the backend (holding the
+    GIL) while another thread's encode held the backend and waited for the GIL (a deadlock). Each
+    setter now swaps in a new backend. Threads running encode, encode_batch and encode_batches
+    finish, and every row equals the ids of a tokenizer set to one of the states (lowercased or
+    not). In a child process, as a deadlock holds the GIL."""
+    import subprocess
+    import sys
+
+    try:
+        run = subprocess.run([sys.executable, "-c", _SETTERS_WHILE_ENCODING, str(model_dir / "tokenizer.json"), part],
+                             capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"setters while other threads encode with a {part} written in Python deadlocked")
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "True [] True"
+
+
+def test_a_setter_leaves_a_shallow_copys_parts_alone(model_dir):
+    """A setter gives its Tokenizer a new backend made of the same parts; after copy.copy, the
+    backend that the setter's Tokenizer then hands out is still a copy of its own, so a part
+    changed in place through it (normalizer.lowercase) does not reach the original. Compared with
+    the tokenizers package."""
+    import copy
+
+    a = tc.Tokenizer(_backend(model_dir), 16)
+    b = copy.copy(a)
+    b.max_length = 12
+    b.backend.normalizer.lowercase = False
+    ref = _backend(model_dir)
+    ref.enable_truncation(max_length=12)
+    ref.normalizer.lowercase = False
+    assert b.encode("Hello World") == ref.encode("Hello World").ids == [101, 100, 100, 102]
+    assert a.encode("Hello World") == _backend(model_dir).encode("Hello World").ids == [101, 7592, 2088, 102]

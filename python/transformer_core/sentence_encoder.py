@@ -748,6 +748,15 @@ class SentenceEncoder:
         ``sentence_bert_config.json``). It is the tokenizer's :attr:`Tokenizer.max_length`; assigning
         it (``enc.max_seq_length = 512``) truncates every later :meth:`encode` to the new length.
 
+        Unlike sentence-transformers 6 for a folder whose ``sentence_bert_config.json`` has a
+        ``processing_kwargs`` ``max_length`` (the length :meth:`Tokenizer.from_pretrained`
+        truncates to, over ``max_seq_length``): this reads that length, and assigning replaces it.
+        sentence-transformers' ``max_seq_length`` reads the module's own (``max_seq_length``, the
+        tokenizer's ``model_max_length``) and, once assigned, keeps truncating at
+        ``processing_kwargs``' ``max_length``, which it passes on every tokenizer call. Right after
+        loading, both truncate alike; after an assignment, to the assigned length here and still
+        to ``processing_kwargs``' there.
+
         Raises (on assignment):
             TypeError: not an int.
             ValueError: above the model's ``max_position_embeddings`` (512 for BERT), below 1 or

@@ -63,14 +63,18 @@ _CLEAN_UP_TOKENIZATION = ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), ("
 #: argument each sets (see :func:`_apply_bert_normalizer_flags`).
 _BERT_NORMALIZER_FLAGS = (("do_lower_case", "lowercase"), ("strip_accents", "strip_accents"),
                           ("tokenize_chinese_chars", "handle_chinese_chars"))
-#: transformers' defaults of those keys (``BertTokenizer``'s arguments), taken when
-#: ``tokenizer_config.json`` lacks one and transformers builds the normalizer from them: for the
-#: tokenizer classes below (:func:`_declared_class`). Another class (``PreTrainedTokenizerFast``,
-#: ``TokenizersBackend``) keeps ``tokenizer.json``'s normalizer.
-_BERT_NORMALIZER_DEFAULTS = {"do_lower_case": True, "strip_accents": None, "tokenize_chinese_chars": True}
+#: transformers' defaults of those keys (``BertTokenizer``'s arguments; ``clean_text``, always true
+#: for BERT's, is read by ``FunnelTokenizer`` only), taken when ``tokenizer_config.json`` lacks one
+#: and transformers builds the normalizer from them: for the tokenizer classes below
+#: (:func:`_declared_class`), whose own ``__init__`` builds a new ``BertNormalizer`` whatever
+#: ``tokenizer.json``'s normalizer is. Another class (``PreTrainedTokenizerFast``,
+#: ``TokenizersBackend``, ``ConvBertTokenizer``, which has no ``__init__`` of its own) keeps
+#: ``tokenizer.json``'s normalizer.
+_BERT_NORMALIZER_DEFAULTS = {"do_lower_case": True, "strip_accents": None, "tokenize_chinese_chars": True,
+                             "clean_text": True}
 _BERT_NORMALIZER_CLASSES = frozenset({
     "BertTokenizer", "DistilBertTokenizer", "ElectraTokenizer", "MPNetTokenizer", "MobileBertTokenizer",
-    "SqueezeBertTokenizer", "LayoutLMTokenizer", "LxmertTokenizer", "ConvBertTokenizer", "FunnelTokenizer"})
+    "SqueezeBertTokenizer", "LayoutLMTokenizer", "LxmertTokenizer", "FunnelTokenizer"})
 
 #: BERT's default special tokens (``BertTokenizer.__init__``), also those of the classes transformers 5
 #: makes BERT's (``ElectraTokenizer``, ``MobileBertTokenizer``, ... are ``BertTokenizer``).
@@ -275,7 +279,8 @@ class _BackendWatch:
     """What may have changed a Tokenizer's backend, for the copies of it without padding or
     truncation (see ``Tokenizer._derived_backend``): ``handed_out`` once the backend has been given
     to anyone (the ``backend`` property; from then on it may change at any time), and ``version``,
-    counted up by each change this module makes. Shared by shallow copies of the Tokenizer while
+    for changes made in place (this module makes none: each setter swaps in a new backend with a
+    new watch, see ``Tokenizer._swap_backend``). Shared by shallow copies of the Tokenizer while
     they share the backend; each Tokenizer keeps its own copies with the watch and the version they
     were made at."""
 
@@ -470,11 +475,18 @@ class Tokenizer:
     copied, its ``encode_special_tokens`` setting with it (transformers' ``split_special_tokens``):
     the truncation, padding and special tokens set here never reach the caller's object, nor
     another :class:`Tokenizer` built on it (a backend with parts written in Python cannot be
-    copied: it is used as is, and they are set on it). ``do_lower_case`` never reaches them: on
-    such a backend, a Tokenizer whose ``do_lower_case`` changes its normalizer (here or through
-    the property) first takes a backend of its own, made of the same model, normalizer,
-    pre-tokenizer, post-processor and decoder objects, its added tokens, truncation and padding
-    (``tokenizers.Tokenizer`` objects of their own that share those parts).
+    copied: it is used as is, and they are set on it; ``do_lower_case=True`` gives such a
+    Tokenizer a backend of its own, as the setters below).
+
+    A setter that changes the backend (:attr:`do_lower_case`, :attr:`max_length`,
+    :attr:`truncation_side`, :attr:`pad_token`, :attr:`pad_token_id`) never changes the one in use:
+    it builds a new backend made of the same model, normalizer, pre-tokenizer, post-processor and
+    decoder objects, the added tokens, truncation and padding (a ``tokenizers.Tokenizer`` of its
+    own that shares those parts), changes that one and swaps it in. A call running in another
+    thread finishes on the old backend, and a setter never waits for it: changing a backend with
+    a part written in Python while another thread encodes with it deadlocks (the setter holds the
+    GIL and waits for the backend, which waits for the GIL to run that part). The caller's backend
+    and the one another Tokenizer shares are left as they were.
 
     Every argument is checked before the backend is copied or changed: a refused call leaves a
     backend that cannot be copied as it was.
@@ -490,20 +502,20 @@ class Tokenizer:
             special token (``pad_token`` aside) not in the vocabulary; ``truncation_side`` or
             ``padding_side`` not ``"right"`` or ``"left"``; ``padding_side="left"`` for an
             encoder tokenizer; ``do_lower_case`` on a backend that cannot be copied whose added
-            tokens cannot be given their ids in a backend of its own (not seen).
+            tokens cannot be given their ids in a backend of its own (not seen; the setters raise
+            the same, changing nothing).
     """
 
     def __copy__(self) -> "Tokenizer":
         """``copy.copy``: a Tokenizer whose setters (:attr:`max_length`, :attr:`truncation_side`,
         :attr:`pad_token`, :attr:`do_lower_case`, ...) never change the original's encodings, nor
-        the original's the copy's. The two share the backend until either changes it (a setter
-        above, or :attr:`backend` handed out): that one first takes its own copy (its truncation,
-        padding and ``encode_special_tokens`` with it; 0.1 s for SmolLM2's, so not made when
-        nothing changes). A backend already handed out through :attr:`backend` (its holder may
-        change it at any time) is copied at once. A backend with parts written in Python cannot be
-        copied: it stays shared, as the constructor shares it (but for :attr:`do_lower_case`,
-        which first gives the Tokenizer that changes it a backend of its own, see the
-        constructor)."""
+        the original's the copy's. The two share the backend until either changes it: a setter
+        above gives that one a new backend made of the same parts (see the constructor), and
+        :attr:`backend` handed out first gives it its own copy (its truncation, padding and
+        ``encode_special_tokens`` with it; 0.1 s for SmolLM2's, so not made when nothing changes).
+        A backend already handed out through :attr:`backend` (its holder may change it at any
+        time) is copied at once. A backend with parts written in Python cannot be copied: it stays
+        shared, as the constructor shares it, until a setter gives either one a new backend."""
         new = object.__new__(type(self))
         state = self.__getstate__()
         del state["_encode_special_tokens"]  # the shared backend's own
@@ -516,7 +528,7 @@ class Tokenizer:
         if backend is not self._tok:
             new._tok = backend
             new._backend_watch = _BackendWatch()
-        else:  # shared for good: do_lower_case first gives either one its own (_own_parts)
+        else:  # shared for good: a setter first gives either one its own (_swap_backend)
             self._tok_foreign = new._tok_foreign = True
         return new
 
@@ -530,7 +542,7 @@ class Tokenizer:
             self._tok = backend
             self._backend_watch = _BackendWatch()
             self._unpadded = self._plain = None
-        else:  # shared for good: do_lower_case first gives it its own (_own_parts)
+        else:  # shared for good: a setter first gives it its own (_swap_backend)
             self._tok_foreign = True
         self._tok_shared = False
 
@@ -609,7 +621,7 @@ class Tokenizer:
         if max_length is not None:
             _check_room_for_special_tokens(tokenizer, max_length)
         handed_over = getattr(_HANDED_OVER, "backend", None) is tokenizer
-        foreign = False  # the caller's own backend, used as is: see _own_parts
+        foreign = False  # the caller's own backend, used as is: see _swap_backend
         if not handed_over:  # checked: now the copy
             copied = _copy_backend(tokenizer)
             if copied is tokenizer and do_lower_case and not _has_lowercase(tokenizer.normalizer):
@@ -648,26 +660,22 @@ class Tokenizer:
         self._set_lower_case(do_lower_case)
 
     def _set_lower_case(self, value: bool) -> None:
-        """Sets :attr:`do_lower_case` on the backend: True prepends ``Lowercase()`` to its
-        normalizer (:func:`_lowercasing`) unless it has one (:func:`_has_lowercase`); False puts
-        back the normalizer that True replaced, when the backend still has the one True set
+        """Sets :attr:`do_lower_case`: True prepends ``Lowercase()`` to the backend's normalizer
+        (:func:`_lowercasing`) unless it has one (:func:`_has_lowercase`); False puts back the
+        normalizer that True replaced, when the backend still has the one True set
         (:func:`_is_normalizer`), as a copy of its own (:func:`_normalizer_copy`): the saved object
         is also held by copies of this Tokenizer and by the ``Sequence`` True set, and a change made
-        in place through one Tokenizer's :attr:`backend` must reach no other. A backend shared with
-        the caller or another Tokenizer (one that cannot be copied) is first replaced by one of this
-        Tokenizer's own, made of the same parts (:meth:`_own_parts`), so that the change reaches no
-        one else.
+        in place through one Tokenizer's :attr:`backend` must reach no other. The new normalizer is
+        set on a new backend (:meth:`_swap_backend`), never on the one in use.
 
         Raises:
-            ValueError: as :func:`_backend_from_parts`, for a shared backend (nothing is changed).
+            ValueError: as :func:`_backend_from_parts` (nothing is changed).
         """
         if value == self._do_lower_case:
             return
-        self._own_backend()
         if value:
             normalizer = self._tok.normalizer
             if not _has_lowercase(normalizer):
-                self._own_parts()
                 if _serializable(normalizer):  # told apart by its JSON
                     installed = lowered = _lowercasing(normalizer)
                 else:  # no JSON: told apart by a Lowercase() written in Python
@@ -675,40 +683,44 @@ class Tokenizer:
 
                     lowered = _LowercaseMark()
                     installed = _lowercasing(normalizer, normalizers.Normalizer.custom(lowered))
-                self._tok.normalizer = installed
+                self._swap_backend(lambda backend: setattr(backend, "normalizer", installed))
                 self._unlowered, self._lowered = (normalizer,), lowered
         elif self._unlowered is not None:
             installed = getattr(self, "_lowered", None)  # None: pickled before it was kept
             if installed is None:
                 installed = _lowercasing(self._unlowered[0])
             if _is_normalizer(self._tok.normalizer, installed):
-                self._own_parts()
-                self._tok.normalizer = _normalizer_copy(self._unlowered[0])
+                unlowered = _normalizer_copy(self._unlowered[0])
+                self._swap_backend(lambda backend: setattr(backend, "normalizer", unlowered))
             self._unlowered = self._lowered = None
         self._do_lower_case = value
-        self._backend_changed()
 
-    def _own_parts(self) -> None:
-        """Before :attr:`do_lower_case` changes the normalizer of a backend that others hold too
-        (the caller's, or another Tokenizer's: one that cannot be copied, see the constructor and
-        :meth:`__copy__`): replaces it by a backend of this Tokenizer's own, made of the same parts
-        (:func:`_backend_from_parts`) with its truncation and padding.
+    def _swap_backend(self, change) -> None:
+        """Every setter's change of the backend: ``change(backend)`` is applied to a new backend of
+        this Tokenizer's own, made of the same parts (:func:`_backend_from_parts`) with the same
+        truncation and padding, which then replaces the old one in one assignment. The backend in
+        use is never changed: another thread may be encoding with it, and with a part written in
+        Python, changing it in place waits for that call while holding the GIL that the call
+        waits for (a deadlock). A backend shared with the caller or another Tokenizer (one that
+        cannot be copied, see the constructor and :meth:`__copy__`) is thereby left as it was. The
+        new backend shares its parts with the old one: after ``copy.copy`` (``_tok_shared``),
+        :attr:`backend` still hands out a copy of its own (:meth:`_own_backend`), so that a part
+        changed in place through it reaches no other Tokenizer.
 
         Raises:
             ValueError: as :func:`_backend_from_parts` (nothing is changed).
         """
-        if not getattr(self, "_tok_foreign", False):
-            return
         live = self._tok
         own = _backend_from_parts(live)
         if live.truncation is not None:
             own.enable_truncation(**live.truncation)
         if live.padding is not None:
             own.enable_padding(**live.padding)
-        self._tok = own
-        self._backend_watch = _BackendWatch()
+        change(own)
+        self._tok = own  # another thread's call uses the old backend or this one, whole
+        self._backend_watch = _BackendWatch()  # after the backend: see _derived_backend
         self._unpadded = self._plain = None
-        self._tok_foreign = False
+        self._tok_foreign = False  # no longer the caller's object (its parts may still be shared)
 
     def _pad_of(self, token: str | None, fallback: bool) -> tuple[str | None, int]:
         """``(pad_token, pad_token_id)`` for a ``pad_token`` of the constructor (``fallback``: one
@@ -741,13 +753,14 @@ class Tokenizer:
         """Pads with ``token_id`` (named ``token``) from now on, in every padding path: an
         encoder's backend pads with it too, its other padding settings kept (a backend whose
         padding was switched off through :attr:`backend` stays so: :meth:`encode_batch` then pads
-        with :attr:`pad_token_id` itself)."""
-        self._pad_token, self._pad_token_id = token, token_id
+        with :attr:`pad_token_id` itself). The backend is swapped first (:meth:`_swap_backend`): if
+        that raises, nothing is changed."""
         padding = self._tok.padding if self._max_length is not None else None
         if padding is not None:
-            self._own_backend()
-            self._tok.enable_padding(**{**padding, "pad_id": token_id, "pad_token": self._pad_text()})
-            self._backend_changed()
+            text = token if token is not None else self._tok.id_to_token(token_id) or "[PAD]"  # as _pad_text
+            padding = {**padding, "pad_id": token_id, "pad_token": text}
+            self._swap_backend(lambda backend: backend.enable_padding(**padding))
+        self._pad_token, self._pad_token_id = token, token_id
 
     # ---------------------------------------------------------------------------- special tokens
     @property
@@ -767,7 +780,7 @@ class Tokenizer:
         this is then the token of the backend's pad id.
 
         Raises:
-            TypeError: not a str or None. ValueError: not in the vocabulary.
+            TypeError: not a str or None. ValueError: not in the vocabulary; no new backend can be made (see the constructor; not seen).
         """
         return self._pad_state()[0]
 
@@ -789,7 +802,7 @@ class Tokenizer:
 
         Raises:
             TypeError: not an int (a bool included). ValueError: an id outside the vocabulary or
-                one that its ids skip.
+                one that its ids skip; no new backend can be made (see the constructor; not seen).
         """
         return self._pad_state()[1]
 
@@ -855,14 +868,14 @@ class Tokenizer:
         ``str.lower()``). Assignable: True prepends it (unless the normalizer is a ``Lowercase``
         or a ``Sequence`` holding one), False puts back the normalizer it was prepended to (unless
         the normalizer was replaced since, through :attr:`backend`: that one is kept, a
-        normalizer written in Python included). On a backend that cannot be copied and is shared
-        with the caller or another Tokenizer, this Tokenizer first takes a backend of its own (see
-        the constructor): the setting is this Tokenizer's alone.
+        normalizer written in Python included). The new normalizer is set on a new backend that
+        replaces the one in use (see the constructor), so the setting is this Tokenizer's alone,
+        and a call running in another thread is not waited for.
 
         Raises:
             TypeError: not a bool (the str ``"False"`` included).
-            ValueError: on such a shared backend, added tokens that cannot be given their ids in a
-                backend of its own (not seen; nothing is changed).
+            ValueError: on a backend with a part written in Python, added tokens that cannot be
+                given their ids in a new backend (not seen; nothing is changed).
         """
         return self._do_lower_case
 
@@ -886,7 +899,7 @@ class Tokenizer:
             TypeError: not an int (a bool or float included) or None.
             ValueError: below 1 or below the number of special tokens the backend adds to a text
                 (2 for BERT's ``[CLS] ... [SEP]``); None for an encoder tokenizer, or an int for
-                a causal-LM tokenizer.
+                a causal-LM tokenizer; no new backend can be made (see the constructor; not seen).
         """
         return self._max_length
 
@@ -902,9 +915,8 @@ class Tokenizer:
                              f"built); expected None, got {value}")
         if value is not None:
             _check_room_for_special_tokens(self._tok, value)
-            self._own_backend()
-            self._tok.enable_truncation(max_length=value, direction=self._truncation_side)
-            self._backend_changed()
+            side = self._truncation_side
+            self._swap_backend(lambda backend: backend.enable_truncation(max_length=value, direction=side))
         self._max_length = value
 
     @property
@@ -915,7 +927,7 @@ class Tokenizer:
         a causal-LM tokenizer keeps it but never truncates.
 
         Raises:
-            TypeError: not a str. ValueError: not ``"right"`` or ``"left"``.
+            TypeError: not a str. ValueError: not ``"right"`` or ``"left"``; no new backend can be made (see the constructor; not seen).
         """
         return self._truncation_side
 
@@ -924,9 +936,8 @@ class Tokenizer:
         """Cuts every later encode on the ``value`` side (see the getter for the errors)."""
         value = check_choice(value, "truncation_side", ("right", "left"))
         if self._max_length is not None:
-            self._own_backend()
-            self._tok.enable_truncation(max_length=self._max_length, direction=value)
-            self._backend_changed()
+            length = self._max_length
+            self._swap_backend(lambda backend: backend.enable_truncation(max_length=length, direction=value))
         self._truncation_side = value
 
     @property
@@ -1069,14 +1080,20 @@ class Tokenizer:
           ``clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output`` is true;
         * ``do_lower_case``, ``strip_accents`` and ``tokenize_chinese_chars``, only where
           transformers' tokenizer is a BERT one (its ``tokenizer_class``, or with none the model
-          type of ``config.json``: BERT, DistilBERT, ELECTRA, MPNet, ..., chosen as above) and ``tokenizer.json``'s
-          normalizer is a ``BertNormalizer``: they set the normalizer's ``lowercase``,
-          ``strip_accents`` and ``handle_chinese_chars``, as those tokenizers rebuild it, and one
-          absent takes transformers' default (true, null, true) whatever ``tokenizer.json`` says
-          (a case-sensitive ``tokenizer.json`` without ``"do_lower_case": false`` lowercases
-          there, and so here). For any other class (``PreTrainedTokenizerFast``,
-          ``TokenizersBackend``, a GPT-2 one) or none at all, the keys are ignored, as
-          transformers ignores them: ``tokenizer.json``'s normalizer is kept;
+          type of ``config.json``: BERT, DistilBERT, ELECTRA, MPNet, Funnel, ..., chosen as above):
+          ``tokenizer.json``'s normalizer, whatever it is (a ``Sequence`` holding a ``Lowercase``,
+          none at all), is replaced by a ``BertNormalizer`` built from them (its ``lowercase``,
+          ``strip_accents`` and ``handle_chinese_chars``; ``clean_text`` true, or for Funnel's
+          class ``tokenizer_config.json``'s ``clean_text``), as those tokenizers' ``__init__``
+          builds it, and one absent takes transformers' default (true, null, true) whatever
+          ``tokenizer.json`` says (a case-sensitive ``tokenizer.json`` without
+          ``"do_lower_case": false`` lowercases there, and so here; a folder that
+          sentence-transformers 6 saves with ``do_lower_case`` over a cased BERT writes a
+          ``Lowercase()`` into ``tokenizer.json`` and ``"do_lower_case": false`` into
+          ``tokenizer_config.json``: it does not lowercase there, and so not here). For any other
+          class (``PreTrainedTokenizerFast``, ``TokenizersBackend``, ``ConvBertTokenizer``, a
+          GPT-2 one) or none at all, the keys are ignored, as transformers ignores them:
+          ``tokenizer.json``'s normalizer is kept;
         * ``split_special_tokens`` (default false): special tokens typed in a text are tokenized as
           text (the backend's ``encode_special_tokens``);
         * ``add_prefix_space``, for the classes that build their ``ByteLevel`` pre-tokenizer from
@@ -1128,8 +1145,8 @@ class Tokenizer:
                 (or, for Llama's classes, ``legacy``) not a bool or null; a Llama, CodeLlama or
                 Gemma class over a ``tokenizer.json`` whose model is not a BPE (transformers would
                 rebuild it as one); for a BERT tokenizer class (where they are applied), a
-                ``do_lower_case`` or ``tokenize_chinese_chars`` not a bool, a ``strip_accents`` not
-                a bool or null.
+                ``do_lower_case`` or ``tokenize_chinese_chars`` (Funnel's: also ``clean_text``) not
+                a bool, a ``strip_accents`` not a bool or null.
             TypeError: ``max_length`` not an int or None.
         """
         from tokenizers import Tokenizer as HFTokenizer
@@ -1172,7 +1189,7 @@ class Tokenizer:
         _register_special_tokens(tok, tokens, cfg, named_become_special=True)
         if klass in _PREFIX_SPACE_CLASSES:
             tok = _apply_add_prefix_space(tok, cfg, config_path, _PREFIX_SPACE_CLASSES[klass])
-        _apply_bert_normalizer_flags(tok, cfg, config_path, _builds_bert_normalizer(model_dir, cfg))
+        _apply_bert_normalizer_flags(tok, cfg, config_path, klass)
         tok.encode_special_tokens = split_special  # transformers' split_special_tokens
         clean_up, clean_up_bpe = _clean_up_of_config(cfg, tok, config_path)
         settings = {"truncation_side": _config_choice(cfg, "truncation_side", config_path),
@@ -1495,14 +1512,14 @@ class Tokenizer:
         post-processor and decoder objects, its added tokens, ``encode_special_tokens`` and, with
         ``truncate``, its truncation; 30-50 µs) is kept with the backend's watch and its version
         (:class:`_BackendWatch`) and made again when the backend may have changed since: after a
-        setter, or on every call once the backend was handed out through :attr:`backend` (it may
+        setter (which swaps in a new backend with a new watch), or on every call once the backend was handed out through :attr:`backend` (it may
         have changed at any time). A copy is never changed once made (another thread may be
         encoding with it), and the backend's truncation and padding are never switched off for
         this, so another thread's call on it is never left untruncated or unpadded; a backend
         with parts written in Python gets such a copy too.
         """
         # The watch and its version are read before the backend is: a change made while the copy is
-        # made counts up after it, and a backend swapped in meanwhile (_own_backend, _own_parts) comes
+        # made counts up after it, and a backend swapped in meanwhile (_own_backend, _swap_backend) comes
         # with a watch of its own, set after it. The copy is kept with that watch object, not only
         # its count: a new watch counts from 0 again, and must not take a copy of the old backend.
         watch = getattr(self, "_backend_watch", None)  # None: pickled before it existed
@@ -1521,12 +1538,6 @@ class Tokenizer:
             copy.enable_truncation(**truncation)
         setattr(self, slot, (watch, version, copy))  # one assignment: another thread sees it or the old one
         return copy
-
-    def _backend_changed(self) -> None:
-        """Marks encode_batches' unpadded copy out of date after this module changed the backend."""
-        watch = getattr(self, "_backend_watch", None)
-        if watch is not None:
-            watch.version += 1
 
     def _pad(self, encs, padding_side: str, where: str = "texts", *, pad_id: int | None = None,
              pad_type_id: int = 0, length: int | None = None, multiple: int | None = None) -> dict[str, np.ndarray]:
@@ -1782,9 +1793,9 @@ class Tokenizer:
         :attr:`do_lower_case`, its normalizer is the ``Sequence`` that starts with ``Lowercase()``
         (unless it already had a ``Lowercase``, then it is unchanged: see :attr:`do_lower_case`).
         A backend that ``copy.copy`` left shared is copied first (see :meth:`__copy__`): each
-        Tokenizer hands out its own. A backend that cannot be copied and is shared (see the
-        constructor) is replaced by one of this Tokenizer's own when :attr:`do_lower_case`
-        changes its normalizer: read this property again after that."""
+        Tokenizer hands out its own. Each setter that changes the backend (:attr:`do_lower_case`,
+        :attr:`max_length`, :attr:`truncation_side`, :attr:`pad_token`, :attr:`pad_token_id`)
+        replaces it by a new one (see the constructor): read this property again after one."""
         self._own_backend()
         watch = getattr(self, "_backend_watch", None)
         if watch is not None:
@@ -2489,12 +2500,6 @@ def _declared_class(model_dir: Path, tokenizer_config: dict) -> str | None:
     return _CLASS_OF_MODEL_TYPE.get(model_type)
 
 
-def _builds_bert_normalizer(model_dir: Path, tokenizer_config: dict) -> bool:
-    """Whether transformers' tokenizer for this folder builds its normalizer from the BERT flags:
-    its class (:func:`_declared_class`) is among ``_BERT_NORMALIZER_CLASSES``."""
-    return _declared_class(model_dir, tokenizer_config) in _BERT_NORMALIZER_CLASSES
-
-
 def _register_special_tokens(backend, tokens: dict, tokenizer_config: dict, named_become_special: bool = False) -> None:
     """Makes each special token of ``tokens`` (:func:`_special_tokens_of_config`'s, all in the
     vocabulary) a special added token of ``backend`` where ``tokenizer.json`` lists it as an
@@ -2672,28 +2677,29 @@ def _has_byte_level(backend) -> bool:
     return byte_level(json.loads(backend.to_str()).get("pre_tokenizer"))
 
 
-def _apply_bert_normalizer_flags(backend, tokenizer_config: dict, path: Path, bert: bool) -> None:
-    """Sets ``tokenizer_config.json``'s ``do_lower_case``, ``strip_accents`` and
-    ``tokenize_chinese_chars`` on ``backend``'s normalizer when it is a ``BertNormalizer`` and
-    ``bert`` (transformers' tokenizer is a BERT one: :func:`_builds_bert_normalizer`), as
-    transformers' BERT tokenizers build theirs from them: a new ``BertNormalizer`` with those
-    settings, ``clean_text`` as it was; a key absent takes transformers' default
-    (``_BERT_NORMALIZER_DEFAULTS``). Nothing (the keys not even read) for another class
-    (``PreTrainedTokenizerFast``, ``TokenizersBackend``, no class at all) or another normalizer:
-    transformers' tokenizers there keep ``tokenizer.json``'s normalizer.
+def _apply_bert_normalizer_flags(backend, tokenizer_config: dict, path: Path, klass: str | None) -> None:
+    """Gives ``backend`` the normalizer that transformers' BERT tokenizers build (``klass``, the
+    folder's class, among ``_BERT_NORMALIZER_CLASSES``): a new ``BertNormalizer`` made from
+    ``tokenizer_config.json``'s ``do_lower_case``, ``strip_accents`` and ``tokenize_chinese_chars``,
+    with ``clean_text`` true (``FunnelTokenizer``: its ``clean_text``), a key absent taking
+    transformers' default (``_BERT_NORMALIZER_DEFAULTS``), whatever ``tokenizer.json``'s normalizer
+    is: their ``__init__`` (transformers 5's ``BertTokenizer.__init__``,
+    ``models/bert/tokenization_bert.py``) drops it. Nothing (the keys not even read) for another
+    class (``PreTrainedTokenizerFast``, ``TokenizersBackend``, ``ConvBertTokenizer``, no class at
+    all): transformers' tokenizers there keep ``tokenizer.json``'s normalizer.
 
     Raises:
-        ValueError: naming the file (``path``) and the key: ``do_lower_case`` or
-            ``tokenize_chinese_chars`` not a bool, ``strip_accents`` not a bool or null.
+        ValueError: naming the file (``path``) and the key: ``do_lower_case``,
+            ``tokenize_chinese_chars`` or (Funnel's) ``clean_text`` not a bool, ``strip_accents``
+            not a bool or null.
     """
     from tokenizers import normalizers
 
-    normalizer = backend.normalizer
-    if not bert or not isinstance(normalizer, normalizers.BertNormalizer):
+    if klass not in _BERT_NORMALIZER_CLASSES:
         return
-    settings = {"clean_text": normalizer.clean_text, "handle_chinese_chars": normalizer.handle_chinese_chars,
-                "strip_accents": normalizer.strip_accents, "lowercase": normalizer.lowercase}
-    for key, argument in _BERT_NORMALIZER_FLAGS:
+    settings = {"clean_text": True}
+    flags = _BERT_NORMALIZER_FLAGS + ((("clean_text", "clean_text"),) if klass == "FunnelTokenizer" else ())
+    for key, argument in flags:
         value = tokenizer_config.get(key, _BERT_NORMALIZER_DEFAULTS[key])
         if not (isinstance(value, bool) or (value is None and key == "strip_accents")):
             expected = "a bool or null" if key == "strip_accents" else "a bool"
