@@ -346,16 +346,20 @@ def test_add_prefix_space_and_unregistered_special_tokens_as_transformers(saved_
 
 
 # ------------------------------------------------------------------------------------ named tokens, classes, Llama-2
-def _bpe_folder(path, config: dict, added=(), config_json=None, prefix_space_in_json=False):
-    """A tiny byte-level BPE folder (tokenizer.json with ``added`` as ordinary added tokens)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+def _bpe_folder(path, config: dict, added=(), config_json=None, prefix_space_in_json=False, specials=("<unk>",)):
+    """A tiny byte-level BPE folder: tokenizer.json with ``specials`` first (special tokens of the
+    trainer), ``added`` as ordinary added tokens, RoBERTa's post-processor (<s> ... </s>) when
+    ``specials`` hold them; tokenizer_config.json ``config``, config.json ``config_json`` if given."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
     backend = Tokenizer(models.BPE())
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=prefix_space_in_json)
     backend.decoder = decoders.ByteLevel()
-    backend.train_from_iterator(["Hello world, this is a test.", "the quick brown fox"] * 20,
-                                trainers.BpeTrainer(vocab_size=400, special_tokens=["<unk>"],
-                                                    initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    backend.train_from_iterator(["Hello world, this is a test.", "the quick brown fox"] * 20, trainers.BpeTrainer(
+        vocab_size=400, special_tokens=list(specials), initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    if "<s>" in specials and "</s>" in specials:
+        backend.post_processor = processors.RobertaProcessing(("</s>", specials.index("</s>")),
+                                                              ("<s>", specials.index("<s>")))
     if added:
         backend.add_tokens(list(added))
     path.mkdir(parents=True)
@@ -528,22 +532,7 @@ def test_a_registered_class_that_wins_over_tokenizer_class_as_autotokenizer(tmp_
 
 def _roberta_folder(path, config: dict, config_json: dict | None, specials):
     """A tiny byte-level BPE folder with RoBERTa's post-processor (<s> ... </s>) and ``specials`` first."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-
-    backend = Tokenizer(models.BPE())
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    backend.decoder = decoders.ByteLevel()
-    backend.train_from_iterator(["Hello world, this is a test.", "the quick brown fox"] * 20, trainers.BpeTrainer(
-        vocab_size=400, special_tokens=list(specials), initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    if "<s>" in specials:
-        backend.post_processor = processors.RobertaProcessing(("</s>", specials.index("</s>")),
-                                                              ("<s>", specials.index("<s>")))
-    path.mkdir(parents=True)
-    backend.save(str(path / "tokenizer.json"))
-    (path / "tokenizer_config.json").write_text(json.dumps(config))
-    if config_json is not None:
-        (path / "config.json").write_text(json.dumps(config_json))
-    return path
+    return _bpe_folder(path, config, config_json=config_json, specials=list(specials))
 
 
 @pytest.mark.parametrize("config,config_json", [

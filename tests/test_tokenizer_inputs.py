@@ -313,13 +313,26 @@ def test_encode_batches_copy_after_a_change_during_its_update(model_dir):
     """A setter that runs while encode_batches brings its copy up to date (another thread, here
     the trace hook just before the update is recorded) is not lost: the next call updates again
     (a flag cleared after the update lost it, and the copy kept the old truncation for good)."""
-    import linecache
-    import sys
 
     tok = tc.Tokenizer(_backend(model_dir), 8)
     texts = ["one two three four five six seven eight nine ten", "a short one"]
     list(tok.encode_batches(texts, 2))
     tok.max_length = 7  # the next call updates the copy
+
+    def between():  # between the update's reads and its record of them
+        tok.max_length = 6
+
+    _while_a_kept_copy_is_recorded(between, lambda: list(tok.encode_batches(texts, 2)))
+    _check_one_batch_truncated_to(tok, texts, 6)
+
+
+def _while_a_kept_copy_is_recorded(action, call):
+    """Runs ``call()`` with ``action()`` run once inside it, just before ``_derived_backend`` records
+    the copy it made (the line ``setattr(self, slot, (...``): another thread's setter at the worst
+    moment, made deterministic by a trace hook."""
+    import linecache
+    import sys
+
     code = tc.tokenizer.Tokenizer._derived_backend.__code__
     fired = []
 
@@ -327,16 +340,15 @@ def test_encode_batches_copy_after_a_change_during_its_update(model_dir):
         line = linecache.getline(frame.f_code.co_filename, frame.f_lineno)
         if event == "line" and not fired and "setattr(self, slot, (" in line:
             fired.append(True)
-            tok.max_length = 6  # between the update's reads and its record of them
+            action()
         return local
 
     sys.settrace(lambda frame, event, arg: local if frame.f_code is code else None)
     try:
-        list(tok.encode_batches(texts, 2))
+        call()
     finally:
         sys.settrace(None)
-    assert fired
-    _check_one_batch_truncated_to(tok, texts, 6)
+    assert fired, "the hook never ran: _derived_backend's recording line changed"
 
 
 def test_pickle_and_deepcopy_keep_encode_special_tokens(model_dir):
@@ -1431,30 +1443,17 @@ def test_kept_copy_of_a_replaced_backend_is_not_taken_for_current(model_dir):
     before the copy is recorded) stored with the old count was taken as current once the new count
     reached it, and encode_batch / encode_batches truncated to the old max_length (9, not 6)."""
     import copy
-    import linecache
-    import sys
 
     texts = ["one two three four five six seven eight nine ten eleven twelve", "a short one"]
     a = tc.Tokenizer(_backend(model_dir), 10)
     a.max_length = 11
     a.max_length = 9  # the watch counts 2
     b = copy.copy(a)  # shares a's backend and watch until either changes it
-    code = tc.tokenizer.Tokenizer._derived_backend.__code__
-    fired = []
 
-    def local(frame, event, arg):
-        line = linecache.getline(frame.f_code.co_filename, frame.f_lineno)
-        if event == "line" and not fired and "setattr(self, slot, (" in line:
-            fired.append(True)
-            a.max_length = 7  # a takes its own backend and watch while the old backend's copy is made
-        return local
+    def between():  # a takes its own backend and watch while the old backend's copy is made
+        a.max_length = 7
 
-    sys.settrace(lambda frame, event, arg: local if frame.f_code is code else None)
-    try:
-        next(a.encode_batches(texts, 2))
-    finally:
-        sys.settrace(None)
-    assert fired
+    _while_a_kept_copy_is_recorded(between, lambda: next(a.encode_batches(texts, 2)))
     a.max_length = 6  # the new watch counts 2 again
     ref = _backend(model_dir)
     ref.enable_truncation(max_length=6)
