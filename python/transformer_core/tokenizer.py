@@ -355,6 +355,8 @@ class _LowercaseMark:
         self._seen = False
 
     def normalize(self, normalized) -> None:
+        """The tokenizers package's hook for a custom normalizer: lowercases ``normalized`` (a
+        ``NormalizedString``, in place, as ``Lowercase()``), noting the call when :meth:`is_in` asks."""
         if self._asking == threading.get_ident():
             self._seen = True
         normalized.lowercase()
