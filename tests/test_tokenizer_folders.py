@@ -766,3 +766,21 @@ def test_convbert_keeps_and_funnel_cleans_as_transformers(tmp_path, tokenizer_cl
     assert ours.backend.normalizer.__getstate__() == hf.backend_tokenizer.normalizer.__getstate__()
     for text in ["Hello World", "hello\x07world\ufffd", *TEXTS]:
         assert ours.encode(text) == hf(text)["input_ids"], text
+
+
+def test_convbert_flags_are_checked_though_its_normalizer_is_kept(tmp_path):
+    """ConvBertTokenizer keeps tokenizer.json's normalizer, but transformers still refuses a flag of
+    the wrong type (its typed BertTokenizer.__init__): a ``"do_lower_case": "false"`` folder loaded
+    silently here; a ValueError naming the file and the key now."""
+    import warnings
+
+    from transformers import AutoTokenizer
+
+    path = _folder(tmp_path, MODEL_DIR / "tokenizer.json",
+                   _minilm_config(tokenizer_class="ConvBertTokenizer", do_lower_case="false"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(TypeError):
+            AutoTokenizer.from_pretrained(path)
+    with pytest.raises(ValueError, match=r"tokenizer_config.json: do_lower_case: expected a bool, got str 'false'"):
+        tc.Tokenizer.from_pretrained(path)

@@ -1603,3 +1603,26 @@ def test_a_setter_leaves_a_shallow_copys_parts_alone(model_dir):
     ref.normalizer.lowercase = False
     assert b.encode("Hello World") == ref.encode("Hello World").ids == [101, 100, 100, 102]
     assert a.encode("Hello World") == _backend(model_dir).encode("Hello World").ids == [101, 7592, 2088, 102]
+
+
+def test_a_copy_after_a_setter_does_not_follow_a_backend_handed_out_before(model_dir):
+    """After ``bk = a.backend`` and a setter on ``a`` (a new backend sharing bk's parts), ``copy.copy(a)``
+    shared that backend as if never handed out: ``bk.normalizer.lowercase = False`` then changed the
+    copy's ids too. The copy is its own now (as without the setter), whatever bk's holder does."""
+    import copy
+
+    a = tc.Tokenizer.from_pretrained(model_dir)
+    want = a.encode("Hello World")
+    bk = a.backend
+    a.max_length = 10
+    c = copy.copy(a)
+    bk.normalizer.lowercase = False
+    assert c.encode("Hello World") == want
+    a = tc.Tokenizer.from_pretrained(model_dir)
+    bk = a.backend
+    a.pad_token = "[UNK]"
+    c = copy.copy(a)
+    c.max_length = 12
+    before = c.encode("Hello \u2603")
+    bk.model.unk_token = "[MASK]"
+    assert c.encode("Hello \u2603") == before

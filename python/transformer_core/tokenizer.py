@@ -720,7 +720,11 @@ class Tokenizer:
             own.enable_padding(**live.padding)
         change(own)
         self._tok = own  # another thread's call uses the old backend or this one, whole
-        self._backend_watch = _BackendWatch()  # after the backend: see _derived_backend
+        watch = _BackendWatch()  # after the backend: see _derived_backend
+        # the old backend handed out: its holder may still change the parts the new one shares,
+        # so copy.copy copies this one at once too (see __copy__)
+        watch.handed_out = getattr(getattr(self, "_backend_watch", None), "handed_out", False)
+        self._backend_watch = watch
         self._unpadded = self._plain = None
         self._tok_foreign = False  # no longer the caller's object (its parts may still be shared)
 
@@ -1797,7 +1801,11 @@ class Tokenizer:
         A backend that ``copy.copy`` left shared is copied first (see :meth:`__copy__`): each
         Tokenizer hands out its own. Each setter that changes the backend (:attr:`do_lower_case`,
         :attr:`max_length`, :attr:`truncation_side`, :attr:`pad_token`, :attr:`pad_token_id`)
-        replaces it by a new one (see the constructor): read this property again after one."""
+        replaces it by a new one made of the same parts (see the constructor): the object handed
+        out before is then no longer this Tokenizer's backend. A part changed in place through it
+        (``bk.normalizer.lowercase = False``) still reaches this Tokenizer, as the parts are
+        shared; a change of the object itself (``add_tokens``, assigning a part, its truncation or
+        padding) does not. Read this property again after a setter."""
         self._own_backend()
         watch = getattr(self, "_backend_watch", None)
         if watch is not None:
@@ -2686,9 +2694,11 @@ def _apply_bert_normalizer_flags(backend, tokenizer_config: dict, path: Path, kl
     with ``clean_text`` true (``FunnelTokenizer``: its ``clean_text``), a key absent taking
     transformers' default (``_BERT_NORMALIZER_DEFAULTS``), whatever ``tokenizer.json``'s normalizer
     is: their ``__init__`` (transformers 5's ``BertTokenizer.__init__``,
-    ``models/bert/tokenization_bert.py``) drops it. Nothing (the keys not even read) for another
-    class (``PreTrainedTokenizerFast``, ``TokenizersBackend``, ``ConvBertTokenizer``, no class at
-    all): transformers' tokenizers there keep ``tokenizer.json``'s normalizer.
+    ``models/bert/tokenization_bert.py``) drops it. ``ConvBertTokenizer`` keeps ``tokenizer.json``'s
+    normalizer in transformers 5 but still takes the flags as arguments: they are checked, not
+    applied. Nothing (the keys not even read) for another class (``PreTrainedTokenizerFast``,
+    ``TokenizersBackend``, no class at all): transformers' tokenizers there keep
+    ``tokenizer.json``'s normalizer.
 
     Raises:
         ValueError: naming the file (``path``) and the key: ``do_lower_case``,
@@ -2697,7 +2707,7 @@ def _apply_bert_normalizer_flags(backend, tokenizer_config: dict, path: Path, kl
     """
     from tokenizers import normalizers
 
-    if klass not in _BERT_NORMALIZER_CLASSES:
+    if klass not in _BERT_NORMALIZER_CLASSES and klass != "ConvBertTokenizer":
         return
     settings = {"clean_text": True}
     flags = _BERT_NORMALIZER_FLAGS + ((("clean_text", "clean_text"),) if klass == "FunnelTokenizer" else ())
@@ -2707,7 +2717,8 @@ def _apply_bert_normalizer_flags(backend, tokenizer_config: dict, path: Path, kl
             expected = "a bool or null" if key == "strip_accents" else "a bool"
             raise ValueError(f"{path}: {key}: expected {expected}, got {type(value).__name__} {_clip(value)}")
         settings[argument] = value
-    backend.normalizer = normalizers.BertNormalizer(**settings)
+    if klass in _BERT_NORMALIZER_CLASSES:
+        backend.normalizer = normalizers.BertNormalizer(**settings)
 
 
 def _default_max_length(model_dir: Path, tokenizer_config: dict) -> int:
