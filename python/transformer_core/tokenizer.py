@@ -278,15 +278,14 @@ _HANDED_OVER = threading.local()
 class _BackendWatch:
     """What may have changed a Tokenizer's backend, for the copies of it without padding or
     truncation (see ``Tokenizer._derived_backend``): ``handed_out`` once the backend has been given
-    to anyone (the ``backend`` property; from then on it may change at any time), and ``version``,
-    for changes made in place (this module makes none: each setter swaps in a new backend with a
-    new watch, see ``Tokenizer._swap_backend``). Shared by shallow copies of the Tokenizer while
-    they share the backend; each Tokenizer keeps its own copies with the watch and the version they
-    were made at."""
+    to anyone (the ``backend`` property; from then on it may change at any time). This module
+    changes no backend in place: each setter swaps in a new backend with a new watch
+    (``Tokenizer._swap_backend``), so a copy kept with this watch object is current while the
+    backend was not handed out. Shared by shallow copies of the Tokenizer while they share the
+    backend."""
 
     def __init__(self):
         self.handed_out = False
-        self.version = 0
 
 
 def _copy_backend(backend):
@@ -530,9 +529,7 @@ class Tokenizer:
         if backend is not self._tok:
             new._tok = backend
             new._backend_watch = _BackendWatch()
-        else:  # shared for good: a setter first gives either one its own (_swap_backend)
-            self._tok_foreign = new._tok_foreign = True
-        return new
+        return new  # else shared for good: a setter first gives either one its own (_swap_backend)
 
     def _own_backend(self) -> None:
         """Before the backend is changed or handed out: gives this Tokenizer its own copy of a
@@ -544,8 +541,7 @@ class Tokenizer:
             self._tok = backend
             self._backend_watch = _BackendWatch()
             self._unpadded = self._plain = None
-        else:  # shared for good: a setter first gives it its own (_swap_backend)
-            self._tok_foreign = True
+        # else shared for good: a setter first gives it its own (_swap_backend)
         self._tok_shared = False
 
     def __getstate__(self) -> dict:
@@ -557,7 +553,8 @@ class Tokenizer:
         state["_special"] = dict(state["_special"])  # a shallow copy names its own tokens
         state["_unpadded"] = state["_plain"] = None
         state.pop("_unpadded_version", None)  # (a state of an older version)
-        state["_tok_shared"] = state["_tok_foreign"] = False  # pickled: its own backend; copy.copy: see __copy__
+        state["_tok_shared"] = False  # pickled: its own backend; copy.copy: see __copy__
+        state.pop("_tok_foreign", None)  # (a state of an earlier version)
         state["_encode_special_tokens"] = self._tok.encode_special_tokens
         return state
 
@@ -623,16 +620,14 @@ class Tokenizer:
         if max_length is not None:
             _check_room_for_special_tokens(tokenizer, max_length)
         handed_over = getattr(_HANDED_OVER, "backend", None) is tokenizer
-        foreign = False  # the caller's own backend, used as is: see _swap_backend
-        if not handed_over:  # checked: now the copy
+        if not handed_over:  # checked: now the copy (the caller's own when it cannot be copied: see _swap_backend)
             copied = _copy_backend(tokenizer)
             if copied is tokenizer and do_lower_case and not _has_lowercase(tokenizer.normalizer):
                 copied = _backend_from_parts(tokenizer)  # its own, made of the same parts: Lowercase() is its alone
-            foreign, tokenizer = copied is tokenizer, copied
+            tokenizer = copied
         self._tok = tokenizer
-        self._tok_foreign = foreign
-        self._unpadded = None  # (watch, version, encode_batches' copy of it without padding): see _derived_backend
-        self._plain = None  # (watch, version, apply_chat_template's copy without truncation or padding): the same
+        self._unpadded = None  # (watch, encode_batches' copy of it without padding): see _derived_backend
+        self._plain = None  # (watch, apply_chat_template's copy without truncation or padding): the same
         self._backend_watch = _BackendWatch()  # whether those copies may be out of date
         self._tok_shared = False  # a backend that copy.copy shares until either side changes it: _own_backend
         self._id_limit_cache = None  # (vocabulary size, one past the highest id, gaps?): see _id_limit
@@ -726,7 +721,6 @@ class Tokenizer:
         watch.handed_out = getattr(getattr(self, "_backend_watch", None), "handed_out", False)
         self._backend_watch = watch
         self._unpadded = self._plain = None
-        self._tok_foreign = False  # no longer the caller's object (its parts may still be shared)
 
     def _pad_of(self, token: str | None, fallback: bool) -> tuple[str | None, int]:
         """``(pad_token, pad_token_id)`` for a ``pad_token`` of the constructor (``fallback``: one
@@ -1516,33 +1510,30 @@ class Tokenizer:
 
         The copy (:func:`_backend_from_parts`: the backend's own model, normalizer, pre-tokenizer,
         post-processor and decoder objects, its added tokens, ``encode_special_tokens`` and, with
-        ``truncate``, its truncation; 30-50 µs) is kept with the backend's watch and its version
+        ``truncate``, its truncation; 30-50 µs) is kept with the backend's watch
         (:class:`_BackendWatch`) and made again when the backend may have changed since: after a
-        setter (which swaps in a new backend with a new watch), or on every call once the backend was handed out through :attr:`backend` (it may
-        have changed at any time). A copy is never changed once made (another thread may be
-        encoding with it), and the backend's truncation and padding are never switched off for
-        this, so another thread's call on it is never left untruncated or unpadded; a backend
-        with parts written in Python gets such a copy too.
+        setter (which swaps in a new backend with a new watch), or on every call once the backend
+        was handed out through :attr:`backend` (it may have changed at any time). A copy is never
+        changed once made (another thread may be encoding with it), and the backend's truncation and
+        padding are never switched off for this, so another thread's call on it is never left
+        untruncated or unpadded; a backend with parts written in Python gets such a copy too.
         """
-        # The watch and its version are read before the backend is: a change made while the copy is
-        # made counts up after it, and a backend swapped in meanwhile (_own_backend, _swap_backend) comes
-        # with a watch of its own, set after it. The copy is kept with that watch object, not only
-        # its count: a new watch counts from 0 again, and must not take a copy of the old backend.
+        # The watch is read before the backend is: a backend swapped in meanwhile (_own_backend,
+        # _swap_backend) comes with a watch of its own, set after it, so a copy of the old backend is
+        # kept with the old watch object and never taken for the new backend's.
         watch = getattr(self, "_backend_watch", None)  # None: pickled before it existed
-        version = None if watch is None else watch.version
         live = self._tok
         if live.padding is None and (truncate or live.truncation is None):
             return live
         slot = "_unpadded" if truncate else "_plain"
-        kept = getattr(self, slot, None)  # (the watch, its version the copy was made at, the copy), or None
-        if (kept is not None and version is not None and not watch.handed_out and kept[0] is watch
-                and kept[1] == version):
-            return kept[2]  # nothing can have changed the backend since it was made
+        kept = getattr(self, slot, None)  # (the watch the copy was made under, the copy), or None
+        if kept is not None and len(kept) == 2 and watch is not None and not watch.handed_out and kept[0] is watch:
+            return kept[1]  # nothing can have changed the backend since it was made
         copy = _backend_from_parts(live)
         truncation = live.truncation if truncate else None
         if truncation is not None:
             copy.enable_truncation(**truncation)
-        setattr(self, slot, (watch, version, copy))  # one assignment: another thread sees it or the old one
+        setattr(self, slot, (watch, copy))  # one assignment: another thread sees it or the old one
         return copy
 
     def _pad(self, encs, padding_side: str, where: str = "texts", *, pad_id: int | None = None,
