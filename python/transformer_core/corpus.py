@@ -236,12 +236,8 @@ def _blank_kind(text: str) -> str | None:
     stripped = text.strip()
     if not stripped:
         return "whitespace"
-    if not _no_text(stripped[0]):
-        return None  # the common case, decided at once
-    for c in stripped:
-        if not _no_text(c):
-            return None
-    return "invisible"
+    # ordinary text: decided at its first character
+    return None if any(not _no_text(c) for c in stripped) else "invisible"
 
 
 def _blank_text_phrase(kind: str, noun: str) -> str:
