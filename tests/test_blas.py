@@ -171,3 +171,27 @@ def test_use_mkl_with_a_wrong_path_says_why_and_keeps_the_table():
     # before MKL is loaded dlopen fails; once it is, only the same library may be chosen again
     assert why.startswith("dlopen failed") or why.startswith("MKL is already loaded from "), why
     assert tc.blas_info() == before
+
+
+def _zeros_virtual(shape, dtype):
+    """Zeros of any size that take memory only for the pages written (an anonymous private mapping,
+    not reserved): products past 2**31 rows without 8 GiB of RAM."""
+    import mmap
+
+    size = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_NORESERVE", 0x4000)
+    return np.frombuffer(mmap.mmap(-1, size, flags=flags), dtype=dtype).reshape(shape)
+
+
+def test_weight_gradient_over_more_than_2_31_rows_counts_every_row():
+    # The weight gradient xᵀ · grad_output of a one-column layer goes to BLAS, whose sizes are 32-bit
+    # ints: 2**31 + 5 rows were passed as a negative size (OpenBLAS printed "illegal value" and the
+    # gradient stayed 0). kernels::gemm now runs the inner dimension in blocks of 2**30.
+    rows = 2**31 + 5
+    x, grad = _zeros_virtual((rows, 1), np.float32), _zeros_virtual((rows, 1), np.float32)
+    x[0, 0], grad[0, 0] = 1, 1
+    x[rows - 1, 0], grad[rows - 1, 0] = 3, 1
+    _, grad_weight, _ = tc.backward.linear_backward(
+        x, np.ones((1, 1), np.float32), grad, bias=False, need_grad_input=False)
+    np.testing.assert_array_equal(grad_weight, [[4.0]])
+

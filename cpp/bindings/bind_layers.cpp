@@ -36,7 +36,7 @@ py::array_t<T> rows_forward(const Layer& layer, const CArray<T>& x, int64_t in_f
   auto y = new_array<T>({x.shape(0), out_features}, "x: the output (rows, out_features)");
   T* yp = y.mutable_data();
   {
-    py::gil_scoped_release release;
+    ModuleCall call;
     layer.forward(x.data(), x.shape(0), yp);
   }
   return y;
@@ -79,7 +79,7 @@ void register_dtype(py::module_& m) {
             auto out = new_array<T>({rows, self.embedding_dim()}, "input_ids: the output (ids, embedding_dim)");
             T* op = out.mutable_data();
             {
-              py::gil_scoped_release release;
+              ModuleCall call;
               self.forward(ids.data(), rows, op);
             }
             return out;
@@ -100,7 +100,7 @@ void register_dtype(py::module_& m) {
             auto out = new_array<T>({rows, self.config().hidden_size}, "input_ids: the output (ids, hidden_size)");
             T* op = out.mutable_data();
             {
-              py::gil_scoped_release release;
+              ModuleCall call;
               self.forward(input_ids.data(), pos, tt, rows, op);
             }
             return out;
@@ -137,6 +137,7 @@ void register_dtype(py::module_& m) {
       .def(
           "get",
           [](const KVCache& c, int64_t layer) {
+            c.require_idle();
             require(layer >= 0 && layer < c.num_layers(), "layer: expected an index in [0, " +
                                                               std::to_string(c.num_layers()) + "), got " +
                                                               std::to_string(layer));
@@ -153,6 +154,7 @@ void register_dtype(py::module_& m) {
       .def(
           "load",
           [](KVCache& c, const std::vector<std::pair<CArray<T>, CArray<T>>>& kv) {
+            c.require_idle();
             const int64_t N = c.batch(), H = c.num_kv_heads(), D = c.head_dim();
             const int64_t S = kv.empty() ? 0 : kv[0].first.shape(2);
             c.crop(0);
@@ -168,8 +170,20 @@ void register_dtype(py::module_& m) {
             c.set_length(S);
           },
           py::arg("pairs"))
-      .def("crop", &KVCache::crop, py::arg("length"))
-      .def("reserve", &KVCache::reserve, py::arg("total"));
+      .def(
+          "crop",
+          [](KVCache& c, int64_t length) {
+            c.require_idle();
+            c.crop(length);
+          },
+          py::arg("length"))
+      .def(
+          "reserve",
+          [](KVCache& c, int64_t total) {
+            c.require_idle();
+            c.reserve(total);
+          },
+          py::arg("total"));
 
   py::class_<Rotary>(m, ("RotaryEmbedding" + sfx).c_str())
       .def(py::init([](int64_t head_dim, int64_t max_positions, double base, const std::string& layout) {
@@ -208,7 +222,16 @@ void register_dtype(py::module_& m) {
             in.layer = layer;
             in.rotary = rotary;
             in.positions = optional_data<int64_t>(position_ids);
+            typename KVCache::Use use(cache);
             const int64_t S_total = S + (cache != nullptr ? cache->length() : 0);
+            if (cache != nullptr)  // the masks were built in Python for the length the cache had then
+              for (const py::object* mask : {&bool_mask, &float_mask, &key_mask}) {
+                if (mask->is_none()) continue;
+                const py::array a = mask->cast<py::array>();
+                require(a.shape(a.ndim() - 1) == S_total,
+                        "past_key_values: its length changed after the masks were checked (another call on the "
+                        "cache; a cache holds one sequence of calls at a time)");
+              }
             auto out = new_array<T>({N, L, self.embed_dim()}, "query: the output (N, L, embed_dim)");
             py::array_t<T> weights;
             if (need_weights) {
@@ -217,7 +240,7 @@ void register_dtype(py::module_& m) {
             }
             T* op = out.mutable_data();
             {
-              py::gil_scoped_release release;
+              ModuleCall call;
               self.forward(query.data(), k.data(), v.data(), N, L, S, op, in);
               // the step's last layer advances the length (nn.py calls the layers of a step in order)
               if (cache != nullptr && layer == cache->num_layers() - 1) cache->set_length(cache->length() + L);
@@ -249,7 +272,7 @@ void register_dtype(py::module_& m) {
             auto out = new_array<T>({N, L, self.d_model()}, "src: the output (N, L, d_model)");
             T* op = out.mutable_data();
             {
-              py::gil_scoped_release release;
+              ModuleCall call;
               self.forward(src.data(), N, L, op, masks, p);
             }
             return out;
@@ -282,7 +305,7 @@ void register_dtype(py::module_& m) {
             auto out = new_array<T>({N, Tq, self.d_model()}, "tgt: the output (N, T, d_model)");
             T* op = out.mutable_data();
             {
-              py::gil_scoped_release release;
+              ModuleCall call;
               self.forward(tgt.data(), N, Tq, memory.data(), S, op, self_masks, cross_masks, p);
             }
             return out;

@@ -91,7 +91,7 @@ void register_dtype(py::module_& m) {
             }
             T* hp = hidden.mutable_data();
             {
-              py::gil_scoped_release release;
+              ModuleCall call;
               self.forward(input_ids.data(), mask, tt, N, L, hp, pp);
             }
             return py::make_tuple(hidden, pooled);
@@ -113,8 +113,13 @@ void register_dtype(py::module_& m) {
             const int64_t* positions = optional_data<int64_t>(position_ids);
             auto hidden = new_array<T>({N, L, E}, "input_ids: the hidden states (N, L, hidden_size)");
             T* hp = hidden.mutable_data();
+            typename layers::KVCache<T>::Use use(&cache);
+            // the mask was checked in Python against the length the cache had then
+            require(attention_mask.is_none() || attention_mask.cast<py::array>().shape(1) == cache.length() + L,
+                    "past_key_values: its length changed after attention_mask was checked (another call on the "
+                    "cache; a cache holds one sequence of calls at a time)");
             {
-              py::gil_scoped_release release;
+              ModuleCall call;
               self.forward(input_ids.data(), N, L, positions, mask, cache, hp);
             }
             return hidden;
@@ -127,7 +132,7 @@ void register_dtype(py::module_& m) {
             auto logits = new_array<T>({hidden.shape(0), self.config().vocab_size}, "logits (rows, vocab_size)");
             T* lp = logits.mutable_data();
             {
-              py::gil_scoped_release release;
+              ModuleCall call;
               self.logits(hidden.data(), hidden.shape(0), lp);
             }
             return logits;

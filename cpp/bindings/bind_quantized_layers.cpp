@@ -41,7 +41,7 @@ void register_quantized_layers(py::module_& m) {
       .def(
           "quantize_int8",
           [](Module<float>& self, const std::vector<std::string>& keep_float) {
-            py::gil_scoped_release release;
+            WeightsFormatChange change;  // frees the float32 weights a call in another thread may read
             return layers::quantize_linears_int8(self, keep_float);
           },
           py::arg("keep_float") = std::vector<std::string>{})
@@ -63,13 +63,26 @@ void register_quantized_layers(py::module_& m) {
               ts.push_back({name, q::parse_ggml_type(type), static_cast<const uint8_t*>(info.ptr),
                             static_cast<size_t>(info.size), keep_alive(blocks)});
             }
+            WeightsFormatChange change;
             layers::load_gguf_weights(self, ts, check_only);
           },
           py::arg("tensors"), py::arg("check_only") = false)
       // Q8 activation blocks (true) or fp32 activations (false) for every GGUF weight inside.
-      .def("set_quantize_activations", &layers::set_quantize_activations, py::arg("on"))
+      .def(
+          "set_quantize_activations",
+          [](Module<float>& self, bool on) {
+            WeightsFormatChange change;  // a flag the layers read in a call
+            return layers::set_quantize_activations(self, on);
+          },
+          py::arg("on"))
       // int8 activations in two passes, value and rounding residual (true), or one (false).
-      .def("set_residual_activations", &layers::set_residual_activations, py::arg("on"))
+      .def(
+          "set_residual_activations",
+          [](Module<float>& self, bool on) {
+            WeightsFormatChange change;
+            return layers::set_residual_activations(self, on);
+          },
+          py::arg("on"))
       // [(name, storage)] over the registry: "float32", "int8", "Q4_1", "Q8_0+Q4_1", ...; then, for
       // each Embedding whose table a tied LM head multiplies by through an int8 copy
       // (Embedding::quantize_output_int8), one more entry for the copy: (the table's first name +
@@ -119,7 +132,7 @@ void register_quantized_layers(py::module_& m) {
       py::reinterpret_borrow<py::class_<models::DecoderModel<float>>>(py::type::of<models::DecoderModel<float>>());
   // The tied LM head as an int8 copy of embed_tokens (lookups stay fp32); no-op when untied.
   decoder_f32.def("quantize_tied_lm_head_int8", [](models::DecoderModel<float>& self) {
-    py::gil_scoped_release release;
+    WeightsFormatChange change;
     self.quantize_tied_lm_head_int8();
   });
 #endif

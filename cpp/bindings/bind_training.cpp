@@ -72,7 +72,7 @@ void register_dtype(py::module_& m) {
             auto dx = like<T>({rows, self.in_features()});
             T* dp = dx.mutable_data();
             {
-              py::gil_scoped_release release;
+              ModuleCall call;
               self.backward(x.data(), dy.data(), rows, dp);
             }
             return dx;
@@ -91,7 +91,7 @@ void register_dtype(py::module_& m) {
             auto dx = like<T>({rows, self.size()});
             T* dp = dx.mutable_data();
             {
-              py::gil_scoped_release release;
+              ModuleCall call;
               self.backward(x.data(), dy.data(), rows, dp);
             }
             return dx;
@@ -107,7 +107,7 @@ void register_dtype(py::module_& m) {
             require(dy.ndim() == 2 && dy.shape(0) == rows && dy.shape(1) == self.embedding_dim(),
                     "Embedding.backward: expected grad_output (rows, embedding_dim)");
             self.check(ids.data(), rows, "input_ids");
-            py::gil_scoped_release release;
+            ModuleCall call;
             self.backward(ids.data(), dy.data(), rows, padding_idx);
           },
           py::arg("ids"), py::arg("grad_output"), py::arg("padding_idx"));
@@ -126,7 +126,7 @@ void register_dtype(py::module_& m) {
             auto out = like<T>({rows, self.config().hidden_size});
             T* op = out.mutable_data();
             {
-              py::gil_scoped_release release;
+              ModuleCall call;
               self.forward_train(input_ids.data(), pos, tt, rows, op, dropout, seed);
             }
             return out;
@@ -138,7 +138,7 @@ void register_dtype(py::module_& m) {
           "backward",
           [](layers::Embeddings<T>& self, const CArray<T>& dout) {
             std::vector<T> d(dout.data(), dout.data() + dout.size());  // backward uses it as scratch
-            py::gil_scoped_release release;
+            ModuleCall call;
             self.backward(d.data());
           },
           py::arg("grad_output"));
@@ -151,7 +151,7 @@ void register_dtype(py::module_& m) {
             auto out = like<T>({x.shape(0), x.shape(1)});
             T* op = out.mutable_data();
             {
-              py::gil_scoped_release release;
+              ModuleCall call;
               self.forward_train(x.data(), x.shape(0), op, hidden_dropout, seed);
             }
             return out;
@@ -164,7 +164,7 @@ void register_dtype(py::module_& m) {
             auto dx = like<T>({dout.shape(0), dout.shape(1)});
             T* dp = dx.mutable_data();
             {
-              py::gil_scoped_release release;
+              ModuleCall call;
               self.backward(dout.data(), dp);
             }
             return dx;
@@ -191,7 +191,7 @@ void register_dtype(py::module_& m) {
             auto out = like<T>({N, L, self.embed_dim()});
             T* op = out.mutable_data();
             {
-              py::gil_scoped_release release;
+              ModuleCall call;
               self.forward_train(query.data(), kp, vp, N, L, S, op, in);
             }
             return out;
@@ -207,7 +207,7 @@ void register_dtype(py::module_& m) {
             T* dqp = dq.mutable_data();
             if (key_shape.is_none()) {
               {
-                py::gil_scoped_release release;
+                ModuleCall call;
                 self.backward(dout.data(), dqp, nullptr, nullptr);
               }
               return std::move(dq);
@@ -218,7 +218,7 @@ void register_dtype(py::module_& m) {
             std::fill(dv.mutable_data(), dv.mutable_data() + dv.size(), T(0));
             T *dkp = dk.mutable_data(), *dvp = dv.mutable_data();
             {
-              py::gil_scoped_release release;
+              ModuleCall call;
               self.backward(dout.data(), dqp, dkp, dvp);
             }
             return py::make_tuple(dq, dk, dv);
@@ -237,7 +237,7 @@ void register_dtype(py::module_& m) {
             auto out = like<T>({N, L, self.d_model()});
             T* op = out.mutable_data();
             {
-              py::gil_scoped_release release;
+              ModuleCall call;
               self.forward_train(src.data(), N, L, op, masks, ap, Dropout{p, ffn_p, 0, seed});
             }
             return out;
@@ -250,7 +250,7 @@ void register_dtype(py::module_& m) {
             auto dsrc = like<T>({dout.shape(0), dout.shape(1), dout.shape(2)});
             T* dp = dsrc.mutable_data();
             {
-              py::gil_scoped_release release;
+              ModuleCall call;
               self.backward(dout.data(), dp);
             }
             return dsrc;
@@ -271,7 +271,7 @@ void register_dtype(py::module_& m) {
             auto out = like<T>({N, Tq, self.d_model()});
             T* op = out.mutable_data();
             {
-              py::gil_scoped_release release;
+              ModuleCall call;
               self.forward_train(tgt.data(), N, Tq, memory.data(), S, op, self_masks, cross_masks, ap,
                                  Dropout{p, ffn_p, 0, seed});
             }
@@ -291,7 +291,7 @@ void register_dtype(py::module_& m) {
             std::fill(dmem.mutable_data(), dmem.mutable_data() + dmem.size(), T(0));
             T *dtp = dtgt.mutable_data(), *dmp = dmem.mutable_data();
             {
-              py::gil_scoped_release release;
+              ModuleCall call;
               self.backward(dout.data(), dtp, dmp);
             }
             return py::make_tuple(dtgt, dmem);
@@ -315,7 +315,7 @@ void register_dtype(py::module_& m) {
             const int64_t* positions = optional_data<int64_t>(position_ids);
             models::LossResult r;
             {
-              py::gil_scoped_release release;
+              ModuleCall call;
               if (training)
                 r = self.loss_train(input_ids.data(), targets.data(), N, L, positions, mask, ignore_index,
                                     Dropout{resid_dropout, 0, embed_dropout, seed});
@@ -330,7 +330,7 @@ void register_dtype(py::module_& m) {
       .def(
           "backward",
           [](models::DecoderModel<T>& self) {
-            py::gil_scoped_release release;
+            ModuleCall call;
             self.backward();
           })
       .def_property_readonly("has_training_state", &models::DecoderModel<T>::has_training_state);
@@ -356,7 +356,7 @@ void register_dtype(py::module_& m) {
             }
             T* hp = hidden.mutable_data();
             {
-              py::gil_scoped_release release;
+              ModuleCall call;
               self.forward_train(input_ids.data(), mask, tt, N, L, hp, pp, Dropout{hidden_dropout, 0, 0, seed});
             }
             return py::make_tuple(hidden, pooled);
@@ -367,7 +367,7 @@ void register_dtype(py::module_& m) {
           "backward",
           [](models::BertModel<T>& self, const CArray<T>& d_hidden, const py::object& d_pooled) {
             const T* dp = optional_data<T>(d_pooled);
-            py::gil_scoped_release release;
+            ModuleCall call;
             self.backward(d_hidden.data(), dp);
           },
           py::arg("grad_last_hidden_state"), py::arg("grad_pooler_output"))

@@ -8,6 +8,8 @@
 #include <pybind11/stl.h>
 
 #include <cstdint>
+#include <mutex>
+#include <shared_mutex>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -22,6 +24,63 @@ namespace transformer_core::bindings {
 
 template <class T>
 using CArray = py::array_t<T, py::array::c_style>;
+
+// Calls that run a module (a forward, a backward, a training step) release the GIL, and quantizing
+// a module in place frees the float32 storage its layers read (Linear / Embedding::set_quantized).
+// One process-wide lock keeps the two apart: a module call holds it shared (calls still run side by
+// side); a change of the weights' format holds it exclusive, and the GIL while it changes them, so
+// it waits for the calls in flight and no call starts before it is done. No thread waits for a lock
+// while holding the GIL. (Values copied into the same storage, as load_state_dict's, free nothing
+// and take no lock.)
+//
+// A change waiting for the lock holds the turnstile, which every call passes before taking the
+// lock shared: calls that start meanwhile wait behind the change instead of keeping the lock shared
+// for ever (glibc's shared_mutex lets new readers pass a waiting writer).
+struct WeightsFormatLocks {
+  std::shared_mutex lock;
+  std::mutex turnstile;
+};
+inline WeightsFormatLocks*& weights_format_locks_slot() {
+  static WeightsFormatLocks* locks = new WeightsFormatLocks;
+  return locks;
+}
+inline WeightsFormatLocks& weights_format_locks() { return *weights_format_locks_slot(); }
+// A process forked while another thread held the locks has them held by a thread that does not
+// exist there: the child takes fresh ones (the old ones are left as they are; module.cpp registers
+// this).
+inline void renew_weights_format_locks_in_child() { weights_format_locks_slot() = new WeightsFormatLocks; }
+
+// In place of py::gil_scoped_release in a binding that runs a module: the GIL released, the
+// turnstile passed, then the lock taken shared; on the way out the lock is dropped before the GIL
+// is taken back.
+class ModuleCall {
+ public:
+  ModuleCall() : lock_(passed_turnstile().lock) {}
+
+ private:
+  static WeightsFormatLocks& passed_turnstile() {
+    WeightsFormatLocks& locks = weights_format_locks();
+    std::lock_guard<std::mutex> pass(locks.turnstile);
+    return locks;
+  }
+  py::gil_scoped_release release_;  // first: released before the locks are taken, taken back after
+  std::shared_lock<std::shared_mutex> lock_;
+};
+
+// Held by a binding that changes the format of a module's weights: the locks are waited for with
+// the GIL released (other Python threads run meanwhile), then the change runs with the GIL too.
+class WeightsFormatChange {
+ public:
+  WeightsFormatChange() {
+    py::gil_scoped_release release;
+    WeightsFormatLocks& locks = weights_format_locks();
+    std::lock_guard<std::mutex> turnstile(locks.turnstile);  // calls that start now wait
+    lock_ = std::unique_lock<std::shared_mutex>(locks.lock);  // for the calls in flight
+  }
+
+ private:
+  std::unique_lock<std::shared_mutex> lock_;
+};
 
 inline void require(bool ok, const std::string& message) {
   if (!ok) throw std::invalid_argument(message);

@@ -1,6 +1,7 @@
 // transformer_core._core: the compiled half of the package. Private: the Python package re-exports
 // what users need, with docstrings, argument checking and array conversion.
 #include <cblas.h>
+#include <pthread.h>
 
 #include <memory>
 
@@ -16,6 +17,7 @@
 PYBIND11_MODULE(_core, m) {
   m.doc() = "transformer_core C++ core (private; use the transformer_core package)";
   m.attr("__version__") = TC_VERSION;
+  pthread_atfork(nullptr, nullptr, transformer_core::bindings::renew_weights_format_locks_in_child);  // common.hpp
   m.def("get_num_threads", &transformer_core::get_num_threads, "Threads used by the C++ core.");
   m.def("set_num_threads", &transformer_core::set_num_threads, py::arg("n"),
         "Sets the threads used by the C++ core, process-wide.");

@@ -12,6 +12,13 @@
 // limit set from outside, and the smaller of the two is used. A limit equal to OpenMP's initial
 // default in a thread that never called set_num_threads is indistinguishable from no limit.
 // OpenBLAS itself is kept single-threaded inside our regions: every parallel loop is ours.
+//
+// A forked process computes on one thread: libgomp cannot start again in a child the team a
+// region of several threads left in the parent (parallel.hpp), ours or another library's in the
+// same libgomp (torch imported first shares it). set_num_threads raises the count again only in
+// a child of a parent that ran none of our regions (g_threads_started).
+#include <pthread.h>
+
 #include <algorithm>
 #include <atomic>
 #include <stdexcept>
@@ -31,6 +38,16 @@ std::atomic<int> g_num_threads{std::min(g_omp_default, kMaxThreads)};
 thread_local int t_known_omp = -1;
 // kernels::team_size's setting (parallel.hpp).
 std::atomic<bool> g_fixed_teams{true};
+// This process was forked after the parent's OpenMP threads ran: one thread only.
+std::atomic<bool> g_forked_after_threads{false};
+std::atomic<uint64_t> g_fork_generation{0};
+
+void after_fork_in_child() {
+  g_forked_after_threads.store(g_threads_started.load(std::memory_order_relaxed), std::memory_order_relaxed);
+  g_num_threads.store(1, std::memory_order_relaxed);
+  g_fork_generation.fetch_add(1, std::memory_order_relaxed);
+}
+const bool g_fork_handler = pthread_atfork(nullptr, nullptr, after_fork_in_child) == 0;
 }  // namespace
 
 int get_num_threads() {
@@ -44,11 +61,18 @@ void set_num_threads(int64_t n) {
   if (n < 1 || n > kMaxThreads)
     throw std::invalid_argument("n: expected an int in [1, " + std::to_string(kMaxThreads) + "], got " +
                                 std::to_string(n));
+  if (n > 1 && g_forked_after_threads.load(std::memory_order_relaxed))
+    throw std::invalid_argument(
+        "n: this process was forked after its parent's OpenMP threads ran, and OpenMP (libgomp) cannot start "
+        "threads again in it: it computes on 1 thread; expected 1, got " +
+        std::to_string(n) + " (start the process with multiprocessing's 'spawn' or 'forkserver' method for more)");
   g_num_threads.store(static_cast<int>(n), std::memory_order_relaxed);
   // Keep OpenMP's count in this thread equal, so threadpoolctl reports what we use.
   omp_set_num_threads(static_cast<int>(n));
   t_known_omp = static_cast<int>(n);
 }
+
+uint64_t fork_generation() { return g_fork_generation.load(std::memory_order_relaxed); }
 
 bool fixed_teams() { return g_fixed_teams.load(std::memory_order_relaxed); }
 

@@ -164,8 +164,9 @@ __all__ = [
 
 def get_num_threads() -> int:
     """Threads the C++ core uses in the calling thread: the process-wide count that
-    :func:`set_num_threads` sets (default: ``OMP_NUM_THREADS``, else the core count), lowered by
-    an OpenMP limit set in this thread (threadpoolctl's ``threadpool_limits``)."""
+    :func:`set_num_threads` sets (default: ``OMP_NUM_THREADS``, else the core count; 1 in a forked
+    process, see :func:`set_num_threads`), lowered by an OpenMP limit set in this thread
+    (threadpoolctl's ``threadpool_limits``)."""
     return _core.get_num_threads()
 
 
@@ -185,11 +186,19 @@ def set_num_threads(n: int) -> None:
     ones started later, sees ``n`` (OpenMP's own count is per OS thread; the library keeps its own).
     Results are bitwise the same for any count (the work is cut by the shapes alone).
 
+    A forked process (``multiprocessing``'s default start method on Linux, ``os.fork``) starts on
+    one thread: OpenMP (libgomp) cannot start again in the child the threads its parent ran (ours,
+    or another library's in the same libgomp, torch's), and the child's first parallel region
+    would wait for them forever. This function raises the count again only in a child of a
+    process that ran none of the core's threads (at the user's risk if another library ran its
+    own). Start processes with the ``"spawn"`` or ``"forkserver"`` method for more threads.
+
     Args:
         n: an int in ``[1, 1024]`` (``_core.max_num_threads``; more threads than that only
             oversubscribe any machine this runs on).
 
     Raises:
-        TypeError: ``n`` not an int. ValueError: ``n`` outside ``[1, 1024]``.
+        TypeError: ``n`` not an int. ValueError: ``n`` outside ``[1, 1024]``, or above 1 in a
+            process forked after the core ran threads in its parent.
     """
     _core.set_num_threads(check_int(n, "n", 1, _core.max_num_threads))

@@ -371,11 +371,20 @@ class DecoderModel(Module):
                 it). TypeError:
                 non-integer ids; a ``past_key_values`` cache of another dtype than the model's.
                 Every check runs before a cache is made or the caller's grows: a refused call
-                leaves ``past_key_values``' length and capacity as they were.
+                leaves ``past_key_values``' length and capacity as they were. ValueError too
+                when a call in another thread holds ``past_key_values`` (one cache, one sequence
+                of calls).
         """
         use_cache = check_bool(use_cache, "use_cache")
-        ids, mask, positions, cache = self._prepare(input_ids, attention_mask, position_ids, past_key_values)
-        hidden = self._impl.forward(ids, mask, positions, cache._impl)
+        # the caller's cache held from the checks of its length to the end of the C++ call
+        given = past_key_values if isinstance(past_key_values, KVCache) else None
+        outermost = given is not None and given._hold()
+        try:
+            ids, mask, positions, cache = self._prepare(input_ids, attention_mask, position_ids, past_key_values)
+            hidden = self._impl.forward(ids, mask, positions, cache._impl)
+        finally:
+            if given is not None:
+                given._release(outermost)
         return hidden, (cache if use_cache else None)
 
 

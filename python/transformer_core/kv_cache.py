@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import functools
+import os
+import threading
 import warnings
 
 import numpy as np
@@ -20,6 +23,21 @@ from .module import renamed_keyword
 
 __all__ = ["KVCache"]
 
+# A cache held by a call (KVCache._hold), as another call meets it; the C++ cache says the same
+# during its own part of the call (layers/kv_cache.hpp).
+_IN_USE_BY = "in use by another call (a cache holds one sequence of calls at a time; give each thread its own)"
+# Guards every cache's holder (check and set as one step). A fork while another thread holds it
+# leaves it held in the child, where no thread would release it: the child makes a new one.
+_HOLDERS = threading.Lock()
+
+
+def _new_holders_lock() -> None:
+    global _HOLDERS
+    _HOLDERS = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_new_holders_lock)
+
 
 class KVCache:
     """Keys and values of past positions, per layer, for incremental decoding.
@@ -29,6 +47,10 @@ class KVCache:
     to what is needed) and the contents are copied once, so decoding T tokens copies O(T) in all.
     Memory: ``2 · num_layers · N · H_kv · capacity · D`` values of ``dtype`` — grouped-query attention
     (H_kv < H) shrinks it by H / H_kv. The model updates the cache in place.
+
+    A cache holds one sequence of calls at a time: while a forward of one thread runs on it,
+    another thread's forward, ``crop``, ``reserve`` or read of it is a ValueError (give each thread
+    its own cache).
 
     Args:
         num_layers: layers of the model (>= 0).
@@ -46,7 +68,7 @@ class KVCache:
 
     Raises:
         TypeError: non-int sizes, a non-integer ``key_order``, a ``dtype`` other than float32 or
-        float64 (None included). ValueError: sizes out of range, a
+        float64 (None is float32, torch's default dtype). ValueError: sizes out of range, a
         ``key_order`` that is not a permutation of ``range(head_dim)``, or storage larger than this
         machine's memory (checked before anything is allocated).
     """
@@ -68,6 +90,41 @@ class KVCache:
         # nn.MultiheadAttention layers sharing this cache fill it layer by layer at each step: the
         # layer expected next, and the positions the step appends
         self._next_layer, self._step_length = 0, 0
+        # (process id, thread id) of the call that holds the cache (_hold), or None
+        self._holder = None
+
+    def _hold(self) -> bool:
+        """Holds the cache for one call of this thread, from its checks to the end of its C++ call;
+        True for the outermost hold of the thread (the one :meth:`_release` ends). Meanwhile another
+        thread's call on the cache, or its ``crop``, ``reserve`` or read of a layer, is a ValueError:
+        it would change what this call checked (the length its masks were built for) or read what
+        it writes. The C++ cache refuses the same during the C++ call itself, and refuses a length
+        changed since the checks. A hold by a thread of the parent process at a fork does not count
+        in the child.
+
+        Raises:
+            ValueError: another thread's call holds the cache.
+        """
+        me = (os.getpid(), threading.get_ident())
+        with _HOLDERS:
+            if self._held_by_other(me):
+                raise ValueError(f"past_key_values: this KVCache is {_IN_USE_BY}")
+            outermost, self._holder = self._holder != me, me
+        return outermost
+
+    def _release(self, outermost: bool) -> None:
+        """Ends the hold :meth:`_hold` began (its outermost one)."""
+        if outermost:
+            self._holder = None
+
+    def _held_by_other(self, me: tuple) -> bool:
+        holder = self._holder
+        return holder is not None and holder[0] == me[0] and holder != me
+
+    def _require_idle(self) -> None:
+        """ValueError while another thread's call holds the cache (see :meth:`_hold`)."""
+        if self._held_by_other((os.getpid(), threading.get_ident())):
+            raise ValueError(f"KVCache: {_IN_USE_BY}")
 
     @property
     def length(self) -> int:
@@ -111,15 +168,21 @@ class KVCache:
 
         Raises:
             TypeError: ``layer`` not an int. IndexError: out of ``[-len(self), len(self))``, either side.
+            ValueError: a call in another thread holds the cache (it may be writing this layer).
         """
         layer = check_int(layer, "layer", None, None)
+        self._require_idle()
         if not -len(self) <= layer < len(self):
             raise IndexError(f"layer: expected an index in [{-len(self)}, {len(self)}), got {layer}")
         return self._impl.get(layer % len(self))
 
     def to_legacy(self) -> tuple:
         """Hugging Face's legacy format: a tuple of ``(keys, values)`` per layer, each ``(N, H_kv,
-        length, D)``, the keys in Hugging Face's order of each head's dims (``key_order`` applied)."""
+        length, D)``, the keys in Hugging Face's order of each head's dims (``key_order`` applied).
+
+        Raises:
+            ValueError: a call in another thread holds the cache (it may be writing it).
+        """
         layers = (self[i] for i in range(len(self)))
         if self.key_order is None:
             return tuple(layers)
@@ -141,9 +204,11 @@ class KVCache:
 
         Raises:
             TypeError: ``length`` not an int. ValueError: ``length`` outside ``[-self.length,
-            self.length]`` (more positions to keep or to remove than the cache holds).
+            self.length]`` (more positions to keep or to remove than the cache holds); a call in
+            another thread holds the cache.
         """
         length = check_int(length, "length", None, None)
+        self._require_idle()
         held = self.length
         if not -held <= length <= held:
             raise ValueError(f"length: expected an int in [{-held}, {held}] (>= 0: the positions kept; < 0: minus the "
@@ -155,9 +220,12 @@ class KVCache:
         """Grows the storage to hold ``total`` positions (no-op if it already does).
 
         Raises:
-            TypeError: non-int. ValueError: more than this machine's memory.
+            TypeError: non-int. ValueError: more than this machine's memory; a call in another
+            thread holds the cache.
         """
-        self._impl.reserve(check_int(total, "total", 0))
+        total = check_int(total, "total", 0)
+        self._require_idle()
+        self._impl.reserve(total)
 
     @classmethod
     @renamed_keyword("num_kv_heads", "num_key_value_heads")
@@ -173,7 +241,8 @@ class KVCache:
             TypeError: ``past`` not a tuple or list (e.g. None, a KVCache, a Hugging Face
                 ``DynamicCache``; the message names ``past_key_values``, Hugging Face's name for it);
                 arrays that are not real numbers (bool, complex, ...); a ``dtype`` other than
-                float32 or float64 (None included); non-int sizes, a non-integer ``key_order``.
+                float32 or float64 (None is float32, torch's default dtype); non-int sizes, a
+                non-integer ``key_order``.
             ValueError: ``num_key_value_heads`` or ``head_dim`` < 1, no pairs, arrays of inconsistent
                 shapes or of batch 0, a bad ``key_order``; arrays whose copies and cache would
                 exceed this machine's memory. Every pair's shape and the memory are checked before
@@ -224,6 +293,24 @@ class KVCache:
         return (f"KVCache(num_layers={len(self)}, batch={self.batch}, num_key_value_heads={self.num_key_value_heads}, "
                 f"head_dim={self.head_dim}, length={self.length}, capacity={self.capacity}"
                 f"{'' if self.key_order is None else ', key_order=<llama.cpp>'})")
+
+
+def holding_cache(forward):
+    """Decorates a forward whose keyword ``past_key_values`` may be a :class:`KVCache`: the call
+    holds it (:meth:`KVCache._hold`) from its first check to its end."""
+
+    @functools.wraps(forward)
+    def held(self, *args, **kwargs):
+        cache = kwargs.get("past_key_values")
+        if not isinstance(cache, KVCache):
+            return forward(self, *args, **kwargs)
+        outermost = cache._hold()
+        try:
+            return forward(self, *args, **kwargs)
+        finally:
+            cache._release(outermost)
+
+    return held
 
 
 def _uncopied(x, name: str):

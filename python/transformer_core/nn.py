@@ -3,11 +3,12 @@
 Each layer owns its weights in C++ and runs in one C++ call; weights load from torch's own
 ``state_dict`` names.
 
-Dtypes. A layer computes in its own ``dtype`` (float32 by default, or float64): its inputs and the
-weights it loads are converted to it (torch's layers refuse another dtype instead). Narrowing a
-float64 value to a float32 layer refuses a finite value beyond float32's range (it would become
-inf) with a ``ValueError`` naming the argument or weight (``x: expected values within float32's
-range``); an inf or NaN given stays one (see :mod:`transformer_core._validation`).
+Dtypes. A layer computes in its own ``dtype`` (float32 by default, or float64; ``dtype=None`` is
+float32, torch's default dtype, as in torch): its inputs and the weights it loads are converted to
+it (torch's layers refuse another dtype instead). Narrowing a float64 value to a float32 layer
+refuses a finite value beyond float32's range (it would become inf) with a ``ValueError`` naming
+the argument or weight (``x: expected values within float32's range``); an inf or NaN given stays
+one (see :mod:`transformer_core._validation`).
 
 Layout: batch-first, ``(N, L, E)``, as torch's layers with ``batch_first=True``. The attention,
 encoder and decoder layers and :class:`Transformer` take torch's ``batch_first=True`` (keyword) and
@@ -76,6 +77,7 @@ from ._validation import (
     type_path,
     unconverted,
 )
+from .kv_cache import holding_cache
 from .module import (
     FixedSetting,
     Module,
@@ -536,6 +538,7 @@ class MultiheadAttention(Module):
                 f"{(ekv, self.kdim)} and v_proj_weight {(ekv, self.vdim)}, as torch's MultiheadAttention has when "
                 f"kdim or vdim differs from embed_dim")
 
+    @holding_cache
     def forward(self, query, key=None, value=None, *, attn_mask=None, key_mask=None, is_causal: bool = False,
                 need_weights: bool = True, average_attn_weights: bool = True, path: str = "auto",
                 past_key_values=None, layer: int = 0, rotary=None, position_ids=None, key_padding_mask=None):
@@ -606,7 +609,8 @@ class MultiheadAttention(Module):
                 whose rotary tables would exceed this machine's memory (naming ``position_ids``, or
                 ``query`` / ``past_key_values`` for the default positions). Every check runs before
                 the cache grows: a refused call leaves ``past_key_values``' length and capacity as
-                they were.
+                they were. A ``past_key_values`` a call in another thread holds (one cache, one
+                sequence of calls).
             TypeError: non-numeric input, a mask of the wrong dtype, a bool ``attn_mask``,
                 ``key_padding_mask``; ``rotary`` not a RotaryEmbedding, or of another dtype;
                 ``past_key_values`` not a KVCache, or of another dtype.
@@ -859,10 +863,11 @@ class Embedding(Module):
     assigning one raises AttributeError (build a new layer).
 
     Raises:
-        TypeError: ``dtype`` an int, None or anything else that is not a dtype: torch's third
+        TypeError: ``dtype`` an int or anything else that is not a dtype: torch's third
             positional argument is ``padding_idx`` (``nn.Embedding(10, 4, 0)``), this layer's is
             ``dtype``, so the message says to pass ``padding_idx=`` by keyword; a dtype other than
-            float32/float64; non-int sizes or ``padding_idx``.
+            float32/float64 (None is float32, torch's default dtype: ``nn.Embedding(10, 4, None)``
+            is torch's layer too, with no ``padding_idx``); non-int sizes or ``padding_idx``.
         ValueError: sizes < 1, ``padding_idx`` outside ``[-num_embeddings, num_embeddings)``.
     """
 
@@ -945,9 +950,12 @@ class Embedding(Module):
 
 
 def _refuse_padding_idx_as_dtype(dtype) -> None:
-    """``TypeError`` for an Embedding ``dtype`` that is an int, None or not a dtype at all: torch's
-    third positional argument is ``padding_idx``, which such a value was most likely meant as."""
-    if dtype is not None and not isinstance(dtype, (int, np.integer)):
+    """``TypeError`` for an Embedding ``dtype`` that is an int or not a dtype at all: torch's third
+    positional argument is ``padding_idx``, which such a value was most likely meant as. None passes:
+    float32 (``resolve_dtype``), the same layer as torch's ``padding_idx=None``."""
+    if dtype is None:
+        return
+    if not isinstance(dtype, (int, np.integer)):
         try:
             np.dtype(dtype)
             return  # a dtype: resolve_dtype takes it or names the dtypes it takes

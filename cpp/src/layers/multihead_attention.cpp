@@ -87,12 +87,16 @@ void MultiheadAttention<T>::attend_self(T* qkv, int64_t N, int64_t L, T* context
   const int64_t past = cache != nullptr ? cache->length() : 0;
   if (cache != nullptr) {
     if (cache->batch() != N || cache->num_kv_heads() != num_kv_heads_ || cache->head_dim() != D ||
-        in.layer < 0 || in.layer >= cache->num_layers() || past + L > cache->capacity())
+        in.layer < 0 || in.layer >= cache->num_layers())
       throw std::invalid_argument("past_key_values: a cache of batch " + to_string(cache->batch()) + ", " +
                                   to_string(cache->num_kv_heads()) + " key/value heads of " +
                                   to_string(cache->head_dim()) + " and " + to_string(cache->num_layers()) +
                                   " layers does not fit layer " + to_string(in.layer) + " of batch " + to_string(N) +
                                   " with " + to_string(num_kv_heads_) + " heads of " + to_string(D));
+    if (past + L > cache->capacity())
+      throw std::invalid_argument("past_key_values: " + to_string(past) + " cached positions and " + to_string(L) +
+                                  " new ones exceed the cache's capacity of " + to_string(cache->capacity()) +
+                                  " (reserve it first)");
   }
   // Positions of the new tokens: given (left padding), else past + l.
   std::vector<int64_t> default_positions;

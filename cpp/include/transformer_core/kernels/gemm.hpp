@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <type_traits>
 
 #include "transformer_core/kernels/blas.hpp"
@@ -57,11 +58,25 @@ inline void gemv(CBLAS_TRANSPOSE t, int m, int n, double alpha, const double* a,
 }
 }  // namespace cblas
 
-// C = alpha · op(A) · op(B) + beta · C on the calling thread (see SingleThreadedBlas).
+// C = alpha · op(A) · op(B) + beta · C in plain loops, for the products whose leading dimension does
+// not fit CBLAS's 32-bit `int` (a row of over 2^31 values). Beta = 0 does not read C, as in BLAS.
 template <class T>
-inline void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda,
-                 const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
-  SingleThreadedBlas single;
+inline void gemm_long_rows(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a,
+                           int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      T sum = 0;
+      for (int64_t p = 0; p < k; ++p)
+        sum += (trans_a ? a[p * lda + i] : a[i * lda + p]) * (trans_b ? b[j * ldb + p] : b[p * ldb + j]);
+      c[i * ldc + j] = (beta == T(0) ? T(0) : beta * c[i * ldc + j]) + alpha * sum;
+    }
+}
+
+// C = alpha · op(A) · op(B) + beta · C on the calling thread (see SingleThreadedBlas), sizes that
+// fit CBLAS's 32-bit `int`.
+template <class T>
+inline void gemm_blas(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda,
+                      const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
   const int M = static_cast<int>(m), N = static_cast<int>(n), K = static_cast<int>(k);
   if (m == 1 && !trans_a) {  // one row (decoding): a matrix-vector product, no packing of b
     // beta = 0 as zero-fill + beta = 1: some OpenBLAS versions scale y by 0 and so keep a NaN in it
@@ -77,6 +92,32 @@ inline void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T 
   }
   cblas::gemm(trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, M, N, K, alpha, a,
               static_cast<int>(lda), b, static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
+}
+
+// C = alpha · op(A) · op(B) + beta · C on the calling thread (see SingleThreadedBlas). CBLAS takes
+// 32-bit sizes: a product with more than kBlasMaxBlock rows, columns or inner steps runs as blocks
+// of at most that many (the inner blocks added to C in order, the first with the given beta), and
+// one whose leading dimension does not fit `int` runs in plain loops (gemm_long_rows). Products
+// under 2^30 in every size, all of them in practice, are one BLAS call as before.
+constexpr int64_t kBlasMaxBlock = int64_t{1} << 30;
+template <class T>
+inline void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda,
+                 const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
+  SingleThreadedBlas single;
+  constexpr int64_t int_max = std::numeric_limits<int>::max();
+  if (lda > int_max || ldb > int_max || ldc > int_max)
+    return gemm_long_rows(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  if (m <= kBlasMaxBlock && n <= kBlasMaxBlock && k <= kBlasMaxBlock)
+    return gemm_blas(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  for (int64_t i = 0; i < m; i += kBlasMaxBlock)
+    for (int64_t j = 0; j < n; j += kBlasMaxBlock)
+      for (int64_t p = 0; p == 0 || p < k; p += kBlasMaxBlock) {  // k = 0 still scales C by beta
+        const T* ab = trans_a ? a + p * lda + i : a + i * lda + p;  // op(A)[i.., p..]
+        const T* bb = trans_b ? b + j * ldb + p : b + p * ldb + j;  // op(B)[p.., j..]
+        gemm_blas(trans_a, trans_b, std::min(kBlasMaxBlock, m - i), std::min(kBlasMaxBlock, n - j),
+                  std::min(kBlasMaxBlock, k - p), alpha, ab, lda, bb, ldb, p == 0 ? beta : T(1), c + i * ldc + j,
+                  ldc);
+      }
 }
 
 // C = op(A) · op(B), or C += op(A) · op(B) with accumulate, on the calling thread: fp32 through

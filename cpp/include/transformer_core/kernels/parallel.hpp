@@ -32,6 +32,15 @@ void set_num_threads(int64_t n);
 bool fixed_teams();
 bool set_fixed_teams(bool fixed);  // returns the previous setting
 
+// Set before the first parallel region of more than one thread. libgomp keeps that region's threads
+// for the next ones, and a child process forked after it (multiprocessing's default start method on
+// Linux) inherits the team without its threads: its next region would wait for them forever. So
+// the child computes on one thread, and set_num_threads refuses more there (runtime.cpp).
+inline std::atomic<bool> g_threads_started{false};
+// How many forks led to this process (0 in the first one): state a thread of the parent held at
+// the fork (a KVCache in use) is stale in the child, whose count is higher (runtime.cpp).
+uint64_t fork_generation();
+
 namespace kernels {
 
 // The team for a region with `wanted` chunks or tasks (> 1) and max_threads threads.
@@ -54,6 +63,7 @@ void parallel_for(int64_t begin, int64_t end, int64_t grain, const F& fn) {
     fn(begin, end);
     return;
   }
+  g_threads_started.store(true, std::memory_order_relaxed);
 #pragma omp parallel num_threads(num_threads)
   {
     const int64_t t = omp_get_thread_num();
@@ -103,6 +113,7 @@ void parallel_tasks(int64_t num_tasks, const F& fn, int max_threads = get_num_th
     shares[t].next.store(num_tasks * t / num_threads, std::memory_order_relaxed);
     shares[t].end = num_tasks * (t + 1) / num_threads;
   }
+  g_threads_started.store(true, std::memory_order_relaxed);
 #pragma omp parallel num_threads(num_threads)
   {
     const int t = omp_get_thread_num();

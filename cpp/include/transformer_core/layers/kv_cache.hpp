@@ -9,9 +9,14 @@
 // shrinks it by H / H_kv.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
+#include <stdexcept>
+#include <string>
 #include <vector>
 #include <xtensor/xtensor.hpp>
+
+#include "transformer_core/kernels/parallel.hpp"
 
 namespace transformer_core::layers {
 
@@ -42,6 +47,37 @@ class KVCache {
   const T* keys(int64_t layer) const { return keys_[static_cast<size_t>(layer)].data(); }
   const T* values(int64_t layer) const { return values_[static_cast<size_t>(layer)].data(); }
 
+  // One call at a time: a forward that reads and extends the cache holds it (the bindings, while the
+  // GIL is released). A second call on the same cache meanwhile, from another thread, gets
+  // std::invalid_argument, as do reading, loading, cropping or growing it (require_idle): otherwise
+  // one would reallocate the storage or move the length under the other's reads. A hold left by a
+  // thread of the parent process at a fork does not count in the child (fork_generation).
+  class Use {
+   public:
+    explicit Use(const KVCache* cache) : cache_(cache) {
+      if (cache_ == nullptr) return;
+      const uint64_t mine = fork_generation() + 1;
+      uint64_t seen = cache_->holder_.load();
+      do {
+        if (seen == mine) {
+          cache_ = nullptr;
+          throw std::invalid_argument(std::string("past_key_values: this KVCache is ") + kInUseBy);
+        }
+      } while (!cache_->holder_.compare_exchange_weak(seen, mine));  // free (0), or held before a fork
+    }
+    ~Use() {
+      if (cache_ != nullptr) cache_->holder_.store(0);
+    }
+    Use(const Use&) = delete;
+    Use& operator=(const Use&) = delete;
+
+   private:
+    const KVCache* cache_;
+  };
+  void require_idle() const {
+    if (holder_.load() == fork_generation() + 1) throw std::invalid_argument(std::string("KVCache: ") + kInUseBy);
+  }
+
   // Copies positions [past, past + L) of one layer in from rows of a projection buffer:
   // k of token (n, l), head h at k_src[(n·L + l)·ld + h·D], v likewise at v_src.
   void append(int64_t layer, const T* k_src, const T* v_src, int64_t ld, int64_t L);
@@ -49,6 +85,9 @@ class KVCache {
  private:
   int64_t batch_, num_kv_heads_, head_dim_, capacity_ = 0, length_ = 0;
   std::vector<xt::xtensor<T, 4>> keys_, values_;
+  mutable std::atomic<uint64_t> holder_{0};  // 0, or fork_generation() + 1 of the process whose call holds it
+  static constexpr const char* kInUseBy =
+      "in use by another call (a cache holds one sequence of calls at a time; give each thread its own)";
 };
 
 }  // namespace transformer_core::layers
