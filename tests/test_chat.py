@@ -645,3 +645,138 @@ def test_from_pretrained_checks_its_options_before_loading(monkeypatch, kwargs, 
     with pytest.raises(error, match=match):
         ChatSession.from_pretrained("SmolLM2-135M-Instruct", **kwargs)
 
+
+
+# ------------------------------------------------------------------------------------------------
+# The generation config's decoding options and end ids, as Hugging Face's generate
+# ------------------------------------------------------------------------------------------------
+PENALIZED = "underweight memories supervision classmates avian mileage"
+
+
+def _generation_config_llama(transformers, path, generation_config: dict, eos=2):
+    """(HF model read back from ``path``, our model, SmolLM2's tokenizer): a tiny random Llama saved
+    with ``generation_config.json`` = ``generation_config``."""
+    import json
+
+    hf = _tiny_llama(transformers, path, eos=eos, seed=0, tie=False)
+    hf.save_pretrained(path, safe_serialization=True)
+    (path / "generation_config.json").write_text(json.dumps(generation_config))
+    hf = transformers.LlamaForCausalLM.from_pretrained(path).eval()
+    return hf, tc.LlamaForCausalLM.from_pretrained(path), tc.Tokenizer.from_pretrained("SmolLM2-135M-Instruct")
+
+
+def test_replies_use_the_generation_configs_repetition_penalty_as_hf_generate(tmp_path):
+    """generation_config.json's repetition_penalty was dropped by ChatSession and continue_text
+    (their default None meant "no penalty"), while Hugging Face's generate and model.generate apply
+    it. Now an option not given is the generation config's; None given still means none."""
+    transformers = pytest.importorskip("transformers")
+    import torch
+
+    hf, m, tok = _generation_config_llama(transformers, tmp_path, {"eos_token_id": 2, "repetition_penalty": 1.5})
+    prompt = tok.apply_chat_template([{"role": "user", "content": PENALIZED}], add_generation_prompt=True,
+                                     tokenize=True)
+    text = "Once upon a time " + PENALIZED
+    ids = tok.encode(text, add_special_tokens=True)
+    for p in (prompt, ids):
+        with torch.no_grad():  # HF's generate reads the penalty from the file
+            ref = hf.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
+                              max_new_tokens=8, do_sample=False, pad_token_id=0).numpy()[0, len(p):]
+            plain = hf.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
+                                max_new_tokens=8, do_sample=False, pad_token_id=0,
+                                repetition_penalty=1.0).numpy()[0, len(p):]
+        assert ref.tolist() != plain.tolist()  # the penalty changes this model's tokens
+        np.testing.assert_array_equal(m.generate(np.array([p]), max_new_tokens=8)[0, len(p):], ref)
+        expected = tok.decode(ref.tolist(), skip_special_tokens=True)
+        unpenalized = tok.decode(plain.tolist(), skip_special_tokens=True)
+        if p is prompt:
+            assert ChatSession(m, tok, max_new_tokens=8).send(PENALIZED) == expected
+            assert ChatSession(m, tok, max_new_tokens=8, repetition_penalty=None).send(PENALIZED) == unpenalized
+        else:
+            assert text + continue_text(m, tok, text, max_new_tokens=8)[0] == tok.decode(ids + ref.tolist(),
+                                                                                      skip_special_tokens=True)
+            assert continue_text(m, tok, text, max_new_tokens=8, repetition_penalty=1.0)[0] == \
+                tok.decode(ids + plain.tolist(), skip_special_tokens=True)[len(tok.decode(ids, skip_special_tokens=True)):]
+
+
+def test_sampled_replies_use_the_generation_configs_top_k_and_top_p(tmp_path):
+    """Sampling used top_k 50 and no top-p whatever generation_config.json said; now the file's
+    top_k, top_p and repetition_penalty, as model.generate (the same seed, the same tokens)."""
+    transformers = pytest.importorskip("transformers")
+    _, m, tok = _generation_config_llama(transformers, tmp_path,
+                                         {"eos_token_id": 2, "top_k": 4, "top_p": 0.7, "repetition_penalty": 1.3})
+    prompt = tok.apply_chat_template([{"role": "user", "content": PENALIZED}], add_generation_prompt=True,
+                                     tokenize=True)
+    ids = np.array([prompt])
+
+    def sampled(**options):
+        out = m.generate(ids, max_new_tokens=10, do_sample=True, temperature=1.5, seed=3, **options)
+        return tok.decode(out[0, len(prompt):].tolist(), skip_special_tokens=True)
+
+    expected = sampled()
+    assert expected != sampled(top_k=50, top_p=None, repetition_penalty=None)  # the file's options matter
+    assert ChatSession(m, tok, max_new_tokens=10, temperature=1.5, seed=3).send(PENALIZED) == expected
+    # an option given wins over the file's
+    assert ChatSession(m, tok, max_new_tokens=10, temperature=1.5, seed=3, top_k=50, top_p=None,
+                       repetition_penalty=None).send(PENALIZED) == sampled(top_k=50, top_p=None,
+                                                                           repetition_penalty=None)
+
+
+def test_a_bad_generation_config_value_is_named_when_the_session_is_made(tmp_path):
+    """A bad value of generation_config.json for an option left to it is refused when the session is
+    made (naming the file and field), not at the first reply."""
+    transformers = pytest.importorskip("transformers")
+    _, m, tok = _generation_config_llama(transformers, tmp_path, {"eos_token_id": 2, "repetition_penalty": -1.0,
+                                                                  "top_k": -3})
+    with pytest.raises(ValueError, match=r"^generation_config.json: repetition_penalty: expected a finite number > 0"):
+        ChatSession(m, tok)
+    with pytest.raises(ValueError, match=r"^generation_config.json: top_k: "):
+        ChatSession(m, tok, temperature=1.0, repetition_penalty=1.2)
+    with pytest.raises(ValueError, match=r"^generation_config.json: repetition_penalty: "):
+        continue_text(m, tok, "hi", max_new_tokens=2)
+    ChatSession(m, tok, repetition_penalty=None)  # given: the file's value is not used
+
+
+def test_replies_stop_only_at_the_generation_configs_end_ids_as_hf_generate(tmp_path):
+    """The tokenizer's EOS ended a reply even where generation_config.json's eos_token_id leaves it
+    out; Hugging Face's generate (and model.generate) go on. The tokenizer's EOS is the end token
+    only when neither the generation config nor config.json names one (this package's fallback)."""
+    transformers = pytest.importorskip("transformers")
+    import json
+
+    import torch
+
+    tok = tc.Tokenizer.from_pretrained("SmolLM2-135M-Instruct")
+    prompt = tok.apply_chat_template([{"role": "user", "content": MESSAGE}], add_generation_prompt=True,
+                                     tokenize=True)
+    hf = _tiny_llama(transformers, tmp_path, eos=2, tie=False)
+    with torch.no_grad():  # greedy emits the tokenizer's EOS (<|im_end|> = 2) first
+        h = hf.model(torch.tensor([prompt])).last_hidden_state[0, -1]
+        hf.lm_head.weight[2] = h / h.norm() * 50
+    hf.save_pretrained(tmp_path, safe_serialization=True)
+    assert tok.eos_token_id == 2
+    for generation_config, eos_name in (({"eos_token_id": [5]}, "[5]"), ({}, "none in the generation config"),
+                                        (None, "config.json's 2"), ("no end id", "none anywhere")):
+        path = tmp_path / "generation_config.json"
+        path.unlink(missing_ok=True)
+        if generation_config == "no end id":
+            config = json.loads((tmp_path / "config.json").read_text())
+            (tmp_path / "config.json").write_text(json.dumps({**config, "eos_token_id": None}))
+        elif generation_config is not None:
+            path.write_text(json.dumps(generation_config))
+        ref_model = transformers.LlamaForCausalLM.from_pretrained(tmp_path).eval()
+        with torch.no_grad():
+            ref = ref_model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                                     max_new_tokens=5, do_sample=False, pad_token_id=0).numpy()[0, len(prompt):]
+        m = tc.LlamaForCausalLM.from_pretrained(tmp_path)
+        session = ChatSession(m, tok, max_new_tokens=5)
+        reply = session.send(MESSAGE)
+        generated = session.stats.decode_tokens + 1
+        if generation_config == "no end id":  # HF runs on; this package stops at the tokenizer's EOS
+            assert ref.tolist()[0] == 2 and len(ref) == 5 and generated == 1 and reply == "", eos_name
+            continue
+        np.testing.assert_array_equal(m.generate(np.array([prompt]), max_new_tokens=5)[0, len(prompt):], ref)
+        assert generated == len(ref), eos_name
+        assert reply == tok.decode(ref.tolist(), skip_special_tokens=True), eos_name
+        assert session._cached_ids[len(prompt):] == ref.tolist()[:-1], eos_name
+        out, stats = continue_text(m, tok, tok.decode(prompt), max_new_tokens=5)
+        assert stats.decode_tokens + 1 == len(ref), eos_name

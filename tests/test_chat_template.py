@@ -1,6 +1,7 @@
 """transformer_core.chat_template vs transformers' apply_chat_template / render_jinja_template."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import transformer_core as tc
 from transformer_core.chat_template import ChatTemplateError, render_chat_template, validate_messages
@@ -684,3 +685,84 @@ def test_a_variable_named_template_reaches_the_template():
 def test_a_variable_named_messages_is_refused_naming_it():
     with pytest.raises(TypeError, match=r"^messages: given twice \(the conversation, and as a template variable\)$"):
         render_chat_template("{{ messages }}", [{"role": "user", "content": "hi"}], messages="x")
+
+
+PAD_TEMPLATE = "{{ pad_token is defined }}|{{ pad_token or 'NOPAD' }}|{% for m in messages %}{{ m.content }}{% endfor %}"
+
+
+@pytest.mark.parametrize("config", [
+    {"eos_token": "<|im_end|>"},  # no pad token: the EOS pads, the template gets none
+    {"eos_token": "<|im_end|>", "pad_token": "<|im_end|>"},  # a pad token of its own, the EOS
+    {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"},
+])
+def test_pad_token_reaches_the_template_only_when_the_tokenizer_has_one(tmp_path, config):
+    """A causal tokenizer without a pad token gave templates pad_token = its EOS (the padding
+    fallback); transformers' special_tokens_map has none then. A pad token of its own (from its
+    config, or assigned) is passed, as transformers."""
+    import json
+
+    transformers = pytest.importorskip("transformers")
+    tc.Tokenizer.from_pretrained("SmolLM2-135M-Instruct").backend.save(str(tmp_path / "tokenizer.json"))
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    ours, hf = tc.Tokenizer.from_pretrained(tmp_path), transformers.AutoTokenizer.from_pretrained(tmp_path)
+    messages = [{"role": "user", "content": "x"}]
+
+    def both():
+        ref = hf.apply_chat_template(messages, chat_template=PAD_TEMPLATE, tokenize=False)
+        assert ours.apply_chat_template(messages, chat_template=PAD_TEMPLATE, tokenize=False) == ref
+        ids = hf.apply_chat_template(messages, chat_template=PAD_TEMPLATE, tokenize=True, return_dict=False)
+        assert ours.apply_chat_template(messages, chat_template=PAD_TEMPLATE, tokenize=True) == list(ids)
+        return ref
+
+    if "pad_token" not in config:
+        assert ours.pad_token == "<|im_end|>" and hf.pad_token is None  # our padding fallback
+        assert both() == "False|NOPAD|x"
+    else:
+        assert both() == f"True|{config['pad_token']}|x"
+    for token in ("<|im_end|>", "<|endoftext|>"):  # assigned: passed
+        ours.pad_token = hf.pad_token = token
+        assert both() == f"True|{token}|x"
+    ours.pad_token_id = hf.pad_token_id = 0
+    assert both() == f"True|{hf.pad_token}|x"
+    ours.pad_token = hf.pad_token = None  # removed: none again
+    assert both() == "False|NOPAD|x"
+
+
+@pytest.mark.parametrize("tokenizer_class", [None, "TokenizersBackend", "PreTrainedTokenizerFast", "GPT2Tokenizer"])
+@pytest.mark.parametrize("config_pad", ["absent", None, "<|im_start|>"])
+def test_pad_token_of_tokenizer_json_padding_as_transformers(tmp_path, tokenizer_class, config_pad):
+    """A pad token named only by tokenizer.json's ``padding`` was ignored: pad <|im_end|> (the EOS
+    fallback) and no pad_token for templates, where transformers' generic classes take
+    <|endoftext|> from there, and pass it to the template. It is read as transformers reads it: only
+    without a pad_token key in tokenizer_config.json, and not by a class of its own (GPT-2's passes
+    its default, none)."""
+    import json
+
+    transformers = pytest.importorskip("transformers")
+    backend = tc.Tokenizer.from_pretrained("SmolLM2-135M-Instruct").backend
+    backend.enable_padding(pad_id=0, pad_token="<|endoftext|>")
+    backend.save(str(tmp_path / "tokenizer.json"))
+    config = {"eos_token": "<|im_end|>"}
+    if tokenizer_class is not None:
+        config["tokenizer_class"] = tokenizer_class
+    if config_pad != "absent":
+        config["pad_token"] = config_pad
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    ours, hf = tc.Tokenizer.from_pretrained(tmp_path), transformers.AutoTokenizer.from_pretrained(tmp_path)
+    from_padding = config_pad == "absent" and tokenizer_class != "GPT2Tokenizer"
+    assert hf.pad_token == ("<|endoftext|>" if from_padding else config_pad if config_pad != "absent" else None)
+    if hf.pad_token is None:
+        assert (ours.pad_token, ours.pad_token_id) == ("<|im_end|>", 2)  # our padding fallback, the EOS
+    else:
+        assert (ours.pad_token, ours.pad_token_id) == (hf.pad_token, hf.pad_token_id)
+        texts = ["a", "a b c d"]
+        want = hf(texts, padding=True, return_tensors="np")
+        got = ours.encode_batch(texts)
+        for key in ("input_ids", "attention_mask"):
+            np.testing.assert_array_equal(got[key], want[key], err_msg=key)
+    messages = [{"role": "user", "content": "x"}]
+    ref = hf.apply_chat_template(messages, chat_template=PAD_TEMPLATE, tokenize=False)
+    assert ref == (f"True|{hf.pad_token}|x" if hf.pad_token is not None else "False|NOPAD|x")
+    assert ours.apply_chat_template(messages, chat_template=PAD_TEMPLATE, tokenize=False) == ref
+    ids = hf.apply_chat_template(messages, chat_template=PAD_TEMPLATE, tokenize=True, return_dict=False)
+    assert ours.apply_chat_template(messages, chat_template=PAD_TEMPLATE, tokenize=True) == list(ids)

@@ -776,16 +776,18 @@ def test_cli_bounds_workers_and_threads_per_worker(capsys):
 def test_cli_generate_and_chat_sample_with_top_k_50_as_continue_text(tiny_chat_dirs, capsys):
     """`generate --temperature T` sampled with no top-k filter while `chat`, continue_text and
     Hugging Face's generate keep the 50 most probable tokens: both commands now take --top-k
-    (default 50; 0 = no filter) and give, for the same seed, exactly continue_text's / ChatSession's
-    text. --top-k is refused without sampling (as --top-p) and checked as the other options."""
+    (default: the generation config's, else 50; 0 = no filter) and give, for the same seed, exactly
+    continue_text's / ChatSession's text. --top-k is refused without sampling (as --top-p) and
+    checked as the other options."""
     transformers = pytest.importorskip("transformers")
     from transformer_core.__main__ import main
-    from transformer_core.chat import DEFAULT_TOP_K, ChatSession, continue_text
+    from transformer_core.chat import ChatSession, continue_text
+    from transformer_core.generation import DECODING_DEFAULTS
 
     # Hugging Face's default top_k (transformers 5 applies it in generate when the config leaves it unset)
     hf_default = (transformers.GenerationConfig().top_k
                   or transformers.GenerationConfig._get_default_generation_params()["top_k"])
-    assert DEFAULT_TOP_K == hf_default == 50
+    assert DECODING_DEFAULTS["top_k"] == hf_default == 50
     chat, _, _, tok = tiny_chat_dirs
     model = tc.LlamaForCausalLM.from_pretrained(chat)
     text = "Once upon a time"
@@ -822,7 +824,9 @@ def test_cli_generate_and_chat_sample_with_top_k_50_as_continue_text(tiny_chat_d
     assert exit_.value.code == 2 and "argument --top-k: invalid int value: '2.5'" in capsys.readouterr().err
     for command in ("generate", "chat"):
         help_text = " ".join(_run(command, "--help").stdout.split())
-        assert "--top-k TOP_K sample among the k most probable tokens (with --temperature; default 50" in help_text
+        assert ("--top-k TOP_K sample among the k most probable tokens (with --temperature; default: the model's "
+                "generation_config.json top_k, else 50, as Hugging Face's generate; 0 = no top-k filter)") in help_text
+        assert ("(with --temperature; default: the model's generation_config.json top_p, else none)") in help_text
 
 
 def test_cli_embed_prints_a_non_utf8_output_name_on_a_strict_stdout(tmp_path, tiny_model_dir):
@@ -1109,3 +1113,104 @@ def test_cli_help_mentions_json_only_for_the_commands_that_have_it():
         assert ("--json" in text) == has_json, (command, text)
         assert "is written as a backslash escape (\\xe9, \\u65e5)" in text
         assert ("with --json as a JSON escape (\\u00e9), so that the JSON reads back as the same text" in text) == has_json
+
+
+# ------------------------------------------------------------------------------------ chat, generate: the generation config
+def test_cli_chat_and_generate_use_the_generation_configs_options(tiny_chat_dirs, tmp_path, capsys):
+    """`chat` and `generate` dropped generation_config.json's repetition_penalty (and sampled with
+    top_k 50 and no top-p whatever it said): the reply differed from Hugging Face's generate, with
+    nothing on stderr. Now the options not given are the file's, as ChatSession's and HF's."""
+    import shutil
+
+    import torch
+    from transformer_core.__main__ import main
+    from transformer_core.chat import ChatSession, continue_text
+
+    chat, _, hf, tok = tiny_chat_dirs
+    folder = tmp_path / "penalized"
+    shutil.copytree(chat, folder)
+    (folder / "generation_config.json").write_text(json.dumps({"repetition_penalty": 1.5, "top_k": 4,
+                                                               "top_p": 0.7}))
+    message, text = "underweight memories supervision classmates avian", "Once upon a time underweight memories"
+
+    def cli(*args):
+        assert main(list(args)) == 0
+        return capsys.readouterr().out
+
+    prompt = tok.apply_chat_template([{"role": "user", "content": message}], add_generation_prompt=True,
+                                     tokenize=True)
+    ids = tok.encode(text)
+    for p, command, arg in ((prompt, "chat", message), (ids, "generate", text)):
+        with torch.no_grad():
+            x = torch.tensor([p])
+            ref, plain = (hf.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=8, do_sample=False,
+                                      eos_token_id=tok.eos_token_id, pad_token_id=0,
+                                      repetition_penalty=penalty)[0, len(p):].tolist() for penalty in (1.5, 1.0))
+        assert ref != plain  # the penalty changes this model's tokens
+        out = cli(command, arg, "--model", str(folder), "--max-new-tokens", "8")
+        if command == "chat":
+            assert out == tok.decode(ref, skip_special_tokens=True) + "\n"
+        else:
+            assert out == text + tok.decode(ids + ref, skip_special_tokens=True)[len(tok.decode(ids)):] + "\n"
+    model = tc.LlamaForCausalLM.from_pretrained(folder)
+    sample = ["--model", str(folder), "--temperature", "1.5", "--seed", "3", "--max-new-tokens", "10"]
+    reply = ChatSession(model, tok, max_new_tokens=10, temperature=1.5, seed=3).send(message)
+    assert reply != ChatSession(model, tok, max_new_tokens=10, temperature=1.5, seed=3, top_k=50, top_p=None,
+                                repetition_penalty=None).send(message)
+    assert cli("chat", message, *sample) == reply + "\n"
+    assert cli("chat", message, *sample, "--top-k", "0") == \
+        ChatSession(model, tok, max_new_tokens=10, temperature=1.5, seed=3, top_k=0).send(message) + "\n"
+    continued = continue_text(model, tok, text, max_new_tokens=10, temperature=1.5, seed=3)[0]
+    assert cli("generate", text, *sample) == text + continued + "\n"
+
+
+def test_cli_a_bad_generation_config_value_prints_nothing_on_stdout(tiny_chat_dirs, tmp_path, capsys):
+    """`generate` echoed TEXT to stdout and only then checked generation_config.json's values: a
+    repetition_penalty of 0 left "Once upon" on stdout before the error. Now the file is checked
+    before anything is printed, as every other bad option (and as `chat`)."""
+    import shutil
+
+    from transformer_core.__main__ import main
+
+    chat, _, _, _ = tiny_chat_dirs
+    folder = tmp_path / "bad_penalty"
+    shutil.copytree(chat, folder)
+    (folder / "generation_config.json").write_text(json.dumps({"repetition_penalty": 0}))
+    for args in (["generate", "Once upon"], ["generate", "Once upon", "--max-new-tokens", "3"],
+                 ["generate", "Once upon", "--temperature", "1", "--seed", "0"], ["chat", "Hi"]):
+        assert main([*args, "--model", str(folder)]) == 2, args
+        out, err = capsys.readouterr()
+        assert out == "", (args, out)
+        lines = err.splitlines()
+        assert len(lines) == 1 and "Traceback" not in err, err
+        assert lines[0].startswith(f"transformer_core {args[0]}: generation_config.json: repetition_penalty: "), \
+            lines[0]
+
+
+@pytest.mark.parametrize("module, hint", [
+    ("pyarrow", "(an optional dependency: pip install 'transformer_core[parquet]')"),
+    ("pyarrow.parquet", "(an optional dependency: pip install 'transformer_core[parquet]')"),
+    ("dask", "(an optional dependency: pip install 'transformer_core[distributed]')"),
+    ("distributed.comm", "(an optional dependency: pip install 'transformer_core[distributed]')"),
+    ("jinja2", "(a dependency of transformer_core is missing: reinstall it)"),
+    ("tokenizers", "(a dependency of transformer_core is missing: reinstall it)"),
+])
+def test_cli_a_missing_module_is_hinted_by_the_extra_that_provides_it(module, hint):
+    """Every missing module was "an optional dependency: pip install 'transformer_core[distributed]'
+    or '[parquet]'", jinja2 and tokenizers (core dependencies, in no extra) too."""
+    from transformer_core.__main__ import _message
+
+    error = ModuleNotFoundError(f"No module named {module!r}", name=module)
+    assert _message(error) == f"No module named {module!r} {hint}"
+
+
+def test_cli_chat_without_jinja2_says_to_reinstall():
+    """The reproducer: jinja2 missing (None in sys.modules), `chat` is one line that does not point
+    to an extra."""
+    code = ("import sys; sys.modules['jinja2'] = None\n"
+            "from transformer_core.__main__ import main\n"
+            "sys.exit(main(['chat', 'hi', '--max-new-tokens', '2']))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and r.stdout == "", r.stderr
+    assert r.stderr == ("transformer_core chat: import of jinja2 halted; None in sys.modules (a dependency of "
+                        "transformer_core is missing: reinstall it)\n")

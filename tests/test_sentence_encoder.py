@@ -1494,6 +1494,99 @@ def test_an_isa_switched_during_encode_keeps_the_bits(encoder):
     np.testing.assert_array_equal(got, expected)  # the two kernel sets give the same bits
 
 
+def _setting_after_first_batch(enc, assign):
+    """Runs ``assign()`` inside the next ``enc.encode``, once its first batch is embedded (a hook in
+    the tokenizer's ``encode_batches``, as another thread's setter could run then)."""
+    batches = enc.tokenizer.encode_batches
+
+    def hooked(*args, **kwargs):
+        for i, batch in enumerate(batches(*args, **kwargs)):
+            if i == 1:
+                assign()
+            yield batch
+
+    enc.tokenizer.encode_batches = hooked
+
+
+def test_settings_assigned_during_encode_apply_from_the_next_call(encoder, hf_bert, hf_tokenizer,
+                                                                  reference_embeddings, model_dir):
+    """encode read ``pooling`` and ``model`` once per batch, and ``normalize``, the prompts and the
+    tokenizer's max_length (max_seq_length) only after iterating ``sentences``: a setter run while
+    it ran (another thread's, or the iterator's own) gave one result whose later rows were pooled,
+    computed or truncated the new way, or pooled the old way and normalised the new way. The call
+    running keeps the settings it started with; the next call has the new ones."""
+    enc = _fresh_encoder(encoder)
+    texts, n = SENTENCES[:6], 6
+    expected = enc.encode(texts, batch_size=2)
+    np.testing.assert_allclose(expected, reference_embeddings[0][:n], atol=1e-5)
+
+    def assign():
+        enc.pooling, enc.normalize, enc.include_prompt = "cls", False, False
+
+    _setting_after_first_batch(enc, assign)
+    try:
+        got = enc.encode(texts, batch_size=2)
+    finally:
+        del enc.tokenizer.encode_batches
+    assert (enc.pooling, enc.normalize, enc.include_prompt) == ("cls", False, False)
+    np.testing.assert_array_equal(got, expected)  # every row mean-pooled and normalised
+    np.testing.assert_allclose(enc.encode(texts, batch_size=2), _hf_pool(hf_bert, hf_tokenizer, texts, "cls", False),
+                               atol=1e-5)
+
+    # a model assigned meanwhile: a random BERT of the same shape, whose embeddings differ
+    enc = _fresh_encoder(encoder)
+    other = tc.BertModel(encoder.model.config)
+    _setting_after_first_batch(enc, lambda: setattr(enc, "model", other))
+    try:
+        got = enc.encode(texts, batch_size=2)
+    finally:
+        del enc.tokenizer.encode_batches
+    assert enc.model is other
+    np.testing.assert_array_equal(got, expected)
+    later = enc.encode(texts, batch_size=2)
+    np.testing.assert_array_equal(later, tc.SentenceEncoder(other, enc.tokenizer).encode(texts, batch_size=2))
+    assert np.abs(later - expected).max() > 0.1
+
+    # every setting assigned while encode iterates `sentences` (a generator here; another thread
+    # could run then too), with a default prompt, so that include_prompt and the prompts matter
+    enc = _fresh_encoder(encoder)
+    enc.prompts, enc.default_prompt_name = {"q": "query: "}, "q"
+    expected = enc.encode(texts, batch_size=2)
+    np.testing.assert_allclose(expected, _hf_prompted(hf_bert, hf_tokenizer, texts, "query: "), atol=1e-5)
+    short = tc.Tokenizer.from_pretrained(MODEL_NAME, max_length=8)
+
+    def sentences():
+        for i, text in enumerate(texts):
+            if i == 1:
+                enc.pooling, enc.normalize, enc.include_prompt = "cls", False, False
+                enc.default_prompt_name, enc.prompts = None, {"q": "passage: "}
+                enc.max_seq_length = 4  # the tokenizer the call holds, changed in place
+                enc.tokenizer = short
+            yield text
+
+    np.testing.assert_array_equal(enc.encode(sentences(), batch_size=2), expected)
+    assert (enc.pooling, enc.normalize, enc.include_prompt, enc.default_prompt_name) == ("cls", False, False, None)
+    assert enc.tokenizer is short
+    truncated = _backend_truncated_to(model_dir, 8)
+    np.testing.assert_allclose(enc.encode(texts, batch_size=2), _hf_pool(hf_bert, truncated, texts, "cls", False),
+                               atol=1e-5)
+    assert np.abs(enc.encode(texts) - _hf_pool(hf_bert, hf_tokenizer, texts, "cls", False)).max() > 0.1
+    enc.max_seq_length = 256
+    skip = len(hf_tokenizer.encode("passage: ").ids) - 1
+    np.testing.assert_allclose(enc.encode(texts, batch_size=2, prompt_name="q", normalize=True),
+                               _hf_prompted(hf_bert, hf_tokenizer, texts, "passage: ", "cls", skip), atol=1e-5)
+
+
+def _backend_truncated_to(model_dir, max_length):
+    """all-MiniLM-L6-v2's tokenizer of the tokenizers package, truncating to ``max_length``."""
+    from tokenizers import Tokenizer
+
+    backend = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    backend.no_padding()
+    backend.enable_truncation(max_length=max_length)
+    return backend
+
+
 # ------------------------------------------- sentence_bert_config.json: do_lower_case and processor_kwargs
 @pytest.fixture(scope="module")
 def random_bert_dir(tmp_path_factory, model_dir):

@@ -281,6 +281,34 @@ def test_encode_batches_copy_follows_setters_and_shallow_copies(model_dir):
     check(ref, "a pickle round trip")
 
 
+def test_encode_batches_keeps_the_settings_it_started_with(model_dir):
+    """encode_batches took the backend again for each TEXTS_PER_CALL texts, and the pad id for each
+    batch: a max_length, truncation_side or pad_token set while its batches were taken (another
+    thread's, or SentenceEncoder's max_seq_length) truncated the texts after the first 1024 the
+    new way, and padded the later batches with the new id. Every batch of a call now equals the
+    tokenizers package's under the settings the call started with; the next call has the new ones."""
+    rng = np.random.default_rng(0)
+    words = "the quick brown fox jumps over lazy dog threads race tensor".split()
+    texts = [" ".join(rng.choice(words, int(rng.integers(1, 30)))) for _ in range(tc.Tokenizer.TEXTS_PER_CALL + 100)]
+    tok = tc.Tokenizer(_backend(model_dir), 16)
+    ref = _backend(model_dir)
+    ref.enable_truncation(max_length=16)
+    batches = tok.encode_batches(texts, 32)
+    got = [next(batches)]
+    tok.max_length, tok.truncation_side, tok.pad_token = 6, "left", "[MASK]"  # after the first batch
+    got += list(batches)
+    assert len(got) == len(range(0, len(texts), 32))
+    for i, batch in enumerate(got):
+        want = hf_encode(ref, texts[32 * i:32 * i + 32])  # padded with [PAD], id 0
+        for key, w in zip(("input_ids", "attention_mask", "token_type_ids"), want):
+            np.testing.assert_array_equal(batch[key], w, err_msg=f"batch {i}: {key}")
+    ref.enable_truncation(max_length=6, direction="left")
+    (batch,) = tok.encode_batches(texts[-40:], 40)
+    ids, am, tt = hf_encode(ref, texts[-40:])
+    np.testing.assert_array_equal(batch["input_ids"], np.where(am == 1, ids, 103))  # [MASK]
+    np.testing.assert_array_equal(batch["attention_mask"], am)
+
+
 def _check_one_batch_truncated_to(tok, texts, length):
     """encode_batches' one batch of ``texts`` equals encode_batch's, both ``length`` tokens wide."""
     (batch,) = tok.encode_batches(texts, len(texts))

@@ -165,10 +165,11 @@ def _add_generation_options(p, max_new_tokens_help: str) -> None:
     p.add_argument("--max-new-tokens", type=_positive_int, default=None, help=max_new_tokens_help)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples")
     p.add_argument("--top-k", type=int, default=None,
-                   help="sample among the k most probable tokens (with --temperature; default 50, as Hugging Face's "
-                        "generate; 0 = no top-k filter)")
-    p.add_argument("--top-p", type=float, default=None, help="nucleus sampling: keep the smallest set of tokens "
-                                                             "whose probability reaches this (with --temperature)")
+                   help="sample among the k most probable tokens (with --temperature; default: the model's "
+                        "generation_config.json top_k, else 50, as Hugging Face's generate; 0 = no top-k filter)")
+    p.add_argument("--top-p", type=float, default=None,
+                   help="nucleus sampling: keep the smallest set of tokens whose probability reaches this (with "
+                        "--temperature; default: the model's generation_config.json top_p, else none)")
     p.add_argument("--seed", type=int, default=None, help="seed of the sampling (reproducible replies)")
     p.add_argument("--quantize", choices=("int8",), default=None,
                    help="int8: every linear layer int8 per output channel (from the float32 weights). Default: "
@@ -312,6 +313,11 @@ def _hidden_file_of_the_output(filename, args) -> bool:
             and os.path.basename(path).startswith(f".{os.path.basename(out)}."))
 
 
+#: The modules that an extra of pyproject.toml's ``optional-dependencies`` installs, and that extra
+#: (a module missing that is not here is a core dependency: reinstalling the package brings it).
+EXTRA_OF_MODULE = {"pyarrow": "parquet", "dask": "distributed", "distributed": "distributed"}
+
+
 def _message(error: BaseException, args=None) -> str:
     """One line for an expected error (``args``: the command's, to name the output it concerns)."""
     if isinstance(error, KeyboardInterrupt):
@@ -324,7 +330,10 @@ def _message(error: BaseException, args=None) -> str:
     elif isinstance(error, OSError) and error.strerror and error.filename is not None:
         text = f"{error.filename}: {error.strerror}"  # raised by the OS, not by us
     elif isinstance(error, ImportError) and type(error) is ModuleNotFoundError and error.name:
-        text = f"{error} (an optional dependency: pip install 'transformer_core[distributed]' or '[parquet]')"
+        extra = EXTRA_OF_MODULE.get(error.name.partition(".")[0])
+        hint = (f"an optional dependency: pip install 'transformer_core[{extra}]'" if extra else
+                "a dependency of transformer_core is missing: reinstall it")
+        text = f"{error} ({hint})"
     else:
         text = str(error) or type(error).__name__
     return " ".join(text.split())

@@ -19,7 +19,16 @@ import numpy as np
 
 from ._validation import check_int, described
 from .decoder import CausalLM
-from .generation import GenerationConfig, generation_ids
+from .generation import (
+    DECODING_DEFAULTS,
+    MODEL_DEFAULT,
+    GenerationConfig,
+    check_repetition_penalty,
+    check_top_k,
+    check_top_p,
+    decoding_options,
+    generation_ids,
+)
 from .tokenizer import Tokenizer, _common_prefix, check_unicode
 
 __all__ = ["ChatSession", "TurnStats", "continue_text", "run_chat", "run_generate"]
@@ -28,9 +37,6 @@ DEFAULT_CHAT_MODEL = "SmolLM2-135M-Instruct"
 NO_TEMPLATE = "this model's tokenizer has no chat template"
 #: The CLI's --max-new-tokens when not given (``generate``: fewer when the context ends first).
 DEFAULT_MAX_NEW_TOKENS = 256
-#: The CLI's --top-k when not given: Hugging Face's ``GenerationConfig`` default, as ``ChatSession``'s
-#: and ``continue_text``'s.
-DEFAULT_TOP_K = 50
 
 
 @dataclass
@@ -66,14 +72,19 @@ class TurnStats:
 
 
 def _end_ids(model, tokenizer) -> list[int]:
-    """The ids that end a reply: the tokenizer's EOS and the model's ``eos_token_id`` (one id or a
-    list, e.g. Llama-3-Instruct's ``[128001, 128008, 128009]``; its ``generation_config.json``'s
-    where it has one, else its ``config.json``'s), those inside the model's vocabulary, as Hugging
-    Face's ``generate`` stops at the generation config's end ids."""
+    """The ids that end a reply, as Hugging Face's ``generate`` (and ``model.generate``) stops: the
+    model's ``eos_token_id`` (one id or a list, e.g. Llama-3-Instruct's ``[128001, 128008,
+    128009]``; its ``generation_config.json``'s where it has one, even when that names none, else
+    its ``config.json``'s), those inside the model's vocabulary. The tokenizer's EOS is not added
+    to them; only when neither file names an end id is it the end token: a fallback of this
+    package (Hugging Face's ``generate`` would run to ``max_new_tokens``)."""
     vocab = model.config.vocab_size
     config_eos, _ = generation_ids(model)
+    own = getattr(model, "generation_config", None)
+    named = config_eos or (own is not None and getattr(model.config, "eos_token_id", None) not in (None, []))
+    candidates = config_eos if named else [tokenizer.eos_token_id]
     ids: list[int] = []
-    for e in [tokenizer.eos_token_id, *config_eos]:
+    for e in candidates:
         if isinstance(e, (int, np.integer)) and not isinstance(e, bool) and 0 <= e < vocab and int(e) not in ids:
             ids.append(int(e))
     return ids
@@ -156,18 +167,40 @@ def _options(max_new_tokens, temperature, top_p, top_k, seed, repetition_penalty
     ``generate`` would check it, so that a bad one is reported when a session is made or before a
     model is loaded, not at the first reply; top_p, top_k and seed are checked even when greedy
     (temperature 0), where they are not used (nor passed on: ``stream`` would warn about them at
-    every reply)."""
+    every reply). ``top_p``, ``top_k`` and ``repetition_penalty`` left to :data:`MODEL_DEFAULT` are
+    passed on so: ``stream`` takes the model's generation config's (see :func:`_check_model_options`)."""
     if isinstance(temperature, (bool, np.bool_)) or not isinstance(temperature, numbers.Real):
         raise TypeError(f"temperature: expected a number, got {described(temperature)}")
     temperature = float(temperature)
     if not temperature >= 0:
         raise ValueError(f"temperature: expected a value >= 0 (0 = greedy), got {temperature}")
     sample = temperature > 0
-    GenerationConfig(max_new_tokens, do_sample=sample, temperature=temperature if sample else 1.0, top_k=top_k,
-                     top_p=top_p, repetition_penalty=repetition_penalty, seed=seed)
+
+    def given(value, key):  # a value to check: the built-in default stands for the model's
+        return DECODING_DEFAULTS[key] if value is MODEL_DEFAULT else value
+
+    GenerationConfig(max_new_tokens, do_sample=sample, temperature=temperature if sample else 1.0,
+                     top_k=given(top_k, "top_k"), top_p=given(top_p, "top_p"),
+                     repetition_penalty=given(repetition_penalty, "repetition_penalty"), seed=seed)
     return dict(max_new_tokens=max_new_tokens, do_sample=sample, temperature=temperature if sample else 1.0,
                 top_p=top_p if sample else None, top_k=top_k if sample else None, seed=seed if sample else None,
                 repetition_penalty=repetition_penalty)
+
+
+def _check_model_options(model, options: dict) -> None:
+    """The values of ``model``'s generation config (a directory's ``generation_config.json``) that
+    ``options`` (from :func:`_options`) leave to it, checked as ``stream`` checks them: a bad one
+    is reported when a session is made, not at its first reply.
+
+    Raises:
+        TypeError, ValueError: naming the file and field (``generation_config.json: top_k: ...``).
+    """
+    values, names = decoding_options(model, options["do_sample"], options["temperature"], options["top_k"],
+                                     options["top_p"], options["repetition_penalty"])
+    check_repetition_penalty(values["repetition_penalty"], names["repetition_penalty"])
+    if options["do_sample"]:
+        check_top_k(values["top_k"], names["top_k"])
+        check_top_p(values["top_p"], names["top_p"])
 
 
 def _check_system(system) -> None:
@@ -205,9 +238,18 @@ class ChatSession:
     Each :meth:`send` appends the user's message, renders the whole conversation with the
     tokenizer's chat template (``add_generation_prompt=True``), runs only the tokens the KV cache
     does not hold yet (the cache is cut back to the longest common prefix of the cached tokens and
-    the new prompt), streams the reply until an end token (the tokenizer's EOS, e.g. SmolLM2's
-    ``<|im_end|>``, or one of the model config's ``eos_token_id``, as Hugging Face's ``generate``
-    stops) or ``max_new_tokens``, and appends the reply to the conversation.
+    the new prompt), streams the reply until an end token or ``max_new_tokens``, and appends the
+    reply to the conversation. The end tokens are the model's ``eos_token_id`` (e.g. SmolLM2's
+    ``<|im_end|>``), as Hugging Face's ``generate`` stops: its ``generation_config.json``'s where
+    it has one, even when that names none (if ``config.json`` names one, no token then ends the
+    reply: it runs to ``max_new_tokens``, as Hugging Face's), else its ``config.json``'s. The
+    tokenizer's EOS is the end token only when neither ``generation_config.json`` nor
+    ``config.json`` names an end id (a fallback of this package: Hugging Face's would run to
+    ``max_new_tokens``).
+
+    The decoding options not given (``top_p``, ``top_k``, ``repetition_penalty``) are the model's
+    generation config's, as in ``model.generate`` and Hugging Face's ``generate``: a
+    ``generation_config.json`` with ``"repetition_penalty": 1.1`` penalizes every reply.
 
     Ids past the tokenizer's vocabulary (a model whose embedding is padded beyond it) are generated
     and cached as any other but add no text to the reply (Hugging Face decodes them as "").
@@ -220,12 +262,15 @@ class ChatSession:
         temperature: 0 (default) = greedy; any finite number > 0 samples from
             ``softmax(logits / temperature)``, as Hugging Face's (a tiny one samples the argmax).
         top_p, top_k: sampling filters (with ``temperature`` > 0; ``top_p`` in [0, 1], 0 keeping
-            the top token only, None or 1: no top-p filter; ``top_k`` 50 by default, as Hugging
-            Face's ``generate``; 0 or None: no top-k filter).
+            the top token only, None or 1: no top-p filter; ``top_k`` 0 or None: no top-k filter).
+            Not given (:data:`~transformer_core.generation.MODEL_DEFAULT`): the model's generation
+            config's, else no top-p filter and ``top_k`` 50, as Hugging Face's ``generate``.
         seed: seeds sampling (reproducible replies); None: each reply draws one as ``generate``
             does (from :func:`transformer_core.manual_seed`'s generator once it was seeded, else
             fresh entropy: replies differ from run to run). Checked, but unused, when greedy.
-        repetition_penalty: any finite number > 0, as Hugging Face's; 1 or None = none.
+        repetition_penalty: any finite number > 0, as Hugging Face's; 1 or None = none. Not
+            given (:data:`~transformer_core.generation.MODEL_DEFAULT`): the model's generation
+            config's, else none. Greedy replies use it too.
         chat_template: the template to render with, as transformers' ``apply_chat_template``
             argument of that name: the name of one of the tokenizer's named templates, or a Jinja2
             template; None (default): the tokenizer's own (its ``"default"`` one when it has
@@ -241,12 +286,13 @@ class ChatSession:
             names); an empty ``chat_template``; bad options (named: ``max_new_tokens`` < 1,
             ``temperature`` < 0 or not finite, ``top_k`` < 0, ``top_p`` outside [0, 1],
             ``repetition_penalty`` <= 0, ...), whatever the temperature; a ``system`` message that
-            is not valid Unicode.
+            is not valid Unicode. TypeError, ValueError naming ``generation_config.json`` and the
+            field: a bad value of the model's generation config for an option not given.
     """
 
     def __init__(self, model, tokenizer, system: str | None = None, max_new_tokens: int = 256,
-                 temperature: float = 0.0, top_p: float | None = None, top_k: int | None = 50,
-                 seed: int | None = None, repetition_penalty: float | None = None,
+                 temperature: float = 0.0, top_p: float | None = MODEL_DEFAULT, top_k: int | None = MODEL_DEFAULT,
+                 seed: int | None = None, repetition_penalty: float | None = MODEL_DEFAULT,
                  chat_template: str | None = None):
         _check_model_and_tokenizer(model, tokenizer)
         _check_chat_template(tokenizer, chat_template)
@@ -254,6 +300,7 @@ class ChatSession:
         self.model, self.tokenizer, self.chat_template = model, tokenizer, chat_template
         self.options = _options(check_int(max_new_tokens, "max_new_tokens", 1), temperature, top_p, top_k, seed,
                                 repetition_penalty)
+        _check_model_options(model, self.options)
         self.messages: list[dict] = [] if system is None else [{"role": "system", "content": system}]
         self.cache = model.new_cache(1)
         self._cached_ids: list[int] = []  # the tokens whose keys and values the cache holds
@@ -372,11 +419,15 @@ def _check_message(text: str, name: str) -> None:
 
 
 def continue_text(model, tokenizer, text: str, max_new_tokens: int = 128, on_text=None, temperature: float = 0.0,
-                  top_p: float | None = None, top_k: int | None = 50, seed: int | None = None,
-                  repetition_penalty: float | None = None) -> tuple[str, TurnStats]:
+                  top_p: float | None = MODEL_DEFAULT, top_k: int | None = MODEL_DEFAULT, seed: int | None = None,
+                  repetition_penalty: float | None = MODEL_DEFAULT) -> tuple[str, TurnStats]:
     """Continues raw ``text`` (no chat template): its tokens (with the BOS the tokenizer adds, if
-    any), then up to ``max_new_tokens`` new ones, stopping at an end token (the tokenizer's EOS or
-    one of the model config's ``eos_token_id``, as Hugging Face's ``generate``).
+    any), then up to ``max_new_tokens`` new ones, stopping at an end token: the model's
+    ``eos_token_id``, as :class:`ChatSession`'s (its ``generation_config.json``'s where it has one,
+    else its ``config.json``'s); the tokenizer's EOS only when neither ``generation_config.json``
+    nor ``config.json`` names an end id. The options as
+    :class:`ChatSession`'s: ``top_p``, ``top_k`` and ``repetition_penalty`` not given are the
+    model's generation config's, as in Hugging Face's ``generate``.
 
     Returns:
         ``(the continuation, its TurnStats)``. The continuation is the text the new tokens add to
@@ -392,7 +443,9 @@ def continue_text(model, tokenizer, text: str, max_new_tokens: int = 128, on_tex
         str, ``on_text`` not callable. ValueError: empty text or text that
         is not valid Unicode; text whose tokens alone are more than the model's context (naming ``text``), or
         ``len(tokens) + max_new_tokens - 1`` over it (naming ``max_new_tokens``; the last new
-        token is never fed back) — before any memory is reserved for them; bad options (named).
+        token is never fed back) — before any memory is reserved for them; bad options (named; a
+        bad value of the model's generation config for an option not given: naming the file and
+        field).
     """
     _check_model_and_tokenizer(model, tokenizer)
     options = _options(check_int(max_new_tokens, "max_new_tokens", 1), temperature, top_p, top_k, seed,
@@ -428,7 +481,9 @@ def _text_ids(model, tokenizer, text, max_new_tokens: int | None) -> list[int]:
 
 
 def _continue(model, tokenizer, ids: list[int], options: dict, on_text) -> tuple[str, TurnStats]:
-    """continue_text's generation, from checked ids and options."""
+    """continue_text's generation, from checked ids and options (the model's generation config's
+    values for those left to it checked here, before the cache is made)."""
+    _check_model_options(model, options)
     stats = TurnStats()
     cache = model.new_cache(1, len(ids) + options["max_new_tokens"] - 1)
     generated = _stream(model, tokenizer, np.array([ids], np.int64), cache, on_text, stats, context=ids,
@@ -582,9 +637,10 @@ def _stdin_turns():
             yield message
 
 
-def _cli_top_k(args) -> int:
-    """``--top-k``: :data:`DEFAULT_TOP_K` (50, Hugging Face's) when not given; 0 = no top-k filter."""
-    return DEFAULT_TOP_K if args.top_k is None else args.top_k
+def _cli_option(value):
+    """A sampling option of the command line (``--top-k``, ``--top-p``): its value when given, else
+    :data:`MODEL_DEFAULT` (the model's generation config's, as :class:`ChatSession`'s default)."""
+    return MODEL_DEFAULT if value is None else value
 
 
 def _check_cli_sampling(args) -> None:
@@ -609,8 +665,9 @@ def run_chat(args) -> int:
     """``chat``: one PROMPT, or one turn per line of standard input; replies streamed to stdout,
     the tokens/s of each turn on stderr. ``--max-new-tokens`` (default 256) is the most each reply
     may have: fewer when the conversation comes near the end of the context. ``--temperature`` > 0
-    samples, among the ``--top-k`` highest (default 50, as :class:`ChatSession` and Hugging Face;
-    0: no top-k filter) and within ``--top-p``. ``--chat-template NAME`` picks one of the
+    samples, among the ``--top-k`` highest (0: no top-k filter) and within ``--top-p``; not given,
+    they and the repetition penalty are the model's generation config's, as :class:`ChatSession`'s
+    and Hugging Face's (``top_k`` 50 when it has none). ``--chat-template NAME`` picks one of the
     tokenizer's named chat templates. Piped standard input without a turn (empty, or only blank
     lines) is an error, as an empty PROMPT is."""
     import itertools
@@ -622,7 +679,8 @@ def run_chat(args) -> int:
     if args.system is not None:
         check_unicode(args.system, "system")
     max_new_tokens = DEFAULT_MAX_NEW_TOKENS if args.max_new_tokens is None else args.max_new_tokens
-    _options(max_new_tokens, args.temperature, args.top_p, _cli_top_k(args), args.seed, None)
+    _options(max_new_tokens, args.temperature, _cli_option(args.top_p), _cli_option(args.top_k), args.seed,
+             MODEL_DEFAULT)
     _check_cli_sampling(args)
     _check_stdout()
     if args.prompt is None and sys.stdin is None:
@@ -641,8 +699,8 @@ def run_chat(args) -> int:
         turns = itertools.chain([first], turns)
     model = _load_model(args)
     session = ChatSession(model, tokenizer, system=args.system, max_new_tokens=max_new_tokens,
-                          temperature=args.temperature, top_p=args.top_p, top_k=_cli_top_k(args), seed=args.seed,
-                          chat_template=args.chat_template)
+                          temperature=args.temperature, top_p=_cli_option(args.top_p),
+                          top_k=_cli_option(args.top_k), seed=args.seed, chat_template=args.chat_template)
     for message in turns:
         session.send(message, on_text=_print)
         _print("\n")
@@ -653,21 +711,23 @@ def run_chat(args) -> int:
 def run_generate(args) -> int:
     """``generate``: TEXT and its continuation streamed to stdout, tokens/s on stderr. Without
     ``--max-new-tokens``, up to 256 new tokens, fewer when the context ends first; a value given
-    that does not fit the context after TEXT is refused. Sampling as ``chat``'s (``--top-k`` 50 by
-    default, as :func:`continue_text`: the same seed gives the same text)."""
+    that does not fit the context after TEXT is refused. Sampling and the repetition penalty as
+    ``chat``'s (the model's generation config's when not given, as :func:`continue_text`: the same
+    seed gives the same text)."""
     import sys
 
     explicit = args.max_new_tokens is not None
-    options = _options(args.max_new_tokens if explicit else DEFAULT_MAX_NEW_TOKENS, args.temperature, args.top_p,
-                       _cli_top_k(args), args.seed, None)
+    options = _options(args.max_new_tokens if explicit else DEFAULT_MAX_NEW_TOKENS, args.temperature,
+                       _cli_option(args.top_p), _cli_option(args.top_k), args.seed, MODEL_DEFAULT)
     _check_cli_sampling(args)
     _check_stdout()
     model, tokenizer = _load(args)
     ids = _text_ids(model, tokenizer, args.text, options["max_new_tokens"] if explicit else None)
     if not explicit:  # as many as fit: the last new token is never fed back
         options["max_new_tokens"] = min(options["max_new_tokens"], model.context_length - len(ids) + 1)
-    # The text is echoed only now that it and the options are known to be good: an error leaves
-    # stdout empty.
+    # The text is echoed only now that it and the options (generation_config.json's values for
+    # those left to it included) are known to be good: an error leaves stdout empty.
+    _check_model_options(model, options)
     _print(args.text)
     _, stats = _continue(model, tokenizer, ids, options, _print)
     _print("\n")

@@ -746,7 +746,8 @@ class SentenceEncoder:
         """The number of tokens (``[CLS]`` and ``[SEP]`` included) a text is truncated to:
         sentence-transformers' ``max_seq_length`` (256 for all-MiniLM-L6-v2, from its
         ``sentence_bert_config.json``). It is the tokenizer's :attr:`Tokenizer.max_length`; assigning
-        it (``enc.max_seq_length = 512``) truncates every later :meth:`encode` to the new length.
+        it (``enc.max_seq_length = 512``) truncates every later :meth:`encode` call to the new
+        length (a call already running keeps the length it started with).
 
         Unlike sentence-transformers 6 for a folder whose ``sentence_bert_config.json`` has a
         ``processing_kwargs`` ``max_length`` (the length :meth:`Tokenizer.from_pretrained`
@@ -821,6 +822,12 @@ class SentenceEncoder:
         sentence-transformers' ``encode`` (which calls ``eval()``), but its mode is left as it is and
         a training forward's state awaiting its backward is kept.
 
+        The encoder's settings (``model``, ``tokenizer``, ``pooling``, ``include_prompt``,
+        ``normalize``, ``prompts``, ``default_prompt_name``, and the tokenizer's own, such as
+        :attr:`max_seq_length`) are read once, when the call starts, before ``sentences`` is
+        iterated: a setter called during the call (from another thread, from the iterator of
+        ``sentences``, or a hook the tokenizer or model runs) applies from the next call.
+
         Args:
             sentences: a list (or any iterable) of str, or one str (a str, or a 0-d numpy array
                 holding one).
@@ -863,6 +870,12 @@ class SentenceEncoder:
                 a ``prompt_name`` not in the encoder's ``prompts``; both ``prompt_name`` and
                 ``prompt`` given.
         """
+        # the settings of this call, read once, before `sentences` is iterated: a setter called
+        # meanwhile (from another thread, from `sentences`' own iterator, or a hook run by the
+        # tokenizer or the model) changes later calls only, never part of this one
+        model, tokenizer, pooling, include_prompt = self.model, self.tokenizer, self.pooling, self.include_prompt
+        own_normalize, prompts, default_prompt_name = self.normalize, self.prompts, self.default_prompt_name
+        tokenizer = _tokenizer_as_now(tokenizer)  # its max_length (max_seq_length) as it is now
         if isinstance(sentences, np.ndarray) and sentences.ndim == 0:  # np.array("text"): one text
             if sentences.dtype.kind != "U" and not isinstance(sentences.item(), str):
                 raise TypeError(f"sentences: expected a str or an iterable of str, got a 0-d numpy array of "
@@ -879,17 +892,17 @@ class SentenceEncoder:
                 raise TypeError(f"sentences: expected a list of str, got {type(s).__name__} at index {i}")
             check_unicode(s, "sentences", i)
         batch_size = check_int(batch_size, "batch_size", 1)
-        normalize = self._normalize_setting(normalize, normalize_embeddings)
+        normalize = _normalize_setting(normalize, normalize_embeddings, own_normalize)
         progress = bool(_one_of_two_names(progress, "progress", show_progress_bar, "show_progress_bar"))
-        prompt = self._prompt(prompt_name, prompt)
+        prompt = _prompt(prompt_name, prompt, prompts, default_prompt_name)
         # the tokenizer (or its max_length) may have been replaced since __init__
-        _check_truncation(self.tokenizer.max_length, self.model, "tokenizer")
+        _check_truncation(tokenizer.max_length, model, "tokenizer")
         skip = 0  # leading positions left out of the pooling: [CLS] and the prompt's tokens
         if prompt:  # as sentence-transformers 6: an empty prompt is no prompt
             sentences = [prompt + s for s in sentences]
-            if not self.include_prompt:
-                skip = len(self.tokenizer.encode(prompt)) - 1  # sentence-transformers' prompt_length
-        out = np.zeros((len(sentences), self.dim), dtype=self.model.dtype)
+            if not include_prompt:
+                skip = len(tokenizer.encode(prompt)) - 1  # sentence-transformers' prompt_length
+        out = np.zeros((len(sentences), model.config.hidden_size), dtype=model.dtype)
         if not sentences:
             return out
         # Longest first (a stable sort: equal lengths keep their order); out[order[j]] is the j-th sorted.
@@ -901,8 +914,7 @@ class SentenceEncoder:
             starts = tqdm(starts, desc="encode", unit="batch")
         # a text far longer than max_seq_length tokens is tokenized from a prefix that gives the
         # same tokens (_texts_to_tokenize): memory bounded by the prefix, not the text
-        batches = self.tokenizer.encode_batches(_texts_to_tokenize(self.tokenizer, [sentences[i] for i in order]),
-                                                batch_size)
+        batches = tokenizer.encode_batches(_texts_to_tokenize(tokenizer, [sentences[i] for i in order]), batch_size)
         # One packing of each weight for all the batches (the same bits as packing it per batch).
         with core.PackedWeightScope():
             for start, enc in zip(starts, batches):
@@ -910,17 +922,17 @@ class SentenceEncoder:
                 mask = enc["attention_mask"] == 1  # (N, L) bool, True = a real token
                 # eval mode's forward whatever the model's mode (as sentence-transformers' encode,
                 # which calls eval()), without switching it: no dropout, a pending training state kept
-                hidden = self.model._forward_eval(enc["input_ids"], mask, enc["token_type_ids"], pooler=False).last_hidden_state
+                hidden = model._forward_eval(enc["input_ids"], mask, enc["token_type_ids"], pooler=False).last_hidden_state
                 pooled = mask
                 if skip:  # include_prompt false: the prompt attended to, not pooled
                     pooled = mask.copy()
                     pooled[:, :skip] = False
-                if self.pooling == "cls":
+                if pooling == "cls":
                     # sentence-transformers 6: the first position of the pooled mask (argmax; 0 when
                     # the prompt leaves none): [CLS] without a prompt, else the first token after it
                     first = pooled.argmax(axis=1) if skip else np.zeros(len(rows), dtype=np.intp)
                     out[rows] = hidden[np.arange(len(rows)), first]            # (N, H)
-                elif self.pooling == "max":
+                elif pooling == "max":
                     # sentence-transformers 6: what is not pooled set to -inf, then the max over L; a
                     # row with nothing pooled (a prompt filling it) is zeros here, as mean pooling's
                     # (sentence-transformers gives -inf there, NaN once normalized)
@@ -939,41 +951,59 @@ class SentenceEncoder:
             out /= np.maximum(np.sqrt(np.add.reduce(out * out, axis=1, keepdims=True)), 1e-12)
         return out[0] if single else out
 
-    def _normalize_setting(self, normalize, normalize_embeddings) -> bool:
-        """Whether :meth:`encode` normalises, from its ``normalize`` and sentence-transformers'
-        ``normalize_embeddings`` (True: normalise; False: the encoder's own setting)."""
-        if normalize is not None:
-            normalize = check_bool(normalize, "normalize")
-        if normalize_embeddings is None:
-            return self.normalize if normalize is None else normalize
-        st = check_bool(normalize_embeddings, "normalize_embeddings")
-        meant = True if st else self.normalize
-        if normalize is not None and normalize != meant:
-            raise TypeError(f"normalize, normalize_embeddings: expected one of the two names, or settings that "
-                            f"agree, got normalize={normalize} and normalize_embeddings={st} (which means "
-                            f"normalize={meant}: False keeps the encoder's own normalize, as in "
-                            f"sentence-transformers)")
-        return meant
 
-    def _prompt(self, prompt_name, prompt) -> str | None:
-        """The prompt :meth:`encode` puts before each text, from its arguments: None for none, or a
-        str ("" included, which :meth:`encode` treats as no prompt, as sentence-transformers 6)."""
-        if prompt is not None:
-            if prompt_name is not None:
-                raise ValueError(f"prompt_name, prompt: expected at most one, got prompt_name={prompt_name!r} and "
-                                 f"prompt={prompt!r}")
-            if not isinstance(prompt, str):
-                raise TypeError(f"prompt: expected None or a str, got {type(prompt).__name__}")
-            check_unicode(prompt, "prompt")
-            return prompt
+def _normalize_setting(normalize, normalize_embeddings, own: bool) -> bool:
+    """Whether :meth:`SentenceEncoder.encode` normalises, from its ``normalize`` and
+    sentence-transformers' ``normalize_embeddings`` (True: normalise; False: the encoder's own
+    setting, ``own``, read when the call started)."""
+    if normalize is not None:
+        normalize = check_bool(normalize, "normalize")
+    if normalize_embeddings is None:
+        return own if normalize is None else normalize
+    st = check_bool(normalize_embeddings, "normalize_embeddings")
+    meant = True if st else own
+    if normalize is not None and normalize != meant:
+        raise TypeError(f"normalize, normalize_embeddings: expected one of the two names, or settings that "
+                        f"agree, got normalize={normalize} and normalize_embeddings={st} (which means "
+                        f"normalize={meant}: False keeps the encoder's own normalize, as in "
+                        f"sentence-transformers)")
+    return meant
+
+
+def _prompt(prompt_name, prompt, prompts, default_prompt_name) -> str | None:
+    """The prompt :meth:`SentenceEncoder.encode` puts before each text, from its arguments and the
+    encoder's ``prompts`` and ``default_prompt_name`` (read when the call started): None for none,
+    or a str ("" included, which ``encode`` treats as no prompt, as sentence-transformers 6)."""
+    if prompt is not None:
         if prompt_name is not None:
-            if not isinstance(prompt_name, str):
-                raise TypeError(f"prompt_name: expected None or a str, got {type(prompt_name).__name__}")
-            if prompt_name not in self.prompts:
-                raise ValueError(f"prompt_name: expected one of the encoder's prompts {list(self.prompts)}, got "
-                                 f"{prompt_name!r}")
-            return self.prompts[prompt_name]
-        return None if self.default_prompt_name is None else self.prompts[self.default_prompt_name]
+            raise ValueError(f"prompt_name, prompt: expected at most one, got prompt_name={prompt_name!r} and "
+                             f"prompt={prompt!r}")
+        if not isinstance(prompt, str):
+            raise TypeError(f"prompt: expected None or a str, got {type(prompt).__name__}")
+        check_unicode(prompt, "prompt")
+        return prompt
+    if prompt_name is not None:
+        if not isinstance(prompt_name, str):
+            raise TypeError(f"prompt_name: expected None or a str, got {type(prompt_name).__name__}")
+        if prompt_name not in prompts:
+            raise ValueError(f"prompt_name: expected one of the encoder's prompts {list(prompts)}, got "
+                             f"{prompt_name!r}")
+        return prompts[prompt_name]
+    return None if default_prompt_name is None else prompts[default_prompt_name]
+
+
+def _tokenizer_as_now(tokenizer: Tokenizer) -> Tokenizer:
+    """``tokenizer`` as it is now, for one :meth:`SentenceEncoder.encode` call: a Tokenizer object
+    of its own holding the same backend and settings. A setter of ``tokenizer`` (``max_length``,
+    which ``max_seq_length`` sets, ``truncation_side``, ``pad_token``, ``do_lower_case``, ...)
+    swaps in a new backend or value and never changes the backend in use (see
+    :class:`Tokenizer`), so this one keeps encoding as ``tokenizer`` did when it was made. Unlike
+    ``copy.copy``, it leaves ``tokenizer`` as it was (no backend marked as shared, so copied later)."""
+    tokenizer._unpadded_backend()  # kept on tokenizer, where the next call's view finds it (30-50 µs a copy)
+    view = object.__new__(type(tokenizer))
+    view.__dict__.update(tokenizer.__dict__)
+    view._special = dict(tokenizer._special)  # the one dict a setter changes in place
+    return view
 
 
 def _one_of_two_names(value, name: str, alias, alias_name: str) -> bool | None:

@@ -648,6 +648,8 @@ class Tokenizer:
             _register_special_tokens(tokenizer, {**special, "pad_token": named_pad,
                                                  "extra_special_tokens": extra_special_tokens}, {})
         self._pad_token, self._pad_token_id = self._pad_of(pad_token, fallback=True)
+        # a pad token of its own (given, in the vocabulary), not a fallback: apply_chat_template's variable
+        self._pad_named = named_pad is not None
         if self.max_length is not None:  # an encoder tokenizer: as it always was
             self._tok.enable_truncation(max_length=self.max_length, direction=truncation_side)
             self._tok.enable_padding(pad_id=self._pad_token_id, pad_token=self._pad_text())
@@ -791,6 +793,7 @@ class Tokenizer:
             raise TypeError(f"pad_token: expected a str or None, got {type(value).__name__}")
         token, token_id = self._pad_of(value, fallback=False)
         self._set_pad(token, token_id)
+        self._pad_named = value is not None
 
     @property
     def pad_token_id(self) -> int:
@@ -817,6 +820,7 @@ class Tokenizer:
                 f"has no token (the vocabulary's ids [0, {limit}) skip it)"
             raise ValueError(f"pad_token_id: token id {value} {where}")
         self._set_pad(token, value)
+        self._pad_named = True
 
     def _pad_state(self) -> tuple[str | None, int]:
         """``(pad_token, pad_token_id)``: as set here, or, for an encoder whose backend was given
@@ -891,9 +895,10 @@ class Tokenizer:
 
         Assignable on an encoder tokenizer (sentence-transformers' ``model.max_seq_length = 512``):
         every later :meth:`encode`, :meth:`tokenize`, :meth:`encode_batch` and
-        :meth:`encode_batches` truncates to the new length. Whether the tokenizer truncates at all
-        is fixed when it is built: None cannot be assigned to an encoder tokenizer, nor an int to
-        a causal-LM one.
+        :meth:`encode_batches` call truncates to the new length (the batches of an
+        :meth:`encode_batches` call made before keep the length it started with). Whether the
+        tokenizer truncates at all is fixed when it is built: None cannot be assigned to an
+        encoder tokenizer, nor an int to a causal-LM one.
 
         Raises:
             TypeError: not an int (a bool or float included) or None.
@@ -1057,6 +1062,10 @@ class Tokenizer:
         :attr:`all_special_ids`). An encoder pads with that ``pad_token``, else ``[PAD]``, else id
         0's token, and without an ``unk_token`` in ``tokenizer_config.json`` (or its class) takes
         the WordPiece/BPE model's own; a causal LM pads with its ``pad_token``, else its EOS token.
+        Where ``tokenizer_config.json`` has no ``pad_token`` key and transformers loads the folder
+        with a generic class (``TokenizersBackend``, ``PreTrainedTokenizerFast``, or none), the
+        ``pad_token`` of ``tokenizer.json``'s ``padding`` is the pad token, as there (when in the
+        vocabulary; :meth:`apply_chat_template` then passes it to the template).
         A token that ``tokenizer_config.json`` leaves out takes its transformers class's default
         (``tokenizer_config.json``'s ``tokenizer_class``, else ``config.json``'s, else the class
         transformers 5.23's ``TOKENIZER_MAPPING_NAMES`` gives ``config.json``'s ``model_type``: BART's,
@@ -1184,6 +1193,11 @@ class Tokenizer:
         klass = _tokenizer_class(model_dir, cfg, tok)  # transformers' class: its defaults, what it rebuilds
         class_tokens = _CLASS_SPECIAL_TOKENS.get(klass, {})
         tokens = _special_tokens_of_config(cfg, tok, class_tokens)
+        if "pad_token" not in cfg and klass in _GENERIC_CLASSES and tok.padding is not None:
+            # transformers' TokenizersBackend takes tokenizer.json's padding token when
+            # tokenizer_config.json has no pad_token key (a class of its own passes its default)
+            pad = tok.padding["pad_token"]
+            tokens["pad_token"] = pad if tok.token_to_id(pad) is not None else None
         if klass in _SENTENCEPIECE_CLASSES:
             tok = _rebuild_sentencepiece(tok, klass, cfg, config_path, tokens["unk_token"])
         _register_special_tokens(tok, tokens, cfg, named_become_special=True)
@@ -1455,6 +1469,11 @@ class Tokenizer:
         (all-MiniLM-L6-v2, Zen 5, 2 threads) spent 51-89 ms tokenizing in 32 calls, against 25 ms
         for one call: 680 -> 692 sentences/s.
 
+        The backend (with :attr:`max_length` and :attr:`truncation_side`) and :attr:`pad_token_id`
+        are read once, when this method is called: a setter called while its batches are taken
+        (between two of them, or from another thread) applies from the next call, and every batch
+        of this one is tokenized and padded alike.
+
         Args:
             texts: a list of str.
             batch_size: texts per yielded batch (the last may hold fewer).
@@ -1473,23 +1492,22 @@ class Tokenizer:
         texts = self._check_texts(texts)
         batch_size = check_int(batch_size, "batch_size", 1)
         add_special_tokens = check_bool(add_special_tokens, "add_special_tokens")
-        return self._batches(texts, batch_size, add_special_tokens)
+        # the backend (so max_length and truncation_side) and the pad id, read once, when the call
+        # starts: a setter called while the batches are taken applies from the next call
+        return self._batches(texts, batch_size, add_special_tokens, self._unpadded_backend(), self.pad_token_id)
 
     TEXTS_PER_CALL = 1024  # texts per call of the tokenizers package in encode_batches
 
-    def _batches(self, texts, batch_size, add_special_tokens):
+    def _batches(self, texts, batch_size, add_special_tokens, backend, pad_id):
+        """encode_batches' batches: ``texts`` tokenized by ``backend`` (unpadded) ``TEXTS_PER_CALL``
+        at a time (rounded to whole batches), each batch padded on the right with ``pad_id``."""
         per_call = max(1, self.TEXTS_PER_CALL // batch_size) * batch_size
         for c0 in range(0, len(texts), per_call):
-            encs = self._unpadded_encodings(texts[c0:c0 + per_call], add_special_tokens)
+            encs = backend.encode_batch(texts[c0:c0 + per_call], add_special_tokens=add_special_tokens)
             for b0 in range(0, len(encs), batch_size):
                 start = c0 + b0
                 batch = encs[b0:b0 + batch_size]
-                yield self._pad(batch, "right", where=f"texts[{start}:{start + len(batch)}]")
-
-    def _unpadded_encodings(self, texts, add_special_tokens):
-        """The encodings of ``texts`` by the backend as it is now, without its padding (each batch
-        is padded to its own longest by :meth:`_pad`)."""
-        return self._unpadded_backend().encode_batch(texts, add_special_tokens=add_special_tokens)
+                yield self._pad(batch, "right", where=f"texts[{start}:{start + len(batch)}]", pad_id=pad_id)
 
     def _unpadded_backend(self):
         """The backend that :meth:`encode_batches` tokenizes with: the backend itself when it does
@@ -1610,7 +1628,9 @@ class Tokenizer:
         """The prompt for a conversation, rendered with this tokenizer's chat template (see
         :func:`transformer_core.chat_template.render_chat_template`; the named special tokens that
         are set, ``bos_token``, ``eos_token``, ``unk_token``, ``sep_token``, ``pad_token``,
-        ``cls_token`` and ``mask_token``, are passed to the template), as transformers'
+        ``cls_token`` and ``mask_token``, are passed to the template: ``pad_token`` only when the
+        tokenizer has one of its own, from its config or assigned, not the EOS that a causal-LM
+        tokenizer without one pads with, as transformers' ``special_tokens_map``), as transformers'
         ``apply_chat_template(..., tokenize=False)`` renders it.
 
         Args:
@@ -1679,6 +1699,8 @@ class Tokenizer:
                             f"truncation, tensors or dicts); expected none of {', '.join(_HF_CHAT_OPTIONS)}")
         template = self.get_chat_template(chat_template, kwargs.get("tools"))
         variables = {name: getattr(self, name) for name in _NAMED_SPECIAL_TOKENS}
+        if not getattr(self, "_pad_named", True):  # the padding fallback (EOS): transformers passes no pad_token
+            variables["pad_token"] = None
         variables = {k: v for k, v in variables.items() if v is not None}
         variables.update(kwargs)
         text = render_chat_template(template, messages, add_generation_prompt=add_generation_prompt,
@@ -2660,6 +2682,10 @@ def _tokenizer_class(model_dir: Path, tokenizer_config: dict, backend) -> str | 
         return None
     return name
 
+
+#: transformers' generic classes (their names less ``Fast``; None: no class, see :func:`_tokenizer_class`),
+#: which take a pad token that ``tokenizer_config.json`` does not name from ``tokenizer.json``'s ``padding``.
+_GENERIC_CLASSES = frozenset({None, "TokenizersBackend", "PreTrainedTokenizer"})
 
 #: Classes whose pipeline is SentencePiece's (Metaspace, byte fallback): transformers does not take
 #: them for a byte-level tokenizer.json.
