@@ -517,6 +517,30 @@ def test_embedding_backward_accumulates(rng, dtype):
     check(acc, start + B.embedding_backward(ids, gy, 9), dtype, "grad_weight +=")
 
 
+@pytest.mark.parametrize("ids_dtype", [np.float64, np.float32, np.float16])
+def test_embedding_backward_takes_whole_number_float_ids(rng, ids_dtype):
+    """Float ids of whole numbers were a TypeError here, while nn.Embedding.forward and the models
+    take them (as_ids): the same gradient as their int64 ids, and as torch's with int ids."""
+    V, H = 11, 5
+    ids = rng.integers(0, V, size=(3, 7))
+    gy = randn(rng, (3, 7, H), np.float64)
+    Wt = leaf(randn(rng, (V, H), np.float64))
+    TF.embedding(torch.from_numpy(ids), Wt, padding_idx=2).backward(to_torch(gy))
+    ours = B.embedding_backward(ids.astype(ids_dtype), gy, V, padding_idx=2)
+    assert np.array_equal(ours, B.embedding_backward(ids, gy, V, padding_idx=2))
+    check(ours, Wt.grad, np.float64, "grad_weight, float ids")
+    check(B.embedding_backward(np.zeros((0, 4), ids_dtype), np.zeros((0, 4, H)), V), np.zeros((V, H)), np.float64,
+          "no float ids")
+    fractional = ids.astype(ids_dtype)
+    fractional[1, 3] += ids_dtype(0.5)
+    with pytest.raises(TypeError, match=r"^ids: expected integer token ids, got dtype \w+ with non-integral values$"):
+        B.embedding_backward(fractional, gy, V)
+    with pytest.raises(TypeError, match=r"^ids: expected integer token ids, got dtype \w+ with non-finite values$"):
+        B.embedding_backward(np.where(ids == ids[0, 0], np.nan, ids).astype(ids_dtype), gy, V)
+    with pytest.raises(ValueError, match=r"^ids: expected values in \[0, 11\), got 11 at index \(0, 0\)$"):
+        B.embedding_backward(np.full((3, 7), 11.0, ids_dtype), gy, V)
+
+
 def test_embedding_backward_threads_bitwise(rng, threads):
     ids = rng.integers(0, 100, size=(4000,))
     gy = randn(rng, (4000, 256))
@@ -535,7 +559,7 @@ def test_embedding_backward_bad_input(rng):
     with pytest.raises(ValueError, match="ids"):
         B.embedding_backward(ids - 1, gy, 5)
     with pytest.raises(TypeError, match="ids"):
-        B.embedding_backward(ids.astype(np.float32), gy, 5)
+        B.embedding_backward(ids.astype(bool), gy, 5)
     with pytest.raises(ValueError, match="grad_output"):
         B.embedding_backward(ids, gy[:1], 5)
     with pytest.raises(ValueError, match="padding_idx"):

@@ -229,6 +229,21 @@ def test_decoder_bert_refused(small_inputs, tmp_path, field):
     with pytest.raises(ValueError, match=field):
         tc.BertConfig.from_dict({field: True})
     assert tc.BertConfig.from_dict({field: False}).hidden_size == 768
+    assert tc.BertConfig.from_dict({field: np.False_}).hidden_size == 768
+
+
+@pytest.mark.parametrize("value", [None, 0, 1, "no"])
+@pytest.mark.parametrize("field", ["is_decoder", "add_cross_attention"])
+def test_decoder_flags_that_are_not_bools_are_refused_naming_the_value(field, value):
+    """transformers' BertConfig refuses these values (a TypeError of its strict dataclass); the
+    message said "=1 is not supported" for 1, and None passed as "no"."""
+    from transformers import BertConfig
+
+    with pytest.raises(Exception, match=f"Field '{field}' expected"):
+        BertConfig(**{field: value})
+    with pytest.raises(TypeError, match=rf"^config\.json: {field}: expected false \(only a bidirectional encoder "
+                                        rf"without cross-attention is supported\), got {re.escape(tc._validation.described(value))}$"):
+        tc.BertConfig.from_dict({field: value})
 
 
 def test_from_pretrained_draws_no_random_weights(small_hf, small_inputs, monkeypatch):

@@ -389,6 +389,58 @@ def test_gpt2_lm_head_model_refuses_an_untied_config_built_by_hand():
     assert tc.GPT2LMHeadModel(tc.GPT2Config(**small, extra={"tie_word_embeddings": True})).config.n_embd == 16
 
 
+@pytest.mark.parametrize("value, error, got", [(False, ValueError, "bool False"), (None, TypeError, "NoneType None"),
+                                               (1, TypeError, "int 1"), ("yes", TypeError, "str 'yes'"),
+                                               (0.0, TypeError, "float 0.0")])
+def test_refused_scale_attn_weights_names_the_value_given(value, error, got):
+    """Every refused scale_attn_weights was reported as "scale_attn_weights=False", None, 1 and "yes"
+    included. The message names the value given and what is accepted; a value that is not a bool is
+    a TypeError (as tie_word_embeddings). True (also numpy's) is read."""
+    small = dict(vocab_size=VOCAB, n_positions=8, n_embd=16, n_layer=1, n_head=2)
+    with pytest.raises(error, match=r"^config\.json: scale_attn_weights: expected true \(only scaled attention is "
+                                    rf"supported\), got {re.escape(got)}$"):
+        tc.GPT2LMHeadModel({**small, "scale_attn_weights": value})
+    for ok in (True, np.True_):
+        assert tc.GPT2Config.from_dict({**small, "scale_attn_weights": ok}).extra["scale_attn_weights"] == ok
+
+
+@pytest.mark.parametrize("key, what", [("scale_attn_by_inverse_layer_idx", "scaling by the layer index"),
+                                       ("add_cross_attention", "cross-attention")])
+@pytest.mark.parametrize("value, error, got", [(True, ValueError, "bool True"), (np.True_, ValueError, "bool True"),
+                                               (None, TypeError, "NoneType None"), (1, TypeError, "int 1"),
+                                               (0, TypeError, "int 0"), ("no", TypeError, "str 'no'")])
+def test_refused_unsupported_gpt2_flags_name_the_value_given(key, what, value, error, got):
+    """scale_attn_by_inverse_layer_idx and add_cross_attention were reported as "=True" for any
+    truthy value (1, "no"), and None or 0 was read as false. As transformers' GPT2Config, a value
+    that is not a bool is refused (a TypeError naming it); True is not supported (a ValueError).
+    False (also numpy's) is read, and kept."""
+    small = dict(vocab_size=VOCAB, n_positions=8, n_embd=16, n_layer=1, n_head=2)
+    if not isinstance(value, (bool, np.bool_)):  # transformers refuses it too (huggingface_hub's StrictDataclassError)
+        with pytest.raises(Exception, match=f"TypeError: Field '{key}' expected bool"):
+            transformers.GPT2Config(**{key: value})
+    with pytest.raises(error, match=rf"^config\.json: {key}: expected false \({what} is not supported\), "
+                                    rf"got {re.escape(got)}$"):
+        tc.GPT2LMHeadModel({**small, key: value})
+    for ok in (False, np.False_):
+        config = tc.GPT2Config.from_dict({**small, key: ok})
+        assert config.extra[key] is ok and config.to_dict()[key] is False
+
+
+@pytest.mark.parametrize("value", [None, 1, "yes"])
+def test_refused_reorder_and_upcast_attn_names_the_value_given(value):
+    """reorder_and_upcast_attn took any value (None, 1, "yes"), which save_pretrained wrote back and
+    transformers' GPT2Config then refuses. It is a bool (numpy's too), else a TypeError naming it."""
+    small = dict(vocab_size=VOCAB, n_positions=8, n_embd=16, n_layer=1, n_head=2)
+    with pytest.raises(Exception, match="TypeError: Field 'reorder_and_upcast_attn' expected bool"):
+        transformers.GPT2Config(reorder_and_upcast_attn=value)
+    got = {None: "NoneType None", 1: "int 1", "yes": "str 'yes'"}[value]
+    with pytest.raises(TypeError, match=rf"^config\.json: reorder_and_upcast_attn: expected a bool, got "
+                                        rf"{re.escape(got)}$"):
+        tc.GPT2Config.from_dict({**small, "reorder_and_upcast_attn": value})
+    for ok in (True, False, np.True_):
+        assert tc.GPT2Config.from_dict({**small, "reorder_and_upcast_attn": ok}).to_dict()["reorder_and_upcast_attn"] == ok
+
+
 def _hf_gpt2_model_hidden(path, ids):
     hf = transformers.GPT2Model.from_pretrained(path).eval()
     with torch.no_grad():
@@ -1106,3 +1158,14 @@ def test_n_inner_0_is_saved_as_null_and_transformers_loads_it(tmp_path):
     with torch.no_grad():
         want = hf(torch.tensor(ids)).logits.numpy()
     assert_close(ours(ids).logits, want, atol_=LOGITS_ATOL)
+
+
+@pytest.mark.parametrize("key, value, error", [("scale_attn_weights", False, ValueError),
+                                               ("add_cross_attention", True, ValueError),
+                                               ("scale_attn_by_inverse_layer_idx", 1, TypeError)])
+def test_unsupported_options_in_a_config_built_here_are_refused(key, value, error):
+    """A GPT2Config built (or its extra edited) here kept these options and the model computed plain
+    scaled attention (logits 0.23 from transformers'); saved, this package refused the folder."""
+    config = tc.GPT2Config(n_embd=32, n_head=4, n_layer=1, vocab_size=50, n_positions=16, extra={key: value})
+    with pytest.raises(error, match=rf"^extra\['{key}'\]: expected (true|false) "):
+        tc.GPT2LMHeadModel(config)

@@ -23,6 +23,13 @@ def _torch_norm_params(module: torch.nn.Module, strip: str = "") -> set:
     return out
 
 
+def _torch_padding_rows(module: torch.nn.Module, strip: str = "") -> dict:
+    """``{weight name: padding_idx}`` of ``module``'s ``nn.Embedding`` submodules that have one: the
+    rows torch and Hugging Face start at zero (the oracle, from torch's module tree)."""
+    return {f"{prefix}.weight".removeprefix(strip): sub.padding_idx for prefix, sub in module.named_modules()
+            if isinstance(sub, torch.nn.Embedding) and sub.padding_idx is not None}
+
+
 def _fresh_pairs(dtype):
     """(our fresh module, torch's fresh counterpart or None, prefix of torch's names to strip)."""
     from transformers import BertConfig as HFBertConfig
@@ -61,12 +68,14 @@ def test_fresh_layers_init_conventions(dtype):
     """Every fresh module: the parameters of norms (by torch's module tree) are torch's fresh values
     (weight ones, bias zeros); every other 1-D parameter is zeros (a bias: not mistaken for a norm
     weight); every matrix is uniform(±1/sqrt(fan_in)) drawn from seed 0 in registration order, the
-    same values in float32 (rounded) and float64 as before matrices were drawn in chunks."""
+    same values in float32 (rounded) and float64 as before matrices were drawn in chunks, except the
+    padding row of an embedding (BERT's pad_token_id 0), which is zeros as in torch."""
     for ours, ref, strip in _fresh_pairs(dtype):
         what = type(ours).__name__
         state = ours.state_dict()
-        norms = set()
+        norms, padding = set(), {}
         if ref is not None:
+            padding = _torch_padding_rows(ref, strip)
             norms = _torch_norm_params(ref, strip)
             ref_state = {k.removeprefix(strip): v for k, v in ref.state_dict().items()}
             assert norms <= set(state), f"{what}: {norms - set(state)}"
@@ -82,6 +91,8 @@ def test_fresh_layers_init_conventions(dtype):
                 continue
             fan_in = slot.shape[0] if slot.transposed else slot.shape[-1]
             expected = draw.uniform(-1 / np.sqrt(fan_in), 1 / np.sqrt(fan_in), size=slot.shape).astype(dtype)
+            if name in padding:
+                expected[padding[name]] = 0
             if ours._children():  # each child drew its own from seed 0 (nn.Transformer's layers)
                 assert np.abs(state[name]).max() <= 1 / np.sqrt(fan_in) and np.std(state[name]) > 0, f"{what}.{name}"
             else:
@@ -103,3 +114,53 @@ def test_init_chunks_give_the_values_of_one_draw(monkeypatch):
                                                            n_head=2)), ref_gpt2)]:  # GPT-2: transposed weights
             for name, value in ours.state_dict().items():
                 np.testing.assert_array_equal(value, expected[name], err_msg=f"chunk {chunk}: {name}")
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+def test_fresh_models_zero_the_pad_token_id_row(dtype, tmp_path):
+    """A model built from a config starts the pad_token_id row of its token embedding at zeros, as
+    Hugging Face's fresh model (torch's padding_idx; Llama's -1 is the last row); it was random. The
+    other rows are not zero. GPT-2 has no padding row (HF's wte has no padding_idx): none is zeroed.
+    from_pretrained keeps the file's row as it is, not zeroed."""
+    from transformers import BertConfig as HFBertConfig
+    from transformers import BertModel as HFBertModel
+    from transformers import GPT2Config as HFGPT2Config
+    from transformers import GPT2Model as HFGPT2Model
+    from transformers import LlamaForCausalLM as HFLlamaForCausalLM
+
+    llama = dict(vocab_size=10, hidden_size=8, intermediate_size=12, num_hidden_layers=1, num_attention_heads=2,
+                 max_position_embeddings=16)
+    bert = dict(vocab_size=10, hidden_size=8, num_hidden_layers=1, num_attention_heads=2, intermediate_size=12,
+                max_position_embeddings=16)
+    gpt2 = dict(vocab_size=10, n_positions=16, n_embd=8, n_layer=1, n_head=2, pad_token_id=5)
+    cases = [(tc.LlamaForCausalLM({**llama, "pad_token_id": pad}, dtype=dtype),
+              HFLlamaForCausalLM(HFLlamaConfig(**llama, pad_token_id=pad)), "model.embed_tokens.weight", "")
+             for pad in (5, -1, None)]
+    cases += [(tc.LlamaModel({**llama, "pad_token_id": 5, "tie_word_embeddings": True}, dtype=dtype),
+               HFLlamaForCausalLM(HFLlamaConfig(**llama, pad_token_id=5, tie_word_embeddings=True)),
+               "embed_tokens.weight", "model.")]
+    cases += [(tc.BertModel({**bert, "pad_token_id": pad}, dtype=dtype), HFBertModel(HFBertConfig(**bert, pad_token_id=pad)),
+               "embeddings.word_embeddings.weight", "") for pad in (5, None)]
+    cases += [(tc.bert.BertEmbeddings({**bert, "pad_token_id": 5}, dtype=dtype),
+               HFBertModel(HFBertConfig(**bert, pad_token_id=5)), "word_embeddings.weight", "embeddings.")]
+    cases += [(tc.GPT2Model(gpt2, dtype=dtype), HFGPT2Model(HFGPT2Config(**gpt2)), "wte.weight", "")]
+    for ours, ref, name, strip in cases:
+        what = f"{type(ours).__name__} pad_token_id={ours.config.pad_token_id}"
+        table = ours.state_dict()[name]
+        ref_table = ref.state_dict()[strip + name].numpy()
+        zero = [r for r in range(len(table)) if not table[r].any()]
+        assert zero == [r for r in range(len(ref_table)) if not ref_table[r].any()], what
+        expected = _torch_padding_rows(ref, strip).get(name)
+        assert zero == ([] if expected is None else [expected]), what
+    assert _torch_padding_rows(cases[1][1]) == {"model.embed_tokens.weight": 9}  # -1: the last row
+    # from_pretrained: the file's row, not zeros
+    for hf, ours_cls, name in ((HFLlamaForCausalLM(HFLlamaConfig(**llama, pad_token_id=5)), tc.LlamaForCausalLM,
+                                "model.embed_tokens.weight"),
+                               (HFBertModel(HFBertConfig(**bert, pad_token_id=5)), tc.BertModel,
+                                "embeddings.word_embeddings.weight")):
+        with torch.no_grad():
+            hf.get_input_embeddings().weight[5] = torch.linspace(-1, 1, 8)
+        path = tmp_path / ours_cls.__name__
+        hf.save_pretrained(path, safe_serialization=True)
+        loaded = ours_cls.from_pretrained(path, dtype=dtype).state_dict()[name]
+        np.testing.assert_array_equal(loaded, hf.state_dict()[name].numpy().astype(dtype), err_msg=name)

@@ -835,7 +835,8 @@ def test_rotary_tables_beyond_memory_are_refused_when_a_position_needs_them():
 # ------------------------------------------------------- configs with -1 token ids, quantize_activations
 def test_negative_token_ids_in_config_json_mean_none_as_hf(llama_gqa, tmp_path):
     """transformers 4.27/4.28's Llama conversion wrote ``"pad_token_id": -1`` (and public configs
-    list ``eos_token_id: [eos, -1]``): transformers loads them, and so do we, reading -1 as "none".
+    list ``eos_token_id: [eos, -1]``): transformers loads them, and so do we, reading an end or start id
+    of -1 as "none" (a ``pad_token_id`` of -1 is kept: it is an embedding row, see the next test).
     Logits and greedy tokens are HF's; a real end id beside the -1 still stops a row where HF's does."""
     hf, path, m = llama_gqa
     x = _ids(11, (2, 6))
@@ -849,7 +850,7 @@ def test_negative_token_ids_in_config_json_mean_none_as_hf(llama_gqa, tmp_path):
         (d / "generation_config.json").unlink(missing_ok=True)  # config.json's ids are the ones read
         hf2 = transformers.LlamaForCausalLM.from_pretrained(d).eval()
         ours = tc.LlamaForCausalLM.from_pretrained(d)
-        assert ours.config.pad_token_id is None
+        assert ours.config.pad_token_id == fields.get("pad_token_id")
         assert ours.config.eos_token_id == ([stop] if "eos_token_id" in fields else None)
         assert ours.config.bos_token_id is None
         with torch.no_grad():
@@ -861,10 +862,11 @@ def test_negative_token_ids_in_config_json_mean_none_as_hf(llama_gqa, tmp_path):
         np.testing.assert_array_equal(got, ref, err_msg=str(fields))
         if "eos_token_id" in fields:  # row 0 stopped at the real end id, then the pad
             assert got[0, 6 + 3] == stop and (got[0, 6 + 4:] == 0).all()
-    # the config's own reading: a negative id is none, a list keeps its ids >= 0; wrong types still refused
+    # the config's own reading: a negative end/start id is none, a list keeps its ids >= 0; wrong types
+    # still refused
     cfg = tc.LlamaConfig.from_dict({**m.config.to_dict(), "pad_token_id": -1, "eos_token_id": [2, -1, 5],
                                     "bos_token_id": -7})
-    assert (cfg.pad_token_id, cfg.eos_token_id, cfg.bos_token_id) == (None, [2, 5], None)
+    assert (cfg.pad_token_id, cfg.eos_token_id, cfg.bos_token_id) == (-1, [2, 5], None)
     assert tc.LlamaConfig.from_dict({**m.config.to_dict(), "eos_token_id": [-1]}).eos_token_id is None
     for key, value, match in (("pad_token_id", "x", r"^pad_token_id: expected an int, got str"),
                               ("pad_token_id", 1.0, r"^pad_token_id: expected an int, got float"),
@@ -876,6 +878,43 @@ def test_negative_token_ids_in_config_json_mean_none_as_hf(llama_gqa, tmp_path):
                       ({"eos_token_id": [stop, -1]}, r"^eos_token_id\[1\]: expected an int in \[0, ")):
         with pytest.raises(ValueError, match=match):
             m.generate(x, 3, **kw)
+
+
+@pytest.mark.parametrize("pad", [-1, 5, -VOCAB])
+def test_pad_token_id_is_torchs_padding_idx(pad, tmp_path):
+    """HF builds ``nn.Embedding(padding_idx=pad_token_id)``: row ``pad % vocab_size`` gets no gradient
+    (-1: the last row, a real token). The embedding gradient is HF's (row V-1 got one for -1: the
+    config read -1 as "no padding row"); the config keeps the id given and saves it back, so
+    transformers reloads the same config. An id outside [-V, V), which torch refuses, is a ValueError
+    naming pad_token_id (it was dropped silently)."""
+    cfg = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+                                   num_attention_heads=4, max_position_embeddings=32, bos_token_id=None,
+                                   eos_token_id=None, pad_token_id=pad, attn_implementation="eager")
+    torch.manual_seed(0)
+    hf = transformers.LlamaForCausalLM(cfg)
+    hf.save_pretrained(tmp_path / "hf", safe_serialization=True)
+    row = pad % VOCAB
+    ids = np.array([[3, row, 5, 9, row, 7], [row, 1, 2, row, 4, 6]])
+    hf.train()
+    hf(torch.from_numpy(ids), labels=torch.from_numpy(ids)).loss.backward()
+    ref = hf.model.embed_tokens.weight.grad.numpy()
+    assert hf.model.embed_tokens.padding_idx == row and not ref[row].any() and ref[3].any()
+    ours = tc.LlamaForCausalLM.from_pretrained(tmp_path / "hf")
+    assert ours.config.pad_token_id == pad
+    ours.train()
+    ours.loss(ids, ids)
+    ours.backward()
+    assert_close(ours.gradients()["model.embed_tokens.weight"], ref, atol_=1e-5, rtol_=1e-4, what="embedding grad")
+    ours.save_pretrained(tmp_path / "ours")
+    assert json.loads((tmp_path / "ours" / "config.json").read_text())["pad_token_id"] == pad
+    assert transformers.LlamaConfig.from_pretrained(tmp_path / "ours").pad_token_id == pad
+    small = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=1, num_attention_heads=4)
+    for bad in (VOCAB, VOCAB + 3, -VOCAB - 1):
+        with pytest.raises(ValueError, match=rf"^pad_token_id: expected an int in \[-{VOCAB}, {VOCAB - 1}\], "
+                                             rf"got {bad}$"):
+            tc.LlamaForCausalLM({**small, "pad_token_id": bad})
+    with pytest.raises(TypeError, match=r"^pad_token_id: expected an int, got list"):
+        tc.LlamaConfig(**small, pad_token_id=[0]).check()
 
 
 def test_quantize_activations_without_gguf_blocks_is_refused(llama_gqa):

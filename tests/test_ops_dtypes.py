@@ -385,3 +385,48 @@ def test_bfloat16_expanded_view_values():
     check64(F.linear(t, w), TF.linear(t.double(), w), "linear(bfloat16 expanded x, float64 weight)")
     inner = torch.tensor([1.0, -3.0, 0.125, 7.0], dtype=torch.bfloat16)[None, :, None].expand(2, 4, 3)
     np.testing.assert_allclose(F.softmax(inner, dim=1), torch.softmax(inner.float(), 1).numpy(), rtol=1e-6, atol=0)
+
+
+# --------------------------------------------------------------------------------------------------
+# 7. dtype=None: torch's default dtype (float32), as torch's dtype=None
+# --------------------------------------------------------------------------------------------------
+
+def test_dtype_none_is_torchs_default_float32(rng):
+    """dtype=None was a TypeError in every ``dtype=`` argument; torch reads it as its default dtype."""
+    import transformer_core as tc
+    from transformer_core import masks, positional
+    from transformer_core._validation import resolve_dtype
+
+    assert torch.get_default_dtype() == torch.float32 and resolve_dtype(None) is np.float32
+    x = rng.standard_normal((2, 2)).astype(np.float32)
+    for ours, ref in ((nn.Linear(2, 3, dtype=None), torch.nn.Linear(2, 3, dtype=None)),
+                      (nn.Embedding(5, 3, None), torch.nn.Embedding(5, 3, None)),
+                      (nn.LayerNorm(2, dtype=None), torch.nn.LayerNorm(2, dtype=None))):
+        assert ours.dtype == np.float32 and ours.weight.dtype == np.float32 == ref.weight.detach().numpy().dtype
+        ours.load_state_dict({k: v.detach().numpy() for k, v in ref.state_dict().items()})
+        arg = np.array([[1, 4, 0]]) if isinstance(ours, nn.Embedding) else x
+        out, want = ours(arg), ref(torch.from_numpy(arg)).detach().numpy()
+        assert out.dtype == want.dtype == np.float32
+        np.testing.assert_allclose(out, want, rtol=1e-6, atol=1e-6, err_msg=type(ours).__name__)
+    mask = nn.Transformer.generate_square_subsequent_mask(3, dtype=None)
+    want = torch.nn.Transformer.generate_square_subsequent_mask(3, dtype=None).numpy()
+    assert mask.dtype == want.dtype == np.float32
+    np.testing.assert_array_equal(mask, want)
+    np.testing.assert_array_equal(masks.to_additive(np.tril(np.ones((3, 3), bool)), dtype=None), want)
+    np.testing.assert_array_equal(positional.sinusoidal_positional_encoding(6, 4, dtype=None),
+                                  positional.sinusoidal_positional_encoding(6, 4, dtype=np.float32))
+    cos, sin = positional.rotary_cos_sin(5, 4, dtype=None)
+    assert cos.dtype == sin.dtype == np.float32
+
+    # a float32 layer takes a cache and tables made with dtype=None (another dtype is refused), and
+    # gives the float32 ones' output
+    cache, rotary = tc.KVCache(1, 1, 2, 4, dtype=None), positional.RotaryEmbedding(4, 16, dtype=None)
+    assert cache.dtype == rotary.dtype == np.float32
+    mha = nn.MultiheadAttention(8, 2, dtype=None)
+    assert mha.dtype == np.float32
+    q = rng.standard_normal((1, 3, 8)).astype(np.float32)
+    out, _ = mha(q, past_key_values=cache, rotary=rotary, need_weights=False)
+    want, _ = mha(q, past_key_values=tc.KVCache(1, 1, 2, 4, dtype=np.float32),
+                  rotary=positional.RotaryEmbedding(4, 16, dtype=np.float32), need_weights=False)
+    assert out.dtype == np.float32
+    np.testing.assert_array_equal(out, want)

@@ -756,11 +756,12 @@ def reduction(value, name: str = "reduction") -> str:
 
 def resolve_dtype(dtype) -> type:
     """``np.float32`` or ``np.float64`` from a dtype-like; TypeError otherwise (a big-endian
-    ``'>f8'`` is float64: the layer stores native float64). None is a TypeError too: numpy reads
-    ``np.dtype(None)`` as float64, a silent default no caller documents (a function whose None
-    means something, as ``LlamaForCausalLM.from_pretrained``'s, handles it before calling this)."""
+    ``'>f8'`` is float64: the layer stores native float64). None is ``np.float32``, torch's default
+    dtype, as torch's ``dtype=None`` (not numpy's ``np.dtype(None)``, float64); a function whose
+    None means something else, as ``LlamaForCausalLM.from_pretrained``'s, handles it before
+    calling this."""
     if dtype is None:
-        raise TypeError("dtype: expected float32 or float64, got None")
+        return np.float32
     try:
         dt = np.dtype(dtype)
     except (TypeError, ValueError):  # a torch tensor: ValueError "Could not convert"

@@ -399,7 +399,9 @@ def embedding_backward(ids, grad_output, num_embeddings: int, padding_idx: int |
     order. Rows with ``ids == padding_idx`` add nothing (torch's ``padding_idx``).
 
     Args:
-        ids: integer array of any shape, values in ``[0, num_embeddings)``.
+        ids: integer array of any shape, values in ``[0, num_embeddings)``; a float array of whole
+            numbers is taken too, as by ``nn.Embedding.forward`` and the models' ``input_ids``
+            (the rule of ``_validation.as_ids``).
         grad_output: ``ids.shape + (embedding_dim,)`` float array.
         num_embeddings: V, the vocabulary size (rows of the weight).
         padding_idx: None, or an index in ``[-V, V)`` (negative counts from the end, as torch).
@@ -418,12 +420,13 @@ def embedding_backward(ids, grad_output, num_embeddings: int, padding_idx: int |
             sharing memory with ``ids`` or ``grad_output`` too); a
             ``num_embeddings`` too large for even an empty ``(V, 0)`` numpy array, or a new gradient
             larger than this machine's memory.
-        TypeError: non-integer ids, non-numeric ``grad_output``, non-int ``num_embeddings``.
+        TypeError: ids neither integers nor whole-number floats (bool, complex, non-integral or
+            non-finite floats), non-numeric ``grad_output``, non-int ``num_embeddings``.
     """
     V = check_int(num_embeddings, "num_embeddings", 1)
     pad = -1 if padding_idx is None else check_int(padding_idx, "padding_idx", -V, V - 1) % V
     t = to_numpy(ids, "ids")
-    if t.dtype.kind not in "iu":
+    if t.dtype.kind not in "iuf":  # as_ids's dtypes; a float's values are checked by as_ids below
         raise TypeError(f"ids: expected integer token ids, got dtype {t.dtype}")
     g = to_numpy(grad_output, "grad_output")
     dtype = compute_dtype(g, "grad_output")

@@ -22,6 +22,7 @@ from ._validation import (
     check_config_fields,
     check_int,
     check_mapping,
+    described,
     hf_config_fields,
     ids_shape,
     physical_memory_bytes,
@@ -74,10 +75,12 @@ class BertConfig:
         """Reads the known fields of a ``config.json`` dict; unknown fields are ignored.
 
         Raises:
-            TypeError: ``d`` not a mapping; a field of the wrong type (named).
+            TypeError: ``d`` not a mapping; a field of the wrong type (named); an ``is_decoder`` or
+                ``add_cross_attention`` that is not a bool (numpy's accepted; None, 0 and 1 refused,
+                as transformers' ``BertConfig`` refuses them).
             ValueError: a ``model_type`` other than "bert" (absent is read as BERT; RoBERTa and its
                 kin have the same weight names but other positions); ``is_decoder`` or
-                ``add_cross_attention`` set (a causal or cross-attending BERT, which this encoder
+                ``add_cross_attention`` true (a causal or cross-attending BERT, which this encoder
                 does not compute); an unsupported ``hidden_act`` or ``position_embedding_type``; a
                 size, ``layer_norm_eps`` or dropout probability out of range (named).
         """
@@ -86,9 +89,11 @@ class BertConfig:
         if model_type != "bert":
             raise ValueError(f"config.json: model_type {model_type!r} is not supported here (expected 'bert')")
         for key in ("is_decoder", "add_cross_attention"):
-            if d.get(key, False):
-                raise ValueError(f"config.json: {key}={d[key]!r} is not supported: only a bidirectional encoder "
-                                 "without cross-attention")
+            value = d.get(key, False)
+            if not isinstance(value, (bool, np.bool_)) or value:  # a bool, and false: as transformers checks it
+                error = ValueError if isinstance(value, (bool, np.bool_)) else TypeError
+                raise error(f"config.json: {key}: expected false (only a bidirectional encoder without "
+                            f"cross-attention is supported), got {described(value)}")
         activation(d.get("hidden_act", "gelu"), "hidden_act")  # one table of names, in C++
         pe = d.get("position_embedding_type", "absolute")
         if pe != "absolute":
@@ -249,6 +254,12 @@ class BertModel(Module):
         self.config = config if isinstance(config, BertConfig) else BertConfig.from_dict(config)
         self._impl = getattr(_core, "BertModel" + sfx)(self.config._to_core())
         self._init_weights()
+
+    def _padding_rows(self) -> dict[str, int]:
+        """The :class:`~transformer_core.module.Module` hook: the ``pad_token_id`` row of the word
+        embeddings starts at zero, as in Hugging Face's ``_init_weights``."""
+        pad = self.config.pad_token_id
+        return {} if pad is None else {"embeddings.word_embeddings.weight": int(pad)}
 
     def _rename_state_dict(self, state: dict) -> dict:
         # Drop classification heads of BertFor* checkpoints (cls.*) only when loading from a file.
@@ -525,6 +536,12 @@ class BertEmbeddings(Module):
         self._init_weights()
         if weights is not None:
             self.load_state_dict(weights)
+
+    def _padding_rows(self) -> dict[str, int]:
+        """The :class:`~transformer_core.module.Module` hook: the ``pad_token_id`` row of the word
+        embeddings starts at zero, as in Hugging Face's ``_init_weights``."""
+        pad = self.config.pad_token_id
+        return {} if pad is None else {"word_embeddings.weight": int(pad)}
 
     def _rename_state_dict(self, state: dict) -> dict:
         return _rename_hf(state, self.parameter_shapes(), drop_prefix="embeddings.")

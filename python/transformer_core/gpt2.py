@@ -19,6 +19,7 @@ from ._validation import (
     check_eps,
     check_mapping,
     config_token_ids,
+    described,
     hf_config_fields,
 )
 from .checkpoints import json_value
@@ -53,6 +54,27 @@ _NOT_KEPT = frozenset({"model_type", "architectures", "n_ctx", "transformers_ver
 #: transformers' ``GPT2Config.attribute_map``: the generic names a config.json may use for GPT-2's fields.
 _HF_ALIASES = {"hidden_size": "n_embd", "num_attention_heads": "n_head", "num_hidden_layers": "n_layer",
                "max_position_embeddings": "n_positions"}
+
+
+def _refuse_unsupported_options(options, name) -> None:
+    """TypeError / ValueError, naming ``name(key)`` and the value given, for the options of
+    transformers' ``GPT2Config`` this model does not compute (``scale_attn_weights`` false,
+    ``scale_attn_by_inverse_layer_idx`` or ``add_cross_attention`` true) or that are not bools
+    (numpy's accepted; None, 0 and 1 refused, as transformers refuses them), in the mapping
+    ``options`` (a config.json dict, or ``GPT2Config.extra``)."""
+    scale = options.get("scale_attn_weights", True)
+    if not isinstance(scale, (bool, np.bool_)) or not scale:  # only scaled attention is computed
+        error = ValueError if isinstance(scale, (bool, np.bool_)) else TypeError
+        raise error(f"{name('scale_attn_weights')}: expected true (only scaled attention is supported), "
+                    f"got {described(scale)}")
+    for key, what in (("scale_attn_by_inverse_layer_idx", "scaling by the layer index"),
+                      ("add_cross_attention", "cross-attention")):
+        value = options.get(key, False)
+        if not isinstance(value, (bool, np.bool_)) or value:  # a bool, and false: as transformers checks it
+            error = ValueError if isinstance(value, (bool, np.bool_)) else TypeError
+            raise error(f"{name(key)}: expected false ({what} is not supported), got {described(value)}")
+    if "reorder_and_upcast_attn" in options:
+        check_bool(options["reorder_and_upcast_attn"], name("reorder_and_upcast_attn"))
 
 
 @dataclass
@@ -99,10 +121,14 @@ class GPT2Config:
             only one of Hugging Face's ``GPT2Config``; a config without one is read as GPT-2's),
             whose fields would otherwise be dropped for GPT-2's defaults; options this
             implementation does not support (``scale_attn_weights=False``,
-            ``scale_attn_by_inverse_layer_idx``, ``add_cross_attention``, an activation outside the
-            library's table); a field given under both names of Hugging Face's ``attribute_map``
-            (``num_attention_heads`` and ``n_head``, ...) with two values. TypeError: a
-            ``tie_word_embeddings`` that is not a bool.
+            ``scale_attn_by_inverse_layer_idx=True``, ``add_cross_attention=True``, an activation
+            outside the library's table); a field given under both names of Hugging Face's
+            ``attribute_map`` (``num_attention_heads`` and ``n_head``, ...) with two values.
+            TypeError: a ``tie_word_embeddings``, ``scale_attn_weights``,
+            ``scale_attn_by_inverse_layer_idx``, ``add_cross_attention`` or
+            ``reorder_and_upcast_attn`` that is not a bool (numpy's accepted; None, 0 and 1
+            refused, as transformers' ``GPT2Config`` refuses them). Each message names the value
+            given.
 
         ``tie_word_embeddings`` is kept in ``extra``: False (an untied ``lm_head.weight``) is read
         here, for :class:`GPT2Model`, which drops that head as transformers' ``GPT2Model`` does;
@@ -126,11 +152,7 @@ class GPT2Config:
         model_type = d.get("model_type", "gpt2")
         if model_type != "gpt2":
             raise ValueError(f"config.json: model_type {model_type!r} is not supported here (expected 'gpt2')")
-        if d.get("scale_attn_weights", True) is not True:
-            raise ValueError("config.json: scale_attn_weights=False is not supported")
-        for key in ("scale_attn_by_inverse_layer_idx", "add_cross_attention"):
-            if d.get(key, False):
-                raise ValueError(f"config.json: {key}=True is not supported")
+        _refuse_unsupported_options(d, lambda key: f"config.json: {key}")
         fields = {k: d[k] for k in cls.__dataclass_fields__ if k in d and k != "extra"}
         extra = {k: copy.deepcopy(v) for k, v in d.items() if k not in cls.__dataclass_fields__ and k not in _NOT_KEPT}
         config = cls(**fields, extra=extra)
@@ -156,7 +178,8 @@ class GPT2Config:
         list of ids (``bos_token_id`` and ``pad_token_id`` too; a negative id is read as none, as
         Hugging Face reads it, and dropped from a list), ``resid_pdrop``, ``embd_pdrop`` and
         ``attn_pdrop`` probabilities in [0, 1), ``extra`` a dict (its ``tie_word_embeddings``, when
-        there, a bool). Sizes too large for this machine are the C++ model's to refuse.
+        there, a bool; the options :meth:`from_dict` refuses are refused there too, naming
+        ``extra['key']``). Sizes too large for this machine are the C++ model's to refuse.
 
         Raises:
             TypeError / ValueError: naming the field.
@@ -171,6 +194,8 @@ class GPT2Config:
         check_mapping(self.extra, "extra")
         if "tie_word_embeddings" in self.extra:
             check_bool(self.extra["tie_word_embeddings"], "tie_word_embeddings")
+        # kept in extra (not fields): a config built or edited here is refused as config.json's is
+        _refuse_unsupported_options(self.extra, lambda key: f"extra[{key!r}]")
         generic = sorted(set(_HF_ALIASES) & set(self.extra))
         if generic:  # saved beside the field, transformers would read it instead (its attribute_map)
             raise ValueError(f"extra: {generic[0]!r} is transformers' name of {_HF_ALIASES[generic[0]]!r} (its "

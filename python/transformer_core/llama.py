@@ -18,6 +18,7 @@ from ._validation import (
     check_bool,
     check_config_fields,
     check_eps,
+    check_int,
     check_mapping,
     config_token_ids,
     hf_config_fields,
@@ -137,12 +138,18 @@ class LlamaConfig:
         of ids, ``attention_dropout`` a probability in [0, 1). Sizes too large for this machine are
         the C++ model's to refuse. ``extra`` is a dict.
 
-        A negative token id means none, as in Hugging Face (``"pad_token_id": -1`` of the
-        configs ``transformers`` 4.27/4.28 converted): the field is set to None, and a list's
-        negative ids are dropped (``_validation.config_token_ids``).
+        A negative ``bos_token_id`` / ``eos_token_id`` means none, as in Hugging Face: the field is
+        set to None, and a list's negative ids are dropped (``_validation.config_token_ids``).
+        ``pad_token_id`` is None or an int in ``[-vocab_size, vocab_size)``, kept as given (so
+        :meth:`to_dict` writes it back): the token embedding's row that gets no gradient and starts
+        at zero, as torch's ``padding_idx`` (Hugging Face builds ``nn.Embedding(vocab_size,
+        hidden_size, padding_idx=pad_token_id)``). A negative id counts from the end: the
+        ``"pad_token_id": -1`` of the configs ``transformers`` 4.27/4.28 converted is row
+        ``vocab_size - 1``, a real token (``generate`` reads it as no pad id).
 
         Raises:
-            TypeError / ValueError: naming the field.
+            TypeError / ValueError: naming the field (``pad_token_id``: not an int; outside
+                ``[-vocab_size, vocab_size)``, which torch refuses too).
         """
         check_config_fields(self, ints=("vocab_size", "hidden_size", "intermediate_size", "num_attention_heads",
                                         "max_position_embeddings"),
@@ -150,8 +157,10 @@ class LlamaConfig:
                             eps=("rms_norm_eps",), floats_positive=("rope_theta",),
                             bools=("attention_bias", "mlp_bias", "tie_word_embeddings"))
         activation(self.hidden_act, "hidden_act")
-        for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        for name in ("bos_token_id", "eos_token_id"):
             setattr(self, name, config_token_ids(getattr(self, name), name))
+        if self.pad_token_id is not None:  # torch's padding_idx: -1 is row vocab_size - 1
+            self.pad_token_id = check_int(self.pad_token_id, "pad_token_id", -self.vocab_size, self.vocab_size - 1)
         check_dropout(self.attention_dropout, "attention_dropout")
         check_mapping(self.extra, "extra")
         return self
@@ -184,6 +193,11 @@ class LlamaConfig:
         """``num_key_value_heads``, or ``num_attention_heads`` when unset (no GQA)."""
         return self.num_key_value_heads or self.num_attention_heads
 
+    def _padding_row(self) -> int | None:
+        """The token embedding's row of ``pad_token_id`` (``pad_token_id % vocab_size``, as torch
+        reads ``padding_idx``), or None; after :meth:`check`."""
+        return None if self.pad_token_id is None else self.pad_token_id % self.vocab_size
+
     def _to_core(self):
         self.check()
         c = _core.LlamaConfig()
@@ -196,8 +210,8 @@ class LlamaConfig:
         c.rope_theta = float(self.rope_theta)
         c.attention_bias, c.mlp_bias = bool(self.attention_bias), bool(self.mlp_bias)
         c.tie_word_embeddings = bool(self.tie_word_embeddings)
-        pad = self.pad_token_id
-        c.pad_token_id = pad if isinstance(pad, int) and 0 <= pad < self.vocab_size else -1
+        row = self._padding_row()
+        c.pad_token_id = -1 if row is None else row
         c.hidden_act = activation(self.hidden_act, "hidden_act")
         return c
 
@@ -248,6 +262,12 @@ class LlamaModel(DecoderModel):
         c = self.config._to_core()
         c.rope_layout = self.rope_layout
         return c
+
+    def _padding_rows(self) -> dict[str, int]:
+        """The :class:`~transformer_core.module.Module` hook: the ``pad_token_id`` row of
+        ``embed_tokens`` starts at zero, as in Hugging Face's ``_init_weights``."""
+        row = self.config._padding_row()
+        return {} if row is None else {"embed_tokens.weight": row}
 
     # ---- q/k rows: the model's order <-> Hugging Face's (see rope_layout) ------------------------
     def _qk_heads(self, name: str) -> int | None:

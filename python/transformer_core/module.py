@@ -2163,19 +2163,33 @@ class Module:
         not: a standalone ``RMSNorm``'s weight is just ``"weight"``). Skipped inside
         :func:`skip_weight_init` (the weights stay as the C++ core left them).
 
+        The padding row of a token embedding (:meth:`_padding_rows`: a model's ``pad_token_id``)
+        is then set to zeros, as torch's ``nn.Embedding(padding_idx=)`` and Hugging Face's
+        ``_init_weights`` leave it.
+
         The values are drawn in float64 chunks of at most ``_INIT_CHUNK`` elements and written
         into the C++ buffers in place: a size that passed the C++ allocation check (its own bytes
         per element) never needs a float64 copy of a whole matrix on top of it."""
         if getattr(_SKIP_INIT, "on", False):
             return
         rng = np.random.default_rng(seed)
+        padding = self._padding_rows()
         for slot in self._slots().values():
             if len(slot.shape) < 2:
                 continue
             fan_in = slot.shape[0] if slot.transposed else slot.shape[-1]
             bound = 1.0 / np.sqrt(fan_in)
-            _fill_in_chunks(_checkpoint_view(slot), lambda size: rng.uniform(-bound, bound, size=size),
-                            slot.row_permutation)
+            view = _checkpoint_view(slot)
+            _fill_in_chunks(view, lambda size: rng.uniform(-bound, bound, size=size), slot.row_permutation)
+            row = padding.get(slot.core_name) if slot.impl is self._impl else None
+            if row is not None:
+                view[row if slot.row_permutation is None else int(slot.row_permutation[row])] = 0.0
+
+    def _padding_rows(self) -> dict[str, int]:
+        """``{C++ name of a token embedding of this module's own: row}``: the rows that
+        :meth:`_init_weights` sets to zeros (torch's ``padding_idx``, an index in ``[0, rows)``).
+        Empty here; a model with a ``pad_token_id`` names its embedding's row."""
+        return {}
 
 
 #: Attributes of a module that a copy does not take from it: the rebuilt module has its own. The C++
