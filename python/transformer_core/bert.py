@@ -365,7 +365,8 @@ class BertModel(Module):
                 mode) than the feed-forward's hidden activations, ``rows × intermediate_size``
                 values, can hold in this machine's memory, or an output ``(N, L, hidden_size)`` that
                 with the inputs' int64 / bool copies would not fit (naming ``input_ids``, before any
-                copy or work). TypeError: non-integer ids.
+                copy or work). TypeError: ids neither integers nor whole-number floats (bool,
+                complex, non-integral or non-finite floats; a float array of whole numbers is taken).
         """
         ids, mask, tt = self._check_inputs(input_ids, attention_mask, token_type_ids, packed=not self.training,
                                            pool=self.config.add_pooling_layer)
@@ -561,7 +562,8 @@ class BertEmbeddings(Module):
 
         Raises:
             ValueError: ids outside their tables, L > max_position_embeddings, shapes that disagree.
-            TypeError: non-integer ids.
+            TypeError: ids neither integers nor whole-number floats (bool, complex, non-integral or
+                non-finite floats; a float array of whole numbers is taken).
         """
         N, L = ids_shape(input_ids, "input_ids")
         c = self.config

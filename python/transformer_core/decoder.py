@@ -369,7 +369,8 @@ class DecoderModel(Module):
                 allocated); positions whose rotary cos and sin tables would exceed this machine's
                 memory (naming ``position_ids``, or ``input_ids`` for the positions derived from
                 it). TypeError:
-                non-integer ids; a ``past_key_values`` cache of another dtype than the model's.
+                ids neither integers nor whole-number floats (a float array of whole numbers is
+                taken); a ``past_key_values`` cache of another dtype than the model's.
                 Every check runs before a cache is made or the caller's grows: a refused call
                 leaves ``past_key_values``' length and capacity as they were. ValueError too
                 when a call in another thread holds ``past_key_values`` (one cache, one sequence
@@ -492,7 +493,8 @@ class CausalLM(DecoderModel, GenerationMixin):
             NonFiniteLossError: the loss is NaN or inf; nothing is kept and no gradient was touched.
             ValueError: labels of the wrong shape or out of range, ids out of range, too long an
                 input, masks or positions that do not fit, ``ignore_index`` outside the int64 range.
-                TypeError: non-integer ids, labels or ``ignore_index``.
+                TypeError: ids or labels neither integers nor whole-number floats (a float array
+                of whole numbers is taken), a non-int ``ignore_index``.
         """
         from .module import NonFiniteLossError
 

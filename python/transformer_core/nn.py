@@ -895,10 +895,12 @@ class Embedding(Module):
             weight[padding_idx] = 0.0
 
     def forward(self, input_ids) -> np.ndarray:
-        """``input_ids (...)`` integer ids in ``[0, num_embeddings)`` -> ``(..., embedding_dim)``.
+        """``input_ids (...)`` integer ids in ``[0, num_embeddings)`` -> ``(..., embedding_dim)``; a
+        float array of whole numbers is taken too (``_validation.as_ids``).
 
         Raises:
-            TypeError: non-integer ids. ValueError: an id out of range (named with its flat index),
+            TypeError: ids neither integers nor whole-number floats (bool, complex, non-integral or
+            non-finite floats). ValueError: an id out of range (named with its flat index),
             empty input, or ids whose output or conversion to int64 needs more than this machine's
             memory (e.g. a broadcast view of a huge shape; checked before any copy).
         """
