@@ -187,8 +187,9 @@ def choice_bad_values(choices) -> list[tuple[str, Any]]:
 
 
 DTYPE_BAD = [("int32", np.int32), ("float16", np.float16), ("complex", np.complex64), ("str", "bogus"),
-             ("bool", bool), ("None", None), ("object", object)]
-DTYPE_GOOD = [("str64", "float64"), ("big_endian", np.dtype(">f8")), ("np32", np.dtype(np.float32))]
+             ("bool", bool), ("object", object)]
+# None: float32, torch's default dtype (refs.as_dtype)
+DTYPE_GOOD = [("str64", "float64"), ("big_endian", np.dtype(">f8")), ("np32", np.dtype(np.float32)), ("None", None)]
 
 
 def ids_bad_values(a: np.ndarray, high: int) -> list[tuple[str, Any]]:

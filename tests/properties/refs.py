@@ -143,6 +143,12 @@ def read_choice(v, name, choices) -> str:
     return v
 
 
+def as_dtype(v) -> np.dtype:
+    """``np.dtype(v)`` of a ``dtype`` argument, None being float32: torch's default dtype, as the
+    library reads ``dtype=None`` (numpy's ``np.dtype(None)`` is float64)."""
+    return np.dtype(np.float32) if v is None else np.dtype(v)
+
+
 def lib_dtype(v):
     """The dtype the library computes in for an input: float64 for float64 data (any byte order,
     Python floats included) and wider floats (longdouble), else float32."""

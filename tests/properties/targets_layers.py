@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from .harness import Arg, NoReference, Target
 from .refs import (
     DTYPES,
+    as_dtype,
     attention,
     dims,
     layer_norm,
@@ -43,14 +44,14 @@ def target(**kw):
 
 def layer_dtype(kw):
     try:
-        return np.float64 if np.dtype(kw["dtype"]).itemsize == 8 else np.float32
+        return np.float64 if as_dtype(kw["dtype"]).itemsize == 8 else np.float32
     except TypeError:
         return None
 
 
 def read_dtype(v):
     try:
-        dt = np.dtype(v)
+        dt = as_dtype(v)
     except TypeError:
         raise NoReference("dtype") from None
     if dt.kind != "f" or dt.itemsize not in (4, 8):

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from .harness import Arg, NoReference, Target, assert_close
 from .refs import (
     DTYPES,
+    as_dtype,
     attention,
     common_dtype,
     dims,
@@ -434,7 +435,7 @@ def _ref_sinusoidal(kw):
 
 def _dtype_of(kw):
     try:
-        return np.dtype(kw["dtype"]).type if np.dtype(kw["dtype"]).itemsize == 4 else np.float64
+        return as_dtype(kw["dtype"]).type if as_dtype(kw["dtype"]).itemsize == 4 else np.float64
     except TypeError:
         return None
 
@@ -862,7 +863,7 @@ def _ref_emb_bw(kw):
 target(name="backward.embedding_backward", draw=_draw_emb_bw,
        call=lambda kw: B.embedding_backward(kw["ids"], kw["grad_output"], kw["num_embeddings"], kw["padding_idx"]),
        reference=_ref_emb_bw, out_dtype=x_dtype("grad_output"), atol=1e-5,
-       args={"ids": Arg("ids", high=1, floats_as_ids=False), "grad_output": Arg("array"),
+       args={"ids": Arg("ids", high=1), "grad_output": Arg("array"),
              "num_embeddings": Arg("size"),
              "padding_idx": Arg("int", low=-1, high=0, optional=True)})
 
