@@ -1065,7 +1065,9 @@ class Tokenizer:
         Where ``tokenizer_config.json`` has no ``pad_token`` key and transformers loads the folder
         with a generic class (``TokenizersBackend``, ``PreTrainedTokenizerFast``, or none), the
         ``pad_token`` of ``tokenizer.json``'s ``padding`` is the pad token, as there (when in the
-        vocabulary; :meth:`apply_chat_template` then passes it to the template).
+        vocabulary; :meth:`apply_chat_template` then passes it to the template). transformers also
+        takes it for a class whose constructor names no pad token (``LlamaTokenizer`` over a
+        SentencePiece-style ``tokenizer.json``, Whisper's, ...); this does not (a difference).
         A token that ``tokenizer_config.json`` leaves out takes its transformers class's default
         (``tokenizer_config.json``'s ``tokenizer_class``, else ``config.json``'s, else the class
         transformers 5.23's ``TOKENIZER_MAPPING_NAMES`` gives ``config.json``'s ``model_type``: BART's,
