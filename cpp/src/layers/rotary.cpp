@@ -1,5 +1,7 @@
 #include "transformer_core/layers/rotary.hpp"
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <atomic>
 #include <mutex>
@@ -12,21 +14,33 @@
 
 namespace transformer_core::layers {
 
+namespace {
+// One thread grows a layer's tables; the others wait, then take its tables. A child forked while
+// another thread held it takes a fresh one (the old one is left as it is).
+std::mutex*& growth_mutex_slot() {
+  static std::mutex* mutex = new std::mutex;
+  return mutex;
+}
+void renew_growth_mutex_in_child() { growth_mutex_slot() = new std::mutex; }
+const bool g_growth_fork_handler = pthread_atfork(nullptr, nullptr, renew_growth_mutex_in_child) == 0;
+}  // namespace
+
 template <class T>
 RotaryEmbedding<T>::RotaryEmbedding(int64_t head_dim, int64_t max_positions, double base, RotaryLayout layout)
     : head_dim_(head_dim), max_positions_(max_positions), base_(base), layout_(layout) {
   ops::require_positive(max_positions, "max_position_embeddings");
-  tables_ = build(std::min(max_positions, kFirstPositions));
+  built_.push_back(build(std::min(max_positions, kFirstPositions)));
+  tables_.store(built_.back().get());
 }
 
 template <class T>
-std::shared_ptr<const typename RotaryEmbedding<T>::Tables> RotaryEmbedding<T>::build(int64_t positions) const {
+std::unique_ptr<const typename RotaryEmbedding<T>::Tables> RotaryEmbedding<T>::build(int64_t positions) const {
   // both tables at once: one may fit this machine's memory where the two do not
   const int64_t width = layout_ == RotaryLayout::kHalf ? head_dim_ : head_dim_ / 2;
   ops::require_weights({{2, positions, width}}, sizeof(T),
                        "rotary tables (cos and sin of " + std::to_string(positions) + " positions; "
                        "max_position_embeddings " + std::to_string(max_positions_) + ")");
-  auto t = std::make_shared<Tables>();
+  auto t = std::make_unique<Tables>();
   t->positions = positions;
   if (layout_ == RotaryLayout::kHalf) {  // half-split rows [P, D]
     t->cos = allocate<T, 2>({positions, head_dim_}, "rotary table (positions, head_dim)");
@@ -55,8 +69,8 @@ std::shared_ptr<const typename RotaryEmbedding<T>::Tables> RotaryEmbedding<T>::b
 }
 
 template <class T>
-std::shared_ptr<const typename RotaryEmbedding<T>::Tables> RotaryEmbedding<T>::tables_for(const int64_t* positions,
-                                                                                           int64_t rows) const {
+const typename RotaryEmbedding<T>::Tables* RotaryEmbedding<T>::tables_for(const int64_t* positions,
+                                                                           int64_t rows) const {
   int64_t needed = 0;  // 1 + the largest position
   for (int64_t r = 0; r < rows; ++r) {
     if (positions[r] < 0 || positions[r] >= max_positions_)
@@ -65,35 +79,37 @@ std::shared_ptr<const typename RotaryEmbedding<T>::Tables> RotaryEmbedding<T>::t
                                   std::to_string(max_positions_) + ") (max_position_embeddings)");
     needed = std::max(needed, positions[r] + 1);
   }
-  std::shared_ptr<const Tables> t = std::atomic_load(&tables_);
+  const Tables* t = tables_.load(std::memory_order_acquire);
   if (t->positions >= needed) return t;
-  static std::mutex growing;  // one thread builds; the others wait, then take its tables
-  std::lock_guard<std::mutex> lock(growing);
-  t = std::atomic_load(&tables_);
+  std::lock_guard<std::mutex> lock(*growth_mutex_slot());
+  t = tables_.load(std::memory_order_acquire);
   if (t->positions >= needed) return t;
   // grow to twice the positions built (fewer rebuilds as a sequence lengthens), or, where that
   // much does not fit in memory, to the positions needed: a call that fits is never refused for
   // the doubling
   const int64_t doubled = std::min(max_positions_, std::max(needed, 2 * t->positions));
+  std::unique_ptr<const Tables> grown;
   try {
-    t = build(doubled);
+    grown = build(doubled);
   } catch (const std::exception&) {
     if (doubled == needed) throw;
-    t = build(needed);
+    grown = build(needed);
   }
-  std::atomic_store(&tables_, t);
+  built_.push_back(std::move(grown));
+  t = built_.back().get();
+  tables_.store(t, std::memory_order_release);
   return t;
 }
 
 template <class T>
 int64_t RotaryEmbedding<T>::built_positions() const {
-  return std::atomic_load(&tables_)->positions;
+  return tables_.load(std::memory_order_acquire)->positions;
 }
 
 template <class T>
 void RotaryEmbedding<T>::apply(T* x, int64_t rows, int64_t ld, int64_t col0, int64_t heads,
                                const int64_t* positions) const {
-  const std::shared_ptr<const Tables> t = tables_for(positions, rows);
+  const Tables* t = tables_for(positions, rows);
   ops::apply_rotary_heads(x, rows, ld, col0, heads, head_dim_, positions, t->cos.data(), t->sin.data(), t->positions,
                           layout_);
 }

@@ -9,8 +9,10 @@
 // a sequence that long runs. Hugging Face computes the angles per call instead; llama.cpp too.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
+#include <vector>
 #include <xtensor/xtensor.hpp>
 
 #include "transformer_core/ops/positional.hpp"
@@ -50,21 +52,26 @@ class RotaryEmbedding {
 
  private:
   // cos and sin [positions, W] (W = head_dim for kHalf, head_dim / 2 for kInterleaved) of positions
-  // 0 … positions − 1. Never changed once built: a larger set replaces it, and a call that holds the
+  // 0 … positions − 1. Never changed once built: a larger set replaces it, and a call that took the
   // old one reads it to its end.
   struct Tables {
     xt::xtensor<T, 2> cos, sin;
     int64_t positions = 0;
   };
-  std::shared_ptr<const Tables> build(int64_t positions) const;
+  std::unique_ptr<const Tables> build(int64_t positions) const;
   // The tables, checked to cover positions[0 … rows − 1] (grown first if they do not); throws
   // std::invalid_argument for a position outside [0, max_positions).
-  std::shared_ptr<const Tables> tables_for(const int64_t* positions, int64_t rows) const;
+  const Tables* tables_for(const int64_t* positions, int64_t rows) const;
 
   int64_t head_dim_, max_positions_;
   double base_;
   RotaryLayout layout_;
-  mutable std::shared_ptr<const Tables> tables_;  // read and replaced through std::atomic_load / atomic_store
+  // Every set built, kept while the layer lives (the sets double: all of them take at most twice
+  // the newest), so a call reads the set it took without counting references; tables_ is the
+  // newest, read through a lock-free atomic. (A shared_ptr's atomic_load takes a lock of
+  // libstdc++'s, which a fork while another thread held it left locked in the child.)
+  mutable std::vector<std::unique_ptr<const Tables>> built_;  // grown under growth_mutex() (rotary.cpp)
+  mutable std::atomic<const Tables*> tables_{nullptr};
 };
 
 }  // namespace transformer_core::layers
