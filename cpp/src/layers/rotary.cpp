@@ -79,10 +79,10 @@ const typename RotaryEmbedding<T>::Tables* RotaryEmbedding<T>::tables_for(const 
                                   std::to_string(max_positions_) + ") (max_position_embeddings)");
     needed = std::max(needed, positions[r] + 1);
   }
-  const Tables* t = tables_.load(std::memory_order_acquire);
+  const Tables* t = tables_.load();
   if (t->positions >= needed) return t;
   std::lock_guard<std::mutex> lock(*growth_mutex_slot());
-  t = tables_.load(std::memory_order_acquire);
+  t = tables_.load();
   if (t->positions >= needed) return t;
   // grow to twice the positions built (fewer rebuilds as a sequence lengthens), or, where that
   // much does not fit in memory, to the positions needed: a call that fits is never refused for
@@ -97,18 +97,23 @@ const typename RotaryEmbedding<T>::Tables* RotaryEmbedding<T>::tables_for(const 
   }
   built_.push_back(std::move(grown));
   t = built_.back().get();
-  tables_.store(t, std::memory_order_release);
+  tables_.store(t);
+  // The older sets go when this call is their only reader: a call counts itself in readers_ before
+  // it loads tables_ (both sequentially consistent), so one that is not counted yet reads the new set.
+  if (readers_.load() == 1) built_.erase(built_.begin(), built_.end() - 1);
   return t;
 }
 
 template <class T>
 int64_t RotaryEmbedding<T>::built_positions() const {
-  return tables_.load(std::memory_order_acquire)->positions;
+  Reading reading(*this);
+  return tables_.load()->positions;
 }
 
 template <class T>
 void RotaryEmbedding<T>::apply(T* x, int64_t rows, int64_t ld, int64_t col0, int64_t heads,
                                const int64_t* positions) const {
+  Reading reading(*this);
   const Tables* t = tables_for(positions, rows);
   ops::apply_rotary_heads(x, rows, ld, col0, heads, head_dim_, positions, t->cos.data(), t->sin.data(), t->positions,
                           layout_);

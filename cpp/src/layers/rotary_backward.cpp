@@ -8,6 +8,7 @@ namespace transformer_core::layers {
 template <class T>
 void RotaryEmbedding<T>::apply_backward(T* d, int64_t rows, int64_t ld, int64_t col0, int64_t heads,
                                         const int64_t* positions) const {
+  Reading reading(*this);
   const Tables* t = tables_for(positions, rows);
   ops::rotary_heads_backward(d, rows, ld, col0, heads, head_dim_, positions, t->cos.data(), t->sin.data(),
                              t->positions, layout_);

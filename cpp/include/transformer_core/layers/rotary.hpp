@@ -48,7 +48,10 @@ class RotaryEmbedding {
   // Grows the tables to cover positions[0 … rows − 1], as apply would, or throws as apply would
   // (std::invalid_argument: a position outside [0, max_positions), or tables that do not fit in
   // memory): for a caller that must fail before it changes anything else (a KV cache's reserve).
-  void prepare(const int64_t* positions, int64_t rows) const { tables_for(positions, rows); }
+  void prepare(const int64_t* positions, int64_t rows) const {
+    Reading reading(*this);
+    tables_for(positions, rows);
+  }
 
  private:
   // cos and sin [positions, W] (W = head_dim for kHalf, head_dim / 2 for kInterleaved) of positions
@@ -60,18 +63,32 @@ class RotaryEmbedding {
   };
   std::unique_ptr<const Tables> build(int64_t positions) const;
   // The tables, checked to cover positions[0 … rows − 1] (grown first if they do not); throws
-  // std::invalid_argument for a position outside [0, max_positions).
+  // std::invalid_argument for a position outside [0, max_positions). The caller holds a Reading
+  // for as long as it reads them.
   const Tables* tables_for(const int64_t* positions, int64_t rows) const;
+
+  // A call that reads a set of tables counts itself in readers_ from before it loads tables_ until
+  // it is done: the call that grows the tables frees the older sets when it is their only reader.
+  class Reading {
+   public:
+    explicit Reading(const RotaryEmbedding& rotary) : readers_(rotary.readers_) { readers_.fetch_add(1); }
+    ~Reading() { readers_.fetch_sub(1); }
+    Reading(const Reading&) = delete;
+    Reading& operator=(const Reading&) = delete;
+
+   private:
+    std::atomic<int64_t>& readers_;
+  };
 
   int64_t head_dim_, max_positions_;
   double base_;
   RotaryLayout layout_;
-  // Every set built, kept while the layer lives (the sets double: all of them take at most twice
-  // the newest), so a call reads the set it took without counting references; tables_ is the
-  // newest, read through a lock-free atomic. (A shared_ptr's atomic_load takes a lock of
-  // libstdc++'s, which a fork while another thread held it left locked in the child.)
-  mutable std::vector<std::unique_ptr<const Tables>> built_;  // grown under growth_mutex() (rotary.cpp)
+  // The sets built that a call may still read, the newest last; tables_ is the newest, read
+  // through a lock-free atomic. (A shared_ptr's atomic_load takes a lock of libstdc++'s, which a
+  // fork while another thread held it left locked in the child.)
+  mutable std::vector<std::unique_ptr<const Tables>> built_;  // changed under growth_mutex() (rotary.cpp)
   mutable std::atomic<const Tables*> tables_{nullptr};
+  mutable std::atomic<int64_t> readers_{0};
 };
 
 }  // namespace transformer_core::layers
