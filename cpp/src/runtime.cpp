@@ -38,7 +38,8 @@ std::atomic<int> g_num_threads{std::min(g_omp_default, kMaxThreads)};
 thread_local int t_known_omp = -1;
 // kernels::team_size's setting (parallel.hpp).
 std::atomic<bool> g_fixed_teams{true};
-// This process was forked after the parent's OpenMP threads ran: one thread only.
+// This process was forked after the parent ran our regions of several threads: set_num_threads
+// refuses more than one thread here.
 std::atomic<bool> g_forked_after_threads{false};
 std::atomic<uint64_t> g_fork_generation{0};
 

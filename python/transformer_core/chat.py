@@ -176,7 +176,10 @@ def _options(max_new_tokens, temperature, top_p, top_k, seed, repetition_penalty
         raise ValueError(f"temperature: expected a value >= 0 (0 = greedy), got {temperature}")
     sample = temperature > 0
 
-    def given(value, key):  # a value to check: the built-in default stands for the model's
+    def given(value, key):
+        """``value`` as checked here: the built-in default of ``key`` (``DECODING_DEFAULTS``, a
+        float or int, or None) for :data:`MODEL_DEFAULT`, whose model value is checked later by
+        :func:`_check_model_options`; else ``value`` itself. Raises nothing."""
         return DECODING_DEFAULTS[key] if value is MODEL_DEFAULT else value
 
     GenerationConfig(max_new_tokens, do_sample=sample, temperature=temperature if sample else 1.0,

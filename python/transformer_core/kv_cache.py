@@ -301,6 +301,9 @@ def holding_cache(forward):
 
     @functools.wraps(forward)
     def held(self, *args, **kwargs):
+        """``forward(self, *args, **kwargs)`` with its ``past_key_values`` held (replaced by
+        ``forward``'s own docstring through ``functools.wraps``). Raises what ``forward`` raises,
+        and ValueError when another thread's call holds the cache."""
         cache = kwargs.get("past_key_values")
         if not isinstance(cache, KVCache):
             return forward(self, *args, **kwargs)
