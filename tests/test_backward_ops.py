@@ -709,6 +709,31 @@ def test_dropout_backward_of_non_finite_gradients_as_torch(rng):
         np.testing.assert_array_equal(gx[~np.isnan(gx)], want[~np.isnan(want)], err_msg=f"p={p}")
 
 
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+def test_dropout_backward_takes_the_forwards_seed_rule(rng, dtype):
+    """The backward takes the (p, seed) its forward takes: seed=None (or no seed) where no mask is
+    drawn, p=0, where it is the identity, as torch's autograd of F.dropout(x, 0.0) (it raised
+    "expected an int, got NoneType" and "missing 1 required positional argument"). With p > 0 a
+    None seed is a ValueError naming seed: the mask is regenerated from the forward's seed. A seed
+    of another type says that None is valid too."""
+    x, gy = randn(rng, (4, 6), dtype), randn(rng, (4, 6), dtype)
+    gy[0, :2] = [np.nan, np.inf]
+    y = FT.dropout(x, 0.0, None)
+    xt = leaf(x)
+    TF.dropout(xt, 0.0).backward(to_torch(gy))
+    for gx in (B.dropout_backward(gy, 0.0, None), B.dropout_backward(gy, 0.0), B.dropout_backward(gy, p=0.0)):
+        assert gx.dtype == y.dtype and gx.shape == y.shape
+        np.testing.assert_array_equal(gx, xt.grad.numpy())
+    np.testing.assert_array_equal(B.dropout_backward(gy, 0.0), B.dropout_backward(gy, 0.0, 123))
+    for p in (0.3, 1.0):
+        with pytest.raises(ValueError, match=rf"^seed: the backward of a dropout with p > 0 \(p={p}\) regenerates "
+                                             r"the forward's mask from its seed: .* got None$"):
+            B.dropout_backward(gy, p)
+    for bad, what in (("a", "str 'a'"), (1.0, "float 1.0"), (True, "bool True")):
+        with pytest.raises(TypeError, match=rf"^seed: expected an int or None, got {what}$"):
+            B.dropout_backward(gy, 0.0, bad)
+
+
 def test_dropout_edges_and_threads(rng, threads):
     x = randn(rng, (3, 5)) + 4
     assert np.array_equal(FT.dropout(x, 0.0, 1), x)

@@ -636,6 +636,19 @@ def test_embed_summary_checks_limit(tiny_model_dir):
     assert s.count == 3 and s.embeddings.shape == (3, 32)
 
 
+def test_embed_summary_takes_the_largest_limit(tiny_model_dir, tiny_encoder):
+    """limit=2**63 - 1 is in the documented range, but limit + 1 went to itertools.islice, whose
+    bound is sys.maxsize: its own ValueError ("Stop argument for islice() ...") named no argument.
+    Now every text of a shorter source comes back; one over the range is refused, naming limit."""
+    lines = corpus_lines(3)
+    for limit in (2**63 - 1, np.int64(2**63 - 1), 2**63 - 2):
+        s = corpus.embed_summary(lines, model=str(tiny_model_dir), limit=limit)
+        assert s.count == 3 and s.texts == lines
+        np.testing.assert_array_equal(s.embeddings, tiny_encoder.encode(lines, normalize=True))
+    with pytest.raises(ValueError, match="^limit: expected an int in \\[1, 2\\*\\*63 - 1\\], got 9223372036854775808$"):
+        corpus.embed_summary(lines, model=str(tiny_model_dir), limit=2**63)
+
+
 def test_finish_keeps_only_the_parts_of_its_run(tmp_path, tiny_model_dir, tiny_encoder):
     """A part that is not the manifest's (a writer that got past every check) is removed at the end;
     a writer of another run is refused (ESTALE) and writes nothing; the marker does not stay."""

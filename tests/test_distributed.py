@@ -145,6 +145,40 @@ def test_resume_a_single_process_run_on_the_cluster(tmp_path, tiny_model_dir, cl
     assert_same_rows(out, ref)
 
 
+def test_resuming_an_int8_single_process_run_names_the_single_process_path(tmp_path, tiny_model_dir, monkeypatch):
+    """An interrupted embed_file(quantize="int8") output cannot be finished by the distributed job
+    (float32 only): the refusal names the single-machine run that can continue it, not --quantize
+    (which embed_corpus does not take), before a cluster starts and with nothing changed. That run
+    then continues it."""
+    f = write_lines(tmp_path / "c.txt", corpus_lines(30))
+    model = str(tiny_model_dir)
+    out = tmp_path / "q.parquet"
+    commit, calls = corpus.EmbedJob.commit, []
+
+    def commit_then_stop(self, index, **kwargs):
+        commit(self, index, **kwargs)
+        calls.append(index)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(corpus.EmbedJob, "commit", commit_then_stop)
+    with pytest.raises(KeyboardInterrupt):
+        corpus.embed_file(f, out, model=model, chunk_size=10, quantize="int8")
+    monkeypatch.undo()
+    before = {str(p.relative_to(tmp_path)): p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    t0 = time.perf_counter()
+    with pytest.raises(ValueError, match=r"^resume: .*q\.parquet was embedded with --quantize int8, and the "
+                                         r"distributed job \(--workers/--scheduler\) embeds in float32 only; a "
+                                         r"single-machine run continues it \(embed_file\(\.\.\., quantize='int8'\), "
+                                         r"or the embed command with --quantize int8 and without "
+                                         r"--workers/--scheduler\), --overwrite starts over$"):
+        embed_corpus(f, out, model=model, workers=1, resume=True)
+    assert time.perf_counter() - t0 < 5  # refused up front: no cluster started
+    assert {str(p.relative_to(tmp_path)): p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
+    r = corpus.embed_file(f, out, model=model, quantize="int8", resume=True)  # the remedy given works
+    assert (r.rows, r.chunks, r.chunks_computed) == (30, 3, 1)
+
+
 def test_lost_cluster_is_an_oserror_that_keeps_the_chunks_done(tmp_path, tiny_model_dir, cluster):
     """The run's futures cancelled under it (as when the scheduler goes away): an OSError saying that
     the chunks done are saved (the CLI's one line), not distributed's FutureCancelledError; --resume

@@ -471,3 +471,107 @@ def test_none_do_sample_and_temperature_mean_what_they_mean_in_hf(dirs, tmp_path
     np.testing.assert_array_equal(sampled, ours.generate(x, 6, eos_token_id=None, do_sample=True, temperature=1.0,
                                                          seed=3))
     assert not np.array_equal(sampled, ours.generate(x, 6, eos_token_id=None, do_sample=True, seed=3))  # file's 0.3
+
+
+# ------------------------------------------------------------- forward's use_cache: Hugging Face's default
+@pytest.mark.parametrize("first", [{}, {"use_cache": True}], ids=["default", "use_cache_first"])
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_hf_decoding_loop_feeding_past_key_values_back_matches_hf(models, family, first):
+    """forward's use_cache defaulted to False where Hugging Face's takes the config's (True): the
+    usual loop (``out = model(ids)``, then ``model(next, past_key_values=out.past_key_values)``) got
+    None back, and the next step ran its token alone at position 0 (logits 0.24 off Hugging Face's,
+    no error). Now use_cache=None is the config's, and the loop gives Hugging Face's tokens and
+    logits at every step, with the prompt's first call made with or without use_cache=True."""
+    hf, ours = models[family]
+    prompt = np.array([[5, 9, 13, 4], [7, 7, 2, 30]])
+    with torch.no_grad():
+        theirs = hf(torch.from_numpy(prompt), **first)
+    mine = ours(prompt, **first)
+    assert_close(mine.logits, theirs.logits, np.float32, atol_=1e-5, what=f"{family}: prompt")
+    prompt_cache = mine.past_key_values
+    for step in range(6):
+        nxt = theirs.logits[:, -1].argmax(-1, keepdim=True)
+        np.testing.assert_array_equal(mine.logits[:, -1].argmax(-1), nxt[:, 0].numpy(), err_msg=f"step {step}")
+        with torch.no_grad():
+            theirs = hf(nxt, past_key_values=theirs.past_key_values)
+        cache = mine.past_key_values
+        mine = ours(nxt.numpy(), past_key_values=cache)
+        assert_close(mine.logits, theirs.logits, np.float32, atol_=1e-5, what=f"{family}: step {step}")
+        assert mine.past_key_values is cache and cache.length == 5 + step  # updated in place, returned
+    assert isinstance(prompt_cache, tc.KVCache) and mine.past_key_values is prompt_cache
+
+
+def _with_config(dirs, family, tmp_path, **config):
+    """(hf, ours) from a copy of the family's directory whose config.json has ``config`` set."""
+    path = tmp_path / family
+    shutil.copytree(dirs[family], path)
+    written = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**written, **config}))
+    return _load(path)
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_use_cache_default_is_the_configs_and_false_returns_what_hf_returns(dirs, models, tmp_path, family):
+    """use_cache=None (the default) is config.json's use_cache, True when absent; use_cache=False
+    returns None, and with a cache given, what Hugging Face returns: Llama the cache it was given,
+    GPT-2 None (both update the given cache). The base model (hidden states) takes the same rule."""
+    hf, ours = models[family]
+    ids = np.array([[5, 9, 13, 4]])
+    t = torch.from_numpy(ids)
+    assert "use_cache" not in ours.config.extra or ours.config.extra["use_cache"] is True
+    with torch.no_grad():
+        assert hf(t).past_key_values is not None and hf(t, use_cache=False).past_key_values is None
+        hf_past = hf(t, use_cache=True).past_key_values
+        hf_returned = hf(torch.tensor([[7]]), past_key_values=hf_past, use_cache=False).past_key_values
+    assert hf_past.get_seq_length() == 5  # updated though use_cache=False
+    assert ours(ids).past_key_values.length == 4
+    assert ours(ids, use_cache=False).past_key_values is None
+    cache = ours(ids).past_key_values
+    returned = ours(np.array([[7]]), past_key_values=cache, use_cache=False).past_key_values
+    assert cache.length == 5
+    assert (returned is None) == (hf_returned is None) and (returned is None or returned is cache)
+    assert (returned is None) == (family == "gpt2")  # the two rules differ in transformers 5.23
+    base = (tc.GPT2Model if family == "gpt2" else tc.LlamaModel).from_pretrained(dirs[family])
+    hidden, base_cache = base(ids)
+    assert base_cache.length == 4
+    assert base(ids, use_cache=False)[1] is None
+    assert (base(np.array([[7]]), past_key_values=base_cache, use_cache=False)[1] is None) == (family == "gpt2")
+    # a config.json of use_cache false: None by default, as Hugging Face's (a given cache: as above)
+    hf_off, ours_off = _with_config(dirs, family, tmp_path, use_cache=False)
+    with torch.no_grad():
+        assert hf_off(t).past_key_values is None
+    assert ours_off(ids).past_key_values is None
+    assert ours_off(ids, use_cache=True).past_key_values.length == 4
+    ours_off.config.extra["use_cache"] = "yes"
+    with pytest.raises(TypeError, match=r"^config.extra\['use_cache'\]: expected a bool, got str"):
+        ours_off(ids)
+    with pytest.raises(TypeError, match="^use_cache: expected a bool"):
+        ours(ids, use_cache=1)
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_cache_passed_second_positionally_gets_a_hint(dirs, models, family):
+    """``model(ids, past)`` is Hugging Face's GPT-2 order (past_key_values second); here the second
+    argument is attention_mask (Llama's order), and a cache there was converted to an array and
+    reported as a 6-D attention_mask of the wrong shape. Now a TypeError says to pass it by keyword,
+    before any other check, for a KVCache and for a legacy tuple or list of (keys, values) pairs;
+    the cache is left as it was. A mask given as nested lists is still a mask."""
+    hf, ours = models[family]
+    ids = np.array([[5, 9, 13, 4]])
+    cache = ours(ids, use_cache=True).past_key_values
+    with torch.no_grad():
+        hf_legacy = tuple((layer.keys, layer.values) for layer in hf(torch.from_numpy(ids)).past_key_values.layers)
+    base = (tc.GPT2Model if family == "gpt2" else tc.LlamaModel).from_pretrained(dirs[family])
+    hint = (r"^attention_mask: expected an \(N, past \+ L\) mask, got {}: the second positional argument here "
+            r"is attention_mask \(Hugging Face's GPT-2 takes past_key_values second\); pass the cache by keyword: "
+            r"model\(input_ids, past_key_values=cache\)$")
+    pairs = r" of \(keys, values\) pairs"
+    for given, got in ((cache, "a KVCache"), (cache.to_legacy(), "Hugging Face's legacy tuple" + pairs),
+                       (list(hf_legacy), "Hugging Face's legacy list" + pairs),
+                       (hf_legacy, "Hugging Face's legacy tuple" + pairs)):
+        for call in (lambda: ours(np.array([[7]]), given), lambda: base(np.array([[7]]), given),
+                     lambda: ours(np.array([[7]]), given, logits_to_keep=9)):  # before logits_to_keep's check
+            with pytest.raises(TypeError, match=hint.format(got)):
+                call()
+    assert cache.length == 4
+    np.testing.assert_array_equal(ours(ids, [[1, 1, 1, 1]]).logits, ours(ids).logits)

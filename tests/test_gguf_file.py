@@ -628,6 +628,34 @@ def test_rope_row_permutation_checks_its_arguments(args, error, says):
     assert str(info.value).startswith(says), str(info.value)
 
 
+def test_rope_row_permutation_allocates_only_what_it_checks(monkeypatch):
+    """2**32 rows passed the row bound, then np.arange and its reordered copy (two int64 arrays of
+    32 GiB each) raised numpy's MemoryError for rope_row_permutation(2, 2**31). Now both are checked
+    first (numpy's traced peak is at most what the check counts), and a machine of one byte less
+    refuses them, naming the arguments."""
+    import tracemalloc
+
+    import transformer_core._validation as tcv
+
+    heads, head_dim = 512, 128
+    need = 2 * heads * head_dim * 8
+    tracemalloc.start()
+    try:
+        perm = rope_row_permutation(heads, head_dim)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    w = np.arange(heads * head_dim, dtype=np.float64)[:, None]
+    np.testing.assert_array_equal(converter_permute(w, heads)[perm], w)
+    assert peak <= 1.1 * need, f"peak {peak} bytes for a check of {need} bytes"
+    monkeypatch.setattr(tcv, "physical_memory_bytes", lambda: need - 1)
+    with pytest.raises(ValueError, match=rf"^num_heads, head_dim: the index and its reordered copy: an array of "
+                                         rf"shape \(2, {heads * head_dim}\) needs {need} bytes"):
+        rope_row_permutation(heads, head_dim)
+    monkeypatch.setattr(tcv, "physical_memory_bytes", lambda: need)
+    np.testing.assert_array_equal(rope_row_permutation(heads, head_dim), perm)
+
+
 def test_rope_row_permutation_takes_numpy_ints():
     perm = rope_row_permutation(np.int64(3), np.int32(8))
     assert perm.dtype == np.int64 and perm.tolist() == rope_row_permutation(3, 8).tolist()

@@ -152,6 +152,21 @@ def _under_memory_limit(code: str) -> str:
                         timeout=120)
 
 
+@pytest.mark.parametrize("code", [
+    "tc.nn.LayerNorm(tc._validation.physical_memory_bytes() // 6)",
+    "tc.nn.LayerNorm(tc._validation.physical_memory_bytes() // 12, dtype=np.float64)",
+])
+def test_layer_norm_checks_weight_and_bias_together(code):
+    """Each of LayerNorm's tables (weight, bias: 2/3 of this machine's memory each) fits, the two do
+    not: the C++ layer checked one table at a time, filled the weight, then failed on the bias
+    (std::bad_alloc, naming nothing, or the OOM killer). Now both are checked together first,
+    naming normalized_shape (under an address-space limit of 1 GiB more than the interpreter
+    holds, so that old code fails with MemoryError rather than exhausting the machine)."""
+    out = _under_memory_limit(code)
+    assert out.startswith("ValueError: normalized_shape"), out
+    assert "memory" in out, out
+
+
 #: Broadcast views (stride 0: a few bytes) of shapes whose C-contiguous copy no machine holds (64 TiB
 #: and more): the conversion to the ops' contiguous arrays is checked, naming the argument.
 BROADCAST_INPUTS = [

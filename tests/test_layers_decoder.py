@@ -439,6 +439,25 @@ def test_transformer_matches_torch(rng, d, h, ne, nd, f, activation, norm_first,
                  what="transformer explicit masks")
 
 
+def test_transformer_names_torchs_sixth_positional_dropout():
+    """torch's nn.Transformer takes dropout sixth (after dim_feedforward; read from its signature),
+    this model activation: the hint said "fourth" (the layers' position), and an int (torch's
+    dropout=0) got none. A float or an int there now says "sixth"; the layers keep "fourth"."""
+    import inspect
+
+    assert list(inspect.signature(torch.nn.Transformer).parameters).index("dropout") == 5
+    for value, got in ((0.1, "float 0.1"), (0, "int 0"), (np.float32(0.5), "float32 0.5")):
+        expected = (f"activation: expected a str, got {got} (torch's sixth positional argument is dropout, "
+                    f"this model's is activation: pass dropout= by keyword)")
+        with pytest.raises(TypeError, match=f"^{re.escape(expected)}$"):
+            tc.nn.Transformer(8, 2, 1, 1, 16, value)
+    # torch's positional call with its activation after the dropout is refused at the dropout
+    torch.nn.Transformer(8, 2, 1, 1, 16, 0.1, "gelu", batch_first=True)
+    with pytest.raises(TypeError, match=re.escape("got float 0.1 (torch's sixth positional argument is dropout")):
+        tc.nn.Transformer(8, 2, 1, 1, 16, 0.1, "gelu")
+    assert tc.nn.Transformer(8, 2, 1, 1, 16, dropout=0).encoder.layers[0].dropout == 0  # the hint's call
+
+
 def test_transformer_state_dict_and_bad_input(rng):
     ref = torch.nn.Transformer(8, 2, 1, 1, 16, dropout=0.0, batch_first=True).eval()
     ours = tc.nn.Transformer(8, 2, 1, 1, 16)

@@ -402,11 +402,23 @@ def test_torch_key_padding_masks_are_refused_naming_the_replacement(rng):
 
 def test_layer_constructors_name_torchs_positional_dropout():
     """torch's fourth positional argument of the encoder/decoder layers is dropout, this library's
-    activation: a float there says so (it was "activation: expected a str")."""
-    for layer in (tc.nn.TransformerEncoderLayer, tc.nn.TransformerDecoderLayer):
-        with pytest.raises(TypeError, match=re.escape("activation: expected a str, got float 0.1 (torch's fourth "
-                                                      "positional argument is dropout")):
-            layer(8, 2, 16, 0.1)
+    activation: a number there, a float or an int such as 0, says so (it was "activation: expected
+    a str"; an int 0 still was). The position is read from torch's own signature."""
+    import inspect
+
+    for layer, ref in ((tc.nn.TransformerEncoderLayer, torch.nn.TransformerEncoderLayer),
+                       (tc.nn.TransformerDecoderLayer, torch.nn.TransformerDecoderLayer)):
+        assert list(inspect.signature(ref).parameters).index("dropout") == 3  # torch's fourth
+        for value, got in ((0.1, "float 0.1"), (0, "int 0"), (np.int64(0), "int64 0"),
+                           (np.float32(0.5), "float32 0.5")):
+            expected = (f"activation: expected a str, got {got} (torch's fourth positional argument is dropout, "
+                        f"this layer's is activation: pass dropout= by keyword)")
+            with pytest.raises(TypeError, match=f"^{re.escape(expected)}$"):
+                layer(8, 2, 16, value)
+        torch_layer = ref(8, 2, 16, 0)  # torch's positional call with an int dropout
+        assert torch_layer.dropout1.p == 0
+        ours = layer(8, 2, 16, dropout=0)  # the hint's call builds the layer
+        assert ours.dropout == 0 and ours.activation == "relu"
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)

@@ -133,8 +133,12 @@ def test_mha_torch_constructor_arguments(rng):
     out, w = ours(x)
     assert_close(out, ref_out, np.float32, what="torch's arguments at their defaults")
     assert_close(w, ref_w, np.float32, what="weights")
-    for kw, match in [({"dropout": 0.1}, "dropout: expected 0.0, got 0.1: attention-probability dropout is not"),
-                      ({"batch_first": False}, "batch_first: expected True, got False"),
+    # dropout applies in training forwards only (tests/test_attention_dropout.py): in eval, torch's
+    ours_dropout = tc.nn.MultiheadAttention(8, 2, dropout=0.1)
+    ours_dropout.load_state_dict(module_state_to_numpy(ref))
+    assert ours_dropout.dropout == 0.1
+    assert_close(ours_dropout(x)[0], ref_out, np.float32, what="dropout=0.1 in eval")
+    for kw, match in [({"batch_first": False}, "batch_first: expected True, got False"),
                       ({"add_bias_kv": True}, "add_bias_kv: expected False, got True: not implemented"),
                       ({"add_zero_attn": True}, "add_zero_attn: expected False, got True: not implemented")]:
         with pytest.raises(ValueError, match=re.escape(match)):
@@ -144,6 +148,30 @@ def test_mha_torch_constructor_arguments(rng):
     with pytest.raises(TypeError, match=re.escape("bias: expected a bool, got float 0.1 (torch's third positional "
                                                   "argument is dropout")):
         tc.nn.MultiheadAttention(8, 2, 0.1)
+
+
+def test_mha_int_in_torchs_dropout_slot_says_so(rng):
+    """torch's third positional argument is dropout (read from its signature), this layer's bias: an
+    int there (``nn.MultiheadAttention(8, 2, 0)``, torch's dropout=0) was a bare "bias: expected a
+    bool, got int 0"; it gets the float's hint. A bool is still bias, and the hint's call is torch's
+    layer."""
+    import inspect
+
+    assert list(inspect.signature(torch.nn.MultiheadAttention).parameters).index("dropout") == 2
+    for value, got in ((0, "int 0"), (1, "int 1"), (np.int64(0), "int64 0"), (np.float64(0.5), "float64 0.5")):
+        expected = (f"bias: expected a bool, got {got} (torch's third positional argument is dropout, this layer's "
+                    f"is bias: pass dropout= by keyword)")
+        with pytest.raises(TypeError, match=f"^{re.escape(expected)}$"):
+            tc.nn.MultiheadAttention(8, 2, value)
+    assert tc.nn.MultiheadAttention(8, 2, False).bias is False
+    ref = torch.nn.MultiheadAttention(8, 2, 0, batch_first=True).eval()  # torch's positional int dropout
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.copy_(torch.randn_like(p) * 0.4)
+    ours = tc.nn.MultiheadAttention(8, 2, dropout=0)  # the hint's call
+    ours.load_state_dict(module_state_to_numpy(ref))
+    x = randn(rng, (2, 3, 8))
+    assert_close(ours(x)[0], torch_mha(ref, x)[0], np.float32, what="dropout=0 by keyword vs torch's (8, 2, 0)")
 
 
 @pytest.mark.parametrize("E,H", [(64, 2), (40, 2), (48, 3)], ids=["D32", "D20", "D16"])

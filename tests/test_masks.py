@@ -60,6 +60,34 @@ def test_causal_mask_alignments_match_torch_causal_bias(L, S):
     assert np.array_equal(bottom_right, (torch.tril(ones, diagonal=S - L) == 1).numpy())
 
 
+@pytest.mark.filterwarnings("ignore:Lower right causal bias")
+@pytest.mark.parametrize("L, S", [(1, 1), (1, 5), (3, 5), (5, 3), (4, 4)])
+def test_causal_mask_takes_torchs_alignment_names(L, S):
+    """torch's names of the two alignments (``CausalVariant.UPPER_LEFT`` / ``LOWER_RIGHT``:
+    ``causal_upper_left`` / ``causal_lower_right``) were a ValueError ("lower_right"); they are
+    taken as top_left / bottom_right and give torch's masks."""
+    from torch.nn.attention.bias import CausalVariant
+
+    for name, bias, ours in (("upper_left", causal_upper_left, "top_left"),
+                             ("lower_right", causal_lower_right, "bottom_right")):
+        assert bias(L, S).variant is CausalVariant[name.upper()]
+        m = M.causal_mask(L, S, alignment=name)
+        assert m.dtype == np.bool_ and m.shape == (L, S)
+        np.testing.assert_array_equal(m, bias(L, S)._materialize().numpy())
+        np.testing.assert_array_equal(m, M.causal_mask(L, S, ours))
+
+
+@pytest.mark.parametrize("alignment", ["top_left", "bottom_right"])
+@pytest.mark.parametrize("L, S", [(1, 1), (1, 40), (40, 1), (2, 3), (32, 33), (33, 34), (34, 35), (40, 100),
+                                  (100, 40), (33, 200), (200, 33), (65, 64), (64, 65), (300, 301), (301, 300)])
+def test_causal_mask_equals_tril_for_every_way_it_is_built(L, S, alignment):
+    """Every shape and alignment equals torch.tril (rows allowing no key, some keys, every key)."""
+    ref = torch.tril(torch.ones(L, S, dtype=torch.bool), diagonal=0 if alignment == "top_left" else S - L)
+    m = M.causal_mask(L, S, alignment)
+    assert m.dtype == np.bool_ and m.flags.c_contiguous and m.flags.writeable and m.flags.owndata
+    np.testing.assert_array_equal(m, ref.numpy())
+
+
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
 @pytest.mark.parametrize("alignment, bias", [("top_left", causal_upper_left), ("bottom_right", causal_lower_right)])
 @pytest.mark.parametrize("L, S", [(1, 6), (3, 7), (5, 5)])
@@ -77,7 +105,10 @@ def test_causal_mask_in_attention_equals_torch_sdpa(L, S, alignment, bias, dtype
     ((0,), {}, ValueError, "L"),
     ((3, 0), {}, ValueError, "S"),
     ((3.0,), {}, TypeError, "L"),
-    ((3,), {"alignment": "lower_right"}, ValueError, "alignment"),
+    ((3,), {"alignment": "lower_left"}, ValueError,
+     r"^alignment: expected one of 'top_left', 'bottom_right' \(or torch's names of the same, 'upper_left', "
+     r"'lower_right'\), got 'lower_left'$"),
+    ((3,), {"alignment": 1}, TypeError, r"^alignment: expected a str"),  # torch's CausalVariant is an IntEnum
 ])
 def test_causal_mask_bad_input(args, kwargs, exc, match):
     with pytest.raises(exc, match=match):
@@ -377,6 +408,28 @@ def test_generate_square_subsequent_mask_allocates_only_what_is_checked(monkeypa
         tcnn.Transformer.generate_square_subsequent_mask(sz)
     monkeypatch.setattr(tcv, "physical_memory_bytes", lambda: out.nbytes)
     np.testing.assert_array_equal(tcnn.Transformer.generate_square_subsequent_mask(sz), out)
+
+
+@pytest.mark.parametrize("L, S, alignment", [
+    (1, 10**6, "top_left"), (10**6, 1, "top_left"), (4, 250_000, "bottom_right"), (250_000, 4, "top_left"),
+    (1000, 1000, "top_left"), (1000, 3000, "bottom_right"),
+])
+def test_causal_mask_allocates_only_what_is_checked(L, S, alignment, monkeypatch):
+    """The check counted the (L, S) mask only, but np.tri builds it from two int64 index vectors of
+    L and S values: 5 x the mask at L = 1 (and causal_mask(1, 2**32) was numpy's MemoryError for
+    32 GiB). Now the check counts them too: numpy's traced peak is at most what it counts, and a
+    machine of one byte less refuses it, naming L and S."""
+    d = 0 if alignment == "top_left" else S - L
+    need = L * S + 8 * (L + S)
+    out, peak = _traced_peak(M.causal_mask, L, S, alignment)
+    np.testing.assert_array_equal(out, torch.tril(torch.ones(L, S, dtype=torch.bool), diagonal=d).numpy())
+    assert peak <= 1.1 * need, f"peak {peak} bytes, {peak / need:.2f} x the {need} the check counts"
+    monkeypatch.setattr(tcv, "physical_memory_bytes", lambda: need - 1)
+    with pytest.raises(ValueError, match=rf"^L, S: the \({L}, {S}\) mask and np.tri's int64 index vectors of L "
+                                         rf"and S values: an array of shape \(.*\) needs {need} bytes"):
+        M.causal_mask(L, S, alignment)
+    monkeypatch.setattr(tcv, "physical_memory_bytes", lambda: need)
+    np.testing.assert_array_equal(M.causal_mask(L, S, alignment), out)
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)

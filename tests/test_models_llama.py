@@ -187,7 +187,7 @@ def test_base_model_hidden_states_and_names(llama):
     ours = tc.LlamaModel.from_pretrained(path)
     ids = _ids(3, (2, 10))
     hidden, cache = ours(ids)
-    assert cache is None
+    assert cache.length == 10  # use_cache=None: the config's (True), as Hugging Face's
     with torch.no_grad():
         ref = hf(torch.from_numpy(ids)).last_hidden_state.numpy()
     assert_close(hidden, ref, np.float32, what="LlamaModel hidden states")

@@ -1107,3 +1107,295 @@ def test_activation_mode_setters_count_the_stored_matrices(tmp_path):
     assert sum(f == "Q8_0" for f in blocks.weight_formats().values()) == layers * 7 + 2  # lm_head, the table
     assert tc.quantization.set_quantize_activations(blocks, True) == layers * 4 + 2
     assert tc.quantization.set_residual_activations(blocks, True) == 0   # no int8
+
+
+# ---- an optimizer's step after quantize(inplace=True) -------------------------------------------------
+_CONVERTED = r"step: quantize\(inplace=True\) converted weights this optimizer updates: "
+_REMEDY = r"nothing was updated\. .*quantize a copy \(quantize\(model\), without inplace\)"
+
+
+def test_a_step_after_an_inplace_quantize_refuses_the_int8_weight_and_writes_nothing():
+    """An optimizer built before quantize(model, inplace=True) holds Parameters over the float32
+    weights the int8 layer no longer reads: its step raised nothing and moved only those orphaned
+    arrays (the model unchanged). It is refused, naming the weight, before anything is written (the
+    bias, still float32, is not stepped either); zero_grad() then works and a step without
+    gradients is a no-op."""
+    x = np.random.default_rng(0).standard_normal((4, 16)).astype(np.float32)
+    lin = tc.nn.Linear(16, 8)
+    opt = tc.optim.Adam(lin.parameters(), lr=0.1)
+    lin.train()
+    y = lin(x)
+    lin.backward(np.ones_like(y))
+    lin.eval()
+    tc.quantize(lin, inplace=True)
+    state = lin.state_dict()
+    weight, bias = opt.param_groups[0]["params"]
+    arrays = [weight.data.copy(), bias.data.copy()]
+    with pytest.raises(ValueError, match=_CONVERTED + r"'weight': held as int8 \(a step would write float32 values "
+                                         r"that the model no longer reads\); " + _REMEDY):
+        opt.step()
+    np.testing.assert_array_equal(weight.data, arrays[0])
+    np.testing.assert_array_equal(bias.data, arrays[1])
+    assert opt.state == {}
+    for name, value in lin.state_dict().items():
+        np.testing.assert_array_equal(value, state[name])
+    # the model still computes linear_int8 of its own weight (the rule, in numpy: see linear_int8's tests)
+    q, scale = tc.quantization.quantize_int8(state["weight"])
+    np.testing.assert_array_equal(np.asarray(lin(x)), tc.quantization.linear_int8(x, q, scale, state["bias"]))
+    opt.zero_grad()
+    assert weight.grad is None and bias.grad is None
+    opt.step()  # nothing to update
+    np.testing.assert_array_equal(bias.data, arrays[1])
+
+
+def test_a_step_after_an_inplace_quantize_refuses_a_tied_table_and_the_int8_weights():
+    """GPT-2 with its head tied to wte: quantize(inplace=True) keeps the table float32 for the
+    lookups and gives the head an int8 copy. The step moved the table (and the norms) but not the
+    head's copy, so the model no longer computed what its state_dict says (7.6 apart in the logits).
+    It is refused, naming the table and the int8 weights, and nothing moves: the model still equals
+    a float model loaded from its state_dict and quantized."""
+    cfg = tc.GPT2Config(vocab_size=50, n_embd=32, n_layer=2, n_head=4, n_positions=32)
+    g = tc.GPT2LMHeadModel(cfg)
+    g.train()
+    opt = tc.optim.SGD(g.parameters(), lr=1.0)
+    ids = np.array([[1, 2, 3, 4]])
+    g.loss(ids, labels=ids)
+    g.backward()
+    g.eval()
+    tc.quantize(g, inplace=True)
+    state = g.state_dict()
+    with pytest.raises(ValueError, match=_CONVERTED + r"'wte.weight': the table of a tied LM head that multiplies "
+                                         r"by an int8 copy of it \(a step would move the table, not the head's "
+                                         r"copy\); 'h.0.attn.c_attn.weight', .*'h.1.mlp.c_proj.weight': held as "
+                                         r"int8 .*" + _REMEDY):
+        opt.step()
+    for name, value in g.state_dict().items():
+        np.testing.assert_array_equal(value, state[name])
+    ref = tc.GPT2LMHeadModel(cfg)
+    ref.load_state_dict(state)
+    ref = tc.quantize(ref)
+    np.testing.assert_allclose(np.asarray(g(ids).logits), np.asarray(ref(ids).logits), rtol=0, atol=1e-5)
+
+
+def test_an_optimizer_built_after_an_inplace_quantize():
+    """A quantized model's named_parameters() refuses its int8 weights, so an optimizer built after
+    quantize(inplace=True) holds only weights that stayed float32. A tied table whose head got an
+    int8 copy is one of them (here every linear layer is kept float32): its step is refused; the
+    others step as torch's SGD, and the model reads the new values. So does a float child of a
+    quantized layer (a LayerNorm attached to an nn.Linear), against torch's AdamW."""
+    cfg = tc.GPT2Config(vocab_size=50, n_embd=32, n_layer=1, n_head=4, n_positions=32)
+    g = tc.GPT2LMHeadModel(cfg).eval()
+    body = ["h.0.attn.c_attn.weight", "h.0.attn.c_proj.weight", "h.0.mlp.c_fc.weight", "h.0.mlp.c_proj.weight"]
+    tc.quantize(g, inplace=True, keep_float=body)
+    named = g.named_parameters()
+    rng = np.random.default_rng(3)
+    for _, p in named:
+        p.grad = rng.standard_normal(p.data.shape).astype(np.float32)
+    with pytest.raises(ValueError, match=_CONVERTED + r"'wte.weight': the table of a tied LM head"):
+        tc.optim.SGD(named, lr=0.5).step()
+    rest = [(n, p) for n, p in named if n != "wte.weight"]
+    expected = {}
+    for n, p in rest:
+        t = torch.nn.Parameter(torch.from_numpy(p.to_checkpoint_layout(p.data)))
+        t.grad = torch.from_numpy(p.to_checkpoint_layout(p.grad))
+        torch.optim.SGD([t], lr=0.5, momentum=0.9).step()
+        expected[n] = t.detach().numpy()
+    tc.optim.SGD(rest, lr=0.5, momentum=0.9).step()
+    state = g.state_dict()
+    for n, _ in rest:
+        np.testing.assert_allclose(state[n], expected[n], rtol=1e-6, atol=1e-7)
+
+    lin = tc.nn.Linear(16, 8)
+    lin.norm = tc.nn.LayerNorm(8)
+    lin.eval()
+    tc.quantize(lin, inplace=True)
+    with pytest.raises(ValueError, match="held quantized"):
+        lin.named_parameters()
+    norm = lin.norm.named_parameters()
+    reference = []
+    for _, p in norm:
+        p.grad = rng.standard_normal(p.data.shape).astype(np.float32)
+        t = torch.nn.Parameter(torch.from_numpy(p.data.copy()))
+        t.grad = torch.from_numpy(p.grad.copy())
+        reference.append(t)
+    opt, torch_opt = tc.optim.AdamW(norm, lr=0.1), torch.optim.AdamW(reference, lr=0.1)
+    for _ in range(2):
+        opt.step()
+        torch_opt.step()
+    state = lin.state_dict()
+    for (n, _), t in zip(norm, reference):
+        np.testing.assert_allclose(state["norm." + n], t.detach().numpy(), rtol=1e-6, atol=1e-7)
+
+
+def _train_grads(module, x):
+    """A training forward and backward of ``module`` (gradients of ones at the output), then eval."""
+    module.train()
+    y = module(x)
+    module.backward(np.ones_like(y))
+    module.eval()
+
+
+def _optimizer_snapshot(opt):
+    """Copies of every parameter array and of every state entry of ``opt``."""
+    weights = {n: p.data.copy() for n, p in opt.named_parameters()}
+    state = {n: {k: np.array(v, copy=True) for k, v in s.items()} for n, s in opt.state.items()}
+    return weights, state
+
+
+def _assert_unchanged(opt, snapshot):
+    weights, state = snapshot
+    for n, p in opt.named_parameters():
+        np.testing.assert_array_equal(p.data, weights[n], err_msg=n)
+    assert sorted(opt.state) == sorted(state)
+    for n, s in opt.state.items():
+        assert sorted(s) == sorted(state[n]), n
+        for k, v in s.items():
+            np.testing.assert_array_equal(v, state[n][k], err_msg=f"{n}.{k}")
+
+
+def test_a_step_then_an_inplace_quantize_then_a_step_is_refused():
+    """The training loop "step, quantize(inplace=True), step": the first step caches that no weight
+    is converted; the in-place quantize must make the next step read the storage again (the cache
+    is kept per storage epoch). The second step is refused and writes nothing: no weight, no Adam
+    state, no step count. The first one was a real step: torch's Adam on the same gradient."""
+    x = np.random.default_rng(0).standard_normal((4, 16)).astype(np.float32)
+    lin = tc.nn.Linear(16, 8)
+    opt = tc.optim.Adam(lin.parameters(), lr=0.1)
+    weight, bias = opt.param_groups[0]["params"]
+    _train_grads(lin, x)
+    reference = []
+    for p in (weight, bias):
+        t = torch.nn.Parameter(torch.from_numpy(p.data.copy()))
+        t.grad = torch.from_numpy(p.grad.copy())
+        reference.append(t)
+    torch.optim.Adam(reference, lr=0.1).step()
+    opt.step()
+    for p, t in zip((weight, bias), reference):
+        np.testing.assert_allclose(p.data, t.detach().numpy(), rtol=1e-6, atol=1e-7)
+    assert int(opt.state["weight"]["step"]) == 1
+    _train_grads(lin, x)
+    tc.quantize(lin, inplace=True)
+    snapshot = _optimizer_snapshot(opt)
+    state = lin.state_dict()
+    with pytest.raises(ValueError, match=_CONVERTED + r"'weight': held as int8 \(a step would write float32 values "
+                                         r"that the model no longer reads\); " + _REMEDY):
+        opt.step()
+    _assert_unchanged(opt, snapshot)
+    assert int(opt.state["weight"]["step"]) == 1
+    for name, value in lin.state_dict().items():
+        np.testing.assert_array_equal(value, state[name])
+
+
+@pytest.mark.parametrize("first", ["accepted", "refused"])
+def test_a_group_added_after_a_step_is_checked_for_converted_weights(first):
+    """add_param_group drops the step's cache of converted weights: a group added after a step
+    (accepted, over a float model; or refused, over a model quantized in place) that holds the
+    Parameters of a model quantized in place before that step is refused at the next step, named,
+    and nothing is written (neither model's weights, nor the state). A float group added then steps
+    as torch's SGD."""
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((4, 16)).astype(np.float32)
+    a, b = tc.nn.Linear(16, 8), tc.nn.Linear(16, 8)
+    b_params = [(f"b.{n}", p) for n, p in b.named_parameters()]  # taken before b is quantized
+    b.eval()
+    tc.quantize(b, inplace=True)
+    opt = tc.optim.SGD(a.parameters(), lr=0.1, momentum=0.9)
+    _train_grads(a, x)
+    if first == "refused":
+        tc.quantize(a, inplace=True)
+        with pytest.raises(ValueError, match=_CONVERTED + r"'weight': held as int8"):
+            opt.step()
+        opt.zero_grad()
+    else:
+        opt.step()
+    for _, p in b_params:
+        p.grad = np.ones_like(p.data)
+    opt.add_param_group({"params": b_params})
+    snapshot = _optimizer_snapshot(opt)
+    with pytest.raises(ValueError, match=_CONVERTED + r"'b.weight' \(the model's 'weight'\): held as int8 "
+                                         r"\(a step would write float32 values that the model no longer reads\); "
+                                         + _REMEDY):
+        opt.step()
+    _assert_unchanged(opt, snapshot)
+
+    opt.zero_grad()
+    c = tc.nn.Linear(16, 8)
+    c_params = [(f"c.{n}", p) for n, p in c.named_parameters()]
+    opt.add_param_group({"params": c_params, "lr": 0.5})
+    reference = []
+    for _, p in c_params:
+        p.grad = rng.standard_normal(p.data.shape).astype(np.float32)
+        t = torch.nn.Parameter(torch.from_numpy(p.data.copy()))
+        t.grad = torch.from_numpy(p.grad.copy())
+        reference.append(t)
+    torch.optim.SGD(reference, lr=0.5, momentum=0.9).step()
+    opt.step()
+    state = c.state_dict()
+    for (n, _), t in zip(c_params, reference):
+        np.testing.assert_allclose(state[n[2:]], t.detach().numpy(), rtol=1e-6, atol=1e-7)
+
+
+_GGUF_REMEDY = (r"GGUF blocks do not train: train a float model \(e\.g\. a new one that loads this model's "
+                r"state_dict\(\), which holds the blocks dequantized to float32\) and give it the blocks afterwards")
+
+
+def test_a_step_after_set_gguf_weights_names_that_call_and_its_remedy():
+    """set_gguf_weights converts weights in place too (GGUF blocks, always in place): the step is
+    refused, and the message named quantize(inplace=True), never called, and proposed quantizing a
+    copy, which gives int8, not the blocks. It names set_gguf_weights and a remedy for GGUF blocks,
+    which works: a float model loaded from the state_dict (the blocks dequantized, as gguf's
+    dequantize gives them) trains as torch's SGD. With int8 (quantize) and GGUF weights both, the
+    message names both calls, each weight with its storage, and both remedies."""
+    import gguf
+
+    q8 = gguf.GGMLQuantizationType.Q8_0
+    x = np.random.default_rng(2).standard_normal((4, 32)).astype(np.float32)
+    lin = tc.nn.Linear(32, 8)
+    opt = tc.optim.SGD(lin.parameters(), lr=0.1)
+    _train_grads(lin, x)
+    opt.step()  # a step before: its cache must not hide the conversion
+    _train_grads(lin, x)
+    blocks = gguf.quants.quantize(lin.state_dict()["weight"], q8)
+    tc.quantization.set_gguf_weights(lin, {"weight": ("Q8_0", blocks)})
+    snapshot = _optimizer_snapshot(opt)
+    with pytest.raises(ValueError) as err:
+        opt.step()
+    message = str(err.value)
+    assert "quantize(" not in message and "inplace" not in message, message
+    assert err.match(r"^step: set_gguf_weights converted weights this optimizer updates: 'weight': held as Q8_0 "
+                     r"GGUF blocks \(a step would write float32 values that the model no longer reads\); nothing "
+                     r"was updated\. " + _GGUF_REMEDY + "$")
+    _assert_unchanged(opt, snapshot)
+    state = lin.state_dict()
+    np.testing.assert_array_equal(state["weight"], gguf.quants.dequantize(blocks, q8))
+    # the remedy: a float model that loads the state_dict trains
+    float_lin = tc.nn.Linear(32, 8)
+    float_lin.load_state_dict(state)
+    named = float_lin.named_parameters()
+    _train_grads(float_lin, x)
+    reference = []
+    for _, p in named:
+        t = torch.nn.Parameter(torch.from_numpy(p.data.copy()))
+        t.grad = torch.from_numpy(p.grad.copy())
+        reference.append(t)
+    torch.optim.SGD(reference, lr=0.1).step()
+    tc.optim.SGD(named, lr=0.1).step()
+    for (n, _), t in zip(named, reference):
+        np.testing.assert_allclose(float_lin.state_dict()[n], t.detach().numpy(), rtol=1e-6, atol=1e-7)
+
+    outer = tc.nn.Linear(32, 8)
+    outer.inner = tc.nn.Linear(32, 8)
+    opt = tc.optim.SGD(outer.parameters(), lr=0.1)
+    outer.eval()
+    tc.quantize(outer, inplace=True, keep_float=["inner.weight"])
+    blocks = gguf.quants.quantize(outer.state_dict()["inner.weight"], q8)
+    tc.quantization.set_gguf_weights(outer, {"inner.weight": ("Q8_0", blocks)})
+    for p in opt.param_groups[0]["params"]:
+        p.grad = np.ones_like(p.data)
+    held = r"\(a step would write float32 values that the model no longer reads\)"
+    with pytest.raises(ValueError, match=r"^step: quantize\(inplace=True\) and set_gguf_weights converted weights "
+                                         r"this optimizer updates: 'weight': held as int8 " + held + r"; "
+                                         r"'inner.weight': held as Q8_0 GGUF blocks " + held + r"; nothing was "
+                                         r"updated\. Int8 weights do not train: .*quantize a copy \(quantize\(model\), "
+                                         r"without inplace\) and keep training this one\. " + _GGUF_REMEDY + "$"):
+        opt.step()

@@ -528,6 +528,38 @@ def test_sdpa_large_scores_stable(rng, dtype):
     assert_close(w, ref_w, dtype, atol_=tol)
 
 
+@pytest.mark.filterwarnings("ignore:Lower right causal bias")
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("L, S", [(3, 7), (5, 5), (1, 9), (7, 3)])
+def test_sdpa_causal_alignment_takes_torchs_names(rng, L, S, dtype):
+    """``causal_alignment`` takes torch's names of the two alignments (``CausalVariant``):
+    ``"upper_left"`` / ``"lower_right"`` give torch's SDPA with ``causal_upper_left`` /
+    ``causal_lower_right`` (and its gradients, in the backward), the same bits as ``"top_left"`` /
+    ``"bottom_right"``. They were a ValueError."""
+    from torch.nn.attention.bias import causal_lower_right, causal_upper_left
+
+    q, k, v = make_qkv(rng, (2, 3), L, S, 8, 5, dtype)
+    g = randn(rng, (2, 3, L, 5), dtype)
+    for name, bias, ours in (("upper_left", causal_upper_left, "top_left"),
+                             ("lower_right", causal_lower_right, "bottom_right")):
+        out, lse = F.scaled_dot_product_attention(q, k, v, is_causal=True, causal_alignment=name, return_lse=True)
+        np.testing.assert_array_equal(out, F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                                                          causal_alignment=ours))
+        grads = tc.backward.scaled_dot_product_attention_backward(q, k, v, out, g, lse, is_causal=True,
+                                                                  causal_alignment=name)
+        mask = bias(L, S)._materialize()
+        valid = mask.any(-1).numpy()  # rows that see a key (torch gives NaN in the others; ours zeros)
+        qt, kt, vt = (to_torch(a).requires_grad_() for a in (q, k, v))
+        ref = TF.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask)
+        (ref[..., valid, :] * to_torch(g)[..., valid, :]).sum().backward()
+        assert_close(out[..., valid, :], ref.detach().numpy()[..., valid, :], dtype, what=f"{name} output")
+        assert np.all(out[..., ~valid, :] == 0)
+        for ours_grad, t, what in zip(grads, (qt, kt, vt), ("query", "key", "value")):
+            assert_close(ours_grad[..., valid, :] if what == "query" else ours_grad,
+                         t.grad.numpy()[..., valid, :] if what == "query" else t.grad.numpy(), dtype,
+                         what=f"{name} grad_{what}")
+
+
 # ------------------------------------------------------------------------------ log-sum-exp
 def torch_lse(q, k, *, bool_mask=None, float_mask=None, is_causal=False, alignment="top_left",
               scale=None):
@@ -802,20 +834,18 @@ def test_sdpa_accepts_torch_call_style(rng):
 
 
 @pytest.mark.parametrize("dropout_p, exc, match", [
-    (0.1, ValueError, r"dropout_p: expected 0\.0, got 0\.1: dropout on the attention probabilities is not supported"
-                      r".*transformer_core\.functional\.dropout.*dropout="),
-    (1.0, ValueError, r"dropout_p: expected 0\.0, got 1\.0"),
-    (-0.5, ValueError, r"dropout_p: expected 0\.0"),
+    (1.5, ValueError, r"dropout_p: expected a finite number in \[0\.0, 1\.0\], got 1\.5"),
+    (-0.5, ValueError, r"dropout_p: expected a finite number in \[0\.0, 1\.0\]"),
     (float("nan"), ValueError, r"dropout_p: expected a finite number"),
     ("0", TypeError, r"dropout_p: expected a number"),
     (None, TypeError, r"dropout_p: expected a number"),
     (True, TypeError, r"dropout_p: expected a number"),  # is_causal given in dropout_p's place
 ])
-def test_sdpa_dropout_p_other_than_zero_is_refused(rng, dropout_p, exc, match):
+def test_sdpa_dropout_p_outside_zero_one_is_refused(rng, dropout_p, exc, match):
+    """dropout_p is torch's probability in [0, 1] (tests/test_attention_dropout.py: its values)."""
     q, k, v = make_qkv(rng, (2,), 3, 4, 8, 8, np.float32)
     with pytest.raises(exc, match=match):
         F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)
-    assert F.dropout(np.ones(4, np.float32), 0.5, seed=1).shape == (4,)  # the function the message names
 
 
 @pytest.mark.parametrize("path", ["flash", "reference"])

@@ -370,10 +370,118 @@ def test_dropout_dropped_nonfinite_is_nan_as_torch(p, dtype):
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+def test_dropout_needs_no_seed_where_it_draws_no_mask_and_names_torchs_training_slot(rng, dtype):
+    """torch's F.dropout(x, p, training) calls: training=False (and p=0) need no seed, as torch's
+    take none, and give torch's values; a training call with p > 0 still needs one. A bool in the
+    seed slot (torch's third positional argument is training) is refused, saying so."""
+    x = randn(rng, (3, 5), dtype)
+    t = to_torch(x)
+    ours = F.dropout(x, p=0.1, training=False)  # was: missing 1 required positional argument: 'seed'
+    assert ours.dtype == np.dtype(dtype) and not np.shares_memory(ours, x)
+    np.testing.assert_array_equal(ours, TF.dropout(t, p=0.1, training=False).numpy())
+    np.testing.assert_array_equal(F.dropout(x, 0.5, training=False), TF.dropout(t, 0.5, False).numpy())
+    no_seed = F.dropout(x, 0.0)  # p=0 keeps every element whatever the seed
+    np.testing.assert_array_equal(no_seed, TF.dropout(t, 0.0).numpy())
+    np.testing.assert_array_equal(no_seed, F.dropout(x, 0.0, 7))
+    np.testing.assert_array_equal(F.dropout(x, 0.5, seed=3), F.dropout(x, 0.5, 3, True))  # a seed: as before
+    slot = r"^seed: expected an int or None, got bool {} \(torch's third positional argument is training; " \
+           r"this function's is seed: pass training= by keyword\)$"
+    for flag in (False, True, np.False_):
+        with pytest.raises(TypeError, match=slot.format(bool(flag))):
+            F.dropout(x, 0.1, flag)
+    with pytest.raises(ValueError, match=r"^seed: a training call with p > 0 needs a seed .* got None \(p=0\.1\)"):
+        F.dropout(x, 0.1)
+    with pytest.raises(ValueError, match=r"^seed: a training call with p > 0 needs a seed"):
+        F.dropout(x, p=1.0, seed=None, training=True)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+def test_dropout_takes_torchs_p_default_and_inplace(rng, dtype):
+    """torch's F.dropout(input, p=0.5, training=True, inplace=False): p defaults to torch's 0.5 (a
+    call without p failed with Python's "missing 1 required positional argument"), and inplace is
+    taken (it was an unexpected keyword). inplace=False: a new array. inplace=True: the result is
+    written into x, which is returned, as torch returns its input: x unchanged with training=False,
+    torch's values with p=0, the out-of-place result (NaN and inf included) with a mask."""
+    import inspect
+
+    assert inspect.signature(F.dropout).parameters["p"].default == inspect.signature(TF.dropout).parameters["p"].default
+    x = randn(rng, (3, 5), dtype)
+    x[0, :3] = [np.nan, np.inf, -np.inf]
+    t = to_torch(x)
+    np.testing.assert_array_equal(F.dropout(x, training=False), TF.dropout(t, training=False).numpy())
+    np.testing.assert_array_equal(F.dropout(x, seed=4), F.dropout(x, 0.5, 4))
+    ours = F.dropout(x, p=0.5, training=False, inplace=False)
+    assert not np.shares_memory(ours, x)
+    np.testing.assert_array_equal(ours, TF.dropout(t, p=0.5, training=False, inplace=False).numpy())
+
+    given, t_given = x.copy(), to_torch(x.copy())
+    assert TF.dropout(t_given, p=0.5, training=False, inplace=True) is t_given
+    assert F.dropout(given, p=0.5, training=False, inplace=True) is given
+    np.testing.assert_array_equal(given, t_given.numpy())
+    assert TF.dropout(t_given, p=0.0, inplace=True) is t_given
+    assert F.dropout(given, p=0.0, inplace=True) is given
+    np.testing.assert_array_equal(given, t_given.numpy())
+    for p, seed in ((0.5, 4), (1.0, 9)):
+        expected = F.dropout(x, p, seed)
+        given = x.copy()
+        assert F.dropout(given, p, seed, inplace=True) is given
+        np.testing.assert_array_equal(given, expected)
+    scalar = np.array(dtype(2.0))
+    assert F.dropout(scalar, 1.0, 0, inplace=True) is scalar and scalar == 0
+
+    head = r"^inplace: True writes the result into x, which must be a writeable, C-contiguous numpy array of " \
+           r"the result's dtype \(float32, or float64 for float64 x\): "
+    result = np.dtype(dtype).name
+    read_only = x.copy()
+    read_only.flags.writeable = False
+    wide = np.zeros((3, 10), dtype)
+    for bad, why in ((x.tolist(), "x is a list, not a numpy array"),
+                     (to_torch(x.copy()), "x is a torch.Tensor, not a numpy array"),
+                     (x.astype(np.float16), "x is float16, the result float32"),
+                     (x.astype(x.dtype.newbyteorder()), rf"x is {x.dtype.newbyteorder().str}, the result {result}"),
+                     (np.asfortranarray(x), "x is not C-contiguous"), (wide[:, ::2], "x is not C-contiguous"),
+                     (read_only, "x is read-only")):
+        values = (lambda a: a.numpy()) if isinstance(bad, torch.Tensor) else np.asarray
+        before = values(bad).copy()
+        with pytest.raises(ValueError, match=head + why + r"; pass inplace=False for a new array$"):
+            F.dropout(bad, 0.5, 4, inplace=True)
+        np.testing.assert_array_equal(values(bad), before)  # nothing written
+    with pytest.raises(ValueError, match=head + r"x is int32, the result float32"):
+        F.dropout(np.ones(3, np.int32), 0.5, training=False, inplace=True)
+    with pytest.raises(TypeError, match=r"^x: expected a real numeric array, got dtype bool"):
+        F.dropout(np.ones(3, bool), 0.5, 4, inplace=True)
+    with pytest.raises(TypeError, match=r"^inplace: expected a bool, got int 1"):
+        F.dropout(x, 0.5, 4, inplace=1)
+    with pytest.raises(TypeError, match=r"positional"):  # keyword only: the fourth slot is training
+        F.dropout(x, 0.5, 4, True, False)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
 def test_glu_one_dim_matches_torch(rng, dtype):
     g, u = randn(rng, (7,), dtype), randn(rng, (7,), dtype)
     assert_close(F.glu(g, u), TF.silu(to_torch(g)) * to_torch(u), dtype, what="swiglu 1-D")
     assert_close(F.glu(g[:1], u[:1], "gelu"), TF.gelu(to_torch(g[:1])) * to_torch(u[:1]), dtype, what="geglu (1,)")
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+def test_glu_refuses_torchs_glu_call_and_its_hint_computes_torchs_glu(rng, dtype):
+    """torch's ``F.glu(x, dim)`` (``a * sigmoid(b)`` of x's two halves) is another function than
+    this glu (``act(gate) * up``): ``glu(x)`` was Python's "missing argument" and ``glu(x, -1)`` a
+    ValueError about up's rank. Both are a TypeError naming up that says so, and the numpy
+    expression the message gives equals torch's F.glu."""
+    x = randn(rng, (4, 6), dtype)
+    for args, got, dim in (((x,), "None", -1), ((x, -1), r"int -1 \(torch's dim\)", -1),
+                           ((x, np.int64(0)), r"int64 0 \(torch's dim\)", 0)):
+        with pytest.raises(TypeError, match=rf"^up: expected an array of gate's shape, got {got}: this glu is the "
+                                            rf"gated feed-forward act\(gate\) \* up, not torch's F.glu") as err:
+            F.glu(*args)
+        # the hint's expression, evaluated as the message writes it, is torch's GLU
+        hint = f"a, b = np.split(x, 2, axis={dim}); a / (1 + np.exp(-b))"
+        assert str(err.value).endswith(f"torch's F.glu(x, {dim}) in numpy: {hint}")
+        scope = {"np": np, "x": x}
+        exec(hint.replace("; ", "\nout = "), scope)
+        assert_close(scope["out"], TF.glu(to_torch(x), dim), dtype, what=f"the hint's GLU, dim {dim}")
+    np.testing.assert_array_equal(F.glu(x, x), F.glu(x, x, "silu"))  # the arrays' call is unchanged
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
@@ -473,6 +581,9 @@ _BAD_SCALARS = {
     "dropout seed=-1": (lambda: F.dropout(_X16, 0.5, -1), ValueError, r"^seed: expected an int in \[0, "),
     "dropout training=1": (lambda: F.dropout(_X16, 0.5, 0, training=1), TypeError,
                            r"^training: expected a bool, got int"),
+    "dropout inplace=1": (lambda: F.dropout(_X16, 0.5, 0, inplace=1), TypeError, r"^inplace: expected a bool, got int"),
+    "dropout inplace float16": (lambda: F.dropout(_X16, 0.5, 0, inplace=True), ValueError,
+                                r"^inplace: .*: x is float16, the result float32;"),
     "sdpa is_causal=1": (lambda: F.scaled_dot_product_attention(_Q16, _KV16, _KV16, is_causal=1), TypeError,
                          r"^is_causal: expected a bool, got int"),
     "sdpa path='x'": (lambda: F.scaled_dot_product_attention(_Q16, _KV16, _KV16, path="x"), ValueError, r"^path: "),
@@ -504,6 +615,7 @@ _BAD_SCALARS = {
                                   r"^dim: expected an int, got bool"),
     "dropout_backward p=2": (lambda: _backward().dropout_backward(_X16, 2.0, 0), ValueError,
                              r"^p: expected a finite number in \[0.0, 1.0\]"),
+    "dropout_backward seed=None": (lambda: _backward().dropout_backward(_X16, 0.5), ValueError, r"^seed: "),
     "embedding_backward padding_idx=9": (lambda: _backward().embedding_backward(np.zeros(2048, np.int64), _X16, 4,
                                                                                 padding_idx=9),
                                          ValueError, r"^padding_idx: expected an int in \[-4, 3\], got 9"),
@@ -536,8 +648,12 @@ def test_documented_type_errors():
         F.dropout(x, 0.5, 0, training=1)
     with pytest.raises(TypeError, match=r"^p: expected a number"):
         F.dropout(x, "0.5", 0)
-    with pytest.raises(TypeError, match=r"^seed: expected an int"):
-        F.dropout(x, 0.5, 1.0)
+    # None is a valid seed: every other type's message says so (it said "expected an int")
+    for bad, what in ((1.0, "float 1.0"), ("a", "str 'a'")):
+        with pytest.raises(TypeError, match=rf"^seed: expected an int or None, got {what}$"):
+            F.dropout(x, 0.5, bad)
+        with pytest.raises(TypeError, match=rf"^seed: expected an int or None, got {what}$"):
+            F.scaled_dot_product_attention(x.reshape(1, 3, 1), x.reshape(1, 3, 1), x.reshape(1, 3, 1), seed=bad)
 
 
 # ------------------------------------------------ shapes and dtypes are checked before any copy
@@ -564,6 +680,8 @@ _BAD_SHAPES = {
                         r"^weight: expected shape \(4096,\) to match x's last dim, got \(7,\)"),
     "glu shapes": (lambda x: F.glu(x, np.ones((3, 3), np.float16)), ValueError,
                    r"^up: expected the shape of gate \(4000, 4096\), got \(3, 3\)"),
+    "glu torch's dim": (lambda x: F.glu(x, -1), TypeError, r"^up: expected an array of gate's shape, got int -1"),
+    "glu torch's one argument": (lambda x: F.glu(x), TypeError, r"^up: expected an array of gate's shape, got None"),
     "cross_entropy float target": (lambda x: F.cross_entropy(x, np.ones(4000)), TypeError,
                                    r"^target: expected integer class indices, got dtype float64"),
     "cross_entropy target shape": (lambda x: F.cross_entropy(x, np.ones(3, int)), ValueError,

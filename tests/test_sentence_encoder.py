@@ -115,6 +115,38 @@ def test_encode_batch_size_preserves_order(encoder, reference_embeddings, batch_
     assert cos.min() >= 0.99999
 
 
+def test_encode_names_batch_size_for_a_batch_too_large(encoder, reference_embeddings, monkeypatch):
+    """A batch whose padding or forward needs more than this machine's memory named input_ids or
+    texts[a:b], which encode does not take: it names batch_size now, asks for a smaller one, and
+    keeps the check's own words. A batch of one text keeps the forward's error (batch_size is not
+    at fault), and a batch_size that fits gives the reference embeddings. (The machine's memory is
+    patched: the report's case was 100001 texts of up to 256 tokens, 39.7 GB.)"""
+    import transformer_core.bert as tcb
+    import transformer_core.tokenizer as tct
+
+    n = len(SENTENCES)
+    width = encoder.tokenizer.encode_batch(SENTENCES)["input_ids"].shape[1]
+    assert n >= 3
+    # the forward needs 384 · 4 bytes a position and the inputs' copies (17 bytes): 2 rows fit, n do not
+    monkeypatch.setattr(tcb, "physical_memory_bytes", lambda: 3200 * width)
+    with pytest.raises(ValueError, match=rf"^batch_size: a batch of {n} texts padded to {width} tokens is too large "
+                                         rf"for this machine's memory; use a smaller batch_size \(the default is "
+                                         rf"32\)\. What was checked: input_ids: shape \({n}, {width}\) needs \d+ bytes"):
+        encoder.encode(SENTENCES, batch_size=2**40)
+    ref, _ = reference_embeddings
+    np.testing.assert_allclose(encoder.encode(SENTENCES, batch_size=2), ref, atol=1e-4)
+    monkeypatch.setattr(tcb, "physical_memory_bytes", lambda: 100)
+    with pytest.raises(ValueError, match=r"^input_ids: shape \(1, \d+\) needs \d+ bytes"):
+        encoder.encode(SENTENCES, batch_size=1)
+    monkeypatch.undo()
+    # the tokenizer's padding (three int64 arrays) checked first: no width yet
+    monkeypatch.setattr(tct, "physical_memory_bytes", lambda: 100)
+    with pytest.raises(ValueError, match=rf"^batch_size: a batch of {n} texts is too large for this machine's "
+                                         rf"memory; use a smaller batch_size \(the default is 32\)\. What was "
+                                         rf"checked: texts\[0:{n}\]: padding {n} texts"):
+        encoder.encode(SENTENCES, batch_size=n)
+
+
 def test_encode_is_mean_pool_of_the_model_bitwise(encoder):
     """encode's pooling (a plain sum over L: the model leaves zeros at padding positions) gives
     mean_pool's bits on a padded batch, and those zeros are really there."""
@@ -132,6 +164,34 @@ def test_encode_is_mean_pool_of_the_model_bitwise(encoder):
     expected = np.empty_like(emb)
     expected[order] = tc.mean_pool(sorted_hidden, sorted_enc["attention_mask"])
     np.testing.assert_array_equal(emb, expected)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
+def test_mean_pool_non_finite_values_match_sentence_transformers_without_numpy_warnings(dtype):
+    """An inf in a padded position (``inf · 0``) leaked numpy's "invalid value encountered in
+    multiply" RuntimeWarning, and a sum past the dtype's max its "overflow" one. The values are
+    sentence-transformers' formula in torch (``(h * m).sum(1) / m.sum(1).clamp(min=1e-9)``): NaN,
+    inf or finite where it gives them, and no warning (warnings are errors here)."""
+    import warnings
+
+    import torch
+
+    big = np.finfo(dtype).max
+    h = np.array([[[1.0, 2.0], [np.inf, -np.inf], [0.5, 1.0]],   # inf and -inf padded: NaN
+                  [[np.nan, 1.0], [2.0, 3.0], [1.0, 1.0]],       # NaN padded: NaN
+                  [[big, 1.0], [big, 2.0], [1.0, 0.0]],          # a sum past the max: inf
+                  [[np.inf, 4.0], [1.0, 2.0], [3.0, 5.0]],       # inf among the real tokens: inf
+                  [[np.inf, 1.0], [1.0, 1.0], [1.0, 1.0]]], dtype)  # no real token: inf · 0
+    mask = np.array([[1, 0, 1], [0, 1, 1], [1, 1, 0], [1, 1, 1], [0, 0, 0]])
+    ht = torch.from_numpy(h)
+    mt = torch.from_numpy(mask).unsqueeze(-1).to(ht.dtype)
+    ref = ((ht * mt).sum(1) / mt.sum(1).clamp(min=1e-9)).numpy()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = tc.mean_pool(h, mask)
+    assert out.dtype == dtype
+    np.testing.assert_array_equal(out, ref)  # NaN where the reference has NaN, inf where it has inf
+    assert np.isnan(out[0]).all() and np.isnan(out[1, 0]) and np.isinf(out[2, 0]) and np.isnan(out[4, 0])
 
 
 @pytest.mark.filterwarnings("ignore:attention_probs_dropout_prob")

@@ -162,9 +162,10 @@ def test_feed_forwards(rng, dtype, kind):
 # --------------------------------------------------------------------------------------------------
 
 def torch_attention_ref(params: dict, q_in, k_in, v_in, H, Hkv, *, bool_mask=None, float_mask=None,
-                        key_mask=None, causal=False, rotary=None, packed=True):
+                        key_mask=None, causal=False, rotary=None, packed=True, dropout=None):
     """Multi-head attention in torch ops (GQA by repeating heads; our conventions for masks; a row that
-    sees no key gives zeros), as a function of the parameter tensors."""
+    sees no key gives zeros), as a function of the parameter tensors. ``dropout``: an (N, H, L, S)
+    tensor the probabilities are multiplied by (a dropout's keep / (1 - p))."""
     N, L, E = q_in.shape
     S = k_in.shape[1]
     D = E // H
@@ -201,6 +202,8 @@ def torch_attention_ref(params: dict, q_in, k_in, v_in, H, Hkv, *, bool_mask=Non
     s = s.masked_fill(~allowed, float("-inf"))
     valid = ~torch.isneginf(s.detach()).all(-1, keepdim=True)
     p = torch.softmax(s.masked_fill(~valid, 0.0), -1) * valid
+    if dropout is not None:
+        p = p * dropout
     ctx = (p @ v).transpose(1, 2).reshape(N, L, H * D)
     out = ctx @ params["out_proj.weight"].T
     if "out_proj.bias" in params:

@@ -329,20 +329,24 @@ def _attention_dropout_models():
                                              attention_dropout=0.1)), "attention_dropout"
 
 
-def test_attention_dropout_warning_names_the_callers_line():
-    """The warning that a config's attention-probability dropout is not applied names the line that
-    called the model (the training lock's wrapper and the models' helpers lie between: it named a
-    line of module.py)."""
+def test_attention_dropout_of_a_config_is_applied_without_a_warning():
+    """A config's attention-probability dropout applies in training (it used to be skipped with a
+    warning): no warning, and the training output differs from the eval one while a seed fixes it
+    (tests/test_attention_dropout.py checks the values and gradients)."""
     ids = np.arange(10).reshape(2, 5)
     for model, field in _attention_dropout_models():
-        model.train()
         # BERT's training forward; a causal LM's training call is its loss (its forward is inference)
-        for call in [lambda: model(ids)] if isinstance(model, tc.BertModel) else [lambda: model.loss(ids, ids)]:
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
-                call()
-            assert [str(w.message).split(":")[0] for w in caught] == [field]
-            assert caught[0].filename == __file__, (field, caught[0].filename, caught[0].lineno)
+        def call():
+            tc.manual_seed(1)
+            return (model(ids).last_hidden_state if isinstance(model, tc.BertModel)
+                    else np.asarray(model.loss(ids, ids)))
+        plain = call()
+        model.train()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            dropped = call()
+        assert not np.array_equal(dropped, plain), field
+        np.testing.assert_array_equal(call(), dropped)
 
 
 def test_interleaved_llama_speaks_hf_row_order(rng, tmp_path):

@@ -4,6 +4,7 @@
 // (dtype, shape, C-contiguous, writeable), since an in-place update of a silent copy would be lost.
 #include "common.hpp"
 #include "transformer_core/ops/activation.hpp"
+#include "transformer_core/ops/attention.hpp"
 #include "transformer_core/ops/backward.hpp"
 
 namespace transformer_core::bindings {
@@ -268,7 +269,8 @@ void register_dtype(py::module_& m) {
   m.def(("scaled_dot_product_attention_backward" + sfx).c_str(),
         [](const py::array& query, const py::array& key, const py::array& value, const py::array& out,
            const py::array& grad_out, const CArray<T>& lse, const py::object& bool_mask, const py::object& float_mask,
-           const py::object& key_mask, bool is_causal, int64_t causal_offset, double scale) {
+           const py::object& key_mask, bool is_causal, int64_t causal_offset, double scale, double dropout_p,
+           uint64_t seed) {
           const auto q = view4<T>(query, "query"), k = view4<T>(key, "key"), v = view4<T>(value, "value");
           const auto o = view4<T>(out, "out"), d = view4<T>(grad_out, "grad_out");
           const auto masks = make_masks<T>(bool_mask, float_mask, key_mask, is_causal, causal_offset);
@@ -296,6 +298,7 @@ void register_dtype(py::module_& m) {
           a.head_dim = D, a.v_head_dim = Dv;
           a.scale = static_cast<T>(scale);
           static_cast<kernels::AttentionMasks<T>&>(a) = masks;
+          ops::set_attention_dropout(a, dropout_p, seed);
           b.dout = d.data;
           b.do_stride_n = d.stride[0], b.do_stride_h = d.stride[1], b.do_stride_l = d.stride[2];
           b.lse = lse.data();
@@ -313,7 +316,7 @@ void register_dtype(py::module_& m) {
         },
         py::arg("query"), py::arg("key"), py::arg("value"), py::arg("out"), py::arg("grad_out"), py::arg("lse"),
         py::arg("bool_mask"), py::arg("float_mask"), py::arg("key_mask"), py::arg("is_causal"),
-        py::arg("causal_offset"), py::arg("scale"));
+        py::arg("causal_offset"), py::arg("scale"), py::arg("dropout_p") = 0.0, py::arg("seed") = 0);
 }
 
 }  // namespace

@@ -103,7 +103,8 @@ void register_dtype(py::module_& m) {
   m.def(("scaled_dot_product_attention" + sfx).c_str(),
         [](const py::array& query, const py::array& key, const py::array& value, const py::object& bool_mask,
            const py::object& float_mask, const py::object& key_mask, bool is_causal, int64_t causal_offset,
-           double scale, bool return_weights, const std::string& path, bool return_lse) -> py::object {
+           double scale, bool return_weights, const std::string& path, bool return_lse, double dropout_p,
+           uint64_t seed) -> py::object {
           const auto q = view4<T>(query, "query"), k = view4<T>(key, "key"), v = view4<T>(value, "value");
           const auto masks = make_masks<T>(bool_mask, float_mask, key_mask, is_causal, causal_offset);
           const int64_t N = q.shape[0], H = q.shape[1], L = q.shape[2], D = q.shape[3];
@@ -125,6 +126,7 @@ void register_dtype(py::module_& m) {
           a.head_dim = D, a.v_head_dim = Dv;
           a.scale = static_cast<T>(scale);
           static_cast<kernels::AttentionMasks<T>&>(a) = masks;
+          ops::set_attention_dropout(a, dropout_p, seed);
           if (return_weights) {
             auto w = new_array<T>({N, H, L, S}, "return_weights: the weights (N, H, L, S)");
             a.weights = w.mutable_data();
@@ -148,7 +150,8 @@ void register_dtype(py::module_& m) {
         },
         py::arg("query"), py::arg("key"), py::arg("value"), py::arg("bool_mask"), py::arg("float_mask"),
         py::arg("key_mask"), py::arg("is_causal"), py::arg("causal_offset"), py::arg("scale"),
-        py::arg("return_weights"), py::arg("path"), py::arg("return_lse") = false);
+        py::arg("return_weights"), py::arg("path"), py::arg("return_lse") = false, py::arg("dropout_p") = 0.0,
+        py::arg("seed") = 0);
 
   // Sequences packed end to end: query [T, H, D], key [T, H_kv, D], value [T, H_kv, Dv] (rows of
   // sequence n: [cu_seqlens[n], cu_seqlens[n + 1])) -> out [T, H, Dv]. Checked in functional.py.

@@ -177,7 +177,8 @@ void register_dtype(py::module_& m) {
           "forward_train",
           [](MHA& self, const CArray<T>& query, const py::object& key, const py::object& value,
              const py::object& bool_mask, const py::object& float_mask, const py::object& key_mask, bool is_causal,
-             const std::string& path, const layers::RotaryEmbedding<T>* rotary, const py::object& position_ids) {
+             const std::string& path, const layers::RotaryEmbedding<T>* rotary, const py::object& position_ids,
+             double dropout, uint64_t seed) {
             const bool self_attention = key.is_none();
             const T* kp = self_attention ? query.data() : optional_data<T>(key);
             const T* vp = self_attention ? query.data() : optional_data<T>(value);
@@ -188,6 +189,7 @@ void register_dtype(py::module_& m) {
             in.path = ops::parse_attention_path(path);
             in.rotary = rotary;
             in.positions = optional_data<int64_t>(position_ids);
+            in.dropout = dropout, in.dropout_seed = seed;
             auto out = like<T>({N, L, self.embed_dim()});
             T* op = out.mutable_data();
             {
@@ -198,7 +200,7 @@ void register_dtype(py::module_& m) {
           },
           py::arg("query").noconvert(), py::arg("key").noconvert(), py::arg("value").noconvert(),
           py::arg("bool_mask"), py::arg("float_mask"), py::arg("key_mask"), py::arg("is_causal"), py::arg("path"),
-          py::arg("rotary"), py::arg("position_ids"))
+          py::arg("rotary"), py::arg("position_ids"), py::arg("dropout") = 0.0, py::arg("seed") = 0)
       // dout [N, L, E] -> dquery, or (dquery, dkey, dvalue) with key_shape / value_shape given
       .def(
           "backward",
@@ -230,7 +232,7 @@ void register_dtype(py::module_& m) {
           "forward_train",
           [](Encoder& self, const CArray<T>& src, const py::object& bool_mask, const py::object& float_mask,
              const py::object& key_mask, bool is_causal, const std::string& path, double p, double ffn_p,
-             uint64_t seed) {
+             uint64_t seed, double attn_p) {
             const int64_t N = src.shape(0), L = src.shape(1);
             const auto masks = make_masks<T>(bool_mask, float_mask, key_mask, is_causal, 0);
             const auto ap = ops::parse_attention_path(path);
@@ -238,12 +240,13 @@ void register_dtype(py::module_& m) {
             T* op = out.mutable_data();
             {
               ModuleCall call;
-              self.forward_train(src.data(), N, L, op, masks, ap, Dropout{p, ffn_p, 0, seed});
+              self.forward_train(src.data(), N, L, op, masks, ap, Dropout{p, ffn_p, 0, seed, attn_p});
             }
             return out;
           },
           py::arg("src").noconvert(), py::arg("bool_mask"), py::arg("float_mask"), py::arg("key_mask"),
-          py::arg("is_causal"), py::arg("path"), py::arg("dropout"), py::arg("ffn_dropout"), py::arg("seed"))
+          py::arg("is_causal"), py::arg("path"), py::arg("dropout"), py::arg("ffn_dropout"), py::arg("seed"),
+          py::arg("attn_dropout") = 0.0)
       .def(
           "backward",
           [](Encoder& self, const CArray<T>& dout) {
@@ -263,7 +266,7 @@ void register_dtype(py::module_& m) {
           [](Decoder& self, const CArray<T>& tgt, const CArray<T>& memory, const py::object& self_bool_mask,
              const py::object& self_float_mask, const py::object& self_key_mask, bool tgt_is_causal,
              const py::object& cross_bool_mask, const py::object& cross_float_mask, const py::object& cross_key_mask,
-             const std::string& path, double p, double ffn_p, uint64_t seed) {
+             const std::string& path, double p, double ffn_p, uint64_t seed, double attn_p) {
             const int64_t N = tgt.shape(0), Tq = tgt.shape(1), S = memory.shape(1);
             const auto self_masks = make_masks<T>(self_bool_mask, self_float_mask, self_key_mask, tgt_is_causal, 0);
             const auto cross_masks = make_masks<T>(cross_bool_mask, cross_float_mask, cross_key_mask, false, 0);
@@ -273,14 +276,14 @@ void register_dtype(py::module_& m) {
             {
               ModuleCall call;
               self.forward_train(tgt.data(), N, Tq, memory.data(), S, op, self_masks, cross_masks, ap,
-                                 Dropout{p, ffn_p, 0, seed});
+                                 Dropout{p, ffn_p, 0, seed, attn_p});
             }
             return out;
           },
           py::arg("tgt").noconvert(), py::arg("memory").noconvert(), py::arg("self_bool_mask"),
           py::arg("self_float_mask"), py::arg("self_key_mask"), py::arg("tgt_is_causal"), py::arg("cross_bool_mask"),
           py::arg("cross_float_mask"), py::arg("cross_key_mask"), py::arg("path"), py::arg("dropout"),
-          py::arg("ffn_dropout"), py::arg("seed"))
+          py::arg("ffn_dropout"), py::arg("seed"), py::arg("attn_dropout") = 0.0)
       // dout [N, T, E] -> (dtgt [N, T, E], dmemory [N, S, E])
       .def(
           "backward",
@@ -307,7 +310,7 @@ void register_dtype(py::module_& m) {
           "loss",
           [](models::DecoderModel<T>& self, const CArray<int64_t>& input_ids, const CArray<int64_t>& targets,
              const py::object& attention_mask, const py::object& position_ids, int64_t ignore_index, bool training,
-             double resid_dropout, double embed_dropout, uint64_t seed) {
+             double resid_dropout, double embed_dropout, uint64_t seed, double attn_dropout) {
             const int64_t N = input_ids.shape(0), L = input_ids.shape(1);
             const uint8_t* mask = attention_mask.is_none()
                                       ? nullptr
@@ -318,7 +321,7 @@ void register_dtype(py::module_& m) {
               ModuleCall call;
               if (training)
                 r = self.loss_train(input_ids.data(), targets.data(), N, L, positions, mask, ignore_index,
-                                    Dropout{resid_dropout, 0, embed_dropout, seed});
+                                    Dropout{resid_dropout, 0, embed_dropout, seed, attn_dropout});
               else
                 r = self.loss(input_ids.data(), targets.data(), N, L, positions, mask, ignore_index);
             }
@@ -326,7 +329,7 @@ void register_dtype(py::module_& m) {
           },
           py::arg("input_ids"), py::arg("targets"), py::arg("attention_mask"), py::arg("position_ids"),
           py::arg("ignore_index"), py::arg("training"), py::arg("resid_dropout"), py::arg("embed_dropout"),
-          py::arg("seed"))
+          py::arg("seed"), py::arg("attn_dropout") = 0.0)
       .def(
           "backward",
           [](models::DecoderModel<T>& self) {
@@ -340,7 +343,7 @@ void register_dtype(py::module_& m) {
       .def(
           "forward_train",
           [](models::BertModel<T>& self, const CArray<int64_t>& input_ids, const py::object& attention_mask,
-             const py::object& token_type_ids, double hidden_dropout, uint64_t seed) {
+             const py::object& token_type_ids, double hidden_dropout, uint64_t seed, double attn_dropout) {
             const int64_t N = input_ids.shape(0), L = input_ids.shape(1), H = self.config().hidden_size;
             const uint8_t* mask = attention_mask.is_none()
                                       ? nullptr
@@ -357,12 +360,12 @@ void register_dtype(py::module_& m) {
             T* hp = hidden.mutable_data();
             {
               ModuleCall call;
-              self.forward_train(input_ids.data(), mask, tt, N, L, hp, pp, Dropout{hidden_dropout, 0, 0, seed});
+              self.forward_train(input_ids.data(), mask, tt, N, L, hp, pp, Dropout{hidden_dropout, 0, 0, seed, attn_dropout});
             }
             return py::make_tuple(hidden, pooled);
           },
           py::arg("input_ids"), py::arg("attention_mask"), py::arg("token_type_ids"), py::arg("hidden_dropout"),
-          py::arg("seed"))
+          py::arg("seed"), py::arg("attn_dropout") = 0.0)
       .def(
           "backward",
           [](models::BertModel<T>& self, const CArray<T>& d_hidden, const py::object& d_pooled) {

@@ -491,24 +491,33 @@ def rotary_backward(grad_output, cos, sin, layout: str = "half", unsqueeze_dim: 
     return _rotate(variant("rotary_backward", g.dtype.type), g, cos, sin, layout, unsqueeze_dim, "grad_output")
 
 
-def dropout_backward(grad_output, p: float, seed: int) -> np.ndarray:
+def dropout_backward(grad_output, p: float, seed: int | None = None) -> np.ndarray:
     """Backward of ``functional.dropout``: ``grad_x = keep ? grad_y / (1 - p) : grad_y · 0`` (0, or
     NaN for a non-finite ``grad_y``, as torch's product with the scaled mask), with the
     mask regenerated from ``(seed, flat index)`` (Philox4x32-10): pass the forward's ``p`` and ``seed``.
+    Where the forward drew no mask its backward is the identity: with ``p=0`` ``seed`` may be None,
+    as in the forward. This function has no ``training`` flag: the gradient of a forward with
+    ``training=False`` (and ``p > 0``) is ``grad_output`` itself.
 
     Args:
         grad_output: the gradient w.r.t. the dropout's output, the forward's shape.
         p: the forward's drop probability, in [0, 1].
-        seed: the forward's seed, an int in [0, 2**64).
+        seed: the forward's seed, an int in [0, 2**64); None (the default) only with ``p=0``.
 
     Returns:
         ``grad_x``, the shape of ``grad_output``; float64 if it is float64 (or wider), else float32.
 
     Raises:
-        ValueError: ``p`` outside [0, 1], ``seed`` out of range, empty input.
-        TypeError: non-numeric ``grad_output``, ``p`` not a number, ``seed`` not an int.
+        ValueError: ``p`` outside [0, 1], ``seed`` out of range, ``seed`` None with ``p > 0``,
+            empty input.
+        TypeError: non-numeric ``grad_output``, ``p`` not a number, ``seed`` neither None nor an int.
     """
     p, seed = _check_p(p), _check_seed(seed)  # before any array is copied
+    if seed is None and p > 0:
+        raise ValueError(f"seed: the backward of a dropout with p > 0 (p={p}) regenerates the forward's mask from "
+                         f"its seed: pass the seed the forward was given, got None")
+    if seed is None:  # p == 0: every element kept, whatever the seed
+        seed = 0
     g = as_float(grad_output, "grad_output")
     return _dropped_times_zero(g, variant("dropout", g.dtype.type)(g, p, seed), p)
 
@@ -608,7 +617,7 @@ def cross_entropy_with_grad(logits, target, ignore_index: int = -100, label_smoo
 def scaled_dot_product_attention_backward(query, key, value, out, grad_out, lse, attn_mask=None, *,
                                           query_mask=None, key_mask=None, is_causal: bool = False,
                                           scale: float | None = None, causal_alignment: str = "top_left",
-                                          enable_gqa: bool = False):
+                                          enable_gqa: bool = False, dropout_p: float = 0.0, seed: int | None = None):
     """Backward of ``functional.scaled_dot_product_attention``, FlashAttention-2's algorithm 2 (Dao
     2023) on the CPU: the probabilities are recomputed tile by tile from the forward's log-sum-exp,
     never stored (O(tile) extra memory)::
@@ -631,6 +640,10 @@ def scaled_dot_product_attention_backward(query, key, value, out, grad_out, lse,
     With GQA, ``grad_key``/``grad_value`` are summed over the query heads that share a key/value head.
     The masks get no gradient. Deterministic: bitwise the same for any thread count.
 
+    With the forward's ``dropout_p`` and ``seed`` (its mask Z = keep / (1 - p), regenerated from the
+    seed, never stored): ``grad_V = (P ∘ Z)ᵀ grad_out``, ``dS = P ∘ ((grad_out Vᵀ) ∘ Z - Δ)``, ``P``
+    the undropped probabilities (which ``lse`` gives) and ``out`` the forward's dropped output.
+
     Args:
         query: ``(..., L, E)``.  key: ``(..., S, E)``.  value: ``(..., S, Ev)`` (as the forward's).
         out: ``(..., L, Ev)``, the forward's output.  grad_out: ``(..., L, Ev)``.
@@ -638,6 +651,9 @@ def scaled_dot_product_attention_backward(query, key, value, out, grad_out, lse,
             (``logsumexp(scale · Q Kᵀ + mask)`` over the keys; -inf for a row that sees no key).
         attn_mask, query_mask, key_mask, is_causal, scale, causal_alignment, enable_gqa: exactly
             the forward's.
+        dropout_p, seed: the forward's dropout on the probabilities and the seed of its mask (the
+            forward's ``seed``: when it drew one from the package's generator, pass that seed to both
+            calls instead). ``seed`` is needed when ``dropout_p > 0``.
 
     Returns:
         ``(grad_query (..., L, E), grad_key (..., S, E), grad_value (..., S, Ev))``, float64 if any
@@ -647,10 +663,17 @@ def scaled_dot_product_attention_backward(query, key, value, out, grad_out, lse,
     Raises:
         ValueError: shapes that do not match the forward's rules, ``out``/``grad_out``/``lse`` of the
             wrong shape, masks that do not broadcast, bad ``causal_alignment``, a NaN ``scale`` or
-            one infinite in the dtype (above its ``finfo.max``).
-        TypeError: non-numeric arrays, masks neither bool nor float, ``scale`` not a number.
+            one infinite in the dtype (above its ``finfo.max``); ``dropout_p`` outside [0, 1],
+            ``seed`` outside ``[0, 2**64)`` or None with ``dropout_p > 0``.
+        TypeError: non-numeric arrays, masks neither bool nor float, ``scale`` or ``dropout_p`` not a
+            number, ``seed`` not an int.
     """
     scale, is_causal = _given_scale(scale), check_bool(is_causal, "is_causal")  # before any array is copied
+    dropout_p = check_float(dropout_p, "dropout_p", minimum=0.0, maximum=1.0)
+    if seed is None and dropout_p > 0:
+        raise ValueError(f"seed: the backward of a dropout (dropout_p={dropout_p}) needs the seed of the forward's "
+                         f"mask, got None")
+    seed = 0 if seed is None else _check_seed(seed)
     out, grad_out, lse = _read_once(out, "out"), _read_once(grad_out, "grad_out"), _read_once(lse, "lse")
     q, k, v, dtype, lead, L, S, E, heads, n, kv_heads, offset = _attention_inputs(
         query, key, value, enable_gqa, causal_alignment, ((out, "out"), (grad_out, "grad_out"), (lse, "lse")))
@@ -667,5 +690,5 @@ def scaled_dot_product_attention_backward(query, key, value, out, grad_out, lse,
     dq, dk, dv = variant("scaled_dot_product_attention_backward", dtype)(
         q.reshape(n, heads, L, E), k.reshape(n, kv_heads, S, E), v.reshape(n, kv_heads, S, Ev),
         o.reshape(n, heads, L, Ev), go.reshape(n, heads, L, Ev), lse_arr.reshape(n, heads, L),
-        _as_4d(bool_mask, shape4), _as_4d(float_mask, shape4), key_slot, is_causal, offset, scale)
+        _as_4d(bool_mask, shape4), _as_4d(float_mask, shape4), key_slot, is_causal, offset, scale, dropout_p, seed)
     return dq.reshape(q.shape), dk.reshape(k.shape), dv.reshape(v.shape)

@@ -39,7 +39,7 @@ from .hub import (
     read_config,
     resolve_model_dir,
 )
-from .module import Module, check_dropout, warn_attention_dropout
+from .module import Module, check_dropout
 from .nn import _check_feedforward_activations, _feedforward_fits
 from .positional import _check_embedding_tables
 
@@ -64,9 +64,9 @@ class BertConfig:
     layer_norm_eps: float = 1e-12
     pad_token_id: int = 0
     add_pooling_layer: bool = True
-    #: dropout of training forwards (Hugging Face's default 0.1; 0 here unless a config sets it) on
-    #: the embeddings and on both residual branches of every layer. attention_probs_dropout_prob is
-    #: NOT applied (a warning says so when it is > 0 in training).
+    #: dropout of training forwards (Hugging Face's defaults 0.1; 0 here unless a config sets them):
+    #: hidden_dropout_prob on the embeddings and on both residual branches of every layer,
+    #: attention_probs_dropout_prob on every layer's attention probabilities.
     hidden_dropout_prob: float = 0.0
     attention_probs_dropout_prob: float = 0.0
 
@@ -340,15 +340,18 @@ class BertModel(Module):
         """Runs BERT.
 
         Args:
-            input_ids: ``(N, L)`` (or ``(L,)``) integer token ids in ``[0, vocab_size)``,
-                ``L <= max_position_embeddings``.
-            attention_mask: ``(N, L)``, 1/True = a real token, 0 = padding (Hugging Face's
-                convention); None = all real.
-            token_type_ids: ``(N, L)`` segment ids in ``[0, type_vocab_size)``; None = zeros.
+            input_ids: ``(N, L)`` integer token ids in ``[0, vocab_size)``,
+                ``L <= max_position_embeddings``; or ``(L,)``, one sequence, read as ``(1, L)``.
+            attention_mask: ``(N, L)`` (``(L,)`` as ``(1, L)`` too), 1/True = a real token, 0 =
+                padding (Hugging Face's convention); None = all real.
+            token_type_ids: ``(N, L)`` (``(L,)`` as ``(1, L)`` too) segment ids in
+                ``[0, type_vocab_size)``; None = zeros.
 
         Returns:
             :class:`BertOutput` with ``last_hidden_state (N, L, H)`` and ``pooler_output (N, H)``
-            (None without a pooler), in ``self.dtype``. With padding, the layers run on the real
+            (None without a pooler), in ``self.dtype``. A 1-D ``(L,)`` ``input_ids`` keeps its
+            batch dim N = 1 in the outputs: ``(1, L, H)`` and ``(1, H)`` (not the ``nn`` layers'
+            unbatched ``(L, E) -> (L, E)``). With padding, the layers run on the real
             tokens only and the hidden states of padding positions are zeros (as torch's
             nested-tensor encoder returns them); real tokens match Hugging Face's. The pooler reads
             position 0's state as Hugging Face computes it even where that position is padding
@@ -371,10 +374,9 @@ class BertModel(Module):
         ids, mask, tt = self._check_inputs(input_ids, attention_mask, token_type_ids, packed=not self.training,
                                            pool=self.config.add_pooling_layer)
         if self.training:
-            name = "attention_probs_dropout_prob"
-            warn_attention_dropout(check_dropout(getattr(self.config, name), name), name)
             p = check_dropout(self.config.hidden_dropout_prob, "hidden_dropout_prob")
-            hidden, pooled = self._impl.forward_train(ids, mask, tt, p, self._dropout_seed(p))
+            attn = check_dropout(self.config.attention_probs_dropout_prob, "attention_probs_dropout_prob")
+            hidden, pooled = self._impl.forward_train(ids, mask, tt, p, self._dropout_seed(max(p, attn)), attn)
             self._saved = ids.shape
         else:
             hidden, pooled = self._impl.forward(ids, mask, tt)
@@ -554,7 +556,8 @@ class BertEmbeddings(Module):
         return cls(model.config, model.dtype, weights=sd)
 
     def forward(self, input_ids, token_type_ids=None) -> np.ndarray:
-        """``input_ids (N, L)`` -> ``(N, L, H)`` embeddings of ``self.dtype``.
+        """``input_ids (N, L)`` -> ``(N, L, H)`` embeddings of ``self.dtype``; a 1-D ``(L,)`` is read as
+        ``(1, L)`` and gives ``(1, L, H)``.
 
         Args:
             input_ids: ``(N, L)`` (or ``(L,)``) ids in ``[0, vocab_size)``, ``L <= max_position_embeddings``.

@@ -1,7 +1,7 @@
 """Chatting with a causal LM (SmolLM2-135M-Instruct by default): the conversation rendered with the
-model's chat template, each reply streamed as it is generated, and the KV cache kept between turns
-so a turn runs only its new tokens (the KV-cache section of the tutorials, at the scale of a
-conversation).
+model's chat template, each reply streamed as it is generated, and the KV cache
+(:class:`transformer_core.KVCache`, after Hugging Face transformers' ``DynamicCache``) kept between
+turns so a turn runs only its new tokens.
 
     session = ChatSession.from_pretrained("SmolLM2-135M-Instruct", system="You are terse.")
     reply = session.send("What is the capital of France?", on_text=print)

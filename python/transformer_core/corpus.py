@@ -1800,6 +1800,16 @@ class EmbedJob:
     ``.npy`` output's chunks are written in the order :meth:`pending` gives them, each once (its
     texts are appended to one file); a Parquet output's in any order. :func:`embed_file` runs
     the chunks in this process, :func:`transformer_core.distributed.embed_corpus` on Dask workers.
+
+    Attributes:
+        out: the output's final path (a ``Path``, ``~`` expanded); the data is written beside it
+            (:attr:`data_path`) until :meth:`finish`.
+        kind: ``"npy"`` or ``"parquet"``, from ``out``'s suffix.
+        manifest: the manifest as a dict (``OUT.manifest.json``, :func:`manifest_path`), the
+            record the properties below read.
+        source: the input, the :class:`TextSource` or :class:`ListSource` given to :meth:`prepare`.
+        num_rows, num_chunks, chunk_size, dim, complete, run: read-only properties of the
+            manifest (each documented below).
     """
 
     def __init__(self, out: Path, kind: str, manifest: dict, source):
@@ -1851,7 +1861,8 @@ class EmbedJob:
     # ------------------------------------------------------------------------------ prepare
     @classmethod
     def prepare(cls, source, out, model: dict, *, chunk_size: int | None = None, resume: bool = False,
-                overwrite: bool = False, normalize: bool | None = None, batch_size: int | None = None) -> "EmbedJob":
+                overwrite: bool = False, normalize: bool | None = None, batch_size: int | None = None,
+                float32_only: bool = False) -> "EmbedJob":
         """Checks the output path and, for ``resume``, the manifest against this input and model;
         for a new run reads the input once (counting and validating every record). Writes nothing,
         removes nothing.
@@ -1873,12 +1884,15 @@ class EmbedJob:
             batch_size: texts per forward pass, recorded: a resumed run must use the same (a batch
                 rounds each text by its shape, about 1e-7, so another would not give the bits an
                 uninterrupted run gives). None: not recorded, not checked.
+            float32_only: the caller cannot quantize (:func:`transformer_core.distributed.embed_corpus`):
+                resuming an output made with ``--quantize`` is refused with a message that sends
+                the user to a single-machine run, not to ``--quantize``.
 
         Raises:
             Every argument is checked first, before the input is read:
             TypeError: ``source`` neither a TextSource nor a ListSource; ``model`` not a dict;
-                ``chunk_size`` or ``batch_size`` neither None nor an int; ``resume`` or ``overwrite``
-                not a bool, ``normalize`` neither None nor a bool (0 and 1 included); ``out`` not a
+                ``chunk_size`` or ``batch_size`` neither None nor an int; ``resume``, ``overwrite``
+                or ``float32_only`` not a bool, ``normalize`` neither None nor a bool (0 and 1 included); ``out`` not a
                 str or path.
             ValueError: a bad ``out`` suffix; ``model`` without one of its fields, or with one of
                 the wrong type or value (named); ``chunk_size`` or ``batch_size`` outside
@@ -1906,6 +1920,7 @@ class EmbedJob:
         batch_size = check_optional_int(batch_size, "batch_size", 1)
         resume = check_bool(resume, "resume")
         overwrite = check_bool(overwrite, "overwrite")
+        float32_only = check_bool(float32_only, "float32_only")
         normalize = None if normalize is None else check_bool(normalize, "normalize")
         if resume and overwrite:
             raise ValueError("resume and overwrite: give one or the other")
@@ -1918,7 +1933,7 @@ class EmbedJob:
             raise FileNotFoundError(f"out: the directory {parent} does not exist (for {out})")
         _check_not_locked(out)
         if resume:
-            return cls._prepare_resume(source, out, kind, model, chunk_size, batch_size, normalize)
+            return cls._prepare_resume(source, out, kind, model, chunk_size, batch_size, normalize, float32_only)
         existing = [p for p in (out, _partial_path(out), manifest_path(out)) if p.exists()]
         if existing and not overwrite:
             try:
@@ -1952,7 +1967,7 @@ class EmbedJob:
 
     @classmethod
     def _prepare_resume(cls, source, out: Path, kind: str, model: dict, chunk_size, batch_size,
-                        normalize) -> "EmbedJob":
+                        normalize, float32_only: bool = False) -> "EmbedJob":
         try:
             man = read_manifest(out)
         except FileNotFoundError:
@@ -1965,6 +1980,12 @@ class EmbedJob:
             old_q, new_q = old_model.get("quantize"), model.get("quantize")
             if old_q != new_q and old_model["name"] == model["name"]:
                 # The quantize setting enters the fingerprint: the same model, not the same embeddings.
+                if float32_only and old_q:  # the distributed job: --quantize is not an option there
+                    raise ValueError(f"resume: {out} was embedded {_quantized(old_q)}, and the distributed job "
+                                     f"(--workers/--scheduler) embeds in float32 only; a single-machine run "
+                                     f"continues it (embed_file(..., quantize={old_q!r}), or the embed command "
+                                     f"with --quantize {old_q} and without --workers/--scheduler), "
+                                     f"--overwrite starts over")
                 raise ValueError(f"resume: {out} was embedded {_quantized(old_q)}, this run {_quantized(new_q)}; "
                                  f"{'--quantize ' + old_q if old_q else 'leaving out --quantize'} continues it, "
                                  f"--overwrite starts over")
@@ -2630,15 +2651,18 @@ def embed_summary(input, *, model=DEFAULT_MODEL, limit: int = 20, input_format=N
     from .sentence_encoder import SentenceEncoder
 
     t0 = time.perf_counter()
-    for name, value in (("limit", limit), ("chunk_size", chunk_size), ("batch_size", batch_size)):
-        check_positive_int(value, name)
+    # Python ints from here on (a numpy int64 limit of 2**63 - 1 would wrap around at limit + 1)
+    limit, chunk_size, batch_size = (check_positive_int(value, name) for name, value in (
+        ("limit", limit), ("chunk_size", chunk_size), ("batch_size", batch_size)))
     check_bool(progress, "progress")
     _check_quantize(quantize)
     _check_model(model)
     source = _as_source(input, input_format, text_field, errors)
     encoder = SentenceEncoder.from_pretrained(model, quantize=quantize)
     it = iter(source)
-    head = list(itertools.islice(it, limit + 1))
+    # one text past the limit tells a longer source; islice stops at sys.maxsize (2**63 - 1, the
+    # largest limit), and no source holds more texts than that
+    head = list(itertools.islice(it, min(limit + 1, sys.maxsize)))
     if not head:
         identity = source.identity() if isinstance(source, TextSource) else {}
         raise ValueError(f"{getattr(source, 'arg_name', 'input')}: {source.describe()} has no text to embed ({_why_empty(source, identity)})")

@@ -72,13 +72,39 @@ class CausalLMOutput:
 
     Attributes:
         logits: ``(N, L, vocab_size)`` float (``(N, k, vocab_size)`` with ``logits_to_keep=k``).
-        past_key_values: the :class:`KVCache` (with ``use_cache``), else None.
+        past_key_values: the :class:`KVCache` when ``use_cache`` (default: the config's, True),
+            else None (see :meth:`DecoderModel.forward`).
         last_hidden_state: ``(N, L, hidden_size)`` after the final norm.
     """
 
     logits: np.ndarray
     past_key_values: KVCache | None
     last_hidden_state: np.ndarray
+
+
+def _is_legacy_cache(value) -> bool:
+    """Whether ``value`` looks like Hugging Face's legacy cache: a tuple or list whose first item is
+    a ``(keys, values)`` pair of 4-D arrays or tensors (a mask given as nested lists holds numbers)."""
+    if not isinstance(value, (tuple, list)) or not value:
+        return False
+    pair = value[0]
+    return (isinstance(pair, (tuple, list)) and len(pair) == 2
+            and all(getattr(item, "ndim", None) == 4 for item in pair))
+
+
+def _refuse_cache_as_mask(attention_mask) -> None:
+    """TypeError when the ``attention_mask`` slot holds a cache: Hugging Face's GPT-2 forward takes
+    ``past_key_values`` second (``model(ids, past)``); this forward takes ``attention_mask`` second
+    (as Hugging Face's Llama). Checked before anything else."""
+    if isinstance(attention_mask, KVCache):
+        got = "a KVCache"
+    elif _is_legacy_cache(attention_mask):
+        got = f"Hugging Face's legacy {type(attention_mask).__name__} of (keys, values) pairs"
+    else:
+        return
+    raise TypeError(f"attention_mask: expected an (N, past + L) mask, got {got}: the second positional argument "
+                    "here is attention_mask (Hugging Face's GPT-2 takes past_key_values second); pass the cache "
+                    "by keyword: model(input_ids, past_key_values=cache)")
 
 
 def positions_from_mask(attention_mask, past: int) -> np.ndarray:
@@ -192,6 +218,9 @@ class DecoderModel(Module):
     #: :class:`~transformer_core.llama.LlamaModel` sets it); None: a model of learned positions
     #: (GPT-2), without rotary tables.
     rope_layout: str | None = None
+    #: Whether ``forward(..., use_cache=False)`` returns a ``past_key_values`` it was given (updated):
+    #: Hugging Face's ``LlamaModel`` does; its ``GPT2Model`` returns None (GPT-2 sets False).
+    _returns_given_cache: bool = True
 
     def __init__(self, config, dtype=np.float32):
         sfx = self._init_dtype(dtype)
@@ -237,6 +266,21 @@ class DecoderModel(Module):
         reserved (it grows as needed)."""
         return KVCache(self.config.num_layers, batch, self.config.num_kv_heads, self.head_dim, capacity, self.dtype,
                        key_order=self._key_order)
+
+    def _resolve_use_cache(self, use_cache, past_key_values) -> bool:
+        """Whether ``forward`` returns the cache: ``use_cache`` (None: the config's
+        ``extra['use_cache']``, True when absent: Hugging Face's default), or, for a model that
+        returns a cache it was given (``_returns_given_cache``), ``past_key_values`` given.
+
+        Raises:
+            TypeError: ``use_cache`` neither None nor a bool; a config ``use_cache`` not a bool.
+        """
+        if use_cache is None:
+            extra = getattr(self.config, "extra", None) or {}
+            use_cache = check_bool(extra.get("use_cache", True), "config.extra['use_cache']")
+        else:
+            use_cache = check_bool(use_cache, "use_cache")
+        return use_cache or (past_key_values is not None and self._returns_given_cache)
 
     def _model_cache(self, past_key_values, N: int) -> KVCache:
         """``past_key_values`` as a :class:`KVCache` of this model for a batch of ``N``: a KVCache as
@@ -341,7 +385,7 @@ class DecoderModel(Module):
                              "smaller batch or shorter prompts")
 
     def forward(self, input_ids, attention_mask=None, position_ids=None, past_key_values=None,
-                use_cache: bool = False):
+                use_cache: bool | None = None):
         """Runs the decoder.
 
         Args:
@@ -355,28 +399,41 @@ class DecoderModel(Module):
                 forward). For a left-padded row to get the logits of the row alone, pass the
                 positions counted over its real tokens: ``positions_from_mask(attention_mask,
                 past)`` (what ``generate`` passes, as Hugging Face's ``generate``).
-            past_key_values: a :class:`KVCache` (updated in place) or Hugging Face's legacy tuple of
-                per-layer ``(keys, values)``.
-            use_cache: return the cache.
+            past_key_values: a :class:`KVCache` (updated in place, whatever ``use_cache``, as
+                Hugging Face's) or Hugging Face's legacy tuple of per-layer ``(keys, values)``
+                (copied into a new KVCache, which is the one returned).
+            use_cache: whether to return the cache, to pass as ``past_key_values`` to the next
+                call. None (default) = the config's ``use_cache`` (``config.extra['use_cache']``,
+                read from ``config.json``; True when absent), as Hugging Face's forward: so
+                ``out = model(ids)``, then ``model(next_ids, past_key_values=out.past_key_values)``
+                continues the sequence. False: None, except that a Llama given ``past_key_values``
+                returns it (Hugging Face's ``LlamaModel`` does; its ``GPT2Model`` returns None).
+                Without ``past_key_values``, the cache returned is a new one of this call's L
+                positions (``2 · num_layers · N · L · num_kv_heads · head_dim`` values): the
+                forward makes it whatever ``use_cache``, and returning it keeps it allocated as
+                long as the output is held.
 
         Returns:
             ``(hidden (N, L, hidden_size), cache or None)`` in ``self.dtype``.
 
         Raises:
+            TypeError: a :class:`KVCache` or Hugging Face's legacy tuple as ``attention_mask``
+                (Hugging Face's GPT-2 order, ``model(ids, past)``: pass ``past_key_values=`` by
+                keyword), checked first; ``use_cache`` (or the config's) neither None nor a bool;
+                ids neither integers nor whole-number floats (a float array of whole numbers is
+                taken); a ``past_key_values`` cache of another dtype than the model's.
             ValueError: ids out of range, too long a sequence, masks, positions or caches that do
                 not fit; a batch whose KV cache or feed-forward activations would exceed this
                 machine's memory (naming ``input_ids`` and its batch size, before the cache is
                 allocated); positions whose rotary cos and sin tables would exceed this machine's
                 memory (naming ``position_ids``, or ``input_ids`` for the positions derived from
-                it). TypeError:
-                ids neither integers nor whole-number floats (a float array of whole numbers is
-                taken); a ``past_key_values`` cache of another dtype than the model's.
-                Every check runs before a cache is made or the caller's grows: a refused call
+                it). Every check runs before a cache is made or the caller's grows: a refused call
                 leaves ``past_key_values``' length and capacity as they were. ValueError too
                 when a call in another thread holds ``past_key_values`` (one cache, one sequence
                 of calls).
         """
-        use_cache = check_bool(use_cache, "use_cache")
+        _refuse_cache_as_mask(attention_mask)
+        use_cache = self._resolve_use_cache(use_cache, past_key_values)
         # the caller's cache held from the checks of its length to the end of the C++ call
         given = past_key_values if isinstance(past_key_values, KVCache) else None
         outermost = given is not None and given._hold()
@@ -412,12 +469,13 @@ class CausalLM(DecoderModel, GenerationMixin):
     generation_config: dict | None = None
 
     def forward(self, input_ids, attention_mask=None, position_ids=None, past_key_values=None,
-                use_cache: bool = False, logits_to_keep: int = 0) -> CausalLMOutput:
+                use_cache: bool | None = None, logits_to_keep: int = 0) -> CausalLMOutput:
         """Next-token logits.
 
         Args:
             input_ids, attention_mask, position_ids, past_key_values, use_cache: as
-                :meth:`DecoderModel.forward`.
+                :meth:`DecoderModel.forward` (``use_cache`` None = the config's, True by default, as
+                Hugging Face's: the output's ``past_key_values`` holds the cache).
             logits_to_keep: 0 = logits for every position; k > 0 = only the last k (a decoding
                 step needs 1).
 
@@ -429,8 +487,9 @@ class CausalLM(DecoderModel, GenerationMixin):
             in ``[0, L]``. Every check runs before the decoder: a refused call leaves
             ``past_key_values`` as it was.
         """
+        _refuse_cache_as_mask(attention_mask)
         keep = check_int(logits_to_keep, "logits_to_keep", 0)
-        use_cache = check_bool(use_cache, "use_cache")
+        use_cache = self._resolve_use_cache(use_cache, past_key_values)
         L = ids_shape(input_ids, "input_ids")[1]  # the ids are copied in forward, after its checks
         if keep > L:  # before the decoder runs: a cache passed in is not extended by a refused call
             raise ValueError(f"logits_to_keep: expected an int in [0, {L}] (the input length), got {keep}")
@@ -441,9 +500,10 @@ class CausalLM(DecoderModel, GenerationMixin):
         logits = self._impl.logits(np.ascontiguousarray(kept).reshape(-1, E)).reshape(N, kept.shape[1], -1)
         return CausalLMOutput(logits=logits, past_key_values=cache if use_cache else None, last_hidden_state=hidden)
 
-    def _dropout_probs(self) -> tuple[float, float]:
-        """(residual dropout, embedding dropout) of the training forward (subclasses: the config's)."""
-        return 0.0, 0.0
+    def _dropout_probs(self) -> tuple[float, float, float]:
+        """(residual dropout, embedding dropout, attention-probability dropout) of the training
+        forward (subclasses: the config's)."""
+        return 0.0, 0.0, 0.0
 
     def _training_inputs(self, input_ids, attention_mask, position_ids):
         """loss's inputs checked: ``(ids, mask, positions)`` as :meth:`_prepare`'s. What needs only
@@ -506,10 +566,10 @@ class CausalLM(DecoderModel, GenerationMixin):
         lab = _check_labels(labels, ids.shape, self.config.vocab_size, ignore_index)
         targets = np.full(ids.shape, ignore_index, np.int64)  # position t predicts labels[:, t + 1]
         targets[:, :-1] = lab[:, 1:]
-        resid, embed = self._dropout_probs() if self.training else (0.0, 0.0)
-        seed = self._dropout_seed(max(resid, embed), None if seed is None else check_int(seed, "seed", 0))
+        resid, embed, attn = self._dropout_probs() if self.training else (0.0, 0.0, 0.0)
+        seed = self._dropout_seed(max(resid, embed, attn), None if seed is None else check_int(seed, "seed", 0))
         value, _count, finite = self._impl.loss(ids, targets, mask, positions, ignore_index, self.training,
-                                                resid, embed, seed)
+                                                resid, embed, seed, attn)
         if not finite:
             raise NonFiniteLossError(f"loss: the loss is {value} (non-finite); no gradient was touched and nothing "
                                      "was kept for backward (lower the learning rate, check the inputs)", value)

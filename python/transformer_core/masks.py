@@ -45,7 +45,8 @@ __all__ = [
 ]
 
 #: Default cut of :func:`from_additive`: entries <= this value are "blocked". -9000 catches
-#: -inf, ``torch.finfo(dtype).min`` (Hugging Face), -1e9 / -1e20 (the tutorials) and the
+#: -inf (the overview and encoder tutorials), -1e20 (the einsum tutorial), -1e9 (common
+#: elsewhere), ``torch.finfo(dtype).min`` (Hugging Face) and the
 #: ``(1 - mask) * -10000.0`` of the original BERT in every float dtype: float16 holds -10000
 #: exactly, bfloat16 rounds it to -9984 (its spacing there is 64), which a cut of -1e4 would
 #: have let through. Ordinary additive biases stay above it, so they stay allowed: ALiBi's
@@ -57,17 +58,36 @@ ADDITIVE_BLOCKED_AT = -9000.0
 
 _to_numpy = to_numpy
 
+#: The causal alignments by name: this library's, and torch's names of the same two
+#: (``torch.nn.attention.bias.CausalVariant.UPPER_LEFT`` / ``LOWER_RIGHT``, ``causal_upper_left`` /
+#: ``causal_lower_right``) as aliases.
+_CAUSAL_ALIGNMENTS = {"top_left": "top_left", "bottom_right": "bottom_right",
+                      "upper_left": "top_left", "lower_right": "bottom_right"}
+
+
+def _causal_alignment(value, name: str) -> str:
+    """``value`` as one of this library's alignments, ``"top_left"`` or ``"bottom_right"``; torch's
+    ``"upper_left"`` / ``"lower_right"`` are taken as these. TypeError for a non-str (an int
+    ``CausalVariant`` member too), ValueError for another name; both name ``name``."""
+    if not isinstance(value, str):
+        check_choice(value, name, ("top_left", "bottom_right"))  # its TypeError
+    if value in _CAUSAL_ALIGNMENTS:
+        return _CAUSAL_ALIGNMENTS[value]
+    raise ValueError(f"{name}: expected one of 'top_left', 'bottom_right' (or torch's names of the same, "
+                     f"'upper_left', 'lower_right'), got {value!r}")
+
 
 def causal_mask(L: int, S: int | None = None, alignment: str = "top_left") -> np.ndarray:
     """The causal (autoregressive) mask: query ``i`` may attend to key ``j`` only if ``j`` is not
     in its future (the tutorials' ``create_causal_mask``, GPT's decoder; Vaswani et al. 2017, §3.2.3).
 
-    ``alignment="top_left"`` (torch's ``is_causal``, ``causal_upper_left``)::
+    ``alignment="top_left"`` (torch's ``is_causal``, ``causal_upper_left``; ``"upper_left"``, torch's
+    name, is taken too)::
 
         mask[i, j] = j <= i                   (L = S: torch.tril(torch.ones(L, L)) == 1)
 
-    ``alignment="bottom_right"`` (``causal_lower_right``; decoding with a KV cache, where the L new
-    queries are the last L of the S keys)::
+    ``alignment="bottom_right"`` (torch's ``causal_lower_right``; ``"lower_right"``, torch's name, is
+    taken too; decoding with a KV cache, where the L new queries are the last L of the S keys)::
 
         mask[i, j] = j <= i + S - L
 
@@ -77,7 +97,8 @@ def causal_mask(L: int, S: int | None = None, alignment: str = "top_left") -> np
     Args:
         L: query length, >= 1.
         S: key length, >= 1; default ``L``.
-        alignment: ``"top_left"`` or ``"bottom_right"``.
+        alignment: ``"top_left"`` or ``"bottom_right"``; or torch's names of the same two
+            (``torch.nn.attention.bias.CausalVariant``), ``"upper_left"`` and ``"lower_right"``.
 
     Returns:
         ``(L, S)`` bool, True = may attend. For L = S = 4 (the tutorial's printout)::
@@ -89,14 +110,18 @@ def causal_mask(L: int, S: int | None = None, alignment: str = "top_left") -> np
 
     Raises:
         TypeError: non-int ``L``/``S``, non-str ``alignment``. ValueError: ``L``/``S`` < 1, an
-            ``(L, S)`` mask larger than this machine's memory, or unknown ``alignment``.
+            ``(L, S)`` mask larger than this machine's memory (counted with the two int64 index
+            vectors of ``L`` and ``S`` values it is built from), or unknown ``alignment``.
     """
     L = check_positive_int(L, "L")
     S = L if S is None else check_positive_int(S, "S")
-    alignment = check_choice(alignment, "alignment", ("top_left", "bottom_right"))
-    check_allocatable((L, S), 1, "L, S")
+    alignment = _causal_alignment(alignment, "alignment")
     diagonal = 0 if alignment == "top_left" else S - L
-    return np.tri(L, S, k=diagonal, dtype=bool)  # no index arrays: only the mask is allocated
+    # np.tri builds the mask as greater_equal.outer(arange(L), arange(-diagonal, S - diagonal)): two
+    # int64 index vectors besides it, larger than the mask itself when L or S is below 8
+    check_allocatable((L * S + 8 * (L + S),), 1, f"L, S: the ({L}, {S}) mask and np.tri's int64 index vectors "
+                                                 f"of L and S values")
+    return np.tri(L, S, k=diagonal, dtype=bool)
 
 
 def padding_mask(lengths, max_len: int | None = None) -> np.ndarray:
@@ -140,14 +165,18 @@ def padding_mask_from_ids(input_ids, pad_token_id: int) -> np.ndarray:
     """Key-padding mask from token ids: ``input_ids != pad_token_id`` (True = a real token).
 
     Args:
-        input_ids: ``(N, L)`` integer ids (a 1-D ``(L,)`` gains N = 1).
+        input_ids: ``(N, L)`` integer ids, or floats that are whole numbers (a 1-D ``(L,)`` gains
+            N = 1).
         pad_token_id: the padding id (BERT: 0).
 
     Returns:
         ``(N, L)`` bool.
 
     Raises:
-        TypeError: non-integer ids or ``pad_token_id``. ValueError: wrong rank or empty ids.
+        TypeError: ids neither integers nor whole-number floats (bool, complex, non-integral or
+            non-finite floats; a float array of whole numbers is taken); a non-int
+            ``pad_token_id``. ValueError: wrong rank or empty ids, ids outside int64,
+            ``pad_token_id`` outside int64.
     """
     pad_token_id = check_int(pad_token_id, "pad_token_id", -2**63, 2**63 - 1)
     ids = as_ids(input_ids, "input_ids")

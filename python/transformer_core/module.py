@@ -78,8 +78,28 @@ from typing import NamedTuple
 import numpy as np
 
 from ._runtime import dtype_suffix
-from ._validation import _is_torch_tensor, as_weight, check_bool, resolve_dtype, to_numpy, user_stacklevel
+from ._validation import _is_torch_tensor, as_weight, check_bool, resolve_dtype, to_numpy
 from .parameter import Parameter, freezing_refused
+
+__all__ = [
+    "Module",
+    "FixedSetting",
+    "fixed_setting_refusal",
+    "NoTrainingStateError",
+    "WeightsChangedError",
+    "NonFiniteLossError",
+    "manual_seed",
+    "get_rng_state",
+    "set_rng_state",
+    "next_seed",
+    "sampling_seed",
+    "skip_weight_init",
+    "check_dropout",
+    "renamed_keyword",
+    "weights_written",
+    "storage_changed",
+    "TIED_HEAD_COPY",
+]
 
 _SEEDS = np.random.default_rng(0)
 #: Whether the program seeded the generator (:func:`manual_seed`, :func:`set_rng_state`): until it
@@ -211,16 +231,6 @@ def check_dropout(p, name: str = "dropout") -> float:
     if not 0.0 <= p < 1.0:
         raise ValueError(f"{name}: expected a probability in [0, 1), got {p}")
     return p
-
-
-def warn_attention_dropout(p: float, name: str) -> None:
-    """Warns (a ``UserWarning`` at the user's line) when ``p``, a model config's dropout on the
-    attention probabilities (``name``: GPT-2's ``attn_pdrop``, BERT's
-    ``attention_probs_dropout_prob``, Llama's ``attention_dropout``), is above 0 in a training
-    forward: this library does not implement that dropout, so it is not applied."""
-    if p > 0:
-        warnings.warn(f"{name}: dropout on the attention probabilities is not implemented; it is not applied",
-                      stacklevel=user_stacklevel())
 
 
 class NoTrainingStateError(RuntimeError):

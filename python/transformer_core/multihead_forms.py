@@ -341,6 +341,12 @@ def from_einsum_shared(state, num_heads: int) -> dict[str, np.ndarray]:
             ``fc_out.weight (E, E)``, ``fc_out.bias (E)``.
         num_heads: H, with ``H · d = E``.
 
+    Returns:
+        ``{"in_proj_weight" (3E, E), "in_proj_bias" (3E), "out_proj.weight" (E, E),
+        "out_proj.bias" (E)}``, for ``nn.MultiheadAttention(E, H)``: new numpy arrays, the
+        in-projection block-diagonal as above and its bias zeros; float64 stays float64, other
+        dtypes float32.
+
     Raises:
         TypeError: non-mapping ``state``, non-int ``num_heads``. ValueError: wrong names or
             shapes, ``H · d != E``.
@@ -371,6 +377,12 @@ def from_einsum_as_written(state, num_heads: int) -> dict[str, np.ndarray]:
         state: ``fc_out.weight (E, E)``, ``fc_out.bias (E)``, and optionally the unused
             ``queries.weight``, ``keys.weight``, ``values.weight``.
         num_heads: H, dividing E (only checked: identity projections do not depend on it).
+
+    Returns:
+        ``{"in_proj_weight" (3E, E), "in_proj_bias" (3E), "out_proj.weight" (E, E),
+        "out_proj.bias" (E)}``, for ``nn.MultiheadAttention(E, H)``: new numpy arrays, the
+        in-projection ``[I_E; I_E; I_E]`` and its bias zeros; float64 stays float64, other dtypes
+        float32.
 
     Raises:
         TypeError / ValueError: as :func:`from_einsum_shared`.

@@ -20,9 +20,9 @@ unlike torch's, which start in training mode. After ``layer.train()`` a forward 
 backward needs, and ``layer.backward(grad_output)`` returns the gradient of the input(s) and adds
 every parameter's gradient (``named_parameters()``, ``gradients()``); the math is each layer's C++
 backward (FlashAttention-2's for attention). The inputs of a training forward are copied when the
-caller could still change them. Dropout (``dropout=`` of the encoder/decoder layers, torch's
-dropout1/2/3 and the feed-forward's) applies in training forwards only, with seeded masks
-(:func:`transformer_core.manual_seed`); attention-probability dropout is not implemented.
+caller could still change them. Dropout (``dropout=`` of the layers: torch's dropout1/2/3, the
+feed-forward's and the attention probabilities') applies in training forwards only, with seeded
+masks (:func:`transformer_core.manual_seed`).
 
 Masks. The padding masks ``key_mask``/``src_key_mask``/``tgt_key_mask``/``memory_key_mask`` are
 bool, True = a real (non-padding) token: the library's one convention (True = may attend), which is
@@ -54,6 +54,7 @@ import warnings
 import numpy as np
 
 from ._runtime import core as _core
+from ._runtime import variant
 from ._validation import (
     _unbroadcast,
     activation,
@@ -389,15 +390,19 @@ def _check_batch_first(batch_first) -> None:
                          "x.transpose(1, 0, 2) and transpose the output back the same way")
 
 
-def _check_torch_mha_args(bias, dropout, batch_first, add_bias_kv, add_zero_attn) -> None:
+def _is_torch_dropout(value) -> bool:
+    """Whether ``value`` reads as a dropout probability given positionally in torch's order: a
+    number (an int such as 0 too), not a bool."""
+    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
+
+
+def _check_torch_mha_args(bias, batch_first, add_bias_kv, add_zero_attn) -> None:
     """torch's MultiheadAttention arguments that this layer takes only at what it does, each refused
-    otherwise by name; and a float ``bias``: torch's third positional argument is ``dropout``."""
-    if isinstance(bias, (float, np.floating)):
-        raise TypeError(f"bias: expected a bool, got float {bias} (torch's third positional argument is dropout, "
-                        f"this layer's is bias: pass dropout= by keyword)")
-    if check_dropout(dropout) != 0.0:
-        raise ValueError(f"dropout: expected 0.0, got {dropout}: attention-probability dropout is not implemented "
-                         f"(the encoder/decoder layers' dropout= is torch's dropout1/2/3)")
+    otherwise by name; and a number ``bias`` (a float, or an int such as 0): torch's third
+    positional argument is ``dropout``."""
+    if _is_torch_dropout(bias):
+        raise TypeError(f"bias: expected a bool, got {type(bias).__name__} {bias} (torch's third positional argument "
+                        f"is dropout, this layer's is bias: pass dropout= by keyword)")
     _check_batch_first(batch_first)
     for name, value in (("add_bias_kv", add_bias_kv), ("add_zero_attn", add_zero_attn)):
         if check_bool(value, name):
@@ -420,12 +425,18 @@ class MultiheadAttention(Module):
             with a ``DeprecationWarning``.
         kdim, vdim: feature sizes of key and value (default E).
         dtype: ``np.float32`` (default) or ``np.float64``; inputs are cast to it.
-        dropout, batch_first, add_bias_kv, add_zero_attn: (keyword) torch's, taken only at what this
-            layer does: ``dropout=0.0`` (attention-probability dropout is not implemented),
-            ``batch_first=True``, ``add_bias_kv=False``, ``add_zero_attn=False``; another value is a
-            ``ValueError`` naming it (``batch_first=False``: pass ``x.transpose(1, 0, 2)``). (torch's
-            third positional argument is ``dropout``, this layer's ``bias``: a float there is a
-            ``TypeError`` saying so.)
+        dropout: (keyword) torch's: the probability of dropping an attention probability in a
+            training forward (Srivastava et al. 2014; the weights are then scaled by
+            ``1 / (1 - dropout)``), in [0, 1). Its mask is drawn from the package's generator
+            (:func:`transformer_core.manual_seed`) by the rule of
+            :func:`functional.scaled_dot_product_attention`'s ``dropout_p``, not from torch's.
+            May be changed between calls.
+        batch_first, add_bias_kv, add_zero_attn: (keyword) torch's, taken only at what this
+            layer does: ``batch_first=True``, ``add_bias_kv=False``, ``add_zero_attn=False``;
+            another value is a ``ValueError`` naming it (``batch_first=False``: pass
+            ``x.transpose(1, 0, 2)``). (torch's third positional argument is ``dropout``, this
+            layer's ``bias``: a number there, a float or an int such as 0, is a ``TypeError``
+            saying so.)
 
     Starts in eval mode (``training`` False), unlike torch's modules, which start in training mode:
     call ``train()`` before a training forward.
@@ -448,10 +459,11 @@ class MultiheadAttention(Module):
 
     Raises:
         ValueError: E not divisible by H, H not divisible by num_key_value_heads, non-positive sizes;
-            a torch argument this layer does not implement (see above).
+            ``dropout`` outside [0, 1); a torch argument this layer does not implement (see above).
         TypeError: non-int sizes; non-bool ``bias``, ``batch_first``, ``add_bias_kv`` or
-            ``add_zero_attn`` (a float ``bias``: the message says torch's third positional argument is
-            ``dropout``); a non-number ``dropout``; a ``dtype`` other than float32/float64.
+            ``add_zero_attn`` (a number ``bias``, a float or an int such as 0: the message says torch's
+            third positional argument is ``dropout``); a non-number ``dropout``; a ``dtype`` other
+            than float32/float64.
     """
 
     # None as torch's where a layer is built without them: in_proj_bias (bias=False), in_proj_weight
@@ -477,7 +489,8 @@ class MultiheadAttention(Module):
                  kdim: int | None = None, vdim: int | None = None, dtype=np.float32, dropout: float = 0.0,
                  batch_first: bool = True, add_bias_kv: bool = False, add_zero_attn: bool = False):
         sfx = self._init_dtype(dtype)
-        _check_torch_mha_args(bias, dropout, batch_first, add_bias_kv, add_zero_attn)
+        _check_torch_mha_args(bias, batch_first, add_bias_kv, add_zero_attn)
+        self.dropout = check_dropout(dropout)
         embed_dim = check_positive_int(embed_dim, "embed_dim")
         num_heads = check_positive_int(num_heads, "num_heads")
         if embed_dim % num_heads != 0:
@@ -595,9 +608,10 @@ class MultiheadAttention(Module):
             output projection (so the output row is ``out_proj.bias``) and weights of zeros.
 
         In training mode (``train()``) the call keeps what :meth:`backward` needs (the projected q,
-        k, v, the context and each row's log-sum-exp); it takes no ``past_key_values`` then. Its
-        weights (``need_weights``) come from an inference forward of the same inputs (the same
-        probabilities: attention-probability dropout is not implemented), run first.
+        k, v, the context and each row's log-sum-exp); it takes no ``past_key_values`` then, and
+        drops attention probabilities with probability ``self.dropout`` (a seed from the package's
+        generator per call). Its weights (``need_weights``) are then the dropped ones, scaled by
+        ``1 / (1 - dropout)``, as torch's in training: those the output was computed with.
 
         Every shape is checked before anything is converted or copied.
 
@@ -727,10 +741,15 @@ class MultiheadAttention(Module):
             k_kept = q_kept if self_attention else _kept(k, key)
             v_kept = q_kept if self_attention else (k_kept if v is k else _kept(v, value))
             kv = (None, None) if self_attention else (k_kept, v_kept)
+            p = check_dropout(self.dropout)  # an attribute: may have been changed
+            seed = self._dropout_seed(p)
             if need_weights:  # the training forward computes none: an inference forward's, before any state is kept
                 weights = self._impl.forward(q_kept, *kv, *masks, bool(is_causal), 0, True, path, None, 0,
                                              rotary_impl, positions)[1]
-            out = self._impl.forward_train(q_kept, *kv, *masks, bool(is_causal), path, rotary_impl, positions)
+                if p > 0:  # the forward's mask: the same (seed, flat index of (n, h, l, s))
+                    weights = variant("dropout", self.dtype)(weights, p, seed)
+            out = self._impl.forward_train(q_kept, *kv, *masks, bool(is_causal), path, rotary_impl, positions,
+                                           dropout=p, seed=seed)
             # the C++ layer keeps pointers to these until backward
             self._saved = (q_kept, k_kept, v_kept, masks, rotary, positions, self_attention,
                            key is not None or value is not None, unbatched)
@@ -1150,8 +1169,9 @@ class TransformerEncoderLayer(_LayerSettings):
             (torch's own fast path, in eval under no_grad, runs ``nn.GELU(approximate="tanh")`` as
             erf's GELU; its regular path, and this layer, as the tanh form: about 1e-4 apart.)
         dtype: ``np.float32`` or ``np.float64``.
-        dropout: (keyword) torch's dropout1/2 and the feed-forward's, in training forwards only
-            (default 0; torch's is 0.1). Attention-probability dropout is not implemented.
+        dropout: (keyword) torch's, in training forwards only (default 0; torch's is 0.1): on the
+            self-attention's probabilities (torch's ``self_attn.dropout``), on both residual branches
+            (``dropout1``/``dropout2``) and between the feed-forward's two linears.
         batch_first: (keyword) torch's; True, the default here, is this layer's one layout
             ``(N, L, E)`` (torch's ``batch_first=True``). False (torch's default, ``(L, N, E)``) is a
             ``ValueError``: pass ``src.transpose(1, 0, 2)`` and transpose the output back.
@@ -1175,7 +1195,8 @@ class TransformerEncoderLayer(_LayerSettings):
     Raises:
         TypeError: non-int ``d_model``/``nhead``/``dim_feedforward``; ``activation`` neither a str nor one
             of the callables above (for a
-            float, the message says torch's fourth positional argument is ``dropout``);
+            number, a float or an int such as 0, the message says torch's fourth positional argument
+            is ``dropout``);
             ``layer_norm_eps`` or ``dropout`` not a number; ``norm_first``, ``bias`` or ``batch_first``
             not a bool; a ``dtype`` other than float32/float64.
         ValueError: sizes < 1, ``d_model`` not a multiple of ``nhead``, an unknown ``activation`` (the
@@ -1255,7 +1276,7 @@ class TransformerEncoderLayer(_LayerSettings):
         if self.training:
             x = _kept(x, src)
             p = self.dropout
-            out = self._impl.forward_train(x, *masks, bool(is_causal), path, p, p, self._dropout_seed(p))
+            out = self._impl.forward_train(x, *masks, bool(is_causal), path, p, p, self._dropout_seed(p), p)
             self._saved = (x, masks, unbatched)  # the C++ layer keeps pointers to these until backward
         else:
             out = self._impl.forward(x, *masks, bool(is_causal), path)
@@ -1276,6 +1297,16 @@ class TransformerEncoderLayer(_LayerSettings):
         return d[0] if unbatched else d
 
 
+def _refuse_dropout_as_activation(activation, ordinal: str, what: str) -> None:
+    """TypeError for a number (a float, or an int such as 0) given as ``activation``: the
+    ``ordinal`` positional argument of the torch class (``"fourth"`` for the encoder and decoder
+    layers, ``"sixth"`` for ``nn.Transformer``) is ``dropout``, this ``what``'s (``"layer"``,
+    ``"model"``) is ``activation``."""
+    if _is_torch_dropout(activation):
+        raise TypeError(f"activation: expected a str, got {type(activation).__name__} {activation} (torch's {ordinal} "
+                        f"positional argument is dropout, this {what}'s is activation: pass dropout= by keyword)")
+
+
 def _check_layer_args(self, d_model, nhead, dim_feedforward, activation, layer_norm_eps, norm_first, bias) -> None:
     """Checks an encoder or decoder layer's arguments and sets them, as its read-only settings
     (:class:`~transformer_core.module.FixedSetting`: the C++ layer is built from them once, and a
@@ -1285,9 +1316,7 @@ def _check_layer_args(self, d_model, nhead, dim_feedforward, activation, layer_n
     if d_model % nhead != 0:
         raise ValueError(f"d_model: expected a multiple of nhead ({nhead}), got {d_model}")
     dim_feedforward = check_positive_int(dim_feedforward, "dim_feedforward")
-    if isinstance(activation, (float, np.floating)):
-        raise TypeError(f"activation: expected a str, got float {activation} (torch's fourth positional argument is "
-                        f"dropout, this layer's is activation: pass dropout= by keyword)")
+    _refuse_dropout_as_activation(activation, "fourth", "layer")  # torch's (d_model, nhead, dim_feedforward, dropout)
     activation = _check_activation(activation)
     _activation_named_in_snapshot(self)
     FixedSetting.set(self, d_model=d_model, nhead=nhead, dim_feedforward=dim_feedforward, activation=activation,
@@ -1457,9 +1486,10 @@ class TransformerDecoderLayer(_LayerSettings):
 
     SA is masked self-attention, CA cross-attention whose keys and values are the encoder output.
 
-    Args: as :class:`TransformerEncoderLayer` (``batch_first``: True, this layer's one layout;
-    False is a ``ValueError``: pass ``tgt.transpose(1, 0, 2)`` and ``memory.transpose(1, 0, 2)``, and
-    transpose the output back).
+    Args: as :class:`TransformerEncoderLayer` (``dropout`` also on the cross-attention's
+    probabilities, torch's ``multihead_attn.dropout``, and on ``dropout3``; ``batch_first``: True,
+    this layer's one layout; False is a ``ValueError``: pass ``tgt.transpose(1, 0, 2)`` and
+    ``memory.transpose(1, 0, 2)``, and transpose the output back).
 
     Starts in eval mode (``training`` False), unlike torch's layers, which start in training mode:
     call ``train()`` for dropout and a training forward.
@@ -1571,7 +1601,7 @@ class TransformerDecoderLayer(_LayerSettings):
         x, mem = _kept(x, tgt), _kept(mem, memory)
         p = self.dropout
         out = self._impl.forward_train(x, mem, *self_masks, bool(tgt_is_causal), *cross_masks, path, p, p,
-                                       self._dropout_seed(p))
+                                       self._dropout_seed(p), p)
         self._saved = (x, mem, self_masks, cross_masks, unbatched)  # kept by pointer in C++ until backward
         return out[0] if unbatched else out
 
@@ -1864,8 +1894,10 @@ class Transformer(Module):
 
     Raises: TypeError / ValueError naming ``num_encoder_layers`` or ``num_decoder_layers``: not an
     int or < 1 (before any layer is built), more layers than this machine's memory holds, one stack
-    or both together (before either stack is built). The other arguments are the layers': they raise
-    as in :class:`TransformerEncoderLayer` (``batch_first=False``: a ``ValueError``).
+    or both together (before either stack is built); ``activation`` a number (a float, or an int
+    such as 0): a ``TypeError`` saying that torch's sixth positional argument is ``dropout``. The
+    other arguments are the layers': they raise as in :class:`TransformerEncoderLayer`
+    (``batch_first=False``: a ``ValueError``).
 
     Weights (torch's names): ``encoder.layers.{i}.*``, ``encoder.norm.*``,
     ``decoder.layers.{i}.*``, ``decoder.norm.*``.
@@ -1887,6 +1919,9 @@ class Transformer(Module):
         # anything is built
         num_encoder_layers = check_positive_int(num_encoder_layers, "num_encoder_layers")
         num_decoder_layers = check_positive_int(num_decoder_layers, "num_decoder_layers")
+        # torch's (d_model, nhead, num_encoder_layers, num_decoder_layers, dim_feedforward, dropout): its
+        # sixth positional argument is this model's activation (the layers would say "fourth")
+        _refuse_dropout_as_activation(activation, "sixth", "model")
         args = (d_model, nhead, dim_feedforward, activation, layer_norm_eps, norm_first, bias, self.dtype)
         encoder_layer = TransformerEncoderLayer(*args, dropout=dropout)  # checks the layer's arguments
         _activation_named_in_snapshot(self)

@@ -70,7 +70,7 @@ import numpy as np
 
 from ._runtime import variant
 from ._validation import check_bool, check_float, described, type_path
-from .module import _BoundParameter, weights_written
+from .module import TIED_HEAD_COPY, _BoundParameter, _storage_epoch, weights_written
 from .parameter import Parameter
 
 __all__ = ["Optimizer", "Adam", "AdamW", "SGD", "NonFiniteGradientError", "clip_grad_norm_"]
@@ -165,6 +165,37 @@ def _given_twice(i: int, name: str | None, p: Parameter, earlier: Parameter, ear
     return (f"params[{i}]: {what(name, i)} views the same model weight as {what(earlier_name, earlier_index)} "
             "(two Parameter objects over one weight, e.g. from a model's and its submodule's named_parameters(): "
             "a step would update it twice); pass each weight once")
+
+
+#: The calls that convert a model's weights in place, and what a user who wants to train does
+#: instead. ``quantize`` stores int8 (a tied head's copy too); ``set_gguf_weights`` (and a GGUF
+#: file's ``from_pretrained``, which calls it) stores GGUF blocks, always in place.
+_CONVERTED_BY = {
+    "quantize(inplace=True)": "int8 weights do not train: train the float model and quantize it afterwards, or "
+                              "quantize a copy (quantize(model), without inplace) and keep training this one",
+    "set_gguf_weights": "GGUF blocks do not train: train a float model (e.g. a new one that loads this model's "
+                        "state_dict(), which holds the blocks dequantized to float32) and give it the blocks "
+                        "afterwards",
+}
+
+
+def _converted_by(storage: str) -> str:
+    """The call of ``_CONVERTED_BY`` that stores a weight as ``storage`` (a ``parameter_storage()`` name)."""
+    return "quantize(inplace=True)" if storage == "int8" else "set_gguf_weights"
+
+
+def _converted_message(lost: dict) -> str:
+    """The message of a step refused for converted weights: ``lost`` maps ``(by, why)`` (see
+    ``Optimizer._converted``) to the names of the parameters. Led by the calls that converted them
+    (generic where one is not known), then each call's remedy."""
+    calls = list(dict.fromkeys(by for by, _ in lost))
+    if None in calls:
+        head = "step: weights this optimizer updates were converted in place: "
+    else:
+        head = f"step: {' and '.join(calls)} converted weights this optimizer updates: "
+    what = "; ".join(f"{', '.join(names)}: {why}" for (_, why), names in lost.items())
+    remedies = [_CONVERTED_BY[by] for by in calls if by is not None]
+    return (head + what + "; nothing was updated" + "".join(f". {r[0].upper()}{r[1:]}" for r in remedies))
 
 
 #: The largest step count a state may hold: the C++ update takes the next one, ``step + 1``, as an int64.
@@ -379,6 +410,7 @@ class Optimizer:
         group["params"] = [p for _, p in named]
         self._names.update(added)
         self.param_groups.append(group)
+        self._converted_cache = None  # new parameters: checked again at the next step
 
     # ---- copies (copy.deepcopy, pickle) ----------------------------------------------------------
     def __getstate__(self) -> dict:
@@ -398,6 +430,7 @@ class Optimizer:
                         "instead and load_state_dict() it into an optimizer over the other model's parameters")
         state = dict(self.__dict__)
         state["_names"] = [[self._names[id(p)] for p in g["params"]] for g in self.param_groups]
+        state.pop("_converted_cache", None)  # keyed by the ids of this optimizer's Parameters, not the copy's
         return state
 
     def __setstate__(self, state: dict) -> None:
@@ -435,16 +468,31 @@ class Optimizer:
         re-evaluates the model and returns the loss, which ``step`` returns.
 
         Every group's hyperparameters are checked first (before ``closure`` runs), then, for every
-        parameter to update, its gradient, its array (writeable), the group's hyperparameters in its
-        dtype (see the module doc) and its state (every field the update reads, arrays of its shape
-        and dtype, a step count the C++ update takes); only then is anything updated, so a step that
-        raises changes nothing: no weight, optimizer state or step count.
+        parameter to update, that the model still reads its array (see below), its gradient, its
+        array (writeable), the group's hyperparameters in its dtype (see the module doc) and its state
+        (every field the update reads, arrays of its shape and dtype, a step count the C++ update
+        takes); only then is anything updated, so a step that raises changes nothing: no weight,
+        optimizer state or step count.
+
+        A model's parameter whose weight was converted in place (``quantize(model, inplace=True)``,
+        ``set_gguf_weights``) is refused: one held quantized (the model multiplies by the int8 or
+        GGUF weight; the Parameter's float array, kept alive by the optimizer, reaches it no more),
+        and a token embedding whose tied LM head multiplies by an int8 copy of it (``quantize`` of a
+        GPT-2 or a tied Llama: a step would move the lookups' float table but not the head's copy).
+        Whether the optimizer was built before or after quantizing changes nothing. The storage is
+        read again only after some weight changed storage (``module.storage_changed``), so the check
+        costs a comparison per step.
 
         Raises:
             ValueError / TypeError: a bad hyperparameter in a group (e.g. a negative or NaN ``lr``
                 written by a scheduler), named with its group: ``"step: param_groups[1]: lr: ..."``.
             NonFiniteGradientError: a gradient holds NaN/inf (nothing was updated; see the module doc).
-            ValueError: a gradient whose shape or dtype differs from its parameter's; a parameter
+            ValueError: a parameter to update whose weight was converted in place (above), each named
+                with what happened to it, the message led by the call that converted it
+                (``"step: quantize(inplace=True) converted weights this optimizer updates: 'weight':
+                held as int8 ..."``, ``"step: set_gguf_weights converted ...: 'weight': held as Q8_0
+                GGUF blocks ..."``) and ending with the remedy for that call; a gradient whose shape or
+                dtype differs from its parameter's; a parameter
                 whose array is read-only (named); a hyperparameter degenerate in the dtype of a
                 parameter to update (an ``eps`` that rounds to 0, an ``lr`` that overflows: named
                 with its group and the dtype, ``"step: param_groups[0]: eps: 1e-50 rounds to 0 in
@@ -464,8 +512,10 @@ class Optimizer:
         self._step_calls = getattr(self, "_step_calls", 0) + 1  # read by the schedulers' order check, as torch's
         checked = [self._checked_group(gi, group) for gi, group in enumerate(self.param_groups)]
         loss = closure() if closure is not None else None
+        converted = self._converted()  # {id(Parameter): why}, empty unless a weight was converted in place
         work = []
         bad = []
+        lost: dict[tuple, list[str]] = {}  # (converted by, why) -> the names of the parameters it applies to
         for gi, group in enumerate(checked):
             dtypes = set()  # the dtypes this group's hyperparameters were checked in
             for p in group["params"]:
@@ -473,6 +523,10 @@ class Optimizer:
                 if g is None:
                     continue
                 name = self._names[id(p)]
+                if converted and id(p) in converted:
+                    model_name = f" (the model's {p.name!r})" if p.name and p.name != name else ""
+                    lost.setdefault(converted[id(p)], []).append(f"{name!r}{model_name}")
+                    continue
                 if g.shape != p.data.shape or g.dtype != p.data.dtype:
                     raise ValueError(f"{name}: gradient of shape {g.shape} {g.dtype} for a parameter of "
                                      f"shape {p.data.shape} {p.data.dtype}")
@@ -488,6 +542,8 @@ class Optimizer:
                 if variant("count_nonfinite", p.data.dtype)(g):
                     bad.append(name)
                 work.append((group, name, p))
+        if lost:
+            raise ValueError(_converted_message(lost))
         if bad:
             raise NonFiniteGradientError(
                 f"step: non-finite (NaN or inf) gradient in {', '.join(repr(b) for b in bad)}; nothing was updated "
@@ -498,6 +554,45 @@ class Optimizer:
         for group, name, p in work:
             self.state[name] = self._update(group, name, p, dict(self.state.get(name, {})))
         return loss
+
+    def _converted(self) -> dict[int, tuple]:
+        """``{id(p): (by, why)}`` of this optimizer's model parameters that a step must not write,
+        each with the call that converted its weight (``by``: ``_CONVERTED_BY``'s, None where the
+        storage does not tell) and what happened to it (``why``): held quantized (the model no longer
+        reads ``p.data``), given another buffer, or a table whose tied LM head multiplies by an int8
+        copy of it (see :meth:`step`). Read from the C++ modules' ``parameter_storage()`` once per
+        storage epoch (bumped by ``module.storage_changed`` whenever weights change storage in
+        place) and kept until the epoch moves or a group is added: between those, a step compares
+        one int."""
+        epoch = _storage_epoch[0]
+        cache = getattr(self, "_converted_cache", None)
+        if cache is not None and cache[0] == epoch:
+            return cache[1]
+        converted: dict[int, tuple] = {}
+        storage_of: dict[int, dict] = {}
+        for group in self.param_groups:
+            for p in group["params"]:
+                if not isinstance(p, _BoundParameter):
+                    continue
+                storage = storage_of.get(id(p._impl))
+                if storage is None:
+                    storage = storage_of[id(p._impl)] = dict(p._impl.parameter_storage())
+                fmt = storage[p._core_name]
+                if fmt not in ("float32", "float64"):
+                    held = "int8" if fmt == "int8" else f"{fmt} GGUF blocks"
+                    converted[id(p)] = (_converted_by(fmt), f"held as {held} (a step would write {p.data.dtype} "
+                                                            "values that the model no longer reads)")
+                elif (p._impl.parameter_view(p._core_name).__array_interface__["data"][0]
+                      != p.data.__array_interface__["data"][0]):
+                    converted[id(p)] = (None, "given a new buffer (a step would write values that the model no "
+                                              "longer reads)")
+                elif p._core_name + TIED_HEAD_COPY in storage:
+                    head_copy = storage[p._core_name + TIED_HEAD_COPY]
+                    converted[id(p)] = (_converted_by(head_copy),
+                                        f"the table of a tied LM head that multiplies by an {head_copy} copy of "
+                                        "it (a step would move the table, not the head's copy)")
+        self._converted_cache = (epoch, converted)
+        return converted
 
     def _check_in_dtype(self, index: int, group: dict, dtype: np.dtype, name: str) -> None:
         """Refuses (ValueError naming the hyperparameter, the group and ``dtype``) the scalars of

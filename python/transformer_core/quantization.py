@@ -702,7 +702,10 @@ def quantize(model, format: str = "int8", *, inplace: bool = False, keep_float=N
     After quantizing, ``state_dict()`` returns the dequantized weights (``scale · q``), so
     ``save_pretrained`` writes float32 weights (a model loaded from them is a float model: quantize
     it again); ``load_state_dict``, ``train()``, ``copy.deepcopy`` and pickling are refused (load or
-    train a float model, then quantize), also when the only int8 weight is a tied head's copy.
+    train a float model, then quantize), also when the only int8 weight is a tied head's copy. With
+    ``inplace``, an optimizer's ``step()`` refuses (ValueError, nothing updated) the Parameters of
+    the converted weights, which the model no longer reads, and of a table whose tied head got an
+    int8 copy, which a step would not update.
 
     Args:
         model: a float32 transformer_core model or layer (:class:`~transformer_core.BertModel`,

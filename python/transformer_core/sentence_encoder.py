@@ -277,7 +277,10 @@ def mean_pool(last_hidden_state: np.ndarray, attention_mask: np.ndarray) -> np.n
 
     Returns:
         ``(N, H)``, dtype of ``last_hidden_state`` (float32 unless float64). A row with no real token
-        gives zeros.
+        gives zeros. Non-finite values give sentence-transformers' results (its
+        ``(h · mask).sum(1) / mask.sum(1)``), with no numpy warning: a NaN or inf in a padded
+        position makes that feature NaN (``inf · 0``), as does NaN among the real tokens; a sum
+        past the dtype's max is inf.
 
     Raises:
         TypeError: non-numeric ``last_hidden_state``; a mask neither bool nor 0/1 numbers.
@@ -290,7 +293,8 @@ def mean_pool(last_hidden_state: np.ndarray, attention_mask: np.ndarray) -> np.n
                          f"got {mask.shape}")
     last_hidden_state = as_float(hidden, "last_hidden_state", ndim=3)  # the shapes agree: now its copy
     m = mask.astype(last_hidden_state.dtype)[..., None]                         # (N, L, 1)
-    summed = (last_hidden_state * m).sum(axis=1)                                # (N, H)
+    with np.errstate(invalid="ignore", over="ignore"):  # inf · 0 is NaN, a sum past the dtype's max inf: as torch's
+        summed = (last_hidden_state * m).sum(axis=1)                            # (N, H)
     counts = np.maximum(m.sum(axis=1), 1e-9)                                     # (N, 1)
     return summed / counts
 
@@ -865,10 +869,12 @@ class SentenceEncoder:
                 bool or None; ``prompt_name`` or ``prompt`` neither None nor a str;
                 ``normalize_embeddings`` or ``show_progress_bar`` not a bool or None; both names of
                 one option given with settings that differ (both names are named).
-            ValueError: ``batch_size`` < 1; a sentence or ``prompt`` that is not valid Unicode (a
-                lone surrogate, from bytes that were not UTF-8; its index and position are named);
-                a ``prompt_name`` not in the encoder's ``prompts``; both ``prompt_name`` and
-                ``prompt`` given.
+            ValueError: ``batch_size`` < 1, or a batch of more than one text whose padded arrays
+                or forward pass need more than this machine's memory (checked for each batch before
+                its work; the first holds the longest texts); a sentence or ``prompt`` that is not
+                valid Unicode (a lone surrogate, from bytes that were not UTF-8; its index and
+                position are named); a ``prompt_name`` not in the encoder's ``prompts``; both
+                ``prompt_name`` and ``prompt`` given.
         """
         # the settings of this call, read once, before `sentences` is iterated: a setter called
         # meanwhile (from another thread, from `sentences`' own iterator, or a hook run by the
@@ -917,12 +923,19 @@ class SentenceEncoder:
         batches = tokenizer.encode_batches(_texts_to_tokenize(tokenizer, [sentences[i] for i in order]), batch_size)
         # One packing of each weight for all the batches (the same bits as packing it per batch).
         with core.PackedWeightScope():
-            for start, enc in zip(starts, batches):
+            for start in starts:
                 rows = order[start:start + batch_size]
-                mask = enc["attention_mask"] == 1  # (N, L) bool, True = a real token
-                # eval mode's forward whatever the model's mode (as sentence-transformers' encode,
-                # which calls eval()), without switching it: no dropout, a pending training state kept
-                hidden = model._forward_eval(enc["input_ids"], mask, enc["token_type_ids"], pooler=False).last_hidden_state
+                enc = None
+                try:  # the padding's and the forward's memory checks, before their work, name batch_size
+                    enc = next(batches)
+                    mask = enc["attention_mask"] == 1  # (N, L) bool, True = a real token
+                    # eval mode's forward whatever the model's mode (as sentence-transformers' encode,
+                    # which calls eval()), without switching it: no dropout, a pending training state kept
+                    hidden = model._forward_eval(enc["input_ids"], mask, enc["token_type_ids"],
+                                                 pooler=False).last_hidden_state
+                except ValueError as e:
+                    _raise_if_batch_too_large(e, len(rows), None if enc is None else enc["input_ids"].shape[1])
+                    raise
                 pooled = mask
                 if skip:  # include_prompt false: the prompt attended to, not pooled
                     pooled = mask.copy()
@@ -950,6 +963,18 @@ class SentenceEncoder:
             # np.linalg.norm's own arithmetic for a real array (the same bits), without its dispatch
             out /= np.maximum(np.sqrt(np.add.reduce(out * out, axis=1, keepdims=True)), 1e-12)
         return out[0] if single else out
+
+
+def _raise_if_batch_too_large(error: ValueError, n: int, width: int | None) -> None:
+    """Raises a ValueError naming ``batch_size`` when ``error`` is a memory check of a batch of
+    ``n > 1`` texts (``width``: its padded length, None before it is tokenized), from the
+    tokenizer's padding or the model's forward (which name their own ``texts[a:b]`` or
+    ``input_ids``): fewer texts a batch need less. A batch of one text, or any other error, is left
+    as it is."""
+    if n > 1 and "more than this machine's memory" in str(error):
+        padded = "" if width is None else f" padded to {width} tokens"
+        raise ValueError(f"batch_size: a batch of {n} texts{padded} is too large for this machine's memory; use a "
+                         f"smaller batch_size (the default is 32). What was checked: {error}") from None
 
 
 def _normalize_setting(normalize, normalize_embeddings, own: bool) -> bool:

@@ -44,10 +44,10 @@ class Seq2SeqTransformer(Module):
             layer_norm_eps, norm_first, bias: (keyword) as :class:`~transformer_core.nn.Transformer`
             (torch's defaults).
         dropout: in training forwards: on the embedded inputs (the tutorial's PositionalEncoding
-            dropout) and in every layer (torch's dropout1/2/3 and the feed-forward's); 0 = none.
-            Not on the attention probabilities, where torch's ``nn.Transformer(dropout=p)`` applies
-            it too: attention-probability dropout is not implemented (as in the layers of
-            :mod:`transformer_core.nn`), so training with ``p > 0`` differs from torch's there.
+            dropout) and in every layer, where torch's ``nn.Transformer(dropout=p)`` applies it
+            (dropout1/2/3, the feed-forward's and the attention probabilities'); 0 = none. The
+            masks are this library's (seeded by :func:`transformer_core.manual_seed`), not
+            torch's.
         max_len: the longest sequence (rows of the sinusoidal table).
         dtype: ``np.float32`` (default) or ``np.float64``.
 

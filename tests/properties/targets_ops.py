@@ -195,10 +195,31 @@ target(name="functional.glu", draw=_draw_glu, call=lambda kw: F.glu(kw["gate"], 
 
 def _ref_dropout(kw):
     x = read(kw["x"])
-    p = read_float(kw["p"], "p", 0.0, 1.0)
-    read_int(kw["seed"], "seed", 0, 2**64 - 1)
+    p = read_float(kw["p"], "p", 0.0, 1.0) if "p" in kw else 0.5  # torch's default
     training = read_bool(kw["training"], "training")
+    read_bool(kw["inplace"], "inplace")  # drawn False only: True writes into x (the unit tests check it)
+    if kw["seed"] is not None:
+        read_int(kw["seed"], "seed", 0, 2**64 - 1)
+    elif training and p > 0:  # no seed: only where no mask is drawn (training=False, or p=0)
+        raise NoReference("seed: None in a training call with p > 0")
     return x, p, training
+
+
+def _draw_dropout(d):
+    kw = {"x": _draw_x(d, 0), "training": d(st.booleans()), "inplace": False}
+    p = d(st.sampled_from([0.0, 0.1, 0.5, 1.0, None]))
+    if p is not None:  # None: p left out, torch's default 0.5
+        kw["p"] = p
+    seeds = st.integers(0, 2**64 - 1)
+    if not kw["training"] or p == 0.0:  # seed=None is valid here: no mask is drawn
+        seeds = st.none() | seeds
+    kw["seed"] = d(seeds)
+    return kw
+
+
+def _call_dropout(kw):
+    p = (kw["p"],) if "p" in kw else ()  # positional, as torch's calls pass it; left out: the default
+    return F.dropout(kw["x"], *p, seed=kw["seed"], training=kw["training"], inplace=kw["inplace"])
 
 
 def _cmp_dropout(result, expected, kw):
@@ -220,13 +241,11 @@ def _cmp_dropout(result, expected, kw):
     return None if ok else "values are neither x · 0 nor x / (1 - p)"
 
 
-target(name="functional.dropout",
-       draw=lambda d: {"x": _draw_x(d, 0), "p": d(st.sampled_from([0.0, 0.1, 0.5, 1.0])),
-                       "seed": d(st.integers(0, 2**64 - 1)), "training": d(st.booleans())},
-       call=lambda kw: F.dropout(kw["x"], kw["p"], kw["seed"], training=kw["training"]), reference=_ref_dropout,
+target(name="functional.dropout", draw=_draw_dropout, call=_call_dropout, reference=_ref_dropout,
        compare=_cmp_dropout,
-       args={"x": Arg("array"), "p": Arg("float", low=0.0, high=1.0), "seed": Arg("int", low=0, high=2**64 - 1),
-             "training": Arg("bool")})
+       # seed=None is drawn where it is valid (training=False or p=0); not a layout of a drawn seed
+       args={"x": Arg("array"), "p": Arg("float", low=0.0, high=1.0),
+             "seed": Arg("int", low=0, high=2**64 - 1), "training": Arg("bool"), "inplace": Arg("bool")})
 
 
 def _draw_ce(draw):
@@ -1105,14 +1124,19 @@ target(name="backward.scaled_dot_product_attention_backward", draw=_draw_sdpa_bw
 
 
 def _draw_dropout_bw(draw):
-    return {"grad_output": _draw_x(draw, 0), "p": draw(st.sampled_from([0.0, 0.3, 1.0])),
-            "seed": draw(st.integers(0, 2**64 - 1))}
+    p = draw(st.sampled_from([0.0, 0.3, 1.0]))
+    seeds = st.integers(0, 2**64 - 1)
+    if p == 0.0:  # seed=None is valid here, as in the forward: no mask
+        seeds = st.none() | seeds
+    return {"grad_output": _draw_x(draw, 0), "p": p, "seed": draw(seeds)}
 
 
 def _ref_dropout_bw(kw):
     g = read(kw["grad_output"], "grad_output")
     p = read_float(kw["p"], "p", 0.0, 1.0)
-    seed = read_int(kw["seed"], "seed", 0, 2**64 - 1)
+    if kw["seed"] is None and p > 0:
+        raise NoReference("seed: None with p > 0")
+    seed = None if kw["seed"] is None else read_int(kw["seed"], "seed", 0, 2**64 - 1)
     # the backward is the forward's mask applied to the gradient: compare with the forward itself
     dtype = lib_dtype(kw["grad_output"])
     return F.dropout(g.astype(dtype), p, seed).astype(np.float64)

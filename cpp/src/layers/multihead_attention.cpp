@@ -157,6 +157,8 @@ void MultiheadAttention<T>::forward(const T* query, const T* key, const T* value
   T* context = kernels::workspace<T>(Scratch::kAttnContext,
                                      static_cast<size_t>(ops::checked_product({N, L, Hq}, "query")));  // [N, L, Hq]
   const bool self_attention = packed_ && query == key && key == value && L == S;
+  if (in.dropout != 0)
+    throw std::invalid_argument("MultiheadAttention: dropout on the attention probabilities needs the training forward");
   if ((in.cache != nullptr || in.rotary != nullptr) && !self_attention)
     throw std::invalid_argument("MultiheadAttention: a KV cache or a rotary embedding needs self-attention "
                                 "(key and value the query itself) and packed weights");

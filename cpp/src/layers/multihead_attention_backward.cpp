@@ -4,7 +4,8 @@
 //              out = context · out_projᵀ + b
 //   backward:  dcontext = dout · out_proj                        (out_proj's weight/bias gradients)
 //              dq, dk, dv = FlashAttention-2's backward from the saved log-sum-exp
-//                                                     (kernels/attention_backward.hpp; no [L, S] matrix)
+//                                                     (kernels/attention_backward.hpp; no [L, S] matrix;
+//                                                     a dropout's mask regenerated from its seed)
 //              RoPE: dq, dk rotated back by -θ;   dquery = dq · W_q,  dkey = dk · W_k,  dvalue = dv · W_v
 //
 // The training forward makes the same calls as forward (so the same output, bit for bit), into
@@ -46,6 +47,7 @@ kernels::AttentionArgs<T> MultiheadAttention<T>::saved_args() {
   a.q_len = L, a.kv_len = S, a.head_dim = D, a.v_head_dim = D;
   a.scale = T(1) / std::sqrt(static_cast<T>(D));
   a.lse = s.lse.data();
+  ops::set_attention_dropout(a, s.dropout, s.dropout_seed);
   return a;
 }
 
@@ -67,6 +69,7 @@ void MultiheadAttention<T>::forward_train(const T* query, const T* key, const T*
   s.masks = in.masks;
   s.rotary = in.rotary;
   s.path = in.path;
+  s.dropout = in.dropout, s.dropout_seed = in.dropout_seed;
   s.context.resize(static_cast<size_t>(ops::checked_product({N, L, Hq}, "query")));
   s.lse.resize(static_cast<size_t>(ops::checked_product({N, num_heads_, L}, "query")));
   if (self_attention) {

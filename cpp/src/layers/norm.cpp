@@ -1,5 +1,7 @@
 #include "transformer_core/layers/norm.hpp"
 
+#include "transformer_core/ops/checks.hpp"
+
 #include <stdexcept>
 #include <string>
 
@@ -8,6 +10,7 @@ namespace transformer_core::layers {
 template <class T>
 Norm<T>::Norm(ops::NormKind kind, int64_t size, T eps, bool bias) : size_(size) {
   if (!(eps >= T(0))) throw std::invalid_argument("eps: expected a value >= 0, got " + std::to_string(eps));
+  if (bias) ops::require_weights({{size}, {size}}, sizeof(T), "normalized_shape: weight and bias");  // together
   weight_ = allocate<T, 1>({size}, "normalized_shape");
   weight_.fill(T(1));
   this->register_parameter("weight", {size}, weight_.data());

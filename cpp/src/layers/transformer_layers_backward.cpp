@@ -20,11 +20,16 @@ namespace transformer_core::layers {
 using kernels::Scratch;
 
 namespace {
+// An attention's inputs in a training forward: its masks, and the dropout on its probabilities
+// (drop.attn_p, with the seed of `site`).
 template <class T>
-AttentionInputs<T> train_inputs(const AttentionMasks<T>& masks, AttentionPath path) {
+AttentionInputs<T> train_inputs(const AttentionMasks<T>& masks, AttentionPath path, const Dropout& drop,
+                                uint64_t site) {
   AttentionInputs<T> in;
   in.masks = masks;
   in.path = path;
+  in.dropout = drop.attn_p;
+  in.dropout_seed = drop.site(site);
   return in;
 }
 
@@ -34,7 +39,7 @@ T* grad_buffer(Scratch tag, int64_t n) {
 }
 
 // Dropout sites of a layer: one seed each.
-enum Site : uint64_t { kDrop1 = 1, kDrop2 = 2, kDrop3 = 3, kFfn = 4 };
+enum Site : uint64_t { kDrop1 = 1, kDrop2 = 2, kDrop3 = 3, kFfn = 4, kSelfAttn = 5, kCrossAttn = 6 };
 }  // namespace
 
 // ---- encoder layer ---------------------------------------------------------------------------------
@@ -51,7 +56,7 @@ void TransformerEncoderLayer<T>::forward_train(const T* src, int64_t N, int64_t 
   s.b2.resize(static_cast<size_t>(n));
   s.b3.resize(static_cast<size_t>(n));
   T* tmp = kernels::workspace<T>(Scratch::kLayerB, static_cast<size_t>(n));  // a branch's output
-  const AttentionInputs<T> in = train_inputs(masks, path);
+  const AttentionInputs<T> in = train_inputs(masks, path, drop, kSelfAttn);
   if (norm_first_) {
     norm1_.forward(src, rows, s.b1.data());                                       // n1 = norm1(src)
     self_attn_.forward_train(s.b1.data(), s.b1.data(), s.b1.data(), N, L, L, tmp, in);  // SA(n1)
@@ -126,7 +131,8 @@ void TransformerDecoderLayer<T>::forward_train(const T* tgt, int64_t N, int64_t 
   for (auto* b : {&s.b1, &s.b2, &s.b3, &s.b4, &s.b5}) b->resize(static_cast<size_t>(n));
   T *b1 = s.b1.data(), *b2 = s.b2.data(), *b3 = s.b3.data(), *b4 = s.b4.data(), *b5 = s.b5.data();
   T* tmp = kernels::workspace<T>(Scratch::kLayerB, static_cast<size_t>(n));
-  const AttentionInputs<T> self_in = train_inputs(self_masks, path), cross_in = train_inputs(cross_masks, path);
+  const AttentionInputs<T> self_in = train_inputs(self_masks, path, drop, kSelfAttn),
+                           cross_in = train_inputs(cross_masks, path, drop, kCrossAttn);
   if (norm_first_) {
     norm1_.forward(tgt, rows, b1);                                        // n1
     self_attn_.forward_train(b1, b1, b1, N, Tq, Tq, tmp, self_in);

@@ -36,7 +36,7 @@ namespace {
 // Logits of one chunk of the fused head: at most this many values (128 MiB of float).
 constexpr int64_t kHeadChunkValues = int64_t(1) << 25;
 
-enum Site : uint64_t { kDropAttn = 1, kDropMlp = 2, kDropEmbed = 3 };
+enum Site : uint64_t { kDropAttn = 1, kDropMlp = 2, kDropEmbed = 3, kDropProbs = 4 };
 }  // namespace
 
 // ---- block -------------------------------------------------------------------------------------------
@@ -51,7 +51,9 @@ void DecoderBlock<T>::forward_train(const T* x, T* y, int64_t N, int64_t L, cons
   for (auto* b : {&s.a, &s.h, &s.m}) b->resize(static_cast<size_t>(n));
   T* tmp = kernels::workspace<T>(Scratch::kLayerB, static_cast<size_t>(n));
   attn_norm_->forward(x, rows, s.a.data());                                    // a = attn_norm(x)
-  attn_.forward_train(s.a.data(), s.a.data(), s.a.data(), N, L, L, tmp, in);   // attn(a)
+  layers::AttentionInputs<T> attn_in = in;  // + the dropout on its probabilities
+  attn_in.dropout = drop.attn_p, attn_in.dropout_seed = drop.site(kDropProbs);
+  attn_.forward_train(s.a.data(), s.a.data(), s.a.data(), N, L, L, tmp, attn_in);  // attn(a)
   ops::dropout_inplace(tmp, n, drop.p, drop.site(kDropAttn));
   ops::add(x, tmp, n, s.h.data());                                             // h = x + attn(a)
   mlp_norm_->forward(s.h.data(), rows, s.m.data());                            // m = mlp_norm(h)

@@ -48,12 +48,21 @@ void scaled_dot_product_attention(const AttentionArgs<T>& a, AttentionPath path)
 }
 
 template <class T>
+void set_attention_dropout(AttentionArgs<T>& a, double p, uint64_t seed) {
+  if (!(p >= 0.0 && p <= 1.0))
+    throw std::invalid_argument("attention dropout: p must be in [0, 1], got " + std::to_string(p));
+  a.dropout_threshold = p > 0.0 ? kernels::dropout_threshold(p) : 0;  // p = 1: 2^32, above every draw
+  a.dropout_seed = seed;
+  a.dropout_scale = p > 0.0 && p < 1.0 ? T(1) / static_cast<T>(1.0 - p) : T(1);  // as ops::dropout (torch's)
+}
+
+template <class T>
 void varlen_self_attention(const AttentionArgs<T>& a, const int64_t* starts, AttentionPath path) {
   check_sizes(a);
   if (a.bool_mask != nullptr || a.float_mask != nullptr || a.key_mask != nullptr || a.weights != nullptr ||
-      a.lse != nullptr)
+      a.lse != nullptr || a.has_dropout())
     throw std::invalid_argument("varlen_self_attention: sequences packed end to end take no mask but is_causal, "
-                                "and give no weights or lse");
+                                "no dropout, and give no weights or lse");
   if (starts == nullptr || starts[0] != 0)
     throw std::invalid_argument("varlen_self_attention: starts must begin at 0");
   for (int64_t n = 0; n < a.batch; ++n)
@@ -88,6 +97,8 @@ AttentionPath parse_attention_path(const std::string& name) {
 
 template void scaled_dot_product_attention<float>(const AttentionArgs<float>&, AttentionPath);
 template void scaled_dot_product_attention<double>(const AttentionArgs<double>&, AttentionPath);
+template void set_attention_dropout<float>(AttentionArgs<float>&, double, uint64_t);
+template void set_attention_dropout<double>(AttentionArgs<double>&, double, uint64_t);
 template void varlen_self_attention<float>(const AttentionArgs<float>&, const int64_t*, AttentionPath);
 template void varlen_self_attention<double>(const AttentionArgs<double>&, const int64_t*, AttentionPath);
 

@@ -22,6 +22,13 @@
 //   lse_i = log Σ_s exp(x_is),   x_is = scale · q_i · k_s + mask_is   over the keys row i may see
 //   lse: [N, H, L] contiguous;  -inf for a row that can see no key;  NaN where the row's scores hold NaN.
 //
+// Dropout on the probabilities (optional, training: torch's dropout_p, Srivastava et al. 2014):
+//   o_i = Σ_s (keep_is / (1 - p)) · P_is · v_s,   keep_is = bits(seed, ((n·H + h)·L + l)·S + s) >= threshold
+// with dropout.hpp's counter-based bits, so the mask depends only on the seed and the element's place
+// in [N, H, L, S], not on the tiles or the threads, and the backward regenerates it. The softmax's sum
+// and lse are those of the undropped P (as torch: softmax, then dropout); weights, when written, are
+// the dropped ones (as torch's MultiheadAttention returns them in training).
+//
 // NaN: a NaN or inf in q or k makes NaN scores, even with scale = 0 (0 · inf = NaN, as in torch's
 // math path), and a NaN score makes its row NaN. A key or value hidden from a row (mask, causality)
 // may or may not bring its NaN: the flash path skips whole hidden blocks, this one multiplies by 0.
@@ -34,6 +41,7 @@
 #include <vector>
 
 #include "transformer_core/kernels/attention_masks.hpp"
+#include "transformer_core/kernels/dropout.hpp"
 #include "transformer_core/kernels/elementwise.hpp"
 #include "transformer_core/kernels/gemm.hpp"
 #include "transformer_core/kernels/parallel.hpp"
@@ -57,7 +65,22 @@ struct AttentionArgs : AttentionMasks<T> {  // the masks: attention_masks.hpp
 
   T* weights = nullptr;  // optional output [N, H, L, S], contiguous
   T* lse = nullptr;      // optional output [N, H, L], contiguous: log Σ_s exp(x_is) per query row
+
+  // dropout on the probabilities: threshold = dropout_threshold(p) (0: none), scale = 1 / (1 - p)
+  uint64_t dropout_threshold = 0;
+  uint64_t dropout_seed = 0;
+  T dropout_scale = T(1);
+  bool has_dropout() const { return dropout_threshold != 0; }
 };
+
+// The dropout of query row l's probabilities p[0, len) of keys [s0, s0 + len), in place:
+// p_j ← keep ? p_j · scale : 0 (the header's mask; the caller checks has_dropout()).
+template <class T>
+inline void dropout_probabilities_row(const AttentionArgs<T>& a, int64_t n, int64_t h, int64_t l, int64_t s0,
+                                      int64_t len, T* p) {
+  const int64_t i0 = ((n * a.num_heads + h) * a.q_len + l) * a.kv_len + s0;
+  dropout_apply_at(p, i0, len, a.dropout_seed, a.dropout_threshold, a.dropout_scale);
+}
 
 // Applies every mask of `a` to the scores of query row l, keys [s0, s0 + len), in place.
 template <class T>
@@ -164,6 +187,7 @@ void attention_reference(const AttentionArgs<T>& a) {
       if (a.has_any_mask()) apply_masks_row(a, n, h, l, 0, S, row);
       if (lse != nullptr) lse[l] = log_sum_exp_row(row, S);
       softmax_row(row, S);
+      if (a.has_dropout()) dropout_probabilities_row(a, n, h, l, 0, S, row);
       any_empty_row = any_empty_row || std::all_of(row, row + S, [](T p) { return p == T(0); });
     }
     // out[L, Dv] = p[L, S] · v[S, Dv]

@@ -13,6 +13,8 @@
 //   dV += Pᵀ dO                                 dP = dO Vᵀ
 //   dS = P ∘ (dP - Δ)                           (softmax backward; dX = dS)
 //   dQ += scale · dS K                          dK += scale · dSᵀ Q
+// With dropout on the probabilities (Z = keep / (1 - p), the forward's mask regenerated from its
+// seed, attention.hpp): dV += (P ∘ Z)ᵀ dO and dS = P ∘ (dP ∘ Z - Δ).
 //
 // Deterministic without atomics: every output element is one task's sum in a fixed order, so the
 // result does not depend on the thread count. Two schedules, chosen by the shape alone:
@@ -182,6 +184,8 @@ void compute_row_stats(const AttentionBackwardArgs<T>& b, T* m, T* c, T* x_per_t
 // and keys [s0, s0 + cols):
 //   p[br, cols]  = exp((scale · q kᵀ + mask - m) - c)   (row stride Bc; m, c: RowStats)
 //   ds[br, cols] = scale · p ∘ (dO vᵀ - Δ)               (row stride Bc; the scale of dK and dQ)
+// With dropout (Z = keep / (1 - p), attention.hpp): ds = scale · p ∘ ((dO vᵀ) ∘ Z - Δ), and p is
+// returned as p ∘ Z, the probabilities the forward multiplied v by (dV's factor).
 // Returns false (and leaves p, ds unset) when every p_ij is 0: the tile contributes nothing.
 template <class T>
 bool tile_p_ds(const AttentionBackwardArgs<T>& b, const RowStats<T>& stats, const T* delta, int64_t n, int64_t h,
@@ -230,9 +234,13 @@ bool tile_p_ds(const AttentionBackwardArgs<T>& b, const RowStats<T>& stats, cons
   const T scale = a.scale;
   for (int64_t i = 0; i < br; ++i) {
     T* dsr = ds + i * ld;
-    const T* pr = p + i * ld;
+    T* pr = p + i * ld;
     const T di = dlt[i];
+    // dropout: the forward's o = (P ∘ Z) V with Z = keep / (1 - p), so dV takes P ∘ Z and the
+    // softmax's gradient dP ∘ Z (Δ = Σ_d dO O is unchanged: the forward's o held Z already)
+    if (a.has_dropout()) dropout_probabilities_row(a, n, h, l0 + i, s0, cols, dsr);
     for (int64_t j = 0; j < cols; ++j) dsr[j] = scale * (pr[j] * (dsr[j] - di));
+    if (a.has_dropout()) dropout_probabilities_row(a, n, h, l0 + i, s0, cols, pr);
   }
   return true;
 }

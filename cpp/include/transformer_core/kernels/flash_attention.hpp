@@ -605,6 +605,7 @@ void flash_tile(const AttentionArgs<T>& a, const QueryBlock& qb, int64_t s0, int
       }
       for (int64_t i = i1; i < i_end; ++i) {
         tile_softmax_row(tile.s + i * bc, vis[i - i1], g_cols, c, m_blk[i - i1], m_lo[i - i1], acc, i, Dv, first);
+        if (a.has_dropout()) dropout_probabilities_row(a, qb.n, qb.h, qb.l0 + i, s0, vis[i - i1], tile.s + i * bc);
         if (prefetch != nullptr) prefetch->step();
       }
     }
@@ -900,7 +901,8 @@ void flash_split_kv(const AttentionArgs<T>& a, const FlashPlan& p) {
 template <class T>
 bool fold_grouped_heads(AttentionArgs<T>& a) {
   const int64_t g = a.num_heads / a.num_kv_heads;
-  if (a.q_len != 1 || g == 1 || (a.is_causal && a.causal_offset < 0)) return false;
+  // (not with dropout: its mask is indexed by the unfolded (n, h, l, s))
+  if (a.q_len != 1 || g == 1 || (a.is_causal && a.causal_offset < 0) || a.has_dropout()) return false;
   if (a.is_causal) {
     a.kv_len = std::min(a.kv_len, a.causal_offset + 1);
     a.is_causal = false;

@@ -75,6 +75,8 @@ struct Dropout {
   double ffn_p = 0;    // between a feed-forward's two linears (torch's TransformerEncoderLayer.dropout)
   double embed_p = 0;  // on a model's embeddings (HF's embd_pdrop; BERT: hidden_dropout_prob)
   uint64_t seed = 0;
+  double attn_p = 0;   // on the attention probabilities (torch's MultiheadAttention(dropout=); HF's
+                       // attention_probs_dropout_prob, attn_pdrop, attention_dropout)
 
   // The seed of site k (splitmix64 of seed and k).
   uint64_t site(uint64_t k) const {
@@ -84,7 +86,7 @@ struct Dropout {
     return z ^ (z >> 31);
   }
   // The dropout of child i of a stack (layer i): its own seeds.
-  Dropout child(uint64_t i) const { return {p, ffn_p, embed_p, site(1000003ull + i)}; }
+  Dropout child(uint64_t i) const { return {p, ffn_p, embed_p, site(1000003ull + i), attn_p}; }
 };
 
 // `shape` as xtensor's sizes, after checking that they are >= 1, that their product does not

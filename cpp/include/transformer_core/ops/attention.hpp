@@ -23,6 +23,12 @@ enum class AttentionPath {
 template <class T>
 void scaled_dot_product_attention(const AttentionArgs<T>& args, AttentionPath path = AttentionPath::kAuto);
 
+// Dropout of probability p on the attention probabilities of `args` (kernels/attention.hpp), its
+// mask drawn from `seed`; p = 0: none, p = 1: every probability dropped. Throws
+// std::invalid_argument unless 0 <= p <= 1.
+template <class T>
+void set_attention_dropout(AttentionArgs<T>& args, double p, uint64_t seed);
+
 // Self-attention over a.batch sequences packed end to end without padding: sequence n is rows
 // [starts[n], starts[n + 1]) of q, k, v and out and attends to its own rows only (causally with
 // a.is_causal). starts [a.batch + 1], starts[0] = 0, non-decreasing. The flash path runs one
