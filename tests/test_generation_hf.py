@@ -547,6 +547,13 @@ def test_use_cache_default_is_the_configs_and_false_returns_what_hf_returns(dirs
         ours_off(ids)
     with pytest.raises(TypeError, match="^use_cache: expected a bool"):
         ours(ids, use_cache=1)
+    # a config.json's use_cache that is not a bool is refused when the config is read, as
+    # transformers' strict configs refuse it (it used to load, then break every plain forward)
+    config_class = {"gpt2": tc.GPT2Config, "llama": tc.LlamaConfig}[family]
+    fields = ours.config.to_dict()
+    for bad in (None, 0, "true"):
+        with pytest.raises(TypeError, match=r"^use_cache: expected a bool"):
+            config_class.from_dict({**fields, "use_cache": bad})
 
 
 @pytest.mark.parametrize("family", ["gpt2", "llama"])

@@ -630,30 +630,34 @@ def test_rope_row_permutation_checks_its_arguments(args, error, says):
 
 def test_rope_row_permutation_allocates_only_what_it_checks(monkeypatch):
     """2**32 rows passed the row bound, then np.arange and its reordered copy (two int64 arrays of
-    32 GiB each) raised numpy's MemoryError for rope_row_permutation(2, 2**31). Now both are checked
-    first (numpy's traced peak is at most what the check counts), and a machine of one byte less
-    refuses them, naming the arguments."""
+    32 GiB each) raised numpy's MemoryError for rope_row_permutation(2, 2**31). Now the result is
+    checked first and is the only array of that size (numpy's traced peak; the others hold
+    num_heads + head_dim / 2 values, besides numpy's fixed ufunc buffers), and a machine of one byte
+    less refuses it, naming the arguments."""
     import tracemalloc
 
     import transformer_core._validation as tcv
 
-    heads, head_dim = 512, 128
-    need = 2 * heads * head_dim * 8
-    tracemalloc.start()
-    try:
-        perm = rope_row_permutation(heads, head_dim)
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
-    w = np.arange(heads * head_dim, dtype=np.float64)[:, None]
-    np.testing.assert_array_equal(converter_permute(w, heads)[perm], w)
-    assert peak <= 1.1 * need, f"peak {peak} bytes for a check of {need} bytes"
-    monkeypatch.setattr(tcv, "physical_memory_bytes", lambda: need - 1)
-    with pytest.raises(ValueError, match=rf"^num_heads, head_dim: the index and its reordered copy: an array of "
-                                         rf"shape \(2, {heads * head_dim}\) needs {need} bytes"):
-        rope_row_permutation(heads, head_dim)
-    monkeypatch.setattr(tcv, "physical_memory_bytes", lambda: need)
-    np.testing.assert_array_equal(rope_row_permutation(heads, head_dim), perm)
+    for heads, head_dim in ((512, 128), (1, 2), (3, 130), (4096, 2)):
+        need = heads * head_dim * 8
+        tracemalloc.start()
+        try:
+            perm = rope_row_permutation(heads, head_dim)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        w = np.arange(heads * head_dim, dtype=np.float64)[:, None]
+        np.testing.assert_array_equal(converter_permute(w, heads)[perm], w)
+        assert perm.dtype == np.int64 and perm.flags.c_contiguous and perm.shape == (heads * head_dim,)
+        # + numpy's ufunc buffers for a strided output (a few × 8192 values, np.getbufsize()), whatever the size
+        assert peak <= need + 8 * (heads + head_dim) + 4 * 8 * np.getbufsize(), f"peak {peak}, result {need}"
+        monkeypatch.setattr(tcv, "physical_memory_bytes", lambda: need - 1)
+        with pytest.raises(ValueError, match=rf"^num_heads, head_dim: an array of shape \({heads * head_dim},\) "
+                                             rf"needs {need} bytes"):
+            rope_row_permutation(heads, head_dim)
+        monkeypatch.setattr(tcv, "physical_memory_bytes", lambda: need)
+        np.testing.assert_array_equal(rope_row_permutation(heads, head_dim), perm)
+        monkeypatch.undo()
 
 
 def test_rope_row_permutation_takes_numpy_ints():

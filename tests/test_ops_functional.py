@@ -481,6 +481,9 @@ def test_glu_refuses_torchs_glu_call_and_its_hint_computes_torchs_glu(rng, dtype
         scope = {"np": np, "x": x}
         exec(hint.replace("; ", "\nout = "), scope)
         assert_close(scope["out"], TF.glu(to_torch(x), dim), dtype, what=f"the hint's GLU, dim {dim}")
+    for kw in ({"dim": -1}, {"dim": 0}):  # torch's keyword form too
+        with pytest.raises(TypeError, match=r"^dim: torch's argument of F.glu\(input, dim\)"):
+            F.glu(x, **kw)
     np.testing.assert_array_equal(F.glu(x, x), F.glu(x, x, "silu"))  # the arrays' call is unchanged
 
 

@@ -796,7 +796,7 @@ def _gate_up(gate, up, extra=()):
     return dtype, g, u
 
 
-def glu(gate, up=None, activation: str = "silu") -> np.ndarray:
+def glu(gate, up=None, activation: str = "silu", *, dim=None) -> np.ndarray:
     """Gated linear unit of the feed-forward layer (Shazeer 2020, "GLU Variants Improve Transformer";
     Llama's MLP is ``down_proj(silu(gate_proj(x)) · up_proj(x))``)::
 
@@ -806,7 +806,7 @@ def glu(gate, up=None, activation: str = "silu") -> np.ndarray:
     same name: it splits ``input`` in two halves ``a, b`` along ``dim`` and returns
     ``a · sigmoid(b)`` (Dauphin et al. 2017). This one takes the gate and the other branch as two
     arrays and has no sigmoid activation. A call in torch's form, ``glu(x)`` or ``glu(x, dim)``
-    with an int second argument, is a TypeError that says so. torch's GLU in numpy:
+    with an int second argument or ``dim=`` given, is a TypeError that says so. torch's GLU in numpy:
     ``a, b = np.split(x, 2, axis=dim); a / (1 + np.exp(-b))``.
 
     Args:
@@ -815,14 +815,21 @@ def glu(gate, up=None, activation: str = "silu") -> np.ndarray:
             with that hint.
         activation: a name of the library's table of activations (``"silu"``, ``"gelu"``,
             ``"gelu_tanh"``, ``"relu"``, ...).
+        dim: torch's keyword, refused (any value): it exists only to say that this is not torch's
+            ``F.glu(input, dim=...)``.
 
     Returns:
         The shape of ``gate``; float64 if ``gate`` or ``up`` is float64 (or wider), else float32.
 
     Raises:
         ValueError: shapes differ, empty or 0-d arrays, unknown ``activation``. TypeError: non-numeric
-            arrays; ``up`` None or an int (torch's ``F.glu(x)`` / ``F.glu(x, dim)``), before any copy.
+            arrays; ``up`` None or an int, or ``dim`` given (torch's ``F.glu(x)`` / ``F.glu(x, dim)``),
+            before any copy.
     """
+    if dim is not None:  # torch's keyword form, F.glu(x, dim=...)
+        raise TypeError(f"dim: torch's argument of F.glu(input, dim), got {dim!r}: this glu is the gated feed-forward "
+                        f"act(gate) * up, not torch's a * sigmoid(b) of input's two halves; torch's F.glu(x, dim) in "
+                        f"numpy: a, b = np.split(x, 2, axis=dim); a / (1 + np.exp(-b))")
     if up is None or (isinstance(up, (int, np.integer)) and not isinstance(up, bool)):
         got = "None" if up is None else f"{type(up).__name__} {up} (torch's dim)"
         dim = -1 if up is None else int(up)

@@ -444,8 +444,8 @@ def rope_row_permutation(num_heads: int, head_dim: int) -> np.ndarray:
     Raises:
         TypeError: ``num_heads`` or ``head_dim`` not an int (a bool or a float included).
         ValueError: ``head_dim`` odd or below 2, ``num_heads`` below 1, more than ``2**32``
-            rows in all (``num_heads * head_dim``: no projection has as many), or an index and its
-            reordered copy (8 bytes a row each) larger than this machine's memory.
+            rows in all (``num_heads * head_dim``: no projection has as many), or a result (8 bytes
+            a row) larger than this machine's memory.
     """
     num_heads = check_int(num_heads, "num_heads", 1, _MAX_ROPE_ROWS)
     head_dim = check_int(head_dim, "head_dim", 2, _MAX_ROPE_ROWS)
@@ -454,10 +454,14 @@ def rope_row_permutation(num_heads: int, head_dim: int) -> np.ndarray:
     if num_heads * head_dim > _MAX_ROPE_ROWS:
         raise ValueError(f"num_heads, head_dim: expected at most {_MAX_ROPE_ROWS} rows in all (num_heads * head_dim), "
                          f"got {num_heads} * {head_dim} = {num_heads * head_dim}")
-    # np.arange's index and its reordered copy, the result: two int64 arrays of that many rows
-    check_allocatable((2, num_heads * head_dim), 8, "num_heads, head_dim: the index and its reordered copy")
-    gguf_rows = np.arange(num_heads * head_dim, dtype=np.int64).reshape(num_heads, head_dim // 2, 2)
-    return np.ascontiguousarray(gguf_rows.swapaxes(1, 2)).reshape(-1)
+    half = head_dim // 2
+    check_allocatable((num_heads * head_dim,), 8, "num_heads, head_dim")  # the result (the other arrays: H + d/2)
+    # perm[h, j, i] = h·head_dim + 2i + j: each head's even rows, then its odd rows
+    perm = np.empty((num_heads, 2, half), np.int64)
+    starts, evens = np.arange(num_heads, dtype=np.int64) * head_dim, 2 * np.arange(half, dtype=np.int64)
+    np.add.outer(starts, evens, out=perm[:, 0, :])
+    np.add.outer(starts + 1, evens, out=perm[:, 1, :])  # not perm[:, 0] + 1: numpy would copy the overlapping view
+    return perm.reshape(-1)
 
 
 @dataclass(frozen=True)

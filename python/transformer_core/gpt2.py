@@ -177,8 +177,8 @@ class GPT2Config:
         >= 0, ``activation_function`` a name of the library's table, ``eos_token_id`` None, an id or a
         list of ids (``bos_token_id`` and ``pad_token_id`` too; a negative id is read as none, as
         Hugging Face reads it, and dropped from a list), ``resid_pdrop``, ``embd_pdrop`` and
-        ``attn_pdrop`` probabilities in [0, 1), ``extra`` a dict (its ``tie_word_embeddings``, when
-        there, a bool; the options :meth:`from_dict` refuses are refused there too, naming
+        ``attn_pdrop`` probabilities in [0, 1), ``extra`` a dict (its ``tie_word_embeddings`` and ``use_cache``,
+        when there, bools; the options :meth:`from_dict` refuses are refused there too, naming
         ``extra['key']``). Sizes too large for this machine are the C++ model's to refuse.
 
         Raises:
@@ -192,8 +192,9 @@ class GPT2Config:
         for name in ("resid_pdrop", "embd_pdrop", "attn_pdrop"):
             check_dropout(getattr(self, name), name)
         check_mapping(self.extra, "extra")
-        if "tie_word_embeddings" in self.extra:
-            check_bool(self.extra["tie_word_embeddings"], "tie_word_embeddings")
+        for key in ("tie_word_embeddings", "use_cache"):  # kept in extra, read by the model: bools
+            if key in self.extra:
+                check_bool(self.extra[key], key)
         # kept in extra (not fields): a config built or edited here is refused as config.json's is
         _refuse_unsupported_options(self.extra, lambda key: f"extra[{key!r}]")
         generic = sorted(set(_HF_ALIASES) & set(self.extra))

@@ -136,7 +136,8 @@ class LlamaConfig:
         defaults), ``rms_norm_eps`` a finite number >= 0, ``rope_theta`` a finite number > 0, the
         flags bools, ``hidden_act`` a name of the library's table, the token ids None, ids or lists
         of ids, ``attention_dropout`` a probability in [0, 1). Sizes too large for this machine are
-        the C++ model's to refuse. ``extra`` is a dict.
+        the C++ model's to refuse. ``extra`` is a dict (its ``use_cache``, when there, a bool: the
+        forward's default).
 
         A negative ``bos_token_id`` / ``eos_token_id`` means none, as in Hugging Face: the field is
         set to None, and a list's negative ids are dropped (``_validation.config_token_ids``).
@@ -163,6 +164,8 @@ class LlamaConfig:
             self.pad_token_id = check_int(self.pad_token_id, "pad_token_id", -self.vocab_size, self.vocab_size - 1)
         check_dropout(self.attention_dropout, "attention_dropout")
         check_mapping(self.extra, "extra")
+        if "use_cache" in self.extra:  # kept in extra, read by forward (its default): a bool, as transformers checks
+            check_bool(self.extra["use_cache"], "use_cache")
         return self
 
     def to_dict(self) -> dict:

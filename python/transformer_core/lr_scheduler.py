@@ -203,7 +203,7 @@ class LRScheduler:
             ``initial_lr`` in the groups.
         NotImplementedError: this base class itself, or a subclass without :meth:`get_lr` (the
             constructor's initial step calls it), as torch's constructor does; unlike torch's, it
-            leaves no ``initial_lr`` in the groups.
+            takes back the ``initial_lr`` it added (one already in a group stays).
     """
 
     #: numeric attributes of the subclass saved in the state dict (besides the common ones)

@@ -344,8 +344,8 @@ def from_einsum_shared(state, num_heads: int) -> dict[str, np.ndarray]:
     Returns:
         ``{"in_proj_weight" (3E, E), "in_proj_bias" (3E), "out_proj.weight" (E, E),
         "out_proj.bias" (E)}``, for ``nn.MultiheadAttention(E, H)``: new numpy arrays, the
-        in-projection block-diagonal as above and its bias zeros; float64 stays float64, other
-        dtypes float32.
+        in-projection block-diagonal as above and its bias zeros; each float64 where any of the
+        weights it is made from is float64, else float32.
 
     Raises:
         TypeError: non-mapping ``state``, non-int ``num_heads``. ValueError: wrong names or
@@ -359,7 +359,8 @@ def from_einsum_shared(state, num_heads: int) -> dict[str, np.ndarray]:
     for n in ("queries", "keys", "values"):
         _check_shape(s[f"{n}.weight"], (d, d), f"{n}.weight")
     s = _floats(s)
-    eye = np.eye(num_heads, dtype=s["fc_out.weight"].dtype)
+    # the identity in the projections' dtype: each result's dtype is that of the weights it is made from
+    eye = np.eye(num_heads, dtype=np.result_type(*(s[f"{n}.weight"] for n in ("queries", "keys", "values"))))
     blocks = [np.kron(eye, s[f"{n}.weight"]) for n in ("queries", "keys", "values")]
     zeros = np.zeros(E, blocks[0].dtype)
     return _pack(*blocks, zeros, zeros, zeros, s["fc_out.weight"], s["fc_out.bias"])
@@ -381,8 +382,9 @@ def from_einsum_as_written(state, num_heads: int) -> dict[str, np.ndarray]:
     Returns:
         ``{"in_proj_weight" (3E, E), "in_proj_bias" (3E), "out_proj.weight" (E, E),
         "out_proj.bias" (E)}``, for ``nn.MultiheadAttention(E, H)``: new numpy arrays, the
-        in-projection ``[I_E; I_E; I_E]`` and its bias zeros; float64 stays float64, other dtypes
-        float32.
+        in-projection ``[I_E; I_E; I_E]`` and its bias zeros in ``fc_out.weight``'s dtype (the
+        listing's own projections are unused), the out-projection in its weights' (float64 stays
+        float64, other dtypes float32).
 
     Raises:
         TypeError / ValueError: as :func:`from_einsum_shared`.

@@ -279,8 +279,9 @@ def mean_pool(last_hidden_state: np.ndarray, attention_mask: np.ndarray) -> np.n
         ``(N, H)``, dtype of ``last_hidden_state`` (float32 unless float64). A row with no real token
         gives zeros. Non-finite values give sentence-transformers' results (its
         ``(h · mask).sum(1) / mask.sum(1)``), with no numpy warning: a NaN or inf in a padded
-        position makes that feature NaN (``inf · 0``), as does NaN among the real tokens; a sum
-        past the dtype's max is inf.
+        position makes that feature NaN (``inf · 0``), as does NaN among the real tokens. A sum
+        whose partial sums (numpy's pairwise order) pass the dtype's max is inf, where torch's
+        order may stay finite (values near 1e37 in float32: no model's hidden states).
 
     Raises:
         TypeError: non-numeric ``last_hidden_state``; a mask neither bool nor 0/1 numbers.
