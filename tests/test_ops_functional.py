@@ -755,22 +755,16 @@ def test_bad_shape_or_dtype_is_refused_before_the_inputs_are_copied(case, x16):
 
 
 def test_extreme_values_give_torchs_results_without_numpy_warnings():
-    """An fp32 cross-entropy beyond float32's range (inf, as torch), clipping an inf gradient with
-    max_norm=inf (NaN, as torch) and the cosine of a row holding inf (NaN, as torch) printed numpy
-    RuntimeWarnings from inside the package."""
+    """An fp32 cross-entropy beyond float32's range (inf, as torch) and the cosine of a row holding
+    inf (NaN, as torch) printed numpy RuntimeWarnings from inside the package. (Clipping an inf
+    gradient: tests/test_optim.py, whose optimizers the sanitizer's reduced core lacks.)"""
     import warnings
-
-    from transformer_core.parameter import Parameter
 
     logits = np.array([[3e38, -3e38]], np.float32)  # the loss of class 1: 6e38
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         loss = tc.functional.cross_entropy(logits, np.array([1]))
         assert loss == np.inf == torch.nn.functional.cross_entropy(torch.from_numpy(logits), torch.tensor([1])).item()
-        p = Parameter(np.zeros(2, np.float32), name="w")
-        p.grad = np.array([np.inf, 1.0], np.float32)
-        assert tc.optim.clip_grad_norm_([p], max_norm=np.inf) == np.inf
-        assert np.isnan(p.grad).all()
         sim = tc.sentence_encoder.cosine_similarity(np.array([[np.inf, 1.0]]), np.array([[1.0, 0.0]]))
         assert np.isnan(sim).all()
 

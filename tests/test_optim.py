@@ -1679,3 +1679,22 @@ def test_step_closure_must_be_callable(rng, closure, shown):
     assert_unchanged(opt, ours, before)
     assert opt.step(closure=lambda: 2.5) == 2.5
     assert opt.state["layer0.weight"]["step"] == 2
+
+
+def test_clipping_an_inf_gradient_gives_torchs_nan_without_numpy_warnings():
+    """clip_grad_norm_ of an inf gradient with max_norm=inf: the total norm inf and the gradient NaN,
+    as torch's (inf / inf), with no numpy RuntimeWarning from inside the package (moved here from
+    tests/test_ops_functional.py: the sanitizer's reduced core has no optimizers)."""
+    import warnings
+
+    from transformer_core.parameter import Parameter
+
+    p = Parameter(np.zeros(2, np.float32), name="w")
+    p.grad = np.array([np.inf, 1.0], np.float32)
+    t = torch.zeros(2, requires_grad=True)
+    t.grad = torch.tensor([np.inf, 1.0])
+    want = torch.nn.utils.clip_grad_norm_([t], max_norm=np.inf)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert optim.clip_grad_norm_([p], max_norm=np.inf) == np.inf == want.item()
+    assert np.isnan(p.grad).all() and torch.isnan(t.grad).all()
