@@ -462,7 +462,11 @@ print(json.dumps({"peak": peak - max(before_peak, before), "kept": rss() - befor
 def test_linear_int8_scratch_is_bounded():
     """2^22 rows of one value, residual mode: each row's int8 copy is padded to a 64-byte vector (16×
     x's size; twice, with the residual) — without chunks 512 MiB of scratch that the thread then
-    kept. Now the peak is the output (16 MiB) and a few MiB, and the scratch left after the call too."""
+    kept. Now the peak is the output (16 MiB) and a few MiB, and the scratch left after the call too.
+    (Not under AddressSanitizer, .ci/sanitize: its allocator keeps freed memory in quarantine, so the
+    resident set says nothing about what the kernel keeps; the main test run measures it.)"""
+    if "asan" in os.environ.get("LD_PRELOAD", ""):
+        pytest.skip("resident-set measurement: AddressSanitizer's quarantine holds freed memory")
     out = subprocess.run([sys.executable, "-c", _SCRATCH_SCRIPT], capture_output=True, text=True, check=True,
                          env={**os.environ, "OMP_NUM_THREADS": "1"})
     m = json.loads(out.stdout.strip().splitlines()[-1])
