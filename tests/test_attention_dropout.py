@@ -67,6 +67,8 @@ SHAPES = {
 @pytest.mark.parametrize("path", ["flash", "reference"])
 @pytest.mark.parametrize("mask", [None, "bool", "causal", "float"])
 def test_sdpa_dropout_matches_torch_given_the_mask(rng, dtype, shape, path, mask):
+    """Output, lse and the three input gradients of a dropout call against torch's math given our
+    mask, on every path and the kernel's tile edges, with each kind of mask."""
     N, H, Hkv, L, S, E, Ev = SHAPES[shape]
     p, seed = 0.3, 12345
     q, k, v = randn(rng, (N, H, L, E), dtype), randn(rng, (N, Hkv, S, E), dtype), randn(rng, (N, Hkv, S, Ev), dtype)
@@ -142,6 +144,7 @@ def test_sdpa_dropout_seed_none_draws_from_the_package_generator(rng):
     (True, TypeError, r"dropout_p: expected a number"),  # is_causal given in dropout_p's place
 ])
 def test_sdpa_dropout_p_is_checked(rng, dropout_p, exc, match):
+    """dropout_p is a probability in [0, 1], as torch's (a bool in its slot too: torch's is_causal)."""
     q = randn(rng, (1, 2, 3, 4), np.float32)
     with pytest.raises(exc, match=match):
         F.scaled_dot_product_attention(q, q, q, dropout_p=dropout_p)
@@ -156,6 +159,7 @@ def test_sdpa_dropout_p_one_drops_everything(rng):
 
 
 def test_sdpa_seed_is_checked(rng):
+    """seed is an int in [0, 2**64) or None, named in the error."""
     q = randn(rng, (1, 2, 3, 4), np.float32)
     for bad, exc in ((-1, ValueError), (2**64, ValueError), (1.5, TypeError), ("1", TypeError)):
         with pytest.raises(exc, match="^seed: "):
@@ -176,6 +180,8 @@ MHA_CASES = {
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
 @pytest.mark.parametrize("case", list(MHA_CASES), ids=list(MHA_CASES))
 def test_multihead_attention_dropout_matches_torch_given_the_mask(rng, dtype, case):
+    """nn.MultiheadAttention(dropout=p) in training: output, the returned (dropped) weights, the
+    input and parameter gradients against torch's math with the mask of the seed the layer drew."""
     c = MHA_CASES[case]
     E, H, Hkv, N, L = c["E"], c["H"], c["Hkv"], c["N"], c["L"]
     self_attention = c["S"] is None
@@ -264,6 +270,7 @@ def test_decoder_layer_dropout_reaches_both_attentions_and_backward_agrees(rng):
     g = randn(rng, (2, 4, 6), np.float64)
 
     def run(t, m):
+        """(loss, (grad tgt, grad memory)) of one seeded training forward and its backward."""
         tc.manual_seed(9)
         y = layer(t, m)
         return float((y * g).sum()), layer.backward(g)
@@ -316,10 +323,12 @@ def test_model_attention_dropout_fields_apply_and_backward_agrees(rng, model):
         g = randn(rng, (2, 7, 8), np.float64)
 
         def loss():
+            """BERT's seeded training forward, reduced against g."""
             tc.manual_seed(5)
             return float((m(ids).last_hidden_state * g).sum())
 
         def backward():
+            """Its backward, given g."""
             m.backward(g)
     else:
         if model == "gpt2":
@@ -332,10 +341,12 @@ def test_model_attention_dropout_fields_apply_and_backward_agrees(rng, model):
             m = tc.LlamaForCausalLM(cfg, dtype=np.float64)
 
         def loss():
+            """The causal LM's seeded training loss."""
             tc.manual_seed(5)
             return float(m.loss(ids, labels=ids))
 
         def backward():
+            """Its backward."""
             m.backward()
     m.eval()
     plain = loss()
@@ -347,6 +358,7 @@ def test_model_attention_dropout_fields_apply_and_backward_agrees(rng, model):
     idx = (1, 2)
 
     def at(value):
+        """The seeded loss with the checked weight element set to ``value``."""
         state = m.state_dict()
         state[name] = weight.copy()
         state[name][idx] = value

@@ -156,6 +156,7 @@ def test_resuming_an_int8_single_process_run_names_the_single_process_path(tmp_p
     commit, calls = corpus.EmbedJob.commit, []
 
     def commit_then_stop(self, index, **kwargs):
+        """EmbedJob.commit, then a KeyboardInterrupt after the second chunk: an interrupted run."""
         commit(self, index, **kwargs)
         calls.append(index)
         if len(calls) == 2:

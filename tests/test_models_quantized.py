@@ -1243,6 +1243,7 @@ def _optimizer_snapshot(opt):
 
 
 def _assert_unchanged(opt, snapshot):
+    """The optimizer's parameters and state are those of ``snapshot`` (a refused step wrote nothing)."""
     weights, state = snapshot
     for n, p in opt.named_parameters():
         np.testing.assert_array_equal(p.data, weights[n], err_msg=n)

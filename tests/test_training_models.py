@@ -337,6 +337,7 @@ def test_attention_dropout_of_a_config_is_applied_without_a_warning():
     for model, field in _attention_dropout_models():
         # BERT's training forward; a causal LM's training call is its loss (its forward is inference)
         def call():
+            """The model's training call (BERT's forward, a causal LM's loss) after manual_seed(1)."""
             tc.manual_seed(1)
             return (model(ids).last_hidden_state if isinstance(model, tc.BertModel)
                     else np.asarray(model.loss(ids, ids)))

@@ -394,6 +394,7 @@ class GPT2LMHeadModel(GPT2Model, CausalLM):
         return core_config
 
     def _dropout_probs(self) -> tuple[float, float, float]:
+        """(resid_pdrop, embd_pdrop, attn_pdrop) of the config, each checked."""
         c = self.config
         return (check_dropout(c.resid_pdrop, "resid_pdrop"), check_dropout(c.embd_pdrop, "embd_pdrop"),
                 check_dropout(c.attn_pdrop, "attn_pdrop"))

@@ -503,6 +503,7 @@ class LlamaForCausalLM(LlamaModel, CausalLM):
     _checkpoint_heads = frozenset()  # a classifier's head beside an LM is reported, not dropped
 
     def _dropout_probs(self) -> tuple[float, float, float]:
+        """Llama's one dropout, the config's attention_dropout (checked): no residual or embedding dropout."""
         return 0.0, 0.0, check_dropout(self.config.attention_dropout, "attention_dropout")
 
     _public_name_of_core_name_only = True  # the names below hang on the core name alone

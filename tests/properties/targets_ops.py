@@ -206,6 +206,7 @@ def _ref_dropout(kw):
 
 
 def _draw_dropout(d):
+    """dropout's arguments: p drawn or left out (torch's default), seed None only where no mask is drawn."""
     kw = {"x": _draw_x(d, 0), "training": d(st.booleans()), "inplace": False}
     p = d(st.sampled_from([0.0, 0.1, 0.5, 1.0, None]))
     if p is not None:  # None: p left out, torch's default 0.5
@@ -218,6 +219,7 @@ def _draw_dropout(d):
 
 
 def _call_dropout(kw):
+    """F.dropout as torch's calls write it: p positional (or left out), the rest by keyword."""
     p = (kw["p"],) if "p" in kw else ()  # positional, as torch's calls pass it; left out: the default
     return F.dropout(kw["x"], *p, seed=kw["seed"], training=kw["training"], inplace=kw["inplace"])
 
@@ -1124,6 +1126,7 @@ target(name="backward.scaled_dot_product_attention_backward", draw=_draw_sdpa_bw
 
 
 def _draw_dropout_bw(draw):
+    """dropout_backward's arguments: seed None only with p = 0, as the forward's rule."""
     p = draw(st.sampled_from([0.0, 0.3, 1.0]))
     seeds = st.integers(0, 2**64 - 1)
     if p == 0.0:  # seed=None is valid here, as in the forward: no mask
