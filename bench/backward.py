@@ -9,6 +9,11 @@ Cases:
     attention   scaled_dot_product_attention backward, (N, H, L, D) = (8, 12, 256, 64), causal:
                 ours (FlashAttention-2 backward, two deterministic passes) vs torch's
                 F.scaled_dot_product_attention backward (torch.autograd.grad on a retained graph);
+    dropout     attention with dropout on the probabilities (dropout_p 0.1), (4, 12, 256, 64),
+                forward and backward together: ours (the mask regenerated from its seed in the
+                backward) vs torch's F.scaled_dot_product_attention(dropout_p=0.1) and its
+                autograd (torch's math path, which stores the mask). The error column compares
+                ours with torch's math given our mask (torch draws its own);
     linear      linear backward, x (2048, 768), weight (3072, 768), bias: grad_x, grad_weight,
                 grad_bias vs torch.autograd.grad of F.linear.
 
@@ -78,6 +83,33 @@ def bench_attention(B, torch, repeats: int):
     return "attention backward (8,12,256,64) causal", interleave(ours, theirs, repeats), err, flops
 
 
+def bench_dropout(B, torch, repeats: int):
+    import torch.nn.functional as TF
+    from transformer_core import functional as F
+
+    N, H, L, D, p, seed = 4, 12, 256, 64, 0.1, 7
+    rng = np.random.default_rng(2)
+    q, k, v, gout = (rng.standard_normal((N, H, L, D)).astype(np.float32) for _ in range(4))
+    qt, kt, vt = (torch.tensor(a, requires_grad=True) for a in (q, k, v))
+    gout_t = torch.tensor(gout)
+
+    def ours():
+        out, lse = F.scaled_dot_product_attention(q, k, v, dropout_p=p, seed=seed, return_lse=True)
+        return (out,) + B.scaled_dot_product_attention_backward(q, k, v, out, gout, lse, dropout_p=p, seed=seed)
+
+    def theirs():
+        out_t = TF.scaled_dot_product_attention(qt, kt, vt, dropout_p=p)
+        return (out_t,) + torch.autograd.grad(out_t, (qt, kt, vt), gout_t)
+
+    # the error: ours against torch's math with our mask (keep / (1 - p), functional.dropout of ones)
+    factor = torch.tensor(F.dropout(np.ones((N, H, L, L), np.float32), p, seed))
+    want = (torch.softmax(qt @ kt.transpose(-2, -1) / math.sqrt(D), -1) * factor) @ vt
+    ref = (want,) + torch.autograd.grad(want, (qt, kt, vt), gout_t)
+    err = max(float(np.abs(a - b.detach().numpy()).max()) for a, b in zip(ours(), ref))
+    flops = 2.0 * 2 * N * H * L * L * D * 3.5  # the forward's two products and the backward's five
+    return "attention fwd+bwd dropout 0.1 (4,12,256,64)", interleave(ours, theirs, repeats), err, flops
+
+
 def bench_linear(B, torch, repeats: int):
     import torch.nn.functional as TF
 
@@ -118,7 +150,7 @@ def main(argv=None) -> None:
     print(f"# {cpu_name()}, {os.cpu_count()} CPUs, {cpu_isa()}, load {os.getloadavg()[0]:.2f}; torch {torch.__version__}; "
           f"threads {args.threads}; fp32; median of {args.repeats} (noisy on a shared machine)")
     print(f"{'case':42s} {'ours ms':>9s} {'torch ms':>9s} {'torch/ours':>10s} {'ours GFLOP/s':>12s} {'max err':>9s}")
-    for case in (bench_attention, bench_linear):
+    for case in (bench_attention, bench_dropout, bench_linear):
         name, (ours_ms, torch_ms), err, flops = case(B, torch, args.repeats)
         print(f"{name:42s} {ours_ms:9.2f} {torch_ms:9.2f} {torch_ms / ours_ms:10.2f} "
               f"{flops / ours_ms / 1e6:12.1f} {err:9.2e}")
