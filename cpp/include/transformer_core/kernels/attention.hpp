@@ -73,13 +73,18 @@ struct AttentionArgs : AttentionMasks<T> {  // the masks: attention_masks.hpp
   bool has_dropout() const { return dropout_threshold != 0; }
 };
 
+// The flat index of probability (n, h, l, s) in [N, H, L, S]: its place in the dropout mask.
+template <class T>
+inline int64_t probability_index(const AttentionArgs<T>& a, int64_t n, int64_t h, int64_t l, int64_t s) {
+  return ((n * a.num_heads + h) * a.q_len + l) * a.kv_len + s;
+}
+
 // The dropout of query row l's probabilities p[0, len) of keys [s0, s0 + len), in place:
 // p_j ← keep ? p_j · scale : 0 (the header's mask; the caller checks has_dropout()).
 template <class T>
 inline void dropout_probabilities_row(const AttentionArgs<T>& a, int64_t n, int64_t h, int64_t l, int64_t s0,
                                       int64_t len, T* p) {
-  const int64_t i0 = ((n * a.num_heads + h) * a.q_len + l) * a.kv_len + s0;
-  dropout_apply_at(p, i0, len, a.dropout_seed, a.dropout_threshold, a.dropout_scale);
+  dropout_apply_at(p, probability_index(a, n, h, l, s0), len, a.dropout_seed, a.dropout_threshold, a.dropout_scale);
 }
 
 // Applies every mask of `a` to the scores of query row l, keys [s0, s0 + len), in place.

@@ -236,11 +236,24 @@ bool tile_p_ds(const AttentionBackwardArgs<T>& b, const RowStats<T>& stats, cons
     T* dsr = ds + i * ld;
     T* pr = p + i * ld;
     const T di = dlt[i];
-    // dropout: the forward's o = (P ∘ Z) V with Z = keep / (1 - p), so dV takes P ∘ Z and the
-    // softmax's gradient dP ∘ Z (Δ = Σ_d dO O is unchanged: the forward's o held Z already)
-    if (a.has_dropout()) dropout_probabilities_row(a, n, h, l0 + i, s0, cols, dsr);
-    for (int64_t j = 0; j < cols; ++j) dsr[j] = scale * (pr[j] * (dsr[j] - di));
-    if (a.has_dropout()) dropout_probabilities_row(a, n, h, l0 + i, s0, cols, pr);
+    if (!a.has_dropout()) {
+      for (int64_t j = 0; j < cols; ++j) dsr[j] = scale * (pr[j] * (dsr[j] - di));
+      continue;
+    }
+    // dropout: the forward's o = (P ∘ Z) V with Z = keep / (1 - p), so the softmax's gradient takes
+    // dP ∘ Z and dV takes P ∘ Z (Δ = Σ_d dO O is unchanged: the forward's o held Z already); the
+    // row's mask drawn once for both
+    const T z = a.dropout_scale;
+    const uint64_t threshold = a.dropout_threshold;
+    dropout_runs(uint64_t(probability_index(a, n, h, l0 + i, s0)), cols, a.dropout_seed,
+                 [&](int64_t j0, int64_t m, const uint32_t* bits) {
+                   for (int64_t t = 0; t < m; ++t) {
+                     const int64_t j = j0 + t;
+                     const bool keep = bits[t] >= threshold;
+                     dsr[j] = scale * (pr[j] * ((keep ? dsr[j] * z : T(0)) - di));
+                     pr[j] = keep ? pr[j] * z : T(0);
+                   }
+                 });
   }
   return true;
 }

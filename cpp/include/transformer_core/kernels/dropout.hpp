@@ -136,20 +136,29 @@ inline void philox_run(uint64_t b0, uint64_t seed, uint32_t* out) {
 }
 #endif
 
-// y[j] = keep_(i0 + j) ? x[j] · scale : 0 for j in [0, len): elements i0 .. i0 + len - 1 of a
-// tensor, of which x and y (which may alias) hold only these.
-template <class T>
-inline void dropout_range(const T* x, T* y, uint64_t i0, int64_t len, uint64_t seed, uint64_t threshold, T scale) {
+// The random words of elements i0 .. i0 + len - 1, a run at a time: f(j, n, bits) with bits[t]
+// the word of element i0 + j + t, t < n (keep ⇔ bits[t] >= threshold). For a caller that applies
+// one mask to several arrays, or fuses it with its own arithmetic, without drawing it twice.
+template <class F>
+inline void dropout_runs(uint64_t i0, int64_t len, uint64_t seed, F&& f) {
   alignas(64) uint32_t bits[4 * kPhiloxRun];
   int64_t j = 0;
   while (j < len) {
     const uint64_t i = i0 + uint64_t(j);
     philox_run(i >> 2, seed, bits);  // elements 4 · (i >> 2) ... onwards
-    const uint32_t* b = bits + (i & 3);
     const int64_t n = std::min<int64_t>(len - j, 4 * kPhiloxRun - int64_t(i & 3));
-    for (int64_t t = 0; t < n; ++t) y[j + t] = b[t] >= threshold ? x[j + t] * scale : T(0);
+    f(j, n, static_cast<const uint32_t*>(bits + (i & 3)));
     j += n;
   }
+}
+
+// y[j] = keep_(i0 + j) ? x[j] · scale : 0 for j in [0, len): elements i0 .. i0 + len - 1 of a
+// tensor, of which x and y (which may alias) hold only these.
+template <class T>
+inline void dropout_range(const T* x, T* y, uint64_t i0, int64_t len, uint64_t seed, uint64_t threshold, T scale) {
+  dropout_runs(i0, len, seed, [&](int64_t j, int64_t n, const uint32_t* b) {
+    for (int64_t t = 0; t < n; ++t) y[j + t] = b[t] >= threshold ? x[j + t] * scale : T(0);
+  });
 }
 
 // y[i] = keep_i ? x[i] · scale : 0 for i in [begin, end).   x, y: indexed by the global i (may alias)
