@@ -699,20 +699,33 @@ class _Slot(NamedTuple):
 _storage_epoch = [0]
 
 
+def _lost_view(p, storage: dict) -> str | None:
+    """Why the cached :class:`_BoundParameter` ``p`` no longer views its weight's float buffer: the
+    weight's storage format (``"int8"``, a GGUF type name) when it is held quantized, ``"new buffer"``
+    when it was given another float buffer; None while it still views it. ``storage``: its C++
+    module's ``parameter_storage()``, as a dict (read once per module by the callers)."""
+    fmt = storage[p._core_name]
+    if fmt not in ("float32", "float64"):
+        return fmt
+    current = p._impl.parameter_view(p._core_name)
+    return None if current.__array_interface__["data"][0] == p.data.__array_interface__["data"][0] else "new buffer"
+
+
+def _storage_tables(parameters):
+    """``(p, storage)`` for each of ``parameters`` (:class:`_BoundParameter` objects), ``storage``
+    its C++ module's ``parameter_storage()`` as a dict, read once per module."""
+    tables = {}
+    for p in parameters:
+        key = id(p._impl)
+        if key not in tables:
+            tables[key] = dict(p._impl.parameter_storage())
+        yield p, tables[key]
+
+
 def _still_viewing(parameters) -> bool:
     """Whether every one of ``parameters`` (cached :class:`_BoundParameter` objects) still views its
     weight's float buffer (none was quantized or given a new buffer since it was made)."""
-    storage = {}
-    for p in parameters:
-        key = id(p._impl)
-        if key not in storage:
-            storage[key] = dict(p._impl.parameter_storage())
-        if storage[key][p._core_name] not in ("float32", "float64"):
-            return False
-        current = p._impl.parameter_view(p._core_name)
-        if current.__array_interface__["data"][0] != p.data.__array_interface__["data"][0]:
-            return False
-    return True
+    return all(_lost_view(p, storage) is None for p, storage in _storage_tables(parameters))
 
 
 def storage_changed(module) -> None:

@@ -70,7 +70,7 @@ import numpy as np
 
 from ._runtime import variant
 from ._validation import check_bool, check_float, described, type_path
-from .module import TIED_HEAD_COPY, _BoundParameter, _storage_epoch, weights_written
+from .module import TIED_HEAD_COPY, _BoundParameter, _lost_view, _storage_epoch, _storage_tables, weights_written
 from .parameter import Parameter
 
 __all__ = ["Optimizer", "Adam", "AdamW", "SGD", "NonFiniteGradientError", "clip_grad_norm_"]
@@ -569,28 +569,21 @@ class Optimizer:
         if cache is not None and cache[0] == epoch:
             return cache[1]
         converted: dict[int, tuple] = {}
-        storage_of: dict[int, dict] = {}
-        for group in self.param_groups:
-            for p in group["params"]:
-                if not isinstance(p, _BoundParameter):
-                    continue
-                storage = storage_of.get(id(p._impl))
-                if storage is None:
-                    storage = storage_of[id(p._impl)] = dict(p._impl.parameter_storage())
-                fmt = storage[p._core_name]
-                if fmt not in ("float32", "float64"):
-                    held = "int8" if fmt == "int8" else f"{fmt} GGUF blocks"
-                    converted[id(p)] = (_converted_by(fmt), f"held as {held} (a step would write {p.data.dtype} "
-                                                            "values that the model no longer reads)")
-                elif (p._impl.parameter_view(p._core_name).__array_interface__["data"][0]
-                      != p.data.__array_interface__["data"][0]):
-                    converted[id(p)] = (None, "given a new buffer (a step would write values that the model no "
-                                              "longer reads)")
-                elif p._core_name + TIED_HEAD_COPY in storage:
-                    head_copy = storage[p._core_name + TIED_HEAD_COPY]
-                    converted[id(p)] = (_converted_by(head_copy),
-                                        f"the table of a tied LM head that multiplies by an {head_copy} copy of "
-                                        "it (a step would move the table, not the head's copy)")
+        bound = (p for group in self.param_groups for p in group["params"] if isinstance(p, _BoundParameter))
+        for p, storage in _storage_tables(bound):
+            lost = _lost_view(p, storage)
+            if lost == "new buffer":
+                converted[id(p)] = (None, "given a new buffer (a step would write values that the model no "
+                                          "longer reads)")
+            elif lost is not None:
+                held = "int8" if lost == "int8" else f"{lost} GGUF blocks"
+                converted[id(p)] = (_converted_by(lost), f"held as {held} (a step would write {p.data.dtype} "
+                                                         "values that the model no longer reads)")
+            elif p._core_name + TIED_HEAD_COPY in storage:
+                head_copy = storage[p._core_name + TIED_HEAD_COPY]
+                converted[id(p)] = (_converted_by(head_copy),
+                                    f"the table of a tied LM head that multiplies by an {head_copy} copy of "
+                                    "it (a step would move the table, not the head's copy)")
         self._converted_cache = (epoch, converted)
         return converted
 
