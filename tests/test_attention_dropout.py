@@ -243,6 +243,30 @@ def test_multihead_attention_dropout_only_in_training(rng):
             tc.nn.MultiheadAttention(8, 2, dropout=bad)
 
 
+@pytest.mark.parametrize("bad, exc", [("0.1", TypeError), (-0.2, ValueError), (1.5, ValueError),
+                                      (float("nan"), ValueError), (1.0, ValueError)])
+def test_a_dropout_assigned_later_is_checked_as_the_constructors(rng, bad, exc):
+    """The layers' and the seq2seq model's dropout attribute, assigned after construction, is checked
+    as the constructor checks it, in a training forward before any work, naming dropout (a str gave
+    Python's comparison error, -0.2 the kernel's words, and the seq2seq model skipped a negative one);
+    eval mode does not read it, as MultiheadAttention."""
+    x = randn(rng, (2, 5, 8), np.float64)
+    ids = np.array([[1, 2, 3, 4]])
+    layers = [(tc.nn.TransformerEncoderLayer(8, 2, 16, dtype=np.float64), lambda m: m(x)),
+              (tc.nn.TransformerDecoderLayer(8, 2, 16, dtype=np.float64), lambda m: m(x, x)),
+              (tc.Seq2SeqTransformer(13, 11, d_model=8, nhead=2, num_encoder_layers=1, num_decoder_layers=1,
+                                     dim_feedforward=16, max_len=8), lambda m: m.loss(ids, ids, ids))]
+    for module, run in layers:
+        module.dropout = bad
+        module.eval()
+        run(module)
+        module.train()
+        with pytest.raises(exc, match="^dropout: expected a probability"):
+            run(module)
+        module.dropout = 0.25
+        run(module)  # and runs again once set right
+
+
 # --------------------------------------------------------------------------------------------------
 # Layers and models: their dropout= / config fields reach the attention; forward and backward agree
 # --------------------------------------------------------------------------------------------------

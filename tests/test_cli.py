@@ -397,7 +397,6 @@ def test_cli_bad_options_print_nothing_on_stdout():
     for args, fragment in ((["generate", "hi", "--temperature", "-1"], "temperature: expected a value >= 0"),
                            (["generate", "hi", "--temperature", "1", "--top-p", "2"], "top_p:"),
                            (["chat", "hi", "--temperature", "1", "--top-p", "1.5"], "top_p:"),
-                           (["chat", "hi", "--seed", "-1"], "seed:"),
                            # greedy (temperature 0) would ignore --top-p: refused, not ignored
                            (["generate", "hi", "--top-p", "0.5"], "top_p: acts only when sampling"),
                            (["chat", "hi", "--top-p", "0.9", "--temperature", "0"], "top_p: acts only when sampling"),
@@ -411,6 +410,10 @@ def test_cli_bad_options_print_nothing_on_stdout():
         r = _run(*args)
         assert r.stdout == "", (args, r.stdout)
         assert_clean_error(r, f"transformer_core {args[0]}: {fragment}")
+    # a number out of the flag's range: argparse's usage error, naming the flag (as its other types do)
+    r = _run("chat", "hi", "--seed", "-1")
+    assert (r.returncode, r.stdout) == (2, "") and r.stderr.endswith("chat: error: argument --seed: expected an int >= 0, "
+                                                                     "got -1\n")
 
 
 def test_cli_empty_prompt_or_query_is_refused(tmp_path):
@@ -813,15 +816,19 @@ def test_cli_generate_and_chat_sample_with_top_k_50_as_continue_text(tiny_chat_d
     for args, message in (
             (["generate", text, "--top-k", "5"], "generate: top_k: acts only when sampling; give --temperature > 0 "
                                                  "with --top-k (temperature 0, the default, is greedy)"),
-            (["chat", "Hi", "--top-k", "0", "--temperature", "0"], "chat: top_k: acts only when sampling"),
-            (["generate", text, "--top-k", "-1", "--temperature", "1"], "generate: top_k: expected an int in [0, "),
-            (["chat", "Hi", "--top-k", "-1", "--temperature", "1"], "chat: top_k: expected an int in [0, ")):
+            (["chat", "Hi", "--top-k", "0", "--temperature", "0"], "chat: top_k: acts only when sampling")):
         assert main(args + ["--model", str(chat)]) == 2
         out, err = capsys.readouterr()
         assert out == "" and err.startswith(f"transformer_core {message}") and err.count("\n") == 1, (args, err)
+    for command, first in (("generate", text), ("chat", "Hi")):  # a negative one: argparse's, naming the flag
+        with pytest.raises(SystemExit) as exit_:
+            main([command, first, "--top-k", "-1", "--temperature", "1", "--model", str(chat)])
+        out, err = capsys.readouterr()
+        assert exit_.value.code == 2 and out == ""
+        assert err.endswith(f"{command}: error: argument --top-k: expected an int >= 0, got -1\n"), err
     with pytest.raises(SystemExit) as exit_:
         main(["generate", text, "--top-k", "2.5", "--temperature", "1"])
-    assert exit_.value.code == 2 and "argument --top-k: invalid int value: '2.5'" in capsys.readouterr().err
+    assert exit_.value.code == 2 and "argument --top-k: expected an int >= 0, got '2.5'" in capsys.readouterr().err
     for command in ("generate", "chat"):
         help_text = " ".join(_run(command, "--help").stdout.split())
         assert ("--top-k TOP_K sample among the k most probable tokens (with --temperature; default: the model's "
@@ -1010,11 +1017,11 @@ def test_cli_error_of_a_file_of_the_output_names_out(tmp_path, tiny_model_dir, m
 
 
 _INTERRUPT_AT_IMPORT = """
-import sys
+import os, signal, sys
 class Interrupt:  # a Ctrl-C arriving while the package imports its tokenizer module
     def find_spec(self, name, path=None, target=None):
         if name == "transformer_core.tokenizer":
-            raise KeyboardInterrupt
+            os.kill(os.getpid(), signal.SIGINT)
 sys.meta_path.insert(0, Interrupt())
 sys.orig_argv = {orig_argv!r}
 import transformer_core
@@ -1028,7 +1035,9 @@ import transformer_core
                                        [sys.executable, "-mtransformer_core.__main__", "embed"]])
 def test_ctrl_c_while_the_cli_imports_the_package_is_one_line(orig_argv):
     """A Ctrl-C in the first fraction of a second (the package's imports, before main can catch it)
-    printed a traceback of the imports; the CLI's one line and exit code 2 now."""
+    printed a traceback of the imports; the CLI's one line and exit code 2 now, from the SIGINT
+    handler the package installs for a CLI run (a KeyboardInterrupt there could also come out of a
+    compiled module's initialisation as an ImportError)."""
     proc = subprocess.run([sys.executable, "-c", _INTERRUPT_AT_IMPORT.format(orig_argv=orig_argv)],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stderr
@@ -1044,6 +1053,99 @@ def test_ctrl_c_while_a_program_imports_the_package_stays_its_own(orig_argv):
     proc = subprocess.run([sys.executable, "-c", _INTERRUPT_AT_IMPORT.format(orig_argv=orig_argv)],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode != 2 and "KeyboardInterrupt" in proc.stderr
+
+
+def test_ctrl_c_at_the_packages_first_import_is_one_line(tmp_path):
+    """The CLI's SIGINT handler is in place before the package's first import (numpy, whose
+    compiled modules, interrupted while they initialise, reported "ImportError: initialization
+    failed" with a traceback and exit 1: a KeyboardInterrupt raised inside them): the one line."""
+    script = tmp_path / "s.py"
+    script.write_text("""
+import os, signal, sys
+sys.orig_argv = [sys.executable, "-m", "transformer_core", "embed", "x"]
+sys.argv = ["transformer_core"]
+class Interrupt:
+    def find_spec(self, name, path=None, target=None):
+        if name == "numpy":  # the package's first import: its handler is installed before it
+            os.kill(os.getpid(), signal.SIGINT)
+sys.meta_path.insert(0, Interrupt())
+import transformer_core
+""")
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert (proc.returncode, proc.stderr) == (2, "transformer_core: interrupted while starting; nothing was done\n")
+    # standard error closed: the line is lost, the exit code is still 2 (the failed write raised: exit 1)
+    proc = subprocess.run([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                          preexec_fn=lambda: os.close(2), timeout=120)
+    assert proc.returncode == 2
+
+
+def test_processes_multiprocessing_starts_for_the_cli_keep_pythons_interrupt(tmp_path):
+    """A process that multiprocessing's "spawn" starts from the transformer-core script (a Dask
+    worker of embed --workers) gets the script's sys.argv: it installed the CLI's starting handler,
+    which no main ever took back, so a later Ctrl-C ended its work at once. Python's own handler
+    there (a KeyboardInterrupt its own code can clean up after); the script itself has the CLI's."""
+    script = tmp_path / "transformer-core"
+    script.write_text(f"""#!{sys.executable}
+import multiprocessing, signal
+def report(queue):
+    import transformer_core
+    queue.put(getattr(signal.getsignal(signal.SIGINT), "__name__", "?"))
+if __name__ == "__main__":
+    import transformer_core
+    print(signal.getsignal(signal.SIGINT).__name__)
+    context = multiprocessing.get_context("spawn")
+    queue = context.Queue()
+    child = context.Process(target=report, args=(queue,))
+    child.start()
+    print(queue.get(timeout=120))
+    child.join()
+""")
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=240)
+    assert proc.stdout.split() == ["_interrupted_while_starting", "default_int_handler"], proc.stderr
+
+
+def test_an_interrupt_from_exec_d_code_still_exits_2_under_python_m(tmp_path, tiny_model_dir):
+    """A KeyboardInterrupt that leaves code run by exec of a string (namedtuple's, a Jinja2
+    template's) is marked unhandled by CPython even once main caught it; under python -m the process
+    then died by SIGINT after printing its line (exit -2, a shell's 130) instead of exiting 2."""
+    (tmp_path / "sitecustomize.py").write_text(
+        "import transformer_core.corpus as corpus\n"
+        "def run_embed(args):\n"
+        "    exec('raise KeyboardInterrupt')\n"
+        "corpus.run_embed = run_embed\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, "-m", "transformer_core", "embed", "x", "--model", str(tiny_model_dir)],
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert (proc.returncode, proc.stderr) == (2, "transformer_core embed: interrupted\n")
+
+
+@pytest.mark.parametrize("stderr", ["closed", "full"])
+def test_standard_error_closed_or_full_loses_the_messages_not_the_run(tmp_path, tiny_model_dir, stderr):
+    """2>&- or 2>/dev/full: the progress bar's write failed and ended the run (exit 1, a .partial
+    left), and with stderr closed the messages went into standard output's data. Now the run
+    completes, stdout holds only its own line, and an error still exits 2 with nothing on stdout."""
+    f = tmp_path / "c.txt"
+    f.write_text("hello world\nsecond line\nthird\n")
+    out = tmp_path / "o.npy"
+
+    def run(*args):
+        err = subprocess.DEVNULL if stderr == "closed" else open("/dev/full", "w")
+        try:
+            return subprocess.run([sys.executable, "-m", "transformer_core", *map(str, args)], capture_output=False,
+                                  stdout=subprocess.PIPE, stderr=err, text=True, timeout=300,
+                                  preexec_fn=(lambda: os.close(2)) if stderr == "closed" else None)
+        finally:
+            if err is not subprocess.DEVNULL:
+                err.close()
+
+    if stderr == "full" and not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full")
+    proc = run("embed", "--file", f, "--out", out, "--model", tiny_model_dir)
+    assert proc.returncode == 0 and proc.stdout.startswith(f"{out}: 3 rows x ")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.txt", "o.npy", "o.npy.manifest.json",
+                                                          "o.npy.texts.jsonl"]
+    proc = run("embed", "--file", tmp_path / "missing.txt", "--model", tiny_model_dir)
+    assert (proc.returncode, proc.stdout) == (2, "")
 
 
 # ------------------------------------------------------------------------------------ chat: named templates, empty stdin, help

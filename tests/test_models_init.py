@@ -1,8 +1,8 @@
 """Fresh models' initial weights (nothing loaded) against torch's and Hugging Face's fresh modules:
 which parameters start as norms (ones / zeros), biases (zeros) and matrices (uniform(±1/sqrt(fan_in))
-from seed 0), and that drawing the matrices in chunks gives the values of one draw. Here rather than
-in test_layers_core.py because they build models, which the sanitizer's reduced core (.ci/sanitize)
-does not have."""
+from a seed of the package generator, which manual_seed sets), and that drawing the matrices in
+chunks gives the values of one draw. Here rather than in test_layers_core.py because they build
+models, which the sanitizer's reduced core (.ci/sanitize) does not have."""
 from __future__ import annotations
 
 import numpy as np
@@ -30,6 +30,15 @@ def _torch_padding_rows(module: torch.nn.Module, strip: str = "") -> dict:
             if isinstance(sub, torch.nn.Embedding) and sub.padding_idx is not None}
 
 
+INIT_SEED = 7
+
+
+def _seeded(module):
+    """``module``, then the package generator reseeded with INIT_SEED for the next one."""
+    tc.manual_seed(INIT_SEED)
+    return module
+
+
 def _fresh_pairs(dtype):
     """(our fresh module, torch's fresh counterpart or None, prefix of torch's names to strip)."""
     from transformers import BertConfig as HFBertConfig
@@ -45,21 +54,22 @@ def _fresh_pairs(dtype):
     bert = dict(vocab_size=10, hidden_size=8, num_hidden_layers=2, num_attention_heads=2, intermediate_size=12,
                 max_position_embeddings=16)
     layer = dict(d_model=8, nhead=2, dim_feedforward=12)
+    tc.manual_seed(INIT_SEED)  # each of ours below is built right after it (a list is built in order)
     return [
-        (tc.nn.Linear(5, 3, dtype=dtype), torch.nn.Linear(5, 3, dtype=tdt), ""),
-        (tc.nn.MultiheadAttention(8, 2, dtype=dtype), torch.nn.MultiheadAttention(8, 2, batch_first=True, dtype=tdt), ""),
-        (tc.nn.FeedForward(8, 12, dtype=dtype), None, ""),
-        (tc.nn.GatedFeedForward(8, 12, dtype=dtype), None, ""),
-        (tc.nn.TransformerEncoderLayer(**layer, dtype=dtype),
+        (_seeded(tc.nn.Linear(5, 3, dtype=dtype)), torch.nn.Linear(5, 3, dtype=tdt), ""),
+        (_seeded(tc.nn.MultiheadAttention(8, 2, dtype=dtype)), torch.nn.MultiheadAttention(8, 2, batch_first=True, dtype=tdt), ""),
+        (_seeded(tc.nn.FeedForward(8, 12, dtype=dtype)), None, ""),
+        (_seeded(tc.nn.GatedFeedForward(8, 12, dtype=dtype)), None, ""),
+        (_seeded(tc.nn.TransformerEncoderLayer(**layer, dtype=dtype)),
          torch.nn.TransformerEncoderLayer(**layer, batch_first=True, dtype=tdt), ""),
-        (tc.nn.TransformerDecoderLayer(**layer, dtype=dtype),
+        (_seeded(tc.nn.TransformerDecoderLayer(**layer, dtype=dtype)),
          torch.nn.TransformerDecoderLayer(**layer, batch_first=True, dtype=tdt), ""),
-        (tc.nn.Transformer(8, 2, 1, 1, 12, dtype=dtype),
+        (_seeded(tc.nn.Transformer(8, 2, 1, 1, 12, dtype=dtype)),
          torch.nn.Transformer(8, 2, 1, 1, 12, batch_first=True, dtype=tdt), ""),
-        (tc.LlamaForCausalLM(tc.LlamaConfig(**llama), dtype=dtype), HFLlamaForCausalLM(HFLlamaConfig(**llama)), ""),
-        (tc.GPT2LMHeadModel(tc.GPT2Config(**gpt2), dtype=dtype),
+        (_seeded(tc.LlamaForCausalLM(tc.LlamaConfig(**llama), dtype=dtype)), HFLlamaForCausalLM(HFLlamaConfig(**llama)), ""),
+        (_seeded(tc.GPT2LMHeadModel(tc.GPT2Config(**gpt2), dtype=dtype)),
          HFGPT2LMHeadModel(HFGPT2Config(**gpt2, bos_token_id=None, eos_token_id=None)), "transformer."),
-        (tc.BertModel(tc.BertConfig(**bert), dtype=dtype), HFBertModel(HFBertConfig(**bert)), ""),
+        (_seeded(tc.BertModel(tc.BertConfig(**bert), dtype=dtype)), HFBertModel(HFBertConfig(**bert)), ""),
     ]
 
 
@@ -67,7 +77,8 @@ def _fresh_pairs(dtype):
 def test_fresh_layers_init_conventions(dtype):
     """Every fresh module: the parameters of norms (by torch's module tree) are torch's fresh values
     (weight ones, bias zeros); every other 1-D parameter is zeros (a bias: not mistaken for a norm
-    weight); every matrix is uniform(±1/sqrt(fan_in)) drawn from seed 0 in registration order, the
+    weight); every matrix is uniform(±1/sqrt(fan_in)) drawn in registration order from the seed the
+    constructor draws from the package generator (manual_seed(INIT_SEED) before it here), the
     same values in float32 (rounded) and float64 as before matrices were drawn in chunks, except the
     padding row of an embedding (BERT's pad_token_id 0), which is zeros as in torch."""
     for ours, ref, strip in _fresh_pairs(dtype):
@@ -83,7 +94,8 @@ def test_fresh_layers_init_conventions(dtype):
                 np.testing.assert_array_equal(state[name], ref_state[name].float().numpy(), err_msg=f"{what}.{name}")
         if what.startswith(("Transformer", "Llama", "GPT2", "Bert")):
             assert norms, f"{what}: the oracle found no norm"
-        draw = np.random.default_rng(0)
+        tc.manual_seed(INIT_SEED)
+        draw = np.random.default_rng(tc.module.next_seed())
         for name, slot in ours._slots().items():
             if len(slot.shape) == 1:
                 if name not in norms:
@@ -93,10 +105,40 @@ def test_fresh_layers_init_conventions(dtype):
             expected = draw.uniform(-1 / np.sqrt(fan_in), 1 / np.sqrt(fan_in), size=slot.shape).astype(dtype)
             if name in padding:
                 expected[padding[name]] = 0
-            if ours._children():  # each child drew its own from seed 0 (nn.Transformer's layers)
+            if ours._children():  # each child drew its own seed (nn.Transformer's layers)
                 assert np.abs(state[name]).max() <= 1 / np.sqrt(fan_in) and np.std(state[name]) > 0, f"{what}.{name}"
             else:
                 np.testing.assert_array_equal(state[name], expected, err_msg=f"{what}.{name}")
+
+
+def test_manual_seed_chooses_the_initial_weights_as_torchs():
+    """As after torch.manual_seed: the same seed builds the same model, another seed another; the
+    layers of a stack and a seq2seq model's two embeddings start different (each constructor draws
+    its own seed: they all started from seed 0, equal); copying or loading a model draws nothing
+    (the dropout masks after it are those without it)."""
+    def build(seed):
+        tc.manual_seed(seed)
+        return tc.Seq2SeqTransformer(20, 20, d_model=16, nhead=2, num_encoder_layers=2, num_decoder_layers=2,
+                                     dim_feedforward=24).state_dict()
+
+    a, a2, b = build(0), build(0), build(1)
+    assert all(np.array_equal(a[k], a2[k]) for k in a)
+    matrices = [k for k in a if a[k].ndim == 2]
+    assert not any(np.array_equal(a[k], b[k]) for k in matrices)
+    assert not np.array_equal(a["src_tok_emb.weight"], a["tgt_tok_emb.weight"])
+    k = "transformer.encoder.layers.0.self_attn.in_proj_weight"
+    assert not np.array_equal(a[k], a[k.replace(".0.", ".1.")])
+    assert not np.array_equal(a[k], a[k.replace("encoder", "decoder")])
+
+    import copy
+
+    model = tc.nn.TransformerEncoderLayer(8, 2, 16)
+    tc.manual_seed(3)
+    expected = tc.module.next_seed()
+    tc.manual_seed(3)
+    copy.deepcopy(model)
+    model.state_dict()
+    assert tc.module.next_seed() == expected
 
 
 def test_init_chunks_give_the_values_of_one_draw(monkeypatch):
@@ -104,14 +146,19 @@ def test_init_chunks_give_the_values_of_one_draw(monkeypatch):
     implementation detail)."""
     from transformer_core import module
 
-    ref = {k: v for k, v in tc.nn.MultiheadAttention(8, 2, kdim=5).state_dict().items()}
-    ref_gpt2 = tc.GPT2Model(tc.GPT2Config(vocab_size=10, n_positions=16, n_embd=8, n_layer=1, n_head=2)).state_dict()
-    ref_emb = tc.nn.Embedding(9, 7).state_dict()
+    def build():  # each from the same seed
+        tc.manual_seed(INIT_SEED)
+        mha = tc.nn.MultiheadAttention(8, 2, kdim=5)
+        tc.manual_seed(INIT_SEED)
+        emb = tc.nn.Embedding(9, 7)
+        tc.manual_seed(INIT_SEED)  # GPT-2: transposed weights
+        gpt2 = tc.GPT2Model(tc.GPT2Config(vocab_size=10, n_positions=16, n_embd=8, n_layer=1, n_head=2))
+        return mha, emb, gpt2
+
+    refs = [m.state_dict() for m in build()]
     for chunk in (3, 8, 13):
         monkeypatch.setattr(module, "_INIT_CHUNK", chunk)
-        for ours, expected in [(tc.nn.MultiheadAttention(8, 2, kdim=5), ref), (tc.nn.Embedding(9, 7), ref_emb),
-                               (tc.GPT2Model(tc.GPT2Config(vocab_size=10, n_positions=16, n_embd=8, n_layer=1,
-                                                           n_head=2)), ref_gpt2)]:  # GPT-2: transposed weights
+        for ours, expected in zip(build(), refs):
             for name, value in ours.state_dict().items():
                 np.testing.assert_array_equal(value, expected[name], err_msg=f"chunk {chunk}: {name}")
 

@@ -397,6 +397,41 @@ def test_unsupported_pooling_or_module_is_refused(tmp_path, model_dir, pooling, 
         tc.SentenceEncoder.from_pretrained(d)
 
 
+@pytest.mark.parametrize("flag, value", [("pooling_mode_cls_token", "false"), ("pooling_mode_mean_tokens", "true"),
+                                         ("pooling_mode_max_tokens", None), ("pooling_mode_cls_token", 2)])
+def test_a_pooling_flag_that_is_not_a_bool_is_refused(tmp_path, model_dir, flag, value):
+    """A flag of "false" is true to Python: read by truth it pooled CLS where mean was meant."""
+    import json
+
+    from transformer_core.sentence_encoder import read_pooling
+
+    d = _st_folder(tmp_path, model_dir, "m", ["pooling_mode_mean_tokens"] if flag != "pooling_mode_mean_tokens" else [])
+    config = json.loads((d / "1_Pooling" / "config.json").read_text())
+    config[flag] = value
+    (d / "1_Pooling" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=rf"1_Pooling/config.json: {flag}: expected true or false, got "):
+        read_pooling(d)
+    config[flag] = 1 if flag == "pooling_mode_mean_tokens" else 0  # JSON's 1 and 0 read as sentence-transformers does
+    (d / "1_Pooling" / "config.json").write_text(json.dumps(config))
+    assert read_pooling(d)["pooling"] == "mean"
+
+
+def test_a_tokenizer_of_another_vocabulary_is_named(model_dir):
+    """A tokenizer whose ids the model has no row for: the error names the tokenizer and the text,
+    not the forward's input_ids (which the caller never passed); the texts before it are fine."""
+    small = tc.BertModel(tc.BertConfig(vocab_size=2000, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                                       intermediate_size=64, max_position_embeddings=64))
+    tok = tc.Tokenizer.from_pretrained(model_dir)
+    tok.max_length = 64
+    enc = tc.SentenceEncoder(small, tok)
+    ids = tok.encode("hello world")
+    assert max(ids) >= 2000
+    assert enc.encode(["[UNK]"]).shape == (1, 32)  # ids 101, 100, 102: all inside
+    with pytest.raises(ValueError, match=r"tokenizer: sentences\[1\] gives token id \d+, but the model's embedding "
+                                         r"has 2000 rows"):
+        enc.encode(["[UNK]", "hello world"], batch_size=1)
+
+
 def _old_layout_folder(tmp_path, model_dir, transformer_path="0_Transformer"):
     """all-MiniLM-L6-v2 in the older sentence-transformers layout: the model and tokenizer files in
     0_Transformer/ (linked), modules.json at the top naming it, 1_Pooling/ beside it."""

@@ -424,7 +424,9 @@ def test_interleaved_llama_initial_weights_are_the_half_layouts(rng):
     """A freshly built model's weights (seeded init) do not depend on the order it holds q/k rows in."""
     cfg = tc.LlamaConfig(vocab_size=V, hidden_size=24, intermediate_size=40, num_hidden_layers=1,
                          num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=32)
+    tc.manual_seed(0)
     a = tc.LlamaForCausalLM(cfg, dtype=np.float64).state_dict()
+    tc.manual_seed(0)
     b = tc.LlamaForCausalLM(cfg, dtype=np.float64, rope_layout="interleaved").state_dict()
     assert sorted(a) == sorted(b)
     for name in a:
@@ -734,6 +736,41 @@ def test_seq2seq_greedy_decode_checks_its_arguments_first(rng):
     ys = m.greedy_decode(src, 6, 1, 11)
     assert ys.dtype == np.int64 and ys.shape[0] == 1 and 2 <= ys.shape[1] <= 6
     np.testing.assert_array_equal(m.greedy_decode(src, 1, 4), [[4]])  # the start token alone
+
+
+def test_seq2seq_backward_takes_the_forwards_dropout(rng):
+    """The embeddings' dropout of the backward is the forward's (its p and seed), also when dropout
+    is changed between loss and backward (a schedule updated after the loss): it read the new p,
+    rescaling by 1/(1 - p_new) with another mask, and the embeddings' gradients were wrong."""
+    src, tgt, lab = rng.integers(0, 13, (3, 7)), rng.integers(0, 11, (3, 6)), rng.integers(0, 11, (3, 6))
+    m = tc.Seq2SeqTransformer(13, 11, d_model=16, nhead=2, num_encoder_layers=1, num_decoder_layers=1,
+                              dim_feedforward=24, dropout=0.3, max_len=32, dtype=np.float64).train()
+    tc.manual_seed(1)
+    m.loss(src, tgt, lab)
+    m.backward()
+    ref = m.gradients()
+    m.zero_grad()
+    tc.manual_seed(1)
+    m.loss(src, tgt, lab)
+    m.dropout = 0.5
+    m.backward()
+    got = m.gradients()
+    for k in ref:
+        np.testing.assert_array_equal(got[k], ref[k], err_msg=k)
+
+
+def test_losses_and_the_clipped_norm_have_torchs_item(rng):
+    """A ported loop's loss.item() and clip_grad_norm_(...).item() run (torch returns 0-d tensors);
+    the values are still floats."""
+    m = tc.GPT2LMHeadModel(tc.GPT2Config(vocab_size=40, n_positions=16, n_embd=16, n_layer=1, n_head=2)).train()
+    loss = m.loss(np.arange(8)[None], np.arange(8)[None])
+    m.backward()
+    total = tc.optim.clip_grad_norm_(m.parameters(), 1.0)
+    s2s = tc.Seq2SeqTransformer(13, 11, d_model=8, nhead=2, num_encoder_layers=1, num_decoder_layers=1,
+                                dim_feedforward=16, max_len=8).train()
+    ids = rng.integers(1, 11, (2, 5))
+    for value in (loss, total, s2s.loss(ids, ids, ids), tc.optim.clip_grad_norm_([], 1.0)):
+        assert isinstance(value, float) and type(value.item()) is float and value.item() == value
 
 
 # --------------------------------------------------------------------------------------------------
@@ -1169,6 +1206,7 @@ def test_gradients_are_bitwise_the_same_for_any_thread_count(rng):
     try:
         for threads in (1, 2):
             tc.set_num_threads(threads)
+            tc.manual_seed(0)  # the same initial weights
             m = tc.GPT2LMHeadModel(cfg).train()
             losses.append(m.loss(ids, ids))
             m.backward()

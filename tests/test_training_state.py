@@ -263,8 +263,7 @@ def test_seq2seq_checks_the_transformers_arguments_before_building_the_embedding
     """The embedding tables were built and randomly filled before the Transformer's arguments were
     checked (with large vocabularies, hundreds of MB for a typo in nhead); a bad layer count was
     named ``num_layers``. Now no embedding is built before the refusal, and the weights of a model
-    built in the new order are those a standalone Embedding / Transformer gets (each module's init
-    has its own seed)."""
+    are those of a standalone Transformer and Embeddings built in its order from the same seed."""
     import transformer_core.seq2seq as seq2seq_module
 
     built = []
@@ -280,12 +279,15 @@ def test_seq2seq_checks_the_transformers_arguments_before_building_the_embedding
     with pytest.raises(error, match=match):
         tc.Seq2SeqTransformer(**dict(args, **bad))
     assert built == []
+    tc.manual_seed(5)
     model = tc.Seq2SeqTransformer(**args)
     assert built == [(10, 8), (12, 8)]
     state = model.state_dict()
-    np.testing.assert_array_equal(state["src_tok_emb.weight"], tc.nn.Embedding(10, 8).state_dict()["weight"])
-    np.testing.assert_array_equal(state["tgt_tok_emb.weight"], tc.nn.Embedding(12, 8).state_dict()["weight"])
-    for name, value in tc.nn.Transformer(8, 2, 1, 1, 16).state_dict().items():
+    tc.manual_seed(5)
+    transformer, src, tgt = tc.nn.Transformer(8, 2, 1, 1, 16), tc.nn.Embedding(10, 8), tc.nn.Embedding(12, 8)
+    np.testing.assert_array_equal(state["src_tok_emb.weight"], src.state_dict()["weight"])
+    np.testing.assert_array_equal(state["tgt_tok_emb.weight"], tgt.state_dict()["weight"])
+    for name, value in transformer.state_dict().items():
         np.testing.assert_array_equal(state["transformer." + name], value, err_msg=name)
 
 

@@ -64,57 +64,91 @@ def _module_run_by(argv: list) -> str | None:
     return None
 
 
-def _exit_if_cli_interrupted() -> None:
-    """A Ctrl-C while the command line (``python -m transformer_core ...``, also as
-    ``-m transformer_core.__main__``, or ``transformer-core``) is still importing the package,
-    before ``__main__.main`` can catch it: the CLI's one line on stderr and exit code 2, as for any
-    interrupt (``__main__``'s "Errors"), not a traceback of the imports. Any other importer gets
-    its KeyboardInterrupt (the caller re-raises it)."""
+def _interrupted_while_starting(signum, frame) -> None:
+    """The SIGINT handler of a command-line run until ``__main__.main`` takes over: the CLI's one
+    line on stderr and exit code 2 at once, as for any interrupt (``__main__``'s "Errors"), nothing
+    having been done. Raising KeyboardInterrupt instead gave a traceback wherever it landed: in the
+    package's imports, in a compiled module's initialisation (which turns it into an ImportError,
+    or loses it), or while Python compiles ``__main__.py``."""
     import os
+
+    try:
+        os.write(2, b"transformer_core: interrupted while starting; nothing was done\n")
+    except OSError:  # standard error closed or full: the exit code still says it
+        pass
+    os._exit(2)
+
+
+def _catch_interrupts_while_starting() -> None:
+    """In a command-line run (``python -m transformer_core ...``, also as
+    ``-m transformer_core.__main__``, or ``transformer-core``), installs
+    :func:`_interrupted_while_starting` as the SIGINT handler, unless the process has a handler of
+    its own (``SIG_IGN`` under ``nohup``, say). A program that imports the package keeps Python's
+    own (its KeyboardInterrupt), and so does a process that multiprocessing started for the CLI (a
+    Dask worker of ``embed --workers``: "spawn" gives it the CLI's ``sys.argv``, and no ``main``
+    would ever take the handler back)."""
+    import os
+    import signal
     import sys
 
+    started_by = sys.modules.get("multiprocessing")  # imported already in such a child: no import here
+    if started_by is not None and started_by.parent_process() is not None:
+        return
     as_module = _module_run_by(list(getattr(sys, "orig_argv", ()))) in ("transformer_core", "transformer_core.__main__")
     as_script = bool(sys.argv) and os.path.basename(sys.argv[0]) == "transformer-core"
-    if as_module or as_script:
-        print("transformer_core: interrupted while starting; nothing was done", file=sys.stderr)
-        raise SystemExit(2)
+    if (as_module or as_script) and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        try:
+            signal.signal(signal.SIGINT, _interrupted_while_starting)
+        except ValueError:  # not the main thread: no handler can be set there
+            pass
 
-try:
-    from . import (
-        backward,
-        functional,
-        lr_scheduler,
-        masks,
-        multihead_forms,
-        nn,
-        optim,
-        positional,
-        quantization,
-        training,
-    )
-    from ._runtime import core as _core
-    from ._validation import check_int
-    from .bert import BertConfig, BertEmbeddings, BertModel, BertOutput
-    from .decoder import CausalLMOutput
-    from .gpt2 import GPT2Config, GPT2LMHeadModel, GPT2Model
-    from .kv_cache import KVCache
-    from .llama import LlamaConfig, LlamaForCausalLM, LlamaModel
-    from .module import (
-        NonFiniteLossError,
-        NoTrainingStateError,
-        WeightsChangedError,
-        get_rng_state,
-        manual_seed,
-        set_rng_state,
-    )
-    from .positional import Embeddings, PositionalEncoding
-    from .quantization import quantize
-    from .sentence_encoder import SentenceEncoder, cosine_similarity, mean_pool
-    from .seq2seq import Seq2SeqTransformer
-    from .tokenizer import Tokenizer
-except KeyboardInterrupt:
-    _exit_if_cli_interrupted()
-    raise
+
+def _cli_started() -> None:
+    """``__main__.main`` has taken over: Python's own SIGINT handler again (a KeyboardInterrupt,
+    which ``main`` reports in its one line after the command's own cleanup)."""
+    import signal
+
+    if signal.getsignal(signal.SIGINT) is _interrupted_while_starting:
+        try:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+        except ValueError:  # main called from another thread: the handler stays (it exits as main would)
+            pass
+
+
+_catch_interrupts_while_starting()  # before the imports below, the slow part of starting
+
+from . import (  # noqa: E402
+    backward,
+    functional,
+    lr_scheduler,
+    masks,
+    multihead_forms,
+    nn,
+    optim,
+    positional,
+    quantization,
+    training,
+)
+from ._runtime import core as _core  # noqa: E402
+from ._validation import check_int  # noqa: E402
+from .bert import BertConfig, BertEmbeddings, BertModel, BertOutput  # noqa: E402
+from .decoder import CausalLMOutput  # noqa: E402
+from .gpt2 import GPT2Config, GPT2LMHeadModel, GPT2Model  # noqa: E402
+from .kv_cache import KVCache  # noqa: E402
+from .llama import LlamaConfig, LlamaForCausalLM, LlamaModel  # noqa: E402
+from .module import (  # noqa: E402
+    NonFiniteLossError,
+    NoTrainingStateError,
+    WeightsChangedError,
+    get_rng_state,
+    manual_seed,
+    set_rng_state,
+)
+from .positional import Embeddings, PositionalEncoding  # noqa: E402
+from .quantization import quantize  # noqa: E402
+from .sentence_encoder import SentenceEncoder, cosine_similarity, mean_pool  # noqa: E402
+from .seq2seq import Seq2SeqTransformer  # noqa: E402
+from .tokenizer import Tokenizer  # noqa: E402
 
 __version__ = _core.__version__
 

@@ -27,7 +27,11 @@ discarded, as Python's documentation of SIGPIPE recommends. Standard output clos
 command starts (``>&-``) is refused before any work (``stdout: standard output is closed``); an
 error of writing it (``>/dev/full``) is named as standard output's (``stdout: cannot write
 standard output: No space left on device``); an error of a hidden file of ``--out``'s run (its
-lock file, a temporary) names ``out:`` and the output's path first.
+lock file, a temporary) names ``out:`` and the output's path first. Standard error closed
+(``2>&-``) or failing (``2>/dev/full``) loses the progress bar and the messages, not the run: the
+exit code still tells an error, and nothing meant for stderr is written into standard output. A
+Ctrl-C while the command is still starting (importing the package) gives the one line
+``transformer_core: interrupted while starting; nothing was done`` and exit code 2 as well.
 
 Standard output's encoding: every command writes its whole output whatever the encoding
 (``PYTHONIOENCODING=ascii``, a Latin-1 terminal). A character the encoding cannot write is written
@@ -39,22 +43,19 @@ as the same text. The numbers (scores, similarities, embeddings) are ASCII anywa
 
 from __future__ import annotations
 
-from . import _exit_if_cli_interrupted
+# A Ctrl-C before main runs (these imports, the package's own in its __init__) ends the run with
+# the one line and exit code 2 there: the package's _interrupted_while_starting.
+import argparse
+import contextlib
+import importlib
+import json
+import os
+import signal
+import sys
+import threading
 
-try:  # a Ctrl-C before main runs: the one line too (the package's own imports: its __init__)
-    import argparse
-    import contextlib
-    import importlib
-    import json
-    import os
-    import signal
-    import sys
-    import threading
-
-    from .hub import DEFAULT_MODEL
-except KeyboardInterrupt:
-    _exit_if_cli_interrupted()
-    raise
+from . import _cli_started
+from .hub import DEFAULT_MODEL
 
 #: Exit code when standard output's reader went away (128 + SIGPIPE, as a shell reports it).
 EXIT_BROKEN_PIPE = 141
@@ -73,10 +74,12 @@ ENCODING_NOTE = (ENCODING_NOTE_TEXT[:-1] + "; with --json as a JSON escape (\\u0
                  "the same text.")
 
 
-def _count(maximum: int | None = None):
-    """An argparse ``type``: an int >= 1, and at most ``maximum`` when one is given (the message
-    names the range)."""
-    expected = "an int >= 1" if maximum is None else f"an int in [1, {maximum}]"
+def _count(maximum: int = 2**63 - 1, minimum: int = 1):
+    """An argparse ``type``: an int in ``[minimum, maximum]`` (by default >= 1 and within int64, the
+    library's bound: a larger one was refused later under its Python name, not the flag's; the
+    message names the range)."""
+    upper = "2**63 - 1" if maximum == 2**63 - 1 else str(maximum)
+    expected = f"an int >= {minimum}" if maximum == 2**63 - 1 else f"an int in [{minimum}, {upper}]"
 
     def parse(text: str) -> int:
         """``text`` as such an int; argparse.ArgumentTypeError (expected vs got) otherwise."""
@@ -84,8 +87,10 @@ def _count(maximum: int | None = None):
             value = int(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
-        if value < 1 or (maximum is not None and value > maximum):
+        if value < minimum:
             raise argparse.ArgumentTypeError(f"expected {expected}, got {value}")
+        if value > maximum:
+            raise argparse.ArgumentTypeError(f"expected an int in [{minimum}, {upper}], got {value}")
         return value
 
     return parse
@@ -115,10 +120,11 @@ def _add_embed(sub) -> None:
     out = e.add_argument_group("output")
     out.add_argument("--out", help="write the embeddings to OUT.npy (float32, texts in OUT.npy.texts.jsonl) or "
                                    "OUT.parquet (a directory: id, text, embedding), with OUT.npy.manifest.json / OUT.parquet.manifest.json beside")
-    out.add_argument("--resume", action="store_true",
-                     help="continue an interrupted --out run (same input and model; its chunk and batch sizes are "
-                          "kept)")
-    out.add_argument("--overwrite", action="store_true", help="replace an existing --out")
+    again = out.add_mutually_exclusive_group()  # argparse names both flags when both are given
+    again.add_argument("--resume", action="store_true",
+                       help="continue an interrupted --out run (same input and model; its chunk and batch sizes are "
+                            "kept)")
+    again.add_argument("--overwrite", action="store_true", help="replace an existing --out")
     out.add_argument("--chunk-size", type=_positive_int, default=None,
                      help="texts per chunk, the unit of saving, resuming and memory (default 1000)")
     e.add_argument("--model", default=DEFAULT_MODEL, help="model directory or embedded name")
@@ -164,13 +170,13 @@ def _add_generation_options(p, max_new_tokens_help: str) -> None:
     # that does not fit the context, and caps its default at the context)
     p.add_argument("--max-new-tokens", type=_positive_int, default=None, help=max_new_tokens_help)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples")
-    p.add_argument("--top-k", type=int, default=None,
+    p.add_argument("--top-k", type=_count(minimum=0), default=None,
                    help="sample among the k most probable tokens (with --temperature; default: the model's "
                         "generation_config.json top_k, else 50, as Hugging Face's generate; 0 = no top-k filter)")
     p.add_argument("--top-p", type=float, default=None,
                    help="nucleus sampling: keep the smallest set of tokens whose probability reaches this (with "
                         "--temperature; default: the model's generation_config.json top_p, else none)")
-    p.add_argument("--seed", type=int, default=None, help="seed of the sampling (reproducible replies)")
+    p.add_argument("--seed", type=_count(minimum=0), default=None, help="seed of the sampling (reproducible replies)")
     p.add_argument("--quantize", choices=("int8",), default=None,
                    help="int8: every linear layer int8 per output channel (from the float32 weights). Default: "
                         "a GGUF file's own blocks (Q4_1, Q8_0, ...) are used as stored, a float checkpoint in float32")
@@ -384,6 +390,17 @@ def _discard_stdout() -> None:
 def main(argv=None) -> int:
     """Entry point of the CLI; returns the exit code (0; 2 for a usage or expected error; 141 when
     standard output's reader closed it early)."""
+    _cli_started()  # a Ctrl-C is a KeyboardInterrupt from here on, reported below
+    stderr = sys.stderr
+    sys.stderr = _Diagnostics(stderr)
+    try:
+        return _run(argv)
+    finally:
+        sys.stderr = stderr
+
+
+def _run(argv) -> int:
+    """:func:`main` with its diagnostics stream in place."""
     try:
         args = _parser().parse_args(argv)
     except KeyboardInterrupt:  # Ctrl-C before a command is known: the same one line and exit code
@@ -410,10 +427,61 @@ def main(argv=None) -> int:
     except EXPECTED_ERRORS as e:
         if getattr(e, "on_stdout", False):
             _discard_stdout()
+        if isinstance(e, KeyboardInterrupt):
+            _interrupt_handled()
         print(f"transformer_core {args.command}: {_message(e, args)}", file=sys.stderr)
         return 2
     finally:
         sys.stdout = stdout
+
+
+def _interrupt_handled() -> None:
+    """Tells the interpreter that the KeyboardInterrupt being handled is handled. CPython (3.11 at
+    least) marks one that leaves code run by ``exec`` or ``eval`` of a string (namedtuple's,
+    dataclasses', a Jinja2 template's) as unhandled even when it is caught later, and under
+    ``python -m`` then ends the process by SIGINT after our exit code 2 (a shell's 130). Each
+    ``exec`` of a string clears that mark before it runs: this one runs nothing else."""
+    exec("None")
+
+
+class _Diagnostics:
+    """``sys.stderr`` while :func:`main` runs: progress bars, the one-line errors and the tokens/s
+    line. Standard error closed (``2>&-``: Python's ``sys.stderr`` is None, and ``print`` would
+    write to standard output, into the data) or failing (``2>/dev/full``, a reader gone) loses
+    these, never the run or its output: writes that fail are dropped. Every other attribute is the
+    wrapped stream's (a closed one: ``isatty()`` False)."""
+
+    def __init__(self, stream):
+        """Wraps ``stream`` (the real ``sys.stderr``, or None)."""
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        """Writes ``text``, or drops it when standard error cannot take it; returns its length."""
+        if self._stream is not None:
+            try:
+                self._stream.write(text)
+            except (OSError, ValueError):  # ValueError: the stream was closed
+                pass
+        return len(text)
+
+    def flush(self) -> None:
+        """Flushes the stream; a failure is dropped, as :meth:`write`'s."""
+        if self._stream is not None:
+            try:
+                self._stream.flush()
+            except (OSError, ValueError):
+                pass
+
+    def isatty(self) -> bool:
+        """Whether standard error is a terminal (False when it is closed or cannot tell)."""
+        try:
+            return self._stream is not None and self._stream.isatty()
+        except (OSError, ValueError):
+            return False
+
+    def __getattr__(self, name):
+        """Every other attribute: the wrapped stream's."""
+        return getattr(self._stream, name)
 
 
 if __name__ == "__main__":

@@ -27,17 +27,24 @@ def _choose_openblas_kernels() -> None:
 
 def _shorten_openmp_spin() -> None:
     """After a parallel region libgomp's idle threads spin, ``GOMP_SPINCOUNT`` turns of a wait loop
-    (300,000 by default: milliseconds of a core), before they sleep. A numpy matmul right after one
-    of our calls then shares the cores with them: numpy's OpenBLAS runs its own pthreads. On 2 cores
-    (Zen 5, ``bench/interference.py``): a (20000, 384) @ (384, 64) matmul took 10.9-12.2 ms after
-    our calls against 5.8 ms alone, and 7.3-8.6 ms with 100,000 turns; our one-sentence MiniLM
-    encode after that matmul 3.4 ms, and 2.0 ms with 100,000 turns (1.3 ms alone, where neither
-    setting changed our timings: the regions of one call follow each other within the shorter spin
-    too).
-    bench/README.md, "numpy in the same process". libgomp reads the variable once, when it loads:
-    this runs before ``_core`` (which loads it) is imported; if torch, whose wheel ships the same
-    libgomp, was imported first, its setting stays. A value the user set is kept."""
-    os.environ.setdefault("GOMP_SPINCOUNT", "100000")
+    (300,000 by default: milliseconds of a core), before they sleep. Any other thread that wants
+    a core meanwhile loses it to them, and on 2 cores that is common: another program's busy
+    thread (a browser, a second notebook), numpy's own OpenBLAS threads right after our call.
+    Each region's end then waits for our thread that lost its core. Measured on an Emerald Rapids
+    Xeon, 2 vCPUs (``bench/interference.py``, bench/README.md "A busy neighbour"), with another
+    process's busy loop on one CPU: a training step of notebook 05's small GPT took 95-112 ms at
+    100,000 turns against 22-23 ms at 1,000 (15 ms on one thread), a SmolLM2 decode step 50-91
+    against 19.5 ms, a batch of 32 MiniLM sentences 183 against 94 ms; a one-sentence encode
+    after a numpy matmul 7.1 against 5.8-6.0 ms, and the matmul after our call 7.1-7.2 against
+    5.5-5.6 ms. Alone, 1,000 and 100,000 measured the same within the noise (decode 6.9-9.4 ms
+    both, batch-1 1.7-2.0 ms, SDPA 25 ms): the regions of one call follow each other within the
+    shorter spin too. (Beside a busy thread 3,000 and 30,000 fell between the two, and 10,000 was
+    erratic: a one-sentence encode took 12.6 ms.)
+    libgomp reads the variable once, when it loads: this runs before ``_core`` (which loads it) is
+    imported. torch's wheel loads a libgomp of the same name: imported first, torch's load reads
+    the variable without this setting, and libgomp's default then serves both libraries (import
+    transformer_core first, or set the variable). A value the user set is kept."""
+    os.environ.setdefault("GOMP_SPINCOUNT", "1000")
 
 
 _choose_openblas_kernels()  # before _core (and with it libopenblas) is loaded

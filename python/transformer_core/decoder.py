@@ -526,7 +526,7 @@ class CausalLM(DecoderModel, GenerationMixin):
         return as_ids(input_ids, "input_ids"), mask, positions
 
     def loss(self, input_ids, labels, attention_mask=None, position_ids=None, *, ignore_index: int = -100,
-             seed: int | None = None) -> float:
+             seed: int | None = None) -> np.float64:
         """The mean next-token cross-entropy of ``labels`` given ``input_ids`` (see the class doc).
 
         Args:
@@ -546,8 +546,9 @@ class CausalLM(DecoderModel, GenerationMixin):
                 generator; unused without dropout).
 
         Returns:
-            The loss (a Python float, computed in double). In training mode the call keeps what
-            :meth:`backward` needs.
+            The loss, computed in double: a ``np.float64`` (a subclass of Python's float, with
+            ``.item()`` as torch's 0-d tensor: a ported ``loss.item()`` runs). In training mode the
+            call keeps what :meth:`backward` needs.
 
         Raises:
             NonFiniteLossError: the loss is NaN or inf; nothing is kept and no gradient was touched.
@@ -575,7 +576,7 @@ class CausalLM(DecoderModel, GenerationMixin):
                                      "was kept for backward (lower the learning rate, check the inputs)", value)
         if self.training:
             self._record_weights()  # the weights this state belongs to (backward refuses others)
-        return float(value)
+        return np.float64(value)  # a float with torch's 0-d tensor's .item()
 
     def backward(self) -> None:
         """The backward pass of the last :meth:`loss` in training mode: adds the gradient of that loss

@@ -51,9 +51,11 @@ Training follows torch's habits where it can, with an explicit backward since th
   layout to the checkpoint's and back (``to_checkpoint_layout`` / ``from_checkpoint_layout``).
   ``gradients()`` copies the written ones in the checkpoint's layout.
 * Dropout (training forwards only) draws its masks from seeds: :func:`manual_seed` seeds the
-  package's generator, as ``torch.manual_seed`` does. ``generate`` and ``stream`` draw their
-  sampling seed from it too when called with ``seed=None``, once it was seeded (before that, from
-  fresh entropy: :func:`sampling_seed`).
+  package's generator, as ``torch.manual_seed`` does. A module's constructor draws its initial
+  weights' seed from it (so the same seed and the same constructions give the same weights, and
+  each layer of a stack its own), and ``generate`` and ``stream`` draw their sampling seed from it
+  when called with ``seed=None``, once it was seeded (before that, from fresh entropy:
+  :func:`sampling_seed`).
 
 Quantized weights (:func:`transformer_core.quantize`, GGUF blocks from
 ``LlamaForCausalLM.from_pretrained``): ``state_dict`` returns them dequantized to float32 (the values
@@ -109,13 +111,16 @@ _SEEDED = False
 
 
 def manual_seed(seed: int) -> None:
-    """Seeds the generator that the training forwards draw their dropout seeds from, and that
-    ``generate`` and ``stream`` draw their sampling seed from when called with ``seed=None``
-    (torch's ``manual_seed``, which seeds both; until it is called, or :func:`set_rng_state`,
-    those draw fresh entropy instead: :func:`sampling_seed`): the same seed and the same calls give the same
-    dropout masks and the same sampled tokens, on any machine and thread count (the masks are
-    Philox4x32-10 of the seed and the element's index, see ``functional.dropout``; the tokens
-    numpy's sampler's: neither is torch's).
+    """Seeds the generator that a module's constructor draws its initial weights' seed from, that
+    the training forwards draw their dropout seeds from, and that ``generate`` and ``stream`` draw
+    their sampling seed from when called with ``seed=None`` (torch's ``manual_seed``, which seeds
+    all three): the same seed and the same calls give the same initial weights, dropout masks and
+    sampled tokens, on any machine and thread count (the masks are Philox4x32-10 of the seed and
+    the element's index, see ``functional.dropout``; the weights and the tokens numpy's
+    generators': none is torch's). Until it is called (or :func:`set_rng_state`), the generator
+    starts from seed 0 in every process, so initial weights and dropout masks repeat from run to
+    run, while sampling draws fresh entropy (:func:`sampling_seed`), as torch's default generator
+    starts from a random seed.
 
     ``seed`` in torch's range, ``[-2**63, 2**64 - 1]``; a negative one is mapped as torch maps it,
     to ``seed + 2**64`` (what ``torch.initial_seed()`` then returns).
@@ -177,9 +182,9 @@ def _pcg64_of(state, name: str) -> np.random.PCG64:
 
 
 def next_seed() -> int:
-    """The next seed of the package's generator (see :func:`manual_seed`): a training forward's
-    dropout seed, or the sampling seed of ``generate`` / ``stream`` called with ``seed=None``; an
-    int in ``[0, 2**63 - 1)``."""
+    """The next seed of the package's generator (see :func:`manual_seed`): a new module's initial
+    weights' seed, a training forward's dropout seed, or the sampling seed of ``generate`` /
+    ``stream`` called with ``seed=None``; an int in ``[0, 2**63 - 1)``."""
     return int(_SEEDS.integers(0, 2**63 - 1))
 
 
@@ -765,6 +770,15 @@ def skip_weight_init():
     finally:
         _SKIP_INIT.on = old
         core.defer_weight_init(old)
+
+
+def _init_generator(seed: int | None = None) -> np.random.Generator | None:
+    """The generator of a new module's initial weights: seeded by ``seed``, else by the package
+    generator's next seed (:func:`next_seed`: :func:`manual_seed` chooses the weights, as
+    ``torch.manual_seed``); None inside :func:`skip_weight_init` (nothing drawn)."""
+    if getattr(_SKIP_INIT, "on", False):
+        return None
+    return np.random.default_rng(next_seed() if seed is None else seed)
 
 
 #: Argument types a snapshot keeps as they are (immutable): most layers are built from these alone.
@@ -2178,10 +2192,13 @@ class Module:
         self._fix_dtype(resolve_dtype(dtype))
         return dtype_suffix(self.dtype)
 
-    def _init_weights(self, seed: int | None = 0) -> None:
+    def _init_weights(self, seed: int | None = None) -> None:
         """Fills a freshly built module's weight matrices as torch's default init would in spirit:
         uniform(±1/sqrt(fan_in)), deterministic for a given seed (the values do not depend on the
-        dtype beyond its rounding). 1-D parameters keep what the C++ constructor gave them: ones
+        dtype beyond its rounding). ``seed`` None (every constructor's call): the package
+        generator's next seed (:func:`next_seed`), so that :func:`manual_seed` before building
+        chooses the initial weights, as ``torch.manual_seed`` does, and two modules built one
+        after the other (the layers of a stack) start different. 1-D parameters keep what the C++ constructor gave them: ones
         for every norm weight, zeros for biases (the C++ layer knows which is which; a name does
         not: a standalone ``RMSNorm``'s weight is just ``"weight"``). Skipped inside
         :func:`skip_weight_init` (the weights stay as the C++ core left them).
@@ -2193,9 +2210,9 @@ class Module:
         The values are drawn in float64 chunks of at most ``_INIT_CHUNK`` elements and written
         into the C++ buffers in place: a size that passed the C++ allocation check (its own bytes
         per element) never needs a float64 copy of a whole matrix on top of it."""
-        if getattr(_SKIP_INIT, "on", False):
+        rng = _init_generator(seed)
+        if rng is None:
             return
-        rng = np.random.default_rng(seed)
         padding = self._padding_rows()
         for slot in self._slots().values():
             if len(slot.shape) < 2:

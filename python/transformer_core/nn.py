@@ -84,10 +84,12 @@ from .module import (
     Module,
     _checkpoint_value,
     _fill_in_chunks,
+    _init_generator,
     _unconverted,
     check_dropout,
     fixed_setting_refusal,
     renamed_keyword,
+    skip_weight_init,
 )
 
 __all__ = [
@@ -907,11 +909,14 @@ class Embedding(Module):
         self.padding_idx = padding_idx
         self._impl = getattr(_core, "Embedding" + sfx)(self.num_embeddings, self.embedding_dim)
         # N(0, 1) drawn in float64 chunks straight into the C++ table: no whole float64 copy on
-        # top of the table that the C++ allocation check counted
-        weight = self._impl.parameter_view("weight")
-        _fill_in_chunks(weight, np.random.default_rng(0).standard_normal)
-        if padding_idx is not None:
-            weight[padding_idx] = 0.0
+        # top of the table that the C++ allocation check counted; the seed from the package
+        # generator (manual_seed), none drawn for a copy or a loader (skip_weight_init)
+        rng = _init_generator()
+        if rng is not None:
+            weight = self._impl.parameter_view("weight")
+            _fill_in_chunks(weight, rng.standard_normal)
+            if padding_idx is not None:
+                weight[padding_idx] = 0.0
 
     def forward(self, input_ids) -> np.ndarray:
         """``input_ids (...)`` integer ids in ``[0, num_embeddings)`` -> ``(..., embedding_dim)``; a
@@ -1252,6 +1257,8 @@ class TransformerEncoderLayer(_LayerSettings):
                 this machine's memory (before any work).
             TypeError: non-numeric input, a mask of the wrong dtype, a bool ``src_mask``,
                 ``src_key_padding_mask``.
+            TypeError, ValueError: in training mode, a ``dropout`` attribute assigned since that is
+                not a probability in [0, 1) (checked as the constructor checks it, before any work).
         """
         _refuse_padding_mask(src_key_padding_mask, "src_key_padding_mask", "src_key_mask")
         return self._forward(src, src_mask, src_key_mask, is_causal, path, "src_mask")
@@ -1261,6 +1268,7 @@ class TransformerEncoderLayer(_LayerSettings):
         x = unconverted(src, "src", 2)  # converted once every shape is checked
         is_causal = check_bool(is_causal, "is_causal")
         path = attention_path(path)
+        p = check_dropout(self.dropout) if self.training else 0.0  # an attribute: may have been changed
         unbatched = _is_unbatched(x, "src", "L, E")
         if x.shape[-1] != self.d_model:  # the shape as given, before an unbatched src gains its batch dim
             raise ValueError(f"src: expected last dim {self.d_model} (d_model), got shape {x.shape}")
@@ -1275,7 +1283,6 @@ class TransformerEncoderLayer(_LayerSettings):
         x = as_float(x, "src", self.dtype)
         if self.training:
             x = _kept(x, src)
-            p = self.dropout
             out = self._impl.forward_train(x, *masks, bool(is_causal), path, p, p, self._dropout_seed(p), p)
             self._saved = (x, masks, unbatched)  # the C++ layer keeps pointers to these until backward
         else:
@@ -1560,6 +1567,8 @@ class TransformerDecoderLayer(_LayerSettings):
                 hold in this machine's memory (before any work).
             TypeError: non-numeric input, a mask of the wrong dtype, a bool ``tgt_mask``/``memory_mask``,
                 a torch ``*_key_padding_mask``.
+            TypeError, ValueError: in training mode, a ``dropout`` attribute assigned since that is
+                not a probability in [0, 1) (checked as the constructor checks it, before any work).
         """
         _refuse_padding_mask(tgt_key_padding_mask, "tgt_key_padding_mask", "tgt_key_mask")
         _refuse_padding_mask(memory_key_padding_mask, "memory_key_padding_mask", "memory_key_mask")
@@ -1568,6 +1577,7 @@ class TransformerDecoderLayer(_LayerSettings):
         tgt_is_causal = check_bool(tgt_is_causal, "tgt_is_causal")
         memory_is_causal = check_bool(memory_is_causal, "memory_is_causal")
         path = attention_path(path)
+        p = check_dropout(self.dropout) if self.training else 0.0  # an attribute: may have been changed
         unbatched = _is_unbatched(x, "tgt", "T, E")
         given = x.shape  # before an unbatched tgt gains its batch dim
         if x.shape[-1] != self.d_model:
@@ -1599,7 +1609,6 @@ class TransformerDecoderLayer(_LayerSettings):
             out = self._impl.forward(x, mem, *self_masks, bool(tgt_is_causal), *cross_masks, path)
             return out[0] if unbatched else out
         x, mem = _kept(x, tgt), _kept(mem, memory)
-        p = self.dropout
         out = self._impl.forward_train(x, mem, *self_masks, bool(tgt_is_causal), *cross_masks, path, p, p,
                                        self._dropout_seed(p), p)
         self._saved = (x, mem, self_masks, cross_masks, unbatched)  # kept by pointer in C++ until backward
@@ -1681,7 +1690,8 @@ class _Stack(Module):
         state = layer.state_dict()
         self.layers = []
         for _ in range(self.num_layers):
-            copy = type(layer)(*_layer_args(layer), dropout=layer.dropout)
+            with skip_weight_init():  # nothing drawn: every weight is the layer's, loaded next
+                copy = type(layer)(*_layer_args(layer), dropout=layer.dropout)
             copy.load_state_dict(state)
             self.layers.append(copy)
         self.norm = norm
@@ -1900,7 +1910,11 @@ class Transformer(Module):
     (``batch_first=False``: a ``ValueError``).
 
     Weights (torch's names): ``encoder.layers.{i}.*``, ``encoder.norm.*``,
-    ``decoder.layers.{i}.*``, ``decoder.norm.*``.
+    ``decoder.layers.{i}.*``, ``decoder.norm.*``. Each layer's matrices are drawn on their own
+    (uniform(±1/sqrt(fan_in)), from seeds of :func:`~transformer_core.manual_seed`'s generator), as
+    torch's ``nn.Transformer`` draws every matrix again after copying its layers (with xavier_uniform_
+    there); a stack built on its own, :class:`TransformerEncoder`, holds equal copies of its layer,
+    as torch's.
 
     ``d_model`` and ``nhead`` are read-only attributes (what the layers were built with; assigning
     one raises AttributeError: build a new model).
@@ -1943,6 +1957,10 @@ class Transformer(Module):
                                           LayerNorm(d_model, layer_norm_eps, bias=bias, dtype=self.dtype))
         self.decoder = TransformerDecoder(decoder_layer, num_decoder_layers,
                                           LayerNorm(d_model, layer_norm_eps, bias=bias, dtype=self.dtype))
+        # the stacks hold copies of one layer each (torch's TransformerEncoder/Decoder); torch's
+        # nn.Transformer then draws every weight matrix again (_reset_parameters): each layer its own
+        for layer in (*self.encoder.layers, *self.decoder.layers):
+            layer._init_weights()
 
     def _children(self):  # a child set to None or deleted is left out (Module._registered_children)
         return [(name, getattr(self, name, None)) for name in ("encoder", "decoder")]

@@ -1104,7 +1104,7 @@ def _vector_norm_nonpositive(x: np.ndarray, norm_type: float) -> float:
 
 
 def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0, error_if_nonfinite: bool = False,
-                    foreach: bool | None = None) -> float:
+                    foreach: bool | None = None) -> np.float64:
     """Scales the gradients in place so that their total norm is at most ``max_norm``, as
     ``torch.nn.utils.clip_grad_norm_``::
 
@@ -1135,7 +1135,9 @@ def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0, error_i
             any value.
 
     Returns:
-        The total norm of the gradients before clipping (a float; 0.0 when no parameter has a gradient).
+        The total norm of the gradients before clipping, a ``np.float64`` (a subclass of Python's
+        float, with ``.item()`` as torch's 0-d tensor: ported ``clip_grad_norm_(...).item()`` runs;
+        0.0 when no parameter has a gradient).
         An empty gradient (a parameter of size 0) counts as a norm of 0 for ``norm_type`` >= 0 and
         finite, as torch's.
 
@@ -1171,7 +1173,7 @@ def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0, error_i
     named_grads = [(name, p.grad) for name, p in named if p.grad is not None]
     grads = [g for _, g in named_grads]
     if not grads:
-        return 0.0
+        return np.float64(0.0)
     empty = [name for name, g in named_grads if g.size == 0]
     if empty and (norm_type < 0 or math.isinf(norm_type)):  # -inf < 0, and inf: the max of no element
         raise ValueError(f"norm_type: the {norm_type} norm of an empty gradient is undefined (no identity: "
@@ -1202,4 +1204,4 @@ def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0, error_i
         with np.errstate(invalid="ignore", over="ignore"):  # inf · 0 or a NaN coef: NaN, as torch (no warning)
             for g in grads:
                 g *= g.dtype.type(coef)
-    return total
+    return np.float64(total)  # a float with torch's 0-d tensor's .item()

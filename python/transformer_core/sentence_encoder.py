@@ -191,8 +191,9 @@ def read_pooling(model_dir) -> dict:
         ValueError: a ``modules.json`` or pooling ``config.json`` that is not valid JSON of that
             shape; a module type other than Transformer, Pooling and Normalize (e.g. Dense); a
             ``pooling_mode`` other than ``"mean"``, ``"cls"``, ``"max"`` or a list of one of them
-            (several modes, ``"lasttoken"``, ...); without ``pooling_mode``, a legacy flag of
-            another mode true, several true, or none (each naming the file and the key).
+            (several modes, ``"lasttoken"``, ...); without ``pooling_mode``, a legacy flag that is
+            not a JSON bool (or 0/1: ``"false"`` is refused, not read as true), a flag of another
+            mode true, several true, or none (each naming the file and the key).
         FileNotFoundError: a listed Pooling module whose ``config.json`` is missing; a ``~user`` of
             no known user in ``model_dir``.
     """
@@ -207,7 +208,11 @@ def read_pooling(model_dir) -> dict:
             raise ValueError(f"{cpath}: pooling_mode: expected 'mean', 'cls' or 'max' (or a list of one of them): "
                              f"SentenceEncoder computes no other pooling, nor several at once; got {mode!r}")
         return {"pooling": mode, "normalize": kinds[-1] == "Normalize"}
-    on = [k for k, v in config.items() if k.startswith("pooling_mode_") and v]
+    flags = {k: v for k, v in config.items() if k.startswith("pooling_mode_")}
+    for k, v in flags.items():  # JSON true/false (1/0 too, which sentence-transformers sums); "false" is not false
+        if not (isinstance(v, bool) or (type(v) is int and v in (0, 1))):
+            raise ValueError(f"{cpath}: {k}: expected true or false, got {type(v).__name__} {v!r}")
+    on = [k for k, v in flags.items() if v]
     unsupported = [k for k in on if k not in POOLING_MODES]
     if unsupported:
         raise ValueError(f"{cpath}: {unsupported[0]} is {config[unsupported[0]]!r}; SentenceEncoder supports only "
@@ -875,7 +880,9 @@ class SentenceEncoder:
                 its work; the first holds the longest texts); a sentence or ``prompt`` that is not
                 valid Unicode (a lone surrogate, from bytes that were not UTF-8; its index and
                 position are named); a ``prompt_name`` not in the encoder's ``prompts``; both
-                ``prompt_name`` and ``prompt`` given.
+                ``prompt_name`` and ``prompt`` given; a token id of the tokenizer that the model
+                has no embedding row for (a tokenizer of another vocabulary: ``tokenizer`` and the
+                sentence are named, at the batch that holds it).
         """
         # the settings of this call, read once, before `sentences` is iterated: a setter called
         # meanwhile (from another thread, from `sentences`' own iterator, or a hook run by the
@@ -929,6 +936,7 @@ class SentenceEncoder:
                 enc = None
                 try:  # the padding's and the forward's memory checks, before their work, name batch_size
                     enc = next(batches)
+                    _check_ids_fit_model(enc["input_ids"], model.config.vocab_size, rows)
                     mask = enc["attention_mask"] == 1  # (N, L) bool, True = a real token
                     # eval mode's forward whatever the model's mode (as sentence-transformers' encode,
                     # which calls eval()), without switching it: no dropout, a pending training state kept
@@ -964,6 +972,17 @@ class SentenceEncoder:
             # np.linalg.norm's own arithmetic for a real array (the same bits), without its dispatch
             out /= np.maximum(np.sqrt(np.add.reduce(out * out, axis=1, keepdims=True)), 1e-12)
         return out[0] if single else out
+
+
+def _check_ids_fit_model(ids: np.ndarray, vocab_size: int, rows: np.ndarray) -> None:
+    """Raises a ValueError naming the tokenizer when it gave an id the model has no embedding row
+    for (a tokenizer and a model of different vocabularies: the forward would name its
+    ``input_ids``, which the caller never passed); ``rows``: the batch's indices in ``sentences``."""
+    if ids.size and int(ids.max()) >= vocab_size:
+        r, c = np.argwhere(ids >= vocab_size)[0]
+        raise ValueError(f"tokenizer: sentences[{rows[r]}] gives token id {ids[r, c]}, but the model's embedding has "
+                         f"{vocab_size} rows (config vocab_size): expected a tokenizer of the model's vocabulary "
+                         f"(ids below {vocab_size})")
 
 
 def _raise_if_batch_too_large(error: ValueError, n: int, width: int | None) -> None:

@@ -99,8 +99,8 @@ class Seq2SeqTransformer(Module):
         # the Transformer first: its constructor checks its arguments, then its stacks and these tables
         # (each, and all together) against memory, before it builds anything, so a bad nhead or layer
         # count, or a model too large as a whole, is refused before the (possibly large) embedding
-        # tables are built and filled (each module's init draws from its own seed: the order does not
-        # change the weights)
+        # tables are built and filled (each module's init draws the package generator's next seed,
+        # in this order: manual_seed, then the same model, gives the same weights)
         self.transformer = Transformer._within(tables, d_model=d_model, nhead=nhead,
                                                num_encoder_layers=num_encoder_layers,
                                                num_decoder_layers=num_decoder_layers,
@@ -237,15 +237,15 @@ class Seq2SeqTransformer(Module):
             vocab = "src_vocab_size" if table is self.src_tok_emb else "tgt_vocab_size"
             raise ValueError(f"{name}: expected ids in [0, {V}) ({vocab}), got {int(ids[pos])} at {pos}")
 
-    def _embed(self, table: Embedding, ids: np.ndarray):
-        """``table[ids] · √E + PE[:L]`` (then dropout in training): ``((N, L, E), seed)``; ``ids``
-        already checked (:meth:`_check_ids`)."""
+    def _embed(self, table: Embedding, ids: np.ndarray, p: float):
+        """``table[ids] · √E + PE[:L]``, then dropout of probability ``p`` (0 in eval mode):
+        ``((N, L, E), drawn)``, drawn the dropout's ``(p, seed)`` for the backward (None when none
+        was applied); ``ids`` already checked (:meth:`_check_ids`)."""
         x = table(ids) * self.dtype(self.scale) + self.pe[:ids.shape[1]]
-        seed = None
-        if self.training and self.dropout > 0:
-            seed = self._dropout_seed(self.dropout)
-            x = _dropout(x, self.dropout, seed)
-        return x, seed
+        if p == 0:
+            return x, None
+        seed = self._dropout_seed(p)
+        return _dropout(x, p, seed), (p, seed)
 
     def _masks(self, src, tgt, src_key_mask, tgt_key_mask):
         """``(src, tgt, src_key_mask, tgt_key_mask)`` checked: ids as ``(N, L)`` int64 (in range,
@@ -287,13 +287,16 @@ class Seq2SeqTransformer(Module):
                 of the wrong shape; a ``src`` or ``tgt`` whose embeddings or feed-forward activations
                 (``N · L`` rows × ``dim_feedforward``) exceed this machine's memory (naming it, before
                 any work). TypeError: non-integer ids.
+            TypeError, ValueError: in training mode, a ``dropout`` attribute assigned since that is
+                not a probability in [0, 1) (checked as the constructor checks it, before any work).
         """
+        p = check_dropout(self.dropout) if self.training else 0.0  # an attribute: may have been changed
         src, tgt, sk, tk = self._masks(src, tgt, src_key_mask, tgt_key_mask)
         if self.training:  # a new training forward: a loss kept for backward is no longer this one's
             self._saved = None
         try:
-            x, src_seed = self._embed(self.src_tok_emb, src)
-            y, tgt_seed = self._embed(self.tgt_tok_emb, tgt)
+            x, src_drawn = self._embed(self.src_tok_emb, src, p)
+            y, tgt_drawn = self._embed(self.tgt_tok_emb, tgt, p)
             out = self.transformer(x, y, src_key_mask=sk, tgt_key_mask=tk, memory_key_mask=sk, tgt_is_causal=True)
             logits = self.generator(out)
         except BaseException:
@@ -301,11 +304,11 @@ class Seq2SeqTransformer(Module):
                 self._discard()
             raise
         if self.training:
-            self._embed_seeds = (src_seed, tgt_seed)
+            self._embed_dropout = (src_drawn, tgt_drawn)
         return logits
 
     def loss(self, src, tgt, labels, src_key_mask=None, tgt_key_mask=None, *, ignore_index: int = -100,
-             label_smoothing: float = 0.0) -> float:
+             label_smoothing: float = 0.0) -> np.float64:
         """Mean cross-entropy of ``labels`` under :meth:`forward`'s logits (no shift: ``labels[:, t]``
         is the token that position t predicts, usually the target without its start token).
 
@@ -315,7 +318,8 @@ class Seq2SeqTransformer(Module):
             ignore_index, label_smoothing: as torch's ``cross_entropy``.
 
         Returns:
-            The loss (a float). In training mode the call keeps what :meth:`backward` needs.
+            The loss, a ``np.float64`` (a subclass of Python's float, with ``.item()`` as torch's
+            0-d tensor). In training mode the call keeps what :meth:`backward` needs.
 
         Raises:
             NonFiniteLossError: the loss is NaN or inf; nothing is kept, no gradient was touched.
@@ -339,7 +343,7 @@ class Seq2SeqTransformer(Module):
         except BaseException:
             self._discard()
             raise
-        value = float(value)
+        value = np.float64(value)  # a float with torch's 0-d tensor's .item()
         if not math.isfinite(value):
             self._discard()
             raise NonFiniteLossError(f"loss: the loss is {value} (non-finite); no gradient was touched and nothing "
@@ -351,7 +355,7 @@ class Seq2SeqTransformer(Module):
     def _discard(self) -> None:
         """Drops what the training forwards kept (every child's)."""
         self._drop_training_state()
-        self._embed_seeds = None
+        self._embed_dropout = None
 
     def backward(self) -> None:
         """The backward pass of the last :meth:`loss` in training mode: every parameter's gradient added
@@ -372,10 +376,10 @@ class Seq2SeqTransformer(Module):
         dlogits = self._take_saved()
         g = self.generator.backward(dlogits)
         grad_src, grad_tgt = self.transformer.backward(g)
-        src_seed, tgt_seed = self._embed_seeds
-        for table, grad, seed in ((self.src_tok_emb, grad_src, src_seed), (self.tgt_tok_emb, grad_tgt, tgt_seed)):
-            if seed is not None:
-                grad = dropout_backward(grad, self.dropout, seed)
+        src_drawn, tgt_drawn = self._embed_dropout
+        for table, grad, drawn in ((self.src_tok_emb, grad_src, src_drawn), (self.tgt_tok_emb, grad_tgt, tgt_drawn)):
+            if drawn is not None:  # the forward's p and seed, whatever self.dropout is now
+                grad = dropout_backward(grad, *drawn)
             table.backward(grad * self.dtype(self.scale))
 
     # ---- inference ---------------------------------------------------------------------------------
@@ -394,7 +398,7 @@ class Seq2SeqTransformer(Module):
         src = as_ids(src, "src")
         sk = None if src_key_mask is None else as_bool(src_key_mask, "src_key_mask")
         self._check_ids(self.src_tok_emb, src, "src")
-        x, _ = self._embed(self.src_tok_emb, src)
+        x, _ = self._embed(self.src_tok_emb, src, 0.0)  # eval mode: no dropout
         return self.transformer.encoder(x, src_key_mask=sk)
 
     def decode(self, tgt, memory, src_key_mask=None) -> np.ndarray:
@@ -416,7 +420,7 @@ class Seq2SeqTransformer(Module):
         if sk is not None and len(mem_shape) == 3 and sk.shape != mem_shape[:2]:
             raise ValueError(f"src_key_mask: expected shape {mem_shape[:2]} (memory's (N, S)), got {sk.shape}")
         self._check_ids(self.tgt_tok_emb, tgt, "tgt")
-        y, _ = self._embed(self.tgt_tok_emb, tgt)
+        y, _ = self._embed(self.tgt_tok_emb, tgt, 0.0)  # eval mode: no dropout
         return self.generator(self.transformer.decoder(y, memory, memory_key_mask=sk, tgt_is_causal=True))
 
     def greedy_decode(self, src, max_len: int, start_token: int, end_token: int | None = None,
