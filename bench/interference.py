@@ -148,6 +148,7 @@ def make_op(tc, op: str):
         token = np.array([[42]])
 
         def step():
+            """One token through the model; the cache cut back to its 64 prompt tokens."""
             model(token, past_key_values=cache, use_cache=True, logits_to_keep=1)
             cache.crop(64)
         return step
@@ -160,6 +161,7 @@ def make_op(tc, op: str):
     opt = tc.optim.AdamW(gpt.named_parameters(), lr=3e-3, betas=(0.9, 0.95), weight_decay=0.1)
 
     def train_step():
+        """A batch of 16 random windows: loss, backward, clipping, one AdamW step."""
         starts = rng.integers(0, len(data) - ctx, 16)
         batch = np.stack([data[s:s + ctx] for s in starts])
         gpt.loss(batch, batch)

@@ -1129,6 +1129,7 @@ def test_standard_error_closed_or_full_loses_the_messages_not_the_run(tmp_path, 
     out = tmp_path / "o.npy"
 
     def run(*args):
+        """The CLI with ``args``, its standard error closed or /dev/full; stdout captured."""
         err = subprocess.DEVNULL if stderr == "closed" else open("/dev/full", "w")
         try:
             return subprocess.run([sys.executable, "-m", "transformer_core", *map(str, args)], capture_output=False,

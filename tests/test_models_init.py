@@ -117,6 +117,7 @@ def test_manual_seed_chooses_the_initial_weights_as_torchs():
     its own seed: they all started from seed 0, equal); copying or loading a model draws nothing
     (the dropout masks after it are those without it)."""
     def build(seed):
+        """A small seq2seq model's state after manual_seed(seed)."""
         tc.manual_seed(seed)
         return tc.Seq2SeqTransformer(20, 20, d_model=16, nhead=2, num_encoder_layers=2, num_decoder_layers=2,
                                      dim_feedforward=24).state_dict()
@@ -146,7 +147,8 @@ def test_init_chunks_give_the_values_of_one_draw(monkeypatch):
     implementation detail)."""
     from transformer_core import module
 
-    def build():  # each from the same seed
+    def build():
+        """An MHA, an embedding and a GPT-2 model, each built from the same seed."""
         tc.manual_seed(INIT_SEED)
         mha = tc.nn.MultiheadAttention(8, 2, kdim=5)
         tc.manual_seed(INIT_SEED)

@@ -255,8 +255,9 @@ def layer_norm(x, weight=None, bias=None, eps: float = 1e-5) -> np.ndarray:
     ``F.layer_norm(x, (E,), weight, bias, eps)`` is ``layer_norm(x, weight, bias, eps)`` here (the
     second argument is the weight ``(E,)``; only the last dim is normalised). A row whose squares
     overflow the dtype (float32 ``[1e30, 1e30, -1e30, 0]``, ``[3e38] * 4``) is normalised (finite;
-    0 for a constant row) where torch gives NaN (or, for some row lengths, zeros), and so are
-    subnormal rows with ``eps = 0``.
+    0 for a constant row) where torch gives NaN (or, for some row lengths, zeros), and so are rows
+    whose squares underflow with ``eps = 0`` (float32 ``1e-30``, subnormals; torch: ±inf). Every
+    layer and model with a LayerNorm (the Transformer layers, BERT, GPT-2) does the same.
 
     Raises:
         ValueError: empty or 0-d ``x``; weight/bias not of shape ``(E,)``; ``eps`` negative,
@@ -301,8 +302,9 @@ def rms_norm(x, weight=None, eps: float | None = None) -> np.ndarray:
     ``F.rms_norm(x, (E,), weight, eps)`` is ``rms_norm(x, weight, eps)`` here (the second argument
     is the weight ``(E,)``; only the last dim is normalised). A row whose squares overflow the
     dtype (float32 ``[1e30, 1e30, -1e30, 0]``, ``[3e38] * 4``) is normalised (``[1.15, 1.15,
-    -1.15, 0]``; 1 for a constant row) where torch gives 0, and so are subnormal rows with
-    ``eps = 0``.
+    -1.15, 0]``; 1 for a constant row) where torch gives 0, and so are rows whose squares
+    underflow with ``eps = 0`` (float32 ``1e-30``, subnormals). Every layer and model with an
+    RMSNorm (Llama) does the same.
 
     Raises:
         ValueError: empty or 0-d ``x``; weight not of shape ``(E,)``; ``eps`` negative, infinite
@@ -1025,8 +1027,13 @@ def cross_entropy(logits, target, ignore_index: int = -100, label_smoothing: flo
 
     Differences from torch: the class dim is the LAST dim (``logits (..., V)``, targets ``(...)``,
     as a language model's ``(N, L, V)`` logits), not dim 1; and when every row is ignored the mean
-    is 0 (torch returns NaN, 0/0), so a batch of padding cannot poison a running loss. A NaN (or
-    inf) logit gives a NaN loss, returned as is: check it (``np.isfinite``) before stepping.
+    is 0 (torch returns NaN, 0/0), so a batch of padding cannot poison a running loss; and the
+    label-smoothing sum is accumulated in double, so float32 logits within about a factor V of
+    the float32 maximum can give a finite loss where torch's float32 overflows to inf (float64
+    overflows there, here as in torch). As in torch, a NaN or +inf logit gives a NaN loss; a -inf logit gives +inf
+    when it is the target's (or any class's with ``label_smoothing`` > 0) and is harmless
+    otherwise (a masked vocabulary). The loss is returned as is: check it (``np.isfinite``)
+    before stepping.
 
     Args:
         logits: ``(..., V)`` float array (not empty).

@@ -53,7 +53,8 @@ Training follows torch's habits where it can, with an explicit backward since th
 * Dropout (training forwards only) draws its masks from seeds: :func:`manual_seed` seeds the
   package's generator, as ``torch.manual_seed`` does. A module's constructor draws its initial
   weights' seed from it (so the same seed and the same constructions give the same weights, and
-  each layer of a stack its own), and ``generate`` and ``stream`` draw their sampling seed from it
+  each layer of ``nn.Transformer`` its own; a ``TransformerEncoder`` holds equal copies of its
+  layer, as torch's), and ``generate`` and ``stream`` draw their sampling seed from it
   when called with ``seed=None``, once it was seeded (before that, from fresh entropy:
   :func:`sampling_seed`).
 
@@ -2198,9 +2199,10 @@ class Module:
         dtype beyond its rounding). ``seed`` None (every constructor's call): the package
         generator's next seed (:func:`next_seed`), so that :func:`manual_seed` before building
         chooses the initial weights, as ``torch.manual_seed`` does, and two modules built one
-        after the other (the layers of a stack) start different. 1-D parameters keep what the C++ constructor gave them: ones
-        for every norm weight, zeros for biases (the C++ layer knows which is which; a name does
-        not: a standalone ``RMSNorm``'s weight is just ``"weight"``). Skipped inside
+        after the other (the layers of ``nn.Transformer``) start different. 1-D parameters keep
+        what the C++ constructor gave them: ones for every norm weight, zeros for biases (the C++
+        layer knows which is which; a name does not: a standalone ``RMSNorm``'s weight is just
+        ``"weight"``). Skipped inside
         :func:`skip_weight_init` (the weights stay as the C++ core left them).
 
         The padding row of a token embedding (:meth:`_padding_rows`: a model's ``pad_token_id``)

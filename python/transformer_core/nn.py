@@ -1426,6 +1426,10 @@ class LayerNorm(_Norm):
 
     Weights: ``weight (E,)`` (ones), ``bias (E,)`` (zeros); none without ``elementwise_affine``.
 
+    One difference from torch, :func:`~transformer_core.functional.layer_norm`'s: a row whose
+    squares overflow the dtype (float32 ``1e30``) is normalised where torch gives NaN, and one
+    whose squares underflow with ``eps = 0`` where torch gives ±inf.
+
     ``normalized_shape`` (``normalized_size``), ``eps`` and ``elementwise_affine`` are read-only
     attributes (torch's forward reads the first two, and the third decides which weights
     ``state_dict`` holds; here the C++ layer was built with them): assigning one
@@ -1462,6 +1466,10 @@ class RMSNorm(_Norm):
         dtype: ``np.float32`` or ``np.float64``.
 
     Weights: ``weight (E,)`` (ones); none without ``elementwise_affine``.
+
+    One difference from torch, :func:`~transformer_core.functional.rms_norm`'s: a row whose
+    squares overflow the dtype (float32 ``1e30``) is normalised where torch gives 0, and one whose
+    squares underflow with ``eps = 0`` too.
 
     ``normalized_shape``, ``eps`` and ``elementwise_affine`` are read-only, as :class:`LayerNorm`'s.
 
