@@ -1079,6 +1079,29 @@ import transformer_core
     assert proc.returncode == 2
 
 
+def test_a_ctrl_c_after_the_cli_returned_changes_nothing(tmp_path):
+    """A Ctrl-C while Python exits after a command that succeeded ended the process by SIGINT (a
+    shell's 130); once main has returned in a CLI run, SIGINT is ignored. A program that calls
+    main itself keeps its own handling (no CLI run: its handler is untouched)."""
+    script = tmp_path / "s.py"
+    script.write_text("""
+import os, signal, sys
+sys.orig_argv = [sys.executable, "-m", "transformer_core", "embed", "--help"] if sys.argv[1] == "cli" else sys.orig_argv
+import transformer_core
+from transformer_core.__main__ import main
+try:
+    main(["embed", "--help"])
+except SystemExit as e:
+    code = e.code
+os.kill(os.getpid(), signal.SIGINT)
+print("still running", code)
+""")
+    cli = subprocess.run([sys.executable, str(script), "cli"], capture_output=True, text=True, timeout=120)
+    assert cli.returncode == 0 and cli.stdout.endswith("still running 0\n"), cli.stderr
+    program = subprocess.run([sys.executable, str(script), "program"], capture_output=True, text=True, timeout=120)
+    assert program.returncode != 0 and "KeyboardInterrupt" in program.stderr
+
+
 def test_processes_multiprocessing_starts_for_the_cli_keep_pythons_interrupt(tmp_path):
     """A process that multiprocessing's "spawn" starts from the transformer-core script (a Dask
     worker of embed --workers) gets the script's sys.argv: it installed the CLI's starting handler,

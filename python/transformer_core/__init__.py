@@ -96,10 +96,29 @@ def _catch_interrupts_while_starting() -> None:
         return
     as_module = _module_run_by(list(getattr(sys, "orig_argv", ()))) in ("transformer_core", "transformer_core.__main__")
     as_script = bool(sys.argv) and os.path.basename(sys.argv[0]) == "transformer-core"
+    global _CLI_RUN
     if (as_module or as_script) and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
         try:
             signal.signal(signal.SIGINT, _interrupted_while_starting)
+            _CLI_RUN = True
         except ValueError:  # not the main thread: no handler can be set there
+            pass
+
+
+#: Whether this process is a command-line run whose SIGINT handling the package took over.
+_CLI_RUN = False
+
+
+def _cli_finished() -> None:
+    """``__main__.main`` has returned in a command-line run: the work is done and reported, so a
+    Ctrl-C while the interpreter exits is ignored (a KeyboardInterrupt there ended the process by
+    SIGINT, a shell's 130, after a command that had succeeded)."""
+    import signal
+
+    if _CLI_RUN:
+        try:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+        except ValueError:  # main called from another thread
             pass
 
 

@@ -31,7 +31,8 @@ lock file, a temporary) names ``out:`` and the output's path first. Standard err
 (``2>&-``) or failing (``2>/dev/full``) loses the progress bar and the messages, not the run: the
 exit code still tells an error, and nothing meant for stderr is written into standard output. A
 Ctrl-C while the command is still starting (importing the package) gives the one line
-``transformer_core: interrupted while starting; nothing was done`` and exit code 2 as well.
+``transformer_core: interrupted while starting; nothing was done`` and exit code 2 as well; one
+after the command has finished (while Python exits) is ignored: the exit code is the command's.
 
 Standard output's encoding: every command writes its whole output whatever the encoding
 (``PYTHONIOENCODING=ascii``, a Latin-1 terminal). A character the encoding cannot write is written
@@ -54,7 +55,7 @@ import signal
 import sys
 import threading
 
-from . import _cli_started
+from . import _cli_finished, _cli_started
 from .hub import DEFAULT_MODEL
 
 #: Exit code when standard output's reader went away (128 + SIGPIPE, as a shell reports it).
@@ -397,6 +398,7 @@ def main(argv=None) -> int:
         return _run(argv)
     finally:
         sys.stderr = stderr
+        _cli_finished()  # the run is over: a Ctrl-C while Python exits changes nothing
 
 
 def _run(argv) -> int:
