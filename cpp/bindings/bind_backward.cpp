@@ -60,7 +60,7 @@ void register_dtype(py::module_& m) {
             gx = a;
           }
           {
-            py::gil_scoped_release release;
+            CoreCall release;
             ops::linear_backward(x.data(), grad_output.data(), weight.data(), rows, in, out, dx, dw, db, accumulate,
                                  w_in_out);
           }
@@ -86,7 +86,7 @@ void register_dtype(py::module_& m) {
           py::array_t<T> gx({rows, n});
           T* dx = gx.mutable_data();
           {
-            py::gil_scoped_release release;
+            CoreCall release;
             ops::layer_norm_backward(x.data(), grad_output.data(), w, rows, n, eps, dx, dw, db, accumulate);
           }
           return py::make_tuple(gx, gw, gb);
@@ -106,7 +106,7 @@ void register_dtype(py::module_& m) {
           py::array_t<T> gx({rows, n});
           T* dx = gx.mutable_data();
           {
-            py::gil_scoped_release release;
+            CoreCall release;
             ops::rms_norm_backward(x.data(), grad_output.data(), w, rows, n, eps, dx, dw, accumulate);
           }
           return py::make_tuple(gx, gw);
@@ -121,7 +121,7 @@ void register_dtype(py::module_& m) {
           py::array_t<T> dx(x.request().shape);
           T* dxp = dx.mutable_data();
           {
-            py::gil_scoped_release release;
+            CoreCall release;
             ops::activation_backward(x.data(), grad_output.data(), static_cast<int64_t>(x.size()), act, dxp);
           }
           return dx;
@@ -138,7 +138,7 @@ void register_dtype(py::module_& m) {
           T* dgp = dg.mutable_data();
           T* dup = du.mutable_data();
           {
-            py::gil_scoped_release release;
+            CoreCall release;
             ops::glu_backward(gate.data(), up.data(), grad_output.data(), static_cast<int64_t>(gate.size()), act, dgp,
                               dup);
           }
@@ -155,7 +155,7 @@ void register_dtype(py::module_& m) {
           py::array_t<T> dx({output.shape(0), output.shape(1)});
           T* dxp = dx.mutable_data();
           {
-            py::gil_scoped_release release;
+            CoreCall release;
             ops::softmax_backward(output.data(), grad_output.data(), output.shape(0), output.shape(1), dxp);
           }
           return dx;
@@ -176,7 +176,7 @@ void register_dtype(py::module_& m) {
                                                               "num_embeddings: grad_weight (num_embeddings, H)"));
           T* dw = inout_buffer<T>(gw, {num_embeddings, H}, "grad_weight");
           {
-            py::gil_scoped_release release;
+            CoreCall release;
             ops::embedding_backward(ids.data(), grad_output.data(), rows, num_embeddings, H, padding_idx, dw,
                                     accumulate);
           }
@@ -202,7 +202,7 @@ void register_dtype(py::module_& m) {
           T* dxp = dx.mutable_data();
           const int64_t table_rows = cos.shape(0);
           {
-            py::gil_scoped_release release;
+            CoreCall release;
             ops::rotary_backward(dxp, rows, D, cos.data(), sin.data(), table_rows, layout);
           }
           return dx;
@@ -215,7 +215,7 @@ void register_dtype(py::module_& m) {
           py::array_t<T> y(x.request().shape);
           T* yp = y.mutable_data();
           {
-            py::gil_scoped_release release;
+            CoreCall release;
             ops::dropout(x.data(), yp, static_cast<int64_t>(x.size()), p, seed);
           }
           return y;
@@ -254,7 +254,7 @@ void register_dtype(py::module_& m) {
           double loss = 0;
           int64_t valid = 0;
           {
-            py::gil_scoped_release release;
+            CoreCall release;
             loss = ops::cross_entropy(logits.data(), target.data(), rows, V, ignore_index, label_smoothing, reduction,
                                       grad_scale, gr, lr, dx, &valid);
           }
@@ -309,7 +309,7 @@ void register_dtype(py::module_& m) {
           b.dv = dv.mutable_data();
           b.dv_stride_n = Hkv * S * Dv, b.dv_stride_h = S * Dv, b.dv_stride_s = Dv;
           {
-            py::gil_scoped_release release;
+            CoreCall release;
             ops::scaled_dot_product_attention_backward(b);
           }
           return py::make_tuple(dq, dk, dv);

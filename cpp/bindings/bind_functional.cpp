@@ -26,7 +26,7 @@ void register_dtype(py::module_& m) {
         const T* b = optional_data<T>(bias);
         T* yp = y.mutable_data();
         {
-          py::gil_scoped_release release;
+          CoreCall release;
           ops::linear(x.data(), rows, in, weight.data(), b, out, yp, act);
         }
         return y;
@@ -41,7 +41,7 @@ void register_dtype(py::module_& m) {
         std::copy(x.data(), x.data() + x.size(), y.mutable_data());
         T* yp = y.mutable_data();
         {
-          py::gil_scoped_release release;
+          CoreCall release;
           ops::softmax(yp, x.shape(0), x.shape(1));
         }
         return y;
@@ -58,7 +58,7 @@ void register_dtype(py::module_& m) {
         auto y = new_array<T>({x.shape(0), x.shape(1)}, "x");
         T* yp = y.mutable_data();
         {
-          py::gil_scoped_release release;
+          CoreCall release;
           ops::norm(x.data(), x.shape(0), x.shape(1), p, yp);
         }
         return y;
@@ -74,7 +74,7 @@ void register_dtype(py::module_& m) {
         std::copy(x.data(), x.data() + x.size(), y.mutable_data());
         T* yp = y.mutable_data();
         {
-          py::gil_scoped_release release;
+          CoreCall release;
           ops::activation(yp, static_cast<int64_t>(x.size()), act);
         }
         return y;
@@ -90,7 +90,7 @@ void register_dtype(py::module_& m) {
         py::array_t<T> h(gate.request().shape);
         T* hp = h.mutable_data();
         {
-          py::gil_scoped_release release;
+          CoreCall release;
           ops::gated_activation(gate.data(), up.data(), rows, F, F, act, hp);
         }
         return h;
@@ -140,7 +140,7 @@ void register_dtype(py::module_& m) {
           }
           const auto p = ops::parse_attention_path(path);
           {
-            py::gil_scoped_release release;
+            CoreCall release;
             ops::scaled_dot_product_attention(a, p);
           }
           if (return_weights && return_lse) return py::make_tuple(out, weights, lse);
@@ -183,7 +183,7 @@ void register_dtype(py::module_& m) {
           a.is_causal = is_causal;
           const auto p = ops::parse_attention_path(path);
           {
-            py::gil_scoped_release release;
+            CoreCall release;
             ops::varlen_self_attention(a, cu_seqlens.data(), p);
           }
           return out;

@@ -42,7 +42,7 @@ void register_dtype(py::module_& m) {
           h.lr = lr, h.beta1 = beta1, h.beta2 = beta2, h.eps = eps, h.weight_decay = weight_decay;
           h.decoupled_weight_decay = decoupled_weight_decay, h.amsgrad = amsgrad, h.maximize = maximize;
           h.step = step;
-          py::gil_scoped_release release;
+          CoreCall release;
           ops::adam_update(p, g, m1, m2, mx, n, h);
         },
         py::arg("param"), py::arg("grad"), py::arg("exp_avg"), py::arg("exp_avg_sq"), py::arg("max_exp_avg_sq"),
@@ -59,7 +59,7 @@ void register_dtype(py::module_& m) {
           ops::SgdHyper h;
           h.lr = lr, h.momentum = momentum, h.dampening = dampening, h.weight_decay = weight_decay;
           h.nesterov = nesterov, h.maximize = maximize, h.first_step = first_step;
-          py::gil_scoped_release release;
+          CoreCall release;
           ops::sgd_update(p, g, buf, n, h);
         },
         py::arg("param"), py::arg("grad"), py::arg("momentum_buffer"), py::arg("lr"), py::arg("momentum"),
@@ -70,7 +70,7 @@ void register_dtype(py::module_& m) {
         [](const py::array& x) {
           const T* p = flat<T>(x, -1, false, "x");
           const int64_t n = static_cast<int64_t>(x.size());
-          py::gil_scoped_release release;
+          CoreCall release;
           return ops::count_nonfinite(p, n);
         },
         py::arg("x"));
@@ -79,7 +79,7 @@ void register_dtype(py::module_& m) {
         [](const py::array& x, double ord, bool power) {
           const T* p = flat<T>(x, -1, false, "x");
           const int64_t n = static_cast<int64_t>(x.size());
-          py::gil_scoped_release release;
+          CoreCall release;
           return ops::vector_norm(p, n, ord, power);
         },
         py::arg("x"), py::arg("ord"), py::arg("power"));

@@ -19,7 +19,7 @@ void register_dtype(py::module_& m) {
         auto pe = new_array<T>({max_len, d_model}, "(max_len, d_model)");
         T* p = pe.mutable_data();
         {
-          py::gil_scoped_release release;
+          CoreCall release;
           ops::sinusoidal_positional_encoding(p, max_len, d_model, base);
         }
         return pe;
@@ -37,7 +37,7 @@ void register_dtype(py::module_& m) {
         T* c = cos.mutable_data();
         T* s = sin.mutable_data();
         {
-          py::gil_scoped_release release;
+          CoreCall release;
           ops::rotary_cos_sin(c, s, seq_len, head_dim, base, offset);
         }
         return py::make_tuple(cos, sin);
@@ -57,7 +57,7 @@ void register_dtype(py::module_& m) {
         T* yp = y.mutable_data();
         const int64_t table_rows = cos.shape(0);
         {
-          py::gil_scoped_release release;
+          CoreCall release;
           ops::apply_rotary(yp, rows, D, cos.data(), sin.data(), table_rows, layout);
         }
         return y;

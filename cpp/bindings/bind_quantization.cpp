@@ -55,7 +55,7 @@ void register_quantization(py::module_& m) {
           int8_t* qp = qw.mutable_data();
           float* sp = scales.mutable_data();
           {
-            py::gil_scoped_release release;
+            CoreCall release;
             ops::quantize_int8(weight.data(), out, in, qp, sp);
           }
           return py::make_tuple(qw, scales);
@@ -72,7 +72,7 @@ void register_quantization(py::module_& m) {
           py::array_t<float> y = new_array<float>({rows, out}, "linear_int8: the output (rows of x, out_features)");
           float* yp = y.mutable_data();
           {
-            py::gil_scoped_release release;
+            CoreCall release;
             ops::linear_int8(x.data(), rows, in, qweight.data(), scales.data(), bp, out, yp, residual_activations);
           }
           return y;
@@ -91,7 +91,7 @@ void register_quantization(py::module_& m) {
           py::array_t<float> y = new_array<float>({rows, out_features}, "linear_gguf: the output (rows of x, out_features)");
           float* yp = y.mutable_data();
           {
-            py::gil_scoped_release release;
+            CoreCall release;
             ops::linear_gguf(x.data(), rows, in_features, b.data(), b.size(), type, bp, out_features, yp,
                              quantize_activations);
           }
@@ -118,7 +118,7 @@ void register_quantization(py::module_& m) {
           py::array_t<float> y = new_array<float>({rows, out}, "linear_gguf_parts: the output (rows of x, the parts' rows)");
           float* yp = y.mutable_data();
           {
-            py::gil_scoped_release release;
+            CoreCall release;
             ops::linear_gguf_parts(x.data(), rows, in_features, runs.data(), static_cast<int64_t>(runs.size()), bp, yp,
                                    quantize_activations);
           }
@@ -135,7 +135,7 @@ void register_quantization(py::module_& m) {
           py::array_t<float> out = new_array<float>({rows, cols}, "dequantize_gguf: the output (rows, cols)");
           float* op = out.mutable_data();
           {
-            py::gil_scoped_release release;
+            CoreCall release;
             ops::dequantize_gguf(b.data(), b.size(), type, rows, cols, op);
           }
           return out;
@@ -152,7 +152,7 @@ void register_quantization(py::module_& m) {
           int8_t* qp = qv.mutable_data();
           float* dp = d.mutable_data();
           {
-            py::gil_scoped_release release;
+            CoreCall release;
             ops::quantize_q8_blocks(x.data(), rows, cols, qp, dp);
           }
           return py::make_tuple(qv, d);

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "transformer_core/kernels/attention_masks.hpp"
+#include "transformer_core/kernels/workspace.hpp"
 #include "transformer_core/layers/module.hpp"
 #include "transformer_core/ops/checks.hpp"
 
@@ -50,12 +51,29 @@ inline WeightsFormatLocks& weights_format_locks() { return *weights_format_locks
 // this).
 inline void renew_weights_format_locks_in_child() { weights_format_locks_slot() = new WeightsFormatLocks; }
 
+// In place of py::gil_scoped_release in a binding that computes: the GIL released for the call, and
+// at its end, before the GIL is taken back, the calling thread's scratch buffers above
+// kernels::kWorkspaceKeepBytes freed (workspace.hpp), so that one large call does not keep its size.
+class CoreCall {
+ public:
+  CoreCall() = default;
+  CoreCall(const CoreCall&) = delete;
+  CoreCall& operator=(const CoreCall&) = delete;
+  ~CoreCall() { kernels::release_large_workspaces(); }
+
+ private:
+  py::gil_scoped_release release_;
+};
+
 // In place of py::gil_scoped_release in a binding that runs a module: the GIL released, the
-// turnstile passed, then the lock taken shared; on the way out the lock is dropped before the GIL
-// is taken back.
+// turnstile passed, then the lock taken shared; on the way out the large scratch buffers are freed
+// (as CoreCall's), then the lock is dropped before the GIL is taken back.
 class ModuleCall {
  public:
   ModuleCall() : lock_(passed_turnstile().lock) {}
+  ModuleCall(const ModuleCall&) = delete;
+  ModuleCall& operator=(const ModuleCall&) = delete;
+  ~ModuleCall() { kernels::release_large_workspaces(); }
 
  private:
   static WeightsFormatLocks& passed_turnstile() {

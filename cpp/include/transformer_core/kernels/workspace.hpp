@@ -1,6 +1,9 @@
 // Scratch buffers reused across calls. Each call site names its buffer with a distinct Scratch tag,
 // and each thread gets its own set (thread_local), so concurrent calls from several Python threads
-// never share one. A buffer grows to the largest size asked for and is never shrunk.
+// never share one. A buffer grows to the largest size asked for; at the end of each call from
+// Python, the calling thread's buffers above kWorkspaceKeepBytes are freed (release_large_workspaces:
+// one large batch kept its activations' size for the thread's whole life, hundreds of MB after the
+// model was gone), and the smaller ones stay for the next call.
 //
 // Two buffers that are alive at the same time must have different tags: a layer's tags are listed
 // here beside the layer that uses them, and a layer never calls itself.
@@ -81,11 +84,49 @@ enum class Scratch : int {
 template <class T>
 using AlignedVector = std::vector<T, xsimd::aligned_allocator<T, 64>>;
 
+// A buffer up to this size outlives the call that grew it. The largest of MiniLM's for a batch of 32
+// texts of 128 tokens (its feed-forward's hidden rows) is 25 MB; a call that needs more allocates
+// again each time, a cost small beside its work (a 64 MiB buffer's pages: a few ms against a second
+// of products).
+constexpr size_t kWorkspaceKeepBytes = size_t{64} << 20;
+
+// This thread's functions that free its buffers of one element type above a size in bytes (one
+// registered per type the thread has used).
+inline std::vector<void (*)(size_t)>& workspace_releasers() {
+  thread_local std::vector<void (*)(size_t)> releasers;
+  return releasers;
+}
+
+template <class T>
+void release_workspaces_above(size_t keep_bytes);
+
+// This thread's buffers of T, one per tag; registered for release on first use.
+template <class T>
+AlignedVector<T>* workspace_buffers() {
+  thread_local AlignedVector<T> buffers[static_cast<int>(Scratch::kCount)];
+  thread_local const bool registered = (workspace_releasers().push_back(&release_workspaces_above<T>), true);
+  (void)registered;
+  return buffers;
+}
+
+template <class T>
+void release_workspaces_above(size_t keep_bytes) {
+  AlignedVector<T>* buffers = workspace_buffers<T>();
+  for (int tag = 0; tag < static_cast<int>(Scratch::kCount); ++tag)
+    if (buffers[tag].capacity() * sizeof(T) > keep_bytes) AlignedVector<T>().swap(buffers[tag]);
+}
+
+// Frees the calling thread's buffers above kWorkspaceKeepBytes. Called when a call from Python ends
+// (the bindings' CoreCall and ModuleCall), never while one runs: a pointer from workspace() is
+// valid until then.
+inline void release_large_workspaces() {
+  for (auto release : workspace_releasers()) release(kWorkspaceKeepBytes);
+}
+
 // The buffer of tag for n values of T, on this thread (an AlignedVector).
 template <class T>
 T* workspace(Scratch tag, size_t n) {
-  thread_local AlignedVector<T> buffers[static_cast<int>(Scratch::kCount)];
-  AlignedVector<T>& buffer = buffers[static_cast<int>(tag)];
+  AlignedVector<T>& buffer = workspace_buffers<T>()[static_cast<int>(tag)];
   if (buffer.size() < n) buffer.resize(n);
   return buffer.data();
 }
