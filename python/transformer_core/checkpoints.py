@@ -17,6 +17,7 @@ import numpy as np
 
 from ._validation import resolve_dtype, type_path
 from .hub import SAVE_IN_PROGRESS, expand_home, load_safetensors, read_config, resolve_model_dir, resolve_model_path
+from .module import deferred_interrupts
 
 __all__ = ["load_llama_checkpoint", "config_from_file", "build_for_checkpoint", "write_files_atomically", "save_pretrained_files",
            "json_value"]
@@ -327,8 +328,9 @@ def write_files_atomically(directory, files, remove=()) -> None:
             try:
                 # created here (O_EXCL: never someone else's file), with the umask's usual permissions;
                 # the safetensors writer replaces it with its own temporary (.tmpXXXXXX, mode 0600)
-                os.close(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
-                written.append((temporary, final))
+                with deferred_interrupts():  # the file and its record for the rollback, together
+                    os.close(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+                    written.append((temporary, final))
                 write(str(temporary))
                 fd = os.open(temporary, os.O_RDWR)
                 try:
@@ -341,26 +343,28 @@ def write_files_atomically(directory, files, remove=()) -> None:
         for _, final in written:  # 2. the backups of the files about to be replaced
             if os.path.lexists(final):
                 backup = path / f".{final.name}.{secrets.token_hex(6)}.bak"
-                try:
-                    linked = _keep_previous(final, backup)
-                except FileNotFoundError:
-                    continue  # gone meanwhile: nothing to keep
-                if linked:
-                    kept[final] = backup
-                else:
-                    aside[final] = backup
+                with deferred_interrupts():  # the link and its record for the rollback, together
+                    try:
+                        linked = _keep_previous(final, backup)
+                    except FileNotFoundError:
+                        continue  # gone meanwhile: nothing to keep
+                    if linked:
+                        kept[final] = backup
+                    else:
+                        aside[final] = backup
 
         def move_aside(final: Path, backup: Path, what: str) -> None:
             """Renames ``final`` to ``backup`` (recorded in ``kept`` and ``changed``, so a failure
             puts it back); a file gone meanwhile is skipped. OSError: ``cannot {what} (...)``."""
-            try:
-                os.replace(final, backup)
-            except FileNotFoundError:
-                return  # gone meanwhile: nothing to put back
-            except OSError as e:
-                raise OSError(e.errno, f"cannot {what} ({e.strerror})", str(final)) from e
-            kept[final] = backup
-            changed.append(final)
+            with deferred_interrupts():  # the rename and its record for the rollback, together
+                try:
+                    os.replace(final, backup)
+                except FileNotFoundError:
+                    return  # gone meanwhile: nothing to put back
+                except OSError as e:
+                    raise OSError(e.errno, f"cannot {what} ({e.strerror})", str(final)) from e
+                kept[final] = backup
+                changed.append(final)
 
         moved = [(path / name, path / f".{name}.{secrets.token_hex(6)}.bak") for name in remove
                  if os.path.lexists(path / name)]
@@ -380,12 +384,13 @@ def write_files_atomically(directory, files, remove=()) -> None:
         for temporary, final in written:  # ... then the new files, in their order
             if final in aside:  # the previous file, not linked: renamed to its backup name first
                 move_aside(final, aside[final], f"move the previous {final.name} aside")
-            try:
-                os.replace(temporary, final)
-            except OSError as e:
-                raise _write_error(final, e) from e
-            if final not in changed:
-                changed.append(final)
+            with deferred_interrupts():  # the rename and its record for the rollback, together
+                try:
+                    os.replace(temporary, final)
+                except OSError as e:
+                    raise _write_error(final, e) from e
+                if final not in changed:
+                    changed.append(final)
     except BaseException as error:
         failed = _restore(changed, kept)
         for final, backup, e in failed:

@@ -30,7 +30,7 @@ from ._validation import (
     to_numpy,
 )
 from .generation import GenerationMixin, cache_bytes_per_position, cache_too_large
-from .kv_cache import KVCache
+from .kv_cache import KVCache, holder_id
 from .module import Module
 from .nn import _check_rotary_tables
 
@@ -436,13 +436,16 @@ class DecoderModel(Module):
         use_cache = self._resolve_use_cache(use_cache, past_key_values)
         # the caller's cache held from the checks of its length to the end of the C++ call
         given = past_key_values if isinstance(past_key_values, KVCache) else None
-        outermost = given is not None and given._hold()
+        me = holder_id()
+        outermost = given is not None and given._holder != me
         try:
+            if given is not None:
+                given._hold()
             ids, mask, positions, cache = self._prepare(input_ids, attention_mask, position_ids, past_key_values)
             hidden = self._impl.forward(ids, mask, positions, cache._impl)
-        finally:
-            if given is not None:
-                given._release(outermost)
+        finally:  # inline, no call: a KeyboardInterrupt at a call's entry would keep the hold (holder_id)
+            if outermost and given._holder == me:
+                given._holder = None
         return hidden, (cache if use_cache else None)
 
 

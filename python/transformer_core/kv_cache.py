@@ -95,10 +95,10 @@ class KVCache:
         # (process id, thread id) of the call that holds the cache (_hold), or None
         self._holder = None
 
-    def _hold(self) -> bool:
-        """Holds the cache for one call of this thread, from its checks to the end of its C++ call;
-        True for the outermost hold of the thread (the one :meth:`_release` ends). Meanwhile another
-        thread's call on the cache, or its ``crop``, ``reserve`` or read of a layer, is a ValueError:
+    def _hold(self) -> None:
+        """Holds the cache for one call of this thread, from its checks to the end of its C++ call
+        (the outermost call of the thread ends the hold, inline: see :func:`holder_id`). Meanwhile
+        another thread's call on the cache, or its ``crop``, ``reserve`` or read of a layer, is a ValueError:
         it would change what this call checked (the length its masks were built for) or read what
         it writes. The C++ cache refuses the same during the C++ call itself, and refuses a length
         changed since the checks. A hold by a thread of the parent process at a fork does not count
@@ -107,17 +107,11 @@ class KVCache:
         Raises:
             ValueError: another thread's call holds the cache.
         """
-        me = (os.getpid(), threading.get_ident())
+        me = holder_id()
         with _HOLDERS:
             if self._held_by_other(me):
                 raise ValueError(f"past_key_values: this KVCache is {_IN_USE_BY}")
-            outermost, self._holder = self._holder != me, me
-        return outermost
-
-    def _release(self, outermost: bool) -> None:
-        """Ends the hold :meth:`_hold` began (its outermost one)."""
-        if outermost:
-            self._holder = None
+            self._holder = me
 
     def _held_by_other(self, me: tuple) -> bool:
         holder = self._holder
@@ -125,7 +119,7 @@ class KVCache:
 
     def _require_idle(self) -> None:
         """ValueError while another thread's call holds the cache (see :meth:`_hold`)."""
-        if self._held_by_other((os.getpid(), threading.get_ident())):
+        if self._held_by_other(holder_id()):
             raise ValueError(f"KVCache: {_IN_USE_BY}")
 
     @property
@@ -297,6 +291,24 @@ class KVCache:
                 f"{'' if self.key_order is None else ', key_order=<llama.cpp>'})")
 
 
+def holder_id() -> tuple[int, int]:
+    """``(process id, thread id)`` of the calling thread, as :meth:`KVCache._hold` records it.
+
+    A caller ends its outermost hold inline, without a call (a KeyboardInterrupt is raised at a
+    call's entry, and one raised there would leave the cache held by this thread for good)::
+
+        me = holder_id()
+        outermost = cache._holder != me
+        try:
+            cache._hold()
+            ...
+        finally:
+            if outermost and cache._holder == me:
+                cache._holder = None
+    """
+    return os.getpid(), threading.get_ident()
+
+
 def holding_cache(forward):
     """Decorates a forward whose keyword ``past_key_values`` may be a :class:`KVCache`: the call
     holds it (:meth:`KVCache._hold`) from its first check to its end."""
@@ -309,11 +321,14 @@ def holding_cache(forward):
         cache = kwargs.get("past_key_values")
         if not isinstance(cache, KVCache):
             return forward(self, *args, **kwargs)
-        outermost = cache._hold()
+        me = holder_id()
+        outermost = cache._holder != me
         try:
+            cache._hold()
             return forward(self, *args, **kwargs)
-        finally:
-            cache._release(outermost)
+        finally:  # inline, no call: see holder_id
+            if outermost and cache._holder == me:
+                cache._holder = None
 
     return held
 

@@ -102,6 +102,7 @@ __all__ = [
     "weights_written",
     "storage_changed",
     "TIED_HEAD_COPY",
+    "deferred_interrupts",
 ]
 
 _SEEDS = np.random.default_rng(0)
@@ -771,6 +772,36 @@ def skip_weight_init():
     finally:
         _SKIP_INIT.on = old
         core.defer_weight_init(old)
+
+
+@contextlib.contextmanager
+def deferred_interrupts():
+    """Runs the body with a Ctrl-C deferred to its end: state changes that must happen together
+    (weights and an optimizer's moments and step count, every weight of a ``load_state_dict``, a
+    file's rename and its record for the rollback) are all made, then the interrupt is raised (the
+    SIGINT handler that was in place is called: KeyboardInterrupt by default). Python raises a
+    KeyboardInterrupt at the first bytecode after a C call returns, so one arriving during the C++
+    update landed between the update and its bookkeeping. On another thread than the main one
+    (which no SIGINT handler runs on), or with SIGINT ignored, the body runs as it is."""
+    import signal
+
+    previous = signal.getsignal(signal.SIGINT) if threading.current_thread() is threading.main_thread() else None
+    if not callable(previous):
+        yield
+        return
+    received = []
+
+    def hold(signum, frame):
+        """The SIGINT handler meanwhile: records the signal for the end of the body."""
+        received.append((signum, frame))
+
+    signal.signal(signal.SIGINT, hold)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if received:
+            previous(*received[0])
 
 
 def _init_generator(seed: int | None = None) -> np.random.Generator | None:
@@ -1630,11 +1661,12 @@ class Module:
             arr = as_weight(_checkpoint_value(value), f"state_dict[{name!r}]", self.dtype)
             arrays[name] = _from_checkpoint(arr, slot.transposed, slot.row_permutation)
         written = {}
-        for name, arr in arrays.items():
-            slot = slots[name]
-            written[id(slot.impl)] = slot.impl
-            slot.impl.set_parameter(slot.core_name, arr)
-        weights_written(written.values())  # a pending backward would mix the old activations with these
+        with deferred_interrupts():  # every weight, or (before the first) none: never half of them
+            for name, arr in arrays.items():
+                slot = slots[name]
+                written[id(slot.impl)] = slot.impl
+                slot.impl.set_parameter(slot.core_name, arr)
+            weights_written(written.values())  # a pending backward would mix the old activations with these
         return _IncompatibleKeys(missing, unknown)
 
     # ---- copies (copy.copy, copy.deepcopy, pickle) -----------------------------------------------

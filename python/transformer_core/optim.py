@@ -70,7 +70,15 @@ import numpy as np
 
 from ._runtime import variant
 from ._validation import check_bool, check_float, described, type_path
-from .module import TIED_HEAD_COPY, _BoundParameter, _lost_view, _storage_epoch, _storage_tables, weights_written
+from .module import (
+    TIED_HEAD_COPY,
+    _BoundParameter,
+    _lost_view,
+    _storage_epoch,
+    _storage_tables,
+    deferred_interrupts,
+    weights_written,
+)
 from .parameter import Parameter
 
 __all__ = ["Optimizer", "Adam", "AdamW", "SGD", "NonFiniteGradientError", "clip_grad_norm_"]
@@ -472,7 +480,9 @@ class Optimizer:
         array (writeable), the group's hyperparameters in its dtype (see the module doc) and its state
         (every field the update reads, arrays of its shape and dtype, a step count the C++ update
         takes); only then is anything updated, so a step that raises changes nothing: no weight,
-        optimizer state or step count.
+        optimizer state or step count. A Ctrl-C during the updates is raised after the last one
+        (:func:`~transformer_core.module.deferred_interrupts`): the step is whole, weights and
+        state together.
 
         A model's parameter whose weight was converted in place (``quantize(model, inplace=True)``,
         ``set_gguf_weights``) is refused: one held quantized (the model multiplies by the int8 or
@@ -551,8 +561,9 @@ class Optimizer:
         # the models whose weights this step writes: a training forward of theirs that has not had its
         # backward can no longer have it (WeightsChangedError), as torch's version counter refuses it
         weights_written({id(p._impl): p._impl for _, _, p in work if isinstance(p, _BoundParameter)}.values())
-        for group, name, p in work:
-            self.state[name] = self._update(group, name, p, dict(self.state.get(name, {})))
+        with deferred_interrupts():  # a Ctrl-C: after every parameter's update and its state (step count)
+            for group, name, p in work:
+                self.state[name] = self._update(group, name, p, dict(self.state.get(name, {})))
         return loss
 
     def _converted(self) -> dict[int, tuple]:
