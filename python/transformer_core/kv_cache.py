@@ -98,9 +98,9 @@ class KVCache:
     def _hold(self) -> None:
         """Holds the cache for one call of this thread, from its checks to the end of its C++ call
         (the outermost call of the thread ends the hold, inline: see :func:`holder_id`). Meanwhile
-        another thread's call on the cache, or its ``crop``, ``reserve`` or read of a layer, is a ValueError:
-        it would change what this call checked (the length its masks were built for) or read what
-        it writes. The C++ cache refuses the same during the C++ call itself, and refuses a length
+        another thread's call on the cache, or its ``crop``, ``reserve`` or read of a layer, is a
+        ValueError: it would change what this call checked (the length its masks were built for) or
+        read what it writes. The C++ cache refuses the same during the C++ call itself, and refuses a length
         changed since the checks. A hold by a thread of the parent process at a fork does not count
         in the child.
 
