@@ -176,6 +176,7 @@ PLANS = {
     "peers": Plan(3, 0, 1, 0),
     "smollm2": Plan(3, 1, 1, 0, budget_s=90),
     "threads": Plan(5, 1, 2, 1),
+    "ops": Plan(7, 2, 2, 1, budget_s=10),
 }
 
 
@@ -746,6 +747,86 @@ def case_threads(b: Bench) -> list[Row]:
     return [row]
 
 
+def _ops_pairs(b: Bench) -> list[tuple[str, Callable, Callable, Callable | None]]:
+    """(label, ours, torch's, the max err's pair or None) for the op rows: the calls a performance
+    review found 2-19x torch's time (softmax, the activations and their backward in fp32 and
+    fp64, LayerNorm's backward, an F-order input, AdamW's step), at the sizes it measured."""
+    tc, torch = b.tc, b.torch
+    F, TF = tc.functional, torch.nn.functional
+    rng = np.random.default_rng(0)
+    pairs = []
+    def training():  # run.py times torch under inference_mode: not the rows that train
+        return torch.inference_mode(False)
+
+    for dt in (np.float32, np.float64):
+        name = np.dtype(dt).name
+        x = rng.standard_normal((8, 128, 768)).astype(dt) * 3
+        g = rng.standard_normal(x.shape).astype(dt)
+        tx, tg = torch.from_numpy(x), torch.from_numpy(g)
+        pairs += [
+            (f"softmax {name} (8, 128, 768)", lambda x=x: F.softmax(x), lambda tx=tx: torch.softmax(tx, -1), True),
+            (f"softmax {name} (8, 128, 768), dim 0", lambda x=x: F.softmax(x, 0),
+             lambda tx=tx: torch.softmax(tx, 0), True),
+            (f"gelu {name} (8, 128, 768)", lambda x=x: F.gelu(x), lambda tx=tx: TF.gelu(tx), True),
+            (f"silu {name} (8, 128, 768)", lambda x=x: F.silu(x), lambda tx=tx: TF.silu(tx), True),
+            (f"gelu_backward {name} (8, 128, 768)", lambda x=x, g=g: tc.backward.gelu_backward(x, g),
+             lambda tx=tx, tg=tg: torch.ops.aten.gelu_backward(tg, tx), True),
+            (f"silu_backward {name} (8, 128, 768)", lambda x=x, g=g: tc.backward.silu_backward(x, g),
+             lambda tx=tx, tg=tg: torch.ops.aten.silu_backward(tg, tx), True),
+        ]
+        ln = tc.nn.LayerNorm(768, dtype=dt).train()
+        with training():
+            tln = torch.nn.LayerNorm(768, dtype=tx.dtype)
+            tx_grad = torch.from_numpy(x.copy()).requires_grad_()
+
+        def ours_ln(ln=ln, x=x, g=g):
+            ln(x)
+            return ln.backward(g)
+
+        def torch_ln(tln=tln, tx_grad=tx_grad, tg=tg):
+            with training():
+                tx_grad.grad = None
+                tln(tx_grad).backward(tg)
+                return tx_grad.grad
+
+        pairs.append((f"LayerNorm forward + backward {name} (8, 128, 768)", ours_ln, torch_ln, True))
+    xf = np.asfortranarray(rng.standard_normal((1024, 1024)).astype(np.float32))
+    txf = torch.from_numpy(xf)
+    pairs.append(("gelu float32 (1024, 1024), F-order", lambda: F.gelu(xf), lambda: TF.gelu(txf), True))
+    for count, size in ((200, 64), (1, 4_000_000)):
+        init = [rng.standard_normal(size).astype(np.float32) for _ in range(count)]
+        grads = [rng.standard_normal(size).astype(np.float32) for _ in range(count)]
+        ours_params = [tc.parameter.Parameter(a.copy(), grad=gr) for a, gr in zip(init, grads)]
+        kind = {"foreach": True} if count > 1 else {"fused": True}
+        with training():
+            torch_params = [torch.nn.Parameter(torch.from_numpy(a.copy())) for a in init]
+            for p, gr in zip(torch_params, grads):
+                p.grad = torch.from_numpy(gr)
+            torch_opt = torch.optim.AdamW(torch_params, lr=1e-3, weight_decay=0.01, **kind)
+        ours_opt = tc.optim.AdamW(ours_params, lr=1e-3, weight_decay=0.01)
+
+        def torch_step(torch_opt=torch_opt):
+            with training():
+                torch_opt.step()
+
+        pairs.append((f"AdamW step float32, {count} x {size} (torch {next(iter(kind))})",
+                      ours_opt.step, torch_step, None))
+    return pairs
+
+
+def case_ops(b: Bench) -> list[Row]:
+    rows = []
+    for label, ours, theirs, compare in _ops_pairs(b):
+        err = max_abs_diff(ours(), theirs()) if compare else None
+        ours_ms, torch_ms = b.time("ops", ours, theirs, warmed=1 if compare else 0)
+        row = b.row(label, ours_ms, torch_ms)
+        row.checks.append(Check("torch/ours", row.ratio, 1.0))
+        if err is not None:
+            row.notes.append(f"max err {err:.1e}")
+        rows.append(row)
+    return rows
+
+
 CASES: dict[str, Callable[[Bench], list[Row]]] = {
     "sgemm": case_sgemm,          # always runs first: the % sgemm column needs it
     "encoder7": case_encoder7,
@@ -759,6 +840,7 @@ CASES: dict[str, Callable[[Bench], list[Row]]] = {
     "peers": case_peers,          # MiniLM vs ONNX Runtime / CTranslate2, each engine in its own process
     "smollm2": case_smollm2,
     "threads": case_threads,
+    "ops": case_ops,              # single ops, fp32 and fp64, and AdamW's step
 }
 
 

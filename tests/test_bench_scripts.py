@@ -116,6 +116,25 @@ def test_gemm_own_process_row_checks_issue14_targets(run, monkeypatch):
     assert run.met_cell(row) == "NO: torch/ours 0.900; % sgemm 80.0%"
 
 
+def test_ops_rows_compare_each_op_with_torch(run):
+    """The `ops` case: one row per op and dtype, each timed against torch's and checked for
+    torch/ours >= 1.0, its max err against torch's output within the dtype's tolerance."""
+    b = _bench(run, quick=True)
+    b.tc = tc
+    rows = run.case_ops(b)
+    labels = [row.case for row in rows]
+    assert len(labels) == 17 and len(set(labels)) == 17, labels
+    for row in rows:
+        assert row.ours_ms > 0 and row.torch_ms > 0, row
+        assert [c.target for c in row.checks] == ["torch/ours ≥ 1"], row
+        if row.case.startswith("AdamW"):
+            assert not row.notes, row
+            continue
+        (note,) = row.notes
+        err = float(note.removeprefix("max err "))
+        assert err < (1e-10 if "float64" in row.case else 1e-5), row
+
+
 def test_readme_lists_every_case_target(run):
     """bench/README.md's Columns section names each case's targets as run.py checks them."""
     text = (BENCH_DIR / "README.md").read_text()
@@ -125,7 +144,8 @@ def test_readme_lists_every_case_target(run):
     for case, numbers in {"encoder7": ["3.0"], "encoder128": ["1.1", "90 %"], "sdpa512": ["1.3", "90 %"],
                           "sdpa4096": ["1.2", "0.6"], "sdpa16384": ["1.0", "64"], "decode": ["1.5"],
                           "minilm": ["1.5"], "peers": ["1.2", "1.3", "0.8", "0.9", "1.5"],
-                          "smollm2": ["1.3", "3.0"], "sgemm": ["1.0", "90 %"], "threads": ["0.9 N"]}.items():
+                          "smollm2": ["1.3", "3.0"], "sgemm": ["1.0", "90 %"], "threads": ["0.9 N"],
+                          "ops": ["1.0"]}.items():
         for n in numbers:
             assert n in bullets[case], (case, n)
     assert "issue 14" in bullets["sgemm"] and "issue 14" in bullets["threads"]

@@ -647,6 +647,33 @@ def test_write_files_atomically(tmp_path):
     assert _folder(tmp_path) == {"a.txt": b"new a", "b.txt": b"b"}
 
 
+def test_rollback_notes_without_add_note():
+    """The recovery notes of a failed save on a Python without ``BaseException.add_note`` (3.10,
+    which ``requires-python`` admits): kept in ``__notes__`` and, for an OSError, in its message,
+    which 3.10's traceback prints (it prints no notes); with ``add_note``, only the notes."""
+    import errno
+
+    from transformer_core.checkpoints import _add_note
+
+    class Python310Error(OSError):  # an OSError as 3.10 has it: no add_note
+        def __getattribute__(self, name):
+            if name == "add_note":
+                raise AttributeError(name)
+            return super().__getattribute__(name)
+
+    old = Python310Error(errno.ENOSPC, "No space left on device", "/x/b.txt")
+    _add_note(old, "first note")
+    _add_note(old, "second note")
+    assert old.__notes__ == ["first note", "second note"]
+    assert str(old) == "[Errno 28] No space left on device; first note; second note: '/x/b.txt'"
+    new = OSError(errno.ENOSPC, "No space left on device", "/x/b.txt")
+    _add_note(new, "first note")
+    assert new.__notes__ == ["first note"] and str(new) == "[Errno 28] No space left on device: '/x/b.txt'"
+    interrupt = KeyboardInterrupt()
+    _add_note(interrupt, "a note")
+    assert interrupt.__notes__ == ["a note"]
+
+
 # ------------------------------------------------------------------ a failed rename puts the old set back
 class _FailingReplace:
     """``os.replace`` that raises ``error`` on its ``at``-th call (and on every later one with

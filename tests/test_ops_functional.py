@@ -42,6 +42,10 @@ def test_linear_bias_keyword(rng):
 @pytest.mark.parametrize("shape,axis", [
     ((1,), -1), ((7,), 0), ((9, 17), -1), ((9, 17), 0), ((2, 7, 65), -1), ((2, 7, 65), 1),
     ((2, 7, 65), -3), ((1, 1), -1), ((4, 3, 2, 5), 2),
+    # a register's edges on the last dim (16 floats, 8 doubles on AVX-512; 8 and 4 on AVX2) ...
+    ((3, 4), -1), ((3, 8), -1), ((3, 15), -1), ((3, 16), -1), ((3, 17), -1), ((2, 33), -1),
+    # ... and the other dims' column blocks (256 columns): below, at and past one block, and n = 1
+    ((3, 255), 0), ((2, 5, 256), 1), ((2, 5, 257), 0), ((6, 3, 513), 0), ((1, 300), 0), ((300, 1), 0),
 ])
 def test_softmax_matches_torch(rng, shape, axis, dtype):
     x = randn(rng, shape, dtype, scale=3.0)
@@ -90,6 +94,43 @@ def test_softmax_nan_propagates(rng, dtype):
     assert np.all(np.isnan(ours[1]))
     ref = torch.softmax(to_torch(x), dim=-1).numpy()
     assert_close(ours[[0, 2]], ref[[0, 2]], dtype)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("cols", [7, 300])
+def test_softmax_over_another_dim_special_values(rng, dtype, cols):
+    """softmax over dim 0 (the column kernel) keeps softmax's rules: an all -inf slice gives
+    zeros, a NaN anywhere in a slice NaN in all of it, a +inf NaN (torch's too), a slice with one
+    finite value a one-hot; the others are torch's values."""
+    x = randn(rng, (5, cols), dtype, scale=3.0)
+    x[:, 0] = -np.inf
+    x[[0, 3], 1] = -np.inf
+    x[1:, 2] = -np.inf
+    x[2, 3] = np.nan
+    x[4, 4] = np.inf
+    ours = F.softmax(x, dim=0)
+    ref = torch.softmax(to_torch(x), dim=0).numpy()
+    assert np.array_equal(ours[:, 0], np.zeros(5, dtype))
+    assert np.array_equal(ours[:, 2], np.eye(5, dtype=dtype)[0])
+    assert np.all(np.isnan(ours[:, 3])) and np.all(np.isnan(ours[:, 4])) and np.all(np.isnan(ref[:, 4]))
+    assert_close(ours[:, [1] + list(range(5, cols))], ref[:, [1] + list(range(5, cols))], dtype)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+def test_softmax_is_the_same_for_any_thread_count(rng, dtype):
+    """Both kernels (last dim, other dims) cut the work by the shape alone: the same bits on 1, 2
+    and 3 threads."""
+    x = randn(rng, (6, 40, 300), dtype, scale=3.0)
+    before = tc.get_num_threads()
+    try:
+        results = []
+        for threads in (1, 2, 3):
+            tc.set_num_threads(threads)
+            results.append([F.softmax(x, dim) for dim in (0, 1, 2)])
+    finally:
+        tc.set_num_threads(before)
+    for other in results[1:]:
+        assert all(np.array_equal(a, b) for a, b in zip(results[0], other))
 
 
 def test_softmax_axis_keyword_still_works_with_a_deprecation_warning(rng):

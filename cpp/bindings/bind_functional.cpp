@@ -33,16 +33,16 @@ void register_dtype(py::module_& m) {
       },
       py::arg("x"), py::arg("weight"), py::arg("bias"), py::arg("activation"));
 
-  // x [rows, n] -> softmax over the last dim, into a new array
+  // x [outer, n, inner] -> softmax over the middle dim (inner = 1: the last dim), into a new array
   m.def(
       ("softmax" + sfx).c_str(),
       [](const CArray<T>& x) {
-        auto y = new_array<T>({x.shape(0), x.shape(1)}, "x");
-        std::copy(x.data(), x.data() + x.size(), y.mutable_data());
+        require(x.ndim() == 3, "x: expected 3 dims (outer, n, inner), got " + std::to_string(x.ndim()));
+        auto y = new_array<T>({x.shape(0), x.shape(1), x.shape(2)}, "x");
         T* yp = y.mutable_data();
         {
           CoreCall release;
-          ops::softmax(yp, x.shape(0), x.shape(1));
+          ops::softmax(x.data(), x.shape(0), x.shape(1), x.shape(2), yp);
         }
         return y;
       },
@@ -71,11 +71,10 @@ void register_dtype(py::module_& m) {
       [](const CArray<T>& x, const std::string& name) {
         const auto act = ops::parse_activation(name);
         py::array_t<T> y(x.request().shape);
-        std::copy(x.data(), x.data() + x.size(), y.mutable_data());
         T* yp = y.mutable_data();
         {
           CoreCall release;
-          ops::activation(yp, static_cast<int64_t>(x.size()), act);
+          ops::activation(x.data(), static_cast<int64_t>(x.size()), act, yp);
         }
         return y;
       },

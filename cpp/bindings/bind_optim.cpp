@@ -9,18 +9,21 @@ namespace transformer_core::bindings {
 namespace {
 
 // The data of `o` as T*, which must be a C-contiguous array of T with n elements (writeable if
-// `write`); None → nullptr.
+// `write`); None → nullptr. Each message is built only when its check fails: an optimizer step calls
+// this for every array of every parameter, and building them all (numpy's dtype names) cost more than
+// the update of a small parameter.
 template <class T>
-T* flat(const py::object& o, int64_t n, bool write, const std::string& name) {
+T* flat(const py::object& o, int64_t n, bool write, const char* name) {
   if (o.is_none()) return nullptr;
-  require(py::isinstance<py::array>(o), name + ": expected a numpy array");
-  py::array a = o.cast<py::array>();
-  require(has_dtype<T>(a), name + ": expected dtype " + std::string(py::str(py::dtype::of<T>())) +
-                                                ", got " + std::string(py::str(a.dtype())));
-  require(a.flags() & py::array::c_style, name + ": expected a C-contiguous array");
-  require(!write || a.writeable(), name + ": expected a writeable array");
-  require(n < 0 || static_cast<int64_t>(a.size()) == n,
-          name + ": expected " + std::to_string(n) + " elements, got " + std::to_string(a.size()));
+  const auto fail = [&](const std::string& what) { throw std::invalid_argument(name + (": " + what)); };
+  if (!py::isinstance<py::array>(o)) fail("expected a numpy array");
+  py::array a = py::reinterpret_borrow<py::array>(o);
+  if (!has_dtype<T>(a))
+    fail("expected dtype " + std::string(py::str(py::dtype::of<T>())) + ", got " + std::string(py::str(a.dtype())));
+  if (!(a.flags() & py::array::c_style)) fail("expected a C-contiguous array");
+  if (write && !a.writeable()) fail("expected a writeable array");
+  if (n >= 0 && static_cast<int64_t>(a.size()) != n)
+    fail("expected " + std::to_string(n) + " elements, got " + std::to_string(a.size()));
   return static_cast<T*>(a.mutable_data());
 }
 

@@ -114,6 +114,8 @@ _choose_blas()
 
 def dtype_suffix(dtype) -> str:
     """``"_f64"`` for float64, ``"_f32"`` for float32: the suffix of a bound op's or class's variant."""
+    if dtype is np.float32 or dtype is np.float64:  # the usual arguments, without np.dtype's parsing
+        return "_f64" if dtype is np.float64 else "_f32"
     return "_f64" if np.dtype(dtype) == np.float64 else "_f32"
 
 

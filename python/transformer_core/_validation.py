@@ -44,6 +44,8 @@ import sys
 
 import numpy as np
 
+from . import _runtime  # the compiled core's tables of names (read as _runtime.core at each call)
+
 FLOAT_DTYPES = (np.float32, np.float64)
 
 #: The largest size a size argument may have: the C++ core counts in signed 64-bit integers.
@@ -80,6 +82,8 @@ def to_numpy(x, name: str) -> np.ndarray:
         ValueError: a ragged nested list; a bfloat16 tensor whose float32 copy would exceed this
             machine's memory.
     """
+    if type(x) is np.ndarray:  # the common case first: a plain ndarray is returned as is (below too)
+        return x
     if x is None:
         raise TypeError(f"{name}: expected an array, got None")
     if isinstance(x, (str, bytes, dict, set, frozenset)):
@@ -237,6 +241,8 @@ def _contiguous(arr: np.ndarray, dtype, name: str) -> np.ndarray:
     finite value beyond ``dtype``'s range, which the cast would make inf, is a ValueError naming
     ``name`` (an inf or NaN given stays one). One pass: the sum of the copy, finite unless some
     value is not (or the sum overflows); the values are looked at one by one only then."""
+    if arr.dtype == dtype and arr.flags.c_contiguous:  # nothing to convert (as np.ascontiguousarray returns it)
+        return arr
     if arr.size > _UNCHECKED_COPY_SIZE and not (arr.flags.c_contiguous and arr.dtype == dtype):
         check_allocatable(arr.shape, np.dtype(dtype).itemsize, name)
     target = np.dtype(dtype)
@@ -641,7 +647,7 @@ def check_float(value, name: str, *, minimum: float | None = None, maximum: floa
         TypeError: not a real number. ValueError: NaN, infinite, out of range; an int (or other
             real) too large for a float (``10**400``: float() would raise OverflowError).
     """
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+    if type(value) is not float and (isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real)):
         raise TypeError(f"{name}: expected a number, got {described(value)}")
     try:
         value = float(value)
@@ -724,33 +730,25 @@ def activation(value, name: str):
     """The C++ ``Activation`` that ``value`` names in the library's one table of activations
     (``_core.activation_names()``); TypeError for a non-str, ValueError naming ``name`` and listing
     the accepted names otherwise."""
-    from ._runtime import core
-
-    return choice_of_core(value, name, core.parse_activation)
+    return choice_of_core(value, name, _runtime.core.parse_activation)
 
 
 def attention_path(value, name: str = "path") -> str:
     """``value`` checked against the core's table of attention paths (``"auto"``, ``"flash"``,
     ``"reference"``); returned as given (the bindings take the name)."""
-    from ._runtime import core
-
-    choice_of_core(value, name, core.parse_attention_path)
+    choice_of_core(value, name, _runtime.core.parse_attention_path)
     return value
 
 
 def rotary_layout(value, name: str = "layout") -> str:
     """``value`` checked against the core's table of rotary layouts (``"half"``, ``"interleaved"``)."""
-    from ._runtime import core
-
-    choice_of_core(value, name, core.parse_rotary_layout)
+    choice_of_core(value, name, _runtime.core.parse_rotary_layout)
     return value
 
 
 def reduction(value, name: str = "reduction") -> str:
     """``value`` checked against the core's table of loss reductions (``"mean"``, ``"sum"``, ``"none"``)."""
-    from ._runtime import core
-
-    choice_of_core(value, name, core.parse_reduction)
+    choice_of_core(value, name, _runtime.core.parse_reduction)
     return value
 
 
@@ -779,9 +777,7 @@ def resolve_dtype(dtype) -> type:
 def physical_memory_bytes() -> int:
     """This machine's physical memory, the bound of every allocation check (the C++ core's
     ``ops::physical_memory_bytes``: one definition for Python's checks and C++'s)."""
-    from ._runtime import core
-
-    return int(core.physical_memory_bytes())
+    return int(_runtime.core.physical_memory_bytes())
 
 
 def check_allocatable(shape, itemsize: int, name: str) -> None:

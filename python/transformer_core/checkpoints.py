@@ -89,6 +89,19 @@ def load_llama_checkpoint(name_or_path, dtype=np.float32):
 _RUST_OS_ERROR = re.compile(r"\(os error (\d+)\)")
 
 
+def _add_note(error: BaseException, note: str) -> None:
+    """``error.add_note(note)`` (PEP 678; Python 3.11+). On Python 3.10, which has no
+    ``add_note``, the note is appended to ``error.__notes__`` (the attribute PEP 678 defines, which
+    3.10's traceback does not print) and to the message of an ``OSError``'s ``strerror``, so that
+    the recovery it describes is seen."""
+    if hasattr(error, "add_note"):
+        error.add_note(note)
+        return
+    error.__notes__ = [*getattr(error, "__notes__", []), note]
+    if isinstance(error, OSError) and error.strerror is not None:
+        error.strerror = f"{error.strerror}; {note}"
+
+
 def _write_error(path: Path, error: BaseException) -> OSError:
     """The OSError that names ``path`` for a failed write, with ``error``'s errno (ENOSPC for a
     full disk, EFBIG past a file-size limit): an OSError's own, or the ``(os error N)`` that the
@@ -280,7 +293,8 @@ def write_files_atomically(directory, files, remove=()) -> None:
             folder holds the files it held before (a folder created here stays, empty), no temporary
             and no backup. Should putting a previous file back fail too (a second I/O error), its
             backup is left in place, and the marker too (the folder is a mix): the error's notes
-            (``__notes__``) name them and how to restore the previous files.
+            (``__notes__``; on Python 3.10, whose tracebacks print no notes, the OSError's message
+            too) name them and how to restore the previous files.
         IsADirectoryError (an OSError): a folder stands where one of the files goes, or under a
             name of ``remove`` (before anything is written).
         NotADirectoryError (an OSError): ``directory`` is a file, or lies under one (naming
@@ -395,18 +409,18 @@ def write_files_atomically(directory, files, remove=()) -> None:
         failed = _restore(changed, kept)
         for final, backup, e in failed:
             if backup is None:
-                error.add_note(f"could not remove the new {final} ({e}); the folder had no such file before")
+                _add_note(error, f"could not remove the new {final} ({e}); the folder had no such file before")
             else:
-                error.add_note(f"could not put the previous {final.name} back ({e}): it is kept as {backup}; "
-                               f"rename it to {final} to restore the previous files")
+                _add_note(error, f"could not put the previous {final.name} back ({e}): it is kept as "
+                                 f"{backup}; rename it to {final} to restore the previous files")
         for leftover in [temporary for temporary, _ in written] + [b for f, b in kept.items() if f not in changed]:
             try:
                 os.unlink(leftover)
             except OSError:
                 pass  # already renamed into place, never created; best effort otherwise
         if marked and failed:  # the folder is a mix: the marker stays, and loads refuse it
-            error.add_note(f"{marker} stays (the folder's files are a mix of two saves, which from_pretrained "
-                           f"refuses): delete it once the previous files are restored, or save again")
+            _add_note(error, f"{marker} stays (the folder's files are a mix of two saves, which "
+                             f"from_pretrained refuses): delete it once the previous files are restored, or save again")
         elif marked:  # the folder as it was: with the earlier marker it had, or none
             try:
                 if earlier is None:

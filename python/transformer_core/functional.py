@@ -47,6 +47,7 @@ from ._validation import (
     compute_dtype,
     to_numpy,
     type_path,
+    unconverted,
 )
 from ._validation import activation as activation_of
 from ._validation import reduction as reduction_of
@@ -208,10 +209,12 @@ def softmax(x, dim: int = -1) -> np.ndarray:
         ``dim`` sums to 1. A slice that is all
         ``-inf`` (fully masked) gives zeros, where torch gives NaN; NaN in a slice gives NaN.
 
+    Any ``dim`` is computed in the layout of ``x``, with no copy of ``x`` that moves it last.
+
     Raises:
-        ValueError: empty or 0-d ``x``, ``dim`` out of range; for ``dim`` other than the last, a
-            copy of ``x`` with ``dim`` moved last and the result together larger than this
-            machine's memory (naming ``x``, checked before any copy).
+        ValueError: empty or 0-d ``x``, ``dim`` out of range; a float copy of ``x`` (another
+            dtype, not C-contiguous) larger than this machine's memory (naming ``x``, checked
+            before the copy).
         TypeError: ``dim`` not an int, non-numeric ``x``, both ``dim=`` and ``axis=`` given.
     """
     # dim is checked before x's float copy (a float16 or integer x is widened): its type first, its
@@ -222,18 +225,10 @@ def softmax(x, dim: int = -1) -> np.ndarray:
         dim = check_int(dim, "dim", -given.ndim, given.ndim - 1)
     dtype = compute_dtype(given, "x")
     check_rank(given, "x", min_ndim=1)
-    if dim % given.ndim == given.ndim - 1:
-        moved = _contiguous(given, dtype, "x")  # as_float's conversion (none for a contiguous x of dtype)
-    else:
-        # one copy, converted with dim moved last, and the result of its size exist at once: both
-        # are checked before the copy is made (a contiguous x of dtype passes as_float's check
-        # uncopied, and an unchecked copy of a 40 GB x would be numpy's MemoryError)
-        if given.size > _UNCHECKED_COPY_SIZE:
-            check_allocatable(given.shape, 2 * np.dtype(dtype).itemsize,
-                              f"x: its {np.dtype(dtype).name} copy with dim {dim} moved last and the result (two arrays)")
-        moved = _contiguous(np.moveaxis(given, dim, -1), dtype, "x")
-    y = variant("softmax", dtype)(moved.reshape(-1, moved.shape[-1]))
-    return np.moveaxis(y.reshape(moved.shape), -1, dim)
+    x = _contiguous(given, dtype, "x")  # as_float's conversion (none for a contiguous x of dtype)
+    dim %= x.ndim
+    n, inner = x.shape[dim], math.prod(x.shape[dim + 1:])  # x as (outer, n, inner): softmax over n
+    return variant("softmax", dtype)(x.reshape(-1, n, inner)).reshape(x.shape)
 
 
 def layer_norm(x, weight=None, bias=None, eps: float = 1e-5) -> np.ndarray:
@@ -326,44 +321,56 @@ def rms_norm(x, weight=None, eps: float | None = None) -> np.ndarray:
     return y.reshape(x.shape)
 
 
+def _elementwise(x, activation: str) -> np.ndarray:
+    """``activation`` (a name of the core's table) of each element of ``x``, with :func:`as_float`'s
+    checks and conversion. An F-contiguous ``x`` of its compute dtype (a transposed float32 or
+    float64 array) is computed as its transpose ``x.T``, C-contiguous, and the result transposed
+    back: no transposing copy is made, and the result keeps x's memory order (F-contiguous), as
+    torch's keeps its input's layout. Each element's value is the same either way."""
+    arr = unconverted(x, "x")  # as_float's checks: a real numeric dtype, not empty
+    dtype = compute_dtype(arr, "x")
+    if arr.dtype == dtype and arr.flags.f_contiguous and not arr.flags.c_contiguous:
+        return variant("activation", dtype)(arr.T, activation).T
+    return variant("activation", dtype)(_contiguous(arr, dtype, "x"), activation)
+
+
 def gelu(x, approximate: str = "none") -> np.ndarray:
     """GELU (Hendrycks & Gimpel 2016), as ``torch.nn.functional.gelu``.
 
     ``approximate="none"``: ``0.5 x (1 + erf(x / √2))`` (BERT); ``"tanh"``:
     ``0.5 x (1 + tanh(√(2/π) (x + 0.044715 x³)))`` (GPT-2). The shape of ``x``; float64 if ``x`` is
-    float64 (or wider), else float32.
+    float64 (or wider), else float32. C-contiguous, but for an F-contiguous float32/float64 ``x``
+    (a transposed array), whose memory order the result keeps (as torch's), without a copy of ``x``.
 
     Raises:
         ValueError: ``approximate`` not "none" or "tanh"; empty ``x``.
         TypeError: ``approximate`` not a str; ``x`` not real numeric data (bool, complex, None, ...).
     """
     approximate = check_choice(approximate, "approximate", ("none", "tanh"))
-    x = as_float(x, "x")
-    return variant("activation", x.dtype.type)(x, "gelu" if approximate == "none" else "gelu_tanh")
+    return _elementwise(x, "gelu" if approximate == "none" else "gelu_tanh")
 
 
 def silu(x) -> np.ndarray:
     """SiLU / swish (Elfwing et al. 2018), as ``torch.nn.functional.silu``: ``x · σ(x) = x / (1 + e^-x)``,
     the gate of Llama's SwiGLU feed-forward. The shape of ``x``; float64 if ``x`` is float64 (or
-    wider), else float32.
+    wider), else float32; F-contiguous for an F-contiguous float32/float64 ``x`` (as :func:`gelu`).
 
     Raises:
         ValueError: empty ``x``. TypeError: ``x`` not real numeric data (bool, complex, None, ...).
     """
-    x = as_float(x, "x")
-    return variant("activation", x.dtype.type)(x, "silu")
+    return _elementwise(x, "silu")
 
 
 def relu(x) -> np.ndarray:
     """ReLU (Nair & Hinton 2010), as ``torch.nn.functional.relu``: ``max(x, 0)`` element-wise (NaN
     stays NaN), the feed-forward's activation in the Transformer (Vaswani et al. 2017, eq. 2). The
-    shape of ``x``; float64 if ``x`` is float64 (or wider), else float32.
+    shape of ``x``; float64 if ``x`` is float64 (or wider), else float32; F-contiguous for an
+    F-contiguous float32/float64 ``x`` (as :func:`gelu`).
 
     Raises:
         ValueError: empty ``x``. TypeError: ``x`` not real numeric data (bool, complex, None, ...).
     """
-    x = as_float(x, "x")
-    return variant("activation", x.dtype.type)(x, "relu")
+    return _elementwise(x, "relu")
 
 
 def _token_mask(m: np.ndarray, name: str, lead: tuple, length: int, what: str) -> np.ndarray:
@@ -666,7 +673,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
             or ``path``, a NaN ``scale`` or one infinite in the dtype (above its ``finfo.max``),
             ``dropout_p`` outside [0, 1], ``seed`` outside ``[0, 2**64)``; an input or mask whose
             needed copy (a broadcast view made contiguous, a mask over batch dims whose strides do
-            not merge) exceeds this machine's memory.
+            not merge) exceeds this machine's memory, or the weights of ``return_weights`` would
+            (checked before any copy).
         TypeError: non-numeric (or bool) arrays, a mask of a dtype that is neither bool nor float,
             flags that are not bools, ``scale`` or ``dropout_p`` not a number, ``seed`` not an int.
     """
@@ -684,6 +692,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
     # the masks are checked (and converted: they hold at most (..., L, S) values) before q, k, v are
     # copied: a mask of the wrong shape is refused before the inputs' float copies are made
     bool_mask, float_mask, key_slot = _attention_masks(attn_mask, query_mask, key_mask, lead, L, S, dtype, heads)
+    if return_weights:  # the weights (..., L, S) are made in C++ after the copies: checked before them
+        check_allocatable(lead + (L, S), np.dtype(dtype).itemsize, "return_weights: the weights (..., L, S)")
     q, k, v = _attention_arrays(q, k, v, dtype)
     q4 = q.reshape(n, heads, L, E)
     k4 = k.reshape(n, kv_heads, S, E)

@@ -206,6 +206,19 @@ def _converted_message(lost: dict) -> str:
     return (head + what + "; nothing was updated" + "".join(f". {r[0].upper()}{r[1:]}" for r in remedies))
 
 
+_OPS: dict[tuple[str, np.dtype], Callable] = {}
+
+
+def _op(name: str, dtype: np.dtype) -> Callable:
+    """``variant(name, dtype)``, looked up once per name and dtype: a step calls a C++ function or
+    two per parameter, and the lookup took longer than the update of a small parameter."""
+    key = (name, dtype)
+    f = _OPS.get(key)
+    if f is None:
+        f = _OPS[key] = variant(name, dtype)
+    return f
+
+
 #: The largest step count a state may hold: the C++ update takes the next one, ``step + 1``, as an int64.
 _MAX_STEP = 2**63 - 2
 
@@ -528,6 +541,7 @@ class Optimizer:
         lost: dict[tuple, list[str]] = {}  # (converted by, why) -> the names of the parameters it applies to
         for gi, group in enumerate(checked):
             dtypes = set()  # the dtypes this group's hyperparameters were checked in
+            required = self._state_fields(group)[0]
             for p in group["params"]:
                 g = p.grad
                 if g is None:
@@ -537,19 +551,20 @@ class Optimizer:
                     model_name = f" (the model's {p.name!r})" if p.name and p.name != name else ""
                     lost.setdefault(converted[id(p)], []).append(f"{name!r}{model_name}")
                     continue
-                if g.shape != p.data.shape or g.dtype != p.data.dtype:
+                data = p.data
+                if g.shape != data.shape or g.dtype != data.dtype:
                     raise ValueError(f"{name}: gradient of shape {g.shape} {g.dtype} for a parameter of "
-                                     f"shape {p.data.shape} {p.data.dtype}")
+                                     f"shape {data.shape} {data.dtype}")
                 if not g.flags.c_contiguous:
                     raise ValueError(f"{name}: expected a C-contiguous gradient")
-                if not p.data.flags.writeable:
+                if not data.flags.writeable:
                     raise ValueError(f"step: {name}: expected a writeable parameter array (it is updated in "
                                      "place), got a read-only one; nothing was updated")
-                if p.data.dtype not in dtypes:
-                    self._check_in_dtype(gi, group, p.data.dtype, name)
-                    dtypes.add(p.data.dtype)
-                self._check_state_ready(name, p, self.state.get(name, {}), group)
-                if variant("count_nonfinite", p.data.dtype)(g):
+                if data.dtype not in dtypes:
+                    self._check_in_dtype(gi, group, data.dtype, name)
+                    dtypes.add(data.dtype)
+                self._check_state_ready(name, p, self.state.get(name, {}), group, required)
+                if _op("count_nonfinite", data.dtype)(g):
                     bad.append(name)
                 work.append((group, name, p))
         if lost:
@@ -618,30 +633,38 @@ class Optimizer:
                     f"{name!r}, smallest positive {float(np.finfo(dtype).smallest_subnormal):.4g}): the update would "
                     "divide 0 by 0 (NaN); nothing was updated")
 
-    def _check_state_ready(self, name: str, p: Parameter, state: dict, group: dict) -> None:
+    def _check_state_ready(self, name: str, p: Parameter, state: dict, group: dict,
+                           required: tuple[str, ...] | None = None) -> None:
         """Refuses (before any update) a state the C++ update would refuse half-way through a step:
-        a non-empty state missing a field the update reads (``_state_fields``), a step count not an
-        int in ``[0, _MAX_STEP]``, an array not of ``p``'s shape and dtype, C-contiguous and
-        writeable (a caller may have written into ``state``)."""
-        required, _ = self._state_fields(group)
-        missing = [field for field in required if field not in state]
-        if state and missing:
-            raise ValueError(f"step: state.{name}: missing {missing} (a state entry holds {list(required)}, "
-                             f"got {sorted(state)}); nothing was updated")
+        a non-empty state missing a field the update reads (``_state_fields``; ``required``: its
+        first element, when the caller has it), a step count not an int in ``[0, _MAX_STEP]``, an
+        array not of ``p``'s shape and dtype, C-contiguous and writeable (a caller may have written
+        into ``state``). Runs for every parameter at every step: the messages are built only on a
+        failure."""
+        if required is None:
+            required = self._state_fields(group)[0]
+        if state:
+            for field in required:
+                if field not in state:
+                    missing = [field for field in required if field not in state]
+                    raise ValueError(f"step: state.{name}: missing {missing} (a state entry holds {list(required)}, "
+                                     f"got {sorted(state)}); nothing was updated")
+        data = p.data
         for field, value in state.items():
-            key = f"state.{name}.{field}"
             if field == "step":
-                if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
-                    raise TypeError(f"step: {key}: expected an int, got {described(value)}")
+                # type(value) is int: the common case, without the ABC check (bool is not int's type)
+                if type(value) is not int and (isinstance(value, (bool, np.bool_))
+                                               or not isinstance(value, numbers.Integral)):
+                    raise TypeError(f"step: state.{name}.{field}: expected an int, got {described(value)}")
                 if not 0 <= value <= _MAX_STEP:
-                    raise ValueError(f"step: {key}: expected an int in [0, {_MAX_STEP}], got {value}")
+                    raise ValueError(f"step: state.{name}.{field}: expected an int in [0, {_MAX_STEP}], got {value}")
                 continue
             if not isinstance(value, np.ndarray):
-                raise TypeError(f"step: {key}: expected a numpy array, got {type(value).__name__}")
-            if (value.shape != p.data.shape or value.dtype != p.data.dtype or not value.flags.c_contiguous
+                raise TypeError(f"step: state.{name}.{field}: expected a numpy array, got {type(value).__name__}")
+            if (value.shape != data.shape or value.dtype != data.dtype or not value.flags.c_contiguous
                     or not value.flags.writeable):
-                raise ValueError(f"step: {key}: expected a writeable C-contiguous {p.data.dtype} array of shape "
-                                 f"{p.data.shape}, got {value.dtype} {value.shape} (C-contiguous "
+                raise ValueError(f"step: state.{name}.{field}: expected a writeable C-contiguous {data.dtype} array "
+                                 f"of shape {data.shape}, got {value.dtype} {value.shape} (C-contiguous "
                                  f"{value.flags.c_contiguous}, writeable {value.flags.writeable})")
 
     def _checked_group(self, index: int, group: dict) -> dict:
@@ -980,7 +1003,7 @@ class Adam(Optimizer):
         if group["amsgrad"] and "max_exp_avg_sq" not in state:
             state["max_exp_avg_sq"] = np.zeros_like(data)
         beta1, beta2 = group["betas"]
-        variant("adam_update", data.dtype)(
+        _op("adam_update", data.dtype)(
             data, p.grad, state["exp_avg"], state["exp_avg_sq"], state.get("max_exp_avg_sq") if group["amsgrad"] else None,
             group["lr"], beta1, beta2, group["eps"], group["weight_decay"], group["decoupled_weight_decay"],
             group["amsgrad"], group["maximize"], state["step"] + 1)
@@ -1085,7 +1108,7 @@ class SGD(Optimizer):
             if buf is None:  # the first step writes it whole (b ← g): no need to zero it
                 buf = state["momentum_buffer"] = np.empty_like(data)
                 first = True
-        variant("sgd_update", data.dtype)(
+        _op("sgd_update", data.dtype)(
             data, p.grad, buf, group["lr"], group["momentum"], group["dampening"], group["weight_decay"],
             group["nesterov"], group["maximize"], first)
         return state

@@ -479,10 +479,8 @@ def _table_shape(shape: tuple, name: str, x_shape: tuple, D: int, unsqueeze_dim:
                          f"Hugging Face's) or {x_ndim} ({x_name}'s rank {x_ndim}, shape {x_shape}), "
                          f"got shape {shape}")
     lead, x_lead = shape[:-1], x_shape[:-1]
-    try:
-        ok = np.broadcast_shapes(lead, x_lead) == x_lead
-    except ValueError:
-        ok = False
+    # np.broadcast_shapes(lead, x_lead) == x_lead, without its arrays: each dim x's or 1
+    ok = len(lead) <= len(x_lead) and all(n in (1, m) for n, m in zip(lead[::-1], x_lead[::-1]))
     if not ok:
         raise ValueError(f"{name}: {given} does not broadcast to {x_name}'s {x_lead + (W,)} (..., L, {W})")
     return shape
@@ -657,6 +655,9 @@ def _rotate(rotate, x: np.ndarray, cos, sin, layout: str, unsqueeze_dim: int, na
     D = x.shape[-1]
     dtype = x.dtype.type
     cos, sin = _rotary_tables(cos, sin, dtype)
+    if (cos.ndim == 2 and cos.shape[-1] == (D if layout == "half" else D // 2)
+            and cos.flags.c_contiguous and sin.flags.c_contiguous):
+        return rotate(x, cos, sin, layout)  # an (L, W) table the kernel reads as is: _rotary_values's own
     c = _rotary_values(cos, "cos", x.shape, D, layout, dtype, unsqueeze_dim, name)
     s = _rotary_values(sin, "sin", x.shape, D, layout, dtype, unsqueeze_dim, name)
     x_lead = x.shape[:-1]

@@ -36,9 +36,14 @@ std::vector<std::string> activation_names() {
 }
 
 template <class T>
-void activation(T* x, int64_t n, Activation act) {
+void activation(const T* x, int64_t n, Activation act, T* y) {
   require_nonnegative(n, "activation: size");
-  kernels::parallel_for(0, n, 32768, [&](int64_t b, int64_t e) { kernels::activate(x + b, e - b, act); });
+  kernels::parallel_for(0, n, 32768, [&](int64_t b, int64_t e) { kernels::activate(x + b, e - b, act, y + b); });
+}
+
+template <class T>
+void activation(T* x, int64_t n, Activation act) {
+  activation(static_cast<const T*>(x), n, act, x);
 }
 
 template <class T>
@@ -52,6 +57,7 @@ void gated_activation(const T* gate, const T* up, int64_t rows, int64_t F, int64
 
 #define TC_INSTANTIATE(T)                                       \
   template void activation<T>(T*, int64_t, Activation);         \
+  template void activation<T>(const T*, int64_t, Activation, T*); \
   template void gated_activation<T>(const T*, const T*, int64_t, int64_t, int64_t, Activation, T*);
 TC_INSTANTIATE(float)
 TC_INSTANTIATE(double)

@@ -15,33 +15,49 @@
 
 namespace transformer_core::kernels {
 
-// Numerically stable softmax of one row, in place:  p_j = exp(x_j - max x) / Σ_k exp(x_k - max x)
-// A row with no finite entry above -inf (everything masked) becomes zeros, not NaN; a NaN anywhere
-// in the row still gives NaN.
-template <class T>
-inline void softmax_row(T* x, int64_t n) {
-  constexpr T neg_inf = -std::numeric_limits<T>::infinity();
-  T m = neg_inf;
-  bool has_nan = false;
-  for (int64_t j = 0; j < n; ++j) {
-    const T v = x[j];
-    if (v > m) m = v;
-    else if (v != v) has_nan = true;
+// ---- registers over a whole row --------------------------------------------------------------
+// y[i] = f(x[i]), i < n, f on one xsimd register at a time; the last n mod size values go through one
+// register padded with `pad`, so that every value takes the same operations wherever it sits (and the
+// result does not depend on how the ops cut the work). y may alias x.
+template <class T, class F>
+inline void map_registers(const T* x, int64_t n, T* y, T pad, F f) {
+  using B = xsimd::batch<T>;
+  constexpr int64_t W = static_cast<int64_t>(B::size);
+  int64_t i = 0;
+  for (; i + W <= n; i += W) f(B::load_unaligned(x + i)).store_unaligned(y + i);
+  if (i < n) {
+    alignas(64) T tail[W];
+    std::fill(tail, tail + W, pad);
+    std::copy(x + i, x + n, tail);
+    f(B::load_aligned(tail)).store_aligned(tail);
+    std::copy(tail, tail + (n - i), y + i);
   }
-  if (m == neg_inf) {
-    const T fill = has_nan ? std::numeric_limits<T>::quiet_NaN() : T(0);
-    for (int64_t j = 0; j < n; ++j) x[j] = fill;
-    return;
-  }
-  double sum = 0;  // in double: a float sum of thousands of terms drifted by 2e-5 (S = 4,097)
-  for (int64_t j = 0; j < n; ++j) {
-    const T e = std::exp(x[j] - m);
-    x[j] = e;
-    sum += e;
-  }
-  const T inv = static_cast<T>(1.0 / sum);
-  for (int64_t j = 0; j < n; ++j) x[j] *= inv;
 }
+
+// The same with two inputs: y[i] = f(a[i], b[i]) (the backward passes: x and the incoming gradient).
+template <class T, class F>
+inline void map_registers(const T* a, const T* b, int64_t n, T* y, F f) {
+  using B = xsimd::batch<T>;
+  constexpr int64_t W = static_cast<int64_t>(B::size);
+  int64_t i = 0;
+  for (; i + W <= n; i += W) f(B::load_unaligned(a + i), B::load_unaligned(b + i)).store_unaligned(y + i);
+  if (i < n) {
+    alignas(64) T ta[W] = {}, tb[W] = {};
+    std::copy(a + i, a + n, ta);
+    std::copy(b + i, b + n, tb);
+    f(B::load_aligned(ta), B::load_aligned(tb)).store_aligned(ta);
+    std::copy(ta, ta + (n - i), y + i);
+  }
+}
+
+// exp(x) for x <= 0 on a register: float by the Cephes polynomial of fast_math (<= 1 ulp), double by
+// xsimd's exp (<= 1 ulp); exp(-inf) = 0 and NaN stays NaN in both.
+inline xsimd::batch<float> exp_register(const xsimd::batch<float>& x) { return fast_math::exp_nonpos(x); }
+inline xsimd::batch<double> exp_register(const xsimd::batch<double>& x) { return xsimd::exp(x); }
+
+// tanh on a register: float by fast_math's polynomial (relative error <= 2e-7), double by xsimd's.
+inline xsimd::batch<float> tanh_register(const xsimd::batch<float>& x) { return fast_math::tanh_approx(x); }
+inline xsimd::batch<double> tanh_register(const xsimd::batch<double>& x) { return xsimd::tanh(x); }
 
 // y[j] += x[j], j < n
 template <class T>
@@ -88,9 +104,22 @@ inline double row_sum(const double* x, int64_t n) {
     c += std::fabs(s) >= std::fabs(v) ? (s - t) + v : (v - t) + s;
     s = t;
   };
+  // The lanes in registers, the same additions lane by lane as `add` (GCC left the branchy scalar
+  // form unvectorised: fp64 LayerNorm took 3-4x torch's time).
+  using D = DoubleLanes;
+  constexpr int64_t R = kSumLanes / kDoubleLanes > 0 ? kSumLanes / kDoubleLanes : 1;
+  static_assert(R * kDoubleLanes == kSumLanes, "kSumLanes lanes must be whole registers");
+  D ls[R], lc[R];
+  for (int64_t r = 0; r < R; ++r) ls[r] = lc[r] = D(0.0);
   int64_t j = 0;
   for (; j + kSumLanes <= n; j += kSumLanes)
-    for (int64_t t = 0; t < kSumLanes; ++t) add(lane[t], comp[t], x[j + t]);
+    for (int64_t r = 0; r < R; ++r) {
+      const D v = D::load_unaligned(x + j + r * kDoubleLanes);
+      const D t = ls[r] + v;
+      lc[r] += xsimd::select(xsimd::abs(ls[r]) >= xsimd::abs(v), (ls[r] - t) + v, (v - t) + ls[r]);
+      ls[r] = t;
+    }
+  for (int64_t r = 0; r < R; ++r) ls[r].store_unaligned(lane + r * kDoubleLanes), lc[r].store_unaligned(comp + r * kDoubleLanes);
   double s = 0, c = 0;
   for (; j < n; ++j) add(s, c, x[j]);
   for (int64_t t = 0; t < kSumLanes; ++t) {
@@ -100,52 +129,158 @@ inline double row_sum(const double* x, int64_t n) {
   return s + c;
 }
 
-// Σ_j (x[j] - mu) and Σ_j (x[j] - mu)², in double lanes.
-template <class T>
-inline void centered_sums(const T* x, int64_t n, double mu, double* sum, double* sum_sq) {
-  double s1[kSumLanes] = {}, s2[kSumLanes] = {};
-  int64_t j = 0;
-  for (; j + kSumLanes <= n; j += kSumLanes)
-    for (int64_t t = 0; t < kSumLanes; ++t) {
-      const double d = static_cast<double>(x[j + t]) - mu;
-      s1[t] += d;
-      s2[t] += d * d;
-    }
-  double a = 0, b = 0;
-  for (; j < n; ++j) {
-    const double d = static_cast<double>(x[j]) - mu;
-    a += d;
-    b += d * d;
-  }
-  for (int64_t t = 0; t < kSumLanes; ++t) a += s1[t], b += s2[t];
-  *sum = a;
-  *sum_sq = b;
-}
-
-// The same sums for a float row, in kFloatSumLanes lanes of doubles (see row_sum above).
-inline void centered_sums(const float* x, int64_t n, double mu, double* sum, double* sum_sq) {
-  constexpr int64_t R = kFloatSumLanes / kDoubleLanes;
+// Σ_j (x[j] - mu) and Σ_j (x[j] - mu)² of a row in kLanes lanes of doubles held in registers (x
+// converted as it loads), the order set by n alone; the squares added with one rounding (FMA) when
+// kFusedSquares. GCC left the plain loops of these lanes scalar: for float rows two thirds of
+// LayerNorm's time (210 ns per add + LayerNorm of a MiniLM row of 384 on Zen 5, 110 ns with
+// registers), for double rows a third of it.
+template <int64_t kLanes, bool kFusedSquares, class T>
+inline void centered_sums_in_lanes(const T* x, int64_t n, double mu, double* sum, double* sum_sq) {
+  constexpr int64_t R = kLanes / kDoubleLanes > 0 ? kLanes / kDoubleLanes : 1;
+  static_assert(R * kDoubleLanes == kLanes, "the lanes must be whole registers");
   DoubleLanes s1[R], s2[R];
   for (int64_t r = 0; r < R; ++r) s1[r] = s2[r] = DoubleLanes(0.0);
   const DoubleLanes m(mu);
   int64_t j = 0;
-  for (; j + kFloatSumLanes <= n; j += kFloatSumLanes)
+  for (; j + kLanes <= n; j += kLanes)
     for (int64_t r = 0; r < R; ++r) {
       const DoubleLanes d = DoubleLanes::load_unaligned(x + j + r * kDoubleLanes) - m;
       s1[r] += d;
-      s2[r] = simd::fma(d, d, s2[r]);
+      if constexpr (kFusedSquares) s2[r] = simd::fma(d, d, s2[r]);
+      else s2[r] += d * d;
     }
-  alignas(64) double l1[kFloatSumLanes], l2[kFloatSumLanes];
+  alignas(64) double l1[kLanes], l2[kLanes];
   for (int64_t r = 0; r < R; ++r) s1[r].store_aligned(l1 + r * kDoubleLanes), s2[r].store_aligned(l2 + r * kDoubleLanes);
   double a = 0, b = 0;
   for (; j < n; ++j) {
     const double d = static_cast<double>(x[j]) - mu;
     a += d;
-    b = std::fma(d, d, b);
+    if constexpr (kFusedSquares) b = std::fma(d, d, b);
+    else b += d * d;
   }
-  for (int64_t t = 0; t < kFloatSumLanes; ++t) a += l1[t], b += l2[t];
+  for (int64_t t = 0; t < kLanes; ++t) a += l1[t], b += l2[t];
   *sum = a;
   *sum_sq = b;
+}
+
+// double rows: kSumLanes lanes, each square rounded before it is added (the bits of the scalar
+// lanes these registers replaced)
+inline void centered_sums(const double* x, int64_t n, double mu, double* sum, double* sum_sq) {
+  centered_sums_in_lanes<kSumLanes, false>(x, n, mu, sum, sum_sq);
+}
+
+// float rows: kFloatSumLanes lanes (see row_sum above), the squares fused
+inline void centered_sums(const float* x, int64_t n, double mu, double* sum, double* sum_sq) {
+  centered_sums_in_lanes<kFloatSumLanes, true>(x, n, mu, sum, sum_sq);
+}
+
+// ---- softmax --------------------------------------------------------------------------------------
+// Numerically stable softmax of one row:  y_j = exp(x_j - max x) / Σ_k exp(x_k - max x), y may alias x.
+// A row with no finite entry above -inf (everything masked) becomes zeros, not NaN; a NaN anywhere
+// in the row gives NaN everywhere in it. Three passes over the row, each a register at a time: the
+// max (and whether a NaN is there), the exponentials into y, then y scaled by 1 / Σ. The sum is in
+// double, in lanes (a float sum of thousands of terms drifted by 2e-5 at S = 4,097), its order set
+// by n alone. (std::exp a value at a time and a serial sum made it 4-7x torch's time.)
+template <class T>
+inline void softmax_row(const T* x, int64_t n, T* y) {
+  using B = xsimd::batch<T>;
+  constexpr int64_t W = static_cast<int64_t>(B::size);
+  constexpr T neg_inf = -std::numeric_limits<T>::infinity();
+  B mx(neg_inf);
+  auto nan = B(T(0)) != B(T(0));  // all false
+  int64_t j = 0;
+  for (; j + W <= n; j += W) {
+    const B v = B::load_unaligned(x + j);
+    nan = nan | (v != v);
+    mx = xsimd::select(v > mx, v, mx);  // a NaN never wins a comparison: the max of the others
+  }
+  alignas(64) T lanes[W];
+  mx.store_aligned(lanes);
+  T m = neg_inf;
+  for (const T v : lanes) m = v > m ? v : m;
+  bool has_nan = xsimd::any(nan);
+  for (; j < n; ++j) {
+    const T v = x[j];
+    if (v > m) m = v;
+    else if (v != v) has_nan = true;
+  }
+  if (has_nan || m == neg_inf) {
+    std::fill(y, y + n, has_nan ? std::numeric_limits<T>::quiet_NaN() : T(0));
+    return;
+  }
+  if (n < W) {  // shorter than a register (softmax over a small dim): a value at a time, no padding
+    double sum = 0;
+    for (int64_t k = 0; k < n; ++k) sum += (y[k] = fast_math::exp_nonpos(x[k] - m));
+    const T inv = static_cast<T>(1.0 / sum);
+    for (int64_t k = 0; k < n; ++k) y[k] *= inv;
+    return;
+  }
+  const B mb(m);
+  map_registers(x, n, y, neg_inf, [&](const B& v) { return exp_register(v - mb); });  // padding: exp(-inf) = 0
+  double sum;
+  if constexpr (std::is_same_v<T, float>) {
+    sum = row_sum(y, n);  // float → double lanes (below)
+  } else {
+    xsimd::batch<double> acc[kSumLanes / W > 0 ? kSumLanes / W : 1];
+    constexpr int64_t R = sizeof(acc) / sizeof(acc[0]);
+    for (int64_t r = 0; r < R; ++r) acc[r] = xsimd::batch<double>(0.0);
+    int64_t k = 0;
+    for (; k + R * W <= n; k += R * W)
+      for (int64_t r = 0; r < R; ++r) acc[r] += xsimd::batch<double>::load_unaligned(y + k + r * W);
+    sum = 0;
+    for (; k < n; ++k) sum += y[k];
+    for (int64_t r = 0; r < R; ++r) {
+      acc[r].store_aligned(lanes);
+      for (const T v : lanes) sum += v;
+    }
+  }
+  const T inv = static_cast<T>(1.0 / sum);
+  for (int64_t k = 0; k < n; ++k) y[k] *= inv;
+}
+
+// In place: x ← softmax(x).
+template <class T>
+inline void softmax_row(T* x, int64_t n) {
+  softmax_row(x, n, x);
+}
+
+// Softmax down the columns of a block: x and y are [n, ld] (row stride ld), columns [0, cols),
+// cols <= kSoftmaxColumns; each column j gets softmax_row's result for x[:, j] up to rounding (the
+// same max, exponential and double sum, summed in row order). This is softmax over a dim that is
+// not the last: the rows of a column are ld apart, and a row of the block is read a register at a
+// time, with no copy that moves the dim last (that copy and rows of a few values made softmax over
+// dim 0 of (8, 128, 768) 7x torch's time).
+constexpr int64_t kSoftmaxColumns = 256;
+template <class T>
+inline void softmax_columns(const T* x, int64_t n, int64_t ld, int64_t cols, T* y) {
+  constexpr T neg_inf = -std::numeric_limits<T>::infinity();
+  T m[kSoftmaxColumns], shift[kSoftmaxColumns], inv[kSoftmaxColumns];
+  bool nan[kSoftmaxColumns];
+  double sum[kSoftmaxColumns];
+  for (int64_t i = 0; i < cols; ++i) m[i] = neg_inf, nan[i] = false, sum[i] = 0;
+  for (int64_t j = 0; j < n; ++j) {
+    const T* r = x + j * ld;
+    for (int64_t i = 0; i < cols; ++i) {
+      m[i] = r[i] > m[i] ? r[i] : m[i];
+      nan[i] = nan[i] | (r[i] != r[i]);
+    }
+  }
+  for (int64_t i = 0; i < cols; ++i) shift[i] = m[i] == neg_inf ? T(0) : m[i];  // all -inf: exp gives 0s
+  for (int64_t j = 0; j < n; ++j) {
+    const T* r = x + j * ld;
+    T* out = y + j * ld;
+    for (int64_t i = 0; i < cols; ++i) {
+      const T e = fast_math::exp_nonpos(r[i] - shift[i]);
+      out[i] = e;
+      sum[i] += e;
+    }
+  }
+  for (int64_t i = 0; i < cols; ++i)  // a NaN column: NaN; all -inf: zeros (sum 0)
+    inv[i] = nan[i] ? std::numeric_limits<T>::quiet_NaN() : (sum[i] == 0 ? T(0) : static_cast<T>(1.0 / sum[i]));
+  for (int64_t j = 0; j < n; ++j) {
+    T* out = y + j * ld;
+    for (int64_t i = 0; i < cols; ++i) out[i] *= inv[i];
+  }
 }
 
 // mean and rstd = 1 / sqrt(var + eps) of one row, in double, by the corrected two-pass algorithm
@@ -344,47 +479,56 @@ inline T activate_one(T x, Activation act) {
   return x;
 }
 
-// x[i] = gelu(x[i]), i < n, in place, a register of floats at a time with its FMAs written out (the
-// feed-forward layers' epilogue); the last n mod size values go through one padded register, so
-// every value takes the same operations wherever it sits.
-inline void gelu_rows(float* x, int64_t n) {
+// The activations on a register, for the whole-array loops below. float: fast_math's polynomials
+// with their FMAs written out (the same functions as the scalar forms above). double: xsimd's erf,
+// tanh and exp (<= a few ulps; std::erf a value at a time made fp64 GELU 2.4-6x torch's time).
+inline xsimd::batch<float> gelu_register(const xsimd::batch<float>& v) {
   using B = xsimd::batch<float>;
-  constexpr int64_t W = static_cast<int64_t>(B::size);
-  const auto gelu_batch = [](const B& v) {
-    return B(0.5f) * v * (B(1.0f) + fast_math::erf_approx(v * B(0.70710678118654752440f)));
-  };
-  int64_t i = 0;
-  for (; i + W <= n; i += W) gelu_batch(B::load_unaligned(x + i)).store_unaligned(x + i);
-  if (i < n) {
-    alignas(64) float tail[W] = {};
-    std::copy(x + i, x + n, tail);
-    gelu_batch(B::load_aligned(tail)).store_aligned(tail);
-    std::copy(tail, tail + (n - i), x + i);
+  return B(0.5f) * v * (B(1.0f) + fast_math::erf_approx(v * B(0.70710678118654752440f)));
+}
+inline xsimd::batch<double> gelu_register(const xsimd::batch<double>& v) {
+  using B = xsimd::batch<double>;
+  return B(0.5) * v * (B(1.0) + xsimd::erf(v * B(0.70710678118654752440)));
+}
+template <class T>
+inline xsimd::batch<T> gelu_tanh_register(const xsimd::batch<T>& v) {
+  using B = xsimd::batch<T>;
+  const B inner = B(T(0.79788456080286535588)) * (v + B(T(0.044715)) * v * v * v);
+  return B(T(0.5)) * v * (B(T(1)) + tanh_register(inner));
+}
+// σ(x) from e = exp(-|x|) ∈ (0, 1]: 1 / (1 + e) for x ≥ 0, e / (1 + e) below, as the scalar silu
+template <class T>
+inline xsimd::batch<T> sigmoid_register(const xsimd::batch<T>& v) {
+  using B = xsimd::batch<T>;
+  const B e = exp_register(-xsimd::abs(v));
+  return xsimd::select(v >= B(T(0)), B(T(1)), e) / (B(T(1)) + e);
+}
+
+// y[i] = act(x[i]), i < n (y may alias x: in place), a register at a time (map_registers; scalar
+// loops over two pointers that may alias were left unvectorised by GCC).
+template <class T>
+TC_PREFER_512 inline void activate(const T* x, int64_t n, Activation act, T* y) {
+  using B = xsimd::batch<T>;
+  switch (act) {
+    case Activation::kNone:
+      if (y != x) std::copy(x, x + n, y);
+      return;
+    case Activation::kRelu:
+      return map_registers(x, n, y, T(0), [](const B& v) {  // NaN stays NaN, as torch's
+        return xsimd::select((v > B(T(0))) | (v != v), v, B(T(0)));
+      });
+    case Activation::kGelu: return map_registers(x, n, y, T(0), [](const B& v) { return gelu_register(v); });
+    case Activation::kGeluTanh:
+      return map_registers(x, n, y, T(0), [](const B& v) { return gelu_tanh_register(v); });
+    case Activation::kSilu: return map_registers(x, n, y, T(0), [](const B& v) { return v * sigmoid_register(v); });
+    case Activation::kTanh: return map_registers(x, n, y, T(0), [](const B& v) { return tanh_register(v); });
   }
 }
 
-// x[i] = act(x[i]), i < n, in place. One loop per activation, so that each vectorises.
+// In place: x[i] ← act(x[i]) (the linear layers' epilogue).
 template <class T>
-TC_PREFER_512 inline void activate(T* x, int64_t n, Activation act) {
-  switch (act) {
-    case Activation::kNone: return;
-    case Activation::kRelu:
-      for (int64_t i = 0; i < n; ++i) x[i] = relu(x[i]);
-      return;
-    case Activation::kGelu:
-      if constexpr (std::is_same_v<T, float>) return gelu_rows(x, n);
-      for (int64_t i = 0; i < n; ++i) x[i] = gelu(x[i]);
-      return;
-    case Activation::kGeluTanh:
-      for (int64_t i = 0; i < n; ++i) x[i] = gelu_tanh(x[i]);
-      return;
-    case Activation::kSilu:
-      for (int64_t i = 0; i < n; ++i) x[i] = silu(x[i]);
-      return;
-    case Activation::kTanh:
-      for (int64_t i = 0; i < n; ++i) x[i] = tanh_act(x[i]);
-      return;
-  }
+inline void activate(T* x, int64_t n, Activation act) {
+  activate(static_cast<const T*>(x), n, act, x);
 }
 
 // Gated linear unit of one row (Shazeer 2020, "GLU variants"; SwiGLU with SiLU, GeGLU with GELU):

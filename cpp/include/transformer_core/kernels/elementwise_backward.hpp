@@ -5,6 +5,9 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
+
+#include <xsimd/xsimd.hpp>
 
 #include "transformer_core/kernels/elementwise.hpp"
 #include "transformer_core/kernels/fast_math.hpp"
@@ -78,22 +81,54 @@ inline T activation_grad(T x, Activation act) {
   return T(1);
 }
 
+// act'(x) on a register, for activation_backward's loops. float uses fast_math's register
+// polynomials, double xsimd's erf, exp and tanh (scalar loops, std::erf a value at a time, were
+// 10-19x torch's time for float and 3x for double).
+template <class T>
+inline xsimd::batch<T> gelu_grad_register(const xsimd::batch<T>& x) {
+  using B = xsimd::batch<T>;
+  B erf_term;
+  if constexpr (std::is_same_v<T, float>) erf_term = fast_math::erf_approx(x * B(0.70710678118654752440f));
+  else erf_term = xsimd::erf(x * B(0.70710678118654752440));
+  const B cdf = B(T(0.5)) * (B(T(1)) + erf_term);
+  const B pdf = exp_register(B(T(-0.5)) * x * x) * B(T(0.39894228040143267794));
+  return cdf + x * pdf;
+}
+template <class T>
+inline xsimd::batch<T> silu_grad_register(const xsimd::batch<T>& x) {
+  using B = xsimd::batch<T>;
+  const B s = sigmoid_register(x);
+  return s * (B(T(1)) + x * (B(T(1)) - s));
+}
+template <class T>
+inline xsimd::batch<T> gelu_tanh_grad_register(const xsimd::batch<T>& x) {  // gelu_tanh_grad's terms
+  using B = xsimd::batch<T>;
+  const B beta(T(0.79788456080286535588)), kappa(T(0.044715));
+  const B x_sq = x * x;
+  const B t = tanh_register(beta * (x + kappa * x_sq * x));
+  const B left = B(T(0.5)) * x, right = B(T(1)) + t;
+  return B(T(0.5)) * right + left * (B(T(1)) - t * t) * beta * (B(T(1)) + B(T(3)) * kappa * x_sq);
+}
+
 // dx = dy · act'(x), element-wise.   x, dy, dx: [n] (dx may alias dy)
 template <class T>
 inline void activation_backward(const T* x, const T* dy, int64_t n, Activation act, T* dx) {
+  using B = xsimd::batch<T>;
   switch (act) {
     case Activation::kRelu:
       for (int64_t i = 0; i < n; ++i) dx[i] = x[i] <= T(0) ? T(0) : dy[i];
       return;
-    case Activation::kGelu: for (int64_t i = 0; i < n; ++i) dx[i] = dy[i] * gelu_grad(x[i]); return;
-    case Activation::kGeluTanh: for (int64_t i = 0; i < n; ++i) dx[i] = dy[i] * gelu_tanh_grad(x[i]); return;
-    case Activation::kSilu: for (int64_t i = 0; i < n; ++i) dx[i] = dy[i] * silu_grad(x[i]); return;
+    case Activation::kGelu:
+      return map_registers(x, dy, n, dx, [](const B& v, const B& d) { return d * gelu_grad_register(v); });
+    case Activation::kSilu:
+      return map_registers(x, dy, n, dx, [](const B& v, const B& d) { return d * silu_grad_register(v); });
+    case Activation::kGeluTanh:
+      return map_registers(x, dy, n, dx, [](const B& v, const B& d) { return d * gelu_tanh_grad_register(v); });
     case Activation::kTanh:
-      for (int64_t i = 0; i < n; ++i) {
-        const T t = tanh_act(x[i]);
-        dx[i] = dy[i] * (T(1) - t * t);
-      }
-      return;
+      return map_registers(x, dy, n, dx, [](const B& v, const B& d) {
+        const B t = tanh_register(v);
+        return d * (B(T(1)) - t * t);
+      });
     default: for (int64_t i = 0; i < n; ++i) dx[i] = dy[i] * activation_grad(x[i], act); return;
   }
 }
@@ -121,8 +156,13 @@ inline void glu_backward(const T* gate, const T* up, const T* dh, int64_t n, Act
 // A fully masked row (p = 0) gives dx = 0.
 template <class T>
 inline void softmax_backward_row(const T* p, const T* dp, int64_t n, T* dx) {
+  double lane[kSumLanes] = {};  // Σ p·dp in lanes, so that it vectorises (a serial sum: 1.9x torch)
+  int64_t j = 0;
+  for (; j + kSumLanes <= n; j += kSumLanes)
+    for (int64_t t = 0; t < kSumLanes; ++t) lane[t] += static_cast<double>(p[j + t]) * dp[j + t];
   double s = 0;
-  for (int64_t j = 0; j < n; ++j) s += static_cast<double>(p[j]) * dp[j];
+  for (; j < n; ++j) s += static_cast<double>(p[j]) * dp[j];
+  for (int64_t t = 0; t < kSumLanes; ++t) s += lane[t];
   const T st = static_cast<T>(s);
   for (int64_t j = 0; j < n; ++j) dx[j] = p[j] * (dp[j] - st);
 }

@@ -213,4 +213,21 @@ inline float tanh_approx(float x) {
   return std::copysign(ax < 0.625f ? small : large, x);
 }
 
+// The same for a register of floats (the whole-array activation loops, elementwise.hpp), each
+// multiply-add one FMA.
+inline xsimd::batch<float> tanh_approx(const xsimd::batch<float>& x) {
+  using B = xsimd::batch<float>;
+  const B ax = xsimd::abs(x);
+  const B z = x * x;
+  B p(-5.70498872745e-3f);
+  p = simd::fma(p, z, B(2.06390887954e-2f));
+  p = simd::fma(p, z, B(-5.37397155531e-2f));
+  p = simd::fma(p, z, B(1.33314422036e-1f));
+  p = simd::fma(p, z, B(-3.33332819422e-1f));
+  const B small = simd::fma(p * z, ax, ax);
+  const B e = exp_nonpos(B(-2.0f) * ax);
+  const B large = (B(1.0f) - e) / (B(1.0f) + e);
+  return xsimd::copysign(xsimd::select(ax < B(0.625f), small, large), x);
+}
+
 }  // namespace transformer_core::kernels::fast_math

@@ -28,22 +28,42 @@
 namespace transformer_core::kernels {
 
 // dx of one LayerNorm row (see the top).   x, dy, dx: [n]   w: [n] or nullptr
+// Σ g_k and Σ g_k x̂_k in registers of doubles (two of each, x, dy and w converted as they load),
+// their order set by n alone: GCC left the plain loops of doubles from floats half vectorised
+// (the backward took 1.6-3.5x torch's time).
 template <class T>
 inline void layer_norm_backward_row(const T* x, const T* dy, const T* w, int64_t n, double mean, double rstd,
                                     T* dx) {
-  double sum_g = 0, sum_gx = 0;  // Σ g_k, Σ g_k x̂_k
-  for (int64_t j = 0; j < n; ++j) {
-    const double g = w != nullptr ? static_cast<double>(dy[j]) * w[j] : static_cast<double>(dy[j]);
-    sum_g += g;
-    sum_gx += g * ((x[j] - mean) * rstd);
+  using D = DoubleLanes;
+  constexpr int64_t W = kDoubleLanes;
+  const D mean_v(mean), rstd_v(rstd);
+  D g0_sum(0.0), g1_sum(0.0), gx0_sum(0.0), gx1_sum(0.0);
+  int64_t i = 0;
+  for (; i + 2 * W <= n; i += 2 * W) {
+    D g0 = D::load_unaligned(dy + i), g1 = D::load_unaligned(dy + i + W);
+    if (w != nullptr) g0 = g0 * D::load_unaligned(w + i), g1 = g1 * D::load_unaligned(w + i + W);
+    const D xhat0 = (D::load_unaligned(x + i) - mean_v) * rstd_v, xhat1 = (D::load_unaligned(x + i + W) - mean_v) * rstd_v;
+    g0_sum += g0, g1_sum += g1;
+    gx0_sum += g0 * xhat0, gx1_sum += g1 * xhat1;
   }
+  alignas(64) double lanes[4][W];
+  g0_sum.store_aligned(lanes[0]), g1_sum.store_aligned(lanes[1]);
+  gx0_sum.store_aligned(lanes[2]), gx1_sum.store_aligned(lanes[3]);
+  double sum_g = 0, sum_gx = 0;  // Σ g_k, Σ g_k x̂_k
+  for (; i < n; ++i) {
+    const double g = w != nullptr ? static_cast<double>(dy[i]) * w[i] : static_cast<double>(dy[i]);
+    sum_g += g;
+    sum_gx += g * ((x[i] - mean) * rstd);
+  }
+  for (int64_t t = 0; t < W; ++t) sum_g += lanes[0][t] + lanes[1][t], sum_gx += lanes[2][t] + lanes[3][t];
   const double inv_n = 1.0 / static_cast<double>(n);
   const double mg = sum_g * inv_n, mgx = sum_gx * inv_n;
-  for (int64_t j = 0; j < n; ++j) {
-    const double g = w != nullptr ? static_cast<double>(dy[j]) * w[j] : static_cast<double>(dy[j]);
-    const double xhat = (x[j] - mean) * rstd;
-    dx[j] = static_cast<T>(rstd * (g - mg - xhat * mgx));
-  }
+  if (w != nullptr)  // two loops, so that each vectorises
+    for (int64_t j = 0; j < n; ++j)
+      dx[j] = static_cast<T>(rstd * (static_cast<double>(dy[j]) * w[j] - mg - ((x[j] - mean) * rstd) * mgx));
+  else
+    for (int64_t j = 0; j < n; ++j)
+      dx[j] = static_cast<T>(rstd * (static_cast<double>(dy[j]) - mg - ((x[j] - mean) * rstd) * mgx));
 }
 
 // dx of one RMSNorm row (see the top).   x, dy, dx: [n]   w: [n] or nullptr

@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 namespace transformer_core::kernels {
 
@@ -31,6 +32,19 @@ struct AdamHyper {
   bool amsgrad = false, maximize = false;
   int64_t step = 1;  // this update's step number, t >= 1
 };
+
+// Calls f(std::bool_constant<flags>...) for the runtime flags, so that each combination of the
+// update's options gets its own loop: a flag tested inside the loop (or read through the Hyper
+// reference, which GCC must assume a store to p[i] may change) kept GCC from vectorising it.
+template <class F>
+inline void with_flags(const F& f) {
+  f();
+}
+template <class F, class... Flags>
+inline void with_flags(const F& f, bool flag, Flags... rest) {
+  if (flag) with_flags([&](auto... c) { f(std::true_type{}, c...); }, rest...);
+  else with_flags([&](auto... c) { f(std::false_type{}, c...); }, rest...);
+}
 
 // p, g, m, v: [n]   v_max: [n] (amsgrad) or nullptr.  Elements [begin, end).
 template <class T>
@@ -46,26 +60,30 @@ inline void adam_update(T* p, const T* g, T* m, T* v, T* v_max, int64_t begin, i
   const T beta2 = static_cast<T>(h.beta2), one_minus_beta2 = static_cast<T>(1.0 - h.beta2);
   const T eps = static_cast<T>(h.eps);
   const bool use_wd = h.weight_decay != 0.0, small_w = std::abs(1.0 - h.beta1) < 0.5;
-  for (int64_t i = begin; i < end; ++i) {
-    T gi = h.maximize ? -g[i] : g[i];
-    T pi = p[i];
-    if (use_wd) {
-      if (h.decoupled_weight_decay) pi = pi * decay;
-      else gi = gi + wd * pi;
-    }
-    const T mi = small_w ? m[i] + w1 * (gi - m[i]) : gi - (gi - m[i]) * w1c;
-    const T vi = v[i] * beta2 + one_minus_beta2 * gi * gi;
-    m[i] = mi;
-    v[i] = vi;
-    T vh = vi;
-    if (v_max != nullptr) {
-      vh = std::max(v_max[i], vi);
-      if (vi != vi) vh = vi;  // torch.maximum propagates NaN
-      v_max[i] = vh;
-    }
-    const T denom = std::sqrt(vh) / bc2_sqrt + eps;
-    p[i] = pi + neg_step_size * mi / denom;
-  }
+  with_flags(
+      [&](auto maximize, auto decoupled_wd, auto l2_wd, auto lerp_from_m, auto amsgrad) {
+        // the scalars are this function's locals, not fields of h: no store through p, m, v can change them
+        for (int64_t i = begin; i < end; ++i) {
+          T gi = maximize ? -g[i] : g[i];
+          T pi = p[i];
+          if constexpr (decoupled_wd) pi = pi * decay;
+          if constexpr (l2_wd) gi = gi + wd * pi;
+          const T mi = lerp_from_m ? m[i] + w1 * (gi - m[i]) : gi - (gi - m[i]) * w1c;  // torch's lerp
+          const T vi = v[i] * beta2 + one_minus_beta2 * gi * gi;
+          m[i] = mi;
+          v[i] = vi;
+          T vh = vi;
+          if constexpr (amsgrad) {
+            vh = std::max(v_max[i], vi);
+            if (vi != vi) vh = vi;  // torch.maximum propagates NaN
+            v_max[i] = vh;
+          }
+          const T denom = std::sqrt(vh) / bc2_sqrt + eps;
+          p[i] = pi + neg_step_size * mi / denom;
+        }
+      },
+      h.maximize, use_wd && h.decoupled_weight_decay, use_wd && !h.decoupled_weight_decay, small_w,
+      v_max != nullptr);
 }
 
 struct SgdHyper {
@@ -80,16 +98,21 @@ inline void sgd_update(T* p, const T* g, T* buf, int64_t begin, int64_t end, con
   const T wd = static_cast<T>(h.weight_decay), mu = static_cast<T>(h.momentum);
   const T one_minus_damp = static_cast<T>(1.0 - h.dampening), neg_lr = static_cast<T>(-h.lr);
   const bool use_wd = h.weight_decay != 0.0, use_momentum = h.momentum != 0.0 && buf != nullptr;
-  for (int64_t i = begin; i < end; ++i) {
-    T gi = h.maximize ? -g[i] : g[i];
-    if (use_wd) gi = gi + wd * p[i];
-    if (use_momentum) {
-      const T bi = h.first_step ? gi : buf[i] * mu + one_minus_damp * gi;
-      buf[i] = bi;
-      gi = h.nesterov ? gi + mu * bi : bi;
-    }
-    p[i] = p[i] + neg_lr * gi;
-  }
+  with_flags(
+      [&](auto maximize, auto weight_decay, auto momentum, auto first_step, auto nesterov) {
+        for (int64_t i = begin; i < end; ++i) {
+          T gi = maximize ? -g[i] : g[i];
+          if constexpr (weight_decay) gi = gi + wd * p[i];
+          if constexpr (momentum) {
+            const T bi = first_step ? gi : buf[i] * mu + one_minus_damp * gi;
+            buf[i] = bi;
+            gi = nesterov ? gi + mu * bi : bi;
+          }
+          p[i] = p[i] + neg_lr * gi;
+        }
+      },
+      // first_step and nesterov only matter with momentum
+      h.maximize, use_wd, use_momentum, use_momentum && h.first_step, use_momentum && h.nesterov);
 }
 
 // Number of elements of x[begin, end) that are NaN or ±inf.

@@ -27,6 +27,10 @@ std::vector<std::string> activation_names();
 template <class T>
 void activation(T* x, int64_t n, Activation act);
 
+// y[i] = act(x[i]) for i < n (one pass: the input is not copied first).
+template <class T>
+void activation(const T* x, int64_t n, Activation act, T* y);
+
 // out[r, j] = act(gate[r·ld + j]) · up[r·ld + j],   j < F      out: [rows, F]
 // gate and up rows have stride ld: ld = 2F reads the packed [gate | up] output of one [rows, 2F]
 // product (GatedFeedForward: up = gate + F), ld = F two separate [rows, F] arrays.
