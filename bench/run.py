@@ -747,10 +747,11 @@ def case_threads(b: Bench) -> list[Row]:
     return [row]
 
 
-def _ops_pairs(b: Bench) -> list[tuple[str, Callable, Callable, Callable | None]]:
-    """(label, ours, torch's, the max err's pair or None) for the op rows: the calls a performance
-    review found 2-19x torch's time (softmax, the activations and their backward in fp32 and
-    fp64, LayerNorm's backward, an F-order input, AdamW's step), at the sizes it measured."""
+def _ops_pairs(b: Bench) -> list[tuple[str, Callable, Callable, bool]]:
+    """(label, ours, torch's, whether their outputs are compared: the ``max err`` note) for the op
+    rows: the calls a performance review found 2-19x torch's time (softmax, the activations and
+    their backward in fp32 and fp64, LayerNorm's backward, an F-order input, AdamW's step), at
+    the sizes it measured."""
     tc, torch = b.tc, b.torch
     F, TF = tc.functional, torch.nn.functional
     rng = np.random.default_rng(0)
@@ -810,7 +811,7 @@ def _ops_pairs(b: Bench) -> list[tuple[str, Callable, Callable, Callable | None]
                 torch_opt.step()
 
         pairs.append((f"AdamW step float32, {count} x {size} (torch {next(iter(kind))})",
-                      ours_opt.step, torch_step, None))
+                      ours_opt.step, torch_step, False))
     return pairs
 
 

@@ -255,6 +255,43 @@ def test_relu_matches_torch(rng, shape, dtype):
     assert_close(ours, TF.relu(to_torch(x)), dtype, atol_=0.0, rtol_=0.0)
 
 
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("n", [5, 16, 40])  # a padded register only, whole registers, both
+def test_activations_keep_special_values_as_torch(dtype, n):
+    """NaN stays NaN in each activation and its backward, in the registers and in the padded tail
+    (xsimd's v != v is false for a NaN: relu gave 0); ±inf, ±0 and huge values give torch's
+    results (xsimd's float64 erf gave NaN beyond |x| ~ 1.2e62: GELU of 1e70 was NaN)."""
+    big = 1e30 if dtype == np.float32 else 1e70
+    special = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, big, -big, 3.0, -3.0, 1e-30], dtype)
+    x = np.resize(special, n).astype(dtype)
+    g = np.ones(n, dtype)
+    tx, tg = to_torch(x), to_torch(g)
+    pairs = [(F.relu(x), TF.relu(tx)), (F.silu(x), TF.silu(tx)),
+             (tc.backward.silu_backward(x, g), torch.ops.aten.silu_backward(tg, tx))]
+    if dtype == np.float64:  # float32 GELU of ±inf: inf, where torch gives NaN (documented)
+        pairs += [(F.gelu(x), TF.gelu(tx)), (F.gelu(x, "tanh"), TF.gelu(tx, approximate="tanh")),
+                  (tc.backward.gelu_backward(x, g), torch.ops.aten.gelu_backward(tg, tx))]
+    for ours, ref in pairs:
+        ref = ref.numpy()
+        assert np.array_equal(np.isnan(ours), np.isnan(ref)), (x, ours, ref)
+        finite = ~np.isnan(ref)
+        np.testing.assert_allclose(ours[finite], ref[finite], rtol=1e-6, atol=1e-30)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("n", [5, 16, 40])
+def test_softmax_nan_among_neg_inf_gives_nan(dtype, n):
+    """A row of -inf with one NaN (a register's length and more, and less): NaN, as torch, not the
+    zeros of a fully masked row (the register path missed the NaN)."""
+    for at in (0, n - 1):
+        x = np.full((2, n), -np.inf, dtype)
+        x[0, at] = np.nan
+        ours = F.softmax(x)
+        assert np.all(np.isnan(ours[0])), ours[0]
+        assert np.array_equal(ours[1], np.zeros(n, dtype))
+        assert np.all(np.isnan(F.softmax(np.ascontiguousarray(x.T), 0)[:, 0]))
+
+
 # ----------------------------------------------------------------------------------- dtype rules
 def test_float64_stays_float64(rng):
     x = randn(rng, (3, 9), np.float64)

@@ -55,6 +55,14 @@ inline void map_registers(const T* a, const T* b, int64_t n, T* y, F f) {
 inline xsimd::batch<float> exp_register(const xsimd::batch<float>& x) { return fast_math::exp_nonpos(x); }
 inline xsimd::batch<double> exp_register(const xsimd::batch<double>& x) { return xsimd::exp(x); }
 
+// erf of doubles on a register: xsimd's, its argument clamped to [-6, 6], where erf is ±1 to the last
+// bit (xsimd's erf gives NaN beyond |x| ≈ 1.2e62, so GELU of a huge x did; std::erf gives ±1). NaN
+// stays NaN.
+inline xsimd::batch<double> erf_register(const xsimd::batch<double>& x) {
+  using B = xsimd::batch<double>;
+  return xsimd::erf(xsimd::select(x > B(6.0), B(6.0), xsimd::select(x < B(-6.0), B(-6.0), x)));
+}
+
 // tanh on a register: float by fast_math's polynomial (relative error <= 2e-7), double by xsimd's.
 inline xsimd::batch<float> tanh_register(const xsimd::batch<float>& x) { return fast_math::tanh_approx(x); }
 inline xsimd::batch<double> tanh_register(const xsimd::batch<double>& x) { return xsimd::tanh(x); }
@@ -191,7 +199,7 @@ inline void softmax_row(const T* x, int64_t n, T* y) {
   int64_t j = 0;
   for (; j + W <= n; j += W) {
     const B v = B::load_unaligned(x + j);
-    nan = nan | (v != v);
+    nan = nan | xsimd::isnan(v);  // (xsimd's v != v is an ordered compare: false for a NaN)
     mx = xsimd::select(v > mx, v, mx);  // a NaN never wins a comparison: the max of the others
   }
   alignas(64) T lanes[W];
@@ -488,7 +496,7 @@ inline xsimd::batch<float> gelu_register(const xsimd::batch<float>& v) {
 }
 inline xsimd::batch<double> gelu_register(const xsimd::batch<double>& v) {
   using B = xsimd::batch<double>;
-  return B(0.5) * v * (B(1.0) + xsimd::erf(v * B(0.70710678118654752440)));
+  return B(0.5) * v * (B(1.0) + erf_register(v * B(0.70710678118654752440)));
 }
 template <class T>
 inline xsimd::batch<T> gelu_tanh_register(const xsimd::batch<T>& v) {
@@ -514,8 +522,8 @@ TC_PREFER_512 inline void activate(const T* x, int64_t n, Activation act, T* y) 
       if (y != x) std::copy(x, x + n, y);
       return;
     case Activation::kRelu:
-      return map_registers(x, n, y, T(0), [](const B& v) {  // NaN stays NaN, as torch's
-        return xsimd::select((v > B(T(0))) | (v != v), v, B(T(0)));
+      return map_registers(x, n, y, T(0), [](const B& v) {  // NaN stays NaN, as torch's: v <= 0 is false for it
+        return xsimd::select(v <= B(T(0)), B(T(0)), v);
       });
     case Activation::kGelu: return map_registers(x, n, y, T(0), [](const B& v) { return gelu_register(v); });
     case Activation::kGeluTanh:

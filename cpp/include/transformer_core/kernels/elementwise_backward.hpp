@@ -89,7 +89,7 @@ inline xsimd::batch<T> gelu_grad_register(const xsimd::batch<T>& x) {
   using B = xsimd::batch<T>;
   B erf_term;
   if constexpr (std::is_same_v<T, float>) erf_term = fast_math::erf_approx(x * B(0.70710678118654752440f));
-  else erf_term = xsimd::erf(x * B(0.70710678118654752440));
+  else erf_term = erf_register(x * B(0.70710678118654752440));
   const B cdf = B(T(0.5)) * (B(T(1)) + erf_term);
   const B pdf = exp_register(B(T(-0.5)) * x * x) * B(T(0.39894228040143267794));
   return cdf + x * pdf;
