@@ -195,7 +195,7 @@ inline void softmax_row(const T* x, int64_t n, T* y) {
   constexpr int64_t W = static_cast<int64_t>(B::size);
   constexpr T neg_inf = -std::numeric_limits<T>::infinity();
   B mx(neg_inf);
-  auto nan = B(T(0)) != B(T(0));  // all false
+  xsimd::batch_bool<T> nan(false);
   int64_t j = 0;
   for (; j + W <= n; j += W) {
     const B v = B::load_unaligned(x + j);
@@ -227,7 +227,7 @@ inline void softmax_row(const T* x, int64_t n, T* y) {
   map_registers(x, n, y, neg_inf, [&](const B& v) { return exp_register(v - mb); });  // padding: exp(-inf) = 0
   double sum;
   if constexpr (std::is_same_v<T, float>) {
-    sum = row_sum(y, n);  // float → double lanes (below)
+    sum = row_sum(y, n);  // float → double lanes (row_sum above)
   } else {
     xsimd::batch<double> acc[kSumLanes / W > 0 ? kSumLanes / W : 1];
     constexpr int64_t R = sizeof(acc) / sizeof(acc[0]);
