@@ -119,7 +119,16 @@ def dtype_suffix(dtype) -> str:
     return "_f64" if np.dtype(dtype) == np.float64 else "_f32"
 
 
+_VARIANTS: dict = {}  # (name, dtype) -> the bound function or class: variant()'s lookups
+
+
 def variant(name: str, dtype):
     """The bound function or class ``name`` for ``dtype`` (float32 or float64), e.g.
-    ``variant("linear", np.float64)`` is ``_core.linear_f64``."""
-    return getattr(_core, name + dtype_suffix(dtype))
+    ``variant("linear", np.float64)`` is ``_core.linear_f64``. Looked up once per ``(name,
+    dtype)``: an optimizer step calls it per parameter, and the lookup (``np.dtype``'s parsing)
+    took longer than the update of a small one."""
+    key = (name, dtype)
+    found = _VARIANTS.get(key)
+    if found is None:
+        found = _VARIANTS[key] = getattr(_core, name + dtype_suffix(dtype))
+    return found

@@ -206,19 +206,6 @@ def _converted_message(lost: dict) -> str:
     return (head + what + "; nothing was updated" + "".join(f". {r[0].upper()}{r[1:]}" for r in remedies))
 
 
-_OPS: dict[tuple[str, np.dtype], Callable] = {}
-
-
-def _op(name: str, dtype: np.dtype) -> Callable:
-    """``variant(name, dtype)``, looked up once per name and dtype: a step calls a C++ function or
-    two per parameter, and the lookup took longer than the update of a small parameter."""
-    key = (name, dtype)
-    f = _OPS.get(key)
-    if f is None:
-        f = _OPS[key] = variant(name, dtype)
-    return f
-
-
 #: The largest step count a state may hold: the C++ update takes the next one, ``step + 1``, as an int64.
 _MAX_STEP = 2**63 - 2
 
@@ -564,7 +551,7 @@ class Optimizer:
                     self._check_in_dtype(gi, group, data.dtype, name)
                     dtypes.add(data.dtype)
                 self._check_state_ready(name, p, self.state.get(name, {}), group, required)
-                if _op("count_nonfinite", data.dtype)(g):
+                if variant("count_nonfinite", data.dtype)(g):
                     bad.append(name)
                 work.append((group, name, p))
         if lost:
@@ -1003,7 +990,7 @@ class Adam(Optimizer):
         if group["amsgrad"] and "max_exp_avg_sq" not in state:
             state["max_exp_avg_sq"] = np.zeros_like(data)
         beta1, beta2 = group["betas"]
-        _op("adam_update", data.dtype)(
+        variant("adam_update", data.dtype)(
             data, p.grad, state["exp_avg"], state["exp_avg_sq"], state.get("max_exp_avg_sq") if group["amsgrad"] else None,
             group["lr"], beta1, beta2, group["eps"], group["weight_decay"], group["decoupled_weight_decay"],
             group["amsgrad"], group["maximize"], state["step"] + 1)
@@ -1108,7 +1095,7 @@ class SGD(Optimizer):
             if buf is None:  # the first step writes it whole (b ← g): no need to zero it
                 buf = state["momentum_buffer"] = np.empty_like(data)
                 first = True
-        _op("sgd_update", data.dtype)(
+        variant("sgd_update", data.dtype)(
             data, p.grad, buf, group["lr"], group["momentum"], group["dampening"], group["weight_decay"],
             group["nesterov"], group["maximize"], first)
         return state
