@@ -235,6 +235,38 @@ def test_mha_need_weights(rng, N, L, S, average, dtype):
     assert np.all(np.broadcast_to(pad, w.shape) <= (w == 0))
 
 
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("N,L,S", [(2, 7, 9), (3, 512, 512), (1, 700, 1500)], ids=["one_round", "rounds", "long"])
+def test_mha_averaged_weights_are_made_and_checked_at_their_own_size(rng, monkeypatch, N, L, S, dtype):
+    """average_attn_weights (torch's default) made every head's weights (N, H, L, S) and returned
+    their mean (N, L, S), H times the memory of what it returns, and checked the (N, H, L, S) size:
+    averaged weights that fit were refused where every head's would not. The heads are now added into
+    the (N, L, S) weights one by one, in rounds of heads (a round may end inside a batch item), and
+    that size is checked: on a machine too small for every head's weights the averaged call runs and
+    matches torch, with the bits of the per-head weights' mean; the per-head call is still refused."""
+    from transformer_core import _validation
+
+    E, H = 12, 3
+    ours, ref = make_pair(E, H, dtype)
+    q, kv = randn(rng, (N, L, E), dtype), randn(rng, (N, S, E), dtype)
+    km = _padding(rng, N, S)
+    per_head = N * H * L * S * np.dtype(dtype).itemsize
+    monkeypatch.setattr(_validation, "physical_memory_bytes", lambda: per_head - 1)
+    out, w = ours(q, kv, kv, key_mask=km)
+    with pytest.raises(ValueError, match=rf"^need_weights: an array of shape \({N}, {H}, {L}, {S}\) needs {per_head} "
+                                         rf"bytes, more than this machine's memory \({per_head - 1} bytes\)$"):
+        ours(q, kv, kv, key_mask=km, average_attn_weights=False)
+    monkeypatch.undo()
+    ref_out, ref_w = torch_mha(ref, q, kv, kv, key_mask=km, need_weights=True)
+    assert w.shape == (N, L, S)
+    assert_close(out, ref_out, dtype, what="output with averaged weights")
+    assert_close(w, ref_w, dtype, what="averaged weights")
+    out_heads, w_heads = ours(q, kv, kv, key_mask=km, average_attn_weights=False)
+    np.testing.assert_array_equal(w, w_heads.mean(axis=1))
+    np.testing.assert_array_equal(out, out_heads)
+
+
 # ----------------------------------------------------------------------------------------- masks
 MASK_KINDS = ["key_mask", "additive_LS", "additive_NHLS", "float_LS", "float_NHLS", "additive_LS+key_mask",
               "float_LS+key_mask", "causal", "causal+key_mask"]
@@ -859,7 +891,10 @@ def test_rotary_positions_are_checked_before_the_cache_grows(rng, monkeypatch):
                         r"machine's memory \(500000 bytes\)$", x[:, :2], rotary=huge, position_ids=[[0, 4096]])
     monkeypatch.setattr(_validation, "physical_memory_bytes", lambda: 300)  # the weights: (1, 2, 5, 5) float64
     refused(ValueError, r"^need_weights: an array of shape \(1, 2, 5, 5\) needs 400 bytes, more than this machine's "
-                        r"memory \(300 bytes\)$", x[:, :5], rotary=rope)
+                        r"memory \(300 bytes\)$", x[:, :5], rotary=rope, average_attn_weights=False)
+    monkeypatch.setattr(_validation, "physical_memory_bytes", lambda: 150)  # averaged: (1, 5, 5) float64
+    refused(ValueError, r"^need_weights: an array of shape \(1, 5, 5\) needs 200 bytes, more than this machine's "
+                        r"memory \(150 bytes\)$", x[:, :5], rotary=rope)
     monkeypatch.undo()
     assert huge._impl.built_positions == 4096
     positions = np.array([[3, 1, 4, 1, 5]])

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 import shutil
 import textwrap
@@ -514,6 +515,89 @@ def _hf_greedy(hf, ids, max_new_tokens):
     with torch.no_grad():
         return hf.generate(torch.from_numpy(ids), attention_mask=torch.ones(ids.shape, dtype=torch.long),
                            max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=0).numpy()
+
+
+
+# Run in a fresh interpreter: the growth of its resident memory's high-water mark (VmHWM, kB) over
+# a generate and over a prompt's step into a reserved cache, and what they computed.
+_RESIDENT_GROWTH = textwrap.dedent("""
+    import ctypes, gc, json, sys
+    import numpy as np, transformer_core as tc
+
+    def status_kb(key):
+        return next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith(key))
+
+    def reset_high_water():
+        gc.collect()
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+        with open("/proc/self/clear_refs", "w") as f:  # 5: VmHWM starts again from VmRSS
+            f.write("5")
+        return status_kb("VmRSS")
+
+    path, out_file, new, eos = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    ids = np.array(json.loads(sys.argv[5]))
+    m = tc.LlamaForCausalLM.from_pretrained(path)
+    m.generate(ids, 2)  # one-time buffers (rotary tables, workspaces) before the measures
+    before = reset_high_water()
+    tokens = m.generate(ids, new, eos_token_id=eos)
+    generate_kb = status_kb("VmHWM") - before
+    before = reset_high_water()
+    cache = m.new_cache(1, new)
+    m(ids, past_key_values=cache)
+    step_kb = status_kb("VmHWM") - before
+    np.savez(out_file, tokens=tokens, **{f"k{i}": k for i, (k, _) in enumerate(cache.to_legacy())},
+             **{f"v{i}": v for i, (_, v) in enumerate(cache.to_legacy())})
+    print(json.dumps({"generate_kb": generate_kb, "step_kb": step_kb, "capacity": cache.capacity}))
+""")
+
+
+def test_reserved_kv_cache_is_resident_only_where_written(tmp_path):
+    """generate reserves the KV cache for prompt + max_new_tokens - 1 positions, and the cache
+    zero-filled all of it: stopped by its end token after a few, a generate with max_new_tokens = 60000
+    held 60 MB (HF's DynamicCache holds what was made). The reservation is address space now, resident
+    only as written: measured in a fresh process (VmHWM), generate and a prompt's step into a cache of
+    60000 positions grow by far less than the 60 MB, and give HF's tokens and keys and values (bitwise
+    those of a cache of the prompt's size)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    cfg = transformers.LlamaConfig(vocab_size=VOCAB, max_position_embeddings=1 << 16, rms_norm_eps=1e-5,
+                                   initializer_range=0.2, bos_token_id=None, eos_token_id=None, pad_token_id=None,
+                                   hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=4, attn_implementation="sdpa")
+    torch.manual_seed(5)
+    hf = transformers.LlamaForCausalLM(cfg).eval()
+    hf.save_pretrained(tmp_path / "model", safe_serialization=True)
+    m = tc.LlamaForCausalLM.from_pretrained(tmp_path / "model")
+    ids, new = _ids(3, (1, 5)), 60_000
+    per_position = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * m.head_dim * 4  # keys and values, fp32
+    made = m.generate(ids, 8)[0, 5:]
+    eos = int(made[-1])  # the end token: the generation stops where it first makes it
+    stop = list(made).index(eos) + 1
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(tc.__file__).parent.parent), env.get("PYTHONPATH")]))
+    run = subprocess.run([sys.executable, "-c", _RESIDENT_GROWTH, str(tmp_path / "model"), str(tmp_path / "out.npz"),
+                          str(new), str(eos), json.dumps(ids.tolist())],
+                         capture_output=True, text=True, timeout=300, env=env)
+    assert run.returncode == 0, run.stderr[-2000:]
+    grown = json.loads(run.stdout)
+    reserved_kb = new * per_position // 1024
+    assert grown["capacity"] == new and reserved_kb > 50_000
+    # written: a page per (layer, keys or values, head) at least, 64 kB here; the bound leaves the
+    # rest of the process room and still fails when the reservation is resident
+    assert grown["generate_kb"] < reserved_kb / 4, grown
+    assert grown["step_kb"] < reserved_kb / 4, grown
+    got = np.load(tmp_path / "out.npz")
+    np.testing.assert_array_equal(got["tokens"], _hf_greedy(hf, ids, 8)[:, :5 + stop])
+    assert got["tokens"].shape == (1, 5 + stop)
+    small = m(ids, use_cache=True).past_key_values.to_legacy()
+    ref = _hf(hf, ids, use_cache=True).past_key_values
+    for i, (k, v) in enumerate(small):
+        np.testing.assert_array_equal(got[f"k{i}"], k)
+        np.testing.assert_array_equal(got[f"v{i}"], v)
+        assert_close(k, ref.layers[i].keys.numpy(), np.float32, what=f"layer {i} keys")
+        assert_close(v, ref.layers[i].values.numpy(), np.float32, what=f"layer {i} values")
 
 
 @pytest.mark.parametrize("L, new", [(64, 1), (61, 4)])

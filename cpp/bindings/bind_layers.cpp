@@ -198,14 +198,15 @@ void register_dtype(py::module_& m) {
            py::arg("head_dim"))
       .def_property_readonly("head_dim", &MHA::head_dim)
       .def_property_readonly("packed", &MHA::packed)
-      // query [N, L, E], key [N, S, kdim], value [N, S, vdim] -> out [N, L, E] (, weights [N, H, L, S_total]).
-      // cache (+ layer), rotary (+ position_ids [N, L]): self-attention only (key and value None).
+      // query [N, L, E], key [N, S, kdim], value [N, S, vdim] -> out [N, L, E] (, weights [N, H, L, S_total],
+      // or [N, L, S_total] averaged over the heads). cache (+ layer), rotary (+ position_ids [N, L]):
+      // self-attention only (key and value None).
       .def(
           "forward",
           [](const MHA& self, const CArray<T>& query, const py::object& key, const py::object& value,
              const py::object& bool_mask, const py::object& float_mask, const py::object& key_mask, bool is_causal,
-             int64_t causal_offset, bool need_weights, const std::string& path, KVCache* cache, int64_t layer,
-             const Rotary* rotary, const py::object& position_ids) -> py::object {
+             int64_t causal_offset, bool need_weights, bool average_weights, const std::string& path, KVCache* cache,
+             int64_t layer, const Rotary* rotary, const py::object& position_ids) -> py::object {
             const bool self_attention = key.is_none();
             CArray<T> k = self_attention ? query : key.cast<CArray<T>>();
             CArray<T> v = self_attention ? query : value.cast<CArray<T>>();
@@ -235,8 +236,11 @@ void register_dtype(py::module_& m) {
             auto out = new_array<T>({N, L, self.embed_dim()}, "query: the output (N, L, embed_dim)");
             py::array_t<T> weights;
             if (need_weights) {
-              weights = new_array<T>({N, self.num_heads(), L, S_total}, "need_weights: the weights (N, num_heads, L, S)");
+              weights = average_weights ? new_array<T>({N, L, S_total}, "need_weights: the averaged weights (N, L, S)")
+                                        : new_array<T>({N, self.num_heads(), L, S_total},
+                                                       "need_weights: the weights (N, num_heads, L, S)");
               in.weights = weights.mutable_data();
+              in.average_weights = average_weights;
             }
             T* op = out.mutable_data();
             {
@@ -250,7 +254,8 @@ void register_dtype(py::module_& m) {
           },
           py::arg("query"), py::arg("key"), py::arg("value"), py::arg("bool_mask"), py::arg("float_mask"),
           py::arg("key_mask"), py::arg("is_causal"), py::arg("causal_offset"), py::arg("need_weights"),
-          py::arg("path"), py::arg("cache"), py::arg("layer"), py::arg("rotary"), py::arg("position_ids"));
+          py::arg("average_weights"), py::arg("path"), py::arg("cache"), py::arg("layer"), py::arg("rotary"),
+          py::arg("position_ids"));
 
   py::class_<layers::TransformerEncoderLayer<T>, Module<T>>(m, ("TransformerEncoderLayer" + sfx).c_str())
       .def(py::init([](int64_t d_model, int64_t nhead, int64_t dff, const std::string& act, double eps, bool norm_first,

@@ -522,6 +522,11 @@ class GenerationMixin:
                           f"generate implements do_sample, temperature, top_k, top_p, repetition_penalty and the end "
                           f"and pad ids only, so its tokens may differ from Hugging Face's generate, which applies "
                           f"{'it' if one else 'them'}", UserWarning, stacklevel=user_stacklevel())
+        # Every position the generation may need is reserved now, not as it goes: a cache that
+        # cannot hold them is refused here, before the prompt's step, and no step stops to copy
+        # the cache into a larger one. The reservation is address space: only the positions
+        # written become resident (KVCache), so a generation stopped early by its end token holds
+        # memory for the tokens it made, not for max_new_tokens.
         if cache is None:
             try:
                 cache = self.new_cache(N, total)

@@ -47,8 +47,11 @@ class KVCache:
     Storage per layer (in C++): keys and values ``(N, H_kv, capacity, D)``; ``length`` positions are
     filled. Each forward step appends its L new positions; when full, the capacity doubles (at least
     to what is needed) and the contents are copied once, so decoding T tokens copies O(T) in all.
-    Memory: ``2 · num_layers · N · H_kv · capacity · D`` values of ``dtype`` — grouped-query attention
-    (H_kv < H) shrinks it by H / H_kv. The model updates the cache in place.
+    Memory: ``2 · num_layers · N · H_kv · capacity · D`` values of ``dtype`` of address space —
+    grouped-query attention (H_kv < H) shrinks it by H / H_kv — of which only the positions written
+    are resident: the storage is zeros the operating system commits page by page as they are
+    written, so a capacity reserved for a long generation that stops early costs address space, not
+    memory. The model updates the cache in place.
 
     A cache holds one sequence of calls at a time: while a forward of one thread runs on it,
     another thread's forward, ``crop``, ``reserve`` or read of it is a ValueError (give each thread

@@ -591,7 +591,9 @@ class MultiheadAttention(Module):
                 computing them (``(N, H, L, S)`` values), the faster call when only the output is
                 used (``out, _ = mha(x, need_weights=False)``).
             average_attn_weights: average the weights over heads ``(N, L, S)``; else
-                ``(N, H, L, S)``.
+                ``(N, H, L, S)``. The average is accumulated head by head, so the per-head weights
+                (``H`` times as large) are never all held, except in a training call with
+                ``dropout``, which drops them per head first.
             path: attention kernel, ``"auto"``, ``"flash"`` or ``"reference"``.
             past_key_values: a :class:`transformer_core.KVCache` (self-attention only): the new keys
                 and values are appended to its layer ``layer`` and attention runs over past + new
@@ -734,8 +736,14 @@ class MultiheadAttention(Module):
         if unbatched:
             key_mask = _unbatched_key_mask(key_mask, "key_mask", S, "S", f"query {q.shape[1:]} (L, E)")
         masks = _layer_masks(attn_mask, key_mask, N, self.num_heads, L, S, self.dtype, keep=self.training)
-        if need_weights:  # the weights (N, H, L, S) are made after the cache grows: checked before
-            check_allocatable((N, self.num_heads, L, S), np.dtype(self.dtype).itemsize, "need_weights")
+        p = check_dropout(self.dropout) if self.training else 0.0  # an attribute: may have been changed
+        # Averaged weights come from C++ as they are, (N, L, S), the heads added one by one, never the
+        # (N, H, L, S) of every head; a training call with dropout takes the per-head weights, to drop
+        # them as its forward did, and averages those.
+        average_in_core = average_attn_weights and p == 0
+        if need_weights:  # the weights are made after the cache grows: checked before
+            shape = (N, L, S) if average_in_core else (N, self.num_heads, L, S)
+            check_allocatable(shape, np.dtype(self.dtype).itemsize, "need_weights")
         # every shape checked: now the inputs are converted (query, key and value that are one array stay one)
         qc = as_float(q, "query", self.dtype)
         kc = qc if k is q else as_float(k, "key", self.dtype)
@@ -747,11 +755,10 @@ class MultiheadAttention(Module):
             k_kept = q_kept if self_attention else _kept(k, key)
             v_kept = q_kept if self_attention else (k_kept if v is k else _kept(v, value))
             kv = (None, None) if self_attention else (k_kept, v_kept)
-            p = check_dropout(self.dropout)  # an attribute: may have been changed
             seed = self._dropout_seed(p)
             if need_weights:  # the training forward computes none: an inference forward's, before any state is kept
-                weights = self._impl.forward(q_kept, *kv, *masks, bool(is_causal), 0, True, path, None, 0,
-                                             rotary_impl, positions)[1]
+                weights = self._impl.forward(q_kept, *kv, *masks, bool(is_causal), 0, True, average_in_core, path,
+                                             None, 0, rotary_impl, positions)[1]
                 if p > 0:  # the forward's mask: the same (seed, flat index of (n, h, l, s))
                     weights = variant("dropout", self.dtype)(weights, p, seed)
             out = self._impl.forward_train(q_kept, *kv, *masks, bool(is_causal), path, rotary_impl, positions,
@@ -763,14 +770,15 @@ class MultiheadAttention(Module):
             if cache_impl is not None:  # every argument checked: now the cache may grow
                 past_key_values.reserve(past_key_values.length + L)
             out = self._impl.forward(q, None if self_attention else k, None if self_attention else v, *masks,
-                                     is_causal, 0, need_weights, path, cache_impl, layer, rotary_impl, positions)
+                                     is_causal, 0, need_weights, average_in_core, path, cache_impl, layer,
+                                     rotary_impl, positions)
             if cache_impl is not None:
                 last = layer == len(past_key_values) - 1
                 past_key_values._next_layer = 0 if last else layer + 1
                 past_key_values._step_length = L
             if need_weights:
                 out, weights = out
-        if weights is not None and average_attn_weights:
+        if weights is not None and average_attn_weights and not average_in_core:
             weights = weights.mean(axis=1)
         if unbatched:
             return out[0], (None if weights is None else weights[0])

@@ -30,13 +30,16 @@ void KVCache<T>::reserve(int64_t total) {
   // keys and values of every layer: 2 · layers · N · H_kv · new_cap · D values
   ops::require_weights({{2, std::max<int64_t>(num_layers(), 1), batch_, num_kv_heads_, new_cap, head_dim_}}, sizeof(T),
                        "total (the KVCache capacity asked for)");
-  auto grow = [&](xt::xtensor<T, 4>& old) {
-    xt::xtensor<T, 4> fresh = allocate<T, 4>({batch_, num_kv_heads_, new_cap, head_dim_}, "total (the KVCache capacity asked for)");
-    // The whole old block of every (n, h), not only [:length]: in the middle of a step (layers called
-    // in order, the length advanced by the last one) the earlier layers already hold the step's
-    // positions past the length, and a reserve between two layers must keep them.
+  auto grow = [&](Storage& old) {
+    Storage fresh = Storage::from_shape(
+        checked_shape<T, 4>({batch_, num_kv_heads_, new_cap, head_dim_}, "total (the KVCache capacity asked for)"));
+    // Every (n, h) block's written part, [:written_], into the fresh zeros: what follows is zeros
+    // in both, and copying it would only make its pages resident. Not only [:length]: in the middle
+    // of a step (layers called in order, the length advanced by the last one) the earlier layers
+    // already hold the step's positions past the length, and a reserve between two layers must
+    // keep them.
     for (int64_t nh = 0; nh < batch_ * num_kv_heads_; ++nh)
-      std::copy(old.data() + nh * capacity_ * head_dim_, old.data() + (nh + 1) * capacity_ * head_dim_,
+      std::copy(old.data() + nh * capacity_ * head_dim_, old.data() + (nh * capacity_ + written_) * head_dim_,
                 fresh.data() + nh * new_cap * head_dim_);
     old = std::move(fresh);
   };
@@ -59,6 +62,7 @@ void KVCache<T>::set_length(int64_t length) {
     throw std::invalid_argument("length: expected 0 <= length <= " + std::to_string(capacity_) + " (the capacity), got " +
                                 std::to_string(length));
   length_ = length;
+  written_ = std::max(written_, length);
 }
 
 template <class T>
@@ -74,6 +78,7 @@ void KVCache<T>::append(int64_t layer, const T* k_src, const T* v_src, int64_t l
         std::copy(k_src + src, k_src + src + D, kc + dst);
         std::copy(v_src + src, v_src + src + D, vc + dst);
       }
+  written_ = std::max(written_, past + L);
 }
 
 template class KVCache<float>;

@@ -77,6 +77,7 @@ void MultiheadAttention<T>::attend(kernels::AttentionArgs<T>& a, const T* q, int
   a.q_len = L, a.head_dim = D, a.v_head_dim = D;
   a.scale = T(1) / std::sqrt(static_cast<T>(D));
   a.weights = in.weights;
+  a.average_weights = in.average_weights;
   ops::scaled_dot_product_attention(a, in.path);
 }
 

@@ -25,13 +25,19 @@ void check_sizes(const AttentionArgs<T>& a) {
                                 ") must be a multiple of num_kv_heads (" + str(a.num_kv_heads) + ")");
 }
 
-// The reference path holds one (L, S) score matrix per thread at work: checked against memory
-// before the region starts (a bad_alloc inside it, or the OOM killer, otherwise).
+// The reference path holds one (L, S) score matrix per thread at work, or, averaging the weights
+// over the heads, one per head of a round (kernels::averaged_weights_round): checked against
+// memory before the region starts (a bad_alloc inside it, or the OOM killer, otherwise).
 template <class T>
 void check_reference_scratch(const AttentionArgs<T>& a) {
-  const int64_t threads = std::min<int64_t>(get_num_threads(), checked_product({a.batch, a.num_heads}, "query"));
-  require_allocatable(checked_product({threads, a.q_len, a.kv_len}, "query, key: (L, S) scores per thread"),
-                      sizeof(T), "query, key: the reference path's (L, S) scores, one matrix per thread");
+  const int64_t tasks = checked_product({a.batch, a.num_heads}, "query");
+  checked_product({a.q_len, a.kv_len}, "query, key: (L, S) scores");  // before the round's L · S
+  const int64_t matrices = a.weights != nullptr && a.average_weights
+                               ? kernels::averaged_weights_round(a, std::max(1, get_num_threads()))
+                               : std::min<int64_t>(get_num_threads(), tasks);
+  require_allocatable(checked_product({matrices, a.q_len, a.kv_len}, "query, key: (L, S) scores per thread"),
+                      sizeof(T), "query, key: the reference path's (L, S) scores, one matrix per thread (averaged "
+                      "weights: per head of a round)");
 }
 }  // namespace
 

@@ -63,8 +63,9 @@ struct AttentionArgs : AttentionMasks<T> {  // the masks: attention_masks.hpp
   int64_t q_len = 0, kv_len = 0, head_dim = 0, v_head_dim = 0;
   T scale = T(1);
 
-  T* weights = nullptr;  // optional output [N, H, L, S], contiguous
-  T* lse = nullptr;      // optional output [N, H, L], contiguous: log Σ_s exp(x_is) per query row
+  T* weights = nullptr;          // optional output [N, H, L, S], contiguous; [N, L, S] if average_weights
+  bool average_weights = false;  // weights: the mean over the heads (torch's average_attn_weights)
+  T* lse = nullptr;              // optional output [N, H, L], contiguous: log Σ_s exp(x_is) per query row
 
   // dropout on the probabilities: threshold = dropout_threshold(p) (0: none), scale = 1 / (1 - p)
   uint64_t dropout_threshold = 0;
@@ -160,53 +161,102 @@ inline T log_sum_exp_row(const T* x, int64_t n) {
   return m + static_cast<T>(std::log(sum));
 }
 
-// The reference path: the whole [L, S] score matrix of one (n, h) at a time, two GEMMs and a
-// row softmax between them. Simple and exact; the oracle the tiled kernel is tested against.
+// One (n, h) of the reference path, task = n · H + h: the whole [L, S] score matrix at once, two
+// GEMMs and a row softmax between them. Writes the head's out rows (and lse) and leaves its
+// probabilities in scores [L, S] (resized to L · S unless S = 0).
+template <class T>
+void attention_reference_head(const AttentionArgs<T>& a, int64_t task, std::vector<T>& scores) {
+  const int64_t L = a.q_len, S = a.kv_len, D = a.head_dim, Dv = a.v_head_dim;
+  const int64_t n = task / a.num_heads, h = task % a.num_heads, hk = h / (a.num_heads / a.num_kv_heads);
+  const T* q = a.q + n * a.q_stride_n + h * a.q_stride_h;
+  const T* k = a.k + n * a.k_stride_n + hk * a.k_stride_h;
+  const T* v = a.v + n * a.v_stride_n + hk * a.v_stride_h;
+  T* out = a.out + n * a.o_stride_n + h * a.o_stride_h;
+  T* lse = a.lse != nullptr ? a.lse + task * L : nullptr;  // [L] of this (n, h), or none
+  if (S == 0) {  // nothing to attend to
+    for (int64_t l = 0; l < L; ++l)
+      for (int64_t j = 0; j < Dv; ++j) out[l * a.o_stride_l + j] = T(0);
+    if (lse != nullptr) std::fill(lse, lse + L, -std::numeric_limits<T>::infinity());
+    return;
+  }
+  scores.resize(static_cast<size_t>(L * S));
+  // scores[L, S] = scale · q[L, D] · k[S, D]ᵀ
+  attention_scores(L, S, D, a.scale, q, a.q_stride_l, k, a.k_stride_s, scores.data(), S);
+  bool any_empty_row = false;  // a row that can see no key: its output is zeros, whatever v holds
+  for (int64_t l = 0; l < L; ++l) {
+    T* row = scores.data() + l * S;
+    if (a.has_any_mask()) apply_masks_row(a, n, h, l, 0, S, row);
+    if (lse != nullptr) lse[l] = log_sum_exp_row(row, S);
+    softmax_row(row, S);
+    if (a.has_dropout()) dropout_probabilities_row(a, n, h, l, 0, S, row);
+    any_empty_row = any_empty_row || std::all_of(row, row + S, [](T p) { return p == T(0); });
+  }
+  // out[L, Dv] = p[L, S] · v[S, Dv]
+  if (Dv > 0)
+    gemm_on_thread(false, false, L, Dv, S, scores.data(), S, v, ld_for(a.v_stride_s, S, Dv), out, a.o_stride_l, false);
+  for (int64_t l = 0; any_empty_row && l < L; ++l) {
+    const T* row = scores.data() + l * S;
+    if (std::all_of(row, row + S, [](T p) { return p == T(0); }))
+      std::fill(out + l * a.o_stride_l, out + l * a.o_stride_l + Dv, T(0));
+  }
+}
+
+// The (n, h) tasks in a round of attention_reference_averaged: one per thread at least, more while
+// their probabilities stay within kAveragedRoundValues values (small heads: fewer rounds, each a
+// parallel region), at most all. So the round's buffers hold max(threads · L · S, about
+// kAveragedRoundValues) values, never every head's.
+constexpr int64_t kAveragedRoundValues = int64_t{1} << 20;
+template <class T>
+int64_t averaged_weights_round(const AttentionArgs<T>& a, int num_threads) {
+  const int64_t tasks = a.batch * a.num_heads, per_head = std::max<int64_t>(1, a.q_len * a.kv_len);
+  return std::min(tasks, std::max<int64_t>(num_threads, kAveragedRoundValues / per_head));
+}
+
+// The reference path with the weights averaged over the heads (a.weights [N, L, S]):
+//   weights[n] = (P[n, 0] + P[n, 1] + ... + P[n, H-1]) / H
+// added in that order, as numpy's mean over the heads' axis adds them: the bits of the per-head
+// weights' mean, without holding the per-head weights (H times the output). The (n, h) tasks run in
+// rounds (averaged_weights_round), each into a buffer of its own; after a round the buffers are
+// added into the weights in task order, in parallel over the [L, S] elements.
+template <class T>
+void attention_reference_averaged(const AttentionArgs<T>& a) {
+  const int64_t H = a.num_heads, LS = a.q_len * a.kv_len, tasks = a.batch * H;
+  const int num_threads = std::max(1, get_num_threads());
+  const int64_t round = averaged_weights_round(a, num_threads);
+  std::vector<std::vector<T>> probs(static_cast<size_t>(round));
+  for (int64_t t0 = 0; t0 < tasks; t0 += round) {
+    const int64_t count = std::min(round, tasks - t0);
+    parallel_tasks(count, [&](int64_t i, int) { attention_reference_head(a, t0 + i, probs[static_cast<size_t>(i)]); },
+                   num_threads);
+    parallel_for(0, LS, 4096, [&](int64_t begin, int64_t end) {
+      for (int64_t i = 0; i < count; ++i) {
+        const int64_t n = (t0 + i) / H, h = (t0 + i) % H;
+        const T* p = probs[static_cast<size_t>(i)].data();
+        T* w = a.weights + n * LS;
+        if (h == 0) {
+          std::copy(p + begin, p + end, w + begin);
+        } else {
+          for (int64_t e = begin; e < end; ++e) w[e] += p[e];
+        }
+        if (h == H - 1)
+          for (int64_t e = begin; e < end; ++e) w[e] /= static_cast<T>(H);
+      }
+    });
+  }
+}
+
+// The reference path: each (n, h) on its own (attention_reference_head), in parallel. Simple and
+// exact; the oracle the tiled kernel is tested against.
 template <class T>
 void attention_reference(const AttentionArgs<T>& a) {
-  const int64_t L = a.q_len, S = a.kv_len, D = a.head_dim, Dv = a.v_head_dim;
-  const int64_t group = a.num_heads / a.num_kv_heads;
-  const int64_t tasks = a.batch * a.num_heads;
+  if (a.weights != nullptr && a.average_weights) return attention_reference_averaged(a);
+  const int64_t LS = a.q_len * a.kv_len;
   const int num_threads = std::max(1, get_num_threads());
   std::vector<std::vector<T>> scratch(static_cast<size_t>(num_threads));
-  parallel_tasks(tasks, [&](int64_t task, int tid) {
-    const int64_t n = task / a.num_heads, h = task % a.num_heads, hk = h / group;
-    const T* q = a.q + n * a.q_stride_n + h * a.q_stride_h;
-    const T* k = a.k + n * a.k_stride_n + hk * a.k_stride_h;
-    const T* v = a.v + n * a.v_stride_n + hk * a.v_stride_h;
-    T* out = a.out + n * a.o_stride_n + h * a.o_stride_h;
-    T* lse = a.lse != nullptr ? a.lse + task * L : nullptr;  // [L] of this (n, h), or none
-    if (S == 0) {  // nothing to attend to
-      for (int64_t l = 0; l < L; ++l)
-        for (int64_t j = 0; j < Dv; ++j) out[l * a.o_stride_l + j] = T(0);
-      if (lse != nullptr) std::fill(lse, lse + L, -std::numeric_limits<T>::infinity());
-      return;
-    }
+  parallel_tasks(a.batch * a.num_heads, [&](int64_t task, int tid) {
     std::vector<T>& scores = scratch[static_cast<size_t>(tid)];
-    scores.resize(static_cast<size_t>(L * S));
-    // scores[L, S] = scale · q[L, D] · k[S, D]ᵀ
-    attention_scores(L, S, D, a.scale, q, a.q_stride_l, k, a.k_stride_s, scores.data(), S);
-    bool any_empty_row = false;  // a row that can see no key: its output is zeros, whatever v holds
-    for (int64_t l = 0; l < L; ++l) {
-      T* row = scores.data() + l * S;
-      if (a.has_any_mask()) apply_masks_row(a, n, h, l, 0, S, row);
-      if (lse != nullptr) lse[l] = log_sum_exp_row(row, S);
-      softmax_row(row, S);
-      if (a.has_dropout()) dropout_probabilities_row(a, n, h, l, 0, S, row);
-      any_empty_row = any_empty_row || std::all_of(row, row + S, [](T p) { return p == T(0); });
-    }
-    // out[L, Dv] = p[L, S] · v[S, Dv]
-    if (Dv > 0)
-      gemm_on_thread(false, false, L, Dv, S, scores.data(), S, v, ld_for(a.v_stride_s, S, Dv), out, a.o_stride_l, false);
-    for (int64_t l = 0; any_empty_row && l < L; ++l) {
-      const T* row = scores.data() + l * S;
-      if (std::all_of(row, row + S, [](T p) { return p == T(0); }))
-        std::fill(out + l * a.o_stride_l, out + l * a.o_stride_l + Dv, T(0));
-    }
-    if (a.weights != nullptr) {
-      T* w = a.weights + task * L * S;
-      std::copy(scores.begin(), scores.end(), w);
-    }
+    attention_reference_head(a, task, scores);
+    if (a.weights != nullptr) std::copy(scores.data(), scores.data() + LS, a.weights + task * LS);
   }, num_threads);
 }
 

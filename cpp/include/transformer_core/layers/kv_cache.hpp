@@ -5,8 +5,10 @@
 //
 // A step with L new tokens appends L positions to every layer; when full, the capacity doubles (at
 // least to what is needed) and the contents are copied once, so decoding T tokens copies O(T) in
-// all. Memory: 2 · layers · N · H_kv · capacity · D values — grouped-query attention (H_kv < H)
-// shrinks it by H / H_kv.
+// all. Memory: 2 · layers · N · H_kv · capacity · D values of address space — grouped-query
+// attention (H_kv < H) shrinks it by H / H_kv — of which only the positions written are resident
+// (ZeroPageAllocator): a cache reserved for 8000 positions and stopped after 20 holds about 20 (a
+// page per (n, h) block at least). The storage past what was written reads as zeros.
 #pragma once
 
 #include <atomic>
@@ -17,6 +19,7 @@
 #include <xtensor/xtensor.hpp>
 
 #include "transformer_core/kernels/parallel.hpp"
+#include "transformer_core/layers/zero_page_allocator.hpp"
 
 namespace transformer_core::layers {
 
@@ -38,7 +41,8 @@ class KVCache {
   void reserve(int64_t total);
   // Forgets every position from `length` on (0 <= length <= this->length(), else invalid_argument).
   void crop(int64_t length);
-  // Marks `length` positions filled (0 <= length <= capacity): after a step has appended them.
+  // Marks `length` positions filled (0 <= length <= capacity): after a step has appended them, or
+  // after they were written through keys() and values().
   void set_length(int64_t length);
 
   // [N, H_kv, capacity, D] of one layer.
@@ -83,8 +87,14 @@ class KVCache {
   void append(int64_t layer, const T* k_src, const T* v_src, int64_t ld, int64_t L);
 
  private:
+  // [N, H_kv, capacity, D], zeros until written, resident only where written
+  using Storage = xt::xtensor_container<xt::uvector<T, ZeroPageAllocator<T>>, 4, xt::layout_type::row_major>;
+
   int64_t batch_, num_kv_heads_, head_dim_, capacity_ = 0, length_ = 0;
-  std::vector<xt::xtensor<T, 4>> keys_, values_;
+  // Positions [0, written_) of a block may have been written (appended, or filled before a
+  // set_length); from written_ on, every (n, h) block of every layer is still untouched zeros.
+  int64_t written_ = 0;
+  std::vector<Storage> keys_, values_;
   mutable std::atomic<uint64_t> holder_{0};  // 0, or fork_generation() + 1 of the process whose call holds it
   static constexpr const char* kInUseBy =
       "in use by another call (a cache holds one sequence of calls at a time; give each thread its own)";

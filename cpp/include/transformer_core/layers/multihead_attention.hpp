@@ -39,6 +39,7 @@ struct AttentionInputs {
   const RotaryEmbedding<T>* rotary = nullptr; // rotate q and k (self-attention only)
   const int64_t* positions = nullptr;         // [N, L] positions of the new tokens; nullptr: past + l
   T* weights = nullptr;                       // [N, H, L, S_total] attention probabilities, or nullptr
+  bool average_weights = false;               // weights: [N, L, S_total], the mean over the heads
   AttentionPath path = AttentionPath::kAuto;
   double dropout = 0;                         // training forward only: dropout on the probabilities
   uint64_t dropout_seed = 0;                  // (torch's MultiheadAttention(dropout=)), and its seed
