@@ -281,6 +281,52 @@ def test_layer_norm_backward(rng, dtype, shape, affine):
             assert gb is None
 
 
+# grad_weight and grad_bias: each row's terms go into its chunk's partial sums (chunks of 32 rows,
+# or of rows / 256 past 8192 rows), a register of 4 doubles (AVX2) or 8 (AVX-512) at a time, the
+# last columns one by one; then the chunks are added in order. Widths at the registers' edges, row
+# counts at the chunks'.
+PARAM_GRAD_WIDTHS = [1, 3, 4, 5, 7, 8, 9, 15, 16, 17, 33, 65]
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("rows", [1, 6, 31, 32, 33, 65, 8192, 8193, 9001])
+@pytest.mark.parametrize("e", PARAM_GRAD_WIDTHS)
+def test_norm_parameter_gradients_at_register_edges(rng, dtype, rows, e):
+    x = randn(rng, (rows, e), dtype) * 2 + 0.5
+    w = 1 + randn(rng, (e,), dtype, 0.3)
+    b = randn(rng, (e,), dtype)
+    gy = randn(rng, (rows, e), dtype)
+    xt, wt, bt = leaf(x), leaf(w), leaf(b)
+    TF.layer_norm(xt, (e,), wt, bt, eps=1e-5).backward(to_torch(gy))
+    _, gw, gb = B.layer_norm_backward(x, w, gy, 1e-5)
+    if e == 1:  # x̂ = 0 exactly: torch's grad_weight is its rounding (~1e-5), ours 0
+        np.testing.assert_array_equal(gw, np.zeros(1, dtype))
+    else:
+        check(gw, wt.grad, dtype, "layer_norm grad_weight")
+    check(gb, bt.grad, dtype, "layer_norm grad_bias")
+    xt, wt = leaf(x), leaf(w)
+    TF.rms_norm(xt, (e,), wt, eps=1e-6).backward(to_torch(gy))
+    _, gw = B.rms_norm_backward(x, w, gy, eps=1e-6)
+    check(gw, wt.grad, dtype, "rms_norm grad_weight")
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+def test_norm_backward_threads_bitwise(rng, dtype, threads):
+    """The chunks of rows are cut by the shape alone: the same bits on 1, 2 and 3 threads (1000 rows
+    of 70: 32 chunks, enough for 3 threads; 9001 rows: 251 chunks of 36 rows)."""
+    for rows in (1000, 9001):
+        x = randn(rng, (rows, 70), dtype) * 2 + 0.5
+        w = 1 + randn(rng, (70,), dtype, 0.3)
+        gy = randn(rng, (rows, 70), dtype)
+        results = []
+        for n in (1, 2, 3):
+            tc.set_num_threads(n)
+            results.append(B.layer_norm_backward(x, w, gy) + B.rms_norm_backward(x, w, gy, eps=1e-6))
+        for other in results[1:]:
+            for a, b in zip(results[0], other):
+                np.testing.assert_array_equal(a, b)
+
+
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
 def test_layer_norm_backward_accumulates(rng, dtype):
     x = randn(rng, (6, 9), dtype)
@@ -1219,3 +1265,23 @@ def test_embedding_backward_checks_a_broadcast_ids_view_before_copying_it():
     w = torch.zeros(5, 2, requires_grad=True)
     TF.embedding(torch.from_numpy(np.ascontiguousarray(ids)), w).backward(torch.from_numpy(g))
     np.testing.assert_array_equal(B.embedding_backward(ids, g, 5), w.grad.numpy())
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("e", [16384, 16385])
+def test_layer_norm_backward_of_rows_past_the_scratch(rng, dtype, e):
+    """Rows of up to 16384 values keep g and x̂ in a scratch of doubles for the dx pass; longer ones
+    convert again (the scratch would not stay in cache): both sides of the edge against torch."""
+    x = randn(rng, (3, e), dtype) * 2 + 0.5
+    w = 1 + randn(rng, (e,), dtype, 0.3)
+    b = randn(rng, (e,), dtype)
+    gy = randn(rng, (3, e), dtype)
+    xt, wt, bt = leaf(x), leaf(w), leaf(b)
+    TF.layer_norm(xt, (e,), wt, bt, eps=1e-5).backward(to_torch(gy))
+    gx, gw, gb = B.layer_norm_backward(x, w, gy, 1e-5)
+    check(gx, xt.grad, dtype, "layer_norm grad_input")
+    check(gw, wt.grad, dtype, "layer_norm grad_weight")
+    check(gb, bt.grad, dtype, "layer_norm grad_bias")
+    xt = leaf(x)
+    TF.layer_norm(xt, (e,), eps=1e-5).backward(to_torch(gy))
+    check(B.layer_norm_backward(x, None, gy, 1e-5)[0], xt.grad, dtype, "layer_norm grad_input, no weight")

@@ -116,6 +116,42 @@ def test_softmax_over_another_dim_special_values(rng, dtype, cols):
     assert_close(ours[:, [1] + list(range(5, cols))], ref[:, [1] + list(range(5, cols))], dtype)
 
 
+# The column kernel takes a register of neighbouring columns down the rows (16 floats, 8 doubles
+# on AVX-512; 8 and 4 on AVX2), the last columns of a 256-column block in one padded register:
+# widths at each register's edges, one row and several, and a block's last register part-filled.
+COLUMN_WIDTHS = [1, 3, 4, 5, 7, 8, 9, 15, 16, 17, 31, 32, 33, 255, 257, 271, 273]
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("rows", [1, 2, 9])
+@pytest.mark.parametrize("cols", COLUMN_WIDTHS)
+def test_softmax_over_columns_at_register_edges(rng, dtype, rows, cols):
+    x = randn(rng, (rows, cols), dtype, scale=3.0)
+    assert_close(F.softmax(x, dim=0), torch.softmax(to_torch(x), dim=0), dtype, what="softmax dim 0")
+    x3 = randn(rng, (2, rows, cols), dtype, scale=3.0)  # two slabs: the second starts past the first's end
+    assert_close(F.softmax(x3, dim=1), torch.softmax(to_torch(x3), dim=1), dtype, what="softmax dim 1")
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("cols", [9, 17, 33, 261])
+def test_softmax_over_columns_special_values_in_the_last_register(rng, dtype, cols):
+    """The special columns of the test above, as the last five columns: in the padded register
+    (or the last full one) of the last block."""
+    x = randn(rng, (5, cols), dtype, scale=3.0)
+    c = cols - 5
+    x[:, c] = -np.inf
+    x[[0, 3], c + 1] = -np.inf
+    x[1:, c + 2] = -np.inf
+    x[2, c + 3] = np.nan
+    x[4, c + 4] = np.inf
+    ours = F.softmax(x, dim=0)
+    ref = torch.softmax(to_torch(x), dim=0).numpy()
+    assert np.array_equal(ours[:, c], np.zeros(5, dtype))
+    assert np.array_equal(ours[:, c + 2], np.eye(5, dtype=dtype)[0])
+    assert np.all(np.isnan(ours[:, c + 3])) and np.all(np.isnan(ours[:, c + 4]))
+    assert_close(ours[:, list(range(c)) + [c + 1]], ref[:, list(range(c)) + [c + 1]], dtype)
+
+
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=DTYPE_IDS)
 def test_softmax_is_the_same_for_any_thread_count(rng, dtype):
     """Both kernels (last dim, other dims) cut the work by the shape alone: the same bits on 1, 2
