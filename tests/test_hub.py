@@ -450,29 +450,29 @@ def test_save_pretrained_writes_the_pair_and_no_temporary(tmp_path):
 
 
 def test_failed_save_pretrained_keeps_the_old_pair(tmp_path, monkeypatch):
-    """The weights' writer fails half-way (safetensors raises its own SafetensorError for a full disk):
-    an OSError naming the file, the original chained, and the folder still holds the old config with
-    the old weights, no temporary (the new config.json was written first, beside the old weights,
-    and from_pretrained loaded the mix)."""
-    import safetensors.numpy
+    """The weights' writer fails half-way (a full disk): an OSError naming the file, the original
+    chained, and the folder still holds the old config with the old weights, no temporary (the new
+    config.json was written first, beside the old weights, and from_pretrained loaded the mix)."""
+    import errno
+
     import transformer_core as tc
-    from safetensors import SafetensorError
+    import transformer_core.checkpoints
 
     folder = tmp_path / "m"
     old = _llama(1)
     old.save_pretrained(folder)
     before = _folder(folder)
 
-    def failing_save_file(tensors, filename, metadata=None):
+    def failing_save(tensors, filename, metadata=None):
         with open(filename, "wb") as f:
             f.write(b"\0" * 1000)  # half a file
-        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+        raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(safetensors.numpy, "save_file", failing_save_file)
+    monkeypatch.setattr(transformer_core.checkpoints, "save_safetensors", failing_save)
     with pytest.raises(OSError, match="model.safetensors.*No space left") as info:
         _llama(2, max_position_embeddings=32).save_pretrained(folder)
     assert str(folder / "model.safetensors") in str(info.value)
-    assert isinstance(info.value.__cause__, SafetensorError)
+    assert isinstance(info.value.__cause__, OSError) and info.value.errno == errno.ENOSPC
     assert _folder(folder) == before
     loaded = tc.LlamaForCausalLM.from_pretrained(folder)
     assert loaded.config.max_position_embeddings == 64

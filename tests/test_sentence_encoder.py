@@ -1391,10 +1391,27 @@ def _reference_backend(tok):
     return backend
 
 
+def _random_long_texts(seed: int, count: int):
+    """``count`` random texts of 40-300 of the fragments above, each its own mix of them."""
+    import random
+
+    rng = random.Random(seed)
+    for _ in range(count):
+        weights = [rng.random() ** 3 for _ in _LONG_TEXT_FRAGMENTS]
+        yield "".join(rng.choices(_LONG_TEXT_FRAGMENTS, weights=weights, k=rng.randint(40, 300)))
+
+
+def _cut_from(tok) -> int:
+    """The length past which a text is given to ``tok``'s backend as a prefix, where it can be."""
+    from transformer_core.tokenizer import _CUT_FROM_WINDOWS, _PREFIX_CHARS_PER_TOKEN
+
+    return _CUT_FROM_WINDOWS * _PREFIX_CHARS_PER_TOKEN * tok.max_length
+
+
 def _check_prefix(tok, reference, text, counts):
     """The text encode gives the tokenizer (a prefix, or the text itself) yields the ids, type ids
     and mask of the whole text by the reference backend."""
-    from transformer_core.sentence_encoder import _texts_to_tokenize
+    from transformer_core.tokenizer import _texts_to_tokenize
 
     given = _texts_to_tokenize(tok, [text])[0]
     assert text.startswith(given)
@@ -1412,17 +1429,12 @@ def test_a_long_text_is_tokenized_from_a_prefix_with_the_same_ids_random(model_d
     random texts of the fragments above, each tokenizer's ids for the text given are the tokenizers
     package's for the whole text; most texts are cut, some (no space early enough, mostly
     whitespace) are given whole."""
-    import random
-
-    rng = random.Random(20240601)
     toks = _long_text_tokenizers(model_dir)
     references = [_reference_backend(tok) for tok in toks]
     counts = {"cut": 0, "whole": 0}
-    for i in range(4000):
+    for i, text in enumerate(_random_long_texts(20240601, 4000)):
         tok = toks[i % len(toks)]
-        weights = [rng.random() ** 3 for _ in _LONG_TEXT_FRAGMENTS]  # each text its own mix
-        text = "".join(rng.choices(_LONG_TEXT_FRAGMENTS, weights=weights, k=rng.randint(40, 300)))
-        if len(text) > 16 * tok.max_length:
+        if len(text) > _cut_from(tok):
             _check_prefix(tok, references[i % len(toks)], text, counts)
     assert counts["cut"] > 1500 and counts["whole"] > 50, counts
 
@@ -1442,11 +1454,59 @@ def test_a_long_text_is_tokenized_from_a_prefix_with_the_same_ids_hypothesis(mod
     @given(st.lists(fragment, min_size=40, max_size=200).map("".join), st.sampled_from(range(len(toks))))
     def check(text, which):
         tok = toks[which]
-        if len(text) > 16 * tok.max_length:
+        if len(text) > _cut_from(tok):
             _check_prefix(tok, references[which], text, counts)
 
     check()
     assert counts["cut"] > 50, counts
+
+
+def _check_tokenizer_calls(tok, reference, text, add_special_tokens, counts):
+    """Tokenizer.encode, tokenize and encode_batch of ``text`` (which give the backend the prefix of
+    _texts_to_tokenize) agree with the reference backend's tokens of the whole text."""
+    from transformer_core.tokenizer import _texts_to_tokenize
+
+    cut = len(_texts_to_tokenize(tok, [text], add_special_tokens)[0]) < len(text)
+    counts["cut" if cut else "whole"] += 1
+    enc = reference.encode(text, add_special_tokens=add_special_tokens)
+    assert tok.encode(text, add_special_tokens=add_special_tokens) == enc.ids, text
+    assert tok.tokenize(text, add_special_tokens=add_special_tokens) == enc.tokens, text
+    got = tok.encode_batch([text, "a short one"], add_special_tokens=add_special_tokens)
+    short = reference.encode("a short one", add_special_tokens=add_special_tokens)
+    width = max(len(enc.ids), len(short.ids))  # padded on the right to the longer row
+    for row, e in enumerate((enc, short)):
+        pad = width - len(e.ids)
+        assert got["input_ids"][row].tolist() == e.ids + [tok.pad_token_id] * pad, text
+        assert got["token_type_ids"][row].tolist() == e.type_ids + [0] * pad
+        assert got["attention_mask"][row].tolist() == e.attention_mask + [0] * pad
+
+
+def test_tokenizer_calls_give_a_long_texts_ids_from_its_prefix(model_dir):
+    """Tokenizer.encode, tokenize and encode_batch cut a long text as SentenceEncoder.encode does
+    (they tokenized it whole, then truncated it): over random texts of the fragments above (texts
+    without a space early enough, unicode, combining marks, special tokens written out) and
+    hypothesis' texts, with and without special tokens, their ids, tokens, type ids and masks are
+    the tokenizers package's for the whole text."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    toks = _long_text_tokenizers(model_dir)
+    references = [_reference_backend(tok) for tok in toks]
+    counts = {"cut": 0, "whole": 0}
+    for i, text in enumerate(_random_long_texts(20240602, 300)):
+        _check_tokenizer_calls(toks[i % len(toks)], references[i % len(toks)], text, i % 3 != 0, counts)
+    assert counts["cut"] > 90 and counts["whole"] > 10, counts
+
+    fragment = st.sampled_from(_LONG_TEXT_FRAGMENTS) | st.text(max_size=3)
+
+    @settings(max_examples=60, deadline=None, derandomize=True, database=None,
+              suppress_health_check=list(HealthCheck))
+    @given(st.lists(fragment, min_size=40, max_size=200).map("".join), st.sampled_from(range(len(toks))),
+           st.booleans())
+    def check(text, which, add_special_tokens):
+        _check_tokenizer_calls(toks[which], references[which], text, add_special_tokens, counts)
+
+    check()
 
 
 def test_long_texts_embed_bitwise_as_when_tokenized_whole(tiny_model_dir, monkeypatch):
@@ -1494,7 +1554,7 @@ def test_tokenizers_the_prefix_would_not_be_exact_for_get_the_whole_text(model_d
     holding a space (it could match across the cut)."""
     from tokenizers import AddedToken, normalizers, pre_tokenizers
     from tokenizers import Tokenizer as HFTokenizer
-    from transformer_core.sentence_encoder import _splits_at_spaces, _texts_to_tokenize
+    from transformer_core.tokenizer import _splits_at_spaces, _texts_to_tokenize
 
     class Split:
         def pre_tokenize(self, pretok):

@@ -1071,22 +1071,21 @@ def test_failed_save_checkpoint_leaves_the_previous_set(tmp_path, monkeypatch, f
     file and leaves the folder as it was: the previous set, byte for byte, loadable, no temporary."""
     import errno
 
-    import safetensors.numpy
 
     first = _training_set(1)
     tc.training.save_checkpoint(tmp_path, *first)
     saved = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
     assert sorted(saved) == sorted(_CKPT_FILES)
-    real = safetensors.numpy.save_file
+    real = tc.training.save_safetensors
 
-    def save_file(tensors, filename, metadata=None):
+    def save(tensors, filename, metadata=None):
         if failing in str(filename):
             with open(filename, "wb") as f:  # half a file, then the disk is full
                 f.write(b"\0" * 100)
             raise OSError(errno.ENOSPC, "No space left on device")
-        return real(tensors, filename, metadata=metadata)
+        return real(tensors, filename, metadata)
 
-    monkeypatch.setattr(safetensors.numpy, "save_file", save_file)
+    monkeypatch.setattr(tc.training, "save_safetensors", save)
     with pytest.raises(OSError, match=failing) as info:
         tc.training.save_checkpoint(tmp_path, *_training_set(2))
     assert info.value.errno == errno.ENOSPC

@@ -34,10 +34,10 @@ from .hub import (
     ConfigRule,
     LayerRule,
     check_config_against_weights,
-    load_safetensors,
     load_weights_into,
     read_config,
     resolve_model_dir,
+    stored_tensors,
 )
 from .module import Module, check_dropout
 from .nn import _check_feedforward_activations, _feedforward_fits
@@ -300,7 +300,9 @@ class BertModel(Module):
             dtype = np.float32
         model_dir = resolve_model_dir(name_or_path)
         config = config_from_file(BertConfig, read_config(model_dir), model_dir / "config.json")
-        raw = load_safetensors(model_dir, dtype)  # float64 read as float64: not rounded through float32
+        # the tensors' names and shapes, read one at a time into the model once it is built and every
+        # check passed (float64 read as float64: not rounded through float32)
+        raw = stored_tensors(model_dir, dtype)
         _check_config_against_weights(model_dir, config, raw)  # before the model of that config is built
         if any(k.startswith("bert.") for k in raw):  # a BertFor* checkpoint: its heads lie outside bert.*
             raw = {k: v for k, v in raw.items() if k.startswith("bert.")}
@@ -334,7 +336,7 @@ class BertModel(Module):
         """
         from .checkpoints import save_pretrained_files
 
-        save_pretrained_files(directory, self.config.to_dict(), self.state_dict())
+        save_pretrained_files(directory, self.config.to_dict(), self._checkpoint_tensors())
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None) -> BertOutput:
         """Runs BERT.

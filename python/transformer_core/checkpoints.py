@@ -16,7 +16,15 @@ from pathlib import Path
 import numpy as np
 
 from ._validation import resolve_dtype, type_path
-from .hub import SAVE_IN_PROGRESS, expand_home, load_safetensors, read_config, resolve_model_dir, resolve_model_path
+from .hub import (
+    SAVE_IN_PROGRESS,
+    expand_home,
+    read_config,
+    resolve_model_dir,
+    resolve_model_path,
+    save_safetensors,
+    stored_tensors,
+)
 from .module import deferred_interrupts
 
 __all__ = ["load_llama_checkpoint", "config_from_file", "build_for_checkpoint", "write_files_atomically", "save_pretrained_files",
@@ -70,6 +78,14 @@ def load_llama_checkpoint(name_or_path, dtype=np.float32):
         ValueError: an unsupported or malformed checkpoint, naming the file (a config field of the
             wrong type or out of range too: :func:`config_from_file`).
     """
+    config, state, source = _llama_checkpoint(name_or_path, dtype)
+    return config, {name: np.asarray(value) for name, value in state.items()}, source
+
+
+def _llama_checkpoint(name_or_path, dtype):
+    """:func:`load_llama_checkpoint`, whose state dict holds, for a directory,
+    :class:`~transformer_core.hub.StoredTensor` values, read when loaded (one at a time, into the
+    model built for them: :func:`~transformer_core.hub.load_weights_into`)."""
     from .llama import LlamaConfig
 
     dtype = resolve_dtype(dtype)
@@ -81,7 +97,7 @@ def load_llama_checkpoint(name_or_path, dtype=np.float32):
         return config_from_file(LlamaConfig, checkpoint.config, location), checkpoint.state_dict(dtype), checkpoint
     resolve_model_dir(name_or_path)  # a folder without config.json: named as name_or_path
     config = config_from_file(LlamaConfig, read_config(location), location / "config.json")
-    return config, load_safetensors(location, dtype), location
+    return config, stored_tensors(location, dtype), location
 
 
 #: How the safetensors writer (Rust) reports the OS error under its SafetensorError, which has no
@@ -273,15 +289,16 @@ def write_files_atomically(directory, files, remove=()) -> None:
     again replaces the mix and removes the marker; or rename each backup the marker lists back over
     its name, remove the names it marks ``remove``, and delete the marker, to get the previous set
     back. The ``.{name}.*.tmp`` files are unfinished new ones, safe to delete. A crash during step 1
-    or 2 leaves only such hidden files beside the untouched previous ones, and, when it strikes
-    while the safetensors writer (``safetensors.numpy.save_file``) runs, that writer's own
-    temporary, ``.tmpXXXXXX`` (six random characters, as large as the weights written so far;
-    also safe to delete). A later save does not remove those.
+    or 2 leaves only such hidden files beside the untouched previous ones (and, for a ``write``
+    that makes its own temporary, as ``safetensors.numpy.save_file`` does, ``.tmpXXXXXX``, that
+    one too; the package's own saves write into the ``.tmp`` file:
+    :func:`~transformer_core.hub.save_safetensors`). A later save does not remove those.
 
     Args:
         directory: the folder, created with its parents if missing.
         files: ``(file name, write)`` pairs, in order: ``write(path: str)`` writes the whole file at
-            ``path`` (e.g. ``lambda p: safetensors.numpy.save_file(state, p)``).
+            ``path`` (e.g. ``lambda p: save_safetensors(state, p)``; a SafetensorError of the
+            safetensors library's writer is reported as the OSError it carries).
         remove: file names that the new set must not have (a file an earlier save left that would
             contradict the new ones): removed as part of the same all-or-nothing change (step 3; a
             name not present is skipped).
@@ -340,8 +357,7 @@ def write_files_atomically(directory, files, remove=()) -> None:
             final = path / name
             temporary = path / f".{name}.{secrets.token_hex(6)}.tmp"
             try:
-                # created here (O_EXCL: never someone else's file), with the umask's usual permissions;
-                # the safetensors writer replaces it with its own temporary (.tmpXXXXXX, mode 0600)
+                # created here (O_EXCL: never someone else's file), with the umask's usual permissions
                 with deferred_interrupts():  # the file and its record for the rollback, together
                     os.close(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
                     written.append((temporary, final))
@@ -511,8 +527,9 @@ def save_directory(directory):
 
 def save_pretrained_files(directory, config: dict, state: dict, metadata: dict | None = None,
                           generation_config: dict | None = None) -> None:
-    """Writes a Hugging Face model directory: ``model.safetensors`` (``state``, name -> C-contiguous
-    array, with ``metadata`` in its header; default ``{"format": "pt"}``, what transformers' own save
+    """Writes a Hugging Face model directory: ``model.safetensors`` (``state``, name -> numpy array
+    or :class:`~transformer_core.hub.LazyTensor`, written one tensor at a time by
+    :func:`~transformer_core.hub.save_safetensors`, with ``metadata`` in its header; default ``{"format": "pt"}``, what transformers' own save
     writes and transformers 4's loader requires, the tensors being plain arrays either way),
     ``generation_config.json`` (``generation_config``, when given) and ``config.json``
     (``config``), through :func:`write_files_atomically`: the weights first, ``config.json``
@@ -548,8 +565,6 @@ def save_pretrained_files(directory, config: dict, state: dict, metadata: dict |
     """
     import json
 
-    from safetensors.numpy import save_file
-
     directory = save_directory(directory)
 
     # a config that cannot be written fails before any file, naming the value
@@ -557,7 +572,7 @@ def save_pretrained_files(directory, config: dict, state: dict, metadata: dict |
     generation = (json.dumps(json_value(generation_config, "generation_config"), indent=2) + "\n"
                   if generation_config is not None else None)
     metadata = {"format": "pt"} if metadata is None else metadata
-    files = [("model.safetensors", lambda p: save_file(state, p, metadata=metadata))]
+    files = [("model.safetensors", lambda p: save_safetensors(state, p, metadata))]
     if generation is not None:
         files.append(("generation_config.json", lambda p: Path(p).write_text(generation, encoding="utf-8")))
     files.append(("config.json", lambda p: Path(p).write_text(text, encoding="utf-8")))

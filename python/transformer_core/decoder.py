@@ -631,7 +631,8 @@ class CausalLM(DecoderModel, GenerationMixin):
                               generation_config=getattr(self, "generation_config", None))
 
     def _checkpoint_state(self) -> dict:
-        return self.state_dict()
+        """The weights under the checkpoint's names, as views to write (:meth:`_checkpoint_tensors`)."""
+        return self._checkpoint_tensors()
 
 
 def _check_labels(labels, shape: tuple, vocab_size: int, ignore_index: int) -> np.ndarray:

@@ -28,11 +28,11 @@ from .hub import (
     ConfigRule,
     LayerRule,
     check_config_against_weights,
-    load_safetensors,
     load_weights_into,
     read_config,
     read_generation_config,
     resolve_model_dir,
+    stored_tensors,
 )
 from .kv_cache import KVCache
 from .module import check_dropout
@@ -357,7 +357,9 @@ class GPT2Model(DecoderModel):
             cls._check_head(config)
         except ValueError as e:
             raise ValueError(f"{model_dir / 'config.json'}: {e}") from None
-        state = load_safetensors(model_dir, dtype)  # float64 read as float64: not rounded through float32
+        # the tensors' names and shapes, read one at a time into the model once it is built and every
+        # check passed (float64 read as float64: not rounded through float32)
+        state = stored_tensors(model_dir, dtype)
         state = {k: v for k, v in state.items() if k not in cls._checkpoint_heads}
         _check_config_against_weights(model_dir, config, state)  # before the model of that config is built
         generation_config = read_generation_config(model_dir)
@@ -400,4 +402,6 @@ class GPT2LMHeadModel(GPT2Model, CausalLM):
                 check_dropout(c.attn_pdrop, "attn_pdrop"))
 
     def _checkpoint_state(self) -> dict:
-        return {"transformer." + k: v for k, v in self.state_dict().items()}
+        """The weights under the checkpoint's names (Hugging Face's ``transformer.`` prefix), as views
+        to write (:meth:`_checkpoint_tensors`)."""
+        return {"transformer." + k: v for k, v in self._checkpoint_tensors().items()}

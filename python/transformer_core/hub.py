@@ -14,6 +14,7 @@ end of the header.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import importlib.util
 import json
@@ -21,6 +22,7 @@ import math
 import os
 import re
 import struct
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import NamedTuple
 
@@ -43,6 +45,8 @@ __all__ = [
     "read_config",
     "read_generation_config",
     "load_safetensors",
+    "stored_tensors",
+    "StoredTensor",
     "ConfigRule",
     "LayerRule",
     "weights_file_label",
@@ -313,12 +317,13 @@ def read_config(model_dir: Path) -> dict:
 
 def load_safetensors(model_dir: Path, dtype=np.float32) -> dict:
     """Every floating-point tensor of a model directory's safetensors weights, as numpy arrays of
-    ``dtype`` (no torch).
+    ``dtype`` (no torch): :func:`stored_tensors`, each read (:meth:`StoredTensor.read`).
 
     Reads ``model.safetensors`` if present, else the shards listed in
-    ``model.safetensors.index.json`` (``{"weight_map": {tensor name: shard file}}``). F32 and F64
-    tensors go through the ``safetensors`` package's numpy API; F16 is widened exactly; BF16 (which
-    numpy has no type for) is read as raw ``uint16`` and widened exactly as ``float32(bits << 16)``.
+    ``model.safetensors.index.json`` (``{"weight_map": {tensor name: shard file}}``), every header
+    checked against its file first (:func:`_read_header`). Each tensor is read once, by the
+    ``safetensors`` package's numpy API; F16 is widened exactly; BF16 (which numpy has no type for)
+    is read as raw ``uint16`` and widened exactly as ``float32(bits << 16)``.
     Integer buffers Hugging Face checkpoints carry (``position_ids``, ``token_type_ids``,
     GPT-2's ``attn.bias``/``attn.masked_bias``) are left out.
 
@@ -338,12 +343,25 @@ def load_safetensors(model_dir: Path, dtype=np.float32) -> dict:
             ``weight_map``, a missing shard, a tensor the index lists but its shard lacks, an
             unsupported dtype, or an integer/bool tensor (naming the tensor).
     """
+    return {name: tensor.read() for name, tensor in stored_tensors(model_dir, dtype).items()}
+
+
+def stored_tensors(model_dir: Path, dtype=np.float32) -> dict:
+    """:func:`load_safetensors`'s tensors, not read yet: ``{name: StoredTensor}``, their names, shapes
+    and kinds from the headers, every header checked (the same errors, raised here, before any
+    tensor is read). A ``from_pretrained`` checks them against its config and its model, builds the
+    model, then reads one tensor at a time into it (:func:`load_weights_into`), so that its peak
+    is the model and one tensor, not the model and every tensor.
+
+    Raises:
+        as :func:`load_safetensors`, but for the reading itself (:meth:`StoredTensor.read`).
+    """
     dtype = resolve_dtype(dtype)
     model_dir = Path(model_dir)
     single = model_dir / "model.safetensors"
     index = model_dir / "model.safetensors.index.json"
     if single.is_file():
-        return _load_safetensors_file(single, None, dtype)
+        return _stored_tensors_of_file(single, None, dtype)
     if not index.is_file():
         pickled = [what for name, what in (("pytorch_model.bin", "pytorch_model.bin, a pickle"),
                                            ("pytorch_model.bin.index.json", "pytorch_model.bin.index.json, pickled shards"))
@@ -355,7 +373,7 @@ def load_safetensors(model_dir: Path, dtype=np.float32) -> dict:
     shards = _read_index(index)
     state = {}
     for shard, names in shards.items():
-        state.update(_load_safetensors_file(model_dir / shard, names, dtype, index=index))
+        state.update(_stored_tensors_of_file(model_dir / shard, names, dtype, index=index))
     return state
 
 
@@ -427,10 +445,127 @@ def _read_header(path: Path) -> tuple[int, dict]:
     return 8 + n, header
 
 
-def _load_safetensors_file(path: Path, names, dtype, index: Path | None = None) -> dict:
-    """The float tensors ``names`` (all if None) of one file, as ``dtype``."""
-    from safetensors import safe_open
+#: The safetensors code of each numpy dtype it can hold, in the order in which the safetensors
+#: library lays a file's tensors out (its ``Dtype`` enum from the last, then by name within a dtype):
+#: :func:`save_safetensors` writes the library's bytes.
+_WRITTEN_DTYPES = {np.dtype(t): code for t, code in (
+    ("u8", "U64"), ("i8", "I64"), ("f8", "F64"), ("c8", "C64"), ("f4", "F32"), ("u4", "U32"), ("i4", "I32"),
+    ("f2", "F16"), ("u2", "U16"), ("i2", "I16"), ("i1", "I8"), ("u1", "U8"), ("?", "BOOL"))}
+_WRITE_ORDER = {dtype: rank for rank, dtype in enumerate(_WRITTEN_DTYPES)}
 
+
+class LazyTensor(NamedTuple):
+    """A tensor for :func:`save_safetensors` whose values are made only when it is written:
+    ``make()`` returns an array of ``shape`` and ``dtype`` (e.g. a weight in the checkpoint's layout
+    that no view of its buffer gives: rows permuted, or dequantized)."""
+
+    shape: tuple
+    dtype: np.dtype
+    make: Callable[[], np.ndarray]
+
+
+def save_safetensors(tensors: Mapping, path, metadata: dict | None = None) -> None:
+    """Writes ``tensors`` (name -> numpy array of any strides, or what ``np.asarray`` takes without
+    copying, or :class:`LazyTensor`) to the safetensors file ``path``, one tensor at a time: the
+    bytes of ``safetensors.numpy.save_file`` (the same header, tensor order and padding; the
+    ``__metadata__`` keys sorted, where the library writes them in a random order), without needing
+    every tensor as a C-contiguous array at once. A tensor that is not C-contiguous (a transposed view of a weight) or is lazy is copied or
+    made when its turn comes, and dropped once written, so the extra memory is one tensor, not the
+    whole file, as torch.save's. The library's writers take every tensor as a contiguous buffer
+    alive for the whole call (``serialize_file``'s ``TensorSpec(data_ptr=...)``), which is what a
+    checkpoint of transposed or quantized weights would have to copy in full.
+
+    ``metadata``: the header's ``__metadata__`` (str -> str), none if None. ``path`` is written in
+    place (the caller writes a temporary and renames it: :func:`~transformer_core.checkpoints.
+    write_files_atomically`).
+
+    Raises:
+        TypeError: a value of a dtype safetensors has no code for (object, str, float128, ...),
+            naming it, or ``metadata`` with a key or value that is not a str, before anything is
+            written.
+        ValueError: a :class:`LazyTensor` whose ``make()`` gave another shape or dtype than it
+            declared (the file is left incomplete: the caller's temporary).
+        OSError: the file cannot be written.
+    """
+    for key, text in (metadata or {}).items():  # the library's writer refuses these too, before writing
+        if not isinstance(key, str) or not isinstance(text, str):
+            raise TypeError(f"metadata: expected str keys and str values, got {key!r}: {type(text).__name__}")
+    entries = []
+    for name, value in tensors.items():
+        value = value if isinstance(value, LazyTensor) else np.asarray(value)
+        dtype = np.dtype(value.dtype)
+        if dtype.newbyteorder("=") not in _WRITE_ORDER:
+            raise TypeError(f"tensors[{name!r}]: expected a dtype safetensors stores "
+                            f"({', '.join(str(t) for t in _WRITTEN_DTYPES)}), got {dtype}")
+        entries.append((_WRITE_ORDER[dtype.newbyteorder("=")], name, value))
+    entries.sort(key=lambda entry: entry[:2])
+    header = {} if metadata is None else {"__metadata__": dict(sorted(metadata.items()))}
+    offset = 0
+    for rank, name, value in entries:
+        size = math.prod(value.shape) * np.dtype(value.dtype).itemsize
+        header[name] = {"dtype": list(_WRITTEN_DTYPES.values())[rank], "shape": list(value.shape),
+                        "data_offsets": [offset, offset + size]}
+        offset += size
+    text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    text += b" " * (-len(text) % 8)  # the library pads the header to a multiple of 8 bytes with spaces
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)))
+        f.write(text)
+        for _, name, value in entries:
+            if isinstance(value, LazyTensor):
+                made = value.make()
+                if made.shape != tuple(value.shape) or made.dtype != value.dtype:
+                    raise ValueError(f"tensors[{name!r}]: made {made.dtype} {made.shape}, declared "
+                                     f"{value.dtype} {tuple(value.shape)}")
+                value = made
+            # little-endian, C order: a copy only where the array is not already so (one tensor)
+            f.write(np.ascontiguousarray(value, dtype=value.dtype.newbyteorder("<")).reshape(-1).view(np.uint8))
+
+
+@dataclasses.dataclass(frozen=True)
+class StoredTensor:
+    """A float tensor of a safetensors file whose header :func:`_read_header` checked, not read yet:
+    ``name`` in ``path``, ``shape`` as stored, ``dtype`` the dtype :meth:`read` gives (``np.asarray``
+    and the models' ``load_state_dict`` read it too)."""
+
+    path: Path
+    name: str
+    stored: str       # its safetensors dtype: F64, F32, F16 or BF16
+    shape: tuple
+    offset: int       # of its first byte in the file
+    dtype: np.dtype
+
+    def read(self) -> np.ndarray:
+        """The values, a C-contiguous array of ``dtype``: the ``safetensors`` package's copy of the
+        file's bytes (BF16, which numpy has no type for, read as raw ``uint16`` at its checked offset
+        and widened exactly as ``float32(bits << 16)``), converted only where the dtype differs.
+
+        Raises:
+            ValueError: the file cannot be read (naming it: changed or gone since its header was read).
+        """
+        from safetensors import safe_open
+
+        try:
+            with safe_open(str(self.path), framework="numpy") as f:  # the library's checks of the file, BF16's too
+                if self.stored == "BF16":
+                    count = math.prod(self.shape)
+                    bits = np.fromfile(self.path, dtype="<u2", count=count, offset=self.offset)
+                    if bits.size != count:
+                        raise ValueError("truncated: it changed since its header was read")
+                    values = (bits.astype(np.uint32) << 16).view(np.float32).reshape(self.shape)
+                else:
+                    values = f.get_tensor(self.name)
+        except Exception as e:  # SafetensorError and OS errors: name the file, never a raw library error
+            raise ValueError(f"{self.path}: cannot read safetensors file ({type(e).__name__}: {e})") from None
+        return np.asarray(values, dtype=self.dtype, order="C")
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        values = self.read()
+        return values if dtype is None else values.astype(dtype, copy=False)
+
+
+def _stored_tensors_of_file(path: Path, names, dtype, index: Path | None = None) -> dict:
+    """The float tensors ``names`` (all if None) of one file, to be read as ``dtype``."""
     data_start, header = _read_header(path)
     if names is None:
         names = list(header)
@@ -439,28 +574,15 @@ def _load_safetensors_file(path: Path, names, dtype, index: Path | None = None) 
         if absent:
             raise ValueError(f"{path}: tensors {absent[:10]} listed in {index} are not in this shard")
     out = {}
-    wanted = []
     for name in names:
-        kind = header[name]["dtype"]
-        if kind in _INT_DTYPES:
+        entry = header[name]
+        if entry["dtype"] in _INT_DTYPES:
             if _INTEGER_BUFFERS.search(name):
                 continue
-            raise ValueError(f"{path}: tensor {name!r} has dtype {kind}; expected a floating-point tensor "
-                             f"(F32, F16, BF16 or F64)")
-        wanted.append(name)
-    try:
-        with safe_open(str(path), framework="numpy") as f:
-            for name in wanted:
-                entry = header[name]
-                if entry["dtype"] == "BF16":
-                    begin, end = entry["data_offsets"]
-                    bits = np.fromfile(path, dtype="<u2", count=(end - begin) // 2, offset=data_start + begin)
-                    values = (bits.astype(np.uint32) << 16).view(np.float32).reshape(entry["shape"])
-                else:
-                    values = f.get_tensor(name)
-                out[name] = np.array(values, dtype=dtype, order="C", copy=True)
-    except Exception as e:  # SafetensorError and OS errors: name the file, never a raw library error
-        raise ValueError(f"{path}: cannot read safetensors file ({type(e).__name__}: {e})") from None
+            raise ValueError(f"{path}: tensor {name!r} has dtype {entry['dtype']}; expected a floating-point "
+                             f"tensor (F32, F16, BF16 or F64)")
+        out[name] = StoredTensor(path, name, entry["dtype"], tuple(entry["shape"]),
+                                 data_start + entry["data_offsets"][0], np.dtype(dtype))
     return out
 
 
@@ -496,13 +618,15 @@ def weights_file_label(model_dir) -> tuple[str, bool]:
 
 
 def load_weights_into(model, state, source, described_by: str = "config.json") -> None:
-    """``model.load_state_dict(state)`` for a ``from_pretrained``: a missing, unknown or mis-shaped
+    """``model.load_state_dict(state)`` for a ``from_pretrained``, whose ``model`` was just built for
+    these weights: one weight at a time (:class:`StoredTensor` values read then; a failure midway
+    leaves the model partly loaded, and no caller gets it). A missing, unknown or mis-shaped
     tensor is a ValueError naming the file the weights came from (``source``: a model directory,
     whose ``model.safetensors`` or sharded index is named, or a file, named itself), chained to
     load_state_dict's error; its "(module unchanged)" is dropped, since no module reaches the caller.
     ``described_by``: what described the model (``config.json``, or a GGUF file's metadata)."""
     try:
-        model.load_state_dict(state)
+        model._load_into_new_module(state)
     except ValueError as e:
         problems = str(e).removeprefix(f"{type(model).__name__}.load_state_dict refused (module unchanged): ")
         source = Path(source)

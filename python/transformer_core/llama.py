@@ -365,7 +365,7 @@ class LlamaModel(DecoderModel):
             TypeError: ``dtype`` not None, float32 or float64; ``quantize_activations`` not a bool
                 (``"False"`` or 0 included).
         """
-        from .checkpoints import build_for_checkpoint, load_llama_checkpoint
+        from .checkpoints import _llama_checkpoint, build_for_checkpoint
         from .hub import read_generation_config, resolve_model_path
 
         quantize_activations = check_bool(quantize_activations, "quantize_activations")
@@ -384,7 +384,7 @@ class LlamaModel(DecoderModel):
         if quantize_activations:  # float weights: no block products for it to change; refused, not ignored
             raise ValueError(f"quantize_activations: applies to GGUF block weights only (a .gguf file or embedded "
                              f"model loaded with dtype=None); this load has float weights ({why})")
-        config, state, source = load_llama_checkpoint(name_or_path, dtype)
+        config, state, source = _llama_checkpoint(name_or_path, dtype)
         state = {k: v for k, v in state.items() if k not in cls._checkpoint_heads}
         generation_config = None
         if isinstance(source, Path):  # a Hugging Face directory (not a GGUF file): config.json against its weights
@@ -437,7 +437,8 @@ class LlamaModel(DecoderModel):
             if not c.tie_word_embeddings and head is None and embed is not None:
                 more.append(f"tie_word_embeddings = False (an LM head of its own), but {weights} "
                             f"{'hold' if plural else 'holds'} no lm_head.weight")
-            elif c.tie_word_embeddings and head is not None and embed is not None and not _same_bits(head, embed):
+            elif (c.tie_word_embeddings and head is not None and embed is not None  # (StoredTensors: read here)
+                  and not _same_bits(np.asarray(head), np.asarray(embed))):
                 more.append(f"tie_word_embeddings = True, but lm_head.weight in {weights} differs from the token "
                             f"embedding (an untied head, which a tied model cannot hold)")
         check_config_against_weights(model_dir, {k: v.shape for k, v in state.items()}, rules, layers, more)

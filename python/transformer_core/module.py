@@ -82,6 +82,7 @@ import numpy as np
 
 from ._runtime import dtype_suffix
 from ._validation import _is_torch_tensor, as_weight, check_bool, resolve_dtype, to_numpy
+from .hub import LazyTensor, StoredTensor
 from .parameter import Parameter, freezing_refused
 
 __all__ = [
@@ -308,6 +309,18 @@ def _to_checkpoint(value: np.ndarray, transposed: bool, row_permutation) -> np.n
     if row_permutation is not None:
         value = np.ascontiguousarray(value[row_permutation])
     return value
+
+
+def _written_in_checkpoint_layout(value: np.ndarray, transposed: bool, row_permutation):
+    """``value`` (the C++ layout of a weight, or of a moment of it) in the checkpoint's layout as
+    :func:`~transformer_core.hub.save_safetensors` takes it, copying nothing yet: ``value`` itself,
+    its transposed view (not C-contiguous: the writer copies it when its turn comes), or, for rows
+    taken in another order (no view gives them), a :class:`~transformer_core.hub.LazyTensor` that
+    makes :func:`_to_checkpoint`'s copy then."""
+    if row_permutation is None:
+        return value.T if transposed else value
+    shape = value.shape[::-1] if transposed else value.shape
+    return LazyTensor(shape, value.dtype, functools.partial(_to_checkpoint, value, transposed, row_permutation))
 
 
 def _from_checkpoint(value: np.ndarray, transposed: bool, row_permutation) -> np.ndarray:
@@ -674,6 +687,8 @@ def _unconverted(value, name: str) -> tuple:
     """
     if isinstance(value, _LaidOutParameter) and not value.checkpoint_layout:
         return value, value.shape[::-1] if value.transposed else value.shape
+    if isinstance(value, StoredTensor):  # a float tensor of a file, read only when converted
+        return value, value.shape
     if _is_torch_tensor(value):
         if not value.is_floating_point():
             raise TypeError(f"{name}: expected a floating-point tensor, got {value.dtype}")
@@ -686,10 +701,20 @@ def _unconverted(value, name: str) -> tuple:
 
 def _checkpoint_value(value):
     """A value :func:`_unconverted` passed, in the checkpoint's layout: a Parameter of another layout
-    (see there) mapped to it (a copy), anything else as it is."""
+    (see there) mapped to it (a copy), a :class:`~transformer_core.hub.StoredTensor` read, anything
+    else as it is."""
     if isinstance(value, _LaidOutParameter):
         return value.to_checkpoint_layout(value.data)
+    if isinstance(value, StoredTensor):
+        return value.read()
     return value
+
+
+def _converted(slot, name: str, value, dtype) -> np.ndarray:
+    """A value :func:`_unconverted` passed for the weight ``name`` at ``slot``, as the C-contiguous
+    array of ``dtype`` in the C++ layout that ``set_parameter`` takes (as_weight checks its memory)."""
+    arr = as_weight(_checkpoint_value(value), f"state_dict[{name!r}]", dtype)
+    return _from_checkpoint(arr, slot.transposed, slot.row_permutation)
 
 
 class _Slot(NamedTuple):
@@ -1566,6 +1591,28 @@ class Module:
             out[prefix + name] = value
         return out
 
+    def _checkpoint_tensors(self) -> dict:
+        """:meth:`state_dict`'s names and values, for :func:`~transformer_core.hub.save_safetensors`
+        to write one at a time instead of copies of every weight at once: a float weight is a
+        zero-copy view of its C++ buffer (:func:`_written_in_checkpoint_layout`), a weight held quantized a
+        :class:`~transformer_core.hub.LazyTensor` that dequantizes it (float32) when it is written.
+        The views see the weights as they are when they are written: write them before anything
+        changes the weights. A subclass whose :meth:`state_dict` adds entries of its own (a
+        Seq2SeqTransformer's loaded position table) gets its ``state_dict()``, copies and all."""
+        if type(self).state_dict is not Module.state_dict:
+            return self.state_dict()
+        formats = self.weight_formats()
+        out = {}
+        for name, slot in self._slots().items():
+            if formats[name] in ("float32", "float64"):
+                view = slot.impl.parameter_view(slot.core_name)
+                out[name] = _written_in_checkpoint_layout(view, slot.transposed, slot.row_permutation)
+            else:
+                def dequantized(slot=slot):
+                    return _to_checkpoint(slot.impl.get_parameter(slot.core_name), slot.transposed, slot.row_permutation)
+                out[name] = LazyTensor(slot.shape, np.dtype(np.float32), dequantized)
+        return out
+
     def load_state_dict(self, state_dict: Mapping, strict: bool = True, assign: bool = False) -> "_IncompatibleKeys":
         """Copies weights from ``state_dict`` (name -> array-like: numpy arrays, torch tensors, or
         anything ``np.asarray`` takes) of any floating-point dtype (float16, bfloat16, float32,
@@ -1625,6 +1672,43 @@ class Module:
             raise ValueError(f"{type(self).__name__}.load_state_dict: assign=True (torch's: the module takes the given "
                              "tensors themselves) is not supported, the weights live in buffers the C++ module owns; "
                              "call it with assign=False (the default): the values are copied")
+        slots, given, missing, unknown = self._checked_state_dict(state_dict, strict)
+        arrays = {}
+        for name, value in given.items():  # every check passed: now the copies (as_weight checks their memory)
+            arrays[name] = _converted(slots[name], name, value, self.dtype)
+        written = {}
+        with deferred_interrupts():  # every weight, or (before the first) none: never half of them
+            for name, arr in arrays.items():
+                slot = slots[name]
+                written[id(slot.impl)] = slot.impl
+                slot.impl.set_parameter(slot.core_name, arr)
+            weights_written(written.values())  # a pending backward would mix the old activations with these
+        return _IncompatibleKeys(missing, unknown)
+
+    def _load_into_new_module(self, state_dict: Mapping) -> None:
+        """``load_state_dict(state_dict)`` for a module that no caller holds yet (a ``from_pretrained``'s,
+        built for these weights: :func:`~transformer_core.hub.load_weights_into`): the same checks,
+        before any weight changes, then each weight converted and set, its copies dropped before the
+        next value is read (a :class:`~transformer_core.hub.StoredTensor` is read then), so that the
+        peak is the module and one weight, not the module and a copy of every weight. A conversion
+        that fails midway (a float64 value beyond float32's range) leaves the module partly loaded,
+        which is why only a caller that then drops the module uses this.
+
+        Raises:
+            as :meth:`load_state_dict` (``strict=True``).
+        """
+        slots, given, _, _ = self._checked_state_dict(state_dict, strict=True)
+        written = {}
+        for name, value in given.items():
+            slot = slots[name]
+            slot.impl.set_parameter(slot.core_name, _converted(slot, name, value, self.dtype))
+            written[id(slot.impl)] = slot.impl
+        weights_written(written.values())
+
+    def _checked_state_dict(self, state_dict: Mapping, strict: bool) -> tuple[dict, dict, list, list]:
+        """``(slots, given, missing, unknown)`` of :meth:`load_state_dict`'s checks, which raise
+        (ValueError, TypeError, as there) before any value is converted: ``slots`` (:meth:`_slots`),
+        ``given`` ({name: value as given} of the weights to load), the missing and unknown keys."""
         quantized = _quantized_weights(self)
         if quantized:
             raise ValueError(f"{type(self).__name__}.load_state_dict refused (module unchanged): "
@@ -1655,19 +1739,7 @@ class Module:
             problems.append(f"mis-shaped: {misshaped}")
         if problems:
             raise ValueError(f"{type(self).__name__}.load_state_dict refused (module unchanged): " + "; ".join(problems))
-        arrays = {}
-        for name, value in given.items():  # every check passed: now the copies (as_weight checks their memory)
-            slot = slots[name]
-            arr = as_weight(_checkpoint_value(value), f"state_dict[{name!r}]", self.dtype)
-            arrays[name] = _from_checkpoint(arr, slot.transposed, slot.row_permutation)
-        written = {}
-        with deferred_interrupts():  # every weight, or (before the first) none: never half of them
-            for name, arr in arrays.items():
-                slot = slots[name]
-                written[id(slot.impl)] = slot.impl
-                slot.impl.set_parameter(slot.core_name, arr)
-            weights_written(written.values())  # a pending backward would mix the old activations with these
-        return _IncompatibleKeys(missing, unknown)
+        return slots, given, missing, unknown
 
     # ---- copies (copy.copy, copy.deepcopy, pickle) -----------------------------------------------
     def __copy__(self) -> "Module":
@@ -2483,21 +2555,30 @@ def _check_not_quantized(module) -> None:
                         "the float model and quantize the copy, or save its state_dict()")
 
 
-def _own_state(module, gradients: bool = True) -> dict:
+def _own_state(module, gradients: bool = True, lazy: bool = False) -> dict:
     """``{"weights": {name: array}, "grads": {name: array}}`` of ``module``'s own C++ weights
     (:meth:`Module._own_slots`, not those of the modules under it), in the C++ layout, fresh copies
     (a quantized weight dequantized to float32); the gradients only those that hold one, none when
-    not ``gradients``."""
+    not ``gradients``. ``lazy``: each weight a :class:`~transformer_core.hub.LazyTensor` that makes
+    its copy when :func:`_load_own_state` sets it (a copy then holds one weight's copy at a time)."""
     weights, grads = {}, {}
     for name, slot in module._own_slots().items():
-        weights[name] = np.array(slot.impl.get_parameter(slot.core_name), copy=True)
+        if lazy:
+            shape = slot.shape[::-1] if slot.transposed else slot.shape
+            weights[name] = LazyTensor(shape, np.dtype(module.dtype),
+                                       functools.partial(slot.impl.get_parameter, slot.core_name))
+        else:
+            weights[name] = np.array(slot.impl.get_parameter(slot.core_name), copy=True)
         if gradients and _grad_readable(slot.impl, slot.core_name):
             grads[name] = np.array(slot.impl.gradient_view(slot.core_name), copy=True)
     return {"weights": weights, "grads": grads}
 
 
-def _load_own_state(module, state: dict) -> None:
-    """Gives ``module`` (built again) the weights and gradients of an :func:`_own_state`.
+def _load_own_state(module, state: dict, on_weight=None) -> None:
+    """Gives ``module`` (built again) the weights and gradients of an :func:`_own_state`, one weight
+    at a time (a lazy one made then), calling ``on_weight(slot)`` after each weight is set (where
+    given: :func:`transformer_core.quantize` converts each linear layer of its copy as soon as its
+    weight is there).
 
     Raises:
         TypeError: ``module`` has other weights (names or shapes): the one copied was changed after
@@ -2510,7 +2591,10 @@ def _load_own_state(module, state: dict) -> None:
                         "built with does not have its weights (it was changed after it was built); copy it through "
                         "state_dict: build a new one and load_state_dict(module.state_dict())")
     for name, value in weights.items():
-        slots[name].impl.set_parameter(slots[name].core_name, value)
+        slot = slots[name]
+        slot.impl.set_parameter(slot.core_name, value.make() if isinstance(value, LazyTensor) else value)
+        if on_weight is not None:
+            on_weight(slot)
     for name, value in state["grads"].items():
         slot = slots[name]
         slot.impl.gradient_view(slot.core_name)[...] = value
@@ -2534,22 +2618,24 @@ def _built_alike(module, cls, init_args: tuple) -> bool:
 
 
 def _rebuilt_copy(module, memo: dict | None = None, *, gradients: bool = True,
-                  used: set | None = None) -> "Module":
+                  used: set | None = None, on_weight=None) -> "Module":
     """A copy of ``module`` built again from its arguments, as :meth:`Module.__deepcopy__` describes
     (weights, gradients unless not ``gradients``, the modules under it, attributes), in ``memo`` (a
     ``copy.deepcopy`` call's, where given). ``used``: the ids of the modules already made copies in
     this copy (:func:`_copy_into`). Weights held quantized are copied dequantized (float32), as
     :func:`transformer_core.quantize` copies a model (``copy.deepcopy`` refuses them before).
+    ``on_weight``: where given, ``on_weight(original's C++ module, slot)`` after each weight of the
+    copy is set (copied one at a time: :func:`_load_own_state`).
 
     Raises:
         TypeError: a module cannot be built again from its arguments, or has other weights then.
     """
     new = _build(type(module), module._init_args)
-    _copy_into(module, new, {} if memo is None else memo, gradients, set() if used is None else used)
+    _copy_into(module, new, {} if memo is None else memo, gradients, set() if used is None else used, on_weight)
     return new
 
 
-def _copy_into(original, new, memo: dict, gradients: bool, used: set) -> None:
+def _copy_into(original, new, memo: dict, gradients: bool, used: set, on_weight=None) -> None:
     """Makes ``new`` (built from ``original``'s arguments, or by its own parent at ``original``'s
     place from equal ones) a copy of ``original``: its own weights and gradients; each module under
     it in its place, the one ``new`` built there when built alike (:func:`_built_alike`) and not yet
@@ -2565,7 +2651,10 @@ def _copy_into(original, new, memo: dict, gradients: bool, used: set) -> None:
     used.add(id(new))
     if original._impl is not None:
         memo[id(original._impl)] = new._impl
-    _load_own_state(new, _own_state(original, gradients))
+    if on_weight is None:
+        _load_own_state(new, _own_state(original, gradients))
+    else:
+        _load_own_state(new, _own_state(original, gradients, lazy=True), functools.partial(on_weight, original._impl))
     built = dict(new._registered_children())
     for name, child in original._registered_children():
         if id(child) in memo:
@@ -2573,9 +2662,9 @@ def _copy_into(original, new, memo: dict, gradients: bool, used: set) -> None:
         candidate = built.get(name)
         if (candidate is not None and id(candidate) not in used
                 and _built_alike(candidate, type(child), child._init_args)):
-            _copy_into(child, candidate, memo, gradients, used)
-        else:
-            _rebuilt_copy(child, memo, gradients=gradients, used=used)  # put at its place by the attributes' copy
+            _copy_into(child, candidate, memo, gradients, used, on_weight)
+        else:  # put at its place by the attributes' copy
+            _rebuilt_copy(child, memo, gradients=gradients, used=used, on_weight=on_weight)
     _set_attributes(new, {key: _deep_copied(value, memo) for key, value in _carried_attributes(original).items()},
                     exactly=True)
 

@@ -699,6 +699,12 @@ class Optimizer:
     def state_dict(self) -> dict[str, np.ndarray]:
         """The optimizer's state as a flat ``name -> numpy array`` dict (copies), ready for
         ``safetensors.numpy.save_file``; the keys are listed in the module doc."""
+        return self._state_dict(copy=True)
+
+    def _state_dict(self, copy: bool) -> dict[str, np.ndarray]:
+        """:meth:`state_dict`; without ``copy``, the per-parameter arrays are the optimizer's own (the
+        moments it updates in place), for a writer that streams them to disk before the next step
+        (:func:`~transformer_core.training.save_checkpoint`) instead of copying them all first."""
         out: dict[str, np.ndarray] = {}
         for gi, group in enumerate(self.param_groups):
             for key, value in group.items():
@@ -712,7 +718,7 @@ class Optimizer:
         for name, st in self.state.items():
             for field, value in st.items():
                 if isinstance(value, np.ndarray):
-                    out[f"state.{name}.{field}"] = value.copy()
+                    out[f"state.{name}.{field}"] = value.copy() if copy else value
                 else:
                     out[f"state.{name}.{field}"] = np.array(value, dtype=np.int64)
         return out

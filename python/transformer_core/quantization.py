@@ -779,12 +779,12 @@ def quantize(model, format: str = "int8", *, inplace: bool = False, keep_float=N
                                  f"as the dequantized float32 weight")
     _check_int8_in_features(model, keep)
     _check_finite_weights(model, keep)
-    target = model if inplace else _copy(model)
+    target = model if inplace else _quantizing_copy(model, keep)
     from .decoder import CausalLM
     from .module import storage_changed
 
     slots = target._slots()
-    for impl in target._impls():
+    for impl in target._impls():  # (a copy's layers are converted already: the ones left, if any)
         impl.quantize_int8(keep_float=[slots[n].core_name for n in keep if slots[n].impl is impl])
         if isinstance(target, CausalLM) and hasattr(impl, "quantize_tied_lm_head_int8"):
             impl.quantize_tied_lm_head_int8()
@@ -795,14 +795,35 @@ def quantize(model, format: str = "int8", *, inplace: bool = False, keep_float=N
     return target
 
 
-def _copy(model):
-    """A float copy of a module as ``copy.deepcopy`` makes it (built again from the arguments it was
-    built with, a snapshot: a config the caller changed since does not change the copy; a child
-    replaced or a module attached since copied as it is), every weight copied (dequantized when held
-    quantized), without the gradients, in eval mode."""
+def _quantizing_copy(model, keep: list):
+    """A copy of a module as ``copy.deepcopy`` makes it (built again from the arguments it was built
+    with, a snapshot: a config the caller changed since does not change the copy; a child replaced
+    or a module attached since copied as it is), without the gradients, in eval mode, whose linear
+    layers (but those of ``keep``, names of ``state_dict``) are converted to int8 one by one as
+    their weights are copied in (each weight copied from ``model``'s, dequantized when held
+    quantized): the copy never holds every float weight at once, so the peak is the result and one
+    layer's float weight, not a float copy of the model besides. The int8 values are those of
+    converting a whole float copy: each layer's conversion reads its own weight only."""
     from .module import _rebuilt_copy
 
-    return _rebuilt_copy(model, gradients=False).eval()  # a quantized copy is in eval mode
+    slots = model._slots()
+    kept = {(id(slots[n].impl), slots[n].core_name) for n in keep}  # under the original's C++ modules
+    waiting = {}  # id(copy's C++ module) -> [(its kept or not yet whole linear weights' names, those not set yet)]
+
+    def on_weight(original_impl, slot) -> None:
+        impl = slot.impl
+        if id(impl) not in waiting:
+            waiting[id(impl)] = [(group, set(group)) for group in impl.linear_weight_groups()]
+        groups = waiting[id(impl)]
+        for group, unset in groups:
+            unset.discard(slot.core_name)
+        whole = [group for group, unset in groups
+                 if not unset and not any((id(original_impl), c) in kept for c in group)]
+        if whole:  # a linear layer's weight is all there (the rows of a packed matrix, each): convert it
+            waiting[id(impl)] = groups = [(g, unset) for g, unset in groups if g not in whole]
+            impl.quantize_int8(keep_float=[c for group, _ in groups for c in group])
+
+    return _rebuilt_copy(model, gradients=False, on_weight=on_weight).eval()  # a quantized copy is in eval mode
 
 
 def set_gguf_weights(module, weights) -> None:

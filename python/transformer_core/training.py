@@ -47,7 +47,7 @@ from pathlib import Path
 import numpy as np
 
 from .checkpoints import save_directory, write_files_atomically
-from .hub import _read_header, expand_home, load_safetensors
+from .hub import _read_header, expand_home, load_safetensors, save_safetensors
 from .lr_scheduler import LRScheduler, _check_scheduler_entries
 from .module import (
     Module,
@@ -55,6 +55,7 @@ from .module import (
     NoTrainingStateError,
     WeightsChangedError,
     _pcg64_of,
+    _written_in_checkpoint_layout,
     get_rng_state,
     manual_seed,
     set_rng_state,
@@ -104,8 +105,10 @@ def _relaid(weights: dict) -> dict:
 def _optimizer_layout(state: dict, relaid: dict, to_checkpoint: bool) -> dict:
     """``state`` (an optimizer's ``state_dict()``, or one read back) with the per-parameter arrays
     (``state.{name}.{field}``) of the parameters in ``relaid`` (see :func:`_relaid`)
-    moved from the model's layout to the checkpoint's (``to_checkpoint``) or back. An array of
-    another shape is left as it is (``Optimizer.load_state_dict`` names it)."""
+    moved from the model's layout to the checkpoint's (``to_checkpoint``: as views, or lazy copies,
+    for :func:`~transformer_core.hub.save_safetensors` to write one at a time,
+    :func:`~transformer_core.module._written_in_checkpoint_layout`) or back. An array of another shape is left as
+    it is (``Optimizer.load_state_dict`` names it)."""
     out = {}
     for key, value in state.items():
         head, _, rest = key.partition(".")
@@ -115,7 +118,7 @@ def _optimizer_layout(state: dict, relaid: dict, to_checkpoint: bool) -> dict:
             value = np.asarray(value)
             ours = p.data.shape
             if to_checkpoint and value.shape == ours:
-                value = p.to_checkpoint_layout(value)
+                value = _written_in_checkpoint_layout(value, p.transposed, p.row_permutation)
             elif not to_checkpoint and value.shape == (ours[::-1] if p.transposed else ours):
                 value = p.from_checkpoint_layout(value)
         out[key] = value
@@ -232,15 +235,14 @@ def save_checkpoint(directory, model: Module, optimizer=None, scheduler=None) ->
             refuses by its ``checkpoint_id`` stamps; the previous files are then beside it as
             ``.{name}.*.bak`` (:func:`~transformer_core.checkpoints.write_files_atomically`).
     """
-    from safetensors.numpy import save_file
-
     schedulers, weights = _check_arguments(directory, model, optimizer, scheduler, "nothing was written")
     directory = save_directory(directory)  # "~/run" is the home's, as save_pretrained's; "" refused
     # "pt": transformers' own format key (its 4.x loader refuses another); the tensors are plain arrays
     metadata = {"format": "pt", CHECKPOINT_ID_KEY: secrets.token_hex(16)}
     states = []  # (file name, state, its own metadata): all taken, and checked, before anything is written
     if optimizer is not None:
-        state = optimizer.state_dict()
+        # the moments themselves, not copies: written (one at a time) before anything can step again
+        state = optimizer._state_dict(copy=False)
         with _loadable("optimizer"):
             optimizer._check_state_dict(state)
         states.append(("optimizer.safetensors", _optimizer_layout(state, _relaid(weights), to_checkpoint=True), {}))
@@ -254,13 +256,13 @@ def save_checkpoint(directory, model: Module, optimizer=None, scheduler=None) ->
         state = {f"{i}.{key}": value for i, s_state in enumerate(scheduler_states) for key, value in s_state.items()}
         states.append(("scheduler.safetensors", state, {NUM_SCHEDULERS_KEY: str(len(schedulers))}))
     # last: the file a reader starts from, under the names save_pretrained writes (transformers loads it)
-    checkpoint_state = getattr(model, "_checkpoint_state", model.state_dict)
+    # (views of the weights: the writer copies one tensor at a time, never the whole model)
+    checkpoint_state = getattr(model, "_checkpoint_state", model._checkpoint_tensors)
     states.append(("model.safetensors", checkpoint_state(), {RNG_STATE_KEY: json.dumps(get_rng_state())}))
     files = []
     for name, state, own in states:
-        arrays = {k: np.asarray(v, order="C") for k, v in state.items()}
         meta = dict(metadata, **own)
-        files.append((name, lambda p, arrays=arrays, meta=meta: save_file(arrays, p, metadata=meta)))
+        files.append((name, lambda p, state=state, meta=meta: save_safetensors(state, p, meta)))
     write_files_atomically(directory, files)
 
 
