@@ -1609,6 +1609,8 @@ class Module:
                 out[name] = _written_in_checkpoint_layout(view, slot.transposed, slot.row_permutation)
             else:
                 def dequantized(slot=slot):
+                    """The weight of ``slot``, held quantized, dequantized to float32 in the checkpoint's
+                    layout (``slot.shape``): a new array, made when the writer reaches it."""
                     return _to_checkpoint(slot.impl.get_parameter(slot.core_name), slot.transposed, slot.row_permutation)
                 out[name] = LazyTensor(slot.shape, np.dtype(np.float32), dequantized)
         return out

@@ -811,6 +811,10 @@ def _quantizing_copy(model, keep: list):
     waiting = {}  # id(copy's C++ module) -> [(its kept or not yet whole linear weights' names, those not set yet)]
 
     def on_weight(original_impl, slot) -> None:
+        """Called by the copy after it set ``slot``'s weight (of its C++ module ``slot.impl``, copied
+        from ``original_impl``): converts to int8 each linear weight of that module now whole (every
+        row block of a packed q|k|v or gate|up matrix set) and not kept float. Raises what
+        ``quantize_int8`` raises (ValueError, naming the weight)."""
         impl = slot.impl
         if id(impl) not in waiting:
             waiting[id(impl)] = [(group, set(group)) for group in impl.linear_weight_groups()]
