@@ -275,3 +275,18 @@ def test_a_copy_converted_as_it_is_made_keeps_the_gradients():
         assert p.grad is not None, name
         np.testing.assert_array_equal(lazy[name].grad, p.grad, err_msg=name)
         np.testing.assert_array_equal(lazy[name].data, p.data, err_msg=name)
+
+
+@pytest.mark.parametrize("tensors, metadata, match", [
+    ([("w", np.zeros(2, np.float32))], None, "tensors: expected a mapping"),
+    ({1: np.zeros(2, np.float32)}, None, "tensors: expected str names"),
+    ({"w": np.array(["a"])}, None, r"tensors\['w'\]: expected a dtype"),
+    ({"w": np.zeros(2, np.float32)}, [("format", "pt")], "metadata: expected None or a mapping"),
+    ({"w": np.zeros(2, np.float32)}, {"format": b"pt"}, "metadata: expected str keys and str values"),
+])
+def test_save_safetensors_names_bad_arguments_before_opening_the_file(tmp_path, tensors, metadata, match):
+    from transformer_core.hub import save_safetensors
+
+    with pytest.raises(TypeError, match=match):
+        save_safetensors(tensors, tmp_path / "x.safetensors", metadata)
+    assert not (tmp_path / "x.safetensors").exists()

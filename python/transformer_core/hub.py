@@ -480,18 +480,24 @@ def save_safetensors(tensors: Mapping, path, metadata: dict | None = None) -> No
     write_files_atomically`).
 
     Raises:
-        TypeError: a value of a dtype safetensors has no code for (object, str, float128, ...),
-            naming it, or ``metadata`` with a key or value that is not a str, before anything is
-            written.
+        TypeError: ``tensors`` not a mapping or a name in it not a str, a value of a dtype
+            safetensors has no code for (object, str, float128, ...), naming it, or ``metadata``
+            not a mapping or with a key or value that is not a str, before anything is written.
         ValueError: a :class:`LazyTensor` whose ``make()`` gave another shape or dtype than it
             declared (the file is left incomplete: the caller's temporary).
         OSError: the file cannot be written.
     """
+    if not isinstance(tensors, Mapping):
+        raise TypeError(f"tensors: expected a mapping of names to arrays, got {type(tensors).__name__}")
+    if metadata is not None and not isinstance(metadata, Mapping):
+        raise TypeError(f"metadata: expected None or a mapping of str to str, got {type(metadata).__name__}")
     for key, text in (metadata or {}).items():  # the library's writer refuses these too, before writing
         if not isinstance(key, str) or not isinstance(text, str):
             raise TypeError(f"metadata: expected str keys and str values, got {key!r}: {type(text).__name__}")
     entries = []
     for name, value in tensors.items():
+        if not isinstance(name, str):
+            raise TypeError(f"tensors: expected str names, got {name!r}")
         value = value if isinstance(value, LazyTensor) else np.asarray(value)
         dtype = np.dtype(value.dtype)
         if dtype.newbyteorder("=") not in _WRITE_ORDER:
